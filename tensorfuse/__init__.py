@@ -1,0 +1,24 @@
+"""tensorfuse: a compiler for fused GPU reduction kernels, built on Apache TVM.
+
+>>> import tensorfuse as tf
+>>> from tensorfuse import dsl as T
+>>> @tf.kernel
+... def softmax(x: T.Tensor["M", "N", "f32"]):
+...     i, j = T.axes("i j")
+...     m = T.max(x[i, j], over=j)
+...     e = T.exp(x[i, j] - m)
+...     return e / T.sum(e, over=j)
+>>> f = tf.compile(softmax, target="llvm")
+"""
+__version__ = "0.1.0"
+
+from . import dsl, errors
+from .api import compile, schedule
+from .compiled import CompiledKernel
+from .errors import TensorfuseError
+from .kernel import Kernel, kernel
+from .schedule import Schedule
+from .targets import get_target
+
+__all__ = ["dsl", "errors", "compile", "schedule", "CompiledKernel", "TensorfuseError", "Kernel",
+           "kernel", "Schedule", "get_target", "__version__"]

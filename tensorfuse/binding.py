@@ -1,0 +1,169 @@
+"""Check a kernel call's arguments against the kernel's signature and bind the named sizes.
+
+Every problem is reported before launch as a :class:`~tensorfuse.errors.CallError` naming the
+parameter, what was expected and what came, with the caller's line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .dsl import dtypes as dt
+from .dsl.expr import user_location
+from .dsl.program import Program, ScalarParam, TensorParam
+from .errors import CallError
+from .interop import ArrayInfo, describe, is_array
+
+INT32_LIMIT = 2**31 - 1
+
+
+@dataclass
+class BoundCall:
+    """A validated call: arrays and scalars by parameter name, the value of every named size."""
+
+    arrays: dict
+    infos: dict[str, ArrayInfo]
+    scalars: dict[str, object]
+    dims: dict[str, int]
+    outs: list | None
+    framework: str
+    device: str
+    torch_device: object = None
+    index_dtype: str = "int32"
+    signature: tuple = field(default=())
+
+
+def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -> BoundCall:
+    loc = user_location()
+    kwargs = dict(kwargs)
+    outs = kwargs.pop("out", None)
+    names = [p.name for p in program.params]
+    if len(args) > len(names):
+        raise CallError(f"{program.name}() takes {len(names)} arguments ({', '.join(names)}) but "
+                        f"{len(args)} were given", loc)
+    given = dict(zip(names, args))
+    for key, value in kwargs.items():
+        if key not in names:
+            raise CallError(f"{program.name}() got an unexpected argument {key!r}; its parameters "
+                            f"are {', '.join(names)}", loc)
+        if key in given:
+            raise CallError(f"{program.name}() got two values for argument {key!r}", loc)
+        given[key] = value
+    missing = [n for n in names if n not in given]
+    if missing:
+        raise CallError(f"{program.name}() is missing argument(s): {', '.join(missing)}", loc)
+
+    arrays, infos, scalars = {}, {}, {}
+    dims: dict[str, int] = {}
+    origin: dict[str, str] = {}
+    for p in program.params:
+        value = given[p.name]
+        if isinstance(p, ScalarParam):
+            scalars[p.name] = _scalar(p, value, loc)
+            continue
+        if not is_array(value):
+            raise CallError(f"argument {p.name} must be an array (NumPy or PyTorch) of shape "
+                            f"[{', '.join(map(str, p.dims))}], got {type(value).__name__}", loc)
+        info = describe(value)
+        _check_tensor(p, info, dims, origin, loc)
+        arrays[p.name], infos[p.name] = value, info
+
+    for name, fixed, where_ in program.size_constraints:
+        if isinstance(name, int):
+            name, fixed = fixed, name
+        if name in dims and dims[name] != fixed:
+            raise CallError(f"size {name} is {dims[name]} here, but the kernel uses it as size "
+                            f"{fixed} (at {where_})", loc)
+
+    frameworks = {i.framework for i in infos.values()}
+    devices = {i.device for i in infos.values() if i.framework != "numpy"}
+    if len(devices) > 1:
+        raise CallError(f"arguments are on different devices ({', '.join(sorted(devices))}); "
+                        "move them to one device", loc)
+    device = devices.pop() if devices else target_device
+    if device != target_device:
+        raise CallError(f"arguments are on the {device} but the kernel was compiled for "
+                        f"{target_device}; compile for target="
+                        f"{'cuda' if device == 'cuda' else 'llvm'!r} or move the tensors", loc)
+    framework = "torch" if "torch" in frameworks else ("tvm" if "tvm" in frameworks else "numpy")
+    torch_device = next((arrays[n].device for n, i in infos.items() if i.framework == "torch"), None)
+
+    outs_list = None
+    if outs is not None:
+        outs_list = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        if len(outs_list) != len(program.outputs):
+            raise CallError(f"out= has {len(outs_list)} arrays but {program.name} has "
+                            f"{len(program.outputs)} outputs", loc)
+        for c, o in zip(program.outputs, outs_list):
+            shape = tuple(output_shape(c, dims))
+            if not is_array(o):
+                raise CallError(f"out= for output {c.name} must be an array", loc)
+            info = describe(o)
+            if info.shape != shape or info.dtype != c.dtypes[0]:
+                raise CallError(f"out= for output {c.name} must have shape {shape} and dtype "
+                                f"{c.dtypes[0]}, got {info.shape} {info.dtype}", loc)
+            if info.framework != "numpy" and info.device != device:
+                raise CallError(f"out= for output {c.name} is on the {info.device}, the kernel "
+                                f"runs on the {device}", loc)
+
+    bound = BoundCall(arrays, infos, scalars, dims, outs_list, framework, device, torch_device)
+    bound.index_dtype = "int64" if _largest_buffer(program, dims) > INT32_LIMIT else "int32"
+    bound.signature = tuple(sorted(dims.items())) + (bound.index_dtype,)
+    return bound
+
+
+def _scalar(p: ScalarParam, value, loc):
+    if is_array(value):
+        if np.size(value) != 1:
+            raise CallError(f"argument {p.name} is a scalar ({p.dtype}), got an array of shape "
+                            f"{tuple(np.shape(value))}", loc)
+        value = value.item() if hasattr(value, "item") else value
+    if isinstance(value, (bool, np.bool_)) and p.dtype != "bool":
+        raise CallError(f"argument {p.name} is a {p.dtype} scalar, got a bool", loc)
+    if dt.is_int(p.dtype):
+        if not isinstance(value, (int, np.integer)):
+            raise CallError(f"argument {p.name} is an integer scalar ({p.dtype}), got "
+                            f"{type(value).__name__} {value!r}", loc)
+        return int(value)
+    if p.dtype == "bool":
+        return bool(value)
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        raise CallError(f"argument {p.name} is a {p.dtype} scalar, got {type(value).__name__}", loc)
+    return float(value)
+
+
+def _check_tensor(p: TensorParam, info: ArrayInfo, dims: dict, origin: dict, loc) -> None:
+    if len(info.shape) != p.rank:
+        raise CallError(f"argument {p.name} must have {p.rank} dimensions "
+                        f"[{', '.join(map(str, p.dims))}], got shape {info.shape}", loc)
+    if info.dtype != p.dtype:
+        raise CallError(f"argument {p.name} must have dtype {p.dtype}, got {info.dtype} "
+                        f"(convert it, e.g. x.astype(...) / x.to(...))", loc)
+    for k, (d, n) in enumerate(zip(p.dims, info.shape)):
+        if n == 0:
+            raise CallError(f"argument {p.name} has an empty dimension {k} (shape {info.shape})", loc)
+        if isinstance(d, int):
+            if n != d:
+                raise CallError(f"argument {p.name} must have size {d} in dimension {k}, got shape "
+                                f"{info.shape}", loc)
+        elif d in dims and dims[d] != n:
+            raise CallError(f"size {d} is {dims[d]} from {origin[d]} but {n} from dimension {k} of "
+                            f"{p.name} (shape {info.shape})", loc)
+        else:
+            dims.setdefault(d, n)
+            origin.setdefault(d, f"dimension {k} of {p.name}")
+
+
+def output_shape(compute, dims: dict) -> list[int]:
+    return [a.extent if isinstance(a.extent, int) else dims[a.extent] for a in compute.axes]
+
+
+def _largest_buffer(program: Program, dims: dict) -> int:
+    largest = 0
+    for c in program.computes:
+        largest = max(largest, int(np.prod(output_shape(c, dims), dtype=np.int64)))
+    for p in program.tensor_params:
+        largest = max(largest, int(np.prod([d if isinstance(d, int) else dims[d] for d in p.dims],
+                                           dtype=np.int64)))
+    return largest

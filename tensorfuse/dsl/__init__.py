@@ -1,0 +1,29 @@
+"""The kernel language: write a kernel as a plain Python function over typed tensors.
+
+>>> from tensorfuse import dsl as T
+>>> def softmax(x: T.Tensor["M", "N", "f32"]):
+...     i, j = T.axes("i j")
+...     m = T.max(x[i, j], over=j)
+...     e = T.exp(x[i, j] - m)
+...     return e / T.sum(e, over=j)
+
+Axes are index variables; expressions broadcast by axis name; ``over=`` names the axes a reduction
+folds. :func:`trace` turns such a function into a :class:`Program`.
+"""
+from .types import Tensor, TensorType, ScalarType, f16, bf16, f32, f64, i32, i64, boolean
+from .monoid import Monoid, SUM, PROD, MAX, MIN, LOGSUMEXP, ARGMAX, ARGMIN
+from .ops import (axes, axis, size, exp, exp2, log, log2, tanh, sqrt, rsqrt, sigmoid, erf, floor, ceil,
+                  sin, cos, abs, where, cast, gelu, silu, reduce, sum, prod, max, min, logsumexp,
+                  argmax, argmin, max_argmax, inf)
+from .expr import Expr, Axis
+from .program import Program, Compute, TensorParam, ScalarParam
+from .trace import trace
+
+__all__ = [
+    "Tensor", "TensorType", "ScalarType", "f16", "bf16", "f32", "f64", "i32", "i64", "boolean",
+    "Monoid", "SUM", "PROD", "MAX", "MIN", "LOGSUMEXP", "ARGMAX", "ARGMIN",
+    "axes", "axis", "size", "exp", "exp2", "log", "log2", "tanh", "sqrt", "rsqrt", "sigmoid", "erf",
+    "floor", "ceil", "sin", "cos", "abs", "where", "cast", "gelu", "silu", "reduce", "sum", "prod",
+    "max", "min", "logsumexp", "argmax", "argmin", "max_argmax", "inf",
+    "Expr", "Axis", "Program", "Compute", "TensorParam", "ScalarParam", "trace",
+]

@@ -1,0 +1,192 @@
+"""The functions a kernel is written with: axes, elementwise math, reductions."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from . import dtypes as dt
+from . import monoid as monoids
+from .expr import (Axis, DimSize, Expr, Reduce, ReduceSpec, as_expr, binary, unary, user_location,
+                   where as _where, Cast)
+from .monoid import Monoid
+from ..errors import AxisError, DSLError, DTypeError
+
+inf = math.inf
+
+
+def axes(names: str) -> tuple[Axis, ...] | Axis:
+    """Declare index variables: ``i, j, d = T.axes("i j d")``. Their sizes come from the tensor
+    dimensions they index; their order is the order of an output's dimensions."""
+    loc = user_location()
+    parts = names.replace(",", " ").split()
+    if not parts:
+        raise AxisError("T.axes needs at least one name", loc)
+    dupes = sorted({p for p in parts if parts.count(p) > 1})
+    if dupes:
+        raise AxisError(f"axis {dupes[0]} is declared twice", loc)
+    made = tuple(Axis(p, None, loc) for p in parts)
+    return made if len(made) > 1 else made[0]
+
+
+def axis(name: str, extent: int | str) -> Axis:
+    """Declare one index variable with an explicit size (an integer or a dimension name), for axes
+    that never index a tensor dimension directly."""
+    loc = user_location()
+    if isinstance(extent, bool) or not isinstance(extent, (int, str)) or (
+            isinstance(extent, int) and extent <= 0):
+        raise AxisError(f"axis {name}: size must be a positive integer or a dimension name, got "
+                        f"{extent!r}", loc)
+    return Axis(name, extent, loc)
+
+
+def size(dim: str) -> Expr:
+    """The size of a named dimension as an integer value, e.g. ``T.size("H") // T.size("HKV")``."""
+    if not isinstance(dim, str) or not dim.isidentifier():
+        raise DSLError(f"T.size takes a dimension name, got {dim!r}", user_location())
+    return DimSize(dim)
+
+
+# -- elementwise ---------------------------------------------------------------------------------
+
+def exp(x) -> Expr: return unary("exp", x)
+def exp2(x) -> Expr: return unary("exp2", x)
+def log(x) -> Expr: return unary("log", x)
+def log2(x) -> Expr: return unary("log2", x)
+def tanh(x) -> Expr: return unary("tanh", x)
+def sqrt(x) -> Expr: return unary("sqrt", x)
+def rsqrt(x) -> Expr: return unary("rsqrt", x)
+def sigmoid(x) -> Expr: return unary("sigmoid", x)
+def erf(x) -> Expr: return unary("erf", x)
+def floor(x) -> Expr: return unary("floor", x)
+def ceil(x) -> Expr: return unary("ceil", x)
+def sin(x) -> Expr: return unary("sin", x)
+def cos(x) -> Expr: return unary("cos", x)
+
+
+def abs(x) -> Expr:  # noqa: A001 - the DSL mirrors the math name
+    return unary("abs", x)
+
+
+def where(cond, a, b) -> Expr:
+    """``a`` where ``cond`` holds, else ``b`` (elementwise, broadcast by axes)."""
+    return _where(cond, a, b)
+
+
+def cast(x, dtype: str) -> Expr:
+    """Convert ``x`` to ``dtype`` (e.g. to store an output in f32)."""
+    return Cast(as_expr(x), dt.canonical(dtype))
+
+
+def gelu(x) -> Expr:
+    """GELU with the tanh approximation (as in GPT-2 and ``torch.nn.GELU(approximate="tanh")``)."""
+    x = as_expr(x)
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+def silu(x) -> Expr:
+    """SiLU (swish): ``x * sigmoid(x)``."""
+    return x * sigmoid(x)
+
+
+# -- reductions ----------------------------------------------------------------------------------
+
+def _over_axes(over, loc) -> tuple[Axis, ...]:
+    over = over if isinstance(over, (tuple, list)) else (over,)
+    if not over:
+        raise AxisError("a reduction needs at least one axis in over=", loc)
+    for a in over:
+        if not isinstance(a, Axis):
+            raise AxisError(f"over= takes axes declared with T.axes, got {a!r}", loc)
+    names = [a.name for a in over]
+    if len(set(a.uid for a in over)) != len(over):
+        raise AxisError(f"over= names an axis twice: {names}", loc)
+    return tuple(over)
+
+
+def reduce(values, over, monoid: Monoid) -> Expr | tuple[Expr, ...]:
+    """Fold ``values`` over the axes ``over`` with ``monoid``. A monoid of several components takes a
+    tuple of values and returns a tuple of results."""
+    loc = user_location()
+    if not isinstance(monoid, Monoid):
+        raise DSLError(f"monoid= must be a T.Monoid, got {monoid!r}", loc)
+    values = values if isinstance(values, (tuple, list)) else (values,)
+    if len(values) != monoid.arity:
+        raise DSLError(f"monoid {monoid.name!r} reduces {monoid.arity} values at once, got "
+                       f"{len(values)}", loc)
+    bodies = tuple(as_expr(v, loc) for v in values)
+    over_axes = _over_axes(over, loc)
+    body_axes = {a.uid for b in bodies for a in b.axes}
+    for a in over_axes:
+        if a.uid not in body_axes:
+            present = ", ".join(x.name for b in bodies for x in b.axes) or "none"
+            raise AxisError(f"cannot reduce over axis {a.name}: the value being reduced does not "
+                            f"depend on it (its axes: {present})", loc)
+    for b in bodies:
+        if b.dtype == "bool" and monoid.name not in ("max", "min"):
+            raise DTypeError(f"{monoid.name} of a condition; convert it first, e.g. "
+                             "T.where(cond, 1.0, 0.0)", loc)
+    resolved = [dt.resolve(b.dtype) for b in bodies]
+    spec = ReduceSpec(monoid, bodies, over_axes, loc)
+    out_dtypes = monoid.dtypes_for(resolved)
+    results = tuple(Reduce(spec, k, out_dtypes[k]) for k in range(monoid.arity))
+    return results if monoid.arity > 1 else results[0]
+
+
+def sum(x, over) -> Expr:  # noqa: A001
+    """Sum of ``x`` over the axes ``over``."""
+    return reduce(x, over, monoids.SUM)
+
+
+def prod(x, over) -> Expr:
+    """Product of ``x`` over the axes ``over``."""
+    return reduce(x, over, monoids.PROD)
+
+
+def logsumexp(x, over) -> Expr:
+    """``log(sum(exp(x)))`` over the axes ``over``, computed stably as one monoid."""
+    return reduce(x, over, monoids.LOGSUMEXP)
+
+
+def max(x, y=None, *, over=None) -> Expr:  # noqa: A001
+    """``T.max(x, over=j)``: maximum over axes; ``T.max(a, b)``: elementwise maximum."""
+    return _extremum("max", monoids.MAX, x, y, over)
+
+
+def min(x, y=None, *, over=None) -> Expr:  # noqa: A001
+    """``T.min(x, over=j)``: minimum over axes; ``T.min(a, b)``: elementwise minimum."""
+    return _extremum("min", monoids.MIN, x, y, over)
+
+
+def _extremum(op, monoid, x, y, over):
+    if over is not None and y is not None:
+        raise DSLError(f"T.{op} takes either two values (elementwise) or one value and over=",
+                       user_location())
+    if over is not None:
+        return reduce(x, over, monoid)
+    if y is None:
+        raise DSLError(f"T.{op}(x) needs over=axis, or a second value for the elementwise {op}",
+                       user_location())
+    return binary(op, x, y)
+
+
+def argmax(x, over) -> Expr:
+    """Index along ``over`` (one axis) of the largest value; ties go to the smallest index."""
+    return _arg(x, over, monoids.ARGMAX)[1]
+
+
+def argmin(x, over) -> Expr:
+    """Index along ``over`` (one axis) of the smallest value; ties go to the smallest index."""
+    return _arg(x, over, monoids.ARGMIN)[1]
+
+
+def max_argmax(x, over) -> tuple[Expr, Expr]:
+    """Largest value and its index along one axis, found in one pass."""
+    return _arg(x, over, monoids.ARGMAX)
+
+
+def _arg(x, over, monoid):
+    loc = user_location()
+    over_axes = _over_axes(over, loc)
+    if len(over_axes) != 1:
+        raise AxisError(f"{monoid.name} reduces over exactly one axis", loc)
+    return reduce((x, over_axes[0]), over_axes, monoid)

@@ -1,0 +1,177 @@
+"""A traced kernel: parameters, the computes that define intermediate and output values, and the axes.
+
+A ``Program`` is the data flow graph the rest of tensorfuse works on. Each ``Compute`` defines one named
+value over its axes, either elementwise or as a reduction with a monoid, and remembers the line of the
+user's code it came from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from . import dtypes as dt
+from .expr import Axis, DimSize, Expr, Load, Ref, as_expr, user_location, walk
+from ..errors import AxisError, DTypeError, ShapeError, SourceLocation
+
+
+@dataclass(eq=False)
+class TensorParam:
+    """A tensor argument of a kernel. Indexing it with axes (``x[i, j]``) reads one element."""
+
+    name: str
+    dims: tuple
+    dtype: str
+    loc: SourceLocation | None = None
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def __getitem__(self, index) -> Load:
+        loc = user_location()
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) != self.rank:
+            raise ShapeError(f"{self.name} has {self.rank} dimensions ({_dims_text(self.dims)}) but "
+                             f"is indexed with {len(index)}", loc)
+        exprs = [as_expr(ix, loc) for ix in index]
+        seen: dict[int, int] = {}
+        for position, ix in enumerate(exprs):
+            if not dt.is_int(ix.dtype):
+                raise DTypeError(f"index {position} of {self.name} is a {dt.resolve(ix.dtype)} value; "
+                                 "indices must be integers (axes, axis arithmetic or integer lookups)",
+                                 loc)
+            if isinstance(ix, Axis):
+                if ix.uid in seen:
+                    raise AxisError(f"axis {ix.name} is used twice in one access to {self.name} "
+                                    f"(positions {seen[ix.uid]} and {position}); declare a second "
+                                    "axis for the second dimension", loc)
+                seen[ix.uid] = position
+                _bind_extent(ix, self.dims[position], f"dimension {position} of {self.name}", loc)
+        return Load(self, exprs, loc)
+
+    def __repr__(self) -> str:
+        return f"{self.name}: T.Tensor[{_dims_text(self.dims)}, {self.dtype!r}]"
+
+
+@dataclass(eq=False)
+class ScalarParam:
+    name: str
+    dtype: str
+    loc: SourceLocation | None = None
+
+
+def _dims_text(dims) -> str:
+    return ", ".join(repr(d) for d in dims)
+
+
+def _bind_extent(axis: Axis, dim, where: str, loc) -> None:
+    """Give ``axis`` the size of ``dim``, or complain when it already has a different one."""
+    if axis.extent is None:
+        axis.extent = dim
+        axis_binding_sites[axis.uid] = (where, loc)
+        return
+    if axis.extent == dim:
+        return
+    first_where, first_loc = axis_binding_sites.get(axis.uid, ("its declaration", axis.loc))
+    if isinstance(axis.extent, int) and isinstance(dim, int) or (
+            isinstance(axis.extent, str) and isinstance(dim, str)):
+        raise ShapeError(f"axis {axis.name} indexes {where} (size {dim!r}) here, but {first_where} "
+                         f"(size {axis.extent!r}) at {first_loc}; these sizes differ. If they are "
+                         "really the same size, give the dimensions the same name", loc)
+    # one named, one fixed: the name must take that value at call time
+    axis_size_constraints.append((axis.extent, dim, loc))
+
+
+# Bookkeeping of the trace in progress (reset by the tracer for each kernel).
+axis_binding_sites: dict[int, tuple[str, SourceLocation | None]] = {}
+axis_size_constraints: list[tuple] = []
+
+
+@dataclass(eq=False)
+class Compute:
+    """One named value: ``bodies[0]`` elementwise, or a reduction of ``bodies`` with ``monoid``."""
+
+    name: str
+    axes: tuple[Axis, ...]
+    bodies: tuple[Expr, ...]
+    dtypes: tuple[str, ...]
+    monoid: object = None
+    over: tuple[Axis, ...] = ()
+    loc: SourceLocation | None = None
+    is_output: bool = False
+
+    @property
+    def is_reduction(self) -> bool:
+        return self.monoid is not None
+
+    @property
+    def arity(self) -> int:
+        return len(self.dtypes)
+
+    def buffer_names(self) -> list[str]:
+        """Names of the buffers holding each component."""
+        if self.arity == 1:
+            return [self.name]
+        return [f"{self.name}_{i}" for i in range(self.arity)]
+
+    def ref(self, component: int = 0) -> Ref:
+        return Ref(self, component, self.loc)
+
+    def inputs(self) -> list["Compute"]:
+        """Computes this one reads, in first-use order."""
+        found: dict[str, Compute] = {}
+
+        def visit(node):
+            if isinstance(node, Ref):
+                found.setdefault(node.compute.name, node.compute)
+
+        for b in self.bodies:
+            walk(b, visit)
+        return list(found.values())
+
+
+@dataclass(eq=False)
+class Program:
+    """A whole kernel: parameters in call order, computes in dependency order, and outputs."""
+
+    name: str
+    params: list
+    computes: list[Compute]
+    outputs: list[Compute]
+    axes: list[Axis]
+    size_constraints: list = field(default_factory=list)
+    loc: SourceLocation | None = None
+
+    @property
+    def tensor_params(self) -> list[TensorParam]:
+        return [p for p in self.params if isinstance(p, TensorParam)]
+
+    @property
+    def scalar_params(self) -> list[ScalarParam]:
+        return [p for p in self.params if isinstance(p, ScalarParam)]
+
+    def dim_names(self) -> list[str]:
+        """Every named dimension, in order of first appearance."""
+        names: dict[str, None] = {}
+        for p in self.tensor_params:
+            for d in p.dims:
+                if isinstance(d, str):
+                    names.setdefault(d)
+        for c in self.computes:
+            for b in c.bodies:
+                walk(b, lambda n: names.setdefault(n.name) if isinstance(n, DimSize) else None)
+        return list(names)
+
+    def compute(self, name: str) -> Compute:
+        for c in self.computes:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def consumers(self, compute: Compute) -> list[Compute]:
+        return [c for c in self.computes if any(i is compute for i in c.inputs())]
+
+    def __repr__(self) -> str:
+        from .printer import program_text
+
+        return program_text(self)

@@ -1,0 +1,241 @@
+"""Turn a Python kernel function into a :class:`Program` by running it once on symbolic parameters.
+
+The function's local variable names become the names of the computes (and so of the TensorIR blocks
+and buffers): ``m = T.max(s, over=j)`` gives a compute called ``m``. Every named value, every
+reduction and every output is a compute; unnamed elementwise sub-expressions are inlined into the
+compute that uses them.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Callable
+
+from . import dtypes as dt
+from . import program as prog
+from .expr import (Axis, Const, DimSize, Expr, Load, Reduce, Ref, Scalar, Symbol, user_location,
+                   walk)
+from .program import Compute, Program, ScalarParam, TensorParam
+from .types import ScalarType, TensorType
+from ..errors import AxisError, DSLError, SourceLocation
+
+
+def _def_location(fn: Callable) -> SourceLocation:
+    code = fn.__code__
+    import linecache
+
+    return SourceLocation(code.co_filename, code.co_firstlineno,
+                          linecache.getline(code.co_filename, code.co_firstlineno))
+
+
+def _annotation(fn: Callable, name: str, raw, loc) -> TensorType | ScalarType:
+    if isinstance(raw, str):
+        try:
+            raw = eval(raw, fn.__globals__)  # noqa: S307 - annotations are the user's own code
+        except Exception as exc:  # pragma: no cover - message path
+            raise DSLError(f"parameter {name}: cannot evaluate annotation {raw!r}: {exc}", loc)
+    if isinstance(raw, (TensorType, ScalarType)):
+        return raw
+    if raw is inspect.Parameter.empty:
+        raise DSLError(f"parameter {name} needs a type annotation: a tensor "
+                       '(T.Tensor["M", "N", "f32"]) or a scalar (T.f32)', loc)
+    raise DSLError(f"parameter {name}: annotation {raw!r} is not a tensorfuse type; use "
+                   'T.Tensor["M", "N", "f32"] or a scalar type such as T.f32', loc)
+
+
+def make_params(fn: Callable) -> list:
+    loc = _def_location(fn)
+    params = []
+    for name, p in inspect.signature(fn).parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise DSLError(f"kernels take named parameters only, not *{name} / **{name}", loc)
+        ann = _annotation(fn, name, p.annotation, loc)
+        if isinstance(ann, TensorType):
+            params.append(TensorParam(name, ann.dims, ann.dtype, loc))
+        else:
+            params.append(ScalarParam(name, ann.dtype, loc))
+    return params
+
+
+def _run_capturing_locals(fn: Callable, args: list) -> tuple[object, dict]:
+    """Call ``fn`` and return its result with its local variables at the moment it returned."""
+    captured: dict = {}
+    target = fn.__code__
+    previous = sys.getprofile()
+
+    def profiler(frame, event, arg):
+        if event == "return" and frame.f_code is target:
+            captured.update(frame.f_locals)
+        if previous is not None:
+            previous(frame, event, arg)
+
+    sys.setprofile(profiler)
+    try:
+        result = fn(*args)
+    finally:
+        sys.setprofile(previous)
+    return result, captured
+
+
+def trace(fn: Callable, name: str | None = None) -> Program:
+    """Trace ``fn`` into a Program. Raises a :class:`~tensorfuse.errors.DSLError` naming the line of
+    ``fn`` that is at fault."""
+    prog.axis_binding_sites.clear()
+    prog.axis_size_constraints.clear()
+    params = make_params(fn)
+    proxies = [p if isinstance(p, TensorParam) else Scalar(p.name, p.dtype, p.loc) for p in params]
+    try:
+        result, local_vars = _run_capturing_locals(fn, proxies)
+    except NameError as exc:
+        loc = _failing_user_line(exc)
+        raise AxisError(f"{exc}; if it is an index variable, declare it first with "
+                        f"T.axes(\"...\")", loc) from None
+    constraints = list(prog.axis_size_constraints)
+    builder = _ProgramBuilder(params, local_vars, _def_location(fn))
+    return builder.build(name or fn.__name__, result, constraints)
+
+
+def _failing_user_line(exc: BaseException) -> SourceLocation | None:
+    import linecache
+
+    tb = exc.__traceback__
+    loc = None
+    while tb is not None:
+        f = tb.tb_frame
+        if "tensorfuse" not in f.f_code.co_filename.split("/")[-2:-1]:
+            loc = SourceLocation(f.f_code.co_filename, tb.tb_lineno,
+                                 linecache.getline(f.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    return loc
+
+
+class _ProgramBuilder:
+    """Decides which expressions become computes and rewrites expressions to reference them."""
+
+    def __init__(self, params, local_vars: dict, loc: SourceLocation):
+        self.params = params
+        self.loc = loc
+        self.names: dict[int, str] = {}
+        for var, value in local_vars.items():
+            if isinstance(value, Expr) and not isinstance(value, (Axis, Const, Scalar, DimSize, Load)):
+                self.names.setdefault(value.uid, var)
+        self.taken = {p.name for p in params}
+        self.computes: list[Compute] = []
+        self.by_uid: dict[int, Compute] = {}      # expression uid -> compute holding it
+        self.by_spec: dict[int, Compute] = {}     # reduction spec uid -> compute
+        self.rewritten: dict[int, Expr] = {}
+
+    def _fresh(self, hint: str) -> str:
+        name, k = hint, 1
+        while name in self.taken:
+            k += 1
+            name = f"{hint}_{k}"
+        self.taken.add(name)
+        return name
+
+    def build(self, name: str, result, constraints) -> Program:
+        outs = result if isinstance(result, tuple) else (result,)
+        if result is None or not outs:
+            raise DSLError("the kernel returns nothing; return the output expression(s)", self.loc)
+        for k, value in enumerate(outs):
+            if not isinstance(value, Expr):
+                raise DSLError(f"output {k} is a {type(value).__name__}, not a tensor expression",
+                               self.loc)
+            if not value.axes:
+                raise DSLError(f"output {k} has no axes (a single number); outputs must be tensors "
+                               "indexed by at least one axis", value.loc)
+        storages = [_output_dtype(v) for v in outs]
+        for k, (value, storage) in enumerate(zip(outs, storages)):
+            if value.uid not in self.names and not (isinstance(value, Reduce) and (
+                    dt.resolve(value.dtype) != storage or value.spec.monoid.arity > 1)):
+                self.names[value.uid] = "out" if len(outs) == 1 else f"out{k}"
+        for value in outs:  # materialise everything the outputs need, whatever their order
+            self._rewrite(value, top=True)
+        outputs = [self._output(v, s, k, len(outs)) for k, (v, s) in enumerate(zip(outs, storages))]
+        for a in {a.uid: a for c in self.computes for a in c.axes + c.over}.values():
+            if a.extent is None:
+                raise AxisError(f"the size of axis {a.name} is unknown: it never indexes a tensor "
+                                f"dimension directly; declare it with T.axis(\"{a.name}\", size)",
+                                a.loc)
+        axes = sorted({a.uid: a for c in self.computes for a in c.axes + c.over}.values(),
+                      key=lambda a: a.uid)
+        return Program(name, self.params, self.computes, outputs, axes, constraints, self.loc)
+
+    def _output(self, value: Expr, storage: str, k: int, count: int) -> Compute:
+        existing = None
+        if isinstance(value, Reduce) and value.spec.monoid.arity == 1:
+            existing = self.by_spec[value.spec.uid]
+        elif value.uid in self.by_uid:
+            existing = self.by_uid[value.uid]
+        if existing is not None and existing.dtypes[0] == storage and not existing.is_output:
+            compute = existing
+        else:
+            hint = self.names.get(value.uid, "out" if count == 1 else f"out{k}")
+            body = existing.ref() if existing is not None else self._rewrite(value, top=True)
+            compute = self._add(Compute(self._fresh(hint if existing is None else hint + "_out"),
+                                        value.axes, (body,), (storage,), loc=value.loc))
+        compute.is_output = True
+        return compute
+
+    def _add(self, compute: Compute) -> Compute:
+        self.computes.append(compute)
+        return compute
+
+    def _reduction(self, node: Reduce) -> Compute:
+        spec = node.spec
+        if spec.uid in self.by_spec:
+            return self.by_spec[spec.uid]
+        bodies = tuple(self._rewrite(b) for b in spec.bodies)
+        hint = self.names.get(node.uid) or self._hint_for(spec)
+        dtypes = spec.monoid.dtypes_for([dt.resolve(b.dtype) for b in spec.bodies])
+        compute = self._add(Compute(self._fresh(hint), node.axes, bodies, tuple(dtypes),
+                                    spec.monoid, spec.over, spec.loc))
+        self.by_spec[spec.uid] = compute
+        return compute
+
+    def _hint_for(self, spec) -> str:
+        return f"{spec.monoid.name}_{'_'.join(a.name for a in spec.over)}"
+
+    def _rewrite(self, expr: Expr, top: bool = False) -> Expr:
+        """Replace reductions and named sub-expressions by references to their computes."""
+        if expr.uid in self.rewritten and not top:
+            return self.rewritten[expr.uid]
+        if isinstance(expr, Reduce):
+            compute = self._reduction(expr)
+            out: Expr = Ref(compute, expr.index, expr.loc)
+        elif not top and expr.uid in self.names and expr.uid not in self.by_uid:
+            body = self._rewrite(expr, top=True)
+            compute = self._add(Compute(self._fresh(self.names[expr.uid]), expr.axes, (body,),
+                                        (dt.resolve(expr.dtype),), loc=expr.loc))
+            self.by_uid[expr.uid] = compute
+            out = Ref(compute, 0, expr.loc)
+        elif not top and expr.uid in self.by_uid:
+            out = Ref(self.by_uid[expr.uid], 0, expr.loc)
+        else:
+            kids = expr.children()
+            new = [self._rewrite(k) for k in kids]
+            out = expr if all(a is b for a, b in zip(kids, new)) else expr.rebuild(new)
+            if isinstance(out, Symbol):
+                raise DSLError("a monoid placeholder escaped into a kernel", expr.loc)
+        if not top:
+            self.rewritten[expr.uid] = out
+        return out
+
+
+def _output_dtype(value: Expr) -> str:
+    """Outputs are stored in the widest floating type among the tensors they read; integer and
+    boolean results keep their type; an explicit T.cast at the top decides for itself."""
+    from .expr import Cast
+
+    if isinstance(value, Cast):
+        return value.dtype
+    if not dt.is_float(value.dtype):
+        return dt.resolve(value.dtype)
+    storages: list[str] = []
+
+    def visit(node):
+        if isinstance(node, Load) and dt.is_float(node.param.dtype):
+            storages.append(node.param.dtype)
+
+    walk(value, visit)
+    return dt.widest_storage(storages) or dt.resolve(value.dtype)

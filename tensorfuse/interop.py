@@ -1,0 +1,77 @@
+"""Arrays in and out of compiled kernels: NumPy arrays and PyTorch tensors, through DLPack.
+
+PyTorch tensors are passed to TVM without copies (they must already be on the kernel's device);
+NumPy arrays are always accepted and are copied to the device when the kernel runs on a GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+
+from .dsl import dtypes as dt
+
+
+def is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "__dlpack__") and hasattr(x, "dim")
+
+
+def is_array(x) -> bool:
+    return isinstance(x, np.ndarray) or is_torch(x) or isinstance(x, tvm.runtime.Tensor)
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """What a kernel needs to know about an argument before launching."""
+
+    dtype: str         # DSL dtype
+    shape: tuple
+    device: str        # "cpu", "cuda", ...
+    framework: str     # "numpy", "torch" or "tvm"
+
+
+def describe(x) -> ArrayInfo:
+    if is_torch(x):
+        return ArrayInfo(dt.from_any(x.dtype), tuple(x.shape), x.device.type, "torch")
+    if isinstance(x, tvm.runtime.Tensor):
+        kind = {1: "cpu", 2: "cuda", 10: "rocm"}.get(x.device.dlpack_device_type(), "other")
+        return ArrayInfo(dt.from_any(x.dtype), tuple(x.shape), kind, "tvm")
+    return ArrayInfo(dt.from_any(x.dtype), tuple(x.shape), "cpu", "numpy")
+
+
+def to_tvm(x, device: tvm.runtime.Device) -> tvm.runtime.Tensor:
+    """A TVM view of ``x`` on ``device`` (no copy unless NumPy data must move to a GPU)."""
+    if isinstance(x, tvm.runtime.Tensor):
+        return x
+    if is_torch(x):
+        return tvm.runtime.from_dlpack(x if x.is_contiguous() else x.contiguous())
+    x = np.ascontiguousarray(x)
+    if device.dlpack_device_type() == 1:
+        try:
+            return tvm.runtime.from_dlpack(x)
+        except Exception:  # unaligned data: fall back to a copy
+            pass
+    return tvm.runtime.tensor(x, device)
+
+
+def empty(shape, dtype: str, device: tvm.runtime.Device, like: str, torch_device=None):
+    """A new output array in the framework of the inputs (``like``) and its TVM view."""
+    if like == "torch":
+        import torch
+
+        t = torch.empty(tuple(shape), dtype=getattr(torch, _TORCH_NAMES[dtype]), device=torch_device)
+        return t, tvm.runtime.from_dlpack(t)
+    arr = tvm.runtime.empty(tuple(shape), dt.to_tvm(dtype), device)
+    return arr, arr
+
+
+def to_user(x, framework: str):
+    """Give back an output in the framework the caller used."""
+    if framework == "numpy" and isinstance(x, tvm.runtime.Tensor):
+        return x.numpy()
+    return x
+
+
+_TORCH_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
+                "i32": "int32", "i64": "int64", "bool": "bool"}

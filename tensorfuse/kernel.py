@@ -1,0 +1,40 @@
+"""The ``@tensorfuse.kernel`` decorator: a Python function traced once into a :class:`Program`."""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+from .dsl.program import Program
+from .dsl.trace import trace
+
+
+class Kernel:
+    """A traced kernel. Call it directly to compile (default schedule, local target) and run it, or
+    pass it to :func:`tensorfuse.schedule`, :func:`tensorfuse.compile` and :func:`tensorfuse.tune`."""
+
+    def __init__(self, fn: Callable, name: str | None = None):
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.program: Program = trace(fn, self.name)
+        self._compiled: dict[str, object] = {}
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        from .api import compile as compile_kernel
+        from .targets import get_target
+
+        target = get_target(kwargs.pop("target", "auto"))
+        if target.name not in self._compiled:
+            self._compiled[target.name] = compile_kernel(self, target=target)
+        return self._compiled[target.name](*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<tensorfuse kernel {self.name}>\n{self.program!r}"
+
+
+def kernel(fn: Callable | None = None, *, name: str | None = None):
+    """Turn a DSL function into a :class:`Kernel` (usable as ``@kernel`` or ``@kernel(name=...)``).
+    Mistakes in the function are reported here, with the line that made them."""
+    if fn is None:
+        return lambda f: Kernel(f, name)
+    return Kernel(fn, name)

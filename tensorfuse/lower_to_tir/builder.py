@@ -1,0 +1,184 @@
+"""Build a TensorIR ``PrimFunc`` for a program with TVM's IR builder: the function signature, buffers,
+and the loop nests and ``sblock``s that compute values.
+
+Blocks are written in schedulable (s_tir) form: iteration variables declared spatial or reduce,
+``T.init`` for reductions, read/write regions completed by TVM. Every lowering in tensorfuse (the
+naive one and the rolled and split ones) is made of the pieces here.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Sequence
+
+import tvm
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script.builder import ir as T
+
+from ..dsl import dtypes as dt
+from ..dsl.expr import Axis, Expr, Symbol
+from ..dsl.program import Compute, Program, TensorParam
+from .expr_to_tir import Scope, constant, lower
+
+
+@dataclass
+class LoopAxis:
+    """One loop of a nest: which DSL axis it runs (``None`` for helper loops), its extent, its
+    name, and how the axis value is computed from the loop variable (default: the variable)."""
+
+    axis: Axis | None
+    extent: tirx.PrimExpr
+    name: str
+    kind: str = "S"  # "S" spatial or "R" reduce, for the block iteration variable
+    binding: object = None  # callable(loop_var) -> PrimExpr giving the axis value
+
+
+class FunctionBuilder:
+    """Open a PrimFunc for ``program``; emit its body with the methods below, then :meth:`finish`."""
+
+    def __init__(self, program: Program, dims: dict[str, int] | None = None,
+                 index_dtype: str = "int32", name: str | None = None):
+        self.program = program
+        self.dim_values = dict(dims or {})
+        self.index_dtype = index_dtype
+        self.name = name or program.name
+        self._stack = contextlib.ExitStack()
+        self._ib = IRBuilder()
+        self.scope = Scope(index_dtype=index_dtype)
+        self.output_buffers: dict[str, tirx.Buffer] = {}
+
+    # -- signature -------------------------------------------------------------------------------
+    def __enter__(self) -> "FunctionBuilder":
+        self._stack.enter_context(self._ib)
+        self._stack.enter_context(T.prim_func(s_tir=True))
+        T.func_name(self.name)
+        T.func_attr({"tirx.noalias": True})
+        for d in self.program.dim_names():
+            value = self.dim_values.get(d)
+            self.scope.dims[d] = (tirx.Var(d, self.index_dtype) if value is None
+                                  else tirx.IntImm(self.index_dtype, int(value)))
+        for p in self.program.params:
+            if isinstance(p, TensorParam):
+                handle = T.arg(p.name, T.handle())
+                shape = [self.dim(d) for d in p.dims]
+                buf = T.match_buffer(handle, shape, dt.to_tvm(p.dtype), layout=None)
+                self.scope.params[p.name] = IRBuilder.name(p.name, buf)
+            else:
+                self.scope.scalars[p.name] = T.arg(p.name, tirx.Var(p.name, dt.to_tvm(p.dtype)))
+        for c in self.program.outputs:
+            handle = T.arg(c.name, T.handle())
+            buf = T.match_buffer(handle, self.shape(c.axes), dt.to_tvm(c.dtypes[0]), layout=None)
+            self.output_buffers[c.name] = IRBuilder.name(c.name, buf)
+            self.scope.computes[c.name] = [self.output_buffers[c.name]]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.__exit__(*exc)
+
+    def finish(self) -> tvm.IRModule:
+        self._stack.close()
+        func = self._ib.get()
+        return tvm.IRModule({self.name: func})
+
+    # -- sizes and buffers ---------------------------------------------------------------------
+    def dim(self, d) -> tirx.PrimExpr:
+        return tirx.IntImm(self.index_dtype, d) if isinstance(d, int) else self.scope.dims[d]
+
+    def extent(self, axis: Axis) -> tirx.PrimExpr:
+        return self.dim(axis.extent)
+
+    def shape(self, axes: Sequence[Axis]) -> list[tirx.PrimExpr]:
+        return [self.extent(a) for a in axes]
+
+    def alloc(self, name: str, shape, dtype: str, scope: str = "global") -> tirx.Buffer:
+        buf = T.sblock_alloc_buffer(list(shape), dt.to_tvm(dtype), scope=scope, layout=None)
+        return IRBuilder.name(name, buf)
+
+    def alloc_compute(self, compute: Compute, axes: Sequence[Axis] | None = None,
+                      prefix: str = "", scope: str = "global") -> list[tirx.Buffer]:
+        """Buffers for an intermediate compute (one per component), registered in the scope."""
+        axes = compute.axes if axes is None else axes
+        bufs = [self.alloc(prefix + n, self.shape(axes), d, scope)
+                for n, d in zip(compute.buffer_names(), compute.dtypes)]
+        self.scope.computes[compute.name] = bufs
+        return bufs
+
+    # -- loop nests and blocks ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def loops(self, loops: Sequence[LoopAxis]):
+        """Open a serial loop per entry; yields the loop variables."""
+        if not loops:
+            yield []
+            return
+        with T.grid(*[lp.extent for lp in loops]) as loop_vars:
+            loop_vars = list(loop_vars) if len(loops) > 1 else [loop_vars]
+            for lp, v in zip(loops, loop_vars):
+                IRBuilder.name(lp.name, v)
+            yield list(loop_vars)
+
+    @contextlib.contextmanager
+    def block(self, name: str, loops: Sequence[LoopAxis], loop_vars: Sequence, scope: Scope):
+        """Open an ``sblock`` whose iteration variables run the DSL axes of ``loops``; yields a scope
+        in which those axes mean the block variables."""
+        with T.sblock(name):
+            mapping = {}
+            for lp, v in zip(loops, loop_vars):
+                value = lp.binding(v) if lp.binding is not None else v
+                kind = T.axis.spatial if lp.kind == "S" else T.axis.reduce
+                dom = lp.extent if lp.binding is None else self.extent(lp.axis)
+                bv = kind(dom, value)
+                IRBuilder.name("v_" + lp.name, bv)
+                if lp.axis is not None:
+                    mapping[lp.axis.uid] = bv
+            yield scope.child(axes=mapping)
+
+    def store(self, buf: tirx.Buffer, value: tirx.PrimExpr, indices) -> None:
+        T.buffer_store(buf, value, list(indices))
+
+    def emit_update(self, monoid, bufs: Sequence[tirx.Buffer], indices, bodies: Sequence[Expr],
+                    scope: Scope, with_init: bool, dtypes: Sequence[str]) -> None:
+        """``bufs[indices] = bufs[indices] ⊕ bodies`` (with ``T.init`` to the identity if asked)."""
+        if with_init:
+            with T.init():
+                for k, (buf, d) in enumerate(zip(bufs, dtypes)):
+                    self.store(buf, constant(monoid.identity_value(k, d), d), indices)
+        new_values = [lower(b, scope, d) for b, d in zip(bodies, dtypes)]
+        self.emit_combine(monoid, bufs, indices, new_values, scope, dtypes)
+
+    def emit_combine(self, monoid, bufs, indices, new_values, scope: Scope, dtypes) -> None:
+        """Store ``bufs[indices] ⊕ new_values`` into ``bufs[indices]``."""
+        olds = [Symbol(f"__old{k}", d) for k, d in enumerate(dtypes)]
+        news = [Symbol(f"__new{k}", d) for k, d in enumerate(dtypes)]
+        combined = monoid.combine_exprs(olds, news)
+        symbols = {s.name: tirx.BufferLoad(b, list(indices)) for s, b in zip(olds, bufs)}
+        symbols.update({s.name: v for s, v in zip(news, new_values)})
+        inner = scope.child(symbols=symbols)
+        results = [lower(c, inner, d) for c, d in zip(combined, dtypes)]
+        if len(results) > 1:  # every component must see the old values: bind first, then store
+            results = [T.Bind(r) for r in results]
+        for buf, r in zip(bufs, results):
+            self.store(buf, r, indices)
+
+
+def compute_loops(fb: FunctionBuilder, compute: Compute) -> list[LoopAxis]:
+    """The plain loop nest of a compute: its axes, then the axes it reduces over."""
+    loops = [LoopAxis(a, fb.extent(a), a.name, "S") for a in compute.axes]
+    loops += [LoopAxis(a, fb.extent(a), a.name, "R") for a in compute.over]
+    return loops
+
+
+def emit_compute(fb: FunctionBuilder, compute: Compute, scope: Scope | None = None,
+                 name: str | None = None) -> None:
+    """One loop nest and one block computing ``compute`` in full."""
+    scope = scope or fb.scope
+    loops = compute_loops(fb, compute)
+    bufs = scope.computes[compute.name]
+    with fb.loops(loops) as loop_vars:
+        with fb.block(name or compute.name, loops, loop_vars, scope) as inner:
+            indices = [inner.axes[a.uid] for a in compute.axes]
+            if compute.is_reduction:
+                fb.emit_update(compute.monoid, bufs, indices, compute.bodies, inner, True,
+                               compute.dtypes)
+            else:
+                fb.store(bufs[0], lower(compute.bodies[0], inner, compute.dtypes[0]), indices)

@@ -1,0 +1,168 @@
+"""The interactive schedule: every optimisation of a kernel is a step that can be shown and undone.
+
+>>> sch = tensorfuse.schedule(attention, target="cuda", B=2, H=16, M=4096, N=4096, D=128)
+>>> sch.rolling_update("m", "l", "out_sum", axis="j")   # tensorfuse primitive
+>>> sch.show()                                          # TVMScript after each step
+>>> blk = sch.get_sblock("l_update"); sch.get_loops(blk) # any TVM s_tir primitive, forwarded
+>>> f = sch.compile()
+
+Fusion primitives (rolling and split updates) change how the program is lowered, so they come
+before any TVM primitive. TVM primitives are forwarded to a ``tvm.s_tir.Schedule`` whose trace
+records them. Sizes given when the schedule is made are fixed in the IR; sizes not given stay
+symbolic and the compiled kernel accepts any value for them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+
+from .compiled import CompiledKernel
+from .dsl.expr import user_location
+from .errors import CallError, ScheduleError
+from .kernel import Kernel
+from .schedule_templates import lower_program, tvm_schedule
+from .schedule_templates.default import apply_default_schedule
+from .targets import TargetSpec, get_target
+
+# TVM schedule methods that only look: they are forwarded without becoming a step.
+_READ_ONLY = {"get_sblock", "get_loops", "get", "get_child_blocks", "get_producers",
+              "get_consumers", "get_output_blocks", "show", "trace", "mod", "state", "copy",
+              "func_working_on", "work_on", "fork_seed", "sample_perfect_tile",
+              "sample_categorical", "sample_compute_location", "get_sref", "seed"}
+
+
+@dataclass
+class Step:
+    description: str
+    before: tvm.s_tir.Schedule
+    fusions_before: tuple
+
+
+class Schedule:
+    """A kernel's schedule for one target; see the module docstring."""
+
+    def __init__(self, kernel: Kernel, target: "str | TargetSpec" = "auto", **dims: int):
+        if not isinstance(kernel, Kernel):
+            raise ScheduleError(f"tensorfuse.schedule takes a @tensorfuse.kernel, got "
+                                f"{type(kernel).__name__}", user_location())
+        self.kernel = kernel
+        self.program = kernel.program
+        self.target = get_target(target)
+        unknown = set(dims) - set(self.program.dim_names())
+        if unknown:
+            raise ScheduleError(f"{kernel.name} has no size named {', '.join(sorted(unknown))}; its "
+                                f"sizes are {', '.join(self.program.dim_names())}", user_location())
+        self.dims = dict(dims)
+        self.fusions: tuple = ()
+        self.steps: list[Step] = []
+        self._tvm = tvm_schedule(self._lower())
+
+    # -- state -----------------------------------------------------------------------------------
+    def _lower(self) -> tvm.IRModule:
+        return lower_program(self.program, self.fusions, self.dims)
+
+    @property
+    def mod(self) -> tvm.IRModule:
+        """The current TensorIR module."""
+        return self._tvm.mod
+
+    @property
+    def tvm_schedule(self) -> tvm.s_tir.Schedule:
+        """The underlying TVM schedule (its trace holds the TVM steps)."""
+        return self._tvm
+
+    def show(self) -> None:
+        """Print the current TensorIR as TVMScript."""
+        print(self.script())
+
+    def script(self) -> str:
+        return self.mod.script()
+
+    def history(self) -> list[str]:
+        """The steps applied so far, oldest first."""
+        return [s.description for s in self.steps]
+
+    def _record(self, description: str) -> None:
+        self.steps.append(Step(description, self._tvm.copy(), self.fusions))
+
+    def undo(self) -> str:
+        """Take back the last step; returns its description."""
+        if not self.steps:
+            raise ScheduleError("nothing to undo", user_location())
+        step = self.steps.pop()
+        self._tvm, self.fusions = step.before, step.fusions_before
+        return step.description
+
+    # -- tensorfuse primitives ----------------------------------------------------------------
+    def _require_fresh(self, what: str) -> None:
+        if len(self._tvm.trace.insts) > 0:
+            raise ScheduleError(
+                f"{what} rewrites how the program is lowered, so it must come before TVM "
+                "schedule primitives; undo() those first, or start from a new schedule",
+                user_location())
+
+    def _apply_fusion(self, fusion, description: str) -> None:
+        self._require_fresh(description)
+        self._record(description)
+        try:
+            self.fusions = self.fusions + (fusion,)
+            self._tvm = tvm_schedule(self._lower())
+        except Exception:
+            self.undo()
+            raise
+
+    # -- TVM primitives, forwarded ------------------------------------------------------------
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        target = getattr(self._tvm, name)
+        if not callable(target) or name in _READ_ONLY:
+            return target
+
+        def forwarded(*args, **kwargs):
+            self._record(_call_text(name, args, kwargs))
+            try:
+                return target(*args, **kwargs)
+            except tvm.s_tir.ScheduleError as exc:
+                self.steps.pop()
+                raise ScheduleError(f"TVM refused {name}: {exc}", user_location()) from None
+
+        forwarded.__doc__ = target.__doc__
+        return forwarded
+
+    # -- compile ---------------------------------------------------------------------------------
+    def compile(self) -> CompiledKernel:
+        """A callable kernel built from this schedule (the default schedule fills in what is not
+        scheduled yet, e.g. GPU thread bindings)."""
+        fixed = dict(self.dims)
+        scheduled = apply_default_schedule(self.mod, self.target)
+
+        def build(dims: dict, index_dtype: str) -> tvm.IRModule:
+            clash = {k: v for k, v in dims.items() if k in fixed and fixed[k] != v}
+            if clash:
+                raise CallError(f"this schedule was made for "
+                                f"{', '.join(f'{k}={fixed[k]}' for k in clash)} but the call has "
+                                f"{', '.join(f'{k}={v}' for k, v in clash.items())}; make a schedule "
+                                "for these sizes, or leave them symbolic", user_location())
+            if index_dtype != "int32":
+                raise CallError("tensors this large need 64-bit indexing; use tensorfuse.compile "
+                                "(which picks it per call) instead of a schedule", user_location())
+            return scheduled
+
+        return CompiledKernel(self.program, self.target, build,
+                              f"schedule ({', '.join(self.history()) or 'default'})")
+
+    def __repr__(self) -> str:
+        steps = "; ".join(self.history()) or "no steps yet"
+        return f"<Schedule of {self.program.name} for {self.target.name}: {steps}>"
+
+
+def _call_text(name: str, args, kwargs) -> str:
+    parts = [_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
+
+
+def _short(value) -> str:
+    text = repr(value) if isinstance(value, (str, int, float, list, tuple)) else type(value).__name__
+    return text if len(text) < 40 else text[:37] + "..."

@@ -1,0 +1,26 @@
+"""tensorfuse's schedule primitives and the templates built from them.
+
+``lower_program`` lowers a program with the fusions (rolling and split updates) a schedule has
+asked for; each template lives in a module of its own.
+"""
+from __future__ import annotations
+
+import tvm
+
+from ..dsl.program import Program
+from ..lower_to_tir import lower_naive
+
+
+def lower_program(program: Program, fusions: tuple = (), dims: dict | None = None,
+                  index_dtype: str = "int32") -> tvm.IRModule:
+    """TensorIR for ``program`` with ``fusions`` applied (none: the naive lowering)."""
+    if not fusions:
+        return lower_naive(program, dims, index_dtype)
+    raise NotImplementedError("fusions are applied by the rolling-update lowering")
+
+
+def tvm_schedule(mod: tvm.IRModule) -> tvm.s_tir.Schedule:
+    """A traced TVM schedule of ``mod`` working on its one function."""
+    sch = tvm.s_tir.Schedule(mod)
+    sch.work_on(next(iter(mod.functions.keys())).name_hint)
+    return sch

@@ -1,0 +1,46 @@
+"""The schedule a kernel gets when no template is chosen.
+
+GPU targets use TVM's dlight rules (matmul, GEMV, reductions, and a fallback that binds every block
+to threads), so any program runs on a GPU. The CPU target runs the outermost data-parallel loop of
+each loop nest on all cores.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm.s_tir import dlight as dl
+
+from ..targets import TargetSpec
+
+
+def apply_default_schedule(mod: tvm.IRModule, target: TargetSpec) -> tvm.IRModule:
+    """``mod`` scheduled for ``target`` unless a template already scheduled it."""
+    func = next(iter(mod.functions.values()))
+    if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
+        return mod
+    if target.is_gpu:
+        with target.tvm_target:
+            return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                           dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+    return parallelize_outer_loops(mod)
+
+
+def parallelize_outer_loops(mod: tvm.IRModule) -> tvm.IRModule:
+    """Mark the outermost loop of each top-level nest parallel where TVM agrees it is safe."""
+    from . import tvm_schedule
+
+    sch = tvm_schedule(mod)
+    root = sch.get_sblock("root")
+    seen: set = set()
+    for block in sch.get_child_blocks(root):
+        loops = sch.get_loops(block)
+        if not loops:
+            continue
+        outer = sch.get(loops[0])
+        if any(outer.same_as(s) for s in seen):
+            continue
+        seen.add(outer)
+        try:
+            sch.parallel(loops[0])
+        except tvm.s_tir.ScheduleError:
+            continue  # a reduction or a loop-carried dependence: leave it serial
+    return sch.mod
