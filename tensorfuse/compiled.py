@@ -15,7 +15,7 @@ import tvm
 from .binding import BoundCall, bind_call, output_shape
 from .dsl.program import Program, ScalarParam
 from .errors import TargetError
-from .interop import empty, to_tvm, to_user
+from .interop import empty, is_torch, to_tvm, to_tvm_shared, to_user
 from .targets import TargetSpec
 
 Builder = Callable[[dict, str], tvm.IRModule]
@@ -68,39 +68,58 @@ class CompiledKernel:
         return self.module(**dims).script()
 
     # -- calling ---------------------------------------------------------------------------------
-    def __call__(self, *args, **kwargs):
+    def _prepare(self, args, kwargs):
         device = self.target.device()
         bound = bind_call(self.program, args, kwargs, self.device_kind)
-        run = self._executable(bound.dims, bound.index_dtype)[self.program.name]
+        executable = self._executable(bound.dims, bound.index_dtype)
         call_args = []
         for p in self.program.params:
             if isinstance(p, ScalarParam):
                 call_args.append(bound.scalars[p.name])
             else:
                 call_args.append(to_tvm(bound.arrays[p.name], device))
-        results, views = self._outputs(bound, device)
-        run(*call_args, *views)
-        results = [self._finish(r, v, bound) for r, v in zip(results, views)]
+        results, views, shared = self._outputs(bound, device)
+        return executable, device, bound, call_args, results, views, shared
+
+    def __call__(self, *args, **kwargs):
+        executable, _, bound, call_args, results, views, shared = self._prepare(args, kwargs)
+        executable[self.program.name](*call_args, *views)
+        results = [self._finish(r, v, s, bound) for r, v, s in zip(results, views, shared)]
         return results[0] if len(results) == 1 else tuple(results)
 
+    def benchmark(self, *args, repeat: int = 20, min_repeat_ms: int = 50, **kwargs) -> float:
+        """Median time of one call in milliseconds, measured on the device by TVM's time evaluator
+        (arguments as for a call; outputs are written to scratch buffers)."""
+        executable, device, _, call_args, _, views, _ = self._prepare(args, kwargs)
+        timer = executable.mod.time_evaluator(self.program.name, device, number=1, repeat=repeat,
+                                              min_repeat_ms=min_repeat_ms)
+        return float(np.median(timer(*call_args, *views).results)) * 1e3
+
     def _outputs(self, bound: BoundCall, device):
-        results, views = [], []
+        """Output arrays to return, the TVM views the kernel writes, and whether each view writes
+        straight into its array."""
+        results, views, shared = [], [], []
         for k, c in enumerate(self.program.outputs):
             if bound.outs is not None:
+                view, same = to_tvm_shared(bound.outs[k], device)
                 results.append(bound.outs[k])
-                views.append(to_tvm(bound.outs[k], device))
             else:
-                r, v = empty(output_shape(c, bound.dims), c.dtypes[0], device, bound.framework,
-                             bound.torch_device)
-                results.append(r)
-                views.append(v)
-        return results, views
+                result, view = empty(output_shape(c, bound.dims), c.dtypes[0], device,
+                                     bound.framework, bound.torch_device)
+                results.append(result)
+                same = True
+            views.append(view)
+            shared.append(same)
+        return results, views, shared
 
     @staticmethod
-    def _finish(result, view, bound: BoundCall):
-        if isinstance(result, np.ndarray):
-            on_host = view.device.dlpack_device_type() == 1
-            if not (on_host and np.shares_memory(result, np.from_dlpack(view))):
+    def _finish(result, view, shared: bool, bound: BoundCall):
+        if not shared:  # the kernel wrote a copy: bring it back into the caller's array
+            if is_torch(result):
+                import torch
+
+                result.copy_(torch.from_dlpack(view))
+            else:
                 np.copyto(result, view.numpy())
             return result
         return to_user(result, bound.framework)

@@ -42,17 +42,32 @@ def describe(x) -> ArrayInfo:
 
 def to_tvm(x, device: tvm.runtime.Device) -> tvm.runtime.Tensor:
     """A TVM view of ``x`` on ``device`` (no copy unless NumPy data must move to a GPU)."""
+    return to_tvm_shared(x, device)[0]
+
+
+def to_tvm_shared(x, device: tvm.runtime.Device) -> tuple[tvm.runtime.Tensor, bool]:
+    """Like :func:`to_tvm`, and whether the result shares ``x``'s memory (writes reach ``x``)."""
     if isinstance(x, tvm.runtime.Tensor):
-        return x
+        return x, True
     if is_torch(x):
-        return tvm.runtime.from_dlpack(x if x.is_contiguous() else x.contiguous())
-    x = np.ascontiguousarray(x)
-    if device.dlpack_device_type() == 1:
+        if x.is_contiguous():
+            try:
+                return tvm.runtime.from_dlpack(x), True
+            except RuntimeError:  # TVM wants 64-byte aligned data (e.g. torch.from_numpy views)
+                pass
+        return tvm.runtime.from_dlpack(x.clone(memory_format=_contiguous())), False
+    if device.dlpack_device_type() == 1 and x.flags.c_contiguous:
         try:
-            return tvm.runtime.from_dlpack(x)
-        except Exception:  # unaligned data: fall back to a copy
+            return tvm.runtime.from_dlpack(x), True
+        except Exception:  # unaligned or unusual data: fall back to a copy
             pass
-    return tvm.runtime.tensor(x, device)
+    return tvm.runtime.tensor(np.ascontiguousarray(x), device), False
+
+
+def _contiguous():
+    import torch
+
+    return torch.contiguous_format
 
 
 def empty(shape, dtype: str, device: tvm.runtime.Device, like: str, torch_device=None):

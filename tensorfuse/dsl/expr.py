@@ -31,8 +31,9 @@ def _is_internal(filename: str) -> bool:
 def user_location() -> SourceLocation | None:
     """The innermost frame of the call stack that is user code (not tensorfuse itself)."""
     frame = sys._getframe(1)
-    while frame is not None and _is_internal(frame.f_code.co_filename):
-        frame = frame.f_back
+    while frame is not None and (_is_internal(frame.f_code.co_filename) or (
+            frame.f_code.co_filename == "<string>" and frame.f_code.co_name == "__init__")):
+        frame = frame.f_back  # our own code, or a dataclass __init__ generated for it
     if frame is None:
         return None
     import linecache

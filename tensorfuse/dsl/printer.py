@@ -5,8 +5,9 @@ from . import dtypes as dt
 from .expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Reduce, Ref, Scalar,
                    Symbol, Unary, Where)
 
-_INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2), "floordiv": ("//", 2),
-          "mod": ("%", 2), "pow": ("**", 4), "and": ("&", 0), "or": ("|", 0)}
+# Binding strengths follow Python: comparisons < | < & < + - < * / // % < unary < **.
+_INFIX = {"add": ("+", 3), "sub": ("-", 3), "mul": ("*", 4), "div": ("/", 4), "floordiv": ("//", 4),
+          "mod": ("%", 4), "pow": ("**", 6), "and": ("&", 2), "or": ("|", 1)}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _PREFIX = {"neg": "-", "not": "~"}
 
@@ -33,7 +34,7 @@ def _fmt(e: Expr) -> tuple[str, int]:
     if isinstance(e, Unary):
         inner, strength = _fmt(e.a)
         if e.op in _PREFIX:
-            return _PREFIX[e.op] + (inner if strength >= 3 else f"({inner})"), 3
+            return _PREFIX[e.op] + (inner if strength >= 5 else f"({inner})"), 5
         return f"{e.op}({inner})", 9
     if isinstance(e, Binary):
         if e.op in ("max", "min"):
@@ -45,11 +46,11 @@ def _fmt(e: Expr) -> tuple[str, int]:
         right = right if rs > strength or (rs == strength and e.op in ("add", "mul")) else f"({right})"
         return f"{left} {sym} {right}", strength
     if isinstance(e, Compare):
-        return f"{_wrap(e.a, 1)} {_CMP[e.op]} {_wrap(e.b, 1)}", 0
+        return f"{_wrap(e.a, 0)} {_CMP[e.op]} {_wrap(e.b, 0)}", 0
     if isinstance(e, Where):
         return f"where({to_text(e.cond)}, {to_text(e.a)}, {to_text(e.b)})", 9
     if isinstance(e, Cast):
-        return f"{to_text(e.a)}.astype({dt.resolve(e.dtype)!r})", 9
+        return f"{_wrap(e.a, 8)}.astype({dt.resolve(e.dtype)!r})", 9
     if isinstance(e, Reduce):
         spec = e.spec
         over = ", ".join(a.name for a in spec.over)

@@ -57,15 +57,23 @@ def make_params(fn: Callable) -> list:
     return params
 
 
-def _run_capturing_locals(fn: Callable, args: list) -> tuple[object, dict]:
-    """Call ``fn`` and return its result with its local variables at the moment it returned."""
-    captured: dict = {}
+def _run_capturing_locals(fn: Callable, args: list) -> tuple[object, list[dict]]:
+    """Call ``fn``; return its result and the local variables of ``fn`` and of every user helper it
+    called, each taken when that frame returned (``fn``'s first), so values computed in helpers keep
+    the names the helpers gave them."""
+    from .expr import _is_internal
+
+    kernel_locals: dict = {}
+    helper_locals: list[dict] = []
     target = fn.__code__
     previous = sys.getprofile()
 
     def profiler(frame, event, arg):
-        if event == "return" and frame.f_code is target:
-            captured.update(frame.f_locals)
+        if event == "return":
+            if frame.f_code is target:
+                kernel_locals.update(frame.f_locals)
+            elif not _is_internal(frame.f_code.co_filename) and frame.f_code.co_name != "<lambda>":
+                helper_locals.append(dict(frame.f_locals))
         if previous is not None:
             previous(frame, event, arg)
 
@@ -74,7 +82,7 @@ def _run_capturing_locals(fn: Callable, args: list) -> tuple[object, dict]:
         result = fn(*args)
     finally:
         sys.setprofile(previous)
-    return result, captured
+    return result, [kernel_locals] + helper_locals
 
 
 def trace(fn: Callable, name: str | None = None) -> Program:
@@ -112,13 +120,15 @@ def _failing_user_line(exc: BaseException) -> SourceLocation | None:
 class _ProgramBuilder:
     """Decides which expressions become computes and rewrites expressions to reference them."""
 
-    def __init__(self, params, local_vars: dict, loc: SourceLocation):
+    def __init__(self, params, frames: list[dict], loc: SourceLocation):
         self.params = params
         self.loc = loc
         self.names: dict[int, str] = {}
-        for var, value in local_vars.items():
-            if isinstance(value, Expr) and not isinstance(value, (Axis, Const, Scalar, DimSize, Load)):
-                self.names.setdefault(value.uid, var)
+        for local_vars in frames:
+            for var, value in local_vars.items():
+                if isinstance(value, Expr) and not isinstance(
+                        value, (Axis, Const, Scalar, DimSize, Load)) and var.isidentifier():
+                    self.names.setdefault(value.uid, var)
         self.taken = {p.name for p in params}
         self.computes: list[Compute] = []
         self.by_uid: dict[int, Compute] = {}      # expression uid -> compute holding it
@@ -172,7 +182,9 @@ class _ProgramBuilder:
         else:
             hint = self.names.get(value.uid, "out" if count == 1 else f"out{k}")
             body = existing.ref() if existing is not None else self._rewrite(value, top=True)
-            compute = self._add(Compute(self._fresh(hint if existing is None else hint + "_out"),
+            named = existing is not None and value.uid in self.names and self.names[value.uid] == \
+                existing.name
+            compute = self._add(Compute(self._fresh(hint + "_out" if named else hint),
                                         value.axes, (body,), (storage,), loc=value.loc))
         compute.is_output = True
         return compute
@@ -203,7 +215,8 @@ class _ProgramBuilder:
         if isinstance(expr, Reduce):
             compute = self._reduction(expr)
             out: Expr = Ref(compute, expr.index, expr.loc)
-        elif not top and expr.uid in self.names and expr.uid not in self.by_uid:
+        elif not top and expr.uid in self.names and expr.uid not in self.by_uid and \
+                not _is_index_like(expr):
             body = self._rewrite(expr, top=True)
             compute = self._add(Compute(self._fresh(self.names[expr.uid]), expr.axes, (body,),
                                         (dt.resolve(expr.dtype),), loc=expr.loc))
@@ -220,6 +233,16 @@ class _ProgramBuilder:
         if not top:
             self.rewritten[expr.uid] = out
         return out
+
+
+def _is_index_like(expr: Expr) -> bool:
+    """Integer and boolean values without reductions (index arithmetic, masks) are recomputed where
+    they are used rather than stored: cheap, and it keeps indices affine for TVM's analyses."""
+    if dt.is_float(expr.dtype):
+        return False
+    found = []
+    walk(expr, lambda n: found.append(n) if isinstance(n, (Reduce, Ref)) else None)
+    return not found
 
 
 def _output_dtype(value: Expr) -> str:

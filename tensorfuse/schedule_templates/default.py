@@ -19,8 +19,11 @@ def apply_default_schedule(mod: tvm.IRModule, target: TargetSpec) -> tvm.IRModul
         return mod
     if target.is_gpu:
         with target.tvm_target:
-            return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                           dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+            try:
+                return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                               dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+            except Exception:  # noqa: BLE001 - a dlight rule that matched but cannot apply
+                return dl.ApplyDefaultSchedule(dl.gpu.Fallback())(mod)
     return parallelize_outer_loops(mod)
 
 

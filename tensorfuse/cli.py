@@ -1,0 +1,127 @@
+"""The ``tensorfuse`` command.
+
+    tensorfuse demo [--target T] [--out DIR]      compile attention, check it, time it
+    tensorfuse show FILE.py:KERNEL [--target T] [--cuda] [--size M=128 ...]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+
+import numpy as np
+
+from .errors import TensorfuseError
+
+
+def _load_kernel(spec: str):
+    """``path/to/file.py:name`` → the Kernel object called ``name`` in that file."""
+    from .kernel import Kernel
+
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name:
+        raise TensorfuseError(f"expected FILE.py:KERNEL, got {spec!r}")
+    if not os.path.exists(path):
+        raise TensorfuseError(f"no such file: {path}")
+    module_name = f"_tensorfuse_user_{abs(hash(os.path.abspath(path)))}"
+    loader = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(loader)
+    sys.modules[module_name] = module
+    loader.loader.exec_module(module)
+    kernel = getattr(module, name, None)
+    if not isinstance(kernel, Kernel):
+        found = [k for k, v in vars(module).items() if isinstance(v, Kernel)]
+        raise TensorfuseError(f"{path} has no @tensorfuse.kernel named {name!r}; kernels there: "
+                              f"{', '.join(found) or 'none'}")
+    return kernel
+
+
+def _sizes(items: list[str]) -> dict[str, int]:
+    sizes = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not value.isdigit():
+            raise TensorfuseError(f"--size takes NAME=INTEGER, got {item!r}")
+        sizes[key] = int(value)
+    return sizes
+
+
+def cmd_show(args) -> int:
+    from .api import compile as compile_kernel
+
+    kernel = _load_kernel(args.kernel)
+    target = args.target or ("cuda" if args.cuda else "llvm")
+    compiled = compile_kernel(kernel, target=target)
+    sizes = _sizes(args.size)
+    if args.cuda:
+        print(compiled.cuda_source(**sizes))
+    else:
+        print(compiled.tvm_script(**sizes))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from . import kernels
+    from .api import compile as compile_kernel
+    from .kernels.reference import TOLERANCE, random_inputs, reference, relative_error
+    from .targets import get_target
+
+    target = get_target(args.target)
+    kernel = kernels.causal_attention
+    sizes = (dict(B=2, H=16, M=1024, N=1024, D=128) if target.is_gpu
+             else dict(B=1, H=4, M=256, N=256, D=64))
+    print(f"tensorfuse demo: causal attention, bf16, {sizes} on {target.name}"
+          + ("" if target.is_gpu else " (no GPU found: using the CPU)"))
+    rng = np.random.default_rng(int(time.time()))
+    tensors, scalars = random_inputs(kernel, sizes, rng)
+    started = time.perf_counter()
+    compiled = compile_kernel(kernel, target=target)
+    out_dtype = kernel.program.outputs[0].dtypes[0]
+    poisoned = np.full(tuple(sizes[d] for d in ("B", "H", "M", "D")), np.nan).astype(
+        tensors["q"].dtype)
+    out = compiled(**tensors, **scalars, out=poisoned)
+    built = time.perf_counter() - started
+    err = relative_error(out, reference(kernel, tensors, scalars))
+    ok = err <= TOLERANCE[out_dtype]
+    print(f"  compiled and ran in {built:.1f} s ({compiled.description})")
+    print(f"  check against float64 NumPy: max relative error {err:.2e} "
+          f"(tolerance {TOLERANCE[out_dtype]:.0e} for {out_dtype}) -> {'OK' if ok else 'FAILED'}")
+    ms = compiled.benchmark(**tensors, **scalars, repeat=args.repeat)
+    b, h, m, n, d = (sizes[k] for k in "BHMND")
+    flops = 4 * b * h * m * n * d * 0.5  # causal: half the score matrix
+    print(f"  time per call: {ms:.3f} ms ({flops / ms / 1e9:.2f} TFLOP/s counting the unmasked half)")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"{kernel.name}.{target.kind}.tvmscript.py")
+    with open(path, "w") as f:
+        f.write(compiled.tvm_script(**sizes))
+    print(f"  TensorIR (TVMScript) written to {path}")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tensorfuse", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="compile, check and time attention on the local GPU or CPU")
+    demo.add_argument("--target", default="auto", help="auto (default), llvm, cuda, cuda:sm_90a")
+    demo.add_argument("--out", default="tensorfuse-demo", help="folder for the TVMScript")
+    demo.add_argument("--repeat", type=int, default=10)
+    demo.set_defaults(run=cmd_demo)
+    show = sub.add_parser("show", help="print a kernel's TensorIR or generated CUDA")
+    show.add_argument("kernel", help="FILE.py:KERNEL")
+    show.add_argument("--target", default=None, help="llvm (default), cuda[:sm_XX], rocm[:gfxXXX]")
+    show.add_argument("--cuda", action="store_true", help="print CUDA C++ instead of TensorIR")
+    show.add_argument("--size", action="append", metavar="NAME=N", help="fix a size (repeatable)")
+    show.set_defaults(run=cmd_show)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except TensorfuseError as exc:
+        print(f"tensorfuse: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

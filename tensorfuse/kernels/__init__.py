@@ -1,0 +1,19 @@
+"""A library of kernels written in the DSL: attention and its variants, row reductions, GEMM chains.
+
+They are plain DSL programs (the naive specification); schedules and templates make them fast.
+Each has a float64 NumPy reference in ``tensorfuse.kernels.reference`` for checking.
+"""
+from .attention import (attention, causal_attention, alibi_attention, softcap_attention,
+                        sliding_window_attention, prefix_lm_attention, document_attention,
+                        gqa_attention, gqa_causal_attention, neighborhood_attention, softmax_attend,
+                        ATTENTION_VARIANTS)
+from .rows import softmax, log_softmax, layernorm, rmsnorm, cross_entropy, ROW_KERNELS
+from .ffn import ffn_gelu, ffn_swiglu, FFN_KERNELS
+
+ALL = {**ATTENTION_VARIANTS, **ROW_KERNELS, **FFN_KERNELS}
+
+__all__ = ["attention", "causal_attention", "alibi_attention", "softcap_attention",
+           "sliding_window_attention", "prefix_lm_attention", "document_attention", "gqa_attention",
+           "gqa_causal_attention", "neighborhood_attention", "softmax_attend", "softmax",
+           "log_softmax", "layernorm", "rmsnorm", "cross_entropy", "ffn_gelu", "ffn_swiglu", "ALL",
+           "ATTENTION_VARIANTS", "ROW_KERNELS", "FFN_KERNELS"]

@@ -1,0 +1,122 @@
+"""Attention and its variants, each a few DSL lines over one shared softmax-weighted sum.
+
+Layout: ``q[B, H, M, D]``, ``k, v[B, HKV, N, D]`` (``HKV = H`` except for GQA). Masks are aligned to
+the bottom right (query ``i`` sits at key position ``i + N - M``), so the same kernels serve prefill
+(``M = N``) and decode (``M = 1``).
+"""
+from __future__ import annotations
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+
+Q = T.Tensor["B", "H", "M", "D", "bf16"]
+KV = T.Tensor["B", "H", "N", "D", "bf16"]
+KV_GROUPED = T.Tensor["B", "HKV", "N", "D", "bf16"]
+
+
+def softmax_attend(s, value, j):
+    """softmax of the scores ``s`` over ``j``, applied to ``value``: the chain max → sum → sum."""
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    l = T.sum(p, over=j)  # noqa: E741 - the name used in the attention literature
+    o = T.sum(p * value, over=j)
+    return o / l
+
+
+def scores(q, k, b, h, hk, i, j, d, scale):
+    return T.sum(q[b, h, i, d] * k[b, hk, j, d], over=d) * scale
+
+
+def key_position(i):
+    """Position among the keys of query ``i`` (bottom-right alignment)."""
+    return i + T.size("N") - T.size("M")
+
+
+@tf.kernel
+def attention(q: Q, k: KV, v: KV, scale: T.f32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = scores(q, k, b, h, h, i, j, d, scale)
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
+@tf.kernel
+def causal_attention(q: Q, k: KV, v: KV, scale: T.f32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = scores(q, k, b, h, h, i, j, d, scale)
+    s = T.where(key_position(i) >= j, s, -T.inf)
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
+@tf.kernel
+def alibi_attention(q: Q, k: KV, v: KV, scale: T.f32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    slope = T.exp2(-8.0 * (h + 1) / T.size("H"))
+    s = scores(q, k, b, h, h, i, j, d, scale) + slope * (j - key_position(i))
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
+@tf.kernel
+def softcap_attention(q: Q, k: KV, v: KV, scale: T.f32, cap: T.f32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = cap * T.tanh(scores(q, k, b, h, h, i, j, d, scale) / cap)
+    s = T.where(key_position(i) >= j, s, -T.inf)
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
+@tf.kernel
+def sliding_window_attention(q: Q, k: KV, v: KV, scale: T.f32, window: T.i32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = scores(q, k, b, h, h, i, j, d, scale)
+    keep = (key_position(i) >= j) & (key_position(i) - j < window)
+    return softmax_attend(T.where(keep, s, -T.inf), v[b, h, j, e], j)
+
+
+@tf.kernel
+def prefix_lm_attention(q: Q, k: KV, v: KV, scale: T.f32, prefix: T.i32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = scores(q, k, b, h, h, i, j, d, scale)
+    keep = (key_position(i) >= j) | (j < prefix)
+    return softmax_attend(T.where(keep, s, -T.inf), v[b, h, j, e], j)
+
+
+@tf.kernel
+def document_attention(q: Q, k: KV, v: KV, doc: T.Tensor["B", "N", "i32"], scale: T.f32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = scores(q, k, b, h, h, i, j, d, scale)
+    same_document = doc[b, key_position(i)] == doc[b, j]
+    return softmax_attend(T.where(same_document, s, -T.inf), v[b, h, j, e], j)
+
+
+@tf.kernel
+def gqa_attention(q: Q, k: KV_GROUPED, v: KV_GROUPED, scale: T.f32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    s = scores(q, k, b, h, hk, i, j, d, scale)
+    return softmax_attend(s, v[b, hk, j, e], j)
+
+
+@tf.kernel
+def gqa_causal_attention(q: Q, k: KV_GROUPED, v: KV_GROUPED, scale: T.f32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    s = scores(q, k, b, h, hk, i, j, d, scale)
+    s = T.where(key_position(i) >= j, s, -T.inf)
+    return softmax_attend(s, v[b, hk, j, e], j)
+
+
+@tf.kernel
+def neighborhood_attention(q: Q, k: KV, v: KV, scale: T.f32, radius: T.i32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = scores(q, k, b, h, h, i, j, d, scale)
+    near = T.abs(key_position(i) - j) <= radius
+    return softmax_attend(T.where(near, s, -T.inf), v[b, h, j, e], j)
+
+
+ATTENTION_VARIANTS = {
+    "attention": attention, "causal_attention": causal_attention,
+    "alibi_attention": alibi_attention, "softcap_attention": softcap_attention,
+    "sliding_window_attention": sliding_window_attention,
+    "prefix_lm_attention": prefix_lm_attention, "document_attention": document_attention,
+    "gqa_attention": gqa_attention, "gqa_causal_attention": gqa_causal_attention,
+    "neighborhood_attention": neighborhood_attention,
+}

@@ -1,0 +1,29 @@
+"""GEMM chains: the feed-forward block ``act(X·W1)·W2`` with GELU, and SwiGLU ``(silu(X·W1)⊙(X·W3))·W2``.
+
+Weights are stored ``[in, out]``: ``x[M, K]``, ``w1[K, N]``, ``w2[N, O]``.
+"""
+from __future__ import annotations
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+
+
+@tf.kernel
+def ffn_gelu(x: T.Tensor["M", "K", "bf16"], w1: T.Tensor["K", "N", "bf16"],
+             w2: T.Tensor["N", "O", "bf16"]):
+    i, k, n, o = T.axes("i k n o")
+    h = T.gelu(T.sum(x[i, k] * w1[k, n], over=k))
+    return T.sum(h * w2[n, o], over=n)
+
+
+@tf.kernel
+def ffn_swiglu(x: T.Tensor["M", "K", "bf16"], w1: T.Tensor["K", "N", "bf16"],
+               w3: T.Tensor["K", "N", "bf16"], w2: T.Tensor["N", "O", "bf16"]):
+    i, k, n, o = T.axes("i k n o")
+    gate = T.sum(x[i, k] * w1[k, n], over=k)
+    up = T.sum(x[i, k] * w3[k, n], over=k)
+    h = T.silu(gate) * up
+    return T.sum(h * w2[n, o], over=n)
+
+
+FFN_KERNELS = {"ffn_gelu": ffn_gelu, "ffn_swiglu": ffn_swiglu}

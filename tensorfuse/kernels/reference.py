@@ -1,0 +1,197 @@
+"""Float64 NumPy references for the kernel library, written independently of the DSL, and random
+inputs for them.
+
+Tolerances (max |out - ref| / max |ref|), stated per output dtype: outputs rounded to bf16 carry a
+relative error of up to 2^-8 ≈ 3.9e-3 per element, f16 2^-11, f32 about 1e-6 after accumulation.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ..dsl import dtypes as dt
+
+TOLERANCE = {"bf16": 8e-3, "f16": 1e-3, "f32": 2e-5, "f64": 1e-10}
+
+
+def _softmax_attend(s: np.ndarray, v: np.ndarray) -> np.ndarray:
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    return np.einsum("bhij,bhje->bhie", p / p.sum(-1, keepdims=True), v)
+
+
+def _scores(q, k, scale):
+    return np.einsum("bhid,bhjd->bhij", q, k) * scale
+
+
+def _key_pos(m, n):
+    return np.arange(m)[:, None] + n - m, np.arange(n)[None, :]
+
+
+def _expand_heads(k, h):
+    return np.repeat(k, h // k.shape[1], axis=1)
+
+
+def ref_attention(q, k, v, scale):
+    return _softmax_attend(_scores(q, k, scale), v)
+
+
+def ref_causal_attention(q, k, v, scale):
+    i, j = _key_pos(q.shape[2], k.shape[2])
+    return _softmax_attend(np.where(i >= j, _scores(q, k, scale), -np.inf), v)
+
+
+def ref_alibi_attention(q, k, v, scale):
+    h = q.shape[1]
+    slope = 2.0 ** (-8.0 * (np.arange(h) + 1) / h)
+    i, j = _key_pos(q.shape[2], k.shape[2])
+    return _softmax_attend(_scores(q, k, scale) + slope[:, None, None] * (j - i), v)
+
+
+def ref_softcap_attention(q, k, v, scale, cap):
+    i, j = _key_pos(q.shape[2], k.shape[2])
+    s = cap * np.tanh(_scores(q, k, scale) / cap)
+    return _softmax_attend(np.where(i >= j, s, -np.inf), v)
+
+
+def ref_sliding_window_attention(q, k, v, scale, window):
+    i, j = _key_pos(q.shape[2], k.shape[2])
+    keep = (i >= j) & (i - j < window)
+    return _softmax_attend(np.where(keep, _scores(q, k, scale), -np.inf), v)
+
+
+def ref_prefix_lm_attention(q, k, v, scale, prefix):
+    i, j = _key_pos(q.shape[2], k.shape[2])
+    keep = (i >= j) | (j < prefix)
+    return _softmax_attend(np.where(keep, _scores(q, k, scale), -np.inf), v)
+
+
+def ref_document_attention(q, k, v, doc, scale):
+    i, j = _key_pos(q.shape[2], k.shape[2])
+    same = doc[:, i[:, 0]][:, :, None] == doc[:, None, :]          # [B, M, N]
+    return _softmax_attend(np.where(same[:, None], _scores(q, k, scale), -np.inf), v)
+
+
+def ref_gqa_attention(q, k, v, scale):
+    h = q.shape[1]
+    return ref_attention(q, _expand_heads(k, h), _expand_heads(v, h), scale)
+
+
+def ref_gqa_causal_attention(q, k, v, scale):
+    h = q.shape[1]
+    return ref_causal_attention(q, _expand_heads(k, h), _expand_heads(v, h), scale)
+
+
+def ref_neighborhood_attention(q, k, v, scale, radius):
+    i, j = _key_pos(q.shape[2], k.shape[2])
+    return _softmax_attend(np.where(np.abs(i - j) <= radius, _scores(q, k, scale), -np.inf), v)
+
+
+def ref_softmax(x):
+    p = np.exp(x - x.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
+def ref_log_softmax(x):
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def ref_layernorm(x, weight, bias, eps):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+def ref_rmsnorm(x, weight, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+
+
+def ref_cross_entropy(logits, target):
+    m = logits.max(-1, keepdims=True)
+    lse = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[:, 0]
+    return lse - logits[np.arange(logits.shape[0]), target]
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def ref_ffn_gelu(x, w1, w2):
+    return _gelu(x @ w1) @ w2
+
+
+def ref_ffn_swiglu(x, w1, w3, w2):
+    gate = x @ w1
+    return (gate / (1.0 + np.exp(-gate)) * (x @ w3)) @ w2
+
+
+REFERENCES: dict[str, Callable] = {name[4:]: fn for name, fn in globals().items()
+                                   if name.startswith("ref_")}
+
+
+def random_inputs(kernel, sizes: dict[str, int], rng: np.random.Generator,
+                  scalars: dict | None = None) -> tuple[dict, dict]:
+    """Fresh random tensors for ``kernel`` at ``sizes`` (never zeros) and its scalar arguments.
+
+    Floating tensors are standard normal (attention scores scaled to unit variance by ``scale``);
+    integer tensors get values that make sense for the library kernels (class ids below the
+    vocabulary size, document ids in increasing runs)."""
+    program = kernel.program
+    tensors = {}
+    for p in program.tensor_params:
+        shape = tuple(d if isinstance(d, int) else sizes[d] for d in p.dims)
+        if p.dtype == "i32":
+            tensors[p.name] = _integer_tensor(p.name, shape, sizes, rng)
+        else:
+            tensors[p.name] = rng.standard_normal(shape).astype(dt.to_numpy(p.dtype))
+    defaults = {"scale": 1.0 / math.sqrt(sizes.get("D", 1)), "cap": 50.0, "eps": 1e-5,
+                "window": max(1, sizes.get("N", 2) // 4), "prefix": max(1, sizes.get("N", 2) // 4),
+                "radius": max(1, sizes.get("N", 2) // 8)}
+    defaults.update(scalars or {})
+    values = {p.name: defaults[p.name] for p in program.scalar_params}
+    return tensors, values
+
+
+def _integer_tensor(name: str, shape, sizes, rng) -> np.ndarray:
+    if name == "target":
+        return rng.integers(0, sizes["V"], size=shape).astype(np.int32)
+    if name == "doc":  # 4 documents of random lengths per batch row, ids increasing
+        out = np.zeros(shape, np.int32)
+        for row in out.reshape(-1, shape[-1]):
+            cuts = np.sort(rng.choice(np.arange(1, shape[-1]), size=min(3, shape[-1] - 1),
+                                      replace=False))
+            row[:] = np.searchsorted(cuts, np.arange(shape[-1]), side="right")
+        return out
+    return rng.integers(0, 4, size=shape).astype(np.int32)
+
+
+def reference(kernel, tensors: dict, scalars: dict) -> np.ndarray:
+    """The float64 reference output of a library kernel."""
+    fn = REFERENCES[kernel.name]
+    args = []
+    for p in kernel.program.params:
+        if p.name in tensors:
+            x = tensors[p.name]
+            args.append(x.astype(np.float64) if dt.is_float(p.dtype) else x)
+        else:
+            args.append(scalars[p.name])
+    return fn(*args)
+
+
+def relative_error(out, ref) -> float:
+    """max |out − ref| / max |ref| over finite reference values; NaN where out is NaN but ref is
+    not counts as infinitely wrong."""
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if out.shape != ref.shape:
+        raise ValueError(f"shape {out.shape} != reference shape {ref.shape}")
+    finite = np.isfinite(ref)
+    if np.any(~np.isfinite(out[finite])):
+        return math.inf
+    if np.any(np.isnan(ref) != np.isnan(out)):
+        return math.inf
+    scale = np.max(np.abs(ref[finite])) if finite.any() else 1.0
+    return float(np.max(np.abs(out[finite] - ref[finite])) / max(scale, 1e-30))

@@ -1,0 +1,58 @@
+"""The naive lowering: one named sblock per compute, named buffers, symbolic or fixed sizes."""
+import numpy as np
+import tvm
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.kernels import attention
+from tensorfuse.lower_to_tir import lower_naive
+
+
+
+
+def test_one_block_per_compute_named_after_variables():
+    mod = lower_naive(attention.program)
+    sch = tvm.s_tir.Schedule(mod)
+    sch.work_on("attention")
+    for c in attention.program.computes:
+        block = sch.get(sch.get_sblock(c.name))
+        assert block.name_hint == c.name
+    text = mod.script()
+    for name in ("q: T.Buffer", "k: T.Buffer", "v: T.Buffer", "scale: T.float32", "out: T.Buffer"):
+        assert name in text
+    assert 'T.sblock("m")' in text and "T.init()" in text
+
+
+def test_reduction_blocks_have_reduce_iterators():
+    text = lower_naive(attention.program).script()
+    m_block = text[text.index('T.sblock("m")'):]
+    assert 'T.axis.remap("SSSR"' in m_block.splitlines()[1]
+
+
+def test_fixed_sizes_are_constants_in_the_ir():
+    text = lower_naive(attention.program, dict(B=1, H=2, M=8, N=8, D=4)).script()
+    assert "T.Buffer((1, 2, 8, 4)" in text
+    symbolic = lower_naive(attention.program).script()
+    assert "T.int32()" in symbolic
+
+
+def test_64_bit_indexing_when_asked():
+    text = lower_naive(attention.program, index_dtype="int64").script()
+    assert "T.int32()" not in text and 'B = TypeVar("B")' in text  # how TVM prints int64 sizes
+
+
+def test_lowered_module_runs_on_llvm(rng):
+    @tf.kernel
+    def mix(x: T.Tensor["M", "N", "f32"], w: T.Tensor["N", "f32"], bias: T.f32):
+        i, j = T.axes("i j")
+        y = T.where(x[i, j] > 0.0, x[i, j], 0.1 * x[i, j]) * w[j]
+        return T.sum(y, over=j) + bias
+
+    mod = lower_naive(mix.program)
+    lib = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
+    x = rng.standard_normal((7, 13)).astype("float32")
+    w = rng.standard_normal(13).astype("float32")
+    out = tvm.runtime.tensor(np.full(7, np.nan, "float32"))
+    lib["mix"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), 0.25, out)
+    ref = (np.where(x > 0, x, 0.1 * x) * w).sum(1) + 0.25
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5)

@@ -1,0 +1,145 @@
+"""Calling compiled kernels: NumPy and PyTorch in and out, out= arrays, argument checks, caching."""
+import numpy as np
+import pytest
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.errors import CallError, TargetError
+from tensorfuse.kernels import rmsnorm, softmax
+
+
+@tf.kernel
+def scaled_rowsum(x: T.Tensor["M", "N", "f32"], w: T.Tensor["N", "f32"], alpha: T.f32):
+    i, j = T.axes("i j")
+    return T.sum(x[i, j] * w[j], over=j) * alpha
+
+
+@pytest.fixture(scope="module")
+def rowsum():
+    return tf.compile(scaled_rowsum, target="llvm")
+
+
+def test_numpy_in_numpy_out(rowsum, rng):
+    x, w = rng.standard_normal((6, 5)).astype("f4"), rng.standard_normal(5).astype("f4")
+    out = rowsum(x, w, 2.0)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32
+    np.testing.assert_allclose(out, (x * w).sum(1) * 2.0, rtol=1e-5)
+
+
+def test_torch_in_torch_out_without_copies(rowsum):
+    x, w = torch.randn(6, 5), torch.randn(5)
+    out = torch.full((6,), float("nan"))
+    result = rowsum(x, w, alpha=0.5, out=out)
+    assert result is out  # written in place through DLPack
+    torch.testing.assert_close(out, (x * w).sum(1) * 0.5)
+    fresh = rowsum(x, w, 0.5)
+    assert isinstance(fresh, torch.Tensor)
+
+
+def test_non_contiguous_torch_output_is_filled(rowsum):
+    x, w = torch.randn(6, 5), torch.randn(5)
+    big = torch.full((6, 2), float("nan"))
+    rowsum(x, w, 1.0, out=big[:, 0])
+    torch.testing.assert_close(big[:, 0], (x * w).sum(1))
+    assert torch.isnan(big[:, 1]).all()
+
+
+def test_bf16_numpy_inputs(rng):
+    import ml_dtypes
+
+    x = rng.standard_normal((4, 64)).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal(64).astype(ml_dtypes.bfloat16)
+    out = tf.compile(rmsnorm, "llvm")(x, w, 1e-6)
+    assert out.dtype == ml_dtypes.bfloat16
+    xf, wf = x.astype(np.float64), w.astype(np.float64)
+    ref = xf / np.sqrt((xf * xf).mean(1, keepdims=True) + 1e-6) * wf
+    assert np.abs(out.astype(np.float64) - ref).max() / np.abs(ref).max() < 8e-3
+
+
+def test_one_build_per_shape_signature(rowsum, rng):
+    for m in (3, 4, 3):
+        rowsum(rng.standard_normal((m, 5)).astype("f4"), rng.standard_normal(5).astype("f4"), 1.0)
+    keys = {k for k in rowsum._executables if dict(k[0]).get("N") == 5}
+    assert {dict(k[0])["M"] for k in keys} >= {3, 4}
+    assert len([k for k in keys if dict(k[0])["M"] == 3]) == 1
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda f, x, w: f(x), "missing argument"),
+    (lambda f, x, w: f(x, w, 1.0, 2.0), "takes 3 arguments"),
+    (lambda f, x, w: f(x, w, alpah=1.0), "unexpected argument 'alpah'"),
+    (lambda f, x, w: f(x, w, 1.0, x=x), "two values"),
+    (lambda f, x, w: f(x.astype("f8"), w, 1.0), "must have dtype f32, got f64"),
+    (lambda f, x, w: f(x[0], w, 1.0), "must have 2 dimensions"),
+    (lambda f, x, w: f(x, w[:3], 1.0), "size N is 5"),
+    (lambda f, x, w: f(x, w, "2"), "f32 scalar, got str"),
+    (lambda f, x, w: f(x, 3.0, 1.0), "must be an array"),
+    (lambda f, x, w: f(x, w, 1.0, out=np.zeros(7, "f4")), "must have shape (6,)"),
+    (lambda f, x, w: f(np.zeros((6, 0), "f4"), w, 1.0), "empty dimension"),
+])
+def test_bad_calls_are_reported_before_launch(rowsum, rng, call, message):
+    x, w = rng.standard_normal((6, 5)).astype("f4"), rng.standard_normal(5).astype("f4")
+    with pytest.raises(CallError) as info:
+        call(rowsum, x, w)
+    assert message in str(info.value)
+    assert __file__ in str(info.value)  # names the caller's line
+
+
+def test_integer_scalar_rejects_floats():
+    @tf.kernel
+    def shift(x: T.Tensor["N", "f32"], k: T.i32):
+        i = T.axes("i")
+        return x[i] + k
+
+    with pytest.raises(CallError, match="integer scalar"):
+        tf.compile(shift, "llvm")(np.ones(3, "f4"), 1.5)
+
+
+def test_fixed_dimension_is_checked():
+    @tf.kernel
+    def head(x: T.Tensor["N", 4, "f32"]):
+        i, j = T.axes("i j")
+        return T.sum(x[i, j], over=j)
+
+    with pytest.raises(CallError, match="must have size 4 in dimension 1"):
+        tf.compile(head, "llvm")(np.ones((3, 5), "f4"))
+
+
+def test_torch_tensor_on_wrong_device_for_target(rowsum):
+    x = torch.randn(6, 5, device="meta")
+    with pytest.raises(CallError):
+        rowsum(x, torch.randn(5), 1.0)
+
+
+def test_gpu_target_without_gpu_says_so(rng):
+    import tvm
+
+    if tvm.cuda(0).exist:
+        pytest.skip("this machine has a GPU")
+    f = tf.compile(softmax, target="cuda:sm_90a")
+    with pytest.raises(TargetError, match="needs an NVIDIA GPU"):
+        f(rng.standard_normal((2, 3)).astype("f4"))
+
+
+def test_rocm_target_cannot_run_here(rng):
+    f = tf.compile(softmax, target="rocm:gfx942")
+    with pytest.raises(TargetError, match="generates AMD GPU code only"):
+        f(rng.standard_normal((2, 3)).astype("f4"))
+
+
+def test_large_tensors_switch_to_64_bit_indexing():
+    from tensorfuse.binding import bind_call
+
+    base = np.zeros(1, "f4")  # views with zero strides: the shapes of huge arrays, no memory
+    x = np.lib.stride_tricks.as_strided(base, shape=(2**16, 2**16), strides=(0, 0))
+    w = np.lib.stride_tricks.as_strided(base, shape=(2**16,), strides=(0,))
+    assert bind_call(scaled_rowsum.program, (x, w, 1.0), {}, "cpu").index_dtype == "int64"
+    small = bind_call(scaled_rowsum.program, (x[:4, :4], w[:4], 1.0), {}, "cpu")
+    assert small.index_dtype == "int32"
+
+
+def test_benchmark_returns_milliseconds(rowsum, rng):
+    x, w = rng.standard_normal((64, 64)).astype("f4"), rng.standard_normal(64).astype("f4")
+    ms = rowsum.benchmark(x, w, 1.0, repeat=3, min_repeat_ms=1)
+    assert 0 < ms < 1000
