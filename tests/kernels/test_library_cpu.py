@@ -9,19 +9,20 @@ from tensorfuse.dsl import dtypes as dt
 from tensorfuse.kernels.reference import TOLERANCE, random_inputs, reference, relative_error
 
 SIZES = {
-    "attention": dict(B=2, H=3, M=29, N=29, D=16),
+    "attention": dict(B=2, H=4, M=29, N=29, D=16),
     "rows": dict(M=5, N=333, V=333),
     "ffn": dict(M=9, K=24, N=40, O=20),
 }
 
 
-def sizes_for(name):
+def sizes_for(name, table=SIZES):
+    """Sizes for a library kernel from a table of attention/rows/ffn sizes (GQA: 2 heads a group)."""
     if name in K.ATTENTION_VARIANTS:
-        s = dict(SIZES["attention"])
+        s = dict(table["attention"])
         if name.startswith("gqa"):
-            s.update(H=4, HKV=2)
+            s.update(HKV=s["H"] // 2)
         return s
-    return dict(SIZES["rows" if name in K.ROW_KERNELS else "ffn"])
+    return dict(table["rows" if name in K.ROW_KERNELS else "ffn"])
 
 
 def poisoned_outputs(kernel, sizes):

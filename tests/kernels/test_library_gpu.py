@@ -6,7 +6,7 @@ import pytest
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse.kernels.reference import TOLERANCE, random_inputs, reference, relative_error
-from tests.kernels.test_library_cpu import poisoned_outputs
+from tests.kernels.test_library_cpu import poisoned_outputs, sizes_for
 
 pytestmark = pytest.mark.gpu
 
@@ -17,19 +17,10 @@ GPU_SIZES = {
 }
 
 
-def gpu_sizes(name):
-    if name in K.ATTENTION_VARIANTS:
-        s = dict(GPU_SIZES["attention"])
-        if name.startswith("gqa"):
-            s.update(H=8, HKV=2)
-        return s
-    return dict(GPU_SIZES["rows" if name in K.ROW_KERNELS else "ffn"])
-
-
 @pytest.mark.parametrize("name", sorted(K.ALL))
 def test_library_kernel_on_gpu(name, rng):
     kernel = K.ALL[name]
-    sizes = gpu_sizes(name)
+    sizes = sizes_for(name, GPU_SIZES)
     tensors, scalars = random_inputs(kernel, sizes, rng)
     (out,) = poisoned_outputs(kernel, sizes)
     compiled = tf.compile(kernel, target="cuda")
