@@ -95,13 +95,15 @@ def _check_monoid_laws(m: Monoid, trials: int = 64) -> None:
 
 def _lowest(dtype: str):
     """Identity of max: the lowest finite value (TVM recognises max reductions by it)."""
-    info = np.finfo if dt.is_float(dtype) else np.iinfo
-    return info(dt.to_numpy(dtype)).min.item()
+    if dt.is_float(dtype):
+        return np.finfo(dt.to_numpy(dtype)).min.item()
+    return int(np.iinfo(dt.to_numpy(dtype)).min)
 
 
 def _highest(dtype: str):
-    info = np.finfo if dt.is_float(dtype) else np.iinfo
-    return info(dt.to_numpy(dtype)).max.item()
+    if dt.is_float(dtype):
+        return np.finfo(dt.to_numpy(dtype)).max.item()
+    return int(np.iinfo(dt.to_numpy(dtype)).max)
 
 
 def _max(a, b):

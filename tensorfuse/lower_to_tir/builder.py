@@ -24,14 +24,13 @@ from .expr_to_tir import Scope, constant, lower
 
 @dataclass
 class LoopAxis:
-    """One loop of a nest: which DSL axis it runs (``None`` for helper loops), its extent, its
-    name, and how the axis value is computed from the loop variable (default: the variable)."""
+    """One loop of a nest: which DSL axis it runs (``None`` for helper loops such as chunk
+    indices), its extent, its name and the kind of block variable it drives."""
 
     axis: Axis | None
     extent: tirx.PrimExpr
     name: str
-    kind: str = "S"  # "S" spatial or "R" reduce, for the block iteration variable
-    binding: object = None  # callable(loop_var) -> PrimExpr giving the axis value
+    kind: str = "S"  # block iteration variable: "S" spatial, "R" reduce, "O" opaque
 
 
 class FunctionBuilder:
@@ -118,19 +117,25 @@ class FunctionBuilder:
             yield list(loop_vars)
 
     @contextlib.contextmanager
-    def block(self, name: str, loops: Sequence[LoopAxis], loop_vars: Sequence, scope: Scope):
-        """Open an ``sblock`` whose iteration variables run the DSL axes of ``loops``; yields a scope
-        in which those axes mean the block variables."""
+    def block(self, name: str, iters: Sequence[tuple[LoopAxis, tirx.PrimExpr]], scope: Scope,
+              derive=None, predicate=None):
+        """Open an ``sblock`` with one iteration variable per ``(loop axis, bound value)``; yields a
+        scope in which the DSL axes mean the block variables. ``derive(vars)`` may map further DSL
+        axes to expressions of the block variables (by loop name); ``predicate(values)`` guards
+        the block (``T.where``), written over the bound values (the loop variables)."""
+        kinds = {"S": T.axis.spatial, "R": T.axis.reduce, "O": T.axis.opaque}
         with T.sblock(name):
-            mapping = {}
-            for lp, v in zip(loops, loop_vars):
-                value = lp.binding(v) if lp.binding is not None else v
-                kind = T.axis.spatial if lp.kind == "S" else T.axis.reduce
-                dom = lp.extent if lp.binding is None else self.extent(lp.axis)
-                bv = kind(dom, value)
+            mapping, by_name, bound = {}, {}, {}
+            for lp, value in iters:
+                bv = kinds[lp.kind](lp.extent, value)
                 IRBuilder.name("v_" + lp.name, bv)
+                by_name[lp.name], bound[lp.name] = bv, value
                 if lp.axis is not None:
                     mapping[lp.axis.uid] = bv
+            if derive is not None:
+                mapping.update(derive(by_name))
+            if predicate is not None:
+                T.where(predicate(bound))
             yield scope.child(axes=mapping)
 
     def store(self, buf: tirx.Buffer, value: tirx.PrimExpr, indices) -> None:
@@ -175,7 +180,7 @@ def emit_compute(fb: FunctionBuilder, compute: Compute, scope: Scope | None = No
     loops = compute_loops(fb, compute)
     bufs = scope.computes[compute.name]
     with fb.loops(loops) as loop_vars:
-        with fb.block(name or compute.name, loops, loop_vars, scope) as inner:
+        with fb.block(name or compute.name, list(zip(loops, loop_vars)), scope) as inner:
             indices = [inner.axes[a.uid] for a in compute.axes]
             if compute.is_reduction:
                 fb.emit_update(compute.monoid, bufs, indices, compute.bodies, inner, True,

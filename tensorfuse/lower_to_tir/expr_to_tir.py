@@ -51,7 +51,7 @@ class Scope:
     axes: dict[int, tirx.PrimExpr] = field(default_factory=dict)
     params: dict[str, tirx.Buffer] = field(default_factory=dict)
     computes: dict[str, list[tirx.Buffer]] = field(default_factory=dict)
-    compute_index: dict[str, Callable] = field(default_factory=dict)
+    compute_index: dict[str, Callable] = field(default_factory=dict)  # name -> f(scope) -> indices
     scalars: dict[str, tirx.Var] = field(default_factory=dict)
     dims: dict[str, tirx.PrimExpr] = field(default_factory=dict)
     symbols: dict[str, tirx.PrimExpr] = field(default_factory=dict)
@@ -95,7 +95,7 @@ def _lower(e: Expr, scope: Scope, own: str) -> tirx.PrimExpr:
     if isinstance(e, Ref):
         bufs = scope.computes[e.compute.name]
         indexer = scope.compute_index.get(e.compute.name)
-        idx = indexer() if indexer else [scope.axes[a.uid] for a in e.compute.axes]
+        idx = indexer(scope) if indexer else [scope.axes[a.uid] for a in e.compute.axes]
         return tirx.BufferLoad(bufs[e.component], idx)
     if isinstance(e, Unary):
         arg_type = own if e.op != "not" else "bool"

@@ -16,7 +16,9 @@ def lower_program(program: Program, fusions: tuple = (), dims: dict | None = Non
     """TensorIR for ``program`` with ``fusions`` applied (none: the naive lowering)."""
     if not fusions:
         return lower_naive(program, dims, index_dtype)
-    raise NotImplementedError("fusions are applied by the rolling-update lowering")
+    from .fusion import lower_with_fusions
+
+    return lower_with_fusions(program, fusions, dims, index_dtype)
 
 
 def tvm_schedule(mod: tvm.IRModule) -> tvm.s_tir.Schedule:

@@ -1,0 +1,163 @@
+"""Plan the fusion of a chain of reductions over one axis: who depends on whom, and each one's scheme.
+
+``plan_chain(program, ["m", "l", "o"], "j")`` inlines the elementwise values the reductions read,
+finds which fused reductions each depends on, derives and numerically verifies a scheme for every
+dependent one, and refuses — naming the expression and the user's line — when a correction does not
+exist. Pure Python: no TVM here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..dsl.expr import Axis, Expr, Ref, order_axes
+from ..dsl.printer import to_text
+from ..dsl.program import Compute, Program
+from ..errors import RollingUpdateError
+from .exprs import nodes, refs_to, substitute
+from .schemes import Scheme, derive_scheme, independent_scheme
+from .transfer import Context, NoCorrection, is_nonnegative, is_positive
+from .verify import verify_scheme
+
+
+@dataclass
+class Chain:
+    """A planned fusion: members in dependency order, their inlined bodies and schemes."""
+
+    axis: Axis
+    members: list[Compute]
+    bodies: dict[str, tuple[Expr, ...]]
+    schemes: dict[str, Scheme]
+    common_axes: tuple[Axis, ...]
+    local_reductions: list[Compute] = field(default_factory=list)
+
+    def member_names(self) -> list[str]:
+        return [m.name for m in self.members]
+
+    def dependents_of(self, name: str) -> list[str]:
+        return [n for n, s in self.schemes.items() if name in s.deps]
+
+    def describe(self) -> str:
+        return "\n".join(self.schemes[m.name].describe() for m in self.members)
+
+
+def inline_elementwise(e: Expr) -> Expr:
+    """Replace references to elementwise computes by their expressions (recursively)."""
+    def replace(n: Expr):
+        if isinstance(n, Ref) and not n.compute.is_reduction:
+            return inline_elementwise(n.compute.bodies[0])
+        return None
+
+    return substitute(e, replace)
+
+
+def _find_axis(program: Program, members: Sequence[Compute], axis: "str | Axis") -> Axis:
+    if isinstance(axis, Axis):
+        return axis
+    for m in members:
+        for a in m.over:
+            if a.name == axis:
+                return a
+    names = sorted({a.name for m in members for a in m.over})
+    raise RollingUpdateError(f"none of {', '.join(m.name for m in members)} reduces over an axis "
+                             f"named {axis!r} (they reduce over {', '.join(names) or 'nothing'})")
+
+
+def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis") -> Chain:
+    if not names:
+        raise RollingUpdateError("name the reductions to fuse, e.g. rolling_update('m', 'l', 'o', "
+                                 "axis='j')")
+    members = []
+    for n in names:
+        try:
+            c = program.compute(n)
+        except KeyError:
+            known = [c.name for c in program.computes if c.is_reduction]
+            raise RollingUpdateError(f"{program.name} has no value named {n!r}; its reductions "
+                                     f"are {', '.join(known)}") from None
+        if not c.is_reduction:
+            raise RollingUpdateError(f"{n} is not a reduction (it is elementwise); fuse the "
+                                     "reductions it is computed from", c.loc)
+        members.append(c)
+    if len({m.name for m in members}) != len(members):
+        raise RollingUpdateError(f"a reduction is named twice in {list(names)}")
+    ax = _find_axis(program, members, axis)
+    for m in members:
+        if [a.uid for a in m.over] != [ax.uid]:
+            raise RollingUpdateError(f"{m.name} reduces over ({', '.join(a.name for a in m.over)}),"
+                                     f" not over {ax.name} alone; only reductions over the one "
+                                     "fused axis can share its pass", m.loc)
+    order = {c.name: k for k, c in enumerate(program.computes)}
+    members.sort(key=lambda c: order[c.name])
+    member_names = {m.name for m in members}
+    bodies = {m.name: tuple(inline_elementwise(b) for b in m.bodies) for m in members}
+    local = _check_outside_reductions(program, members, bodies, member_names)
+
+    schemes: dict[str, Scheme] = {}
+    positive: set[str] = set()
+    for k, m in enumerate(members):
+        earlier = {p.name: p for p in members[:k]}
+        body = bodies[m.name][0]
+        ctx = Context(ax, earlier, positive=set(positive), rules={})
+        if not refs_to(body, earlier) or m.arity > 1:
+            if m.arity > 1 and refs_to(body, earlier):
+                raise RollingUpdateError(f"{m.name} reduces several values at once and depends "
+                                         f"on {', '.join(sorted(refs_to(body, earlier)))}; only "
+                                         "single-value reductions can be corrected", m.loc)
+            schemes[m.name] = independent_scheme(m, bodies[m.name])
+        else:
+            try:
+                scheme = derive_scheme(m, body, ctx)
+                verify_scheme(scheme, body, ctx)
+            except NoCorrection as exc:
+                raise RollingUpdateError(
+                    f"cannot fuse {m.name} into one pass over {ax.name}: in `{to_text(exc.expr)}`, "
+                    f"{exc.reason}", exc.expr.loc or m.loc) from None
+            schemes[m.name] = scheme
+        if _value_positive(m, body, ctx):
+            positive.add(m.name)
+    common = order_axes([a for a in members[0].axes
+                         if all(any(a.uid == b.uid for b in m.axes) for m in members)])
+    return Chain(ax, members, bodies, schemes, common, local)
+
+
+def _value_positive(m: Compute, body: Expr, ctx: Context) -> bool:
+    """Whether the reduction's value is provably positive (or ≥ 0 for sums of non-negative
+    terms, enough for rescalings: empty states are guarded separately)."""
+    if m.monoid.name == "sum":
+        return is_nonnegative(body, ctx)
+    if m.monoid.name in ("max", "min", "logsumexp"):
+        return is_positive(body, ctx)
+    return False
+
+
+def _check_outside_reductions(program, members, bodies, member_names) -> list[Compute]:
+    """Reductions outside the chain that members read: fine when they do not depend on a member
+    (they are computed for each chunk, or before the pass); an error otherwise."""
+    local: dict[str, Compute] = {}
+    for m in members:
+        for b in bodies[m.name]:
+            for n in nodes(b):
+                if isinstance(n, Ref) and n.compute.is_reduction and n.compute.name not in member_names:
+                    blockers = _member_dependencies(n.compute, member_names, set())
+                    if blockers:
+                        raise RollingUpdateError(
+                            f"{m.name} reads {n.compute.name}, which itself depends on "
+                            f"{', '.join(sorted(blockers))}: it would need their final values in "
+                            f"the middle of the pass; add {n.compute.name} to the fused "
+                            "reductions", m.loc)
+                    local[n.compute.name] = n.compute
+    return list(local.values())
+
+
+def _member_dependencies(c: Compute, member_names: set, seen: set) -> set:
+    found = set()
+    for b in c.bodies:
+        for n in nodes(inline_elementwise(b)):
+            if isinstance(n, Ref) and n.compute.name not in seen:
+                if n.compute.name in member_names:
+                    found.add(n.compute.name)
+                elif n.compute.is_reduction:
+                    seen.add(n.compute.name)
+                    found |= _member_dependencies(n.compute, member_names, seen)
+    return found

@@ -1,0 +1,164 @@
+"""Small expression utilities for the algebra: constant-folding constructors, substitution, queries.
+
+The algebra builds its corrections as ordinary DSL expressions, so they print readably, evaluate in
+NumPy and lower to TensorIR like any kernel code.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from ..dsl import dtypes as dt
+from ..dsl.expr import (Axis, Binary, Const, Expr, Ref, Symbol, Unary, binary, unary, walk)
+
+ONE_KEY = ("one",)
+
+
+def const(value: float) -> Const:
+    return Const(float(value), dt.WEAK_FLOAT, None)
+
+
+def is_const(e: Expr, value: float | None = None) -> bool:
+    return isinstance(e, Const) and (value is None or e.value == value)
+
+
+def add(a: Expr, b: Expr) -> Expr:
+    if is_const(a, 0):
+        return b
+    if is_const(b, 0):
+        return a
+    if is_const(a) and is_const(b):
+        return const(a.value + b.value)
+    if isinstance(b, Unary) and b.op == "neg":
+        return sub(a, b.a)
+    return binary("add", a, b, a.loc)
+
+
+def neg(a: Expr) -> Expr:
+    if is_const(a):
+        return const(-a.value)
+    if isinstance(a, Unary) and a.op == "neg":
+        return a.a
+    return unary("neg", a, a.loc)
+
+
+def sub(a: Expr, b: Expr) -> Expr:
+    if is_const(b, 0):
+        return a
+    if a.key() == b.key():
+        return const(0.0)
+    if is_const(a, 0):
+        return neg(b)
+    if is_const(a) and is_const(b):
+        return const(a.value - b.value)
+    if _is_neg(a) and _is_neg(b):
+        return sub(b.a, a.a)
+    if _is_neg(b):
+        return add(a, b.a)
+    return binary("sub", a, b, a.loc)
+
+
+def _is_neg(e: Expr) -> bool:
+    return isinstance(e, Unary) and e.op == "neg"
+
+
+def mul(a: Expr, b: Expr) -> Expr:
+    if is_const(a, 1):
+        return b
+    if is_const(b, 1):
+        return a
+    if is_const(a, 0) or is_const(b, 0):
+        return const(0.0)
+    if is_const(a) and is_const(b):
+        return const(a.value * b.value)
+    if is_const(b, -1):
+        return neg(a)
+    if is_const(a, -1):
+        return neg(b)
+    return binary("mul", a, b, a.loc)
+
+
+def div(a: Expr, b: Expr) -> Expr:
+    if is_const(b, 1):
+        return a
+    if is_const(a) and is_const(b) and b.value != 0:
+        return const(a.value / b.value)
+    return binary("div", a, b, a.loc)
+
+
+def simplify(e: Expr) -> Expr:
+    """Fold constants bottom-up (``x·1``, ``x − x``, ``exp(0)``, ...) so corrections read well."""
+    def replace(n: Expr):
+        if isinstance(n, Binary) and n.op in _FOLD:
+            return _FOLD[n.op](simplify(n.a), simplify(n.b))
+        if isinstance(n, Unary):
+            inner = simplify(n.a)
+            if n.op == "neg":
+                return neg(inner)
+            if n.op in ("exp", "exp2") and is_const(inner, 0):
+                return const(1.0)
+            return None if inner is n.a else unary(n.op, inner, n.loc)
+        return None
+
+    return substitute(e, replace)
+
+
+def product_basis(a: Expr, b: Expr) -> Expr:
+    """``a * b`` with the operands in a canonical order, so equal products get equal keys."""
+    if is_const(a, 1):
+        return b
+    if is_const(b, 1):
+        return a
+    if repr(a.key()) > repr(b.key()):
+        a, b = b, a
+    return binary("mul", a, b, a.loc)
+
+
+def substitute(e: Expr, replace: Callable[[Expr], Expr | None]) -> Expr:
+    """Rebuild ``e`` bottom-up; ``replace(node)`` returns a replacement or ``None`` to keep it."""
+    memo: dict[int, Expr] = {}
+
+    def go(node: Expr) -> Expr:
+        if node.uid in memo:
+            return memo[node.uid]
+        repl = replace(node)
+        if repl is not None:
+            out = repl
+        else:
+            kids = node.children()
+            new = [go(k) for k in kids]
+            out = node if all(a is b for a, b in zip(kids, new)) else node.rebuild(new)
+        memo[node.uid] = out
+        return out
+
+    return go(e)
+
+
+def nodes(e: Expr) -> list[Expr]:
+    found: list[Expr] = []
+    walk(e, found.append)
+    return found
+
+
+def has_axis(e: Expr, axis: Axis) -> bool:
+    return any(a.uid == axis.uid for a in e.axes)
+
+
+def refs_to(e: Expr, names: Iterable[str]) -> set[str]:
+    names = set(names)
+    return {n.compute.name for n in nodes(e) if isinstance(n, Ref) and n.compute.name in names}
+
+
+def symbols_in(e: Expr) -> set[str]:
+    return {n.name for n in nodes(e) if isinstance(n, Symbol)}
+
+
+def float_dtype(e: Expr) -> str:
+    d = dt.resolve(e.dtype)
+    return d if dt.is_float(d) else "f32"
+
+
+def as_binary(e: Expr, op: str) -> bool:
+    return isinstance(e, Binary) and e.op == op
+
+
+_FOLD = {"add": add, "sub": sub, "mul": mul, "div": div}

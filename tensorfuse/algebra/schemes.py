@@ -1,0 +1,233 @@
+"""Running states for one reduction of a fused chain, and how to correct and combine them.
+
+A :class:`Scheme` says, for a reduction ``R = ⊕_j f(x_j, d)`` whose dependencies ``d`` change while
+``j`` is swept:
+
+- ``states``: what is accumulated (one running value per basis of ``f``'s transfer, with the monoid
+  that folds it and the per-element value folded);
+- ``correct``: each state's new value after the dependencies move from ``d.old`` to ``d.new``, as an
+  expression over the symbols ``R#k`` (the states) and ``d.old`` / ``d.new``; it maps empty states
+  (the identity) to empty states;
+- ``value``: ``R`` itself from its states and the dependencies' current values (``d.new``).
+
+Chunks fold with ``state_k ⊕ chunk_k`` after correcting; splits merge with ``⊕_s correct(state_s)``
+(corrected from each split's dependency values to the final ones). Which monoid admits which
+correction is the algebra's central check:
+
+| monoid | correction allowed | why it distributes |
+| --- | --- | --- |
+| sum (``linear``) | any linear map of the basis sums | Σ c·b = c·Σ b |
+| max, min (``positive_scale``, ``shift``) | ``κ·S + δ`` with κ > 0 | monotone maps commute with max |
+| logsumexp (``shift``) | ``S + δ`` | lse(b + δ) = lse(b) + δ |
+| prod (``power``) | ``S · κ^n`` (n: elements seen) | Π κ·b = κⁿ Π b |
+| max, min, prod (``reset``) | back to a data-independent value when a maximum moves | see ``transfer.Reset`` |
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..dsl import dtypes as dt
+from ..dsl.expr import Const, Expr, Symbol, binary, compare, where
+from ..dsl.monoid import SUM, Monoid
+from ..dsl.printer import to_text
+from .exprs import ONE_KEY, add, const, is_const, mul, refs_to, simplify
+from .transfer import (Context, NoCorrection, Reset, Terms, is_positive, linear, new_symbol,
+                       old_symbol, old_to_new, rebased, transfer)
+
+
+@dataclass
+class State:
+    """One running value: ``⊕_j body`` with ``monoid``."""
+
+    suffix: str           # "" for a single state, else a readable tag
+    body: Expr            # the per-element value (dependencies read as their current values)
+    monoid: Monoid
+    dtype: str
+
+
+@dataclass
+class Scheme:
+    compute: object                       # the reduction's Compute
+    kind: str                             # independent | linear | affine | power | reset
+    deps: tuple[str, ...]
+    states: list[State]
+    correct: list[Expr] = field(default_factory=list)
+    value: list[Expr] = field(default_factory=list)   # one per component of the reduction
+
+    def state_symbol(self, k: int) -> Symbol:
+        return Symbol(f"{self.compute.name}#{k}", self.states[k].dtype)
+
+    @property
+    def name(self) -> str:
+        return self.compute.name
+
+    def describe(self) -> str:
+        """The corrections in readable form (for show() and tutorials)."""
+        lines = [f"{self.name}: {self.kind} over {', '.join(self.deps) or 'no dependencies'}"]
+        for k, st in enumerate(self.states):
+            lines.append(f"  state {self.name}#{k} = {st.monoid.name}_j {to_text(st.body)}")
+            if self.deps:
+                lines.append(f"    when {', '.join(self.deps)} move: {self.name}#{k} <- "
+                             f"{to_text(self.correct[k])}")
+        lines.append(f"  value: {self.name} = " + ", ".join(to_text(v) for v in self.value))
+        return "\n".join(lines)
+
+
+def _guarded_scale(coef: Expr, state: Symbol) -> Expr:
+    """``coef · state`` that stays 0 for an empty (zero) state even if ``coef`` is not finite."""
+    if is_const(coef, 1):
+        return state
+    return where(compare("eq", state, 0.0), const(0.0), mul(coef, state))
+
+
+def _state_dtype(compute) -> str:
+    d = compute.dtypes[0]
+    return d if dt.is_float(d) else "f32"
+
+
+def independent_scheme(compute, bodies) -> Scheme:
+    """A reduction that depends on no other member: its running state is the reduction itself."""
+    states = [State("" if compute.arity == 1 else f"_{k}", b, compute.monoid, compute.dtypes[k])
+              for k, b in enumerate(bodies)]
+    scheme = Scheme(compute, "independent", (), states)
+    scheme.correct = [scheme.state_symbol(k) for k in range(len(states))]
+    scheme.value = [scheme.state_symbol(k) for k in range(len(states))]
+    return scheme
+
+
+def derive_scheme(compute, body: Expr, ctx: Context) -> Scheme:
+    """The scheme for reduction ``compute`` whose (inlined) body is ``body``; raises
+    :class:`NoCorrection` when its monoid does not admit the corrections its dependence needs."""
+    monoid = compute.monoid
+    homs = set(monoid.homomorphisms)
+    deps = tuple(sorted(n for n in ctx.deps if n in _dep_names(body, ctx)))
+    top = transfer(body, ctx)
+    if isinstance(top, Reset):
+        if "reset" not in homs:
+            raise NoCorrection(body, f"{monoid.name} does not allow resetting when a maximum moves")
+        scheme = _reset_scheme(compute, body, top, monoid, ctx)
+    elif "linear" in homs:
+        scheme = _linear_scheme(compute, top, ctx, deps)
+    elif homs & {"positive_scale", "shift"}:
+        scheme = _affine_scheme(compute, body, top, ctx, deps, homs)
+    elif "power" in homs:
+        scheme = _power_scheme(compute, body, top, ctx, deps)
+    else:
+        raise NoCorrection(body, f"no correction distributes over the monoid {monoid.name!r}; "
+                                 "declare its homomorphisms (Monoid(..., homomorphisms=...)) if "
+                                 "some do")
+    scheme.correct = [simplify(c) for c in scheme.correct]
+    scheme.value = [simplify(v) for v in scheme.value]
+    return scheme
+
+
+def _dep_names(body: Expr, ctx: Context) -> set[str]:
+    return refs_to(body, ctx.deps)
+
+
+def _linear_scheme(compute, top: Terms, ctx: Context, deps) -> Scheme:
+    order: list = []
+    transfers: dict = {}
+    pending = list(top.items.items())
+    while pending:
+        key, (basis, _) = pending.pop(0)
+        if key in transfers:
+            continue
+        if len(transfers) >= 16:
+            raise NoCorrection(basis, "the correction needs more than 16 running sums")
+        t = rebased(basis, linear(basis, ctx)) if key != ONE_KEY else \
+            Terms.single(const(1.0), const(1.0))
+        transfers[key] = (basis, t)
+        order.append(key)
+        pending.extend((k, v) for k, v in t.items.items() if k not in transfers)
+    dtype = _state_dtype(compute)
+    states = [State(f"_{i}" if len(order) > 1 else "", transfers[k][0], SUM, dtype)
+              for i, k in enumerate(order)]
+    scheme = Scheme(compute, "linear", deps, states)
+    index = {k: i for i, k in enumerate(order)}
+    for key in order:
+        _, t = transfers[key]
+        total: Expr = const(0.0)
+        for k2, (_, c) in t.items.items():
+            total = add(total, _guarded_scale(c, scheme.state_symbol(index[k2])))
+        scheme.correct.append(total)
+    value: Expr = const(0.0)
+    for k2, (_, c) in top.items.items():
+        value = add(value, mul(old_to_new(c), scheme.state_symbol(index[k2])))
+    scheme.value = [value]
+    return scheme
+
+
+def _positive_affine(terms: Terms, ctx: Context, allow_scale: bool, what: Expr):
+    """(basis, κ, δ) for ``κ·basis + δ`` with κ > 0, or NoCorrection."""
+    delta = terms.coef(ONE_KEY)
+    rest = [(k, b, c) for k, (b, c) in terms.items.items() if k != ONE_KEY]
+    if len(rest) != 1:
+        raise NoCorrection(what, "a max/min-type reduction can only be corrected by a positive "
+                                 "rescaling plus a shift of one running value")
+    _, basis, kappa = rest[0]
+    if not is_const(kappa, 1):
+        if not allow_scale:
+            raise NoCorrection(what, "this monoid is only corrected by shifts, and the value is "
+                                     "rescaled")
+        if not is_positive(kappa, ctx):
+            raise NoCorrection(what, f"the rescaling {to_text(kappa)} is not provably positive, "
+                                     "and a negative one would turn a max into a min")
+    return basis, kappa, delta
+
+
+def _affine_scheme(compute, body, top: Terms, ctx, deps, homs) -> Scheme:
+    allow_scale = "positive_scale" in homs
+    basis, kappa, delta = _positive_affine(top, ctx, allow_scale, body)
+    own = linear(basis, ctx)
+    b2, k2, d2 = _positive_affine(own, ctx, allow_scale, basis)
+    if b2.key() != basis.key():
+        raise NoCorrection(basis, "its running value does not correct into itself")
+    monoid = compute.monoid
+    scheme = Scheme(compute, "affine", deps, [State("", basis, monoid, _state_dtype(compute))])
+    s = scheme.state_symbol(0)
+    identity = Const(monoid.identity_value(0, scheme.states[0].dtype), scheme.states[0].dtype)
+    corrected = add(mul(k2, s), d2)
+    scheme.correct = [where(compare("eq", s, identity), s, corrected)]
+    scheme.value = [add(mul(old_to_new(kappa), s), old_to_new(delta))]
+    return scheme
+
+
+def _power_scheme(compute, body, top: Terms, ctx, deps) -> Scheme:
+    single = top.only()
+    if single is None or is_const(single[0], 1):
+        raise NoCorrection(body, "a product can only be corrected when every factor is rescaled "
+                                 "by the same amount")
+    basis, kappa = single
+    own = linear(basis, ctx).only()
+    if own is None or own[0].key() != basis.key():
+        raise NoCorrection(basis, "its running product does not correct into itself")
+    dtype = _state_dtype(compute)
+    scheme = Scheme(compute, "power", deps, [State("_prod", basis, compute.monoid, dtype),
+                                             State("_count", const(1.0), SUM, dtype)])
+    p, n = scheme.state_symbol(0), scheme.state_symbol(1)
+    scheme.correct = [mul(p, binary("pow", own[1], n)), n]
+    scheme.value = [mul(binary("pow", old_to_new(kappa), n), p)]
+    return scheme
+
+
+def _reset_scheme(compute, body, reset: Reset, monoid, ctx) -> Scheme:
+    dtype = compute.dtypes[0]
+    scheme = Scheme(compute, "reset", reset.deps, [State("", body, monoid, dtype)])
+    s = scheme.state_symbol(0)
+    identity = Const(monoid.identity_value(0, dtype), dtype)
+    unchanged = None
+    for d in reset.deps:
+        dep = ctx.deps[d]
+        same = compare("eq", old_symbol(dep), new_symbol(dep))
+        unchanged = same if unchanged is None else binary("and", unchanged, same)
+    fallback = reset.fallback
+    if not (isinstance(fallback, Const) and fallback.value == identity.value):
+        if not monoid.idempotent:
+            raise NoCorrection(body, f"after a reset every element seen so far contributes "
+                                     f"{to_text(fallback)}, which {monoid.name} cannot fold without "
+                                     "counting them")
+        fallback = where(compare("eq", s, identity), identity, fallback)
+    scheme.correct = [where(unchanged, s, fallback)]
+    scheme.value = [s]
+    return scheme

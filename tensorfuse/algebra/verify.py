@@ -1,0 +1,106 @@
+"""Numerical check of every derived correction, in float64, on random values.
+
+Whatever rule produced a scheme (built in or a user's), it is only used if, for random data and
+random old/new dependency values, correcting an element's state from the old values gives the state
+computed directly at the new values, and the scheme's value formula gives the reduced value. The
+data are modelled by independent random values for every leaf (tensor element, axis value, other
+intermediate), which checks the identity for all data, not only for one program's inputs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dsl import dtypes as dt
+from ..dsl.evaluate import evaluate_plain
+from ..dsl.expr import Axis, DimSize, Expr, Load, Ref, Scalar, Symbol
+from .exprs import nodes, substitute
+from .schemes import Scheme
+from .transfer import Context, NoCorrection
+
+SAMPLES = 96
+
+
+class _Leaves:
+    """Names random stand-ins for the data an expression reads."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.by_key: dict = {}
+
+    def symbolic(self, e: Expr, deps_as: str) -> Expr:
+        def replace(n: Expr):
+            if isinstance(n, Ref) and n.compute.name in self.ctx.deps:
+                return Symbol(f"{n.compute.name}.{deps_as}", n.dtype)
+            if isinstance(n, (Load, Ref, Axis, Scalar, DimSize)):
+                key = n.key()
+                if key not in self.by_key:
+                    self.by_key[key] = Symbol(f"leaf{len(self.by_key)}", n.dtype)
+                return self.by_key[key]
+            return None
+
+        return substitute(e, replace)
+
+    def draw(self, rng: np.random.Generator) -> dict:
+        env = {}
+        for sym in self.by_key.values():
+            d = dt.resolve(sym.dtype)
+            if d == "bool":
+                env[sym.name] = np.asarray(rng.random() < 0.5)
+            elif dt.is_int(d):
+                env[sym.name] = np.asarray(int(rng.integers(0, 8)), np.int64)
+            else:
+                env[sym.name] = np.asarray(rng.normal() * 1.5)
+        for name, dep in self.ctx.deps.items():
+            positive = name in self.ctx.positive
+            old = rng.uniform(0.3, 4.0) if positive else rng.normal() * 2.0
+            step = 0.0 if rng.random() < 0.2 else abs(rng.normal())
+            grows = dep.monoid is not None and dep.monoid.name in ("max", "sum")
+            new = old + step if (grows or positive) else old + rng.normal()
+            if dep.monoid is not None and dep.monoid.name == "min":
+                new = old - step
+            env[f"{name}.old"], env[f"{name}.new"] = np.asarray(old), np.asarray(new)
+        return env
+
+
+def _close(a, b) -> bool | None:
+    """True/False when both are finite; None when the sample is outside the functions' domain."""
+    a, b = float(a), float(b)
+    if not (np.isfinite(a) and np.isfinite(b)):
+        return None
+    return abs(a - b) <= 1e-7 * max(1.0, abs(a), abs(b))
+
+
+def verify_scheme(scheme: Scheme, body: Expr, ctx: Context, seed: int = 0) -> None:
+    """Raise :class:`NoCorrection` if the scheme's corrections or value are numerically wrong."""
+    if not scheme.deps or scheme.kind == "reset":
+        return
+    leaves = _Leaves(ctx)
+    at_new = [leaves.symbolic(st.body, "new") for st in scheme.states]
+    at_old = [leaves.symbolic(st.body, "old") for st in scheme.states]
+    f_new = leaves.symbolic(body, "new")
+    corrections = [leaves.symbolic(c, "new") for c in scheme.correct]
+    value = leaves.symbolic(scheme.value[0], "new")
+    rng = np.random.default_rng(seed)
+    checked = 0
+    for _ in range(SAMPLES):
+        env = leaves.draw(rng)
+        state_old = {f"{scheme.name}#{k}": evaluate_plain(e, env) for k, e in enumerate(at_old)}
+        state_new = {f"{scheme.name}#{k}": evaluate_plain(e, env) for k, e in enumerate(at_new)}
+        if scheme.kind == "power":  # one element seen: count 1
+            state_old[f"{scheme.name}#1"] = state_new[f"{scheme.name}#1"] = np.asarray(1.0)
+        verdicts = []
+        for k, corr in enumerate(corrections):
+            got = evaluate_plain(corr, {**env, **state_old})
+            verdicts.append((_close(got, state_new[f"{scheme.name}#{k}"]), f"state {k}", corr))
+        got = evaluate_plain(value, {**env, **state_new})
+        verdicts.append((_close(got, evaluate_plain(f_new, env)), "value", scheme.value[0]))
+        if any(v is None for v, _, _ in verdicts):
+            continue
+        for ok, what, expr in verdicts:
+            if not ok:
+                raise NoCorrection(body, f"the derived correction for {what} of {scheme.name} "
+                                         f"fails a numerical check (a rule is wrong): {expr!r}")
+        checked += 1
+    if checked < 8:
+        raise NoCorrection(body, "the derived correction could not be checked numerically: its "
+                                 "functions are undefined on almost every random sample")

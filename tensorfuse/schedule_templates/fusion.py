@@ -1,0 +1,496 @@
+"""Lower a program with fused chains of reductions: the IR behind rolling and split updates.
+
+For a chain planned by :func:`tensorfuse.algebra.plan_chain`, the fused axis ``j`` is cut into
+``splits`` independent parts, each swept in chunks of ``chunk`` elements. Per chunk, in dependency
+order, every member gets
+
+    {m}_chunk    the chunk's partial state:  ⊕_t body(x[c·T + t])   (dependencies at their new values)
+    {m}_update   the running state:          correct(run; d.old → d.new) ⊕ chunk
+    {m}_new      its new value, when later members depend on it
+    {m}_commit   the value the next chunk starts from (d.old)
+
+after ``{m}_init`` set everything to the monoid identities. With several splits, ``{m}_merge``
+folds the splits' states, each corrected from its own dependency values to the final ones. The
+final ``{m}`` block writes the member's usual buffer, so the rest of the program is unchanged.
+Reductions over ``j`` that the members read are recomputed per chunk (``{x}_local``). Running
+states and corrections are ordinary buffers and blocks: TVM's schedule primitives and MetaSchedule
+apply afterwards.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import tirx
+from tvm.sym import Analyzer
+
+from ..algebra import Chain, inline_elementwise, plan_chain
+from ..dsl.expr import Axis, Expr, Ref, Symbol, walk
+from ..dsl.program import Compute, Program
+from ..errors import RollingUpdateError
+from ..lower_to_tir import FunctionBuilder, LoopAxis, Scope, emit_compute, lower_expr
+from ..lower_to_tir.expr_to_tir import constant
+from tvm.tirx.script.builder import ir as T
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """Compute the reductions ``names`` in one pass over ``axis``, in chunks of ``chunk`` elements,
+    as ``splits`` independent parts merged at the end (``splits=1``: a rolling update)."""
+
+    names: tuple[str, ...]
+    axis: str
+    chunk: int = 16
+    splits: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.chunk, int) or self.chunk < 1:
+            raise RollingUpdateError(f"chunk must be a positive integer, got {self.chunk!r}")
+        if not isinstance(self.splits, int) or self.splits < 1:
+            raise RollingUpdateError(f"splits must be a positive integer, got {self.splits!r}")
+
+    def describe(self) -> str:
+        kind = "rolling_update" if self.splits == 1 else f"split_update(splits={self.splits})"
+        return f"{kind}({', '.join(self.names)}, axis={self.axis}, chunk={self.chunk})"
+
+
+def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32") -> tvm.IRModule:
+    chains = [plan_chain(program, f.names, f.axis) for f in fusions]
+    owner: dict[str, int] = {}
+    for k, ch in enumerate(chains):
+        for m in ch.members:
+            if m.name in owner:
+                raise RollingUpdateError(f"{m.name} is fused twice")
+            owner[m.name] = k
+    analyses = [_ChainInputs(ch) for ch in chains]
+    order = _emission_order(program, chains, analyses, owner)
+    fb = FunctionBuilder(program, dims, index_dtype)
+    with fb:
+        emitters = [_ChainEmitter(fb, ch, f, a) for ch, f, a in zip(chains, fusions, analyses)]
+        for node in order:
+            if isinstance(node, Compute) and not node.is_output:
+                fb.alloc_compute(node)
+        for em in emitters:
+            for m in em.chain.members:
+                if not m.is_output:
+                    fb.alloc_compute(m)
+            em.allocate()
+        for node in order:
+            if isinstance(node, Compute):
+                emit_compute(fb, node)
+            else:
+                emitters[node].emit()
+    return fb.finish()
+
+
+class _ChainInputs:
+    """What a chain reads from the rest of the program: reductions recomputed per chunk (they
+    run over the fused axis) and computes needed before the pass."""
+
+    def __init__(self, chain: Chain):
+        self.local: list[Compute] = []
+        self.outside: dict[str, Compute] = {}
+        members = {m.name for m in chain.members}
+        seen: set[str] = set()
+
+        def visit_expr(e: Expr):
+            def visit(n):
+                if isinstance(n, Ref) and n.compute.name not in members:
+                    visit_compute(n.compute)
+
+            walk(e, visit)
+
+        def visit_compute(c: Compute):
+            if c.name in seen:
+                return
+            seen.add(c.name)
+            if c.is_reduction and any(a.uid == chain.axis.uid for a in c.axes):
+                for b in c.bodies:
+                    visit_expr(inline_elementwise(b))
+                self.local.append(c)  # after what it reads: a valid order
+            elif c.is_reduction or not any(a.uid == chain.axis.uid for a in c.axes):
+                self.outside[c.name] = c
+            else:
+                visit_expr(c.bodies[0])
+
+        for m in chain.members:
+            for b in chain.bodies[m.name]:
+                visit_expr(b)
+
+
+def _emission_order(program, chains, analyses, owner) -> list:
+    """Needed computes and chains (as indices) in an order that respects every dependency."""
+    node_of = lambda c: owner.get(c.name, c)  # noqa: E731
+    needed: dict = {}
+    stack = list(program.outputs)
+    while stack:
+        c = stack.pop()
+        node = node_of(c)
+        key = node if isinstance(node, int) else c.name
+        if key in needed:
+            continue
+        needed[key] = node
+        if isinstance(node, int):
+            stack.extend(analyses[node].outside.values())
+        else:
+            stack.extend(c.inputs())
+    deps: dict = {}
+    for key, node in needed.items():
+        if isinstance(node, int):
+            deps[key] = {k for k in analyses[node].outside}
+        else:
+            deps[key] = {(owner[i.name] if i.name in owner else i.name) for i in node.inputs()}
+    position = {c.name: k for k, c in enumerate(program.computes)}
+    first = lambda key: (min(position[m.name] for m in chains[key].members)  # noqa: E731
+                         if isinstance(key, int) else position[key])
+    order, done = [], set()
+
+    def place(key):
+        if key in done:
+            return
+        done.add(key)
+        for d in sorted(deps[key], key=first):
+            place(d)
+        order.append(needed[key])
+
+    for key in sorted(needed, key=first):
+        place(key)
+    return order
+
+
+class _ChainEmitter:
+    def __init__(self, fb: FunctionBuilder, chain: Chain, fusion: Fusion, inputs: _ChainInputs):
+        self.fb, self.chain, self.fusion = fb, chain, fusion
+        self.local = inputs.local
+        self.n = fb.extent(chain.axis)
+        idx = fb.index_dtype
+        self.tc = tirx.IntImm(idx, fusion.chunk)
+        chunks = tirx.floordiv(self.n + self.tc - 1, self.tc)
+        self.splits = fusion.splits
+        self.cps = Analyzer().simplify(
+            tirx.floordiv(chunks + self.splits - 1, self.splits))
+        j = chain.axis.name  # helper loops are named after the fused axis: j_split, j_chunk, j_t
+        self.split_axis = Axis(f"{j}_split", fusion.splits)
+        self.chunk_axis = Axis(f"{j}_chunk", 1)
+        self.t_axis = Axis(f"{j}_t", fusion.chunk)
+        self.names = {"split": f"{j}_split", "chunk": f"{j}_chunk", "t": f"{j}_t"}
+        self.common = list(chain.common_axes)
+        self.needed_deps = [m.name for m in chain.members
+                            if any(m.name in s.deps for s in chain.schemes.values())]
+
+    # -- buffers -------------------------------------------------------------------------------
+    def state_axes(self, c: Compute) -> list[Axis]:
+        return self.common + [a for a in c.axes if all(a.uid != b.uid for b in self.common)]
+
+    def _split_dims(self):
+        return [self.split_axis] if self.splits > 1 else []
+
+    def _shape(self, axes) -> list:
+        return [self._extent(a) for a in axes]
+
+    def _extent(self, a: Axis):
+        if a is self.split_axis:
+            return tirx.IntImm(self.fb.index_dtype, self.splits)
+        if a is self.t_axis:
+            return self.tc
+        return self.fb.extent(a)
+
+    def local_axes(self, x: Compute) -> list[Axis]:
+        j = self.chain.axis
+        rest = [a for a in x.axes if a.uid != j.uid and all(a.uid != b.uid for b in self.common)]
+        return self.common + rest + [self.t_axis]
+
+    def allocate(self) -> None:
+        fb, split = self.fb, self._split_dims()
+        self.run, self.part, self.prev, self.new, self.merged = {}, {}, {}, {}, {}
+        for m in self.chain.members:
+            scheme = self.chain.schemes[m.name]
+            axes = self.state_axes(m) + split
+            self.run[m.name] = [fb.alloc(f"{m.name}{st.suffix}_run", self._shape(axes), st.dtype)
+                                for st in scheme.states]
+            self.part[m.name] = [fb.alloc(f"{m.name}{st.suffix}_chunk", self._shape(axes), st.dtype)
+                                 for st in scheme.states]
+            if m.name in self.needed_deps:
+                self.prev[m.name] = fb.alloc(f"{m.name}_prev", self._shape(axes), m.dtypes[0])
+                trivial = isinstance(scheme.value[0], Symbol) and scheme.value[0].name == \
+                    f"{m.name}#0"
+                self.new[m.name] = self.run[m.name][0] if trivial else fb.alloc(
+                    f"{m.name}_new", self._shape(axes), m.dtypes[0])
+            if self.splits > 1:
+                self.merged[m.name] = [fb.alloc(f"{m.name}{st.suffix}_merged",
+                                                self._shape(self.state_axes(m)), st.dtype)
+                                       for st in scheme.states]
+        self.local_bufs = {}
+        for x in self.local:
+            shape = self._shape(self.local_axes(x) + split)
+            self.local_bufs[x.name] = [fb.alloc(f"{n}_local", shape, d)
+                                       for n, d in zip(x.buffer_names(), x.dtypes)]
+
+    # -- indexing ------------------------------------------------------------------------------
+    def _index(self, axes, scope: Scope, with_split: bool = True) -> list:
+        out = [scope.axes[a.uid] for a in axes]
+        if with_split and self.splits > 1:
+            out.append(scope.axes[self.split_axis.uid])
+        return out
+
+    def _scope(self, base: Scope, dep_buffers: dict, with_split: bool = True) -> Scope:
+        """A scope where members read ``dep_buffers`` (name -> buffer) at their state axes and
+        chunk-local reductions read their per-chunk buffers."""
+        computes, index = {}, {}
+        for name, buf in dep_buffers.items():
+            member = self.chain.members[[m.name for m in self.chain.members].index(name)]
+            computes[name] = [buf]
+            index[name] = (lambda axes: lambda s: self._index(axes, s, with_split))(
+                self.state_axes(member))
+        for x in self.local:
+            computes[x.name] = self.local_bufs[x.name]
+            index[x.name] = (lambda axes: lambda s: self._index(axes, s))(self.local_axes(x))
+        return base.child(computes=computes, compute_index=index)
+
+    # -- loops ---------------------------------------------------------------------------------
+    def _loops(self, axes, kind="S") -> list[LoopAxis]:
+        return [LoopAxis(a, self._extent(a), a.name, kind) for a in axes]
+
+    def _j_of(self, v) -> dict:
+        """The fused axis' value from the split, chunk and position block variables."""
+        n = self.names
+        split = v[n["split"]] if self.splits > 1 else 0
+        return {self.chain.axis.uid: (split * self.cps + v[n["chunk"]]) * self.tc + v[n["t"]]}
+
+    def _in_range(self, v):
+        return self._j_of(v)[self.chain.axis.uid] < self.n
+
+    # -- emission ------------------------------------------------------------------------------
+    def emit(self) -> None:
+        fb = self.fb
+        outer = self._loops(self.common + self._split_dims())
+        with fb.loops(outer) as outer_vars:
+            self.outer = list(zip(outer, outer_vars))
+            self._emit_init()
+            chunk_loop = LoopAxis(self.chunk_axis, self.cps, self.names["chunk"])
+            with fb.loops([chunk_loop]) as (cv,):
+                self.chunk_var = cv
+                for x in self.local:
+                    self._emit_local(x)
+                for m in self.chain.members:
+                    self._emit_chunk(m)
+                    self._emit_update(m)
+                    if m.name in self.needed_deps and self.new[m.name] is not self.run[m.name][0]:
+                        self._emit_new(m)
+                for name in self.needed_deps:
+                    self._emit_commit(name)
+            if self.splits == 1:
+                for m in self.chain.members:
+                    self._emit_final(m, self.run[m.name], with_split=False)
+        if self.splits > 1:
+            for m in self.chain.members:
+                self._emit_merge(m)
+                self._emit_final(m, self.merged[m.name], with_split=False, own_loops=True)
+
+    def _block(self, name, extra_loops, extra_vars, more_iters=(), derive=None, predicate=None,
+               scope=None):
+        iters = list(self.outer) + list(zip(extra_loops, extra_vars)) + list(more_iters)
+        return self.fb.block(name, iters, scope or self.fb.scope, derive, predicate)
+
+    def _extra_axes(self, c: Compute) -> list[Axis]:
+        return [a for a in c.axes if all(a.uid != b.uid for b in self.common)]
+
+    def _emit_init(self) -> None:
+        for m in self.chain.members:
+            scheme = self.chain.schemes[m.name]
+            loops = self._loops(self._extra_axes(m))
+            with self.fb.loops(loops) as lv:
+                with self._block(f"{m.name}_init", loops, lv) as sc:
+                    idx = self._index(self.state_axes(m), sc)
+                    identities = {}
+                    for k, (buf, st) in enumerate(zip(self.run[m.name], scheme.states)):
+                        value = constant(st.monoid.identity_value(0 if m.arity == 1 else k,
+                                                                  st.dtype), st.dtype)
+                        self.fb.store(buf, value, idx)
+                        identities[f"{m.name}#{k}"] = value
+                    if m.name in self.prev:
+                        symbols = dict(identities)
+                        symbols.update({f"{d}.new": self._load(self.prev[d], d, sc)
+                                        for d in scheme.deps})
+                        symbols.update({f"{d}.old": symbols[f"{d}.new"] for d in scheme.deps})
+                        init = lower_expr(scheme.value[0], sc.child(symbols=symbols), m.dtypes[0])
+                        self.fb.store(self.prev[m.name], init, idx)
+
+    def _load(self, buf, member_name: str, scope: Scope, with_split: bool = True):
+        """``buf`` (indexed like ``member_name``'s states) at the current iteration."""
+        member = self.chain.members[[m.name for m in self.chain.members].index(member_name)]
+        return tirx.BufferLoad(buf, self._index(self.state_axes(member), scope, with_split))
+
+    def _chunk_iter(self, kind: str = "O"):
+        """The chunk index as a block variable (opaque: the chunks are swept in order)."""
+        return LoopAxis(None, self.cps, self.names["chunk"], kind), self.chunk_var
+
+    def _emit_local(self, x: Compute) -> None:
+        rest = [a for a in self.local_axes(x)[len(self.common):-1]]
+        spatial = self._loops(rest) + [LoopAxis(self.t_axis, self.tc, self.names["t"])]
+        self._emit_identities(f"{x.name}_local_init", spatial, self.local_bufs[x.name], x.monoid,
+                              x.dtypes, self.local_axes(x))
+        loops = spatial + self._loops(list(x.over), "R")
+        with self.fb.loops(loops) as lv:
+            with self._block(f"{x.name}_local", loops, lv, [self._chunk_iter()],
+                             derive=self._j_of, predicate=self._in_range,
+                             scope=self._scope(self.fb.scope, {})) as sc:
+                bodies = [inline_elementwise(b) for b in x.bodies]
+                idx = self._index(self.local_axes(x), sc)
+                self.fb.emit_update(x.monoid, self.local_bufs[x.name], idx, bodies, sc, False,
+                                    x.dtypes)
+
+    def _emit_identities(self, name, loops, bufs, monoid, dtypes, axes) -> None:
+        """Set ``bufs`` to the monoid's identity for this chunk. A separate block, not ``T.init``:
+        the reduction after it is guarded by the range predicate, which would also skip an init
+        of a chunk past the end (possible with splits)."""
+        with self.fb.loops(loops) as lv:
+            with self._block(name, loops, lv, [self._chunk_iter()]) as sc:
+                idx = self._index(axes, sc)
+                for k, (buf, d) in enumerate(zip(bufs, dtypes)):
+                    self.fb.store(buf, constant(monoid.identity_value(k, d), d), idx)
+
+    def _emit_chunk(self, m: Compute) -> None:
+        scheme = self.chain.schemes[m.name]
+        extra = self._loops(self._extra_axes(m))
+        t_loop = LoopAxis(self.t_axis, self.tc, self.names["t"], "R")
+        scope = self._scope(self.fb.scope, {d: self.new[d] for d in scheme.deps})
+        groups = [list(range(len(scheme.states)))] if scheme.kind == "independent" and m.arity > 1 \
+            else [[k] for k in range(len(scheme.states))]
+        for group in groups:
+            st = scheme.states[group[0]]
+            name = f"{m.name}{st.suffix if len(group) == 1 else ''}_chunk"
+            monoid = m.monoid if len(group) > 1 else st.monoid
+            bufs = [self.part[m.name][k] for k in group]
+            dtypes = [scheme.states[k].dtype for k in group]
+            self._emit_identities(f"{name}_init", extra, bufs, monoid, dtypes, self.state_axes(m))
+            with self.fb.loops(extra + [t_loop]) as lv:
+                with self._block(name, extra + [t_loop], lv, [self._chunk_iter()],
+                                 derive=self._j_of, predicate=self._in_range, scope=scope) as sc:
+                    idx = self._index(self.state_axes(m), sc)
+                    bodies = [scheme.states[k].body for k in group]
+                    self.fb.emit_update(monoid, bufs, idx, bodies, sc, False, dtypes)
+
+    def _symbols(self, m: Compute, sc: Scope, states, with_split: bool, old, new) -> dict:
+        """Symbols of a scheme's expressions: its states (``m#k``) read from ``states``, and each
+        dependency's old and new value read by ``old(d, scope)`` / ``new(d, scope)``."""
+        scheme = self.chain.schemes[m.name]
+        idx = self._index(self.state_axes(m), sc, with_split)
+        symbols = {f"{m.name}#{k}": tirx.BufferLoad(b, idx) for k, b in enumerate(states)}
+        for d in scheme.deps:
+            symbols[f"{d}.old"] = old(d, sc)
+            symbols[f"{d}.new"] = new(d, sc)
+        return symbols
+
+    def _running(self, bufs: dict):
+        """Loader of a dependency's per-chunk value (indexed like its states, split included)."""
+        return lambda d, sc: self._load(bufs[d], d, sc)
+
+    def _final(self, d: str, sc: Scope):
+        """Loader of a dependency's final value (its ordinary buffer)."""
+        member = self.chain.members[[m.name for m in self.chain.members].index(d)]
+        return tirx.BufferLoad(self.fb.scope.computes[d][0], [sc.axes[a.uid] for a in member.axes])
+
+    def _emit_update(self, m: Compute) -> None:
+        scheme = self.chain.schemes[m.name]
+        extra = self._loops(self._extra_axes(m))
+        with self.fb.loops(extra) as lv:
+            with self._block(f"{m.name}_update", extra, lv, [self._chunk_iter("R")]) as sc:
+                idx = self._index(self.state_axes(m), sc)
+                symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.prev),
+                                        self._running(self.new))
+                inner = sc.child(symbols=symbols)
+                results = []
+                if scheme.kind == "independent" and m.arity > 1:
+                    olds = [Symbol(f"{m.name}#{k}", d) for k, d in enumerate(m.dtypes)]
+                    news = [Symbol(f"__chunk{k}", d) for k, d in enumerate(m.dtypes)]
+                    combined = m.monoid.combine_exprs(olds, news)
+                    chunk_syms = {f"__chunk{k}": tirx.BufferLoad(b, idx)
+                                  for k, b in enumerate(self.part[m.name])}
+                    scope2 = inner.child(symbols=chunk_syms)
+                    results = [lower_expr(c, scope2, d) for c, d in zip(combined, m.dtypes)]
+                else:
+                    for k, st in enumerate(scheme.states):
+                        corrected = Symbol("__corrected", st.dtype)
+                        chunk = Symbol("__chunk", st.dtype)
+                        combined = st.monoid.combine_exprs([corrected], [chunk])[0]
+                        scope2 = inner.child(symbols={
+                            "__corrected": lower_expr(scheme.correct[k], inner, st.dtype),
+                            "__chunk": tirx.BufferLoad(self.part[m.name][k], idx)})
+                        results.append(lower_expr(combined, scope2, st.dtype))
+                if len(results) > 1:
+                    results = [T.Bind(r) for r in results]
+                for buf, r in zip(self.run[m.name], results):
+                    self.fb.store(buf, r, idx)
+
+    def _emit_new(self, m: Compute) -> None:
+        scheme = self.chain.schemes[m.name]
+        extra = self._loops(self._extra_axes(m))
+        with self.fb.loops(extra) as lv:
+            with self._block(f"{m.name}_new", extra, lv, [self._chunk_iter()]) as sc:
+                symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.new),
+                                        self._running(self.new))
+                value = lower_expr(scheme.value[0], sc.child(symbols=symbols), m.dtypes[0])
+                self.fb.store(self.new[m.name], value, self._index(self.state_axes(m), sc))
+
+    def _emit_commit(self, name: str) -> None:
+        m = self.chain.members[[x.name for x in self.chain.members].index(name)]
+        extra = self._loops(self._extra_axes(m))
+        with self.fb.loops(extra) as lv:
+            with self._block(f"{name}_commit", extra, lv, [self._chunk_iter()]) as sc:
+                self.fb.store(self.prev[name], self._load(self.new[name], name, sc),
+                              self._index(self.state_axes(m), sc))
+
+    def _emit_final(self, m: Compute, states, with_split: bool, own_loops: bool = False) -> None:
+        scheme = self.chain.schemes[m.name]
+        if own_loops:
+            loops = self._loops(self.state_axes(m))
+            saved, self.outer = self.outer, []
+        else:
+            loops = self._loops(self._extra_axes(m))
+        with self.fb.loops(loops) as lv:
+            with self._block(m.name, loops, lv) as sc:
+                symbols = self._symbols(m, sc, states, with_split, self._final, self._final)
+                inner = sc.child(symbols=symbols)
+                out = self.fb.scope.computes[m.name]
+                idx = [sc.axes[a.uid] for a in m.axes]
+                for k, (buf, d) in enumerate(zip(out, m.dtypes)):
+                    self.fb.store(buf, lower_expr(scheme.value[k], inner, d), idx)
+        if own_loops:
+            self.outer = saved
+
+    def _emit_merge(self, m: Compute) -> None:
+        scheme = self.chain.schemes[m.name]
+        loops = self._loops(self.state_axes(m)) + [LoopAxis(self.split_axis, self._extent(
+            self.split_axis), self.names["split"], "R")]
+        saved, self.outer = self.outer, []
+        with self.fb.loops(loops) as lv:
+            with self._block(f"{m.name}_merge", loops, lv) as sc:
+                idx = self._index(self.state_axes(m), sc, with_split=False)
+                symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.prev),
+                                        self._final)
+                inner = sc.child(symbols=symbols)
+                if scheme.kind == "independent":
+                    bodies = [Symbol(f"{m.name}#{k}", st.dtype) for k, st in enumerate(scheme.states)]
+                    monoid = m.monoid
+                    self.fb.emit_update(monoid, self.merged[m.name], idx, bodies, inner, True,
+                                        [st.dtype for st in scheme.states])
+                else:
+                    with T.init():
+                        for k, (buf, st) in enumerate(zip(self.merged[m.name], scheme.states)):
+                            self.fb.store(buf, constant(st.monoid.identity_value(0, st.dtype),
+                                                        st.dtype), idx)
+                    results = []
+                    for k, st in enumerate(scheme.states):
+                        acc = Symbol("__acc", st.dtype)
+                        item = Symbol("__item", st.dtype)
+                        combined = st.monoid.combine_exprs([acc], [item])[0]
+                        scope2 = inner.child(symbols={
+                            "__acc": tirx.BufferLoad(self.merged[m.name][k], idx),
+                            "__item": lower_expr(scheme.correct[k], inner, st.dtype)})
+                        results.append(lower_expr(combined, scope2, st.dtype))
+                    if len(results) > 1:
+                        results = [T.Bind(r) for r in results]
+                    for buf, r in zip(self.merged[m.name], results):
+                        self.fb.store(buf, r, idx)
+        self.outer = saved
