@@ -19,10 +19,13 @@ import tvm
 
 from .compiled import CompiledKernel
 from .dsl.expr import user_location
-from .errors import CallError, ScheduleError
+from .errors import CallError, ScheduleError, TensorfuseError
 from .kernel import Kernel
 from .schedule_templates import lower_program, tvm_schedule
+from .algebra import plan_chain
 from .schedule_templates.default import apply_default_schedule
+from .schedule_templates.fusion import Fusion
+from .schedule_templates.rolling_update import DEFAULT_CHUNK
 from .targets import TargetSpec, get_target
 
 # TVM schedule methods that only look: they are forwarded without becoming a step.
@@ -108,9 +111,30 @@ class Schedule:
         try:
             self.fusions = self.fusions + (fusion,)
             self._tvm = tvm_schedule(self._lower())
-        except Exception:
+        except TensorfuseError as exc:
             self.undo()
+            if exc.location is None:
+                raise type(exc)(exc.message, user_location()) from None
             raise
+
+    def rolling_update(self, *names: str, axis: str, chunk: int = DEFAULT_CHUNK) -> "Schedule":
+        """Fuse the reductions ``names`` (DSL variable names) into one pass over ``axis``, ``chunk``
+        elements at a time, with derived corrections (see :meth:`corrections`)."""
+        fusion = Fusion(tuple(names), axis, chunk, 1)
+        self._apply_fusion(fusion, fusion.describe())
+        return self
+
+    def split_update(self, *names: str, axis: str, splits: int,
+                     chunk: int = DEFAULT_CHUNK) -> "Schedule":
+        """Like :meth:`rolling_update`, in ``splits`` independent parts of ``axis`` merged at the
+        end (flash-decoding)."""
+        fusion = Fusion(tuple(names), axis, chunk, splits)
+        self._apply_fusion(fusion, fusion.describe())
+        return self
+
+    def corrections(self) -> str:
+        """The running states and correction terms of every fusion, in readable form."""
+        return "\n".join(plan_chain(self.program, f.names, f.axis).describe() for f in self.fusions)
 
     # -- TVM primitives, forwarded ------------------------------------------------------------
     def __getattr__(self, name: str):
@@ -133,10 +157,13 @@ class Schedule:
 
     # -- compile ---------------------------------------------------------------------------------
     def compile(self) -> CompiledKernel:
-        """A callable kernel built from this schedule (the default schedule fills in what is not
-        scheduled yet, e.g. GPU thread bindings)."""
+        """A callable kernel built from this schedule. What is not scheduled yet is filled in:
+        fused chains get their data-parallel loops spread over threads (GPU) or cores (CPU), other
+        GPU code gets TVM's default (dlight) schedule."""
         fixed = dict(self.dims)
-        scheduled = apply_default_schedule(self.mod, self.target)
+        layout_only = self.fusions and len(self._tvm.trace.insts) == 0
+        scheduled = None if layout_only else apply_default_schedule(self.mod, self.target)
+        parallel = "gpu" if self.target.is_gpu else "cpu"
 
         def build(dims: dict, index_dtype: str) -> tvm.IRModule:
             clash = {k: v for k, v in dims.items() if k in fixed and fixed[k] != v}
@@ -145,9 +172,12 @@ class Schedule:
                                 f"{', '.join(f'{k}={fixed[k]}' for k in clash)} but the call has "
                                 f"{', '.join(f'{k}={v}' for k, v in clash.items())}; make a schedule "
                                 "for these sizes, or leave them symbolic", user_location())
+            if layout_only:
+                return lower_program(self.program, self.fusions, {**dims, **fixed}, index_dtype,
+                                     parallel)
             if index_dtype != "int32":
-                raise CallError("tensors this large need 64-bit indexing; use tensorfuse.compile "
-                                "(which picks it per call) instead of a schedule", user_location())
+                raise CallError("tensors this large need 64-bit indexing; make the schedule with "
+                                "fixed sizes or use tensorfuse.compile", user_location())
             return scheduled
 
         return CompiledKernel(self.program, self.target, build,

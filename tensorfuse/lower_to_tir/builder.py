@@ -37,8 +37,14 @@ class FunctionBuilder:
     """Open a PrimFunc for ``program``; emit its body with the methods below, then :meth:`finish`."""
 
     def __init__(self, program: Program, dims: dict[str, int] | None = None,
-                 index_dtype: str = "int32", name: str | None = None):
+                 index_dtype: str = "int32", name: str | None = None, parallel: str | None = None,
+                 threads: int = 128):
+        """``parallel``: how loops over data-parallel axes are laid out (:meth:`spatial_loops`):
+        ``None`` serial (to be scheduled later), ``"cpu"`` the outermost one parallel, ``"gpu"``
+        all of them fused and bound to ``blockIdx.x`` × ``threadIdx.x`` (``threads`` a block)."""
         self.program = program
+        self.parallel = parallel
+        self.threads = threads
         self.dim_values = dict(dims or {})
         self.index_dtype = index_dtype
         self.name = name or program.name
@@ -117,6 +123,36 @@ class FunctionBuilder:
             yield list(loop_vars)
 
     @contextlib.contextmanager
+    def spatial_loops(self, loops: Sequence[LoopAxis]):
+        """Loops over data-parallel axes laid out for the builder's ``parallel`` mode. Yields
+        ``(iters, predicate)``: ``(loop axis, value)`` pairs for :meth:`block`, and a predicate
+        every block inside must carry (``None`` when all iterations are real)."""
+        if self.parallel is None or (self.parallel == "cpu" and not loops):
+            with self.loops(loops) as lv:
+                yield list(zip(loops, lv)), None
+        elif self.parallel == "cpu":
+            with T.parallel(0, loops[0].extent) as first:
+                IRBuilder.name(loops[0].name, first)
+                with self.loops(loops[1:]) as rest:
+                    yield list(zip(loops, [first] + rest)), None
+        else:
+            total = tirx.IntImm(self.index_dtype, 1)
+            for lp in loops:
+                total = total * lp.extent
+            threads = tirx.IntImm(self.index_dtype, self.threads)
+            with T.thread_binding(0, tirx.floordiv(total + threads - 1, threads),
+                                  thread="blockIdx.x") as bx:
+                IRBuilder.name("bx", bx)
+                with T.thread_binding(0, threads, thread="threadIdx.x") as tx:
+                    IRBuilder.name("tx", tx)
+                    fused = bx * threads + tx
+                    values, stride = [], tirx.IntImm(self.index_dtype, 1)
+                    for lp in reversed(loops):
+                        values.append(tirx.floormod(tirx.floordiv(fused, stride), lp.extent))
+                        stride = stride * lp.extent
+                    yield list(zip(loops, reversed(values))), fused < total
+
+    @contextlib.contextmanager
     def block(self, name: str, iters: Sequence[tuple[LoopAxis, tirx.PrimExpr]], scope: Scope,
               derive=None, predicate=None):
         """Open an ``sblock`` with one iteration variable per ``(loop axis, bound value)``; yields a
@@ -166,24 +202,21 @@ class FunctionBuilder:
             self.store(buf, r, indices)
 
 
-def compute_loops(fb: FunctionBuilder, compute: Compute) -> list[LoopAxis]:
-    """The plain loop nest of a compute: its axes, then the axes it reduces over."""
-    loops = [LoopAxis(a, fb.extent(a), a.name, "S") for a in compute.axes]
-    loops += [LoopAxis(a, fb.extent(a), a.name, "R") for a in compute.over]
-    return loops
-
-
 def emit_compute(fb: FunctionBuilder, compute: Compute, scope: Scope | None = None,
                  name: str | None = None) -> None:
     """One loop nest and one block computing ``compute`` in full."""
     scope = scope or fb.scope
-    loops = compute_loops(fb, compute)
     bufs = scope.computes[compute.name]
-    with fb.loops(loops) as loop_vars:
-        with fb.block(name or compute.name, list(zip(loops, loop_vars)), scope) as inner:
-            indices = [inner.axes[a.uid] for a in compute.axes]
-            if compute.is_reduction:
-                fb.emit_update(compute.monoid, bufs, indices, compute.bodies, inner, True,
-                               compute.dtypes)
-            else:
-                fb.store(bufs[0], lower(compute.bodies[0], inner, compute.dtypes[0]), indices)
+    spatial = [LoopAxis(a, fb.extent(a), a.name, "S") for a in compute.axes]
+    reduce = [LoopAxis(a, fb.extent(a), a.name, "R") for a in compute.over]
+    with fb.spatial_loops(spatial) as (outer, predicate):
+        with fb.loops(reduce) as reduce_vars:
+            iters = outer + list(zip(reduce, reduce_vars))
+            with fb.block(name or compute.name, iters, scope,
+                          predicate=(lambda _: predicate) if predicate is not None else None) as inner:
+                indices = [inner.axes[a.uid] for a in compute.axes]
+                if compute.is_reduction:
+                    fb.emit_update(compute.monoid, bufs, indices, compute.bodies, inner, True,
+                                   compute.dtypes)
+                else:
+                    fb.store(bufs[0], lower(compute.bodies[0], inner, compute.dtypes[0]), indices)

@@ -12,13 +12,13 @@ from ..lower_to_tir import lower_naive
 
 
 def lower_program(program: Program, fusions: tuple = (), dims: dict | None = None,
-                  index_dtype: str = "int32") -> tvm.IRModule:
+                  index_dtype: str = "int32", parallel: str | None = None) -> tvm.IRModule:
     """TensorIR for ``program`` with ``fusions`` applied (none: the naive lowering)."""
     if not fusions:
-        return lower_naive(program, dims, index_dtype)
+        return lower_naive(program, dims, index_dtype, parallel)
     from .fusion import lower_with_fusions
 
-    return lower_with_fusions(program, fusions, dims, index_dtype)
+    return lower_with_fusions(program, fusions, dims, index_dtype, parallel)
 
 
 def tvm_schedule(mod: tvm.IRModule) -> tvm.s_tir.Schedule:

@@ -15,7 +15,8 @@ from ..targets import TargetSpec
 def apply_default_schedule(mod: tvm.IRModule, target: TargetSpec) -> tvm.IRModule:
     """``mod`` scheduled for ``target`` unless a template already scheduled it."""
     func = next(iter(mod.functions.values()))
-    if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
+    attrs = func.attrs if func.attrs is not None else {}
+    if attrs.get("tirx.is_scheduled", False):
         return mod
     if target.is_gpu:
         with target.tvm_target:

@@ -54,7 +54,10 @@ class Fusion:
         return f"{kind}({', '.join(self.names)}, axis={self.axis}, chunk={self.chunk})"
 
 
-def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32") -> tvm.IRModule:
+def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32",
+                       parallel: str | None = None) -> tvm.IRModule:
+    """TensorIR of ``program`` with ``fusions`` applied; ``parallel`` lays out the data-parallel
+    loops (see :class:`~tensorfuse.lower_to_tir.FunctionBuilder`)."""
     chains = [plan_chain(program, f.names, f.axis) for f in fusions]
     owner: dict[str, int] = {}
     for k, ch in enumerate(chains):
@@ -64,7 +67,7 @@ def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32"
             owner[m.name] = k
     analyses = [_ChainInputs(ch) for ch in chains]
     order = _emission_order(program, chains, analyses, owner)
-    fb = FunctionBuilder(program, dims, index_dtype)
+    fb = FunctionBuilder(program, dims, index_dtype, parallel=parallel)
     with fb:
         emitters = [_ChainEmitter(fb, ch, f, a) for ch, f, a in zip(chains, fusions, analyses)]
         for node in order:
@@ -80,7 +83,15 @@ def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32"
                 emit_compute(fb, node)
             else:
                 emitters[node].emit()
-    return fb.finish()
+    mod = fb.finish()
+    gv, func = next(iter(mod.functions.items()))
+    func = func.with_attr(FUSED_ATTR, True)
+    if parallel == "gpu":
+        func = func.with_attr("tirx.is_scheduled", True)
+    return tvm.IRModule({gv: func})
+
+
+FUSED_ATTR = "tensorfuse.fused"  # marks functions whose loop nests hold fused chains
 
 
 class _ChainInputs:
@@ -264,8 +275,7 @@ class _ChainEmitter:
     def emit(self) -> None:
         fb = self.fb
         outer = self._loops(self.common + self._split_dims())
-        with fb.loops(outer) as outer_vars:
-            self.outer = list(zip(outer, outer_vars))
+        with fb.spatial_loops(outer) as (self.outer, self.outer_pred):
             self._emit_init()
             chunk_loop = LoopAxis(self.chunk_axis, self.cps, self.names["chunk"])
             with fb.loops([chunk_loop]) as (cv,):
@@ -290,7 +300,14 @@ class _ChainEmitter:
     def _block(self, name, extra_loops, extra_vars, more_iters=(), derive=None, predicate=None,
                scope=None):
         iters = list(self.outer) + list(zip(extra_loops, extra_vars)) + list(more_iters)
-        return self.fb.block(name, iters, scope or self.fb.scope, derive, predicate)
+        guard = self.outer_pred
+        if guard is not None and predicate is not None:
+            combined = lambda bound: tirx.And(guard, predicate(bound))  # noqa: E731
+        elif guard is not None:
+            combined = lambda bound: guard  # noqa: E731
+        else:
+            combined = predicate
+        return self.fb.block(name, iters, scope or self.fb.scope, derive, combined)
 
     def _extra_axes(self, c: Compute) -> list[Axis]:
         return [a for a in c.axes if all(a.uid != b.uid for b in self.common)]
@@ -444,10 +461,13 @@ class _ChainEmitter:
     def _emit_final(self, m: Compute, states, with_split: bool, own_loops: bool = False) -> None:
         scheme = self.chain.schemes[m.name]
         if own_loops:
-            loops = self._loops(self.state_axes(m))
-            saved, self.outer = self.outer, []
-        else:
-            loops = self._loops(self._extra_axes(m))
+            with self.fb.spatial_loops(self._loops(self.state_axes(m))) as (outer, pred):
+                saved = self.outer, self.outer_pred
+                self.outer, self.outer_pred = outer, pred
+                self._emit_final(m, states, with_split)
+                self.outer, self.outer_pred = saved
+            return
+        loops = self._loops(self._extra_axes(m))
         with self.fb.loops(loops) as lv:
             with self._block(m.name, loops, lv) as sc:
                 symbols = self._symbols(m, sc, states, with_split, self._final, self._final)
@@ -456,16 +476,19 @@ class _ChainEmitter:
                 idx = [sc.axes[a.uid] for a in m.axes]
                 for k, (buf, d) in enumerate(zip(out, m.dtypes)):
                     self.fb.store(buf, lower_expr(scheme.value[k], inner, d), idx)
-        if own_loops:
-            self.outer = saved
 
     def _emit_merge(self, m: Compute) -> None:
         scheme = self.chain.schemes[m.name]
-        loops = self._loops(self.state_axes(m)) + [LoopAxis(self.split_axis, self._extent(
-            self.split_axis), self.names["split"], "R")]
-        saved, self.outer = self.outer, []
-        with self.fb.loops(loops) as lv:
-            with self._block(f"{m.name}_merge", loops, lv) as sc:
+        split = [LoopAxis(self.split_axis, self._extent(self.split_axis), self.names["split"], "R")]
+        with self.fb.spatial_loops(self._loops(self.state_axes(m))) as (outer, pred):
+            saved = self.outer, self.outer_pred
+            self.outer, self.outer_pred = outer, pred
+            self._emit_merge_block(m, scheme, split)
+            self.outer, self.outer_pred = saved
+
+    def _emit_merge_block(self, m: Compute, scheme, split) -> None:
+        with self.fb.loops(split) as lv:
+            with self._block(f"{m.name}_merge", split, lv) as sc:
                 idx = self._index(self.state_axes(m), sc, with_split=False)
                 symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.prev),
                                         self._final)
@@ -493,4 +516,3 @@ class _ChainEmitter:
                         results = [T.Bind(r) for r in results]
                     for buf, r in zip(self.merged[m.name], results):
                         self.fb.store(buf, r, idx)
-        self.outer = saved
