@@ -40,6 +40,7 @@ class Step:
     description: str
     before: tvm.s_tir.Schedule
     fusions_before: tuple
+    is_fusion: bool
 
 
 class Schedule:
@@ -86,8 +87,8 @@ class Schedule:
         """The steps applied so far, oldest first."""
         return [s.description for s in self.steps]
 
-    def _record(self, description: str) -> None:
-        self.steps.append(Step(description, self._tvm.copy(), self.fusions))
+    def _record(self, description: str, is_fusion: bool = False) -> None:
+        self.steps.append(Step(description, self._tvm.copy(), self.fusions, is_fusion))
 
     def undo(self) -> str:
         """Take back the last step; returns its description."""
@@ -99,7 +100,7 @@ class Schedule:
 
     # -- tensorfuse primitives ----------------------------------------------------------------
     def _require_fresh(self, what: str) -> None:
-        if len(self._tvm.trace.insts) > 0:
+        if any(not step.is_fusion for step in self.steps):
             raise ScheduleError(
                 f"{what} rewrites how the program is lowered, so it must come before TVM "
                 "schedule primitives; undo() those first, or start from a new schedule",
@@ -107,7 +108,7 @@ class Schedule:
 
     def _apply_fusion(self, fusion, description: str) -> None:
         self._require_fresh(description)
-        self._record(description)
+        self._record(description, is_fusion=True)
         try:
             self.fusions = self.fusions + (fusion,)
             self._tvm = tvm_schedule(self._lower())
@@ -161,7 +162,7 @@ class Schedule:
         fused chains get their data-parallel loops spread over threads (GPU) or cores (CPU), other
         GPU code gets TVM's default (dlight) schedule."""
         fixed = dict(self.dims)
-        layout_only = self.fusions and len(self._tvm.trace.insts) == 0
+        layout_only = bool(self.fusions) and all(step.is_fusion for step in self.steps)
         scheduled = None if layout_only else apply_default_schedule(self.mod, self.target)
         parallel = "gpu" if self.target.is_gpu else "cpu"
 

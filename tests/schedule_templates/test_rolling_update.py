@@ -1,0 +1,159 @@
+"""Rolling and split updates on the library kernels and more chains, on the CPU target against
+float64 references; the IR they produce; TVM primitives afterwards; numerical stability."""
+import numpy as np
+import pytest
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from tensorfuse import dsl as T
+from tensorfuse.dsl import dtypes as dt
+from tensorfuse.errors import RollingUpdateError, ScheduleError
+from tensorfuse.kernels.reference import TOLERANCE, random_inputs, reference, relative_error
+from tests.kernels.test_library_cpu import poisoned_outputs, sizes_for
+
+CHAINS = {name: ("m", "l", "o") for name in K.ATTENTION_VARIANTS}
+CHAINS.update(softmax=("m", "l"), log_softmax=("m", "l"), cross_entropy=("m", "l"),
+              layernorm=("sum_j", "sum_j_2"), rmsnorm=("sum_j",))
+
+
+def run_fused(kernel, sizes, rng, fuse):
+    tensors, scalars = random_inputs(kernel, sizes, rng)
+    sch = tf.schedule(kernel, "llvm")
+    fuse(sch)
+    (out,) = poisoned_outputs(kernel, sizes)
+    sch.compile()(**tensors, **scalars, out=out)
+    return relative_error(out, reference(kernel, tensors, scalars))
+
+
+@pytest.mark.parametrize("name", sorted(CHAINS))
+@pytest.mark.parametrize("splits, chunk", [(1, 8), (1, 1), (3, 5)])
+def test_fused_library_kernel_matches_reference(name, splits, chunk, rng):
+    kernel = K.ALL[name]
+    names = CHAINS[name]
+
+    def fuse(sch):
+        if splits == 1:
+            sch.rolling_update(*names, axis="j", chunk=chunk)
+        else:
+            sch.split_update(*names, axis="j", splits=splits, chunk=chunk)
+
+    err = run_fused(kernel, sizes_for(name), rng, fuse)
+    assert err <= TOLERANCE[kernel.program.outputs[0].dtypes[0]], f"error {err:.2e}"
+
+
+def test_cross_entropy_over_a_large_vocabulary(rng):
+    sizes = dict(M=3, V=50_000)
+    err = run_fused(K.cross_entropy, sizes, rng,
+                    lambda s: s.rolling_update("m", "l", axis="j", chunk=1024))
+    assert err <= TOLERANCE["f32"]
+
+
+def test_decode_split_update(rng):
+    sizes = dict(B=2, H=4, HKV=2, M=1, N=300, D=16)
+    err = run_fused(K.gqa_causal_attention, sizes, rng,
+                    lambda s: s.split_update("m", "l", "o", axis="j", splits=8, chunk=16))
+    assert err <= TOLERANCE["bf16"]
+
+
+def test_argmax_written_as_a_dependent_chain(rng):
+    @tf.kernel
+    def first_argmax(x: T.Tensor["M", "N", "f32"]):
+        i, j = T.axes("i j")
+        m = T.max(x[i, j], over=j)
+        first = T.min(T.where(x[i, j] == m, j, T.size("N")), over=j)
+        return first
+
+    x = rng.integers(-3, 3, size=(6, 41)).astype("f4")  # many ties: the first one must win
+    for fuse in (lambda s: s.rolling_update("m", "first", axis="j", chunk=4),
+                 lambda s: s.split_update("m", "first", axis="j", splits=3, chunk=4)):
+        sch = tf.schedule(first_argmax, "llvm")
+        fuse(sch)
+        np.testing.assert_array_equal(sch.compile()(x), x.argmax(1))
+
+
+def test_rolled_ir_has_running_states_and_corrections_as_blocks():
+    sch = tf.schedule(K.attention, "llvm", B=1, H=2, M=16, N=64, D=16)
+    sch.rolling_update("m", "l", "o", axis="j", chunk=16)
+    text = sch.script()
+    for block in ("m_init", "m_chunk", "m_update", "l_update", "o_update", "m_commit", "sum_d_local"):
+        assert f'T.sblock("{block}")' in text, block
+    assert "exp(m_prev" in text.replace("T.exp(", "exp(")  # the correction exp(m_old − m_new)
+    assert "o_run = T.sblock_alloc_buffer((1, 2, 16, 16))" in text
+    assert "sum_d = " not in text  # the score matrix is never stored
+
+
+def test_tvm_primitives_apply_after_the_rolling_update(rng):
+    sch = tf.schedule(K.softmax, "llvm", M=8, N=96)
+    sch.rolling_update("m", "l", axis="j", chunk=32)
+    loops = sch.get_loops(sch.get_sblock("l_chunk"))
+    sch.unroll(loops[-1])
+    block = sch.get_sblock("out")
+    sch.vectorize(sch.split(sch.get_loops(block)[-1], [None, 8])[-1])
+    assert len(sch.history()) == 4  # the fusion, then three TVM steps
+    x = rng.standard_normal((8, 96)).astype(dt.to_numpy("bf16"))
+    out = sch.compile()(x)
+    xf = x.astype(np.float64)
+    ref = np.exp(xf - xf.max(1, keepdims=True))
+    ref /= ref.sum(1, keepdims=True)
+    assert relative_error(out, ref) <= TOLERANCE["bf16"]
+
+
+def test_fusion_after_tvm_primitives_is_refused():
+    sch = tf.schedule(K.softmax, "llvm", M=8, N=96)
+    sch.parallel(sch.get_loops(sch.get_sblock("out"))[0])
+    with pytest.raises(ScheduleError, match="must come before TVM schedule primitives"):
+        sch.rolling_update("m", "l", axis="j")
+    sch.undo()
+    sch.rolling_update("m", "l", axis="j")
+
+
+def test_refusal_leaves_the_schedule_unchanged():
+    @tf.kernel
+    def k(x: T.Tensor["M", "N", "f32"]):
+        i, j = T.axes("i j")
+        m = T.max(x[i, j], over=j)
+        return T.sum(T.tanh(x[i, j] - m), over=j)
+
+    sch = tf.schedule(k, "llvm")
+    before = sch.script()
+    with pytest.raises(RollingUpdateError, match="tanh"):
+        sch.rolling_update("m", "out", axis="j")
+    assert sch.script() == before and sch.history() == []
+
+
+def test_rolled_softmax_is_stable_on_huge_inputs(rng):
+    @tf.kernel
+    def softmax32(x: T.Tensor["M", "N", "f32"]):
+        i, j = T.axes("i j")
+        m = T.max(x[i, j], over=j)
+        p = T.exp(x[i, j] - m)
+        return p / T.sum(p, over=j)
+
+    x = (rng.standard_normal((16, 257)) * 1e4).astype("f4")
+    x[:, 0] = 1e4  # magnitudes at ±1e4: exp(x) alone would overflow
+    naive = tf.compile(softmax32, "llvm")(x)
+    names = [c.name for c in softmax32.program.computes if c.is_reduction]
+    for fuse in (lambda s: s.rolling_update(*names, axis="j", chunk=16),
+                 lambda s: s.split_update(*names, axis="j", splits=4, chunk=16)):
+        sch = tf.schedule(softmax32, "llvm")
+        fuse(sch)
+        out = sch.compile()(x)
+        assert np.all(np.isfinite(out)) and np.all(np.isfinite(naive))
+        np.testing.assert_allclose(out, naive, atol=1e-6)
+        np.testing.assert_allclose(out.sum(1), 1.0, rtol=1e-5)
+
+
+def test_corrections_are_shown_readably():
+    sch = tf.schedule(K.attention, "llvm")
+    sch.rolling_update("m", "l", "o", axis="j")
+    text = sch.corrections()
+    assert "o: linear over m" in text and "exp(m.old - m.new)" in text
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_fused_attention_compiles_for_cuda(arch):
+    sch = tf.schedule(K.causal_attention, f"cuda:{arch}", B=1, H=2, M=128, N=128, D=64)
+    sch.rolling_update("m", "l", "o", axis="j", chunk=32)
+    ptx = sch.compile().ptx()
+    assert f".target {arch}" in ptx and "ex2.approx" in ptx
+    assert "%ctaid.x" in ptx and "%tid.x" in ptx  # rows spread over blocks and threads
