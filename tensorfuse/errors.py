@@ -71,3 +71,8 @@ class CallError(TensorfuseError):
 
 class TuningError(TensorfuseError):
     """A tuning job cannot run or its database cannot be used."""
+
+
+class RollingUpdateWarning(UserWarning):
+    """A fusion is exact but may lose precision (a correction can grow values that were rounded
+    away earlier, e.g. exp(old − new) > 1 when a dependency decreases)."""

@@ -383,12 +383,45 @@ def _where(e, ctx):
                               f"{_deps_text(e.cond, ctx)}: elements already reduced would switch "
                               "branches")
     zero = const(0.0)
+    absorbing = _where_with_constant(e, ctx)
+    if absorbing is not None:
+        return absorbing
 
     def masked(terms: Terms, take_true: bool) -> Terms:
         return terms.map_bases(lambda b: where(e.cond, b, zero) if take_true
                                else where(e.cond, zero, b))
 
     return masked(linear(e.a, ctx), True).plus(masked(linear(e.b, ctx), False))
+
+
+def _where_with_constant(e: Where, ctx: Context) -> Terms | None:
+    """``where(c, a, K)`` with ``K`` infinite (a masked score) or zero, and ``a`` shifted or
+    positively rescaled: the whole select shifts or rescales pointwise, since κ·∞ + δ = ∞ for
+    κ > 0 (and κ·0 = 0). Keeps masked maxima correctable by one shift."""
+    import math
+
+    for value, other, flip in ((e.a, e.b, False), (e.b, e.a, True)):
+        if not isinstance(other, Const):
+            continue
+        c = other.value
+        infinite = isinstance(c, float) and math.isinf(c)
+        if not (c == 0 or infinite):
+            continue
+        terms = linear(value, ctx)
+
+        def masked(b: Expr) -> Expr:
+            return where(e.cond, other, b) if flip else where(e.cond, b, other)
+
+        delta = shift_delta(terms)
+        if infinite and delta is not None:
+            return Terms.single(e, const(1.0)).plus(Terms.single(const(1.0), delta))
+        rest = [(b, k) for key, (b, k) in terms.items.items() if key != ONE_KEY]
+        if len(rest) == 1 and is_positive(rest[0][1], ctx) and (infinite or len(terms.items) == 1):
+            out = Terms.single(masked(rest[0][0]), rest[0][1])
+            if infinite and ONE_KEY in terms.items:
+                out = out.plus(Terms.single(const(1.0), terms.coef(ONE_KEY)))
+            return out
+    return None
 
 
 def _reset(e: Where, ctx: Context) -> Reset | None:

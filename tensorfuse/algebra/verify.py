@@ -20,6 +20,20 @@ from .transfer import Context, NoCorrection
 SAMPLES = 96
 
 
+def _growth_checks(scheme: Scheme, corrections) -> list:
+    """For linear schemes, the states whose basis holds an exponential: correcting a unit state
+    (that state 1, the others 0) gives its own factor, which should not exceed 1."""
+    if scheme.kind != "linear":
+        return []
+    checks = []
+    for k, st in enumerate(scheme.states):
+        if any(getattr(n, "op", None) in ("exp", "exp2") for n in nodes(st.body)):
+            unit = {f"{scheme.name}#{i}": np.asarray(1.0 if i == k else 0.0)
+                    for i in range(len(scheme.states))}
+            checks.append((k, unit))
+    return checks
+
+
 class _Leaves:
     """Names random stand-ins for the data an expression reads."""
 
@@ -54,8 +68,9 @@ class _Leaves:
             positive = name in self.ctx.positive
             old = rng.uniform(0.3, 4.0) if positive else rng.normal() * 2.0
             step = 0.0 if rng.random() < 0.2 else abs(rng.normal())
-            grows = dep.monoid is not None and dep.monoid.name in ("max", "sum")
-            new = old + step if (grows or positive) else old + rng.normal()
+            kind = dep.monoid.name if dep.monoid is not None else ""
+            grows = kind == "max" or (kind == "sum" and positive)  # running values only rise
+            new = old + step if grows else old + rng.normal() * 2.0
             if dep.monoid is not None and dep.monoid.name == "min":
                 new = old - step
             env[f"{name}.old"], env[f"{name}.new"] = np.asarray(old), np.asarray(new)
@@ -82,6 +97,8 @@ def verify_scheme(scheme: Scheme, body: Expr, ctx: Context, seed: int = 0) -> No
     value = leaves.symbolic(scheme.value[0], "new")
     rng = np.random.default_rng(seed)
     checked = 0
+    growth = _growth_checks(scheme, corrections)
+    grows: set[int] = set()
     for _ in range(SAMPLES):
         env = leaves.draw(rng)
         state_old = {f"{scheme.name}#{k}": evaluate_plain(e, env) for k, e in enumerate(at_old)}
@@ -101,6 +118,25 @@ def verify_scheme(scheme: Scheme, body: Expr, ctx: Context, seed: int = 0) -> No
                 raise NoCorrection(body, f"the derived correction for {what} of {scheme.name} "
                                          f"fails a numerical check (a rule is wrong): {expr!r}")
         checked += 1
+        for k, unit in growth:
+            if float(evaluate_plain(corrections[k], {**env, **unit})) > 1.0 + 1e-9:
+                grows.add(k)
+    if grows:
+        import warnings
+
+        from ..errors import RollingUpdateWarning
+
+        from ..dsl.expr import user_location
+
+        deps = ", ".join(scheme.deps)
+        where_ = user_location()
+        warnings.warn_explicit(RollingUpdateWarning(
+            f"{scheme.name}: the correction {scheme.correct[min(grows)]!r} can exceed 1 when "
+            f"{deps} move the way they can here (e.g. a sum of signed values that decreases); "
+            "elements reduced earlier may have been rounded to zero and cannot be recovered. The "
+            "fused result is exact in exact arithmetic; check its precision, or fuse against a "
+            "running maximum instead"), RollingUpdateWarning,
+            where_.filename if where_ else "<tensorfuse>", where_.lineno if where_ else 0)
     if checked < 8:
         raise NoCorrection(body, "the derived correction could not be checked numerically: its "
                                  "functions are undefined on almost every random sample")

@@ -25,6 +25,7 @@ from tvm import tirx
 from tvm.sym import Analyzer
 
 from ..algebra import Chain, inline_elementwise, plan_chain
+from ..algebra.exprs import substitute
 from ..dsl.expr import Axis, Expr, Ref, Symbol, walk
 from ..dsl.program import Compute, Program
 from ..errors import RollingUpdateError
@@ -92,6 +93,17 @@ def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32"
 
 
 FUSED_ATTR = "tensorfuse.fused"  # marks functions whose loop nests hold fused chains
+
+
+def _value_at_final(scheme, k: int) -> Expr:
+    """Component ``k`` of a member's value from states kept relative to the dependencies'
+    references: first corrected from the references (``d.old``) to the final values
+    (``d.new``), then combined by the value formula (which reads ``d.new``)."""
+    if not scheme.deps:
+        return scheme.value[k]
+    corrected = {f"{scheme.name}#{i}": c for i, c in enumerate(scheme.correct)}
+    return substitute(scheme.value[k], lambda n: corrected.get(n.name)
+                      if isinstance(n, Symbol) else None)
 
 
 class _ChainInputs:
@@ -244,15 +256,9 @@ class _ChainEmitter:
             out.append(scope.axes[self.split_axis.uid])
         return out
 
-    def _scope(self, base: Scope, dep_buffers: dict, with_split: bool = True) -> Scope:
-        """A scope where members read ``dep_buffers`` (name -> buffer) at their state axes and
-        chunk-local reductions read their per-chunk buffers."""
+    def _scope(self, base: Scope) -> Scope:
+        """A scope where chunk-local reductions read their per-chunk buffers."""
         computes, index = {}, {}
-        for name, buf in dep_buffers.items():
-            member = self.chain.members[[m.name for m in self.chain.members].index(name)]
-            computes[name] = [buf]
-            index[name] = (lambda axes: lambda s: self._index(axes, s, with_split))(
-                self.state_axes(member))
         for x in self.local:
             computes[x.name] = self.local_bufs[x.name]
             index[x.name] = (lambda axes: lambda s: self._index(axes, s))(self.local_axes(x))
@@ -351,7 +357,7 @@ class _ChainEmitter:
         with self.fb.loops(loops) as lv:
             with self._block(f"{x.name}_local", loops, lv, [self._chunk_iter()],
                              derive=self._j_of, predicate=self._in_range,
-                             scope=self._scope(self.fb.scope, {})) as sc:
+                             scope=self._scope(self.fb.scope)) as sc:
                 bodies = [inline_elementwise(b) for b in x.bodies]
                 idx = self._index(self.local_axes(x), sc)
                 self.fb.emit_update(x.monoid, self.local_bufs[x.name], idx, bodies, sc, False,
@@ -371,7 +377,7 @@ class _ChainEmitter:
         scheme = self.chain.schemes[m.name]
         extra = self._loops(self._extra_axes(m))
         t_loop = LoopAxis(self.t_axis, self.tc, self.names["t"], "R")
-        scope = self._scope(self.fb.scope, {d: self.new[d] for d in scheme.deps})
+        scope = self._scope(self.fb.scope)
         groups = [list(range(len(scheme.states)))] if scheme.kind == "independent" and m.arity > 1 \
             else [[k] for k in range(len(scheme.states))]
         for group in groups:
@@ -385,8 +391,11 @@ class _ChainEmitter:
                 with self._block(name, extra + [t_loop], lv, [self._chunk_iter()],
                                  derive=self._j_of, predicate=self._in_range, scope=scope) as sc:
                     idx = self._index(self.state_axes(m), sc)
-                    bodies = [scheme.states[k].body for k in group]
-                    self.fb.emit_update(monoid, bufs, idx, bodies, sc, False, dtypes)
+                    bodies = [self._deps_as_references(scheme.states[k].body) for k in group]
+                    refs = {f"{d}.ref": self._reference(d, self._load(self.new[d], d, sc))
+                            for d in scheme.deps}
+                    self.fb.emit_update(monoid, bufs, idx, bodies, sc.child(symbols=refs), False,
+                                        dtypes)
 
     def _symbols(self, m: Compute, sc: Scope, states, with_split: bool, old, new) -> dict:
         """Symbols of a scheme's expressions: its states (``m#k``) read from ``states``, and each
@@ -400,13 +409,34 @@ class _ChainEmitter:
         return symbols
 
     def _running(self, bufs: dict):
-        """Loader of a dependency's per-chunk value (indexed like its states, split included)."""
-        return lambda d, sc: self._load(bufs[d], d, sc)
+        """Loader of a dependency's per-chunk reference value (indexed like its states)."""
+        return lambda d, sc: self._reference(d, self._load(bufs[d], d, sc))
 
     def _final(self, d: str, sc: Scope):
         """Loader of a dependency's final value (its ordinary buffer)."""
-        member = self.chain.members[[m.name for m in self.chain.members].index(d)]
+        member = self._member(d)
         return tirx.BufferLoad(self.fb.scope.computes[d][0], [sc.axes[a.uid] for a in member.axes])
+
+    def _final_reference(self, d: str, sc: Scope):
+        return self._reference(d, self._final(d, sc))
+
+    def _member(self, name: str) -> Compute:
+        return next(m for m in self.chain.members if m.name == name)
+
+    def _reference(self, d: str, value):
+        """The value states are kept relative to: the dependency's value, except 0 while it is
+        still its monoid's identity (nothing real seen yet, e.g. only masked elements): bases such
+        as (x − max)² would overflow at max = −FLT_MAX. Any reference is exact as long as the same
+        one is used everywhere; the final value is corrected to the true one at the end."""
+        member = self._member(d)
+        identity = constant(member.monoid.identity_value(0, member.dtypes[0]), member.dtypes[0])
+        zero = constant(0.0, member.dtypes[0])
+        return tirx.Select(value == identity, zero, value)
+
+    def _deps_as_references(self, e: Expr) -> Expr:
+        deps = {m.name: m for m in self.chain.members}
+        return substitute(e, lambda n: Symbol(f"{n.compute.name}.ref", n.dtype)
+                          if isinstance(n, Ref) and n.compute.name in deps else None)
 
     def _emit_update(self, m: Compute) -> None:
         scheme = self.chain.schemes[m.name]
@@ -470,12 +500,13 @@ class _ChainEmitter:
         loops = self._loops(self._extra_axes(m))
         with self.fb.loops(loops) as lv:
             with self._block(m.name, loops, lv) as sc:
-                symbols = self._symbols(m, sc, states, with_split, self._final, self._final)
+                symbols = self._symbols(m, sc, states, with_split, self._final_reference,
+                                        self._final)
                 inner = sc.child(symbols=symbols)
                 out = self.fb.scope.computes[m.name]
                 idx = [sc.axes[a.uid] for a in m.axes]
                 for k, (buf, d) in enumerate(zip(out, m.dtypes)):
-                    self.fb.store(buf, lower_expr(scheme.value[k], inner, d), idx)
+                    self.fb.store(buf, lower_expr(_value_at_final(scheme, k), inner, d), idx)
 
     def _emit_merge(self, m: Compute) -> None:
         scheme = self.chain.schemes[m.name]
@@ -491,7 +522,7 @@ class _ChainEmitter:
             with self._block(f"{m.name}_merge", split, lv) as sc:
                 idx = self._index(self.state_axes(m), sc, with_split=False)
                 symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.prev),
-                                        self._final)
+                                        self._final_reference)
                 inner = sc.child(symbols=symbols)
                 if scheme.kind == "independent":
                     bodies = [Symbol(f"{m.name}#{k}", st.dtype) for k, st in enumerate(scheme.states)]
