@@ -429,9 +429,11 @@ class _ChainEmitter:
         as (x − max)² would overflow at max = −FLT_MAX. Any reference is exact as long as the same
         one is used everywhere; the final value is corrected to the true one at the end."""
         member = self._member(d)
-        identity = constant(member.monoid.identity_value(0, member.dtypes[0]), member.dtypes[0])
+        ident = member.monoid.identity_value(0, member.dtypes[0])
+        if ident == 0:
+            return value  # the identity is already a harmless reference
         zero = constant(0.0, member.dtypes[0])
-        return tirx.Select(value == identity, zero, value)
+        return tirx.Select(value == constant(ident, member.dtypes[0]), zero, value)
 
     def _deps_as_references(self, e: Expr) -> Expr:
         deps = {m.name: m for m in self.chain.members}
