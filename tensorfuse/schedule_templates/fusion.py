@@ -30,6 +30,7 @@ from ..dsl.expr import Axis, Expr, Ref, Symbol, walk
 from ..dsl.program import Compute, Program
 from ..errors import RollingUpdateError
 from ..lower_to_tir import FunctionBuilder, LoopAxis, Scope, emit_compute, lower_expr
+from ..dsl import dtypes as dtt
 from ..lower_to_tir.expr_to_tir import constant
 from tvm.tirx.script.builder import ir as T
 
@@ -51,8 +52,10 @@ class Fusion:
             raise RollingUpdateError(f"splits must be a positive integer, got {self.splits!r}")
 
     def describe(self) -> str:
-        kind = "rolling_update" if self.splits == 1 else f"split_update(splits={self.splits})"
-        return f"{kind}({', '.join(self.names)}, axis={self.axis}, chunk={self.chunk})"
+        names = ", ".join(self.names)
+        if self.splits == 1:
+            return f"rolling_update({names}, axis={self.axis}, chunk={self.chunk})"
+        return f"split_update({names}, axis={self.axis}, splits={self.splits}, chunk={self.chunk})"
 
 
 def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32",
@@ -104,6 +107,10 @@ def _value_at_final(scheme, k: int) -> Expr:
     corrected = {f"{scheme.name}#{i}": c for i, c in enumerate(scheme.correct)}
     return substitute(scheme.value[k], lambda n: corrected.get(n.name)
                       if isinstance(n, Symbol) else None)
+
+
+def dt_tvm(dtype: str) -> str:
+    return dtt.to_tvm(dtype)
 
 
 class _ChainInputs:
@@ -346,7 +353,15 @@ class _ChainEmitter:
 
     def _chunk_iter(self, kind: str = "O"):
         """The chunk index as a block variable (opaque: the chunks are swept in order)."""
-        return LoopAxis(None, self.cps, self.names["chunk"], kind), self.chunk_var
+        return LoopAxis(self.chunk_axis, self.cps, self.names["chunk"], kind), self.chunk_var
+
+    def _seen(self, sc: Scope, chunks_done) -> tirx.PrimExpr:
+        """How many positions of the fused axis this part has covered after ``chunks_done``
+        chunks (an expression of the chunk block variable, or ``None``: the whole part)."""
+        split = sc.axes[self.split_axis.uid] if self.splits > 1 else 0
+        start = split * self.cps * self.tc
+        done = self.cps if chunks_done is None else chunks_done
+        return tirx.max(tirx.min((split * self.cps + done) * self.tc, self.n) - start, 0)
 
     def _emit_local(self, x: Compute) -> None:
         rest = [a for a in self.local_axes(x)[len(self.common):-1]]
@@ -392,8 +407,7 @@ class _ChainEmitter:
                                  derive=self._j_of, predicate=self._in_range, scope=scope) as sc:
                     idx = self._index(self.state_axes(m), sc)
                     bodies = [self._deps_as_references(scheme.states[k].body) for k in group]
-                    refs = {f"{d}.ref": self._reference(d, self._load(self.new[d], d, sc))
-                            for d in scheme.deps}
+                    refs = {f"{d}.ref": self._running(self.new, 1)(d, sc) for d in scheme.deps}
                     self.fb.emit_update(monoid, bufs, idx, bodies, sc.child(symbols=refs), False,
                                         dtypes)
 
@@ -408,9 +422,18 @@ class _ChainEmitter:
             symbols[f"{d}.new"] = new(d, sc)
         return symbols
 
-    def _running(self, bufs: dict):
-        """Loader of a dependency's per-chunk reference value (indexed like its states)."""
-        return lambda d, sc: self._reference(d, self._load(bufs[d], d, sc))
+    def _running(self, bufs: dict, done: int):
+        """Loader of a dependency's reference value from ``bufs``, valid after the current chunk
+        (``done=1``) or the previous one (``done=0``)."""
+        def load(d, sc):
+            seen = self._seen(sc, sc.axes[self.chunk_axis.uid] + done)
+            return self._reference(d, self._load(bufs[d], d, sc), seen)
+
+        return load
+
+    def _part_reference(self, d: str, sc: Scope):
+        """A split's final reference value of ``d`` (from its committed value)."""
+        return self._reference(d, self._load(self.prev[d], d, sc), self._seen(sc, None))
 
     def _final(self, d: str, sc: Scope):
         """Loader of a dependency's final value (its ordinary buffer)."""
@@ -418,22 +441,31 @@ class _ChainEmitter:
         return tirx.BufferLoad(self.fb.scope.computes[d][0], [sc.axes[a.uid] for a in member.axes])
 
     def _final_reference(self, d: str, sc: Scope):
-        return self._reference(d, self._final(d, sc))
+        return self._reference(d, self._final(d, sc), None)
 
     def _member(self, name: str) -> Compute:
         return next(m for m in self.chain.members if m.name == name)
 
-    def _reference(self, d: str, value):
-        """The value states are kept relative to: the dependency's value, except 0 while it is
-        still its monoid's identity (nothing real seen yet, e.g. only masked elements): bases such
-        as (x − max)² would overflow at max = −FLT_MAX. Any reference is exact as long as the same
-        one is used everywhere; the final value is corrected to the true one at the end."""
+    def _reference(self, d: str, value, seen):
+        """The value states are kept relative to. Any reference is exact if used consistently (the
+        final value is corrected to the true one at the end); a good one keeps the corrections
+        small. For a running maximum or minimum: the value itself, or 0 while it is still the
+        identity (nothing real seen yet, e.g. only masked elements — (x − max)² would overflow
+        at max = −FLT_MAX). For a running sum: the sum extrapolated to the whole axis
+        (sum · N / seen), so a mean written as sum / N is estimated as the running mean (Welford's
+        centring) instead of drifting from 0. ``seen=None``: the whole axis has been seen."""
         member = self._member(d)
-        ident = member.monoid.identity_value(0, member.dtypes[0])
+        dtype = member.dtypes[0]
+        ident = member.monoid.identity_value(0, dtype)
+        zero = constant(0.0, dtype)
+        if member.monoid.name == "sum" and dtt.is_float(dtype):
+            if seen is None:
+                return value
+            scale = tirx.Cast(dt_tvm(dtype), self.n) / tirx.Cast(dt_tvm(dtype), tirx.max(seen, 1))
+            return tirx.Select(seen > 0, value * scale, zero)
         if ident == 0:
             return value  # the identity is already a harmless reference
-        zero = constant(0.0, member.dtypes[0])
-        return tirx.Select(value == constant(ident, member.dtypes[0]), zero, value)
+        return tirx.Select(value == constant(ident, dtype), zero, value)
 
     def _deps_as_references(self, e: Expr) -> Expr:
         deps = {m.name: m for m in self.chain.members}
@@ -446,8 +478,8 @@ class _ChainEmitter:
         with self.fb.loops(extra) as lv:
             with self._block(f"{m.name}_update", extra, lv, [self._chunk_iter("R")]) as sc:
                 idx = self._index(self.state_axes(m), sc)
-                symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.prev),
-                                        self._running(self.new))
+                symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.prev, 0),
+                                        self._running(self.new, 1))
                 inner = sc.child(symbols=symbols)
                 results = []
                 if scheme.kind == "independent" and m.arity > 1:
@@ -477,8 +509,8 @@ class _ChainEmitter:
         extra = self._loops(self._extra_axes(m))
         with self.fb.loops(extra) as lv:
             with self._block(f"{m.name}_new", extra, lv, [self._chunk_iter()]) as sc:
-                symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.new),
-                                        self._running(self.new))
+                symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.new, 1),
+                                        self._running(self.new, 1))
                 value = lower_expr(scheme.value[0], sc.child(symbols=symbols), m.dtypes[0])
                 self.fb.store(self.new[m.name], value, self._index(self.state_axes(m), sc))
 
@@ -523,7 +555,7 @@ class _ChainEmitter:
         with self.fb.loops(split) as lv:
             with self._block(f"{m.name}_merge", split, lv) as sc:
                 idx = self._index(self.state_axes(m), sc, with_split=False)
-                symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.prev),
+                symbols = self._symbols(m, sc, self.run[m.name], True, self._part_reference,
                                         self._final_reference)
                 inner = sc.child(symbols=symbols)
                 if scheme.kind == "independent":
