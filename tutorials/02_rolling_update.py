@@ -46,7 +46,7 @@ print(sch.corrections())
 
 # %% [markdown]
 # ## After: one pass, running state in buffers, corrections as blocks
-# Per chunk of 32 keys: the chunk's scores (`sum_d_local`), its partial maximum and sums
+# Per chunk of 32 keys: the chunk's scores (`s_sum_local`), its partial maximum and sums
 # (`*_chunk`), the corrected running values (`*_update`) and the value the next chunk starts from
 # (`m_commit`). The full score matrix is gone. These are ordinary TensorIR blocks: any TVM
 # schedule primitive applies to them.

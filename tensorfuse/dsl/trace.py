@@ -134,6 +134,7 @@ class _ProgramBuilder:
         self.by_uid: dict[int, Compute] = {}      # expression uid -> compute holding it
         self.by_spec: dict[int, Compute] = {}     # reduction spec uid -> compute
         self.rewritten: dict[int, Expr] = {}
+        self.context: str | None = None
 
     def _fresh(self, hint: str) -> str:
         name, k = hint, 1
@@ -159,8 +160,8 @@ class _ProgramBuilder:
             if value.uid not in self.names and not (isinstance(value, Reduce) and (
                     dt.resolve(value.dtype) != storage or value.spec.monoid.arity > 1)):
                 self.names[value.uid] = "out" if len(outs) == 1 else f"out{k}"
-        for value in outs:  # materialise everything the outputs need, whatever their order
-            self._rewrite(value, top=True)
+        for k, value in enumerate(outs):  # materialise what the outputs need, in any order
+            self._within(self.names.get(value.uid, "out" if len(outs) == 1 else f"out{k}"), value)
         outputs = [self._output(v, s, k, len(outs)) for k, (v, s) in enumerate(zip(outs, storages))]
         for a in {a.uid: a for c in self.computes for a in c.axes + c.over}.values():
             if a.extent is None:
@@ -181,7 +182,7 @@ class _ProgramBuilder:
             compute = existing
         else:
             hint = self.names.get(value.uid, "out" if count == 1 else f"out{k}")
-            body = existing.ref() if existing is not None else self._rewrite(value, top=True)
+            body = existing.ref() if existing is not None else self._within(hint, value)
             named = existing is not None and value.uid in self.names and self.names[value.uid] == \
                 existing.name
             compute = self._add(Compute(self._fresh(hint + "_out" if named else hint),
@@ -206,7 +207,19 @@ class _ProgramBuilder:
         return compute
 
     def _hint_for(self, spec) -> str:
+        """Name of an unnamed reduction: after the value it is part of (``out_sum``), else after
+        its monoid and axes (``sum_j``)."""
+        if self.context:
+            return f"{self.context}_{spec.monoid.name}"
         return f"{spec.monoid.name}_{'_'.join(a.name for a in spec.over)}"
+
+    def _within(self, name: str | None, expr: Expr) -> Expr:
+        """Rewrite the top of a value called ``name`` (unnamed reductions inside are named after it)."""
+        saved, self.context = self.context, name
+        try:
+            return self._rewrite(expr, top=True)
+        finally:
+            self.context = saved
 
     def _rewrite(self, expr: Expr, top: bool = False) -> Expr:
         """Replace reductions and named sub-expressions by references to their computes."""
@@ -217,7 +230,7 @@ class _ProgramBuilder:
             out: Expr = Ref(compute, expr.index, expr.loc)
         elif not top and expr.uid in self.names and expr.uid not in self.by_uid and \
                 not _is_index_like(expr):
-            body = self._rewrite(expr, top=True)
+            body = self._within(self.names[expr.uid], expr)
             compute = self._add(Compute(self._fresh(self.names[expr.uid]), expr.axes, (body,),
                                         (dt.resolve(expr.dtype),), loc=expr.loc))
             self.by_uid[expr.uid] = compute

@@ -49,10 +49,10 @@ def test_welford_style_variance_is_centred():
         var = T.sum((x[i, j] - mean) ** 2, over=j)
         return var
 
-    scheme = chain_of(k, ["sum_j", "var"]).schemes["var"]
+    scheme = chain_of(k, ["mean_sum", "var"]).schemes["var"]
     assert len(scheme.states) == 3  # Σ(x−μ)², Σ(x−μ), count
     bodies = [repr(s.body) for s in scheme.states]
-    assert any("x[i, j] - sum_j" in b for b in bodies)
+    assert any("x[i, j] - mean_sum" in b for b in bodies)
 
 
 def test_max_of_shifted_and_positively_scaled_values():

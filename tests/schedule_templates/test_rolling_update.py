@@ -13,7 +13,7 @@ from tests.kernels.test_library_cpu import poisoned_outputs, sizes_for
 
 CHAINS = {name: ("m", "l", "o") for name in K.ATTENTION_VARIANTS}
 CHAINS.update(softmax=("m", "l"), log_softmax=("m", "l"), cross_entropy=("m", "l"),
-              layernorm=("sum_j", "sum_j_2"), rmsnorm=("sum_j",))
+              layernorm=("mean_sum", "var_sum"), rmsnorm=("ms_sum",))
 
 
 def run_fused(kernel, sizes, rng, fuse):
@@ -75,13 +75,13 @@ def test_rolled_ir_has_running_states_and_corrections_as_blocks():
     sch = tf.schedule(K.attention, "llvm", B=1, H=2, M=16, N=64, D=16)
     sch.rolling_update("m", "l", "o", axis="j", chunk=16)
     text = sch.script()
-    for block in ("m_init", "m_chunk", "m_update", "l_update", "o_update", "m_commit", "sum_d_local"):
+    for block in ("m_init", "m_chunk", "m_update", "l_update", "o_update", "m_commit", "s_sum_local"):
         assert f'T.sblock("{block}")' in text, block
     update = next(line for line in text.splitlines() if line.strip().startswith("o_run[") and
                   "o_chunk" in line)
     assert "T.exp(" in update and "m_prev" in update and "m_run" in update  # exp(m_old − m_new)
     assert "o_run = T.sblock_alloc_buffer((1, 2, 16, 16))" in text
-    assert "sum_d = " not in text  # the score matrix is never stored
+    assert "s_sum = " not in text  # the score matrix is never stored
 
 
 def test_tvm_primitives_apply_after_the_rolling_update(rng):
