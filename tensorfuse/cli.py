@@ -53,7 +53,7 @@ def cmd_show(args) -> int:
 
     kernel = _load_kernel(args.kernel)
     target = args.target or ("cuda" if args.cuda else "llvm")
-    compiled = compile_kernel(kernel, target=target)
+    compiled = compile_kernel(kernel, target=target, template=None)
     sizes = _sizes(args.size)
     if args.cuda:
         print(compiled.cuda_source(**sizes))
@@ -95,9 +95,24 @@ def cmd_demo(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{kernel.name}.{target.kind}.tvmscript.py")
     with open(path, "w") as f:
-        f.write(compiled.tvm_script(**sizes))
+        f.write(_tensorir(kernel, compiled, sizes))
     print(f"  TensorIR (TVMScript) written to {path}")
+    if hasattr(compiled, "source"):
+        generated = os.path.join(args.out, f"{kernel.name}.{target.kind}.triton.py")
+        with open(generated, "w") as f:
+            f.write(compiled.source(**sizes))
+        print(f"  generated Triton kernel written to {generated}")
     return 0 if ok else 1
+
+
+def _tensorir(kernel, compiled, sizes) -> str:
+    """The TensorIR behind a compiled kernel (for a template: the fused TensorIR it starts from)."""
+    if hasattr(compiled, "tvm_script"):
+        return compiled.tvm_script(**sizes)
+    from .schedule_templates import lower_program
+
+    fusion = compiled.fusion
+    return lower_program(kernel.program, (fusion,), sizes).script()
 
 
 def main(argv: list[str] | None = None) -> int:

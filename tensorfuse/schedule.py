@@ -41,6 +41,7 @@ class Step:
     before: tvm.s_tir.Schedule
     fusions_before: tuple
     is_fusion: bool
+    template_before: tuple | None = None
 
 
 class Schedule:
@@ -59,6 +60,7 @@ class Schedule:
                                 f"sizes are {', '.join(self.program.dim_names())}", user_location())
         self.dims = dict(dims)
         self.fusions: tuple = ()
+        self.template: tuple | None = None
         self.steps: list[Step] = []
         self._tvm = tvm_schedule(self._lower())
 
@@ -88,18 +90,23 @@ class Schedule:
         return [s.description for s in self.steps]
 
     def _record(self, description: str, is_fusion: bool = False) -> None:
-        self.steps.append(Step(description, self._tvm.copy(), self.fusions, is_fusion))
+        self.steps.append(Step(description, self._tvm.copy(), self.fusions, is_fusion,
+                               self.template))
 
     def undo(self) -> str:
         """Take back the last step; returns its description."""
         if not self.steps:
             raise ScheduleError("nothing to undo", user_location())
         step = self.steps.pop()
-        self._tvm, self.fusions = step.before, step.fusions_before
+        self._tvm, self.fusions, self.template = step.before, step.fusions_before, \
+            step.template_before
         return step.description
 
     # -- tensorfuse primitives ----------------------------------------------------------------
     def _require_fresh(self, what: str) -> None:
+        if self.template is not None:
+            raise ScheduleError(f"{what} after apply_template: undo() the template first",
+                                user_location())
         if any(not step.is_fusion for step in self.steps):
             raise ScheduleError(
                 f"{what} rewrites how the program is lowered, so it must come before TVM "
@@ -133,6 +140,33 @@ class Schedule:
         self._apply_fusion(fusion, fusion.describe())
         return self
 
+    def apply_template(self, name: str, **knobs) -> "Schedule":
+        """Compile the fused chain with a GPU template: ``"attention"`` (``tile_m``, ``tile_n``,
+        ``num_warps``, ``num_stages``) or ``"row_reduction"`` (``rows``, ``block``,
+        ``num_warps``). Needs one rolling update first; generates a Triton kernel."""
+        from .schedule_templates import TEMPLATES
+
+        if name not in TEMPLATES:
+            raise ScheduleError(f"unknown template {name!r}; templates: {', '.join(TEMPLATES)}",
+                                user_location())
+        if len(self.fusions) != 1 or self.fusions[0].splits != 1:
+            raise ScheduleError(f"the {name} template compiles one rolling update: call "
+                                "rolling_update(...) first (and only once)", user_location())
+        if not self.target.is_gpu:
+            raise ScheduleError(f"the {name} template generates GPU kernels; on {self.target.name} "
+                                "compile the fused schedule as it is", user_location())
+        import inspect
+
+        accepted = list(inspect.signature(TEMPLATES[name]).parameters)[3:]
+        unknown = sorted(set(knobs) - set(accepted))
+        if unknown:
+            raise ScheduleError(f"the {name} template has no knob {', '.join(unknown)}; its knobs: "
+                                f"{', '.join(accepted)}", user_location())
+        self._record(f"apply_template({name!r}" + "".join(f", {k}={v}" for k, v in knobs.items())
+                     + ")", is_fusion=True)
+        self.template = (name, dict(knobs))
+        return self
+
     def corrections(self) -> str:
         """The running states and correction terms of every fusion, in readable form."""
         return "\n".join(plan_chain(self.program, f.names, f.axis).describe() for f in self.fusions)
@@ -161,6 +195,11 @@ class Schedule:
         """A callable kernel built from this schedule. What is not scheduled yet is filled in:
         fused chains get their data-parallel loops spread over threads (GPU) or cores (CPU), other
         GPU code gets TVM's default (dlight) schedule."""
+        if self.template is not None:
+            from .schedule_templates import TEMPLATES
+
+            name, knobs = self.template
+            return TEMPLATES[name](self.kernel, self.fusions[0], self.target, **knobs)
         fixed = dict(self.dims)
         layout_only = bool(self.fusions) and all(step.is_fusion for step in self.steps)
         scheduled = None if layout_only else apply_default_schedule(self.mod, self.target)

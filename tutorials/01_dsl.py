@@ -96,9 +96,16 @@ assert torch.allclose(result, expected, atol=1e-5)
 
 # %% [markdown]
 # ## The same kernel for the GPU
-# Code generation needs no GPU: here is the start of the CUDA TVM generates for an H100
-# (`f.ptx(...)` compiles it with nvcc). On a machine with a GPU, `target="auto"` picks it.
+# Code generation needs no GPU. For a GPU target, `tf.compile` fuses the kernel's chain of
+# reductions (see tutorial 2) and generates one Triton kernel — tensor cores for q·kᵀ and p·v, the
+# softmax state in registers. `template=None` asks for TVM's own CUDA from the unfused TensorIR
+# instead. On a machine with a GPU, `target="auto"` picks it.
 
 # %%
 g = tf.compile(attention, target="cuda:sm_90a")
-print(g.cuda_source(B=1, H=2, M=64, N=64, D=32)[:1200])
+print(g)
+print(g.source(B=1, H=2, M=64, N=64, D=32).split("@triton.jit")[-1][:1500])
+
+# %%
+plain = tf.compile(attention, target="cuda:sm_90a", template=None)
+print(plain.cuda_source(B=1, H=2, M=64, N=64, D=32)[-1200:])

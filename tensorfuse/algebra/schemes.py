@@ -24,10 +24,11 @@ correction is the algebra's central check:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..dsl import dtypes as dt
-from ..dsl.expr import Const, Expr, Symbol, binary, compare, where
+from ..dsl.expr import Const, Expr, Symbol, binary, compare, unary, where
 from ..dsl.monoid import SUM, Monoid
 from ..dsl.printer import to_text
 from .exprs import ONE_KEY, add, const, is_const, mul, refs_to, simplify
@@ -74,10 +75,14 @@ class Scheme:
 
 
 def _guarded_scale(coef: Expr, state: Symbol) -> Expr:
-    """``coef · state`` that stays 0 for an empty (zero) state even if ``coef`` is not finite."""
+    """``coef · state``, with a coefficient that is not finite replaced by 0: an empty (zero) state
+    stays empty even when the correction overflows (e.g. exp(old − new) after a reference moved
+    off a masked-only prefix). The guard is on the coefficient, computed once per row, not on
+    every state element."""
     if is_const(coef, 1):
         return state
-    return where(compare("eq", state, 0.0), const(0.0), mul(coef, state))
+    finite = compare("lt", unary("abs", coef), math.inf)
+    return mul(where(finite, coef, const(0.0)), state)
 
 
 def _state_dtype(compute) -> str:

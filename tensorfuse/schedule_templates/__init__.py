@@ -26,3 +26,9 @@ def tvm_schedule(mod: tvm.IRModule) -> tvm.s_tir.Schedule:
     sch = tvm.s_tir.Schedule(mod)
     sch.work_on(next(iter(mod.functions.keys())).name_hint)
     return sch
+
+
+from .attention import attention  # noqa: E402 - the templates use the helpers above
+from .row_reduction import row_reduction  # noqa: E402
+
+TEMPLATES = {"attention": attention, "row_reduction": row_reduction}

@@ -18,12 +18,13 @@ GPU_SIZES = {
 
 
 @pytest.mark.parametrize("name", sorted(K.ALL))
-def test_library_kernel_on_gpu(name, rng):
+@pytest.mark.parametrize("template", [None, "auto"])
+def test_library_kernel_on_gpu(name, template, rng):
     kernel = K.ALL[name]
     sizes = sizes_for(name, GPU_SIZES)
     tensors, scalars = random_inputs(kernel, sizes, rng)
     (out,) = poisoned_outputs(kernel, sizes)
-    compiled = tf.compile(kernel, target="cuda")
+    compiled = tf.compile(kernel, target="cuda", template=template)
     assert compiled.target.kind == "cuda"
     compiled(**tensors, **scalars, out=out)
     err = relative_error(out, reference(kernel, tensors, scalars))

@@ -1,0 +1,40 @@
+"""The attention template: a rolled attention chain as one Triton kernel per (row tile, batch).
+
+Query rows are tiled by ``tile_m``, keys swept ``tile_n`` at a time; q·kᵀ and p·v run on tensor
+cores (wgmma on Hopper), the running maximum, sum and weighted sum stay in registers, masked blocks
+are skipped and fully visible ones skip the mask (block lists from the DSL mask). Any chain the
+rolling update accepts and whose shape fits (see ``targets.triton.rowtile``) can use it: all the
+library's attention variants do.
+"""
+from __future__ import annotations
+
+from ..algebra import plan_chain
+from ..targets import TargetSpec
+from ..targets.triton.kernel import TritonKernel
+from ..targets.triton.rowtile import Knobs, RowTilePlan
+from .fusion import Fusion
+
+
+def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
+    """Tiles that fit one SM: 128×64 tiles with 8 warps for head dims up to 128 on Hopper."""
+    if plan.feature_extent > 128:
+        return Knobs(block_m=64, block_n=32, num_warps=4, num_stages=2)
+    if target.kind == "rocm":
+        return Knobs(block_m=128, block_n=64, num_warps=4, num_stages=1)
+    return Knobs(block_m=128, block_n=64, num_warps=8, num_stages=2)
+
+
+def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = None,
+              tile_n: int | None = None, num_warps: int | None = None,
+              num_stages: int | None = None) -> TritonKernel:
+    """A callable Triton kernel for ``kernel`` with ``fusion`` (a rolling update) applied."""
+    program = kernel.program if hasattr(kernel, "program") else kernel
+    chain = plan_chain(program, fusion.names, fusion.axis)
+
+    def knobs(plan: RowTilePlan) -> Knobs:
+        k = default_knobs(plan, target)
+        return Knobs(tile_m or k.block_m, tile_n or k.block_n, num_warps or k.num_warps,
+                     num_stages if num_stages is not None else k.num_stages)
+
+    return TritonKernel(program, chain, target, knobs, f"attention template ({fusion.describe()})",
+                        fusion)

@@ -1,0 +1,35 @@
+"""Pick a template for a kernel when the user asks for none: fuse the reductions that share the
+most-reduced axis and use the GPU template that fits; otherwise keep the default schedule."""
+from __future__ import annotations
+
+from collections import Counter
+
+from ..algebra import plan_chain
+from ..dsl.program import Program
+from ..errors import RollingUpdateError, TargetError
+from ..targets import TargetSpec
+from .fusion import Fusion
+from ..targets.triton.rowtile import plan_rowtile
+from .rolling_update import DEFAULT_CHUNK
+
+
+def choose(program: Program, target: TargetSpec):
+    """``(template name, fusion)`` for ``program`` on ``target``, or ``None``."""
+    if not target.is_gpu:
+        return None
+    counts = Counter(c.over[0].uid for c in program.computes
+                     if c.is_reduction and len(c.over) == 1)
+    for uid, _ in counts.most_common():
+        members = [c for c in program.computes if c.is_reduction and len(c.over) == 1
+                   and c.over[0].uid == uid]
+        axis = members[0].over[0]
+        fusion = Fusion(tuple(m.name for m in members), axis.name, DEFAULT_CHUNK)
+        try:
+            chain = plan_chain(program, fusion.names, axis)
+            plan_rowtile(program, chain, {d: 64 for d in program.dim_names()})
+        except (RollingUpdateError, TargetError):
+            continue
+        name = "attention" if chain.local_reductions or any(
+            len(m.axes) > len(chain.common_axes) for m in chain.members) else "row_reduction"
+        return name, fusion
+    return None

@@ -1,0 +1,35 @@
+"""The row-reduction template: softmax, norms, cross-entropy and any rolled chain along rows, as
+one Triton kernel that holds a whole row in registers when it fits (one read, one write: the
+memory-bound ideal) and otherwise sweeps it in blocks with the rolling update."""
+from __future__ import annotations
+
+from ..algebra import plan_chain
+from ..targets import TargetSpec
+from ..targets.triton.kernel import TritonKernel
+from ..targets.triton.rowtile import Knobs, RowTilePlan
+from .fusion import Fusion
+
+MAX_ROW_BLOCK = 16384  # elements of a row held at once (fp32 registers across the CTA)
+
+
+def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
+    cols = plan.cols
+    block_n = min(1 << max(4, (cols - 1).bit_length()), MAX_ROW_BLOCK)
+    rows_per_program = max(1, min(16, 2048 // block_n))
+    warps = 8 if block_n >= 4096 else 4 if block_n >= 1024 else 2
+    return Knobs(block_m=rows_per_program, block_n=block_n, num_warps=warps,
+                 num_stages=1 if cols <= block_n else 2)
+
+
+def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None = None,
+                  block: int | None = None, num_warps: int | None = None) -> TritonKernel:
+    """A callable Triton kernel for ``kernel`` with ``fusion`` applied along its rows."""
+    program = kernel.program if hasattr(kernel, "program") else kernel
+    chain = plan_chain(program, fusion.names, fusion.axis)
+
+    def knobs(plan: RowTilePlan) -> Knobs:
+        k = default_knobs(plan, target)
+        return Knobs(rows or k.block_m, block or k.block_n, num_warps or k.num_warps, k.num_stages)
+
+    return TritonKernel(program, chain, target, knobs,
+                        f"row-reduction template ({fusion.describe()})", fusion)

@@ -1,0 +1,171 @@
+"""DSL expressions as Triton source over a tile.
+
+A :class:`TileContext` says what each DSL axis is inside the current tile: a scalar (program-id
+axes), a ``[BLOCK, 1]`` or ``[1, BLOCK]`` index tensor, or an expression; and what references to
+computes and symbols read (tile variables of the kernel being written). Loads become masked
+``tl.load`` of pointer arithmetic on the tensor's strides.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ...dsl import dtypes as dt
+from ...dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar,
+                         Symbol, Unary, Where)
+from ...errors import TargetError
+
+TL_DTYPES = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f64": "tl.float64",
+             "i32": "tl.int32", "i64": "tl.int64", "bool": "tl.int1"}
+
+_UNARY = {"exp": "tl.exp({})", "exp2": "tl.exp2({})", "log": "tl.log({})", "log2": "tl.log2({})",
+          "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})", "abs": "tl.abs({})",
+          "sigmoid": "tl.sigmoid({})", "erf": "tl.erf({})", "floor": "tl.floor({})",
+          "ceil": "tl.ceil({})", "sin": "tl.sin({})", "cos": "tl.cos({})",
+          "tanh": "libdevice.tanh({})", "neg": "(-{})", "not": "(~{})"}
+_BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
+           "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})", "pow": "libdevice.pow({}, {})",
+           "and": "({} & {})", "or": "({} | {})", "floordiv": "_floordiv({}, {})",
+           "mod": "_floormod({}, {})"}
+_COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+# Helpers every generated file defines: floor division and modulo (Triton's // and % truncate).
+HELPERS = '''
+@triton.jit
+def _floordiv(a, b):
+    q = a // b
+    return q - ((a % b != 0) & ((a < 0) != (b < 0))).to(q.dtype)
+
+
+@triton.jit
+def _floormod(a, b):
+    r = a % b
+    return r + ((r != 0) & ((r < 0) != (b < 0))).to(r.dtype) * b
+'''
+
+
+def literal(value, dtype: str) -> str:
+    d = dt.resolve(dtype)
+    if d == "bool":
+        return "True" if value else "False"
+    if dt.is_int(d):
+        return str(int(value))
+    if isinstance(value, float) and math.isinf(value):
+        return "float('inf')" if value > 0 else "float('-inf')"
+    if isinstance(value, float) and math.isnan(value):
+        return "float('nan')"
+    return repr(float(value))
+
+
+@dataclass
+class TileContext:
+    """What names mean in one tile: ``axes`` (uid → Triton expression of the index), ``valid``
+    (uid → mask expression for axes whose tile may overhang), ``refs`` (compute name → tile
+    variable), ``symbols`` (name → variable), ``sizes`` (dimension name → int), ``scalars``."""
+
+    axes: dict
+    valid: dict = field(default_factory=dict)
+    refs: dict = field(default_factory=dict)
+    symbols: dict = field(default_factory=dict)
+    sizes: dict = field(default_factory=dict)
+    keep_dtype: bool = False   # loads keep their storage type (operands of tl.dot)
+    emit: object = None        # when set: emit(line) binds repeated tile values to variables
+    memo: dict = field(default_factory=dict)
+    interpreter: bool = False  # Triton's CPU interpreter: no libdevice
+
+    def child(self, **changes) -> "TileContext":
+        new = TileContext(dict(self.axes), dict(self.valid), dict(self.refs), dict(self.symbols),
+                          self.sizes, self.keep_dtype, self.emit, self.memo, self.interpreter)
+        for key, value in changes.items():
+            if isinstance(value, dict) and key != "memo":
+                getattr(new, key).update(value)
+            else:
+                setattr(new, key, value)
+        return new
+
+
+def strides(param, sizes: dict) -> list[int]:
+    """Row-major strides of a tensor parameter at the given sizes."""
+    dims = [d if isinstance(d, int) else sizes[d] for d in param.dims]
+    out, acc = [], 1
+    for n in reversed(dims):
+        out.append(acc)
+        acc *= n
+    return list(reversed(out))
+
+
+def to_triton(e: Expr, ctx: TileContext) -> str:
+    """Triton source computing ``e`` in ``ctx`` (floating values in f32 unless ``keep_dtype``).
+    With ``ctx.emit``, each tile-valued load or operation is bound to a variable once and reused
+    (common subexpressions are shared between the chain's members)."""
+    if ctx.emit is None or not isinstance(e, (Load, Unary, Binary, Compare, Where, Cast)) or \
+            not any(a.uid in ctx.axes for a in e.axes):
+        return _to_triton(e, ctx)
+    key = (e.key(), ctx.keep_dtype)
+    if key not in ctx.memo:
+        text = _to_triton(e, ctx)
+        name = f"_t{len(ctx.memo)}"
+        ctx.emit(f"{name} = {text}")
+        ctx.memo[key] = name
+    return ctx.memo[key]
+
+
+def _to_triton(e: Expr, ctx: TileContext) -> str:
+    if isinstance(e, Const):
+        return literal(e.value, dt.resolve(e.dtype))
+    if isinstance(e, Axis):
+        if e.uid not in ctx.axes:
+            raise TargetError(f"axis {e.name} is not part of this tile")
+        return ctx.axes[e.uid]
+    if isinstance(e, Scalar):
+        return e.name
+    if isinstance(e, DimSize):
+        return str(ctx.sizes[e.name])
+    if isinstance(e, Symbol):
+        return ctx.symbols[e.name]
+    if isinstance(e, Ref):
+        key = e.compute.name if e.compute.arity == 1 else f"{e.compute.name}#{e.component}"
+        if key not in ctx.refs:
+            raise TargetError(f"{e.compute.name} is not available in this tile")
+        return ctx.refs[key]
+    if isinstance(e, Load):
+        return load(e, ctx)
+    if isinstance(e, Unary):
+        if e.op == "tanh" and ctx.interpreter:
+            return "(2.0 * tl.sigmoid(2.0 * {}) - 1.0)".format(to_triton(e.a, ctx))
+        return _UNARY[e.op].format(to_triton(e.a, ctx))
+    if isinstance(e, Binary):
+        a, b = to_triton(e.a, ctx), to_triton(e.b, ctx)
+        if e.op in ("floordiv", "mod") and _is_int_literal(a) and _is_int_literal(b):
+            return str(int(a) // int(b) if e.op == "floordiv" else int(a) % int(b))
+        return _BINARY[e.op].format(a, b)
+    if isinstance(e, Compare):
+        return f"({to_triton(e.a, ctx)} {_COMPARE[e.op]} {to_triton(e.b, ctx)})"
+    if isinstance(e, Where):
+        return f"tl.where({to_triton(e.cond, ctx)}, {to_triton(e.a, ctx)}, {to_triton(e.b, ctx)})"
+    if isinstance(e, Cast):
+        return f"({to_triton(e.a, ctx)}).to({TL_DTYPES[dt.resolve(e.dtype)]})"
+    raise TargetError(f"{type(e).__name__} has no Triton translation")
+
+
+def _is_int_literal(text: str) -> bool:
+    return text.lstrip("-").isdigit()
+
+
+def axes_in(e: Expr) -> set[int]:
+    return {a.uid for a in e.axes}
+
+
+def load(e: Load, ctx: TileContext) -> str:
+    st = strides(e.param, ctx.sizes)
+    terms = []
+    for index, stride in zip(e.indices, st):
+        idx = to_triton(index, ctx.child(keep_dtype=False))
+        terms.append(idx if stride == 1 else f"{idx} * {stride}")
+    offset = " + ".join(terms) or "0"
+    masks = sorted({ctx.valid[a] for a in axes_in(e) if a in ctx.valid})
+    ptr = f"{e.param.name} + ({offset})"
+    text = f"tl.load({ptr}, mask={' & '.join(masks)}, other=0)" if masks else f"tl.load({ptr})"
+    if ctx.keep_dtype or not dt.is_float(e.param.dtype) or e.param.dtype == "f32":
+        return text
+    return f"{text}.to(tl.float32)"

@@ -1,0 +1,147 @@
+"""A fused chain compiled to Triton: callable like any compiled kernel (torch or NumPy in and out)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ...binding import bind_call, output_shape
+from ...dsl import dtypes as dt
+from ...interop import is_torch
+from .blockmask import block_lists
+from .launch import compile_for, interpreting, load_kernel, signature
+from .rowtile import Knobs, RowTilePlan, block_k, grid, kernel_source, plan_rowtile
+
+
+class TritonKernel:
+    """Calls the generated kernel; one plan and source per shape signature.
+
+    ``knobs(plan)`` chooses tile sizes, warps and pipeline stages for a plan (the template's
+    defaults, or a tuned record)."""
+
+    def __init__(self, program, chain, target, knobs: Callable[[RowTilePlan], Knobs],
+                 description: str, fusion=None):
+        self.program, self.chain, self.target = program, chain, target
+        self.fusion = fusion
+        self.knobs = knobs
+        self.description = description
+        self._built: dict = {}
+        self._masks: dict = {}
+
+    def __repr__(self) -> str:
+        return f"<TritonKernel {self.program.name} for {self.target.name}: {self.description}>"
+
+    # -- building --------------------------------------------------------------------------------
+    def build(self, **dims):
+        """(plan, knobs, source, kernel function, argument names) for these sizes."""
+        key = tuple(sorted(dims.items()))
+        if key not in self._built:
+            plan = plan_rowtile(self.program, self.chain, dims)
+            knobs = self.knobs(plan)
+            name = f"{self.program.name}_fused"
+            source, args = kernel_source(plan, knobs, name, interpreter=interpreting())
+            self._built[key] = (plan, knobs, source, load_kernel(source, name), args)
+        return self._built[key]
+
+    def source(self, **dims) -> str:
+        """The generated Triton source."""
+        return self.build(**dims)[2]
+
+    def compiled(self, **dims):
+        """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm)."""
+        plan, knobs, _, fn, _ = self.build(**dims)
+        outs = [c for c, _, _ in plan.outputs]
+        mask_args = ["bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx"] \
+            if plan.mask is not None else []
+        sig = signature(self.program, outs, mask_args)
+        constexprs = {"BLOCK_M": knobs.block_m, "BLOCK_N": knobs.block_n, "BLOCK_K": block_k(plan)}
+        return compile_for(fn, sig, constexprs, self.target, knobs.num_warps, knobs.num_stages)
+
+    def ptx(self, **dims) -> str:
+        return self.compiled(**dims).asm["ptx"]
+
+    # -- calling ---------------------------------------------------------------------------------
+    def _launch_args(self, args, kwargs):
+        import torch
+
+        if interpreting():
+            bound = bind_call(self.program, args, kwargs, "cpu")
+            device = torch.device("cpu")
+        else:
+            self.target.device()  # a clear error when the GPU is missing
+            bound = bind_call(self.program, args, kwargs, "cuda")
+            device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
+        plan, knobs, _, fn, names = self.build(**bound.dims)
+        values = {}
+        for p in self.program.params:
+            if p.name in bound.scalars:
+                values[p.name] = bound.scalars[p.name]
+            else:
+                x = bound.arrays[p.name]
+                x = x if is_torch(x) else torch.from_numpy(np.ascontiguousarray(x)).to(device)
+                values[p.name] = x.contiguous()
+        outs, results = [], []
+        for k, (c, _, _) in enumerate(plan.outputs):
+            dtype = getattr(torch, {"bf16": "bfloat16", "f16": "float16", "f32": "float32",
+                                    "f64": "float64", "i32": "int32"}[c.dtypes[0]])
+            given = bound.outs[k] if bound.outs is not None else None
+            if given is not None and is_torch(given) and given.is_contiguous():
+                buf = given
+            else:
+                buf = torch.empty(output_shape(c, bound.dims), dtype=dtype, device=device)
+            values[f"out_{c.name}"] = buf
+            outs.append(buf)
+            results.append(given)
+        if plan.mask is not None:
+            values.update(self._block_lists(plan, knobs, values, bound, device))
+        launch = fn[grid(plan, knobs)]
+        call = [values[n] for n in names]
+        meta = dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=block_k(plan),
+                    num_warps=knobs.num_warps, num_stages=knobs.num_stages)
+        return launch, call, meta, outs, results, bound
+
+    def _block_lists(self, plan, knobs, values, bound, device) -> dict:
+        import torch
+
+        int_tensors = {p.name: values[p.name] for p in self.program.tensor_params
+                       if not dt.is_float(p.dtype)}
+        key = (tuple(sorted(bound.dims.items())), tuple(sorted(bound.scalars.items())),
+               tuple((n, t.data_ptr(), t._version) for n, t in int_tensors.items()))
+        if key not in self._masks:
+            lists = block_lists(plan.mask, plan.batch, plan.row, plan.col, bound.dims,
+                                int_tensors, bound.scalars, knobs.block_m, knobs.block_n, device)
+            self._masks = {key: dict(zip(("bm_partial_num", "bm_partial_idx", "bm_full_num",
+                                          "bm_full_idx"), lists))}
+        return self._masks[key]
+
+    def __call__(self, *args, **kwargs):
+        launch, call, meta, outs, results, bound = self._launch_args(args, kwargs)
+        launch(*call, **meta)
+        final = []
+        for buf, given in zip(outs, results):
+            if given is None:
+                final.append(buf if bound.framework == "torch" else _to_numpy(buf))
+                continue
+            if given is not buf:
+                if is_torch(given):
+                    given.copy_(buf)
+                else:
+                    np.copyto(given, _to_numpy(buf).astype(given.dtype))
+            final.append(given)
+        return final[0] if len(final) == 1 else tuple(final)
+
+    def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
+        """Median milliseconds of a launch (triton.testing.do_bench: events, warm-up, L2 flush)."""
+        import triton
+
+        launch, call, meta, _, _, _ = self._launch_args(args, kwargs)
+        return float(triton.testing.do_bench(lambda: launch(*call, **meta), rep=repeat,
+                                             return_mode="median"))
+
+
+def _to_numpy(buf) -> np.ndarray:
+    import torch
+
+    if buf.dtype == torch.bfloat16:  # NumPy has no bf16: through f32 to ml_dtypes' bfloat16
+        return buf.float().cpu().numpy().astype(dt.to_numpy("bf16"))
+    return buf.cpu().numpy()

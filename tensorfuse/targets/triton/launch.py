@@ -1,0 +1,94 @@
+"""Load generated Triton source, compile it for a target without a GPU, launch it with torch.
+
+Triton needs its kernels in real Python files, so generated source goes to a cache folder
+(``$TENSORFUSE_CACHE`` or ``~/.cache/tensorfuse``) under a name made from its hash.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+
+from ...dsl import dtypes as dt
+from ...errors import TargetError
+
+_TRITON_TYPES = {"f16": "fp16", "bf16": "bf16", "f32": "fp32", "f64": "fp64", "i32": "i32",
+                 "i64": "i64", "bool": "i1"}
+
+
+def cache_dir() -> str:
+    root = os.environ.get("TENSORFUSE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                              "tensorfuse")
+    path = os.path.join(root, "triton")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def require_triton():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise TargetError("this template generates Triton kernels: pip install triton "
+                          "(3.6.0 is the version checked)") from None
+
+
+def load_kernel(source: str, name: str):
+    """The ``@triton.jit`` function ``name`` defined by ``source``."""
+    require_triton()
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    module_name = f"tensorfuse_triton_{digest}" + ("_interpreted" if interpreting() else "")
+    if module_name in sys.modules:
+        return getattr(sys.modules[module_name], name)
+    path = os.path.join(cache_dir(), f"{module_name}.py")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)  # atomic: concurrent builds never see a half-written file
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def interpreting() -> bool:
+    """Triton's interpreter (TRITON_INTERPRET=1) runs kernels on the CPU with NumPy: slow, but it
+    lets the tests check generated kernels numerically on machines without a GPU."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def signature(program, outputs, mask_args: list[str]) -> dict:
+    """Triton argument types: pointers for tensors and outputs, scalars by type."""
+    sig = {}
+    for p in program.params:
+        if hasattr(p, "dims"):
+            sig[p.name] = "*" + _TRITON_TYPES[p.dtype]
+        else:
+            sig[p.name] = _TRITON_TYPES[dt.resolve(p.dtype)]
+    for c in outputs:
+        sig[f"out_{c.name}"] = "*" + _TRITON_TYPES[c.dtypes[0]]
+    for a in mask_args:
+        sig[a] = "*i32"
+    return sig
+
+
+def compile_for(fn, sig: dict, constexprs: dict, target, num_warps: int, num_stages: int):
+    """Compile without launching (works on machines without a GPU): CUDA → PTX/cubin, ROCm →
+    AMDGCN/hsaco."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    if target.kind == "cuda":
+        major, minor = target.compute_capability
+        gpu = GPUTarget("cuda", major * 10 + minor, 32)
+    elif target.kind == "rocm":
+        gpu = GPUTarget("hip", target.arch, 64)
+    else:
+        raise TargetError(f"Triton kernels are for GPU targets, not {target.name}")
+    full = dict(sig)
+    full.update({k: "constexpr" for k in constexprs})
+    src = triton.compiler.ASTSource(fn=fn, signature=full, constexprs=constexprs)
+    return triton.compile(src, target=gpu, options={"num_warps": num_warps,
+                                                    "num_stages": num_stages})

@@ -1,0 +1,560 @@
+"""A fused chain as one Triton kernel: a tile of rows swept over the fused axis in blocks.
+
+This is the GPU code generation behind the attention and row-reduction templates (DESIGN §4b: a
+tile-level lowering to Triton, whose compiler does the tensor-core and memory-pipeline work — wgmma
+and TMA on Hopper, MFMA on AMD). The roles of the axes come from the planned chain:
+
+- the chain's common axes: all but the last run over the grid's second dimension (``batch``); the
+  last is the ``row`` axis, tiled by ``BLOCK_M``;
+- the fused axis ``j`` is swept in blocks of ``BLOCK_N`` (the rolling update's chunks);
+- one ``feature`` axis (the head dimension) is held whole in ``BLOCK_K``: reductions over it that
+  multiply a row tile by a column tile become ``tl.dot`` (q·kᵀ), and members that sum a row×column
+  tile times a column×feature tile become ``tl.dot`` too (p·v).
+
+Running states live in registers; the corrections and values are the schemes' expressions. When the
+chain's elements are masked by one condition (``where(cond, s, -inf)``), blocks where it is false
+everywhere are skipped and blocks where it is true everywhere skip evaluating it, from block lists
+computed per call (:mod:`.blockmask`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...algebra import Chain, inline_elementwise
+from ...algebra.exprs import nodes, substitute
+from ...dsl import dtypes as dt
+from ...dsl.evaluate import evaluate_plain
+from ...dsl.expr import Axis, Binary, Cast, Const, Expr, Load, Ref, Symbol, Where
+from ...dsl.program import Compute, Program
+from ...errors import TargetError
+from .expr import HELPERS, TL_DTYPES, TileContext, literal, to_triton
+
+REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+MAX_FEATURE = 256  # head dims up to 256 fit a tile in registers
+
+
+@dataclass
+class Contraction:
+    """``Σ_k left(row, k) · right(col, k)`` (or with ``col`` the output feature axis)."""
+
+    left: Expr
+    right: Expr
+    dot_dtype: str
+
+
+@dataclass
+class StatePlan:
+    member: Compute
+    k: int
+    body: Expr                   # per-element value (row×col tile), deps as '{d}.ref' symbols
+    monoid: object
+    dtype: str
+    contraction: Contraction | None = None   # for states over the feature axis
+
+
+@dataclass
+class RowTilePlan:
+    program: Program
+    chain: Chain
+    sizes: dict
+    batch: list[Axis]
+    row: Axis
+    col: Axis
+    feature: Axis | None
+    feature_extent: int
+    locals: dict = field(default_factory=dict)        # compute name -> Contraction
+    states: list[StatePlan] = field(default_factory=list)
+    mask: Expr | None = None
+    outputs: list = field(default_factory=list)       # (compute, expr, kind)
+
+    @property
+    def rows(self) -> int:
+        return self.sizes_of(self.row)
+
+    @property
+    def cols(self) -> int:
+        return self.sizes_of(self.col)
+
+    def sizes_of(self, axis: Axis) -> int:
+        return axis.extent if isinstance(axis.extent, int) else self.sizes[axis.extent]
+
+
+def _factors(e: Expr) -> list[Expr]:
+    """The factors of a product (casts to floating types are looked through)."""
+    if isinstance(e, Binary) and e.op == "mul":
+        return _factors(e.a) + _factors(e.b)
+    return [e]
+
+
+def _product(factors: list[Expr]) -> Expr:
+    out = factors[0]
+    for f in factors[1:]:
+        out = Binary("mul", out, f, dt.promote(out.dtype, f.dtype), out.loc)
+    return out
+
+
+def _split_product(e: Expr, left_axes: set, right_axes: set, shared: set) -> tuple | None:
+    """Split a product into a left part (axes ⊆ left_axes) and a right part (⊆ right_axes)."""
+    left, right = [], []
+    for f in _factors(e):
+        axes = {a.uid for a in f.axes}
+        if axes <= shared:
+            left.append(f)
+        elif axes <= left_axes:
+            left.append(f)
+        elif axes <= right_axes:
+            right.append(f)
+        else:
+            return None
+    if not left or not right:
+        return None
+    return _product(left), _product(right)
+
+
+def _storage_of(e: Expr) -> str:
+    loads = [n for n in nodes(e) if isinstance(n, Load) and dt.is_float(n.param.dtype)]
+    kinds = {n.param.dtype for n in loads}
+    return kinds.pop() if len(kinds) == 1 and kinds <= {"bf16", "f16"} else "bf16"
+
+
+def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
+    """Check that the chain fits the template and assign the axes their roles."""
+    if chain.axis is None or len(chain.common_axes) < 1:
+        raise TargetError("the row-tile template needs at least one axis shared by the chain")
+    *batch, row = chain.common_axes
+    col = chain.axis
+    common = {a.uid for a in chain.common_axes}
+    members = {m.name for m in chain.members}
+    features: dict[int, Axis] = {}
+    for m in chain.members:
+        for a in m.axes:
+            if a.uid not in common:
+                features[a.uid] = a
+    for x in chain.local_reductions:
+        for a in x.over:
+            features[a.uid] = a
+    extents = {(a.extent if isinstance(a.extent, int) else sizes[a.extent]) for a in features.values()}
+    if len(extents) > 1:
+        raise TargetError(f"the row-tile template holds one feature size, got {sorted(extents)}")
+    feature_extent = extents.pop() if extents else 1
+    if feature_extent > MAX_FEATURE:
+        raise TargetError(f"the feature axis has {feature_extent} elements; the row-tile template "
+                          f"holds it whole in registers, up to {MAX_FEATURE} (a GEMM chain this "
+                          "wide needs K-blocking or a cluster of CTAs)")
+    plan = RowTilePlan(program, chain, sizes, list(batch), row, col, None, feature_extent)
+    batch_ids = {a.uid for a in batch}
+    for x in chain.local_reductions:
+        if x.monoid.name != "sum" or len(x.over) != 1 or any(a.uid not in common | {col.uid}
+                                                            for a in x.axes):
+            raise TargetError(f"{x.name}: only sums over the feature axis of a row value times a "
+                              "column value become tensor-core products")
+        k = x.over[0]
+        body = inline_elementwise(x.bodies[0])
+        parts = _split_product(body, common | {k.uid}, batch_ids | {col.uid, k.uid}, batch_ids)
+        if parts is None:
+            raise TargetError(f"{x.name} is not a product of a row value and a column value")
+        plan.locals[x.name] = Contraction(parts[0], parts[1], _storage_of(body))
+    for m in chain.members:
+        scheme = chain.schemes[m.name]
+        extra = [a for a in m.axes if a.uid not in common]
+        if scheme.kind not in ("independent", "linear", "affine") or m.arity != 1:
+            raise TargetError(f"{m.name}: {scheme.kind} schemes are not in the row-tile template")
+        for k, st in enumerate(scheme.states):
+            body = _deps_as_symbols(st.body, members)
+            if not extra:
+                if st.monoid.name not in REDUCE:
+                    raise TargetError(f"{m.name}: {st.monoid.name} is not in the row-tile template")
+                plan.states.append(StatePlan(m, k, body, st.monoid, st.dtype))
+                continue
+            if st.monoid.name != "sum" or len(extra) != 1:
+                raise TargetError(f"{m.name}: a state over {extra[0].name} must be a sum")
+            e = extra[0]
+            parts = _split_product(body, common | {col.uid}, batch_ids | {col.uid, e.uid}, batch_ids)
+            if parts is None:
+                raise TargetError(f"{m.name}: not a product of a row×{col.name} value and a "
+                                  f"{col.name}×{e.name} value")
+            plan.states.append(StatePlan(m, k, body, st.monoid, st.dtype,
+                                         Contraction(parts[0], parts[1], _storage_of(parts[1]))))
+    plan.mask = _single_mask(chain, members)
+    plan.outputs = _outputs(program, chain, common, col)
+    return plan
+
+
+def _deps_as_symbols(e: Expr, members: set) -> Expr:
+    return substitute(e, lambda n: Symbol(f"{n.compute.name}.ref", n.dtype)
+                      if isinstance(n, Ref) and n.compute.name in members else None)
+
+
+def _single_mask(chain: Chain, members: set) -> Expr | None:
+    """The condition masking the chain's elements, when there is exactly one and masked elements
+    contribute nothing to any state (checked numerically on random values)."""
+    conds = {}
+    for m in chain.members:
+        for b in chain.bodies[m.name]:
+            for n in nodes(b):
+                if isinstance(n, Where) and not any(isinstance(x, Ref) for x in nodes(n.cond)) \
+                        and not any(isinstance(x, Load) and dt.is_float(x.param.dtype)
+                                    for x in nodes(n.cond)):
+                    conds[n.cond.key()] = n.cond
+    if len(conds) != 1:
+        return None
+    cond = next(iter(conds.values()))
+    rng = np.random.default_rng(0)
+    for m in chain.members:
+        scheme = chain.schemes[m.name]
+        for st in scheme.states:
+            masked = substitute(st.body, lambda n: Const(False, "bool") if n.key() == cond.key()
+                                else None)
+            identity = st.monoid.identity_value(0, "f64")
+            for _ in range(16):
+                leaves: dict = {}
+
+                def leaf(n):
+                    if isinstance(n, (Load, Ref, Axis, Symbol)) or n.__class__.__name__ in (
+                            "Scalar", "DimSize"):
+                        name = f"l{len(leaves)}"
+                        leaves[name] = rng.normal() * 3 if dt.is_float(n.dtype) else \
+                            int(rng.integers(0, 5))
+                        return Symbol(name, n.dtype)
+                    return None
+
+                value = float(evaluate_plain(substitute(masked, leaf), leaves))
+                if not (value == identity or (st.monoid.name == "max" and value <= identity) or
+                        (st.monoid.name == "min" and value >= identity)):
+                    return None
+    return cond
+
+
+def _outputs(program: Program, chain: Chain, common: set, col: Axis) -> list:
+    members = {m.name for m in chain.members}
+    out = []
+    for c in program.outputs:
+        body = c.bodies[0] if not c.is_reduction else None
+        if c.name in members:
+            expr: Expr = Ref(c, 0, c.loc)
+        elif body is not None:
+            expr = inline_elementwise(body)
+        else:
+            raise TargetError(f"output {c.name} is a reduction outside the chain")
+        for n in nodes(expr):
+            if isinstance(n, Ref) and n.compute.name not in members:
+                raise TargetError(f"output {c.name} reads {n.compute.name}, outside the chain")
+        axes = {a.uid for a in c.axes}
+        kind = "row" if axes <= common else ("col" if axes <= common | {col.uid} else "feature")
+        out.append((c, expr, kind))
+    return out
+
+
+# -- source --------------------------------------------------------------------------------------
+
+@dataclass
+class Knobs:
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 2
+
+
+class _Writer:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.indent = 1
+
+    def __call__(self, text: str = "") -> None:
+        self.lines.append("    " * self.indent + text if text else "")
+
+    def block(self):
+        writer = self
+
+        class _Indent:
+            def __enter__(self):
+                writer.indent += 1
+
+            def __exit__(self, *exc):
+                writer.indent -= 1
+
+        return _Indent()
+
+
+def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
+                  interpreter: bool = False) -> tuple[str, list[str]]:
+    """Python source of a Triton kernel for ``plan`` and the names of its arguments, in order.
+    ``interpreter``: source for Triton's CPU interpreter, which has no bf16 tensor-core operands
+    (they become f32) and no loop bounds loaded from memory (block lists are walked to their
+    static length, skipping past the count)."""
+    dot_type = (lambda con: "f32") if interpreter else (lambda con: con.dot_dtype)  # noqa: E731
+    prog = plan.program
+    sizes = plan.sizes
+    w = _Writer()
+    tensors = [p.name for p in prog.tensor_params]
+    scalars = [p.name for p in prog.scalar_params]
+    outs = [f"out_{c.name}" for c, _, _ in plan.outputs]
+    mask_args = ["bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx"] if plan.mask is \
+        not None else []
+    args = tensors + scalars + outs + mask_args
+    M, N = plan.rows, plan.cols
+    bk = max(16, 1 << max(0, (plan.feature_extent - 1).bit_length()))
+    wide = _largest(prog, sizes) >= 2**31
+
+    ctx_base = TileContext(axes={}, sizes=sizes, interpreter=interpreter)
+    w("pid_m = tl.program_id(0)")
+    w("pid_b = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
+    stride = 1
+    for a in reversed(plan.batch):
+        extent = plan.sizes_of(a)
+        w(f"ax_{a.name} = (pid_b // {stride}) % {extent}")
+        ctx_base.axes[a.uid] = f"ax_{a.name}"
+        stride *= extent
+    w(f"offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+    w(f"offs_k = tl.arange(0, BLOCK_K)")
+    row_ok = "(offs_m[:, None] < %d)" % M
+    feat_ok = "(offs_k[None, :] < %d)" % plan.feature_extent
+    col_ok = "(offs_n[None, :] < %d)" % N
+    col_ok_t = "(offs_n[:, None] < %d)" % N
+    ragged_rows = M % knobs.block_m != 0
+    ragged_cols = N % knobs.block_n != 0
+    ragged_feature = plan.feature_extent != bk
+
+    def valid(pairs):
+        return {uid: text for uid, text, ragged in pairs if ragged}
+
+    def ctx_rc():
+        """Row × column tile (the feature axis reduced away)."""
+        return ctx_base.child(axes={plan.row.uid: "offs_m[:, None]", plan.col.uid: "offs_n[None, :]"},
+                              valid=valid([(plan.row.uid, row_ok, ragged_rows),
+                                           (plan.col.uid, col_ok, ragged_cols)]))
+
+    def ctx_rf(feature: Axis):
+        return ctx_base.child(axes={plan.row.uid: "offs_m[:, None]", feature.uid: "offs_k[None, :]"},
+                              valid=valid([(plan.row.uid, row_ok, ragged_rows),
+                                           (feature.uid, feat_ok, ragged_feature)]))
+
+    def ctx_cf(feature: Axis):
+        return ctx_base.child(axes={plan.col.uid: "offs_n[:, None]", feature.uid: "offs_k[None, :]"},
+                              valid=valid([(plan.col.uid, col_ok_t, ragged_cols),
+                                           (feature.uid, feat_ok, ragged_feature)]))
+
+    def ctx_r():
+        return ctx_base.child(axes={plan.row.uid: "offs_m[:, None]"},
+                              valid=valid([(plan.row.uid, row_ok, ragged_rows)]))
+
+    # hoisted row operands of the local contractions (q)
+    local_axes = {}
+    for xname, con in plan.locals.items():
+        x = prog.compute(xname)
+        feat = x.over[0]
+        local_axes[xname] = feat
+        w(f"lhs_{xname} = {_operand(con.left, ctx_rf(feat), dot_type(con))}")
+    # states
+    members = plan.chain.members
+    ref_of = {}
+    for sp in plan.states:
+        shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else "[BLOCK_M, 1]"
+        ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
+        w(f"st_{sp.member.name}_{sp.k} = tl.full({shape}, {ident}, tl.float32)")
+    needed = [m.name for m in members if any(m.name in s.deps for s in plan.chain.schemes.values())]
+    w("seen = tl.full([], 0, tl.int32)")
+    for d in needed:
+        w(f"val_{d} = tl.full([BLOCK_M, 1], {_initial_value(plan, d)}, tl.float32)")
+        w(f"ref_{d} = {_reference(plan, d, f'val_{d}', 'seen')}")
+
+    def chunk_body(with_mask: bool):
+        w("offs_n = start_n + tl.arange(0, BLOCK_N)")
+        w(f"col_ok = {col_ok}")
+        memo: dict = {}
+        rc_refs = {}
+        for xname, con in plan.locals.items():
+            feat = local_axes[xname]
+            w(f"rhs_{xname} = {_operand(con.right, ctx_cf(feat), dot_type(con))}")
+            w(f"t_{xname} = tl.dot(lhs_{xname}, tl.trans(rhs_{xname}))")
+            rc_refs[xname] = f"t_{xname}"
+        w(f"seen_next = tl.minimum(seen + BLOCK_N, {N})" if N % knobs.block_n else
+          "seen_next = seen + BLOCK_N")
+        symbols: dict = {}
+        for m in members:
+            scheme = plan.chain.schemes[m.name]
+            tile = ctx_rc().child(refs=rc_refs, symbols=symbols, emit=w, memo=memo)
+            if not with_mask and plan.mask is not None:
+                mask_key = plan.mask.key()
+                strip = lambda e: substitute(e, lambda n: n.a  # noqa: E731
+                                             if isinstance(n, Where) and n.cond.key() == mask_key
+                                             else None)
+            else:
+                strip = lambda e: e  # noqa: E731
+            chunk_vars = []
+            for sp in [s for s in plan.states if s.member is m]:
+                ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
+                if sp.contraction is None:
+                    body = to_triton(strip(sp.body), tile)
+                    if ragged_cols:
+                        body = f"tl.where(col_ok, {body}, {ident})"
+                    w(f"c_{m.name}_{sp.k} = {REDUCE[sp.monoid.name]}({body}, axis=1, keep_dims=True)")
+                else:
+                    con = sp.contraction
+                    feat = next(a for a in m.axes if a.uid not in {x.uid for x in
+                                                                     plan.chain.common_axes})
+                    p = to_triton(strip(con.left), tile)
+                    if ragged_cols:
+                        p = f"tl.where(col_ok, {p}, 0.0)"
+                    w(f"p_{m.name}_{sp.k} = ({p}).to({TL_DTYPES[dot_type(con)]})")
+                    v = _operand(con.right, ctx_cf(feat), dot_type(con))
+                    w(f"c_{m.name}_{sp.k} = tl.dot(p_{m.name}_{sp.k}, {v})")
+                chunk_vars.append(sp)
+            # correct and combine
+            sym = {f"{m.name}#{sp.k}": f"st_{m.name}_{sp.k}" for sp in chunk_vars}
+            for d in scheme.deps:
+                sym[f"{d}.old"] = f"ref_{d}"
+                sym[f"{d}.new"] = f"newref_{d}"
+            corr = ctx_r().child(symbols=sym)
+            new_values = []
+            for sp in chunk_vars:
+                corrected = to_triton(scheme.correct[sp.k], corr)
+                combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)], [Symbol("__b", sp.dtype)])[0]
+                text = to_triton(combined, TileContext(axes={}, symbols={
+                    "__a": f"({corrected})", "__b": f"c_{m.name}_{sp.k}"}, sizes=sizes))
+                new_values.append((sp, text))
+            for sp, text in new_values:
+                w(f"nst_{m.name}_{sp.k} = {text}")
+            for sp, _ in new_values:
+                w(f"st_{m.name}_{sp.k} = nst_{m.name}_{sp.k}")
+            if m.name in needed:
+                value = to_triton(scheme.value[0], ctx_r().child(symbols={**sym, **{
+                    f"{d}.new": f"newref_{d}" for d in scheme.deps}}))
+                w(f"val_{m.name} = {value}")
+                w(f"newref_{m.name} = {_reference(plan, m.name, f'val_{m.name}', 'seen_next')}")
+                symbols[f"{m.name}.ref"] = f"newref_{m.name}"
+        for d in needed:
+            w(f"ref_{d} = newref_{d}")
+        w("seen = seen_next")
+        return memo
+
+    single = plan.mask is None and N <= knobs.block_n
+    chunk_memo: dict = {}
+    if single:  # the whole axis in one block: no loop, and outputs reuse the loaded values
+        w("start_n = 0")
+        chunk_memo = chunk_body(True)
+    elif plan.mask is None:
+        w(f"for start_n in range(0, {N}, BLOCK_N):")
+        with w.block():
+            chunk_body(True)
+    else:
+        for kind, flag in (("partial", True), ("full", False)):
+            w(f"base_{kind} = pid_b * {math.ceil(M / knobs.block_m)} + pid_m")
+            w(f"count_{kind} = tl.load(bm_{kind}_num + base_{kind})")
+            if interpreter:
+                w(f"for blk in range(0, {_blocks(plan, knobs)}):")
+                w.indent += 1
+                w(f"if blk < count_{kind}:")
+            else:
+                w(f"for blk in range(0, count_{kind}):")
+            with w.block():
+                w(f"start_n = tl.load(bm_{kind}_idx + base_{kind} * {_blocks(plan, knobs)} + blk)"
+                  " * BLOCK_N")
+                chunk_body(flag)
+            if interpreter:
+                w.indent -= 1
+    # final values: correct states from their reference to the final values, then the value formula
+    finals = {}
+    for m in members:
+        scheme = plan.chain.schemes[m.name]
+        sym = {f"{m.name}#{sp.k}": f"st_{m.name}_{sp.k}" for sp in plan.states if sp.member is m}
+        for d in scheme.deps:
+            sym[f"{d}.old"] = f"ref_{d}"
+            sym[f"{d}.new"] = f"fin_{d}"
+        corrected = {}
+        for sp in [s for s in plan.states if s.member is m]:
+            w(f"fst_{m.name}_{sp.k} = {to_triton(scheme.correct[sp.k], ctx_r().child(symbols=sym))}")
+            corrected[f"{m.name}#{sp.k}"] = f"fst_{m.name}_{sp.k}"
+        value = to_triton(scheme.value[0], ctx_r().child(symbols={**sym, **corrected}))
+        w(f"fin_{m.name} = {value}")
+        finals[m.name] = f"fin_{m.name}"
+    # outputs
+    for (c, expr, kind), out in zip(plan.outputs, outs):
+        if kind == "row":
+            ctx = ctx_r().child(refs=finals)
+        elif kind == "feature":
+            feat = next(a for a in c.axes if a.uid not in {x.uid for x in plan.chain.common_axes})
+            ctx = ctx_rf(feat).child(refs=finals)
+        else:
+            ctx = ctx_rc().child(refs=finals, emit=w if single else None, memo=chunk_memo)
+        offsets = _store_offsets(c, ctx, sizes)
+        valid = sorted({ctx.valid[a.uid] for a in c.axes if a.uid in ctx.valid})
+        store = (f"tl.store({out} + ({offsets}), ({to_triton(expr, ctx)})"
+                 f".to({TL_DTYPES[c.dtypes[0]]}), mask={' & '.join(valid) or 'None'})")
+        if kind == "col" and not single:
+            w(f"for start_n in range(0, {N}, BLOCK_N):")
+            with w.block():
+                w("offs_n = start_n + tl.arange(0, BLOCK_N)")
+                w(store)
+        else:
+            w(store)
+    header = [f"def {name}(" + ", ".join(args) + ", BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
+              "BLOCK_K: tl.constexpr):"]
+    source = "\n".join(["import triton", "import triton.language as tl",
+                        "from triton.language.extra import libdevice", HELPERS, "",
+                        "@triton.jit"] + header + w.lines) + "\n"
+    return source, args
+
+
+def _operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
+    """A tl.dot operand: a single load keeps its storage type; anything else is computed in f32
+    and converted."""
+    if isinstance(e, Load) and e.param.dtype == dot_dtype:
+        return to_triton(e, ctx.child(keep_dtype=True))
+    return f"({to_triton(e, ctx)}).to({TL_DTYPES[dot_dtype]})"
+
+
+def _initial_value(plan: RowTilePlan, d: str) -> str:
+    scheme = plan.chain.schemes[d]
+    m = scheme.compute
+    ident = m.monoid.identity_value(0, m.dtypes[0])
+    return literal(ident, "f32")
+
+
+def _reference(plan: RowTilePlan, d: str, value: str, seen: str) -> str:
+    """As in the TensorIR lowering: running max/min as is (0 while still the identity); running
+    sums extrapolated to the whole axis."""
+    m = plan.chain.schemes[d].compute
+    if m.monoid.name == "sum":
+        return f"tl.where({seen} > 0, {value} * ({plan.cols} / tl.maximum({seen}, 1)), 0.0)"
+    ident = literal(m.monoid.identity_value(0, m.dtypes[0]), "f32")
+    if m.monoid.identity_value(0, m.dtypes[0]) == 0:
+        return value
+    return f"tl.where({value} == {ident}, 0.0, {value})"
+
+
+def _store_offsets(c: Compute, ctx: TileContext, sizes: dict) -> str:
+    dims = [a.extent if isinstance(a.extent, int) else sizes[a.extent] for a in c.axes]
+    strides, acc = [], 1
+    for n in reversed(dims):
+        strides.append(acc)
+        acc *= n
+    strides.reverse()
+    return " + ".join(f"{ctx.axes[a.uid]} * {s}" if s != 1 else ctx.axes[a.uid]
+                      for a, s in zip(c.axes, strides))
+
+
+def _largest(prog: Program, sizes: dict) -> int:
+    best = 0
+    for p in prog.tensor_params:
+        best = max(best, int(np.prod([d if isinstance(d, int) else sizes[d] for d in p.dims])))
+    for c in prog.outputs:
+        best = max(best, int(np.prod([a.extent if isinstance(a.extent, int) else sizes[a.extent]
+                                      for a in c.axes])))
+    return best
+
+
+def _blocks(plan: RowTilePlan, knobs: Knobs) -> int:
+    return math.ceil(plan.cols / knobs.block_n)
+
+
+def grid(plan: RowTilePlan, knobs: Knobs) -> tuple[int, int]:
+    batch = int(np.prod([plan.sizes_of(a) for a in plan.batch])) if plan.batch else 1
+    return (math.ceil(plan.rows / knobs.block_m), batch)
+
+
+def block_k(plan: RowTilePlan) -> int:
+    return max(16, 1 << max(0, (plan.feature_extent - 1).bit_length()))

@@ -1,0 +1,41 @@
+"""Run generated Triton kernels in Triton's CPU interpreter and print their errors as JSON.
+
+Triton decides at import whether to interpret, so this runs in its own process:
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.interpret_check NAME... SEED
+"""
+import json
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import tensorfuse as tf  # noqa: E402
+import tensorfuse.kernels as K  # noqa: E402
+from tensorfuse.kernels.reference import random_inputs, reference, relative_error  # noqa: E402
+from tests.schedule_templates.test_rolling_update import CHAINS  # noqa: E402
+
+
+def check(name: str, rng) -> float:
+    kernel = K.ALL[name]
+    sch = tf.schedule(kernel, "cuda:sm_90a")
+    sch.rolling_update(*CHAINS[name], axis="j")
+    if name in K.ATTENTION_VARIANTS:
+        sch.apply_template("attention", tile_m=16, tile_n=16)
+        sizes = dict(B=1, H=2, HKV=1, M=37, N=70, D=16)
+    else:
+        sch.apply_template("row_reduction")
+        sizes = dict(M=5, N=300, V=300)
+    tensors, scalars = random_inputs(kernel, sizes, rng)
+    as_torch = {n: torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+                if x.dtype.name == "bfloat16" else torch.from_numpy(x) for n, x in tensors.items()}
+    out = sch.compile()(**as_torch, **scalars)
+    return relative_error(out.float().numpy(), reference(kernel, tensors, scalars))
+
+
+if __name__ == "__main__":
+    *names, seed = sys.argv[1:]
+    rng = np.random.default_rng(int(seed))
+    print(json.dumps({n: check(n, rng) for n in names}))

@@ -1,0 +1,91 @@
+"""The GPU templates (Triton code generation), checked on the CPU: numerically through Triton's
+interpreter against float64 references, and by compiling for sm_90a (wgmma in the PTX) and gfx942
+(MFMA in the assembly)."""
+import pytest
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from tensorfuse.errors import ScheduleError
+from tensorfuse.kernels.reference import TOLERANCE
+from tests.schedule_templates.test_rolling_update import CHAINS
+
+triton = pytest.importorskip("triton", reason="the templates generate Triton kernels")
+
+ATTENTION = sorted(K.ATTENTION_VARIANTS)
+ROWS = sorted(K.ROW_KERNELS)
+
+
+def template_kernel(name, target="cuda:sm_90a", **knobs):
+    sch = tf.schedule(K.ALL[name], target)
+    sch.rolling_update(*CHAINS[name], axis="j")
+    sch.apply_template("attention" if name in K.ATTENTION_VARIANTS else "row_reduction", **knobs)
+    return sch.compile()
+
+
+@pytest.fixture(scope="module")
+def interpreted_errors():
+    """Every template kernel run once in Triton's interpreter (its own process: Triton decides at
+    import whether it interprets)."""
+    import json
+    import os
+    import secrets
+    import subprocess
+    import sys
+
+    seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-m", "tests.schedule_templates.interpret_check",
+                           *ATTENTION, *ROWS, str(seed)], capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return seed, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ATTENTION + ROWS)
+def test_generated_triton_kernel_matches_reference(name, interpreted_errors):
+    seed, errors = interpreted_errors
+    tol = TOLERANCE[K.ALL[name].program.outputs[0].dtypes[0]]
+    assert errors[name] <= tol, f"{name}: error {errors[name]:.2e} (TENSORFUSE_SEED={seed})"
+
+
+@pytest.mark.parametrize("name", ["attention", "causal_attention", "gqa_causal_attention",
+                                  "document_attention"])
+def test_attention_template_uses_wgmma_on_hopper(name):
+    ptx = template_kernel(name).ptx(B=2, H=4, HKV=2, M=1024, N=1024, D=128)
+    assert ".target sm_90a" in ptx
+    assert "wgmma.mma_async.sync.aligned" in ptx  # q·kᵀ and p·v on Hopper tensor cores
+    assert "ex2.approx" in ptx
+
+
+def test_attention_template_uses_mfma_on_gfx942():
+    f = template_kernel("causal_attention", target="rocm:gfx942")
+    asm = f.compiled(B=1, H=2, M=512, N=512, D=128).asm["amdgcn"]
+    assert "v_mfma" in asm
+
+
+def test_row_template_holds_a_row_in_one_block():
+    src = template_kernel("softmax").source(M=1024, N=8192)
+    assert "for start_n" not in src  # one read of the row, reused for the output
+
+
+def test_auto_template_for_gpu_targets():
+    assert "attention template" in tf.compile(K.alibi_attention, "cuda:sm_90a").description
+    assert "row-reduction template" in tf.compile(K.layernorm, "cuda:sm_90a").description
+    assert "default schedule" in tf.compile(K.ffn_gelu, "cuda:sm_90a").description
+    assert "default schedule" in tf.compile(K.softmax, "llvm").description
+
+
+def test_template_errors():
+    sch = tf.schedule(K.softmax, "cuda:sm_90a")
+    with pytest.raises(ScheduleError, match="rolling_update"):
+        sch.apply_template("row_reduction")
+    sch.rolling_update("m", "l", axis="j")
+    with pytest.raises(ScheduleError, match="unknown template"):
+        sch.apply_template("flash")
+    with pytest.raises(ScheduleError, match="no knob"):
+        sch.apply_template("row_reduction", tile_m=4)
+    cpu = tf.schedule(K.softmax, "llvm")
+    cpu.rolling_update("m", "l", axis="j")
+    with pytest.raises(ScheduleError, match="GPU kernels"):
+        cpu.apply_template("row_reduction")
