@@ -40,7 +40,8 @@ def compile(kernel: "Kernel | Schedule", target: "str | TargetSpec | None" = Non
         choice = choose(program, spec)
         if choice is not None and _triton_available():
             name, fusion = choice
-            return TEMPLATES[name](kernel, fusion, spec)
+            fallback = compile(kernel, spec, template=None)
+            return AutoKernel(TEMPLATES[name](kernel, fusion, spec), fallback)
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"
@@ -50,6 +51,56 @@ def compile(kernel: "Kernel | Schedule", target: "str | TargetSpec | None" = Non
         return apply_default_schedule(lower_program(program, (), dims, index_dtype), spec)
 
     return CompiledKernel(program, spec, build, "default schedule")
+
+
+class AutoKernel:
+    """A template kernel where it fits the call's sizes, the default schedule where it does not
+    (e.g. a feature axis too wide for one tile). Decided once per shape signature."""
+
+    def __init__(self, template, fallback: CompiledKernel):
+        self.template, self.fallback = template, fallback
+        self.program, self.target = fallback.program, fallback.target
+        self.description = f"{template.description}, else {fallback.description}"
+        self._fits: dict = {}
+
+    def __repr__(self) -> str:
+        return f"<AutoKernel {self.program.name} for {self.target.name}: {self.description}>"
+
+    def for_sizes(self, **dims):
+        """The kernel used at these sizes."""
+        key = tuple(sorted(dims.items()))
+        if key not in self._fits:
+            from .errors import TargetError
+
+            try:
+                self.template.build(**dims)
+                self._fits[key] = True
+            except TargetError:
+                self._fits[key] = False
+        return self.template if self._fits[key] else self.fallback
+
+    def _pick(self, args, kwargs):
+        from .binding import bind_call
+
+        self.target.device()  # a missing GPU is the first thing to report
+        kind = "cpu" if self.target.kind == "llvm" else self.target.kind
+        dims = bind_call(self.program, args, kwargs, kind).dims
+        return self.for_sizes(**dims)
+
+    def __call__(self, *args, **kwargs):
+        return self._pick(args, kwargs)(*args, **kwargs)
+
+    def source(self, **dims) -> str:
+        """Generated source at these sizes: the Triton kernel, or TVM's CUDA if the template does
+        not fit them."""
+        chosen = self.for_sizes(**dims)
+        return chosen.source(**dims) if chosen is self.template else chosen.cuda_source(**dims)
+
+    def ptx(self, **dims) -> str:
+        return self.for_sizes(**dims).ptx(**dims)
+
+    def benchmark(self, *args, **kwargs) -> float:
+        return self._pick(args, kwargs).benchmark(*args, **kwargs)
 
 
 def _triton_available() -> bool:

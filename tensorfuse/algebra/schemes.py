@@ -31,7 +31,7 @@ from ..dsl import dtypes as dt
 from ..dsl.expr import Const, Expr, Symbol, binary, compare, unary, where
 from ..dsl.monoid import SUM, Monoid
 from ..dsl.printer import to_text
-from .exprs import ONE_KEY, add, const, is_const, mul, refs_to, simplify
+from .exprs import ONE_KEY, add, const, is_const, mul, refs_to, simplify, substitute
 from .transfer import (Context, NoCorrection, Reset, Terms, is_positive, linear, new_symbol,
                        old_symbol, old_to_new, rebased, transfer)
 
@@ -61,6 +61,16 @@ class Scheme:
     @property
     def name(self) -> str:
         return self.compute.name
+
+    def true_value(self, k: int = 0) -> Expr:
+        """Component ``k`` of the value when the states are kept relative to references of the
+        dependencies (``d.old``) that differ from their true values (``d.new``): the states are
+        corrected from the references to the true values, then combined by the value formula."""
+        if not self.deps:
+            return self.value[k]
+        corrected = {f"{self.name}#{i}": c for i, c in enumerate(self.correct)}
+        return substitute(self.value[k], lambda n: corrected.get(n.name)
+                          if isinstance(n, Symbol) else None)
 
     def describe(self) -> str:
         """The corrections in readable form (for show() and tutorials)."""

@@ -98,17 +98,6 @@ def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32"
 FUSED_ATTR = "tensorfuse.fused"  # marks functions whose loop nests hold fused chains
 
 
-def _value_at_final(scheme, k: int) -> Expr:
-    """Component ``k`` of a member's value from states kept relative to the dependencies'
-    references: first corrected from the references (``d.old``) to the final values
-    (``d.new``), then combined by the value formula (which reads ``d.new``)."""
-    if not scheme.deps:
-        return scheme.value[k]
-    corrected = {f"{scheme.name}#{i}": c for i, c in enumerate(scheme.correct)}
-    return substitute(scheme.value[k], lambda n: corrected.get(n.name)
-                      if isinstance(n, Symbol) else None)
-
-
 def dt_tvm(dtype: str) -> str:
     return dtt.to_tvm(dtype)
 
@@ -242,8 +231,8 @@ class _ChainEmitter:
                                  for st in scheme.states]
             if m.name in self.needed_deps:
                 self.prev[m.name] = fb.alloc(f"{m.name}_prev", self._shape(axes), m.dtypes[0])
-                trivial = isinstance(scheme.value[0], Symbol) and scheme.value[0].name == \
-                    f"{m.name}#0"
+                trivial = not scheme.deps and isinstance(scheme.value[0], Symbol) and \
+                    scheme.value[0].name == f"{m.name}#0"
                 self.new[m.name] = self.run[m.name][0] if trivial else fb.alloc(
                     f"{m.name}_new", self._shape(axes), m.dtypes[0])
             if self.splits > 1:
@@ -463,8 +452,8 @@ class _ChainEmitter:
                 return value
             scale = tirx.Cast(dt_tvm(dtype), self.n) / tirx.Cast(dt_tvm(dtype), tirx.max(seen, 1))
             return tirx.Select(seen > 0, value * scale, zero)
-        if ident == 0:
-            return value  # the identity is already a harmless reference
+        if member.monoid.name not in ("max", "min"):
+            return value  # only the sentinel identities of max and min are unusable references
         return tirx.Select(value == constant(ident, dtype), zero, value)
 
     def _deps_as_references(self, e: Expr) -> Expr:
@@ -509,9 +498,13 @@ class _ChainEmitter:
         extra = self._loops(self._extra_axes(m))
         with self.fb.loops(extra) as lv:
             with self._block(f"{m.name}_new", extra, lv, [self._chunk_iter()]) as sc:
+                # the states are kept relative to the dependencies' references: correct them to
+                # the dependencies' true values, then take the value (as the final block does)
+                true_value = lambda d, s: self._load(self.new[d], d, s)  # noqa: E731
                 symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.new, 1),
-                                        self._running(self.new, 1))
-                value = lower_expr(scheme.value[0], sc.child(symbols=symbols), m.dtypes[0])
+                                        true_value)
+                value = lower_expr(scheme.true_value(0), sc.child(symbols=symbols),
+                                   m.dtypes[0])
                 self.fb.store(self.new[m.name], value, self._index(self.state_axes(m), sc))
 
     def _emit_commit(self, name: str) -> None:
@@ -540,7 +533,7 @@ class _ChainEmitter:
                 out = self.fb.scope.computes[m.name]
                 idx = [sc.axes[a.uid] for a in m.axes]
                 for k, (buf, d) in enumerate(zip(out, m.dtypes)):
-                    self.fb.store(buf, lower_expr(_value_at_final(scheme, k), inner, d), idx)
+                    self.fb.store(buf, lower_expr(scheme.true_value(k), inner, d), idx)
 
     def _emit_merge(self, m: Compute) -> None:
         scheme = self.chain.schemes[m.name]

@@ -70,9 +70,14 @@ def test_row_template_holds_a_row_in_one_block():
 
 
 def test_auto_template_for_gpu_targets():
-    assert "attention template" in tf.compile(K.alibi_attention, "cuda:sm_90a").description
+    from tensorfuse.targets.triton.kernel import TritonKernel
+
+    attention = tf.compile(K.alibi_attention, "cuda:sm_90a")
+    assert isinstance(attention.for_sizes(B=1, H=2, M=256, N=256, D=128), TritonKernel)
     assert "row-reduction template" in tf.compile(K.layernorm, "cuda:sm_90a").description
-    assert "default schedule" in tf.compile(K.ffn_gelu, "cuda:sm_90a").description
+    ffn = tf.compile(K.ffn_gelu, "cuda:sm_90a")  # fits the template only while K is small
+    assert isinstance(ffn.for_sizes(M=128, K=128, N=512, O=128), TritonKernel)
+    assert not isinstance(ffn.for_sizes(M=128, K=4096, N=14336, O=4096), TritonKernel)
     assert "default schedule" in tf.compile(K.softmax, "llvm").description
 
 

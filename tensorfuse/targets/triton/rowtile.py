@@ -420,9 +420,10 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
                 w(f"nst_{m.name}_{sp.k} = {text}")
             for sp, _ in new_values:
                 w(f"st_{m.name}_{sp.k} = nst_{m.name}_{sp.k}")
-            if m.name in needed:
-                value = to_triton(scheme.value[0], ctx_r().child(symbols={**sym, **{
-                    f"{d}.new": f"newref_{d}" for d in scheme.deps}}))
+            if m.name in needed:  # its true value: states corrected from the references
+                truth = {**sym, **{f"{d}.old": f"newref_{d}" for d in scheme.deps},
+                         **{f"{d}.new": f"val_{d}" for d in scheme.deps}}
+                value = to_triton(scheme.true_value(0), ctx_r().child(symbols=truth))
                 w(f"val_{m.name} = {value}")
                 w(f"newref_{m.name} = {_reference(plan, m.name, f'val_{m.name}', 'seen_next')}")
                 symbols[f"{m.name}.ref"] = f"newref_{m.name}"
@@ -521,7 +522,7 @@ def _reference(plan: RowTilePlan, d: str, value: str, seen: str) -> str:
     if m.monoid.name == "sum":
         return f"tl.where({seen} > 0, {value} * ({plan.cols} / tl.maximum({seen}, 1)), 0.0)"
     ident = literal(m.monoid.identity_value(0, m.dtypes[0]), "f32")
-    if m.monoid.identity_value(0, m.dtypes[0]) == 0:
+    if m.monoid.name not in ("max", "min"):
         return value
     return f"tl.where({value} == {ident}, 0.0, {value})"
 
