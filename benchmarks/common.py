@@ -1,0 +1,59 @@
+"""Shared pieces of the benchmarks: timing, ceilings, correctness checks, result rows."""
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass
+class Row:
+    benchmark: str
+    shape: str
+    implementation: str
+    ms: float
+    tflops: float
+    gbps: float
+    fraction_of_ceiling: float
+    note: str = ""
+
+
+def bench(fn, rep_ms: int = 200) -> float:
+    """Median milliseconds (CUDA events, warm-up, L2 flushed between runs: triton.testing)."""
+    import triton
+
+    return float(triton.testing.do_bench(fn, rep=rep_ms, return_mode="median"))
+
+
+def measure_ceilings() -> dict:
+    """The device's copy bandwidth (bytes read + written) and bf16 GEMM rate, measured now."""
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src))
+    copy = 2 * n / ms / 1e9  # TB/s
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = bench(lambda: a @ b)
+    gemm = 2 * 8192**3 / ms / 1e9  # TFLOP/s
+    return {"copy_tbps": copy, "gemm_tflops": gemm}
+
+
+def relative_error(out, ref) -> float:
+    out, ref = out.float(), ref.float()
+    finite = torch.isfinite(ref)
+    if not torch.isfinite(out[finite]).all():
+        return math.inf
+    return float((out[finite] - ref[finite]).abs().max() / ref[finite].abs().max().clamp_min(1e-30))
+
+
+def write_csv(rows: list[Row], path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
+        writer.writeheader()
+        for r in rows:
+            writer.writerow(asdict(r))

@@ -1,0 +1,49 @@
+"""Row reductions over [16384, 8192] bf16: tensorfuse against torch eager and torch.compile.
+GB/s counts one read and one write of the matrix (the memory-bound floor)."""
+from __future__ import annotations
+
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from benchmarks.common import Row, bench, relative_error
+
+M, N = 16384, 8192
+
+
+def cases():
+    w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    eps = 1e-5
+    return {
+        "softmax": (K.softmax, {}, lambda x: torch.softmax(x, dim=-1)),
+        "layernorm": (K.layernorm, dict(weight=w, bias=b, eps=eps),
+                      lambda x: torch.nn.functional.layer_norm(x, (N,), w, b, eps)),
+        "rmsnorm": (K.rmsnorm, dict(weight=w, eps=eps),
+                    lambda x: torch.nn.functional.rms_norm(x, (N,), w, eps)),
+    }
+
+
+def run(ceilings=None, log=print) -> list[Row]:
+    copy = (ceilings or {}).get("copy_tbps", 3.0)
+    rows = []
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    nbytes = 2 * M * N * 2
+    for name, (kernel, extra, torch_fn) in cases().items():
+        impls = {}
+        f = tf.compile(kernel, "cuda")
+        out = f(x, **extra)
+        expected = torch_fn(x.float()) if name == "softmax" else torch_fn(x)
+        err = relative_error(out, expected)
+        impls["tensorfuse"] = (bench(lambda: f(x, **extra)), f"err {err:.1e}")
+        impls["torch_eager"] = (bench(lambda: torch_fn(x)), "")
+        compiled = torch.compile(torch_fn)
+        compiled(x)
+        impls["torch_compile"] = (bench(lambda: compiled(x)), "")
+        for impl, (ms, note) in impls.items():
+            gbps = nbytes / ms / 1e6
+            rows.append(Row(f"rows/{name}", f"{M}x{N} bf16", impl, ms, 0.0, gbps,
+                            gbps / 1e3 / copy, note))
+        log(f"{name:10s} " + "  ".join(f"{i}={nbytes / ms / 1e6:7.1f}GB/s"
+                                       for i, (ms, _) in impls.items()))
+    return rows
