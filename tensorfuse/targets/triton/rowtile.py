@@ -389,6 +389,8 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
                 ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
                 if sp.contraction is None:
                     body = to_triton(strip(sp.body), tile)
+                    if plan.col.uid not in {a.uid for a in sp.body.axes}:  # e.g. a count: 1.0
+                        body = f"(({body}) + tl.zeros([BLOCK_M, BLOCK_N], tl.float32))"
                     if ragged_cols:
                         body = f"tl.where(col_ok, {body}, {ident})"
                     w(f"c_{m.name}_{sp.k} = {REDUCE[sp.monoid.name]}({body}, axis=1, keep_dims=True)")
