@@ -90,17 +90,19 @@ def tensorfuse_attention(kernel, knobs):
     return sch.compile()
 
 
-KNOB_SWEEP = [dict(tile_m=128, tile_n=64, num_warps=8, num_stages=2),
+KNOB_SWEEP = [dict(tile_m=128, tile_n=128, num_warps=8, num_stages=3),
               dict(tile_m=128, tile_n=128, num_warps=8, num_stages=2),
-              dict(tile_m=128, tile_n=64, num_warps=4, num_stages=3),
-              dict(tile_m=128, tile_n=128, num_warps=8, num_stages=3),
-              dict(tile_m=64, tile_n=64, num_warps=4, num_stages=3)]
+              dict(tile_m=128, tile_n=64, num_warps=8, num_stages=3),
+              dict(tile_m=64, tile_n=64, num_warps=4, num_stages=3),
+              dict(tile_m=64, tile_n=128, num_warps=4, num_stages=3)]
 
 
 def run(sizes=(1024, 4096, 16384), ceilings=None, sweep_at=(4096,), log=print) -> list[Row]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    torch._dynamo.config.recompile_limit = 256  # one compiled kernel per variant and size
+    torch._dynamo.config.accumulated_recompile_limit = 4096
     flex = torch.compile(flex_attention, dynamic=False)
     rows: list[Row] = []
     gemm = (ceilings or {}).get("gemm_tflops", 716.0)

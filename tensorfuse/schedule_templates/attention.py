@@ -8,6 +8,10 @@ library's attention variants do.
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from ..algebra import plan_chain
 from ..targets import TargetSpec
 from ..targets.triton.kernel import TritonKernel
@@ -15,26 +19,37 @@ from ..targets.triton.rowtile import Knobs, RowTilePlan
 from .fusion import Fusion
 
 
+SMS = 132  # H100 SXM; enough parallel programs for any current GPU
+
+
 def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
-    """Tiles that fit one SM: 128×64 tiles with 8 warps for head dims up to 128 on Hopper."""
+    """Tiles that fit one SM (128×128 with 8 warps for head dims up to 128 on Hopper, measured
+    best on 2026-11-22); few query rows (decode) get the split update over the keys, enough parts
+    to give every SM several programs."""
+    if plan.rows <= 64:  # decode: tl.dot needs 16 rows; split the keys for parallelism
+        batch = int(np.prod([plan.sizes_of(a) for a in plan.batch])) if plan.batch else 1
+        blocks = math.ceil(plan.cols / 64)
+        splits = max(1, min(blocks, 64, math.ceil(4 * SMS / batch)))
+        return Knobs(block_m=16, block_n=64, num_warps=4, num_stages=2, splits=splits)
     if plan.feature_extent > 128:
         return Knobs(block_m=64, block_n=32, num_warps=4, num_stages=2)
     if target.kind == "rocm":
         return Knobs(block_m=128, block_n=64, num_warps=4, num_stages=1)
-    return Knobs(block_m=128, block_n=64, num_warps=8, num_stages=2)
+    return Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3)
 
 
 def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = None,
               tile_n: int | None = None, num_warps: int | None = None,
-              num_stages: int | None = None) -> TritonKernel:
-    """A callable Triton kernel for ``kernel`` with ``fusion`` (a rolling update) applied."""
+              num_stages: int | None = None, splits: int | None = None) -> TritonKernel:
+    """A callable Triton kernel for ``kernel`` with ``fusion`` (a rolling update) applied;
+    ``splits`` > 1 sweeps the keys in that many parallel parts merged at the end (decode)."""
     program = kernel.program if hasattr(kernel, "program") else kernel
     chain = plan_chain(program, fusion.names, fusion.axis)
 
     def knobs(plan: RowTilePlan) -> Knobs:
         k = default_knobs(plan, target)
         return Knobs(tile_m or k.block_m, tile_n or k.block_n, num_warps or k.num_warps,
-                     num_stages if num_stages is not None else k.num_stages)
+                     num_stages if num_stages is not None else k.num_stages, splits or k.splits)
 
     return TritonKernel(program, chain, target, knobs, f"attention template ({fusion.describe()})",
                         fusion)

@@ -2,6 +2,7 @@
 
 Triton decides at import whether to interpret, so this runs in its own process:
     TRITON_INTERPRET=1 python -m tests.schedule_templates.interpret_check NAME... SEED
+A name ``decode:KERNEL`` runs KERNEL with one query row through the split update.
 """
 import json
 import os
@@ -19,10 +20,14 @@ from tests.schedule_templates.test_rolling_update import CHAINS  # noqa: E402
 
 
 def check(name: str, rng) -> float:
-    kernel = K.ALL[name]
+    base = name.replace("decode:", "")
+    kernel = K.ALL[base]
     sch = tf.schedule(kernel, "cuda:sm_90a")
-    sch.rolling_update(*CHAINS[name], axis="j")
-    if name in K.ATTENTION_VARIANTS:
+    sch.rolling_update(*CHAINS[base], axis="j")
+    if name.startswith("decode:"):  # a part kernel per range of keys, then a merge kernel
+        sch.apply_template("attention", tile_m=16, tile_n=16, splits=3)
+        sizes = dict(B=1, H=2, HKV=1, M=1, N=170, D=16)
+    elif base in K.ATTENTION_VARIANTS:
         sch.apply_template("attention", tile_m=16, tile_n=16)
         sizes = dict(B=1, H=2, HKV=1, M=37, N=70, D=16)
     else:

@@ -13,6 +13,7 @@ triton = pytest.importorskip("triton", reason="the templates generate Triton ker
 
 ATTENTION = sorted(K.ATTENTION_VARIANTS)
 ROWS = sorted(K.ROW_KERNELS)
+DECODE = ["decode:causal_attention", "decode:gqa_attention", "decode:alibi_attention"]
 
 
 def template_kernel(name, target="cuda:sm_90a", **knobs):
@@ -35,17 +36,18 @@ def interpreted_errors():
     seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-m", "tests.schedule_templates.interpret_check",
-                           *ATTENTION, *ROWS, str(seed)], capture_output=True, text=True, env=env,
+                           *ATTENTION, *ROWS, *DECODE, str(seed)], capture_output=True, text=True,
+                          env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return seed, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", ATTENTION + ROWS)
+@pytest.mark.parametrize("name", ATTENTION + ROWS + DECODE)
 def test_generated_triton_kernel_matches_reference(name, interpreted_errors):
     seed, errors = interpreted_errors
-    tol = TOLERANCE[K.ALL[name].program.outputs[0].dtypes[0]]
+    tol = TOLERANCE[K.ALL[name.replace("decode:", "")].program.outputs[0].dtypes[0]]
     assert errors[name] <= tol, f"{name}: error {errors[name]:.2e} (TENSORFUSE_SEED={seed})"
 
 
@@ -94,3 +96,13 @@ def test_template_errors():
     cpu.rolling_update("m", "l", axis="j")
     with pytest.raises(ScheduleError, match="GPU kernels"):
         cpu.apply_template("row_reduction")
+
+
+def test_decode_gets_the_split_update():
+    f = tf.compile(K.gqa_attention, "cuda:sm_90a")
+    kernel = f.for_sizes(B=8, H=32, HKV=8, M=1, N=32768, D=128)
+    plan, knobs = kernel.build(B=8, H=32, HKV=8, M=1, N=32768, D=128)[:2]
+    assert knobs.splits > 1
+    source = kernel.source(B=8, H=32, HKV=8, M=1, N=32768, D=128)
+    assert "_part(" in source and "_merge(" in source
+    assert ".target sm_90a" in kernel.ptx(B=8, H=32, HKV=8, M=1, N=32768, D=128)

@@ -39,8 +39,14 @@ class TritonKernel:
             plan = plan_rowtile(self.program, self.chain, dims)
             knobs = self.knobs(plan)
             name = f"{self.program.name}_fused"
-            source, args = kernel_source(plan, knobs, name, interpreter=interpreting())
-            self._built[key] = (plan, knobs, source, load_kernel(source, name), args)
+            made = kernel_source(plan, knobs, name, interpreter=interpreting())
+            if knobs.splits > 1:  # a kernel per split part, then a merge kernel
+                source, args, merge_args = made
+                fns = (load_kernel(source, f"{name}_part"), load_kernel(source, f"{name}_merge"))
+                self._built[key] = (plan, knobs, source, fns, (args, merge_args))
+            else:
+                source, args = made
+                self._built[key] = (plan, knobs, source, load_kernel(source, name), args)
         return self._built[key]
 
     def source(self, **dims) -> str:
@@ -48,12 +54,16 @@ class TritonKernel:
         return self.build(**dims)[2]
 
     def compiled(self, **dims):
-        """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm)."""
-        plan, knobs, _, fn, _ = self.build(**dims)
+        """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm). With
+        splits, the part kernel (the one that sweeps the axis)."""
+        plan, knobs, _, fn, names = self.build(**dims)
         outs = [c for c, _, _ in plan.outputs]
         mask_args = ["bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx"] \
             if plan.mask is not None else []
         sig = signature(self.program, outs, mask_args)
+        if knobs.splits > 1:
+            fn = fn[0]
+            sig = {n: sig.get(n, "*fp32") for n in names[0]}
         constexprs = {"BLOCK_M": knobs.block_m, "BLOCK_N": knobs.block_n, "BLOCK_K": block_k(plan)}
         return compile_for(fn, sig, constexprs, self.target, knobs.num_warps, knobs.num_stages)
 
@@ -92,13 +102,43 @@ class TritonKernel:
             values[f"out_{c.name}"] = buf
             outs.append(buf)
             results.append(given)
+        meta = dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=block_k(plan),
+                    num_warps=knobs.num_warps, num_stages=knobs.num_stages)
+        if knobs.splits > 1:
+            values.update(self._split_buffers(plan, knobs, device))
+            part_fn, merge_fn = fn
+            part_args, merge_args = names
+            rows, batch = grid(plan, knobs)
+            part = part_fn[(rows, batch, knobs.splits)]
+            merge = merge_fn[(rows, batch)]
+            first, second = [values[n] for n in part_args], [values[n] for n in merge_args]
+
+            def launch(*_, **kw):
+                part(*first, **kw)
+                merge(*second, **kw)
+
+            return launch, [], meta, outs, results, bound
         if plan.mask is not None:
             values.update(self._block_lists(plan, knobs, values, bound, device))
         launch = fn[grid(plan, knobs)]
         call = [values[n] for n in names]
-        meta = dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=block_k(plan),
-                    num_warps=knobs.num_warps, num_stages=knobs.num_stages)
         return launch, call, meta, outs, results, bound
+
+    def _split_buffers(self, plan, knobs, device) -> dict:
+        """Where each part leaves its states and references for the merge (f32)."""
+        import torch
+
+        rows, batch = grid(plan, knobs)
+        rows_pad = rows * knobs.block_m
+        buffers = {}
+        for sp in plan.states:
+            width = block_k(plan) if sp.contraction is not None else 1
+            buffers[f"part_{sp.member.name}_{sp.k}"] = torch.empty(
+                (batch, knobs.splits, rows_pad, width), dtype=torch.float32, device=device)
+        for d in {d for s in plan.chain.schemes.values() for d in s.deps}:
+            buffers[f"part_ref_{d}"] = torch.empty((batch, knobs.splits, rows_pad, 1),
+                                                   dtype=torch.float32, device=device)
+        return buffers
 
     def _block_lists(self, plan, knobs, values, bound, device) -> dict:
         import torch

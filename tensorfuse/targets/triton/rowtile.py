@@ -256,6 +256,7 @@ class Knobs:
     block_n: int = 64
     num_warps: int = 8
     num_stages: int = 2
+    splits: int = 1  # >1: the split update (parts of the axis in parallel, then a merge kernel)
 
 
 class _Writer:
@@ -280,7 +281,7 @@ class _Writer:
 
 
 def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
-                  interpreter: bool = False) -> tuple[str, list[str]]:
+                  interpreter: bool = False) -> tuple[str, list[str]] | tuple[str, list, list]:
     """Python source of a Triton kernel for ``plan`` and the names of its arguments, in order.
     ``interpreter``: source for Triton's CPU interpreter, which has no bf16 tensor-core operands
     (they become f32) and no loop bounds loaded from memory (block lists are walked to their
@@ -294,22 +295,35 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
     outs = [f"out_{c.name}" for c, _, _ in plan.outputs]
     mask_args = ["bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx"] if plan.mask is \
         not None else []
-    args = tensors + scalars + outs + mask_args
+    splits = knobs.splits
     M, N = plan.rows, plan.cols
+    members = plan.chain.members
+    needed = [m.name for m in members if any(m.name in s.deps for s in plan.chain.schemes.values())]
+    parts = [f"part_{sp.member.name}_{sp.k}" for sp in plan.states] + [f"part_ref_{d}"
+                                                                      for d in needed]
+    if splits > 1:
+        mask_args = []
+        args = tensors + scalars + parts
+    else:
+        args = tensors + scalars + outs + mask_args
     bk = max(16, 1 << max(0, (plan.feature_extent - 1).bit_length()))
     wide = _largest(prog, sizes) >= 2**31
 
     ctx_base = TileContext(axes={}, sizes=sizes, interpreter=interpreter)
-    w("pid_m = tl.program_id(0)")
-    w("pid_b = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
-    stride = 1
-    for a in reversed(plan.batch):
-        extent = plan.sizes_of(a)
-        w(f"ax_{a.name} = (pid_b // {stride}) % {extent}")
-        ctx_base.axes[a.uid] = f"ax_{a.name}"
-        stride *= extent
-    w(f"offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
-    w(f"offs_k = tl.arange(0, BLOCK_K)")
+
+    def prologue():
+        w("pid_m = tl.program_id(0)")
+        w("pid_b = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
+        stride = 1
+        for a in reversed(plan.batch):
+            extent = plan.sizes_of(a)
+            w(f"ax_{a.name} = (pid_b // {stride}) % {extent}")
+            ctx_base.axes[a.uid] = f"ax_{a.name}"
+            stride *= extent
+        w("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+        w("offs_k = tl.arange(0, BLOCK_K)")
+
+    prologue()
     row_ok = "(offs_m[:, None] < %d)" % M
     feat_ok = "(offs_k[None, :] < %d)" % plan.feature_extent
     col_ok = "(offs_n[None, :] < %d)" % N
@@ -349,13 +363,10 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
         local_axes[xname] = feat
         w(f"lhs_{xname} = {_operand(con.left, ctx_rf(feat), dot_type(con))}")
     # states
-    members = plan.chain.members
-    ref_of = {}
     for sp in plan.states:
         shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else "[BLOCK_M, 1]"
         ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
         w(f"st_{sp.member.name}_{sp.k} = tl.full({shape}, {ident}, tl.float32)")
-    needed = [m.name for m in members if any(m.name in s.deps for s in plan.chain.schemes.values())]
     w("seen = tl.full([], 0, tl.int32)")
     for d in needed:
         w(f"val_{d} = tl.full([BLOCK_M, 1], {_initial_value(plan, d)}, tl.float32)")
@@ -389,7 +400,12 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
                 ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
                 if sp.contraction is None:
                     body = to_triton(strip(sp.body), tile)
-                    if plan.col.uid not in {a.uid for a in sp.body.axes}:  # e.g. a count: 1.0
+                    constant_along = plan.col.uid not in {a.uid for a in sp.body.axes}
+                    if constant_along and sp.monoid.name == "sum":  # e.g. a count: 1.0 × columns
+                        w(f"c_{m.name}_{sp.k} = ({body}) * (seen_next - seen).to(tl.float32)")
+                        chunk_vars.append(sp)
+                        continue
+                    if constant_along:
                         body = f"(({body}) + tl.zeros([BLOCK_M, BLOCK_N], tl.float32))"
                     if ragged_cols:
                         body = f"tl.where(col_ok, {body}, {ident})"
@@ -402,8 +418,7 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
                     if ragged_cols:
                         p = f"tl.where(col_ok, {p}, 0.0)"
                     w(f"p_{m.name}_{sp.k} = ({p}).to({TL_DTYPES[dot_type(con)]})")
-                    v = _operand(con.right, ctx_cf(feat), dot_type(con))
-                    w(f"c_{m.name}_{sp.k} = tl.dot(p_{m.name}_{sp.k}, {v})")
+                    w(f"v_{m.name}_{sp.k} = {_operand(con.right, ctx_cf(feat), dot_type(con))}")
                 chunk_vars.append(sp)
             # correct and combine
             sym = {f"{m.name}#{sp.k}": f"st_{m.name}_{sp.k}" for sp in chunk_vars}
@@ -414,9 +429,13 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
             new_values = []
             for sp in chunk_vars:
                 corrected = to_triton(scheme.correct[sp.k], corr)
-                combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)], [Symbol("__b", sp.dtype)])[0]
-                text = to_triton(combined, TileContext(axes={}, symbols={
-                    "__a": f"({corrected})", "__b": f"c_{m.name}_{sp.k}"}, sizes=sizes))
+                if sp.contraction is not None:  # accumulate on the tensor cores: acc = p·v + acc
+                    text = f"tl.dot(p_{m.name}_{sp.k}, v_{m.name}_{sp.k}, {corrected})"
+                else:
+                    combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
+                                                       [Symbol("__b", sp.dtype)])[0]
+                    text = to_triton(combined, TileContext(axes={}, symbols={
+                        "__a": f"({corrected})", "__b": f"c_{m.name}_{sp.k}"}, sizes=sizes))
                 new_values.append((sp, text))
             for sp, text in new_values:
                 w(f"nst_{m.name}_{sp.k} = {text}")
@@ -434,8 +453,118 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
         w("seen = seen_next")
         return memo
 
-    single = plan.mask is None and N <= knobs.block_n
+    single = plan.mask is None and N <= knobs.block_n and splits == 1
     chunk_memo: dict = {}
+    rows_pad = math.ceil(M / knobs.block_m) * knobs.block_m
+    per_split = math.ceil(math.ceil(N / knobs.block_n) / splits) * knobs.block_n
+
+    def part_at(sp_or_ref, split: str) -> str:
+        """Address of this program's rows of a split's saved state in its buffer."""
+        wide_state = not isinstance(sp_or_ref, str) and sp_or_ref.contraction is not None
+        base = f"((pid_b * {splits} + {split}) * {rows_pad} + offs_m[:, None])"
+        name_ = sp_or_ref if isinstance(sp_or_ref, str) else \
+            f"part_{sp_or_ref.member.name}_{sp_or_ref.k}"
+        return f"{name_} + {base} * BLOCK_K + offs_k[None, :]" if wide_state else f"{name_} + {base}"
+
+    def emit_finals(states: dict, refs: dict, values: dict, correct: bool) -> dict:
+        """Each member's final value from ``states`` kept relative to ``refs`` (corrected to the
+        true ``values`` of its dependencies first, unless ``correct`` is false)."""
+        finals = {}
+        for m in members:
+            scheme = plan.chain.schemes[m.name]
+            sym = {f"{m.name}#{sp.k}": states[(m.name, sp.k)] for sp in plan.states if sp.member is m}
+            if not correct:  # the references are the true values: no correction is needed
+                sym.update({f"{d}.new": refs[d] for d in scheme.deps})
+                w(f"fin_{m.name} = {to_triton(scheme.value[0], ctx_r().child(symbols=sym))}")
+            else:
+                sym.update({f"{d}.old": refs[d] for d in scheme.deps})
+                sym.update({f"{d}.new": values.get(d, f"fin_{d}") for d in scheme.deps})
+                w(f"fin_{m.name} = {to_triton(scheme.true_value(0), ctx_r().child(symbols=sym))}")
+            finals[m.name] = f"fin_{m.name}"
+        return finals
+
+    def emit_outputs(finals: dict) -> None:
+        for (c, expr, kind), out in zip(plan.outputs, outs):
+            if kind == "row":
+                ctx = ctx_r().child(refs=finals)
+            elif kind == "feature":
+                feat = next(a for a in c.axes if a.uid not in {x.uid for x in plan.chain.common_axes})
+                ctx = ctx_rf(feat).child(refs=finals)
+            else:
+                ctx = ctx_rc().child(refs=finals, emit=w if single else None, memo=chunk_memo)
+            offsets = _store_offsets(c, ctx, sizes)
+            valid_ = sorted({ctx.valid[a.uid] for a in c.axes if a.uid in ctx.valid})
+            store = (f"tl.store({out} + ({offsets}), ({to_triton(expr, ctx)})"
+                     f".to({TL_DTYPES[c.dtypes[0]]}), mask={' & '.join(valid_) or 'None'})")
+            if kind == "col" and not single:
+                w(f"for start_n in range(0, {N}, BLOCK_N):")
+                with w.block():
+                    w("offs_n = start_n + tl.arange(0, BLOCK_N)")
+                    w(store)
+            else:
+                w(store)
+
+    def emit_merge() -> None:
+        """Fold the splits' saved states, each corrected from its split's references to the final
+        ones (the split update's merge, in registers), then write the outputs."""
+        finals = {}
+        for m in members:
+            scheme = plan.chain.schemes[m.name]
+            mine = [sp for sp in plan.states if sp.member is m]
+            for sp in mine:
+                shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else "[BLOCK_M, 1]"
+                ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
+                w(f"acc_{m.name}_{sp.k} = tl.full({shape}, {ident}, tl.float32)")
+            w(f"for s in tl.static_range({splits}):")
+            with w.block():
+                sym = {}
+                for sp in mine:
+                    w(f"sv_{m.name}_{sp.k} = tl.load({part_at(sp, 's')})")
+                    sym[f"{m.name}#{sp.k}"] = f"sv_{m.name}_{sp.k}"
+                for d in scheme.deps:
+                    w(f"sref_{d} = tl.load({part_at(f'part_ref_{d}', 's')})")
+                    sym[f"{d}.old"], sym[f"{d}.new"] = f"sref_{d}", f"finref_{d}"
+                for sp in mine:
+                    corrected = to_triton(scheme.correct[sp.k], ctx_r().child(symbols=sym))
+                    combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
+                                                       [Symbol("__b", sp.dtype)])[0]
+                    w(f"acc_{m.name}_{sp.k} = " + to_triton(combined, TileContext(
+                        axes={}, symbols={"__a": f"acc_{m.name}_{sp.k}", "__b": f"({corrected})"},
+                        sizes=sizes)))
+            acc = {f"{m.name}#{sp.k}": f"acc_{m.name}_{sp.k}" for sp in mine}
+            acc.update({f"{d}.old": f"finref_{d}" for d in scheme.deps})
+            acc.update({f"{d}.new": f"fin_{d}" for d in scheme.deps})
+            w(f"fin_{m.name} = {to_triton(scheme.true_value(0), ctx_r().child(symbols=acc))}")
+            finals[m.name] = f"fin_{m.name}"
+            if m.name in needed:
+                w(f"finref_{m.name} = {_reference(plan, m.name, f'fin_{m.name}', str(N))}")
+        emit_outputs(finals)
+
+    states = {(sp.member.name, sp.k): f"st_{sp.member.name}_{sp.k}" for sp in plan.states}
+    if splits > 1:  # this program's part of the axis; its states go to memory for the merge
+        w("pid_s = tl.program_id(2)")
+        w(f"lo = pid_s * {per_split}")
+        if interpreter:  # no loop bounds computed from program ids in the interpreter
+            w(f"for blk in range(0, {per_split // knobs.block_n}):")
+            with w.block():
+                w("start_n = lo + blk * BLOCK_N")
+                w(f"if start_n < {N}:")
+                with w.block():
+                    chunk_body(True)
+        else:
+            w(f"for start_n in range(lo, tl.minimum(lo + {per_split}, {N}), BLOCK_N):")
+            with w.block():
+                chunk_body(True)
+        for sp in plan.states:
+            w(f"tl.store({part_at(sp, 'pid_s')}, {states[(sp.member.name, sp.k)]})")
+        for d in needed:
+            w(f"tl.store({part_at(f'part_ref_{d}', 'pid_s')}, ref_{d})")
+        part_lines, w.lines = w.lines, []
+        prologue()
+        emit_merge()
+        merge_args = tensors + scalars + outs + parts
+        return _assemble([(f"{name}_part", args, part_lines),
+                          (f"{name}_merge", merge_args, w.lines)]), args, merge_args
     if single:  # the whole axis in one block: no loop, and outputs reuse the loaded values
         w("start_n = 0")
         chunk_memo = chunk_body(True)
@@ -459,47 +588,21 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
                 chunk_body(flag)
             if interpreter:
                 w.indent -= 1
-    # final values: correct states from their reference to the final values, then the value formula
-    finals = {}
-    for m in members:
-        scheme = plan.chain.schemes[m.name]
-        sym = {f"{m.name}#{sp.k}": f"st_{m.name}_{sp.k}" for sp in plan.states if sp.member is m}
-        for d in scheme.deps:
-            sym[f"{d}.old"] = f"ref_{d}"
-            sym[f"{d}.new"] = f"fin_{d}"
-        corrected = {}
-        for sp in [s for s in plan.states if s.member is m]:
-            w(f"fst_{m.name}_{sp.k} = {to_triton(scheme.correct[sp.k], ctx_r().child(symbols=sym))}")
-            corrected[f"{m.name}#{sp.k}"] = f"fst_{m.name}_{sp.k}"
-        value = to_triton(scheme.value[0], ctx_r().child(symbols={**sym, **corrected}))
-        w(f"fin_{m.name} = {value}")
-        finals[m.name] = f"fin_{m.name}"
-    # outputs
-    for (c, expr, kind), out in zip(plan.outputs, outs):
-        if kind == "row":
-            ctx = ctx_r().child(refs=finals)
-        elif kind == "feature":
-            feat = next(a for a in c.axes if a.uid not in {x.uid for x in plan.chain.common_axes})
-            ctx = ctx_rf(feat).child(refs=finals)
-        else:
-            ctx = ctx_rc().child(refs=finals, emit=w if single else None, memo=chunk_memo)
-        offsets = _store_offsets(c, ctx, sizes)
-        valid = sorted({ctx.valid[a.uid] for a in c.axes if a.uid in ctx.valid})
-        store = (f"tl.store({out} + ({offsets}), ({to_triton(expr, ctx)})"
-                 f".to({TL_DTYPES[c.dtypes[0]]}), mask={' & '.join(valid) or 'None'})")
-        if kind == "col" and not single:
-            w(f"for start_n in range(0, {N}, BLOCK_N):")
-            with w.block():
-                w("offs_n = start_n + tl.arange(0, BLOCK_N)")
-                w(store)
-        else:
-            w(store)
-    header = [f"def {name}(" + ", ".join(args) + ", BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
-              "BLOCK_K: tl.constexpr):"]
-    source = "\n".join(["import triton", "import triton.language as tl",
-                        "from triton.language.extra import libdevice", HELPERS, "",
-                        "@triton.jit"] + header + w.lines) + "\n"
-    return source, args
+    # one block saw the whole axis: its references are the true values (sums extrapolated by
+    # N / N, maxima not the identity); states kept only for corrections become dead code
+    finals = emit_finals(states, {d: f"ref_{d}" for d in needed}, {}, correct=not single)
+    emit_outputs(finals)
+    return _assemble([(name, args, w.lines)]), args
+
+
+def _assemble(functions) -> str:
+    parts = ["import triton", "import triton.language as tl",
+             "from triton.language.extra import libdevice", HELPERS]
+    for fname, fargs, body in functions:
+        parts += ["", "@triton.jit",
+                  f"def {fname}(" + ", ".join(fargs) + ", BLOCK_M: tl.constexpr, "
+                  "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):"] + body
+    return "\n".join(parts) + "\n"
 
 
 def _operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
