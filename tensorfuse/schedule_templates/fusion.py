@@ -456,6 +456,16 @@ class _ChainEmitter:
             return value  # only the sentinel identities of max and min are unusable references
         return tirx.Select(value == constant(ident, dtype), zero, value)
 
+    def _without_sentinel(self, d: str, value):
+        """A running maximum (minimum) that has seen nothing real yet holds −FLT_MAX (FLT_MAX);
+        members computed from it mid-sweep would be huge and useless as references. Mid-sweep
+        they see 0 instead; the final values use the true ones, as the unfused program does."""
+        member = self._member(d)
+        if member.monoid.name not in ("max", "min"):
+            return value
+        ident = constant(member.monoid.identity_value(0, member.dtypes[0]), member.dtypes[0])
+        return tirx.Select(value == ident, constant(0.0, member.dtypes[0]), value)
+
     def _deps_as_references(self, e: Expr) -> Expr:
         deps = {m.name: m for m in self.chain.members}
         return substitute(e, lambda n: Symbol(f"{n.compute.name}.ref", n.dtype)
@@ -500,7 +510,8 @@ class _ChainEmitter:
             with self._block(f"{m.name}_new", extra, lv, [self._chunk_iter()]) as sc:
                 # the states are kept relative to the dependencies' references: correct them to
                 # the dependencies' true values, then take the value (as the final block does)
-                true_value = lambda d, s: self._load(self.new[d], d, s)  # noqa: E731
+                true_value = lambda d, s: self._without_sentinel(  # noqa: E731
+                    d, self._load(self.new[d], d, s))
                 symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.new, 1),
                                         true_value)
                 value = lower_expr(scheme.true_value(0), sc.child(symbols=symbols),

@@ -443,7 +443,8 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
                 w(f"st_{m.name}_{sp.k} = nst_{m.name}_{sp.k}")
             if m.name in needed:  # its true value: states corrected from the references
                 truth = {**sym, **{f"{d}.old": f"newref_{d}" for d in scheme.deps},
-                         **{f"{d}.new": f"val_{d}" for d in scheme.deps}}
+                         **{f"{d}.new": _without_sentinel(plan, d, f"val_{d}")
+                            for d in scheme.deps}}
                 value = to_triton(scheme.true_value(0), ctx_r().child(symbols=truth))
                 w(f"val_{m.name} = {value}")
                 w(f"newref_{m.name} = {_reference(plan, m.name, f'val_{m.name}', 'seen_next')}")
@@ -603,6 +604,14 @@ def _assemble(functions) -> str:
                   f"def {fname}(" + ", ".join(fargs) + ", BLOCK_M: tl.constexpr, "
                   "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):"] + body
     return "\n".join(parts) + "\n"
+
+
+def _without_sentinel(plan: RowTilePlan, d: str, value: str) -> str:
+    """As in the TensorIR lowering: mid-sweep, a maximum that has seen nothing real is 0."""
+    m = plan.chain.schemes[d].compute
+    if m.monoid.name not in ("max", "min"):
+        return value
+    return f"tl.where({value} == {literal(m.monoid.identity_value(0, m.dtypes[0]), 'f32')}, 0.0, {value})"
 
 
 def _operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
