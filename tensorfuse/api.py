@@ -62,6 +62,7 @@ class AutoKernel:
         self.program, self.target = fallback.program, fallback.target
         self.description = f"{template.description}, else {fallback.description}"
         self._fits: dict = {}
+        self._by_shapes: dict = {}
 
     def __repr__(self) -> str:
         return f"<AutoKernel {self.program.name} for {self.target.name}: {self.description}>"
@@ -80,12 +81,19 @@ class AutoKernel:
         return self.template if self._fits[key] else self.fallback
 
     def _pick(self, args, kwargs):
-        from .binding import bind_call
+        """The kernel for this call, decided once per shape signature (this runs on every call:
+        it only looks at shapes and dtypes when it has seen them before)."""
+        key = tuple(_shape_key(a) for a in args) + tuple((k, _shape_key(v))
+                                                         for k, v in sorted(kwargs.items()))
+        chosen = self._by_shapes.get(key)
+        if chosen is None:
+            from .binding import bind_call
 
-        self.target.device()  # a missing GPU is the first thing to report
-        kind = "cpu" if self.target.kind == "llvm" else self.target.kind
-        dims = bind_call(self.program, args, kwargs, kind).dims
-        return self.for_sizes(**dims)
+            self.target.device()  # a missing GPU is the first thing to report
+            kind = "cpu" if self.target.kind == "llvm" else self.target.kind
+            chosen = self.for_sizes(**bind_call(self.program, args, kwargs, kind).dims)
+            self._by_shapes[key] = chosen
+        return chosen
 
     def __call__(self, *args, **kwargs):
         return self._pick(args, kwargs)(*args, **kwargs)
@@ -101,6 +109,11 @@ class AutoKernel:
 
     def benchmark(self, *args, **kwargs) -> float:
         return self._pick(args, kwargs).benchmark(*args, **kwargs)
+
+
+def _shape_key(value):
+    shape = getattr(value, "shape", None)
+    return (tuple(shape), str(value.dtype)) if shape is not None else type(value)
 
 
 def _triton_available() -> bool:

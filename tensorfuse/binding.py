@@ -35,24 +35,25 @@ class BoundCall:
 
 
 def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -> BoundCall:
-    loc = user_location()
+    """Check a call's arguments and bind the sizes (the caller's line is looked up only when there
+    is something to report: this runs on every call)."""
     kwargs = dict(kwargs)
     outs = kwargs.pop("out", None)
     names = [p.name for p in program.params]
     if len(args) > len(names):
         raise CallError(f"{program.name}() takes {len(names)} arguments ({', '.join(names)}) but "
-                        f"{len(args)} were given", loc)
+                        f"{len(args)} were given", user_location())
     given = dict(zip(names, args))
     for key, value in kwargs.items():
         if key not in names:
             raise CallError(f"{program.name}() got an unexpected argument {key!r}; its parameters "
-                            f"are {', '.join(names)}", loc)
+                            f"are {', '.join(names)}", user_location())
         if key in given:
-            raise CallError(f"{program.name}() got two values for argument {key!r}", loc)
+            raise CallError(f"{program.name}() got two values for argument {key!r}", user_location())
         given[key] = value
     missing = [n for n in names if n not in given]
     if missing:
-        raise CallError(f"{program.name}() is missing argument(s): {', '.join(missing)}", loc)
+        raise CallError(f"{program.name}() is missing argument(s): {', '.join(missing)}", user_location())
 
     arrays, infos, scalars = {}, {}, {}
     dims: dict[str, int] = {}
@@ -60,13 +61,13 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
     for p in program.params:
         value = given[p.name]
         if isinstance(p, ScalarParam):
-            scalars[p.name] = _scalar(p, value, loc)
+            scalars[p.name] = _scalar(p, value)
             continue
         if not is_array(value):
             raise CallError(f"argument {p.name} must be an array (NumPy or PyTorch) of shape "
-                            f"[{', '.join(map(str, p.dims))}], got {type(value).__name__}", loc)
+                            f"[{', '.join(map(str, p.dims))}], got {type(value).__name__}", user_location())
         info = describe(value)
-        _check_tensor(p, info, dims, origin, loc)
+        _check_tensor(p, info, dims, origin)
         arrays[p.name], infos[p.name] = value, info
 
     for name, fixed, where_ in program.size_constraints:
@@ -74,18 +75,18 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
             name, fixed = fixed, name
         if name in dims and dims[name] != fixed:
             raise CallError(f"size {name} is {dims[name]} here, but the kernel uses it as size "
-                            f"{fixed} (at {where_})", loc)
+                            f"{fixed} (at {where_})", user_location())
 
     frameworks = {i.framework for i in infos.values()}
     devices = {i.device for i in infos.values() if i.framework != "numpy"}
     if len(devices) > 1:
         raise CallError(f"arguments are on different devices ({', '.join(sorted(devices))}); "
-                        "move them to one device", loc)
+                        "move them to one device", user_location())
     device = devices.pop() if devices else target_device
     if device != target_device:
         raise CallError(f"arguments are on the {device} but the kernel was compiled for "
                         f"{target_device}; compile for target="
-                        f"{'cuda' if device == 'cuda' else 'llvm'!r} or move the tensors", loc)
+                        f"{'cuda' if device == 'cuda' else 'llvm'!r} or move the tensors", user_location())
     framework = "torch" if "torch" in frameworks else ("tvm" if "tvm" in frameworks else "numpy")
     torch_device = next((arrays[n].device for n, i in infos.items() if i.framework == "torch"), None)
 
@@ -94,18 +95,18 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
         outs_list = list(outs) if isinstance(outs, (tuple, list)) else [outs]
         if len(outs_list) != len(program.outputs):
             raise CallError(f"out= has {len(outs_list)} arrays but {program.name} has "
-                            f"{len(program.outputs)} outputs", loc)
+                            f"{len(program.outputs)} outputs", user_location())
         for c, o in zip(program.outputs, outs_list):
             shape = tuple(output_shape(c, dims))
             if not is_array(o):
-                raise CallError(f"out= for output {c.name} must be an array", loc)
+                raise CallError(f"out= for output {c.name} must be an array", user_location())
             info = describe(o)
             if info.shape != shape or info.dtype != c.dtypes[0]:
                 raise CallError(f"out= for output {c.name} must have shape {shape} and dtype "
-                                f"{c.dtypes[0]}, got {info.shape} {info.dtype}", loc)
+                                f"{c.dtypes[0]}, got {info.shape} {info.dtype}", user_location())
             if info.framework != "numpy" and info.device != device:
                 raise CallError(f"out= for output {c.name} is on the {info.device}, the kernel "
-                                f"runs on the {device}", loc)
+                                f"runs on the {device}", user_location())
 
     bound = BoundCall(arrays, infos, scalars, dims, outs_list, framework, device, torch_device)
     bound.index_dtype = "int64" if _largest_buffer(program, dims) > INT32_LIMIT else "int32"
@@ -113,43 +114,43 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
     return bound
 
 
-def _scalar(p: ScalarParam, value, loc):
+def _scalar(p: ScalarParam, value):
     if is_array(value):
         if np.size(value) != 1:
             raise CallError(f"argument {p.name} is a scalar ({p.dtype}), got an array of shape "
-                            f"{tuple(np.shape(value))}", loc)
+                            f"{tuple(np.shape(value))}", user_location())
         value = value.item() if hasattr(value, "item") else value
     if isinstance(value, (bool, np.bool_)) and p.dtype != "bool":
-        raise CallError(f"argument {p.name} is a {p.dtype} scalar, got a bool", loc)
+        raise CallError(f"argument {p.name} is a {p.dtype} scalar, got a bool", user_location())
     if dt.is_int(p.dtype):
         if not isinstance(value, (int, np.integer)):
             raise CallError(f"argument {p.name} is an integer scalar ({p.dtype}), got "
-                            f"{type(value).__name__} {value!r}", loc)
+                            f"{type(value).__name__} {value!r}", user_location())
         return int(value)
     if p.dtype == "bool":
         return bool(value)
     if not isinstance(value, (int, float, np.integer, np.floating)):
-        raise CallError(f"argument {p.name} is a {p.dtype} scalar, got {type(value).__name__}", loc)
+        raise CallError(f"argument {p.name} is a {p.dtype} scalar, got {type(value).__name__}", user_location())
     return float(value)
 
 
-def _check_tensor(p: TensorParam, info: ArrayInfo, dims: dict, origin: dict, loc) -> None:
+def _check_tensor(p: TensorParam, info: ArrayInfo, dims: dict, origin: dict) -> None:
     if len(info.shape) != p.rank:
         raise CallError(f"argument {p.name} must have {p.rank} dimensions "
-                        f"[{', '.join(map(str, p.dims))}], got shape {info.shape}", loc)
+                        f"[{', '.join(map(str, p.dims))}], got shape {info.shape}", user_location())
     if info.dtype != p.dtype:
         raise CallError(f"argument {p.name} must have dtype {p.dtype}, got {info.dtype} "
-                        f"(convert it, e.g. x.astype(...) / x.to(...))", loc)
+                        f"(convert it, e.g. x.astype(...) / x.to(...))", user_location())
     for k, (d, n) in enumerate(zip(p.dims, info.shape)):
         if n == 0:
-            raise CallError(f"argument {p.name} has an empty dimension {k} (shape {info.shape})", loc)
+            raise CallError(f"argument {p.name} has an empty dimension {k} (shape {info.shape})", user_location())
         if isinstance(d, int):
             if n != d:
                 raise CallError(f"argument {p.name} must have size {d} in dimension {k}, got shape "
-                                f"{info.shape}", loc)
+                                f"{info.shape}", user_location())
         elif d in dims and dims[d] != n:
             raise CallError(f"size {d} is {dims[d]} from {origin[d]} but {n} from dimension {k} of "
-                            f"{p.name} (shape {info.shape})", loc)
+                            f"{p.name} (shape {info.shape})", user_location())
         else:
             dims.setdefault(d, n)
             origin.setdefault(d, f"dimension {k} of {p.name}")

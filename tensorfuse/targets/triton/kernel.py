@@ -27,6 +27,7 @@ class TritonKernel:
         self.description = description
         self._built: dict = {}
         self._masks: dict = {}
+        self._device_checked = False
 
     def __repr__(self) -> str:
         return f"<TritonKernel {self.program.name} for {self.target.name}: {self.description}>"
@@ -78,7 +79,9 @@ class TritonKernel:
             bound = bind_call(self.program, args, kwargs, "cpu")
             device = torch.device("cpu")
         else:
-            self.target.device()  # a clear error when the GPU is missing
+            if not self._device_checked:
+                self.target.device()  # a clear error when the GPU is missing
+                self._device_checked = True
             bound = bind_call(self.program, args, kwargs, "cuda")
             device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
         plan, knobs, _, fn, names = self.build(**bound.dims)
@@ -88,8 +91,7 @@ class TritonKernel:
                 values[p.name] = bound.scalars[p.name]
             else:
                 x = bound.arrays[p.name]
-                x = x if is_torch(x) else torch.from_numpy(np.ascontiguousarray(x)).to(device)
-                values[p.name] = x.contiguous()
+                values[p.name] = (x if is_torch(x) else _from_numpy(x, device)).contiguous()
         outs, results = [], []
         for k, (c, _, _) in enumerate(plan.outputs):
             dtype = getattr(torch, {"bf16": "bfloat16", "f16": "float16", "f32": "float32",
@@ -177,6 +179,15 @@ class TritonKernel:
         launch, call, meta, _, _, _ = self._launch_args(args, kwargs)
         return float(triton.testing.do_bench(lambda: launch(*call, **meta), rep=repeat,
                                              return_mode="median"))
+
+
+def _from_numpy(x: np.ndarray, device):
+    import torch
+
+    x = np.ascontiguousarray(x)
+    if x.dtype == dt.to_numpy("bf16"):  # torch cannot read ml_dtypes' bfloat16: go by the bits
+        return torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16).to(device)
+    return torch.from_numpy(x).to(device)
 
 
 def _to_numpy(buf) -> np.ndarray:
