@@ -27,7 +27,7 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     best on 2026-11-22); few query rows (decode) get the split update over the keys, enough parts
     to give every SM several programs."""
     if plan.rows <= 64:  # decode: tl.dot needs 16 rows; split the keys for parallelism
-        batch = int(np.prod([plan.sizes_of(a) for a in plan.batch])) if plan.batch else 1
+        batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
         blocks = math.ceil(plan.cols / 64)
         splits = max(1, min(blocks, 64, math.ceil(4 * SMS / batch)))
         return Knobs(block_m=16, block_n=64, num_warps=4, num_stages=2, splits=splits)

@@ -69,10 +69,23 @@ class RowTilePlan:
     states: list[StatePlan] = field(default_factory=list)
     mask: Expr | None = None
     outputs: list = field(default_factory=list)       # (compute, expr, kind)
+    fold: tuple | None = None   # (batch axis h, group size G): G values of h share a row tile
 
     @property
     def rows(self) -> int:
-        return self.sizes_of(self.row)
+        rows = self.sizes_of(self.row)
+        return rows * self.fold[1] if self.fold else rows
+
+    @property
+    def grid_batch(self) -> list[tuple[str, int]]:
+        """(name, extent) of the axes over the grid's second dimension (a folded axis by group)."""
+        out = []
+        for a in self.batch:
+            if self.fold and a.uid == self.fold[0].uid:
+                out.append((f"{a.name}g", self.sizes_of(a) // self.fold[1]))
+            else:
+                out.append((a.name, self.sizes_of(a)))
+        return out
 
     @property
     def cols(self) -> int:
@@ -178,9 +191,71 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
                                   f"{col.name}×{e.name} value")
             plan.states.append(StatePlan(m, k, body, st.monoid, st.dtype,
                                          Contraction(parts[0], parts[1], _storage_of(parts[1]))))
-    plan.mask = _single_mask(chain, members)
+    plan.fold = _row_fold(plan)
+    if plan.fold is not None:
+        plan.locals = {k: Contraction(c.left, _grouped(c.right, plan.fold), c.dot_dtype)
+                       for k, c in plan.locals.items()}
+        for sp in plan.states:
+            if sp.contraction is not None:
+                sp.contraction = Contraction(sp.contraction.left,
+                                             _grouped(sp.contraction.right, plan.fold),
+                                             sp.contraction.dot_dtype)
+    plan.mask = None if plan.fold else _single_mask(chain, members)
     plan.outputs = _outputs(program, chain, common, col)
     return plan
+
+
+MAX_FOLDED_ROWS = 64
+
+
+def _group_of(e: Expr, axis: Axis, sizes: dict) -> set:
+    """The divisors ``g`` of every use of ``axis`` in ``e`` as ``axis // g`` (0 for a bare use)."""
+    found = set()
+
+    def visit(n: Expr):
+        if isinstance(n, Binary) and n.op == "floordiv" and isinstance(n.a, Axis) and \
+                n.a.uid == axis.uid:
+            resolved = substitute(n.b, lambda x: Const(sizes[x.name], "i32")
+                                  if x.__class__.__name__ == "DimSize" else None)
+            try:
+                found.add(int(evaluate_plain(resolved, {})))
+            except Exception:  # noqa: BLE001 - not a constant: no fold
+                found.add(0)
+            return
+        if isinstance(n, Axis) and n.uid == axis.uid:
+            found.add(0)
+            return
+        for c in n.children():
+            visit(c)
+
+    visit(e)
+    return found
+
+
+def _row_fold(plan: RowTilePlan):
+    """Few query rows and a head axis that the column operands (keys, values) read only as
+    ``h // G`` (grouped-query attention): put the G heads of a group in one row tile, so each
+    program reads its keys and values once for the whole group instead of once per head."""
+    if plan.sizes_of(plan.row) * 2 > MAX_FOLDED_ROWS:
+        return None
+    col_side = [c.right for c in plan.locals.values()] + [sp.contraction.right for sp in plan.states
+                                                          if sp.contraction is not None]
+    if not col_side:
+        return None
+    for a in plan.batch:
+        groups = set().union(*(_group_of(e, a, plan.sizes) for e in col_side))
+        if len(groups) == 1 and (g := groups.pop()) > 1 and plan.sizes_of(a) % g == 0 and \
+                plan.sizes_of(plan.row) * g <= MAX_FOLDED_ROWS:
+            return a, g
+    return None
+
+
+def _grouped(e: Expr, fold) -> Expr:
+    """Column-side operand with ``h // G`` replaced by the group index (a program constant)."""
+    axis, _ = fold
+    return substitute(e, lambda n: Symbol(f"__group_{axis.name}", "i32")
+                      if isinstance(n, Binary) and n.op == "floordiv" and isinstance(n.a, Axis)
+                      and n.a.uid == axis.uid else None)
 
 
 def _deps_as_symbols(e: Expr, members: set) -> Expr:
@@ -311,17 +386,25 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
 
     ctx_base = TileContext(axes={}, sizes=sizes, interpreter=interpreter)
 
+    row_index = "offs_m[:, None]"
+
     def prologue():
+        nonlocal row_index
         w("pid_m = tl.program_id(0)")
         w("pid_b = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
         stride = 1
-        for a in reversed(plan.batch):
-            extent = plan.sizes_of(a)
-            w(f"ax_{a.name} = (pid_b // {stride}) % {extent}")
-            ctx_base.axes[a.uid] = f"ax_{a.name}"
+        for (gname, extent), a in reversed(list(zip(plan.grid_batch, plan.batch))):
+            w(f"ax_{gname} = (pid_b // {stride}) % {extent}")
+            ctx_base.axes[a.uid] = f"ax_{gname}"
             stride *= extent
         w("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
         w("offs_k = tl.arange(0, BLOCK_K)")
+        if plan.fold is not None:  # rows are (head in group, query): h = group·G + r // M
+            a, g = plan.fold
+            per = plan.sizes_of(plan.row)
+            ctx_base.axes[a.uid] = f"(ax_{a.name}g * {g} + offs_m[:, None] // {per})"
+            ctx_base.symbols[f"__group_{a.name}"] = f"ax_{a.name}g"
+            row_index = f"(offs_m[:, None] % {per})"
 
     prologue()
     row_ok = "(offs_m[:, None] < %d)" % M
@@ -337,12 +420,12 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
 
     def ctx_rc():
         """Row × column tile (the feature axis reduced away)."""
-        return ctx_base.child(axes={plan.row.uid: "offs_m[:, None]", plan.col.uid: "offs_n[None, :]"},
+        return ctx_base.child(axes={plan.row.uid: row_index, plan.col.uid: "offs_n[None, :]"},
                               valid=valid([(plan.row.uid, row_ok, ragged_rows),
                                            (plan.col.uid, col_ok, ragged_cols)]))
 
     def ctx_rf(feature: Axis):
-        return ctx_base.child(axes={plan.row.uid: "offs_m[:, None]", feature.uid: "offs_k[None, :]"},
+        return ctx_base.child(axes={plan.row.uid: row_index, feature.uid: "offs_k[None, :]"},
                               valid=valid([(plan.row.uid, row_ok, ragged_rows),
                                            (feature.uid, feat_ok, ragged_feature)]))
 
@@ -352,7 +435,7 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
                                            (feature.uid, feat_ok, ragged_feature)]))
 
     def ctx_r():
-        return ctx_base.child(axes={plan.row.uid: "offs_m[:, None]"},
+        return ctx_base.child(axes={plan.row.uid: row_index},
                               valid=valid([(plan.row.uid, row_ok, ragged_rows)]))
 
     # hoisted row operands of the local contractions (q)
@@ -667,7 +750,7 @@ def _blocks(plan: RowTilePlan, knobs: Knobs) -> int:
 
 
 def grid(plan: RowTilePlan, knobs: Knobs) -> tuple[int, int]:
-    batch = int(np.prod([plan.sizes_of(a) for a in plan.batch])) if plan.batch else 1
+    batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
     return (math.ceil(plan.rows / knobs.block_m), batch)
 
 
