@@ -27,6 +27,7 @@ _BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "(
            "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})", "pow": "libdevice.pow({}, {})",
            "and": "({} & {})", "or": "({} | {})", "floordiv": "_floordiv({}, {})",
            "mod": "_floormod({}, {})"}
+LOG2E = "1.4426950408889634"
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 # Helpers every generated file defines: floor division and modulo (Triton's // and % truncate).
@@ -131,6 +132,11 @@ def _to_triton(e: Expr, ctx: TileContext) -> str:
     if isinstance(e, Load):
         return load(e, ctx)
     if isinstance(e, Unary):
+        if e.op == "exp" and isinstance(e.a, Binary) and e.a.op == "sub":
+            # exp(a − b) = 2^(a·log2e − b·log2e): one fused multiply-add and ex2 per element
+            # (tl.exp would subtract, then multiply by log2e, then ex2)
+            a, b = to_triton(e.a.a, ctx), to_triton(e.a.b, ctx)
+            return f"tl.exp2({a} * {LOG2E} - {b} * {LOG2E})"
         if e.op == "tanh" and ctx.interpreter:
             return "(2.0 * tl.sigmoid(2.0 * {}) - 1.0)".format(to_triton(e.a, ctx))
         return _UNARY[e.op].format(to_triton(e.a, ctx))
