@@ -48,9 +48,17 @@ def compile(kernel: "Kernel | Schedule", target: "str | TargetSpec | None" = Non
                             f"({template!r})", user_location())
 
     def build(dims: dict, index_dtype: str):
-        return apply_default_schedule(lower_program(program, (), dims, index_dtype), spec)
+        if spec.kind == "llvm" and index_dtype == "int32" and \
+                set(dims) == set(program.dim_names()):
+            from .autotune.lookup import tuned_cpu_schedule
 
-    return CompiledKernel(program, spec, build, "default schedule")
+            found = tuned_cpu_schedule(program, spec, dims)
+            if found is not None:
+                return found[0], f"tuned record ({found[1]})"
+        return apply_default_schedule(lower_program(program, (), dims, index_dtype), spec), \
+            "template defaults"
+
+    return CompiledKernel(program, spec, build, "default schedule, or a tuned record")
 
 
 class AutoKernel:
@@ -106,6 +114,12 @@ class AutoKernel:
 
     def ptx(self, **dims) -> str:
         return self.for_sizes(**dims).ptx(**dims)
+
+    def schedule_origin(self, **dims) -> str:
+        """Whether these sizes run on template defaults or a tuned record (and which kernel)."""
+        chosen = self.for_sizes(**dims)
+        origin = getattr(chosen, "schedule_origin", None)
+        return origin(**dims) if origin else "TVM default schedule"
 
     def benchmark(self, *args, **kwargs) -> float:
         return self._pick(args, kwargs).benchmark(*args, **kwargs)

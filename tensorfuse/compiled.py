@@ -18,7 +18,7 @@ from .errors import TargetError
 from .interop import empty, is_torch, to_tvm, to_tvm_shared, to_user
 from .targets import TargetSpec
 
-Builder = Callable[[dict, str], tvm.IRModule]
+Builder = Callable[[dict, str], "tvm.IRModule | tuple[tvm.IRModule, str]"]
 
 
 class CompiledKernel:
@@ -30,6 +30,7 @@ class CompiledKernel:
         self.description = description
         self._build = build
         self._modules: dict[tuple, tvm.IRModule] = {}
+        self._origins: dict[tuple, str] = {}
         self._executables: dict[tuple, object] = {}
 
     def __repr__(self) -> str:
@@ -44,8 +45,16 @@ class CompiledKernel:
         """The scheduled TensorIR for the given sizes (sizes not given stay symbolic)."""
         key = (tuple(sorted(dims.items())), index_dtype)
         if key not in self._modules:
-            self._modules[key] = self._build(dict(dims), index_dtype)
+            built = self._build(dict(dims), index_dtype)
+            if isinstance(built, tuple):  # (module, where its schedule came from)
+                built, self._origins[key] = built
+            self._modules[key] = built
         return self._modules[key]
+
+    def schedule_origin(self, **dims: int) -> str:
+        """Where the schedule at these sizes comes from (template defaults or a tuned record)."""
+        self.module(**dims)
+        return self._origins.get((tuple(sorted(dims.items())), "int32"), self.description)
 
     def _executable(self, dims: dict, index_dtype: str):
         key = (tuple(sorted(dims.items())), index_dtype)

@@ -151,7 +151,7 @@ def random_inputs(kernel, sizes: dict[str, int], rng: np.random.Generator,
                 "window": max(1, sizes.get("N", 2) // 4), "prefix": max(1, sizes.get("N", 2) // 4),
                 "radius": max(1, sizes.get("N", 2) // 8)}
     defaults.update(scalars or {})
-    values = {p.name: defaults[p.name] for p in program.scalar_params}
+    values = {p.name: defaults.get(p.name, 0.5) for p in program.scalar_params}
     return tensors, values
 
 

@@ -38,6 +38,18 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     return Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3)
 
 
+def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, ...]]:
+    """The values tuning tries for each knob (the defaults among them)."""
+    default = default_knobs(plan, target)
+    if default.splits > 1:  # decode
+        splits = sorted({default.splits, max(1, default.splits // 2), min(128, default.splits * 2)})
+        return {"block_m": (16,), "block_n": (32, 64, 128), "num_warps": (2, 4, 8),
+                "num_stages": (1, 2, 3, 4), "splits": tuple(splits)}
+    wide = plan.feature_extent > 128
+    return {"block_m": (32, 64) if wide else (64, 128), "block_n": (16, 32, 64) if wide else
+            (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3, 4), "splits": (1,)}
+
+
 def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = None,
               tile_n: int | None = None, num_warps: int | None = None,
               num_stages: int | None = None, splits: int | None = None) -> TritonKernel:
@@ -51,5 +63,6 @@ def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = N
         return Knobs(tile_m or k.block_m, tile_n or k.block_n, num_warps or k.num_warps,
                      num_stages if num_stages is not None else k.num_stages, splits or k.splits)
 
+    explicit = any(v is not None for v in (tile_m, tile_n, num_warps, num_stages, splits))
     return TritonKernel(program, chain, target, knobs, f"attention template ({fusion.describe()})",
-                        fusion)
+                        fusion, template=None if explicit else "attention")

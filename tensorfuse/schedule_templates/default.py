@@ -29,22 +29,11 @@ def apply_default_schedule(mod: tvm.IRModule, target: TargetSpec) -> tvm.IRModul
 
 
 def parallelize_outer_loops(mod: tvm.IRModule) -> tvm.IRModule:
-    """Mark the outermost loop of each top-level nest parallel where TVM agrees it is safe."""
+    """``mod`` with the outermost loop of each top-level nest parallel (the CPU template's
+    defaults)."""
     from . import tvm_schedule
+    from .cpu import parallelize_outer_loops as parallelize
 
     sch = tvm_schedule(mod)
-    root = sch.get_sblock("root")
-    seen: set = set()
-    for block in sch.get_child_blocks(root):
-        loops = sch.get_loops(block)
-        if not loops:
-            continue
-        outer = sch.get(loops[0])
-        if any(outer.same_as(s) for s in seen):
-            continue
-        seen.add(outer)
-        try:
-            sch.parallel(loops[0])
-        except tvm.s_tir.ScheduleError:
-            continue  # a reduction or a loop-carried dependence: leave it serial
+    parallelize(sch)
     return sch.mod

@@ -21,6 +21,16 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
                  num_stages=1 if cols <= block_n else 2)
 
 
+def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, ...]]:
+    """The values tuning tries for each knob (the defaults among them)."""
+    default = default_knobs(plan, target)
+    blocks = sorted({default.block_n} | {b for b in (1024, 2048, 4096, 8192)
+                                          if b < default.block_n})
+    rows = sorted({default.block_m} | {r for r in (1, 2, 4, 8) if r * default.block_n <= 16384})
+    return {"block_m": tuple(rows), "block_n": tuple(blocks), "num_warps": (2, 4, 8, 16),
+            "num_stages": (1, 2, 3), "splits": (1,)}
+
+
 def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None = None,
                   block: int | None = None, num_warps: int | None = None) -> TritonKernel:
     """A callable Triton kernel for ``kernel`` with ``fusion`` applied along its rows."""
@@ -31,5 +41,7 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
         k = default_knobs(plan, target)
         return Knobs(rows or k.block_m, block or k.block_n, num_warps or k.num_warps, k.num_stages)
 
+    explicit = any(v is not None for v in (rows, block, num_warps))
     return TritonKernel(program, chain, target, knobs,
-                        f"row-reduction template ({fusion.describe()})", fusion)
+                        f"row-reduction template ({fusion.describe()})", fusion,
+                        template=None if explicit else "row_reduction")

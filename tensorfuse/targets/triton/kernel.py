@@ -1,6 +1,7 @@
 """A fused chain compiled to Triton: callable like any compiled kernel (torch or NumPy in and out)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -17,13 +18,16 @@ class TritonKernel:
     """Calls the generated kernel; one plan and source per shape signature.
 
     ``knobs(plan)`` chooses tile sizes, warps and pipeline stages for a plan (the template's
-    defaults, or a tuned record)."""
+    defaults). With ``template`` named, the best record in this device's tuning database, if
+    there is one for these sizes, replaces them (:meth:`knob_origin` says which was used)."""
 
     def __init__(self, program, chain, target, knobs: Callable[[RowTilePlan], Knobs],
-                 description: str, fusion=None):
+                 description: str, fusion=None, template: str | None = None):
         self.program, self.chain, self.target = program, chain, target
         self.fusion = fusion
         self.knobs = knobs
+        self.template = template
+        self._origin: dict = {}
         self.description = description
         self._built: dict = {}
         self._masks: dict = {}
@@ -39,6 +43,14 @@ class TritonKernel:
         if key not in self._built:
             plan = plan_rowtile(self.program, self.chain, dims)
             knobs = self.knobs(plan)
+            self._origin[key] = "template defaults"
+            if self.template is not None:
+                from ...autotune.lookup import tuned_knobs
+
+                found = tuned_knobs(self.program, self.fusion, self.template, self.target, dims)
+                if found is not None:
+                    knobs = replace(knobs, **found[0])
+                    self._origin[key] = f"tuned record ({found[1]})"
             name = f"{self.program.name}_fused"
             made = kernel_source(plan, knobs, name, interpreter=interpreting())
             if knobs.splits > 1:  # a kernel per split part, then a merge kernel
@@ -49,6 +61,11 @@ class TritonKernel:
                 source, args = made
                 self._built[key] = (plan, knobs, source, load_kernel(source, name), args)
         return self._built[key]
+
+    def schedule_origin(self, **dims) -> str:
+        """Where the knobs at these sizes come from: the template defaults or a tuned record."""
+        self.build(**dims)
+        return self._origin[tuple(sorted(dims.items()))]
 
     def source(self, **dims) -> str:
         """The generated Triton source."""

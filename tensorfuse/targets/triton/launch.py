@@ -17,10 +17,15 @@ _TRITON_TYPES = {"f16": "fp16", "bf16": "bf16", "f32": "fp32", "f64": "fp64", "i
                  "i64": "i64", "bool": "i1"}
 
 
-def cache_dir() -> str:
-    root = os.environ.get("TENSORFUSE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+def cache_root() -> str:
+    """``$TENSORFUSE_CACHE`` or ``~/.cache/tensorfuse``: generated kernels, tuning databases."""
+    return os.environ.get("TENSORFUSE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
                                                               "tensorfuse")
-    path = os.path.join(root, "triton")
+
+
+def cache_dir() -> str:
+    """Where generated Triton sources are written."""
+    path = os.path.join(cache_root(), "triton")
     os.makedirs(path, exist_ok=True)
     return path
 

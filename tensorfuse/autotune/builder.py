@@ -1,0 +1,72 @@
+"""Builders for tuning candidates.
+
+Why TVM's ``LocalBuilder`` was slow (measured 2026-11-22 on the 2-core CI machine): its default
+build function imports ``tvm.s_tir.tensor_intrin`` in every fresh worker, which parses all of
+TVM's CUDA and ROCm tensor intrinsics as TVMScript — 24–31 s before the first line of the build
+(``python -X importtime``: ``tensor_intrin.cuda`` 18 s, ``.rocm`` 3 s) — and ``LocalBuilder``
+starts a fresh process pool for every batch. So every batch paid ~30 s, past the 30 s default
+timeout: every trial failed. Our candidates are already scheduled (nothing left to tensorize), so
+:func:`build_candidate` builds without that import; a batch now costs the pool start (~3 s)
+plus the compiles. GPU templates are compiled by Triton in this process (:class:`TritonBuilder`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
+from tvm.ir.utils import derived_object
+
+from .tasks import TASK_ATTR, knobs_of
+
+
+def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None):
+    """Compile one scheduled candidate (runs in a builder worker)."""
+    from tvm.driver import build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return build(mod, target=target)
+
+
+def tvm_builder(workers: int, timeout_sec: float = 60.0) -> ms.builder.LocalBuilder:
+    """TVM's local builder (a process pool: a crashing candidate cannot take the job down) with
+    :func:`build_candidate` as its build function."""
+    return ms.builder.LocalBuilder(max_workers=workers, timeout_sec=timeout_sec,
+                                   f_build=build_candidate)
+
+
+@derived_object
+class TritonBuilder(PyBuilder):
+    """Compiles each candidate's template knobs with Triton (no GPU needed); the artifact is a
+    small JSON file naming the task and the knobs, which :class:`~.runner.TritonRunner` runs."""
+
+    def __init__(self, tasks_by_key: dict):
+        super().__init__()
+        self.tasks_by_key = tasks_by_key
+        self.folder = tempfile.mkdtemp(prefix="tensorfuse-tune-")
+
+    def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
+        results = []
+        for k, item in enumerate(build_inputs):
+            try:
+                key = task_key(item.mod)
+                task = self.tasks_by_key[key]
+                knobs = knobs_of(item.mod)
+                task.triton_kernel(knobs).compiled(**task.dims)
+                path = os.path.join(self.folder, f"candidate-{os.getpid()}-{id(item)}-{k}.json")
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump({"task": key, "knobs": knobs}, f)
+                results.append(BuilderResult(path, None))
+            except Exception as exc:  # noqa: BLE001 - reported per candidate, counted by the job
+                results.append(BuilderResult(None, f"Triton build failed: "
+                                                   f"{type(exc).__name__}: {exc}"[:2000]))
+        return results
+
+
+def task_key(mod: tvm.IRModule) -> str:
+    """The task a candidate belongs to (the workload's ``tensorfuse.task`` attribute)."""
+    return str(mod["main"].attrs[TASK_ATTR])

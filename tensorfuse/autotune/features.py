@@ -1,0 +1,39 @@
+"""Features the XGBoost cost model sees for GPU template candidates.
+
+TVM's per-store features describe loops and buffer accesses of TensorIR; a template candidate
+differs from its siblings only in its knobs (tile sizes, warps, stages, split parts), which
+Triton turns into code. So the model is given the knobs themselves (log2 of each, and the tile
+area, warps per tile row and the number of programs per row tile sweep) — the quantities the
+kernel's speed depends on.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+from tvm.s_tir.meta_schedule.feature_extractor import PyFeatureExtractor
+from tvm.ir.utils import derived_object
+
+from .tasks import KNOB_ORDER, knobs_of
+
+
+def knob_features(knobs: dict[str, int]) -> list[float]:
+    """One row of features for one candidate."""
+    values = [float(knobs.get(name, 1)) for name in KNOB_ORDER]
+    logs = [math.log2(max(v, 1.0)) for v in values]
+    block_m, block_n, warps, stages, splits = values
+    return logs + [math.log2(block_m * block_n), math.log2(block_m * block_n / warps),
+                   stages * math.log2(block_n), math.log2(splits * block_m)]
+
+
+@derived_object
+class KnobFeatures(PyFeatureExtractor):
+    """:func:`knob_features` of each candidate's recorded knobs."""
+
+    def extract_from(self, context, candidates):
+        out = []
+        for candidate in candidates:
+            row = knob_features(knobs_of(candidate.sch.mod))
+            out.append(tvm.runtime.tensor(np.asarray([row], dtype="float32")))
+        return out

@@ -1,0 +1,291 @@
+"""A tuning job: MetaSchedule with TVM's XGBoost cost model over our templates' spaces.
+
+>>> summary = tensorfuse.tune(softmax, target="llvm", trials=32, M=256, N=1024)
+>>> print(summary)          # per kernel: trials, best latency, speedup over the defaults
+
+Records go to this device's database (see :mod:`.database`) as they are measured, so a job that
+is interrupted — Ctrl-C, ``kill -9`` — loses at most the batch in flight; running the same job
+again counts the trials already recorded and runs only the rest. Several kernels in one job share
+the trial budget through TVM's gradient task scheduler.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import numpy as np
+import tvm
+
+from ..errors import TuningError
+from ..kernel import Kernel
+from ..targets import TargetSpec, get_target
+from .database import DatabaseLock, default_database_dir, open_database
+from .tasks import TuningTask, make_task, tuning_target
+
+
+@dataclass
+class TaskResult:
+    """How one kernel's tuning went."""
+
+    name: str
+    template: str
+    trials: int = 0              # records in the database for it now (all jobs)
+    trials_this_job: int = 0
+    failures_this_job: int = 0   # candidates that did not build, run, or match the defaults
+    best_secs: float | None = None      # the best record, timed here like the defaults
+    default_secs: float | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best_secs is None or self.default_secs is None:
+            return None
+        return self.default_secs / self.best_secs
+
+
+@dataclass
+class TuningSummary:
+    """What a job did; ``str()`` is the table printed at its end."""
+
+    target: str
+    database: str
+    tasks: list[TaskResult]
+    seconds: float
+    interrupted: bool = False
+
+    def table(self) -> str:
+        rows = [("kernel", "template", "trials", "failed", "best ms", "default ms", "speedup")]
+        for t in self.tasks:
+            rows.append((t.name, t.template, f"{t.trials} (+{t.trials_this_job})",
+                         str(t.failures_this_job), _ms(t.best_secs), _ms(t.default_secs),
+                         f"{t.speedup:.2f}x" if t.speedup else "-"))
+        widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        state = "interrupted" if self.interrupted else "done"
+        return (f"tuning {state} on {self.target} in {self.seconds:.0f} s; database "
+                f"{self.database}\n{self.table()}")
+
+
+def _ms(secs: float | None) -> str:
+    return "-" if secs is None else f"{secs * 1e3:.4g}"
+
+
+KernelSpec = "Kernel | tuple[Kernel, dict]"
+
+
+def tune(kernels: "Kernel | Iterable[Kernel | tuple[Kernel, dict]]", target: "str | TargetSpec" = "auto",
+         trials: int = 64, *, database: str | None = None, trials_per_iter: int | None = None,
+         progress: "bool | Callable[[str], None]" = True, seed: int | None = None,
+         **dims: int) -> TuningSummary:
+    """Tune ``kernels`` on ``target`` with MetaSchedule and the XGBoost cost model.
+
+    ``kernels``: a kernel, or a list of kernels or ``(kernel, sizes)`` pairs; sizes not given in
+    a pair come from ``**dims``. ``trials``: the budget of measured candidates for the whole job
+    (trials already in the database count). ``database``: a folder (default: this device's, the
+    one ``compile`` reads). ``progress``: print a line per batch to stderr, or pass a function.
+    Returns the summary (also printed when ``progress`` is on)."""
+    start = time.time()
+    spec = get_target(target)
+    if not isinstance(trials, int) or trials < 1:
+        raise TuningError(f"trials must be a positive integer, got {trials!r}")
+    _check_device(spec)
+    tasks = _tasks(kernels, dims, spec)
+    path = os.path.abspath(database or default_database_dir(spec))
+    say = _reporter(progress)
+    with DatabaseLock(path):
+        db = open_database(path)
+        results = [TaskResult(t.name, t.template, trials=_trials_recorded(db, t)) for t in tasks]
+        remaining = trials - sum(r.trials for r in results)
+        say(f"tuning {len(tasks)} kernel(s) on {spec.name}: {trials} trials, "
+            f"{max(remaining, 0)} to run; database {path}")
+        interrupted = False
+        if remaining > 0:
+            try:
+                _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, seed, say)
+            except KeyboardInterrupt:
+                interrupted = True
+                say("interrupted: what was measured is in the database; run the job again to "
+                    "go on from there")
+        db = open_database(path)
+        for task, result in zip(tasks, results):
+            result.trials = _trials_recorded(db, task)
+            result.default_secs = _time(task, path, tuned=False)
+            result.best_secs = _time(task, path, tuned=True)
+    summary = TuningSummary(spec.name, path, results, time.time() - start, interrupted)
+    say(str(summary))
+    return summary
+
+
+def _check_device(spec: TargetSpec) -> None:
+    if spec.kind == "rocm":
+        raise TuningError(f"tuning measures candidates on the device, and {spec.name} cannot run "
+                          "here: this TVM build has no ROCm runtime and no AMD GPU is visible. "
+                          "Code generation works without it (compile(...).compiled(...) / "
+                          "rocm_assembly()); tune on a machine with the GPU")
+    if spec.kind == "cuda":
+        if not tvm.cuda(0).exist:
+            raise TuningError(f"tuning for {spec.name} needs the NVIDIA GPU it is for, and none "
+                              "is visible on this machine; tune on the GPU machine, or tune "
+                              "target='llvm' here")
+        try:
+            import torch
+            import triton  # noqa: F401
+        except ImportError as exc:
+            raise TuningError(f"tuning GPU templates needs torch and triton ({exc})") from None
+        if not torch.cuda.is_available():
+            raise TuningError("tuning GPU templates runs candidates through PyTorch, whose build "
+                              "here has no CUDA")
+
+
+def _tasks(kernels, dims: dict, spec: TargetSpec) -> list[TuningTask]:
+    items = [kernels] if isinstance(kernels, (Kernel, tuple)) else list(kernels)
+    if not items:
+        raise TuningError("no kernels to tune")
+    tasks, names = [], set()
+    for item in items:
+        kernel, sizes = item if isinstance(item, tuple) else (item, {})
+        if not isinstance(kernel, Kernel):
+            raise TuningError(f"tune takes @tensorfuse.kernel functions, got "
+                              f"{type(kernel).__name__}")
+        task = make_task(kernel, {**dims, **sizes}, spec)
+        if task.name in names:
+            raise TuningError(f"{task.name} is listed twice")
+        names.add(task.name)
+        tasks.append(task)
+    return tasks
+
+
+def _reporter(progress) -> Callable[[str], None]:
+    if callable(progress):
+        return progress
+    if progress:
+        return lambda line: print(line, file=sys.stderr, flush=True)
+    return lambda line: None
+
+
+def _records(db, task: TuningTask) -> list:
+    if not db.has_workload(task.mod):
+        return []
+    workload = db.commit_workload(task.mod)
+    return [r for r in db.get_all_tuning_records() if r.workload.same_as(workload)
+            or tvm.ir.structural_equal(r.workload.mod, task.mod)]
+
+
+def _trials_recorded(db, task: TuningTask) -> int:
+    return len(_records(db, task))
+
+
+def _time(task: TuningTask, path: str, tuned: bool) -> float | None:
+    """Seconds per call of the template defaults (what ``compile`` gives untuned) or of the best
+    record, measured here in the same way for both (the tuning runner's own numbers come from a
+    worker process and are only compared with each other)."""
+    from .lookup import best_record
+
+    found = best_record(task.mod, task.target, path) if tuned else None
+    if tuned and found is None:
+        return None
+    if task.template == "cpu":
+        from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+        from ..schedule_templates.default import apply_default_schedule
+
+        mod = found[0] if tuned else apply_default_schedule(task.mod, task.target)
+        lib = tvm.compile(mod, target=tuning_target(task.target))
+        dev = tvm.cpu(0)
+        args = [tvm.runtime.tensor(_random(info), dev)
+                for info in ArgInfo.from_prim_func(mod["main"])]
+        timer = lib.mod.time_evaluator("main", dev, number=3, repeat=5, min_repeat_ms=20)
+        return float(np.median(timer(*args).results))
+    from .runner import TritonRunner
+    from .tasks import knobs_of
+
+    args, _, _ = TritonRunner({task.name: task}).inputs(task.name)
+    kernel = task.triton_kernel(knobs_of(found[0]) if tuned else None)
+    return kernel.benchmark(*args) * 1e-3
+
+
+def _random(info) -> np.ndarray:
+    shape = [int(s) for s in info.shape]
+    dtype = str(info.dtype)
+    if dtype.startswith("int"):
+        return np.random.default_rng().integers(0, 4, size=shape).astype(dtype)
+    data = np.random.default_rng().standard_normal(shape).astype(np.float32)
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return data.astype(ml_dtypes.bfloat16)
+    return data.astype(dtype)
+
+
+def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, seed, say) -> None:
+    from tvm.s_tir import meta_schedule as ms
+
+    from .builder import TritonBuilder, tvm_builder
+    from .features import KnobFeatures
+    from .progress import Progress
+    from .runner import TritonRunner
+
+    workers = max(1, os.cpu_count() or 1)
+    per_iter = trials_per_iter or max(4, min(32, remaining // 2 or 1))
+    contexts = [_context(t, spec, per_iter, seed) for t in tasks]
+    if spec.kind == "llvm":
+        builder = tvm_builder(workers)
+        runner = ms.runner.LocalRunner(
+            timeout_sec=60, evaluator_config=ms.runner.EvaluatorConfig(
+                number=3, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False))
+        extractor = "per-store-feature"
+    else:
+        by_key = {t.name: t for t in tasks}
+        builder, runner, extractor = TritonBuilder(by_key), TritonRunner(by_key), KnobFeatures()
+    cost_model = ms.cost_model.XGBModel(extractor=extractor, num_warmup_samples=min(16, per_iter),
+                                         num_tuning_cores=workers)
+    callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [
+        Progress(tasks, results, say)]
+    os.makedirs(os.path.join(path, "logs"), exist_ok=True)
+    ms.tune_tasks(tasks=contexts, task_weights=[1.0] * len(tasks), work_dir=path,
+                  max_trials_global=remaining,
+                  max_trials_per_task=max(trials - r.trials for r in results),
+                  num_trials_per_iter=per_iter, builder=builder, runner=runner, database=db,
+                  cost_model=cost_model, measure_callbacks=callbacks,
+                  task_scheduler="gradient" if len(tasks) > 1 else "round-robin")
+
+
+def _context(task: TuningTask, spec: TargetSpec, per_iter: int, seed: int | None):
+    """A MetaSchedule TuneContext for ``task``.
+
+    Made through TVM's FFI constructor rather than ``TuneContext(...)``, whose ``__init__``
+    imports every tensor intrinsic (24 s here; our spaces tensorize nothing)."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule import _ffi_api
+    from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
+
+    from ..schedule_templates.cpu import cpu_search_space
+    from .tasks import knob_space
+
+    if task.template == "cpu":
+        space = ms.space_generator.ScheduleFn(
+            cpu_search_space, sch_rules=[],
+            postprocs=[ms.postproc.DisallowDynamicLoop(),
+                       ms.postproc.RewriteParallelVectorizeUnroll(),
+                       ms.postproc.RewriteReductionBlock()],
+            mutator_probs={ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2})
+    else:
+        space = ms.space_generator.ScheduleFn(knob_space(task.choices()), sch_rules=[],
+                                              postprocs=[], mutator_probs={})
+    strategy = ms.search_strategy.EvolutionarySearch(
+        population_size=max(32, 4 * per_iter), init_min_unmeasured=max(16, 2 * per_iter),
+        genetic_num_iters=2)
+    context = ms.TuneContext.__new__(ms.TuneContext)
+    context.__init_handle_by_constructor__(
+        _ffi_api.TuneContext, task.mod, tuning_target(spec), space, strategy, task.name,
+        max(1, os.cpu_count() or 1), -1 if seed is None else seed,
+        get_logging_func(get_logger("tensorfuse.autotune")))
+    _ffi_api.TuneContextInitialize(context)
+    return context

@@ -1,0 +1,76 @@
+"""Runs Triton tuning candidates on the local GPU, checking each against the template defaults.
+
+Each task gets fresh random inputs once (never zeros); the defaults' outputs are the reference a
+candidate must match (per dtype tolerance, as in the tests) before its time counts — a candidate
+that computes something else is a failed trial, reported as such, not a fast one.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerInput, RunnerResult
+from tvm.ir.utils import derived_object
+
+TOLERANCE = {"bf16": 3e-2, "f16": 5e-3, "f32": 1e-4, "f64": 1e-8}  # max |err| / max |ref|
+
+
+def done(result: RunnerResult) -> RunnerFuture:
+    """A future already resolved (Triton runs synchronously in this process)."""
+    return RunnerFuture(f_done=lambda: True, f_result=lambda: result)
+
+
+@derived_object
+class TritonRunner(PyRunner):
+    """Times candidates with ``triton.testing.do_bench`` (median; warm-up and L2 flush)."""
+
+    def __init__(self, tasks_by_key: dict, repeat_ms: int = 50):
+        super().__init__()
+        self.tasks_by_key = tasks_by_key
+        self.repeat_ms = repeat_ms
+        self._inputs: dict = {}
+
+    def inputs(self, key: str):
+        """(arguments, reference outputs, output dtype) for a task, made once."""
+        if key not in self._inputs:
+            task = self.tasks_by_key[key]
+            args = random_inputs(task.kernel, task.dims)
+            reference = _as_list(task.triton_kernel(None)(*args))
+            dtype = task.kernel.program.outputs[0].dtypes[0]
+            self._inputs[key] = (args, [r.float() for r in reference], dtype)
+        return self._inputs[key]
+
+    def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
+        futures = []
+        for item in runner_inputs:
+            try:
+                with open(item.artifact_path, encoding="utf-8") as f:
+                    spec = json.load(f)
+                task = self.tasks_by_key[spec["task"]]
+                args, reference, dtype = self.inputs(spec["task"])
+                kernel = task.triton_kernel(spec["knobs"])
+                outs = _as_list(kernel(*args))
+                for got, want in zip(outs, reference):
+                    err = float((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-30))
+                    if not err <= TOLERANCE.get(dtype, 3e-2):
+                        raise ValueError(f"wrong result (relative error {err:.3g} against the "
+                                         "template defaults)")
+                ms = kernel.benchmark(*args, repeat=self.repeat_ms)
+                futures.append(done(RunnerResult([ms * 1e-3], None)))
+            except Exception as exc:  # noqa: BLE001 - a failed trial, counted by the job
+                futures.append(done(RunnerResult(None, f"{type(exc).__name__}: {exc}"[:2000])))
+        return futures
+
+
+def random_inputs(kernel, dims: dict) -> list:
+    """Fresh random inputs (never zeros) as torch tensors on the GPU, in call order."""
+    from ..kernels.reference import random_inputs as numpy_inputs
+    from ..targets.triton.kernel import _from_numpy
+
+    tensors, scalars = numpy_inputs(kernel, dims, np.random.default_rng())
+    return [_from_numpy(tensors[p.name], "cuda") if p.name in tensors else scalars[p.name]
+            for p in kernel.program.params]
+
+
+def _as_list(out) -> list:
+    return list(out) if isinstance(out, tuple) else [out]

@@ -1,0 +1,170 @@
+"""Tuning tasks: one kernel at fixed sizes on one target, as a MetaSchedule workload and space.
+
+The workload is the TensorIR the kernel is compiled from at those sizes, so the database is
+keyed exactly by what ``tensorfuse.compile`` will look up:
+- CPU (``llvm``): the plain lowering; the space is the CPU template's (parallel outer loops,
+  sampled vector widths and unroll depth), built and run by TVM.
+- GPU: the program with its reductions fused by the template ``auto`` picks (attention or row
+  reduction), marked with the template's name; the space samples the template's knobs (tile
+  sizes, warps, pipeline stages, split parts) with ``sample_categorical`` and records each
+  choice as an annotation on the root block, which the Triton builder reads back.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import tvm
+
+from ..dsl.program import Program
+from ..errors import TuningError
+from ..schedule_templates import lower_program
+from ..schedule_templates.fusion import Fusion
+from ..targets import TargetSpec
+
+KNOB_PREFIX = "tensorfuse.knob."
+TEMPLATE_ATTR = "tensorfuse.template"
+TASK_ATTR = "tensorfuse.task"
+KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits")
+
+
+def workload(program: Program, template: str, fusion: Fusion | None, dims: dict) -> tvm.IRModule:
+    """The TensorIR a kernel is tuned and looked up by (one function named ``main``)."""
+    if template == "cpu":
+        mod = lower_program(program, (), dims, "int32")
+    else:
+        mod = lower_program(program, (fusion,), dims)
+    func = next(iter(mod.functions.values()))
+    if template != "cpu":
+        func = func.with_attr(TEMPLATE_ATTR, template).with_attr(
+            TASK_ATTR, task_name(program.name, dims))
+    return tvm.IRModule({"main": func})
+
+
+def task_name(kernel_name: str, dims: dict) -> str:
+    """``softmax[M=256,N=1024]``: a kernel at fixed sizes."""
+    return f"{kernel_name}[{','.join(f'{k}={v}' for k, v in sorted(dims.items()))}]"
+
+
+def tuning_target(target: TargetSpec) -> tvm.target.Target:
+    """The TVM target records are made for (the CPU's with its core count, which MetaSchedule's
+    parallel rules read)."""
+    if target.kind == "llvm":
+        import os
+
+        return tvm.target.Target({"kind": "llvm", "num-cores": max(1, os.cpu_count() or 1)})
+    return target.tvm_target
+
+
+def knobs_of(mod: tvm.IRModule) -> dict[str, int]:
+    """The template knobs recorded on a scheduled workload's root block."""
+    func = mod["main"]
+    annotations = func.body.block.annotations
+    return {key[len(KNOB_PREFIX):]: int(value) for key, value in annotations.items()
+            if key.startswith(KNOB_PREFIX)}
+
+
+def knob_space(choices: dict[str, tuple[int, ...]]):
+    """A MetaSchedule schedule function sampling one value per knob (uniformly)."""
+    names = [n for n in KNOB_ORDER if n in choices]
+
+    def space(sch: tvm.s_tir.Schedule) -> None:
+        root = sch.get_sblock("root")
+        for name in names:
+            values = [int(v) for v in choices[name]]
+            picked = sch.sample_categorical(values, [1.0 / len(values)] * len(values))
+            sch.annotate(root, KNOB_PREFIX + name, picked)
+
+    return space
+
+
+@dataclass
+class TuningTask:
+    """One kernel at fixed sizes on one target."""
+
+    kernel: object            # a tensorfuse Kernel
+    dims: dict
+    target: TargetSpec
+    template: str             # "cpu", "attention" or "row_reduction"
+    fusion: Fusion | None = None
+    mod: tvm.IRModule = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.mod = workload(self.kernel.program, self.template, self.fusion, self.dims)
+
+    @property
+    def name(self) -> str:
+        return task_name(self.kernel.name, self.dims)
+
+    @property
+    def space_size(self) -> int | None:
+        """How many schedules the space holds (template knobs only; None for the CPU space)."""
+        if self.template == "cpu":
+            return None
+        return math.prod(len(v) for v in self.choices().values())
+
+    def choices(self) -> dict[str, tuple[int, ...]]:
+        """The template's knob values for these sizes."""
+        from ..algebra import plan_chain
+        from ..targets.triton.rowtile import plan_rowtile
+
+        module = _template_module(self.template)
+        chain = plan_chain(self.kernel.program, self.fusion.names, self.fusion.axis)
+        plan = plan_rowtile(self.kernel.program, chain, self.dims)
+        return module.knob_choices(plan, self.target)
+
+    def triton_kernel(self, knobs: dict[str, int] | None):
+        """The template's Triton kernel with ``knobs`` fixed (``None``: the template defaults)."""
+        from dataclasses import replace
+
+        from ..algebra import plan_chain
+        from ..targets.triton.kernel import TritonKernel
+
+        module = _template_module(self.template)
+        chain = plan_chain(self.kernel.program, self.fusion.names, self.fusion.axis)
+
+        def pick(plan):
+            default = module.default_knobs(plan, self.target)
+            return replace(default, **knobs) if knobs else default
+
+        return TritonKernel(self.kernel.program, chain, self.target, pick,
+                            f"{self.template} template, tuning candidate {knobs}", self.fusion)
+
+
+def _template_module(template: str):
+    """The module of a GPU template (its ``default_knobs`` and ``knob_choices``)."""
+    import importlib
+
+    return importlib.import_module(f"tensorfuse.schedule_templates.{template}")
+
+
+def make_task(kernel, dims: dict, target: TargetSpec) -> TuningTask:
+    """The task for ``kernel`` at ``dims``: the template ``compile`` would use on ``target``."""
+    missing = sorted(set(kernel.program.dim_names()) - set(dims))
+    if missing:
+        raise TuningError(f"tuning {kernel.name} needs every size fixed; missing "
+                          f"{', '.join(missing)} (its sizes: {', '.join(kernel.program.dim_names())})")
+    unknown = sorted(set(dims) - set(kernel.program.dim_names()))
+    if unknown:
+        raise TuningError(f"{kernel.name} has no size named {', '.join(unknown)}; its sizes: "
+                          f"{', '.join(kernel.program.dim_names())}")
+    if not target.is_gpu:
+        return TuningTask(kernel, dict(dims), target, "cpu")
+    from ..schedule_templates.auto import choose
+
+    choice = choose(kernel.program, target)
+    if choice is None:
+        raise TuningError(f"{kernel.name} fits no GPU template (no reduction chain the rolling "
+                          "update accepts along one axis), so there is nothing to tune on "
+                          f"{target.name}; it runs on TVM's default schedule")
+    template, fusion = choice
+    from ..targets.triton.rowtile import plan_rowtile
+    from ..algebra import plan_chain
+    from ..errors import TargetError
+
+    try:
+        plan_rowtile(kernel.program, plan_chain(kernel.program, fusion.names, fusion.axis), dims)
+    except TargetError as exc:
+        raise TuningError(f"{kernel.name} at these sizes does not fit the {template} template "
+                          f"({exc.message}); it runs on TVM's default schedule") from None
+    return TuningTask(kernel, dict(dims), target, template, fusion)
