@@ -2,6 +2,10 @@
 
     tensorfuse demo [--target T] [--out DIR]      compile attention, check it, time it
     tensorfuse show FILE.py:KERNEL [--target T] [--cuda] [--size M=128 ...]
+    tensorfuse tune FILE.py:KERNEL [...] [--target T] [--trials N] [--size M=128 ...]
+                                                  tune kernels into this device's database
+
+KERNEL specs are FILE.py:NAME or an importable module, e.g. tensorfuse.kernels:softmax.
 """
 from __future__ import annotations
 
@@ -17,19 +21,25 @@ from .errors import TensorfuseError
 
 
 def _load_kernel(spec: str):
-    """``path/to/file.py:name`` → the Kernel object called ``name`` in that file."""
+    """``path/to/file.py:name`` (or ``package.module:name``) → the Kernel object ``name``."""
     from .kernel import Kernel
 
     path, sep, name = spec.rpartition(":")
     if not sep or not path or not name:
         raise TensorfuseError(f"expected FILE.py:KERNEL, got {spec!r}")
     if not os.path.exists(path):
-        raise TensorfuseError(f"no such file: {path}")
-    module_name = f"_tensorfuse_user_{abs(hash(os.path.abspath(path)))}"
-    loader = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(loader)
-    sys.modules[module_name] = module
-    loader.loader.exec_module(module)
+        if path.endswith(".py") or os.sep in path:
+            raise TensorfuseError(f"no such file: {path}")
+        try:
+            module = importlib.import_module(path)
+        except ImportError as exc:
+            raise TensorfuseError(f"no such file or module: {path} ({exc})") from None
+    else:
+        module_name = f"_tensorfuse_user_{abs(hash(os.path.abspath(path)))}"
+        loader = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[module_name] = module
+        loader.loader.exec_module(module)
     kernel = getattr(module, name, None)
     if not isinstance(kernel, Kernel):
         found = [k for k, v in vars(module).items() if isinstance(v, Kernel)]
@@ -60,6 +70,18 @@ def cmd_show(args) -> int:
     else:
         print(compiled.tvm_script(**sizes))
     return 0
+
+
+def cmd_tune(args) -> int:
+    from .autotune import tune
+
+    kernels = [_load_kernel(spec) for spec in args.kernel]
+    summary = tune(kernels, target=args.target, trials=args.trials, database=args.database,
+                   trials_per_iter=args.trials_per_iter, progress=not args.quiet,
+                   **_sizes(args.size))
+    if args.quiet:
+        print(summary)
+    return 130 if summary.interrupted else 0
 
 
 def cmd_demo(args) -> int:
@@ -130,6 +152,21 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--cuda", action="store_true", help="print CUDA C++ instead of TensorIR")
     show.add_argument("--size", action="append", metavar="NAME=N", help="fix a size (repeatable)")
     show.set_defaults(run=cmd_show)
+    tune = sub.add_parser("tune", help="tune kernels with MetaSchedule + XGBoost into this "
+                                       "device's database (resumable)")
+    tune.add_argument("kernel", nargs="+", help="FILE.py:KERNEL or module:KERNEL (several share "
+                                                "the trial budget)")
+    tune.add_argument("--target", default="auto", help="auto (default: the GPU if any, else the "
+                                                       "CPU), llvm, cuda")
+    tune.add_argument("--trials", type=int, default=64, help="measured candidates in all "
+                                                             "(those already recorded count)")
+    tune.add_argument("--size", action="append", metavar="NAME=N", help="fix a size (every "
+                                                                         "size must be fixed)")
+    tune.add_argument("--database", default=None, help="database folder (default: this device's,"
+                                                       " which compile reads)")
+    tune.add_argument("--trials-per-iter", type=int, default=None)
+    tune.add_argument("--quiet", action="store_true", help="only the summary table")
+    tune.set_defaults(run=cmd_tune)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

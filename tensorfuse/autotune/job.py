@@ -10,14 +10,18 @@ the trial budget through TVM's gradient task scheduler.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import numpy as np
 import tvm
+import tvm_ffi
 
 from ..errors import TuningError
 from ..kernel import Kernel
@@ -105,12 +109,16 @@ def tune(kernels: "Kernel | Iterable[Kernel | tuple[Kernel, dict]]", target: "st
         remaining = trials - sum(r.trials for r in results)
         say(f"tuning {len(tasks)} kernel(s) on {spec.name}: {trials} trials, "
             f"{max(remaining, 0)} to run; database {path}")
-        interrupted = False
+        stop = threading.Event()
         if remaining > 0:
-            try:
-                _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, seed, say)
-            except KeyboardInterrupt:
-                interrupted = True
+            with _stop_on_ctrl_c(stop, say):
+                try:
+                    _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter,
+                         seed, say, stop)
+                except Exception:  # noqa: BLE001 - MetaSchedule re-raises our stop as its own
+                    if not stop.is_set():
+                        raise
+            if stop.is_set():
                 say("interrupted: what was measured is in the database; run the job again to "
                     "go on from there")
         db = open_database(path)
@@ -118,9 +126,30 @@ def tune(kernels: "Kernel | Iterable[Kernel | tuple[Kernel, dict]]", target: "st
             result.trials = _trials_recorded(db, task)
             result.default_secs = _time(task, path, tuned=False)
             result.best_secs = _time(task, path, tuned=True)
-    summary = TuningSummary(spec.name, path, results, time.time() - start, interrupted)
+    summary = TuningSummary(spec.name, path, results, time.time() - start, stop.is_set())
     say(str(summary))
     return summary
+
+
+@contextlib.contextmanager
+def _stop_on_ctrl_c(stop: threading.Event, say):
+    """Ctrl-C asks the job to stop after the batch in flight (its records are then complete);
+    a second Ctrl-C stops at once. Outside the main thread, Ctrl-C is left alone."""
+    def handler(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        say("stopping after the batch in flight (Ctrl-C again to stop now)")
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _check_device(spec: TargetSpec) -> None:
@@ -175,7 +204,7 @@ def _records(db, task: TuningTask) -> list:
         return []
     workload = db.commit_workload(task.mod)
     return [r for r in db.get_all_tuning_records() if r.workload.same_as(workload)
-            or tvm.ir.structural_equal(r.workload.mod, task.mod)]
+            or tvm_ffi.structural_equal(r.workload.mod, task.mod)]
 
 
 def _trials_recorded(db, task: TuningTask) -> int:
@@ -224,7 +253,8 @@ def _random(info) -> np.ndarray:
     return data.astype(dtype)
 
 
-def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, seed, say) -> None:
+def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, seed, say,
+         stop: threading.Event) -> None:
     from tvm.s_tir import meta_schedule as ms
 
     from .builder import TritonBuilder, tvm_builder
@@ -247,7 +277,7 @@ def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, see
     cost_model = ms.cost_model.XGBModel(extractor=extractor, num_warmup_samples=min(16, per_iter),
                                          num_tuning_cores=workers)
     callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [
-        Progress(tasks, results, say)]
+        Progress(tasks, results, say, stop)]
     os.makedirs(os.path.join(path, "logs"), exist_ok=True)
     ms.tune_tasks(tasks=contexts, task_weights=[1.0] * len(tasks), work_dir=path,
                   max_trials_global=remaining,

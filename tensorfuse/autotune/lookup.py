@@ -29,8 +29,10 @@ def _database(path: str):
     return cached[1]
 
 
-def best_record(mod: tvm.IRModule, target: TargetSpec, path: str | None = None):
-    """``(scheduled module, best latency in seconds)`` for ``mod`` from the database, or None."""
+def best_record(mod: tvm.IRModule, target: TargetSpec, path: str | None = None,
+                apply_to: tvm.IRModule | None = None):
+    """``(scheduled module, best latency in seconds)`` for ``mod`` from the database, or None;
+    the record's trace is replayed on ``apply_to`` (same loops and blocks) when given."""
     path = path or default_database_dir(target)
     db = _database(path)
     if db is None or not db.has_workload(mod):
@@ -38,7 +40,7 @@ def best_record(mod: tvm.IRModule, target: TargetSpec, path: str | None = None):
     records = db.get_top_k(db.commit_workload(mod), 1)
     if not records:
         return None
-    sch = tvm.s_tir.Schedule(mod)
+    sch = tvm.s_tir.Schedule(apply_to if apply_to is not None else mod)
     records[0].trace.apply_to_schedule(sch, remove_postproc=False)
     secs = [float(s) for s in records[0].run_secs]
     return sch.mod, sum(secs) / len(secs)
@@ -56,7 +58,8 @@ def tuned_knobs(program: Program, fusion, template: str, target: TargetSpec,
 
 def tuned_cpu_schedule(program: Program, target: TargetSpec, dims: dict):
     """``(scheduled module, where from)`` of the best CPU record at ``dims``, or None."""
-    found = best_record(workload(program, "cpu", None, dims), target)
+    found = best_record(workload(program, "cpu", None, dims), target,
+                        apply_to=workload(program, "cpu", None, dims, bind_scalars=False))
     if found is None:
         return None
     mod, secs = found

@@ -10,9 +10,9 @@ from tvm.ir.utils import derived_object
 class Progress(PyMeasureCallback):
     """Counts each task's trials and failures and reports after every batch."""
 
-    def __init__(self, tasks, results, say):
+    def __init__(self, tasks, results, say, stop=None):
         super().__init__()
-        self.tasks, self.results, self.say = tasks, results, say
+        self.tasks, self.results, self.say, self.stop = tasks, results, say, stop
         self.best: dict[int, float] = {}
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
@@ -33,3 +33,9 @@ class Progress(PyMeasureCallback):
         self.say(f"  {result.name}: {done} trials ({result.trials_this_job} this job, "
                  f"{result.failures_this_job} failed), best this job "
                  + ("-" if best is None else f"{best * 1e3:.4g} ms"))
+        if self.stop is not None and self.stop.is_set():
+            raise StopTuning("stopped on request")  # the batch is recorded: a clean place to stop
+
+
+class StopTuning(Exception):
+    """Raised after a recorded batch to end a job early (Ctrl-C)."""

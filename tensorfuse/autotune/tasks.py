@@ -28,17 +28,34 @@ TASK_ATTR = "tensorfuse.task"
 KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits")
 
 
-def workload(program: Program, template: str, fusion: Fusion | None, dims: dict) -> tvm.IRModule:
-    """The TensorIR a kernel is tuned and looked up by (one function named ``main``)."""
+def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
+             bind_scalars: bool = True) -> tvm.IRModule:
+    """The TensorIR a kernel is tuned and looked up by (one function named ``main``).
+
+    MetaSchedule measures functions of tensors only, so scalar parameters are bound to fixed
+    values (:func:`scalar_values`); a tuned trace replays on the unbound function as well, since
+    the loops and blocks are the same."""
     if template == "cpu":
         mod = lower_program(program, (), dims, "int32")
     else:
         mod = lower_program(program, (fusion,), dims)
     func = next(iter(mod.functions.values()))
+    if bind_scalars and program.scalar_params:
+        values = scalar_values(program, dims)
+        by_name = {p.name: p for p in func.params}
+        func = func.specialize({by_name[name]: tvm.tirx.const(value, str(by_name[name].ty))
+                                for name, value in values.items()})
     if template != "cpu":
         func = func.with_attr(TEMPLATE_ATTR, template).with_attr(
             TASK_ATTR, task_name(program.name, dims))
     return tvm.IRModule({"main": func})
+
+
+def scalar_values(program: Program, dims: dict) -> dict:
+    """The values scalar parameters are bound to in a workload (fixed, so lookups match)."""
+    from ..kernels.reference import default_scalars
+
+    return default_scalars(program, dims)
 
 
 def task_name(kernel_name: str, dims: dict) -> str:

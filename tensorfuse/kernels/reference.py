@@ -147,12 +147,17 @@ def random_inputs(kernel, sizes: dict[str, int], rng: np.random.Generator,
             tensors[p.name] = _integer_tensor(p.name, shape, sizes, rng)
         else:
             tensors[p.name] = rng.standard_normal(shape).astype(dt.to_numpy(p.dtype))
+    return tensors, default_scalars(program, sizes, scalars)
+
+
+def default_scalars(program, sizes: dict[str, int], given: dict | None = None) -> dict:
+    """Values for a program's scalar parameters that suit the library kernels (0.5 for a name
+    it does not know), with ``given`` taking precedence."""
     defaults = {"scale": 1.0 / math.sqrt(sizes.get("D", 1)), "cap": 50.0, "eps": 1e-5,
                 "window": max(1, sizes.get("N", 2) // 4), "prefix": max(1, sizes.get("N", 2) // 4),
                 "radius": max(1, sizes.get("N", 2) // 8)}
-    defaults.update(scalars or {})
-    values = {p.name: defaults.get(p.name, 0.5) for p in program.scalar_params}
-    return tensors, values
+    defaults.update(given or {})
+    return {p.name: defaults.get(p.name, 0.5) for p in program.scalar_params}
 
 
 def _integer_tensor(name: str, shape, sizes, rng) -> np.ndarray:

@@ -1,0 +1,166 @@
+"""Tuning jobs on the CPU target: results in the database, compile uses them, resume after Ctrl-C
+or kill -9 with nothing lost or corrupted, clear errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import tensorfuse as tf
+from tensorfuse import kernels as K
+from tensorfuse.autotune import open_database, repair_database, tune
+from tensorfuse.autotune.database import RECORDS, WORKLOADS, DatabaseLock
+from tensorfuse.errors import TuningError
+from tensorfuse.kernels.reference import TOLERANCE, random_inputs, reference, relative_error
+
+SIZES = dict(M=64, N=256)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A private cache folder, so the device's default database is a fresh one."""
+    monkeypatch.setenv("TENSORFUSE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _records(path) -> list:
+    with open(os.path.join(path, RECORDS)) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def test_tune_records_trials_and_compile_uses_the_best(cache, rng):
+    lines = []
+    summary = tune(K.softmax, "llvm", trials=8, progress=lines.append, **SIZES)
+    (task,) = summary.tasks
+    assert task.trials == 8 and task.trials_this_job == 8 and task.failures_this_job == 0
+    assert task.best_secs > 0 and task.default_secs > 0
+    assert len(_records(summary.database)) == 8
+    assert any("8 trials" in line for line in lines)
+    assert "softmax[M=64,N=256]" in summary.table()
+
+    compiled = tf.compile(K.softmax, "llvm")
+    assert compiled.schedule_origin(**SIZES).startswith("tuned record")
+    assert compiled.schedule_origin(M=32, N=256) == "template defaults"  # other sizes: untuned
+    tensors, scalars = random_inputs(K.softmax, SIZES, rng)
+    out = compiled(**tensors, **scalars, out=np.full((64, 256), np.nan).astype(tensors["x"].dtype))
+    assert relative_error(out, reference(K.softmax, tensors, scalars)) <= TOLERANCE["bf16"]
+
+
+def test_scalar_parameters_and_several_kernels_share_the_budget(cache, rng):
+    summary = tune([K.layernorm, K.rmsnorm], "llvm", trials=12, progress=False, **SIZES)
+    assert sum(t.trials_this_job for t in summary.tasks) == 12
+    assert all(t.trials_this_job > 0 for t in summary.tasks)
+    compiled = tf.compile(K.layernorm, "llvm")
+    assert compiled.schedule_origin(**SIZES).startswith("tuned record")
+    tensors, scalars = random_inputs(K.layernorm, SIZES, rng)
+    scalars["eps"] = 1e-3  # the workload was tuned with another eps: the trace still applies
+    out = compiled(**tensors, **scalars)
+    assert relative_error(out, reference(K.layernorm, tensors, scalars)) <= TOLERANCE["bf16"]
+
+
+def test_a_second_job_counts_what_is_recorded(cache):
+    first = tune(K.softmax, "llvm", trials=6, progress=False, **SIZES)
+    again = tune(K.softmax, "llvm", trials=10, progress=False, **SIZES)
+    assert again.tasks[0].trials_this_job == 4 and again.tasks[0].trials == 10
+    done = tune(K.softmax, "llvm", trials=10, progress=False, **SIZES)
+    assert done.tasks[0].trials_this_job == 0
+    records = _records(first.database)
+    assert len(records) == 10
+    assert len({json.dumps(r[1]) for r in records}) == 10  # no candidate measured twice
+
+
+def _job(db: str, trials: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tensorfuse.cli", "tune", "tensorfuse.kernels:softmax",
+         "--target", "llvm", "--trials", str(trials), "--size", "M=64", "--size", "N=256",
+         "--database", db, "--trials-per-iter", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for_records(db: str, count: int, job: subprocess.Popen, limit: float = 240) -> None:
+    start = time.time()
+    while time.time() - start < limit and job.poll() is None:
+        path = os.path.join(db, RECORDS)
+        if os.path.exists(path) and len(open(path).read().splitlines()) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the job wrote fewer than {count} records: {job.communicate()[0][-2000:]}")
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
+def test_an_interrupted_job_resumes_with_nothing_lost(tmp_path, how):
+    """32 trials in all (the CI budget: under 5 minutes), interrupted part-way."""
+    db = str(tmp_path / "db")
+    started = time.time()
+    job = _job(db, 32)
+    _wait_for_records(db, 4, job)
+    time.sleep(np.random.default_rng().uniform(0, 1.5))  # a random moment in the next batch
+    job.send_signal(how)
+    output = job.communicate(timeout=120)[0]
+    if how == signal.SIGINT:
+        assert job.returncode in (130, 0), output
+    kept = _records(db)
+    assert 4 <= len(kept) <= 32
+    resumed = _job(db, 32)
+    output = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, output
+    records = _records(db)
+    assert len(records) == 32, output
+    assert records[:len(kept)] == kept  # what was there before is untouched
+    assert "speedup" in output
+    print(f"32 trials with an interruption: {time.time() - started:.0f} s")
+
+
+def test_a_torn_last_line_is_dropped_with_a_backup(tmp_path):
+    db = str(tmp_path / "db")
+    tune(K.softmax, "llvm", trials=4, database=db, progress=False, **SIZES)
+    with open(os.path.join(db, RECORDS), "a") as f:
+        f.write('[0, [["Sample')  # what kill -9 mid-write leaves
+    with pytest.warns(UserWarning, match="dropped 1 torn line"):
+        database = open_database(db)
+    assert len(database) == 4
+    backups = [d for d in os.listdir(db) if d.startswith("backup-")]
+    assert backups and os.path.getsize(os.path.join(db, backups[0], RECORDS)) > 0
+    assert not repair_database(db).changed
+
+
+def test_a_corrupt_workload_table_is_refused_not_rewritten(tmp_path):
+    db = tmp_path / "db"
+    db.mkdir()
+    (db / WORKLOADS).write_text('garbage\n["x", "y"]\n')
+    (db / RECORDS).write_text("")
+    with pytest.raises(TuningError, match="not the last one"):
+        open_database(str(db))
+    assert (db / WORKLOADS).read_text() == 'garbage\n["x", "y"]\n'
+
+
+def test_two_jobs_on_one_database_are_refused(tmp_path):
+    db = str(tmp_path / "db")
+    with DatabaseLock(db):
+        with pytest.raises(TuningError, match="in use by pid"):
+            tune(K.softmax, "llvm", trials=2, database=db, progress=False, **SIZES)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: tune(K.softmax, "llvm", trials=4, M=64), "needs every size fixed; missing N"),
+    (lambda: tune(K.softmax, "llvm", trials=4, M=64, N=8, Q=3), "no size named Q"),
+    (lambda: tune(K.softmax, "llvm", trials=0, **SIZES), "positive integer"),
+    (lambda: tune(K.softmax, "rocm:gfx942", trials=4, **SIZES), "cannot run here"),
+    (lambda: tune("softmax", "llvm", trials=4, **SIZES), "takes @tensorfuse.kernel"),
+])
+def test_bad_jobs_say_what_is_wrong(cache, call, message):
+    with pytest.raises(TuningError, match=message):
+        call()
+
+
+def test_cuda_without_a_gpu_is_refused(cache):
+    import tvm
+
+    if tvm.cuda(0).exist:
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(TuningError, match="none is visible"):
+        tune(K.softmax, "cuda", trials=4, **SIZES)
