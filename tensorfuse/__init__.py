@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 from . import dsl, errors
 from .api import compile, schedule
+from .autotune import tune
 from .compiled import CompiledKernel
 from .errors import TensorfuseError
 from .kernel import Kernel, kernel
@@ -21,4 +22,4 @@ from .schedule import Schedule
 from .targets import get_target
 
 __all__ = ["dsl", "errors", "compile", "schedule", "CompiledKernel", "TensorfuseError", "Kernel",
-           "kernel", "Schedule", "get_target", "__version__"]
+           "kernel", "Schedule", "get_target", "tune", "__version__"]

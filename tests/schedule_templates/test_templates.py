@@ -106,3 +106,23 @@ def test_decode_gets_the_split_update():
     source = kernel.source(B=8, H=32, HKV=8, M=1, N=32768, D=128)
     assert "_part(" in source and "_merge(" in source
     assert ".target sm_90a" in kernel.ptx(B=8, H=32, HKV=8, M=1, N=32768, D=128)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx90a"])
+@pytest.mark.parametrize("name, sizes, mfma", [
+    ("causal_attention", dict(B=1, H=2, M=512, N=512, D=128), True),
+    ("document_attention", dict(B=1, H=2, M=512, N=512, D=64), True),
+    ("decode:gqa_attention", dict(B=2, H=8, HKV=2, M=1, N=4096, D=128), True),
+    ("softmax", dict(M=256, N=4096), False),
+    ("layernorm", dict(M=256, N=4096), False),
+    ("cross_entropy", dict(M=256, V=8192), False),
+])
+def test_every_template_compiles_to_an_amdgpu_code_object(arch, name, sizes, mfma):
+    """AMDGPU code objects (hsaco, an ELF) for both CDNA targets; matrix products on MFMA."""
+    f = tf.compile(K.ALL[name.replace("decode:", "")], f"rocm:{arch}")
+    kernel = f.for_sizes(**sizes)
+    compiled = kernel.compiled(**sizes)
+    assert compiled.asm["hsaco"][:4] == b"\x7fELF"
+    asm = compiled.asm["amdgcn"]
+    assert f"{arch}" in asm and "s_endpgm" in asm
+    assert ("v_mfma" in asm) == mfma

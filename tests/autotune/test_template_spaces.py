@@ -1,0 +1,110 @@
+"""GPU template spaces, checked without a GPU: MetaSchedule samples the knobs, the Triton builder
+compiles each candidate for sm_90a (or reports why not), the cost model's features see the
+knobs; on the GPU, a short job tunes attention and compile then uses the record."""
+import json
+
+import numpy as np
+import pytest
+import tvm
+
+import tensorfuse as tf
+from tensorfuse import kernels as K
+from tensorfuse.autotune.tasks import knob_space, knobs_of, make_task
+
+pytest.importorskip("triton", reason="the GPU templates generate Triton kernels")
+
+ATTENTION = dict(B=1, H=2, M=512, N=512, D=64)
+
+
+def _candidates(task, count):
+    space = knob_space(task.choices())
+    out = []
+    for seed in range(count):
+        sch = tvm.s_tir.Schedule(task.mod, seed=seed + 1)
+        space(sch)
+        out.append(sch.mod)
+    return out
+
+
+@pytest.mark.parametrize("kernel, sizes, template", [
+    (K.causal_attention, ATTENTION, "attention"),
+    (K.layernorm, dict(M=256, N=4096), "row_reduction"),
+    (K.gqa_attention, dict(B=2, H=8, HKV=2, M=1, N=4096, D=64), "attention"),  # decode
+])
+def test_sampled_knobs_come_from_the_template_and_build(kernel, sizes, template):
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+
+    from tensorfuse.autotune.builder import TritonBuilder
+
+    task = make_task(kernel, sizes, tf.get_target("cuda:sm_90a"))
+    assert task.template == template
+    choices = task.choices()
+    candidates = _candidates(task, 6)
+    picked = [knobs_of(m) for m in candidates]
+    for knobs in picked:
+        assert set(knobs) == set(choices)
+        assert all(knobs[k] in choices[k] for k in knobs)
+    assert len({json.dumps(k, sort_keys=True) for k in picked}) > 1  # the decisions vary
+    builder = TritonBuilder({task.name: task})
+    results = builder.build([BuilderInput(m, task.target.tvm_target) for m in candidates[:2]])
+    for mod, result in zip(candidates, results):
+        assert result.error_msg is None, result.error_msg
+        with open(result.artifact_path) as f:
+            assert json.load(f) == {"task": task.name, "knobs": knobs_of(mod)}
+
+
+def test_a_candidate_that_cannot_compile_is_reported():
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+
+    from tensorfuse.autotune.builder import TritonBuilder
+    from tensorfuse.autotune.tasks import KNOB_PREFIX
+
+    task = make_task(K.causal_attention, ATTENTION, tf.get_target("cuda:sm_90a"))
+    sch = tvm.s_tir.Schedule(task.mod)
+    sch.annotate(sch.get_sblock("root"), KNOB_PREFIX + "block_n", 48)  # not a power of two
+    (result,) = TritonBuilder({task.name: task}).build([BuilderInput(sch.mod,
+                                                                    task.target.tvm_target)])
+    assert result.artifact_path is None and "Triton build failed" in result.error_msg
+
+
+def test_knob_features_order_candidates():
+    from tensorfuse.autotune.features import knob_features
+
+    small = knob_features(dict(block_m=64, block_n=32, num_warps=4, num_stages=2, splits=1))
+    large = knob_features(dict(block_m=128, block_n=128, num_warps=8, num_stages=3, splits=1))
+    assert len(small) == len(large) and small != large
+    assert np.all(np.isfinite(small + large))
+
+
+def test_kernels_without_a_template_are_refused_for_gpu_tuning():
+    from tensorfuse.errors import TuningError
+
+    with pytest.raises(TuningError, match="does not fit the attention template"):
+        make_task(K.ffn_gelu, dict(M=128, K=4096, N=14336, O=4096), tf.get_target("cuda:sm_90a"))
+    from tensorfuse import dsl as T
+
+    @tf.kernel
+    def double(x: T.Tensor["M", "N", "f32"]):
+        i, j = T.axes("i j")
+        return x[i, j] * 2.0
+
+    with pytest.raises(TuningError, match="fits no GPU template"):
+        make_task(double, dict(M=128, N=512), tf.get_target("cuda:sm_90a"))
+
+
+@pytest.mark.gpu
+def test_tuning_attention_on_the_gpu(tmp_path, monkeypatch, rng):
+    from tensorfuse.autotune import tune
+    from tensorfuse.kernels.reference import TOLERANCE, random_inputs, reference, relative_error
+
+    monkeypatch.setenv("TENSORFUSE_CACHE", str(tmp_path))
+    sizes = dict(B=1, H=4, M=1024, N=1024, D=128)
+    summary = tune(K.causal_attention, "cuda", trials=8, progress=False, **sizes)
+    (task,) = summary.tasks
+    assert task.trials == 8 and task.best_secs > 0
+    compiled = tf.compile(K.causal_attention, "cuda")
+    assert compiled.schedule_origin(**sizes).startswith("tuned record")
+    tensors, scalars = random_inputs(K.causal_attention, sizes, rng)
+    out = compiled(**tensors, **scalars)
+    ref = reference(K.causal_attention, tensors, scalars)
+    assert relative_error(out, ref) <= TOLERANCE["bf16"]
