@@ -47,17 +47,17 @@ class TritonBuilder(PyBuilder):
     def __init__(self, tasks_by_key: dict):
         super().__init__()
         self.tasks_by_key = tasks_by_key
-        self.folder = tempfile.mkdtemp(prefix="tensorfuse-tune-")
 
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
         results = []
-        for k, item in enumerate(build_inputs):
+        for item in build_inputs:
             try:
                 key = task_key(item.mod)
                 task = self.tasks_by_key[key]
                 knobs = knobs_of(item.mod)
                 task.triton_kernel(knobs).compiled(**task.dims)
-                path = os.path.join(self.folder, f"candidate-{os.getpid()}-{id(item)}-{k}.json")
+                # a folder per artifact: MetaSchedule removes the artifact's folder once measured
+                path = os.path.join(tempfile.mkdtemp(prefix="tensorfuse-candidate-"), "knobs.json")
                 with open(path, "w", encoding="utf-8") as f:
                     json.dump({"task": key, "knobs": knobs}, f)
                 results.append(BuilderResult(path, None))

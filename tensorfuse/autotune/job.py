@@ -73,8 +73,10 @@ class TuningSummary:
 
     def __str__(self) -> str:
         state = "interrupted" if self.interrupted else "done"
-        return (f"tuning {state} on {self.target} in {self.seconds:.0f} s; database "
-                f"{self.database}\n{self.table()}")
+        failures = [f"{t.name}: {t.failures_this_job} candidate(s) failed, first: {t.errors[0]}"
+                    for t in self.tasks if t.errors]
+        return "\n".join([f"tuning {state} on {self.target} in {self.seconds:.0f} s; database "
+                          f"{self.database}", self.table(), *failures])
 
 
 def _ms(secs: float | None) -> str:
@@ -92,7 +94,9 @@ def tune(kernels: "Kernel | Iterable[Kernel | tuple[Kernel, dict]]", target: "st
 
     ``kernels``: a kernel, or a list of kernels or ``(kernel, sizes)`` pairs; sizes not given in
     a pair come from ``**dims``. ``trials``: the budget of measured candidates for the whole job
-    (trials already in the database count). ``database``: a folder (default: this device's, the
+    (trials already in the database count; the template defaults are measured first; with
+    several kernels the task scheduler hands out whole batches of ``trials_per_iter``, so the
+    last one may pass the budget by less than a batch). ``database``: a folder (default: this device's, the
     one ``compile`` reads). ``progress``: print a line per batch to stderr, or pass a function.
     Returns the summary (also printed when ``progress`` is on)."""
     start = time.time()
@@ -177,17 +181,24 @@ def _tasks(kernels, dims: dict, spec: TargetSpec) -> list[TuningTask]:
     items = [kernels] if isinstance(kernels, (Kernel, tuple)) else list(kernels)
     if not items:
         raise TuningError("no kernels to tune")
-    tasks, names = [], set()
+    tasks, names, used = [], set(), set()
     for item in items:
         kernel, sizes = item if isinstance(item, tuple) else (item, {})
         if not isinstance(kernel, Kernel):
             raise TuningError(f"tune takes @tensorfuse.kernel functions, got "
                               f"{type(kernel).__name__}")
-        task = make_task(kernel, {**dims, **sizes}, spec)
+        shared = dims
+        if len(items) > 1:  # sizes given for the whole job apply to the kernels that have them
+            shared = {k: v for k, v in dims.items() if k in kernel.program.dim_names()}
+            used |= set(shared)
+        task = make_task(kernel, {**shared, **sizes}, spec)
         if task.name in names:
             raise TuningError(f"{task.name} is listed twice")
         names.add(task.name)
         tasks.append(task)
+    if len(items) > 1 and set(dims) - used:
+        raise TuningError(f"no kernel in this job has a size named "
+                          f"{', '.join(sorted(set(dims) - used))}")
     return tasks
 
 
@@ -278,13 +289,53 @@ def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, see
                                          num_tuning_cores=workers)
     callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [
         Progress(tasks, results, say, stop)]
+    for task, result in zip(tasks, results):
+        if result.trials == 0 and not stop.is_set():
+            _measure_defaults(task, result, db, builder, runner, say)
+    remaining = trials - sum(r.trials + r.trials_this_job for r in results)
+    if remaining <= 0:
+        return
     os.makedirs(os.path.join(path, "logs"), exist_ok=True)
     ms.tune_tasks(tasks=contexts, task_weights=[1.0] * len(tasks), work_dir=path,
                   max_trials_global=remaining,
-                  max_trials_per_task=max(trials - r.trials for r in results),
+                  max_trials_per_task=max(trials - r.trials - r.trials_this_job for r in results),
                   num_trials_per_iter=per_iter, builder=builder, runner=runner, database=db,
                   cost_model=cost_model, measure_callbacks=callbacks,
                   task_scheduler="gradient" if len(tasks) > 1 else "round-robin")
+
+
+def _measure_defaults(task: TuningTask, result: TaskResult, db, builder, runner, say) -> None:
+    """Measure the template defaults first and record them like any candidate, so a short job
+    can never leave a record slower than what ``compile`` had without one."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+    from tvm.s_tir.meta_schedule.database import TuningRecord
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    sch = task.default_schedule()
+    if sch is None:
+        return
+    target = tuning_target(task.target)
+    args_info = ArgInfo.from_prim_func(task.mod["main"])
+    (built,) = builder.build([BuilderInput(sch.mod, target)])
+    result.trials_this_job += 1
+    run_secs, error = None, built.error_msg
+    if error is None:
+        device = {"llvm": "cpu"}.get(target.kind.name, target.kind.name)
+        (future,) = runner.run([RunnerInput(built.artifact_path, device, args_info)])
+        ran = future.result()
+        run_secs, error = ran.run_secs, ran.error_msg
+        import shutil
+
+        shutil.rmtree(os.path.dirname(built.artifact_path), ignore_errors=True)
+    if error is not None:
+        result.failures_this_job += 1
+        result.errors.append(f"template defaults: {error.strip().splitlines()[-1][:300]}")
+    db.commit_tuning_record(TuningRecord(sch.trace, db.commit_workload(task.mod), run_secs,
+                                         target, args_info))
+    say(f"  {result.name}: template defaults measured"
+        + (f" at {np.mean([float(x) for x in run_secs]) * 1e3:.4g} ms" if run_secs else
+           f", failed: {result.errors[-1]}"))
 
 
 def _context(task: TuningTask, spec: TargetSpec, per_iter: int, seed: int | None):

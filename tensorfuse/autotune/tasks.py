@@ -81,15 +81,18 @@ def knobs_of(mod: tvm.IRModule) -> dict[str, int]:
             if key.startswith(KNOB_PREFIX)}
 
 
-def knob_space(choices: dict[str, tuple[int, ...]]):
-    """A MetaSchedule schedule function sampling one value per knob (uniformly)."""
+def knob_space(choices: dict[str, tuple[int, ...]], fixed: dict[str, int] | None = None):
+    """A MetaSchedule schedule function sampling one value per knob (uniformly); with ``fixed``,
+    the decisions that pick those values (the template defaults, measured first)."""
     names = [n for n in KNOB_ORDER if n in choices]
 
     def space(sch: tvm.s_tir.Schedule) -> None:
         root = sch.get_sblock("root")
         for name in names:
             values = [int(v) for v in choices[name]]
-            picked = sch.sample_categorical(values, [1.0 / len(values)] * len(values))
+            decision = values.index(fixed[name]) if fixed else None
+            picked = sch.sample_categorical(values, [1.0 / len(values)] * len(values),
+                                            decision=decision)
             sch.annotate(root, KNOB_PREFIX + name, picked)
 
     return space
@@ -129,6 +132,23 @@ class TuningTask:
         chain = plan_chain(self.kernel.program, self.fusion.names, self.fusion.axis)
         plan = plan_rowtile(self.kernel.program, chain, self.dims)
         return module.knob_choices(plan, self.target)
+
+    def default_schedule(self) -> tvm.s_tir.Schedule | None:
+        """The template defaults as a point of the space (None where they are not one)."""
+        sch = tvm.s_tir.Schedule(self.mod)
+        if self.template == "cpu":
+            from ..schedule_templates.cpu import cpu_search_space
+
+            cpu_search_space(sch, defaults=True)
+            return sch
+        from dataclasses import asdict
+
+        choices = self.choices()
+        knobs = asdict(self.triton_kernel(None).build(**self.dims)[1])
+        if any(knobs[name] not in values for name, values in choices.items()):
+            return None
+        knob_space(choices, {name: knobs[name] for name in choices})(sch)
+        return sch
 
     def triton_kernel(self, knobs: dict[str, int] | None):
         """The template's Triton kernel with ``knobs`` fixed (``None``: the template defaults)."""

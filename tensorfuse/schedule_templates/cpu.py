@@ -33,9 +33,10 @@ def parallelize_outer_loops(sch: tvm.s_tir.Schedule) -> None:
             continue  # a reduction or a loop-carried dependence: leave it serial
 
 
-def cpu_search_space(sch: tvm.s_tir.Schedule) -> None:
+def cpu_search_space(sch: tvm.s_tir.Schedule, defaults: bool = False) -> None:
     """The tunable CPU schedule: the default (outer loops parallel) plus sampled vector widths and
-    unroll depth. Used as a MetaSchedule ``ScheduleFn``."""
+    unroll depth. Used as a MetaSchedule ``ScheduleFn``; ``defaults=True`` takes the decisions
+    that leave the default schedule (no vectorising split, no unrolling)."""
     parallelize_outer_loops(sch)
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         if not _is_data_parallel(sch, block):
@@ -46,13 +47,15 @@ def cpu_search_space(sch: tvm.s_tir.Schedule) -> None:
         extent = sch.get(loops[-1]).extent
         if not isinstance(extent, tvm.tirx.IntImm) or extent.value < 4:
             continue
-        outer_inner = sch.sample_perfect_tile(loops[-1], n=2, max_innermost_factor=MAX_VECTOR)
+        outer_inner = sch.sample_perfect_tile(loops[-1], n=2, max_innermost_factor=MAX_VECTOR,
+                                              decision=[extent.value, 1] if defaults else None)
         _, inner = sch.split(loops[-1], factors=outer_inner)
         try:
             sch.vectorize(inner)
         except tvm.s_tir.ScheduleError:
             continue
-    depth = sch.sample_categorical(list(UNROLL_DEPTHS), [1.0 / len(UNROLL_DEPTHS)] * len(UNROLL_DEPTHS))
+    depth = sch.sample_categorical(list(UNROLL_DEPTHS), [1.0 / len(UNROLL_DEPTHS)] * len(UNROLL_DEPTHS),
+                                   decision=0 if defaults else None)
     sch.annotate(sch.get_sblock("root"), UNROLL_KEY, depth)
 
 

@@ -51,8 +51,10 @@ def test_tune_records_trials_and_compile_uses_the_best(cache, rng):
 
 
 def test_scalar_parameters_and_several_kernels_share_the_budget(cache, rng):
-    summary = tune([K.layernorm, K.rmsnorm], "llvm", trials=12, progress=False, **SIZES)
-    assert sum(t.trials_this_job for t in summary.tasks) == 12
+    summary = tune([K.layernorm, K.rmsnorm], "llvm", trials=12, trials_per_iter=4,
+                   progress=False, **SIZES)
+    # the task scheduler hands out whole batches: the budget may be passed by less than one
+    assert 12 <= sum(t.trials_this_job for t in summary.tasks) < 12 + 4
     assert all(t.trials_this_job > 0 for t in summary.tasks)
     compiled = tf.compile(K.layernorm, "llvm")
     assert compiled.schedule_origin(**SIZES).startswith("tuned record")
