@@ -128,8 +128,9 @@ def tune(kernels: "Kernel | Iterable[Kernel | tuple[Kernel, dict]]", target: "st
         db = open_database(path)
         for task, result in zip(tasks, results):
             result.trials = _trials_recorded(db, task)
-            result.default_secs = _time(task, path, tuned=False)
-            result.best_secs = _time(task, path, tuned=True)
+            inputs = _inputs(task)  # the same inputs for both: masks may depend on the data
+            result.default_secs = _time(task, path, False, inputs)
+            result.best_secs = _time(task, path, True, inputs)
     summary = TuningSummary(spec.name, path, results, time.time() - start, stop.is_set())
     say(str(summary))
     return summary
@@ -222,33 +223,38 @@ def _trials_recorded(db, task: TuningTask) -> int:
     return len(_records(db, task))
 
 
-def _time(task: TuningTask, path: str, tuned: bool) -> float | None:
+def _inputs(task: TuningTask):
+    """Fresh random inputs for timing a task (TVM arrays on the CPU, torch tensors on the GPU)."""
+    if task.template == "cpu":
+        from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+        return [tvm.runtime.tensor(_random(info), tvm.cpu(0))
+                for info in ArgInfo.from_prim_func(task.mod["main"])]
+    from .runner import TritonRunner
+
+    return TritonRunner({task.name: task}).inputs(task.name)[0]
+
+
+def _time(task: TuningTask, path: str, tuned: bool, inputs) -> float | None:
     """Seconds per call of the template defaults (what ``compile`` gives untuned) or of the best
-    record, measured here in the same way for both (the tuning runner's own numbers come from a
-    worker process and are only compared with each other)."""
+    record, measured here in the same way and on the same inputs for both (the tuning runner's
+    own numbers come from a worker process and are only compared with each other)."""
     from .lookup import best_record
 
     found = best_record(task.mod, task.target, path) if tuned else None
     if tuned and found is None:
         return None
     if task.template == "cpu":
-        from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
         from ..schedule_templates.default import apply_default_schedule
 
         mod = found[0] if tuned else apply_default_schedule(task.mod, task.target)
         lib = tvm.compile(mod, target=tuning_target(task.target))
-        dev = tvm.cpu(0)
-        args = [tvm.runtime.tensor(_random(info), dev)
-                for info in ArgInfo.from_prim_func(mod["main"])]
-        timer = lib.mod.time_evaluator("main", dev, number=3, repeat=5, min_repeat_ms=20)
-        return float(np.median(timer(*args).results))
-    from .runner import TritonRunner
+        timer = lib.mod.time_evaluator("main", tvm.cpu(0), number=3, repeat=5, min_repeat_ms=20)
+        return float(np.median(timer(*inputs).results))
     from .tasks import knobs_of
 
-    args, _, _ = TritonRunner({task.name: task}).inputs(task.name)
     kernel = task.triton_kernel(knobs_of(found[0]) if tuned else None)
-    return kernel.benchmark(*args) * 1e-3
+    return kernel.benchmark(*inputs) * 1e-3
 
 
 def _random(info) -> np.ndarray:
