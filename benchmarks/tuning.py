@@ -50,7 +50,8 @@ def main(argv=None) -> int:
         return 2
     import tensorfuse as tf
     from tensorfuse import kernels as K
-    from tensorfuse.autotune.lookup import best_record
+    from tensorfuse.autotune import open_database
+    from tensorfuse.autotune.lookup import best_record, replay
     from tensorfuse.autotune.tasks import knobs_of, make_task
 
     os.environ["TENSORFUSE_CACHE"] = tempfile.mkdtemp(prefix="tensorfuse-tuning-bench-")
@@ -70,7 +71,8 @@ def main(argv=None) -> int:
         summary = tf.tune(kernel, target, trials=args.trials, progress=False, **sizes)
         job_s = time.time() - started
         task = make_task(kernel, sizes, target)
-        tuned_knobs = knobs_of(best_record(task.mod, target, summary.database)[0])
+        record = best_record(open_database(summary.database, read_only=True), task.mod)[0]
+        tuned_knobs = knobs_of(replay(record, task.mod))
         started = time.time()
         points = sweep(task)
         sweep_s = time.time() - started

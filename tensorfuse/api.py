@@ -50,9 +50,9 @@ def compile(kernel: "Kernel | Schedule", target: "str | TargetSpec | None" = Non
     def build(dims: dict, index_dtype: str):
         if spec.kind == "llvm" and index_dtype == "int32" and \
                 set(dims) == set(program.dim_names()):
-            from .autotune.lookup import tuned_cpu_schedule
+            from .autotune.lookup import tuned
 
-            found = tuned_cpu_schedule(program, spec, dims)
+            found = tuned(program, "cpu", None, spec, dims)
             if found is not None:
                 return found[0], f"tuned record ({found[1]})"
         return apply_default_schedule(lower_program(program, (), dims, index_dtype), spec), \
@@ -116,10 +116,8 @@ class AutoKernel:
         return self.for_sizes(**dims).ptx(**dims)
 
     def schedule_origin(self, **dims) -> str:
-        """Whether these sizes run on template defaults or a tuned record (and which kernel)."""
-        chosen = self.for_sizes(**dims)
-        origin = getattr(chosen, "schedule_origin", None)
-        return origin(**dims) if origin else "TVM default schedule"
+        """Whether these sizes run on template defaults or a tuned record."""
+        return self.for_sizes(**dims).schedule_origin(**dims)
 
     def benchmark(self, *args, **kwargs) -> float:
         return self._pick(args, kwargs).benchmark(*args, **kwargs)

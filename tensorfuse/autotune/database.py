@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import shutil
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -73,9 +74,8 @@ class Repair:
         return bool(self.torn_lines or self.orphan_records)
 
 
-def repair_database(path: str) -> Repair:
-    """Drop unreadable lines and records without a workload from the database in ``path``; the
-    originals are copied to ``path/backup-<time>/`` first and the files replaced atomically."""
+def _readable_lines(path: str) -> tuple[list[str], list[str], Repair]:
+    """The workload and record lines that can be used, and what had to be left out."""
     workloads = _read_lines(os.path.join(path, WORKLOADS))
     records = _read_lines(os.path.join(path, RECORDS))
     good_workloads = [line for line, parsed in workloads if parsed is not None]
@@ -95,6 +95,13 @@ def repair_database(path: str) -> Repair:
             repair.orphan_records += 1
         else:
             good_records.append(line)
+    return good_workloads, good_records, repair
+
+
+def repair_database(path: str) -> Repair:
+    """Drop unreadable lines and records without a workload from the database in ``path``; the
+    originals are copied to ``path/backup-<time>/`` first and the files replaced atomically."""
+    good_workloads, good_records, repair = _readable_lines(path)
     if repair.changed:
         repair.backup = os.path.join(path, f"backup-{time.strftime('%Y%m%d-%H%M%S')}")
         os.makedirs(repair.backup, exist_ok=True)
@@ -131,17 +138,25 @@ def _write_atomically(path: str, lines: list[str]) -> None:
     os.replace(tmp, path)
 
 
-def open_database(path: str, writing: bool = False):
+def open_database(path: str, read_only: bool = False):
     """A MetaSchedule ``JSONDatabase`` over ``path`` (created if missing), repaired first when an
-    interrupted job left a torn line."""
+    interrupted job left a torn line. ``read_only`` (lookups, which may run while a job is
+    appending): never write ``path``; a torn line is left out of a private copy instead."""
     from tvm.s_tir import meta_schedule as ms
 
-    os.makedirs(path, exist_ok=True)
-    repair = repair_database(path)
-    if repair.changed:
-        warnings.warn(f"tuning database {path}: dropped {repair.torn_lines} torn line(s) and "
-                      f"{repair.orphan_records} record(s) without a workload left by an "
-                      f"interrupted job; the originals are in {repair.backup}", stacklevel=2)
+    if read_only:
+        good_workloads, good_records, repair = _readable_lines(path)
+        if repair.changed:
+            path = tempfile.mkdtemp(prefix="tensorfuse-db-view-")
+            _write_atomically(os.path.join(path, WORKLOADS), good_workloads)
+            _write_atomically(os.path.join(path, RECORDS), good_records)
+    else:
+        os.makedirs(path, exist_ok=True)
+        repair = repair_database(path)
+        if repair.changed:
+            warnings.warn(f"tuning database {path}: dropped {repair.torn_lines} torn line(s) and "
+                          f"{repair.orphan_records} record(s) without a workload left by an "
+                          f"interrupted job; the originals are in {repair.backup}", stacklevel=2)
     try:
         return ms.database.JSONDatabase(os.path.join(path, WORKLOADS), os.path.join(path, RECORDS),
                                         allow_missing=True)

@@ -21,7 +21,6 @@ from typing import Callable, Iterable
 
 import numpy as np
 import tvm
-import tvm_ffi
 
 from ..errors import TuningError
 from ..kernel import Kernel
@@ -83,9 +82,6 @@ def _ms(secs: float | None) -> str:
     return "-" if secs is None else f"{secs * 1e3:.4g}"
 
 
-KernelSpec = "Kernel | tuple[Kernel, dict]"
-
-
 def tune(kernels: "Kernel | Iterable[Kernel | tuple[Kernel, dict]]", target: "str | TargetSpec" = "auto",
          trials: int = 64, *, database: str | None = None, trials_per_iter: int | None = None,
          progress: "bool | Callable[[str], None]" = True, seed: int | None = None,
@@ -96,8 +92,8 @@ def tune(kernels: "Kernel | Iterable[Kernel | tuple[Kernel, dict]]", target: "st
     a pair come from ``**dims``. ``trials``: the budget of measured candidates for the whole job
     (trials already in the database count; the template defaults are measured first; with
     several kernels the task scheduler hands out whole batches of ``trials_per_iter``, so the
-    last one may pass the budget by less than a batch). ``database``: a folder (default: this device's, the
-    one ``compile`` reads). ``progress``: print a line per batch to stderr, or pass a function.
+    last one may pass the budget by less than a batch). ``database``: a folder (default: this
+    device's, the one ``compile`` reads). ``progress``: print a line per batch to stderr, or pass a function.
     Returns the summary (also printed when ``progress`` is on)."""
     start = time.time()
     spec = get_target(target)
@@ -125,12 +121,11 @@ def tune(kernels: "Kernel | Iterable[Kernel | tuple[Kernel, dict]]", target: "st
             if stop.is_set():
                 say("interrupted: what was measured is in the database; run the job again to "
                     "go on from there")
-        db = open_database(path)
-        for task, result in zip(tasks, results):
+        for task, result in zip(tasks, results):  # db holds what the job added
             result.trials = _trials_recorded(db, task)
             inputs = _inputs(task)  # the same inputs for both: masks may depend on the data
-            result.default_secs = _time(task, path, False, inputs)
-            result.best_secs = _time(task, path, True, inputs)
+            result.default_secs = _time(task, db, False, inputs)
+            result.best_secs = _time(task, db, True, inputs)
     summary = TuningSummary(spec.name, path, results, time.time() - start, stop.is_set())
     say(str(summary))
     return summary
@@ -211,63 +206,54 @@ def _reporter(progress) -> Callable[[str], None]:
     return lambda line: None
 
 
-def _records(db, task: TuningTask) -> list:
-    if not db.has_workload(task.mod):
-        return []
-    workload = db.commit_workload(task.mod)
-    return [r for r in db.get_all_tuning_records() if r.workload.same_as(workload)
-            or tvm_ffi.structural_equal(r.workload.mod, task.mod)]
-
-
 def _trials_recorded(db, task: TuningTask) -> int:
-    return len(_records(db, task))
+    """Records of ``task`` in ``db`` (failed candidates included)."""
+    if not db.has_workload(task.mod):
+        return 0
+    workload = db.commit_workload(task.mod)  # the database's own object for an existing one
+    return sum(1 for r in db.get_all_tuning_records() if r.workload.same_as(workload))
 
 
-def _inputs(task: TuningTask):
-    """Fresh random inputs for timing a task (TVM arrays on the CPU, torch tensors on the GPU)."""
-    if task.template == "cpu":
-        from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+def _inputs(task: TuningTask) -> list:
+    """Fresh random inputs for timing a task: TVM arrays on the CPU (outputs appended, as the
+    workload takes them), torch tensors on the GPU."""
+    if task.template != "cpu":
+        from .runner import random_inputs
 
-        return [tvm.runtime.tensor(_random(info), tvm.cpu(0))
-                for info in ArgInfo.from_prim_func(task.mod["main"])]
-    from .runner import TritonRunner
+        return random_inputs(task.kernel, task.dims)
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    return TritonRunner({task.name: task}).inputs(task.name)[0]
+    from ..kernels.reference import random_inputs as numpy_inputs
+
+    tensors, _ = numpy_inputs(task.kernel, task.dims, np.random.default_rng())
+    dev = tvm.cpu(0)
+    args = [tvm.runtime.tensor(tensors[p.name], dev) for p in task.kernel.program.tensor_params]
+    outputs = ArgInfo.from_prim_func(task.mod["main"])[len(args):]
+    return args + [tvm.runtime.empty([int(n) for n in o.shape], str(o.dtype), dev)
+                   for o in outputs]
 
 
-def _time(task: TuningTask, path: str, tuned: bool, inputs) -> float | None:
+def _time(task: TuningTask, db, tuned: bool, inputs) -> float | None:
     """Seconds per call of the template defaults (what ``compile`` gives untuned) or of the best
     record, measured here in the same way and on the same inputs for both (the tuning runner's
     own numbers come from a worker process and are only compared with each other)."""
-    from .lookup import best_record
+    from .lookup import best_record, replay
 
-    found = best_record(task.mod, task.target, path) if tuned else None
+    found = best_record(db, task.mod) if tuned else None
     if tuned and found is None:
         return None
+    scheduled = replay(found[0], task.mod) if tuned else None
     if task.template == "cpu":
         from ..schedule_templates.default import apply_default_schedule
 
-        mod = found[0] if tuned else apply_default_schedule(task.mod, task.target)
+        mod = scheduled if tuned else apply_default_schedule(task.mod, task.target)
         lib = tvm.compile(mod, target=tuning_target(task.target))
         timer = lib.mod.time_evaluator("main", tvm.cpu(0), number=3, repeat=5, min_repeat_ms=20)
         return float(np.median(timer(*inputs).results))
     from .tasks import knobs_of
 
-    kernel = task.triton_kernel(knobs_of(found[0]) if tuned else None)
+    kernel = task.triton_kernel(knobs_of(scheduled) if tuned else None)
     return kernel.benchmark(*inputs) * 1e-3
-
-
-def _random(info) -> np.ndarray:
-    shape = [int(s) for s in info.shape]
-    dtype = str(info.dtype)
-    if dtype.startswith("int"):
-        return np.random.default_rng().integers(0, 4, size=shape).astype(dtype)
-    data = np.random.default_rng().standard_normal(shape).astype(np.float32)
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return data.astype(ml_dtypes.bfloat16)
-    return data.astype(dtype)
 
 
 def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, seed, say,

@@ -108,6 +108,7 @@ class TuningTask:
     template: str             # "cpu", "attention" or "row_reduction"
     fusion: Fusion | None = None
     mod: tvm.IRModule = field(init=False, repr=False)
+    _kernels: dict = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self):
         self.mod = workload(self.kernel.program, self.template, self.fusion, self.dims)
@@ -151,7 +152,14 @@ class TuningTask:
         return sch
 
     def triton_kernel(self, knobs: dict[str, int] | None):
-        """The template's Triton kernel with ``knobs`` fixed (``None``: the template defaults)."""
+        """The template's Triton kernel with ``knobs`` fixed (``None``: the template defaults),
+        made once per knob setting (the builder's kernel is the one the runner times)."""
+        key = tuple(sorted((knobs or {}).items()))
+        if key not in self._kernels:
+            self._kernels[key] = self._make_triton_kernel(knobs)
+        return self._kernels[key]
+
+    def _make_triton_kernel(self, knobs: dict[str, int] | None):
         from dataclasses import replace
 
         from ..algebra import plan_chain

@@ -166,3 +166,15 @@ def test_cuda_without_a_gpu_is_refused(cache):
         pytest.skip("this machine has a GPU")
     with pytest.raises(TuningError, match="none is visible"):
         tune(K.softmax, "cuda", trials=4, **SIZES)
+
+
+def test_lookups_never_write_the_database(cache):
+    """compile may run while a job is appending: a torn last line is skipped, not repaired."""
+    summary = tune(K.softmax, "llvm", trials=4, progress=False, **SIZES)
+    path = os.path.join(summary.database, RECORDS)
+    with open(path, "a") as f:
+        f.write('[0, [["Sample')  # a line being written right now
+    before = open(path).read()
+    assert tf.compile(K.softmax, "llvm").schedule_origin(**SIZES).startswith("tuned record")
+    assert open(path).read() == before
+    assert not [d for d in os.listdir(summary.database) if d.startswith("backup-")]

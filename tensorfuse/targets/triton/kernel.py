@@ -45,11 +45,12 @@ class TritonKernel:
             knobs = self.knobs(plan)
             self._origin[key] = "template defaults"
             if self.template is not None:
-                from ...autotune.lookup import tuned_knobs
+                from ...autotune.lookup import tuned
+                from ...autotune.tasks import knobs_of
 
-                found = tuned_knobs(self.program, self.fusion, self.template, self.target, dims)
+                found = tuned(self.program, self.template, self.fusion, self.target, dims)
                 if found is not None:
-                    knobs = replace(knobs, **found[0])
+                    knobs = replace(knobs, **knobs_of(found[0]))
                     self._origin[key] = f"tuned record ({found[1]})"
             name = f"{self.program.name}_fused"
             made = kernel_source(plan, knobs, name, interpreter=interpreting())
