@@ -276,7 +276,8 @@ def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, see
         extractor = "per-store-feature"
     else:
         by_key = {t.name: t for t in tasks}
-        builder, runner, extractor = TritonBuilder(by_key), TritonRunner(by_key), KnobFeatures()
+        builder = TritonBuilder(by_key, compile_ahead=False)
+        runner, extractor = TritonRunner(by_key), KnobFeatures()
     cost_model = ms.cost_model.XGBModel(extractor=extractor, num_warmup_samples=min(16, per_iter),
                                          num_tuning_cores=workers)
     callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [
