@@ -167,6 +167,43 @@ class Schedule:
         self.template = (name, dict(knobs))
         return self
 
+    def cluster_distribute(self, axis: str, cluster: int | None = None, **knobs) -> "Schedule":
+        """Spread each fused tile over a Hopper thread-block cluster of ``cluster`` CTAs (2, 4, 8;
+        16 uses the non-portable size), splitting ``axis`` across them and exchanging partial
+        results through distributed shared memory instead of global memory.
+
+        - GEMM chains ``act(X·W1)·W2`` (no fusion before): ``axis`` is the intermediate's (the
+          second sum's); knobs ``block_m``, ``block_n``, ``block_k``, ``block_o``, ``stages``.
+        - attention decode (after ``rolling_update`` over the keys): ``axis`` is the rolled axis;
+          the partial softmax states are merged in DSM with the derived correction. Knob
+          ``unroll``.
+        Generates CUDA C++ for sm_90a (``compile().source(...)``, ``.ptx(...)``)."""
+        from .schedule_templates.cluster import attention_decode, gemm_chain
+
+        if self.template is not None:
+            raise ScheduleError("cluster_distribute after a template: undo() it first",
+                                user_location())
+        if any(not step.is_fusion for step in self.steps):
+            raise ScheduleError("cluster_distribute generates the whole kernel, so it cannot "
+                                "follow TVM schedule primitives; undo() those first",
+                                user_location())
+        if len(self.fusions) > 1 or any(f.splits != 1 for f in self.fusions):
+            raise ScheduleError("cluster_distribute takes at most one rolling update before it",
+                                user_location())
+        if cluster is not None and cluster not in (1, 2, 4, 8, 16):
+            raise ScheduleError(f"cluster={cluster!r}: a cluster has 1, 2, 4, 8 or 16 CTAs "
+                                "(16 is non-portable, Hopper only)", user_location())
+        if self.fusions:
+            made = attention_decode(self.kernel, self.fusions[0], self.target, axis, cluster,
+                                    **knobs)
+        else:
+            made = gemm_chain(self.kernel, self.target, axis, cluster, **knobs)
+        text = ", ".join([repr(axis)] + ([f"cluster={cluster}"] if cluster else [])
+                         + [f"{k}={v}" for k, v in knobs.items()])
+        self._record(f"cluster_distribute({text})", is_fusion=True)
+        self.template = ("cluster", made)
+        return self
+
     def corrections(self) -> str:
         """The running states and correction terms of every fusion, in readable form."""
         return "\n".join(plan_chain(self.program, f.names, f.axis).describe() for f in self.fusions)
@@ -195,6 +232,8 @@ class Schedule:
         """A callable kernel built from this schedule. What is not scheduled yet is filled in:
         fused chains get their data-parallel loops spread over threads (GPU) or cores (CPU), other
         GPU code gets TVM's default (dlight) schedule."""
+        if self.template is not None and self.template[0] == "cluster":
+            return self.template[1]
         if self.template is not None:
             from .schedule_templates import TEMPLATES
 

@@ -1,0 +1,152 @@
+"""Cluster kernels (issue 6) on the GPU: the fused FFN with the intermediate in distributed shared
+memory against torch eager (cuBLAS) and torch.compile, and cluster-split decode against the
+split-update decode template and SDPA. Every tensorfuse kernel is checked against a float64
+reference first (FFN: the first 128 rows; decode: all of it).
+
+    python -m benchmarks.cluster [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from benchmarks.common import Row, bench, relative_error, write_csv
+
+FFN_SHAPE = dict(K=4096, N=14336, O=4096)
+COPY_TBPS, GEMM_TFLOPS = 3.0, 716.0   # measured ceilings of this H100 (RESULTS.md)
+
+
+def gelu(x):
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+
+
+def ffn_eager(kind):
+    if kind == "gelu":
+        return lambda x, w1, w2: gelu(x @ w1) @ w2
+    return lambda x, w1, w3, w2: (torch.nn.functional.silu(x @ w1) * (x @ w3)) @ w2
+
+
+def run_ffn(ms_list=(128, 1024, 8192), clusters=(8,), log=print) -> list[Row]:
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for kind, kernel in (("gelu", K.ffn_gelu), ("swiglu", K.ffn_swiglu)):
+        Kd, N, O = FFN_SHAPE["K"], FFN_SHAPE["N"], FFN_SHAPE["O"]
+        ws = [torch.randn(Kd, N, device="cuda", generator=gen).to(torch.bfloat16) / Kd ** 0.5
+              for _ in range(1 if kind == "gelu" else 2)]
+        w2 = (torch.randn(N, O, device="cuda", generator=gen) / N ** 0.5).to(torch.bfloat16)
+        eager = ffn_eager(kind)
+        compiled = torch.compile(eager)
+        weight_bytes = (len(ws) * Kd * N + N * O) * 2
+        for M in ms_list:
+            x = torch.randn(M, Kd, device="cuda", generator=gen).to(torch.bfloat16)
+            args = (x, *ws, w2)
+            ref = eager(*(a[:128].double() if i == 0 else a.double()
+                          for i, a in enumerate(args)))
+            flops = 2 * M * Kd * N * len(ws) + 2 * M * N * O
+            impls = {}
+            for c in clusters:
+                try:
+                    sch = tf.schedule(kernel, "cuda")
+                    sch.cluster_distribute("n", cluster=c)
+                    f = sch.compile()
+                    out = torch.full((M, O), float("nan"), device="cuda", dtype=torch.bfloat16)
+                    f(*args, out=out)
+                    err = relative_error(out[:128], ref)
+                    ok = err < 3e-2
+                    ms = bench(lambda: f(*args, out=out))
+                    log(f"  ffn_{kind} M={M} cluster={c}: {ms:.3f} ms err {err:.1e}"
+                        + ("" if ok else "  WRONG"))
+                    if ok and (f"tensorfuse" not in impls or ms < impls["tensorfuse"][0]):
+                        impls["tensorfuse"] = (ms, f"cluster={c}; err {err:.1e}")
+                except Exception as exc:  # noqa: BLE001
+                    log(f"  ffn_{kind} M={M} cluster={c}: {type(exc).__name__}: {exc}"[:400])
+            impls["torch_eager"] = (bench(lambda: eager(*args)),
+                                    f"err {relative_error(eager(*args)[:128], ref):.1e}")
+            try:
+                impls["torch_compile"] = (bench(lambda: compiled(*args)), "")
+            except Exception as exc:  # noqa: BLE001
+                log(f"  torch.compile ffn_{kind}: {exc}"[:300])
+            for impl, (ms, note) in impls.items():
+                tflops = flops / ms / 1e9
+                gbps = weight_bytes / ms / 1e6
+                frac = max(tflops / GEMM_TFLOPS, gbps / 1e3 / COPY_TBPS)
+                rows.append(Row(f"ffn/{kind}", f"M{M} K{Kd} N{N} O{O}", impl, ms, tflops, gbps,
+                                frac, note))
+            e = impls["torch_eager"][0]
+            log(f"ffn_{kind} M={M}: " + "  ".join(f"{i}={ms:.3f}ms ({e / ms:.2f}x eager)"
+                                                for i, (ms, _) in impls.items()))
+    return rows
+
+
+def run_decode(clusters=(4, 8, 16), log=print) -> list[Row]:
+    from benchmarks.attention import CHAIN, reference
+
+    B, HQ, HKV, N, D = 8, 32, 8, 32768, 128
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(B, h, n, D, device="cuda", generator=g).to(torch.bfloat16)
+               for h, n in ((HQ, 1), (HKV, N), (HKV, N)))
+    scale = 1.0 / math.sqrt(D)
+    ref = reference(q, k, v, scale, None, None, torch.arange(1).cuda())
+    nbytes = 2 * B * HKV * N * D * 2 + 2 * B * HQ * D * 2
+    impls = {}
+    for c in clusters:
+        try:
+            sch = tf.schedule(K.gqa_attention, "cuda")
+            sch.rolling_update(*CHAIN, axis="j")
+            sch.cluster_distribute("j", cluster=c)
+            f = sch.compile()
+            out = torch.full_like(q, float("nan"))
+            f(q, k, v, scale=scale, out=out)
+            err = relative_error(out, ref)
+            ms = bench(lambda: f(q, k, v, scale=scale, out=out))
+            log(f"  cluster decode cluster={c}: {ms:.4f} ms err {err:.1e}"
+                + ("" if err < 2e-2 else "  WRONG"))
+            if err < 2e-2 and ("tensorfuse_cluster" not in impls
+                               or ms < impls["tensorfuse_cluster"][0]):
+                impls["tensorfuse_cluster"] = (ms, f"cluster={c}; err {err:.1e}")
+        except Exception as exc:  # noqa: BLE001
+            log(f"  cluster decode cluster={c}: {type(exc).__name__}: {exc}"[:400])
+    f = tf.compile(K.gqa_attention, target="cuda")
+    err = relative_error(f(q, k, v, scale=scale), ref)
+    impls["tensorfuse_split_update"] = (bench(lambda: f(q, k, v, scale=scale)), f"err {err:.1e}")
+    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, scale=scale, enable_gqa=True)
+    impls["sdpa"] = (bench(sdpa), f"err {relative_error(sdpa(), ref):.1e}")
+    rows = []
+    for impl, (ms, note) in impls.items():
+        gbps = nbytes / ms / 1e6
+        rows.append(Row("decode/gqa_cluster", f"B{B} Hq{HQ} Hkv{HKV} N{N} D{D}", impl, ms, 0.0,
+                        gbps, gbps / 1e3 / COPY_TBPS, note))
+    log("decode " + "  ".join(f"{i}={nbytes / ms / 1e6:7.1f}GB/s" for i, (ms, _) in impls.items()))
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="M=128 only, cluster 8")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks.cluster needs an NVIDIA Hopper GPU; none is visible")
+        return 2
+    rows = run_decode() + run_ffn(ms_list=(128,) if args.quick else (128, 1024, 8192),
+                                  clusters=(8,) if args.quick else (4, 8, 16))
+    gpu = torch.cuda.get_device_name().replace(" ", "_")
+    path = os.path.join(args.out, f"{datetime.date.today()}-{gpu}-cluster.csv")
+    os.makedirs(args.out, exist_ok=True)
+    write_csv(rows, path)
+    print(f"wrote {path}")
+    for r in rows:
+        print(f"{r.benchmark:20s} {r.shape:28s} {r.implementation:24s} {r.ms:8.4f} ms "
+              f"{r.tflops:7.1f} TFLOP/s {r.gbps:8.1f} GB/s {r.fraction_of_ceiling:5.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""Multi-SM tile distribution (``cluster_distribute``): one fused tile over a Hopper thread-block
+cluster, its intermediates exchanged through distributed shared memory (DESIGN.md §4).
+
+Two shapes of chain are distributed:
+
+- GEMM chains ``act(X·W1)·W2`` (no fusion first): the intermediate's columns (``axis``, the second
+  sum's axis) are split across the cluster's CTAs, each keeps its slice in shared memory, and the
+  partial products are reduced through DSM (:mod:`tensorfuse.targets.cuda.gemm_chain`);
+- a rolled softmax-weighted chain (attention after ``rolling_update``) for one query token: the keys
+  (``axis``, the rolled axis) are split across the cluster and the partial states merged in DSM with
+  the rolling-update correction — a split update inside the cluster
+  (:mod:`tensorfuse.targets.cuda.cluster_decode`).
+"""
+from __future__ import annotations
+
+import math
+
+from ..dsl.expr import user_location
+from ..errors import ScheduleError
+from ..targets import TargetSpec
+from ..targets.cuda.kernel import ClusterKernel, Launches
+from ..targets.cuda.module import KernelEntry
+
+SMS = 132
+
+
+def _check_target(target: TargetSpec) -> None:
+    if not target.has_clusters:
+        raise ScheduleError(f"cluster_distribute needs thread-block clusters (Hopper, "
+                            f"target 'cuda:sm_90a'); the target is {target.name}", user_location())
+
+
+def _tvm(x):
+    import tvm
+
+    return tvm.runtime.from_dlpack(x)
+
+
+def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None,
+               **knobs) -> ClusterKernel:
+    """The GEMM chain of ``kernel`` with ``axis`` (the intermediate's) split over clusters."""
+    from ..targets.cuda.gemm_chain import (ClusterKnobs, THREADS, gemm_chain_source,
+                                           plan_gemm_chain, shared_bytes)
+
+    _check_target(target)
+    program = kernel.program
+    plan = plan_gemm_chain(program)
+    if axis != plan.axis:
+        raise ScheduleError(f"cluster_distribute(axis={axis!r}): for this GEMM chain the axis is "
+                            f"{plan.axis!r}, the one the second sum runs over (the intermediate's "
+                            "columns)", user_location())
+    unknown = set(knobs) - {"block_m", "block_n", "block_k", "block_o", "stages"}
+    if unknown:
+        raise ScheduleError(f"cluster_distribute has no knob {', '.join(sorted(unknown))} for GEMM "
+                            "chains; knobs: cluster, block_m, block_n, block_k, block_o, stages",
+                            user_location())
+
+    def layout(dims: dict) -> Launches:
+        M, K, N, O = (dims[d] for d in plan.dims)
+        k = ClusterKnobs(**{"cluster": cluster or 8, "block_m": 128 if M > 64 else 64, **knobs})
+        source = gemm_chain_source(plan, k, M, K, N, O)
+        smem = shared_bytes(plan, k)
+        if smem > target.max_shared_memory:
+            raise ScheduleError(f"these knobs need {smem} bytes of shared memory per CTA; "
+                                f"{target.name} has {target.max_shared_memory}", user_location())
+        scalars = [p.name for p in program.scalar_params]
+        n_scal = ("float32",) * len(scalars)
+        entries = [KernelEntry("tf_chain_zero", ("handle",)),
+                   KernelEntry("tf_chain_main", ("handle",) * (3 + len(plan.gates)) + n_scal),
+                   KernelEntry("tf_chain_epilogue", ("handle", "handle") + n_scal)]
+        grid_main = (N // k.block_n, math.ceil(M / k.block_m))
+
+        def run(module, values, out, device):
+            import torch
+
+            ysum = torch.empty((M, O), dtype=torch.float32, device=device)
+            sc = [float(values[s]) for s in scalars]
+            quads = M * O // 4
+            module["tf_chain_zero"](_tvm(ysum), math.ceil(quads / 256), 1, 256, 1, 0)
+            module["tf_chain_main"](_tvm(values[plan.x]), *(_tvm(values[w]) for w in plan.gates),
+                                    _tvm(values[plan.w2]), _tvm(ysum), *sc, grid_main[0],
+                                    grid_main[1], THREADS, k.cluster, smem)
+            module["tf_chain_epilogue"](_tvm(ysum), _tvm(out), *sc, math.ceil(M * O / 256), 1,
+                                        256, 1, 0)
+
+        return Launches(source, entries, k, run)
+
+    return ClusterKernel(program, target, layout, f"cluster_distribute(axis={axis!r})")
+
+
+def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int | None = None,
+                     **knobs) -> ClusterKernel:
+    """The rolled attention chain of ``kernel`` with its keys split over one cluster per
+    (batch, kv-head)."""
+    from ..targets.cuda.cluster_decode import THREADS, DecodeKnobs, decode_source, plan_decode
+
+    _check_target(target)
+    if fusion.axis != axis:
+        raise ScheduleError(f"cluster_distribute(axis={axis!r}) after a rolling update over "
+                            f"{fusion.axis!r}: distribute the rolled axis", user_location())
+    program = kernel.program
+    plan = plan_decode(program, fusion.names, axis)
+    unknown = set(knobs) - {"unroll"}
+    if unknown:
+        raise ScheduleError(f"cluster_distribute has no knob {', '.join(sorted(unknown))} for "
+                            "attention; knobs: cluster, unroll", user_location())
+
+    def layout(dims: dict) -> Launches:
+        B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
+        c = cluster or max(1, min(16, 2 ** round(math.log2(max(1, 4 * SMS / (B * HKV))))))
+        c = min(c, 8) if cluster is None else c
+        k = DecodeKnobs(cluster=c, **knobs)
+        source = decode_source(plan, k, dims)
+        types = tuple("float32" if t.startswith("f") else "int32" for _, t in plan.scalars)
+        entries = [KernelEntry("tf_decode_cluster", ("handle",) * 4 + types)]
+
+        def run(module, values, out, device):
+            sc = [values[n] for n, _ in plan.scalars]
+            module["tf_decode_cluster"](_tvm(values[plan.q]), _tvm(values[plan.k]),
+                                        _tvm(values[plan.v]), _tvm(out), *sc, B * HKV * k.cluster,
+                                        1, THREADS, k.cluster, 0)
+
+        return Launches(source, entries, k, run)
+
+    return ClusterKernel(program, target, layout, f"cluster_distribute(axis={axis!r})")

@@ -1,0 +1,68 @@
+"""Device helpers for thread-block clusters and distributed shared memory (DSM), as inline PTX.
+
+TVM 0.27 has these operations as ``tvm.backend.cuda`` intrinsics (``tirx.cuda.cluster_sync``,
+DSM bulk copies) for its ``tirx`` tile language, which our generated CUDA source cannot call, so
+the few we need are spelled out here:
+
+- ``tf_cluster_rank``: this CTA's rank in its cluster (``%cluster_ctarank``);
+- ``tf_cluster_arrive`` / ``tf_cluster_wait``: the two halves of the cluster barrier
+  (``barrier.cluster.arrive.release`` / ``barrier.cluster.wait.acquire``), split so that work can
+  run between them; together they order every CTA's shared-memory writes before any peer's reads;
+- ``tf_mapa``: the address of the same shared-memory location in another CTA of the cluster
+  (``mapa.shared::cluster``);
+- ``tf_ld_dsm_f32x4`` / ``tf_ld_dsm_f32``: loads from a peer's shared memory
+  (``ld.shared::cluster``).
+"""
+from __future__ import annotations
+
+HELPERS = r"""
+__device__ __forceinline__ unsigned tf_cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void tf_cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void tf_cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void tf_cluster_sync() {
+  tf_cluster_arrive();
+  tf_cluster_wait();
+}
+__device__ __forceinline__ unsigned tf_smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ unsigned tf_mapa(unsigned addr, unsigned rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float4 tf_ld_dsm_f32x4(unsigned addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float tf_ld_dsm_f32(unsigned addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void tf_cp_async16(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(tf_smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void tf_cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void tf_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+"""
+
+# The PTX each cluster kernel must contain (checked by the tests on nvcc's output).
+CLUSTER_PTX = ("mapa.shared::cluster", "ld.shared::cluster", "barrier.cluster.arrive",
+               "barrier.cluster.wait", "%cluster_ctarank")

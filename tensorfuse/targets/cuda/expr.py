@@ -1,0 +1,68 @@
+"""Elementwise DSL expressions as CUDA C++ (f32 arithmetic), for the epilogues of cluster kernels.
+
+Only what is the same for every element may appear: constants, scalar parameters, the values of
+earlier computes (``refs``: compute name → C++ variable) and math on them. An expression that
+reads a tensor or an index is refused with the user's source location.
+"""
+from __future__ import annotations
+
+import math
+
+from ...dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Ref, Scalar, Unary,
+                         Where)
+from ...errors import ScheduleError
+
+_UNARY = {"exp": "__expf({})", "exp2": "exp2f({})", "log": "__logf({})", "log2": "log2f({})",
+          "sqrt": "sqrtf({})", "rsqrt": "rsqrtf({})", "abs": "fabsf({})", "erf": "erff({})",
+          "sigmoid": "(1.0f / (1.0f + __expf(-({}))))", "tanh": "tanhf({})",
+          "floor": "floorf({})", "ceil": "ceilf({})", "sin": "__sinf({})", "cos": "__cosf({})",
+          "neg": "(-{})"}
+_BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
+           "max": "fmaxf({}, {})", "min": "fminf({}, {})", "pow": "powf({}, {})"}
+_COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
+            sizes: dict | None = None) -> str:
+    """C++ for ``e``; ``what`` names the place in errors ("the activation of h"). ``axes`` (axis
+    name → C++ int expression) and ``sizes`` (size name → int) allow index arithmetic."""
+    axes, sizes = axes or {}, sizes or {}
+
+    def sub(x: Expr) -> str:
+        return to_cuda(x, refs, what, axes, sizes)
+
+    if isinstance(e, Axis) and e.name in axes:
+        return f"({axes[e.name]})"
+    if isinstance(e, DimSize) and e.name in sizes:
+        return str(sizes[e.name])
+    if isinstance(e, Binary) and e.op in ("floordiv", "mod"):
+        op = "/" if e.op == "floordiv" else "%"  # indices here are never negative
+        return f"({sub(e.a)} {op} {sub(e.b)})"
+    if isinstance(e, Const) and isinstance(e.value, (bool, int)) and not isinstance(e.value, float):
+        return str(int(e.value))
+    if isinstance(e, Const):
+        value = float(e.value)
+        if math.isinf(value):
+            return "(INFINITY)" if value > 0 else "(-INFINITY)"
+        return f"{value!r}f"
+    if isinstance(e, Scalar):
+        return e.name
+    if isinstance(e, Ref):
+        if e.compute.name not in refs:
+            raise ScheduleError(f"{what} reads {e.compute.name}, which this kernel does not keep",
+                                e.loc)
+        return refs[e.compute.name]
+    if isinstance(e, Unary) and e.op in _UNARY:
+        return _UNARY[e.op].format(sub(e.a))
+    if isinstance(e, Binary) and e.op in _BINARY:
+        return _BINARY[e.op].format(sub(e.a), sub(e.b))
+    if isinstance(e, Compare):
+        return f"({sub(e.a)} {_COMPARE[e.op]} {sub(e.b)})"
+    if isinstance(e, Where):
+        return (f"({sub(e.cond)} ? {sub(e.a)} : "
+                f"{sub(e.b)})")
+    if isinstance(e, Cast):
+        return f"((float){sub(e.a)})" if e.dtype.startswith("f") else f"((int){sub(e.a)})"
+    raise ScheduleError(f"{what} must be elementwise math on the reduced values; "
+                        f"{type(e).__name__.lower()} {e!s} is not supported by cluster kernels",
+                        getattr(e, "loc", None))

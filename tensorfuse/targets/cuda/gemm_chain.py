@@ -1,0 +1,429 @@
+"""GEMM chains ``Y = epilogue(Σ_n act(X·W1, X·W3, …)[i, n] · W2[n, o])`` over a thread-block cluster.
+
+The plan (:func:`plan_gemm_chain`) reads the chain from the program: first-level sums over ``k`` of
+``x[i, k] · w[k, n]`` sharing ``x`` (one for GELU, two for SwiGLU), an elementwise activation of
+them over ``[i, n]``, a second sum over ``n`` of that activation times ``w2[n, o]``, and an
+elementwise epilogue to the output. Anything else is refused with the reason and the user's line.
+
+The kernel (:func:`gemm_chain_source`): every CTA owns ``block_n`` columns of the intermediate
+and ``block_m`` rows. It computes its slice ``H = act(X·W1[:, slice])`` on tensor cores (cp.async
+multi-stage pipeline) and keeps it in shared memory: the intermediate never goes to global memory.
+Its partial product ``H · W2[slice, o-tile]`` for each ``block_o``-wide output tile goes to its own
+shared memory; the ``cluster`` CTAs of a cluster (which own neighbouring slices) then reduce those
+partials through distributed shared memory — CTA ``r`` sums row band ``r`` of the tile over every
+peer (``mapa`` + ``ld.shared::cluster``) — so only one partial per cluster reaches global memory,
+where clusters meet in f32 atomics. The cluster barrier of tile ``t`` is split around the tensor-core
+work of tile ``t + 1`` so that its latency is hidden. A small epilogue kernel converts the f32 sums.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...algebra.exprs import nodes
+from ...dsl.expr import Axis, Binary, Expr, Load, Ref
+from ...dsl.program import Program
+from ...errors import ScheduleError
+from .dsm import HELPERS
+from .expr import to_cuda
+
+THREADS = 256  # 8 warps: 2 along rows × 4 along columns
+WARPS_M, WARPS_N = 2, 4
+
+
+@dataclass(frozen=True)
+class GemmChainPlan:
+    """What the kernel computes: ``x`` and the first-level weights (``gates``, in the order their
+    sums appear), ``w2``, the activation (C++ over ``g0``, ``g1``, …), the epilogue (C++ over
+    ``y``), the output's name, and the size names of the axes i, k, n, o."""
+
+    x: str
+    gates: tuple[str, ...]
+    w2: str
+    activation: str
+    epilogue: str
+    output: str
+    dims: tuple[str, str, str, str]
+    scalars: tuple[str, ...]
+    axis: str
+
+
+@dataclass(frozen=True)
+class ClusterKnobs:
+    """``block_m`` rows × ``block_n`` intermediate columns per CTA, ``block_k`` per pipeline stage
+    (``stages`` deep), ``block_o`` output columns per DSM reduction, ``cluster`` CTAs per cluster."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    block_o: int = 64
+    stages: int = 3
+    cluster: int = 8
+
+
+def _factors(e: Expr) -> list[Expr]:
+    if isinstance(e, Binary) and e.op == "mul":
+        return _factors(e.a) + _factors(e.b)
+    return [e]
+
+
+def _inline(e: Expr, elementwise: dict) -> Expr:
+    """``e`` with references to elementwise computes replaced by their bodies."""
+    if isinstance(e, Ref) and e.compute.name in elementwise:
+        return _inline(elementwise[e.compute.name].bodies[0], elementwise)
+    if isinstance(e, Binary):
+        return Binary(e.op, _inline(e.a, elementwise), _inline(e.b, elementwise), e.dtype, e.loc)
+    kids = e.children()
+    if not kids:
+        return e
+    import copy
+
+    out = copy.copy(e)
+    for slot in ("a", "b", "cond"):
+        if hasattr(out, slot) and getattr(out, slot) is not None:
+            object.__setattr__(out, slot, _inline(getattr(e, slot), elementwise))
+    return out
+
+
+def _is_axis(e: Expr, axis: Axis) -> bool:
+    return isinstance(e, Axis) and e.uid == axis.uid
+
+
+def _refuse(message: str, c) -> ScheduleError:
+    return ScheduleError(f"cluster_distribute (GEMM chain): {message}", getattr(c, "loc", None))
+
+
+def plan_gemm_chain(program: Program) -> GemmChainPlan:
+    """The chain's pieces, or a :class:`ScheduleError` saying what does not fit the pattern."""
+    outputs = [c for c in program.computes if c.is_output]
+    if len(outputs) != 1:
+        raise _refuse(f"{program.name} has {len(outputs)} outputs; one is supported", None)
+    out = outputs[0]
+    reductions = [c for c in program.computes if c.is_reduction]
+    elementwise = {c.name: c for c in program.computes if not c.is_reduction}
+    if any(c.monoid.name != "sum" for c in reductions):
+        bad = next(c for c in reductions if c.monoid.name != "sum")
+        raise _refuse(f"{bad.name} is a {bad.monoid.name} reduction; GEMM chains are sums", bad)
+    second = [c for c in reductions if any(isinstance(n, Ref) and n.compute.is_reduction
+                                           for n in nodes(_inline(c.bodies[0], elementwise)))]
+    first = [c for c in reductions if c not in second]
+    if len(second) != 1 or not first:
+        raise _refuse(f"{program.name} is not act(X·W1)·W2: it needs first-level sums feeding one "
+                      f"second sum (found {len(first)} and {len(second)})", out)
+    r2 = second[0]
+    if len(r2.over) != 1 or len(r2.axes) != 2:
+        raise _refuse(f"{r2.name} must sum over one axis into [rows, columns]", r2)
+    i_axis, o_axis = r2.axes
+    n_axis = r2.over[0]
+    # second sum: (activation over [i, n]) * w2[n, o]
+    w2_loads = [f for f in _factors(r2.bodies[0]) if isinstance(f, Load)
+                and len(f.indices) == 2 and _is_axis(f.indices[0], n_axis)
+                and _is_axis(f.indices[1], o_axis)]
+    if len(w2_loads) != 1:
+        raise _refuse(f"{r2.name} must multiply by a weight indexed [{n_axis.name}, "
+                      f"{o_axis.name}]", r2)
+    w2 = w2_loads[0]
+    act_factors = [f for f in _factors(r2.bodies[0]) if f is not w2]
+    act = _inline(act_factors[0], elementwise)
+    for f in act_factors[1:]:
+        act = Binary("mul", act, _inline(f, elementwise), "f32", f.loc)
+    # first-level sums: x[i, k] * w[k, n], all with the same x
+    x_name, k_axis, gates = None, None, []
+    for c in first:
+        loads = _factors(c.bodies[0])
+        if len(c.over) != 1 or len(loads) != 2 or not all(isinstance(f, Load) for f in loads):
+            raise _refuse(f"{c.name} must be sum(x[i, k] * w[k, n], over=k)", c)
+        k = c.over[0]
+        xs = [f for f in loads if _is_axis(f.indices[0], i_axis) and _is_axis(f.indices[-1], k)]
+        ws = [f for f in loads if all(f is not x for x in xs) and len(f.indices) == 2
+              and _is_axis(f.indices[0], k) and _is_axis(f.indices[1], n_axis)]
+        if len(xs) != 1 or len(ws) != 1 or len(xs[0].indices) != 2:
+            raise _refuse(f"{c.name} must be sum(x[{i_axis.name}, k] * w[k, {n_axis.name}], "
+                          "over=k)", c)
+        if x_name not in (None, xs[0].param.name):
+            raise _refuse(f"{c.name} reads {xs[0].param.name}, the others {x_name}; the "
+                          "first-level products must share their left operand", c)
+        x_name, k_axis = xs[0].param.name, k
+        gates.append((c.name, ws[0].param.name))
+    for p in program.tensor_params:
+        if p.dtype != "bf16":
+            raise _refuse(f"{p.name} is {p.dtype}; the cluster GEMM chain takes bf16 tensors", None)
+    refs = {name: f"g{idx}" for idx, (name, _) in enumerate(gates)}
+    for n in nodes(act):
+        if isinstance(n, (Load, Axis)) or \
+                (isinstance(n, Ref) and n.compute.name not in refs):
+            raise _refuse(f"the activation between the two sums may only use "
+                          f"{', '.join(refs)} and constants", r2)
+    activation = to_cuda(act, refs, "the activation")
+    epi = out.bodies[0] if out is not r2 else Ref(r2)
+    epilogue = to_cuda(_inline(epi, {k: v for k, v in elementwise.items() if k != out.name}),
+                       {r2.name: "y"}, f"the output {out.name}")
+
+    def dim(param_name: str, pos: int) -> str:
+        p = next(p for p in program.tensor_params if p.name == param_name)
+        return str(p.dims[pos])
+
+    dims = (dim(x_name, 0), dim(x_name, 1), dim(gates[0][1], 1), dim(w2.param.name, 1))
+    return GemmChainPlan(x_name, tuple(w for _, w in gates), w2.param.name, activation, epilogue,
+                         out.name, dims, tuple(p.name for p in program.scalar_params),
+                         n_axis.name)
+
+
+def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int, O: int) -> None:
+    """Refuse sizes the kernel cannot tile, saying which knob or size to change."""
+    problems = []
+    if K % knobs.block_k:
+        problems.append(f"K={K} is not a multiple of block_k={knobs.block_k}")
+    if N % (knobs.block_n * knobs.cluster):
+        problems.append(f"N={N} is not a multiple of block_n×cluster={knobs.block_n}×"
+                        f"{knobs.cluster}")
+    if O % knobs.block_o:
+        problems.append(f"O={O} is not a multiple of block_o={knobs.block_o}")
+    if knobs.cluster not in (1, 2, 4, 8, 16):
+        problems.append(f"cluster={knobs.cluster} is not 1, 2, 4, 8 or 16")
+    if knobs.block_m % (16 * WARPS_M) or knobs.block_n % (16 * WARPS_N) or \
+            knobs.block_o % (16 * WARPS_N) or knobs.block_k % 16:
+        problems.append("block_m must be a multiple of 32, block_n and block_o of 64, block_k of 16")
+    elif knobs.block_m % knobs.cluster:
+        problems.append(f"block_m={knobs.block_m} must split into cluster={knobs.cluster} row "
+                        "bands")
+    if knobs.stages < 2:
+        problems.append("stages must be at least 2")
+    if problems:
+        raise ScheduleError("cluster_distribute cannot tile this GEMM chain: " + "; ".join(problems))
+
+
+def shared_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
+    """Dynamic shared memory: the larger of the first GEMM's pipeline and the second phase."""
+    return max(*_layout(plan, knobs).values())
+
+
+def _layout(plan: GemmChainPlan, knobs: ClusterKnobs) -> dict:
+    g = len(plan.gates)
+    bm, bn, bk, bo = knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o
+    stage = bm * (bk + 8) * 2 + g * bk * (bn + 8) * 2
+    hs = bm * (bn + 8) * 2
+    w2s = 2 * bn * (bo + 8) * 2
+    ps = max(2 * bm * (bo + 4) * 4, bm * (bn + 4) * 4)
+    return {"phase1": knobs.stages * stage, "phase2": hs + w2s + ps}
+
+
+def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int,
+                      O: int) -> str:
+    """CUDA C++ for the three kernels ``tf_chain_zero``, ``tf_chain_main``, ``tf_chain_epilogue``."""
+    check_sizes(plan, knobs, M, K, N, O)
+    g = len(plan.gates)
+    bm, bn, bk, bo, st, cl = (knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o,
+                              knobs.stages, knobs.cluster)
+    fm, fn, fn2 = bm // WARPS_M // 16, bn // WARPS_N // 16, bo // WARPS_N // 16
+    gate_args = "".join(f"const __nv_bfloat16* __restrict__ w{j}, " for j in range(g))
+    scalar_args = "".join(f", float {s}" for s in plan.scalars)
+    gate_vals = ", ".join(f"g{j} = acc[{j}][a][b].x[t]" for j in range(g))
+    band = bm // cl * bo // 4  # float4s each CTA reduces per output tile
+    return f"""#include <cuda_bf16.h>
+#include <mma.h>
+using namespace nvcuda;
+{HELPERS}
+#define BM {bm}
+#define BN {bn}
+#define BK {bk}
+#define BO {bo}
+#define STAGES {st}
+#define CLUSTER {cl}
+#define G {g}
+#define M_ {M}
+#define K_ {K}
+#define N_ {N}
+#define O_ {O}
+#define LDX (BK + 8)
+#define LDW (BN + 8)
+#define LDH (BN + 8)
+#define LDW2 (BO + 8)
+#define LDP (BO + 4)
+#define LDS (BN + 4)
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
+
+extern "C" __global__ void tf_chain_zero(float* __restrict__ y) {{
+  long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < (long)M_ * O_ / 4) reinterpret_cast<float4*>(y)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}}
+
+extern "C" __global__ void tf_chain_epilogue(const float* __restrict__ ysum,
+                                             __nv_bfloat16* __restrict__ out{scalar_args}) {{
+  long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < (long)M_ * O_) {{ float y = ysum[i]; out[i] = __float2bfloat16({plan.epilogue}); }}
+}}
+
+// Loads one pipeline stage: x rows [m0, m0 + BM) × k [k0, k0 + BK), and each gate weight's
+// k rows × this CTA's BN intermediate columns.
+__device__ __forceinline__ void load_stage(char* stage, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* const* ws, int m0, int n0, int k0) {{
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(stage);
+  for (int c = threadIdx.x; c < BM * BK / 8; c += blockDim.x) {{
+    int r = c / (BK / 8), col = (c % (BK / 8)) * 8;
+    bool ok = m0 + r < M_;
+    tf_cp_async16(xs + r * LDX + col, x + (long)(ok ? m0 + r : 0) * K_ + k0 + col, ok);
+  }}
+  #pragma unroll
+  for (int j = 0; j < G; ++j) {{
+    __nv_bfloat16* wsm = xs + BM * LDX + j * BK * LDW;
+    for (int c = threadIdx.x; c < BK * BN / 8; c += blockDim.x) {{
+      int r = c / (BN / 8), col = (c % (BN / 8)) * 8;
+      tf_cp_async16(wsm + r * LDW + col, ws[j] + (long)(k0 + r) * N_ + n0 + col, true);
+    }}
+  }}
+}}
+
+__device__ __forceinline__ void load_w2(__nv_bfloat16* dst, const __nv_bfloat16* __restrict__ w2,
+                                        int n0, int o0) {{
+  for (int c = threadIdx.x; c < BN * BO / 8; c += blockDim.x) {{
+    int r = c / (BO / 8), col = (c % (BO / 8)) * 8;
+    tf_cp_async16(dst + r * LDW2 + col, w2 + (long)(n0 + r) * O_ + o0 + col, true);
+  }}
+}}
+
+// Partial product of this CTA's H slice with one W2 tile: acc2 = H[BM, BN] · W2s[BN, BO].
+__device__ __forceinline__ void second_product(FragC (&acc2)[{fm}][{fn2}],
+    const __nv_bfloat16* hs, const __nv_bfloat16* w2s, int wm, int wn) {{
+  #pragma unroll
+  for (int a = 0; a < {fm}; ++a)
+    #pragma unroll
+    for (int b = 0; b < {fn2}; ++b) wmma::fill_fragment(acc2[a][b], 0.0f);
+  #pragma unroll
+  for (int kk = 0; kk < BN; kk += 16) {{
+    FragA fa[{fm}];
+    #pragma unroll
+    for (int a = 0; a < {fm}; ++a)
+      wmma::load_matrix_sync(fa[a], hs + (wm * {fm * 16} + a * 16) * LDH + kk, LDH);
+    #pragma unroll
+    for (int b = 0; b < {fn2}; ++b) {{
+      FragB fb;
+      wmma::load_matrix_sync(fb, w2s + kk * LDW2 + wn * {fn2 * 16} + b * 16, LDW2);
+      #pragma unroll
+      for (int a = 0; a < {fm}; ++a) wmma::mma_sync(acc2[a][b], fa[a], fb, acc2[a][b]);
+    }}
+  }}
+}}
+
+extern "C" __global__ void __launch_bounds__({THREADS}, 1)
+tf_chain_main(const __nv_bfloat16* __restrict__ x, {gate_args}const __nv_bfloat16* __restrict__ w2,
+              float* __restrict__ ysum{scalar_args}) {{
+  extern __shared__ __align__(128) char smem[];
+  const __nv_bfloat16* ws[G] = {{{", ".join(f"w{j}" for j in range(g))}}};
+  const int warp = threadIdx.x / 32, wm = warp / {WARPS_N}, wn = warp % {WARPS_N};
+  const unsigned rank = tf_cluster_rank();
+  const int n0 = blockIdx.x * BN;           // this CTA's intermediate columns
+  const int m0 = blockIdx.y * BM;           // its rows
+  const int stage_bytes = BM * LDX * 2 + G * BK * LDW * 2;
+
+  // Phase 1: H = act(x · w_j[:, n0 : n0 + BN]) on tensor cores, STAGES-deep cp.async pipeline.
+  FragC acc[G][{fm}][{fn}];
+  #pragma unroll
+  for (int j = 0; j < G; ++j)
+    #pragma unroll
+    for (int a = 0; a < {fm}; ++a)
+      #pragma unroll
+      for (int b = 0; b < {fn}; ++b) wmma::fill_fragment(acc[j][a][b], 0.0f);
+  const int KT = K_ / BK;
+  #pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {{
+    if (s < KT) load_stage(smem + s * stage_bytes, x, ws, m0, n0, s * BK);
+    tf_cp_async_commit();
+  }}
+  for (int kt = 0; kt < KT; ++kt) {{
+    tf_cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    int next = kt + STAGES - 1;
+    if (next < KT) load_stage(smem + (next % STAGES) * stage_bytes, x, ws, m0, n0, next * BK);
+    tf_cp_async_commit();
+    const __nv_bfloat16* xs = reinterpret_cast<const __nv_bfloat16*>(smem + (kt % STAGES) * stage_bytes);
+    #pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {{
+      FragA fa[{fm}];
+      #pragma unroll
+      for (int a = 0; a < {fm}; ++a)
+        wmma::load_matrix_sync(fa[a], xs + (wm * {fm * 16} + a * 16) * LDX + kk, LDX);
+      #pragma unroll
+      for (int j = 0; j < G; ++j) {{
+        const __nv_bfloat16* wsm = xs + BM * LDX + j * BK * LDW;
+        #pragma unroll
+        for (int b = 0; b < {fn}; ++b) {{
+          FragB fb;
+          wmma::load_matrix_sync(fb, wsm + kk * LDW + wn * {fn * 16} + b * 16, LDW);
+          #pragma unroll
+          for (int a = 0; a < {fm}; ++a) wmma::mma_sync(acc[j][a][b], fa[a], fb, acc[j][a][b]);
+        }}
+      }}
+    }}
+  }}
+  tf_cp_async_wait<0>();
+  __syncthreads();  // the pipeline buffers are free: phase 2 reuses the shared memory
+
+  __nv_bfloat16* hs = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* w2s = hs + BM * LDH;
+  float* ps = reinterpret_cast<float*>(w2s + 2 * BN * LDW2);
+  const int OT = O_ / BO;
+  load_w2(w2s, w2, n0, 0);
+  tf_cp_async_commit();
+  // The activation, elementwise on the accumulators; H goes to shared memory as bf16.
+  #pragma unroll
+  for (int a = 0; a < {fm}; ++a)
+    #pragma unroll
+    for (int b = 0; b < {fn}; ++b) {{
+      #pragma unroll
+      for (int t = 0; t < acc[0][a][b].num_elements; ++t) {{
+        float {gate_vals};
+        acc[0][a][b].x[t] = {plan.activation};
+      }}
+      wmma::store_matrix_sync(ps + (wm * {fm * 16} + a * 16) * LDS + wn * {fn * 16} + b * 16,
+                              acc[0][a][b], LDS, wmma::mem_row_major);
+    }}
+  __syncthreads();
+  for (int e = threadIdx.x; e < BM * BN; e += blockDim.x) {{
+    int r = e / BN, c = e % BN;
+    hs[r * LDH + c] = __float2bfloat16(ps[r * LDS + c]);
+  }}
+  if (OT > 1) load_w2(w2s + BN * LDW2, w2, n0, BO);
+  tf_cp_async_commit();
+  tf_cp_async_wait<1>();
+  __syncthreads();
+
+  // Phase 2: per output tile, this CTA's partial H · W2 → shared memory; the cluster reduces the
+  // partials through DSM (CTA `rank` sums row band `rank` over all peers) and adds to ysum.
+  FragC acc2[{fm}][{fn2}];
+  second_product(acc2, hs, w2s, wm, wn);
+  for (int t = 0; t < OT; ++t) {{
+    float* pt = ps + (t % 2) * BM * LDP;
+    #pragma unroll
+    for (int a = 0; a < {fm}; ++a)
+      #pragma unroll
+      for (int b = 0; b < {fn2}; ++b)
+        wmma::store_matrix_sync(pt + (wm * {fm * 16} + a * 16) * LDP + wn * {fn2 * 16} + b * 16,
+                                acc2[a][b], LDP, wmma::mem_row_major);
+    tf_cluster_arrive();  // partial t is written; peers may read it after their wait
+    if (t + 1 < OT) {{     // tensor-core work for tile t + 1 hides the barrier's latency
+      __syncthreads();    // everyone is done with the W2 buffer of tile t
+      if (t + 2 < OT) load_w2(w2s + (t % 2) * BN * LDW2, w2, n0, (t + 2) * BO);
+      tf_cp_async_commit();
+      tf_cp_async_wait<1>();
+      __syncthreads();
+      second_product(acc2, hs, w2s + ((t + 1) % 2) * BN * LDW2, wm, wn);
+    }}
+    tf_cluster_wait();
+    for (int q = threadIdx.x; q < {band}; q += blockDim.x) {{
+      int r = rank * (BM / CLUSTER) + q / (BO / 4), c = (q % (BO / 4)) * 4;
+      unsigned local = tf_smem_addr(pt + r * LDP + c);
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+      #pragma unroll
+      for (int p = 0; p < CLUSTER; ++p) {{
+        float4 v = tf_ld_dsm_f32x4(tf_mapa(local, p));
+        sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+      }}
+      if (m0 + r < M_)
+        atomicAdd(reinterpret_cast<float4*>(ysum + (long)(m0 + r) * O_ + t * BO + c), sum);
+    }}
+  }}
+  tf_cluster_sync();  // no CTA leaves while a peer may still read its shared memory
+}}
+"""
