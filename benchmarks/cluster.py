@@ -84,7 +84,7 @@ def run_ffn(ms_list=(128, 1024, 8192), clusters=(8,), log=print) -> list[Row]:
     return rows
 
 
-def run_decode(clusters=(4, 8, 16), log=print) -> list[Row]:
+def run_decode(clusters=(4, 8, 16), unrolls=(4, 8), log=print) -> list[Row]:
     from benchmarks.attention import CHAIN, reference
 
     B, HQ, HKV, N, D = 8, 32, 8, 32768, 128
@@ -95,21 +95,21 @@ def run_decode(clusters=(4, 8, 16), log=print) -> list[Row]:
     ref = reference(q, k, v, scale, None, None, torch.arange(1).cuda())
     nbytes = 2 * B * HKV * N * D * 2 + 2 * B * HQ * D * 2
     impls = {}
-    for c in clusters:
+    for c, u in ((c, u) for c in clusters for u in unrolls):
         try:
             sch = tf.schedule(K.gqa_attention, "cuda")
             sch.rolling_update(*CHAIN, axis="j")
-            sch.cluster_distribute("j", cluster=c)
+            sch.cluster_distribute("j", cluster=c, unroll=u)
             f = sch.compile()
             out = torch.full_like(q, float("nan"))
             f(q, k, v, scale=scale, out=out)
             err = relative_error(out, ref)
             ms = bench(lambda: f(q, k, v, scale=scale, out=out))
-            log(f"  cluster decode cluster={c}: {ms:.4f} ms err {err:.1e}"
+            log(f"  cluster decode cluster={c} unroll={u}: {ms:.4f} ms err {err:.1e}"
                 + ("" if err < 2e-2 else "  WRONG"))
             if err < 2e-2 and ("tensorfuse_cluster" not in impls
                                or ms < impls["tensorfuse_cluster"][0]):
-                impls["tensorfuse_cluster"] = (ms, f"cluster={c}; err {err:.1e}")
+                impls["tensorfuse_cluster"] = (ms, f"cluster={c} unroll={u}; err {err:.1e}")
         except Exception as exc:  # noqa: BLE001
             log(f"  cluster decode cluster={c}: {type(exc).__name__}: {exc}"[:400])
     f = tf.compile(K.gqa_attention, target="cuda")
