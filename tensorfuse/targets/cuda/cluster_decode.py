@@ -19,7 +19,7 @@ from ...dsl.expr import Binary, Load, Ref, Unary
 from ...dsl.program import Program
 from ...errors import ScheduleError
 from .dsm import HELPERS
-from .expr import to_cuda
+from .expr import size_macros, to_cuda
 
 THREADS = 256
 HALF_WARPS = THREADS // 16
@@ -138,7 +138,7 @@ def decode_source(plan: DecodePlan, knobs: DecodeKnobs, sizes: dict) -> str:
                           for n, t in plan.scalars)
     return f"""#include <cuda_bf16.h>
 {HELPERS}
-#define G {G}
+{size_macros(sizes)}#define G {G}
 #define D {D}
 #define N_ {N}
 #define HKV_ {HKV}

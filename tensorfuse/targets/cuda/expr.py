@@ -33,8 +33,8 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
 
     if isinstance(e, Axis) and e.name in axes:
         return f"({axes[e.name]})"
-    if isinstance(e, DimSize) and e.name in sizes:
-        return str(sizes[e.name])
+    if isinstance(e, DimSize):  # a macro the kernel source defines (see size_macros)
+        return str(sizes[e.name]) if e.name in sizes else f"TF_SIZE_{e.name}"
     if isinstance(e, Binary) and e.op in ("floordiv", "mod"):
         op = "/" if e.op == "floordiv" else "%"  # indices here are never negative
         return f"({sub(e.a)} {op} {sub(e.b)})"
@@ -66,3 +66,8 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
     raise ScheduleError(f"{what} must be elementwise math on the reduced values; "
                         f"{type(e).__name__.lower()} {e!s} is not supported by cluster kernels",
                         getattr(e, "loc", None))
+
+
+def size_macros(sizes: dict) -> str:
+    """``#define TF_SIZE_<name> <value>`` for every size, for expressions that use ``T.size``."""
+    return "".join(f"#define TF_SIZE_{name} {int(value)}\n" for name, value in sizes.items())

@@ -24,7 +24,7 @@ from ...dsl.expr import Axis, Binary, Expr, Load, Ref
 from ...dsl.program import Program
 from ...errors import ScheduleError
 from .dsm import HELPERS
-from .expr import to_cuda
+from .expr import size_macros, to_cuda
 
 THREADS = 256  # 8 warps: 2 along rows × 4 along columns
 WARPS_M, WARPS_N = 2, 4
@@ -223,7 +223,7 @@ def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, 
 #include <mma.h>
 using namespace nvcuda;
 {HELPERS}
-#define BM {bm}
+{size_macros(dict(zip(plan.dims, (M, K, N, O))))}#define BM {bm}
 #define BN {bn}
 #define BK {bk}
 #define BO {bo}

@@ -1,0 +1,156 @@
+"""cluster_distribute: CUDA for sm_90a compiled by nvcc here (PTX holds the cluster and DSM
+instructions), clear refusals, and — on the H100 — correctness against float64."""
+from __future__ import annotations
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.errors import ScheduleError
+from tensorfuse.kernels.attention import attention, gqa_attention, softcap_attention
+from tensorfuse.kernels.ffn import ffn_gelu, ffn_swiglu
+from tensorfuse.targets.cuda.dsm import CLUSTER_PTX
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
+FFN = dict(M=128, K=512, N=1024, O=256)
+DECODE = dict(B=2, H=8, HKV=2, M=1, N=1000, D=128)
+
+
+def _ffn(kernel, **knobs):
+    sch = tf.schedule(kernel, target="cuda:sm_90a")
+    sch.cluster_distribute("n", **knobs)
+    return sch.compile()
+
+
+def _decode(kernel, **knobs):
+    sch = tf.schedule(kernel, target="cuda:sm_90a")
+    sch.rolling_update("m", "l", "o", axis="j")
+    sch.cluster_distribute("j", **knobs)
+    return sch.compile()
+
+
+@needs_nvcc
+@pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
+@pytest.mark.parametrize("cluster", [2, 8, 16])
+def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster):
+    ptx = _ffn(kernel, cluster=cluster, block_n=64).ptx(**FFN)
+    for instruction in CLUSTER_PTX:
+        assert instruction in ptx, instruction
+    assert "wmma.mma.sync.aligned.row.row.m16n16k16.f32.bf16.bf16.f32" in ptx  # tensor cores
+    assert "cp.async.cg.shared.global" in ptx                           # the pipeline
+    assert "atom.global.add.v4.f32" in ptx                              # one add per cluster
+    # the intermediate h never goes to global memory: the only global stores are the f32 sums
+    main = ptx[ptx.index(".entry tf_chain_main"):]
+    main = main[:main.index("\n}\n")]
+    assert "st.global" not in main
+
+
+@needs_nvcc
+@pytest.mark.parametrize("kernel", [gqa_attention, softcap_attention])
+def test_decode_ptx_has_cluster_and_dsm_instructions(kernel):
+    sizes = dict(DECODE) if kernel is gqa_attention else \
+        {k: v for k, v in DECODE.items() if k != "HKV"}
+    f = _decode(kernel, cluster=4)
+    ptx = f.ptx(**sizes)
+    for instruction in CLUSTER_PTX:
+        assert instruction in ptx, instruction
+    assert "tanh" in f.source(**sizes) or kernel is gqa_attention  # softcap's score is emitted
+
+
+def test_activation_is_generated_from_the_dsl():
+    """A user's own activation (not one the library names) appears in the kernel."""
+    @tf.kernel
+    def ffn_relu_sq(x: T.Tensor["M", "K", "bf16"], w1: T.Tensor["K", "N", "bf16"],
+                    w2: T.Tensor["N", "O", "bf16"]):
+        i, k, n, o = T.axes("i k n o")
+        h = T.sum(x[i, k] * w1[k, n], over=k)
+        r = T.where(h > 0.0, h, 0.0)
+        return T.sum(r * r * w2[n, o], over=n)
+
+    src = _ffn(ffn_relu_sq).source(**FFN)
+    assert "((g0 > 0.0f) ? g0 : 0.0f)" in src
+
+
+def test_refusals_name_the_problem():
+    with pytest.raises(ScheduleError, match="axis is 'n'"):
+        tf.schedule(ffn_gelu, target="cuda:sm_90a").cluster_distribute("k")
+    with pytest.raises(ScheduleError, match="Hopper"):
+        tf.schedule(ffn_gelu, target="cuda:sm_80").cluster_distribute("n")
+    with pytest.raises(ScheduleError, match="Hopper"):
+        tf.schedule(ffn_gelu, target="llvm").cluster_distribute("n")
+    with pytest.raises(ScheduleError, match="1, 2, 4, 8 or 16"):
+        tf.schedule(ffn_gelu, target="cuda:sm_90a").cluster_distribute("n", cluster=3)
+    with pytest.raises(ScheduleError, match="no knob"):
+        tf.schedule(ffn_gelu, target="cuda:sm_90a").cluster_distribute("n", tile=3)
+    with pytest.raises(ScheduleError, match="multiple of block_n×cluster"):
+        _ffn(ffn_gelu, cluster=8).source(M=128, K=512, N=1000, O=256)
+    with pytest.raises(ScheduleError, match="M=1"):
+        _decode(attention).source(B=1, H=2, M=64, N=256, D=128)
+    # not a GEMM chain: a softmax is refused, not compiled wrongly
+    from tensorfuse.kernels.rows import softmax
+
+    with pytest.raises(ScheduleError, match="GEMM chain"):
+        tf.schedule(softmax, target="cuda:sm_90a").cluster_distribute("j")
+
+
+def test_no_gpu_gives_a_clear_error():
+    import tvm
+
+    if tvm.cuda(0).exist:
+        pytest.skip("a GPU is present")
+    f = _ffn(ffn_gelu)
+    x = np.ones((128, 512), np.float32)
+    with pytest.raises(Exception, match="GPU"):
+        f(x, np.ones((512, 1024), np.float32), np.ones((1024, 256), np.float32))
+
+
+# -- on the H100 ---------------------------------------------------------------------------------
+def _bf16(torch, *shape, scale=1.0, gen=None):
+    return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
+@pytest.mark.parametrize("M", [1, 200])
+def test_ffn_matches_float64_on_the_gpu(kernel, M):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(M)
+    K, N, O = 512, 2048, 256
+    ws = [_bf16(torch, K, N, scale=K ** -0.5, gen=g)
+          for _ in range(1 if kernel is ffn_gelu else 2)]
+    args = (_bf16(torch, M, K, gen=g), *ws, _bf16(torch, N, O, scale=N ** -0.5, gen=g))
+    d = [a.double() for a in args]
+    if kernel is ffn_gelu:
+        h = d[0] @ d[1]
+        h = 0.5 * h * (1 + torch.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))
+        ref = h @ d[2]
+    else:
+        ref = (torch.nn.functional.silu(d[0] @ d[1]) * (d[0] @ d[2])) @ d[3]
+    out = torch.full((M, O), float("nan"), device="cuda", dtype=torch.bfloat16)
+    _ffn(kernel, cluster=4, block_n=64)(*args, out=out)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, err  # bf16 tolerance (the intermediate is rounded to bf16, as in torch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cluster", [2, 8])
+def test_cluster_decode_matches_float64_on_the_gpu(cluster):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(cluster)
+    B, H, HKV, N, D = 2, 8, 2, 3001, 128  # N not a multiple of anything
+    q, k, v = _bf16(torch, B, H, 1, D, gen=g), _bf16(torch, B, HKV, N, D, gen=g), \
+        _bf16(torch, B, HKV, N, D, gen=g)
+    scale = 1 / math.sqrt(D)
+    kk = k.double().repeat_interleave(H // HKV, 1)
+    vv = v.double().repeat_interleave(H // HKV, 1)
+    ref = torch.softmax(q.double() @ kk.transpose(-1, -2) * scale, -1) @ vv
+    out = torch.full_like(q, float("nan"))
+    _decode(gqa_attention, cluster=cluster)(q, k, v, scale=scale, out=out)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, err
