@@ -130,7 +130,9 @@ def run_decode(clusters=(4, 8, 16), unrolls=(4, 8), log=print) -> list[Row]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="M=128 only, cluster 8")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--out", default=os.environ.get("OUT") or
+                        os.path.join(os.path.dirname(__file__), "results"),
+                        help="folder for the CSV (default: $OUT, else benchmarks/results)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks.cluster needs an NVIDIA Hopper GPU; none is visible")
