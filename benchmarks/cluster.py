@@ -32,7 +32,7 @@ def ffn_eager(kind):
     return lambda x, w1, w3, w2: (torch.nn.functional.silu(x @ w1) * (x @ w3)) @ w2
 
 
-def run_ffn(ms_list=(128, 1024, 8192), clusters=(8,), log=print) -> list[Row]:
+def run_ffn(ms_list=(128, 1024, 8192), configs=({"cluster": 8},), log=print) -> list[Row]:
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for kind, kernel in (("gelu", K.ffn_gelu), ("swiglu", K.ffn_swiglu)):
@@ -50,22 +50,22 @@ def run_ffn(ms_list=(128, 1024, 8192), clusters=(8,), log=print) -> list[Row]:
                           for i, a in enumerate(args)))
             flops = 2 * M * Kd * N * len(ws) + 2 * M * N * O
             impls = {}
-            for c in clusters:
+            for c in configs:
                 try:
                     sch = tf.schedule(kernel, "cuda")
-                    sch.cluster_distribute("n", cluster=c)
+                    sch.cluster_distribute("n", **c)
                     f = sch.compile()
                     out = torch.full((M, O), float("nan"), device="cuda", dtype=torch.bfloat16)
                     f(*args, out=out)
                     err = relative_error(out[:128], ref)
                     ok = err < 3e-2
                     ms = bench(lambda: f(*args, out=out))
-                    log(f"  ffn_{kind} M={M} cluster={c}: {ms:.3f} ms err {err:.1e}"
+                    log(f"  ffn_{kind} M={M} {c}: {ms:.3f} ms err {err:.1e}"
                         + ("" if ok else "  WRONG"))
                     if ok and (f"tensorfuse" not in impls or ms < impls["tensorfuse"][0]):
-                        impls["tensorfuse"] = (ms, f"cluster={c}; err {err:.1e}")
+                        impls["tensorfuse"] = (ms, f"{c}; err {err:.1e}")
                 except Exception as exc:  # noqa: BLE001
-                    log(f"  ffn_{kind} M={M} cluster={c}: {type(exc).__name__}: {exc}"[:400])
+                    log(f"  ffn_{kind} M={M} {c}: {type(exc).__name__}: {exc}"[:400])
             impls["torch_eager"] = (bench(lambda: eager(*args)),
                                     f"err {relative_error(eager(*args)[:128], ref):.1e}")
             try:
@@ -84,7 +84,7 @@ def run_ffn(ms_list=(128, 1024, 8192), clusters=(8,), log=print) -> list[Row]:
     return rows
 
 
-def run_decode(clusters=(4, 8, 16), unrolls=(4, 8), log=print) -> list[Row]:
+def run_decode(clusters=(4, 8, 16), warps=(4, 8), log=print) -> list[Row]:
     from benchmarks.attention import CHAIN, reference
 
     B, HQ, HKV, N, D = 8, 32, 8, 32768, 128
@@ -95,21 +95,21 @@ def run_decode(clusters=(4, 8, 16), unrolls=(4, 8), log=print) -> list[Row]:
     ref = reference(q, k, v, scale, None, None, torch.arange(1).cuda())
     nbytes = 2 * B * HKV * N * D * 2 + 2 * B * HQ * D * 2
     impls = {}
-    for c, u in ((c, u) for c in clusters for u in unrolls):
+    for c, u in ((c, u) for c in clusters for u in warps):
         try:
             sch = tf.schedule(K.gqa_attention, "cuda")
             sch.rolling_update(*CHAIN, axis="j")
-            sch.cluster_distribute("j", cluster=c, unroll=u)
+            sch.cluster_distribute("j", cluster=c, warps=u)
             f = sch.compile()
             out = torch.full_like(q, float("nan"))
             f(q, k, v, scale=scale, out=out)
             err = relative_error(out, ref)
             ms = bench(lambda: f(q, k, v, scale=scale, out=out))
-            log(f"  cluster decode cluster={c} unroll={u}: {ms:.4f} ms err {err:.1e}"
+            log(f"  cluster decode cluster={c} warps={u}: {ms:.4f} ms err {err:.1e}"
                 + ("" if err < 2e-2 else "  WRONG"))
             if err < 2e-2 and ("tensorfuse_cluster" not in impls
                                or ms < impls["tensorfuse_cluster"][0]):
-                impls["tensorfuse_cluster"] = (ms, f"cluster={c} unroll={u}; err {err:.1e}")
+                impls["tensorfuse_cluster"] = (ms, f"cluster={c} warps={u}; err {err:.1e}")
         except Exception as exc:  # noqa: BLE001
             log(f"  cluster decode cluster={c}: {type(exc).__name__}: {exc}"[:400])
     f = tf.compile(K.gqa_attention, target="cuda")
@@ -130,6 +130,8 @@ def run_decode(clusters=(4, 8, 16), unrolls=(4, 8), log=print) -> list[Row]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="M=128 only, cluster 8")
+    parser.add_argument("--sweep", action="store_true",
+                        help="M=128 only, a sweep of FFN knobs (cluster, block_k, stages)")
     parser.add_argument("--out", default=os.environ.get("OUT") or
                         os.path.join(os.path.dirname(__file__), "results"),
                         help="folder for the CSV (default: $OUT, else benchmarks/results)")
@@ -137,8 +139,12 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks.cluster needs an NVIDIA Hopper GPU; none is visible")
         return 2
-    rows = run_decode() + run_ffn(ms_list=(128,) if args.quick else (128, 1024, 8192),
-                                  clusters=(8,) if args.quick else (4, 8, 16))
+    configs = [{"cluster": c} for c in ((8,) if args.quick else (4, 8, 16))]
+    if args.sweep:
+        configs = [{"cluster": c, "block_k": bk, "stages": st} for c in (1, 8)
+                   for bk, st in ((64, 3), (64, 4), (128, 2), (32, 6))]
+    rows = run_decode() + run_ffn(ms_list=(128,) if args.quick or args.sweep else
+                                  (128, 1024, 8192), configs=configs)
     gpu = torch.cuda.get_device_name().replace(" ", "_")
     path = os.path.join(args.out, f"{datetime.date.today()}-{gpu}-cluster.csv")
     os.makedirs(args.out, exist_ok=True)

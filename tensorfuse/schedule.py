@@ -176,7 +176,7 @@ class Schedule:
           second sum's); knobs ``block_m``, ``block_n``, ``block_k``, ``block_o``, ``stages``.
         - attention decode (after ``rolling_update`` over the keys): ``axis`` is the rolled axis;
           the partial softmax states are merged in DSM with the derived correction. Knob
-          ``unroll``.
+          ``warps``.
         Generates CUDA C++ for sm_90a (``compile().source(...)``, ``.ptx(...)``)."""
         from .schedule_templates.cluster import attention_decode, gemm_chain
 

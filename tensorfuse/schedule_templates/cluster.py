@@ -93,7 +93,7 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
                      **knobs) -> ClusterKernel:
     """The rolled attention chain of ``kernel`` with its keys split over one cluster per
     (batch, kv-head)."""
-    from ..targets.cuda.cluster_decode import THREADS, DecodeKnobs, decode_source, plan_decode
+    from ..targets.cuda.cluster_decode import DecodeKnobs, decode_source, plan_decode
 
     _check_target(target)
     if fusion.axis != axis:
@@ -101,10 +101,10 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
                             f"{fusion.axis!r}: distribute the rolled axis", user_location())
     program = kernel.program
     plan = plan_decode(program, fusion.names, axis)
-    unknown = set(knobs) - {"unroll"}
+    unknown = set(knobs) - {"warps"}
     if unknown:
         raise ScheduleError(f"cluster_distribute has no knob {', '.join(sorted(unknown))} for "
-                            "attention; knobs: cluster, unroll", user_location())
+                            "attention; knobs: cluster, warps", user_location())
 
     def layout(dims: dict) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
@@ -119,7 +119,7 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
             sc = [values[n] for n, _ in plan.scalars]
             module["tf_decode_cluster"](_tvm(values[plan.q]), _tvm(values[plan.k]),
                                         _tvm(values[plan.v]), _tvm(out), *sc, B * HKV * k.cluster,
-                                        1, THREADS, k.cluster, 0)
+                                        1, 32 * k.warps, k.cluster, 0)
 
         return Launches(source, entries, k, run)
 

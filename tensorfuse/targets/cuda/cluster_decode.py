@@ -2,9 +2,11 @@
 
 A split update inside one cluster: the ``cluster`` CTAs of a cluster each sweep a contiguous part
 of the keys for one (batch, kv-head) pair and all the query heads that share it (GQA), keeping the
-running state of the chain — maximum ``m``, sum ``l``, weighted sum ``o`` — in registers (two rows
-per warp, 16-byte loads, the online-softmax correction per key). The 16 half-warp states of a CTA
-are merged in its shared memory, then the CTAs' states are merged through distributed shared memory
+running state of the chain — maximum ``m``, sum ``l``, weighted sum ``o`` — in registers. A warp
+takes 32 keys at a time: each lane scores one key for every query head of the group (q is read from
+shared memory, four heads per read), the block's maximum corrects the state once, and each lane
+accumulates its slice of the head dimension over the 32 weighted value rows. The warps' states of a
+CTA are merged in its shared memory, then the CTAs' states are merged through distributed shared memory
 (``mapa`` + ``ld.shared::cluster`` after a cluster barrier): every state is corrected from its own
 maximum to the cluster's with ``exp(m_part − m)``, the correction the rolling-update algebra derives
 for this chain (:func:`plan_decode` checks that it applies). No partial state goes to global memory.
@@ -21,8 +23,6 @@ from ...errors import ScheduleError
 from .dsm import HELPERS
 from .expr import size_macros, to_cuda
 
-THREADS = 256
-HALF_WARPS = THREADS // 16
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,10 @@ class DecodePlan:
 @dataclass(frozen=True)
 class DecodeKnobs:
     cluster: int = 8
-    unroll: int = 4     # key pairs per warp in flight
+    warps: int = 8      # each sweeps blocks of 32 keys
 
     def __str__(self) -> str:
-        return f"cluster={self.cluster}, unroll={self.unroll}"
+        return f"cluster={self.cluster}, warps={self.warps}"
 
 
 def _refuse(message: str, loc=None) -> ScheduleError:
@@ -124,116 +124,161 @@ def decode_source(plan: DecodePlan, knobs: DecodeKnobs, sizes: dict) -> str:
     if M != 1:
         raise _refuse(f"cluster decode is for one query token (M=1), got M={M}; prefill uses the "
                       "attention template")
-    if D not in (128, 256):
-        raise _refuse(f"head dim D={D}: cluster decode handles 128 and 256 (16-byte loads, a "
-                      "half-warp per key row)")
+    if D not in (64, 128, 256):
+        raise _refuse(f"head dim D={D}: cluster decode handles 64, 128 and 256")
     if H % HKV:
         raise _refuse(f"H={H} query heads do not share HKV={HKV} kv-heads evenly")
     G = H // HKV
-    C, U = knobs.cluster, knobs.unroll
+    C, W = knobs.cluster, knobs.warps
     if C not in (1, 2, 4, 8, 16):
         raise _refuse(f"cluster={C} is not 1, 2, 4, 8 or 16")
-    vec = D // 16                       # elements per lane (a half-warp spans a row)
+    if W not in (2, 4, 8, 16):
+        raise _refuse(f"warps={W} is not 2, 4, 8 or 16")
+    dl = D // 32                        # value elements per lane
+    vtype = {2: "unsigned", 4: "uint2", 8: "uint4"}[dl]
     scalar_args = "".join(f", {'float' if t.startswith('f') else 'int'} {n}"
                           for n, t in plan.scalars)
+    if G % 4 == 0:  # four heads per shared-memory read (q is stored [d][head])
+        dot = """for (int g4 = 0; g4 < G; g4 += 4) {
+          const float4 qq = *reinterpret_cast<const float4*>(&qs[c + t][g4]);
+          s[g4] += qq.x * kf[t]; s[g4 + 1] += qq.y * kf[t]; s[g4 + 2] += qq.z * kf[t];
+          s[g4 + 3] += qq.w * kf[t];
+        }"""
+    else:
+        dot = "for (int g = 0; g < G; ++g) s[g] += qs[c + t][g] * kf[t];"
     return f"""#include <cuda_bf16.h>
 {HELPERS}
 {size_macros(sizes)}#define G {G}
 #define D {D}
+#define DL {dl}
 #define N_ {N}
 #define HKV_ {HKV}
 #define H_ {H}
 #define CLUSTER {C}
-#define VEC {vec}
-#define U {U}
-#define HW {HALF_WARPS}
+#define WARPS {W}
 
-__device__ __forceinline__ void load_row(float (&dst)[VEC], const __nv_bfloat16* src) {{
+__device__ __forceinline__ void unpack8(float (&dst)[8], uint4 raw) {{
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
   #pragma unroll
-  for (int c = 0; c < VEC; c += 8) {{
-    uint4 raw = *reinterpret_cast<const uint4*>(src + c);
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    #pragma unroll
-    for (int t = 0; t < 4; ++t) {{
-      float2 f = __bfloat1622float2(pairs[t]);
-      dst[c + 2 * t] = f.x; dst[c + 2 * t + 1] = f.y;
-    }}
+  for (int t = 0; t < 4; ++t) {{
+    float2 f = __bfloat1622float2(pairs[t]);
+    dst[2 * t] = f.x; dst[2 * t + 1] = f.y;
   }}
 }}
 
-extern "C" __global__ void __launch_bounds__({THREADS})
+__device__ __forceinline__ void unpack_v(float (&dst)[DL], {vtype} raw) {{
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  #pragma unroll
+  for (int t = 0; t < DL / 2; ++t) {{
+    float2 f = __bfloat1622float2(pairs[t]);
+    dst[2 * t] = f.x; dst[2 * t + 1] = f.y;
+  }}
+}}
+
+__device__ __forceinline__ float warp_max(float x) {{
+  #pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}}
+
+__device__ __forceinline__ float warp_sum(float x) {{
+  #pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
 tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                   const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out{scalar_args}) {{
-  __shared__ float part_m[HW][G], part_l[HW][G];
-  __shared__ __align__(16) float part_o[HW][G][D];
+  __shared__ __align__(16) float qs[D][G];
+  __shared__ float warp_m[WARPS][G], warp_l[WARPS][G];
+  __shared__ __align__(16) float warp_o[WARPS][G][D];
   __shared__ float cta_m[G], cta_l[G];
   __shared__ __align__(16) float cta_o[G][D];
   const unsigned rank = tf_cluster_rank();
   const int pair = blockIdx.x / CLUSTER;      // (batch, kv head)
   const int b = pair / HKV_, hk = pair % HKV_;
-  const int lane16 = threadIdx.x % 16, hw = threadIdx.x / 16;
-  const int e0 = lane16 * VEC;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int chunk = (N_ + CLUSTER - 1) / CLUSTER;
   const int j_begin = rank * chunk, j_end = min(N_, j_begin + chunk);
   const __nv_bfloat16* kb = k + ((long)b * HKV_ + hk) * N_ * D;
   const __nv_bfloat16* vb = v + ((long)b * HKV_ + hk) * N_ * D;
+  for (int x = threadIdx.x; x < G * D; x += blockDim.x)
+    qs[x % D][x / D] = __bfloat162float(q[((long)b * H_ + hk * G + x / D) * D + x % D]);
+  __syncthreads();
 
-  float qv[G][VEC], m[G], l[G], o[G][VEC];
+  // Blocks of 32 keys per warp: lane `lane` scores key j0 + lane for every head of the group;
+  // one maximum per block and head, then the weighted values (lane owns DL elements of each).
+  float m[G], l[G], o[G][DL];
   #pragma unroll
   for (int g = 0; g < G; ++g) {{
-    load_row(qv[g], q + ((long)b * H_ + hk * G + g) * D + e0);
     m[g] = -INFINITY; l[g] = 0.f;
     #pragma unroll
-    for (int t = 0; t < VEC; ++t) o[g][t] = 0.f;
+    for (int t = 0; t < DL; ++t) o[g][t] = 0.f;
   }}
-  for (int j0 = j_begin + hw; j0 < j_end; j0 += HW * U) {{
-    float kr[U][VEC], vr[U][VEC];
+  for (int j0 = j_begin + warp * 32; j0 < j_end; j0 += WARPS * 32) {{
+    const int j = j0 + lane;
+    const bool valid = j < j_end;
+    const __nv_bfloat16* krow = kb + (long)(valid ? j : j_begin) * D;
+    float s[G];
     #pragma unroll
-    for (int u = 0; u < U; ++u) {{
-      int j = j0 + u * HW;
-      const long row = j < j_end ? j : j_begin;   // past the end: a harmless in-bounds row
-      load_row(kr[u], kb + row * D + e0); load_row(vr[u], vb + row * D + e0);
+    for (int g = 0; g < G; ++g) s[g] = 0.f;
+    #pragma unroll
+    for (int c = 0; c < D; c += 8) {{
+      float kf[8];
+      unpack8(kf, *reinterpret_cast<const uint4*>(krow + c));
+      #pragma unroll
+      for (int t = 0; t < 8; ++t) {{
+        {dot}
+      }}
     }}
+    float p[G];
     #pragma unroll
-    for (int u = 0; u < U; ++u) {{
-      const int j = j0 + u * HW;
-      const bool valid = j < j_end;     // both half-warps must reach every shuffle
+    for (int g = 0; g < G; ++g) {{
+      const int h = hk * G + g;
+      const float qk = s[g];
+      const float sc = valid ? ({plan.score}) : -INFINITY;
+      const float m_new = fmaxf(m[g], warp_max(sc));
+      const bool live = m_new != -INFINITY;    // everything masked so far: nothing to add
+      const float corr = live ? __expf(m[g] - m_new) : 1.f;
+      p[g] = live ? __expf(sc - m_new) : 0.f;
+      l[g] = l[g] * corr + p[g];
+      #pragma unroll
+      for (int t = 0; t < DL; ++t) o[g][t] *= corr;
+      m[g] = m_new;
+    }}
+    const int last = min(j_end, j0 + 32) - 1;
+    #pragma unroll
+    for (int jj = 0; jj < 32; ++jj) {{
+      const long row = min(j0 + jj, last);     // past the end: weight 0, an in-bounds row
+      float vf[DL];
+      unpack_v(vf, *reinterpret_cast<const {vtype}*>(vb + row * D + lane * DL));
       #pragma unroll
       for (int g = 0; g < G; ++g) {{
-        const int h = hk * G + g;
-        float qk = 0.f;
+        const float pj = __shfl_sync(0xffffffffu, p[g], jj);
         #pragma unroll
-        for (int t = 0; t < VEC; ++t) qk += qv[g][t] * kr[u][t];
-        #pragma unroll
-        for (int off = 8; off > 0; off >>= 1) qk += __shfl_xor_sync(0xffffffffu, qk, off, 16);
-        const float s = valid ? ({plan.score}) : -INFINITY;
-        const float m_new = fmaxf(m[g], s);
-        const bool live = m_new != -INFINITY;   // everything masked so far: nothing to add
-        const float corr = live ? __expf(m[g] - m_new) : 1.f, p = live ? __expf(s - m_new) : 0.f;
-        l[g] = l[g] * corr + p;
-        #pragma unroll
-        for (int t = 0; t < VEC; ++t) o[g][t] = o[g][t] * corr + p * vr[u][t];
-        m[g] = m_new;
+        for (int t = 0; t < DL; ++t) o[g][t] += pj * vf[t];
       }}
     }}
   }}
   #pragma unroll
   for (int g = 0; g < G; ++g) {{
-    if (lane16 == 0) {{ part_m[hw][g] = m[g]; part_l[hw][g] = l[g]; }}
+    const float lw = warp_sum(l[g]);
+    if (lane == 0) {{ warp_m[warp][g] = m[g]; warp_l[warp][g] = lw; }}
     #pragma unroll
-    for (int t = 0; t < VEC; ++t) part_o[hw][g][e0 + t] = o[g][t];
+    for (int t = 0; t < DL; ++t) warp_o[warp][g][lane * DL + t] = o[g][t];
   }}
   __syncthreads();
-  // merge the half-warps' states: each thread owns (g, e) elements
+  // merge the warps' states: each thread owns (g, e) elements
   for (int x = threadIdx.x; x < G * D; x += blockDim.x) {{
     const int g = x / D, e = x % D;
     float mm = -INFINITY;
-    for (int w = 0; w < HW; ++w) mm = fmaxf(mm, part_m[w][g]);
+    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, warp_m[w][g]);
     float ll = 0.f, oo = 0.f;
     if (mm != -INFINITY)
-      for (int w = 0; w < HW; ++w) {{
-        const float c = __expf(part_m[w][g] - mm);
-        ll += part_l[w][g] * c; oo += part_o[w][g][e] * c;
+      for (int w = 0; w < WARPS; ++w) {{
+        const float c = __expf(warp_m[w][g] - mm);
+        ll += warp_l[w][g] * c; oo += warp_o[w][g][e] * c;
       }}
     cta_o[g][e] = oo;
     if (e == 0) {{ cta_m[g] = mm; cta_l[g] = ll; }}
