@@ -93,7 +93,8 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
                      **knobs) -> ClusterKernel:
     """The rolled attention chain of ``kernel`` with its keys split over one cluster per
     (batch, kv-head)."""
-    from ..targets.cuda.cluster_decode import DecodeKnobs, decode_source, plan_decode
+    from ..targets.cuda.cluster_decode import (DecodeKnobs, decode_shared_bytes, decode_source,
+                                               plan_decode)
 
     _check_target(target)
     if fusion.axis != axis:
@@ -110,7 +111,7 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
         B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
         c = cluster or max(1, min(16, 2 ** round(math.log2(max(1, 4 * SMS / (B * HKV))))))
         c = min(c, 8) if cluster is None else c
-        k = DecodeKnobs(cluster=c, **knobs)
+        k = DecodeKnobs(cluster=c, **{"warps": 4, **knobs})
         source = decode_source(plan, k, dims)
         types = tuple("float32" if t.startswith("f") else "int32" for _, t in plan.scalars)
         entries = [KernelEntry("tf_decode_cluster", ("handle",) * 4 + types)]
@@ -119,7 +120,8 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
             sc = [values[n] for n, _ in plan.scalars]
             module["tf_decode_cluster"](_tvm(values[plan.q]), _tvm(values[plan.k]),
                                         _tvm(values[plan.v]), _tvm(out), *sc, B * HKV * k.cluster,
-                                        1, 32 * k.warps, k.cluster, 0)
+                                        1, 32 * k.warps, k.cluster,
+                                        decode_shared_bytes(k, D))
 
         return Launches(source, entries, k, run)
 

@@ -119,7 +119,8 @@ def plan_decode(program: Program, names: tuple[str, ...], axis: str) -> DecodePl
 
 
 def decode_source(plan: DecodePlan, knobs: DecodeKnobs, sizes: dict) -> str:
-    """CUDA C++ for ``tf_decode_cluster``: grid (B·HKV·cluster), cluster (cluster)."""
+    """CUDA C++ for ``tf_decode_cluster``: grid (B·HKV·cluster), cluster (cluster), dynamic shared
+    memory :func:`decode_shared_bytes`."""
     B, H, HKV, M, N, D = (sizes[d] for d in plan.dims)
     if M != 1:
         raise _refuse(f"cluster decode is for one query token (M=1), got M={M}; prefill uses the "
@@ -156,6 +157,7 @@ def decode_source(plan: DecodePlan, knobs: DecodeKnobs, sizes: dict) -> str:
 #define H_ {H}
 #define CLUSTER {C}
 #define WARPS {W}
+#define KST (D + 8)   // key rows in shared memory: 16-byte skew, conflict-free row-per-lane reads
 
 __device__ __forceinline__ void unpack8(float (&dst)[8], uint4 raw) {{
   const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
@@ -190,6 +192,7 @@ __device__ __forceinline__ float warp_sum(float x) {{
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                   const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out{scalar_args}) {{
+  extern __shared__ __align__(16) char dsmem[];   // per warp: two blocks of 32 key rows
   __shared__ __align__(16) float qs[D][G];
   __shared__ float warp_m[WARPS][G], warp_l[WARPS][G];
   __shared__ __align__(16) float warp_o[WARPS][G][D];
@@ -216,10 +219,26 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
     #pragma unroll
     for (int t = 0; t < DL; ++t) o[g][t] = 0.f;
   }}
-  for (int j0 = j_begin + warp * 32; j0 < j_end; j0 += WARPS * 32) {{
+  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(dsmem) + warp * 2 * 32 * KST;
+  // the warp copies a block of 32 key rows, coalesced, into its own buffer (cp.async)
+  auto load_keys = [&](int buf, int first) {{
+    for (int c = lane; c < 32 * D / 8; c += 32) {{
+      const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+      const long row = min(first + r, j_end - 1);
+      tf_cp_async16(kbuf + (buf * 32 + r) * KST + col, kb + row * D + col, true);
+    }}
+    tf_cp_async_commit();
+  }};
+  if (j_begin + warp * 32 < j_end) load_keys(0, j_begin + warp * 32);
+  int it = 0;
+  for (int j0 = j_begin + warp * 32; j0 < j_end; j0 += WARPS * 32, ++it) {{
+    if (j0 + WARPS * 32 < j_end) load_keys((it + 1) & 1, j0 + WARPS * 32);
+    else tf_cp_async_commit();
+    tf_cp_async_wait<1>();
+    __syncwarp();
     const int j = j0 + lane;
     const bool valid = j < j_end;
-    const __nv_bfloat16* krow = kb + (long)(valid ? j : j_begin) * D;
+    const __nv_bfloat16* krow = kbuf + ((it & 1) * 32 + lane) * KST;
     float s[G];
     #pragma unroll
     for (int g = 0; g < G; ++g) s[g] = 0.f;
@@ -260,6 +279,7 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
         for (int t = 0; t < DL; ++t) o[g][t] += pj * vf[t];
       }}
     }}
+    __syncwarp();  // the buffer is read: the copy after next may overwrite it
   }}
   #pragma unroll
   for (int g = 0; g < G; ++g) {{
@@ -305,3 +325,8 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
   tf_cluster_sync();  // peers may still read this CTA's state
 }}
 """
+
+
+def decode_shared_bytes(knobs: DecodeKnobs, head_dim: int) -> int:
+    """Dynamic shared memory of the decode kernel: two blocks of 32 key rows per warp."""
+    return knobs.warps * 2 * 32 * (head_dim + 8) * 2
