@@ -84,7 +84,7 @@ def run_ffn(ms_list=(128, 1024, 8192), configs=({"cluster": 8},), log=print) -> 
     return rows
 
 
-def run_decode(clusters=(4, 8, 16), warps=(4, 8), log=print) -> list[Row]:
+def run_decode(clusters=(4, 8, 16), warps=(2, 4), log=print) -> list[Row]:
     from benchmarks.attention import CHAIN, reference
 
     B, HQ, HKV, N, D = 8, 32, 8, 32768, 128

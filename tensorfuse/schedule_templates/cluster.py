@@ -113,6 +113,11 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
         c = min(c, 8) if cluster is None else c
         k = DecodeKnobs(cluster=c, **{"warps": 4, **knobs})
         source = decode_source(plan, k, dims)
+        smem = decode_shared_bytes(k, D)
+        if smem > target.max_shared_memory:
+            raise ScheduleError(f"warps={k.warps} at head dim {D} needs {smem} bytes of shared "
+                                f"memory per CTA; {target.name} has {target.max_shared_memory}: "
+                                "use fewer warps", user_location())
         types = tuple("float32" if t.startswith("f") else "int32" for _, t in plan.scalars)
         entries = [KernelEntry("tf_decode_cluster", ("handle",) * 4 + types)]
 
@@ -120,8 +125,7 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
             sc = [values[n] for n, _ in plan.scalars]
             module["tf_decode_cluster"](_tvm(values[plan.q]), _tvm(values[plan.k]),
                                         _tvm(values[plan.v]), _tvm(out), *sc, B * HKV * k.cluster,
-                                        1, 32 * k.warps, k.cluster,
-                                        decode_shared_bytes(k, D))
+                                        1, 32 * k.warps, k.cluster, smem)
 
         return Launches(source, entries, k, run)
 

@@ -88,6 +88,8 @@ def test_refusals_name_the_problem():
         tf.schedule(ffn_gelu, target="cuda:sm_90a").cluster_distribute("n", tile=3)
     with pytest.raises(ScheduleError, match="multiple of block_n×cluster"):
         _ffn(ffn_gelu, cluster=8).source(M=128, K=512, N=1000, O=256)
+    with pytest.raises(ScheduleError, match="shared memory"):
+        _decode(gqa_attention, warps=16).source(**DECODE)
     with pytest.raises(ScheduleError, match="M=1"):
         _decode(attention).source(B=1, H=2, M=64, N=256, D=128)
     # not a GEMM chain: a softmax is refused, not compiled wrongly

@@ -4,7 +4,8 @@ A split update inside one cluster: the ``cluster`` CTAs of a cluster each sweep 
 of the keys for one (batch, kv-head) pair and all the query heads that share it (GQA), keeping the
 running state of the chain — maximum ``m``, sum ``l``, weighted sum ``o`` — in registers. A warp
 takes 32 keys at a time: each lane scores one key for every query head of the group (q is read from
-shared memory, four heads per read), the block's maximum corrects the state once, and each lane
+shared memory, four heads per read; the next block's keys and values are copied into the warp's
+shared memory while it computes), the block's maximum corrects the state once, and each lane
 accumulates its slice of the head dimension over the 32 weighted value rows. The warps' states of a
 CTA are merged in its shared memory, then the CTAs' states are merged through distributed shared memory
 (``mapa`` + ``ld.shared::cluster`` after a cluster barrier): every state is corrected from its own
@@ -219,13 +220,16 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
     #pragma unroll
     for (int t = 0; t < DL; ++t) o[g][t] = 0.f;
   }}
-  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(dsmem) + warp * 2 * 32 * KST;
-  // the warp copies a block of 32 key rows, coalesced, into its own buffer (cp.async)
+  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(dsmem) + warp * 2 * 32 * (KST + D);
+  __nv_bfloat16* vbuf = kbuf + 2 * 32 * KST;
+  // the warp copies the next block of 32 key and value rows, coalesced, into its own buffers
+  // (cp.async) while it computes on the current one
   auto load_keys = [&](int buf, int first) {{
     for (int c = lane; c < 32 * D / 8; c += 32) {{
       const int r = c / (D / 8), col = (c % (D / 8)) * 8;
       const long row = min(first + r, j_end - 1);
       tf_cp_async16(kbuf + (buf * 32 + r) * KST + col, kb + row * D + col, true);
+      tf_cp_async16(vbuf + (buf * 32 + r) * D + col, vb + row * D + col, true);
     }}
     tf_cp_async_commit();
   }};
@@ -266,12 +270,11 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
       for (int t = 0; t < DL; ++t) o[g][t] *= corr;
       m[g] = m_new;
     }}
-    const int last = min(j_end, j0 + 32) - 1;
+    const __nv_bfloat16* vblock = vbuf + (it & 1) * 32 * D;
     #pragma unroll
-    for (int jj = 0; jj < 32; ++jj) {{
-      const long row = min(j0 + jj, last);     // past the end: weight 0, an in-bounds row
+    for (int jj = 0; jj < 32; ++jj) {{       // rows past the end were copied clamped; weight 0
       float vf[DL];
-      unpack_v(vf, *reinterpret_cast<const {vtype}*>(vb + row * D + lane * DL));
+      unpack_v(vf, *reinterpret_cast<const {vtype}*>(vblock + jj * D + lane * DL));
       #pragma unroll
       for (int g = 0; g < G; ++g) {{
         const float pj = __shfl_sync(0xffffffffu, p[g], jj);
@@ -328,5 +331,5 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
 
 
 def decode_shared_bytes(knobs: DecodeKnobs, head_dim: int) -> int:
-    """Dynamic shared memory of the decode kernel: two blocks of 32 key rows per warp."""
-    return knobs.warps * 2 * 32 * (head_dim + 8) * 2
+    """Dynamic shared memory of the decode kernel: two blocks of 32 key and value rows per warp."""
+    return knobs.warps * 2 * 32 * (2 * head_dim + 8) * 2
