@@ -111,7 +111,7 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
         B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
         c = cluster or max(1, min(16, 2 ** round(math.log2(max(1, 4 * SMS / (B * HKV))))))
         c = min(c, 8) if cluster is None else c
-        k = DecodeKnobs(cluster=c, **{"warps": 4, **knobs})
+        k = DecodeKnobs(cluster=c, **{"warps": 2, **knobs})
         source = decode_source(plan, k, dims)
         smem = decode_shared_bytes(k, D)
         if smem > target.max_shared_memory:
