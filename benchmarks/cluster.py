@@ -149,6 +149,9 @@ def main(argv=None) -> int:
     path = os.path.join(args.out, f"{datetime.date.today()}-{gpu}-cluster.csv")
     os.makedirs(args.out, exist_ok=True)
     write_csv(rows, path)
+    from benchmarks.report import plot_cluster
+
+    plot_cluster(path, path.replace(".csv", ".png"))
     print(f"wrote {path}")
     for r in rows:
         print(f"{r.benchmark:20s} {r.shape:28s} {r.implementation:24s} {r.ms:8.4f} ms "

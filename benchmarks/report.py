@@ -42,6 +42,41 @@ def plot(path: str, out: str) -> None:
     fig.savefig(out, dpi=110)
 
 
+def plot_cluster(path: str, out: str) -> None:
+    """Cluster kernels: each implementation's speed relative to torch eager (FFN) or to the
+    split-update template (decode), per shape; 1.0 is parity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in load(path) if r["benchmark"].startswith(("ffn/", "decode/gqa_cluster"))]
+    if not rows:
+        return
+    groups = sorted({(r["benchmark"], r["shape"]) for r in rows})
+    baseline = {"ffn": "torch_eager", "decode": "tensorfuse_split_update"}
+    impls = sorted({r["implementation"] for r in rows})
+    fig, ax = plt.subplots(figsize=(max(8, len(groups) * 1.1), 4.5))
+    width = 0.8 / max(1, len(impls))
+    for k, impl in enumerate(impls):
+        values = []
+        for bench, shape in groups:
+            base = [float(r["ms"]) for r in rows if r["benchmark"] == bench and r["shape"] == shape
+                    and r["implementation"] == baseline[bench.split("/")[0]]]
+            hit = [float(r["ms"]) for r in rows if r["benchmark"] == bench and r["shape"] == shape
+                   and r["implementation"] == impl]
+            values.append(base[0] / hit[0] if base and hit else 0.0)
+        ax.bar([g + k * width for g in range(len(groups))], values, width, label=impl)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
+    ax.set_xticklabels([f"{b}\n{s.split()[0]}" for b, s in groups], fontsize=7)
+    ax.set_ylabel("speed vs torch eager (FFN) / split update (decode)")
+    ax.legend(fontsize=8)
+    ax.set_title(path.rsplit("/", 1)[-1].replace(".csv", ""))
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def tables(path: str) -> str:
     rows = load(path)
     by = defaultdict(dict)

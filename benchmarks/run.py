@@ -20,7 +20,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--sizes", default="1024,4096,16384")
-    parser.add_argument("--only", default="attention,decode,rows")
+    parser.add_argument("--only", default="attention,decode,rows,cluster",
+                        help="comma-separated parts: attention, decode, rows, cluster")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks need an NVIDIA GPU", file=sys.stderr)
@@ -47,12 +48,17 @@ def main(argv=None) -> int:
     if "attention" in parts:
         sizes = tuple(int(s) for s in args.sizes.split(","))
         results += attention.run(sizes, ceilings, log=log)
+    if "cluster" in parts:
+        from benchmarks import cluster
+
+        results += cluster.run_decode(log=log) + cluster.run_ffn(log=log)
     path = os.path.join(args.out, f"{stamp}-{gpu}.csv")
     write_csv(results, path)
     try:
-        from benchmarks.report import plot
+        from benchmarks.report import plot, plot_cluster
 
         plot(path, path.replace(".csv", ".png"))
+        plot_cluster(path, path.replace(".csv", "-cluster.png"))
     except Exception as exc:  # noqa: BLE001 - the CSV is the result; the plot is a view of it
         log(f"plot failed: {exc}")
     log(f"wrote {path} in {time.time() - started:.0f} s")

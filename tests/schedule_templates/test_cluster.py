@@ -11,7 +11,8 @@ import pytest
 import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.errors import ScheduleError
-from tensorfuse.kernels.attention import attention, gqa_attention, softcap_attention
+from tensorfuse.kernels.attention import (attention, document_attention, gqa_attention,
+                                         sliding_window_attention, softcap_attention)
 from tensorfuse.kernels.ffn import ffn_gelu, ffn_swiglu
 from tensorfuse.targets.cuda.dsm import CLUSTER_PTX
 
@@ -90,6 +91,8 @@ def test_refusals_name_the_problem():
         _ffn(ffn_gelu, cluster=8).source(M=128, K=512, N=1000, O=256)
     with pytest.raises(ScheduleError, match="shared memory"):
         _decode(gqa_attention, warps=16).source(**DECODE)
+    with pytest.raises(ScheduleError, match="not supported by cluster kernels"):
+        _decode(document_attention)  # the score reads a tensor (document ids): refused
     with pytest.raises(ScheduleError, match="M=1"):
         _decode(attention).source(B=1, H=2, M=64, N=256, D=128)
     # not a GEMM chain: a softmax is refused, not compiled wrongly
@@ -156,3 +159,27 @@ def test_cluster_decode_matches_float64_on_the_gpu(cluster):
     _decode(gqa_attention, cluster=cluster)(q, k, v, scale=scale, out=out)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err
+
+
+@pytest.mark.gpu
+def test_cluster_decode_with_a_mask_and_fully_masked_parts_on_the_gpu():
+    """Sliding window: whole CTAs of the cluster see only masked keys (their state stays at
+    −inf and must drop out of the merge); softcap: tanh in the score."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    B, H, N, D, window, cap = 2, 4, 3001, 128, 700, 20.0
+    q, k, v = _bf16(torch, B, H, 1, D, gen=g), _bf16(torch, B, H, N, D, gen=g), \
+        _bf16(torch, B, H, N, D, gen=g)
+    scale = 1 / math.sqrt(D)
+    s = q.double() @ k.double().transpose(-1, -2) * scale
+    j = torch.arange(N, device="cuda")
+    sliding = torch.where((N - 1 - j < window), s, -torch.inf)
+    capped = cap * torch.tanh(s / cap)
+    for kernel, scores, scalars in ((sliding_window_attention, sliding, {"window": window}),
+                                    (softcap_attention, capped, {"cap": cap})):
+        ref = torch.softmax(scores, -1) @ v.double()
+        out = torch.full_like(q, float("nan"))
+        _decode(kernel, cluster=8)(q, k, v, scale=scale, out=out, **scalars)
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < 1e-2, (kernel.name, err)

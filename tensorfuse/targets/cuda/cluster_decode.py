@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...algebra import plan_chain
+from ...algebra import inline_elementwise, plan_chain
 from ...algebra.exprs import nodes
 from ...dsl.expr import Binary, Load, Ref, Unary
 from ...dsl.program import Program
@@ -107,7 +107,7 @@ def plan_decode(program: Program, names: tuple[str, ...], axis: str) -> DecodePl
     if p is None:
         raise _refuse("the weights must be exp(s - m)", weighted[0].loc)
     axes = {"b": "b", "h": "h", "i": "0", "j": "j"}
-    score = to_cuda(s_c.bodies[0], {dot.name: "qk"}, "the score", axes=axes)
+    score = to_cuda(inline_elementwise(s_c.bodies[0]), {dot.name: "qk"}, "the score", axes=axes)
     qp = next(x for x in program.tensor_params if x.name == q_load.param.name)
     kp = next(x for x in program.tensor_params if x.name == k_load.param.name)
     if len(qp.dims) != 4 or len(kp.dims) != 4:

@@ -16,9 +16,10 @@ _UNARY = {"exp": "__expf({})", "exp2": "exp2f({})", "log": "__logf({})", "log2":
           "sqrt": "sqrtf({})", "rsqrt": "rsqrtf({})", "abs": "fabsf({})", "erf": "erff({})",
           "sigmoid": "(1.0f / (1.0f + __expf(-({}))))", "tanh": "tanhf({})",
           "floor": "floorf({})", "ceil": "ceilf({})", "sin": "__sinf({})", "cos": "__cosf({})",
-          "neg": "(-{})"}
+          "neg": "(-{})", "not": "(!{})"}
 _BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
-           "max": "fmaxf({}, {})", "min": "fminf({}, {})", "pow": "powf({}, {})"}
+           "max": "fmaxf({}, {})", "min": "fminf({}, {})", "pow": "powf({}, {})",
+           "and": "({} && {})", "or": "({} || {})"}
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...algebra import inline_elementwise
 from ...algebra.exprs import nodes
 from ...dsl.expr import Axis, Binary, Expr, Load, Ref
 from ...dsl.program import Program
@@ -66,24 +67,6 @@ def _factors(e: Expr) -> list[Expr]:
     return [e]
 
 
-def _inline(e: Expr, elementwise: dict) -> Expr:
-    """``e`` with references to elementwise computes replaced by their bodies."""
-    if isinstance(e, Ref) and e.compute.name in elementwise:
-        return _inline(elementwise[e.compute.name].bodies[0], elementwise)
-    if isinstance(e, Binary):
-        return Binary(e.op, _inline(e.a, elementwise), _inline(e.b, elementwise), e.dtype, e.loc)
-    kids = e.children()
-    if not kids:
-        return e
-    import copy
-
-    out = copy.copy(e)
-    for slot in ("a", "b", "cond"):
-        if hasattr(out, slot) and getattr(out, slot) is not None:
-            object.__setattr__(out, slot, _inline(getattr(e, slot), elementwise))
-    return out
-
-
 def _is_axis(e: Expr, axis: Axis) -> bool:
     return isinstance(e, Axis) and e.uid == axis.uid
 
@@ -99,12 +82,11 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
         raise _refuse(f"{program.name} has {len(outputs)} outputs; one is supported", None)
     out = outputs[0]
     reductions = [c for c in program.computes if c.is_reduction]
-    elementwise = {c.name: c for c in program.computes if not c.is_reduction}
     if any(c.monoid.name != "sum" for c in reductions):
         bad = next(c for c in reductions if c.monoid.name != "sum")
         raise _refuse(f"{bad.name} is a {bad.monoid.name} reduction; GEMM chains are sums", bad)
     second = [c for c in reductions if any(isinstance(n, Ref) and n.compute.is_reduction
-                                           for n in nodes(_inline(c.bodies[0], elementwise)))]
+                                           for n in nodes(inline_elementwise(c.bodies[0])))]
     first = [c for c in reductions if c not in second]
     if len(second) != 1 or not first:
         raise _refuse(f"{program.name} is not act(X·W1)·W2: it needs first-level sums feeding one "
@@ -123,9 +105,9 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
                       f"{o_axis.name}]", r2)
     w2 = w2_loads[0]
     act_factors = [f for f in _factors(r2.bodies[0]) if f is not w2]
-    act = _inline(act_factors[0], elementwise)
+    act = inline_elementwise(act_factors[0])
     for f in act_factors[1:]:
-        act = Binary("mul", act, _inline(f, elementwise), "f32", f.loc)
+        act = Binary("mul", act, inline_elementwise(f), "f32", f.loc)
     # first-level sums: x[i, k] * w[k, n], all with the same x
     x_name, k_axis, gates = None, None, []
     for c in first:
@@ -155,7 +137,7 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
                           f"{', '.join(refs)} and constants", r2)
     activation = to_cuda(act, refs, "the activation")
     epi = out.bodies[0] if out is not r2 else Ref(r2)
-    epilogue = to_cuda(_inline(epi, {k: v for k, v in elementwise.items() if k != out.name}),
+    epilogue = to_cuda(inline_elementwise(epi),
                        {r2.name: "y"}, f"the output {out.name}")
 
     def dim(param_name: str, pos: int) -> str:
