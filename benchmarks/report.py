@@ -14,67 +14,64 @@ def load(path: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def plot(path: str, out: str) -> None:
+def _bar_chart(path: str, out: str, groups: list, impls: list, value, labels: list[str],
+               ylabel: str, parity: bool = False) -> None:
+    """Grouped bars: ``value(impl, group)`` for every implementation in every group."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in load(path) if r["benchmark"].startswith("attention/")]
-    impls = sorted({r["implementation"] for r in rows})
-    groups = sorted({(r["benchmark"].split("/")[1], r["shape"]) for r in rows},
-                    key=lambda g: (int(g[1].split("S")[1].split()[0]), g[0]))
-    fig, ax = plt.subplots(figsize=(max(8, len(groups) * 0.9), 5))
+    fig, ax = plt.subplots(figsize=(max(8, len(groups) * 1.0), 5))
     width = 0.8 / max(1, len(impls))
     for k, impl in enumerate(impls):
-        values = []
-        for name, shape in groups:
-            hit = [float(r["tflops"]) for r in rows if r["implementation"] == impl and
-                   r["benchmark"].endswith("/" + name) and r["shape"] == shape]
-            values.append(hit[0] if hit else 0.0)
-        ax.bar([g + k * width for g in range(len(groups))], values, width, label=impl)
+        ax.bar([g + k * width for g in range(len(groups))], [value(impl, g) for g in groups],
+               width, label=impl)
+    if parity:
+        ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
-    ax.set_xticklabels([f"{n}\nS={s.split('S')[1].split()[0]}" for n, s in groups], fontsize=7)
-    ax.set_ylabel("TFLOP/s (unmasked FLOPs)")
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     ax.set_title(path.rsplit("/", 1)[-1].replace(".csv", ""))
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+
+
+def _ms(rows: list, impl: str, bench: str, shape: str, field: str = "ms") -> float | None:
+    hit = [float(r[field]) for r in rows if r["implementation"] == impl
+           and r["benchmark"] == bench and r["shape"] == shape]
+    return hit[0] if hit else None
+
+
+def plot(path: str, out: str) -> None:
+    """Attention TFLOP/s per variant and size."""
+    rows = [r for r in load(path) if r["benchmark"].startswith("attention/")]
+    groups = sorted({(r["benchmark"], r["shape"]) for r in rows},
+                    key=lambda g: (int(g[1].split("S")[1].split()[0]), g[0]))
+    _bar_chart(path, out, groups, sorted({r["implementation"] for r in rows}),
+               lambda impl, g: _ms(rows, impl, *g, field="tflops") or 0.0,
+               [f"{b.split('/')[1]}\nS={s.split('S')[1].split()[0]}" for b, s in groups],
+               "TFLOP/s (unmasked FLOPs)")
 
 
 def plot_cluster(path: str, out: str) -> None:
     """Cluster kernels: each implementation's speed relative to torch eager (FFN) or to the
     split-update template (decode), per shape; 1.0 is parity."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [r for r in load(path) if r["benchmark"].startswith(("ffn/", "decode/gqa_cluster"))]
     if not rows:
         return
     groups = sorted({(r["benchmark"], r["shape"]) for r in rows})
     baseline = {"ffn": "torch_eager", "decode": "tensorfuse_split_update"}
-    impls = sorted({r["implementation"] for r in rows})
-    fig, ax = plt.subplots(figsize=(max(8, len(groups) * 1.1), 4.5))
-    width = 0.8 / max(1, len(impls))
-    for k, impl in enumerate(impls):
-        values = []
-        for bench, shape in groups:
-            base = [float(r["ms"]) for r in rows if r["benchmark"] == bench and r["shape"] == shape
-                    and r["implementation"] == baseline[bench.split("/")[0]]]
-            hit = [float(r["ms"]) for r in rows if r["benchmark"] == bench and r["shape"] == shape
-                   and r["implementation"] == impl]
-            values.append(base[0] / hit[0] if base and hit else 0.0)
-        ax.bar([g + k * width for g in range(len(groups))], values, width, label=impl)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
-    ax.set_xticklabels([f"{b}\n{s.split()[0]}" for b, s in groups], fontsize=7)
-    ax.set_ylabel("speed vs torch eager (FFN) / split update (decode)")
-    ax.legend(fontsize=8)
-    ax.set_title(path.rsplit("/", 1)[-1].replace(".csv", ""))
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
+
+    def speed(impl, group):
+        base = _ms(rows, baseline[group[0].split("/")[0]], *group)
+        ms = _ms(rows, impl, *group)
+        return base / ms if base and ms else 0.0
+
+    _bar_chart(path, out, groups, sorted({r["implementation"] for r in rows}), speed,
+               [f"{b}\n{s.split()[0]}" for b, s in groups],
+               "speed vs torch eager (FFN) / split update (decode)", parity=True)
 
 
 def tables(path: str) -> str:
