@@ -47,6 +47,8 @@ def _ms(rows: list, impl: str, bench: str, shape: str, field: str = "ms") -> flo
 def plot(path: str, out: str) -> None:
     """Attention TFLOP/s per variant and size."""
     rows = [r for r in load(path) if r["benchmark"].startswith("attention/")]
+    if not rows:
+        return
     groups = sorted({(r["benchmark"], r["shape"]) for r in rows},
                     key=lambda g: (int(g[1].split("S")[1].split()[0]), g[0]))
     _bar_chart(path, out, groups, sorted({r["implementation"] for r in rows}),
