@@ -41,7 +41,8 @@ def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster):
     ptx = _ffn(kernel, cluster=cluster, block_n=64).ptx(**FFN)
     for instruction in CLUSTER_PTX:
         assert instruction in ptx, instruction
-    assert "wmma.mma.sync.aligned.row.row.m16n16k16.f32.bf16.bf16.f32" in ptx  # tensor cores
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx  # tensor cores
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx       # weights [in, out]
     assert "cp.async.cg.shared.global" in ptx                           # the pipeline
     assert "atom.global.add.v4.f32" in ptx                              # one add per cluster
     # the intermediate h never goes to global memory: the only global stores are the f32 sums

@@ -14,7 +14,7 @@ from ...errors import ScheduleError
 
 _UNARY = {"exp": "__expf({})", "exp2": "exp2f({})", "log": "__logf({})", "log2": "log2f({})",
           "sqrt": "sqrtf({})", "rsqrt": "rsqrtf({})", "abs": "fabsf({})", "erf": "erff({})",
-          "sigmoid": "(1.0f / (1.0f + __expf(-({}))))", "tanh": "tanhf({})",
+          "sigmoid": "__fdividef(1.0f, 1.0f + __expf(-({})))", "tanh": "tanhf({})",
           "floor": "floorf({})", "ceil": "ceilf({})", "sin": "__sinf({})", "cos": "__cosf({})",
           "neg": "(-{})", "not": "(!{})"}
 _BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",

@@ -6,8 +6,8 @@ them over ``[i, n]``, a second sum over ``n`` of that activation times ``w2[n, o
 elementwise epilogue to the output. Anything else is refused with the reason and the user's line.
 
 The kernel (:func:`gemm_chain_source`): every CTA owns ``block_n`` columns of the intermediate
-and ``block_m`` rows. It computes its slice ``H = act(X·W1[:, slice])`` on tensor cores (cp.async
-multi-stage pipeline) and keeps it in shared memory: the intermediate never goes to global memory.
+and ``block_m`` rows. It computes its slice ``H = act(X·W1[:, slice])`` on tensor cores
+(``ldmatrix`` + ``mma.sync``, cp.async multi-stage pipeline) and keeps it in shared memory: the intermediate never goes to global memory.
 Its partial product ``H · W2[slice, o-tile]`` for each ``block_o``-wide output tile goes to its own
 shared memory; the ``cluster`` CTAs of a cluster (which own neighbouring slices) then reduce those
 partials through distributed shared memory — CTA ``r`` sums row band ``r`` of the tile over every
@@ -185,25 +185,28 @@ def _layout(plan: GemmChainPlan, knobs: ClusterKnobs) -> dict:
     stage = bm * (bk + 8) * 2 + g * bk * (bn + 8) * 2
     hs = bm * (bn + 8) * 2
     w2s = 2 * bn * (bo + 8) * 2
-    ps = max(2 * bm * (bo + 4) * 4, bm * (bn + 4) * 4)
+    ps = 2 * bm * (bo + 4) * 4
     return {"phase1": knobs.stages * stage, "phase2": hs + w2s + ps}
 
 
 def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int,
                       O: int) -> str:
-    """CUDA C++ for the three kernels ``tf_chain_zero``, ``tf_chain_main``, ``tf_chain_epilogue``."""
+    """CUDA C++ for the three kernels ``tf_chain_zero``, ``tf_chain_main``, ``tf_chain_epilogue``.
+
+    Tensor-core work is ``mma.sync.m16n8k16`` (bf16 in, f32 accumulate) on fragments loaded with
+    ``ldmatrix`` (``.trans`` for the weights, which are stored [in, out]); each warp owns a
+    (block_m/2) × (block_n/4) tile of the intermediate and a (block_m/2) × (block_o/4) tile of
+    each output tile."""
     check_sizes(plan, knobs, M, K, N, O)
     g = len(plan.gates)
     bm, bn, bk, bo, st, cl = (knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o,
                               knobs.stages, knobs.cluster)
-    fm, fn, fn2 = bm // WARPS_M // 16, bn // WARPS_N // 16, bo // WARPS_N // 16
+    wm_rows, wn_cols, wo_cols = bm // WARPS_M, bn // WARPS_N, bo // WARPS_N
+    mi, ni, ni2 = wm_rows // 16, wn_cols // 8, wo_cols // 8
     gate_args = "".join(f"const __nv_bfloat16* __restrict__ w{j}, " for j in range(g))
     scalar_args = "".join(f", float {s}" for s in plan.scalars)
-    gate_vals = ", ".join(f"g{j} = acc[{j}][a][b].x[t]" for j in range(g))
     band = bm // cl * bo // 4  # float4s each CTA reduces per output tile
     return f"""#include <cuda_bf16.h>
-#include <mma.h>
-using namespace nvcuda;
 {HELPERS}
 {size_macros(dict(zip(plan.dims, (M, K, N, O))))}#define BM {bm}
 #define BN {bn}
@@ -216,15 +219,52 @@ using namespace nvcuda;
 #define K_ {K}
 #define N_ {N}
 #define O_ {O}
+#define WM {wm_rows}
+#define WN {wn_cols}
+#define WO {wo_cols}
+#define MI {mi}
+#define NI {ni}
+#define NI2 {ni2}
 #define LDX (BK + 8)
 #define LDW (BN + 8)
 #define LDH (BN + 8)
 #define LDW2 (BO + 8)
 #define LDP (BO + 4)
-#define LDS (BN + 4)
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {{
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tf_smem_addr(p)));
+}}
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void* p) {{
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{%0, %1, %2, %3}}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tf_smem_addr(p)));
+}}
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {{
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}}
+// One k16 step of a warp tile: A rows from a row-major [rows][lda] tile, B from a row-major
+// [k][ldb] tile (ldmatrix.trans gives the column operand), ACC[MI][NT][4] += A · B.
+template <int NT>
+__device__ __forceinline__ void warp_mma_k16(float (&acc)[MI][NT][4], const __nv_bfloat16* a,
+    int lda, const __nv_bfloat16* b, int ldb, int lane) {{
+  unsigned af[MI][4];
+  #pragma unroll
+  for (int i = 0; i < MI; ++i) ldsm_x4(af[i], a + (i * 16 + lane % 16) * lda + (lane / 16) * 8);
+  #pragma unroll
+  for (int jn = 0; jn < NT / 2; ++jn) {{
+    unsigned bf[4];
+    ldsm_x4_t(bf, b + (lane % 8 + ((lane / 8) % 2) * 8) * ldb + jn * 16 + (lane / 16) * 8);
+    #pragma unroll
+    for (int i = 0; i < MI; ++i) {{
+      mma16816(acc[i][2 * jn], af[i], bf[0], bf[1]);
+      mma16816(acc[i][2 * jn + 1], af[i], bf[2], bf[3]);
+    }}
+  }}
+}}
 
 extern "C" __global__ void tf_chain_zero(float* __restrict__ y) {{
   long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -266,26 +306,17 @@ __device__ __forceinline__ void load_w2(__nv_bfloat16* dst, const __nv_bfloat16*
 }}
 
 // Partial product of this CTA's H slice with one W2 tile: acc2 = H[BM, BN] · W2s[BN, BO].
-__device__ __forceinline__ void second_product(FragC (&acc2)[{fm}][{fn2}],
-    const __nv_bfloat16* hs, const __nv_bfloat16* w2s, int wm, int wn) {{
+__device__ __forceinline__ void second_product(float (&acc2)[MI][NI2][4],
+    const __nv_bfloat16* hs, const __nv_bfloat16* w2s, int wm, int wn, int lane) {{
   #pragma unroll
-  for (int a = 0; a < {fm}; ++a)
+  for (int i = 0; i < MI; ++i)
     #pragma unroll
-    for (int b = 0; b < {fn2}; ++b) wmma::fill_fragment(acc2[a][b], 0.0f);
-  #pragma unroll
-  for (int kk = 0; kk < BN; kk += 16) {{
-    FragA fa[{fm}];
-    #pragma unroll
-    for (int a = 0; a < {fm}; ++a)
-      wmma::load_matrix_sync(fa[a], hs + (wm * {fm * 16} + a * 16) * LDH + kk, LDH);
-    #pragma unroll
-    for (int b = 0; b < {fn2}; ++b) {{
-      FragB fb;
-      wmma::load_matrix_sync(fb, w2s + kk * LDW2 + wn * {fn2 * 16} + b * 16, LDW2);
+    for (int j = 0; j < NI2; ++j)
       #pragma unroll
-      for (int a = 0; a < {fm}; ++a) wmma::mma_sync(acc2[a][b], fa[a], fb, acc2[a][b]);
-    }}
-  }}
+      for (int e = 0; e < 4; ++e) acc2[i][j][e] = 0.f;
+  #pragma unroll
+  for (int kk = 0; kk < BN; kk += 16)
+    warp_mma_k16<NI2>(acc2, hs + wm * WM * LDH + kk, LDH, w2s + kk * LDW2 + wn * WO, LDW2, lane);
 }}
 
 extern "C" __global__ void __launch_bounds__({THREADS}, 1)
@@ -293,20 +324,24 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, {gate_args}const __nv_bfloat1
               float* __restrict__ ysum{scalar_args}) {{
   extern __shared__ __align__(128) char smem[];
   const __nv_bfloat16* ws[G] = {{{", ".join(f"w{j}" for j in range(g))}}};
-  const int warp = threadIdx.x / 32, wm = warp / {WARPS_N}, wn = warp % {WARPS_N};
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int wm = warp / {WARPS_N}, wn = warp % {WARPS_N};
+  const int gr = lane / 4, tq = lane % 4;   // the accumulator element rows / column pairs
   const unsigned rank = tf_cluster_rank();
   const int n0 = blockIdx.x * BN;           // this CTA's intermediate columns
   const int m0 = blockIdx.y * BM;           // its rows
   const int stage_bytes = BM * LDX * 2 + G * BK * LDW * 2;
 
   // Phase 1: H = act(x · w_j[:, n0 : n0 + BN]) on tensor cores, STAGES-deep cp.async pipeline.
-  FragC acc[G][{fm}][{fn}];
+  float acc[G][MI][NI][4];
   #pragma unroll
   for (int j = 0; j < G; ++j)
     #pragma unroll
-    for (int a = 0; a < {fm}; ++a)
+    for (int i = 0; i < MI; ++i)
       #pragma unroll
-      for (int b = 0; b < {fn}; ++b) wmma::fill_fragment(acc[j][a][b], 0.0f);
+      for (int k = 0; k < NI; ++k)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][i][k][e] = 0.f;
   const int KT = K_ / BK;
   #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {{
@@ -321,23 +356,11 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, {gate_args}const __nv_bfloat1
     tf_cp_async_commit();
     const __nv_bfloat16* xs = reinterpret_cast<const __nv_bfloat16*>(smem + (kt % STAGES) * stage_bytes);
     #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {{
-      FragA fa[{fm}];
+    for (int kk = 0; kk < BK; kk += 16)
       #pragma unroll
-      for (int a = 0; a < {fm}; ++a)
-        wmma::load_matrix_sync(fa[a], xs + (wm * {fm * 16} + a * 16) * LDX + kk, LDX);
-      #pragma unroll
-      for (int j = 0; j < G; ++j) {{
-        const __nv_bfloat16* wsm = xs + BM * LDX + j * BK * LDW;
-        #pragma unroll
-        for (int b = 0; b < {fn}; ++b) {{
-          FragB fb;
-          wmma::load_matrix_sync(fb, wsm + kk * LDW + wn * {fn * 16} + b * 16, LDW);
-          #pragma unroll
-          for (int a = 0; a < {fm}; ++a) wmma::mma_sync(acc[j][a][b], fa[a], fb, acc[j][a][b]);
-        }}
-      }}
-    }}
+      for (int j = 0; j < G; ++j)
+        warp_mma_k16<NI>(acc[j], xs + wm * WM * LDX + kk, LDX,
+                         xs + BM * LDX + j * BK * LDW + kk * LDW + wn * WN, LDW, lane);
   }}
   tf_cp_async_wait<0>();
   __syncthreads();  // the pipeline buffers are free: phase 2 reuses the shared memory
@@ -348,41 +371,42 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, {gate_args}const __nv_bfloat1
   const int OT = O_ / BO;
   load_w2(w2s, w2, n0, 0);
   tf_cp_async_commit();
-  // The activation, elementwise on the accumulators; H goes to shared memory as bf16.
-  #pragma unroll
-  for (int a = 0; a < {fm}; ++a)
-    #pragma unroll
-    for (int b = 0; b < {fn}; ++b) {{
-      #pragma unroll
-      for (int t = 0; t < acc[0][a][b].num_elements; ++t) {{
-        float {gate_vals};
-        acc[0][a][b].x[t] = {plan.activation};
-      }}
-      wmma::store_matrix_sync(ps + (wm * {fm * 16} + a * 16) * LDS + wn * {fn * 16} + b * 16,
-                              acc[0][a][b], LDS, wmma::mem_row_major);
-    }}
-  __syncthreads();
-  for (int e = threadIdx.x; e < BM * BN; e += blockDim.x) {{
-    int r = e / BN, c = e % BN;
-    hs[r * LDH + c] = __float2bfloat16(ps[r * LDS + c]);
-  }}
   if (OT > 1) load_w2(w2s + BN * LDW2, w2, n0, BO);
   tf_cp_async_commit();
+  // The activation, elementwise on the accumulators; H goes to shared memory as bf16.
+  #pragma unroll
+  for (int i = 0; i < MI; ++i)
+    #pragma unroll
+    for (int k = 0; k < NI; ++k)
+      #pragma unroll
+      for (int half = 0; half < 2; ++half) {{
+        float h[2];
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {{
+          float {", ".join(f"g{j} = acc[{j}][i][k][2 * half + e]" for j in range(g))};
+          h[e] = {plan.activation};
+        }}
+        const int row = wm * WM + i * 16 + gr + 8 * half, col = wn * WN + k * 8 + 2 * tq;
+        *reinterpret_cast<__nv_bfloat162*>(hs + row * LDH + col) = __floats2bfloat162_rn(h[0], h[1]);
+      }}
   tf_cp_async_wait<1>();
   __syncthreads();
 
   // Phase 2: per output tile, this CTA's partial H · W2 → shared memory; the cluster reduces the
   // partials through DSM (CTA `rank` sums row band `rank` over all peers) and adds to ysum.
-  FragC acc2[{fm}][{fn2}];
-  second_product(acc2, hs, w2s, wm, wn);
+  float acc2[MI][NI2][4];
+  second_product(acc2, hs, w2s, wm, wn, lane);
   for (int t = 0; t < OT; ++t) {{
     float* pt = ps + (t % 2) * BM * LDP;
     #pragma unroll
-    for (int a = 0; a < {fm}; ++a)
+    for (int i = 0; i < MI; ++i)
       #pragma unroll
-      for (int b = 0; b < {fn2}; ++b)
-        wmma::store_matrix_sync(pt + (wm * {fm * 16} + a * 16) * LDP + wn * {fn2 * 16} + b * 16,
-                                acc2[a][b], LDP, wmma::mem_row_major);
+      for (int k = 0; k < NI2; ++k)
+        #pragma unroll
+        for (int half = 0; half < 2; ++half)
+          *reinterpret_cast<float2*>(pt + (wm * WM + i * 16 + gr + 8 * half) * LDP + wn * WO
+                                     + k * 8 + 2 * tq) =
+              make_float2(acc2[i][k][2 * half], acc2[i][k][2 * half + 1]);
     tf_cluster_arrive();  // partial t is written; peers may read it after their wait
     if (t + 1 < OT) {{     // tensor-core work for tile t + 1 hides the barrier's latency
       __syncthreads();    // everyone is done with the W2 buffer of tile t
@@ -390,7 +414,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, {gate_args}const __nv_bfloat1
       tf_cp_async_commit();
       tf_cp_async_wait<1>();
       __syncthreads();
-      second_product(acc2, hs, w2s + ((t + 1) % 2) * BN * LDW2, wm, wn);
+      second_product(acc2, hs, w2s + ((t + 1) % 2) * BN * LDW2, wm, wn, lane);
     }}
     tf_cluster_wait();
     for (int q = threadIdx.x; q < {band}; q += blockDim.x) {{
