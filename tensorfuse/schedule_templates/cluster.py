@@ -40,7 +40,7 @@ def _tvm(x):
 def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None,
                **knobs) -> ClusterKernel:
     """The GEMM chain of ``kernel`` with ``axis`` (the intermediate's) split over clusters."""
-    from ..targets.cuda.gemm_chain import (ClusterKnobs, THREADS, gemm_chain_source,
+    from ..targets.cuda.gemm_chain import (ClusterKnobs, gemm_chain_source,
                                            plan_gemm_chain, shared_bytes)
 
     _check_target(target)
@@ -50,10 +50,10 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
         raise ScheduleError(f"cluster_distribute(axis={axis!r}): for this GEMM chain the axis is "
                             f"{plan.axis!r}, the one the second sum runs over (the intermediate's "
                             "columns)", user_location())
-    unknown = set(knobs) - {"block_m", "block_n", "block_k", "block_o", "stages"}
+    unknown = set(knobs) - {"block_m", "block_n", "block_k", "block_o", "stages", "warps"}
     if unknown:
         raise ScheduleError(f"cluster_distribute has no knob {', '.join(sorted(unknown))} for GEMM "
-                            "chains; knobs: cluster, block_m, block_n, block_k, block_o, stages",
+                            "chains; knobs: cluster, block_m, block_n, block_k, block_o, stages, warps",
                             user_location())
 
     def layout(dims: dict) -> Launches:
@@ -80,7 +80,7 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
             module["tf_chain_zero"](_tvm(ysum), math.ceil(quads / 256), 1, 256, 1, 0)
             module["tf_chain_main"](_tvm(values[plan.x]), *(_tvm(values[w]) for w in plan.gates),
                                     _tvm(values[plan.w2]), _tvm(ysum), *sc, grid_main[0],
-                                    grid_main[1], THREADS, k.cluster, smem)
+                                    grid_main[1], k.threads, k.cluster, smem)
             module["tf_chain_epilogue"](_tvm(ysum), _tvm(out), *sc, math.ceil(M * O / 256), 1,
                                         256, 1, 0)
 

@@ -88,6 +88,8 @@ def test_refusals_name_the_problem():
         tf.schedule(ffn_gelu, target="cuda:sm_90a").cluster_distribute("n", cluster=3)
     with pytest.raises(ScheduleError, match="no knob"):
         tf.schedule(ffn_gelu, target="cuda:sm_90a").cluster_distribute("n", tile=3)
+    with pytest.raises(ScheduleError, match="warps=12"):
+        _ffn(ffn_gelu, warps=12).source(**FFN)
     with pytest.raises(ScheduleError, match="multiple of block_n×cluster"):
         _ffn(ffn_gelu, cluster=8).source(M=128, K=512, N=1000, O=256)
     with pytest.raises(ScheduleError, match="shared memory"):
@@ -121,8 +123,8 @@ def _bf16(torch, *shape, scale=1.0, gen=None):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
-@pytest.mark.parametrize("M", [1, 200])
-def test_ffn_matches_float64_on_the_gpu(kernel, M):
+@pytest.mark.parametrize("M, warps", [(1, 8), (200, 8), (200, 16)])
+def test_ffn_matches_float64_on_the_gpu(kernel, M, warps):
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(M)
@@ -138,7 +140,7 @@ def test_ffn_matches_float64_on_the_gpu(kernel, M):
     else:
         ref = (torch.nn.functional.silu(d[0] @ d[1]) * (d[0] @ d[2])) @ d[3]
     out = torch.full((M, O), float("nan"), device="cuda", dtype=torch.bfloat16)
-    _ffn(kernel, cluster=4, block_n=64)(*args, out=out)
+    _ffn(kernel, cluster=4, block_n=64, warps=warps)(*args, out=out)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err  # bf16 tolerance (the intermediate is rounded to bf16, as in torch)
 

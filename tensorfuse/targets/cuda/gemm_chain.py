@@ -27,8 +27,7 @@ from ...errors import ScheduleError
 from .dsm import HELPERS
 from .expr import size_macros, to_cuda
 
-THREADS = 256  # 8 warps: 2 along rows × 4 along columns
-WARPS_M, WARPS_N = 2, 4
+WARPS_N = 4  # warps along the columns; the rows get warps / 4
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,15 @@ class ClusterKnobs:
     block_o: int = 64
     stages: int = 3
     cluster: int = 8
+    warps: int = 8
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def warps_m(self) -> int:
+        return self.warps // WARPS_N
 
 
 def _factors(e: Expr) -> list[Expr]:
@@ -162,9 +170,12 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
         problems.append(f"O={O} is not a multiple of block_o={knobs.block_o}")
     if knobs.cluster not in (1, 2, 4, 8, 16):
         problems.append(f"cluster={knobs.cluster} is not 1, 2, 4, 8 or 16")
-    if knobs.block_m % (16 * WARPS_M) or knobs.block_n % (16 * WARPS_N) or \
+    if knobs.warps not in (8, 16):
+        problems.append(f"warps={knobs.warps} is not 8 or 16")
+    elif knobs.block_m % (16 * knobs.warps_m) or knobs.block_n % (16 * WARPS_N) or \
             knobs.block_o % (16 * WARPS_N) or knobs.block_k % 16:
-        problems.append("block_m must be a multiple of 32, block_n and block_o of 64, block_k of 16")
+        problems.append(f"block_m must be a multiple of {16 * knobs.warps_m}, block_n and block_o "
+                        "of 64, block_k of 16")
     elif knobs.block_m % knobs.cluster:
         problems.append(f"block_m={knobs.block_m} must split into cluster={knobs.cluster} row "
                         "bands")
@@ -195,13 +206,13 @@ def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, 
 
     Tensor-core work is ``mma.sync.m16n8k16`` (bf16 in, f32 accumulate) on fragments loaded with
     ``ldmatrix`` (``.trans`` for the weights, which are stored [in, out]); each warp owns a
-    (block_m/2) × (block_n/4) tile of the intermediate and a (block_m/2) × (block_o/4) tile of
-    each output tile."""
+    (block_m/(warps/4)) × (block_n/4) tile of the intermediate and a (block_m/(warps/4)) ×
+    (block_o/4) tile of each output tile."""
     check_sizes(plan, knobs, M, K, N, O)
     g = len(plan.gates)
     bm, bn, bk, bo, st, cl = (knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o,
                               knobs.stages, knobs.cluster)
-    wm_rows, wn_cols, wo_cols = bm // WARPS_M, bn // WARPS_N, bo // WARPS_N
+    wm_rows, wn_cols, wo_cols = bm // knobs.warps_m, bn // WARPS_N, bo // WARPS_N
     mi, ni, ni2 = wm_rows // 16, wn_cols // 8, wo_cols // 8
     gate_args = "".join(f"const __nv_bfloat16* __restrict__ w{j}, " for j in range(g))
     scalar_args = "".join(f", float {s}" for s in plan.scalars)
@@ -319,7 +330,7 @@ __device__ __forceinline__ void second_product(float (&acc2)[MI][NI2][4],
     warp_mma_k16<NI2>(acc2, hs + wm * WM * LDH + kk, LDH, w2s + kk * LDW2 + wn * WO, LDW2, lane);
 }}
 
-extern "C" __global__ void __launch_bounds__({THREADS}, 1)
+extern "C" __global__ void __launch_bounds__({knobs.threads}, 1)
 tf_chain_main(const __nv_bfloat16* __restrict__ x, {gate_args}const __nv_bfloat16* __restrict__ w2,
               float* __restrict__ ysum{scalar_args}) {{
   extern __shared__ __align__(128) char smem[];
