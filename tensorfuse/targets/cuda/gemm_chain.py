@@ -252,7 +252,8 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void* p) {{
 }}
 __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
                                          unsigned b1) {{
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+  // not volatile: a pure register operation the compiler may interleave with other work
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                "{{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
