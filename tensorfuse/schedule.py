@@ -174,7 +174,7 @@ class Schedule:
 
         - GEMM chains ``act(X·W1)·W2`` (no fusion before): ``axis`` is the intermediate's (the
           second sum's); knobs ``block_m``, ``block_n``, ``block_k``, ``block_o``, ``stages``,
-          ``warps``.
+          ``warps``, ``ctas_per_sm``.
         - attention decode (after ``rolling_update`` over the keys): ``axis`` is the rolled axis;
           the partial softmax states are merged in DSM with the derived correction. Knob
           ``warps``.

@@ -50,10 +50,12 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
         raise ScheduleError(f"cluster_distribute(axis={axis!r}): for this GEMM chain the axis is "
                             f"{plan.axis!r}, the one the second sum runs over (the intermediate's "
                             "columns)", user_location())
-    unknown = set(knobs) - {"block_m", "block_n", "block_k", "block_o", "stages", "warps"}
+    unknown = set(knobs) - {"block_m", "block_n", "block_k", "block_o", "stages", "warps",
+                            "ctas_per_sm"}
     if unknown:
         raise ScheduleError(f"cluster_distribute has no knob {', '.join(sorted(unknown))} for GEMM "
-                            "chains; knobs: cluster, block_m, block_n, block_k, block_o, stages, warps",
+                            "chains; knobs: cluster, block_m, block_n, block_k, block_o, stages, warps, "
+                            "ctas_per_sm",
                             user_location())
 
     def layout(dims: dict) -> Launches:
@@ -61,9 +63,10 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
         k = ClusterKnobs(**{"cluster": cluster or 8, "block_m": 128 if M > 64 else 64, **knobs})
         source = gemm_chain_source(plan, k, M, K, N, O)
         smem = shared_bytes(plan, k)
-        if smem > target.max_shared_memory:
-            raise ScheduleError(f"these knobs need {smem} bytes of shared memory per CTA; "
-                                f"{target.name} has {target.max_shared_memory}", user_location())
+        if smem * k.ctas_per_sm > target.max_shared_memory:
+            raise ScheduleError(f"these knobs need {smem} bytes of shared memory per CTA "
+                                f"× {k.ctas_per_sm} CTAs per SM; {target.name} has "
+                                f"{target.max_shared_memory}", user_location())
         scalars = [p.name for p in program.scalar_params]
         n_scal = ("float32",) * len(scalars)
         entries = [KernelEntry("tf_chain_zero", ("handle",)),
@@ -114,7 +117,7 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
         k = DecodeKnobs(cluster=c, **{"warps": 2, **knobs})
         source = decode_source(plan, k, dims)
         smem = decode_shared_bytes(k, D)
-        if smem > target.max_shared_memory:
+        if smem * k.ctas_per_sm > target.max_shared_memory:
             raise ScheduleError(f"warps={k.warps} at head dim {D} needs {smem} bytes of shared "
                                 f"memory per CTA; {target.name} has {target.max_shared_memory}: "
                                 "use fewer warps", user_location())

@@ -59,6 +59,7 @@ class ClusterKnobs:
     stages: int = 3
     cluster: int = 8
     warps: int = 8
+    ctas_per_sm: int = 1
 
     @property
     def threads(self) -> int:
@@ -179,6 +180,8 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
     elif knobs.block_m % knobs.cluster:
         problems.append(f"block_m={knobs.block_m} must split into cluster={knobs.cluster} row "
                         "bands")
+    if knobs.ctas_per_sm not in (1, 2):
+        problems.append(f"ctas_per_sm={knobs.ctas_per_sm} is not 1 or 2")
     if knobs.stages < 2:
         problems.append("stages must be at least 2")
     if problems:
@@ -331,7 +334,7 @@ __device__ __forceinline__ void second_product(float (&acc2)[MI][NI2][4],
     warp_mma_k16<NI2>(acc2, hs + wm * WM * LDH + kk, LDH, w2s + kk * LDW2 + wn * WO, LDW2, lane);
 }}
 
-extern "C" __global__ void __launch_bounds__({knobs.threads}, 1)
+extern "C" __global__ void __launch_bounds__({knobs.threads}, {knobs.ctas_per_sm})
 tf_chain_main(const __nv_bfloat16* __restrict__ x, {gate_args}const __nv_bfloat16* __restrict__ w2,
               float* __restrict__ ysum{scalar_args}) {{
   extern __shared__ __align__(128) char smem[];
