@@ -117,7 +117,7 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
         k = DecodeKnobs(cluster=c, **{"warps": 2, **knobs})
         source = decode_source(plan, k, dims)
         smem = decode_shared_bytes(k, D)
-        if smem * k.ctas_per_sm > target.max_shared_memory:
+        if smem > target.max_shared_memory:
             raise ScheduleError(f"warps={k.warps} at head dim {D} needs {smem} bytes of shared "
                                 f"memory per CTA; {target.name} has {target.max_shared_memory}: "
                                 "use fewer warps", user_location())
