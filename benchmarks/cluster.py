@@ -58,11 +58,11 @@ def run_ffn(ms_list=(128, 1024, 8192), configs=({"cluster": 8},), log=print) -> 
                     out = torch.full((M, O), float("nan"), device="cuda", dtype=torch.bfloat16)
                     f(*args, out=out)
                     err = relative_error(out[:128], ref)
-                    ok = err < 3e-2
+                    ok = err < 2e-2  # the suite's bar for bf16 kernels (benchmarks/attention.py)
                     ms = bench(lambda: f(*args, out=out))
                     log(f"  ffn_{kind} M={M} {c}: {ms:.3f} ms err {err:.1e}"
                         + ("" if ok else "  WRONG"))
-                    if ok and (f"tensorfuse" not in impls or ms < impls["tensorfuse"][0]):
+                    if ok and ("tensorfuse" not in impls or ms < impls["tensorfuse"][0]):
                         impls["tensorfuse"] = (ms, f"{c}; err {err:.1e}")
                 except Exception as exc:  # noqa: BLE001
                     log(f"  ffn_{kind} M={M} {c}: {type(exc).__name__}: {exc}"[:400])

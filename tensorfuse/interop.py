@@ -90,3 +90,58 @@ def to_user(x, framework: str):
 
 _TORCH_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
                 "i32": "int32", "i64": "int64", "bool": "bool"}
+
+
+# -- torch tensors for kernels that launch through torch (Triton, generated CUDA) ------------------
+def torch_from_numpy(x: np.ndarray, device):
+    """A NumPy array as a torch tensor on ``device`` (bf16 through its bits: torch cannot read
+    ml_dtypes' bfloat16)."""
+    import torch
+
+    x = np.ascontiguousarray(x)
+    if x.dtype == dt.to_numpy("bf16"):
+        return torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16).to(device)
+    return torch.from_numpy(x).to(device)
+
+
+def numpy_from_torch(buf) -> np.ndarray:
+    import torch
+
+    if buf.dtype == torch.bfloat16:  # NumPy has no bf16: through f32 to ml_dtypes' bfloat16
+        return buf.float().cpu().numpy().astype(dt.to_numpy("bf16"))
+    return buf.cpu().numpy()
+
+
+def torch_arguments(program, bound, device) -> dict:
+    """Every parameter of a bound call by name: scalars as given, arrays as contiguous torch
+    tensors on ``device`` (NumPy arrays copied there)."""
+    values = {}
+    for p in program.params:
+        if p.name in bound.scalars:
+            values[p.name] = bound.scalars[p.name]
+        else:
+            x = bound.arrays[p.name]
+            values[p.name] = (x if is_torch(x) else torch_from_numpy(x, device)).contiguous()
+    return values
+
+
+def torch_output(shape, dtype: str, given, device):
+    """The buffer a kernel writes: the caller's ``out`` when it is a contiguous torch tensor, else
+    a new one."""
+    import torch
+
+    if given is not None and is_torch(given) and given.is_contiguous():
+        return given
+    return torch.empty(shape, dtype=getattr(torch, _TORCH_NAMES[dtype]), device=device)
+
+
+def deliver(buf, given, framework: str):
+    """What the caller gets back: ``buf`` in their framework, or their ``out`` filled from it."""
+    if given is None:
+        return buf if framework == "torch" else numpy_from_torch(buf)
+    if given is not buf:
+        if is_torch(given):
+            given.copy_(buf)
+        else:
+            np.copyto(given, numpy_from_torch(buf).astype(given.dtype))
+    return given

@@ -139,6 +139,13 @@ def nodes(e: Expr) -> list[Expr]:
     return found
 
 
+def factors(e: Expr) -> list[Expr]:
+    """The factors of a product (``e`` itself when it is not one)."""
+    if isinstance(e, Binary) and e.op == "mul":
+        return factors(e.a) + factors(e.b)
+    return [e]
+
+
 def has_axis(e: Expr, axis: Axis) -> bool:
     return any(a.uid == axis.uid for a in e.axes)
 

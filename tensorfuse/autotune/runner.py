@@ -66,10 +66,10 @@ class TritonRunner(PyRunner):
 def random_inputs(kernel, dims: dict) -> list:
     """Fresh random inputs (never zeros) as torch tensors on the GPU, in call order."""
     from ..kernels.reference import random_inputs as numpy_inputs
-    from ..targets.triton.kernel import _from_numpy
+    from ..interop import torch_from_numpy
 
     tensors, scalars = numpy_inputs(kernel, dims, np.random.default_rng())
-    return [_from_numpy(tensors[p.name], "cuda") if p.name in tensors else scalars[p.name]
+    return [torch_from_numpy(tensors[p.name], "cuda") if p.name in tensors else scalars[p.name]
             for p in kernel.program.params]
 
 

@@ -20,8 +20,7 @@ from ..errors import ScheduleError
 from ..targets import TargetSpec
 from ..targets.cuda.kernel import ClusterKernel, Launches
 from ..targets.cuda.module import KernelEntry
-
-SMS = 132
+from .attention import SMS
 
 
 def _check_target(target: TargetSpec) -> None:
@@ -30,8 +29,9 @@ def _check_target(target: TargetSpec) -> None:
                             f"target 'cuda:sm_90a'); the target is {target.name}", user_location())
 
 
-def _tvm(x):
-    """A kernel argument: TVM's CUDA module takes raw device pointers for ``handle`` arguments."""
+def _pointer(x):
+    """A tensor as a kernel argument: TVM's CUDA module takes raw device pointers for ``handle``
+    arguments (a DLPack tensor there is the address of its descriptor, not of its data)."""
     import ctypes
 
     return ctypes.c_void_p(x.data_ptr())
@@ -69,22 +69,19 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
                                 f"{target.max_shared_memory}", user_location())
         scalars = [p.name for p in program.scalar_params]
         n_scal = ("float32",) * len(scalars)
-        entries = [KernelEntry("tf_chain_zero", ("handle",)),
-                   KernelEntry("tf_chain_main", ("handle",) * (3 + len(plan.gates)) + n_scal),
+        entries = [KernelEntry("tf_chain_main", ("handle",) * (3 + len(plan.gates)) + n_scal),
                    KernelEntry("tf_chain_epilogue", ("handle", "handle") + n_scal)]
         grid_main = (N // k.block_n, math.ceil(M / k.block_m))
 
         def run(module, values, out, device):
             import torch
 
-            ysum = torch.empty((M, O), dtype=torch.float32, device=device)
+            ysum = torch.zeros((M, O), dtype=torch.float32, device=device)  # clusters add here
             sc = [float(values[s]) for s in scalars]
-            quads = M * O // 4
-            module["tf_chain_zero"](_tvm(ysum), math.ceil(quads / 256), 1, 256, 1, 0)
-            module["tf_chain_main"](_tvm(values[plan.x]), *(_tvm(values[w]) for w in plan.gates),
-                                    _tvm(values[plan.w2]), _tvm(ysum), *sc, grid_main[0],
+            module["tf_chain_main"](_pointer(values[plan.x]), *(_pointer(values[w]) for w in plan.gates),
+                                    _pointer(values[plan.w2]), _pointer(ysum), *sc, grid_main[0],
                                     grid_main[1], k.threads, k.cluster, smem)
-            module["tf_chain_epilogue"](_tvm(ysum), _tvm(out), *sc, math.ceil(M * O / 256), 1,
+            module["tf_chain_epilogue"](_pointer(ysum), _pointer(out), *sc, math.ceil(M * O / 256), 1,
                                         256, 1, 0)
 
         return Launches(source, entries, k, run)
@@ -112,8 +109,8 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
 
     def layout(dims: dict) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
-        c = cluster or max(1, min(16, 2 ** round(math.log2(max(1, 4 * SMS / (B * HKV))))))
-        c = min(c, 8) if cluster is None else c
+        # default: a portable cluster (≤ 8) giving about four CTAs per SM
+        c = cluster or min(8, 2 ** max(0, round(math.log2(4 * SMS / (B * HKV)))))
         k = DecodeKnobs(cluster=c, **{"warps": 2, **knobs})
         source = decode_source(plan, k, dims)
         smem = decode_shared_bytes(k, D)
@@ -126,8 +123,8 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
 
         def run(module, values, out, device):
             sc = [values[n] for n, _ in plan.scalars]
-            module["tf_decode_cluster"](_tvm(values[plan.q]), _tvm(values[plan.k]),
-                                        _tvm(values[plan.v]), _tvm(out), *sc, B * HKV * k.cluster,
+            module["tf_decode_cluster"](_pointer(values[plan.q]), _pointer(values[plan.k]),
+                                        _pointer(values[plan.v]), _pointer(out), *sc, B * HKV * k.cluster,
                                         1, 32 * k.warps, k.cluster, smem)
 
         return Launches(source, entries, k, run)

@@ -19,6 +19,7 @@ from tensorfuse.targets.cuda.dsm import CLUSTER_PTX
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
 FFN = dict(M=128, K=512, N=1024, O=256)
 DECODE = dict(B=2, H=8, HKV=2, M=1, N=1000, D=128)
+Q, KV = T.Tensor["B", "H", "M", "D", "bf16"], T.Tensor["B", "HKV", "N", "D", "bf16"]
 
 
 def _ffn(kernel, **knobs):
@@ -116,6 +117,53 @@ def test_no_gpu_gives_a_clear_error():
         f(x, np.ones((512, 1024), np.float32), np.ones((1024, 256), np.float32))
 
 
+def test_decode_refuses_chains_its_merge_would_get_wrong():
+    """The cluster merge corrects by exp(m_part - m): a chain whose weights are not exp(s - m), or
+    whose kv-heads are not grouped the way the kernel groups them, must be refused — before this
+    check both compiled and would have been silently wrong."""
+    @tf.kernel
+    def sharper(q: Q, k: KV, v: KV, scale: T.f32):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        s = T.sum(q[b, h, i, d] * k[b, h // (T.size("H") // T.size("HKV")), j, d], over=d) * scale
+        m = T.max(s, over=j)
+        p = T.exp(2.0 * (s - m))   # a valid rolling update, with a different correction
+        o = T.sum(p * v[b, h // (T.size("H") // T.size("HKV")), j, e], over=j)
+        l = T.sum(p, over=j)  # noqa: E741
+        return o / l
+
+    with pytest.raises(ScheduleError, match="exp\\(s - m\\)"):
+        _decode(sharper)
+
+    @tf.kernel
+    def interleaved(q: Q, k: KV, v: KV, scale: T.f32):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        hk = h % T.size("HKV")     # kv-head h mod HKV, not h // group
+        s = T.sum(q[b, h, i, d] * k[b, hk, j, d], over=d) * scale
+        m = T.max(s, over=j)
+        p = T.exp(s - m)
+        o = T.sum(p * v[b, hk, j, e], over=j)
+        l = T.sum(p, over=j)  # noqa: E741
+        return o / l
+
+    f = _decode(interleaved)
+    with pytest.raises(ScheduleError, match="kv-head"):
+        f.source(**DECODE)
+    f = _decode(gqa_attention)   # the library's grouping is accepted
+    assert "tf_decode_cluster" in f.source(**DECODE)
+
+
+def test_gemm_chain_refuses_an_output_it_does_not_write():
+    @tf.kernel
+    def ffn_f32(x: T.Tensor["M", "K", "bf16"], w1: T.Tensor["K", "N", "bf16"],
+                w2: T.Tensor["N", "O", "bf16"]):
+        i, k, n, o = T.axes("i k n o")
+        h = T.gelu(T.sum(x[i, k] * w1[k, n], over=k))
+        return T.cast(T.sum(h * w2[n, o], over=n), "f32")
+
+    with pytest.raises(ScheduleError, match="writes bf16"):
+        _ffn(ffn_f32)
+
+
 # -- on the H100 ---------------------------------------------------------------------------------
 def _bf16(torch, *shape, scale=1.0, gen=None):
     return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(torch.bfloat16)
@@ -140,7 +188,11 @@ def test_ffn_matches_float64_on_the_gpu(kernel, M, warps):
     else:
         ref = (torch.nn.functional.silu(d[0] @ d[1]) * (d[0] @ d[2])) @ d[3]
     out = torch.full((M, O), float("nan"), device="cuda", dtype=torch.bfloat16)
-    _ffn(kernel, cluster=4, block_n=64, warps=warps)(*args, out=out)
+    side = torch.cuda.Stream()   # launches follow torch's current stream
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _ffn(kernel, cluster=4, block_n=64, warps=warps)(*args, out=out)
+    torch.cuda.current_stream().wait_stream(side)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err  # bf16 tolerance (the intermediate is rounded to bf16, as in torch)
 

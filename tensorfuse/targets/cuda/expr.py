@@ -39,7 +39,7 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
     if isinstance(e, Binary) and e.op in ("floordiv", "mod"):
         op = "/" if e.op == "floordiv" else "%"  # indices here are never negative
         return f"({sub(e.a)} {op} {sub(e.b)})"
-    if isinstance(e, Const) and isinstance(e.value, (bool, int)) and not isinstance(e.value, float):
+    if isinstance(e, Const) and isinstance(e.value, int):  # bool is an int
         return str(int(e.value))
     if isinstance(e, Const):
         value = float(e.value)
@@ -60,8 +60,7 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
     if isinstance(e, Compare):
         return f"({sub(e.a)} {_COMPARE[e.op]} {sub(e.b)})"
     if isinstance(e, Where):
-        return (f"({sub(e.cond)} ? {sub(e.a)} : "
-                f"{sub(e.b)})")
+        return f"({sub(e.cond)} ? {sub(e.a)} : {sub(e.b)})"
     if isinstance(e, Cast):
         return f"((float){sub(e.a)})" if e.dtype.startswith("f") else f"((int){sub(e.a)})"
     raise ScheduleError(f"{what} must be elementwise math on the reduced values; "

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...algebra import inline_elementwise
-from ...algebra.exprs import nodes
+from ...algebra.exprs import factors, nodes
 from ...dsl.expr import Axis, Binary, Expr, Load, Ref
 from ...dsl.program import Program
 from ...errors import ScheduleError
@@ -70,12 +70,6 @@ class ClusterKnobs:
         return self.warps // WARPS_N
 
 
-def _factors(e: Expr) -> list[Expr]:
-    if isinstance(e, Binary) and e.op == "mul":
-        return _factors(e.a) + _factors(e.b)
-    return [e]
-
-
 def _is_axis(e: Expr, axis: Axis) -> bool:
     return isinstance(e, Axis) and e.uid == axis.uid
 
@@ -96,7 +90,7 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
         raise _refuse(f"{bad.name} is a {bad.monoid.name} reduction; GEMM chains are sums", bad)
     second = [c for c in reductions if any(isinstance(n, Ref) and n.compute.is_reduction
                                            for n in nodes(inline_elementwise(c.bodies[0])))]
-    first = [c for c in reductions if c not in second]
+    first = [c for c in reductions if all(c is not r for r in second)]
     if len(second) != 1 or not first:
         raise _refuse(f"{program.name} is not act(X·W1)·W2: it needs first-level sums feeding one "
                       f"second sum (found {len(first)} and {len(second)})", out)
@@ -106,21 +100,21 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
     i_axis, o_axis = r2.axes
     n_axis = r2.over[0]
     # second sum: (activation over [i, n]) * w2[n, o]
-    w2_loads = [f for f in _factors(r2.bodies[0]) if isinstance(f, Load)
+    w2_loads = [f for f in factors(r2.bodies[0]) if isinstance(f, Load)
                 and len(f.indices) == 2 and _is_axis(f.indices[0], n_axis)
                 and _is_axis(f.indices[1], o_axis)]
     if len(w2_loads) != 1:
         raise _refuse(f"{r2.name} must multiply by a weight indexed [{n_axis.name}, "
                       f"{o_axis.name}]", r2)
     w2 = w2_loads[0]
-    act_factors = [f for f in _factors(r2.bodies[0]) if f is not w2]
+    act_factors = [f for f in factors(r2.bodies[0]) if f is not w2]
     act = inline_elementwise(act_factors[0])
     for f in act_factors[1:]:
         act = Binary("mul", act, inline_elementwise(f), "f32", f.loc)
     # first-level sums: x[i, k] * w[k, n], all with the same x
-    x_name, k_axis, gates = None, None, []
+    x_name, gates = None, []
     for c in first:
-        loads = _factors(c.bodies[0])
+        loads = factors(c.bodies[0])
         if len(c.over) != 1 or len(loads) != 2 or not all(isinstance(f, Load) for f in loads):
             raise _refuse(f"{c.name} must be sum(x[i, k] * w[k, n], over=k)", c)
         k = c.over[0]
@@ -133,11 +127,14 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
         if x_name not in (None, xs[0].param.name):
             raise _refuse(f"{c.name} reads {xs[0].param.name}, the others {x_name}; the "
                           "first-level products must share their left operand", c)
-        x_name, k_axis = xs[0].param.name, k
+        x_name = xs[0].param.name
         gates.append((c.name, ws[0].param.name))
     for p in program.tensor_params:
         if p.dtype != "bf16":
             raise _refuse(f"{p.name} is {p.dtype}; the cluster GEMM chain takes bf16 tensors", None)
+    if out.dtypes[0] != "bf16":
+        raise _refuse(f"the output {out.name} is {out.dtypes[0]}; the cluster GEMM chain writes "
+                      "bf16", out)
     refs = {name: f"g{idx}" for idx, (name, _) in enumerate(gates)}
     for n in nodes(act):
         if isinstance(n, (Load, Axis)) or \
@@ -205,7 +202,7 @@ def _layout(plan: GemmChainPlan, knobs: ClusterKnobs) -> dict:
 
 def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int,
                       O: int) -> str:
-    """CUDA C++ for the three kernels ``tf_chain_zero``, ``tf_chain_main``, ``tf_chain_epilogue``.
+    """CUDA C++ for ``tf_chain_main`` (adds into a zeroed f32 ``ysum``) and ``tf_chain_epilogue``.
 
     Tensor-core work is ``mma.sync.m16n8k16`` (bf16 in, f32 accumulate) on fragments loaded with
     ``ldmatrix`` (``.trans`` for the weights, which are stored [in, out]); each warp owns a
@@ -279,11 +276,6 @@ __device__ __forceinline__ void warp_mma_k16(float (&acc)[MI][NT][4], const __nv
       mma16816(acc[i][2 * jn + 1], af[i], bf[2], bf[3]);
     }}
   }}
-}}
-
-extern "C" __global__ void tf_chain_zero(float* __restrict__ y) {{
-  long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < (long)M_ * O_ / 4) reinterpret_cast<float4*>(y)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }}
 
 extern "C" __global__ void tf_chain_epilogue(const float* __restrict__ ysum,

@@ -4,11 +4,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-import numpy as np
-
 from ...binding import bind_call, output_shape
 from ...dsl import dtypes as dt
-from ...interop import is_torch
+from ...interop import deliver, torch_arguments, torch_output
 from .blockmask import block_lists
 from .launch import compile_for, interpreting, load_kernel, signature
 from .rowtile import Knobs, RowTilePlan, block_k, grid, kernel_source, plan_rowtile
@@ -103,22 +101,11 @@ class TritonKernel:
             bound = bind_call(self.program, args, kwargs, "cuda")
             device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
         plan, knobs, _, fn, names = self.build(**bound.dims)
-        values = {}
-        for p in self.program.params:
-            if p.name in bound.scalars:
-                values[p.name] = bound.scalars[p.name]
-            else:
-                x = bound.arrays[p.name]
-                values[p.name] = (x if is_torch(x) else _from_numpy(x, device)).contiguous()
+        values = torch_arguments(self.program, bound, device)
         outs, results = [], []
         for k, (c, _, _) in enumerate(plan.outputs):
-            dtype = getattr(torch, {"bf16": "bfloat16", "f16": "float16", "f32": "float32",
-                                    "f64": "float64", "i32": "int32"}[c.dtypes[0]])
             given = bound.outs[k] if bound.outs is not None else None
-            if given is not None and is_torch(given) and given.is_contiguous():
-                buf = given
-            else:
-                buf = torch.empty(output_shape(c, bound.dims), dtype=dtype, device=device)
+            buf = torch_output(output_shape(c, bound.dims), c.dtypes[0], given, device)
             values[f"out_{c.name}"] = buf
             outs.append(buf)
             results.append(given)
@@ -177,17 +164,7 @@ class TritonKernel:
     def __call__(self, *args, **kwargs):
         launch, call, meta, outs, results, bound = self._launch_args(args, kwargs)
         launch(*call, **meta)
-        final = []
-        for buf, given in zip(outs, results):
-            if given is None:
-                final.append(buf if bound.framework == "torch" else _to_numpy(buf))
-                continue
-            if given is not buf:
-                if is_torch(given):
-                    given.copy_(buf)
-                else:
-                    np.copyto(given, _to_numpy(buf).astype(given.dtype))
-            final.append(given)
+        final = [deliver(buf, given, bound.framework) for buf, given in zip(outs, results)]
         return final[0] if len(final) == 1 else tuple(final)
 
     def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
@@ -198,19 +175,3 @@ class TritonKernel:
         return float(triton.testing.do_bench(lambda: launch(*call, **meta), rep=repeat,
                                              return_mode="median"))
 
-
-def _from_numpy(x: np.ndarray, device):
-    import torch
-
-    x = np.ascontiguousarray(x)
-    if x.dtype == dt.to_numpy("bf16"):  # torch cannot read ml_dtypes' bfloat16: go by the bits
-        return torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16).to(device)
-    return torch.from_numpy(x).to(device)
-
-
-def _to_numpy(buf) -> np.ndarray:
-    import torch
-
-    if buf.dtype == torch.bfloat16:  # NumPy has no bf16: through f32 to ml_dtypes' bfloat16
-        return buf.float().cpu().numpy().astype(dt.to_numpy("bf16"))
-    return buf.cpu().numpy()

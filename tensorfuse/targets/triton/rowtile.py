@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...algebra import Chain, inline_elementwise
-from ...algebra.exprs import nodes, substitute
+from ...algebra.exprs import factors, nodes, substitute
 from ...dsl import dtypes as dt
 from ...dsl.evaluate import evaluate_plain
 from ...dsl.expr import Axis, Binary, Cast, Const, Expr, Load, Ref, Symbol, Where
@@ -95,13 +95,6 @@ class RowTilePlan:
         return axis.extent if isinstance(axis.extent, int) else self.sizes[axis.extent]
 
 
-def _factors(e: Expr) -> list[Expr]:
-    """The factors of a product (casts to floating types are looked through)."""
-    if isinstance(e, Binary) and e.op == "mul":
-        return _factors(e.a) + _factors(e.b)
-    return [e]
-
-
 def _product(factors: list[Expr]) -> Expr:
     out = factors[0]
     for f in factors[1:]:
@@ -112,7 +105,7 @@ def _product(factors: list[Expr]) -> Expr:
 def _split_product(e: Expr, left_axes: set, right_axes: set, shared: set) -> tuple | None:
     """Split a product into a left part (axes ⊆ left_axes) and a right part (⊆ right_axes)."""
     left, right = [], []
-    for f in _factors(e):
+    for f in factors(e):
         axes = {a.uid for a in f.axes}
         if axes <= shared:
             left.append(f)
