@@ -14,6 +14,7 @@ Two shapes of chain are distributed:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError
@@ -37,11 +38,52 @@ def _pointer(x):
     return ctypes.c_void_p(x.data_ptr())
 
 
+GEMM_CHAIN_KNOBS = ("exchange", "block_m", "block_n", "block_k", "block_o", "stages", "group_m",
+                    "warps", "ctas_per_sm")
+
+
+def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
+                     cluster: int | None, given: dict):
+    """The knobs for sizes ``(M, K, N, O)``: the user's, and defaults for the rest —
+    ``exchange="gather"`` (H all-gathered in the cluster) with 4 CTAs and 128-column output tiles
+    where O allows, ``"reduce"`` with 8 CTAs and 64-column tiles; 128-row blocks, or 64 where M ≤ 64
+    or the cluster's H would not fit; the pipeline with the most bytes in flight that fits."""
+    from ..targets.cuda.gemm_chain import ClusterKnobs, check_sizes, shared_bytes
+
+    M, K, N, O = sizes
+    exchange = given.get("exchange", "gather")
+    c = cluster or (4 if exchange == "gather" else 8)
+    wide = exchange == "gather" and O % (c * 128) == 0
+    k = ClusterKnobs(**{"exchange": exchange, "cluster": c, "block_m": 128 if M > 64 else 64,
+                        "block_o": 128 if wide else 64, **given})
+
+    def fits(knobs) -> bool:
+        return shared_bytes(plan, knobs) * knobs.ctas_per_sm <= target.max_shared_memory
+
+    smallest = {"block_k": given.get("block_k", 32), "stages": given.get("stages", 2)}
+    if "block_m" not in given and not fits(replace(k, **smallest)):
+        k = replace(k, block_m=64)
+    check_sizes(plan, k, M, K, N, O)
+    # the pipeline with the most bytes in flight ((stages - 1) × block_k) that fits
+    choices = sorted(((bk, st) for bk in (64, 32) for st in (4, 3, 2)
+                      if given.get("block_k", bk) == bk and given.get("stages", st) == st),
+                     key=lambda c: (-(c[1] - 1) * c[0], -c[0]))
+    k = next((replace(k, block_k=bk, stages=st) for bk, st in choices
+              if fits(replace(k, block_k=bk, stages=st))), k)
+    if not fits(k):
+        hint = ("the cluster's H takes block_m × cluster × block_n × 2 bytes: use a smaller "
+                "cluster, block_m or block_n" if k.exchange == "gather" else
+                "use a smaller block_k, stages or block_o")
+        raise ScheduleError(f"these knobs ({k}) need {shared_bytes(plan, k)} bytes of shared "
+                            f"memory per CTA × {k.ctas_per_sm} CTAs per SM; {target.name} has "
+                            f"{target.max_shared_memory}: {hint}", user_location())
+    return k
+
+
 def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None,
                **knobs) -> ClusterKernel:
     """The GEMM chain of ``kernel`` with ``axis`` (the intermediate's) split over clusters."""
-    from ..targets.cuda.gemm_chain import (ClusterKnobs, gemm_chain_source,
-                                           plan_gemm_chain, shared_bytes)
+    from ..targets.cuda.gemm_chain import gemm_chain_source, plan_gemm_chain, shared_bytes
 
     _check_target(target)
     program = kernel.program
@@ -50,23 +92,17 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
         raise ScheduleError(f"cluster_distribute(axis={axis!r}): for this GEMM chain the axis is "
                             f"{plan.axis!r}, the one the second sum runs over (the intermediate's "
                             "columns)", user_location())
-    unknown = set(knobs) - {"block_m", "block_n", "block_k", "block_o", "stages", "warps",
-                            "ctas_per_sm"}
+    unknown = set(knobs) - set(GEMM_CHAIN_KNOBS)
     if unknown:
         raise ScheduleError(f"cluster_distribute has no knob {', '.join(sorted(unknown))} for GEMM "
-                            "chains; knobs: cluster, block_m, block_n, block_k, block_o, stages, warps, "
-                            "ctas_per_sm",
+                            f"chains; knobs: cluster, {', '.join(GEMM_CHAIN_KNOBS)}",
                             user_location())
 
     def layout(dims: dict) -> Launches:
         M, K, N, O = (dims[d] for d in plan.dims)
-        k = ClusterKnobs(**{"cluster": cluster or 8, "block_m": 128 if M > 64 else 64, **knobs})
+        k = gemm_chain_knobs(plan, target, (M, K, N, O), cluster, knobs)
         source = gemm_chain_source(plan, k, M, K, N, O)
         smem = shared_bytes(plan, k)
-        if smem * k.ctas_per_sm > target.max_shared_memory:
-            raise ScheduleError(f"these knobs need {smem} bytes of shared memory per CTA "
-                                f"× {k.ctas_per_sm} CTAs per SM; {target.name} has "
-                                f"{target.max_shared_memory}", user_location())
         scalars = [p.name for p in program.scalar_params]
         n_scal = ("float32",) * len(scalars)
         entries = [KernelEntry("tf_chain_main", ("handle",) * (3 + len(plan.gates)) + n_scal),

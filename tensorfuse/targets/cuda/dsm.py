@@ -11,7 +11,8 @@ the few we need are spelled out here:
 - ``tf_mapa``: the address of the same shared-memory location in another CTA of the cluster
   (``mapa.shared::cluster``);
 - ``tf_ld_dsm_f32x4`` / ``tf_ld_dsm_f32``: loads from a peer's shared memory
-  (``ld.shared::cluster``).
+  (``ld.shared::cluster``); ``tf_st_dsm_v4``: a 16-byte store into a peer's shared memory
+  (``st.shared::cluster``).
 """
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ __device__ __forceinline__ float tf_ld_dsm_f32(unsigned addr) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
   return v;
 }
+__device__ __forceinline__ void tf_st_dsm_v4(unsigned addr, uint4 v) {
+  asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};"
+               :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
 __device__ __forceinline__ void tf_cp_async16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                :: "r"(tf_smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
@@ -63,6 +68,7 @@ __device__ __forceinline__ void tf_cp_async_wait() {
 }
 """
 
-# The PTX each cluster kernel must contain (checked by the tests on nvcc's output).
-CLUSTER_PTX = ("mapa.shared::cluster", "ld.shared::cluster", "barrier.cluster.arrive",
-               "barrier.cluster.wait", "%cluster_ctarank")
+# The PTX every cluster kernel must contain (checked by the tests on nvcc's output), besides its
+# DSM loads (ld.shared::cluster) or stores (st.shared::cluster).
+CLUSTER_PTX = ("mapa.shared::cluster", "barrier.cluster.arrive", "barrier.cluster.wait",
+               "%cluster_ctarank")

@@ -60,6 +60,8 @@ class ClusterKnobs:
     cluster: int = 8
     warps: int = 8
     ctas_per_sm: int = 1
+    exchange: str = "reduce"
+    group_m: int = 8
 
     @property
     def threads(self) -> int:
@@ -164,8 +166,18 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
     if N % (knobs.block_n * knobs.cluster):
         problems.append(f"N={N} is not a multiple of block_n×cluster={knobs.block_n}×"
                         f"{knobs.cluster}")
-    if O % knobs.block_o:
+    if knobs.exchange not in ("reduce", "gather"):
+        problems.append(f"exchange={knobs.exchange!r} is not 'reduce' or 'gather'")
+    elif knobs.exchange == "gather":
+        if O % (knobs.block_o * knobs.cluster):
+            problems.append(f"O={O} is not a multiple of block_o×cluster={knobs.block_o}×"
+                            f"{knobs.cluster} (each CTA computes O/cluster output columns)")
+    elif O % knobs.block_o:
         problems.append(f"O={O} is not a multiple of block_o={knobs.block_o}")
+    if knobs.exchange == "gather" and (knobs.cluster * knobs.block_n) % knobs.block_k:
+        problems.append(f"block_k={knobs.block_k} must divide cluster×block_n")
+    if knobs.group_m < 1:
+        problems.append(f"group_m={knobs.group_m} must be at least 1")
     if knobs.cluster not in (1, 2, 4, 8, 16):
         problems.append(f"cluster={knobs.cluster} is not 1, 2, 4, 8 or 16")
     if knobs.warps not in (8, 16):
@@ -174,7 +186,7 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
             knobs.block_o % (16 * WARPS_N) or knobs.block_k % 16:
         problems.append(f"block_m must be a multiple of {16 * knobs.warps_m}, block_n and block_o "
                         "of 64, block_k of 16")
-    elif knobs.block_m % knobs.cluster:
+    elif knobs.exchange == "reduce" and knobs.block_m % knobs.cluster:
         problems.append(f"block_m={knobs.block_m} must split into cluster={knobs.cluster} row "
                         "bands")
     if knobs.ctas_per_sm not in (1, 2):
@@ -186,18 +198,19 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
 
 
 def shared_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
-    """Dynamic shared memory: the larger of the first GEMM's pipeline and the second phase."""
-    return max(*_layout(plan, knobs).values())
+    """Dynamic shared memory of ``tf_chain_main`` for these knobs.
 
-
-def _layout(plan: GemmChainPlan, knobs: ClusterKnobs) -> dict:
+    ``reduce``: the larger of the first GEMM's pipeline and phase 2 (H slice, two W2 tiles, two
+    f32 partial tiles), which reuse the same bytes. ``gather``: the cluster's H (kept from the
+    first GEMM's end to the last output tile; peers write into it) plus the larger of the two
+    pipelines."""
     g = len(plan.gates)
-    bm, bn, bk, bo = knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o
-    stage = bm * (bk + 8) * 2 + g * bk * (bn + 8) * 2
-    hs = bm * (bn + 8) * 2
-    w2s = 2 * bn * (bo + 8) * 2
-    ps = 2 * bm * (bo + 4) * 4
-    return {"phase1": knobs.stages * stage, "phase2": hs + w2s + ps}
+    bm, bn, bk, bo, st = (knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o,
+                          knobs.stages)
+    first = st * (bm * (bk + 8) * 2 + g * bk * (bn + 8) * 2)
+    if knobs.exchange == "gather":
+        return bm * (knobs.cluster * bn + 8) * 2 + max(first, st * bk * (bo + 8) * 2)
+    return max(first, bm * (bn + 8) * 2 + 2 * bn * (bo + 8) * 2 + 2 * bm * (bo + 4) * 4)
 
 
 def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int,
@@ -209,22 +222,31 @@ def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, 
     (block_m/(warps/4)) × (block_n/4) tile of the intermediate and a (block_m/(warps/4)) ×
     (block_o/4) tile of each output tile."""
     check_sizes(plan, knobs, M, K, N, O)
+    main = _GATHER_MAIN if knobs.exchange == "gather" else _REDUCE_MAIN
+    return _prelude(plan, knobs, M, K, N, O) + main.replace("@GATE_ARGS@", "".join(
+        f"const __nv_bfloat16* __restrict__ w{j}, " for j in range(len(plan.gates)))).replace(
+        "@SCALAR_ARGS@", "".join(f", float {s}" for s in plan.scalars)).replace(
+        "@GATES@", ", ".join(f"w{j}" for j in range(len(plan.gates)))).replace(
+        "@BOUNDS@", f"__launch_bounds__({knobs.threads}, {knobs.ctas_per_sm})")
+
+
+def _prelude(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int, O: int) -> str:
+    """Macros and the device functions both exchanges share: fragments and MMA, the first GEMM's
+    pipeline, the activation into shared memory, tile rasterization and the f32 epilogue."""
     g = len(plan.gates)
-    bm, bn, bk, bo, st, cl = (knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o,
-                              knobs.stages, knobs.cluster)
+    bm, bn, bk, bo, cl = knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o, knobs.cluster
     wm_rows, wn_cols, wo_cols = bm // knobs.warps_m, bn // WARPS_N, bo // WARPS_N
-    mi, ni, ni2 = wm_rows // 16, wn_cols // 8, wo_cols // 8
-    gate_args = "".join(f"const __nv_bfloat16* __restrict__ w{j}, " for j in range(g))
     scalar_args = "".join(f", float {s}" for s in plan.scalars)
-    band = bm // cl * bo // 4  # float4s each CTA reduces per output tile
+    gate_values = "".join(f"float g{j} = acc[{j}][i][k][2 * half + e]; " for j in range(g))
     return f"""#include <cuda_bf16.h>
 {HELPERS}
 {size_macros(dict(zip(plan.dims, (M, K, N, O))))}#define BM {bm}
 #define BN {bn}
 #define BK {bk}
 #define BO {bo}
-#define STAGES {st}
+#define STAGES {knobs.stages}
 #define CLUSTER {cl}
+#define GROUP_M {knobs.group_m}
 #define G {g}
 #define M_ {M}
 #define K_ {K}
@@ -233,14 +255,13 @@ def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, 
 #define WM {wm_rows}
 #define WN {wn_cols}
 #define WO {wo_cols}
-#define MI {mi}
-#define NI {ni}
-#define NI2 {ni2}
+#define MI {wm_rows // 16}
+#define NI {wn_cols // 8}
+#define NI2 {wo_cols // 8}
+#define WARPS_N {WARPS_N}
 #define LDX (BK + 8)
 #define LDW (BN + 8)
-#define LDH (BN + 8)
 #define LDW2 (BO + 8)
-#define LDP (BO + 4)
 
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {{
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
@@ -277,11 +298,32 @@ __device__ __forceinline__ void warp_mma_k16(float (&acc)[MI][NT][4], const __nv
     }}
   }}
 }}
+template <int A, int B>
+__device__ __forceinline__ void zero(float (&acc)[A][B][4]) {{
+  #pragma unroll
+  for (int i = 0; i < A; ++i)
+    #pragma unroll
+    for (int j = 0; j < B; ++j)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+}}
 
 extern "C" __global__ void tf_chain_epilogue(const float* __restrict__ ysum,
                                              __nv_bfloat16* __restrict__ out{scalar_args}) {{
   long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < (long)M_ * O_) {{ float y = ysum[i]; out[i] = __float2bfloat16({plan.epilogue}); }}
+}}
+
+// This CTA's rows m0 and intermediate columns n0. Clusters are numbered in launch order and walk
+// GROUP_M row blocks for each group of columns before moving on, so that the weight slices one
+// wave reads are read again from L2 by the rows beside it, not from memory.
+__device__ __forceinline__ void tile_of_cta(unsigned rank, int& m0, int& n0) {{
+  const int ncl = gridDim.x / CLUSTER, per_group = GROUP_M * ncl;
+  const int cid = blockIdx.y * ncl + blockIdx.x / CLUSTER;
+  const int first = cid / per_group * GROUP_M, rows = min((int)gridDim.y - first, GROUP_M);
+  const int in_group = cid % per_group;
+  m0 = (first + in_group % rows) * BM;
+  n0 = ((in_group / rows) * CLUSTER + rank) * BN;
 }}
 
 // Loads one pipeline stage: x rows [m0, m0 + BM) × k [k0, k0 + BK), and each gate weight's
@@ -304,64 +346,37 @@ __device__ __forceinline__ void load_stage(char* stage, const __nv_bfloat16* __r
   }}
 }}
 
+// ROWS rows (from n0) × BO columns (from o0) of W2 into a [ROWS][LDW2] tile.
+template <int ROWS>
 __device__ __forceinline__ void load_w2(__nv_bfloat16* dst, const __nv_bfloat16* __restrict__ w2,
                                         int n0, int o0) {{
-  for (int c = threadIdx.x; c < BN * BO / 8; c += blockDim.x) {{
+  for (int c = threadIdx.x; c < ROWS * BO / 8; c += blockDim.x) {{
     int r = c / (BO / 8), col = (c % (BO / 8)) * 8;
     tf_cp_async16(dst + r * LDW2 + col, w2 + (long)(n0 + r) * O_ + o0 + col, true);
   }}
 }}
 
-// Partial product of this CTA's H slice with one W2 tile: acc2 = H[BM, BN] · W2s[BN, BO].
-__device__ __forceinline__ void second_product(float (&acc2)[MI][NI2][4],
-    const __nv_bfloat16* hs, const __nv_bfloat16* w2s, int wm, int wn, int lane) {{
-  #pragma unroll
-  for (int i = 0; i < MI; ++i)
-    #pragma unroll
-    for (int j = 0; j < NI2; ++j)
-      #pragma unroll
-      for (int e = 0; e < 4; ++e) acc2[i][j][e] = 0.f;
-  #pragma unroll
-  for (int kk = 0; kk < BN; kk += 16)
-    warp_mma_k16<NI2>(acc2, hs + wm * WM * LDH + kk, LDH, w2s + kk * LDW2 + wn * WO, LDW2, lane);
-}}
-
-extern "C" __global__ void __launch_bounds__({knobs.threads}, {knobs.ctas_per_sm})
-tf_chain_main(const __nv_bfloat16* __restrict__ x, {gate_args}const __nv_bfloat16* __restrict__ w2,
-              float* __restrict__ ysum{scalar_args}) {{
-  extern __shared__ __align__(128) char smem[];
-  const __nv_bfloat16* ws[G] = {{{", ".join(f"w{j}" for j in range(g))}}};
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int wm = warp / {WARPS_N}, wn = warp % {WARPS_N};
-  const int gr = lane / 4, tq = lane % 4;   // the accumulator element rows / column pairs
-  const unsigned rank = tf_cluster_rank();
-  const int n0 = blockIdx.x * BN;           // this CTA's intermediate columns
-  const int m0 = blockIdx.y * BM;           // its rows
+// Phase 1: acc[j] = x[m0 : m0 + BM] · w_j[:, n0 : n0 + BN] on tensor cores, through a
+// STAGES-deep cp.async pipeline in `pipe`; on return the pipeline buffers are free.
+__device__ __forceinline__ void first_products(float (&acc)[G][MI][NI][4], char* pipe,
+    const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* const* ws, int m0, int n0, int wm,
+    int wn, int lane) {{
   const int stage_bytes = BM * LDX * 2 + G * BK * LDW * 2;
-
-  // Phase 1: H = act(x · w_j[:, n0 : n0 + BN]) on tensor cores, STAGES-deep cp.async pipeline.
-  float acc[G][MI][NI][4];
   #pragma unroll
-  for (int j = 0; j < G; ++j)
-    #pragma unroll
-    for (int i = 0; i < MI; ++i)
-      #pragma unroll
-      for (int k = 0; k < NI; ++k)
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j][i][k][e] = 0.f;
+  for (int j = 0; j < G; ++j) zero(acc[j]);
   const int KT = K_ / BK;
   #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {{
-    if (s < KT) load_stage(smem + s * stage_bytes, x, ws, m0, n0, s * BK);
+    if (s < KT) load_stage(pipe + s * stage_bytes, x, ws, m0, n0, s * BK);
     tf_cp_async_commit();
   }}
   for (int kt = 0; kt < KT; ++kt) {{
     tf_cp_async_wait<STAGES - 2>();
     __syncthreads();
     int next = kt + STAGES - 1;
-    if (next < KT) load_stage(smem + (next % STAGES) * stage_bytes, x, ws, m0, n0, next * BK);
+    if (next < KT) load_stage(pipe + (next % STAGES) * stage_bytes, x, ws, m0, n0, next * BK);
     tf_cp_async_commit();
-    const __nv_bfloat16* xs = reinterpret_cast<const __nv_bfloat16*>(smem + (kt % STAGES) * stage_bytes);
+    const __nv_bfloat16* xs = reinterpret_cast<const __nv_bfloat16*>(pipe + (kt % STAGES) * stage_bytes);
     #pragma unroll
     for (int kk = 0; kk < BK; kk += 16)
       #pragma unroll
@@ -370,17 +385,13 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, {gate_args}const __nv_bfloat1
                          xs + BM * LDX + j * BK * LDW + kk * LDW + wn * WN, LDW, lane);
   }}
   tf_cp_async_wait<0>();
-  __syncthreads();  // the pipeline buffers are free: phase 2 reuses the shared memory
+  __syncthreads();
+}}
 
-  __nv_bfloat16* hs = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* w2s = hs + BM * LDH;
-  float* ps = reinterpret_cast<float*>(w2s + 2 * BN * LDW2);
-  const int OT = O_ / BO;
-  load_w2(w2s, w2, n0, 0);
-  tf_cp_async_commit();
-  if (OT > 1) load_w2(w2s + BN * LDW2, w2, n0, BO);
-  tf_cp_async_commit();
-  // The activation, elementwise on the accumulators; H goes to shared memory as bf16.
+// The activation, elementwise on the accumulators, into hs[row][col0 + col] as bf16.
+__device__ __forceinline__ void store_activation(const float (&acc)[G][MI][NI][4],
+    __nv_bfloat16* hs, int ldh, int col0, int wm, int wn, int lane) {{
+  const int gr = lane / 4, tq = lane % 4;
   #pragma unroll
   for (int i = 0; i < MI; ++i)
     #pragma unroll
@@ -390,12 +401,54 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, {gate_args}const __nv_bfloat1
         float h[2];
         #pragma unroll
         for (int e = 0; e < 2; ++e) {{
-          float {", ".join(f"g{j} = acc[{j}][i][k][2 * half + e]" for j in range(g))};
+          {gate_values}
           h[e] = {plan.activation};
         }}
-        const int row = wm * WM + i * 16 + gr + 8 * half, col = wn * WN + k * 8 + 2 * tq;
-        *reinterpret_cast<__nv_bfloat162*>(hs + row * LDH + col) = __floats2bfloat162_rn(h[0], h[1]);
+        const int row = wm * WM + i * 16 + gr + 8 * half, col = col0 + wn * WN + k * 8 + 2 * tq;
+        *reinterpret_cast<__nv_bfloat162*>(hs + row * ldh + col) = __floats2bfloat162_rn(h[0], h[1]);
       }}
+}}
+"""
+
+
+# The partial products H · W2 reduced through DSM, one output tile at a time (exchange="reduce").
+_REDUCE_MAIN = r"""
+#define LDH (BN + 8)
+#define LDP (BO + 4)
+
+// Partial product of this CTA's H slice with one W2 tile: acc2 = H[BM, BN] · W2s[BN, BO].
+__device__ __forceinline__ void second_product(float (&acc2)[MI][NI2][4],
+    const __nv_bfloat16* hs, const __nv_bfloat16* w2s, int wm, int wn, int lane) {
+  zero(acc2);
+  #pragma unroll
+  for (int kk = 0; kk < BN; kk += 16)
+    warp_mma_k16<NI2>(acc2, hs + wm * WM * LDH + kk, LDH, w2s + kk * LDW2 + wn * WO, LDW2, lane);
+}
+
+extern "C" __global__ void @BOUNDS@
+tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat16* __restrict__ w2,
+              float* __restrict__ ysum@SCALAR_ARGS@) {
+  extern __shared__ __align__(128) char smem[];
+  const __nv_bfloat16* ws[G] = {@GATES@};
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  const int gr = lane / 4, tq = lane % 4;   // the accumulator element rows / column pairs
+  const unsigned rank = tf_cluster_rank();
+  int m0, n0;
+  tile_of_cta(rank, m0, n0);
+
+  float acc[G][MI][NI][4];
+  first_products(acc, smem, x, ws, m0, n0, wm, wn, lane);  // the pipeline buffers are free after
+
+  __nv_bfloat16* hs = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* w2s = hs + BM * LDH;
+  float* ps = reinterpret_cast<float*>(w2s + 2 * BN * LDW2);
+  const int OT = O_ / BO;
+  load_w2<BN>(w2s, w2, n0, 0);
+  tf_cp_async_commit();
+  if (OT > 1) load_w2<BN>(w2s + BN * LDW2, w2, n0, BO);
+  tf_cp_async_commit();
+  store_activation(acc, hs, LDH, 0, wm, wn, lane);
   tf_cp_async_wait<1>();
   __syncthreads();
 
@@ -403,7 +456,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, {gate_args}const __nv_bfloat1
   // partials through DSM (CTA `rank` sums row band `rank` over all peers) and adds to ysum.
   float acc2[MI][NI2][4];
   second_product(acc2, hs, w2s, wm, wn, lane);
-  for (int t = 0; t < OT; ++t) {{
+  for (int t = 0; t < OT; ++t) {
     float* pt = ps + (t % 2) * BM * LDP;
     #pragma unroll
     for (int i = 0; i < MI; ++i)
@@ -415,28 +468,110 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, {gate_args}const __nv_bfloat1
                                      + k * 8 + 2 * tq) =
               make_float2(acc2[i][k][2 * half], acc2[i][k][2 * half + 1]);
     tf_cluster_arrive();  // partial t is written; peers may read it after their wait
-    if (t + 1 < OT) {{     // tensor-core work for tile t + 1 hides the barrier's latency
+    if (t + 1 < OT) {     // tensor-core work for tile t + 1 hides the barrier's latency
       __syncthreads();    // everyone is done with the W2 buffer of tile t
-      if (t + 2 < OT) load_w2(w2s + (t % 2) * BN * LDW2, w2, n0, (t + 2) * BO);
+      if (t + 2 < OT) load_w2<BN>(w2s + (t % 2) * BN * LDW2, w2, n0, (t + 2) * BO);
       tf_cp_async_commit();
       tf_cp_async_wait<1>();
       __syncthreads();
       second_product(acc2, hs, w2s + ((t + 1) % 2) * BN * LDW2, wm, wn, lane);
-    }}
+    }
     tf_cluster_wait();
-    for (int q = threadIdx.x; q < {band}; q += blockDim.x) {{
+    for (int q = threadIdx.x; q < BM / CLUSTER * BO / 4; q += blockDim.x) {
       int r = rank * (BM / CLUSTER) + q / (BO / 4), c = (q % (BO / 4)) * 4;
       unsigned local = tf_smem_addr(pt + r * LDP + c);
       float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
       #pragma unroll
-      for (int p = 0; p < CLUSTER; ++p) {{
+      for (int p = 0; p < CLUSTER; ++p) {
         float4 v = tf_ld_dsm_f32x4(tf_mapa(local, p));
         sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
-      }}
+      }
       if (m0 + r < M_)
         atomicAdd(reinterpret_cast<float4*>(ysum + (long)(m0 + r) * O_ + t * BO + c), sum);
-    }}
-  }}
+    }
+  }
   tf_cluster_sync();  // no CTA leaves while a peer may still read its shared memory
-}}
+}
+"""
+
+# H all-gathered through DSM, each CTA computing its share of the outputs (exchange="gather").
+_GATHER_MAIN = r"""
+#define HW (CLUSTER * BN)      // the cluster's intermediate columns: the second GEMM's depth
+#define LDHF (HW + 8)
+#define OC (O_ / CLUSTER)      // output columns per CTA
+
+extern "C" __global__ void @BOUNDS@
+tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat16* __restrict__ w2,
+              float* __restrict__ ysum@SCALAR_ARGS@) {
+  extern __shared__ __align__(128) char smem[];
+  tf_cluster_arrive();  // this CTA has started; after the matching wait peers may write into it
+  const __nv_bfloat16* ws[G] = {@GATES@};
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  const int gr = lane / 4, tq = lane % 4;
+  const unsigned rank = tf_cluster_rank();
+  int m0, n0;
+  tile_of_cta(rank, m0, n0);
+  __nv_bfloat16* hf = reinterpret_cast<__nv_bfloat16*>(smem);  // H of the cluster: BM × HW
+  char* pipe = smem + BM * LDHF * 2;
+
+  float acc[G][MI][NI][4];
+  first_products(acc, pipe, x, ws, m0, n0, wm, wn, lane);
+  store_activation(acc, hf, LDHF, rank * BN, wm, wn, lane);
+  __syncthreads();
+  tf_cluster_wait();    // every peer has started
+  // All-gather: this CTA's slice of H into each peer's copy (16-byte DSM stores).
+  for (int p = 1; p < CLUSTER; ++p) {
+    const unsigned peer = (rank + p) % CLUSTER;
+    for (int c = threadIdx.x; c < BM * BN / 8; c += blockDim.x) {
+      const __nv_bfloat16* src = hf + (c / (BN / 8)) * LDHF + rank * BN + (c % (BN / 8)) * 8;
+      tf_st_dsm_v4(tf_mapa(tf_smem_addr(src), peer), *reinterpret_cast<const uint4*>(src));
+    }
+  }
+  tf_cluster_arrive();  // release: our stores are seen by each peer after its wait
+
+  // Phase 2: ysum[m0 rows, this CTA's OC columns] += H · W2[cluster rows, OC columns], W2 through
+  // a STAGES-deep pipeline of BK × BO tiles, BO columns at a time.
+  const int nc = n0 - (int)rank * BN, o_base = rank * OC;
+  const int KS = HW / BK, T = (OC / BO) * KS;
+  __nv_bfloat16* w2p = reinterpret_cast<__nv_bfloat16*>(pipe);
+  #pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < T) load_w2<BK>(w2p + s * BK * LDW2, w2, nc + (s % KS) * BK, o_base + (s / KS) * BO);
+    tf_cp_async_commit();
+  }
+  tf_cluster_wait();    // acquire: every slice of H is in place
+  float acc2[MI][NI2][4];
+  zero(acc2);
+  for (int it = 0; it < T; ++it) {
+    tf_cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int next = it + STAGES - 1;
+    if (next < T)
+      load_w2<BK>(w2p + (next % STAGES) * BK * LDW2, w2, nc + (next % KS) * BK,
+                  o_base + (next / KS) * BO);
+    tf_cp_async_commit();
+    const int ks = it % KS;
+    const __nv_bfloat16* w2s = w2p + (it % STAGES) * BK * LDW2;
+    #pragma unroll
+    for (int kk = 0; kk < BK; kk += 16)
+      warp_mma_k16<NI2>(acc2, hf + wm * WM * LDHF + ks * BK + kk, LDHF, w2s + kk * LDW2 + wn * WO,
+                        LDW2, lane);
+    if (ks == KS - 1) {   // this output tile is complete: add it to the other clusters' sums
+      const int o0 = o_base + (it / KS) * BO + wn * WO + 2 * tq;
+      #pragma unroll
+      for (int i = 0; i < MI; ++i)
+        #pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = m0 + wm * WM + i * 16 + gr + 8 * half;
+          if (row < M_)
+            #pragma unroll
+            for (int k = 0; k < NI2; ++k)
+              atomicAdd(reinterpret_cast<float2*>(ysum + (long)row * O_ + o0 + k * 8),
+                        make_float2(acc2[i][k][2 * half], acc2[i][k][2 * half + 1]));
+        }
+      zero(acc2);
+    }
+  }
+}
 """
