@@ -159,8 +159,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="M=128 only, default knobs")
     parser.add_argument("--sweep", action="store_true",
-                        help="FFN only, a sweep of knobs (exchange, cluster, block sizes, "
-                             "rasterization)")
+                        help="FFN only, a sweep of knobs (cluster, block sizes, rasterization)")
     parser.add_argument("--ms", default="128,1024,8192",
                         help="FFN row counts M, comma-separated (default 128,1024,8192)")
     parser.add_argument("--out", default=os.environ.get("OUT") or
@@ -170,13 +169,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks.cluster needs an NVIDIA Hopper GPU; none is visible")
         return 2
-    configs = [{}] if args.quick else [{"cluster": c} for c in (2, 4)] + [
-        {"cluster": 8, "block_m": 64}, {"exchange": "reduce", "cluster": 8}]
+    configs = [{}] if args.quick else [{"cluster": c} for c in (2, 4)]
     if args.sweep:
         configs = [{}, {"cluster": 2}, {"cluster": 2, "block_o": 64}, {"cluster": 4, "block_k": 32},
                    {"cluster": 8, "block_m": 64}, {"cluster": 4, "block_m": 64, "ctas_per_sm": 2},
-                   {"cluster": 4, "group_m": 1}, {"exchange": "reduce", "cluster": 8},
-                   {"exchange": "reduce", "cluster": 8, "group_m": 1}]
+                   {"cluster": 4, "group_m": 1}]
     rows = (run_decode() if not args.sweep else []) + run_ffn(
         ms_list=(128,) if args.quick else tuple(int(m) for m in args.ms.split(",")),
         configs=configs)

@@ -4,8 +4,9 @@ cluster, its intermediates exchanged through distributed shared memory (DESIGN.m
 Two shapes of chain are distributed:
 
 - GEMM chains ``act(X·W1)·W2`` (no fusion first): the intermediate's columns (``axis``, the second
-  sum's axis) are split across the cluster's CTAs, each keeps its slice in shared memory, and the
-  partial products are reduced through DSM (:mod:`tensorfuse.targets.cuda.gemm_chain`);
+  sum's axis) are split across the cluster's CTAs, each computes its slice and all-gathers it into
+  its peers' shared memory through DSM, then each computes a share of the output columns from the
+  cluster's whole intermediate (:mod:`tensorfuse.targets.cuda.gemm_chain`);
 - a rolled softmax-weighted chain (attention after ``rolling_update``) for one query token: the keys
   (``axis``, the rolled axis) are split across the cluster and the partial states merged in DSM with
   the rolling-update correction — a split update inside the cluster
@@ -38,24 +39,22 @@ def _pointer(x):
     return ctypes.c_void_p(x.data_ptr())
 
 
-GEMM_CHAIN_KNOBS = ("exchange", "block_m", "block_n", "block_k", "block_o", "stages", "group_m",
+GEMM_CHAIN_KNOBS = ("block_m", "block_n", "block_k", "block_o", "stages", "group_m",
                     "warps", "ctas_per_sm")
 
 
 def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
                      cluster: int | None, given: dict):
-    """The knobs for sizes ``(M, K, N, O)``: the user's, and defaults for the rest —
-    ``exchange="gather"`` (H all-gathered in the cluster) with 4 CTAs and 128-column output tiles
-    where O allows, ``"reduce"`` with 8 CTAs and 64-column tiles; 128-row blocks, or 64 where M ≤ 64
-    or the cluster's H would not fit; the pipeline with the most bytes in flight that fits."""
+    """The knobs for sizes ``(M, K, N, O)``: the user's, and defaults for the rest — clusters of 2
+    (measured best on the H100, RESULTS.md), 128-column output tiles where O allows, 128-row blocks,
+    or 64 where M ≤ 64 or the cluster's H would not fit; the pipeline with the most bytes in
+    flight that fits."""
     from ..targets.cuda.gemm_chain import ClusterKnobs, check_sizes, shared_bytes
 
     M, K, N, O = sizes
-    exchange = given.get("exchange", "gather")
-    c = cluster or (4 if exchange == "gather" else 8)
-    wide = exchange == "gather" and O % (c * 128) == 0
-    k = ClusterKnobs(**{"exchange": exchange, "cluster": c, "block_m": 128 if M > 64 else 64,
-                        "block_o": 128 if wide else 64, **given})
+    c = cluster or 2
+    k = ClusterKnobs(**{"cluster": c, "block_m": 128 if M > 64 else 64,
+                        "block_o": 128 if O % (c * 128) == 0 else 64, **given})
 
     def fits(knobs) -> bool:
         return shared_bytes(plan, knobs) * knobs.ctas_per_sm <= target.max_shared_memory
@@ -72,8 +71,7 @@ def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
               if fits(replace(k, block_k=bk, stages=st))), k)
     if not fits(k):
         hint = ("the cluster's H takes block_m × cluster × block_n × 2 bytes: use a smaller "
-                "cluster, block_m or block_n" if k.exchange == "gather" else
-                "use a smaller block_k, stages or block_o")
+                "cluster, block_m or block_n")
         raise ScheduleError(f"these knobs ({k}) need {shared_bytes(plan, k)} bytes of shared "
                             f"memory per CTA × {k.ctas_per_sm} CTAs per SM; {target.name} has "
                             f"{target.max_shared_memory}: {hint}", user_location())

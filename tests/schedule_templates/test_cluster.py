@@ -37,20 +37,16 @@ def _decode(kernel, **knobs):
 
 @needs_nvcc
 @pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
-@pytest.mark.parametrize("exchange, cluster", [("gather", 2), ("gather", 4), ("reduce", 2),
-                                               ("reduce", 8), ("reduce", 16)])
-def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, exchange, cluster):
-    ptx = _ffn(kernel, exchange=exchange, cluster=cluster, block_n=64, block_o=64).ptx(**FFN)
-    # gather: each CTA stores its slice of H into its peers (st.shared::cluster); reduce: each
-    # CTA loads its peers' partial products (ld.shared::cluster)
-    dsm = "st.shared::cluster.v4.b32" if exchange == "gather" else "ld.shared::cluster.v4.f32"
-    for instruction in CLUSTER_PTX + (dsm,):
+@pytest.mark.parametrize("cluster", [2, 4])
+def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster):
+    ptx = _ffn(kernel, cluster=cluster, block_n=64, block_o=64).ptx(**FFN)
+    # each CTA stores its slice of H into its peers' shared memory
+    for instruction in CLUSTER_PTX + ("st.shared::cluster.v4.b32",):
         assert instruction in ptx, instruction
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx  # tensor cores
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx       # weights [in, out]
     assert "cp.async.cg.shared.global" in ptx                           # the pipeline
-    # clusters meet in f32 vector atomics (reduce: one float4 per cluster; gather: the fragments)
-    assert f"atom.global.add.v{4 if exchange == 'reduce' else 2}.f32" in ptx
+    assert "atom.global.add.v2.f32" in ptx                              # clusters meet here
     # the intermediate h never goes to global memory: the only global stores are the f32 sums
     main = ptx[ptx.index(".entry tf_chain_main"):]
     main = main[:main.index("\n}\n")]
@@ -100,8 +96,6 @@ def test_refusals_name_the_problem():
         _ffn(ffn_gelu, cluster=8).source(M=128, K=512, N=1000, O=256)
     with pytest.raises(ScheduleError, match="shared memory.*smaller cluster"):
         _ffn(ffn_gelu, cluster=16, block_m=128).source(M=256, K=512, N=2048, O=2048)
-    with pytest.raises(ScheduleError, match="'reduce' or 'gather'"):
-        _ffn(ffn_gelu, exchange="scatter").source(**FFN)
     with pytest.raises(ScheduleError, match="shared memory"):
         _decode(gqa_attention, warps=16).source(**DECODE)
     with pytest.raises(ScheduleError, match="not supported by cluster kernels"):
@@ -124,7 +118,7 @@ def test_gemm_chain_defaults_fit_the_shared_memory():
     for kernel in (ffn_gelu, ffn_swiglu):
         for cluster, block_m in ((2, 128), (4, 128), (8, 64)):
             knobs = _ffn(kernel, cluster=cluster).launches(**sizes).knobs
-            assert (knobs.exchange, knobs.block_m) == ("gather", block_m)
+            assert knobs.block_m == block_m
             assert shared_bytes(plan_gemm_chain(kernel.program), knobs) <= 227 * 1024
             assert knobs.stages >= 2 and knobs.block_k in (32, 64)
 
@@ -197,7 +191,7 @@ def _bf16(torch, *shape, scale=1.0, gen=None):
 @pytest.mark.parametrize("M, knobs", [
     (1, {}), (200, {}), (200, {"warps": 16}), (200, {"cluster": 2, "block_o": 64}),
     (600, {"group_m": 2}),  # 5 row blocks, rasterized in groups of 2: the last group is ragged
-    (200, {"exchange": "reduce"}), (600, {"exchange": "reduce", "group_m": 2})])
+    (200, {"cluster": 8, "block_m": 64}), (600, {"cluster": 4, "group_m": 1})])
 def test_ffn_matches_float64_on_the_gpu(kernel, M, knobs):
     import torch
 

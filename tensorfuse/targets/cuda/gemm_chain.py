@@ -5,15 +5,16 @@ The plan (:func:`plan_gemm_chain`) reads the chain from the program: first-level
 them over ``[i, n]``, a second sum over ``n`` of that activation times ``w2[n, o]``, and an
 elementwise epilogue to the output. Anything else is refused with the reason and the user's line.
 
-The kernel (:func:`gemm_chain_source`): every CTA owns ``block_n`` columns of the intermediate
-and ``block_m`` rows. It computes its slice ``H = act(X·W1[:, slice])`` on tensor cores
-(``ldmatrix`` + ``mma.sync``, cp.async multi-stage pipeline) and keeps it in shared memory: the intermediate never goes to global memory.
-Its partial product ``H · W2[slice, o-tile]`` for each ``block_o``-wide output tile goes to its own
-shared memory; the ``cluster`` CTAs of a cluster (which own neighbouring slices) then reduce those
-partials through distributed shared memory — CTA ``r`` sums row band ``r`` of the tile over every
-peer (``mapa`` + ``ld.shared::cluster``) — so only one partial per cluster reaches global memory,
-where clusters meet in f32 atomics. The cluster barrier of tile ``t`` is split around the tensor-core
-work of tile ``t + 1`` so that its latency is hidden. A small epilogue kernel converts the f32 sums.
+The kernel (:func:`gemm_chain_source`): the ``cluster`` CTAs of a cluster own ``block_m`` rows
+and ``cluster × block_n`` neighbouring columns of the intermediate, ``block_n`` each. A CTA computes
+its slice ``H = act(X·W1[:, slice])`` on tensor cores (``ldmatrix`` + ``mma.sync``, cp.async
+multi-stage pipeline) and stores it, as bf16, into its own shared memory and into every peer's
+(``mapa`` + ``st.shared::cluster``): after one cluster barrier each CTA holds the cluster's whole
+``H`` — the intermediate never goes to global memory — and computes ``O / cluster`` output columns of
+``H · W2[cluster's rows, :]`` with W2 streamed through a second pipeline. Clusters (which own
+different intermediate columns) meet in f32 vector atomics; a small epilogue kernel converts the
+f32 sums. Clusters are rasterized in groups of ``group_m`` row blocks so that concurrent CTAs share
+weight slices in L2.
 """
 from __future__ import annotations
 
@@ -50,17 +51,17 @@ class GemmChainPlan:
 @dataclass(frozen=True)
 class ClusterKnobs:
     """``block_m`` rows × ``block_n`` intermediate columns per CTA, ``block_k`` per pipeline stage
-    (``stages`` deep), ``block_o`` output columns per DSM reduction, ``cluster`` CTAs per cluster."""
+    (``stages`` deep), ``block_o`` output columns per tile of the second product, ``cluster`` CTAs
+    per cluster, ``group_m`` row blocks per rasterization group, 8 or 16 ``warps`` per CTA."""
 
     block_m: int = 128
     block_n: int = 128
     block_k: int = 64
     block_o: int = 64
     stages: int = 3
-    cluster: int = 8
+    cluster: int = 2
     warps: int = 8
     ctas_per_sm: int = 1
-    exchange: str = "reduce"
     group_m: int = 8
 
     @property
@@ -166,15 +167,10 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
     if N % (knobs.block_n * knobs.cluster):
         problems.append(f"N={N} is not a multiple of block_n×cluster={knobs.block_n}×"
                         f"{knobs.cluster}")
-    if knobs.exchange not in ("reduce", "gather"):
-        problems.append(f"exchange={knobs.exchange!r} is not 'reduce' or 'gather'")
-    elif knobs.exchange == "gather":
-        if O % (knobs.block_o * knobs.cluster):
-            problems.append(f"O={O} is not a multiple of block_o×cluster={knobs.block_o}×"
-                            f"{knobs.cluster} (each CTA computes O/cluster output columns)")
-    elif O % knobs.block_o:
-        problems.append(f"O={O} is not a multiple of block_o={knobs.block_o}")
-    if knobs.exchange == "gather" and (knobs.cluster * knobs.block_n) % knobs.block_k:
+    if O % (knobs.block_o * knobs.cluster):
+        problems.append(f"O={O} is not a multiple of block_o×cluster={knobs.block_o}×"
+                        f"{knobs.cluster} (each CTA computes O/cluster output columns)")
+    if (knobs.cluster * knobs.block_n) % knobs.block_k:
         problems.append(f"block_k={knobs.block_k} must divide cluster×block_n")
     if knobs.group_m < 1:
         problems.append(f"group_m={knobs.group_m} must be at least 1")
@@ -186,9 +182,6 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
             knobs.block_o % (16 * WARPS_N) or knobs.block_k % 16:
         problems.append(f"block_m must be a multiple of {16 * knobs.warps_m}, block_n and block_o "
                         "of 64, block_k of 16")
-    elif knobs.exchange == "reduce" and knobs.block_m % knobs.cluster:
-        problems.append(f"block_m={knobs.block_m} must split into cluster={knobs.cluster} row "
-                        "bands")
     if knobs.ctas_per_sm not in (1, 2):
         problems.append(f"ctas_per_sm={knobs.ctas_per_sm} is not 1 or 2")
     if knobs.stages < 2:
@@ -198,19 +191,13 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
 
 
 def shared_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
-    """Dynamic shared memory of ``tf_chain_main`` for these knobs.
-
-    ``reduce``: the larger of the first GEMM's pipeline and phase 2 (H slice, two W2 tiles, two
-    f32 partial tiles), which reuse the same bytes. ``gather``: the cluster's H (kept from the
-    first GEMM's end to the last output tile; peers write into it) plus the larger of the two
-    pipelines."""
+    """Dynamic shared memory of ``tf_chain_main``: the cluster's H (kept from the end of the first
+    product to the last output tile; peers write into it) plus the larger of the two pipelines."""
     g = len(plan.gates)
     bm, bn, bk, bo, st = (knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o,
                           knobs.stages)
     first = st * (bm * (bk + 8) * 2 + g * bk * (bn + 8) * 2)
-    if knobs.exchange == "gather":
-        return bm * (knobs.cluster * bn + 8) * 2 + max(first, st * bk * (bo + 8) * 2)
-    return max(first, bm * (bn + 8) * 2 + 2 * bn * (bo + 8) * 2 + 2 * bm * (bo + 4) * 4)
+    return bm * (knobs.cluster * bn + 8) * 2 + max(first, st * bk * (bo + 8) * 2)
 
 
 def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int,
@@ -222,8 +209,7 @@ def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, 
     (block_m/(warps/4)) × (block_n/4) tile of the intermediate and a (block_m/(warps/4)) ×
     (block_o/4) tile of each output tile."""
     check_sizes(plan, knobs, M, K, N, O)
-    main = _GATHER_MAIN if knobs.exchange == "gather" else _REDUCE_MAIN
-    return _prelude(plan, knobs, M, K, N, O) + main.replace("@GATE_ARGS@", "".join(
+    return _prelude(plan, knobs, M, K, N, O) + _MAIN.replace("@GATE_ARGS@", "".join(
         f"const __nv_bfloat16* __restrict__ w{j}, " for j in range(len(plan.gates)))).replace(
         "@SCALAR_ARGS@", "".join(f", float {s}" for s in plan.scalars)).replace(
         "@GATES@", ", ".join(f"w{j}" for j in range(len(plan.gates)))).replace(
@@ -231,8 +217,8 @@ def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, 
 
 
 def _prelude(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int, O: int) -> str:
-    """Macros and the device functions both exchanges share: fragments and MMA, the first GEMM's
-    pipeline, the activation into shared memory, tile rasterization and the f32 epilogue."""
+    """Macros and device functions: fragments and MMA, the first product's pipeline, the
+    activation into shared memory, tile rasterization and the f32 epilogue kernel."""
     g = len(plan.gates)
     bm, bn, bk, bo, cl = knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o, knobs.cluster
     wm_rows, wn_cols, wo_cols = bm // knobs.warps_m, bn // WARPS_N, bo // WARPS_N
@@ -411,91 +397,8 @@ __device__ __forceinline__ void store_activation(const float (&acc)[G][MI][NI][4
 """
 
 
-# The partial products H · W2 reduced through DSM, one output tile at a time (exchange="reduce").
-_REDUCE_MAIN = r"""
-#define LDH (BN + 8)
-#define LDP (BO + 4)
-
-// Partial product of this CTA's H slice with one W2 tile: acc2 = H[BM, BN] · W2s[BN, BO].
-__device__ __forceinline__ void second_product(float (&acc2)[MI][NI2][4],
-    const __nv_bfloat16* hs, const __nv_bfloat16* w2s, int wm, int wn, int lane) {
-  zero(acc2);
-  #pragma unroll
-  for (int kk = 0; kk < BN; kk += 16)
-    warp_mma_k16<NI2>(acc2, hs + wm * WM * LDH + kk, LDH, w2s + kk * LDW2 + wn * WO, LDW2, lane);
-}
-
-extern "C" __global__ void @BOUNDS@
-tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat16* __restrict__ w2,
-              float* __restrict__ ysum@SCALAR_ARGS@) {
-  extern __shared__ __align__(128) char smem[];
-  const __nv_bfloat16* ws[G] = {@GATES@};
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-  const int gr = lane / 4, tq = lane % 4;   // the accumulator element rows / column pairs
-  const unsigned rank = tf_cluster_rank();
-  int m0, n0;
-  tile_of_cta(rank, m0, n0);
-
-  float acc[G][MI][NI][4];
-  first_products(acc, smem, x, ws, m0, n0, wm, wn, lane);  // the pipeline buffers are free after
-
-  __nv_bfloat16* hs = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* w2s = hs + BM * LDH;
-  float* ps = reinterpret_cast<float*>(w2s + 2 * BN * LDW2);
-  const int OT = O_ / BO;
-  load_w2<BN>(w2s, w2, n0, 0);
-  tf_cp_async_commit();
-  if (OT > 1) load_w2<BN>(w2s + BN * LDW2, w2, n0, BO);
-  tf_cp_async_commit();
-  store_activation(acc, hs, LDH, 0, wm, wn, lane);
-  tf_cp_async_wait<1>();
-  __syncthreads();
-
-  // Phase 2: per output tile, this CTA's partial H · W2 → shared memory; the cluster reduces the
-  // partials through DSM (CTA `rank` sums row band `rank` over all peers) and adds to ysum.
-  float acc2[MI][NI2][4];
-  second_product(acc2, hs, w2s, wm, wn, lane);
-  for (int t = 0; t < OT; ++t) {
-    float* pt = ps + (t % 2) * BM * LDP;
-    #pragma unroll
-    for (int i = 0; i < MI; ++i)
-      #pragma unroll
-      for (int k = 0; k < NI2; ++k)
-        #pragma unroll
-        for (int half = 0; half < 2; ++half)
-          *reinterpret_cast<float2*>(pt + (wm * WM + i * 16 + gr + 8 * half) * LDP + wn * WO
-                                     + k * 8 + 2 * tq) =
-              make_float2(acc2[i][k][2 * half], acc2[i][k][2 * half + 1]);
-    tf_cluster_arrive();  // partial t is written; peers may read it after their wait
-    if (t + 1 < OT) {     // tensor-core work for tile t + 1 hides the barrier's latency
-      __syncthreads();    // everyone is done with the W2 buffer of tile t
-      if (t + 2 < OT) load_w2<BN>(w2s + (t % 2) * BN * LDW2, w2, n0, (t + 2) * BO);
-      tf_cp_async_commit();
-      tf_cp_async_wait<1>();
-      __syncthreads();
-      second_product(acc2, hs, w2s + ((t + 1) % 2) * BN * LDW2, wm, wn, lane);
-    }
-    tf_cluster_wait();
-    for (int q = threadIdx.x; q < BM / CLUSTER * BO / 4; q += blockDim.x) {
-      int r = rank * (BM / CLUSTER) + q / (BO / 4), c = (q % (BO / 4)) * 4;
-      unsigned local = tf_smem_addr(pt + r * LDP + c);
-      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-      #pragma unroll
-      for (int p = 0; p < CLUSTER; ++p) {
-        float4 v = tf_ld_dsm_f32x4(tf_mapa(local, p));
-        sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
-      }
-      if (m0 + r < M_)
-        atomicAdd(reinterpret_cast<float4*>(ysum + (long)(m0 + r) * O_ + t * BO + c), sum);
-    }
-  }
-  tf_cluster_sync();  // no CTA leaves while a peer may still read its shared memory
-}
-"""
-
-# H all-gathered through DSM, each CTA computing its share of the outputs (exchange="gather").
-_GATHER_MAIN = r"""
+# H all-gathered through DSM, each CTA computing its share of the outputs.
+_MAIN = r"""
 #define HW (CLUSTER * BN)      // the cluster's intermediate columns: the second GEMM's depth
 #define LDHF (HW + 8)
 #define OC (O_ / CLUSTER)      // output columns per CTA
