@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="M=128 only, default knobs")
     parser.add_argument("--sweep", action="store_true",
-                        help="FFN only, a sweep of knobs (cluster, block sizes, rasterization)")
+                        help="FFN only, a sweep of knobs (mma, cluster, block sizes, pipeline)")
     parser.add_argument("--ms", default="128,1024,8192",
                         help="FFN row counts M, comma-separated (default 128,1024,8192)")
     parser.add_argument("--out", default=os.environ.get("OUT") or
@@ -169,11 +169,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks.cluster needs an NVIDIA Hopper GPU; none is visible")
         return 2
-    configs = [{}] if args.quick else [{"cluster": c} for c in (2, 4)]
+    configs = [{}] if args.quick else [{}, {"mma": "mma_sync"}]
     if args.sweep:
-        configs = [{}, {"cluster": 2}, {"cluster": 2, "block_o": 64}, {"cluster": 4, "block_k": 32},
-                   {"cluster": 8, "block_m": 64}, {"cluster": 4, "block_m": 64, "ctas_per_sm": 2},
-                   {"cluster": 4, "group_m": 1}]
+        configs = [{}, {"mma": "mma_sync"}, {"cluster": 4}, {"block_k": 32}, {"stages": 4},
+                   {"block_o": 64}]
     rows = (run_decode() if not args.sweep else []) + run_ffn(
         ms_list=(128,) if args.quick else tuple(int(m) for m in args.ms.split(",")),
         configs=configs)

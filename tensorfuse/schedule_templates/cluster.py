@@ -39,14 +39,16 @@ def _pointer(x):
     return ctypes.c_void_p(x.data_ptr())
 
 
-GEMM_CHAIN_KNOBS = ("block_m", "block_n", "block_k", "block_o", "stages", "group_m",
+GEMM_CHAIN_KNOBS = ("mma", "block_m", "block_n", "block_k", "block_o", "stages", "group_m",
                     "warps", "ctas_per_sm")
 
 
 def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
                      cluster: int | None, given: dict):
-    """The knobs for sizes ``(M, K, N, O)``: the user's, and defaults for the rest — clusters of 2
-    (measured best on the H100, RESULTS.md), 128-column output tiles where O allows, 128-row blocks,
+    """The knobs for sizes ``(M, K, N, O)``: the user's, and defaults for the rest — mma.sync
+    (faster than this kernel's wgmma path on the H100 so far) in clusters of 2 (measured best,
+    RESULTS.md),
+    128-column output tiles where O allows, 128-row blocks,
     or 64 where M ≤ 64 or the cluster's H would not fit; the pipeline with the most bytes in
     flight that fits."""
     from ..targets.cuda.gemm_chain import ClusterKnobs, check_sizes, shared_bytes
@@ -54,19 +56,26 @@ def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
     M, K, N, O = sizes
     c = cluster or 2
     k = ClusterKnobs(**{"cluster": c, "block_m": 128 if M > 64 else 64,
-                        "block_o": 128 if O % (c * 128) == 0 else 64, **given})
+                        "block_o": 128 if O % (c * 128) == 0 else 64, "mma": "mma_sync",
+                        **given})
+    if k.mma == "wgmma" and not target.has_wgmma:
+        raise ScheduleError(f"mma='wgmma' needs target cuda:sm_90a; the target is {target.name}",
+                            user_location())
 
     def fits(knobs) -> bool:
         return shared_bytes(plan, knobs) * knobs.ctas_per_sm <= target.max_shared_memory
 
-    smallest = {"block_k": given.get("block_k", 32), "stages": given.get("stages", 2)}
+    smallest = {"block_k": given.get("block_k", 32),
+                "stages": given.get("stages", 3 if k.mma == "wgmma" else 2)}
     if "block_m" not in given and not fits(replace(k, **smallest)):
         k = replace(k, block_m=64)
     check_sizes(plan, k, M, K, N, O)
-    # the pipeline with the most bytes in flight ((stages - 1) × block_k) that fits
-    choices = sorted(((bk, st) for bk in (64, 32) for st in (4, 3, 2)
+    # the pipeline with the most bytes in flight that fits: copies run stages − 1 k-tiles ahead
+    # (stages − 2 with wgmma, whose MMAs keep reading one more)
+    ahead = 2 if k.mma == "wgmma" else 1
+    choices = sorted(((bk, st) for bk in (64, 32) for st in range(ahead + 1, 7)
                       if given.get("block_k", bk) == bk and given.get("stages", st) == st),
-                     key=lambda c: (-(c[1] - 1) * c[0], -c[0]))
+                     key=lambda c: (-(c[1] - ahead) * c[0], -c[0], c[1]))
     k = next((replace(k, block_k=bk, stages=st) for bk, st in choices
               if fits(replace(k, block_k=bk, stages=st))), k)
     if not fits(k):

@@ -37,14 +37,21 @@ def _decode(kernel, **knobs):
 
 @needs_nvcc
 @pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
-@pytest.mark.parametrize("cluster", [2, 4])
-def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster):
-    ptx = _ffn(kernel, cluster=cluster, block_n=64, block_o=64).ptx(**FFN)
+@pytest.mark.parametrize("cluster, mma", [(2, "wgmma"), (4, "wgmma"), (2, "mma_sync"),
+                                          (4, "mma_sync")])
+def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster, mma):
+    ptx = _ffn(kernel, cluster=cluster, block_n=64, block_o=64, mma=mma).ptx(**FFN)
     # each CTA stores its slice of H into its peers' shared memory
     for instruction in CLUSTER_PTX + ("st.shared::cluster.v4.b32",):
         assert instruction in ptx, instruction
-    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx  # tensor cores
-    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx       # weights [in, out]
+    if mma == "wgmma":  # warpgroup MMA from shared-memory descriptors, one group kept in flight
+        assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
+        assert "wgmma.wait_group.sync.aligned 1" in ptx
+        assert "fence.proxy.async" in ptx  # cp.async / DSM writes published to wgmma's proxy
+        assert "mma.sync" not in ptx and "ldmatrix" not in ptx
+    else:
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx  # tensor cores
+        assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx       # weights [in, out]
     assert "cp.async.cg.shared.global" in ptx                           # the pipeline
     assert "atom.global.add.v2.f32" in ptx                              # clusters meet here
     # the intermediate h never goes to global memory: the only global stores are the f32 sums
@@ -94,6 +101,11 @@ def test_refusals_name_the_problem():
         _ffn(ffn_gelu, warps=12).source(**FFN)
     with pytest.raises(ScheduleError, match="multiple of block_n×cluster"):
         _ffn(ffn_gelu, cluster=8).source(M=128, K=512, N=1000, O=256)
+    with pytest.raises(ScheduleError, match="wgmma.*sm_90a"):
+        tf.schedule(ffn_gelu, target="cuda:sm_90").cluster_distribute("n", mma="wgmma") \
+            .compile().source(**FFN)
+    with pytest.raises(ScheduleError, match="'wgmma' or 'mma_sync'"):
+        _ffn(ffn_gelu, mma="hmma").source(**FFN)
     with pytest.raises(ScheduleError, match="shared memory.*smaller cluster"):
         _ffn(ffn_gelu, cluster=16, block_m=128).source(M=256, K=512, N=2048, O=2048)
     with pytest.raises(ScheduleError, match="shared memory"):
@@ -189,9 +201,12 @@ def _bf16(torch, *shape, scale=1.0, gen=None):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
 @pytest.mark.parametrize("M, knobs", [
-    (1, {}), (200, {}), (200, {"warps": 16}), (200, {"cluster": 2, "block_o": 64}),
+    (1, {}), (200, {}), (200, {"cluster": 2, "block_o": 64}), (200, {"warps": 16}),
     (600, {"group_m": 2}),  # 5 row blocks, rasterized in groups of 2: the last group is ragged
-    (200, {"cluster": 8, "block_m": 64}), (600, {"cluster": 4, "group_m": 1})])
+    (200, {"cluster": 4, "block_m": 64}), (600, {"cluster": 4, "group_m": 1}),
+    (1, {"mma": "wgmma"}), (200, {"mma": "wgmma"}), (200, {"mma": "wgmma", "block_k": 32}),
+    (200, {"mma": "wgmma", "cluster": 4, "block_m": 64}),
+    (600, {"mma": "wgmma", "group_m": 2})])
 def test_ffn_matches_float64_on_the_gpu(kernel, M, knobs):
     import torch
 

@@ -52,7 +52,8 @@ class GemmChainPlan:
 class ClusterKnobs:
     """``block_m`` rows × ``block_n`` intermediate columns per CTA, ``block_k`` per pipeline stage
     (``stages`` deep), ``block_o`` output columns per tile of the second product, ``cluster`` CTAs
-    per cluster, ``group_m`` row blocks per rasterization group, 8 or 16 ``warps`` per CTA."""
+    per cluster, ``group_m`` row blocks per rasterization group, 8 or 16 ``warps`` per CTA, and
+    the tensor-core instruction (``mma``: ``"wgmma"`` or ``"mma_sync"``)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -63,6 +64,7 @@ class ClusterKnobs:
     warps: int = 8
     ctas_per_sm: int = 1
     group_m: int = 8
+    mma: str = "mma_sync"
 
     @property
     def threads(self) -> int:
@@ -182,6 +184,13 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
             knobs.block_o % (16 * WARPS_N) or knobs.block_k % 16:
         problems.append(f"block_m must be a multiple of {16 * knobs.warps_m}, block_n and block_o "
                         "of 64, block_k of 16")
+    if knobs.mma not in ("wgmma", "mma_sync"):
+        problems.append(f"mma={knobs.mma!r} is not 'wgmma' or 'mma_sync'")
+    elif knobs.mma == "wgmma":
+        if knobs.warps != 8 or knobs.block_m not in (64, 128):
+            problems.append("wgmma runs two warpgroups (warps=8) over block_m 64 or 128 rows")
+        if knobs.stages < 3:
+            problems.append("wgmma keeps one k-tile's MMAs in flight: stages must be at least 3")
     if knobs.ctas_per_sm not in (1, 2):
         problems.append(f"ctas_per_sm={knobs.ctas_per_sm} is not 1 or 2")
     if knobs.stages < 2:
@@ -196,49 +205,84 @@ def shared_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
     g = len(plan.gates)
     bm, bn, bk, bo, st = (knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o,
                           knobs.stages)
-    first = st * (bm * (bk + 8) * 2 + g * bk * (bn + 8) * 2)
-    return bm * (knobs.cluster * bn + 8) * 2 + max(first, st * bk * (bo + 8) * 2)
+    pad = 0 if knobs.mma == "wgmma" else 8  # wgmma's core-matrix tiles need no padding
+    first = st * (bm * (bk + pad) * 2 + g * bk * (bn + pad) * 2)
+    return bm * (knobs.cluster * bn + pad) * 2 + max(first, st * bk * (bo + pad) * 2)
 
 
 def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int,
                       O: int) -> str:
     """CUDA C++ for ``tf_chain_main`` (adds into a zeroed f32 ``ysum``) and ``tf_chain_epilogue``.
 
-    Tensor-core work is ``mma.sync.m16n8k16`` (bf16 in, f32 accumulate) on fragments loaded with
-    ``ldmatrix`` (``.trans`` for the weights, which are stored [in, out]); each warp owns a
+    ``mma="wgmma"``: each warpgroup issues ``wgmma.mma_async`` m64nNk16 on descriptors of
+    shared-memory tiles in the core-matrix layout (:mod:`.wgmma`), one k-tile's group in flight
+    while the next is issued. ``mma="mma_sync"``: ``mma.sync.m16n8k16`` on fragments loaded with
+    ``ldmatrix`` (``.trans`` for the weights, stored [in, out]); each warp owns a
     (block_m/(warps/4)) × (block_n/4) tile of the intermediate and a (block_m/(warps/4)) ×
     (block_o/4) tile of each output tile."""
     check_sizes(plan, knobs, M, K, N, O)
-    return _prelude(plan, knobs, M, K, N, O) + _MAIN.replace("@GATE_ARGS@", "".join(
+    if knobs.mma == "wgmma":
+        from .gemm_chain_wgmma import wgmma_body
+
+        body = wgmma_body(plan, knobs)
+    else:
+        body = _mma_sync_body(plan, knobs) + _MAIN
+    return _header(plan, knobs, M, K, N, O) + body.replace("@GATE_ARGS@", "".join(
         f"const __nv_bfloat16* __restrict__ w{j}, " for j in range(len(plan.gates)))).replace(
         "@SCALAR_ARGS@", "".join(f", float {s}" for s in plan.scalars)).replace(
         "@GATES@", ", ".join(f"w{j}" for j in range(len(plan.gates)))).replace(
         "@BOUNDS@", f"__launch_bounds__({knobs.threads}, {knobs.ctas_per_sm})")
 
 
-def _prelude(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int, O: int) -> str:
-    """Macros and device functions: fragments and MMA, the first product's pipeline, the
-    activation into shared memory, tile rasterization and the f32 epilogue kernel."""
-    g = len(plan.gates)
-    bm, bn, bk, bo, cl = knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o, knobs.cluster
-    wm_rows, wn_cols, wo_cols = bm // knobs.warps_m, bn // WARPS_N, bo // WARPS_N
+def _header(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int, O: int) -> str:
+    """Sizes and knobs as macros, the DSM helpers, the f32 epilogue kernel and the rasterization
+    both tensor-core paths share."""
     scalar_args = "".join(f", float {s}" for s in plan.scalars)
-    gate_values = "".join(f"float g{j} = acc[{j}][i][k][2 * half + e]; " for j in range(g))
     return f"""#include <cuda_bf16.h>
 {HELPERS}
-{size_macros(dict(zip(plan.dims, (M, K, N, O))))}#define BM {bm}
-#define BN {bn}
-#define BK {bk}
-#define BO {bo}
+{size_macros(dict(zip(plan.dims, (M, K, N, O))))}#define BM {knobs.block_m}
+#define BN {knobs.block_n}
+#define BK {knobs.block_k}
+#define BO {knobs.block_o}
 #define STAGES {knobs.stages}
-#define CLUSTER {cl}
+#define CLUSTER {knobs.cluster}
 #define GROUP_M {knobs.group_m}
-#define G {g}
+#define G {len(plan.gates)}
 #define M_ {M}
 #define K_ {K}
 #define N_ {N}
 #define O_ {O}
-#define WM {wm_rows}
+#define HW (CLUSTER * BN)      // the cluster's intermediate columns: the second GEMM's depth
+#define OC (O_ / CLUSTER)      // output columns per CTA
+
+extern "C" __global__ void tf_chain_epilogue(const float* __restrict__ ysum,
+                                             __nv_bfloat16* __restrict__ out{scalar_args}) {{
+  long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < (long)M_ * O_) {{ float y = ysum[i]; out[i] = __float2bfloat16({plan.epilogue}); }}
+}}
+
+// This CTA's rows m0 and intermediate columns n0. Clusters are numbered in launch order and walk
+// GROUP_M row blocks for each group of columns before moving on, so that the weight slices one
+// wave reads are read again from L2 by the rows beside it, not from memory.
+__device__ __forceinline__ void tile_of_cta(unsigned rank, int& m0, int& n0) {{
+  const int ncl = gridDim.x / CLUSTER, per_group = GROUP_M * ncl;
+  const int cid = blockIdx.y * ncl + blockIdx.x / CLUSTER;
+  const int first = cid / per_group * GROUP_M, rows = min((int)gridDim.y - first, GROUP_M);
+  const int in_group = cid % per_group;
+  m0 = (first + in_group % rows) * BM;
+  n0 = ((in_group / rows) * CLUSTER + rank) * BN;
+}}
+"""
+
+
+def _mma_sync_body(plan: GemmChainPlan, knobs: ClusterKnobs) -> str:
+    """The mma.sync path's device functions: fragments and MMA, the first product's pipeline and
+    the activation into shared memory."""
+    wm_rows, wn_cols, wo_cols = (knobs.block_m // knobs.warps_m, knobs.block_n // WARPS_N,
+                                 knobs.block_o // WARPS_N)
+    gate_values = "".join(f"float g{j} = acc[{j}][i][k][2 * half + e]; "
+                          for j in range(len(plan.gates)))
+    return f"""#define WM {wm_rows}
 #define WN {wn_cols}
 #define WO {wo_cols}
 #define MI {wm_rows // 16}
@@ -292,24 +336,6 @@ __device__ __forceinline__ void zero(float (&acc)[A][B][4]) {{
     for (int j = 0; j < B; ++j)
       #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-}}
-
-extern "C" __global__ void tf_chain_epilogue(const float* __restrict__ ysum,
-                                             __nv_bfloat16* __restrict__ out{scalar_args}) {{
-  long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < (long)M_ * O_) {{ float y = ysum[i]; out[i] = __float2bfloat16({plan.epilogue}); }}
-}}
-
-// This CTA's rows m0 and intermediate columns n0. Clusters are numbered in launch order and walk
-// GROUP_M row blocks for each group of columns before moving on, so that the weight slices one
-// wave reads are read again from L2 by the rows beside it, not from memory.
-__device__ __forceinline__ void tile_of_cta(unsigned rank, int& m0, int& n0) {{
-  const int ncl = gridDim.x / CLUSTER, per_group = GROUP_M * ncl;
-  const int cid = blockIdx.y * ncl + blockIdx.x / CLUSTER;
-  const int first = cid / per_group * GROUP_M, rows = min((int)gridDim.y - first, GROUP_M);
-  const int in_group = cid % per_group;
-  m0 = (first + in_group % rows) * BM;
-  n0 = ((in_group / rows) * CLUSTER + rank) * BN;
 }}
 
 // Loads one pipeline stage: x rows [m0, m0 + BM) × k [k0, k0 + BK), and each gate weight's
@@ -399,9 +425,7 @@ __device__ __forceinline__ void store_activation(const float (&acc)[G][MI][NI][4
 
 # H all-gathered through DSM, each CTA computing its share of the outputs.
 _MAIN = r"""
-#define HW (CLUSTER * BN)      // the cluster's intermediate columns: the second GEMM's depth
 #define LDHF (HW + 8)
-#define OC (O_ / CLUSTER)      // output columns per CTA
 
 extern "C" __global__ void @BOUNDS@
 tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat16* __restrict__ w2,

@@ -1,0 +1,204 @@
+"""The GEMM-chain kernel's body on Hopper's warpgroup MMA (``mma="wgmma"``).
+
+The same algorithm as the mma.sync body in :mod:`.gemm_chain` — first product into the cluster's
+H in shared memory, all-gather through DSM, then ``O / cluster`` output columns per CTA — with the
+tensor-core work issued by two warpgroups as ``wgmma.mma_async`` on shared-memory descriptors.
+Every tile (x, the gate weights, H, W2) is kept in the core-matrix layout of :mod:`.wgmma`; the
+copies read global memory in whole 128-byte lines (a first version read 64-byte row pieces and
+measured L2 87 % busy, twice the requests per byte). Pipelines run ``STAGES − 2`` copies ahead so that
+one k-tile's MMAs can still be reading their buffer while the next k-tile's are issued.
+"""
+from __future__ import annotations
+
+from .wgmma import HELPERS, wgmma_function
+
+
+def wgmma_body(plan, knobs) -> str:
+    """Device code after :func:`gemm_chain._header` for ``mma="wgmma"``."""
+    g = len(plan.gates)
+    wg_m = knobs.block_m // 64          # warpgroups along the rows (1 or 2)
+    wg_n = 2 // wg_m                    # and along the columns
+    nw, ow = knobs.block_n // wg_n, knobs.block_o // wg_n
+    functions = wgmma_function(nw) + (wgmma_function(ow) if ow != nw else "")
+    gate_values = "".join(f"float g{j} = acc[{j}][4 * jj + 2 * half + e]; " for j in range(g))
+    return f"""{HELPERS}
+{functions}
+#define WGN {wg_n}
+#define NW {nw}                 // first-product columns per warpgroup
+#define OW {ow}                 // output columns per warpgroup
+#define LA (STAGES - 2)         // copies in flight ahead of the k-tile being multiplied
+
+// Byte offset of element (row, 8·chunk) of a K-major tile with `depth` columns, and of
+// (k, 8·chunk) of an N-major tile `width` columns wide, as core matrices (8 rows × 16 bytes).
+__device__ __forceinline__ int kmajor(int row, int chunk, int depth) {{
+  return (row / 8) * (depth * 16) + chunk * 128 + (row % 8) * 16;
+}}
+__device__ __forceinline__ int nmajor(int k, int chunk, int width) {{
+  return chunk * 128 + (k / 8) * (width * 16) + (k % 8) * 16;
+}}
+
+// One first-product stage: x rows [m0, m0 + BM) × k [k0, k0 + BK) (K-major), then each gate
+// weight's k rows × BN columns (N-major). Consecutive threads read consecutive 16-byte chunks of a
+// row, so each warp reads whole 128-byte lines.
+__device__ __forceinline__ void load_stage(char* stage, const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* const* ws, int m0, int n0, int k0) {{
+  for (int c = threadIdx.x; c < BM * BK / 8; c += blockDim.x) {{
+    const int r = c / (BK / 8), chunk = c % (BK / 8);
+    const bool ok = m0 + r < M_;
+    tf_cp_async16(stage + kmajor(r, chunk, BK), x + (long)(ok ? m0 + r : 0) * K_ + k0 + chunk * 8,
+                  ok);
+  }}
+  #pragma unroll
+  for (int j = 0; j < G; ++j) {{
+    char* wsm = stage + BM * BK * 2 + j * BK * BN * 2;
+    for (int c = threadIdx.x; c < BK * BN / 8; c += blockDim.x) {{
+      const int k = c / (BN / 8), chunk = c % (BN / 8);
+      tf_cp_async16(wsm + nmajor(k, chunk, BN), ws[j] + (long)(k0 + k) * N_ + n0 + chunk * 8, true);
+    }}
+  }}
+}}
+
+// BK rows (from n0) × BO columns (from o0) of W2, N-major.
+__device__ __forceinline__ void load_w2(char* dst, const __nv_bfloat16* __restrict__ w2, int n0,
+                                        int o0) {{
+  for (int c = threadIdx.x; c < BK * BO / 8; c += blockDim.x) {{
+    const int k = c / (BO / 8), chunk = c % (BO / 8);
+    tf_cp_async16(dst + nmajor(k, chunk, BO), w2 + (long)(n0 + k) * O_ + o0 + chunk * 8, true);
+  }}
+}}
+
+// Byte offset of H[row][col] in the cluster's H (K-major core matrices, HW columns).
+__device__ __forceinline__ int h_offset(int row, int col) {{
+  return (row / 8) * (HW * 16) + (col / 8) * 128 + (row % 8) * 16 + (col % 8) * 2;
+}}
+
+extern "C" __global__ void @BOUNDS@
+tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat16* __restrict__ w2,
+              float* __restrict__ ysum@SCALAR_ARGS@) {{
+  extern __shared__ __align__(128) char smem[];
+  tf_cluster_arrive();  // this CTA has started; after the matching wait peers may write into it
+  const __nv_bfloat16* ws[G] = {{@GATES@}};
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wg = warp / 4;
+  const int gm = wg / WGN, gn = wg % WGN;            // this warpgroup's row and column block
+  const int erow = gm * 64 + (warp % 4) * 16 + lane / 4, ecol = 2 * (lane % 4);  // accumulators
+  const unsigned rank = tf_cluster_rank();
+  int m0, n0;
+  tile_of_cta(rank, m0, n0);
+  char* hf = smem;                                    // H of the cluster: BM × HW
+  char* pipe = smem + BM * HW * 2;
+  const int stage_bytes = BM * BK * 2 + G * BK * BN * 2;
+
+  // Phase 1: acc[j] = x · w_j[:, n0 : n0 + BN] for this warpgroup's 64 rows × NW columns.
+  float acc[G][NW / 2];
+  #pragma unroll
+  for (int j = 0; j < G; ++j)
+    #pragma unroll
+    for (int i = 0; i < NW / 2; ++i) acc[j][i] = 0.f;
+  const int KT = K_ / BK;
+  #pragma unroll
+  for (int s = 0; s < LA; ++s) {{
+    if (s < KT) load_stage(pipe + s * stage_bytes, x, ws, m0, n0, s * BK);
+    tf_cp_async_commit();
+  }}
+  for (int kt = 0; kt < KT; ++kt) {{
+    tf_cp_async_wait<LA - 1>();
+    tf_fence_proxy_async();
+    __syncthreads();  // stage kt is in; every warpgroup's MMAs of k-tile kt - 2 are done
+    const int next = kt + LA;
+    if (next < KT) load_stage(pipe + (next % STAGES) * stage_bytes, x, ws, m0, n0, next * BK);
+    tf_cp_async_commit();
+    const char* xs = pipe + (kt % STAGES) * stage_bytes;
+    tf_wgmma_fence();
+    #pragma unroll
+    for (int s = 0; s < BK / 16; ++s) {{
+      const unsigned long long da = tf_smem_desc(xs + gm * 8 * (BK * 16) + s * 256, 128, BK * 16);
+      #pragma unroll
+      for (int j = 0; j < G; ++j)
+        tf_wgmma_m64n{nw}k16(acc[j], da, tf_smem_desc(xs + BM * BK * 2 + j * BK * BN * 2 +
+                                                     gn * (NW / 8) * 128 + s * 2 * (BN * 16),
+                                                     BN * 16, 128));
+    }}
+    tf_wgmma_commit();
+    tf_wgmma_wait<1>();   // k-tile kt - 1 is done; kt's MMAs run on while the loop goes round
+  }}
+  tf_wgmma_wait<0>();
+  #pragma unroll
+  for (int j = 0; j < G; ++j) tf_fence_regs(acc[j]);
+
+  // The activation, elementwise on the accumulators, into this CTA's columns of H.
+  #pragma unroll
+  for (int jj = 0; jj < NW / 8; ++jj)
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {{
+      float h[2];
+      #pragma unroll
+      for (int e = 0; e < 2; ++e) {{
+        {gate_values}
+        h[e] = {plan.activation};
+      }}
+      *reinterpret_cast<__nv_bfloat162*>(hf + h_offset(erow + 8 * half,
+                                                       rank * BN + gn * NW + 8 * jj + ecol)) =
+          __floats2bfloat162_rn(h[0], h[1]);
+    }}
+  __syncthreads();      // this CTA's slice is complete (and every pipeline copy has landed)
+  tf_cluster_wait();    // every peer has started
+  // All-gather: this CTA's slice of H (BN·16 contiguous bytes per 8-row group) into each peer.
+  for (int p = 1; p < CLUSTER; ++p) {{
+    const unsigned peer = (rank + p) % CLUSTER;
+    for (int c = threadIdx.x; c < BM * BN / 8; c += blockDim.x) {{
+      const char* src = hf + (c / BN) * (HW * 16) + rank * BN * 16 + (c % BN) * 16;
+      tf_st_dsm_v4(tf_mapa(tf_smem_addr(src), peer), *reinterpret_cast<const uint4*>(src));
+    }}
+  }}
+  tf_fence_proxy_async_cluster();  // for the peers' wgmma, which read through the async proxy
+  tf_cluster_arrive();  // release: our stores are seen by each peer after its wait
+
+  // Phase 2: ysum[m0 rows, this CTA's OC columns] += H · W2[cluster rows, OC columns], W2 through
+  // a pipeline of BK × BO tiles, BO columns at a time.
+  const int nc = n0 - (int)rank * BN, o_base = rank * OC;
+  const int KS = HW / BK, T = (OC / BO) * KS, w2_bytes = BK * BO * 2;
+  #pragma unroll
+  for (int s = 0; s < LA; ++s) {{
+    if (s < T) load_w2(pipe + s * w2_bytes, w2, nc + (s % KS) * BK, o_base + (s / KS) * BO);
+    tf_cp_async_commit();
+  }}
+  tf_cluster_wait();    // acquire: every slice of H is in place
+  tf_fence_proxy_async();
+  float acc2[OW / 2];      // each output tile starts from its first product (accumulate = 0)
+  for (int t = 0; t < OC / BO; ++t) {{
+    for (int ks = 0; ks < KS; ++ks) {{
+      const int it = t * KS + ks;
+      tf_cp_async_wait<LA - 1>();
+      tf_fence_proxy_async();
+      __syncthreads();
+      const int next = it + LA;
+      if (next < T)
+        load_w2(pipe + (next % STAGES) * w2_bytes, w2, nc + (next % KS) * BK,
+                o_base + (next / KS) * BO);
+      tf_cp_async_commit();
+      const char* w2s = pipe + (it % STAGES) * w2_bytes;
+      tf_wgmma_fence();
+      #pragma unroll
+      for (int s = 0; s < BK / 16; ++s)
+        tf_wgmma_m64n{ow}k16(acc2,
+            tf_smem_desc(hf + gm * 8 * (HW * 16) + (ks * BK / 8 + 2 * s) * 128, 128, HW * 16),
+            tf_smem_desc(w2s + gn * (OW / 8) * 128 + s * 2 * (BO * 16), BO * 16, 128),
+            ks > 0 || s > 0);
+      tf_wgmma_commit();
+      tf_wgmma_wait<1>();
+    }}
+    tf_wgmma_wait<0>();   // this output tile is complete: add it to the other clusters' sums
+    tf_fence_regs(acc2);
+    const int o0 = o_base + t * BO + gn * OW + ecol;
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {{
+      const int row = m0 + erow + 8 * half;
+      if (row < M_)
+        #pragma unroll
+        for (int jj = 0; jj < OW / 8; ++jj)
+          atomicAdd(reinterpret_cast<float2*>(ysum + (long)row * O_ + o0 + 8 * jj),
+                    make_float2(acc2[4 * jj + 2 * half], acc2[4 * jj + 2 * half + 1]));
+    }}
+  }}
+}}
+"""

@@ -1,0 +1,66 @@
+"""Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a) as inline PTX for generated CUDA.
+
+Operands come from shared memory through 64-bit matrix descriptors, in the no-swizzle
+("interleaved") layout: the tile is cut into *core matrices* of 8 rows × 16 bytes, each stored as
+128 contiguous bytes. The descriptor gives the start address, the byte distance between core
+matrices that neighbour along K (the *leading* byte offset) and along M or N (the *stride* byte
+offset) — for a K-major A and for an MN-major B alike (B is read transposed, ``imm-trans-b`` = 1),
+as a probe on the H100 confirmed (RESULTS.md). The accumulators of ``m64nNk16`` are the
+``mma.sync`` m16n8 layout repeated: warp ``w`` of the warpgroup holds rows ``16w + lane/4 (+8)``,
+register ``4j + e`` column ``8j + 2(lane%4) + e%2``.
+
+Reads of shared memory by ``wgmma`` go through the async proxy: data written by ordinary stores or
+``cp.async`` must be published with ``fence.proxy.async`` before the barrier that precedes the MMA.
+"""
+from __future__ import annotations
+
+HELPERS = r"""
+__device__ __forceinline__ unsigned long long tf_smem_desc(const void* p, unsigned lbo,
+                                                           unsigned sbo) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  return (unsigned long long)((a & 0x3FFFF) >> 4) |
+         ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32);
+}
+__device__ __forceinline__ void tf_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void tf_fence_proxy_async_cluster() {
+  asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
+}
+__device__ __forceinline__ void tf_wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void tf_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void tf_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator registers across an asynchronous MMA.
+template <int R>
+__device__ __forceinline__ void tf_fence_regs(float (&d)[R]) {
+  #pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+"""
+
+
+def wgmma_function(n: int) -> str:
+    """``tf_wgmma_m64n{n}k16(d, desc_a, desc_b, accumulate)``: D[64, n] = A[64, 16] · B[16, n]
+    (+ D when ``accumulate``), bf16 in, f32 accumulate, A K-major and B MN-major (transposed) from
+    shared memory."""
+    if n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"wgmma has N = 8, 16, …, 256; not {n}")
+    regs = n // 2
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    slots = ", ".join(f"%{i}" for i in range(regs))
+    return (f"__device__ __forceinline__ void tf_wgmma_m64n{n}k16(float (&d)[{regs}], "
+            "unsigned long long da, unsigned long long db, int accumulate = 1) {\n"
+            '  asm volatile("{\\n.reg .pred p;\\n"\n'
+            f'               "setp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+            f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "\n'
+            f'               "{{{slots}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 1;\\n}}\\n"\n'
+            f'               : {outs}\n'
+            '               : "l"(da), "l"(db), "r"(accumulate));\n}\n')
