@@ -171,8 +171,7 @@ def main(argv=None) -> int:
         return 2
     configs = [{}] if args.quick else [{}, {"mma": "mma_sync"}]
     if args.sweep:
-        configs = [{}, {"mma": "mma_sync"}, {"cluster": 4}, {"block_k": 32}, {"stages": 4},
-                   {"block_o": 64}]
+        configs = [{}, {"mma": "mma_sync"}, {"cluster": 4}, {"stages": 3}, {"stages": 4}]
     rows = (run_decode() if not args.sweep else []) + run_ffn(
         ms_list=(128,) if args.quick else tuple(int(m) for m in args.ms.split(",")),
         configs=configs)

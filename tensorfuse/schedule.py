@@ -175,8 +175,8 @@ class Schedule:
         - GEMM chains ``act(X·W1)·W2`` (no fusion before): ``axis`` is the intermediate's (the
           second sum's); each CTA computes its slice of the intermediate and stores it into its
           peers' shared memory, then computes a share of the outputs from the cluster's whole
-          intermediate (default cluster 2). Knobs ``mma`` (``"mma_sync"``, the default, or
-          ``"wgmma"``), ``block_m``, ``block_n``, ``block_k``, ``block_o``, ``stages``,
+          intermediate (default cluster 2). Knobs ``mma`` (``"wgmma"``, the default on
+          sm_90a, or ``"mma_sync"``), ``block_m``, ``block_n``, ``block_k``, ``block_o``, ``stages``,
           ``group_m``, ``warps``, ``ctas_per_sm``.
         - attention decode (after ``rolling_update`` over the keys): ``axis`` is the rolled axis;
           the partial softmax states are merged in DSM with the derived correction. Knob

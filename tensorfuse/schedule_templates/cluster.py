@@ -45,9 +45,8 @@ GEMM_CHAIN_KNOBS = ("mma", "block_m", "block_n", "block_k", "block_o", "stages",
 
 def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
                      cluster: int | None, given: dict):
-    """The knobs for sizes ``(M, K, N, O)``: the user's, and defaults for the rest — mma.sync
-    (faster than this kernel's wgmma path on the H100 so far) in clusters of 2 (measured best,
-    RESULTS.md),
+    """The knobs for sizes ``(M, K, N, O)``: the user's, and defaults for the rest — wgmma on
+    sm_90a (mma.sync for 16 warps or plain sm_90) in clusters of 2 (measured best, RESULTS.md),
     128-column output tiles where O allows, 128-row blocks,
     or 64 where M ≤ 64 or the cluster's H would not fit; the pipeline with the most bytes in
     flight that fits."""
@@ -55,9 +54,15 @@ def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
 
     M, K, N, O = sizes
     c = cluster or 2
-    k = ClusterKnobs(**{"cluster": c, "block_m": 128 if M > 64 else 64,
-                        "block_o": 128 if O % (c * 128) == 0 else 64, "mma": "mma_sync",
-                        **given})
+    mma = given.get("mma", "wgmma" if target.has_wgmma and given.get("warps", 8) == 8
+                    else "mma_sync")
+    block_o = given.get("block_o", 128 if O % (c * 128) == 0 else 64)
+    # 64-row blocks for few rows; wgmma then splits the columns over its two warpgroups, which
+    # needs 64-column multiples per warpgroup
+    small = M <= 64 and (mma != "wgmma" or (given.get("block_n", 128) % 128 == 0
+                                           and block_o % 128 == 0))
+    k = ClusterKnobs(**{"cluster": c, "block_m": 64 if small else 128, "block_o": block_o,
+                        "mma": mma, **given})
     if k.mma == "wgmma" and not target.has_wgmma:
         raise ScheduleError(f"mma='wgmma' needs target cuda:sm_90a; the target is {target.name}",
                             user_location())
@@ -65,15 +70,17 @@ def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
     def fits(knobs) -> bool:
         return shared_bytes(plan, knobs) * knobs.ctas_per_sm <= target.max_shared_memory
 
-    smallest = {"block_k": given.get("block_k", 32),
-                "stages": given.get("stages", 3 if k.mma == "wgmma" else 2)}
+    wgmma = k.mma == "wgmma"  # swizzled 128-byte rows: block_k 64 only
+    smallest = {"block_k": given.get("block_k", 64 if wgmma else 32),
+                "stages": given.get("stages", 3 if wgmma else 2)}
     if "block_m" not in given and not fits(replace(k, **smallest)):
         k = replace(k, block_m=64)
     check_sizes(plan, k, M, K, N, O)
     # the pipeline with the most bytes in flight that fits: copies run stages − 1 k-tiles ahead
     # (stages − 2 with wgmma, whose MMAs keep reading one more)
-    ahead = 2 if k.mma == "wgmma" else 1
-    choices = sorted(((bk, st) for bk in (64, 32) for st in range(ahead + 1, 7)
+    ahead = 2 if wgmma else 1
+    choices = sorted(((bk, st) for bk in ((64,) if wgmma else (64, 32))
+                      for st in range(ahead + 1, 7)
                       if given.get("block_k", bk) == bk and given.get("stages", st) == st),
                      key=lambda c: (-(c[1] - ahead) * c[0], -c[0], c[1]))
     k = next((replace(k, block_k=bk, stages=st) for bk, st in choices

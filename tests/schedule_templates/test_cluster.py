@@ -47,6 +47,7 @@ def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster, mma):
     if mma == "wgmma":  # warpgroup MMA from shared-memory descriptors, one group kept in flight
         assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
         assert "wgmma.wait_group.sync.aligned 1" in ptx
+        assert ptx.count("cp.async.cg.shared.global") >= 2
         assert "fence.proxy.async" in ptx  # cp.async / DSM writes published to wgmma's proxy
         assert "mma.sync" not in ptx and "ldmatrix" not in ptx
     else:
@@ -123,16 +124,23 @@ def test_refusals_name_the_problem():
 
 def test_gemm_chain_defaults_fit_the_shared_memory():
     """The cluster's H takes block_m × cluster × block_n: at cluster 8 the default row block
-    halves, and the pipeline is the deepest that still fits."""
+    halves, and the pipeline is the deepest that still fits; wgmma on sm_90a, with 64-row blocks
+    only where each warpgroup still gets 64-column multiples."""
     from tensorfuse.targets.cuda.gemm_chain import plan_gemm_chain, shared_bytes
 
     sizes = dict(M=128, K=4096, N=14336, O=4096)
     for kernel in (ffn_gelu, ffn_swiglu):
-        for cluster, block_m in ((2, 128), (4, 128), (8, 64)):
-            knobs = _ffn(kernel, cluster=cluster).launches(**sizes).knobs
-            assert knobs.block_m == block_m
-            assert shared_bytes(plan_gemm_chain(kernel.program), knobs) <= 227 * 1024
-            assert knobs.stages >= 2 and knobs.block_k in (32, 64)
+        for mma in ("wgmma", "mma_sync"):
+            for cluster, block_m in ((2, 128), (4, None), (8, 64)):  # 4: depends on the kernel
+                knobs = _ffn(kernel, cluster=cluster, mma=mma).launches(**sizes).knobs
+                assert knobs.mma == mma and knobs.block_m == (block_m or knobs.block_m)
+                assert shared_bytes(plan_gemm_chain(kernel.program), knobs) <= 227 * 1024
+                assert knobs.stages >= (3 if mma == "wgmma" else 2)
+        assert _ffn(kernel).launches(**sizes).knobs.mma == "wgmma"
+        assert _ffn(kernel, warps=16).launches(**sizes).knobs.mma == "mma_sync"
+        # one row, 64-column tiles: 64-row blocks would leave a warpgroup 32 columns
+        assert _ffn(kernel, block_n=64).launches(**{**sizes, "M": 1}).knobs.block_m == 128
+        assert _ffn(kernel).launches(**{**sizes, "M": 1}).knobs.block_m == 64
 
 
 def test_no_gpu_gives_a_clear_error():
@@ -201,12 +209,16 @@ def _bf16(torch, *shape, scale=1.0, gen=None):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
 @pytest.mark.parametrize("M, knobs", [
-    (1, {}), (200, {}), (200, {"cluster": 2, "block_o": 64}), (200, {"warps": 16}),
+    # wgmma (the default on sm_90a); M=1 and 64-row blocks split the columns over warpgroups
+    (1, {}), (200, {}), (1, {"cluster": 2, "block_n": 128, "block_o": 128}),
+    (200, {"cluster": 2, "block_m": 64, "block_n": 128, "block_o": 128}),
+    (200, {"stages": 3}),
     (600, {"group_m": 2}),  # 5 row blocks, rasterized in groups of 2: the last group is ragged
-    (200, {"cluster": 4, "block_m": 64}), (600, {"cluster": 4, "group_m": 1}),
-    (1, {"mma": "wgmma"}), (200, {"mma": "wgmma"}), (200, {"mma": "wgmma", "block_k": 32}),
-    (200, {"mma": "wgmma", "cluster": 4, "block_m": 64}),
-    (600, {"mma": "wgmma", "group_m": 2})])
+    # mma.sync
+    (1, {"mma": "mma_sync"}), (200, {"mma": "mma_sync"}), (200, {"warps": 16}),
+    (200, {"mma": "mma_sync", "cluster": 2, "block_o": 64}),
+    (200, {"mma": "mma_sync", "cluster": 4, "block_m": 64}),
+    (600, {"mma": "mma_sync", "group_m": 2}), (600, {"mma": "mma_sync", "group_m": 1})])
 def test_ffn_matches_float64_on_the_gpu(kernel, M, knobs):
     import torch
 

@@ -64,7 +64,7 @@ class ClusterKnobs:
     warps: int = 8
     ctas_per_sm: int = 1
     group_m: int = 8
-    mma: str = "mma_sync"
+    mma: str = "wgmma"
 
     @property
     def threads(self) -> int:
@@ -189,6 +189,10 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
     elif knobs.mma == "wgmma":
         if knobs.warps != 8 or knobs.block_m not in (64, 128):
             problems.append("wgmma runs two warpgroups (warps=8) over block_m 64 or 128 rows")
+        elif knobs.block_k != 64 or (knobs.block_o * knobs.block_m // 128) % 64 or \
+                (knobs.block_n * knobs.block_m // 128) % 64:
+            problems.append("wgmma's swizzled tiles take block_k=64 and 64-column multiples per "
+                            "warpgroup (block_n and block_o ≥ 128 when block_m=64)")
         if knobs.stages < 3:
             problems.append("wgmma keeps one k-tile's MMAs in flight: stages must be at least 3")
     if knobs.ctas_per_sm not in (1, 2):
@@ -205,9 +209,11 @@ def shared_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
     g = len(plan.gates)
     bm, bn, bk, bo, st = (knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o,
                           knobs.stages)
-    pad = 0 if knobs.mma == "wgmma" else 8  # wgmma's core-matrix tiles need no padding
-    first = st * (bm * (bk + pad) * 2 + g * bk * (bn + pad) * 2)
-    return bm * (knobs.cluster * bn + pad) * 2 + max(first, st * bk * (bo + pad) * 2)
+    if knobs.mma == "wgmma":  # swizzled tiles: no padding, 1 KB to align them to 1024 bytes
+        first = st * (bm * bk * 2 + g * bk * bn * 2)
+        return 1024 + bm * knobs.cluster * bn * 2 + max(first, st * bk * bo * 2)
+    first = st * (bm * (bk + 8) * 2 + g * bk * (bn + 8) * 2)
+    return bm * (knobs.cluster * bn + 8) * 2 + max(first, st * bk * (bo + 8) * 2)
 
 
 def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int,

@@ -3,9 +3,10 @@
 The same algorithm as the mma.sync body in :mod:`.gemm_chain` — first product into the cluster's
 H in shared memory, all-gather through DSM, then ``O / cluster`` output columns per CTA — with the
 tensor-core work issued by two warpgroups as ``wgmma.mma_async`` on shared-memory descriptors.
-Every tile (x, the gate weights, H, W2) is kept in the core-matrix layout of :mod:`.wgmma`; the
-copies read global memory in whole 128-byte lines (a first version read 64-byte row pieces and
-measured L2 87 % busy, twice the requests per byte). Pipelines run ``STAGES − 2`` copies ahead so that
+Every tile (x, the gate weights, H, W2) is kept in the 128-byte-swizzled layout, so that the
+cp.async copies read whole 128-byte lines *and* write 128-byte spans of shared memory. (A first
+version used the unswizzled core-matrix layout: its scattered shared-memory destinations split each
+copy into 2.7× the L2 requests of the mma.sync path — ncu: L2 87 % busy — and it ran 1.4× slower.) Pipelines run ``STAGES − 2`` copies ahead so that
 one k-tile's MMAs can still be reading their buffer while the next k-tile's are issued.
 """
 from __future__ import annotations
@@ -28,32 +29,32 @@ def wgmma_body(plan, knobs) -> str:
 #define OW {ow}                 // output columns per warpgroup
 #define LA (STAGES - 2)         // copies in flight ahead of the k-tile being multiplied
 
-// Byte offset of element (row, 8·chunk) of a K-major tile with `depth` columns, and of
-// (k, 8·chunk) of an N-major tile `width` columns wide, as core matrices (8 rows × 16 bytes).
-__device__ __forceinline__ int kmajor(int row, int chunk, int depth) {{
-  return (row / 8) * (depth * 16) + chunk * 128 + (row % 8) * 16;
-}}
-__device__ __forceinline__ int nmajor(int k, int chunk, int width) {{
-  return chunk * 128 + (k / 8) * (width * 16) + (k % 8) * 16;
+// 128-byte-swizzled tiles (see wgmma.py): a K-major tile of `rows` rows is cut into atoms of 64
+// k (128 bytes per row); chunk `chunk` (8 elements) of row r of atom a lands at
+// a·rows·128 + r·128 + ((chunk ^ r % 8) · 16). An N-major tile of `depth` k-rows is cut into atoms
+// of 64 columns the same way, k playing the row. Eight threads that copy one 128-byte row of
+// global memory write one 128-byte span of shared memory: whole lines, no bank conflicts.
+__device__ __forceinline__ int swizzled(int atom, int row, int chunk, int rows) {{
+  return atom * rows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16);
 }}
 
 // One first-product stage: x rows [m0, m0 + BM) × k [k0, k0 + BK) (K-major), then each gate
-// weight's k rows × BN columns (N-major). Consecutive threads read consecutive 16-byte chunks of a
-// row, so each warp reads whole 128-byte lines.
+// weight's k rows × BN columns (N-major).
 __device__ __forceinline__ void load_stage(char* stage, const __nv_bfloat16* __restrict__ x,
     const __nv_bfloat16* const* ws, int m0, int n0, int k0) {{
   for (int c = threadIdx.x; c < BM * BK / 8; c += blockDim.x) {{
     const int r = c / (BK / 8), chunk = c % (BK / 8);
     const bool ok = m0 + r < M_;
-    tf_cp_async16(stage + kmajor(r, chunk, BK), x + (long)(ok ? m0 + r : 0) * K_ + k0 + chunk * 8,
-                  ok);
+    tf_cp_async16(stage + swizzled(chunk / 8, r, chunk % 8, BM),
+                  x + (long)(ok ? m0 + r : 0) * K_ + k0 + chunk * 8, ok);
   }}
   #pragma unroll
   for (int j = 0; j < G; ++j) {{
     char* wsm = stage + BM * BK * 2 + j * BK * BN * 2;
     for (int c = threadIdx.x; c < BK * BN / 8; c += blockDim.x) {{
       const int k = c / (BN / 8), chunk = c % (BN / 8);
-      tf_cp_async16(wsm + nmajor(k, chunk, BN), ws[j] + (long)(k0 + k) * N_ + n0 + chunk * 8, true);
+      tf_cp_async16(wsm + swizzled(chunk / 8, k, chunk % 8, BK),
+                    ws[j] + (long)(k0 + k) * N_ + n0 + chunk * 8, true);
     }}
   }}
 }}
@@ -63,13 +64,20 @@ __device__ __forceinline__ void load_w2(char* dst, const __nv_bfloat16* __restri
                                         int o0) {{
   for (int c = threadIdx.x; c < BK * BO / 8; c += blockDim.x) {{
     const int k = c / (BO / 8), chunk = c % (BO / 8);
-    tf_cp_async16(dst + nmajor(k, chunk, BO), w2 + (long)(n0 + k) * O_ + o0 + chunk * 8, true);
+    tf_cp_async16(dst + swizzled(chunk / 8, k, chunk % 8, BK),
+                  w2 + (long)(n0 + k) * O_ + o0 + chunk * 8, true);
   }}
 }}
 
-// Byte offset of H[row][col] in the cluster's H (K-major core matrices, HW columns).
-__device__ __forceinline__ int h_offset(int row, int col) {{
-  return (row / 8) * (HW * 16) + (col / 8) * 128 + (row % 8) * 16 + (col % 8) * 2;
+// Descriptors: a K-major operand (rows from `row0`, k from `k`, a multiple of 16) and an N-major
+// one (columns from `col0`, a multiple of 64; k from `k`).
+__device__ __forceinline__ unsigned long long kmajor_desc(const char* tile, int rows, int row0,
+                                                          int k) {{
+  return tf_smem_desc_sw128(tile + (k / 64) * rows * 128 + row0 * 128 + (k % 64) * 2, 16, 1024);
+}}
+__device__ __forceinline__ unsigned long long nmajor_desc(const char* tile, int depth, int col0,
+                                                          int k) {{
+  return tf_smem_desc_sw128(tile + (col0 / 64) * depth * 128 + k * 128, depth * 128, 1024);
 }}
 
 extern "C" __global__ void @BOUNDS@
@@ -84,8 +92,9 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   const unsigned rank = tf_cluster_rank();
   int m0, n0;
   tile_of_cta(rank, m0, n0);
-  char* hf = smem;                                    // H of the cluster: BM × HW
-  char* pipe = smem + BM * HW * 2;
+  // swizzled tiles need 1024-byte alignment (the launch asks for 1 KB more than the tiles)
+  char* hf = reinterpret_cast<char*>((reinterpret_cast<unsigned long long>(smem) + 1023) & ~1023ull);
+  char* pipe = hf + BM * HW * 2;                      // hf: H of the cluster, BM × HW, K-major
   const int stage_bytes = BM * BK * 2 + G * BK * BN * 2;
 
   // Phase 1: acc[j] = x · w_j[:, n0 : n0 + BN] for this warpgroup's 64 rows × NW columns.
@@ -111,12 +120,11 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     tf_wgmma_fence();
     #pragma unroll
     for (int s = 0; s < BK / 16; ++s) {{
-      const unsigned long long da = tf_smem_desc(xs + gm * 8 * (BK * 16) + s * 256, 128, BK * 16);
+      const unsigned long long da = kmajor_desc(xs, BM, gm * 64, s * 16);
       #pragma unroll
       for (int j = 0; j < G; ++j)
-        tf_wgmma_m64n{nw}k16(acc[j], da, tf_smem_desc(xs + BM * BK * 2 + j * BK * BN * 2 +
-                                                     gn * (NW / 8) * 128 + s * 2 * (BN * 16),
-                                                     BN * 16, 128));
+        tf_wgmma_m64n{nw}k16(acc[j], da, nmajor_desc(xs + BM * BK * 2 + j * BK * BN * 2, BK,
+                                                     gn * NW, s * 16));
     }}
     tf_wgmma_commit();
     tf_wgmma_wait<1>();   // k-tile kt - 1 is done; kt's MMAs run on while the loop goes round
@@ -136,17 +144,17 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
         {gate_values}
         h[e] = {plan.activation};
       }}
-      *reinterpret_cast<__nv_bfloat162*>(hf + h_offset(erow + 8 * half,
-                                                       rank * BN + gn * NW + 8 * jj + ecol)) =
-          __floats2bfloat162_rn(h[0], h[1]);
+      const int row = erow + 8 * half, col = rank * BN + gn * NW + 8 * jj + ecol;
+      *reinterpret_cast<__nv_bfloat162*>(hf + swizzled(col / 64, row, (col % 64) / 8, BM) +
+                                         (col % 8) * 2) = __floats2bfloat162_rn(h[0], h[1]);
     }}
   __syncthreads();      // this CTA's slice is complete (and every pipeline copy has landed)
   tf_cluster_wait();    // every peer has started
-  // All-gather: this CTA's slice of H (BN·16 contiguous bytes per 8-row group) into each peer.
+  // All-gather: this CTA's slice of H (BN / 64 whole atoms, contiguous) into each peer.
   for (int p = 1; p < CLUSTER; ++p) {{
     const unsigned peer = (rank + p) % CLUSTER;
     for (int c = threadIdx.x; c < BM * BN / 8; c += blockDim.x) {{
-      const char* src = hf + (c / BN) * (HW * 16) + rank * BN * 16 + (c % BN) * 16;
+      const char* src = hf + rank * BM * BN * 2 + c * 16;
       tf_st_dsm_v4(tf_mapa(tf_smem_addr(src), peer), *reinterpret_cast<const uint4*>(src));
     }}
   }}
@@ -180,10 +188,8 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       tf_wgmma_fence();
       #pragma unroll
       for (int s = 0; s < BK / 16; ++s)
-        tf_wgmma_m64n{ow}k16(acc2,
-            tf_smem_desc(hf + gm * 8 * (HW * 16) + (ks * BK / 8 + 2 * s) * 128, 128, HW * 16),
-            tf_smem_desc(w2s + gn * (OW / 8) * 128 + s * 2 * (BO * 16), BO * 16, 128),
-            ks > 0 || s > 0);
+        tf_wgmma_m64n{ow}k16(acc2, kmajor_desc(hf, BM, gm * 64, ks * BK + s * 16),
+                             nmajor_desc(w2s, BK, gn * OW, s * 16), ks > 0 || s > 0);
       tf_wgmma_commit();
       tf_wgmma_wait<1>();
     }}

@@ -1,11 +1,16 @@
 """Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a) as inline PTX for generated CUDA.
 
-Operands come from shared memory through 64-bit matrix descriptors, in the no-swizzle
-("interleaved") layout: the tile is cut into *core matrices* of 8 rows × 16 bytes, each stored as
-128 contiguous bytes. The descriptor gives the start address, the byte distance between core
-matrices that neighbour along K (the *leading* byte offset) and along M or N (the *stride* byte
-offset) — for a K-major A and for an MN-major B alike (B is read transposed, ``imm-trans-b`` = 1),
-as a probe on the H100 confirmed (RESULTS.md). The accumulators of ``m64nNk16`` are the
+Operands come from shared memory through 64-bit matrix descriptors (start address, leading and
+stride byte offsets, layout type), as two probes on the H100 confirmed (RESULTS.md):
+
+- no swizzle: the tile is cut into *core matrices* of 8 rows × 16 bytes, each stored as 128
+  contiguous bytes; the leading byte offset is the distance between core matrices that neighbour
+  along K, the stride byte offset along M or N — for a K-major A and for an MN-major B alike (B is
+  read transposed, ``imm-trans-b`` = 1);
+- 128-byte swizzle (what the kernels use): rows of 128 bytes (64 bf16) in atoms of 8 rows, chunk
+  ``c`` of row ``r`` at chunk ``c ^ r % 8``. K-major: stride byte offset 1024 (the next 8 rows), the
+  k16 steps advance the start address by 32 bytes; MN-major: leading byte offset = the distance
+  between 64-column atoms, stride byte offset 1024 (the next 8 k-rows). The accumulators of ``m64nNk16`` are the
 ``mma.sync`` m16n8 layout repeated: warp ``w`` of the warpgroup holds rows ``16w + lane/4 (+8)``,
 register ``4j + e`` column ``8j + 2(lane%4) + e%2``.
 
@@ -21,6 +26,12 @@ __device__ __forceinline__ unsigned long long tf_smem_desc(const void* p, unsign
   return (unsigned long long)((a & 0x3FFFF) >> 4) |
          ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
          ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32);
+}
+// The same for the 128-byte swizzle (layout type 1): rows of 128 bytes in atoms of 8 rows
+// (1024 bytes, 1024-byte aligned), 16-byte chunk c of row r stored at chunk c ^ (r % 8).
+__device__ __forceinline__ unsigned long long tf_smem_desc_sw128(const void* p, unsigned lbo,
+                                                                 unsigned sbo) {
+  return tf_smem_desc(p, lbo, sbo) | (1ull << 62);
 }
 __device__ __forceinline__ void tf_fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
