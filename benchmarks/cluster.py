@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="M=128 only, default knobs")
     parser.add_argument("--sweep", action="store_true",
-                        help="FFN only, a sweep of knobs (mma, stagger, cluster, pipeline)")
+                        help="FFN only, a sweep of knobs (mma, cluster, block sizes, pipeline)")
     parser.add_argument("--ms", default="128,1024,8192",
                         help="FFN row counts M, comma-separated (default 128,1024,8192)")
     parser.add_argument("--out", default=os.environ.get("OUT") or
@@ -171,8 +171,7 @@ def main(argv=None) -> int:
         return 2
     configs = [{}] if args.quick else [{}, {"mma": "mma_sync"}]
     if args.sweep:
-        configs = [{}, {"stagger": False}, {"mma": "mma_sync"},
-                   {"mma": "mma_sync", "stagger": False}, {"cluster": 4}, {"stages": 4}]
+        configs = [{}, {"mma": "mma_sync"}, {"cluster": 4}, {"stages": 3}, {"stages": 4}]
     rows = (run_decode() if not args.sweep else []) + run_ffn(
         ms_list=(128,) if args.quick else tuple(int(m) for m in args.ms.split(",")),
         configs=configs)

@@ -177,7 +177,7 @@ class Schedule:
           peers' shared memory, then computes a share of the outputs from the cluster's whole
           intermediate (default cluster 2). Knobs ``mma`` (``"wgmma"``, the default on
           sm_90a, or ``"mma_sync"``), ``block_m``, ``block_n``, ``block_k``, ``block_o``, ``stages``,
-          ``group_m``, ``warps``, ``ctas_per_sm``, ``stagger``.
+          ``group_m``, ``warps``, ``ctas_per_sm``.
         - attention decode (after ``rolling_update`` over the keys): ``axis`` is the rolled axis;
           the partial softmax states are merged in DSM with the derived correction. Knob
           ``warps``.

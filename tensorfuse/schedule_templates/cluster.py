@@ -40,7 +40,7 @@ def _pointer(x):
 
 
 GEMM_CHAIN_KNOBS = ("mma", "block_m", "block_n", "block_k", "block_o", "stages", "group_m",
-                    "warps", "ctas_per_sm", "stagger")
+                    "warps", "ctas_per_sm")
 
 
 def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],

@@ -217,14 +217,13 @@ def _bf16(torch, *shape, scale=1.0, gen=None):
     # wgmma (the default on sm_90a); M=1 and 64-row blocks split the columns over warpgroups
     (1, {}), (200, {}), (1, {"cluster": 2, "block_n": 128, "block_o": 128}),
     (200, {"cluster": 2, "block_m": 64, "block_n": 128, "block_o": 128}),
-    (200, {"stages": 3}), (200, {"stagger": False}),
+    (200, {"stages": 3}),
     (600, {"group_m": 2}),  # 5 row blocks, rasterized in groups of 2: the last group is ragged
     # mma.sync
     (1, {"mma": "mma_sync"}), (200, {"mma": "mma_sync"}), (200, {"warps": 16}),
     (200, {"mma": "mma_sync", "cluster": 2, "block_o": 64}),
     (200, {"mma": "mma_sync", "cluster": 4, "block_m": 64}),
-    (600, {"mma": "mma_sync", "group_m": 2}), (600, {"mma": "mma_sync", "group_m": 1}),
-    (200, {"mma": "mma_sync", "stagger": False})])
+    (600, {"mma": "mma_sync", "group_m": 2}), (600, {"mma": "mma_sync", "group_m": 1})])
 def test_ffn_matches_float64_on_the_gpu(kernel, M, knobs):
     import torch
 

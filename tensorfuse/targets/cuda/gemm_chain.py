@@ -53,8 +53,7 @@ class ClusterKnobs:
     """``block_m`` rows × ``block_n`` intermediate columns per CTA, ``block_k`` per pipeline stage
     (``stages`` deep), ``block_o`` output columns per tile of the second product, ``cluster`` CTAs
     per cluster, ``group_m`` row blocks per rasterization group, 8 or 16 ``warps`` per CTA, and
-    the tensor-core instruction (``mma``: ``"wgmma"`` or ``"mma_sync"``); ``stagger`` starts each
-    CTA's k loop and output tiles at its own offset."""
+    the tensor-core instruction (``mma``: ``"wgmma"`` or ``"mma_sync"``)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -66,7 +65,6 @@ class ClusterKnobs:
     ctas_per_sm: int = 1
     group_m: int = 8
     mma: str = "wgmma"
-    stagger: bool = True
 
     @property
     def threads(self) -> int:
@@ -262,22 +260,11 @@ def _header(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int, O:
 #define O_ {O}
 #define HW (CLUSTER * BN)      // the cluster's intermediate columns: the second GEMM's depth
 #define OC (O_ / CLUSTER)      // output columns per CTA
-#define STAGGER {int(knobs.stagger)}
 
 extern "C" __global__ void tf_chain_epilogue(const float* __restrict__ ysum,
                                              __nv_bfloat16* __restrict__ out{scalar_args}) {{
   long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < (long)M_ * O_) {{ float y = ysum[i]; out[i] = __float2bfloat16({plan.epilogue}); }}
-}}
-
-// The k-tile a CTA multiplies at step s, and the output tile at step t. Staggered, CTAs that share
-// an operand — the CTAs of a row block share x, those of a column group share the weights — start
-// at different offsets, so that they do not all read the same L2 lines at the same moment.
-__device__ __forceinline__ int k_tile(int s) {{
-  return STAGGER ? (s + blockIdx.x + 3 * blockIdx.y) % (K_ / BK) : s;
-}}
-__device__ __forceinline__ int out_tile(int t) {{
-  return STAGGER ? (t + blockIdx.y) % (OC / BO) : t;
 }}
 
 // This CTA's rows m0 and intermediate columns n0. Clusters are numbered in launch order and walk
@@ -398,15 +385,14 @@ __device__ __forceinline__ void first_products(float (&acc)[G][MI][NI][4], char*
   const int KT = K_ / BK;
   #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {{
-    if (s < KT) load_stage(pipe + s * stage_bytes, x, ws, m0, n0, k_tile(s) * BK);
+    if (s < KT) load_stage(pipe + s * stage_bytes, x, ws, m0, n0, s * BK);
     tf_cp_async_commit();
   }}
   for (int kt = 0; kt < KT; ++kt) {{
     tf_cp_async_wait<STAGES - 2>();
     __syncthreads();
     int next = kt + STAGES - 1;
-    if (next < KT)
-      load_stage(pipe + (next % STAGES) * stage_bytes, x, ws, m0, n0, k_tile(next) * BK);
+    if (next < KT) load_stage(pipe + (next % STAGES) * stage_bytes, x, ws, m0, n0, next * BK);
     tf_cp_async_commit();
     const __nv_bfloat16* xs = reinterpret_cast<const __nv_bfloat16*>(pipe + (kt % STAGES) * stage_bytes);
     #pragma unroll
@@ -484,8 +470,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   __nv_bfloat16* w2p = reinterpret_cast<__nv_bfloat16*>(pipe);
   #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < T)
-      load_w2<BK>(w2p + s * BK * LDW2, w2, nc + (s % KS) * BK, o_base + out_tile(s / KS) * BO);
+    if (s < T) load_w2<BK>(w2p + s * BK * LDW2, w2, nc + (s % KS) * BK, o_base + (s / KS) * BO);
     tf_cp_async_commit();
   }
   tf_cluster_wait();    // acquire: every slice of H is in place
@@ -497,7 +482,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     const int next = it + STAGES - 1;
     if (next < T)
       load_w2<BK>(w2p + (next % STAGES) * BK * LDW2, w2, nc + (next % KS) * BK,
-                  o_base + out_tile(next / KS) * BO);
+                  o_base + (next / KS) * BO);
     tf_cp_async_commit();
     const int ks = it % KS;
     const __nv_bfloat16* w2s = w2p + (it % STAGES) * BK * LDW2;
@@ -506,7 +491,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       warp_mma_k16<NI2>(acc2, hf + wm * WM * LDHF + ks * BK + kk, LDHF, w2s + kk * LDW2 + wn * WO,
                         LDW2, lane);
     if (ks == KS - 1) {   // this output tile is complete: add it to the other clusters' sums
-      const int o0 = o_base + out_tile(it / KS) * BO + wn * WO + 2 * tq;
+      const int o0 = o_base + (it / KS) * BO + wn * WO + 2 * tq;
       #pragma unroll
       for (int i = 0; i < MI; ++i)
         #pragma unroll

@@ -106,7 +106,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   const int KT = K_ / BK;
   #pragma unroll
   for (int s = 0; s < LA; ++s) {{
-    if (s < KT) load_stage(pipe + s * stage_bytes, x, ws, m0, n0, k_tile(s) * BK);
+    if (s < KT) load_stage(pipe + s * stage_bytes, x, ws, m0, n0, s * BK);
     tf_cp_async_commit();
   }}
   for (int kt = 0; kt < KT; ++kt) {{
@@ -114,8 +114,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     tf_fence_proxy_async();
     __syncthreads();  // stage kt is in; every warpgroup's MMAs of k-tile kt - 2 are done
     const int next = kt + LA;
-    if (next < KT)
-      load_stage(pipe + (next % STAGES) * stage_bytes, x, ws, m0, n0, k_tile(next) * BK);
+    if (next < KT) load_stage(pipe + (next % STAGES) * stage_bytes, x, ws, m0, n0, next * BK);
     tf_cp_async_commit();
     const char* xs = pipe + (kt % STAGES) * stage_bytes;
     tf_wgmma_fence();
@@ -168,8 +167,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   const int KS = HW / BK, T = (OC / BO) * KS, w2_bytes = BK * BO * 2;
   #pragma unroll
   for (int s = 0; s < LA; ++s) {{
-    if (s < T)
-      load_w2(pipe + s * w2_bytes, w2, nc + (s % KS) * BK, o_base + out_tile(s / KS) * BO);
+    if (s < T) load_w2(pipe + s * w2_bytes, w2, nc + (s % KS) * BK, o_base + (s / KS) * BO);
     tf_cp_async_commit();
   }}
   tf_cluster_wait();    // acquire: every slice of H is in place
@@ -184,7 +182,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       const int next = it + LA;
       if (next < T)
         load_w2(pipe + (next % STAGES) * w2_bytes, w2, nc + (next % KS) * BK,
-                o_base + out_tile(next / KS) * BO);
+                o_base + (next / KS) * BO);
       tf_cp_async_commit();
       const char* w2s = pipe + (it % STAGES) * w2_bytes;
       tf_wgmma_fence();
@@ -197,7 +195,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     }}
     tf_wgmma_wait<0>();   // this output tile is complete: add it to the other clusters' sums
     tf_fence_regs(acc2);
-    const int o0 = o_base + out_tile(t) * BO + gn * OW + ecol;
+    const int o0 = o_base + t * BO + gn * OW + ecol;
     #pragma unroll
     for (int half = 0; half < 2; ++half) {{
       const int row = m0 + erow + 8 * half;
