@@ -73,6 +73,24 @@ def test_decode_ptx_has_cluster_and_dsm_instructions(kernel):
     assert "tanh" in f.source(**sizes) or kernel is gqa_attention  # softcap's score is emitted
 
 
+@needs_nvcc
+@pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
+@pytest.mark.parametrize("M", [64, 1024])
+def test_wgmma_kernel_is_not_serialized_by_ptxas(kernel, M, tmp_path):
+    """ptxas serializes asynchronous MMAs (and says so, C7514/C7517) when accumulator registers are
+    touched while a group is in flight, and spills when registers run out: both would silently
+    cost most of the speed, so the generated kernel must compile clean."""
+    import subprocess
+
+    src = _ffn(kernel, mma="wgmma").source(M=M, K=4096, N=14336, O=4096)
+    (tmp_path / "k.cu").write_text(src)
+    out = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-Xptxas",
+                          "-v", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")],
+                         capture_output=True, text=True, check=True).stderr
+    assert "C7514" not in out and "C7517" not in out, out
+    assert " 0 bytes spill stores" in out and "tf_chain_main" in out
+
+
 def test_activation_is_generated_from_the_dsl():
     """A user's own activation (not one the library names) appears in the kernel."""
     @tf.kernel
