@@ -169,9 +169,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks.cluster needs an NVIDIA Hopper GPU; none is visible")
         return 2
-    configs = [{}] if args.quick else [{}, {"mma": "mma_sync"}]
+    configs = [{}] if args.quick else [{}, {"copy": "tma"}, {"mma": "mma_sync"}]
     if args.sweep:
-        configs = [{}, {"mma": "mma_sync"}, {"cluster": 4}, {"stages": 3}, {"stages": 4}]
+        configs = [{}, {"copy": "tma"}, {"mma": "mma_sync"}, {"copy": "tma", "stages": 4},
+                   {"copy": "tma", "stages": 3}, {"copy": "tma", "cluster": 4}]
     rows = (run_decode() if not args.sweep else []) + run_ffn(
         ms_list=(128,) if args.quick else tuple(int(m) for m in args.ms.split(",")),
         configs=configs)

@@ -39,7 +39,7 @@ def _pointer(x):
     return ctypes.c_void_p(x.data_ptr())
 
 
-GEMM_CHAIN_KNOBS = ("mma", "block_m", "block_n", "block_k", "block_o", "stages", "group_m",
+GEMM_CHAIN_KNOBS = ("mma", "copy", "block_m", "block_n", "block_k", "block_o", "stages", "group_m",
                     "warps", "ctas_per_sm")
 
 
@@ -119,18 +119,39 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
         smem = shared_bytes(plan, k)
         scalars = [p.name for p in program.scalar_params]
         n_scal = ("float32",) * len(scalars)
-        entries = [KernelEntry("tf_chain_main", ("handle",) * (3 + len(plan.gates)) + n_scal),
+        tma = k.copy == "tma"
+        entries = [KernelEntry("tf_chain_main",
+                               ("handle",) * (3 + len(plan.gates) + tma) + n_scal),
                    KernelEntry("tf_chain_epilogue", ("handle", "handle") + n_scal)]
         grid_main = (N // k.block_n, math.ceil(M / k.block_m))
+        map_cache: dict = {}
+
+        def tensor_maps(tensors, device):
+            """TMA maps of x, the gate weights and w2 in one device buffer, made once per set of
+            tensor addresses (the benchmark loop and repeated calls reuse them)."""
+            import torch
+
+            from ..targets.cuda.tma import tensor_map_2d
+
+            key = tuple(t.data_ptr() for t in tensors)
+            if key not in map_cache:
+                boxes = [(M, K, k.block_m)] + [(K, N, k.block_k)] * len(plan.gates) + \
+                    [(N, O, k.block_k)]
+                blob = b"".join(tensor_map_2d(t.data_ptr(), rows, cols, 64, box_rows)
+                                for t, (rows, cols, box_rows) in zip(tensors, boxes))
+                map_cache.clear()  # keep one set: the maps hold raw addresses
+                map_cache[key] = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
+            return map_cache[key]
 
         def run(module, values, out, device):
             import torch
 
             ysum = torch.zeros((M, O), dtype=torch.float32, device=device)  # clusters add here
             sc = [float(values[s]) for s in scalars]
-            module["tf_chain_main"](_pointer(values[plan.x]), *(_pointer(values[w]) for w in plan.gates),
-                                    _pointer(values[plan.w2]), _pointer(ysum), *sc, grid_main[0],
-                                    grid_main[1], k.threads, k.cluster, smem)
+            tensors = [values[plan.x], *(values[w] for w in plan.gates), values[plan.w2]]
+            maps = [_pointer(tensor_maps(tensors, device))] if tma else []
+            module["tf_chain_main"](*(_pointer(t) for t in tensors), _pointer(ysum), *maps, *sc,
+                                    grid_main[0], grid_main[1], k.threads, k.cluster, smem)
             module["tf_chain_epilogue"](_pointer(ysum), _pointer(out), *sc, math.ceil(M * O / 256), 1,
                                         256, 1, 0)
 

@@ -54,6 +54,13 @@ def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster, mma):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx  # tensor cores
         assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx       # weights [in, out]
     assert "cp.async.cg.shared.global" in ptx                           # the pipeline
+    if mma == "wgmma":  # the same with TMA: one thread's bulk tensor copies, mbarrier waits
+        tma = _ffn(kernel, cluster=cluster, block_n=64, block_o=64, copy="tma").ptx(**FFN)
+        for instruction in ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier",
+                            "mbarrier.try_wait.parity", "mbarrier.arrive.expect_tx",
+                            "fence.proxy.tensormap::generic.acquire", "st.shared::cluster"):
+            assert instruction in tma, instruction
+        assert "cp.async.cg" not in tma
     assert "atom.global.add.v2.f32" in ptx                              # clusters meet here
     # the intermediate h never goes to global memory: the only global stores are the f32 sums
     main = ptx[ptx.index(".entry tf_chain_main"):]
@@ -76,13 +83,14 @@ def test_decode_ptx_has_cluster_and_dsm_instructions(kernel):
 @needs_nvcc
 @pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
 @pytest.mark.parametrize("M", [64, 1024])
-def test_wgmma_kernel_is_not_serialized_by_ptxas(kernel, M, tmp_path):
+@pytest.mark.parametrize("copy", ["cp_async", "tma"])
+def test_wgmma_kernel_is_not_serialized_by_ptxas(kernel, M, copy, tmp_path):
     """ptxas serializes asynchronous MMAs (and says so, C7514/C7517) when accumulator registers are
     touched while a group is in flight, and spills when registers run out: both would silently
     cost most of the speed, so the generated kernel must compile clean."""
     import subprocess
 
-    src = _ffn(kernel, mma="wgmma").source(M=M, K=4096, N=14336, O=4096)
+    src = _ffn(kernel, mma="wgmma", copy=copy).source(M=M, K=4096, N=14336, O=4096)
     (tmp_path / "k.cu").write_text(src)
     out = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-Xptxas",
                           "-v", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")],
@@ -123,6 +131,8 @@ def test_refusals_name_the_problem():
     with pytest.raises(ScheduleError, match="wgmma.*sm_90a"):
         tf.schedule(ffn_gelu, target="cuda:sm_90").cluster_distribute("n", mma="wgmma") \
             .compile().source(**FFN)
+    with pytest.raises(ScheduleError, match="copy='tma'.*wgmma"):
+        _ffn(ffn_gelu, mma="mma_sync", copy="tma").source(**FFN)
     with pytest.raises(ScheduleError, match="'wgmma' or 'mma_sync'"):
         _ffn(ffn_gelu, mma="hmma").source(**FFN)
     with pytest.raises(ScheduleError, match="shared memory.*smaller cluster"):
@@ -237,6 +247,9 @@ def _bf16(torch, *shape, scale=1.0, gen=None):
     (200, {"cluster": 2, "block_m": 64, "block_n": 128, "block_o": 128}),
     (200, {"stages": 3}),
     (600, {"group_m": 2}),  # 5 row blocks, rasterized in groups of 2: the last group is ragged
+    # wgmma fed by TMA (rows past M arrive as zeros)
+    (1, {"copy": "tma"}), (200, {"copy": "tma"}), (600, {"copy": "tma", "group_m": 2}),
+    (200, {"copy": "tma", "cluster": 2, "block_m": 64, "block_n": 128, "block_o": 128}),
     # mma.sync
     (1, {"mma": "mma_sync"}), (200, {"mma": "mma_sync"}), (200, {"warps": 16}),
     (200, {"mma": "mma_sync", "cluster": 2, "block_o": 64}),

@@ -53,7 +53,9 @@ class ClusterKnobs:
     """``block_m`` rows × ``block_n`` intermediate columns per CTA, ``block_k`` per pipeline stage
     (``stages`` deep), ``block_o`` output columns per tile of the second product, ``cluster`` CTAs
     per cluster, ``group_m`` row blocks per rasterization group, 8 or 16 ``warps`` per CTA, and
-    the tensor-core instruction (``mma``: ``"wgmma"`` or ``"mma_sync"``)."""
+    the tensor-core instruction (``mma``: ``"wgmma"`` or ``"mma_sync"``) and how tiles are copied
+    to shared memory (``copy``: ``"cp_async"`` by every thread, or ``"tma"``, one thread's bulk
+    tensor copies completing on mbarriers; wgmma only)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -65,6 +67,7 @@ class ClusterKnobs:
     ctas_per_sm: int = 1
     group_m: int = 8
     mma: str = "wgmma"
+    copy: str = "cp_async"
 
     @property
     def threads(self) -> int:
@@ -195,6 +198,10 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
                             "warpgroup (block_n and block_o ≥ 128 when block_m=64)")
         if knobs.stages < 3:
             problems.append("wgmma keeps one k-tile's MMAs in flight: stages must be at least 3")
+    if knobs.copy not in ("cp_async", "tma"):
+        problems.append(f"copy={knobs.copy!r} is not 'cp_async' or 'tma'")
+    elif knobs.copy == "tma" and knobs.mma != "wgmma":
+        problems.append("copy='tma' lands swizzled tiles for wgmma: use mma='wgmma'")
     if knobs.ctas_per_sm not in (1, 2):
         problems.append(f"ctas_per_sm={knobs.ctas_per_sm} is not 1 or 2")
     if knobs.stages < 2:
@@ -211,7 +218,8 @@ def shared_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
                           knobs.stages)
     if knobs.mma == "wgmma":  # swizzled tiles: no padding, 1 KB to align them to 1024 bytes
         first = st * (bm * bk * 2 + g * bk * bn * 2)
-        return 1024 + bm * knobs.cluster * bn * 2 + max(first, st * bk * bo * 2)
+        barriers = 2 * st * 8 if knobs.copy == "tma" else 0  # one mbarrier per stage and phase
+        return 1024 + bm * knobs.cluster * bn * 2 + max(first, st * bk * bo * 2) + barriers
     first = st * (bm * (bk + 8) * 2 + g * bk * (bn + 8) * 2)
     return bm * (knobs.cluster * bn + 8) * 2 + max(first, st * bk * (bo + 8) * 2)
 
@@ -237,6 +245,7 @@ def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, 
         f"const __nv_bfloat16* __restrict__ w{j}, " for j in range(len(plan.gates)))).replace(
         "@SCALAR_ARGS@", "".join(f", float {s}" for s in plan.scalars)).replace(
         "@GATES@", ", ".join(f"w{j}" for j in range(len(plan.gates)))).replace(
+        "@MAPS_ARG@", ", const char* __restrict__ maps" if knobs.copy == "tma" else "").replace(
         "@BOUNDS@", f"__launch_bounds__({knobs.threads}, {knobs.ctas_per_sm})")
 
 

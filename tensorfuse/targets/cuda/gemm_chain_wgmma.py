@@ -11,6 +11,7 @@ one k-tile's MMAs can still be reading their buffer while the next k-tile's are 
 """
 from __future__ import annotations
 
+from .tma import HELPERS as TMA_HELPERS
 from .wgmma import HELPERS, wgmma_function
 
 
@@ -22,8 +23,16 @@ def wgmma_body(plan, knobs) -> str:
     nw, ow = knobs.block_n // wg_n, knobs.block_o // wg_n
     functions = wgmma_function(nw) + (wgmma_function(ow) if ow != nw else "")
     gate_values = "".join(f"float g{j} = acc[{j}][4 * jj + 2 * half + e]; " for j in range(g))
+    activation = plan.activation
+    tma = knobs.copy == "tma"
+    pipe_bytes = max(knobs.stages * (knobs.block_m * knobs.block_k * 2
+                                     + g * knobs.block_k * knobs.block_n * 2),
+                     knobs.stages * knobs.block_k * knobs.block_o * 2)
     return f"""{HELPERS}
+{TMA_HELPERS if tma else ""}
 {functions}
+#define TMA {int(tma)}
+#define PIPE_BYTES {pipe_bytes}
 #define WGN {wg_n}
 #define NW {nw}                 // first-product columns per warpgroup
 #define OW {ow}                 // output columns per warpgroup
@@ -80,9 +89,31 @@ __device__ __forceinline__ unsigned long long nmajor_desc(const char* tile, int 
   return tf_smem_desc_sw128(tile + (col0 / 64) * depth * 128 + k * 128, depth * 128, 1024);
 }}
 
+#if TMA
+// The same stages by TMA, issued by one thread: x as one box of BM rows, each weight (and W2) as
+// 64-column boxes of BK rows; the bytes complete on `bar`.
+__device__ __forceinline__ void load_stage_tma(char* stage, const char* map_x, const char* maps,
+    int m0, int n0, int k0, unsigned long long* bar) {{
+  tf_mbar_expect(bar, BM * BK * 2 + G * BK * BN * 2);
+  tf_tma_load_2d(stage, map_x, k0, m0, bar);
+  #pragma unroll
+  for (int j = 0; j < G; ++j)
+    #pragma unroll
+    for (int a = 0; a < BN / 64; ++a)
+      tf_tma_load_2d(stage + BM * BK * 2 + j * BK * BN * 2 + a * BK * 128, maps + (1 + j) * 128,
+                     n0 + 64 * a, k0, bar);
+}}
+__device__ __forceinline__ void load_w2_tma(char* dst, const char* map_w2, int n0, int o0,
+                                            unsigned long long* bar) {{
+  tf_mbar_expect(bar, BK * BO * 2);
+  #pragma unroll
+  for (int a = 0; a < BO / 64; ++a) tf_tma_load_2d(dst + a * BK * 128, map_w2, o0 + 64 * a, n0, bar);
+}}
+#endif
+
 extern "C" __global__ void @BOUNDS@
 tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat16* __restrict__ w2,
-              float* __restrict__ ysum@SCALAR_ARGS@) {{
+              float* __restrict__ ysum@MAPS_ARG@@SCALAR_ARGS@) {{
   extern __shared__ __align__(128) char smem[];
   tf_cluster_arrive();  // this CTA has started; after the matching wait peers may write into it
   const __nv_bfloat16* ws[G] = {{@GATES@}};
@@ -96,6 +127,20 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   char* hf = reinterpret_cast<char*>((reinterpret_cast<unsigned long long>(smem) + 1023) & ~1023ull);
   char* pipe = hf + BM * HW * 2;                      // hf: H of the cluster, BM × HW, K-major
   const int stage_bytes = BM * BK * 2 + G * BK * BN * 2;
+  const int nc = n0 - (int)rank * BN, o_base = rank * OC;
+  const int KS = HW / BK, T = (OC / BO) * KS, w2_bytes = BK * BO * 2;
+#if TMA
+  // TMA: thread 0 issues every copy; stage s of phase 1 (2) completes on bars[s] (bars[STAGES + s])
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(pipe + PIPE_BYTES);
+  const char* map_x = maps;                           // maps: x, the gate weights, w2
+  const char* map_w2 = maps + (1 + G) * 128;
+  if (threadIdx.x == 0) {{
+    for (int i = 0; i < 2 * STAGES; ++i) tf_mbar_init(bars + i, 1);
+    tf_mbar_init_fence();
+    for (int i = 0; i < G + 2; ++i) tf_tensormap_acquire(maps + i * 128);
+  }}
+  __syncthreads();
+#endif
 
   // Phase 1: acc[j] = x · w_j[:, n0 : n0 + BN] for this warpgroup's 64 rows × NW columns.
   float acc[G][NW / 2];
@@ -104,18 +149,33 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     #pragma unroll
     for (int i = 0; i < NW / 2; ++i) acc[j][i] = 0.f;
   const int KT = K_ / BK;
-  #pragma unroll
-  for (int s = 0; s < LA; ++s) {{
-    if (s < KT) load_stage(pipe + s * stage_bytes, x, ws, m0, n0, s * BK);
+  for (int s = 0; s < LA && s < KT; ++s) {{
+#if TMA
+    if (threadIdx.x == 0) load_stage_tma(pipe + s * stage_bytes, map_x, maps, m0, n0, s * BK, bars + s);
+#else
+    load_stage(pipe + s * stage_bytes, x, ws, m0, n0, s * BK);
     tf_cp_async_commit();
+#endif
   }}
+#if !TMA
+  for (int s = KT; s < LA; ++s) tf_cp_async_commit();
+#endif
   for (int kt = 0; kt < KT; ++kt) {{
+#if TMA
+    tf_mbar_wait(bars + kt % STAGES, (kt / STAGES) & 1);
+    __syncthreads();  // every warpgroup's MMAs of k-tile kt - 2 are done: its buffer is free
+    const int next = kt + LA;
+    if (threadIdx.x == 0 && next < KT)
+      load_stage_tma(pipe + (next % STAGES) * stage_bytes, map_x, maps, m0, n0, next * BK,
+                     bars + next % STAGES);
+#else
     tf_cp_async_wait<LA - 1>();
     tf_fence_proxy_async();
     __syncthreads();  // stage kt is in; every warpgroup's MMAs of k-tile kt - 2 are done
     const int next = kt + LA;
     if (next < KT) load_stage(pipe + (next % STAGES) * stage_bytes, x, ws, m0, n0, next * BK);
     tf_cp_async_commit();
+#endif
     const char* xs = pipe + (kt % STAGES) * stage_bytes;
     tf_wgmma_fence();
     #pragma unroll
@@ -142,7 +202,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       #pragma unroll
       for (int e = 0; e < 2; ++e) {{
         {gate_values}
-        h[e] = {plan.activation};
+        h[e] = {activation};
       }}
       const int row = erow + 8 * half, col = rank * BN + gn * NW + 8 * jj + ecol;
       *reinterpret_cast<__nv_bfloat162*>(hf + swizzled(col / 64, row, (col % 64) / 8, BM) +
@@ -158,32 +218,47 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       tf_st_dsm_v4(tf_mapa(tf_smem_addr(src), peer), *reinterpret_cast<const uint4*>(src));
     }}
   }}
+  tf_fence_proxy_async();          // our own slice, written by ordinary stores, for our wgmma
   tf_fence_proxy_async_cluster();  // for the peers' wgmma, which read through the async proxy
   tf_cluster_arrive();  // release: our stores are seen by each peer after its wait
 
   // Phase 2: ysum[m0 rows, this CTA's OC columns] += H · W2[cluster rows, OC columns], W2 through
   // a pipeline of BK × BO tiles, BO columns at a time.
-  const int nc = n0 - (int)rank * BN, o_base = rank * OC;
-  const int KS = HW / BK, T = (OC / BO) * KS, w2_bytes = BK * BO * 2;
-  #pragma unroll
-  for (int s = 0; s < LA; ++s) {{
-    if (s < T) load_w2(pipe + s * w2_bytes, w2, nc + (s % KS) * BK, o_base + (s / KS) * BO);
+  for (int s = 0; s < LA && s < T; ++s) {{
+#if TMA
+    if (threadIdx.x == 0)
+      load_w2_tma(pipe + s * w2_bytes, map_w2, nc + (s % KS) * BK, o_base + (s / KS) * BO,
+                  bars + STAGES + s);
+#else
+    load_w2(pipe + s * w2_bytes, w2, nc + (s % KS) * BK, o_base + (s / KS) * BO);
     tf_cp_async_commit();
+#endif
   }}
+#if !TMA
+  for (int s = T; s < LA; ++s) tf_cp_async_commit();
+#endif
   tf_cluster_wait();    // acquire: every slice of H is in place
   tf_fence_proxy_async();
   float acc2[OW / 2];      // each output tile starts from its first product (accumulate = 0)
   for (int t = 0; t < OC / BO; ++t) {{
     for (int ks = 0; ks < KS; ++ks) {{
       const int it = t * KS + ks;
+      const int next = it + LA;
+#if TMA
+      tf_mbar_wait(bars + STAGES + it % STAGES, (it / STAGES) & 1);
+      __syncthreads();
+      if (threadIdx.x == 0 && next < T)
+        load_w2_tma(pipe + (next % STAGES) * w2_bytes, map_w2, nc + (next % KS) * BK,
+                    o_base + (next / KS) * BO, bars + STAGES + next % STAGES);
+#else
       tf_cp_async_wait<LA - 1>();
       tf_fence_proxy_async();
       __syncthreads();
-      const int next = it + LA;
       if (next < T)
         load_w2(pipe + (next % STAGES) * w2_bytes, w2, nc + (next % KS) * BK,
                 o_base + (next / KS) * BO);
       tf_cp_async_commit();
+#endif
       const char* w2s = pipe + (it % STAGES) * w2_bytes;
       tf_wgmma_fence();
       #pragma unroll

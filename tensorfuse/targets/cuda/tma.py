@@ -1,0 +1,75 @@
+"""Hopper's bulk tensor copies (TMA, ``cp.async.bulk.tensor``) for generated CUDA.
+
+A copy is described by a *tensor map* (128 bytes: the global tensor's address, sizes and strides,
+the box copied, the shared-memory swizzle), made on the host by the driver's
+``cuTensorMapEncodeTiled`` and handed to the kernel in global memory. One thread issues the copy;
+its completion is counted in bytes on an mbarrier (``complete_tx``) that the consumers wait on.
+Rows outside the tensor arrive as zeros. The maps here use the 128-byte swizzle, which is the
+layout :mod:`.gemm_chain_wgmma` gives to wgmma.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from ...errors import TargetError
+
+HELPERS = r"""
+__device__ __forceinline__ void tf_mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(tf_smem_addr(bar)), "r"(count));
+}
+__device__ __forceinline__ void tf_mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// Arms the barrier's current phase for `bytes` of copies (and arrives once).
+__device__ __forceinline__ void tf_mbar_expect(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(tf_smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tf_mbar_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile("{\n.reg .pred done;\nTF_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra TF_WAIT;\n}\n" :: "r"(tf_smem_addr(bar)), "r"(parity) : "memory");
+}
+// The tensor map lives in global memory, written before the launch: order it for the TMA unit.
+__device__ __forceinline__ void tf_tensormap_acquire(const void* map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(map) : "memory");
+}
+// Box at (inner coordinate c0, row c1) of a 2-D tensor map into shared memory, counted on bar.
+__device__ __forceinline__ void tf_tma_load_2d(void* dst, const void* map, int c0, int c1,
+                                               unsigned long long* bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(tf_smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(tf_smem_addr(bar))
+               : "memory");
+}
+"""
+
+_BF16, _SWIZZLE_128B, _L2_256B = 9, 3, 3   # CUtensorMapDataType / Swizzle / L2promotion values
+
+
+def _driver():
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise TargetError(f"TMA copies need the CUDA driver (libcuda.so.1): {exc}") from exc
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def tensor_map_2d(address: int, rows: int, cols: int, box_cols: int, box_rows: int) -> bytes:
+    """The 128-byte map of a row-major bf16 ``[rows, cols]`` tensor at ``address``, copied in
+    ``box_rows × box_cols`` boxes (``box_cols`` × 2 = 128 bytes: one swizzle row)."""
+    if box_cols * 2 != 128 or not 1 <= box_rows <= 256:
+        raise ValueError("boxes are 64 bf16 wide (one 128-byte swizzle row) and ≤ 256 rows")
+    out = (ctypes.c_uint8 * 128)()
+    dims = (ctypes.c_uint64 * 2)(cols, rows)
+    strides = (ctypes.c_uint64 * 1)(cols * 2)
+    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
+    elem = (ctypes.c_uint32 * 2)(1, 1)
+    err = _driver()(out, _BF16, 2, ctypes.c_void_p(address), dims, strides, box, elem, 0,
+                    _SWIZZLE_128B, _L2_256B, 0)
+    if err:
+        raise TargetError(f"cuTensorMapEncodeTiled failed (CUresult {err}) for a [{rows}, {cols}] "
+                          f"bf16 tensor at {address:#x} with {box_rows}×{box_cols} boxes")
+    return bytes(out)
