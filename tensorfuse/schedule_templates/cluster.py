@@ -46,10 +46,9 @@ GEMM_CHAIN_KNOBS = ("mma", "copy", "block_m", "block_n", "block_k", "block_o", "
 def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
                      cluster: int | None, given: dict):
     """The knobs for sizes ``(M, K, N, O)``: the user's, and defaults for the rest — wgmma on
-    sm_90a (mma.sync for 16 warps or plain sm_90) in clusters of 2 (measured best, RESULTS.md),
-    128-column output tiles where O allows, 128-row blocks,
-    or 64 where M ≤ 64 or the cluster's H would not fit; the pipeline with the most bytes in
-    flight that fits."""
+    sm_90a (mma.sync for 16 warps or plain sm_90) fed by cp.async, clusters of 2 (measured best,
+    RESULTS.md), 128-column output tiles where O allows, 128-row blocks (64 where M ≤ 64 or the
+    cluster's H would not fit), and the pipeline with the most bytes in flight that fits."""
     from ..targets.cuda.gemm_chain import ClusterKnobs, check_sizes, shared_bytes
 
     M, K, N, O = sizes
@@ -82,7 +81,7 @@ def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
     choices = sorted(((bk, st) for bk in ((64,) if wgmma else (64, 32))
                       for st in range(ahead + 1, 7)
                       if given.get("block_k", bk) == bk and given.get("stages", st) == st),
-                     key=lambda c: (-(c[1] - ahead) * c[0], -c[0], c[1]))
+                     key=lambda bk_st: (-(bk_st[1] - ahead) * bk_st[0], -bk_st[0], bk_st[1]))
     k = next((replace(k, block_k=bk, stages=st) for bk, st in choices
               if fits(replace(k, block_k=bk, stages=st))), k)
     if not fits(k):

@@ -7,8 +7,9 @@ elementwise epilogue to the output. Anything else is refused with the reason and
 
 The kernel (:func:`gemm_chain_source`): the ``cluster`` CTAs of a cluster own ``block_m`` rows
 and ``cluster × block_n`` neighbouring columns of the intermediate, ``block_n`` each. A CTA computes
-its slice ``H = act(X·W1[:, slice])`` on tensor cores (``ldmatrix`` + ``mma.sync``, cp.async
-multi-stage pipeline) and stores it, as bf16, into its own shared memory and into every peer's
+its slice ``H = act(X·W1[:, slice])`` on tensor cores (``wgmma`` on sm_90a by default, body in
+:mod:`.gemm_chain_wgmma`; or ``ldmatrix`` + ``mma.sync``, here) through a multi-stage copy pipeline
+(cp.async, or TMA with wgmma) and stores it, as bf16, into its own shared memory and into every peer's
 (``mapa`` + ``st.shared::cluster``): after one cluster barrier each CTA holds the cluster's whole
 ``H`` — the intermediate never goes to global memory — and computes ``O / cluster`` output columns of
 ``H · W2[cluster's rows, :]`` with W2 streamed through a second pipeline. Clusters (which own
@@ -229,8 +230,8 @@ def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, 
     """CUDA C++ for ``tf_chain_main`` (adds into a zeroed f32 ``ysum``) and ``tf_chain_epilogue``.
 
     ``mma="wgmma"``: each warpgroup issues ``wgmma.mma_async`` m64nNk16 on descriptors of
-    shared-memory tiles in the core-matrix layout (:mod:`.wgmma`), one k-tile's group in flight
-    while the next is issued. ``mma="mma_sync"``: ``mma.sync.m16n8k16`` on fragments loaded with
+    128-byte-swizzled shared-memory tiles (:mod:`.wgmma`), one k-tile's group in flight while the
+    next is issued. ``mma="mma_sync"``: ``mma.sync.m16n8k16`` on fragments loaded with
     ``ldmatrix`` (``.trans`` for the weights, stored [in, out]); each warp owns a
     (block_m/(warps/4)) × (block_n/4) tile of the intermediate and a (block_m/(warps/4)) ×
     (block_o/4) tile of each output tile."""
