@@ -218,11 +218,17 @@ def shared_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
     bm, bn, bk, bo, st = (knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o,
                           knobs.stages)
     if knobs.mma == "wgmma":  # swizzled tiles: no padding, 1 KB to align them to 1024 bytes
-        first = st * (bm * bk * 2 + g * bk * bn * 2)
         barriers = 2 * st * 8 if knobs.copy == "tma" else 0  # one mbarrier per stage and phase
-        return 1024 + bm * knobs.cluster * bn * 2 + max(first, st * bk * bo * 2) + barriers
+        return 1024 + bm * knobs.cluster * bn * 2 + wgmma_pipeline_bytes(plan, knobs) + barriers
     first = st * (bm * (bk + 8) * 2 + g * bk * (bn + 8) * 2)
     return bm * (knobs.cluster * bn + 8) * 2 + max(first, st * bk * (bo + 8) * 2)
+
+
+def wgmma_pipeline_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
+    """The wgmma path's pipeline buffers: the larger of the two products' stages (unpadded)."""
+    bk, st = knobs.block_k, knobs.stages
+    first = st * (knobs.block_m * bk * 2 + len(plan.gates) * bk * knobs.block_n * 2)
+    return max(first, st * bk * knobs.block_o * 2)
 
 
 def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int,

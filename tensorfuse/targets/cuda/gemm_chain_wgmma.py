@@ -5,12 +5,15 @@ H in shared memory, all-gather through DSM, then ``O / cluster`` output columns 
 tensor-core work issued by two warpgroups as ``wgmma.mma_async`` on shared-memory descriptors.
 Every tile (x, the gate weights, H, W2) is kept in the 128-byte-swizzled layout, so that the
 cp.async copies read whole 128-byte lines *and* write 128-byte spans of shared memory. (A first
-version used the unswizzled core-matrix layout: its scattered shared-memory destinations split each
-copy into 2.7× the L2 requests of the mma.sync path — ncu: L2 87 % busy — and it ran 1.4× slower.) Pipelines run ``STAGES − 2`` copies ahead so that
-one k-tile's MMAs can still be reading their buffer while the next k-tile's are issued.
+version used the unswizzled core-matrix layout: its scattered shared-memory destinations split
+each copy into 2.7× the L2 requests of the mma.sync path — ncu: L2 87 % busy — and it ran 1.4×
+slower.) With ``copy="tma"`` one thread fills the same tiles by bulk tensor copies (:mod:`.tma`)
+that complete on one mbarrier per stage. Pipelines run ``STAGES − 2`` copies ahead so that one
+k-tile's MMAs can still be reading their buffer while the next k-tile's are issued.
 """
 from __future__ import annotations
 
+from .gemm_chain import wgmma_pipeline_bytes
 from .tma import HELPERS as TMA_HELPERS
 from .wgmma import HELPERS, wgmma_function
 
@@ -25,9 +28,7 @@ def wgmma_body(plan, knobs) -> str:
     gate_values = "".join(f"float g{j} = acc[{j}][4 * jj + 2 * half + e]; " for j in range(g))
     activation = plan.activation
     tma = knobs.copy == "tma"
-    pipe_bytes = max(knobs.stages * (knobs.block_m * knobs.block_k * 2
-                                     + g * knobs.block_k * knobs.block_n * 2),
-                     knobs.stages * knobs.block_k * knobs.block_o * 2)
+    pipe_bytes = wgmma_pipeline_bytes(plan, knobs)
     return f"""{HELPERS}
 {TMA_HELPERS if tma else ""}
 {functions}

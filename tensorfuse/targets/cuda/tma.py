@@ -10,6 +10,7 @@ layout :mod:`.gemm_chain_wgmma` gives to wgmma.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 from ...errors import TargetError
 
@@ -47,6 +48,7 @@ __device__ __forceinline__ void tf_tma_load_2d(void* dst, const void* map, int c
 _BF16, _SWIZZLE_128B, _L2_256B = 9, 3, 3   # CUtensorMapDataType / Swizzle / L2promotion values
 
 
+@functools.lru_cache(maxsize=1)
 def _driver():
     try:
         lib = ctypes.CDLL("libcuda.so.1")
