@@ -256,10 +256,21 @@ def _bf16(torch, *shape, scale=1.0, gen=None):
     (200, {"mma": "mma_sync", "cluster": 4, "block_m": 64}),
     (600, {"mma": "mma_sync", "group_m": 2}), (600, {"mma": "mma_sync", "group_m": 1})])
 def test_ffn_matches_float64_on_the_gpu(kernel, M, knobs):
+    _check_ffn_on_the_gpu(kernel, M, knobs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("copy", ["cp_async", "tma"])
+def test_ffn_pipelines_wrap_many_times_on_the_gpu(copy):
+    """Long k loops and many output tiles: every pipeline slot is reused many times in both
+    phases (a slot released twice, or never, shows up only here — as a hang or wrong sums)."""
+    _check_ffn_on_the_gpu(ffn_swiglu, 300, {"copy": copy}, K=2048, N=1024, O=2048)
+
+
+def _check_ffn_on_the_gpu(kernel, M, knobs, K=512, N=2048, O=256):
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(M)
-    K, N, O = 512, 2048, 256
     ws = [_bf16(torch, K, N, scale=K ** -0.5, gen=g)
           for _ in range(1 if kernel is ffn_gelu else 2)]
     args = (_bf16(torch, M, K, gen=g), *ws, _bf16(torch, N, O, scale=N ** -0.5, gen=g))

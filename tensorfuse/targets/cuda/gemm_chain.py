@@ -72,7 +72,8 @@ class ClusterKnobs:
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps
+        """Consumer warps, plus the producer warp that issues the TMA copies."""
+        return 32 * self.warps + (32 if self.copy == "tma" else 0)
 
     @property
     def warps_m(self) -> int:

@@ -37,7 +37,8 @@ def wgmma_body(plan, knobs) -> str:
 #define WGN {wg_n}
 #define NW {nw}                 // first-product columns per warpgroup
 #define OW {ow}                 // output columns per warpgroup
-#define LA (STAGES - 2)         // copies in flight ahead of the k-tile being multiplied
+#define LA (STAGES - 2)         // copies in flight ahead of the k-tile being multiplied (cp.async)
+#define WARPS {knobs.warps}             // consumer warps (with TMA, warp WARPS is the producer)
 
 // 128-byte-swizzled tiles (see wgmma.py): a K-major tile of `rows` rows is cut into atoms of 64
 // k (128 bytes per row); chunk `chunk` (8 elements) of row r of atom a lands at
@@ -91,6 +92,24 @@ __device__ __forceinline__ unsigned long long nmajor_desc(const char* tile, int 
 }}
 
 #if TMA
+#define SLOT (BM * BK * 2 + G * BK * BN * 2 > BK * BO * 2 ? BM * BK * 2 + G * BK * BN * 2 : BK * BO * 2)
+// Warp-specialized: a producer warp (warp WARPS) issues every copy into the STAGES slots of one
+// stream — phase 1's KT stages, then phase 2's W2 tiles — waiting until the consumers have
+// released a slot (`empty`, one arrival per consumer warpgroup); consumers wait on `full`.
+__device__ __forceinline__ void consumers_sync() {{
+  asm volatile("bar.sync 1, %0;" :: "n"(32 * WARPS) : "memory");
+}}
+__device__ __forceinline__ void release_slot(unsigned long long* empty, int u) {{
+  if ((threadIdx.x & 127) == 0) tf_mbar_arrive(empty + u % STAGES);
+}}
+__device__ __forceinline__ void wait_free_slot(unsigned long long* empty, int u) {{
+  if (u >= STAGES) tf_mbar_wait(empty + u % STAGES, (u / STAGES - 1) & 1);
+}}
+#else
+__device__ __forceinline__ void consumers_sync() {{ __syncthreads(); }}
+#endif
+
+#if TMA
 // The same stages by TMA, issued by one thread: x as one box of BM rows, each weight (and W2) as
 // 64-column boxes of BK rows; the bytes complete on `bar`.
 __device__ __forceinline__ void load_stage_tma(char* stage, const char* map_x, const char* maps,
@@ -135,12 +154,37 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(pipe + PIPE_BYTES);
   const char* map_x = maps;                           // maps: x, the gate weights, w2
   const char* map_w2 = maps + (1 + G) * 128;
+  unsigned long long* full = bars;
+  unsigned long long* empty = bars + STAGES;
   if (threadIdx.x == 0) {{
-    for (int i = 0; i < 2 * STAGES; ++i) tf_mbar_init(bars + i, 1);
+    for (int i = 0; i < STAGES; ++i) {{
+      tf_mbar_init(full + i, 1);
+      tf_mbar_init(empty + i, 32 * WARPS / 128);   // one arrival per consumer warpgroup
+    }}
     tf_mbar_init_fence();
     for (int i = 0; i < G + 2; ++i) tf_tensormap_acquire(maps + i * 128);
   }}
   __syncthreads();
+  if (warp == WARPS) {{   // the producer warp
+    if (lane == 0)
+      for (int u = 0; u < K_ / BK; ++u) {{
+        wait_free_slot(empty, u);
+        load_stage_tma(pipe + (u % STAGES) * SLOT, map_x, maps, m0, n0, u * BK, full + u % STAGES);
+      }}
+    __syncwarp();
+    tf_cluster_wait();    // the same cluster barriers as the consumers; nothing of ours to publish
+    tf_cluster_arrive();
+    if (lane == 0)        // W2 streams in while the consumers exchange H
+      for (int it = 0; it < T; ++it) {{
+        const int u = K_ / BK + it;
+        wait_free_slot(empty, u);
+        load_w2_tma(pipe + (u % STAGES) * SLOT, map_w2, nc + (it % KS) * BK,
+                    o_base + (it / KS) * BO, full + u % STAGES);
+      }}
+    __syncwarp();
+    tf_cluster_wait();
+    return;
+  }}
 #endif
 
   // Phase 1: acc[j] = x · w_j[:, n0 : n0 + BN] for this warpgroup's 64 rows × NW columns.
@@ -150,25 +194,19 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     #pragma unroll
     for (int i = 0; i < NW / 2; ++i) acc[j][i] = 0.f;
   const int KT = K_ / BK;
-  for (int s = 0; s < LA && s < KT; ++s) {{
 #if TMA
-    if (threadIdx.x == 0) load_stage_tma(pipe + s * stage_bytes, map_x, maps, m0, n0, s * BK, bars + s);
+  int pending = -1;       // the last slot whose MMAs may still be running
 #else
+  for (int s = 0; s < LA && s < KT; ++s) {{
     load_stage(pipe + s * stage_bytes, x, ws, m0, n0, s * BK);
     tf_cp_async_commit();
-#endif
   }}
-#if !TMA
   for (int s = KT; s < LA; ++s) tf_cp_async_commit();
 #endif
   for (int kt = 0; kt < KT; ++kt) {{
 #if TMA
-    tf_mbar_wait(bars + kt % STAGES, (kt / STAGES) & 1);
-    __syncthreads();  // every warpgroup's MMAs of k-tile kt - 2 are done: its buffer is free
-    const int next = kt + LA;
-    if (threadIdx.x == 0 && next < KT)
-      load_stage_tma(pipe + (next % STAGES) * stage_bytes, map_x, maps, m0, n0, next * BK,
-                     bars + next % STAGES);
+    tf_mbar_wait(full + kt % STAGES, (kt / STAGES) & 1);
+    const char* xs = pipe + (kt % STAGES) * SLOT;
 #else
     tf_cp_async_wait<LA - 1>();
     tf_fence_proxy_async();
@@ -176,8 +214,8 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     const int next = kt + LA;
     if (next < KT) load_stage(pipe + (next % STAGES) * stage_bytes, x, ws, m0, n0, next * BK);
     tf_cp_async_commit();
-#endif
     const char* xs = pipe + (kt % STAGES) * stage_bytes;
+#endif
     tf_wgmma_fence();
     #pragma unroll
     for (int s = 0; s < BK / 16; ++s) {{
@@ -189,8 +227,16 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     }}
     tf_wgmma_commit();
     tf_wgmma_wait<1>();   // k-tile kt - 1 is done; kt's MMAs run on while the loop goes round
+#if TMA
+    if (pending >= 0) release_slot(empty, pending);
+    pending = kt;
+#endif
   }}
   tf_wgmma_wait<0>();
+#if TMA
+  release_slot(empty, pending);   // each slot is released exactly once per use
+  pending = -1;
+#endif
   #pragma unroll
   for (int j = 0; j < G; ++j) tf_fence_regs(acc[j]);
 
@@ -209,12 +255,12 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       *reinterpret_cast<__nv_bfloat162*>(hf + swizzled(col / 64, row, (col % 64) / 8, BM) +
                                          (col % 8) * 2) = __floats2bfloat162_rn(h[0], h[1]);
     }}
-  __syncthreads();      // this CTA's slice is complete (and every pipeline copy has landed)
+  consumers_sync();     // this CTA's slice is complete (and every pipeline copy has landed)
   tf_cluster_wait();    // every peer has started
   // All-gather: this CTA's slice of H (BN / 64 whole atoms, contiguous) into each peer.
   for (int p = 1; p < CLUSTER; ++p) {{
     const unsigned peer = (rank + p) % CLUSTER;
-    for (int c = threadIdx.x; c < BM * BN / 8; c += blockDim.x) {{
+    for (int c = threadIdx.x; c < BM * BN / 8; c += 32 * WARPS) {{
       const char* src = hf + rank * BM * BN * 2 + c * 16;
       tf_st_dsm_v4(tf_mapa(tf_smem_addr(src), peer), *reinterpret_cast<const uint4*>(src));
     }}
@@ -225,17 +271,11 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
 
   // Phase 2: ysum[m0 rows, this CTA's OC columns] += H · W2[cluster rows, OC columns], W2 through
   // a pipeline of BK × BO tiles, BO columns at a time.
+#if !TMA
   for (int s = 0; s < LA && s < T; ++s) {{
-#if TMA
-    if (threadIdx.x == 0)
-      load_w2_tma(pipe + s * w2_bytes, map_w2, nc + (s % KS) * BK, o_base + (s / KS) * BO,
-                  bars + STAGES + s);
-#else
     load_w2(pipe + s * w2_bytes, w2, nc + (s % KS) * BK, o_base + (s / KS) * BO);
     tf_cp_async_commit();
-#endif
   }}
-#if !TMA
   for (int s = T; s < LA; ++s) tf_cp_async_commit();
 #endif
   tf_cluster_wait();    // acquire: every slice of H is in place
@@ -244,23 +284,21 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   for (int t = 0; t < OC / BO; ++t) {{
     for (int ks = 0; ks < KS; ++ks) {{
       const int it = t * KS + ks;
-      const int next = it + LA;
 #if TMA
-      tf_mbar_wait(bars + STAGES + it % STAGES, (it / STAGES) & 1);
-      __syncthreads();
-      if (threadIdx.x == 0 && next < T)
-        load_w2_tma(pipe + (next % STAGES) * w2_bytes, map_w2, nc + (next % KS) * BK,
-                    o_base + (next / KS) * BO, bars + STAGES + next % STAGES);
+      const int u = KT + it;
+      tf_mbar_wait(full + u % STAGES, (u / STAGES) & 1);
+      const char* w2s = pipe + (u % STAGES) * SLOT;
 #else
       tf_cp_async_wait<LA - 1>();
       tf_fence_proxy_async();
       __syncthreads();
+      const int next = it + LA;
       if (next < T)
         load_w2(pipe + (next % STAGES) * w2_bytes, w2, nc + (next % KS) * BK,
                 o_base + (next / KS) * BO);
       tf_cp_async_commit();
-#endif
       const char* w2s = pipe + (it % STAGES) * w2_bytes;
+#endif
       tf_wgmma_fence();
       #pragma unroll
       for (int s = 0; s < BK / 16; ++s)
@@ -268,8 +306,16 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
                              nmajor_desc(w2s, BK, gn * OW, s * 16), ks > 0 || s > 0);
       tf_wgmma_commit();
       tf_wgmma_wait<1>();
+#if TMA
+      if (pending >= 0) release_slot(empty, pending);
+      pending = u;
+#endif
     }}
     tf_wgmma_wait<0>();   // this output tile is complete: add it to the other clusters' sums
+#if TMA
+    release_slot(empty, pending);
+    pending = -1;
+#endif
     tf_fence_regs(acc2);
     const int o0 = o_base + t * BO + gn * OW + ecol;
     #pragma unroll

@@ -26,6 +26,9 @@ __device__ __forceinline__ void tf_mbar_expect(unsigned long long* bar, unsigned
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                :: "r"(tf_smem_addr(bar)), "r"(bytes) : "memory");
 }
+__device__ __forceinline__ void tf_mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(tf_smem_addr(bar)) : "memory");
+}
 __device__ __forceinline__ void tf_mbar_wait(unsigned long long* bar, unsigned parity) {
   asm volatile("{\n.reg .pred done;\nTF_WAIT:\n"
                "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
