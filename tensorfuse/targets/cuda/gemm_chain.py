@@ -55,8 +55,8 @@ class ClusterKnobs:
     (``stages`` deep), ``block_o`` output columns per tile of the second product, ``cluster`` CTAs
     per cluster, ``group_m`` row blocks per rasterization group, 8 or 16 ``warps`` per CTA, and
     the tensor-core instruction (``mma``: ``"wgmma"`` or ``"mma_sync"``) and how tiles are copied
-    to shared memory (``copy``: ``"cp_async"`` by every thread, or ``"tma"``, one thread's bulk
-    tensor copies completing on mbarriers; wgmma only)."""
+    to shared memory (``copy``: ``"cp_async"`` by every thread, or ``"tma"``: a producer warp's
+    bulk tensor copies completing on mbarriers, wgmma only)."""
 
     block_m: int = 128
     block_n: int = 128

@@ -7,9 +7,11 @@ Every tile (x, the gate weights, H, W2) is kept in the 128-byte-swizzled layout,
 cp.async copies read whole 128-byte lines *and* write 128-byte spans of shared memory. (A first
 version used the unswizzled core-matrix layout: its scattered shared-memory destinations split
 each copy into 2.7× the L2 requests of the mma.sync path — ncu: L2 87 % busy — and it ran 1.4×
-slower.) With ``copy="tma"`` one thread fills the same tiles by bulk tensor copies (:mod:`.tma`)
-that complete on one mbarrier per stage. Pipelines run ``STAGES − 2`` copies ahead so that one
-k-tile's MMAs can still be reading their buffer while the next k-tile's are issued.
+slower.) With ``copy="tma"`` a producer warp fills the same tiles by bulk tensor copies
+(:mod:`.tma`) into one ring of slots — phase 1's stages, then phase 2's W2 tiles — and the consumer
+warpgroups release each slot on an mbarrier when their MMAs on it are done. With cp.async the
+pipelines run ``STAGES − 2`` copies ahead, so that one k-tile's MMAs can still be reading their
+buffer while the next k-tile's are issued.
 """
 from __future__ import annotations
 
@@ -110,7 +112,7 @@ __device__ __forceinline__ void consumers_sync() {{ __syncthreads(); }}
 #endif
 
 #if TMA
-// The same stages by TMA, issued by one thread: x as one box of BM rows, each weight (and W2) as
+// The same stages by TMA, issued by the producer warp's first lane: x as one box of BM rows, each weight (and W2) as
 // 64-column boxes of BK rows; the bytes complete on `bar`.
 __device__ __forceinline__ void load_stage_tma(char* stage, const char* map_x, const char* maps,
     int m0, int n0, int k0, unsigned long long* bar) {{
