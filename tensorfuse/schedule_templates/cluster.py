@@ -55,28 +55,28 @@ def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
     c = cluster or 2
     mma = given.get("mma", "wgmma" if target.has_wgmma and given.get("warps", 8) == 8
                     else "mma_sync")
+    wgmma = mma == "wgmma"  # swizzled 128-byte rows: block_k 64 only
     block_o = given.get("block_o", 128 if O % (c * 128) == 0 else 64)
     # 64-row blocks for few rows; wgmma then splits the columns over its two warpgroups, which
     # needs 64-column multiples per warpgroup
-    small = M <= 64 and (mma != "wgmma" or (given.get("block_n", 128) % 128 == 0
-                                           and block_o % 128 == 0))
+    small = M <= 64 and (not wgmma or (given.get("block_n", 128) % 128 == 0
+                                       and block_o % 128 == 0))
     k = ClusterKnobs(**{"cluster": c, "block_m": 64 if small else 128, "block_o": block_o,
                         "mma": mma, **given})
-    if k.mma == "wgmma" and not target.has_wgmma:
+    if wgmma and not target.has_wgmma:
         raise ScheduleError(f"mma='wgmma' needs target cuda:sm_90a; the target is {target.name}",
                             user_location())
 
     def fits(knobs) -> bool:
         return shared_bytes(plan, knobs) * knobs.ctas_per_sm <= target.max_shared_memory
 
-    wgmma = k.mma == "wgmma"  # swizzled 128-byte rows: block_k 64 only
     smallest = {"block_k": given.get("block_k", 64 if wgmma else 32),
                 "stages": given.get("stages", 3 if wgmma else 2)}
     if "block_m" not in given and not fits(replace(k, **smallest)):
         k = replace(k, block_m=64)
     check_sizes(plan, k, M, K, N, O)
-    # the pipeline with the most bytes in flight that fits: copies run stages − 1 k-tiles ahead
-    # (stages − 2 with wgmma, whose MMAs keep reading one more)
+    # the pipeline with the most bytes in flight that fits: cp.async copies run stages − 1 k-tiles
+    # ahead (stages − 2 with wgmma, whose MMAs keep reading one more; TMA's ring ranks the same)
     ahead = 2 if wgmma else 1
     choices = sorted(((bk, st) for bk in ((64,) if wgmma else (64, 32))
                       for st in range(ahead + 1, 7)
@@ -136,7 +136,7 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
             if key not in map_cache:
                 boxes = [(M, K, k.block_m)] + [(K, N, k.block_k)] * len(plan.gates) + \
                     [(N, O, k.block_k)]
-                blob = b"".join(tensor_map_2d(t.data_ptr(), rows, cols, 64, box_rows)
+                blob = b"".join(tensor_map_2d(t.data_ptr(), rows, cols, box_rows)
                                 for t, (rows, cols, box_rows) in zip(tensors, boxes))
                 map_cache.clear()  # keep one set: the maps hold raw addresses
                 map_cache[key] = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)

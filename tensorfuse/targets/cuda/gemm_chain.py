@@ -381,11 +381,10 @@ __device__ __forceinline__ void load_stage(char* stage, const __nv_bfloat16* __r
   }}
 }}
 
-// ROWS rows (from n0) × BO columns (from o0) of W2 into a [ROWS][LDW2] tile.
-template <int ROWS>
+// BK rows (from n0) × BO columns (from o0) of W2 into a [BK][LDW2] tile.
 __device__ __forceinline__ void load_w2(__nv_bfloat16* dst, const __nv_bfloat16* __restrict__ w2,
                                         int n0, int o0) {{
-  for (int c = threadIdx.x; c < ROWS * BO / 8; c += blockDim.x) {{
+  for (int c = threadIdx.x; c < BK * BO / 8; c += blockDim.x) {{
     int r = c / (BO / 8), col = (c % (BO / 8)) * 8;
     tf_cp_async16(dst + r * LDW2 + col, w2 + (long)(n0 + r) * O_ + o0 + col, true);
   }}
@@ -487,7 +486,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   __nv_bfloat16* w2p = reinterpret_cast<__nv_bfloat16*>(pipe);
   #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < T) load_w2<BK>(w2p + s * BK * LDW2, w2, nc + (s % KS) * BK, o_base + (s / KS) * BO);
+    if (s < T) load_w2(w2p + s * BK * LDW2, w2, nc + (s % KS) * BK, o_base + (s / KS) * BO);
     tf_cp_async_commit();
   }
   tf_cluster_wait();    // acquire: every slice of H is in place
@@ -498,7 +497,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     __syncthreads();
     const int next = it + STAGES - 1;
     if (next < T)
-      load_w2<BK>(w2p + (next % STAGES) * BK * LDW2, w2, nc + (next % KS) * BK,
+      load_w2(w2p + (next % STAGES) * BK * LDW2, w2, nc + (next % KS) * BK,
                   o_base + (next / KS) * BO);
     tf_cp_async_commit();
     const int ks = it % KS;

@@ -30,12 +30,13 @@ def wgmma_body(plan, knobs) -> str:
     gate_values = "".join(f"float g{j} = acc[{j}][4 * jj + 2 * half + e]; " for j in range(g))
     activation = plan.activation
     tma = knobs.copy == "tma"
-    pipe_bytes = wgmma_pipeline_bytes(plan, knobs)
+    pipe_bytes = wgmma_pipeline_bytes(plan, knobs)   # STAGES slots of the larger stage
     return f"""{HELPERS}
 {TMA_HELPERS if tma else ""}
 {functions}
 #define TMA {int(tma)}
 #define PIPE_BYTES {pipe_bytes}
+#define SLOT {pipe_bytes // knobs.stages}     // one TMA slot: a stage of either product
 #define WGN {wg_n}
 #define NW {nw}                 // first-product columns per warpgroup
 #define OW {ow}                 // output columns per warpgroup
@@ -94,7 +95,6 @@ __device__ __forceinline__ unsigned long long nmajor_desc(const char* tile, int 
 }}
 
 #if TMA
-#define SLOT (BM * BK * 2 + G * BK * BN * 2 > BK * BO * 2 ? BM * BK * 2 + G * BK * BN * 2 : BK * BO * 2)
 // Warp-specialized: a producer warp (warp WARPS) issues every copy into the STAGES slots of one
 // stream — phase 1's KT stages, then phase 2's W2 tiles — waiting until the consumers have
 // released a slot (`empty`, one arrival per consumer warpgroup); consumers wait on `full`.
@@ -107,13 +107,9 @@ __device__ __forceinline__ void release_slot(unsigned long long* empty, int u) {
 __device__ __forceinline__ void wait_free_slot(unsigned long long* empty, int u) {{
   if (u >= STAGES) tf_mbar_wait(empty + u % STAGES, (u / STAGES - 1) & 1);
 }}
-#else
-__device__ __forceinline__ void consumers_sync() {{ __syncthreads(); }}
-#endif
 
-#if TMA
-// The same stages by TMA, issued by the producer warp's first lane: x as one box of BM rows, each weight (and W2) as
-// 64-column boxes of BK rows; the bytes complete on `bar`.
+// The same stages by TMA, issued by the producer warp's first lane: x as one box of BM rows,
+// each weight (and W2) as 64-column boxes of BK rows; the bytes complete on `bar`.
 __device__ __forceinline__ void load_stage_tma(char* stage, const char* map_x, const char* maps,
     int m0, int n0, int k0, unsigned long long* bar) {{
   tf_mbar_expect(bar, BM * BK * 2 + G * BK * BN * 2);
@@ -131,6 +127,8 @@ __device__ __forceinline__ void load_w2_tma(char* dst, const char* map_w2, int n
   #pragma unroll
   for (int a = 0; a < BO / 64; ++a) tf_tma_load_2d(dst + a * BK * 128, map_w2, o0 + 64 * a, n0, bar);
 }}
+#else
+__device__ __forceinline__ void consumers_sync() {{ __syncthreads(); }}
 #endif
 
 extern "C" __global__ void @BOUNDS@
@@ -138,7 +136,6 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
               float* __restrict__ ysum@MAPS_ARG@@SCALAR_ARGS@) {{
   extern __shared__ __align__(128) char smem[];
   tf_cluster_arrive();  // this CTA has started; after the matching wait peers may write into it
-  const __nv_bfloat16* ws[G] = {{@GATES@}};
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wg = warp / 4;
   const int gm = wg / WGN, gn = wg % WGN;            // this warpgroup's row and column block
   const int erow = gm * 64 + (warp % 4) * 16 + lane / 4, ecol = 2 * (lane % 4);  // accumulators
@@ -148,16 +145,18 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   // swizzled tiles need 1024-byte alignment (the launch asks for 1 KB more than the tiles)
   char* hf = reinterpret_cast<char*>((reinterpret_cast<unsigned long long>(smem) + 1023) & ~1023ull);
   char* pipe = hf + BM * HW * 2;                      // hf: H of the cluster, BM × HW, K-major
-  const int stage_bytes = BM * BK * 2 + G * BK * BN * 2;
   const int nc = n0 - (int)rank * BN, o_base = rank * OC;
-  const int KS = HW / BK, T = (OC / BO) * KS, w2_bytes = BK * BO * 2;
-#if TMA
-  // TMA: thread 0 issues every copy; stage s of phase 1 (2) completes on bars[s] (bars[STAGES + s])
-  unsigned long long* bars = reinterpret_cast<unsigned long long*>(pipe + PIPE_BYTES);
+  const int KT = K_ / BK, KS = HW / BK, T = (OC / BO) * KS;
+#if !TMA
+  const __nv_bfloat16* ws[G] = {{@GATES@}};
+  const int stage_bytes = BM * BK * 2 + G * BK * BN * 2, w2_bytes = BK * BO * 2;
+#else
+  // Slot u % STAGES of the copy stream (KT first-product stages, then T W2 tiles) is filled when
+  // full[u % STAGES] completes and may be refilled when empty[u % STAGES] does.
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(pipe + PIPE_BYTES);
+  unsigned long long* empty = full + STAGES;
   const char* map_x = maps;                           // maps: x, the gate weights, w2
   const char* map_w2 = maps + (1 + G) * 128;
-  unsigned long long* full = bars;
-  unsigned long long* empty = bars + STAGES;
   if (threadIdx.x == 0) {{
     for (int i = 0; i < STAGES; ++i) {{
       tf_mbar_init(full + i, 1);
@@ -169,7 +168,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   __syncthreads();
   if (warp == WARPS) {{   // the producer warp
     if (lane == 0)
-      for (int u = 0; u < K_ / BK; ++u) {{
+      for (int u = 0; u < KT; ++u) {{
         wait_free_slot(empty, u);
         load_stage_tma(pipe + (u % STAGES) * SLOT, map_x, maps, m0, n0, u * BK, full + u % STAGES);
       }}
@@ -178,7 +177,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     tf_cluster_arrive();
     if (lane == 0)        // W2 streams in while the consumers exchange H
       for (int it = 0; it < T; ++it) {{
-        const int u = K_ / BK + it;
+        const int u = KT + it;
         wait_free_slot(empty, u);
         load_w2_tma(pipe + (u % STAGES) * SLOT, map_w2, nc + (it % KS) * BK,
                     o_base + (it / KS) * BO, full + u % STAGES);
@@ -195,7 +194,6 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   for (int j = 0; j < G; ++j)
     #pragma unroll
     for (int i = 0; i < NW / 2; ++i) acc[j][i] = 0.f;
-  const int KT = K_ / BK;
 #if TMA
   int pending = -1;       // the last slot whose MMAs may still be running
 #else

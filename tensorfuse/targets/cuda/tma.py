@@ -62,11 +62,12 @@ def _driver():
     return fn
 
 
-def tensor_map_2d(address: int, rows: int, cols: int, box_cols: int, box_rows: int) -> bytes:
+def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int) -> bytes:
     """The 128-byte map of a row-major bf16 ``[rows, cols]`` tensor at ``address``, copied in
-    ``box_rows × box_cols`` boxes (``box_cols`` × 2 = 128 bytes: one swizzle row)."""
-    if box_cols * 2 != 128 or not 1 <= box_rows <= 256:
-        raise ValueError("boxes are 64 bf16 wide (one 128-byte swizzle row) and ≤ 256 rows")
+    boxes of ``box_rows`` rows × 64 columns (128 bytes: one row of the 128-byte swizzle)."""
+    box_cols = 64
+    if not 1 <= box_rows <= 256:
+        raise ValueError(f"a TMA box has 1 to 256 rows, not {box_rows}")
     out = (ctypes.c_uint8 * 128)()
     dims = (ctypes.c_uint64 * 2)(cols, rows)
     strides = (ctypes.c_uint64 * 1)(cols * 2)
