@@ -112,7 +112,14 @@ def run_ffn(ms_list=(128, 1024, 8192), configs=({},), log=print) -> list[Row]:
     return rows
 
 
-def run_decode(clusters=(4, 8, 16), warps=(2, 4), log=print) -> list[Row]:
+DECODE_SWEEP = tuple({"cluster": c, "warps": w, "stages": st} for c in (4, 8, 16)
+                     for w in (1, 2, 4) for st in (2, 3)) + \
+    tuple({"cluster": c, "warps": 2, "mma": "fma"} for c in (8, 16))
+
+
+def run_decode(sweep=DECODE_SWEEP, log=print) -> list[Row]:
+    """Cluster decode at every knob point of ``sweep`` (the best correct one is reported), the
+    split-update template and SDPA, on one GQA decode shape."""
     from benchmarks.attention import CHAIN, reference
 
     B, HQ, HKV, N, D = 8, 32, 8, 32768, 128
@@ -123,23 +130,24 @@ def run_decode(clusters=(4, 8, 16), warps=(2, 4), log=print) -> list[Row]:
     ref = reference(q, k, v, scale, None, None, torch.arange(1).cuda())
     nbytes = 2 * B * HKV * N * D * 2 + 2 * B * HQ * D * 2
     impls = {}
-    for c, u in ((c, u) for c in clusters for u in warps):
+    for knobs in ({}, *sweep):   # {}: the template's defaults
+        name = ", ".join(f"{n}={x}" for n, x in knobs.items()) or "defaults"
         try:
             sch = tf.schedule(K.gqa_attention, "cuda")
             sch.rolling_update(*CHAIN, axis="j")
-            sch.cluster_distribute("j", cluster=c, warps=u)
+            sch.cluster_distribute("j", **knobs)
             f = sch.compile()
             out = torch.full_like(q, float("nan"))
             f(q, k, v, scale=scale, out=out)
             err = relative_error(out, ref)
             ms = bench(lambda: f(q, k, v, scale=scale, out=out))
-            log(f"  cluster decode cluster={c} warps={u}: {ms:.4f} ms err {err:.1e}"
+            log(f"  cluster decode {name}: {ms:.4f} ms err {err:.1e}"
                 + ("" if err < 2e-2 else "  WRONG"))
-            if err < 2e-2 and ("tensorfuse_cluster" not in impls
-                               or ms < impls["tensorfuse_cluster"][0]):
-                impls["tensorfuse_cluster"] = (ms, f"cluster={c} warps={u}; err {err:.1e}")
+            impl = "tensorfuse_cluster_fma" if knobs.get("mma") == "fma" else "tensorfuse_cluster"
+            if err < 2e-2 and (impl not in impls or ms < impls[impl][0]):
+                impls[impl] = (ms, f"{name}; err {err:.1e}")
         except Exception as exc:  # noqa: BLE001
-            log(f"  cluster decode cluster={c}: {type(exc).__name__}: {exc}"[:400])
+            log(f"  cluster decode {name}: {type(exc).__name__}: {exc}"[:400])
     f = tf.compile(K.gqa_attention, target="cuda")
     err = relative_error(f(q, k, v, scale=scale), ref)
     impls["tensorfuse_split_update"] = (bench(lambda: f(q, k, v, scale=scale)), f"err {err:.1e}")
@@ -160,6 +168,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="M=128 only, default knobs")
     parser.add_argument("--sweep", action="store_true",
                         help="FFN only, a sweep of knobs (mma, cluster, block sizes, pipeline)")
+    parser.add_argument("--decode", action="store_true", help="decode only (no FFN)")
     parser.add_argument("--ms", default="128,1024,8192",
                         help="FFN row counts M, comma-separated (default 128,1024,8192)")
     parser.add_argument("--out", default=os.environ.get("OUT") or
@@ -173,11 +182,11 @@ def main(argv=None) -> int:
     if args.sweep:
         configs = [{}, {"copy": "tma"}, {"mma": "mma_sync"}, {"copy": "tma", "stages": 4},
                    {"copy": "tma", "stages": 3}, {"copy": "tma", "cluster": 4}]
-    rows = (run_decode() if not args.sweep else []) + run_ffn(
+    rows = (run_decode() if not args.sweep else []) + ([] if args.decode else run_ffn(
         ms_list=(128,) if args.quick else tuple(int(m) for m in args.ms.split(",")),
-        configs=configs)
+        configs=configs))
     gpu = torch.cuda.get_device_name().replace(" ", "_")
-    tag = "-sweep" if args.sweep else ""
+    tag = "-sweep" if args.sweep else "-decode" if args.decode else ""
     path = os.path.join(args.out, f"{datetime.date.today()}-{gpu}-cluster{tag}.csv")
     os.makedirs(args.out, exist_ok=True)
     write_csv(rows, path)

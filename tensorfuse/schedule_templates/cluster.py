@@ -159,6 +159,9 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
     return ClusterKernel(program, target, layout, f"cluster_distribute(axis={axis!r})")
 
 
+DECODE_KNOBS = ("warps", "stages", "mma")
+
+
 def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int | None = None,
                      **knobs) -> ClusterKernel:
     """The rolled attention chain of ``kernel`` with its keys split over one cluster per
@@ -172,16 +175,19 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
                             f"{fusion.axis!r}: distribute the rolled axis", user_location())
     program = kernel.program
     plan = plan_decode(program, fusion.names, axis)
-    unknown = set(knobs) - {"warps"}
+    unknown = set(knobs) - set(DECODE_KNOBS)
     if unknown:
         raise ScheduleError(f"cluster_distribute has no knob {', '.join(sorted(unknown))} for "
-                            "attention; knobs: cluster, warps", user_location())
+                            f"attention; knobs: cluster, {', '.join(DECODE_KNOBS)}",
+                            user_location())
 
     def layout(dims: dict) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
         # default: a portable cluster (≤ 8) giving about four CTAs per SM
         c = cluster or min(8, 2 ** max(0, round(math.log2(4 * SMS / (B * HKV)))))
-        k = DecodeKnobs(cluster=c, **{"warps": 2, **knobs})
+        # tensor cores while the group's heads fit one 16-row MMA tile
+        mma = "mma_sync" if H // max(HKV, 1) <= 16 else "fma"
+        k = DecodeKnobs(cluster=c, **{"mma": mma, **knobs})
         source = decode_source(plan, k, dims)
         smem = decode_shared_bytes(k, D)
         if smem > target.max_shared_memory:

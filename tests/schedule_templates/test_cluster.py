@@ -54,7 +54,7 @@ def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster, mma):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx  # tensor cores
         assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx       # weights [in, out]
     assert "cp.async.cg.shared.global" in ptx                           # the pipeline
-    assert "atom.global.add.v2.f32" in ptx                              # clusters meet here
+    assert "atom.global.add.v4.f32" in ptx  # clusters meet here, 16-byte vector atomics
     assert "st.global" not in _main_kernel(ptx)  # h never goes to global memory, only f32 sums
     if mma == "wgmma":  # the same with TMA: a producer warp's bulk tensor copies, mbarriers
         tma = _ffn(kernel, cluster=cluster, block_n=64, block_o=64, copy="tma").ptx(**FFN)
@@ -73,14 +73,37 @@ def _main_kernel(ptx: str) -> str:
 
 @needs_nvcc
 @pytest.mark.parametrize("kernel", [gqa_attention, softcap_attention])
-def test_decode_ptx_has_cluster_and_dsm_instructions(kernel):
+@pytest.mark.parametrize("mma", ["mma_sync", "fma"])
+def test_decode_ptx_has_cluster_and_dsm_instructions(kernel, mma):
     sizes = dict(DECODE) if kernel is gqa_attention else \
         {k: v for k, v in DECODE.items() if k != "HKV"}
-    f = _decode(kernel, cluster=4)
+    f = _decode(kernel, cluster=4, mma=mma)
     ptx = f.ptx(**sizes)
     for instruction in CLUSTER_PTX + ("ld.shared::cluster",):  # states merged by DSM loads
         assert instruction in ptx, instruction
+    assert "cp.async.cg.shared.global" in ptx  # key/value blocks staged per warp
+    tensor_core_ops = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+                       "ldmatrix.sync.aligned.m8n8.x4.shared.b16",        # K rows for q·k
+                       "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16")  # V rows for p·v
+    for instruction in tensor_core_ops:
+        assert (instruction in ptx) == (mma == "mma_sync"), instruction
     assert "tanh" in f.source(**sizes) or kernel is gqa_attention  # softcap's score is emitted
+
+
+@needs_nvcc
+@pytest.mark.parametrize("D, group, knobs", [(64, 4, {}), (128, 16, {"stages": 3, "warps": 4}),
+                                             (256, 4, {}), (128, 24, {"mma": "fma"})])
+def test_decode_kernel_compiles_without_spills(D, group, knobs, tmp_path):
+    """The tensor-core sweep keeps Q's fragments and the D-wide accumulator in registers for the
+    whole sweep (255 at D=256): a spill would quietly cost much of the bandwidth."""
+    import subprocess
+
+    src = _decode(gqa_attention, **knobs).source(B=2, H=2 * group, HKV=2, M=1, N=1000, D=D)
+    (tmp_path / "k.cu").write_text(src)
+    out = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-Xptxas",
+                          "-v", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")],
+                         capture_output=True, text=True, check=True).stderr
+    assert re.search(r"\b0 bytes spill stores", out), out
 
 
 @needs_nvcc
@@ -145,6 +168,12 @@ def test_refusals_name_the_problem():
         _ffn(ffn_gelu, cluster=16, block_m=128).source(M=256, K=512, N=2048, O=2048)
     with pytest.raises(ScheduleError, match="shared memory"):
         _decode(gqa_attention, warps=16).source(**DECODE)
+    with pytest.raises(ScheduleError, match="up to 16 query heads.*mma='fma'"):
+        _decode(gqa_attention, mma="mma_sync").source(**{**DECODE, "H": 34})  # group of 17
+    with pytest.raises(ScheduleError, match="stages=5"):
+        _decode(gqa_attention, stages=5).source(**DECODE)
+    with pytest.raises(ScheduleError, match="no knob block_n.*stages"):
+        _decode(gqa_attention, block_n=64)
     with pytest.raises(ScheduleError, match="not supported by cluster kernels"):
         _decode(document_attention)  # the score reads a tensor (document ids): refused
     with pytest.raises(ScheduleError, match="M=1"):
@@ -314,6 +343,32 @@ def test_cluster_decode_matches_float64_on_the_gpu(cluster):
     _decode(gqa_attention, cluster=cluster)(q, k, v, scale=scale, out=out)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, group, knobs", [
+    (128, 1, {}), (128, 5, {}), (128, 16, {"warps": 4, "stages": 3}), (64, 4, {"stages": 4}),
+    (256, 4, {"warps": 1}), (128, 4, {"mma": "fma", "stages": 3}), (64, 20, {"cluster": 2}),
+    (128, 4, {"cluster": 16, "warps": 1})])
+def test_cluster_decode_paths_match_float64_on_the_gpu(D, group, knobs):
+    """Both sweeps (tensor cores with the group's heads as MMA rows, padded past G; CUDA cores)
+    across group sizes, head dims, warps and pipeline depths, on a key count that leaves every
+    warp a ragged last block."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(D + group)
+    B, HKV, N = 2, 2, 2777
+    H = HKV * group
+    q, k, v = _bf16(torch, B, H, 1, D, gen=g), _bf16(torch, B, HKV, N, D, gen=g), \
+        _bf16(torch, B, HKV, N, D, gen=g)
+    scale = 1 / math.sqrt(D)
+    kk = k.double().repeat_interleave(group, 1)
+    vv = v.double().repeat_interleave(group, 1)
+    ref = torch.softmax(q.double() @ kk.transpose(-1, -2) * scale, -1) @ vv
+    out = torch.full_like(q, float("nan"))
+    _decode(gqa_attention, **{"cluster": 4, **knobs})(q, k, v, scale=scale, out=out)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, err  # bf16 output (and bf16 weights p on the tensor-core path)
 
 
 @pytest.mark.gpu

@@ -2,15 +2,22 @@
 
 A split update inside one cluster: the ``cluster`` CTAs of a cluster each sweep a contiguous part
 of the keys for one (batch, kv-head) pair and all the query heads that share it (GQA), keeping the
-running state of the chain — maximum ``m``, sum ``l``, weighted sum ``o`` — in registers. A warp
-takes 32 keys at a time: each lane scores one key for every query head of the group (q is read from
-shared memory, four heads per read; the next block's keys and values are copied into the warp's
-shared memory while it computes), the block's maximum corrects the state once, and each lane
-accumulates its slice of the head dimension over the 32 weighted value rows. The warps' states of a
-CTA are merged in its shared memory, then the CTAs' states are merged through distributed shared memory
-(``mapa`` + ``ld.shared::cluster`` after a cluster barrier): every state is corrected from its own
-maximum to the cluster's with ``exp(m_part − m)``, the correction the rolling-update algebra derives
-for this chain (:func:`plan_decode` checks that it applies). No partial state goes to global memory.
+running state of the chain — maximum ``m``, sum ``l``, weighted sum ``o`` — in registers. Each warp
+copies blocks of 32 key and value rows into its own shared memory (``cp.async``, ``stages − 1``
+blocks ahead of the one it computes on) and updates the state once per block:
+
+- ``mma="mma_sync"`` (default while a group has at most 16 heads): the group's heads are the rows
+  of a 16-row tensor-core tile, so the block's scores are ``mma.sync`` products of q's fragments
+  (in registers for the whole sweep) with key rows from ``ldmatrix``; the online softmax runs on
+  the score fragments, and the weights, still in registers, are the A operand of ``p·v``;
+- ``mma="fma"``: CUDA cores, each lane scoring one key of the block for every head (q from shared
+  memory) and accumulating its slice of the head dimension over the block's weighted value rows.
+
+The warps' states of a CTA are merged in its shared memory, then the CTAs' states are merged
+through distributed shared memory (``mapa`` + ``ld.shared::cluster`` after a cluster barrier):
+every state is corrected from its own maximum to the cluster's with ``exp(m_part − m)``, the
+correction the rolling-update algebra derives for this chain (:func:`plan_decode` checks that it
+applies). No partial state goes to global memory.
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from ...dsl.expr import Axis, Binary, Const, DimSize, Expr, Load, Ref, Symbol, U
 from ...dsl.program import Program
 from ...errors import ScheduleError
 from .dsm import HELPERS
+from .mma_sync import HELPERS as MMA_SYNC_HELPERS
 from .expr import size_macros, to_cuda
 
 
@@ -46,11 +54,17 @@ class DecodePlan:
 
 @dataclass(frozen=True)
 class DecodeKnobs:
+    """``cluster`` CTAs per (batch, kv-head); ``warps`` per CTA, each sweeping blocks of 32 keys
+    with ``stages`` blocks in its shared memory; ``mma``: the group's q·k and p·v on tensor cores
+    (``"mma_sync"``, up to 16 heads per group) or CUDA cores (``"fma"``)."""
+
     cluster: int = 8
-    warps: int = 8      # each sweeps blocks of 32 keys
+    warps: int = 2
+    stages: int = 2
+    mma: str = "mma_sync"
 
     def __str__(self) -> str:
-        return f"cluster={self.cluster}, warps={self.warps}"
+        return f"cluster={self.cluster}, warps={self.warps}, stages={self.stages}, mma={self.mma}"
 
 
 def _refuse(message: str, loc=None) -> ScheduleError:
@@ -179,67 +193,44 @@ def decode_source(plan: DecodePlan, knobs: DecodeKnobs, sizes: dict) -> str:
     C, W = knobs.cluster, knobs.warps
     if C not in (1, 2, 4, 8, 16):
         raise _refuse(f"cluster={C} is not 1, 2, 4, 8 or 16")
-    if W not in (2, 4, 8, 16):
-        raise _refuse(f"warps={W} is not 2, 4, 8 or 16")
-    dl = D // 32                        # value elements per lane
-    vtype = {2: "unsigned", 4: "uint2", 8: "uint4"}[dl]
+    if W not in (1, 2, 4, 8, 16):
+        raise _refuse(f"warps={W} is not 1, 2, 4, 8 or 16")
+    if knobs.stages not in (2, 3, 4):
+        raise _refuse(f"stages={knobs.stages} is not 2, 3 or 4 (blocks of 32 keys per warp in "
+                      "shared memory, stages − 1 of them in flight)")
+    if knobs.mma not in ("mma_sync", "fma"):
+        raise _refuse(f"mma={knobs.mma!r} is not 'mma_sync' (tensor cores) or 'fma' (CUDA cores)")
+    if knobs.mma == "mma_sync" and G > 16:
+        raise _refuse(f"mma='mma_sync' takes up to 16 query heads per kv-head (one 16-row MMA "
+                      f"tile); this group has {G}: use mma='fma'")
+    tensor_cores = knobs.mma == "mma_sync"
     scalar_args = "".join(f", {'float' if t.startswith('f') else 'int'} {n}"
                           for n, t in plan.scalars)
-    if G % 4 == 0:  # four heads per shared-memory read (q is stored [d][head])
-        dot = """for (int g4 = 0; g4 < G; g4 += 4) {
-          const float4 qq = *reinterpret_cast<const float4*>(&qs[c + t][g4]);
-          s[g4] += qq.x * kf[t]; s[g4 + 1] += qq.y * kf[t]; s[g4 + 2] += qq.z * kf[t];
-          s[g4 + 3] += qq.w * kf[t];
-        }"""
-    else:
-        dot = "for (int g = 0; g < G; ++g) s[g] += qs[c + t][g] * kf[t];"
+    sweep = _mma_sweep(plan) if tensor_cores else _fma_sweep(plan, G, D)
     return f"""#include <cuda_bf16.h>
 {HELPERS}
+{MMA_SYNC_HELPERS if tensor_cores else ""}
 {size_macros(sizes)}#define G {G}
 #define D {D}
-#define DL {dl}
 #define N_ {N}
 #define HKV_ {HKV}
 #define H_ {H}
 #define CLUSTER {C}
 #define WARPS {W}
-#define KST (D + 8)   // key rows in shared memory: 16-byte skew, conflict-free row-per-lane reads
-
-__device__ __forceinline__ void unpack8(float (&dst)[8], uint4 raw) {{
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-  #pragma unroll
-  for (int t = 0; t < 4; ++t) {{
-    float2 f = __bfloat1622float2(pairs[t]);
-    dst[2 * t] = f.x; dst[2 * t + 1] = f.y;
-  }}
-}}
-
-__device__ __forceinline__ void unpack_v(float (&dst)[DL], {vtype} raw) {{
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-  #pragma unroll
-  for (int t = 0; t < DL / 2; ++t) {{
-    float2 f = __bfloat1622float2(pairs[t]);
-    dst[2 * t] = f.x; dst[2 * t + 1] = f.y;
-  }}
-}}
-
-__device__ __forceinline__ float warp_max(float x) {{
-  #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
-  return x;
-}}
+#define STAGES {knobs.stages}
+#define KST (D + 8)   // key rows in shared memory: 16-byte skew, conflict-free reads
+#define VST {"(D + 8)" if tensor_cores else "D"}   // value rows{" (skewed for ldmatrix)" if tensor_cores else ""}
 
 __device__ __forceinline__ float warp_sum(float x) {{
   #pragma unroll
   for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
   return x;
 }}
-
+{sweep.helpers}
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                   const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out{scalar_args}) {{
-  extern __shared__ __align__(16) char dsmem[];   // per warp: two blocks of 32 key rows
-  __shared__ __align__(16) float qs[D][G];
+  extern __shared__ __align__(16) char dsmem[];   // per warp: STAGES blocks of 32 key rows
   __shared__ float warp_m[WARPS][G], warp_l[WARPS][G];
   __shared__ __align__(16) float warp_o[WARPS][G][D];
   __shared__ float cta_m[G], cta_l[G];
@@ -252,90 +243,39 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
   const int j_begin = rank * chunk, j_end = min(N_, j_begin + chunk);
   const __nv_bfloat16* kb = k + ((long)b * HKV_ + hk) * N_ * D;
   const __nv_bfloat16* vb = v + ((long)b * HKV_ + hk) * N_ * D;
-  for (int x = threadIdx.x; x < G * D; x += blockDim.x)
-    qs[x % D][x / D] = __bfloat162float(q[((long)b * H_ + hk * G + x / D) * D + x % D]);
-  __syncthreads();
-
-  // Blocks of 32 keys per warp: lane `lane` scores key j0 + lane for every head of the group;
-  // one maximum per block and head, then the weighted values (lane owns DL elements of each).
-  float m[G], l[G], o[G][DL];
-  #pragma unroll
-  for (int g = 0; g < G; ++g) {{
-    m[g] = -INFINITY; l[g] = 0.f;
-    #pragma unroll
-    for (int t = 0; t < DL; ++t) o[g][t] = 0.f;
-  }}
-  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(dsmem) + warp * 2 * 32 * (KST + D);
-  __nv_bfloat16* vbuf = kbuf + 2 * 32 * KST;
-  // the warp copies the next block of 32 key and value rows, coalesced, into its own buffers
-  // (cp.async) while it computes on the current one
+{sweep.setup}
+  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(dsmem) +
+                        warp * STAGES * 32 * (KST + VST);
+  __nv_bfloat16* vbuf = kbuf + STAGES * 32 * KST;
+  // the warp copies blocks of 32 key and value rows, coalesced, into its own buffers (cp.async),
+  // STAGES − 1 blocks ahead of the one it computes on; rows past the end are copied clamped
   auto load_keys = [&](int buf, int first) {{
     for (int c = lane; c < 32 * D / 8; c += 32) {{
       const int r = c / (D / 8), col = (c % (D / 8)) * 8;
       const long row = min(first + r, j_end - 1);
       tf_cp_async16(kbuf + (buf * 32 + r) * KST + col, kb + row * D + col, true);
-      tf_cp_async16(vbuf + (buf * 32 + r) * D + col, vb + row * D + col, true);
+      tf_cp_async16(vbuf + (buf * 32 + r) * VST + col, vb + row * D + col, true);
     }}
-    tf_cp_async_commit();
   }};
-  if (j_begin + warp * 32 < j_end) load_keys(0, j_begin + warp * 32);
-  int it = 0;
-  for (int j0 = j_begin + warp * 32; j0 < j_end; j0 += WARPS * 32, ++it) {{
-    if (j0 + WARPS * 32 < j_end) load_keys((it + 1) & 1, j0 + WARPS * 32);
-    else tf_cp_async_commit();
-    tf_cp_async_wait<1>();
-    __syncwarp();
-    const int j = j0 + lane;
-    const bool valid = j < j_end;
-    const __nv_bfloat16* krow = kbuf + ((it & 1) * 32 + lane) * KST;
-    float s[G];
-    #pragma unroll
-    for (int g = 0; g < G; ++g) s[g] = 0.f;
-    #pragma unroll
-    for (int c = 0; c < D; c += 8) {{
-      float kf[8];
-      unpack8(kf, *reinterpret_cast<const uint4*>(krow + c));
-      #pragma unroll
-      for (int t = 0; t < 8; ++t) {{
-        {dot}
-      }}
-    }}
-    float p[G];
-    #pragma unroll
-    for (int g = 0; g < G; ++g) {{
-      const int h = hk * G + g;
-      const float qk = s[g];
-      const float sc = valid ? ({plan.score}) : -INFINITY;
-      const float m_new = fmaxf(m[g], warp_max(sc));
-      const bool live = m_new != -INFINITY;    // everything masked so far: nothing to add
-      const float corr = live ? __expf(m[g] - m_new) : 1.f;
-      p[g] = live ? __expf(sc - m_new) : 0.f;
-      l[g] = l[g] * corr + p[g];
-      #pragma unroll
-      for (int t = 0; t < DL; ++t) o[g][t] *= corr;
-      m[g] = m_new;
-    }}
-    const __nv_bfloat16* vblock = vbuf + (it & 1) * 32 * D;
-    #pragma unroll
-    for (int jj = 0; jj < 32; ++jj) {{       // rows past the end were copied clamped; weight 0
-      float vf[DL];
-      unpack_v(vf, *reinterpret_cast<const {vtype}*>(vblock + jj * D + lane * DL));
-      #pragma unroll
-      for (int g = 0; g < G; ++g) {{
-        const float pj = __shfl_sync(0xffffffffu, p[g], jj);
-        #pragma unroll
-        for (int t = 0; t < DL; ++t) o[g][t] += pj * vf[t];
-      }}
-    }}
-    __syncwarp();  // the buffer is read: the copy after next may overwrite it
-  }}
+  const int j_first = j_begin + warp * 32, j_step = WARPS * 32;
   #pragma unroll
-  for (int g = 0; g < G; ++g) {{
-    const float lw = warp_sum(l[g]);
-    if (lane == 0) {{ warp_m[warp][g] = m[g]; warp_l[warp][g] = lw; }}
-    #pragma unroll
-    for (int t = 0; t < DL; ++t) warp_o[warp][g][lane * DL + t] = o[g][t];
+  for (int s = 0; s < STAGES - 1; ++s) {{
+    if (j_first + s * j_step < j_end) load_keys(s, j_first + s * j_step);
+    tf_cp_async_commit();
   }}
+  int it = 0;
+  for (int j0 = j_first; j0 < j_end; j0 += j_step, ++it) {{
+    const int j_ahead = j0 + (STAGES - 1) * j_step;
+    if (j_ahead < j_end) load_keys((it + STAGES - 1) % STAGES, j_ahead);
+    tf_cp_async_commit();
+    tf_cp_async_wait<STAGES - 1>();   // this block's group is complete
+    __syncwarp();
+    const __nv_bfloat16* kblock = kbuf + (it % STAGES) * 32 * KST;
+    const __nv_bfloat16* vblock = vbuf + (it % STAGES) * 32 * VST;
+{sweep.block}
+    __syncwarp();  // the buffers are read: a later copy may overwrite them
+  }}
+{sweep.store}
   __syncthreads();
   // merge the warps' states: each thread owns (g, e) elements
   for (int x = threadIdx.x; x < G * D; x += blockDim.x) {{
@@ -375,6 +315,223 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
 """
 
 
+@dataclass(frozen=True)
+class _Sweep:
+    """The parts of the kernel that differ between the CUDA-core and tensor-core sweeps over the
+    keys: device helpers, per-warp setup, the work on one block of 32 keys (``kblock``, ``vblock``
+    in shared memory, first key ``j0``), and storing the warp's state into ``warp_m/l/o``."""
+
+    helpers: str
+    setup: str
+    block: str
+    store: str
+
+
+def _fma_sweep(plan: DecodePlan, G: int, D: int) -> _Sweep:
+    """CUDA cores: lane ``l`` scores key ``j0 + l`` for every head of the group (q from shared
+    memory), one maximum per block and head, then each lane accumulates its D/32 elements of the
+    weighted value rows."""
+    dl = D // 32                        # value elements per lane
+    vtype = {2: "unsigned", 4: "uint2", 8: "uint4"}[dl]
+    if G % 4 == 0:  # four heads per shared-memory read (q is stored [d][head])
+        dot = """for (int g4 = 0; g4 < G; g4 += 4) {
+          const float4 qq = *reinterpret_cast<const float4*>(&qs[c + t][g4]);
+          s[g4] += qq.x * kf[t]; s[g4 + 1] += qq.y * kf[t]; s[g4 + 2] += qq.z * kf[t];
+          s[g4 + 3] += qq.w * kf[t];
+        }"""
+    else:
+        dot = "for (int g = 0; g < G; ++g) s[g] += qs[c + t][g] * kf[t];"
+    helpers = f"""#define DL {dl}
+__device__ __forceinline__ void unpack8(float (&dst)[8], uint4 raw) {{
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  #pragma unroll
+  for (int t = 0; t < 4; ++t) {{
+    float2 f = __bfloat1622float2(pairs[t]);
+    dst[2 * t] = f.x; dst[2 * t + 1] = f.y;
+  }}
+}}
+
+__device__ __forceinline__ void unpack_v(float (&dst)[DL], {vtype} raw) {{
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  #pragma unroll
+  for (int t = 0; t < DL / 2; ++t) {{
+    float2 f = __bfloat1622float2(pairs[t]);
+    dst[2 * t] = f.x; dst[2 * t + 1] = f.y;
+  }}
+}}
+
+__device__ __forceinline__ float warp_max(float x) {{
+  #pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}}
+"""
+    setup = """  __shared__ __align__(16) float qs[D][G];
+  for (int x = threadIdx.x; x < G * D; x += blockDim.x)
+    qs[x % D][x / D] = __bfloat162float(q[((long)b * H_ + hk * G + x / D) * D + x % D]);
+  __syncthreads();
+  float m[G], l[G], o[G][DL];
+  #pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY; l[g] = 0.f;
+    #pragma unroll
+    for (int t = 0; t < DL; ++t) o[g][t] = 0.f;
+  }"""
+    block = f"""    const int j = j0 + lane;
+    const bool valid = j < j_end;
+    const __nv_bfloat16* krow = kblock + lane * KST;
+    float s[G];
+    #pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = 0.f;
+    #pragma unroll
+    for (int c = 0; c < D; c += 8) {{
+      float kf[8];
+      unpack8(kf, *reinterpret_cast<const uint4*>(krow + c));
+      #pragma unroll
+      for (int t = 0; t < 8; ++t) {{
+        {dot}
+      }}
+    }}
+    float p[G];
+    #pragma unroll
+    for (int g = 0; g < G; ++g) {{
+      const int h = hk * G + g;
+      const float qk = s[g];
+      const float sc = valid ? ({plan.score}) : -INFINITY;
+      const float m_new = fmaxf(m[g], warp_max(sc));
+      const bool live = m_new != -INFINITY;    // everything masked so far: nothing to add
+      const float corr = live ? __expf(m[g] - m_new) : 1.f;
+      p[g] = live ? __expf(sc - m_new) : 0.f;
+      l[g] = l[g] * corr + p[g];
+      #pragma unroll
+      for (int t = 0; t < DL; ++t) o[g][t] *= corr;
+      m[g] = m_new;
+    }}
+    #pragma unroll
+    for (int jj = 0; jj < 32; ++jj) {{       // rows past the end were copied clamped; weight 0
+      float vf[DL];
+      unpack_v(vf, *reinterpret_cast<const {vtype}*>(vblock + jj * VST + lane * DL));
+      #pragma unroll
+      for (int g = 0; g < G; ++g) {{
+        const float pj = __shfl_sync(0xffffffffu, p[g], jj);
+        #pragma unroll
+        for (int t = 0; t < DL; ++t) o[g][t] += pj * vf[t];
+      }}
+    }}"""
+    store = """  #pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float lw = warp_sum(l[g]);
+    if (lane == 0) { warp_m[warp][g] = m[g]; warp_l[warp][g] = lw; }
+    #pragma unroll
+    for (int t = 0; t < DL; ++t) warp_o[warp][g][lane * DL + t] = o[g][t];
+  }"""
+    return _Sweep(helpers, setup, block, store)
+
+
+def _mma_sweep(plan: DecodePlan) -> _Sweep:
+    """Tensor cores (``mma.sync`` m16n8k16): the group's query heads are the 16 rows of the MMA
+    tile (rows past G are zero and masked), so S = Q·Kᵀ for a block of 32 keys is four 16×8
+    tiles (K rows from ``ldmatrix``, Q's fragments held in registers for the whole sweep), the
+    online softmax runs on S's fragments (row maxima across the four lanes of a quad), and
+    O += P·V takes P from S's registers as its A operand (V through ``ldmatrix.trans``)."""
+    block = f"""    float s[4][4];
+    #pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {{   // S = Q · Kᵀ: keys nt·8 … nt·8 + 7 of the block
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      #pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk) {{
+        unsigned kf[4];
+        ldsm_x4(kf, kblock + (nt * 8 + lane % 8) * KST + kk * 32 + (lane / 8) * 8);
+        mma16816(s[nt], qa[2 * kk], kf[0], kf[1]);
+        mma16816(s[nt], qa[2 * kk + 1], kf[2], kf[3]);
+      }}
+    }}
+    float mx[2] = {{-INFINITY, -INFINITY}};
+    #pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {{
+        const int g = row0 + (e / 2) * 8, j = j0 + nt * 8 + col0 + e % 2, h = hk * G + g;
+        const float qk = s[nt][e];
+        s[nt][e] = (g < G && j < j_end) ? ({plan.score}) : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+      }}
+    float corr[2];
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {{   // row maxima over the quad's four lanes
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r]);
+      const bool live = m_new != -INFINITY;    // everything masked so far: nothing to add
+      corr[r] = live ? __expf(m[r] - m_new) : 1.f;
+      l[r] *= corr[r];
+      m[r] = live ? m_new : -INFINITY;
+    }}
+    unsigned pa[2][4];   // P as the A operand of O += P · V, keys 16·kk …
+    #pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {{
+      float p[4];
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {{
+        p[e] = m[e / 2] == -INFINITY ? 0.f : __expf(s[nt][e] - m[e / 2]);
+        l[e / 2] += p[e];
+      }}
+      pa[nt / 2][(nt % 2) * 2] = tf_pack_bf16x2(p[0], p[1]);
+      pa[nt / 2][(nt % 2) * 2 + 1] = tf_pack_bf16x2(p[2], p[3]);
+    }}
+    #pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {{
+      o[nt][0] *= corr[0]; o[nt][1] *= corr[0]; o[nt][2] *= corr[1]; o[nt][3] *= corr[1];
+    }}
+    #pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+      #pragma unroll
+      for (int np = 0; np < D / 16; ++np) {{
+        unsigned vf[4];
+        ldsm_x4_t(vf, vblock + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * VST + np * 16 +
+                      (lane / 16) * 8);
+        mma16816(o[2 * np], pa[kk], vf[0], vf[1]);
+        mma16816(o[2 * np + 1], pa[kk], vf[2], vf[3]);
+      }}"""
+    setup = """  // lane holds rows row0 and row0 + 8 (query heads of the group) at columns col0, col0 + 1
+  const int row0 = lane / 4, col0 = (lane % 4) * 2;
+  unsigned qa[D / 16][4];   // Q's A fragments, k16 step by step
+  {
+    auto q_pair = [&](int g, int d) -> unsigned {
+      return g < G ? *reinterpret_cast<const unsigned*>(q + ((long)b * H_ + hk * G + g) * D + d)
+                   : 0u;
+    };
+    #pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      qa[ks][0] = q_pair(row0, ks * 16 + col0);
+      qa[ks][1] = q_pair(row0 + 8, ks * 16 + col0);
+      qa[ks][2] = q_pair(row0, ks * 16 + col0 + 8);
+      qa[ks][3] = q_pair(row0 + 8, ks * 16 + col0 + 8);
+    }
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};   // l: this lane's columns only
+  float o[D / 8][4];
+  #pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;"""
+    store = """  #pragma unroll
+  for (int r = 0; r < 2; ++r) {   // the quad's partial sums, then rows below G to shared memory
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int g = row0 + r * 8;
+    if (g < G && lane % 4 == 0) { warp_m[warp][g] = m[r]; warp_l[warp][g] = l[r]; }
+  }
+  #pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt)
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int g = row0 + (e / 2) * 8;
+      if (g < G) warp_o[warp][g][nt * 8 + col0 + e % 2] = o[nt][e];
+    }"""
+    return _Sweep("", setup, block, store)
+
+
 def decode_shared_bytes(knobs: DecodeKnobs, head_dim: int) -> int:
-    """Dynamic shared memory of the decode kernel: two blocks of 32 key and value rows per warp."""
-    return knobs.warps * 2 * 32 * (2 * head_dim + 8) * 2
+    """Dynamic shared memory of the decode kernel: ``stages`` blocks of 32 key and value rows per
+    warp (rows skewed by 16 bytes; value rows too for the tensor-core path's ``ldmatrix``)."""
+    row_bytes = (2 * head_dim + 8 + (8 if knobs.mma == "mma_sync" else 0)) * 2
+    return knobs.warps * knobs.stages * 32 * row_bytes

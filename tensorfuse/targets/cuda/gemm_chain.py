@@ -28,6 +28,7 @@ from ...dsl.program import Program
 from ...errors import ScheduleError
 from .dsm import HELPERS
 from .expr import size_macros, to_cuda
+from .mma_sync import HELPERS as MMA_SYNC_HELPERS
 
 WARPS_N = 4  # warps along the columns; the rows get warps / 4
 
@@ -284,6 +285,21 @@ extern "C" __global__ void tf_chain_epilogue(const float* __restrict__ ysum,
   if (i < (long)M_ * O_) {{ float y = ysum[i]; out[i] = __float2bfloat16({plan.epilogue}); }}
 }}
 
+// Adds one accumulator fragment to the clusters' f32 sums. Lanes l and l ^ 1 hold columns c, c + 1
+// and c + 2, c + 3 of rows `row` and `row` + 8 (the mma.sync / wgmma layout): they swap halves so
+// that the even lane adds row `row`'s four columns and the odd lane row `row` + 8's — one 16-byte
+// vector atomic each instead of two 8-byte ones. Every lane of the warp must call it.
+__device__ __forceinline__ void add_to_sums(float* __restrict__ ysum, int row, int col, float a0,
+                                            float a1, float b0, float b1) {{
+  const bool odd = threadIdx.x & 1;
+  const float g0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+  const float g1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+  const int r = odd ? row + 8 : row;
+  if (r < M_)
+    atomicAdd(reinterpret_cast<float4*>(ysum + (long)r * O_ + (col & ~3)),
+              odd ? make_float4(g0, g1, b0, b1) : make_float4(a0, a1, g0, g1));
+}}
+
 // This CTA's rows m0 and intermediate columns n0. Clusters are numbered in launch order and walk
 // GROUP_M row blocks for each group of columns before moving on, so that the weight slices one
 // wave reads are read again from L2 by the rows beside it, not from memory.
@@ -316,22 +332,7 @@ def _mma_sync_body(plan: GemmChainPlan, knobs: ClusterKnobs) -> str:
 #define LDW (BN + 8)
 #define LDW2 (BO + 8)
 
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {{
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tf_smem_addr(p)));
-}}
-__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void* p) {{
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{%0, %1, %2, %3}}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tf_smem_addr(p)));
-}}
-__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
-                                         unsigned b1) {{
-  // not volatile: a pure register operation the compiler may interleave with other work
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-               "{{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}}
+{MMA_SYNC_HELPERS}
 // One k16 step of a warp tile: A rows from a row-major [rows][lda] tile, B from a row-major
 // [k][ldb] tile (ldmatrix.trans gives the column operand), ACC[MI][NT][4] += A · B.
 template <int NT>
@@ -511,14 +512,9 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       #pragma unroll
       for (int i = 0; i < MI; ++i)
         #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = m0 + wm * WM + i * 16 + gr + 8 * half;
-          if (row < M_)
-            #pragma unroll
-            for (int k = 0; k < NI2; ++k)
-              atomicAdd(reinterpret_cast<float2*>(ysum + (long)row * O_ + o0 + k * 8),
-                        make_float2(acc2[i][k][2 * half], acc2[i][k][2 * half + 1]));
-        }
+        for (int k = 0; k < NI2; ++k)
+          add_to_sums(ysum, m0 + wm * WM + i * 16 + gr, o0 + k * 8, acc2[i][k][0], acc2[i][k][1],
+                      acc2[i][k][2], acc2[i][k][3]);
       zero(acc2);
     }
   }

@@ -319,14 +319,9 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     tf_fence_regs(acc2);
     const int o0 = o_base + t * BO + gn * OW + ecol;
     #pragma unroll
-    for (int half = 0; half < 2; ++half) {{
-      const int row = m0 + erow + 8 * half;
-      if (row < M_)
-        #pragma unroll
-        for (int jj = 0; jj < OW / 8; ++jj)
-          atomicAdd(reinterpret_cast<float2*>(ysum + (long)row * O_ + o0 + 8 * jj),
-                    make_float2(acc2[4 * jj + 2 * half], acc2[4 * jj + 2 * half + 1]));
-    }}
+    for (int jj = 0; jj < OW / 8; ++jj)
+      add_to_sums(ysum, m0 + erow, o0 + 8 * jj, acc2[4 * jj], acc2[4 * jj + 1], acc2[4 * jj + 2],
+                  acc2[4 * jj + 3]);
   }}
 }}
 """
