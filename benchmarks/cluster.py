@@ -1,9 +1,9 @@
 """Cluster kernels (issue 6) on the GPU: the fused FFN with the intermediate in distributed shared
 memory against torch eager (cuBLAS) and torch.compile, and cluster-split decode against the
 split-update decode template and SDPA. Every tensorfuse kernel is checked against a float64
-reference first (FFN: the first 128 rows; decode: all of it).
+reference first (FFN: rows of the first and the last row block; decode: all of it).
 
-    python -m benchmarks.cluster [--quick]
+    python -m benchmarks.cluster [--quick] [--decode] [--sweep] [--ms 128,1024,8192]
 """
 from __future__ import annotations
 
@@ -112,8 +112,8 @@ def run_ffn(ms_list=(128, 1024, 8192), configs=({},), log=print) -> list[Row]:
     return rows
 
 
-DECODE_SWEEP = tuple({"cluster": c, "warps": w, "stages": st} for c in (4, 8, 16)
-                     for w in (1, 2, 4) for st in (2, 3)) + \
+DECODE_SWEEP = tuple({"cluster": c, "warps": w, "stages": st} for c in (1, 2, 4, 8, 16)
+                     for w in (1, 2, 4) for st in (2, 3, 4)) + \
     tuple({"cluster": c, "warps": 2, "mma": "fma"} for c in (8, 16))
 
 
@@ -165,7 +165,8 @@ def run_decode(sweep=DECODE_SWEEP, log=print) -> list[Row]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="M=128 only, default knobs")
+    parser.add_argument("--quick", action="store_true",
+                        help="FFN with the default knobs only (with --ms: at those row counts)")
     parser.add_argument("--sweep", action="store_true",
                         help="FFN only, a sweep of knobs (mma, cluster, block sizes, pipeline)")
     parser.add_argument("--decode", action="store_true", help="decode only (no FFN)")
@@ -183,7 +184,7 @@ def main(argv=None) -> int:
         configs = [{}, {"copy": "tma"}, {"mma": "mma_sync"}, {"copy": "tma", "stages": 4},
                    {"copy": "tma", "stages": 3}, {"copy": "tma", "cluster": 4}]
     rows = (run_decode() if not args.sweep else []) + ([] if args.decode else run_ffn(
-        ms_list=(128,) if args.quick else tuple(int(m) for m in args.ms.split(",")),
+        ms_list=tuple(int(m) for m in args.ms.split(",")),
         configs=configs))
     gpu = torch.cuda.get_device_name().replace(" ", "_")
     tag = "-sweep" if args.sweep else "-decode" if args.decode else ""

@@ -189,11 +189,12 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
         mma = "mma_sync" if H // max(HKV, 1) <= 16 else "fma"
         k = DecodeKnobs(cluster=c, **{"mma": mma, **knobs})
         source = decode_source(plan, k, dims)
-        smem = decode_shared_bytes(k, D)
+        smem = decode_shared_bytes(k, D, H // HKV)
         if smem > target.max_shared_memory:
-            raise ScheduleError(f"warps={k.warps} at head dim {D} needs {smem} bytes of shared "
-                                f"memory per CTA; {target.name} has {target.max_shared_memory}: "
-                                "use fewer warps", user_location())
+            raise ScheduleError(f"warps={k.warps}, stages={k.stages} at head dim {D} and {H // HKV} "
+                                f"heads per kv-head need {smem} bytes of shared memory per CTA; "
+                                f"{target.name} has {target.max_shared_memory}: use fewer warps "
+                                "or stages", user_location())
         types = tuple("float32" if t.startswith("f") else "int32" for _, t in plan.scalars)
         entries = [KernelEntry("tf_decode_cluster", ("handle",) * 4 + types)]
 

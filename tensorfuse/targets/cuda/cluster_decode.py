@@ -230,12 +230,11 @@ __device__ __forceinline__ float warp_sum(float x) {{
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                   const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out{scalar_args}) {{
-  extern __shared__ __align__(16) char dsmem[];   // per warp: STAGES blocks of 32 key rows
-  __shared__ float warp_m[WARPS][G], warp_l[WARPS][G];
-  __shared__ __align__(16) float warp_o[WARPS][G][D];
-  __shared__ float cta_m[G], cta_l[G];
-  __shared__ __align__(16) float cta_o[G][D];
-  const unsigned rank = tf_cluster_rank();
+  // Shared memory, all of it dynamic (decode_shared_bytes): per warp STAGES blocks of 32 key and
+  // value rows, then {"q as [d][head], " if not tensor_cores else ""}the warps' and the CTA's states.
+  extern __shared__ __align__(16) char dsmem[];
+  char* states = dsmem + WARPS * STAGES * 32 * (KST + VST) * 2;
+{_carve(G, D, W, not tensor_cores)}  const unsigned rank = tf_cluster_rank();
   const int pair = blockIdx.x / CLUSTER;      // (batch, kv head)
   const int b = pair / HKV_, hk = pair % HKV_;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -366,8 +365,7 @@ __device__ __forceinline__ float warp_max(float x) {{
   return x;
 }}
 """
-    setup = """  __shared__ __align__(16) float qs[D][G];
-  for (int x = threadIdx.x; x < G * D; x += blockDim.x)
+    setup = """  for (int x = threadIdx.x; x < G * D; x += blockDim.x)
     qs[x % D][x / D] = __bfloat162float(q[((long)b * H_ + hk * G + x / D) * D + x % D]);
   __syncthreads();
   float m[G], l[G], o[G][DL];
@@ -530,8 +528,30 @@ def _mma_sweep(plan: DecodePlan) -> _Sweep:
     return _Sweep("", setup, block, store)
 
 
-def decode_shared_bytes(knobs: DecodeKnobs, head_dim: int) -> int:
-    """Dynamic shared memory of the decode kernel: ``stages`` blocks of 32 key and value rows per
-    warp (rows skewed by 16 bytes; value rows too for the tensor-core path's ``ldmatrix``)."""
+def _state_arrays(group: int, head_dim: int, warps: int, with_q: bool):
+    """The shared-memory arrays after the key/value buffers, in order: (name, C++ shape, floats)."""
+    G, D, W = group, head_dim, warps
+    arrays = [("qs", f"[{D}][{G}]", D * G)] if with_q else []
+    return arrays + [("warp_o", f"[{W}][{G}][{D}]", W * G * D), ("cta_o", f"[{G}][{D}]", G * D),
+                     ("warp_m", f"[{W}][{G}]", W * G), ("warp_l", f"[{W}][{G}]", W * G),
+                     ("cta_m", f"[{G}]", G), ("cta_l", f"[{G}]", G)]
+
+
+def _carve(group: int, head_dim: int, warps: int, with_q: bool) -> str:
+    """C++ references that name the state arrays inside the dynamic shared memory (16-byte
+    aligned: every array before the last ones is a multiple of 16 bytes)."""
+    lines, offset = [], 0
+    for name, shape, floats in _state_arrays(group, head_dim, warps, with_q):
+        lines.append(f"  float (&{name}){shape} = *reinterpret_cast<float (*){shape}>"
+                     f"(states + {offset});")
+        offset += 4 * floats
+    return "\n".join(lines)
+
+
+def decode_shared_bytes(knobs: DecodeKnobs, head_dim: int, group: int) -> int:
+    """Shared memory of the decode kernel (all dynamic): ``stages`` blocks of 32 key and value rows
+    per warp (rows skewed by 16 bytes; value rows too for the tensor-core path's ``ldmatrix``),
+    then the states the warps and the cluster merge (and q, for the CUDA-core path)."""
     row_bytes = (2 * head_dim + 8 + (8 if knobs.mma == "mma_sync" else 0)) * 2
-    return knobs.warps * knobs.stages * 32 * row_bytes
+    states = _state_arrays(group, head_dim, knobs.warps, knobs.mma != "mma_sync")
+    return knobs.warps * knobs.stages * 32 * row_bytes + 4 * sum(f for _, _, f in states)
