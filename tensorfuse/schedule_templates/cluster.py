@@ -162,12 +162,32 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
 DECODE_KNOBS = ("warps", "stages", "mma")
 
 
+def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: dict,
+                 target: TargetSpec):
+    """The user's decode knobs, and defaults for the rest, from the sweep on the H100 (RESULTS.md,
+    B=8, 32/8 heads, 32k keys): one CTA per SM in a single wave was best — the power-of-two
+    cluster that gives about one CTA per SM for the B·HKV (batch, kv-head) pairs (1 when there are
+    more pairs than SMs, at most 16), the most warps (4, 2, 1) whose two-block buffers fit, and
+    tensor cores while a group's heads fit one 16-row MMA tile."""
+    from ..targets.cuda.cluster_decode import DecodeKnobs, decode_shared_bytes
+
+    pairs = B * max(HKV, 1)
+    c = cluster or min(16, 2 ** max(0, math.floor(math.log2(max(1, SMS // pairs)))))
+    group = H // max(HKV, 1)
+    k = DecodeKnobs(cluster=c, mma="mma_sync" if group <= 16 else "fma")
+    k = replace(k, **{n: x for n, x in given.items() if n != "warps"})
+    if "warps" in given:
+        return replace(k, warps=given["warps"])
+    return next((replace(k, warps=w) for w in (4, 2, 1)
+                 if decode_shared_bytes(replace(k, warps=w), D, group)
+                 <= target.max_shared_memory), replace(k, warps=1))
+
+
 def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int | None = None,
                      **knobs) -> ClusterKernel:
     """The rolled attention chain of ``kernel`` with its keys split over one cluster per
     (batch, kv-head)."""
-    from ..targets.cuda.cluster_decode import (DecodeKnobs, decode_shared_bytes, decode_source,
-                                               plan_decode)
+    from ..targets.cuda.cluster_decode import decode_shared_bytes, decode_source, plan_decode
 
     _check_target(target)
     if fusion.axis != axis:
@@ -183,11 +203,7 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
 
     def layout(dims: dict) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
-        # default: a portable cluster (≤ 8) giving about four CTAs per SM
-        c = cluster or min(8, 2 ** max(0, round(math.log2(4 * SMS / (B * HKV)))))
-        # tensor cores while the group's heads fit one 16-row MMA tile
-        mma = "mma_sync" if H // max(HKV, 1) <= 16 else "fma"
-        k = DecodeKnobs(cluster=c, **{"mma": mma, **knobs})
+        k = decode_knobs(B, H, HKV, D, cluster, knobs, target)
         source = decode_source(plan, k, dims)
         smem = decode_shared_bytes(k, D, H // HKV)
         if smem > target.max_shared_memory:

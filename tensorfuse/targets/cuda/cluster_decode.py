@@ -252,8 +252,8 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
     for (int c = lane; c < 32 * D / 8; c += 32) {{
       const int r = c / (D / 8), col = (c % (D / 8)) * 8;
       const long row = min(first + r, j_end - 1);
-      tf_cp_async16(kbuf + (buf * 32 + r) * KST + col, kb + row * D + col, true);
-      tf_cp_async16(vbuf + (buf * 32 + r) * VST + col, vb + row * D + col, true);
+      tf_cp_async16_l2(kbuf + (buf * 32 + r) * KST + col, kb + row * D + col);
+      tf_cp_async16_l2(vbuf + (buf * 32 + r) * VST + col, vb + row * D + col);
     }}
   }};
   const int j_first = j_begin + warp * 32, j_step = WARPS * 32;

@@ -12,7 +12,9 @@ the few we need are spelled out here:
   (``mapa.shared::cluster``);
 - ``tf_ld_dsm_f32x4`` / ``tf_ld_dsm_f32``: loads from a peer's shared memory
   (``ld.shared::cluster``); ``tf_st_dsm_v4``: a 16-byte store into a peer's shared memory
-  (``st.shared::cluster``).
+  (``st.shared::cluster``);
+- ``tf_cp_async16`` (with ``_l2``: and the L2 prefetch-size hint), ``tf_cp_async_commit``,
+  ``tf_cp_async_wait``: the Ampere-style asynchronous copy into shared memory.
 """
 from __future__ import annotations
 
@@ -58,6 +60,12 @@ __device__ __forceinline__ void tf_st_dsm_v4(unsigned addr, uint4 v) {
 __device__ __forceinline__ void tf_cp_async16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                :: "r"(tf_smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+// The same with the L2 prefetch-size hint: L2 fetches the whole 128-byte line of a 16-byte copy.
+// For streams read once (decode's keys and values) it measured 1-2 % faster on the H100.
+__device__ __forceinline__ void tf_cp_async16_l2(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;"
+               :: "r"(tf_smem_addr(smem)), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void tf_cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
