@@ -39,7 +39,7 @@ def _pointer(x):
     return ctypes.c_void_p(x.data_ptr())
 
 
-GEMM_CHAIN_KNOBS = ("mma", "copy", "block_m", "block_n", "block_k", "block_o", "stages", "group_m",
+GEMM_CHAIN_KNOBS = ("mma", "copy", "exchange", "block_m", "block_n", "block_k", "block_o", "stages", "group_m",
                     "warps", "ctas_per_sm")
 
 

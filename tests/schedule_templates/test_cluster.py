@@ -56,6 +56,12 @@ def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster, mma):
     assert "cp.async.cg.shared.global" in ptx                           # the pipeline
     assert "atom.global.add.v4.f32" in ptx  # clusters meet here, 16-byte vector atomics
     assert "st.global" not in _main_kernel(ptx)  # h never goes to global memory, only f32 sums
+    if mma == "wgmma":  # H shared by peer reads: DSM loads feed wgmma's register operand
+        peer = _ffn(kernel, cluster=cluster, block_n=64, block_o=64, exchange="peer").ptx(**FFN)
+        assert "ld.shared::cluster.v4.b32" in peer and "st.shared::cluster" not in peer
+        assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16\s*"
+                         r"\{[^}]*\},\s*\{%r\d+, %r\d+, %r\d+, %r\d+\}", peer)
+        assert "st.global" not in _main_kernel(peer)
     if mma == "wgmma":  # the same with TMA: a producer warp's bulk tensor copies, mbarriers
         tma = _ffn(kernel, cluster=cluster, block_n=64, block_o=64, copy="tma").ptx(**FFN)
         for instruction in ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier",
@@ -109,14 +115,15 @@ def test_decode_kernel_compiles_without_spills(D, group, knobs, tmp_path):
 @needs_nvcc
 @pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
 @pytest.mark.parametrize("M", [64, 1024])
-@pytest.mark.parametrize("copy", ["cp_async", "tma"])
-def test_wgmma_kernel_is_not_serialized_by_ptxas(kernel, M, copy, tmp_path):
+@pytest.mark.parametrize("knobs", [{"copy": "cp_async"}, {"copy": "tma"},
+                                   {"exchange": "peer", "cluster": 8, "block_o": 256}])
+def test_wgmma_kernel_is_not_serialized_by_ptxas(kernel, M, knobs, tmp_path):
     """ptxas serializes asynchronous MMAs (and says so, C7514/C7517) when accumulator registers are
     touched while a group is in flight, and spills when registers run out: both would silently
     cost most of the speed, so the generated kernel must compile clean."""
     import subprocess
 
-    src = _ffn(kernel, mma="wgmma", copy=copy).source(M=M, K=4096, N=14336, O=4096)
+    src = _ffn(kernel, mma="wgmma", **knobs).source(M=M, K=4096, N=14336, O=4096)
     (tmp_path / "k.cu").write_text(src)
     out = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-Xptxas",
                           "-v", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")],
@@ -164,6 +171,10 @@ def test_refusals_name_the_problem():
         _ffn(ffn_gelu, mma="mma_sync", copy="tma").source(**FFN)
     with pytest.raises(ScheduleError, match="'wgmma' or 'mma_sync'"):
         _ffn(ffn_gelu, mma="hmma").source(**FFN)
+    with pytest.raises(ScheduleError, match="exchange='peer'.*copy='cp_async'"):
+        _ffn(ffn_gelu, exchange="peer", copy="tma").source(**FFN)
+    with pytest.raises(ScheduleError, match="even number of block_k tiles"):
+        _ffn(ffn_gelu, exchange="peer", cluster=1, block_n=64).source(**FFN)
     with pytest.raises(ScheduleError, match="shared memory.*smaller cluster"):
         _ffn(ffn_gelu, cluster=16, block_m=128).source(M=256, K=512, N=2048, O=2048)
     with pytest.raises(ScheduleError, match="shared memory"):
@@ -292,6 +303,20 @@ def _bf16(torch, *shape, scale=1.0, gen=None):
     (600, {"mma": "mma_sync", "group_m": 2}), (600, {"mma": "mma_sync", "group_m": 1})])
 def test_ffn_matches_float64_on_the_gpu(kernel, M, knobs):
     _check_ffn_on_the_gpu(kernel, M, knobs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
+@pytest.mark.parametrize("M, knobs, sizes", [
+    (1, {}, {}), (200, {}, {}), (600, {"group_m": 2}, {}),
+    (1, {"cluster": 8, "block_n": 128}, dict(O=1024)),
+    (200, {"cluster": 2, "block_m": 64, "block_n": 128, "block_o": 128}, dict(O=512)),
+    (300, {"cluster": 8, "block_n": 128, "block_o": 256}, dict(K=1024, N=4096, O=2048)),
+    (300, {}, dict(K=2048, N=1024, O=2048))])   # both pipelines wrap many times
+def test_ffn_peer_exchange_matches_float64_on_the_gpu(kernel, M, knobs, sizes):
+    """exchange='peer': each CTA keeps its slice of H as A fragments and the second product
+    reads them from the peers' shared memory into registers (wgmma with a register A)."""
+    _check_ffn_on_the_gpu(kernel, M, {"exchange": "peer", **knobs}, **sizes)
 
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ the few we need are spelled out here:
   run between them; together they order every CTA's shared-memory writes before any peer's reads;
 - ``tf_mapa``: the address of the same shared-memory location in another CTA of the cluster
   (``mapa.shared::cluster``);
-- ``tf_ld_dsm_f32x4`` / ``tf_ld_dsm_f32``: loads from a peer's shared memory
+- ``tf_ld_dsm_f32x4`` / ``tf_ld_dsm_f32`` / ``tf_ld_dsm_u32x4``: loads from a peer's shared memory
   (``ld.shared::cluster``); ``tf_st_dsm_v4``: a 16-byte store into a peer's shared memory
   (``st.shared::cluster``);
 - ``tf_cp_async16`` (with ``_l2``: and the L2 prefetch-size hint), ``tf_cp_async_commit``,
@@ -51,6 +51,12 @@ __device__ __forceinline__ float4 tf_ld_dsm_f32x4(unsigned addr) {
 __device__ __forceinline__ float tf_ld_dsm_f32(unsigned addr) {
   float v;
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint4 tf_ld_dsm_u32x4(unsigned addr) {
+  uint4 v;
+  asm volatile("ld.shared::cluster.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
   return v;
 }
 __device__ __forceinline__ void tf_st_dsm_v4(unsigned addr, uint4 v) {

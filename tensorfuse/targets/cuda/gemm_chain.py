@@ -55,9 +55,12 @@ class ClusterKnobs:
     """``block_m`` rows × ``block_n`` intermediate columns per CTA, ``block_k`` per pipeline stage
     (``stages`` deep), ``block_o`` output columns per tile of the second product, ``cluster`` CTAs
     per cluster, ``group_m`` row blocks per rasterization group, 8 or 16 ``warps`` per CTA, and
-    the tensor-core instruction (``mma``: ``"wgmma"`` or ``"mma_sync"``) and how tiles are copied
+    the tensor-core instruction (``mma``: ``"wgmma"`` or ``"mma_sync"``), how tiles are copied
     to shared memory (``copy``: ``"cp_async"`` by every thread, or ``"tma"``: a producer warp's
-    bulk tensor copies completing on mbarriers, wgmma only)."""
+    bulk tensor copies completing on mbarriers, wgmma only), and how the cluster shares H
+    (``exchange``: ``"gather"``, every CTA stores its slice into every peer's shared memory, or
+    ``"peer"``, every CTA keeps its slice and the second product reads its A fragments from the
+    peers' shared memory into registers — wgmma with cp.async only)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -70,6 +73,7 @@ class ClusterKnobs:
     group_m: int = 8
     mma: str = "wgmma"
     copy: str = "cp_async"
+    exchange: str = "gather"
 
     @property
     def threads(self) -> int:
@@ -205,6 +209,14 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
         problems.append(f"copy={knobs.copy!r} is not 'cp_async' or 'tma'")
     elif knobs.copy == "tma" and knobs.mma != "wgmma":
         problems.append("copy='tma' lands swizzled tiles for wgmma: use mma='wgmma'")
+    if knobs.exchange not in ("gather", "peer"):
+        problems.append(f"exchange={knobs.exchange!r} is not 'gather' or 'peer'")
+    elif knobs.exchange == "peer" and (knobs.mma != "wgmma" or knobs.copy != "cp_async"):
+        problems.append("exchange='peer' feeds wgmma's register operand: use mma='wgmma' with "
+                        "copy='cp_async'")
+    elif knobs.exchange == "peer" and (knobs.cluster * knobs.block_n // knobs.block_k) % 2:
+        problems.append("exchange='peer' double-buffers the A fragments by k-tile pairs: "
+                        "cluster×block_n must be an even number of block_k tiles")
     if knobs.ctas_per_sm not in (1, 2):
         problems.append(f"ctas_per_sm={knobs.ctas_per_sm} is not 1 or 2")
     if knobs.stages < 2:
@@ -215,13 +227,15 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
 
 def shared_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
     """Dynamic shared memory of ``tf_chain_main``: the cluster's H (kept from the end of the first
-    product to the last output tile; peers write into it) plus the larger of the two pipelines."""
+    product to the last output tile; peers write into it) — only this CTA's slice with
+    ``exchange="peer"`` — plus the larger of the two pipelines."""
     g = len(plan.gates)
     bm, bn, bk, bo, st = (knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o,
                           knobs.stages)
     if knobs.mma == "wgmma":  # swizzled tiles: no padding, 1 KB to align them to 1024 bytes
         barriers = 2 * st * 8 if knobs.copy == "tma" else 0  # one mbarrier per stage and phase
-        return 1024 + bm * knobs.cluster * bn * 2 + wgmma_pipeline_bytes(plan, knobs) + barriers
+        h_columns = bn if knobs.exchange == "peer" else knobs.cluster * bn
+        return 1024 + bm * h_columns * 2 + wgmma_pipeline_bytes(plan, knobs) + barriers
     first = st * (bm * (bk + 8) * 2 + g * bk * (bn + 8) * 2)
     return bm * (knobs.cluster * bn + 8) * 2 + max(first, st * bk * (bo + 8) * 2)
 

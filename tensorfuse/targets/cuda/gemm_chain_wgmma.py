@@ -26,7 +26,9 @@ def wgmma_body(plan, knobs) -> str:
     wg_m = knobs.block_m // 64          # warpgroups along the rows (1 or 2)
     wg_n = 2 // wg_m                    # and along the columns
     nw, ow = knobs.block_n // wg_n, knobs.block_o // wg_n
-    functions = wgmma_function(nw) + (wgmma_function(ow) if ow != nw else "")
+    peer = knobs.exchange == "peer"
+    functions = wgmma_function(nw) + (wgmma_function(ow, a_in_registers=True) if peer else
+                                      wgmma_function(ow) if ow != nw else "")
     gate_values = "".join(f"float g{j} = acc[{j}][4 * jj + 2 * half + e]; " for j in range(g))
     activation = plan.activation
     tma = knobs.copy == "tma"
@@ -35,6 +37,7 @@ def wgmma_body(plan, knobs) -> str:
 {TMA_HELPERS if tma else ""}
 {functions}
 #define TMA {int(tma)}
+#define PEER {int(peer)}        // H stays in each CTA; phase 2 reads A fragments from the peers
 #define PIPE_BYTES {pipe_bytes}
 #define SLOT {pipe_bytes // knobs.stages}     // one TMA slot: a stage of either product
 #define WGN {wg_n}
@@ -81,6 +84,21 @@ __device__ __forceinline__ void load_w2(char* dst, const __nv_bfloat16* __restri
     tf_cp_async16(dst + swizzled(chunk / 8, k, chunk % 8, BK),
                   w2 + (long)(n0 + k) * O_ + o0 + chunk * 8, true);
   }}
+}}
+
+// exchange="peer": the byte offset of lane `lane`'s A fragment (16 bytes) of 16-row block `rb`
+// and k16 step `s` in a CTA's slice of H.
+__device__ __forceinline__ unsigned hf_fragment(int rb, int s, int lane) {{
+  return ((rb * (BN / 16) + s) * 32 + lane) * 16;
+}}
+
+// A finished output tile of a warpgroup (rows from `row`, columns from `col`) into the sums.
+__device__ __forceinline__ void add_tile(float* __restrict__ ysum, const float (&acc2)[OW / 2],
+                                         int row, int col) {{
+  #pragma unroll
+  for (int jj = 0; jj < OW / 8; ++jj)
+    add_to_sums(ysum, row, col + 8 * jj, acc2[4 * jj], acc2[4 * jj + 1], acc2[4 * jj + 2],
+                acc2[4 * jj + 3]);
 }}
 
 // Descriptors: a K-major operand (rows from `row0`, k from `k`, a multiple of 16) and an N-major
@@ -144,7 +162,11 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   tile_of_cta(rank, m0, n0);
   // swizzled tiles need 1024-byte alignment (the launch asks for 1 KB more than the tiles)
   char* hf = reinterpret_cast<char*>((reinterpret_cast<unsigned long long>(smem) + 1023) & ~1023ull);
+#if PEER
+  char* pipe = hf + BM * BN * 2;    // hf: this CTA's slice of H as A fragments (hf_fragment)
+#else
   char* pipe = hf + BM * HW * 2;                      // hf: H of the cluster, BM × HW, K-major
+#endif
   const int nc = n0 - (int)rank * BN, o_base = rank * OC;
   const int KT = K_ / BK, KS = HW / BK, T = (OC / BO) * KS;
 #if !TMA
@@ -241,6 +263,31 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   for (int j = 0; j < G; ++j) tf_fence_regs(acc[j]);
 
   // The activation, elementwise on the accumulators, into this CTA's columns of H.
+#if PEER
+  // As A fragments: the accumulators of columns 16s … 16s + 15 are, lane for lane, the A fragment
+  // of k16 step s (mma.sync layout), so each lane stores its four registers as one 16-byte chunk.
+  #pragma unroll
+  for (int sl = 0; sl < NW / 16; ++sl) {{
+    unsigned packed[4];
+    #pragma unroll
+    for (int q = 0; q < 4; ++q) {{   // register q: columns + 8·(q / 2), rows + 8·(q % 2)
+      const int jj = 2 * sl + q / 2, half = q % 2;
+      float h[2];
+      #pragma unroll
+      for (int e = 0; e < 2; ++e) {{
+        {gate_values}
+        h[e] = {activation};
+      }}
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(h[0], h[1]);
+      packed[q] = *reinterpret_cast<const unsigned*>(&pair);
+    }}
+    *reinterpret_cast<uint4*>(hf + hf_fragment(erow / 16, gn * NW / 16 + sl, lane)) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }}
+  consumers_sync();     // every warpgroup's MMAs are done before W2 tiles reuse the pipeline
+  tf_cluster_wait();    // (every peer has started)
+  tf_cluster_arrive();  // release: our slice is seen by each peer after its wait
+#else
   #pragma unroll
   for (int jj = 0; jj < NW / 8; ++jj)
     #pragma unroll
@@ -268,6 +315,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   tf_fence_proxy_async();          // our own slice, written by ordinary stores, for our wgmma
   tf_fence_proxy_async_cluster();  // for the peers' wgmma, which read through the async proxy
   tf_cluster_arrive();  // release: our stores are seen by each peer after its wait
+#endif
 
   // Phase 2: ysum[m0 rows, this CTA's OC columns] += H · W2[cluster rows, OC columns], W2 through
   // a pipeline of BK × BO tiles, BO columns at a time.
@@ -280,6 +328,53 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
 #endif
   tf_cluster_wait();    // acquire: every slice of H is in place
   tf_fence_proxy_async();
+#if PEER
+  // A fragments of k-tile `ks` of the cluster's H for this warp's 16 rows: k16 step kc lives in
+  // CTA kc / (BN / 16). Two register sets: one feeds the k-tile in flight, the other is refilled
+  // (DSM loads) once the MMAs that read it are done.
+  const unsigned hf_addr = tf_smem_addr(hf);
+  auto load_a = [&](uint4 (&a)[BK / 16], int ks) {{
+    #pragma unroll
+    for (int s = 0; s < BK / 16; ++s) {{
+      const int kc = ks * (BK / 16) + s;
+      a[s] = tf_ld_dsm_u32x4(tf_mapa(hf_addr + hf_fragment(erow / 16, kc % (BN / 16), lane),
+                                     kc / (BN / 16)));
+    }}
+  }};
+  uint4 a_even[BK / 16], a_odd[BK / 16];
+  load_a(a_even, 0);
+  float acc2[OW / 2];      // each output tile starts from its first product (accumulate = 0)
+  auto step = [&](int t, int ks, const uint4 (&a)[BK / 16], uint4 (&a_next)[BK / 16]) {{
+    const int it = t * KS + ks;
+    tf_cp_async_wait<LA - 1>();
+    tf_fence_proxy_async();
+    __syncthreads();
+    const int next = it + LA;
+    if (next < T)
+      load_w2(pipe + (next % STAGES) * w2_bytes, w2, nc + (next % KS) * BK,
+              o_base + (next / KS) * BO);
+    tf_cp_async_commit();
+    const char* w2s = pipe + (it % STAGES) * w2_bytes;
+    tf_wgmma_fence();
+    #pragma unroll
+    for (int s = 0; s < BK / 16; ++s)
+      tf_wgmma_rs_m64n{ow}k16(acc2, a[s], nmajor_desc(w2s, BK, gn * OW, s * 16), ks > 0 || s > 0);
+    tf_wgmma_commit();
+    tf_wgmma_wait<1>();    // the previous k-tile's MMAs are done: its registers are free
+    load_a(a_next, (ks + 1) % KS);
+  }};
+  for (int t = 0; t < OC / BO; ++t) {{
+    for (int ks = 0; ks < KS; ks += 2) {{
+      step(t, ks, a_even, a_odd);
+      step(t, ks + 1, a_odd, a_even);
+    }}
+    tf_wgmma_wait<0>();   // this output tile is complete: add it to the other clusters' sums
+    tf_fence_regs(acc2);
+    add_tile(ysum, acc2, m0 + erow, o_base + t * BO + gn * OW + ecol);
+  }}
+  tf_cluster_arrive();    // no CTA leaves while a peer may still read its slice
+  tf_cluster_wait();
+#else
   float acc2[OW / 2];      // each output tile starts from its first product (accumulate = 0)
   for (int t = 0; t < OC / BO; ++t) {{
     for (int ks = 0; ks < KS; ++ks) {{
@@ -317,11 +412,8 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     pending = -1;
 #endif
     tf_fence_regs(acc2);
-    const int o0 = o_base + t * BO + gn * OW + ecol;
-    #pragma unroll
-    for (int jj = 0; jj < OW / 8; ++jj)
-      add_to_sums(ysum, m0 + erow, o0 + 8 * jj, acc2[4 * jj], acc2[4 * jj + 1], acc2[4 * jj + 2],
-                  acc2[4 * jj + 3]);
+    add_tile(ysum, acc2, m0 + erow, o_base + t * BO + gn * OW + ecol);
   }}
+#endif
 }}
 """
