@@ -179,10 +179,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks.cluster needs an NVIDIA Hopper GPU; none is visible")
         return 2
-    configs = [{}] if args.quick else [{}, {"copy": "tma"}, {"mma": "mma_sync"}]
+    configs = [{}] if args.quick else [{}, {"exchange": "gather"}, {"copy": "tma"},
+                                       {"mma": "mma_sync"}]
     if args.sweep:
-        configs = [{}, {"copy": "tma"}, {"mma": "mma_sync"}, {"copy": "tma", "stages": 4},
-                   {"copy": "tma", "stages": 3}, {"copy": "tma", "cluster": 4}]
+        configs = [{}, {"cluster": 4}, {"cluster": 4, "block_o": 128}, {"stages": 5},
+                   {"block_m": 64, "ctas_per_sm": 2}, {"group_m": 16}, {"exchange": "gather"}]
     rows = (run_decode() if not args.sweep else []) + ([] if args.decode else run_ffn(
         ms_list=tuple(int(m) for m in args.ms.split(",")),
         configs=configs))

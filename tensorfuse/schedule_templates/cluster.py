@@ -45,48 +45,81 @@ GEMM_CHAIN_KNOBS = ("mma", "copy", "exchange", "block_m", "block_n", "block_k", 
 
 def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
                      cluster: int | None, given: dict):
-    """The knobs for sizes ``(M, K, N, O)``: the user's, and defaults for the rest — wgmma on
-    sm_90a (mma.sync for 16 warps or plain sm_90) fed by cp.async, clusters of 2 (measured best,
-    RESULTS.md), 128-column output tiles where O allows, 128-row blocks (64 where M ≤ 64 or the
-    cluster's H would not fit), and the pipeline with the most bytes in flight that fits."""
-    from ..targets.cuda.gemm_chain import ClusterKnobs, check_sizes, shared_bytes
+    """The knobs for sizes ``(M, K, N, O)``: the user's, and defaults for the rest, as measured
+    best on the H100 (RESULTS.md) — wgmma on sm_90a (mma.sync for 16 warps or plain sm_90) fed by
+    cp.async, H shared by peer reads in clusters of 8 with 256-column output tiles where O allows
+    (all-gather in clusters of 2 when peer reads do not apply; smaller clusters and tiles where the
+    sizes need them), 128-row blocks (64 where M ≤ 64 or H would not fit), and the pipeline with
+    the most bytes in flight that fits."""
+    from ..targets.cuda.gemm_chain import check_sizes
 
     M, K, N, O = sizes
-    c = cluster or 2
     mma = given.get("mma", "wgmma" if target.has_wgmma and given.get("warps", 8) == 8
                     else "mma_sync")
+    if mma == "wgmma" and not target.has_wgmma:
+        raise ScheduleError(f"mma='wgmma' needs target cuda:sm_90a; the target is {target.name}",
+                            user_location())
+    peer = given.get("exchange", "peer" if mma == "wgmma" and
+                     given.get("copy", "cp_async") == "cp_async" else "gather") == "peer"
+    clusters = [cluster] if cluster else [8, 4, 2, 1] if peer else [2, 4, 1]
+    first_error = None
+    for c in clusters:   # the first default cluster whose tiles divide these sizes
+        k = _knobs_for_cluster(plan, target, c, mma, peer, sizes, given)
+        try:
+            check_sizes(plan, k, M, K, N, O)
+        except ScheduleError as exc:
+            first_error = first_error or exc
+            continue
+        return _deepest_pipeline(plan, target, k, given)
+    raise first_error
+
+
+def _knobs_for_cluster(plan, target: TargetSpec, c: int, mma: str, peer: bool,
+                       sizes: tuple[int, int, int, int], given: dict):
+    """Default block sizes for cluster size ``c`` (before the pipeline is chosen)."""
+    from ..targets.cuda.gemm_chain import ClusterKnobs
+
+    M, K, N, O = sizes
     wgmma = mma == "wgmma"  # swizzled 128-byte rows: block_k 64 only
-    block_o = given.get("block_o", 128 if O % (c * 128) == 0 else 64)
+    widest = 256 if peer else 128
+    block_o = given.get("block_o", next((bo for bo in (widest, 128) if O % (c * bo) == 0), 64))
     # 64-row blocks for few rows; wgmma then splits the columns over its two warpgroups, which
     # needs 64-column multiples per warpgroup
     small = M <= 64 and (not wgmma or (given.get("block_n", 128) % 128 == 0
                                        and block_o % 128 == 0))
     k = ClusterKnobs(**{"cluster": c, "block_m": 64 if small else 128, "block_o": block_o,
-                        "mma": mma, **given})
-    if wgmma and not target.has_wgmma:
-        raise ScheduleError(f"mma='wgmma' needs target cuda:sm_90a; the target is {target.name}",
-                            user_location())
-
-    def fits(knobs) -> bool:
-        return shared_bytes(plan, knobs) * knobs.ctas_per_sm <= target.max_shared_memory
-
+                        "mma": mma, "exchange": "peer" if peer else "gather", **given})
     smallest = {"block_k": given.get("block_k", 64 if wgmma else 32),
                 "stages": given.get("stages", 3 if wgmma else 2)}
-    if "block_m" not in given and not fits(replace(k, **smallest)):
+    if "block_m" not in given and not _fits(plan, target, replace(k, **smallest)):
         k = replace(k, block_m=64)
-    check_sizes(plan, k, M, K, N, O)
-    # the pipeline with the most bytes in flight that fits: cp.async copies run stages − 1 k-tiles
-    # ahead (stages − 2 with wgmma, whose MMAs keep reading one more; TMA's ring ranks the same)
+    return k
+
+
+def _fits(plan, target: TargetSpec, knobs) -> bool:
+    from ..targets.cuda.gemm_chain import shared_bytes
+
+    return shared_bytes(plan, knobs) * knobs.ctas_per_sm <= target.max_shared_memory
+
+
+def _deepest_pipeline(plan, target: TargetSpec, k, given: dict):
+    """The pipeline with the most bytes in flight that fits: cp.async copies run stages − 1
+    k-tiles ahead (stages − 2 with wgmma, whose MMAs keep reading one more; TMA's ring ranks the
+    same). Refuses knobs that fit no pipeline."""
+    from ..targets.cuda.gemm_chain import shared_bytes
+
+    wgmma = k.mma == "wgmma"
     ahead = 2 if wgmma else 1
     choices = sorted(((bk, st) for bk in ((64,) if wgmma else (64, 32))
                       for st in range(ahead + 1, 7)
                       if given.get("block_k", bk) == bk and given.get("stages", st) == st),
                      key=lambda bk_st: (-(bk_st[1] - ahead) * bk_st[0], -bk_st[0], bk_st[1]))
     k = next((replace(k, block_k=bk, stages=st) for bk, st in choices
-              if fits(replace(k, block_k=bk, stages=st))), k)
-    if not fits(k):
+              if _fits(plan, target, replace(k, block_k=bk, stages=st))), k)
+    if not _fits(plan, target, k):
         hint = ("the cluster's H takes block_m × cluster × block_n × 2 bytes: use a smaller "
-                "cluster, block_m or block_n")
+                "cluster, block_m or block_n" if k.exchange == "gather" else
+                "use a smaller block_o, block_n or block_m")
         raise ScheduleError(f"these knobs ({k}) need {shared_bytes(plan, k)} bytes of shared "
                             f"memory per CTA × {k.ctas_per_sm} CTAs per SM; {target.name} has "
                             f"{target.max_shared_memory}: {hint}", user_location())

@@ -41,7 +41,8 @@ def _decode(kernel, **knobs):
 @pytest.mark.parametrize("cluster, mma", [(2, "wgmma"), (4, "wgmma"), (2, "mma_sync"),
                                           (4, "mma_sync")])
 def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster, mma):
-    ptx = _ffn(kernel, cluster=cluster, block_n=64, block_o=64, mma=mma).ptx(**FFN)
+    ptx = _ffn(kernel, cluster=cluster, block_n=64, block_o=64, mma=mma,
+               exchange="gather").ptx(**FFN)
     # each CTA stores its slice of H into its peers' shared memory
     for instruction in CLUSTER_PTX + ("st.shared::cluster.v4.b32",):
         assert instruction in ptx, instruction
@@ -176,7 +177,8 @@ def test_refusals_name_the_problem():
     with pytest.raises(ScheduleError, match="even number of block_k tiles"):
         _ffn(ffn_gelu, exchange="peer", cluster=1, block_n=64).source(**FFN)
     with pytest.raises(ScheduleError, match="shared memory.*smaller cluster"):
-        _ffn(ffn_gelu, cluster=16, block_m=128).source(M=256, K=512, N=2048, O=2048)
+        _ffn(ffn_gelu, cluster=16, block_m=128, exchange="gather").source(M=256, K=512, N=2048,
+                                                                          O=2048)
     with pytest.raises(ScheduleError, match="shared memory"):
         _decode(gqa_attention, warps=16).source(**DECODE)
     with pytest.raises(ScheduleError, match="up to 16 query heads.*mma='fma'"):
@@ -197,9 +199,11 @@ def test_refusals_name_the_problem():
 
 
 def test_gemm_chain_defaults_fit_the_shared_memory():
-    """The cluster's H takes block_m × cluster × block_n: at cluster 8 the default row block
-    halves, and the pipeline is the deepest that still fits; wgmma on sm_90a, with 64-row blocks
-    only where each warpgroup still gets 64-column multiples."""
+    """All-gather: the cluster's H takes block_m × cluster × block_n, so at cluster 8 the default
+    row block halves, and the pipeline is the deepest that still fits; wgmma on sm_90a, with 64-row
+    blocks only where each warpgroup still gets 64-column multiples. Peer reads (the default with
+    wgmma): one slice per CTA, so clusters of 8 keep 128-row blocks; smaller clusters and output
+    tiles where the sizes need them."""
     from tensorfuse.targets.cuda.gemm_chain import plan_gemm_chain, shared_bytes
 
     sizes = dict(M=128, K=4096, N=14336, O=4096)
@@ -209,13 +213,22 @@ def test_gemm_chain_defaults_fit_the_shared_memory():
                 if (kernel, mma, cluster) == (ffn_swiglu, "wgmma", 8):
                     # H (128 KB) and three stages of x, w1, w3 do not fit: refused, with the sizes
                     with pytest.raises(ScheduleError, match="254976 bytes"):
-                        _ffn(kernel, cluster=cluster, mma=mma).launches(**sizes)
+                        _ffn(kernel, cluster=cluster, mma=mma, exchange="gather").launches(
+                            **sizes)
                     continue
-                knobs = _ffn(kernel, cluster=cluster, mma=mma).launches(**sizes).knobs
+                knobs = _ffn(kernel, cluster=cluster, mma=mma,
+                             exchange="gather").launches(**sizes).knobs
                 assert knobs.mma == mma and knobs.block_m == (block_m or knobs.block_m)
                 assert shared_bytes(plan_gemm_chain(kernel.program), knobs) <= 227 * 1024
                 assert knobs.stages >= (3 if mma == "wgmma" else 2)
-        assert _ffn(kernel).launches(**sizes).knobs.mma == "wgmma"
+        knobs = _ffn(kernel).launches(**sizes).knobs
+        assert (knobs.mma, knobs.exchange, knobs.cluster, knobs.block_m, knobs.block_o) == \
+            ("wgmma", "peer", 8, 128, 256)
+        assert shared_bytes(plan_gemm_chain(kernel.program), knobs) <= 227 * 1024
+        # O=256 cannot give 8 CTAs 64-column tiles: the largest cluster that tiles it
+        small = _ffn(kernel).launches(M=128, K=512, N=1024, O=256).knobs
+        assert (small.cluster, small.block_o) == (4, 64)
+        assert _ffn(kernel, copy="tma").launches(**sizes).knobs.exchange == "gather"
         assert _ffn(kernel, warps=16).launches(**sizes).knobs.mma == "mma_sync"
         # one row, 64-column tiles: 64-row blocks would leave a warpgroup 32 columns
         assert _ffn(kernel, block_n=64).launches(**{**sizes, "M": 1}).knobs.block_m == 128
