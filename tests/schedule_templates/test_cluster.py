@@ -225,6 +225,10 @@ def test_gemm_chain_defaults_fit_the_shared_memory():
         assert (knobs.mma, knobs.exchange, knobs.cluster, knobs.block_m, knobs.block_o) == \
             ("wgmma", "peer", 8, 128, 256)
         assert shared_bytes(plan_gemm_chain(kernel.program), knobs) <= 227 * 1024
+        large = _ffn(kernel).launches(**{**sizes, "M": 8192}).knobs
+        # one gate and many row blocks: 128 × 256 first-product tiles in clusters of 4
+        assert (large.cluster, large.block_n) == ((4, 256) if kernel is ffn_gelu else (8, 128))
+        assert shared_bytes(plan_gemm_chain(kernel.program), large) <= 227 * 1024
         # O=256 cannot give 8 CTAs 64-column tiles: the largest cluster that tiles it
         small = _ffn(kernel).launches(M=128, K=512, N=1024, O=256).knobs
         assert (small.cluster, small.block_o) == (4, 64)
