@@ -337,6 +337,15 @@ def test_ffn_peer_exchange_matches_float64_on_the_gpu(kernel, M, knobs, sizes):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 300])
+def test_ffn_wide_first_product_tiles_match_float64_on_the_gpu(M):
+    """128 × 256 first-product tiles (the GELU default at large M): 256-column wgmma, a 64 KB
+    slice of H per CTA read by 16 k-tiles of peer loads."""
+    _check_ffn_on_the_gpu(ffn_gelu, M, {"exchange": "peer", "cluster": 4, "block_n": 256,
+                                        "block_o": 256}, K=1024, N=4096, O=2048)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("copy", ["cp_async", "tma"])
 def test_ffn_pipelines_wrap_many_times_on_the_gpu(copy):
     """Long k loops and many output tiles: every pipeline slot is reused many times in both
