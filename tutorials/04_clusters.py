@@ -3,10 +3,12 @@
 #
 # `act(X·W1)·W2` with N = 14336 intermediate columns does not fit one SM: on a Hopper GPU,
 # `cluster_distribute` spreads the fused tile over a *cluster* of CTAs. Each CTA computes its slice
-# of the intermediate `H` on tensor cores, stores it into its peers' shared memory through
-# distributed shared memory (DSM), and then computes its share of the output columns from the
-# cluster's whole `H`. This notebook runs anywhere: it shows the plan and the generated code, and
-# runs the kernel (checked against float64) only when a Hopper GPU is present.
+# of the intermediate `H` on tensor cores and keeps it in its shared memory; then each computes its
+# share of the output columns from the cluster's whole `H`, reading the peers' slices through
+# distributed shared memory (DSM) straight into the registers that feed the tensor cores
+# (`exchange="peer"`, the default; `exchange="gather"` copies every slice into every CTA first).
+# Clusters add their partial outputs in f32. This notebook runs anywhere: it shows the plan and the
+# generated code, and runs the kernel (checked against float64) only when a Hopper GPU is present.
 
 # %%
 import shutil
@@ -30,8 +32,9 @@ def ffn_relu2(x: T.Tensor["M", "K", "bf16"], w1: T.Tensor["K", "N", "bf16"],
 # %% [markdown]
 # ## The schedule
 # `n` is the intermediate's axis — the one the second sum runs over. The knobs have defaults chosen
-# for the sizes of each call (wgmma on sm_90a, clusters of 2, the deepest copy pipeline that fits
-# beside the cluster's `H` in shared memory); `launches(...).knobs` shows them.
+# for the sizes of each call (wgmma on sm_90a, peer reads in clusters of 8 with 256-column output
+# tiles, the deepest copy pipeline that fits beside the CTA's slice of `H`); `launches(...).knobs`
+# shows them.
 
 # %%
 sizes = dict(M=128, K=4096, N=14336, O=4096)
@@ -41,29 +44,31 @@ f = sch.compile()
 print(f.launches(**sizes).knobs)
 src = f.source(**sizes)
 print(next(l for l in src.splitlines() if "h[e] =" in l).strip())   # the activation, from the DSL
-print(next(l for l in src.splitlines() if "tf_st_dsm_v4(tf_mapa" in l).strip())  # DSM all-gather
+print(next(l for l in src.splitlines() if "tf_ld_dsm_u32x4(tf_mapa" in l).strip())  # peer reads
 
 # %% [markdown]
 # ## Knobs that do not fit are refused with the numbers
-# The cluster's `H` takes `block_m × cluster × block_n × 2` bytes of every CTA's shared memory.
+# With `exchange="gather"` every CTA holds the cluster's whole `H`: `block_m × cluster × block_n × 2`
+# bytes of its shared memory, too many for 16 CTAs of 128 rows.
 
 # %%
 try:
     sch16 = tf.schedule(ffn_relu2, target="cuda:sm_90a")
-    sch16.cluster_distribute("n", cluster=16, block_m=128)
+    sch16.cluster_distribute("n", cluster=16, block_m=128, exchange="gather")
     sch16.compile().source(**sizes)
 except ScheduleError as err:
     print(textwrap.fill("refused: " + str(err).splitlines()[0].split(": ", 1)[1], 100))
 
 # %% [markdown]
 # ## The PTX (needs nvcc, not a GPU)
-# The cluster and DSM instructions and the warpgroup MMA are in the code nvcc produced for sm_90a.
+# The cluster and DSM instructions, the warpgroup MMA and the clusters' f32 vector atomics are in
+# the code nvcc produced for sm_90a.
 
 # %%
 if shutil.which("nvcc"):
     ptx = f.ptx(**sizes)
-    for instruction in ("st.shared::cluster", "mapa.shared::cluster", "barrier.cluster.arrive",
-                        "wgmma.mma_async", "atom.global.add.v2.f32"):
+    for instruction in ("ld.shared::cluster", "mapa.shared::cluster", "barrier.cluster.arrive",
+                        "wgmma.mma_async", "atom.global.add.v4.f32"):
         print(f"{instruction:24s} {ptx.count(instruction):4d}")
 else:
     print("nvcc is not installed here: skipping the PTX")

@@ -101,6 +101,21 @@ __device__ __forceinline__ void add_tile(float* __restrict__ ysum, const float (
                 acc2[4 * jj + 3]);
 }}
 
+// Phase 2's cp.async pipeline: waits for W2 tile `it` (of T), starts copying tile it + LA, and
+// returns the stage that holds tile `it`.
+__device__ __forceinline__ const char* next_w2_tile(char* pipe, const __nv_bfloat16* __restrict__ w2,
+                                                    int it, int T, int KS, int nc, int o_base) {{
+  tf_cp_async_wait<LA - 1>();
+  tf_fence_proxy_async();
+  __syncthreads();   // every warpgroup's MMAs of tile it - 2 are done: its stage may be refilled
+  const int next = it + LA;
+  if (next < T)
+    load_w2(pipe + (next % STAGES) * (BK * BO * 2), w2, nc + (next % KS) * BK,
+            o_base + (next / KS) * BO);
+  tf_cp_async_commit();
+  return pipe + (it % STAGES) * (BK * BO * 2);
+}}
+
 // Descriptors: a K-major operand (rows from `row0`, k from `k`, a multiple of 16) and an N-major
 // one (columns from `col0`, a multiple of 64; k from `k`).
 __device__ __forceinline__ unsigned long long kmajor_desc(const char* tile, int rows, int row0,
@@ -345,16 +360,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   load_a(a_even, 0);
   float acc2[OW / 2];      // each output tile starts from its first product (accumulate = 0)
   auto step = [&](int t, int ks, const uint4 (&a)[BK / 16], uint4 (&a_next)[BK / 16]) {{
-    const int it = t * KS + ks;
-    tf_cp_async_wait<LA - 1>();
-    tf_fence_proxy_async();
-    __syncthreads();
-    const int next = it + LA;
-    if (next < T)
-      load_w2(pipe + (next % STAGES) * w2_bytes, w2, nc + (next % KS) * BK,
-              o_base + (next / KS) * BO);
-    tf_cp_async_commit();
-    const char* w2s = pipe + (it % STAGES) * w2_bytes;
+    const char* w2s = next_w2_tile(pipe, w2, t * KS + ks, T, KS, nc, o_base);
     tf_wgmma_fence();
     #pragma unroll
     for (int s = 0; s < BK / 16; ++s)
@@ -384,15 +390,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       tf_mbar_wait(full + u % STAGES, (u / STAGES) & 1);
       const char* w2s = pipe + (u % STAGES) * SLOT;
 #else
-      tf_cp_async_wait<LA - 1>();
-      tf_fence_proxy_async();
-      __syncthreads();
-      const int next = it + LA;
-      if (next < T)
-        load_w2(pipe + (next % STAGES) * w2_bytes, w2, nc + (next % KS) * BK,
-                o_base + (next / KS) * BO);
-      tf_cp_async_commit();
-      const char* w2s = pipe + (it % STAGES) * w2_bytes;
+      const char* w2s = next_w2_tile(pipe, w2, it, T, KS, nc, o_base);
 #endif
       tf_wgmma_fence();
       #pragma unroll
