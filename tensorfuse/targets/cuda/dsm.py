@@ -13,7 +13,8 @@ the few we need are spelled out here:
 - ``tf_ld_dsm_f32x4`` / ``tf_ld_dsm_f32`` / ``tf_ld_dsm_u32x4``: loads from a peer's shared memory
   (``ld.shared::cluster``); ``tf_st_dsm_v4``: a 16-byte store into a peer's shared memory
   (``st.shared::cluster``);
-- ``tf_cp_async16`` (with ``_l2``: and the L2 prefetch-size hint), ``tf_cp_async_commit``,
+- ``tf_cp_async16`` (``_at``: to a shared-memory address; ``_l2``: with the L2 prefetch-size
+  hint), ``tf_cp_async_commit``,
   ``tf_cp_async_wait``: the Ampere-style asynchronous copy into shared memory.
 """
 from __future__ import annotations
@@ -63,9 +64,12 @@ __device__ __forceinline__ void tf_st_dsm_v4(unsigned addr, uint4 v) {
   asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};"
                :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
-__device__ __forceinline__ void tf_cp_async16(void* smem, const void* gmem, bool valid) {
+__device__ __forceinline__ void tf_cp_async16_at(unsigned smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-               :: "r"(tf_smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+               :: "r"(smem), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void tf_cp_async16(void* smem, const void* gmem, bool valid) {
+  tf_cp_async16_at(tf_smem_addr(smem), gmem, valid);
 }
 // The same with the L2 prefetch-size hint: L2 fetches the whole 128-byte line of a 16-byte copy.
 // For streams read once (decode's keys and values) it measured 1-2 % faster on the H100.

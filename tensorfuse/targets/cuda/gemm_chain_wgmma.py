@@ -55,35 +55,71 @@ __device__ __forceinline__ int swizzled(int atom, int row, int chunk, int rows) 
   return atom * rows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16);
 }}
 
+#define THREADS (32 * WARPS)
+#define X_ROWS (THREADS / 8)           // x rows per pass of the CTA's threads (BK = 64: 8 chunks)
+#define W_ROWS (THREADS / (BN / 8))    // gate-weight k-rows per pass
+#define W2_ROWS (THREADS / (BO / 8))   // W2 k-rows per pass
+
+// What one thread copies with cp.async: the same 16-byte column of every X_ROWS-th x row, every
+// W_ROWS-th weight k-row and every W2_ROWS-th W2 k-row. Those strides are multiples of 8 rows, so a
+// chunk's 128-byte swizzle is the same in every pass: the thread's shared offsets and global
+// addresses differ between passes and k-tiles only by constants, and are computed once here
+// instead of per copy (phase 1 was bound by its warps' instruction issue: ncu, RESULTS.md).
+struct CopyPlan {{
+  const __nv_bfloat16* x;    // row m0 + t / 8, column 8·(t % 8)
+  const __nv_bfloat16* x0;   // row 0 of that column: the address for rows past M (zero-filled)
+  unsigned x_rows_ok;        // bit i: pass i's row is inside M
+  unsigned x_smem, w_smem, w2_smem;
+  const __nv_bfloat16* w[G];
+  const __nv_bfloat16* w2;   // k-row t / (BO / 8), column 8·(t % (BO / 8)); + n0 rows, + o0
+}};
+
+__device__ __forceinline__ CopyPlan copy_plan(const __nv_bfloat16* __restrict__ x,
+    const __nv_bfloat16* const* ws, const __nv_bfloat16* __restrict__ w2, int m0, int n0) {{
+  CopyPlan p;
+  const int t = threadIdx.x, xr = t / 8, xc = t % 8;
+  p.x0 = x + xc * 8;
+  p.x = p.x0 + (long)(m0 + xr) * K_;
+  p.x_rows_ok = 0;
+  #pragma unroll
+  for (int i = 0; i < BM / X_ROWS; ++i)
+    if (m0 + xr + i * X_ROWS < M_) p.x_rows_ok |= 1u << i;
+  p.x_smem = swizzled(0, xr, xc, BM);
+  const int wk = t / (BN / 8), wc = t % (BN / 8);
+  #pragma unroll
+  for (int j = 0; j < G; ++j) p.w[j] = ws[j] + (long)wk * N_ + n0 + wc * 8;
+  p.w_smem = swizzled(wc / 8, wk, wc % 8, BK);
+  const int vk = t / (BO / 8), vc = t % (BO / 8);
+  p.w2 = w2 + (long)vk * O_ + vc * 8;
+  p.w2_smem = swizzled(vc / 8, vk, vc % 8, BK);
+  return p;
+}}
+
 // One first-product stage: x rows [m0, m0 + BM) × k [k0, k0 + BK) (K-major), then each gate
 // weight's k rows × BN columns (N-major).
-__device__ __forceinline__ void load_stage(char* stage, const __nv_bfloat16* __restrict__ x,
-    const __nv_bfloat16* const* ws, int m0, int n0, int k0) {{
-  for (int c = threadIdx.x; c < BM * BK / 8; c += blockDim.x) {{
-    const int r = c / (BK / 8), chunk = c % (BK / 8);
-    const bool ok = m0 + r < M_;
-    tf_cp_async16(stage + swizzled(chunk / 8, r, chunk % 8, BM),
-                  x + (long)(ok ? m0 + r : 0) * K_ + k0 + chunk * 8, ok);
+__device__ __forceinline__ void load_stage(char* stage, const CopyPlan& p, int k0) {{
+  const unsigned s = tf_smem_addr(stage);
+  #pragma unroll
+  for (int i = 0; i < BM / X_ROWS; ++i) {{
+    const bool ok = (p.x_rows_ok >> i) & 1;
+    tf_cp_async16_at(s + p.x_smem + i * X_ROWS * 128,
+                     ok ? p.x + (long)i * X_ROWS * K_ + k0 : p.x0, ok);
   }}
   #pragma unroll
-  for (int j = 0; j < G; ++j) {{
-    char* wsm = stage + BM * BK * 2 + j * BK * BN * 2;
-    for (int c = threadIdx.x; c < BK * BN / 8; c += blockDim.x) {{
-      const int k = c / (BN / 8), chunk = c % (BN / 8);
-      tf_cp_async16(wsm + swizzled(chunk / 8, k, chunk % 8, BK),
-                    ws[j] + (long)(k0 + k) * N_ + n0 + chunk * 8, true);
-    }}
-  }}
+  for (int j = 0; j < G; ++j)
+    #pragma unroll
+    for (int i = 0; i < BK / W_ROWS; ++i)
+      tf_cp_async16_at(s + BM * BK * 2 + j * BK * BN * 2 + p.w_smem + i * W_ROWS * 128,
+                       p.w[j] + (long)(k0 + i * W_ROWS) * N_, true);
 }}
 
 // BK rows (from n0) × BO columns (from o0) of W2, N-major.
-__device__ __forceinline__ void load_w2(char* dst, const __nv_bfloat16* __restrict__ w2, int n0,
-                                        int o0) {{
-  for (int c = threadIdx.x; c < BK * BO / 8; c += blockDim.x) {{
-    const int k = c / (BO / 8), chunk = c % (BO / 8);
-    tf_cp_async16(dst + swizzled(chunk / 8, k, chunk % 8, BK),
-                  w2 + (long)(n0 + k) * O_ + o0 + chunk * 8, true);
-  }}
+__device__ __forceinline__ void load_w2(char* dst, const CopyPlan& p, int n0, int o0) {{
+  const unsigned s = tf_smem_addr(dst);
+  #pragma unroll
+  for (int i = 0; i < BK / W2_ROWS; ++i)
+    tf_cp_async16_at(s + p.w2_smem + i * W2_ROWS * 128, p.w2 + (long)(n0 + i * W2_ROWS) * O_ + o0,
+                     true);
 }}
 
 // exchange="peer": the byte offset of lane `lane`'s A fragment (16 bytes) of 16-row block `rb`
@@ -103,14 +139,14 @@ __device__ __forceinline__ void add_tile(float* __restrict__ ysum, const float (
 
 // Phase 2's cp.async pipeline: waits for W2 tile `it` (of T), starts copying tile it + LA, and
 // returns the stage that holds tile `it`.
-__device__ __forceinline__ const char* next_w2_tile(char* pipe, const __nv_bfloat16* __restrict__ w2,
-                                                    int it, int T, int KS, int nc, int o_base) {{
+__device__ __forceinline__ const char* next_w2_tile(char* pipe, const CopyPlan& plan, int it,
+                                                    int T, int KS, int nc, int o_base) {{
   tf_cp_async_wait<LA - 1>();
   tf_fence_proxy_async();
   __syncthreads();   // every warpgroup's MMAs of tile it - 2 are done: its stage may be refilled
   const int next = it + LA;
   if (next < T)
-    load_w2(pipe + (next % STAGES) * (BK * BO * 2), w2, nc + (next % KS) * BK,
+    load_w2(pipe + (next % STAGES) * (BK * BO * 2), plan, nc + (next % KS) * BK,
             o_base + (next / KS) * BO);
   tf_cp_async_commit();
   return pipe + (it % STAGES) * (BK * BO * 2);
@@ -186,6 +222,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   const int KT = K_ / BK, KS = HW / BK, T = (OC / BO) * KS;
 #if !TMA
   const __nv_bfloat16* ws[G] = {{@GATES@}};
+  const CopyPlan plan = copy_plan(x, ws, w2, m0, n0);
   const int stage_bytes = BM * BK * 2 + G * BK * BN * 2, w2_bytes = BK * BO * 2;
 #else
   // Slot u % STAGES of the copy stream (KT first-product stages, then T W2 tiles) is filled when
@@ -235,7 +272,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   int pending = -1;       // the last slot whose MMAs may still be running
 #else
   for (int s = 0; s < LA && s < KT; ++s) {{
-    load_stage(pipe + s * stage_bytes, x, ws, m0, n0, s * BK);
+    load_stage(pipe + s * stage_bytes, plan, s * BK);
     tf_cp_async_commit();
   }}
   for (int s = KT; s < LA; ++s) tf_cp_async_commit();
@@ -249,7 +286,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     tf_fence_proxy_async();
     __syncthreads();  // stage kt is in; every warpgroup's MMAs of k-tile kt - 2 are done
     const int next = kt + LA;
-    if (next < KT) load_stage(pipe + (next % STAGES) * stage_bytes, x, ws, m0, n0, next * BK);
+    if (next < KT) load_stage(pipe + (next % STAGES) * stage_bytes, plan, next * BK);
     tf_cp_async_commit();
     const char* xs = pipe + (kt % STAGES) * stage_bytes;
 #endif
@@ -336,7 +373,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   // a pipeline of BK × BO tiles, BO columns at a time.
 #if !TMA
   for (int s = 0; s < LA && s < T; ++s) {{
-    load_w2(pipe + s * w2_bytes, w2, nc + (s % KS) * BK, o_base + (s / KS) * BO);
+    load_w2(pipe + s * w2_bytes, plan, nc + (s % KS) * BK, o_base + (s / KS) * BO);
     tf_cp_async_commit();
   }}
   for (int s = T; s < LA; ++s) tf_cp_async_commit();
@@ -360,7 +397,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   load_a(a_even, 0);
   float acc2[OW / 2];      // each output tile starts from its first product (accumulate = 0)
   auto step = [&](int t, int ks, const uint4 (&a)[BK / 16], uint4 (&a_next)[BK / 16]) {{
-    const char* w2s = next_w2_tile(pipe, w2, t * KS + ks, T, KS, nc, o_base);
+    const char* w2s = next_w2_tile(pipe, plan, t * KS + ks, T, KS, nc, o_base);
     tf_wgmma_fence();
     #pragma unroll
     for (int s = 0; s < BK / 16; ++s)
@@ -390,7 +427,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       tf_mbar_wait(full + u % STAGES, (u / STAGES) & 1);
       const char* w2s = pipe + (u % STAGES) * SLOT;
 #else
-      const char* w2s = next_w2_tile(pipe, w2, it, T, KS, nc, o_base);
+      const char* w2s = next_w2_tile(pipe, plan, it, T, KS, nc, o_base);
 #endif
       tf_wgmma_fence();
       #pragma unroll
