@@ -190,8 +190,9 @@ def main(argv=None) -> int:
     configs = [{}] if args.quick else [{}, {"exchange": "gather"}, {"copy": "tma"},
                                        {"mma": "mma_sync"}]
     if args.sweep:
-        configs = [{}, {"cluster": 4}, {"cluster": 16}, {"block_n": 256, "cluster": 4},
-                   {"block_n": 256, "cluster": 2}, {"group_m": 16}, {"exchange": "gather"}]
+        configs = [{}, {"block_n": 128, "cluster": 8}, {"cluster": 4}, {"cluster": 16},
+                   {"block_n": 256, "cluster": 4}, {"block_n": 256, "cluster": 2},
+                   {"group_m": 16}, {"exchange": "gather"}]
     rows = (run_decode() if not args.sweep else []) + ([] if args.decode else run_ffn(
         ms_list=tuple(int(m) for m in args.ms.split(",")),
         configs=configs))
