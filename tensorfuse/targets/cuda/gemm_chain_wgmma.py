@@ -154,13 +154,14 @@ __device__ __forceinline__ const char* next_w2_tile(char* pipe, const CopyPlan& 
 
 // Descriptors: a K-major operand (rows from `row0`, k from `k`, a multiple of 16) and an N-major
 // one (columns from `col0`, a multiple of 64; k from `k`).
-__device__ __forceinline__ unsigned long long kmajor_desc(const char* tile, int rows, int row0,
+// `tile` is a shared-memory address (tf_smem_addr), taken once per tile, not per descriptor.
+__device__ __forceinline__ unsigned long long kmajor_desc(unsigned tile, int rows, int row0,
                                                           int k) {{
-  return tf_smem_desc_sw128(tile + (k / 64) * rows * 128 + row0 * 128 + (k % 64) * 2, 16, 1024);
+  return tf_smem_desc_sw128_at(tile + (k / 64) * rows * 128 + row0 * 128 + (k % 64) * 2, 16, 1024);
 }}
-__device__ __forceinline__ unsigned long long nmajor_desc(const char* tile, int depth, int col0,
+__device__ __forceinline__ unsigned long long nmajor_desc(unsigned tile, int depth, int col0,
                                                           int k) {{
-  return tf_smem_desc_sw128(tile + (col0 / 64) * depth * 128 + k * 128, depth * 128, 1024);
+  return tf_smem_desc_sw128_at(tile + (col0 / 64) * depth * 128 + k * 128, depth * 128, 1024);
 }}
 
 #if TMA
@@ -290,13 +291,14 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     tf_cp_async_commit();
     const char* xs = pipe + (kt % STAGES) * stage_bytes;
 #endif
+    const unsigned xs_at = tf_smem_addr(xs);
     tf_wgmma_fence();
     #pragma unroll
     for (int s = 0; s < BK / 16; ++s) {{
-      const unsigned long long da = kmajor_desc(xs, BM, gm * 64, s * 16);
+      const unsigned long long da = kmajor_desc(xs_at, BM, gm * 64, s * 16);
       #pragma unroll
       for (int j = 0; j < G; ++j)
-        tf_wgmma_m64n{nw}k16(acc[j], da, nmajor_desc(xs + BM * BK * 2 + j * BK * BN * 2, BK,
+        tf_wgmma_m64n{nw}k16(acc[j], da, nmajor_desc(xs_at + BM * BK * 2 + j * BK * BN * 2, BK,
                                                      gn * NW, s * 16));
     }}
     tf_wgmma_commit();
@@ -398,10 +400,12 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   float acc2[OW / 2];      // each output tile starts from its first product (accumulate = 0)
   auto step = [&](int t, int ks, const uint4 (&a)[BK / 16], uint4 (&a_next)[BK / 16]) {{
     const char* w2s = next_w2_tile(pipe, plan, t * KS + ks, T, KS, nc, o_base);
+    const unsigned w2s_at = tf_smem_addr(w2s);
     tf_wgmma_fence();
     #pragma unroll
     for (int s = 0; s < BK / 16; ++s)
-      tf_wgmma_rs_m64n{ow}k16(acc2, a[s], nmajor_desc(w2s, BK, gn * OW, s * 16), ks > 0 || s > 0);
+      tf_wgmma_rs_m64n{ow}k16(acc2, a[s], nmajor_desc(w2s_at, BK, gn * OW, s * 16),
+                              ks > 0 || s > 0);
     tf_wgmma_commit();
     tf_wgmma_wait<1>();    // the previous k-tile's MMAs are done: its registers are free
     load_a(a_next, (ks + 1) % KS);
@@ -418,6 +422,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   tf_cluster_arrive();    // no CTA leaves while a peer may still read its slice
   tf_cluster_wait();
 #else
+  const unsigned hf_at = tf_smem_addr(hf);
   float acc2[OW / 2];      // each output tile starts from its first product (accumulate = 0)
   for (int t = 0; t < OC / BO; ++t) {{
     for (int ks = 0; ks < KS; ++ks) {{
@@ -429,11 +434,12 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
 #else
       const char* w2s = next_w2_tile(pipe, plan, it, T, KS, nc, o_base);
 #endif
+      const unsigned w2s_at = tf_smem_addr(w2s);
       tf_wgmma_fence();
       #pragma unroll
       for (int s = 0; s < BK / 16; ++s)
-        tf_wgmma_m64n{ow}k16(acc2, kmajor_desc(hf, BM, gm * 64, ks * BK + s * 16),
-                             nmajor_desc(w2s, BK, gn * OW, s * 16), ks > 0 || s > 0);
+        tf_wgmma_m64n{ow}k16(acc2, kmajor_desc(hf_at, BM, gm * 64, ks * BK + s * 16),
+                             nmajor_desc(w2s_at, BK, gn * OW, s * 16), ks > 0 || s > 0);
       tf_wgmma_commit();
       tf_wgmma_wait<1>();
 #if TMA

@@ -20,18 +20,23 @@ Reads of shared memory by ``wgmma`` go through the async proxy: data written by 
 from __future__ import annotations
 
 HELPERS = r"""
-__device__ __forceinline__ unsigned long long tf_smem_desc(const void* p, unsigned lbo,
-                                                           unsigned sbo) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+// From a shared-memory address `a` (what the generated loops keep: with constant lbo and sbo the
+// whole descriptor is a shift and an OR of `a`, nothing per call that the compiler cannot fold).
+__device__ __forceinline__ unsigned long long tf_smem_desc_at(unsigned a, unsigned lbo,
+                                                              unsigned sbo) {
   return (unsigned long long)((a & 0x3FFFF) >> 4) |
          ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
          ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32);
 }
+__device__ __forceinline__ unsigned long long tf_smem_desc(const void* p, unsigned lbo,
+                                                           unsigned sbo) {
+  return tf_smem_desc_at(static_cast<unsigned>(__cvta_generic_to_shared(p)), lbo, sbo);
+}
 // The same for the 128-byte swizzle (layout type 1): rows of 128 bytes in atoms of 8 rows
 // (1024 bytes, 1024-byte aligned), 16-byte chunk c of row r stored at chunk c ^ (r % 8).
-__device__ __forceinline__ unsigned long long tf_smem_desc_sw128(const void* p, unsigned lbo,
-                                                                 unsigned sbo) {
-  return tf_smem_desc(p, lbo, sbo) | (1ull << 62);
+__device__ __forceinline__ unsigned long long tf_smem_desc_sw128_at(unsigned a, unsigned lbo,
+                                                                    unsigned sbo) {
+  return tf_smem_desc_at(a, lbo, sbo) | (1ull << 62);
 }
 __device__ __forceinline__ void tf_fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
