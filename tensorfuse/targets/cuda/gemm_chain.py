@@ -9,10 +9,15 @@ The kernel (:func:`gemm_chain_source`): the ``cluster`` CTAs of a cluster own ``
 and ``cluster × block_n`` neighbouring columns of the intermediate, ``block_n`` each. A CTA computes
 its slice ``H = act(X·W1[:, slice])`` on tensor cores (``wgmma`` on sm_90a by default, body in
 :mod:`.gemm_chain_wgmma`; or ``ldmatrix`` + ``mma.sync``, here) through a multi-stage copy pipeline
-(cp.async, or TMA with wgmma) and stores it, as bf16, into its own shared memory and into every peer's
-(``mapa`` + ``st.shared::cluster``): after one cluster barrier each CTA holds the cluster's whole
-``H`` — the intermediate never goes to global memory — and computes ``O / cluster`` output columns of
-``H · W2[cluster's rows, :]`` with W2 streamed through a second pipeline. Clusters (which own
+(cp.async, or TMA with wgmma) and keeps it, as bf16, in shared memory. Each CTA then computes
+``O / cluster`` output columns of ``H · W2[cluster's rows, :]`` from the cluster's whole ``H``, with
+W2 streamed through a second pipeline — the intermediate never goes to global memory. The cluster
+shares ``H`` in one of two ways (``exchange``): ``"gather"`` stores each slice into every peer's
+shared memory too (``mapa`` + ``st.shared::cluster``, one cluster barrier), so each CTA holds the
+whole ``H``; ``"peer"`` (wgmma, the default) keeps only the CTA's own slice, stored in the order of
+wgmma's register A fragments, and the second product loads each k-tile's fragments from the owning
+peer (``ld.shared::cluster``) into registers — so a CTA's shared memory no longer limits the
+cluster's columns, and larger clusters mean fewer partial sums between clusters. Clusters (which own
 different intermediate columns) meet in f32 vector atomics; a small epilogue kernel converts the
 f32 sums. Clusters are rasterized in groups of ``group_m`` row blocks so that concurrent CTAs share
 weight slices in L2.

@@ -1,8 +1,10 @@
 """The GEMM-chain kernel's body on Hopper's warpgroup MMA (``mma="wgmma"``).
 
-The same algorithm as the mma.sync body in :mod:`.gemm_chain` — first product into the cluster's
-H in shared memory, all-gather through DSM, then ``O / cluster`` output columns per CTA — with the
-tensor-core work issued by two warpgroups as ``wgmma.mma_async`` on shared-memory descriptors.
+The same algorithm as the mma.sync body in :mod:`.gemm_chain` — first product into H in shared
+memory, shared over the cluster through DSM, then ``O / cluster`` output columns per CTA — with the
+tensor-core work issued by two warpgroups as ``wgmma.mma_async`` on shared-memory descriptors, and,
+with ``exchange="peer"``, the second product's A operand in registers loaded from the peers' slices
+(``ld.shared::cluster``, two register sets: one feeds the k-tile in flight, the other is refilled).
 Every tile (x, the gate weights, H, W2) is kept in the 128-byte-swizzled layout, so that the
 cp.async copies read whole 128-byte lines *and* write 128-byte spans of shared memory. (A first
 version used the unswizzled core-matrix layout: its scattered shared-memory destinations split
@@ -11,7 +13,9 @@ slower.) With ``copy="tma"`` a producer warp fills the same tiles by bulk tensor
 (:mod:`.tma`) into one ring of slots — phase 1's stages, then phase 2's W2 tiles — and the consumer
 warpgroups release each slot on an mbarrier when their MMAs on it are done. With cp.async the
 pipelines run ``STAGES − 2`` copies ahead, so that one k-tile's MMAs can still be reading their
-buffer while the next k-tile's are issued.
+buffer while the next k-tile's are issued, and each thread's copies follow a plan made once per CTA
+(``CopyPlan``): with only two warps per scheduler, the per-copy address arithmetic had made the
+first product bound by instruction issue (ncu; RESULTS.md, "FFN v6").
 """
 from __future__ import annotations
 
