@@ -20,7 +20,7 @@ from .errors import TensorfuseError
 from .kernel import Kernel, kernel
 from .schedule import Schedule
 from .targets import get_target
-from . import kernels  # noqa: E402 - the library's kernels (tf.kernels.rmsnorm, …) need kernel above
+from . import kernels  # noqa: E402 - the library's kernels (tf.kernels.rmsnorm, …) use `kernel`
 
-__all__ = ["dsl", "errors", "kernels", "compile", "schedule", "CompiledKernel", "TensorfuseError", "Kernel",
-           "kernel", "Schedule", "get_target", "tune", "__version__"]
+__all__ = ["dsl", "errors", "kernels", "compile", "schedule", "CompiledKernel", "TensorfuseError",
+           "Kernel", "kernel", "Schedule", "get_target", "tune", "__version__"]

@@ -39,8 +39,8 @@ def _pointer(x):
     return ctypes.c_void_p(x.data_ptr())
 
 
-GEMM_CHAIN_KNOBS = ("mma", "copy", "exchange", "block_m", "block_n", "block_k", "block_o", "stages", "group_m",
-                    "warps", "ctas_per_sm")
+GEMM_CHAIN_KNOBS = ("mma", "copy", "exchange", "block_m", "block_n", "block_k", "block_o", "stages",
+                    "group_m", "warps", "ctas_per_sm")
 
 
 def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
@@ -214,10 +214,9 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
     pairs = B * max(HKV, 1)
     c = cluster or min(16, 2 ** max(0, math.floor(math.log2(max(1, SMS // pairs)))))
     group = H // max(HKV, 1)
-    k = DecodeKnobs(cluster=c, mma="mma_sync" if group <= 16 else "fma")
-    k = replace(k, **{n: x for n, x in given.items() if n != "warps"})
+    k = replace(DecodeKnobs(cluster=c, mma="mma_sync" if group <= 16 else "fma"), **given)
     if "warps" in given:
-        return replace(k, warps=given["warps"])
+        return k
     return next((replace(k, warps=w) for w in (4, 2, 1)
                  if decode_shared_bytes(replace(k, warps=w), D, group)
                  <= target.max_shared_memory), replace(k, warps=1))
@@ -247,10 +246,10 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
         source = decode_source(plan, k, dims)
         smem = decode_shared_bytes(k, D, H // HKV)
         if smem > target.max_shared_memory:
-            raise ScheduleError(f"warps={k.warps}, stages={k.stages} at head dim {D} and {H // HKV} "
-                                f"heads per kv-head need {smem} bytes of shared memory per CTA; "
-                                f"{target.name} has {target.max_shared_memory}: use fewer warps "
-                                "or stages", user_location())
+            raise ScheduleError(f"warps={k.warps}, stages={k.stages} at head dim {D} and "
+                                f"{H // HKV} heads per kv-head need {smem} bytes of shared memory "
+                                f"per CTA; {target.name} has {target.max_shared_memory}: use "
+                                "fewer warps or stages", user_location())
         types = tuple("float32" if t.startswith("f") else "int32" for _, t in plan.scalars)
         entries = [KernelEntry("tf_decode_cluster", ("handle",) * 4 + types)]
 
