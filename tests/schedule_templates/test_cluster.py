@@ -174,6 +174,12 @@ def test_refusals_name_the_problem():
         _ffn(ffn_gelu, mma="hmma").source(**FFN)
     with pytest.raises(ScheduleError, match="exchange='peer'.*copy='cp_async'"):
         _ffn(ffn_gelu, exchange="peer", copy="tma").source(**FFN)
+    # 192 columns are 64-column multiples, but the cp.async copy plan repeats only for 8/16/32
+    # chunks per row (it would copy the wrong chunks); 512 is wider than one wgmma
+    with pytest.raises(ScheduleError, match="block_n and block_o of 64, 128 or 256"):
+        _ffn(ffn_gelu, block_n=192, cluster=2).source(M=128, K=512, N=1536, O=256)
+    with pytest.raises(ScheduleError, match="block_n and block_o of 64, 128 or 256"):
+        _ffn(ffn_gelu, block_o=512).source(M=128, K=512, N=4096, O=4096)
     with pytest.raises(ScheduleError, match="even number of block_k tiles"):
         _ffn(ffn_gelu, exchange="peer", cluster=1, block_n=64).source(**FFN)
     with pytest.raises(ScheduleError, match="shared memory.*smaller cluster"):

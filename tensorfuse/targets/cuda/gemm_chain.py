@@ -208,6 +208,11 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
                 (knobs.block_n * knobs.block_m // 128) % 64:
             problems.append("wgmma's swizzled tiles take block_k=64 and 64-column multiples per "
                             "warpgroup (block_n and block_o ≥ 128 when block_m=64)")
+        elif knobs.block_n not in (64, 128, 256) or knobs.block_o not in (64, 128, 256):
+            # one wgmma is at most 256 wide, and each thread's copy plan repeats every 8·k rows
+            # only when a row of the tile is 8, 16 or 32 chunks of 16 bytes
+            problems.append(f"wgmma takes block_n and block_o of 64, 128 or 256 (got "
+                            f"{knobs.block_n} and {knobs.block_o})")
         if knobs.stages < 3:
             problems.append("wgmma keeps one k-tile's MMAs in flight: stages must be at least 3")
     if knobs.copy not in ("cp_async", "tma"):
