@@ -68,17 +68,17 @@ def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
         # tiles cut by a quarter (measured 4–6 % faster for GELU at M=1024/8192; at M=128 they
         # halve the CTAs and lose)
         candidates.insert(0, (4, {"block_n": 256}))
-    first_error = None
+    errors = []   # the first plain candidate's refusal is the one to report
     for c, extra in candidates:   # the first default whose tiles divide these sizes and fit
-        k = _knobs_for_cluster(plan, target, c, mma, peer, sizes, {**extra, **given})
+        knobs = {**extra, **given}
+        k = _knobs_for_cluster(plan, target, c, mma, peer, sizes, knobs)
         try:
             check_sizes(plan, k, M, K, N, O)
-            return _deepest_pipeline(plan, target, k, {**extra, **given})
+            return _deepest_pipeline(plan, target, k, knobs)
         except ScheduleError as exc:
-            first_error = first_error or (None if extra else exc)
-            if len(candidates) == 1:
-                raise
-    raise first_error
+            if not extra:
+                errors.append(exc)
+    raise errors[0]
 
 
 def _knobs_for_cluster(plan, target: TargetSpec, c: int, mma: str, peer: bool,

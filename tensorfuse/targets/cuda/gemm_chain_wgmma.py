@@ -320,7 +320,17 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   #pragma unroll
   for (int j = 0; j < G; ++j) tf_fence_regs(acc[j]);
 
-  // The activation, elementwise on the accumulators, into this CTA's columns of H.
+  // The activation, elementwise on the accumulators, into this CTA's columns of H: the two
+  // columns a lane holds in accumulator group jj, rows + 8·half, as a bf16 pair.
+  auto activated = [&](int jj, int half) -> __nv_bfloat162 {{
+    float h[2];
+    #pragma unroll
+    for (int e = 0; e < 2; ++e) {{
+      {gate_values}
+      h[e] = {activation};
+    }}
+    return __floats2bfloat162_rn(h[0], h[1]);
+  }};
 #if PEER
   // As A fragments: the accumulators of columns 16s … 16s + 15 are, lane for lane, the A fragment
   // of k16 step s (mma.sync layout), so each lane stores its four registers as one 16-byte chunk.
@@ -329,14 +339,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     unsigned packed[4];
     #pragma unroll
     for (int q = 0; q < 4; ++q) {{   // register q: columns + 8·(q / 2), rows + 8·(q % 2)
-      const int jj = 2 * sl + q / 2, half = q % 2;
-      float h[2];
-      #pragma unroll
-      for (int e = 0; e < 2; ++e) {{
-        {gate_values}
-        h[e] = {activation};
-      }}
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(h[0], h[1]);
+      const __nv_bfloat162 pair = activated(2 * sl + q / 2, q % 2);
       packed[q] = *reinterpret_cast<const unsigned*>(&pair);
     }}
     *reinterpret_cast<uint4*>(hf + hf_fragment(erow / 16, gn * NW / 16 + sl, lane)) =
@@ -350,15 +353,9 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   for (int jj = 0; jj < NW / 8; ++jj)
     #pragma unroll
     for (int half = 0; half < 2; ++half) {{
-      float h[2];
-      #pragma unroll
-      for (int e = 0; e < 2; ++e) {{
-        {gate_values}
-        h[e] = {activation};
-      }}
       const int row = erow + 8 * half, col = rank * BN + gn * NW + 8 * jj + ecol;
       *reinterpret_cast<__nv_bfloat162*>(hf + swizzled(col / 64, row, (col % 64) / 8, BM) +
-                                         (col % 8) * 2) = __floats2bfloat162_rn(h[0], h[1]);
+                                         (col % 8) * 2) = activated(jj, half);
     }}
   consumers_sync();     // this CTA's slice is complete (and every pipeline copy has landed)
   tf_cluster_wait();    // every peer has started

@@ -28,10 +28,6 @@ __device__ __forceinline__ unsigned long long tf_smem_desc_at(unsigned a, unsign
          ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
          ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32);
 }
-__device__ __forceinline__ unsigned long long tf_smem_desc(const void* p, unsigned lbo,
-                                                           unsigned sbo) {
-  return tf_smem_desc_at(static_cast<unsigned>(__cvta_generic_to_shared(p)), lbo, sbo);
-}
 // The same for the 128-byte swizzle (layout type 1): rows of 128 bytes in atoms of 8 rows
 // (1024 bytes, 1024-byte aligned), 16-byte chunk c of row r stored at chunk c ^ (r % 8).
 __device__ __forceinline__ unsigned long long tf_smem_desc_sw128_at(unsigned a, unsigned lbo,
