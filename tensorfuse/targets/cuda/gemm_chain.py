@@ -243,7 +243,9 @@ def shared_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
     bm, bn, bk, bo, st = (knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o,
                           knobs.stages)
     if knobs.mma == "wgmma":  # swizzled tiles: no padding, 1 KB to align them to 1024 bytes
-        barriers = 2 * st * 8 if knobs.copy == "tma" else 0  # one mbarrier per stage and phase
+        # "full" and "empty" mbarriers per slot: TMA's one ring, cp.async's two (stages, W2 tiles)
+        slots = st if knobs.copy == "tma" else st + wgmma_w2_stages(plan, knobs)
+        barriers = 2 * slots * 8
         h_columns = bn if knobs.exchange == "peer" else knobs.cluster * bn
         return 1024 + bm * h_columns * 2 + wgmma_pipeline_bytes(plan, knobs) + barriers
     first = st * (bm * (bk + 8) * 2 + g * bk * (bn + 8) * 2)
@@ -255,6 +257,16 @@ def wgmma_pipeline_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
     bk, st = knobs.block_k, knobs.stages
     first = st * (knobs.block_m * bk * 2 + len(plan.gates) * bk * knobs.block_n * 2)
     return max(first, st * bk * knobs.block_o * 2)
+
+
+MAX_W2_STAGES = 8   # phase 2's cp.async ring: deeper only adds barriers
+
+
+def wgmma_w2_stages(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
+    """Slots of phase 2's cp.async ring: as many W2 tiles as the pipeline's bytes hold (phase 1's
+    stages are larger for 128 × 256 tiles and SwiGLU's two weights, so W2 runs deeper)."""
+    return min(wgmma_pipeline_bytes(plan, knobs) // (knobs.block_k * knobs.block_o * 2),
+               MAX_W2_STAGES)
 
 
 def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int,

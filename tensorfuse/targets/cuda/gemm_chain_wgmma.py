@@ -11,17 +11,22 @@ version used the unswizzled core-matrix layout: its scattered shared-memory dest
 each copy into 2.7× the L2 requests of the mma.sync path — ncu: L2 87 % busy — and it ran 1.4×
 slower.) With ``copy="tma"`` a producer warp fills the same tiles by bulk tensor copies
 (:mod:`.tma`) into one ring of slots — phase 1's stages, then phase 2's W2 tiles — and the consumer
-warpgroups release each slot on an mbarrier when their MMAs on it are done. With cp.async the
-pipelines run ``STAGES − 2`` copies ahead, so that one k-tile's MMAs can still be reading their
-buffer while the next k-tile's are issued, and each thread's copies follow a plan made once per CTA
-(``CopyPlan``): with only two warps per scheduler, the per-copy address arithmetic had made the
-first product bound by instruction issue (ncu; RESULTS.md, "FFN v6").
+warpgroups release each slot on an mbarrier when their MMAs on it are done. With cp.async the same
+two mbarriers per slot drive two rings (phase 1's stages, then W2's tiles): every thread's copies
+arrive on the slot's "full" barrier as they land (``cp.async.mbarrier.arrive``), each warpgroup
+arrives on "empty" once its MMAs on the slot are done, and the copies run up to ``slots − 1`` k-tiles
+ahead with no CTA barrier per k-tile (a ``__syncthreads`` version ran ``STAGES − 2`` ahead:
+RESULTS.md, "FFN v7"). Each thread's copies follow a plan made once per CTA (``CopyPlan``): with
+only two warps per scheduler, the per-copy address arithmetic had made the first product bound by
+instruction issue (ncu; RESULTS.md, "FFN v6").
 """
 from __future__ import annotations
 
-from .gemm_chain import wgmma_pipeline_bytes
+from .gemm_chain import wgmma_pipeline_bytes, wgmma_w2_stages
 from .tma import HELPERS as TMA_HELPERS
+from .tma import MBARRIER_HELPERS
 from .wgmma import HELPERS, wgmma_function
+
 
 
 def wgmma_body(plan, knobs) -> str:
@@ -37,17 +42,31 @@ def wgmma_body(plan, knobs) -> str:
     activation = plan.activation
     tma = knobs.copy == "tma"
     pipe_bytes = wgmma_pipeline_bytes(plan, knobs)   # STAGES slots of the larger stage
+    w2_stages = wgmma_w2_stages(plan, knobs)
     return f"""{HELPERS}
+{MBARRIER_HELPERS}
 {TMA_HELPERS if tma else ""}
 {functions}
 #define TMA {int(tma)}
 #define PEER {int(peer)}        // H stays in each CTA; phase 2 reads A fragments from the peers
 #define PIPE_BYTES {pipe_bytes}
 #define SLOT {pipe_bytes // knobs.stages}     // one TMA slot: a stage of either product
+#define STAGE_BYTES (BM * BK * 2 + G * BK * BN * 2)  // cp.async: a first-product stage
+#define W2_BYTES (BK * BO * 2)                        // and a W2 tile
 #define WGN {wg_n}
 #define NW {nw}                 // first-product columns per warpgroup
 #define OW {ow}                 // output columns per warpgroup
-#define LA (STAGES - 2)         // copies in flight ahead of the k-tile being multiplied (cp.async)
+// Phase 2 reuses the pipeline's bytes for W2 tiles, as many as fit (capped): where the first
+// product's stages are larger (128 × 256 tiles, SwiGLU's two weights) W2 runs deeper than STAGES.
+#define W2_STAGES {w2_stages}
+// Copies in flight ahead of the k-tile being multiplied. A single row block streams each weight
+// byte once from DRAM: as deep as the rings allow (phase 2 at most 3 tiles). Many row blocks re-read
+// the weights from L2, and more than two tiles ahead per SM measured slower (SwiGLU M=1024/8192:
+// 3 % with three; the bytes in flight crowd L2): two.
+#define STREAMING (M_ <= 2 * BM)
+#define AHEAD1 (STREAMING ? STAGES - 1 : TF_MIN(2, STAGES - 1))
+#define AHEAD2 (STREAMING ? TF_MIN(3, W2_STAGES - 1) : 2)
+#define TF_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define WARPS {knobs.warps}             // consumer warps (with TMA, warp WARPS is the producer)
 
 // 128-byte-swizzled tiles (see wgmma.py): a K-major tile of `rows` rows is cut into atoms of 64
@@ -141,20 +160,37 @@ __device__ __forceinline__ void add_tile(float* __restrict__ ysum, const float (
                 acc2[4 * jj + 3]);
 }}
 
-// Phase 2's cp.async pipeline: waits for W2 tile `it` (of T), starts copying tile it + LA, and
-// returns the stage that holds tile `it`.
-__device__ __forceinline__ const char* next_w2_tile(char* pipe, const CopyPlan& plan, int it,
-                                                    int T, int KS, int nc, int o_base) {{
-  tf_cp_async_wait<LA - 1>();
-  tf_fence_proxy_async();
-  __syncthreads();   // every warpgroup's MMAs of tile it - 2 are done: its stage may be refilled
-  const int next = it + LA;
-  if (next < T)
-    load_w2(pipe + (next % STAGES) * (BK * BO * 2), plan, nc + (next % KS) * BK,
-            o_base + (next / KS) * BO);
-  tf_cp_async_commit();
-  return pipe + (it % STAGES) * (BK * BO * 2);
+// The pipelines are rings of slots on mbarriers (no CTA barrier per k-tile): `full[u % slots]`
+// completes when the copies of use u have landed — with cp.async, one arrival per thread
+// (tf_cp_async_mbar_arrive), with TMA the bytes — and `empty[u % slots]` when both warpgroups' MMAs
+// on use u are done (one arrival per warpgroup), after which use u + slots may refill the slot.
+__device__ __forceinline__ void wait_full_slot(unsigned long long* full, int u, int slots) {{
+  tf_mbar_wait(full + u % slots, (u / slots) & 1);
+  tf_fence_proxy_async();   // the copies (generic proxy) are seen by this thread's wgmma
 }}
+__device__ __forceinline__ void release_slot(unsigned long long* empty, int u, int slots) {{
+  if ((threadIdx.x & 127) == 0) tf_mbar_arrive(empty + u % slots);
+}}
+__device__ __forceinline__ void wait_free_slot(unsigned long long* empty, int u, int slots) {{
+  if (u >= slots) tf_mbar_wait(empty + u % slots, (u / slots - 1) & 1);
+}}
+
+#if !TMA
+// Every thread copies its share of use u of a ring: the first product's stage (k-tile u) or W2's
+// tile u (of T: k-tile u % KS of output tile u / KS), once the slot is free.
+__device__ __forceinline__ void fill_stage(char* pipe, unsigned long long* full,
+    unsigned long long* empty, const CopyPlan& plan, int u) {{
+  wait_free_slot(empty, u, STAGES);
+  load_stage(pipe + (u % STAGES) * STAGE_BYTES, plan, u * BK);
+  tf_cp_async_mbar_arrive(full + u % STAGES);
+}}
+__device__ __forceinline__ void fill_w2(char* pipe, unsigned long long* full,
+    unsigned long long* empty, const CopyPlan& plan, int u, int KS, int nc, int o_base) {{
+  wait_free_slot(empty, u, W2_STAGES);
+  load_w2(pipe + (u % W2_STAGES) * W2_BYTES, plan, nc + (u % KS) * BK, o_base + (u / KS) * BO);
+  tf_cp_async_mbar_arrive(full + u % W2_STAGES);
+}}
+#endif
 
 // Descriptors: a K-major operand (rows from `row0`, k from `k`, a multiple of 16) and an N-major
 // one (columns from `col0`, a multiple of 64; k from `k`).
@@ -174,12 +210,6 @@ __device__ __forceinline__ unsigned long long nmajor_desc(unsigned tile, int dep
 // released a slot (`empty`, one arrival per consumer warpgroup); consumers wait on `full`.
 __device__ __forceinline__ void consumers_sync() {{
   asm volatile("bar.sync 1, %0;" :: "n"(32 * WARPS) : "memory");
-}}
-__device__ __forceinline__ void release_slot(unsigned long long* empty, int u) {{
-  if ((threadIdx.x & 127) == 0) tf_mbar_arrive(empty + u % STAGES);
-}}
-__device__ __forceinline__ void wait_free_slot(unsigned long long* empty, int u) {{
-  if (u >= STAGES) tf_mbar_wait(empty + u % STAGES, (u / STAGES - 1) & 1);
 }}
 
 // The same stages by TMA, issued by the producer warp's first lane: x as one box of BM rows,
@@ -225,15 +255,28 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
 #endif
   const int nc = n0 - (int)rank * BN, o_base = rank * OC;
   const int KT = K_ / BK, KS = HW / BK, T = (OC / BO) * KS;
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(pipe + PIPE_BYTES);
+  unsigned long long* empty = full + STAGES;
 #if !TMA
   const __nv_bfloat16* ws[G] = {{@GATES@}};
   const CopyPlan plan = copy_plan(x, ws, w2, m0, n0);
-  const int stage_bytes = BM * BK * 2 + G * BK * BN * 2, w2_bytes = BK * BO * 2;
+  // two rings over the same bytes: the first product's stages, then W2's tiles
+  unsigned long long* full2 = empty + STAGES;
+  unsigned long long* empty2 = full2 + W2_STAGES;
+  if (threadIdx.x == 0) {{
+    for (int i = 0; i < STAGES; ++i) {{
+      tf_mbar_init(full + i, THREADS);          // every thread's copies
+      tf_mbar_init(empty + i, THREADS / 128);   // every warpgroup's MMAs
+    }}
+    for (int i = 0; i < W2_STAGES; ++i) {{
+      tf_mbar_init(full2 + i, THREADS);
+      tf_mbar_init(empty2 + i, THREADS / 128);
+    }}
+    tf_mbar_init_fence();
+  }}
+  __syncthreads();
 #else
-  // Slot u % STAGES of the copy stream (KT first-product stages, then T W2 tiles) is filled when
-  // full[u % STAGES] completes and may be refilled when empty[u % STAGES] does.
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(pipe + PIPE_BYTES);
-  unsigned long long* empty = full + STAGES;
+  // One ring for the whole copy stream: KT first-product stages, then T W2 tiles.
   const char* map_x = maps;                           // maps: x, the gate weights, w2
   const char* map_w2 = maps + (1 + G) * 128;
   if (threadIdx.x == 0) {{
@@ -248,7 +291,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   if (warp == WARPS) {{   // the producer warp
     if (lane == 0)
       for (int u = 0; u < KT; ++u) {{
-        wait_free_slot(empty, u);
+        wait_free_slot(empty, u, STAGES);
         load_stage_tma(pipe + (u % STAGES) * SLOT, map_x, maps, m0, n0, u * BK, full + u % STAGES);
       }}
     __syncwarp();
@@ -257,7 +300,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     if (lane == 0)        // W2 streams in while the consumers exchange H
       for (int it = 0; it < T; ++it) {{
         const int u = KT + it;
-        wait_free_slot(empty, u);
+        wait_free_slot(empty, u, STAGES);
         load_w2_tma(pipe + (u % STAGES) * SLOT, map_w2, nc + (it % KS) * BK,
                     o_base + (it / KS) * BO, full + u % STAGES);
       }}
@@ -276,24 +319,15 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
 #if TMA
   int pending = -1;       // the last slot whose MMAs may still be running
 #else
-  for (int s = 0; s < LA && s < KT; ++s) {{
-    load_stage(pipe + s * stage_bytes, plan, s * BK);
-    tf_cp_async_commit();
-  }}
-  for (int s = KT; s < LA; ++s) tf_cp_async_commit();
+  for (int u = 0; u < AHEAD1 && u < KT; ++u) fill_stage(pipe, full, empty, plan, u);
 #endif
   for (int kt = 0; kt < KT; ++kt) {{
 #if TMA
     tf_mbar_wait(full + kt % STAGES, (kt / STAGES) & 1);
     const char* xs = pipe + (kt % STAGES) * SLOT;
 #else
-    tf_cp_async_wait<LA - 1>();
-    tf_fence_proxy_async();
-    __syncthreads();  // stage kt is in; every warpgroup's MMAs of k-tile kt - 2 are done
-    const int next = kt + LA;
-    if (next < KT) load_stage(pipe + (next % STAGES) * stage_bytes, plan, next * BK);
-    tf_cp_async_commit();
-    const char* xs = pipe + (kt % STAGES) * stage_bytes;
+    wait_full_slot(full, kt, STAGES);
+    const char* xs = pipe + (kt % STAGES) * STAGE_BYTES;
 #endif
     const unsigned xs_at = tf_smem_addr(xs);
     tf_wgmma_fence();
@@ -308,13 +342,16 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     tf_wgmma_commit();
     tf_wgmma_wait<1>();   // k-tile kt - 1 is done; kt's MMAs run on while the loop goes round
 #if TMA
-    if (pending >= 0) release_slot(empty, pending);
+    if (pending >= 0) release_slot(empty, pending, STAGES);
     pending = kt;
+#else
+    if (kt > 0) release_slot(empty, kt - 1, STAGES);
+    if (kt + AHEAD1 < KT) fill_stage(pipe, full, empty, plan, kt + AHEAD1);
 #endif
   }}
   tf_wgmma_wait<0>();
 #if TMA
-  release_slot(empty, pending);   // each slot is released exactly once per use
+  release_slot(empty, pending, STAGES);   // each slot is released exactly once per use
   pending = -1;
 #endif
   #pragma unroll
@@ -375,11 +412,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   // Phase 2: ysum[m0 rows, this CTA's OC columns] += H · W2[cluster rows, OC columns], W2 through
   // a pipeline of BK × BO tiles, BO columns at a time.
 #if !TMA
-  for (int s = 0; s < LA && s < T; ++s) {{
-    load_w2(pipe + s * w2_bytes, plan, nc + (s % KS) * BK, o_base + (s / KS) * BO);
-    tf_cp_async_commit();
-  }}
-  for (int s = T; s < LA; ++s) tf_cp_async_commit();
+  for (int u = 0; u < AHEAD2 && u < T; ++u) fill_w2(pipe, full2, empty2, plan, u, KS, nc, o_base);
 #endif
   tf_cluster_wait();    // acquire: every slice of H is in place
   tf_fence_proxy_async();
@@ -400,8 +433,9 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   load_a(a_even, 0);
   float acc2[OW / 2];      // each output tile starts from its first product (accumulate = 0)
   auto step = [&](int t, int ks, const uint4 (&a)[BK / 16], uint4 (&a_next)[BK / 16]) {{
-    const char* w2s = next_w2_tile(pipe, plan, t * KS + ks, T, KS, nc, o_base);
-    const unsigned w2s_at = tf_smem_addr(w2s);
+    const int it = t * KS + ks;
+    wait_full_slot(full2, it, W2_STAGES);
+    const unsigned w2s_at = tf_smem_addr(pipe + (it % W2_STAGES) * W2_BYTES);
     tf_wgmma_fence();
     #pragma unroll
     for (int s = 0; s < BK / 16; ++s)
@@ -410,6 +444,8 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     tf_wgmma_commit();
     tf_wgmma_wait<1>();    // the previous k-tile's MMAs are done: its registers are free
     load_a(a_next, (ks + 1) % KS);
+    if (it > 0) release_slot(empty2, it - 1, W2_STAGES);
+    if (it + AHEAD2 < T) fill_w2(pipe, full2, empty2, plan, it + AHEAD2, KS, nc, o_base);
   }};
   for (int t = 0; t < OC / BO; ++t) {{
     for (int ks = 0; ks < KS; ks += 2) {{
@@ -433,7 +469,8 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       tf_mbar_wait(full + u % STAGES, (u / STAGES) & 1);
       const char* w2s = pipe + (u % STAGES) * SLOT;
 #else
-      const char* w2s = next_w2_tile(pipe, plan, it, T, KS, nc, o_base);
+      wait_full_slot(full2, it, W2_STAGES);
+      const char* w2s = pipe + (it % W2_STAGES) * W2_BYTES;
 #endif
       const unsigned w2s_at = tf_smem_addr(w2s);
       tf_wgmma_fence();
@@ -444,13 +481,16 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       tf_wgmma_commit();
       tf_wgmma_wait<1>();
 #if TMA
-      if (pending >= 0) release_slot(empty, pending);
+      if (pending >= 0) release_slot(empty, pending, STAGES);
       pending = u;
+#else
+      if (it > 0) release_slot(empty2, it - 1, W2_STAGES);
+      if (it + AHEAD2 < T) fill_w2(pipe, full2, empty2, plan, it + AHEAD2, KS, nc, o_base);
 #endif
     }}
     tf_wgmma_wait<0>();   // this output tile is complete: add it to the other clusters' sums
 #if TMA
-    release_slot(empty, pending);
+    release_slot(empty, pending, STAGES);
     pending = -1;
 #endif
     tf_fence_regs(acc2);

@@ -14,7 +14,9 @@ import functools
 
 from ...errors import TargetError
 
-HELPERS = r"""
+# mbarriers: the TMA copies complete on them, and the cp.async pipelines of
+# :mod:`.gemm_chain_wgmma` count their copies and their consumers' releases on them.
+MBARRIER_HELPERS = r"""
 __device__ __forceinline__ void tf_mbar_init(unsigned long long* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(tf_smem_addr(bar)), "r"(count));
 }
@@ -34,6 +36,15 @@ __device__ __forceinline__ void tf_mbar_wait(unsigned long long* bar, unsigned p
                "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
                "@!done bra TF_WAIT;\n}\n" :: "r"(tf_smem_addr(bar)), "r"(parity) : "memory");
 }
+// One arrival on `bar` once every cp.async this thread has issued so far has landed (`noinc`: the
+// arrival counts against the barrier's expected count, so initialise it with the arriving threads).
+__device__ __forceinline__ void tf_cp_async_mbar_arrive(unsigned long long* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];"
+               :: "r"(tf_smem_addr(bar)) : "memory");
+}
+"""
+
+HELPERS = r"""
 // The tensor map lives in global memory, written before the launch: order it for the TMA unit.
 __device__ __forceinline__ void tf_tensormap_acquire(const void* map) {
   asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(map) : "memory");
