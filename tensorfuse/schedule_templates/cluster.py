@@ -110,9 +110,10 @@ def _fits(plan, target: TargetSpec, knobs) -> bool:
 
 
 def _deepest_pipeline(plan, target: TargetSpec, k, given: dict):
-    """The pipeline with the most bytes in flight that fits: cp.async copies run stages − 1
-    k-tiles ahead (stages − 2 with wgmma, whose MMAs keep reading one more; TMA's ring ranks the
-    same). Refuses knobs that fit no pipeline."""
+    """The pipeline with the most bytes in flight that fits, ranked by the k-tiles its copies can
+    run ahead of the MMAs (stages − 1 with mma.sync; with wgmma one more slot is still being read
+    by the MMAs in flight — the wgmma kernel may copy fewer ahead where that measured faster, see
+    gemm_chain_wgmma). Refuses knobs that fit no pipeline."""
     from ..targets.cuda.gemm_chain import shared_bytes
 
     wgmma = k.mma == "wgmma"
