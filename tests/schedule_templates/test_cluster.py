@@ -51,11 +51,18 @@ def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster, mma):
         assert "wgmma.wait_group.sync.aligned 1" in ptx
         assert "fence.proxy.async" in ptx  # cp.async / DSM writes published to wgmma's proxy
         assert "mma.sync" not in ptx and "ldmatrix" not in ptx
+        # the cp.async rings run on mbarriers: copies arrive on "full" as they land, and no CTA
+        # barrier or wait_group per k-tile (two bar.syncs: after the barrier init, and before
+        # the exchange)
+        main = _main_kernel(ptx)
+        assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in main
+        assert "mbarrier.try_wait.parity" in main and "cp.async.wait_group" not in main
+        assert len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", main)) == 2
     else:
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx  # tensor cores
         assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx       # weights [in, out]
     assert "cp.async.cg.shared.global" in ptx                           # the pipeline
-    assert "atom.global.add.v4.f32" in ptx  # clusters meet here, 16-byte vector atomics
+    assert "atom.global.add.v4.f32" in _main_kernel(ptx)  # clusters meet here, 16-B atomics
     assert "st.global" not in _main_kernel(ptx)  # h never goes to global memory, only f32 sums
     if mma == "wgmma":  # H shared by peer reads: DSM loads feed wgmma's register operand
         peer = _ffn(kernel, cluster=cluster, block_n=64, block_o=64, exchange="peer").ptx(**FFN)
@@ -74,8 +81,11 @@ def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster, mma):
 
 
 def _main_kernel(ptx: str) -> str:
+    """The PTX of ``tf_chain_main`` up to the next entry (not up to the first closing brace:
+    inline-asm blocks close with one too)."""
     main = ptx[ptx.index(".entry tf_chain_main"):]
-    return main[:main.index("\n}\n")]
+    end = main.find(".entry", 1)
+    return main if end < 0 else main[:end]
 
 
 @needs_nvcc
@@ -356,11 +366,13 @@ def test_ffn_wide_first_product_tiles_match_float64_on_the_gpu(M):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("copy", ["cp_async", "tma"])
-def test_ffn_pipelines_wrap_many_times_on_the_gpu(copy):
+@pytest.mark.parametrize("copy, M", [("cp_async", 300), ("tma", 300), ("cp_async", 100)])
+def test_ffn_pipelines_wrap_many_times_on_the_gpu(copy, M):
     """Long k loops and many output tiles: every pipeline slot is reused many times in both
-    phases (a slot released twice, or never, shows up only here — as a hang or wrong sums)."""
-    _check_ffn_on_the_gpu(ffn_swiglu, 300, {"copy": copy}, K=2048, N=1024, O=2048)
+    phases (a slot released twice, or never, shows up only here — as a hang or wrong sums).
+    M=100 is one row block, where the cp.async rings copy as far ahead as they have slots; M=300
+    has three, where they copy two k-tiles ahead."""
+    _check_ffn_on_the_gpu(ffn_swiglu, M, {"copy": copy}, K=2048, N=1024, O=2048)
 
 
 def _check_ffn_on_the_gpu(kernel, M, knobs, K=512, N=2048, O=256):
