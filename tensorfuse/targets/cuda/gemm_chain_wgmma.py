@@ -28,7 +28,6 @@ from .tma import MBARRIER_HELPERS
 from .wgmma import HELPERS, wgmma_function
 
 
-
 def wgmma_body(plan, knobs) -> str:
     """Device code after :func:`gemm_chain._header` for ``mma="wgmma"``."""
     g = len(plan.gates)
