@@ -189,6 +189,17 @@ __device__ __forceinline__ void fill_w2(char* pipe, unsigned long long* full,
   load_w2(pipe + (u % W2_STAGES) * W2_BYTES, plan, nc + (u % KS) * BK, o_base + (u / KS) * BO);
   tf_cp_async_mbar_arrive(full + u % W2_STAGES);
 }}
+// Phase 2, W2 tile `it` (of T): the shared-memory address of its slot once its copies landed; and,
+// once its MMAs are issued and tile it − 1's are done, releasing it − 1 and refilling ahead.
+__device__ __forceinline__ unsigned w2_ready(char* pipe, unsigned long long* full, int it) {{
+  wait_full_slot(full, it, W2_STAGES);
+  return tf_smem_addr(pipe + (it % W2_STAGES) * W2_BYTES);
+}}
+__device__ __forceinline__ void w2_advance(char* pipe, unsigned long long* full,
+    unsigned long long* empty, const CopyPlan& plan, int it, int T, int KS, int nc, int o_base) {{
+  if (it > 0) release_slot(empty, it - 1, W2_STAGES);
+  if (it + AHEAD2 < T) fill_w2(pipe, full, empty, plan, it + AHEAD2, KS, nc, o_base);
+}}
 #endif
 
 // Descriptors: a K-major operand (rows from `row0`, k from `k`, a multiple of 16) and an N-major
@@ -433,8 +444,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   float acc2[OW / 2];      // each output tile starts from its first product (accumulate = 0)
   auto step = [&](int t, int ks, const uint4 (&a)[BK / 16], uint4 (&a_next)[BK / 16]) {{
     const int it = t * KS + ks;
-    wait_full_slot(full2, it, W2_STAGES);
-    const unsigned w2s_at = tf_smem_addr(pipe + (it % W2_STAGES) * W2_BYTES);
+    const unsigned w2s_at = w2_ready(pipe, full2, it);
     tf_wgmma_fence();
     #pragma unroll
     for (int s = 0; s < BK / 16; ++s)
@@ -443,8 +453,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     tf_wgmma_commit();
     tf_wgmma_wait<1>();    // the previous k-tile's MMAs are done: its registers are free
     load_a(a_next, (ks + 1) % KS);
-    if (it > 0) release_slot(empty2, it - 1, W2_STAGES);
-    if (it + AHEAD2 < T) fill_w2(pipe, full2, empty2, plan, it + AHEAD2, KS, nc, o_base);
+    w2_advance(pipe, full2, empty2, plan, it, T, KS, nc, o_base);
   }};
   for (int t = 0; t < OC / BO; ++t) {{
     for (int ks = 0; ks < KS; ks += 2) {{
@@ -466,12 +475,10 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
 #if TMA
       const int u = KT + it;
       tf_mbar_wait(full + u % STAGES, (u / STAGES) & 1);
-      const char* w2s = pipe + (u % STAGES) * SLOT;
+      const unsigned w2s_at = tf_smem_addr(pipe + (u % STAGES) * SLOT);
 #else
-      wait_full_slot(full2, it, W2_STAGES);
-      const char* w2s = pipe + (it % W2_STAGES) * W2_BYTES;
+      const unsigned w2s_at = w2_ready(pipe, full2, it);
 #endif
-      const unsigned w2s_at = tf_smem_addr(w2s);
       tf_wgmma_fence();
       #pragma unroll
       for (int s = 0; s < BK / 16; ++s)
@@ -483,8 +490,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       if (pending >= 0) release_slot(empty, pending, STAGES);
       pending = u;
 #else
-      if (it > 0) release_slot(empty2, it - 1, W2_STAGES);
-      if (it + AHEAD2 < T) fill_w2(pipe, full2, empty2, plan, it + AHEAD2, KS, nc, o_base);
+      w2_advance(pipe, full2, empty2, plan, it, T, KS, nc, o_base);
 #endif
     }}
     tf_wgmma_wait<0>();   // this output tile is complete: add it to the other clusters' sums
