@@ -5,12 +5,13 @@ reference first (FFN: rows of the first and the last row block; decode: all of i
 GPU time (CUDA-graph replay; the host-inclusive time is in the note): at M=128 a call's host cost
 is about its GPU time, for torch eager as for tensorfuse.
 
-    python -m benchmarks.cluster [--quick] [--decode] [--sweep] [--ms 128,1024,8192]
+    python -m benchmarks.cluster [--quick] [--decode] [--sweep] [--configs JSON] [--ms 128,1024,8192]
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 
@@ -180,6 +181,9 @@ def main(argv=None) -> int:
                         help="FFN only, a sweep of knobs (mma, cluster, block sizes, pipeline)")
     parser.add_argument("--decode", action="store_true",
                         help="decode only (no FFN), with its knob sweep (clusters × warps × stages)")
+    parser.add_argument("--configs", type=json.loads,
+                        help='FFN only, these knob points: a JSON list, e.g. \'[{}, {"copy": '
+                             '"producer"}]\' ({} is the template\'s defaults)')
     parser.add_argument("--ms", default="128,1024,8192",
                         help="FFN row counts M, comma-separated (default 128,1024,8192)")
     parser.add_argument("--out", default=os.environ.get("OUT") or
@@ -191,7 +195,12 @@ def main(argv=None) -> int:
         return 2
     configs = [{}] if args.quick else [{}, {"exchange": "gather"}, {"copy": "tma"},
                                        {"mma": "mma_sync"}]
-    if args.sweep:
+    if args.configs is not None:
+        if not isinstance(args.configs, list) or not all(isinstance(c, dict)
+                                                         for c in args.configs):
+            parser.error("--configs takes a JSON list of knob dictionaries")
+        configs = args.configs
+    elif args.sweep:
         configs = [{}, {"block_n": 128, "cluster": 8}, {"cluster": 4}, {"cluster": 16},
                    {"block_n": 256, "cluster": 4}, {"block_n": 256, "cluster": 2},
                    {"group_m": 16}, {"exchange": "gather"}]
@@ -200,10 +209,10 @@ def main(argv=None) -> int:
     if args.decode:
         rows = run_decode(DECODE_SWEEP)
     else:
-        rows = ([] if args.sweep else run_decode()) + run_ffn(
+        rows = ([] if args.sweep or args.configs is not None else run_decode()) + run_ffn(
             ms_list=tuple(int(m) for m in args.ms.split(",")), configs=configs)
     gpu = torch.cuda.get_device_name().replace(" ", "_")
-    tag = "-sweep" if args.sweep else "-decode" if args.decode else ""
+    tag = "-sweep" if args.sweep or args.configs is not None else "-decode" if args.decode else ""
     path = os.path.join(args.out, f"{datetime.date.today()}-{gpu}-cluster{tag}.csv")
     os.makedirs(args.out, exist_ok=True)
     write_csv(rows, path)

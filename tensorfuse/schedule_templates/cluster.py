@@ -60,7 +60,8 @@ def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
         raise ScheduleError(f"mma='wgmma' needs target cuda:sm_90a; the target is {target.name}",
                             user_location())
     peer = given.get("exchange", "peer" if mma == "wgmma" and
-                     given.get("copy", "cp_async") == "cp_async" else "gather") == "peer"
+                     given.get("copy", "cp_async") in ("cp_async", "producer")
+                     else "gather") == "peer"
     clusters = [cluster] if cluster else [8, 4, 2, 1] if peer else [2, 4, 1]
     candidates = [(c, {}) for c in clusters]
     if peer and not cluster and "block_n" not in given and len(plan.gates) == 1 and M >= 1024:

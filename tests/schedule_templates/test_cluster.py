@@ -78,6 +78,19 @@ def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster, mma):
                             "fence.proxy.tensormap::generic.acquire", "st.shared::cluster"):
             assert instruction in tma, instruction
         assert "cp.async.cg" not in tma and "st.global" not in _main_kernel(tma)
+    if mma == "wgmma":  # a producer warpgroup: every copy, H's k-tiles from the peers too
+        main = _main_kernel(_ffn(kernel, cluster=cluster, block_n=64, block_o=64,
+                                 copy="producer").ptx(**FFN))
+        for instruction in ("setmaxnreg.dec.sync.aligned.u32 56",   # the producer gives registers
+                            "setmaxnreg.inc.sync.aligned.u32 224",  # to the consumers
+                            "ld.shared::cluster.v4.b32", "cp.async.mbarrier.arrive.noinc",
+                            "mbarrier.arrive.shared::cta", "fence.proxy.async"):
+            assert instruction in main, instruction
+        # both products from shared-memory descriptors (no register A), no CTA barrier after the
+        # barriers' init (the producer and the consumers meet only on mbarriers)
+        assert not re.search(r"wgmma\.mma_async[^;]*\},\s*\{%r", main)
+        assert len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", main)) == 1
+        assert "st.shared::cluster" not in main and "st.global" not in main
 
 
 def _main_kernel(ptx: str) -> str:
@@ -121,7 +134,8 @@ def test_decode_kernel_compiles_without_spills(D, group, knobs, tmp_path):
 @pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
 @pytest.mark.parametrize("M", [64, 1024])
 @pytest.mark.parametrize("knobs", [{"copy": "cp_async"}, {"copy": "tma"},
-                                   {"exchange": "peer", "cluster": 8, "block_o": 256}])
+                                   {"exchange": "peer", "cluster": 8, "block_o": 256},
+                                   {"copy": "producer"}])
 def test_wgmma_kernel_is_not_serialized_by_ptxas(kernel, M, knobs, tmp_path):
     """ptxas serializes asynchronous MMAs (and says so, C7514/C7517) when accumulator registers are
     touched while a group is in flight, and spills when registers run out: both would silently
@@ -186,8 +200,12 @@ def test_refusals_name_the_problem():
         _ffn(ffn_gelu, mma="mma_sync", copy="tma").source(**FFN)
     with pytest.raises(ScheduleError, match="'wgmma' or 'mma_sync'"):
         _ffn(ffn_gelu, mma="hmma").source(**FFN)
-    with pytest.raises(ScheduleError, match="exchange='peer'.*copy='cp_async'"):
+    with pytest.raises(ScheduleError, match="exchange='peer'.*copy='cp_async' or 'producer'"):
         _ffn(ffn_gelu, exchange="peer", copy="tma").source(**FFN)
+    with pytest.raises(ScheduleError, match="copy='producer'.*exchange='peer'"):
+        _ffn(ffn_gelu, exchange="gather", copy="producer").source(**FFN)
+    with pytest.raises(ScheduleError, match="copy='producer' lands swizzled tiles"):
+        _ffn(ffn_gelu, mma="mma_sync", copy="producer").source(**FFN)
     # 192 columns are 64-column multiples, but the cp.async copy plan repeats only for 8/16/32
     # chunks per row (it would copy the wrong chunks); 512 is wider than one wgmma
     with pytest.raises(ScheduleError, match="block_n and block_o of 64, 128 or 256"):
@@ -343,26 +361,33 @@ def test_ffn_matches_float64_on_the_gpu(kernel, M, knobs):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("copy", ["cp_async", "producer"])
 @pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
 @pytest.mark.parametrize("M, knobs, sizes", [
     (1, {}, {}), (200, {}, {}), (600, {"group_m": 2}, {}),
     (1, {"cluster": 8, "block_n": 128}, dict(O=1024)),
     (200, {"cluster": 2, "block_m": 64, "block_n": 128, "block_o": 128}, dict(O=512)),
     (300, {"cluster": 8, "block_n": 128, "block_o": 256}, dict(K=1024, N=4096, O=2048)),
-    (300, {}, dict(K=2048, N=1024, O=2048))])   # both pipelines wrap many times
-def test_ffn_peer_exchange_matches_float64_on_the_gpu(kernel, M, knobs, sizes):
-    """exchange='peer': each CTA keeps its slice of H as A fragments and the second product
-    reads them from the peers' shared memory into registers (wgmma with a register A)."""
-    _check_ffn_on_the_gpu(kernel, M, {"exchange": "peer", **knobs}, **sizes)
+    (300, {"cluster": 4, "block_n": 128, "block_o": 128, "stages": 4},
+     dict(K=1024, N=4096, O=2048)),
+    (100, {}, dict(K=2048, N=1024, O=2048)),   # one row block; both rings wrap many times
+    (300, {}, dict(K=2048, N=1024, O=2048))])
+def test_ffn_peer_exchange_matches_float64_on_the_gpu(kernel, M, knobs, sizes, copy):
+    """exchange='peer': each CTA keeps its slice of H and the second product reads it from the
+    peers' shared memory — as A fragments into registers (cp.async), or, with copy='producer', as
+    whole k-tiles copied into the local ring by a producer warpgroup that issues every copy and
+    meets the consumers only on mbarriers."""
+    _check_ffn_on_the_gpu(kernel, M, {"exchange": "peer", "copy": copy, **knobs}, **sizes)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("copy", ["cp_async", "producer"])
 @pytest.mark.parametrize("M", [1, 300])
-def test_ffn_wide_first_product_tiles_match_float64_on_the_gpu(M):
+def test_ffn_wide_first_product_tiles_match_float64_on_the_gpu(M, copy):
     """128 × 256 first-product tiles (the GELU default at large M): 256-column wgmma, a 64 KB
     slice of H per CTA read by 16 k-tiles of peer loads."""
     _check_ffn_on_the_gpu(ffn_gelu, M, {"exchange": "peer", "cluster": 4, "block_n": 256,
-                                        "block_o": 256}, K=1024, N=4096, O=2048)
+                                        "block_o": 256, "copy": copy}, K=1024, N=4096, O=2048)
 
 
 @pytest.mark.gpu

@@ -36,6 +36,7 @@ from .expr import size_macros, to_cuda
 from .mma_sync import HELPERS as MMA_SYNC_HELPERS
 
 WARPS_N = 4  # warps along the columns; the rows get warps / 4
+PRODUCER_THREADS = 128  # copy="producer": one warpgroup (setmaxnreg works per warpgroup)
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,14 @@ class ClusterKnobs:
     (``stages`` deep), ``block_o`` output columns per tile of the second product, ``cluster`` CTAs
     per cluster, ``group_m`` row blocks per rasterization group, 8 or 16 ``warps`` per CTA, and
     the tensor-core instruction (``mma``: ``"wgmma"`` or ``"mma_sync"``), how tiles are copied
-    to shared memory (``copy``: ``"cp_async"`` by every thread, or ``"tma"``: a producer warp's
-    bulk tensor copies completing on mbarriers, wgmma only), and how the cluster shares H
-    (``exchange``: ``"gather"``, every CTA stores its slice into every peer's shared memory, or
-    ``"peer"``, every CTA keeps its slice and the second product reads its A fragments from the
-    peers' shared memory into registers — wgmma with cp.async only)."""
+    to shared memory (``copy``: ``"cp_async"`` by every thread, ``"tma"``: a producer warp's
+    bulk tensor copies completing on mbarriers, wgmma only, or ``"producer"``: a producer
+    warpgroup issues every cp.async copy and, in the second product, copies each k-tile of H from
+    the owning peer into the local pipeline, so the consumers only run wgmma on shared memory —
+    wgmma with ``exchange="peer"`` only), and how the cluster shares H (``exchange``:
+    ``"gather"``, every CTA stores its slice into every peer's shared memory, or ``"peer"``, every
+    CTA keeps its slice and the second product reads it from the peers' shared memory — into
+    registers as A fragments with cp.async, into the pipeline with the producer)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -82,8 +86,9 @@ class ClusterKnobs:
 
     @property
     def threads(self) -> int:
-        """Consumer warps, plus the producer warp that issues the TMA copies."""
-        return 32 * self.warps + (32 if self.copy == "tma" else 0)
+        """Consumer warps, plus the producer warp that issues the TMA copies or the producer
+        warpgroup that issues the cp.async copies."""
+        return 32 * self.warps + {"tma": 32, "producer": PRODUCER_THREADS}.get(self.copy, 0)
 
     @property
     def warps_m(self) -> int:
@@ -215,16 +220,20 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
                             f"{knobs.block_n} and {knobs.block_o})")
         if knobs.stages < 3:
             problems.append("wgmma keeps one k-tile's MMAs in flight: stages must be at least 3")
-    if knobs.copy not in ("cp_async", "tma"):
-        problems.append(f"copy={knobs.copy!r} is not 'cp_async' or 'tma'")
-    elif knobs.copy == "tma" and knobs.mma != "wgmma":
-        problems.append("copy='tma' lands swizzled tiles for wgmma: use mma='wgmma'")
+    if knobs.copy not in ("cp_async", "tma", "producer"):
+        problems.append(f"copy={knobs.copy!r} is not 'cp_async', 'tma' or 'producer'")
+    elif knobs.copy in ("tma", "producer") and knobs.mma != "wgmma":
+        problems.append(f"copy={knobs.copy!r} lands swizzled tiles for wgmma: use mma='wgmma'")
+    elif knobs.copy == "producer" and knobs.exchange != "peer":
+        problems.append("copy='producer' copies each CTA's k-tiles of H from the peers: use "
+                        "exchange='peer'")
     if knobs.exchange not in ("gather", "peer"):
         problems.append(f"exchange={knobs.exchange!r} is not 'gather' or 'peer'")
-    elif knobs.exchange == "peer" and (knobs.mma != "wgmma" or knobs.copy != "cp_async"):
-        problems.append("exchange='peer' feeds wgmma's register operand: use mma='wgmma' with "
-                        "copy='cp_async'")
-    elif knobs.exchange == "peer" and (knobs.cluster * knobs.block_n // knobs.block_k) % 2:
+    elif knobs.exchange == "peer" and (knobs.mma != "wgmma" or knobs.copy == "tma"):
+        problems.append("exchange='peer' reads H from the peers into wgmma's operands: use "
+                        "mma='wgmma' with copy='cp_async' or 'producer'")
+    elif knobs.exchange == "peer" and knobs.copy == "cp_async" and \
+            (knobs.cluster * knobs.block_n // knobs.block_k) % 2:
         problems.append("exchange='peer' double-buffers the A fragments by k-tile pairs: "
                         "cluster×block_n must be an even number of block_k tiles")
     if knobs.ctas_per_sm not in (1, 2):
@@ -243,7 +252,8 @@ def shared_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
     bm, bn, bk, bo, st = (knobs.block_m, knobs.block_n, knobs.block_k, knobs.block_o,
                           knobs.stages)
     if knobs.mma == "wgmma":  # swizzled tiles: no padding, 1 KB to align them to 1024 bytes
-        # "full" and "empty" mbarriers per slot: TMA's one ring, cp.async's two (stages, W2 tiles)
+        # "full" and "empty" mbarriers per slot: TMA's one ring, cp.async's two (stages, W2 tiles:
+        # with the producer, each W2 slot also holds a k-tile of H)
         slots = st if knobs.copy == "tma" else st + wgmma_w2_stages(plan, knobs)
         barriers = 2 * slots * 8
         h_columns = bn if knobs.exchange == "peer" else knobs.cluster * bn
@@ -256,17 +266,23 @@ def wgmma_pipeline_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
     """The wgmma path's pipeline buffers: the larger of the two products' stages (unpadded)."""
     bk, st = knobs.block_k, knobs.stages
     first = st * (knobs.block_m * bk * 2 + len(plan.gates) * bk * knobs.block_n * 2)
-    return max(first, st * bk * knobs.block_o * 2)
+    return max(first, st * wgmma_w2_slot_bytes(knobs))
 
 
 MAX_W2_STAGES = 8   # phase 2's cp.async ring: deeper only adds barriers
 
 
+def wgmma_w2_slot_bytes(knobs: ClusterKnobs) -> int:
+    """One slot of phase 2's ring: a BK × BO tile of W2 and, with the producer warpgroup, the
+    BM × BK tile of H it copied from the owning peer."""
+    a_tile = knobs.block_m * knobs.block_k * 2 if knobs.copy == "producer" else 0
+    return knobs.block_k * knobs.block_o * 2 + a_tile
+
+
 def wgmma_w2_stages(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
-    """Slots of phase 2's cp.async ring: as many W2 tiles as the pipeline's bytes hold (phase 1's
-    stages are larger for 128 × 256 tiles and SwiGLU's two weights, so W2 runs deeper)."""
-    return min(wgmma_pipeline_bytes(plan, knobs) // (knobs.block_k * knobs.block_o * 2),
-               MAX_W2_STAGES)
+    """Slots of phase 2's cp.async ring: as many as the pipeline's bytes hold (phase 1's stages
+    are larger for 128 × 256 tiles and SwiGLU's two weights, so W2 runs deeper)."""
+    return min(wgmma_pipeline_bytes(plan, knobs) // wgmma_w2_slot_bytes(knobs), MAX_W2_STAGES)
 
 
 def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int,

@@ -22,7 +22,7 @@ instruction issue (ncu; RESULTS.md, "FFN v6").
 """
 from __future__ import annotations
 
-from .gemm_chain import wgmma_pipeline_bytes, wgmma_w2_stages
+from .gemm_chain import PRODUCER_THREADS, wgmma_pipeline_bytes, wgmma_w2_slot_bytes, wgmma_w2_stages
 from .tma import HELPERS as TMA_HELPERS
 from .tma import MBARRIER_HELPERS
 from .wgmma import HELPERS, wgmma_function
@@ -35,7 +35,9 @@ def wgmma_body(plan, knobs) -> str:
     wg_n = 2 // wg_m                    # and along the columns
     nw, ow = knobs.block_n // wg_n, knobs.block_o // wg_n
     peer = knobs.exchange == "peer"
-    functions = wgmma_function(nw) + (wgmma_function(ow, a_in_registers=True) if peer else
+    producer = knobs.copy == "producer"
+    functions = wgmma_function(nw) + (wgmma_function(ow, a_in_registers=True)
+                                      if peer and not producer else
                                       wgmma_function(ow) if ow != nw else "")
     gate_values = "".join(f"float g{j} = acc[{j}][4 * jj + 2 * half + e]; " for j in range(g))
     activation = plan.activation
@@ -47,11 +49,21 @@ def wgmma_body(plan, knobs) -> str:
 {TMA_HELPERS if tma else ""}
 {functions}
 #define TMA {int(tma)}
-#define PEER {int(peer)}        // H stays in each CTA; phase 2 reads A fragments from the peers
+#define PEER {int(peer)}        // H stays in each CTA; phase 2 reads it from the peers
+#define PRODUCER {int(producer)}    // a producer warpgroup issues every copy (warps WARPS …)
+#define PRODUCER_THREADS {PRODUCER_THREADS}
+#define COPIERS {PRODUCER_THREADS if producer else "THREADS"}   // threads that issue cp.async copies
+// Registers per thread after `setmaxnreg`: the launch gives every thread 65536 / THREADS rounded
+// down to 8 (168 for three warpgroups); the producer hands most of its share to the consumers,
+// whose 128 f32 accumulators (128 × 256 tiles) need more than 168.
+#define PRODUCER_REGS 56
+#define CONSUMER_REGS 224
 #define PIPE_BYTES {pipe_bytes}
 #define SLOT {pipe_bytes // knobs.stages}     // one TMA slot: a stage of either product
 #define STAGE_BYTES (BM * BK * 2 + G * BK * BN * 2)  // cp.async: a first-product stage
 #define W2_BYTES (BK * BO * 2)                        // and a W2 tile
+#define W2_SLOT {wgmma_w2_slot_bytes(knobs)}   // a W2 slot (with the producer: H's k-tile, then W2)
+#define W2_AT (W2_SLOT - W2_BYTES)           // where the W2 tile starts in its slot
 #define WGN {wg_n}
 #define NW {nw}                 // first-product columns per warpgroup
 #define OW {ow}                 // output columns per warpgroup
@@ -77,10 +89,10 @@ __device__ __forceinline__ int swizzled(int atom, int row, int chunk, int rows) 
   return atom * rows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16);
 }}
 
-#define THREADS (32 * WARPS)
-#define X_ROWS (THREADS / 8)           // x rows per pass of the CTA's threads (BK = 64: 8 chunks)
-#define W_ROWS (THREADS / (BN / 8))    // gate-weight k-rows per pass
-#define W2_ROWS (THREADS / (BO / 8))   // W2 k-rows per pass
+#define THREADS (32 * WARPS)           // consumer threads
+#define X_ROWS (COPIERS / 8)           // x rows per pass of the copying threads (BK = 64: 8 chunks)
+#define W_ROWS (COPIERS / (BN / 8))    // gate-weight k-rows per pass
+#define W2_ROWS (COPIERS / (BO / 8))   // W2 k-rows per pass
 
 // What one thread copies with cp.async: the same 16-byte column of every X_ROWS-th x row, every
 // W_ROWS-th weight k-row and every W2_ROWS-th W2 k-row. Those strides are multiples of 8 rows, so a
@@ -96,10 +108,11 @@ struct CopyPlan {{
   const __nv_bfloat16* w2;   // k-row t / (BO / 8), column 8·(t % (BO / 8)); + n0 rows, + o0
 }};
 
+// `t`: the thread's index among the COPIERS.
 __device__ __forceinline__ CopyPlan copy_plan(const __nv_bfloat16* __restrict__ x,
-    const __nv_bfloat16* const* ws, const __nv_bfloat16* __restrict__ w2, int m0, int n0) {{
+    const __nv_bfloat16* const* ws, const __nv_bfloat16* __restrict__ w2, int m0, int n0, int t) {{
   CopyPlan p;
-  const int t = threadIdx.x, xr = t / 8, xc = t % 8;
+  const int xr = t / 8, xc = t % 8;
   p.x0 = x + xc * 8;
   p.x = p.x0 + (long)(m0 + xr) * K_;
   p.x_rows_ok = 0;
@@ -186,19 +199,40 @@ __device__ __forceinline__ void fill_stage(char* pipe, unsigned long long* full,
 __device__ __forceinline__ void fill_w2(char* pipe, unsigned long long* full,
     unsigned long long* empty, const CopyPlan& plan, int u, int KS, int nc, int o_base) {{
   wait_free_slot(empty, u, W2_STAGES);
-  load_w2(pipe + (u % W2_STAGES) * W2_BYTES, plan, nc + (u % KS) * BK, o_base + (u / KS) * BO);
+  load_w2(pipe + (u % W2_STAGES) * W2_SLOT + W2_AT, plan, nc + (u % KS) * BK,
+          o_base + (u / KS) * BO);
   tf_cp_async_mbar_arrive(full + u % W2_STAGES);
 }}
 // Phase 2, W2 tile `it` (of T): the shared-memory address of its slot once its copies landed; and,
 // once its MMAs are issued and tile it − 1's are done, releasing it − 1 and refilling ahead.
 __device__ __forceinline__ unsigned w2_ready(char* pipe, unsigned long long* full, int it) {{
   wait_full_slot(full, it, W2_STAGES);
-  return tf_smem_addr(pipe + (it % W2_STAGES) * W2_BYTES);
+  return tf_smem_addr(pipe + (it % W2_STAGES) * W2_SLOT);
 }}
 __device__ __forceinline__ void w2_advance(char* pipe, unsigned long long* full,
     unsigned long long* empty, const CopyPlan& plan, int it, int T, int KS, int nc, int o_base) {{
   if (it > 0) release_slot(empty, it - 1, W2_STAGES);
   if (it + AHEAD2 < T) fill_w2(pipe, full, empty, plan, it + AHEAD2, KS, nc, o_base);
+}}
+#endif
+
+#if PRODUCER
+// Phase 2, by the producer warpgroup (thread `t` of it): k-tile `ks` of the cluster's H — one
+// 128-byte-swizzled atom of BM rows, 16 KB contiguous in the owning peer's slice — into the
+// slot's first BM × BK bytes, byte for byte (the same rows, so the same swizzle); then published
+// to the consumers' wgmma (async proxy) and counted on the slot's "full" barrier.
+__device__ __forceinline__ void copy_h_tile(char* slot, unsigned hf_addr, int ks, int t,
+                                            unsigned long long* full) {{
+  constexpr int CHUNKS = BM * BK * 2 / 16 / PRODUCER_THREADS;
+  const unsigned src = tf_mapa(hf_addr + (ks % (BN / BK)) * BM * BK * 2, ks / (BN / BK));
+  uint4 v[CHUNKS];
+  #pragma unroll
+  for (int i = 0; i < CHUNKS; ++i) v[i] = tf_ld_dsm_u32x4(src + (t + i * PRODUCER_THREADS) * 16);
+  #pragma unroll
+  for (int i = 0; i < CHUNKS; ++i)
+    *reinterpret_cast<uint4*>(slot + (t + i * PRODUCER_THREADS) * 16) = v[i];
+  tf_fence_proxy_async();
+  tf_mbar_arrive(full);
 }}
 #endif
 
@@ -269,22 +303,46 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   unsigned long long* empty = full + STAGES;
 #if !TMA
   const __nv_bfloat16* ws[G] = {{@GATES@}};
-  const CopyPlan plan = copy_plan(x, ws, w2, m0, n0);
   // two rings over the same bytes: the first product's stages, then W2's tiles
   unsigned long long* full2 = empty + STAGES;
   unsigned long long* empty2 = full2 + W2_STAGES;
   if (threadIdx.x == 0) {{
     for (int i = 0; i < STAGES; ++i) {{
-      tf_mbar_init(full + i, THREADS);          // every thread's copies
-      tf_mbar_init(empty + i, THREADS / 128);   // every warpgroup's MMAs
+      tf_mbar_init(full + i, COPIERS);          // every copying thread's copies
+      tf_mbar_init(empty + i, THREADS / 128);   // every consumer warpgroup's MMAs
     }}
-    for (int i = 0; i < W2_STAGES; ++i) {{
-      tf_mbar_init(full2 + i, THREADS);
+    for (int i = 0; i < W2_STAGES; ++i) {{      // (with the producer: its copies of H's k-tile too)
+      tf_mbar_init(full2 + i, COPIERS * (1 + PRODUCER));
       tf_mbar_init(empty2 + i, THREADS / 128);
     }}
     tf_mbar_init_fence();
   }}
   __syncthreads();
+#if PRODUCER
+  if (warp >= WARPS) {{   // the producer warpgroup: every copy, ahead of the consumers
+    tf_setmaxnreg_dec<PRODUCER_REGS>();
+    const int t = threadIdx.x - THREADS;
+    const CopyPlan plan = copy_plan(x, ws, w2, m0, n0, t);
+    for (int u = 0; u < KT; ++u) fill_stage(pipe, full, empty, plan, u);
+    // W2's ring reuses the stages' bytes: wait for the consumers' MMAs on the last use of each
+    for (int u = KT; u < KT + STAGES; ++u) wait_free_slot(empty, u, STAGES);
+    tf_cluster_wait();    // the consumers' cluster barriers; nothing of ours to publish
+    tf_cluster_arrive();
+    for (int u = 0; u < W2_STAGES && u < T; ++u) fill_w2(pipe, full2, empty2, plan, u, KS, nc, o_base);
+    tf_cluster_wait();    // acquire: every slice of H is in place
+    const unsigned hf_addr = tf_smem_addr(hf);
+    for (int it = 0; it < T; ++it) {{
+      if (it >= W2_STAGES) fill_w2(pipe, full2, empty2, plan, it, KS, nc, o_base);
+      copy_h_tile(pipe + (it % W2_STAGES) * W2_SLOT, hf_addr, it % KS, t, full2 + it % W2_STAGES);
+    }}
+    tf_cluster_arrive();  // no CTA leaves while a peer's producer may still read its slice
+    tf_cluster_wait();
+    return;
+  }}
+  tf_setmaxnreg_inc<CONSUMER_REGS>();
+#else
+  const CopyPlan plan = copy_plan(x, ws, w2, m0, n0, threadIdx.x);
+#endif
 #else
   // One ring for the whole copy stream: KT first-product stages, then T W2 tiles.
   const char* map_x = maps;                           // maps: x, the gate weights, w2
@@ -328,7 +386,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     for (int i = 0; i < NW / 2; ++i) acc[j][i] = 0.f;
 #if TMA
   int pending = -1;       // the last slot whose MMAs may still be running
-#else
+#elif !PRODUCER
   for (int u = 0; u < AHEAD1 && u < KT; ++u) fill_stage(pipe, full, empty, plan, u);
 #endif
   for (int kt = 0; kt < KT; ++kt) {{
@@ -356,13 +414,17 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     pending = kt;
 #else
     if (kt > 0) release_slot(empty, kt - 1, STAGES);
+#if !PRODUCER
     if (kt + AHEAD1 < KT) fill_stage(pipe, full, empty, plan, kt + AHEAD1);
+#endif
 #endif
   }}
   tf_wgmma_wait<0>();
 #if TMA
   release_slot(empty, pending, STAGES);   // each slot is released exactly once per use
   pending = -1;
+#elif PRODUCER
+  release_slot(empty, KT - 1, STAGES);    // the producer waits for it before refilling for W2
 #endif
   #pragma unroll
   for (int j = 0; j < G; ++j) tf_fence_regs(acc[j]);
@@ -378,7 +440,20 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     }}
     return __floats2bfloat162_rn(h[0], h[1]);
   }};
-#if PEER
+#if PRODUCER
+  // K-major and swizzled like a pipeline's x tile, so that the peers' producers copy its k-tiles
+  // byte for byte into their pipelines.
+  #pragma unroll
+  for (int jj = 0; jj < NW / 8; ++jj)
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {{
+      const int row = erow + 8 * half, col = gn * NW + 8 * jj + ecol;
+      *reinterpret_cast<__nv_bfloat162*>(hf + swizzled(col / 64, row, (col % 64) / 8, BM) +
+                                         (col % 8) * 2) = activated(jj, half);
+    }}
+  tf_cluster_wait();    // (every peer has started)
+  tf_cluster_arrive();  // release: our slice is seen by each peer's producer after its wait
+#elif PEER
   // As A fragments: the accumulators of columns 16s … 16s + 15 are, lane for lane, the A fragment
   // of k16 step s (mma.sync layout), so each lane stores its four registers as one 16-byte chunk.
   #pragma unroll
@@ -421,12 +496,12 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
 
   // Phase 2: ysum[m0 rows, this CTA's OC columns] += H · W2[cluster rows, OC columns], W2 through
   // a pipeline of BK × BO tiles, BO columns at a time.
-#if !TMA
+#if !TMA && !PRODUCER
   for (int u = 0; u < AHEAD2 && u < T; ++u) fill_w2(pipe, full2, empty2, plan, u, KS, nc, o_base);
 #endif
   tf_cluster_wait();    // acquire: every slice of H is in place
   tf_fence_proxy_async();
-#if PEER
+#if PEER && !PRODUCER
   // A fragments of k-tile `ks` of the cluster's H for this warp's 16 rows: k16 step kc lives in
   // CTA kc / (BN / 16). Two register sets: one feeds the k-tile in flight, the other is refilled
   // (DSM loads) once the MMAs that read it are done.
@@ -466,7 +541,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   }}
   tf_cluster_arrive();    // no CTA leaves while a peer may still read its slice
   tf_cluster_wait();
-#else
+#else   // A from shared memory: the cluster's H (gather), or the producer's copy of its k-tile
   const unsigned hf_at = tf_smem_addr(hf);
   float acc2[OW / 2];      // each output tile starts from its first product (accumulate = 0)
   for (int t = 0; t < OC / BO; ++t) {{
@@ -482,13 +557,16 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
       tf_wgmma_fence();
       #pragma unroll
       for (int s = 0; s < BK / 16; ++s)
-        tf_wgmma_m64n{ow}k16(acc2, kmajor_desc(hf_at, BM, gm * 64, ks * BK + s * 16),
-                             nmajor_desc(w2s_at, BK, gn * OW, s * 16), ks > 0 || s > 0);
+        tf_wgmma_m64n{ow}k16(acc2, PRODUCER ? kmajor_desc(w2s_at, BM, gm * 64, s * 16) :
+                                              kmajor_desc(hf_at, BM, gm * 64, ks * BK + s * 16),
+                             nmajor_desc(w2s_at + W2_AT, BK, gn * OW, s * 16), ks > 0 || s > 0);
       tf_wgmma_commit();
       tf_wgmma_wait<1>();
 #if TMA
       if (pending >= 0) release_slot(empty, pending, STAGES);
       pending = u;
+#elif PRODUCER
+      if (it > 0) release_slot(empty2, it - 1, W2_STAGES);
 #else
       w2_advance(pipe, full2, empty2, plan, it, T, KS, nc, o_base);
 #endif
@@ -501,6 +579,10 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     tf_fence_regs(acc2);
     add_tile(ysum, acc2, m0 + erow, o_base + t * BO + gn * OW + ecol);
   }}
+#if PRODUCER
+  tf_cluster_arrive();    // no CTA leaves while a peer's producer may still read its slice
+  tf_cluster_wait();
+#endif
 #endif
 }}
 """

@@ -50,6 +50,16 @@ template <int N>
 __device__ __forceinline__ void tf_wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
 }
+// Warp specialization: a warpgroup gives registers back to the pool (`dec`) or takes them (`inc`,
+// waiting until they are free); every warp of the warpgroup executes it.
+template <int N>
+__device__ __forceinline__ void tf_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N));
+}
+template <int N>
+__device__ __forceinline__ void tf_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N));
+}
 // Keeps the compiler from moving accumulator registers across an asynchronous MMA.
 template <int R>
 __device__ __forceinline__ void tf_fence_regs(float (&d)[R]) {
