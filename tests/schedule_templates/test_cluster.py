@@ -206,6 +206,13 @@ def test_refusals_name_the_problem():
         _ffn(ffn_gelu, exchange="gather", copy="producer").source(**FFN)
     with pytest.raises(ScheduleError, match="copy='producer' lands swizzled tiles"):
         _ffn(ffn_gelu, mma="mma_sync", copy="producer").source(**FFN)
+    # two CTAs per SM leave 128 registers per thread: 128 accumulators would not compile (ptxas
+    # C7602), so the knobs are refused before nvcc runs
+    with pytest.raises(ScheduleError, match="128 registers per thread; 128 f32 accumulators"):
+        _ffn(ffn_gelu, ctas_per_sm=2, block_o=256, block_m=128, block_n=64).source(
+            M=128, K=512, N=2048, O=2048)
+    with pytest.raises(ScheduleError, match="three warpgroups per CTA"):
+        _ffn(ffn_gelu, ctas_per_sm=2, copy="producer").source(**FFN)
     # 192 columns are 64-column multiples, but the cp.async copy plan repeats only for 8/16/32
     # chunks per row (it would copy the wrong chunks); 512 is wider than one wgmma
     with pytest.raises(ScheduleError, match="block_n and block_o of 64, 128 or 256"):

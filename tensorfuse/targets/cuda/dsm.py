@@ -60,6 +60,12 @@ __device__ __forceinline__ uint4 tf_ld_dsm_u32x4(unsigned addr) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
   return v;
 }
+// 16 bytes into this CTA's own shared memory (a plain C++ store through a generic pointer
+// compiles to a generic ST.E: measured in the producer's copies of H).
+__device__ __forceinline__ void tf_st_smem_v4(unsigned addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};"
+               :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
 __device__ __forceinline__ void tf_st_dsm_v4(unsigned addr, uint4 v) {
   asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};"
                :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");

@@ -238,6 +238,17 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
                         "cluster×block_n must be an even number of block_k tiles")
     if knobs.ctas_per_sm not in (1, 2):
         problems.append(f"ctas_per_sm={knobs.ctas_per_sm} is not 1 or 2")
+    elif knobs.ctas_per_sm == 2 and knobs.mma == "wgmma":
+        # two CTAs share the register file: 128 registers per thread, of which a warpgroup's f32
+        # accumulators take (columns per warpgroup) / 2 — ptxas gives up beyond 64 of them
+        wg_cols = 2 if knobs.block_m == 64 else 1   # warpgroups side by side along the columns
+        acc = max(len(plan.gates) * knobs.block_n, knobs.block_o) // wg_cols // 2
+        if knobs.copy == "producer":
+            problems.append("copy='producer' runs three warpgroups per CTA: ctas_per_sm must be 1")
+        elif acc > 64:
+            problems.append(f"ctas_per_sm=2 leaves 128 registers per thread; {acc} f32 accumulators "
+                            "per thread do not fit beside the operands: use block_o (and gates × "
+                            "block_n) of at most 128 per warpgroup, or ctas_per_sm=1")
     if knobs.stages < 2:
         problems.append("stages must be at least 2")
     if problems:
@@ -266,7 +277,10 @@ def wgmma_pipeline_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
     """The wgmma path's pipeline buffers: the larger of the two products' stages (unpadded)."""
     bk, st = knobs.block_k, knobs.stages
     first = st * (knobs.block_m * bk * 2 + len(plan.gates) * bk * knobs.block_n * 2)
-    return max(first, st * wgmma_w2_slot_bytes(knobs))
+    # phase 2's ring: as many slots as phase 1's with cp.async; with the producer, whose slots
+    # also hold H's k-tile, at least three (one under the MMAs in flight, one next, one filling)
+    # and otherwise whatever phase 1's stages leave (``stages`` stays phase 1's depth)
+    return max(first, (3 if knobs.copy == "producer" else st) * wgmma_w2_slot_bytes(knobs))
 
 
 MAX_W2_STAGES = 8   # phase 2's cp.async ring: deeper only adds barriers

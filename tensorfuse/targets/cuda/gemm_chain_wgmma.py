@@ -91,11 +91,19 @@ __device__ __forceinline__ int swizzled(int atom, int row, int chunk, int rows) 
 
 #define THREADS (32 * WARPS)           // consumer threads
 #define X_ROWS (COPIERS / 8)           // x rows per pass of the copying threads (BK = 64: 8 chunks)
-#define W_ROWS (COPIERS / (BN / 8))    // gate-weight k-rows per pass
-#define W2_ROWS (COPIERS / (BO / 8))   // W2 k-rows per pass
+// An N-major weight tile row of BN (or BO) columns is BN / 8 chunks; at most COPIERS / 8 threads
+// share a row (LANES), so that a pass covers a multiple of 8 rows, and each copies REPS chunks
+// LANES apart in it (LANES is a multiple of 8: the same chunk of a later atom).
+#define W_LANES TF_MIN(BN / 8, COPIERS / 8)
+#define W_ROWS (COPIERS / W_LANES)     // gate-weight k-rows per pass
+#define W_REPS (BN / 8 / W_LANES)
+#define W2_LANES TF_MIN(BO / 8, COPIERS / 8)
+#define W2_ROWS (COPIERS / W2_LANES)   // W2 k-rows per pass
+#define W2_REPS (BO / 8 / W2_LANES)
 
 // What one thread copies with cp.async: the same 16-byte column of every X_ROWS-th x row, every
-// W_ROWS-th weight k-row and every W2_ROWS-th W2 k-row. Those strides are multiples of 8 rows, so a
+// W_ROWS-th weight k-row and every W2_ROWS-th W2 k-row (W_REPS / W2_REPS columns, LANES chunks
+// apart, where 128 producer threads copy 256-column tiles). Those strides are multiples of 8 rows, so a
 // chunk's 128-byte swizzle is the same in every pass: the thread's shared offsets and global
 // addresses differ between passes and k-tiles only by constants, and are computed once here
 // instead of per copy (phase 1 was bound by its warps' instruction issue: ncu, RESULTS.md).
@@ -120,11 +128,11 @@ __device__ __forceinline__ CopyPlan copy_plan(const __nv_bfloat16* __restrict__ 
   for (int i = 0; i < BM / X_ROWS; ++i)
     if (m0 + xr + i * X_ROWS < M_) p.x_rows_ok |= 1u << i;
   p.x_smem = swizzled(0, xr, xc, BM);
-  const int wk = t / (BN / 8), wc = t % (BN / 8);
+  const int wk = t / W_LANES, wc = t % W_LANES;
   #pragma unroll
   for (int j = 0; j < G; ++j) p.w[j] = ws[j] + (long)wk * N_ + n0 + wc * 8;
   p.w_smem = swizzled(wc / 8, wk, wc % 8, BK);
-  const int vk = t / (BO / 8), vc = t % (BO / 8);
+  const int vk = t / W2_LANES, vc = t % W2_LANES;
   p.w2 = w2 + (long)vk * O_ + vc * 8;
   p.w2_smem = swizzled(vc / 8, vk, vc % 8, BK);
   return p;
@@ -144,8 +152,11 @@ __device__ __forceinline__ void load_stage(char* stage, const CopyPlan& p, int k
   for (int j = 0; j < G; ++j)
     #pragma unroll
     for (int i = 0; i < BK / W_ROWS; ++i)
-      tf_cp_async16_at(s + BM * BK * 2 + j * BK * BN * 2 + p.w_smem + i * W_ROWS * 128,
-                       p.w[j] + (long)(k0 + i * W_ROWS) * N_, true);
+      #pragma unroll
+      for (int r = 0; r < W_REPS; ++r)
+        tf_cp_async16_at(s + BM * BK * 2 + j * BK * BN * 2 + p.w_smem + i * W_ROWS * 128 +
+                         r * (W_LANES / 8) * BK * 128,
+                         p.w[j] + (long)(k0 + i * W_ROWS) * N_ + r * W_LANES * 8, true);
 }}
 
 // BK rows (from n0) × BO columns (from o0) of W2, N-major.
@@ -153,8 +164,10 @@ __device__ __forceinline__ void load_w2(char* dst, const CopyPlan& p, int n0, in
   const unsigned s = tf_smem_addr(dst);
   #pragma unroll
   for (int i = 0; i < BK / W2_ROWS; ++i)
-    tf_cp_async16_at(s + p.w2_smem + i * W2_ROWS * 128, p.w2 + (long)(n0 + i * W2_ROWS) * O_ + o0,
-                     true);
+    #pragma unroll
+    for (int r = 0; r < W2_REPS; ++r)
+      tf_cp_async16_at(s + p.w2_smem + i * W2_ROWS * 128 + r * (W2_LANES / 8) * BK * 128,
+                       p.w2 + (long)(n0 + i * W2_ROWS) * O_ + o0 + r * W2_LANES * 8, true);
 }}
 
 // exchange="peer": the byte offset of lane `lane`'s A fragment (16 bytes) of 16-row block `rb`
@@ -217,20 +230,24 @@ __device__ __forceinline__ void w2_advance(char* pipe, unsigned long long* full,
 #endif
 
 #if PRODUCER
-// Phase 2, by the producer warpgroup (thread `t` of it): k-tile `ks` of the cluster's H — one
-// 128-byte-swizzled atom of BM rows, 16 KB contiguous in the owning peer's slice — into the
-// slot's first BM × BK bytes, byte for byte (the same rows, so the same swizzle); then published
-// to the consumers' wgmma (async proxy) and counted on the slot's "full" barrier.
+// Which CTA of the cluster holds k-tile `ks` of the cluster's H, and where in its K-major slice
+// (one 128-byte-swizzled atom of BM rows, BM × BK × 2 bytes).
+#define H_OWNER(ks) ((ks) / (BN / BK))
+#define H_ATOM_AT(ks) (((ks) % (BN / BK)) * BM * BK * 2)
+#define H_CHUNKS (BM * BK * 2 / 16 / PRODUCER_THREADS)   // 16-byte chunks per producer thread
+// Phase 2, by the producer warpgroup (thread `t` of it): k-tile `ks` of the cluster's H from the
+// owning peer into the slot's first BM × BK bytes, byte for byte (the same rows, so the same
+// swizzle), published to the consumers' wgmma (async proxy) and counted on the slot's "full"
+// barrier. (Reading the CTA's own k-tiles in place instead, and loading the next k-tile while
+// waiting for a slot, measured no faster: RESULTS.md, "FFN v8".)
 __device__ __forceinline__ void copy_h_tile(char* slot, unsigned hf_addr, int ks, int t,
                                             unsigned long long* full) {{
-  constexpr int CHUNKS = BM * BK * 2 / 16 / PRODUCER_THREADS;
-  const unsigned src = tf_mapa(hf_addr + (ks % (BN / BK)) * BM * BK * 2, ks / (BN / BK));
-  uint4 v[CHUNKS];
+  const unsigned src = tf_mapa(hf_addr + H_ATOM_AT(ks), H_OWNER(ks)), dst = tf_smem_addr(slot);
+  uint4 v[H_CHUNKS];
   #pragma unroll
-  for (int i = 0; i < CHUNKS; ++i) v[i] = tf_ld_dsm_u32x4(src + (t + i * PRODUCER_THREADS) * 16);
+  for (int i = 0; i < H_CHUNKS; ++i) v[i] = tf_ld_dsm_u32x4(src + (t + i * PRODUCER_THREADS) * 16);
   #pragma unroll
-  for (int i = 0; i < CHUNKS; ++i)
-    *reinterpret_cast<uint4*>(slot + (t + i * PRODUCER_THREADS) * 16) = v[i];
+  for (int i = 0; i < H_CHUNKS; ++i) tf_st_smem_v4(dst + (t + i * PRODUCER_THREADS) * 16, v[i]);
   tf_fence_proxy_async();
   tf_mbar_arrive(full);
 }}
@@ -554,11 +571,17 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
 #else
       const unsigned w2s_at = w2_ready(pipe, full2, it);
 #endif
+#if PRODUCER   // A: the producer's copy of H's k-tile, in the slot
+      const unsigned a_at = w2s_at;
+      const int a_k = 0;
+#else          // A: the cluster's H, gathered here
+      const unsigned a_at = hf_at;
+      const int a_k = ks * BK;
+#endif
       tf_wgmma_fence();
       #pragma unroll
       for (int s = 0; s < BK / 16; ++s)
-        tf_wgmma_m64n{ow}k16(acc2, PRODUCER ? kmajor_desc(w2s_at, BM, gm * 64, s * 16) :
-                                              kmajor_desc(hf_at, BM, gm * 64, ks * BK + s * 16),
+        tf_wgmma_m64n{ow}k16(acc2, kmajor_desc(a_at, BM, gm * 64, a_k + s * 16),
                              nmajor_desc(w2s_at + W2_AT, BK, gn * OW, s * 16), ks > 0 || s > 0);
       tf_wgmma_commit();
       tf_wgmma_wait<1>();
