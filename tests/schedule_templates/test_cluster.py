@@ -91,6 +91,13 @@ def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster, mma):
         assert not re.search(r"wgmma\.mma_async[^;]*\},\s*\{%r", main)
         assert len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", main)) == 1
         assert "st.shared::cluster" not in main and "st.global" not in main
+    if mma == "wgmma":  # peer reads fed by TMA: one consumer thread's bulk copies, no cp.async
+        main = _main_kernel(_ffn(kernel, cluster=cluster, block_n=64, block_o=64, copy="tma",
+                                 exchange="peer").ptx(**FFN))
+        for instruction in ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier",
+                            "mbarrier.arrive.expect_tx", "ld.shared::cluster.v4.b32"):
+            assert instruction in main, instruction
+        assert "cp.async.cg" not in main and "st.global" not in main
 
 
 def _main_kernel(ptx: str) -> str:
@@ -135,7 +142,7 @@ def test_decode_kernel_compiles_without_spills(D, group, knobs, tmp_path):
 @pytest.mark.parametrize("M", [64, 1024])
 @pytest.mark.parametrize("knobs", [{"copy": "cp_async"}, {"copy": "tma"},
                                    {"exchange": "peer", "cluster": 8, "block_o": 256},
-                                   {"copy": "producer"}])
+                                   {"copy": "producer"}, {"copy": "tma", "exchange": "peer"}])
 def test_wgmma_kernel_is_not_serialized_by_ptxas(kernel, M, knobs, tmp_path):
     """ptxas serializes asynchronous MMAs (and says so, C7514/C7517) when accumulator registers are
     touched while a group is in flight, and spills when registers run out: both would silently
@@ -200,8 +207,8 @@ def test_refusals_name_the_problem():
         _ffn(ffn_gelu, mma="mma_sync", copy="tma").source(**FFN)
     with pytest.raises(ScheduleError, match="'wgmma' or 'mma_sync'"):
         _ffn(ffn_gelu, mma="hmma").source(**FFN)
-    with pytest.raises(ScheduleError, match="exchange='peer'.*copy='cp_async' or 'producer'"):
-        _ffn(ffn_gelu, exchange="peer", copy="tma").source(**FFN)
+    with pytest.raises(ScheduleError, match="exchange='peer' reads H.*mma='wgmma'"):
+        _ffn(ffn_gelu, exchange="peer", mma="mma_sync").source(**FFN)
     with pytest.raises(ScheduleError, match="copy='producer'.*exchange='peer'"):
         _ffn(ffn_gelu, exchange="gather", copy="producer").source(**FFN)
     with pytest.raises(ScheduleError, match="copy='producer' lands swizzled tiles"):
@@ -368,7 +375,7 @@ def test_ffn_matches_float64_on_the_gpu(kernel, M, knobs):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("copy", ["cp_async", "producer"])
+@pytest.mark.parametrize("copy", ["cp_async", "producer", "tma"])
 @pytest.mark.parametrize("kernel", [ffn_gelu, ffn_swiglu])
 @pytest.mark.parametrize("M, knobs, sizes", [
     (1, {}, {}), (200, {}, {}), (600, {"group_m": 2}, {}),
@@ -381,9 +388,9 @@ def test_ffn_matches_float64_on_the_gpu(kernel, M, knobs):
     (300, {}, dict(K=2048, N=1024, O=2048))])
 def test_ffn_peer_exchange_matches_float64_on_the_gpu(kernel, M, knobs, sizes, copy):
     """exchange='peer': each CTA keeps its slice of H and the second product reads it from the
-    peers' shared memory — as A fragments into registers (cp.async), or, with copy='producer', as
-    whole k-tiles copied into the local ring by a producer warpgroup that issues every copy and
-    meets the consumers only on mbarriers."""
+    peers' shared memory — as A fragments into registers (cp.async, or TMA copies issued by one
+    consumer thread), or, with copy='producer', as whole k-tiles copied into the local ring by a
+    producer warpgroup that issues every copy and meets the consumers only on mbarriers."""
     _check_ffn_on_the_gpu(kernel, M, {"exchange": "peer", "copy": copy, **knobs}, **sizes)
 
 

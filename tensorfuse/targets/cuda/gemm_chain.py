@@ -86,9 +86,10 @@ class ClusterKnobs:
 
     @property
     def threads(self) -> int:
-        """Consumer warps, plus the producer warp that issues the TMA copies or the producer
-        warpgroup that issues the cp.async copies."""
-        return 32 * self.warps + {"tma": 32, "producer": PRODUCER_THREADS}.get(self.copy, 0)
+        """Consumer warps, plus the producer warp that issues the TMA copies (all-gather) or the
+        producer warpgroup that issues the cp.async copies."""
+        extra = {"tma": 32 if self.exchange != "peer" else 0, "producer": PRODUCER_THREADS}
+        return 32 * self.warps + extra.get(self.copy, 0)
 
     @property
     def warps_m(self) -> int:
@@ -229,10 +230,10 @@ def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int
                         "exchange='peer'")
     if knobs.exchange not in ("gather", "peer"):
         problems.append(f"exchange={knobs.exchange!r} is not 'gather' or 'peer'")
-    elif knobs.exchange == "peer" and (knobs.mma != "wgmma" or knobs.copy == "tma"):
+    elif knobs.exchange == "peer" and knobs.mma != "wgmma":
         problems.append("exchange='peer' reads H from the peers into wgmma's operands: use "
-                        "mma='wgmma' with copy='cp_async' or 'producer'")
-    elif knobs.exchange == "peer" and knobs.copy == "cp_async" and \
+                        "mma='wgmma'")
+    elif knobs.exchange == "peer" and knobs.copy != "producer" and \
             (knobs.cluster * knobs.block_n // knobs.block_k) % 2:
         problems.append("exchange='peer' double-buffers the A fragments by k-tile pairs: "
                         "cluster×block_n must be an even number of block_k tiles")
@@ -265,7 +266,8 @@ def shared_bytes(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
     if knobs.mma == "wgmma":  # swizzled tiles: no padding, 1 KB to align them to 1024 bytes
         # "full" and "empty" mbarriers per slot: TMA's one ring, cp.async's two (stages, W2 tiles:
         # with the producer, each W2 slot also holds a k-tile of H)
-        slots = st if knobs.copy == "tma" else st + wgmma_w2_stages(plan, knobs)
+        one_ring = knobs.copy == "tma" and knobs.exchange != "peer"
+        slots = st if one_ring else st + wgmma_w2_stages(plan, knobs)
         barriers = 2 * slots * 8
         h_columns = bn if knobs.exchange == "peer" else knobs.cluster * bn
         return 1024 + bm * h_columns * 2 + wgmma_pipeline_bytes(plan, knobs) + barriers

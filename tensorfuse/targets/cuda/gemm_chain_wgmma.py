@@ -50,6 +50,9 @@ def wgmma_body(plan, knobs) -> str:
 {functions}
 #define TMA {int(tma)}
 #define PEER {int(peer)}        // H stays in each CTA; phase 2 reads it from the peers
+// TMA with the all-gather: a producer warp issues the copies into one ring; with peer reads one
+// consumer thread issues them into the two rings the cp.async copies use
+#define TMA_WARP (TMA && !PEER)
 #define PRODUCER {int(producer)}    // a producer warpgroup issues every copy (warps WARPS …)
 #define PRODUCER_THREADS {PRODUCER_THREADS}
 #define COPIERS {PRODUCER_THREADS if producer else "THREADS"}   // threads that issue cp.async copies
@@ -191,7 +194,9 @@ __device__ __forceinline__ void add_tile(float* __restrict__ ysum, const float (
 // on use u are done (one arrival per warpgroup), after which use u + slots may refill the slot.
 __device__ __forceinline__ void wait_full_slot(unsigned long long* full, int u, int slots) {{
   tf_mbar_wait(full + u % slots, (u / slots) & 1);
-  tf_fence_proxy_async();   // the copies (generic proxy) are seen by this thread's wgmma
+#if !TMA
+  tf_fence_proxy_async();   // cp.async copies (generic proxy) are seen by this thread's wgmma
+#endif
 }}
 __device__ __forceinline__ void release_slot(unsigned long long* empty, int u, int slots) {{
   if ((threadIdx.x & 127) == 0) tf_mbar_arrive(empty + u % slots);
@@ -200,21 +205,67 @@ __device__ __forceinline__ void wait_free_slot(unsigned long long* empty, int u,
   if (u >= slots) tf_mbar_wait(empty + u % slots, (u / slots - 1) & 1);
 }}
 
-#if !TMA
-// Every thread copies its share of use u of a ring: the first product's stage (k-tile u) or W2's
-// tile u (of T: k-tile u % KS of output tile u / KS), once the slot is free.
+#if TMA
+// The stages by TMA, issued by one thread: x as one box of BM rows, each weight (and W2) as
+// 64-column boxes of BK rows (rows of x past M arrive as zeros); the bytes complete on `bar`.
+__device__ __forceinline__ void load_stage_tma(char* stage, const char* map_x, const char* maps,
+    int m0, int n0, int k0, unsigned long long* bar, bool issue = true) {{
+  tf_mbar_expect(bar, BM * BK * 2 + G * BK * BN * 2, issue);
+  tf_tma_load_2d(stage, map_x, k0, m0, bar, issue);
+  #pragma unroll
+  for (int j = 0; j < G; ++j)
+    #pragma unroll
+    for (int a = 0; a < BN / 64; ++a)
+      tf_tma_load_2d(stage + BM * BK * 2 + j * BK * BN * 2 + a * BK * 128, maps + (1 + j) * 128,
+                     n0 + 64 * a, k0, bar, issue);
+}}
+__device__ __forceinline__ void load_w2_tma(char* dst, const char* map_w2, int n0, int o0,
+                                            unsigned long long* bar, bool issue = true) {{
+  tf_mbar_expect(bar, BK * BO * 2, issue);
+  #pragma unroll
+  for (int a = 0; a < BO / 64; ++a)
+    tf_tma_load_2d(dst + a * BK * 128, map_w2, o0 + 64 * a, n0, bar, issue);
+}}
+// What the copying thread needs: the tensor maps (x, the gate weights, w2) and the CTA's tile.
+struct TmaPlan {{
+  const char* maps;
+  int m0, n0;
+}};
+typedef TmaPlan Plan;
+#else
+typedef CopyPlan Plan;
+#endif
+
+#if !TMA_WARP
+// Use u of a ring, once the slot is free: the first product's stage (k-tile u) or W2's tile u (of
+// T: k-tile u % KS of output tile u / KS) — with cp.async every copying thread's share, with TMA
+// (peer reads) all of it from thread 0 (predicated: every thread waits for the slot as with
+// cp.async, and no thread-divergent branch makes ptxas serialize the wgmma in flight).
 __device__ __forceinline__ void fill_stage(char* pipe, unsigned long long* full,
-    unsigned long long* empty, const CopyPlan& plan, int u) {{
+    unsigned long long* empty, const Plan& plan, int u) {{
+#if TMA
+  wait_free_slot(empty, u, STAGES);
+  load_stage_tma(pipe + (u % STAGES) * STAGE_BYTES, plan.maps, plan.maps, plan.m0, plan.n0,
+                 u * BK, full + u % STAGES, threadIdx.x == 0);
+#else
   wait_free_slot(empty, u, STAGES);
   load_stage(pipe + (u % STAGES) * STAGE_BYTES, plan, u * BK);
   tf_cp_async_mbar_arrive(full + u % STAGES);
+#endif
 }}
 __device__ __forceinline__ void fill_w2(char* pipe, unsigned long long* full,
-    unsigned long long* empty, const CopyPlan& plan, int u, int KS, int nc, int o_base) {{
+    unsigned long long* empty, const Plan& plan, int u, int KS, int nc, int o_base) {{
+#if TMA
+  wait_free_slot(empty, u, W2_STAGES);
+  load_w2_tma(pipe + (u % W2_STAGES) * W2_SLOT + W2_AT, plan.maps + (1 + G) * 128,
+              nc + (u % KS) * BK, o_base + (u / KS) * BO, full + u % W2_STAGES,
+              threadIdx.x == 0);
+#else
   wait_free_slot(empty, u, W2_STAGES);
   load_w2(pipe + (u % W2_STAGES) * W2_SLOT + W2_AT, plan, nc + (u % KS) * BK,
           o_base + (u / KS) * BO);
   tf_cp_async_mbar_arrive(full + u % W2_STAGES);
+#endif
 }}
 // Phase 2, W2 tile `it` (of T): the shared-memory address of its slot once its copies landed; and,
 // once its MMAs are issued and tile it − 1's are done, releasing it − 1 and refilling ahead.
@@ -223,7 +274,7 @@ __device__ __forceinline__ unsigned w2_ready(char* pipe, unsigned long long* ful
   return tf_smem_addr(pipe + (it % W2_STAGES) * W2_SLOT);
 }}
 __device__ __forceinline__ void w2_advance(char* pipe, unsigned long long* full,
-    unsigned long long* empty, const CopyPlan& plan, int it, int T, int KS, int nc, int o_base) {{
+    unsigned long long* empty, const Plan& plan, int it, int T, int KS, int nc, int o_base) {{
   if (it > 0) release_slot(empty, it - 1, W2_STAGES);
   if (it + AHEAD2 < T) fill_w2(pipe, full, empty, plan, it + AHEAD2, KS, nc, o_base);
 }}
@@ -265,32 +316,12 @@ __device__ __forceinline__ unsigned long long nmajor_desc(unsigned tile, int dep
   return tf_smem_desc_sw128_at(tile + (col0 / 64) * depth * 128 + k * 128, depth * 128, 1024);
 }}
 
-#if TMA
+#if TMA_WARP
 // Warp-specialized: a producer warp (warp WARPS) issues every copy into the STAGES slots of one
 // stream — phase 1's KT stages, then phase 2's W2 tiles — waiting until the consumers have
 // released a slot (`empty`, one arrival per consumer warpgroup); consumers wait on `full`.
 __device__ __forceinline__ void consumers_sync() {{
   asm volatile("bar.sync 1, %0;" :: "n"(32 * WARPS) : "memory");
-}}
-
-// The same stages by TMA, issued by the producer warp's first lane: x as one box of BM rows,
-// each weight (and W2) as 64-column boxes of BK rows; the bytes complete on `bar`.
-__device__ __forceinline__ void load_stage_tma(char* stage, const char* map_x, const char* maps,
-    int m0, int n0, int k0, unsigned long long* bar) {{
-  tf_mbar_expect(bar, BM * BK * 2 + G * BK * BN * 2);
-  tf_tma_load_2d(stage, map_x, k0, m0, bar);
-  #pragma unroll
-  for (int j = 0; j < G; ++j)
-    #pragma unroll
-    for (int a = 0; a < BN / 64; ++a)
-      tf_tma_load_2d(stage + BM * BK * 2 + j * BK * BN * 2 + a * BK * 128, maps + (1 + j) * 128,
-                     n0 + 64 * a, k0, bar);
-}}
-__device__ __forceinline__ void load_w2_tma(char* dst, const char* map_w2, int n0, int o0,
-                                            unsigned long long* bar) {{
-  tf_mbar_expect(bar, BK * BO * 2);
-  #pragma unroll
-  for (int a = 0; a < BO / 64; ++a) tf_tma_load_2d(dst + a * BK * 128, map_w2, o0 + 64 * a, n0, bar);
 }}
 #else
 __device__ __forceinline__ void consumers_sync() {{ __syncthreads(); }}
@@ -318,21 +349,24 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   const int KT = K_ / BK, KS = HW / BK, T = (OC / BO) * KS;
   unsigned long long* full = reinterpret_cast<unsigned long long*>(pipe + PIPE_BYTES);
   unsigned long long* empty = full + STAGES;
-#if !TMA
+#if !TMA_WARP
   const __nv_bfloat16* ws[G] = {{@GATES@}};
   // two rings over the same bytes: the first product's stages, then W2's tiles
   unsigned long long* full2 = empty + STAGES;
   unsigned long long* empty2 = full2 + W2_STAGES;
   if (threadIdx.x == 0) {{
-    for (int i = 0; i < STAGES; ++i) {{
-      tf_mbar_init(full + i, COPIERS);          // every copying thread's copies
+    for (int i = 0; i < STAGES; ++i) {{        // TMA: one arrival and the bytes
+      tf_mbar_init(full + i, TMA ? 1 : COPIERS);  // cp.async: every copying thread's copies
       tf_mbar_init(empty + i, THREADS / 128);   // every consumer warpgroup's MMAs
     }}
     for (int i = 0; i < W2_STAGES; ++i) {{      // (with the producer: its copies of H's k-tile too)
-      tf_mbar_init(full2 + i, COPIERS * (1 + PRODUCER));
+      tf_mbar_init(full2 + i, TMA ? 1 : COPIERS * (1 + PRODUCER));
       tf_mbar_init(empty2 + i, THREADS / 128);
     }}
     tf_mbar_init_fence();
+#if TMA
+    for (int i = 0; i < G + 2; ++i) tf_tensormap_acquire(maps + i * 128);
+#endif
   }}
   __syncthreads();
 #if PRODUCER
@@ -357,6 +391,8 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     return;
   }}
   tf_setmaxnreg_inc<CONSUMER_REGS>();
+#elif TMA
+  const TmaPlan plan{{maps, m0, n0}};
 #else
   const CopyPlan plan = copy_plan(x, ws, w2, m0, n0, threadIdx.x);
 #endif
@@ -401,13 +437,17 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   for (int j = 0; j < G; ++j)
     #pragma unroll
     for (int i = 0; i < NW / 2; ++i) acc[j][i] = 0.f;
-#if TMA
+  // all zeroed before the first wgmma (else the compiler may zero the second gate's accumulators
+  // between the first k-tile's wgmmas, and ptxas serializes them: C7517, seen with TMA SwiGLU)
+  #pragma unroll
+  for (int j = 0; j < G; ++j) tf_fence_regs(acc[j]);
+#if TMA_WARP
   int pending = -1;       // the last slot whose MMAs may still be running
 #elif !PRODUCER
   for (int u = 0; u < AHEAD1 && u < KT; ++u) fill_stage(pipe, full, empty, plan, u);
 #endif
   for (int kt = 0; kt < KT; ++kt) {{
-#if TMA
+#if TMA_WARP
     tf_mbar_wait(full + kt % STAGES, (kt / STAGES) & 1);
     const char* xs = pipe + (kt % STAGES) * SLOT;
 #else
@@ -426,7 +466,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     }}
     tf_wgmma_commit();
     tf_wgmma_wait<1>();   // k-tile kt - 1 is done; kt's MMAs run on while the loop goes round
-#if TMA
+#if TMA_WARP
     if (pending >= 0) release_slot(empty, pending, STAGES);
     pending = kt;
 #else
@@ -437,7 +477,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
 #endif
   }}
   tf_wgmma_wait<0>();
-#if TMA
+#if TMA_WARP
   release_slot(empty, pending, STAGES);   // each slot is released exactly once per use
   pending = -1;
 #elif PRODUCER
@@ -513,7 +553,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
 
   // Phase 2: ysum[m0 rows, this CTA's OC columns] += H · W2[cluster rows, OC columns], W2 through
   // a pipeline of BK × BO tiles, BO columns at a time.
-#if !TMA && !PRODUCER
+#if !TMA_WARP && !PRODUCER
   for (int u = 0; u < AHEAD2 && u < T; ++u) fill_w2(pipe, full2, empty2, plan, u, KS, nc, o_base);
 #endif
   tf_cluster_wait();    // acquire: every slice of H is in place
@@ -564,7 +604,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   for (int t = 0; t < OC / BO; ++t) {{
     for (int ks = 0; ks < KS; ++ks) {{
       const int it = t * KS + ks;
-#if TMA
+#if TMA_WARP
       const int u = KT + it;
       tf_mbar_wait(full + u % STAGES, (u / STAGES) & 1);
       const unsigned w2s_at = tf_smem_addr(pipe + (u % STAGES) * SLOT);
@@ -585,7 +625,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
                              nmajor_desc(w2s_at + W2_AT, BK, gn * OW, s * 16), ks > 0 || s > 0);
       tf_wgmma_commit();
       tf_wgmma_wait<1>();
-#if TMA
+#if TMA_WARP
       if (pending >= 0) release_slot(empty, pending, STAGES);
       pending = u;
 #elif PRODUCER
@@ -595,7 +635,7 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
 #endif
     }}
     tf_wgmma_wait<0>();   // this output tile is complete: add it to the other clusters' sums
-#if TMA
+#if TMA_WARP
     release_slot(empty, pending, STAGES);
     pending = -1;
 #endif

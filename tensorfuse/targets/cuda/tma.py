@@ -23,10 +23,14 @@ __device__ __forceinline__ void tf_mbar_init(unsigned long long* bar, unsigned c
 __device__ __forceinline__ void tf_mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
-// Arms the barrier's current phase for `bytes` of copies (and arrives once).
-__device__ __forceinline__ void tf_mbar_expect(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-               :: "r"(tf_smem_addr(bar)), "r"(bytes) : "memory");
+// Arms the barrier's current phase for `bytes` of copies (and arrives once) — only where `issue`
+// holds: a predicate, not a branch, so that one thread of a warpgroup can arm it while the others
+// run on (ptxas serializes wgmma around thread-divergent code).
+__device__ __forceinline__ void tf_mbar_expect(unsigned long long* bar, unsigned bytes,
+                                               bool issue = true) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n"
+               "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n}"
+               :: "r"(tf_smem_addr(bar)), "r"(bytes), "r"((int)issue) : "memory");
 }
 __device__ __forceinline__ void tf_mbar_arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(tf_smem_addr(bar)) : "memory");
@@ -49,13 +53,15 @@ HELPERS = r"""
 __device__ __forceinline__ void tf_tensormap_acquire(const void* map) {
   asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(map) : "memory");
 }
-// Box at (inner coordinate c0, row c1) of a 2-D tensor map into shared memory, counted on bar.
+// Box at (inner coordinate c0, row c1) of a 2-D tensor map into shared memory, counted on bar
+// (where `issue` holds, as a predicate: see tf_mbar_expect).
 __device__ __forceinline__ void tf_tma_load_2d(void* dst, const void* map, int c0, int c1,
-                                               unsigned long long* bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3}], [%4];"
-               :: "r"(tf_smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(tf_smem_addr(bar))
-               : "memory");
+                                               unsigned long long* bar, bool issue = true) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n"
+               "@p cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];\n}"
+               :: "r"(tf_smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(tf_smem_addr(bar)),
+                  "r"((int)issue) : "memory");
 }
 """
 
