@@ -138,7 +138,8 @@ def _deepest_pipeline(plan, target: TargetSpec, k, given: dict):
 def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None,
                **knobs) -> ClusterKernel:
     """The GEMM chain of ``kernel`` with ``axis`` (the intermediate's) split over clusters."""
-    from ..targets.cuda.gemm_chain import gemm_chain_source, plan_gemm_chain, shared_bytes
+    from ..targets.cuda.gemm_chain import (EPILOGUE_VEC, gemm_chain_source, plan_gemm_chain,
+                                           shared_bytes)
 
     _check_target(target)
     program = kernel.program
@@ -189,12 +190,19 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
 
             ysum = torch.zeros((M, O), dtype=torch.float32, device=device)  # clusters add here
             sc = [float(values[s]) for s in scalars]
-            tensors = [values[plan.x], *(values[w] for w in plan.gates), values[plan.w2]]
+            # 16-byte copies (cp.async, TMA) need 16-byte-aligned rows: a view that starts
+            # mid-line is copied (K, N and O are multiples of 64, so only the start can be off)
+            tensors = [t if t.data_ptr() % 16 == 0 else t.clone() for t in
+                       (values[plan.x], *(values[w] for w in plan.gates), values[plan.w2])]
             maps = [_pointer(tensor_maps(tensors, device))] if tma else []
             module["tf_chain_main"](*(_pointer(t) for t in tensors), _pointer(ysum), *maps, *sc,
                                     grid_main[0], grid_main[1], k.threads, k.cluster, smem)
-            module["tf_chain_epilogue"](_pointer(ysum), _pointer(out), *sc, math.ceil(M * O / 256), 1,
-                                        256, 1, 0)
+            # the epilogue stores 16 bytes per thread: a misaligned output (a view) gets a copy
+            aligned = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
+            module["tf_chain_epilogue"](_pointer(ysum), _pointer(aligned), *sc,
+                                        math.ceil(M * O / (256 * EPILOGUE_VEC)), 1, 256, 1, 0)
+            if aligned is not out:
+                out.copy_(aligned)
 
         return Launches(source, entries, k, run)
 

@@ -414,6 +414,28 @@ def test_ffn_pipelines_wrap_many_times_on_the_gpu(copy, M):
     _check_ffn_on_the_gpu(ffn_swiglu, M, {"copy": copy}, K=2048, N=1024, O=2048)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("copy", ["cp_async", "tma"])
+def test_ffn_takes_views_that_start_mid_line_on_the_gpu(copy):
+    """x and out as views two bytes into their storage: the 16-byte copies and stores need
+    16-byte-aligned rows, so such inputs are copied and such outputs written through a copy."""
+    import torch
+
+    M, K, N, O = 100, 512, 2048, 256
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = _bf16(torch, M * K + 1, gen=g)[1:].view(M, K)
+    w1 = _bf16(torch, K, N, scale=K ** -0.5, gen=g)
+    w2 = _bf16(torch, N, O, scale=N ** -0.5, gen=g)
+    out = torch.full((M * O + 1,), float("nan"), device="cuda", dtype=torch.bfloat16)[1:]
+    out = out.view(M, O)
+    assert x.data_ptr() % 16 and out.data_ptr() % 16
+    _ffn(ffn_gelu, cluster=4, block_n=64, copy=copy)(x, w1, w2, out=out)
+    h = x.double() @ w1.double()
+    ref = (0.5 * h * (1 + torch.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))) @ w2.double()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, err
+
+
 def _check_ffn_on_the_gpu(kernel, M, knobs, K=512, N=2048, O=256):
     import torch
 

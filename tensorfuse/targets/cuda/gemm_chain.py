@@ -37,6 +37,7 @@ from .mma_sync import HELPERS as MMA_SYNC_HELPERS
 
 WARPS_N = 4  # warps along the columns; the rows get warps / 4
 PRODUCER_THREADS = 128  # copy="producer": one warpgroup (setmaxnreg works per warpgroup)
+EPILOGUE_VEC = 8        # outputs per thread of tf_chain_epilogue (16-byte stores)
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,12 @@ class ClusterKnobs:
     (``stages`` deep), ``block_o`` output columns per tile of the second product, ``cluster`` CTAs
     per cluster, ``group_m`` row blocks per rasterization group, 8 or 16 ``warps`` per CTA, and
     the tensor-core instruction (``mma``: ``"wgmma"`` or ``"mma_sync"``), how tiles are copied
-    to shared memory (``copy``: ``"cp_async"`` by every thread, ``"tma"``: a producer warp's
-    bulk tensor copies completing on mbarriers, wgmma only, or ``"producer"``: a producer
-    warpgroup issues every cp.async copy and, in the second product, copies each k-tile of H from
-    the owning peer into the local pipeline, so the consumers only run wgmma on shared memory —
-    wgmma with ``exchange="peer"`` only), and how the cluster shares H (``exchange``:
+    to shared memory (``copy``: ``"cp_async"`` by every thread; ``"tma"``, wgmma only: bulk
+    tensor copies completing on mbarriers, issued by a producer warp with the all-gather and by
+    one consumer thread with peer reads; or ``"producer"``: a producer warpgroup issues every
+    cp.async copy and, in the second product, copies each k-tile of H from the owning peer into
+    the local pipeline, so the consumers only run wgmma on shared memory — wgmma with
+    ``exchange="peer"`` only; on the H100 cp.async is the fastest of the three, RESULTS.md), and how the cluster shares H (``exchange``:
     ``"gather"``, every CTA stores its slice into every peer's shared memory, or ``"peer"``, every
     CTA keeps its slice and the second product reads it from the peers' shared memory — into
     registers as A fragments with cp.async, into the pipeline with the producer)."""
@@ -347,10 +349,26 @@ def _header(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int, O:
 #define HW (CLUSTER * BN)      // the cluster's intermediate columns: the second GEMM's depth
 #define OC (O_ / CLUSTER)      // output columns per CTA
 
+// The f32 sums through the epilogue into the bf16 output, EPILOGUE_VEC elements per thread (O is
+// a multiple of 64): one element per thread took 7.5 µs at M=128 on the H100 (ncu), 7 % of the call.
+#define EPILOGUE_VEC {EPILOGUE_VEC}
 extern "C" __global__ void tf_chain_epilogue(const float* __restrict__ ysum,
                                              __nv_bfloat16* __restrict__ out{scalar_args}) {{
-  long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < (long)M_ * O_) {{ float y = ysum[i]; out[i] = __float2bfloat16({plan.epilogue}); }}
+  const long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * EPILOGUE_VEC;
+  if (i >= (long)M_ * O_) return;
+  const float4 lo = *reinterpret_cast<const float4*>(ysum + i);
+  const float4 hi = *reinterpret_cast<const float4*>(ysum + i + 4);
+  const float sums[EPILOGUE_VEC] = {{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}};
+  unsigned packed[EPILOGUE_VEC / 2];
+  #pragma unroll
+  for (int e = 0; e < EPILOGUE_VEC; e += 2) {{
+    float y = sums[e];
+    const float first = {plan.epilogue};
+    y = sums[e + 1];
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(first, {plan.epilogue});
+    packed[e / 2] = *reinterpret_cast<const unsigned*>(&pair);
+  }}
+  *reinterpret_cast<uint4*>(out + i) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }}
 
 // Adds one accumulator fragment to the clusters' f32 sums. Lanes l and l ^ 1 hold columns c, c + 1

@@ -9,9 +9,13 @@ Every tile (x, the gate weights, H, W2) is kept in the 128-byte-swizzled layout,
 cp.async copies read whole 128-byte lines *and* write 128-byte spans of shared memory. (A first
 version used the unswizzled core-matrix layout: its scattered shared-memory destinations split
 each copy into 2.7× the L2 requests of the mma.sync path — ncu: L2 87 % busy — and it ran 1.4×
-slower.) With ``copy="tma"`` a producer warp fills the same tiles by bulk tensor copies
-(:mod:`.tma`) into one ring of slots — phase 1's stages, then phase 2's W2 tiles — and the consumer
-warpgroups release each slot on an mbarrier when their MMAs on it are done. With cp.async the same
+slower.) With ``copy="tma"`` and the all-gather a producer warp fills the same tiles by bulk
+tensor copies (:mod:`.tma`) into one ring of slots — phase 1's stages, then phase 2's W2 tiles —
+and the consumer warpgroups release each slot on an mbarrier when their MMAs on it are done; with
+``copy="tma"`` and peer reads one consumer thread issues them into the cp.async rings below. With
+``copy="producer"`` a third warpgroup (``setmaxnreg``) issues every cp.async copy and copies each
+k-tile of H from its owner into the ring, so both products read A from shared memory. Both measured
+slower than cp.async by every thread (RESULTS.md, "FFN v8"). With cp.async the same
 two mbarriers per slot drive two rings (phase 1's stages, then W2's tiles): every thread's copies
 arrive on the slot's "full" barrier as they land (``cp.async.mbarrier.arrive``), each warpgroup
 arrives on "empty" once its MMAs on the slot are done, and the copies run up to ``slots − 1`` k-tiles
