@@ -354,7 +354,9 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   unsigned long long* full = reinterpret_cast<unsigned long long*>(pipe + PIPE_BYTES);
   unsigned long long* empty = full + STAGES;
 #if !TMA_WARP
-  const __nv_bfloat16* ws[G] = {{@GATES@}};
+#if !TMA
+  const __nv_bfloat16* ws[G] = {{@GATES@}};   // (TMA reads the gate weights through maps)
+#endif
   // two rings over the same bytes: the first product's stages, then W2's tiles
   unsigned long long* full2 = empty + STAGES;
   unsigned long long* empty2 = full2 + W2_STAGES;
