@@ -112,25 +112,36 @@ def numpy_from_torch(buf) -> np.ndarray:
     return buf.cpu().numpy()
 
 
+ALIGNMENT = 16   # bytes: generated kernels copy and store 16-byte vectors (cp.async, TMA, uint4)
+
+
+def _launchable(x) -> bool:
+    """Whether a torch tensor can be handed to a generated kernel as it is: contiguous, and
+    starting on a 16-byte boundary (a view into its storage, e.g. ``flat[1:].view(m, n)``, may
+    not)."""
+    return x.is_contiguous() and x.data_ptr() % ALIGNMENT == 0
+
+
 def torch_arguments(program, bound, device) -> dict:
-    """Every parameter of a bound call by name: scalars as given, arrays as contiguous torch
-    tensors on ``device`` (NumPy arrays copied there)."""
+    """Every parameter of a bound call by name: scalars as given, arrays as contiguous,
+    16-byte-aligned torch tensors on ``device`` (NumPy arrays copied there, other views cloned)."""
     values = {}
     for p in program.params:
         if p.name in bound.scalars:
             values[p.name] = bound.scalars[p.name]
         else:
             x = bound.arrays[p.name]
-            values[p.name] = (x if is_torch(x) else torch_from_numpy(x, device)).contiguous()
+            x = x if is_torch(x) else torch_from_numpy(x, device)
+            values[p.name] = x if _launchable(x) else x.clone(memory_format=_contiguous())
     return values
 
 
 def torch_output(shape, dtype: str, given, device):
-    """The buffer a kernel writes: the caller's ``out`` when it is a contiguous torch tensor, else
-    a new one."""
+    """The buffer a kernel writes: the caller's ``out`` when it is a contiguous, 16-byte-aligned
+    torch tensor, else a new one (:func:`deliver` copies it into ``out``)."""
     import torch
 
-    if given is not None and is_torch(given) and given.is_contiguous():
+    if given is not None and is_torch(given) and _launchable(given):
         return given
     return torch.empty(shape, dtype=getattr(torch, _TORCH_NAMES[dtype]), device=device)
 

@@ -83,8 +83,9 @@ def test_ffn_ptx_has_cluster_and_dsm_instructions(kernel, cluster, mma):
                                  copy="producer").ptx(**FFN))
         for instruction in ("setmaxnreg.dec.sync.aligned.u32 56",   # the producer gives registers
                             "setmaxnreg.inc.sync.aligned.u32 224",  # to the consumers
-                            "ld.shared::cluster.v4.b32", "cp.async.mbarrier.arrive.noinc",
-                            "mbarrier.arrive.shared::cta", "fence.proxy.async"):
+                            "ld.shared::cluster.v4.b32",   # H's k-tiles from the owners,
+                            "st.shared.v4.b32",            # into the local ring
+                            "cp.async.mbarrier.arrive.noinc", "fence.proxy.async"):
             assert instruction in main, instruction
         # both products from shared-memory descriptors (no register A), no CTA barrier after the
         # barriers' init (the producer and the consumers meet only on mbarriers)
@@ -430,10 +431,20 @@ def test_ffn_takes_views_that_start_mid_line_on_the_gpu(copy):
     out = out.view(M, O)
     assert x.data_ptr() % 16 and out.data_ptr() % 16
     _ffn(ffn_gelu, cluster=4, block_n=64, copy=copy)(x, w1, w2, out=out)
-    h = x.double() @ w1.double()
-    ref = (0.5 * h * (1 + torch.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))) @ w2.double()
+    ref = _ffn_reference(ffn_gelu, (x, w1, w2))
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err
+
+
+def _ffn_reference(kernel, args):
+    """The FFN in float64: tanh GELU (as the DSL's T.gelu) or SwiGLU."""
+    import torch
+
+    d = [a.double() for a in args]
+    if kernel is ffn_gelu:
+        h = d[0] @ d[1]
+        return (0.5 * h * (1 + torch.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))) @ d[2]
+    return (torch.nn.functional.silu(d[0] @ d[1]) * (d[0] @ d[2])) @ d[3]
 
 
 def _check_ffn_on_the_gpu(kernel, M, knobs, K=512, N=2048, O=256):
@@ -443,13 +454,7 @@ def _check_ffn_on_the_gpu(kernel, M, knobs, K=512, N=2048, O=256):
     ws = [_bf16(torch, K, N, scale=K ** -0.5, gen=g)
           for _ in range(1 if kernel is ffn_gelu else 2)]
     args = (_bf16(torch, M, K, gen=g), *ws, _bf16(torch, N, O, scale=N ** -0.5, gen=g))
-    d = [a.double() for a in args]
-    if kernel is ffn_gelu:
-        h = d[0] @ d[1]
-        h = 0.5 * h * (1 + torch.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))
-        ref = h @ d[2]
-    else:
-        ref = (torch.nn.functional.silu(d[0] @ d[1]) * (d[0] @ d[2])) @ d[3]
+    ref = _ffn_reference(kernel, args)
     out = torch.full((M, O), float("nan"), device="cuda", dtype=torch.bfloat16)
     side = torch.cuda.Stream()   # launches follow torch's current stream
     side.wait_stream(torch.cuda.current_stream())

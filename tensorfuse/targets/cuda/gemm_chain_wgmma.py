@@ -247,25 +247,23 @@ typedef CopyPlan Plan;
 // cp.async, and no thread-divergent branch makes ptxas serialize the wgmma in flight).
 __device__ __forceinline__ void fill_stage(char* pipe, unsigned long long* full,
     unsigned long long* empty, const Plan& plan, int u) {{
-#if TMA
   wait_free_slot(empty, u, STAGES);
+#if TMA
   load_stage_tma(pipe + (u % STAGES) * STAGE_BYTES, plan.maps, plan.maps, plan.m0, plan.n0,
                  u * BK, full + u % STAGES, threadIdx.x == 0);
 #else
-  wait_free_slot(empty, u, STAGES);
   load_stage(pipe + (u % STAGES) * STAGE_BYTES, plan, u * BK);
   tf_cp_async_mbar_arrive(full + u % STAGES);
 #endif
 }}
 __device__ __forceinline__ void fill_w2(char* pipe, unsigned long long* full,
     unsigned long long* empty, const Plan& plan, int u, int KS, int nc, int o_base) {{
-#if TMA
   wait_free_slot(empty, u, W2_STAGES);
+#if TMA
   load_w2_tma(pipe + (u % W2_STAGES) * W2_SLOT + W2_AT, plan.maps + (1 + G) * 128,
               nc + (u % KS) * BK, o_base + (u / KS) * BO, full + u % W2_STAGES,
               threadIdx.x == 0);
 #else
-  wait_free_slot(empty, u, W2_STAGES);
   load_w2(pipe + (u % W2_STAGES) * W2_SLOT + W2_AT, plan, nc + (u % KS) * BK,
           o_base + (u / KS) * BO);
   tf_cp_async_mbar_arrive(full + u % W2_STAGES);
@@ -503,17 +501,21 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
     }}
     return __floats2bfloat162_rn(h[0], h[1]);
   }};
-#if PRODUCER
-  // K-major and swizzled like a pipeline's x tile, so that the peers' producers copy its k-tiles
-  // byte for byte into their pipelines.
+#if PRODUCER || !PEER
+  // K-major and swizzled like a pipeline's x tile: the all-gather's H holds the cluster's columns
+  // (this CTA's from rank · BN), the producer's only this CTA's, whose k-tiles the peers'
+  // producers copy byte for byte into their pipelines.
+  const int h_col0 = PRODUCER ? 0 : rank * BN;
   #pragma unroll
   for (int jj = 0; jj < NW / 8; ++jj)
     #pragma unroll
     for (int half = 0; half < 2; ++half) {{
-      const int row = erow + 8 * half, col = gn * NW + 8 * jj + ecol;
+      const int row = erow + 8 * half, col = h_col0 + gn * NW + 8 * jj + ecol;
       *reinterpret_cast<__nv_bfloat162*>(hf + swizzled(col / 64, row, (col % 64) / 8, BM) +
                                          (col % 8) * 2) = activated(jj, half);
     }}
+#endif
+#if PRODUCER
   tf_cluster_wait();    // (every peer has started)
   tf_cluster_arrive();  // release: our slice is seen by each peer's producer after its wait
 #elif PEER
@@ -534,14 +536,6 @@ tf_chain_main(const __nv_bfloat16* __restrict__ x, @GATE_ARGS@const __nv_bfloat1
   tf_cluster_wait();    // (every peer has started)
   tf_cluster_arrive();  // release: our slice is seen by each peer after its wait
 #else
-  #pragma unroll
-  for (int jj = 0; jj < NW / 8; ++jj)
-    #pragma unroll
-    for (int half = 0; half < 2; ++half) {{
-      const int row = erow + 8 * half, col = rank * BN + gn * NW + 8 * jj + ecol;
-      *reinterpret_cast<__nv_bfloat162*>(hf + swizzled(col / 64, row, (col % 64) / 8, BM) +
-                                         (col % 8) * 2) = activated(jj, half);
-    }}
   consumers_sync();     // this CTA's slice is complete (and every pipeline copy has landed)
   tf_cluster_wait();    // every peer has started
   // All-gather: this CTA's slice of H (BN / 64 whole atoms, contiguous) into each peer.
