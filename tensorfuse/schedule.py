@@ -194,9 +194,9 @@ class Schedule:
         if len(self.fusions) > 1 or any(f.splits != 1 for f in self.fusions):
             raise ScheduleError("cluster_distribute takes at most one rolling update before it",
                                 user_location())
-        if cluster is not None and cluster not in (1, 2, 4, 8, 16):
-            raise ScheduleError(f"cluster={cluster!r}: a cluster has 1, 2, 4, 8 or 16 CTAs "
-                                "(16 is non-portable, Hopper only)", user_location())
+        if cluster is not None and (not isinstance(cluster, int) or not 1 <= cluster <= 16):
+            raise ScheduleError(f"cluster={cluster!r}: a cluster has 1 to 16 CTAs (over 8 is "
+                                "non-portable, Hopper only)", user_location())
         if self.fusions:
             made = attention_decode(self.kernel, self.fusions[0], self.target, axis, cluster,
                                     **knobs)

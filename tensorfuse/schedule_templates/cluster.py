@@ -15,13 +15,14 @@ Two shapes of chain are distributed:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError
 from ..targets import TargetSpec
 from ..targets.cuda.kernel import ClusterKernel, Launches
-from ..targets.cuda.module import KernelEntry
+from ..targets.cuda.module import KernelEntry, cubin_for, max_active_clusters
 from .attention import SMS
 
 
@@ -29,6 +30,15 @@ def _check_target(target: TargetSpec) -> None:
     if not target.has_clusters:
         raise ScheduleError(f"cluster_distribute needs thread-block clusters (Hopper, "
                             f"target 'cuda:sm_90a'); the target is {target.name}", user_location())
+
+
+def _gpu_index() -> int | None:
+    """The current CUDA device, or None where there is none (code is still generated there)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
 def _pointer(x):
@@ -208,23 +218,31 @@ DECODE_KNOBS = ("warps", "stages", "mma")
 
 
 def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: dict,
-                 target: TargetSpec):
-    """The user's decode knobs, and defaults for the rest, from the sweep on the H100 (RESULTS.md,
-    B=8, 32/8 heads, 32k keys): one CTA per SM in a single wave was best — the power-of-two
-    cluster that gives about one CTA per SM for the B·HKV (batch, kv-head) pairs (1 when there are
-    more pairs than SMs, at most 16), the most warps (4, 2, 1) whose two-block buffers fit, and
-    tensor cores while a group's heads fit one 16-row MMA tile."""
+                 target: TargetSpec, resident: Callable | None = None):
+    """The user's decode knobs, and defaults for the rest, from sweeps on the H100 (RESULTS.md,
+    32/8 heads, 32k keys, B = 1…8): one cluster per (batch, kv-head) pair, all in one wave, with
+    as many CTAs as that allows, was best. So: the most warps (4, 2, 1) whose two-block buffers
+    fit, tensor cores while a group's heads fit one 16-row MMA tile, and the largest
+    power-of-two cluster (at most 16, at most one CTA per SM) of which the GPU holds all
+    B·HKV clusters at once. ``resident(knobs)`` says how many clusters of ``knobs`` the GPU holds
+    (the driver's count; a cluster must fit one GPC, so on the H100 it is 7 of 16, 15 of 8,
+    30 of 4 and 66 of 2 — not SMs / cluster); without a GPU (``None``) the SM count decides."""
     from ..targets.cuda.cluster_decode import DecodeKnobs, decode_shared_bytes
 
     pairs = B * max(HKV, 1)
-    c = cluster or min(16, 2 ** max(0, math.floor(math.log2(max(1, SMS // pairs)))))
     group = H // max(HKV, 1)
-    k = replace(DecodeKnobs(cluster=c, mma="mma_sync" if group <= 16 else "fma"), **given)
-    if "warps" in given:
+    k = replace(DecodeKnobs(cluster=cluster or 1, mma="mma_sync" if group <= 16 else "fma"),
+                **given)
+    if "warps" not in given:
+        k = next((replace(k, warps=w) for w in (4, 2, 1)
+                  if decode_shared_bytes(replace(k, warps=w), D, group)
+                  <= target.max_shared_memory), replace(k, warps=1))
+    if cluster:
         return k
-    return next((replace(k, warps=w) for w in (4, 2, 1)
-                 if decode_shared_bytes(replace(k, warps=w), D, group)
-                 <= target.max_shared_memory), replace(k, warps=1))
+    c = min(16, 2 ** max(0, math.floor(math.log2(max(1, SMS // pairs)))))
+    while resident is not None and c > 1 and resident(replace(k, cluster=c)) < pairs:
+        c //= 2
+    return replace(k, cluster=c)
 
 
 def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int | None = None,
@@ -247,7 +265,15 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
 
     def layout(dims: dict) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
-        k = decode_knobs(B, H, HKV, D, cluster, knobs, target)
+        def resident(k) -> int:
+            # the cluster size is given at launch, so one cubin answers for every size
+            probe = decode_source(plan, replace(k, cluster=1), dims)
+            return max_active_clusters(cubin_for(probe, target), "tf_decode_cluster", k.cluster,
+                                       32 * k.warps, decode_shared_bytes(k, D, H // HKV), gpu)
+
+        gpu = _gpu_index()
+        k = decode_knobs(B, H, HKV, D, cluster, knobs, target,
+                         resident if gpu is not None else None)
         source = decode_source(plan, k, dims)
         smem = decode_shared_bytes(k, D, H // HKV)
         if smem > target.max_shared_memory:

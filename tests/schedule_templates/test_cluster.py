@@ -193,8 +193,10 @@ def test_refusals_name_the_problem():
         tf.schedule(ffn_gelu, target="cuda:sm_80").cluster_distribute("n")
     with pytest.raises(ScheduleError, match="Hopper"):
         tf.schedule(ffn_gelu, target="llvm").cluster_distribute("n")
-    with pytest.raises(ScheduleError, match="1, 2, 4, 8 or 16"):
-        tf.schedule(ffn_gelu, target="cuda:sm_90a").cluster_distribute("n", cluster=3)
+    with pytest.raises(ScheduleError, match="1 to 16 CTAs"):
+        tf.schedule(ffn_gelu, target="cuda:sm_90a").cluster_distribute("n", cluster=17)
+    with pytest.raises(ScheduleError, match="1, 2, 4, 8 or 16"):  # the FFN's tiles need 2^k
+        _ffn(ffn_gelu, cluster=3).launches(**FFN)
     with pytest.raises(ScheduleError, match="no knob"):
         tf.schedule(ffn_gelu, target="cuda:sm_90a").cluster_distribute("n", tile=3)
     with pytest.raises(ScheduleError, match="warps=12"):
@@ -290,6 +292,32 @@ def test_gemm_chain_defaults_fit_the_shared_memory():
         # one row, 64-column tiles: 64-row blocks would leave a warpgroup 32 columns
         assert _ffn(kernel, block_n=64).launches(**{**sizes, "M": 1}).knobs.block_m == 128
         assert _ffn(kernel).launches(**{**sizes, "M": 1}).knobs.block_m == 64
+
+
+def test_decode_cluster_is_the_largest_whose_clusters_all_fit_at_once():
+    """One cluster per (batch, kv-head) pair, all resident at once: the largest power-of-two
+    cluster (≤ 16, ≤ one CTA per SM) of which the GPU holds that many — with the H100's counts
+    (a cluster fits one GPC: 7 of 16, 15 of 8, 30 of 4, 66 of 2), B=1 at 8 kv-heads gets 8, not
+    16 (8 clusters of 16 would take two waves). Without a GPU the SM count decides; a given
+    cluster is kept."""
+    from tensorfuse.schedule_templates.cluster import decode_knobs
+    from tensorfuse.targets import get_target
+
+    h100 = {16: 7, 8: 15, 4: 30, 2: 66, 1: 132}
+    asked = []
+
+    def resident(knobs):
+        asked.append(knobs.cluster)
+        assert knobs.warps == 4  # the warps are chosen first, and the query sees them
+        return h100[knobs.cluster]
+
+    target = get_target("cuda:sm_90a")
+    chosen = {B: decode_knobs(B, 32, 8, 128, None, {}, target, resident).cluster
+              for B in (1, 2, 4, 8, 16, 32)}
+    assert chosen == {1: 8, 2: 4, 4: 2, 8: 2, 16: 1, 32: 1}
+    assert asked[:2] == [16, 8]  # B=1: 16 asked and refused, then 8
+    assert decode_knobs(1, 32, 8, 128, None, {}, target).cluster == 16  # no GPU: by SM count
+    assert decode_knobs(1, 32, 8, 128, 4, {}, target, resident).cluster == 4
 
 
 def test_no_gpu_gives_a_clear_error():
@@ -470,7 +498,7 @@ def _check_ffn_on_the_gpu(kernel, M, knobs, K=512, N=2048, O=256):
     (128, 4, {"cluster": 2}), (128, 4, {"cluster": 8}), (128, 1, {}), (128, 5, {}),
     (128, 16, {"warps": 4, "stages": 2}), (64, 4, {"stages": 4}), (256, 4, {"warps": 1}),
     (128, 4, {"mma": "fma", "stages": 3}), (64, 20, {"cluster": 2}),
-    (128, 4, {"cluster": 16, "warps": 1})])
+    (128, 4, {"cluster": 16, "warps": 1}), (128, 4, {"cluster": 3}), (64, 2, {"cluster": 5})])
 def test_cluster_decode_matches_float64_on_the_gpu(D, group, knobs):
     """Both sweeps (tensor cores with the group's heads as MMA rows, padded past G; CUDA cores)
     across clusters, group sizes, head dims, warps and pipeline depths, on a key count that leaves
@@ -490,6 +518,43 @@ def test_cluster_decode_matches_float64_on_the_gpu(D, group, knobs):
     _decode(gqa_attention, **{"cluster": 4, **knobs})(q, k, v, scale=scale, out=out)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err  # bf16 output (and bf16 weights p on the tensor-core path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 2, 4])
+def test_cluster_decode_defaults_run_in_one_wave_on_the_gpu(B):
+    """The default cluster size asks the driver: every (batch, kv-head) cluster is resident at
+    once, the next larger cluster would not be, and the default kernel is correct."""
+    import torch
+
+    from tensorfuse.targets.cuda.cluster_decode import decode_shared_bytes
+    from tensorfuse.targets.cuda.module import cubin_for, max_active_clusters
+
+    g = torch.Generator(device="cuda").manual_seed(B)
+    H, HKV, N, D = 32, 8, 4096, 128
+    q, k, v = _bf16(torch, B, H, 1, D, gen=g), _bf16(torch, B, HKV, N, D, gen=g), \
+        _bf16(torch, B, HKV, N, D, gen=g)
+    f = _decode(gqa_attention)
+    launches = f.launches(B=B, H=H, HKV=HKV, M=1, N=N, D=D)
+    knobs, sms = launches.knobs, torch.cuda.get_device_properties(0).multi_processor_count
+
+    def resident(cluster):
+        source = _decode(gqa_attention, cluster=cluster, warps=knobs.warps).source(
+            B=B, H=H, HKV=HKV, M=1, N=N, D=D)
+        return max_active_clusters(cubin_for(source, f.target), "tf_decode_cluster", cluster,
+                                   32 * knobs.warps, decode_shared_bytes(knobs, D, H // HKV))
+
+    assert 1 <= resident(knobs.cluster) <= sms // knobs.cluster
+    assert resident(knobs.cluster) >= B * HKV
+    if knobs.cluster < 16 and 2 * knobs.cluster * B * HKV <= sms:
+        assert resident(2 * knobs.cluster) < B * HKV
+    scale = 1 / math.sqrt(D)
+    ref = torch.softmax(q.double() @ k.double().repeat_interleave(H // HKV, 1).transpose(-1, -2)
+                        * scale, -1) @ v.double().repeat_interleave(H // HKV, 1)
+    out = torch.full_like(q, float("nan"))
+    f(q, k, v, scale=scale, out=out)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, err
 
 
 @pytest.mark.gpu

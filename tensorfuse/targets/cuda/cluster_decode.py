@@ -191,8 +191,9 @@ def decode_source(plan: DecodePlan, knobs: DecodeKnobs, sizes: dict) -> str:
     G = H // HKV
     _check_head_map(plan, sizes, H, G)
     C, W = knobs.cluster, knobs.warps
-    if C not in (1, 2, 4, 8, 16):
-        raise _refuse(f"cluster={C} is not 1, 2, 4, 8 or 16")
+    if not 1 <= C <= 16:
+        raise _refuse(f"cluster={C}: a cluster has 1 to 16 CTAs (over 8 with the non-portable "
+                      "size, which the H100 allows)")
     if W not in (1, 2, 4, 8, 16):
         raise _refuse(f"warps={W} is not 1, 2, 4, 8 or 16")
     if knobs.stages not in (2, 3, 4):

@@ -7,6 +7,8 @@ memory bytes; TVM raises the kernel's limit above 48 KiB). Cubins are cached by 
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -60,3 +62,72 @@ def cuda_module(source: str, entries: list[KernelEntry], target: TargetSpec) -> 
         raise TargetError("running a cluster kernel needs an NVIDIA Hopper GPU and TVM's CUDA "
                           "runtime; none is here (the source and PTX can still be inspected)")
     return create(cubin, "cubin", fmap, {})
+
+
+@functools.lru_cache(maxsize=1)
+def libcuda() -> ctypes.CDLL:
+    """The CUDA driver library, for the few driver calls TVM's runtime does not expose (tensor
+    maps, cluster occupancy)."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise TargetError(f"this needs the CUDA driver (libcuda.so.1): {exc}") from exc
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_FUNC_MAX_DYNAMIC_SHARED, _FUNC_NON_PORTABLE_CLUSTER, _LAUNCH_CLUSTER_DIMENSION = 8, 14, 4
+
+
+def max_active_clusters(cubin: bytes, name: str, cluster: int, threads: int, shared_bytes: int,
+                        device: int = 0) -> int:
+    """How many clusters of ``cluster`` CTAs of kernel ``name`` (``threads`` per CTA,
+    ``shared_bytes`` of dynamic shared memory) the GPU can hold at once, from the driver
+    (``cuOccupancyMaxActiveClusters``). A cluster's CTAs must share one GPC, so this is often
+    fewer than ``SMs / cluster`` — the number that decides whether a grid of clusters runs in one
+    wave."""
+    cu = libcuda()
+
+    def check(err: int, what: str):
+        if err:
+            raise TargetError(f"{what} failed (CUresult {err}) while asking the driver how many "
+                              f"clusters of {cluster} CTAs of {name} fit the GPU")
+
+    check(cu.cuInit(0), "cuInit")
+    dev, ctx, mod, fn = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    check(cu.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    check(cu.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+    try:
+        check(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(cubin)), "cuModuleLoadData")
+        try:
+            check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()),
+                  "cuModuleGetFunction")
+            check(cu.cuFuncSetAttribute(fn, _FUNC_MAX_DYNAMIC_SHARED, shared_bytes),
+                  "cuFuncSetAttribute(max dynamic shared memory)")
+            if cluster > 8:
+                check(cu.cuFuncSetAttribute(fn, _FUNC_NON_PORTABLE_CLUSTER, 1),
+                      "cuFuncSetAttribute(non-portable cluster size)")
+            attr = _LaunchAttribute(id=_LAUNCH_CLUSTER_DIMENSION)
+            attr.value[0:3] = [cluster, 1, 1]
+            config = _LaunchConfig(grid=(ctypes.c_uint * 3)(cluster, 1, 1),
+                                   block=(ctypes.c_uint * 3)(threads, 1, 1),
+                                   shared_bytes=shared_bytes, attrs=ctypes.pointer(attr),
+                                   num_attrs=1)
+            count = ctypes.c_int()
+            check(cu.cuOccupancyMaxActiveClusters(ctypes.byref(count), fn, ctypes.byref(config)),
+                  "cuOccupancyMaxActiveClusters")
+            return count.value
+        finally:
+            cu.cuModuleUnload(mod)
+    finally:
+        cu.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+        cu.cuDevicePrimaryCtxRelease_v2(dev)

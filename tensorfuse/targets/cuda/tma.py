@@ -10,7 +10,6 @@ layout :mod:`.gemm_chain_wgmma` gives to wgmma.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 from ...errors import TargetError
 
@@ -68,15 +67,10 @@ __device__ __forceinline__ void tf_tma_load_2d(void* dst, const void* map, int c
 _BF16, _SWIZZLE_128B, _L2_256B = 9, 3, 3   # CUtensorMapDataType / Swizzle / L2promotion values
 
 
-@functools.lru_cache(maxsize=1)
 def _driver():
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        raise TargetError(f"TMA copies need the CUDA driver (libcuda.so.1): {exc}") from exc
-    fn = lib.cuTensorMapEncodeTiled
-    fn.restype = ctypes.c_int
-    return fn
+    from .module import libcuda
+
+    return libcuda().cuTensorMapEncodeTiled
 
 
 def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int) -> bytes:
