@@ -15,11 +15,12 @@ Two shapes of chain are distributed:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
 from ..dsl.expr import user_location
-from ..errors import ScheduleError
+from ..errors import ScheduleError, TargetError
 from ..targets import TargetSpec
 from ..targets.cuda.kernel import ClusterKernel, Launches
 from ..targets.cuda.module import KernelEntry, cubin_for, max_active_clusters
@@ -268,8 +269,14 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
         def resident(k) -> int:
             # the cluster size is given at launch, so one cubin answers for every size
             probe = decode_source(plan, replace(k, cluster=1), dims)
-            return max_active_clusters(cubin_for(probe, target), "tf_decode_cluster", k.cluster,
-                                       32 * k.warps, decode_shared_bytes(k, D, H // HKV), gpu)
+            try:
+                return max_active_clusters(cubin_for(probe, target), "tf_decode_cluster",
+                                           k.cluster, 32 * k.warps,
+                                           decode_shared_bytes(k, D, H // HKV), gpu)
+            except TargetError as exc:   # the kernel still runs; only the choice is blind
+                warnings.warn(f"{exc}; cluster decode sizes its clusters by the SM count instead",
+                              stacklevel=2)
+                return B * HKV
 
         gpu = _gpu_index()
         k = decode_knobs(B, H, HKV, D, cluster, knobs, target,
