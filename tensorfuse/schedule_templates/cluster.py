@@ -42,6 +42,15 @@ def _gpu_index() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
+def _sm_count(gpu: int | None) -> int:
+    """Streaming multiprocessors of that GPU (the H100 SXM's 132 where there is none)."""
+    if gpu is None:
+        return SMS
+    import torch
+
+    return torch.cuda.get_device_properties(gpu).multi_processor_count
+
+
 def _pointer(x):
     """A tensor as a kernel argument: TVM's CUDA module takes raw device pointers for ``handle``
     arguments (a DLPack tensor there is the address of its descriptor, not of its data)."""
@@ -219,7 +228,7 @@ DECODE_KNOBS = ("warps", "stages", "mma")
 
 
 def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: dict,
-                 target: TargetSpec, resident: Callable | None = None):
+                 target: TargetSpec, resident: Callable | None = None, sms: int = SMS):
     """The user's decode knobs, and defaults for the rest, from sweeps on the H100 (RESULTS.md,
     32/8 heads, 32k keys, B = 1…8): one cluster per (batch, kv-head) pair, all in one wave, with
     as many CTAs as that allows, was best. So: the most warps (4, 2, 1) whose two-block buffers
@@ -227,7 +236,8 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
     power-of-two cluster (at most 16, at most one CTA per SM) of which the GPU holds all
     B·HKV clusters at once. ``resident(knobs)`` says how many clusters of ``knobs`` the GPU holds
     (the driver's count; a cluster must fit one GPC, so on the H100 it is 7 of 16, 15 of 8,
-    30 of 4 and 66 of 2 — not SMs / cluster); without a GPU (``None``) the SM count decides."""
+    30 of 4 and 66 of 2 — not SMs / cluster); without a GPU (``None``) the count of ``sms``
+    streaming multiprocessors decides."""
     from ..targets.cuda.cluster_decode import DecodeKnobs, decode_shared_bytes
 
     pairs = B * max(HKV, 1)
@@ -240,7 +250,7 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
                   <= target.max_shared_memory), replace(k, warps=1))
     if cluster:
         return k
-    c = min(16, 2 ** max(0, math.floor(math.log2(max(1, SMS // pairs)))))
+    c = min(16, 2 ** max(0, math.floor(math.log2(max(1, sms // pairs)))))
     while resident is not None and c > 1 and resident(replace(k, cluster=c)) < pairs:
         c //= 2
     return replace(k, cluster=c)
@@ -266,6 +276,8 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
 
     def layout(dims: dict) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
+        gpu = _gpu_index()
+
         def resident(k) -> int:
             # the cluster size is given at launch, so one cubin answers for every size
             probe = decode_source(plan, replace(k, cluster=1), dims)
@@ -278,9 +290,8 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
                               stacklevel=2)
                 return B * HKV
 
-        gpu = _gpu_index()
         k = decode_knobs(B, H, HKV, D, cluster, knobs, target,
-                         resident if gpu is not None else None)
+                         resident if gpu is not None else None, _sm_count(gpu))
         source = decode_source(plan, k, dims)
         smem = decode_shared_bytes(k, D, H // HKV)
         if smem > target.max_shared_memory:

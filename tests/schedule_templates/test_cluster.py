@@ -317,6 +317,7 @@ def test_decode_cluster_is_the_largest_whose_clusters_all_fit_at_once():
     assert chosen == {1: 8, 2: 4, 4: 2, 8: 2, 16: 1, 32: 1}
     assert asked[:2] == [16, 8]  # B=1: 16 asked and refused, then 8
     assert decode_knobs(1, 32, 8, 128, None, {}, target).cluster == 16  # no GPU: by SM count
+    assert decode_knobs(8, 32, 8, 128, None, {}, target, sms=114).cluster == 1  # H100 PCIe
     assert decode_knobs(1, 32, 8, 128, 4, {}, target, resident).cluster == 4
 
 
