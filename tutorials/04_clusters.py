@@ -94,3 +94,33 @@ if hopper:
     print("relative error", ((y.double() - ref).norm() / ref.norm()).item())
 else:
     print("no Hopper GPU here: the kernel is not run")
+
+# %% [markdown]
+# ## Decode: the keys of one query split over a cluster
+# After a rolling update (the online softmax over the keys `j`), `cluster_distribute("j")` gives
+# each (batch, kv-head) pair one cluster; its CTAs sweep consecutive parts of the keys and merge
+# their partial softmax states through DSM with the rolling update's own correction terms.
+# The default cluster size is the largest power of two whose clusters all run at once: on a GPU
+# the driver is asked how many it holds (a cluster must fit one GPC — the H100 holds 7 clusters
+# of 16, 15 of 8, 30 of 4, not 132 / cluster); without a GPU the SM count decides.
+
+# %%
+dec = tf.schedule(tf.kernels.gqa_attention, target="cuda:sm_90a")
+dec.rolling_update("m", "l", "o", axis="j")
+print(dec.corrections())
+dec.cluster_distribute("j")
+fd = dec.compile()
+for B in (1, 2, 4, 8):   # on an H100: clusters of 8, 4, 2, 2; without a GPU: 16, 8, 4, 2
+    print(f"batch {B}:", fd.launches(B=B, H=32, HKV=8, M=1, N=32768, D=128).knobs)
+
+# %%
+if hopper:
+    B, H, HKV, N, D = 2, 32, 8, 5000, 128
+    q = torch.randn(B, H, 1, D, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(B, HKV, N, D, device="cuda", generator=g).bfloat16() for _ in range(2))
+    out = fd(q, k, v, scale=D ** -0.5)
+    kk, vv = (t.double().repeat_interleave(H // HKV, 1) for t in (k, v))
+    ref = torch.softmax(q.double() @ kk.transpose(-1, -2) * D ** -0.5, -1) @ vv
+    print("relative error", ((out.double() - ref).norm() / ref.norm()).item())
+else:
+    print("no Hopper GPU here: the kernel is not run")
