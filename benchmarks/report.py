@@ -32,7 +32,7 @@ def _bar_chart(path: str, out: str, groups: list, impls: list, value, labels: li
     ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars
     ax.set_title(path.rsplit("/", 1)[-1].replace(".csv", ""))
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -63,7 +63,12 @@ def plot_cluster(path: str, out: str) -> None:
     rows = [r for r in load(path) if r["benchmark"].startswith(("ffn/", "decode/gqa_cluster"))]
     if not rows:
         return
-    groups = sorted({(r["benchmark"], r["shape"]) for r in rows})
+    def order(group):   # by benchmark, then by the leading size of the shape (M128 < M1024)
+        bench, shape = group
+        digits = "".join(ch for ch in shape.split()[0] if ch.isdigit())
+        return bench, int(digits or 0), shape
+
+    groups = sorted({(r["benchmark"], r["shape"]) for r in rows}, key=order)
     baseline = {"ffn": "torch_eager", "decode": "tensorfuse_split_update"}
 
     def speed(impl, group):
@@ -72,7 +77,7 @@ def plot_cluster(path: str, out: str) -> None:
         return base / ms if base and ms else 0.0
 
     _bar_chart(path, out, groups, sorted({r["implementation"] for r in rows}), speed,
-               [f"{b}\n{s.split()[0]}" for b, s in groups],
+               [f"{b.split('/')[-1]}\n{s.split()[0]}" for b, s in groups],
                "speed vs torch eager (FFN) / split update (decode)", parity=True)
 
 
