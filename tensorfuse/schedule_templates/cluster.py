@@ -133,8 +133,8 @@ def _fits(plan, target: TargetSpec, knobs) -> bool:
 def _deepest_pipeline(plan, target: TargetSpec, k, given: dict):
     """The pipeline with the most bytes in flight that fits, ranked by the k-tiles its copies can
     run ahead of the MMAs (stages − 1 with mma.sync; with wgmma one more slot is still being read
-    by the MMAs in flight — the wgmma kernel may copy fewer ahead where that measured faster, see
-    gemm_chain_wgmma). Refuses knobs that fit no pipeline."""
+    by the MMAs in flight — the wgmma kernel may copy fewer ahead where that measured faster,
+    ``gemm_chain.wgmma_lookahead``). Refuses knobs that fit no pipeline."""
     from ..targets.cuda.gemm_chain import shared_bytes
 
     wgmma = k.mma == "wgmma"

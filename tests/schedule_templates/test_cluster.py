@@ -294,6 +294,19 @@ def test_gemm_chain_defaults_fit_the_shared_memory():
         assert _ffn(kernel).launches(**{**sizes, "M": 1}).knobs.block_m == 64
 
 
+def test_wgmma_copies_run_deep_for_one_row_block_and_two_ahead_for_many():
+    """One row block streams the weights once from DRAM: every slot but the one being read is in
+    flight (W2: at most 3). Many row blocks re-read them from L2: two k-tiles ahead
+    (``gemm_chain.wgmma_lookahead``, written into the kernel as AHEAD1 / AHEAD2)."""
+    sizes = dict(K=4096, N=14336, O=4096)
+    for M in (128, 8192):
+        f = _ffn(ffn_swiglu)
+        stages = f.launches(M=M, **sizes).knobs.stages
+        source = f.source(M=M, **sizes)
+        ahead = [int(re.search(rf"#define AHEAD{i} (\d+)", source).group(1)) for i in (1, 2)]
+        assert ahead == ([stages - 1, 3] if M == 128 else [2, 2]), (M, stages, ahead)
+
+
 def test_decode_cluster_is_the_largest_whose_clusters_all_fit_at_once():
     """One cluster per (batch, kv-head) pair, all resident at once: the largest power-of-two
     cluster (≤ 16, ≤ one CTA per SM) of which the GPU holds that many — with the H100's counts

@@ -304,6 +304,17 @@ def wgmma_w2_stages(plan: GemmChainPlan, knobs: ClusterKnobs) -> int:
     return min(wgmma_pipeline_bytes(plan, knobs) // wgmma_w2_slot_bytes(knobs), MAX_W2_STAGES)
 
 
+def wgmma_lookahead(knobs: ClusterKnobs, M: int, w2_stages: int) -> tuple[int, int]:
+    """How many k-tiles the wgmma kernel's copies run ahead of the one being multiplied, in phase
+    1's ring and in W2's. A single row block (``M ≤ 2 × block_m``: each weight byte streamed once
+    from DRAM) goes as deep as the rings allow (phase 2 at most 3 tiles). With many row blocks the
+    weights are re-read from L2, and more than two tiles ahead per SM measured slower (SwiGLU
+    M=1024/8192: 3 % with three; the bytes in flight crowd L2): two (RESULTS.md, "FFN v7")."""
+    if M <= 2 * knobs.block_m:
+        return knobs.stages - 1, min(3, w2_stages - 1)
+    return min(2, knobs.stages - 1), 2
+
+
 def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int,
                       O: int) -> str:
     """CUDA C++ for ``tf_chain_main`` (adds into a zeroed f32 ``ysum``) and ``tf_chain_epilogue``.
@@ -318,7 +329,7 @@ def gemm_chain_source(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, 
     if knobs.mma == "wgmma":
         from .gemm_chain_wgmma import wgmma_body
 
-        body = wgmma_body(plan, knobs)
+        body = wgmma_body(plan, knobs, M)
     else:
         body = _mma_sync_body(plan, knobs) + _MAIN
     return _header(plan, knobs, M, K, N, O) + body.replace("@GATE_ARGS@", "".join(

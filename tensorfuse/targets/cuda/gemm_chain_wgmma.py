@@ -26,14 +26,15 @@ instruction issue (ncu; RESULTS.md, "FFN v6").
 """
 from __future__ import annotations
 
-from .gemm_chain import PRODUCER_THREADS, wgmma_pipeline_bytes, wgmma_w2_slot_bytes, wgmma_w2_stages
+from .gemm_chain import (PRODUCER_THREADS, wgmma_lookahead, wgmma_pipeline_bytes,
+                         wgmma_w2_slot_bytes, wgmma_w2_stages)
 from .tma import HELPERS as TMA_HELPERS
 from .tma import MBARRIER_HELPERS
 from .wgmma import HELPERS, wgmma_function
 
 
-def wgmma_body(plan, knobs) -> str:
-    """Device code after :func:`gemm_chain._header` for ``mma="wgmma"``."""
+def wgmma_body(plan, knobs, M: int) -> str:
+    """Device code after :func:`gemm_chain._header` for ``mma="wgmma"`` (``M`` rows)."""
     g = len(plan.gates)
     wg_m = knobs.block_m // 64          # warpgroups along the rows (1 or 2)
     wg_n = 2 // wg_m                    # and along the columns
@@ -48,6 +49,7 @@ def wgmma_body(plan, knobs) -> str:
     tma = knobs.copy == "tma"
     pipe_bytes = wgmma_pipeline_bytes(plan, knobs)   # STAGES slots of the larger stage
     w2_stages = wgmma_w2_stages(plan, knobs)
+    ahead1, ahead2 = wgmma_lookahead(knobs, M, w2_stages)
     return f"""{HELPERS}
 {MBARRIER_HELPERS}
 {TMA_HELPERS if tma else ""}
@@ -77,13 +79,8 @@ def wgmma_body(plan, knobs) -> str:
 // Phase 2 reuses the pipeline's bytes for W2 tiles, as many as fit (capped): where the first
 // product's stages are larger (128 × 256 tiles, SwiGLU's two weights) W2 runs deeper than STAGES.
 #define W2_STAGES {w2_stages}
-// Copies in flight ahead of the k-tile being multiplied. A single row block streams each weight
-// byte once from DRAM: as deep as the rings allow (phase 2 at most 3 tiles). Many row blocks re-read
-// the weights from L2, and more than two tiles ahead per SM measured slower (SwiGLU M=1024/8192:
-// 3 % with three; the bytes in flight crowd L2): two.
-#define STREAMING (M_ <= 2 * BM)
-#define AHEAD1 (STREAMING ? STAGES - 1 : TF_MIN(2, STAGES - 1))
-#define AHEAD2 (STREAMING ? TF_MIN(3, W2_STAGES - 1) : 2)
+#define AHEAD1 {ahead1}   // k-tiles copied ahead of the one being multiplied (wgmma_lookahead)
+#define AHEAD2 {ahead2}   // W2 tiles likewise
 #define TF_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define WARPS {knobs.warps}             // consumer warps (with TMA, warp WARPS is the producer)
 
