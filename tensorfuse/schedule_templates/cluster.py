@@ -305,8 +305,8 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
         def run(module, values, out, device):
             sc = [values[n] for n, _ in plan.scalars]
             module["tf_decode_cluster"](_pointer(values[plan.q]), _pointer(values[plan.k]),
-                                        _pointer(values[plan.v]), _pointer(out), *sc, B * HKV * k.cluster,
-                                        1, 32 * k.warps, k.cluster, smem)
+                                        _pointer(values[plan.v]), _pointer(out), *sc,
+                                        B * HKV * k.cluster, 1, 32 * k.warps, k.cluster, smem)
 
         return Launches(source, entries, k, run)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 
 from ...errors import TargetError
+from .module import libcuda
 
 # mbarriers: the TMA copies complete on them, and the cp.async pipelines of
 # :mod:`.gemm_chain_wgmma` count their copies and their consumers' releases on them.
@@ -67,12 +68,6 @@ __device__ __forceinline__ void tf_tma_load_2d(void* dst, const void* map, int c
 _BF16, _SWIZZLE_128B, _L2_256B = 9, 3, 3   # CUtensorMapDataType / Swizzle / L2promotion values
 
 
-def _driver():
-    from .module import libcuda
-
-    return libcuda().cuTensorMapEncodeTiled
-
-
 def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int) -> bytes:
     """The 128-byte map of a row-major bf16 ``[rows, cols]`` tensor at ``address``, copied in
     boxes of ``box_rows`` rows × 64 columns (128 bytes: one row of the 128-byte swizzle)."""
@@ -84,8 +79,8 @@ def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int) -> bytes:
     strides = (ctypes.c_uint64 * 1)(cols * 2)
     box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
     elem = (ctypes.c_uint32 * 2)(1, 1)
-    err = _driver()(out, _BF16, 2, ctypes.c_void_p(address), dims, strides, box, elem, 0,
-                    _SWIZZLE_128B, _L2_256B, 0)
+    err = libcuda().cuTensorMapEncodeTiled(out, _BF16, 2, ctypes.c_void_p(address), dims, strides,
+                                           box, elem, 0, _SWIZZLE_128B, _L2_256B, 0)
     if err:
         raise TargetError(f"cuTensorMapEncodeTiled failed (CUresult {err}) for a [{rows}, {cols}] "
                           f"bf16 tensor at {address:#x} with {box_rows}×{box_cols} boxes")
