@@ -277,21 +277,26 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
     def layout(dims: dict) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
         gpu = _gpu_index()
+        asked = []   # (cluster, how many the GPU holds at once), for schedule_origin
 
         def resident(k) -> int:
             # the cluster size is given at launch, so one cubin answers for every size
             probe = decode_source(plan, replace(k, cluster=1), dims)
             try:
-                return max_active_clusters(cubin_for(probe, target), "tf_decode_cluster",
-                                           k.cluster, 32 * k.warps,
-                                           decode_shared_bytes(k, D, H // HKV), gpu)
+                count = max_active_clusters(cubin_for(probe, target), "tf_decode_cluster",
+                                            k.cluster, 32 * k.warps,
+                                            decode_shared_bytes(k, D, H // HKV), gpu)
             except TargetError as exc:   # the kernel still runs; only the choice is blind
                 warnings.warn(f"{exc}; cluster decode sizes its clusters by the SM count instead",
                               stacklevel=2)
                 return B * HKV
+            asked.append(f"{count} of {k.cluster}")
+            return count
 
         k = decode_knobs(B, H, HKV, D, cluster, knobs, target,
                          resident if gpu is not None else None, _sm_count(gpu))
+        why = (f"{B * HKV} clusters (batch × kv-heads); the GPU holds {', '.join(asked)} at once"
+               if asked else "")
         source = decode_source(plan, k, dims)
         smem = decode_shared_bytes(k, D, H // HKV)
         if smem > target.max_shared_memory:
@@ -308,6 +313,6 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
                                         _pointer(values[plan.v]), _pointer(out), *sc,
                                         B * HKV * k.cluster, 1, 32 * k.warps, k.cluster, smem)
 
-        return Launches(source, entries, k, run)
+        return Launches(source, entries, k, run, why)
 
     return ClusterKernel(program, target, layout, f"cluster_distribute(axis={axis!r})")

@@ -334,6 +334,40 @@ def test_decode_cluster_is_the_largest_whose_clusters_all_fit_at_once():
     assert decode_knobs(1, 32, 8, 128, 4, {}, target, resident).cluster == 4
 
 
+def test_decode_asks_the_driver_when_a_gpu_is_present(monkeypatch):
+    """The layout's wiring, with the driver stood in for: the query sees the kernel's threads and
+    shared memory, the choice is explained by schedule_origin, and a failing query warns and
+    falls back to the SM count instead of failing the call."""
+    import tensorfuse.schedule_templates.cluster as template
+    from tensorfuse.errors import TargetError
+
+    h100, seen = {16: 7, 8: 15, 4: 30, 2: 66, 1: 132}, []
+
+    def driver(cubin, name, cluster, threads, shared_bytes, device):
+        seen.append((name, cluster, threads, shared_bytes, device))
+        return h100[cluster]
+
+    monkeypatch.setattr(template, "_gpu_index", lambda: 0)
+    monkeypatch.setattr(template, "_sm_count", lambda gpu: 132)
+    monkeypatch.setattr(template, "cubin_for", lambda source, target: b"")
+    monkeypatch.setattr(template, "max_active_clusters", driver)
+    dims = dict(B=1, H=32, HKV=8, M=1, N=32768, D=128)
+    f = _decode(gqa_attention)
+    assert f.launches(**dims).knobs.cluster == 8
+    assert [c for _, c, _, _, _ in seen] == [16, 8]
+    assert all(name == "tf_decode_cluster" and threads == 128 and smem > 100_000 and dev == 0
+               for name, _, threads, smem, dev in seen)
+    assert f.schedule_origin(**dims).endswith(
+        "8 clusters (batch × kv-heads); the GPU holds 7 of 16, 15 of 8 at once")
+
+    def broken(*args):
+        raise TargetError("cuModuleLoadData failed (CUresult 209)")
+
+    monkeypatch.setattr(template, "max_active_clusters", broken)
+    with pytest.warns(UserWarning, match="by the SM count instead"):
+        assert _decode(gqa_attention).launches(**dims).knobs.cluster == 16
+
+
 def test_no_gpu_gives_a_clear_error():
     import tvm
 

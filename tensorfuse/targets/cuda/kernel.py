@@ -15,8 +15,9 @@ class Launches:
     """Generated source, its entry points, the knobs used, and ``run(module, values, out,
     device)`` which launches them; ``module`` is built on the first call."""
 
-    def __init__(self, source: str, entries: list[KernelEntry], knobs, run):
+    def __init__(self, source: str, entries: list[KernelEntry], knobs, run, why: str = ""):
         self.source, self.entries, self.knobs, self.run = source, entries, knobs, run
+        self.why = why   # how a default was chosen, where that depends on the GPU
         self.module = None
 
 
@@ -50,7 +51,8 @@ class ClusterKernel:
         return cuda_to_ptx(self.source(**dims), self.target)
 
     def schedule_origin(self, **dims) -> str:
-        return f"cluster template ({self.launches(**dims).knobs})"
+        launches = self.launches(**dims)
+        return f"cluster template ({launches.knobs})" + (f"; {launches.why}" if launches.why else "")
 
     def _prepare(self, args, kwargs):
         import torch
