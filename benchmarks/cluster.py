@@ -210,14 +210,15 @@ def main(argv=None) -> int:
                    {"block_n": 256, "cluster": 4}, {"block_n": 256, "cluster": 2},
                    {"group_m": 16}, {"exchange": "gather"}]
     # a plain run times decode at the template's defaults (and the CUDA-core path); --decode
-    # compiles and times the whole sweep
+    # compiles and times the whole sweep; --sweep and --configs time the FFN only
+    ffn_only = args.sweep or args.configs is not None
     if args.decode:
         rows = run_decode(DECODE_SWEEP, batches=(8,))
     else:
-        rows = ([] if args.sweep or args.configs is not None else run_decode()) + run_ffn(
+        rows = ([] if ffn_only else run_decode()) + run_ffn(
             ms_list=tuple(int(m) for m in args.ms.split(",")), configs=configs)
     gpu = torch.cuda.get_device_name().replace(" ", "_")
-    tag = "-sweep" if args.sweep or args.configs is not None else "-decode" if args.decode else ""
+    tag = "-sweep" if ffn_only else "-decode" if args.decode else ""
     path = os.path.join(args.out, f"{datetime.date.today()}-{gpu}-cluster{tag}.csv")
     os.makedirs(args.out, exist_ok=True)
     write_csv(rows, path)

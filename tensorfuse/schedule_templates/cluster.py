@@ -33,22 +33,17 @@ def _check_target(target: TargetSpec) -> None:
                             f"target 'cuda:sm_90a'); the target is {target.name}", user_location())
 
 
-def _gpu_index() -> int | None:
-    """The current CUDA device, or None where there is none (code is still generated there)."""
+def _local_gpu() -> tuple[int, int] | None:
+    """The current CUDA device and its SM count, or None where there is none (code is still
+    generated there)."""
     try:
         import torch
     except ImportError:
         return None
-    return torch.cuda.current_device() if torch.cuda.is_available() else None
-
-
-def _sm_count(gpu: int | None) -> int:
-    """Streaming multiprocessors of that GPU (the H100 SXM's 132 where there is none)."""
-    if gpu is None:
-        return SMS
-    import torch
-
-    return torch.cuda.get_device_properties(gpu).multi_processor_count
+    if not torch.cuda.is_available():
+        return None
+    index = torch.cuda.current_device()
+    return index, torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _pointer(x):
@@ -276,16 +271,18 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
 
     def layout(dims: dict) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
-        gpu = _gpu_index()
-        asked = []   # (cluster, how many the GPU holds at once), for schedule_origin
+        gpu = _local_gpu()
+        asked = []   # "count of cluster" per size asked, for schedule_origin
+        probes = {}  # one cubin per set of knobs but the cluster size, which is given at launch
 
         def resident(k) -> int:
-            # the cluster size is given at launch, so one cubin answers for every size
-            probe = decode_source(plan, replace(k, cluster=1), dims)
+            key = replace(k, cluster=1)
             try:
-                count = max_active_clusters(cubin_for(probe, target), "tf_decode_cluster",
-                                            k.cluster, 32 * k.warps,
-                                            decode_shared_bytes(k, D, H // HKV), gpu)
+                if key not in probes:
+                    probes[key] = cubin_for(decode_source(plan, key, dims), target)
+                count = max_active_clusters(probes[key], "tf_decode_cluster", k.cluster,
+                                            32 * k.warps, decode_shared_bytes(k, D, H // HKV),
+                                            gpu[0])
             except TargetError as exc:   # the kernel still runs; only the choice is blind
                 warnings.warn(f"{exc}; cluster decode sizes its clusters by the SM count instead",
                               stacklevel=2)
@@ -293,8 +290,8 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
             asked.append(f"{count} of {k.cluster}")
             return count
 
-        k = decode_knobs(B, H, HKV, D, cluster, knobs, target,
-                         resident if gpu is not None else None, _sm_count(gpu))
+        k = decode_knobs(B, H, HKV, D, cluster, knobs, target, resident if gpu else None,
+                         gpu[1] if gpu else SMS)
         why = (f"{B * HKV} clusters (batch × kv-heads); the GPU holds {', '.join(asked)} at once"
                if asked else "")
         source = decode_source(plan, k, dims)

@@ -347,14 +347,15 @@ def test_decode_asks_the_driver_when_a_gpu_is_present(monkeypatch):
         seen.append((name, cluster, threads, shared_bytes, device))
         return h100[cluster]
 
-    monkeypatch.setattr(template, "_gpu_index", lambda: 0)
-    monkeypatch.setattr(template, "_sm_count", lambda gpu: 132)
-    monkeypatch.setattr(template, "cubin_for", lambda source, target: b"")
+    built = []
+    monkeypatch.setattr(template, "_local_gpu", lambda: (0, 132))
+    monkeypatch.setattr(template, "cubin_for", lambda source, target: built.append(source) or b"")
     monkeypatch.setattr(template, "max_active_clusters", driver)
     dims = dict(B=1, H=32, HKV=8, M=1, N=32768, D=128)
     f = _decode(gqa_attention)
     assert f.launches(**dims).knobs.cluster == 8
     assert [c for _, c, _, _, _ in seen] == [16, 8]
+    assert len(built) == 1 and "#define CLUSTER 1\n" in built[0]  # one probe for every size
     assert all(name == "tf_decode_cluster" and threads == 128 and smem > 100_000 and dev == 0
                for name, _, threads, smem, dev in seen)
     assert f.schedule_origin(**dims).endswith(

@@ -37,7 +37,8 @@ from .mma_sync import HELPERS as MMA_SYNC_HELPERS
 
 WARPS_N = 4  # warps along the columns; the rows get warps / 4
 PRODUCER_THREADS = 128  # copy="producer": one warpgroup (setmaxnreg works per warpgroup)
-EPILOGUE_VEC = 8        # outputs per thread of tf_chain_epilogue (16-byte stores)
+EPILOGUE_VEC = 8        # outputs per thread of tf_chain_epilogue: its code is written for 8
+                        # (two float4 loads, one 16-byte store); the launcher sizes the grid by it
 
 
 @dataclass(frozen=True)
