@@ -54,6 +54,16 @@ class Monoid:
         ident = self.identity[component]
         return ident(dt.resolve(dtype)) if callable(ident) else ident
 
+    def identity_is_sentinel(self, dtype: str, component: int = 0) -> bool:
+        """Whether the identity is an extreme value (±inf, or the dtype's largest magnitude, as
+        for max, min and logsumexp): a running value still equal to it has seen nothing real, so
+        rolling updates must not use it as the reference that later states are kept relative to
+        — (x − v)² or exp(x − v) at v = −inf are inf, and inf − inf corrections give NaN."""
+        ident = self.identity_value(component, dtype)
+        if not dt.is_float(dt.resolve(dtype)) or not isinstance(ident, (int, float)):
+            return False
+        return math.isinf(ident) or abs(ident) >= np.finfo(dt.to_numpy(dt.resolve(dtype))).max
+
     def combine_exprs(self, a: Sequence[Expr], b: Sequence[Expr]) -> tuple[Expr, ...]:
         """Apply the combine function to expressions, always returning a tuple."""
         out = self.combine(*a, *b) if self.arity > 1 else self.combine(a[0], b[0])

@@ -438,33 +438,33 @@ class _ChainEmitter:
     def _reference(self, d: str, value, seen):
         """The value states are kept relative to. Any reference is exact if used consistently (the
         final value is corrected to the true one at the end); a good one keeps the corrections
-        small. For a running maximum or minimum: the value itself, or 0 while it is still the
-        identity (nothing real seen yet, e.g. only masked elements — (x − max)² would overflow
-        at max = −FLT_MAX). For a running sum: the sum extrapolated to the whole axis
+        small. For a running maximum, minimum or logsumexp: the value itself, or 0 while it is still
+        the identity (nothing real seen yet, e.g. only masked elements — (x − max)² would overflow
+        at max = −FLT_MAX, (x − lse)² is inf at lse = −inf). For a running sum: the sum extrapolated to the whole axis
         (sum · N / seen), so a mean written as sum / N is estimated as the running mean (Welford's
         centring) instead of drifting from 0. ``seen=None``: the whole axis has been seen."""
         member = self._member(d)
         dtype = member.dtypes[0]
-        ident = member.monoid.identity_value(0, dtype)
         zero = constant(0.0, dtype)
         if member.monoid.name == "sum" and dtt.is_float(dtype):
             if seen is None:
                 return value
             scale = tirx.Cast(dt_tvm(dtype), self.n) / tirx.Cast(dt_tvm(dtype), tirx.max(seen, 1))
             return tirx.Select(seen > 0, value * scale, zero)
-        if member.monoid.name not in ("max", "min"):
-            return value  # only the sentinel identities of max and min are unusable references
-        return tirx.Select(value == constant(ident, dtype), zero, value)
+        return self._without_sentinel(d, value)
 
     def _without_sentinel(self, d: str, value):
-        """A running maximum (minimum) that has seen nothing real yet holds −FLT_MAX (FLT_MAX);
-        members computed from it mid-sweep would be huge and useless as references. Mid-sweep
-        they see 0 instead; the final values use the true ones, as the unfused program does."""
+        """A running maximum (minimum, logsumexp) that has seen nothing real yet — a prefix or a
+        whole split of masked elements — holds its extreme identity (−FLT_MAX, FLT_MAX, −inf);
+        members computed from it mid-sweep would be huge or infinite and useless as references.
+        Mid-sweep they see 0 instead; the final values use the true ones, as the unfused program
+        does."""
         member = self._member(d)
-        if member.monoid.name not in ("max", "min"):
+        dtype = member.dtypes[0]
+        if not member.monoid.identity_is_sentinel(dtype):
             return value
-        ident = constant(member.monoid.identity_value(0, member.dtypes[0]), member.dtypes[0])
-        return tirx.Select(value == ident, constant(0.0, member.dtypes[0]), value)
+        ident = constant(member.monoid.identity_value(0, dtype), dtype)
+        return tirx.Select(value == ident, constant(0.0, dtype), value)
 
     def _deps_as_references(self, e: Expr) -> Expr:
         deps = {m.name: m for m in self.chain.members}

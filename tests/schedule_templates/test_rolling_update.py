@@ -145,6 +145,36 @@ def test_rolled_softmax_is_stable_on_huge_inputs(rng):
         np.testing.assert_allclose(out.sum(1), 1.0, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dep", ["logsumexp", "max", "min"])
+def test_a_dependency_that_has_seen_only_masked_elements_is_no_reference(dep, rng):
+    """A split (or a first chunk) whose elements are all masked leaves a running logsumexp at
+    −inf (a max at −FLT_MAX, a min at FLT_MAX). Later members kept relative to it — here
+    Σ (x − v)², which reads every element, masked or not — would be infinite, and correcting
+    them to the final value gives inf − inf = NaN. Found by the property test: a logsumexp
+    dependency in a split of odd columns only."""
+    reduce = {"logsumexp": T.logsumexp, "max": T.max, "min": T.min}[dep]
+    neutral = T.inf if dep == "min" else -T.inf
+
+    @tf.kernel
+    def centred(x: T.Tensor["M", "N", "f64"]):
+        i, j = T.axes("i j")
+        v = reduce(T.where((j >= 5) | (i == 0), x[i, j], neutral), over=j)
+        return T.sum((x[i, j] - v) ** 2, over=j)
+
+    x = rng.standard_normal((3, 13))
+    xm = np.where(np.arange(13) >= 5, x, np.nan)
+    xm[0] = x[0]
+    v = {"logsumexp": lambda a: np.log(np.nansum(np.exp(a), 1)), "max": lambda a: np.nanmax(a, 1),
+         "min": lambda a: np.nanmin(a, 1)}[dep](xm)
+    want = ((x - v[:, None]) ** 2).sum(1)
+    names = [c.name for c in centred.program.computes if c.is_reduction]
+    for fuse in (lambda s: s.rolling_update(*names, axis="j", chunk=2),
+                 lambda s: s.split_update(*names, axis="j", splits=3, chunk=2)):
+        sch = tf.schedule(centred, "llvm")
+        fuse(sch)
+        np.testing.assert_allclose(sch.compile()(x), want, rtol=1e-12)
+
+
 def test_corrections_are_shown_readably():
     sch = tf.schedule(K.attention, "llvm")
     sch.rolling_update("m", "l", "o", axis="j")

@@ -683,9 +683,10 @@ def _assemble(functions) -> str:
 
 
 def _without_sentinel(plan: RowTilePlan, d: str, value: str) -> str:
-    """As in the TensorIR lowering: mid-sweep, a maximum that has seen nothing real is 0."""
+    """As in the TensorIR lowering: mid-sweep, a maximum (minimum, logsumexp) that has seen
+    nothing real is 0."""
     m = plan.chain.schemes[d].compute
-    if m.monoid.name not in ("max", "min"):
+    if not m.monoid.identity_is_sentinel(m.dtypes[0]):
         return value
     return f"tl.where({value} == {literal(m.monoid.identity_value(0, m.dtypes[0]), 'f32')}, 0.0, {value})"
 
@@ -706,15 +707,12 @@ def _initial_value(plan: RowTilePlan, d: str) -> str:
 
 
 def _reference(plan: RowTilePlan, d: str, value: str, seen: str) -> str:
-    """As in the TensorIR lowering: running max/min as is (0 while still the identity); running
-    sums extrapolated to the whole axis."""
+    """As in the TensorIR lowering: running max/min/logsumexp as is (0 while still the identity);
+    running sums extrapolated to the whole axis."""
     m = plan.chain.schemes[d].compute
     if m.monoid.name == "sum":
         return f"tl.where({seen} > 0, {value} * ({plan.cols} / tl.maximum({seen}, 1)), 0.0)"
-    ident = literal(m.monoid.identity_value(0, m.dtypes[0]), "f32")
-    if m.monoid.name not in ("max", "min"):
-        return value
-    return f"tl.where({value} == {ident}, 0.0, {value})"
+    return _without_sentinel(plan, d, value)
 
 
 def _store_offsets(c: Compute, ctx: TileContext, sizes: dict) -> str:
