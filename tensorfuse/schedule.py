@@ -168,19 +168,23 @@ class Schedule:
         return self
 
     def cluster_distribute(self, axis: str, cluster: int | None = None, **knobs) -> "Schedule":
-        """Spread each fused tile over a Hopper thread-block cluster of ``cluster`` CTAs (2, 4, 8;
-        16 uses the non-portable size), splitting ``axis`` across them and exchanging partial
-        results through distributed shared memory instead of global memory.
+        """Spread each fused tile over a Hopper thread-block cluster of ``cluster`` CTAs (over 8
+        uses the non-portable size), splitting ``axis`` across them and exchanging partial
+        results through distributed shared memory instead of global memory. ``cluster=None``
+        chooses per size; ``compile().schedule_origin(**sizes)`` says what was chosen and why.
 
         - GEMM chains ``act(X·W1)·W2`` (no fusion before): ``axis`` is the intermediate's (the
-          second sum's); each CTA computes its slice of the intermediate and stores it into its
-          peers' shared memory, then computes a share of the outputs from the cluster's whole
-          intermediate (default cluster 2). Knobs ``mma`` (``"wgmma"``, the default on
-          sm_90a, or ``"mma_sync"``), ``block_m``, ``block_n``, ``block_k``, ``block_o``, ``stages``,
-          ``group_m``, ``warps``, ``ctas_per_sm``.
-        - attention decode (after ``rolling_update`` over the keys): ``axis`` is the rolled axis;
-          the partial softmax states are merged in DSM with the derived correction. Knob
-          ``warps``.
+          second sum's); each CTA computes its slice of the intermediate and keeps it in shared
+          memory, then computes a share of the outputs from the cluster's whole intermediate,
+          read from its peers. Cluster 1, 2, 4, 8 or 16 (default: 8 where the sizes allow). Knobs
+          ``mma`` (``"wgmma"``, the default on sm_90a, or ``"mma_sync"``), ``copy``
+          (``"cp_async"``, ``"tma"``, ``"producer"``), ``exchange`` (``"peer"``, ``"gather"``),
+          ``block_m``, ``block_n``, ``block_k``, ``block_o``, ``stages``, ``group_m``, ``warps``,
+          ``ctas_per_sm``.
+        - attention decode (one query token, after ``rolling_update`` over the keys): ``axis`` is
+          the rolled axis; the partial softmax states are merged in DSM with the derived
+          correction. Cluster 1 to 16 (default: the largest power of two whose clusters all run
+          at once on the GPU). Knobs ``warps``, ``stages``, ``mma`` (``"mma_sync"``, ``"fma"``).
         Generates CUDA C++ for sm_90a (``compile().source(...)``, ``.ptx(...)``)."""
         from .schedule_templates.cluster import attention_decode, gemm_chain
 

@@ -83,6 +83,13 @@ def gelu(x) -> Expr:
     return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
 
+def relu(x) -> Expr:
+    """ReLU: ``x`` where it is positive, else 0 (written as a ``where``, so every target that
+    lowers ``where`` lowers it)."""
+    x = as_expr(x)
+    return _where(x > 0.0, x, 0.0)
+
+
 def silu(x) -> Expr:
     """SiLU (swish): ``x * sigmoid(x)``."""
     return x * sigmoid(x)

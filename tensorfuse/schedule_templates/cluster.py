@@ -163,6 +163,10 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
         raise ScheduleError(f"cluster_distribute(axis={axis!r}): for this GEMM chain the axis is "
                             f"{plan.axis!r}, the one the second sum runs over (the intermediate's "
                             "columns)", user_location())
+    if cluster is not None and cluster not in (1, 2, 4, 8, 16):
+        raise ScheduleError(f"cluster={cluster}: a GEMM chain's cluster is 1, 2, 4, 8 or 16 (its "
+                            "tiles split the intermediate's and the output's columns evenly over "
+                            "the cluster)", user_location())
     unknown = set(knobs) - set(GEMM_CHAIN_KNOBS)
     if unknown:
         raise ScheduleError(f"cluster_distribute has no knob {', '.join(sorted(unknown))} for GEMM "

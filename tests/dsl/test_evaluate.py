@@ -33,3 +33,15 @@ def test_logsumexp_monoid(rng):
     x = rng.standard_normal((4, 50))
     ref = np.log(np.exp(x * 30.0 - (x * 30).max(1, keepdims=True)).sum(1)) + (x * 30).max(1)
     np.testing.assert_allclose(run_program(k.program, {"x": x})[0], ref, rtol=1e-12)
+
+
+def test_relu_on_the_cpu_target_and_in_the_interpreter(rng):
+    @tf.kernel
+    def relu_rows(x: T.Tensor["M", "N", "f32"]):
+        i, j = T.axes("i j")
+        return T.sum(T.relu(x[i, j]) * x[i, j], over=j)
+
+    x = rng.standard_normal((5, 33)).astype(np.float32)
+    ref = (np.maximum(x.astype(np.float64), 0) * x).sum(1)
+    np.testing.assert_allclose(run_program(relu_rows.program, {"x": x})[0], ref, rtol=1e-6)
+    np.testing.assert_allclose(tf.compile(relu_rows, "llvm")(x), ref, rtol=1e-5)

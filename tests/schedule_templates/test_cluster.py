@@ -185,6 +185,14 @@ def test_activation_is_generated_from_the_dsl():
     src = _ffn(ffn_relu_sq).source(**FFN)
     assert "((g0 > 0.0f) ? g0 : 0.0f)" in src
 
+    @tf.kernel
+    def ffn_relu(x: T.Tensor["M", "K", "bf16"], w1: T.Tensor["K", "N", "bf16"],
+                 w2: T.Tensor["N", "O", "bf16"]):
+        i, k, n, o = T.axes("i k n o")
+        return T.sum(T.relu(T.sum(x[i, k] * w1[k, n], over=k)) * w2[n, o], over=n)
+
+    assert "((g0 > 0.0f) ? g0 : 0.0f)" in _ffn(ffn_relu).source(**FFN)
+
 
 def test_refusals_name_the_problem():
     with pytest.raises(ScheduleError, match="axis is 'n'"):
@@ -195,8 +203,16 @@ def test_refusals_name_the_problem():
         tf.schedule(ffn_gelu, target="llvm").cluster_distribute("n")
     with pytest.raises(ScheduleError, match="1 to 16 CTAs"):
         tf.schedule(ffn_gelu, target="cuda:sm_90a").cluster_distribute("n", cluster=17)
-    with pytest.raises(ScheduleError, match="1, 2, 4, 8 or 16"):  # the FFN's tiles need 2^k
-        _ffn(ffn_gelu, cluster=3).launches(**FFN)
+    with pytest.raises(ScheduleError, match="1, 2, 4, 8 or 16"):  # the FFN's tiles need 2^k:
+        tf.schedule(ffn_gelu, target="cuda:sm_90a").cluster_distribute("n", cluster=3)  # at once
+    @tf.kernel
+    def ffn_linear_layout(x: T.Tensor["M", "K", "bf16"], w1: T.Tensor["N", "K", "bf16"],
+                          w2: T.Tensor["O", "N", "bf16"]):   # as torch.nn.Linear stores them
+        i, k, n, o = T.axes("i k n o")
+        return T.sum(T.gelu(T.sum(x[i, k] * w1[n, k], over=k)) * w2[o, n], over=n)
+
+    with pytest.raises(ScheduleError, match=r"\[in, out\].*weight\.t\(\)\.contiguous\(\)"):
+        tf.schedule(ffn_linear_layout, target="cuda:sm_90a").cluster_distribute("n")
     with pytest.raises(ScheduleError, match="no knob"):
         tf.schedule(ffn_gelu, target="cuda:sm_90a").cluster_distribute("n", tile=3)
     with pytest.raises(ScheduleError, match="warps=12"):
@@ -378,6 +394,17 @@ def test_no_gpu_gives_a_clear_error():
     x = np.ones((128, 512), np.float32)
     with pytest.raises(Exception, match="GPU"):
         f(x, np.ones((512, 1024), np.float32), np.ones((1024, 256), np.float32))
+
+
+def test_attention_without_its_rolling_update_is_told_how_to_roll_it():
+    """cluster_distribute on attention before rolling it first reads as a GEMM chain; the refusal
+    names the call that makes it a cluster decode, with the chain and the keys' axis."""
+    sch = tf.schedule(tf.kernels.gqa_attention, target="cuda")
+    with pytest.raises(ScheduleError, match=r"m is a max reduction.*rolling_update\('m', 'o', "
+                                            r"'l', axis='j'\)"):
+        sch.cluster_distribute("j")
+    sch.rolling_update("m", "o", "l", axis="j")   # what it says works
+    sch.cluster_distribute("j")
 
 
 def test_decode_refuses_chains_its_merge_would_get_wrong():

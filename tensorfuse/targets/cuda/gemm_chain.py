@@ -104,6 +104,10 @@ def _is_axis(e: Expr, axis: Axis) -> bool:
     return isinstance(e, Axis) and e.uid == axis.uid
 
 
+_IN_OUT = (" — weights stored [in, out]; torch.nn.Linear keeps its weight as [out, in], so "
+           "declare it [in, out] and pass linear.weight.t().contiguous(), transposed once")
+
+
 def _refuse(message: str, c) -> ScheduleError:
     return ScheduleError(f"cluster_distribute (GEMM chain): {message}", getattr(c, "loc", None))
 
@@ -117,7 +121,13 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
     reductions = [c for c in program.computes if c.is_reduction]
     if any(c.monoid.name != "sum" for c in reductions):
         bad = next(c for c in reductions if c.monoid.name != "sum")
-        raise _refuse(f"{bad.name} is a {bad.monoid.name} reduction; GEMM chains are sums", bad)
+        keys = {a.uid for a in bad.over}
+        chain = [c.name for c in reductions if {a.uid for a in c.over} == keys]
+        hint = (f"; for attention decode, roll the chain over the keys first: rolling_update("
+                f"{', '.join(map(repr, chain))}, axis={bad.over[0].name!r})"
+                if bad.monoid.name in ("max", "logsumexp") and len(bad.over) == 1 else "")
+        raise _refuse(f"{bad.name} is a {bad.monoid.name} reduction; GEMM chains are sums{hint}",
+                      bad)
     second = [c for c in reductions if any(isinstance(n, Ref) and n.compute.is_reduction
                                            for n in nodes(inline_elementwise(c.bodies[0])))]
     first = [c for c in reductions if all(c is not r for r in second)]
@@ -126,7 +136,9 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
                       f"second sum (found {len(first)} and {len(second)})", out)
     r2 = second[0]
     if len(r2.over) != 1 or len(r2.axes) != 2:
-        raise _refuse(f"{r2.name} must sum over one axis into [rows, columns]", r2)
+        raise _refuse(f"{r2.name} must sum over one axis into [rows, columns] (batch "
+                      "dimensions go into the rows: declare x as [M, K] and pass "
+                      "x.reshape(-1, K))", r2)
     i_axis, o_axis = r2.axes
     n_axis = r2.over[0]
     # second sum: (activation over [i, n]) * w2[n, o]
@@ -135,7 +147,7 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
                 and _is_axis(f.indices[1], o_axis)]
     if len(w2_loads) != 1:
         raise _refuse(f"{r2.name} must multiply by a weight indexed [{n_axis.name}, "
-                      f"{o_axis.name}]", r2)
+                      f"{o_axis.name}]{_IN_OUT}", r2)
     w2 = w2_loads[0]
     act_factors = [f for f in factors(r2.bodies[0]) if f is not w2]
     act = inline_elementwise(act_factors[0])
@@ -153,7 +165,7 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
               and _is_axis(f.indices[0], k) and _is_axis(f.indices[1], n_axis)]
         if len(xs) != 1 or len(ws) != 1 or len(xs[0].indices) != 2:
             raise _refuse(f"{c.name} must be sum(x[{i_axis.name}, k] * w[k, {n_axis.name}], "
-                          "over=k)", c)
+                          f"over=k){_IN_OUT}", c)
         if x_name not in (None, xs[0].param.name):
             raise _refuse(f"{c.name} reads {xs[0].param.name}, the others {x_name}; the "
                           "first-level products must share their left operand", c)
