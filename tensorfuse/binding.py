@@ -35,6 +35,15 @@ class BoundCall:
     signature: tuple = field(default=())
 
 
+def check_named_sizes(program: Program, dims: dict, complete: bool) -> None:
+    """Refuse sizes given by name (``source(M=128, ...)``, ``ptx(...)``) that the kernel does not
+    have, that are missing when ``complete`` (every size is needed to generate code), or that are
+    not positive integers — instead of a bare KeyError, or a typo silently ignored."""
+    problem = program.size_problems(dims, complete)
+    if problem:
+        raise CallError(problem, user_location())
+
+
 def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -> BoundCall:
     """Check a call's arguments and bind the sizes (the caller's line is looked up only when there
     is something to report: this runs on every call)."""

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import tvm
 
-from .binding import BoundCall, bind_call, output_shape
+from .binding import BoundCall, bind_call, check_named_sizes, output_shape
 from .dsl.program import Program, ScalarParam
 from .errors import TargetError
 from .interop import empty, is_torch, to_tvm, to_tvm_shared, to_user
@@ -45,6 +45,7 @@ class CompiledKernel:
         """The scheduled TensorIR for the given sizes (sizes not given stay symbolic)."""
         key = (tuple(sorted(dims.items())), index_dtype)
         if key not in self._modules:
+            check_named_sizes(self.program, dims, complete=False)
             built = self._build(dict(dims), index_dtype)
             if isinstance(built, tuple):  # (module, where its schedule came from)
                 built, self._origins[key] = built

@@ -54,10 +54,9 @@ class Schedule:
         self.kernel = kernel
         self.program = kernel.program
         self.target = get_target(target)
-        unknown = set(dims) - set(self.program.dim_names())
-        if unknown:
-            raise ScheduleError(f"{kernel.name} has no size named {', '.join(sorted(unknown))}; its "
-                                f"sizes are {', '.join(self.program.dim_names())}", user_location())
+        problem = self.program.size_problems(dims, complete=False)
+        if problem:
+            raise ScheduleError(problem, user_location())
         self.dims = dict(dims)
         self.fusions: tuple = ()
         self.template: tuple | None = None

@@ -126,6 +126,33 @@ def test_fixed_dimension_is_checked():
         tf.compile(head, "llvm")(np.ones((3, 5), "f4"))
 
 
+@pytest.mark.parametrize("inspect, sizes, message", [
+    ("tvm_script", dict(Q=3), "no size named Q"),                      # a typo is not ignored
+    ("tvm_script", dict(M=3.5), "positive integers, got M=3.5"),
+    ("cluster_source", dict(M=128, K=4096), "sizes N, O not given"),   # was a bare KeyError
+    ("cluster_source", dict(m=128, K=4096, N=14336, O=4096), "no size named m; size M not given"),
+    ("triton_source", dict(M=0, N=128), "positive integers, got M=0"),
+])
+def test_sizes_given_by_name_are_checked(inspect, sizes, message):
+    """Generated code is inspected at sizes given by name (no arrays to take them from): each
+    inspection path refuses sizes the kernel does not have, lacks, or cannot have, naming them
+    and the kernel's sizes."""
+    if inspect == "tvm_script":
+        get = tf.compile(rmsnorm, "llvm").tvm_script
+        assert "T.float32" in get(M=3)   # a partial set is fine: the rest stays symbolic
+    elif inspect == "cluster_source":
+        sch = tf.schedule(tf.kernels.ffn_gelu, target="cuda:sm_90a")
+        get = sch.cluster_distribute("n").compile().source
+    else:
+        get = tf.compile(softmax, "cuda:sm_90a").source
+    with pytest.raises(CallError, match=r"\(its sizes: "):
+        try:
+            get(**sizes)
+        except CallError as e:
+            assert message in str(e), str(e)
+            raise
+
+
 def test_torch_tensor_on_wrong_device_for_target(rowsum):
     x = torch.randn(6, 5, device="meta")
     with pytest.raises(CallError):

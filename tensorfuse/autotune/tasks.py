@@ -185,14 +185,9 @@ def _template_module(template: str):
 
 def make_task(kernel, dims: dict, target: TargetSpec) -> TuningTask:
     """The task for ``kernel`` at ``dims``: the template ``compile`` would use on ``target``."""
-    missing = sorted(set(kernel.program.dim_names()) - set(dims))
-    if missing:
-        raise TuningError(f"tuning {kernel.name} needs every size fixed; missing "
-                          f"{', '.join(missing)} (its sizes: {', '.join(kernel.program.dim_names())})")
-    unknown = sorted(set(dims) - set(kernel.program.dim_names()))
-    if unknown:
-        raise TuningError(f"{kernel.name} has no size named {', '.join(unknown)}; its sizes: "
-                          f"{', '.join(kernel.program.dim_names())}")
+    problem = kernel.program.size_problems(dims, complete=True)
+    if problem:
+        raise TuningError(f"tuning {kernel.name} needs every size fixed: {problem}")
     if not target.is_gpu:
         return TuningTask(kernel, dict(dims), target, "cpu")
     from ..schedule_templates.auto import choose

@@ -162,6 +162,33 @@ class Program:
                 walk(b, lambda n: names.setdefault(n.name) if isinstance(n, DimSize) else None)
         return list(names)
 
+    def size_problems(self, dims: dict, complete: bool) -> str | None:
+        """What is wrong with sizes given by name, where no arrays give them (schedules, tuning
+        jobs, generated code for inspection), or ``None``: names this kernel does not have (a
+        typo would otherwise be ignored), missing names when ``complete``, values that are not
+        positive integers, and values the kernel fixes otherwise."""
+        names = self.dim_names()
+        problems = []
+        unknown = [d for d in dims if d not in names]
+        if unknown:
+            problems.append(f"{self.name} has no size named {', '.join(unknown)}")
+        missing = [d for d in names if d not in dims] if complete else []
+        if missing:
+            problems.append(f"size{'s' if len(missing) > 1 else ''} {', '.join(missing)} not given")
+        bad = [f"{d}={v!r}" for d, v in dims.items()
+               if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        if bad:
+            problems.append(f"sizes must be positive integers, got {', '.join(bad)}")
+        for name, fixed, where_ in self.size_constraints:
+            if isinstance(name, int):
+                name, fixed = fixed, name
+            if name in dims and dims[name] != fixed:
+                problems.append(f"{name}={dims[name]}, but the kernel uses it as size {fixed} "
+                                f"(at {where_})")
+        if not problems:
+            return None
+        return "; ".join(problems) + f" (its sizes: {', '.join(names)})"
+
     def compute(self, name: str) -> Compute:
         for c in self.computes:
             if c.name == name:

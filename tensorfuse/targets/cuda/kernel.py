@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...binding import bind_call, output_shape
+from ...binding import bind_call, check_named_sizes, output_shape
 from ...interop import deliver, torch_arguments, torch_output
 from .. import TargetSpec
 from ..codegen import cuda_to_ptx
@@ -39,6 +39,7 @@ class ClusterKernel:
     def launches(self, **dims) -> Launches:
         key = tuple(sorted(dims.items()))
         if key not in self._launches:
+            check_named_sizes(self.program, dims, complete=True)
             self._launches[key] = self.layout(dims)
         return self._launches[key]
 

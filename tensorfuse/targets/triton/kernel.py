@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from ...binding import bind_call, output_shape
+from ...binding import bind_call, check_named_sizes, output_shape
 from ...dsl import dtypes as dt
 from ...interop import deliver, torch_arguments, torch_output
 from .blockmask import block_lists
@@ -39,6 +39,7 @@ class TritonKernel:
         """(plan, knobs, source, kernel function, argument names) for these sizes."""
         key = tuple(sorted(dims.items()))
         if key not in self._built:
+            check_named_sizes(self.program, dims, complete=True)
             plan = plan_rowtile(self.program, self.chain, dims)
             knobs = self.knobs(plan)
             self._origin[key] = "template defaults"
