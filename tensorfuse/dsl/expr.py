@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import os
 import sys
 from dataclasses import dataclass
@@ -40,6 +41,16 @@ def user_location() -> SourceLocation | None:
 
     code = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
     return SourceLocation(frame.f_code.co_filename, frame.f_lineno, code)
+
+
+_NUMPY_OPERATORS = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul,
+                    "true_divide": operator.truediv, "divide": operator.truediv,
+                    "floor_divide": operator.floordiv, "remainder": operator.mod,
+                    "power": operator.pow, "negative": operator.neg, "absolute": operator.abs,
+                    "less": operator.lt, "less_equal": operator.le, "greater": operator.gt,
+                    "greater_equal": operator.ge, "equal": operator.eq, "not_equal": operator.ne,
+                    "bitwise_and": operator.and_, "bitwise_or": operator.or_,
+                    "invert": operator.invert}
 
 
 class Expr:
@@ -99,8 +110,9 @@ class Expr:
     def __bool__(self):
         raise UnsupportedConstructError(
             "a tensor value was used where Python needs True/False (an `if`, `while`, `and`, `or` "
-            "or `not` on tensor data); kernels cannot branch on data: use T.where(cond, a, b), and "
-            "`&`, `|`, `~` to combine conditions", user_location())
+            "or `not` on tensor data, or Python's max()/min() of two values); kernels cannot "
+            "branch on data: use T.where(cond, a, b) (T.relu for max(x, 0)), and `&`, `|`, `~` to "
+            "combine conditions", user_location())
 
     def __iter__(self):
         raise UnsupportedConstructError(
@@ -112,7 +124,30 @@ class Expr:
             "a tensor expression cannot be used as a Python integer (e.g. in range() or a list "
             "index)", user_location())
 
-    __float__ = __int__ = __index__
+    __int__ = __index__
+
+    def __float__(self):
+        raise UnsupportedConstructError(
+            "a tensor expression cannot be turned into a Python number (math.exp, float(), ...); "
+            "use the DSL's functions instead: T.exp, T.log, T.sqrt, T.tanh, T.where, ...",
+            user_location())
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """NumPy scalars (``np.float32(0.5) * x[i, j]``) combine like Python numbers; NumPy's
+        functions (``np.exp``) and arrays are refused with what to write instead."""
+        import numpy as np
+
+        if method == "__call__" and not kwargs and ufunc.__name__ in _NUMPY_OPERATORS:
+            if any(isinstance(v, np.ndarray) for v in inputs):
+                raise UnsupportedConstructError(
+                    "a NumPy array cannot be combined with a tensor expression; pass it to the "
+                    "kernel as a T.Tensor argument", user_location())
+            values = [v.item() if isinstance(v, np.generic) else v for v in inputs]
+            return _NUMPY_OPERATORS[ufunc.__name__](*values)
+        raise UnsupportedConstructError(
+            f"NumPy's {ufunc.__name__} cannot take a tensor expression; use the DSL's functions "
+            "(T.exp, T.log, T.sqrt, T.abs, T.where, T.max(..., over=) for reductions, ...)",
+            user_location())
 
     def __getitem__(self, item):
         raise UnsupportedConstructError(
@@ -387,6 +422,9 @@ def binary(op: str, a, b, loc=None) -> Expr:
     if "bool" in (a.dtype, b.dtype):
         raise DTypeError(f"arithmetic `{op}` on a boolean value; convert it first with "
                          "T.where(cond, 1.0, 0.0) or .astype('f32')", loc)
+    if op in ("div", "floordiv", "mod") and isinstance(b, Const) and b.value == 0:
+        symbol = {"div": "/", "floordiv": "//", "mod": "%"}[op]
+        raise DTypeError(f"division by the constant 0 (`{symbol} 0`)", loc)
     if op in ("floordiv", "mod"):
         if not (dt.is_int(a.dtype) and dt.is_int(b.dtype)):
             raise DTypeError(f"`{'//' if op == 'floordiv' else '%'}` is for integers (axis "

@@ -127,6 +127,56 @@ def test_iterating_over_a_tensor_is_rejected():
     expect_error(bad, UnsupportedConstructError, "# <- here", "iterate")
 
 
+def test_python_max_of_a_tensor_value_points_to_where_and_relu():
+    def bad(x: T.Tensor["N", "f32"]):
+        i = T.axes("i")
+        return max(x[i], 0.0)  # <- here
+
+    expect_error(bad, UnsupportedConstructError, "# <- here", "max()", "T.relu")
+
+
+def test_math_functions_on_a_tensor_value_point_to_the_dsl():
+    import math
+
+    def bad(x: T.Tensor["N", "f32"]):
+        i = T.axes("i")
+        return math.exp(x[i])  # <- here
+
+    expect_error(bad, UnsupportedConstructError, "# <- here", "math.exp", "T.exp")
+
+
+def test_numpy_functions_are_refused_and_numpy_scalars_combine():
+    import numpy as np
+
+    def bad(x: T.Tensor["N", "f32"]):
+        i = T.axes("i")
+        return np.exp(x[i])  # <- here
+
+    expect_error(bad, UnsupportedConstructError, "# <- here", "NumPy's exp", "T.exp")
+
+    def with_array(x: T.Tensor["N", "f32"]):
+        i = T.axes("i")
+        return np.ones(3) * x[i]  # <- here
+
+    expect_error(with_array, UnsupportedConstructError, "# <- here", "T.Tensor argument")
+
+    @tf.kernel
+    def scaled(x: T.Tensor["N", "f32"]):
+        i = T.axes("i")
+        return np.float32(0.5) * x[i] - x[i] / np.float64(4.0) + np.int64(1)
+
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_allclose(tf.compile(scaled, "llvm")(x), 0.25 * x + 1)
+
+
+def test_division_by_the_constant_zero():
+    def bad(x: T.Tensor["N", "f32"]):
+        i = T.axes("i")
+        return x[i] / 0  # <- here
+
+    expect_error(bad, DTypeError, "# <- here", "division by the constant 0")
+
+
 def test_missing_annotation():
     def bad(x):  # <- here
         return x
