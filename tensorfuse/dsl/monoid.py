@@ -60,9 +60,13 @@ class Monoid:
         rolling updates must not use it as the reference that later states are kept relative to
         — (x − v)² or exp(x − v) at v = −inf are inf, and inf − inf corrections give NaN."""
         ident = self.identity_value(component, dtype)
-        if not dt.is_float(dt.resolve(dtype)) or not isinstance(ident, (int, float)):
+        if not dt.is_float(dt.resolve(dtype)) or not isinstance(ident, (int, float, np.number)):
             return False
-        return math.isinf(ident) or abs(ident) >= np.finfo(dt.to_numpy(dt.resolve(dtype))).max
+        import ml_dtypes  # finfo for bf16 as well as NumPy's own types
+
+        ident = float(ident)
+        largest = float(ml_dtypes.finfo(dt.to_numpy(dt.resolve(dtype))).max)
+        return math.isinf(ident) or abs(ident) >= largest
 
     def combine_exprs(self, a: Sequence[Expr], b: Sequence[Expr]) -> tuple[Expr, ...]:
         """Apply the combine function to expressions, always returning a tuple."""

@@ -45,3 +45,17 @@ def test_relu_on_the_cpu_target_and_in_the_interpreter(rng):
     ref = (np.maximum(x.astype(np.float64), 0) * x).sum(1)
     np.testing.assert_allclose(run_program(relu_rows.program, {"x": x})[0], ref, rtol=1e-6)
     np.testing.assert_allclose(tf.compile(relu_rows, "llvm")(x), ref, rtol=1e-5)
+
+
+def test_which_monoid_identities_are_no_usable_reference():
+    """Rolling updates replace a running value still at an extreme identity (±inf, ±FLT_MAX) by 0
+    as the reference later states are kept relative to; sums and products keep theirs."""
+    from tensorfuse.dsl.monoid import LOGSUMEXP, MAX, MIN, PROD, SUM, Monoid
+
+    for m in (MAX, MIN, LOGSUMEXP):
+        assert m.identity_is_sentinel("f32") and m.identity_is_sentinel("f64"), m.name
+    for m in (SUM, PROD):
+        assert not m.identity_is_sentinel("f32"), m.name
+    assert not MAX.identity_is_sentinel("i32")   # integer maxima are exact references
+    user = Monoid("first", lambda a, b: a, (lambda d: np.float32(-np.inf),), check=False)
+    assert user.identity_is_sentinel("f32") and user.identity_is_sentinel("bf16")
