@@ -1,5 +1,7 @@
 """Rolling and split updates on the library kernels and more chains, on the CPU target against
 float64 references; the IR they produce; TVM primitives afterwards; numerical stability."""
+import math
+
 import numpy as np
 import pytest
 
@@ -145,14 +147,23 @@ def test_rolled_softmax_is_stable_on_huge_inputs(rng):
         np.testing.assert_allclose(out.sum(1), 1.0, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dep", ["logsumexp", "max", "min"])
+def _user_logaddexp(a, b):
+    hi, lo = T.where(a > b, a, b), T.where(a > b, b, a)
+    return T.where(hi == -T.inf, hi, hi + T.log(1.0 + T.exp(lo - hi)))
+
+
+USER_LSE = T.Monoid("user_lse", _user_logaddexp, (-math.inf,), homomorphisms=("shift",))
+
+
+@pytest.mark.parametrize("dep", ["logsumexp", "max", "min", "user_lse"])
 def test_a_dependency_that_has_seen_only_masked_elements_is_no_reference(dep, rng):
     """A split (or a first chunk) whose elements are all masked leaves a running logsumexp at
-    −inf (a max at −FLT_MAX, a min at FLT_MAX). Later members kept relative to it — here
-    Σ (x − v)², which reads every element, masked or not — would be infinite, and correcting
-    them to the final value gives inf − inf = NaN. Found by the property test: a logsumexp
-    dependency in a split of odd columns only."""
-    reduce = {"logsumexp": T.logsumexp, "max": T.max, "min": T.min}[dep]
+    −inf (a max at −FLT_MAX, a min at FLT_MAX; a user's monoid likewise). Later members kept
+    relative to it — here Σ (x − v)², which reads every element, masked or not — would be
+    infinite, and correcting them to the final value gives inf − inf = NaN. Found by the property
+    test: a logsumexp dependency in a split of odd columns only."""
+    reduce = {"logsumexp": T.logsumexp, "max": T.max, "min": T.min,
+              "user_lse": lambda e, over: T.reduce(e, over=over, monoid=USER_LSE)}[dep]
     neutral = T.inf if dep == "min" else -T.inf
 
     @tf.kernel
@@ -164,7 +175,8 @@ def test_a_dependency_that_has_seen_only_masked_elements_is_no_reference(dep, rn
     x = rng.standard_normal((3, 13))
     xm = np.where(np.arange(13) >= 5, x, np.nan)
     xm[0] = x[0]
-    v = {"logsumexp": lambda a: np.log(np.nansum(np.exp(a), 1)), "max": lambda a: np.nanmax(a, 1),
+    lse = lambda a: np.log(np.nansum(np.exp(a), 1))  # noqa: E731
+    v = {"logsumexp": lse, "user_lse": lse, "max": lambda a: np.nanmax(a, 1),
          "min": lambda a: np.nanmin(a, 1)}[dep](xm)
     want = ((x - v[:, None]) ** 2).sum(1)
     names = [c.name for c in centred.program.computes if c.is_reduction]
