@@ -174,7 +174,8 @@ class Program:
             problems.append(f"{self.name} has no size named {', '.join(unknown)}")
         missing = [d for d in names if d not in dims] if complete else []
         if missing:
-            problems.append(f"size{'s' if len(missing) > 1 else ''} {', '.join(missing)} not given")
+            plural = "s" if len(missing) > 1 else ""
+            problems.append(f"size{plural} {', '.join(missing)} not given")
         bad = [f"{d}={v!r}" for d, v in dims.items()
                if isinstance(v, bool) or not isinstance(v, int) or v < 1]
         if bad:

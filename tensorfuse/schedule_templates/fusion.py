@@ -438,11 +438,12 @@ class _ChainEmitter:
     def _reference(self, d: str, value, seen):
         """The value states are kept relative to. Any reference is exact if used consistently (the
         final value is corrected to the true one at the end); a good one keeps the corrections
-        small. For a running maximum, minimum or logsumexp: the value itself, or 0 while it is still
-        the identity (nothing real seen yet, e.g. only masked elements — (x − max)² would overflow
-        at max = −FLT_MAX, (x − lse)² is inf at lse = −inf). For a running sum: the sum extrapolated to the whole axis
-        (sum · N / seen), so a mean written as sum / N is estimated as the running mean (Welford's
-        centring) instead of drifting from 0. ``seen=None``: the whole axis has been seen."""
+        small. For a running maximum, minimum or logsumexp: the value itself, or 0 while it is
+        still the identity (nothing real seen yet, e.g. only masked elements — (x − max)² would
+        overflow at max = −FLT_MAX, (x − lse)² is inf at lse = −inf). For a running sum: the sum
+        extrapolated to the whole axis (sum · N / seen), so a mean written as sum / N is estimated
+        as the running mean (Welford's centring) instead of drifting from 0. ``seen=None``: the
+        whole axis has been seen."""
         member = self._member(d)
         dtype = member.dtypes[0]
         zero = constant(0.0, dtype)
