@@ -171,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except TensorfuseError as exc:
-        print(f"tensorfuse: error: {exc}", file=sys.stderr)
+        # a location in the user's file helps; the launcher's own line (or runpy's) does not
+        where = exc.location.filename if exc.location is not None else ""
+        launcher = where.startswith("<") or os.path.abspath(where) == os.path.abspath(sys.argv[0])
+        print(f"tensorfuse: error: {exc.message if launcher else exc}", file=sys.stderr)
         return 2
 
 

@@ -41,6 +41,9 @@ def test_show_prints_tensorir_and_cuda(tmp_path):
     proc = run("show", f"{path}:triple")
     assert proc.returncode == 2 and "no @tensorfuse.kernel named 'triple'" in proc.stderr
     assert "double" in proc.stderr
+    proc = run("show", f"{path}:double", "--size", "Q=3")   # a size the kernel does not have
+    assert proc.returncode == 2 and proc.stderr.strip() == \
+        "tensorfuse: error: double has no size named Q (its sizes: N)"   # no launcher line
 
 
 def test_show_reports_kernel_errors_with_the_line(tmp_path):

@@ -187,7 +187,7 @@ def make_task(kernel, dims: dict, target: TargetSpec) -> TuningTask:
     """The task for ``kernel`` at ``dims``: the template ``compile`` would use on ``target``."""
     problem = kernel.program.size_problems(dims, complete=True)
     if problem:
-        raise TuningError(f"tuning {kernel.name} needs every size fixed: {problem}")
+        raise TuningError(f"tuning {kernel.name}: {problem}")
     if not target.is_gpu:
         return TuningTask(kernel, dict(dims), target, "cpu")
     from ..schedule_templates.auto import choose

@@ -148,7 +148,7 @@ def test_two_jobs_on_one_database_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: tune(K.softmax, "llvm", trials=4, M=64), "needs every size fixed: size N not given"),
+    (lambda: tune(K.softmax, "llvm", trials=4, M=64), "tuning softmax: size N not given"),
     (lambda: tune(K.softmax, "llvm", trials=4, M=64, N=8, Q=3), "no size named Q"),
     (lambda: tune(K.softmax, "llvm", trials=0, **SIZES), "positive integer"),
     (lambda: tune(K.softmax, "rocm:gfx942", trials=4, **SIZES), "cannot run here"),
