@@ -8,7 +8,9 @@ A :class:`Scheme` says, for a reduction ``R = ⊕_j f(x_j, d)`` whose dependenci
 - ``correct``: each state's new value after the dependencies move from ``d.old`` to ``d.new``, as an
   expression over the symbols ``R#k`` (the states) and ``d.old`` / ``d.new``; it maps empty states
   (the identity) to empty states;
-- ``value``: ``R`` itself from its states and the dependencies' current values (``d.new``).
+- ``value``: ``R`` itself from its states and the dependencies' current values (``d.new``);
+- ``settle``: ``correct`` as applied once per row at the end (merging splits, and from the last
+  references to the true values), where an overflowing coefficient must not be hidden (below).
 
 Chunks fold with ``state_k ⊕ chunk_k`` after correcting; splits merge with ``⊕_s correct(state_s)``
 (corrected from each split's dependency values to the final ones). Which monoid admits which
@@ -54,6 +56,7 @@ class Scheme:
     states: list[State]
     correct: list[Expr] = field(default_factory=list)
     value: list[Expr] = field(default_factory=list)   # one per component of the reduction
+    settle: list[Expr] = field(default_factory=list)  # ``correct`` for the once-per-row steps
 
     def state_symbol(self, k: int) -> Symbol:
         return Symbol(f"{self.compute.name}#{k}", self.states[k].dtype)
@@ -62,13 +65,15 @@ class Scheme:
     def name(self) -> str:
         return self.compute.name
 
-    def true_value(self, k: int = 0) -> Expr:
+    def true_value(self, k: int = 0, settled: bool = False) -> Expr:
         """Component ``k`` of the value when the states are kept relative to references of the
         dependencies (``d.old``) that differ from their true values (``d.new``): the states are
-        corrected from the references to the true values, then combined by the value formula."""
+        corrected from the references to the true values, then combined by the value formula.
+        ``settled``: the final value (corrections as in ``settle``)."""
         if not self.deps:
             return self.value[k]
-        corrected = {f"{self.name}#{i}": c for i, c in enumerate(self.correct)}
+        corrected = {f"{self.name}#{i}": c
+                     for i, c in enumerate(self.settle if settled else self.correct)}
         return substitute(self.value[k], lambda n: corrected.get(n.name)
                           if isinstance(n, Symbol) else None)
 
@@ -85,14 +90,25 @@ class Scheme:
 
 
 def _guarded_scale(coef: Expr, state: Symbol) -> Expr:
-    """``coef · state``, with a coefficient that is not finite replaced by 0: an empty (zero) state
-    stays empty even when the correction overflows (e.g. exp(old − new) after a reference moved
-    off a masked-only prefix). The guard is on the coefficient, computed once per row, not on
-    every state element."""
+    """``coef · state`` per chunk, with a coefficient that is not finite replaced by 0: an empty
+    (zero) state stays empty even when the correction overflows (e.g. exp(old − new) after a
+    reference moved off a masked-only prefix). The guard is on the coefficient, computed once per
+    row, not on every state element of every chunk."""
     if is_const(coef, 1):
         return state
     finite = compare("lt", unary("abs", coef), math.inf)
     return mul(where(finite, coef, const(0.0)), state)
+
+
+def _settled_scale(coef: Expr, state: Symbol) -> Expr:
+    """``coef · state`` once per row at the end, guarded on the state instead: an empty state
+    stays empty, but a state that holds something keeps an overflowing correction. There the
+    true value of a dependency can still be its identity (a row whose masked max saw nothing:
+    −FLT_MAX), and Σ (x − v)² must come out infinite, as unfused, not as the Σ x² that zeroing
+    the coefficient (v − 0)² would leave."""
+    if is_const(coef, 1) or is_const(coef, 0):
+        return mul(coef, state)
+    return where(compare("eq", state, const(0.0)), const(0.0), mul(coef, state))
 
 
 def _state_dtype(compute) -> str:
@@ -106,6 +122,7 @@ def independent_scheme(compute, bodies) -> Scheme:
               for k, b in enumerate(bodies)]
     scheme = Scheme(compute, "independent", (), states)
     scheme.correct = [scheme.state_symbol(k) for k in range(len(states))]
+    scheme.settle = list(scheme.correct)
     scheme.value = [scheme.state_symbol(k) for k in range(len(states))]
     return scheme
 
@@ -132,6 +149,7 @@ def derive_scheme(compute, body: Expr, ctx: Context) -> Scheme:
                                  "declare its homomorphisms (Monoid(..., homomorphisms=...)) if "
                                  "some do")
     scheme.correct = [simplify(c) for c in scheme.correct]
+    scheme.settle = [simplify(c) for c in scheme.settle] or list(scheme.correct)
     scheme.value = [simplify(v) for v in scheme.value]
     return scheme
 
@@ -162,13 +180,14 @@ def _linear_scheme(compute, top: Terms, ctx: Context, deps) -> Scheme:
     index = {k: i for i, k in enumerate(order)}
     for key in order:
         _, t = transfers[key]
-        total: Expr = const(0.0)
-        for k2, (_, c) in t.items.items():
-            total = add(total, _guarded_scale(c, scheme.state_symbol(index[k2])))
-        scheme.correct.append(total)
+        for scale, into in ((_guarded_scale, scheme.correct), (_settled_scale, scheme.settle)):
+            total: Expr = const(0.0)
+            for k2, (_, c) in t.items.items():
+                total = add(total, scale(c, scheme.state_symbol(index[k2])))
+            into.append(total)
     value: Expr = const(0.0)
-    for k2, (_, c) in top.items.items():
-        value = add(value, mul(old_to_new(c), scheme.state_symbol(index[k2])))
+    for k2, (_, c) in top.items.items():  # Σ (x − c·v) = S_x − c·v·S_1 is 0 when all is masked
+        value = add(value, _settled_scale(simplify(old_to_new(c)), scheme.state_symbol(index[k2])))
     scheme.value = [value]
     return scheme
 
@@ -204,7 +223,10 @@ def _affine_scheme(compute, body, top: Terms, ctx, deps, homs) -> Scheme:
     identity = Const(monoid.identity_value(0, scheme.states[0].dtype), scheme.states[0].dtype)
     corrected = add(mul(k2, s), d2)
     scheme.correct = [where(compare("eq", s, identity), s, corrected)]
-    scheme.value = [add(mul(old_to_new(kappa), s), old_to_new(delta))]
+    # nothing seen stays the identity (as unfused, and so that later members know it is no
+    # reference): κ·(−FLT_MAX) + δ would be a huge number that is neither
+    scheme.value = [where(compare("eq", s, identity), identity,
+                          add(mul(old_to_new(kappa), s), old_to_new(delta)))]
     return scheme
 
 

@@ -293,7 +293,9 @@ class _ChainEmitter:
                     self._emit_commit(name)
             if self.splits == 1:
                 for m in self.chain.members:
-                    self._emit_final(m, self.run[m.name], with_split=False)
+                    # the running states are relative to the last committed references
+                    self._emit_final(m, self.run[m.name], with_split=False,
+                                     references=self._part_reference)
         if self.splits > 1:
             for m in self.chain.members:
                 self._emit_merge(m)
@@ -527,25 +529,33 @@ class _ChainEmitter:
                 self.fb.store(self.prev[name], self._load(self.new[name], name, sc),
                               self._index(self.state_axes(m), sc))
 
-    def _emit_final(self, m: Compute, states, with_split: bool, own_loops: bool = False) -> None:
+    def _emit_final(self, m: Compute, states, with_split: bool, own_loops: bool = False,
+                    references=None) -> None:
+        """The member's output from ``states``, corrected from the references they are kept
+        relative to (``references``: the last committed ones after a rolling sweep; by default
+        the final values' own, as the split merge uses) to the dependencies' true values. The two
+        differ when a dependency's true value is an identity its reference replaced (a row whose
+        masked max saw nothing): a dependent sum's true value is then computed from −FLT_MAX,
+        its reference from 0."""
         scheme = self.chain.schemes[m.name]
+        references = references or self._final_reference
         if own_loops:
             with self.fb.spatial_loops(self._loops(self.state_axes(m))) as (outer, pred):
                 saved = self.outer, self.outer_pred
                 self.outer, self.outer_pred = outer, pred
-                self._emit_final(m, states, with_split)
+                self._emit_final(m, states, with_split, references=references)
                 self.outer, self.outer_pred = saved
             return
         loops = self._loops(self._extra_axes(m))
         with self.fb.loops(loops) as lv:
             with self._block(m.name, loops, lv) as sc:
-                symbols = self._symbols(m, sc, states, with_split, self._final_reference,
-                                        self._final)
+                symbols = self._symbols(m, sc, states, with_split, references, self._final)
                 inner = sc.child(symbols=symbols)
                 out = self.fb.scope.computes[m.name]
                 idx = [sc.axes[a.uid] for a in m.axes]
                 for k, (buf, d) in enumerate(zip(out, m.dtypes)):
-                    self.fb.store(buf, lower_expr(scheme.true_value(k), inner, d), idx)
+                    self.fb.store(buf, lower_expr(scheme.true_value(k, settled=True), inner, d),
+                                  idx)
 
     def _emit_merge(self, m: Compute) -> None:
         scheme = self.chain.schemes[m.name]
@@ -580,7 +590,7 @@ class _ChainEmitter:
                         combined = st.monoid.combine_exprs([acc], [item])[0]
                         scope2 = inner.child(symbols={
                             "__acc": tirx.BufferLoad(self.merged[m.name][k], idx),
-                            "__item": lower_expr(scheme.correct[k], inner, st.dtype)})
+                            "__item": lower_expr(scheme.settle[k], inner, st.dtype)})
                         results.append(lower_expr(combined, scope2, st.dtype))
                     if len(results) > 1:
                         results = [T.Bind(r) for r in results]

@@ -187,6 +187,62 @@ def test_a_dependency_that_has_seen_only_masked_elements_is_no_reference(dep, rn
         np.testing.assert_allclose(sch.compile()(x), want, rtol=1e-12)
 
 
+def test_a_rescaled_max_that_has_seen_nothing_is_still_no_reference(rng):
+    """A max of x / S (S a positive sum) is kept as max(x) and rescaled when read: in a split of
+    masked columns its value was (1/S)·(−FLT_MAX) — huge, yet not the identity, so it served as a
+    reference and Σ exp(x − v)·x came out NaN. Nothing seen now reads as the identity."""
+    @tf.kernel
+    def rescaled(x: T.Tensor["M", "N", "f64"]):
+        i, j = T.axes("i j")
+        total = T.sum(T.abs(x[i, j]) + 0.25, over=j)
+        v = T.max(T.where((j % 2 == 0) | (i == 0), x[i, j] / total, -T.inf), over=j)
+        return T.sum(T.exp(x[i, j] - v) * x[i, j], over=j)
+
+    x = rng.standard_normal((3, 7))
+    names = [c.name for c in rescaled.program.computes if c.is_reduction]
+    want = tf.compile(rescaled, "llvm")(x)
+    for splits in (2, 7):
+        sch = tf.schedule(rescaled, "llvm")
+        sch.split_update(*names, axis="j", splits=splits, chunk=1)
+        np.testing.assert_allclose(sch.compile()(x), want, rtol=1e-12)
+
+
+def test_rows_whose_masked_max_saw_nothing_match_the_unfused_program(rng):
+    """A row whose masked max sees nothing holds −FLT_MAX; what depends on it is degenerate in the
+    unfused program too — but it must stay degenerate (or exactly 0 where a mask discards it),
+    never become a plausible finite number. Three ways the fused program went wrong, found by the
+    property test with masked prefixes: the final correction zeroed an overflowing coefficient of
+    a non-empty state (Σ (x − v)² came out as Σ x²); the value formula multiplied an empty state
+    by an overflowing coefficient (Σ where(m, x − 2v, 0) came out NaN, not 0); and after a rolling
+    sweep the final step assumed the states were kept relative to the true value of a dependent
+    sum, while they were kept relative to its running reference (a later max came out 0.13, not
+    −9e307)."""
+    @tf.kernel
+    def degenerate(x: T.Tensor["M", "N", "f64"]):
+        i, j = T.axes("i j")
+        keep = (j >= 5) & (i != 1)                        # row 1: nothing kept
+        v = T.max(T.where(keep, x[i, j], -T.inf), over=j)
+        square = T.sum((x[i, j] - v) ** 2, over=j)
+        kept = T.sum(T.where(keep, x[i, j] - 2.0 * v, 0.0), over=j)
+        weights = T.sum(T.exp(T.where(keep, x[i, j], -T.inf) - v), over=j)
+        v2 = T.sum(x[i, j] - 0.5 * v, over=j)
+        later = T.max(T.where(j % 2 == 0, x[i, j] - 0.5 * v2, -T.inf), over=j)
+        return square, kept, weights, later
+
+    x = rng.standard_normal((3, 13))
+    names = [c.name for c in degenerate.program.computes if c.is_reduction]
+    naive = tf.compile(degenerate, "llvm")(x)
+    assert np.isinf(naive[0][1]) and naive[1][1] == 0 and naive[2][1] == 0  # what row 1 gives
+    for fuse in (lambda s: s.rolling_update(*names, axis="j", chunk=2),
+                 lambda s: s.split_update(*names, axis="j", splits=3, chunk=2)):
+        sch = tf.schedule(degenerate, "llvm")
+        fuse(sch)
+        for got, want in zip(sch.compile()(x), naive):
+            usable = np.isfinite(want) & (np.abs(want) < 1e300)
+            np.testing.assert_array_equal(np.isfinite(got) & (np.abs(got) < 1e300), usable)
+            np.testing.assert_allclose(got[usable], want[usable], rtol=1e-9, atol=1e-12)
+
+
 def test_corrections_are_shown_readably():
     sch = tf.schedule(K.attention, "llvm")
     sch.rolling_update("m", "l", "o", axis="j")

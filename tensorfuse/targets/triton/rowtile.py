@@ -556,7 +556,8 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
             else:
                 sym.update({f"{d}.old": refs[d] for d in scheme.deps})
                 sym.update({f"{d}.new": values.get(d, f"fin_{d}") for d in scheme.deps})
-                w(f"fin_{m.name} = {to_triton(scheme.true_value(0), ctx_r().child(symbols=sym))}")
+                value = to_triton(scheme.true_value(0, settled=True), ctx_r().child(symbols=sym))
+                w(f"fin_{m.name} = {value}")
             finals[m.name] = f"fin_{m.name}"
         return finals
 
@@ -602,7 +603,7 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
                     w(f"sref_{d} = tl.load({part_at(f'part_ref_{d}', 's')})")
                     sym[f"{d}.old"], sym[f"{d}.new"] = f"sref_{d}", f"finref_{d}"
                 for sp in mine:
-                    corrected = to_triton(scheme.correct[sp.k], ctx_r().child(symbols=sym))
+                    corrected = to_triton(scheme.settle[sp.k], ctx_r().child(symbols=sym))
                     combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
                                                        [Symbol("__b", sp.dtype)])[0]
                     w(f"acc_{m.name}_{sp.k} = " + to_triton(combined, TileContext(
@@ -611,7 +612,8 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
             acc = {f"{m.name}#{sp.k}": f"acc_{m.name}_{sp.k}" for sp in mine}
             acc.update({f"{d}.old": f"finref_{d}" for d in scheme.deps})
             acc.update({f"{d}.new": f"fin_{d}" for d in scheme.deps})
-            w(f"fin_{m.name} = {to_triton(scheme.true_value(0), ctx_r().child(symbols=acc))}")
+            value = to_triton(scheme.true_value(0, settled=True), ctx_r().child(symbols=acc))
+            w(f"fin_{m.name} = {value}")
             finals[m.name] = f"fin_{m.name}"
             if m.name in needed:
                 w(f"finref_{m.name} = {_reference(plan, m.name, f'fin_{m.name}', str(N))}")
