@@ -80,12 +80,9 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
         _check_tensor(p, info, dims, origin)
         arrays[p.name], infos[p.name] = value, info
 
-    for name, fixed, where_ in program.size_constraints:
-        if isinstance(name, int):
-            name, fixed = fixed, name
-        if name in dims and dims[name] != fixed:
-            raise CallError(f"size {name} is {dims[name]} here, but the kernel uses it as size "
-                            f"{fixed} (at {where_})", user_location())
+    conflicts = program.fixed_size_conflicts(dims)
+    if conflicts:
+        raise CallError(conflicts[0], user_location())
 
     frameworks = {i.framework for i in infos.values()}
     devices = {i.device for i in infos.values() if i.framework != "numpy"}

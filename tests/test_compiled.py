@@ -145,12 +145,9 @@ def test_sizes_given_by_name_are_checked(inspect, sizes, message):
         get = sch.cluster_distribute("n").compile().source
     else:
         get = tf.compile(softmax, "cuda:sm_90a").source
-    with pytest.raises(CallError, match=r"\(its sizes: "):
-        try:
-            get(**sizes)
-        except CallError as e:
-            assert message in str(e), str(e)
-            raise
+    with pytest.raises(CallError) as refused:
+        get(**sizes)
+    assert message in str(refused.value) and "(its sizes: " in str(refused.value), refused.value
 
 
 def test_torch_tensor_on_wrong_device_for_target(rowsum):
@@ -190,3 +187,18 @@ def test_benchmark_returns_milliseconds(rowsum, rng):
     x, w = rng.standard_normal((64, 64)).astype("f4"), rng.standard_normal(64).astype("f4")
     ms = rowsum.benchmark(x, w, 1.0, repeat=3, min_repeat_ms=1)
     assert 0 < ms < 1000
+
+
+def test_a_size_the_kernel_fixes_is_checked_by_name_and_by_call():
+    """One check (Program.fixed_size_conflicts) for sizes given by name and sizes from arrays."""
+    @tf.kernel
+    def window(x: T.Tensor["N", "f32"]):
+        i = T.axis("i", 4)
+        return x[i] * 2.0
+
+    f = tf.compile(window, "llvm")
+    with pytest.raises(CallError, match="size N is 5 here, but the kernel uses it as size 4"):
+        f.tvm_script(N=5)
+    with pytest.raises(CallError, match="size N is 5 here, but the kernel uses it as size 4"):
+        f(np.ones(5, "f4"))
+    np.testing.assert_array_equal(f(np.ones(4, "f4")), np.full(4, 2.0, "f4"))

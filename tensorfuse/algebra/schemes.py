@@ -56,10 +56,15 @@ class Scheme:
     states: list[State]
     correct: list[Expr] = field(default_factory=list)
     value: list[Expr] = field(default_factory=list)   # one per component of the reduction
-    settle: list[Expr] = field(default_factory=list)  # ``correct`` for the once-per-row steps
+    settle: list[Expr] = field(default_factory=list)  # empty: the same as ``correct``
 
     def state_symbol(self, k: int) -> Symbol:
         return Symbol(f"{self.compute.name}#{k}", self.states[k].dtype)
+
+    def corrections(self, settled: bool = False) -> list[Expr]:
+        """``correct``, or with ``settled`` the once-per-row form (``settle``, where a scheme
+        has one)."""
+        return (self.settle or self.correct) if settled else self.correct
 
     @property
     def name(self) -> str:
@@ -72,8 +77,7 @@ class Scheme:
         ``settled``: the final value (corrections as in ``settle``)."""
         if not self.deps:
             return self.value[k]
-        corrected = {f"{self.name}#{i}": c
-                     for i, c in enumerate(self.settle if settled else self.correct)}
+        corrected = {f"{self.name}#{i}": c for i, c in enumerate(self.corrections(settled))}
         return substitute(self.value[k], lambda n: corrected.get(n.name)
                           if isinstance(n, Symbol) else None)
 
@@ -101,11 +105,12 @@ def _guarded_scale(coef: Expr, state: Symbol) -> Expr:
 
 
 def _settled_scale(coef: Expr, state: Symbol) -> Expr:
-    """``coef · state`` once per row at the end, guarded on the state instead: an empty state
-    stays empty, but a state that holds something keeps an overflowing correction. There the
-    true value of a dependency can still be its identity (a row whose masked max saw nothing:
-    −FLT_MAX), and Σ (x − v)² must come out infinite, as unfused, not as the Σ x² that zeroing
-    the coefficient (v − 0)² would leave."""
+    """``coef · state`` guarded on the state instead: an empty state stays empty, but a state that
+    holds something keeps an overflowing coefficient. For the once-per-row corrections (where
+    the true value of a dependency can still be its identity — a row whose masked max saw
+    nothing: −FLT_MAX — and Σ (x − v)² must come out infinite, as unfused, not as the Σ x² that
+    zeroing the coefficient (v − 0)² would leave) and for the value formula's coefficients that
+    are not constants (Σ where(m, x − 2v, 0) = S_x − 2v·S_1 must stay 0 when all is masked)."""
     if is_const(coef, 1) or is_const(coef, 0):
         return mul(coef, state)
     return where(compare("eq", state, const(0.0)), const(0.0), mul(coef, state))
@@ -122,7 +127,6 @@ def independent_scheme(compute, bodies) -> Scheme:
               for k, b in enumerate(bodies)]
     scheme = Scheme(compute, "independent", (), states)
     scheme.correct = [scheme.state_symbol(k) for k in range(len(states))]
-    scheme.settle = list(scheme.correct)
     scheme.value = [scheme.state_symbol(k) for k in range(len(states))]
     return scheme
 
@@ -149,7 +153,7 @@ def derive_scheme(compute, body: Expr, ctx: Context) -> Scheme:
                                  "declare its homomorphisms (Monoid(..., homomorphisms=...)) if "
                                  "some do")
     scheme.correct = [simplify(c) for c in scheme.correct]
-    scheme.settle = [simplify(c) for c in scheme.settle] or list(scheme.correct)
+    scheme.settle = [simplify(c) for c in scheme.settle]
     scheme.value = [simplify(v) for v in scheme.value]
     return scheme
 
@@ -186,7 +190,7 @@ def _linear_scheme(compute, top: Terms, ctx: Context, deps) -> Scheme:
                 total = add(total, scale(c, scheme.state_symbol(index[k2])))
             into.append(total)
     value: Expr = const(0.0)
-    for k2, (_, c) in top.items.items():  # Σ (x − c·v) = S_x − c·v·S_1 is 0 when all is masked
+    for k2, (_, c) in top.items.items():
         value = add(value, _settled_scale(simplify(old_to_new(c)), scheme.state_symbol(index[k2])))
     scheme.value = [value]
     return scheme

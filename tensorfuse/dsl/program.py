@@ -162,6 +162,17 @@ class Program:
                 walk(b, lambda n: names.setdefault(n.name) if isinstance(n, DimSize) else None)
         return list(names)
 
+    def fixed_size_conflicts(self, dims: dict) -> list[str]:
+        """Sizes in ``dims`` that differ from a size the kernel fixes by how it uses them."""
+        conflicts = []
+        for name, fixed, where_ in self.size_constraints:
+            if isinstance(name, int):
+                name, fixed = fixed, name
+            if name in dims and dims[name] != fixed:
+                conflicts.append(f"size {name} is {dims[name]} here, but the kernel uses it as "
+                                 f"size {fixed} (at {where_})")
+        return conflicts
+
     def size_problems(self, dims: dict, complete: bool) -> str | None:
         """What is wrong with sizes given by name, where no arrays give them (schedules, tuning
         jobs, generated code for inspection), or ``None``: names this kernel does not have (a
@@ -180,12 +191,7 @@ class Program:
                if isinstance(v, bool) or not isinstance(v, int) or v < 1]
         if bad:
             problems.append(f"sizes must be positive integers, got {', '.join(bad)}")
-        for name, fixed, where_ in self.size_constraints:
-            if isinstance(name, int):
-                name, fixed = fixed, name
-            if name in dims and dims[name] != fixed:
-                problems.append(f"{name}={dims[name]}, but the kernel uses it as size {fixed} "
-                                f"(at {where_})")
+        problems += self.fixed_size_conflicts(dims)
         if not problems:
             return None
         return "; ".join(problems) + f" (its sizes: {', '.join(names)})"

@@ -299,7 +299,8 @@ class _ChainEmitter:
         if self.splits > 1:
             for m in self.chain.members:
                 self._emit_merge(m)
-                self._emit_final(m, self.merged[m.name], with_split=False, own_loops=True)
+                self._emit_final(m, self.merged[m.name], with_split=False,
+                                 references=self._final_reference, own_loops=True)
 
     def _block(self, name, extra_loops, extra_vars, more_iters=(), derive=None, predicate=None,
                scope=None):
@@ -529,21 +530,21 @@ class _ChainEmitter:
                 self.fb.store(self.prev[name], self._load(self.new[name], name, sc),
                               self._index(self.state_axes(m), sc))
 
-    def _emit_final(self, m: Compute, states, with_split: bool, own_loops: bool = False,
-                    references=None) -> None:
+    def _emit_final(self, m: Compute, states, with_split: bool, references,
+                    own_loops: bool = False) -> None:
         """The member's output from ``states``, corrected from the references they are kept
-        relative to (``references``: the last committed ones after a rolling sweep; by default
-        the final values' own, as the split merge uses) to the dependencies' true values. The two
+        relative to (``references``: the last committed ones after a rolling sweep, the final
+        values' own after the split merge, which corrects to those) to the dependencies' true
+        values. The two
         differ when a dependency's true value is an identity its reference replaced (a row whose
         masked max saw nothing): a dependent sum's true value is then computed from −FLT_MAX,
         its reference from 0."""
         scheme = self.chain.schemes[m.name]
-        references = references or self._final_reference
         if own_loops:
             with self.fb.spatial_loops(self._loops(self.state_axes(m))) as (outer, pred):
                 saved = self.outer, self.outer_pred
                 self.outer, self.outer_pred = outer, pred
-                self._emit_final(m, states, with_split, references=references)
+                self._emit_final(m, states, with_split, references)
                 self.outer, self.outer_pred = saved
             return
         loops = self._loops(self._extra_axes(m))
@@ -590,7 +591,8 @@ class _ChainEmitter:
                         combined = st.monoid.combine_exprs([acc], [item])[0]
                         scope2 = inner.child(symbols={
                             "__acc": tirx.BufferLoad(self.merged[m.name][k], idx),
-                            "__item": lower_expr(scheme.settle[k], inner, st.dtype)})
+                            "__item": lower_expr(scheme.corrections(settled=True)[k], inner,
+                                                 st.dtype)})
                         results.append(lower_expr(combined, scope2, st.dtype))
                     if len(results) > 1:
                         results = [T.Bind(r) for r in results]

@@ -603,7 +603,8 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
                     w(f"sref_{d} = tl.load({part_at(f'part_ref_{d}', 's')})")
                     sym[f"{d}.old"], sym[f"{d}.new"] = f"sref_{d}", f"finref_{d}"
                 for sp in mine:
-                    corrected = to_triton(scheme.settle[sp.k], ctx_r().child(symbols=sym))
+                    corrected = to_triton(scheme.corrections(settled=True)[sp.k],
+                                          ctx_r().child(symbols=sym))
                     combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
                                                        [Symbol("__b", sp.dtype)])[0]
                     w(f"acc_{m.name}_{sp.k} = " + to_triton(combined, TileContext(
