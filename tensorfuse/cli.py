@@ -1,6 +1,6 @@
 """The ``tensorfuse`` command.
 
-    tensorfuse demo [--target T] [--out DIR]      compile attention, check it, time it
+    tensorfuse demo [--target T] [--save DIR]     compile attention, check it, time it
     tensorfuse show FILE.py:KERNEL [--target T] [--cuda] [--size M=128 ...]
     tensorfuse tune FILE.py:KERNEL [...] [--target T] [--trials N] [--size M=128 ...]
                                                   tune kernels into this device's database
@@ -13,6 +13,7 @@ import argparse
 import importlib.util
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -113,14 +114,17 @@ def cmd_demo(args) -> int:
     ms = compiled.benchmark(**tensors, **scalars, repeat=args.repeat)
     b, h, m, n, d = (sizes[k] for k in "BHMND")
     flops = 4 * b * h * m * n * d * 0.5  # causal: half the score matrix
-    print(f"  time per call: {ms:.3f} ms ({flops / ms / 1e9:.2f} TFLOP/s counting the unmasked half)")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"{kernel.name}.{target.kind}.tvmscript.py")
+    rate = flops / ms / 1e9
+    rate_text = f"{rate:.2f} TFLOP/s" if rate >= 1 else f"{rate * 1e3:.1f} GFLOP/s"
+    print(f"  time per call: {ms:.3f} ms ({rate_text} counting the unmasked half)")
+    folder = args.save or tempfile.mkdtemp(prefix="tensorfuse-demo-")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{kernel.name}.{target.kind}.tvmscript.py")
     with open(path, "w") as f:
         f.write(_tensorir(kernel, compiled, sizes))
     print(f"  TensorIR (TVMScript) written to {path}")
     if hasattr(compiled, "source"):
-        generated = os.path.join(args.out, f"{kernel.name}.{target.kind}.triton.py")
+        generated = os.path.join(folder, f"{kernel.name}.{target.kind}.triton.py")
         with open(generated, "w") as f:
             f.write(compiled.source(**sizes))
         print(f"  generated Triton kernel written to {generated}")
@@ -143,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="compile, check and time attention on the local GPU or CPU")
     demo.add_argument("--target", default="auto", help="auto (default), llvm, cuda, cuda:sm_90a")
-    demo.add_argument("--out", default="tensorfuse-demo", help="folder for the TVMScript")
+    demo.add_argument("--save", "--out", metavar="DIR", default=None,
+                      help="folder for the TVMScript and generated code (default: a new "
+                           "temporary folder, printed)")
     demo.add_argument("--repeat", type=int, default=10)
     demo.set_defaults(run=cmd_demo)
     show = sub.add_parser("show", help="print a kernel's TensorIR or generated CUDA")

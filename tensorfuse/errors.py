@@ -76,3 +76,9 @@ class TuningError(TensorfuseError):
 class RollingUpdateWarning(UserWarning):
     """A fusion is exact but may lose precision (a correction can grow values that were rounded
     away earlier, e.g. exp(old − new) > 1 when a dependency decreases)."""
+
+
+class FusedPrecisionWarning(RollingUpdateWarning):
+    """A fused chain loses much more precision than the unfused program (measured in float32 on
+    data far from zero and around it when the fusion is planned:
+    ``tensorfuse.algebra.conditioning``)."""

@@ -14,11 +14,21 @@ def run(*args, cwd=None):
 
 @pytest.mark.slow
 def test_demo_checks_and_times(tmp_path):
-    proc = run("demo", "--out", str(tmp_path / "demo"), "--repeat", "3")
+    proc = run("demo", "--save", str(tmp_path / "demo"), "--repeat", "3")
     assert proc.returncode == 0, proc.stderr
     assert "OK" in proc.stdout and "time per call" in proc.stdout
+    assert "0.00 TFLOP/s" not in proc.stdout  # a rate that says something on the CPU too
     written = list((tmp_path / "demo").iterdir())
     assert written and "T.sblock" in written[0].read_text()
+
+
+@pytest.mark.slow
+def test_demo_writes_nothing_into_the_current_folder_unless_asked(tmp_path):
+    proc = run("demo", "--repeat", "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    written = proc.stdout.split("TensorIR (TVMScript) written to ")[1].split()[0]
+    assert "T.sblock" in open(written).read()
 
 
 def test_show_prints_tensorir_and_cuda(tmp_path):

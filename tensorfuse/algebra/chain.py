@@ -7,6 +7,7 @@ exist. Pure Python: no TVM here.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -15,8 +16,9 @@ from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from ..errors import RollingUpdateError
 from .exprs import nodes, refs_to, substitute
+from .conditioning import Conditioning, check_conditioning, measure
 from .schemes import Scheme, derive_scheme, independent_scheme
-from .transfer import Context, NoCorrection, is_nonnegative, is_positive
+from .transfer import USER_RULES, Context, NoCorrection, is_nonnegative, is_positive
 from .verify import verify_scheme
 
 
@@ -30,6 +32,7 @@ class Chain:
     schemes: dict[str, Scheme]
     common_axes: tuple[Axis, ...]
     local_reductions: list[Compute] = field(default_factory=list)
+    conditioning: list[Conditioning] | None = None   # float32 errors on offset data (measure)
 
     def member_names(self) -> list[str]:
         return [m.name for m in self.members]
@@ -63,7 +66,33 @@ def _find_axis(program: Program, members: Sequence[Compute], axis: "str | Axis")
                              f"named {axis!r} (they reduce over {', '.join(names) or 'nothing'})")
 
 
-def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis") -> Chain:
+_PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
+
+
+def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis",
+               strict: bool = False) -> Chain:
+    """The plan of fusing the reductions ``names`` of ``program`` into one pass over ``axis``.
+
+    Planned once per program, names and axis (every build and call of a fused kernel asks again),
+    so its warnings — a correction that can exceed 1, a member that loses precision on data far
+    from zero (:mod:`.conditioning`) — are given once. ``strict`` refuses the second kind instead
+    of warning. Raises :class:`~tensorfuse.errors.RollingUpdateError` when the fusion does not
+    hold, naming the expression and the user's line."""
+    key = (tuple(names), axis.uid if isinstance(axis, Axis) else axis, len(USER_RULES),
+           sum(len(v) for v in USER_RULES.values()))
+    plans = _PLANS.setdefault(program, {})
+    if key not in plans:
+        chain = _plan(program, names, axis)
+        chain.conditioning = measure(chain)
+        check_conditioning(chain)
+        plans[key] = chain
+    chain = plans[key]
+    if strict:
+        check_conditioning(chain, strict=True)
+    return chain
+
+
+def _plan(program: Program, names: Sequence[str], axis: "str | Axis") -> Chain:
     if not names:
         raise RollingUpdateError("name the reductions to fuse, e.g. rolling_update('m', 'l', 'o', "
                                  "axis='j')")
@@ -98,7 +127,8 @@ def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis") -> Ch
     for k, m in enumerate(members):
         earlier = {p.name: p for p in members[:k]}
         body = bodies[m.name][0]
-        ctx = Context(ax, earlier, positive=set(positive), rules={})
+        ctx = Context(ax, earlier, positive=set(positive), rules={},
+                      independent={n for n, sc in schemes.items() if not sc.deps})
         if not refs_to(body, earlier) or m.arity > 1:
             if m.arity > 1 and refs_to(body, earlier):
                 raise RollingUpdateError(f"{m.name} reduces several values at once and depends "

@@ -38,6 +38,9 @@ from .transfer import (Context, NoCorrection, Reset, Terms, is_positive, linear,
                        old_symbol, old_to_new, rebased, transfer)
 
 
+EXTRAPOLATION = Symbol("__extrapolation", "f32")  # N / seen, in Scheme.reference
+
+
 @dataclass
 class State:
     """One running value: ``⊕_j body`` with ``monoid``."""
@@ -80,6 +83,25 @@ class Scheme:
         corrected = {f"{self.name}#{i}": c for i, c in enumerate(self.corrections(settled))}
         return substitute(self.value[k], lambda n: corrected.get(n.name)
                           if isinstance(n, Symbol) else None)
+
+    def reference(self) -> Expr:
+        """The value later members are kept relative to while the axis is being swept: the value
+        formula with every running sum extrapolated to the whole axis (multiplied by the symbol
+        ``EXTRAPOLATION``, which a lowering binds to ``N / seen``; a running logsumexp gets
+        ``+ log(N / seen)``) and the dependencies at their
+        own references (``d.new``). Any reference gives an exact result (the final value corrects
+        from it); one close to the final value keeps the corrections from cancelling. A mean
+        written ``Σ y / N`` comes out as the running mean, and one written ``Σ y / l`` with
+        ``l = Σ 1`` as the running mean too (the extrapolations cancel), where extrapolating the
+        value itself would put it ``N / seen`` times too far from the data."""
+        scaled = {}
+        for k, st in enumerate(self.states):
+            if st.monoid.name == "sum" and dt.is_float(st.dtype):
+                scaled[f"{self.name}#{k}"] = mul(self.state_symbol(k), EXTRAPOLATION)
+            elif st.monoid.name == "logsumexp":  # log Σ exp, its sum extrapolated
+                scaled[f"{self.name}#{k}"] = add(self.state_symbol(k), unary("log", EXTRAPOLATION))
+        return simplify(substitute(self.value[0], lambda n: scaled.get(n.name)
+                                   if isinstance(n, Symbol) else None))
 
     def describe(self) -> str:
         """The corrections in readable form (for show() and tutorials)."""
@@ -143,7 +165,7 @@ def derive_scheme(compute, body: Expr, ctx: Context) -> Scheme:
             raise NoCorrection(body, f"{monoid.name} does not allow resetting when a maximum moves")
         scheme = _reset_scheme(compute, body, top, monoid, ctx)
     elif "linear" in homs:
-        scheme = _linear_scheme(compute, top, ctx, deps)
+        scheme = _linear_scheme(compute, body, top, ctx, deps)
     elif homs & {"positive_scale", "shift"}:
         scheme = _affine_scheme(compute, body, top, ctx, deps, homs)
     elif "power" in homs:
@@ -162,7 +184,8 @@ def _dep_names(body: Expr, ctx: Context) -> set[str]:
     return refs_to(body, ctx.deps)
 
 
-def _linear_scheme(compute, top: Terms, ctx: Context, deps) -> Scheme:
+def _linear_scheme(compute, body: Expr, top: Terms, ctx: Context, deps) -> Scheme:
+    top = rebased(body, top)  # a shifted body is summed centred on its references
     order: list = []
     transfers: dict = {}
     pending = list(top.items.items())
@@ -216,8 +239,10 @@ def _positive_affine(terms: Terms, ctx: Context, allow_scale: bool, what: Expr):
 
 def _affine_scheme(compute, body, top: Terms, ctx, deps, homs) -> Scheme:
     allow_scale = "positive_scale" in homs
-    basis, kappa, delta = _positive_affine(top, ctx, allow_scale, body)
-    own = linear(basis, ctx)
+    # a shifted body is kept centred on its references: max(x − v_ref), not max(x) − v, whose
+    # running value holds the data's offset at float32's resolution there
+    basis, kappa, delta = _positive_affine(rebased(body, top), ctx, allow_scale, body)
+    own = rebased(basis, linear(basis, ctx))
     b2, k2, d2 = _positive_affine(own, ctx, allow_scale, basis)
     if b2.key() != basis.key():
         raise NoCorrection(basis, "its running value does not correct into itself")

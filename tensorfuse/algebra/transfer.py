@@ -107,6 +107,7 @@ class Context:
     axis: Axis
     deps: dict                       # name -> Compute of each changing earlier reduction
     positive: set = field(default_factory=set)   # deps whose values are provably positive
+    independent: set = field(default_factory=set)  # deps that depend on no other member
     rules: dict = field(default_factory=dict)     # user rules: op -> [fn]
     memo: dict = field(default_factory=dict)
 
@@ -142,12 +143,28 @@ def shift_delta(terms: Terms) -> Expr | None:
     return sub(c1, new_to_old(c1))
 
 
+def mentions_old(e: Expr) -> bool:
+    return any(isinstance(n, Symbol) and n.name.endswith(".old") for n in nodes(e))
+
+
 def rebased(e: Expr, terms: Terms) -> Terms:
-    """Write a shifted value as ``e_old + δ`` (centred at the old values: the stable form)."""
-    delta = shift_delta(terms)
-    if delta is None or is_const(delta, 0) or len(terms.items) < 2:
+    """Write a shifted value as ``e_old + Σ Δ_k·b_k`` (centred at the old values: the stable
+    form). Applies when the terms whose coefficient changes are shifts — coefficients of the new
+    values alone, like ``−v.new`` in ``x − v`` or ``where(m, x − v, 0)`` — while the others keep
+    theirs: then ``e(new) = e(old) + Σ (c_k(new) − c_k(old))·b_k``, and a running sum of ``e_old``
+    stays as small as the data's spread about the reference, where ``Σ x − v·Σ 1`` cancels.
+    Rescaled terms (``exp(m.old − m.new)·b``) are left as they are: written as shifts they would
+    need ``κ − 1``, which cancels instead."""
+    changing = [(b, c) for b, c in terms.items.values() if mentions_new(c)]
+    if not changing or len(changing) == len(terms.items) or any(mentions_old(c)
+                                                                  for _, c in changing):
         return terms
-    return Terms.single(e, const(1.0)).plus(Terms.single(const(1.0), delta))
+    out = Terms.single(e, const(1.0))
+    for b, c in changing:
+        delta = sub(c, new_to_old(c))
+        if not is_const(delta, 0):
+            out = out.plus(Terms.single(b, delta))
+    return out
 
 
 # -- positivity ----------------------------------------------------------------------------------

@@ -21,16 +21,19 @@ SAMPLES = 96
 
 
 def _growth_checks(scheme: Scheme, corrections) -> list:
-    """For linear schemes, the states whose basis holds an exponential: correcting a unit state
-    (that state 1, the others 0) gives its own factor, which should not exceed 1."""
-    if scheme.kind != "linear":
+    """For linear and affine (max/min) schemes, the states whose basis holds an exponential:
+    correcting a unit state (that state 1, the others 0) gives its own factor, which should not
+    exceed 1 (earlier elements rounded to zero, or a running maximum of exponentials that
+    overflowed, cannot be recovered)."""
+    if scheme.kind not in ("linear", "affine"):
         return []
     checks = []
     for k, st in enumerate(scheme.states):
         if any(getattr(n, "op", None) in ("exp", "exp2") for n in nodes(st.body)):
             unit = {f"{scheme.name}#{i}": np.asarray(1.0 if i == k else 0.0)
                     for i in range(len(scheme.states))}
-            checks.append((k, unit))
+            zero = {f"{scheme.name}#{i}": np.asarray(0.0) for i in range(len(scheme.states))}
+            checks.append((k, unit, zero))
     return checks
 
 
@@ -69,9 +72,12 @@ class _Leaves:
             old = rng.uniform(0.3, 4.0) if positive else rng.normal() * 2.0
             step = 0.0 if rng.random() < 0.2 else abs(rng.normal())
             kind = dep.monoid.name if dep.monoid is not None else ""
-            grows = kind == "max" or (kind == "sum" and positive)  # running values only rise
+            # running values of a max, or of a sum of non-negative terms, only rise (a min only
+            # falls) — unless they depend on other members, which can move them either way
+            monotone = name in self.ctx.independent
+            grows = monotone and (kind == "max" or (kind == "sum" and positive))
             new = old + step if grows else old + rng.normal() * 2.0
-            if dep.monoid is not None and dep.monoid.name == "min":
+            if monotone and kind == "min":
                 new = old - step
             env[f"{name}.old"], env[f"{name}.new"] = np.asarray(old), np.asarray(new)
         return env
@@ -118,8 +124,10 @@ def verify_scheme(scheme: Scheme, body: Expr, ctx: Context, seed: int = 0) -> No
                 raise NoCorrection(body, f"the derived correction for {what} of {scheme.name} "
                                          f"fails a numerical check (a rule is wrong): {expr!r}")
         checked += 1
-        for k, unit in growth:
-            if float(evaluate_plain(corrections[k], {**env, **unit})) > 1.0 + 1e-9:
+        for k, unit, zero in growth:  # the factor on the state (a shift δ is no growth)
+            factor = float(evaluate_plain(corrections[k], {**env, **unit})) - \
+                float(evaluate_plain(corrections[k], {**env, **zero}))
+            if factor > 1.0 + 1e-9:
                 grows.add(k)
     if grows:
         import warnings

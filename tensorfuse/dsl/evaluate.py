@@ -55,7 +55,8 @@ def _apply(e: Expr, args: list, precise: bool):
             return _UNARY[e.op](args[0])
         if isinstance(e, Binary):
             a, b = args
-            if e.op == "div" and dt.is_float(e.dtype):
+            if e.op == "div" and dt.is_float(e.dtype) and (
+                    precise or not (np.asarray(a).dtype.kind == np.asarray(b).dtype.kind == "f")):
                 a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
             out = _BINARY[e.op](a, b)
             return out if e.op not in ("pow",) or dt.is_float(e.dtype) else out.astype(np.float64)

@@ -25,6 +25,7 @@ from tvm import tirx
 from tvm.sym import Analyzer
 
 from ..algebra import Chain, inline_elementwise, plan_chain
+from ..algebra.schemes import EXTRAPOLATION
 from ..algebra.exprs import substitute
 from ..dsl.expr import Axis, Expr, Ref, Symbol, walk
 from ..dsl.program import Compute, Program
@@ -331,11 +332,14 @@ class _ChainEmitter:
                         self.fb.store(buf, value, idx)
                         identities[f"{m.name}#{k}"] = value
                     if m.name in self.prev:
-                        symbols = dict(identities)
-                        symbols.update({f"{d}.new": self._load(self.prev[d], d, sc)
-                                        for d in scheme.deps})
-                        symbols.update({f"{d}.old": symbols[f"{d}.new"] for d in scheme.deps})
-                        init = lower_expr(scheme.value[0], sc.child(symbols=symbols), m.dtypes[0])
+                        if self._trivial(m.name):
+                            init = identities[f"{m.name}#0"]
+                        else:
+                            seen = self._seen(sc, 0)
+                            deps = {f"{d}.new": self._stored_reference(
+                                d, self._load(self.prev[d], d, sc), seen, sc)
+                                for d in scheme.deps}
+                            init = self._reference(m.name, identities, deps, seen, sc)
                         self.fb.store(self.prev[m.name], init, idx)
 
     def _load(self, buf, member_name: str, scope: Scope, with_split: bool = True):
@@ -418,14 +422,15 @@ class _ChainEmitter:
         """Loader of a dependency's reference value from ``bufs``, valid after the current chunk
         (``done=1``) or the previous one (``done=0``)."""
         def load(d, sc):
-            seen = self._seen(sc, sc.axes[self.chunk_axis.uid] + done)
-            return self._reference(d, self._load(bufs[d], d, sc), seen)
+            return self._stored_reference(d, self._load(bufs[d], d, sc),
+                                          self._seen(sc, sc.axes[self.chunk_axis.uid] + done), sc)
 
         return load
 
     def _part_reference(self, d: str, sc: Scope):
         """A split's final reference value of ``d`` (from its committed value)."""
-        return self._reference(d, self._load(self.prev[d], d, sc), self._seen(sc, None))
+        return self._stored_reference(d, self._load(self.prev[d], d, sc), self._seen(sc, None),
+                                      sc)
 
     def _final(self, d: str, sc: Scope):
         """Loader of a dependency's final value (its ordinary buffer)."""
@@ -433,28 +438,33 @@ class _ChainEmitter:
         return tirx.BufferLoad(self.fb.scope.computes[d][0], [sc.axes[a.uid] for a in member.axes])
 
     def _final_reference(self, d: str, sc: Scope):
-        return self._reference(d, self._final(d, sc), None)
+        return self._without_sentinel(d, self._final(d, sc))
 
     def _member(self, name: str) -> Compute:
         return next(m for m in self.chain.members if m.name == name)
 
-    def _reference(self, d: str, value, seen):
-        """The value states are kept relative to. Any reference is exact if used consistently (the
-        final value is corrected to the true one at the end); a good one keeps the corrections
-        small. For a running maximum, minimum or logsumexp: the value itself, or 0 while it is
-        still the identity (nothing real seen yet, e.g. only masked elements — (x − max)² would
-        overflow at max = −FLT_MAX, (x − lse)² is inf at lse = −inf). For a running sum: the sum
-        extrapolated to the whole axis (sum · N / seen), so a mean written as sum / N is estimated
-        as the running mean (Welford's centring) instead of drifting from 0. ``seen=None``: the
-        whole axis has been seen."""
+    def _trivial(self, d: str) -> bool:
+        """Whether ``d``'s value is its single running state (no buffer of its own)."""
+        return self.new[d] is self.run[d][0]
+
+    def _stored_reference(self, d: str, value, seen, scope: Scope):
+        """The reference of ``d`` from what its ``_new``/``_prev`` buffers hold: the reference
+        itself, or for a member whose value is its running state, that state turned into one."""
+        if not self._trivial(d):
+            return value
+        return self._reference(d, {f"{d}#0": value}, {}, seen, scope)
+
+    def _reference(self, d: str, states: dict, deps: dict, seen, scope: Scope):
+        """The value states are kept relative to (:meth:`~tensorfuse.algebra.Scheme.reference`):
+        the value formula with running sums extrapolated to the whole axis (× N / seen) and the
+        dependencies at their references, so a mean is estimated as the running mean (Welford's
+        centring) whether it is written ``Σ y / N`` or ``Σ y / Σ 1``; a maximum that has seen
+        nothing real is 0 (below). ``states``/``deps``: the symbols ``d#k`` and ``e.new``."""
         member = self._member(d)
         dtype = member.dtypes[0]
-        zero = constant(0.0, dtype)
-        if member.monoid.name == "sum" and dtt.is_float(dtype):
-            if seen is None:
-                return value
-            scale = tirx.Cast(dt_tvm(dtype), self.n) / tirx.Cast(dt_tvm(dtype), tirx.max(seen, 1))
-            return tirx.Select(seen > 0, value * scale, zero)
+        scale = tirx.Cast(dt_tvm(dtype), self.n) / tirx.Cast(dt_tvm(dtype), tirx.max(seen, 1))
+        symbols = {**states, **deps, EXTRAPOLATION.name: scale}
+        value = lower_expr(self.chain.schemes[d].reference(), scope.child(symbols=symbols), dtype)
         return self._without_sentinel(d, value)
 
     def _without_sentinel(self, d: str, value):
@@ -512,15 +522,15 @@ class _ChainEmitter:
         extra = self._loops(self._extra_axes(m))
         with self.fb.loops(extra) as lv:
             with self._block(f"{m.name}_new", extra, lv, [self._chunk_iter()]) as sc:
-                # the states are kept relative to the dependencies' references: correct them to
-                # the dependencies' true values, then take the value (as the final block does)
-                true_value = lambda d, s: self._without_sentinel(  # noqa: E731
-                    d, self._load(self.new[d], d, s))
-                symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.new, 1),
-                                        true_value)
-                value = lower_expr(scheme.true_value(0), sc.child(symbols=symbols),
-                                   m.dtypes[0])
-                self.fb.store(self.new[m.name], value, self._index(self.state_axes(m), sc))
+                # the states are kept relative to the dependencies' references: the reference of
+                # this member is the value formula at those references, extrapolated
+                idx = self._index(self.state_axes(m), sc)
+                states = {f"{m.name}#{k}": tirx.BufferLoad(b, idx)
+                          for k, b in enumerate(self.run[m.name])}
+                deps = {f"{d}.new": self._running(self.new, 1)(d, sc) for d in scheme.deps}
+                seen = self._seen(sc, sc.axes[self.chunk_axis.uid] + 1)
+                self.fb.store(self.new[m.name], self._reference(m.name, states, deps, seen, sc),
+                              idx)
 
     def _emit_commit(self, name: str) -> None:
         m = self.chain.members[[x.name for x in self.chain.members].index(name)]

@@ -11,16 +11,17 @@ dependence that does not distribute must be refused, never compiled.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
 import tvm
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from tensorfuse.errors import RollingUpdateError
+from tensorfuse.errors import RollingUpdateError, RollingUpdateWarning
 from tensorfuse.schedule_templates import lower_program
 from tensorfuse.schedule_templates.fusion import Fusion
 
@@ -38,26 +39,34 @@ MASKS = (lambda i, j: (j % 2 == 0) | (i == 0), lambda i, j: j >= 3, lambda i, j:
 class ChainSpec:
     """Builds a random chain inside a traced kernel from a sequence of drawn choices."""
 
-    def __init__(self, draw, length: int, distributive: bool):
+    def __init__(self, draw, length: int, distributive: bool,
+                 later=("sum", "sum", "max", "min", "prod", "logsumexp"), masks=MASKS):
         self.draw, self.length, self.distributive = draw, length, distributive
+        self.later, self.masks = later, masks
+        self.tau = None
         self.plan = [self._plan(k) for k in range(length)]
 
     def _plan(self, k: int) -> dict:
         d = self.draw
-        monoid = d(st.sampled_from(["sum", "sum", "max", "min", "prod", "logsumexp"])) if k else \
-            d(st.sampled_from(["sum", "max", "min"]))
+        monoid = d(st.sampled_from(self.later)) if k else d(st.sampled_from(["sum", "max", "min"]))
         return {"monoid": monoid, "form": d(st.integers(0, 10**6)), "leaf": d(st.integers(0, 10**6)),
                 "leaf2": d(st.integers(0, 10**6)), "dep": d(st.integers(0, 10**6)),
                 "mask": d(st.booleans()), "coef": d(st.sampled_from([0.5, 1.0, 2.0, -1.5])),
-                "mask_kind": d(st.integers(0, len(MASKS) - 1))}
+                "mask_kind": d(st.integers(0, len(self.masks) - 1))}
 
     # -- building (called while tracing) ---------------------------------------------------------
+    def exp(self, e):
+        """exp(e), or exp(τ·e) with the kernel's scalar τ: data drawn at scale σ are compared
+        with τ = 1/σ, so exponentials see differences of order one at every scale."""
+        return T.exp(e) if self.tau is None else T.exp(T.abs(self.tau) * e)  # τ > 0, provably
+
     def leaf(self, x, y, i, j, pick: int):
         options = [x[i, j], y[i, j], x[i, j] * y[i, j], 0.5 * x[i, j] - y[i, j],
-                   T.abs(x[i, j]) + 0.25, T.exp(0.5 * y[i, j]), x[i, j] * (j % 3) + 1.0]
+                   T.abs(x[i, j]) + 0.25, self.exp(0.5 * y[i, j]), x[i, j] * (j % 3) + 1.0]
         return options[pick % len(options)]
 
-    def build(self, x, y, i, j):
+    def build(self, x, y, i, j, tau=None):
+        self.tau = tau
         values, positive, rising = [], [], []
         for k, p in enumerate(self.plan):
             lf = self.leaf(x, y, i, j, p["leaf"])
@@ -72,12 +81,14 @@ class ChainSpec:
                 body = self._good(p, lf, lf2, dep, pick(pos), pick(up)) if self.distributive \
                     else self._bad(p, lf, lf2, dep, None)
             if p["mask"] and self.distributive and p["monoid"] != "prod":
-                body = T.where(MASKS[p["mask_kind"]](i, j), body, _neutral(p["monoid"], body))
+                body = T.where(self.masks[p["mask_kind"]](i, j), body,
+                               _neutral(p["monoid"], body))
             r = _reduce(p["monoid"], body, j)
             values.append(r)
             is_pos = p["monoid"] in ("sum", "max") and _is_positive_body(body, p)
             positive.append(is_pos)
-            rising.append(p["monoid"] == "max" or (p["monoid"] == "sum" and is_pos))
+            # only values that depend on no other member rise monotonically
+            rising.append(k == 0 and (p["monoid"] == "max" or (p["monoid"] == "sum" and is_pos)))
         return tuple(values)
 
     def _good(self, p, lf, lf2, dep, pos, up):
@@ -88,21 +99,21 @@ class ChainSpec:
             forms = [lambda: lf - c * dep, lambda: lf * dep, lambda: (lf - dep) ** 2,
                      lambda: (lf2 - dep) * lf, lambda: (lf - dep) * (lf2 + dep)]
             if up is not None:
-                forms += [lambda: T.exp(lf - up), lambda: T.exp(lf - up) * lf2,
-                          lambda: T.exp(lf - up) + (lf2 - dep) * lf]
+                forms += [lambda: self.exp(lf - up), lambda: self.exp(lf - up) * lf2,
+                          lambda: self.exp(lf - up) + (lf2 - dep) * lf]
             if pos is not None:
                 forms += [lambda: lf / pos, lambda: T.log(T.abs(lf) + 1.0) - T.log(pos)]
                 if up is not None:
-                    forms += [lambda: T.exp(lf - up) / pos * lf2]
+                    forms += [lambda: self.exp(lf - up) / pos * lf2]
         elif m in ("max", "min"):
             forms = [lambda: lf - c * dep, lambda: lf + dep * 0.5]
             if up is not None:
-                forms += [lambda: T.exp(lf - up)]
+                forms += [lambda: self.exp(lf - up)]
             if pos is not None:
-                forms += [lambda: lf / pos, lambda: lf * pos - dep, lambda: T.exp(lf) / pos]
+                forms += [lambda: lf / pos, lambda: lf * pos - dep, lambda: self.exp(lf) / pos]
         elif m == "prod":
-            forms = [lambda: T.exp(0.1 * lf - 0.1 * up)] if up is not None else \
-                [lambda: T.exp(0.1 * lf)]
+            forms = [lambda: self.exp(0.1 * lf - 0.1 * up)] if up is not None else \
+                [lambda: self.exp(0.1 * lf)]
             if pos is not None:
                 forms += [lambda: (T.abs(lf) * 0.2 + 0.9) / pos]
         else:  # logsumexp
@@ -136,11 +147,19 @@ def _is_positive_body(body, plan) -> bool:
     return is_positive(body, ctx) and not plan["mask"]
 
 
-def make_kernel(spec: ChainSpec):
-    def chain(x: T.Tensor["M", "N", "f64"], y: T.Tensor["M", "N", "f64"]):
-        i, j = T.axes("i j")
-        return spec.build(x, y, i, j)
+def make_kernel(spec: ChainSpec, dtype: str = "f64", tempered: bool = False):
+    """The chain as a kernel of ``x``, ``y`` (and the scalar ``tau`` when ``tempered``)."""
+    if tempered:
+        def chain(x, y, tau):
+            i, j = T.axes("i j")
+            return spec.build(x, y, i, j, tau)
+    else:
+        def chain(x, y):
+            i, j = T.axes("i j")
+            return spec.build(x, y, i, j)
 
+    chain.__annotations__ = {"x": T.Tensor["M", "N", dtype], "y": T.Tensor["M", "N", dtype],
+                             "tau": T.f64 if dtype == "f64" else T.f32}
     kernel = tf.kernel(chain)
     names = [c.name for c in kernel.program.outputs]
     return kernel, names
@@ -151,9 +170,9 @@ def build(kernel, fusion):
     return tvm.compile(mod, target=LLVM)["chain"]
 
 
-def run(fn, x, y, count):
-    outs = [tvm.runtime.tensor(np.full(x.shape[0], np.nan)) for _ in range(count)]
-    fn(tvm.runtime.tensor(x), tvm.runtime.tensor(y), *outs)
+def run(fn, x, y, count, *scalars):
+    outs = [tvm.runtime.tensor(np.full(x.shape[0], np.nan, x.dtype)) for _ in range(count)]
+    fn(tvm.runtime.tensor(x), tvm.runtime.tensor(y), *scalars, *outs)
     return [o.numpy() for o in outs]
 
 
@@ -174,7 +193,8 @@ def close(a, b) -> bool:
 COMPARED = {"cases": 0}
 
 
-@pytest.mark.filterwarnings("error::tensorfuse.errors.RollingUpdateWarning")
+@pytest.mark.filterwarnings("error::tensorfuse.errors.RollingUpdateWarning",
+                            "ignore::tensorfuse.errors.FusedPrecisionWarning")
 @settings(max_examples=PROGRAMS, deadline=None, derandomize=False,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
@@ -201,6 +221,97 @@ def test_distributive_chains_fuse_and_match(data):
 def test_at_least_a_thousand_cases_were_compared():
     """Runs after the property test in this module (pytest keeps file order)."""
     assert COMPARED["cases"] >= 1000, COMPARED
+
+
+F32_PROGRAMS = 24
+F32_DRAWS = 6
+F32_LENGTHS = (1, 7, 100, 999, 2900)
+OFFSETS = (0.0, 10.0, 1e3, 1e4)
+SCALES = (1e-3, 1.0, 1e3)
+EPS32 = float(np.finfo(np.float32).eps)
+# Fused states are kept relative to running estimates of the dependencies; where an estimate moves
+# by more than the data's spread during the sweep (a running min far from its final value early
+# on, a prefix-masked sum extrapolated to the whole axis) the corrections cancel a few tens of
+# ulps more than the unfused program, which knows the final values. The precision failures this
+# guards against were 1e-4 to 1e2 relative (a reference ten times the data's mean).
+ULPS = 128
+# Masks that keep elements all along the axis. With a prefix or suffix mask a split part can see
+# none of a dependency's elements; later members are then kept relative to 0 there (see
+# fusion._without_sentinel), which is exact but costs precision on data far from zero.
+SPREAD_MASKS = (MASKS[0], MASKS[3])
+# (offset, scale) of the inputs. Left out: zero-mean data whose spread dwarfs the chain's own
+# constants (offset ≤ 10, scale 1e3). There a dependency that is a signed sum is a random walk
+# whose running estimate stays far from its final value until the end, and a member quadratic in
+# it loses up to ~2 digits more fused than unfused (37× once in 480 chains) — inherent to a
+# single pass; the float32 check at planning warns where it sees it.
+REGIMES = [(o, s) for o in OFFSETS for s in SCALES if not (o <= 10.0 and s > 1.0)]
+
+
+def relative_errors(got, ref, unfused):
+    """Norm-wise relative errors of ``got`` and ``unfused`` against ``ref`` (float64), over the
+    rows where the reference is finite and within float32's range and the unfused float32
+    program is finite (rows that overflow in float32 say nothing about the fusion)."""
+    usable = np.isfinite(ref) & (np.abs(ref) < 1e37) & np.isfinite(unfused)
+    if not usable.any():
+        return 0.0, 0.0
+    scale = max(float(np.linalg.norm(ref[usable])), 1e-30)
+    err = lambda a: float(np.linalg.norm(a[usable].astype(np.float64) - ref[usable])) / scale  # noqa
+    fused = err(got) if np.all(np.isfinite(got[usable])) else float("inf")
+    return fused, err(unfused)
+
+
+F32 = {"compared": 0, "warned": 0}
+
+
+@settings(max_examples=F32_PROGRAMS, deadline=None, derandomize=False,
+          phases=[Phase.explicit, Phase.reuse, Phase.generate],  # the message names the chain
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_distributive_chains_keep_their_precision_in_f32(data):
+    """The same generated chains in float32, on long rows (up to a few thousand, chunks that do
+    not divide them) of data with offsets up to 1e4 and scales σ from 1e-3 to 1e3 (``REGIMES``):
+    the fused result is within 10× the unfused program's error plus ``ULPS`` float32 ulps
+    (norm-wise, both against the chain run in float64 on the same values), or the fusion warned
+    that it may lose precision. Exponentials read exp(τ·e) with τ = 1/σ (at σ = 1e3 exp(e)
+    overflows float32 in every form, fused or not); products are left out (over thousands of
+    elements they under- or overflow float32 whichever way they are computed), and masks keep
+    elements all along the axis (``SPREAD_MASKS``)."""
+    spec = ChainSpec(data.draw, data.draw(st.integers(2, 4)), distributive=True,
+                     later=("sum", "sum", "max", "min", "logsumexp"), masks=SPREAD_MASKS)
+    kernel, names = make_kernel(spec, "f32", tempered=True)
+    exact, _ = make_kernel(spec, "f64", tempered=True)
+    chunk = data.draw(st.sampled_from([7, 32, 96]))
+    splits = data.draw(st.sampled_from([2, 3]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rolled = build(kernel, Fusion(tuple(names), "j", chunk, 1))
+    if any(issubclass(w.category, RollingUpdateWarning) for w in caught):
+        F32["warned"] += 1
+        return
+    split = build(kernel, Fusion(tuple(names), "j", chunk, splits))
+    naive, reference = build(kernel, None), build(exact, None)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    for _ in range(F32_DRAWS):
+        m, n = int(rng.integers(1, 4)), int(rng.choice(F32_LENGTHS))
+        offset, scale = REGIMES[int(rng.integers(len(REGIMES)))]
+        x, y = ((offset + scale * rng.standard_normal((m, n))).astype(np.float32)
+                for _ in range(2))
+        tau = 1.0 / scale
+        ref = run(reference, x.astype(np.float64), y.astype(np.float64), len(names), tau)
+        unfused = run(naive, x, y, len(names), tau)
+        for how, fused in (("rolled", rolled), (f"split {splits}", split)):
+            got = run(fused, x, y, len(names), tau)
+            for name, a, b, u in zip(names, got, ref, unfused):
+                e_fused, e_unfused = relative_errors(a, b, u)
+                assert e_fused <= 10 * e_unfused + ULPS * EPS32, (
+                    f"{name} {how}: error {e_fused:.1e} vs {e_unfused:.1e} unfused (n={n}, "
+                    f"chunk={chunk}, offset={offset}, scale={scale})\n{kernel.program}")
+        F32["compared"] += 2
+
+
+def test_the_f32_property_test_compared_most_chains():
+    """Runs after it: a warning is an accepted outcome, but not the usual one."""
+    assert F32["compared"] >= 2 * F32_DRAWS * (F32_PROGRAMS // 2), F32
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

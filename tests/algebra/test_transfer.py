@@ -6,6 +6,8 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.algebra import plan_chain, register_rule
 from tensorfuse.algebra.transfer import USER_RULES, Terms
+from tensorfuse.dsl.evaluate import evaluate_plain
+from tensorfuse.dsl.printer import to_text
 from tensorfuse.errors import RollingUpdateError
 from tests.helpers import line_of
 
@@ -39,7 +41,42 @@ def test_division_by_a_running_sum_is_deferred_to_the_end():
 
     scheme = chain_of(k, ["m", "l", "o"]).schemes["o"]
     assert set(scheme.deps) == {"l", "m"}
-    assert "/ l.new" in repr(scheme.value[0]) or "l.new" in repr(scheme.value[0])
+    assert [to_text(st.body) for st in scheme.states] == ["v[i, j] * exp(x[i, j] - m)"]
+    # l is not in the running state at all: the state is only rescaled when m moves ...
+    assert "l." not in to_text(scheme.correct[0]) and "exp(m.old - m.new)" in to_text(
+        scheme.correct[0])
+    # ... and divided by the final l once, in the value (an empty state stays 0)
+    assert to_text(scheme.value[0]) == "where(o#0 == 0.0, 0.0, 1.0 / l.new * o#0)"
+    assert float(evaluate_plain(scheme.value[0], {"o#0": 3.0, "l.new": 2.0})) == 1.5
+
+
+def _reference_text(fn, names, member):
+    return to_text(chain_of(fn, names).schemes[member].reference())
+
+
+def test_a_mean_is_referenced_as_the_running_mean_however_it_is_written():
+    """Mid-sweep, later members are kept relative to a dependency's reference: the value formula
+    with running sums extrapolated to the whole axis (× N/seen). A mean written Σ y / N is the
+    running sum extrapolated; one written Σ y / Σ 1 is the running sum over the running count,
+    where the extrapolations cancel — extrapolating that value again put it N/seen times too far
+    from the data, and Σ (y − w)² lost every digit on data with an offset."""
+    def over_n(y: X):
+        i, j = T.axes("i j")
+        w = T.sum(y[i, j] / T.size("N"), over=j)
+        return T.sum((y[i, j] - w) ** 2, over=j)
+
+    def over_count(y: X):
+        i, j = T.axes("i j")
+        count = T.sum(y[i, j] * 0.0 + 1.0, over=j)
+        w = T.sum(y[i, j] / count, over=j)
+        return T.sum((y[i, j] - w) ** 2, over=j)
+
+    assert _reference_text(over_n, ["w", "out"], "w") == "w#0 * __extrapolation"
+    ref = chain_of(over_count, ["count", "w", "out"]).schemes["w"].reference()
+    # S_y · E / (count's reference, itself count · E): the running mean, at any E
+    for e in (1.0, 7.5):
+        got = evaluate_plain(ref, {"w#0": 12.0, "count.new": 4.0 * e, "__extrapolation": e})
+        assert float(got) == 3.0
 
 
 def test_welford_style_variance_is_centred():

@@ -2,7 +2,8 @@
 
 Triton decides at import whether to interpret, so this runs in its own process:
     TRITON_INTERPRET=1 python -m tests.schedule_templates.interpret_check NAME... SEED
-A name ``decode:KERNEL`` runs KERNEL with one query row through the split update.
+A name ``decode:KERNEL`` runs KERNEL with one query row through the split update;
+``offset:KERNEL:SPLITS`` runs a chain of ``offset_chains`` on data far from zero.
 """
 import json
 import os
@@ -19,7 +20,31 @@ from tensorfuse.kernels.reference import random_inputs, reference, relative_erro
 from tests.schedule_templates.test_rolling_update import CHAINS  # noqa: E402
 
 
+def check_offset_chain(name: str, rng) -> float:
+    """``offset:KERNEL:SPLITS``: an offset chain (``offset_chains``) through the row template in
+    blocks of 128 (so the rolling update corrects across blocks), the worst error over offsets."""
+    from tensorfuse.algebra import plan_chain
+    from tensorfuse.targets import get_target
+    from tensorfuse.targets.triton.kernel import TritonKernel
+    from tensorfuse.targets.triton.rowtile import Knobs
+    from tests.schedule_templates import offset_chains as C
+
+    _, base, splits = name.split(":")
+    kernel = C.KERNELS[base]
+    chain = plan_chain(kernel.program, C.CHAINS[base], "j")
+    knobs = Knobs(block_m=4, block_n=128, num_warps=4, num_stages=1, splits=int(splits))
+    f = TritonKernel(kernel.program, chain, get_target("cuda:sm_90a"), lambda plan: knobs, name)
+    worst = 0.0
+    for offset in C.OFFSETS:
+        args = C.inputs(base, offset, rng)
+        out = f(*(torch.from_numpy(a) for a in args))
+        worst = max(worst, C.relative_error(out.numpy(), C.reference(base, *args)))
+    return worst
+
+
 def check(name: str, rng) -> float:
+    if name.startswith("offset:"):
+        return check_offset_chain(name, rng)
     base = name.replace("decode:", "")
     kernel = K.ALL[base]
     sch = tf.schedule(kernel, "cuda:sm_90a")

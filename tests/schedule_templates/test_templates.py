@@ -7,6 +7,7 @@ import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse.errors import ScheduleError
 from tensorfuse.kernels.reference import TOLERANCE
+from tests.schedule_templates import offset_chains as C
 from tests.schedule_templates.test_rolling_update import CHAINS
 
 triton = pytest.importorskip("triton", reason="the templates generate Triton kernels")
@@ -14,6 +15,7 @@ triton = pytest.importorskip("triton", reason="the templates generate Triton ker
 ATTENTION = sorted(K.ATTENTION_VARIANTS)
 ROWS = sorted(K.ROW_KERNELS)
 DECODE = ["decode:causal_attention", "decode:gqa_attention", "decode:alibi_attention"]
+OFFSET = [f"offset:{name}:{splits}" for name in sorted(C.KERNELS) for splits in (1, C.SPLITS)]
 
 
 def template_kernel(name, target="cuda:sm_90a", **knobs):
@@ -36,7 +38,7 @@ def interpreted_errors():
     seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-m", "tests.schedule_templates.interpret_check",
-                           *ATTENTION, *ROWS, *DECODE, str(seed)], capture_output=True, text=True,
+                           *ATTENTION, *ROWS, *DECODE, *OFFSET, str(seed)], capture_output=True, text=True,
                           env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
                           timeout=900)
@@ -49,6 +51,13 @@ def test_generated_triton_kernel_matches_reference(name, interpreted_errors):
     seed, errors = interpreted_errors
     tol = TOLERANCE[K.ALL[name.replace("decode:", "")].program.outputs[0].dtypes[0]]
     assert errors[name] <= tol, f"{name}: error {errors[name]:.2e} (TENSORFUSE_SEED={seed})"
+
+
+@pytest.mark.parametrize("name", OFFSET)
+def test_generated_triton_chains_keep_their_precision_on_offset_data(name, interpreted_errors):
+    """Rolled across blocks and split, on data offset by up to 1e4 (float32)."""
+    seed, errors = interpreted_errors
+    assert errors[name] <= C.BAR, f"{name}: error {errors[name]:.2e} (TENSORFUSE_SEED={seed})"
 
 
 @pytest.mark.parametrize("name", ["attention", "causal_attention", "gqa_causal_attention",

@@ -25,6 +25,7 @@ import numpy as np
 
 from ...algebra import Chain, inline_elementwise
 from ...algebra.exprs import factors, nodes, substitute
+from ...algebra.schemes import EXTRAPOLATION
 from ...dsl import dtypes as dt
 from ...dsl.evaluate import evaluate_plain
 from ...dsl.expr import Axis, Binary, Cast, Const, Expr, Load, Ref, Symbol, Where
@@ -444,9 +445,10 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
         ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
         w(f"st_{sp.member.name}_{sp.k} = tl.full({shape}, {ident}, tl.float32)")
     w("seen = tl.full([], 0, tl.int32)")
+    initial: dict = {}
     for d in needed:
-        w(f"val_{d} = tl.full([BLOCK_M, 1], {_initial_value(plan, d)}, tl.float32)")
-        w(f"ref_{d} = {_reference(plan, d, f'val_{d}', 'seen')}")
+        initial[d] = _initial_reference(plan, d, initial, N)
+        w(f"ref_{d} = tl.full([BLOCK_M, 1], {literal(initial[d], 'f32')}, tl.float32)")
 
     def chunk_body(with_mask: bool):
         w("offs_n = start_n + tl.arange(0, BLOCK_N)")
@@ -458,8 +460,12 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
             w(f"rhs_{xname} = {_operand(con.right, ctx_cf(feat), dot_type(con))}")
             w(f"t_{xname} = tl.dot(lhs_{xname}, tl.trans(rhs_{xname}))")
             rc_refs[xname] = f"t_{xname}"
-        w(f"seen_next = tl.minimum(seen + BLOCK_N, {N})" if N % knobs.block_n else
-          "seen_next = seen + BLOCK_N")
+        if splits > 1:  # positions of this program's part covered so far (the last part is short)
+            w(f"seen_next = tl.minimum(seen + BLOCK_N, tl.minimum(lo + {per_split}, {N}) - lo)")
+        elif N % knobs.block_n:
+            w(f"seen_next = tl.minimum(seen + BLOCK_N, {N})")
+        else:
+            w("seen_next = seen + BLOCK_N")
         symbols: dict = {}
         for m in members:
             scheme = plan.chain.schemes[m.name]
@@ -517,13 +523,12 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
                 w(f"nst_{m.name}_{sp.k} = {text}")
             for sp, _ in new_values:
                 w(f"st_{m.name}_{sp.k} = nst_{m.name}_{sp.k}")
-            if m.name in needed:  # its true value: states corrected from the references
-                truth = {**sym, **{f"{d}.old": f"newref_{d}" for d in scheme.deps},
-                         **{f"{d}.new": _without_sentinel(plan, d, f"val_{d}")
-                            for d in scheme.deps}}
-                value = to_triton(scheme.true_value(0), ctx_r().child(symbols=truth))
-                w(f"val_{m.name} = {value}")
-                w(f"newref_{m.name} = {_reference(plan, m.name, f'val_{m.name}', 'seen_next')}")
+            if m.name in needed:  # its reference: the value at the references, extrapolated
+                at_refs = {**sym, **{f"{d}.new": f"newref_{d}" for d in scheme.deps},
+                           EXTRAPOLATION.name: f"({N} / tl.maximum(seen_next, 1))"}
+                estimate = to_triton(scheme.reference(), ctx_r().child(symbols=at_refs))
+                w(f"est_{m.name} = {estimate}")
+                w(f"newref_{m.name} = {_without_sentinel(plan, m.name, f'est_{m.name}')}")
                 symbols[f"{m.name}.ref"] = f"newref_{m.name}"
         for d in needed:
             w(f"ref_{d} = newref_{d}")
@@ -617,7 +622,7 @@ def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
             w(f"fin_{m.name} = {value}")
             finals[m.name] = f"fin_{m.name}"
             if m.name in needed:
-                w(f"finref_{m.name} = {_reference(plan, m.name, f'fin_{m.name}', str(N))}")
+                w(f"finref_{m.name} = {_without_sentinel(plan, m.name, f'fin_{m.name}')}")
         emit_outputs(finals)
 
     states = {(sp.member.name, sp.k): f"st_{sp.member.name}_{sp.k}" for sp in plan.states}
@@ -702,20 +707,20 @@ def _operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
     return f"({to_triton(e, ctx)}).to({TL_DTYPES[dot_dtype]})"
 
 
-def _initial_value(plan: RowTilePlan, d: str) -> str:
+def _initial_reference(plan: RowTilePlan, d: str, initial: dict, cols: int) -> float:
+    """The reference of ``d`` before anything is seen (as in the TensorIR lowering: the reference
+    formula on empty states, the dependencies at their initial references; 0 for a maximum)."""
     scheme = plan.chain.schemes[d]
-    m = scheme.compute
-    ident = m.monoid.identity_value(0, m.dtypes[0])
-    return literal(ident, "f32")
-
-
-def _reference(plan: RowTilePlan, d: str, value: str, seen: str) -> str:
-    """As in the TensorIR lowering: running max/min/logsumexp as is (0 while still the identity);
-    running sums extrapolated to the whole axis."""
-    m = plan.chain.schemes[d].compute
-    if m.monoid.name == "sum":
-        return f"tl.where({seen} > 0, {value} * ({plan.cols} / tl.maximum({seen}, 1)), 0.0)"
-    return _without_sentinel(plan, d, value)
+    env = {f"{d}#{k}": np.asarray(st.monoid.identity_value(0, st.dtype), np.float64)
+           for k, st in enumerate(scheme.states)}
+    env.update({f"{e}.new": np.asarray(initial[e], np.float64) for e in scheme.deps})
+    env[EXTRAPOLATION.name] = np.asarray(float(cols))
+    with np.errstate(all="ignore"):
+        value = float(evaluate_plain(scheme.reference(), env))
+    m, dtype = scheme.compute, scheme.states[0].dtype
+    if m.monoid.identity_is_sentinel(dtype) and value == m.monoid.identity_value(0, dtype):
+        return 0.0
+    return value
 
 
 def _store_offsets(c: Compute, ctx: TileContext, sizes: dict) -> str:
