@@ -3,20 +3,22 @@ from __future__ import annotations
 
 from .compiled import CompiledKernel
 from .dsl.expr import user_location
+from .dsl.program import TracedKernel, is_kernel
 from .errors import ScheduleError
-from .kernel import Kernel
+from .records import cpu_record, template_records
 from .schedule import Schedule
 from .schedule_templates import lower_program
 from .schedule_templates.default import apply_default_schedule
 from .targets import TargetSpec, get_target
 
 
-def schedule(kernel: Kernel, target: "str | TargetSpec" = "auto", **dims: int) -> Schedule:
+def schedule(kernel: TracedKernel, target: "str | TargetSpec" = "auto", **dims: int) -> Schedule:
     """An interactive schedule of ``kernel`` for ``target``; sizes given here are fixed in the IR."""
     return Schedule(kernel, target, **dims)
 
 
-def compile(kernel: "Kernel | Schedule", target: "str | TargetSpec | None" = None,  # noqa: A001
+def compile(kernel: "TracedKernel | Schedule",  # noqa: A001 - tensorfuse.compile
+            target: "str | TargetSpec | None" = None,
             template: str | None = "auto"):
     """A callable kernel. A :class:`Kernel` on a GPU target gets a template when one fits
     (``template="auto"``: its reductions fused by a rolling update into one Triton kernel), else
@@ -28,7 +30,7 @@ def compile(kernel: "Kernel | Schedule", target: "str | TargetSpec | None" = Non
             raise ScheduleError(f"this schedule is for {kernel.target.name}, not "
                                 f"{get_target(target).name}", user_location())
         return kernel.compile()
-    if not isinstance(kernel, Kernel):
+    if not is_kernel(kernel):
         raise ScheduleError(f"tensorfuse.compile takes a @tensorfuse.kernel or a schedule, got "
                             f"{type(kernel).__name__}", user_location())
     spec = get_target(target or "auto")
@@ -41,7 +43,8 @@ def compile(kernel: "Kernel | Schedule", target: "str | TargetSpec | None" = Non
         if choice is not None and _triton_available():
             name, fusion = choice
             fallback = compile(kernel, spec, template=None)
-            return AutoKernel(TEMPLATES[name](kernel, fusion, spec), fallback)
+            records = template_records(program, name, fusion, spec)
+            return AutoKernel(TEMPLATES[name](kernel, fusion, spec, tuned=records), fallback)
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"
@@ -50,9 +53,7 @@ def compile(kernel: "Kernel | Schedule", target: "str | TargetSpec | None" = Non
     def build(dims: dict, index_dtype: str):
         if spec.kind == "llvm" and index_dtype == "int32" and \
                 set(dims) == set(program.dim_names()):
-            from .autotune.lookup import tuned
-
-            found = tuned(program, "cpu", None, spec, dims)
+            found = cpu_record(program, spec, dims)
             if found is not None:
                 return found[0], f"tuned record ({found[1]})"
         return apply_default_schedule(lower_program(program, (), dims, index_dtype), spec), \

@@ -19,8 +19,9 @@ import tvm
 
 from .compiled import CompiledKernel
 from .dsl.expr import user_location
+from .dsl.program import TracedKernel, is_kernel
 from .errors import CallError, ScheduleError, TensorfuseError
-from .kernel import Kernel
+from .records import template_records
 from .schedule_templates import lower_program, tvm_schedule
 from .algebra import plan_chain
 from .schedule_templates.default import apply_default_schedule
@@ -47,8 +48,8 @@ class Step:
 class Schedule:
     """A kernel's schedule for one target; see the module docstring."""
 
-    def __init__(self, kernel: Kernel, target: "str | TargetSpec" = "auto", **dims: int):
-        if not isinstance(kernel, Kernel):
+    def __init__(self, kernel: TracedKernel, target: "str | TargetSpec" = "auto", **dims: int):
+        if not is_kernel(kernel):
             raise ScheduleError(f"tensorfuse.schedule takes a @tensorfuse.kernel, got "
                                 f"{type(kernel).__name__}", user_location())
         self.kernel = kernel
@@ -251,7 +252,9 @@ class Schedule:
             from .schedule_templates import TEMPLATES
 
             name, knobs = self.template
-            return TEMPLATES[name](self.kernel, self.fusions[0], self.target, **knobs)
+            records = template_records(self.program, name, self.fusions[0], self.target)
+            return TEMPLATES[name](self.kernel, self.fusions[0], self.target, **knobs,
+                                   tuned=records)
         fixed = dict(self.dims)
         layout_only = bool(self.fusions) and all(step.is_fusion for step in self.steps)
         scheduled = None if layout_only else apply_default_schedule(self.mod, self.target)

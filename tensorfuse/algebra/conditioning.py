@@ -99,7 +99,8 @@ def check_conditioning(chain, strict: bool = False) -> None:
         if not c.poor():
             continue
         m = next(x for x in chain.members if x.name == c.member)
-        message = (f"{m.name} = {m.monoid.name}_{chain.axis.name} {to_text(chain.bodies[m.name][0])}"
+        body = to_text(chain.bodies[m.name][0])
+        message = (f"{m.name} = {m.monoid.name}_{chain.axis.name} {body}"
                    f": fused, it loses precision (float32, inputs "
                    f"{c.offset:g} + N(0, 1): relative error {c.worst:.1e} against {c.unfused:.1e} "
                    "unfused); its running states are kept relative to references the algebra "
@@ -139,8 +140,6 @@ class _Model:
     def _symbolic(self, e: Expr, deps_as: str = "val") -> Expr:
         """``e`` with references to members read as ``{name}.{deps_as}`` and every leaf (data,
         axis values, sizes, scalars) as a symbol of its own."""
-        axis = self.chain.axis
-
         def replace(n: Expr):
             if isinstance(n, Ref) and n.compute.name in self.names:
                 return Symbol(f"{n.compute.name}.{deps_as}", n.dtype)

@@ -22,8 +22,9 @@ from typing import Callable, Iterable
 import numpy as np
 import tvm
 
+from ..dsl.program import TracedKernel, is_kernel
 from ..errors import TuningError
-from ..kernel import Kernel
+from ..inputs import random_inputs as numpy_inputs
 from ..targets import TargetSpec, get_target
 from .database import DatabaseLock, default_database_dir, open_database
 from .tasks import TuningTask, make_task, tuning_target
@@ -82,10 +83,10 @@ def _ms(secs: float | None) -> str:
     return "-" if secs is None else f"{secs * 1e3:.4g}"
 
 
-def tune(kernels: "Kernel | Iterable[Kernel | tuple[Kernel, dict]]", target: "str | TargetSpec" = "auto",
-         trials: int = 64, *, database: str | None = None, trials_per_iter: int | None = None,
-         progress: "bool | Callable[[str], None]" = True, seed: int | None = None,
-         **dims: int) -> TuningSummary:
+def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, dict]]",
+         target: "str | TargetSpec" = "auto", trials: int = 64, *, database: str | None = None,
+         trials_per_iter: int | None = None, progress: "bool | Callable[[str], None]" = True,
+         seed: int | None = None, **dims: int) -> TuningSummary:
     """Tune ``kernels`` on ``target`` with MetaSchedule and the XGBoost cost model.
 
     ``kernels``: a kernel, or a list of kernels or ``(kernel, sizes)`` pairs; sizes not given in
@@ -174,13 +175,13 @@ def _check_device(spec: TargetSpec) -> None:
 
 
 def _tasks(kernels, dims: dict, spec: TargetSpec) -> list[TuningTask]:
-    items = [kernels] if isinstance(kernels, (Kernel, tuple)) else list(kernels)
+    items = [kernels] if is_kernel(kernels) or isinstance(kernels, tuple) else list(kernels)
     if not items:
         raise TuningError("no kernels to tune")
     tasks, names, used = [], set(), set()
     for item in items:
         kernel, sizes = item if isinstance(item, tuple) else (item, {})
-        if not isinstance(kernel, Kernel):
+        if not is_kernel(kernel):
             raise TuningError(f"tune takes @tensorfuse.kernel functions, got "
                               f"{type(kernel).__name__}")
         shared = dims
@@ -222,8 +223,6 @@ def _inputs(task: TuningTask) -> list:
 
         return random_inputs(task.kernel, task.dims)
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
-    from ..kernels.reference import random_inputs as numpy_inputs
 
     tensors, _ = numpy_inputs(task.kernel, task.dims, np.random.default_rng())
     dev = tvm.cpu(0)

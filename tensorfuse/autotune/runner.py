@@ -13,7 +13,8 @@ import numpy as np
 from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerInput, RunnerResult
 from tvm.ir.utils import derived_object
 
-from ..kernels.reference import TOLERANCE  # max |err| / max |ref| per output dtype
+from ..inputs import TOLERANCE  # max |err| / max |ref| per output dtype
+from ..inputs import random_inputs as numpy_inputs
 
 
 def done(result: RunnerResult) -> RunnerFuture:
@@ -65,7 +66,6 @@ class TritonRunner(PyRunner):
 
 def random_inputs(kernel, dims: dict) -> list:
     """Fresh random inputs (never zeros) as torch tensors on the GPU, in call order."""
-    from ..kernels.reference import random_inputs as numpy_inputs
     from ..interop import torch_from_numpy
 
     tensors, scalars = numpy_inputs(kernel, dims, np.random.default_rng())

@@ -18,6 +18,7 @@ import tvm
 
 from ..dsl.program import Program
 from ..errors import TuningError
+from ..inputs import default_scalars
 from ..schedule_templates import lower_program
 from ..schedule_templates.fusion import Fusion
 from ..targets import TargetSpec
@@ -53,8 +54,6 @@ def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
 
 def scalar_values(program: Program, dims: dict) -> dict:
     """The values scalar parameters are bound to in a workload (fixed, so lookups match)."""
-    from ..kernels.reference import default_scalars
-
     return default_scalars(program, dims)
 
 
@@ -127,7 +126,7 @@ class TuningTask:
     def choices(self) -> dict[str, tuple[int, ...]]:
         """The template's knob values for these sizes."""
         from ..algebra import plan_chain
-        from ..targets.triton.rowtile import plan_rowtile
+        from ..schedule_templates.tile_plan import plan_rowtile
 
         module = _template_module(self.template)
         chain = plan_chain(self.kernel.program, self.fusion.names, self.fusion.axis)
@@ -163,6 +162,7 @@ class TuningTask:
         from dataclasses import replace
 
         from ..algebra import plan_chain
+        from ..schedule_templates.tile_plan import TilePlanner
         from ..targets.triton.kernel import TritonKernel
 
         module = _template_module(self.template)
@@ -172,7 +172,7 @@ class TuningTask:
             default = module.default_knobs(plan, self.target)
             return replace(default, **knobs) if knobs else default
 
-        return TritonKernel(self.kernel.program, chain, self.target, pick,
+        return TritonKernel(TilePlanner(self.kernel.program, chain), self.target, pick,
                             f"{self.template} template, tuning candidate {knobs}", self.fusion)
 
 
@@ -198,9 +198,9 @@ def make_task(kernel, dims: dict, target: TargetSpec) -> TuningTask:
                           "update accepts along one axis), so there is nothing to tune on "
                           f"{target.name}; it runs on TVM's default schedule")
     template, fusion = choice
-    from ..targets.triton.rowtile import plan_rowtile
     from ..algebra import plan_chain
     from ..errors import TargetError
+    from ..schedule_templates.tile_plan import plan_rowtile
 
     try:
         plan_rowtile(kernel.program, plan_chain(kernel.program, fusion.names, fusion.axis), dims)

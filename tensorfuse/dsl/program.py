@@ -7,7 +7,7 @@ user's code it came from.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Protocol
 
 from . import dtypes as dt
 from .expr import Axis, DimSize, Expr, Load, Ref, as_expr, user_location, walk
@@ -209,3 +209,19 @@ class Program:
         from .printer import program_text
 
         return program_text(self)
+
+
+class TracedKernel(Protocol):
+    """What the compiler's entry points need of a ``@tensorfuse.kernel``: its name, function and
+    traced program (the decorator's class, ``tensorfuse.Kernel``, is one)."""
+
+    name: str
+    fn: Callable
+    program: Program
+
+
+def is_kernel(obj) -> bool:
+    """Whether ``obj`` is a traced kernel (``@tensorfuse.kernel``): anything that carries its
+    :class:`Program`. The compiler's entry points check this instead of importing the decorator's
+    class, which itself calls them (``kernel(...)`` compiles on first use)."""
+    return isinstance(getattr(obj, "program", None), Program) and hasattr(obj, "fn")

@@ -1,9 +1,6 @@
-"""Float64 NumPy references for the kernel library, written independently of the DSL, and random
-inputs for them.
-
-Tolerances (max |out - ref| / max |ref|), stated per output dtype: outputs rounded to bf16 carry a
-relative error of up to 2^-8 ≈ 3.9e-3 per element, f16 2^-11, f32 about 1e-6 after accumulation.
-"""
+"""Float64 NumPy references for the kernel library, written independently of the DSL. Random
+inputs, scalar values and tolerances for checking them are in :mod:`tensorfuse.inputs` (re-exported
+here: the tests and benchmarks read them with the references)."""
 from __future__ import annotations
 
 import math
@@ -12,8 +9,10 @@ from typing import Callable
 import numpy as np
 
 from ..dsl import dtypes as dt
+from ..inputs import TOLERANCE, default_scalars, random_inputs, relative_error
 
-TOLERANCE = {"bf16": 8e-3, "f16": 1e-3, "f32": 2e-5, "f64": 1e-10}
+__all__ = ["REFERENCES", "reference", "TOLERANCE", "default_scalars", "random_inputs",
+           "relative_error"]
 
 
 def _softmax_attend(s: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -132,47 +131,6 @@ REFERENCES: dict[str, Callable] = {name[4:]: fn for name, fn in globals().items(
                                    if name.startswith("ref_")}
 
 
-def random_inputs(kernel, sizes: dict[str, int], rng: np.random.Generator,
-                  scalars: dict | None = None) -> tuple[dict, dict]:
-    """Fresh random tensors for ``kernel`` at ``sizes`` (never zeros) and its scalar arguments.
-
-    Floating tensors are standard normal (attention scores scaled to unit variance by ``scale``);
-    integer tensors get values that make sense for the library kernels (class ids below the
-    vocabulary size, document ids in increasing runs)."""
-    program = kernel.program
-    tensors = {}
-    for p in program.tensor_params:
-        shape = tuple(d if isinstance(d, int) else sizes[d] for d in p.dims)
-        if p.dtype == "i32":
-            tensors[p.name] = _integer_tensor(p.name, shape, sizes, rng)
-        else:
-            tensors[p.name] = rng.standard_normal(shape).astype(dt.to_numpy(p.dtype))
-    return tensors, default_scalars(program, sizes, scalars)
-
-
-def default_scalars(program, sizes: dict[str, int], given: dict | None = None) -> dict:
-    """Values for a program's scalar parameters that suit the library kernels (0.5 for a name
-    it does not know), with ``given`` taking precedence."""
-    defaults = {"scale": 1.0 / math.sqrt(sizes.get("D", 1)), "cap": 50.0, "eps": 1e-5,
-                "window": max(1, sizes.get("N", 2) // 4), "prefix": max(1, sizes.get("N", 2) // 4),
-                "radius": max(1, sizes.get("N", 2) // 8)}
-    defaults.update(given or {})
-    return {p.name: defaults.get(p.name, 0.5) for p in program.scalar_params}
-
-
-def _integer_tensor(name: str, shape, sizes, rng) -> np.ndarray:
-    if name == "target":
-        return rng.integers(0, sizes["V"], size=shape).astype(np.int32)
-    if name == "doc":  # 4 documents of random lengths per batch row, ids increasing
-        out = np.zeros(shape, np.int32)
-        for row in out.reshape(-1, shape[-1]):
-            cuts = np.sort(rng.choice(np.arange(1, shape[-1]), size=min(3, shape[-1] - 1),
-                                      replace=False))
-            row[:] = np.searchsorted(cuts, np.arange(shape[-1]), side="right")
-        return out
-    return rng.integers(0, 4, size=shape).astype(np.int32)
-
-
 def reference(kernel, tensors: dict, scalars: dict) -> np.ndarray:
     """The float64 reference output of a library kernel."""
     fn = REFERENCES[kernel.name]
@@ -184,19 +142,3 @@ def reference(kernel, tensors: dict, scalars: dict) -> np.ndarray:
         else:
             args.append(scalars[p.name])
     return fn(*args)
-
-
-def relative_error(out, ref) -> float:
-    """max |out − ref| / max |ref| over finite reference values; NaN where out is NaN but ref is
-    not counts as infinitely wrong."""
-    out = np.asarray(out, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    if out.shape != ref.shape:
-        raise ValueError(f"shape {out.shape} != reference shape {ref.shape}")
-    finite = np.isfinite(ref)
-    if np.any(~np.isfinite(out[finite])):
-        return math.inf
-    if np.any(np.isnan(ref) != np.isnan(out)):
-        return math.inf
-    scale = np.max(np.abs(ref[finite])) if finite.any() else 1.0
-    return float(np.max(np.abs(out[finite] - ref[finite])) / max(scale, 1e-30))

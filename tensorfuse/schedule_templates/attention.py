@@ -14,9 +14,9 @@ import numpy as np
 
 from ..algebra import plan_chain
 from ..targets import TargetSpec
-from ..targets.triton.kernel import TritonKernel
-from ..targets.triton.rowtile import Knobs, RowTilePlan
+from ..targets.triton.kernel import TritonKernel, Tuned
 from .fusion import Fusion
+from .tile_plan import Knobs, RowTilePlan, TilePlanner
 
 
 SMS = 132  # H100 SXM; enough parallel programs for any current GPU
@@ -52,9 +52,11 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
 
 def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = None,
               tile_n: int | None = None, num_warps: int | None = None,
-              num_stages: int | None = None, splits: int | None = None) -> TritonKernel:
+              num_stages: int | None = None, splits: int | None = None,
+              tuned: Tuned | None = None) -> TritonKernel:
     """A callable Triton kernel for ``kernel`` with ``fusion`` (a rolling update) applied;
-    ``splits`` > 1 sweeps the keys in that many parallel parts merged at the end (decode)."""
+    ``splits`` > 1 sweeps the keys in that many parallel parts merged at the end (decode).
+    ``tuned``: the compile entry point's lookup of tuning records (used unless knobs are given)."""
     program = kernel.program if hasattr(kernel, "program") else kernel
     chain = plan_chain(program, fusion.names, fusion.axis)
 
@@ -64,5 +66,6 @@ def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = N
                      num_stages if num_stages is not None else k.num_stages, splits or k.splits)
 
     explicit = any(v is not None for v in (tile_m, tile_n, num_warps, num_stages, splits))
-    return TritonKernel(program, chain, target, knobs, f"attention template ({fusion.describe()})",
-                        fusion, template=None if explicit else "attention")
+    return TritonKernel(TilePlanner(program, chain), target, knobs,
+                        f"attention template ({fusion.describe()})", fusion,
+                        tuned=None if explicit else tuned)

@@ -9,8 +9,8 @@ from ..dsl.program import Program
 from ..errors import RollingUpdateError, TargetError
 from ..targets import TargetSpec
 from .fusion import Fusion
-from ..targets.triton.rowtile import plan_rowtile
 from .rolling_update import DEFAULT_CHUNK
+from .tile_plan import plan_rowtile
 
 
 def choose(program: Program, target: TargetSpec):

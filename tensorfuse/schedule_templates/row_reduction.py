@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from ..algebra import plan_chain
 from ..targets import TargetSpec
-from ..targets.triton.kernel import TritonKernel
-from ..targets.triton.rowtile import Knobs, RowTilePlan
+from ..targets.triton.kernel import TritonKernel, Tuned
 from .fusion import Fusion
+from .tile_plan import Knobs, RowTilePlan, TilePlanner
 
 MAX_ROW_BLOCK = 16384  # elements of a row held at once (fp32 registers across the CTA)
 
@@ -32,8 +32,10 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
 
 
 def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None = None,
-                  block: int | None = None, num_warps: int | None = None) -> TritonKernel:
-    """A callable Triton kernel for ``kernel`` with ``fusion`` applied along its rows."""
+                  block: int | None = None, num_warps: int | None = None,
+                  tuned: Tuned | None = None) -> TritonKernel:
+    """A callable Triton kernel for ``kernel`` with ``fusion`` applied along its rows.
+    ``tuned``: the compile entry point's lookup of tuning records (used unless knobs are given)."""
     program = kernel.program if hasattr(kernel, "program") else kernel
     chain = plan_chain(program, fusion.names, fusion.axis)
 
@@ -42,6 +44,6 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
         return Knobs(rows or k.block_m, block or k.block_n, num_warps or k.num_warps, k.num_stages)
 
     explicit = any(v is not None for v in (rows, block, num_warps))
-    return TritonKernel(program, chain, target, knobs,
+    return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"row-reduction template ({fusion.describe()})", fusion,
-                        template=None if explicit else "row_reduction")
+                        tuned=None if explicit else tuned)

@@ -24,16 +24,17 @@ def check_offset_chain(name: str, rng) -> float:
     """``offset:KERNEL:SPLITS``: an offset chain (``offset_chains``) through the row template in
     blocks of 128 (so the rolling update corrects across blocks), the worst error over offsets."""
     from tensorfuse.algebra import plan_chain
+    from tensorfuse.schedule_templates.tile_plan import Knobs, TilePlanner
     from tensorfuse.targets import get_target
     from tensorfuse.targets.triton.kernel import TritonKernel
-    from tensorfuse.targets.triton.rowtile import Knobs
     from tests.schedule_templates import offset_chains as C
 
     _, base, splits = name.split(":")
     kernel = C.KERNELS[base]
     chain = plan_chain(kernel.program, C.CHAINS[base], "j")
     knobs = Knobs(block_m=4, block_n=128, num_warps=4, num_stages=1, splits=int(splits))
-    f = TritonKernel(kernel.program, chain, get_target("cuda:sm_90a"), lambda plan: knobs, name)
+    f = TritonKernel(TilePlanner(kernel.program, chain), get_target("cuda:sm_90a"),
+                     lambda plan: knobs, name)
     worst = 0.0
     for offset in C.OFFSETS:
         args = C.inputs(base, offset, rng)

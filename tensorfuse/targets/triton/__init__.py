@@ -1,4 +1,6 @@
-"""Triton code generation for fused chains (DESIGN §4b): the GPU backend of the templates."""
-from .rowtile import Knobs, RowTilePlan, block_k, grid, kernel_source, plan_rowtile
+"""Triton code generation for fused chains (DESIGN §4b): the emitter and launcher behind the
+row-tile templates. Plans come from ``schedule_templates.tile_plan``; this package writes them as
+Triton source, compiles and launches them."""
+from .rowtile import block_k, grid, kernel_source
 
-__all__ = ["Knobs", "RowTilePlan", "block_k", "grid", "kernel_source", "plan_rowtile"]
+__all__ = ["block_k", "grid", "kernel_source"]

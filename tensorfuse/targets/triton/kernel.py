@@ -7,24 +7,29 @@ from typing import Callable
 from ...binding import bind_call, check_named_sizes, output_shape
 from ...dsl import dtypes as dt
 from ...interop import deliver, torch_arguments, torch_output
-from .blockmask import block_lists
 from .launch import compile_for, interpreting, load_kernel, signature
-from .rowtile import Knobs, RowTilePlan, block_k, grid, kernel_source, plan_rowtile
+from .rowtile import block_k, grid, kernel_source
+
+Tuned = Callable[[dict], "tuple[dict, str] | None"]
 
 
 class TritonKernel:
     """Calls the generated kernel; one plan and source per shape signature.
 
-    ``knobs(plan)`` chooses tile sizes, warps and pipeline stages for a plan (the template's
-    defaults). With ``template`` named, the best record in this device's tuning database, if
-    there is one for these sizes, replaces them (:meth:`knob_origin` says which was used)."""
+    The template hands it everything that is decided rather than written: ``planner`` makes the
+    plan for a shape and the block schedule for a call (``schedule_templates.tile_plan``),
+    ``knobs(plan)`` chooses tile sizes, warps and pipeline stages (the template's defaults), and
+    ``tuned(dims)``, where the compile entry point gives one, returns the knobs of the best tuning
+    record for these sizes and where it came from (:meth:`schedule_origin` says which was used).
+    This class only emits, compiles and launches."""
 
-    def __init__(self, program, chain, target, knobs: Callable[[RowTilePlan], Knobs],
-                 description: str, fusion=None, template: str | None = None):
-        self.program, self.chain, self.target = program, chain, target
+    def __init__(self, planner, target, knobs: Callable, description: str, fusion=None,
+                 tuned: Tuned | None = None):
+        self.planner, self.target = planner, target
+        self.program, self.chain = planner.program, planner.chain
         self.fusion = fusion
         self.knobs = knobs
-        self.template = template
+        self.tuned = tuned
         self._origin: dict = {}
         self.description = description
         self._built: dict = {}
@@ -40,17 +45,13 @@ class TritonKernel:
         key = tuple(sorted(dims.items()))
         if key not in self._built:
             check_named_sizes(self.program, dims, complete=True)
-            plan = plan_rowtile(self.program, self.chain, dims)
+            plan = self.planner.plan(dims)
             knobs = self.knobs(plan)
             self._origin[key] = "template defaults"
-            if self.template is not None:
-                from ...autotune.lookup import tuned
-                from ...autotune.tasks import knobs_of
-
-                found = tuned(self.program, self.template, self.fusion, self.target, dims)
-                if found is not None:
-                    knobs = replace(knobs, **knobs_of(found[0]))
-                    self._origin[key] = f"tuned record ({found[1]})"
+            found = self.tuned(dims) if self.tuned is not None else None
+            if found is not None:
+                knobs = replace(knobs, **found[0])
+                self._origin[key] = f"tuned record ({found[1]})"
             name = f"{self.program.name}_fused"
             made = kernel_source(plan, knobs, name, interpreter=interpreting())
             if knobs.splits > 1:  # a kernel per split part, then a merge kernel
@@ -149,15 +150,13 @@ class TritonKernel:
         return buffers
 
     def _block_lists(self, plan, knobs, values, bound, device) -> dict:
-        import torch
-
         int_tensors = {p.name: values[p.name] for p in self.program.tensor_params
                        if not dt.is_float(p.dtype)}
         key = (tuple(sorted(bound.dims.items())), tuple(sorted(bound.scalars.items())),
                tuple((n, t.data_ptr(), t._version) for n, t in int_tensors.items()))
         if key not in self._masks:
-            lists = block_lists(plan.mask, plan.batch, plan.row, plan.col, bound.dims,
-                                int_tensors, bound.scalars, knobs.block_m, knobs.block_n, device)
+            lists = self.planner.block_lists(plan, knobs, bound.dims, int_tensors, bound.scalars,
+                                             device)
             self._masks = {key: dict(zip(("bm_partial_num", "bm_partial_idx", "bm_full_num",
                                           "bm_full_idx"), lists))}
         return self._masks[key]

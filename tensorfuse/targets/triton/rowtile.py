@@ -1,331 +1,29 @@
-"""A fused chain as one Triton kernel: a tile of rows swept over the fused axis in blocks.
+"""The Triton emitter of the row-tile template: a plan (``schedule_templates.tile_plan``) and its
+knobs become one Triton kernel — a tile of rows swept over the fused axis in blocks.
 
 This is the GPU code generation behind the attention and row-reduction templates (DESIGN §4b: a
 tile-level lowering to Triton, whose compiler does the tensor-core and memory-pipeline work — wgmma
-and TMA on Hopper, MFMA on AMD). The roles of the axes come from the planned chain:
-
-- the chain's common axes: all but the last run over the grid's second dimension (``batch``); the
-  last is the ``row`` axis, tiled by ``BLOCK_M``;
-- the fused axis ``j`` is swept in blocks of ``BLOCK_N`` (the rolling update's chunks);
-- one ``feature`` axis (the head dimension) is held whole in ``BLOCK_K``: reductions over it that
-  multiply a row tile by a column tile become ``tl.dot`` (q·kᵀ), and members that sum a row×column
-  tile times a column×feature tile become ``tl.dot`` too (p·v).
-
-Running states live in registers; the corrections and values are the schemes' expressions. When the
-chain's elements are masked by one condition (``where(cond, s, -inf)``), blocks where it is false
-everywhere are skipped and blocks where it is true everywhere skip evaluating it, from block lists
-computed per call (:mod:`.blockmask`).
+and TMA on Hopper, MFMA on AMD). It only writes code: which axis is the row, which products go to
+the tensor cores, which condition masks the blocks — all of that comes with the plan. Running
+states live in registers; the corrections, values and references are the schemes' expressions.
+Blocks are walked from the per-call block lists of a masked plan (partial ones evaluate the mask,
+full ones skip it).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...algebra import Chain, inline_elementwise
-from ...algebra.exprs import factors, nodes, substitute
+from ...algebra.exprs import substitute
 from ...algebra.schemes import EXTRAPOLATION
-from ...dsl import dtypes as dt
 from ...dsl.evaluate import evaluate_plain
-from ...dsl.expr import Axis, Binary, Cast, Const, Expr, Load, Ref, Symbol, Where
-from ...dsl.program import Compute, Program
-from ...errors import TargetError
+from ...dsl.expr import Axis, Expr, Load, Symbol, Where
+from ...dsl.program import Compute
 from .expr import HELPERS, TL_DTYPES, TileContext, literal, to_triton
 
 REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 MAX_FEATURE = 256  # head dims up to 256 fit a tile in registers
-
-
-@dataclass
-class Contraction:
-    """``Σ_k left(row, k) · right(col, k)`` (or with ``col`` the output feature axis)."""
-
-    left: Expr
-    right: Expr
-    dot_dtype: str
-
-
-@dataclass
-class StatePlan:
-    member: Compute
-    k: int
-    body: Expr                   # per-element value (row×col tile), deps as '{d}.ref' symbols
-    monoid: object
-    dtype: str
-    contraction: Contraction | None = None   # for states over the feature axis
-
-
-@dataclass
-class RowTilePlan:
-    program: Program
-    chain: Chain
-    sizes: dict
-    batch: list[Axis]
-    row: Axis
-    col: Axis
-    feature: Axis | None
-    feature_extent: int
-    locals: dict = field(default_factory=dict)        # compute name -> Contraction
-    states: list[StatePlan] = field(default_factory=list)
-    mask: Expr | None = None
-    outputs: list = field(default_factory=list)       # (compute, expr, kind)
-    fold: tuple | None = None   # (batch axis h, group size G): G values of h share a row tile
-
-    @property
-    def rows(self) -> int:
-        rows = self.sizes_of(self.row)
-        return rows * self.fold[1] if self.fold else rows
-
-    @property
-    def grid_batch(self) -> list[tuple[str, int]]:
-        """(name, extent) of the axes over the grid's second dimension (a folded axis by group)."""
-        out = []
-        for a in self.batch:
-            if self.fold and a.uid == self.fold[0].uid:
-                out.append((f"{a.name}g", self.sizes_of(a) // self.fold[1]))
-            else:
-                out.append((a.name, self.sizes_of(a)))
-        return out
-
-    @property
-    def cols(self) -> int:
-        return self.sizes_of(self.col)
-
-    def sizes_of(self, axis: Axis) -> int:
-        return axis.extent if isinstance(axis.extent, int) else self.sizes[axis.extent]
-
-
-def _product(factors: list[Expr]) -> Expr:
-    out = factors[0]
-    for f in factors[1:]:
-        out = Binary("mul", out, f, dt.promote(out.dtype, f.dtype), out.loc)
-    return out
-
-
-def _split_product(e: Expr, left_axes: set, right_axes: set, shared: set) -> tuple | None:
-    """Split a product into a left part (axes ⊆ left_axes) and a right part (⊆ right_axes)."""
-    left, right = [], []
-    for f in factors(e):
-        axes = {a.uid for a in f.axes}
-        if axes <= shared:
-            left.append(f)
-        elif axes <= left_axes:
-            left.append(f)
-        elif axes <= right_axes:
-            right.append(f)
-        else:
-            return None
-    if not left or not right:
-        return None
-    return _product(left), _product(right)
-
-
-def _storage_of(e: Expr) -> str:
-    loads = [n for n in nodes(e) if isinstance(n, Load) and dt.is_float(n.param.dtype)]
-    kinds = {n.param.dtype for n in loads}
-    return kinds.pop() if len(kinds) == 1 and kinds <= {"bf16", "f16"} else "bf16"
-
-
-def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
-    """Check that the chain fits the template and assign the axes their roles."""
-    if chain.axis is None or len(chain.common_axes) < 1:
-        raise TargetError("the row-tile template needs at least one axis shared by the chain")
-    *batch, row = chain.common_axes
-    col = chain.axis
-    common = {a.uid for a in chain.common_axes}
-    members = {m.name for m in chain.members}
-    features: dict[int, Axis] = {}
-    for m in chain.members:
-        for a in m.axes:
-            if a.uid not in common:
-                features[a.uid] = a
-    for x in chain.local_reductions:
-        for a in x.over:
-            features[a.uid] = a
-    extents = {(a.extent if isinstance(a.extent, int) else sizes[a.extent]) for a in features.values()}
-    if len(extents) > 1:
-        raise TargetError(f"the row-tile template holds one feature size, got {sorted(extents)}")
-    feature_extent = extents.pop() if extents else 1
-    if feature_extent > MAX_FEATURE:
-        raise TargetError(f"the feature axis has {feature_extent} elements; the row-tile template "
-                          f"holds it whole in registers, up to {MAX_FEATURE} (a GEMM chain this "
-                          "wide needs K-blocking or a cluster of CTAs)")
-    plan = RowTilePlan(program, chain, sizes, list(batch), row, col, None, feature_extent)
-    batch_ids = {a.uid for a in batch}
-    for x in chain.local_reductions:
-        if x.monoid.name != "sum" or len(x.over) != 1 or any(a.uid not in common | {col.uid}
-                                                            for a in x.axes):
-            raise TargetError(f"{x.name}: only sums over the feature axis of a row value times a "
-                              "column value become tensor-core products")
-        k = x.over[0]
-        body = inline_elementwise(x.bodies[0])
-        parts = _split_product(body, common | {k.uid}, batch_ids | {col.uid, k.uid}, batch_ids)
-        if parts is None:
-            raise TargetError(f"{x.name} is not a product of a row value and a column value")
-        plan.locals[x.name] = Contraction(parts[0], parts[1], _storage_of(body))
-    for m in chain.members:
-        scheme = chain.schemes[m.name]
-        extra = [a for a in m.axes if a.uid not in common]
-        if scheme.kind not in ("independent", "linear", "affine") or m.arity != 1:
-            raise TargetError(f"{m.name}: {scheme.kind} schemes are not in the row-tile template")
-        for k, st in enumerate(scheme.states):
-            body = _deps_as_symbols(st.body, members)
-            if not extra:
-                if st.monoid.name not in REDUCE:
-                    raise TargetError(f"{m.name}: {st.monoid.name} is not in the row-tile template")
-                plan.states.append(StatePlan(m, k, body, st.monoid, st.dtype))
-                continue
-            if st.monoid.name != "sum" or len(extra) != 1:
-                raise TargetError(f"{m.name}: a state over {extra[0].name} must be a sum")
-            e = extra[0]
-            parts = _split_product(body, common | {col.uid}, batch_ids | {col.uid, e.uid}, batch_ids)
-            if parts is None:
-                raise TargetError(f"{m.name}: not a product of a row×{col.name} value and a "
-                                  f"{col.name}×{e.name} value")
-            plan.states.append(StatePlan(m, k, body, st.monoid, st.dtype,
-                                         Contraction(parts[0], parts[1], _storage_of(parts[1]))))
-    plan.fold = _row_fold(plan)
-    if plan.fold is not None:
-        plan.locals = {k: Contraction(c.left, _grouped(c.right, plan.fold), c.dot_dtype)
-                       for k, c in plan.locals.items()}
-        for sp in plan.states:
-            if sp.contraction is not None:
-                sp.contraction = Contraction(sp.contraction.left,
-                                             _grouped(sp.contraction.right, plan.fold),
-                                             sp.contraction.dot_dtype)
-    plan.mask = None if plan.fold else _single_mask(chain, members)
-    plan.outputs = _outputs(program, chain, common, col)
-    return plan
-
-
-MAX_FOLDED_ROWS = 64
-
-
-def _group_of(e: Expr, axis: Axis, sizes: dict) -> set:
-    """The divisors ``g`` of every use of ``axis`` in ``e`` as ``axis // g`` (0 for a bare use)."""
-    found = set()
-
-    def visit(n: Expr):
-        if isinstance(n, Binary) and n.op == "floordiv" and isinstance(n.a, Axis) and \
-                n.a.uid == axis.uid:
-            resolved = substitute(n.b, lambda x: Const(sizes[x.name], "i32")
-                                  if x.__class__.__name__ == "DimSize" else None)
-            try:
-                found.add(int(evaluate_plain(resolved, {})))
-            except Exception:  # noqa: BLE001 - not a constant: no fold
-                found.add(0)
-            return
-        if isinstance(n, Axis) and n.uid == axis.uid:
-            found.add(0)
-            return
-        for c in n.children():
-            visit(c)
-
-    visit(e)
-    return found
-
-
-def _row_fold(plan: RowTilePlan):
-    """Few query rows and a head axis that the column operands (keys, values) read only as
-    ``h // G`` (grouped-query attention): put the G heads of a group in one row tile, so each
-    program reads its keys and values once for the whole group instead of once per head."""
-    if plan.sizes_of(plan.row) * 2 > MAX_FOLDED_ROWS:
-        return None
-    col_side = [c.right for c in plan.locals.values()] + [sp.contraction.right for sp in plan.states
-                                                          if sp.contraction is not None]
-    if not col_side:
-        return None
-    for a in plan.batch:
-        groups = set().union(*(_group_of(e, a, plan.sizes) for e in col_side))
-        if len(groups) == 1 and (g := groups.pop()) > 1 and plan.sizes_of(a) % g == 0 and \
-                plan.sizes_of(plan.row) * g <= MAX_FOLDED_ROWS:
-            return a, g
-    return None
-
-
-def _grouped(e: Expr, fold) -> Expr:
-    """Column-side operand with ``h // G`` replaced by the group index (a program constant)."""
-    axis, _ = fold
-    return substitute(e, lambda n: Symbol(f"__group_{axis.name}", "i32")
-                      if isinstance(n, Binary) and n.op == "floordiv" and isinstance(n.a, Axis)
-                      and n.a.uid == axis.uid else None)
-
-
-def _deps_as_symbols(e: Expr, members: set) -> Expr:
-    return substitute(e, lambda n: Symbol(f"{n.compute.name}.ref", n.dtype)
-                      if isinstance(n, Ref) and n.compute.name in members else None)
-
-
-def _single_mask(chain: Chain, members: set) -> Expr | None:
-    """The condition masking the chain's elements, when there is exactly one and masked elements
-    contribute nothing to any state (checked numerically on random values)."""
-    conds = {}
-    for m in chain.members:
-        for b in chain.bodies[m.name]:
-            for n in nodes(b):
-                if isinstance(n, Where) and not any(isinstance(x, Ref) for x in nodes(n.cond)) \
-                        and not any(isinstance(x, Load) and dt.is_float(x.param.dtype)
-                                    for x in nodes(n.cond)):
-                    conds[n.cond.key()] = n.cond
-    if len(conds) != 1:
-        return None
-    cond = next(iter(conds.values()))
-    rng = np.random.default_rng(0)
-    for m in chain.members:
-        scheme = chain.schemes[m.name]
-        for st in scheme.states:
-            masked = substitute(st.body, lambda n: Const(False, "bool") if n.key() == cond.key()
-                                else None)
-            identity = st.monoid.identity_value(0, "f64")
-            for _ in range(16):
-                leaves: dict = {}
-
-                def leaf(n):
-                    if isinstance(n, (Load, Ref, Axis, Symbol)) or n.__class__.__name__ in (
-                            "Scalar", "DimSize"):
-                        name = f"l{len(leaves)}"
-                        leaves[name] = rng.normal() * 3 if dt.is_float(n.dtype) else \
-                            int(rng.integers(0, 5))
-                        return Symbol(name, n.dtype)
-                    return None
-
-                value = float(evaluate_plain(substitute(masked, leaf), leaves))
-                if not (value == identity or (st.monoid.name == "max" and value <= identity) or
-                        (st.monoid.name == "min" and value >= identity)):
-                    return None
-    return cond
-
-
-def _outputs(program: Program, chain: Chain, common: set, col: Axis) -> list:
-    members = {m.name for m in chain.members}
-    out = []
-    for c in program.outputs:
-        body = c.bodies[0] if not c.is_reduction else None
-        if c.name in members:
-            expr: Expr = Ref(c, 0, c.loc)
-        elif body is not None:
-            expr = inline_elementwise(body)
-        else:
-            raise TargetError(f"output {c.name} is a reduction outside the chain")
-        for n in nodes(expr):
-            if isinstance(n, Ref) and n.compute.name not in members:
-                raise TargetError(f"output {c.name} reads {n.compute.name}, outside the chain")
-        axes = {a.uid for a in c.axes}
-        kind = "row" if axes <= common else ("col" if axes <= common | {col.uid} else "feature")
-        out.append((c, expr, kind))
-    return out
-
-
-# -- source --------------------------------------------------------------------------------------
-
-@dataclass
-class Knobs:
-    block_m: int = 128
-    block_n: int = 64
-    num_warps: int = 8
-    num_stages: int = 2
-    splits: int = 1  # >1: the split update (parts of the axis in parallel, then a merge kernel)
 
 
 class _Writer:
@@ -349,9 +47,10 @@ class _Writer:
         return _Indent()
 
 
-def kernel_source(plan: RowTilePlan, knobs: Knobs, name: str,
+def kernel_source(plan, knobs, name: str,
                   interpreter: bool = False) -> tuple[str, list[str]] | tuple[str, list, list]:
-    """Python source of a Triton kernel for ``plan`` and the names of its arguments, in order.
+    """Python source of a Triton kernel for ``plan`` (a ``tile_plan.RowTilePlan``) with ``knobs``
+    (its ``Knobs``) and the names of its arguments, in order.
     ``interpreter``: source for Triton's CPU interpreter, which has no bf16 tensor-core operands
     (they become f32) and no loop bounds loaded from memory (block lists are walked to their
     static length, skipping past the count)."""
@@ -690,7 +389,7 @@ def _assemble(functions) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _without_sentinel(plan: RowTilePlan, d: str, value: str) -> str:
+def _without_sentinel(plan, d: str, value: str) -> str:
     """As in the TensorIR lowering: mid-sweep, a maximum (minimum, logsumexp) that has seen
     nothing real is 0."""
     m = plan.chain.schemes[d].compute
@@ -707,7 +406,7 @@ def _operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
     return f"({to_triton(e, ctx)}).to({TL_DTYPES[dot_dtype]})"
 
 
-def _initial_reference(plan: RowTilePlan, d: str, initial: dict, cols: int) -> float:
+def _initial_reference(plan, d: str, initial: dict, cols: int) -> float:
     """The reference of ``d`` before anything is seen (as in the TensorIR lowering: the reference
     formula on empty states, the dependencies at their initial references; 0 for a maximum)."""
     scheme = plan.chain.schemes[d]
@@ -734,7 +433,7 @@ def _store_offsets(c: Compute, ctx: TileContext, sizes: dict) -> str:
                       for a, s in zip(c.axes, strides))
 
 
-def _largest(prog: Program, sizes: dict) -> int:
+def _largest(prog, sizes: dict) -> int:
     best = 0
     for p in prog.tensor_params:
         best = max(best, int(np.prod([d if isinstance(d, int) else sizes[d] for d in p.dims])))
@@ -744,14 +443,14 @@ def _largest(prog: Program, sizes: dict) -> int:
     return best
 
 
-def _blocks(plan: RowTilePlan, knobs: Knobs) -> int:
+def _blocks(plan, knobs) -> int:
     return math.ceil(plan.cols / knobs.block_n)
 
 
-def grid(plan: RowTilePlan, knobs: Knobs) -> tuple[int, int]:
+def grid(plan, knobs) -> tuple[int, int]:
     batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
     return (math.ceil(plan.rows / knobs.block_m), batch)
 
 
-def block_k(plan: RowTilePlan) -> int:
+def block_k(plan) -> int:
     return max(16, 1 << max(0, (plan.feature_extent - 1).bit_length()))

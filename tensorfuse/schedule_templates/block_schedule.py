@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from ...dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Scalar, Unary,
+from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Scalar, Unary,
                          Where)
-from ...errors import TargetError
+from ..errors import TargetError
 
 _BIN = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
         "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,

@@ -1,0 +1,34 @@
+"""What a compile entry point reads from the tuning database, handed down to the templates.
+
+``tensorfuse.compile`` and ``Schedule.compile`` are the only places that read tuning records
+(DESIGN §2): they give a template a lookup made here, and the template's kernel asks it once per
+shape for the knobs of the best record at those sizes. Nothing below the entry points imports
+:mod:`tensorfuse.autotune`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import tvm
+
+from .autotune.lookup import tuned
+from .autotune.tasks import knobs_of
+from .dsl.program import Program
+from .targets import TargetSpec
+
+
+def template_records(program: Program, template: str, fusion,
+                     target: TargetSpec) -> Callable[[dict], "tuple[dict, str] | None"]:
+    """``lookup(dims) -> (knob values, where from)`` of the best record for ``program`` fused by
+    ``fusion`` under ``template`` at ``dims`` on this device, or None (template defaults)."""
+    def lookup(dims: dict):
+        found = tuned(program, template, fusion, target, dims)
+        return None if found is None else (knobs_of(found[0]), found[1])
+
+    return lookup
+
+
+def cpu_record(program: Program, target: TargetSpec,
+               dims: dict) -> "tuple[tvm.IRModule, str] | None":
+    """The CPU schedule of the best record for ``program`` at ``dims`` and where it is from."""
+    return tuned(program, "cpu", None, target, dims)
