@@ -232,15 +232,11 @@ class _Model:
     def _reference(self, m, states, refs, seen: int, dtype, row: dict) -> np.ndarray:
         env = {**row, **self._symbols(m, states, {}, refs)}
         env[EXTRAPOLATION.name] = np.asarray(LENGTH / max(seen, 1), dtype)
-        return self._without_sentinel(m, self._eval(self.chain.schemes[m.name].reference(), env,
-                                                    dtype), dtype)
+        return self._eval(self.chain.schemes[m.name].reference(), env, dtype)
 
-    @staticmethod
-    def _without_sentinel(m, value, dtype):
-        d = "f32" if dtype == np.float32 else "f64"
-        if not m.monoid.identity_is_sentinel(d):
-            return value
-        return np.where(value == m.monoid.identity_value(0, d), 0, value).astype(dtype)
+    def _usable(self, m, value, dtype):
+        usable = self.chain.schemes[m.name].usable(Symbol("__value", m.dtypes[0]))
+        return self._eval(usable, {"__value": value}, dtype)
 
     def _sweep(self, dtype, lo: int, hi: int):
         """One part of the axis, rolled: running states and the references they are kept to."""
@@ -290,5 +286,5 @@ class _Model:
                 states, refs = parts[0][0][m.name], parts[0][1]
             env = {**row, **self._symbols(m, states, refs, finals)}
             finals[m.name] = self._eval(scheme.true_value(0, settled=True), env, dtype)
-            final_refs[m.name] = self._without_sentinel(m, finals[m.name], dtype)
+            final_refs[m.name] = self._usable(m, finals[m.name], dtype)
         return finals

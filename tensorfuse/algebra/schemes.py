@@ -100,8 +100,23 @@ class Scheme:
                 scaled[f"{self.name}#{k}"] = mul(self.state_symbol(k), EXTRAPOLATION)
             elif st.monoid.name == "logsumexp":  # log Σ exp, its sum extrapolated
                 scaled[f"{self.name}#{k}"] = add(self.state_symbol(k), unary("log", EXTRAPOLATION))
-        return simplify(substitute(self.value[0], lambda n: scaled.get(n.name)
-                                   if isinstance(n, Symbol) else None))
+        return self.usable(simplify(substitute(self.value[0], lambda n: scaled.get(n.name)
+                                               if isinstance(n, Symbol) else None)))
+
+    def usable(self, e: Expr) -> Expr:
+        """``e`` as a reference: 0 where it is no usable one — not finite (an overflow, or a
+        logsumexp of nothing), or the identity of a maximum or minimum that has seen nothing
+        real yet (a masked prefix, a split part of masked elements; −FLT_MAX). Members kept
+        relative to such a value would be infinite, or huge; any finite reference keeps the
+        result exact, and the final values use the true ones, as the unfused program does."""
+        dtype = self.compute.dtypes[0]
+        if not dt.is_float(dtype):
+            return e
+        ok = compare("lt", unary("abs", e), math.inf)
+        if self.compute.monoid.identity_is_sentinel(dtype):
+            ident = Const(self.compute.monoid.identity_value(0, dtype), dtype)
+            ok = binary("and", ok, compare("ne", e, ident))
+        return where(ok, e, const(0.0))
 
     def describe(self) -> str:
         """The corrections in readable form (for show() and tutorials)."""
@@ -239,10 +254,14 @@ def _positive_affine(terms: Terms, ctx: Context, allow_scale: bool, what: Expr):
 
 def _affine_scheme(compute, body, top: Terms, ctx, deps, homs) -> Scheme:
     allow_scale = "positive_scale" in homs
-    # a shifted body is kept centred on its references: max(x − v_ref), not max(x) − v, whose
-    # running value holds the data's offset at float32's resolution there
-    basis, kappa, delta = _positive_affine(rebased(body, top), ctx, allow_scale, body)
-    own = rebased(basis, linear(basis, ctx))
+    # a shifted body of a monoid that accumulates (logsumexp) is kept centred on its references:
+    # lse(x − v_ref), not lse(x) − v, whose running value would hold the data's offset at
+    # float32's resolution there. A max or min only selects: max(x) is exact, and one shift at
+    # the end rounds once, where a centred state would carry every reference it moved through.
+    centred = not compute.monoid.idempotent
+    basis, kappa, delta = _positive_affine(rebased(body, top) if centred else top, ctx,
+                                           allow_scale, body)
+    own = rebased(basis, linear(basis, ctx)) if centred else linear(basis, ctx)
     b2, k2, d2 = _positive_affine(own, ctx, allow_scale, basis)
     if b2.key() != basis.key():
         raise NoCorrection(basis, "its running value does not correct into itself")

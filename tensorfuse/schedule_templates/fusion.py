@@ -438,7 +438,11 @@ class _ChainEmitter:
         return tirx.BufferLoad(self.fb.scope.computes[d][0], [sc.axes[a.uid] for a in member.axes])
 
     def _final_reference(self, d: str, sc: Scope):
-        return self._without_sentinel(d, self._final(d, sc))
+        """A dependency's final value as a reference (0 where it is no usable one)."""
+        member = self._member(d)
+        final = Symbol("__final", member.dtypes[0])
+        return lower_expr(self.chain.schemes[d].usable(final),
+                          sc.child(symbols={"__final": self._final(d, sc)}), member.dtypes[0])
 
     def _member(self, name: str) -> Compute:
         return next(m for m in self.chain.members if m.name == name)
@@ -458,27 +462,13 @@ class _ChainEmitter:
         """The value states are kept relative to (:meth:`~tensorfuse.algebra.Scheme.reference`):
         the value formula with running sums extrapolated to the whole axis (× N / seen) and the
         dependencies at their references, so a mean is estimated as the running mean (Welford's
-        centring) whether it is written ``Σ y / N`` or ``Σ y / Σ 1``; a maximum that has seen
-        nothing real is 0 (below). ``states``/``deps``: the symbols ``d#k`` and ``e.new``."""
-        member = self._member(d)
-        dtype = member.dtypes[0]
+        centring) whether it is written ``Σ y / N`` or ``Σ y / Σ 1``; 0 where that is no usable
+        reference (a maximum that has seen nothing real, an overflow).
+        ``states``/``deps``: the symbols ``d#k`` and ``e.new``."""
+        dtype = self._member(d).dtypes[0]
         scale = tirx.Cast(dt_tvm(dtype), self.n) / tirx.Cast(dt_tvm(dtype), tirx.max(seen, 1))
         symbols = {**states, **deps, EXTRAPOLATION.name: scale}
-        value = lower_expr(self.chain.schemes[d].reference(), scope.child(symbols=symbols), dtype)
-        return self._without_sentinel(d, value)
-
-    def _without_sentinel(self, d: str, value):
-        """A running maximum (minimum, logsumexp) that has seen nothing real yet — a prefix or a
-        whole split of masked elements — holds its extreme identity (−FLT_MAX, FLT_MAX, −inf);
-        members computed from it mid-sweep would be huge or infinite and useless as references.
-        Mid-sweep they see 0 instead; the final values use the true ones, as the unfused program
-        does."""
-        member = self._member(d)
-        dtype = member.dtypes[0]
-        if not member.monoid.identity_is_sentinel(dtype):
-            return value
-        ident = constant(member.monoid.identity_value(0, dtype), dtype)
-        return tirx.Select(value == ident, constant(0.0, dtype), value)
+        return lower_expr(self.chain.schemes[d].reference(), scope.child(symbols=symbols), dtype)
 
     def _deps_as_references(self, e: Expr) -> Expr:
         deps = {m.name: m for m in self.chain.members}

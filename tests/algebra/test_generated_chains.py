@@ -237,7 +237,7 @@ EPS32 = float(np.finfo(np.float32).eps)
 ULPS = 128
 # Masks that keep elements all along the axis. With a prefix or suffix mask a split part can see
 # none of a dependency's elements; later members are then kept relative to 0 there (see
-# fusion._without_sentinel), which is exact but costs precision on data far from zero.
+# Scheme.usable), which is exact but costs precision on data far from zero.
 SPREAD_MASKS = (MASKS[0], MASKS[3])
 # (offset, scale) of the inputs. Left out: zero-mean data whose spread dwarfs the chain's own
 # constants (offset ≤ 10, scale 1e3). There a dependency that is a signed sum is a random walk

@@ -225,9 +225,8 @@ def kernel_source(plan, knobs, name: str,
             if m.name in needed:  # its reference: the value at the references, extrapolated
                 at_refs = {**sym, **{f"{d}.new": f"newref_{d}" for d in scheme.deps},
                            EXTRAPOLATION.name: f"({N} / tl.maximum(seen_next, 1))"}
-                estimate = to_triton(scheme.reference(), ctx_r().child(symbols=at_refs))
-                w(f"est_{m.name} = {estimate}")
-                w(f"newref_{m.name} = {_without_sentinel(plan, m.name, f'est_{m.name}')}")
+                w(f"newref_{m.name} = "
+                  f"{to_triton(scheme.reference(), ctx_r().child(symbols=at_refs))}")
                 symbols[f"{m.name}.ref"] = f"newref_{m.name}"
         for d in needed:
             w(f"ref_{d} = newref_{d}")
@@ -321,7 +320,9 @@ def kernel_source(plan, knobs, name: str,
             w(f"fin_{m.name} = {value}")
             finals[m.name] = f"fin_{m.name}"
             if m.name in needed:
-                w(f"finref_{m.name} = {_without_sentinel(plan, m.name, f'fin_{m.name}')}")
+                usable = scheme.usable(Symbol("__fin", m.dtypes[0]))
+                w(f"finref_{m.name} = "
+                  f"{to_triton(usable, ctx_r().child(symbols={'__fin': f'fin_{m.name}'}))}")
         emit_outputs(finals)
 
     states = {(sp.member.name, sp.k): f"st_{sp.member.name}_{sp.k}" for sp in plan.states}
@@ -389,15 +390,6 @@ def _assemble(functions) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _without_sentinel(plan, d: str, value: str) -> str:
-    """As in the TensorIR lowering: mid-sweep, a maximum (minimum, logsumexp) that has seen
-    nothing real is 0."""
-    m = plan.chain.schemes[d].compute
-    if not m.monoid.identity_is_sentinel(m.dtypes[0]):
-        return value
-    return f"tl.where({value} == {literal(m.monoid.identity_value(0, m.dtypes[0]), 'f32')}, 0.0, {value})"
-
-
 def _operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
     """A tl.dot operand: a single load keeps its storage type; anything else is computed in f32
     and converted."""
@@ -408,18 +400,14 @@ def _operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
 
 def _initial_reference(plan, d: str, initial: dict, cols: int) -> float:
     """The reference of ``d`` before anything is seen (as in the TensorIR lowering: the reference
-    formula on empty states, the dependencies at their initial references; 0 for a maximum)."""
+    formula on empty states, the dependencies at their initial references)."""
     scheme = plan.chain.schemes[d]
     env = {f"{d}#{k}": np.asarray(st.monoid.identity_value(0, st.dtype), np.float64)
            for k, st in enumerate(scheme.states)}
     env.update({f"{e}.new": np.asarray(initial[e], np.float64) for e in scheme.deps})
     env[EXTRAPOLATION.name] = np.asarray(float(cols))
     with np.errstate(all="ignore"):
-        value = float(evaluate_plain(scheme.reference(), env))
-    m, dtype = scheme.compute, scheme.states[0].dtype
-    if m.monoid.identity_is_sentinel(dtype) and value == m.monoid.identity_value(0, dtype):
-        return 0.0
-    return value
+        return float(evaluate_plain(scheme.reference(), env))
 
 
 def _store_offsets(c: Compute, ctx: TileContext, sizes: dict) -> str:
