@@ -6,7 +6,8 @@ Two shapes of chain are distributed:
 - GEMM chains ``act(X·W1)·W2`` (no fusion first): the intermediate's columns (``axis``, the second
   sum's axis) are split across the cluster's CTAs, each computes its slice and all-gathers it into
   its peers' shared memory through DSM, then each computes a share of the output columns from the
-  cluster's whole intermediate (:mod:`tensorfuse.targets.cuda.gemm_chain`);
+  cluster's whole intermediate (plan: :mod:`.gemm_chain_plan`, code:
+  :mod:`tensorfuse.targets.cuda.gemm_chain`);
 - a rolled softmax-weighted chain (attention after ``rolling_update``) for one query token: the keys
   (``axis``, the rolled axis) are split across the cluster and the partial states merged in DSM with
   the rolling-update correction — a split update inside the cluster
@@ -23,8 +24,12 @@ from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
 from ..targets import TargetSpec
 from ..targets.cuda.kernel import ClusterKernel, Launches
+from ..targets.cuda.cluster_decode import decode_shared_bytes, decode_source
+from ..targets.cuda.gemm_chain import EPILOGUE_VEC, gemm_chain_source
 from ..targets.cuda.module import KernelEntry, cubin_for, max_active_clusters
 from .attention import SMS
+from .decode_plan import DecodeKnobs, check_decode, plan_decode
+from .gemm_chain_plan import ClusterKnobs, check_sizes, plan_gemm_chain, shared_bytes, wgmma_layout
 
 
 def _check_target(target: TargetSpec) -> None:
@@ -66,8 +71,6 @@ def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
     (all-gather in clusters of 2 when peer reads do not apply; smaller clusters and tiles where the
     sizes need them), 128-row blocks (64 where M ≤ 64 or H would not fit), and the pipeline with
     the most bytes in flight that fits."""
-    from ..targets.cuda.gemm_chain import check_sizes
-
     M, K, N, O = sizes
     mma = given.get("mma", "wgmma" if target.has_wgmma and given.get("warps", 8) == 8
                     else "mma_sync")
@@ -100,8 +103,6 @@ def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
 def _knobs_for_cluster(plan, target: TargetSpec, c: int, mma: str, peer: bool,
                        sizes: tuple[int, int, int, int], given: dict):
     """Default block sizes for cluster size ``c`` (before the pipeline is chosen)."""
-    from ..targets.cuda.gemm_chain import ClusterKnobs
-
     M, K, N, O = sizes
     wgmma = mma == "wgmma"  # swizzled 128-byte rows: block_k 64 only
     widest = 256 if peer else 128
@@ -120,8 +121,6 @@ def _knobs_for_cluster(plan, target: TargetSpec, c: int, mma: str, peer: bool,
 
 
 def _fits(plan, target: TargetSpec, knobs) -> bool:
-    from ..targets.cuda.gemm_chain import shared_bytes
-
     return shared_bytes(plan, knobs) * knobs.ctas_per_sm <= target.max_shared_memory
 
 
@@ -129,9 +128,7 @@ def _deepest_pipeline(plan, target: TargetSpec, k, given: dict):
     """The pipeline with the most bytes in flight that fits, ranked by the k-tiles its copies can
     run ahead of the MMAs (stages − 1 with mma.sync; with wgmma one more slot is still being read
     by the MMAs in flight — the wgmma kernel may copy fewer ahead where that measured faster,
-    ``gemm_chain.wgmma_lookahead``). Refuses knobs that fit no pipeline."""
-    from ..targets.cuda.gemm_chain import shared_bytes
-
+    ``gemm_chain_plan.wgmma_lookahead``). Refuses knobs that fit no pipeline."""
     wgmma = k.mma == "wgmma"
     ahead = 2 if wgmma else 1
     choices = sorted(((bk, st) for bk in ((64,) if wgmma else (64, 32))
@@ -153,9 +150,6 @@ def _deepest_pipeline(plan, target: TargetSpec, k, given: dict):
 def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None,
                **knobs) -> ClusterKernel:
     """The GEMM chain of ``kernel`` with ``axis`` (the intermediate's) split over clusters."""
-    from ..targets.cuda.gemm_chain import (EPILOGUE_VEC, gemm_chain_source, plan_gemm_chain,
-                                           shared_bytes)
-
     _check_target(target)
     program = kernel.program
     plan = plan_gemm_chain(program)
@@ -176,7 +170,9 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
     def layout(dims: dict) -> Launches:
         M, K, N, O = (dims[d] for d in plan.dims)
         k = gemm_chain_knobs(plan, target, (M, K, N, O), cluster, knobs)
-        source = gemm_chain_source(plan, k, M, K, N, O)
+        check_sizes(plan, k, M, K, N, O)
+        layout_ = wgmma_layout(plan, k, M) if k.mma == "wgmma" else None
+        source = gemm_chain_source(plan, k, layout_, M, K, N, O)
         smem = shared_bytes(plan, k)
         scalars = [p.name for p in program.scalar_params]
         n_scal = ("float32",) * len(scalars)
@@ -237,7 +233,6 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
     (the driver's count; a cluster must fit one GPC, so on the H100 it is 7 of 16, 15 of 8,
     30 of 4 and 66 of 2 — not SMs / cluster); without a GPU (``None``) the count of ``sms``
     streaming multiprocessors decides."""
-    from ..targets.cuda.cluster_decode import DecodeKnobs, decode_shared_bytes
 
     pairs = B * max(HKV, 1)
     group = H // max(HKV, 1)
@@ -259,8 +254,6 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
                      **knobs) -> ClusterKernel:
     """The rolled attention chain of ``kernel`` with its keys split over one cluster per
     (batch, kv-head)."""
-    from ..targets.cuda.cluster_decode import decode_shared_bytes, decode_source, plan_decode
-
     _check_target(target)
     if fusion.axis != axis:
         raise ScheduleError(f"cluster_distribute(axis={axis!r}) after a rolling update over "
@@ -283,6 +276,7 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
             key = replace(k, cluster=1)
             try:
                 if key not in probes:
+                    check_decode(plan, key, dims)
                     probes[key] = cubin_for(decode_source(plan, key, dims), target)
                 count = max_active_clusters(probes[key], "tf_decode_cluster", k.cluster,
                                             32 * k.warps, decode_shared_bytes(k, D, H // HKV),
@@ -298,6 +292,7 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
                          gpu[1] if gpu else SMS)
         why = (f"{B * HKV} clusters (batch × kv-heads); the GPU holds {', '.join(asked)} at once"
                if asked else "")
+        check_decode(plan, k, dims)
         source = decode_source(plan, k, dims)
         smem = decode_shared_bytes(k, D, H // HKV)
         if smem > target.max_shared_memory:

@@ -275,7 +275,7 @@ def test_gemm_chain_defaults_fit_the_shared_memory():
     blocks only where each warpgroup still gets 64-column multiples. Peer reads (the default with
     wgmma): one slice per CTA, so clusters of 8 keep 128-row blocks; smaller clusters and output
     tiles where the sizes need them."""
-    from tensorfuse.targets.cuda.gemm_chain import plan_gemm_chain, shared_bytes
+    from tensorfuse.schedule_templates.gemm_chain_plan import plan_gemm_chain, shared_bytes
 
     sizes = dict(M=128, K=4096, N=14336, O=4096)
     for kernel in (ffn_gelu, ffn_swiglu):
@@ -313,7 +313,7 @@ def test_gemm_chain_defaults_fit_the_shared_memory():
 def test_wgmma_copies_run_deep_for_one_row_block_and_two_ahead_for_many():
     """One row block streams the weights once from DRAM: every slot but the one being read is in
     flight (W2: at most 3). Many row blocks re-read them from L2: two k-tiles ahead
-    (``gemm_chain.wgmma_lookahead``, written into the kernel as AHEAD1 / AHEAD2)."""
+    (``gemm_chain_plan.wgmma_lookahead``, written into the kernel as AHEAD1 / AHEAD2)."""
     sizes = dict(K=4096, N=14336, O=4096)
     for M in (128, 8192):
         f = _ffn(ffn_swiglu)

@@ -26,15 +26,18 @@ instruction issue (ncu; RESULTS.md, "FFN v6").
 """
 from __future__ import annotations
 
-from .gemm_chain import (PRODUCER_THREADS, wgmma_lookahead, wgmma_pipeline_bytes,
-                         wgmma_w2_slot_bytes, wgmma_w2_stages)
 from .tma import HELPERS as TMA_HELPERS
 from .tma import MBARRIER_HELPERS
 from .wgmma import HELPERS, wgmma_function
 
 
-def wgmma_body(plan, knobs, M: int) -> str:
-    """Device code after :func:`gemm_chain._header` for ``mma="wgmma"`` (``M`` rows)."""
+PRODUCER_THREADS = 128  # copy="producer": one warpgroup (setmaxnreg works per warpgroup)
+
+
+def wgmma_body(plan, knobs, layout, activation: str) -> str:
+    """Device code after :func:`gemm_chain._header` for ``mma="wgmma"``: ``layout`` is the
+    pipeline geometry the template chose (``gemm_chain_plan.WgmmaLayout``), ``activation`` the
+    activation's C++."""
     g = len(plan.gates)
     wg_m = knobs.block_m // 64          # warpgroups along the rows (1 or 2)
     wg_n = 2 // wg_m                    # and along the columns
@@ -45,11 +48,10 @@ def wgmma_body(plan, knobs, M: int) -> str:
                                       if peer and not producer else
                                       wgmma_function(ow) if ow != nw else "")
     gate_values = "".join(f"float g{j} = acc[{j}][4 * jj + 2 * half + e]; " for j in range(g))
-    activation = plan.activation
     tma = knobs.copy == "tma"
-    pipe_bytes = wgmma_pipeline_bytes(plan, knobs)   # STAGES slots of the larger stage
-    w2_stages = wgmma_w2_stages(plan, knobs)
-    ahead1, ahead2 = wgmma_lookahead(knobs, M, w2_stages)
+    pipe_bytes = layout.pipe_bytes   # STAGES slots of the larger stage
+    w2_stages = layout.w2_stages
+    ahead1, ahead2 = layout.ahead1, layout.ahead2
     return f"""{HELPERS}
 {MBARRIER_HELPERS}
 {TMA_HELPERS if tma else ""}
@@ -71,7 +73,7 @@ def wgmma_body(plan, knobs, M: int) -> str:
 #define SLOT {pipe_bytes // knobs.stages}     // one TMA slot: a stage of either product
 #define STAGE_BYTES (BM * BK * 2 + G * BK * BN * 2)  // cp.async: a first-product stage
 #define W2_BYTES (BK * BO * 2)                        // and a W2 tile
-#define W2_SLOT {wgmma_w2_slot_bytes(knobs)}   // a W2 slot (with the producer: H's k-tile, then W2)
+#define W2_SLOT {layout.w2_slot_bytes}   // a W2 slot (with the producer: H's k-tile, then W2)
 #define W2_AT (W2_SLOT - W2_BYTES)           // where the W2 tile starts in its slot
 #define WGN {wg_n}
 #define NW {nw}                 // first-product columns per warpgroup
