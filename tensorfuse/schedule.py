@@ -23,6 +23,7 @@ from .dsl.program import TracedKernel, is_kernel
 from .errors import CallError, ScheduleError, TensorfuseError
 from .records import template_records
 from .schedule_templates import lower_program, tvm_schedule
+from .schedule_templates.annotations import annotate_template
 from .algebra import plan_chain
 from .schedule_templates.default import apply_default_schedule
 from .schedule_templates.fusion import Fusion
@@ -171,6 +172,7 @@ class Schedule:
         self._record(f"apply_template({name!r}" + "".join(f", {k}={v}" for k, v in knobs.items())
                      + ")", is_fusion=True)
         self.template = (name, dict(knobs))
+        annotate_template(self._tvm, name, knobs)
         return self
 
     def cluster_distribute(self, axis: str, cluster: int | None = None, **knobs) -> "Schedule":
@@ -216,11 +218,48 @@ class Schedule:
                          + [f"{k}={v}" for k, v in knobs.items()])
         self._record(f"cluster_distribute({text})", is_fusion=True)
         self.template = ("cluster", made)
+        annotate_template(self._tvm, "cluster", {"axis": axis, **({"cluster": cluster}
+                                                                  if cluster else {}), **knobs})
         return self
 
     def corrections(self) -> str:
         """The running states and correction terms of every fusion, in readable form."""
         return "\n".join(plan_chain(self.program, f.names, f.axis).describe() for f in self.fusions)
+
+    def plan(self, **sizes: int) -> str:
+        """What this schedule compiles, in readable form: each fusion's chain plan (running
+        states, corrections), then the template's plan — with ``sizes``, the plan made for them:
+        the axes' roles, tensor-core products, states, mask, and the knobs chosen and where
+        from. ``print(sch.plan(B=2, H=16, M=4096, N=4096, D=128))``."""
+        lines = []
+        for f in self.fusions:
+            lines.append(f.describe())
+            lines += ["  " + line for line in
+                      plan_chain(self.program, f.names, f.axis).describe().splitlines()]
+        if self.template is None:
+            lines.append("no template: " + ("the fused TensorIR, its loops spread over threads "
+                                            "or cores" if self.fusions else
+                                            "TVM's default schedule (dlight on GPUs)"))
+            return "\n".join(lines)
+        name = self.template[0]
+        if not sizes:
+            lines.append(f"template {name}; plan(**sizes) shows its tiles for given sizes (this "
+                         f"kernel's: {', '.join(self.program.dim_names())})")
+            return "\n".join(lines)
+        problem = self.program.size_problems(sizes, complete=False)
+        if problem:
+            raise ScheduleError(problem, user_location())
+        dims = {**self.dims, **sizes}
+        compiled = self.compile()
+        if name == "cluster":
+            made = compiled.launches(**dims)
+            lines += [made.plan.describe(), f"  knobs: {made.knobs}"
+                      + (f" ({made.why})" if made.why else "")]
+        else:
+            plan, knobs = compiled.build(**dims)[:2]
+            lines += [f"template {name}:", plan.describe(knobs),
+                      f"  knobs from: {compiled.schedule_origin(**dims)}"]
+        return "\n".join(lines)
 
     # -- TVM primitives, forwarded ------------------------------------------------------------
     def __getattr__(self, name: str):

@@ -20,11 +20,10 @@ from ..dsl.program import Program
 from ..errors import TuningError
 from ..inputs import default_scalars
 from ..schedule_templates import lower_program
+from ..schedule_templates.annotations import KNOB_PREFIX, TEMPLATE_ATTR
 from ..schedule_templates.fusion import Fusion
 from ..targets import TargetSpec
 
-KNOB_PREFIX = "tensorfuse.knob."
-TEMPLATE_ATTR = "tensorfuse.template"
 TASK_ATTR = "tensorfuse.task"
 KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits")
 

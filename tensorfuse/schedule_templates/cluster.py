@@ -214,7 +214,7 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
             module["tf_chain_epilogue"](_pointer(ysum), _pointer(out), *sc,
                                         math.ceil(M * O / (256 * EPILOGUE_VEC)), 1, 256, 1, 0)
 
-        return Launches(source, entries, k, run)
+        return Launches(source, entries, k, run, plan=plan)
 
     return ClusterKernel(program, target, layout, f"cluster_distribute(axis={axis!r})")
 
@@ -309,6 +309,6 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
                                         _pointer(values[plan.v]), _pointer(out), *sc,
                                         B * HKV * k.cluster, 1, 32 * k.warps, k.cluster, smem)
 
-        return Launches(source, entries, k, run, why)
+        return Launches(source, entries, k, run, why, plan)
 
     return ClusterKernel(program, target, layout, f"cluster_distribute(axis={axis!r})")

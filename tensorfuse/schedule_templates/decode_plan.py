@@ -16,6 +16,7 @@ from ..algebra import inline_elementwise, plan_chain
 from ..algebra.exprs import factors, substitute
 from ..dsl.evaluate import evaluate_plain
 from ..dsl.expr import Axis, Binary, Const, DimSize, Expr, Load, Ref, Symbol, Unary
+from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
 from ..targets.cuda.expr import to_cuda
@@ -37,6 +38,15 @@ class DecodePlan:
     head_axis: str     # that axis's name
     dot: str = ""                               # the q·k reduction the score reads
     score_axes: tuple[tuple[str, str], ...] = ()  # axis name -> the kernel's index (b, h, 0, j)
+
+    def describe(self) -> str:
+        b, h, hkv, m, n, d = self.dims
+        return "\n".join([
+            f"cluster-decode plan: {self.out}[{b}, {h}, {m}, {d}] from {self.q}, {self.k}, "
+            f"{self.v} ({hkv} kv-heads)",
+            f"  score: {to_text(self.score)} ({self.dot}: q·k on tensor cores or CUDA cores)",
+            f"  keys {n} split over a cluster per (batch, kv-head); softmax states merged in "
+            "distributed shared memory with exp(m_part - m)"])
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..algebra import inline_elementwise
 from ..algebra.exprs import factors, nodes
 from ..dsl.expr import Axis, Binary, Expr, Load, Ref
+from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
 from ..targets.cuda.expr import to_cuda
@@ -42,6 +43,16 @@ class GemmChainPlan:
     axis: str
     gate_sums: tuple[str, ...]   # the first-level sums the activation reads (as g0, g1, …)
     second: str                  # the second sum, which the epilogue reads (as y)
+
+    def describe(self) -> str:
+        i, k, n, o = self.dims
+        return "\n".join([
+            f"GEMM-chain plan: {self.output}[{i}, {o}] from {self.x}[{i}, {k}] and "
+            f"{', '.join(self.gates)}[{k}, {n}], {self.w2}[{n}, {o}]",
+            f"  first products: {', '.join(self.gate_sums)} (tensor cores), kept in shared memory",
+            f"  activation over [{i}, {n}]: {to_text(self.activation)}",
+            f"  second product over {self.axis} (split across the cluster), epilogue: "
+            f"{to_text(self.epilogue)}"])
 
 
 @dataclass(frozen=True)

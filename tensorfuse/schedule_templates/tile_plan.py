@@ -26,6 +26,7 @@ from ..algebra.exprs import factors, nodes, substitute
 from ..dsl import dtypes as dt
 from ..dsl.evaluate import evaluate_plain
 from ..dsl.expr import Axis, Binary, Const, Expr, Load, Ref, Symbol, Where
+from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from ..errors import TargetError
 from ..targets.triton.rowtile import MAX_FEATURE, REDUCE
@@ -86,6 +87,36 @@ class RowTilePlan:
     @property
     def cols(self) -> int:
         return self.sizes_of(self.col)
+
+    def describe(self, knobs: "Knobs | None" = None) -> str:
+        """The plan in readable form (``Schedule.plan``): the axes' roles, the tensor-core
+        products, the running states, the mask and the knobs."""
+        lines = [f"row-tile plan of {self.program.name} at "
+                 + ", ".join(f"{k}={v}" for k, v in self.sizes.items()),
+                 f"  grid: {', '.join(f'{n}={e}' for n, e in self.grid_batch) or '-'} × rows "
+                 f"{self.row.name} ({self.rows}"
+                 + (f": {self.fold[1]} values of {self.fold[0].name} share a tile" if self.fold
+                    else "") + ")",
+                 f"  swept: {self.col.name} ({self.cols}), feature held whole: "
+                 f"{self.feature_extent}"]
+        for name, con in self.locals.items():
+            lines.append(f"  {name} = {to_text(con.left)} · {to_text(con.right)} on tensor "
+                         f"cores ({con.dot_dtype})")
+        for sp in self.states:
+            how = (f" as {to_text(sp.contraction.left)} · {to_text(sp.contraction.right)} on "
+                   f"tensor cores" if sp.contraction is not None else "")
+            lines.append(f"  state {sp.member.name}#{sp.k} = {sp.monoid.name} of "
+                         f"{to_text(sp.body)}{how}")
+        if self.mask is not None:
+            lines.append(f"  mask: {to_text(self.mask)} (blocks sorted per call into skipped, "
+                         "partial and full)")
+        lines.append("  outputs: " + ", ".join(f"{c.name} ({kind})" for c, _, kind in
+                                               self.outputs))
+        if knobs is not None:
+            lines.append(f"  knobs: block_m={knobs.block_m}, block_n={knobs.block_n}, "
+                         f"num_warps={knobs.num_warps}, num_stages={knobs.num_stages}, "
+                         f"splits={knobs.splits}")
+        return "\n".join(lines)
 
     def sizes_of(self, axis: Axis) -> int:
         return axis.extent if isinstance(axis.extent, int) else self.sizes[axis.extent]

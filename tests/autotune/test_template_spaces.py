@@ -57,7 +57,7 @@ def test_a_candidate_that_cannot_compile_is_reported():
     from tvm.s_tir.meta_schedule.builder import BuilderInput
 
     from tensorfuse.autotune.builder import TritonBuilder
-    from tensorfuse.autotune.tasks import KNOB_PREFIX
+    from tensorfuse.schedule_templates.annotations import KNOB_PREFIX
 
     task = make_task(K.causal_attention, ATTENTION, tf.get_target("cuda:sm_90a"))
     sch = tvm.s_tir.Schedule(task.mod)

@@ -12,12 +12,15 @@ from .module import KernelEntry, cuda_module
 
 
 class Launches:
-    """Generated source, its entry points, the knobs used, and ``run(module, values, out,
-    device)`` which launches them; ``module`` is built on the first call."""
+    """Generated source, its entry points, the plan and knobs it was written from, and
+    ``run(module, values, out, device)`` which launches them; ``module`` is built on the first
+    call."""
 
-    def __init__(self, source: str, entries: list[KernelEntry], knobs, run, why: str = ""):
+    def __init__(self, source: str, entries: list[KernelEntry], knobs, run, why: str = "",
+                 plan=None):
         self.source, self.entries, self.knobs, self.run = source, entries, knobs, run
         self.why = why   # how a default was chosen, where that depends on the GPU
+        self.plan = plan
         self.module = None
 
 
