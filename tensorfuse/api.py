@@ -1,6 +1,7 @@
 """The public entry points: schedule a kernel, compile it."""
 from __future__ import annotations
 
+from .binding import bind_call, signature_key
 from .compiled import CompiledKernel
 from .dsl.expr import user_location
 from .dsl.program import TracedKernel, is_kernel
@@ -90,18 +91,16 @@ class AutoKernel:
         return self.template if self._fits[key] else self.fallback
 
     def _pick(self, args, kwargs):
-        """The kernel for this call, decided once per shape signature (this runs on every call:
-        it only looks at shapes and dtypes when it has seen them before)."""
-        key = tuple(_shape_key(a) for a in args) + tuple((k, _shape_key(v))
-                                                         for k, v in sorted(kwargs.items()))
-        chosen = self._by_shapes.get(key)
+        """The kernel for this call, decided once per signature (this runs on every call: it only
+        looks at the arguments' kinds when it has seen them before)."""
+        key = signature_key(args, kwargs)
+        chosen = self._by_shapes.get(key) if key is not None else None
         if chosen is None:
-            from .binding import bind_call
-
             self.target.device()  # a missing GPU is the first thing to report
             kind = "cpu" if self.target.kind == "llvm" else self.target.kind
             chosen = self.for_sizes(**bind_call(self.program, args, kwargs, kind).dims)
-            self._by_shapes[key] = chosen
+            if key is not None:
+                self._by_shapes[key] = chosen
         return chosen
 
     def __call__(self, *args, **kwargs):
@@ -122,11 +121,6 @@ class AutoKernel:
 
     def benchmark(self, *args, **kwargs) -> float:
         return self._pick(args, kwargs).benchmark(*args, **kwargs)
-
-
-def _shape_key(value):
-    shape = getattr(value, "shape", None)
-    return (tuple(shape), str(value.dtype)) if shape is not None else type(value)
 
 
 def _triton_available() -> bool:

@@ -1,11 +1,16 @@
 """Check a kernel call's arguments against the kernel's signature and bind the named sizes.
 
 Every problem is reported before launch as a :class:`~tensorfuse.errors.CallError` naming the
-parameter, what was expected and what came, with the caller's line.
+parameter, what was expected and what came, with the caller's line. A call whose arguments look
+like an earlier one's — the same types, shapes, dtypes and devices (:func:`signature_key`) — is
+not checked again: :class:`CallBinder` reuses what the first check found, so a repeated call
+costs a dictionary lookup, while a wrong shape or dtype still gets the full check and its error.
 """
 from __future__ import annotations
 
 import math
+import copy
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -173,3 +178,88 @@ def _largest_buffer(program: Program, dims: dict) -> int:
     shapes = [output_shape(c, dims) for c in program.computes]
     shapes += [[d if isinstance(d, int) else dims[d] for d in p.dims] for p in program.tensor_params]
     return max((math.prod(s) for s in shapes), default=0)
+
+
+class _Uncovered(Exception):
+    """An argument of a kind the signature key does not describe."""
+
+
+def _arg_key(x):
+    """What a kernel's checks and code depend on in one argument. Integer scalars by the
+    properties generated code specialises on (equal to 1, a multiple of 16, fits 32 bits), other
+    scalars by type alone (their values are passed through)."""
+    kind = type(x)
+    if kind is int:
+        return (int, x == 1, x % 16 == 0, -2**31 <= x < 2**31)
+    if kind is float or kind is bool:
+        return kind
+    if kind.__module__.startswith("torch") and hasattr(x, "__dlpack__"):
+        return (kind, x.shape, x.dtype, x.device)
+    if kind is np.ndarray:
+        return (kind, x.shape, x.dtype)
+    if isinstance(x, (np.floating, np.bool_)):
+        return kind
+    if isinstance(x, np.integer):
+        return _arg_key(int(x)) + (kind,)
+    if kind is tuple or kind is list:
+        return (kind,) + tuple(_arg_key(v) for v in x)
+    raise _Uncovered
+
+
+def signature_key(args: tuple, kwargs: dict) -> tuple | None:
+    """A key of the call's argument kinds (None when an argument is of a kind it does not
+    describe: that call is always checked in full)."""
+    try:
+        key = tuple(_arg_key(a) for a in args)
+        if kwargs:
+            key += tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items()))
+        return key
+    except _Uncovered:
+        return None
+
+
+class CallBinder:
+    """Binds the calls of one kernel, checking each signature once.
+
+    The first call with a signature is checked in full (:func:`bind_call`); later ones with the
+    same signature reuse what it found — sizes, framework, device, index width — and only pick
+    up the argument objects and scalar values. ``checks`` counts the full checks (tests read it)."""
+
+    LIMIT = 64   # signatures remembered per kernel
+
+    def __init__(self, program: Program, target_device: str):
+        self.program, self.target_device = program, target_device
+        self.names = [p.name for p in program.params]
+        self.scalar_kinds = {p.name: (int if dt.is_int(p.dtype) else bool if p.dtype == "bool"
+                                      else float) for p in program.scalar_params}
+        self._seen: OrderedDict = OrderedDict()
+        self.checks = 0
+
+    def __call__(self, args: tuple, kwargs: dict) -> BoundCall:
+        key = signature_key(args, kwargs)
+        known = self._seen.get(key) if key is not None else None
+        if known is None:
+            bound = bind_call(self.program, args, kwargs, self.target_device)
+            self.checks += 1
+            if key is not None:
+                self._seen[key] = bound
+                if len(self._seen) > self.LIMIT:
+                    self._seen.popitem(last=False)
+            return bound
+        arrays, scalars = {}, {}
+        outs = None
+        for name, value in zip(self.names, args):
+            if name in self.scalar_kinds:
+                scalars[name] = self.scalar_kinds[name](value)
+            else:
+                arrays[name] = value
+        for name, value in kwargs.items():
+            if name == "out":
+                outs = list(value) if isinstance(value, (tuple, list)) else [value]
+            elif name in self.scalar_kinds:
+                scalars[name] = self.scalar_kinds[name](value)
+            else:
+                arrays[name] = value
+        bound = copy.copy(known)
+        bound.arrays, bound.scalars, bound.outs = arrays, scalars, outs
+        return bound

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import tvm
 
-from .binding import BoundCall, bind_call, check_named_sizes, output_shape
+from .binding import BoundCall, CallBinder, check_named_sizes, output_shape
 from .dsl.program import Program, ScalarParam
 from .errors import TargetError
 from .interop import empty, is_torch, to_tvm, to_tvm_shared, to_user
@@ -32,6 +32,7 @@ class CompiledKernel:
         self._modules: dict[tuple, tvm.IRModule] = {}
         self._origins: dict[tuple, str] = {}
         self._executables: dict[tuple, object] = {}
+        self._calls = CallBinder(program, self.device_kind)
 
     def __repr__(self) -> str:
         return f"<CompiledKernel {self.program.name} for {self.target.name}: {self.description}>"
@@ -80,7 +81,7 @@ class CompiledKernel:
     # -- calling ---------------------------------------------------------------------------------
     def _prepare(self, args, kwargs):
         device = self.target.device()
-        bound = bind_call(self.program, args, kwargs, self.device_kind)
+        bound = self._calls(args, kwargs)
         executable = self._executable(bound.dims, bound.index_dtype)
         call_args = []
         for p in self.program.params:

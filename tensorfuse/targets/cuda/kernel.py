@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...binding import bind_call, check_named_sizes, output_shape
+from ...binding import CallBinder, check_named_sizes, output_shape
 from ...interop import deliver, torch_arguments, torch_output
 from .. import TargetSpec
 from ..codegen import cuda_to_ptx
@@ -34,6 +34,7 @@ class ClusterKernel:
         self.description = description
         self.output = next(c for c in program.computes if c.is_output)
         self._launches: dict = {}
+        self._calls = CallBinder(program, "cuda")
         self._device_checked = False
 
     def __repr__(self) -> str:
@@ -65,7 +66,7 @@ class ClusterKernel:
         if not self._device_checked:
             self.target.device()  # a clear error when there is no GPU
             self._device_checked = True
-        bound = bind_call(self.program, args, kwargs, "cuda")
+        bound = self._calls(args, kwargs)
         device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
         launches = self.launches(**bound.dims)
         if launches.module is None:

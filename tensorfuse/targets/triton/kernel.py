@@ -1,13 +1,15 @@
 """A fused chain compiled to Triton: callable like any compiled kernel (torch or NumPy in and out)."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Callable
 
-from ...binding import bind_call, check_named_sizes, output_shape
+from ...binding import CallBinder, check_named_sizes, output_shape
 from ...dsl import dtypes as dt
 from ...interop import deliver, torch_arguments, torch_output
 from .launch import compile_for, interpreting, load_kernel, signature
+from .launcher import Launches, Step
 from .rowtile import block_k, grid, kernel_source
 
 Tuned = Callable[[dict], "tuple[dict, str] | None"]
@@ -34,6 +36,9 @@ class TritonKernel:
         self.description = description
         self._built: dict = {}
         self._masks: dict = {}
+        self._launch_plans: dict = {}
+        self._calls: CallBinder | None = None
+        self._int_scalar = {p.name: dt.is_int(p.dtype) for p in self.program.scalar_params}
         self._device_checked = False
 
     def __repr__(self) -> str:
@@ -90,19 +95,76 @@ class TritonKernel:
         return self.compiled(**dims).asm["ptx"]
 
     # -- calling ---------------------------------------------------------------------------------
-    def _launch_args(self, args, kwargs):
+    def _binder(self) -> CallBinder:
+        if self._calls is None:
+            self._calls = CallBinder(self.program, "cpu" if interpreting() else "cuda")
+        return self._calls
+
+    def _launches(self, bound) -> tuple:
+        """(plan, Launches, scratch layout) for a bound call's signature, made once: the kernels,
+        grids and argument names of each launch, the constexprs, and where the split update's
+        parts leave their states (offsets into one f32 buffer per call)."""
+        ints = tuple((v == 1, v % 16 == 0) for n, v in bound.scalars.items()
+                     if self._int_scalar.get(n))
+        key = bound.signature + ints
+        made = self._launch_plans.get(key)
+        if made is None:
+            plan, knobs, _, fn, names = self.build(**bound.dims)
+            meta = dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=block_k(plan))
+            rows, batch = grid(plan, knobs)
+            if knobs.splits > 1:
+                steps = [Step(fn[0], (rows, batch, knobs.splits), names[0]),
+                         Step(fn[1], (rows, batch), names[1])]
+            else:
+                steps = [Step(fn, (rows, batch), names)]
+            made = (plan, Launches(steps, meta, knobs.num_warps, knobs.num_stages),
+                    self._scratch_layout(plan, knobs) if knobs.splits > 1 else None, knobs)
+            self._launch_plans[key] = made
+        return made
+
+    def _scratch_layout(self, plan, knobs) -> tuple[list, int]:
+        """Where each split part leaves its states and references for the merge: (name, shape,
+        offset) in one f32 buffer, each at a 128-byte boundary, and the buffer's length."""
+        rows, batch = grid(plan, knobs)
+        rows_pad = rows * knobs.block_m
+        shapes = [(f"part_{sp.member.name}_{sp.k}",
+                   (batch, knobs.splits, rows_pad, block_k(plan) if sp.contraction is not None
+                    else 1)) for sp in plan.states]
+        shapes += [(f"part_ref_{d}", (batch, knobs.splits, rows_pad, 1))
+                   for d in sorted({d for s in plan.chain.schemes.values() for d in s.deps})]
+        layout, offset = [], 0
+        for name, shape in shapes:
+            layout.append((name, shape, offset))
+            offset += -(-math.prod(shape) // 32) * 32
+        return layout, offset
+
+    @staticmethod
+    def _scratch(layout, device, as_tensors: bool) -> tuple[object, dict]:
+        """One buffer for the split parts' states (the first call hands Triton's JIT views of
+        it; later calls its addresses) and the buffer, to keep alive across the launch."""
         import torch
 
+        places, total = layout
+        flat = torch.empty(total, dtype=torch.float32, device=device)
+        if as_tensors:
+            return flat, {n: flat[o:o + math.prod(shape)].view(shape) for n, shape, o in places}
+        base = flat.data_ptr()
+        return flat, {n: base + 4 * o for n, _, o in places}
+
+    def _prepare(self, args, kwargs):
+        """Everything a launch needs: the launches, the argument values by name, the output
+        buffers and what the caller gave for them, and the bound call."""
+        import torch
+
+        bound = self._binder()(args, kwargs)
         if interpreting():
-            bound = bind_call(self.program, args, kwargs, "cpu")
             device = torch.device("cpu")
         else:
             if not self._device_checked:
                 self.target.device()  # a clear error when the GPU is missing
                 self._device_checked = True
-            bound = bind_call(self.program, args, kwargs, "cuda")
             device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
-        plan, knobs, _, fn, names = self.build(**bound.dims)
+        plan, launches, scratch, knobs = self._launches(bound)
         values = torch_arguments(self.program, bound, device)
         outs, results = [], []
         for k, (c, _, _) in enumerate(plan.outputs):
@@ -111,43 +173,14 @@ class TritonKernel:
             values[f"out_{c.name}"] = buf
             outs.append(buf)
             results.append(given)
-        meta = dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=block_k(plan),
-                    num_warps=knobs.num_warps, num_stages=knobs.num_stages)
-        if knobs.splits > 1:
-            values.update(self._split_buffers(plan, knobs, device))
-            part_fn, merge_fn = fn
-            part_args, merge_args = names
-            rows, batch = grid(plan, knobs)
-            part = part_fn[(rows, batch, knobs.splits)]
-            merge = merge_fn[(rows, batch)]
-            first, second = [values[n] for n in part_args], [values[n] for n in merge_args]
-
-            def launch(*_, **kw):
-                part(*first, **kw)
-                merge(*second, **kw)
-
-            return launch, [], meta, outs, results, bound
-        if plan.mask is not None:
+        keep = None
+        if scratch is not None:
+            keep, places = self._scratch(scratch, device, launches.steps[0].compiled is None
+                                         or interpreting())
+            values.update(places)
+        elif plan.mask is not None:
             values.update(self._block_lists(plan, knobs, values, bound, device))
-        launch = fn[grid(plan, knobs)]
-        call = [values[n] for n in names]
-        return launch, call, meta, outs, results, bound
-
-    def _split_buffers(self, plan, knobs, device) -> dict:
-        """Where each part leaves its states and references for the merge (f32)."""
-        import torch
-
-        rows, batch = grid(plan, knobs)
-        rows_pad = rows * knobs.block_m
-        buffers = {}
-        for sp in plan.states:
-            width = block_k(plan) if sp.contraction is not None else 1
-            buffers[f"part_{sp.member.name}_{sp.k}"] = torch.empty(
-                (batch, knobs.splits, rows_pad, width), dtype=torch.float32, device=device)
-        for d in {d for s in plan.chain.schemes.values() for d in s.deps}:
-            buffers[f"part_ref_{d}"] = torch.empty((batch, knobs.splits, rows_pad, 1),
-                                                   dtype=torch.float32, device=device)
-        return buffers
+        return launches, values, outs, results, bound, keep
 
     def _block_lists(self, plan, knobs, values, bound, device) -> dict:
         int_tensors = {p.name: values[p.name] for p in self.program.tensor_params
@@ -162,8 +195,10 @@ class TritonKernel:
         return self._masks[key]
 
     def __call__(self, *args, **kwargs):
-        launch, call, meta, outs, results, bound = self._launch_args(args, kwargs)
-        launch(*call, **meta)
+        launches, values, outs, results, bound, _keep = self._prepare(args, kwargs)
+        launches(values)
+        if len(outs) == 1 and results[0] is None and bound.framework == "torch":
+            return outs[0]
         final = [deliver(buf, given, bound.framework) for buf, given in zip(outs, results)]
         return final[0] if len(final) == 1 else tuple(final)
 
@@ -171,7 +206,7 @@ class TritonKernel:
         """Median milliseconds of a launch (triton.testing.do_bench: events, warm-up, L2 flush)."""
         import triton
 
-        launch, call, meta, _, _, _ = self._launch_args(args, kwargs)
-        return float(triton.testing.do_bench(lambda: launch(*call, **meta), rep=repeat,
+        launches, values, _, _, _, _keep = self._prepare(args, kwargs)
+        launches(values)   # the first launch of a signature compiles it
+        return float(triton.testing.do_bench(lambda: launches(values), rep=repeat,
                                              return_mode="median"))
-

@@ -1,0 +1,98 @@
+"""What a call costs when the GPU work is short: wall clock per call (the host's share included)
+and GPU time (CUDA-graph replay), tensorfuse beside torch, in one process.
+
+    python -m benchmarks.overhead [--calls 2000]
+
+Rows ``overhead/<case>``: ``ms`` is the wall-clock time per call over ``calls`` back-to-back
+calls (synchronised once at the end), ``note`` holds the GPU time of one call replayed from a CUDA
+graph (or why it could not be captured) and the ratio of the two.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from benchmarks.common import Row, bench_graph
+
+CALLS = 2000
+
+
+def wall_ms(fn, calls: int) -> float:
+    """Milliseconds per call of ``calls`` calls issued back to back, synchronised at the end."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3 / calls
+
+
+def graph_ms(fn) -> tuple[float | None, str]:
+    try:
+        return bench_graph(fn, rep_ms=100), ""
+    except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured is a finding
+        return None, f"not capturable: {type(exc).__name__}: {str(exc)[:80]}"
+
+
+def cases():
+    """(name, shape, {implementation: callable}) for each case."""
+    import torch.nn.functional as F
+
+    import tensorfuse as tf
+    import tensorfuse.kernels as K
+
+    x = torch.randn(4, 128, device="cuda", dtype=torch.bfloat16)
+    softmax = tf.compile(K.softmax, "cuda")
+    yield "softmax", "4x128 bf16", {"tensorfuse": lambda: softmax(x),
+                                    "torch": lambda: torch.softmax(x, -1)}
+    for b, hq, hkv in ((4, 64, 8), (4, 32, 32), (1, 32, 8)):
+        q = torch.randn(b, hq, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, hkv, 4096, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        kernel = K.gqa_attention if hq != hkv else K.attention
+        f = tf.compile(kernel, "cuda")
+        scale = 128 ** -0.5
+        yield ("decode", f"B{b} H{hq}/{hkv} N4096 bf16",
+               {"tensorfuse": lambda f=f, q=q, k=k, v=v: f(q, k, v, scale=scale),
+                "sdpa": lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
+                    q, k, v, scale=scale, enable_gqa=hq != hkv)})
+
+
+def run(calls: int = CALLS, log=print) -> list[Row]:
+    rows = []
+    log(f"{'case':34s} {'impl':11s} {'wall us/call':>13s} {'GPU us':>8s}")
+    for name, shape, impls in cases():
+        for impl, fn in impls.items():
+            fn()  # build and check the first call outside the timing
+            wall = wall_ms(fn, calls)
+            gpu, why = graph_ms(fn)
+            note = why or f"graph {gpu * 1e3:.1f} us; wall/graph {wall / gpu:.2f}"
+            rows.append(Row(f"overhead/{name}", shape, impl, wall, 0.0, 0.0, 0.0, note))
+            log(f"{name + ' ' + shape:34s} {impl:11s} {wall * 1e3:13.1f} "
+                f"{(f'{gpu * 1e3:8.1f}' if gpu else '       -')}  {why}")
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=CALLS)
+    parser.add_argument("--csv", default=None, help="write the rows here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("the overhead benchmark needs an NVIDIA GPU", file=sys.stderr)
+        return 2
+    rows = run(args.calls)
+    if args.csv:
+        from benchmarks.common import write_csv
+
+        write_csv(rows, args.csv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

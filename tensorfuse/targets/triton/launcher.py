@@ -1,0 +1,60 @@
+"""Launch compiled Triton kernels at the cost of the launch itself.
+
+Triton's ``fn[grid](*args)`` binds and specialises its arguments and looks the kernel up on every
+call — tens of microseconds, more than a small kernel's GPU time. A :class:`Launches` is made once
+per shape signature: the first call goes through Triton's JIT (which compiles, specialises and
+returns the compiled kernel), later ones hand the compiled kernel's C launcher the grid, the
+current stream and the arguments as raw device pointers and scalars. The signature that reaches
+a :class:`Launches` fixes everything the JIT specialises on — dtypes, 16-byte-aligned pointers
+(the caller guarantees them), integer scalars' divisibility (``binding.signature_key``) — so the
+compiled kernel stays the right one.
+"""
+from __future__ import annotations
+
+from .launch import interpreting
+
+META = ("BLOCK_M", "BLOCK_N", "BLOCK_K")   # the generated kernels' constexpr parameters, in order
+
+
+class Step:
+    """One kernel launch of a call: the jitted function, its grid and its arguments' names."""
+
+    def __init__(self, fn, grid: tuple, names: list[str]):
+        self.fn, self.names = fn, names
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.compiled = None
+
+
+class Launches:
+    """The launches of one shape signature, in order (one kernel; or with the split update the
+    part kernel, then the merge kernel), with their constexprs and launch options."""
+
+    def __init__(self, steps: list[Step], meta: dict, num_warps: int, num_stages: int):
+        self.steps = steps
+        self.meta = meta
+        self.constexprs = [meta[k] for k in META]
+        self.options = dict(num_warps=num_warps, num_stages=num_stages)
+        self.direct = 0   # launches that bypassed Triton's JIT (tests read it)
+
+    def __call__(self, values: dict) -> None:
+        """Launch every step with ``values`` (tensors and scalars by argument name)."""
+        for step in self.steps:
+            if step.compiled is None or interpreting():
+                args = [values[n] for n in step.names]
+                step.compiled = step.fn[step.grid](*args, **self.meta, **self.options)
+                continue
+            self._launch(step, values)
+
+    def _launch(self, step: Step, values: dict) -> None:
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        kernel = step.compiled
+        args = [v.data_ptr() if hasattr(v, "data_ptr") else v
+                for v in (values[n] for n in step.names)] + self.constexprs
+        stream = driver.active.get_current_stream(driver.active.get_current_device())
+        g0, g1, g2 = step.grid
+        kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
+                   kernel.launch_metadata(step.grid, stream, *args),
+                   knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+        self.direct += 1

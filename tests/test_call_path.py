@@ -1,0 +1,70 @@
+"""What a repeated call does: its arguments are checked once per signature (a lookup after that),
+nothing is lowered or built again, and nothing is allocated besides the outputs (and, for the
+split update, one scratch buffer). Counted, not timed: CI has no GPU."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.binding import signature_key
+from tensorfuse.errors import CallError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@tf.kernel
+def rms(x: T.Tensor["M", "N", "f32"], w: T.Tensor["N", "f32"], eps: T.f32):
+    i, j = T.axes("i j")
+    return x[i, j] * T.rsqrt(T.sum(x[i, j] * x[i, j], over=j) / T.size("N") + eps) * w[j]
+
+
+def test_a_repeated_call_is_checked_once_per_signature(rng):
+    f = tf.compile(rms, "llvm")
+    x = rng.standard_normal((8, 64)).astype("f4")
+    w = rng.standard_normal(64).astype("f4")
+    first = f(x, w, eps=1e-5)
+    for _ in range(5):
+        again = f(x, w, eps=1e-5)
+    np.testing.assert_array_equal(first, again)
+    assert f._calls.checks == 1 and len(f._executables) == 1
+    f(rng.standard_normal((4, 64)).astype("f4"), w, eps=1e-5)      # a new signature
+    assert f._calls.checks == 2 and len(f._executables) == 2
+    with pytest.raises(CallError, match="dtype f32, got f64"):      # still checked in full
+        f(x.astype("f8"), w, eps=1e-5)
+    with pytest.raises(CallError, match="size N is 64"):
+        f(x, rng.standard_normal(32).astype("f4"), eps=1e-5)
+
+
+def test_signature_keys_tell_apart_what_generated_code_depends_on():
+    a = np.zeros((2, 3), "f4")
+    assert signature_key((a, 0.5), {}) == signature_key((np.ones((2, 3), "f4"), 0.25), {})
+    assert signature_key((a,), {}) != signature_key((a.astype("f8"),), {})
+    assert signature_key((a,), {}) != signature_key((np.zeros((3, 2), "f4"),), {})
+    # integer scalars by what Triton specialises on: equal to 1, multiples of 16
+    assert signature_key((a, 32), {}) == signature_key((a, 48), {})
+    assert signature_key((a, 32), {}) != signature_key((a, 33), {})
+    assert signature_key((a, 1), {}) != signature_key((a, 3), {})
+    assert signature_key((a,), {"out": a}) != signature_key((a,), {})
+    assert signature_key((object(),), {}) is None    # unknown kinds: always checked in full
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("triton"), reason="needs triton")
+def test_template_kernels_reuse_their_launches():
+    proc = subprocess.run([sys.executable, "-m", "tests.schedule_templates.call_counts"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counts["same_shape"] == {"checks": 1, "builds": 1, "launch_plans": 1,
+                                    "last_call_allocations": 1}   # the output
+    assert counts["two_shapes"]["checks"] == 2 and counts["two_shapes"]["launch_plans"] == 2
+    assert counts["two_shapes"]["last_call_allocations"] == 1
+    assert "argument x must have dtype bf16, got f32" in counts["wrong_dtype"]
+    # the split update: the output and one buffer for the parts' states
+    assert counts["split_update"] == {"checks": 1, "builds": 1, "launch_plans": 1,
+                                      "last_call_allocations": 2}
