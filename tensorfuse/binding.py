@@ -9,7 +9,6 @@ costs a dictionary lookup, while a wrong shape or dtype still gets the full chec
 from __future__ import annotations
 
 import math
-import copy
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -260,6 +259,6 @@ class CallBinder:
                 scalars[name] = self.scalar_kinds[name](value)
             else:
                 arrays[name] = value
-        bound = copy.copy(known)
-        bound.arrays, bound.scalars, bound.outs = arrays, scalars, outs
+        bound = object.__new__(BoundCall)   # a copy of the first call's binding, cheaply
+        bound.__dict__.update(known.__dict__, arrays=arrays, scalars=scalars, outs=outs)
         return bound

@@ -108,15 +108,16 @@ class Scheme:
         logsumexp of nothing), or the identity of a maximum or minimum that has seen nothing
         real yet (a masked prefix, a split part of masked elements; −FLT_MAX). Members kept
         relative to such a value would be infinite, or huge; any finite reference keeps the
-        result exact, and the final values use the true ones, as the unfused program does."""
+        result exact, and the final values use the true ones, as the unfused program does.
+        One comparison per row and block: it sits in attention's inner loop."""
         dtype = self.compute.dtypes[0]
         if not dt.is_float(dtype):
             return e
-        ok = compare("lt", unary("abs", e), math.inf)
-        if self.compute.monoid.identity_is_sentinel(dtype):
-            ident = Const(self.compute.monoid.identity_value(0, dtype), dtype)
-            ok = binary("and", ok, compare("ne", e, ident))
-        return where(ok, e, const(0.0))
+        bound = math.inf   # one comparison: |e| below the identity's magnitude (FLT_MAX for a
+        monoid = self.compute.monoid   # max or min; inf otherwise) is finite and not it
+        if monoid.identity_is_sentinel(dtype) and math.isfinite(monoid.identity_value(0, dtype)):
+            bound = abs(float(monoid.identity_value(0, dtype)))
+        return where(compare("lt", unary("abs", e), Const(bound, dtype)), e, const(0.0))
 
     def describe(self) -> str:
         """The corrections in readable form (for show() and tutorials)."""

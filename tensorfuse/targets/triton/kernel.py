@@ -101,9 +101,10 @@ class TritonKernel:
         return self._calls
 
     def _launches(self, bound) -> tuple:
-        """(plan, Launches, scratch layout) for a bound call's signature, made once: the kernels,
-        grids and argument names of each launch, the constexprs, and where the split update's
-        parts leave their states (offsets into one f32 buffer per call)."""
+        """(plan, Launches, scratch layout, knobs, outputs) for a bound call's signature, made
+        once: the kernels, grids and argument names of each launch, the constexprs, where the
+        split update's parts leave their states (offsets into one f32 buffer per call), and each
+        output's argument name, shape and dtype."""
         ints = tuple((v == 1, v % 16 == 0) for n, v in bound.scalars.items()
                      if self._int_scalar.get(n))
         key = bound.signature + ints
@@ -117,8 +118,11 @@ class TritonKernel:
                          Step(fn[1], (rows, batch), names[1])]
             else:
                 steps = [Step(fn, (rows, batch), names)]
+            outputs = [(f"out_{c.name}", tuple(output_shape(c, bound.dims)), c.dtypes[0])
+                       for c, _, _ in plan.outputs]
             made = (plan, Launches(steps, meta, knobs.num_warps, knobs.num_stages),
-                    self._scratch_layout(plan, knobs) if knobs.splits > 1 else None, knobs)
+                    self._scratch_layout(plan, knobs) if knobs.splits > 1 else None, knobs,
+                    outputs)
             self._launch_plans[key] = made
         return made
 
@@ -157,20 +161,20 @@ class TritonKernel:
         import torch
 
         bound = self._binder()(args, kwargs)
-        if interpreting():
+        if self._calls.target_device == "cpu":   # Triton's interpreter
             device = torch.device("cpu")
         else:
             if not self._device_checked:
                 self.target.device()  # a clear error when the GPU is missing
                 self._device_checked = True
             device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
-        plan, launches, scratch, knobs = self._launches(bound)
+        plan, launches, scratch, knobs, outputs = self._launches(bound)
         values = torch_arguments(self.program, bound, device)
         outs, results = [], []
-        for k, (c, _, _) in enumerate(plan.outputs):
+        for k, (name, shape, dtype) in enumerate(outputs):
             given = bound.outs[k] if bound.outs is not None else None
-            buf = torch_output(output_shape(c, bound.dims), c.dtypes[0], given, device)
-            values[f"out_{c.name}"] = buf
+            buf = torch_output(shape, dtype, given, device)
+            values[name] = buf
             outs.append(buf)
             results.append(given)
         keep = None

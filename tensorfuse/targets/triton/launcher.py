@@ -34,27 +34,40 @@ class Launches:
         self.meta = meta
         self.constexprs = [meta[k] for k in META]
         self.options = dict(num_warps=num_warps, num_stages=num_stages)
+        self.interpreted = interpreting()   # the interpreter always goes through the JIT
         self.direct = 0   # launches that bypassed Triton's JIT (tests read it)
 
     def __call__(self, values: dict) -> None:
         """Launch every step with ``values`` (tensors and scalars by argument name)."""
         for step in self.steps:
-            if step.compiled is None or interpreting():
+            if step.compiled is None or self.interpreted:
                 args = [values[n] for n in step.names]
                 step.compiled = step.fn[step.grid](*args, **self.meta, **self.options)
                 continue
             self._launch(step, values)
 
     def _launch(self, step: Step, values: dict) -> None:
-        from triton import knobs
-        from triton.runtime.driver import driver
-
         kernel = step.compiled
         args = [v.data_ptr() if hasattr(v, "data_ptr") else v
                 for v in (values[n] for n in step.names)] + self.constexprs
-        stream = driver.active.get_current_stream(driver.active.get_current_device())
+        runtime, active = _triton()
+        stream = active.get_current_stream(active.get_current_device())
         g0, g1, g2 = step.grid
+        enter = runtime.launch_enter_hook
         kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
-                   kernel.launch_metadata(step.grid, stream, *args),
-                   knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+                   kernel.launch_metadata(step.grid, stream, *args) if enter else None,
+                   enter, runtime.launch_exit_hook, *args)
         self.direct += 1
+
+
+_TRITON: list = []
+
+
+def _triton():
+    """Triton's runtime settings (its launch hooks) and the active driver, looked up once."""
+    if not _TRITON:
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        _TRITON.extend((knobs.runtime, driver.active))
+    return _TRITON[0], _TRITON[1]
