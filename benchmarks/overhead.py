@@ -78,14 +78,36 @@ def run(calls: int = CALLS, log=print) -> list[Row]:
     return rows
 
 
+def profile(calls: int, top: int = 18) -> None:
+    """cProfile of ``calls`` tensorfuse calls of each case: where the host's time goes."""
+    import cProfile
+    import pstats
+
+    for name, shape, impls in cases():
+        fn = impls["tensorfuse"]
+        fn()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            fn()
+        profiler.disable()
+        torch.cuda.synchronize()
+        print(f"--- {name} {shape}: {calls} calls")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=CALLS)
     parser.add_argument("--csv", default=None, help="write the rows here")
+    parser.add_argument("--profile", action="store_true", help="print where the host time goes")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("the overhead benchmark needs an NVIDIA GPU", file=sys.stderr)
         return 2
+    if args.profile:
+        profile(args.calls)
+        return 0
     rows = run(args.calls)
     if args.csv:
         from benchmarks.common import write_csv

@@ -92,7 +92,7 @@ class AutoKernel:
 
     def _pick(self, args, kwargs):
         """The kernel for this call, decided once per signature (this runs on every call: it only
-        looks at the arguments' kinds when it has seen them before)."""
+        looks at the arguments' kinds when it has seen them before), and the signature's key."""
         key = signature_key(args, kwargs)
         chosen = self._by_shapes.get(key) if key is not None else None
         if chosen is None:
@@ -101,10 +101,11 @@ class AutoKernel:
             chosen = self.for_sizes(**bind_call(self.program, args, kwargs, kind).dims)
             if key is not None:
                 self._by_shapes[key] = chosen
-        return chosen
+        return chosen, key
 
     def __call__(self, *args, **kwargs):
-        return self._pick(args, kwargs)(*args, **kwargs)
+        chosen, key = self._pick(args, kwargs)
+        return chosen.invoke(key, args, kwargs)
 
     def source(self, **dims) -> str:
         """Generated source at these sizes: the Triton kernel, or TVM's CUDA if the template does
@@ -120,7 +121,7 @@ class AutoKernel:
         return self.for_sizes(**dims).schedule_origin(**dims)
 
     def benchmark(self, *args, **kwargs) -> float:
-        return self._pick(args, kwargs).benchmark(*args, **kwargs)
+        return self._pick(args, kwargs)[0].benchmark(*args, **kwargs)
 
 
 def _triton_available() -> bool:

@@ -183,25 +183,50 @@ class _Uncovered(Exception):
     """An argument of a kind the signature key does not describe."""
 
 
+def _tensor_key(x):
+    return (type(x), x.shape, x.dtype, x.device)
+
+
+def _int_key(x):
+    return (int, x == 1, x % 16 == 0, -2**31 <= x < 2**31)
+
+
+def _kind_key(x):
+    return type(x)
+
+
+def _key_of_type(kind):
+    """How to key a value of this type (decided once per type: the check runs on every call)."""
+    if kind is int:
+        return _int_key
+    if kind is float or kind is bool or issubclass(kind, (np.floating, np.bool_)):
+        return _kind_key
+    if kind.__module__.startswith("torch") and hasattr(kind, "__dlpack__"):
+        return _tensor_key
+    if kind is np.ndarray:
+        return lambda x: (np.ndarray, x.shape, x.dtype)
+    if issubclass(kind, np.integer):
+        return lambda x: _int_key(int(x)) + (type(x),)
+    if kind is tuple or kind is list:
+        return lambda x: (type(x),) + tuple(_arg_key(v) for v in x)
+    return None
+
+
+_KEYS: dict = {}
+
+
 def _arg_key(x):
     """What a kernel's checks and code depend on in one argument. Integer scalars by the
     properties generated code specialises on (equal to 1, a multiple of 16, fits 32 bits), other
     scalars by type alone (their values are passed through)."""
     kind = type(x)
-    if kind is int:
-        return (int, x == 1, x % 16 == 0, -2**31 <= x < 2**31)
-    if kind is float or kind is bool:
-        return kind
-    if kind.__module__.startswith("torch") and hasattr(x, "__dlpack__"):
-        return (kind, x.shape, x.dtype, x.device)
-    if kind is np.ndarray:
-        return (kind, x.shape, x.dtype)
-    if isinstance(x, (np.floating, np.bool_)):
-        return kind
-    if isinstance(x, np.integer):
-        return _arg_key(int(x)) + (kind,)
-    if kind is tuple or kind is list:
-        return (kind,) + tuple(_arg_key(v) for v in x)
+    key = _KEYS.get(kind)
+    if key is None:
+        key = _KEYS.setdefault(kind, _key_of_type(kind) or _uncovered)
+    return key(x)
+
+
+def _uncovered(x):
     raise _Uncovered
 
 
@@ -234,8 +259,11 @@ class CallBinder:
         self._seen: OrderedDict = OrderedDict()
         self.checks = 0
 
-    def __call__(self, args: tuple, kwargs: dict) -> BoundCall:
-        key = signature_key(args, kwargs)
+    def __call__(self, args: tuple, kwargs: dict, key=False) -> BoundCall:
+        """The bound call; ``key``: the call's :func:`signature_key` when the caller has made it
+        already (``AutoKernel`` does, to pick the kernel)."""
+        if key is False:
+            key = signature_key(args, kwargs)
         known = self._seen.get(key) if key is not None else None
         if known is None:
             bound = bind_call(self.program, args, kwargs, self.target_device)

@@ -79,9 +79,9 @@ class CompiledKernel:
         return self.module(**dims).script()
 
     # -- calling ---------------------------------------------------------------------------------
-    def _prepare(self, args, kwargs):
+    def _prepare(self, args, kwargs, key=False):
         device = self.target.device()
-        bound = self._calls(args, kwargs)
+        bound = self._calls(args, kwargs, key)
         executable = self._executable(bound.dims, bound.index_dtype)
         call_args = []
         for p in self.program.params:
@@ -93,7 +93,11 @@ class CompiledKernel:
         return executable, device, bound, call_args, results, views, shared
 
     def __call__(self, *args, **kwargs):
-        executable, _, bound, call_args, results, views, shared = self._prepare(args, kwargs)
+        return self.invoke(False, args, kwargs)
+
+    def invoke(self, key, args: tuple, kwargs: dict):
+        """A call whose signature key the caller made (``False``: not made)."""
+        executable, _, bound, call_args, results, views, shared = self._prepare(args, kwargs, key)
         executable[self.program.name](*call_args, *views)
         results = [self._finish(r, v, s, bound) for r, v, s in zip(results, views, shared)]
         return results[0] if len(results) == 1 else tuple(results)

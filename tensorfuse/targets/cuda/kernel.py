@@ -59,14 +59,14 @@ class ClusterKernel:
         launches = self.launches(**dims)
         return f"cluster template ({launches.knobs})" + (f"; {launches.why}" if launches.why else "")
 
-    def _prepare(self, args, kwargs):
+    def _prepare(self, args, kwargs, key=False):
         import torch
         import tvm_ffi
 
         if not self._device_checked:
             self.target.device()  # a clear error when there is no GPU
             self._device_checked = True
-        bound = self._calls(args, kwargs)
+        bound = self._calls(args, kwargs, key)
         device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
         launches = self.launches(**bound.dims)
         if launches.module is None:
@@ -83,7 +83,11 @@ class ClusterKernel:
         return run, out, given, bound
 
     def __call__(self, *args, **kwargs):
-        run, out, given, bound = self._prepare(args, kwargs)
+        return self.invoke(False, args, kwargs)
+
+    def invoke(self, key, args: tuple, kwargs: dict):
+        """A call whose signature key the caller made (``False``: not made)."""
+        run, out, given, bound = self._prepare(args, kwargs, key)
         run()
         return deliver(out, given, bound.framework)
 

@@ -13,6 +13,7 @@ from .launcher import Launches, Step
 from .rowtile import block_k, grid, kernel_source
 
 Tuned = Callable[[dict], "tuple[dict, str] | None"]
+MASK_ARGS = ("bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx")  # block lists
 
 
 class TritonKernel:
@@ -82,8 +83,7 @@ class TritonKernel:
         splits, the part kernel (the one that sweeps the axis)."""
         plan, knobs, _, fn, names = self.build(**dims)
         outs = [c for c, _, _ in plan.outputs]
-        mask_args = ["bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx"] \
-            if plan.mask is not None else []
+        mask_args = list(MASK_ARGS) if plan.mask is not None else []
         sig = signature(self.program, outs, mask_args)
         if knobs.splits > 1:
             fn = fn[0]
@@ -113,11 +113,13 @@ class TritonKernel:
             plan, knobs, _, fn, names = self.build(**bound.dims)
             meta = dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=block_k(plan))
             rows, batch = grid(plan, knobs)
+            pointers = {p.name for p in self.program.tensor_params} | {
+                f"out_{c.name}" for c, _, _ in plan.outputs} | set(MASK_ARGS)
             if knobs.splits > 1:
-                steps = [Step(fn[0], (rows, batch, knobs.splits), names[0]),
-                         Step(fn[1], (rows, batch), names[1])]
+                steps = [Step(fn[0], (rows, batch, knobs.splits), names[0], pointers),
+                         Step(fn[1], (rows, batch), names[1], pointers)]
             else:
-                steps = [Step(fn, (rows, batch), names)]
+                steps = [Step(fn, (rows, batch), names, pointers)]
             outputs = [(f"out_{c.name}", tuple(output_shape(c, bound.dims)), c.dtypes[0])
                        for c, _, _ in plan.outputs]
             made = (plan, Launches(steps, meta, knobs.num_warps, knobs.num_stages),
@@ -155,12 +157,13 @@ class TritonKernel:
         base = flat.data_ptr()
         return flat, {n: base + 4 * o for n, _, o in places}
 
-    def _prepare(self, args, kwargs):
+    def _prepare(self, args, kwargs, key=False):
         """Everything a launch needs: the launches, the argument values by name, the output
-        buffers and what the caller gave for them, and the bound call."""
+        buffers and what the caller gave for them, and the bound call (``key``: the call's
+        signature key, when the caller made it already)."""
         import torch
 
-        bound = self._binder()(args, kwargs)
+        bound = self._binder()(args, kwargs, key)
         if self._calls.target_device == "cpu":   # Triton's interpreter
             device = torch.device("cpu")
         else:
@@ -194,12 +197,15 @@ class TritonKernel:
         if key not in self._masks:
             lists = self.planner.block_lists(plan, knobs, bound.dims, int_tensors, bound.scalars,
                                              device)
-            self._masks = {key: dict(zip(("bm_partial_num", "bm_partial_idx", "bm_full_num",
-                                          "bm_full_idx"), lists))}
+            self._masks = {key: dict(zip(MASK_ARGS, lists))}
         return self._masks[key]
 
     def __call__(self, *args, **kwargs):
-        launches, values, outs, results, bound, _keep = self._prepare(args, kwargs)
+        return self.invoke(False, args, kwargs)
+
+    def invoke(self, key, args: tuple, kwargs: dict):
+        """A call whose signature key the caller made (``False``: not made)."""
+        launches, values, outs, results, bound, _keep = self._prepare(args, kwargs, key)
         launches(values)
         if len(outs) == 1 and results[0] is None and bound.framework == "torch":
             return outs[0]

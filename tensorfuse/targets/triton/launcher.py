@@ -17,12 +17,24 @@ META = ("BLOCK_M", "BLOCK_N", "BLOCK_K")   # the generated kernels' constexpr pa
 
 
 class Step:
-    """One kernel launch of a call: the jitted function, its grid and its arguments' names."""
+    """One kernel launch of a call: the jitted function, its grid, its arguments' names and which
+    of them are tensors (handed to the launcher as addresses)."""
 
-    def __init__(self, fn, grid: tuple, names: list[str]):
+    def __init__(self, fn, grid: tuple, names: list[str], tensors: set):
         self.fn, self.names = fn, names
+        self.kinds = [(n, n in tensors) for n in names]
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.compiled = None
+        self.raw = None   # the C launch function and its fixed flags, where Triton allows it
+
+    def compiled_from(self, kernel) -> None:
+        """Keep the kernel Triton's JIT compiled, and its C launch function when the kernel
+        needs no scratch memory of Triton's (then Triton's Python wrapper has nothing to do)."""
+        self.compiled = kernel
+        launcher = kernel.run
+        if getattr(launcher, "global_scratch_size", 1) == 0 and \
+                getattr(launcher, "profile_scratch_size", 1) == 0 and hasattr(launcher, "launch"):
+            self.raw = (launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl)
 
 
 class Launches:
@@ -42,21 +54,28 @@ class Launches:
         for step in self.steps:
             if step.compiled is None or self.interpreted:
                 args = [values[n] for n in step.names]
-                step.compiled = step.fn[step.grid](*args, **self.meta, **self.options)
+                kernel = step.fn[step.grid](*args, **self.meta, **self.options)
+                if not self.interpreted:
+                    step.compiled_from(kernel)
                 continue
             self._launch(step, values)
 
     def _launch(self, step: Step, values: dict) -> None:
         kernel = step.compiled
-        args = [v.data_ptr() if hasattr(v, "data_ptr") else v
-                for v in (values[n] for n in step.names)] + self.constexprs
+        args = [values[n].data_ptr() if tensor else values[n] for n, tensor in step.kinds]
+        args += self.constexprs
         runtime, active = _triton()
         stream = active.get_current_stream(active.get_current_device())
         g0, g1, g2 = step.grid
         enter = runtime.launch_enter_hook
-        kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
-                   kernel.launch_metadata(step.grid, stream, *args) if enter else None,
-                   enter, runtime.launch_exit_hook, *args)
+        meta = kernel.launch_metadata(step.grid, stream, *args) if enter else None
+        if step.raw is not None:
+            launch, cooperative, pdl = step.raw
+            launch(g0, g1, g2, stream, kernel.function, cooperative, pdl, None, None,
+                   kernel.packed_metadata, meta, enter, runtime.launch_exit_hook, *args)
+        else:
+            kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, meta,
+                       enter, runtime.launch_exit_hook, *args)
         self.direct += 1
 
 
