@@ -68,3 +68,44 @@ def test_template_kernels_reuse_their_launches():
     # the split update: the output and one buffer for the parts' states
     assert counts["split_update"] == {"checks": 1, "builds": 1, "launch_plans": 1,
                                       "last_call_allocations": 2}
+
+
+def test_a_fast_call_hands_the_launcher_each_argument_in_its_slot(monkeypatch):
+    """The fast path's bookkeeping, with the C launch function stood in for: which address or
+    value goes where, the outputs and scratch allocated per call, the constexprs last; and the
+    checked path taken for a tensor the compiled kernel cannot read as it is."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from tensorfuse.targets.triton import launcher
+
+    launched = []
+
+    def launch(*args):
+        launched.append(args)
+
+    runtime = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda d: 77)
+    monkeypatch.setattr(launcher, "_TRITON", [runtime, active])
+    steps = []
+    for names in (["q", "k", "scale", "part_s"], ["part_s", "out_o"]):
+        step = launcher.Step(None, (3, 2), names, {"q", "k", "out_o"})
+        step.compiled = SimpleNamespace(function="fn", packed_metadata="pm")
+        step.raw = (launch, 0, 0)
+        steps.append(step)
+    launches = launcher.Launches(steps, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128), 4, 2)
+    fast = launcher.FastCall([("q", 0, True), ("k", "k", True), ("scale", "scale", float)],
+                             [("out_o", (2, 5), "f32")], ([("part_s", (2, 4), 0)], 32),
+                             launches, "cpu")
+    q, k = torch.ones(4), torch.ones(6)
+    out = fast((q,), {"k": k, "scale": 2})
+    assert out.shape == (2, 5) and out.dtype == torch.float32
+    first, second = launched
+    assert first[:5] == (3, 2, 1, 77, "fn") and first[9] == "pm"
+    ptr_q, ptr_k, scale, part = first[13:17]
+    assert (ptr_q, ptr_k, scale) == (q.data_ptr(), k.data_ptr(), 2.0)
+    assert first[17:] == (16, 64, 128)                       # the constexprs, in order
+    assert second[13] == part and second[14] == out.data_ptr()
+    misaligned = torch.ones(8)[1:5]                          # 4 bytes in: not 16-byte aligned
+    assert fast((misaligned,), {"k": k, "scale": 2.0}) is None
+    assert fast((torch.ones(4, 2).t(),), {"k": k, "scale": 2.0}) is None   # not contiguous

@@ -90,3 +90,68 @@ def _triton():
 
         _TRITON.extend((knobs.runtime, driver.active))
     return _TRITON[0], _TRITON[1]
+
+
+class FastCall:
+    """One signature's whole call in a few list operations, once its kernels are compiled.
+
+    Made after a first call with this signature went through the checked path: the signature
+    fixes where each parameter sits among the call's arguments, the shapes and dtypes (so the
+    outputs' too), the launches and the scratch layout. A call then only reads the tensors'
+    addresses (checking that each is contiguous and 16-byte aligned, as the compiled kernels
+    assume), allocates the outputs and the scratch, and hands the C launch functions their
+    arguments. Returns None where this call needs the checked path after all (a tensor that is
+    not contiguous or aligned, a launch hook to honour)."""
+
+    def __init__(self, params: list, outputs: list, scratch, launches: Launches, device):
+        import torch
+
+        # params: (name, where in the call — position or keyword —, True for a tensor or the
+        # scalar's type), in the kernel's parameter order
+        self.sources = [(place, kind) for _, place, kind in params]
+        self.outputs = [(shape, getattr(torch, _TORCH_DTYPES[dtype])) for _, shape, dtype in
+                        outputs]
+        places, total = scratch if scratch is not None else ([], 0)
+        self.scratch_offsets = [4 * offset for _, _, offset in places]
+        self.scratch_total = total
+        order = [n for n, _, _ in params] + [n for n, _, _ in outputs] + [n for n, _, _ in places]
+        slot_of = {name: k for k, name in enumerate(order)}
+        self.steps = [(step.raw, step.compiled.function, step.compiled.packed_metadata,
+                       step.grid, [slot_of[n] for n in step.names]) for step in launches.steps]
+        self.constexprs = launches.constexprs
+        self.device = device
+        self.empty, self.f32 = torch.empty, torch.float32
+
+    def __call__(self, args: tuple, kwargs: dict):
+        slots = []
+        for place, kind in self.sources:
+            x = args[place] if type(place) is int else kwargs[place]
+            if kind is True:
+                ptr = x.data_ptr()
+                if ptr % 16 or not x.is_contiguous():
+                    return None
+                slots.append(ptr)
+            else:
+                slots.append(kind(x))
+        runtime, active = _triton()
+        if runtime.launch_enter_hook is not None:
+            return None
+        outs = [self.empty(shape, dtype=dtype, device=self.device) for shape, dtype in
+                self.outputs]
+        slots += [o.data_ptr() for o in outs]
+        keep = None
+        if self.scratch_total:
+            keep = self.empty(self.scratch_total, dtype=self.f32, device=self.device)
+            base = keep.data_ptr()
+            slots += [base + offset for offset in self.scratch_offsets]
+        stream = active.get_current_stream(active.get_current_device())
+        exit_hook = runtime.launch_exit_hook
+        for (launch, cooperative, pdl), function, packed, (g0, g1, g2), index in self.steps:
+            launch(g0, g1, g2, stream, function, cooperative, pdl, None, None, packed, None, None,
+                   exit_hook, *[slots[k] for k in index], *self.constexprs)
+        del keep   # freed after the launches are queued: the caching allocator orders its reuse
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+_TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
+                 "i32": "int32", "i64": "int64", "bool": "bool"}
