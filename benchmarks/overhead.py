@@ -21,7 +21,8 @@ CALLS = 2000
 
 
 def wall_ms(fn, calls: int) -> float:
-    """Milliseconds per call of ``calls`` calls issued back to back, synchronised at the end."""
+    """Milliseconds per call of ``calls`` calls issued back to back, synchronised at the end
+    (``run`` takes the median of three such runs, interleaved with the other implementations)."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
@@ -48,7 +49,7 @@ def cases():
 
     x = torch.randn(4, 128, device="cuda", dtype=torch.bfloat16)
     softmax = tf.compile(K.softmax, "cuda")
-    yield "softmax", "4x128 bf16", {"tensorfuse": lambda: softmax(x),
+    yield "softmax", "4x128 bf16", {"tensorfuse": _calling(softmax, lambda: softmax(x)),
                                     "torch": lambda: torch.softmax(x, -1)}
     for b, hq, hkv in ((4, 64, 8), (4, 32, 32), (1, 32, 8)):
         q = torch.randn(b, hq, 1, 128, device="cuda", dtype=torch.bfloat16)
@@ -58,18 +59,28 @@ def cases():
         f = tf.compile(kernel, "cuda")
         scale = 128 ** -0.5
         yield ("decode", f"B{b} H{hq}/{hkv} N4096 bf16",
-               {"tensorfuse": lambda f=f, q=q, k=k, v=v: f(q, k, v, scale=scale),
+               {"tensorfuse": _calling(f, lambda f=f, q=q, k=k, v=v: f(q, k, v, scale=scale)),
                 "sdpa": lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
                     q, k, v, scale=scale, enable_gqa=hq != hkv)})
+
+
+def _calling(kernel, fn):
+    fn.kernel = kernel   # the compiled kernel a timed callable calls (diagnose reads it)
+    return fn
 
 
 def run(calls: int = CALLS, log=print) -> list[Row]:
     rows = []
     log(f"{'case':34s} {'impl':11s} {'wall us/call':>13s} {'GPU us':>8s}")
     for name, shape, impls in cases():
-        for impl, fn in impls.items():
+        for fn in impls.values():
             fn()  # build and check the first call outside the timing
-            wall = wall_ms(fn, calls)
+        walls: dict = {impl: [] for impl in impls}
+        for _ in range(3):   # interleaved: the host's speed drifts between runs
+            for impl, fn in impls.items():
+                walls[impl].append(wall_ms(fn, calls))
+        for impl, fn in impls.items():
+            wall = sorted(walls[impl])[1]
             gpu, why = graph_ms(fn)
             note = why or f"graph {gpu * 1e3:.1f} us; wall/graph {wall / gpu:.2f}"
             rows.append(Row(f"overhead/{name}", shape, impl, wall, 0.0, 0.0, 0.0, note))
@@ -96,17 +107,38 @@ def profile(calls: int, top: int = 18) -> None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
+def diagnose(calls: int = 200) -> None:
+    """Which path tensorfuse's calls took: the fast call (and how often it declined), or the
+    checked path; and Triton's launch hooks, which every launch must honour."""
+    import triton
+
+    print("triton launch hooks:", triton.knobs.runtime.launch_enter_hook,
+          triton.knobs.runtime.launch_exit_hook)
+    for name, shape, impls in cases():
+        fn = impls["tensorfuse"]
+        for _ in range(calls):
+            fn()
+        kernel = getattr(fn, "kernel", None)
+        template = getattr(kernel, "template", kernel)
+        fast = [(f.calls, f.declined) for f in getattr(template, "_fast", {}).values()]
+        print(f"{name} {shape}: {type(template).__name__}, fast calls (ran, declined): {fast}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=CALLS)
     parser.add_argument("--csv", default=None, help="write the rows here")
     parser.add_argument("--profile", action="store_true", help="print where the host time goes")
+    parser.add_argument("--diagnose", action="store_true", help="print which call path ran")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("the overhead benchmark needs an NVIDIA GPU", file=sys.stderr)
         return 2
     if args.profile:
         profile(args.calls)
+        return 0
+    if args.diagnose:
+        diagnose()
         return 0
     rows = run(args.calls)
     if args.csv:

@@ -90,7 +90,8 @@ def test_a_fast_call_hands_the_launcher_each_argument_in_its_slot(monkeypatch):
     steps = []
     for names in (["q", "k", "scale", "part_s"], ["part_s", "out_o"]):
         step = launcher.Step(None, (3, 2), names, {"q", "k", "out_o"})
-        step.compiled = SimpleNamespace(function="fn", packed_metadata="pm")
+        step.compiled = SimpleNamespace(function="fn", packed_metadata="pm",
+                                        launch_metadata=lambda grid, stream, *a: ("meta", grid))
         step.raw = (launch, 0, 0)
         steps.append(step)
     launches = launcher.Launches(steps, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128), 4, 2)
@@ -106,6 +107,10 @@ def test_a_fast_call_hands_the_launcher_each_argument_in_its_slot(monkeypatch):
     assert (ptr_q, ptr_k, scale) == (q.data_ptr(), k.data_ptr(), 2.0)
     assert first[17:] == (16, 64, 128)                       # the constexprs, in order
     assert second[13] == part and second[14] == out.data_ptr()
+    hook = object()                       # a profiler's launch hook gets what the JIT gives it
+    runtime.launch_enter_hook = hook
+    fast((q,), {"k": k, "scale": 2})
+    assert launched[-1][10:12] == (("meta", (3, 2, 1)), hook)
     misaligned = torch.ones(8)[1:5]                          # 4 bytes in: not 16-byte aligned
     assert fast((misaligned,), {"k": k, "scale": 2.0}) is None
     assert fast((torch.ones(4, 2).t(),), {"k": k, "scale": 2.0}) is None   # not contiguous

@@ -100,8 +100,9 @@ class FastCall:
     outputs' too), the launches and the scratch layout. A call then only reads the tensors'
     addresses (checking that each is contiguous and 16-byte aligned, as the compiled kernels
     assume), allocates the outputs and the scratch, and hands the C launch functions their
-    arguments. Returns None where this call needs the checked path after all (a tensor that is
-    not contiguous or aligned, a launch hook to honour)."""
+    arguments (and Triton's launch hooks, where a profiler set them, what the JIT would). Returns
+    None where this call needs the checked path after all: a tensor that is not contiguous or
+    16-byte aligned."""
 
     def __init__(self, params: list, outputs: list, scratch, launches: Launches, device):
         import torch
@@ -116,11 +117,12 @@ class FastCall:
         self.scratch_total = total
         order = [n for n, _, _ in params] + [n for n, _, _ in outputs] + [n for n, _, _ in places]
         slot_of = {name: k for k, name in enumerate(order)}
-        self.steps = [(step.raw, step.compiled.function, step.compiled.packed_metadata,
-                       step.grid, [slot_of[n] for n in step.names]) for step in launches.steps]
+        self.steps = [(step.raw, step.compiled, step.grid, [slot_of[n] for n in step.names])
+                      for step in launches.steps]
         self.constexprs = launches.constexprs
         self.device = device
         self.empty, self.f32 = torch.empty, torch.float32
+        self.calls = self.declined = 0   # how often it ran, and left a call to the checked path
 
     def __call__(self, args: tuple, kwargs: dict):
         slots = []
@@ -129,13 +131,13 @@ class FastCall:
             if kind is True:
                 ptr = x.data_ptr()
                 if ptr % 16 or not x.is_contiguous():
+                    self.declined += 1
                     return None
                 slots.append(ptr)
             else:
                 slots.append(kind(x))
         runtime, active = _triton()
-        if runtime.launch_enter_hook is not None:
-            return None
+        self.calls += 1
         outs = [self.empty(shape, dtype=dtype, device=self.device) for shape, dtype in
                 self.outputs]
         slots += [o.data_ptr() for o in outs]
@@ -145,10 +147,13 @@ class FastCall:
             base = keep.data_ptr()
             slots += [base + offset for offset in self.scratch_offsets]
         stream = active.get_current_stream(active.get_current_device())
-        exit_hook = runtime.launch_exit_hook
-        for (launch, cooperative, pdl), function, packed, (g0, g1, g2), index in self.steps:
-            launch(g0, g1, g2, stream, function, cooperative, pdl, None, None, packed, None, None,
-                   exit_hook, *[slots[k] for k in index], *self.constexprs)
+        enter, exit_hook = runtime.launch_enter_hook, runtime.launch_exit_hook
+        for (launch, cooperative, pdl), kernel, grid, index in self.steps:
+            args = [slots[k] for k in index]
+            args += self.constexprs
+            meta = kernel.launch_metadata(grid, stream, *args) if enter is not None else None
+            launch(grid[0], grid[1], grid[2], stream, kernel.function, cooperative, pdl, None,
+                   None, kernel.packed_metadata, meta, enter, exit_hook, *args)
         del keep   # freed after the launches are queued: the caching allocator orders its reuse
         return outs[0] if len(outs) == 1 else tuple(outs)
 
