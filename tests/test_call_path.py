@@ -85,6 +85,7 @@ def test_a_fast_call_hands_the_launcher_each_argument_in_its_slot(monkeypatch):
         launched.append(args)
 
     runtime = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    runtime.launch_enter_hook = runtime.launch_exit_hook = SimpleNamespace(calls=[])
     active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda d: 77)
     monkeypatch.setattr(launcher, "_TRITON", [runtime, active])
     steps = []
@@ -107,7 +108,8 @@ def test_a_fast_call_hands_the_launcher_each_argument_in_its_slot(monkeypatch):
     assert (ptr_q, ptr_k, scale) == (q.data_ptr(), k.data_ptr(), 2.0)
     assert first[17:] == (16, 64, 128)                       # the constexprs, in order
     assert second[13] == part and second[14] == out.data_ptr()
-    hook = object()                       # a profiler's launch hook gets what the JIT gives it
+    assert first[10:13] == (None, None, None)   # empty hook chains: nothing to call
+    hook = SimpleNamespace(calls=[print])    # a profiler's launch hook gets what the JIT gives it
     runtime.launch_enter_hook = hook
     fast((q,), {"k": k, "scale": 2})
     assert launched[-1][10:12] == (("meta", (3, 2, 1)), hook)

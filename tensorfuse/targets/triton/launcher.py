@@ -67,15 +67,15 @@ class Launches:
         runtime, active = _triton()
         stream = active.get_current_stream(active.get_current_device())
         g0, g1, g2 = step.grid
-        enter = runtime.launch_enter_hook
-        meta = kernel.launch_metadata(step.grid, stream, *args) if enter else None
+        enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
+        meta = kernel.launch_metadata(step.grid, stream, *args) if enter is not None else None
         if step.raw is not None:
             launch, cooperative, pdl = step.raw
             launch(g0, g1, g2, stream, kernel.function, cooperative, pdl, None, None,
-                   kernel.packed_metadata, meta, enter, runtime.launch_exit_hook, *args)
+                   kernel.packed_metadata, meta, enter, leave, *args)
         else:
             kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, meta,
-                       enter, runtime.launch_exit_hook, *args)
+                       enter, leave, *args)
         self.direct += 1
 
 
@@ -90,6 +90,13 @@ def _triton():
 
         _TRITON.extend((knobs.runtime, driver.active))
     return _TRITON[0], _TRITON[1]
+
+
+def hook(chain):
+    """A launch hook to hand the launcher, or None: Triton's hooks are chains, empty unless a
+    profiler added to them, and an empty chain needs neither the launch's metadata nor a call."""
+    calls = getattr(chain, "calls", None)
+    return None if calls is not None and not calls else chain
 
 
 class FastCall:
@@ -146,14 +153,14 @@ class FastCall:
             keep = self.empty(self.scratch_total, dtype=self.f32, device=self.device)
             base = keep.data_ptr()
             slots += [base + offset for offset in self.scratch_offsets]
-        stream = active.get_current_stream(active.get_current_device())
-        enter, exit_hook = runtime.launch_enter_hook, runtime.launch_exit_hook
+        stream = active.get_current_stream(active.get_current_device())   # as Triton's JIT
+        enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
         for (launch, cooperative, pdl), kernel, grid, index in self.steps:
             args = [slots[k] for k in index]
             args += self.constexprs
             meta = kernel.launch_metadata(grid, stream, *args) if enter is not None else None
             launch(grid[0], grid[1], grid[2], stream, kernel.function, cooperative, pdl, None,
-                   None, kernel.packed_metadata, meta, enter, exit_hook, *args)
+                   None, kernel.packed_metadata, meta, enter, leave, *args)
         del keep   # freed after the launches are queued: the caching allocator orders its reuse
         return outs[0] if len(outs) == 1 else tuple(outs)
 
