@@ -57,7 +57,8 @@ def compile(kernel: "TracedKernel | Schedule",  # noqa: A001 - tensorfuse.compil
             found = cpu_record(program, spec, dims)
             if found is not None:
                 return found[0], f"tuned record ({found[1]})"
-        return apply_default_schedule(lower_program(program, (), dims, index_dtype), spec), \
+        return apply_default_schedule(lower_program(program, (), dims, index_dtype,
+                                                    accumulate=spec.accumulate), spec), \
             "template defaults"
 
     return CompiledKernel(program, spec, build, "default schedule, or a tuned record")

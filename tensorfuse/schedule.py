@@ -67,7 +67,8 @@ class Schedule:
 
     # -- state -----------------------------------------------------------------------------------
     def _lower(self) -> tvm.IRModule:
-        return lower_program(self.program, self.fusions, self.dims)
+        return lower_program(self.program, self.fusions, self.dims,
+                             accumulate=self.target.accumulate)
 
     @property
     def mod(self) -> tvm.IRModule:
@@ -308,7 +309,7 @@ class Schedule:
                                 "for these sizes, or leave them symbolic", user_location())
             if layout_only:
                 return lower_program(self.program, self.fusions, {**dims, **fixed}, index_dtype,
-                                     parallel)
+                                     parallel, accumulate=self.target.accumulate)
             if index_dtype != "int32":
                 raise CallError("tensors this large need 64-bit indexing; make the schedule with "
                                 "fixed sizes or use tensorfuse.compile", user_location())

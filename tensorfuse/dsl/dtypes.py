@@ -24,6 +24,11 @@ _TVM = {"bool": "bool", "i32": "int32", "i64": "int64", "f16": "float16", "bf16"
         "f32": "float32", "f64": "float64"}
 _RANK = {"bool": 0, "i32": 1, "i64": 2, "f16": 3, "bf16": 3, "f32": 4, "f64": 5}
 
+def wider(a: str, b: str) -> bool:
+    """Whether values of dtype ``a`` hold more than those of ``b`` (f64 > f32 > f16, bf16)."""
+    return _RANK[resolve(a)] > _RANK[resolve(b)]
+
+
 # Literal types: a Python number takes the type of the expression it meets.
 WEAK_INT = "weak_int"
 WEAK_FLOAT = "weak_float"

@@ -19,7 +19,7 @@ from tvm.tirx.script.builder import ir as T
 from ..dsl import dtypes as dt
 from ..dsl.expr import Axis, Expr, Symbol
 from ..dsl.program import Compute, Program, TensorParam
-from .expr_to_tir import Scope, constant, lower
+from .expr_to_tir import Scope, cast_to, constant, lower
 
 
 @dataclass
@@ -38,12 +38,15 @@ class FunctionBuilder:
 
     def __init__(self, program: Program, dims: dict[str, int] | None = None,
                  index_dtype: str = "int32", name: str | None = None, parallel: str | None = None,
-                 threads: int = 128):
+                 threads: int = 128, accumulate: str | None = None):
         """``parallel``: how loops over data-parallel axes are laid out (:meth:`spatial_loops`):
         ``None`` serial (to be scheduled later), ``"cpu"`` the outermost one parallel, ``"gpu"``
-        all of them fused and bound to ``blockIdx.x`` × ``threadIdx.x`` (``threads`` a block)."""
+        all of them fused and bound to ``blockIdx.x`` × ``threadIdx.x`` (``threads`` a block).
+        ``accumulate``: the dtype narrower float sums accumulate in (``TargetSpec.accumulate``;
+        None: their own)."""
         self.program = program
         self.parallel = parallel
+        self.accumulate = accumulate
         self.threads = threads
         self.dim_values = dict(dims or {})
         self.index_dtype = index_dtype
@@ -95,6 +98,13 @@ class FunctionBuilder:
 
     def shape(self, axes: Sequence[Axis]) -> list[tirx.PrimExpr]:
         return [self.extent(a) for a in axes]
+
+    def accumulator(self, monoid, dtype: str) -> str:
+        """The dtype a reduction of ``monoid`` producing ``dtype`` accumulates in."""
+        if self.accumulate and monoid.name == "sum" and dt.is_float(dtype) and \
+                dt.wider(self.accumulate, dtype):
+            return self.accumulate
+        return dtype
 
     def alloc(self, name: str, shape, dtype: str, scope: str = "global") -> tirx.Buffer:
         buf = T.sblock_alloc_buffer(list(shape), dt.to_tvm(dtype), scope=scope, layout=None)
@@ -204,9 +214,31 @@ class FunctionBuilder:
 
 def emit_compute(fb: FunctionBuilder, compute: Compute, scope: Scope | None = None,
                  name: str | None = None) -> None:
-    """One loop nest and one block computing ``compute`` in full."""
+    """One loop nest and one block computing ``compute`` in full (a sum that accumulates in a
+    wider dtype: a block reducing into an accumulator, then ``{name}_store`` rounding it)."""
     scope = scope or fb.scope
     bufs = scope.computes[compute.name]
+    wide = compute.is_reduction and compute.arity == 1 and \
+        fb.accumulator(compute.monoid, compute.dtypes[0]) != compute.dtypes[0]
+    if wide:
+        acc = fb.alloc(f"{compute.name}_acc", fb.shape(compute.axes),
+                       fb.accumulator(compute.monoid, compute.dtypes[0]))
+        _emit_reduction(fb, compute, scope, name, [acc],
+                        [fb.accumulator(compute.monoid, compute.dtypes[0])])
+        spatial = [LoopAxis(a, fb.extent(a), a.name, "S") for a in compute.axes]
+        with fb.spatial_loops(spatial) as (outer, predicate):
+            with fb.block(f"{name or compute.name}_store", outer, scope,
+                          predicate=(lambda _: predicate) if predicate is not None else None) \
+                    as inner:
+                indices = [inner.axes[a.uid] for a in compute.axes]
+                fb.store(bufs[0], cast_to(tirx.BufferLoad(acc, indices), compute.dtypes[0]),
+                         indices)
+        return
+    _emit_reduction(fb, compute, scope, name, bufs, compute.dtypes)
+
+
+def _emit_reduction(fb: FunctionBuilder, compute: Compute, scope: Scope, name: str | None, bufs,
+                    dtypes) -> None:
     spatial = [LoopAxis(a, fb.extent(a), a.name, "S") for a in compute.axes]
     reduce = [LoopAxis(a, fb.extent(a), a.name, "R") for a in compute.over]
     with fb.spatial_loops(spatial) as (outer, predicate):
@@ -217,6 +249,6 @@ def emit_compute(fb: FunctionBuilder, compute: Compute, scope: Scope | None = No
                 indices = [inner.axes[a.uid] for a in compute.axes]
                 if compute.is_reduction:
                     fb.emit_update(compute.monoid, bufs, indices, compute.bodies, inner, True,
-                                   compute.dtypes)
+                                   dtypes)
                 else:
                     fb.store(bufs[0], lower(compute.bodies[0], inner, compute.dtypes[0]), indices)

@@ -12,13 +12,15 @@ from ..lower_to_tir import lower_naive
 
 
 def lower_program(program: Program, fusions: tuple = (), dims: dict | None = None,
-                  index_dtype: str = "int32", parallel: str | None = None) -> tvm.IRModule:
-    """TensorIR for ``program`` with ``fusions`` applied (none: the naive lowering)."""
+                  index_dtype: str = "int32", parallel: str | None = None,
+                  accumulate: str | None = None) -> tvm.IRModule:
+    """TensorIR for ``program`` with ``fusions`` applied (none: the naive lowering); float sums
+    narrower than ``accumulate`` accumulate in it (``TargetSpec.accumulate``)."""
     if not fusions:
-        return lower_naive(program, dims, index_dtype, parallel)
+        return lower_naive(program, dims, index_dtype, parallel, accumulate)
     from .fusion import lower_with_fusions
 
-    return lower_with_fusions(program, fusions, dims, index_dtype, parallel)
+    return lower_with_fusions(program, fusions, dims, index_dtype, parallel, accumulate)
 
 
 def tvm_schedule(mod: tvm.IRModule) -> tvm.s_tir.Schedule:

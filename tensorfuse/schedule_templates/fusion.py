@@ -32,7 +32,7 @@ from ..dsl.program import Compute, Program
 from ..errors import RollingUpdateError
 from ..lower_to_tir import FunctionBuilder, LoopAxis, Scope, emit_compute, lower_expr
 from ..dsl import dtypes as dtt
-from ..lower_to_tir.expr_to_tir import constant
+from ..lower_to_tir.expr_to_tir import cast_to, constant
 from tvm.tirx.script.builder import ir as T
 
 
@@ -60,9 +60,10 @@ class Fusion:
 
 
 def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32",
-                       parallel: str | None = None) -> tvm.IRModule:
+                       parallel: str | None = None, accumulate: str | None = None) -> tvm.IRModule:
     """TensorIR of ``program`` with ``fusions`` applied; ``parallel`` lays out the data-parallel
-    loops (see :class:`~tensorfuse.lower_to_tir.FunctionBuilder`)."""
+    loops, ``accumulate`` widens float sums, running states included (see
+    :class:`~tensorfuse.lower_to_tir.FunctionBuilder`)."""
     chains = [plan_chain(program, f.names, f.axis) for f in fusions]
     owner: dict[str, int] = {}
     for k, ch in enumerate(chains):
@@ -72,7 +73,7 @@ def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32"
             owner[m.name] = k
     analyses = [_ChainInputs(ch) for ch in chains]
     order = _emission_order(program, chains, analyses, owner)
-    fb = FunctionBuilder(program, dims, index_dtype, parallel=parallel)
+    fb = FunctionBuilder(program, dims, index_dtype, parallel=parallel, accumulate=accumulate)
     with fb:
         emitters = [_ChainEmitter(fb, ch, f, a) for ch, f, a in zip(chains, fusions, analyses)]
         for node in order:
@@ -199,6 +200,22 @@ class _ChainEmitter:
                             if any(m.name in s.deps for s in chain.schemes.values())]
 
     # -- buffers -------------------------------------------------------------------------------
+    def dtype_of(self, st) -> str:
+        """The dtype a running state is kept in: its own, or the wider one float sums
+        accumulate in on this target (``TargetSpec.accumulate``)."""
+        return self.fb.accumulator(st.monoid, st.dtype)
+
+    def _wide(self, name: str, e: Expr) -> Expr:
+        """A scheme's expression with its states read in the dtype they are kept in (so that
+        corrections of a widened sum are computed in the wider dtype, not rounded first)."""
+        states = self.chain.schemes[name].states
+        wide = {f"{name}#{k}": self.dtype_of(st) for k, st in enumerate(states)
+                if self.dtype_of(st) != st.dtype}
+        if not wide:
+            return e
+        return substitute(e, lambda n: Symbol(n.name, wide[n.name])
+                          if isinstance(n, Symbol) and n.name in wide else None)
+
     def state_axes(self, c: Compute) -> list[Axis]:
         return self.common + [a for a in c.axes if all(a.uid != b.uid for b in self.common)]
 
@@ -226,19 +243,23 @@ class _ChainEmitter:
         for m in self.chain.members:
             scheme = self.chain.schemes[m.name]
             axes = self.state_axes(m) + split
-            self.run[m.name] = [fb.alloc(f"{m.name}{st.suffix}_run", self._shape(axes), st.dtype)
-                                for st in scheme.states]
-            self.part[m.name] = [fb.alloc(f"{m.name}{st.suffix}_chunk", self._shape(axes), st.dtype)
-                                 for st in scheme.states]
+            self.run[m.name] = [fb.alloc(f"{m.name}{st.suffix}_run", self._shape(axes),
+                                         self.dtype_of(st)) for st in scheme.states]
+            # a chunk's partial sums stay in the state's own dtype (a few dozen terms); the
+            # running states, which add up every chunk, in the wider one where there is one
+            self.part[m.name] = [fb.alloc(f"{m.name}{st.suffix}_chunk", self._shape(axes),
+                                          st.dtype) for st in scheme.states]
             if m.name in self.needed_deps:
-                self.prev[m.name] = fb.alloc(f"{m.name}_prev", self._shape(axes), m.dtypes[0])
                 trivial = not scheme.deps and isinstance(scheme.value[0], Symbol) and \
                     scheme.value[0].name == f"{m.name}#0"
+                # a member whose value is its state commits the state itself, in its dtype
+                prev_dtype = self.dtype_of(scheme.states[0]) if trivial else m.dtypes[0]
+                self.prev[m.name] = fb.alloc(f"{m.name}_prev", self._shape(axes), prev_dtype)
                 self.new[m.name] = self.run[m.name][0] if trivial else fb.alloc(
                     f"{m.name}_new", self._shape(axes), m.dtypes[0])
             if self.splits > 1:
                 self.merged[m.name] = [fb.alloc(f"{m.name}{st.suffix}_merged",
-                                                self._shape(self.state_axes(m)), st.dtype)
+                                                self._shape(self.state_axes(m)), self.dtype_of(st))
                                        for st in scheme.states]
         self.local_bufs = {}
         for x in self.local:
@@ -327,8 +348,9 @@ class _ChainEmitter:
                     idx = self._index(self.state_axes(m), sc)
                     identities = {}
                     for k, (buf, st) in enumerate(zip(self.run[m.name], scheme.states)):
-                        value = constant(st.monoid.identity_value(0 if m.arity == 1 else k,
-                                                                  st.dtype), st.dtype)
+                        dtype = self.dtype_of(st)
+                        value = constant(st.monoid.identity_value(0 if m.arity == 1 else k, dtype),
+                                         dtype)
                         self.fb.store(buf, value, idx)
                         identities[f"{m.name}#{k}"] = value
                     if m.name in self.prev:
@@ -468,7 +490,8 @@ class _ChainEmitter:
         dtype = self._member(d).dtypes[0]
         scale = tirx.Cast(dt_tvm(dtype), self.n) / tirx.Cast(dt_tvm(dtype), tirx.max(seen, 1))
         symbols = {**states, **deps, EXTRAPOLATION.name: scale}
-        return lower_expr(self.chain.schemes[d].reference(), scope.child(symbols=symbols), dtype)
+        return lower_expr(self._wide(d, self.chain.schemes[d].reference()),
+                          scope.child(symbols=symbols), dtype)
 
     def _deps_as_references(self, e: Expr) -> Expr:
         deps = {m.name: m for m in self.chain.members}
@@ -495,13 +518,15 @@ class _ChainEmitter:
                     results = [lower_expr(c, scope2, d) for c, d in zip(combined, m.dtypes)]
                 else:
                     for k, st in enumerate(scheme.states):
-                        corrected = Symbol("__corrected", st.dtype)
-                        chunk = Symbol("__chunk", st.dtype)
+                        corrected = Symbol("__corrected", self.dtype_of(st))
+                        chunk = Symbol("__chunk", self.dtype_of(st))
                         combined = st.monoid.combine_exprs([corrected], [chunk])[0]
                         scope2 = inner.child(symbols={
-                            "__corrected": lower_expr(scheme.correct[k], inner, st.dtype),
-                            "__chunk": tirx.BufferLoad(self.part[m.name][k], idx)})
-                        results.append(lower_expr(combined, scope2, st.dtype))
+                            "__corrected": lower_expr(self._wide(m.name, scheme.correct[k]),
+                                                      inner, self.dtype_of(st)),
+                            "__chunk": cast_to(tirx.BufferLoad(self.part[m.name][k], idx),
+                                               self.dtype_of(st))})
+                        results.append(lower_expr(combined, scope2, self.dtype_of(st)))
                 if len(results) > 1:
                     results = [T.Bind(r) for r in results]
                 for buf, r in zip(self.run[m.name], results):
@@ -555,7 +580,8 @@ class _ChainEmitter:
                 out = self.fb.scope.computes[m.name]
                 idx = [sc.axes[a.uid] for a in m.axes]
                 for k, (buf, d) in enumerate(zip(out, m.dtypes)):
-                    self.fb.store(buf, lower_expr(scheme.true_value(k, settled=True), inner, d),
+                    value = self._wide(m.name, scheme.true_value(k, settled=True))
+                    self.fb.store(buf, lower_expr(value, inner, d),
                                   idx)
 
     def _emit_merge(self, m: Compute) -> None:
@@ -575,25 +601,29 @@ class _ChainEmitter:
                                         self._final_reference)
                 inner = sc.child(symbols=symbols)
                 if scheme.kind == "independent":
-                    bodies = [Symbol(f"{m.name}#{k}", st.dtype) for k, st in enumerate(scheme.states)]
+                    bodies = [Symbol(f"{m.name}#{k}", self.dtype_of(st))
+                              for k, st in enumerate(scheme.states)]
                     monoid = m.monoid
                     self.fb.emit_update(monoid, self.merged[m.name], idx, bodies, inner, True,
-                                        [st.dtype for st in scheme.states])
+                                        [self.dtype_of(st) for st in scheme.states])
                 else:
                     with T.init():
                         for k, (buf, st) in enumerate(zip(self.merged[m.name], scheme.states)):
-                            self.fb.store(buf, constant(st.monoid.identity_value(0, st.dtype),
-                                                        st.dtype), idx)
+                            dtype = self.dtype_of(st)
+                            self.fb.store(buf, constant(st.monoid.identity_value(0, dtype), dtype),
+                                          idx)
                     results = []
                     for k, st in enumerate(scheme.states):
-                        acc = Symbol("__acc", st.dtype)
-                        item = Symbol("__item", st.dtype)
+                        acc = Symbol("__acc", self.dtype_of(st))
+                        item = Symbol("__item", self.dtype_of(st))
                         combined = st.monoid.combine_exprs([acc], [item])[0]
                         scope2 = inner.child(symbols={
                             "__acc": tirx.BufferLoad(self.merged[m.name][k], idx),
-                            "__item": lower_expr(scheme.corrections(settled=True)[k], inner,
-                                                 st.dtype)})
-                        results.append(lower_expr(combined, scope2, st.dtype))
+                            "__item": lower_expr(self._wide(m.name,
+                                                            scheme.corrections(settled=True)[k]),
+                                                 inner,
+                                                 self.dtype_of(st))})
+                        results.append(lower_expr(combined, scope2, self.dtype_of(st)))
                     if len(results) > 1:
                         results = [T.Bind(r) for r in results]
                     for buf, r in zip(self.merged[m.name], results):
