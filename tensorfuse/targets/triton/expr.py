@@ -144,6 +144,13 @@ def _to_triton(e: Expr, ctx: TileContext) -> str:
         a, b = to_triton(e.a, ctx), to_triton(e.b, ctx)
         if e.op in ("floordiv", "mod") and _is_int_literal(a) and _is_int_literal(b):
             return str(int(a) // int(b) if e.op == "floordiv" else int(a) % int(b))
+        if e.op == "div" and dt.is_float(dt.resolve(e.dtype)) and \
+                {x.uid for x in e.b.axes} < {x.uid for x in e.a.axes}:
+            # a divisor broadcast over some of the dividend's axes (x[i, j] / t[i], o / l):
+            # one reciprocal per divisor element and a multiply per element, not a division
+            # per element (an IEEE division is a dozen instructions; a per-row temperature
+            # made a softmax compute-bound)
+            return f"({a} * (1.0 / {b}))"
         return _BINARY[e.op].format(a, b)
     if isinstance(e, Compare):
         return f"({to_triton(e.a, ctx)} {_COMPARE[e.op]} {to_triton(e.b, ctx)})"

@@ -1,0 +1,107 @@
+"""Row kernels that read more than the row: a per-row tensor beside it, a per-column and a
+per-row one together, an integer per-row index, two outputs — `tf.compile` defaults against
+torch eager and torch.compile, [16384, 8192] bf16. GB/s counts the bytes each kernel must move
+(inputs read once, outputs written once).
+
+    python -m benchmarks.rows_operands [--csv PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from benchmarks.common import Row, bench, measure_ceilings, relative_error, write_csv
+
+M, N = 16384, 8192
+
+
+@tf.kernel
+def temperature_softmax(x: T.Tensor["M", "N", "bf16"], t: T.Tensor["M", "f32"]):
+    i, j = T.axes("i j")
+    s = x[i, j] / t[i]
+    e = T.exp(s - T.max(s, over=j))
+    return T.cast(e / T.sum(e, over=j), "bf16")
+
+
+@tf.kernel
+def scaled_rmsnorm(x: T.Tensor["M", "N", "bf16"], w: T.Tensor["N", "bf16"],
+                   s: T.Tensor["M", "f32"]):
+    i, j = T.axes("i j")
+    ms = T.sum(x[i, j] * x[i, j], over=j) / T.size("N")
+    return T.cast(x[i, j] * T.rsqrt(ms + 1e-5) * w[j] * s[i], "bf16")
+
+
+@tf.kernel
+def softmax_and_lse(x: T.Tensor["M", "N", "bf16"]):
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    e = T.exp(x[i, j] - m)
+    l = T.sum(e, over=j)  # noqa: E741
+    return T.cast(e / l, "bf16"), m + T.log(l)
+
+
+def cases():
+    """name → (tensorfuse kernel, arguments, torch function, bytes moved)."""
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    t = torch.rand(M, device="cuda") + 0.5
+    w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    s = torch.rand(M, device="cuda") + 0.5
+    target = torch.randint(0, N, (M,), device="cuda", dtype=torch.int32)
+    matrix = M * N * 2
+    yield ("temperature_softmax", temperature_softmax, (x, t),
+           lambda x, t: torch.softmax(x.float() / t[:, None], -1).to(torch.bfloat16),
+           2 * matrix + 4 * M)
+    yield ("scaled_rmsnorm", scaled_rmsnorm, (x, w, s),
+           lambda x, w, s: (F.rms_norm(x.float(), (N,), w.float(), 1e-5) * s[:, None]).to(
+               torch.bfloat16), 2 * matrix + 2 * N + 4 * M)
+    from tensorfuse.kernels import cross_entropy
+    yield ("cross_entropy", cross_entropy, (x, target),
+           lambda x, target: F.cross_entropy(x.float(), target.long(), reduction="none"),
+           matrix + 8 * M)
+    yield ("softmax_and_lse", softmax_and_lse, (x,),
+           lambda x: (torch.softmax(x.float(), -1).to(torch.bfloat16),
+                      torch.logsumexp(x.float(), -1)), 2 * matrix + 4 * M)
+
+
+def run(ceilings=None, log=print) -> list[Row]:
+    copy = (ceilings or {}).get("copy_tbps", 3.0)
+    rows = []
+    for name, kernel, args, torch_fn, nbytes in cases():
+        f = tf.compile(kernel, "cuda")
+        want = torch_fn(*(a.double() if a.is_floating_point() else a for a in args))
+        got = f(*args)
+        pairs = zip(got, want) if isinstance(got, tuple) else [(got, want)]
+        err = max(relative_error(g, w) for g, w in pairs)
+        impls = {"tensorfuse": (bench(lambda: f(*args)), f"err {err:.1e}; {f.description[:60]}")}
+        impls["torch_eager"] = (bench(lambda: torch_fn(*args)), "")
+        compiled = torch.compile(torch_fn)
+        compiled(*args)
+        impls["torch_compile"] = (bench(lambda: compiled(*args)), "")
+        for impl, (ms, note) in impls.items():
+            gbps = nbytes / ms / 1e6
+            rows.append(Row(f"rows/{name}", f"{M}x{N} bf16", impl, ms, 0.0, gbps,
+                            gbps / 1e3 / copy, note))
+        log(f"{name:20s} " + "  ".join(f"{i}={nbytes / ms / 1e6:7.1f}GB/s"
+                                       for i, (ms, _) in impls.items()) + f"  (err {err:.1e})")
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--csv", default=None)
+    args = parser.parse_args(argv)
+    ceilings = measure_ceilings()
+    print(f"copy {ceilings['copy_tbps']:.2f} TB/s")
+    rows = run(ceilings)
+    if args.csv:
+        write_csv(rows, args.csv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
