@@ -74,6 +74,7 @@ class AutoKernel:
         self.description = f"{template.description}, else {fallback.description}"
         self._fits: dict = {}
         self._by_shapes: dict = {}
+        self._fast: dict = {}   # signature key -> the chosen kernel's FastCall, where it has one
 
     def __repr__(self) -> str:
         return f"<AutoKernel {self.program.name} for {self.target.name}: {self.description}>"
@@ -91,10 +92,11 @@ class AutoKernel:
                 self._fits[key] = False
         return self.template if self._fits[key] else self.fallback
 
-    def _pick(self, args, kwargs):
+    def _pick(self, args, kwargs, key=False):
         """The kernel for this call, decided once per signature (this runs on every call: it only
         looks at the arguments' kinds when it has seen them before), and the signature's key."""
-        key = signature_key(args, kwargs)
+        if key is False:
+            key = signature_key(args, kwargs)
         chosen = self._by_shapes.get(key) if key is not None else None
         if chosen is None:
             self.target.device()  # a missing GPU is the first thing to report
@@ -105,8 +107,18 @@ class AutoKernel:
         return chosen, key
 
     def __call__(self, *args, **kwargs):
-        chosen, key = self._pick(args, kwargs)
-        return chosen.invoke(key, args, kwargs)
+        key = signature_key(args, kwargs)
+        fast = self._fast.get(key)
+        if fast is not None:          # a signature seen before: straight to its launches
+            done = fast(args, kwargs)
+            if done is not None:
+                return done
+        chosen, key = self._pick(args, kwargs, key)
+        out = chosen.invoke(key, args, kwargs)
+        made = getattr(chosen, "_fast", {}).get(key)
+        if made is not None:
+            self._fast[key] = made
+        return out
 
     def source(self, **dims) -> str:
         """Generated source at these sizes: the Triton kernel, or TVM's CUDA if the template does

@@ -99,6 +99,7 @@ def test_a_fast_call_hands_the_launcher_each_argument_in_its_slot(monkeypatch):
     fast = launcher.FastCall([("q", 0, True), ("k", "k", True), ("scale", "scale", float)],
                              [("out_o", (2, 5), "f32")], ([("part_s", (2, 4), 0)], 32),
                              launches, "cpu")
+    fast.current_device = lambda: 0       # no CUDA here
     q, k = torch.ones(4), torch.ones(6)
     out = fast((q,), {"k": k, "scale": 2})
     assert out.shape == (2, 5) and out.dtype == torch.float32

@@ -129,6 +129,9 @@ class FastCall:
         self.constexprs = launches.constexprs
         self.device = device
         self.empty, self.f32 = torch.empty, torch.float32
+        # the current device, as torch.cuda.current_device() reads it once CUDA is initialised
+        # (which the first call did), without its Python wrapper
+        self.current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
         self.calls = self.declined = 0   # how often it ran, and left a call to the checked path
 
     def __call__(self, args: tuple, kwargs: dict):
@@ -153,7 +156,7 @@ class FastCall:
             keep = self.empty(self.scratch_total, dtype=self.f32, device=self.device)
             base = keep.data_ptr()
             slots += [base + offset for offset in self.scratch_offsets]
-        stream = active.get_current_stream(active.get_current_device())   # as Triton's JIT
+        stream = active.get_current_stream(self.current_device())   # as Triton's JIT
         enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
         for (launch, cooperative, pdl), kernel, grid, index in self.steps:
             args = [slots[k] for k in index]
