@@ -151,7 +151,9 @@ class Schedule:
     def apply_template(self, name: str, **knobs) -> "Schedule":
         """Compile the fused chain with a GPU template: ``"attention"`` (``tile_m``, ``tile_n``,
         ``num_warps``, ``num_stages``) or ``"row_reduction"`` (``rows``, ``block``,
-        ``num_warps``). Needs one rolling update first; generates a Triton kernel."""
+        ``num_warps``), which generate Triton kernels; or ``"hopper_attention"`` (``block_n``,
+        ``stages``, ``consumers``, ``overlap``): softmax attention as warp-specialised CUDA C++
+        for sm_90a (TMA, wgmma, mbarriers). Needs one rolling update first."""
         from .schedule_templates import TEMPLATES
 
         if name not in TEMPLATES:
@@ -252,7 +254,7 @@ class Schedule:
             raise ScheduleError(problem, user_location())
         dims = {**self.dims, **sizes}
         compiled = self.compile()
-        if name == "cluster":
+        if hasattr(compiled, "launches"):   # CUDA C++ templates (cluster, hopper_attention)
             made = compiled.launches(**dims)
             lines += [made.plan.describe(), f"  knobs: {made.knobs}"
                       + (f" ({made.why})" if made.why else "")]

@@ -31,6 +31,8 @@ def tvm_schedule(mod: tvm.IRModule) -> tvm.s_tir.Schedule:
 
 
 from .attention import attention  # noqa: E402 - the templates use the helpers above
+from .hopper_attention import hopper_attention  # noqa: E402
 from .row_reduction import row_reduction  # noqa: E402
 
-TEMPLATES = {"attention": attention, "row_reduction": row_reduction}
+TEMPLATES = {"attention": attention, "row_reduction": row_reduction,
+             "hopper_attention": hopper_attention}

@@ -1,15 +1,17 @@
 """Elementwise DSL expressions as CUDA C++ (f32 arithmetic), for the epilogues of cluster kernels.
 
-Only what is the same for every element may appear: constants, scalar parameters, the values of
-earlier computes (``refs``: compute name → C++ variable) and math on them. An expression that
-reads a tensor or an index is refused with the user's source location.
+Only what the kernel has at hand may appear: constants, scalar parameters, the values of earlier
+computes (``refs``: compute name → C++ variable), the indices the kernel names (``axes``), elements
+of the tensors it is given (``loads``: parameter name → C++ pointer; row-major offsets from the
+sizes) and math on them. Anything else is refused with the user's source location.
 """
 from __future__ import annotations
 
 import math
 
-from ...dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Ref, Scalar, Unary,
-                         Where)
+from ...dsl import dtypes as dt
+from ...dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar,
+                         Unary, Where)
 from ...errors import ScheduleError
 
 _UNARY = {"exp": "__expf({})", "exp2": "exp2f({})", "log": "__logf({})", "log2": "log2f({})",
@@ -24,13 +26,26 @@ _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="
 
 
 def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
-            sizes: dict | None = None) -> str:
+            sizes: dict | None = None, loads: dict | None = None) -> str:
     """C++ for ``e``; ``what`` names the place in errors ("the activation of h"). ``axes`` (axis
-    name → C++ int expression) and ``sizes`` (size name → int) allow index arithmetic."""
-    axes, sizes = axes or {}, sizes or {}
+    name → C++ int expression) and ``sizes`` (size name → int) allow index arithmetic, ``loads``
+    (tensor parameter name → C++ pointer) reading tensor elements."""
+    axes, sizes, loads = axes or {}, sizes or {}, loads or {}
 
     def sub(x: Expr) -> str:
-        return to_cuda(x, refs, what, axes, sizes)
+        return to_cuda(x, refs, what, axes, sizes, loads)
+
+    if isinstance(e, Load) and e.param.name in loads:
+        offset = ""
+        for index, dim in zip(e.indices, e.param.dims):
+            extent = str(dim) if isinstance(dim, int) else \
+                (str(sizes[dim]) if dim in sizes else f"TF_SIZE_{dim}")
+            offset = f"({offset}) * {extent} + {sub(index)}" if offset else sub(index)
+        value = f"{loads[e.param.name]}[{offset}]"
+        return f"((float){value})" if dt.is_float(e.param.dtype) else f"({value})"
+    if isinstance(e, Binary) and e.op == "div" and not dt.is_float(e.a.dtype) and \
+            not dt.is_float(e.b.dtype):   # true division of two integers
+        return f"((float){sub(e.a)} / (float){sub(e.b)})"
 
     if isinstance(e, Axis) and e.name in axes:
         return f"({axes[e.name]})"

@@ -65,23 +65,53 @@ __device__ __forceinline__ void tf_tma_load_2d(void* dst, const void* map, int c
 }
 """
 
-_BF16, _SWIZZLE_128B, _L2_256B = 9, 3, 3   # CUtensorMapDataType / Swizzle / L2promotion values
+HELPERS_3D = r"""
+// Box at (c0, c1, c2), innermost first, of a 3-D tensor map.
+__device__ __forceinline__ void tf_tma_load_3d(void* dst, const void* map, int c0, int c1, int c2,
+                                               unsigned long long* bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(tf_smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2),
+                  "r"(tf_smem_addr(bar)) : "memory");
+}
+"""
+
+_DATA_TYPES = {"bf16": 9, "f16": 6}       # CUtensorMapDataType
+_SWIZZLE_128B, _L2_256B = 3, 3            # CUtensorMapSwizzle / L2promotion values
+
+
+def tensor_map(address: int, sizes: tuple[int, ...], box: tuple[int, ...],
+               dtype: str = "bf16") -> bytes:
+    """The 128-byte map of a contiguous row-major tensor of ``sizes`` (outermost first) at
+    ``address``, copied in boxes of ``box`` (outermost first; the innermost box dimension is 64
+    elements: one 128-byte row of the 128-byte swizzle). Elements outside ``sizes`` arrive as
+    zeros — so a box that runs past the end of one dimension does not read the next slice."""
+    if box[-1] != 64:
+        raise ValueError(f"the innermost box dimension is 64 elements (128 bytes), not {box[-1]}")
+    if any(not 1 <= b <= 256 for b in box):
+        raise ValueError(f"a TMA box has 1 to 256 elements per dimension, not {box}")
+    rank = len(sizes)
+    out = (ctypes.c_uint8 * 128)()
+    dims = (ctypes.c_uint64 * rank)(*reversed(sizes))
+    strides, stride = [], 2
+    for size in reversed(sizes[1:]):
+        stride *= size
+        strides.append(stride)
+    stride_arr = (ctypes.c_uint64 * max(1, rank - 1))(*strides)
+    box_arr = (ctypes.c_uint32 * rank)(*reversed(box))
+    elem = (ctypes.c_uint32 * rank)(*([1] * rank))
+    err = libcuda().cuTensorMapEncodeTiled(out, _DATA_TYPES[dtype], rank,
+                                           ctypes.c_void_p(address), dims, stride_arr, box_arr,
+                                           elem, 0, _SWIZZLE_128B, _L2_256B, 0)
+    if err:
+        raise TargetError(f"cuTensorMapEncodeTiled failed (CUresult {err}) for a {list(sizes)} "
+                          f"{dtype} tensor at {address:#x} with {list(box)} boxes")
+    return bytes(out)
 
 
 def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int) -> bytes:
     """The 128-byte map of a row-major bf16 ``[rows, cols]`` tensor at ``address``, copied in
     boxes of ``box_rows`` rows × 64 columns (128 bytes: one row of the 128-byte swizzle)."""
-    box_cols = 64
     if not 1 <= box_rows <= 256:
         raise ValueError(f"a TMA box has 1 to 256 rows, not {box_rows}")
-    out = (ctypes.c_uint8 * 128)()
-    dims = (ctypes.c_uint64 * 2)(cols, rows)
-    strides = (ctypes.c_uint64 * 1)(cols * 2)
-    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
-    elem = (ctypes.c_uint32 * 2)(1, 1)
-    err = libcuda().cuTensorMapEncodeTiled(out, _BF16, 2, ctypes.c_void_p(address), dims, strides,
-                                           box, elem, 0, _SWIZZLE_128B, _L2_256B, 0)
-    if err:
-        raise TargetError(f"cuTensorMapEncodeTiled failed (CUresult {err}) for a [{rows}, {cols}] "
-                          f"bf16 tensor at {address:#x} with {box_rows}×{box_cols} boxes")
-    return bytes(out)
+    return tensor_map(address, (rows, cols), (box_rows, 64))

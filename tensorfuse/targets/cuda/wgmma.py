@@ -69,12 +69,17 @@ __device__ __forceinline__ void tf_fence_regs(float (&d)[R]) {
 """
 
 
-def wgmma_function(n: int, a_in_registers: bool = False) -> str:
+def wgmma_function(n: int, a_in_registers: bool = False, b_k_major: bool = False,
+                   dtype: str = "bf16") -> str:
     """``tf_wgmma_m64n{n}k16(d, desc_a, desc_b, accumulate)``: D[64, n] = A[64, 16] · B[16, n]
     (+ D when ``accumulate``), bf16 in, f32 accumulate, A K-major and B MN-major (transposed) from
     shared memory. With ``a_in_registers``: ``tf_wgmma_rs_m64n{n}k16(d, a, desc_b, accumulate)``,
     A from the four ``b32`` registers ``a`` of the warp's 16-row slice, in the ``mma.sync``
-    A-fragment layout (:mod:`.mma_sync`)."""
+    A-fragment layout (:mod:`.mma_sync`). ``b_k_major``: B stored K-major like A (a transposed
+    operand such as the keys of q·kᵀ; ``tf_wgmma_kk_…``). ``dtype``: ``"bf16"`` or ``"f16"``
+    operands (``…_f16`` in the name)."""
+    if dtype not in ("bf16", "f16"):
+        raise ValueError(f"wgmma operands here are bf16 or f16, not {dtype}")
     if n % 8 or not 8 <= n <= 256:
         raise ValueError(f"wgmma has N = 8, 16, …, 256; not {n}")
     regs = n // 2
@@ -82,16 +87,22 @@ def wgmma_function(n: int, a_in_registers: bool = False) -> str:
     slots = ", ".join(f"%{i}" for i in range(regs))
     if a_in_registers:   # no transpose flag for a register A
         name, a_param, n_a = f"tf_wgmma_rs_m64n{n}k16", "const uint4& a", 4
+        trans = "0" if b_k_major else "1"
         a_slot = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
-        ins, flags = '"r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w)', "1, 1, 1"
+        ins, flags = '"r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w)', f"1, 1, {trans}"
     else:
         name, a_param, n_a = f"tf_wgmma_m64n{n}k16", "unsigned long long da", 1
-        a_slot, ins, flags = f"%{regs}", '"l"(da)', "1, 1, 0, 1"
+        a_slot, ins = f"%{regs}", '"l"(da)'
+        flags = "1, 1, 0, 0" if b_k_major else "1, 1, 0, 1"
+    if b_k_major:
+        name = name.replace("tf_wgmma_", "tf_wgmma_kk_")
+    if dtype == "f16":
+        name += "_f16"
     return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], "
             f"{a_param}, unsigned long long db, int accumulate = 1) {{\n"
             '  asm volatile("{\\n.reg .pred p;\\n"\n'
             f'               "setp.ne.b32 p, %{regs + n_a + 1}, 0;\\n"\n'
-            f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "\n'
+            f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "\n'
             f'               "{{{slots}}}, {a_slot}, %{regs + n_a}, p, {flags};\\n}}\\n"\n'
             f'               : {outs}\n'
             f'               : {ins}, "l"(db), "r"(accumulate));\n}}\n')

@@ -1,0 +1,230 @@
+"""The Hopper attention template (``apply_template("hopper_attention")``) on an H100: checked, then
+timed against the Triton template (``tf.compile`` defaults), SDPA (cuDNN, FlashAttention) and
+FlexAttention under torch.compile, in one process.
+
+    python -m benchmarks.hopper_attention --check          # correctness only (ragged, f16, D=64)
+    python -m benchmarks.hopper_attention --csv out.csv    # check, then time (S=4096, 16384)
+
+The check compares every variant with a float64 reference on fresh random inputs (normal, and
+with a wide score range), ragged sizes (M ≠ N, neither a multiple of the tiles), GQA, f16 and
+head dim 64, the output poisoned with NaN before the call. Timings are GPU time of the call
+(``benchmarks.common.bench``); FLOPs count the unmasked fraction only.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from benchmarks.attention import density, documents, variants
+from benchmarks.common import Row, bench, relative_error, write_csv
+from tensorfuse import dsl as T
+from tensorfuse.kernels.attention import key_position, scores, softmax_attend
+
+CHAIN = ("m", "l", "o")
+TOLERANCE = {"bf16": 2e-2, "f16": 4e-3}   # relative error against float64 (inputs rounded too)
+
+
+@tf.kernel
+def causal_attention_f16(q: T.Tensor["B", "H", "M", "D", "f16"],
+                         k: T.Tensor["B", "H", "N", "D", "f16"],
+                         v: T.Tensor["B", "H", "N", "D", "f16"], scale: T.f32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = scores(q, k, b, h, h, i, j, d, scale)
+    return softmax_attend(T.where(key_position(i) >= j, s, -T.inf), v[b, h, j, e], j)
+
+
+def hopper(kernel, **knobs):
+    sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
+    return sch.apply_template("hopper_attention", **knobs).compile()
+
+
+def reference64(q, k, v, scale, score_mod, mask_mod, M, N, rows=None) -> torch.Tensor:
+    """float64 attention of the query rows ``rows`` (default all) with bottom-right aligned masks
+    (query i sits at key i + N - M)."""
+    rows = torch.arange(M, device="cuda") if rows is None else rows
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1).double()
+    v = v.repeat_interleave(groups, dim=1).double()
+    s = q[:, :, rows].double() @ k.transpose(-1, -2) * scale
+    B, H = s.shape[:2]
+    b = torch.arange(B, device="cuda").view(B, 1, 1, 1)
+    h = torch.arange(H, device="cuda").view(1, H, 1, 1)
+    qi = rows.view(1, 1, -1, 1) + (N - M)
+    kv = torch.arange(N, device="cuda").view(1, 1, 1, N)
+    if score_mod is not None:
+        s = score_mod(s, b, h, qi, kv)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(b, h, qi, kv), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+CHECK_SHAPES = [dict(B=2, M=333, N=333), dict(B=1, M=200, N=517), dict(B=1, M=700, N=300)]
+
+
+def check(log=print) -> int:
+    """Every variant on every check shape (and wide-range inputs); returns the number wrong."""
+    wrong = 0
+    cases = [(name, spec, shape, spread) for name, spec in variants(1024, H=4).items()
+             for shape in CHECK_SHAPES for spread in (1.0, 4.0)]
+    f16 = (causal_attention_f16, {}, None, lambda b, h, q, kv: q >= kv, None, 4, 4)
+    cases += [("causal_f16", f16, CHECK_SHAPES[1], 1.0), ("causal_f16", f16, CHECK_SHAPES[0], 4.0)]
+    for name, (kernel, extra, score_mod, mask_mod, _, hq, hkv), shape, spread in cases:
+        if mask_mod == "document" and shape["M"] > shape["N"]:
+            continue   # queries before the first key have no document (doc[b, negative])
+        for D in ((128, 64) if spread == 1.0 else (128,)):
+            B, M, N = shape["B"], shape["M"], shape["N"]
+            dtype = torch.float16 if name.endswith("f16") else torch.bfloat16
+            hq_, hkv_ = (8, 2) if hq != hkv else (4, 4)
+            q = (torch.randn(B, hq_, M, D, device="cuda") * spread).to(dtype)
+            k = (torch.randn(B, hkv_, N, D, device="cuda") * spread).to(dtype)
+            v = torch.randn(B, hkv_, N, D, device="cuda").to(dtype)
+            scale = 1.0 / math.sqrt(D)
+            args, mm = dict(extra), mask_mod
+            if "window" in args:
+                args["window"] = 97
+            if "prefix" in args:
+                args["prefix"] = 77
+            if "radius" in args:
+                args["radius"] = 45
+            smod = score_mod
+            if name == "sliding_window":
+                mm = lambda b, h, qq, kv: (qq >= kv) & (qq - kv < 97)  # noqa: E731
+            if name == "prefix_lm":
+                mm = lambda b, h, qq, kv: (qq >= kv) | (kv < 77)  # noqa: E731
+            if name == "neighborhood":
+                mm = lambda b, h, qq, kv: (qq - kv).abs() <= 45  # noqa: E731
+            if mask_mod == "document":
+                doc = documents(B, N, torch.Generator().manual_seed(M))
+                args["doc"] = doc
+                mm = lambda b, h, qq, kv, doc=doc: doc[b, qq] == doc[b, kv]  # noqa: E731
+            label = f"{name} B{B} H{hq_}/{hkv_} M{M} N{N} D{D} x{spread:g}"
+            try:
+                f = hopper(kernel)
+                out = torch.full((B, hq_, M, D), float("nan"), dtype=dtype, device="cuda")
+                f(q, k, v, scale=scale, **args, out=out)
+                torch.cuda.synchronize()
+                ref = reference64(q, k, v, scale, smod, mm, M, N)
+                rows_ok = ~torch.isnan(ref).any(-1)   # rows with no visible key are NaN in both
+                err = relative_error(out.double()[rows_ok], ref[rows_ok])
+                nan_match = bool(torch.equal(torch.isnan(out).any(-1), ~rows_ok))
+                ok = err <= TOLERANCE["f16" if dtype == torch.float16 else "bf16"] and nan_match
+            except Exception as exc:  # noqa: BLE001 - report every case
+                ok, err, nan_match = False, float("nan"), False
+                log(f"  {label}: {type(exc).__name__}: {exc}"[:400])
+            wrong += not ok
+            log(f"{'ok   ' if ok else 'WRONG'} {label:52s} err {err:.2e}"
+                + ("" if nan_match else " (empty rows differ)"))
+    return wrong
+
+
+KNOBS = [dict(), dict(overlap=False), dict(block_n=176), dict(stages=3)]
+
+
+def timed(sizes=(4096, 16384), names=None, log=print, ceiling=716.0) -> list[Row]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    flex = torch.compile(flex_attention, dynamic=False)
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    D = 128
+    for S in sizes:
+        for name, (kernel, extra, score_mod, mask_mod, sdpa, hq, hkv) in variants(S).items():
+            if names and name not in names:
+                continue
+            if S > 4096 and name not in ("full", "causal", "gqa_causal"):
+                continue
+            B = 2
+            q = torch.randn(B, hq, S, D, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(B, hkv, S, D, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(B, hkv, S, D, device="cuda", dtype=torch.bfloat16)
+            scale = 1.0 / math.sqrt(D)
+            args = dict(extra)
+            if mask_mod == "document":
+                doc = documents(B, S, gen)
+                args["doc"] = doc
+                mask_mod = lambda b, h, qq, kv, doc=doc: doc[b, qq] == doc[b, kv]  # noqa: E731
+                mask_mod.per_batch = True
+            dens = density(mask_mod, B, hq, S)
+            flops = 4 * B * hq * S * S * D * dens
+            shape = f"B{B} Hq{hq} Hkv{hkv} S{S} D{D}"
+            rows_idx = torch.cat([torch.arange(0, 64), torch.arange(S - 64, S)]).cuda()
+            ref = reference64(q, k, v, scale, score_mod, mask_mod, S, S, rows_idx)
+            impls = {}
+
+            def measure(label, fn):
+                try:
+                    out = fn()
+                    err = relative_error(out[:, :, rows_idx].double(), ref)
+                    if err > 2e-2:
+                        log(f"  {label} {name} S={S}: WRONG (error {err:.2e})")
+                        return
+                    impls[label] = (bench(fn), f"err {err:.1e}")
+                except Exception as exc:  # noqa: BLE001 - report and go on
+                    log(f"  {label} {name} S={S}: {type(exc).__name__}: {exc}"[:300])
+
+            for knobs in KNOBS:
+                if knobs.get("block_n") == 176 and mask_mod is not None:
+                    continue
+                f = hopper(kernel, **knobs)
+                label = "tensorfuse_hopper" + "".join(f" {k}={x}" for k, x in knobs.items())
+                measure(label, lambda f=f: f(q, k, v, scale=scale, **args))
+            triton = tf.compile(kernel, "cuda")
+            measure("tensorfuse", lambda: triton(q, k, v, scale=scale, **args))
+            bm = None
+            if mask_mod is not None:
+                per_batch = getattr(mask_mod, "per_batch", False)
+                bm = create_block_mask(mask_mod, B if per_batch else None, None, S, S,
+                                       device="cuda")
+            measure("flex_attention", lambda: flex(q, k, v, score_mod=score_mod, block_mask=bm,
+                                                   scale=scale, enable_gqa=hq != hkv))
+            if sdpa is not None:
+                for backend, label in ((SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn"),
+                                       (SDPBackend.FLASH_ATTENTION, "sdpa_flash")):
+                    def run_sdpa(backend=backend):
+                        with sdpa_kernel(backend):
+                            return torch.nn.functional.scaled_dot_product_attention(
+                                q, k, v, scale=scale, **sdpa)
+                    measure(label, run_sdpa)
+            for impl, (ms, note) in impls.items():
+                tflops = flops / ms / 1e9
+                rows.append(Row(f"attention/{name}", shape, impl, ms, tflops, 0.0,
+                                tflops / ceiling, note + f"; density {dens:.3f}"))
+            log(f"{name:14s} S={S:5d} " + "  ".join(f"{i.replace('tensorfuse_hopper', 'H')}="
+                                                    f"{flops / ms / 1e9:5.0f}"
+                                                    for i, (ms, _) in impls.items()))
+            del q, k, v
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="correctness only")
+    parser.add_argument("--csv", help="write the timings here")
+    parser.add_argument("--only", help="comma-separated variant names to time")
+    parser.add_argument("--sizes", default="4096,16384")
+    args = parser.parse_args(argv)
+    start = time.time()
+    if args.check:
+        wrong = check()
+        print(f"{wrong} wrong; {time.time() - start:.0f} s")
+        return 1 if wrong else 0
+    rows = timed(tuple(int(s) for s in args.sizes.split(",")),
+                 args.only.split(",") if args.only else None)
+    if args.csv:
+        write_csv(rows, args.csv)
+    print(f"{time.time() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The Hopper attention template (``apply_template("hopper_attention")``): a rolled
+softmax-attention chain as one warp-specialised sm_90a kernel — TMA producer, wgmma consumers,
+the score and mask written from the DSL (plan: :mod:`.hopper_attention_plan`, code:
+:mod:`tensorfuse.targets.cuda.hopper_attention`).
+
+One cubin per (variant, head dim, knobs): the batch, head and sequence sizes are kernel arguments.
+A masked plan sorts each row block's key blocks per call (:mod:`.block_schedule`; cached while the
+mask reads only sizes and scalars), so that fully visible blocks skip the mask and fully masked
+ones are never loaded.
+"""
+from __future__ import annotations
+
+import math
+
+from ..dsl.expr import Load
+from ..dsl.expr import user_location
+from ..errors import ScheduleError
+from ..targets import TargetSpec
+from ..targets.cuda.hopper_attention import ENTRY, hopper_attention_source, kernel_arguments
+from ..targets.cuda.kernel import ClusterKernel, Launches
+from ..targets.cuda.module import KernelEntry
+from .block_schedule import block_lists
+from .fusion import Fusion
+from .hopper_attention_plan import check_hopper, plan_hopper_attention, shared_bytes, with_knobs
+
+
+def _pointer(x):
+    import ctypes
+
+    return ctypes.c_void_p(x.data_ptr())
+
+
+class _Lists:
+    """Block lists per (sizes, scalars) — or per call when the mask reads tensors."""
+
+    def __init__(self, plan, knobs):
+        self.plan, self.knobs = plan, knobs
+        self.by_data = any(isinstance(n, Load) for n in _walk(plan.mask)) if plan.mask is not None \
+            else False
+        self.cache: dict = {}
+        self.empty = None
+
+    def __call__(self, values: dict, sizes: dict, device):
+        import torch
+
+        if self.plan.mask is None:
+            if self.empty is None:
+                self.empty = torch.zeros(1, dtype=torch.int32, device=device)
+            return (self.empty,) * 4
+        scalars = {n: values[n] for n, _ in self.plan.chain.scalars}
+        key = (tuple(sorted(sizes.items())), tuple(sorted(scalars.items())), str(device))
+        if not self.by_data and key in self.cache:
+            return self.cache[key]
+        b, h, i, j = self.plan.chain.axes
+        tensors = {t: values[t] for t in self.plan.tensors}
+        made = block_lists(self.plan.mask, [b, h], i, j, sizes, tensors, scalars,
+                           self.knobs.block_m, self.knobs.block_n, device)
+        if not self.by_data:
+            self.cache = {key: made}
+        return made
+
+
+def _walk(e):
+    yield e
+    for c in e.children():
+        yield from _walk(c)
+
+
+def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,
+                     stages: int | None = None, consumers: int | None = None,
+                     overlap: bool | None = None, tuned=None) -> ClusterKernel:
+    """A callable warp-specialised attention kernel for ``kernel`` after a rolling update over the
+    keys. Knobs (defaults from the plan): ``block_n`` keys per block, ``stages`` key/value slots,
+    ``consumers`` warpgroups of 64 query rows, ``overlap`` (FlashAttention-3's intra-warpgroup
+    pipeline). ``tuned`` is accepted for the template interface; the knobs are the plan's."""
+    if target.kind != "cuda" or target.arch != "sm_90a":
+        raise ScheduleError(f"the hopper_attention template generates sm_90a code (wgmma, TMA); "
+                            f"the target is {target.name}", user_location())
+    program = kernel.program if hasattr(kernel, "program") else kernel
+    plan = plan_hopper_attention(program, fusion.names, fusion.axis)
+    given = {k: v for k, v in (("block_n", block_n), ("stages", stages),
+                               ("consumers", consumers), ("overlap", overlap)) if v is not None}
+    arguments = kernel_arguments(plan)
+
+    def layout(dims: dict) -> Launches:
+        B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
+        knobs = with_knobs(plan, dims, given)
+        check_hopper(plan, knobs, dims, target.max_shared_memory)
+        source = hopper_attention_source(plan, knobs, D, plan.mask is not None)
+        smem = shared_bytes(knobs, D)
+        entries = [KernelEntry(ENTRY, tuple(t for _, t in arguments))]
+        lists = _Lists(plan, knobs)
+        maps: dict = {}
+
+        def tensor_maps(q, k, v, device):
+            """TMA maps of q, k and v in one device buffer, made once per set of addresses."""
+            import torch
+
+            from ..targets.cuda.tma import tensor_map
+
+            key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+            if key not in maps:
+                blob = tensor_map(q.data_ptr(), (B * H, M, D), (1, knobs.block_m, 64), plan.dtype) \
+                    + tensor_map(k.data_ptr(), (B * HKV, N, D), (1, knobs.block_n, 64),
+                                 plan.dtype) \
+                    + tensor_map(v.data_ptr(), (B * HKV, N, D), (1, knobs.block_n, 64),
+                                 plan.dtype)
+                maps.clear()   # keep one set: the maps hold raw addresses
+                maps[key] = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
+            return maps[key]
+
+        def run(module, values, out, device):
+            c = plan.chain
+            pn, pi, fn, fi = lists(values, dims, device)
+            tensors = [_pointer(values[t]) for t in plan.tensors]
+            scalars = [values[n] for n, _ in c.scalars]
+            module[ENTRY](_pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
+                          _pointer(out), _pointer(pn), _pointer(pi), _pointer(fn), _pointer(fi),
+                          *tensors, B, H, HKV, M, N, *scalars,
+                          math.ceil(M / knobs.block_m), B * H, knobs.threads, 1, smem)
+
+        return Launches(source, entries, knobs, run, plan=plan)
+
+    return ClusterKernel(program, target, layout, f"hopper_attention ({fusion.describe()})")

@@ -1,0 +1,197 @@
+"""The Hopper attention template plan: a rolled softmax-attention chain as a warp-specialised
+sm_90a kernel, as data (the CUDA C++: :mod:`tensorfuse.targets.cuda.hopper_attention`).
+
+Each CTA owns ``block_m = 64 · consumers`` query rows of one (batch, head). A producer warp copies
+the rows' queries once and then the key and value blocks its row block needs (``block_n`` keys
+each) into a ring of ``stages`` slots with TMA bulk-tensor copies; each consumer warpgroup computes
+``S = Q·Kᵀ`` for its 64 rows with ``wgmma``, turns it into the score the DSL program writes (score
+modification, mask), keeps the running maximum and sum, and accumulates ``O += P·V`` with ``P``
+from registers. With ``overlap`` a warpgroup issues the next block's ``Q·Kᵀ`` before the softmax
+of the current one (FlashAttention-3's intra-warpgroup pipeline), so the tensor cores and the
+exponentials work at the same time.
+
+The plan is the recognised chain (:mod:`.attention_chain`) split into what the kernel does
+differently: the *mask* (the condition of a top-level ``where(cond, s, -inf)``, sorted per call
+into skipped, partial and full blocks by :mod:`.block_schedule`, so that whole blocks skip its
+arithmetic and empty ones are never loaded), the *score* without it, and a *scale* folded into the
+exponential where the score is the dot product times a value that is the same for every element.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..dsl.expr import Binary, Const, Expr, Load, Ref, Where
+from ..dsl.printer import to_text
+from ..dsl.program import Program
+from ..errors import ScheduleError
+from ..targets.cuda.expr import to_cuda
+from .attention_chain import AttentionChain, check_head_map, recognise_attention
+
+WHO = "hopper attention"
+REGISTERS = 65536            # per SM
+PRODUCER_REGISTERS = 24      # the producer warpgroup keeps the fewest setmaxnreg allows
+
+
+@dataclass(frozen=True)
+class HopperKnobs:
+    """``consumers`` warpgroups of 64 query rows each; keys in blocks of ``block_n`` through a ring
+    of ``stages`` shared-memory slots; ``overlap``: issue the next block's q·kᵀ before this
+    block's softmax."""
+
+    block_n: int = 128
+    stages: int = 2
+    consumers: int = 2
+    overlap: bool = True
+
+    @property
+    def block_m(self) -> int:
+        return 64 * self.consumers
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumers)
+
+    @property
+    def consumer_registers(self) -> int:
+        """Registers per consumer thread after ``setmaxnreg`` (the producer keeps 24)."""
+        share = (REGISTERS - 128 * PRODUCER_REGISTERS) // (128 * self.consumers)
+        return min(240, share // 8 * 8)
+
+    def __str__(self) -> str:
+        return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "
+                f"consumers={self.consumers}, overlap={self.overlap}")
+
+
+@dataclass(frozen=True)
+class HopperAttentionPlan:
+    """The chain, the score without its mask, the mask, and the scale folded into ``exp2``."""
+
+    chain: AttentionChain
+    score: Expr               # of the dot product and the axes; no top-level mask
+    mask: Expr | None         # a condition on indices (and integer tensors): blocks are sorted
+    scale: Expr | None        # score == dot · scale with scale the same for every element
+    tensors: tuple[str, ...]  # tensor parameters the score or mask read (besides q, k, v)
+
+    @property
+    def dtype(self) -> str:
+        return self.chain.dtype
+
+    def describe(self, knobs: HopperKnobs | None = None) -> str:
+        c = self.chain
+        b, h, hkv, m, n, d = c.dims
+        lines = [f"hopper attention plan: {c.out}[{b}, {h}, {m}, {d}] from {c.q}, {c.k}, {c.v} "
+                 f"({hkv} kv-heads, {c.dtype})",
+                 f"  score: {to_text(self.score)}"
+                 + (f" (the factor {to_text(self.scale)} folded into exp2)" if self.scale is not None
+                    else ""),
+                 "  mask: " + (f"{to_text(self.mask)} (blocks sorted per call into skipped, "
+                               "partial and full)" if self.mask is not None else "none"),
+                 "  warp-specialised: a TMA producer warp, consumer warpgroups on wgmma "
+                 "(q·kᵀ from shared memory, p·v with p in registers)"]
+        if knobs is not None:
+            lines.append(f"  knobs: {knobs}")
+        return "\n".join(lines)
+
+
+def _refuse(message: str, loc=None) -> ScheduleError:
+    return ScheduleError(f"{WHO}: {message}", loc)
+
+
+def _reads_dot(e: Expr, dot: str) -> bool:
+    return any(isinstance(n, Ref) and n.compute.name == dot for n in _nodes(e))
+
+
+def _nodes(e: Expr):
+    yield e
+    for c in e.children():
+        yield from _nodes(c)
+
+
+def plan_hopper_attention(program: Program, names: tuple[str, ...],
+                          axis: str) -> HopperAttentionPlan:
+    """Recognise the chain (softmax-weighted attention in bf16 or f16) and split its score."""
+    chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"))
+    score, mask = chain.score, None
+    if isinstance(score, Where) and isinstance(score.b, Const) and score.b.value == -math.inf \
+            and not _reads_dot(score.cond, chain.dot) and not any(
+                isinstance(n, Load) and n.param.dtype.startswith(("f", "bf"))
+                for n in _nodes(score.cond)):
+        score, mask = score.a, score.cond
+    scale = None
+    if isinstance(score, Binary) and score.op == "mul":
+        for dot_side, other in ((score.a, score.b), (score.b, score.a)):
+            if isinstance(dot_side, Ref) and dot_side.compute.name == chain.dot and \
+                    not other.axes and not any(isinstance(n, (Load, Ref)) for n in _nodes(other)):
+                scale = other
+    used = [score] + ([mask] if mask is not None else [])
+    tensors = sorted({n.param.name for e in used for n in _nodes(e) if isinstance(n, Load)})
+    plan = HopperAttentionPlan(chain, score, mask, scale, tuple(tensors))
+    for e, what in ((score, "the score"), (mask, "the mask")):   # refused now if not writable
+        if e is not None:
+            to_cuda(e, {chain.dot: "qk"}, what, axes=dict(chain.score_axes),
+                    loads={t: t for t in tensors})
+    return plan
+
+
+def shared_bytes(knobs: HopperKnobs, D: int) -> int:
+    """Dynamic shared memory: the queries, ``stages`` key and value slots, the mbarriers (plus
+    1 KiB for aligning the 128-byte-swizzled tiles)."""
+    tiles = knobs.block_m * D * 2 + 2 * knobs.stages * knobs.block_n * D * 2
+    return tiles + 8 * (1 + 4 * knobs.stages) + 1024
+
+
+def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict) -> HopperKnobs:
+    """128 query rows (two consumer warpgroups) and 128-key blocks in two slots for head dims up
+    to 128; 64-key blocks for 256 (the value accumulator alone takes 128 registers per thread)."""
+    D = sizes[plan.chain.dims[5]]
+    if D > 128:
+        return HopperKnobs(block_n=64, stages=2)
+    return HopperKnobs()
+
+
+def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
+    """The values tuning tries for each knob."""
+    D = sizes[plan.chain.dims[5]]
+    return {"block_n": (64, 80) if D > 128 else (64, 128, 176),
+            "stages": (2, 3), "consumers": (1, 2, 3) if D <= 64 else (1, 2),
+            "overlap": (True, False)}
+
+
+def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
+                 max_shared: int) -> None:
+    """Refuse sizes and knobs the kernel cannot run, saying which."""
+    B, H, HKV, M, N, D = (sizes[d] for d in plan.chain.dims)
+    if D not in (64, 128, 256):
+        raise _refuse(f"head dim D={D}: the Hopper template handles 64, 128 and 256")
+    if H % HKV:
+        raise _refuse(f"H={H} query heads do not share HKV={HKV} kv-heads evenly")
+    check_head_map(plan.chain, sizes, H, H // HKV, WHO)
+    if knobs.consumers not in (1, 2, 3):
+        raise _refuse(f"consumers={knobs.consumers}: 1, 2 or 3 warpgroups of 64 query rows")
+    if knobs.block_n % 16 or not 16 <= knobs.block_n <= 256:
+        raise _refuse(f"block_n={knobs.block_n}: a multiple of 16 from 16 to 256 (one wgmma N "
+                      "for q·kᵀ, k16 steps for p·v)")
+    if knobs.stages not in (2, 3, 4):
+        raise _refuse(f"stages={knobs.stages}: 2, 3 or 4 key/value slots")
+    need = shared_bytes(knobs, D)
+    if need > max_shared:
+        raise _refuse(f"{knobs} at head dim {D} needs {need} bytes of shared memory; the GPU has "
+                      f"{max_shared}: use fewer stages or a smaller block_n")
+    live = D // 2 + knobs.block_n // 2 + knobs.block_n // 4   # O, S (f32) and P (16-bit pairs)
+    if live + 40 > knobs.consumer_registers:
+        raise _refuse(f"{knobs} at head dim {D} keeps about {live + 40} registers per consumer "
+                      f"thread live; {knobs.consumer_registers} are available: use a smaller "
+                      "block_n, overlap=False or fewer consumers")
+    for name, value in (("M", M), ("N", N), ("B·H", B * H)):
+        if value < 1 or value >= 2 ** 31:
+            raise _refuse(f"{name}={value} is outside what the kernel indexes")
+
+
+def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict) -> HopperKnobs:
+    """The defaults with the user's ``given`` knobs."""
+    unknown = set(given) - {"block_n", "stages", "consumers", "overlap"}
+    if unknown:
+        raise _refuse(f"no knob {', '.join(sorted(unknown))}; knobs: block_n, stages, consumers, "
+                      "overlap")
+    return replace(default_hopper_knobs(plan, sizes), **given)
