@@ -123,7 +123,7 @@ def check(log=print) -> int:
     return wrong
 
 
-KNOBS = [dict(), dict(overlap=False), dict(block_n=176), dict(stages=3)]
+KNOBS = [dict(), dict(pingpong=False), dict(block_n=176), dict(stages=3), dict(block_n=176, pingpong=False)]
 
 
 def timed(sizes=(4096, 16384), names=None, log=print, ceiling=716.0) -> list[Row]:

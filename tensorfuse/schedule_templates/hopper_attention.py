@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 
-from ..dsl.expr import Load
 from ..dsl.expr import user_location
 from ..errors import ScheduleError
 from ..targets import TargetSpec
@@ -31,12 +30,12 @@ def _pointer(x):
 
 
 class _Lists:
-    """Block lists per (sizes, scalars) — or per call when the mask reads tensors."""
+    """The block lists of the last (sizes, scalars, mask tensors) seen: tensors the mask reads
+    (document ids) are recognised by address and torch's version counter, so that lists are made
+    again when their data may have changed."""
 
     def __init__(self, plan, knobs):
         self.plan, self.knobs = plan, knobs
-        self.by_data = any(isinstance(n, Load) for n in _walk(plan.mask)) if plan.mask is not None \
-            else False
         self.cache: dict = {}
         self.empty = None
 
@@ -48,38 +47,34 @@ class _Lists:
                 self.empty = torch.zeros(1, dtype=torch.int32, device=device)
             return (self.empty,) * 4
         scalars = {n: values[n] for n, _ in self.plan.chain.scalars}
-        key = (tuple(sorted(sizes.items())), tuple(sorted(scalars.items())), str(device))
-        if not self.by_data and key in self.cache:
+        key = (tuple(sorted(sizes.items())), tuple(sorted(scalars.items())), str(device),
+               tuple((t, values[t].data_ptr(), values[t]._version) for t in self.plan.tensors))
+        if key in self.cache:   # tensors the mask reads: the same memory, not written since
             return self.cache[key]
         b, h, i, j = self.plan.chain.axes
         tensors = {t: values[t] for t in self.plan.tensors}
         made = block_lists(self.plan.mask, [b, h], i, j, sizes, tensors, scalars,
                            self.knobs.block_m, self.knobs.block_n, device)
-        if not self.by_data:
-            self.cache = {key: made}
+        self.cache = {key: made}
         return made
-
-
-def _walk(e):
-    yield e
-    for c in e.children():
-        yield from _walk(c)
 
 
 def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,
                      stages: int | None = None, consumers: int | None = None,
-                     overlap: bool | None = None, tuned=None) -> ClusterKernel:
+                     overlap: bool | None = None, pingpong: bool | None = None,
+                     tuned=None) -> ClusterKernel:
     """A callable warp-specialised attention kernel for ``kernel`` after a rolling update over the
     keys. Knobs (defaults from the plan): ``block_n`` keys per block, ``stages`` key/value slots,
     ``consumers`` warpgroups of 64 query rows, ``overlap`` (FlashAttention-3's intra-warpgroup
-    pipeline). ``tuned`` is accepted for the template interface; the knobs are the plan's."""
+    pipeline), ``pingpong`` (consumers take turns on the tensor cores). ``tuned`` is accepted for the template interface; the knobs are the plan's."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_attention template generates sm_90a code (wgmma, TMA); "
                             f"the target is {target.name}", user_location())
     program = kernel.program if hasattr(kernel, "program") else kernel
     plan = plan_hopper_attention(program, fusion.names, fusion.axis)
     given = {k: v for k, v in (("block_n", block_n), ("stages", stages),
-                               ("consumers", consumers), ("overlap", overlap)) if v is not None}
+                               ("consumers", consumers), ("overlap", overlap),
+                               ("pingpong", pingpong)) if v is not None}
     arguments = kernel_arguments(plan)
 
     def layout(dims: dict) -> Launches:

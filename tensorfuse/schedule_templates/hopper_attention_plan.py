@@ -43,6 +43,7 @@ class HopperKnobs:
     stages: int = 2
     consumers: int = 2
     overlap: bool = True
+    pingpong: bool = True
 
     @property
     def block_m(self) -> int:
@@ -60,7 +61,7 @@ class HopperKnobs:
 
     def __str__(self) -> str:
         return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "
-                f"consumers={self.consumers}, overlap={self.overlap}")
+                f"consumers={self.consumers}, overlap={self.overlap}, pingpong={self.pingpong}")
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
     D = sizes[plan.chain.dims[5]]
     return {"block_n": (64, 80) if D > 128 else (64, 128, 176),
             "stages": (2, 3), "consumers": (1, 2, 3) if D <= 64 else (1, 2),
-            "overlap": (True, False)}
+            "overlap": (True, False), "pingpong": (True, False)}
 
 
 def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
@@ -190,8 +191,8 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
 
 def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict) -> HopperKnobs:
     """The defaults with the user's ``given`` knobs."""
-    unknown = set(given) - {"block_n", "stages", "consumers", "overlap"}
+    unknown = set(given) - {"block_n", "stages", "consumers", "overlap", "pingpong"}
     if unknown:
         raise _refuse(f"no knob {', '.join(sorted(unknown))}; knobs: block_n, stages, consumers, "
-                      "overlap")
+                      "overlap, pingpong")
     return replace(default_hopper_knobs(plan, sizes), **given)

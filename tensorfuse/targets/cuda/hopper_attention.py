@@ -144,6 +144,14 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
 #define CONSUMER_REGS {knobs.consumer_registers}
 #define PRODUCER_REGS 24
 #define OVERLAP {int(knobs.overlap)}
+#define PINGPONG {int(knobs.pingpong and knobs.consumers > 1)}   // consumers take turns issuing MMAs
+#if PINGPONG
+#define TURN_BEGIN tf_turn_wait(cw);
+#define TURN_END tf_turn_pass(cw);
+#else
+#define TURN_BEGIN
+#define TURN_END
+#endif
 #define LISTS {int(lists)}
 #define ATOMS (D_ / 64)                 // 128-byte swizzle atoms along the head dim
 #define Q_BYTES (BM * D_ * 2)
@@ -156,6 +164,14 @@ __device__ __forceinline__ float tf_exp2(float x) {{
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}}
+// Named barriers for the consumers' turns (ids 1 … CONSUMERS; 0 is __syncthreads): a warpgroup
+// waits for its turn with bar.sync, hands it on with bar.arrive (128 + 128 threads each).
+__device__ __forceinline__ void tf_turn_wait(int cw) {{
+  asm volatile("bar.sync %0, 256;" :: "r"(1 + cw) : "memory");
+}}
+__device__ __forceinline__ void tf_turn_pass(int cw) {{
+  asm volatile("bar.arrive %0, 256;" :: "r"(1 + (cw + 1) % CONSUMERS) : "memory");
 }}
 __device__ __forceinline__ unsigned tf_pack(float lo, float hi) {{
   {pair} v = {pack}(lo, hi);
@@ -363,8 +379,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     softmax_block(s, m, l, corr);                                                             \\
   }}
 
+  // With PINGPONG the consumers issue their MMAs in turns (0, 1, …), so that one warpgroup's
+  // softmax runs while another's products use the tensor cores (FlashAttention-3's ping-pong).
+  // The last warpgroup opens the first turn; the first one takes the extra turn at the end.
+#if PINGPONG
+  if (cw == CONSUMERS - 1) tf_turn_pass(cw);
+#endif
   if (sched.count > 0) {{
+    TURN_BEGIN
     ISSUE_S(0);
+    TURN_END
     tf_wgmma_wait<0>();
     tf_fence_regs(s);
     tf_mbar_arrive(empty_k + 0);
@@ -372,8 +396,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     pack_p(s, p);
     for (int it = 1; it < sched.count; ++it) {{
 #if OVERLAP
+      TURN_BEGIN
       ISSUE_S(it);
       ISSUE_O(it - 1);
+      TURN_END
       tf_wgmma_wait<1>();            // q·kᵀ of `it` has landed; p·v of `it - 1` may still run
       tf_fence_regs(s);
       tf_mbar_arrive(empty_k + it % STAGES);
@@ -384,11 +410,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       rescale(o, corr);
       pack_p(s, p);
 #else
+      TURN_BEGIN
       ISSUE_O(it - 1);
       tf_wgmma_wait<0>();
       tf_fence_regs(o);
       tf_mbar_arrive(empty_v + (it - 1) % STAGES);
       ISSUE_S(it);
+      TURN_END
       tf_wgmma_wait<0>();
       tf_fence_regs(s);
       tf_mbar_arrive(empty_k + it % STAGES);
@@ -397,11 +425,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       pack_p(s, p);
 #endif
     }}
+    TURN_BEGIN
     ISSUE_O(sched.count - 1);
+    TURN_END
     tf_wgmma_wait<0>();
     tf_fence_regs(o);
     tf_mbar_arrive(empty_v + (sched.count - 1) % STAGES);
   }}
+#if PINGPONG
+  if (cw == 0) tf_turn_wait(cw);   // the turn the last warpgroup opened
+#endif
 
   // o / l, written from the fragments: row_lo (registers r % 4 < 2) and row_lo + 8
   #pragma unroll
