@@ -1,6 +1,8 @@
 """The Hopper attention template (``apply_template("hopper_attention")``) on an H100: checked, then
-timed against the Triton template (``tf.compile`` defaults), SDPA (cuDNN, FlashAttention) and
-FlexAttention under torch.compile, in one process.
+timed — its defaults and knob variants (``tensorfuse_hopper …``), ``tf.compile`` defaults
+(``tensorfuse``: the Hopper template for prefill on sm_90a), the Triton template
+(``tensorfuse_triton``), SDPA (cuDNN, FlashAttention) and FlexAttention under torch.compile — in
+one process.
 
     python -m benchmarks.hopper_attention --check          # correctness only (ragged, f16, D=64)
     python -m benchmarks.hopper_attention --csv out.csv    # check, then time (S=4096, 16384)
@@ -177,8 +179,11 @@ def timed(sizes=(4096, 16384), names=None, log=print, ceiling=716.0) -> list[Row
                 f = hopper(kernel, **knobs)
                 label = "tensorfuse_hopper" + "".join(f" {k}={x}" for k, x in knobs.items())
                 measure(label, lambda f=f: f(q, k, v, scale=scale, **args))
-            triton = tf.compile(kernel, "cuda")
-            measure("tensorfuse", lambda: triton(q, k, v, scale=scale, **args))
+            triton = tf.schedule(kernel, "cuda").rolling_update(*CHAIN, axis="j") \
+                .apply_template("attention").compile()
+            measure("tensorfuse_triton", lambda: triton(q, k, v, scale=scale, **args))
+            default = tf.compile(kernel, "cuda")   # what a user gets: the Hopper template here
+            measure("tensorfuse", lambda: default(q, k, v, scale=scale, **args))
             bm = None
             if mask_mod is not None:
                 per_batch = getattr(mask_mod, "per_batch", False)

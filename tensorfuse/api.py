@@ -45,7 +45,8 @@ def compile(kernel: "TracedKernel | Schedule",  # noqa: A001 - tensorfuse.compil
             name, fusion = choice
             fallback = compile(kernel, spec, template=None)
             records = template_records(program, name, fusion, spec)
-            return AutoKernel(TEMPLATES[name](kernel, fusion, spec, tuned=records), fallback)
+            made = TEMPLATES[name](kernel, fusion, spec, tuned=records)
+            return AutoKernel(made, fallback, ahead=native_templates(kernel, name, fusion, spec))
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"
@@ -68,10 +69,11 @@ class AutoKernel:
     """A template kernel where it fits the call's sizes, the default schedule where it does not
     (e.g. a feature axis too wide for one tile). Decided once per shape signature."""
 
-    def __init__(self, template, fallback: CompiledKernel):
-        self.template, self.fallback = template, fallback
+    def __init__(self, template, fallback: CompiledKernel, ahead: tuple = ()):
+        self.template, self.fallback, self.ahead = template, fallback, tuple(ahead)
         self.program, self.target = fallback.program, fallback.target
-        self.description = f"{template.description}, else {fallback.description}"
+        self.description = ", else ".join([k.description for k in self.ahead]
+                                          + [template.description, fallback.description])
         self._fits: dict = {}
         self._by_shapes: dict = {}
         self._fast: dict = {}   # signature key -> the chosen kernel's FastCall, where it has one
@@ -80,17 +82,22 @@ class AutoKernel:
         return f"<AutoKernel {self.program.name} for {self.target.name}: {self.description}>"
 
     def for_sizes(self, **dims):
-        """The kernel used at these sizes."""
+        """The kernel used at these sizes: the first of the native templates (``ahead``) that
+        fits them and prefers them, else the Triton template where it fits, else the default
+        schedule."""
         key = tuple(sorted(dims.items()))
         if key not in self._fits:
             from .errors import TargetError
 
-            try:
-                self.template.build(**dims)
-                self._fits[key] = True
-            except TargetError:
-                self._fits[key] = False
-        return self.template if self._fits[key] else self.fallback
+            found = next((k for k in self.ahead if k.fits(**dims)), None)
+            if found is None:
+                try:
+                    self.template.build(**dims)
+                    found = self.template
+                except TargetError:
+                    found = self.fallback
+            self._fits[key] = found
+        return self._fits[key]
 
     def _pick(self, args, kwargs, key=False):
         """The kernel for this call, decided once per signature (this runs on every call: it only
@@ -124,7 +131,7 @@ class AutoKernel:
         """Generated source at these sizes: the Triton kernel, or TVM's CUDA if the template does
         not fit them."""
         chosen = self.for_sizes(**dims)
-        return chosen.source(**dims) if chosen is self.template else chosen.cuda_source(**dims)
+        return chosen.cuda_source(**dims) if chosen is self.fallback else chosen.source(**dims)
 
     def ptx(self, **dims) -> str:
         return self.for_sizes(**dims).ptx(**dims)
@@ -135,6 +142,22 @@ class AutoKernel:
 
     def benchmark(self, *args, **kwargs) -> float:
         return self._pick(args, kwargs)[0].benchmark(*args, **kwargs)
+
+
+def native_templates(kernel, name: str, fusion, spec: TargetSpec) -> tuple:
+    """Templates generated as CUDA C++ for this GPU that ``tf.compile`` tries before the Triton
+    one: on sm_90a, softmax attention gets the warp-specialised Hopper template for prefill
+    (more than 64 query rows; fewer go to the Triton template's split update), measured faster
+    than the Triton template on every library variant (benchmarks/RESULTS.md)."""
+    if name != "attention" or spec.kind != "cuda" or spec.arch != "sm_90a":
+        return ()
+    from .errors import ScheduleError
+    from .schedule_templates.hopper_attention import hopper_attention
+
+    try:
+        return (hopper_attention(kernel, fusion, spec, prefill_only=True),)
+    except ScheduleError:   # not softmax attention in the layout the kernel indexes
+        return ()
 
 
 def _triton_available() -> bool:

@@ -167,7 +167,8 @@ class Schedule:
                                 "compile the fused schedule as it is", user_location())
         import inspect
 
-        accepted = list(inspect.signature(TEMPLATES[name]).parameters)[3:]
+        accepted = [k for k in list(inspect.signature(TEMPLATES[name]).parameters)[3:]
+                    if k not in ("tuned", "prefill_only")]
         unknown = sorted(set(knobs) - set(accepted))
         if unknown:
             raise ScheduleError(f"the {name} template has no knob {', '.join(unknown)}; its knobs: "

@@ -62,11 +62,13 @@ class _Lists:
 def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,
                      stages: int | None = None, consumers: int | None = None,
                      overlap: bool | None = None, pingpong: bool | None = None,
-                     tuned=None) -> ClusterKernel:
+                     tuned=None, prefill_only: bool = False) -> ClusterKernel:
     """A callable warp-specialised attention kernel for ``kernel`` after a rolling update over the
     keys. Knobs (defaults from the plan): ``block_n`` keys per block, ``stages`` key/value slots,
     ``consumers`` warpgroups of 64 query rows, ``overlap`` (FlashAttention-3's intra-warpgroup
-    pipeline), ``pingpong`` (consumers take turns on the tensor cores). ``tuned`` is accepted for the template interface; the knobs are the plan's."""
+    pipeline), ``pingpong`` (consumers take turns on the tensor cores). ``tuned`` is accepted for
+    the template interface (the knobs are not tuned yet). ``prefill_only``: ``tf.compile``'s use —
+    prefer this kernel only for more than 64 query rows (decode goes to the split update)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_attention template generates sm_90a code (wgmma, TMA); "
                             f"the target is {target.name}", user_location())
@@ -116,4 +118,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
 
         return Launches(source, entries, knobs, run, plan=plan)
 
-    return ClusterKernel(program, target, layout, f"hopper_attention ({fusion.describe()})")
+    rows = plan.chain.dims[3]
+    return ClusterKernel(program, target, layout, f"hopper_attention ({fusion.describe()})",
+                         origin="hopper_attention template defaults",
+                         preferred=(lambda dims: dims[rows] > 64) if prefill_only else None)

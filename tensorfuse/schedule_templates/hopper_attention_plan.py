@@ -183,7 +183,7 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
     if live + 40 > knobs.consumer_registers:
         raise _refuse(f"{knobs} at head dim {D} keeps about {live + 40} registers per consumer "
                       f"thread live; {knobs.consumer_registers} are available: use a smaller "
-                      "block_n, overlap=False or fewer consumers")
+                      "block_n or fewer consumers")
     for name, value in (("M", M), ("N", N), ("B·H", B * H)):
         if value < 1 or value >= 2 ** 31:
             raise _refuse(f"{name}={value} is outside what the kernel indexes")

@@ -29,9 +29,12 @@ class ClusterKernel:
     :class:`Launches`. Launches go on torch's current stream."""
 
     def __init__(self, program, target: TargetSpec, layout: Callable[[dict], Launches],
-                 description: str):
+                 description: str, origin: str = "cluster template",
+                 preferred: Callable[[dict], bool] | None = None):
         self.program, self.target, self.layout = program, target, layout
-        self.description = description
+        self.description, self.origin = description, origin
+        # where ``tf.compile`` should pick this kernel over its other templates (all sizes it runs)
+        self.preferred = preferred or (lambda dims: True)
         self.output = next(c for c in program.computes if c.is_output)
         self._launches: dict = {}
         self._calls = CallBinder(program, "cuda")
@@ -47,6 +50,17 @@ class ClusterKernel:
             self._launches[key] = self.layout(dims)
         return self._launches[key]
 
+    def fits(self, **dims) -> bool:
+        """Whether this kernel runs these sizes and is the one to prefer there (``tf.compile``'s
+        choice; an explicit schedule runs it wherever it can)."""
+        from ...errors import ScheduleError, TargetError
+
+        try:
+            self.launches(**dims)
+        except (ScheduleError, TargetError):
+            return False
+        return self.preferred(dims)
+
     def source(self, **dims) -> str:
         """The generated CUDA C++."""
         return self.launches(**dims).source
@@ -57,7 +71,7 @@ class ClusterKernel:
 
     def schedule_origin(self, **dims) -> str:
         launches = self.launches(**dims)
-        return f"cluster template ({launches.knobs})" + (f"; {launches.why}" if launches.why else "")
+        return f"{self.origin} ({launches.knobs})" + (f"; {launches.why}" if launches.why else "")
 
     def _prepare(self, args, kwargs, key=False):
         import torch

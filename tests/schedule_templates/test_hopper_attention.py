@@ -1,0 +1,160 @@
+"""The Hopper attention template: its plan, its refusals, the sm_90a code nvcc makes of it (the
+instructions it was written for, no register spills) and ``tf.compile``'s choice of it — on the
+CPU; and every variant against float64 on an H100 (marked ``gpu``)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from benchmarks.hopper_attention import causal_attention_f16
+from tensorfuse.errors import ScheduleError
+from tensorfuse.schedule_templates.hopper_attention_plan import (HopperKnobs, check_hopper,
+                                                                 plan_hopper_attention,
+                                                                 shared_bytes, with_knobs)
+from tensorfuse.targets.cuda.hopper_attention import HOPPER_PTX
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
+CHAIN = ("m", "l", "o")
+PREFILL = dict(B=2, H=16, M=1000, N=1000, D=128)
+H100_SHARED = 227 * 1024
+
+
+def plan_of(kernel):
+    return plan_hopper_attention(kernel.program, CHAIN, "j")
+
+
+def hopper(kernel, **knobs):
+    sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
+    return sch.apply_template("hopper_attention", **knobs).compile()
+
+
+def sizes_for(name: str, **over) -> dict:
+    sizes = {**PREFILL, **over}
+    if "gqa" in name:
+        sizes["HKV"] = 4
+    return sizes
+
+
+def test_plan_splits_mask_score_and_scale():
+    causal = plan_of(K.causal_attention)
+    assert causal.mask is not None and "j" in str(causal.mask)
+    assert causal.scale is not None and str(causal.scale) == "scale"   # folded into exp2
+    alibi = plan_of(K.alibi_attention)
+    assert alibi.mask is None and alibi.scale is None   # the bias rides on every element
+    document = plan_of(K.document_attention)
+    assert document.tensors == ("doc",) and document.mask is not None
+    softcap = plan_of(K.softcap_attention)
+    assert softcap.mask is not None and softcap.scale is None
+    assert plan_of(K.attention).mask is None
+    assert "folded into exp2" in causal.describe(HopperKnobs())
+
+
+def test_plan_refuses_other_chains():
+    with pytest.raises(ScheduleError, match="hopper attention: .*max → sum"):
+        plan_hopper_attention(K.softmax.program, ("m", "l"), "j")
+
+
+def test_check_refuses_what_the_kernel_cannot_run():
+    plan = plan_of(K.attention)
+    with pytest.raises(ScheduleError, match="head dim D=96"):
+        check_hopper(plan, HopperKnobs(), {**PREFILL, "D": 96}, H100_SHARED)
+    with pytest.raises(ScheduleError, match="block_n=200"):
+        check_hopper(plan, HopperKnobs(block_n=200), PREFILL, H100_SHARED)
+    with pytest.raises(ScheduleError, match="shared memory"):
+        check_hopper(plan, HopperKnobs(block_n=256, stages=4), {**PREFILL, "D": 256},
+                     H100_SHARED)
+    with pytest.raises(ScheduleError, match="registers"):
+        check_hopper(plan, HopperKnobs(block_n=256), {**PREFILL, "D": 64}, H100_SHARED)
+    with pytest.raises(ScheduleError, match="no knob tile_m"):
+        with_knobs(plan, PREFILL, {"tile_m": 64})
+    assert shared_bytes(HopperKnobs(), 128) <= H100_SHARED
+    with pytest.raises(ScheduleError, match="sm_90a"):
+        tf.schedule(K.attention, "cuda:sm_80").rolling_update(*CHAIN, axis="j") \
+            .apply_template("hopper_attention").compile()
+
+
+def _ptxas_report(source: str) -> str:
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cu")
+        with open(path, "w") as f:
+            f.write(source)
+        done = subprocess.run(["nvcc", "-O3", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o",
+                               os.path.join(d, "k.cubin"), path], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stderr
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", sorted(K.ATTENTION_VARIANTS))
+def test_every_variant_compiles_to_the_hopper_instructions(name):
+    """PTX holds wgmma, TMA bulk-tensor copies, mbarriers, setmaxnreg and ex2; ptxas spills
+    nothing and reports no serialised wgmma."""
+    compiled = hopper(K.ATTENTION_VARIANTS[name])
+    sizes = sizes_for(name)
+    ptx = compiled.ptx(**sizes)
+    for instruction in HOPPER_PTX:
+        assert instruction in ptx, f"{name}: no {instruction} in the PTX"
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16", ptx)
+    report = _ptxas_report(compiled.source(**sizes))
+    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+    assert "serializ" not in report.lower(), report
+
+
+@needs_nvcc
+@pytest.mark.parametrize("D, knobs", [(64, {}), (256, {}), (128, {"block_n": 176}),
+                                      (128, {"stages": 3, "overlap": False}),
+                                      (64, {"consumers": 3, "block_n": 64}), (128, {"pingpong": False})])
+def test_head_dims_knobs_and_f16(D, knobs):
+    compiled = hopper(causal_attention_f16, **knobs)
+    sizes = dict(B=1, H=4, M=300, N=517, D=D)
+    ptx = compiled.ptx(**sizes)
+    assert ".f32.f16.f16" in ptx and "cp.async.bulk.tensor.3d" in ptx
+    n = knobs.get("block_n", 64 if D > 128 else 128)
+    assert f"m64n{n}k16" in ptx and f"m64n{D}k16" in ptx
+    report = _ptxas_report(compiled.source(**sizes))
+    assert "0 bytes spill stores" in report, report
+
+
+def test_one_source_serves_every_sequence_length():
+    """Sizes are kernel arguments: the same source for other batch, head and sequence sizes."""
+    compiled = hopper(K.causal_attention)
+    assert compiled.source(**PREFILL) == compiled.source(B=1, H=8, M=4096, N=333, D=128)
+    assert compiled.source(**PREFILL) != compiled.source(**{**PREFILL, "D": 64})
+
+
+def test_compile_prefers_it_for_prefill_on_sm90a():
+    f = tf.compile(K.causal_attention, "cuda:sm_90a")
+    assert f.schedule_origin(**PREFILL).startswith("hopper_attention template defaults")
+    decode = dict(PREFILL, M=1)
+    assert f.schedule_origin(**decode) == "template defaults"   # the Triton split update
+    assert "wgmma" not in f.source(**{**PREFILL, "D": 96})      # a head dim it does not take
+    other = tf.compile(K.causal_attention, "cuda:sm_80")
+    assert "hopper" not in other.description
+    assert "hopper" not in tf.compile(K.softmax, "cuda:sm_90a").description
+
+
+def test_plan_is_printable_from_a_schedule():
+    sch = tf.schedule(K.document_attention, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
+    sch.apply_template("hopper_attention", block_n=64)
+    text = sch.plan(**PREFILL)
+    assert "hopper attention plan" in text and "doc[b, " in text and "block_n=64" in text
+
+
+@pytest.mark.gpu
+def test_every_variant_matches_float64_on_the_gpu():
+    """Every library variant, ragged sizes (M ≠ N), GQA, f16, head dims 64 and 128, normal and
+    wide-range inputs, output poisoned with NaN: within bf16/f16 tolerance of float64, and rows
+    with no visible key NaN exactly where the reference's are."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    from benchmarks.hopper_attention import check
+
+    assert check(log=lambda line: None) == 0
