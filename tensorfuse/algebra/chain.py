@@ -17,6 +17,7 @@ from ..dsl.program import Compute, Program
 from ..errors import RollingUpdateError
 from .exprs import nodes, refs_to, substitute
 from .conditioning import Conditioning, check_conditioning, measure
+from .exponent_bounds import check_exponent_bounds
 from .schemes import Scheme, derive_scheme, independent_scheme
 from .transfer import USER_RULES, Context, NoCorrection, is_nonnegative, is_positive
 from .verify import verify_scheme
@@ -85,10 +86,12 @@ def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis",
         chain = _plan(program, names, axis)
         chain.conditioning = measure(chain)
         check_conditioning(chain)
+        check_exponent_bounds(chain)
         plans[key] = chain
     chain = plans[key]
     if strict:
         check_conditioning(chain, strict=True)
+        check_exponent_bounds(chain, strict=True)
     return chain
 
 

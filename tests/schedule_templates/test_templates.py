@@ -84,8 +84,13 @@ def test_row_template_holds_a_row_in_one_block():
 def test_auto_template_for_gpu_targets():
     from tensorfuse.targets.triton.kernel import TritonKernel
 
-    attention = tf.compile(K.alibi_attention, "cuda:sm_90a")
-    assert isinstance(attention.for_sizes(B=1, H=2, M=256, N=256, D=128), TritonKernel)
+    from tensorfuse.targets.cuda.kernel import ClusterKernel
+
+    attention = tf.compile(K.alibi_attention, "cuda:sm_90a")   # prefill: the Hopper template
+    assert isinstance(attention.for_sizes(B=1, H=2, M=256, N=256, D=128), ClusterKernel)
+    assert isinstance(attention.for_sizes(B=1, H=2, M=1, N=256, D=128), TritonKernel)
+    ampere = tf.compile(K.alibi_attention, "cuda:sm_80")
+    assert isinstance(ampere.for_sizes(B=1, H=2, M=256, N=256, D=128), TritonKernel)
     assert "row-reduction template" in tf.compile(K.layernorm, "cuda:sm_90a").description
     ffn = tf.compile(K.ffn_gelu, "cuda:sm_90a")  # fits the template only while K is small
     assert isinstance(ffn.for_sizes(M=128, K=128, N=512, O=128), TritonKernel)
