@@ -106,11 +106,17 @@ def check_conditioning(chain, strict: bool = False) -> None:
                    "unfused); its running states are kept relative to references the algebra "
                    "cannot place near the data. Check the result's precision, or leave "
                    f"{m.name} out of the fusion")
-        if strict:
-            raise RollingUpdateError(message, m.loc)
-        loc = m.loc
-        warnings.warn_explicit(FusedPrecisionWarning(message), FusedPrecisionWarning,
-                               loc.filename if loc else "<tensorfuse>", loc.lineno if loc else 0)
+        warn_or_refuse(message, m, strict)
+
+
+def warn_or_refuse(message: str, member, strict: bool) -> None:
+    """A precision concern about ``member`` of a fused chain: a :class:`FusedPrecisionWarning`
+    at the user's line, or with ``strict`` a :class:`RollingUpdateError`."""
+    if strict:
+        raise RollingUpdateError(message, member.loc)
+    loc = member.loc
+    warnings.warn_explicit(FusedPrecisionWarning(message), FusedPrecisionWarning,
+                           loc.filename if loc else "<tensorfuse>", loc.lineno if loc else 0)
 
 
 def _relative(a: np.ndarray, ref: np.ndarray) -> float:

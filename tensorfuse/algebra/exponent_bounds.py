@@ -10,11 +10,9 @@ about (or refused under ``strict``) when the fusion is planned.
 """
 from __future__ import annotations
 
-import warnings
-
 from ..dsl.expr import Const, Expr, Ref, Where
 from ..dsl.printer import to_text
-from ..errors import FusedPrecisionWarning, RollingUpdateError
+from .conditioning import warn_or_refuse
 from .exprs import nodes
 
 
@@ -58,8 +56,4 @@ def check_exponent_bounds(chain, strict: bool = False) -> None:
                    f"the running value by any amount and overflow in the fused pass (the unfused "
                    f"program subtracts the final {extreme}). Mask {member} like {extreme}, or "
                    f"leave it out of the fusion")
-        if strict:
-            raise RollingUpdateError(message, m.loc)
-        loc = m.loc
-        warnings.warn_explicit(FusedPrecisionWarning(message), FusedPrecisionWarning,
-                               loc.filename if loc else "<tensorfuse>", loc.lineno if loc else 0)
+        warn_or_refuse(message, m, strict)
