@@ -1,9 +1,10 @@
 """Attention variants: tensorfuse against PyTorch SDPA (cuDNN, FlashAttention) and FlexAttention
-under torch.compile, in one process on one GPU. Every implementation is checked against a float32
+under torch.compile, in one process on one GPU. Every implementation is checked against a float64
 reference on a slice of query rows before it is timed; FLOPs count the unmasked fraction only."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -18,9 +19,10 @@ CAP = 50.0
 CHAIN = ("m", "l", "o")
 
 
-def variants(S: int, B: int = 2, H: int = 16):
+def variants(S: int, B: int = 2, H: int = 16, window: int = WINDOW, prefix: int = PREFIX,
+             radius: int = RADIUS):
     """name → (tensorfuse kernel, extra args, flex score_mod, flex mask_mod, sdpa kwargs, q heads,
-    kv heads)."""
+    kv heads); the masks' scalars (``window``, ``prefix``, ``radius``) as given."""
     slope = lambda h, heads: torch.exp2(-8.0 * (h + 1) / heads)  # noqa: E731
     causal = lambda b, h, q, kv: q >= kv  # noqa: E731
     return {
@@ -30,15 +32,15 @@ def variants(S: int, B: int = 2, H: int = 16):
                   None, H, H),
         "softcap": (K.softcap_attention, {"cap": CAP},
                     lambda s, b, h, q, kv: CAP * torch.tanh(s / CAP), causal, None, H, H),
-        "sliding_window": (K.sliding_window_attention, {"window": WINDOW}, None,
-                           lambda b, h, q, kv: (q >= kv) & (q - kv < WINDOW), None, H, H),
-        "prefix_lm": (K.prefix_lm_attention, {"prefix": PREFIX}, None,
-                      lambda b, h, q, kv: (q >= kv) | (kv < PREFIX), None, H, H),
+        "sliding_window": (K.sliding_window_attention, {"window": window}, None,
+                           lambda b, h, q, kv: (q >= kv) & (q - kv < window), None, H, H),
+        "prefix_lm": (K.prefix_lm_attention, {"prefix": prefix}, None,
+                      lambda b, h, q, kv: (q >= kv) | (kv < prefix), None, H, H),
         "document": (K.document_attention, {}, None, "document", None, H, H),
         "gqa_causal": (K.gqa_causal_attention, {}, None, causal, dict(is_causal=True,
                                                                       enable_gqa=True), 32, 8),
-        "neighborhood": (K.neighborhood_attention, {"radius": RADIUS}, None,
-                         lambda b, h, q, kv: (q - kv).abs() <= RADIUS, None, H, H),
+        "neighborhood": (K.neighborhood_attention, {"radius": radius}, None,
+                         lambda b, h, q, kv: (q - kv).abs() <= radius, None, H, H),
     }
 
 
@@ -64,23 +66,123 @@ def density(mask_mod, B, H, S) -> float:
     return total / (batches * S * S)
 
 
-def reference(q, k, v, scale, score_mod, mask_mod, rows) -> torch.Tensor:
-    """float32 attention for the query rows ``rows`` (all heads), from the same mods."""
+def reference(q, k, v, scale, score_mod, mask_mod, rows=None) -> torch.Tensor:
+    """float64 attention of the query rows ``rows`` (default all; all heads) from the same mods,
+    masks aligned to the bottom right (query i sits at key i + N - M, as in the library)."""
+    M, N = q.shape[2], k.shape[2]
+    rows = torch.arange(M, device=q.device) if rows is None else rows
     groups = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(groups, dim=1).float()
-    v = v.repeat_interleave(groups, dim=1).float()
-    qs = q[:, :, rows].float()
-    s = qs @ k.transpose(-1, -2) * scale
-    B, H, R, S = s.shape
-    b = torch.arange(B, device="cuda").view(B, 1, 1, 1)
-    h = torch.arange(H, device="cuda").view(1, H, 1, 1)
-    qi = rows.view(1, 1, R, 1)
-    kv = torch.arange(S, device="cuda").view(1, 1, 1, S)
+    k = k.repeat_interleave(groups, dim=1).double()
+    v = v.repeat_interleave(groups, dim=1).double()
+    s = q[:, :, rows].double() @ k.transpose(-1, -2) * scale
+    B, H = s.shape[:2]
+    b = torch.arange(B, device=q.device).view(B, 1, 1, 1)
+    h = torch.arange(H, device=q.device).view(1, H, 1, 1)
+    qi = rows.view(1, 1, -1, 1) + (N - M)
+    kv = torch.arange(N, device=q.device).view(1, 1, 1, N)
     if score_mod is not None:
         s = score_mod(s, b, h, qi, kv)
     if mask_mod is not None:
         s = s.masked_fill(~mask_mod(b, h, qi, kv), float("-inf"))
     return torch.softmax(s, dim=-1) @ v
+
+
+@dataclass
+class Case:
+    """One variant's inputs at one size, its density and the rows every implementation is
+    checked on (against ``ref``, float64)."""
+
+    name: str
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    scale: float
+    args: dict          # the tensorfuse kernel's other arguments (scalars, document ids)
+    score_mod: object
+    mask_mod: object
+    sdpa: dict | None
+    density: float
+    flops: float
+    shape: str
+    rows: torch.Tensor
+    ref: torch.Tensor
+
+    def row(self, impl: str, ms: float, note: str, ceiling: float) -> Row:
+        tflops = self.flops / ms / 1e9
+        return Row(f"attention/{self.name}", self.shape, impl, ms, tflops, 0.0, tflops / ceiling,
+                   note + f"; density {self.density:.3f}")
+
+
+def make_case(name: str, spec: tuple, S: int, gen, check_rows: int = 128, B: int = 2) -> Case:
+    """Random bf16 inputs for variant ``name`` (``spec`` from :func:`variants`) at S = M = N."""
+    kernel, extra, score_mod, mask_mod, sdpa, hq, hkv = spec
+    q = torch.randn(B, hq, S, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, hkv, S, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, hkv, S, D, device="cuda", dtype=torch.bfloat16)
+    scale = 1.0 / math.sqrt(D)
+    args = dict(extra)
+    if mask_mod == "document":
+        doc = documents(B, S, gen)
+        args["doc"] = doc
+        mask_mod = lambda b, h, qq, kv, doc=doc: doc[b, qq] == doc[b, kv]  # noqa: E731
+        mask_mod.per_batch = True
+    dens = density(mask_mod, B, hq, S)
+    rows = torch.cat([torch.arange(0, check_rows), torch.arange(S - check_rows, S)]).cuda()
+    return Case(name, q, k, v, scale, args, score_mod, mask_mod, sdpa, dens,
+                4 * B * hq * S * S * D * dens, f"B{B} Hq{hq} Hkv{hkv} S{S} D{D}", rows,
+                reference(q, k, v, scale, score_mod, mask_mod, rows))
+
+
+def checked(case: Case, label: str, fn, log=print) -> tuple[float, str] | None:
+    """``(ms, note)`` for ``fn`` when its output on the case's rows is within 2e-2 of the
+    reference; None (and a line in the log) when it is wrong or fails."""
+    try:
+        out = fn()
+        err = relative_error(out[:, :, case.rows].double(), case.ref)
+        if err > 2e-2:
+            log(f"  {label} {case.name} {case.shape}: WRONG (error {err:.2e})")
+            return None
+        return bench(fn), f"err {err:.1e}"
+    except Exception as exc:  # noqa: BLE001 - report and go on
+        log(f"  {label} {case.name} {case.shape}: {type(exc).__name__}: {exc}"[:400])
+        return None
+
+
+def baselines(case: Case, flex, log=print) -> dict:
+    """FlexAttention (``flex``: flex_attention under torch.compile) with the case's block mask, and
+    SDPA's cuDNN and FlashAttention backends where the variant is expressible: label → (ms, note)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    q, k, v, scale = case.q, case.k, case.v, case.scale
+    B, S = q.shape[0], q.shape[2]
+    found = {}
+    try:
+        bm = None
+        if case.mask_mod is not None:
+            per_batch = getattr(case.mask_mod, "per_batch", False)
+            bm = create_block_mask(case.mask_mod, B if per_batch else None, None, S, S,
+                                   device="cuda")
+        made = checked(case, "flex", lambda: flex(q, k, v, score_mod=case.score_mod,
+                                                   block_mask=bm, scale=scale,
+                                                   enable_gqa=q.shape[1] != k.shape[1]), log)
+        if made:
+            found["flex_attention"] = made
+    except Exception as exc:  # noqa: BLE001 - the block mask itself can fail
+        log(f"  flex {case.name} {case.shape}: {type(exc).__name__}: {exc}"[:300])
+    for backend, label in ((SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn"),
+                           (SDPBackend.FLASH_ATTENTION, "sdpa_flash")):
+        if case.sdpa is None:
+            break
+
+        def run_sdpa(backend=backend):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale,
+                                                                        **case.sdpa)
+        made = checked(case, label, run_sdpa, log)
+        if made:
+            found[label] = made
+    return found
 
 
 def tuned_kernel(kernel, sizes: dict):
@@ -107,8 +209,7 @@ KNOB_SWEEP = [dict(tile_m=128, tile_n=128, num_warps=8, num_stages=3),
 
 
 def run(sizes=(1024, 4096, 16384), ceilings=None, sweep_at=(4096,), log=print) -> list[Row]:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
     torch._dynamo.config.recompile_limit = 256  # one compiled kernel per variant and size
     torch._dynamo.config.accumulated_recompile_limit = 4096
@@ -118,91 +219,34 @@ def run(sizes=(1024, 4096, 16384), ceilings=None, sweep_at=(4096,), log=print) -
     gen = torch.Generator().manual_seed(0)
     best_knobs = {}
     for S in sizes:
-        for name, (kernel, extra, score_mod, mask_mod, sdpa, hq, hkv) in variants(S).items():
-            B = 2
-            q = torch.randn(B, hq, S, D, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(B, hkv, S, D, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn(B, hkv, S, D, device="cuda", dtype=torch.bfloat16)
-            scale = 1.0 / math.sqrt(D)
-            args = dict(extra)
-            if mask_mod == "document":
-                doc = documents(B, S, gen)
-                args["doc"] = doc
-                mask_mod = lambda b, h, qq, kv, doc=doc: doc[b, qq] == doc[b, kv]  # noqa: E731
-                mask_mod.per_batch = True
-            dens = density(mask_mod, B, hq, S)
-            flops = 4 * B * hq * S * S * D * dens
-            shape = f"B{B} Hq{hq} Hkv{hkv} S{S} D{D}"
-            check_rows = torch.cat([torch.arange(0, 128), torch.arange(S - 128, S)]).cuda()
-            ref = reference(q, k, v, scale, score_mod, mask_mod, check_rows)
+        for name, spec in variants(S).items():
+            kernel, hq, hkv = spec[0], spec[5], spec[6]
+            case = make_case(name, spec, S, gen)
+            q, k, v, scale, args = case.q, case.k, case.v, case.scale, case.args
             impls = {}
             knob_list = KNOB_SWEEP if S in sweep_at else [best_knobs.get(name, KNOB_SWEEP[0])]
             timings = []
             for knobs in knob_list:
-                try:
-                    f = tensorfuse_attention(kernel, knobs)
-                    out = f(q, k, v, scale=scale, **args)
-                    err = relative_error(out[:, :, check_rows], ref)
-                    if err > 2e-2:
-                        log(f"  tensorfuse {name} S={S} {knobs}: WRONG (error {err:.2e})")
-                        continue
-                    ms = bench(lambda: f(q, k, v, scale=scale, **args))
-                    timings.append((ms, knobs, err))
-                except Exception as exc:  # noqa: BLE001 - report and go on
-                    log(f"  tensorfuse {name} S={S} {knobs}: {type(exc).__name__}: {exc}"[:400])
-            tuned = tuned_kernel(kernel, dict(B=B, H=hq, HKV=hkv, M=S, N=S, D=D))
+                f = tensorfuse_attention(kernel, knobs)
+                made = checked(case, f"tensorfuse {knobs}", lambda: f(q, k, v, scale=scale, **args),
+                               log)
+                if made:
+                    timings.append((made[0], knobs, made[1]))
+            tuned = tuned_kernel(kernel, dict(B=q.shape[0], H=hq, HKV=hkv, M=S, N=S, D=D))
             if tuned is not None:  # a record from `tensorfuse tune` in this device's database
-                try:
-                    out = tuned(q, k, v, scale=scale, **args)
-                    err = relative_error(out[:, :, check_rows], ref)
-                    if err <= 2e-2:
-                        timings.append((bench(lambda: tuned(q, k, v, scale=scale, **args)),
-                                        "tuned record", err))
-                    else:
-                        log(f"  tensorfuse {name} S={S} tuned: WRONG (error {err:.2e})")
-                except Exception as exc:  # noqa: BLE001 - report and go on
-                    log(f"  tensorfuse {name} S={S} tuned: {type(exc).__name__}: {exc}"[:400])
+                made = checked(case, "tensorfuse tuned",
+                               lambda: tuned(q, k, v, scale=scale, **args), log)
+                if made:
+                    timings.append((made[0], "tuned record", made[1]))
             if timings:
-                ms, knobs, err = min(timings, key=lambda t: t[0])
-                knobs = knobs if knobs != "tuned record" else KNOB_SWEEP[0]
-                best_knobs.setdefault(name, knobs)
-                chosen = min(timings, key=lambda t: t[0])[1]
-                impls["tensorfuse"] = (ms, f"err {err:.1e}; {chosen}")
-            # FlexAttention under torch.compile
-            try:
-                bm = None
-                if mask_mod is not None:
-                    per_batch = getattr(mask_mod, "per_batch", False)
-                    bm = create_block_mask(mask_mod, B if per_batch else None, None, S, S,
-                                           device="cuda")
-                run_flex = lambda: flex(q, k, v, score_mod=score_mod, block_mask=bm,  # noqa: E731
-                                        scale=scale, enable_gqa=hq != hkv)
-                out = run_flex()
-                err = relative_error(out[:, :, check_rows], ref)
-                impls["flex_attention"] = (bench(run_flex), f"err {err:.1e}")
-            except Exception as exc:  # noqa: BLE001
-                log(f"  flex {name} S={S}: {type(exc).__name__}: {exc}"[:300])
-            # SDPA backends where the variant is expressible
-            if sdpa is not None:
-                for backend, label in ((SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn"),
-                                       (SDPBackend.FLASH_ATTENTION, "sdpa_flash")):
-                    try:
-                        def run_sdpa(backend=backend):
-                            with sdpa_kernel(backend):
-                                return torch.nn.functional.scaled_dot_product_attention(
-                                    q, k, v, scale=scale, **sdpa)
-                        out = run_sdpa()
-                        err = relative_error(out[:, :, check_rows], ref)
-                        impls[label] = (bench(run_sdpa), f"err {err:.1e}")
-                    except Exception as exc:  # noqa: BLE001
-                        log(f"  {label} {name} S={S}: {type(exc).__name__}: {str(exc)[:200]}")
-            for impl, (ms, note) in impls.items():
-                tflops = flops / ms / 1e9
-                rows.append(Row(f"attention/{name}", shape, impl, ms, tflops, 0.0, tflops / gemm,
-                                note + f"; density {dens:.3f}"))
-            log(f"{name:15s} S={S:5d} " + "  ".join(f"{i}={flops / ms / 1e9:6.1f}"
+                ms, chosen, note = min(timings, key=lambda t: t[0])
+                best_knobs.setdefault(name, chosen if chosen != "tuned record" else KNOB_SWEEP[0])
+                impls["tensorfuse"] = (ms, f"{note}; {chosen}")
+            impls.update(baselines(case, flex, log))
+            rows += [case.row(impl, ms, note, gemm) for impl, (ms, note) in impls.items()]
+            log(f"{name:15s} S={S:5d} " + "  ".join(f"{i}={case.flops / ms / 1e9:6.1f}"
                                                     for i, (ms, _) in impls.items()))
-            del q, k, v
+            del case, q, k, v
             torch.cuda.empty_cache()
     return rows
 

@@ -7,7 +7,7 @@ one process.
     python -m benchmarks.hopper_attention --check          # correctness only (ragged, f16, D=64)
     python -m benchmarks.hopper_attention --csv out.csv    # check, then time (S=4096, 16384)
 
-The check compares every variant with a float64 reference on fresh random inputs (normal, and
+The check compares every variant with the float64 reference of ``benchmarks.attention`` on fresh random inputs (normal, and
 with a wide score range), ragged sizes (M ≠ N, neither a multiple of the tiles), GQA, f16 and
 head dim 64, the output poisoned with NaN before the call. Timings are GPU time of the call
 (``benchmarks.common.bench``); FLOPs count the unmasked fraction only.
@@ -22,9 +22,9 @@ import time
 import torch
 
 import tensorfuse as tf
-import tensorfuse.kernels as K
-from benchmarks.attention import density, documents, variants
-from benchmarks.common import Row, bench, relative_error, write_csv
+from benchmarks.attention import (baselines, checked, documents, make_case, reference,
+                                  variants)
+from benchmarks.common import Row, relative_error, write_csv
 from tensorfuse import dsl as T
 from tensorfuse.kernels.attention import key_position, scores, softmax_attend
 
@@ -46,33 +46,14 @@ def hopper(kernel, **knobs):
     return sch.apply_template("hopper_attention", **knobs).compile()
 
 
-def reference64(q, k, v, scale, score_mod, mask_mod, M, N, rows=None) -> torch.Tensor:
-    """float64 attention of the query rows ``rows`` (default all) with bottom-right aligned masks
-    (query i sits at key i + N - M)."""
-    rows = torch.arange(M, device="cuda") if rows is None else rows
-    groups = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(groups, dim=1).double()
-    v = v.repeat_interleave(groups, dim=1).double()
-    s = q[:, :, rows].double() @ k.transpose(-1, -2) * scale
-    B, H = s.shape[:2]
-    b = torch.arange(B, device="cuda").view(B, 1, 1, 1)
-    h = torch.arange(H, device="cuda").view(1, H, 1, 1)
-    qi = rows.view(1, 1, -1, 1) + (N - M)
-    kv = torch.arange(N, device="cuda").view(1, 1, 1, N)
-    if score_mod is not None:
-        s = score_mod(s, b, h, qi, kv)
-    if mask_mod is not None:
-        s = s.masked_fill(~mask_mod(b, h, qi, kv), float("-inf"))
-    return torch.softmax(s, dim=-1) @ v
-
-
 CHECK_SHAPES = [dict(B=2, M=333, N=333), dict(B=1, M=200, N=517), dict(B=1, M=700, N=300)]
 
 
 def check(log=print) -> int:
     """Every variant on every check shape (and wide-range inputs); returns the number wrong."""
     wrong = 0
-    cases = [(name, spec, shape, spread) for name, spec in variants(1024, H=4).items()
+    cases = [(name, spec, shape, spread)
+             for name, spec in variants(1024, H=4, window=97, prefix=77, radius=45).items()
              for shape in CHECK_SHAPES for spread in (1.0, 4.0)]
     f16 = (causal_attention_f16, {}, None, lambda b, h, q, kv: q >= kv, None, 4, 4)
     cases += [("causal_f16", f16, CHECK_SHAPES[1], 1.0), ("causal_f16", f16, CHECK_SHAPES[0], 4.0)]
@@ -88,19 +69,6 @@ def check(log=print) -> int:
             v = torch.randn(B, hkv_, N, D, device="cuda").to(dtype)
             scale = 1.0 / math.sqrt(D)
             args, mm = dict(extra), mask_mod
-            if "window" in args:
-                args["window"] = 97
-            if "prefix" in args:
-                args["prefix"] = 77
-            if "radius" in args:
-                args["radius"] = 45
-            smod = score_mod
-            if name == "sliding_window":
-                mm = lambda b, h, qq, kv: (qq >= kv) & (qq - kv < 97)  # noqa: E731
-            if name == "prefix_lm":
-                mm = lambda b, h, qq, kv: (qq >= kv) | (kv < 77)  # noqa: E731
-            if name == "neighborhood":
-                mm = lambda b, h, qq, kv: (qq - kv).abs() <= 45  # noqa: E731
             if mask_mod == "document":
                 doc = documents(B, N, torch.Generator().manual_seed(M))
                 args["doc"] = doc
@@ -111,7 +79,7 @@ def check(log=print) -> int:
                 out = torch.full((B, hq_, M, D), float("nan"), dtype=dtype, device="cuda")
                 f(q, k, v, scale=scale, **args, out=out)
                 torch.cuda.synchronize()
-                ref = reference64(q, k, v, scale, smod, mm, M, N)
+                ref = reference(q, k, v, scale, score_mod, mm)
                 rows_ok = ~torch.isnan(ref).any(-1)   # rows with no visible key are NaN in both
                 err = relative_error(out.double()[rows_ok], ref[rows_ok])
                 nan_match = bool(torch.equal(torch.isnan(out).any(-1), ~rows_ok))
@@ -125,56 +93,36 @@ def check(log=print) -> int:
     return wrong
 
 
-KNOBS = [dict(), dict(pingpong=False), dict(block_n=176), dict(stages=3), dict(block_n=176, pingpong=False)]
+KNOBS = [dict(), dict(pingpong=False), dict(block_n=176), dict(stages=3),
+         dict(block_n=176, pingpong=False)]
 
 
 def timed(sizes=(4096, 16384), names=None, log=print, ceiling=716.0) -> list[Row]:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
     torch._dynamo.config.recompile_limit = 256
     torch._dynamo.config.accumulated_recompile_limit = 4096
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []
     gen = torch.Generator().manual_seed(0)
-    D = 128
     for S in sizes:
-        for name, (kernel, extra, score_mod, mask_mod, sdpa, hq, hkv) in variants(S).items():
+        for name, spec in variants(S).items():
             if names and name not in names:
                 continue
             if S > 4096 and name not in ("full", "causal", "gqa_causal"):
                 continue
-            B = 2
-            q = torch.randn(B, hq, S, D, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(B, hkv, S, D, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn(B, hkv, S, D, device="cuda", dtype=torch.bfloat16)
-            scale = 1.0 / math.sqrt(D)
-            args = dict(extra)
-            if mask_mod == "document":
-                doc = documents(B, S, gen)
-                args["doc"] = doc
-                mask_mod = lambda b, h, qq, kv, doc=doc: doc[b, qq] == doc[b, kv]  # noqa: E731
-                mask_mod.per_batch = True
-            dens = density(mask_mod, B, hq, S)
-            flops = 4 * B * hq * S * S * D * dens
-            shape = f"B{B} Hq{hq} Hkv{hkv} S{S} D{D}"
-            rows_idx = torch.cat([torch.arange(0, 64), torch.arange(S - 64, S)]).cuda()
-            ref = reference64(q, k, v, scale, score_mod, mask_mod, S, S, rows_idx)
+            kernel = spec[0]
+            case = make_case(name, spec, S, gen, check_rows=64)
+            q, k, v, scale, args = case.q, case.k, case.v, case.scale, case.args
             impls = {}
 
             def measure(label, fn):
-                try:
-                    out = fn()
-                    err = relative_error(out[:, :, rows_idx].double(), ref)
-                    if err > 2e-2:
-                        log(f"  {label} {name} S={S}: WRONG (error {err:.2e})")
-                        return
-                    impls[label] = (bench(fn), f"err {err:.1e}")
-                except Exception as exc:  # noqa: BLE001 - report and go on
-                    log(f"  {label} {name} S={S}: {type(exc).__name__}: {exc}"[:300])
+                made = checked(case, label, fn, log)
+                if made:
+                    impls[label] = made
 
             for knobs in KNOBS:
-                if knobs.get("block_n") == 176 and mask_mod is not None:
+                if knobs.get("block_n") == 176 and case.mask_mod is not None:
                     continue
                 f = hopper(kernel, **knobs)
                 label = "tensorfuse_hopper" + "".join(f" {k}={x}" for k, x in knobs.items())
@@ -184,29 +132,12 @@ def timed(sizes=(4096, 16384), names=None, log=print, ceiling=716.0) -> list[Row
             measure("tensorfuse_triton", lambda: triton(q, k, v, scale=scale, **args))
             default = tf.compile(kernel, "cuda")   # what a user gets: the Hopper template here
             measure("tensorfuse", lambda: default(q, k, v, scale=scale, **args))
-            bm = None
-            if mask_mod is not None:
-                per_batch = getattr(mask_mod, "per_batch", False)
-                bm = create_block_mask(mask_mod, B if per_batch else None, None, S, S,
-                                       device="cuda")
-            measure("flex_attention", lambda: flex(q, k, v, score_mod=score_mod, block_mask=bm,
-                                                   scale=scale, enable_gqa=hq != hkv))
-            if sdpa is not None:
-                for backend, label in ((SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn"),
-                                       (SDPBackend.FLASH_ATTENTION, "sdpa_flash")):
-                    def run_sdpa(backend=backend):
-                        with sdpa_kernel(backend):
-                            return torch.nn.functional.scaled_dot_product_attention(
-                                q, k, v, scale=scale, **sdpa)
-                    measure(label, run_sdpa)
-            for impl, (ms, note) in impls.items():
-                tflops = flops / ms / 1e9
-                rows.append(Row(f"attention/{name}", shape, impl, ms, tflops, 0.0,
-                                tflops / ceiling, note + f"; density {dens:.3f}"))
+            impls.update(baselines(case, flex, log))
+            rows += [case.row(impl, ms, note, ceiling) for impl, (ms, note) in impls.items()]
             log(f"{name:14s} S={S:5d} " + "  ".join(f"{i.replace('tensorfuse_hopper', 'H')}="
-                                                    f"{flops / ms / 1e9:5.0f}"
+                                                    f"{case.flops / ms / 1e9:5.0f}"
                                                     for i, (ms, _) in impls.items()))
-            del q, k, v
+            del case, q, k, v
             torch.cuda.empty_cache()
     return rows
 
