@@ -38,7 +38,7 @@ def compile(kernel: "TracedKernel | Schedule",  # noqa: A001 - tensorfuse.compil
     program = kernel.program
     if template == "auto":
         from .schedule_templates import TEMPLATES
-        from .schedule_templates.auto import choose
+        from .schedule_templates.auto import choose, native_templates
 
         choice = choose(program, spec)
         if choice is not None and _triton_available():
@@ -142,22 +142,6 @@ class AutoKernel:
 
     def benchmark(self, *args, **kwargs) -> float:
         return self._pick(args, kwargs)[0].benchmark(*args, **kwargs)
-
-
-def native_templates(kernel, name: str, fusion, spec: TargetSpec) -> tuple:
-    """Templates generated as CUDA C++ for this GPU that ``tf.compile`` tries before the Triton
-    one: on sm_90a, softmax attention gets the warp-specialised Hopper template for prefill
-    (more than 64 query rows; fewer go to the Triton template's split update), measured faster
-    than the Triton template on every library variant (benchmarks/RESULTS.md)."""
-    if name != "attention" or spec.kind != "cuda" or spec.arch != "sm_90a":
-        return ()
-    from .errors import ScheduleError
-    from .schedule_templates.hopper_attention import hopper_attention
-
-    try:
-        return (hopper_attention(kernel, fusion, spec, prefill_only=True),)
-    except ScheduleError:   # not softmax attention in the layout the kernel indexes
-        return ()
 
 
 def _triton_available() -> bool:

@@ -20,7 +20,6 @@ from ..algebra import inline_elementwise, plan_chain
 from ..algebra.exprs import factors, substitute
 from ..dsl.evaluate import evaluate_plain
 from ..dsl.expr import Axis, Binary, Const, DimSize, Expr, Load, Ref, Symbol, Unary
-from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
 
@@ -43,15 +42,6 @@ class AttentionChain:
     score_axes: tuple[tuple[str, str], ...] = ()  # axis name -> the kernel's index (b, h, 0, j)
     dtype: str = "bf16"                         # of q, k, v and the output
     axes: tuple = ()                            # the Axis objects b, h, i (queries), j (keys)
-
-    def describe(self) -> str:
-        b, h, hkv, m, n, d = self.dims
-        return "\n".join([
-            f"cluster-decode plan: {self.out}[{b}, {h}, {m}, {d}] from {self.q}, {self.k}, "
-            f"{self.v} ({hkv} kv-heads)",
-            f"  score: {to_text(self.score)} ({self.dot}: q·k on tensor cores or CUDA cores)",
-            f"  keys {n} split over a cluster per (batch, kv-head); softmax states merged in "
-            "distributed shared memory with exp(m_part - m)"])
 
 
 def _same(a, b) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import replace
 from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
 from ..targets import TargetSpec
-from ..targets.cuda.kernel import ClusterKernel, Launches
+from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.cluster_decode import decode_shared_bytes, decode_source
 from ..targets.cuda.gemm_chain import EPILOGUE_VEC, gemm_chain_source
 from ..targets.cuda.module import KernelEntry, cubin_for, max_active_clusters
@@ -49,14 +49,6 @@ def _local_gpu() -> tuple[int, int] | None:
         return None
     index = torch.cuda.current_device()
     return index, torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _pointer(x):
-    """A tensor as a kernel argument: TVM's CUDA module takes raw device pointers for ``handle``
-    arguments (a DLPack tensor there is the address of its descriptor, not of its data)."""
-    import ctypes
-
-    return ctypes.c_void_p(x.data_ptr())
 
 
 GEMM_CHAIN_KNOBS = ("mma", "copy", "exchange", "block_m", "block_n", "block_k", "block_o", "stages",
@@ -208,10 +200,10 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
             # (torch_arguments gives 16-byte-aligned tensors; K, N and O are multiples of 64, so
             # every row of them is aligned too, as the 16-byte copies need)
             tensors = [values[plan.x], *(values[w] for w in plan.gates), values[plan.w2]]
-            maps = [_pointer(tensor_maps(tensors, device))] if tma else []
-            module["tf_chain_main"](*(_pointer(t) for t in tensors), _pointer(ysum), *maps, *sc,
+            maps = [pointer(tensor_maps(tensors, device))] if tma else []
+            module["tf_chain_main"](*(pointer(t) for t in tensors), pointer(ysum), *maps, *sc,
                                     grid_main[0], grid_main[1], k.threads, k.cluster, smem)
-            module["tf_chain_epilogue"](_pointer(ysum), _pointer(out), *sc,
+            module["tf_chain_epilogue"](pointer(ysum), pointer(out), *sc,
                                         math.ceil(M * O / (256 * EPILOGUE_VEC)), 1, 256, 1, 0)
 
         return Launches(source, entries, k, run, plan=plan)
@@ -305,8 +297,8 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
 
         def run(module, values, out, device):
             sc = [values[n] for n, _ in plan.scalars]
-            module["tf_decode_cluster"](_pointer(values[plan.q]), _pointer(values[plan.k]),
-                                        _pointer(values[plan.v]), _pointer(out), *sc,
+            module["tf_decode_cluster"](pointer(values[plan.q]), pointer(values[plan.k]),
+                                        pointer(values[plan.v]), pointer(out), *sc,
                                         B * HKV * k.cluster, 1, 32 * k.warps, k.cluster, smem)
 
         return Launches(source, entries, k, run, why, plan)

@@ -8,15 +8,27 @@ kernel cannot run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
 from ..targets.cuda.expr import to_cuda
 from .attention_chain import AttentionChain, check_head_map, recognise_attention
 
 
-DecodePlan = AttentionChain  # the decode kernel's plan is the recognised chain
+@dataclass(frozen=True)
+class DecodePlan(AttentionChain):
+    """The recognised chain, as the cluster-decode kernel runs it."""
+
+    def describe(self) -> str:
+        b, h, hkv, m, n, d = self.dims
+        return "\n".join([
+            f"cluster-decode plan: {self.out}[{b}, {h}, {m}, {d}] from {self.q}, {self.k}, "
+            f"{self.v} ({hkv} kv-heads)",
+            f"  score: {to_text(self.score)} ({self.dot}: q·k on tensor cores or CUDA cores)",
+            f"  keys {n} split over a cluster per (batch, kv-head); softmax states merged in "
+            "distributed shared memory with exp(m_part - m)"])
 
 
 @dataclass(frozen=True)
@@ -46,7 +58,8 @@ def plan_decode(program: Program, names: tuple[str, ...], axis: str) -> DecodePl
     (:func:`.attention_chain.recognise_attention`) in bf16 with a score the kernel can write, and
     read its pieces. Anything else is refused: the kernel's merge hard-codes this chain's
     correction ``exp(m_part - m)``."""
-    plan = recognise_attention(program, names, axis, WHO)
+    chain = recognise_attention(program, names, axis, WHO)
+    plan = DecodePlan(**{f.name: getattr(chain, f.name) for f in fields(chain)})
     to_cuda(plan.score, {plan.dot: "qk"}, "the score", axes=dict(plan.score_axes))  # refused now
     return plan
 

@@ -16,17 +16,11 @@ from ..dsl.expr import user_location
 from ..errors import ScheduleError
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_attention import ENTRY, hopper_attention_source, kernel_arguments
-from ..targets.cuda.kernel import ClusterKernel, Launches
+from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.module import KernelEntry
 from .block_schedule import block_lists
 from .fusion import Fusion
 from .hopper_attention_plan import check_hopper, plan_hopper_attention, shared_bytes, with_knobs
-
-
-def _pointer(x):
-    import ctypes
-
-    return ctypes.c_void_p(x.data_ptr())
 
 
 class _Lists:
@@ -48,11 +42,11 @@ class _Lists:
             return (self.empty,) * 4
         scalars = {n: values[n] for n, _ in self.plan.chain.scalars}
         key = (tuple(sorted(sizes.items())), tuple(sorted(scalars.items())), str(device),
-               tuple((t, values[t].data_ptr(), values[t]._version) for t in self.plan.tensors))
+               tuple((t, values[t].data_ptr(), values[t]._version) for t, _ in self.plan.tensors))
         if key in self.cache:   # tensors the mask reads: the same memory, not written since
             return self.cache[key]
         b, h, i, j = self.plan.chain.axes
-        tensors = {t: values[t] for t in self.plan.tensors}
+        tensors = {t: values[t] for t, _ in self.plan.tensors}
         made = block_lists(self.plan.mask, [b, h], i, j, sizes, tensors, scalars,
                            self.knobs.block_m, self.knobs.block_n, device)
         self.cache = {key: made}
@@ -77,7 +71,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
     given = {k: v for k, v in (("block_n", block_n), ("stages", stages),
                                ("consumers", consumers), ("overlap", overlap),
                                ("pingpong", pingpong)) if v is not None}
-    arguments = kernel_arguments(plan)
+    arguments = [t for _, t, _ in kernel_arguments(plan)]
 
     def layout(dims: dict) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
@@ -85,7 +79,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         check_hopper(plan, knobs, dims, target.max_shared_memory)
         source = hopper_attention_source(plan, knobs, D, plan.mask is not None)
         smem = shared_bytes(knobs, D)
-        entries = [KernelEntry(ENTRY, tuple(t for _, t in arguments))]
+        entries = [KernelEntry(ENTRY, tuple(arguments))]
         lists = _Lists(plan, knobs)
         maps: dict = {}
 
@@ -109,10 +103,10 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         def run(module, values, out, device):
             c = plan.chain
             pn, pi, fn, fi = lists(values, dims, device)
-            tensors = [_pointer(values[t]) for t in plan.tensors]
+            tensors = [pointer(values[t]) for t, _ in plan.tensors]
             scalars = [values[n] for n, _ in c.scalars]
-            module[ENTRY](_pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
-                          _pointer(out), _pointer(pn), _pointer(pi), _pointer(fn), _pointer(fi),
+            module[ENTRY](pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
+                          pointer(out), pointer(pn), pointer(pi), pointer(fn), pointer(fi),
                           *tensors, B, H, HKV, M, N, *scalars,
                           math.ceil(M / knobs.block_m), B * H, knobs.threads, 1, smem)
 

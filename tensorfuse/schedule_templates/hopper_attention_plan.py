@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from ..algebra.exprs import nodes
 from ..dsl.expr import Binary, Const, Expr, Load, Ref, Where
 from ..dsl.printer import to_text
 from ..dsl.program import Program
@@ -72,7 +73,7 @@ class HopperAttentionPlan:
     score: Expr               # of the dot product and the axes; no top-level mask
     mask: Expr | None         # a condition on indices (and integer tensors): blocks are sorted
     scale: Expr | None        # score == dot · scale with scale the same for every element
-    tensors: tuple[str, ...]  # tensor parameters the score or mask read (besides q, k, v)
+    tensors: tuple[tuple[str, str], ...]  # (name, dtype) of tensors the score or mask read
 
     @property
     def dtype(self) -> str:
@@ -100,13 +101,7 @@ def _refuse(message: str, loc=None) -> ScheduleError:
 
 
 def _reads_dot(e: Expr, dot: str) -> bool:
-    return any(isinstance(n, Ref) and n.compute.name == dot for n in _nodes(e))
-
-
-def _nodes(e: Expr):
-    yield e
-    for c in e.children():
-        yield from _nodes(c)
+    return any(isinstance(n, Ref) and n.compute.name == dot for n in nodes(e))
 
 
 def plan_hopper_attention(program: Program, names: tuple[str, ...],
@@ -117,21 +112,22 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
     if isinstance(score, Where) and isinstance(score.b, Const) and score.b.value == -math.inf \
             and not _reads_dot(score.cond, chain.dot) and not any(
                 isinstance(n, Load) and n.param.dtype.startswith(("f", "bf"))
-                for n in _nodes(score.cond)):
+                for n in nodes(score.cond)):
         score, mask = score.a, score.cond
     scale = None
     if isinstance(score, Binary) and score.op == "mul":
         for dot_side, other in ((score.a, score.b), (score.b, score.a)):
             if isinstance(dot_side, Ref) and dot_side.compute.name == chain.dot and \
-                    not other.axes and not any(isinstance(n, (Load, Ref)) for n in _nodes(other)):
+                    not other.axes and not any(isinstance(n, (Load, Ref)) for n in nodes(other)):
                 scale = other
     used = [score] + ([mask] if mask is not None else [])
-    tensors = sorted({n.param.name for e in used for n in _nodes(e) if isinstance(n, Load)})
+    tensors = sorted({(n.param.name, n.param.dtype) for e in used for n in nodes(e)
+                      if isinstance(n, Load)})
     plan = HopperAttentionPlan(chain, score, mask, scale, tuple(tensors))
     for e, what in ((score, "the score"), (mask, "the mask")):   # refused now if not writable
         if e is not None:
             to_cuda(e, {chain.dot: "qk"}, what, axes=dict(chain.score_axes),
-                    loads={t: t for t in tensors})
+                    loads={t: t for t, _ in tensors})
     return plan
 
 
@@ -184,9 +180,12 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
         raise _refuse(f"{knobs} at head dim {D} keeps about {live + 40} registers per consumer "
                       f"thread live; {knobs.consumer_registers} are available: use a smaller "
                       "block_n or fewer consumers")
-    for name, value in (("M", M), ("N", N), ("B·H", B * H)):
+    for name, value in (("M", M), ("N", N)):
         if value < 1 or value >= 2 ** 31:
             raise _refuse(f"{name}={value} is outside what the kernel indexes")
+    if not 1 <= B * H <= 65535:
+        raise _refuse(f"B·H={B * H}: one CTA row per (batch, head) in the grid's y dimension, "
+                      "which holds at most 65535")
 
 
 def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict) -> HopperKnobs:

@@ -49,7 +49,7 @@ def test_plan_splits_mask_score_and_scale():
     alibi = plan_of(K.alibi_attention)
     assert alibi.mask is None and alibi.scale is None   # the bias rides on every element
     document = plan_of(K.document_attention)
-    assert document.tensors == ("doc",) and document.mask is not None
+    assert document.tensors == (("doc", "i32"),) and document.mask is not None
     softcap = plan_of(K.softcap_attention)
     assert softcap.mask is not None and softcap.scale is None
     assert plan_of(K.attention).mask is None
@@ -72,6 +72,8 @@ def test_check_refuses_what_the_kernel_cannot_run():
                      H100_SHARED)
     with pytest.raises(ScheduleError, match="registers"):
         check_hopper(plan, HopperKnobs(block_n=256), {**PREFILL, "D": 64}, H100_SHARED)
+    with pytest.raises(ScheduleError, match="65535"):
+        check_hopper(plan, HopperKnobs(), {**PREFILL, "B": 8192, "H": 16}, H100_SHARED)
     with pytest.raises(ScheduleError, match="no knob tile_m"):
         with_knobs(plan, PREFILL, {"tile_m": 64})
     assert shared_bytes(HopperKnobs(), 128) <= H100_SHARED

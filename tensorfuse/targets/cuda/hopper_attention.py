@@ -42,47 +42,24 @@ _TYPES = {"bf16": ("__nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn"),
           "f16": ("__half", "__half2", "__floats2half2_rn")}
 
 
-def kernel_arguments(plan) -> list[tuple[str, str]]:
-    """(C++ name, TVM argument type) of the kernel's arguments, in order."""
-    args = [("maps", "handle"), ("out", "handle"), ("pn", "handle"), ("pi", "handle"),
-            ("fn", "handle"), ("fi", "handle")]
-    args += [(f"t_{name}", "handle") for name in plan.tensors]
-    args += [(d, "int32") for d in ("B_", "H_", "HKV_", "M_", "N_")]
-    args += [(name, "float32" if t.startswith(("f", "bf")) else "int32")
+_C_TYPES = {"bf16": "__nv_bfloat16", "f16": "__half", "f32": "float", "f64": "double",
+            "i32": "int", "i64": "long long", "i8": "signed char", "u8": "unsigned char",
+            "bool": "bool"}
+
+
+def kernel_arguments(plan) -> list[tuple[str, str, str]]:
+    """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
+    maps, the output, the block lists, tensors the score or mask read, the sizes, the scalars."""
+    lists = "const int* __restrict__"
+    args = [("maps", "handle", "const void*"), ("out", "handle", "void*"),
+            ("pn", "handle", lists), ("pi", "handle", lists), ("fn", "handle", lists),
+            ("fi", "handle", lists)]
+    args += [(f"t_{name}", "handle", f"const {_C_TYPES[dtype]}* __restrict__")
+             for name, dtype in plan.tensors]
+    args += [(d, "int32", "int") for d in ("B_", "H_", "HKV_", "M_", "N_")]
+    args += [(name, "float32", "float") if t.startswith(("f", "bf")) else (name, "int32", "int")
              for name, t in plan.chain.scalars]
     return args
-
-
-def _c_type(tvm_type: str, name: str, plan) -> str:
-    if tvm_type == "int32":
-        return "int"
-    if tvm_type == "float32":
-        return "float"
-    if name.startswith("t_"):
-        param = next(p for p in plan_params(plan) if p.name == name[2:])
-        base = {"bf16": "__nv_bfloat16", "f16": "__half", "f32": "float", "f64": "double",
-                "i32": "int", "i64": "long long", "i8": "signed char", "u8": "unsigned char",
-                "bool": "bool"}.get(param.dtype, "int")
-        return f"const {base}* __restrict__"
-    return "const int* __restrict__" if name in ("pn", "pi", "fn", "fi") else "void*"
-
-
-def plan_params(plan):
-    """The program's tensor parameters (for the types of the ones the score reads)."""
-    from ...dsl.expr import Load
-
-    found = {}
-
-    def visit(e):
-        if isinstance(e, Load):
-            found[e.param.name] = e.param
-        for c in e.children():
-            visit(c)
-
-    visit(plan.score)
-    if plan.mask is not None:
-        visit(plan.mask)
-    return list(found.values())
 
 
 def _expressions(plan) -> tuple[str, str, str]:
@@ -91,7 +68,7 @@ def _expressions(plan) -> tuple[str, str, str]:
     chain = plan.chain
     axes = {name: {"b": "b", "h": "h", "0": "i_", "j": "j_"}[role]
             for name, role in chain.score_axes}
-    loads = {t: f"t_{t}" for t in plan.tensors}
+    loads = {t: f"t_{t}" for t, _ in plan.tensors}
     if plan.scale is not None:
         scale = f"({to_cuda(plan.scale, {}, 'the scale', axes=axes, loads=loads)} * TF_LOG2E)"
         score = "(qk * scale2)"
@@ -118,10 +95,10 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
     functions = wgmma_function(bn, b_k_major=True, dtype=plan.dtype) + \
         wgmma_function(D, a_in_registers=True, dtype=plan.dtype)
     args = kernel_arguments(plan)
-    params = ",\n    ".join(f"{_c_type(t, n, plan)} {n}" for n, t in args)
-    extra = [(n, t) for n, t in args if n not in ("maps", "out", "pn", "pi", "fn", "fi")]
-    extra_params = "".join(f", {_c_type(t, n, plan)} {n}" for n, t in extra)
-    extra_args = "".join(f", {n}" for n, _ in extra)
+    params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
+    extra = args[6:]   # what the score and mask may read: tensors, sizes, scalars
+    extra_params = "".join(f", {c} {n}" for n, _, c in extra)
+    extra_args = "".join(f", {n}" for n, _, _ in extra)
     score, mask, scale = _expressions(plan)
     b, h, hkv, m, n, d = chain.dims
     named = {}   # a size's first role (k and v share q's head count unless grouped)

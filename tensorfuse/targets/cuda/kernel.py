@@ -11,6 +11,14 @@ from ..codegen import cuda_to_ptx
 from .module import KernelEntry, cuda_module
 
 
+def pointer(x):
+    """A tensor as a kernel argument: TVM's CUDA module takes raw device pointers for ``handle``
+    arguments (a DLPack tensor there is the address of its descriptor, not of its data)."""
+    import ctypes
+
+    return ctypes.c_void_p(x.data_ptr())
+
+
 class Launches:
     """Generated source, its entry points, the plan and knobs it was written from, and
     ``run(module, values, out, device)`` which launches them; ``module`` is built on the first

@@ -112,6 +112,4 @@ def tensor_map(address: int, sizes: tuple[int, ...], box: tuple[int, ...],
 def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int) -> bytes:
     """The 128-byte map of a row-major bf16 ``[rows, cols]`` tensor at ``address``, copied in
     boxes of ``box_rows`` rows × 64 columns (128 bytes: one row of the 128-byte swizzle)."""
-    if not 1 <= box_rows <= 256:
-        raise ValueError(f"a TMA box has 1 to 256 rows, not {box_rows}")
     return tensor_map(address, (rows, cols), (box_rows, 64))

@@ -85,19 +85,16 @@ def wgmma_function(n: int, a_in_registers: bool = False, b_k_major: bool = False
     regs = n // 2
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     slots = ", ".join(f"%{i}" for i in range(regs))
+    trans_b = "0" if b_k_major else "1"
     if a_in_registers:   # no transpose flag for a register A
-        name, a_param, n_a = f"tf_wgmma_rs_m64n{n}k16", "const uint4& a", 4
-        trans = "0" if b_k_major else "1"
+        a_param, n_a = "const uint4& a", 4
         a_slot = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
-        ins, flags = '"r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w)', f"1, 1, {trans}"
+        ins, flags = '"r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w)', f"1, 1, {trans_b}"
     else:
-        name, a_param, n_a = f"tf_wgmma_m64n{n}k16", "unsigned long long da", 1
-        a_slot, ins = f"%{regs}", '"l"(da)'
-        flags = "1, 1, 0, 0" if b_k_major else "1, 1, 0, 1"
-    if b_k_major:
-        name = name.replace("tf_wgmma_", "tf_wgmma_kk_")
-    if dtype == "f16":
-        name += "_f16"
+        a_param, n_a = "unsigned long long da", 1
+        a_slot, ins, flags = f"%{regs}", '"l"(da)', f"1, 1, 0, {trans_b}"
+    name = (f"tf_wgmma_{'kk_' if b_k_major else ''}{'rs_' if a_in_registers else ''}m64n{n}k16"
+            f"{'_f16' if dtype == 'f16' else ''}")
     return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], "
             f"{a_param}, unsigned long long db, int accumulate = 1) {{\n"
             '  asm volatile("{\\n.reg .pred p;\\n"\n'
