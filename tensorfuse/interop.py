@@ -75,7 +75,7 @@ def empty(shape, dtype: str, device: tvm.runtime.Device, like: str, torch_device
     if like == "torch":
         import torch
 
-        t = torch.empty(tuple(shape), dtype=getattr(torch, _TORCH_NAMES[dtype]), device=torch_device)
+        t = torch.empty(tuple(shape), dtype=torch_dtype(dtype), device=torch_device)
         return t, tvm.runtime.from_dlpack(t)
     arr = tvm.runtime.empty(tuple(shape), dt.to_tvm(dtype), device)
     return arr, arr
@@ -90,6 +90,13 @@ def to_user(x, framework: str):
 
 _TORCH_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
                 "i32": "int32", "i64": "int64", "bool": "bool"}
+
+
+def torch_dtype(dtype: str):
+    """torch's dtype for a DSL dtype name (``"bf16"`` → ``torch.bfloat16``)."""
+    import torch
+
+    return getattr(torch, _TORCH_NAMES[dtype])
 
 
 # -- torch tensors for kernels that launch through torch (Triton, generated CUDA) ------------------
@@ -143,7 +150,7 @@ def torch_output(shape, dtype: str, given, device):
 
     if given is not None and is_torch(given) and _launchable(given):
         return given
-    return torch.empty(shape, dtype=getattr(torch, _TORCH_NAMES[dtype]), device=device)
+    return torch.empty(shape, dtype=torch_dtype(dtype), device=device)
 
 
 def deliver(buf, given, framework: str):

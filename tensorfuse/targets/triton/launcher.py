@@ -11,6 +11,7 @@ compiled kernel stays the right one.
 """
 from __future__ import annotations
 
+from ...interop import torch_dtype
 from .launch import interpreting
 
 META = ("BLOCK_M", "BLOCK_N", "BLOCK_K")   # the generated kernels' constexpr parameters, in order
@@ -68,15 +69,22 @@ class Launches:
         stream = active.get_current_stream(active.get_current_device())
         g0, g1, g2 = step.grid
         enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
-        meta = kernel.launch_metadata(step.grid, stream, *args) if enter is not None else None
         if step.raw is not None:
-            launch, cooperative, pdl = step.raw
-            launch(g0, g1, g2, stream, kernel.function, cooperative, pdl, None, None,
-                   kernel.packed_metadata, meta, enter, leave, *args)
+            launch_raw(step.raw, kernel, step.grid, stream, args, enter, leave)
         else:
+            meta = kernel.launch_metadata(step.grid, stream, *args) if enter is not None else None
             kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, meta,
                        enter, leave, *args)
         self.direct += 1
+
+
+def launch_raw(raw, kernel, grid, stream, args, enter, leave) -> None:
+    """One launch through the compiled kernel's C launch function ``raw`` (with Triton's launch
+    hooks ``enter``/``leave`` where a profiler set them, and the metadata they read)."""
+    launch, cooperative, pdl = raw
+    meta = kernel.launch_metadata(grid, stream, *args) if enter is not None else None
+    launch(grid[0], grid[1], grid[2], stream, kernel.function, cooperative, pdl, None, None,
+           kernel.packed_metadata, meta, enter, leave, *args)
 
 
 _TRITON: list = []
@@ -117,8 +125,7 @@ class FastCall:
         # params: (name, where in the call — position or keyword —, True for a tensor or the
         # scalar's type), in the kernel's parameter order
         self.sources = [(place, kind) for _, place, kind in params]
-        self.outputs = [(shape, getattr(torch, _TORCH_DTYPES[dtype])) for _, shape, dtype in
-                        outputs]
+        self.outputs = [(shape, torch_dtype(dtype)) for _, shape, dtype in outputs]
         places, total = scratch if scratch is not None else ([], 0)
         self.scratch_offsets = [4 * offset for _, _, offset in places]
         self.scratch_total = total
@@ -158,15 +165,8 @@ class FastCall:
             slots += [base + offset for offset in self.scratch_offsets]
         stream = active.get_current_stream(self.current_device())   # as Triton's JIT
         enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
-        for (launch, cooperative, pdl), kernel, grid, index in self.steps:
-            args = [slots[k] for k in index]
-            args += self.constexprs
-            meta = kernel.launch_metadata(grid, stream, *args) if enter is not None else None
-            launch(grid[0], grid[1], grid[2], stream, kernel.function, cooperative, pdl, None,
-                   None, kernel.packed_metadata, meta, enter, leave, *args)
+        for raw, kernel, grid, index in self.steps:
+            launch_raw(raw, kernel, grid, stream, [slots[k] for k in index] + self.constexprs,
+                       enter, leave)
         del keep   # freed after the launches are queued: the caching allocator orders its reuse
         return outs[0] if len(outs) == 1 else tuple(outs)
-
-
-_TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
-                 "i32": "int32", "i64": "int64", "bool": "bool"}
