@@ -152,14 +152,24 @@ class Schedule:
         """Compile the fused chain with a GPU template: ``"attention"`` (``tile_m``, ``tile_n``,
         ``num_warps``, ``num_stages``) or ``"row_reduction"`` (``rows``, ``block``,
         ``num_warps``), which generate Triton kernels; or ``"hopper_attention"`` (``block_n``,
-        ``stages``, ``consumers``, ``overlap``): softmax attention as warp-specialised CUDA C++
-        for sm_90a (TMA, wgmma, mbarriers). Needs one rolling update first."""
+        ``stages``, ``consumers``, ``overlap``, ``pingpong``): softmax attention as warp-specialised
+        CUDA C++ for sm_90a (TMA, wgmma, mbarriers); these need one rolling update first. Or
+        ``"hopper_gemm"`` (``block_n``, ``stages``, ``cluster``, ``group_m``), on a fresh
+        schedule: one or two sums of products sharing their rows operand (a GEMM, a linear
+        layer, a gated pair) and an elementwise output, as a persistent warp-specialised sm_90a
+        kernel."""
         from .schedule_templates import TEMPLATES
 
         if name not in TEMPLATES:
             raise ScheduleError(f"unknown template {name!r}; templates: {', '.join(TEMPLATES)}",
                                 user_location())
-        if len(self.fusions) != 1 or self.fusions[0].splits != 1:
+        template = TEMPLATES[name]
+        if not getattr(template, "needs_fusion", True):   # a GEMM: no chain to fuse
+            if self.fusions or any(not step.is_fusion for step in self.steps):
+                raise ScheduleError(f"the {name} template generates the whole kernel from the "
+                                    "program: apply it to a fresh schedule (undo() the steps "
+                                    "before it)", user_location())
+        elif len(self.fusions) != 1 or self.fusions[0].splits != 1:
             raise ScheduleError(f"the {name} template compiles one rolling update: call "
                                 "rolling_update(...) first (and only once)", user_location())
         if not self.target.is_gpu:
@@ -167,7 +177,7 @@ class Schedule:
                                 "compile the fused schedule as it is", user_location())
         import inspect
 
-        accepted = [k for k in list(inspect.signature(TEMPLATES[name]).parameters)[3:]
+        accepted = [k for k in list(inspect.signature(template).parameters)[3:]
                     if k not in ("tuned", "prefill_only")]
         unknown = sorted(set(knobs) - set(accepted))
         if unknown:
@@ -295,9 +305,9 @@ class Schedule:
             from .schedule_templates import TEMPLATES
 
             name, knobs = self.template
-            records = template_records(self.program, name, self.fusions[0], self.target)
-            return TEMPLATES[name](self.kernel, self.fusions[0], self.target, **knobs,
-                                   tuned=records)
+            fusion = self.fusions[0] if self.fusions else None
+            records = template_records(self.program, name, fusion, self.target)
+            return TEMPLATES[name](self.kernel, fusion, self.target, **knobs, tuned=records)
         fixed = dict(self.dims)
         layout_only = bool(self.fusions) and all(step.is_fusion for step in self.steps)
         scheduled = None if layout_only else apply_default_schedule(self.mod, self.target)

@@ -127,6 +127,19 @@ def ref_ffn_swiglu(x, w1, w3, w2):
     return (gate / (1.0 + np.exp(-gate)) * (x @ w3)) @ w2
 
 
+def ref_matmul(x, w):
+    return x @ w
+
+
+def ref_linear(x, weight, bias):
+    return x @ weight.T + bias
+
+
+def ref_swiglu_gate(x, w1, w3):
+    gate = x @ w1.T
+    return gate / (1.0 + np.exp(-gate)) * (x @ w3.T)
+
+
 REFERENCES: dict[str, Callable] = {name[4:]: fn for name, fn in globals().items()
                                    if name.startswith("ref_")}
 

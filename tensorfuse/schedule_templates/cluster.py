@@ -26,7 +26,7 @@ from ..targets import TargetSpec
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.cluster_decode import decode_shared_bytes, decode_source
 from ..targets.cuda.gemm_chain import EPILOGUE_VEC, gemm_chain_source
-from ..targets.cuda.module import KernelEntry, cubin_for, max_active_clusters
+from ..targets.cuda.module import KernelEntry, cubin_for, local_gpu, max_active_clusters
 from .attention import SMS
 from .decode_plan import DecodeKnobs, check_decode, plan_decode
 from .gemm_chain_plan import ClusterKnobs, check_sizes, plan_gemm_chain, shared_bytes, wgmma_layout
@@ -36,19 +36,6 @@ def _check_target(target: TargetSpec) -> None:
     if not target.has_clusters:
         raise ScheduleError(f"cluster_distribute needs thread-block clusters (Hopper, "
                             f"target 'cuda:sm_90a'); the target is {target.name}", user_location())
-
-
-def _local_gpu() -> tuple[int, int] | None:
-    """The current CUDA device and its SM count, or None where there is none (code is still
-    generated there)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    index = torch.cuda.current_device()
-    return index, torch.cuda.get_device_properties(index).multi_processor_count
 
 
 GEMM_CHAIN_KNOBS = ("mma", "copy", "exchange", "block_m", "block_n", "block_k", "block_o", "stages",
@@ -260,7 +247,7 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
 
     def layout(dims: dict) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
-        gpu = _local_gpu()
+        gpu = local_gpu()
         asked = []   # "count of cluster" per size asked, for schedule_origin
         probes = {}  # one cubin per set of knobs but the cluster size, which is given at launch
 

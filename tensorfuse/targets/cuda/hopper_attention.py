@@ -42,7 +42,7 @@ _TYPES = {"bf16": ("__nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn"),
           "f16": ("__half", "__half2", "__floats2half2_rn")}
 
 
-_C_TYPES = {"bf16": "__nv_bfloat16", "f16": "__half", "f32": "float", "f64": "double",
+C_TYPES = {"bf16": "__nv_bfloat16", "f16": "__half", "f32": "float", "f64": "double",
             "i32": "int", "i64": "long long", "i8": "signed char", "u8": "unsigned char",
             "bool": "bool"}
 
@@ -54,7 +54,7 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     args = [("maps", "handle", "const void*"), ("out", "handle", "void*"),
             ("pn", "handle", lists), ("pi", "handle", lists), ("fn", "handle", lists),
             ("fi", "handle", lists)]
-    args += [(f"t_{name}", "handle", f"const {_C_TYPES[dtype]}* __restrict__")
+    args += [(f"t_{name}", "handle", f"const {C_TYPES[dtype]}* __restrict__")
              for name, dtype in plan.tensors]
     args += [(d, "int32", "int") for d in ("B_", "H_", "HKV_", "M_", "N_")]
     args += [(name, "float32", "float") if t.startswith(("f", "bf")) else (name, "int32", "int")

@@ -64,6 +64,19 @@ def cuda_module(source: str, entries: list[KernelEntry], target: TargetSpec) -> 
     return create(cubin, "cubin", fmap, {})
 
 
+def local_gpu() -> tuple[int, int] | None:
+    """The current CUDA device and its SM count, or None where there is none (code is still
+    generated there)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    index = torch.cuda.current_device()
+    return index, torch.cuda.get_device_properties(index).multi_processor_count
+
+
 @functools.lru_cache(maxsize=1)
 def libcuda() -> ctypes.CDLL:
     """The CUDA driver library, for the few driver calls TVM's runtime does not expose (tensor

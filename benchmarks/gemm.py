@@ -1,0 +1,213 @@
+"""GEMMs from the DSL on the Hopper GEMM template (issue 18) against cuBLAS (torch eager) and
+torch.compile, in one process on one GPU.
+
+Every timed tensorfuse kernel is first checked against float64 on its own inputs (the whole
+output; poisoned with NaN before the call, with a guard region after it that must stay
+untouched). ``--check`` runs the correctness suite alone: ragged M, N and K, both weight layouts,
+bias, a gated pair, f16 with an f32 output, wide-range inputs, every knob.
+
+    python -m benchmarks.gemm [--check] [--csv PATH] [--shapes 8192x8192x8192,...] [--sweep]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from benchmarks.common import Row, bench, bench_graph, write_csv
+from tensorfuse import dsl as T
+
+# rows M, depth K, columns N: the square case and the FFN's up-projection at two batch sizes
+SHAPES = ((8192, 8192, 8192), (1024, 4096, 14336), (8192, 4096, 14336))
+SWEEP = ({}, {"block_n": 128}, {"block_n": 256}, {"cluster": 2}, {"block_n": 128, "cluster": 2},
+         {"block_n": 256, "cluster": 2}, {"group_m": 16}, {"block_n": 256, "stages": 3})
+
+
+@tf.kernel
+def matmul_nk(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["N", "K", "bf16"]):
+    """``x · wᵀ`` with ``w`` as ``torch.nn.Linear`` stores it."""
+    i, j, k = T.axes("i j k")
+    return T.sum(x[i, k] * w[j, k], over=k)
+
+
+@tf.kernel
+def matmul_f16_f32(x: T.Tensor["M", "K", "f16"], w: T.Tensor["K", "N", "f16"]):
+    """f16 operands, an f32 output, a scalar epilogue."""
+    i, j, k = T.axes("i j k")
+    return T.cast(T.sum(x[i, k] * w[k, j], over=k), "f32")
+
+
+KERNELS = {"matmul": K.matmul, "matmul_nk": matmul_nk, "linear": K.linear,
+           "swiglu_gate": K.swiglu_gate, "matmul_f16_f32": matmul_f16_f32}
+
+
+def hopper(kernel, knobs: dict):
+    return tf.schedule(kernel, "cuda").apply_template("hopper_gemm", **knobs).compile()
+
+
+def inputs(kernel, M: int, K_: int, N: int, gen, scale: float = 1.0) -> dict:
+    """Fresh random tensors for ``kernel`` (normal; ``scale`` widens the rows' range)."""
+    sizes = {"M": M, "K": K_, "N": N}
+    made = {}
+    for p in kernel.program.tensor_params:
+        shape = tuple(sizes[str(d)] for d in p.dims)
+        dtype = torch.float16 if p.dtype == "f16" else torch.bfloat16
+        x = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32)
+        made[p.name] = (x * (scale if p.name == "x" else 1.0 / math.sqrt(K_))).to(dtype)
+    return made
+
+
+def reference(name: str, t: dict) -> torch.Tensor:
+    """The float64 result, from the same (rounded) inputs."""
+    d = {n: v.double() for n, v in t.items()}
+    if name in ("matmul", "matmul_f16_f32"):
+        return d["x"] @ d["w"]
+    if name == "matmul_nk":
+        return d["x"] @ d["w"].T
+    if name == "linear":
+        return d["x"] @ d["weight"].T + d["bias"]
+    gate = d["x"] @ d["w1"].T
+    return gate * torch.sigmoid(gate) * (d["x"] @ d["w3"].T)
+
+
+def run_checked(name: str, f, t: dict, ref: torch.Tensor) -> str | None:
+    """Call ``f`` into a NaN-poisoned output followed by a NaN guard; None if every element is
+    within tolerance (2⁻⁷ relative plus 2·10⁻³ of the largest magnitude: bf16 rounding of the
+    output; a wrong tile or an unwritten element is off by the output's scale) and the guard is
+    untouched, else what was wrong."""
+    out_dtype = torch.float32 if name.endswith("f32") else \
+        (torch.float16 if t["x"].dtype == torch.float16 else torch.bfloat16)
+    M, N = ref.shape
+    buffer = torch.full((M * N + 4096,), float("nan"), device="cuda", dtype=out_dtype)
+    out = buffer[:M * N].view(M, N)
+    f(**t, out=out)
+    torch.cuda.synchronize()
+    err = (out.double() - ref).abs()
+    bound = 2.0 ** -7 * ref.abs() + 2e-3 * ref.abs().max()
+    bad = ~(err <= bound)
+    if not torch.isnan(buffer[M * N:]).all():
+        return "wrote past the output"
+    if bad.any():
+        where = bad.nonzero()[:3].tolist()
+        return (f"{int(bad.sum())} of {M * N} elements off (max error "
+                f"{float(err.nan_to_num(float('inf')).max()):.3g}, first at {where})")
+    return None
+
+
+CHECKS = ([(n, s, {}) for n in KERNELS for s in ((200, 4096, 1024), (1000, 520, 776), (64, 64, 64),
+                                                  (129, 1000, 136), (2048, 2048, 2048))]
+          + [("matmul", (1000, 520, 776), k) for k in SWEEP[1:]]
+          + [("matmul_nk", (333, 1024, 2048), k) for k in SWEEP[1:]]
+          + [("swiglu_gate", (333, 1024, 2048), {"cluster": 2})]
+          + [("linear", (1000, 4096, 1024), {"cluster": 2, "block_n": 128, "stages": 2})])
+
+
+def check(log=print) -> int:
+    """The correctness suite; returns the number of failures."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    precompile([(KERNELS[n], k) for n, _, k in CHECKS])
+    failures = 0
+    for (name, (M, K_, N), knobs), scale in itertools.product(CHECKS, (1.0, 300.0)):
+        t = inputs(KERNELS[name], M, K_, N, gen, scale)
+        problem = run_checked(name, hopper(KERNELS[name], knobs), t, reference(name, t))
+        failures += problem is not None
+        log(f"{'ok ' if problem is None else 'BAD'} {name} M={M} K={K_} N={N} {knobs} "
+            f"scale={scale}" + (f": {problem}" if problem else ""))
+    return failures
+
+
+def precompile(kernels_knobs) -> None:
+    """nvcc every distinct source first, in parallel (cached by source)."""
+    from tensorfuse.targets.cuda.module import cubin_for
+
+    sources = {}
+    for kernel, knobs in kernels_knobs:
+        f = hopper(kernel, knobs)
+        src = f.source(M=8192, K=8192, N=8192)
+        sources[src] = f.target
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda item: cubin_for(*item), sources.items()))
+
+
+def _row(shape: str, impl: str, ms: float, graph_ms: float, flops: float, cublas_ms: float | None,
+         ceiling: float, note: str = "") -> Row:
+    tflops = flops / ms / 1e9
+    ratio = f"; {cublas_ms / ms:.3f}x cuBLAS" if cublas_ms else ""
+    return Row("gemm", shape, impl, ms, tflops, 0.0, tflops / ceiling,
+               f"graph {graph_ms:.4f} ms{ratio}" + (f"; {note}" if note else ""))
+
+
+def timed(shapes=SHAPES, sweep: bool = True, log=print) -> list[Row]:
+    """For each shape and weight layout: cuBLAS, torch.compile, ``tf.compile``'s defaults and (with
+    ``sweep``) every knob set of :data:`SWEEP`, each tensorfuse kernel checked first."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    F = torch.nn.functional
+    rows = []
+    layouts = {"kn": (K.matmul, lambda x, w: x @ w), "nk": (matmul_nk, lambda x, w: F.linear(x, w))}
+    precompile([(k, s) for k, _ in layouts.values() for s in (SWEEP if sweep else SWEEP[:1])])
+    for (M, K_, N), (layout, (kernel, eager)) in itertools.product(shapes, layouts.items()):
+        shape = f"{M}x{K_}x{N}/{layout}"
+        name = "matmul" if layout == "kn" else "matmul_nk"
+        t = inputs(kernel, M, K_, N, gen)
+        ref = reference(name, t)
+        flops = 2.0 * M * N * K_
+        x, w = t["x"], t["w"]
+        cublas = bench(lambda: eager(x, w))
+        ceiling = flops / cublas / 1e9
+        rows.append(_row(shape, "cublas", cublas, bench_graph(lambda: eager(x, w)), flops, None,
+                         ceiling, "torch eager"))
+        compiled = torch.compile(eager)
+        compiled(x, w)
+        ms = bench(lambda: compiled(x, w))
+        rows.append(_row(shape, "torch.compile", ms, bench_graph(lambda: compiled(x, w)), flops,
+                         cublas, ceiling))
+        candidates = [("tensorfuse", tf.compile(kernel), {})]
+        if sweep:
+            candidates += [(f"tensorfuse_hopper[{','.join(f'{k}={v}' for k, v in s.items())}]",
+                            hopper(kernel, s), s) for s in SWEEP]
+        for label, f, _ in candidates:
+            try:
+                problem = run_checked(name, f, t, ref)
+            except Exception as exc:   # noqa: BLE001 - a refused knob set is reported, not fatal
+                problem = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if problem:
+                log(f"{shape} {label}: WRONG or refused: {problem}")
+                continue
+            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            ms = bench(lambda: f(x, w, out=out))
+            graph = bench_graph(lambda: f(x, w, out=out))
+            origin = f.schedule_origin(M=M, K=K_, N=N)
+            rows.append(_row(shape, label, ms, graph, flops, cublas, ceiling, origin))
+        for r in rows[-len(candidates) - 2:]:
+            log(f"{r.shape:24s} {r.implementation:52s} {r.ms:8.4f} ms {r.tflops:6.1f} TFLOP/s "
+                f"{r.note.split(';')[0]} {r.note.split(';')[1] if ';' in r.note else ''}")
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--check", action="store_true", help="correctness suite only")
+    ap.add_argument("--csv", help="write the timed rows here")
+    ap.add_argument("--shapes", help="MxKxN,... (default: the issue's three)")
+    ap.add_argument("--no-sweep", action="store_true", help="defaults only")
+    args = ap.parse_args(argv)
+    if args.check:
+        bad = check()
+        print(f"{bad} wrong")
+        return int(bad > 0)
+    shapes = SHAPES if not args.shapes else tuple(
+        tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
+    rows = timed(shapes, sweep=not args.no_sweep)
+    if args.csv:
+        write_csv(rows, args.csv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

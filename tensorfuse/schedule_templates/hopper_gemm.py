@@ -1,0 +1,112 @@
+"""The Hopper GEMM template (``apply_template("hopper_gemm")``, and ``tf.compile``'s choice for
+GEMM-shaped programs on sm_90a): a persistent, warp-specialised sm_90a kernel (plan:
+:mod:`.hopper_gemm_plan`, code: :mod:`tensorfuse.targets.cuda.hopper_gemm`).
+
+One cubin per (program, knobs): M, N and K are kernel arguments. The TMA tensor maps are made per
+set of operand addresses (cached); the grid is as many CTAs as the GPU holds at once (clusters of
+two: as many as the driver says fit), each walking the tiles in the same grouped order.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+from ..dsl.expr import user_location
+from ..errors import ScheduleError, TargetError
+from ..targets import TargetSpec
+from ..targets.cuda.hopper_gemm import ENTRY, hopper_gemm_source, kernel_arguments
+from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
+from ..targets.cuda.module import KernelEntry, cubin_for, local_gpu, max_active_clusters
+from ..targets.cuda.tma import tensor_map
+from .hopper_gemm_plan import (BLOCK_K, BLOCK_M, HopperGemmPlan, check_gemm, plan_hopper_gemm,
+                               shared_bytes, with_knobs)
+
+
+def operand_maps(plan: HopperGemmPlan, knobs, sizes: tuple[int, int, int]):
+    """``maps(values, device)``: the TMA maps of the rows operand and the weights in one device
+    buffer, made once per set of addresses."""
+    M, K, N = sizes
+    cache: dict = {}
+
+    def maps(values: dict, device):
+        import torch
+
+        tensors = [values[plan.a]] + [values[w] for w in plan.weights]
+        key = tuple(t.data_ptr() for t in tensors)
+        if key not in cache:
+            blob = tensor_map(key[0], (M, K), (BLOCK_M, BLOCK_K), plan.dtype)
+            for address in key[1:]:
+                blob += (tensor_map(address, (N, K), (knobs.block_n // knobs.cluster, BLOCK_K),
+                                    plan.dtype) if plan.b_k_major else
+                         tensor_map(address, (K, N), (BLOCK_K, 64), plan.dtype))
+            cache.clear()   # one set: the maps hold raw addresses
+            cache[key] = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
+        return cache[key]
+
+    return maps
+
+
+def resident_ctas(source: str, knobs, smem: int, target: TargetSpec) -> tuple[int, str]:
+    """How many CTAs of this kernel run at once on the local GPU (and how that was found): the SM
+    count, or for clusters what the driver says fits; 132 (an H100) where there is no GPU."""
+    gpu = local_gpu()
+    if gpu is None:
+        return 132, "no GPU here: sized for an H100's 132 SMs"
+    if knobs.cluster == 1:
+        return gpu[1], f"{gpu[1]} SMs"
+    try:
+        clusters = max_active_clusters(cubin_for(source, target), ENTRY, knobs.cluster,
+                                       knobs.threads, smem, gpu[0])
+    except TargetError as exc:
+        warnings.warn(f"{exc}; the GEMM sizes its grid by the SM count instead", stacklevel=2)
+        return gpu[1] // knobs.cluster * knobs.cluster, f"{gpu[1]} SMs"
+    return clusters * knobs.cluster, f"{clusters} clusters of {knobs.cluster} fit at once"
+
+
+def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: dict) -> Launches:
+    """The launch of one GEMM at ``dims`` with the user's ``given`` knobs (defaults for the
+    rest)."""
+    gpu = local_gpu()
+    knobs, why = with_knobs(plan, dims, given, gpu[1] if gpu else 132, target.max_shared_memory)
+    check_gemm(plan, knobs, dims, target.max_shared_memory)
+    M, K, N = (dims[d] for d in plan.dims)
+    source = hopper_gemm_source(plan, knobs)
+    smem = shared_bytes(plan, knobs)
+    ctas, fit = resident_ctas(source, knobs, smem, target)
+    units = math.ceil(math.ceil(M / BLOCK_M) / knobs.cluster) * math.ceil(N / knobs.block_n)
+    grid = min(units * knobs.cluster, ctas)
+    maps = operand_maps(plan, knobs, (M, K, N))
+    entries = [KernelEntry(ENTRY, tuple(t for _, t, _ in kernel_arguments(plan)))]
+
+    def run(module, values, out, device):
+        tensors = [pointer(values[t]) for t, _ in plan.tensors]
+        scalars = [values[n] for n, _ in plan.scalars]
+        module[ENTRY](pointer(maps(values, device)), pointer(out), *tensors, M, N, K, *scalars,
+                      grid, 1, knobs.threads, knobs.cluster, smem)
+
+    return Launches(source, entries, knobs, run, f"{why}; {grid} persistent CTAs ({fit})", plan)
+
+
+def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
+                stages: int | None = None, cluster: int | None = None,
+                group_m: int | None = None, tuned=None) -> ClusterKernel:
+    """A callable persistent GEMM kernel for ``kernel`` (one or two sums of products sharing the
+    rows operand, and an elementwise output of them). Knobs (defaults per size: see
+    :func:`.hopper_gemm_plan.default_gemm_knobs`): ``block_n`` output columns per tile (128 rows),
+    ``stages`` ring slots, ``cluster`` (2: weight tiles shared by TMA multicast), ``group_m``
+    row tiles per rasterisation group. ``fusion`` is not used (a GEMM needs none); ``tuned`` is
+    accepted for the template interface (the knobs are not tuned yet)."""
+    if target.kind != "cuda" or target.arch != "sm_90a":
+        raise ScheduleError(f"the hopper_gemm template generates sm_90a code (wgmma, TMA); the "
+                            f"target is {target.name}", user_location())
+    program = kernel.program if hasattr(kernel, "program") else kernel
+    plan = plan_hopper_gemm(program)
+    given = {k: v for k, v in (("block_n", block_n), ("stages", stages), ("cluster", cluster),
+                               ("group_m", group_m)) if v is not None}
+    return ClusterKernel(program, target, lambda dims: gemm_launches(plan, target, dims, given),
+                         f"hopper_gemm ({', '.join(plan.sums)} over {plan.dims[1]})",
+                         origin="hopper_gemm template defaults" if not given else
+                         "hopper_gemm template")
+
+
+hopper_gemm.needs_fusion = False

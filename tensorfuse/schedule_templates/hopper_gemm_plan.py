@@ -1,0 +1,262 @@
+"""The Hopper GEMM plan: ``out[i, j] = epilogue(Σ_k a[i, k] · w_g[k, j], …)`` as one persistent,
+warp-specialised sm_90a kernel (the CUDA C++: :mod:`tensorfuse.targets.cuda.hopper_gemm`).
+
+:func:`plan_hopper_gemm` reads the pattern from a program: one or two sums over the same axis
+``k`` into ``[i, j]``, each the product of the shared rows ``a[i, k]`` and a weight indexed
+``[k, j]`` (stored ``[K, N]``) or ``[j, k]`` (``torch.nn.Linear``'s ``[N, K]``, read as it is,
+without a copy), and an elementwise output of those sums — a plain GEMM, a GEMM with bias and
+activation, or a gated pair such as SwiGLU's ``silu(x·w1) ⊙ (x·w3)``. Anything else is refused
+with the reason. :class:`GemmKnobs` are the tile width, the pipeline depth, the cluster (TMA
+multicast of the weight tiles) and the rasterisation group; :func:`default_gemm_knobs` picks them
+for the sizes and the GPU's SM count.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..algebra import inline_elementwise
+from ..algebra.exprs import factors, nodes
+from ..dsl.expr import Axis, Expr, Load, Ref
+from ..dsl.printer import to_text
+from ..dsl.program import Program
+from ..errors import ScheduleError
+from ..targets.cuda.hopper_gemm import epilogue_code
+
+WHO = "hopper GEMM"
+BLOCK_M, BLOCK_K = 128, 64
+MAX_SHARED = 232448          # bytes of dynamic shared memory per CTA on sm_90
+KNOBS = ("block_n", "stages", "cluster", "group_m")
+
+
+@dataclass(frozen=True)
+class GemmKnobs:
+    """Output tiles of ``128 × block_n`` (two consumer warpgroups of 64 rows), k-blocks of 64
+    through a ring of ``stages`` slots, ``cluster`` CTAs sharing each weight tile by TMA
+    multicast (1 or 2), ``group_m`` row tiles per rasterisation group."""
+
+    block_n: int = 256
+    stages: int = 4
+    cluster: int = 1
+    group_m: int = 8
+
+    @property
+    def block_m(self) -> int:
+        return BLOCK_M
+
+    @property
+    def threads(self) -> int:
+        return 3 * 128   # a producer warpgroup and two consumer warpgroups
+
+    def __str__(self) -> str:
+        return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "
+                f"cluster={self.cluster}, group_m={self.group_m}")
+
+
+@dataclass(frozen=True)
+class HopperGemmPlan:
+    """The rows operand ``a``, the weights (one per sum, in the order of ``sums``), whether they
+    are stored ``[N, K]`` (``b_k_major``), the output's expression of the sums, its name and
+    dtype, the size names (M, K, N), the output's axis names (i, j), and the tensors and scalars
+    the epilogue reads."""
+
+    a: str
+    weights: tuple[str, ...]
+    b_k_major: bool
+    sums: tuple[str, ...]
+    epilogue: Expr
+    output: str
+    out_dtype: str
+    dtype: str
+    dims: tuple[str, str, str]
+    axes: tuple[str, str]
+    tensors: tuple[tuple[str, str], ...]
+    scalars: tuple[tuple[str, str], ...]
+
+    def describe(self, knobs: GemmKnobs | None = None) -> str:
+        m, k, n = self.dims
+        layout = f"[{n}, {k}] (K-major, as nn.Linear)" if self.b_k_major else f"[{k}, {n}]"
+        lines = [f"hopper GEMM plan: {self.output}[{m}, {n}] ({self.out_dtype}) from "
+                 f"{self.a}[{m}, {k}] and {', '.join(self.weights)} {layout} ({self.dtype})",
+                 f"  sums: {', '.join(self.sums)} over {k} (wgmma, f32 accumulators)",
+                 f"  epilogue: {to_text(self.epilogue)}",
+                 "  persistent CTAs: a TMA producer warp, two consumer warpgroups"]
+        if knobs is not None:
+            lines.append(f"  knobs: {knobs}")
+        return "\n".join(lines)
+
+
+def _refuse(message: str, where=None) -> ScheduleError:
+    """The refusal, at the user's line of ``where`` (a compute) where there is one."""
+    return ScheduleError(f"{WHO}: {message}", getattr(where, "loc", None))
+
+
+def _is_axis(e: Expr, axis: Axis) -> bool:
+    return isinstance(e, Axis) and e.uid == axis.uid
+
+
+def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
+    """The GEMM's pieces, or a :class:`ScheduleError` saying what does not fit the pattern."""
+    outputs = [c for c in program.computes if c.is_output]
+    if len(outputs) != 1:
+        raise _refuse(f"{program.name} has {len(outputs)} outputs; one is supported")
+    out = outputs[0]
+    sums = [c for c in program.computes if c.is_reduction]
+    if not 1 <= len(sums) <= 2:
+        raise _refuse(f"{program.name} has {len(sums)} reductions; the GEMM template takes one "
+                      "or two sums over the same axis", out)
+    first = sums[0]
+    if any(c.monoid.name != "sum" or len(c.over) != 1 or len(c.axes) != 2 for c in sums):
+        bad = next(c for c in sums if c.monoid.name != "sum" or len(c.over) != 1
+                   or len(c.axes) != 2)
+        raise _refuse(f"{bad.name} is not a sum over one axis into [rows, columns] (batched "
+                      "products: fold the batch into the rows, or use the attention template)",
+                      bad)
+    k_axis = first.over[0]
+    i_axis, j_axis = first.axes
+    a_name, weights, k_major = None, [], set()
+    for c in sums:
+        if c.over[0].uid != k_axis.uid or not all(_is_axis(x, y) for x, y in
+                                                    zip(c.axes, (i_axis, j_axis))):
+            raise _refuse(f"{c.name} sums over another axis or into other axes than "
+                          f"{first.name}", c)
+        loads = factors(c.bodies[0])
+        if len(loads) != 2 or not all(isinstance(f, Load) and len(f.indices) == 2
+                                      for f in loads):
+            raise _refuse(f"{c.name} must be sum(a[{i_axis.name}, {k_axis.name}] * "
+                          f"w[{k_axis.name}, {j_axis.name}], over={k_axis.name})", c)
+        rows = [f for f in loads if _is_axis(f.indices[0], i_axis)
+                and _is_axis(f.indices[1], k_axis)]
+        if len(rows) != 1:
+            raise _refuse(f"{c.name}: one factor must be indexed [{i_axis.name}, {k_axis.name}] "
+                          "(the rows, K contiguous)", c)
+        w = next(f for f in loads if f is not rows[0])
+        if _is_axis(w.indices[0], k_axis) and _is_axis(w.indices[1], j_axis):
+            k_major.add(False)
+        elif _is_axis(w.indices[0], j_axis) and _is_axis(w.indices[1], k_axis):
+            k_major.add(True)
+        else:
+            raise _refuse(f"{c.name}: the weight {w.param.name} must be indexed "
+                          f"[{k_axis.name}, {j_axis.name}] or [{j_axis.name}, {k_axis.name}]", c)
+        if a_name not in (None, rows[0].param.name):
+            raise _refuse(f"{c.name} reads {rows[0].param.name}, {first.name} reads {a_name}; "
+                          "the sums must share their rows operand", c)
+        a_name = rows[0].param.name
+        weights.append(w.param.name)
+    if len(k_major) > 1:
+        raise _refuse("the weights are stored in different layouts ([K, N] and [N, K]); store "
+                      "them alike", out)
+    params = {p.name: p for p in program.tensor_params}
+    dtypes = {params[n].dtype for n in [a_name, *weights]}
+    if len(dtypes) != 1 or not dtypes <= {"bf16", "f16"}:
+        raise _refuse(f"the operands are {', '.join(sorted(dtypes))}; the tensor cores take "
+                      "bf16 or f16, the same for all operands", out)
+    if out.dtypes[0] not in ("bf16", "f16", "f32"):
+        raise _refuse(f"the output {out.name} is {out.dtypes[0]}; it can be bf16, f16 or f32",
+                      out)
+    if len(out.axes) != 2 or not all(_is_axis(x, y) for x, y in zip(out.axes, (i_axis, j_axis))):
+        raise _refuse(f"the output {out.name} must be indexed [{i_axis.name}, {j_axis.name}] like "
+                      "the sums", out)
+    epilogue = inline_elementwise(out.bodies[0]) if out not in sums else Ref(out)
+    names = tuple(c.name for c in sums)
+    for e in nodes(epilogue):
+        if isinstance(e, Ref) and e.compute.name not in names:
+            raise _refuse(f"the output reads {e.compute.name}, which the GEMM does not compute",
+                          out)
+        if isinstance(e, Load) and e.param.name in [a_name, *weights]:
+            raise _refuse(f"the output reads {e.param.name} elementwise; only the sums, other "
+                          "tensors, scalars and indices", out)
+    tensors = tuple(sorted({(e.param.name, e.param.dtype) for e in nodes(epilogue)
+                            if isinstance(e, Load)}))
+    dims = (str(params[a_name].dims[0]), str(params[a_name].dims[1]),
+            str(params[weights[0]].dims[0 if True in k_major else 1]))
+    plan = HopperGemmPlan(a_name, tuple(weights), True in k_major, names, epilogue, out.name,
+                          out.dtypes[0], dtypes.pop(), dims, (i_axis.name, j_axis.name), tensors,
+                          tuple((p.name, p.dtype) for p in program.scalar_params))
+    epilogue_code(plan)   # refused now if the emitter cannot write it
+    return plan
+
+
+def shared_bytes(plan: HopperGemmPlan, knobs: GemmKnobs) -> int:
+    """Dynamic shared memory: ``stages`` slots of the rows tile and every weight tile, the
+    mbarriers, and 1 KiB for aligning the swizzled tiles."""
+    stage = (BLOCK_M + len(plan.weights) * knobs.block_n) * BLOCK_K * 2
+    return knobs.stages * stage + 16 * knobs.stages + 1024
+
+
+def deepest_stages(plan: HopperGemmPlan, block_n: int, max_shared: int = MAX_SHARED) -> int:
+    """The most ring slots that fit shared memory (at most 6)."""
+    return max(s for s in range(2, 7)
+               if s == 2 or shared_bytes(plan, GemmKnobs(block_n, s)) <= max_shared)
+
+
+def wave_efficiency(tiles: int, sms: int) -> float:
+    """The share of the SMs' time spent on tiles when ``tiles`` equal tiles run on ``sms``."""
+    return tiles / (math.ceil(tiles / sms) * sms)
+
+
+def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
+                       max_shared: int = MAX_SHARED) -> tuple[GemmKnobs, str]:
+    """The knobs for these sizes and why: 256-column tiles (the least shared-memory traffic per
+    MMA; 128 where two weights share the accumulator registers), unless their last wave would
+    leave enough SMs idle that 128-column tiles finish sooner (wave quantisation: at M=1024,
+    N=14336 the 448 tiles of 128 × 256 fill 3.4 waves of 132 SMs); the deepest ring that fits."""
+    M, N = sizes[plan.dims[0]], sizes[plan.dims[2]]
+    widths = (256, 128) if len(plan.weights) == 1 else (128,)
+
+    def score(bn: int) -> float:   # narrower tiles move ~5 % more bytes per MMA
+        tiles = math.ceil(M / BLOCK_M) * math.ceil(N / bn)
+        return wave_efficiency(tiles, sms) * (1.0 if bn == 256 else 0.95)
+
+    bn = max(widths, key=score)
+    tiles = math.ceil(M / BLOCK_M) * math.ceil(N / bn)
+    why = (f"{tiles} tiles of 128 × {bn} on {sms} SMs: "
+           f"{wave_efficiency(tiles, sms):.0%} of the last wave busy")
+    return GemmKnobs(bn, deepest_stages(plan, bn, max_shared)), why
+
+
+def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
+               max_shared: int = MAX_SHARED) -> None:
+    """Refuse sizes and knobs the kernel cannot run, saying which."""
+    M, K, N = (sizes[d] for d in plan.dims)
+    bn = knobs.block_n
+    if bn % 64 or not 64 <= bn <= 256:
+        raise _refuse(f"block_n={bn}: 64, 128, 192 or 256 (atoms of 64 columns, one wgmma N)")
+    if len(plan.weights) * bn // 2 > 128:
+        raise _refuse(f"block_n={bn} with {len(plan.weights)} weights keeps "
+                      f"{len(plan.weights) * bn // 2} accumulators per thread; at most 128 fit "
+                      "the registers: use block_n=128")
+    if knobs.cluster not in (1, 2):
+        raise _refuse(f"cluster={knobs.cluster}: 1, or 2 CTAs sharing each weight tile")
+    if knobs.cluster == 2 and bn % 128:
+        raise _refuse(f"cluster=2 splits each weight tile's {bn} columns into two halves of "
+                      "whole 64-column atoms: block_n 128 or 256")
+    if knobs.group_m < 1:
+        raise _refuse(f"group_m={knobs.group_m}: at least 1")
+    if knobs.stages < 2:
+        raise _refuse(f"stages={knobs.stages}: at least 2 slots")
+    need = shared_bytes(plan, knobs)
+    if need > max_shared:
+        raise _refuse(f"{knobs} needs {need} bytes of shared memory; the GPU has {max_shared}: "
+                      "use fewer stages or a smaller block_n")
+    for name, value in (("M", M), ("N", N), ("K", K)):
+        if not 1 <= value < 2 ** 31:
+            raise _refuse(f"{name}={value} is outside what the kernel indexes")
+        if name != "M" and value % 8:
+            raise _refuse(f"{name}={value}: TMA copies need rows of a multiple of 16 bytes "
+                          f"({name} a multiple of 8)")
+
+
+def with_knobs(plan: HopperGemmPlan, sizes: dict, given: dict, sms: int = 132,
+               max_shared: int = MAX_SHARED) -> tuple[GemmKnobs, str]:
+    """The defaults with the user's ``given`` knobs (a given ``block_n`` gets the deepest ring
+    that fits unless ``stages`` is given too)."""
+    unknown = set(given) - set(KNOBS)
+    if unknown:
+        raise _refuse(f"no knob {', '.join(sorted(unknown))}; knobs: {', '.join(KNOBS)}")
+    knobs, why = default_gemm_knobs(plan, sizes, sms, max_shared)
+    if "block_n" in given and "stages" not in given:
+        given = {**given, "stages": deepest_stages(plan, given["block_n"], max_shared)}
+    if given:
+        why = "given: " + ", ".join(f"{k}={v}" for k, v in given.items())
+    return replace(knobs, **given), why

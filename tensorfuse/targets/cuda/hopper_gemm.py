@@ -1,0 +1,315 @@
+"""The Hopper GEMM mainloop: persistent, warp-specialised sm_90a CUDA C++ for
+``out[i, j] = epilogue(Σ_k a[i, k] · b_g[k, j] for each weight g)`` (the plan and its knobs:
+``schedule_templates.hopper_gemm_plan``).
+
+``gridDim.x`` CTAs (a multiple of the cluster size, at most as many as fit the GPU at once) walk
+the output tiles of ``BM × BN`` in a grouped order (``GROUP_M`` row tiles per group, so that the
+tiles in flight at one time share their operands in L2); every CTA walks the same sequence of
+tiles, ``3 · 128`` threads each:
+
+- warpgroup 0 is the producer: it gives its registers back (``setmaxnreg.dec``) and one thread
+  issues TMA bulk-tensor copies of each k-block (64 deep) of the a rows and of every weight into a
+  ring of ``STAGES`` slots; each slot has a "full" mbarrier (the copies' bytes) and an "empty" one
+  (the consumers' releases). The producer runs up to ``STAGES`` k-blocks ahead — across tile
+  boundaries, so the next tile's operands load while the consumers write the last one's output.
+  With ``CLUSTER`` = 2 the two CTAs of a cluster take vertically neighbouring tiles, which share
+  their weight tiles: each producer copies half of every weight tile and multicasts it to both
+  CTAs (``.multicast::cluster``), halving the weights' L2 traffic; a slot is then released to a
+  producer only when the consumers of both CTAs are done with it;
+- warpgroups 1 and 2 (``setmaxnreg.inc``) each own 64 rows of the tile: per k-block four
+  ``wgmma.mma_async`` m64nBNk16 per weight on the shared-memory tiles (128-byte swizzle; weights
+  K-major when stored ``[N, K]`` as ``torch.nn.Linear`` keeps them, MN-major when ``[K, N]``),
+  keeping one k-block's MMAs in flight while the previous slot is released;
+- the epilogue evaluates the program's output expression on the accumulator fragments (with the
+  tensors and scalars it reads) and writes it from registers; rows and columns past the edge are
+  not written, and the copies read zeros there (ragged M, N and K).
+"""
+from __future__ import annotations
+
+from .dsm import HELPERS as DSM_HELPERS
+from .expr import to_cuda
+from .hopper_attention import C_TYPES
+from .tma import HELPERS as TMA_HELPERS
+from .tma import MBARRIER_HELPERS
+from .wgmma import HELPERS as WGMMA_HELPERS
+from .wgmma import wgmma_function
+
+ENTRY = "tf_hopper_gemm"
+
+# What the PTX of every Hopper GEMM holds (checked by the tests); with a cluster also MULTICAST_PTX.
+GEMM_PTX = ("wgmma.mma_async", "cp.async.bulk.tensor.2d", "mbarrier.try_wait",
+            "setmaxnreg.inc", "setmaxnreg.dec")
+MULTICAST_PTX = ("multicast::cluster", "mapa.shared::cluster", "barrier.cluster.arrive")
+
+PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128·40 + 256·232 ≤ 65536
+
+_STORE = {"bf16": ("__nv_bfloat162", "__floats2bfloat162_rn({}, {})"),
+          "f16": ("__half2", "__floats2half2_rn({}, {})"),
+          "f32": ("float2", "make_float2({}, {})")}
+
+MULTICAST_HELPERS = r"""
+// Box at (c0, c1) into the same shared-memory offset of every CTA in `mask`, each CTA's copy
+// counted on its own mbarrier at `bar`'s offset.
+__device__ __forceinline__ void tf_tma_load_2d_multicast(void* dst, const void* map, int c0,
+                                                         int c1, unsigned long long* bar,
+                                                         unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;"
+               :: "r"(tf_smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(tf_smem_addr(bar)),
+                  "h"(mask) : "memory");
+}
+// One arrival on the mbarrier at `bar`'s offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void tf_mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];"
+               :: "r"(tf_mapa(tf_smem_addr(bar), rank)) : "memory");
+}
+"""
+
+
+def kernel_arguments(plan) -> list[tuple[str, str, str]]:
+    """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
+    maps (a, then each weight), the output, the tensors the epilogue reads, the sizes, the
+    scalars."""
+    args = [("maps", "handle", "const void*"), ("out", "handle", "void*")]
+    args += [(f"t_{name}", "handle", f"const {C_TYPES[dtype]}* __restrict__")
+             for name, dtype in plan.tensors]
+    args += [(d, "int32", "int") for d in ("M_", "N_", "K_")]
+    args += [(name, "float32", "float") if t.startswith(("f", "bf")) else (name, "int32", "int")
+             for name, t in plan.scalars]
+    return args
+
+
+def epilogue_code(plan) -> str:
+    """C++ of the output element from the accumulators ``g0, g1, …`` at ``row``, ``col``."""
+    m, k, n = plan.dims
+    i, j = plan.axes
+    return to_cuda(plan.epilogue, {name: f"g{x}" for x, name in enumerate(plan.sums)},
+                   f"the output {plan.output}", axes={i: "row", j: "col"},
+                   sizes={}, loads={t: f"t_{t}" for t, _ in plan.tensors})
+
+
+def hopper_gemm_source(plan, knobs) -> str:
+    """CUDA C++ for ``tf_hopper_gemm``: a 1-D grid of ``knobs.cluster``-CTA clusters,
+    ``knobs.threads`` threads, dynamic shared memory ``hopper_gemm_plan.shared_bytes``. M, N, K
+    are kernel arguments: one cubin serves every size."""
+    g = len(plan.weights)
+    bn = knobs.block_n
+    suffix = "_f16" if plan.dtype == "f16" else ""
+    mma = f"tf_wgmma_{'kk_' if plan.b_k_major else ''}m64n{bn}k16{suffix}"
+    functions = wgmma_function(bn, b_k_major=plan.b_k_major, dtype=plan.dtype)
+    args = kernel_arguments(plan)
+    params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
+    pair, make_pair = _STORE[plan.out_dtype]
+    m, k, n = plan.dims
+    named = {}
+    for name, var in ((m, "M_"), (k, "K_"), (n, "N_")):
+        named.setdefault(name, var)
+    sizes = "".join(f"#define TF_SIZE_{name} {var}\n" for name, var in named.items())
+    extra = args[2:]   # what the epilogue may read: tensors, sizes, scalars
+    extra_params = "".join(f", {c} {n}" for n, _, c in extra)
+    extra_args = "".join(f", {n}" for n, _, _ in extra)
+    gate_params = ", ".join(f"float g{x}" for x in range(g))
+
+    def gate_args(r: str) -> str:
+        return ", ".join(f"acc[{x}][{r}]" for x in range(g))
+
+    epilogue = epilogue_code(plan)
+    header = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n"
+    return f"""{header}#include <math.h>
+{DSM_HELPERS}
+{WGMMA_HELPERS}
+{MBARRIER_HELPERS}
+{TMA_HELPERS}
+{MULTICAST_HELPERS}
+{functions}
+#define BM 128                  // two consumer warpgroups of 64 rows
+#define BN {bn}
+#define BK 64                   // one 128-byte swizzle row of bf16/f16
+#define G {g}                   // weights, one accumulator each
+#define STAGES {knobs.stages}
+#define CLUSTER {knobs.cluster}
+#define GROUP_M {knobs.group_m}
+#define B_KMAJOR {int(plan.b_k_major)}
+#define THREADS {knobs.threads}
+#define PRODUCER_REGS {PRODUCER_REGS}
+#define CONSUMER_REGS {CONSUMER_REGS}
+#define A_BYTES (BM * BK * 2)
+#define B_BYTES (BN * BK * 2)
+#define STAGE_BYTES (A_BYTES + G * B_BYTES)
+#define B_PART (BN / CLUSTER)   // weight rows (K-major) or columns (MN-major) one producer copies
+{sizes}
+typedef {pair} out_pair_t;
+
+// Tile `u` of the grouped order over (row units, column tiles): GROUP_M row units per group, the
+// column tiles of a group in order, the row units of a column tile next to each other.
+__device__ __forceinline__ void tile_of(int u, int row_units, int tiles_n, int& mu, int& nt) {{
+  const int per_group = GROUP_M * tiles_n;
+  const int group = u / per_group;
+  const int first = group * GROUP_M;
+  const int rows = min(row_units - first, GROUP_M);
+  const int in = u - group * per_group;
+  mu = first + in % rows;
+  nt = in / rows;
+}}
+
+// The program's output element from the accumulators at (row, col).
+__device__ __forceinline__ float epilogue_value({gate_params}, int row, int col{extra_params}) {{
+  return {epilogue};
+}}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
+    {params}) {{
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = (unsigned char*)(((unsigned long)smem_raw + 1023) & ~1023ul);
+  unsigned char* a_tiles = smem;
+  unsigned char* b_tiles = smem + STAGES * A_BYTES;              // slot s, weight x: (s·G + x)
+  unsigned long long* full = (unsigned long long*)(b_tiles + STAGES * G * B_BYTES);
+  unsigned long long* empty = full + STAGES;
+  const void* a_map = maps;
+
+  const int tiles_m = (M_ + BM - 1) / BM, tiles_n = (N_ + BN - 1) / BN;
+  const int row_units = (tiles_m + CLUSTER - 1) / CLUSTER;   // a cluster takes CLUSTER row tiles
+  const int units = row_units * tiles_n;
+  const int kblocks = (K_ + BK - 1) / BK;
+#if CLUSTER > 1
+  const unsigned rank = tf_cluster_rank();
+#else
+  const unsigned rank = 0;
+#endif
+  const int first_unit = blockIdx.x / CLUSTER, unit_step = gridDim.x / CLUSTER;
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {{
+    for (int s = 0; s < STAGES; ++s) {{
+      tf_mbar_init(full + s, 1);
+      tf_mbar_init(empty + s, 2 * CLUSTER);   // one release per consumer warpgroup per CTA
+    }}
+    tf_mbar_init_fence();
+  }}
+#if CLUSTER > 1
+  tf_cluster_sync();   // the peers' barriers exist before any multicast or remote arrival
+#else
+  __syncthreads();
+#endif
+
+  if (wg == 0) {{   // the producer
+    tf_setmaxnreg_dec<PRODUCER_REGS>();
+    if (threadIdx.x == 0) {{
+      tf_tensormap_acquire(a_map);
+      for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
+      int it = 0;
+      for (int u = first_unit; u < units; u += unit_step) {{
+        int mu, nt;
+        tile_of(u, row_units, tiles_n, mu, nt);
+        const int m0 = (mu * CLUSTER + (int)rank) * BM, n0 = nt * BN;
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {{
+          const int s = it % STAGES;
+          if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
+          tf_mbar_expect(full + s, STAGE_BYTES);
+          tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
+          #pragma unroll
+          for (int x = 0; x < G; ++x) {{
+            const void* b_map = (const char*)maps + 128 * (1 + x);
+            unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
+#if B_KMAJOR    // [N, K]: BN rows of 64 k; this CTA's share is rows [rank·B_PART, +B_PART)
+  #if CLUSTER > 1
+            tf_tma_load_2d_multicast(b + rank * B_PART * 128, b_map, kb * BK,
+                                     n0 + rank * B_PART, full + s, (1 << CLUSTER) - 1);
+  #else
+            tf_tma_load_2d(b, b_map, kb * BK, n0, full + s);
+  #endif
+#else           // [K, N]: atoms of 64 columns × 64 k-rows; this CTA's share is B_PART columns
+            #pragma unroll
+            for (int a = 0; a < B_PART / 64; ++a) {{
+              const int atom = rank * (B_PART / 64) + a;
+  #if CLUSTER > 1
+              tf_tma_load_2d_multicast(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK,
+                                       full + s, (1 << CLUSTER) - 1);
+  #else
+              tf_tma_load_2d(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, full + s);
+  #endif
+            }}
+#endif
+          }}
+        }}
+      }}
+    }}
+  }} else {{   // a consumer warpgroup: rows [m0 + 64·cw, +64) of each tile
+    tf_setmaxnreg_inc<CONSUMER_REGS>();
+    const int cw = wg - 1;
+    const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+    const unsigned a_base = tf_smem_addr(a_tiles), b_base = tf_smem_addr(b_tiles);
+    float acc[G][BN / 2];
+    int it = 0;
+    for (int u = first_unit; u < units; u += unit_step) {{
+      int mu, nt;
+      tile_of(u, row_units, tiles_n, mu, nt);
+      const int m0 = (mu * CLUSTER + (int)rank) * BM, n0 = nt * BN;
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {{
+        const int s = it % STAGES;
+        tf_mbar_wait(full + s, (it / STAGES) & 1);
+        tf_wgmma_fence();
+        #pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks) {{
+          // a: K-major, 128-byte rows; this warpgroup's 64 rows start at row 64·cw
+          const unsigned long long da = tf_smem_desc_sw128_at(
+              a_base + s * A_BYTES + cw * 64 * 128 + ks * 32, 16, 1024);
+          #pragma unroll
+          for (int x = 0; x < G; ++x) {{
+            const unsigned b = b_base + (s * G + x) * B_BYTES;
+#if B_KMAJOR
+            const unsigned long long db = tf_smem_desc_sw128_at(b + ks * 32, 16, 1024);
+#else
+            const unsigned long long db = tf_smem_desc_sw128_at(b + ks * 16 * 128, BK * 128,
+                                                                1024);
+#endif
+            {mma}(acc[x], da, db, kb > 0 || ks > 0);
+          }}
+        }}
+        tf_wgmma_commit();
+        // the previous k-block's MMAs are done: release its slot (to both producers)
+        tf_wgmma_wait<1>();
+        if (kb > 0) {{
+          const int prev = (it - 1) % STAGES;
+          if (t == 0) tf_mbar_arrive(empty + prev);
+#if CLUSTER > 1
+          if (t == 32) tf_mbar_arrive_cluster(empty + prev, rank ^ 1);
+#endif
+        }}
+      }}
+      tf_wgmma_wait<0>();
+      #pragma unroll
+      for (int x = 0; x < G; ++x) tf_fence_regs(acc[x]);
+      {{
+        const int last = (it - 1) % STAGES;
+        if (t == 0) tf_mbar_arrive(empty + last);
+#if CLUSTER > 1
+        if (t == 32) tf_mbar_arrive_cluster(empty + last, rank ^ 1);
+#endif
+      }}
+      // the epilogue, from the fragments: register 4·jj + 2·x + e holds row r0 + 8·x,
+      // column n0 + 8·jj + 2·(lane % 4) + e
+      const int r0 = m0 + cw * 64 + warp * 16 + lane / 4;
+      #pragma unroll
+      for (int x = 0; x < 2; ++x) {{
+        const int row = r0 + 8 * x;
+        if (row < M_) {{
+          out_pair_t* dst = (out_pair_t*)out + ((long)row * N_ + n0 + 2 * (lane % 4)) / 2;
+          #pragma unroll
+          for (int jj = 0; jj < BN / 8; ++jj) {{
+            const int col = n0 + 8 * jj + 2 * (lane % 4);
+            if (col < N_) {{
+              const int r = 4 * jj + 2 * x;
+              const float v0 = epilogue_value({gate_args("r")}, row, col{extra_args});
+              const float v1 = epilogue_value({gate_args("r + 1")}, row, col + 1{extra_args});
+              dst[4 * jj] = {make_pair.format("v0", "v1")};
+            }}
+          }}
+        }}
+      }}
+    }}
+  }}
+#if CLUSTER > 1
+  tf_cluster_sync();   // no CTA leaves while its peer may still write into its shared memory
+#endif
+}}
+"""
