@@ -18,7 +18,7 @@ from ..targets.cuda.hopper_gemm import ENTRY, hopper_gemm_source, kernel_argumen
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.module import KernelEntry, cubin_for, local_gpu, max_active_clusters
 from ..targets.cuda.tma import tensor_map
-from .hopper_gemm_plan import (BLOCK_K, BLOCK_M, HopperGemmPlan, check_gemm, plan_hopper_gemm,
+from .hopper_gemm_plan import (BLOCK_K, HopperGemmPlan, check_gemm, plan_hopper_gemm,
                                shared_bytes, with_knobs)
 
 
@@ -34,10 +34,11 @@ def operand_maps(plan: HopperGemmPlan, knobs, sizes: tuple[int, int, int]):
         tensors = [values[plan.a]] + [values[w] for w in plan.weights]
         key = tuple(t.data_ptr() for t in tensors)
         if key not in cache:
-            blob = tensor_map(key[0], (M, K), (BLOCK_M, BLOCK_K), plan.dtype)
+            blob = tensor_map(key[0], (M, K), (knobs.block_m, BLOCK_K), plan.dtype)
+            part = knobs.block_n // (knobs.cluster if knobs.multicast == "split" else 1)
             for address in key[1:]:
-                blob += (tensor_map(address, (N, K), (knobs.block_n // knobs.cluster, BLOCK_K),
-                                    plan.dtype) if plan.b_k_major else
+                blob += (tensor_map(address, (N, K), (part, BLOCK_K), plan.dtype)
+                         if plan.b_k_major else
                          tensor_map(address, (K, N), (BLOCK_K, 64), plan.dtype))
             cache.clear()   # one set: the maps hold raw addresses
             cache[key] = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
@@ -73,7 +74,7 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     source = hopper_gemm_source(plan, knobs)
     smem = shared_bytes(plan, knobs)
     ctas, fit = resident_ctas(source, knobs, smem, target)
-    units = math.ceil(math.ceil(M / BLOCK_M) / knobs.cluster) * math.ceil(N / knobs.block_n)
+    units = math.ceil(math.ceil(M / knobs.block_m) / knobs.cluster) * math.ceil(N / knobs.block_n)
     grid = min(units * knobs.cluster, ctas)
     maps = operand_maps(plan, knobs, (M, K, N))
     entries = [KernelEntry(ENTRY, tuple(t for _, t, _ in kernel_arguments(plan)))]
@@ -89,12 +90,14 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
 
 def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
                 stages: int | None = None, cluster: int | None = None,
-                group_m: int | None = None, tuned=None) -> ClusterKernel:
+                group_m: int | None = None, consumers: int | None = None,
+                multicast: str | None = None, tuned=None) -> ClusterKernel:
     """A callable persistent GEMM kernel for ``kernel`` (one or two sums of products sharing the
     rows operand, and an elementwise output of them). Knobs (defaults per size: see
-    :func:`.hopper_gemm_plan.default_gemm_knobs`): ``block_n`` output columns per tile (128 rows),
-    ``stages`` ring slots, ``cluster`` (2: weight tiles shared by TMA multicast), ``group_m``
-    row tiles per rasterisation group. ``fusion`` is not used (a GEMM needs none); ``tuned`` is
+    :func:`.hopper_gemm_plan.default_gemm_knobs`): ``block_n`` output columns per tile,
+    ``consumers`` warpgroups of 64 rows (the tile's rows), ``stages`` ring slots, ``cluster``
+    (2: weight tiles shared by TMA multicast, ``multicast="split"`` or ``"leader"``),
+    ``group_m`` row tiles per rasterisation group. ``fusion`` is not used (a GEMM needs none); ``tuned`` is
     accepted for the template interface (the knobs are not tuned yet)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_gemm template generates sm_90a code (wgmma, TMA); the "
@@ -102,7 +105,8 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     program = kernel.program if hasattr(kernel, "program") else kernel
     plan = plan_hopper_gemm(program)
     given = {k: v for k, v in (("block_n", block_n), ("stages", stages), ("cluster", cluster),
-                               ("group_m", group_m)) if v is not None}
+                               ("group_m", group_m), ("consumers", consumers),
+                               ("multicast", multicast)) if v is not None}
     return ClusterKernel(program, target, lambda dims: gemm_launches(plan, target, dims, given),
                          f"hopper_gemm ({', '.join(plan.sums)} over {plan.dims[1]})",
                          origin="hopper_gemm template defaults" if not given else

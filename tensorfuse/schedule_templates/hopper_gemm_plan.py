@@ -24,33 +24,50 @@ from ..errors import ScheduleError
 from ..targets.cuda.hopper_gemm import epilogue_code
 
 WHO = "hopper GEMM"
-BLOCK_M, BLOCK_K = 128, 64
+BLOCK_K = 64
 MAX_SHARED = 232448          # bytes of dynamic shared memory per CTA on sm_90
-KNOBS = ("block_n", "stages", "cluster", "group_m")
+REGISTERS = 65536            # per SM
+KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast")
 
 
 @dataclass(frozen=True)
 class GemmKnobs:
-    """Output tiles of ``128 × block_n`` (two consumer warpgroups of 64 rows), k-blocks of 64
-    through a ring of ``stages`` slots, ``cluster`` CTAs sharing each weight tile by TMA
-    multicast (1 or 2), ``group_m`` row tiles per rasterisation group."""
+    """Output tiles of ``64·consumers × block_n`` (``consumers`` warpgroups of 64 rows), k-blocks
+    of 64 through a ring of ``stages`` slots, ``cluster`` CTAs sharing each weight tile by TMA
+    multicast (1 or 2; ``multicast="split"``: each CTA copies half of the tile into both,
+    ``"leader"``: the first CTA copies all of it), ``group_m`` row tiles per rasterisation
+    group."""
 
     block_n: int = 256
     stages: int = 4
     cluster: int = 1
     group_m: int = 8
+    consumers: int = 2
+    multicast: str = "split"
 
     @property
     def block_m(self) -> int:
-        return BLOCK_M
+        return 64 * self.consumers
 
     @property
     def threads(self) -> int:
-        return 3 * 128   # a producer warpgroup and two consumer warpgroups
+        return 128 * (1 + self.consumers)   # a producer warpgroup and the consumers
+
+    @property
+    def producer_registers(self) -> int:
+        return 24 if self.consumers > 2 else 40
+
+    @property
+    def consumer_registers(self) -> int:
+        """Registers per consumer thread after ``setmaxnreg`` (at most 240)."""
+        share = (REGISTERS - 128 * self.producer_registers) // (128 * self.consumers)
+        return min(240, share // 8 * 8)
 
     def __str__(self) -> str:
         return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "
-                f"cluster={self.cluster}, group_m={self.group_m}")
+                f"cluster={self.cluster}" + (f" ({self.multicast} multicast)"
+                                             if self.cluster > 1 else "")
+                + f", group_m={self.group_m}")
 
 
 @dataclass(frozen=True)
@@ -180,14 +197,14 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
 def shared_bytes(plan: HopperGemmPlan, knobs: GemmKnobs) -> int:
     """Dynamic shared memory: ``stages`` slots of the rows tile and every weight tile, the
     mbarriers, and 1 KiB for aligning the swizzled tiles."""
-    stage = (BLOCK_M + len(plan.weights) * knobs.block_n) * BLOCK_K * 2
+    stage = (knobs.block_m + len(plan.weights) * knobs.block_n) * BLOCK_K * 2
     return knobs.stages * stage + 16 * knobs.stages + 1024
 
 
-def deepest_stages(plan: HopperGemmPlan, block_n: int, max_shared: int = MAX_SHARED) -> int:
+def deepest_stages(plan: HopperGemmPlan, knobs: GemmKnobs, max_shared: int = MAX_SHARED) -> int:
     """The most ring slots that fit shared memory (at most 6)."""
     return max(s for s in range(2, 7)
-               if s == 2 or shared_bytes(plan, GemmKnobs(block_n, s)) <= max_shared)
+               if s == 2 or shared_bytes(plan, replace(knobs, stages=s)) <= max_shared)
 
 
 def wave_efficiency(tiles: int, sms: int) -> float:
@@ -205,14 +222,15 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     widths = (256, 128) if len(plan.weights) == 1 else (128,)
 
     def score(bn: int) -> float:   # narrower tiles move ~5 % more bytes per MMA
-        tiles = math.ceil(M / BLOCK_M) * math.ceil(N / bn)
+        tiles = math.ceil(M / 128) * math.ceil(N / bn)
         return wave_efficiency(tiles, sms) * (1.0 if bn == 256 else 0.95)
 
     bn = max(widths, key=score)
-    tiles = math.ceil(M / BLOCK_M) * math.ceil(N / bn)
+    tiles = math.ceil(M / 128) * math.ceil(N / bn)
     why = (f"{tiles} tiles of 128 × {bn} on {sms} SMs: "
            f"{wave_efficiency(tiles, sms):.0%} of the last wave busy")
-    return GemmKnobs(bn, deepest_stages(plan, bn, max_shared)), why
+    knobs = GemmKnobs(bn)
+    return replace(knobs, stages=deepest_stages(plan, knobs, max_shared)), why
 
 
 def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
@@ -226,9 +244,21 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
         raise _refuse(f"block_n={bn} with {len(plan.weights)} weights keeps "
                       f"{len(plan.weights) * bn // 2} accumulators per thread; at most 128 fit "
                       "the registers: use block_n=128")
+    if knobs.consumers not in (1, 2, 3):
+        raise _refuse(f"consumers={knobs.consumers}: 1, 2 or 3 warpgroups of 64 rows")
+    # ptxas checks every wgmma against the registers a thread has at launch (before setmaxnreg):
+    # 65536 / threads; the accumulators and ~26 more must fit in it
+    at_launch = min(255, REGISTERS // knobs.threads // 8 * 8)
+    acc = len(plan.weights) * bn // 2
+    if acc + 26 > at_launch:
+        raise _refuse(f"{knobs} keeps {acc} accumulators per thread; with {knobs.threads} threads "
+                      f"a thread starts with {at_launch} registers: use fewer consumers or a "
+                      "smaller block_n")
+    if knobs.multicast not in ("split", "leader"):
+        raise _refuse(f"multicast={knobs.multicast!r}: 'split' or 'leader'")
     if knobs.cluster not in (1, 2):
         raise _refuse(f"cluster={knobs.cluster}: 1, or 2 CTAs sharing each weight tile")
-    if knobs.cluster == 2 and bn % 128:
+    if knobs.cluster == 2 and knobs.multicast == "split" and bn % 128:
         raise _refuse(f"cluster=2 splits each weight tile's {bn} columns into two halves of "
                       "whole 64-column atoms: block_n 128 or 256")
     if knobs.group_m < 1:
@@ -255,8 +285,8 @@ def with_knobs(plan: HopperGemmPlan, sizes: dict, given: dict, sms: int = 132,
     if unknown:
         raise _refuse(f"no knob {', '.join(sorted(unknown))}; knobs: {', '.join(KNOBS)}")
     knobs, why = default_gemm_knobs(plan, sizes, sms, max_shared)
-    if "block_n" in given and "stages" not in given:
-        given = {**given, "stages": deepest_stages(plan, given["block_n"], max_shared)}
+    if ("block_n" in given or "consumers" in given) and "stages" not in given:
+        given = {**given, "stages": deepest_stages(plan, replace(knobs, **given), max_shared)}
     if given:
         why = "given: " + ", ".join(f"{k}={v}" for k, v in given.items())
     return replace(knobs, **given), why

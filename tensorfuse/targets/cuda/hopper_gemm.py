@@ -41,7 +41,6 @@ GEMM_PTX = ("wgmma.mma_async", "cp.async.bulk.tensor.2d", "mbarrier.try_wait",
             "setmaxnreg.inc", "setmaxnreg.dec")
 MULTICAST_PTX = ("multicast::cluster", "mapa.shared::cluster", "barrier.cluster.arrive")
 
-PRODUCER_REGS, CONSUMER_REGS = 40, 232   # 128·40 + 256·232 ≤ 65536
 
 _STORE = {"bf16": ("__nv_bfloat162", "__floats2bfloat162_rn({}, {})"),
           "f16": ("__half2", "__floats2half2_rn({}, {})"),
@@ -122,7 +121,8 @@ def hopper_gemm_source(plan, knobs) -> str:
 {TMA_HELPERS}
 {MULTICAST_HELPERS}
 {functions}
-#define BM 128                  // two consumer warpgroups of 64 rows
+#define CONSUMERS {knobs.consumers}            // consumer warpgroups of 64 rows each
+#define BM (64 * CONSUMERS)
 #define BN {bn}
 #define BK 64                   // one 128-byte swizzle row of bf16/f16
 #define G {g}                   // weights, one accumulator each
@@ -131,12 +131,14 @@ def hopper_gemm_source(plan, knobs) -> str:
 #define GROUP_M {knobs.group_m}
 #define B_KMAJOR {int(plan.b_k_major)}
 #define THREADS {knobs.threads}
-#define PRODUCER_REGS {PRODUCER_REGS}
-#define CONSUMER_REGS {CONSUMER_REGS}
+#define PRODUCER_REGS {knobs.producer_registers}
+#define CONSUMER_REGS {knobs.consumer_registers}
+#define LEADER {int(knobs.multicast == "leader")}   // CTA 0 copies whole weight tiles for both
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
 #define STAGE_BYTES (A_BYTES + G * B_BYTES)
-#define B_PART (BN / CLUSTER)   // weight rows (K-major) or columns (MN-major) one producer copies
+// weight rows (K-major) or columns (MN-major) one producer copies
+#define B_PART (LEADER ? BN : BN / CLUSTER)
 {sizes}
 typedef {pair} out_pair_t;
 
@@ -181,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   if (threadIdx.x == 0) {{
     for (int s = 0; s < STAGES; ++s) {{
       tf_mbar_init(full + s, 1);
-      tf_mbar_init(empty + s, 2 * CLUSTER);   // one release per consumer warpgroup per CTA
+      tf_mbar_init(empty + s, CONSUMERS * CLUSTER);   // a release per consumer warpgroup per CTA
     }}
     tf_mbar_init_fence();
   }}
@@ -206,21 +208,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
           tf_mbar_expect(full + s, STAGE_BYTES);
           tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
+#if LEADER
+          if (rank != 0) continue;   // CTA 0 copies the weight tiles into both CTAs
+#endif
           #pragma unroll
           for (int x = 0; x < G; ++x) {{
             const void* b_map = (const char*)maps + 128 * (1 + x);
             unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
 #if B_KMAJOR    // [N, K]: BN rows of 64 k; this CTA's share is rows [rank·B_PART, +B_PART)
   #if CLUSTER > 1
-            tf_tma_load_2d_multicast(b + rank * B_PART * 128, b_map, kb * BK,
-                                     n0 + rank * B_PART, full + s, (1 << CLUSTER) - 1);
+            tf_tma_load_2d_multicast(b + (LEADER ? 0 : rank) * B_PART * 128, b_map, kb * BK,
+                                     n0 + (LEADER ? 0 : rank) * B_PART, full + s,
+                                     (1 << CLUSTER) - 1);
   #else
             tf_tma_load_2d(b, b_map, kb * BK, n0, full + s);
   #endif
 #else           // [K, N]: atoms of 64 columns × 64 k-rows; this CTA's share is B_PART columns
             #pragma unroll
             for (int a = 0; a < B_PART / 64; ++a) {{
-              const int atom = rank * (B_PART / 64) + a;
+              const int atom = (LEADER ? 0 : rank) * (B_PART / 64) + a;
   #if CLUSTER > 1
               tf_tma_load_2d_multicast(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK,
                                        full + s, (1 << CLUSTER) - 1);
