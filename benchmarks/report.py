@@ -57,6 +57,20 @@ def plot(path: str, out: str) -> None:
                "TFLOP/s (unmasked FLOPs)")
 
 
+def plot_gemm(path: str, out: str, impls: tuple = ("cublas", "torch.compile")) -> None:
+    """GEMM TFLOP/s per shape and weight layout for cuBLAS, torch.compile and the tensorfuse
+    rows (every implementation whose name starts with ``tensorfuse`` unless ``impls`` names
+    them)."""
+    rows = [r for r in load(path) if r["benchmark"] == "gemm"]
+    groups = list(dict.fromkeys(r["shape"] for r in rows))
+    names = list(dict.fromkeys(r["implementation"] for r in rows))
+    shown = [i for i in names if i in impls or (i.startswith("tensorfuse") and
+                                                  not any(x.startswith("tensorfuse") for x in impls))]
+    _bar_chart(path, out, groups, shown,
+               lambda impl, g: _ms(rows, impl, "gemm", g, field="tflops") or 0.0,
+               [g.replace("/", "\n") for g in groups], "TFLOP/s")
+
+
 def plot_cluster(path: str, out: str) -> None:
     """Cluster kernels: each implementation's speed relative to torch eager (FFN) or to the
     split-update template (decode), per shape; 1.0 is parity."""

@@ -123,12 +123,14 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
         raise _refuse(f"{program.name} has {len(sums)} reductions; the GEMM template takes one "
                       "or two sums over the same axis", out)
     first = sums[0]
-    if any(c.monoid.name != "sum" or len(c.over) != 1 or len(c.axes) != 2 for c in sums):
-        bad = next(c for c in sums if c.monoid.name != "sum" or len(c.over) != 1
-                   or len(c.axes) != 2)
-        raise _refuse(f"{bad.name} is not a sum over one axis into [rows, columns] (batched "
-                      "products: fold the batch into the rows, or use the attention template)",
-                      bad)
+    for c in sums:
+        if c.monoid.name != "sum":
+            raise _refuse(f"{c.name} is a {c.monoid.name} reduction; the GEMM template takes "
+                          "sums of products", c)
+        if len(c.over) != 1 or len(c.axes) != 2:
+            raise _refuse(f"{c.name} is not a sum over one axis into [rows, columns] (batched "
+                          "products: fold the batch into the rows, or use the attention "
+                          "template)", c)
     k_axis = first.over[0]
     i_axis, j_axis = first.axes
     a_name, weights, k_major = None, [], set()
@@ -214,22 +216,23 @@ def wave_efficiency(tiles: int, sms: int) -> float:
 
 def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
                        max_shared: int = MAX_SHARED) -> tuple[GemmKnobs, str]:
-    """The knobs for these sizes and why: 256-column tiles (the least shared-memory traffic per
-    MMA; 128 where two weights share the accumulator registers), unless their last wave would
-    leave enough SMs idle that 128-column tiles finish sooner (wave quantisation: at M=1024,
-    N=14336 the 448 tiles of 128 × 256 fill 3.4 waves of 132 SMs); the deepest ring that fits."""
+    """The knobs for these sizes and why, as measured best on the H100 (benchmarks/RESULTS.md,
+    session 13): 128 × 256 tiles (128 × 128 where two weights share the accumulator registers),
+    the two CTAs of a cluster sharing each weight tile by split multicast (it halves the weights'
+    L2 traffic: 0.85× → 0.97–1.00× cuBLAS at 8192³, where a CTA's operand reads from L2 bound the
+    kernel), 16 row tiles per rasterisation group, the deepest ring that fits; 64-row tiles
+    (one consumer warpgroup) and no cluster where M ≤ 64."""
     M, N = sizes[plan.dims[0]], sizes[plan.dims[2]]
-    widths = (256, 128) if len(plan.weights) == 1 else (128,)
-
-    def score(bn: int) -> float:   # narrower tiles move ~5 % more bytes per MMA
-        tiles = math.ceil(M / 128) * math.ceil(N / bn)
-        return wave_efficiency(tiles, sms) * (1.0 if bn == 256 else 0.95)
-
-    bn = max(widths, key=score)
-    tiles = math.ceil(M / 128) * math.ceil(N / bn)
-    why = (f"{tiles} tiles of 128 × {bn} on {sms} SMs: "
-           f"{wave_efficiency(tiles, sms):.0%} of the last wave busy")
-    knobs = GemmKnobs(bn)
+    bn = 256 if len(plan.weights) == 1 else 128
+    if M <= 64:
+        knobs = GemmKnobs(bn, consumers=1, cluster=1, group_m=16)
+        why = f"M={M}: one warpgroup of 64 rows"
+    else:
+        cluster = 2 if M > 128 else 1
+        knobs = GemmKnobs(bn, cluster=cluster, group_m=16)
+        units = math.ceil(math.ceil(M / 128) / cluster) * math.ceil(N / bn)
+        why = (f"{units} tiles of {128 * cluster} × {bn} (cluster of {cluster}) on {sms} SMs: "
+               f"{wave_efficiency(units * cluster, sms):.0%} of the last wave busy")
     return replace(knobs, stages=deepest_stages(plan, knobs, max_shared)), why
 
 
@@ -254,6 +257,9 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
         raise _refuse(f"{knobs} keeps {acc} accumulators per thread; with {knobs.threads} threads "
                       f"a thread starts with {at_launch} registers: use fewer consumers or a "
                       "smaller block_n")
+    if knobs.consumers == 3 and knobs.cluster > 1:
+        raise _refuse(f"{knobs}: three consumer warpgroups with a cluster spill registers (a "
+                      "thread starts with 128 at 512 threads); use cluster=1 or two consumers")
     if knobs.multicast not in ("split", "leader"):
         raise _refuse(f"multicast={knobs.multicast!r}: 'split' or 'leader'")
     if knobs.cluster not in (1, 2):
@@ -279,14 +285,18 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
 
 def with_knobs(plan: HopperGemmPlan, sizes: dict, given: dict, sms: int = 132,
                max_shared: int = MAX_SHARED) -> tuple[GemmKnobs, str]:
-    """The defaults with the user's ``given`` knobs (a given ``block_n`` gets the deepest ring
-    that fits unless ``stages`` is given too)."""
+    """The defaults with the user's ``given`` knobs (a given ``block_n`` or ``consumers`` gets the
+    deepest ring that fits unless ``stages`` is given too; a cluster whose weight tiles cannot be
+    split into 64-column halves multicasts from its first CTA)."""
     unknown = set(given) - set(KNOBS)
     if unknown:
         raise _refuse(f"no knob {', '.join(sorted(unknown))}; knobs: {', '.join(KNOBS)}")
     knobs, why = default_gemm_knobs(plan, sizes, sms, max_shared)
     if ("block_n" in given or "consumers" in given) and "stages" not in given:
         given = {**given, "stages": deepest_stages(plan, replace(knobs, **given), max_shared)}
+    chosen = replace(knobs, **given)
+    if chosen.cluster > 1 and chosen.block_n % 128 and "multicast" not in given:
+        given = {**given, "multicast": "leader"}   # halves would not be whole 64-column atoms
     if given:
         why = "given: " + ", ".join(f"{k}={v}" for k, v in given.items())
     return replace(knobs, **given), why

@@ -1,0 +1,181 @@
+"""The Hopper GEMM template: the pattern it recognises and what it refuses, its knobs and checks,
+the sm_90a code nvcc makes of it (wgmma, TMA, mbarriers, setmaxnreg, multicast; no spills) and
+``tf.compile``'s choice of it — on the CPU; and every layout, epilogue and knob against float64
+on an H100 (marked ``gpu``)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from benchmarks.gemm import KERNELS, matmul_f16_f32, matmul_nk
+from tensorfuse import dsl as T
+from tensorfuse.errors import ScheduleError
+from tensorfuse.schedule_templates.hopper_gemm_plan import (GemmKnobs, check_gemm,
+                                                            default_gemm_knobs, plan_hopper_gemm,
+                                                            shared_bytes, with_knobs)
+from tensorfuse.targets.cuda.hopper_gemm import GEMM_PTX, MULTICAST_PTX
+from tests.schedule_templates.test_hopper_attention import _ptxas_report
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
+SIZES = dict(M=1000, K=520, N=776)
+
+
+def hopper(kernel, **knobs):
+    return tf.schedule(kernel, "cuda:sm_90a").apply_template("hopper_gemm", **knobs).compile()
+
+
+def test_plan_reads_layouts_epilogues_and_gated_pairs():
+    plain = plan_hopper_gemm(K.matmul.program)
+    assert (plain.a, plain.weights, plain.b_k_major) == ("x", ("w",), False)
+    assert plain.dims == ("M", "K", "N") and plain.out_dtype == "bf16"
+    linear = plan_hopper_gemm(K.linear.program)
+    assert linear.b_k_major and linear.tensors == (("bias", "bf16"),)
+    assert "bias[j]" in linear.describe()
+    gated = plan_hopper_gemm(K.swiglu_gate.program)
+    assert gated.weights == ("w1", "w3") and len(gated.sums) == 2
+    mixed = plan_hopper_gemm(matmul_f16_f32.program)
+    assert (mixed.dtype, mixed.out_dtype) == ("f16", "f32")
+
+
+@tf.kernel
+def batched(x: T.Tensor["B", "M", "K", "bf16"], w: T.Tensor["K", "N", "bf16"]):
+    b, i, j, k = T.axes("b i j k")
+    return T.sum(x[b, i, k] * w[k, j], over=k)
+
+
+@tf.kernel
+def mixed_layouts(x: T.Tensor["M", "K", "bf16"], w1: T.Tensor["K", "N", "bf16"],
+                  w3: T.Tensor["N", "K", "bf16"]):
+    i, j, k = T.axes("i j k")
+    return T.sum(x[i, k] * w1[k, j], over=k) * T.sum(x[i, k] * w3[j, k], over=k)
+
+
+@tf.kernel
+def float32_gemm(x: T.Tensor["M", "K", "f32"], w: T.Tensor["K", "N", "f32"]):
+    i, j, k = T.axes("i j k")
+    return T.sum(x[i, k] * w[k, j], over=k)
+
+
+@tf.kernel
+def max_product(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["K", "N", "bf16"]):
+    i, j, k = T.axes("i j k")
+    return T.max(x[i, k] * w[k, j], over=k)
+
+
+@pytest.mark.parametrize("kernel, words", [
+    (batched, "not a sum over one axis into [rows, columns]"),
+    (mixed_layouts, "different layouts"),
+    (float32_gemm, "bf16 or f16"),
+    (max_product, "max reduction"),
+    (K.softmax, "max reduction"),
+    (K.layernorm, "not a sum over one axis into [rows, columns]"),
+    (K.ffn_gelu, "sums over another axis"),
+])
+def test_plan_refuses_other_programs(kernel, words):
+    with pytest.raises(ScheduleError, match="hopper GEMM") as err:
+        plan_hopper_gemm(kernel.program)
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize("knobs, words", [
+    ({"block_n": 320}, "block_n=320"),
+    ({"cluster": 4}, "cluster=4"),
+    ({"consumers": 3}, "start"),                      # 512 threads: 128 registers at launch
+    ({"consumers": 3, "block_n": 192, "cluster": 2, "multicast": "leader"}, "spill"),
+    ({"cluster": 2, "block_n": 192}, "halves"),      # split multicast needs 128 or 256
+    ({"multicast": "all"}, "'split' or 'leader'"),
+    ({"block_n": 256, "stages": 6}, "shared memory"),
+])
+def test_check_refuses_what_the_kernel_cannot_run(knobs, words):
+    plan = plan_hopper_gemm(K.matmul.program)
+    with pytest.raises(ScheduleError, match="hopper GEMM") as err:
+        check_gemm(plan, GemmKnobs(**{**{"stages": 3}, **knobs}), SIZES)
+    assert words in str(err.value)
+
+
+def test_sizes_tma_cannot_copy_are_refused_and_compile_falls_back():
+    plan = plan_hopper_gemm(K.matmul.program)
+    with pytest.raises(ScheduleError, match="multiple of 8"):
+        check_gemm(plan, GemmKnobs(stages=3), dict(M=100, K=100, N=30))
+    f = tf.compile(K.matmul, "cuda:sm_90a")
+    assert f.schedule_origin(M=100, K=100, N=30) == "template defaults"   # the Triton template
+    assert f.schedule_origin(**SIZES).startswith("hopper_gemm template defaults")
+
+
+def test_defaults_follow_the_sizes():
+    plan = plan_hopper_gemm(K.matmul.program)
+    big, why = default_gemm_knobs(plan, dict(M=8192, K=8192, N=8192))
+    assert (big.block_n, big.cluster, big.multicast, big.group_m) == (256, 2, "split", 16)
+    assert shared_bytes(plan, big) <= 227 * 1024 and "last wave" in why
+    small, _ = default_gemm_knobs(plan, dict(M=48, K=4096, N=4096))
+    assert (small.consumers, small.cluster) == (1, 1)
+    gated, _ = default_gemm_knobs(plan_hopper_gemm(K.swiglu_gate.program), SIZES)
+    assert gated.block_n == 128   # two accumulators per thread
+    given, why = with_knobs(plan, SIZES, {"block_n": 128})
+    assert given.stages == 6 and why == "given: block_n=128, stages=6"
+    with pytest.raises(ScheduleError, match="no knob"):
+        with_knobs(plan, SIZES, {"warps": 4})
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name, knobs", [
+    ("matmul", {}), ("matmul_nk", {}), ("linear", {"cluster": 1}), ("swiglu_gate", {}),
+    ("matmul_f16_f32", {}), ("matmul_nk", {"cluster": 2, "multicast": "leader"}),
+    ("matmul", {"consumers": 3, "block_n": 192, "cluster": 1}), ("matmul", {"consumers": 1}),
+])
+def test_code_holds_the_hopper_instructions(name, knobs):
+    """PTX: wgmma of the tile's width, 2-D bulk tensor copies, mbarriers, setmaxnreg — and with a
+    cluster the multicast copies, remote arrivals at CTA scope (a cluster-scope release compiled
+    to a GPU-wide memory barrier per k-block, measured 1.3–1.9× slower); ptxas spills nothing."""
+    f = hopper(KERNELS[name], **knobs)
+    launches = f.launches(**SIZES)
+    ptx = f.ptx(**SIZES)
+    for instruction in GEMM_PTX:
+        assert instruction in ptx, f"{name} {knobs}: no {instruction}"
+    assert f"m64n{launches.knobs.block_n}k16" in ptx
+    if launches.knobs.cluster > 1:
+        for instruction in MULTICAST_PTX:
+            assert instruction in ptx, f"{name} {knobs}: no {instruction}"
+        assert "mbarrier.arrive.release.cluster" not in ptx
+    else:
+        assert "multicast::cluster" not in ptx
+    report = _ptxas_report(f.source(**SIZES))
+    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+
+
+def test_one_source_serves_every_size_with_these_knobs():
+    f = hopper(K.matmul, block_n=256, cluster=2, stages=4)
+    assert f.source(**SIZES) == f.source(M=8192, K=8192, N=8192)
+
+
+def test_compile_chooses_it_on_sm90a_only():
+    for kernel in (K.matmul, K.linear, K.swiglu_gate, matmul_nk):
+        assert "hopper_gemm" in tf.compile(kernel, "cuda:sm_90a").description
+    assert "hopper_gemm" not in tf.compile(K.matmul, "cuda:sm_80").description
+    assert "hopper_gemm" not in tf.compile(K.causal_attention, "cuda:sm_90a").description
+
+
+def test_schedule_applies_it_on_a_fresh_schedule_only():
+    sch = tf.schedule(K.linear, "cuda:sm_90a").apply_template("hopper_gemm", cluster=1)
+    text = sch.plan(M=256, K=512, N=1024)
+    assert "hopper GEMM plan" in text and "K-major, as nn.Linear" in text and "cluster=1" in text
+    fused = tf.schedule(K.matmul, "cuda:sm_90a").rolling_update("out_sum", axis="k")
+    with pytest.raises(ScheduleError, match="fresh schedule"):
+        fused.apply_template("hopper_gemm")
+    with pytest.raises(ScheduleError, match="no knob"):
+        tf.schedule(K.matmul, "cuda:sm_90a").apply_template("hopper_gemm", tile_m=64)
+
+
+@pytest.mark.gpu
+def test_every_layout_epilogue_and_knob_matches_float64_on_the_gpu():
+    """Ragged M, N and K, both weight layouts, bias, a gated pair, f16 with an f32 output, wide
+    ranges, every knob set of the benchmark's sweep; outputs poisoned, a guard after them."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    from benchmarks.gemm import check
+
+    assert check(log=lambda line: None) == 0
