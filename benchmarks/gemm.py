@@ -26,9 +26,11 @@ from tensorfuse import dsl as T
 
 # rows M, depth K, columns N: the square case and the FFN's up-projection at two batch sizes
 SHAPES = ((8192, 8192, 8192), (1024, 4096, 14336), (8192, 4096, 14336))
+PROBES = ((8192, 512, 8192),)   # short K: the epilogue's share of the time is large
 # knob sets besides tf.compile's defaults (cluster=2 split multicast, block_n=256, group_m=16)
-SWEEP = ({"cluster": 1}, {"cluster": 1, "group_m": 8}, {"group_m": 8}, {"multicast": "leader"},
-         {"block_n": 128}, {"cluster": 1, "consumers": 3, "block_n": 192})
+SWEEP = ({"epilogue": "staged"}, {"epilogue": "staged", "stages": 3}, {"cluster": 1},
+         {"group_m": 8}, {"multicast": "leader"}, {"block_n": 128},
+         {"block_n": 192, "multicast": "leader"}, {"cluster": 1, "consumers": 3, "block_n": 192})
 ROUNDS = 3   # every implementation timed once per round, in turn: clock drift hits all alike
 
 
@@ -107,7 +109,9 @@ CHECKS = ([(n, s, {}) for n in KERNELS for s in ((200, 4096, 1024), (1000, 520, 
                                                   (129, 1000, 136), (2048, 2048, 2048))]
           + [("matmul", (1000, 520, 776), k) for k in SWEEP]
           + [("matmul_nk", (333, 1024, 2048), k) for k in SWEEP]
-          + [("matmul", (700, 776, 904), {"consumers": 1}), ("linear", (64, 256, 200), {})]
+          + [("matmul", (700, 776, 904), {"consumers": 1}), ("linear", (64, 256, 200), {}),
+             ("linear", (1000, 520, 776), {"epilogue": "staged"}),
+             ("swiglu_gate", (200, 4096, 1024), {"epilogue": "staged"})]
           + [("swiglu_gate", (333, 1024, 2048), {"cluster": 2})]
           + [("linear", (1000, 4096, 1024), {"cluster": 2, "block_n": 128, "stages": 2})])
 
@@ -203,14 +207,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--check", action="store_true", help="correctness suite only")
     ap.add_argument("--csv", help="write the timed rows here")
-    ap.add_argument("--shapes", help="MxKxN,... (default: the issue's three)")
+    ap.add_argument("--shapes", help="MxKxN,... (default: the issue's three and a short-K probe)")
     ap.add_argument("--no-sweep", action="store_true", help="defaults only")
     args = ap.parse_args(argv)
     if args.check:
         bad = check()
         print(f"{bad} wrong")
         return int(bad > 0)
-    shapes = SHAPES if not args.shapes else tuple(
+    shapes = SHAPES + PROBES if not args.shapes else tuple(
         tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
     rows = timed(shapes, sweep=not args.no_sweep)
     if args.csv:

@@ -80,6 +80,10 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     entries = [KernelEntry(ENTRY, tuple(t for _, t, _ in kernel_arguments(plan)))]
 
     def run(module, values, out, device):
+        if knobs.epilogue == "staged" and out.data_ptr() % 16:
+            raise TargetError("the hopper_gemm staged epilogue writes 16-byte pieces: the output "
+                              "must start at a 16-byte aligned address (pass a contiguous "
+                              "tensor, not an offset view)")
         tensors = [pointer(values[t]) for t, _ in plan.tensors]
         scalars = [values[n] for n, _ in plan.scalars]
         module[ENTRY](pointer(maps(values, device)), pointer(out), *tensors, M, N, K, *scalars,
@@ -91,14 +95,15 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
 def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
                 stages: int | None = None, cluster: int | None = None,
                 group_m: int | None = None, consumers: int | None = None,
-                multicast: str | None = None, tuned=None) -> ClusterKernel:
+                multicast: str | None = None, epilogue: str | None = None,
+                tuned=None) -> ClusterKernel:
     """A callable persistent GEMM kernel for ``kernel`` (one or two sums of products sharing the
     rows operand, and an elementwise output of them). Knobs (defaults per size: see
     :func:`.hopper_gemm_plan.default_gemm_knobs`): ``block_n`` output columns per tile,
     ``consumers`` warpgroups of 64 rows (the tile's rows), ``stages`` ring slots, ``cluster``
     (2: weight tiles shared by TMA multicast, ``multicast="split"`` or ``"leader"``),
-    ``group_m`` row tiles per rasterisation group. ``fusion`` is not used (a GEMM needs none); ``tuned`` is
-    accepted for the template interface (the knobs are not tuned yet)."""
+    ``group_m`` row tiles per rasterisation group, ``epilogue`` (``"direct"`` or
+    ``"staged"``). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for the template interface (the knobs are not tuned yet)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_gemm template generates sm_90a code (wgmma, TMA); the "
                             f"target is {target.name}", user_location())
@@ -106,7 +111,8 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     plan = plan_hopper_gemm(program)
     given = {k: v for k, v in (("block_n", block_n), ("stages", stages), ("cluster", cluster),
                                ("group_m", group_m), ("consumers", consumers),
-                               ("multicast", multicast)) if v is not None}
+                               ("multicast", multicast), ("epilogue", epilogue))
+             if v is not None}
     return ClusterKernel(program, target, lambda dims: gemm_launches(plan, target, dims, given),
                          f"hopper_gemm ({', '.join(plan.sums)} over {plan.dims[1]})",
                          origin="hopper_gemm template defaults" if not given else

@@ -27,7 +27,7 @@ WHO = "hopper GEMM"
 BLOCK_K = 64
 MAX_SHARED = 232448          # bytes of dynamic shared memory per CTA on sm_90
 REGISTERS = 65536            # per SM
-KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast")
+KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast", "epilogue")
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,9 @@ class GemmKnobs:
     of 64 through a ring of ``stages`` slots, ``cluster`` CTAs sharing each weight tile by TMA
     multicast (1 or 2; ``multicast="split"``: each CTA copies half of the tile into both,
     ``"leader"``: the first CTA copies all of it), ``group_m`` row tiles per rasterisation
-    group."""
+    group, and how the output leaves (``epilogue``: ``"direct"`` 4-byte stores from the
+    accumulator fragments, or ``"staged"``: 64 columns at a time through shared memory and
+    16-byte coalesced stores; 16-bit outputs)."""
 
     block_n: int = 256
     stages: int = 4
@@ -44,6 +46,7 @@ class GemmKnobs:
     group_m: int = 8
     consumers: int = 2
     multicast: str = "split"
+    epilogue: str = "direct"
 
     @property
     def block_m(self) -> int:
@@ -67,7 +70,8 @@ class GemmKnobs:
         return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "
                 f"cluster={self.cluster}" + (f" ({self.multicast} multicast)"
                                              if self.cluster > 1 else "")
-                + f", group_m={self.group_m}")
+                + f", group_m={self.group_m}"
+                + (", staged epilogue" if self.epilogue == "staged" else ""))
 
 
 @dataclass(frozen=True)
@@ -200,7 +204,8 @@ def shared_bytes(plan: HopperGemmPlan, knobs: GemmKnobs) -> int:
     """Dynamic shared memory: ``stages`` slots of the rows tile and every weight tile, the
     mbarriers, and 1 KiB for aligning the swizzled tiles."""
     stage = (knobs.block_m + len(plan.weights) * knobs.block_n) * BLOCK_K * 2
-    return knobs.stages * stage + 16 * knobs.stages + 1024
+    staging = knobs.consumers * 64 * 128 if knobs.epilogue == "staged" else 0
+    return knobs.stages * stage + staging + 16 * knobs.stages + 1024
 
 
 def deepest_stages(plan: HopperGemmPlan, knobs: GemmKnobs, max_shared: int = MAX_SHARED) -> int:
@@ -260,6 +265,12 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
     if knobs.consumers == 3 and knobs.cluster > 1:
         raise _refuse(f"{knobs}: three consumer warpgroups with a cluster spill registers (a "
                       "thread starts with 128 at 512 threads); use cluster=1 or two consumers")
+    if knobs.epilogue not in ("direct", "staged"):
+        raise _refuse(f"epilogue={knobs.epilogue!r}: 'direct' (stores from registers) or "
+                      "'staged' (through shared memory, 16-byte stores)")
+    if knobs.epilogue == "staged" and plan.out_dtype == "f32":
+        raise _refuse("epilogue='staged' stages 64 columns in 128-byte rows: bf16 or f16 "
+                      "outputs only")
     if knobs.multicast not in ("split", "leader"):
         raise _refuse(f"multicast={knobs.multicast!r}: 'split' or 'leader'")
     if knobs.cluster not in (1, 2):

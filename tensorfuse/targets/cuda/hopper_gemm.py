@@ -102,6 +102,7 @@ def hopper_gemm_source(plan, knobs) -> str:
     args = kernel_arguments(plan)
     params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
     pair, make_pair = _STORE[plan.out_dtype]
+    out_elem = C_TYPES[plan.out_dtype]
     m, k, n = plan.dims
     named = {}
     for name, var in ((m, "M_"), (k, "K_"), (n, "N_")):
@@ -144,6 +145,22 @@ def hopper_gemm_source(plan, knobs) -> str:
 #define B_PART (LEADER ? BN : BN / CLUSTER)
 {sizes}
 typedef {pair} out_pair_t;
+typedef {out_elem} out_t;
+#define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
+
+__device__ __forceinline__ void tf_st_smem_b32(unsigned addr, unsigned v) {{
+  asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+}}
+__device__ __forceinline__ uint4 tf_ld_smem_v4(unsigned addr) {{
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {{%0, %1, %2, %3}}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}}
+// The 128 threads of consumer warpgroup `cw` (named barrier 1 + cw; 0 is __syncthreads).
+__device__ __forceinline__ void tf_bar_sync_wg(int cw) {{
+  asm volatile("bar.sync %0, 128;" :: "r"(1 + cw) : "memory");
+}}
 
 // Tile `u` of the grouped order over (row units, column tiles): GROUP_M row units per group, the
 // column tiles of a group in order, the row units of a column tile next to each other.
@@ -168,7 +185,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   unsigned char* smem = (unsigned char*)(((unsigned long)smem_raw + 1023) & ~1023ul);
   unsigned char* a_tiles = smem;
   unsigned char* b_tiles = smem + STAGES * A_BYTES;              // slot s, weight x: (s·G + x)
-  unsigned long long* full = (unsigned long long*)(b_tiles + STAGES * G * B_BYTES);
+  unsigned char* c_stage = b_tiles + STAGES * G * B_BYTES;      // STAGED: 8 KB per consumer
+  unsigned long long* full = (unsigned long long*)(c_stage + STAGED * CONSUMERS * 64 * 128);
   unsigned long long* empty = full + STAGES;
   const void* a_map = maps;
 
@@ -298,6 +316,40 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       // the epilogue, from the fragments: register 4·jj + 2·x + e holds row r0 + 8·x,
       // column n0 + 8·jj + 2·(lane % 4) + e
       const int r0 = m0 + cw * 64 + warp * 16 + lane / 4;
+#if STAGED
+      // 64 columns at a time through this warpgroup's 64 × 64 buffer (128-byte rows, swizzled
+      // like the operand tiles: conflict-free both ways), then 16-byte coalesced stores
+      const unsigned buf = tf_smem_addr(c_stage) + cw * 64 * 128;
+      #pragma unroll
+      for (int a = 0; a < BN / 64; ++a) {{
+        #pragma unroll
+        for (int x = 0; x < 2; ++x) {{
+          const int row = r0 + 8 * x, lr = warp * 16 + lane / 4 + 8 * x;
+          #pragma unroll
+          for (int j8 = 0; j8 < 8; ++j8) {{
+            const int jj = 8 * a + j8, r = 4 * jj + 2 * x;
+            const int col = n0 + 8 * jj + 2 * (lane % 4);
+            float v0 = 0.0f, v1 = 0.0f;
+            if (row < M_ && col < N_) {{   // the epilogue may read tensors at (row, col)
+              v0 = epilogue_value({gate_args("r")}, row, col{extra_args});
+              v1 = epilogue_value({gate_args("r + 1")}, row, col + 1{extra_args});
+            }}
+            out_pair_t v = {make_pair.format("v0", "v1")};
+            tf_st_smem_b32(buf + lr * 128 + ((j8 ^ (lr % 8)) * 16) + (lane % 4) * 4,
+                           *reinterpret_cast<unsigned*>(&v));
+          }}
+        }}
+        tf_bar_sync_wg(cw);
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {{
+          const int c = t + 128 * i, lr = c / 8, ch = c % 8;
+          const int row = m0 + cw * 64 + lr, col = n0 + 64 * a + 8 * ch;
+          const uint4 v = tf_ld_smem_v4(buf + lr * 128 + ((ch ^ (lr % 8)) * 16));
+          if (row < M_ && col < N_) *(uint4*)((out_t*)out + (long)row * N_ + col) = v;
+        }}
+        tf_bar_sync_wg(cw);   // read out before the next 64 columns overwrite it
+      }}
+#else
       #pragma unroll
       for (int x = 0; x < 2; ++x) {{
         const int row = r0 + 8 * x;
@@ -315,6 +367,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           }}
         }}
       }}
+#endif
     }}
   }}
 #if CLUSTER > 1
