@@ -5,6 +5,7 @@ on an H100 (marked ``gpu``)."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -87,6 +88,7 @@ def test_plan_refuses_other_programs(kernel, words):
     ({"consumers": 3, "block_n": 192, "cluster": 2, "multicast": "leader"}, "spill"),
     ({"cluster": 2, "block_n": 192}, "halves"),      # split multicast needs 128 or 256
     ({"multicast": "all"}, "'split' or 'leader'"),
+    ({"epilogue": "tma"}, "'direct'"),
     ({"block_n": 256, "stages": 6}, "shared memory"),
 ])
 def test_check_refuses_what_the_kernel_cannot_run(knobs, words):
@@ -109,6 +111,12 @@ def test_defaults_follow_the_sizes():
     plan = plan_hopper_gemm(K.matmul.program)
     big, why = default_gemm_knobs(plan, dict(M=8192, K=8192, N=8192))
     assert (big.block_n, big.cluster, big.multicast, big.group_m) == (256, 2, "split", 16)
+    assert big.epilogue == "staged"
+    wide, _ = default_gemm_knobs(plan_hopper_gemm(matmul_f16_f32.program), SIZES)
+    assert wide.epilogue == "direct"   # f32 rows of 64 columns are 256 bytes
+    with pytest.raises(ScheduleError, match="16-bit outputs only"):
+        check_gemm(plan_hopper_gemm(matmul_f16_f32.program), replace(wide, epilogue="staged"),
+                   SIZES)
     assert shared_bytes(plan, big) <= 227 * 1024 and "last wave" in why
     small, _ = default_gemm_knobs(plan, dict(M=48, K=4096, N=4096))
     assert (small.consumers, small.cluster) == (1, 1)
