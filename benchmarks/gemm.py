@@ -6,7 +6,8 @@ output; poisoned with NaN before the call, with a guard region after it that mus
 untouched). ``--check`` runs the correctness suite alone: ragged M, N and K, both weight layouts,
 bias, a gated pair, f16 with an f32 output, wide-range inputs, every knob.
 
-    python -m benchmarks.gemm [--check] [--csv PATH] [--shapes 8192x8192x8192,...] [--sweep]
+    python -m benchmarks.gemm [--check] [--csv PATH] [--shapes 8192x8192x8192,...] [--no-sweep]
+                              [--no-ffn | --ffn-only]
 """
 from __future__ import annotations
 
@@ -57,9 +58,10 @@ def hopper(kernel, knobs: dict):
     return tf.schedule(kernel, "cuda").apply_template("hopper_gemm", **knobs).compile()
 
 
-def inputs(kernel, M: int, K_: int, N: int, gen, scale: float = 1.0) -> dict:
-    """Fresh random tensors for ``kernel`` (normal; ``scale`` widens the rows' range)."""
-    sizes = {"M": M, "K": K_, "N": N}
+def inputs(kernel, M: int, K_: int, N: int, gen, scale: float = 1.0, **more: int) -> dict:
+    """Fresh random tensors for ``kernel`` (normal, weights scaled by 1/√K; ``scale`` widens the
+    rows' range; ``more``: further sizes, e.g. an FFN's O)."""
+    sizes = {"M": M, "K": K_, "N": N, **more}
     made = {}
     for p in kernel.program.tensor_params:
         shape = tuple(sizes[str(d)] for d in p.dims)
@@ -117,8 +119,17 @@ CHECKS = ([(n, s, {}) for n in KERNELS for s in ((200, 4096, 1024), (1000, 520, 
           + [("linear", (1000, 4096, 1024), {"cluster": 2, "block_n": 128, "stages": 2})])
 
 
+FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
+              ("swiglu", dict(M=1000, K=256, N=512, O=776), {}),
+              ("gelu", dict(M=64, K=256, N=512, O=512), {"up": {"cluster": 1}}),
+              ("swiglu", dict(M=333, K=1024, N=2048, O=512),
+               {"up": {"epilogue": "direct"}, "down": {"cluster": 1, "block_n": 128}}))
+
+
 def check(log=print) -> int:
     """The correctness suite; returns the number of failures."""
+    from tensorfuse.schedule_templates.hopper_ffn import hopper_ffn
+
     gen = torch.Generator(device="cuda").manual_seed(0)
     precompile([(KERNELS[n], k) for n, _, k in CHECKS])
     failures = 0
@@ -128,20 +139,104 @@ def check(log=print) -> int:
         failures += problem is not None
         log(f"{'ok ' if problem is None else 'BAD'} {name} M={M} K={K_} N={N} {knobs} "
             f"scale={scale}" + (f": {problem}" if problem else ""))
+    for (kind, sizes, knobs), scale in itertools.product(FFN_CHECKS, (1.0, 30.0)):
+        kernel = K.ffn_gelu if kind == "gelu" else K.ffn_swiglu
+        t = inputs(kernel, sizes["M"], sizes["K"], sizes["N"], gen, scale, O=sizes["O"])
+        f = hopper_ffn(kernel, None, tf.compile(kernel).target, **knobs)
+        problem = run_checked("ffn", f, t, ffn_reference(kind, t))
+        failures += problem is not None
+        log(f"{'ok ' if problem is None else 'BAD'} ffn_{kind} {sizes} {knobs} scale={scale}"
+            + (f": {problem}" if problem else ""))
     return failures
 
 
-def precompile(kernels_knobs) -> None:
-    """nvcc every distinct source first, in parallel (cached by source)."""
+def precompile(kernels_knobs, sizes=({"M": 8192, "K": 8192, "N": 8192},)) -> None:
+    """nvcc every distinct source first, in parallel (cached by source): of ``hopper(kernel,
+    knobs)`` for each pair, or of a compiled kernel given in place of the pair, at ``sizes``."""
     from tensorfuse.targets.cuda.module import cubin_for
 
     sources = {}
-    for kernel, knobs in kernels_knobs:
-        f = hopper(kernel, knobs)
-        src = f.source(M=8192, K=8192, N=8192)
-        sources[src] = f.target
+    for item in kernels_knobs:
+        f = hopper(*item) if isinstance(item, tuple) else item
+        for dims in sizes:
+            chosen = f.for_sizes(**dims) if hasattr(f, "for_sizes") else f   # tf.compile's pick
+            for src in (chosen.launches(**dims).sources if hasattr(chosen, "launches") else ()):
+                sources[src] = f.target
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda item: cubin_for(*item), sources.items()))
+
+
+FFN_SHAPE = dict(K=4096, N=14336, O=4096)
+FFN_ROWS = (1024, 8192, 128)
+
+
+def ffn_reference(kind: str, t: dict) -> torch.Tensor:
+    """The FFN in float64 from the same inputs (the DSL's tanh GELU; SwiGLU)."""
+    d = {n: v.double() for n, v in t.items()}
+    if kind == "gelu":
+        h = d["x"] @ d["w1"]
+        h = 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))
+    else:
+        gate = d["x"] @ d["w1"]
+        h = gate * torch.sigmoid(gate) * (d["x"] @ d["w3"])
+    return h @ d["w2"]
+
+
+def ffn(rows=FFN_ROWS, log=print) -> list[Row]:
+    """The FFN blocks (GELU and SwiGLU, K=4096, N=14336, O=4096) at each M: torch eager (cuBLAS
+    and PyTorch's activation kernels), torch.compile, ``tf.compile`` (the Hopper FFN above 256
+    rows) and the Hopper FFN template at every M; checked against float64 first, timed in turn
+    over :data:`ROUNDS` rounds."""
+    from benchmarks.cluster import ffn_eager
+    from tensorfuse.schedule_templates.hopper_ffn import hopper_ffn
+
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    out_rows = []
+    kernels = {"gelu": K.ffn_gelu, "swiglu": K.ffn_swiglu}
+    made = {kind: (tf.compile(kernel), hopper_ffn(kernel, None, tf.compile(kernel).target))
+            for kind, kernel in kernels.items()}
+    precompile([f for pair in made.values() for f in pair],
+               [{"M": m, **FFN_SHAPE} for m in rows if m > 256])
+    for kind, M in itertools.product(kernels, rows):
+        kernel = kernels[kind]
+        sizes = {"M": M, **FFN_SHAPE}
+        t = inputs(kernel, M, FFN_SHAPE["K"], FFN_SHAPE["N"], gen, O=FFN_SHAPE["O"])
+        t = {n: (torch.randn(FFN_SHAPE["N"], FFN_SHAPE["O"], generator=gen, device="cuda")
+                 / math.sqrt(FFN_SHAPE["N"])).to(torch.bfloat16) if n == "w2" else v
+             for n, v in t.items()}
+        ref = ffn_reference(kind, t)
+        eager = ffn_eager(kind)
+        args = [t[p.name] for p in kernel.program.tensor_params]
+        compiled = torch.compile(eager)
+        compiled(*args)
+        fns = {"torch_eager": (lambda: eager(*args), "cuBLAS + PyTorch's activation kernels"),
+               "torch.compile": (lambda: compiled(*args), "")}
+        for label, f in (("tensorfuse", made[kind][0]), ("tensorfuse_hopper_ffn", made[kind][1])):
+            try:
+                problem = run_checked("ffn", f, t, ref)
+            except Exception as exc:   # noqa: BLE001 - reported, not fatal
+                problem = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if problem:
+                log(f"ffn_{kind} M={M} {label}: WRONG or refused: {problem}")
+                continue
+            out = torch.empty(M, FFN_SHAPE["O"], device="cuda", dtype=torch.bfloat16)
+            fns[label] = ((lambda f=f, out=out: f(*args, out=out)), f.schedule_origin(**sizes))
+        times: dict = {label: [] for label in fns}
+        for _ in range(ROUNDS):
+            for label, (fn, _) in fns.items():
+                times[label].append(bench(fn, rep_ms=100))
+        ms = {label: statistics.median(v) for label, v in times.items()}
+        gates = 1 if kind == "gelu" else 2
+        flops = 2.0 * M * FFN_SHAPE["N"] * (gates * FFN_SHAPE["K"] + FFN_SHAPE["O"])
+        for label, (fn, note) in fns.items():
+            graph = bench_graph(fn, rep_ms=100)
+            speedup = ms["torch_eager"] / ms[label]
+            out_rows.append(Row(f"ffn_{kind}", f"M={M}", label, ms[label], flops / ms[label] / 1e9,
+                                0.0, 0.0, f"graph {graph:.4f} ms; {speedup:.3f}x torch eager"
+                                + (f"; {note}" if note else "")))
+            log(f"ffn_{kind:7s} M={M:5d} {label:24s} {ms[label]:8.4f} ms (graph {graph:.4f}) "
+                f"{speedup:.3f}x eager")
+    return out_rows
 
 
 def _row(shape: str, impl: str, ms: float, graph_ms: float, flops: float, cublas_ms: float | None,
@@ -210,6 +305,8 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", help="write the timed rows here")
     ap.add_argument("--shapes", help="MxKxN,... (default: the issue's three and a short-K probe)")
     ap.add_argument("--no-sweep", action="store_true", help="defaults only")
+    ap.add_argument("--no-ffn", action="store_true", help="GEMMs only")
+    ap.add_argument("--ffn-only", action="store_true", help="the FFN blocks only")
     args = ap.parse_args(argv)
     if args.check:
         bad = check()
@@ -217,7 +314,9 @@ def main(argv=None) -> int:
         return int(bad > 0)
     shapes = SHAPES + PROBES if not args.shapes else tuple(
         tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
-    rows = timed(shapes, sweep=not args.no_sweep)
+    rows = [] if args.ffn_only else timed(shapes, sweep=not args.no_sweep)
+    if not args.no_ffn:
+        rows += ffn()
     if args.csv:
         write_csv(rows, args.csv)
     return 0

@@ -33,7 +33,9 @@ def tvm_schedule(mod: tvm.IRModule) -> tvm.s_tir.Schedule:
 from .attention import attention  # noqa: E402 - the templates use the helpers above
 from .hopper_attention import hopper_attention  # noqa: E402
 from .hopper_gemm import hopper_gemm  # noqa: E402
+from .hopper_ffn import hopper_ffn  # noqa: E402
 from .row_reduction import row_reduction  # noqa: E402
 
 TEMPLATES = {"attention": attention, "row_reduction": row_reduction,
-             "hopper_attention": hopper_attention, "hopper_gemm": hopper_gemm}
+             "hopper_attention": hopper_attention, "hopper_gemm": hopper_gemm,
+             "hopper_ffn": hopper_ffn}

@@ -11,6 +11,7 @@ from ..errors import RollingUpdateError, ScheduleError, TargetError
 from ..targets import TargetSpec
 from .fusion import Fusion
 from .hopper_attention import hopper_attention
+from .hopper_ffn import hopper_ffn
 from .hopper_gemm import hopper_gemm
 from .rolling_update import DEFAULT_CHUNK
 from .tile_plan import plan_rowtile
@@ -41,19 +42,20 @@ def choose(program: Program, target: TargetSpec):
 def native_templates(kernel, name: str, fusion, spec: TargetSpec) -> tuple:
     """Templates generated as CUDA C++ for this GPU that ``tf.compile`` tries before the Triton
     one, on sm_90a: GEMM-shaped programs (one or two sums of products sharing their rows operand,
-    with an elementwise output) get the persistent Hopper GEMM; softmax attention gets the
+    with an elementwise output) get the persistent Hopper GEMM, GEMM chains (FFN) with more than
+    256 rows two of them (the activation in the first's epilogue); softmax attention gets the
     warp-specialised Hopper template for prefill (more than 64 query rows; fewer go to the Triton
     template's split update) — each measured faster than the Triton template
     (benchmarks/RESULTS.md). Sizes a native template refuses go to the Triton one."""
     if spec.kind != "cuda" or spec.arch != "sm_90a":
         return ()
     made = []
-    for template in (hopper_gemm, hopper_attention if name == "attention" else None):
-        if template is None:
+    for template, extra in ((hopper_gemm, {}), (hopper_ffn, {"prefill_only": True}),
+                            (hopper_attention, {"prefill_only": True})):
+        if template is hopper_attention and name != "attention":
             continue
         try:
-            made.append(template(kernel, fusion, spec, **(
-                {"prefill_only": True} if template is hopper_attention else {})))
+            made.append(template(kernel, fusion, spec, **extra))
         except ScheduleError:   # not this template's pattern
             continue
     return tuple(made)

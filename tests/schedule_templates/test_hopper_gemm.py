@@ -177,10 +177,40 @@ def test_schedule_applies_it_on_a_fresh_schedule_only():
         tf.schedule(K.matmul, "cuda:sm_90a").apply_template("hopper_gemm", tile_m=64)
 
 
+FFN = dict(M=1000, K=520, N=1032, O=264)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("kernel", [K.ffn_gelu, K.ffn_swiglu])
+def test_ffn_is_two_gemms_with_the_activation_in_the_first(kernel):
+    f = tf.schedule(kernel, "cuda:sm_90a").apply_template("hopper_ffn").compile()
+    launches = f.launches(**FFN)
+    first, second = launches.sources
+    assert "tanh" in first or "__expf" in first          # the activation: first epilogue only
+    assert "tanh" not in second and "__expf" not in second
+    ptx = f.ptx(**FFN)
+    assert ptx.count(".entry tf_hopper_gemm") == 2 and "m64n256k16" in ptx
+    if kernel is K.ffn_swiglu:
+        assert launches.knobs.up.block_n == 128             # two accumulators per thread
+    for source in launches.sources:
+        report = _ptxas_report(source)
+        assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+    assert "intermediate [M, N] written once" in launches.plan.describe()
+
+
+def test_compile_prefers_the_hopper_ffn_above_256_rows():
+    f = tf.compile(K.ffn_swiglu, "cuda:sm_90a")
+    assert f.schedule_origin(**FFN).startswith("hopper_ffn template defaults")
+    assert not f.schedule_origin(**dict(FFN, M=128)).startswith("hopper_ffn")
+    with pytest.raises(ScheduleError, match="no knob"):
+        tf.schedule(K.ffn_gelu, "cuda:sm_90a").apply_template("hopper_ffn", block_n=64)
+
+
 @pytest.mark.gpu
 def test_every_layout_epilogue_and_knob_matches_float64_on_the_gpu():
     """Ragged M, N and K, both weight layouts, bias, a gated pair, f16 with an f32 output, wide
-    ranges, every knob set of the benchmark's sweep; outputs poisoned, a guard after them."""
+    ranges, every knob set of the benchmark's sweep, the FFN blocks on two GEMMs; outputs
+    poisoned, a guard after them."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")

@@ -22,14 +22,27 @@ def pointer(x):
 class Launches:
     """Generated source, its entry points, the plan and knobs it was written from, and
     ``run(module, values, out, device)`` which launches them; ``module`` is built on the first
-    call."""
+    call. ``more``: further ``(source, entries)`` built as modules of their own (kernels whose
+    sources cannot share one translation unit); ``run`` then gets the tuple of all modules."""
 
     def __init__(self, source: str, entries: list[KernelEntry], knobs, run, why: str = "",
-                 plan=None):
+                 plan=None, more: tuple = ()):
         self.source, self.entries, self.knobs, self.run = source, entries, knobs, run
         self.why = why   # how a default was chosen, where that depends on the GPU
         self.plan = plan
+        self.more = tuple(more)
         self.module = None
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return (self.source,) + tuple(source for source, _ in self.more)
+
+    def build(self, target: TargetSpec) -> None:
+        """The module(s), once."""
+        if self.module is None:
+            modules = tuple(cuda_module(source, entries, target) for source, entries in
+                            ((self.source, self.entries),) + self.more)
+            self.module = modules if self.more else modules[0]
 
 
 class ClusterKernel:
@@ -70,12 +83,13 @@ class ClusterKernel:
         return self.preferred(dims)
 
     def source(self, **dims) -> str:
-        """The generated CUDA C++."""
-        return self.launches(**dims).source
+        """The generated CUDA C++ (of every module, in launch order)."""
+        return "\n// ---- the next module ----\n".join(self.launches(**dims).sources)
 
     def ptx(self, **dims) -> str:
         """nvcc's PTX for the target (works without a GPU)."""
-        return cuda_to_ptx(self.source(**dims), self.target)
+        return "\n".join(cuda_to_ptx(source, self.target)
+                         for source in self.launches(**dims).sources)
 
     def schedule_origin(self, **dims) -> str:
         launches = self.launches(**dims)
@@ -91,8 +105,7 @@ class ClusterKernel:
         bound = self._calls(args, kwargs, key)
         device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
         launches = self.launches(**bound.dims)
-        if launches.module is None:
-            launches.module = cuda_module(launches.source, launches.entries, self.target)
+        launches.build(self.target)
         values = torch_arguments(self.program, bound, device)
         given = bound.outs[0] if bound.outs is not None else None
         out = torch_output(output_shape(self.output, bound.dims), self.output.dtypes[0], given,
