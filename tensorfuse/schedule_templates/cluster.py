@@ -27,6 +27,7 @@ from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.cluster_decode import decode_shared_bytes, decode_source
 from ..targets.cuda.gemm_chain import EPILOGUE_VEC, gemm_chain_source
 from ..targets.cuda.module import KernelEntry, cubin_for, local_gpu, max_active_clusters
+from ..targets.cuda.tma import DeviceMaps
 from .attention import SMS
 from .decode_plan import DecodeKnobs, check_decode, plan_decode
 from .gemm_chain_plan import ClusterKnobs, check_sizes, plan_gemm_chain, shared_bytes, wgmma_layout
@@ -160,24 +161,19 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
                                ("handle",) * (3 + len(plan.gates) + tma) + n_scal),
                    KernelEntry("tf_chain_epilogue", ("handle", "handle") + n_scal)]
         grid_main = (N // k.block_n, math.ceil(M / k.block_m))
-        map_cache: dict = {}
+        map_cache = DeviceMaps()
 
         def tensor_maps(tensors, device):
             """TMA maps of x, the gate weights and w2 in one device buffer, made once per set of
             tensor addresses (the benchmark loop and repeated calls reuse them)."""
-            import torch
-
             from ..targets.cuda.tma import tensor_map_2d
 
             key = tuple(t.data_ptr() for t in tensors)
-            if key not in map_cache:
-                boxes = [(M, K, k.block_m)] + [(K, N, k.block_k)] * len(plan.gates) + \
-                    [(N, O, k.block_k)]
-                blob = b"".join(tensor_map_2d(t.data_ptr(), rows, cols, box_rows)
-                                for t, (rows, cols, box_rows) in zip(tensors, boxes))
-                map_cache.clear()  # keep one set: the maps hold raw addresses
-                map_cache[key] = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
-            return map_cache[key]
+            boxes = [(M, K, k.block_m)] + [(K, N, k.block_k)] * len(plan.gates) + \
+                [(N, O, k.block_k)]
+            return map_cache.get(key, lambda: b"".join(
+                tensor_map_2d(address, rows, cols, box_rows)
+                for address, (rows, cols, box_rows) in zip(key, boxes)), device)
 
         def run(module, values, out, device):
             import torch

@@ -18,6 +18,7 @@ from ..targets import TargetSpec
 from ..targets.cuda.hopper_attention import ENTRY, hopper_attention_source, kernel_arguments
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.module import KernelEntry
+from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .block_schedule import block_lists
 from .fusion import Fusion
 from .hopper_attention_plan import check_hopper, plan_hopper_attention, shared_bytes, with_knobs
@@ -81,24 +82,16 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         smem = shared_bytes(knobs, D)
         entries = [KernelEntry(ENTRY, tuple(arguments))]
         lists = _Lists(plan, knobs)
-        maps: dict = {}
+        maps = DeviceMaps()
 
         def tensor_maps(q, k, v, device):
             """TMA maps of q, k and v in one device buffer, made once per set of addresses."""
-            import torch
-
-            from ..targets.cuda.tma import tensor_map
-
             key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
-            if key not in maps:
-                blob = tensor_map(q.data_ptr(), (B * H, M, D), (1, knobs.block_m, 64), plan.dtype) \
-                    + tensor_map(k.data_ptr(), (B * HKV, N, D), (1, knobs.block_n, 64),
-                                 plan.dtype) \
-                    + tensor_map(v.data_ptr(), (B * HKV, N, D), (1, knobs.block_n, 64),
-                                 plan.dtype)
-                maps.clear()   # keep one set: the maps hold raw addresses
-                maps[key] = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
-            return maps[key]
+            return maps.get(key, lambda: (
+                tensor_map(key[0], (B * H, M, D), (1, knobs.block_m, 64), plan.dtype)
+                + tensor_map(key[1], (B * HKV, N, D), (1, knobs.block_n, 64), plan.dtype)
+                + tensor_map(key[2], (B * HKV, N, D), (1, knobs.block_n, 64), plan.dtype)),
+                device)
 
         def run(module, values, out, device):
             c = plan.chain

@@ -5,7 +5,9 @@ as two persistent GEMMs on the Hopper GEMM mainloop (:mod:`.hopper_gemm`).
 The first GEMM computes every first-level product of a row tile (one accumulator per weight:
 SwiGLU's gate and up projections share the rows' tiles) and applies the activation in its
 epilogue, so the intermediate ``H`` leaves the chip once, already activated, in bf16; the second
-GEMM reads it and applies the chain's epilogue. A PyTorch FFN writes ``X·W1`` (and ``X·W3``),
+GEMM reads it and applies the chain's epilogue. H's buffer is kept with the kernel between calls
+(``M·N`` bf16 at the largest M called; it is what a CUDA graph of the call replays with). A
+PyTorch FFN writes ``X·W1`` (and ``X·W3``),
 reads it back for the activation and writes ``H`` — two to four more passes over the largest
 tensor of the block. At few rows (M ≤ 256) the weights' bytes dominate and the two GEMMs' grids
 are too small to read them at full bandwidth; the cluster template
@@ -78,6 +80,18 @@ def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
                             f"target is {target.name}", user_location())
     program = kernel.program if hasattr(kernel, "program") else kernel
     plan = plan_hopper_ffn(program)
+    workspace: dict = {}   # device -> the intermediate's buffer (the largest asked for)
+
+    def intermediate(M: int, N: int, device):
+        """H's memory, kept between calls: its address stays put, so the second GEMM's tensor
+        maps are made once and a CUDA graph replays with the buffer it captured."""
+        import torch
+
+        buffer = workspace.get(str(device))
+        if buffer is None or buffer.numel() < M * N:
+            buffer = workspace[str(device)] = torch.empty(M * N, dtype=torch.bfloat16,
+                                                          device=device)
+        return buffer[:M * N].view(M, N)
 
     def layout(dims: dict) -> Launches:
         first = gemm_launches(plan.up, target, dims, dict(up or {}))
@@ -85,9 +99,7 @@ def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
         M, N = dims[plan.chain.dims[0]], dims[plan.chain.dims[2]]
 
         def run(modules, values, out, device):
-            import torch
-
-            h = torch.empty((M, N), dtype=torch.bfloat16, device=device)
+            h = intermediate(M, N, device)
             first.run(modules[0], values, h, device)
             second.run(modules[1], {**values, INTERMEDIATE: h}, out, device)
 

@@ -17,32 +17,31 @@ from ..targets import TargetSpec
 from ..targets.cuda.hopper_gemm import ENTRY, hopper_gemm_source, kernel_arguments
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.module import KernelEntry, cubin_for, local_gpu, max_active_clusters
-from ..targets.cuda.tma import tensor_map
+from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .hopper_gemm_plan import (BLOCK_K, HopperGemmPlan, check_gemm, plan_hopper_gemm,
                                shared_bytes, with_knobs)
 
 
 def operand_maps(plan: HopperGemmPlan, knobs, sizes: tuple[int, int, int]):
     """``maps(values, device)``: the TMA maps of the rows operand and the weights in one device
-    buffer, made once per set of addresses."""
+    buffer, made once per set of addresses (:class:`DeviceMaps`)."""
     M, K, N = sizes
-    cache: dict = {}
+    cache = DeviceMaps()
 
     def maps(values: dict, device):
-        import torch
-
         tensors = [values[plan.a]] + [values[w] for w in plan.weights]
         key = tuple(t.data_ptr() for t in tensors)
-        if key not in cache:
-            blob = tensor_map(key[0], (M, K), (knobs.block_m, BLOCK_K), plan.dtype)
+
+        def blob() -> bytes:
+            made = tensor_map(key[0], (M, K), (knobs.block_m, BLOCK_K), plan.dtype)
             part = knobs.block_n // (knobs.cluster if knobs.multicast == "split" else 1)
             for address in key[1:]:
-                blob += (tensor_map(address, (N, K), (part, BLOCK_K), plan.dtype)
+                made += (tensor_map(address, (N, K), (part, BLOCK_K), plan.dtype)
                          if plan.b_k_major else
                          tensor_map(address, (K, N), (BLOCK_K, 64), plan.dtype))
-            cache.clear()   # one set: the maps hold raw addresses
-            cache[key] = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
-        return cache[key]
+            return made
+
+        return cache.get(key, blob, device)
 
     return maps
 

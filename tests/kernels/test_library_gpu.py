@@ -70,6 +70,8 @@ def test_repeated_calls_are_right_on_fresh_inputs(name, rng):
     ("causal_attention", dict(B=1, H=4, M=256, N=256, D=64)),
     ("document_attention", dict(B=1, H=4, M=256, N=256, D=64)),
     ("gqa_attention", dict(B=4, H=64, HKV=8, M=1, N=4096, D=128)),   # decode: split update
+    ("linear", dict(M=512, K=256, N=1024)),                          # sm_90a: the Hopper GEMM
+    ("ffn_swiglu", dict(M=512, K=256, N=1024, O=256)),               # sm_90a: two Hopper GEMMs
 ])
 def test_compiled_kernels_replay_in_a_cuda_graph(name, sizes, rng):
     import torch

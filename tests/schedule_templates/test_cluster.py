@@ -364,7 +364,7 @@ def test_decode_asks_the_driver_when_a_gpu_is_present(monkeypatch):
         return h100[cluster]
 
     built = []
-    monkeypatch.setattr(template, "_local_gpu", lambda: (0, 132))
+    monkeypatch.setattr(template, "local_gpu", lambda: (0, 132))
     monkeypatch.setattr(template, "cubin_for", lambda source, target: built.append(source) or b"")
     monkeypatch.setattr(template, "max_active_clusters", driver)
     dims = dict(B=1, H=32, HKV=8, M=1, N=32768, D=128)

@@ -113,3 +113,29 @@ def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int) -> bytes:
     """The 128-byte map of a row-major bf16 ``[rows, cols]`` tensor at ``address``, copied in
     boxes of ``box_rows`` rows × 64 columns (128 bytes: one row of the 128-byte swizzle)."""
     return tensor_map(address, (rows, cols), (box_rows, 64))
+
+
+class DeviceMaps:
+    """Tensor maps in device memory, made once per key (the operands' addresses and whatever
+    else the maps encode) and kept — up to ``keep`` sets, the oldest dropped first — because a
+    CUDA graph captured with a set replays with its device buffer. Uploads go from pinned host
+    memory without blocking on the current stream, so a first call inside a graph capture works
+    too (the copy is captured; its pinned source is kept alive with the entry)."""
+
+    def __init__(self, keep: int = 64):
+        self.keep = keep
+        self.entries: dict = {}
+
+    def get(self, key, make_blob, device):
+        """The device buffer for ``key``, made from ``make_blob()`` (bytes) the first time."""
+        found = self.entries.get(key)
+        if found is None:
+            import torch
+
+            if len(self.entries) >= self.keep:
+                self.entries.pop(next(iter(self.entries)))
+            host = torch.frombuffer(bytearray(make_blob()), dtype=torch.uint8).pin_memory()
+            found = (host.to(device, non_blocking=True), host)
+            self.entries[key] = found
+        return found[0]
+
