@@ -43,7 +43,8 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec) -> tuple:
     """Templates generated as CUDA C++ for this GPU that ``tf.compile`` tries before the Triton
     one, on sm_90a: GEMM-shaped programs (one or two sums of products sharing their rows operand,
     with an elementwise output) get the persistent Hopper GEMM, GEMM chains (FFN) with more than
-    256 rows two of them (the activation in the first's epilogue); softmax attention gets the
+    256 rows two of them (the activation in the first's epilogue) and fewer rows the cluster
+    template (the intermediate kept in the cluster's shared memory); softmax attention gets the
     warp-specialised Hopper template for prefill (more than 64 query rows; fewer go to the Triton
     template's split update) — each measured faster than the Triton template
     (benchmarks/RESULTS.md). Sizes a native template refuses go to the Triton one."""
@@ -51,7 +52,7 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec) -> tuple:
         return ()
     made = []
     for template, extra in ((hopper_gemm, {}), (hopper_ffn, {"prefill_only": True}),
-                            (hopper_attention, {"prefill_only": True})):
+                            (_cluster_ffn, {}), (hopper_attention, {"prefill_only": True})):
         if template is hopper_attention and name != "attention":
             continue
         try:
@@ -59,3 +60,13 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec) -> tuple:
         except ScheduleError:   # not this template's pattern
             continue
     return tuple(made)
+
+
+def _cluster_ffn(kernel, fusion, spec: TargetSpec):
+    """The cluster GEMM-chain template (``cluster_distribute``) with its defaults, for the FFN
+    sizes the Hopper FFN leaves (few rows: the intermediate stays in the cluster's shared memory
+    and the weights are read once)."""
+    from .cluster import gemm_chain
+    from .gemm_chain_plan import plan_gemm_chain
+
+    return gemm_chain(kernel, spec, plan_gemm_chain(kernel.program).axis)
