@@ -62,6 +62,9 @@ def plot_gemm(path: str, out: str, impls: tuple = ("cublas", "torch.compile")) -
     rows (every implementation whose name starts with ``tensorfuse`` unless ``impls`` names
     them)."""
     rows = [r for r in load(path) if r["benchmark"] == "gemm"]
+    if not rows:   # the FFN blocks: one group per (block, M)
+        rows = [dict(r, shape=f"{r['benchmark']} {r['shape']}", benchmark="gemm")
+                for r in load(path) if r["benchmark"].startswith("ffn")]
     groups = list(dict.fromkeys(r["shape"] for r in rows))
     names = list(dict.fromkeys(r["implementation"] for r in rows))
     shown = [i for i in names if i in impls or (i.startswith("tensorfuse") and
