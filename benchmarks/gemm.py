@@ -6,7 +6,7 @@ output; poisoned with NaN before the call, with a guard region after it that mus
 untouched). ``--check`` runs the correctness suite alone: ragged M, N and K, both weight layouts,
 bias, a gated pair, f16 with an f32 output, wide-range inputs, every knob.
 
-    python -m benchmarks.gemm [--check] [--csv PATH] [--shapes 8192x8192x8192,...] [--no-sweep]
+    python -m benchmarks.gemm [--check] [--csv PATH] [--shapes 8192x8192x8192,...] [--no-sweep|--sweep]
                               [--no-ffn | --ffn-only]
 """
 from __future__ import annotations
@@ -29,10 +29,10 @@ from tensorfuse import dsl as T
 SHAPES = ((8192, 8192, 8192), (1024, 4096, 14336), (8192, 4096, 14336))
 PROBES = ((8192, 512, 8192),)   # short K: the epilogue's share of the time is large
 # knob sets besides tf.compile's defaults (cluster=2 split multicast, block_n=256, group_m=16,
-# staged epilogue)
-SWEEP = ({"epilogue": "direct"}, {"stages": 3}, {"cluster": 1}, {"group_m": 8},
-         {"multicast": "leader"}, {"block_n": 128}, {"block_n": 192, "multicast": "leader"},
-         {"cluster": 1, "consumers": 3, "block_n": 192})
+# staged epilogue, split tail); --sweep times them all, by default only the first two
+SWEEP = ({"split_tail": False}, {"epilogue": "direct"}, {"stages": 3}, {"cluster": 1},
+         {"group_m": 8}, {"multicast": "leader"}, {"block_n": 128},
+         {"block_n": 192, "multicast": "leader"}, {"cluster": 1, "consumers": 3, "block_n": 192})
 ROUNDS = 3   # every implementation timed once per round, in turn: clock drift hits all alike
 
 
@@ -113,6 +113,7 @@ CHECKS = ([(n, s, {}) for n in KERNELS for s in ((200, 4096, 1024), (1000, 520, 
           + [("matmul", (1000, 520, 776), k) for k in SWEEP]
           + [("matmul_nk", (333, 1024, 2048), k) for k in SWEEP]
           + [("matmul", (700, 776, 904), {"consumers": 1}), ("linear", (64, 256, 200), {}),
+             ("matmul", (1000, 4096, 3000), {"cluster": 1}), ("swiglu_gate", (300, 8192, 520), {}),
              ("linear", (1000, 520, 776), {"epilogue": "staged"}),
              ("swiglu_gate", (200, 4096, 1024), {"epilogue": "staged"})]
           + [("swiglu_gate", (333, 1024, 2048), {"cluster": 2})]
@@ -247,9 +248,9 @@ def _row(shape: str, impl: str, ms: float, graph_ms: float, flops: float, cublas
                f"graph {graph_ms:.4f} ms{ratio}" + (f"; {note}" if note else ""))
 
 
-def timed(shapes=SHAPES, sweep: bool = True, log=print) -> list[Row]:
+def timed(shapes=SHAPES, sweep: tuple = SWEEP[:2], log=print) -> list[Row]:
     """For each shape and weight layout: cuBLAS, torch.compile, ``tf.compile``'s defaults and (with
-    ``sweep``) every knob set of :data:`SWEEP`, each tensorfuse kernel checked first; each timed
+    ``sweep``) the knob sets given, each tensorfuse kernel checked first; each timed
     in turn for :data:`ROUNDS` rounds (the median), so that the GPU's clock drift under a long
     run of GEMMs is shared by all (one config measured 609 and 572 TFLOP/s first and later in one
     run, 2026-11-24)."""
@@ -257,7 +258,7 @@ def timed(shapes=SHAPES, sweep: bool = True, log=print) -> list[Row]:
     F = torch.nn.functional
     rows = []
     layouts = {"kn": (K.matmul, lambda x, w: x @ w), "nk": (matmul_nk, lambda x, w: F.linear(x, w))}
-    precompile([(k, s) for k, _ in layouts.values() for s in (SWEEP if sweep else ())])
+    precompile([(k, s) for k, _ in layouts.values() for s in sweep])
     for (M, K_, N), (layout, (kernel, eager)) in itertools.product(shapes, layouts.items()):
         shape = f"{M}x{K_}x{N}/{layout}"
         name = "matmul" if layout == "kn" else "matmul_nk"
@@ -266,9 +267,8 @@ def timed(shapes=SHAPES, sweep: bool = True, log=print) -> list[Row]:
         flops = 2.0 * M * N * K_
         x, w = t["x"], t["w"]
         candidates = [("tensorfuse", tf.compile(kernel))]
-        if sweep:
-            candidates += [(f"tensorfuse_hopper[{','.join(f'{k}={v}' for k, v in s.items())}]",
-                            hopper(kernel, s)) for s in SWEEP]
+        candidates += [(f"tensorfuse_hopper[{','.join(f'{k}={v}' for k, v in s.items())}]",
+                        hopper(kernel, s)) for s in sweep]
         timed_fns = {"cublas": (lambda: eager(x, w), "torch eager"),
                      "torch.compile": (lambda: compiled(x, w), "")}
         compiled = torch.compile(eager)
@@ -305,6 +305,7 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", help="write the timed rows here")
     ap.add_argument("--shapes", help="MxKxN,... (default: the issue's three and a short-K probe)")
     ap.add_argument("--no-sweep", action="store_true", help="defaults only")
+    ap.add_argument("--sweep", action="store_true", help="every knob set of SWEEP")
     ap.add_argument("--no-ffn", action="store_true", help="GEMMs only")
     ap.add_argument("--ffn-only", action="store_true", help="the FFN blocks only")
     args = ap.parse_args(argv)
@@ -314,7 +315,8 @@ def main(argv=None) -> int:
         return int(bad > 0)
     shapes = SHAPES + PROBES if not args.shapes else tuple(
         tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
-    rows = [] if args.ffn_only else timed(shapes, sweep=not args.no_sweep)
+    sweep = () if args.no_sweep else SWEEP if args.sweep else SWEEP[:2]
+    rows = [] if args.ffn_only else timed(shapes, sweep=sweep)
     if not args.no_ffn:
         rows += ffn()
     if args.csv:

@@ -74,9 +74,25 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     smem = shared_bytes(plan, knobs)
     ctas, fit = resident_ctas(source, knobs, smem, target)
     units = math.ceil(math.ceil(M / knobs.block_m) / knobs.cluster) * math.ceil(N / knobs.block_n)
-    grid = min(units * knobs.cluster, ctas)
+    full_items, tail, pieces = split_tail(units, ctas // knobs.cluster,
+                                          math.ceil(K / BLOCK_K)) if knobs.split_tail else \
+        (units, 0, 1)
+    grid = min((full_items + tail * pieces) * knobs.cluster, ctas)
     maps = operand_maps(plan, knobs, (M, K, N))
     entries = [KernelEntry(ENTRY, tuple(t for _, t, _ in kernel_arguments(plan)))]
+    scratch: dict = {}   # device -> (partials, counters), kept between calls (counters reset
+    #                      themselves; a CUDA graph replays with what it captured)
+    part = len(plan.weights) * knobs.block_m * knobs.block_n   # floats per CTA and piece
+
+    def split_buffers(device):
+        import torch
+
+        if str(device) not in scratch:
+            scratch[str(device)] = (
+                torch.empty(max(1, tail * pieces * knobs.cluster * part), dtype=torch.float32,
+                            device=device),
+                torch.zeros(max(1, tail * knobs.cluster), dtype=torch.int32, device=device))
+        return scratch[str(device)]
 
     def run(module, values, out, device):
         if knobs.epilogue == "staged" and out.data_ptr() % 16:
@@ -85,24 +101,42 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
                               "tensor, not an offset view)")
         tensors = [pointer(values[t]) for t, _ in plan.tensors]
         scalars = [values[n] for n, _ in plan.scalars]
+        partials, counters = split_buffers(device)
         module[ENTRY](pointer(maps(values, device)), pointer(out), *tensors, M, N, K, *scalars,
+                      pointer(partials), pointer(counters), full_items, tail, pieces,
                       grid, 1, knobs.threads, knobs.cluster, smem)
 
-    return Launches(source, entries, knobs, run, f"{why}; {grid} persistent CTAs ({fit})", plan)
+    split = (f"; the last {tail} tiles split {pieces} ways along K" if tail else "")
+    return Launches(source, entries, knobs, run,
+                    f"{why}; {grid} persistent CTAs ({fit}){split}", plan)
+
+
+def split_tail(units: int, slots: int, kblocks: int, least: int = 4) -> tuple[int, int, int]:
+    """``(whole units, split units, pieces each)``: where the last wave of ``units`` tiles on
+    ``slots`` CTAs (or clusters) would leave at least half of them idle, its tiles are split
+    along K into as many pieces as fill the wave (each at least ``least`` k-blocks), the last
+    piece of each adding the others' partial sums (at M=1024, K=4096, N=14336: 224 tiles on 66
+    clusters fill 3.4 waves; split, the fourth wave takes half the time)."""
+    whole, tail = divmod(units, slots)
+    pieces = min(slots // tail, kblocks // least) if tail else 1
+    if pieces < 2:
+        return units, 0, 1
+    return whole * slots, tail, pieces
 
 
 def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
                 stages: int | None = None, cluster: int | None = None,
                 group_m: int | None = None, consumers: int | None = None,
                 multicast: str | None = None, epilogue: str | None = None,
-                tuned=None) -> ClusterKernel:
+                split_tail: bool | None = None, tuned=None) -> ClusterKernel:
     """A callable persistent GEMM kernel for ``kernel`` (one or two sums of products sharing the
     rows operand, and an elementwise output of them). Knobs (defaults per size: see
     :func:`.hopper_gemm_plan.default_gemm_knobs`): ``block_n`` output columns per tile,
     ``consumers`` warpgroups of 64 rows (the tile's rows), ``stages`` ring slots, ``cluster``
     (2: weight tiles shared by TMA multicast, ``multicast="split"`` or ``"leader"``),
     ``group_m`` row tiles per rasterisation group, ``epilogue`` (``"direct"`` or
-    ``"staged"``). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for the template interface (the knobs are not tuned yet)."""
+    ``"staged"``), ``split_tail`` (split a mostly idle last wave's tiles along K:
+    :func:`split_tail`). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for the template interface (the knobs are not tuned yet)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_gemm template generates sm_90a code (wgmma, TMA); the "
                             f"target is {target.name}", user_location())
@@ -110,8 +144,8 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     plan = plan_hopper_gemm(program)
     given = {k: v for k, v in (("block_n", block_n), ("stages", stages), ("cluster", cluster),
                                ("group_m", group_m), ("consumers", consumers),
-                               ("multicast", multicast), ("epilogue", epilogue))
-             if v is not None}
+                               ("multicast", multicast), ("epilogue", epilogue),
+                               ("split_tail", split_tail)) if v is not None}
     return ClusterKernel(program, target, lambda dims: gemm_launches(plan, target, dims, given),
                          f"hopper_gemm ({', '.join(plan.sums)} over {plan.dims[1]})",
                          origin="hopper_gemm template defaults" if not given else

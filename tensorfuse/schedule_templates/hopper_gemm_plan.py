@@ -27,7 +27,8 @@ WHO = "hopper GEMM"
 BLOCK_K = 64
 MAX_SHARED = 232448          # bytes of dynamic shared memory per CTA on sm_90
 REGISTERS = 65536            # per SM
-KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast", "epilogue")
+KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast", "epilogue",
+         "split_tail")
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class GemmKnobs:
     ``"leader"``: the first CTA copies all of it), ``group_m`` row tiles per rasterisation
     group, and how the output leaves (``epilogue``: ``"direct"`` 4-byte stores from the
     accumulator fragments, or ``"staged"``: 64 columns at a time through shared memory and
-    16-byte coalesced stores; 16-bit outputs)."""
+    16-byte coalesced stores; 16-bit outputs), and whether a last wave that would leave most
+    CTAs idle has its tiles split along K (``split_tail``)."""
 
     block_n: int = 256
     stages: int = 4
@@ -47,6 +49,7 @@ class GemmKnobs:
     consumers: int = 2
     multicast: str = "split"
     epilogue: str = "direct"
+    split_tail: bool = True
 
     @property
     def block_m(self) -> int:
@@ -205,7 +208,7 @@ def shared_bytes(plan: HopperGemmPlan, knobs: GemmKnobs) -> int:
     mbarriers, and 1 KiB for aligning the swizzled tiles."""
     stage = (knobs.block_m + len(plan.weights) * knobs.block_n) * BLOCK_K * 2
     staging = knobs.consumers * 64 * 128 if knobs.epilogue == "staged" else 0
-    return knobs.stages * stage + staging + 16 * knobs.stages + 1024
+    return knobs.stages * stage + staging + 16 * knobs.stages + 16 + 1024
 
 
 def deepest_stages(plan: HopperGemmPlan, knobs: GemmKnobs, max_shared: int = MAX_SHARED) -> int:

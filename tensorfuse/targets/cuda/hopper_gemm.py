@@ -78,7 +78,14 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     args += [(d, "int32", "int") for d in ("M_", "N_", "K_")]
     args += [(name, "float32", "float") if t.startswith(("f", "bf")) else (name, "int32", "int")
              for name, t in plan.scalars]
-    return args
+    return args + list(SPLIT_ARGUMENTS)
+
+
+# The split of the last wave (see hopper_gemm_source), last in the argument list: partial
+# accumulators, one arrival counter per split tile and CTA, whole units, split units, pieces each.
+SPLIT_ARGUMENTS = (("ws", "handle", "float* __restrict__"), ("counters", "handle", "int*"),
+                   ("full_items", "int32", "int"), ("tail", "int32", "int"),
+                   ("pieces", "int32", "int"))
 
 
 def epilogue_code(plan) -> str:
@@ -108,7 +115,7 @@ def hopper_gemm_source(plan, knobs) -> str:
     for name, var in ((m, "M_"), (k, "K_"), (n, "N_")):
         named.setdefault(name, var)
     sizes = "".join(f"#define TF_SIZE_{name} {var}\n" for name, var in named.items())
-    extra = args[2:]   # what the epilogue may read: tensors, sizes, scalars
+    extra = args[2:-len(SPLIT_ARGUMENTS)]   # what the epilogue may read: tensors, sizes, scalars
     extra_params = "".join(f", {c} {n}" for n, _, c in extra)
     extra_args = "".join(f", {n}" for n, _, _ in extra)
     gate_params = ", ".join(f"float g{x}" for x in range(g))
@@ -157,6 +164,33 @@ __device__ __forceinline__ uint4 tf_ld_smem_v4(unsigned addr) {{
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
   return v;
 }}
+// Every consumer thread (named barrier CONSUMERS + 1).
+__device__ __forceinline__ void tf_bar_sync_consumers() {{
+  asm volatile("bar.sync %0, %1;" :: "r"(CONSUMERS + 1), "r"(CONSUMERS * 128) : "memory");
+}}
+// One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
+#define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
+
+// Work item `item`: the first `full_items` are whole tiles (units); the rest split the last
+// `tail` units' k-blocks into `pieces` ranges each (slot: the piece's partial in ws).
+struct Work {{
+  int unit, k0, k1, piece, slot;
+}};
+__device__ __forceinline__ Work work_of(int item, int full_items, int pieces, int kblocks) {{
+  Work w;
+  if (item < full_items) {{
+    w.unit = item; w.k0 = 0; w.k1 = kblocks; w.piece = -1; w.slot = 0;
+  }} else {{
+    const int j = item - full_items;
+    w.unit = full_items + j / pieces;
+    w.piece = j % pieces;
+    w.slot = j;
+    w.k0 = kblocks * w.piece / pieces;
+    w.k1 = kblocks * (w.piece + 1) / pieces;
+  }}
+  return w;
+}}
+
 // The 128 threads of consumer warpgroup `cw` (named barrier 1 + cw; 0 is __syncthreads).
 __device__ __forceinline__ void tf_bar_sync_wg(int cw) {{
   asm volatile("bar.sync %0, 128;" :: "r"(1 + cw) : "memory");
@@ -188,11 +222,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   unsigned char* c_stage = b_tiles + STAGES * G * B_BYTES;      // STAGED: 8 KB per consumer
   unsigned long long* full = (unsigned long long*)(c_stage + STAGED * CONSUMERS * 64 * 128);
   unsigned long long* empty = full + STAGES;
+  volatile int* last_piece = (volatile int*)(empty + STAGES);   // split tiles: the CTA finishes
   const void* a_map = maps;
 
   const int tiles_m = (M_ + BM - 1) / BM, tiles_n = (N_ + BN - 1) / BN;
   const int row_units = (tiles_m + CLUSTER - 1) / CLUSTER;   // a cluster takes CLUSTER row tiles
-  const int units = row_units * tiles_n;
   const int kblocks = (K_ + BK - 1) / BK;
 #if CLUSTER > 1
   const unsigned rank = tf_cluster_rank();
@@ -200,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   const unsigned rank = 0;
 #endif
   const int first_unit = blockIdx.x / CLUSTER, unit_step = gridDim.x / CLUSTER;
+  const int items = full_items + tail * pieces;
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {{
     for (int s = 0; s < STAGES; ++s) {{
@@ -220,11 +255,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       tf_tensormap_acquire(a_map);
       for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
       int it = 0;
-      for (int u = first_unit; u < units; u += unit_step) {{
+      for (int item = first_unit; item < items; item += unit_step) {{
+        const Work w = work_of(item, full_items, pieces, kblocks);
         int mu, nt;
-        tile_of(u, row_units, tiles_n, mu, nt);
+        tile_of(w.unit, row_units, tiles_n, mu, nt);
         const int m0 = (mu * CLUSTER + (int)rank) * BM, n0 = nt * BN;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {{
+        for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
           const int s = it % STAGES;
           if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
           tf_mbar_expect(full + s, STAGE_BYTES);
@@ -267,11 +303,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     const unsigned a_base = tf_smem_addr(a_tiles), b_base = tf_smem_addr(b_tiles);
     float acc[G][BN / 2];
     int it = 0;
-    for (int u = first_unit; u < units; u += unit_step) {{
+    for (int item = first_unit; item < items; item += unit_step) {{
+      const Work w = work_of(item, full_items, pieces, kblocks);
       int mu, nt;
-      tile_of(u, row_units, tiles_n, mu, nt);
+      tile_of(w.unit, row_units, tiles_n, mu, nt);
       const int m0 = (mu * CLUSTER + (int)rank) * BM, n0 = nt * BN;
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {{
+      for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
         const int s = it % STAGES;
         tf_mbar_wait(full + s, (it / STAGES) & 1);
         tf_wgmma_fence();
@@ -289,13 +326,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
             const unsigned long long db = tf_smem_desc_sw128_at(b + ks * 16 * 128, BK * 128,
                                                                 1024);
 #endif
-            {mma}(acc[x], da, db, kb > 0 || ks > 0);
+            {mma}(acc[x], da, db, kb > w.k0 || ks > 0);
           }}
         }}
         tf_wgmma_commit();
         // the previous k-block's MMAs are done: release its slot (to both producers)
         tf_wgmma_wait<1>();
-        if (kb > 0) {{
+        if (kb > w.k0) {{
           const int prev = (it - 1) % STAGES;
           if (t == 0) tf_mbar_arrive(empty + prev);
 #if CLUSTER > 1
@@ -312,6 +349,47 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
 #if CLUSTER > 1
         if (t == 32) tf_mbar_arrive_cluster(empty + last, rank ^ 1);
 #endif
+      }}
+      if (item >= full_items) {{   // a piece of a split tile: the last piece to finish adds up
+        const Work w = work_of(item, full_items, pieces, kblocks);   // (recomputed: fewer live
+        const int ct = cw * 128 + t;                                  //  registers in the loop)
+        float4* mine = (float4*)ws + (long)(w.slot * CLUSTER + rank) * PART_VEC4;
+        #pragma unroll
+        for (int x = 0; x < G; ++x) {{
+          #pragma unroll
+          for (int g = 0; g < BN / 8; ++g)
+            __stcg(mine + (x * (BN / 8) + g) * CONSUMERS * 128 + ct,
+                   make_float4(acc[x][4 * g], acc[x][4 * g + 1], acc[x][4 * g + 2],
+                               acc[x][4 * g + 3]));
+        }}
+        __threadfence();
+        tf_bar_sync_consumers();
+        if (ct == 0) {{
+          int* counter = counters + (w.unit - full_items) * CLUSTER + rank;
+          const int before = atomicAdd(counter, 1);
+          *last_piece = before == pieces - 1;
+          if (before == pieces - 1) *counter = 0;   // ready for the next launch
+        }}
+        tf_bar_sync_consumers();
+        if (!*last_piece) continue;
+        __threadfence();
+        const int first_slot = (w.unit - full_items) * pieces;
+        for (int p = 0; p < pieces; ++p) {{
+          if (first_slot + p == w.slot) continue;
+          const float4* other = (const float4*)ws + (long)((first_slot + p) * CLUSTER + rank)
+                                * PART_VEC4;
+          #pragma unroll
+          for (int x = 0; x < G; ++x) {{
+            #pragma unroll
+            for (int g = 0; g < BN / 8; ++g) {{
+              const float4 v = __ldcg(other + (x * (BN / 8) + g) * CONSUMERS * 128 + ct);
+              acc[x][4 * g] += v.x;
+              acc[x][4 * g + 1] += v.y;
+              acc[x][4 * g + 2] += v.z;
+              acc[x][4 * g + 3] += v.w;
+            }}
+          }}
+        }}
       }}
       // the epilogue, from the fragments: register 4·jj + 2·x + e holds row r0 + 8·x,
       // column n0 + 8·jj + 2·(lane % 4) + e
