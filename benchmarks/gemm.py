@@ -194,10 +194,11 @@ def ffn(rows=FFN_ROWS, log=print) -> list[Row]:
     gen = torch.Generator(device="cuda").manual_seed(2)
     out_rows = []
     kernels = {"gelu": K.ffn_gelu, "swiglu": K.ffn_swiglu}
-    made = {kind: (tf.compile(kernel), hopper_ffn(kernel, None, tf.compile(kernel).target))
+    whole = {"split_tail": False}
+    made = {kind: (tf.compile(kernel), hopper_ffn(kernel, None, tf.compile(kernel).target),
+                   hopper_ffn(kernel, None, tf.compile(kernel).target, up=whole, down=whole))
             for kind, kernel in kernels.items()}
-    precompile([f for pair in made.values() for f in pair],
-               [{"M": m, **FFN_SHAPE} for m in rows if m > 256])
+    precompile([f for fs in made.values() for f in fs], [{"M": m, **FFN_SHAPE} for m in rows])
     for kind, M in itertools.product(kernels, rows):
         kernel = kernels[kind]
         sizes = {"M": M, **FFN_SHAPE}
@@ -212,7 +213,8 @@ def ffn(rows=FFN_ROWS, log=print) -> list[Row]:
         compiled(*args)
         fns = {"torch_eager": (lambda: eager(*args), "cuBLAS + PyTorch's activation kernels"),
                "torch.compile": (lambda: compiled(*args), "")}
-        for label, f in (("tensorfuse", made[kind][0]), ("tensorfuse_hopper_ffn", made[kind][1])):
+        for label, f in (("tensorfuse", made[kind][0]), ("tensorfuse_hopper_ffn", made[kind][1]),
+                         ("tensorfuse_hopper_ffn[split_tail=False]", made[kind][2])):
             try:
                 problem = run_checked("ffn", f, t, ref)
             except Exception as exc:   # noqa: BLE001 - reported, not fatal
@@ -235,7 +237,7 @@ def ffn(rows=FFN_ROWS, log=print) -> list[Row]:
             out_rows.append(Row(f"ffn_{kind}", f"M={M}", label, ms[label], flops / ms[label] / 1e9,
                                 0.0, 0.0, f"graph {graph:.4f} ms; {speedup:.3f}x torch eager"
                                 + (f"; {note}" if note else "")))
-            log(f"ffn_{kind:7s} M={M:5d} {label:24s} {ms[label]:8.4f} ms (graph {graph:.4f}) "
+            log(f"ffn_{kind:7s} M={M:5d} {label:40s} {ms[label]:8.4f} ms (graph {graph:.4f}) "
                 f"{speedup:.3f}x eager")
     return out_rows
 
@@ -308,6 +310,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="every knob set of SWEEP")
     ap.add_argument("--no-ffn", action="store_true", help="GEMMs only")
     ap.add_argument("--ffn-only", action="store_true", help="the FFN blocks only")
+    ap.add_argument("--ffn-rows", help="M values of the FFN blocks (default 1024,8192,128)")
     args = ap.parse_args(argv)
     if args.check:
         bad = check()
@@ -318,7 +321,8 @@ def main(argv=None) -> int:
     sweep = () if args.no_sweep else SWEEP if args.sweep else SWEEP[:2]
     rows = [] if args.ffn_only else timed(shapes, sweep=sweep)
     if not args.no_ffn:
-        rows += ffn()
+        rows += ffn(tuple(int(m) for m in args.ffn_rows.split(",")) if args.ffn_rows
+                    else FFN_ROWS)
     if args.csv:
         write_csv(rows, args.csv)
     return 0

@@ -92,9 +92,13 @@ def test_auto_template_for_gpu_targets():
     ampere = tf.compile(K.alibi_attention, "cuda:sm_80")
     assert isinstance(ampere.for_sizes(B=1, H=2, M=256, N=256, D=128), TritonKernel)
     assert "row-reduction template" in tf.compile(K.layernorm, "cuda:sm_90a").description
-    ffn = tf.compile(K.ffn_gelu, "cuda:sm_90a")  # fits the template only while K is small
-    assert isinstance(ffn.for_sizes(M=128, K=128, N=512, O=128), TritonKernel)
-    assert not isinstance(ffn.for_sizes(M=128, K=4096, N=14336, O=4096), TritonKernel)
+    ffn = tf.compile(K.ffn_gelu, "cuda:sm_90a")   # few rows: the cluster template; more: two
+    few = ffn.for_sizes(M=128, K=4096, N=14336, O=4096)   # Hopper GEMMs
+    assert isinstance(few, ClusterKernel) and "cluster_distribute" in few.description
+    assert "hopper_ffn" in ffn.for_sizes(M=1024, K=4096, N=14336, O=4096).description
+    older = tf.compile(K.ffn_gelu, "cuda:sm_80")   # the Triton template fits while K is small
+    assert isinstance(older.for_sizes(M=128, K=128, N=512, O=128), TritonKernel)
+    assert not isinstance(older.for_sizes(M=128, K=4096, N=14336, O=4096), TritonKernel)
     assert "default schedule" in tf.compile(K.softmax, "llvm").description
 
 
