@@ -124,7 +124,9 @@ FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("swiglu", dict(M=1000, K=256, N=512, O=776), {}),
               ("gelu", dict(M=64, K=256, N=512, O=512), {"up": {"cluster": 1}}),
               ("swiglu", dict(M=333, K=1024, N=2048, O=512),
-               {"up": {"epilogue": "direct"}, "down": {"cluster": 1, "block_n": 128}}))
+               {"up": {"epilogue": "direct"}, "down": {"cluster": 1, "block_n": 128}}),
+              ("swiglu_linear", dict(M=1000, K=520, N=1032, O=264), {}),
+              ("swiglu_linear", dict(M=2048, K=4096, N=1024, O=4096), {}))
 
 
 def check(log=print) -> int:
@@ -141,7 +143,7 @@ def check(log=print) -> int:
         log(f"{'ok ' if problem is None else 'BAD'} {name} M={M} K={K_} N={N} {knobs} "
             f"scale={scale}" + (f": {problem}" if problem else ""))
     for (kind, sizes, knobs), scale in itertools.product(FFN_CHECKS, (1.0, 30.0)):
-        kernel = K.ffn_gelu if kind == "gelu" else K.ffn_swiglu
+        kernel = K.FFN_KERNELS[f"ffn_{kind}"]
         t = inputs(kernel, sizes["M"], sizes["K"], sizes["N"], gen, scale, O=sizes["O"])
         f = hopper_ffn(kernel, None, tf.compile(kernel).target, **knobs)
         problem = run_checked("ffn", f, t, ffn_reference(kind, t))
@@ -174,6 +176,9 @@ FFN_ROWS = (1024, 8192, 128)
 def ffn_reference(kind: str, t: dict) -> torch.Tensor:
     """The FFN in float64 from the same inputs (the DSL's tanh GELU; SwiGLU)."""
     d = {n: v.double() for n, v in t.items()}
+    if kind == "swiglu_linear":   # weights [out, in]
+        gate = d["x"] @ d["gate_proj"].T
+        return (gate * torch.sigmoid(gate) * (d["x"] @ d["up_proj"].T)) @ d["down_proj"].T
     if kind == "gelu":
         h = d["x"] @ d["w1"]
         h = 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))
@@ -188,12 +193,18 @@ def ffn(rows=FFN_ROWS, log=print) -> list[Row]:
     and PyTorch's activation kernels), torch.compile, ``tf.compile`` (the Hopper FFN above 256
     rows) and the Hopper FFN template at every M; checked against float64 first, timed in turn
     over :data:`ROUNDS` rounds."""
-    from benchmarks.cluster import ffn_eager
+    from benchmarks.cluster import ffn_eager as ffn_eager_in_out
     from tensorfuse.schedule_templates.hopper_ffn import hopper_ffn
+
+    def ffn_eager(kind):
+        if kind != "swiglu_linear":
+            return ffn_eager_in_out(kind)
+        F = torch.nn.functional   # Llama's MLP: weights as nn.Linear keeps them
+        return lambda x, g, u, d: F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d)
 
     gen = torch.Generator(device="cuda").manual_seed(2)
     out_rows = []
-    kernels = {"gelu": K.ffn_gelu, "swiglu": K.ffn_swiglu}
+    kernels = {"gelu": K.ffn_gelu, "swiglu": K.ffn_swiglu, "swiglu_linear": K.ffn_swiglu_linear}
     whole = {"split_tail": False}
     made = {kind: (tf.compile(kernel), hopper_ffn(kernel, None, tf.compile(kernel).target),
                    hopper_ffn(kernel, None, tf.compile(kernel).target, up=whole, down=whole))
@@ -203,8 +214,8 @@ def ffn(rows=FFN_ROWS, log=print) -> list[Row]:
         kernel = kernels[kind]
         sizes = {"M": M, **FFN_SHAPE}
         t = inputs(kernel, M, FFN_SHAPE["K"], FFN_SHAPE["N"], gen, O=FFN_SHAPE["O"])
-        t = {n: (torch.randn(FFN_SHAPE["N"], FFN_SHAPE["O"], generator=gen, device="cuda")
-                 / math.sqrt(FFN_SHAPE["N"])).to(torch.bfloat16) if n == "w2" else v
+        t = {n: (torch.randn(v.shape, generator=gen, device="cuda") / math.sqrt(FFN_SHAPE["N"])
+                 ).to(torch.bfloat16) if n in ("w2", "down_proj") else v
              for n, v in t.items()}
         ref = ffn_reference(kind, t)
         eager = ffn_eager(kind)

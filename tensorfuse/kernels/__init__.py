@@ -8,7 +8,7 @@ from .attention import (attention, causal_attention, alibi_attention, softcap_at
                         gqa_attention, gqa_causal_attention, neighborhood_attention, softmax_attend,
                         ATTENTION_VARIANTS)
 from .rows import softmax, log_softmax, layernorm, rmsnorm, cross_entropy, ROW_KERNELS
-from .ffn import ffn_gelu, ffn_swiglu, FFN_KERNELS
+from .ffn import ffn_gelu, ffn_swiglu, ffn_swiglu_linear, FFN_KERNELS
 from .gemm import matmul, linear, swiglu_gate, GEMM_KERNELS
 
 ALL = {**ATTENTION_VARIANTS, **ROW_KERNELS, **FFN_KERNELS, **GEMM_KERNELS}
@@ -16,5 +16,5 @@ ALL = {**ATTENTION_VARIANTS, **ROW_KERNELS, **FFN_KERNELS, **GEMM_KERNELS}
 __all__ = ["attention", "causal_attention", "alibi_attention", "softcap_attention",
            "sliding_window_attention", "prefix_lm_attention", "document_attention", "gqa_attention",
            "gqa_causal_attention", "neighborhood_attention", "softmax_attend", "softmax",
-           "log_softmax", "layernorm", "rmsnorm", "cross_entropy", "ffn_gelu", "ffn_swiglu", "matmul", "linear", "swiglu_gate", "ALL",
+           "log_softmax", "layernorm", "rmsnorm", "cross_entropy", "ffn_gelu", "ffn_swiglu", "ffn_swiglu_linear", "matmul", "linear", "swiglu_gate", "ALL",
            "ATTENTION_VARIANTS", "ROW_KERNELS", "FFN_KERNELS", "GEMM_KERNELS"]

@@ -127,6 +127,10 @@ def ref_ffn_swiglu(x, w1, w3, w2):
     return (gate / (1.0 + np.exp(-gate)) * (x @ w3)) @ w2
 
 
+def ref_ffn_swiglu_linear(x, gate_proj, up_proj, down_proj):
+    return ref_ffn_swiglu(x, gate_proj.T, up_proj.T, down_proj.T)
+
+
 def ref_matmul(x, w):
     return x @ w
 

@@ -133,6 +133,11 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
     _check_target(target)
     program = kernel.program
     plan = plan_gemm_chain(program)
+    if plan.gates_k_major or plan.w2_k_major:
+        raise ScheduleError("cluster_distribute (GEMM chain): the cluster template reads weights "
+                            "stored [in, out]; these are [out, in] as torch.nn.Linear keeps them "
+                            "— apply_template('hopper_ffn') reads them as stored, or declare "
+                            "them [in, out] and pass weight.t().contiguous()", user_location())
     if axis != plan.axis:
         raise ScheduleError(f"cluster_distribute(axis={axis!r}): for this GEMM chain the axis is "
                             f"{plan.axis!r}, the one the second sum runs over (the intermediate's "

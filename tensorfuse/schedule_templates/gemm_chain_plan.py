@@ -43,6 +43,8 @@ class GemmChainPlan:
     axis: str
     gate_sums: tuple[str, ...]   # the first-level sums the activation reads (as g0, g1, …)
     second: str                  # the second sum, which the epilogue reads (as y)
+    gates_k_major: bool = False  # the first-level weights stored [N, K] (nn.Linear's [out, in])
+    w2_k_major: bool = False     # w2 stored [O, N]
 
     def describe(self) -> str:
         i, k, n, o = self.dims
@@ -101,8 +103,8 @@ def _is_axis(e: Expr, axis: Axis) -> bool:
     return isinstance(e, Axis) and e.uid == axis.uid
 
 
-_IN_OUT = (" — weights stored [in, out]; torch.nn.Linear keeps its weight as [out, in], so "
-           "declare it [in, out] and pass linear.weight.t().contiguous(), transposed once")
+_IN_OUT = (" — weights stored [in, out], or [out, in] as torch.nn.Linear keeps them (the Hopper "
+           "FFN reads either as stored; the cluster template needs [in, out])")
 
 
 def _refuse(message: str, c) -> ScheduleError:
@@ -140,18 +142,20 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
     n_axis = r2.over[0]
     # second sum: (activation over [i, n]) * w2[n, o]
     w2_loads = [f for f in factors(r2.bodies[0]) if isinstance(f, Load)
-                and len(f.indices) == 2 and _is_axis(f.indices[0], n_axis)
-                and _is_axis(f.indices[1], o_axis)]
+                and len(f.indices) == 2 and
+                ((_is_axis(f.indices[0], n_axis) and _is_axis(f.indices[1], o_axis)) or
+                 (_is_axis(f.indices[0], o_axis) and _is_axis(f.indices[1], n_axis)))]
     if len(w2_loads) != 1:
         raise _refuse(f"{r2.name} must multiply by a weight indexed [{n_axis.name}, "
                       f"{o_axis.name}]{_IN_OUT}", r2)
     w2 = w2_loads[0]
+    w2_k_major = _is_axis(w2.indices[0], o_axis)
     act_factors = [f for f in factors(r2.bodies[0]) if f is not w2]
     act = inline_elementwise(act_factors[0])
     for f in act_factors[1:]:
         act = Binary("mul", act, inline_elementwise(f), "f32", f.loc)
     # first-level sums: x[i, k] * w[k, n], all with the same x
-    x_name, gates = None, []
+    x_name, gates, layouts = None, [], set()
     for c in first:
         loads = factors(c.bodies[0])
         if len(c.over) != 1 or len(loads) != 2 or not all(isinstance(f, Load) for f in loads):
@@ -159,7 +163,8 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
         k = c.over[0]
         xs = [f for f in loads if _is_axis(f.indices[0], i_axis) and _is_axis(f.indices[-1], k)]
         ws = [f for f in loads if all(f is not x for x in xs) and len(f.indices) == 2
-              and _is_axis(f.indices[0], k) and _is_axis(f.indices[1], n_axis)]
+              and ((_is_axis(f.indices[0], k) and _is_axis(f.indices[1], n_axis))
+                   or (_is_axis(f.indices[0], n_axis) and _is_axis(f.indices[1], k)))]
         if len(xs) != 1 or len(ws) != 1 or len(xs[0].indices) != 2:
             raise _refuse(f"{c.name} must be sum(x[{i_axis.name}, k] * w[k, {n_axis.name}], "
                           f"over=k){_IN_OUT}", c)
@@ -168,6 +173,11 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
                           "first-level products must share their left operand", c)
         x_name = xs[0].param.name
         gates.append((c.name, ws[0].param.name))
+        layouts.add(_is_axis(ws[0].indices[0], n_axis))
+    if len(layouts) > 1:
+        raise _refuse("the first-level weights are stored in different layouts ([in, out] and "
+                      "[out, in]); store them alike", out)
+    gates_k_major = layouts.pop()
     for p in program.tensor_params:
         if p.dtype != "bf16":
             raise _refuse(f"{p.name} is {p.dtype}; the cluster GEMM chain takes bf16 tensors", None)
@@ -189,10 +199,12 @@ def plan_gemm_chain(program: Program) -> GemmChainPlan:
         p = next(p for p in program.tensor_params if p.name == param_name)
         return str(p.dims[pos])
 
-    dims = (dim(x_name, 0), dim(x_name, 1), dim(gates[0][1], 1), dim(w2.param.name, 1))
+    dims = (dim(x_name, 0), dim(x_name, 1), dim(gates[0][1], 0 if gates_k_major else 1),
+            dim(w2.param.name, 0 if w2_k_major else 1))
     return GemmChainPlan(x_name, tuple(w for _, w in gates), w2.param.name, act, epilogue,
                          out.name, dims, tuple(p.name for p in program.scalar_params),
-                         n_axis.name, tuple(name for name, _ in gates), r2.name)
+                         n_axis.name, tuple(name for name, _ in gates), r2.name,
+                         gates_k_major, w2_k_major)
 
 
 def check_sizes(plan: GemmChainPlan, knobs: ClusterKnobs, M: int, K: int, N: int, O: int) -> None:

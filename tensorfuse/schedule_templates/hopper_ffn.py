@@ -62,16 +62,19 @@ def plan_hopper_ffn(program: Program) -> HopperFfnPlan:
     chain = plan_gemm_chain(program)
     i, k, n, o = chain.dims
     scalars = tuple((p.name, p.dtype) for p in program.scalar_params)
-    up = HopperGemmPlan(chain.x, chain.gates, False, chain.gate_sums, chain.activation,
-                        INTERMEDIATE, "bf16", "bf16", (i, k, n), ("i", "n"), (), scalars)
-    down = HopperGemmPlan(INTERMEDIATE, (chain.w2,), False, (chain.second,), chain.epilogue,
-                          chain.output, "bf16", "bf16", (i, n, o), ("i", "o"), (), scalars)
+    up = HopperGemmPlan(chain.x, chain.gates, chain.gates_k_major, chain.gate_sums,
+                        chain.activation, INTERMEDIATE, "bf16", "bf16", (i, k, n), ("i", "n"), (),
+                        scalars)
+    down = HopperGemmPlan(INTERMEDIATE, (chain.w2,), chain.w2_k_major, (chain.second,),
+                          chain.epilogue, chain.output, "bf16", "bf16", (i, n, o), ("i", "o"), (),
+                          scalars)
     return HopperFfnPlan(chain, up, down)
 
 
 def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
                down: dict | None = None, tuned=None, prefill_only: bool = False) -> ClusterKernel:
-    """A callable FFN kernel for ``kernel`` (a GEMM chain, weights stored ``[in, out]``): knobs of
+    """A callable FFN kernel for ``kernel`` (a GEMM chain; weights stored ``[in, out]`` or, as
+    ``torch.nn.Linear`` keeps them, ``[out, in]``, read as stored): knobs of
     the first and second GEMM as dicts (``up``, ``down``; see :func:`.hopper_gemm.hopper_gemm`).
     ``fusion`` and ``tuned`` are accepted for the template interface; ``prefill_only``:
     ``tf.compile``'s use — prefer this kernel only above :data:`FEW_ROWS` rows."""

@@ -216,6 +216,15 @@ def test_ffn_is_two_gemms_with_the_activation_in_the_first(kernel):
     assert "intermediate [M, N] written once" in launches.plan.describe()
 
 
+def test_ffn_reads_nn_linear_weights_as_stored():
+    f = tf.compile(K.ffn_swiglu_linear, "cuda:sm_90a")
+    assert f.schedule_origin(**FFN).startswith("hopper_ffn template defaults")
+    first, second = f.for_sizes(**FFN).launches(**FFN).sources
+    assert "#define B_KMAJOR 1" in first and "#define B_KMAJOR 1" in second
+    with pytest.raises(ScheduleError, match="hopper_ffn"):   # the cluster template needs [in, out]
+        tf.schedule(K.ffn_swiglu_linear, "cuda:sm_90a").cluster_distribute("n")
+
+
 def test_compile_prefers_the_hopper_ffn_above_256_rows():
     f = tf.compile(K.ffn_swiglu, "cuda:sm_90a")
     assert f.schedule_origin(**FFN).startswith("hopper_ffn template defaults")
