@@ -220,6 +220,8 @@ def test_ffn_reads_nn_linear_weights_as_stored():
     f = tf.compile(K.ffn_swiglu_linear, "cuda:sm_90a")
     assert f.schedule_origin(**FFN).startswith("hopper_ffn template defaults")
     first, second = f.for_sizes(**FFN).launches(**FFN).sources
+    few = dict(FFN, M=128)   # the cluster template cannot read them: the Hopper FFN at any M
+    assert f.schedule_origin(**few).startswith("hopper_ffn template defaults")
     assert "#define B_KMAJOR 1" in first and "#define B_KMAJOR 1" in second
     with pytest.raises(ScheduleError, match="hopper_ffn"):   # the cluster template needs [in, out]
         tf.schedule(K.ffn_swiglu_linear, "cuda:sm_90a").cluster_distribute("n")
