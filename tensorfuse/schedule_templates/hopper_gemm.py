@@ -74,11 +74,10 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     smem = shared_bytes(plan, knobs)
     ctas, fit = resident_ctas(source, knobs, smem, target)
     units = math.ceil(math.ceil(M / knobs.block_m) / knobs.cluster) * math.ceil(N / knobs.block_n)
-    kblocks = math.ceil(K / BLOCK_K)
-    full_items, tail, per = stream_k(units, ctas // knobs.cluster, kblocks) \
-        if knobs.split_tail else (units, 0, kblocks)
-    maxp = math.ceil(kblocks / per) + 1     # clusters one stream-K tile can be cut between
-    grid = min(units * knobs.cluster, ctas) if not tail else ctas // knobs.cluster * knobs.cluster
+    full_items, tail, pieces = split_tail(units, ctas // knobs.cluster,
+                                          math.ceil(K / BLOCK_K)) if knobs.split_tail else \
+        (units, 0, 1)
+    grid = min((full_items + tail * pieces) * knobs.cluster, ctas)
     maps = operand_maps(plan, knobs, (M, K, N))
     entries = [KernelEntry(ENTRY, tuple(t for _, t, _ in kernel_arguments(plan)))]
     scratch: dict = {}   # device -> (partials, counters), kept between calls (counters reset
@@ -90,7 +89,7 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
 
         if str(device) not in scratch:
             scratch[str(device)] = (
-                torch.empty(max(1, tail * maxp * knobs.cluster * part), dtype=torch.float32,
+                torch.empty(max(1, tail * pieces * knobs.cluster * part), dtype=torch.float32,
                             device=device),
                 torch.zeros(max(1, tail * knobs.cluster), dtype=torch.int32, device=device))
         return scratch[str(device)]
@@ -104,28 +103,25 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
         scalars = [values[n] for n, _ in plan.scalars]
         partials, counters = split_buffers(device)
         module[ENTRY](pointer(maps(values, device)), pointer(out), *tensors, M, N, K, *scalars,
-                      pointer(partials), pointer(counters), full_items, tail, per, maxp,
+                      pointer(partials), pointer(counters), full_items, tail, pieces,
                       grid, 1, knobs.threads, knobs.cluster, smem)
 
-    split = (f"; the last {tail} tiles stream-K: {per} k-blocks per cluster" if tail else "")
+    split = (f"; the last {tail} tiles split {pieces} ways along K" if tail else "")
     return Launches(source, entries, knobs, run,
                     f"{why}; {grid} persistent CTAs ({fit}){split}", plan)
 
 
-def stream_k(units: int, slots: int, kblocks: int, least: int = 4) -> tuple[int, int, int]:
-    """``(whole tiles, stream-K tiles, k-blocks per cluster)``: where the last wave of ``units``
-    tiles on ``slots`` clusters would leave at least half of them idle, its tiles' k-blocks are
-    laid end to end and dealt out evenly to every cluster (each share at least ``least``
-    k-blocks); a tile cut between clusters is finished by the last of them to arrive, which adds
-    the others' partial sums (at M=1024, K=4096, N=14336: 224 tiles on 66 clusters fill 3.4
-    waves; with stream-K the fourth takes 0.4 of a wave). Otherwise ``(units, 0, kblocks)``."""
+def split_tail(units: int, slots: int, kblocks: int, least: int = 4) -> tuple[int, int, int]:
+    """``(whole units, split units, pieces each)``: where the last wave of ``units`` tiles on
+    ``slots`` CTAs (or clusters) would leave at least half of them idle, its tiles are split
+    along K into as many pieces as fill the wave (each at least ``least`` k-blocks), the last
+    piece of each adding the others' partial sums (at M=1024, K=4096, N=14336: 224 tiles on 66
+    clusters fill 3.4 waves; split, the fourth wave takes half the time)."""
     whole, tail = divmod(units, slots)
-    if not tail or slots // tail < 2:
-        return units, 0, kblocks
-    per = max(least, math.ceil(tail * kblocks / slots))
-    if per >= kblocks:   # too few k-blocks to share: whole tiles
-        return units, 0, kblocks
-    return whole * slots, tail, per
+    pieces = min(slots // tail, kblocks // least) if tail else 1
+    if pieces < 2:
+        return units, 0, 1
+    return whole * slots, tail, pieces
 
 
 def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
@@ -139,8 +135,8 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     ``consumers`` warpgroups of 64 rows (the tile's rows), ``stages`` ring slots, ``cluster``
     (2: weight tiles shared by TMA multicast, ``multicast="split"`` or ``"leader"``),
     ``group_m`` row tiles per rasterisation group, ``epilogue`` (``"direct"`` or
-    ``"staged"``), ``split_tail`` (share a mostly idle last wave's work out evenly along K:
-    :func:`stream_k`). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for the template interface (the knobs are not tuned yet)."""
+    ``"staged"``), ``split_tail`` (split a mostly idle last wave's tiles along K:
+    :func:`split_tail`). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for the template interface (the knobs are not tuned yet)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_gemm template generates sm_90a code (wgmma, TMA); the "
                             f"target is {target.name}", user_location())

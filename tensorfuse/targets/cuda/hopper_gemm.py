@@ -81,12 +81,11 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     return args + list(SPLIT_ARGUMENTS)
 
 
-# The stream-K last wave (see hopper_gemm_source), last in the argument list: partial
-# accumulators, one arrival counter per split tile and CTA, whole tiles, stream-K tiles, k-blocks
-# per cluster, partial slots per tile.
+# The split of the last wave (see hopper_gemm_source), last in the argument list: partial
+# accumulators, one arrival counter per split tile and CTA, whole units, split units, pieces each.
 SPLIT_ARGUMENTS = (("ws", "handle", "float* __restrict__"), ("counters", "handle", "int*"),
                    ("full_items", "int32", "int"), ("tail", "int32", "int"),
-                   ("per", "int32", "int"), ("maxp", "int32", "int"))
+                   ("pieces", "int32", "int"))
 
 
 def epilogue_code(plan) -> str:
@@ -172,32 +171,25 @@ __device__ __forceinline__ void tf_bar_sync_consumers() {{
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
 
-// What a cluster computes, in order: whole tiles c, c + slots, … below `full_items` (c: the
-// cluster's index, slots: the clusters), then — stream-K — its share [c·per, (c+1)·per) of the
-// last `tail` tiles' k-blocks laid end to end, cut at tile boundaries (a piece: k-blocks
-// [k0, k1) of one tile).
+// Work item `item`: the first `full_items` are whole tiles (units); the rest split the last
+// `tail` units' k-blocks into `pieces` ranges each (slot: the piece's partial in ws).
 struct Work {{
-  int unit, k0, k1;
+  int unit, k0, k1, piece, slot;
 }};
-struct Schedule {{
-  int item, pos, end;   // the sizes stay kernel parameters (constant bank): fewer live registers
-  __device__ __forceinline__ Schedule(int c, int tail, int per, int kblocks)
-      : item(c), pos(c * per), end(min((c + 1) * per, tail * kblocks)) {{}}
-  __device__ __forceinline__ bool next(Work& w, int full_items, int step, int kblocks) {{
-    if (item < full_items) {{
-      w.unit = item; w.k0 = 0; w.k1 = kblocks;
-      item += step;
-      return true;
-    }}
-    if (pos >= end) return false;
-    const int t = pos / kblocks;
-    w.unit = full_items + t;
-    w.k0 = pos - t * kblocks;
-    w.k1 = min(end - t * kblocks, kblocks);
-    pos = t * kblocks + w.k1;
-    return true;
+__device__ __forceinline__ Work work_of(int item, int full_items, int pieces, int kblocks) {{
+  Work w;
+  if (item < full_items) {{
+    w.unit = item; w.k0 = 0; w.k1 = kblocks; w.piece = -1; w.slot = 0;
+  }} else {{
+    const int j = item - full_items;
+    w.unit = full_items + j / pieces;
+    w.piece = j % pieces;
+    w.slot = j;
+    w.k0 = kblocks * w.piece / pieces;
+    w.k1 = kblocks * (w.piece + 1) / pieces;
   }}
-}};
+  return w;
+}}
 
 // The 128 threads of consumer warpgroup `cw` (named barrier 1 + cw; 0 is __syncthreads).
 __device__ __forceinline__ void tf_bar_sync_wg(int cw) {{
@@ -241,8 +233,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
 #else
   const unsigned rank = 0;
 #endif
-  const int unit_step = gridDim.x / CLUSTER;   // clusters
-  const int cluster_id = blockIdx.x / CLUSTER;
+  const int first_unit = blockIdx.x / CLUSTER, unit_step = gridDim.x / CLUSTER;
+  const int items = full_items + tail * pieces;
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {{
     for (int s = 0; s < STAGES; ++s) {{
@@ -263,9 +255,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       tf_tensormap_acquire(a_map);
       for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
       int it = 0;
-      Schedule sched(cluster_id, tail, per, kblocks);
-      Work w;
-      while (sched.next(w, full_items, unit_step, kblocks)) {{
+      for (int item = first_unit; item < items; item += unit_step) {{
+        const Work w = work_of(item, full_items, pieces, kblocks);
         int mu, nt;
         tile_of(w.unit, row_units, tiles_n, mu, nt);
         const int m0 = (mu * CLUSTER + (int)rank) * BM, n0 = nt * BN;
@@ -312,9 +303,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     const unsigned a_base = tf_smem_addr(a_tiles), b_base = tf_smem_addr(b_tiles);
     float acc[G][BN / 2];
     int it = 0;
-    Schedule sched(cluster_id, tail, per, kblocks);
-    Work w;
-    while (sched.next(w, full_items, unit_step, kblocks)) {{
+    for (int item = first_unit; item < items; item += unit_step) {{
+      const Work w = work_of(item, full_items, pieces, kblocks);
       int mu, nt;
       tile_of(w.unit, row_units, tiles_n, mu, nt);
       const int m0 = (mu * CLUSTER + (int)rank) * BM, n0 = nt * BN;
@@ -360,12 +350,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         if (t == 32) tf_mbar_arrive_cluster(empty + last, rank ^ 1);
 #endif
       }}
-      const int t_sk = w.unit - full_items;   // stream-K: this tile's pieces are clusters
-      const int first_c = t_sk * kblocks / per, last_c = ((t_sk + 1) * kblocks - 1) / per;
-      if (t_sk >= 0 && last_c > first_c) {{   // split: the last piece to finish adds them up
-        const int ct = cw * 128 + t;
-        float4* mine = (float4*)ws + (long)((t_sk * maxp + cluster_id - first_c) * CLUSTER
-                                            + rank) * PART_VEC4;
+      if (item >= full_items) {{   // a piece of a split tile: the last piece to finish adds up
+        const Work w = work_of(item, full_items, pieces, kblocks);   // (recomputed: fewer live
+        const int ct = cw * 128 + t;                                  //  registers in the loop)
+        float4* mine = (float4*)ws + (long)(w.slot * CLUSTER + rank) * PART_VEC4;
         #pragma unroll
         for (int x = 0; x < G; ++x) {{
           #pragma unroll
@@ -377,17 +365,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         __threadfence();
         tf_bar_sync_consumers();
         if (ct == 0) {{
-          int* counter = counters + t_sk * CLUSTER + rank;
+          int* counter = counters + (w.unit - full_items) * CLUSTER + rank;
           const int before = atomicAdd(counter, 1);
-          *last_piece = before == last_c - first_c;
-          if (before == last_c - first_c) *counter = 0;   // ready for the next launch
+          *last_piece = before == pieces - 1;
+          if (before == pieces - 1) *counter = 0;   // ready for the next launch
         }}
         tf_bar_sync_consumers();
         if (!*last_piece) continue;
         __threadfence();
-        for (int p = 0; p <= last_c - first_c; ++p) {{
-          if (p == cluster_id - first_c) continue;
-          const float4* other = (const float4*)ws + (long)((t_sk * maxp + p) * CLUSTER + rank)
+        const int first_slot = (w.unit - full_items) * pieces;
+        for (int p = 0; p < pieces; ++p) {{
+          if (first_slot + p == w.slot) continue;
+          const float4* other = (const float4*)ws + (long)((first_slot + p) * CLUSTER + rank)
                                 * PART_VEC4;
           #pragma unroll
           for (int x = 0; x < G; ++x) {{
