@@ -1,6 +1,6 @@
 """Run the whole suite on the local GPU in one process; write the CSV, the plot and a summary.
 
-    python -m benchmarks.run [--out DIR] [--sizes 1024,4096,16384] [--only attention,decode,rows]
+    python -m benchmarks.run [--out DIR] [--sizes 1024,4096,16384] [--only attention,decode,rows,...]
 
 Writes DIR/<date>-<gpu>.csv and DIR/<date>-<gpu>.png and prints a table. ``benchmarks/RESULTS.md``
 is written from the CSV by ``python -m benchmarks.report CSV``.
@@ -20,8 +20,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--sizes", default="1024,4096,16384")
-    parser.add_argument("--only", default="attention,decode,rows,cluster",
-                        help="comma-separated parts: attention, decode, rows, cluster")
+    parser.add_argument("--only", default="attention,decode,rows,cluster,gemm",
+                        help="comma-separated parts: attention, decode, rows, cluster, gemm "
+                             "(GEMMs and the FFN blocks on the Hopper GEMM)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks need an NVIDIA GPU", file=sys.stderr)
@@ -52,13 +53,19 @@ def main(argv=None) -> int:
         from benchmarks import cluster
 
         results += cluster.run_decode(log=log) + cluster.run_ffn(log=log)
+    if "gemm" in parts:
+        from benchmarks import gemm
+
+        results += gemm.timed(gemm.SHAPES + gemm.PROBES, sweep=(), log=log) + gemm.ffn(log=log)
     path = os.path.join(args.out, f"{stamp}-{gpu}.csv")
     write_csv(results, path)
     try:
-        from benchmarks.report import plot, plot_cluster
+        from benchmarks.report import plot, plot_cluster, plot_gemm
 
         plot(path, path.replace(".csv", ".png"))
         plot_cluster(path, path.replace(".csv", "-cluster.png"))
+        if "gemm" in parts:
+            plot_gemm(path, path.replace(".csv", "-gemm.png"))
     except Exception as exc:  # noqa: BLE001 - the CSV is the result; the plot is a view of it
         log(f"plot failed: {exc}")
     log(f"wrote {path} in {time.time() - started:.0f} s")
