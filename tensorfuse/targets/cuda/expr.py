@@ -90,3 +90,39 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
 def size_macros(sizes: dict) -> str:
     """``#define TF_SIZE_<name> <value>`` for every size, for expressions that use ``T.size``."""
     return "".join(f"#define TF_SIZE_{name} {int(value)}\n" for name, value in sizes.items())
+
+
+# C++ element types of DSL dtypes, for the tensors a generated kernel reads.
+C_TYPES = {"bf16": "__nv_bfloat16", "f16": "__half", "f32": "float", "f64": "double",
+           "i32": "int", "i64": "long long", "i8": "signed char", "u8": "unsigned char",
+           "bool": "bool"}
+
+
+def tensor_arguments(tensors) -> list[tuple[str, str, str]]:
+    """(C++ name ``t_<name>``, TVM argument type, C++ type) of the tensors an expression reads
+    (``(name, dtype)`` pairs): the names :func:`to_cuda` gets as ``loads``."""
+    return [(f"t_{name}", "handle", f"const {C_TYPES[dtype]}* __restrict__")
+            for name, dtype in tensors]
+
+
+def scalar_arguments(scalars) -> list[tuple[str, str, str]]:
+    """The same for scalar parameters (``(name, dtype)`` pairs): float or int by value."""
+    return [(name, "float32", "float") if dtype.startswith(("f", "bf")) else
+            (name, "int32", "int") for name, dtype in scalars]
+
+
+def size_aliases(pairs) -> str:
+    """``#define TF_SIZE_<size name> <kernel variable>`` for ``(size name, variable)`` pairs,
+    the first variable of a size that several roles share (k and v share q's heads), for
+    expressions that use the sizes while the kernel takes them as arguments."""
+    first: dict = {}
+    for name, var in pairs:
+        first.setdefault(name, var)
+    return "".join(f"#define TF_SIZE_{name} {var}\n" for name, var in first.items())
+
+
+def forwarded(args) -> tuple[str, str]:
+    """``(", T a, U b", ", a, b")``: parameters and arguments that pass ``args`` (name, TVM type,
+    C++ type) on to a device function."""
+    return ("".join(f", {c} {n}" for n, _, c in args), "".join(f", {n}" for n, _, _ in args))
+

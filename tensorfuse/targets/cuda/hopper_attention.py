@@ -26,7 +26,7 @@ masked give 0/0 (NaN), as the unfused program does.
 from __future__ import annotations
 
 from .dsm import HELPERS as DSM_HELPERS
-from .expr import to_cuda
+from .expr import forwarded, scalar_arguments, size_aliases, tensor_arguments, to_cuda
 from .tma import HELPERS as TMA_HELPERS
 from .tma import HELPERS_3D, MBARRIER_HELPERS
 from .wgmma import HELPERS as WGMMA_HELPERS
@@ -42,11 +42,6 @@ _TYPES = {"bf16": ("__nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn"),
           "f16": ("__half", "__half2", "__floats2half2_rn")}
 
 
-C_TYPES = {"bf16": "__nv_bfloat16", "f16": "__half", "f32": "float", "f64": "double",
-            "i32": "int", "i64": "long long", "i8": "signed char", "u8": "unsigned char",
-            "bool": "bool"}
-
-
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
     maps, the output, the block lists, tensors the score or mask read, the sizes, the scalars."""
@@ -54,12 +49,9 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     args = [("maps", "handle", "const void*"), ("out", "handle", "void*"),
             ("pn", "handle", lists), ("pi", "handle", lists), ("fn", "handle", lists),
             ("fi", "handle", lists)]
-    args += [(f"t_{name}", "handle", f"const {C_TYPES[dtype]}* __restrict__")
-             for name, dtype in plan.tensors]
-    args += [(d, "int32", "int") for d in ("B_", "H_", "HKV_", "M_", "N_")]
-    args += [(name, "float32", "float") if t.startswith(("f", "bf")) else (name, "int32", "int")
-             for name, t in plan.chain.scalars]
-    return args
+    return args + tensor_arguments(plan.tensors) + \
+        [(d, "int32", "int") for d in ("B_", "H_", "HKV_", "M_", "N_")] + \
+        scalar_arguments(plan.chain.scalars)
 
 
 def _expressions(plan) -> tuple[str, str, str]:
@@ -74,8 +66,9 @@ def _expressions(plan) -> tuple[str, str, str]:
         score = "(qk * scale2)"
     else:
         scale = "TF_LOG2E"
-        score = f"({to_cuda(plan.score, {chain.dot: 'qk'}, 'the score', axes, loads=loads)} * scale2)"
-    mask = to_cuda(plan.mask, {}, "the mask", axes, loads=loads) if plan.mask is not None else "true"
+        written = to_cuda(plan.score, {chain.dot: "qk"}, "the score", axes, loads=loads)
+        score = f"({written} * scale2)"
+    mask = "true" if plan.mask is None else to_cuda(plan.mask, {}, "the mask", axes, loads=loads)
     return score, mask, scale
 
 
@@ -96,15 +89,10 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
         wgmma_function(D, a_in_registers=True, dtype=plan.dtype)
     args = kernel_arguments(plan)
     params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
-    extra = args[6:]   # what the score and mask may read: tensors, sizes, scalars
-    extra_params = "".join(f", {c} {n}" for n, _, c in extra)
-    extra_args = "".join(f", {n}" for n, _, _ in extra)
+    # what the score and mask may read: tensors, sizes, scalars
+    extra_params, extra_args = forwarded(args[6:])
     score, mask, scale = _expressions(plan)
-    b, h, hkv, m, n, d = chain.dims
-    named = {}   # a size's first role (k and v share q's head count unless grouped)
-    for name, var in ((b, "B_"), (h, "H_"), (hkv, "HKV_"), (m, "M_"), (n, "N_"), (d, "D_")):
-        named.setdefault(name, var)
-    sizes = "".join(f"#define TF_SIZE_{name} {var}\n" for name, var in named.items())
+    sizes = size_aliases(zip(chain.dims, ("B_", "H_", "HKV_", "M_", "N_", "D_")))
     return f"""{header}#include <math.h>
 {DSM_HELPERS}
 {WGMMA_HELPERS}
@@ -121,7 +109,8 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
 #define CONSUMER_REGS {knobs.consumer_registers}
 #define PRODUCER_REGS 24
 #define OVERLAP {int(knobs.overlap)}
-#define PINGPONG {int(knobs.pingpong and knobs.consumers > 1)}   // consumers take turns issuing MMAs
+// consumers take turns issuing MMAs
+#define PINGPONG {int(knobs.pingpong and knobs.consumers > 1)}
 #if PINGPONG
 #define TURN_BEGIN tf_turn_wait(cw);
 #define TURN_END tf_turn_pass(cw);
@@ -181,7 +170,8 @@ __device__ __forceinline__ unsigned long long vmajor_desc(unsigned tile, int ks)
 }}
 
 // S (log2 units) of one key block: the program's score on the fragment, masked where `masked`.
-// Fragment register r of warp w, lane l: row 16w + l/4 + 8·((r%4)/2), column 8·(r/4) + 2·(l%4) + r%2.
+// Fragment register r of warp w, lane l: row 16w + l/4 + 8·((r%4)/2),
+// column 8·(r/4) + 2·(l%4) + r%2.
 template <bool MASKED>
 __device__ __forceinline__ void score_block(float (&s)[BN / 2], int row_lo, int n0, int b, int h,
     int lane, float scale2{extra_params}) {{
