@@ -8,6 +8,7 @@ two: as many as the driver says fit), each walking the tiles in the same grouped
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -55,12 +56,19 @@ def resident_ctas(source: str, knobs, smem: int, target: TargetSpec) -> tuple[in
     if knobs.cluster == 1:
         return gpu[1], f"{gpu[1]} SMs"
     try:
-        clusters = max_active_clusters(cubin_for(source, target), ENTRY, knobs.cluster,
-                                       knobs.threads, smem, gpu[0])
+        clusters = _clusters_at_once(source, target, knobs.cluster, knobs.threads, smem, gpu[0])
     except TargetError as exc:
         warnings.warn(f"{exc}; the GEMM sizes its grid by the SM count instead", stacklevel=2)
         return gpu[1] // knobs.cluster * knobs.cluster, f"{gpu[1]} SMs"
     return clusters * knobs.cluster, f"{clusters} clusters of {knobs.cluster} fit at once"
+
+
+@functools.lru_cache(maxsize=64)
+def _clusters_at_once(source: str, target: TargetSpec, cluster: int, threads: int, smem: int,
+                      device: int) -> int:
+    """The driver's count, asked once per kernel source and device (it loads the module):
+    every size of a GEMM, and both GEMMs of an FFN, share a source."""
+    return max_active_clusters(cubin_for(source, target), ENTRY, cluster, threads, smem, device)
 
 
 def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: dict) -> Launches:
@@ -136,7 +144,8 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     (2: weight tiles shared by TMA multicast, ``multicast="split"`` or ``"leader"``),
     ``group_m`` row tiles per rasterisation group, ``epilogue`` (``"direct"`` or
     ``"staged"``), ``split_tail`` (split a mostly idle last wave's tiles along K:
-    :func:`split_tail`). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for the template interface (the knobs are not tuned yet)."""
+    :func:`split_tail`). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for
+    the template interface (the knobs are not tuned yet)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_gemm template generates sm_90a code (wgmma, TMA); the "
                             f"target is {target.name}", user_location())

@@ -104,7 +104,7 @@ class HopperGemmPlan:
                  f"{self.a}[{m}, {k}] and {', '.join(self.weights)} {layout} ({self.dtype})",
                  f"  sums: {', '.join(self.sums)} over {k} (wgmma, f32 accumulators)",
                  f"  epilogue: {to_text(self.epilogue)}",
-                 "  persistent CTAs: a TMA producer warp, two consumer warpgroups"]
+                 "  persistent CTAs: a TMA producer warp, consumer warpgroups of 64 rows"]
         if knobs is not None:
             lines.append(f"  knobs: {knobs}")
         return "\n".join(lines)
@@ -172,6 +172,7 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
     if len(k_major) > 1:
         raise _refuse("the weights are stored in different layouts ([K, N] and [N, K]); store "
                       "them alike", out)
+    b_k_major = k_major.pop()
     params = {p.name: p for p in program.tensor_params}
     dtypes = {params[n].dtype for n in [a_name, *weights]}
     if len(dtypes) != 1 or not dtypes <= {"bf16", "f16"}:
@@ -195,8 +196,8 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
     tensors = tuple(sorted({(e.param.name, e.param.dtype) for e in nodes(epilogue)
                             if isinstance(e, Load)}))
     dims = (str(params[a_name].dims[0]), str(params[a_name].dims[1]),
-            str(params[weights[0]].dims[0 if True in k_major else 1]))
-    plan = HopperGemmPlan(a_name, tuple(weights), True in k_major, names, epilogue, out.name,
+            str(params[weights[0]].dims[0 if b_k_major else 1]))
+    plan = HopperGemmPlan(a_name, tuple(weights), b_k_major, names, epilogue, out.name,
                           out.dtypes[0], dtypes.pop(), dims, (i_axis.name, j_axis.name), tensors,
                           tuple((p.name, p.dtype) for p in program.scalar_params))
     epilogue_code(plan)   # refused now if the emitter cannot write it
@@ -254,20 +255,16 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
     bn = knobs.block_n
     if bn % 64 or not 64 <= bn <= 256:
         raise _refuse(f"block_n={bn}: 64, 128, 192 or 256 (atoms of 64 columns, one wgmma N)")
-    if len(plan.weights) * bn // 2 > 128:
-        raise _refuse(f"block_n={bn} with {len(plan.weights)} weights keeps "
-                      f"{len(plan.weights) * bn // 2} accumulators per thread; at most 128 fit "
-                      "the registers: use block_n=128")
     if knobs.consumers not in (1, 2, 3):
         raise _refuse(f"consumers={knobs.consumers}: 1, 2 or 3 warpgroups of 64 rows")
-    # ptxas checks every wgmma against the registers a thread has at launch (before setmaxnreg):
-    # 65536 / threads; the accumulators and ~26 more must fit in it
-    at_launch = min(255, REGISTERS // knobs.threads // 8 * 8)
+    # ptxas allocates every thread what it has at launch (65536 / threads) — or less, what
+    # setmaxnreg gives the consumers: the accumulators and ~26 more must fit in that
+    budget = min(REGISTERS // knobs.threads // 8 * 8, knobs.consumer_registers)
     acc = len(plan.weights) * bn // 2
-    if acc + 26 > at_launch:
+    if acc + 26 > budget:
         raise _refuse(f"{knobs} keeps {acc} accumulators per thread; with {knobs.threads} threads "
-                      f"a thread starts with {at_launch} registers: use fewer consumers or a "
-                      "smaller block_n")
+                      f"a thread has {budget} registers: use fewer consumers or a smaller "
+                      "block_n")
     if knobs.consumers == 3 and knobs.cluster > 1:
         raise _refuse(f"{knobs}: three consumer warpgroups with a cluster spill registers (a "
                       "thread starts with 128 at 512 threads); use cluster=1 or two consumers")

@@ -85,7 +85,7 @@ def test_plan_refuses_other_programs(kernel, words):
 @pytest.mark.parametrize("knobs, words", [
     ({"block_n": 320}, "block_n=320"),
     ({"cluster": 4}, "cluster=4"),
-    ({"consumers": 3}, "start"),                      # 512 threads: 128 registers at launch
+    ({"consumers": 3}, "a thread has 128"),           # 512 threads: 128 registers at launch
     ({"consumers": 3, "block_n": 192, "cluster": 2, "multicast": "leader"}, "spill"),
     ({"cluster": 2, "block_n": 192}, "halves"),      # split multicast needs 128 or 256
     ({"multicast": "all"}, "'split' or 'leader'"),
@@ -97,6 +97,14 @@ def test_check_refuses_what_the_kernel_cannot_run(knobs, words):
     with pytest.raises(ScheduleError, match="hopper GEMM") as err:
         check_gemm(plan, GemmKnobs(**{**{"stages": 3}, **knobs}), SIZES)
     assert words in str(err.value)
+
+
+def test_accumulators_must_fit_the_registers_a_thread_has():
+    gated = plan_hopper_gemm(K.swiglu_gate.program)   # two accumulators per output
+    check_gemm(gated, GemmKnobs(block_n=128, stages=3), SIZES)           # 128 + 26 ≤ 168
+    with pytest.raises(ScheduleError, match="a thread has 168"):
+        check_gemm(gated, GemmKnobs(block_n=256, stages=2), SIZES)       # 256 + 26 > 168
+    check_gemm(plan_hopper_gemm(K.matmul.program), GemmKnobs(consumers=1, stages=3), SIZES)
 
 
 def test_sizes_tma_cannot_copy_are_refused_and_compile_falls_back():

@@ -12,7 +12,8 @@ the few we need are spelled out here:
   (``mapa.shared::cluster``);
 - ``tf_ld_dsm_f32x4`` / ``tf_ld_dsm_f32`` / ``tf_ld_dsm_u32x4``: loads from a peer's shared memory
   (``ld.shared::cluster``); ``tf_st_dsm_v4``: a 16-byte store into a peer's shared memory
-  (``st.shared::cluster``);
+  (``st.shared::cluster``); ``tf_st_smem_v4`` / ``tf_st_smem_b32`` / ``tf_ld_smem_v4``: the
+  same into and out of this CTA's own shared memory;
 - ``tf_cp_async16`` (``_at``: to a shared-memory address; ``_l2``: with the L2 prefetch-size
   hint), ``tf_cp_async_commit``,
   ``tf_cp_async_wait``: the Ampere-style asynchronous copy into shared memory.
@@ -65,6 +66,15 @@ __device__ __forceinline__ uint4 tf_ld_dsm_u32x4(unsigned addr) {
 __device__ __forceinline__ void tf_st_smem_v4(unsigned addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};"
                :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ void tf_st_smem_b32(unsigned addr, unsigned v) {
+  asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 tf_ld_smem_v4(unsigned addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
 }
 __device__ __forceinline__ void tf_st_dsm_v4(unsigned addr, uint4 v) {
   asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};"

@@ -5,7 +5,7 @@
 ``gridDim.x`` CTAs (a multiple of the cluster size, at most as many as fit the GPU at once) walk
 the output tiles of ``BM × BN`` in a grouped order (``GROUP_M`` row tiles per group, so that the
 tiles in flight at one time share their operands in L2); every CTA walks the same sequence of
-tiles, ``3 · 128`` threads each:
+tiles, ``128 · (1 + CONSUMERS)`` threads each:
 
 - warpgroup 0 is the producer: it gives its registers back (``setmaxnreg.dec``) and one thread
   issues TMA bulk-tensor copies of each k-block (64 deep) of the a rows and of every weight into a
@@ -16,19 +16,24 @@ tiles, ``3 · 128`` threads each:
   their weight tiles: each producer copies half of every weight tile and multicasts it to both
   CTAs (``.multicast::cluster``), halving the weights' L2 traffic; a slot is then released to a
   producer only when the consumers of both CTAs are done with it;
-- warpgroups 1 and 2 (``setmaxnreg.inc``) each own 64 rows of the tile: per k-block four
+- each consumer warpgroup (``setmaxnreg.inc``) owns 64 rows of the tile: per k-block four
   ``wgmma.mma_async`` m64nBNk16 per weight on the shared-memory tiles (128-byte swizzle; weights
   K-major when stored ``[N, K]`` as ``torch.nn.Linear`` keeps them, MN-major when ``[K, N]``),
   keeping one k-block's MMAs in flight while the previous slot is released;
 - the epilogue evaluates the program's output expression on the accumulator fragments (with the
-  tensors and scalars it reads) and writes it from registers; rows and columns past the edge are
-  not written, and the copies read zeros there (ragged M, N and K).
+  tensors and scalars it reads) and writes it from registers (``STAGED``: 64 columns at a time
+  through shared memory, 16-byte stores); rows and columns past the edge are not written, and
+  the copies read zeros there (ragged M, N and K).
+
+Where the last wave of tiles would leave most clusters idle, the host splits its tiles along K
+(``full_items``, ``tail``, ``pieces``): each piece stores its f32 partial accumulators in ``ws``,
+and the last piece of a tile to finish (an atomic counter, reset by that piece) adds the others
+and runs the epilogue.
 """
 from __future__ import annotations
 
 from .dsm import HELPERS as DSM_HELPERS
-from .expr import to_cuda
-from .hopper_attention import C_TYPES
+from .expr import C_TYPES, forwarded, scalar_arguments, size_aliases, tensor_arguments, to_cuda
 from .tma import HELPERS as TMA_HELPERS
 from .tma import MBARRIER_HELPERS
 from .wgmma import HELPERS as WGMMA_HELPERS
@@ -71,14 +76,10 @@ __device__ __forceinline__ void tf_mbar_arrive_cluster(unsigned long long* bar, 
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
     maps (a, then each weight), the output, the tensors the epilogue reads, the sizes, the
-    scalars."""
-    args = [("maps", "handle", "const void*"), ("out", "handle", "void*")]
-    args += [(f"t_{name}", "handle", f"const {C_TYPES[dtype]}* __restrict__")
-             for name, dtype in plan.tensors]
-    args += [(d, "int32", "int") for d in ("M_", "N_", "K_")]
-    args += [(name, "float32", "float") if t.startswith(("f", "bf")) else (name, "int32", "int")
-             for name, t in plan.scalars]
-    return args + list(SPLIT_ARGUMENTS)
+    scalars, then :data:`SPLIT_ARGUMENTS`."""
+    return [("maps", "handle", "const void*"), ("out", "handle", "void*")] + \
+        tensor_arguments(plan.tensors) + [(d, "int32", "int") for d in ("M_", "N_", "K_")] + \
+        scalar_arguments(plan.scalars) + list(SPLIT_ARGUMENTS)
 
 
 # The split of the last wave (see hopper_gemm_source), last in the argument list: partial
@@ -90,11 +91,10 @@ SPLIT_ARGUMENTS = (("ws", "handle", "float* __restrict__"), ("counters", "handle
 
 def epilogue_code(plan) -> str:
     """C++ of the output element from the accumulators ``g0, g1, …`` at ``row``, ``col``."""
-    m, k, n = plan.dims
     i, j = plan.axes
     return to_cuda(plan.epilogue, {name: f"g{x}" for x, name in enumerate(plan.sums)},
                    f"the output {plan.output}", axes={i: "row", j: "col"},
-                   sizes={}, loads={t: f"t_{t}" for t, _ in plan.tensors})
+                   loads={t: f"t_{t}" for t, _ in plan.tensors})
 
 
 def hopper_gemm_source(plan, knobs) -> str:
@@ -110,14 +110,9 @@ def hopper_gemm_source(plan, knobs) -> str:
     params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
     pair, make_pair = _STORE[plan.out_dtype]
     out_elem = C_TYPES[plan.out_dtype]
-    m, k, n = plan.dims
-    named = {}
-    for name, var in ((m, "M_"), (k, "K_"), (n, "N_")):
-        named.setdefault(name, var)
-    sizes = "".join(f"#define TF_SIZE_{name} {var}\n" for name, var in named.items())
-    extra = args[2:-len(SPLIT_ARGUMENTS)]   # what the epilogue may read: tensors, sizes, scalars
-    extra_params = "".join(f", {c} {n}" for n, _, c in extra)
-    extra_args = "".join(f", {n}" for n, _, _ in extra)
+    sizes = size_aliases(zip(plan.dims, ("M_", "K_", "N_")))
+    # what the epilogue may read: tensors, sizes, scalars
+    extra_params, extra_args = forwarded(args[2:-len(SPLIT_ARGUMENTS)])
     gate_params = ", ".join(f"float g{x}" for x in range(g))
 
     def gate_args(r: str) -> str:
@@ -155,15 +150,6 @@ typedef {pair} out_pair_t;
 typedef {out_elem} out_t;
 #define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
 
-__device__ __forceinline__ void tf_st_smem_b32(unsigned addr, unsigned v) {{
-  asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
-}}
-__device__ __forceinline__ uint4 tf_ld_smem_v4(unsigned addr) {{
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {{%0, %1, %2, %3}}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
-  return v;
-}}
 // Every consumer thread (named barrier CONSUMERS + 1).
 __device__ __forceinline__ void tf_bar_sync_consumers() {{
   asm volatile("bar.sync %0, %1;" :: "r"(CONSUMERS + 1), "r"(CONSUMERS * 128) : "memory");
@@ -206,6 +192,28 @@ __device__ __forceinline__ void tile_of(int u, int row_units, int tiles_n, int& 
   const int in = u - group * per_group;
   mu = first + in % rows;
   nt = in / rows;
+}}
+
+// Work item `item`'s k-blocks and the origin (m0, n0) of its tile in this CTA.
+__device__ __forceinline__ Work tile_at(int item, int full_items, int pieces, int kblocks,
+                                        int row_units, int tiles_n, unsigned rank, int& m0,
+                                        int& n0) {{
+  const Work w = work_of(item, full_items, pieces, kblocks);
+  int mu, nt;
+  tile_of(w.unit, row_units, tiles_n, mu, nt);
+  m0 = (mu * CLUSTER + (int)rank) * BM;
+  n0 = nt * BN;
+  return w;
+}}
+
+// A consumer warpgroup is done with ring slot `s`: one arrival on its CTA's "empty" barrier
+// and, with a cluster, one on the peer's (whose producer multicast into the slot too).
+__device__ __forceinline__ void release_slot(unsigned long long* empty, int s, int t,
+                                             unsigned rank) {{
+  if (t == 0) tf_mbar_arrive(empty + s);
+#if CLUSTER > 1
+  if (t == 32) tf_mbar_arrive_cluster(empty + s, rank ^ 1);
+#endif
 }}
 
 // The program's output element from the accumulators at (row, col).
@@ -256,10 +264,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
       int it = 0;
       for (int item = first_unit; item < items; item += unit_step) {{
-        const Work w = work_of(item, full_items, pieces, kblocks);
-        int mu, nt;
-        tile_of(w.unit, row_units, tiles_n, mu, nt);
-        const int m0 = (mu * CLUSTER + (int)rank) * BM, n0 = nt * BN;
+        int m0, n0;
+        const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
+                               n0);
         for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
           const int s = it % STAGES;
           if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
@@ -304,10 +311,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     float acc[G][BN / 2];
     int it = 0;
     for (int item = first_unit; item < items; item += unit_step) {{
-      const Work w = work_of(item, full_items, pieces, kblocks);
-      int mu, nt;
-      tile_of(w.unit, row_units, tiles_n, mu, nt);
-      const int m0 = (mu * CLUSTER + (int)rank) * BM, n0 = nt * BN;
+      int m0, n0;
+      const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
+                             n0);
       for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
         const int s = it % STAGES;
         tf_mbar_wait(full + s, (it / STAGES) & 1);
@@ -332,27 +338,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         tf_wgmma_commit();
         // the previous k-block's MMAs are done: release its slot (to both producers)
         tf_wgmma_wait<1>();
-        if (kb > w.k0) {{
-          const int prev = (it - 1) % STAGES;
-          if (t == 0) tf_mbar_arrive(empty + prev);
-#if CLUSTER > 1
-          if (t == 32) tf_mbar_arrive_cluster(empty + prev, rank ^ 1);
-#endif
-        }}
+        if (kb > w.k0) release_slot(empty, (it - 1) % STAGES, t, rank);
       }}
       tf_wgmma_wait<0>();
       #pragma unroll
       for (int x = 0; x < G; ++x) tf_fence_regs(acc[x]);
-      {{
-        const int last = (it - 1) % STAGES;
-        if (t == 0) tf_mbar_arrive(empty + last);
-#if CLUSTER > 1
-        if (t == 32) tf_mbar_arrive_cluster(empty + last, rank ^ 1);
-#endif
-      }}
-      if (item >= full_items) {{   // a piece of a split tile: the last piece to finish adds up
-        const Work w = work_of(item, full_items, pieces, kblocks);   // (recomputed: fewer live
-        const int ct = cw * 128 + t;                                  //  registers in the loop)
+      release_slot(empty, (it - 1) % STAGES, t, rank);
+      if (w.piece >= 0) {{   // a piece of a split tile: the last piece to finish adds them up
+        const int ct = cw * 128 + t;
         float4* mine = (float4*)ws + (long)(w.slot * CLUSTER + rank) * PART_VEC4;
         #pragma unroll
         for (int x = 0; x < G; ++x) {{
