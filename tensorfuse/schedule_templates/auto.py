@@ -50,27 +50,27 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec) -> tuple:
     (benchmarks/RESULTS.md). Sizes a native template refuses go to the Triton one."""
     if spec.kind != "cuda" or spec.arch != "sm_90a":
         return ()
-    made = []
-    for template, extra in ((hopper_gemm, {}), (hopper_ffn, {"prefill_only": True}),
-                            (_cluster_ffn, {}), (hopper_attention, {"prefill_only": True})):
-        if template is hopper_attention and name != "attention":
-            continue
-        try:
-            made.append(template(kernel, fusion, spec, **extra))
-        except ScheduleError:   # not this template's pattern
-            if template is _cluster_ffn and made and "hopper_ffn" in made[-1].description:
-                # weights the cluster template cannot read ([out, in]): the Hopper FFN at every
-                # M (the Triton template took 97 ms at M=128; the Hopper FFN 0.16 ms)
-                made[-1] = hopper_ffn(kernel, fusion, spec)
-            continue
+    made = _made(hopper_gemm, kernel, fusion, spec) + _ffn_templates(kernel, fusion, spec)
+    if name == "attention":
+        made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True)
     return tuple(made)
 
 
-def _cluster_ffn(kernel, fusion, spec: TargetSpec):
-    """The cluster GEMM-chain template (``cluster_distribute``) with its defaults, for the FFN
-    sizes the Hopper FFN leaves (few rows: the intermediate stays in the cluster's shared memory
-    and the weights are read once)."""
+def _made(template, *args, **knobs) -> list:
+    """``[template(*args, **knobs)]``, or ``[]`` where the program is not its pattern."""
+    try:
+        return [template(*args, **knobs)]
+    except ScheduleError:
+        return []
+
+
+def _ffn_templates(kernel, fusion, spec: TargetSpec) -> list:
+    """GEMM chains: the Hopper FFN above 256 rows and the cluster template below (the
+    intermediate kept in the cluster's shared memory, the weights read once), or — where the
+    cluster template cannot read the weights (``[out, in]``) — the Hopper FFN at every M (the
+    Triton template took 97 ms at M=128 there; the Hopper FFN 0.16 ms)."""
     from .cluster import gemm_chain
     from .gemm_chain_plan import plan_gemm_chain
 
-    return gemm_chain(kernel, spec, plan_gemm_chain(kernel.program).axis)
+    cluster = _made(lambda: gemm_chain(kernel, spec, plan_gemm_chain(kernel.program).axis))
+    return _made(hopper_ffn, kernel, fusion, spec, prefill_only=bool(cluster)) + cluster
