@@ -6,8 +6,8 @@ output; poisoned with NaN before the call, with a guard region after it that mus
 untouched). ``--check`` runs the correctness suite alone: ragged M, N and K, both weight layouts,
 bias, a gated pair, f16 with an f32 output, wide-range inputs, every knob.
 
-    python -m benchmarks.gemm [--check] [--csv PATH] [--shapes 8192x8192x8192,...] [--no-sweep|--sweep]
-                              [--no-ffn | --ffn-only]
+    python -m benchmarks.gemm [--check] [--csv PATH] [--shapes 8192x8192x8192,...]
+                              [--no-sweep | --sweep] [--no-ffn | --ffn-only] [--ffn-rows M,...]
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.common import Row, bench, bench_graph, write_csv
 from tensorfuse import dsl as T
+from tensorfuse.targets import get_target
 
 # rows M, depth K, columns N: the square case and the FFN's up-projection at two batch sizes
 SHAPES = ((8192, 8192, 8192), (1024, 4096, 14336), (8192, 4096, 14336))
@@ -58,16 +59,21 @@ def hopper(kernel, knobs: dict):
     return tf.schedule(kernel, "cuda").apply_template("hopper_gemm", **knobs).compile()
 
 
+SECOND_WEIGHTS = ("w2", "down_proj")   # an FFN's second product sums over N, not K
+
+
 def inputs(kernel, M: int, K_: int, N: int, gen, scale: float = 1.0, **more: int) -> dict:
-    """Fresh random tensors for ``kernel`` (normal, weights scaled by 1/√K; ``scale`` widens the
-    rows' range; ``more``: further sizes, e.g. an FFN's O)."""
+    """Fresh random tensors for ``kernel`` (normal; weights scaled by 1/√(the size they are
+    summed over), so outputs stay near 1; ``scale`` widens the rows' range; ``more``: further
+    sizes, e.g. an FFN's O)."""
     sizes = {"M": M, "K": K_, "N": N, **more}
     made = {}
     for p in kernel.program.tensor_params:
         shape = tuple(sizes[str(d)] for d in p.dims)
         dtype = torch.float16 if p.dtype == "f16" else torch.bfloat16
         x = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32)
-        made[p.name] = (x * (scale if p.name == "x" else 1.0 / math.sqrt(K_))).to(dtype)
+        fan_in = N if p.name in SECOND_WEIGHTS else K_
+        made[p.name] = (x * (scale if p.name == "x" else 1.0 / math.sqrt(fan_in))).to(dtype)
     return made
 
 
@@ -139,18 +145,47 @@ def check(log=print) -> int:
     for (name, (M, K_, N), knobs), scale in itertools.product(CHECKS, (1.0, 300.0)):
         t = inputs(KERNELS[name], M, K_, N, gen, scale)
         problem = run_checked(name, hopper(KERNELS[name], knobs), t, reference(name, t))
-        failures += problem is not None
-        log(f"{'ok ' if problem is None else 'BAD'} {name} M={M} K={K_} N={N} {knobs} "
-            f"scale={scale}" + (f": {problem}" if problem else ""))
+        failures += _report(problem, f"{name} M={M} K={K_} N={N} {knobs} scale={scale}", log)
     for (kind, sizes, knobs), scale in itertools.product(FFN_CHECKS, (1.0, 30.0)):
         kernel = K.FFN_KERNELS[f"ffn_{kind}"]
         t = inputs(kernel, sizes["M"], sizes["K"], sizes["N"], gen, scale, O=sizes["O"])
-        f = hopper_ffn(kernel, None, tf.compile(kernel).target, **knobs)
+        f = hopper_ffn(kernel, None, get_target("cuda"), **knobs)
         problem = run_checked("ffn", f, t, ffn_reference(kind, t))
-        failures += problem is not None
-        log(f"{'ok ' if problem is None else 'BAD'} ffn_{kind} {sizes} {knobs} scale={scale}"
-            + (f": {problem}" if problem else ""))
+        failures += _report(problem, f"ffn_{kind} {sizes} {knobs} scale={scale}", log)
     return failures
+
+
+def _report(problem: str | None, label: str, log) -> bool:
+    """Log one check; whether it failed."""
+    log(f"{'ok ' if problem is None else 'BAD'} {label}" + (f": {problem}" if problem else ""))
+    return problem is not None
+
+
+def in_turn(candidates: dict, name: str, t: dict, ref: torch.Tensor, baselines: dict,
+            sizes: dict, label: str, log) -> dict:
+    """Check every tensorfuse candidate (``{label: (kernel, call)}``; ``call(kernel, out)``)
+    against ``ref`` at ``sizes`` (a wrong or refused one is logged and left out), then time it
+    and the ``baselines`` (``{label: fn}``) in turn for :data:`ROUNDS` rounds: ``{label: (median
+    ms, CUDA-graph ms, note)}`` (the note: tensorfuse's schedule origin)."""
+    fns = {key: (fn, "") for key, fn in baselines.items()}
+    M, N = ref.shape
+    for key, (f, call) in candidates.items():
+        try:
+            problem = run_checked(name, f, t, ref)
+        except Exception as exc:   # noqa: BLE001 - a refused knob set is reported, not fatal
+            problem = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if problem:
+            log(f"{label} {key}: WRONG or refused: {problem}")
+            continue
+        out = torch.empty(M, N, device="cuda", dtype=t["x"].dtype)
+        fns[key] = ((lambda f=f, out=out: call(f, out)), f.schedule_origin(**sizes))
+    times: dict = {key: [] for key in fns}
+    for _ in range(ROUNDS):
+        for key, (fn, _) in fns.items():
+            times[key].append(bench(fn, rep_ms=100))
+    return {key: (statistics.median(times[key]), bench_graph(fn, rep_ms=100), note)
+            for key, (fn, note) in fns.items()}
+
 
 
 def precompile(kernels_knobs, sizes=({"M": 8192, "K": 8192, "N": 8192},)) -> None:
@@ -205,51 +240,34 @@ def ffn(rows=FFN_ROWS, log=print) -> list[Row]:
     gen = torch.Generator(device="cuda").manual_seed(2)
     out_rows = []
     kernels = {"gelu": K.ffn_gelu, "swiglu": K.ffn_swiglu, "swiglu_linear": K.ffn_swiglu_linear}
-    whole = {"split_tail": False}
-    made = {kind: (tf.compile(kernel), hopper_ffn(kernel, None, tf.compile(kernel).target),
-                   hopper_ffn(kernel, None, tf.compile(kernel).target, up=whole, down=whole))
-            for kind, kernel in kernels.items()}
+    made = {kind: (auto, hopper_ffn(kernel, None, auto.target))
+            for kind, kernel in kernels.items() for auto in (tf.compile(kernel),)}
     precompile([f for fs in made.values() for f in fs], [{"M": m, **FFN_SHAPE} for m in rows])
     for kind, M in itertools.product(kernels, rows):
         kernel = kernels[kind]
-        sizes = {"M": M, **FFN_SHAPE}
         t = inputs(kernel, M, FFN_SHAPE["K"], FFN_SHAPE["N"], gen, O=FFN_SHAPE["O"])
-        t = {n: (torch.randn(v.shape, generator=gen, device="cuda") / math.sqrt(FFN_SHAPE["N"])
-                 ).to(torch.bfloat16) if n in ("w2", "down_proj") else v
-             for n, v in t.items()}
-        ref = ffn_reference(kind, t)
         eager = ffn_eager(kind)
         args = [t[p.name] for p in kernel.program.tensor_params]
         compiled = torch.compile(eager)
         compiled(*args)
-        fns = {"torch_eager": (lambda: eager(*args), "cuBLAS + PyTorch's activation kernels"),
-               "torch.compile": (lambda: compiled(*args), "")}
-        for label, f in (("tensorfuse", made[kind][0]), ("tensorfuse_hopper_ffn", made[kind][1]),
-                         ("tensorfuse_hopper_ffn[split_tail=False]", made[kind][2])):
-            try:
-                problem = run_checked("ffn", f, t, ref)
-            except Exception as exc:   # noqa: BLE001 - reported, not fatal
-                problem = f"{type(exc).__name__}: {str(exc)[:200]}"
-            if problem:
-                log(f"ffn_{kind} M={M} {label}: WRONG or refused: {problem}")
-                continue
-            out = torch.empty(M, FFN_SHAPE["O"], device="cuda", dtype=torch.bfloat16)
-            fns[label] = ((lambda f=f, out=out: f(*args, out=out)), f.schedule_origin(**sizes))
-        times: dict = {label: [] for label in fns}
-        for _ in range(ROUNDS):
-            for label, (fn, _) in fns.items():
-                times[label].append(bench(fn, rep_ms=100))
-        ms = {label: statistics.median(v) for label, v in times.items()}
+        call = lambda f, out: f(*args, out=out)  # noqa: E731
+        timed = in_turn({"tensorfuse": (made[kind][0], call),
+                         "tensorfuse_hopper_ffn": (made[kind][1], call)},
+                        "ffn", t, ffn_reference(kind, t),
+                        {"torch_eager": lambda: eager(*args),
+                         "torch.compile": lambda: compiled(*args)},
+                        {"M": M, **FFN_SHAPE}, f"ffn_{kind} M={M}", log)
         gates = 1 if kind == "gelu" else 2
         flops = 2.0 * M * FFN_SHAPE["N"] * (gates * FFN_SHAPE["K"] + FFN_SHAPE["O"])
-        for label, (fn, note) in fns.items():
-            graph = bench_graph(fn, rep_ms=100)
-            speedup = ms["torch_eager"] / ms[label]
-            out_rows.append(Row(f"ffn_{kind}", f"M={M}", label, ms[label], flops / ms[label] / 1e9,
-                                0.0, 0.0, f"graph {graph:.4f} ms; {speedup:.3f}x torch eager"
+        eager_ms = timed["torch_eager"][0]
+        for label, (ms, graph, note) in timed.items():
+            note = note or ("cuBLAS + PyTorch's activation kernels" if label == "torch_eager"
+                            else "")
+            out_rows.append(Row(f"ffn_{kind}", f"M={M}", label, ms, flops / ms / 1e9, 0.0, 0.0,
+                                f"graph {graph:.4f} ms; {eager_ms / ms:.3f}x torch eager"
                                 + (f"; {note}" if note else "")))
-            log(f"ffn_{kind:7s} M={M:5d} {label:40s} {ms[label]:8.4f} ms (graph {graph:.4f}) "
-                f"{speedup:.3f}x eager")
+            log(f"ffn_{kind:7s} M={M:5d} {label:24s} {ms:8.4f} ms (graph {graph:.4f}) "
+                f"{eager_ms / ms:.3f}x eager")
     return out_rows
 
 
@@ -279,33 +297,20 @@ def timed(shapes=SHAPES, sweep: tuple = SWEEP[:2], log=print) -> list[Row]:
         ref = reference(name, t)
         flops = 2.0 * M * N * K_
         x, w = t["x"], t["w"]
-        candidates = [("tensorfuse", tf.compile(kernel))]
-        candidates += [(f"tensorfuse_hopper[{','.join(f'{k}={v}' for k, v in s.items())}]",
-                        hopper(kernel, s)) for s in sweep]
-        timed_fns = {"cublas": (lambda: eager(x, w), "torch eager"),
-                     "torch.compile": (lambda: compiled(x, w), "")}
+        call = lambda f, out: f(x, w, out=out)  # noqa: E731
+        candidates = {"tensorfuse": (tf.compile(kernel), call)}
+        candidates.update({f"tensorfuse_hopper[{','.join(f'{k}={v}' for k, v in s.items())}]":
+                           (hopper(kernel, s), call) for s in sweep})
         compiled = torch.compile(eager)
         compiled(x, w)
-        for label, f in candidates:
-            try:
-                problem = run_checked(name, f, t, ref)
-            except Exception as exc:   # noqa: BLE001 - a refused knob set is reported, not fatal
-                problem = f"{type(exc).__name__}: {str(exc)[:200]}"
-            if problem:
-                log(f"{shape} {label}: WRONG or refused: {problem}")
-                continue
-            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-            timed_fns[label] = ((lambda f=f, out=out: f(x, w, out=out)),
-                                f.schedule_origin(M=M, K=K_, N=N))
-        times: dict = {label: [] for label in timed_fns}
-        for _ in range(ROUNDS):
-            for label, (fn, _) in timed_fns.items():
-                times[label].append(bench(fn, rep_ms=100))
-        ms = {label: statistics.median(v) for label, v in times.items()}
-        for label, (fn, note) in timed_fns.items():
-            rows.append(_row(shape, label, ms[label], bench_graph(fn, rep_ms=100), flops,
-                             None if label == "cublas" else ms["cublas"],
-                             flops / ms["cublas"] / 1e9, note))
+        timed = in_turn(candidates, name, t, ref, {"cublas": lambda: eager(x, w),
+                                                   "torch.compile": lambda: compiled(x, w)},
+                        {"M": M, "K": K_, "N": N}, shape, log)
+        cublas = timed["cublas"][0]
+        for label, (ms, graph, note) in timed.items():
+            rows.append(_row(shape, label, ms, graph, flops, None if label == "cublas" else cublas,
+                             flops / cublas / 1e9, note or ("torch eager" if label == "cublas"
+                                                             else "")))
             r = rows[-1]
             log(f"{r.shape:24s} {r.implementation:56s} {r.ms:8.4f} ms {r.tflops:6.1f} TFLOP/s "
                 + " ".join(r.note.split(";")[:2]))
