@@ -11,6 +11,7 @@ from .schedule import Schedule
 from .schedule_templates import lower_program
 from .schedule_templates.default import apply_default_schedule
 from .targets import TargetSpec, get_target
+from .torch_graph import GraphCallable, in_graph
 
 
 def schedule(kernel: TracedKernel, target: "str | TargetSpec" = "auto", **dims: int) -> Schedule:
@@ -31,6 +32,11 @@ def compile(kernel: "TracedKernel | Schedule",  # noqa: A001 - tensorfuse.compil
             raise ScheduleError(f"this schedule is for {kernel.target.name}, not "
                                 f"{get_target(target).name}", user_location())
         return kernel.compile()
+    return in_graph(_compile(kernel, target, template))
+
+
+def _compile(kernel, target, template):
+    """:func:`compile` for a kernel (the result before it gets its PyTorch operator)."""
     if not is_kernel(kernel):
         raise ScheduleError(f"tensorfuse.compile takes a @tensorfuse.kernel or a schedule, got "
                             f"{type(kernel).__name__}", user_location())
@@ -43,7 +49,7 @@ def compile(kernel: "TracedKernel | Schedule",  # noqa: A001 - tensorfuse.compil
         choice = choose(program, spec)
         if choice is not None and _triton_available():
             name, fusion = choice
-            fallback = compile(kernel, spec, template=None)
+            fallback = _compile(kernel, spec, template=None)
             records = template_records(program, name, fusion, spec)
             made = TEMPLATES[name](kernel, fusion, spec, tuned=records)
             return AutoKernel(made, fallback, ahead=native_templates(kernel, name, fusion, spec))
@@ -65,7 +71,7 @@ def compile(kernel: "TracedKernel | Schedule",  # noqa: A001 - tensorfuse.compil
     return CompiledKernel(program, spec, build, "default schedule, or a tuned record")
 
 
-class AutoKernel:
+class AutoKernel(GraphCallable):
     """A template kernel where it fits the call's sizes, the default schedule where it does not
     (e.g. a feature axis too wide for one tile). Decided once per shape signature."""
 
@@ -113,8 +119,10 @@ class AutoKernel:
                 self._by_shapes[key] = chosen
         return chosen, key
 
-    def __call__(self, *args, **kwargs):
-        key = signature_key(args, kwargs)
+    def invoke(self, key, args: tuple, kwargs: dict):
+        """A call (``key``: its signature key, ``False`` when not made yet)."""
+        if key is False:
+            key = signature_key(args, kwargs)
         fast = self._fast.get(key)
         if fast is not None:          # a signature seen before: straight to its launches
             done = fast(args, kwargs)

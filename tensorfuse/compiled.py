@@ -17,11 +17,12 @@ from .dsl.program import Program, ScalarParam
 from .errors import TargetError
 from .interop import empty, is_torch, to_tvm, to_tvm_shared, to_user
 from .targets import TargetSpec
+from .torch_graph import GraphCallable
 
 Builder = Callable[[dict, str], "tvm.IRModule | tuple[tvm.IRModule, str]"]
 
 
-class CompiledKernel:
+class CompiledKernel(GraphCallable):
     """A kernel ready to call: ``out = kernel(x, y, scale=0.5)``, or with ``out=`` arrays to fill."""
 
     def __init__(self, program: Program, target: TargetSpec, build: Builder, description: str):
@@ -91,9 +92,6 @@ class CompiledKernel:
                 call_args.append(to_tvm(bound.arrays[p.name], device))
         results, views, shared = self._outputs(bound, device)
         return executable, device, bound, call_args, results, views, shared
-
-    def __call__(self, *args, **kwargs):
-        return self.invoke(False, args, kwargs)
 
     def invoke(self, key, args: tuple, kwargs: dict):
         """A call whose signature key the caller made (``False``: not made)."""

@@ -6,6 +6,7 @@ from typing import Callable
 
 from .dsl.program import Program
 from .dsl.trace import trace
+from .torch_graph import compiling
 
 
 class Kernel:
@@ -20,13 +21,26 @@ class Kernel:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
+        request = kwargs.pop("target", "auto")
+        compiled = self._compiled.get(request)
+        if compiled is None:
+            if compiling():
+                raise RuntimeError(f"{self.name} has not been compiled for target={request!r} yet, "
+                                "and torch.compile cannot trace tensorfuse's compiler: call it "
+                                "once outside torch.compile first, or call "
+                                "tensorfuse.compile(...)'s result there")
+            compiled = self._compile_for(request)
+        return compiled(*args, **kwargs)
+
+    def _compile_for(self, request):
         from .api import compile as compile_kernel
         from .targets import get_target
 
-        target = get_target(kwargs.pop("target", "auto"))
+        target = get_target(request)
         if target.name not in self._compiled:
             self._compiled[target.name] = compile_kernel(self, target=target)
-        return self._compiled[target.name](*args, **kwargs)
+        self._compiled[request] = self._compiled[target.name]
+        return self._compiled[request]
 
     def __repr__(self) -> str:
         return f"<tensorfuse kernel {self.name}>\n{self.program!r}"

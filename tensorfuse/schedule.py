@@ -29,6 +29,7 @@ from .schedule_templates.default import apply_default_schedule
 from .schedule_templates.fusion import Fusion
 from .schedule_templates.rolling_update import DEFAULT_CHUNK
 from .targets import TargetSpec, get_target
+from .torch_graph import in_graph
 
 # TVM schedule methods that only look: they are forwarded without becoming a step.
 _READ_ONLY = {"get_sblock", "get_loops", "get", "get_child_blocks", "get_producers",
@@ -298,7 +299,11 @@ class Schedule:
     def compile(self) -> CompiledKernel:
         """A callable kernel built from this schedule. What is not scheduled yet is filled in:
         fused chains get their data-parallel loops spread over threads (GPU) or cores (CPU), other
-        GPU code gets TVM's default (dlight) schedule."""
+        GPU code gets TVM's default (dlight) schedule. Inside ``torch.compile`` the kernel runs as
+        a PyTorch custom operator (:mod:`tensorfuse.torch_graph`)."""
+        return in_graph(self._compiled())
+
+    def _compiled(self):
         if self.template is not None and self.template[0] == "cluster":
             return self.template[1]
         if self.template is not None:

@@ -6,6 +6,7 @@ from typing import Callable
 
 from ...binding import CallBinder, check_named_sizes, output_shape
 from ...interop import deliver, torch_arguments, torch_output
+from ...torch_graph import GraphCallable
 from .. import TargetSpec
 from ..codegen import cuda_to_ptx
 from .module import KernelEntry, cuda_module
@@ -45,7 +46,7 @@ class Launches:
             self.module = modules if self.more else modules[0]
 
 
-class ClusterKernel:
+class ClusterKernel(GraphCallable):
     """A kernel made of generated CUDA launches. ``layout`` turns the sizes into a
     :class:`Launches`. Launches go on torch's current stream."""
 
@@ -116,9 +117,6 @@ class ClusterKernel:
                 launches.run(launches.module, values, out, device)
 
         return run, out, given, bound
-
-    def __call__(self, *args, **kwargs):
-        return self.invoke(False, args, kwargs)
 
     def invoke(self, key, args: tuple, kwargs: dict):
         """A call whose signature key the caller made (``False``: not made)."""

@@ -8,6 +8,7 @@ from typing import Callable
 from ...binding import CallBinder, check_named_sizes, output_shape, signature_key
 from ...dsl import dtypes as dt
 from ...interop import deliver, is_torch, torch_arguments, torch_output
+from ...torch_graph import GraphCallable
 from .launch import compile_for, interpreting, load_kernel, signature
 from .launcher import FastCall, Launches, Step
 from .rowtile import block_k, grid, kernel_source
@@ -16,7 +17,7 @@ Tuned = Callable[[dict], "tuple[dict, str] | None"]
 MASK_ARGS = ("bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx")  # block lists
 
 
-class TritonKernel:
+class TritonKernel(GraphCallable):
     """Calls the generated kernel; one plan and source per shape signature.
 
     The template hands it everything that is decided rather than written: ``planner`` makes the
@@ -200,9 +201,6 @@ class TritonKernel:
                                              device)
             self._masks = {key: dict(zip(MASK_ARGS, lists))}
         return self._masks[key]
-
-    def __call__(self, *args, **kwargs):
-        return self.invoke(False, args, kwargs)
 
     def invoke(self, key, args: tuple, kwargs: dict):
         """A call whose signature key the caller made (``False``: not made). A signature seen

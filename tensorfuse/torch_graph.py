@@ -1,0 +1,116 @@
+"""Compiled kernels as PyTorch custom operators, so that ``torch.compile`` can put them in a graph.
+
+A kernel's Python call path (argument checks, the cache of builds, launch) is opaque to Dynamo:
+traced, it would break the graph or fail under ``fullgraph=True``. So every kernel that
+``tensorfuse.compile`` or ``Schedule.compile`` hands out gets a ``torch.library.custom_op`` of its
+own (``torch.ops.tensorfuse.<kernel name>_<n>``) whose schema lists the DSL program's parameters in
+order, whose real implementation is the kernel's ordinary call, and whose fake implementation
+gives the outputs' shapes and dtypes from the program (checking the arguments as a call would, so
+a wrong shape is reported while tracing). Called inside ``torch.compile``, the kernel routes itself
+to that operator (:class:`GraphCallable`); called eagerly, it runs as before. The operator also
+makes the kernel usable with ``torch.library.opcheck``, AOT autograd and CUDA graphs
+(``mode="reduce-overhead"``).
+"""
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+
+from .binding import bind_call, output_shape
+from .dsl import dtypes as dt
+from .dsl.program import Program, ScalarParam
+from .interop import torch_dtype
+
+_NUMBERS = itertools.count()
+
+
+def _schema_type(p) -> str:
+    if not isinstance(p, ScalarParam):
+        return "Tensor"
+    if dt.is_int(p.dtype):
+        return "SymInt"   # an int Dynamo made symbolic must still fit the schema
+    return "bool" if p.dtype == "bool" else "float"
+
+
+def schema(program: Program) -> str:
+    """The operator's schema: the program's parameters in order, its outputs as tensors."""
+    params = ", ".join(f"{_schema_type(p)} {p.name}" for p in program.params)
+    outs = ["Tensor"] * len(program.outputs)
+    return f"({params}) -> {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}"
+
+
+class KernelOp:
+    """The custom operator of one compiled kernel and the mapping of a call's arguments onto it."""
+
+    def __init__(self, kernel):
+        import torch
+
+        program: Program = kernel.program
+        self.program = program
+        self.names = [p.name for p in program.params]
+        stem = re.sub(r"\W", "_", program.name)
+        self.qualname = f"tensorfuse::{stem}_{next(_NUMBERS)}"
+        device = {"llvm": "cpu"}.get(kernel.target.kind, kernel.target.kind)
+
+        def run(*args):
+            return kernel.invoke(False, args, {})
+
+        def fake(*args):
+            bound = bind_call(program, args, {}, device)
+            place = next(bound.arrays[p.name].device for p in program.tensor_params)
+            outs = tuple(torch.empty(output_shape(c, bound.dims), dtype=torch_dtype(c.dtypes[0]),
+                                     device=place) for c in program.outputs)
+            return outs[0] if len(outs) == 1 else outs
+
+        self.op = torch.library.custom_op(self.qualname, run, mutates_args=(),
+                                          schema=schema(program))
+        self.op.register_fake(fake)
+
+    def __call__(self, args: tuple, kwargs: dict):
+        """Call the operator with ``args``/``kwargs`` as the kernel would take them (keyword
+        arguments by parameter name; ``out=`` has no place in a graph). Errors here are builtin
+        exceptions: Dynamo traces this code, and shows their message, not tensorfuse's own."""
+        if "out" in kwargs:
+            raise TypeError(f"{self.program.name}(): out= is not supported inside torch.compile "
+                            "(a graph's operators return new tensors); drop it and use the result")
+        ordered = list(args)
+        for name in self.names[len(args):]:
+            if name not in kwargs:
+                raise TypeError(f"{self.program.name}() is missing argument {name!r}")
+            ordered.append(kwargs[name])
+        return self.op(*ordered)
+
+
+def compiling() -> bool:
+    """Whether torch.compile (Dynamo) is tracing this call (never, where PyTorch is not loaded)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
+
+
+class GraphCallable:
+    """Base of the kernel classes: ``kernel(...)`` runs :meth:`invoke`, or, while torch.compile
+    traces the caller, the kernel's custom operator (when it has one: :func:`in_graph`)."""
+
+    torch_op: KernelOp | None = None
+
+    def __call__(self, *args, **kwargs):
+        op = self.torch_op
+        if op is not None and compiling():
+            return op(args, kwargs)
+        return self.invoke(False, args, kwargs)
+
+    def invoke(self, key, args: tuple, kwargs: dict):   # pragma: no cover - each class has one
+        raise NotImplementedError
+
+
+def in_graph(kernel):
+    """Give ``kernel`` its custom operator (once; nothing when PyTorch is not installed) and
+    return it."""
+    if getattr(kernel, "torch_op", None) is None:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return kernel
+        kernel.torch_op = KernelOp(kernel)
+    return kernel
