@@ -33,11 +33,16 @@ def layernorm(x: X, weight: T.Tensor["N", "bf16"], bias: T.Tensor["N", "bf16"], 
     return centered * T.rsqrt(var + eps) * weight[j] + bias[j]
 
 
-@tf.kernel
-def rmsnorm(x: X, weight: T.Tensor["N", "bf16"], eps: T.f32):
+def rms_normalize(x, weight, eps):
+    """``x * rsqrt(mean(x²) + eps) * weight`` over the last axis of ``x[M, N]``."""
     i, j = T.axes("i j")
     ms = T.sum(x[i, j] * x[i, j], over=j) / T.size("N")
     return x[i, j] * T.rsqrt(ms + eps) * weight[j]
+
+
+@tf.kernel
+def rmsnorm(x: X, weight: T.Tensor["N", "bf16"], eps: T.f32):
+    return rms_normalize(x, weight, eps)
 
 
 @tf.kernel

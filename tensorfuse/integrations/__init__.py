@@ -1,0 +1,1 @@
+"""tensorfuse kernels inside other libraries' models (``huggingface``: transformers)."""

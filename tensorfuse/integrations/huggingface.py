@@ -1,0 +1,163 @@
+"""tensorfuse inside Hugging Face ``transformers`` models.
+
+``register()`` adds tensorfuse's attention to transformers' own registries — the attention-function
+registry (``AttentionInterface``) and the mask registry (``AttentionMaskInterface``, where it takes
+the masks SDPA takes: none when the causal structure says everything, else a boolean mask) — so
+``from_pretrained(..., attn_implementation="tensorfuse")`` or
+``model.set_attn_implementation("tensorfuse")`` selects it. ``use_tensorfuse(model)`` does that
+and also runs the model's RMSNorms and SwiGLU MLPs on tensorfuse kernels (the modules whose
+``forward`` is Llama's, recognised by its code, so Mistral's, Qwen's and the other copies are
+found too); ``restore(model)`` undoes it.
+
+Each layer is a DSL kernel from :mod:`tensorfuse.kernels.layers`, compiled with
+``tensorfuse.compile`` for the tensors' device and dtype (on an H100: the Hopper attention and FFN
+templates). What tensorfuse does not compute is handed back to transformers, never approximated:
+attention with dropout, with attention sinks or asking for the weights, and every layer while
+autograd records (the kernels have no backward yet) run transformers' own code.
+
+Each new shape compiles once; decoding with a cache that grows every step (``DynamicCache``) is
+a new shape every step — decode with ``StaticCache`` (``cache_implementation="static"``), whose
+keys keep one length and whose mask says which are filled.
+"""
+from __future__ import annotations
+
+import types
+
+import tensorfuse as tf
+from tensorfuse.dsl import dtypes as dt
+from tensorfuse.kernels.layers import attention_kernel, rmsnorm_kernel, swiglu_mlp_kernel
+
+NAME = "tensorfuse"
+_compiled: dict = {}
+
+
+def _kernel(make, device, *variant):
+    """``make(*variant)`` compiled for ``device`` (a torch device), once per process."""
+    target = "llvm" if device.type == "cpu" else device.type
+    key = (make, target, variant)
+    if key not in _compiled:
+        _compiled[key] = tf.compile(make(*variant), target=target)
+    return _compiled[key]
+
+
+def _recording(*tensors) -> bool:
+    import torch
+
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                      scaling: float | None = None, is_causal: bool | None = None,
+                      softcap: float | None = None, s_aux=None, **kwargs):
+    """An attention function for transformers' registry: ``query[B, H, M, D]``,
+    ``key, value[B, HKV, N, D]``, the mask made by the mask function registered beside it;
+    returns ``(output[B, M, H, D], None)`` as SDPA's does."""
+    if dropout > 0.0 or s_aux is not None or kwargs.get("output_attentions") or \
+            _recording(query, key, value):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        if s_aux is not None:
+            raise NotImplementedError("tensorfuse attention: attention sinks (s_aux) are not "
+                                      "supported; use attn_implementation='eager'")
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    m, n = query.shape[2], key.shape[2]
+    if attention_mask is None and causal and 1 < m < n:
+        # keys past the queries are a static cache's unfilled tail (the mask function leaves the
+        # mask out only then): causal from the top left, as SDPA's is_causal
+        key, value = key[:, :, :m], value[:, :, :m]
+    dtype = dt.from_any(query.dtype)
+    args = [query, key, value]
+    masked = attention_mask is not None
+    if masked:
+        if not attention_mask.dtype.is_floating_point:
+            attention_mask = attention_mask.bool()
+        else:   # an additive mask: 0 keeps, -inf (or the dtype's lowest) drops
+            attention_mask = attention_mask > attention_mask.new_tensor(-1e30)
+        args.append(attention_mask.expand(query.shape[0], 1, m, n))
+    kernel = _kernel(attention_kernel, query.device, dtype, bool(causal) and not masked, masked,
+                     softcap is not None)
+    extra = {"cap": float(softcap)} if softcap is not None else {}
+    out = kernel(*args, scale=float(scaling), **extra)
+    return out.transpose(1, 2), None
+
+
+def _rmsnorm_forward(self, hidden_states):
+    """Llama's RMSNorm on a tensorfuse kernel (its own forward where the dtypes differ or autograd
+    records)."""
+    if hidden_states.dtype != self.weight.dtype or _recording(hidden_states, self.weight):
+        return type(self).forward(self, hidden_states)
+    shape = hidden_states.shape
+    kernel = _kernel(rmsnorm_kernel, hidden_states.device, dt.from_any(hidden_states.dtype))
+    out = kernel(hidden_states.reshape(-1, shape[-1]), self.weight, eps=self.variance_epsilon)
+    return out.view(shape)
+
+
+def _mlp_forward(self, x):
+    """Llama's MLP ``down(silu(gate(x)) * up(x))`` as one fused tensorfuse GEMM chain."""
+    weights = (self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+    if any(w.dtype != x.dtype for w in weights) or _recording(x, *weights):
+        return type(self).forward(self, x)
+    shape = x.shape
+    kernel = _kernel(swiglu_mlp_kernel, x.device, dt.from_any(x.dtype))
+    out = kernel(x.reshape(-1, shape[-1]), *weights)
+    return out.view(*shape[:-1], out.shape[-1])
+
+
+def _same_code(method, reference) -> bool:
+    a, b = method.__code__, reference.__code__
+    return (a.co_code, a.co_consts, a.co_names) == (b.co_code, b.co_consts, b.co_names)
+
+
+def _replacement(module):
+    """The tensorfuse forward for ``module`` where tensorfuse computes what its own does."""
+    from torch import nn
+    from transformers.activations import SiLUActivation
+    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+    forward = getattr(type(module), "forward", None)
+    if forward is None:
+        return None
+    if _same_code(forward, LlamaRMSNorm.forward):
+        return _rmsnorm_forward
+    if _same_code(forward, LlamaMLP.forward) and \
+            isinstance(module.act_fn, (nn.SiLU, SiLUActivation)) and \
+            all(getattr(module, p).bias is None for p in ("gate_proj", "up_proj", "down_proj")):
+        return _mlp_forward
+    return None
+
+
+def register(name: str = NAME) -> str:
+    """Make ``attn_implementation=name`` select tensorfuse's attention (and its mask function)
+    in every transformers model; returns the name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def use_tensorfuse(model, attention: bool = True, norms: bool = True, mlp: bool = True):
+    """Run ``model``'s attention, RMSNorms and SwiGLU MLPs on tensorfuse kernels (each part can
+    be left out); returns the model. The kernels compile on first use, per shape."""
+    if attention:
+        model.set_attn_implementation(register())
+    for module in model.modules():
+        forward = _replacement(module)
+        if forward is _rmsnorm_forward and norms or forward is _mlp_forward and mlp:
+            module.forward = types.MethodType(forward, module)
+    return model
+
+
+def restore(model, attn_implementation: str = "sdpa"):
+    """Undo :func:`use_tensorfuse`: transformers' own layers, and ``attn_implementation``."""
+    for module in model.modules():
+        if "forward" in vars(module) and getattr(module.forward, "__func__", None) in \
+                (_rmsnorm_forward, _mlp_forward):
+            del module.forward
+    model.set_attn_implementation(attn_implementation)
+    return model

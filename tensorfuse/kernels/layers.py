@@ -1,0 +1,82 @@
+"""The layers of a transformer block as DSL kernels, for any storage dtype: attention (causal or
+not, grouped heads, a boolean mask, a logit soft-cap), RMSNorm, and the SwiGLU MLP with
+``nn.Linear`` weights. The model integrations (:mod:`tensorfuse.integrations`) compile these for
+the tensors they meet; each variant is made once per dtype.
+
+Layout as transformers hands it to an attention function: ``q[B, H, M, D]``,
+``k, v[B, HKV, N, D]`` with ``H`` a multiple of ``HKV``; a causal mask is aligned to the bottom
+right (query ``i`` sits at key position ``i + N - M``: prefill and decode alike); a boolean mask
+``mask[B, 1, M, N]`` (``True``: attend) replaces it where the model made one (padding, packed
+sequences, a cache longer than what it holds).
+"""
+import functools  # no ``from __future__ import annotations``: the DSL reads the annotations
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+
+from .attention import key_position, scores, softmax_attend
+from .ffn import swiglu_linear_output
+from .rows import rms_normalize
+
+
+@functools.lru_cache(maxsize=None)
+def attention_kernel(dtype: str, causal: bool, masked: bool, softcap: bool):
+    """Softmax attention over grouped heads for ``dtype`` tensors: ``causal`` keeps keys up to
+    the query's position, ``masked`` takes a ``mask[B, 1, M, N]`` (bool) argument too (a row it
+    empties gives 0), ``softcap`` bounds the scores as ``cap * tanh(s / cap)`` (Gemma 2) before
+    masking."""
+    Q = T.Tensor["B", "H", "M", "D", dtype]
+    KV = T.Tensor["B", "HKV", "N", "D", dtype]
+    MASK = T.Tensor["B", 1, "M", "N", "bool"]
+
+    def body(q, k, v, mask, scale, cap):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        hk = h // (T.size("H") // T.size("HKV"))
+        s = scores(q, k, b, h, hk, i, j, d, scale)
+        if softcap:
+            s = cap * T.tanh(s / cap)
+        if causal:
+            s = T.where(key_position(i) >= j, s, -T.inf)
+        if not masked:
+            return softmax_attend(s, v[b, hk, j, e], j)
+        s = T.where(mask[b, 0, i, j], s, -T.inf)
+        m = T.max(s, over=j)
+        p = T.exp(s - m)
+        l = T.sum(p, over=j)  # noqa: E741
+        o = T.sum(p * v[b, hk, j, e], over=j)
+        return T.where(l > 0.0, o / l, 0.0)   # a row the mask empties: 0, as SDPA's kernels
+
+    name = "attention" + "_causal" * causal + "_masked" * masked + \
+        "_softcap" * softcap + f"_{dtype}"
+    if masked and softcap:
+        def fn(q: Q, k: KV, v: KV, mask: MASK, scale: T.f32, cap: T.f32):
+            return body(q, k, v, mask, scale, cap)
+    elif masked:
+        def fn(q: Q, k: KV, v: KV, mask: MASK, scale: T.f32):
+            return body(q, k, v, mask, scale, None)
+    elif softcap:
+        def fn(q: Q, k: KV, v: KV, scale: T.f32, cap: T.f32):
+            return body(q, k, v, None, scale, cap)
+    else:
+        def fn(q: Q, k: KV, v: KV, scale: T.f32):
+            return body(q, k, v, None, scale, None)
+    return tf.kernel(fn, name=name)
+
+
+@functools.lru_cache(maxsize=None)
+def rmsnorm_kernel(dtype: str):
+    """``x * rsqrt(mean(x²) + eps) * weight`` over the last axis of ``x[M, N]``, computed in f32
+    (Llama's RMSNorm, with one rounding instead of two)."""
+    def rmsnorm(x: T.Tensor["M", "N", dtype], weight: T.Tensor["N", dtype], eps: T.f32):
+        return rms_normalize(x, weight, eps)
+    return tf.kernel(rmsnorm, name=f"rmsnorm_{dtype}")
+
+
+@functools.lru_cache(maxsize=None)
+def swiglu_mlp_kernel(dtype: str):
+    """Llama's MLP ``down(silu(gate(x)) * up(x))`` with ``nn.Linear`` weights (``[out, in]``): one
+    fused GEMM chain (the gate, the up projection and the gating in one epilogue)."""
+    def swiglu_mlp(x: T.Tensor["M", "K", dtype], gate_proj: T.Tensor["N", "K", dtype],
+                   up_proj: T.Tensor["N", "K", dtype], down_proj: T.Tensor["O", "N", dtype]):
+        return swiglu_linear_output(x, gate_proj, up_proj, down_proj)
+    return tf.kernel(swiglu_mlp, name=f"swiglu_mlp_{dtype}")

@@ -1,0 +1,142 @@
+"""tensorfuse inside transformers' models: the attention registered in transformers' registries and
+the Llama-style RMSNorm / SwiGLU MLP replaced, checked against the same model on SDPA (CPU here;
+the same tests run on the GPU with the ``gpu`` mark's device)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from tensorfuse.integrations import huggingface as tfh  # noqa: E402
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+            num_hidden_layers=2, vocab_size=100, max_position_embeddings=256)
+# logits' relative max error against SDPA's: f32 is exact up to summation order; bf16 rounds
+# every layer's output once where transformers rounds twice
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def tiny_llama(dtype, device="cpu", **overrides):
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**{**TINY, **overrides})).to(device, dtype).eval()
+
+
+def relative(a, b):
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def replaced(model):
+    return {type(m).__name__ for m in model.modules() if "forward" in vars(m)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_logits_match_sdpa(dtype):
+    model = tiny_llama(dtype)
+    ids = torch.randint(0, 100, (2, 21))
+    with torch.no_grad():
+        want = model(ids).logits
+        tfh.use_tensorfuse(model)
+        assert model.config._attn_implementation == "tensorfuse"
+        assert replaced(model) == {"LlamaRMSNorm", "LlamaMLP"}
+        got = model(ids).logits
+    assert relative(got, want) <= TOLERANCE[dtype]
+
+
+def test_padded_batch_uses_the_mask_and_matches_sdpa():
+    model = tiny_llama(torch.float32)
+    ids = torch.randint(0, 100, (3, 17))
+    mask = torch.ones(3, 17, dtype=torch.long)
+    mask[0, :6] = 0          # left padding
+    mask[2, 12:] = 0         # right padding
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask).logits
+        got = tfh.use_tensorfuse(model)(ids, attention_mask=mask).logits
+    keep = mask.bool()
+    assert torch.isfinite(got).all()
+    assert relative(got[keep], want[keep]) <= TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_greedy_generation_matches_sdpa(cache):
+    """Prefill then decode through a cache (static: a fixed length and a mask of filled slots)."""
+    model = tiny_llama(torch.float32)
+    ids = torch.randint(0, 100, (2, 9))
+    kwargs = dict(max_new_tokens=5, do_sample=False, cache_implementation=cache,
+                  output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+                  attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        want = model.generate(ids, **kwargs)
+        got = tfh.use_tensorfuse(model).generate(ids, **kwargs)
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.logits, want.logits):
+        assert relative(a, b) <= TOLERANCE[torch.float32]
+
+
+def test_restore_gives_transformers_layers_back():
+    model = tfh.use_tensorfuse(tiny_llama(torch.float32))
+    tfh.restore(model)
+    assert replaced(model) == set()
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_parts_can_be_left_out_and_other_modules_are_untouched():
+    model = tfh.use_tensorfuse(tiny_llama(torch.float32), attention=False, mlp=False)
+    assert replaced(model) == {"LlamaRMSNorm"}
+    assert model.config._attn_implementation != "tensorfuse"
+    gated = tiny_llama(torch.float32, hidden_act="gelu")   # not SwiGLU: its MLP stays
+    assert replaced(tfh.use_tensorfuse(gated)) == {"LlamaRMSNorm"}
+
+
+def test_copies_of_llamas_layers_are_recognised_by_their_code():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**TINY)).eval()
+    ids = torch.randint(0, 100, (1, 13))
+    with torch.no_grad():
+        want = model(ids).logits
+        got = tfh.use_tensorfuse(model)(ids).logits
+    assert replaced(model) == {"Qwen2RMSNorm", "Qwen2MLP"}
+    assert relative(got, want) <= TOLERANCE[torch.float32]
+
+
+def test_softcap_and_sliding_window_of_gemma2_match_eager():
+    """Gemma 2 passes a logit soft-cap and alternates sliding-window layers (their masks come
+    from the mask function); its RMSNorm scales by (1 + weight), so it is not replaced."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(**TINY, head_dim=16, sliding_window=8, attn_logit_softcapping=20.0,
+                          attn_implementation="eager")
+    model = Gemma2ForCausalLM(config).eval()
+    ids = torch.randint(0, 100, (2, 19))
+    with torch.no_grad():
+        want = model(ids).logits
+        got = tfh.use_tensorfuse(model, norms=False, mlp=False)(ids).logits
+    assert "Gemma2RMSNorm" not in replaced(tfh.use_tensorfuse(model))
+    assert relative(got, want) <= TOLERANCE[torch.float32]
+
+
+def test_training_falls_back_to_transformers_and_gradients_flow():
+    model = tfh.use_tensorfuse(tiny_llama(torch.float32))
+    model.train()
+    ids = torch.randint(0, 100, (2, 11))
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.gpu
+def test_prefill_and_static_decode_on_the_gpu():
+    model = tiny_llama(torch.bfloat16, "cuda", hidden_size=256, intermediate_size=512,
+                       num_attention_heads=2, num_key_value_heads=1)
+    ids = torch.randint(0, 100, (2, 200), device="cuda")
+    kwargs = dict(max_new_tokens=4, do_sample=False, cache_implementation="static",
+                  output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+                  attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        want = model.generate(ids, **kwargs)
+        got = tfh.use_tensorfuse(model).generate(ids, **kwargs)
+    for a, b in zip(got.logits, want.logits):
+        assert relative(a, b) <= TOLERANCE[torch.bfloat16]
