@@ -37,7 +37,9 @@ CONFIGS = {
                  max_position_embeddings=4096),
 }
 IMPLEMENTATIONS = ("sdpa", "flex_attention", "tensorfuse", "tensorfuse-attention")
-LOGITS_TOLERANCE = 3e-2   # relative max error of the bf16 model's logits against SDPA's
+# relative max error of the bf16 model's logits against SDPA's: 32 random layers in bf16 put two
+# correct implementations ~5e-2 apart (flex_attention vs SDPA on the H100, 2026-11-24)
+LOGITS_TOLERANCE = 0.1
 
 
 def build_model(config: str, device: str, dtype=torch.bfloat16):

@@ -163,3 +163,36 @@ def deliver(buf, given, framework: str):
         else:
             np.copyto(given, numpy_from_torch(buf).astype(given.dtype))
     return given
+
+
+# -- buffers kept between calls -------------------------------------------------------------------
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (no memory may be allocated outside
+    the graph's pool then, and what is made belongs to that graph)."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def kept_empty(shape, dtype, device):
+    """A torch tensor on ``device`` whose memory TVM's allocator owns, not torch's caching
+    allocator: buffers a kernel keeps between calls (workspaces, counters, tensor maps, block
+    lists) must never sit in a CUDA-graph memory pool — torch.compile's CUDA graphs
+    (``mode="reduce-overhead"``) refuse a recording after which pool memory is alive that is not
+    one of its outputs. Not to be called while a stream captures (see :func:`capturing`)."""
+    import torch
+
+    dtype = dtype if isinstance(dtype, torch.dtype) else torch_dtype(dtype)
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    name = str(dtype).removeprefix("torch.")
+    return torch.from_dlpack(tvm.runtime.empty(tuple(shape), name, tvm.cuda(index)))
+
+
+def kept_copy(x):
+    """``x`` copied into kept memory (:func:`kept_empty`), or ``x`` itself on the CPU."""
+    if x.device.type != "cuda":
+        return x
+    kept = kept_empty(x.shape, x.dtype, x.device)
+    kept.copy_(x)
+    return kept

@@ -14,6 +14,7 @@ import math
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError
+from ..interop import capturing, kept_copy, kept_empty
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_attention import ENTRY, hopper_attention_source, kernel_arguments
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
@@ -39,7 +40,7 @@ class _Lists:
 
         if self.plan.mask is None:
             if self.empty is None:
-                self.empty = torch.zeros(1, dtype=torch.int32, device=device)
+                self.empty = kept_empty((1,), torch.int32, device).zero_()
             return (self.empty,) * 4
         scalars = {n: values[n] for n, _ in self.plan.chain.scalars}
         key = (tuple(sorted(sizes.items())), tuple(sorted(scalars.items())), str(device),
@@ -50,7 +51,9 @@ class _Lists:
         tensors = {t: values[t] for t, _ in self.plan.tensors}
         made = block_lists(self.plan.mask, [b, h], i, j, sizes, tensors, scalars,
                            self.knobs.block_m, self.knobs.block_n, device)
-        self.cache = {key: made}
+        if not capturing():   # kept outside torch's pool (inside a capture: the graph's own)
+            made = tuple(kept_copy(t) for t in made)
+            self.cache = {key: made}
         return made
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..dsl.expr import user_location
 from ..dsl.program import Program
 from ..errors import ScheduleError
+from ..interop import kept_empty
 from ..targets import TargetSpec
 from ..targets.cuda.kernel import ClusterKernel, Launches
 from .gemm_chain_plan import GemmChainPlan, plan_gemm_chain
@@ -92,8 +93,7 @@ def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
 
         buffer = workspace.get(str(device))
         if buffer is None or buffer.numel() < M * N:
-            buffer = workspace[str(device)] = torch.empty(M * N, dtype=torch.bfloat16,
-                                                          device=device)
+            buffer = workspace[str(device)] = kept_empty((M * N,), torch.bfloat16, device)
         return buffer[:M * N].view(M, N)
 
     def layout(dims: dict) -> Launches:

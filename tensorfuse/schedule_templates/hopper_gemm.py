@@ -14,6 +14,7 @@ import warnings
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
+from ..interop import kept_empty
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_gemm import ENTRY, hopper_gemm_source, kernel_arguments
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
@@ -95,11 +96,11 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     def split_buffers(device):
         import torch
 
-        if str(device) not in scratch:
+        if str(device) not in scratch:   # outside torch's allocator: kept_empty says why
             scratch[str(device)] = (
-                torch.empty(max(1, tail * pieces * knobs.cluster * part), dtype=torch.float32,
-                            device=device),
-                torch.zeros(max(1, tail * knobs.cluster), dtype=torch.int32, device=device))
+                kept_empty((max(1, tail * pieces * knobs.cluster * part),), torch.float32,
+                           device),
+                kept_empty((max(1, tail * knobs.cluster),), torch.int32, device).zero_())
         return scratch[str(device)]
 
     def run(module, values, out, device):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 
 from ...errors import TargetError
+from ...interop import capturing, kept_empty
 from .module import libcuda
 
 # mbarriers: the TMA copies complete on them, and the cp.async pipelines of
@@ -118,13 +119,16 @@ def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int) -> bytes:
 class DeviceMaps:
     """Tensor maps in device memory, made once per key (the operands' addresses and whatever
     else the maps encode) and kept — up to ``keep`` sets, the oldest dropped first — because a
-    CUDA graph captured with a set replays with its device buffer. Uploads go from pinned host
-    memory without blocking on the current stream, so a first call inside a graph capture works
-    too (the copy is captured; its pinned source is kept alive with the entry)."""
+    CUDA graph captured with a set replays with its device buffer. The kept buffers are TVM's
+    memory, outside torch's allocator and any graph pool (:func:`~tensorfuse.interop.kept_empty`).
+    A set first needed while a stream captures (torch.compile's CUDA graphs record with fresh
+    input buffers) is that graph's own: a temporary from its pool, filled by a captured copy from
+    pinned host memory that is kept alive for the graph's replays, and not cached."""
 
     def __init__(self, keep: int = 64):
         self.keep = keep
         self.entries: dict = {}
+        self.captured: list = []   # pinned sources of copies inside captured graphs
 
     def get(self, key, make_blob, device):
         """The device buffer for ``key``, made from ``make_blob()`` (bytes) the first time."""
@@ -132,10 +136,14 @@ class DeviceMaps:
         if found is None:
             import torch
 
+            host = torch.frombuffer(bytearray(make_blob()), dtype=torch.uint8).pin_memory()
+            if capturing():
+                self.captured.append(host)
+                return host.to(device, non_blocking=True)
             if len(self.entries) >= self.keep:
                 self.entries.pop(next(iter(self.entries)))
-            host = torch.frombuffer(bytearray(make_blob()), dtype=torch.uint8).pin_memory()
-            found = (host.to(device, non_blocking=True), host)
-            self.entries[key] = found
+            buffer = kept_empty(host.shape, torch.uint8, device)
+            buffer.copy_(host, non_blocking=True)
+            found = self.entries[key] = (buffer, host)
         return found[0]
 
