@@ -74,6 +74,27 @@ def plot_gemm(path: str, out: str, impls: tuple = ("cublas", "torch.compile")) -
                [g.replace("/", "\n") for g in groups], "TFLOP/s")
 
 
+def plot_model(paths: list[str], out: str) -> None:
+    """The model benchmark (``model/<phase>``): tokens/s of each implementation relative to the
+    SDPA model, per phase and shape, from one or more CSVs (first row of each shape wins)."""
+    rows, seen = [], set()
+    for path in paths:
+        for r in load(path):
+            key = (r["benchmark"], r["shape"], r["implementation"])
+            if r["benchmark"].startswith("model/") and key not in seen:
+                seen.add(key)
+                rows.append(r)
+    groups = list(dict.fromkeys((r["benchmark"], r["shape"]) for r in rows))
+
+    def speed(impl, group):
+        base, ms = _ms(rows, "sdpa", *group), _ms(rows, impl, *group)
+        return base / ms if base and ms else 0.0
+
+    _bar_chart(paths[0], out, groups, list(dict.fromkeys(r["implementation"] for r in rows)),
+               speed, [f"{b.split('/')[1]}\n{s}" for b, s in groups],
+               "tokens/s relative to attn_implementation='sdpa'", parity=True)
+
+
 def plot_cluster(path: str, out: str) -> None:
     """Cluster kernels: each implementation's speed relative to torch eager (FFN) or to the
     split-update template (decode), per shape; 1.0 is parity."""
