@@ -65,7 +65,8 @@ def _compile(kernel, target, template):
             if found is not None:
                 return found[0], f"tuned record ({found[1]})"
         return apply_default_schedule(lower_program(program, (), dims, index_dtype,
-                                                    accumulate=spec.accumulate), spec), \
+                                                    accumulate=spec.accumulate,
+                                                    vector_math=spec.vector_math), spec), \
             "template defaults"
 
     return CompiledKernel(program, spec, build, "default schedule, or a tuned record")

@@ -69,7 +69,8 @@ class Schedule:
     # -- state -----------------------------------------------------------------------------------
     def _lower(self) -> tvm.IRModule:
         return lower_program(self.program, self.fusions, self.dims,
-                             accumulate=self.target.accumulate)
+                             accumulate=self.target.accumulate,
+                             vector_math=self.target.vector_math)
 
     @property
     def mod(self) -> tvm.IRModule:
@@ -327,7 +328,8 @@ class Schedule:
                                 "for these sizes, or leave them symbolic", user_location())
             if layout_only:
                 return lower_program(self.program, self.fusions, {**dims, **fixed}, index_dtype,
-                                     parallel, accumulate=self.target.accumulate)
+                                     parallel, accumulate=self.target.accumulate,
+                                     vector_math=self.target.vector_math)
             if index_dtype != "int32":
                 raise CallError("tensors this large need 64-bit indexing; make the schedule with "
                                 "fixed sizes or use tensorfuse.compile", user_location())

@@ -36,7 +36,8 @@ def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
     values (:func:`scalar_values`); a tuned trace replays on the unbound function as well, since
     the loops and blocks are the same."""
     if template == "cpu":
-        mod = lower_program(program, (), dims, "int32", accumulate="f64")  # the CPU's, as compiled
+        mod = lower_program(program, (), dims, "int32", accumulate="f64",  # the CPU's, as compiled
+                            vector_math=True)
     else:
         mod = lower_program(program, (fusion,), dims)
     func = next(iter(mod.functions.values()))

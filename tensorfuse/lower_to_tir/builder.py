@@ -38,12 +38,13 @@ class FunctionBuilder:
 
     def __init__(self, program: Program, dims: dict[str, int] | None = None,
                  index_dtype: str = "int32", name: str | None = None, parallel: str | None = None,
-                 threads: int = 128, accumulate: str | None = None):
+                 threads: int = 128, accumulate: str | None = None, vector_math: bool = False):
         """``parallel``: how loops over data-parallel axes are laid out (:meth:`spatial_loops`):
         ``None`` serial (to be scheduled later), ``"cpu"`` the outermost one parallel, ``"gpu"``
         all of them fused and bound to ``blockIdx.x`` × ``threadIdx.x`` (``threads`` a block).
         ``accumulate``: the dtype narrower float sums accumulate in (``TargetSpec.accumulate``;
-        None: their own)."""
+        None: their own). ``vector_math``: elementary functions in forms the CPU's vector units
+        run (``TargetSpec.vector_math``; :mod:`tensorfuse.lower_to_tir.vector_math`)."""
         self.program = program
         self.parallel = parallel
         self.accumulate = accumulate
@@ -53,7 +54,7 @@ class FunctionBuilder:
         self.name = name or program.name
         self._stack = contextlib.ExitStack()
         self._ib = IRBuilder()
-        self.scope = Scope(index_dtype=index_dtype)
+        self.scope = Scope(index_dtype=index_dtype, vector_math=vector_math)
         self.output_buffers: dict[str, tirx.Buffer] = {}
 
     # -- signature -------------------------------------------------------------------------------

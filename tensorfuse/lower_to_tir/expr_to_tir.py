@@ -16,6 +16,7 @@ from ..dsl import dtypes as dt
 from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar, Symbol,
                         Unary, Where)
 from ..errors import DSLError
+from .vector_math import fast_exp
 
 _UNARY: dict[str, Callable] = {
     "neg": lambda x: -x, "exp": tirx.exp, "exp2": tirx.exp2, "log": tirx.log, "log2": tirx.log2,
@@ -56,11 +57,13 @@ class Scope:
     dims: dict[str, tirx.PrimExpr] = field(default_factory=dict)
     symbols: dict[str, tirx.PrimExpr] = field(default_factory=dict)
     index_dtype: str = "int32"
+    vector_math: bool = False   # f32 exp as arithmetic the CPU vectorises (vector_math.py)
 
     def child(self, **updates) -> "Scope":
         """A copy with some maps extended (the originals are left alone)."""
         new = Scope(dict(self.axes), self.params, dict(self.computes), dict(self.compute_index),
-                    self.scalars, self.dims, dict(self.symbols), self.index_dtype)
+                    self.scalars, self.dims, dict(self.symbols), self.index_dtype,
+                    self.vector_math)
         for key, extra in updates.items():
             getattr(new, key).update(extra)
         return new
@@ -99,6 +102,8 @@ def _lower(e: Expr, scope: Scope, own: str) -> tirx.PrimExpr:
         return tirx.BufferLoad(bufs[e.component], idx)
     if isinstance(e, Unary):
         arg_type = own if e.op != "not" else "bool"
+        if e.op == "exp" and scope.vector_math and arg_type == "f32":
+            return fast_exp(lower(e.a, scope, arg_type))
         return _UNARY[e.op](lower(e.a, scope, arg_type))
     if isinstance(e, Binary):
         operand = "bool" if e.op in ("and", "or") else own

@@ -10,11 +10,12 @@ from .builder import FunctionBuilder, emit_compute
 
 def lower_naive(program: Program, dims: dict[str, int] | None = None,
                 index_dtype: str = "int32", parallel: str | None = None,
-                accumulate: str | None = None) -> tvm.IRModule:
+                accumulate: str | None = None, vector_math: bool = False) -> tvm.IRModule:
     """``program`` as an IRModule holding one PrimFunc named after the kernel; sizes named in
-    ``dims`` are fixed, the others stay symbolic; ``parallel`` and ``accumulate`` as for
-    ``FunctionBuilder``."""
-    fb = FunctionBuilder(program, dims, index_dtype, parallel=parallel, accumulate=accumulate)
+    ``dims`` are fixed, the others stay symbolic; ``parallel``, ``accumulate`` and
+    ``vector_math`` as for ``FunctionBuilder``."""
+    fb = FunctionBuilder(program, dims, index_dtype, parallel=parallel, accumulate=accumulate,
+                         vector_math=vector_math)
     with fb:
         for c in program.computes:
             if not c.is_output:

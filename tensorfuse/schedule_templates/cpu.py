@@ -1,10 +1,17 @@
 """The CPU template: any lowered program (plain or fused) on the ``llvm`` target.
 
-Every top-level loop nest runs its outermost loop on all cores; that is the default schedule.
-Tuning adds two knobs, declared here as MetaSchedule decisions so the search and the XGBoost
-cost model see them: the vector width of each block's innermost loop when that loop is
-data-parallel (``sample_perfect_tile``: the loop is split and its inner part vectorised), and an
-unroll depth for the whole function (``sample_categorical``).
+Row programs — every block loops over the same row axes and at most one inner axis (softmax,
+norms, cross-entropy, any chain over the last axis) — get the row schedule (:func:`row_schedule`):
+one row at a time per core with all of its blocks, the row's intermediates small enough to stay in
+the core's cache, every inner loop vectorised (sums and maxima through ``rfactor``: a vector of
+partial results, then one across it). Other programs run the outermost loop of each top-level
+nest on all cores.
+
+Tuning declares its knobs as MetaSchedule decisions, so the search and the XGBoost cost model see
+them: for row programs the vector width (``sample_categorical`` over the widths every inner loop
+divides into), the rows a core takes at a time and an unroll depth; for the others the vector width of each block's innermost loop
+when that loop is data-parallel (``sample_perfect_tile``: the loop is split and its inner part
+vectorised) and the unroll depth (``sample_categorical``).
 """
 from __future__ import annotations
 
@@ -12,8 +19,100 @@ import tvm
 
 UNROLL_DEPTHS = (0, 16, 64, 512)
 MAX_VECTOR = 16  # fp32 lanes of two AVX-512 registers: wider gains nothing on current CPUs
+VECTOR = 16      # the row schedule's default width: f32 lanes of one AVX-512 register
+ROW_WIDTHS = (4, 8, 16, 32)
+ROW_GRAINS = (1, 4, 16, 64)   # rows a core takes at a time (1: the default)
 _DATA_PARALLEL = 0  # IterVar.DataPar
 UNROLL_KEY = "meta_schedule.unroll_explicit"  # read by MetaSchedule's unroll mutator and postproc
+
+
+def row_schedule(sch: tvm.s_tir.Schedule, sample: bool = False, defaults: bool = False) -> bool:
+    """Schedule a row program as the module docstring says and return True, or leave ``sch``
+    untouched and return False when the program is not one (tried on a copy first). ``sample``:
+    the vector width is a MetaSchedule decision (``defaults``: decided as :data:`VECTOR`)."""
+    trial = tvm.s_tir.Schedule(sch.mod)
+    trial.work_on(next(iter(sch.mod.functions.keys())).name_hint)
+    try:
+        widths = _row_widths(trial)
+        _rows(trial, VECTOR if VECTOR in widths else (widths[-1] if widths else 1), bool(widths))
+    except (tvm.s_tir.ScheduleError, tvm.error.InternalError, ValueError):
+        return False
+    width = VECTOR if VECTOR in widths else (widths[-1] if widths else 1)
+    grain = 1
+    if sample:
+        grain = _choose(sch, ROW_GRAINS, 0, defaults)
+        if widths:
+            width = _choose(sch, widths, widths.index(width), defaults)
+    _rows(sch, width, bool(widths), grain)
+    return True
+
+
+def _choose(sch: tvm.s_tir.Schedule, options, default: int, defaults: bool):
+    """A MetaSchedule decision among ``options`` (``defaults``: the one at ``default``)."""
+    return sch.sample_categorical(list(options), [1.0 / len(options)] * len(options),
+                                  decision=default if defaults else None)
+
+
+def _row_nests(sch: tvm.s_tir.Schedule):
+    """The top-level blocks, the number of row loops they share, and each one's loop extents;
+    ValueError when the program is not a row program."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    extents = [[sch.get(loop).extent for loop in sch.get_loops(b)] for b in blocks]
+    depth = min(len(e) for e in extents)
+    if depth == 0 or any(len(e) > depth + 1 for e in extents) or \
+            any(not all(_same(a, b) for a, b in zip(e[:depth], extents[-1][:depth]))
+                for e in extents):
+        raise ValueError("not a row program")
+    return blocks, depth, extents
+
+
+def _row_widths(sch: tvm.s_tir.Schedule) -> list[int]:
+    """The vector widths every inner loop of the row program splits into (at least twice)."""
+    _, depth, extents = _row_nests(sch)
+    inner = [e[-1] for e in extents if len(e) == depth + 1]
+    if not inner or not all(isinstance(x, tvm.tirx.IntImm) for x in inner):
+        return []
+    return [w for w in ROW_WIDTHS if all(x.value % w == 0 and x.value >= 2 * w for x in inner)]
+
+
+def _rows(sch: tvm.s_tir.Schedule, width, vectorize: bool, grain=1) -> None:
+    blocks, depth, extents = _row_nests(sch)
+    partials = []
+    if vectorize:   # sums and maxima: a vector of partial results first
+        for block, extent in zip(blocks, extents):
+            if len(extent) == depth + 1 and not _is_data_parallel(sch, block):
+                _, lanes = sch.split(sch.get_loops(block)[-1], [None, width])
+                partials.append(sch.rfactor(lanes, 0))
+    row = sch.get_loops(blocks[-1])[depth - 1]
+    for block in reversed(sch.get_child_blocks(sch.get_sblock("root"))[:-1]):
+        sch.compute_at(block, row)
+    if vectorize:
+        for block in sch.get_child_blocks(sch.get_sblock("root")):
+            loops = sch.get_loops(block)
+            if len(loops) == depth + 1 and _is_data_parallel(sch, block):
+                _, lanes = sch.split(loops[-1], [None, width])
+                sch.vectorize(lanes)
+        for rf in partials:   # loops: rows, lanes, chunks -> rows, chunks, lanes (vectorised)
+            loops = sch.get_loops(rf)
+            sch.reorder(loops[-1], loops[-2])
+            sch.vectorize(sch.get_loops(rf)[-1])
+    rows = sch.get_loops(blocks[-1])[:depth]
+    rows = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    if not (isinstance(grain, int) and grain == 1):
+        rows, _ = sch.split(rows, [None, grain])
+    sch.parallel(rows)
+
+
+def _same(a, b) -> bool:
+    return isinstance(a, tvm.tirx.IntImm) and isinstance(b, tvm.tirx.IntImm) and \
+        a.value == b.value
+
+
+def cpu_default(sch: tvm.s_tir.Schedule) -> None:
+    """The CPU template's defaults: the row schedule where it applies, else the outer loops
+    parallel."""
+    if not row_schedule(sch):
+        parallelize_outer_loops(sch)
 
 
 def parallelize_outer_loops(sch: tvm.s_tir.Schedule) -> None:
@@ -36,7 +135,11 @@ def parallelize_outer_loops(sch: tvm.s_tir.Schedule) -> None:
 def cpu_search_space(sch: tvm.s_tir.Schedule, defaults: bool = False) -> None:
     """The tunable CPU schedule: the default (outer loops parallel) plus sampled vector widths and
     unroll depth. Used as a MetaSchedule ``ScheduleFn``; ``defaults=True`` takes the decisions
-    that leave the default schedule (no vectorising split, no unrolling)."""
+    that leave the default schedule (no vectorising split, no unrolling). A row program keeps
+    the row schedule and tunes its unrolling."""
+    if row_schedule(sch, sample=True, defaults=defaults):
+        _sample_unroll(sch, defaults)
+        return
     parallelize_outer_loops(sch)
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         if not _is_data_parallel(sch, block):
@@ -54,9 +157,11 @@ def cpu_search_space(sch: tvm.s_tir.Schedule, defaults: bool = False) -> None:
             sch.vectorize(inner)
         except tvm.s_tir.ScheduleError:
             continue
-    depth = sch.sample_categorical(list(UNROLL_DEPTHS), [1.0 / len(UNROLL_DEPTHS)] * len(UNROLL_DEPTHS),
-                                   decision=0 if defaults else None)
-    sch.annotate(sch.get_sblock("root"), UNROLL_KEY, depth)
+    _sample_unroll(sch, defaults)
+
+
+def _sample_unroll(sch: tvm.s_tir.Schedule, defaults: bool) -> None:
+    sch.annotate(sch.get_sblock("root"), UNROLL_KEY, _choose(sch, UNROLL_DEPTHS, 0, defaults))
 
 
 def _is_data_parallel(sch: tvm.s_tir.Schedule, block) -> bool:

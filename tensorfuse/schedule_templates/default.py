@@ -1,8 +1,9 @@
 """The schedule a kernel gets when no template is chosen.
 
 GPU targets use TVM's dlight rules (matmul, GEMV, reductions, and a fallback that binds every block
-to threads), so any program runs on a GPU. The CPU target runs the outermost data-parallel loop of
-each loop nest on all cores.
+to threads), so any program runs on a GPU. The CPU target gets the CPU template's defaults (row
+programs one vectorised row per core at a time, others the outermost data-parallel loop of each
+loop nest on all cores: ``cpu.py``).
 """
 from __future__ import annotations
 
@@ -25,15 +26,14 @@ def apply_default_schedule(mod: tvm.IRModule, target: TargetSpec) -> tvm.IRModul
                                                dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
             except Exception:  # noqa: BLE001 - a dlight rule that matched but cannot apply
                 return dl.ApplyDefaultSchedule(dl.gpu.Fallback())(mod)
-    return parallelize_outer_loops(mod)
+    return cpu_defaults(mod)
 
 
-def parallelize_outer_loops(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with the outermost loop of each top-level nest parallel (the CPU template's
-    defaults)."""
+def cpu_defaults(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with the CPU template's defaults (:func:`.cpu.cpu_default`)."""
     from . import tvm_schedule
-    from .cpu import parallelize_outer_loops as parallelize
+    from .cpu import cpu_default
 
     sch = tvm_schedule(mod)
-    parallelize(sch)
+    cpu_default(sch)
     return sch.mod

@@ -60,7 +60,8 @@ class Fusion:
 
 
 def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32",
-                       parallel: str | None = None, accumulate: str | None = None) -> tvm.IRModule:
+                       parallel: str | None = None, accumulate: str | None = None,
+                       vector_math: bool = False) -> tvm.IRModule:
     """TensorIR of ``program`` with ``fusions`` applied; ``parallel`` lays out the data-parallel
     loops, ``accumulate`` widens float sums, running states included (see
     :class:`~tensorfuse.lower_to_tir.FunctionBuilder`)."""
@@ -73,7 +74,8 @@ def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32"
             owner[m.name] = k
     analyses = [_ChainInputs(ch) for ch in chains]
     order = _emission_order(program, chains, analyses, owner)
-    fb = FunctionBuilder(program, dims, index_dtype, parallel=parallel, accumulate=accumulate)
+    fb = FunctionBuilder(program, dims, index_dtype, parallel=parallel, accumulate=accumulate,
+                         vector_math=vector_math)
     with fb:
         emitters = [_ChainEmitter(fb, ch, f, a) for ch, f, a in zip(chains, fusions, analyses)]
         for node in order:
