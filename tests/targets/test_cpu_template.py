@@ -1,0 +1,61 @@
+"""The CPU template: row programs get the vectorised row schedule, f32 exp is generated as a
+polynomial LLVM vectorises (and is as exact as exp), the llvm target compiles for this CPU."""
+import numpy as np
+import pytest
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from tensorfuse import dsl as T
+from tensorfuse.kernels.reference import TOLERANCE, random_inputs, reference, relative_error
+from tensorfuse.schedule_templates import lower_program, tvm_schedule
+from tensorfuse.schedule_templates.cpu import row_schedule
+from tensorfuse.targets import get_target
+
+
+def scheduled(kernel, **dims):
+    sch = tvm_schedule(lower_program(kernel.program, (), dims, accumulate="f64",
+                                     vector_math=True))
+    return row_schedule(sch), sch.mod.script()
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm", "rmsnorm",
+                                  "cross_entropy"])
+def test_row_programs_get_the_row_schedule(name):
+    applied, script = scheduled(K.ALL[name], M=64, N=256, V=256)
+    assert applied
+    assert "T.parallel" in script and "T.vectorized(16)" in script
+    assert script.count("T.parallel") == 1       # one parallel loop over the rows
+
+
+def test_other_programs_keep_the_default_schedule():
+    applied, _ = scheduled(K.causal_attention, B=1, H=2, M=32, N=32, D=16)
+    assert not applied
+
+
+def test_ragged_rows_are_scheduled_without_vectors_and_stay_correct(rng):
+    applied, script = scheduled(K.softmax, M=5, N=333)
+    assert applied and "T.vectorized" not in script
+    tensors, scalars = random_inputs(K.softmax, dict(M=5, N=333), rng)
+    out = tf.compile(K.softmax, target="llvm")(**tensors, **scalars)
+    assert relative_error(out, reference(K.softmax, tensors, scalars)) <= TOLERANCE["bf16"]
+
+
+@tf.kernel
+def exponential(x: T.Tensor["N", "f32"]):
+    i = T.axes("i")
+    return T.exp(x[i])
+
+
+def test_exp_polynomial_is_within_an_ulp_and_keeps_the_special_values():
+    x = np.concatenate([np.linspace(-87, 88.3, 200_001, dtype=np.float32),
+                        np.float32([-np.inf, np.inf, np.nan, 0.0, -200.0, 200.0, 1e-30])])
+    got = tf.compile(exponential, target="llvm")(x)
+    want = np.exp(x.astype(np.float64))
+    finite = np.isfinite(want) & (want > 1.2e-38) & (want < 3e38)
+    assert np.max(np.abs(got[finite] - want[finite]) / want[finite]) < 1.2e-7   # one f32 ulp
+    assert got[-7] == 0.0 and got[-6] == np.inf and np.isnan(got[-5])
+    assert got[-4] == 1.0 and got[-3] == 0.0 and got[-2] == np.inf and got[-1] == 1.0
+
+
+def test_the_cpu_target_names_this_cpu():
+    assert get_target("llvm").tvm_target.attrs["mcpu"] not in ("", None)
