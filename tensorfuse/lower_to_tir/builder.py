@@ -8,6 +8,7 @@ naive one and the rolled and split ones) is made of the pieces here.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -20,6 +21,9 @@ from ..dsl import dtypes as dt
 from ..dsl.expr import Axis, Expr, Symbol
 from ..dsl.program import Compute, Program, TensorParam
 from .expr_to_tir import Scope, cast_to, constant, lower
+
+# sums of up to this many terms (known when the IR is made) keep their dtype on the CPU too
+SHORT_SUM = 256
 
 
 @dataclass
@@ -100,12 +104,22 @@ class FunctionBuilder:
     def shape(self, axes: Sequence[Axis]) -> list[tirx.PrimExpr]:
         return [self.extent(a) for a in axes]
 
-    def accumulator(self, monoid, dtype: str) -> str:
-        """The dtype a reduction of ``monoid`` producing ``dtype`` accumulates in."""
+    def accumulator(self, monoid, dtype: str, terms: int | None = None) -> str:
+        """The dtype a reduction of ``monoid`` producing ``dtype`` accumulates in. A sum of at
+        most :data:`SHORT_SUM` terms known here (``terms``: a dot product over a head
+        dimension) keeps its own dtype: f32 loses nothing measurable there, and the CPU runs it
+        at twice the rate of f64."""
         if self.accumulate and monoid.name == "sum" and dt.is_float(dtype) and \
-                dt.wider(self.accumulate, dtype):
+                dt.wider(self.accumulate, dtype) and (terms is None or terms > SHORT_SUM):
             return self.accumulate
         return dtype
+
+    def static_terms(self, axes: Sequence[Axis]) -> int | None:
+        """How many terms a reduction over ``axes`` has, where every size is known here."""
+        sizes = [self.extent(a) for a in axes]
+        if not all(isinstance(n, tirx.IntImm) for n in sizes):
+            return None
+        return math.prod(n.value for n in sizes)
 
     def alloc(self, name: str, shape, dtype: str, scope: str = "global") -> tirx.Buffer:
         buf = T.sblock_alloc_buffer(list(shape), dt.to_tvm(dtype), scope=scope, layout=None)
@@ -219,13 +233,11 @@ def emit_compute(fb: FunctionBuilder, compute: Compute, scope: Scope | None = No
     wider dtype: a block reducing into an accumulator, then ``{name}_store`` rounding it)."""
     scope = scope or fb.scope
     bufs = scope.computes[compute.name]
-    wide = compute.is_reduction and compute.arity == 1 and \
-        fb.accumulator(compute.monoid, compute.dtypes[0]) != compute.dtypes[0]
-    if wide:
-        acc = fb.alloc(f"{compute.name}_acc", fb.shape(compute.axes),
-                       fb.accumulator(compute.monoid, compute.dtypes[0]))
-        _emit_reduction(fb, compute, scope, name, [acc],
-                        [fb.accumulator(compute.monoid, compute.dtypes[0])])
+    accumulator = fb.accumulator(compute.monoid, compute.dtypes[0],
+                                 fb.static_terms(compute.over)) if compute.is_reduction else None
+    if compute.is_reduction and compute.arity == 1 and accumulator != compute.dtypes[0]:
+        acc = fb.alloc(f"{compute.name}_acc", fb.shape(compute.axes), accumulator)
+        _emit_reduction(fb, compute, scope, name, [acc], [accumulator])
         spatial = [LoopAxis(a, fb.extent(a), a.name, "S") for a in compute.axes]
         with fb.spatial_loops(spatial) as (outer, predicate):
             with fb.block(f"{name or compute.name}_store", outer, scope,

@@ -4,8 +4,12 @@ Row programs — every block loops over the same row axes and at most one inner 
 norms, cross-entropy, any chain over the last axis) — get the row schedule (:func:`row_schedule`):
 one row at a time per core with all of its blocks, the row's intermediates small enough to stay in
 the core's cache, every inner loop vectorised (sums and maxima through ``rfactor``: a vector of
-partial results, then one across it). Other programs run the outermost loop of each top-level
-nest on all cores.
+partial results, then one across it). A block may also contract within its row (attention's
+scores ``q·k`` over ``d`` and ``p·v`` over the keys): its reduction loop goes outside, the other
+loop inside for LLVM to vectorise, and an operand read along the reduction as its last axis (the
+keys) is copied once per head with the other axis last, so that inner loop reads consecutive
+elements. Causal attention, B=1, H=8, S=1024, D=64, bf16 on 2 cores: 940 ms → 82 ms (SDPA:
+10–15 ms). Other programs run the outermost loop of each top-level nest on all cores.
 
 Tuning declares its knobs as MetaSchedule decisions, so the search and the XGBoost cost model see
 them: for row programs the vector width (``sample_categorical`` over the widths every inner loop
@@ -55,11 +59,17 @@ def _choose(sch: tvm.s_tir.Schedule, options, default: int, defaults: bool):
 
 def _row_nests(sch: tvm.s_tir.Schedule):
     """The top-level blocks, the number of row loops they share, and each one's loop extents;
-    ValueError when the program is not a row program."""
+    ValueError when the program is not a row program. A block may have two inner loops where the
+    second is a reduction (a contraction within the row: attention's ``q·k`` over ``d``)."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     extents = [[sch.get(loop).extent for loop in sch.get_loops(b)] for b in blocks]
-    depth = min(len(e) for e in extents)
-    if depth == 0 or any(len(e) > depth + 1 for e in extents) or \
+    depth = min(sum(int(iv.iter_type) == _DATA_PARALLEL for iv in sch.get(b).iter_vars)
+                for b in blocks)   # the rows: what every block computes one of
+    if depth == 0 or any(len(e) < depth for e in extents) or any(len(e) > depth + 2 for e in extents) or \
+            any(len(e) == depth + 2 and _is_data_parallel(sch, b)
+                for b, e in zip(blocks, extents)) or \
+            any(len(e) == depth and not _is_data_parallel(sch, b)   # a reduction over rows
+                for b, e in zip(blocks, extents)) or \
             any(not all(_same(a, b) for a, b in zip(e[:depth], extents[-1][:depth]))
                 for e in extents):
         raise ValueError("not a row program")
@@ -67,7 +77,8 @@ def _row_nests(sch: tvm.s_tir.Schedule):
 
 
 def _row_widths(sch: tvm.s_tir.Schedule) -> list[int]:
-    """The vector widths every inner loop of the row program splits into (at least twice)."""
+    """The vector widths every single inner loop of the row program splits into (twice at least;
+    a contraction's loops are left to LLVM's vectoriser)."""
     _, depth, extents = _row_nests(sch)
     inner = [e[-1] for e in extents if len(e) == depth + 1]
     if not inner or not all(isinstance(x, tvm.tirx.IntImm) for x in inner):
@@ -83,9 +94,20 @@ def _rows(sch: tvm.s_tir.Schedule, width, vectorize: bool, grain=1) -> None:
             if len(extent) == depth + 1 and not _is_data_parallel(sch, block):
                 _, lanes = sch.split(sch.get_loops(block)[-1], [None, width])
                 partials.append(sch.rfactor(lanes, 0))
+    contractions = [b for b, e in zip(blocks, extents) if len(e) == depth + 2]
+    copies = [c for b in contractions for c in _transposed_operands(sch, b)]
     row = sch.get_loops(blocks[-1])[depth - 1]
     for block in reversed(sch.get_child_blocks(sch.get_sblock("root"))[:-1]):
-        sch.compute_at(block, row)
+        if not any(sch.get(block).same_as(sch.get(c)) for c in copies):
+            sch.compute_at(block, row)
+    if copies:   # made once per outer row loop (per head), before that loop's rows
+        if depth < 2:
+            raise ValueError("a transposed operand needs a loop above the rows")
+        for copy in copies:
+            sch.compute_at(copy, sch.get_loops(blocks[-1])[depth - 2])
+    for block in contractions:   # reduction outside, the other loop inside: LLVM vectorises
+        loops = sch.get_loops(block)   # it (better than a TVM-vectorised split: 82 vs 100 ms
+        sch.reorder(loops[-1], loops[-2])   # for causal attention S=1024 on 2 cores)
     if vectorize:
         for block in sch.get_child_blocks(sch.get_sblock("root")):
             loops = sch.get_loops(block)
@@ -97,10 +119,46 @@ def _rows(sch: tvm.s_tir.Schedule, width, vectorize: bool, grain=1) -> None:
             sch.reorder(loops[-1], loops[-2])
             sch.vectorize(sch.get_loops(rf)[-1])
     rows = sch.get_loops(blocks[-1])[:depth]
-    rows = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    if copies:   # the copies sit between the outer row loops and the last one
+        rows = rows[-1]
+    else:
+        rows = sch.fuse(*rows) if len(rows) > 1 else rows[0]
     if not (isinstance(grain, int) and grain == 1):
         rows, _ = sch.split(rows, [None, grain])
     sch.parallel(rows)
+    for block in contractions:   # after `parallel`, which wants whole reduction blocks
+        sch.decompose_reduction(block, sch.get_loops(block)[-2])
+
+
+def _transposed_operands(sch: tvm.s_tir.Schedule, block) -> list:
+    """For a contraction ``block`` (loops: rows, a spatial ``x``, a reduction ``r``): copies of
+    the operands it reads along ``r`` as their last axis while indexing by ``x`` (attention's
+    ``k[b, h, j, d]`` in ``q·k``), laid out with ``x`` last instead, so that the loop over ``x``
+    reads consecutive elements. Returns the copy blocks (not yet placed)."""
+    stmt = sch.get(block)
+    reduce = [iv.var for iv in stmt.iter_vars if int(iv.iter_type) != _DATA_PARALLEL]
+    spatial = [iv.var for iv in stmt.iter_vars if int(iv.iter_type) == _DATA_PARALLEL]
+    if len(reduce) != 1:
+        raise ValueError("a contraction over one axis")
+    r, x = reduce[0], spatial[-1]
+    copies = []
+    for index, region in enumerate(stmt.reads):
+        mins = [rng.min for rng in region.region]
+        if len(mins) < 2 or not _uses(mins[-1], r) or not any(_uses(m, x) for m in mins[:-1]):
+            continue
+        at = next(k for k, m in enumerate(mins[:-1]) if _uses(m, x))
+        rank = len(mins)
+        copy = sch.cache_read(block, index, "global")
+        order = [k for k in range(rank) if k != at] + [at]
+        index_map = tvm.tirx.IndexMap.from_func(lambda *axes: [axes[k] for k in order],
+                                                ndim=rank)
+        sch.transform_layout(copy, ("write", 0), index_map)
+        copies.append(copy)
+    return copies
+
+
+def _uses(expr, var) -> bool:
+    return any(v.same_as(var) for v in tvm.tirx.analysis.undefined_vars(expr, []))
 
 
 def _same(a, b) -> bool:

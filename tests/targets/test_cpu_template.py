@@ -27,8 +27,19 @@ def test_row_programs_get_the_row_schedule(name):
     assert script.count("T.parallel") == 1       # one parallel loop over the rows
 
 
-def test_other_programs_keep_the_default_schedule():
-    applied, _ = scheduled(K.causal_attention, B=1, H=2, M=32, N=32, D=16)
+def test_attention_rows_read_a_transposed_copy_of_the_keys():
+    """q·k over d per query row: the keys copied once per head with the key axis last, so the
+    loop over keys reads consecutive elements; rows in parallel within a head."""
+    applied, script = scheduled(K.causal_attention, B=1, H=2, M=32, N=32, D=16)
+    assert applied
+    assert 'T.sblock("k_global")' in script and "k_global = T.sblock_alloc_buffer((1, 2, 16, 32)" \
+        in script
+    assert script.count("T.parallel") == 1
+
+
+def test_programs_whose_blocks_do_not_share_their_rows_keep_the_default_schedule():
+    """An FFN: the intermediate's rows run over N, the output's over O."""
+    applied, _ = scheduled(K.ffn_swiglu, M=8, K=16, N=32, O=16)
     assert not applied
 
 
