@@ -221,6 +221,27 @@ def precompile(config: str, seq: int, prefill_batches, decode_batches) -> None:
                      for m in [b * seq for b in prefill_batches] + list(decode_batches)])
 
 
+def run(log, config: str = "llama3-8b", prefill_batches=(1, 2, 4, 8), seq: int = 4096,
+        decode_batches=(1, 8), context: int = 32768, implementations=IMPLEMENTATIONS,
+        csv_path: str | None = None) -> list[Row]:
+    """Every phase and shape in turn (``benchmarks.run --only model`` calls this); the CSV is
+    rewritten after every shape, so a run cut short keeps what it measured."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        CEILINGS.update(measure_ceilings())
+    model = build_model(config, device)
+    out: list[Row] = []
+    for phase, batches, length in (("prefill", prefill_batches, seq),
+                                   ("decode", decode_batches, context)):
+        for b in batches:
+            log(f"{phase} B={b} {'S' if phase == 'prefill' else 'context'}={length}")
+            measure = prefill if phase == "prefill" else decode
+            out += measure(model, config, b, length, implementations, log)
+            if csv_path:
+                write_csv(out, csv_path)
+    return out
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="llama3-8b", choices=sorted(CONFIGS))
@@ -238,23 +259,9 @@ def main(argv=None) -> None:
     if args.precompile:
         precompile(args.config, args.seq, prefill_batches, decode_batches)
         return
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        CEILINGS.update(measure_ceilings())
-    implementations = [i for i in args.implementations.split(",") if i]
-    model = build_model(args.config, device)
-    log = (lambda text: print(text, flush=True))
-    out: list[Row] = []
-    for b in prefill_batches:
-        log(f"prefill B={b} S={args.seq}")
-        out += prefill(model, args.config, b, args.seq, implementations, log)
-        if args.csv:   # after every shape: a run cut short keeps what it measured
-            write_csv(out, args.csv)
-    for b in decode_batches:
-        log(f"decode B={b} context={args.context}")
-        out += decode(model, args.config, b, args.context, implementations, log)
-        if args.csv:
-            write_csv(out, args.csv)
+    out = run(lambda text: print(text, flush=True), args.config, prefill_batches, args.seq,
+              decode_batches, args.context, [i for i in args.implementations.split(",") if i],
+              args.csv)
     print(summary(out))
     bad = [r for r in out if "inf" in r.note or float(r.note.split("sdpa ")[1]) > LOGITS_TOLERANCE]
     for r in bad:

@@ -22,7 +22,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="1024,4096,16384")
     parser.add_argument("--only", default="attention,decode,rows,cluster,gemm",
                         help="comma-separated parts: attention, decode, rows, cluster, gemm "
-                             "(GEMMs and the FFN blocks on the Hopper GEMM)")
+                             "(GEMMs and the FFN blocks on the Hopper GEMM), model (a Llama 3 "
+                             "8B-shaped transformers model, prefill and decode: minutes; not in "
+                             "the default set)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks need an NVIDIA GPU", file=sys.stderr)
@@ -57,6 +59,10 @@ def main(argv=None) -> int:
         from benchmarks import gemm
 
         results += gemm.timed(gemm.SHAPES + gemm.PROBES, sweep=(), log=log) + gemm.ffn(log=log)
+    if "model" in parts:
+        from benchmarks import model
+
+        results += model.run(log)
     path = os.path.join(args.out, f"{stamp}-{gpu}.csv")
     write_csv(results, path)
     try:

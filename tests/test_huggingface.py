@@ -140,3 +140,17 @@ def test_prefill_and_static_decode_on_the_gpu():
         got = tfh.use_tensorfuse(model).generate(ids, **kwargs)
     for a, b in zip(got.logits, want.logits):
         assert relative(a, b) <= TOLERANCE[torch.bfloat16]
+
+
+def test_the_model_benchmark_runs_and_checks_its_logits():
+    """benchmarks/model.py end to end on the tiny config (here on the CPU): rows for every phase,
+    shape and implementation, tensorfuse's logits within the benchmark's tolerance of SDPA's."""
+    from benchmarks import model as bench
+
+    rows = bench.run(lambda _: None, "tiny", prefill_batches=(2,), seq=24, decode_batches=(1,),
+                     context=40, implementations=("sdpa", "tensorfuse"))
+    assert [(r.benchmark, r.shape, r.implementation) for r in rows] == [
+        ("model/prefill", "B2-S24", "sdpa"), ("model/prefill", "B2-S24", "tensorfuse"),
+        ("model/decode", "B1-ctx40", "sdpa"), ("model/decode", "B1-ctx40", "tensorfuse")]
+    for r in rows:
+        assert r.ms > 0 and float(r.note.split("sdpa ")[1]) <= bench.LOGITS_TOLERANCE
