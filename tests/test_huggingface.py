@@ -57,6 +57,19 @@ def test_padded_batch_uses_the_mask_and_matches_sdpa():
     assert relative(got[keep], want[keep]) <= TOLERANCE[torch.float32]
 
 
+def test_a_float_mask_is_a_bias_and_goes_to_sdpa():
+    """A prepared 4D float mask adds its values to the scores: tensorfuse's boolean-mask kernel
+    cannot take it, so transformers' SDPA path computes that attention (same logits)."""
+    model = tiny_llama(torch.float32)
+    ids = torch.randint(0, 100, (2, 11))
+    bias = torch.randn(2, 1, 11, 11).masked_fill(~torch.ones(11, 11, dtype=torch.bool).tril(),
+                                                 torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        want = model(ids, attention_mask=bias).logits
+        got = tfh.use_tensorfuse(model, norms=False, mlp=False)(ids, attention_mask=bias).logits
+    assert relative(got, want) <= TOLERANCE[torch.float32]
+
+
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_greedy_generation_matches_sdpa(cache):
     """Prefill then decode through a cache (static: a fixed length and a mask of filled slots)."""

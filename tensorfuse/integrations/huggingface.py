@@ -12,8 +12,9 @@ found too); ``restore(model)`` undoes it.
 Each layer is a DSL kernel from :mod:`tensorfuse.kernels.layers`, compiled with
 ``tensorfuse.compile`` for the tensors' device and dtype (on an H100: the Hopper attention and FFN
 templates). What tensorfuse does not compute is handed back to transformers, never approximated:
-attention with dropout, with attention sinks or asking for the weights, and every layer while
-autograd records (the kernels have no backward yet) run transformers' own code.
+attention with dropout, with a float (additive) mask or asking for the weights, and every layer
+while autograd records (the kernels have no backward yet) run transformers' own code; attention
+sinks are refused with a message.
 
 Each new shape compiles once; decoding with a cache that grows every step (``DynamicCache``) is
 a new shape every step — decode with ``StaticCache`` (``cache_implementation="static"``), whose
@@ -23,21 +24,16 @@ from __future__ import annotations
 
 import types
 
-import tensorfuse as tf
 from tensorfuse.dsl import dtypes as dt
 from tensorfuse.kernels.layers import attention_kernel, rmsnorm_kernel, swiglu_mlp_kernel
 
 NAME = "tensorfuse"
-_compiled: dict = {}
 
 
-def _kernel(make, device, *variant):
-    """``make(*variant)`` compiled for ``device`` (a torch device), once per process."""
-    target = "llvm" if device.type == "cpu" else device.type
-    key = (make, target, variant)
-    if key not in _compiled:
-        _compiled[key] = tf.compile(make(*variant), target=target)
-    return _compiled[key]
+def _target(device) -> str:
+    """The tensorfuse target for tensors on ``device`` (each kernel compiles once per target:
+    :class:`tensorfuse.kernel.Kernel` keeps what it compiled)."""
+    return "llvm" if device.type == "cpu" else device.type
 
 
 def _recording(*tensors) -> bool:
@@ -52,13 +48,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     """An attention function for transformers' registry: ``query[B, H, M, D]``,
     ``key, value[B, HKV, N, D]``, the mask made by the mask function registered beside it;
     returns ``(output[B, M, H, D], None)`` as SDPA's does."""
-    if dropout > 0.0 or s_aux is not None or kwargs.get("output_attentions") or \
+    if s_aux is not None:
+        raise NotImplementedError("tensorfuse attention: attention sinks (s_aux) are not "
+                                  "supported; use attn_implementation='eager'")
+    additive = attention_mask is not None and attention_mask.dtype.is_floating_point
+    if dropout > 0.0 or additive or kwargs.get("output_attentions") or \
             _recording(query, key, value):
+        # dropout, a float mask (a bias: its values matter, not only where it is -inf), the
+        # weights, or a backward: transformers' SDPA path computes those
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        if s_aux is not None:
-            raise NotImplementedError("tensorfuse attention: attention sinks (s_aux) are not "
-                                      "supported; use attn_implementation='eager'")
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     if scaling is None:
@@ -73,15 +72,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     args = [query, key, value]
     masked = attention_mask is not None
     if masked:
-        if not attention_mask.dtype.is_floating_point:
-            attention_mask = attention_mask.bool()
-        else:   # an additive mask: 0 keeps, -inf (or the dtype's lowest) drops
-            attention_mask = attention_mask > attention_mask.new_tensor(-1e30)
-        args.append(attention_mask.expand(query.shape[0], 1, m, n))
-    kernel = _kernel(attention_kernel, query.device, dtype, bool(causal) and not masked, masked,
-                     softcap is not None)
+        args.append(attention_mask.bool().expand(query.shape[0], 1, m, n))
+    kernel = attention_kernel(dtype, bool(causal) and not masked, masked, softcap is not None)
     extra = {"cap": float(softcap)} if softcap is not None else {}
-    out = kernel(*args, scale=float(scaling), **extra)
+    out = kernel(*args, scale=float(scaling), target=_target(query.device), **extra)
     return out.transpose(1, 2), None
 
 
@@ -91,8 +85,9 @@ def _rmsnorm_forward(self, hidden_states):
     if hidden_states.dtype != self.weight.dtype or _recording(hidden_states, self.weight):
         return type(self).forward(self, hidden_states)
     shape = hidden_states.shape
-    kernel = _kernel(rmsnorm_kernel, hidden_states.device, dt.from_any(hidden_states.dtype))
-    out = kernel(hidden_states.reshape(-1, shape[-1]), self.weight, eps=self.variance_epsilon)
+    out = rmsnorm_kernel(dt.from_any(hidden_states.dtype))(
+        hidden_states.reshape(-1, shape[-1]), self.weight, eps=self.variance_epsilon,
+        target=_target(hidden_states.device))
     return out.view(shape)
 
 
@@ -102,8 +97,8 @@ def _mlp_forward(self, x):
     if any(w.dtype != x.dtype for w in weights) or _recording(x, *weights):
         return type(self).forward(self, x)
     shape = x.shape
-    kernel = _kernel(swiglu_mlp_kernel, x.device, dt.from_any(x.dtype))
-    out = kernel(x.reshape(-1, shape[-1]), *weights)
+    out = swiglu_mlp_kernel(dt.from_any(x.dtype))(x.reshape(-1, shape[-1]), *weights,
+                                                  target=_target(x.device))
     return out.view(*shape[:-1], out.shape[-1])
 
 
