@@ -39,12 +39,8 @@ def attention_kernel(dtype: str, causal: bool, masked: bool, softcap: bool):
             s = T.where(key_position(i) >= j, s, -T.inf)
         if not masked:
             return softmax_attend(s, v[b, hk, j, e], j)
-        s = T.where(mask[b, 0, i, j], s, -T.inf)
-        m = T.max(s, over=j)
-        p = T.exp(s - m)
-        l = T.sum(p, over=j)  # noqa: E741
-        o = T.sum(p * v[b, hk, j, e], over=j)
-        return T.where(l > 0.0, o / l, 0.0)   # a row the mask empties: 0, as SDPA's kernels
+        s = T.where(mask[b, 0, i, j], s, -T.inf)   # a row the mask empties: 0, as SDPA's kernels
+        return softmax_attend(s, v[b, hk, j, e], j, empty=0.0)
 
     name = "attention" + "_causal" * causal + "_masked" * masked + \
         "_softcap" * softcap + f"_{dtype}"
