@@ -22,7 +22,7 @@ from ..inputs import default_scalars
 from ..schedule_templates import lower_program
 from ..schedule_templates.annotations import KNOB_PREFIX, TEMPLATE_ATTR
 from ..schedule_templates.fusion import Fusion
-from ..targets import TargetSpec
+from ..targets import TargetSpec, get_target
 
 TASK_ATTR = "tensorfuse.task"
 KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits")
@@ -35,9 +35,10 @@ def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
     MetaSchedule measures functions of tensors only, so scalar parameters are bound to fixed
     values (:func:`scalar_values`); a tuned trace replays on the unbound function as well, since
     the loops and blocks are the same."""
-    if template == "cpu":
-        mod = lower_program(program, (), dims, "int32", accumulate="f64",  # the CPU's, as compiled
-                            vector_math=True)
+    if template == "cpu":   # lowered as tf.compile lowers it for the CPU
+        cpu = get_target("llvm")
+        mod = lower_program(program, (), dims, "int32", accumulate=cpu.accumulate,
+                            vector_math=cpu.vector_math)
     else:
         mod = lower_program(program, (fusion,), dims)
     func = next(iter(mod.functions.values()))

@@ -8,14 +8,14 @@ partial results, then one across it). A block may also contract within its row (
 scores ``q·k`` over ``d`` and ``p·v`` over the keys): its reduction loop goes outside, the other
 loop inside for LLVM to vectorise, and an operand read along the reduction as its last axis (the
 keys) is copied once per head with the other axis last, so that inner loop reads consecutive
-elements. Causal attention, B=1, H=8, S=1024, D=64, bf16 on 2 cores: 940 ms → 82 ms (SDPA:
-10–15 ms). Other programs run the outermost loop of each top-level nest on all cores.
+elements (measured: ``benchmarks/RESULTS.md``, session 14, CPU). Other programs run the
+outermost loop of each top-level nest on all cores.
 
 Tuning declares its knobs as MetaSchedule decisions, so the search and the XGBoost cost model see
 them: for row programs the vector width (``sample_categorical`` over the widths every inner loop
-divides into), the rows a core takes at a time and an unroll depth; for the others the vector width of each block's innermost loop
-when that loop is data-parallel (``sample_perfect_tile``: the loop is split and its inner part
-vectorised) and the unroll depth (``sample_categorical``).
+divides into), the rows a core takes at a time and an unroll depth; for the others the vector
+width of each block's innermost loop when that loop is data-parallel (``sample_perfect_tile``:
+the loop is split and its inner part vectorised) and the unroll depth.
 """
 from __future__ import annotations
 
@@ -33,15 +33,16 @@ UNROLL_KEY = "meta_schedule.unroll_explicit"  # read by MetaSchedule's unroll mu
 def row_schedule(sch: tvm.s_tir.Schedule, sample: bool = False, defaults: bool = False) -> bool:
     """Schedule a row program as the module docstring says and return True, or leave ``sch``
     untouched and return False when the program is not one (tried on a copy first). ``sample``:
-    the vector width is a MetaSchedule decision (``defaults``: decided as :data:`VECTOR`)."""
+    the vector width and the rows per task are MetaSchedule decisions (``defaults``: decided as
+    :data:`VECTOR` and one row)."""
     trial = tvm.s_tir.Schedule(sch.mod)
     trial.work_on(next(iter(sch.mod.functions.keys())).name_hint)
     try:
         widths = _row_widths(trial)
-        _rows(trial, VECTOR if VECTOR in widths else (widths[-1] if widths else 1), bool(widths))
+        width = VECTOR if VECTOR in widths else (widths[-1] if widths else 1)
+        _rows(trial, width, bool(widths))
     except (tvm.s_tir.ScheduleError, tvm.error.InternalError, ValueError):
         return False
-    width = VECTOR if VECTOR in widths else (widths[-1] if widths else 1)
     grain = 1
     if sample:
         grain = _choose(sch, ROW_GRAINS, 0, defaults)
@@ -65,15 +66,21 @@ def _row_nests(sch: tvm.s_tir.Schedule):
     extents = [[sch.get(loop).extent for loop in sch.get_loops(b)] for b in blocks]
     depth = min(sum(int(iv.iter_type) == _DATA_PARALLEL for iv in sch.get(b).iter_vars)
                 for b in blocks)   # the rows: what every block computes one of
-    if depth == 0 or any(len(e) < depth for e in extents) or any(len(e) > depth + 2 for e in extents) or \
-            any(len(e) == depth + 2 and _is_data_parallel(sch, b)
-                for b, e in zip(blocks, extents)) or \
-            any(len(e) == depth and not _is_data_parallel(sch, b)   # a reduction over rows
-                for b, e in zip(blocks, extents)) or \
-            any(not all(_same(a, b) for a, b in zip(e[:depth], extents[-1][:depth]))
-                for e in extents):
+    if depth == 0 or not all(_fits_rows(sch, b, e, depth, extents[-1])
+                             for b, e in zip(blocks, extents)):
         raise ValueError("not a row program")
     return blocks, depth, extents
+
+
+def _fits_rows(sch, block, extents, depth: int, rows) -> bool:
+    """Whether ``block`` loops over the ``rows`` (the last block's first ``depth`` extents) and
+    then: nothing (an elementwise result per row), one loop, or a loop and a reduction inside it
+    (a contraction)."""
+    inner = len(extents) - depth
+    if inner not in (0, 1, 2) or not all(_same(a, b) for a, b in zip(extents[:depth], rows)):
+        return False
+    parallel = _is_data_parallel(sch, block)
+    return parallel if inner == 0 else (not parallel if inner == 2 else True)
 
 
 def _row_widths(sch: tvm.s_tir.Schedule) -> list[int]:
@@ -191,10 +198,10 @@ def parallelize_outer_loops(sch: tvm.s_tir.Schedule) -> None:
 
 
 def cpu_search_space(sch: tvm.s_tir.Schedule, defaults: bool = False) -> None:
-    """The tunable CPU schedule: the default (outer loops parallel) plus sampled vector widths and
-    unroll depth. Used as a MetaSchedule ``ScheduleFn``; ``defaults=True`` takes the decisions
-    that leave the default schedule (no vectorising split, no unrolling). A row program keeps
-    the row schedule and tunes its unrolling."""
+    """The tunable CPU schedule. Used as a MetaSchedule ``ScheduleFn``; ``defaults=True`` takes
+    the decisions of :func:`cpu_default`. A row program gets the row schedule with its vector
+    width, rows per task and unroll depth sampled; others the outer loops parallel with sampled
+    vector widths and unroll depth."""
     if row_schedule(sch, sample=True, defaults=defaults):
         _sample_unroll(sch, defaults)
         return
