@@ -201,10 +201,15 @@ def kept_empty(shape, dtype, device):
     return torch.from_dlpack(tvm.runtime.empty(tuple(shape), name, tvm.cuda(index)))
 
 
-def kept_copy(x):
-    """``x`` copied into kept memory (:func:`kept_empty`), or ``x`` itself on the CPU."""
-    if x.device.type != "cuda":
-        return x
-    kept = kept_empty(x.shape, x.dtype, x.device)
-    kept.copy_(x)
-    return kept
+def kept_copies(tensors) -> tuple | None:
+    """``tensors`` copied into kept memory (:func:`kept_empty`; CPU tensors as they are), for a
+    cache that outlives the call — or ``None`` while a stream captures: what is made then is the
+    graph's own, and must not be cached."""
+    if capturing():
+        return None
+    kept = []
+    for x in tensors:
+        if x.device.type == "cuda":
+            x = kept_empty(x.shape, x.dtype, x.device).copy_(x)
+        kept.append(x)
+    return tuple(kept)

@@ -14,7 +14,7 @@ import math
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError
-from ..interop import capturing, kept_copy, kept_empty
+from ..interop import kept_copies, kept_empty
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_attention import ENTRY, hopper_attention_source, kernel_arguments
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
@@ -51,10 +51,11 @@ class _Lists:
         tensors = {t: values[t] for t, _ in self.plan.tensors}
         made = block_lists(self.plan.mask, [b, h], i, j, sizes, tensors, scalars,
                            self.knobs.block_m, self.knobs.block_n, device)
-        if not capturing():   # kept outside torch's pool (inside a capture: the graph's own)
-            made = tuple(kept_copy(t) for t in made)
-            self.cache = {key: made}
-        return made
+        kept = kept_copies(made)
+        if kept is None:
+            return made
+        self.cache = {key: kept}
+        return kept
 
 
 def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,

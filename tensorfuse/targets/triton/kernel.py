@@ -7,7 +7,7 @@ from typing import Callable
 
 from ...binding import CallBinder, check_named_sizes, output_shape, signature_key
 from ...dsl import dtypes as dt
-from ...interop import capturing, deliver, is_torch, kept_copy, torch_arguments, torch_output
+from ...interop import deliver, is_torch, kept_copies, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
 from .launch import compile_for, interpreting, load_kernel, signature
 from .launcher import FastCall, Launches, Step
@@ -199,9 +199,10 @@ class TritonKernel(GraphCallable):
         if key not in self._masks:
             lists = self.planner.block_lists(plan, knobs, bound.dims, int_tensors, bound.scalars,
                                              device)
-            if capturing():   # the graph's own (its pool's), not kept
+            kept = kept_copies(lists)
+            if kept is None:
                 return dict(zip(MASK_ARGS, lists))
-            self._masks = {key: dict(zip(MASK_ARGS, (kept_copy(t) for t in lists)))}
+            self._masks = {key: dict(zip(MASK_ARGS, kept))}
         return self._masks[key]
 
     def invoke(self, key, args: tuple, kwargs: dict):
