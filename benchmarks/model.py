@@ -139,7 +139,9 @@ def model_flops_per_token(config: dict) -> float:
     return 2 * config["num_hidden_layers"] * (2 * h * h + 2 * h * kv + 3 * h * f)
 
 
-def prefill(model, config: str, batch: int, seq: int, implementations, log) -> list[Row]:
+def prefill(model, config: str, batch: int, seq: int, implementations, log) -> tuple:
+    """The prefill of ``batch`` sequences of ``seq`` tokens measured: the arguments of
+    :func:`rows` but the ceilings."""
     c = CONFIGS[config]
     ids = torch.randint(0, c["vocab_size"], (batch, seq), device=model.device)
     run = (lambda: model(ids, use_cache=False, logits_to_keep=1).logits)
@@ -148,11 +150,11 @@ def prefill(model, config: str, batch: int, seq: int, implementations, log) -> l
     attention = 2 * 2 * batch * c["num_attention_heads"] * seq * seq * head / 2 * \
         c["num_hidden_layers"]   # causal: half the score and value products
     flops = model_flops_per_token(c) * batch * seq + attention
-    return rows("prefill", f"B{batch}-S{seq}", batch * seq, flops, 0.0, result)
+    return "prefill", f"B{batch}-S{seq}", batch * seq, flops, 0.0, result
 
 
 def decode(model, config: str, batch: int, context: int, implementations, log,
-           steps: int = 10) -> list[Row]:
+           steps: int = 10) -> tuple:
     from transformers import StaticCache
 
     c = CONFIGS[config]
@@ -170,11 +172,12 @@ def decode(model, config: str, batch: int, context: int, implementations, log,
         model.model.embed_tokens.weight.numel() * model.dtype.itemsize
     kv_bytes = 2 * c["num_hidden_layers"] * batch * c["num_key_value_heads"] * context * head * 2
     flops = model_flops_per_token(c) * batch
-    return rows("decode", f"B{batch}-ctx{context}", batch, flops, weights + kv_bytes, result)
+    return "decode", f"B{batch}-ctx{context}", batch, flops, weights + kv_bytes, result
 
 
-def rows(phase, shape, tokens, flops, bytes_moved, result) -> list[Row]:
-    ceilings = CEILINGS
+def rows(phase, shape, tokens, flops, bytes_moved, result, ceilings: dict) -> list[Row]:
+    """CSV rows of one measured phase and shape, with the fraction of the run's ceiling (copy
+    bandwidth for decode, cuBLAS GEMM rate for prefill)."""
     out = []
     for impl, (ms, err) in result.items():
         tflops = flops / ms / 1e9
@@ -186,7 +189,6 @@ def rows(phase, shape, tokens, flops, bytes_moved, result) -> list[Row]:
     return out
 
 
-CEILINGS = {"copy_tbps": float("nan"), "gemm_tflops": float("nan")}
 
 
 def summary(all_rows: list[Row]) -> str:
@@ -227,8 +229,8 @@ def run(log, config: str = "llama3-8b", prefill_batches=(1, 2, 4, 8), seq: int =
     """Every phase and shape in turn (``benchmarks.run --only model`` calls this); the CSV is
     rewritten after every shape, so a run cut short keeps what it measured."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        CEILINGS.update(measure_ceilings())
+    ceilings = measure_ceilings() if device == "cuda" else \
+        {"copy_tbps": float("nan"), "gemm_tflops": float("nan")}
     model = build_model(config, device)
     out: list[Row] = []
     for phase, batches, length in (("prefill", prefill_batches, seq),
@@ -236,7 +238,7 @@ def run(log, config: str = "llama3-8b", prefill_batches=(1, 2, 4, 8), seq: int =
         for b in batches:
             log(f"{phase} B={b} {'S' if phase == 'prefill' else 'context'}={length}")
             measure = prefill if phase == "prefill" else decode
-            out += measure(model, config, b, length, implementations, log)
+            out += rows(*measure(model, config, b, length, implementations, log), ceilings)
             if csv_path:
                 write_csv(out, csv_path)
     return out
