@@ -124,12 +124,60 @@ def diagnose(calls: int = 200) -> None:
         print(f"{name} {shape}: {type(template).__name__}, fast calls (ran, declined): {fast}")
 
 
+def breakdown(calls: int = 20000) -> None:
+    """Microseconds per call of each piece of the small softmax's fast call, apart: what a
+    C++ launcher or a leaner path could still save (one line each)."""
+    import tensorfuse as tf
+    import tensorfuse.kernels as K
+    from tensorfuse.binding import signature_key
+    from tensorfuse.torch_graph import compiling
+    from tensorfuse.targets.triton.launcher import _triton, hook, launch_raw
+
+    x = torch.randn(4, 128, device="cuda", dtype=torch.bfloat16)
+    f = tf.compile(K.softmax, "cuda")
+    f(x)
+    fast = next(iter(f._fast.values()))   # the AutoKernel's fast call for this signature
+    raw, kernel, grid, index = fast.steps[0]
+    out = torch.empty_like(x)
+    args = [[x.data_ptr(), out.data_ptr()][k] for k in index] + fast.constexprs
+    runtime, active = _triton()
+    stream = active.get_current_stream(fast.current_device())
+    enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
+    pieces = {
+        "whole call f(x)": lambda: f(x),
+        "signature_key": lambda: signature_key((x,), {}),
+        "fast call only": lambda: fast((x,), {}),
+        "torch.empty output": lambda: torch.empty((4, 128), dtype=torch.bfloat16, device="cuda"),
+        "current stream": lambda: active.get_current_stream(fast.current_device()),
+        "launch_raw (Triton C launcher)": lambda: launch_raw(raw, kernel, grid, stream, args,
+                                                             enter, leave),
+        "x.data_ptr() + is_contiguous()": lambda: (x.data_ptr(), x.is_contiguous()),
+        "compiling()": compiling,
+        "x.device": lambda: x.device,
+        "x.get_device()": lambda: x.get_device(),
+        "(x.shape, x.dtype)": lambda: (x.shape, x.dtype),
+        "torch.empty(device=0)": lambda: torch.empty((4, 128), dtype=torch.bfloat16, device=0),
+        "torch.empty(device=torch.device)": lambda: torch.empty((4, 128), dtype=torch.bfloat16,
+                                                                device=x.device),
+        "torch.empty(device=fast.device)": lambda: torch.empty((4, 128), dtype=torch.bfloat16,
+                                                               device=fast.device),
+        "torch.softmax": lambda: torch.softmax(x, -1),
+        "torch.empty_like + copy_ (a launch of torch's)": lambda: out.copy_(x),
+    }
+    print(f"fast.device = {fast.device!r}")
+    for name, fn in pieces.items():
+        us = sorted(wall_ms(fn, calls) for _ in range(3))[1] * 1e3
+        print(f"{name:50s} {us:7.2f} us")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=CALLS)
     parser.add_argument("--csv", default=None, help="write the rows here")
     parser.add_argument("--profile", action="store_true", help="print where the host time goes")
     parser.add_argument("--diagnose", action="store_true", help="print which call path ran")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time the pieces of the small softmax's call apart")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("the overhead benchmark needs an NVIDIA GPU", file=sys.stderr)
@@ -139,6 +187,9 @@ def main(argv=None) -> int:
         return 0
     if args.diagnose:
         diagnose()
+        return 0
+    if args.breakdown:
+        breakdown()
         return 0
     rows = run(args.calls)
     if args.csv:

@@ -18,12 +18,14 @@ import numpy as np
 from ...algebra.exprs import substitute
 from ...algebra.schemes import EXTRAPOLATION
 from ...dsl.evaluate import evaluate_plain
-from ...dsl.expr import Axis, Expr, Load, Symbol, Where
+from ...dsl.expr import Axis, Expr, Load, Ref, Symbol, Where, walk
 from ...dsl.program import Compute
 from .expr import HELPERS, TL_DTYPES, TileContext, literal, to_triton
 
 REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 MAX_FEATURE = 256  # head dims up to 256 fit a tile in registers
+# issue the outputs' own operand loads before a whole-row block's reductions (see chunk_body)
+PREFETCH = True
 
 
 class _Writer:
@@ -149,10 +151,16 @@ def kernel_source(plan, knobs, name: str,
         initial[d] = _initial_reference(plan, d, initial, N)
         w(f"ref_{d} = tl.full([BLOCK_M, 1], {literal(initial[d], 'f32')}, tl.float32)")
 
-    def chunk_body(with_mask: bool):
+    def chunk_body(with_mask: bool, prefetch: tuple = ()):
+        """One block of the axis: its loads, the chain's partial reductions and the rolling
+        update of the states. ``prefetch``: loads of the outputs to issue first (their latency
+        then overlaps the row's load and reductions instead of following them)."""
         w("offs_n = start_n + tl.arange(0, BLOCK_N)")
         w(f"col_ok = {col_ok}")
         memo: dict = {}
+        early = ctx_rc().child(emit=w, memo=memo)
+        for operand in prefetch:
+            to_triton(operand, early)
         rc_refs = {}
         for xname, con in plan.locals.items():
             feat = local_axes[xname]
@@ -267,7 +275,7 @@ def kernel_source(plan, knobs, name: str,
     def emit_outputs(finals: dict) -> None:
         for (c, expr, kind), out in zip(plan.outputs, outs):
             if kind == "row":
-                ctx = ctx_r().child(refs=finals)
+                ctx = ctx_r().child(refs=finals, emit=w if single else None, memo=chunk_memo)
             elif kind == "feature":
                 feat = next(a for a in c.axes if a.uid not in {x.uid for x in plan.chain.common_axes})
                 ctx = ctx_rf(feat).child(refs=finals)
@@ -352,7 +360,7 @@ def kernel_source(plan, knobs, name: str,
                           (f"{name}_merge", merge_args, w.lines)]), args, merge_args
     if single:  # the whole axis in one block: no loop, and outputs reuse the loaded values
         w("start_n = 0")
-        chunk_memo = chunk_body(True)
+        chunk_memo = chunk_body(True, _output_operands(plan, ctx_rc()) if PREFETCH else ())
     elif plan.mask is None:
         w(f"for start_n in range(0, {N}, BLOCK_N):")
         with w.block():
@@ -378,6 +386,26 @@ def kernel_source(plan, knobs, name: str,
     finals = emit_finals(states, {d: f"ref_{d}" for d in needed}, {}, correct=not single)
     emit_outputs(finals)
     return _assemble([(name, args, w.lines)]), args
+
+
+def _output_operands(plan, tile: TileContext) -> tuple:
+    """The loads in the outputs' expressions that do not depend on the chain's results (a
+    per-row scale, a per-column weight, a gathered element such as cross-entropy's target logit)
+    and are indexed within a row × column tile: they can be issued before the reductions."""
+    found: dict = {}
+    for _, expr, kind in plan.outputs:
+        if kind not in ("row", "col"):
+            continue
+        after_chain: set = set()
+
+        def visit(node):
+            if isinstance(node, Ref) or any(c.uid in after_chain for c in node.children()):
+                after_chain.add(node.uid)
+            elif isinstance(node, Load) and all(a.uid in tile.axes for a in node.axes):
+                found.setdefault(node.key(), node)
+
+        walk(expr, visit)
+    return tuple(found.values())
 
 
 def _assemble(functions) -> str:

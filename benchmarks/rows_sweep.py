@@ -1,0 +1,125 @@
+"""Where the row template's defaults stand among its knobs, and what issuing the outputs' operand
+loads first (``rowtile.PREFETCH``) does — for the row kernels that read more than the row
+(``benchmarks/rows_operands.py``) and the library's softmax, layernorm and RMSNorm.
+
+    python -m benchmarks.rows_sweep [--csv PATH] [--rounds 5]
+
+For each kernel: the defaults with and without the early loads, timed alternately over
+``rounds`` (median of each), then every (rows, block, warps) of a small grid once. GB/s count the
+bytes each kernel must move; the read ceiling (a sum over 1 GiB) is printed beside the copy's.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+
+import torch
+
+from benchmarks.common import Row, bench, measure_ceilings, relative_error, write_csv
+from benchmarks.rows_operands import M, N, cases
+
+GRID = dict(rows=(1, 2, 4), block=(8192, 4096), warps=(4, 8, 16))
+GRID_KERNELS = ("cross_entropy", "scaled_rmsnorm")
+
+
+def library_cases():
+    """The library's row kernels at the same size, in the form of ``rows_operands.cases``."""
+    from tensorfuse.kernels import layernorm, rmsnorm, softmax
+
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    matrix = M * N * 2
+    yield "softmax", softmax, (x,), lambda x: torch.softmax(x, -1), 2 * matrix
+    yield ("layernorm", layernorm, (x, w, b),
+           lambda x, w, b: torch.nn.functional.layer_norm(x, (N,), w, b, 1e-5), 2 * matrix)
+    yield ("rmsnorm", rmsnorm, (x, w),
+           lambda x, w: torch.nn.functional.rms_norm(x, (N,), w, 1e-5), 2 * matrix)
+
+
+def made(kernel, prefetch: bool, **knobs):
+    """The row template of ``kernel`` (its automatic fusion), compiled with or without the early
+    loads and with ``knobs`` (rows, block, num_warps) where given."""
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.row_reduction import row_reduction
+    from tensorfuse.targets import get_target
+    from tensorfuse.targets.triton import rowtile
+
+    spec = get_target("cuda")
+    _, fusion = choose(kernel.program, spec)
+    rowtile.PREFETCH = prefetch
+    return row_reduction(kernel, fusion, spec, **knobs), rowtile
+
+
+def run(rounds: int, log=print) -> list[Row]:
+    ceilings = measure_ceilings()
+    big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255).view(torch.int64)
+    read = (1 << 30) / bench(lambda: big.sum()) / 1e9
+    copy = ceilings["copy_tbps"]
+    log(f"copy {copy:.2f} TB/s, read (sum) {read:.2f} TB/s")
+    rows = []
+    for name, kernel, args, torch_fn, nbytes in itertools.chain(cases(), library_cases()):
+        want = torch_fn(*(a.double() if a.is_floating_point() else a for a in args))
+        variants = {}
+        for prefetch in (True, False):
+            f, rowtile = made(kernel, prefetch)
+            got = f(*args)   # compiled now, with this setting
+            rowtile.PREFETCH = True
+            variants["early loads" if prefetch else "late loads"] = f
+            pairs = zip(got, want) if isinstance(got, tuple) else [(got, want)]
+            err = max(relative_error(g, w) for g, w in pairs)
+            if err > 2e-2:
+                log(f"  {name}: WRONG (prefetch={prefetch}) err {err:.1e}")
+        times = {v: [] for v in variants}
+        for _ in range(rounds):
+            for v, f in variants.items():
+                times[v].append(bench(lambda: f(*args), rep_ms=100))
+        compiled = torch.compile(torch_fn)
+        compiled(*args)
+        times["torch.compile"] = [bench(lambda: compiled(*args))]
+        line = []
+        for v, ts in times.items():
+            ms = statistics.median(ts)
+            gbps = nbytes / ms / 1e6
+            rows.append(Row(f"rows_sweep/{name}", f"{M}x{N} bf16", v, ms, 0.0, gbps,
+                            gbps / 1e3 / copy, f"{len(ts)} rounds"))
+            line.append(f"{v} {gbps:6.0f} GB/s ({gbps / 1e3 / copy:.1%})")
+        log(f"{name:20s} " + " | ".join(line))
+        if name not in GRID_KERNELS:
+            continue
+        for r, b, w in itertools.product(*GRID.values()):
+            if r * b > 16384:
+                continue
+            f, _ = made(kernel, True, rows=r, block=b, num_warps=w)
+            try:
+                got = f(*args)
+                ms = bench(lambda: f(*args), rep_ms=100)
+            except Exception as e:  # noqa: BLE001 - a knob set Triton cannot build
+                log(f"  rows {r} block {b} warps {w}: {type(e).__name__} {str(e)[:80]}")
+                continue
+            gbps = nbytes / ms / 1e6
+            rows.append(Row(f"rows_sweep/{name}", f"{M}x{N} bf16", f"rows{r}_block{b}_warps{w}",
+                            ms, 0.0, gbps, gbps / 1e3 / copy, ""))
+            log(f"  rows {r} block {b:5d} warps {w:2d}: {gbps:6.0f} GB/s "
+                f"({gbps / 1e3 / copy:.1%})")
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--csv", default=None)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("the row sweep needs an NVIDIA GPU", file=sys.stderr)
+        return 2
+    rows = run(args.rounds)
+    if args.csv:
+        write_csv(rows, args.csv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
