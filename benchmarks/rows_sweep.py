@@ -21,6 +21,8 @@ from benchmarks.common import Row, bench, measure_ceilings, relative_error, writ
 from benchmarks.rows_operands import M, N, cases
 
 GRID = dict(rows=(1, 2, 4), block=(8192, 4096), warps=(4, 8, 16))
+# programs looping over row blocks (fewer, longer-lived programs), tried on whole-row blocks
+PERSISTENT = dict(rows=(1, 2), block=(8192,), warps=(4, 8, 16), programs=(528, 1056))
 GRID_KERNELS = ("cross_entropy", "scaled_rmsnorm")
 
 
@@ -33,10 +35,10 @@ def library_cases():
     b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
     matrix = M * N * 2
     yield "softmax", softmax, (x,), lambda x: torch.softmax(x, -1), 2 * matrix
-    yield ("layernorm", layernorm, (x, w, b),
-           lambda x, w, b: torch.nn.functional.layer_norm(x, (N,), w, b, 1e-5), 2 * matrix)
-    yield ("rmsnorm", rmsnorm, (x, w),
-           lambda x, w: torch.nn.functional.rms_norm(x, (N,), w, 1e-5), 2 * matrix)
+    yield ("layernorm", layernorm, (x, w, b, 1e-5),
+           lambda x, w, b, eps: torch.nn.functional.layer_norm(x, (N,), w, b, eps), 2 * matrix)
+    yield ("rmsnorm", rmsnorm, (x, w, 1e-5),
+           lambda x, w, eps: torch.nn.functional.rms_norm(x, (N,), w, eps), 2 * matrix)
 
 
 def made(kernel, prefetch: bool, **knobs):
@@ -61,7 +63,8 @@ def run(rounds: int, log=print) -> list[Row]:
     log(f"copy {copy:.2f} TB/s, read (sum) {read:.2f} TB/s")
     rows = []
     for name, kernel, args, torch_fn, nbytes in itertools.chain(cases(), library_cases()):
-        want = torch_fn(*(a.double() if a.is_floating_point() else a for a in args))
+        want = torch_fn(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                          else a for a in args))
         variants = {}
         for prefetch in (True, False):
             f, rowtile = made(kernel, prefetch)
@@ -89,20 +92,23 @@ def run(rounds: int, log=print) -> list[Row]:
         log(f"{name:20s} " + " | ".join(line))
         if name not in GRID_KERNELS:
             continue
-        for r, b, w in itertools.product(*GRID.values()):
+        grid = [(r, b, w, 0) for r, b, w in itertools.product(*GRID.values())]
+        grid += list(itertools.product(*PERSISTENT.values()))
+        for r, b, w, p in grid:
             if r * b > 16384:
                 continue
-            f, _ = made(kernel, True, rows=r, block=b, num_warps=w)
+            f, _ = made(kernel, True, rows=r, block=b, num_warps=w, programs=p)
             try:
                 got = f(*args)
                 ms = bench(lambda: f(*args), rep_ms=100)
             except Exception as e:  # noqa: BLE001 - a knob set Triton cannot build
-                log(f"  rows {r} block {b} warps {w}: {type(e).__name__} {str(e)[:80]}")
+                log(f"  rows {r} block {b} warps {w} programs {p}: {type(e).__name__} {str(e)[:80]}")
                 continue
             gbps = nbytes / ms / 1e6
-            rows.append(Row(f"rows_sweep/{name}", f"{M}x{N} bf16", f"rows{r}_block{b}_warps{w}",
-                            ms, 0.0, gbps, gbps / 1e3 / copy, ""))
-            log(f"  rows {r} block {b:5d} warps {w:2d}: {gbps:6.0f} GB/s "
+            rows.append(Row(f"rows_sweep/{name}", f"{M}x{N} bf16",
+                            f"rows{r}_block{b}_warps{w}_programs{p}", ms, 0.0, gbps,
+                            gbps / 1e3 / copy, ""))
+            log(f"  rows {r} block {b:5d} warps {w:2d} programs {p:4d}: {gbps:6.0f} GB/s "
                 f"({gbps / 1e3 / copy:.1%})")
     return rows
 

@@ -385,7 +385,7 @@ def kernel_source(plan, knobs, name: str,
     # N / N, maxima not the identity); states kept only for corrections become dead code
     finals = emit_finals(states, {d: f"ref_{d}" for d in needed}, {}, correct=not single)
     emit_outputs(finals)
-    return _assemble([(name, args, w.lines)]), args
+    return _assemble([(name, args, _looping_rows(w.lines, plan, knobs))]), args
 
 
 def _output_operands(plan, tile: TileContext) -> tuple:
@@ -406,6 +406,17 @@ def _output_operands(plan, tile: TileContext) -> tuple:
 
         walk(expr, visit)
     return tuple(found.values())
+
+
+def _looping_rows(lines: list[str], plan, knobs) -> list[str]:
+    """The kernel's body as a loop over row blocks (``knobs.programs`` programs along the rows,
+    each taking every programs-th block), or as it is when ``programs`` is 0."""
+    blocks = math.ceil(plan.rows / knobs.block_m)
+    if not knobs.programs or knobs.programs >= blocks:
+        return lines
+    first = lines.index("    pid_m = tl.program_id(0)")
+    head = f"    for pid_m in range(tl.program_id(0), {blocks}, {knobs.programs}):"
+    return lines[:first] + [head] + ["    " + line for line in lines[first + 1:]]
 
 
 def _assemble(functions) -> str:
@@ -465,7 +476,9 @@ def _blocks(plan, knobs) -> int:
 
 def grid(plan, knobs) -> tuple[int, int]:
     batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
-    return (math.ceil(plan.rows / knobs.block_m), batch)
+    blocks = math.ceil(plan.rows / knobs.block_m)
+    looping = knobs.programs and knobs.splits == 1   # the split update keeps a block per program
+    return (min(blocks, knobs.programs) if looping else blocks, batch)
 
 
 def block_k(plan) -> int:
