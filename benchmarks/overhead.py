@@ -125,11 +125,8 @@ def diagnose(calls: int = 200) -> None:
 
 
 def breakdown(calls: int = 20000) -> None:
-    """Microseconds per call of each piece of the small softmax's fast call, apart, and the whole
-    call through the C launcher beside Triton's (``TENSORFUSE_NATIVE_LAUNCH=0``), interleaved:
-    what the launcher saves and what is left (one line each)."""
-    import os
-
+    """Microseconds per call of each piece of the small softmax's fast call, apart, interleaved
+    (the host's speed drifts): what each costs and what is left to save (one line each)."""
     import tensorfuse as tf
     import tensorfuse.kernels as K
     from tensorfuse.binding import signature_key
@@ -140,15 +137,7 @@ def breakdown(calls: int = 20000) -> None:
     f = tf.compile(K.softmax, "cuda")
     f(x)
     f(x)
-    os.environ["TENSORFUSE_NATIVE_LAUNCH"] = "0"
-    g = tf.compile(K.softmax, "cuda")   # its fast call made with Triton's launcher
-    g(x)
-    g(x)
-    del os.environ["TENSORFUSE_NATIVE_LAUNCH"]
     fast = next(iter(f._fast.values()))   # the AutoKernel's fast call for this signature
-    slow = next(iter(g._fast.values()))
-    print(f"fast.device = {fast.device!r}; C launcher: {fast.native is not None} "
-          f"(Triton's kept by the other: {slow.native is None})")
     raw, kernel, grid, index = fast.steps[0]
     out = torch.empty_like(x)
     args = [[x.data_ptr(), out.data_ptr()][k] for k in index] + fast.constexprs
@@ -156,27 +145,21 @@ def breakdown(calls: int = 20000) -> None:
     stream = active.get_current_stream(fast.current_device())
     enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
     pieces = {
-        "whole call, C launcher": lambda: f(x),
-        "whole call, Triton's launcher": lambda: g(x),
-        "fast call only, C launcher": lambda: fast((x,), {}),
-        "fast call only, Triton's launcher": lambda: slow((x,), {}),
+        "whole call f(x)": lambda: f(x),
+        "fast call only": lambda: fast((x,), {}),
         "signature_key": lambda: signature_key((x,), {}),
+        "compiling()": compiling,
         "torch.empty(device=fast.device)": lambda: torch.empty((4, 128), dtype=torch.bfloat16,
                                                                device=fast.device),
-        "x.new_empty(shape)": lambda: x.new_empty((4, 128)),
         "torch.empty_like(x)": lambda: torch.empty_like(x),
         "current stream": lambda: active.get_current_stream(fast.current_device()),
         "launch_raw (Triton's C launcher)": lambda: launch_raw(raw, kernel, grid, stream, args,
                                                                enter, leave),
-        "C launcher alone": (lambda: fast._launch_native(stream, [x.data_ptr(), out.data_ptr()]))
-        if fast.native is not None else None,
-        "compiling()": compiling,
         "torch.softmax": lambda: torch.softmax(x, -1),
         "out.copy_(x) (a launch of torch's)": lambda: out.copy_(x),
     }
-    pieces = {name: fn for name, fn in pieces.items() if fn is not None}
     times: dict = {name: [] for name in pieces}
-    for _ in range(3):   # interleaved: the host's speed drifts
+    for _ in range(3):
         for name, fn in pieces.items():
             times[name].append(wall_ms(fn, calls) * 1e3)
     for name, ts in times.items():

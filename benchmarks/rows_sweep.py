@@ -4,9 +4,10 @@ loads first (``rowtile.PREFETCH``) does — for the row kernels that read more t
 
     python -m benchmarks.rows_sweep [--csv PATH] [--rounds 5]
 
-For each kernel: the defaults with and without the early loads, timed alternately over
-``rounds`` (median of each), then every (rows, block, warps) of a small grid once. GB/s count the
-bytes each kernel must move; the read ceiling (a sum over 1 GiB) is printed beside the copy's.
+For each kernel: the defaults, the defaults without the early loads and with 16 warps, timed
+alternately over ``rounds`` (median of each), and with ``--grid`` every (rows, block, warps) of a
+small grid once. GB/s count the bytes each kernel must move; read-only ceilings (a sum over
+1 GiB, and a sum and a row maximum over the rows' own matrix) are printed beside the copy's.
 """
 from __future__ import annotations
 
@@ -21,8 +22,6 @@ from benchmarks.common import Row, bench, measure_ceilings, relative_error, writ
 from benchmarks.rows_operands import M, N, cases
 
 GRID = dict(rows=(1, 2, 4), block=(8192, 4096), warps=(4, 8, 16))
-# programs looping over row blocks (fewer, longer-lived programs), tried on whole-row blocks
-PERSISTENT = dict(rows=(1, 2), block=(8192,), warps=(4, 8, 16), programs=(528, 1056))
 GRID_KERNELS = ("cross_entropy", "scaled_rmsnorm")
 
 
@@ -55,22 +54,32 @@ def made(kernel, prefetch: bool, **knobs):
     return row_reduction(kernel, fusion, spec, **knobs), rowtile
 
 
-def run(rounds: int, log=print) -> list[Row]:
+def run(rounds: int, grid: bool = False, log=print) -> list[Row]:
     ceilings = measure_ceilings()
-    big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255).view(torch.int64)
-    read = (1 << 30) / bench(lambda: big.sum()) / 1e9
     copy = ceilings["copy_tbps"]
-    log(f"copy {copy:.2f} TB/s, read (sum) {read:.2f} TB/s")
     rows = []
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    reads = {"1 GiB int64 sum": (torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+                                 .random_(0, 255).view(torch.int64), lambda t: t.sum()),
+             f"{M}x{N} bf16 int64 sum": (x.view(torch.int64), lambda t: t.sum()),
+             f"{M}x{N} bf16 row max": (x, lambda t: t.amax(-1))}
+    for what, (t, fn) in reads.items():   # read-only ceilings, at the rows' own size too
+        ms = bench(lambda: fn(t))
+        gbps = t.numel() * t.element_size() / ms / 1e6
+        rows.append(Row("rows_sweep/read_ceiling", what, "torch", ms, 0.0, gbps,
+                        gbps / 1e3 / copy, "reads only"))
+        log(f"read ceiling, {what}: {gbps:6.0f} GB/s ({gbps / 1e3 / copy:.1%} of copy)")
+    log(f"copy {copy:.2f} TB/s")
     for name, kernel, args, torch_fn, nbytes in itertools.chain(cases(), library_cases()):
         want = torch_fn(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
                           else a for a in args))
         variants = {}
-        for prefetch in (True, False):
-            f, rowtile = made(kernel, prefetch)
+        for variant, prefetch, knobs in (("defaults", True, {}), ("late loads", False, {}),
+                                         ("16 warps", True, dict(num_warps=16))):
+            f, rowtile = made(kernel, prefetch, **knobs)
             got = f(*args)   # compiled now, with this setting
             rowtile.PREFETCH = True
-            variants["early loads" if prefetch else "late loads"] = f
+            variants[variant] = f
             pairs = zip(got, want) if isinstance(got, tuple) else [(got, want)]
             err = max(relative_error(g, w) for g, w in pairs)
             if err > 2e-2:
@@ -90,25 +99,22 @@ def run(rounds: int, log=print) -> list[Row]:
                             gbps / 1e3 / copy, f"{len(ts)} rounds"))
             line.append(f"{v} {gbps:6.0f} GB/s ({gbps / 1e3 / copy:.1%})")
         log(f"{name:20s} " + " | ".join(line))
-        if name not in GRID_KERNELS:
+        if not grid or name not in GRID_KERNELS:
             continue
-        grid = [(r, b, w, 0) for r, b, w in itertools.product(*GRID.values())]
-        grid += list(itertools.product(*PERSISTENT.values()))
-        for r, b, w, p in grid:
+        for r, b, w in itertools.product(*GRID.values()):
             if r * b > 16384:
                 continue
-            f, _ = made(kernel, True, rows=r, block=b, num_warps=w, programs=p)
+            f, _ = made(kernel, True, rows=r, block=b, num_warps=w)
             try:
                 got = f(*args)
                 ms = bench(lambda: f(*args), rep_ms=100)
             except Exception as e:  # noqa: BLE001 - a knob set Triton cannot build
-                log(f"  rows {r} block {b} warps {w} programs {p}: {type(e).__name__} {str(e)[:80]}")
+                log(f"  rows {r} block {b} warps {w}: {type(e).__name__} {str(e)[:80]}")
                 continue
             gbps = nbytes / ms / 1e6
-            rows.append(Row(f"rows_sweep/{name}", f"{M}x{N} bf16",
-                            f"rows{r}_block{b}_warps{w}_programs{p}", ms, 0.0, gbps,
-                            gbps / 1e3 / copy, ""))
-            log(f"  rows {r} block {b:5d} warps {w:2d} programs {p:4d}: {gbps:6.0f} GB/s "
+            rows.append(Row(f"rows_sweep/{name}", f"{M}x{N} bf16", f"rows{r}_block{b}_warps{w}",
+                            ms, 0.0, gbps, gbps / 1e3 / copy, ""))
+            log(f"  rows {r} block {b:5d} warps {w:2d}: {gbps:6.0f} GB/s "
                 f"({gbps / 1e3 / copy:.1%})")
     return rows
 
@@ -117,11 +123,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--csv", default=None)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--grid", action="store_true",
+                        help=f"also time the knob grid for {', '.join(GRID_KERNELS)}")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("the row sweep needs an NVIDIA GPU", file=sys.stderr)
         return 2
-    rows = run(args.rounds)
+    rows = run(args.rounds, args.grid)
     if args.csv:
         write_csv(rows, args.csv)
     return 0

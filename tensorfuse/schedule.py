@@ -152,7 +152,7 @@ class Schedule:
 
     def apply_template(self, name: str, **knobs) -> "Schedule":
         """Compile the fused chain with a GPU template: ``"attention"`` (``tile_m``, ``tile_n``,
-        ``num_warps``, ``num_stages``) or ``"row_reduction"`` (``rows``, ``block``, ``num_stages``, ``programs``,
+        ``num_warps``, ``num_stages``) or ``"row_reduction"`` (``rows``, ``block``,
         ``num_warps``), which generate Triton kernels; or ``"hopper_attention"`` (``block_n``,
         ``stages``, ``consumers``, ``overlap``, ``pingpong``): softmax attention as warp-specialised
         CUDA C++ for sm_90a (TMA, wgmma, mbarriers); these need one rolling update first. Or

@@ -33,22 +33,17 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
 
 def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None = None,
                   block: int | None = None, num_warps: int | None = None,
-                  programs: int | None = None, num_stages: int | None = None,
                   tuned: Tuned | None = None) -> TritonKernel:
     """A callable Triton kernel for ``kernel`` with ``fusion`` applied along its rows.
-    Knobs: ``rows`` per block, ``block`` columns at a time, ``num_warps``, ``num_stages``,
-    ``programs`` along the rows (each looping over row blocks; 0: a program per row block).
     ``tuned``: the compile entry point's lookup of tuning records (used unless knobs are given)."""
     program = kernel.program if hasattr(kernel, "program") else kernel
     chain = plan_chain(program, fusion.names, fusion.axis)
 
     def knobs(plan: RowTilePlan) -> Knobs:
         k = default_knobs(plan, target)
-        return Knobs(rows or k.block_m, block or k.block_n, num_warps or k.num_warps,
-                     num_stages or k.num_stages, programs=k.programs if programs is None
-                     else programs)
+        return Knobs(rows or k.block_m, block or k.block_n, num_warps or k.num_warps, k.num_stages)
 
-    explicit = any(v is not None for v in (rows, block, num_warps, programs, num_stages))
+    explicit = any(v is not None for v in (rows, block, num_warps))
     return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"row-reduction template ({fusion.describe()})", fusion,
                         tuned=None if explicit else tuned)

@@ -350,9 +350,6 @@ class Knobs:
     num_warps: int = 8
     num_stages: int = 2
     splits: int = 1  # >1: the split update (parts of the axis in parallel, then a merge kernel)
-    # >0: that many programs along the rows, each looping over row blocks (fewer, longer-lived
-    # programs for kernels whose row blocks are short; one row block per program when 0)
-    programs: int = 0
 
 
 class TilePlanner:

@@ -63,12 +63,6 @@ def test_repeated_calls_are_right_on_fresh_inputs(name, rng):
         out = f(**on_gpu, **scalars)
         err = relative_error(out.float().cpu().numpy(), reference(kernel, tensors, scalars))
         assert err <= tol, f"{name}: error {err:.3e}"
-    from tensorfuse.targets.triton import native_launch
-    from tensorfuse.targets.triton.launcher import FastCall
-
-    fast = [c for c in getattr(f, "_fast", {}).values() if isinstance(c, FastCall)]
-    if fast and native_launch.launcher() is not None:   # the later calls took the C launcher
-        assert all(c.native_calls >= 1 for c in fast), name
 
 
 @pytest.mark.parametrize("name, sizes", [

@@ -7,7 +7,8 @@ from typing import Callable
 
 from ...binding import CallBinder, check_named_sizes, output_shape, signature_key
 from ...dsl import dtypes as dt
-from ...interop import deliver, is_torch, kept_copies, torch_arguments, torch_output
+from ...interop import (deliver, is_torch, kept_copies, torch_arguments, torch_dtype,
+                        torch_output)
 from ...torch_graph import GraphCallable
 from .launch import compile_for, interpreting, load_kernel, signature
 from .launcher import FastCall, Launches, Step
@@ -240,7 +241,10 @@ class TritonKernel(GraphCallable):
             place = k if k < len(args) else p.name
             kind = True if p.name in bound.arrays else self._calls.scalar_kinds[p.name]
             params.append((p.name, place, kind))
-        self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device)
+        tensors = [bound.arrays[name] for name, _, kind in params if kind is True]
+        likes = [next((k for k, x in enumerate(tensors) if tuple(x.shape) == tuple(shape)
+                       and x.dtype == torch_dtype(dtype)), None) for _, shape, dtype in outputs]
+        self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes)
 
     def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
         """Median milliseconds of a launch (triton.testing.do_bench: events, warm-up, L2 flush)."""

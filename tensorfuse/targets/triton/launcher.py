@@ -12,7 +12,6 @@ compiled kernel stays the right one.
 from __future__ import annotations
 
 from ...interop import torch_dtype
-from . import native_launch
 from .launch import interpreting
 
 META = ("BLOCK_M", "BLOCK_N", "BLOCK_K")   # the generated kernels' constexpr parameters, in order
@@ -120,13 +119,20 @@ class FastCall:
     None where this call needs the checked path after all: a tensor that is not contiguous or
     16-byte aligned."""
 
-    def __init__(self, params: list, outputs: list, scratch, launches: Launches, device):
+    def __init__(self, params: list, outputs: list, scratch, launches: Launches, device,
+                 likes: list | None = None):
         import torch
 
         # params: (name, where in the call — position or keyword —, True for a tensor or the
-        # scalar's type), in the kernel's parameter order
+        # scalar's type), in the kernel's parameter order. likes: for each output, the position
+        # among the tensor parameters of one with its shape and dtype (None where none has):
+        # torch.empty_like of it costs less on the host than torch.empty (3.3 against 5.4 µs on
+        # the H100 host, benchmarks/overhead.py --breakdown)
         self.sources = [(place, kind) for _, place, kind in params]
-        self.outputs = [(shape, torch_dtype(dtype)) for _, shape, dtype in outputs]
+        likes = likes or [None] * len(outputs)
+        self.outputs = [(shape, torch_dtype(dtype), like)
+                        for (_, shape, dtype), like in zip(outputs, likes)]
+        self.empty_like = torch.empty_like
         places, total = scratch if scratch is not None else ([], 0)
         self.scratch_offsets = [4 * offset for _, _, offset in places]
         self.scratch_total = total
@@ -134,14 +140,6 @@ class FastCall:
         slot_of = {name: k for k, name in enumerate(order)}
         self.steps = [(step.raw, step.compiled, step.grid, [slot_of[n] for n in step.names])
                       for step in launches.steps]
-        # the leaner C launch of each step where it covers the kernel (native_launch)
-        self.native = native_launch.launcher()
-        self.native_steps = [] if self.native is None else [
-            (native_launch.plan(step.compiled, step.grid),
-             [slot_of[n] for n in native_launch.values_in_order(step.compiled, step.names)])
-            for step in launches.steps]
-        if any(config is None for config, _ in self.native_steps):
-            self.native = None
         self.constexprs = launches.constexprs
         self.device = device
         self.empty, self.f32 = torch.empty, torch.float32
@@ -149,10 +147,9 @@ class FastCall:
         # (which the first call did), without its Python wrapper
         self.current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
         self.calls = self.declined = 0   # how often it ran, and left a call to the checked path
-        self.native_calls = 0   # calls launched through the C launcher
 
     def __call__(self, args: tuple, kwargs: dict):
-        slots = []
+        slots, tensors = [], []
         for place, kind in self.sources:
             x = args[place] if type(place) is int else kwargs[place]
             if kind is True:
@@ -161,12 +158,13 @@ class FastCall:
                     self.declined += 1
                     return None
                 slots.append(ptr)
+                tensors.append(x)
             else:
                 slots.append(kind(x))
         runtime, active = _triton()
         self.calls += 1
-        outs = [self.empty(shape, dtype=dtype, device=self.device) for shape, dtype in
-                self.outputs]
+        outs = [self.empty(shape, dtype=dtype, device=self.device) if like is None else
+                self.empty_like(tensors[like]) for shape, dtype, like in self.outputs]
         slots += [o.data_ptr() for o in outs]
         keep = None
         if self.scratch_total:
@@ -175,24 +173,8 @@ class FastCall:
             slots += [base + offset for offset in self.scratch_offsets]
         stream = active.get_current_stream(self.current_device())   # as Triton's JIT
         enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
-        if self.native is not None and enter is None and leave is None and \
-                self._launch_native(stream, slots):
-            del keep
-            return outs[0] if len(outs) == 1 else tuple(outs)
         for raw, kernel, grid, index in self.steps:
             launch_raw(raw, kernel, grid, stream, [slots[k] for k in index] + self.constexprs,
                        enter, leave)
         del keep   # freed after the launches are queued: the caching allocator orders its reuse
         return outs[0] if len(outs) == 1 else tuple(outs)
-
-    def _launch_native(self, stream, slots: list) -> bool:
-        """Launch every step through the C launcher; False (nothing launched) where the calling
-        thread has no CUDA context yet: Triton's launcher then makes one."""
-        launch = self.native.launch
-        for k, (config, index) in enumerate(self.native_steps):
-            if not launch(config, stream, *[slots[i] for i in index]):
-                if k:   # a context cannot vanish between two launches of one call
-                    raise RuntimeError("the CUDA context went away during a call")
-                return False
-        self.native_calls += 1
-        return True

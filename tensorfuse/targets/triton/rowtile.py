@@ -24,7 +24,7 @@ from .expr import HELPERS, TL_DTYPES, TileContext, literal, to_triton
 
 REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 MAX_FEATURE = 256  # head dims up to 256 fit a tile in registers
-# issue the outputs' own operand loads before a whole-row block's reductions (see chunk_body)
+# issue the outputs' per-row operand loads before a whole-row block's reductions (chunk_body)
 PREFETCH = True
 
 
@@ -385,13 +385,15 @@ def kernel_source(plan, knobs, name: str,
     # N / N, maxima not the identity); states kept only for corrections become dead code
     finals = emit_finals(states, {d: f"ref_{d}" for d in needed}, {}, correct=not single)
     emit_outputs(finals)
-    return _assemble([(name, args, _looping_rows(w.lines, plan, knobs))]), args
+    return _assemble([(name, args, w.lines)]), args
 
 
 def _output_operands(plan, tile: TileContext) -> tuple:
-    """The loads in the outputs' expressions that do not depend on the chain's results (a
-    per-row scale, a per-column weight, a gathered element such as cross-entropy's target logit)
-    and are indexed within a row × column tile: they can be issued before the reductions."""
+    """The loads in the outputs' expressions that do not depend on the chain's results and are
+    indexed by the row alone (a per-row scale, cross-entropy's gathered target logit): issued
+    before the reductions, their latency overlaps the row's. Loads along the columns (a norm's
+    weight) stay where they are used: held across the reductions they cost registers, and a
+    layernorm lost 9 % of its bandwidth that way (H100, benchmarks/rows_sweep.py)."""
     found: dict = {}
     for _, expr, kind in plan.outputs:
         if kind not in ("row", "col"):
@@ -401,22 +403,12 @@ def _output_operands(plan, tile: TileContext) -> tuple:
         def visit(node):
             if isinstance(node, Ref) or any(c.uid in after_chain for c in node.children()):
                 after_chain.add(node.uid)
-            elif isinstance(node, Load) and all(a.uid in tile.axes for a in node.axes):
+            elif isinstance(node, Load) and all(a.uid in tile.axes and a.uid != plan.col.uid
+                                                for a in node.axes):
                 found.setdefault(node.key(), node)
 
         walk(expr, visit)
     return tuple(found.values())
-
-
-def _looping_rows(lines: list[str], plan, knobs) -> list[str]:
-    """The kernel's body as a loop over row blocks (``knobs.programs`` programs along the rows,
-    each taking every programs-th block), or as it is when ``programs`` is 0."""
-    blocks = math.ceil(plan.rows / knobs.block_m)
-    if not knobs.programs or knobs.programs >= blocks:
-        return lines
-    first = lines.index("    pid_m = tl.program_id(0)")
-    head = f"    for pid_m in range(tl.program_id(0), {blocks}, {knobs.programs}):"
-    return lines[:first] + [head] + ["    " + line for line in lines[first + 1:]]
 
 
 def _assemble(functions) -> str:
@@ -476,9 +468,7 @@ def _blocks(plan, knobs) -> int:
 
 def grid(plan, knobs) -> tuple[int, int]:
     batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
-    blocks = math.ceil(plan.rows / knobs.block_m)
-    looping = knobs.programs and knobs.splits == 1   # the split update keeps a block per program
-    return (min(blocks, knobs.programs) if looping else blocks, batch)
+    return (math.ceil(plan.rows / knobs.block_m), batch)
 
 
 def block_k(plan) -> int:
