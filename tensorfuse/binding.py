@@ -234,7 +234,7 @@ def signature_key(args: tuple, kwargs: dict) -> tuple | None:
     """A key of the call's argument kinds (None when an argument is of a kind it does not
     describe: that call is always checked in full)."""
     try:
-        key = tuple(_arg_key(a) for a in args)
+        key = tuple([_arg_key(a) for a in args])   # a list is built faster than a generator
         if kwargs:
             key += tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items()))
         return key

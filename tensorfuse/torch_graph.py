@@ -84,8 +84,15 @@ class KernelOp:
 
 def compiling() -> bool:
     """Whether torch.compile (Dynamo) is tracing this call (never, where PyTorch is not loaded)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.compiler.is_compiling()
+    if not _IS_COMPILING:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        _IS_COMPILING.append(torch.compiler.is_compiling)   # looked up once: calls are hot
+    return _IS_COMPILING[0]()
+
+
+_IS_COMPILING: list = []
 
 
 class GraphCallable:
