@@ -40,9 +40,10 @@ def library_cases():
            lambda x, w, eps: torch.nn.functional.rms_norm(x, (N,), w, eps), 2 * matrix)
 
 
-def made(kernel, prefetch: bool, **knobs):
+def made(kernel, prefetch: bool, eviction: bool = False, **knobs):
     """The row template of ``kernel`` (its automatic fusion), compiled with or without the early
-    loads and with ``knobs`` (rows, block, num_warps) where given."""
+    loads and L2 eviction hints, and with ``knobs`` (rows, block, num_warps) where given (the
+    settings are read when the returned kernel is first called)."""
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.schedule_templates.row_reduction import row_reduction
     from tensorfuse.targets import get_target
@@ -50,7 +51,7 @@ def made(kernel, prefetch: bool, **knobs):
 
     spec = get_target("cuda")
     _, fusion = choose(kernel.program, spec)
-    rowtile.PREFETCH = prefetch
+    rowtile.PREFETCH, rowtile.EVICTION = prefetch, eviction
     return row_reduction(kernel, fusion, spec, **knobs), rowtile
 
 
@@ -74,11 +75,13 @@ def run(rounds: int, grid: bool = False, log=print) -> list[Row]:
         want = torch_fn(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
                           else a for a in args))
         variants = {}
-        for variant, prefetch, knobs in (("defaults", True, {}), ("late loads", False, {}),
-                                         ("16 warps", True, dict(num_warps=16))):
-            f, rowtile = made(kernel, prefetch, **knobs)
+        for variant, prefetch, eviction, knobs in (
+                ("defaults", True, False, {}), ("late loads", False, False, {}),
+                ("evict hints", True, True, {}), ("16 warps", True, False, dict(num_warps=16)),
+                ("16 warps, hints", True, True, dict(num_warps=16))):
+            f, rowtile = made(kernel, prefetch, eviction, **knobs)
             got = f(*args)   # compiled now, with this setting
-            rowtile.PREFETCH = True
+            rowtile.PREFETCH, rowtile.EVICTION = True, False
             variants[variant] = f
             pairs = zip(got, want) if isinstance(got, tuple) else [(got, want)]
             err = max(relative_error(g, w) for g, w in pairs)

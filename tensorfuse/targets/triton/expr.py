@@ -73,10 +73,15 @@ class TileContext:
     emit: object = None        # when set: emit(line) binds repeated tile values to variables
     memo: dict = field(default_factory=dict)
     interpreter: bool = False  # Triton's CPU interpreter: no libdevice
+    # (row axes, column axis) of a row kernel that streams its rows: loads along a row are read
+    # once (evict first from L2), loads along the columns alone are reused by every row (a norm's
+    # weight: evict last); empty: no hints
+    streaming: tuple = ()
 
     def child(self, **changes) -> "TileContext":
         new = TileContext(dict(self.axes), dict(self.valid), dict(self.refs), dict(self.symbols),
-                          self.sizes, self.keep_dtype, self.emit, self.memo, self.interpreter)
+                          self.sizes, self.keep_dtype, self.emit, self.memo, self.interpreter,
+                          self.streaming)
         for key, value in changes.items():
             if isinstance(value, dict) and key != "memo":
                 getattr(new, key).update(value)
@@ -169,6 +174,20 @@ def axes_in(e: Expr) -> set[int]:
     return {a.uid for a in e.axes}
 
 
+def _eviction(e: Load, streaming: tuple) -> str:
+    """The L2 eviction hint of a load in a streaming row kernel (``, eviction_policy=...``), or
+    nothing."""
+    if not streaming:
+        return ""
+    rows, col = streaming
+    used = {a.uid for a in e.axes}
+    if col in used and used & rows:
+        return ", eviction_policy='evict_first'"
+    if col in used:
+        return ", eviction_policy='evict_last'"
+    return ""
+
+
 def load(e: Load, ctx: TileContext) -> str:
     st = strides(e.param, ctx.sizes)
     terms = []
@@ -178,7 +197,9 @@ def load(e: Load, ctx: TileContext) -> str:
     offset = " + ".join(terms) or "0"
     masks = sorted({ctx.valid[a] for a in axes_in(e) if a in ctx.valid})
     ptr = f"{e.param.name} + ({offset})"
-    text = f"tl.load({ptr}, mask={' & '.join(masks)}, other=0)" if masks else f"tl.load({ptr})"
+    hint = _eviction(e, ctx.streaming)
+    text = f"tl.load({ptr}, mask={' & '.join(masks)}, other=0{hint})" if masks else \
+        f"tl.load({ptr}{', ' + hint[2:] if hint else ''})"
     if ctx.keep_dtype or not dt.is_float(e.param.dtype) or e.param.dtype == "f32":
         return text
     return f"{text}.to(tl.float32)"

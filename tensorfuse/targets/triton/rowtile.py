@@ -26,6 +26,8 @@ REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 MAX_FEATURE = 256  # head dims up to 256 fit a tile in registers
 # issue the outputs' per-row operand loads before a whole-row block's reductions (chunk_body)
 PREFETCH = True
+# L2 eviction hints on a row reduction's loads: rows evict first, column operands evict last
+EVICTION = False
 
 
 class _Writer:
@@ -80,6 +82,10 @@ def kernel_source(plan, knobs, name: str,
     wide = _largest(prog, sizes) >= 2**31
 
     ctx_base = TileContext(axes={}, sizes=sizes, interpreter=interpreter)
+    if EVICTION and not plan.locals and not any(sp.contraction for sp in plan.states):
+        # a row reduction (no contraction): each row streams through once
+        ctx_base.streaming = (frozenset({plan.row.uid} | {a.uid for a in plan.batch}),
+                              plan.col.uid)
 
     row_index = "offs_m[:, None]"
 
