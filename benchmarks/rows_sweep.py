@@ -4,7 +4,8 @@ loads first (``rowtile.PREFETCH``) does — for the row kernels that read more t
 
     python -m benchmarks.rows_sweep [--csv PATH] [--rounds 5]
 
-For each kernel: the defaults, the defaults without the early loads and with 16 warps, timed
+For each kernel: the defaults, without the early loads, without eviction hints on 8 warps (the
+defaults before session 15) and with eviction hints everywhere, timed
 alternately over ``rounds`` (median of each), and with ``--grid`` every (rows, block, warps) of a
 small grid once. GB/s count the bytes each kernel must move; read-only ceilings (a sum over
 1 GiB, and a sum and a row maximum over the rows' own matrix) are printed beside the copy's.
@@ -40,9 +41,9 @@ def library_cases():
            lambda x, w, eps: torch.nn.functional.rms_norm(x, (N,), w, eps), 2 * matrix)
 
 
-def made(kernel, prefetch: bool, eviction: bool = False, **knobs):
+def made(kernel, prefetch: bool, eviction: bool | None = None, **knobs):
     """The row template of ``kernel`` (its automatic fusion), compiled with or without the early
-    loads and L2 eviction hints, and with ``knobs`` (rows, block, num_warps) where given (the
+    loads and L2 eviction hints (None: the template's rule), and with ``knobs`` (rows, block, num_warps) where given (the
     settings are read when the returned kernel is first called)."""
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.schedule_templates.row_reduction import row_reduction
@@ -76,12 +77,12 @@ def run(rounds: int, grid: bool = False, log=print) -> list[Row]:
                           else a for a in args))
         variants = {}
         for variant, prefetch, eviction, knobs in (
-                ("defaults", True, False, {}), ("late loads", False, False, {}),
-                ("evict hints", True, True, {}), ("16 warps", True, False, dict(num_warps=16)),
-                ("16 warps, hints", True, True, dict(num_warps=16))):
+                ("defaults", True, None, {}), ("late loads", False, None, {}),
+                ("no hints, 8 warps", True, False, dict(num_warps=8)),
+                ("hints", True, True, {})):
             f, rowtile = made(kernel, prefetch, eviction, **knobs)
             got = f(*args)   # compiled now, with this setting
-            rowtile.PREFETCH, rowtile.EVICTION = True, False
+            rowtile.PREFETCH, rowtile.EVICTION = True, None
             variants[variant] = f
             pairs = zip(got, want) if isinstance(got, tuple) else [(got, want)]
             err = max(relative_error(g, w) for g, w in pairs)
