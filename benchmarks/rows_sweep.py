@@ -22,8 +22,11 @@ import torch
 from benchmarks.common import Row, bench, measure_ceilings, relative_error, write_csv
 from benchmarks.rows_operands import M, N, cases
 
-GRID = dict(rows=(1, 2, 4), block=(8192, 4096), warps=(4, 8, 16))
-GRID_KERNELS = ("cross_entropy", "scaled_rmsnorm")
+# rows per block, columns per block (below 8192: two passes over each row), warps, and the
+# eviction hints (None: the template's rule; True: everywhere, the first of two passes keeping
+# its rows in L2 for the second, as Inductor's looped reductions do)
+GRID = dict(rows=(1,), block=(8192, 4096, 2048, 1024), warps=(4, 8, 16), hints=(None, True))
+GRID_KERNELS = ("scaled_rmsnorm", "layernorm")
 
 
 def library_cases():
@@ -105,21 +108,26 @@ def run(rounds: int, grid: bool = False, log=print) -> list[Row]:
         log(f"{name:20s} " + " | ".join(line))
         if not grid or name not in GRID_KERNELS:
             continue
-        for r, b, w in itertools.product(*GRID.values()):
+        for r, b, w, hints in itertools.product(*GRID.values()):
             if r * b > 16384:
                 continue
-            f, _ = made(kernel, True, rows=r, block=b, num_warps=w)
+            f, rowtile = made(kernel, True, hints, rows=r, block=b, num_warps=w)
             try:
                 got = f(*args)
+                rowtile.EVICTION = None
                 ms = bench(lambda: f(*args), rep_ms=100)
             except Exception as e:  # noqa: BLE001 - a knob set Triton cannot build
-                log(f"  rows {r} block {b} warps {w}: {type(e).__name__} {str(e)[:80]}")
+                log(f"  rows {r} block {b} warps {w} hints {hints}: {type(e).__name__} "
+                f"{str(e)[:80]}")
                 continue
             gbps = nbytes / ms / 1e6
-            rows.append(Row(f"rows_sweep/{name}", f"{M}x{N} bf16", f"rows{r}_block{b}_warps{w}",
-                            ms, 0.0, gbps, gbps / 1e3 / copy, ""))
-            log(f"  rows {r} block {b:5d} warps {w:2d}: {gbps:6.0f} GB/s "
-                f"({gbps / 1e3 / copy:.1%})")
+            pairs = zip(got, want) if isinstance(got, tuple) else [(got, want)]
+            wrong = "" if max(relative_error(g, x) for g, x in pairs) <= 2e-2 else " WRONG"
+            label = f"rows{r}_block{b}_warps{w}_hints{'' if hints is None else 'all'}"
+            rows.append(Row(f"rows_sweep/{name}", f"{M}x{N} bf16", label, ms, 0.0, gbps,
+                            gbps / 1e3 / copy, wrong.strip()))
+            log(f"  rows {r} block {b:5d} warps {w:2d} hints {hints!s:5}: {gbps:6.0f} GB/s "
+                f"({gbps / 1e3 / copy:.1%}){wrong}")
     return rows
 
 

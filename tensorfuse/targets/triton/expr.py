@@ -73,9 +73,10 @@ class TileContext:
     emit: object = None        # when set: emit(line) binds repeated tile values to variables
     memo: dict = field(default_factory=dict)
     interpreter: bool = False  # Triton's CPU interpreter: no libdevice
-    # (row axes, column axis) of a row kernel that streams its rows: loads along a row are read
-    # once (evict first from L2), loads along the columns alone are reused by every row (a norm's
-    # weight: evict last); empty: no hints
+    # (row axes, column axis, hint) of a row kernel that streams its rows: loads along a row get
+    # the hint (evict_first where this is the row's last read, evict_last where a second pass
+    # reads it again), loads along the columns alone are reused by every row (a norm's weight:
+    # evict_last); empty: no hints
     streaming: tuple = ()
 
     def child(self, **changes) -> "TileContext":
@@ -179,10 +180,10 @@ def _eviction(e: Load, streaming: tuple) -> str:
     nothing."""
     if not streaming:
         return ""
-    rows, col = streaming
+    rows, col, policy = streaming
     used = {a.uid for a in e.axes}
     if col in used and used & rows:
-        return ", eviction_policy='evict_first'"
+        return f", eviction_policy='{policy}'"
     if col in used:
         return ", eviction_policy='evict_last'"
     return ""

@@ -90,7 +90,7 @@ def kernel_source(plan, knobs, name: str,
             not any(sp.contraction for sp in plan.states):
         # a row reduction (no contraction) whose rows stream through once
         ctx_base.streaming = (frozenset({plan.row.uid} | {a.uid for a in plan.batch}),
-                              plan.col.uid)
+                              plan.col.uid, "evict_first")
 
     row_index = "offs_m[:, None]"
 
@@ -373,9 +373,13 @@ def kernel_source(plan, knobs, name: str,
         w("start_n = 0")
         chunk_memo = chunk_body(True, _output_operands(plan, ctx_rc()) if PREFETCH else ())
     elif plan.mask is None:
+        streaming = ctx_base.streaming
+        if streaming and not reads_only:   # the output pass reads the rows again: keep them
+            ctx_base.streaming = streaming[:2] + ("evict_last",)
         w(f"for start_n in range(0, {N}, BLOCK_N):")
         with w.block():
             chunk_body(True)
+        ctx_base.streaming = streaming
     else:
         for kind, flag in (("partial", True), ("full", False)):
             w(f"base_{kind} = pid_b * {math.ceil(M / knobs.block_m)} + pid_m")
