@@ -44,6 +44,24 @@ def library_cases():
            lambda x, w, eps: torch.nn.functional.rms_norm(x, (N,), w, eps), 2 * matrix)
 
 
+def long_cases():
+    """Rows wider than one block (the template sweeps them in 16384-column blocks; the norm and
+    the softmax read each row twice), in the form of ``rows_operands.cases``."""
+    from tensorfuse.kernels import cross_entropy, layernorm, softmax
+
+    m, n = 2048, 65536
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    target = torch.randint(0, n, (m,), device="cuda", dtype=torch.int32)
+    yield f"softmax {m}x{n}", softmax, (x,), lambda x: torch.softmax(x, -1), 4 * m * n
+    yield (f"layernorm {m}x{n}", layernorm, (x, w, b, 1e-5),
+           lambda x, w, b, eps: torch.nn.functional.layer_norm(x, (n,), w, b, eps), 4 * m * n)
+    yield (f"cross_entropy {m}x{n}", cross_entropy, (x, target),
+           lambda x, t: torch.nn.functional.cross_entropy(x.float(), t.long(), reduction="none"),
+           2 * m * n + 8 * m)
+
+
 def made(kernel, prefetch: bool, eviction: bool | None = None, **knobs):
     """The row template of ``kernel`` (its automatic fusion), compiled with or without the early
     loads and L2 eviction hints (None: the template's rule), and with ``knobs`` (rows, block, num_warps) where given (the
@@ -57,6 +75,39 @@ def made(kernel, prefetch: bool, eviction: bool | None = None, **knobs):
     _, fusion = choose(kernel.program, spec)
     rowtile.PREFETCH, rowtile.EVICTION = prefetch, eviction
     return row_reduction(kernel, fusion, spec, **knobs), rowtile
+
+
+def run_long(rounds: int, log=print) -> list[Row]:
+    """The long rows with the template's eviction rule against no hints, alternately."""
+    copy = measure_ceilings()["copy_tbps"]
+    rows = []
+    for name, kernel, args, torch_fn, nbytes in long_cases():
+        want = torch_fn(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                          else a for a in args))
+        variants = {}
+        for variant, eviction in (("defaults", None), ("no hints", False)):
+            f, rowtile = made(kernel, True, eviction)
+            err = relative_error(f(*args), want)
+            rowtile.EVICTION = None
+            variants[variant] = f
+            if err > 2e-2:
+                log(f"  {name}: WRONG ({variant}) err {err:.1e}")
+        times = {v: [] for v in variants}
+        for _ in range(rounds):
+            for v, f in variants.items():
+                times[v].append(bench(lambda: f(*args), rep_ms=100))
+        compiled = torch.compile(torch_fn)
+        compiled(*args)
+        times["torch.compile"] = [bench(lambda: compiled(*args))]
+        line = []
+        for v, ts in times.items():
+            ms = statistics.median(ts)
+            gbps = nbytes / ms / 1e6
+            rows.append(Row(f"rows_sweep/{name.split()[0]}", name.split()[1] + " bf16", v, ms,
+                            0.0, gbps, gbps / 1e3 / copy, f"{len(ts)} rounds"))
+            line.append(f"{v} {gbps:6.0f} GB/s ({gbps / 1e3 / copy:.1%})")
+        log(f"{name:24s} " + " | ".join(line))
+    return rows
 
 
 def run(rounds: int, grid: bool = False, log=print) -> list[Row]:
@@ -135,13 +186,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--csv", default=None)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--long", action="store_true",
+                        help="only the rows wider than a block, with and without eviction hints")
     parser.add_argument("--grid", action="store_true",
                         help=f"also time the knob grid for {', '.join(GRID_KERNELS)}")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("the row sweep needs an NVIDIA GPU", file=sys.stderr)
         return 2
-    rows = run(args.rounds, args.grid)
+    rows = run_long(args.rounds) if args.long else run(args.rounds, args.grid)
     if args.csv:
         write_csv(rows, args.csv)
     return 0

@@ -26,10 +26,12 @@ REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 MAX_FEATURE = 256  # head dims up to 256 fit a tile in registers
 # issue the outputs' per-row operand loads before a whole-row block's reductions (chunk_body)
 PREFETCH = True
-# L2 eviction hints on a row reduction's loads (rows evict first, column operands evict last):
-# None: where the kernel only reads its rows (its outputs are per row, as cross-entropy's) —
-# 91 -> 95 % of copy for cross-entropy on the H100, while kernels that also write rows lost ~1 %
-# with them (benchmarks/rows_sweep.py); True / False: always / never (for measuring)
+# L2 eviction hints on a row reduction's loads (rows evict first — or last, on the first of two
+# passes over them —, column operands evict last). None: where the kernel only reads its rows
+# (its outputs are per row: cross-entropy, 91 -> 95 % of copy on the H100) or reads them twice
+# (rows wider than a block: a norm over 8192 columns in 4096-column blocks 80 -> 95 %); kernels
+# that read each row once and write it lost ~1 % with them (benchmarks/rows_sweep.py).
+# True / False: always / never (for measuring)
 EVICTION = None
 
 
@@ -86,7 +88,8 @@ def kernel_source(plan, knobs, name: str,
 
     ctx_base = TileContext(axes={}, sizes=sizes, interpreter=interpreter)
     reads_only = all(kind == "row" for _, _, kind in plan.outputs)
-    if (reads_only if EVICTION is None else EVICTION) and not plan.locals and \
+    reads_twice = not reads_only and plan.mask is None and splits == 1 and N > knobs.block_n
+    if ((reads_only or reads_twice) if EVICTION is None else EVICTION) and not plan.locals and \
             not any(sp.contraction for sp in plan.states):
         # a row reduction (no contraction) whose rows stream through once
         ctx_base.streaming = (frozenset({plan.row.uid} | {a.uid for a in plan.batch}),
