@@ -1,6 +1,8 @@
 """The GPU templates (Triton code generation), checked on the CPU: numerically through Triton's
 interpreter against float64 references, and by compiling for sm_90a (wgmma in the PTX) and gfx942
 (MFMA in the assembly)."""
+import re
+
 import pytest
 
 import tensorfuse as tf
@@ -145,3 +147,60 @@ def test_every_template_compiles_to_an_amdgpu_code_object(arch, name, sizes, mfm
     asm = compiled.asm["amdgcn"]
     assert f"{arch}" in asm and "s_endpgm" in asm
     assert ("v_mfma" in asm) == mfma
+
+
+def _row_source(kernel, **sizes) -> str:
+    return tf.compile(kernel, target="cuda:sm_90a").for_sizes(**sizes).source(**sizes)
+
+
+def _loads(source: str, name: str) -> list[str]:
+    return [line for line in source.splitlines() if f"tl.load({name} +" in line
+            or f"tl.load({name}," in line]
+
+
+def test_row_template_issues_per_row_operand_loads_before_the_reductions():
+    """Cross-entropy's target and the logit it gathers are loaded before the row's maximum (their
+    latency then overlaps the row's); a norm's weight, along the columns, is loaded where used."""
+    lines = _row_source(K.cross_entropy, M=512, V=8192).splitlines()
+    first_max = next(k for k, line in enumerate(lines) if "tl.max(" in line)
+    gather = next(k for k, line in enumerate(lines) if "tl.load(target" in line)
+    assert gather < first_max
+    lines = _row_source(K.rmsnorm, M=512, N=8192).splitlines()
+    weight = next(k for k, line in enumerate(lines) if "tl.load(weight" in line)
+    assert weight > next(k for k, line in enumerate(lines) if "tl.sum(" in line)
+
+
+@pytest.mark.parametrize("name, sizes, want", [
+    # reads its rows only: they stream through L2 once
+    ("cross_entropy", dict(M=512, V=8192), ["evict_first"]),
+    # each row read once and written: no hints (they cost ~1 % on the H100)
+    ("softmax", dict(M=512, N=8192), []),
+    # rows wider than a block read twice: kept in L2 on the first pass, not on the second
+    ("softmax", dict(M=64, N=65536), ["evict_last", "evict_first"]),
+    # ... except beside column operands (measured slower)
+    ("layernorm", dict(M=64, N=65536), []),
+])
+def test_row_template_eviction_hints(name, sizes, want):
+    source = _row_source(K.ALL[name], **sizes)
+    row = "logits" if name == "cross_entropy" else "x"
+    hints = [re.search(r"eviction_policy='(\w+)'", line) for line in _loads(source, row)]
+    assert [h.group(1) for h in hints if h] == want
+
+
+def test_row_template_uses_sixteen_warps_for_rows_of_8192_and_vectorised_loads():
+    """The defaults measured best on the H100 (16 warps from 8192 columns on), and the offline
+    compile specialises pointers as the JIT does (16-byte aligned: 128-bit loads and stores)."""
+    from tensorfuse.schedule_templates.row_reduction import default_knobs
+    from tensorfuse.schedule_templates.tile_plan import plan_rowtile
+    from tensorfuse.algebra import plan_chain
+    from tensorfuse.targets import get_target
+
+    program = K.softmax.program
+    wide, narrow = (plan_rowtile(program, plan_chain(program, ("m", "l"), "j"), dict(M=64, N=n))
+                    for n in (8192, 4096))
+    spec = get_target("cuda:sm_90a")
+    assert default_knobs(wide, spec).num_warps == 16
+    assert default_knobs(narrow, spec).num_warps == 8
+    ptx = tf.compile(K.softmax, target="cuda:sm_90a").for_sizes(M=64, N=8192).ptx(M=64, N=8192)
+    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", ptx) and re.search(r"st\.global(\.\w+)*\.v4",
+                                                                       ptx)

@@ -29,9 +29,10 @@ PREFETCH = True
 # L2 eviction hints on a row reduction's loads (rows evict first — or last, on the first of two
 # passes over them —, column operands evict last). None: where the kernel only reads its rows
 # (its outputs are per row: cross-entropy, 91 -> 95 % of copy on the H100) or reads them twice
-# (rows wider than a block: a norm over 8192 columns in 4096-column blocks 80 -> 95 %); kernels
-# that read each row once and write it lost ~1 % with them (benchmarks/rows_sweep.py).
-# True / False: always / never (for measuring)
+# and has no column operands (rows wider than a block: softmax over 65536 columns 68 -> 92 %).
+# Measured worse, so left without: kernels that read each row once and write it (~1 %), a
+# layernorm over 65536 columns (its weight and bias beside the rows: 74 -> 67 %)
+# (benchmarks/rows_sweep.py, RESULTS.md session 15). True / False: always / never (measuring)
 EVICTION = None
 
 
@@ -88,7 +89,8 @@ def kernel_source(plan, knobs, name: str,
 
     ctx_base = TileContext(axes={}, sizes=sizes, interpreter=interpreter)
     reads_only = all(kind == "row" for _, _, kind in plan.outputs)
-    reads_twice = not reads_only and plan.mask is None and splits == 1 and N > knobs.block_n
+    reads_twice = not reads_only and plan.mask is None and splits == 1 and N > knobs.block_n \
+        and not _column_operands(plan)
     if ((reads_only or reads_twice) if EVICTION is None else EVICTION) and not plan.locals and \
             not any(sp.contraction for sp in plan.states):
         # a row reduction (no contraction) whose rows stream through once
@@ -404,6 +406,19 @@ def kernel_source(plan, knobs, name: str,
     finals = emit_finals(states, {d: f"ref_{d}" for d in needed}, {}, correct=not single)
     emit_outputs(finals)
     return _assemble([(name, args, w.lines)]), args
+
+
+def _column_operands(plan) -> bool:
+    """Whether an output reads a tensor along the columns alone (a norm's weight or bias)."""
+    found = []
+
+    def visit(node):
+        if isinstance(node, Load) and {a.uid for a in node.axes} == {plan.col.uid}:
+            found.append(node)
+
+    for _, expr, _ in plan.outputs:
+        walk(expr, visit)
+    return bool(found)
 
 
 def _output_operands(plan, tile: TileContext) -> tuple:
