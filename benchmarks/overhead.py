@@ -17,7 +17,7 @@ import torch
 
 from benchmarks.common import Row, bench_graph
 
-CALLS = 2000
+CALLS = 20000   # back-to-back calls per timing (2000 moved by up to 1.5x between runs)
 
 
 def wall_ms(fn, calls: int) -> float:
