@@ -2,7 +2,7 @@
 ``tf.compile``'s default, the split-update template over a grid of splits and key tiles, and
 cluster decode (sm_90a), beside SDPA; GPU time by CUDA-graph replay and wall clock per call.
 
-    python -m benchmarks.decode_sweep [--csv PATH]
+    python -m benchmarks.decode_sweep [--csv PATH] [--quick | --pipeline]
 """
 from __future__ import annotations
 
@@ -21,10 +21,23 @@ SPLITS = (4, 8, 16, 32, 64)
 TILES = (64, 128)
 
 
-def candidates(kernel, hq: int, hkv: int, quick: bool = False):
+PIPELINE = dict(splits=(2, 4, 8), tile_n=(64, 128), warps=(4, 8), stages=(2, 3, 4))
+
+
+def candidates(kernel, hq: int, hkv: int, quick: bool = False, pipeline: bool = False):
+    import itertools
+
     import tensorfuse as tf
 
     yield "default", tf.compile(kernel, "cuda")
+    if pipeline:   # the split update's warps and software-pipeline depth too
+        for splits, tile_n, warps, stages in itertools.product(*PIPELINE.values()):
+            sch = tf.schedule(kernel, "cuda")
+            sch.rolling_update("m", "l", "o", axis="j")
+            sch.apply_template("attention", tile_m=16, tile_n=tile_n, splits=splits,
+                               num_warps=warps, num_stages=stages)
+            yield f"split{splits}_n{tile_n}_w{warps}_s{stages}", sch.compile()
+        return
     for tile_n in () if quick else TILES:
         for splits in SPLITS:
             sch = tf.schedule(kernel, "cuda")
@@ -38,11 +51,13 @@ def candidates(kernel, hq: int, hkv: int, quick: bool = False):
         yield "cluster", sch.compile()
 
 
-def run(log=print, quick: bool = False) -> list[Row]:
+def run(log=print, quick: bool = False, pipeline: bool = False) -> list[Row]:
     import tensorfuse.kernels as K
 
     rows = []
     for b, hq, hkv, n in SHAPES:
+        if pipeline and (b, n) != (4, 4096):   # the B=4 shapes short of SDPA
+            continue
         shape = f"B{b} H{hq}/{hkv} N{n}"
         q = torch.randn(b, hq, 1, 128, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, hkv, n, 128, device="cuda", dtype=torch.bfloat16)
@@ -55,7 +70,7 @@ def run(log=print, quick: bool = False) -> list[Row]:
         bytes_moved = 2 * k.numel() * 2 + 2 * q.numel() * 2
         results = [("sdpa", sdpa, "")]
         kernel = K.gqa_attention if hq != hkv else K.attention
-        for name, f in candidates(kernel, hq, hkv, quick):
+        for name, f in candidates(kernel, hq, hkv, quick, pipeline):
             call = lambda f=f: f(q, k, v, scale=scale)  # noqa: E731
             try:
                 err = relative_error(call(), ref)
@@ -78,8 +93,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--csv", default=None)
     parser.add_argument("--quick", action="store_true", help="the default, cluster and SDPA only")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="B=4 only: splits × key tile × warps × pipeline stages")
     args = parser.parse_args(argv)
-    rows = run(quick=args.quick)
+    rows = run(quick=args.quick, pipeline=args.pipeline)
     if args.csv:
         write_csv(rows, args.csv)
     return 0
