@@ -25,17 +25,18 @@ SMS = 132  # H100 SXM; enough parallel programs for any current GPU
 def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     """Tiles that fit one SM (128×128 with 8 warps for head dims up to 128 on Hopper, measured
     best on 2026-11-22); few query rows (decode) get the split update over the keys: about one
-    program per SM (at least 4 parts, each of at least two key blocks), 128-key blocks while
-    there are fewer (batch × head-group) rows than half the SMs. Measured on the H100
-    (2026-11-24, GPU time, 4k/32k keys): B=1 32/8 heads 11.3 us with 16 parts of 128 (the old
-    rule, 64 parts of 64 keys: 34.8), B=4 64/8 31.3 (34.9), B=4 32/32 98.7 with 4 parts of 64
-    (99.1)."""
+    program per SM (at least 2 parts, each of at least two key blocks), 128-key blocks while
+    there are fewer (batch × head-group) rows than half the SMs, 8 warps and a 3-stage pipeline.
+    Measured on the H100 (2026-11-24, GPU time, 4k keys; benchmarks/decode_sweep.py):
+    B=1 32/8 heads 11.3 us with 16 parts of 128 (the rule before, 64 parts of 64 keys: 34.8);
+    B=4 64/8 28.8 with 4 parts of 128, 8 warps, 3 stages (2 stages, 4 warps: 31.6); B=4 32/32
+    94.7 with 2 parts of 64 (4 parts, 2 stages: 98.6)."""
     if plan.rows <= 64:  # decode: tl.dot needs 16 rows; split the keys for parallelism
         batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
         block_n = 128 if 2 * batch <= SMS else 64
         blocks = math.ceil(plan.cols / block_n)
-        splits = max(1, min(max(4, round(SMS / batch)), blocks // 2, 64))
-        return Knobs(block_m=16, block_n=block_n, num_warps=4, num_stages=2, splits=splits)
+        splits = max(1, min(max(2, round(SMS / batch)), blocks // 2, 64))
+        return Knobs(block_m=16, block_n=block_n, num_warps=8, num_stages=3, splits=splits)
     if plan.feature_extent > 128:
         return Knobs(block_m=64, block_n=32, num_warps=4, num_stages=2)
     if target.kind == "rocm":
