@@ -36,7 +36,9 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
         block_n = 128 if 2 * batch <= SMS else 64
         blocks = math.ceil(plan.cols / block_n)
         splits = max(1, min(max(2, round(SMS / batch)), blocks // 2, 64))
-        return Knobs(block_m=16, block_n=block_n, num_warps=8, num_stages=3, splits=splits)
+        warps, stages = (8, 3) if target.kind == "cuda" else (4, 2)   # ROCm: not measured
+        return Knobs(block_m=16, block_n=block_n, num_warps=warps, num_stages=stages,
+                     splits=splits)
     if plan.feature_extent > 128:
         return Knobs(block_m=64, block_n=32, num_warps=4, num_stages=2)
     if target.kind == "rocm":

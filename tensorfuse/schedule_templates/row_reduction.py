@@ -17,8 +17,10 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     block_n = min(1 << max(4, (cols - 1).bit_length()), MAX_ROW_BLOCK)
     rows_per_program = max(1, min(16, 2048 // block_n))
     # 16 warps from 8192 columns on: 0.2-0.8 % more bandwidth on the H100 for softmax, norms and
-    # rows with extra operands (benchmarks/rows_sweep.py, RESULTS.md session 15)
-    warps = 16 if block_n >= 8192 else 8 if block_n >= 4096 else 4 if block_n >= 1024 else 2
+    # rows with extra operands (benchmarks/rows_sweep.py, RESULTS.md session 15; ROCm: not
+    # measured, kept at 8)
+    widest = 16 if target.kind == "cuda" else 8
+    warps = widest if block_n >= 8192 else 8 if block_n >= 4096 else 4 if block_n >= 1024 else 2
     return Knobs(block_m=rows_per_program, block_n=block_n, num_warps=warps,
                  num_stages=1 if cols <= block_n else 2)
 

@@ -93,7 +93,7 @@ def kernel_source(plan, knobs, name: str,
         and not _column_operands(plan)
     if ((reads_only or reads_twice) if EVICTION is None else EVICTION) and not plan.locals and \
             not any(sp.contraction for sp in plan.states):
-        # a row reduction (no contraction) whose rows stream through once
+        # a row reduction (no contraction): its rows stream through L2
         ctx_base.streaming = (frozenset({plan.row.uid} | {a.uid for a in plan.batch}),
                               plan.col.uid, "evict_first")
 
