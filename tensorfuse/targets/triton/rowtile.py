@@ -89,13 +89,15 @@ def kernel_source(plan, knobs, name: str,
 
     ctx_base = TileContext(axes={}, sizes=sizes, interpreter=interpreter)
     reads_only = all(kind == "row" for _, _, kind in plan.outputs)
-    reads_twice = not reads_only and plan.mask is None and splits == 1 and N > knobs.block_n \
-        and not _column_operands(plan)
-    if ((reads_only or reads_twice) if EVICTION is None else EVICTION) and not plan.locals and \
+    # rows wider than a block: swept once for the reductions, again for the outputs
+    reads_twice = not reads_only and plan.mask is None and splits == 1 and N > knobs.block_n
+    hinted = reads_only or reads_twice and not _column_operands(plan)
+    if (hinted if EVICTION is None else EVICTION) and not plan.locals and \
             not any(sp.contraction for sp in plan.states):
-        # a row reduction (no contraction): its rows stream through L2
+        # a row reduction (no contraction): its rows stream through L2, kept there for a second
+        # pass (switched to evict_first for that pass below)
         ctx_base.streaming = (frozenset({plan.row.uid} | {a.uid for a in plan.batch}),
-                              plan.col.uid, "evict_first")
+                              plan.col.uid, "evict_last" if reads_twice else "evict_first")
 
     row_index = "offs_m[:, None]"
 
@@ -378,13 +380,11 @@ def kernel_source(plan, knobs, name: str,
         w("start_n = 0")
         chunk_memo = chunk_body(True, _output_operands(plan, ctx_rc()) if PREFETCH else ())
     elif plan.mask is None:
-        streaming = ctx_base.streaming
-        if streaming and not reads_only:   # the output pass reads the rows again: keep them
-            ctx_base.streaming = streaming[:2] + ("evict_last",)
         w(f"for start_n in range(0, {N}, BLOCK_N):")
         with w.block():
             chunk_body(True)
-        ctx_base.streaming = streaming
+        if ctx_base.streaming:   # the output pass reads each row a last time
+            ctx_base.streaming = ctx_base.streaming[:2] + ("evict_first",)
     else:
         for kind, flag in (("partial", True), ("full", False)):
             w(f"base_{kind} = pid_b * {math.ceil(M / knobs.block_m)} + pid_m")
