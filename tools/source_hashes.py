@@ -19,7 +19,7 @@ import tensorfuse.kernels as K
 
 PREFILL = dict(B=2, H=16, HKV=4, M=4096, N=4096, D=128)
 DECODE = dict(B=4, H=32, HKV=8, M=1, N=4096, D=128)
-ROWS = dict(M=4096, N=4096, V=32000)
+ROWS = dict(M=4096, N=4096, V=32000, K=4096, O=4096)   # K, O: GEMM-shaped library kernels
 FFN = [dict(M=m, K=4096, N=14336, O=4096) for m in (128, 1024, 8192)]
 FFN_KNOBS = [{}, dict(exchange="gather"), dict(exchange="gather", cluster=2), dict(copy="tma"),
              dict(copy="tma", exchange="peer"), dict(copy="producer"), dict(mma="mma_sync")]
