@@ -7,6 +7,7 @@ cluster decode (sm_90a), beside SDPA; GPU time by CUDA-graph replay and wall clo
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 import torch
@@ -25,8 +26,6 @@ PIPELINE = dict(splits=(2, 4, 8), tile_n=(64, 128), warps=(4, 8), stages=(2, 3, 
 
 
 def candidates(kernel, hq: int, hkv: int, quick: bool = False, pipeline: bool = False):
-    import itertools
-
     import tensorfuse as tf
 
     yield "default", tf.compile(kernel, "cuda")
