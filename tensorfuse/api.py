@@ -146,8 +146,12 @@ class AutoKernel(GraphCallable):
         return self.for_sizes(**dims).ptx(**dims)
 
     def schedule_origin(self, **dims) -> str:
-        """Whether these sizes run on template defaults or a tuned record."""
-        return self.for_sizes(**dims).schedule_origin(**dims)
+        """Whether these sizes run on template defaults or a tuned record; scalar values given by
+        name among them (a window, a prefix length) pick the record kept for those values."""
+        own = {p.name for p in self.program.scalar_params}
+        sizes = {n: v for n, v in dims.items() if n not in own}
+        chosen = self.for_sizes(**sizes)
+        return chosen.schedule_origin(**(dims if chosen is self.template else sizes))
 
     def benchmark(self, *args, **kwargs) -> float:
         return self._pick(args, kwargs)[0].benchmark(*args, **kwargs)

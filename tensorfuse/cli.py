@@ -3,6 +3,7 @@
     tensorfuse demo [--target T] [--save DIR]     compile attention, check it, time it
     tensorfuse show FILE.py:KERNEL [--target T] [--cuda] [--size M=128 ...]
     tensorfuse tune FILE.py:KERNEL [...] [--target T] [--trials N] [--size M=128 ...]
+                   [--scalar window=2048 ...]
                                                   tune kernels into this device's database
 
 KERNEL specs are FILE.py:NAME or an importable module, e.g. tensorfuse.kernels:softmax.
@@ -59,6 +60,19 @@ def _sizes(items: list[str]) -> dict[str, int]:
     return sizes
 
 
+def _scalars(items: list[str]) -> dict[str, float]:
+    scalars = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        try:
+            scalars[key] = int(value) if value.lstrip("-").isdigit() else float(value)
+        except ValueError:
+            raise TensorfuseError(f"--scalar takes NAME=NUMBER, got {item!r}") from None
+        if not sep or not key:
+            raise TensorfuseError(f"--scalar takes NAME=NUMBER, got {item!r}")
+    return scalars
+
+
 def cmd_show(args) -> int:
     from .api import compile as compile_kernel
 
@@ -79,7 +93,7 @@ def cmd_tune(args) -> int:
     kernels = [_load_kernel(spec) for spec in args.kernel]
     summary = tune(kernels, target=args.target, trials=args.trials, database=args.database,
                    trials_per_iter=args.trials_per_iter, progress=not args.quiet,
-                   **_sizes(args.size))
+                   scalars=_scalars(args.scalar), **_sizes(args.size))
     if args.quiet:
         print(summary)
     return 130 if summary.interrupted else 0
@@ -168,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                                                              "(those already recorded count)")
     tune.add_argument("--size", action="append", metavar="NAME=N", help="fix a size (every "
                                                                          "size must be fixed)")
+    tune.add_argument("--scalar", action="append", metavar="NAME=VALUE",
+                      help="a scalar argument's value as you call the kernel (window=2048): "
+                           "records are kept per value of those that change the mask")
     tune.add_argument("--database", default=None, help="database folder (default: this device's,"
                                                        " which compile reads)")
     tune.add_argument("--trials-per-iter", type=int, default=None)

@@ -12,6 +12,7 @@ from typing import Callable
 import tvm
 
 from .autotune.lookup import tuned
+from .autotune.scalars import plan_scalars
 from .autotune.tasks import knobs_of
 from .dsl.program import Program
 from .targets import TargetSpec
@@ -19,12 +20,15 @@ from .targets import TargetSpec
 
 def template_records(program: Program, template: str, fusion,
                      target: TargetSpec) -> Callable[[dict], "tuple[dict, str] | None"]:
-    """``lookup(dims) -> (knob values, where from)`` of the best record for ``program`` fused by
-    ``fusion`` under ``template`` at ``dims`` on this device, or None (template defaults)."""
-    def lookup(dims: dict):
-        found = tuned(program, template, fusion, target, dims)
+    """``lookup(dims, scalars) -> (knob values, where from)`` of the best record for ``program``
+    fused by ``fusion`` under ``template`` at ``dims`` (and the call's values of the scalars named
+    by ``lookup.scalar_names``, which records are kept per) on this device, or None (template
+    defaults)."""
+    def lookup(dims: dict, scalars: dict | None = None):
+        found = tuned(program, template, fusion, target, dims, scalars)
         return None if found is None else (knobs_of(found[0]), found[1])
 
+    lookup.scalar_names = plan_scalars(program)  # records are kept per value of these
     return lookup
 
 

@@ -20,7 +20,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 from tvm.ir.utils import derived_object
 
-from .tasks import TASK_ATTR, knobs_of
+from .scalars import SCALARS_ATTR
+from .tasks import TASK_ATTR, knobs_of, task_label
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None):
@@ -78,5 +79,6 @@ class TritonBuilder(PyBuilder):
 
 
 def task_key(mod: tvm.IRModule) -> str:
-    """The task a candidate belongs to (the workload's ``tensorfuse.task`` attribute)."""
-    return str(mod["main"].attrs[TASK_ATTR])
+    """The task a candidate belongs to (its name, from the workload's attributes)."""
+    attrs = mod["main"].attrs
+    return task_label(str(attrs[TASK_ATTR]), json.loads(str(attrs[SCALARS_ATTR])))

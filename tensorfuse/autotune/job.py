@@ -86,11 +86,16 @@ def _ms(secs: float | None) -> str:
 def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, dict]]",
          target: "str | TargetSpec" = "auto", trials: int = 64, *, database: str | None = None,
          trials_per_iter: int | None = None, progress: "bool | Callable[[str], None]" = True,
-         seed: int | None = None, **dims: int) -> TuningSummary:
+         seed: int | None = None, scalars: dict | None = None, **dims: int) -> TuningSummary:
     """Tune ``kernels`` on ``target`` with MetaSchedule and the XGBoost cost model.
 
     ``kernels``: a kernel, or a list of kernels or ``(kernel, sizes)`` pairs; sizes not given in
-    a pair come from ``**dims``. ``trials``: the budget of measured candidates for the whole job
+    a pair come from ``**dims``; a pair's dict may hold scalar values too. ``scalars``: the values
+    of scalar parameters to tune at (``{"window": 2048}``; with several kernels, those that have
+    them) — the values you call with, since a window or a prefix length changes which blocks
+    exist; records are kept per value of such scalars, and ``compile`` uses them for calls with
+    those values (or the nearest, and says so); scalars not given take their usual defaults.
+    ``trials``: the budget of measured candidates for the whole job
     (trials already in the database count; the template defaults are measured first; with
     several kernels the task scheduler hands out whole batches of ``trials_per_iter``, so the
     last one may pass the budget by less than a batch). ``database``: a folder (default: this
@@ -101,7 +106,7 @@ def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, di
     if not isinstance(trials, int) or trials < 1:
         raise TuningError(f"trials must be a positive integer, got {trials!r}")
     _check_device(spec)
-    tasks = _tasks(kernels, dims, spec)
+    tasks = _tasks(kernels, dims, spec, scalars or {})
     path = os.path.abspath(database or default_database_dir(spec))
     say = _reporter(progress)
     with DatabaseLock(path):
@@ -174,7 +179,7 @@ def _check_device(spec: TargetSpec) -> None:
                               "here has no CUDA")
 
 
-def _tasks(kernels, dims: dict, spec: TargetSpec) -> list[TuningTask]:
+def _tasks(kernels, dims: dict, spec: TargetSpec, scalars: dict) -> list[TuningTask]:
     items = [kernels] if is_kernel(kernels) or isinstance(kernels, tuple) else list(kernels)
     if not items:
         raise TuningError("no kernels to tune")
@@ -184,18 +189,21 @@ def _tasks(kernels, dims: dict, spec: TargetSpec) -> list[TuningTask]:
         if not is_kernel(kernel):
             raise TuningError(f"tune takes @tensorfuse.kernel functions, got "
                               f"{type(kernel).__name__}")
-        shared = dims
+        own = {p.name for p in kernel.program.scalar_params}
+        shared, shared_scalars = dims, scalars
         if len(items) > 1:  # sizes given for the whole job apply to the kernels that have them
             shared = {k: v for k, v in dims.items() if k in kernel.program.dim_names()}
-            used |= set(shared)
-        task = make_task(kernel, {**shared, **sizes}, spec)
+            shared_scalars = {k: v for k, v in scalars.items() if k in own}
+            used |= set(shared) | set(shared_scalars)
+        task = make_task(kernel, {**shared, **{k: v for k, v in sizes.items() if k not in own}},
+                         spec, {**shared_scalars, **{k: v for k, v in sizes.items() if k in own}})
         if task.name in names:
             raise TuningError(f"{task.name} is listed twice")
         names.add(task.name)
         tasks.append(task)
-    if len(items) > 1 and set(dims) - used:
-        raise TuningError(f"no kernel in this job has a size named "
-                          f"{', '.join(sorted(set(dims) - used))}")
+    if len(items) > 1 and (set(dims) | set(scalars)) - used:
+        raise TuningError(f"no kernel in this job has a size or scalar named "
+                          f"{', '.join(sorted((set(dims) | set(scalars)) - used))}")
     return tasks
 
 
@@ -221,7 +229,7 @@ def _inputs(task: TuningTask) -> list:
     if task.template != "cpu":
         from .runner import random_inputs
 
-        return random_inputs(task.kernel, task.dims)
+        return random_inputs(task.kernel, task.dims, task.scalars)
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     tensors, _ = numpy_inputs(task.kernel, task.dims, np.random.default_rng())

@@ -6,6 +6,7 @@ noticed before anything is lowered (this runs once per new shape of every compil
 """
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -13,8 +14,10 @@ import tvm
 
 from ..dsl.program import Program
 from ..targets import TargetSpec
+from ..schedule_templates.annotations import TEMPLATE_ATTR
 from .database import RECORDS, default_database_dir, open_database
-from .tasks import workload
+from .scalars import SCALARS_ATTR, nearest, scalars_label
+from .tasks import TASK_ATTR, plan_values, task_name, workload
 
 _OPEN: dict = {}  # path -> (records file mtime, database)
 
@@ -49,18 +52,42 @@ def replay(record, mod: tvm.IRModule) -> tvm.IRModule:
     return sch.mod
 
 
-def tuned(program: Program, template: str, fusion, target: TargetSpec,
-          dims: dict) -> tuple[tvm.IRModule, str] | None:
+def tuned(program: Program, template: str, fusion, target: TargetSpec, dims: dict,
+          scalars: dict | None = None) -> tuple[tvm.IRModule, str] | None:
     """``(scheduled workload, where from)`` of the best record for ``program`` at ``dims`` with
-    ``template`` ("cpu", "attention", "row_reduction") in this device's database, or None. The
-    CPU schedule is replayed on the function with its scalar parameters unbound."""
+    ``template`` ("cpu", "attention", ...) in this device's database, or None. ``scalars``: the
+    call's scalar values; a call whose plan scalars (masks, indices) have no record of their own
+    gets the nearest recorded values' (:func:`.scalars.nearest`), and the origin says so. The
+    schedule is replayed on the function with its scalar parameters unbound for the CPU."""
     path = default_database_dir(target)
     db = _database(path)
     if db is None:
         return None
-    found = best_record(db, workload(program, template, fusion, dims))
+    wanted = plan_values(program, template, dims, scalars)
+    found = best_record(db, workload(program, template, fusion, dims, scalars))
+    at = ""
+    if found is None and wanted:
+        values = nearest(wanted, _recorded_values(db, task_name(program.name, dims), template))
+        if values is not None:
+            found = best_record(db, workload(program, template, fusion, dims, values))
+            at = (f" at {scalars_label(values)}, the nearest tuned values to "
+                  f"{scalars_label(wanted)}")
     if found is None:
         return None
     record, secs = found
-    base = workload(program, template, fusion, dims, bind_scalars=template != "cpu")
-    return replay(record, base), f"{secs * 1e3:.4g} ms when tuned, from {path}"
+    base = workload(program, template, fusion, dims, scalars, bind_scalars=template != "cpu")
+    return replay(record, base), f"{secs * 1e3:.4g} ms when tuned{at}, from {path}"
+
+
+def _recorded_values(db, task: str, template: str) -> list[dict]:
+    """The plan-scalar values the database holds records of ``task`` (kernel at sizes) for."""
+    found = []
+    for record in db.get_all_tuning_records():
+        attrs = record.workload.mod["main"].attrs
+        if attrs is None or str(attrs.get(TASK_ATTR, "")) != task or \
+                str(attrs.get(TEMPLATE_ATTR, "")) != template:
+            continue
+        values = json.loads(str(attrs[SCALARS_ATTR]))
+        if values not in found:
+            found.append(values)
+    return found

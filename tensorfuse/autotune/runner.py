@@ -36,7 +36,7 @@ class TritonRunner(PyRunner):
         """(arguments, the defaults' outputs in f32, output dtypes) for a task, made once."""
         if key not in self._inputs:
             task = self.tasks_by_key[key]
-            args = random_inputs(task.kernel, task.dims)
+            args = random_inputs(task.kernel, task.dims, task.scalars)
             reference = _as_list(task.triton_kernel(None)(*args))
             dtypes = [c.dtypes[0] for c in task.kernel.program.outputs]
             self._inputs[key] = (args, [r.float() for r in reference], dtypes)
@@ -64,11 +64,12 @@ class TritonRunner(PyRunner):
         return futures
 
 
-def random_inputs(kernel, dims: dict) -> list:
-    """Fresh random inputs (never zeros) as torch tensors on the GPU, in call order."""
+def random_inputs(kernel, dims: dict, scalars: dict | None = None) -> list:
+    """Fresh random inputs (never zeros) as torch tensors on the GPU, in call order, with the
+    scalar values ``scalars`` (the others: their defaults)."""
     from ..interop import torch_from_numpy
 
-    tensors, scalars = numpy_inputs(kernel, dims, np.random.default_rng())
+    tensors, scalars = numpy_inputs(kernel, dims, np.random.default_rng(), scalars)
     return [torch_from_numpy(tensors[p.name], "cuda") if p.name in tensors else scalars[p.name]
             for p in kernel.program.params]
 

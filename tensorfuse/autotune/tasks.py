@@ -18,23 +18,26 @@ import tvm
 
 from ..dsl.program import Program
 from ..errors import TuningError
-from ..inputs import default_scalars
 from ..schedule_templates import lower_program
 from ..schedule_templates.annotations import KNOB_PREFIX, TEMPLATE_ATTR
 from ..schedule_templates.fusion import Fusion
 from ..targets import TargetSpec, get_target
+from .scalars import SCALARS_ATTR, check_scalars, keyed_scalars, plan_scalars, scalars_json, scalars_label
 
 TASK_ATTR = "tensorfuse.task"
 KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits")
 
 
 def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
-             bind_scalars: bool = True) -> tvm.IRModule:
+             scalars: dict | None = None, bind_scalars: bool = True) -> tvm.IRModule:
     """The TensorIR a kernel is tuned and looked up by (one function named ``main``).
 
-    MetaSchedule measures functions of tensors only, so scalar parameters are bound to fixed
-    values (:func:`scalar_values`); a tuned trace replays on the unbound function as well, since
-    the loops and blocks are the same."""
+    MetaSchedule measures functions of tensors only, so scalar parameters are bound: the plan
+    scalars (masks, indices: :mod:`.scalars`) to ``scalars``' values or their defaults, the others
+    to their canonical defaults, so that records are kept per mask geometry and not per softcap. A
+    tuned trace replays on the unbound function as well, since the loops and blocks are the same.
+    The function carries the task's name and its plan scalars' values as attributes, which is how
+    a lookup finds the records of other values (:func:`.lookup.tuned`)."""
     if template == "cpu":   # lowered as tf.compile lowers it for the CPU
         cpu = get_target("llvm")
         mod = lower_program(program, (), dims, "int32", accumulate=cpu.accumulate,
@@ -42,25 +45,36 @@ def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
     else:
         mod = lower_program(program, (fusion,), dims)
     func = next(iter(mod.functions.values()))
+    if template == "cpu":   # computes every element, masked or not: no scalar changes its plan
+        scalars = None
     if bind_scalars and program.scalar_params:
-        values = scalar_values(program, dims)
+        values = keyed_scalars(program, dims, scalars)
         by_name = {p.name: p for p in func.params}
         func = func.specialize({by_name[name]: tvm.tirx.const(value, str(by_name[name].ty))
                                 for name, value in values.items()})
-    if template != "cpu":
-        func = func.with_attr(TEMPLATE_ATTR, template).with_attr(
-            TASK_ATTR, task_name(program.name, dims))
+    plan = plan_values(program, template, dims, scalars)
+    func = func.with_attr(TEMPLATE_ATTR, template).with_attr(
+        TASK_ATTR, task_name(program.name, dims)).with_attr(SCALARS_ATTR, scalars_json(plan))
     return tvm.IRModule({"main": func})
-
-
-def scalar_values(program: Program, dims: dict) -> dict:
-    """The values scalar parameters are bound to in a workload (fixed, so lookups match)."""
-    return default_scalars(program, dims)
 
 
 def task_name(kernel_name: str, dims: dict) -> str:
     """``softmax[M=256,N=1024]``: a kernel at fixed sizes."""
     return f"{kernel_name}[{','.join(f'{k}={v}' for k, v in sorted(dims.items()))}]"
+
+
+def plan_values(program: Program, template: str, dims: dict, scalars: dict | None) -> dict:
+    """The plan scalars' values a workload is keyed by (none for the CPU template, which computes
+    every element whatever the mask)."""
+    if template == "cpu":
+        return {}
+    names = plan_scalars(program)
+    return {n: v for n, v in keyed_scalars(program, dims, scalars).items() if n in names}
+
+
+def task_label(base: str, plan: dict) -> str:
+    """A task's name with its plan scalars: ``sliding_window[…]{window=2048}``."""
+    return f"{base}{{{scalars_label(plan)}}}" if plan else base
 
 
 def tuning_target(target: TargetSpec) -> tvm.target.Target:
@@ -107,15 +121,18 @@ class TuningTask:
     target: TargetSpec
     template: str             # "cpu", "attention" or "row_reduction"
     fusion: Fusion | None = None
+    scalars: dict = field(default_factory=dict)   # the user's values (others: the defaults)
     mod: tvm.IRModule = field(init=False, repr=False)
     _kernels: dict = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self):
-        self.mod = workload(self.kernel.program, self.template, self.fusion, self.dims)
+        self.mod = workload(self.kernel.program, self.template, self.fusion, self.dims,
+                            self.scalars)
 
     @property
     def name(self) -> str:
-        return task_name(self.kernel.name, self.dims)
+        return task_label(task_name(self.kernel.name, self.dims),
+                          plan_values(self.kernel.program, self.template, self.dims, self.scalars))
 
     @property
     def space_size(self) -> int | None:
@@ -184,13 +201,15 @@ def _template_module(template: str):
     return importlib.import_module(f"tensorfuse.schedule_templates.{template}")
 
 
-def make_task(kernel, dims: dict, target: TargetSpec) -> TuningTask:
-    """The task for ``kernel`` at ``dims``: the template ``compile`` would use on ``target``."""
+def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = None) -> TuningTask:
+    """The task for ``kernel`` at ``dims`` (and the scalar values ``scalars``, measured with and
+    keyed by where they change the plan): the template ``compile`` would use on ``target``."""
     problem = kernel.program.size_problems(dims, complete=True)
     if problem:
         raise TuningError(f"tuning {kernel.name}: {problem}")
+    scalars = check_scalars(kernel.program, scalars)
     if not target.is_gpu:
-        return TuningTask(kernel, dict(dims), target, "cpu")
+        return TuningTask(kernel, dict(dims), target, "cpu", scalars=scalars)
     from ..schedule_templates.auto import choose
 
     choice = choose(kernel.program, target)
@@ -208,4 +227,4 @@ def make_task(kernel, dims: dict, target: TargetSpec) -> TuningTask:
     except TargetError as exc:
         raise TuningError(f"{kernel.name} at these sizes does not fit the {template} template "
                           f"({exc.message}); it runs on TVM's default schedule") from None
-    return TuningTask(kernel, dict(dims), target, template, fusion)
+    return TuningTask(kernel, dict(dims), target, template, fusion, scalars)

@@ -49,15 +49,17 @@ class TritonKernel(GraphCallable):
         return f"<TritonKernel {self.program.name} for {self.target.name}: {self.description}>"
 
     # -- building --------------------------------------------------------------------------------
-    def build(self, **dims):
-        """(plan, knobs, source, kernel function, argument names) for these sizes."""
-        key = tuple(sorted(dims.items()))
+    def build(self, scalars: dict | None = None, **dims):
+        """(plan, knobs, source, kernel function, argument names) for these sizes; ``scalars``:
+        the call's scalar values, where tuning records are kept per value of some of them (a
+        window, a prefix length: ``tuned.scalar_names``) and so the knobs may differ."""
+        key = self._build_key(dims, scalars)
         if key not in self._built:
             check_named_sizes(self.program, dims, complete=True)
             plan = self.planner.plan(dims)
             knobs = self.knobs(plan)
             self._origin[key] = "template defaults"
-            found = self.tuned(dims) if self.tuned is not None else None
+            found = self.tuned(dims, scalars) if self.tuned is not None else None
             if found is not None:
                 knobs = replace(knobs, **found[0])
                 self._origin[key] = f"tuned record ({found[1]})"
@@ -72,10 +74,19 @@ class TritonKernel(GraphCallable):
                 self._built[key] = (plan, knobs, source, load_kernel(source, name), args)
         return self._built[key]
 
+    def _build_key(self, dims: dict, scalars: dict | None) -> tuple:
+        key = tuple(sorted(dims.items()))
+        names = getattr(self.tuned, "scalar_names", ())
+        return key + tuple((n, (scalars or {}).get(n)) for n in names) if names else key
+
     def schedule_origin(self, **dims) -> str:
-        """Where the knobs at these sizes come from: the template defaults or a tuned record."""
-        self.build(**dims)
-        return self._origin[tuple(sorted(dims.items()))]
+        """Where the knobs at these sizes (and scalar values, given by name among them: a
+        window, a prefix length) come from: the template defaults or a tuned record."""
+        own = {p.name for p in self.program.scalar_params}
+        scalars = {n: v for n, v in dims.items() if n in own} or None
+        dims = {n: v for n, v in dims.items() if n not in own}
+        self.build(scalars, **dims)
+        return self._origin[self._build_key(dims, scalars)]
 
     def source(self, **dims) -> str:
         """The generated Triton source."""
@@ -111,9 +122,12 @@ class TritonKernel(GraphCallable):
         ints = tuple((v == 1, v % 16 == 0) for n, v in bound.scalars.items()
                      if self._int_scalar.get(n))
         key = bound.signature + ints
+        keyed = getattr(self.tuned, "scalar_names", ())
+        if keyed:   # records kept per value of these: the knobs may differ
+            key += tuple(bound.scalars[n] for n in keyed)
         made = self._launch_plans.get(key)
         if made is None:
-            plan, knobs, _, fn, names = self.build(**bound.dims)
+            plan, knobs, _, fn, names = self.build(bound.scalars, **bound.dims)
             meta = dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=block_k(plan))
             rows, batch = grid(plan, knobs)
             pointers = {p.name for p in self.program.tensor_params} | {
@@ -232,6 +246,7 @@ class TritonKernel(GraphCallable):
         lists."""
         plan, _, scratch, _, outputs = self._launches(bound)
         if self._calls.target_device != "cuda" or bound.outs is not None or \
+                getattr(self.tuned, "scalar_names", ()) or \
                 plan.mask is not None and scratch is None or \
                 any(step.raw is None for step in launches.steps) or \
                 not all(is_torch(x) for x in bound.arrays.values()):

@@ -1,0 +1,90 @@
+"""Records kept per value of the scalars that change the plan (a window, a prefix length), not of
+those that do not (a softcap, a scale); lookups at other values take the nearest record or the
+defaults, and ``schedule_origin`` says which. The records are committed through the database API
+with times we choose (no GPU here); on the GPU, ``test_tuning_with_the_call_s_scalars`` tunes."""
+import pytest
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+from tvm.s_tir.meta_schedule.database import TuningRecord
+
+import tensorfuse as tf
+from tensorfuse import kernels as K
+from tensorfuse.autotune import open_database
+from tensorfuse.autotune.database import default_database_dir
+from tensorfuse.autotune.lookup import tuned
+from tensorfuse.autotune.scalars import plan_scalars
+from tensorfuse.autotune.tasks import knob_space, knobs_of, make_task, tuning_target
+from tensorfuse.errors import TuningError
+
+SIZES = dict(B=1, H=2, M=512, N=512, D=64)
+TARGET = "cuda:sm_80"
+
+
+def test_plan_scalars_are_those_in_masks_and_indices():
+    assert plan_scalars(K.sliding_window_attention.program) == ("window",)
+    assert plan_scalars(K.prefix_lm_attention.program) == ("prefix",)
+    assert plan_scalars(K.neighborhood_attention.program) == ("radius",)
+    assert plan_scalars(K.softcap_attention.program) == ()   # scale and cap: values only
+    assert plan_scalars(K.layernorm.program) == ()
+
+
+def _record(task, knobs: dict, secs: float) -> None:
+    """Commit a record of ``task`` with ``knobs`` measured at ``secs``."""
+    path = default_database_dir(task.target)
+    db = open_database(path)
+    sch = __import__("tvm").s_tir.Schedule(task.mod)
+    knob_space(task.choices(), knobs)(sch)
+    db.commit_tuning_record(TuningRecord(sch.trace, db.commit_workload(task.mod), [secs],
+                                         tuning_target(task.target),
+                                         ArgInfo.from_prim_func(task.mod["main"])))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORFUSE_CACHE", str(tmp_path / "cache"))
+
+
+def test_two_windows_two_records_and_each_call_gets_its_own(cache):
+    target = tf.get_target(TARGET)
+    kernel = K.sliding_window_attention
+    narrow = make_task(kernel, SIZES, target, {"window": 64})
+    wide = make_task(kernel, SIZES, target, {"window": 384, "scale": 0.3})
+    assert narrow.name.endswith("{window=64}") and wide.name.endswith("{window=384}")
+    first, second = (dict(zip(narrow.choices(), (v[0] for v in narrow.choices().values()))),
+                     dict(zip(narrow.choices(), (v[-1] for v in narrow.choices().values()))))
+    _record(narrow, first, 1e-3)
+    _record(wide, second, 2e-3)
+
+    program, fusion = kernel.program, narrow.fusion
+    at_64 = tuned(program, "attention", fusion, target, SIZES, {"window": 64, "scale": 0.9})
+    at_384 = tuned(program, "attention", fusion, target, SIZES, {"window": 384})
+    assert knobs_of(at_64[0]) == first and "1 ms when tuned, from" in at_64[1]
+    assert knobs_of(at_384[0]) == second and "2 ms when tuned, from" in at_384[1]
+    near = tuned(program, "attention", fusion, target, SIZES, {"window": 300})
+    assert knobs_of(near[0]) == second
+    assert "at window=384, the nearest tuned values to window=300" in near[1]
+    assert tuned(program, "attention", fusion, target, SIZES, {"window": 16}) is None  # > 2x off
+    assert tuned(program, "attention", fusion, target, dict(SIZES, M=256, N=256),
+                 {"window": 64}) is None   # other sizes: no record
+
+    compiled = tf.compile(kernel, TARGET)
+    assert compiled.schedule_origin(**SIZES, window=64).startswith("tuned record (1 ms")
+    assert "nearest tuned values to window=300" in compiled.schedule_origin(**SIZES, window=300)
+    assert compiled.schedule_origin(**SIZES, window=16) == "template defaults"
+
+
+def test_scalars_that_do_not_change_the_plan_share_one_record():
+    target = tf.get_target(TARGET)
+    one = make_task(K.softcap_attention, SIZES, target, {"cap": 30.0})
+    other = make_task(K.softcap_attention, SIZES, target, {"cap": 50.0, "scale": 0.2})
+    assert one.name == other.name and one.mod.script() == other.mod.script()
+    assert one.scalars == {"cap": 30.0}   # but measured at the value given
+
+
+@pytest.mark.parametrize("scalars, message", [
+    ({"windw": 3}, "no scalar parameter named windw"),
+    ({"window": "wide"}, "a finite number is needed"),
+    ({"window": float("nan")}, "a finite number is needed"),
+])
+def test_bad_scalars_are_refused(scalars, message):
+    with pytest.raises(TuningError, match=message):
+        make_task(K.sliding_window_attention, SIZES, tf.get_target(TARGET), scalars)
