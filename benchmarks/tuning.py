@@ -29,7 +29,7 @@ def sweep(task) -> list[tuple[dict, float]]:
     for values in itertools.product(*(choices[n] for n in names)):
         knobs = dict(zip(names, values))
         try:
-            out.append((knobs, task.triton_kernel(knobs).benchmark(*args)))
+            out.append((knobs, task.candidate(knobs).benchmark(*args)))
         except Exception:  # noqa: BLE001 - a point that does not compile or fit
             out.append((knobs, float("inf")))
     return out

@@ -52,7 +52,9 @@ def _compile(kernel, target, template):
             fallback = _compile(kernel, spec, template=None)
             records = template_records(program, name, fusion, spec)
             made = TEMPLATES[name](kernel, fusion, spec, tuned=records)
-            return AutoKernel(made, fallback, ahead=native_templates(kernel, name, fusion, spec))
+            ahead = native_templates(kernel, name, fusion, spec, records=lambda template:
+                                     template_records(program, template, fusion, spec))
+            return AutoKernel(made, fallback, ahead=ahead)
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"
@@ -151,7 +153,7 @@ class AutoKernel(GraphCallable):
         own = {p.name for p in self.program.scalar_params}
         sizes = {n: v for n, v in dims.items() if n not in own}
         chosen = self.for_sizes(**sizes)
-        return chosen.schedule_origin(**(dims if chosen is self.template else sizes))
+        return chosen.schedule_origin(**(sizes if chosen is self.fallback else dims))
 
     def benchmark(self, *args, **kwargs) -> float:
         return self._pick(args, kwargs)[0].benchmark(*args, **kwargs)

@@ -42,8 +42,9 @@ def tvm_builder(workers: int, timeout_sec: float = 60.0) -> ms.builder.LocalBuil
 
 @derived_object
 class TritonBuilder(PyBuilder):
-    """Makes each candidate's Triton kernel from its knobs; the artifact is a small JSON file
-    naming the task and the knobs, which :class:`~.runner.TritonRunner` runs.
+    """Makes each candidate's kernel from its knobs (Triton templates; ``hopper_attention``'s
+    cubin by nvcc); the artifact is a small JSON file naming the task and the knobs, which
+    :class:`~.runner.TritonRunner` runs.
 
     ``compile_ahead``: also compile for the target here (works without a GPU). A tuning job, which
     runs where the GPU is, leaves it off: the runner's first launch compiles anyway, specialised
@@ -57,25 +58,26 @@ class TritonBuilder(PyBuilder):
         self.compile_ahead = compile_ahead
 
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
-        results = []
-        for item in build_inputs:
-            try:
-                key = task_key(item.mod)
-                task = self.tasks_by_key[key]
-                knobs = knobs_of(item.mod)
-                kernel = task.triton_kernel(knobs)
-                kernel.build(**task.dims)  # the plan and source: bad knobs fail here
-                if self.compile_ahead:
-                    kernel.compiled(**task.dims)
-                # a folder per artifact: MetaSchedule removes the artifact's folder once measured
-                path = os.path.join(tempfile.mkdtemp(prefix="tensorfuse-candidate-"), "knobs.json")
-                with open(path, "w", encoding="utf-8") as f:
-                    json.dump({"task": key, "knobs": knobs}, f)
-                results.append(BuilderResult(path, None))
-            except Exception as exc:  # noqa: BLE001 - reported per candidate, counted by the job
-                results.append(BuilderResult(None, f"Triton build failed: "
-                                                   f"{type(exc).__name__}: {exc}"[:2000]))
-        return results
+        """Each candidate's kernel, prepared in parallel threads (nvcc and Triton's compiler run
+        outside the interpreter lock for most of their time)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max(1, min(len(build_inputs), os.cpu_count() or 1))) as pool:
+            return list(pool.map(self._build_one, build_inputs))
+
+    def _build_one(self, item: BuilderInput) -> BuilderResult:
+        try:
+            key = task_key(item.mod)
+            task = self.tasks_by_key[key]
+            knobs = knobs_of(item.mod)
+            task.space.prepare(task.candidate(knobs), self.compile_ahead)  # bad knobs fail here
+            # a folder per artifact: MetaSchedule removes the artifact's folder once measured
+            path = os.path.join(tempfile.mkdtemp(prefix="tensorfuse-candidate-"), "knobs.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump({"task": key, "knobs": knobs}, f)
+            return BuilderResult(path, None)
+        except Exception as exc:  # noqa: BLE001 - reported per candidate, counted by the job
+            return BuilderResult(None, f"build failed: {type(exc).__name__}: {exc}"[:2000])
 
 
 def task_key(mod: tvm.IRModule) -> str:

@@ -1,8 +1,9 @@
 """Features the XGBoost cost model sees for GPU template candidates.
 
 TVM's per-store features describe loops and buffer accesses of TensorIR; a template candidate
-differs from its siblings only in its knobs (tile sizes, warps, stages, split parts), which
-Triton turns into code. So the model is given the knobs themselves (log2 of each, and the tile
+differs from its siblings only in its knobs (tile sizes, warps, stages, split parts; for the
+Hopper template consumer warpgroups of 64 rows, ring slots and its two pipelining switches),
+which the emitters turn into code. So the model is given the knobs themselves (log2 of each, and the tile
 area, warps per tile row and the number of programs per row tile sweep) — the quantities the
 kernel's speed depends on.
 """
@@ -20,9 +21,12 @@ from .tasks import KNOB_ORDER, knobs_of
 
 def knob_features(knobs: dict[str, int]) -> list[float]:
     """One row of features for one candidate."""
-    values = [float(knobs.get(name, 1)) for name in KNOB_ORDER]
-    logs = [math.log2(max(v, 1.0)) for v in values]
-    block_m, block_n, warps, stages, splits = values
+    values = {name: float(knobs.get(name, 1)) for name in KNOB_ORDER}
+    logs = [math.log2(max(v, 1.0)) for v in values.values()]
+    block_n, splits = values["block_n"], values["splits"]
+    block_m = values["block_m"] if "block_m" in knobs else 64.0 * values["consumers"]
+    warps = values["num_warps"] if "num_warps" in knobs else 4.0 * (values["consumers"] + 1)
+    stages = values["num_stages"] if "num_stages" in knobs else values["stages"]
     return logs + [math.log2(block_m * block_n), math.log2(block_m * block_n / warps),
                    stages * math.log2(block_n), math.log2(splits * block_m)]
 

@@ -27,6 +27,7 @@ from ..errors import TuningError
 from ..inputs import random_inputs as numpy_inputs
 from ..targets import TargetSpec, get_target
 from .database import DatabaseLock, default_database_dir, open_database
+from .pruning import fitting_settings
 from .tasks import TuningTask, make_task, tuning_target
 
 
@@ -42,6 +43,7 @@ class TaskResult:
     best_secs: float | None = None      # the best record, timed here like the defaults
     default_secs: float | None = None
     errors: list[str] = field(default_factory=list)
+    settings: tuple[int, int] | None = None   # (knob settings that fit the GPU, in all)
 
     @property
     def speedup(self) -> float | None:
@@ -59,6 +61,13 @@ class TuningSummary:
     tasks: list[TaskResult]
     seconds: float
     interrupted: bool = False
+    asked: int = 0               # the trial budget of the job
+    workers: list[str] = field(default_factory=list)   # where candidates were measured
+
+    @property
+    def exhausted(self) -> bool:
+        """The search stopped short of the budget because it had no new candidates left."""
+        return not self.interrupted and sum(t.trials for t in self.tasks) < self.asked
 
     def table(self) -> str:
         rows = [("kernel", "template", "trials", "failed", "best ms", "default ms", "speedup")]
@@ -75,8 +84,18 @@ class TuningSummary:
         state = "interrupted" if self.interrupted else "done"
         failures = [f"{t.name}: {t.failures_this_job} candidate(s) failed, first: {t.errors[0]}"
                     for t in self.tasks if t.errors]
-        return "\n".join([f"tuning {state} on {self.target} in {self.seconds:.0f} s; database "
-                          f"{self.database}", self.table(), *failures])
+        lines = [f"tuning {state} on {self.target} in {self.seconds:.0f} s; database "
+                 f"{self.database}", self.table(), *failures]
+        if self.exhausted:
+            recorded = sum(t.trials for t in self.tasks)
+            spaces = [f"{t.name}: {t.settings[0]} settings fit the GPU, of {t.settings[1]}"
+                      for t in self.tasks if t.settings]
+            lines.append(f"the space is exhausted: {recorded} of the {self.asked} trials asked "
+                         "were run, and the search found no candidate it had not measured"
+                         + (f" ({'; '.join(spaces)})" if spaces else ""))
+        if self.workers:
+            lines.append(f"measured on {', '.join(self.workers)}")
+        return "\n".join(lines)
 
 
 def _ms(secs: float | None) -> str:
@@ -111,10 +130,15 @@ def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, di
     say = _reporter(progress)
     with DatabaseLock(path):
         db = open_database(path)
-        results = [TaskResult(t.name, t.template, trials=_trials_recorded(db, t)) for t in tasks]
+        results = [TaskResult(t.name, t.template, trials=_trials_recorded(db, t),
+                              settings=fitting_settings(t)) for t in tasks]
         remaining = trials - sum(r.trials for r in results)
         say(f"tuning {len(tasks)} kernel(s) on {spec.name}: {trials} trials, "
             f"{max(remaining, 0)} to run; database {path}")
+        for r in results:
+            if r.settings and r.settings[0] < r.settings[1]:
+                say(f"  {r.name}: {r.settings[1] - r.settings[0]} of {r.settings[1]} knob "
+                    "settings need more shared memory or registers than the GPU has: left out")
         stop = threading.Event()
         if remaining > 0:
             with _stop_on_ctrl_c(stop, say):
@@ -132,7 +156,8 @@ def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, di
             inputs = _inputs(task)  # the same inputs for both: masks may depend on the data
             result.default_secs = _time(task, db, False, inputs)
             result.best_secs = _time(task, db, True, inputs)
-    summary = TuningSummary(spec.name, path, results, time.time() - start, stop.is_set())
+    summary = TuningSummary(spec.name, path, results, time.time() - start, stop.is_set(),
+                            asked=trials)
     say(str(summary))
     return summary
 
@@ -259,7 +284,7 @@ def _time(task: TuningTask, db, tuned: bool, inputs) -> float | None:
         return float(np.median(timer(*inputs).results))
     from .tasks import knobs_of
 
-    kernel = task.triton_kernel(knobs_of(scheduled) if tuned else None)
+    kernel = task.candidate(knobs_of(scheduled) if tuned else None)
     return kernel.benchmark(*inputs) * 1e-3
 
 
@@ -348,6 +373,7 @@ def _context(task: TuningTask, spec: TargetSpec, per_iter: int, seed: int | None
     from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
 
     from ..schedule_templates.cpu import cpu_search_space
+    from .pruning import FitsDevice
     from .tasks import knob_space
 
     if task.template == "cpu":
@@ -359,7 +385,7 @@ def _context(task: TuningTask, spec: TargetSpec, per_iter: int, seed: int | None
             mutator_probs={ms.mutator.MutateTileSize(): 0.8, ms.mutator.MutateUnroll(): 0.2})
     else:
         space = ms.space_generator.ScheduleFn(knob_space(task.choices()), sch_rules=[],
-                                              postprocs=[], mutator_probs={})
+                                              postprocs=[FitsDevice(task)], mutator_probs={})
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=max(32, 4 * per_iter), init_min_unmeasured=max(16, 2 * per_iter),
         genetic_num_iters=2)

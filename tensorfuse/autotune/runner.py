@@ -37,7 +37,7 @@ class TritonRunner(PyRunner):
         if key not in self._inputs:
             task = self.tasks_by_key[key]
             args = random_inputs(task.kernel, task.dims, task.scalars)
-            reference = _as_list(task.triton_kernel(None)(*args))
+            reference = _as_list(task.candidate(None)(*args))
             dtypes = [c.dtypes[0] for c in task.kernel.program.outputs]
             self._inputs[key] = (args, [r.float() for r in reference], dtypes)
         return self._inputs[key]
@@ -50,7 +50,7 @@ class TritonRunner(PyRunner):
                     spec = json.load(f)
                 task = self.tasks_by_key[spec["task"]]
                 args, reference, dtypes = self.inputs(spec["task"])
-                kernel = task.triton_kernel(spec["knobs"])
+                kernel = task.candidate(spec["knobs"])
                 outs = _as_list(kernel(*args))
                 for got, want, dtype in zip(outs, reference, dtypes):
                     err = float((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-30))

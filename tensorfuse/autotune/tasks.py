@@ -22,10 +22,12 @@ from ..schedule_templates import lower_program
 from ..schedule_templates.annotations import KNOB_PREFIX, TEMPLATE_ATTR
 from ..schedule_templates.fusion import Fusion
 from ..targets import TargetSpec, get_target
-from .scalars import SCALARS_ATTR, check_scalars, keyed_scalars, plan_scalars, scalars_json, scalars_label
+from .scalars import (SCALARS_ATTR, check_scalars, keyed_scalars, plan_scalars, scalars_json,
+                      scalars_label)
 
 TASK_ATTR = "tensorfuse.task"
-KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits")
+KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits",   # Triton templates
+              "stages", "consumers", "overlap", "pingpong")                 # hopper_attention
 
 
 def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
@@ -119,7 +121,7 @@ class TuningTask:
     kernel: object            # a tensorfuse Kernel
     dims: dict
     target: TargetSpec
-    template: str             # "cpu", "attention" or "row_reduction"
+    template: str             # "cpu", "attention", "row_reduction", "hopper_attention"
     fusion: Fusion | None = None
     scalars: dict = field(default_factory=dict)   # the user's values (others: the defaults)
     mod: tvm.IRModule = field(init=False, repr=False)
@@ -135,6 +137,15 @@ class TuningTask:
                           plan_values(self.kernel.program, self.template, self.dims, self.scalars))
 
     @property
+    def space(self):
+        """The template's knob space (:mod:`.spaces`), made once."""
+        if "space" not in self._kernels:
+            from .spaces import space_of
+
+            self._kernels["space"] = space_of(self)
+        return self._kernels["space"]
+
+    @property
     def space_size(self) -> int | None:
         """How many schedules the space holds (template knobs only; None for the CPU space)."""
         if self.template == "cpu":
@@ -143,13 +154,12 @@ class TuningTask:
 
     def choices(self) -> dict[str, tuple[int, ...]]:
         """The template's knob values for these sizes."""
-        from ..algebra import plan_chain
-        from ..schedule_templates.tile_plan import plan_rowtile
+        return self.space.choices()
 
-        module = _template_module(self.template)
-        chain = plan_chain(self.kernel.program, self.fusion.names, self.fusion.axis)
-        plan = plan_rowtile(self.kernel.program, chain, self.dims)
-        return module.knob_choices(plan, self.target)
+    def unfit(self, knobs: dict) -> str | None:
+        """Why a setting of the knobs cannot run on the target (shared memory, registers), or
+        None; such settings are never proposed (:class:`.pruning.FitsDevice`)."""
+        return None if self.template == "cpu" else self.space.unfit(knobs)
 
     def default_schedule(self) -> tvm.s_tir.Schedule | None:
         """The template defaults as a point of the space (None where they are not one)."""
@@ -159,46 +169,20 @@ class TuningTask:
 
             cpu_search_space(sch, defaults=True)
             return sch
-        from dataclasses import asdict
-
         choices = self.choices()
-        knobs = asdict(self.triton_kernel(None).build(**self.dims)[1])
+        knobs = self.space.defaults()
         if any(knobs[name] not in values for name, values in choices.items()):
             return None
         knob_space(choices, {name: knobs[name] for name in choices})(sch)
         return sch
 
-    def triton_kernel(self, knobs: dict[str, int] | None):
-        """The template's Triton kernel with ``knobs`` fixed (``None``: the template defaults),
-        made once per knob setting (the builder's kernel is the one the runner times)."""
+    def candidate(self, knobs: dict[str, int] | None):
+        """The template's kernel with ``knobs`` fixed (``None``: the template defaults), made
+        once per knob setting (the builder's kernel is the one the runner times)."""
         key = tuple(sorted((knobs or {}).items()))
         if key not in self._kernels:
-            self._kernels[key] = self._make_triton_kernel(knobs)
+            self._kernels[key] = self.space.candidate(knobs)
         return self._kernels[key]
-
-    def _make_triton_kernel(self, knobs: dict[str, int] | None):
-        from dataclasses import replace
-
-        from ..algebra import plan_chain
-        from ..schedule_templates.tile_plan import TilePlanner
-        from ..targets.triton.kernel import TritonKernel
-
-        module = _template_module(self.template)
-        chain = plan_chain(self.kernel.program, self.fusion.names, self.fusion.axis)
-
-        def pick(plan):
-            default = module.default_knobs(plan, self.target)
-            return replace(default, **knobs) if knobs else default
-
-        return TritonKernel(TilePlanner(self.kernel.program, chain), self.target, pick,
-                            f"{self.template} template, tuning candidate {knobs}", self.fusion)
-
-
-def _template_module(template: str):
-    """The module of a GPU template (its ``default_knobs`` and ``knob_choices``)."""
-    import importlib
-
-    return importlib.import_module(f"tensorfuse.schedule_templates.{template}")
 
 
 def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = None) -> TuningTask:
@@ -221,7 +205,16 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
     from ..algebra import plan_chain
     from ..errors import TargetError
     from ..schedule_templates.tile_plan import plan_rowtile
+    from .spaces import NATIVE, native_template
 
+    native = native_template(kernel, fusion, template, dims, target)
+    if native in NATIVE:
+        return TuningTask(kernel, dict(dims), target, native, fusion, scalars)
+    if native is not None:
+        raise TuningError(f"{kernel.name} at these sizes runs on the {native} template on "
+                          f"{target.name} (what tf.compile picks there), whose knobs are not in "
+                          "the tuning space yet; tuning the Triton template would not change what "
+                          "tf.compile runs")
     try:
         plan_rowtile(kernel.program, plan_chain(kernel.program, fusion.names, fusion.axis), dims)
     except TargetError as exc:

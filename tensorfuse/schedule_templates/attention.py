@@ -58,6 +58,26 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
             (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3, 4), "splits": (1,)}
 
 
+def shared_bytes(plan: RowTilePlan, knobs: Knobs) -> int:
+    """Shared memory Triton's pipeline gives the key and value tiles (one slot per stage) and the
+    query tile: Triton 3.6's ``metadata.shared`` on sm_90a exactly, for head dims 64 and 128 over
+    this template's whole tuning space with 2–4 stages (2026-11-24); an upper bound with 1."""
+    width = max(16, 1 << max(0, (plan.feature_extent - 1).bit_length()))
+    size = max(4 if p.dtype == "f32" else 2 for p in plan.program.tensor_params
+               if p.dtype.startswith(("f", "bf")))
+    keys = knobs.num_stages * knobs.block_n * 2 * width * size
+    return keys + knobs.block_m * width * size
+
+
+def unfit(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> str | None:
+    """Why ``knobs`` cannot run on ``target`` (tuning leaves such candidates out), or None."""
+    need = shared_bytes(plan, knobs)
+    if target.kind == "cuda" and need > target.max_shared_memory:
+        return (f"needs {need} bytes of shared memory; {target.name} has "
+                f"{target.max_shared_memory}")
+    return None
+
+
 def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = None,
               tile_n: int | None = None, num_warps: int | None = None,
               num_stages: int | None = None, splits: int | None = None,

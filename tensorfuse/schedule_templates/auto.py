@@ -39,7 +39,7 @@ def choose(program: Program, target: TargetSpec):
     return None
 
 
-def native_templates(kernel, name: str, fusion, spec: TargetSpec) -> tuple:
+def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) -> tuple:
     """Templates generated as CUDA C++ for this GPU that ``tf.compile`` tries before the Triton
     one, on sm_90a: GEMM-shaped programs (one or two sums of products sharing their rows operand,
     with an elementwise output) get the persistent Hopper GEMM, GEMM chains (FFN) with more than
@@ -47,12 +47,15 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec) -> tuple:
     template (the intermediate kept in the cluster's shared memory); softmax attention gets the
     warp-specialised Hopper template for prefill (more than 64 query rows; fewer go to the Triton
     template's split update) — each measured faster than the Triton template
-    (benchmarks/RESULTS.md). Sizes a native template refuses go to the Triton one."""
+    (benchmarks/RESULTS.md). Sizes a native template refuses go to the Triton one.
+    ``records(template name)``: the compile entry point's lookup of tuning records for a template
+    with a tuning space (``hopper_attention``)."""
     if spec.kind != "cuda" or spec.arch != "sm_90a":
         return ()
     made = _made(hopper_gemm, kernel, fusion, spec) + _ffn_templates(kernel, fusion, spec)
     if name == "attention":
-        made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True)
+        made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True,
+                      tuned=records("hopper_attention") if records else None)
     return tuple(made)
 
 

@@ -65,8 +65,9 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
     """A callable warp-specialised attention kernel for ``kernel`` after a rolling update over the
     keys. Knobs (defaults from the plan): ``block_n`` keys per block, ``stages`` key/value slots,
     ``consumers`` warpgroups of 64 query rows, ``overlap`` (FlashAttention-3's intra-warpgroup
-    pipeline), ``pingpong`` (consumers take turns on the tensor cores). ``tuned`` is accepted for
-    the template interface (the knobs are not tuned yet). ``prefill_only``: ``tf.compile``'s use —
+    pipeline), ``pingpong`` (consumers take turns on the tensor cores). ``tuned``: the compile
+    entry point's lookup of tuning records (used unless knobs are given), per sizes and the
+    call's values of the scalars records are kept by. ``prefill_only``: ``tf.compile``'s use —
     prefer this kernel only for more than 64 query rows (decode goes to the split update)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_attention template generates sm_90a code (wgmma, TMA); "
@@ -78,9 +79,10 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                ("pingpong", pingpong)) if v is not None}
     arguments = [t for _, t, _ in kernel_arguments(plan)]
 
-    def layout(dims: dict) -> Launches:
+    def layout(dims: dict, scalars: dict | None = None) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
-        knobs = with_knobs(plan, dims, given)
+        found = tuned(dims, scalars) if tuned is not None and not given else None
+        knobs = with_knobs(plan, dims, found[0] if found else given)
         check_hopper(plan, knobs, dims, target.max_shared_memory)
         source = hopper_attention_source(plan, knobs, D, plan.mask is not None)
         smem = shared_bytes(knobs, D)
@@ -107,9 +109,11 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                           *tensors, B, H, HKV, M, N, *scalars,
                           math.ceil(M / knobs.block_m), B * H, knobs.threads, 1, smem)
 
-        return Launches(source, entries, knobs, run, plan=plan)
+        return Launches(source, entries, knobs, run, plan=plan,
+                        origin=f"hopper_attention tuned record ({found[1]})" if found else None)
 
     rows = plan.chain.dims[3]
     return ClusterKernel(program, target, layout, f"hopper_attention ({fusion.describe()})",
                          origin="hopper_attention template defaults",
-                         preferred=(lambda dims: dims[rows] > 64) if prefill_only else None)
+                         preferred=(lambda dims: dims[rows] > 64) if prefill_only else None,
+                         keyed_scalars=getattr(tuned, "scalar_names", ()) if not given else ())

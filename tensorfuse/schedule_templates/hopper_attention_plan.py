@@ -194,4 +194,5 @@ def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict) -> HopperKno
     if unknown:
         raise _refuse(f"no knob {', '.join(sorted(unknown))}; knobs: block_n, stages, consumers, "
                       "overlap, pingpong")
+    given = {n: bool(v) if n in ("overlap", "pingpong") else int(v) for n, v in given.items()}
     return replace(default_hopper_knobs(plan, sizes), **given)

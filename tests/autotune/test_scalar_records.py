@@ -88,3 +88,22 @@ def test_scalars_that_do_not_change_the_plan_share_one_record():
 def test_bad_scalars_are_refused(scalars, message):
     with pytest.raises(TuningError, match=message):
         make_task(K.sliding_window_attention, SIZES, tf.get_target(TARGET), scalars)
+
+
+def test_the_hopper_template_compile_picks_on_sm_90a_is_the_one_tuned(cache):
+    """On sm_90a tf.compile runs prefill attention on the Hopper template: that is the task, and
+    its record (per window) is what the compiled kernel uses."""
+    target = tf.get_target("cuda:sm_90a")
+    kernel = K.sliding_window_attention
+    task = make_task(kernel, SIZES, target, {"window": 128})
+    assert task.template == "hopper_attention"
+    knobs = dict(task.space.defaults(), block_n=64, stages=3, pingpong=0)
+    assert task.unfit(knobs) is None
+    assert "registers per consumer" in task.unfit(dict(knobs, block_n=176, consumers=3))
+    _record(task, {n: knobs[n] for n in task.choices()}, 5e-4)
+    compiled = tf.compile(kernel, "cuda:sm_90a")
+    origin = compiled.schedule_origin(**SIZES, window=128)
+    assert origin.startswith("hopper_attention tuned record (0.5 ms when tuned")
+    assert "block_n=64, stages=3" in origin and "pingpong=False" in origin
+    assert compiled.schedule_origin(**SIZES, window=16).startswith(
+        "hopper_attention template defaults")

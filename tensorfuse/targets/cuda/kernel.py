@@ -27,9 +27,10 @@ class Launches:
     sources cannot share one translation unit); ``run`` then gets the tuple of all modules."""
 
     def __init__(self, source: str, entries: list[KernelEntry], knobs, run, why: str = "",
-                 plan=None, more: tuple = ()):
+                 plan=None, more: tuple = (), origin: str | None = None):
         self.source, self.entries, self.knobs, self.run = source, entries, knobs, run
         self.why = why   # how a default was chosen, where that depends on the GPU
+        self.origin = origin   # where the knobs come from, when not the template defaults
         self.plan = plan
         self.more = tuple(more)
         self.module = None
@@ -52,9 +53,11 @@ class ClusterKernel(GraphCallable):
 
     def __init__(self, program, target: TargetSpec, layout: Callable[[dict], Launches],
                  description: str, origin: str = "cluster template",
-                 preferred: Callable[[dict], bool] | None = None):
+                 preferred: Callable[[dict], bool] | None = None, keyed_scalars: tuple = ()):
         self.program, self.target, self.layout = program, target, layout
         self.description, self.origin = description, origin
+        # scalars whose values pick the tuning record (``layout(dims, scalars)`` then)
+        self.keyed_scalars = tuple(keyed_scalars)
         # where ``tf.compile`` should pick this kernel over its other templates (all sizes it runs)
         self.preferred = preferred or (lambda dims: True)
         self.output = next(c for c in program.computes if c.is_output)
@@ -65,11 +68,16 @@ class ClusterKernel(GraphCallable):
     def __repr__(self) -> str:
         return f"<ClusterKernel {self.program.name} for {self.target.name}: {self.description}>"
 
-    def launches(self, **dims) -> Launches:
+    def launches(self, scalars: dict | None = None, **dims) -> Launches:
+        """The launches at these sizes (and, where tuning records are kept per value of some
+        scalars, at the call's ``scalars``)."""
         key = tuple(sorted(dims.items()))
+        if self.keyed_scalars:
+            key += tuple((n, (scalars or {}).get(n)) for n in self.keyed_scalars)
         if key not in self._launches:
             check_named_sizes(self.program, dims, complete=True)
-            self._launches[key] = self.layout(dims)
+            self._launches[key] = (self.layout(dims, scalars) if self.keyed_scalars
+                                   else self.layout(dims))
         return self._launches[key]
 
     def fits(self, **dims) -> bool:
@@ -93,8 +101,13 @@ class ClusterKernel(GraphCallable):
                          for source in self.launches(**dims).sources)
 
     def schedule_origin(self, **dims) -> str:
-        launches = self.launches(**dims)
-        return f"{self.origin} ({launches.knobs})" + (f"; {launches.why}" if launches.why else "")
+        """Where the knobs at these sizes (and scalar values given by name among them) come
+        from: the template defaults or a tuned record."""
+        own = {p.name for p in self.program.scalar_params}
+        scalars = {n: v for n, v in dims.items() if n in own} or None
+        launches = self.launches(scalars, **{n: v for n, v in dims.items() if n not in own})
+        return f"{launches.origin or self.origin} ({launches.knobs})" + (
+            f"; {launches.why}" if launches.why else "")
 
     def _prepare(self, args, kwargs, key=False):
         import torch
@@ -105,7 +118,7 @@ class ClusterKernel(GraphCallable):
             self._device_checked = True
         bound = self._calls(args, kwargs, key)
         device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
-        launches = self.launches(**bound.dims)
+        launches = self.launches(bound.scalars, **bound.dims)
         launches.build(self.target)
         values = torch_arguments(self.program, bound, device)
         given = bound.outs[0] if bound.outs is not None else None

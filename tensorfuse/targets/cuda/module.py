@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import os
+import threading
 from dataclasses import dataclass
 
 import tvm
@@ -43,7 +44,7 @@ def cubin_for(source: str, target: TargetSpec) -> bytes:
         with open(path, "rb") as f:
             return f.read()
     cubin = cuda_to_cubin(source, target)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"   # builds run in threads
     with open(tmp, "wb") as f:
         f.write(cubin)
     os.replace(tmp, path)

@@ -9,6 +9,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import threading
 
 from ...dsl import dtypes as dt
 from ...errors import TargetError
@@ -39,23 +40,28 @@ def require_triton():
 
 
 def load_kernel(source: str, name: str):
-    """The ``@triton.jit`` function ``name`` defined by ``source``."""
+    """The ``@triton.jit`` function ``name`` defined by ``source`` (thread-safe: a tuning job
+    builds a batch's candidates in parallel threads)."""
     require_triton()
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     module_name = f"tensorfuse_triton_{digest}" + ("_interpreted" if interpreting() else "")
-    if module_name in sys.modules:
-        return getattr(sys.modules[module_name], name)
-    path = os.path.join(cache_dir(), f"{module_name}.py")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)  # atomic: concurrent builds never see a half-written file
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+    with _LOADING:
+        if module_name in sys.modules:
+            return getattr(sys.modules[module_name], name)
+        path = os.path.join(cache_dir(), f"{module_name}.py")
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "w") as f:
+                f.write(source)
+            os.replace(tmp, path)  # atomic: concurrent builds never see a half-written file
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module   # others wait on the lock until it is whole
+        spec.loader.exec_module(module)
+        return getattr(module, name)
+
+
+_LOADING = threading.Lock()
 
 
 def interpreting() -> bool:

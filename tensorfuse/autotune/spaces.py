@@ -1,0 +1,131 @@
+"""The knob spaces of the GPU templates a tuning task can sample: values per knob, the template
+defaults, which settings cannot run on the GPU (left out before anything is built), and the
+candidate kernel of a setting.
+
+- Triton templates (``attention``, ``row_reduction``): tile sizes, warps, pipeline stages, split
+  parts; the kernel compiles on its first launch, where the GPU is.
+- ``hopper_attention`` (``tf.compile``'s choice for prefill on sm_90a): keys per block, ring
+  slots, consumer warpgroups, the intra-warpgroup overlap and the ping-pong (0/1 in the space);
+  its CUDA is built by nvcc ahead of the measurement (cubins cached by source), so a batch's
+  builds run in parallel on the CPUs.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+
+from ..errors import ScheduleError
+from ..targets import TargetSpec
+
+NATIVE = ("hopper_attention",)   # CUDA C++ templates with a tuning space
+
+
+class TritonSpace:
+    """The space of a Triton template (``schedule_templates.<template>``'s ``knob_choices``)."""
+
+    def __init__(self, task):
+        import importlib
+
+        from ..algebra import plan_chain
+        from ..schedule_templates.tile_plan import TilePlanner
+
+        self.task = task
+        self.module = importlib.import_module(f"tensorfuse.schedule_templates.{task.template}")
+        program = task.kernel.program
+        self.planner = TilePlanner(program, plan_chain(program, task.fusion.names,
+                                                       task.fusion.axis))
+        self.plan = self.planner.plan(task.dims)
+
+    def choices(self) -> dict[str, tuple[int, ...]]:
+        return self.module.knob_choices(self.plan, self.task.target)
+
+    def defaults(self) -> dict[str, int]:
+        return asdict(self.module.default_knobs(self.plan, self.task.target))
+
+    def unfit(self, knobs: dict) -> str | None:
+        check = getattr(self.module, "unfit", None)
+        full = replace(self.module.default_knobs(self.plan, self.task.target), **knobs)
+        return check(self.plan, full, self.task.target) if check else None
+
+    def candidate(self, knobs: dict | None):
+        from ..targets.triton.kernel import TritonKernel
+
+        def pick(plan):
+            default = self.module.default_knobs(plan, self.task.target)
+            return replace(default, **knobs) if knobs else default
+
+        return TritonKernel(self.planner, self.task.target, pick,
+                            f"{self.task.template} template, tuning candidate {knobs}",
+                            self.task.fusion)
+
+    def prepare(self, kernel, compile_ahead: bool) -> None:
+        """Plan and source (bad knobs fail here); compiled too where asked (works without a
+        GPU: a job leaves it to the first launch, which compiles for the real arguments)."""
+        kernel.build(**self.task.dims)
+        if compile_ahead:
+            kernel.compiled(**self.task.dims)
+
+
+class HopperAttentionSpace:
+    """The space of the warp-specialised sm_90a attention template."""
+
+    FLAGS = ("overlap", "pingpong")
+
+    def __init__(self, task):
+        from ..schedule_templates.hopper_attention_plan import plan_hopper_attention
+
+        self.task = task
+        self.plan = plan_hopper_attention(task.kernel.program, task.fusion.names,
+                                          task.fusion.axis)
+
+    def choices(self) -> dict[str, tuple[int, ...]]:
+        from ..schedule_templates.hopper_attention_plan import knob_choices
+
+        return {n: tuple(int(v) for v in values)
+                for n, values in knob_choices(self.plan, self.task.dims).items()}
+
+    def defaults(self) -> dict[str, int]:
+        from ..schedule_templates.hopper_attention_plan import default_hopper_knobs
+
+        return {n: int(v) for n, v in asdict(default_hopper_knobs(self.plan,
+                                                                  self.task.dims)).items()}
+
+    def _knobs(self, knobs: dict) -> dict:
+        return {n: bool(v) if n in self.FLAGS else int(v) for n, v in knobs.items()}
+
+    def unfit(self, knobs: dict) -> str | None:
+        from ..schedule_templates.hopper_attention_plan import check_hopper, with_knobs
+
+        try:
+            full = with_knobs(self.plan, self.task.dims, self._knobs(knobs))
+            check_hopper(self.plan, full, self.task.dims, self.task.target.max_shared_memory)
+        except ScheduleError as exc:
+            return exc.message
+        return None
+
+    def candidate(self, knobs: dict | None):
+        from ..schedule_templates.hopper_attention import hopper_attention
+
+        return hopper_attention(self.task.kernel, self.task.fusion, self.task.target,
+                                **self._knobs(knobs or {}))
+
+    def prepare(self, kernel, compile_ahead: bool) -> None:
+        """Source and cubin (nvcc runs without a GPU; the cubin is cached by source, so the
+        runner's module load finds it)."""
+        from ..targets.cuda.module import cubin_for
+
+        for source in kernel.launches(**self.task.dims).sources:
+            cubin_for(source, self.task.target)
+
+
+def space_of(task):
+    return HopperAttentionSpace(task) if task.template == "hopper_attention" else TritonSpace(task)
+
+
+def native_template(kernel, fusion, name: str, dims: dict, target: TargetSpec) -> str | None:
+    """The CUDA C++ template ``tf.compile`` runs ``kernel`` on at ``dims`` ahead of the Triton
+    one (sm_90a), or None where it runs the Triton template."""
+    from ..schedule_templates.auto import native_templates
+
+    found = next((k for k in native_templates(kernel, name, fusion, target) if k.fits(**dims)),
+                 None)
+    return None if found is None else found.description.split(" ")[0]
