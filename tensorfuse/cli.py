@@ -3,8 +3,11 @@
     tensorfuse demo [--target T] [--save DIR]     compile attention, check it, time it
     tensorfuse show FILE.py:KERNEL [--target T] [--cuda] [--size M=128 ...]
     tensorfuse tune FILE.py:KERNEL [...] [--target T] [--trials N] [--size M=128 ...]
-                   [--scalar window=2048 ...]
+                   [--scalar window=2048 ...] [--gpus all | --tracker HOST:PORT --key K]
                                                   tune kernels into this device's database
+    tensorfuse worker --tracker HOST:PORT --key K [--gpu N]
+                                                  measure tuning candidates for a tracker's jobs
+    tensorfuse merge DB [DB ...] --into DB        join tuning databases
 
 KERNEL specs are FILE.py:NAME or an importable module, e.g. tensorfuse.kernels:softmax.
 """
@@ -91,12 +94,29 @@ def cmd_tune(args) -> int:
     from .autotune import tune
 
     kernels = [_load_kernel(spec) for spec in args.kernel]
+    gpus = None if args.gpus is None else (
+        "all" if args.gpus == "all" else [int(g) for g in args.gpus.split(",") if g.strip()])
     summary = tune(kernels, target=args.target, trials=args.trials, database=args.database,
                    trials_per_iter=args.trials_per_iter, progress=not args.quiet,
-                   scalars=_scalars(args.scalar), **_sizes(args.size))
+                   scalars=_scalars(args.scalar), gpus=gpus, tracker=args.tracker,
+                   key=args.key, **_sizes(args.size))
     if args.quiet:
         print(summary)
     return 130 if summary.interrupted else 0
+
+
+def cmd_worker(args) -> int:
+    from .autotune.remote import serve
+
+    serve(args.tracker, args.key, host=args.host, port=args.port, gpu=args.gpu)
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from .autotune.database import merge_databases
+
+    merge_databases(args.sources, args.into)
+    return 0
 
 
 def cmd_demo(args) -> int:
@@ -188,8 +208,29 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--database", default=None, help="database folder (default: this device's,"
                                                        " which compile reads)")
     tune.add_argument("--trials-per-iter", type=int, default=None)
+    tune.add_argument("--gpus", default=None, help="measure on every GPU of this machine (all) "
+                                                   "or these (0,1): one worker per GPU")
+    tune.add_argument("--tracker", default=None, metavar="HOST:PORT",
+                      help="measure on the workers registered with this TVM RPC tracker "
+                           "(their secret in TENSORFUSE_TUNING_SECRET)")
+    tune.add_argument("--key", default="tensorfuse", help="the workers' tracker key (one per "
+                                                          "GPU model, e.g. h100)")
     tune.add_argument("--quiet", action="store_true", help="only the summary table")
     tune.set_defaults(run=cmd_tune)
+    worker = sub.add_parser("worker", help="measure tuning candidates for jobs of a TVM RPC "
+                                           "tracker (secret in TENSORFUSE_TUNING_SECRET)")
+    worker.add_argument("--tracker", required=True, metavar="HOST:PORT")
+    worker.add_argument("--key", default="tensorfuse", help="the key jobs ask for (one per GPU "
+                                                            "model, e.g. h100)")
+    worker.add_argument("--host", default="127.0.0.1", help="the address to listen on "
+                                                            "(default: this machine only)")
+    worker.add_argument("--port", type=int, default=9091, help="the first port to try")
+    worker.add_argument("--gpu", type=int, default=None, help="the GPU index to measure on")
+    worker.set_defaults(run=cmd_worker)
+    merge = sub.add_parser("merge", help="add the records of tuning databases to another")
+    merge.add_argument("sources", nargs="+", help="database folders")
+    merge.add_argument("--into", required=True, help="the database folder to add them to")
+    merge.set_defaults(run=cmd_merge)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -166,10 +166,15 @@ def open_database(path: str, read_only: bool = False):
 
 class DatabaseLock:
     """An exclusive lock on a database folder for one tuning job (released when the process
-    dies, so a killed job never leaves it locked)."""
+    dies, so a killed job never leaves it locked). A second job on the same database waits for
+    the first to finish (``say`` tells why it waits), so jobs are serialised, never interleaved:
+    MetaSchedule numbers workloads by their line in the file, which two writers would corrupt.
+    ``wait=False`` refuses instead."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, say=None, wait: bool = True):
         self.path = path
+        self.say = say
+        self.wait = wait
         self._file = None
 
     def __enter__(self) -> "DatabaseLock":
@@ -180,9 +185,14 @@ class DatabaseLock:
         except BlockingIOError:
             self._file.seek(0)
             holder = self._file.read().strip() or "another process"
-            self._file.close()
-            raise TuningError(f"the tuning database {self.path} is in use by {holder}; wait for "
-                              "that job or pass another database=") from None
+            if not self.wait:
+                self._file.close()
+                raise TuningError(f"the tuning database {self.path} is in use by {holder}; wait "
+                                  "for that job or pass another database=") from None
+            if self.say is not None:
+                self.say(f"the tuning database is in use by {holder}: this job starts when "
+                         "that one ends")
+            fcntl.flock(self._file, fcntl.LOCK_EX)
         self._file.seek(0)
         self._file.truncate()
         self._file.write(f"pid {os.getpid()}")
@@ -192,3 +202,38 @@ class DatabaseLock:
     def __exit__(self, *exc) -> None:
         fcntl.flock(self._file, fcntl.LOCK_UN)
         self._file.close()
+
+
+def merge_databases(sources: list[str], into: str, say=print) -> int:
+    """Add the records of the databases in ``sources`` (e.g. tuned on several hosts of one GPU
+    model) to the one in ``into``, under its lock; records already there are not added twice.
+    Returns how many were added."""
+    from tvm.s_tir import meta_schedule as ms  # noqa: F401 - the database's record types
+
+    with DatabaseLock(into, say):
+        target = open_database(into)
+        seen = {_record_key(r) for r in target.get_all_tuning_records()}
+        added = 0
+        for source in sources:
+            if os.path.abspath(source) == os.path.abspath(into):
+                continue
+            for record in open_database(source, read_only=True).get_all_tuning_records():
+                workload = target.commit_workload(record.workload.mod)
+                key = _record_key(record)
+                if key in seen:
+                    continue
+                seen.add(key)
+                from tvm.s_tir.meta_schedule.database import TuningRecord
+
+                target.commit_tuning_record(TuningRecord(record.trace, workload, record.run_secs,
+                                                         record.target, record.args_info))
+                added += 1
+        say(f"merged {added} record(s) into {into}")
+        return added
+
+
+def _record_key(record) -> tuple:
+    import tvm_ffi
+
+    return (tvm_ffi.structural_hash(record.workload.mod), str(record.trace.as_json()),
+            tuple(float(s) for s in (record.run_secs or [])))

@@ -105,7 +105,9 @@ def _ms(secs: float | None) -> str:
 def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, dict]]",
          target: "str | TargetSpec" = "auto", trials: int = 64, *, database: str | None = None,
          trials_per_iter: int | None = None, progress: "bool | Callable[[str], None]" = True,
-         seed: int | None = None, scalars: dict | None = None, **dims: int) -> TuningSummary:
+         seed: int | None = None, scalars: dict | None = None,
+         gpus: "str | list[int] | None" = None, tracker: str | None = None,
+         key: str = "tensorfuse", **dims: int) -> TuningSummary:
     """Tune ``kernels`` on ``target`` with MetaSchedule and the XGBoost cost model.
 
     ``kernels``: a kernel, or a list of kernels or ``(kernel, sizes)`` pairs; sizes not given in
@@ -118,17 +120,25 @@ def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, di
     (trials already in the database count; the template defaults are measured first; with
     several kernels the task scheduler hands out whole batches of ``trials_per_iter``, so the
     last one may pass the budget by less than a batch). ``database``: a folder (default: this
-    device's, the one ``compile`` reads). ``progress``: print a line per batch to stderr, or pass a function.
-    Returns the summary (also printed when ``progress`` is on)."""
+    device's, the one ``compile`` reads). ``progress``: print a line per batch to stderr, or
+    pass a function. Where candidates are measured (:mod:`.remote`): this process's GPU by
+    default; ``gpus="all"`` (or a list of indices) one worker per GPU of this machine;
+    ``tracker="host:port"`` the workers registered there under ``key`` (the secret they share
+    with the job in ``TENSORFUSE_TUNING_SECRET``) — this process then needs no GPU, and it alone
+    writes the database. Returns the summary (also printed when ``progress`` is on)."""
     start = time.time()
     spec = get_target(target)
     if not isinstance(trials, int) or trials < 1:
         raise TuningError(f"trials must be a positive integer, got {trials!r}")
-    _check_device(spec)
+    if gpus is not None and tracker is not None:
+        raise TuningError("gpus= starts workers on this machine, tracker= uses running ones: "
+                          "give one of them")
+    if tracker is None:
+        _check_device(spec)
     tasks = _tasks(kernels, dims, spec, scalars or {})
     path = os.path.abspath(database or default_database_dir(spec))
     say = _reporter(progress)
-    with DatabaseLock(path):
+    with DatabaseLock(path, say):
         db = open_database(path)
         results = [TaskResult(t.name, t.template, trials=_trials_recorded(db, t),
                               settings=fitting_settings(t)) for t in tasks]
@@ -140,26 +150,116 @@ def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, di
                 say(f"  {r.name}: {r.settings[1] - r.settings[0]} of {r.settings[1]} knob "
                     "settings need more shared memory or registers than the GPU has: left out")
         stop = threading.Event()
-        if remaining > 0:
-            with _stop_on_ctrl_c(stop, say):
-                try:
-                    _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter,
-                         seed, say, stop)
-                except Exception:  # noqa: BLE001 - MetaSchedule re-raises our stop as its own
-                    if not stop.is_set():
-                        raise
-            if stop.is_set():
-                say("interrupted: what was measured is in the database; run the job again to "
-                    "go on from there")
-        for task, result in zip(tasks, results):  # db holds what the job added
-            result.trials = _trials_recorded(db, task)
-            inputs = _inputs(task)  # the same inputs for both: masks may depend on the data
-            result.default_secs = _time(task, db, False, inputs)
-            result.best_secs = _time(task, db, True, inputs)
+        with Measurer(tasks, spec, gpus, tracker, key, say) as measurer:
+            if remaining > 0:
+                with _stop_on_ctrl_c(stop, say):
+                    try:
+                        _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter,
+                             seed, say, stop, measurer)
+                    except Exception:  # noqa: BLE001 - MetaSchedule re-raises our stop
+                        if not stop.is_set():
+                            raise
+                if stop.is_set():
+                    say("interrupted: what was measured is in the database; run the job again "
+                        "to go on from there")
+            for task, result in zip(tasks, results):  # db holds what the job added
+                result.trials = _trials_recorded(db, task)
+                result.default_secs = measurer.time(task, db, tuned=False)
+                result.best_secs = measurer.time(task, db, tuned=True)
     summary = TuningSummary(spec.name, path, results, time.time() - start, stop.is_set(),
-                            asked=trials)
+                            asked=trials, workers=measurer.workers())
     say(str(summary))
     return summary
+
+
+class Measurer:
+    """Builds and measures a job's candidates: here (TVM's builder and runner for the CPU, the
+    GPU templates' in this process), or on workers (:mod:`.remote`) started for the job
+    (``gpus``) or registered with a ``tracker``. A context: local workers stop at its end."""
+
+    def __init__(self, tasks, spec: TargetSpec, gpus, tracker: str | None, key: str, say):
+        self.tasks, self.spec, self.say = tasks, spec, say
+        self.gpus, self.address, self.key = gpus, tracker, key
+        self.remote = None   # the Tracker, when measuring on workers
+
+    def __enter__(self) -> "Measurer":
+        from tvm.s_tir import meta_schedule as ms
+
+        from .builder import TritonBuilder, tvm_builder
+        from .runner import TritonRunner
+
+        if self.gpus is not None:
+            from .remote import start_local_workers
+
+            self.remote = start_local_workers(self.gpus, self.say)
+        elif self.address is not None:
+            from .remote import connect
+
+            self.remote = connect(self.address, self.key)
+        workers = max(1, os.cpu_count() or 1)
+        by_key = {t.name: t for t in self.tasks}
+        if self.spec.kind == "llvm":
+            self.builder = tvm_builder(workers)
+            config = ms.runner.EvaluatorConfig(number=3, repeat=3, min_repeat_ms=20,
+                                               enable_cpu_cache_flush=False)
+            if self.remote is None:
+                self.runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=config)
+            else:
+                self.runner = ms.runner.RPCRunner(
+                    ms.runner.RPCConfig(tracker_host=self.remote.host,
+                                        tracker_port=self.remote.port,
+                                        tracker_key=self.remote.key, session_timeout_sec=120),
+                    evaluator_config=config, max_workers=self.remote.free_workers())
+        else:
+            self.builder = TritonBuilder(by_key, compile_ahead=False)
+            if self.remote is None:
+                self.runner = TritonRunner(by_key)
+            else:
+                from .remote import RemoteRunner
+
+                self.runner = RemoteRunner(by_key, self.remote, self.say)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if hasattr(self.runner, "close"):
+            self.runner.close()
+        if self.remote is not None and self.remote.local:
+            from .remote import stop_local_workers
+
+            stop_local_workers(self.remote)
+
+    def workers(self) -> list[str]:
+        counts = getattr(self.runner, "workers", None)
+        return [f"{name} ({n})" for name, n in sorted(counts.items())] if counts else []
+
+    def time(self, task: TuningTask, db, tuned: bool) -> float | None:
+        """Seconds per call of the template defaults (what ``compile`` gives untuned) or of the
+        best record, measured in the same way for both: through the job's runner for GPU
+        templates (checked against the defaults, on the task's inputs), here for the CPU."""
+        from .lookup import best_record, replay
+
+        found = best_record(db, task.mod) if tuned else None
+        if tuned and found is None:
+            return None
+        scheduled = replay(found[0], task.mod) if tuned else None
+        if task.template == "cpu":
+            return _time_here(task, scheduled)
+        from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+        from tvm.s_tir.meta_schedule.builder import BuilderInput
+        from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+        sch = task.default_schedule() if not tuned else None
+        mod = scheduled if tuned else (sch.mod if sch is not None else None)
+        if mod is None:
+            return None
+        (built,) = self.builder.build([BuilderInput(mod, tuning_target(task.target))])
+        if built.error_msg is not None:
+            return None
+        (future,) = self.runner.run([RunnerInput(built.artifact_path, "cuda",
+                                                 ArgInfo.from_prim_func(task.mod["main"]))])
+        ran = future.result()
+        return None if ran.error_msg is not None else float(np.mean([float(x) for x in
+                                                                     ran.run_secs]))
 
 
 @contextlib.contextmanager
@@ -184,6 +284,7 @@ def _stop_on_ctrl_c(stop: threading.Event, say):
 
 
 def _check_device(spec: TargetSpec) -> None:
+    """Refuse a job this machine cannot measure (on its GPU, or its GPUs' workers)."""
     if spec.kind == "rocm":
         raise TuningError(f"tuning measures candidates on the device, and {spec.name} cannot run "
                           "here: this TVM build has no ROCm runtime and no AMD GPU is visible. "
@@ -192,8 +293,8 @@ def _check_device(spec: TargetSpec) -> None:
     if spec.kind == "cuda":
         if not tvm.cuda(0).exist:
             raise TuningError(f"tuning for {spec.name} needs the NVIDIA GPU it is for, and none "
-                              "is visible on this machine; tune on the GPU machine, or tune "
-                              "target='llvm' here")
+                              "is visible on this machine; tune on the GPU machine, tune "
+                              "target='llvm' here, or measure on workers (tracker=)")
         try:
             import torch
             import triton  # noqa: F401
@@ -248,68 +349,35 @@ def _trials_recorded(db, task: TuningTask) -> int:
     return sum(1 for r in db.get_all_tuning_records() if r.workload.same_as(workload))
 
 
-def _inputs(task: TuningTask) -> list:
-    """Fresh random inputs for timing a task: TVM arrays on the CPU (outputs appended, as the
-    workload takes them), torch tensors on the GPU."""
-    if task.template != "cpu":
-        from .runner import random_inputs
-
-        return random_inputs(task.kernel, task.dims, task.scalars)
+def _time_here(task: TuningTask, scheduled) -> float:
+    """Seconds per call of a CPU task's defaults (``scheduled`` None) or of a tuned schedule."""
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from ..schedule_templates.default import apply_default_schedule
 
     tensors, _ = numpy_inputs(task.kernel, task.dims, np.random.default_rng())
     dev = tvm.cpu(0)
     args = [tvm.runtime.tensor(tensors[p.name], dev) for p in task.kernel.program.tensor_params]
     outputs = ArgInfo.from_prim_func(task.mod["main"])[len(args):]
-    return args + [tvm.runtime.empty([int(n) for n in o.shape], str(o.dtype), dev)
-                   for o in outputs]
-
-
-def _time(task: TuningTask, db, tuned: bool, inputs) -> float | None:
-    """Seconds per call of the template defaults (what ``compile`` gives untuned) or of the best
-    record, measured here in the same way and on the same inputs for both (the tuning runner's
-    own numbers come from a worker process and are only compared with each other)."""
-    from .lookup import best_record, replay
-
-    found = best_record(db, task.mod) if tuned else None
-    if tuned and found is None:
-        return None
-    scheduled = replay(found[0], task.mod) if tuned else None
-    if task.template == "cpu":
-        from ..schedule_templates.default import apply_default_schedule
-
-        mod = scheduled if tuned else apply_default_schedule(task.mod, task.target)
-        lib = tvm.compile(mod, target=tuning_target(task.target))
-        timer = lib.mod.time_evaluator("main", tvm.cpu(0), number=3, repeat=5, min_repeat_ms=20)
-        return float(np.median(timer(*inputs).results))
-    from .tasks import knobs_of
-
-    kernel = task.candidate(knobs_of(scheduled) if tuned else None)
-    return kernel.benchmark(*inputs) * 1e-3
+    args += [tvm.runtime.empty([int(n) for n in o.shape], str(o.dtype), dev) for o in outputs]
+    mod = scheduled if scheduled is not None else apply_default_schedule(task.mod, task.target)
+    lib = tvm.compile(mod, target=tuning_target(task.target))
+    timer = lib.mod.time_evaluator("main", dev, number=3, repeat=5, min_repeat_ms=20)
+    return float(np.median(timer(*args).results))
 
 
 def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, seed, say,
-         stop: threading.Event) -> None:
+         stop: threading.Event, measurer: Measurer) -> None:
     from tvm.s_tir import meta_schedule as ms
 
-    from .builder import TritonBuilder, tvm_builder
     from .features import KnobFeatures
     from .progress import Progress
-    from .runner import TritonRunner
 
     workers = max(1, os.cpu_count() or 1)
     per_iter = trials_per_iter or max(4, min(32, remaining // 2 or 1))
     contexts = [_context(t, spec, per_iter, seed) for t in tasks]
-    if spec.kind == "llvm":
-        builder = tvm_builder(workers)
-        runner = ms.runner.LocalRunner(
-            timeout_sec=60, evaluator_config=ms.runner.EvaluatorConfig(
-                number=3, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False))
-        extractor = "per-store-feature"
-    else:
-        by_key = {t.name: t for t in tasks}
-        builder = TritonBuilder(by_key, compile_ahead=False)
-        runner, extractor = TritonRunner(by_key), KnobFeatures()
+    extractor = "per-store-feature" if spec.kind == "llvm" else KnobFeatures()
+    builder, runner = measurer.builder, measurer.runner
     cost_model = ms.cost_model.XGBModel(extractor=extractor, num_warmup_samples=min(16, per_iter),
                                          num_tuning_cores=workers)
     callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [

@@ -15,6 +15,7 @@ from tvm.ir.utils import derived_object
 
 from ..inputs import TOLERANCE  # max |err| / max |ref| per output dtype
 from ..inputs import random_inputs as numpy_inputs
+from ..targets.triton.launch import interpreting
 
 
 def done(result: RunnerResult) -> RunnerFuture:
@@ -24,7 +25,7 @@ def done(result: RunnerResult) -> RunnerFuture:
 
 @derived_object
 class TritonRunner(PyRunner):
-    """Times candidates with ``triton.testing.do_bench`` (median; warm-up and L2 flush)."""
+    """Times candidates on this machine's GPU (:func:`measure`)."""
 
     def __init__(self, tasks_by_key: dict, repeat_ms: int = 50):
         super().__init__()
@@ -33,13 +34,9 @@ class TritonRunner(PyRunner):
         self._inputs: dict = {}
 
     def inputs(self, key: str):
-        """(arguments, the defaults' outputs in f32, output dtypes) for a task, made once."""
+        """:func:`reference_inputs` of a task, made once."""
         if key not in self._inputs:
-            task = self.tasks_by_key[key]
-            args = random_inputs(task.kernel, task.dims, task.scalars)
-            reference = _as_list(task.candidate(None)(*args))
-            dtypes = [c.dtypes[0] for c in task.kernel.program.outputs]
-            self._inputs[key] = (args, [r.float() for r in reference], dtypes)
+            self._inputs[key] = reference_inputs(self.tasks_by_key[key])
         return self._inputs[key]
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
@@ -49,28 +46,56 @@ class TritonRunner(PyRunner):
                 with open(item.artifact_path, encoding="utf-8") as f:
                     spec = json.load(f)
                 task = self.tasks_by_key[spec["task"]]
-                args, reference, dtypes = self.inputs(spec["task"])
-                kernel = task.candidate(spec["knobs"])
-                outs = _as_list(kernel(*args))
-                for got, want, dtype in zip(outs, reference, dtypes):
-                    err = float((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-30))
-                    if not err <= 2 * TOLERANCE[dtype]:  # NaN fails too
-                        raise ValueError(f"wrong result (relative error {err:.3g} against the "
-                                         "template defaults)")
-                ms = kernel.benchmark(*args, repeat=self.repeat_ms)
-                futures.append(done(RunnerResult([ms * 1e-3], None)))
+                secs = measure(task, spec["knobs"], self.inputs(spec["task"]), self.repeat_ms)
+                futures.append(done(RunnerResult([secs], None)))
             except Exception as exc:  # noqa: BLE001 - a failed trial, counted by the job
                 futures.append(done(RunnerResult(None, f"{type(exc).__name__}: {exc}"[:2000])))
         return futures
 
 
+def reference_inputs(task):
+    """(arguments, the defaults' outputs in f32, output dtypes) for measuring ``task``'s
+    candidates: fresh random inputs (never zeros) at the task's scalar values."""
+    args = random_inputs(task.kernel, task.dims, task.scalars)
+    reference = _as_list(task.candidate(None)(*args))
+    dtypes = [c.dtypes[0] for c in task.kernel.program.outputs]
+    return args, [r.float() for r in reference], dtypes
+
+
+def measure(task, knobs: dict, inputs, repeat_ms: int = 50) -> float:
+    """Seconds per call of ``task``'s candidate with ``knobs``, after checking its outputs
+    against the template defaults' (a ValueError when they differ: a failed trial, not a fast
+    one). On this machine's GPU (``triton.testing.do_bench``: median, warm-up, L2 flush), or under
+    Triton's interpreter (the CPU; tests) by wall clock."""
+    args, reference, dtypes = inputs
+    kernel = task.candidate(knobs)
+    outs = _as_list(kernel(*args))
+    for got, want, dtype in zip(outs, reference, dtypes):
+        err = float((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-30))
+        if not err <= 2 * TOLERANCE[dtype]:  # NaN fails too
+            raise ValueError(f"wrong result (relative error {err:.3g} against the "
+                             "template defaults)")
+    if interpreting():
+        import time
+
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            kernel(*args)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+    return kernel.benchmark(*args, repeat=repeat_ms) * 1e-3
+
+
 def random_inputs(kernel, dims: dict, scalars: dict | None = None) -> list:
-    """Fresh random inputs (never zeros) as torch tensors on the GPU, in call order, with the
-    scalar values ``scalars`` (the others: their defaults)."""
+    """Fresh random inputs (never zeros) as torch tensors on the GPU (on the CPU under Triton's
+    interpreter), in call order, with the scalar values ``scalars`` (the others: their
+    defaults)."""
     from ..interop import torch_from_numpy
 
     tensors, scalars = numpy_inputs(kernel, dims, np.random.default_rng(), scalars)
-    return [torch_from_numpy(tensors[p.name], "cuda") if p.name in tensors else scalars[p.name]
+    device = "cpu" if interpreting() else "cuda"
+    return [torch_from_numpy(tensors[p.name], device) if p.name in tensors else scalars[p.name]
             for p in kernel.program.params]
 
 

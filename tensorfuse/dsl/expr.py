@@ -476,6 +476,27 @@ def fresh_uid() -> int:
     return next(_uid)
 
 
+def advance_uids(program) -> None:
+    """Make the uids handed out from now on larger than any in ``program`` — one unpickled in
+    another process (a tuning worker), whose nodes carry the uids of the process that made them;
+    new nodes must not share one (walks and caches key nodes by uid)."""
+    global _uid
+    largest = [0]
+
+    def visit(node):
+        largest[0] = max(largest[0], node.uid)
+
+    for compute in program.computes:
+        for axis in compute.axes + compute.over:
+            visit(axis)
+        for body in compute.bodies:
+            walk(body, visit)
+    for axis in program.axes:
+        visit(axis)
+    start = next(_uid)
+    _uid = itertools.count(max(start, largest[0] + 1))
+
+
 def walk(expr: Expr, visit: Callable[[Expr], None]) -> None:
     """Call ``visit`` on every node once (post-order), following reductions into their bodies."""
     seen: set[int] = set()

@@ -21,9 +21,9 @@ def counted(kernel, calls):
     built = []
     original = kernel.build
 
-    def build(**dims):
+    def build(scalars=None, **dims):
         built.append(tuple(sorted(dims.items())))
-        return original(**dims)
+        return original(scalars, **dims)
 
     kernel.build = build
     allocations = []

@@ -1,0 +1,344 @@
+"""Measuring tuning candidates on other GPUs — of this machine or of others — through TVM's RPC
+tracker and servers.
+
+Why TVM's RPC rather than Ray or a protocol of our own: it is already a dependency, MetaSchedule's
+own ``RPCRunner`` measures CPU candidates through it unchanged, and its tracker does what a fleet
+needs — workers register under a key (one key per GPU model: ``h100``), a job asks the tracker
+for free workers of its key, and a worker that dies drops out of the tracker's list. GPU
+candidates are not TVM modules but template knobs (Triton compiles on the GPU's host; the Hopper
+template's cubins come from nvcc), so a worker is a TVM RPC server with one function of ours
+registered, :data:`MEASURE`: it gets the task (the program, sizes, scalars, template) and the
+knobs, builds the candidate there, checks it against the template defaults on fresh inputs and
+times it — the same measurement as the local runner (:func:`.runner.measure`).
+
+- ``tensorfuse worker --tracker HOST:PORT --key KEY [--gpu N]`` starts a worker; ``python -m
+  tvm.exec.rpc_tracker --host HOST`` the tracker. Both bind to 127.0.0.1 unless told otherwise.
+- ``tensorfuse tune ... --tracker HOST:PORT --key KEY`` measures through them; ``--gpus all``
+  (or ``0,1``) starts a private tracker and one worker per local GPU for the job and stops them
+  after.
+- One process — the job — owns the database: workers only measure, so records from many hosts of
+  one GPU model land in one database (and ``tensorfuse merge`` joins databases tuned apart).
+
+Trust: a TVM RPC server runs what it is sent (TVM's documentation says so: trusted networks
+only); requests to :data:`MEASURE` must also carry an HMAC of the job's secret
+(``TENSORFUSE_TUNING_SECRET``, which the workers and the job share), so a worker only unpickles
+requests of jobs holding that secret. Across hosts, tunnel the tracker and workers over SSH or
+keep them on a private network.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import hmac
+import json
+import os
+import pickle
+import queue
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerInput, RunnerResult
+
+from ..errors import TuningError
+
+MEASURE = "tensorfuse.autotune.measure"
+SECRET_ENV = "TENSORFUSE_TUNING_SECRET"
+ATTEMPTS = 3   # a candidate whose worker died is measured again elsewhere, this many times
+
+
+def sign(payload: bytes, secret: str) -> str:
+    return hmac.new(secret.encode(), payload, hashlib.sha256).hexdigest()
+
+
+def task_payload(task) -> bytes:
+    """What a worker needs to rebuild ``task``: the program (pickled by value: a kernel defined
+    in a notebook has no module the worker could import), sizes, target, template and scalars."""
+    import cloudpickle
+
+    return cloudpickle.dumps((task.kernel.program, task.kernel.name, task.dims, task.target.name,
+                              task.template, task.fusion, task.scalars))
+
+
+# -- the worker's side ---------------------------------------------------------------------------
+_TASKS: dict = {}   # digest of a task payload -> (task, inputs)
+
+
+def register() -> None:
+    """Make :data:`MEASURE` callable over RPC (the server's init callback; sessions fork from the
+    process it runs in, so they inherit it)."""
+    import tvm
+
+    tvm.register_global_func(MEASURE, _measure_request, override=True)
+
+
+def _measure_request(payload, signature) -> str:
+    """A request of a job: ``pickle((task payload, knobs, repeat_ms))`` signed with the secret.
+    Returns JSON: ``{"secs": ..., "error": ..., "worker": ...}``."""
+    payload = bytes(payload)
+    secret = os.environ.get(SECRET_ENV, "")
+    if not secret or not hmac.compare_digest(sign(payload, secret), str(signature)):
+        return json.dumps({"secs": None, "worker": _worker_name(),
+                           "error": "refused: the request is not signed with this worker's "
+                                    f"secret ({SECRET_ENV})"})
+    task_bytes, knobs, repeat_ms = pickle.loads(payload)
+    from .runner import measure
+
+    try:
+        task, inputs = _task(task_bytes)
+        secs = measure(task, knobs, inputs, repeat_ms)
+        return json.dumps({"secs": secs, "error": None, "worker": _worker_name()})
+    except Exception as exc:  # noqa: BLE001 - a failed candidate, reported to the job
+        return json.dumps({"secs": None, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                           "worker": _worker_name()})
+
+
+def _task(task_bytes: bytes):
+    digest = hashlib.sha256(task_bytes).hexdigest()
+    if digest not in _TASKS:
+        from types import SimpleNamespace
+
+        from ..dsl.expr import advance_uids
+        from ..targets import get_target
+        from .runner import reference_inputs
+        from .tasks import TuningTask
+
+        program, name, dims, target, template, fusion, scalars = pickle.loads(task_bytes)
+        advance_uids(program)
+        kernel = SimpleNamespace(program=program, name=name)
+        task = TuningTask(kernel, dims, get_target(target), template, fusion, scalars)
+        _TASKS[digest] = (task, reference_inputs(task))
+    return _TASKS[digest]
+
+
+WORKER_ENV = "TENSORFUSE_WORKER"   # the worker's name in reports (set by :func:`serve`)
+
+
+def _worker_name() -> str:
+    return os.environ.get(WORKER_ENV) or socket.gethostname()
+
+
+def serve(tracker: str, key: str, host: str = "127.0.0.1", port: int = 9091,
+          gpu: int | None = None) -> None:
+    """Run a worker until killed: a TVM RPC server registered with ``tracker`` under ``key``."""
+    import tvm.rpc
+
+    if not os.environ.get(SECRET_ENV):
+        raise TuningError(f"a worker needs the secret of the jobs it serves in {SECRET_ENV} "
+                          "(any string; give the job the same one)")
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    os.environ[WORKER_ENV] = f"{socket.gethostname()}:" + (f"gpu{gpu}" if gpu is not None
+                                                            else f"pid{os.getpid()}")
+    tracker_host, tracker_port = parse_address(tracker)
+    server = tvm.rpc.Server(host, port, port + 100, key=key,
+                            tracker_addr=(tracker_host, tracker_port),
+                            server_init_callback=register, silent=True)
+    print(f"tensorfuse worker {_worker_name()} on {host}:{server.port}, key {key!r}, tracker "
+          f"{tracker}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: (server.terminate(), sys.exit(0)))
+    try:
+        server.proc.join()
+    finally:
+        server.terminate()
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise TuningError(f"a tracker address is HOST:PORT, got {text!r}")
+    return host or "127.0.0.1", int(port)
+
+
+# -- the job's side -----------------------------------------------------------------------------
+@dataclass
+class Tracker:
+    """Where a job's workers are: the tracker's address, their key and the shared secret."""
+
+    host: str
+    port: int
+    key: str
+    secret: str
+    local: list = field(default_factory=list)   # processes this job started (--gpus)
+
+    def session(self, timeout: float):
+        """A session with a free worker of this key (None when none is free within
+        ``timeout`` seconds)."""
+        import tvm.rpc
+
+        done: dict = {}
+
+        def ask():
+            try:
+                done["session"] = tvm.rpc.connect_tracker(self.host, self.port).request(
+                    self.key, priority=1, session_timeout=0)
+            except Exception as exc:  # noqa: BLE001 - reported by the caller
+                done["error"] = exc
+
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        asker.join(timeout)
+        return done.get("session")
+
+    def free_workers(self) -> int:
+        import tvm.rpc
+
+        summary = tvm.rpc.connect_tracker(self.host, self.port).summary()
+        info = summary.get("queue_info", {}).get(self.key, {})
+        return int(info.get("free", 0))
+
+
+def connect(address: str, key: str) -> Tracker:
+    """The tracker at ``address`` with workers registered under ``key`` (the job's secret from
+    :data:`SECRET_ENV`)."""
+    secret = os.environ.get(SECRET_ENV, "")
+    if not secret:
+        raise TuningError(f"measuring on workers needs the secret they were started with in "
+                          f"{SECRET_ENV}")
+    host, port = parse_address(address)
+    tracker = Tracker(host, port, key, secret)
+    try:
+        socket.create_connection((host, port), timeout=10).close()   # TVM retries for 60 s
+        free = tracker.free_workers()
+    except (OSError, RuntimeError) as exc:
+        raise TuningError(f"no tracker answers at {address} ({exc}); start one with python -m "
+                          "tvm.exec.rpc_tracker --host 127.0.0.1 --port 9190") from None
+    if free == 0:
+        raise TuningError(f"the tracker at {address} has no free worker with key {key!r}; start "
+                          f"them with tensorfuse worker --tracker {address} --key {key}")
+    return tracker
+
+
+def start_local_workers(gpus: "str | list[int]", say) -> Tracker:
+    """A private tracker on 127.0.0.1 and one worker per GPU in ``gpus`` ("all" or indices), for
+    one job (:func:`stop_local_workers` ends them)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    indices = list(range(count)) if gpus == "all" else [int(g) for g in gpus]
+    if not indices or any(not 0 <= g < count for g in indices):
+        raise TuningError(f"--gpus {gpus}: this machine has {count} visible GPU(s)")
+    import tvm.rpc.tracker
+
+    server = tvm.rpc.tracker.Tracker("127.0.0.1", port=9190, port_end=9390, silent=True)
+    key = f"local-{secrets.token_hex(4)}"
+    secret = secrets.token_hex(16)
+    tracker = Tracker("127.0.0.1", server.port, key, secret, local=[server])
+    env = dict(os.environ, **{SECRET_ENV: secret})
+    for gpu in indices:
+        tracker.local.append(subprocess.Popen(
+            [sys.executable, "-m", "tensorfuse.cli", "worker", "--tracker",
+             f"127.0.0.1:{server.port}", "--key", key, "--gpu", str(gpu), "--port",
+             str(9100 + 100 * gpu)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True))
+    deadline = time.time() + 120
+    while tracker.free_workers() < len(indices):
+        if time.time() > deadline or any(p.poll() is not None for p in tracker.local[1:]):
+            stop_local_workers(tracker)
+            raise TuningError("the local workers did not start within 120 s")
+        time.sleep(0.5)
+    say(f"measuring on {len(indices)} GPU(s) of this machine: {indices}")
+    return tracker
+
+
+def stop_local_workers(tracker: Tracker) -> None:
+    for proc in tracker.local:
+        if isinstance(proc, subprocess.Popen):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.terminate()
+
+
+@derived_object
+class RemoteRunner(PyRunner):
+    """Hands a batch's candidates to every free worker of the tracker's key, one thread and one
+    RPC session per worker, each taking the next candidate when done with one. A worker that
+    dies mid-job is dropped: its candidate goes back to the queue for the others (up to
+    :data:`ATTEMPTS` times), and the job goes on with those left."""
+
+    def __init__(self, tasks_by_key: dict, tracker: Tracker, say, repeat_ms: int = 50,
+                 wait_s: float = 900.0):
+        super().__init__()
+        self.tasks_by_key, self.tracker, self.say = tasks_by_key, tracker, say
+        self.repeat_ms, self.wait_s = repeat_ms, wait_s
+        self.work: queue.Queue = queue.Queue()
+        self.payloads = {k: task_payload(t) for k, t in tasks_by_key.items()}
+        self.workers: dict = {}    # worker name -> candidates measured
+        self.threads: list = []
+        self.closed = False
+
+    def _start(self) -> None:
+        if self.threads:
+            return
+        for _ in range(max(1, self.tracker.free_workers())):
+            thread = threading.Thread(target=self._serve, daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
+        self._start()
+        futures = []
+        for item in runner_inputs:
+            with open(item.artifact_path, encoding="utf-8") as f:
+                spec = json.load(f)
+            payload = pickle.dumps((self.payloads[spec["task"]], spec["knobs"], self.repeat_ms))
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            self.work.put((payload, done, 0))
+            futures.append(RunnerFuture(f_done=done.done,
+                                        f_result=lambda done=done: self._result(done)))
+        return futures
+
+    def _result(self, done) -> RunnerResult:
+        try:
+            return done.result(timeout=self.wait_s)
+        except concurrent.futures.TimeoutError:
+            return RunnerResult(None, f"no worker measured this candidate within {self.wait_s} s "
+                                      "(are any left? the tracker's key: "
+                                      f"{self.tracker.key})")
+
+    def _serve(self) -> None:
+        session, measure = None, None
+        while not self.closed:
+            if session is None:
+                session = self.tracker.session(timeout=60)
+                if session is None:
+                    continue   # none free now: ask again (the job may still end without us)
+                measure = session.get_function(MEASURE)
+            item = self.work.get()
+            if item is None:
+                return
+            payload, done, attempts = item
+            try:
+                reply = json.loads(measure(payload, sign(payload, self.tracker.secret)))
+            except Exception as exc:  # noqa: BLE001 - the worker or its connection died
+                session, measure = None, None
+                if attempts + 1 < ATTEMPTS:
+                    self.work.put((payload, done, attempts + 1))
+                else:
+                    done.set_result(RunnerResult(None, f"worker lost {ATTEMPTS} times: {exc}"))
+                self.say(f"  a worker was lost ({type(exc).__name__}); going on with the others")
+                continue
+            name = reply.get("worker", "?")
+            self.workers[name] = self.workers.get(name, 0) + 1
+            if reply["error"] is not None:
+                done.set_result(RunnerResult(None, f"on {name}: {reply['error']}"))
+            else:
+                done.set_result(RunnerResult([reply["secs"]], None))
+
+    def close(self) -> None:
+        self.closed = True
+        for _ in self.threads:
+            self.work.put(None)

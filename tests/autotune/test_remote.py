@@ -1,0 +1,152 @@
+"""Measuring on workers through TVM's RPC tracker, on the CPU: a tracker and two workers that run
+the Triton candidates in Triton's interpreter (the GPU path, without the GPU), a job that loses
+one of them mid-way and finishes on the other, requests without the secret refused, databases
+merged, and two jobs on one database serialised."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import tensorfuse as tf
+from tensorfuse import kernels as K
+from tensorfuse.autotune import tune
+from tensorfuse.autotune.database import RECORDS, DatabaseLock, merge_databases
+from tensorfuse.autotune.remote import MEASURE, SECRET_ENV, Tracker, start_local_workers
+from tensorfuse.errors import TuningError
+
+pytest.importorskip("triton", reason="the workers run Triton candidates")
+SECRET = "a-secret-for-this-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _records(db) -> list:
+    path = os.path.join(db, RECORDS)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture
+def fleet():
+    """A tracker on 127.0.0.1 and two workers with key ``ci`` (interpreted Triton)."""
+    port = _free_port()
+    env = dict(os.environ, **{SECRET_ENV: SECRET, "TRITON_INTERPRET": "1"})
+    procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host",
+                               "127.0.0.1", "--port", str(port), "--port-end", str(port + 1),
+                               "--silent"], start_new_session=True)]
+    time.sleep(1.5)
+    workers = [subprocess.Popen([sys.executable, "-m", "tensorfuse.cli", "worker", "--tracker",
+                                 f"127.0.0.1:{port}", "--key", "ci", "--port", str(_free_port())],
+                                env=env, start_new_session=True, stdout=subprocess.PIPE,
+                                text=True) for _ in range(2)]
+    tracker = Tracker("127.0.0.1", port, "ci", SECRET)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if tracker.free_workers() == 2:
+                break
+        except (OSError, RuntimeError):
+            pass
+        time.sleep(0.5)
+    else:
+        raise AssertionError("the workers did not register")
+    yield tracker, workers
+    for proc in procs + workers:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_job_measures_on_two_workers_and_goes_on_when_one_dies(fleet, tmp_path):
+    tracker, workers = fleet
+    db = str(tmp_path / "db")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "tensorfuse.cli", "tune", "tensorfuse.kernels:softmax",
+         "--target", "cuda:sm_80", "--trials", "24", "--trials-per-iter", "4", "--size", "M=16",
+         "--size", "N=256", "--database", db, "--tracker", f"127.0.0.1:{tracker.port}",
+         "--key", "ci"], env=dict(os.environ, **{SECRET_ENV: SECRET}),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 240
+    while len(_records(db)) < 6 and time.time() < deadline and job.poll() is None:
+        time.sleep(0.05)
+    assert job.poll() is None, job.communicate()[0][-3000:]
+    os.killpg(workers[0].pid, signal.SIGKILL)   # a machine lost mid-job
+    output = job.communicate(timeout=300)[0]
+    assert job.returncode == 0, output[-3000:]
+    records = _records(db)
+    assert len(records) == 24, output[-3000:]
+    assert "measured on" in output and "speedup" in output
+    failed = [r for r in records if r[1][1] is None or float(r[1][1][0]) > 1e9]
+    assert len(failed) <= 1, output[-3000:]   # at most the candidate in flight on the lost one
+
+
+def test_requests_without_the_secret_are_refused(fleet):
+    tracker, _ = fleet
+    session = tracker.session(timeout=30)
+    reply = json.loads(session.get_function(MEASURE)(b"anything", "not-the-signature"))
+    assert reply["secs"] is None and reply["error"].startswith("refused")
+
+
+def test_a_job_needs_the_secret_and_a_tracker(monkeypatch, tmp_path):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    with pytest.raises(TuningError, match=SECRET_ENV):
+        tune(K.softmax, "cuda:sm_80", trials=4, tracker="127.0.0.1:1", progress=False,
+             database=str(tmp_path), M=16, N=256)
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    with pytest.raises(TuningError, match="no tracker answers at 127.0.0.1:1"):
+        tune(K.softmax, "cuda:sm_80", trials=4, tracker="127.0.0.1:1", progress=False,
+             database=str(tmp_path), M=16, N=256)
+    with pytest.raises(TuningError, match="give one of them"):
+        tune(K.softmax, "cuda:sm_80", trials=4, tracker="127.0.0.1:1", gpus="all",
+             progress=False, M=16, N=256)
+
+
+def test_local_workers_need_the_gpus_they_are_asked_for():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(TuningError, match="visible GPU"):
+        start_local_workers("all", print)
+
+
+def test_databases_tuned_apart_merge_into_one(tmp_path):
+    sizes = dict(M=64, N=256)
+    first, second, into = (str(tmp_path / n) for n in ("a", "b", "merged"))
+    tune(K.softmax, "llvm", trials=4, database=first, progress=False, **sizes)
+    tune(K.softmax, "llvm", trials=3, database=second, progress=False, **sizes)
+    assert merge_databases([first, second], into, say=lambda _: None) == 7
+    assert merge_databases([first, second], into, say=lambda _: None) == 0   # nothing twice
+    assert len(_records(into)) == 7
+    lines = []
+    summary = tune(K.softmax, "llvm", trials=7, database=into, progress=lines.append, **sizes)
+    assert summary.tasks[0].trials_this_job == 0   # one workload: all 7 count
+
+
+def test_two_jobs_on_one_database_take_turns(tmp_path):
+    db = str(tmp_path / "db")
+    lines = []
+    lock = DatabaseLock(db)
+    lock.__enter__()
+    releaser = threading.Timer(2.0, lock.__exit__)
+    releaser.start()
+    started = time.time()
+    summary = tune(K.softmax, "llvm", trials=2, database=db, progress=lines.append, M=64, N=256)
+    assert time.time() - started >= 2.0 and summary.tasks[0].trials == 2
+    assert any("in use by pid" in line and "starts when that one ends" in line for line in lines)
+    with DatabaseLock(db):
+        with pytest.raises(TuningError, match="in use by pid"):
+            DatabaseLock(db, wait=False).__enter__()
