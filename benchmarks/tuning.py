@@ -1,10 +1,14 @@
 """How well and how fast a tuning job finds the best knobs, on the local GPU.
 
-    python -m benchmarks.tuning [--out DIR] [--trials 24] [--seq 4096]
+    python -m benchmarks.tuning [--out DIR] [--trials 24] [--seq 4096] [--window 256]
+    python -m benchmarks.tuning --gpus-compare [--trials 32]     (a machine with 2+ GPUs)
 
-For each kernel: a ``tensorfuse.tune`` job with ``--trials`` (timed, wall clock), then every
-point of the template's space timed the same way (the true best), and the tuned record's
-latency as a fraction of that best. Writes DIR/<date>-<gpu>-tuning.csv and prints a table.
+For each kernel: a ``tensorfuse.tune`` job with ``--trials`` at the scalar values it is called
+with (timed, wall clock, cold caches), then every point of the template's space that fits the GPU
+timed the same way (the true best), the tuned record's latency as a fraction of that best, and
+``tf.compile`` at those values: whether it uses the record, and its time. ``--gpus-compare``: the
+same job measured on one GPU's worker and on all GPUs' (fresh database and compile caches each),
+wall clock and best record of each. Writes DIR/<date>-<gpu>-tuning-*.csv and prints a table.
 """
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ def sweep(task) -> list[tuple[dict, float]]:
     out = []
     for values in itertools.product(*(choices[n] for n in names)):
         knobs = dict(zip(names, values))
+        if task.unfit(knobs) is not None:
+            continue
         try:
             out.append((knobs, task.candidate(knobs).benchmark(*args)))
         except Exception:  # noqa: BLE001 - a point that does not compile or fit
@@ -35,13 +41,24 @@ def sweep(task) -> list[tuple[dict, float]]:
     return out
 
 
+def _fresh_caches(label: str) -> None:
+    """A new tensorfuse cache (database, cubins) and Triton cache: cold compiles, as on a fresh
+    machine."""
+    os.environ["TENSORFUSE_CACHE"] = tempfile.mkdtemp(prefix=f"tensorfuse-tuning-{label}-")
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"triton-tuning-{label}-")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--trials", type=int, default=24)
     parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--window", type=int, default=256,
+                        help="the sliding window the kernel is called (and tuned) with")
     parser.add_argument("--cases", default="causal,sliding,decode,softmax",
                         help="which of causal, sliding, decode, softmax")
+    parser.add_argument("--gpus-compare", action="store_true",
+                        help="one GPU's worker against all GPUs' on the same job")
     args = parser.parse_args(argv)
     import torch
 
@@ -50,27 +67,49 @@ def main(argv=None) -> int:
         return 2
     import tensorfuse as tf
     from tensorfuse import kernels as K
-    from tensorfuse.autotune import open_database
-    from tensorfuse.autotune.lookup import best_record, replay
-    from tensorfuse.autotune.tasks import knobs_of, make_task
 
-    os.environ["TENSORFUSE_CACHE"] = tempfile.mkdtemp(prefix="tensorfuse-tuning-bench-")
     target = tf.get_target("cuda")
     s = args.seq
     cases = [
-        ("causal_attention", K.causal_attention, dict(B=2, H=16, M=s, N=s, D=128)),
-        ("sliding_window_attention", K.sliding_window_attention, dict(B=2, H=16, M=s, N=s, D=128)),
-        ("gqa_attention decode", K.gqa_attention, dict(B=8, H=32, HKV=8, M=1, N=32768, D=128)),
-        ("softmax", K.softmax, dict(M=16384, N=8192)),
+        ("causal_attention", K.causal_attention, dict(B=2, H=16, M=s, N=s, D=128), {}),
+        ("sliding_window_attention", K.sliding_window_attention,
+         dict(B=2, H=16, M=s, N=s, D=128), {"window": args.window}),
+        ("gqa_attention decode", K.gqa_attention, dict(B=8, H=32, HKV=8, M=1, N=32768, D=128),
+         {}),
+        ("softmax", K.softmax, dict(M=16384, N=8192), {}),
     ]
     wanted = args.cases.split(",")
     cases = [c for c in cases if any(c[0].startswith(w) or w in c[0] for w in wanted)]
+    rows = (_compare_gpus if args.gpus_compare else _tune_and_sweep)(tf, target, cases, args)
+    gpu = torch.cuda.get_device_name().replace(" ", "_")
+    kind = "gpus" if args.gpus_compare else "-".join(wanted)
+    path = os.path.join(args.out, f"{datetime.date.today().isoformat()}-{gpu}-tuning-{kind}.csv")
+    os.makedirs(args.out, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print()
+    for r in rows:
+        print("  ".join(f"{k}={v}" for k, v in r.items() if "knobs" not in k))
+    print(f"wrote {path}")
+    return 0
+
+
+def _tune_and_sweep(tf, target, cases, args) -> list[dict]:
+    from tensorfuse.autotune import open_database
+    from tensorfuse.autotune.lookup import best_record, replay
+    from tensorfuse.autotune.runner import TritonRunner
+    from tensorfuse.autotune.tasks import knobs_of, make_task
+
+    _fresh_caches("sweep")
     rows = []
-    for label, kernel, sizes in cases:
+    for label, kernel, sizes, scalars in cases:
         started = time.time()
-        summary = tf.tune(kernel, target, trials=args.trials, progress=False, **sizes)
+        summary = tf.tune(kernel, target, trials=args.trials, progress=False, scalars=scalars,
+                          **sizes)
         job_s = time.time() - started
-        task = make_task(kernel, sizes, target)
+        task = make_task(kernel, sizes, target, scalars)
         record = best_record(open_database(summary.database, read_only=True), task.mod)[0]
         tuned_knobs = knobs_of(replay(record, task.mod))
         started = time.time()
@@ -80,29 +119,49 @@ def main(argv=None) -> int:
         tuned_ms = dict((tuple(sorted(k.items())), ms) for k, ms in points)[
             tuple(sorted(tuned_knobs.items()))]
         default_ms = summary.tasks[0].default_secs * 1e3
-        row = dict(kernel=label, sizes=" ".join(f"{k}={v}" for k, v in sizes.items()),
-                   trials=args.trials, job_s=round(job_s, 1), failed=summary.tasks[0].failures_this_job,
+        compiled = tf.compile(kernel, target)
+        origin = compiled.schedule_origin(**sizes, **scalars)
+        call_args, _, _ = TritonRunner({task.name: task}).inputs(task.name)
+        compiled_ms = compiled.benchmark(*call_args)
+        row = dict(kernel=label, template=task.template,
+                   sizes=" ".join(f"{k}={v}" for k, v in sizes.items()),
+                   scalars=" ".join(f"{k}={v}" for k, v in scalars.items()),
+                   trials=args.trials, job_s=round(job_s, 1),
+                   failed=summary.tasks[0].failures_this_job,
                    space=len(points), sweep_s=round(sweep_s, 1), default_ms=round(default_ms, 4),
                    tuned_ms=round(tuned_ms, 4), best_ms=round(best_ms, 4),
-                   tuned_over_best=round(tuned_ms / best_ms, 3), tuned_knobs=tuned_knobs,
+                   tuned_over_best=round(tuned_ms / best_ms, 3),
+                   compile_uses_record="tuned record" in origin,
+                   compiled_ms=round(compiled_ms, 4), tuned_knobs=tuned_knobs,
                    best_knobs=best_knobs)
         rows.append(row)
         print(row, flush=True)
-    gpu = torch.cuda.get_device_name().replace(" ", "_")
-    path = os.path.join(args.out, f"{datetime.date.today().isoformat()}-{gpu}-tuning-"
-                                  f"{'-'.join(wanted)}.csv")
-    os.makedirs(args.out, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"\n{'kernel':28} {'job s':>6} {'failed':>6} {'default':>8} {'tuned':>8} {'best':>8} "
-          f"{'tuned/best':>10}")
-    for r in rows:
-        print(f"{r['kernel']:28} {r['job_s']:6.0f} {r['failed']:6d} {r['default_ms']:8.4f} "
-              f"{r['tuned_ms']:8.4f} {r['best_ms']:8.4f} {r['tuned_over_best']:10.3f}")
-    print(f"wrote {path}")
-    return 0
+    return rows
+
+
+def _compare_gpus(tf, target, cases, args) -> list[dict]:
+    import torch
+
+    rows = []
+    count = torch.cuda.device_count()
+    for label, kernel, sizes, scalars in cases:
+        for gpus in ([0], "all"):
+            _fresh_caches(f"gpus-{gpus}")
+            started = time.time()
+            summary = tf.tune(kernel, target, trials=args.trials, progress=False,
+                              scalars=scalars, gpus=gpus, **sizes)
+            task = summary.tasks[0]
+            rows.append(dict(kernel=label, gpus=count if gpus == "all" else 1,
+                             trials=task.trials, failed=task.failures_this_job,
+                             job_s=round(time.time() - started, 1),
+                             best_ms=round(task.best_secs * 1e3, 4),
+                             default_ms=round(task.default_secs * 1e3, 4),
+                             workers="; ".join(summary.workers)))
+            print(rows[-1], flush=True)
+        one, every = rows[-2], rows[-1]
+        print(f"{label}: {every['gpus']} GPUs {one['job_s'] / every['job_s']:.2f}x faster, best "
+              f"{every['best_ms']} vs {one['best_ms']} ms", flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -208,7 +208,7 @@ def merge_databases(sources: list[str], into: str, say=print) -> int:
     """Add the records of the databases in ``sources`` (e.g. tuned on several hosts of one GPU
     model) to the one in ``into``, under its lock; records already there are not added twice.
     Returns how many were added."""
-    from tvm.s_tir import meta_schedule as ms  # noqa: F401 - the database's record types
+    from tvm.s_tir.meta_schedule.database import TuningRecord
 
     with DatabaseLock(into, say):
         target = open_database(into)
@@ -223,8 +223,6 @@ def merge_databases(sources: list[str], into: str, say=print) -> int:
                 if key in seen:
                     continue
                 seen.add(key)
-                from tvm.s_tir.meta_schedule.database import TuningRecord
-
                 target.commit_tuning_record(TuningRecord(record.trace, workload, record.run_secs,
                                                          record.target, record.args_info))
                 added += 1

@@ -97,17 +97,34 @@ def test_kernels_without_a_template_are_refused_for_gpu_tuning():
 
 @pytest.mark.gpu
 def test_tuning_attention_on_the_gpu(tmp_path, monkeypatch, rng):
+    """On the H100 prefill attention is a hopper_attention task, tuned at the window it is called
+    with; compile uses that record for calls with that window."""
     from tensorfuse.autotune import tune
     from tensorfuse.kernels.reference import TOLERANCE, random_inputs, reference, relative_error
 
     monkeypatch.setenv("TENSORFUSE_CACHE", str(tmp_path))
     sizes = dict(B=1, H=4, M=1024, N=1024, D=128)
-    summary = tune(K.causal_attention, "cuda", trials=8, progress=False, **sizes)
+    summary = tune(K.sliding_window_attention, "cuda", trials=8, progress=False,
+                   scalars={"window": 96}, **sizes)
     (task,) = summary.tasks
-    assert task.trials == 8 and task.best_secs > 0
-    compiled = tf.compile(K.causal_attention, "cuda")
-    assert compiled.schedule_origin(**sizes).startswith("tuned record")
-    tensors, scalars = random_inputs(K.causal_attention, sizes, rng)
+    assert task.trials == 8 and task.best_secs > 0 and task.name.endswith("{window=96}")
+    compiled = tf.compile(K.sliding_window_attention, "cuda")
+    assert "tuned record" in compiled.schedule_origin(**sizes, window=96)
+    assert "tuned record" not in compiled.schedule_origin(**sizes, window=512)
+    tensors, scalars = random_inputs(K.sliding_window_attention, sizes, rng, {"window": 96})
     out = compiled(**tensors, **scalars)
-    ref = reference(K.causal_attention, tensors, scalars)
+    ref = reference(K.sliding_window_attention, tensors, scalars)
     assert relative_error(out, ref) <= TOLERANCE["bf16"]
+
+
+@pytest.mark.gpu
+def test_tuning_on_a_worker_per_gpu(tmp_path, monkeypatch):
+    """--gpus all: the job's own tracker and one worker per GPU measure; the job writes."""
+    from tensorfuse.autotune import tune
+
+    monkeypatch.setenv("TENSORFUSE_CACHE", str(tmp_path))
+    summary = tune(K.softmax, "cuda", trials=8, progress=False, gpus="all", M=512, N=2048)
+    (task,) = summary.tasks
+    assert task.trials == 8 and task.failures_this_job == 0 and task.best_secs > 0
+    assert summary.workers and all(":gpu" in w for w in summary.workers)
+    assert tf.compile(K.softmax, "cuda").schedule_origin(M=512, N=2048).startswith("tuned record")
