@@ -139,6 +139,10 @@ def _tune_and_sweep(tf, target, cases, args) -> list[dict]:
     return rows
 
 
+def _ms(secs):
+    return None if secs is None else round(secs * 1e3, 4)
+
+
 def _compare_gpus(tf, target, cases, args) -> list[dict]:
     import torch
 
@@ -154,13 +158,13 @@ def _compare_gpus(tf, target, cases, args) -> list[dict]:
             rows.append(dict(kernel=label, gpus=count if gpus == "all" else 1,
                              trials=task.trials, failed=task.failures_this_job,
                              job_s=round(time.time() - started, 1),
-                             best_ms=round(task.best_secs * 1e3, 4),
-                             default_ms=round(task.default_secs * 1e3, 4),
+                             best_ms=_ms(task.best_secs), default_ms=_ms(task.default_secs),
                              workers="; ".join(summary.workers)))
             print(rows[-1], flush=True)
         one, every = rows[-2], rows[-1]
         print(f"{label}: {every['gpus']} GPUs {one['job_s'] / every['job_s']:.2f}x faster, best "
-              f"{every['best_ms']} vs {one['best_ms']} ms", flush=True)
+              f"{every['best_ms']} vs {one['best_ms']} ms, failed {every['failed']} / "
+              f"{one['failed']}", flush=True)
     return rows
 
 

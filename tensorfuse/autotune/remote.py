@@ -71,11 +71,33 @@ _TASKS: dict = {}   # digest of a task payload -> (task, inputs)
 
 
 def register() -> None:
-    """Make :data:`MEASURE` callable over RPC (the server's init callback; sessions fork from the
-    process it runs in, so they inherit it)."""
+    """Make :data:`MEASURE` callable over RPC (the server's init callback), and serve sessions in
+    the server's own process, one at a time (:func:`_serve_in_process`)."""
     import tvm
+    from tvm.rpc import server
 
     tvm.register_global_func(MEASURE, _measure_request, override=True)
+    server._serving = _serve_in_process
+
+
+def _serve_in_process(sock, addr, opts, load_library) -> None:
+    """One RPC session, served in this process. TVM's server forks a process per session, and
+    CUDA cannot be used in a process forked from one that has touched it (torch refuses: "Cannot
+    re-initialize CUDA in forked subprocess" — every candidate failed that way on the H100); a
+    job holds its session for the whole job anyway, and a long-lived process keeps its compiled
+    candidates and inputs from one job's batches to the next."""
+    from tvm.rpc import server
+    from tvm.support import utils
+
+    work_path = utils.tempdir()
+    cwd = os.getcwd()
+    os.chdir(work_path.path)
+    try:
+        server._serve_loop(sock, load_library, work_path)
+    finally:
+        os.chdir(cwd)
+        work_path.remove()
+        sock.close()
 
 
 def _measure_request(payload, signature) -> str:
@@ -279,6 +301,8 @@ class RemoteRunner(PyRunner):
         self.workers: dict = {}    # worker name -> candidates measured
         self.threads: list = []
         self.closed = False
+        self.lock = threading.Lock()
+        self.active = 0            # threads holding a session
 
     def _start(self) -> None:
         if self.threads:
@@ -313,10 +337,13 @@ class RemoteRunner(PyRunner):
         session, measure = None, None
         while not self.closed:
             if session is None:
-                session = self.tracker.session(timeout=60)
-                if session is None:
-                    continue   # none free now: ask again (the job may still end without us)
+                session = self.tracker.session(timeout=30)
+                if session is None:   # none free now: ask again, unless no worker is left
+                    self._fail_queued_if_alone()
+                    continue
                 measure = session.get_function(MEASURE)
+                with self.lock:
+                    self.active += 1
             item = self.work.get()
             if item is None:
                 return
@@ -325,6 +352,8 @@ class RemoteRunner(PyRunner):
                 reply = json.loads(measure(payload, sign(payload, self.tracker.secret)))
             except Exception as exc:  # noqa: BLE001 - the worker or its connection died
                 session, measure = None, None
+                with self.lock:
+                    self.active -= 1
                 if attempts + 1 < ATTEMPTS:
                     self.work.put((payload, done, attempts + 1))
                 else:
@@ -337,6 +366,23 @@ class RemoteRunner(PyRunner):
                 done.set_result(RunnerResult(None, f"on {name}: {reply['error']}"))
             else:
                 done.set_result(RunnerResult([reply["secs"]], None))
+
+    def _fail_queued_if_alone(self) -> None:
+        """No session for this thread, and none held by any other: every worker is gone, so
+        the queued candidates fail now (with the reason) instead of waiting out ``wait_s``."""
+        with self.lock:
+            if self.active:
+                return
+        while True:
+            try:
+                item = self.work.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:
+                self.work.put(None)
+                return
+            item[1].set_result(RunnerResult(None, "no worker with key "
+                                                  f"{self.tracker.key!r} is left at the tracker"))
 
     def close(self) -> None:
         self.closed = True
