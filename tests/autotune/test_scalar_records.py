@@ -107,3 +107,29 @@ def test_the_hopper_template_compile_picks_on_sm_90a_is_the_one_tuned(cache):
     assert "block_n=64, stages=3" in origin and "pingpong=False" in origin
     assert compiled.schedule_origin(**SIZES, window=16).startswith(
         "hopper_attention template defaults")
+
+
+def test_the_summary_says_when_the_space_ran_out():
+    from tensorfuse.autotune.job import TaskResult, TuningSummary
+
+    task = TaskResult("softmax[M=16,N=256]", "row_reduction", trials=21, trials_this_job=21,
+                      settings=(21, 24))
+    short = TuningSummary("cuda:sm_90a", "/db", [task], 10.0, asked=48)
+    assert short.exhausted
+    assert "the space is exhausted: 21 of the 48 trials asked were run" in str(short)
+    assert "21 settings fit the GPU, of 24" in str(short)
+    assert not TuningSummary("cuda:sm_90a", "/db", [task], 10.0, asked=21).exhausted
+    assert not TuningSummary("cuda:sm_90a", "/db", [task], 10.0, interrupted=True,
+                             asked=48).exhausted
+
+
+def test_the_command_line_takes_scalars():
+    from tensorfuse.cli import _scalars
+    from tensorfuse.errors import TensorfuseError
+
+    assert _scalars(["window=2048", "cap=30.5", "shift=-3"]) == {"window": 2048, "cap": 30.5,
+                                                                 "shift": -3}
+    with pytest.raises(TensorfuseError, match="NAME=NUMBER"):
+        _scalars(["window"])
+    with pytest.raises(TensorfuseError, match="NAME=NUMBER"):
+        _scalars(["window=wide"])
