@@ -158,6 +158,7 @@ def _compare_gpus(tf, target, cases, args) -> list[dict]:
             rows.append(dict(kernel=label, gpus=count if gpus == "all" else 1,
                              trials=task.trials, failed=task.failures_this_job,
                              job_s=round(time.time() - started, 1),
+                             workers_ready_s=round(summary.workers_ready_s or 0, 1),
                              best_ms=_ms(task.best_secs), default_ms=_ms(task.default_secs),
                              workers="; ".join(summary.workers)))
             print(rows[-1], flush=True)

@@ -63,6 +63,7 @@ class TuningSummary:
     interrupted: bool = False
     asked: int = 0               # the trial budget of the job
     workers: list[str] = field(default_factory=list)   # where candidates were measured
+    workers_ready_s: float | None = None   # when the workers were there, into the job
 
     @property
     def exhausted(self) -> bool:
@@ -94,7 +95,9 @@ class TuningSummary:
                          "were run, and the search found no candidate it had not measured"
                          + (f" ({'; '.join(spaces)})" if spaces else ""))
         if self.workers:
-            lines.append(f"measured on {', '.join(self.workers)}")
+            ready = "" if self.workers_ready_s is None else \
+                f" (ready {self.workers_ready_s:.1f} s into the job)"
+            lines.append(f"measured on {', '.join(self.workers)}{ready}")
         return "\n".join(lines)
 
 
@@ -135,9 +138,35 @@ def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, di
                           "give one of them")
     if tracker is None:
         _check_device(spec)
+    say = _reporter(progress)
+    remote = _workers(gpus, tracker, key, say)   # local ones start while the tasks are made
+    try:
+        return _job(kernels, spec, trials, database, trials_per_iter, seed, scalars, dims,
+                    remote, say, start)
+    finally:
+        if remote is not None and remote.local:
+            from .remote import stop_local_workers
+
+            stop_local_workers(remote)
+
+
+def _workers(gpus, tracker: str | None, key: str, say):
+    """The workers a job measures on (:mod:`.remote`), or None for this process's GPU."""
+    if gpus is not None:
+        from .remote import start_local_workers
+
+        return start_local_workers(gpus, say)
+    if tracker is not None:
+        from .remote import connect
+
+        return connect(tracker, key)
+    return None
+
+
+def _job(kernels, spec, trials, database, trials_per_iter, seed, scalars, dims, remote, say,
+         start) -> TuningSummary:
     tasks = _tasks(kernels, dims, spec, scalars or {})
     path = os.path.abspath(database or default_database_dir(spec))
-    say = _reporter(progress)
     with DatabaseLock(path, say):
         db = open_database(path)
         results = [TaskResult(t.name, t.template, trials=_trials_recorded(db, t),
@@ -150,7 +179,7 @@ def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, di
                 say(f"  {r.name}: {r.settings[1] - r.settings[0]} of {r.settings[1]} knob "
                     "settings need more shared memory or registers than the GPU has: left out")
         stop = threading.Event()
-        with Measurer(tasks, spec, gpus, tracker, key, say) as measurer:
+        with Measurer(tasks, spec, remote, say) as measurer:
             if remaining > 0:
                 with _stop_on_ctrl_c(stop, say):
                     try:
@@ -166,21 +195,21 @@ def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, di
                 result.trials = _trials_recorded(db, task)
                 result.default_secs = measurer.time(task, db, tuned=False)
                 result.best_secs = measurer.time(task, db, tuned=True)
+    ready = getattr(measurer.runner, "ready", None)
     summary = TuningSummary(spec.name, path, results, time.time() - start, stop.is_set(),
-                            asked=trials, workers=measurer.workers())
+                            asked=trials, workers=measurer.workers(),
+                            workers_ready_s=None if ready is None else ready - start)
     say(str(summary))
     return summary
 
 
 class Measurer:
     """Builds and measures a job's candidates: here (TVM's builder and runner for the CPU, the
-    GPU templates' in this process), or on workers (:mod:`.remote`) started for the job
-    (``gpus``) or registered with a ``tracker``. A context: local workers stop at its end."""
+    GPU templates' in this process), or on the workers of ``remote`` (:mod:`.remote`). A
+    context: the runner's sessions end with it."""
 
-    def __init__(self, tasks, spec: TargetSpec, gpus, tracker: str | None, key: str, say):
-        self.tasks, self.spec, self.say = tasks, spec, say
-        self.gpus, self.address, self.key = gpus, tracker, key
-        self.remote = None   # the Tracker, when measuring on workers
+    def __init__(self, tasks, spec: TargetSpec, remote, say):
+        self.tasks, self.spec, self.remote, self.say = tasks, spec, remote, say
 
     def __enter__(self) -> "Measurer":
         from tvm.s_tir import meta_schedule as ms
@@ -188,14 +217,6 @@ class Measurer:
         from .builder import TritonBuilder, tvm_builder
         from .runner import TritonRunner
 
-        if self.gpus is not None:
-            from .remote import start_local_workers
-
-            self.remote = start_local_workers(self.gpus, self.say)
-        elif self.address is not None:
-            from .remote import connect
-
-            self.remote = connect(self.address, self.key)
         workers = max(1, os.cpu_count() or 1)
         by_key = {t.name: t for t in self.tasks}
         if self.spec.kind == "llvm":
@@ -209,7 +230,7 @@ class Measurer:
                     ms.runner.RPCConfig(tracker_host=self.remote.host,
                                         tracker_port=self.remote.port,
                                         tracker_key=self.remote.key, session_timeout_sec=120),
-                    evaluator_config=config, max_workers=self.remote.free_workers())
+                    evaluator_config=config, max_workers=self.remote.wait_for())
         else:
             self.builder = TritonBuilder(by_key, compile_ahead=False)
             if self.remote is None:
@@ -223,10 +244,6 @@ class Measurer:
     def __exit__(self, *exc) -> None:
         if hasattr(self.runner, "close"):
             self.runner.close()
-        if self.remote is not None and self.remote.local:
-            from .remote import stop_local_workers
-
-            stop_local_workers(self.remote)
 
     def workers(self) -> list[str]:
         counts = getattr(self.runner, "workers", None)

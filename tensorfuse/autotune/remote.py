@@ -148,8 +148,9 @@ def _worker_name() -> str:
 
 def serve(tracker: str, key: str, host: str = "127.0.0.1", port: int = 9091,
           gpu: int | None = None) -> None:
-    """Run a worker until killed: a TVM RPC server registered with ``tracker`` under ``key``."""
-    import tvm.rpc
+    """Run a worker until killed: a TVM RPC server registered with ``tracker`` under ``key``,
+    in this process (``tvm.rpc.Server`` would start a second one and import everything again)."""
+    from tvm.rpc.server import _popen_start_rpc_server
 
     if not os.environ.get(SECRET_ENV):
         raise TuningError(f"a worker needs the secret of the jobs it serves in {SECRET_ENV} "
@@ -159,16 +160,12 @@ def serve(tracker: str, key: str, host: str = "127.0.0.1", port: int = 9091,
     os.environ[WORKER_ENV] = f"{socket.gethostname()}:" + (f"gpu{gpu}" if gpu is not None
                                                             else f"pid{os.getpid()}")
     tracker_host, tracker_port = parse_address(tracker)
-    server = tvm.rpc.Server(host, port, port + 100, key=key,
-                            tracker_addr=(tracker_host, tracker_port),
-                            server_init_callback=register, silent=True)
-    print(f"tensorfuse worker {_worker_name()} on {host}:{server.port}, key {key!r}, tracker "
+    bound = _popen_start_rpc_server(host, port, port + 100, tracker_addr=(tracker_host,
+                                                                          tracker_port),
+                                    key=key, silent=True, server_init_callback=register)
+    print(f"tensorfuse worker {_worker_name()} on {host}:{bound}, key {key!r}, tracker "
           f"{tracker}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: (server.terminate(), sys.exit(0)))
-    try:
-        server.proc.join()
-    finally:
-        server.terminate()
+    threading.Event().wait()   # the server's threads serve; SIGTERM or SIGKILL end it
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -188,6 +185,20 @@ class Tracker:
     key: str
     secret: str
     local: list = field(default_factory=list)   # processes this job started (--gpus)
+    expected: int = 0                           # how many of them should register
+
+    def wait_for(self, limit: float = 120.0) -> int:
+        """The number of free workers, once those this job started have registered."""
+        deadline = time.time() + limit
+        while True:
+            free = self.free_workers()
+            if free >= self.expected:
+                return free
+            if time.time() > deadline or any(p.poll() is not None for p in self.local
+                                             if isinstance(p, subprocess.Popen)):
+                raise TuningError(f"{self.expected - free} of the local workers did not start "
+                                  f"within {limit:.0f} s")
+            time.sleep(0.2)
 
     def session(self, timeout: float):
         """A session with a free worker of this key (None when none is free within
@@ -239,7 +250,9 @@ def connect(address: str, key: str) -> Tracker:
 
 def start_local_workers(gpus: "str | list[int]", say) -> Tracker:
     """A private tracker on 127.0.0.1 and one worker per GPU in ``gpus`` ("all" or indices), for
-    one job (:func:`stop_local_workers` ends them)."""
+    one job (:func:`stop_local_workers` ends them). Returns once they are started; the job's
+    runner waits for them to register (:meth:`Tracker.wait_for`), so that they start while the
+    job prepares its tasks."""
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -259,12 +272,7 @@ def start_local_workers(gpus: "str | list[int]", say) -> Tracker:
              f"127.0.0.1:{server.port}", "--key", key, "--gpu", str(gpu), "--port",
              str(9100 + 100 * gpu)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True))
-    deadline = time.time() + 120
-    while tracker.free_workers() < len(indices):
-        if time.time() > deadline or any(p.poll() is not None for p in tracker.local[1:]):
-            stop_local_workers(tracker)
-            raise TuningError("the local workers did not start within 120 s")
-        time.sleep(0.5)
+    tracker.expected = len(indices)
     say(f"measuring on {len(indices)} GPU(s) of this machine: {indices}")
     return tracker
 
@@ -277,7 +285,7 @@ def stop_local_workers(tracker: Tracker) -> None:
             except ProcessLookupError:
                 pass
             try:
-                proc.wait(10)
+                proc.wait(2)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         else:
@@ -303,14 +311,16 @@ class RemoteRunner(PyRunner):
         self.closed = False
         self.lock = threading.Lock()
         self.active = 0            # threads holding a session
+        self.ready = None          # when the workers were all there
 
     def _start(self) -> None:
         if self.threads:
             return
-        for _ in range(max(1, self.tracker.free_workers())):
+        for _ in range(max(1, self.tracker.wait_for())):
             thread = threading.Thread(target=self._serve, daemon=True)
             thread.start()
             self.threads.append(thread)
+        self.ready = time.time()
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
         self._start()
