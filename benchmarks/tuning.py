@@ -7,8 +7,8 @@ For each kernel: a ``tensorfuse.tune`` job with ``--trials`` at the scalar value
 with (timed, wall clock, cold caches), then every point of the template's space that fits the GPU
 timed the same way (the true best), the tuned record's latency as a fraction of that best, and
 ``tf.compile`` at those values: whether it uses the record, and its time. ``--gpus-compare``: the
-same job measured on one GPU's worker and on all GPUs' (fresh database and compile caches each),
-wall clock and best record of each. Writes DIR/<date>-<gpu>-tuning-*.csv and prints a table.
+same job measured in this process, on one GPU's worker and on all GPUs' workers (fresh database
+and compile caches each), wall clock and best record of each. Writes DIR/<date>-<gpu>-tuning-*.csv and prints a table.
 """
 from __future__ import annotations
 
@@ -149,23 +149,26 @@ def _compare_gpus(tf, target, cases, args) -> list[dict]:
     rows = []
     count = torch.cuda.device_count()
     for label, kernel, sizes, scalars in cases:
-        for gpus in ([0], "all"):
+        # in this process (no workers), one GPU's worker, every GPU's workers
+        for gpus in [None, [0]] + (["all"] if count > 1 else []):
             _fresh_caches(f"gpus-{gpus}")
             started = time.time()
             summary = tf.tune(kernel, target, trials=args.trials, progress=False,
                               scalars=scalars, gpus=gpus, **sizes)
             task = summary.tasks[0]
             rows.append(dict(kernel=label, gpus=count if gpus == "all" else 1,
+                             workers_used=gpus is not None,
                              trials=task.trials, failed=task.failures_this_job,
                              job_s=round(time.time() - started, 1),
                              workers_ready_s=round(summary.workers_ready_s or 0, 1),
                              best_ms=_ms(task.best_secs), default_ms=_ms(task.default_secs),
                              workers="; ".join(summary.workers)))
             print(rows[-1], flush=True)
-        one, every = rows[-2], rows[-1]
-        print(f"{label}: {every['gpus']} GPUs {one['job_s'] / every['job_s']:.2f}x faster, best "
-              f"{every['best_ms']} vs {one['best_ms']} ms, failed {every['failed']} / "
-              f"{one['failed']}", flush=True)
+        runs = rows[-(3 if count > 1 else 2):]
+        here, one, every = runs[0], runs[1], runs[-1]
+        print(f"{label}: in this process {here['job_s']} s, one GPU's worker {one['job_s']} s, "
+              f"{every['gpus']} GPUs' {every['job_s']} s ({one['job_s'] / every['job_s']:.2f}x); "
+              f"best {here['best_ms']} / {one['best_ms']} / {every['best_ms']} ms", flush=True)
     return rows
 
 
