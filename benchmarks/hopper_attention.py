@@ -6,6 +6,11 @@ one process.
 
     python -m benchmarks.hopper_attention --check          # correctness only (ragged, f16, D=64)
     python -m benchmarks.hopper_attention --csv out.csv    # check, then time (S=4096, 16384)
+    python -m benchmarks.hopper_attention --csv out.csv --tune 40   # tf.compile with records
+
+``--tune N``: before timing a variant, a ``tf.tune`` job of N trials at its sizes and mask
+scalars (its records then in a fresh database that ``tf.compile`` reads): the ``tensorfuse`` rows
+are tuned records, the ``tensorfuse_hopper`` row (knobs given explicitly) the template defaults.
 
 The check compares every variant with the float64 reference of ``benchmarks.attention`` on fresh random inputs (normal, and
 with a wide score range), ragged sizes (M ≠ N, neither a multiple of the tiles), GQA, f16 and
@@ -97,7 +102,22 @@ KNOBS = [dict(), dict(pingpong=False), dict(block_n=176), dict(stages=3),
          dict(block_n=176, pingpong=False)]
 
 
-def timed(sizes=(4096, 16384), names=None, log=print, ceiling=716.0) -> list[Row]:
+def tune_case(kernel, case, extra: dict, trials: int, log=print) -> None:
+    """A tuning job for one variant at the case's sizes and mask scalars."""
+    B, H, M, D = case.q.shape
+    HKV, N = case.k.shape[1], case.k.shape[2]
+    sizes = {n: v for n, v in dict(B=B, H=H, HKV=HKV, M=M, N=N, D=D).items()
+             if n in kernel.program.dim_names()}
+    own = {p.name for p in kernel.program.scalar_params}
+    summary = tf.tune(kernel, "cuda", trials=trials, progress=False,
+                      scalars={n: v for n, v in extra.items() if n in own}, **sizes)
+    task = summary.tasks[0]
+    log(f"  tuned {task.name}: {task.trials} trials in {summary.seconds:.0f} s, "
+        f"{task.default_secs * 1e3:.4f} -> {task.best_secs * 1e3:.4f} ms")
+
+
+def timed(sizes=(4096, 16384), names=None, log=print, ceiling=716.0,
+          tune: int = 0) -> list[Row]:
     from torch.nn.attention.flex_attention import flex_attention
 
     torch._dynamo.config.recompile_limit = 256
@@ -115,6 +135,8 @@ def timed(sizes=(4096, 16384), names=None, log=print, ceiling=716.0) -> list[Row
             case = make_case(name, spec, S, gen, check_rows=64)
             q, k, v, scale, args = case.q, case.k, case.v, case.scale, case.args
             impls = {}
+            if tune:
+                tune_case(kernel, case, spec[1], tune, log)
 
             def measure(label, fn):
                 made = checked(case, label, fn, log)
@@ -148,14 +170,25 @@ def main(argv=None) -> int:
     parser.add_argument("--csv", help="write the timings here")
     parser.add_argument("--only", help="comma-separated variant names to time")
     parser.add_argument("--sizes", default="4096,16384")
+    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
+                        help="tune each variant first (tf.compile then uses the records)")
+    parser.add_argument("--knobs", default="all", choices=("all", "defaults"),
+                        help="time every knob variant of the Hopper template, or its defaults")
     args = parser.parse_args(argv)
     start = time.time()
     if args.check:
         wrong = check()
         print(f"{wrong} wrong; {time.time() - start:.0f} s")
         return 1 if wrong else 0
+    if args.tune:   # records in a fresh database, which tf.compile reads
+        import os
+        import tempfile
+
+        os.environ["TENSORFUSE_CACHE"] = tempfile.mkdtemp(prefix="tensorfuse-hopper-tuned-")
+    if args.knobs == "defaults":
+        KNOBS[:] = [dict()]
     rows = timed(tuple(int(s) for s in args.sizes.split(",")),
-                 args.only.split(",") if args.only else None)
+                 args.only.split(",") if args.only else None, tune=args.tune)
     if args.csv:
         write_csv(rows, args.csv)
     print(f"{time.time() - start:.0f} s")

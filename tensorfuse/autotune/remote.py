@@ -14,8 +14,9 @@ times it — the same measurement as the local runner (:func:`.runner.measure`).
 - ``tensorfuse worker --tracker HOST:PORT --key KEY [--gpu N]`` starts a worker; ``python -m
   tvm.exec.rpc_tracker --host HOST`` the tracker. Both bind to 127.0.0.1 unless told otherwise.
 - ``tensorfuse tune ... --tracker HOST:PORT --key KEY`` measures through them; ``--gpus all``
-  (or ``0,1``) starts a private tracker and one worker per local GPU for the job and stops them
-  after.
+  (or ``0,1``) measures on the first GPU in the job's own process from the start, and starts a
+  private tracker and a worker per other GPU, which join once registered (~15–20 s on the H100
+  host: a worker imports torch, Triton, TVM and tensorfuse) and are stopped after the job.
 - One process — the job — owns the database: workers only measure, so records from many hosts of
   one GPU model land in one database (and ``tensorfuse merge`` joins databases tuned apart).
 
@@ -185,7 +186,9 @@ class Tracker:
     key: str
     secret: str
     local: list = field(default_factory=list)   # processes this job started (--gpus)
-    expected: int = 0                           # how many of them should register
+    here: int | None = None     # the GPU this process measures on itself (--gpus)
+    expected: int = 0           # how many workers this job started, to wait for
+    logs: str = ""              # where they write
 
     def wait_for(self, limit: float = 120.0) -> int:
         """The number of free workers, once those this job started have registered."""
@@ -197,7 +200,7 @@ class Tracker:
             if time.time() > deadline or any(p.poll() is not None for p in self.local
                                              if isinstance(p, subprocess.Popen)):
                 raise TuningError(f"{self.expected - free} of the local workers did not start "
-                                  f"within {limit:.0f} s")
+                                  f"within {limit:.0f} s (their logs: {self.logs})")
             time.sleep(0.2)
 
     def session(self, timeout: float):
@@ -221,6 +224,9 @@ class Tracker:
 
     def free_workers(self) -> int:
         import tvm.rpc
+
+        if not self.port:
+            return 0
 
         summary = tvm.rpc.connect_tracker(self.host, self.port).summary()
         info = summary.get("queue_info", {}).get(self.key, {})
@@ -249,31 +255,40 @@ def connect(address: str, key: str) -> Tracker:
 
 
 def start_local_workers(gpus: "str | list[int]", say) -> Tracker:
-    """A private tracker on 127.0.0.1 and one worker per GPU in ``gpus`` ("all" or indices), for
-    one job (:func:`stop_local_workers` ends them). Returns once they are started; the job's
-    runner waits for them to register (:meth:`Tracker.wait_for`), so that they start while the
-    job prepares its tasks."""
+    """Measuring on the GPUs in ``gpus`` ("all" or indices) of this machine for one job: the
+    job's own process measures on the first (from the start: no worker to wait for), and a
+    private tracker on 127.0.0.1 gets one worker per other GPU, which join as they register
+    (:func:`stop_local_workers` ends them)."""
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     indices = list(range(count)) if gpus == "all" else [int(g) for g in gpus]
-    if not indices or any(not 0 <= g < count for g in indices):
+    if not indices or any(not 0 <= g < count for g in indices) or len(set(indices)) < len(
+            indices):
         raise TuningError(f"--gpus {gpus}: this machine has {count} visible GPU(s)")
+    say(f"measuring on {len(indices)} GPU(s) of this machine: {indices} (GPU {indices[0]} in "
+        "this process)")
+    if len(indices) == 1:
+        return Tracker("", 0, "", "", here=indices[0])
+    import tempfile
+
     import tvm.rpc.tracker
 
     server = tvm.rpc.tracker.Tracker("127.0.0.1", port=9190, port_end=9390, silent=True)
     key = f"local-{secrets.token_hex(4)}"
     secret = secrets.token_hex(16)
-    tracker = Tracker("127.0.0.1", server.port, key, secret, local=[server])
+    tracker = Tracker("127.0.0.1", server.port, key, secret, local=[server], here=indices[0],
+                      expected=len(indices) - 1)
     env = dict(os.environ, **{SECRET_ENV: secret})
-    for gpu in indices:
-        tracker.local.append(subprocess.Popen(
-            [sys.executable, "-m", "tensorfuse.cli", "worker", "--tracker",
-             f"127.0.0.1:{server.port}", "--key", key, "--gpu", str(gpu), "--port",
-             str(9100 + 100 * gpu)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True))
-    tracker.expected = len(indices)
-    say(f"measuring on {len(indices)} GPU(s) of this machine: {indices}")
+    logs = tempfile.mkdtemp(prefix="tensorfuse-workers-")
+    for gpu in indices[1:]:
+        with open(os.path.join(logs, f"gpu{gpu}.log"), "w") as log:
+            tracker.local.append(subprocess.Popen(
+                [sys.executable, "-m", "tensorfuse.cli", "worker", "--tracker",
+                 f"127.0.0.1:{server.port}", "--key", key, "--gpu", str(gpu), "--port",
+                 str(9100 + 100 * gpu)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    tracker.logs = logs
     return tracker
 
 
@@ -316,10 +331,29 @@ class RemoteRunner(PyRunner):
     def _start(self) -> None:
         if self.threads:
             return
-        for _ in range(max(1, self.tracker.wait_for())):
-            thread = threading.Thread(target=self._serve, daemon=True)
-            thread.start()
-            self.threads.append(thread)
+        if self.tracker.here is not None:   # this process's own GPU, from the first batch on
+            self._thread(self._serve_here)
+        if self.tracker.port:
+            self._thread(self._join_workers)
+        else:
+            self.ready = time.time()
+
+    def _thread(self, target) -> None:
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _join_workers(self) -> None:
+        """A session thread per worker, once they have registered (the first batches may run
+        on this process's GPU meanwhile)."""
+        try:
+            count = self.tracker.wait_for()
+        except TuningError as exc:
+            self.say(f"  {exc.message}; going on without them")
+            self._fail_queued_if_alone()
+            return
+        for _ in range(max(1, count)):
+            self._thread(self._serve)
         self.ready = time.time()
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
@@ -330,7 +364,7 @@ class RemoteRunner(PyRunner):
                 spec = json.load(f)
             payload = pickle.dumps((self.payloads[spec["task"]], spec["knobs"], self.repeat_ms))
             done: concurrent.futures.Future = concurrent.futures.Future()
-            self.work.put((payload, done, 0))
+            self.work.put((spec["task"], spec["knobs"], payload, done, 0))
             futures.append(RunnerFuture(f_done=done.done,
                                         f_result=lambda done=done: self._result(done)))
         return futures
@@ -354,10 +388,13 @@ class RemoteRunner(PyRunner):
                 measure = session.get_function(MEASURE)
                 with self.lock:
                     self.active += 1
-            item = self.work.get()
+            try:
+                item = self.work.get(timeout=1.0)
+            except queue.Empty:
+                continue   # until the job closes the runner
             if item is None:
                 return
-            payload, done, attempts = item
+            key, knobs, payload, done, attempts = item
             try:
                 reply = json.loads(measure(payload, sign(payload, self.tracker.secret)))
             except Exception as exc:  # noqa: BLE001 - the worker or its connection died
@@ -365,7 +402,7 @@ class RemoteRunner(PyRunner):
                 with self.lock:
                     self.active -= 1
                 if attempts + 1 < ATTEMPTS:
-                    self.work.put((payload, done, attempts + 1))
+                    self.work.put((key, knobs, payload, done, attempts + 1))
                 else:
                     done.set_result(RunnerResult(None, f"worker lost {ATTEMPTS} times: {exc}"))
                 self.say(f"  a worker was lost ({type(exc).__name__}); going on with the others")
@@ -376,6 +413,32 @@ class RemoteRunner(PyRunner):
                 done.set_result(RunnerResult(None, f"on {name}: {reply['error']}"))
             else:
                 done.set_result(RunnerResult([reply["secs"]], None))
+
+    def _serve_here(self) -> None:
+        """Measure on this process's GPU (``tracker.here``), as the local runner does."""
+        import torch
+
+        from .runner import measure, reference_inputs
+
+        torch.cuda.set_device(self.tracker.here)
+        name = f"{socket.gethostname()}:gpu{self.tracker.here} (this process)"
+        with self.lock:
+            self.active += 1
+        inputs: dict = {}
+        while True:
+            item = self.work.get()
+            if item is None:
+                return
+            key, knobs, _, done, _ = item
+            task = self.tasks_by_key[key]
+            try:
+                if key not in inputs:
+                    inputs[key] = reference_inputs(task)
+                done.set_result(RunnerResult([measure(task, knobs, inputs[key],
+                                                      self.repeat_ms)], None))
+            except Exception as exc:  # noqa: BLE001 - a failed candidate, counted by the job
+                done.set_result(RunnerResult(None, f"{type(exc).__name__}: {exc}"[:2000]))
+            self.workers[name] = self.workers.get(name, 0) + 1
 
     def _fail_queued_if_alone(self) -> None:
         """No session for this thread, and none held by any other: every worker is gone, so
@@ -391,7 +454,7 @@ class RemoteRunner(PyRunner):
             if item is None:
                 self.work.put(None)
                 return
-            item[1].set_result(RunnerResult(None, "no worker with key "
+            item[3].set_result(RunnerResult(None, "no worker with key "
                                                   f"{self.tracker.key!r} is left at the tracker"))
 
     def close(self) -> None:
