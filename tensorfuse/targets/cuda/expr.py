@@ -17,10 +17,14 @@ from ...errors import ScheduleError
 _UNARY = {"exp": "__expf({})", "exp2": "exp2f({})", "log": "__logf({})", "log2": "log2f({})",
           "sqrt": "sqrtf({})", "rsqrt": "rsqrtf({})", "abs": "fabsf({})", "erf": "erff({})",
           "sigmoid": "__fdividef(1.0f, 1.0f + __expf(-({})))",
-          # 1 − 2 / (1 + e^{2x}): two fast special-function ops instead of tanhf's ~20 instructions
-          # (absolute error ~1e-7; ±1 at ±inf) — GELU's tanh in an epilogue that stalls the
-          # tensor cores (the Hopper GEMM's) cost ~8 % of a K=4096 tile with tanhf
-          "tanh": "(1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * ({}))))",
+          # the special-function unit's tanh (sm_75+; relative error ≤ 2^-10.99, below the
+          # bf16 rounding that P and the outputs get anyway): one MUFU op. tanhf is ~40
+          # instructions (its polynomial for small |x| is what softcap scores hit), and
+          # 1 − 2/(1 + e^{2x}) two MUFU ops — which made the Hopper attention's softcap 25 %
+          # slower (394 → 296 TFLOP/s on the H100: the softmax's exp2 already keeps that unit
+          # busy); GELU's tanh in the Hopper GEMM's epilogue had cost ~8 % of a tile with tanhf
+          "tanh": "({{ float tf_tanh_; asm(\"tanh.approx.f32 %0, %1;\" : \"=f\"(tf_tanh_) "
+                  ": \"f\"((float)({}))); tf_tanh_; }})",
           "floor": "floorf({})", "ceil": "ceilf({})", "sin": "__sinf({})", "cos": "__cosf({})",
           "neg": "(-{})", "not": "(!{})"}
 _BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
