@@ -80,3 +80,39 @@ out = after(**tensors, **scalars)
 err = relative_error(out, reference(K.rmsnorm, tensors, scalars))
 print(f"max relative error {err:.2e} (bf16 tolerance {TOLERANCE['bf16']:.0e})")
 assert err <= TOLERANCE["bf16"]
+
+# %% [markdown]
+# ## Tune at the values you call with
+# A window, a prefix length or a radius decides which blocks of work exist, so the best knobs
+# depend on it: pass the values you call with (`scalars={"window": 2048}`, or
+# `--scalar window=2048`). Records are kept per value of the scalars that reach a mask or an
+# index, and not per softcap or scale; a call with other values gets the nearest record (within
+# 2×) or the defaults, and `schedule_origin(**sizes, window=...)` says which. Here, without
+# running anything, the tasks a GPU job would make (on an H100, prefill attention is tuned on the
+# Hopper template, which is what `compile` runs there):
+
+# %%
+from tensorfuse.autotune.scalars import plan_scalars
+from tensorfuse.autotune.tasks import make_task
+
+print(plan_scalars(K.sliding_window_attention.program), plan_scalars(K.softcap_attention.program))
+attention_sizes = dict(B=2, H=16, M=4096, N=4096, D=128)
+for target_name in ("cuda:sm_90a", "cuda:sm_80"):
+    task = make_task(K.sliding_window_attention, attention_sizes, tf.get_target(target_name),
+                     {"window": 2048})
+    print(target_name, task.template, task.name, f"{task.space_size} settings")
+
+# %% [markdown]
+# ## Every GPU of a machine, or many machines
+# `tensorfuse tune ... --gpus all` measures on every GPU here (the job's own process on the
+# first, a worker per other GPU). For a fleet, start TVM's RPC tracker and a worker per GPU host,
+# all sharing a secret, then point the job at the tracker; the job alone writes the database,
+# and `tensorfuse merge` joins databases tuned apart:
+#
+#     export TENSORFUSE_TUNING_SECRET=...      # on every host
+#     python -m tvm.exec.rpc_tracker --host 127.0.0.1 --port 9190
+#     tensorfuse worker --tracker 127.0.0.1:9190 --key h100 --gpu 0
+#     tensorfuse tune my_kernels.py:attn --size ... --tracker 127.0.0.1:9190 --key h100
+#
+# Everything binds to 127.0.0.1 unless told otherwise (a TVM RPC server runs what it is sent:
+# across hosts, use an SSH tunnel or a private network).
