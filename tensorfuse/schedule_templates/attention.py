@@ -59,19 +59,34 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
 
 
 def shared_bytes(plan: RowTilePlan, knobs: Knobs) -> int:
-    """Shared memory Triton's pipeline gives the key and value tiles (one slot per stage) and the
-    query tile: Triton 3.6's ``metadata.shared`` on sm_90a exactly, for head dims 64 and 128 over
-    this template's whole tuning space with 2–4 stages (2026-11-24); an upper bound with 1."""
-    width = max(16, 1 << max(0, (plan.feature_extent - 1).bit_length()))
-    size = max(4 if p.dtype == "f32" else 2 for p in plan.program.tensor_params
+    """Shared memory Triton's pipeline gives a prefill kernel: the key and value tiles (one slot
+    per stage) and the query tile — Triton 3.6's ``metadata.shared`` on sm_90a exactly, for head
+    dims 64 and 128 over this template's whole tuning space with 2–4 stages (2026-11-24); an upper
+    bound with 1. The split (decode) kernels keep one slot fewer and use at least
+    :func:`decode_shared_floor`."""
+    width, size = _tile_width(plan), _element_size(plan)
+    return knobs.num_stages * knobs.block_n * 2 * width * size + knobs.block_m * width * size
+
+
+def decode_shared_floor(plan: RowTilePlan, knobs: Knobs) -> int:
+    """A lower bound of a split (decode) kernel's shared memory: ``stages - 1`` key and value
+    slots (Triton 3.6, sm_90a: 196608 of 204800 bytes at 128 keys, 4 stages, D=128)."""
+    return (knobs.num_stages - 1) * knobs.block_n * 2 * _tile_width(plan) * _element_size(plan)
+
+
+def _tile_width(plan: RowTilePlan) -> int:
+    return max(16, 1 << max(0, (plan.feature_extent - 1).bit_length()))
+
+
+def _element_size(plan: RowTilePlan) -> int:
+    return max(4 if p.dtype == "f32" else 2 for p in plan.program.tensor_params
                if p.dtype.startswith(("f", "bf")))
-    keys = knobs.num_stages * knobs.block_n * 2 * width * size
-    return keys + knobs.block_m * width * size
 
 
 def unfit(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> str | None:
-    """Why ``knobs`` cannot run on ``target`` (tuning leaves such candidates out), or None."""
-    need = shared_bytes(plan, knobs)
+    """Why ``knobs`` cannot run on ``target`` (tuning leaves such candidates out), or None. Only
+    settings certain not to fit are refused: decode's by a lower bound of what they need."""
+    need = shared_bytes(plan, knobs) if knobs.splits == 1 else decode_shared_floor(plan, knobs)
     if target.kind == "cuda" and need > target.max_shared_memory:
         return (f"needs {need} bytes of shared memory; {target.name} has "
                 f"{target.max_shared_memory}")

@@ -133,3 +133,19 @@ def test_the_command_line_takes_scalars():
         _scalars(["window"])
     with pytest.raises(TensorfuseError, match="NAME=NUMBER"):
         _scalars(["window=wide"])
+
+
+@pytest.mark.parametrize("kernel, sizes, knobs, fits", [
+    # prefill: Triton 3.6 on sm_90a needs 294912 bytes here (metadata.shared), 229376 with 3 stages
+    (K.causal_attention, dict(B=1, H=2, M=1024, N=1024, D=128),
+     dict(block_m=128, block_n=128, num_warps=8, num_stages=4, splits=1), False),
+    (K.causal_attention, dict(B=1, H=2, M=1024, N=1024, D=128),
+     dict(block_m=128, block_n=128, num_warps=8, num_stages=3, splits=1), True),
+    # decode with 4 stages of 128 keys: 204800 bytes, which fits — never left out
+    (K.gqa_attention, dict(B=2, H=8, HKV=2, M=1, N=4096, D=128),
+     dict(block_m=16, block_n=128, num_warps=8, num_stages=4, splits=16), True),
+])
+def test_settings_that_cannot_fit_are_left_out_and_only_those(kernel, sizes, knobs, fits):
+    task = make_task(kernel, sizes, tf.get_target("cuda:sm_90"))   # the Triton template's task
+    assert task.template == "attention"
+    assert (task.unfit(knobs) is None) == fits
