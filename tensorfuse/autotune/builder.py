@@ -67,17 +67,20 @@ class TritonBuilder(PyBuilder):
 
     def _build_one(self, item: BuilderInput) -> BuilderResult:
         try:
-            key = task_key(item.mod)
-            task = self.tasks_by_key[key]
-            knobs = knobs_of(item.mod)
-            task.space.prepare(task.candidate(knobs), self.compile_ahead)  # bad knobs fail here
-            # a folder per artifact: MetaSchedule removes the artifact's folder once measured
-            path = os.path.join(tempfile.mkdtemp(prefix="tensorfuse-candidate-"), "knobs.json")
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump({"task": key, "knobs": knobs}, f)
-            return BuilderResult(path, None)
+            return self.artifact(task_key(item.mod), knobs_of(item.mod))
         except Exception as exc:  # noqa: BLE001 - reported per candidate, counted by the job
             return BuilderResult(None, f"build failed: {type(exc).__name__}: {exc}"[:2000])
+
+    def artifact(self, key: str, knobs: dict) -> BuilderResult:
+        """The candidate of task ``key`` with ``knobs`` (``{}``: the template defaults), prepared
+        (bad knobs fail here), as an artifact the runners take."""
+        task = self.tasks_by_key[key]
+        task.space.prepare(task.candidate(knobs or None), self.compile_ahead)
+        # a folder per artifact: MetaSchedule removes the artifact's folder once measured
+        path = os.path.join(tempfile.mkdtemp(prefix="tensorfuse-candidate-"), "knobs.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"task": key, "knobs": knobs}, f)
+        return BuilderResult(path, None)
 
 
 def task_key(mod: tvm.IRModule) -> str:

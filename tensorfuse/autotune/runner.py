@@ -68,7 +68,7 @@ def measure(task, knobs: dict, inputs, repeat_ms: int = 50) -> float:
     one). On this machine's GPU (``triton.testing.do_bench``: median, warm-up, L2 flush), or under
     Triton's interpreter (the CPU; tests) by wall clock."""
     args, reference, dtypes = inputs
-    kernel = task.candidate(knobs)
+    kernel = task.candidate(knobs or None)
     outs = _as_list(kernel(*args))
     for got, want, dtype in zip(outs, reference, dtypes):
         err = float((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-30))
