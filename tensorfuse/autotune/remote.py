@@ -15,8 +15,8 @@ times it — the same measurement as the local runner (:func:`.runner.measure`).
   tvm.exec.rpc_tracker --host HOST`` the tracker. Both bind to 127.0.0.1 unless told otherwise.
 - ``tensorfuse tune ... --tracker HOST:PORT --key KEY`` measures through them; ``--gpus all``
   (or ``0,1``) measures on the first GPU in the job's own process from the start, and starts a
-  private tracker and a worker per other GPU, which join once registered (~15–20 s on the H100
-  host: a worker imports torch, Triton, TVM and tensorfuse) and are stopped after the job.
+  private tracker (a thread of the job) and a worker per other GPU, which join once registered
+  (~8 s on the H100 host, most of it importing TVM) and are stopped after the job.
 - One process — the job — owns the database: workers only measure, so records from many hosts of
   one GPU model land in one database (and ``tensorfuse merge`` joins databases tuned apart).
 
@@ -272,9 +272,7 @@ def start_local_workers(gpus: "str | list[int]", say) -> Tracker:
         return Tracker("", 0, "", "", here=indices[0])
     import tempfile
 
-    import tvm.rpc.tracker
-
-    server = tvm.rpc.tracker.Tracker("127.0.0.1", port=9190, port_end=9390, silent=True)
+    server = InProcessTracker()
     key = f"local-{secrets.token_hex(4)}"
     secret = secrets.token_hex(16)
     tracker = Tracker("127.0.0.1", server.port, key, secret, local=[server], here=indices[0],
@@ -290,6 +288,32 @@ def start_local_workers(gpus: "str | list[int]", say) -> Tracker:
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     tracker.logs = logs
     return tracker
+
+
+class InProcessTracker:
+    """TVM's RPC tracker on 127.0.0.1, served by a thread of this process. ``tvm.rpc.tracker
+    .Tracker`` starts a second Python that imports TVM first — 10 s of the 18 s the H100 host
+    took before a job's first worker registered; the job has TVM imported already."""
+
+    def __init__(self):
+        from tvm.rpc.tracker import PopenTrackerServerState
+
+        self.state = PopenTrackerServerState("127.0.0.1", port=9190, port_end=9390, silent=True)
+        self.port = self.state.port
+
+    def terminate(self) -> None:
+        """Stop the tracker's thread (TVM's own stop request, with the key it made)."""
+        import struct
+
+        from tvm.rpc import base
+        from tvm.rpc.base import TrackerCode
+
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
+            sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+            base.recvall(sock, 4)
+            base.sendjson(sock, [TrackerCode.STOP, self.state.stop_key])
+            base.recvjson(sock)
+        self.state.thread.join(10)
 
 
 def stop_local_workers(tracker: Tracker) -> None:

@@ -150,3 +150,21 @@ def test_two_jobs_on_one_database_take_turns(tmp_path):
     with DatabaseLock(db):
         with pytest.raises(TuningError, match="in use by pid"):
             DatabaseLock(db, wait=False).__enter__()
+
+
+def test_the_job_s_own_tracker_serves_workers_and_stops():
+    """--gpus runs the tracker in the job's process (TVM's Tracker class starts another Python)."""
+    from tensorfuse.autotune.remote import InProcessTracker
+
+    own = InProcessTracker()
+    worker = subprocess.Popen([sys.executable, "-m", "tensorfuse.cli", "worker", "--tracker",
+                               f"127.0.0.1:{own.port}", "--key", "own", "--port",
+                               str(_free_port())], env=dict(os.environ, **{SECRET_ENV: SECRET}),
+                              start_new_session=True, stdout=subprocess.DEVNULL)
+    try:
+        tracker = Tracker("127.0.0.1", own.port, "own", SECRET, expected=1, local=[worker])
+        assert tracker.wait_for(limit=120) == 1
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        own.terminate()
+    assert not own.state.thread.is_alive()
