@@ -147,3 +147,18 @@ def test_a_fast_call_allocates_outputs_like_an_input_of_their_shape(monkeypatch)
     assert made == [x] and y.shape == (3, 4) and y.data_ptr() != x.data_ptr()
     assert y.is_contiguous() and s.shape == (3,)
     assert launched[0][13:17] == (x.data_ptr(), w.data_ptr(), y.data_ptr(), s.data_ptr())
+
+
+def test_a_fast_call_declines_other_values_of_the_scalars_records_are_kept_per():
+    """A fast call made for window=256 leaves a call with window=512 to the checked path (whose
+    launches may have other knobs: tuning records are kept per window), and says it is stale."""
+    pytest.importorskip("torch")
+    from tensorfuse.targets.triton.launcher import META, FastCall, Launches
+
+    launches = Launches([], {k: 16 for k in META}, 4, 2)
+    fast = FastCall([("x", 0, True), ("window", 1, int)], [], None, launches, "cpu",
+                    guards=[(1, 256)])
+    assert fast(("tensor", 512), {}) is None and fast.declined == 1 and fast.stale
+    keyword = FastCall([("x", 0, True), ("window", "window", int)], [], None, launches, "cpu",
+                       guards=[("window", 256)])
+    assert keyword(("tensor",), {"window": 128}) is None and keyword.stale

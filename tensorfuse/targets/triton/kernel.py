@@ -233,7 +233,7 @@ class TritonKernel(GraphCallable):
                 return done
         launches, values, outs, results, bound, _keep = self._prepare(args, kwargs, key)
         launches(values)
-        if key is not None and fast is None:
+        if key is not None and (fast is None or fast.stale):
             self._remember_fast(key, args, kwargs, bound, launches)
         if len(outs) == 1 and results[0] is None and bound.framework == "torch":
             return outs[0]
@@ -246,7 +246,6 @@ class TritonKernel(GraphCallable):
         lists."""
         plan, _, scratch, _, outputs = self._launches(bound)
         if self._calls.target_device != "cuda" or bound.outs is not None or \
-                getattr(self.tuned, "scalar_names", ()) or \
                 plan.mask is not None and scratch is None or \
                 any(step.raw is None for step in launches.steps) or \
                 not all(is_torch(x) for x in bound.arrays.values()):
@@ -259,7 +258,12 @@ class TritonKernel(GraphCallable):
         tensors = [bound.arrays[name] for name, _, kind in params if kind is True]
         likes = [next((k for k, x in enumerate(tensors) if tuple(x.shape) == tuple(shape)
                        and x.dtype == torch_dtype(dtype)), None) for _, shape, dtype in outputs]
-        self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes)
+        # the values of the scalars tuning records are kept per (a window): another value may
+        # have other knobs, so it takes the checked path
+        places = {name: place for name, place, _ in params}
+        guards = [(places[n], bound.scalars[n]) for n in getattr(self.tuned, "scalar_names", ())]
+        self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes,
+                                   guards)
 
     def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
         """Median milliseconds of a launch (triton.testing.do_bench: events, warm-up, L2 flush)."""

@@ -117,10 +117,11 @@ class FastCall:
     assume), allocates the outputs and the scratch, and hands the C launch functions their
     arguments (and Triton's launch hooks, where a profiler set them, what the JIT would). Returns
     None where this call needs the checked path after all: a tensor that is not contiguous or
-    16-byte aligned."""
+    16-byte aligned, or a scalar that tuning records are kept per (``guards``) with another value
+    than the one its launches were made for."""
 
     def __init__(self, params: list, outputs: list, scratch, launches: Launches, device,
-                 likes: list | None = None):
+                 likes: list | None = None, guards: list | None = None):
         import torch
 
         # params: (name, where in the call — position or keyword —, True for a tensor or the
@@ -147,8 +148,16 @@ class FastCall:
         # (which the first call did), without its Python wrapper
         self.current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
         self.calls = self.declined = 0   # how often it ran, and left a call to the checked path
+        # (place, value): scalars whose value this call's launches were made for
+        self.guards = list(guards or [])
+        self.stale = False
 
     def __call__(self, args: tuple, kwargs: dict):
+        for place, value in self.guards:
+            if (args[place] if type(place) is int else kwargs[place]) != value:
+                self.declined += 1
+                self.stale = True   # the caller makes one for the new value
+                return None
         slots, tensors = [], []
         for place, kind in self.sources:
             x = args[place] if type(place) is int else kwargs[place]
