@@ -136,6 +136,9 @@ def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, di
     if gpus is not None and tracker is not None:
         raise TuningError("gpus= starts workers on this machine, tracker= uses running ones: "
                           "give one of them")
+    if spec.kind == "llvm" and (gpus is not None or tracker is not None):
+        raise TuningError("workers (gpus=, tracker=) measure GPU templates; a CPU job measures "
+                          "in this process")
     if tracker is None:
         _check_device(spec)
     say = _reporter(progress)
@@ -223,14 +226,7 @@ class Measurer:
             self.builder = tvm_builder(workers)
             config = ms.runner.EvaluatorConfig(number=3, repeat=3, min_repeat_ms=20,
                                                enable_cpu_cache_flush=False)
-            if self.remote is None:
-                self.runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=config)
-            else:
-                self.runner = ms.runner.RPCRunner(
-                    ms.runner.RPCConfig(tracker_host=self.remote.host,
-                                        tracker_port=self.remote.port,
-                                        tracker_key=self.remote.key, session_timeout_sec=120),
-                    evaluator_config=config, max_workers=self.remote.wait_for())
+            self.runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=config)
         else:
             self.builder = TritonBuilder(by_key, compile_ahead=False)
             if self.remote is None:

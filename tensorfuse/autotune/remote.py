@@ -1,9 +1,8 @@
 """Measuring tuning candidates on other GPUs — of this machine or of others — through TVM's RPC
 tracker and servers.
 
-Why TVM's RPC rather than Ray or a protocol of our own: it is already a dependency, MetaSchedule's
-own ``RPCRunner`` measures CPU candidates through it unchanged, and its tracker does what a fleet
-needs — workers register under a key (one key per GPU model: ``h100``), a job asks the tracker
+Why TVM's RPC rather than Ray or a protocol of our own: it is already a dependency (the one
+MetaSchedule's own ``RPCRunner`` uses), and its tracker does what a fleet needs — workers register under a key (one key per GPU model: ``h100``), a job asks the tracker
 for free workers of its key, and a worker that dies drops out of the tracker's list. GPU
 candidates are not TVM modules but template knobs (Triton compiles on the GPU's host; the Hopper
 template's cubins come from nvcc), so a worker is a TVM RPC server with one function of ours

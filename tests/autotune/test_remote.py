@@ -109,6 +109,8 @@ def test_a_job_needs_the_secret_and_a_tracker(monkeypatch, tmp_path):
     with pytest.raises(TuningError, match="no tracker answers at 127.0.0.1:1"):
         tune(K.softmax, "cuda:sm_80", trials=4, tracker="127.0.0.1:1", progress=False,
              database=str(tmp_path), M=16, N=256)
+    with pytest.raises(TuningError, match="a CPU job measures in this process"):
+        tune(K.softmax, "llvm", trials=4, tracker="127.0.0.1:1", progress=False, M=16, N=256)
     with pytest.raises(TuningError, match="give one of them"):
         tune(K.softmax, "cuda:sm_80", trials=4, tracker="127.0.0.1:1", gpus="all",
              progress=False, M=16, N=256)
