@@ -1,7 +1,7 @@
 """The public entry points: schedule a kernel, compile it."""
 from __future__ import annotations
 
-from .binding import bind_call, signature_key
+from .binding import bind_call, signature_key, split_scalars
 from .compiled import CompiledKernel
 from .dsl.expr import user_location
 from .dsl.program import TracedKernel, is_kernel
@@ -150,8 +150,7 @@ class AutoKernel(GraphCallable):
     def schedule_origin(self, **dims) -> str:
         """Whether these sizes run on template defaults or a tuned record; scalar values given by
         name among them (a window, a prefix length) pick the record kept for those values."""
-        own = {p.name for p in self.program.scalar_params}
-        sizes = {n: v for n, v in dims.items() if n not in own}
+        sizes, _ = split_scalars(self.program, dims)
         chosen = self.for_sizes(**sizes)
         return chosen.schedule_origin(**(sizes if chosen is self.fallback else dims))
 

@@ -39,6 +39,14 @@ class BoundCall:
     signature: tuple = field(default=())
 
 
+def split_scalars(program: Program, named: dict) -> tuple[dict, dict | None]:
+    """``(sizes, scalars or None)`` of keyword arguments that name both (``schedule_origin(M=…,
+    window=2048)``: tuning records are kept per value of some scalars)."""
+    own = {p.name for p in program.scalar_params}
+    scalars = {n: v for n, v in named.items() if n in own}
+    return {n: v for n, v in named.items() if n not in own}, scalars or None
+
+
 def check_named_sizes(program: Program, dims: dict, complete: bool) -> None:
     """Refuse sizes given by name (``source(M=128, ...)``, ``ptx(...)``) that the kernel does not
     have, that are missing when ``complete`` (every size is needed to generate code), or that are

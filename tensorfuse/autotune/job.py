@@ -213,6 +213,7 @@ class Measurer:
 
     def __init__(self, tasks, spec: TargetSpec, remote, say):
         self.tasks, self.spec, self.remote, self.say = tasks, spec, remote, say
+        self._cpu_inputs: dict = {}   # task name -> TVM arrays for timing it here
 
     def __enter__(self) -> "Measurer":
         from tvm.s_tir import meta_schedule as ms
@@ -255,8 +256,10 @@ class Measurer:
         if tuned and found is None:
             return None
         scheduled = replay(found[0], task.mod) if tuned else None
-        if task.template == "cpu":
-            return _time_here(task, scheduled)
+        if task.template == "cpu":   # the same inputs for both: masks may depend on the data
+            if task.name not in self._cpu_inputs:
+                self._cpu_inputs[task.name] = _cpu_inputs(task)
+            return _time_here(task, scheduled, self._cpu_inputs[task.name])
         from tvm.s_tir.meta_schedule.arg_info import ArgInfo
         from tvm.s_tir.meta_schedule.runner import RunnerInput
 
@@ -360,21 +363,27 @@ def _trials_recorded(db, task: TuningTask) -> int:
     return sum(1 for r in db.get_all_tuning_records() if r.workload.same_as(workload))
 
 
-def _time_here(task: TuningTask, scheduled) -> float:
-    """Seconds per call of a CPU task's defaults (``scheduled`` None) or of a tuned schedule."""
+def _cpu_inputs(task: TuningTask) -> list:
+    """Fresh random inputs for timing a CPU task: TVM arrays, outputs appended (as the workload
+    takes them)."""
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
-    from ..schedule_templates.default import apply_default_schedule
 
     tensors, _ = numpy_inputs(task.kernel, task.dims, np.random.default_rng())
     dev = tvm.cpu(0)
     args = [tvm.runtime.tensor(tensors[p.name], dev) for p in task.kernel.program.tensor_params]
     outputs = ArgInfo.from_prim_func(task.mod["main"])[len(args):]
-    args += [tvm.runtime.empty([int(n) for n in o.shape], str(o.dtype), dev) for o in outputs]
+    return args + [tvm.runtime.empty([int(n) for n in o.shape], str(o.dtype), dev)
+                   for o in outputs]
+
+
+def _time_here(task: TuningTask, scheduled, inputs: list) -> float:
+    """Seconds per call of a CPU task's defaults (``scheduled`` None) or of a tuned schedule."""
+    from ..schedule_templates.default import apply_default_schedule
+
     mod = scheduled if scheduled is not None else apply_default_schedule(task.mod, task.target)
     lib = tvm.compile(mod, target=tuning_target(task.target))
-    timer = lib.mod.time_evaluator("main", dev, number=3, repeat=5, min_repeat_ms=20)
-    return float(np.median(timer(*args).results))
+    timer = lib.mod.time_evaluator("main", tvm.cpu(0), number=3, repeat=5, min_repeat_ms=20)
+    return float(np.median(timer(*inputs).results))
 
 
 def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, seed, say,

@@ -23,17 +23,12 @@ class FitsDevice(PyPostproc):
     def __init__(self, task):
         super().__init__()
         self.task = task
-        self._seen: dict = {}
 
     def _initialize_with_tune_context(self, context) -> None:
         pass
 
     def apply(self, sch) -> bool:
-        knobs = knobs_of(sch.mod)
-        key = tuple(sorted(knobs.items()))
-        if key not in self._seen:
-            self._seen[key] = self.task.unfit(knobs) is None
-        return self._seen[key]
+        return self.task.unfit(knobs_of(sch.mod)) is None   # memoised by the task
 
     def clone(self) -> "FitsDevice":
         return FitsDevice(self.task)

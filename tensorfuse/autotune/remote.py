@@ -226,7 +226,6 @@ class Tracker:
 
         if not self.port:
             return 0
-
         summary = tvm.rpc.connect_tracker(self.host, self.port).summary()
         info = summary.get("queue_info", {}).get(self.key, {})
         return int(info.get("free", 0))
@@ -441,26 +440,19 @@ class RemoteRunner(PyRunner):
         """Measure on this process's GPU (``tracker.here``), as the local runner does."""
         import torch
 
-        from .runner import measure, reference_inputs
+        from .runner import TritonRunner
 
         torch.cuda.set_device(self.tracker.here)
+        here = TritonRunner(self.tasks_by_key, self.repeat_ms)
         name = f"{socket.gethostname()}:gpu{self.tracker.here} (this process)"
         with self.lock:
             self.active += 1
-        inputs: dict = {}
         while True:
             item = self.work.get()
             if item is None:
                 return
             key, knobs, _, done, _ = item
-            task = self.tasks_by_key[key]
-            try:
-                if key not in inputs:
-                    inputs[key] = reference_inputs(task)
-                done.set_result(RunnerResult([measure(task, knobs, inputs[key],
-                                                      self.repeat_ms)], None))
-            except Exception as exc:  # noqa: BLE001 - a failed candidate, counted by the job
-                done.set_result(RunnerResult(None, f"{type(exc).__name__}: {exc}"[:2000]))
+            done.set_result(here.measure_one(key, knobs))
             self.workers[name] = self.workers.get(name, 0) + 1
 
     def _fail_queued_if_alone(self) -> None:

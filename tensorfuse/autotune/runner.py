@@ -42,15 +42,19 @@ class TritonRunner(PyRunner):
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
         futures = []
         for item in runner_inputs:
-            try:
-                with open(item.artifact_path, encoding="utf-8") as f:
-                    spec = json.load(f)
-                task = self.tasks_by_key[spec["task"]]
-                secs = measure(task, spec["knobs"], self.inputs(spec["task"]), self.repeat_ms)
-                futures.append(done(RunnerResult([secs], None)))
-            except Exception as exc:  # noqa: BLE001 - a failed trial, counted by the job
-                futures.append(done(RunnerResult(None, f"{type(exc).__name__}: {exc}"[:2000])))
+            with open(item.artifact_path, encoding="utf-8") as f:
+                spec = json.load(f)
+            futures.append(done(self.measure_one(spec["task"], spec["knobs"])))
         return futures
+
+    def measure_one(self, key: str, knobs: dict) -> RunnerResult:
+        """:func:`measure` of one candidate of task ``key``, as MetaSchedule takes a result (a
+        failed trial, counted by the job, where it does not run or match the defaults)."""
+        try:
+            secs = measure(self.tasks_by_key[key], knobs, self.inputs(key), self.repeat_ms)
+            return RunnerResult([secs], None)
+        except Exception as exc:  # noqa: BLE001 - a failed trial, counted by the job
+            return RunnerResult(None, f"{type(exc).__name__}: {exc}"[:2000])
 
 
 def reference_inputs(task):

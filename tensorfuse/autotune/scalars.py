@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 
+from ..dsl import dtypes as dt
 from ..dsl.expr import Compare, Load, Scalar, Unary, Where, walk
 from ..dsl.program import Program
 from ..errors import TuningError
@@ -59,7 +60,7 @@ def check_scalars(program: Program, given: dict | None) -> dict:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                 not math.isfinite(value):
             raise TuningError(f"scalar {name}={value!r}: a finite number is needed")
-        checked[name] = int(value) if params[name].dtype.startswith(("i", "u")) else float(value)
+        checked[name] = int(value) if dt.is_int(params[name].dtype) else float(value)
     return checked
 
 

@@ -68,8 +68,6 @@ class TritonSpace:
 class HopperAttentionSpace:
     """The space of the warp-specialised sm_90a attention template."""
 
-    FLAGS = ("overlap", "pingpong")
-
     def __init__(self, task):
         from ..schedule_templates.hopper_attention_plan import plan_hopper_attention
 
@@ -89,14 +87,11 @@ class HopperAttentionSpace:
         return {n: int(v) for n, v in asdict(default_hopper_knobs(self.plan,
                                                                   self.task.dims)).items()}
 
-    def _knobs(self, knobs: dict) -> dict:
-        return {n: bool(v) if n in self.FLAGS else int(v) for n, v in knobs.items()}
-
     def unfit(self, knobs: dict) -> str | None:
         from ..schedule_templates.hopper_attention_plan import check_hopper, with_knobs
 
         try:
-            full = with_knobs(self.plan, self.task.dims, self._knobs(knobs))
+            full = with_knobs(self.plan, self.task.dims, knobs)   # 0/1 switches become bools
             check_hopper(self.plan, full, self.task.dims, self.task.target.max_shared_memory)
         except ScheduleError as exc:
             return exc.message
@@ -106,7 +101,7 @@ class HopperAttentionSpace:
         from ..schedule_templates.hopper_attention import hopper_attention
 
         return hopper_attention(self.task.kernel, self.task.fusion, self.task.target,
-                                **self._knobs(knobs or {}))
+                                **(knobs or {}))
 
     def prepare(self, kernel, compile_ahead: bool) -> None:
         """Source and cubin (nvcc runs without a GPU; the cubin is cached by source, so the

@@ -11,6 +11,7 @@ keyed exactly by what ``tensorfuse.compile`` will look up:
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -125,25 +126,22 @@ class TuningTask:
     fusion: Fusion | None = None
     scalars: dict = field(default_factory=dict)   # the user's values (others: the defaults)
     mod: tvm.IRModule = field(init=False, repr=False)
+    name: str = field(init=False)   # kernel, sizes and plan scalars: sliding[…]{window=2048}
     _kernels: dict = field(init=False, repr=False, default_factory=dict)
+    _unfit: dict = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self):
-        self.mod = workload(self.kernel.program, self.template, self.fusion, self.dims,
-                            self.scalars)
+        program = self.kernel.program
+        self.mod = workload(program, self.template, self.fusion, self.dims, self.scalars)
+        self.name = task_label(task_name(self.kernel.name, self.dims),
+                               plan_values(program, self.template, self.dims, self.scalars))
 
-    @property
-    def name(self) -> str:
-        return task_label(task_name(self.kernel.name, self.dims),
-                          plan_values(self.kernel.program, self.template, self.dims, self.scalars))
-
-    @property
+    @functools.cached_property
     def space(self):
-        """The template's knob space (:mod:`.spaces`), made once."""
-        if "space" not in self._kernels:
-            from .spaces import space_of
+        """The template's knob space (:mod:`.spaces`)."""
+        from .spaces import space_of
 
-            self._kernels["space"] = space_of(self)
-        return self._kernels["space"]
+        return space_of(self)
 
     @property
     def space_size(self) -> int | None:
@@ -159,7 +157,12 @@ class TuningTask:
     def unfit(self, knobs: dict) -> str | None:
         """Why a setting of the knobs cannot run on the target (shared memory, registers), or
         None; such settings are never proposed (:class:`.pruning.FitsDevice`)."""
-        return None if self.template == "cpu" else self.space.unfit(knobs)
+        if self.template == "cpu":
+            return None
+        key = tuple(sorted(knobs.items()))
+        if key not in self._unfit:
+            self._unfit[key] = self.space.unfit(knobs)
+        return self._unfit[key]
 
     def default_schedule(self) -> tvm.s_tir.Schedule | None:
         """The template defaults as a point of the space (None where they are not one)."""

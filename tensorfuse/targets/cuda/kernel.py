@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...binding import CallBinder, check_named_sizes, output_shape
+from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
 from ...interop import deliver, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
 from .. import TargetSpec
@@ -103,9 +103,8 @@ class ClusterKernel(GraphCallable):
     def schedule_origin(self, **dims) -> str:
         """Where the knobs at these sizes (and scalar values given by name among them) come
         from: the template defaults or a tuned record."""
-        own = {p.name for p in self.program.scalar_params}
-        scalars = {n: v for n, v in dims.items() if n in own} or None
-        launches = self.launches(scalars, **{n: v for n, v in dims.items() if n not in own})
+        dims, scalars = split_scalars(self.program, dims)
+        launches = self.launches(scalars, **dims)
         return f"{launches.origin or self.origin} ({launches.knobs})" + (
             f"; {launches.why}" if launches.why else "")
 

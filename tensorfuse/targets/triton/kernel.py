@@ -5,7 +5,8 @@ import math
 from dataclasses import replace
 from typing import Callable
 
-from ...binding import CallBinder, check_named_sizes, output_shape, signature_key
+from ...binding import (CallBinder, check_named_sizes, output_shape, signature_key,
+                        split_scalars)
 from ...dsl import dtypes as dt
 from ...interop import (deliver, is_torch, kept_copies, torch_arguments, torch_dtype,
                         torch_output)
@@ -82,9 +83,7 @@ class TritonKernel(GraphCallable):
     def schedule_origin(self, **dims) -> str:
         """Where the knobs at these sizes (and scalar values, given by name among them: a
         window, a prefix length) come from: the template defaults or a tuned record."""
-        own = {p.name for p in self.program.scalar_params}
-        scalars = {n: v for n, v in dims.items() if n in own} or None
-        dims = {n: v for n, v in dims.items() if n not in own}
+        dims, scalars = split_scalars(self.program, dims)
         self.build(scalars, **dims)
         return self._origin[self._build_key(dims, scalars)]
 
