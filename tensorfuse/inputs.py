@@ -71,11 +71,17 @@ def _integer_tensor(shape, bound: int | None, rng) -> np.ndarray:
 
 def default_scalars(program, sizes: dict[str, int], given: dict | None = None) -> dict:
     """Values for a program's scalar parameters by their usual names — ``scale`` 1/√D, ``cap``
-    50, ``eps`` 1e-5, ``window`` and ``prefix`` N/4, ``radius`` N/8 — and 0.5 for a name it does
-    not know, with ``given`` taking precedence."""
+    50, ``eps`` 1e-5, ``window`` and ``prefix`` N/4, ``radius`` N/8; for a map of tokens
+    (``width``, ``height``) sides of about √N (∛N with a height), ``radius`` a quarter of a side,
+    ``dilation`` 2, ``causal`` 1 — and 0.5 for a name it does not know, with ``given`` taking
+    precedence."""
+    n = sizes.get("N", 2)
+    names = {p.name for p in program.scalar_params}
+    side = max(1, round(n ** (1 / 3 if "height" in names else 1 / 2)))   # a map of ~n tokens
     defaults = {"scale": 1.0 / math.sqrt(sizes.get("D", 1)), "cap": 50.0, "eps": 1e-5,
-                "window": max(1, sizes.get("N", 2) // 4), "prefix": max(1, sizes.get("N", 2) // 4),
-                "radius": max(1, sizes.get("N", 2) // 8)}
+                "window": max(1, n // 4), "prefix": max(1, n // 4),
+                "radius": max(1, side // 4) if "width" in names else max(1, n // 8),
+                "width": side, "height": side, "dilation": 2, "causal": 1}
     defaults.update(given or {})
     return {p.name: defaults.get(p.name, 0.5) for p in program.scalar_params}
 

@@ -21,6 +21,7 @@ from .compiled import CompiledKernel
 from .dsl.expr import user_location
 from .dsl.program import TracedKernel, is_kernel
 from .errors import CallError, ScheduleError, TensorfuseError
+from .binding import split_scalars
 from .records import template_records
 from .schedule_templates import lower_program, tvm_schedule
 from .schedule_templates.annotations import annotate_template
@@ -45,6 +46,7 @@ class Step:
     fusions_before: tuple
     is_fusion: bool
     template_before: tuple | None = None
+    tiling_before: "dict | bool" = True
 
 
 class Schedule:
@@ -63,6 +65,7 @@ class Schedule:
         self.dims = dict(dims)
         self.fusions: tuple = ()
         self.template: tuple | None = None
+        self.tiling: "dict | bool" = True   # the attention template's visiting order (tile_as)
         self.steps: list[Step] = []
         self._tvm = tvm_schedule(self._lower())
 
@@ -95,15 +98,15 @@ class Schedule:
 
     def _record(self, description: str, is_fusion: bool = False) -> None:
         self.steps.append(Step(description, self._tvm.copy(), self.fusions, is_fusion,
-                               self.template))
+                               self.template, self.tiling))
 
     def undo(self) -> str:
         """Take back the last step; returns its description."""
         if not self.steps:
             raise ScheduleError("nothing to undo", user_location())
         step = self.steps.pop()
-        self._tvm, self.fusions, self.template = step.before, step.fusions_before, \
-            step.template_before
+        self._tvm, self.fusions, self.template, self.tiling = step.before, \
+            step.fusions_before, step.template_before, step.tiling_before
         return step.description
 
     # -- tensorfuse primitives ----------------------------------------------------------------
@@ -191,6 +194,32 @@ class Schedule:
         annotate_template(self._tvm, name, knobs)
         return self
 
+    def tile_as(self, patch: "tuple[int, ...] | None" = None,
+                key_patch: "tuple[int, ...] | None" = None,
+                dilation: "tuple[int, ...] | None" = None, enabled: bool = True) -> "Schedule":
+        """Visit the sequence as the 2-D/3-D map its mask reads it as (``i // W``, ``i % W``):
+        query blocks are patches of ``patch`` tokens (sides outermost first, multiplying to the
+        template's ``tile_m``), key blocks windows of ``key_patch`` tokens placed over each
+        query patch's visible keys (multiplying to ``tile_n``), each sub-map of a ``dilation``
+        visited on its own. What is not given is chosen by counting blocks, as ``tf.compile``
+        does for the ``attention`` template; ``enabled=False`` keeps the flat order.
+        ``sch.plan(**sizes, **scalars)`` shows the order and the share of blocks visited.
+        ``sch.tile_as(patch=(8, 16), dilation=(2, 2))``"""
+        if self.template is not None and self.template[0] != "attention":
+            raise ScheduleError(f"tile_as orders the attention template's blocks; this schedule "
+                                f"has the {self.template[0]} template", user_location())
+        request: "dict | bool" = enabled
+        if enabled:
+            request = {k: tuple(int(x) for x in v) for k, v in (("patch", patch),
+                       ("key_patch", key_patch), ("dilation", dilation)) if v is not None}
+            request = request or True
+        args = [f"{k}={v}" for k, v in (("patch", patch), ("key_patch", key_patch),
+                                         ("dilation", dilation)) if v is not None]
+        self._record(f"tile_as({', '.join(args + ([] if enabled else ['enabled=False']))})",
+                     is_fusion=True)
+        self.tiling = request
+        return self
+
     def cluster_distribute(self, axis: str, cluster: int | None = None, **knobs) -> "Schedule":
         """Spread each fused tile over a Hopper thread-block cluster of ``cluster`` CTAs (over 8
         uses the non-portable size), splitting ``axis`` across them and exchanging partial
@@ -245,8 +274,9 @@ class Schedule:
     def plan(self, **sizes: int) -> str:
         """What this schedule compiles, in readable form: each fusion's chain plan (running
         states, corrections), then the template's plan — with ``sizes``, the plan made for them:
-        the axes' roles, tensor-core products, states, mask, and the knobs chosen and where
-        from. ``print(sch.plan(B=2, H=16, M=4096, N=4096, D=128))``."""
+        the axes' roles, tensor-core products, states, mask, the visiting order of a map-shaped
+        mask (scalars it reads given by name too), and the knobs chosen and where from.
+        ``print(sch.plan(B=2, H=16, M=4096, N=4096, D=128))``."""
         lines = []
         for f in self.fusions:
             lines.append(f.describe())
@@ -262,6 +292,7 @@ class Schedule:
             lines.append(f"template {name}; plan(**sizes) shows its tiles for given sizes (this "
                          f"kernel's: {', '.join(self.program.dim_names())})")
             return "\n".join(lines)
+        sizes, scalars = split_scalars(self.program, sizes)
         problem = self.program.size_problems(sizes, complete=False)
         if problem:
             raise ScheduleError(problem, user_location())
@@ -272,7 +303,7 @@ class Schedule:
             lines += [made.plan.describe(), f"  knobs: {made.knobs}"
                       + (f" ({made.why})" if made.why else "")]
         else:
-            plan, knobs = compiled.build(**dims)[:2]
+            plan, knobs = compiled.build(scalars, **dims)[:2]
             lines += [f"template {name}:", plan.describe(knobs),
                       f"  knobs from: {compiled.schedule_origin(**dims)}"]
         return "\n".join(lines)
@@ -313,6 +344,11 @@ class Schedule:
             name, knobs = self.template
             fusion = self.fusions[0] if self.fusions else None
             records = template_records(self.program, name, fusion, self.target)
+            if self.tiling is not True and name != "attention":
+                raise ScheduleError(f"tile_as orders the attention template's blocks, not the "
+                                    f"{name} template's", user_location())
+            if name == "attention":
+                knobs = {"tiling": self.tiling, **knobs}
             return TEMPLATES[name](self.kernel, fusion, self.target, **knobs, tuned=records)
         fixed = dict(self.dims)
         layout_only = bool(self.fusions) and all(step.is_fusion for step in self.steps)

@@ -114,6 +114,37 @@ def neighborhood_attention(q: Q, k: KV, v: KV, scale: T.f32, radius: T.i32):
     return softmax_attend(T.where(near, s, -T.inf), v[b, h, j, e], j)
 
 
+@tf.kernel
+def neighborhood_attention_2d(q: Q, k: KV, v: KV, scale: T.f32, width: T.i32, radius: T.i32,
+                              dilation: T.i32):
+    """Tokens of a ``width``-wide image, row-major; each query sees the keys within ``radius``
+    steps of ``dilation`` pixels along both axes (a (2·radius+1)² kernel). Compiled with its
+    tokens visited in 2-D patches (``schedule_templates.token_tiling``)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = scores(q, k, b, h, h, i, j, d, scale)
+    dy, dx = i // width - j // width, i % width - j % width
+    near = (T.abs(dy) <= radius * dilation) & (T.abs(dx) <= radius * dilation) & \
+        (dy % dilation == 0) & (dx % dilation == 0)
+    return softmax_attend(T.where(near, s, -T.inf), v[b, h, j, e], j)
+
+
+@tf.kernel
+def neighborhood_attention_3d(q: Q, k: KV, v: KV, scale: T.f32, height: T.i32, width: T.i32,
+                              radius: T.i32, causal: T.i32):
+    """Tokens of a video of ``height × width`` frames, frame-major; each query sees the keys
+    within ``radius`` along time, rows and columns — only past and present frames where
+    ``causal`` is 1."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = scores(q, k, b, h, h, i, j, d, scale)
+    frame = height * width
+    dt = i // frame - j // frame
+    dy = (i // width) % height - (j // width) % height
+    dx = i % width - j % width
+    near = (T.abs(dt) <= radius) & (T.abs(dy) <= radius) & (T.abs(dx) <= radius) & \
+        ((causal == 0) | (dt >= 0))
+    return softmax_attend(T.where(near, s, -T.inf), v[b, h, j, e], j)
+
+
 ATTENTION_VARIANTS = {
     "attention": attention, "causal_attention": causal_attention,
     "alibi_attention": alibi_attention, "softcap_attention": softcap_attention,
@@ -121,4 +152,6 @@ ATTENTION_VARIANTS = {
     "prefix_lm_attention": prefix_lm_attention, "document_attention": document_attention,
     "gqa_attention": gqa_attention, "gqa_causal_attention": gqa_causal_attention,
     "neighborhood_attention": neighborhood_attention,
+    "neighborhood_attention_2d": neighborhood_attention_2d,
+    "neighborhood_attention_3d": neighborhood_attention_3d,
 }

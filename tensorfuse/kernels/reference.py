@@ -88,6 +88,25 @@ def ref_neighborhood_attention(q, k, v, scale, radius):
     return _softmax_attend(np.where(np.abs(i - j) <= radius, _scores(q, k, scale), -np.inf), v)
 
 
+def ref_neighborhood_attention_2d(q, k, v, scale, width, radius, dilation):
+    i, j = np.arange(q.shape[2])[:, None], np.arange(k.shape[2])[None, :]
+    dy, dx = i // width - j // width, i % width - j % width
+    near = (np.abs(dy) <= radius * dilation) & (np.abs(dx) <= radius * dilation) & \
+        (dy % dilation == 0) & (dx % dilation == 0)
+    return _softmax_attend(np.where(near, _scores(q, k, scale), -np.inf), v)
+
+
+def ref_neighborhood_attention_3d(q, k, v, scale, height, width, radius, causal):
+    i, j = np.arange(q.shape[2])[:, None], np.arange(k.shape[2])[None, :]
+    frame = height * width
+    dt = i // frame - j // frame
+    dy = (i // width) % height - (j // width) % height
+    dx = i % width - j % width
+    near = (np.abs(dt) <= radius) & (np.abs(dy) <= radius) & (np.abs(dx) <= radius) & \
+        ((causal == 0) | (dt >= 0))
+    return _softmax_attend(np.where(near, _scores(q, k, scale), -np.inf), v)
+
+
 def ref_softmax(x):
     p = np.exp(x - x.max(-1, keepdims=True))
     return p / p.sum(-1, keepdims=True)

@@ -59,51 +59,56 @@ class _Evaluator:
 
 
 def block_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, tensors: dict,
-                scalars: dict, block_m: int, block_n: int, device):
+                scalars: dict, block_m: int, block_n: int, device, row_tiling=None,
+                row_blocks=None):
     """``(partial_num, partial_idx, full_num, full_idx)`` as int32 tensors on ``device``: per
-    (batch position, row block), how many blocks of each kind and which (row-major lists)."""
+    (batch position, row block), how many blocks of each kind and which (row-major lists).
+    ``row_tiling`` (:class:`.token_tiling.TokenTiling`): the rows are visited in that order, row
+    block ``b`` holding the tokens of positions ``b·block_m …``; ``row_blocks``: only these row
+    blocks (a sample, to compare tilings) — their ``(partial, full)`` block maps."""
     import torch
 
     extent = lambda a: a.extent if isinstance(a.extent, int) else sizes[a.extent]  # noqa: E731
     rows, cols = extent(row), extent(col)
-    n_rb, n_cb = math.ceil(rows / block_m), math.ceil(cols / block_n)
+    rows_pad = row_tiling.padded if row_tiling else math.ceil(rows / block_m) * block_m
+    cols_pad = math.ceil(cols / block_n) * block_n
+    n_rb, n_cb = rows_pad // block_m, cols_pad // block_n
     batch_extents = [extent(a) for a in batch]
     used = {a.uid for a in cond.axes}
     dep_batch = [a for a in batch if a.uid in used]
     shape_b = [extent(a) for a in dep_batch]
     nb = math.prod(shape_b) if shape_b else 1
-    any_blocks = torch.zeros((nb, n_rb, n_cb), dtype=torch.bool, device=device)
-    all_blocks = torch.zeros((nb, n_rb, n_cb), dtype=torch.bool, device=device)
-    cols_pad = n_cb * block_n
-    col_idx = torch.arange(cols_pad, device=device)
-    slab = max(1, (1 << 24) // max(1, cols_pad * nb) // block_m) * block_m
-    for r0 in range(0, n_rb * block_m, slab):
-        r1 = min(r0 + slab, n_rb * block_m)
-        row_idx = torch.arange(r0, r1, device=device)
+    chosen = list(range(n_rb)) if row_blocks is None else list(row_blocks)
+    any_blocks = torch.zeros((nb, len(chosen), n_cb), dtype=torch.bool, device=device)
+    all_blocks = torch.zeros((nb, len(chosen), n_cb), dtype=torch.bool, device=device)
+    col_token, col_in = _tokens(torch.arange(cols_pad, device=device), cols, None)
+    per = max(1, (1 << 24) // max(1, cols_pad * nb) // block_m)
+    nd = len(dep_batch) + 2
+    for s0 in range(0, len(chosen), per):
+        picked = torch.tensor(chosen[s0:s0 + per], device=device)
+        row_pos = (picked.view(-1, 1) * block_m + torch.arange(block_m, device=device)).view(-1)
+        row_token, row_in = _tokens(row_pos, rows, row_tiling)
         grids = {}
-        nd = len(dep_batch) + 2
         for k, a in enumerate(dep_batch):
             shape = [1] * nd
             shape[k] = extent(a)
             grids[a.uid] = torch.arange(extent(a), device=device).view(shape)
-        grids[row.uid] = row_idx.view([1] * len(dep_batch) + [-1, 1])
-        grids[col.uid] = col_idx.view([1] * len(dep_batch) + [1, -1])
-        inside = (grids[row.uid] < rows) & (grids[col.uid] < cols)
-        safe = {**grids, row.uid: grids[row.uid].clamp(max=rows - 1),
-                col.uid: grids[col.uid].clamp(max=cols - 1)}
-        value = _Evaluator(safe, tensors, scalars, sizes)(cond)
+        grids[row.uid] = row_token.view([1] * len(dep_batch) + [-1, 1])
+        grids[col.uid] = col_token.view([1] * len(dep_batch) + [1, -1])
+        inside = row_in.view(-1, 1) & col_in.view(1, -1)
+        value = _Evaluator(grids, tensors, scalars, sizes)(cond)
         value = torch.as_tensor(value, device=device)
-        full_shape = shape_b + [r1 - r0, cols_pad]
-        value = torch.broadcast_to(value, full_shape).reshape(nb, (r1 - r0) // block_m, block_m,
-                                                               n_cb, block_n)
-        inside = torch.broadcast_to(inside, full_shape).reshape(nb, (r1 - r0) // block_m, block_m,
-                                                                n_cb, block_n)
+        full_shape = shape_b + [row_pos.numel(), cols_pad]
+        count = picked.numel()
+        value = torch.broadcast_to(value, full_shape).reshape(nb, count, block_m, n_cb, block_n)
+        inside = torch.broadcast_to(inside, full_shape).reshape(nb, count, block_m, n_cb, block_n)
         hit = value & inside
-        rb0 = r0 // block_m
-        any_blocks[:, rb0:rb0 + (r1 - r0) // block_m] = hit.any(dim=4).any(dim=2)
-        all_blocks[:, rb0:rb0 + (r1 - r0) // block_m] = (value | ~inside).all(dim=4).all(dim=2)
+        any_blocks[:, s0:s0 + count] = hit.any(dim=4).any(dim=2)
+        all_blocks[:, s0:s0 + count] = (value | ~inside).all(dim=4).all(dim=2)
     partial = any_blocks & ~all_blocks
     full = any_blocks & all_blocks
+    if row_blocks is not None:
+        return partial, full
     # expand to every batch position of the grid (row-major over `batch`)
     total = math.prod(batch_extents) if batch_extents else 1
     if dep_batch and len(dep_batch) < len(batch) or (not dep_batch and total > 1):
@@ -126,3 +131,80 @@ def block_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, tens
     pn, pi = lists(partial)
     fn, fi = lists(full)
     return pn, pi, fn, fi
+
+
+def _tokens(positions, extent: int, tiling):
+    """The tokens at ``positions`` of an axis's visiting order (clamped into range, so that a
+    mask may index tensors with them) and whether each is a token at all."""
+    import torch
+
+    if tiling is None:
+        token, valid = positions, positions < extent
+    else:
+        token, valid = tiling.position(positions)
+        if valid is None:
+            valid = torch.ones_like(positions, dtype=torch.bool)
+    return token.clamp(max=extent - 1), valid
+
+
+def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, scalars: dict,
+                 block_m: int, device, row_tiling, windows, row_blocks=None):
+    """Block lists whose entries are key-block *origins* (tokens) of ``windows``
+    (:class:`.token_tiling.KeyWindows`) rather than block indices: per row block, the box of its
+    visible keys in each sub-map, covered from its corner. A block is full where every key in it
+    is a token and visible from every row. The mask may read sizes and scalars only (not the
+    batch axes, not tensors). Same layout as :func:`block_lists`, ``windows.bound`` entries a
+    row; with ``row_blocks``, ``(partial, full)`` block counts of those row blocks."""
+    import torch
+
+    extent = lambda a: a.extent if isinstance(a.extent, int) else sizes[a.extent]  # noqa: E731
+    rows, cols = extent(row), extent(col)
+    rows_pad = row_tiling.padded if row_tiling else math.ceil(rows / block_m) * block_m
+    n_rb, bn, bound = rows_pad // block_m, windows.block, windows.bound
+    chosen = list(range(n_rb)) if row_blocks is None else list(row_blocks)
+    keys = torch.arange(cols, device=device)
+    at = torch.stack([keys // s % n if k else keys // s
+                      for k, (s, n) in enumerate(zip(windows.strides, windows.dims))], dim=1)
+    dil = torch.tensor(windows.dilation, device=device)
+    residue = at % dil
+    within = torch.arange(bn, device=device)
+    partial_n = torch.zeros(len(chosen), dtype=torch.int32)
+    full_n = torch.zeros(len(chosen), dtype=torch.int32)
+    partial_at = torch.zeros((len(chosen), bound), dtype=torch.int32)
+    full_at = torch.zeros((len(chosen), bound), dtype=torch.int32)
+    grids0 = {a.uid: 0 for a in batch}
+    for n, rb in enumerate(chosen):
+        row_token, row_in = _tokens(rb * block_m + torch.arange(block_m, device=device), rows,
+                                    row_tiling)
+        value = _Evaluator({**grids0, row.uid: row_token.view(-1, 1),
+                            col.uid: keys.view(1, -1)}, {}, scalars, sizes)(cond)
+        seen = (torch.as_tensor(value, device=device) & row_in.view(-1, 1)).any(dim=0)
+        if not bool(seen.any()):
+            continue
+        origins = []
+        for res in torch.unique(residue[seen], dim=0):
+            mine = at[seen & (residue == res).all(dim=1)]
+            lo, hi = mine.min(dim=0).values, mine.max(dim=0).values
+            steps = [torch.arange(int(lo[k]), int(hi[k]) + 1, p * d, device=device)
+                     for k, (p, d) in enumerate(zip(windows.patch, windows.dilation))]
+            corners = torch.cartesian_prod(*steps).view(-1, len(steps))
+            origins.append((corners * torch.tensor(windows.strides, device=device)).sum(dim=1))
+        origin = torch.cat(origins)
+        token, valid = windows.position(origin.view(-1, 1), within.view(1, -1))
+        valid = torch.ones_like(token, dtype=torch.bool) if valid is None else valid
+        value = _Evaluator({**grids0, row.uid: row_token.view(-1, 1, 1),
+                            col.uid: token.clamp(max=cols - 1).view(1, *token.shape)}, {},
+                           scalars, sizes)(cond)
+        value = torch.broadcast_to(torch.as_tensor(value, device=device),
+                                   (block_m, *token.shape))
+        hit = (value & valid & row_in.view(-1, 1, 1)).any(dim=2).any(dim=0)
+        whole = (value | ~row_in.view(-1, 1, 1)).all(dim=0).all(dim=1) & valid.all(dim=1)
+        part, full = origin[hit & ~whole], origin[hit & whole]
+        partial_n[n], full_n[n] = part.numel(), full.numel()
+        partial_at[n, :part.numel()] = part.to(torch.int32).cpu()
+        full_at[n, :full.numel()] = full.to(torch.int32).cpu()
+    if row_blocks is not None:
+        return partial_n, full_n
+    total = math.prod(extent(a) for a in batch) if batch else 1
+    out = [partial_n, partial_at, full_n, full_at]
+    return tuple(t.repeat(total, *([1] * (t.dim() - 1))).contiguous().to(device) for t in out)

@@ -17,7 +17,7 @@ A plan is data: it holds no code text.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -25,12 +25,13 @@ from ..algebra import Chain, inline_elementwise
 from ..algebra.exprs import factors, nodes, substitute
 from ..dsl import dtypes as dt
 from ..dsl.evaluate import evaluate_plain
-from ..dsl.expr import Axis, Binary, Const, Expr, Load, Ref, Symbol, Where
+from ..dsl.expr import Axis, Binary, Const, Expr, Load, Ref, Scalar, Symbol, Where
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
-from ..errors import TargetError
+from ..errors import ScheduleError, TargetError
 from ..targets.triton.rowtile import MAX_FEATURE, REDUCE
-from .block_schedule import block_lists
+from .block_schedule import block_lists, window_lists
+from .token_tiling import choose_tiling, mask_reads_map
 
 
 @dataclass
@@ -67,6 +68,10 @@ class RowTilePlan:
     mask: Expr | None = None
     outputs: list = field(default_factory=list)       # (compute, expr, kind)
     fold: tuple | None = None   # (batch axis h, group size G): G values of h share a row tile
+    # the rows visited in patches of a map, the keys in windows (token_tiling), and the choice
+    row_tiling: object = None
+    key_windows: object = None
+    tiling: object = None
 
     @property
     def rows(self) -> int:
@@ -110,6 +115,8 @@ class RowTilePlan:
         if self.mask is not None:
             lines.append(f"  mask: {to_text(self.mask)} (blocks sorted per call into skipped, "
                          "partial and full)")
+        if self.tiling is not None:
+            lines.append(f"  visiting order: {self.tiling.describe()}")
         lines.append("  outputs: " + ", ".join(f"{c.name} ({kind})" for c, _, kind in
                                                self.outputs))
         if knobs is not None:
@@ -362,8 +369,68 @@ class TilePlanner:
     def plan(self, dims: dict) -> RowTilePlan:
         return plan_rowtile(self.program, self.chain, dims)
 
+    @property
+    def reads_map(self) -> bool:
+        """Whether the chain's mask reads the rows or the keys as a map (``i // W``, ``i % W``):
+        a visiting order in patches may then beat the flat one."""
+        return mask_reads_map(self._mask(), tuple(self.chain.common_axes[-1:]) +
+                              (self.chain.axis,))
+
+    def _mask(self):
+        return _single_mask(self.chain, {m.name for m in self.chain.members})
+
+    @property
+    def layout_scalars(self) -> tuple[str, ...]:
+        """The scalars a visiting order may depend on: those of a mask that reads the rows or
+        keys as a map (a width, a radius, a dilation). Kernels are built per their values."""
+        if not self.reads_map:
+            return ()
+        mask = self._mask()
+        found: dict = {}
+
+        def visit(e):
+            if isinstance(e, Scalar):
+                found[e.name] = True
+            for c in e.children():
+                visit(c)
+
+        visit(mask)
+        return tuple(found)
+
+    def tile(self, plan: RowTilePlan, knobs: Knobs, scalars: dict | None,
+             request: "dict | None | bool" = True) -> RowTilePlan:
+        """``plan`` with the visiting order of its rows and keys chosen for its mask
+        (:func:`.token_tiling.choose_tiling`), where it has one that reads the axes as a map and
+        the kernel sweeps its keys once per row block. ``request``: ``True`` to choose, ``False``
+        for the flat order, or ``Schedule.tile_as``'s patch/key_patch/dilation."""
+        names = self.layout_scalars
+        asked = isinstance(request, dict)
+        if request is False or not asked and not mask_reads_map(plan.mask, (plan.row, plan.col)):
+            return plan
+        why = None
+        if knobs.splits > 1 or plan.fold is not None or plan.rows <= 64:
+            why = "the keys are split over programs (decode)"
+        elif any(kind == "col" for _, _, kind in plan.outputs):
+            why = "an output runs along the keys"
+        elif any(n not in (scalars or {}) for n in names):
+            why = f"the values of {', '.join(names)} are needed to choose"
+        if plan.mask is None:
+            why = "the chain has no mask to follow"
+        if why is not None:
+            if asked:
+                raise ScheduleError(f"tile_as: {why}")
+            return plan
+        choice = choose_tiling(plan.mask, plan.batch, plan.row, plan.col, plan.sizes,
+                               dict(scalars or {}), knobs.block_m, knobs.block_n,
+                               request if isinstance(request, dict) else None)
+        return replace(plan, row_tiling=choice.rows, key_windows=choice.cols, tiling=choice)
+
     def block_lists(self, plan: RowTilePlan, knobs: Knobs, sizes: dict, tensors: dict,
                     scalars: dict, device):
-        """The partial and full blocks of each row block (:func:`.block_schedule.block_lists`)."""
+        """The partial and full blocks of each row block (:func:`.block_schedule.block_lists`;
+        key-window origins with :func:`.block_schedule.window_lists`)."""
+        if plan.key_windows is not None:
+            return window_lists(plan.mask, plan.batch, plan.row, plan.col, sizes, scalars,
+                                knobs.block_m, device, plan.row_tiling, plan.key_windows)
         return block_lists(plan.mask, plan.batch, plan.row, plan.col, sizes, tensors, scalars,
-                           knobs.block_m, knobs.block_n, device)
+                           knobs.block_m, knobs.block_n, device, plan.row_tiling)

@@ -30,8 +30,9 @@ class TritonKernel(GraphCallable):
     This class only emits, compiles and launches."""
 
     def __init__(self, planner, target, knobs: Callable, description: str, fusion=None,
-                 tuned: Tuned | None = None):
+                 tuned: Tuned | None = None, tiling: "dict | bool" = True):
         self.planner, self.target = planner, target
+        self.tiling = tiling   # the visiting order: True chooses, False keeps the flat one
         self.program, self.chain = planner.program, planner.chain
         self.fusion = fusion
         self.knobs = knobs
@@ -64,6 +65,7 @@ class TritonKernel(GraphCallable):
             if found is not None:
                 knobs = replace(knobs, **found[0])
                 self._origin[key] = f"tuned record ({found[1]})"
+            plan = self.planner.tile(plan, knobs, scalars, self.tiling)
             name = f"{self.program.name}_fused"
             made = kernel_source(plan, knobs, name, interpreter=interpreting())
             if knobs.splits > 1:  # a kernel per split part, then a merge kernel
@@ -77,8 +79,14 @@ class TritonKernel(GraphCallable):
 
     def _build_key(self, dims: dict, scalars: dict | None) -> tuple:
         key = tuple(sorted(dims.items()))
-        names = getattr(self.tuned, "scalar_names", ())
+        names = self._keyed_scalars()
         return key + tuple((n, (scalars or {}).get(n)) for n in names) if names else key
+
+    def _keyed_scalars(self) -> tuple[str, ...]:
+        """Scalars whose values the kernel is built for: those tuning records are kept per (a
+        window) and those the visiting order of a map-shaped mask depends on (a width)."""
+        return tuple(dict.fromkeys(getattr(self.tuned, "scalar_names", ())
+                                   + self.planner.layout_scalars))
 
     def schedule_origin(self, **dims) -> str:
         """Where the knobs at these sizes (and scalar values, given by name among them: a
@@ -121,8 +129,8 @@ class TritonKernel(GraphCallable):
         ints = tuple((v == 1, v % 16 == 0) for n, v in bound.scalars.items()
                      if self._int_scalar.get(n))
         key = bound.signature + ints
-        keyed = getattr(self.tuned, "scalar_names", ())
-        if keyed:   # records kept per value of these: the knobs may differ
+        keyed = self._keyed_scalars()
+        if keyed:   # records kept per value of these: the knobs or the tiling may differ
             key += tuple(bound.scalars[n] for n in keyed)
         made = self._launch_plans.get(key)
         if made is None:
@@ -260,7 +268,7 @@ class TritonKernel(GraphCallable):
         # the values of the scalars tuning records are kept per (a window): another value may
         # have other knobs, so it takes the checked path
         places = {name: place for name, place, _ in params}
-        guards = [(places[n], bound.scalars[n]) for n in getattr(self.tuned, "scalar_names", ())]
+        guards = [(places[n], bound.scalars[n]) for n in self._keyed_scalars()]
         self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes,
                                    guards)
 

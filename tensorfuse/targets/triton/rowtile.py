@@ -36,6 +36,32 @@ PREFETCH = True
 EVICTION = None
 
 
+class _Index:
+    """Source text of an integer index tensor, with the operators a token tiling's arithmetic
+    uses (``schedule_templates.token_tiling``: positions are never negative, so Triton's
+    truncating ``//`` and ``%`` are the floor ones)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    @staticmethod
+    def _text(x) -> str:
+        return x.text if isinstance(x, _Index) else str(x)
+
+    def _op(self, op: str, other, swap: bool = False) -> "_Index":
+        a, b = (self._text(other), self.text) if swap else (self.text, self._text(other))
+        return _Index(f"({a} {op} {b})")
+
+    def __floordiv__(self, o): return self._op("//", o)
+    def __mod__(self, o): return self._op("%", o)
+    def __mul__(self, o): return self._op("*", o)
+    def __rmul__(self, o): return self._op("*", o, True)
+    def __add__(self, o): return self._op("+", o)
+    def __radd__(self, o): return self._op("+", o, True)
+    def __lt__(self, o): return self._op("<", o)
+    def __and__(self, o): return self._op("&", o)
+
+
 class _Writer:
     def __init__(self):
         self.lines: list[str] = []
@@ -75,6 +101,7 @@ def kernel_source(plan, knobs, name: str,
         not None else []
     splits = knobs.splits
     M, N = plan.rows, plan.cols
+    windows = plan.key_windows
     members = plan.chain.members
     needed = [m.name for m in members if any(m.name in s.deps for s in plan.chain.schemes.values())]
     parts = [f"part_{sp.member.name}_{sp.k}" for sp in plan.states] + [f"part_ref_{d}"
@@ -112,6 +139,17 @@ def kernel_source(plan, knobs, name: str,
             stride *= extent
         w("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
         w("offs_k = tl.arange(0, BLOCK_K)")
+        if plan.row_tiling is not None:   # the rows of this block: a patch of the map
+            token, ok = plan.row_tiling.position(_Index("offs_m"))
+            w(f"tok_m = {token.text}")
+            row_index = "tok_m[:, None]"
+            if ok is not None:
+                w(f"ok_m = {ok.text}")
+        if windows is not None:   # a key block's tokens from its origin
+            offset, steps = windows.offsets(_Index("tl.arange(0, BLOCK_N)"))
+            w(f"koff_n = {_Index._text(offset)}")
+            for k, step in enumerate(steps):
+                w(f"kstep_{k} = {_Index._text(step)}")
         if plan.fold is not None:  # rows are (head in group, query): h = group·G + r // M
             a, g = plan.fold
             per = plan.sizes_of(plan.row)
@@ -126,6 +164,14 @@ def kernel_source(plan, knobs, name: str,
     col_ok_t = "(offs_n[:, None] < %d)" % N
     ragged_rows = M % knobs.block_m != 0
     ragged_cols = N % knobs.block_n != 0
+    col_index, col_index_t = "offs_n[None, :]", "offs_n[:, None]"
+    if plan.row_tiling is not None:
+        ragged_rows = not plan.row_tiling.exact
+        row_ok = "ok_m[:, None]"
+    if windows is not None:   # keys past the map's edge: only in partial blocks (a full one has
+        col_ok, col_ok_t = "ok_n[None, :]", "ok_n[:, None]"      # none)
+        col_index, col_index_t = "tok_n[None, :]", "tok_n[:, None]"
+    window_edge = {"ragged": ragged_cols}
     ragged_feature = plan.feature_extent != bk
 
     def valid(pairs):
@@ -133,9 +179,9 @@ def kernel_source(plan, knobs, name: str,
 
     def ctx_rc():
         """Row × column tile (the feature axis reduced away)."""
-        return ctx_base.child(axes={plan.row.uid: row_index, plan.col.uid: "offs_n[None, :]"},
+        return ctx_base.child(axes={plan.row.uid: row_index, plan.col.uid: col_index},
                               valid=valid([(plan.row.uid, row_ok, ragged_rows),
-                                           (plan.col.uid, col_ok, ragged_cols)]))
+                                           (plan.col.uid, col_ok, window_edge["ragged"])]))
 
     def ctx_rf(feature: Axis):
         return ctx_base.child(axes={plan.row.uid: row_index, feature.uid: "offs_k[None, :]"},
@@ -143,8 +189,8 @@ def kernel_source(plan, knobs, name: str,
                                            (feature.uid, feat_ok, ragged_feature)]))
 
     def ctx_cf(feature: Axis):
-        return ctx_base.child(axes={plan.col.uid: "offs_n[:, None]", feature.uid: "offs_k[None, :]"},
-                              valid=valid([(plan.col.uid, col_ok_t, ragged_cols),
+        return ctx_base.child(axes={plan.col.uid: col_index_t, feature.uid: "offs_k[None, :]"},
+                              valid=valid([(plan.col.uid, col_ok_t, window_edge["ragged"]),
                                            (feature.uid, feat_ok, ragged_feature)]))
 
     def ctx_r():
@@ -174,7 +220,21 @@ def kernel_source(plan, knobs, name: str,
         update of the states. ``prefetch``: loads of the outputs to issue first (their latency
         then overlaps the row's load and reductions instead of following them)."""
         w("offs_n = start_n + tl.arange(0, BLOCK_N)")
-        w(f"col_ok = {col_ok}")
+        if windows is None:
+            w(f"col_ok = {col_ok}")
+        ragged_cols = window_edge["ragged"] = with_mask if windows is not None else \
+            window_edge["ragged"]
+        if windows is not None:
+            w("tok_n = start_n + koff_n")
+            if with_mask:
+                checks = []
+                for k, (n, stride) in enumerate(zip(windows.dims, windows.strides)):
+                    at = f"(start_n // {stride})" if stride != 1 else "start_n"
+                    checks.append(f"({at}{f' % {n}' if k else ''} + kstep_{k} < {n})")
+                if math.prod(windows.dims) > windows.extent:
+                    checks.append(f"(tok_n < {windows.extent})")
+                w(f"ok_n = {' & '.join(checks)}")
+                w(f"col_ok = {col_ok}")
         memo: dict = {}
         early = ctx_rc().child(emit=w, memo=memo)
         for operand in prefetch:
@@ -387,7 +447,7 @@ def kernel_source(plan, knobs, name: str,
             ctx_base.streaming = ctx_base.streaming[:2] + ("evict_first",)
     else:
         for kind, flag in (("partial", True), ("full", False)):
-            w(f"base_{kind} = pid_b * {math.ceil(M / knobs.block_m)} + pid_m")
+            w(f"base_{kind} = pid_b * {grid(plan, knobs)[0]} + pid_m")
             w(f"count_{kind} = tl.load(bm_{kind}_num + base_{kind})")
             if interpreter:
                 w(f"for blk in range(0, {_blocks(plan, knobs)}):")
@@ -396,8 +456,8 @@ def kernel_source(plan, knobs, name: str,
             else:
                 w(f"for blk in range(0, count_{kind}):")
             with w.block():
-                w(f"start_n = tl.load(bm_{kind}_idx + base_{kind} * {_blocks(plan, knobs)} + blk)"
-                  " * BLOCK_N")
+                start = f"tl.load(bm_{kind}_idx + base_{kind} * {_blocks(plan, knobs)} + blk)"
+                w(f"start_n = {start}" if windows is not None else f"start_n = {start} * BLOCK_N")
                 chunk_body(flag)
             if interpreter:
                 w.indent -= 1
@@ -496,12 +556,16 @@ def _largest(prog, sizes: dict) -> int:
 
 
 def _blocks(plan, knobs) -> int:
+    """Entries per row block of the block lists."""
+    if plan.key_windows is not None:
+        return plan.key_windows.bound
     return math.ceil(plan.cols / knobs.block_n)
 
 
 def grid(plan, knobs) -> tuple[int, int]:
     batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
-    return (math.ceil(plan.rows / knobs.block_m), batch)
+    rows = plan.row_tiling.padded if plan.row_tiling is not None else plan.rows
+    return (math.ceil(rows / knobs.block_m), batch)
 
 
 def block_k(plan) -> int:

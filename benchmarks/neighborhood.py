@@ -1,0 +1,143 @@
+"""Multi-dimensional neighbourhood attention (issue 19): tensorfuse's token tiling against
+FlexAttention (the same mask as a ``mask_mod`` with its block mask, under torch.compile), in one
+process on one GPU. Every implementation is checked against float64 on sampled query rows before
+it is timed; TFLOP/s count useful work only (the mask's density times the dense count), and the
+dense attention of the same run (``tf.compile``, full mask) is the ceiling the fraction refers to.
+
+    python -m benchmarks.neighborhood --csv out.csv [--quick]
+
+Implementations: ``tensorfuse`` (``tf.compile`` defaults: the attention template with its
+visiting order chosen), ``tensorfuse_flat`` (the same template in the flat order),
+``tensorfuse_hopper`` (the Hopper template, flat order), ``flex_attention``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from benchmarks.attention import Case, baselines, checked, density, reference
+from benchmarks.common import Row, bench, write_csv
+
+D, H, B = 128, 16, 1
+CHAIN = ("m", "l", "o")
+
+
+def mask_2d(width: int, radius: int, dilation: int):
+    def mask_mod(b, h, q, kv):
+        dy, dx = q // width - kv // width, q % width - kv % width
+        return (dy.abs() <= radius * dilation) & (dx.abs() <= radius * dilation) & \
+            (dy % dilation == 0) & (dx % dilation == 0)
+    return mask_mod
+
+
+def mask_3d(height: int, width: int, radius: int, causal: int):
+    def mask_mod(b, h, q, kv):
+        frame = height * width
+        dt = q // frame - kv // frame
+        dy = (q // width) % height - (kv // width) % height
+        dx = q % width - kv % width
+        near = (dt.abs() <= radius) & (dy.abs() <= radius) & (dx.abs() <= radius)
+        return near & (dt >= 0) if causal else near
+    return mask_mod
+
+
+def cases(quick: bool):
+    """(benchmark name, kernel, tokens, scalars, mask_mod)."""
+    out = []
+    for side in ((64,) if quick else (64, 128)):
+        for kernel_size in ((7, 31) if quick else (7, 15, 31)):
+            for dil in (1, 2):
+                r = kernel_size // 2
+                out.append((f"attention/neighborhood_2d/{side}x{side}/k{kernel_size}/dil{dil}",
+                            K.neighborhood_attention_2d, side * side,
+                            dict(width=side, radius=r, dilation=dil), mask_2d(side, r, dil)))
+    for causal in (0, 1):
+        out.append((f"attention/neighborhood_3d/16x32x32/k7/{'causal' if causal else 'full'}",
+                    K.neighborhood_attention_3d, 16 * 32 * 32,
+                    dict(height=32, width=32, radius=3, causal=causal), mask_3d(32, 32, 3, causal)))
+    return out
+
+
+def make(name, S, scalars, mask_mod, check_rows=96) -> Case:
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    scale = 1.0 / math.sqrt(D)
+    dens = density(mask_mod, B, H, S)
+    rows = torch.cat([torch.arange(0, check_rows), torch.arange(S // 2, S // 2 + check_rows),
+                      torch.arange(S - check_rows, S)]).cuda()
+    return Case(name, q, k, v, scale, dict(scalars), None, mask_mod, None, dens,
+                4 * B * H * S * S * D * dens, f"B{B} H{H} S{S} D{D}", rows,
+                reference(q, k, v, scale, None, mask_mod, rows))
+
+
+def triton_template(kernel, tiling):
+    sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
+    return sch.apply_template("attention").tile_as(enabled=tiling).compile()
+
+
+def hopper_template(kernel):
+    sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
+    return sch.apply_template("hopper_attention").compile()
+
+
+def run(quick: bool, log=print) -> list[Row]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    rows: list[Row] = []
+    dense_rate = {}
+    for S in sorted({S for _, _, S, _, _ in cases(quick)}):
+        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        f = tf.compile(K.attention)
+        f(q, k, v, 1 / math.sqrt(D))
+        ms = bench(lambda: f(q, k, v, 1 / math.sqrt(D)))
+        dense_rate[S] = 4 * B * H * S * S * D / ms / 1e9
+        rows.append(Row(f"attention/dense/S{S}", f"B{B} H{H} S{S} D{D}", "tensorfuse", ms,
+                        dense_rate[S], 0.0, 1.0, "dense ceiling of this run"))
+        log(f"dense S={S}: {dense_rate[S]:.0f} TFLOP/s")
+    for name, kernel, S, scalars, mask_mod in cases(quick):
+        case = make(name, S, scalars, mask_mod)
+        impls = {"tensorfuse": tf.compile(kernel),
+                 "tensorfuse_flat": triton_template(kernel, False),
+                 "tensorfuse_hopper": hopper_template(kernel)}
+        found = {}
+        for label, f in impls.items():
+            t0 = time.time()
+            made = checked(case, label, lambda f=f: f(case.q, case.k, case.v, case.scale,
+                                                       **case.args), log)
+            if made:
+                found[label] = (made[0], made[1] + f"; first call {time.time() - t0:.1f} s")
+        found.update(baselines(case, flex, log))
+        order = impls["tensorfuse"].for_sizes(B=B, H=H, M=S, N=S, D=D)
+        plan = order.build(scalars, B=B, H=H, M=S, N=S, D=D)[0] if hasattr(order, "build") \
+            else None
+        how = plan.tiling.describe() if plan is not None and plan.tiling is not None else \
+            getattr(order, "description", "")
+        flex_ms = found.get("flex_attention", (math.nan,))[0]
+        line = [f"{name} density {case.density:.4f}"]
+        for label, (ms, note) in found.items():
+            rate = case.flops / ms / 1e9
+            rows.append(Row(name, case.shape, label, ms, rate, 0.0, rate / dense_rate[S],
+                            note + (f"; {how}" if label == "tensorfuse" else "")))
+            line.append(f"{label} {ms:.3f} ms {rate:.0f} TF ({flex_ms / ms:.2f}x flex, "
+                        f"{rate / dense_rate[S]:.0%} dense)")
+        log("\n  ".join(line) + f"\n  order: {how}")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", default="")
+    parser.add_argument("--quick", action="store_true", help="64x64 maps, kernels 7 and 31")
+    args = parser.parse_args()
+    rows = run(args.quick)
+    if args.csv:
+        write_csv(rows, args.csv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Token tiling: visiting a map-shaped mask's sequence in patches and key windows — the
+arithmetic, the block schedule (every visible pair visited exactly once), the choice, the
+schedule primitive, and the kernels in Triton's interpreter against float64."""
+import json
+import math
+import os
+import secrets
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from tensorfuse.algebra import plan_chain
+from tensorfuse.errors import ScheduleError
+from tensorfuse.kernels.reference import TOLERANCE
+from tensorfuse.schedule_templates.block_schedule import _Evaluator, window_lists
+from tensorfuse.schedule_templates.tile_plan import TilePlanner
+from tensorfuse.schedule_templates.token_tiling import (KeyWindows, TokenTiling, choose_tiling,
+                                                        map_dims)
+
+
+def _plan(kernel, S):
+    chain = plan_chain(kernel.program, ("m", "l", "o"), "j")
+    return TilePlanner(kernel.program, chain).plan(dict(B=1, H=2, M=S, N=S, D=16))
+
+
+@pytest.mark.parametrize("extent, dims, dilation, patch", [
+    (4096, (64, 64), (1, 1), (8, 16)), (4096, (64, 64), (2, 2), (16, 8)),
+    (143, (13, 11), (1, 1), (4, 4)), (87, (9, 10), (2, 1), (4, 4)),
+    (210, (5, 6, 7), (1, 2, 1), (2, 2, 4)), (16384, (16, 32, 32), (1, 1, 1), (2, 8, 8))])
+def test_tiled_order_visits_every_token_once(extent, dims, dilation, patch):
+    t = TokenTiling(extent, dims, dilation, patch)
+    token, valid = t.position(torch.arange(t.padded))
+    kept = token if valid is None else token[valid]
+    assert t.padded % t.block == 0
+    assert sorted(kept.tolist()) == list(range(extent))
+    assert (valid is None) == t.exact
+
+
+def test_map_is_read_from_the_index_arithmetic():
+    plan = _plan(K.neighborhood_attention_2d, 4096)
+    assert map_dims([plan.mask], plan.row, 4096, plan.sizes, {"width": 64}) == (64, 64)
+    assert map_dims([plan.mask], plan.row, 4096, plan.sizes, {}) is None   # width unknown
+    video = _plan(K.neighborhood_attention_3d, 16384)
+    assert map_dims([video.mask], video.col, 16384, video.sizes,
+                    {"height": 32, "width": 32}) == (16, 32, 32)
+    flat = _plan(K.sliding_window_attention, 256)
+    assert map_dims([flat.mask], flat.row, 256, flat.sizes, {"window": 8}) is None
+
+
+@pytest.mark.parametrize("kernel, S, scalars, asked", [
+    (K.neighborhood_attention_2d, 24 * 20, dict(width=20, radius=2, dilation=2), None),
+    (K.neighborhood_attention_2d, 13 * 11, dict(width=11, radius=3, dilation=1),
+     dict(patch=(4, 4), key_patch=(2, 8))),
+    (K.neighborhood_attention_3d, 5 * 6 * 7, dict(height=6, width=7, radius=1, causal=1), None),
+])
+def test_key_windows_cover_every_visible_pair_exactly_once(kernel, S, scalars, asked):
+    plan = _plan(kernel, S)
+    choice = choose_tiling(plan.mask, plan.batch, plan.row, plan.col, plan.sizes, scalars, 16, 16,
+                           asked)
+    assert choice.cols is not None
+    pn, pi, fn, fi = window_lists(plan.mask, plan.batch, plan.row, plan.col, plan.sizes,
+                                  scalars, 16, "cpu", choice.rows, choice.cols)
+    rows = choice.rows.padded if choice.rows else math.ceil(S / 16) * 16
+    keys = torch.arange(S)
+    visible = _Evaluator({a.uid: 0 for a in plan.batch} | {plan.row.uid: keys.view(-1, 1),
+                                                            plan.col.uid: keys.view(1, -1)},
+                         {}, scalars, plan.sizes)(plan.mask)
+    within = torch.arange(16)
+    for rb in range(rows // 16):
+        if choice.rows:
+            tokens, ok = choice.rows.position(rb * 16 + within)
+            tokens = tokens if ok is None else tokens[ok]
+        else:
+            tokens = (rb * 16 + within)[rb * 16 + within < S]
+        covered = torch.zeros(S, dtype=torch.int64)
+        for num, at, whole in ((pn, pi, False), (fn, fi, True)):
+            for origin in at[rb, :num[rb]].tolist():
+                token, ok = choice.cols.position(torch.tensor(origin), within)
+                ok = torch.ones(16, dtype=torch.bool) if ok is None else ok
+                covered.index_add_(0, token[ok], torch.ones(int(ok.sum()), dtype=torch.int64))
+                if whole:   # a full block: every key a token and visible from every row
+                    assert bool(ok.all()) and bool(visible[tokens][:, token].all())
+        needed = visible[tokens].any(dim=0)
+        assert bool((covered[needed] == 1).all()), f"row block {rb}: a visible key missed or twice"
+        assert int(covered.max()) <= 1
+
+
+def test_the_choice_tiles_dilated_neighbourhoods_and_keeps_flat_masks_flat():
+    plan = _plan(K.neighborhood_attention_2d, 4096)
+    choice = choose_tiling(plan.mask, plan.batch, plan.row, plan.col, plan.sizes,
+                           dict(width=64, radius=3, dilation=2), 128, 64)
+    assert choice.rows.dilation == (2, 2) and choice.cols.dilation == (2, 2)
+    assert choice.cost * 2 <= choice.flat_cost, choice.describe()
+    flat = _plan(K.sliding_window_attention, 512)
+    kept = choose_tiling(flat.mask, flat.batch, flat.row, flat.col, flat.sizes, {"window": 64},
+                         64, 64)
+    assert kept.rows is None and kept.cols is None
+
+
+def test_tile_as_refuses_what_it_cannot_do():
+    sch = tf.schedule(K.sliding_window_attention, "cuda:sm_90a")
+    sch.rolling_update("m", "l", "o", axis="j").apply_template("attention", tile_m=64, tile_n=64)
+    sch.tile_as(patch=(8, 8))
+    with pytest.raises(ScheduleError, match="does not read the query or key axis as a map"):
+        sch.compile().build({"window": 8}, B=1, H=1, M=256, N=256, D=16)
+    sch = tf.schedule(K.neighborhood_attention_2d, "cuda:sm_90a")
+    sch.rolling_update("m", "l", "o", axis="j").apply_template("attention", tile_m=64, tile_n=64)
+    sch.tile_as(patch=(8, 16))
+    with pytest.raises(ScheduleError, match="multiply to the block size"):
+        sch.compile().build(dict(width=16, radius=1, dilation=1), B=1, H=1, M=256, N=256, D=16)
+    assert sch.undo().startswith("tile_as") and sch.tiling is True
+    gemm = tf.schedule(K.matmul, "cuda:sm_90a").apply_template("hopper_gemm")
+    with pytest.raises(ScheduleError, match="attention template"):
+        gemm.tile_as(patch=(8, 8))
+
+
+def test_plan_shows_the_visiting_order_and_compile_prefers_the_tiled_template():
+    from tensorfuse.schedule_templates.auto import choose, native_templates
+    from tensorfuse.targets import get_target
+
+    sch = tf.schedule(K.neighborhood_attention_2d, "cuda:sm_90a")
+    sch.rolling_update("m", "l", "o", axis="j").apply_template("attention")
+    text = sch.plan(B=1, H=2, M=1024, N=1024, D=64, width=32, radius=2, dilation=2)
+    assert "visiting order: queries: 32×32 map in patches of" in text and "dilation 2×2" in text
+    spec = get_target("cuda:sm_90a")
+    for kernel, hopper in ((K.neighborhood_attention_2d, False), (K.causal_attention, True)):
+        name, fusion = choose(kernel.program, spec)
+        made = native_templates(kernel, name, fusion, spec)
+        assert any("hopper" in m.description.lower() for m in made) == hopper, kernel.name
+
+
+def test_tiled_kernels_match_float64_in_the_interpreter():
+    seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
+    proc = subprocess.run([sys.executable, "-m", "tests.schedule_templates.tiling_check",
+                           str(seed)], capture_output=True, text=True,
+                          env=dict(os.environ, TRITON_INTERPRET="1"),
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, r in results.items():
+        assert r["error"] <= TOLERANCE["bf16"], f"{name}: {r} (TENSORFUSE_SEED={seed})"
+        assert r["tiled"], f"{name}: ran in the flat order ({r['order']})"
