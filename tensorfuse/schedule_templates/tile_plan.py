@@ -18,6 +18,7 @@ A plan is data: it holds no code text.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -369,7 +370,7 @@ class TilePlanner:
     def plan(self, dims: dict) -> RowTilePlan:
         return plan_rowtile(self.program, self.chain, dims)
 
-    @property
+    @cached_property
     def reads_map(self) -> bool:
         """Whether the chain's mask reads the rows or the keys as a map (``i // W``, ``i % W``):
         a visiting order in patches may then beat the flat one."""
@@ -379,10 +380,11 @@ class TilePlanner:
     def _mask(self):
         return _single_mask(self.chain, {m.name for m in self.chain.members})
 
-    @property
+    @cached_property
     def layout_scalars(self) -> tuple[str, ...]:
         """The scalars a visiting order may depend on: those of a mask that reads the rows or
-        keys as a map (a width, a radius, a dilation). Kernels are built per their values."""
+        keys as a map (a width, a radius, a dilation). Kernels are built per their values.
+        Computed once: every call's launch key reads it."""
         if not self.reads_map:
             return ()
         mask = self._mask()
