@@ -8,6 +8,7 @@ dense attention of the same run (``tf.compile``, full mask) is the ceiling the f
 
 Implementations: ``tensorfuse`` (``tf.compile`` defaults: the attention template with its
 visiting order chosen), ``tensorfuse_flat`` (the same template in the flat order),
+``tensorfuse_n128`` (tiled, key blocks of 128 instead of the default 64),
 ``tensorfuse_hopper`` (the Hopper template, flat order), ``flex_attention``.
 """
 from __future__ import annotations
@@ -74,9 +75,9 @@ def make(name, S, scalars, mask_mod, check_rows=96) -> Case:
                 reference(q, k, v, scale, None, mask_mod, rows))
 
 
-def triton_template(kernel, tiling):
+def triton_template(kernel, tiling, **knobs):
     sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
-    return sch.apply_template("attention").tile_as(enabled=tiling).compile()
+    return sch.apply_template("attention", **knobs).tile_as(enabled=tiling).compile()
 
 
 def hopper_template(kernel):
@@ -104,6 +105,7 @@ def run(quick: bool, log=print) -> list[Row]:
         case = make(name, S, scalars, mask_mod)
         impls = {"tensorfuse": tf.compile(kernel),
                  "tensorfuse_flat": triton_template(kernel, False),
+                 "tensorfuse_n128": triton_template(kernel, True, tile_n=128),
                  "tensorfuse_hopper": hopper_template(kernel)}
         found = {}
         for label, f in impls.items():

@@ -17,6 +17,7 @@ from ..targets import TargetSpec
 from ..targets.triton.kernel import TritonKernel, Tuned
 from .fusion import Fusion
 from .tile_plan import Knobs, RowTilePlan, TilePlanner
+from .token_tiling import mask_reads_map
 
 
 SMS = 132  # H100 SXM; enough parallel programs for any current GPU
@@ -41,6 +42,11 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
                      splits=splits)
     if plan.feature_extent > 128:
         return Knobs(block_m=64, block_n=32, num_warps=4, num_stages=2)
+    if target.kind == "cuda" and mask_reads_map(plan.map_mask, (plan.row, plan.col)):
+        # a mask over a 2-D/3-D map: its index arithmetic beside a 128×128 score tile spills
+        # (ptxas, sm_90a, D=128: 288–624 bytes; none at 128×64), and key windows of 64 waste
+        # fewer keys at a neighbourhood's edges
+        return Knobs(block_m=128, block_n=64, num_warps=8, num_stages=3)
     if target.kind == "rocm":
         return Knobs(block_m=128, block_n=64, num_warps=4, num_stages=1)
     return Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3)

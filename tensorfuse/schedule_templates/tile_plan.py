@@ -26,7 +26,8 @@ from ..algebra import Chain, inline_elementwise
 from ..algebra.exprs import factors, nodes, substitute
 from ..dsl import dtypes as dt
 from ..dsl.evaluate import evaluate_plain
-from ..dsl.expr import Axis, Binary, Const, Expr, Load, Ref, Scalar, Symbol, Where
+from ..dsl.expr import (Axis, Binary, Compare, Const, Expr, Load, Ref, Scalar, Symbol, Where,
+                        binary, compare)
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from ..errors import ScheduleError, TargetError
@@ -73,6 +74,13 @@ class RowTilePlan:
     row_tiling: object = None
     key_windows: object = None
     tiling: object = None
+    written_mask: Expr | None = None   # the mask as written, where the emitted one is rewritten
+
+    @property
+    def map_mask(self) -> Expr | None:
+        """The mask as the program writes it: what a map is recognised from (the rewritten
+        ``a % d == b % d`` reads like another level of the map)."""
+        return self.written_mask if self.written_mask is not None else self.mask
 
     @property
     def rows(self) -> int:
@@ -229,6 +237,8 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
                                              _grouped(sp.contraction.right, plan.fold),
                                              sp.contraction.dot_dtype)
     plan.mask = None if plan.fold else _single_mask(chain, members)
+    if plan.mask is not None:
+        _separate_congruences(plan)
     plan.outputs = _outputs(program, chain, common, col)
     return plan
 
@@ -331,6 +341,41 @@ def _single_mask(chain: Chain, members: set) -> Expr | None:
     return cond
 
 
+def _separate_congruences(plan: RowTilePlan) -> None:
+    """Rewrite the mask's ``(a - b) % d == 0`` (``!= 0``), with ``a`` read along the rows and
+    ``b`` along the keys, as ``a % d == b % d``: two remainders of index vectors and one compare
+    per element instead of a floor modulo of every element of the tile (a dilated neighbourhood's
+    ``dy % dilation == 0``; on the H100 that modulo made the flat order 0.5× FlexAttention and
+    the tile spill registers). The same condition replaces the old one in the states."""
+    row_side = {a.uid for a in plan.batch} | {plan.row.uid}
+    col_side = {a.uid for a in plan.batch} | {plan.col.uid}
+
+    def split(n):
+        if not (isinstance(n, Compare) and n.op in ("eq", "ne") and isinstance(n.b, Const)
+                and n.b.value == 0 and isinstance(n.a, Binary) and n.a.op == "mod"
+                and isinstance(n.a.a, Binary) and n.a.a.op == "sub" and not n.a.b.axes):
+            return None
+        a, b, d = n.a.a.a, n.a.a.b, n.a.b
+        sides = ({x.uid for x in a.axes}, {x.uid for x in b.axes})
+        if not (sides[0] <= row_side and sides[1] <= col_side or
+                sides[0] <= col_side and sides[1] <= row_side):
+            return None
+        return compare(n.op, binary("mod", a, d, n.loc), binary("mod", b, d, n.loc), n.loc)
+
+    old = plan.mask
+    new = substitute(old, split)
+    if new.key() == old.key():
+        return
+    swap = lambda e: substitute(e, lambda n: new if n.key() == old.key() else None)  # noqa: E731
+    plan.mask, plan.written_mask = new, old
+    for sp in plan.states:
+        sp.body = swap(sp.body)
+        if sp.contraction is not None:
+            sp.contraction = Contraction(swap(sp.contraction.left), swap(sp.contraction.right),
+                                         sp.contraction.dot_dtype)
+    plan.outputs = [(c, swap(e), kind) for c, e, kind in plan.outputs]
+
+
 def _outputs(program: Program, chain: Chain, common: set, col: Axis) -> list:
     members = {m.name for m in chain.members}
     out = []
@@ -407,7 +452,8 @@ class TilePlanner:
         for the flat order, or ``Schedule.tile_as``'s patch/key_patch/dilation."""
         names = self.layout_scalars
         asked = isinstance(request, dict)
-        if request is False or not asked and not mask_reads_map(plan.mask, (plan.row, plan.col)):
+        if request is False or not asked and not mask_reads_map(plan.map_mask, (plan.row,
+                                                                                plan.col)):
             return plan
         why = None
         if knobs.splits > 1 or plan.fold is not None or plan.rows <= 64:
@@ -422,7 +468,7 @@ class TilePlanner:
             if asked:
                 raise ScheduleError(f"tile_as: {why}")
             return plan
-        choice = choose_tiling(plan.mask, plan.batch, plan.row, plan.col, plan.sizes,
+        choice = choose_tiling(plan.map_mask, plan.batch, plan.row, plan.col, plan.sizes,
                                dict(scalars or {}), knobs.block_m, knobs.block_n,
                                request if isinstance(request, dict) else None)
         return replace(plan, row_tiling=choice.rows, key_windows=choice.cols, tiling=choice)

@@ -42,13 +42,13 @@ def test_tiled_order_visits_every_token_once(extent, dims, dilation, patch):
 
 def test_map_is_read_from_the_index_arithmetic():
     plan = _plan(K.neighborhood_attention_2d, 4096)
-    assert map_dims([plan.mask], plan.row, 4096, plan.sizes, {"width": 64}) == (64, 64)
-    assert map_dims([plan.mask], plan.row, 4096, plan.sizes, {}) is None   # width unknown
+    assert map_dims([plan.map_mask], plan.row, 4096, plan.sizes, {"width": 64}) == (64, 64)
+    assert map_dims([plan.map_mask], plan.row, 4096, plan.sizes, {}) is None   # width unknown
     video = _plan(K.neighborhood_attention_3d, 16384)
-    assert map_dims([video.mask], video.col, 16384, video.sizes,
+    assert map_dims([video.map_mask], video.col, 16384, video.sizes,
                     {"height": 32, "width": 32}) == (16, 32, 32)
     flat = _plan(K.sliding_window_attention, 256)
-    assert map_dims([flat.mask], flat.row, 256, flat.sizes, {"window": 8}) is None
+    assert map_dims([flat.map_mask], flat.row, 256, flat.sizes, {"window": 8}) is None
 
 
 @pytest.mark.parametrize("kernel, S, scalars, asked", [
@@ -59,16 +59,16 @@ def test_map_is_read_from_the_index_arithmetic():
 ])
 def test_key_windows_cover_every_visible_pair_exactly_once(kernel, S, scalars, asked):
     plan = _plan(kernel, S)
-    choice = choose_tiling(plan.mask, plan.batch, plan.row, plan.col, plan.sizes, scalars, 16, 16,
+    choice = choose_tiling(plan.map_mask, plan.batch, plan.row, plan.col, plan.sizes, scalars, 16, 16,
                            asked)
     assert choice.cols is not None
-    pn, pi, fn, fi = window_lists(plan.mask, plan.batch, plan.row, plan.col, plan.sizes,
+    pn, pi, fn, fi = window_lists(plan.map_mask, plan.batch, plan.row, plan.col, plan.sizes,
                                   scalars, 16, "cpu", choice.rows, choice.cols)
     rows = choice.rows.padded if choice.rows else math.ceil(S / 16) * 16
     keys = torch.arange(S)
     visible = _Evaluator({a.uid: 0 for a in plan.batch} | {plan.row.uid: keys.view(-1, 1),
                                                             plan.col.uid: keys.view(1, -1)},
-                         {}, scalars, plan.sizes)(plan.mask)
+                         {}, scalars, plan.sizes)(plan.map_mask)
     within = torch.arange(16)
     for rb in range(rows // 16):
         if choice.rows:
@@ -91,12 +91,12 @@ def test_key_windows_cover_every_visible_pair_exactly_once(kernel, S, scalars, a
 
 def test_the_choice_tiles_dilated_neighbourhoods_and_keeps_flat_masks_flat():
     plan = _plan(K.neighborhood_attention_2d, 4096)
-    choice = choose_tiling(plan.mask, plan.batch, plan.row, plan.col, plan.sizes,
+    choice = choose_tiling(plan.map_mask, plan.batch, plan.row, plan.col, plan.sizes,
                            dict(width=64, radius=3, dilation=2), 128, 64)
     assert choice.rows.dilation == (2, 2) and choice.cols.dilation == (2, 2)
     assert choice.cost * 2 <= choice.flat_cost, choice.describe()
     flat = _plan(K.sliding_window_attention, 512)
-    kept = choose_tiling(flat.mask, flat.batch, flat.row, flat.col, flat.sizes, {"window": 64},
+    kept = choose_tiling(flat.map_mask, flat.batch, flat.row, flat.col, flat.sizes, {"window": 64},
                          64, 64)
     assert kept.rows is None and kept.cols is None
 
@@ -145,3 +145,53 @@ def test_tiled_kernels_match_float64_in_the_interpreter():
     for name, r in results.items():
         assert r["error"] <= TOLERANCE["bf16"], f"{name}: {r} (TENSORFUSE_SEED={seed})"
         assert r["tiled"], f"{name}: ran in the flat order ({r['order']})"
+
+
+def test_congruences_become_remainders_of_index_vectors_and_mean_the_same():
+    """``(a - b) % d == 0`` is emitted as ``a % d == b % d`` (no modulo of every element) and
+    the rewritten mask selects the same pairs as the written one."""
+    plan = _plan(K.neighborhood_attention_2d, 24 * 20)
+    assert plan.written_mask is not None and plan.mask.key() != plan.written_mask.key()
+    keys = torch.arange(24 * 20)
+    scalars = dict(width=20, radius=2, dilation=3)
+    grids = {a.uid: 0 for a in plan.batch} | {plan.row.uid: keys.view(-1, 1),
+                                               plan.col.uid: keys.view(1, -1)}
+    written = _Evaluator(grids, {}, scalars, plan.sizes)(plan.written_mask)
+    emitted = _Evaluator(grids, {}, scalars, plan.sizes)(plan.mask)
+    assert bool(written.any()) and torch.equal(written, emitted)
+    sch = tf.schedule(K.neighborhood_attention_2d, "cuda:sm_90a")
+    source = sch.rolling_update("m", "l", "o", axis="j").apply_template("attention").compile() \
+        .source(B=1, H=2, M=4096, N=4096, D=128)
+    import re
+
+    differences = set(re.findall(r"(_t\d+) = \(_t\d+ - _t\d+\)", source))
+    assert differences, source
+    modded = set(re.findall(r"_floormod\((_t\d+),", source))
+    assert not differences & modded, "a tile-wide difference is taken modulo"
+
+
+@pytest.mark.parametrize("kernel, scalars", [
+    (K.neighborhood_attention_2d, dict(width=64, radius=3, dilation=2)),
+    (K.neighborhood_attention_3d, dict(height=32, width=32, radius=3, causal=1))])
+def test_tiled_kernels_do_not_spill_at_the_template_defaults(kernel, scalars):
+    """ptxas (sm_90a) on the tiled kernel at D=128: a 128×128 score tile beside the mask's index
+    arithmetic spilled 288–624 bytes; the defaults for map-shaped masks must not."""
+    import re
+    import tempfile
+
+    import triton
+
+    sch = tf.schedule(kernel, "cuda:sm_90a")
+    f = sch.rolling_update("m", "l", "o", axis="j").apply_template("attention").compile()
+    S = 4096 if "2d" in kernel.name else 16384
+    ptx = f.compiled(B=1, H=16, M=S, N=S, D=128, scale=0.1, **scalars).asm["ptx"]
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as out:
+            out.write(ptx)
+        done = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.o")],
+                              capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
+    assert spills and spills.groups() == ("0", "0"), done.stderr[-600:]

@@ -101,8 +101,10 @@ class TritonKernel(GraphCallable):
 
     def compiled(self, **dims):
         """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm). With
-        splits, the part kernel (the one that sweeps the axis)."""
-        plan, knobs, _, fn, names = self.build(**dims)
+        splits, the part kernel (the one that sweeps the axis). Scalars a kernel is built per
+        (a map's width) may be given by name among the sizes."""
+        dims, scalars = split_scalars(self.program, dims)
+        plan, knobs, _, fn, names = self.build(scalars, **dims)
         outs = [c for c, _, _ in plan.outputs]
         mask_args = list(MASK_ARGS) if plan.mask is not None else []
         sig = signature(self.program, outs, mask_args)
