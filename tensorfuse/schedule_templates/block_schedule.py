@@ -14,6 +14,9 @@ from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load,
                          Where)
 from ..errors import TargetError
 
+# what a block costs relative to a fully visible one when the mask is evaluated on it
+PARTIAL_COST = 1.25
+
 _BIN = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
         "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
         "and": lambda a, b: a & b, "or": lambda a, b: a | b}
@@ -133,6 +136,14 @@ def block_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, tens
     return pn, pi, fn, fi
 
 
+def _coordinates(tokens, windows):
+    """Each token's coordinates on the windows' map (tokens × dims)."""
+    import torch
+
+    return torch.stack([tokens // s % n if k else tokens // s
+                        for k, (s, n) in enumerate(zip(windows.strides, windows.dims))], dim=1)
+
+
 def _tokens(positions, extent: int, tiling):
     """The tokens at ``positions`` of an axis's visiting order (clamped into range, so that a
     mask may index tensors with them) and whether each is a token at all."""
@@ -151,7 +162,9 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
                  block_m: int, device, row_tiling, windows, row_blocks=None):
     """Block lists whose entries are key-block *origins* (tokens) of ``windows``
     (:class:`.token_tiling.KeyWindows`) rather than block indices: per row block, the box of its
-    visible keys in each sub-map, covered from its corner. A block is full where every key in it
+    visible keys in each sub-map, covered by windows from the box's corner or on a grid through
+    the row block's first query, whichever costs less (lined up with the queries, more windows
+    can be wholly visible: a 31×31 neighbourhood's patches). A block is full where every key in it
     is a token and visible from every row. The mask may read sizes and scalars only (not the
     batch axes, not tensors). Same layout as :func:`block_lists`, ``windows.bound`` entries a
     row; with ``row_blocks``, ``(partial, full)`` block counts of those row blocks."""
@@ -163,8 +176,7 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
     n_rb, bn, bound = rows_pad // block_m, windows.block, windows.bound
     chosen = list(range(n_rb)) if row_blocks is None else list(row_blocks)
     keys = torch.arange(cols, device=device)
-    at = torch.stack([keys // s % n if k else keys // s
-                      for k, (s, n) in enumerate(zip(windows.strides, windows.dims))], dim=1)
+    at = _coordinates(keys, windows)
     dil = torch.tensor(windows.dilation, device=device)
     residue = at % dil
     within = torch.arange(bn, device=device)
@@ -173,23 +185,11 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
     partial_at = torch.zeros((len(chosen), bound), dtype=torch.int32)
     full_at = torch.zeros((len(chosen), bound), dtype=torch.int32)
     grids0 = {a.uid: 0 for a in batch}
-    for n, rb in enumerate(chosen):
-        row_token, row_in = _tokens(rb * block_m + torch.arange(block_m, device=device), rows,
-                                    row_tiling)
-        value = _Evaluator({**grids0, row.uid: row_token.view(-1, 1),
-                            col.uid: keys.view(1, -1)}, {}, scalars, sizes)(cond)
-        seen = (torch.as_tensor(value, device=device) & row_in.view(-1, 1)).any(dim=0)
-        if not bool(seen.any()):
-            continue
-        origins = []
-        for res in torch.unique(residue[seen], dim=0):
-            mine = at[seen & (residue == res).all(dim=1)]
-            lo, hi = mine.min(dim=0).values, mine.max(dim=0).values
-            steps = [torch.arange(int(lo[k]), int(hi[k]) + 1, p * d, device=device)
-                     for k, (p, d) in enumerate(zip(windows.patch, windows.dilation))]
-            corners = torch.cartesian_prod(*steps).view(-1, len(steps))
-            origins.append((corners * torch.tensor(windows.strides, device=device)).sum(dim=1))
-        origin = torch.cat(origins)
+    step = torch.tensor([p * d for p, d in zip(windows.patch, windows.dilation)], device=device)
+    strides = torch.tensor(windows.strides, device=device)
+
+    def classify(origin, row_token, row_in):
+        """The blocks at ``origin`` that some row sees a key of: (partial, full) origins."""
         token, valid = windows.position(origin.view(-1, 1), within.view(1, -1))
         valid = torch.ones_like(token, dtype=torch.bool) if valid is None else valid
         value = _Evaluator({**grids0, row.uid: row_token.view(-1, 1, 1),
@@ -199,7 +199,36 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
                                    (block_m, *token.shape))
         hit = (value & valid & row_in.view(-1, 1, 1)).any(dim=2).any(dim=0)
         whole = (value | ~row_in.view(-1, 1, 1)).all(dim=0).all(dim=1) & valid.all(dim=1)
-        part, full = origin[hit & ~whole], origin[hit & whole]
+        return origin[hit & ~whole], origin[hit & whole]
+
+    for n, rb in enumerate(chosen):
+        row_token, row_in = _tokens(rb * block_m + torch.arange(block_m, device=device), rows,
+                                    row_tiling)
+        value = _Evaluator({**grids0, row.uid: row_token.view(-1, 1),
+                            col.uid: keys.view(1, -1)}, {}, scalars, sizes)(cond)
+        seen = (torch.as_tensor(value, device=device) & row_in.view(-1, 1)).any(dim=0)
+        if not bool(seen.any()):
+            continue
+        row_at = _coordinates(row_token[row_in], windows)
+        placements = ([], [])   # windows from each box's corner; on a grid through the queries
+        for res in torch.unique(residue[seen], dim=0):
+            mine = at[seen & (residue == res).all(dim=1)]
+            lo, hi = mine.min(dim=0).values, mine.max(dim=0).values
+            anchor = row_at.min(dim=0).values
+            anchor = anchor + (res - anchor) % dil
+            for made, start in zip(placements, (lo, anchor - (anchor - lo + step - 1) // step *
+                                                step)):
+                axes = [torch.arange(int(start[k]), int(hi[k]) + 1, int(step[k]), device=device)
+                        for k in range(len(windows.dims))]
+                corners = torch.cartesian_prod(*axes).view(-1, len(axes))
+                made.append((corners * strides).sum(dim=1))
+        best = None
+        for made in placements:
+            part, full = classify(torch.cat(made), row_token, row_in)
+            cost = part.numel() * PARTIAL_COST + full.numel()
+            if best is None or cost < best[0]:
+                best = (cost, part, full)
+        _, part, full = best
         partial_n[n], full_n[n] = part.numel(), full.numel()
         partial_at[n, :part.numel()] = part.to(torch.int32).cpu()
         full_at[n, :full.numel()] = full.to(torch.int32).cpu()

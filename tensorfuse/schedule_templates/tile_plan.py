@@ -364,16 +364,37 @@ def _separate_congruences(plan: RowTilePlan) -> None:
 
     old = plan.mask
     new = substitute(old, split)
-    if new.key() == old.key():
-        return
+    if new.key() != old.key():
+        _replace_mask(plan, new)
+        plan.written_mask = old
+
+
+def _replace_mask(plan: RowTilePlan, new: Expr) -> None:
+    """``new`` for the plan's mask, in the mask and wherever the states and outputs use it."""
+    old = plan.mask
     swap = lambda e: substitute(e, lambda n: new if n.key() == old.key() else None)  # noqa: E731
-    plan.mask, plan.written_mask = new, old
+    plan.mask = new
     for sp in plan.states:
         sp.body = swap(sp.body)
         if sp.contraction is not None:
             sp.contraction = Contraction(swap(sp.contraction.left), swap(sp.contraction.right),
                                          sp.contraction.dot_dtype)
     plan.outputs = [(c, swap(e), kind) for c, e, kind in plan.outputs]
+
+
+def _with_scalars_compiled_in(plan: RowTilePlan, values: dict) -> RowTilePlan:
+    """A copy of ``plan`` whose mask reads these scalars as constants: kernels are built per
+    their values anyway (``TilePlanner.layout_scalars``), and Triton then divides by a constant
+    map width (a multiply and a shift) instead of a runtime one, folds ``radius * dilation`` and
+    drops a ``causal == 0`` switch."""
+    import copy
+
+    out = replace(plan, states=[copy.copy(sp) for sp in plan.states],
+                  outputs=list(plan.outputs))
+    const = lambda n: Const(int(values[n.name]), n.dtype) if isinstance(n, Scalar) and \
+        n.name in values else None  # noqa: E731
+    _replace_mask(out, substitute(out.mask, const))
+    return out
 
 
 def _outputs(program: Program, chain: Chain, common: set, col: Axis) -> list:
@@ -471,6 +492,8 @@ class TilePlanner:
         choice = choose_tiling(plan.map_mask, plan.batch, plan.row, plan.col, plan.sizes,
                                dict(scalars or {}), knobs.block_m, knobs.block_n,
                                request if isinstance(request, dict) else None)
+        if names:
+            plan = _with_scalars_compiled_in(plan, {n: scalars[n] for n in names})
         return replace(plan, row_tiling=choice.rows, key_windows=choice.cols, tiling=choice)
 
     def block_lists(self, plan: RowTilePlan, knobs: Knobs, sizes: dict, tensors: dict,

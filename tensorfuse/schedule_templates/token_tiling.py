@@ -25,9 +25,8 @@ from typing import Callable
 
 from ..dsl.expr import Axis, Binary, Const, DimSize, Expr, Scalar
 from ..errors import ScheduleError
+from .block_schedule import PARTIAL_COST, _Evaluator, block_lists, window_lists
 
-# what a block costs relative to a fully visible one when the mask is evaluated on it
-PARTIAL_COST = 1.25
 # row blocks of the tiled order whose schedule is counted to compare tilings
 SAMPLED_BLOCKS = 8
 LARGEST_DILATION = 16
@@ -301,8 +300,8 @@ def _gcd_all(values) -> int:
 class TilingChoice:
     """The tilings of the rows and the keys (``None``: the flat order) and how they compare:
     ``cost`` and ``flat_cost`` in fully visible blocks per row block (a partial one counts
-    :data:`PARTIAL_COST`), ``density`` the visited share of all blocks and ``full`` the share of
-    the visited ones that skip the mask, both on the sampled row blocks."""
+    ``block_schedule.PARTIAL_COST``), ``density`` the visited share of all blocks and ``full``
+    the share of the visited ones that skip the mask, both on the sampled row blocks."""
 
     rows: TokenTiling | None
     cols: TokenTiling | None
@@ -348,8 +347,6 @@ def choose_tiling(mask: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sc
     is counted on :data:`SAMPLED_BLOCKS` row blocks. ``request`` (``Schedule.tile_as``):
     ``patch``, ``key_patch``, ``dilation`` fixed by the user instead of chosen. The mask may read
     sizes and scalars, not the batch axes or tensors (those keep the flat order)."""
-    from .block_schedule import _Evaluator, block_lists, window_lists
-
     import torch
 
     request = request or {}

@@ -170,6 +170,16 @@ def test_congruences_become_remainders_of_index_vectors_and_mean_the_same():
     assert not differences & modded, "a tile-wide difference is taken modulo"
 
 
+def test_the_scalars_a_tiled_kernel_is_built_for_are_compiled_in():
+    sch = tf.schedule(K.neighborhood_attention_3d, "cuda:sm_90a")
+    f = sch.rolling_update("m", "l", "o", axis="j").apply_template("attention").compile()
+    sizes = dict(B=1, H=2, M=2048, N=2048, D=64, scale=0.1, radius=2, causal=1)
+    wide = f.source(**sizes, height=16, width=32)
+    narrow = f.source(**sizes, height=32, width=16)
+    assert "_floordiv(tok_m[:, None], 32)" in wide and "_floordiv(tok_m[:, None], 16)" in narrow
+    assert "causal" not in wide.split("BLOCK_K: tl.constexpr):", 1)[1]
+
+
 @pytest.mark.parametrize("kernel, scalars", [
     (K.neighborhood_attention_2d, dict(width=64, radius=3, dilation=2)),
     (K.neighborhood_attention_3d, dict(height=32, width=32, radius=3, causal=1))])

@@ -96,8 +96,10 @@ class TritonKernel(GraphCallable):
         return self._origin[self._build_key(dims, scalars)]
 
     def source(self, **dims) -> str:
-        """The generated Triton source."""
-        return self.build(**dims)[2]
+        """The generated Triton source (scalars a kernel is built per given by name among the
+        sizes, as for :meth:`compiled`)."""
+        dims, scalars = split_scalars(self.program, dims)
+        return self.build(scalars, **dims)[2]
 
     def compiled(self, **dims):
         """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm). With
