@@ -136,6 +136,20 @@ def block_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, tens
     return pn, pi, fn, fi
 
 
+def _check_covered(windows, origins, seen, within) -> None:
+    """Every key a row block sees lies in exactly one of its windows — or the schedule is wrong
+    (a kernel would silently skip or repeat keys): refuse it."""
+    import torch
+
+    token, valid = windows.position(origins.view(-1, 1), within.view(1, -1))
+    token = token if valid is None else token[valid]
+    count = torch.bincount(token.reshape(-1).clamp(min=0), minlength=seen.numel())
+    if bool((count[:seen.numel()][seen] != 1).any()) or bool((token < 0).any()):
+        raise TargetError("the key windows of a row block do not cover its visible keys exactly "
+                          "once (a bug in tensorfuse's block schedule; tile_as(enabled=False) "
+                          "avoids it)")
+
+
 def _coordinates(tokens, windows):
     """Each token's coordinates on the windows' map (tokens × dims)."""
     import torch
@@ -216,8 +230,11 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
             lo, hi = mine.min(dim=0).values, mine.max(dim=0).values
             anchor = row_at.min(dim=0).values
             anchor = anchor + (res - anchor) % dil
-            for made, start in zip(placements, (lo, anchor - (anchor - lo + step - 1) // step *
-                                                step)):
+            through = anchor - (anchor - lo + step - 1) // step * step
+            # a grid through the queries that would start before the map's edge starts at the
+            # box instead (a negative coordinate would wrap into another row of the map)
+            through = torch.where(through < 0, lo, through)
+            for made, start in zip(placements, (lo, through)):
                 axes = [torch.arange(int(start[k]), int(hi[k]) + 1, int(step[k]), device=device)
                         for k in range(len(windows.dims))]
                 corners = torch.cartesian_prod(*axes).view(-1, len(axes))
@@ -229,6 +246,7 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
             if best is None or cost < best[0]:
                 best = (cost, part, full)
         _, part, full = best
+        _check_covered(windows, torch.cat([part, full]), seen, within)
         partial_n[n], full_n[n] = part.numel(), full.numel()
         partial_at[n, :part.numel()] = part.to(torch.int32).cpu()
         full_at[n, :full.numel()] = full.to(torch.int32).cpu()

@@ -16,7 +16,7 @@ import tensorfuse.kernels as K
 from tensorfuse.algebra import plan_chain
 from tensorfuse.errors import ScheduleError
 from tensorfuse.kernels.reference import TOLERANCE
-from tensorfuse.schedule_templates.block_schedule import _Evaluator, window_lists
+from tensorfuse.schedule_templates.block_schedule import _coordinates, _Evaluator, window_lists
 from tensorfuse.schedule_templates.tile_plan import TilePlanner
 from tensorfuse.schedule_templates.token_tiling import (KeyWindows, TokenTiling, choose_tiling,
                                                         map_dims)
@@ -51,36 +51,44 @@ def test_map_is_read_from_the_index_arithmetic():
     assert map_dims([flat.map_mask], flat.row, 256, flat.sizes, {"window": 8}) is None
 
 
-@pytest.mark.parametrize("kernel, S, scalars, asked", [
-    (K.neighborhood_attention_2d, 24 * 20, dict(width=20, radius=2, dilation=2), None),
+@pytest.mark.parametrize("kernel, S, scalars, asked, block", [
+    (K.neighborhood_attention_2d, 24 * 20, dict(width=20, radius=2, dilation=2), None, 16),
     (K.neighborhood_attention_2d, 13 * 11, dict(width=11, radius=3, dilation=1),
-     dict(patch=(4, 4), key_patch=(2, 8))),
-    (K.neighborhood_attention_3d, 5 * 6 * 7, dict(height=6, width=7, radius=1, causal=1), None),
+     dict(patch=(4, 4), key_patch=(2, 8)), 16),
+    (K.neighborhood_attention_3d, 5 * 6 * 7, dict(height=6, width=7, radius=1, causal=1), None,
+     16),
+    # windows larger than the neighbourhood near the map's edges (a grid through the queries
+    # would start before the map: wrong keys on the H100 before origins were kept inside)
+    (K.neighborhood_attention_2d, 64 * 64, dict(width=64, radius=7, dilation=2),
+     dict(patch=(8, 16), key_patch=(16, 8), dilation=(2, 2)), 128),
+    (K.neighborhood_attention_2d, 64 * 64, dict(width=64, radius=7, dilation=2), None, 128),
 ])
-def test_key_windows_cover_every_visible_pair_exactly_once(kernel, S, scalars, asked):
+def test_key_windows_cover_every_visible_pair_exactly_once(kernel, S, scalars, asked, block):
     plan = _plan(kernel, S)
-    choice = choose_tiling(plan.map_mask, plan.batch, plan.row, plan.col, plan.sizes, scalars, 16, 16,
-                           asked)
+    choice = choose_tiling(plan.map_mask, plan.batch, plan.row, plan.col, plan.sizes, scalars,
+                           block, block, asked)
     assert choice.cols is not None
     pn, pi, fn, fi = window_lists(plan.map_mask, plan.batch, plan.row, plan.col, plan.sizes,
-                                  scalars, 16, "cpu", choice.rows, choice.cols)
-    rows = choice.rows.padded if choice.rows else math.ceil(S / 16) * 16
+                                  scalars, block, "cpu", choice.rows, choice.cols)
+    rows = choice.rows.padded if choice.rows else math.ceil(S / block) * block
     keys = torch.arange(S)
     visible = _Evaluator({a.uid: 0 for a in plan.batch} | {plan.row.uid: keys.view(-1, 1),
                                                             plan.col.uid: keys.view(1, -1)},
                          {}, scalars, plan.sizes)(plan.map_mask)
-    within = torch.arange(16)
-    for rb in range(rows // 16):
+    within = torch.arange(block)
+    for rb in range(rows // block):
         if choice.rows:
-            tokens, ok = choice.rows.position(rb * 16 + within)
+            tokens, ok = choice.rows.position(rb * block + within)
             tokens = tokens if ok is None else tokens[ok]
         else:
-            tokens = (rb * 16 + within)[rb * 16 + within < S]
+            tokens = (rb * block + within)[rb * block + within < S]
         covered = torch.zeros(S, dtype=torch.int64)
         for num, at, whole in ((pn, pi, False), (fn, fi, True)):
             for origin in at[rb, :num[rb]].tolist():
+                assert all(c >= 0 for c in _coordinates(torch.tensor([origin]),
+                                                        choice.cols)[0].tolist())
                 token, ok = choice.cols.position(torch.tensor(origin), within)
-                ok = torch.ones(16, dtype=torch.bool) if ok is None else ok
+                ok = torch.ones(block, dtype=torch.bool) if ok is None else ok
                 covered.index_add_(0, token[ok], torch.ones(int(ok.sum()), dtype=torch.int64))
                 if whole:   # a full block: every key a token and visible from every row
                     assert bool(ok.all()) and bool(visible[tokens][:, token].all())
