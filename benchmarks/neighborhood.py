@@ -5,6 +5,7 @@ random over the map before it is timed; TFLOP/s count useful work only (the mask
 dense attention of the same run (``tf.compile``, full mask) is the ceiling the fraction refers to.
 
     python -m benchmarks.neighborhood --csv out.csv [--quick]
+    python -m benchmarks.neighborhood --csv out.csv --tune 24 --only 64x64/k15,3d   # + tuning
 
 Implementations: ``tensorfuse`` (``tf.compile`` defaults: the attention template with its
 visiting order chosen), ``tensorfuse_flat`` (the same template in the flat order),
@@ -86,7 +87,17 @@ def hopper_template(kernel):
     return sch.apply_template("hopper_attention").compile()
 
 
-def run(quick: bool, log=print) -> list[Row]:
+def tune_case(kernel, S: int, scalars: dict, trials: int, log=print) -> None:
+    """A ``tf.tune`` job at the case's sizes and map scalars (records go to the database
+    ``tf.compile`` reads: the ``tensorfuse_tuned`` row)."""
+    summary = tf.tune(kernel, "cuda", trials=trials, progress=False, scalars=scalars,
+                      B=B, H=H, M=S, N=S, D=D)
+    task = summary.tasks[0]
+    log(f"  tuned {task.name}: {task.trials} trials in {summary.seconds:.0f} s, "
+        f"{task.default_secs * 1e3:.4f} -> {task.best_secs * 1e3:.4f} ms")
+
+
+def run(quick: bool, log=print, tune: int = 0, only: str = "") -> list[Row]:
     from torch.nn.attention.flex_attention import flex_attention
 
     torch._dynamo.config.recompile_limit = 64   # a mask_mod per case: one compile each
@@ -103,13 +114,19 @@ def run(quick: bool, log=print) -> list[Row]:
                         dense_rate[S], 0.0, 1.0, "dense ceiling of this run"))
         log(f"dense S={S}: {dense_rate[S]:.0f} TFLOP/s")
     for name, kernel, S, scalars, mask_mod in cases(quick):
+        if only and not any(part in name for part in only.split(",")):
+            continue
         case = make(name, S, scalars, mask_mod)
-        impls = {"tensorfuse": tf.compile(kernel),
-                 "tensorfuse_flat": triton_template(kernel, False),
-                 "tensorfuse_n128": triton_template(kernel, True, tile_n=128),
-                 "tensorfuse_hopper": hopper_template(kernel)}
+        impls = {"tensorfuse": tf.compile(kernel)}
+        if not tune:
+            impls.update({"tensorfuse_flat": triton_template(kernel, False),
+                          "tensorfuse_n128": triton_template(kernel, True, tile_n=128),
+                          "tensorfuse_hopper": hopper_template(kernel)})
         found = {}
-        for label, f in impls.items():
+        for label, f in list(impls.items()) + [("tensorfuse_tuned", None)] * bool(tune):
+            if f is None:   # after the defaults were built and timed
+                tune_case(kernel, S, scalars, tune, log)
+                f = impls[label] = tf.compile(kernel)
             t0 = time.time()
             made = checked(case, label, lambda f=f: f(case.q, case.k, case.v, case.scale,
                                                        **case.args), log)
@@ -137,8 +154,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", default="")
     parser.add_argument("--quick", action="store_true", help="64x64 maps, kernels 7 and 31")
+    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
+                        help="time the defaults, tune each case, time tf.compile with the "
+                             "records (in a fresh database)")
+    parser.add_argument("--only", default="", help="cases whose name holds one of these "
+                                                   "(comma-separated)")
     args = parser.parse_args()
-    rows = run(args.quick)
+    if args.tune:
+        import os
+        import tempfile
+
+        os.environ["TENSORFUSE_CACHE"] = tempfile.mkdtemp(prefix="tensorfuse-neighborhood-")
+    rows = run(args.quick, tune=args.tune, only=args.only)
     if args.csv:
         write_csv(rows, args.csv)
 
