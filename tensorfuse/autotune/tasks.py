@@ -76,8 +76,10 @@ def plan_values(program: Program, template: str, dims: dict, scalars: dict | Non
 
 
 def task_label(base: str, plan: dict) -> str:
-    """A task's name with its plan scalars: ``sliding_window[…]{window=2048}``."""
-    return f"{base}{{{scalars_label(plan)}}}" if plan else base
+    """A task's name with its plan scalars by name: ``sliding_window[…]{window=2048}``,
+    ``neighborhood_attention_2d[…]{dilation=2, radius=7, width=64}`` (sorted: the job names a
+    task from the program's order, a candidate from its workload's JSON)."""
+    return f"{base}{{{scalars_label({n: plan[n] for n in sorted(plan)})}}}" if plan else base
 
 
 def tuning_target(target: TargetSpec) -> tvm.target.Target:

@@ -149,3 +149,17 @@ def test_settings_that_cannot_fit_are_left_out_and_only_those(kernel, sizes, kno
     task = make_task(kernel, sizes, tf.get_target("cuda:sm_90"))   # the Triton template's task
     assert task.template == "attention"
     assert (task.unfit(knobs) is None) == fits
+
+
+def test_a_task_with_several_plan_scalars_is_named_alike_by_the_job_and_its_candidates(cache):
+    """The job names a task from the program's scalars, a candidate's builder from its
+    workload's JSON: with two or more plan scalars (a map's width, a radius, a dilation) both
+    must give one name, or every candidate fails to find its task (it did on the H100)."""
+    from tensorfuse.autotune.builder import task_key
+
+    kernel = K.neighborhood_attention_2d
+    assert set(plan_scalars(kernel.program)) == {"width", "radius", "dilation"}
+    task = make_task(kernel, dict(B=1, H=2, M=1024, N=1024, D=64), tf.get_target(TARGET),
+                     {"width": 32, "radius": 3, "dilation": 2})
+    assert task.name.endswith("{dilation=2, radius=3, width=32}")
+    assert task_key(task.mod) == task.name
