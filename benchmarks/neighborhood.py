@@ -97,7 +97,9 @@ def tune_case(kernel, S: int, scalars: dict, trials: int, log=print) -> None:
         f"{task.default_secs * 1e3:.4f} -> {task.best_secs * 1e3:.4f} ms")
 
 
-def run(quick: bool, log=print, tune: int = 0, only: str = "") -> list[Row]:
+def run(quick: bool, log=print, tune: int = 0, only: str = "", csv: str = "") -> list[Row]:
+    """Every case's rows (written to ``csv`` after each case, so that a run stopped by a time
+    limit keeps what it measured)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     torch._dynamo.config.recompile_limit = 64   # a mask_mod per case: one compile each
@@ -147,6 +149,8 @@ def run(quick: bool, log=print, tune: int = 0, only: str = "") -> list[Row]:
             line.append(f"{label} {ms:.3f} ms {rate:.0f} TF ({flex_ms / ms:.2f}x flex, "
                         f"{rate / dense_rate[S]:.0%} dense)")
         log("\n  ".join(line) + f"\n  order: {how}")
+        if csv:
+            write_csv(rows, csv)
     return rows
 
 
@@ -165,9 +169,7 @@ def main() -> None:
         import tempfile
 
         os.environ["TENSORFUSE_CACHE"] = tempfile.mkdtemp(prefix="tensorfuse-neighborhood-")
-    rows = run(args.quick, tune=args.tune, only=args.only)
-    if args.csv:
-        write_csv(rows, args.csv)
+    run(args.quick, tune=args.tune, only=args.only, csv=args.csv)
 
 
 if __name__ == "__main__":
