@@ -45,13 +45,7 @@ class TokenTiling:
     patch: tuple[int, ...]
 
     def __post_init__(self):
-        if not (len(self.dims) == len(self.dilation) == len(self.patch)):
-            raise ScheduleError(f"a tiling of a {len(self.dims)}-D map needs a dilation and a "
-                                f"patch of {len(self.dims)} numbers each; got dilation "
-                                f"{self.dilation}, patch {self.patch}")
-        if any(d < 1 for d in self.dilation) or any(p < 1 for p in self.patch):
-            raise ScheduleError(f"dilation {self.dilation} and patch {self.patch} must be "
-                                "positive")
+        _check_shapes(self.dims, self.dilation, self.patch)
         if math.prod(self.dims) < self.extent:
             raise ScheduleError(f"a map of {self.dims} holds {math.prod(self.dims)} tokens, "
                                 f"fewer than the axis's {self.extent}")
@@ -134,6 +128,9 @@ class KeyWindows:
     dilation: tuple[int, ...]
     patch: tuple[int, ...]
 
+    def __post_init__(self):
+        _check_shapes(self.dims, self.dilation, self.patch)
+
     @property
     def strides(self) -> tuple[int, ...]:
         return tuple(math.prod(self.dims[k + 1:]) for k in range(len(self.dims)))
@@ -178,6 +175,15 @@ class KeyWindows:
         if any(d > 1 for d in self.dilation):
             text += ", dilation " + "×".join(map(str, self.dilation))
         return text
+
+def _check_shapes(dims: tuple, dilation: tuple, patch: tuple) -> None:
+    """A patch and a dilation give one positive number per dimension of the map."""
+    if not (len(dims) == len(dilation) == len(patch)):
+        raise ScheduleError(f"a tiling of a {len(dims)}-D map needs a dilation and a patch of "
+                            f"{len(dims)} numbers each; got dilation {dilation}, patch {patch}")
+    if any(d < 1 for d in dilation) or any(p < 1 for p in patch):
+        raise ScheduleError(f"dilation {dilation} and patch {patch} must be positive")
+
 
 def _digits(value, radices: tuple[int, ...]) -> list:
     """Row-major digits of ``value`` in mixed radices (the first digit unbounded)."""

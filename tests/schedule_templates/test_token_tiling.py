@@ -121,6 +121,9 @@ def test_tile_as_refuses_what_it_cannot_do():
     with pytest.raises(ScheduleError, match="multiply to the block size"):
         sch.compile().build(dict(width=16, radius=1, dilation=1), B=1, H=1, M=256, N=256, D=16)
     assert sch.undo().startswith("tile_as") and sch.tiling is True
+    sch.tile_as(patch=(8, 8), key_patch=(2, 4, 8))     # a 2-D map: two sides, not three
+    with pytest.raises(ScheduleError, match="2-D map needs a dilation and a patch of 2"):
+        sch.compile().build(dict(width=16, radius=1, dilation=1), B=1, H=1, M=256, N=256, D=16)
     gemm = tf.schedule(K.matmul, "cuda:sm_90a").apply_template("hopper_gemm")
     with pytest.raises(ScheduleError, match="attention template"):
         gemm.tile_as(patch=(8, 8))
