@@ -141,9 +141,11 @@ def run(quick: bool, log=print, tune: int = 0, only: str = "", csv: str = "") ->
         if "tensorfuse_tuned" in impls:   # what the records chose
             tuned = impls["tensorfuse_tuned"].for_sizes(B=B, H=H, M=S, N=S, D=D)
             made = tuned.build(scalars, B=B, H=H, M=S, N=S, D=D)
-            found["tensorfuse_tuned"] = (found["tensorfuse_tuned"][0], found["tensorfuse_tuned"][1]
-                                         + f"; {made[1]}; {made[0].tiling.describe()}")
-            log(f"  tuned knobs: {made[1]}; order: {made[0].tiling.describe()}")
+            chosen = made[0].tiling.describe() if made[0].tiling is not None else "flat order"
+            if "tensorfuse_tuned" in found:
+                ms, note = found["tensorfuse_tuned"]
+                found["tensorfuse_tuned"] = (ms, f"{note}; {made[1]}; {chosen}")
+            log(f"  tuned knobs: {made[1]}; order: {chosen}")
         how = plan.tiling.describe() if plan is not None and plan.tiling is not None else \
             getattr(order, "description", "")
         flex_ms = found.get("flex_attention", (math.nan,))[0]
