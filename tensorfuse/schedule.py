@@ -204,7 +204,7 @@ class Schedule:
         visited on its own. What is not given is chosen by counting blocks, as ``tf.compile``
         does for the ``attention`` template; ``enabled=False`` keeps the flat order.
         ``sch.plan(**sizes, **scalars)`` shows the order and the share of blocks visited.
-        ``sch.tile_as(patch=(8, 16), dilation=(2, 2))``"""
+        ``sch.tile_as(patch=(8, 8), dilation=(2, 2))`` (blocks of 64 queries)"""
         if self.template is not None and self.template[0] != "attention":
             raise ScheduleError(f"tile_as orders the attention template's blocks; this schedule "
                                 f"has the {self.template[0]} template", user_location())
