@@ -305,7 +305,7 @@ class Schedule:
         else:
             plan, knobs = compiled.build(scalars, **dims)[:2]
             lines += [f"template {name}:", plan.describe(knobs),
-                      f"  knobs from: {compiled.schedule_origin(**dims, **scalars)}"]
+                      f"  knobs from: {compiled.schedule_origin(**dims, **(scalars or {}))}"]
         return "\n".join(lines)
 
     # -- TVM primitives, forwarded ------------------------------------------------------------
