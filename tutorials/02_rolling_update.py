@@ -144,3 +144,20 @@ try:
 except tf.errors.RollingUpdateError as err:
     print(err)
 print("steps so far:", bad.history())
+
+# %% [markdown]
+# ## On a GPU: an image is visited in patches
+# A fused chain compiles to a GPU template that sweeps the keys in blocks, skipping blocks the mask
+# hides. When the mask reads the sequence as an image (`i // W`, `i % W`), the attention template
+# visits it in patches instead of strips: query blocks are patches of the image, key blocks are
+# windows over the keys each patch can see (each dilated sub-image on its own). `tile_as` fixes
+# the patches (or `enabled=False` keeps the flat order); `plan` shows the order it gives and how
+# many blocks remain. Planning needs no GPU.
+
+# %%
+nb = tf.schedule(tf.kernels.neighborhood_attention_2d, "cuda:sm_90a")
+nb.rolling_update("m", "l", "o", axis="j").apply_template("attention")
+nb.tile_as(patch=(8, 8), dilation=(2, 2))
+text = nb.plan(B=1, H=16, M=4096, N=4096, D=128, width=64, radius=3, dilation=2)
+print("\n".join(line for line in text.splitlines() if "visiting order" in line or "knobs" in line))
+assert "patches of 8×8, dilation 2×2" in text
