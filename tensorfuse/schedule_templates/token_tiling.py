@@ -176,6 +176,7 @@ class KeyWindows:
             text += ", dilation " + "×".join(map(str, self.dilation))
         return text
 
+
 def _check_shapes(dims: tuple, dilation: tuple, patch: tuple) -> None:
     """A patch and a dilation give one positive number per dimension of the map."""
     if not (len(dims) == len(dilation) == len(patch)):
@@ -427,7 +428,10 @@ def choose_tiling(mask: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sc
         cost, visited, full = cost_of(rt, ct)
         if best is None or cost < best.cost:
             best = TilingChoice(rt, ct, cost, flat[0], visited, full)
-    if not request and (best is None or best.cost >= flat[0]):
+    if best is None and request:
+        raise ScheduleError(f"tile_as: no patch of {block_m} queries / {block_n} keys fits this "
+                            "map (a smaller tile_m / tile_n would)")
+    if best is None or not request and best.cost >= flat[0]:
         return flat_choice
     return best
 
