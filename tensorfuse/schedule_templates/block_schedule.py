@@ -136,26 +136,17 @@ def block_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, tens
     return pn, pi, fn, fi
 
 
-def _check_covered(windows, origins, seen, within) -> None:
-    """Every key a row block sees lies in exactly one of its windows — or the schedule is wrong
-    (a kernel would silently skip or repeat keys): refuse it."""
+def _check_covered(held, seen) -> None:
+    """Every key a row block sees (``seen``, booleans over the keys) lies in exactly one of its
+    windows (``held``: the keys they hold) — or the schedule is wrong (a kernel would silently
+    skip or repeat keys): refuse it."""
     import torch
 
-    token, valid = windows.position(origins.view(-1, 1), within.view(1, -1))
-    token = token if valid is None else token[valid]
-    count = torch.bincount(token.reshape(-1).clamp(min=0), minlength=seen.numel())
-    if bool((count[:seen.numel()][seen] != 1).any()) or bool((token < 0).any()):
+    count = torch.bincount(held.clamp(min=0), minlength=seen.numel())
+    if bool((count[:seen.numel()][seen] != 1).any()) or bool((held < 0).any()):
         raise TargetError("the key windows of a row block do not cover its visible keys exactly "
                           "once (a bug in tensorfuse's block schedule; tile_as(enabled=False) "
                           "avoids it)")
-
-
-def _coordinates(tokens, windows):
-    """Each token's coordinates on the windows' map (tokens × dims)."""
-    import torch
-
-    return torch.stack([tokens // s % n if k else tokens // s
-                        for k, (s, n) in enumerate(zip(windows.strides, windows.dims))], dim=1)
 
 
 def _tokens(positions, extent: int, tiling):
@@ -190,7 +181,7 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
     n_rb, bn, bound = rows_pad // block_m, windows.block, windows.bound
     chosen = list(range(n_rb)) if row_blocks is None else list(row_blocks)
     keys = torch.arange(cols, device=device)
-    at = _coordinates(keys, windows)
+    at = torch.stack(windows.coordinates(keys), dim=1)
     dil = torch.tensor(windows.dilation, device=device)
     residue = at % dil
     within = torch.arange(bn, device=device)
@@ -200,10 +191,10 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
     full_at = torch.zeros((len(chosen), bound), dtype=torch.int32)
     grids0 = {a.uid: 0 for a in batch}
     step = torch.tensor([p * d for p, d in zip(windows.patch, windows.dilation)], device=device)
-    strides = torch.tensor(windows.strides, device=device)
 
     def classify(origin, row_token, row_in):
-        """The blocks at ``origin`` that some row sees a key of: (partial, full) origins."""
+        """The blocks at ``origin`` that some row sees a key of: (partial, full) origins, and
+        the keys those blocks hold."""
         token, valid = windows.position(origin.view(-1, 1), within.view(1, -1))
         valid = torch.ones_like(token, dtype=torch.bool) if valid is None else valid
         value = _Evaluator({**grids0, row.uid: row_token.view(-1, 1, 1),
@@ -213,7 +204,7 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
                                    (block_m, *token.shape))
         hit = (value & valid & row_in.view(-1, 1, 1)).any(dim=2).any(dim=0)
         whole = (value | ~row_in.view(-1, 1, 1)).all(dim=0).all(dim=1) & valid.all(dim=1)
-        return origin[hit & ~whole], origin[hit & whole]
+        return origin[hit & ~whole], origin[hit & whole], token[hit][valid[hit]]
 
     for n, rb in enumerate(chosen):
         row_token, row_in = _tokens(rb * block_m + torch.arange(block_m, device=device), rows,
@@ -223,7 +214,7 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
         seen = (torch.as_tensor(value, device=device) & row_in.view(-1, 1)).any(dim=0)
         if not bool(seen.any()):
             continue
-        row_at = _coordinates(row_token[row_in], windows)
+        row_at = torch.stack(windows.coordinates(row_token[row_in]), dim=1)
         placements = ([], [])   # windows from each box's corner; on a grid through the queries
         for res in torch.unique(residue[seen], dim=0):
             mine = at[seen & (residue == res).all(dim=1)]
@@ -238,15 +229,15 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
                 axes = [torch.arange(int(start[k]), int(hi[k]) + 1, int(step[k]), device=device)
                         for k in range(len(windows.dims))]
                 corners = torch.cartesian_prod(*axes).view(-1, len(axes))
-                made.append((corners * strides).sum(dim=1))
+                made.append(windows.token(list(corners.unbind(dim=1))))
         best = None
         for made in placements:
-            part, full = classify(torch.cat(made), row_token, row_in)
+            part, full, held = classify(torch.cat(made), row_token, row_in)
             cost = part.numel() * PARTIAL_COST + full.numel()
             if best is None or cost < best[0]:
-                best = (cost, part, full)
-        _, part, full = best
-        _check_covered(windows, torch.cat([part, full]), seen, within)
+                best = (cost, part, full, held)
+        _, part, full, held = best
+        _check_covered(held, seen)
         partial_n[n], full_n[n] = part.numel(), full.numel()
         partial_at[n, :part.numel()] = part.to(torch.int32).cpu()
         full_at[n, :full.numel()] = full.to(torch.int32).cpu()

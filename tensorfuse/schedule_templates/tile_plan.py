@@ -437,14 +437,16 @@ class TilePlanner:
         return plan_rowtile(self.program, self.chain, dims)
 
     @cached_property
+    def _mask(self) -> Expr | None:
+        """The chain's mask as written (the numeric check of :func:`_single_mask`, run once)."""
+        return _single_mask(self.chain, {m.name for m in self.chain.members})
+
+    @cached_property
     def reads_map(self) -> bool:
         """Whether the chain's mask reads the rows or the keys as a map (``i // W``, ``i % W``):
         a visiting order in patches may then beat the flat one."""
-        return mask_reads_map(self._mask(), tuple(self.chain.common_axes[-1:]) +
+        return mask_reads_map(self._mask, tuple(self.chain.common_axes[-1:]) +
                               (self.chain.axis,))
-
-    def _mask(self):
-        return _single_mask(self.chain, {m.name for m in self.chain.members})
 
     @cached_property
     def layout_scalars(self) -> tuple[str, ...]:
@@ -453,17 +455,7 @@ class TilePlanner:
         Computed once: every call's launch key reads it."""
         if not self.reads_map:
             return ()
-        mask = self._mask()
-        found: dict = {}
-
-        def visit(e):
-            if isinstance(e, Scalar):
-                found[e.name] = True
-            for c in e.children():
-                visit(c)
-
-        visit(mask)
-        return tuple(found)
+        return tuple(dict.fromkeys(n.name for n in nodes(self._mask) if isinstance(n, Scalar)))
 
     def tile(self, plan: RowTilePlan, knobs: Knobs, scalars: dict | None,
              request: "dict | None | bool" = True) -> RowTilePlan:

@@ -23,7 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from ..dsl.expr import Axis, Binary, Const, DimSize, Expr, Scalar
+from ..algebra.exprs import nodes
+from ..dsl.expr import Axis, Binary, Const, DimSize, Expr, Load, Scalar
 from ..errors import ScheduleError
 from .block_schedule import PARTIAL_COST, _Evaluator, block_lists, window_lists
 
@@ -33,11 +34,10 @@ LARGEST_DILATION = 16
 
 
 @dataclass(frozen=True)
-class TokenTiling:
+class _MapLayout:
     """``extent`` tokens laid out as a row-major map of ``dims`` (outermost first; token
-    ``Σ c_k · stride_k``), split into ``prod(dilation)`` interleaved sub-maps (coordinates
-    congruent modulo ``dilation``), each visited in patches of ``patch`` (a block of
-    ``prod(patch)`` consecutive positions of the tiled order)."""
+    ``Σ c_k · stride_k``), visited ``patch`` tokens a block, in steps of ``dilation``: what the
+    query patches and the key windows share."""
 
     extent: int
     dims: tuple[int, ...]
@@ -45,10 +45,13 @@ class TokenTiling:
     patch: tuple[int, ...]
 
     def __post_init__(self):
-        _check_shapes(self.dims, self.dilation, self.patch)
-        if math.prod(self.dims) < self.extent:
-            raise ScheduleError(f"a map of {self.dims} holds {math.prod(self.dims)} tokens, "
-                                f"fewer than the axis's {self.extent}")
+        if not (len(self.dims) == len(self.dilation) == len(self.patch)):
+            raise ScheduleError(f"a tiling of a {len(self.dims)}-D map needs a dilation and a "
+                                f"patch of {len(self.dims)} numbers each; got dilation "
+                                f"{self.dilation}, patch {self.patch}")
+        if any(d < 1 for d in self.dilation) or any(p < 1 for p in self.patch):
+            raise ScheduleError(f"dilation {self.dilation} and patch {self.patch} must be "
+                                "positive")
 
     @property
     def strides(self) -> tuple[int, ...]:
@@ -56,8 +59,43 @@ class TokenTiling:
 
     @property
     def block(self) -> int:
-        """Positions per block of the tiled order (one patch)."""
+        """Tokens per block (one patch)."""
         return math.prod(self.patch)
+
+    def token(self, coords: list):
+        """``Σ c_k · stride_k`` of coordinates (tensors, ints or source text)."""
+        out = None
+        for c, stride in zip(coords, self.strides):
+            term = c * stride if stride != 1 else c
+            out = term if out is None else out + term
+        return out
+
+    def coordinates(self, token) -> list:
+        """The coordinates of ``token`` (the inverse of :meth:`token` on the map)."""
+        out = []
+        for k, (n, stride) in enumerate(zip(self.dims, self.strides)):
+            at = token // stride if stride != 1 else token
+            out.append(at % n if k > 0 else at)
+        return out
+
+    def _shape_text(self, before: str, after: str = "") -> str:
+        text = before + "×".join(map(str, self.patch)) + after
+        if any(d > 1 for d in self.dilation):
+            text += ", dilation " + "×".join(map(str, self.dilation))
+        return text
+
+
+@dataclass(frozen=True)
+class TokenTiling(_MapLayout):
+    """The rows' visiting order: the map split into ``prod(dilation)`` interleaved sub-maps
+    (coordinates congruent modulo ``dilation``), each visited in patches of ``patch`` (a block of
+    ``prod(patch)`` consecutive positions of the tiled order)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if math.prod(self.dims) < self.extent:
+            raise ScheduleError(f"a map of {self.dims} holds {math.prod(self.dims)} tokens, "
+                                f"fewer than the axis's {self.extent}")
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -80,64 +118,33 @@ class TokenTiling:
         a NumPy array, an int or anything with ``//``, ``%``, ``*``, ``+``, ``<`` and ``&``
         (source text, for the emitters); ``valid`` is ``None`` where every position is a
         token."""
-        rank = len(self.dims)
         within, rest = p % self.block, p // self.block
         tiles = math.prod(self.grid)
-        tile, sub = rest % tiles, rest // tiles
         offs = _digits(within, self.patch)
-        tile_at = _digits(tile, self.grid)
-        sub_at = _digits(sub, self.dilation)
+        tile_at = _digits(rest % tiles, self.grid)
+        sub_at = _digits(rest // tiles, self.dilation)
         coords = []
-        for k in range(rank):
+        for k in range(len(self.dims)):
             c = tile_at[k] * self.patch[k] + offs[k] if self.grid[k] > 1 else offs[k]
-            if self.dilation[k] > 1:
-                c = c * self.dilation[k] + sub_at[k]
-            coords.append(c)
-        token = None
-        for c, stride in zip(coords, self.strides):
-            term = c * stride if stride != 1 else c
-            token = term if token is None else token + term
+            coords.append(c * self.dilation[k] + sub_at[k] if self.dilation[k] > 1 else c)
+        token = self.token(coords)
         checks = [c < n for c, n, d, g, q in zip(coords, self.dims, self.dilation, self.grid,
                                                   self.patch) if g * q * d > n]
         if math.prod(self.dims) > self.extent:
             checks.append(token < self.extent)
-        valid = None
-        for check in checks:
-            valid = check if valid is None else valid & check
-        return token, valid
+        return token, _all(checks)
 
     def describe(self) -> str:
-        text = "×".join(map(str, self.dims)) + " map in patches of " + "×".join(map(str, self.patch))
-        if any(d > 1 for d in self.dilation):
-            text += ", dilation " + "×".join(map(str, self.dilation))
-        return text
-
+        return self._shape_text("×".join(map(str, self.dims)) + " map in patches of ")
 
 
 @dataclass(frozen=True)
-class KeyWindows:
-    """Key blocks placed where they are needed: a block is a ``patch`` of keys of a map of
-    ``dims`` (steps of ``dilation``) starting at any token, its *origin*. Each row block's
-    schedule lists origins that cover the box of its visible keys from the box's corner (per
-    sub-map), so a query patch's neighbourhood costs the blocks its box needs — not the blocks of
-    a fixed grid it straddles (NATTEN's sliding key window, from the mask rather than a
-    formula)."""
-
-    extent: int
-    dims: tuple[int, ...]
-    dilation: tuple[int, ...]
-    patch: tuple[int, ...]
-
-    def __post_init__(self):
-        _check_shapes(self.dims, self.dilation, self.patch)
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        return tuple(math.prod(self.dims[k + 1:]) for k in range(len(self.dims)))
-
-    @property
-    def block(self) -> int:
-        return math.prod(self.patch)
+class KeyWindows(_MapLayout):
+    """Key blocks placed where they are needed: a block is a ``patch`` of keys of the map (steps
+    of ``dilation``) starting at any token, its *origin*. Each row block's schedule lists origins
+    that cover the box of its visible keys (per sub-map), so a query patch's neighbourhood costs
+    the blocks its box needs — not the blocks of a fixed grid it straddles (NATTEN's sliding key
+    window, from the mask rather than a formula)."""
 
     @property
     def bound(self) -> int:
@@ -150,40 +157,33 @@ class KeyWindows:
         """``(token offset, coordinate offsets)`` of key ``r`` of a block from its origin."""
         steps = [digit * d if d > 1 else digit
                  for digit, d in zip(_digits(r, self.patch), self.dilation)]
-        token = None
-        for step, stride in zip(steps, self.strides):
-            term = step * stride if stride != 1 else step
-            token = term if token is None else token + term
-        return token, steps
+        return self.token(steps), steps
 
     def position(self, origin, r):
         """``(token, valid)`` of key ``r`` of the block at ``origin``; ``origin`` and ``r`` may
         be tensors (broadcast together) or source text."""
-        token, steps = self.offsets(r)
-        valid = origin + token < self.extent if math.prod(self.dims) > self.extent else None
-        for k, (step, n, stride) in enumerate(zip(steps, self.dims, self.strides)):
-            at = origin // stride if stride != 1 else origin
-            if k > 0:
-                at = at % n
-            check = at + step < n
-            valid = check if valid is None else valid & check
-        return origin + token, valid
+        return self.at(origin, *self.offsets(r))
+
+    def at(self, origin, offset, steps: list):
+        """``(token, valid)`` of the key ``offset`` (coordinate ``steps``, from :meth:`offsets`,
+        computed once by an emitter) past ``origin``."""
+        token = origin + offset
+        checks = [at + step < n for at, step, n in zip(self.coordinates(origin), steps,
+                                                       self.dims)]
+        if math.prod(self.dims) > self.extent:
+            checks.append(token < self.extent)
+        return token, _all(checks)
 
     def describe(self) -> str:
-        text = ("windows of " + "×".join(map(str, self.patch)) + " keys on the "
-                + "×".join(map(str, self.dims)) + " map")
-        if any(d > 1 for d in self.dilation):
-            text += ", dilation " + "×".join(map(str, self.dilation))
-        return text
+        return self._shape_text("windows of ", f" keys on the {'×'.join(map(str, self.dims))} map")
 
 
-def _check_shapes(dims: tuple, dilation: tuple, patch: tuple) -> None:
-    """A patch and a dilation give one positive number per dimension of the map."""
-    if not (len(dims) == len(dilation) == len(patch)):
-        raise ScheduleError(f"a tiling of a {len(dims)}-D map needs a dilation and a patch of "
-                            f"{len(dims)} numbers each; got dilation {dilation}, patch {patch}")
-    if any(d < 1 for d in dilation) or any(p < 1 for p in patch):
-        raise ScheduleError(f"dilation {dilation} and patch {patch} must be positive")
+def _all(checks: list):
+    """The conjunction of ``checks`` (``None`` for none)."""
+    out = None
+    for check in checks:
+        out = check if out is None else out & check
+    return out
 
 
 def _digits(value, radices: tuple[int, ...]) -> list:
@@ -270,29 +270,25 @@ def patches(dims: tuple[int, ...], dilation: tuple[int, ...], block: int,
     return balanced or found
 
 
-def dilation_of(mask: Expr, evaluate: Callable, dims: tuple[int, ...], extent: int) -> tuple:
+def dilation_of(evaluate: Callable, dims: tuple[int, ...], extent: int) -> tuple:
     """The dilation of a mask over a map: per dimension, the largest step that every visible
     key's coordinate differs from the query's by, found on sample queries (the map's centre and
     the middles of its quarters). ``evaluate(rows, cols)`` gives the mask (booleans, rows × cols)
     at flat token indices."""
     import torch
 
-    strides = [math.prod(dims[k + 1:]) for k in range(len(dims))]
-    centre = [n // 2 for n in dims]
-    samples = [centre] + [[(n * f) // 4 for n in dims] for f in (1, 3)]
-    tokens = sorted({sum(c * s for c, s in zip(at, strides)) for at in samples
-                     if sum(c * s for c, s in zip(at, strides)) < extent})
-    rows = torch.tensor(tokens)
+    layout = _MapLayout(extent, dims, tuple(1 for _ in dims), tuple(1 for _ in dims))
+    samples = [[n // 2 for n in dims]] + [[(n * f) // 4 for n in dims] for f in (1, 3)]
+    tokens = sorted({t for t in map(layout.token, samples) if t < extent})
     cols = torch.arange(extent)
-    visible = evaluate(rows, cols)
+    visible = evaluate(torch.tensor(tokens), cols)
     steps = [0] * len(dims)
     for r, q in enumerate(tokens):
         keys = cols[visible[r]]
         if keys.numel() < 2:
             continue
-        for k, (s, n) in enumerate(zip(strides, dims)):
-            diff = (keys // s % n - q // s % n).abs()
-            steps[k] = math.gcd(steps[k], _gcd_all(diff))
+        for k, (key_at, at) in enumerate(zip(layout.coordinates(keys), layout.coordinates(q))):
+            steps[k] = math.gcd(steps[k], _gcd_all((key_at - at).abs()))
     return tuple(s if 1 < s <= LARGEST_DILATION else 1 for s in steps)
 
 
@@ -311,7 +307,7 @@ class TilingChoice:
     the share of the visited ones that skip the mask, both on the sampled row blocks."""
 
     rows: TokenTiling | None
-    cols: TokenTiling | None
+    cols: KeyWindows | None
     cost: float
     flat_cost: float
     density: float
@@ -330,20 +326,10 @@ class TilingChoice:
 
 def mask_reads_map(mask: Expr | None, axes: tuple[Axis, ...]) -> bool:
     """Whether ``mask`` reads one of ``axes`` through ``//`` or ``%`` (a candidate for tiling)."""
-    if mask is None:
-        return False
     uids = {a.uid for a in axes}
-    found = []
-
-    def visit(e: Expr) -> None:
-        if isinstance(e, Binary) and e.op in ("floordiv", "mod") and isinstance(e.a, Axis) and \
-                e.a.uid in uids:
-            found.append(e)
-        for c in e.children():
-            visit(c)
-
-    visit(mask)
-    return bool(found)
+    return mask is not None and any(
+        isinstance(e, Binary) and e.op in ("floordiv", "mod") and isinstance(e.a, Axis)
+        and e.a.uid in uids for e in nodes(mask))
 
 
 def choose_tiling(mask: Expr, batch: list, row: Axis, col: Axis, sizes: dict, scalars: dict,
@@ -377,14 +363,15 @@ def choose_tiling(mask: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sc
         return per_block * n_rb, visited, f / max(1, p + f)
 
     flat = cost_of(None, None)
-    flat_choice = TilingChoice(None, None, *flat[:1], flat[0], *flat[1:])
+    flat_choice = TilingChoice(None, None, cost=flat[0], flat_cost=flat[0], density=flat[1],
+                               full=flat[2])
     reads = {a.uid for a in mask.axes}
     row_dims = map_dims([mask], row, rows, sizes, scalars)
     col_dims = map_dims([mask], col, cols, sizes, scalars)
     why = None
     if row_dims is None and col_dims is None:
         why = "the mask does not read the query or key axis as a map (no `i // W`, `i % W`)"
-    elif any(a.uid in reads for a in batch) or _reads_tensors(mask):
+    elif any(a.uid in reads for a in batch) or any(isinstance(n, Load) for n in nodes(mask)):
         why = "the mask reads tensors or the batch axes, which tilings do not follow"
     if why is not None:
         if request:
@@ -402,7 +389,7 @@ def choose_tiling(mask: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sc
     if "dilation" in request:
         dil = tuple(request["dilation"])
     else:
-        dil = dilation_of(mask, evaluate, col_dims or row_dims, cols if col_dims else rows)
+        dil = dilation_of(evaluate, col_dims or row_dims, cols if col_dims else rows)
     same = row_dims == col_dims and rows == cols
     row_options, col_options = [None], [None]
     if row_dims is not None:
@@ -434,18 +421,3 @@ def choose_tiling(mask: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sc
     if best is None or not request and best.cost >= flat[0]:
         return flat_choice
     return best
-
-
-def _reads_tensors(e: Expr) -> bool:
-    from ..dsl.expr import Load
-
-    found = []
-
-    def visit(n: Expr) -> None:
-        if isinstance(n, Load):
-            found.append(n)
-        for c in n.children():
-            visit(c)
-
-    visit(e)
-    return bool(found)

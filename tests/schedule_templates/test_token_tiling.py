@@ -16,9 +16,9 @@ import tensorfuse.kernels as K
 from tensorfuse.algebra import plan_chain
 from tensorfuse.errors import ScheduleError
 from tensorfuse.kernels.reference import TOLERANCE
-from tensorfuse.schedule_templates.block_schedule import _coordinates, _Evaluator, window_lists
+from tensorfuse.schedule_templates.block_schedule import _Evaluator, window_lists
 from tensorfuse.schedule_templates.tile_plan import TilePlanner
-from tensorfuse.schedule_templates.token_tiling import (KeyWindows, TokenTiling, choose_tiling,
+from tensorfuse.schedule_templates.token_tiling import (TokenTiling, choose_tiling,
                                                         map_dims)
 
 
@@ -85,8 +85,7 @@ def test_key_windows_cover_every_visible_pair_exactly_once(kernel, S, scalars, a
         covered = torch.zeros(S, dtype=torch.int64)
         for num, at, whole in ((pn, pi, False), (fn, fi, True)):
             for origin in at[rb, :num[rb]].tolist():
-                assert all(c >= 0 for c in _coordinates(torch.tensor([origin]),
-                                                        choice.cols)[0].tolist())
+                assert all(int(c) >= 0 for c in choice.cols.coordinates(torch.tensor(origin)))
                 token, ok = choice.cols.position(torch.tensor(origin), within)
                 ok = torch.ones(block, dtype=torch.bool) if ok is None else ok
                 covered.index_add_(0, token[ok], torch.ones(int(ok.sum()), dtype=torch.int64))

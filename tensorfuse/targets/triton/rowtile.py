@@ -168,10 +168,9 @@ def kernel_source(plan, knobs, name: str,
     if plan.row_tiling is not None:
         ragged_rows = not plan.row_tiling.exact
         row_ok = "ok_m[:, None]"
-    if windows is not None:   # keys past the map's edge: only in partial blocks (a full one has
-        col_ok, col_ok_t = "ok_n[None, :]", "ok_n[:, None]"      # none)
+    if windows is not None:   # keys past the map's edge (set per block in chunk_body)
+        col_ok, col_ok_t = "ok_n[None, :]", "ok_n[:, None]"
         col_index, col_index_t = "tok_n[None, :]", "tok_n[:, None]"
-    window_edge = {"ragged": ragged_cols}
     ragged_feature = plan.feature_extent != bk
 
     def valid(pairs):
@@ -181,7 +180,7 @@ def kernel_source(plan, knobs, name: str,
         """Row × column tile (the feature axis reduced away)."""
         return ctx_base.child(axes={plan.row.uid: row_index, plan.col.uid: col_index},
                               valid=valid([(plan.row.uid, row_ok, ragged_rows),
-                                           (plan.col.uid, col_ok, window_edge["ragged"])]))
+                                           (plan.col.uid, col_ok, ragged_cols)]))
 
     def ctx_rf(feature: Axis):
         return ctx_base.child(axes={plan.row.uid: row_index, feature.uid: "offs_k[None, :]"},
@@ -190,7 +189,7 @@ def kernel_source(plan, knobs, name: str,
 
     def ctx_cf(feature: Axis):
         return ctx_base.child(axes={plan.col.uid: col_index_t, feature.uid: "offs_k[None, :]"},
-                              valid=valid([(plan.col.uid, col_ok_t, window_edge["ragged"]),
+                              valid=valid([(plan.col.uid, col_ok_t, ragged_cols),
                                            (feature.uid, feat_ok, ragged_feature)]))
 
     def ctx_r():
@@ -219,21 +218,17 @@ def kernel_source(plan, knobs, name: str,
         """One block of the axis: its loads, the chain's partial reductions and the rolling
         update of the states. ``prefetch``: loads of the outputs to issue first (their latency
         then overlaps the row's load and reductions instead of following them)."""
+        nonlocal ragged_cols
         w("offs_n = start_n + tl.arange(0, BLOCK_N)")
         if windows is None:
             w(f"col_ok = {col_ok}")
-        ragged_cols = window_edge["ragged"] = with_mask if windows is not None else \
-            window_edge["ragged"]
-        if windows is not None:
-            w("tok_n = start_n + koff_n")
+        if windows is not None:   # only a partial window may hold keys past the map's edge
+            ragged_cols = with_mask
+            token, ok = windows.at(_Index("start_n"), _Index("koff_n"),
+                                   [_Index(f"kstep_{k}") for k in range(len(windows.dims))])
+            w(f"tok_n = {token.text}")
             if with_mask:
-                checks = []
-                for k, (n, stride) in enumerate(zip(windows.dims, windows.strides)):
-                    at = f"(start_n // {stride})" if stride != 1 else "start_n"
-                    checks.append(f"({at}{f' % {n}' if k else ''} + kstep_{k} < {n})")
-                if math.prod(windows.dims) > windows.extent:
-                    checks.append(f"(tok_n < {windows.extent})")
-                w(f"ok_n = {' & '.join(checks)}")
+                w(f"ok_n = {ok.text}")
                 w(f"col_ok = {col_ok}")
         memo: dict = {}
         early = ctx_rc().child(emit=w, memo=memo)
