@@ -1,14 +1,15 @@
 """How well and how fast a tuning job finds the best knobs, on the local GPU.
 
     python -m benchmarks.tuning [--out DIR] [--trials 24] [--seq 4096] [--window 256]
-    python -m benchmarks.tuning --gpus-compare [--trials 32]     (a machine with 2+ GPUs)
+    python -m benchmarks.tuning --gpus-compare [--together] [--cases softmax,decode]  (2+ GPUs)
 
 For each kernel: a ``tensorfuse.tune`` job with ``--trials`` at the scalar values it is called
 with (timed, wall clock, cold caches), then every point of the template's space that fits the GPU
 timed the same way (the true best), the tuned record's latency as a fraction of that best, and
 ``tf.compile`` at those values: whether it uses the record, and its time. ``--gpus-compare``: the
-same job measured in this process, on one GPU's worker and on all GPUs' workers (fresh database
-and compile caches each), wall clock and best record of each. Writes DIR/<date>-<gpu>-tuning-*.csv and prints a table.
+same job on one GPU and on all of this machine's GPUs (fresh database and compile caches each),
+per kernel or, with ``--together``, as one job of all the kernels: wall clock, trials and best
+record of each. Writes DIR/<date>-<gpu>-tuning-*.csv and prints a table.
 """
 from __future__ import annotations
 
@@ -51,15 +52,20 @@ def _fresh_caches(label: str) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    parser.add_argument("--trials", type=int, default=24)
+    parser.add_argument("--trials", type=int, default=None,
+                        help="per job (default 24; with --gpus-compare every fitting setting)")
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--window", type=int, default=256,
                         help="the sliding window the kernel is called (and tuned) with")
     parser.add_argument("--cases", default="causal,sliding,decode,softmax",
                         help="which of causal, sliding, decode, softmax")
     parser.add_argument("--gpus-compare", action="store_true",
-                        help="one GPU's worker against all GPUs' on the same job")
+                        help="one GPU against all of this machine's GPUs on the same job")
+    parser.add_argument("--together", action="store_true",
+                        help="with --gpus-compare: all the cases in one job")
     args = parser.parse_args(argv)
+    if args.trials is None and not args.gpus_compare:
+        args.trials = 24
     import torch
 
     if not torch.cuda.is_available():
@@ -82,7 +88,8 @@ def main(argv=None) -> int:
     cases = [c for c in cases if any(c[0].startswith(w) or w in c[0] for w in wanted)]
     rows = (_compare_gpus if args.gpus_compare else _tune_and_sweep)(tf, target, cases, args)
     gpu = torch.cuda.get_device_name().replace(" ", "_")
-    kind = "gpus" if args.gpus_compare else "-".join(wanted)
+    kind = ("gpus-together" if args.together else "gpus") if args.gpus_compare else "-".join(
+        wanted)
     path = os.path.join(args.out, f"{datetime.date.today().isoformat()}-{gpu}-tuning-{kind}.csv")
     os.makedirs(args.out, exist_ok=True)
     with open(path, "w", newline="") as f:
@@ -144,31 +151,49 @@ def _ms(secs):
 
 
 def _compare_gpus(tf, target, cases, args) -> list[dict]:
+    """The same job on one GPU (``gpus=[0]``: measured in the job's own process) and on every GPU
+    of this machine (``gpus="all"``: the job's GPU plus a worker per other GPU), with fresh
+    database and compile caches each: per kernel, or (``--together``) all the kernels in one
+    job. ``--trials 0`` (the default here) asks for every setting that fits, so both runs
+    measure the same candidates."""
     import torch
 
-    rows = []
+    from tensorfuse.autotune.tasks import make_task
+
     count = torch.cuda.device_count()
+    fitting = {}
     for label, kernel, sizes, scalars in cases:
-        # in this process (no workers), one GPU's worker, every GPU's workers
-        for gpus in [None, [0]] + (["all"] if count > 1 else []):
+        task = make_task(kernel, sizes, target, scalars)
+        choices = task.choices()
+        fitting[label] = sum(task.unfit(dict(zip(choices, v))) is None
+                             for v in itertools.product(*choices.values()))
+    jobs = [(label, [(kernel, {**sizes, **scalars})], args.trials or fitting[label])
+            for label, kernel, sizes, scalars in cases]
+    if args.together:
+        jobs = [(" + ".join(c[0] for c in cases),
+                 [(kernel, {**sizes, **scalars}) for _, kernel, sizes, scalars in cases],
+                 args.trials or sum(fitting.values()))]
+    rows = []
+    for label, kernels, trials in jobs:
+        runs = []
+        for gpus in [[0]] + (["all"] if count > 1 else []):
             _fresh_caches(f"gpus-{gpus}")
             started = time.time()
-            summary = tf.tune(kernel, target, trials=args.trials, progress=False,
-                              scalars=scalars, gpus=gpus, **sizes)
-            task = summary.tasks[0]
-            rows.append(dict(kernel=label, gpus=count if gpus == "all" else 1,
-                             workers_used=gpus is not None,
-                             trials=task.trials, failed=task.failures_this_job,
-                             job_s=round(time.time() - started, 1),
-                             workers_ready_s=round(summary.workers_ready_s or 0, 1),
-                             best_ms=_ms(task.best_secs), default_ms=_ms(task.default_secs),
-                             workers="; ".join(summary.workers)))
-            print(rows[-1], flush=True)
-        runs = rows[-(3 if count > 1 else 2):]
-        here, one, every = runs[0], runs[1], runs[-1]
-        print(f"{label}: in this process {here['job_s']} s, one GPU's worker {one['job_s']} s, "
-              f"{every['gpus']} GPUs' {every['job_s']} s ({one['job_s'] / every['job_s']:.2f}x); "
-              f"best {here['best_ms']} / {one['best_ms']} / {every['best_ms']} ms", flush=True)
+            summary = tf.tune(kernels, target, trials=trials, progress=False, gpus=gpus)
+            job_s = time.time() - started
+            runs.append(job_s)
+            for task in summary.tasks:
+                rows.append(dict(job=label, kernel=task.name, gpus=count if gpus == "all" else 1,
+                                 asked=trials, trials=task.trials,
+                                 failed=task.failures_this_job, job_s=round(job_s, 1),
+                                 workers_ready_s=round(summary.workers_ready_s or 0, 1),
+                                 best_ms=_ms(task.best_secs), default_ms=_ms(task.default_secs),
+                                 exhausted=summary.exhausted,
+                                 workers="; ".join(summary.workers)))
+                print(rows[-1], flush=True)
+        if len(runs) > 1:
+            print(f"{label}: {trials} trials, one GPU {runs[0]:.1f} s, {count} GPUs "
+                  f"{runs[1]:.1f} s ({runs[0] / runs[1]:.2f}x)", flush=True)
     return rows
 
 
