@@ -63,6 +63,7 @@ def main(argv=None) -> int:
                         help="one GPU against all of this machine's GPUs on the same job")
     parser.add_argument("--together", action="store_true",
                         help="with --gpus-compare: all the cases in one job")
+    parser.add_argument("--run-gpus", default=None, help=argparse.SUPPRESS)   # one run, inside
     args = parser.parse_args(argv)
     if args.trials is None and not args.gpus_compare:
         args.trials = 24
@@ -86,6 +87,9 @@ def main(argv=None) -> int:
     ]
     wanted = args.cases.split(",")
     cases = [c for c in cases if any(c[0].startswith(w) or w in c[0] for w in wanted)]
+    if args.run_gpus is not None:
+        _one_gpus_run(tf, target, cases, args)
+        return 0
     rows = (_compare_gpus if args.gpus_compare else _tune_and_sweep)(tf, target, cases, args)
     gpu = torch.cuda.get_device_name().replace(" ", "_")
     kind = ("gpus-together" if args.together else "gpus") if args.gpus_compare else "-".join(
@@ -152,10 +156,14 @@ def _ms(secs):
 
 def _compare_gpus(tf, target, cases, args) -> list[dict]:
     """The same job on one GPU (``gpus=[0]``: measured in the job's own process) and on every GPU
-    of this machine (``gpus="all"``: the job's GPU plus a worker per other GPU), with fresh
-    database and compile caches each: per kernel, or (``--together``) all the kernels in one
-    job. ``--trials 0`` (the default here) asks for every setting that fits, so both runs
-    measure the same candidates."""
+    of this machine (``gpus="all"``: the job's GPU plus a worker per other GPU): per kernel, or
+    (``--together``) all the kernels in one job. Each run is a fresh Python with fresh database
+    and compile caches (a second job in one process would find the first's compiled kernels in
+    memory: measured 2.6x faster on one H200 for that alone). ``--trials`` (default: every
+    setting that fits) is the same for both runs, so they measure the same candidates."""
+    import json
+    import subprocess
+
     import torch
 
     from tensorfuse.autotune.tasks import make_task
@@ -167,34 +175,51 @@ def _compare_gpus(tf, target, cases, args) -> list[dict]:
         choices = task.choices()
         fitting[label] = sum(task.unfit(dict(zip(choices, v))) is None
                              for v in itertools.product(*choices.values()))
-    jobs = [(label, [(kernel, {**sizes, **scalars})], args.trials or fitting[label])
-            for label, kernel, sizes, scalars in cases]
+    jobs = [([label], args.trials or fitting[label]) for label, _, _, _ in cases]
     if args.together:
-        jobs = [(" + ".join(c[0] for c in cases),
-                 [(kernel, {**sizes, **scalars}) for _, kernel, sizes, scalars in cases],
-                 args.trials or sum(fitting.values()))]
+        jobs = [([c[0] for c in cases], args.trials or sum(fitting.values()))]
     rows = []
-    for label, kernels, trials in jobs:
+    for labels, trials in jobs:
         runs = []
-        for gpus in [[0]] + (["all"] if count > 1 else []):
-            _fresh_caches(f"gpus-{gpus}")
-            started = time.time()
-            summary = tf.tune(kernels, target, trials=trials, progress=False, gpus=gpus)
-            job_s = time.time() - started
-            runs.append(job_s)
-            for task in summary.tasks:
-                rows.append(dict(job=label, kernel=task.name, gpus=count if gpus == "all" else 1,
-                                 asked=trials, trials=task.trials,
-                                 failed=task.failures_this_job, job_s=round(job_s, 1),
-                                 workers_ready_s=round(summary.workers_ready_s or 0, 1),
-                                 best_ms=_ms(task.best_secs), default_ms=_ms(task.default_secs),
-                                 exhausted=summary.exhausted,
-                                 workers="; ".join(summary.workers)))
-                print(rows[-1], flush=True)
+        for gpus in ["0"] + (["all"] if count > 1 else []):
+            command = [sys.executable, "-m", "benchmarks.tuning", "--gpus-compare", "--together",
+                       "--run-gpus", gpus, "--trials", str(trials), "--cases", ",".join(labels),
+                       "--seq", str(args.seq), "--window", str(args.window)]
+            done = subprocess.run(command, capture_output=True, text=True)
+            found = [json.loads(line[4:]) for line in done.stdout.splitlines()
+                     if line.startswith("ROW ")]
+            if done.returncode or not found:
+                print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"the run on --gpus {gpus} failed (rc {done.returncode})")
+            for row in found:
+                row.update(gpus=count if gpus == "all" else 1)
+                print(row, flush=True)
+            rows += found
+            runs.append(found[0]["job_s"])
         if len(runs) > 1:
-            print(f"{label}: {trials} trials, one GPU {runs[0]:.1f} s, {count} GPUs "
-                  f"{runs[1]:.1f} s ({runs[0] / runs[1]:.2f}x)", flush=True)
+            print(f"{' + '.join(labels)}: {trials} trials, one GPU {runs[0]:.1f} s, {count} GPUs "
+                  f"{runs[1]:.1f} s ({runs[0] / max(runs[1], 1e-9):.2f}x)", flush=True)
     return rows
+
+
+def _one_gpus_run(tf, target, cases, args) -> None:
+    """One job of ``--gpus-compare`` (in its own process): all ``cases`` on ``--run-gpus``;
+    prints a ``ROW {json}`` line per kernel."""
+    import json
+
+    _fresh_caches(f"gpus-{args.run_gpus}")
+    gpus = "all" if args.run_gpus == "all" else [int(g) for g in args.run_gpus.split(",")]
+    started = time.time()
+    summary = tf.tune([(kernel, {**sizes, **scalars}) for _, kernel, sizes, scalars in cases],
+                      target, trials=args.trials, progress=False, gpus=gpus)
+    job_s = time.time() - started
+    for task in summary.tasks:
+        print("ROW " + json.dumps(dict(
+            job=" + ".join(c[0] for c in cases), kernel=task.name, asked=args.trials,
+            trials=task.trials, failed=task.failures_this_job, job_s=round(job_s, 1),
+            workers_ready_s=round(summary.workers_ready_s or 0, 1), best_ms=_ms(task.best_secs),
+            default_ms=_ms(task.default_secs), exhausted=summary.exhausted,
+            workers="; ".join(summary.workers))), flush=True)
 
 
 if __name__ == "__main__":
