@@ -188,11 +188,14 @@ def _compare_gpus(tf, target, cases, args) -> list[dict]:
             done = subprocess.run(command, capture_output=True, text=True)
             found = [json.loads(line[4:]) for line in done.stdout.splitlines()
                      if line.startswith("ROW ")]
-            if done.returncode or not found:
+            if not found:
                 print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"the run on --gpus {gpus} failed (rc {done.returncode})")
+            if done.returncode:   # the job reported its rows, then its process ended badly
+                print(f"--gpus {gpus}: exit status {done.returncode} after the job:",
+                      done.stderr[-1500:], file=sys.stderr)
             for row in found:
-                row.update(gpus=count if gpus == "all" else 1)
+                row.update(gpus=count if gpus == "all" else 1, exit_rc=done.returncode)
                 print(row, flush=True)
             rows += found
             runs.append(found[0]["job_s"])
