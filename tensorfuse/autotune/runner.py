@@ -95,11 +95,20 @@ def random_inputs(kernel, dims: dict, scalars: dict | None = None) -> list:
     """Fresh random inputs (never zeros) as torch tensors on the GPU (on the CPU under Triton's
     interpreter), in call order, with the scalar values ``scalars`` (the others: their
     defaults)."""
-    from ..interop import torch_from_numpy
+    import torch
 
-    tensors, scalars = numpy_inputs(kernel, dims, np.random.default_rng(), scalars)
+    from ..interop import torch_dtype, torch_from_numpy
+
+    rng = np.random.default_rng()
     device = "cpu" if interpreting() else "cuda"
-    return [torch_from_numpy(tensors[p.name], device) if p.name in tensors else scalars[p.name]
+    generator = torch.Generator(device).manual_seed(int(rng.integers(2**62)))
+
+    def on_device(shape: tuple, dtype: str):
+        return torch.randn(shape, generator=generator, device=device, dtype=torch_dtype(dtype))
+
+    tensors, scalars = numpy_inputs(kernel, dims, rng, scalars, real_tensor=on_device)
+    return [(t if isinstance(t, torch.Tensor) else torch_from_numpy(t, device))
+            if (t := tensors.get(p.name)) is not None else scalars[p.name]
             for p in kernel.program.params]
 
 
