@@ -349,6 +349,7 @@ class RemoteRunner(PyRunner):
         self.lock = threading.Lock()
         self.active = 0            # threads holding a session
         self.ready = None          # when the workers were all there
+        self.here = None           # the runner of this process's GPU (--gpus)
 
     def _start(self) -> None:
         if self.threads:
@@ -381,9 +382,17 @@ class RemoteRunner(PyRunner):
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
         self._start()
         futures = []
+        specs = []
         for item in runner_inputs:
             with open(item.artifact_path, encoding="utf-8") as f:
-                spec = json.load(f)
+                specs.append(json.load(f))
+        here = self._here_runner()
+        if here is not None:   # the batch compiled on this machine's CPUs first: this process
+            import torch       # and the local workers find it in Triton's on-disk cache
+
+            torch.cuda.set_device(self.tracker.here)
+            here.compile_ahead([(spec["task"], spec["knobs"]) for spec in specs])
+        for spec in specs:
             payload = pickle.dumps((self.payloads[spec["task"]], spec["knobs"], self.repeat_ms))
             done: concurrent.futures.Future = concurrent.futures.Future()
             self.work.put((spec["task"], spec["knobs"], payload, done, 0))
@@ -440,10 +449,8 @@ class RemoteRunner(PyRunner):
         """Measure on this process's GPU (``tracker.here``), as the local runner does."""
         import torch
 
-        from .runner import TritonRunner
-
         torch.cuda.set_device(self.tracker.here)
-        here = TritonRunner(self.tasks_by_key, self.repeat_ms)
+        here = self._here_runner()
         name = f"{socket.gethostname()}:gpu{self.tracker.here} (this process)"
         with self.lock:
             self.active += 1
@@ -454,6 +461,17 @@ class RemoteRunner(PyRunner):
             key, knobs, _, done, _ = item
             done.set_result(here.measure_one(key, knobs))
             self.workers[name] = self.workers.get(name, 0) + 1
+
+    def _here_runner(self):
+        """The runner measuring on this process's GPU (``tracker.here``), or None."""
+        if self.tracker.here is None:
+            return None
+        with self.lock:
+            if self.here is None:
+                from .runner import TritonRunner
+
+                self.here = TritonRunner(self.tasks_by_key, self.repeat_ms)
+            return self.here
 
     def _fail_queued_if_alone(self) -> None:
         """No session for this thread, and none held by any other: every worker is gone, so
@@ -476,3 +494,5 @@ class RemoteRunner(PyRunner):
         self.closed = True
         for _ in self.threads:
             self.work.put(None)
+        if self.here is not None:
+            self.here.close()

@@ -8,6 +8,8 @@ tests' tolerance for the output dtype, so they may differ from each other by twi
 from __future__ import annotations
 
 import json
+import os
+import threading
 
 import numpy as np
 from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerInput, RunnerResult
@@ -16,6 +18,8 @@ from tvm.ir.utils import derived_object
 from ..inputs import TOLERANCE  # max |err| / max |ref| per output dtype
 from ..inputs import random_inputs as numpy_inputs
 from ..targets.triton.launch import interpreting
+
+COMPILE_AHEAD_ENV = "TENSORFUSE_COMPILE_AHEAD"
 
 
 def done(result: RunnerResult) -> RunnerFuture:
@@ -32,20 +36,52 @@ class TritonRunner(PyRunner):
         self.tasks_by_key = tasks_by_key
         self.repeat_ms = repeat_ms
         self._inputs: dict = {}
+        self._lock = threading.Lock()
+        self._pool = None   # helper processes compiling a batch ahead (made at the first)
 
     def inputs(self, key: str):
         """:func:`reference_inputs` of a task, made once."""
-        if key not in self._inputs:
-            self._inputs[key] = reference_inputs(self.tasks_by_key[key])
-        return self._inputs[key]
+        with self._lock:
+            if key not in self._inputs:
+                self._inputs[key] = reference_inputs(self.tasks_by_key[key])
+            return self._inputs[key]
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
-        futures = []
+        specs = []
         for item in runner_inputs:
             with open(item.artifact_path, encoding="utf-8") as f:
                 spec = json.load(f)
-            futures.append(done(self.measure_one(spec["task"], spec["knobs"])))
-        return futures
+            specs.append((spec["task"], spec["knobs"]))
+        self.compile_ahead(specs)
+        return [done(self.measure_one(key, knobs)) for key, knobs in specs]
+
+    def compile_ahead(self, specs: list[tuple[str, dict]]) -> None:
+        """Compile a batch's Triton candidates for their inputs on all the CPUs at once
+        (:mod:`~tensorfuse.targets.triton.compile_pool`) before any is measured; each measurement
+        then finds its kernel compiled (here, and through Triton's on-disk cache in the workers
+        of this machine). A candidate that fails here is measured as usual, and fails there.
+        ``TENSORFUSE_COMPILE_AHEAD=0`` turns this off (each candidate compiles at its first
+        launch, in the measuring process)."""
+        if len(specs) < 2 or interpreting() or os.environ.get(COMPILE_AHEAD_ENV) == "0":
+            return
+        from ..targets.triton.compile_pool import CompilePool, compiled_ahead
+
+        if self._pool is None:
+            self._pool = CompilePool()
+        with compiled_ahead(self._pool):
+            for key, knobs in specs:
+                try:
+                    candidate = self.tasks_by_key[key].candidate(knobs or None)
+                    warm = getattr(candidate, "warm", None)   # Triton templates
+                    if warm is not None:
+                        warm(*self.inputs(key)[0])
+                except Exception:  # noqa: BLE001 - measured, and reported, as without this
+                    continue
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def measure_one(self, key: str, knobs: dict) -> RunnerResult:
         """:func:`measure` of one candidate of task ``key``, as MetaSchedule takes a result (a

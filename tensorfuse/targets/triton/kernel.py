@@ -276,6 +276,12 @@ class TritonKernel(GraphCallable):
         self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes,
                                    guards)
 
+    def warm(self, *args, **kwargs) -> None:
+        """Compile for these arguments without launching (a tuning batch compiles its
+        candidates this way under ``compile_pool.compiled_ahead``, on all the CPUs)."""
+        launches, values, _, _, _, _keep = self._prepare(args, kwargs)
+        launches.warm(values)
+
     def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
         """Median milliseconds of a launch (triton.testing.do_bench: events, warm-up, L2 flush)."""
         import triton

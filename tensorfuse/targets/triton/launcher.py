@@ -61,6 +61,17 @@ class Launches:
                 continue
             self._launch(step, values)
 
+    def warm(self, values: dict) -> None:
+        """Compile the steps not compiled yet for ``values`` without launching them (Triton's
+        ``warmup``: the same specialisation as the launch; under ``compile_pool.compiled_ahead``
+        the compiles run in its helper processes)."""
+        if self.interpreted:
+            return
+        for step in self.steps:
+            if step.compiled is None:
+                step.fn.warmup(*[values[n] for n in step.names], grid=step.grid, **self.meta,
+                               **self.options)
+
     def _launch(self, step: Step, values: dict) -> None:
         kernel = step.compiled
         args = [values[n].data_ptr() if tensor else values[n] for n, tensor in step.kinds]

@@ -1,0 +1,140 @@
+"""Compiling a batch of Triton kernels on all the CPUs before any of them runs.
+
+Triton's JIT compiles a kernel at its first launch, in the launching process, one kernel after
+another: a tuning job that measured 201 candidates on one H200 took 143 s, mostly compiling
+(0.64 s a candidate, the GPU timing ~0.1 s of it). Under :func:`compiled_ahead`, Triton's own
+``AsyncCompileMode`` hands each compile the JIT starts (``warmup``: compile without launching) to
+:class:`CompilePool`, which sends the JIT's compile arguments to an idle helper process
+(:mod:`.compile_worker`, Triton alone imported); the helper fills Triton's on-disk cache, and the
+JIT's own compile here is then a cache hit (milliseconds). A compile the helpers cannot take —
+a JIT whose internals differ from Triton 3.6's, a helper that died, an error — runs here as it
+would have, so what is compiled never depends on the pool; only when it is compiled does.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
+
+
+def helpers_for_this_machine() -> int:
+    """One helper per CPU but one (the launching process keeps one), at most 16."""
+    return max(1, min(16, (os.cpu_count() or 2) - 1))
+
+
+class CompilePool:
+    """Helper processes compiling Triton kernels into the on-disk cache; an executor for
+    ``triton.AsyncCompileMode`` (only ``submit`` is used). Started at the first compile,
+    stopped by :meth:`close`."""
+
+    def __init__(self, processes: int | None = None):
+        self.size = processes or helpers_for_this_machine()
+        self.idle: queue.Queue = queue.Queue()
+        self.helpers: list[subprocess.Popen] = []
+        self.threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self.lock = threading.Lock()
+        self.sent = 0          # compiles the helpers did (tests and reports read these)
+        self.here = 0          # compiles that ran in this process instead
+
+    def _start(self) -> None:
+        with self.lock:
+            if self.threads is not None:
+                return
+            for _ in range(self.size):   # the environment (TRITON_CACHE_DIR) is inherited
+                helper = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                self.helpers.append(helper)
+                self.idle.put(helper)
+            self.threads = concurrent.futures.ThreadPoolExecutor(self.size)
+
+    def submit(self, compile_fn) -> concurrent.futures.Future:
+        """The compiled kernel of ``compile_fn`` (the JIT's closure), compiled by a helper and
+        then loaded here from the cache; compiled here where the request cannot be made."""
+        request = jit_request(compile_fn)
+        if request is None:
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            self._compile_here(future, compile_fn)
+            return future
+        self._start()
+        return self.threads.submit(self._through_helper, request, compile_fn)
+
+    def _through_helper(self, request: dict, compile_fn):
+        helper = self.idle.get()
+        reply = "no reply"
+        try:
+            data = pickle.dumps(request)
+            helper.stdin.write(struct.pack("<I", len(data)) + data)
+            helper.stdin.flush()
+            head = helper.stdout.read(4)
+            if len(head) == 4:
+                reply = pickle.loads(helper.stdout.read(struct.unpack("<I", head)[0]))
+        except (OSError, pickle.PickleError, EOFError) as exc:
+            reply = f"the helper failed: {exc}"
+        if helper.poll() is None:
+            self.idle.put(helper)
+        with self.lock:
+            if reply is None:
+                self.sent += 1
+            else:
+                self.here += 1
+        return compile_fn()   # a cache hit when the helper compiled it; else the compile itself
+
+    def _compile_here(self, future, compile_fn) -> None:
+        with self.lock:
+            self.here += 1
+        try:
+            future.set_result(compile_fn())
+        except Exception as exc:  # noqa: BLE001 - the JIT's own error, for the caller
+            future.set_exception(exc)
+
+    def close(self) -> None:
+        for helper in self.helpers:
+            try:
+                helper.stdin.close()
+                helper.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                helper.kill()
+        if self.threads is not None:
+            self.threads.shutdown(wait=True)
+        self.helpers, self.threads = [], None
+        self.idle = queue.Queue()
+
+
+def jit_request(compile_fn) -> dict | None:
+    """What a helper needs to compile what ``compile_fn`` (the closure Triton 3.6's JIT hands an
+    ``AsyncCompileMode`` executor) compiles: the kernel's source file, module and name, and the
+    JIT's signature, constexprs, attributes, target and options. None where the closure is not
+    the one expected or the kernel has no source file."""
+    code, cells = getattr(compile_fn, "__code__", None), getattr(compile_fn, "__closure__", None)
+    if code is None or cells is None:
+        return None
+    found = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells)))
+    src, target, options = found.get("src"), found.get("target"), found.get("options")
+    jit = getattr(src, "fn", None)
+    fn = getattr(jit, "fn", None)
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    path = getattr(module, "__file__", None)
+    if target is None or options is None or fn is None or not path:
+        return None
+    return dict(path=path, module=fn.__module__, name=fn.__name__, signature=src.signature,
+                constexprs=src.constants, attrs=src.attrs, target=target,
+                options=dict(options.__dict__))
+
+
+@contextlib.contextmanager
+def compiled_ahead(pool: CompilePool):
+    """Within this block the JIT's compiles (``fn.warmup(...)``, or first launches) go to
+    ``pool``; on leaving it, all are done and in the JIT's cache (a compile that failed is left
+    out, to fail again, with its error, at its first launch)."""
+    import triton
+
+    with triton.AsyncCompileMode(pool, ignore_errors=True):
+        yield

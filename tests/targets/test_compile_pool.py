@@ -1,0 +1,98 @@
+"""Compiling a batch of Triton kernels in helper processes (``targets.triton.compile_pool``), on
+the CPU: Triton's JIT runs against a stand-in driver that names an sm_90 GPU, so ``warmup``
+compiles exactly as it would on the H100 (nothing is launched)."""
+import glob
+import os
+
+import pytest
+
+triton = pytest.importorskip("triton")
+torch = pytest.importorskip("torch")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+from triton.runtime.jit import MockTensor  # noqa: E402
+
+from tensorfuse.targets.triton.compile_pool import (CompilePool, compiled_ahead,  # noqa: E402
+                                                    jit_request)
+from tensorfuse.targets.triton.launch import load_kernel  # noqa: E402
+
+SOURCE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_rows_{tag}(x, out, n, s, BLOCK: tl.constexpr):
+    i = tl.program_id(0)
+    c = tl.arange(0, BLOCK)
+    v = tl.load(x + i * n + c, mask=c < n)
+    tl.store(out + i * n + c, v * s{extra}, mask=c < n)
+'''
+
+
+class _Hopper:
+    """A driver that is an sm_90 GPU as far as compiling goes."""
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def is_active(self):
+        return True
+
+
+@pytest.fixture
+def hopper(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("TENSORFUSE_CACHE", str(tmp_path / "tensorfuse"))
+    saved = driver._active
+    driver.set_active(_Hopper())
+    yield tmp_path / "triton"
+    driver._active = saved
+
+
+def _warm(fn, blocks):
+    for block in blocks:
+        fn.warmup(MockTensor(torch.float32), MockTensor(torch.float32), 1000, 0.5, BLOCK=block,
+                  grid=(1,), num_warps=4, num_stages=2)
+
+
+def test_helpers_compile_a_batch_and_the_jit_finds_it_in_the_cache(hopper):
+    fn = load_kernel(SOURCE.format(tag=os.getpid(), extra=""), f"scale_rows_{os.getpid()}")
+    pool = CompilePool(2)
+    try:
+        with compiled_ahead(pool):
+            _warm(fn, (64, 128, 256, 512))
+        assert (pool.sent, pool.here) == (4, 0)
+    finally:
+        pool.close()
+    assert len(fn.device_caches[0][0]) == 4            # all four in the JIT's cache
+    # one cubin per kernel: the JIT's own compile here found the helpers' (same cache key)
+    assert len(glob.glob(str(hopper / "*" / "*.cubin"))) == 4
+
+
+def test_a_kernel_that_does_not_compile_fails_at_its_own_compile(hopper):
+    tag = f"{os.getpid()}_bad"
+    fn = load_kernel(SOURCE.format(tag=tag, extra=" + undefined_name"), f"scale_rows_{tag}")
+    pool = CompilePool(1)
+    try:
+        with compiled_ahead(pool):   # the error is kept for the kernel's own compile
+            _warm(fn, (64,))
+        assert pool.here == 1 and len(fn.device_caches[0][0]) == 0
+    finally:
+        pool.close()
+    with pytest.raises(Exception, match="undefined_name"):
+        _warm(fn, (64,))
+
+
+def test_a_compile_it_cannot_describe_runs_here():
+    pool = CompilePool(1)
+    assert jit_request(lambda: 42) is None
+    assert pool.submit(lambda: 42).result() == 42 and pool.here == 1 and not pool.helpers
+    pool.close()
