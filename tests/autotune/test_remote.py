@@ -172,3 +172,32 @@ def test_the_job_s_own_tracker_serves_workers_and_stops():
         os.killpg(worker.pid, signal.SIGKILL)
         own.terminate()
     assert not own.state.thread.is_alive()
+
+
+def test_the_job_compiles_a_batch_ahead_before_its_gpu_and_workers_measure(monkeypatch, tmp_path):
+    """--gpus: the batch is compiled ahead (for this process and, through Triton's on-disk cache,
+    the local workers) before any candidate is handed out; the runner's helpers end with it."""
+    import torch
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from tensorfuse.autotune.remote import RemoteRunner
+    from tensorfuse.autotune.runner import TritonRunner
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    monkeypatch.setattr(TritonRunner._cls, "compile_ahead",   # TVM's derived_object: its class
+                        lambda self, specs: events.append(("ahead", list(specs))))
+    monkeypatch.setattr(TritonRunner._cls, "close", lambda self: events.append(("closed",)))
+    monkeypatch.setattr(RemoteRunner._cls, "_start", lambda self: None)   # no measuring threads
+    runner = RemoteRunner({}, Tracker("", 0, "", "", here=0), lambda line: None)
+    runner.payloads = {"softmax": b"task"}
+    inputs = []
+    for n in (1, 2):
+        path = tmp_path / f"c{n}.json"
+        path.write_text(json.dumps({"task": "softmax", "knobs": {"block_n": 1024 * n}}))
+        inputs.append(RunnerInput(str(path), "cuda", []))
+    runner.run(inputs)
+    assert events == [("ahead", [("softmax", {"block_n": 1024}), ("softmax", {"block_n": 2048})])]
+    assert runner.work.qsize() == 2   # handed out after the compile
+    runner.close()
+    assert events[-1] == ("closed",)
