@@ -166,15 +166,12 @@ def _compare_gpus(tf, target, cases, args) -> list[dict]:
 
     import torch
 
+    from tensorfuse.autotune.pruning import fitting_settings
     from tensorfuse.autotune.tasks import make_task
 
     count = torch.cuda.device_count()
-    fitting = {}
-    for label, kernel, sizes, scalars in cases:
-        task = make_task(kernel, sizes, target, scalars)
-        choices = task.choices()
-        fitting[label] = sum(task.unfit(dict(zip(choices, v))) is None
-                             for v in itertools.product(*choices.values()))
+    fitting = {label: fitting_settings(make_task(kernel, sizes, target, scalars))[0]
+               for label, kernel, sizes, scalars in cases}
     jobs = [([label], args.trials or fitting[label]) for label, _, _, _ in cases]
     if args.together:
         jobs = [([c[0] for c in cases], args.trials or sum(fitting.values()))]

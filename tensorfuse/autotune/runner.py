@@ -38,6 +38,7 @@ class TritonRunner(PyRunner):
         self._inputs: dict = {}
         self._lock = threading.Lock()
         self._pool = None   # helper processes compiling a batch ahead (made at the first)
+        self._warmed: dict = {}   # this batch's candidates compiled ahead, to measure as they are
 
     def inputs(self, key: str):
         """:func:`reference_inputs` of a task, made once."""
@@ -62,6 +63,7 @@ class TritonRunner(PyRunner):
         of this machine). A candidate that fails here is measured as usual, and fails there.
         ``TENSORFUSE_COMPILE_AHEAD=0`` turns this off (each candidate compiles at its first
         launch, in the measuring process)."""
+        self._warmed = {}
         if len(specs) < 2 or interpreting() or os.environ.get(COMPILE_AHEAD_ENV) == "0":
             return
         from ..targets.triton.compile_pool import CompilePool, compiled_ahead
@@ -75,6 +77,8 @@ class TritonRunner(PyRunner):
                     warm = getattr(candidate, "warm", None)   # Triton templates
                     if warm is not None:
                         warm(*self.inputs(key)[0])
+                        # measured as it is: its launches and block lists are made already
+                        self._warmed[_candidate_key(key, knobs)] = candidate
                 except Exception:  # noqa: BLE001 - measured, and reported, as without this
                     continue
 
@@ -87,7 +91,8 @@ class TritonRunner(PyRunner):
         """:func:`measure` of one candidate of task ``key``, as MetaSchedule takes a result (a
         failed trial, counted by the job, where it does not run or match the defaults)."""
         try:
-            secs = measure(self.tasks_by_key[key], knobs, self.inputs(key), self.repeat_ms)
+            secs = measure(self.tasks_by_key[key], knobs, self.inputs(key), self.repeat_ms,
+                           self._warmed.pop(_candidate_key(key, knobs), None))
             return RunnerResult([secs], None)
         except Exception as exc:  # noqa: BLE001 - a failed trial, counted by the job
             return RunnerResult(None, f"{type(exc).__name__}: {exc}"[:2000])
@@ -102,13 +107,18 @@ def reference_inputs(task):
     return args, [r.float() for r in reference], dtypes
 
 
-def measure(task, knobs: dict, inputs, repeat_ms: int = 50) -> float:
-    """Seconds per call of ``task``'s candidate with ``knobs``, after checking its outputs
-    against the template defaults' (a ValueError when they differ: a failed trial, not a fast
-    one). On this machine's GPU (``triton.testing.do_bench``: median, warm-up, L2 flush), or under
-    Triton's interpreter (the CPU; tests) by wall clock."""
+def _candidate_key(key: str, knobs: dict) -> tuple:
+    return key, json.dumps(knobs, sort_keys=True)
+
+
+def measure(task, knobs: dict, inputs, repeat_ms: int = 50, kernel=None) -> float:
+    """Seconds per call of ``task``'s candidate with ``knobs`` (``kernel``: that candidate, made
+    already), after checking its outputs against the template defaults' (a ValueError when they
+    differ: a failed trial, not a fast one). On this machine's GPU (``triton.testing.do_bench``:
+    median, warm-up, L2 flush), or under Triton's interpreter (the CPU; tests) by wall clock."""
     args, reference, dtypes = inputs
-    kernel = task.candidate(knobs or None)
+    if kernel is None:
+        kernel = task.candidate(knobs or None)
     outs = _as_list(kernel(*args))
     for got, want, dtype in zip(outs, reference, dtypes):
         err = float((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-30))

@@ -96,3 +96,21 @@ def test_a_compile_it_cannot_describe_runs_here():
     assert jit_request(lambda: 42) is None
     assert pool.submit(lambda: 42).result() == 42 and pool.here == 1 and not pool.helpers
     pool.close()
+
+
+def test_a_helper_that_dies_is_replaced(hopper):
+    tag = f"{os.getpid()}_dies"
+    fn = load_kernel(SOURCE.format(tag=tag, extra=""), f"scale_rows_{tag}")
+    pool = CompilePool(1)
+    try:
+        pool._start()
+        pool.helpers[0].kill()
+        pool.helpers[0].wait()
+        with compiled_ahead(pool):   # its compile runs here, and a new helper takes its place
+            _warm(fn, (64,))
+        assert (pool.sent, pool.here) == (0, 1) and pool.helpers[0].poll() is None
+        with compiled_ahead(pool):
+            _warm(fn, (128,))
+        assert (pool.sent, pool.here) == (1, 1) and len(fn.device_caches[0][0]) == 2
+    finally:
+        pool.close()

@@ -41,19 +41,23 @@ class CompilePool:
         self.helpers: list[subprocess.Popen] = []
         self.threads: concurrent.futures.ThreadPoolExecutor | None = None
         self.lock = threading.Lock()
-        self.sent = 0          # compiles the helpers did (tests and reports read these)
+        self.sent = 0          # compiles the helpers did
         self.here = 0          # compiles that ran in this process instead
 
     def _start(self) -> None:
         with self.lock:
             if self.threads is not None:
                 return
-            for _ in range(self.size):   # the environment (TRITON_CACHE_DIR) is inherited
-                helper = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-                self.helpers.append(helper)
-                self.idle.put(helper)
+            for _ in range(self.size):
+                self.idle.put(self._spawn())
             self.threads = concurrent.futures.ThreadPoolExecutor(self.size)
+
+    def _spawn(self) -> subprocess.Popen:
+        """A helper (the environment, TRITON_CACHE_DIR with it, is inherited)."""
+        helper = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.helpers.append(helper)
+        return helper
 
     def submit(self, compile_fn) -> concurrent.futures.Future:
         """The compiled kernel of ``compile_fn`` (the JIT's closure), compiled by a helper and
@@ -78,9 +82,11 @@ class CompilePool:
                 reply = pickle.loads(helper.stdout.read(struct.unpack("<I", head)[0]))
         except (OSError, pickle.PickleError, EOFError) as exc:
             reply = f"the helper failed: {exc}"
-        if helper.poll() is None:
-            self.idle.put(helper)
         with self.lock:
+            if helper.poll() is not None:   # it died: another takes its place
+                self.helpers.remove(helper)
+                helper = self._spawn()
+            self.idle.put(helper)
             if reply is None:
                 self.sent += 1
             else:
