@@ -16,6 +16,7 @@ from .binding import BoundCall, CallBinder, check_named_sizes, output_shape
 from .dsl.program import Program, ScalarParam
 from .errors import TargetError
 from .interop import empty, is_torch, to_tvm, to_tvm_shared, to_user
+from .schedule_templates.mask_bounds import bound_masked_loops
 from .targets import TargetSpec
 from .torch_graph import GraphCallable
 
@@ -51,6 +52,8 @@ class CompiledKernel(GraphCallable):
             built = self._build(dict(dims), index_dtype)
             if isinstance(built, tuple):  # (module, where its schedule came from)
                 built, self._origins[key] = built
+            if self.target.kind == "llvm":   # masked key loops cut at the mask's edges
+                built = bound_masked_loops(built, self.program)
             self._modules[key] = built
         return self._modules[key]
 

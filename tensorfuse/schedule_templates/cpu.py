@@ -130,11 +130,20 @@ def _rows(sch: tvm.s_tir.Schedule, width, vectorize: bool, grain=1) -> None:
         rows = rows[-1]
     else:
         rows = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-    if not (isinstance(grain, int) and grain == 1):
+    grained = not (isinstance(grain, int) and grain == 1)
+    if grained:
         rows, _ = sch.split(rows, [None, grain])
     sch.parallel(rows)
-    for block in contractions:   # after `parallel`, which wants whole reduction blocks
-        sch.decompose_reduction(block, sch.get_loops(block)[-2])
+    # after `parallel`, which wants whole reduction blocks: every reduction's initialisation
+    # goes before its loops within the row, so that mask_bounds may cut those loops
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        loops = sch.get_loops(block)
+        kinds = [sch.get(lp).kind for lp in loops]
+        if sch.get(block).init is None or tvm.tirx.ForKind.PARALLEL not in kinds:
+            continue
+        below = kinds.index(tvm.tirx.ForKind.PARALLEL) + (2 if grained else 1)
+        if below < len(loops):
+            sch.decompose_reduction(block, loops[below])
 
 
 def _transposed_operands(sch: tvm.s_tir.Schedule, block) -> list:

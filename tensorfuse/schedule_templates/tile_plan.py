@@ -20,14 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-import numpy as np
-
 from ..algebra import Chain, inline_elementwise
 from ..algebra.exprs import factors, nodes, substitute
+from ..algebra.masking import identity_mask
 from ..dsl import dtypes as dt
 from ..dsl.evaluate import evaluate_plain
-from ..dsl.expr import (Axis, Binary, Compare, Const, Expr, Load, Ref, Scalar, Symbol, Where,
-                        binary, compare)
+from ..dsl.expr import (Axis, Binary, Compare, Const, Expr, Load, Ref, Scalar, Symbol, binary,
+                        compare)
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from ..errors import ScheduleError, TargetError
@@ -236,7 +235,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
                 sp.contraction = Contraction(sp.contraction.left,
                                              _grouped(sp.contraction.right, plan.fold),
                                              sp.contraction.dot_dtype)
-    plan.mask = None if plan.fold else _single_mask(chain, members)
+    plan.mask = None if plan.fold else identity_mask(chain)
     if plan.mask is not None:
         _separate_congruences(plan)
     plan.outputs = _outputs(program, chain, common, col)
@@ -299,46 +298,6 @@ def _grouped(e: Expr, fold) -> Expr:
 def _deps_as_symbols(e: Expr, members: set) -> Expr:
     return substitute(e, lambda n: Symbol(f"{n.compute.name}.ref", n.dtype)
                       if isinstance(n, Ref) and n.compute.name in members else None)
-
-
-def _single_mask(chain: Chain, members: set) -> Expr | None:
-    """The condition masking the chain's elements, when there is exactly one and masked elements
-    contribute nothing to any state (checked numerically on random values)."""
-    conds = {}
-    for m in chain.members:
-        for b in chain.bodies[m.name]:
-            for n in nodes(b):
-                if isinstance(n, Where) and not any(isinstance(x, Ref) for x in nodes(n.cond)) \
-                        and not any(isinstance(x, Load) and dt.is_float(x.param.dtype)
-                                    for x in nodes(n.cond)):
-                    conds[n.cond.key()] = n.cond
-    if len(conds) != 1:
-        return None
-    cond = next(iter(conds.values()))
-    rng = np.random.default_rng(0)
-    for m in chain.members:
-        scheme = chain.schemes[m.name]
-        for st in scheme.states:
-            masked = substitute(st.body, lambda n: Const(False, "bool") if n.key() == cond.key()
-                                else None)
-            identity = st.monoid.identity_value(0, "f64")
-            for _ in range(16):
-                leaves: dict = {}
-
-                def leaf(n):
-                    if isinstance(n, (Load, Ref, Axis, Symbol)) or n.__class__.__name__ in (
-                            "Scalar", "DimSize"):
-                        name = f"l{len(leaves)}"
-                        leaves[name] = rng.normal() * 3 if dt.is_float(n.dtype) else \
-                            int(rng.integers(0, 5))
-                        return Symbol(name, n.dtype)
-                    return None
-
-                value = float(evaluate_plain(substitute(masked, leaf), leaves))
-                if not (value == identity or (st.monoid.name == "max" and value <= identity) or
-                        (st.monoid.name == "min" and value >= identity)):
-                    return None
-    return cond
 
 
 def _separate_congruences(plan: RowTilePlan) -> None:
@@ -438,8 +397,8 @@ class TilePlanner:
 
     @cached_property
     def _mask(self) -> Expr | None:
-        """The chain's mask as written (the numeric check of :func:`_single_mask`, run once)."""
-        return _single_mask(self.chain, {m.name for m in self.chain.members})
+        """The chain's mask as written (the numeric check of :func:`.identity_mask`, run once)."""
+        return identity_mask(self.chain)
 
     @cached_property
     def reads_map(self) -> bool:
