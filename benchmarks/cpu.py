@@ -6,8 +6,8 @@ number of threads, one process: row reductions over 4096² and causal attention.
 Rows ``cpu/<kernel>/<shape>``: every tensorfuse kernel is first checked against float64 NumPy on
 fresh inputs at a ragged size (outputs poisoned), then timed — the median of ``REPEAT`` calls,
 wall clock, a new output per call as a user's call makes one (torch's too). Attention is timed as
-``tf.compile`` compiles it (the unfused program on the CPU template) and with its chain fused by
-the rolling update (``tf.schedule(...).rolling_update(...)``), against
+``tf.compile`` compiles it (on the CPU: the chain fused by the rolling update, chunks of 128 keys)
+and unfused (``tf.compile(kernel, template=None)``: the row schedule), against
 ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``.
 """
 from __future__ import annotations
@@ -96,10 +96,8 @@ def attention(s: int, dtype: str, rng, log, heads: int = 8, d: int = 64) -> list
     q, k, v = (torch.randn(1, heads, s, d).to(DTYPES[dtype]) for _ in range(3))
     scale = d ** -0.5
     flops = 4 * heads * s * s * d / 2
-    sch = tf.schedule(kernel, target="llvm")
-    sch.rolling_update("m", "l", "o", axis="j")
     made = {"tensorfuse (tf.compile)": tf.compile(kernel, target="llvm"),
-            "tensorfuse (rolling update)": sch.compile()}
+            "tensorfuse (unfused rows)": tf.compile(kernel, target="llvm", template=None)}
     out = []
     sdpa = wall_ms(lambda: torch.nn.functional.scaled_dot_product_attention(
         q, k, v, is_causal=True, scale=scale), 3)
@@ -121,7 +119,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--csv", default=None)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--attention", default="1024", help="sequence lengths ('' for none)")
+    parser.add_argument("--attention", default="1024,4096",
+                        help="sequence lengths ('' for none)")
+    parser.add_argument("--no-rows", action="store_true", help="attention only")
     parser.add_argument("--dtypes", default="bf16,f32")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -129,7 +129,7 @@ def main(argv=None) -> None:
     rng = np.random.default_rng()
     log = (lambda text: print(text, flush=True))
     log(f"CPU benchmark: {args.threads} threads (torch and TVM)")
-    out = rows(4096, 4096, rng, log)
+    out = [] if args.no_rows else rows(4096, 4096, rng, log)
     for s in [int(x) for x in args.attention.split(",") if x]:
         for dtype in args.dtypes.split(","):
             out += attention(s, dtype, rng, log)

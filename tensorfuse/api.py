@@ -9,7 +9,8 @@ from .errors import ScheduleError
 from .records import cpu_record, template_records
 from .schedule import Schedule
 from .schedule_templates import lower_program
-from .schedule_templates.default import apply_default_schedule
+from .schedule_templates.auto import cpu_fusion
+from .schedule_templates.default import apply_default_schedule, cpu_rolled
 from .targets import TargetSpec, get_target
 from .torch_graph import GraphCallable, in_graph
 
@@ -24,9 +25,12 @@ def compile(kernel: "TracedKernel | Schedule",  # noqa: A001 - tensorfuse.compil
             template: str | None = "auto"):
     """A callable kernel. A :class:`Kernel` on a GPU target gets a template when one fits
     (``template="auto"``: its reductions fused by a rolling update into one Triton kernel), else
-    TVM's default schedule; on the CPU the default schedule; built per shape signature.
-    ``template=None`` forces the default schedule (TVM code generation). ``target="auto"``: the
-    local GPU if any, else the CPU. A :class:`Schedule` is compiled as scheduled."""
+    TVM's default schedule; on the CPU an attention-like chain (members contracting over the
+    fused axis) runs fused by a rolling update in chunks of 128 keys, other programs get the CPU
+    template's row schedule (:mod:`tensorfuse.schedule_templates.cpu`); built per shape
+    signature. ``template=None`` forces the default schedule, unfused (TVM code generation).
+    ``target="auto"``: the local GPU if any, else the CPU. A :class:`Schedule` is compiled as
+    scheduled."""
     if isinstance(kernel, Schedule):
         if target is not None and get_target(target).name != kernel.target.name:
             raise ScheduleError(f"this schedule is for {kernel.target.name}, not "
@@ -60,12 +64,21 @@ def _compile(kernel, target, template):
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"
                             f"({template!r})", user_location())
 
+    fusion = None if spec.is_gpu or template is None else cpu_fusion(program)
+
     def build(dims: dict, index_dtype: str):
-        if spec.kind == "llvm" and index_dtype == "int32" and \
+        # CPU records tune the row schedule of the unfused program; a chain that runs fused
+        # (faster than those rows at their defaults) does not use them
+        if fusion is None and spec.kind == "llvm" and index_dtype == "int32" and \
                 set(dims) == set(program.dim_names()):
             found = cpu_record(program, spec, dims)
             if found is not None:
                 return found[0], f"tuned record ({found[1]})"
+        if fusion is not None:   # attention-like chains: the rolling update, on all cores
+            return cpu_rolled(lower_program(program, (fusion,), dims, index_dtype, "cpu",
+                                            accumulate=spec.accumulate,
+                                            vector_math=spec.vector_math)), \
+                f"template defaults ({fusion.describe()})"
         return apply_default_schedule(lower_program(program, (), dims, index_dtype,
                                                     accumulate=spec.accumulate,
                                                     vector_math=spec.vector_math), spec), \

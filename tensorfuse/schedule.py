@@ -26,9 +26,9 @@ from .records import template_records
 from .schedule_templates import lower_program, tvm_schedule
 from .schedule_templates.annotations import annotate_template
 from .algebra import plan_chain
-from .schedule_templates.default import apply_default_schedule
+from .schedule_templates.default import apply_default_schedule, cpu_rolled
 from .schedule_templates.fusion import Fusion
-from .schedule_templates.rolling_update import DEFAULT_CHUNK
+from .schedule_templates.rolling_update import default_chunk
 from .targets import TargetSpec, get_target
 from .torch_graph import in_graph
 
@@ -134,22 +134,23 @@ class Schedule:
                 raise type(exc)(exc.message, user_location()) from None
             raise
 
-    def rolling_update(self, *names: str, axis: str, chunk: int = DEFAULT_CHUNK,
+    def rolling_update(self, *names: str, axis: str, chunk: int | None = None,
                        strict: bool = False) -> "Schedule":
         """Fuse the reductions ``names`` (DSL variable names) into one pass over ``axis``, ``chunk``
-        elements at a time, with derived corrections (see :meth:`corrections`). A member whose
+        elements at a time (default: 32 on a GPU, 128 on the CPU, whose chunk loops LLVM
+        vectorises), with derived corrections (see :meth:`corrections`). A member whose
         fused value loses much more precision than the unfused one (checked in float32 on data
         far from zero and around it when the fusion is planned) is warned about once
         (:class:`~tensorfuse.errors.FusedPrecisionWarning`), or with ``strict`` refused."""
-        fusion = Fusion(tuple(names), axis, chunk, 1)
+        fusion = Fusion(tuple(names), axis, chunk if chunk is not None else default_chunk(self.target.is_gpu), 1)
         self._apply_fusion(fusion, fusion.describe(), strict)
         return self
 
-    def split_update(self, *names: str, axis: str, splits: int, chunk: int = DEFAULT_CHUNK,
+    def split_update(self, *names: str, axis: str, splits: int, chunk: int | None = None,
                      strict: bool = False) -> "Schedule":
         """Like :meth:`rolling_update`, in ``splits`` independent parts of ``axis`` merged at the
         end (flash-decoding)."""
-        fusion = Fusion(tuple(names), axis, chunk, splits)
+        fusion = Fusion(tuple(names), axis, chunk if chunk is not None else default_chunk(self.target.is_gpu), splits)
         self._apply_fusion(fusion, fusion.describe(), strict)
         return self
 
@@ -363,9 +364,10 @@ class Schedule:
                                 f"{', '.join(f'{k}={v}' for k, v in clash.items())}; make a schedule "
                                 "for these sizes, or leave them symbolic", user_location())
             if layout_only:
-                return lower_program(self.program, self.fusions, {**dims, **fixed}, index_dtype,
-                                     parallel, accumulate=self.target.accumulate,
-                                     vector_math=self.target.vector_math)
+                mod = lower_program(self.program, self.fusions, {**dims, **fixed}, index_dtype,
+                                    parallel, accumulate=self.target.accumulate,
+                                    vector_math=self.target.vector_math)
+                return mod if self.target.is_gpu else cpu_rolled(mod)
             if index_dtype != "int32":
                 raise CallError("tensors this large need 64-bit indexing; make the schedule with "
                                 "fixed sizes or use tensorfuse.compile", user_location())

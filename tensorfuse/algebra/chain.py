@@ -7,6 +7,7 @@ exist. Pure Python: no TVM here.
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -14,7 +15,7 @@ from typing import Sequence
 from ..dsl.expr import Axis, Expr, Ref, order_axes
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
-from ..errors import RollingUpdateError
+from ..errors import RollingUpdateError, RollingUpdateWarning
 from .exprs import nodes, refs_to, substitute
 from .conditioning import Conditioning, check_conditioning, measure
 from .exponent_bounds import check_exponent_bounds
@@ -71,22 +72,28 @@ _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 
 
 def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis",
-               strict: bool = False) -> Chain:
+               strict: bool = False, checked: bool = True) -> Chain:
     """The plan of fusing the reductions ``names`` of ``program`` into one pass over ``axis``.
 
     Planned once per program, names and axis (every build and call of a fused kernel asks again),
     so its warnings — a correction that can exceed 1, a member that loses precision on data far
     from zero (:mod:`.conditioning`) — are given once. ``strict`` refuses the second kind instead
     of warning. Raises :class:`~tensorfuse.errors.RollingUpdateError` when the fusion does not
-    hold, naming the expression and the user's line."""
+    hold, naming the expression and the user's line. ``checked=False``: the plan without the
+    precision checks and their warnings, for code that reads the chain's algebra without fusing
+    it (the CPU's mask bounds)."""
     key = (tuple(names), axis.uid if isinstance(axis, Axis) else axis, len(USER_RULES),
-           sum(len(v) for v in USER_RULES.values()))
+           sum(len(v) for v in USER_RULES.values()), checked)
     plans = _PLANS.setdefault(program, {})
     if key not in plans:
-        chain = _plan(program, names, axis)
-        chain.conditioning = measure(chain)
-        check_conditioning(chain)
-        check_exponent_bounds(chain)
+        with warnings.catch_warnings():
+            if not checked:   # the scheme checks' own warning (a correction that can grow)
+                warnings.simplefilter("ignore", RollingUpdateWarning)
+            chain = _plan(program, names, axis)
+        if checked:
+            chain.conditioning = measure(chain)
+            check_conditioning(chain)
+            check_exponent_bounds(chain)
         plans[key] = chain
     chain = plans[key]
     if strict:

@@ -155,11 +155,13 @@ class FunctionBuilder:
         if self.parallel is None or (self.parallel == "cpu" and not loops):
             with self.loops(loops) as lv:
                 yield list(zip(loops, lv)), None
-        elif self.parallel == "cpu":
-            with T.parallel(0, loops[0].extent) as first:
-                IRBuilder.name(loops[0].name, first)
-                with self.loops(loops[1:]) as rest:
-                    yield list(zip(loops, [first] + rest)), None
+        elif self.parallel == "cpu":   # every data-parallel loop: rows of all batches and heads
+            total = loops[0].extent
+            for lp in loops[1:]:
+                total = total * lp.extent
+            with T.parallel(0, total) as fused:
+                IRBuilder.name("_".join(lp.name for lp in loops), fused)
+                yield list(zip(loops, self._unfused(fused, loops))), None
         else:
             total = tirx.IntImm(self.index_dtype, 1)
             for lp in loops:
@@ -171,11 +173,17 @@ class FunctionBuilder:
                 with T.thread_binding(0, threads, thread="threadIdx.x") as tx:
                     IRBuilder.name("tx", tx)
                     fused = bx * threads + tx
-                    values, stride = [], tirx.IntImm(self.index_dtype, 1)
-                    for lp in reversed(loops):
-                        values.append(tirx.floormod(tirx.floordiv(fused, stride), lp.extent))
-                        stride = stride * lp.extent
-                    yield list(zip(loops, reversed(values))), fused < total
+                    yield list(zip(loops, self._unfused(fused, loops))), fused < total
+
+    def _unfused(self, fused, loops: Sequence[LoopAxis]) -> list:
+        """Each loop's value from the index ``fused`` of their fused loop (the last fastest)."""
+        if len(loops) == 1:
+            return [fused]
+        values, stride = [], tirx.IntImm(self.index_dtype, 1)
+        for lp in reversed(loops):
+            values.append(tirx.floormod(tirx.floordiv(fused, stride), lp.extent))
+            stride = stride * lp.extent
+        return list(reversed(values))
 
     @contextlib.contextmanager
     def block(self, name: str, iters: Sequence[tuple[LoopAxis, tirx.PrimExpr]], scope: Scope,

@@ -13,7 +13,7 @@ from .fusion import Fusion
 from .hopper_attention import hopper_attention
 from .hopper_ffn import hopper_ffn
 from .hopper_gemm import hopper_gemm
-from .rolling_update import DEFAULT_CHUNK
+from .rolling_update import CPU_CHUNK, DEFAULT_CHUNK
 from .tile_plan import TilePlanner, plan_rowtile
 
 
@@ -21,22 +21,45 @@ def choose(program: Program, target: TargetSpec):
     """``(template name, fusion)`` for ``program`` on ``target``, or ``None``."""
     if not target.is_gpu:
         return None
+    for fusion, chain in _fusions(program, DEFAULT_CHUNK):
+        try:
+            plan_rowtile(program, chain, {d: 64 for d in program.dim_names()})
+        except TargetError:
+            continue
+        return ("attention" if _contracts(chain) else "row_reduction"), fusion
+    return None
+
+
+def cpu_fusion(program: Program) -> Fusion | None:
+    """The rolling update ``tf.compile`` uses on the CPU: a chain whose members contract over
+    the fused axis (attention's ``p·v``, or scores recomputed per chunk) runs fused, one chunk
+    of keys per step with its per-key values computed once (measured faster than the unfused
+    rows: benchmarks/RESULTS.md, session 19); other programs (softmax, norms: one row in cache)
+    keep the row schedule."""
+    for fusion, chain in _fusions(program, CPU_CHUNK):
+        return fusion if _contracts(chain) else None
+    return None
+
+
+def _fusions(program: Program, chunk: int):
+    """``(fusion, chain)`` for the reductions sharing each axis, the most shared axis first,
+    where they fuse."""
     counts = Counter(c.over[0].uid for c in program.computes
                      if c.is_reduction and len(c.over) == 1)
     for uid, _ in counts.most_common():
         members = [c for c in program.computes if c.is_reduction and len(c.over) == 1
                    and c.over[0].uid == uid]
         axis = members[0].over[0]
-        fusion = Fusion(tuple(m.name for m in members), axis.name, DEFAULT_CHUNK)
+        fusion = Fusion(tuple(m.name for m in members), axis.name, chunk)
         try:
-            chain = plan_chain(program, fusion.names, axis)
-            plan_rowtile(program, chain, {d: 64 for d in program.dim_names()})
-        except (RollingUpdateError, TargetError):
+            yield fusion, plan_chain(program, fusion.names, axis)
+        except RollingUpdateError:
             continue
-        name = "attention" if chain.local_reductions or any(
-            len(m.axes) > len(chain.common_axes) for m in chain.members) else "row_reduction"
-        return name, fusion
-    return None
+
+
+def _contracts(chain) -> bool:
+    return bool(chain.local_reductions) or any(len(m.axes) > len(chain.common_axes)
+                                               for m in chain.members)
 
 
 def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) -> tuple:

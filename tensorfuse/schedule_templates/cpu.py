@@ -27,6 +27,7 @@ VECTOR = 16      # the row schedule's default width: f32 lanes of one AVX-512 re
 ROW_WIDTHS = (4, 8, 16, 32)
 ROW_GRAINS = (1, 4, 16, 64)   # rows a core takes at a time (1: the default)
 _DATA_PARALLEL = 0  # IterVar.DataPar
+_REDUCE = 2         # IterVar.CommReduce (a rolled chunk's index is opaque: neither)
 UNROLL_KEY = "meta_schedule.unroll_explicit"  # read by MetaSchedule's unroll mutator and postproc
 
 
@@ -152,7 +153,7 @@ def _transposed_operands(sch: tvm.s_tir.Schedule, block) -> list:
     ``k[b, h, j, d]`` in ``q·k``), laid out with ``x`` last instead, so that the loop over ``x``
     reads consecutive elements. Returns the copy blocks (not yet placed)."""
     stmt = sch.get(block)
-    reduce = [iv.var for iv in stmt.iter_vars if int(iv.iter_type) != _DATA_PARALLEL]
+    reduce = [iv.var for iv in stmt.iter_vars if int(iv.iter_type) == _REDUCE]
     spatial = [iv.var for iv in stmt.iter_vars if int(iv.iter_type) == _DATA_PARALLEL]
     if len(reduce) != 1:
         raise ValueError("a contraction over one axis")
@@ -171,6 +172,29 @@ def _transposed_operands(sch: tvm.s_tir.Schedule, block) -> list:
         sch.transform_layout(copy, ("write", 0), index_map)
         copies.append(copy)
     return copies
+
+
+def rolled_schedule(sch: tvm.s_tir.Schedule) -> None:
+    """The CPU schedule of a rolling or split update lowered for the CPU (``fusion.py`` with
+    ``parallel="cpu"``: the rows of every batch and head spread over the cores, each chunk's
+    positions innermost, per-position values such as ``exp(s - m)`` computed once): an operand a
+    chunk-local reduction reads along its reduction axis (the keys of ``q·k``) gets a copy with
+    the positions' axis last, made once before the pass on all cores, so that the loop over a
+    chunk's positions reads consecutive elements and LLVM vectorises it. A block this does not
+    fit is left as it is."""
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        stmt = sch.get(block)
+        if not stmt.name_hint.endswith("_local") or stmt.init is not None or \
+                sum(int(iv.iter_type) == _REDUCE for iv in stmt.iter_vars) != 1:
+            continue
+        try:
+            copies = _transposed_operands(sch, block)
+        except (tvm.s_tir.ScheduleError, ValueError):
+            continue
+        for copy in copies:
+            loops = sch.get_loops(copy)
+            outer = sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
+            sch.parallel(outer)
 
 
 def _uses(expr, var) -> bool:

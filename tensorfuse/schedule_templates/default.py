@@ -37,3 +37,14 @@ def cpu_defaults(mod: tvm.IRModule) -> tvm.IRModule:
     sch = tvm_schedule(mod)
     cpu_default(sch)
     return sch.mod
+
+
+def cpu_rolled(mod: tvm.IRModule) -> tvm.IRModule:
+    """A rolling or split update lowered for the CPU, with the CPU template's schedule of it
+    (:func:`.cpu.rolled_schedule`)."""
+    from . import tvm_schedule
+    from .cpu import rolled_schedule
+
+    sch = tvm_schedule(mod)
+    rolled_schedule(sch)
+    return sch.mod

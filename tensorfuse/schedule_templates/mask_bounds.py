@@ -31,9 +31,10 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.sym import Analyzer, detect_linear_equation
 
-from ..algebra import plan_chain
+from ..algebra import Chain, plan_chain
+from ..algebra.exprs import substitute, symbols_in
 from ..algebra.masking import identity_mask
-from ..algebra.exprs import substitute
+from ..algebra.schemes import EXTRAPOLATION
 from ..dsl.expr import Axis, Compare, Expr, Unary, binary, compare, unary
 from ..dsl.program import Program, TensorParam
 from ..errors import RollingUpdateError
@@ -69,7 +70,7 @@ def key_mask(program: Program) -> KeyMask | None:
                 for c in program.computes):
             continue
         try:
-            chain = plan_chain(program, [m.name for m in members], key)
+            chain = plan_chain(program, [m.name for m in members], key, checked=False)
         except RollingUpdateError:
             continue
         cond = identity_mask(chain)
@@ -168,7 +169,8 @@ def _cuts(blocks: list[_Block], mask: KeyMask, func) -> dict:
         inner = {lp.loop_var.id_ for lp in b.loops[b.loops.index(loop):]}
         if block.init is not None and any(_uses(v, inner) for v in b.realize.iter_values):
             return {}   # its initialisation runs at the loop's first iteration
-        lo, hi = _key_range(mask, values, func, str(keys[0].ty))
+        lo, hi = _key_range(mask, values, func, "int64" if str(keys[0].ty) == "int64"
+                            else "int32")
         if any(e is not None and _uses(e, inner) for e in (lo, hi)):
             return {}
         if lo is None and hi is None:
@@ -224,8 +226,7 @@ def _chunk_loop(key: tirx.PrimExpr, loops: list):
 def _key_range(mask: KeyMask, values: dict, func, index_dtype: str):
     """``(lo, hi)``: the keys the mask can keep for the row whose axes have ``values`` (each
     None where the condition gives no bound)."""
-    key = tirx.Var("key", index_dtype)
-    scope = Scope(axes={**values, mask.key.uid: key}, index_dtype=index_dtype)
+    scope = Scope(axes=dict(values), index_dtype=index_dtype)
     for p, arg in zip(mask.program.params, func.params):
         if isinstance(p, TensorParam):
             scope.params[p.name] = arg
@@ -234,12 +235,30 @@ def _key_range(mask: KeyMask, values: dict, func, index_dtype: str):
                     scope.dims.setdefault(name, arg.shape[d])
         else:
             scope.scalars[p.name] = arg
+    return _range_in(mask.cond, mask.key, scope)
+
+
+def chain_key_range(chain: Chain, scope: Scope) -> tuple:
+    """``(lo, hi)`` of the keys a fused chain's mask can keep for the row whose axes ``scope``
+    gives (the rolling update's chunk loop on the CPU), each None where unbounded; both None
+    when the chain has no identity mask, or when a member's reference extrapolates over the
+    positions seen (a chunk skipped would still move it, and the corrections that follow)."""
+    cond = identity_mask(chain)
+    deps = {d for scheme in chain.schemes.values() for d in scheme.deps}
+    if cond is None or any(EXTRAPOLATION.name in symbols_in(chain.schemes[d].reference())
+                           for d in deps):
+        return None, None
+    return _range_in(cond, chain.axis, scope)
+
+
+def _range_in(cond: Expr, key_axis: Axis, scope: Scope) -> tuple:
+    key = tirx.Var("key", "int64" if scope.index_dtype == "int64" else "int32")
     try:
-        cond = lower_expr(_without_abs(mask.cond), scope, "bool")
-    except KeyError:   # an axis the block does not know (it reads no buffer of that axis)
+        lowered = lower_expr(_without_abs(cond), scope.child(axes={key_axis.uid: key}), "bool")
+    except KeyError:   # an axis the row does not know (it reads no buffer of that axis)
         return None, None
     simplify = Analyzer().simplify
-    return tuple(simplify(x) if x is not None else None for x in _range(cond, key))
+    return tuple(simplify(x) if x is not None else None for x in _range(lowered, key))
 
 
 def _range(cond, key) -> tuple:

@@ -1,7 +1,9 @@
 """Masked key loops cut at the mask's edges on the CPU (schedule_templates/mask_bounds.py): each
 row of a causal, windowed, prefix-LM or neighbourhood chain loops over the keys its mask can keep,
 results unchanged (float64 references, ragged sizes, masks off the diagonal); masks the bounds
-cannot be read from, and programs that keep key-indexed results, are left whole."""
+cannot be read from, and programs that keep key-indexed results, are left whole. The unfused
+rows are built with ``tf.compile(..., template=None)`` (by default ``tf.compile`` runs attention
+chains fused on the CPU: test_rolling_update_cpu.py)."""
 import re
 
 import numpy as np
@@ -17,6 +19,11 @@ from tensorfuse.kernels.reference import TOLERANCE, random_inputs, relative_erro
 from tensorfuse.schedule_templates import lower_program
 from tensorfuse.schedule_templates.mask_bounds import bound_masked_loops, key_mask
 
+
+
+def unfused(kernel):
+    """The kernel on the CPU template's row schedule (no fusion)."""
+    return tf.compile(kernel, target="llvm", template=None)
 
 
 def unbounded_and_bounded(f, dims):
@@ -44,7 +51,7 @@ def cut_loops(script: str) -> list[str]:
 def test_masked_rows_loop_over_the_keys_their_mask_keeps_and_agree_with_float64(
         rng, name, scalars, lower_cut, m, n):
     kernel = K.ALL[name]
-    f = tf.compile(kernel, target="llvm")
+    f = unfused(kernel)
     dims = {d: v for d, v in dict(B=2, H=2, HKV=1, M=m, N=n, D=16).items()
             if d in kernel.program.dim_names()}
     tensors, given = random_inputs(kernel, dims, rng)
@@ -74,7 +81,7 @@ def test_causal_f32_gives_the_uncut_kernels_bits_with_large_values(rng, monkeypa
     for cut in (True, False):
         if not cut:
             monkeypatch.setattr(tensorfuse.compiled, "bound_masked_loops", lambda mod, p: mod)
-        f = tf.compile(kernel, target="llvm")
+        f = unfused(kernel)
         assert bool(cut_loops(f.module(**dims).script())) == cut
         outs.append(np.full((1, 3, m, 32), np.nan, np.float32))
         f(**tensors, **scalars, out=outs[-1])
@@ -86,7 +93,7 @@ def test_causal_f32_gives_the_uncut_kernels_bits_with_large_values(rng, monkeypa
 def test_masks_without_linear_key_bounds_and_unmasked_chains_are_left_whole(rng):
     for kernel, scalars in ((K.document_attention, {}), (K.attention, {}),
                             (K.alibi_attention, {})):
-        f = tf.compile(kernel, target="llvm")
+        f = unfused(kernel)
         dims = {d: v for d, v in dict(B=1, H=2, HKV=2, M=20, N=20, D=16).items()
                 if d in kernel.program.dim_names()}
         raw, bounded = unbounded_and_bounded(f, dims)

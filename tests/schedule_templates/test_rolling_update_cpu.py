@@ -1,0 +1,87 @@
+"""The rolling update on the CPU (fusion.py with parallel="cpu", cpu.rolled_schedule): what
+``tf.compile`` runs for attention-like chains there. Rows of every batch and head over the cores,
+chunks cut at the mask's edges, per-key values such as exp(s - m) computed once per key, a chunk's
+sums in vector lanes, the keys transposed once for q·k — each checked against float64 on fresh
+inputs at ragged sizes, with masks off the diagonal and chunks the sizes do not divide."""
+import re
+
+import numpy as np
+import pytest
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from tensorfuse.dsl.evaluate import run_program
+from tensorfuse.kernels.layers import attention_kernel
+from tensorfuse.kernels.reference import TOLERANCE, random_inputs, relative_error
+
+SCALARS = {"window": 9, "prefix": 5, "radius": 6}
+
+
+def checked(f, kernel, dims, rng, scale=1.0):
+    tensors, scalars = random_inputs(kernel, dims, rng)
+    tensors = {k: (v * scale).astype(v.dtype) if v.dtype.kind == "f" else v
+               for k, v in tensors.items()}
+    scalars.update({k: v for k, v in SCALARS.items() if k in scalars})
+    out = f(**tensors, **scalars)
+    want = run_program(kernel.program, tensors, scalars)[0]
+    finite = np.isfinite(want)
+    assert np.array_equal(np.isfinite(np.asarray(out, np.float32)), finite)
+    return relative_error(np.asarray(out)[finite], want[finite])
+
+
+def sizes(kernel, m, n):
+    return {d: v for d, v in dict(B=2, H=2, HKV=1, M=m, N=n, D=16).items()
+            if d in kernel.program.dim_names()}
+
+
+@pytest.mark.parametrize("name", ["causal_attention", "sliding_window_attention",
+                                  "prefix_lm_attention", "neighborhood_attention",
+                                  "document_attention", "gqa_causal_attention",
+                                  "alibi_attention", "softcap_attention", "attention"])
+@pytest.mark.parametrize("m, n", [(45, 77), (130, 130), (64, 300)])
+def test_tf_compile_runs_attention_chains_fused_on_the_cpu(rng, name, m, n):
+    kernel = K.ALL[name]
+    f = tf.compile(kernel, target="llvm")
+    dims = sizes(kernel, m, n)
+    assert re.search(r"rolling_update\(m, [lo], [lo], axis=j, chunk=128\)", f.schedule_origin(**dims))
+    assert checked(f, kernel, dims, rng) <= TOLERANCE["bf16"]
+
+
+def test_row_programs_keep_the_row_schedule():
+    f = tf.compile(K.softmax, target="llvm")
+    assert f.schedule_origin(M=8, N=64) == "template defaults"
+
+
+@pytest.mark.parametrize("chunk", [16, 32, 48])
+@pytest.mark.parametrize("m, n", [(33, 70), (100, 100), (17, 200)])
+def test_fused_f32_causal_with_lanes_and_cut_chunks_matches_float64(rng, chunk, m, n):
+    """Chunks of 16 and 32 take the lanes (48 too: a multiple of 16), the sizes leave partial
+    chunks, and wide scores exercise the corrections."""
+    kernel = attention_kernel("f32", True, False, False)
+    sch = tf.schedule(kernel, target="llvm")
+    sch.rolling_update("m", "l", "o", axis="j", chunk=chunk)
+    f = sch.compile()
+    assert checked(f, kernel, dict(B=1, H=3, HKV=3, M=m, N=n, D=32), rng, scale=4.0) \
+        <= TOLERANCE["f32"]
+
+
+def test_split_update_on_the_cpu_keeps_each_splits_values_apart(rng):
+    """Per-key values and per-row factors are buffers per split (the splits run in parallel)."""
+    kernel = K.gqa_causal_attention
+    sch = tf.schedule(kernel, target="llvm")
+    sch.split_update("m", "l", "o", axis="j", splits=3, chunk=16)
+    dims = dict(B=2, H=4, HKV=2, M=5, N=300, D=16)
+    assert checked(sch.compile(), kernel, dims, rng) <= TOLERANCE["bf16"]
+
+
+def test_the_fused_cpu_module_has_the_pieces_that_make_it_fast():
+    kernel = attention_kernel("f32", True, False, False)
+    f = tf.compile(kernel, target="llvm")
+    script = f.module(B=1, H=2, HKV=2, M=512, N=512, D=64).script()
+    chunk_loop = re.search(r"for j_chunk in range\(([^)]*)\)", script).group(1)
+    assert "b_h_i" in chunk_loop                            # cut at the row's diagonal
+    assert re.search(r"for b_h_i in T\.parallel\(1024\)", script)   # rows of all heads
+    assert 'T.sblock("j_value0")' in script                 # exp(s - m) once per key
+    assert 'T.sblock("l_chunk_lanes_fold")' in script       # the chunk's sum in lanes
+    assert 'T.sblock("k_global")' in script and "k_global = T.sblock_alloc_buffer((1, 2, 64, " \
+        "512))" in script                                    # keys transposed once
