@@ -1,0 +1,188 @@
+"""How a rolling update's chunk is laid out on the CPU (``parallel="cpu"``): a mixin of the fused
+lowering's chain emitter (:mod:`.fusion`).
+
+On a GPU each chunk is a tile the templates schedule; on the CPU the lowered loops are what runs,
+so they are written for LLVM's vectoriser and for little repeated work:
+
+- the chunk loop sweeps only the chunks a row's mask can keep (:meth:`_chunk_range`);
+- costly per-position values (``exp(s - m)``) are computed once per position in a loop over the
+  chunk (:meth:`_hoist`), costly per-row correction factors once per row (:meth:`_hoist_row`),
+  instead of once per output feature;
+- a member with feature axes loops over positions outside and features inside
+  (:meth:`_chunk_loops`), a chunk's sum or maximum of one value per position runs in
+  :data:`LANES` partial results (:meth:`_emit_in_lanes`).
+
+Measured on 2 cores: benchmarks/RESULTS.md, session 19.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.sym import Analyzer
+from tvm.tirx.script.builder import ir as T
+
+from ..algebra.exprs import nodes, substitute, symbols_in
+from ..dsl import dtypes as dtt
+from ..dsl.expr import Expr, Ref, Symbol, Unary
+from ..dsl.program import Compute
+from ..lower_to_tir import LoopAxis, Scope, lower_expr
+from ..lower_to_tir.expr_to_tir import constant
+from .mask_bounds import chain_key_range
+
+LANES = 16   # partial results of a chunk's sums: an AVX-512 register of f32
+COSTLY = ("exp", "exp2", "log", "log2", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "sin", "cos")
+
+
+class CpuChunkLayout:
+    """The CPU's layout of a chunk; mixed into the chain emitter, whose state it reads (``fb``,
+    ``chain``, ``fusion``, the chunk's axes and buffers)."""
+
+    def _emit_in_lanes(self, name: str, m: Compute, monoid, bufs, dtype: str, body: Expr,
+                       scope: Scope) -> None:
+        """A chunk's sum (max, min) of one value per position, on the CPU: ``LANES`` partial
+        results, position ``t`` into lane ``t % LANES`` (a loop over the lanes LLVM vectorises,
+        where one running scalar would chain every position's add), then the lanes folded into
+        the chunk's state."""
+        scheme, n = self.chain.schemes[m.name], self.names
+        lanes = self.fb.alloc(f"{name}_lanes", self._shape(self.state_axes(m)
+                                                          + self._split_dims())
+                              + [tirx.IntImm(self.fb.index_dtype, LANES)], dtype)
+        lane_loop = LoopAxis(self.lane_axis, tirx.IntImm(self.fb.index_dtype, LANES),
+                             self.lane_axis.name, "S")
+        outer = LoopAxis(self.t_outer_axis, tirx.IntImm(self.fb.index_dtype,
+                                                        self.fusion.chunk // LANES),
+                         self.t_outer_axis.name, "R")
+        position = lambda v: v[outer.name] * LANES + v[lane_loop.name]  # noqa: E731
+
+        def lane_index(sc):
+            return self._index(self.state_axes(m), sc) + [sc.axes[self.lane_axis.uid]]
+
+        with self.fb.loops([lane_loop]) as lv:
+            with self._block(f"{name}_lanes_init", [lane_loop], lv, [self._chunk_iter()]) as sc:
+                self.fb.store(lanes, constant(monoid.identity_value(0, dtype), dtype),
+                              lane_index(sc))
+        with self.fb.loops([outer, lane_loop]) as lv:
+            with self._block(name, [outer, lane_loop], lv, [self._chunk_iter()],
+                             derive=lambda v: {**self._j_of({**v, n["t"]: position(v)}),
+                                               self.t_axis.uid: position(v)},
+                             predicate=lambda b: self._in_range({**b, n["t"]: position(b)}),
+                             scope=scope) as sc:
+                refs = {f"{d}.ref": self._running(self.new, 1)(d, sc) for d in scheme.deps}
+                refs.update({h.name: tirx.BufferLoad(buf, self._position_index(sc))
+                             for h, buf in self.hoisted.values()})
+                self.fb.emit_update(monoid, [lanes], lane_index(sc), [body],
+                                    sc.child(symbols=refs), False, [dtype])
+        fold = LoopAxis(self.lane_axis, lane_loop.extent, self.lane_axis.name, "R")
+        with self.fb.loops([fold]) as lv:
+            with self._block(f"{name}_lanes_fold", [fold], lv, [self._chunk_iter()]) as sc:
+                lane = {"__lane": tirx.BufferLoad(lanes, lane_index(sc))}
+                self.fb.emit_update(monoid, bufs, self._index(self.state_axes(m), sc),
+                                    [Symbol("__lane", dtype)], sc.child(symbols=lane), False,
+                                    [dtype])
+
+    @property
+    def _cpu(self) -> bool:
+        return self.fb.parallel == "cpu"
+
+    @contextlib.contextmanager
+    def _chunk_range(self):
+        """The loop over a part's chunks; yields its variable. On the CPU, a chain whose mask
+        gives each row a range of keys (:func:`.mask_bounds.chain_key_range`) sweeps only the
+        chunks that range touches: a chunk the mask removes whole adds the identity to every
+        state and leaves the dependencies — hence every correction — unchanged."""
+        start, stop = tirx.IntImm(self.fb.index_dtype, 0), self.cps
+        if self._cpu and self.splits == 1:
+            axes = {lp.axis.uid: value for lp, value in self.outer if lp.axis is not None}
+            lo, hi = chain_key_range(self.chain, self.fb.scope.child(axes=axes))
+            if lo is not None:
+                start = tirx.max(start, tirx.floordiv(lo, self.tc))
+            if hi is not None:
+                stop = tirx.min(stop, tirx.floordiv(hi, self.tc) + 1)
+            simplify = Analyzer().simplify
+            start, stop = simplify(tirx.min(start, self.cps)), simplify(tirx.max(stop, start))
+        with T.serial(start, stop) as cv:
+            IRBuilder.name(self.names["chunk"], cv)
+            yield cv
+
+    def _hoist(self, body: Expr, m: Compute) -> Expr:
+        """``body`` with its costly per-position parts (a function such as ``exp`` of values
+        along the fused axis, not of ``m``'s own feature axes: attention's ``exp(s - m)``) read
+        from a chunk buffer computed once per position before the first state that needs it —
+        not once per feature, and in a loop over the positions LLVM vectorises."""
+        features = {a.uid for a in self._extra_axes(m)}
+        local = {x.name for x in self.local}
+
+        def per_position(n: Expr) -> bool:
+            axes = {a.uid for a in n.axes} | {a.uid for r in nodes(n) if isinstance(r, Ref)
+                                              and r.compute.name in local
+                                              for a in r.compute.axes}
+            return self.chain.axis.uid in axes and not axes & features
+
+        def replace(n: Expr):
+            if not (isinstance(n, Unary) and n.op in COSTLY and per_position(n)):
+                return None
+            if n.key() not in self.hoisted:
+                self.hoisted[n.key()] = self._emit_position_values(n)
+            return self.hoisted[n.key()][0]
+
+        return substitute(body, replace)
+
+    def _emit_position_values(self, e: Expr):
+        """A chunk buffer holding ``e`` at each position of the chunk; returns its symbol and
+        buffer."""
+        k = len(self.hoisted)
+        axes = self.common + self._split_dims() + [self.t_axis]
+        buf = self.fb.alloc(f"{self.chain.axis.name}_value{k}_local", self._shape(axes),
+                            dtt.resolve(e.dtype))
+        t_loop = LoopAxis(self.t_axis, self.tc, self.names["t"])
+        deps = {n.name[:-len(".ref")] for n in nodes(e) if isinstance(n, Symbol)
+                and n.name.endswith(".ref")}
+        with self.fb.loops([t_loop]) as lv:
+            with self._block(f"{self.chain.axis.name}_value{k}", [t_loop], lv,
+                             [self._chunk_iter()], derive=self._j_of, predicate=self._in_range,
+                             scope=self._scope(self.fb.scope)) as sc:
+                refs = {f"{d}.ref": self._running(self.new, 1)(d, sc) for d in deps}
+                self.fb.store(buf, lower_expr(e, sc.child(symbols=refs), dtt.resolve(e.dtype)),
+                              self._position_index(sc))
+        return Symbol(f"__value{k}", e.dtype), buf
+
+    def _hoist_row(self, correction: Expr, m: Compute) -> Expr:
+        """``correction`` (of a state with feature axes) with its costly parts that do not read
+        the state (attention's ``exp(m.old - m.new)``) computed once per row into a buffer before
+        the update, not once per feature."""
+        own = {f"{m.name}#{k}" for k in range(len(self.chain.schemes[m.name].states))}
+
+        def replace(n: Expr):
+            if not (isinstance(n, Unary) and n.op in COSTLY) or symbols_in(n) & own:
+                return None
+            for symbol, _, key in self.row_values:
+                if key == (m.name, n.key()):
+                    return symbol
+            k = len(self.row_values)
+            buf = self.fb.alloc(f"{m.name}_factor{k}",
+                                self._shape(self.common + self._split_dims()),
+                                dtt.resolve(n.dtype))
+            with self._block(f"{m.name}_factor{k}", [], [], [self._chunk_iter()]) as sc:
+                deps = {}
+                for d in self.chain.schemes[m.name].deps:
+                    deps[f"{d}.old"] = self._running(self.prev, 0)(d, sc)
+                    deps[f"{d}.new"] = self._running(self.new, 1)(d, sc)
+                self.fb.store(buf, lower_expr(n, sc.child(symbols=deps), dtt.resolve(n.dtype)),
+                              self._index(self.common, sc))
+            symbol = Symbol(f"__row{k}", n.dtype)
+            self.row_values.append((symbol, buf, (m.name, n.key())))
+            return symbol
+
+        return substitute(correction, replace)
+
+    def _position_index(self, sc: Scope) -> list:
+        return self._index(self.common, sc) + [sc.axes[self.t_axis.uid]]
+
+    def _chunk_loops(self, extra: list, t_loop: LoopAxis) -> list:
+        """A chunk's loops for a member with ``extra`` axes (attention's output features): on
+        the CPU the chunk's positions outside, the features inside, so that what a position
+        contributes to every feature (``exp(s - m)``) is computed once, outside the loop LLVM
+        vectorises; elsewhere the positions inside (a reduction per feature)."""
+        return [t_loop] + extra if self.fb.parallel == "cpu" else extra + [t_loop]
