@@ -15,14 +15,14 @@ def load(path: str) -> list[dict]:
 
 
 def _bar_chart(path: str, out: str, groups: list, impls: list, value, labels: list[str],
-               ylabel: str, parity: bool = False) -> None:
+               ylabel: str, parity: bool = False, inches_per_group: float = 1.0) -> None:
     """Grouped bars: ``value(impl, group)`` for every implementation in every group."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(8, len(groups) * 1.0), 5))
+    fig, ax = plt.subplots(figsize=(max(8, len(groups) * inches_per_group), 5))
     width = 0.8 / max(1, len(impls))
     for k, impl in enumerate(impls):
         ax.bar([g + k * width for g in range(len(groups))], [value(impl, g) for g in groups],
@@ -72,6 +72,26 @@ def plot_gemm(path: str, out: str, impls: tuple = ("cublas", "torch.compile")) -
     _bar_chart(path, out, groups, shown,
                lambda impl, g: _ms(rows, impl, "gemm", g, field="tflops") or 0.0,
                [g.replace("/", "\n") for g in groups], "TFLOP/s")
+
+
+def plot_cpu(path: str, out: str) -> None:
+    """The CPU benchmark (``cpu/<kernel>``): each implementation's speed relative to torch (its
+    ``torch``/``torch sdpa`` row) per kernel and shape; 1.0 is parity, 1/3 the attention bar."""
+    rows = [r for r in load(path) if r["benchmark"].startswith("cpu/")]
+    groups = list(dict.fromkeys((r["benchmark"], r["shape"]) for r in rows))
+    base = {g: next(float(r["ms"]) for r in rows if (r["benchmark"], r["shape"]) == g
+                    and r["implementation"].startswith("torch")) for g in groups}
+    impls = list(dict.fromkeys(r["implementation"] for r in rows
+                               if not r["implementation"].startswith("torch")))
+
+    def speed(impl, group):
+        ms = _ms(rows, impl, *group)
+        return base[group] / ms if ms else 0.0
+
+    short = lambda s: s.replace("B1 H8 ", "").replace(" D64", "").replace(" ", "\n")  # noqa: E731
+    _bar_chart(path, out, groups, impls, speed,
+               [f"{b.split('/')[1]}\n{short(s)}" for b, s in groups],
+               "speed relative to torch (2 threads)", parity=True, inches_per_group=1.5)
 
 
 def plot_model(paths: list[str], out: str) -> None:

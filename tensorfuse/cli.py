@@ -142,7 +142,7 @@ def cmd_demo(args) -> int:
     built = time.perf_counter() - started
     err = relative_error(out, reference(kernel, tensors, scalars))
     ok = err <= TOLERANCE[out_dtype]
-    print(f"  compiled and ran in {built:.1f} s ({compiled.description})")
+    print(f"  compiled and ran in {built:.1f} s ({compiled.schedule_origin(**sizes)})")
     print(f"  check against float64 NumPy: max relative error {err:.2e} "
           f"(tolerance {TOLERANCE[out_dtype]:.0e} for {out_dtype}) -> {'OK' if ok else 'FAILED'}")
     ms = compiled.benchmark(**tensors, **scalars, repeat=args.repeat)
