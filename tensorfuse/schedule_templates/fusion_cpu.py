@@ -25,7 +25,7 @@ from tvm.tirx.script.builder import ir as T
 
 from ..algebra.exprs import nodes, substitute, symbols_in
 from ..dsl import dtypes as dtt
-from ..dsl.expr import Expr, Ref, Symbol, Unary
+from ..dsl.expr import Binary, Expr, Load, Ref, Symbol, Unary, Where
 from ..dsl.program import Compute
 from ..lower_to_tir import LoopAxis, Scope, lower_expr
 from ..lower_to_tir.expr_to_tir import constant
@@ -107,10 +107,12 @@ class CpuChunkLayout:
             yield cv
 
     def _hoist(self, body: Expr, m: Compute) -> Expr:
-        """``body`` with its costly per-position parts (a function such as ``exp`` of values
-        along the fused axis, not of ``m``'s own feature axes: attention's ``exp(s - m)``) read
-        from a chunk buffer computed once per position before the first state that needs it —
-        not once per feature, and in a loop over the positions LLVM vectorises."""
+        """``body`` with its costly per-position parts read from chunk buffers, each computed
+        once per position before the first state that needs it — not once per feature, nor once
+        per state, and in a loop over the positions LLVM vectorises. Costly: a function such as
+        ``exp`` (attention's ``exp(s - m)``), or a masked value whose mask does integer division
+        or reads data (a 2-D neighbourhood's ``i // w``, document ids), of values along the
+        fused axis and not along ``m``'s own feature axes."""
         features = {a.uid for a in self._extra_axes(m)}
         local = {x.name for x in self.local}
 
@@ -120,11 +122,19 @@ class CpuChunkLayout:
                                               for a in r.compute.axes}
             return self.chain.axis.uid in axes and not axes & features
 
+        def costly(n: Expr) -> bool:
+            if isinstance(n, Unary):
+                return n.op in COSTLY
+            return isinstance(n, Where) and any(
+                isinstance(x, Load) or (isinstance(x, Binary) and x.op in ("floordiv", "mod"))
+                for x in nodes(n.cond))
+
         def replace(n: Expr):
-            if not (isinstance(n, Unary) and n.op in COSTLY and per_position(n)):
+            if not (costly(n) and per_position(n)):
                 return None
-            if n.key() not in self.hoisted:
-                self.hoisted[n.key()] = self._emit_position_values(n)
+            if n.key() not in self.hoisted:   # its own costly parts first, then itself
+                inner = n.rebuild([substitute(c, replace) for c in n.children()])
+                self.hoisted[n.key()] = self._emit_position_values(inner)
             return self.hoisted[n.key()][0]
 
         return substitute(body, replace)
@@ -144,6 +154,8 @@ class CpuChunkLayout:
                              [self._chunk_iter()], derive=self._j_of, predicate=self._in_range,
                              scope=self._scope(self.fb.scope)) as sc:
                 refs = {f"{d}.ref": self._running(self.new, 1)(d, sc) for d in deps}
+                refs.update({h.name: tirx.BufferLoad(b, self._position_index(sc))
+                             for h, b in self.hoisted.values()})
                 self.fb.store(buf, lower_expr(e, sc.child(symbols=refs), dtt.resolve(e.dtype)),
                               self._position_index(sc))
         return Symbol(f"__value{k}", e.dtype), buf

@@ -85,3 +85,18 @@ def test_the_fused_cpu_module_has_the_pieces_that_make_it_fast():
     assert 'T.sblock("l_chunk_lanes_fold")' in script       # the chunk's sum in lanes
     assert 'T.sblock("k_global")' in script and "k_global = T.sblock_alloc_buffer((1, 2, 64, " \
         "512))" in script                                    # keys transposed once
+
+
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_a_2d_neighbourhood_computes_its_mask_once_per_key(rng, dilation):
+    """The mask divides indices (``i // width``): its masked scores are a per-key value of
+    their own, read by the maximum and by ``exp(s - m)``, instead of being evaluated in both."""
+    kernel = K.neighborhood_attention_2d
+    f = tf.compile(kernel, target="llvm")
+    dims = dict(B=1, H=2, M=80, N=80, D=16)     # a 10-wide image of 8 rows
+    script = f.module(**dims).script()
+    assert 'T.sblock("j_value0")' in script and 'T.sblock("j_value1")' in script
+    tensors, scalars = random_inputs(kernel, dims, rng)
+    scalars.update(width=10, radius=2, dilation=dilation)
+    want = run_program(kernel.program, tensors, scalars)[0]
+    assert relative_error(f(**tensors, **scalars), want) <= TOLERANCE["bf16"]
