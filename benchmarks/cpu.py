@@ -116,6 +116,58 @@ def attention(s: int, dtype: str, rng, log, heads: int = 8, d: int = 64) -> list
     return out
 
 
+VARIANTS = (   # (kernel, sizes, scalars, SDPA's arguments where it computes the same thing)
+    ("attention", dict(B=1, H=8, M=1024, N=1024, D=64), {}, {}),
+    ("document_attention", dict(B=1, H=8, M=1024, N=1024, D=64), {}, None),
+    ("gqa_attention", dict(B=4, H=32, HKV=8, M=1, N=4096, D=128), {}, {"enable_gqa": True}),
+    ("sliding_window_attention", dict(B=1, H=8, M=2048, N=2048, D=64), {"window": 256}, None),
+    ("neighborhood_attention_2d", dict(B=1, H=4, M=1024, N=1024, D=64),
+     {"width": 32, "radius": 3, "dilation": 1}, None),
+)
+
+
+def variants(rng, log) -> list[Row]:
+    """Attention variants no bar names, bf16: ``tf.compile`` (fused) against the unfused rows,
+    and SDPA where it computes the same thing (no mask, GQA decode)."""
+    import tensorfuse.kernels as K
+
+    out = []
+    for name, dims, scalars, sdpa in VARIANTS:
+        kernel = K.ALL[name]
+        args = {}
+        for p in kernel.program.tensor_params:
+            shape = [dims[d] if isinstance(d, str) else d for d in p.dims]
+            args[p.name] = (torch.randint(0, 3, shape, dtype=torch.int32).sort(-1).values
+                            if p.dtype == "i32" else torch.randn(shape).bfloat16())
+        given = {"scale": dims["D"] ** -0.5, **scalars}
+        shape = " ".join(f"{k}{v}" for k, v in dims.items()) + " bf16"
+        small = {k: min(v, 45) if k in ("M", "N") else v for k, v in dims.items()}
+        if "width" in scalars:
+            small = dict(small, M=40, N=40)
+        for label, template in (("tensorfuse (tf.compile)", "auto"),
+                                ("tensorfuse (unfused rows)", None)):
+            f = tf.compile(kernel, target="llvm", template=template)
+            tensors, ref_scalars = random_inputs(kernel, dict(small, B=1, H=min(dims["H"], 4),
+                                                              HKV=min(dims.get("HKV", 4), 4)
+                                                              if "HKV" in dims else 4), rng)
+            ref_scalars.update({k: v for k, v in scalars.items() if k != "width"})
+            if "width" in scalars:
+                ref_scalars["width"] = 8
+            got = f(**tensors, **ref_scalars)
+            err = relative_error(got, run_program(kernel.program, tensors, ref_scalars)[0])
+            wrong = "" if err <= TOLERANCE["bf16"] else " WRONG"
+            ms = wall_ms(lambda: f(**args, **given), 3)
+            log(f"{name:26} {label:28} {ms:9.1f} ms  err {err:.1e}{wrong}")
+            out.append(Row(f"cpu/{name}", shape, label, ms, 0.0, 0.0, 0.0,
+                           f"error {err:.1e}{wrong}"))
+        if sdpa is not None:
+            ms = wall_ms(lambda: torch.nn.functional.scaled_dot_product_attention(
+                args["q"], args["k"], args["v"], scale=given["scale"], **sdpa), 3)
+            log(f"{name:26} {'torch sdpa':28} {ms:9.1f} ms")
+            out.append(Row(f"cpu/{name}", shape, "torch sdpa", ms, 0.0, 0.0, 1.0, ""))
+    return out
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--csv", default=None)
@@ -123,6 +175,8 @@ def main(argv=None) -> None:
     parser.add_argument("--attention", default="1024,4096",
                         help="sequence lengths ('' for none)")
     parser.add_argument("--no-rows", action="store_true", help="attention only")
+    parser.add_argument("--variants", action="store_true",
+                        help="also other attention variants, fused against unfused")
     parser.add_argument("--dtypes", default="bf16,f32")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -134,6 +188,8 @@ def main(argv=None) -> None:
     for s in [int(x) for x in args.attention.split(",") if x]:
         for dtype in args.dtypes.split(","):
             out += attention(s, dtype, rng, log)
+    if args.variants:
+        out += variants(rng, log)
     if args.csv:
         write_csv(out, args.csv)
 
