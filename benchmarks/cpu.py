@@ -180,7 +180,7 @@ def main(argv=None) -> None:
     parser.add_argument("--dtypes", default="bf16,f32")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)   # read when TVM's pool first runs
     rng = np.random.default_rng()
     log = (lambda text: print(text, flush=True))
     log(f"CPU benchmark: {args.threads} threads (torch and TVM)")

@@ -12,7 +12,11 @@
 """
 __version__ = "0.1.0"
 
-from . import dsl, errors
+from .targets.cpu_threads import use_all_cores
+
+use_all_cores()   # before any kernel runs: TVM's pool would take half the cores
+
+from . import dsl, errors  # noqa: E402
 from .api import compile, schedule
 from .autotune import tune
 from .compiled import CompiledKernel
