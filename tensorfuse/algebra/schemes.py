@@ -106,7 +106,8 @@ class Scheme:
     def usable(self, e: Expr) -> Expr:
         """``e`` as a reference: 0 where it is no usable one — not finite (an overflow, or a
         logsumexp of nothing), or the identity of a maximum or minimum that has seen nothing
-        real yet (a masked prefix, a split part of masked elements; −FLT_MAX). Members kept
+        real yet (a masked prefix, a split part of masked elements; −FLT_MAX); a maximum or
+        minimum that overflowed to ±inf gets ±FLT_MAX instead. Members kept
         relative to such a value would be infinite, or huge; any finite reference keeps the
         result exact, and the final values use the true ones, as the unfused program does.
         One comparison per row and block: it sits in attention's inner loop."""
@@ -115,9 +116,17 @@ class Scheme:
             return e
         bound = math.inf   # one comparison: |e| below the identity's magnitude (FLT_MAX for a
         monoid = self.compute.monoid   # max or min; inf otherwise) is finite and not it
-        if monoid.identity_is_sentinel(dtype) and math.isfinite(monoid.identity_value(0, dtype)):
-            bound = abs(float(monoid.identity_value(0, dtype)))
-        return where(compare("lt", unary("abs", e), Const(bound, dtype)), e, const(0.0))
+        if not (monoid.identity_is_sentinel(dtype)
+                and math.isfinite(monoid.identity_value(0, dtype))):
+            return where(compare("lt", unary("abs", e), Const(bound, dtype)), e, const(0.0))
+        bound = abs(float(monoid.identity_value(0, dtype)))
+        # a maximum or minimum that overflowed to ±inf is replaced by ±FLT_MAX, not by 0: members
+        # such as exp(τ(x − v)) are 0 against it, as against the true +inf (against 0 they
+        # overflowed, and a minimum of them could not tell inf from "nothing seen")
+        overflow = where(compare("eq", unary("abs", e), Const(math.inf, dtype)),
+                         where(compare("gt", e, const(0.0)), Const(bound, dtype),
+                               Const(-bound, dtype)), const(0.0))
+        return where(compare("lt", unary("abs", e), Const(bound, dtype)), e, overflow)
 
     def describe(self) -> str:
         """The corrections in readable form (for show() and tutorials)."""
