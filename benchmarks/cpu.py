@@ -85,8 +85,7 @@ def rows(m: int, n: int, rng, log) -> list[Row]:
         note = f"error {err:.1e}{'' if ok else ' WRONG'}; torch {ref:.2f} ms; {ref / ms:.2f}x"
         log(f"{name:14} {ms:8.2f} ms   torch {ref:8.2f} ms   {ref / ms:5.2f}x   err {err:.1e}")
         out.append(Row(f"cpu/{name}", f"{m}x{n} bf16", "tensorfuse (tf.compile)", ms, 0.0, gbps,
-                       ref / ms,
-                       note))
+                       ref / ms, note))
         out.append(Row(f"cpu/{name}", f"{m}x{n} bf16", "torch", ref, 0.0,
                        2 * m * n * 2 / ref / 1e6, 1.0, ""))
     return out
@@ -116,23 +115,29 @@ def attention(s: int, dtype: str, rng, log, heads: int = 8, d: int = 64) -> list
     return out
 
 
-VARIANTS = (   # (kernel, sizes, scalars, SDPA's arguments where it computes the same thing)
-    ("attention", dict(B=1, H=8, M=1024, N=1024, D=64), {}, {}),
-    ("document_attention", dict(B=1, H=8, M=1024, N=1024, D=64), {}, None),
-    ("gqa_attention", dict(B=4, H=32, HKV=8, M=1, N=4096, D=128), {}, {"enable_gqa": True}),
-    ("sliding_window_attention", dict(B=1, H=8, M=2048, N=2048, D=64), {"window": 256}, None),
+VARIANTS = (   # kernel, timed sizes and scalars, checked sizes and scalars, SDPA's arguments
+    ("attention", dict(B=1, H=8, M=1024, N=1024, D=64), {},            # (where it computes the
+     dict(B=1, H=2, M=45, N=45, D=64), {}, {}),                         # same thing)
+    ("document_attention", dict(B=1, H=8, M=1024, N=1024, D=64), {},
+     dict(B=1, H=2, M=45, N=45, D=64), {}, None),
+    ("gqa_attention", dict(B=4, H=32, HKV=8, M=1, N=4096, D=128), {},
+     dict(B=2, H=4, HKV=2, M=1, N=45, D=128), {}, {"enable_gqa": True}),
+    ("sliding_window_attention", dict(B=1, H=8, M=2048, N=2048, D=64), {"window": 256},
+     dict(B=1, H=2, M=45, N=45, D=64), {"window": 9}, None),
     ("neighborhood_attention_2d", dict(B=1, H=4, M=1024, N=1024, D=64),
-     {"width": 32, "radius": 3, "dilation": 1}, None),
+     {"width": 32, "radius": 3, "dilation": 1},
+     dict(B=1, H=2, M=40, N=40, D=64), {"width": 8, "radius": 2, "dilation": 1}, None),
 )
 
 
 def variants(rng, log) -> list[Row]:
     """Attention variants no bar names, bf16: ``tf.compile`` (fused) against the unfused rows,
-    and SDPA where it computes the same thing (no mask, GQA decode)."""
+    and SDPA where it computes the same thing (no mask, GQA decode); each checked first at small
+    sizes against float64."""
     import tensorfuse.kernels as K
 
     out = []
-    for name, dims, scalars, sdpa in VARIANTS:
+    for name, dims, scalars, small, small_scalars, sdpa in VARIANTS:
         kernel = K.ALL[name]
         args = {}
         for p in kernel.program.tensor_params:
@@ -141,20 +146,13 @@ def variants(rng, log) -> list[Row]:
                             if p.dtype == "i32" else torch.randn(shape).bfloat16())
         given = {"scale": dims["D"] ** -0.5, **scalars}
         shape = " ".join(f"{k}{v}" for k, v in dims.items()) + " bf16"
-        small = {k: min(v, 45) if k in ("M", "N") else v for k, v in dims.items()}
-        if "width" in scalars:
-            small = dict(small, M=40, N=40)
         for label, template in (("tensorfuse (tf.compile)", "auto"),
                                 ("tensorfuse (unfused rows)", None)):
             f = tf.compile(kernel, target="llvm", template=template)
-            tensors, ref_scalars = random_inputs(kernel, dict(small, B=1, H=min(dims["H"], 4),
-                                                              HKV=min(dims.get("HKV", 4), 4)
-                                                              if "HKV" in dims else 4), rng)
-            ref_scalars.update({k: v for k, v in scalars.items() if k != "width"})
-            if "width" in scalars:
-                ref_scalars["width"] = 8
-            got = f(**tensors, **ref_scalars)
-            err = relative_error(got, run_program(kernel.program, tensors, ref_scalars)[0])
+            tensors, checked_scalars = random_inputs(kernel, small, rng)
+            checked_scalars.update(small_scalars)
+            err = relative_error(f(**tensors, **checked_scalars),
+                                 run_program(kernel.program, tensors, checked_scalars)[0])
             wrong = "" if err <= TOLERANCE["bf16"] else " WRONG"
             ms = wall_ms(lambda: f(**args, **given), 3)
             log(f"{name:26} {label:28} {ms:9.1f} ms  err {err:.1e}{wrong}")

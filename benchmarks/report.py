@@ -78,9 +78,10 @@ def plot_cpu(path: str, out: str) -> None:
     """The CPU benchmark (``cpu/<kernel>``): each implementation's speed relative to torch (its
     ``torch``/``torch sdpa`` row) per kernel and shape; 1.0 is parity, 1/3 the attention bar."""
     rows = [r for r in load(path) if r["benchmark"].startswith("cpu/")]
-    groups = list(dict.fromkeys((r["benchmark"], r["shape"]) for r in rows))
-    base = {g: next(float(r["ms"]) for r in rows if (r["benchmark"], r["shape"]) == g
-                    and r["implementation"].startswith("torch")) for g in groups}
+    base = {(r["benchmark"], r["shape"]): float(r["ms"]) for r in rows
+            if r["implementation"].startswith("torch")}
+    groups = list(dict.fromkeys((r["benchmark"], r["shape"]) for r in rows
+                                if (r["benchmark"], r["shape"]) in base))   # with a torch row
     impls = list(dict.fromkeys(r["implementation"] for r in rows
                                if not r["implementation"].startswith("torch")))
 

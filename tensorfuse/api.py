@@ -10,7 +10,7 @@ from .records import cpu_record, template_records
 from .schedule import Schedule
 from .schedule_templates import lower_program
 from .schedule_templates.auto import cpu_fusion
-from .schedule_templates.default import apply_default_schedule, cpu_rolled
+from .schedule_templates.default import apply_default_schedule, cpu_fused
 from .targets import TargetSpec, get_target
 from .torch_graph import GraphCallable, in_graph
 
@@ -75,9 +75,7 @@ def _compile(kernel, target, template):
             if found is not None:
                 return found[0], f"tuned record ({found[1]})"
         if fusion is not None:   # attention-like chains: the rolling update, on all cores
-            return cpu_rolled(lower_program(program, (fusion,), dims, index_dtype, "cpu",
-                                            accumulate=spec.accumulate,
-                                            vector_math=spec.vector_math)), \
+            return cpu_fused(program, (fusion,), dims, index_dtype, spec), \
                 f"template defaults ({fusion.describe()})"
         return apply_default_schedule(lower_program(program, (), dims, index_dtype,
                                                     accumulate=spec.accumulate,

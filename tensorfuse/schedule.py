@@ -26,7 +26,7 @@ from .records import template_records
 from .schedule_templates import lower_program, tvm_schedule
 from .schedule_templates.annotations import annotate_template
 from .algebra import plan_chain
-from .schedule_templates.default import apply_default_schedule, cpu_rolled
+from .schedule_templates.default import apply_default_schedule, cpu_fused
 from .schedule_templates.fusion import Fusion
 from .schedule_templates.rolling_update import default_chunk
 from .targets import TargetSpec, get_target
@@ -142,7 +142,7 @@ class Schedule:
         fused value loses much more precision than the unfused one (checked in float32 on data
         far from zero and around it when the fusion is planned) is warned about once
         (:class:`~tensorfuse.errors.FusedPrecisionWarning`), or with ``strict`` refused."""
-        fusion = Fusion(tuple(names), axis, chunk if chunk is not None else default_chunk(self.target.is_gpu), 1)
+        fusion = Fusion(tuple(names), axis, self._chunk(chunk), 1)
         self._apply_fusion(fusion, fusion.describe(), strict)
         return self
 
@@ -150,9 +150,12 @@ class Schedule:
                      strict: bool = False) -> "Schedule":
         """Like :meth:`rolling_update`, in ``splits`` independent parts of ``axis`` merged at the
         end (flash-decoding)."""
-        fusion = Fusion(tuple(names), axis, chunk if chunk is not None else default_chunk(self.target.is_gpu), splits)
+        fusion = Fusion(tuple(names), axis, self._chunk(chunk), splits)
         self._apply_fusion(fusion, fusion.describe(), strict)
         return self
+
+    def _chunk(self, chunk: int | None) -> int:
+        return chunk if chunk is not None else default_chunk(self.target.is_gpu)
 
     def apply_template(self, name: str, **knobs) -> "Schedule":
         """Compile the fused chain with a GPU template: ``"attention"`` (``tile_m``, ``tile_n``,
@@ -354,7 +357,6 @@ class Schedule:
         fixed = dict(self.dims)
         layout_only = bool(self.fusions) and all(step.is_fusion for step in self.steps)
         scheduled = None if layout_only else apply_default_schedule(self.mod, self.target)
-        parallel = "gpu" if self.target.is_gpu else "cpu"
 
         def build(dims: dict, index_dtype: str) -> tvm.IRModule:
             clash = {k: v for k, v in dims.items() if k in fixed and fixed[k] != v}
@@ -363,11 +365,13 @@ class Schedule:
                                 f"{', '.join(f'{k}={fixed[k]}' for k in clash)} but the call has "
                                 f"{', '.join(f'{k}={v}' for k, v in clash.items())}; make a schedule "
                                 "for these sizes, or leave them symbolic", user_location())
+            if layout_only and not self.target.is_gpu:
+                return cpu_fused(self.program, self.fusions, {**dims, **fixed}, index_dtype,
+                                 self.target)
             if layout_only:
-                mod = lower_program(self.program, self.fusions, {**dims, **fixed}, index_dtype,
-                                    parallel, accumulate=self.target.accumulate,
-                                    vector_math=self.target.vector_math)
-                return mod if self.target.is_gpu else cpu_rolled(mod)
+                return lower_program(self.program, self.fusions, {**dims, **fixed}, index_dtype,
+                                     "gpu", accumulate=self.target.accumulate,
+                                     vector_math=self.target.vector_math)
             if index_dtype != "int32":
                 raise CallError("tensors this large need 64-bit indexing; make the schedule with "
                                 "fixed sizes or use tensorfuse.compile", user_location())

@@ -6,11 +6,11 @@ change. This package derives those corrections from the expression tree by rewri
 (:mod:`.transfer`), turns them into running states per monoid (:mod:`.schemes`), checks every one
 numerically (:mod:`.verify`) and plans whole chains (:mod:`.chain`).
 """
-from .chain import Chain, inline_elementwise, plan_chain
+from .chain import Chain, chain_candidates, inline_elementwise, plan_chain
 from .schemes import Scheme, State, derive_scheme
 from .transfer import Context, NoCorrection, Reset, Terms, register_rule, transfer
 from .verify import verify_scheme
 
-__all__ = ["Chain", "plan_chain", "inline_elementwise", "Scheme", "State", "derive_scheme",
+__all__ = ["Chain", "chain_candidates", "plan_chain", "inline_elementwise", "Scheme", "State", "derive_scheme",
            "Context", "NoCorrection", "Reset", "Terms", "register_rule", "transfer",
            "verify_scheme"]

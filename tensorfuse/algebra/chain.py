@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -69,6 +70,15 @@ def _find_axis(program: Program, members: Sequence[Compute], axis: "str | Axis")
 
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
+
+
+def chain_candidates(program: Program) -> list[tuple[list[Compute], Axis]]:
+    """The reductions of ``program`` over a single axis grouped by that axis, the axis most of
+    them share first: the chains a template fuses, or whose mask an analysis reads."""
+    over_one = [c for c in program.computes if c.is_reduction and len(c.over) == 1]
+    counts = Counter(c.over[0].uid for c in over_one)
+    groups = [[c for c in over_one if c.over[0].uid == uid] for uid, _ in counts.most_common()]
+    return [(members, members[0].over[0]) for members in groups]
 
 
 def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis",

@@ -3,9 +3,7 @@ most-reduced axis and use the GPU template that fits (a native CUDA C++ one firs
 has one for the chain); otherwise keep the default schedule."""
 from __future__ import annotations
 
-from collections import Counter
-
-from ..algebra import plan_chain
+from ..algebra import chain_candidates, plan_chain
 from ..dsl.program import Program
 from ..errors import RollingUpdateError, ScheduleError, TargetError
 from ..targets import TargetSpec
@@ -44,12 +42,7 @@ def cpu_fusion(program: Program) -> Fusion | None:
 def _fusions(program: Program, chunk: int):
     """``(fusion, chain)`` for the reductions sharing each axis, the most shared axis first,
     where they fuse."""
-    counts = Counter(c.over[0].uid for c in program.computes
-                     if c.is_reduction and len(c.over) == 1)
-    for uid, _ in counts.most_common():
-        members = [c for c in program.computes if c.is_reduction and len(c.over) == 1
-                   and c.over[0].uid == uid]
-        axis = members[0].over[0]
+    for members, axis in chain_candidates(program):
         fusion = Fusion(tuple(m.name for m in members), axis.name, chunk)
         try:
             yield fusion, plan_chain(program, fusion.names, axis)

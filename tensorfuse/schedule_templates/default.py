@@ -39,12 +39,16 @@ def cpu_defaults(mod: tvm.IRModule) -> tvm.IRModule:
     return sch.mod
 
 
-def cpu_rolled(mod: tvm.IRModule) -> tvm.IRModule:
-    """A rolling or split update lowered for the CPU, with the CPU template's schedule of it
+def cpu_fused(program, fusions: tuple, dims: dict, index_dtype: str,
+              target: TargetSpec) -> tvm.IRModule:
+    """``program`` with its rolling or split updates ``fusions`` lowered for the CPU (rows on
+    every core, :mod:`.fusion_cpu`'s chunk layout) and the CPU template's schedule of them
     (:func:`.cpu.rolled_schedule`)."""
-    from . import tvm_schedule
+    from . import lower_program, tvm_schedule
     from .cpu import rolled_schedule
 
-    sch = tvm_schedule(mod)
+    sch = tvm_schedule(lower_program(program, fusions, dims, index_dtype, "cpu",
+                                     accumulate=target.accumulate,
+                                     vector_math=target.vector_math))
     rolled_schedule(sch)
     return sch.mod

@@ -308,7 +308,7 @@ class _ChainEmitter(CpuChunkLayout):
             self._emit_init()
             with self._chunk_range() as cv:
                 self.chunk_var = cv
-                self.hoisted, self.row_values = {}, []
+                self.hoisted, self.row_refs, self.row_values = {}, {}, {}
                 for x in self.local:
                     self._emit_local(x)
                 for m in self.chain.members:
@@ -431,18 +431,16 @@ class _ChainEmitter(CpuChunkLayout):
             bodies = [self._deps_as_references(scheme.states[k].body) for k in group]
             if self._cpu:
                 bodies = [self._hoist(b, m) for b in bodies]
-            if self._cpu and not extra and len(group) == 1 and \
-                    monoid.name in ("sum", "max", "min") and self.fusion.chunk % LANES == 0:
+            if self._cpu and not extra and len(group) == 1 and self._fits_lanes(monoid):
                 self._emit_in_lanes(name, m, monoid, bufs, dtypes[0], bodies[0], scope)
                 continue
             loops = self._chunk_loops(extra, t_loop)
+            self._emit_row_references(scheme.deps)
             with self.fb.loops(loops) as lv:
                 with self._block(name, loops, lv, [self._chunk_iter()],
                                  derive=self._j_of, predicate=self._in_range, scope=scope) as sc:
                     idx = self._index(self.state_axes(m), sc)
-                    refs = {f"{d}.ref": self._running(self.new, 1)(d, sc) for d in scheme.deps}
-                    refs.update({h.name: tirx.BufferLoad(buf, self._position_index(sc))
-                                 for h, buf in self.hoisted.values()})
+                    refs = self._position_symbols(sc, scheme.deps)
                     self.fb.emit_update(monoid, bufs, idx, bodies, sc.child(symbols=refs), False,
                                         dtypes)
 
@@ -526,9 +524,7 @@ class _ChainEmitter(CpuChunkLayout):
                 idx = self._index(self.state_axes(m), sc)
                 symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.prev, 0),
                                         self._running(self.new, 1))
-                symbols.update({h.name: tirx.BufferLoad(buf, self._index(self.common, sc))
-                                for h, buf, _ in self.row_values})
-                inner = sc.child(symbols=symbols)
+                inner = sc.child(symbols={**symbols, **self._row_symbols(sc)})
                 results = []
                 if scheme.kind == "independent" and m.arity > 1:
                     olds = [Symbol(f"{m.name}#{k}", d) for k, d in enumerate(m.dtypes)]

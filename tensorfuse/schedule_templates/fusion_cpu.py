@@ -5,9 +5,9 @@ On a GPU each chunk is a tile the templates schedule; on the CPU the lowered loo
 so they are written for LLVM's vectoriser and for little repeated work:
 
 - the chunk loop sweeps only the chunks a row's mask can keep (:meth:`_chunk_range`);
-- costly per-position values (``exp(s - m)``) are computed once per position in a loop over the
-  chunk (:meth:`_hoist`), costly per-row correction factors once per row (:meth:`_hoist_row`),
-  instead of once per output feature;
+- costly per-position values (``exp(s - m)``, a mask that divides indices) are computed once per
+  position in a loop over the chunk (:meth:`_hoist`), instead of once per output feature and per
+  state; costly per-row correction factors once per row (:meth:`_hoist_row`);
 - a member with feature axes loops over positions outside and features inside
   (:meth:`_chunk_loops`), a chunk's sum or maximum of one value per position runs in
   :data:`LANES` partial results (:meth:`_emit_in_lanes`).
@@ -39,6 +39,12 @@ class CpuChunkLayout:
     """The CPU's layout of a chunk; mixed into the chain emitter, whose state it reads (``fb``,
     ``chain``, ``fusion``, the chunk's axes and buffers)."""
 
+    def _fits_lanes(self, monoid) -> bool:
+        """Whether a chunk's reduction of one value per position runs in lanes: a sum, maximum
+        or minimum (their lanes fold in any order; an argmax's ties would not) over chunks of
+        whole lane groups."""
+        return monoid.name in ("sum", "max", "min") and self.fusion.chunk % LANES == 0
+
     def _emit_in_lanes(self, name: str, m: Compute, monoid, bufs, dtype: str, body: Expr,
                        scope: Scope) -> None:
         """A chunk's sum (max, min) of one value per position, on the CPU: ``LANES`` partial
@@ -63,17 +69,16 @@ class CpuChunkLayout:
             with self._block(f"{name}_lanes_init", [lane_loop], lv, [self._chunk_iter()]) as sc:
                 self.fb.store(lanes, constant(monoid.identity_value(0, dtype), dtype),
                               lane_index(sc))
+        self._emit_row_references(scheme.deps)
         with self.fb.loops([outer, lane_loop]) as lv:
             with self._block(name, [outer, lane_loop], lv, [self._chunk_iter()],
                              derive=lambda v: {**self._j_of({**v, n["t"]: position(v)}),
                                                self.t_axis.uid: position(v)},
                              predicate=lambda b: self._in_range({**b, n["t"]: position(b)}),
                              scope=scope) as sc:
-                refs = {f"{d}.ref": self._running(self.new, 1)(d, sc) for d in scheme.deps}
-                refs.update({h.name: tirx.BufferLoad(buf, self._position_index(sc))
-                             for h, buf in self.hoisted.values()})
                 self.fb.emit_update(monoid, [lanes], lane_index(sc), [body],
-                                    sc.child(symbols=refs), False, [dtype])
+                                    sc.child(symbols=self._position_symbols(sc, scheme.deps)),
+                                    False, [dtype])
         fold = LoopAxis(self.lane_axis, lane_loop.extent, self.lane_axis.name, "R")
         with self.fb.loops([fold]) as lv:
             with self._block(f"{name}_lanes_fold", [fold], lv, [self._chunk_iter()]) as sc:
@@ -149,52 +154,84 @@ class CpuChunkLayout:
         t_loop = LoopAxis(self.t_axis, self.tc, self.names["t"])
         deps = {n.name[:-len(".ref")] for n in nodes(e) if isinstance(n, Symbol)
                 and n.name.endswith(".ref")}
+        self._emit_row_references(deps)
         with self.fb.loops([t_loop]) as lv:
             with self._block(f"{self.chain.axis.name}_value{k}", [t_loop], lv,
                              [self._chunk_iter()], derive=self._j_of, predicate=self._in_range,
                              scope=self._scope(self.fb.scope)) as sc:
-                refs = {f"{d}.ref": self._running(self.new, 1)(d, sc) for d in deps}
-                refs.update({h.name: tirx.BufferLoad(b, self._position_index(sc))
-                             for h, b in self.hoisted.values()})
-                self.fb.store(buf, lower_expr(e, sc.child(symbols=refs), dtt.resolve(e.dtype)),
+                inner = sc.child(symbols=self._position_symbols(sc, deps))
+                self.fb.store(buf, lower_expr(e, inner, dtt.resolve(e.dtype)),
                               self._position_index(sc))
         return Symbol(f"__value{k}", e.dtype), buf
 
     def _hoist_row(self, correction: Expr, m: Compute) -> Expr:
         """``correction`` (of a state with feature axes) with its costly parts that do not read
-        the state (attention's ``exp(m.old - m.new)``) computed once per row into a buffer before
-        the update, not once per feature."""
+        the state (attention's ``exp(m.old − m.new)``, with the references' guards) computed
+        once per row and chunk into a buffer before the update, not once per feature: LLVM
+        hoisted the one-compare guard itself, not the three-compare one of an overflowed maximum
+        (a sliding window's fused kernel went from 32 to 45 ms without this)."""
         own = {f"{m.name}#{k}" for k in range(len(self.chain.schemes[m.name].states))}
 
         def replace(n: Expr):
             if not (isinstance(n, Unary) and n.op in COSTLY) or symbols_in(n) & own:
                 return None
-            for symbol, _, key in self.row_values:
-                if key == (m.name, n.key()):
-                    return symbol
-            k = len(self.row_values)
-            buf = self.fb.alloc(f"{m.name}_factor{k}",
-                                self._shape(self.common + self._split_dims()),
-                                dtt.resolve(n.dtype))
-            with self._block(f"{m.name}_factor{k}", [], [], [self._chunk_iter()]) as sc:
-                deps = {}
-                for d in self.chain.schemes[m.name].deps:
-                    deps[f"{d}.old"] = self._running(self.prev, 0)(d, sc)
-                    deps[f"{d}.new"] = self._running(self.new, 1)(d, sc)
-                self.fb.store(buf, lower_expr(n, sc.child(symbols=deps), dtt.resolve(n.dtype)),
-                              self._index(self.common, sc))
-            symbol = Symbol(f"__row{k}", n.dtype)
-            self.row_values.append((symbol, buf, (m.name, n.key())))
-            return symbol
+            if n.key() not in self.row_values:
+                k = len(self.row_values)
+                buf = self.fb.alloc(f"{m.name}_factor{k}",
+                                    self._shape(self.common + self._split_dims()),
+                                    dtt.resolve(n.dtype))
+                with self._block(f"{m.name}_factor{k}", [], [], [self._chunk_iter()]) as sc:
+                    deps = {}
+                    for d in self.chain.schemes[m.name].deps:
+                        deps[f"{d}.old"] = self._running(self.prev, 0)(d, sc)
+                        deps[f"{d}.new"] = self._running(self.new, 1)(d, sc)
+                    self.fb.store(buf, lower_expr(n, sc.child(symbols=deps),
+                                                  dtt.resolve(n.dtype)),
+                                  self._index(self.common, sc))
+                self.row_values[n.key()] = Symbol(f"__row{k}", n.dtype), buf
+            return self.row_values[n.key()][0]
 
         return substitute(correction, replace)
+
+    def _row_symbols(self, sc: Scope) -> dict:
+        """The per-row values of :meth:`_hoist_row`, by name."""
+        return {h.name: tirx.BufferLoad(buf, self._index(self.common, sc))
+                for h, buf in self.row_values.values()}
 
     def _position_index(self, sc: Scope) -> list:
         return self._index(self.common, sc) + [sc.axes[self.t_axis.uid]]
 
+    def _position_symbols(self, sc: Scope, deps) -> dict:
+        """What a block over a chunk's positions reads by name: the dependencies ``deps`` at
+        their references after this chunk (``d.ref``; on the CPU from the row's buffer of
+        :meth:`_emit_row_references`), and the per-position values hoisted so far."""
+        symbols = {f"{d}.ref": tirx.BufferLoad(self.row_refs[d], self._index(self.common, sc))
+                   if d in self.row_refs else self._running(self.new, 1)(d, sc) for d in deps}
+        symbols.update({h.name: tirx.BufferLoad(buf, self._position_index(sc))
+                        for h, buf in self.hoisted.values()})
+        return symbols
+
+    def _emit_row_references(self, deps) -> None:
+        """On the CPU, each dependency's reference after this chunk computed once per row and
+        chunk into a buffer, before the blocks over the chunk's positions that read it. A
+        member whose value is its state has no buffer of its own and its reference (the state
+        made usable: finite, not a sentinel) was recomputed at every position: 45 ms instead of
+        32 for a sliding window once that guard grew to three compares."""
+        if not self._cpu:
+            return
+        for d in deps:
+            if d in self.row_refs:
+                continue
+            member = self._member(d)
+            buf = self.fb.alloc(f"{d}_ref_row", self._shape(self.common + self._split_dims()),
+                                member.dtypes[0])
+            with self._block(f"{d}_ref_row", [], [], [self._chunk_iter()]) as sc:
+                self.fb.store(buf, self._running(self.new, 1)(d, sc), self._index(self.common, sc))
+            self.row_refs[d] = buf
+
     def _chunk_loops(self, extra: list, t_loop: LoopAxis) -> list:
         """A chunk's loops for a member with ``extra`` axes (attention's output features): on
-        the CPU the chunk's positions outside, the features inside, so that what a position
-        contributes to every feature (``exp(s - m)``) is computed once, outside the loop LLVM
-        vectorises; elsewhere the positions inside (a reduction per feature)."""
-        return [t_loop] + extra if self.fb.parallel == "cpu" else extra + [t_loop]
+        the CPU the positions outside and the features inside, the loop LLVM vectorises (a
+        position's hoisted value read once for all features); elsewhere the positions inside
+        (a reduction per feature)."""
+        return [t_loop] + extra if self._cpu else extra + [t_loop]

@@ -31,7 +31,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.sym import Analyzer, detect_linear_equation
 
-from ..algebra import Chain, plan_chain
+from ..algebra import Chain, chain_candidates, plan_chain
 from ..algebra.exprs import substitute, symbols_in
 from ..algebra.masking import identity_mask
 from ..algebra.schemes import EXTRAPOLATION
@@ -61,10 +61,7 @@ def key_mask(program: Program) -> KeyMask | None:
     """The masked chain of ``program`` whose key loops may be cut, or None: its reductions over
     one axis fuse into a chain (:func:`~tensorfuse.algebra.plan_chain`) with an identity mask,
     no output is indexed by that axis, and nothing else reduces over it."""
-    over_one = [c for c in program.computes if c.is_reduction and len(c.over) == 1]
-    for uid in dict.fromkeys(c.over[0].uid for c in over_one):
-        members = [c for c in over_one if c.over[0].uid == uid]
-        key = members[0].over[0]
+    for members, key in chain_candidates(program):
         if any(key.uid in {a.uid for a in c.axes} for c in program.outputs) or any(
                 c.is_reduction and key.uid in {a.uid for a in c.over} and c not in members
                 for c in program.computes):
@@ -241,8 +238,9 @@ def _key_range(mask: KeyMask, values: dict, func, index_dtype: str):
 def chain_key_range(chain: Chain, scope: Scope) -> tuple:
     """``(lo, hi)`` of the keys a fused chain's mask can keep for the row whose axes ``scope``
     gives (the rolling update's chunk loop on the CPU), each None where unbounded; both None
-    when the chain has no identity mask, or when a member's reference extrapolates over the
-    positions seen (a chunk skipped would still move it, and the corrections that follow)."""
+    when the chain has no identity mask, or when the reference of a member others depend on
+    extrapolates over the positions seen (a skipped chunk would still move it, and with it the
+    corrections)."""
     cond = identity_mask(chain)
     deps = {d for scheme in chain.schemes.values() for d in scheme.deps}
     if cond is None or any(EXTRAPOLATION.name in symbols_in(chain.schemes[d].reference())
