@@ -135,14 +135,20 @@ def make_case(name: str, spec: tuple, S: int, gen, check_rows: int = 128, B: int
 
 def checked(case: Case, label: str, fn, log=print) -> tuple[float, str] | None:
     """``(ms, note)`` for ``fn`` when its output on the case's rows is within 2e-2 of the
-    reference; None (and a line in the log) when it is wrong or fails."""
+    reference before and after the timed calls (a kernel that keeps state between calls —
+    counters, caches — must stay right); None (and a line in the log) when it is wrong or
+    fails."""
     try:
-        out = fn()
-        err = relative_error(out[:, :, case.rows].double(), case.ref)
-        if err > 2e-2:
-            log(f"  {label} {case.name} {case.shape}: WRONG (error {err:.2e})")
-            return None
-        return bench(fn), f"err {err:.1e}"
+        err = 0.0
+        for when in ("before", "after"):
+            if when == "after":
+                ms = bench(fn)
+            out = fn()
+            err = max(err, relative_error(out[:, :, case.rows].double(), case.ref))
+            if err > 2e-2:
+                log(f"  {label} {case.name} {case.shape}: WRONG {when} timing (error {err:.2e})")
+                return None
+        return ms, f"err {err:.1e}"
     except Exception as exc:  # noqa: BLE001 - report and go on
         log(f"  {label} {case.name} {case.shape}: {type(exc).__name__}: {exc}"[:400])
         return None

@@ -82,10 +82,13 @@ class HopperAttentionSpace:
                 for n, values in knob_choices(self.plan, self.task.dims).items()}
 
     def defaults(self) -> dict[str, int]:
-        from ..schedule_templates.hopper_attention_plan import default_hopper_knobs
+        from ..schedule_templates.hopper_attention_plan import (SCHEDULES, default_hopper_knobs,
+                                                                 resolved_schedule)
 
-        return {n: int(v) for n, v in asdict(default_hopper_knobs(self.plan,
-                                                                  self.task.dims)).items()}
+        knobs = default_hopper_knobs(self.plan, self.task.dims)
+        schedule = resolved_schedule(self.plan, knobs, self.task.dims)
+        return {n: SCHEDULES.index(schedule) if n == "schedule" else int(v)
+                for n, v in asdict(knobs).items() if n != "ctas"}
 
     def unfit(self, knobs: dict) -> str | None:
         from ..schedule_templates.hopper_attention_plan import check_hopper, with_knobs

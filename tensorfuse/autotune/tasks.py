@@ -28,7 +28,7 @@ from .scalars import (SCALARS_ATTR, check_scalars, keyed_scalars, plan_scalars, 
 
 TASK_ATTR = "tensorfuse.task"
 KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits",   # Triton templates
-              "stages", "consumers", "overlap", "pingpong")                 # hopper_attention
+              "stages", "consumers", "overlap", "pingpong", "schedule")     # hopper_attention
 
 
 def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,

@@ -14,15 +14,17 @@ import math
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError
-from ..interop import kept_copies, kept_empty
+from ..interop import capturing, kept_copies, kept_empty
 from ..targets import TargetSpec
-from ..targets.cuda.hopper_attention import ENTRY, hopper_attention_source, kernel_arguments
+from ..targets.cuda.hopper_attention import (ENTRY, MODES, hopper_attention_source,
+                                             kernel_arguments)
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
-from ..targets.cuda.module import KernelEntry
+from ..targets.cuda.module import KernelEntry, local_gpu
 from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .block_schedule import block_lists
 from .fusion import Fusion
-from .hopper_attention_plan import check_hopper, plan_hopper_attention, shared_bytes, with_knobs
+from .hopper_attention_plan import (check_hopper, plan_hopper_attention, schedule_for,
+                                    shared_bytes, with_knobs)
 
 
 class _Lists:
@@ -58,14 +60,37 @@ class _Lists:
         return kept
 
 
+class _Counters:
+    """The dynamic schedule's tile counter pair (claimed, finished CTAs), one per device and
+    stream, so that launches on two streams never claim each other's tiles; each launch leaves
+    its pair at zero. Inside a CUDA-graph capture a fresh pair from the graph's pool, zeroed by a
+    captured memset before each replay (kept memory cannot be allocated then)."""
+
+    def __init__(self):
+        self.kept: dict = {}
+
+    def __call__(self, device):
+        import torch
+
+        if capturing():
+            return torch.zeros(2, dtype=torch.int32, device=device)
+        key = (str(device), torch.cuda.current_stream(device).cuda_stream)
+        if key not in self.kept:
+            self.kept[key] = kept_empty((2,), torch.int32, device).zero_()
+        return self.kept[key]
+
+
 def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,
                      stages: int | None = None, consumers: int | None = None,
                      overlap: bool | None = None, pingpong: bool | None = None,
+                     schedule: str | None = None, ctas: int | None = None,
                      tuned=None, prefill_only: bool = False) -> ClusterKernel:
     """A callable warp-specialised attention kernel for ``kernel`` after a rolling update over the
     keys. Knobs (defaults from the plan): ``block_n`` keys per block, ``stages`` key/value slots,
     ``consumers`` warpgroups of 64 query rows, ``overlap`` (FlashAttention-3's intra-warpgroup
-    pipeline), ``pingpong`` (consumers take turns on the tensor cores). ``tuned``: the compile
+    pipeline), ``pingpong`` (consumers take turns on the tensor cores), ``schedule`` (``"grid"``,
+    ``"dynamic"``, ``"snake"`` or ``"auto"``: how CTAs take tiles) and ``ctas`` (persistent CTAs,
+    0: one per SM). ``tuned``: the compile
     entry point's lookup of tuning records (used unless knobs are given), per sizes and the
     call's values of the scalars records are kept by. ``prefill_only``: ``tf.compile``'s use —
     prefer this kernel only for more than 64 query rows (decode goes to the split update)."""
@@ -76,7 +101,8 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
     plan = plan_hopper_attention(program, fusion.names, fusion.axis)
     given = {k: v for k, v in (("block_n", block_n), ("stages", stages),
                                ("consumers", consumers), ("overlap", overlap),
-                               ("pingpong", pingpong)) if v is not None}
+                               ("pingpong", pingpong), ("schedule", schedule),
+                               ("ctas", ctas)) if v is not None}
     arguments = [t for _, t, _ in kernel_arguments(plan)]
 
     def layout(dims: dict, scalars: dict | None = None) -> Launches:
@@ -89,6 +115,11 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         entries = [KernelEntry(ENTRY, tuple(arguments))]
         lists = _Lists(plan, knobs)
         maps = DeviceMaps()
+        counters = _Counters()
+        gpu = local_gpu()
+        tiles = math.ceil(M / knobs.block_m) * B * H
+        how, ctas = schedule_for(knobs, tiles, gpu[1] if gpu else 132)
+        grid = (math.ceil(M / knobs.block_m), B * H) if how == "grid" else (ctas, 1)
 
         def tensor_maps(q, k, v, device):
             """TMA maps of q, k and v in one device buffer, made once per set of addresses."""
@@ -104,12 +135,15 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
             pn, pi, fn, fi = lists(values, dims, device)
             tensors = [pointer(values[t]) for t, _ in plan.tensors]
             scalars = [values[n] for n, _ in c.scalars]
+            claimed = counters(device) if how == "dynamic" else pn
             module[ENTRY](pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
                           pointer(out), pointer(pn), pointer(pi), pointer(fn), pointer(fi),
-                          *tensors, B, H, HKV, M, N, *scalars,
-                          math.ceil(M / knobs.block_m), B * H, knobs.threads, 1, smem)
+                          pointer(claimed), MODES[how], *tensors, B, H, HKV, M, N, *scalars,
+                          *grid, knobs.threads, 1, smem)
 
         return Launches(source, entries, knobs, run, plan=plan,
+                        why=f"{tiles} tiles: {how} schedule"
+                        + (f" on {ctas} persistent CTAs" if how != "grid" else ""),
                         origin=f"hopper_attention tuned record ({found[1]})" if found else None)
 
     rows = plan.chain.dims[3]

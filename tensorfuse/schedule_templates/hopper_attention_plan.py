@@ -30,25 +30,38 @@ from ..targets.cuda.expr import to_cuda
 from .attention_chain import AttentionChain, check_head_map, recognise_attention
 
 WHO = "hopper attention"
+KNOBS = ("block_n", "stages", "consumers", "overlap", "pingpong", "schedule", "ctas")
+SCHEDULES = ("auto", "grid", "dynamic", "snake")
 REGISTERS = 65536            # per SM
-PRODUCER_REGISTERS = 24      # the producer warpgroup keeps the fewest setmaxnreg allows
+PRODUCER_REGISTERS = 32      # the producer warpgroup's registers: 24, the fewest setmaxnreg
+#                              allows, spilled once it claims tiles and walks block lists
 
 
 @dataclass(frozen=True)
 class HopperKnobs:
     """``consumers`` warpgroups of 64 query rows each; keys in blocks of ``block_n`` through a ring
     of ``stages`` shared-memory slots; ``overlap``: issue the next block's q·kᵀ before this
-    block's softmax."""
+    block's softmax; ``schedule``: how CTAs take (row block, head) tiles — ``"grid"`` (one CTA
+    per tile), ``"dynamic"`` (persistent CTAs claiming tiles from a counter), ``"snake"``
+    (persistent CTAs in alternating rounds) or ``"auto"`` (:func:`schedule_for`); ``ctas``: how
+    many persistent CTAs (0: one per SM). The last two are launch arguments: every schedule runs
+    the same cubin."""
 
     block_n: int = 128
     stages: int = 2
     consumers: int = 2
     overlap: bool = True
     pingpong: bool = True
+    schedule: str = "auto"
+    ctas: int = 0
 
     @property
     def block_m(self) -> int:
         return 64 * self.consumers
+
+    @property
+    def producer_registers(self) -> int:
+        return PRODUCER_REGISTERS
 
     @property
     def threads(self) -> int:
@@ -56,13 +69,15 @@ class HopperKnobs:
 
     @property
     def consumer_registers(self) -> int:
-        """Registers per consumer thread after ``setmaxnreg`` (the producer keeps 24)."""
+        """Registers per consumer thread after ``setmaxnreg`` (the producer keeps
+        ``PRODUCER_REGISTERS``)."""
         share = (REGISTERS - 128 * PRODUCER_REGISTERS) // (128 * self.consumers)
         return min(240, share // 8 * 8)
 
     def __str__(self) -> str:
         return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "
-                f"consumers={self.consumers}, overlap={self.overlap}, pingpong={self.pingpong}")
+                f"consumers={self.consumers}, overlap={self.overlap}, pingpong={self.pingpong}, "
+                f"schedule={self.schedule}" + (f", ctas={self.ctas}" if self.ctas else ""))
 
 
 @dataclass(frozen=True)
@@ -132,10 +147,11 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
 
 
 def shared_bytes(knobs: HopperKnobs, D: int) -> int:
-    """Dynamic shared memory: the queries, ``stages`` key and value slots, the mbarriers (plus
-    1 KiB for aligning the 128-byte-swizzled tiles)."""
+    """Dynamic shared memory: the queries, ``stages`` key and value slots, the mbarriers (the
+    queries', four per slot, the queries' release, two tile slots' full and free), the two
+    claimed tile indices, plus 1 KiB for aligning the 128-byte-swizzled tiles."""
     tiles = knobs.block_m * D * 2 + 2 * knobs.stages * knobs.block_n * D * 2
-    return tiles + 8 * (1 + 4 * knobs.stages) + 1024
+    return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 8 + 1024
 
 
 def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict) -> HopperKnobs:
@@ -148,11 +164,13 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict) -> HopperKnobs:
 
 
 def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
-    """The values tuning tries for each knob."""
+    """The values tuning tries for each knob (integers: a schedule by its index in
+    ``SCHEDULES``)."""
     D = sizes[plan.chain.dims[5]]
     return {"block_n": (64, 80) if D > 128 else (64, 128, 176),
             "stages": (2, 3), "consumers": (1, 2, 3) if D <= 64 else (1, 2),
-            "overlap": (True, False), "pingpong": (True, False)}
+            "overlap": (True, False), "pingpong": (True, False),
+            "schedule": tuple(SCHEDULES.index(n) for n in ("grid", "dynamic", "snake"))}
 
 
 def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
@@ -169,6 +187,10 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
     if knobs.block_n % 16 or not 16 <= knobs.block_n <= 256:
         raise _refuse(f"block_n={knobs.block_n}: a multiple of 16 from 16 to 256 (one wgmma N "
                       "for q·kᵀ, k16 steps for p·v)")
+    if knobs.schedule not in SCHEDULES:
+        raise _refuse(f"schedule={knobs.schedule!r}: one of {', '.join(SCHEDULES)}")
+    if knobs.ctas < 0:
+        raise _refuse(f"ctas={knobs.ctas}: a count of persistent CTAs (0: one per SM)")
     if knobs.stages not in (2, 3, 4):
         raise _refuse(f"stages={knobs.stages}: 2, 3 or 4 key/value slots")
     need = shared_bytes(knobs, D)
@@ -183,16 +205,52 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
     for name, value in (("M", M), ("N", N)):
         if value < 1 or value >= 2 ** 31:
             raise _refuse(f"{name}={value} is outside what the kernel indexes")
+    lists = B * H * math.ceil(M / knobs.block_m) * math.ceil(N / knobs.block_n)
+    if plan.mask is not None and lists >= 2 ** 32:
+        raise _refuse(f"{lists} (row block, key block) pairs: the block lists are indexed with "
+                      "32 bits; use a larger block_n or split the batch")
     if not 1 <= B * H <= 65535:
         raise _refuse(f"B·H={B * H}: one CTA row per (batch, head) in the grid's y dimension, "
                       "which holds at most 65535")
 
 
+def _schedule_name(value) -> str:
+    """A schedule given by name, or by its index in ``SCHEDULES`` (tuning records keep
+    integers)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and 0 <= value < len(SCHEDULES):
+        return SCHEDULES[value]
+    raise _refuse(f"schedule={value!r}: one of {', '.join(SCHEDULES)} (or its index)")
+
+
 def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict) -> HopperKnobs:
     """The defaults with the user's ``given`` knobs."""
-    unknown = set(given) - {"block_n", "stages", "consumers", "overlap", "pingpong"}
+    unknown = set(given) - set(KNOBS)
     if unknown:
-        raise _refuse(f"no knob {', '.join(sorted(unknown))}; knobs: block_n, stages, consumers, "
-                      "overlap, pingpong")
-    given = {n: bool(v) if n in ("overlap", "pingpong") else int(v) for n, v in given.items()}
+        raise _refuse(f"no knob {', '.join(sorted(unknown))}; knobs: {', '.join(KNOBS)}")
+    given = {n: bool(v) if n in ("overlap", "pingpong") else _schedule_name(v)
+             if n == "schedule" else int(v) for n, v in given.items()}
     return replace(default_hopper_knobs(plan, sizes), **given)
+
+
+def schedule_for(knobs: HopperKnobs, tiles: int, sms: int) -> tuple[str, int]:
+    """The schedule and grid of a call with ``tiles`` (row block, head) tiles on ``sms`` SMs:
+    the knob's, with ``"auto"`` resolved — one CTA per tile where there are fewer than two per
+    SM (a persistent CTA would have at most two tiles, and the hardware's dynamic hand-out
+    balances those better), else persistent CTAs claiming tiles from a counter."""
+    ctas = min(tiles, knobs.ctas or sms)
+    schedule = knobs.schedule
+    if schedule == "auto":
+        schedule = "grid" if tiles < 2 * sms else "dynamic"
+    return schedule, (tiles if schedule == "grid" else ctas)
+
+
+def resolved_schedule(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict) -> str:
+    """The schedule ``knobs`` run at ``sizes`` on the local GPU (an H100's 132 SMs where there
+    is none)."""
+    from ..targets.cuda.module import local_gpu
+
+    B, H, _, M = (sizes[d] for d in plan.chain.dims[:4])
+    gpu = local_gpu()
+    return schedule_for(knobs, math.ceil(M / knobs.block_m) * B * H, gpu[1] if gpu else 132)[0]

@@ -16,6 +16,7 @@ import tensorfuse.kernels as K
 from benchmarks.hopper_attention import causal_attention_f16
 from tensorfuse.errors import ScheduleError
 from tensorfuse.schedule_templates.hopper_attention_plan import (HopperKnobs, check_hopper,
+                                                                 schedule_for,
                                                                  plan_hopper_attention,
                                                                  shared_bytes, with_knobs)
 from tensorfuse.targets.cuda.hopper_attention import HOPPER_PTX
@@ -124,6 +125,37 @@ def test_head_dims_knobs_and_f16(D, knobs):
     assert "0 bytes spill stores" in report, report
 
 
+@needs_nvcc
+def test_every_schedule_runs_one_cubin():
+    """How CTAs take tiles is a launch argument: the source is the same for every schedule, and
+    its PTX holds the counter claim of the dynamic one."""
+    sources = {hopper(K.causal_attention, schedule=s).source(**PREFILL)
+               for s in ("grid", "dynamic", "snake", "auto")}
+    assert len(sources) == 1
+    assert "atom.global.add" in hopper(K.causal_attention).ptx(**PREFILL)
+
+
+def test_auto_schedule_is_persistent_from_two_tiles_per_sm():
+    knobs = HopperKnobs()
+    assert schedule_for(knobs, 200, 132) == ("grid", 200)      # under two tiles per SM
+    assert schedule_for(knobs, 264, 132) == ("dynamic", 132)
+    assert schedule_for(HopperKnobs(schedule="snake"), 100, 132) == ("snake", 100)
+    assert schedule_for(HopperKnobs(schedule="dynamic", ctas=3), 1000, 132) == ("dynamic", 3)
+    assert schedule_for(HopperKnobs(schedule="grid", ctas=3), 1000, 132) == ("grid", 1000)
+    f = hopper(K.causal_attention)
+    assert "tiles: dynamic schedule on" in f.schedule_origin(B=4, H=32, M=4096, N=4096, D=128)
+
+
+def test_bad_schedules_are_refused():
+    plan = plan_of(K.causal_attention)
+    with pytest.raises(ScheduleError, match="schedule='fifo'"):
+        check_hopper(plan, HopperKnobs(schedule="fifo"), PREFILL, H100_SHARED)
+    with pytest.raises(ScheduleError, match="ctas=-1"):
+        check_hopper(plan, HopperKnobs(ctas=-1), PREFILL, H100_SHARED)
+    with pytest.raises(ScheduleError, match="schedule=7"):
+        hopper(K.causal_attention, schedule=7).source(**PREFILL)
+
+
 def test_one_source_serves_every_sequence_length():
     """Sizes are kernel arguments: the same source for other batch, head and sequence sizes."""
     compiled = hopper(K.causal_attention)
@@ -160,3 +192,36 @@ def test_every_variant_matches_float64_on_the_gpu():
     from benchmarks.hopper_attention import check
 
     assert check(log=lambda line: None) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["dynamic", "snake"])
+def test_persistent_schedules_replay_in_a_cuda_graph(schedule):
+    """Persistent CTAs on few SMs (many tiles each) in a captured graph, replayed with fresh
+    inputs: the dynamic schedule's counters are the graph's own and reset on every replay."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    from benchmarks.attention import reference
+    from benchmarks.common import relative_error
+
+    f = hopper(K.causal_attention, schedule=schedule, ctas=4)
+    B, H, M, D = 2, 4, 777, 128
+
+    def fresh():
+        return [torch.randn(B, H, M, D, device="cuda").to(torch.bfloat16) for _ in range(3)]
+
+    q, k, v = fresh()
+    f(q, k, v, scale=D ** -0.5)   # built and compiled outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = f(q, k, v, scale=D ** -0.5)
+    for _ in range(2):
+        for x, y in zip((q, k, v), fresh()):
+            x.copy_(y)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference(q, k, v, D ** -0.5, None, lambda b, h, i, j: i >= j)
+        assert relative_error(out.double(), ref) <= 2e-2

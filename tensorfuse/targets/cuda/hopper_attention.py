@@ -1,7 +1,28 @@
 """Warp-specialised attention for sm_90a: the CUDA C++ emitter (the plan, its knobs and checks:
 ``schedule_templates.hopper_attention_plan``).
 
-One CTA per (row block, batch·head), ``128 · (1 + consumers)`` threads:
+The work is a list of *tiles* (row block, batch·head), batch·head-major — the row blocks of one
+head run together, so its keys and values are read from L2 by all of them — and, within a head,
+the longest row blocks (masked variants) first. How CTAs take tiles is the kernel argument
+``mode`` (one cubin serves all three):
+
+- ``GRID`` (0): one CTA per tile, the hardware handing tiles to SMs as they free up;
+- ``DYNAMIC`` (1): persistent CTAs (as many as fit the GPU at once) each take tile ``blockIdx.x``
+  first, then the next unclaimed one from a global counter (``atomicAdd``) — greedy list
+  scheduling, like the hardware's, but with the next tile's queries, keys and values loaded
+  while this tile's last products and output store run. The counter pair resets itself: the last
+  CTA to finish zeroes it, so the next launch (or a graph replay) starts from 0;
+- ``SNAKE`` (2): persistent CTAs taking tiles in rounds of ``gridDim.x``, forwards in even rounds
+  and backwards in odd ones (CTA c: tiles c, 2g − 1 − c, 2g + c, …), so that in the masked
+  variants, whose costs fall within each head, the CTA with the longest tile of a round takes a
+  short one in the next — no counter at all.
+
+In the persistent modes the producer thread claims each tile and hands its index to the consumers
+through a two-slot shared-memory ring (mbarriers ``tile_full``/``tile_free``); the query tile is
+reloaded once every consumer has issued its last ``Q·Kᵀ`` of the previous tile (``q_free``), and
+the key/value ring's slots and phases run on across tiles.
+
+Each tile: ``128 · (1 + consumers)`` threads,
 
 - warpgroup 0 is the producer: it gives its registers back (``setmaxnreg.dec``) and one thread
   issues TMA bulk-tensor copies (:mod:`.tma`, 3-D maps over ``[batch·heads, rows, D]`` so that a
@@ -33,6 +54,9 @@ from .wgmma import HELPERS as WGMMA_HELPERS
 from .wgmma import wgmma_function
 
 ENTRY = "tf_hopper_attention"
+# how CTAs take tiles (the kernel's ``mode`` argument)
+GRID, DYNAMIC, SNAKE = 0, 1, 2
+MODES = {"grid": GRID, "dynamic": DYNAMIC, "snake": SNAKE}
 
 # What the PTX of every Hopper attention kernel holds (checked by the tests).
 HOPPER_PTX = ("wgmma.mma_async", "cp.async.bulk.tensor.3d", "mbarrier.try_wait",
@@ -44,11 +68,12 @@ _TYPES = {"bf16": ("__nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn"),
 
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
-    maps, the output, the block lists, tensors the score or mask read, the sizes, the scalars."""
+    maps, the output, the block lists, the tile counters and the scheduling mode, tensors the score or mask read, the sizes, the scalars."""
     lists = "const int* __restrict__"
     args = [("maps", "handle", "const void*"), ("out", "handle", "void*"),
             ("pn", "handle", lists), ("pi", "handle", lists), ("fn", "handle", lists),
-            ("fi", "handle", lists)]
+            ("fi", "handle", lists), ("counters", "handle", "int* __restrict__"),
+            ("mode", "int32", "int")]
     return args + tensor_arguments(plan.tensors) + \
         [(d, "int32", "int") for d in ("B_", "H_", "HKV_", "M_", "N_")] + \
         scalar_arguments(plan.chain.scalars)
@@ -73,7 +98,8 @@ def _expressions(plan) -> tuple[str, str, str]:
 
 
 def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
-    """CUDA C++ for ``tf_hopper_attention``: grid (row blocks, B·H), ``knobs.threads`` threads,
+    """CUDA C++ for ``tf_hopper_attention``: grid (row blocks, B·H) in ``GRID`` mode, else
+    (persistent CTAs, 1), ``knobs.threads`` threads,
     dynamic shared memory ``hopper_attention_plan.shared_bytes``. ``lists``: the row blocks'
     key blocks come from the block schedule (``pn``/``pi`` partial, ``fn``/``fi`` full) — a masked
     plan; otherwise every key block, none of them masked but the ragged last one. Sizes B, H, HKV,
@@ -90,7 +116,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
     args = kernel_arguments(plan)
     params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
     # what the score and mask may read: tensors, sizes, scalars
-    extra_params, extra_args = forwarded(args[6:])
+    extra_params, extra_args = forwarded(args[8:])
     score, mask, scale = _expressions(plan)
     sizes = size_aliases(zip(chain.dims, ("B_", "H_", "HKV_", "M_", "N_", "D_")))
     return f"""{header}#include <math.h>
@@ -107,7 +133,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
 #define CONSUMERS {knobs.consumers}
 #define THREADS {knobs.threads}
 #define CONSUMER_REGS {knobs.consumer_registers}
-#define PRODUCER_REGS 24
+#define PRODUCER_REGS {knobs.producer_registers}
 #define OVERLAP {int(knobs.overlap)}
 // consumers take turns issuing MMAs
 #define PINGPONG {int(knobs.pingpong and knobs.consumers > 1)}
@@ -143,20 +169,6 @@ __device__ __forceinline__ unsigned tf_pack(float lo, float hi) {{
   {pair} v = {pack}(lo, hi);
   return *reinterpret_cast<unsigned*>(&v);
 }}
-// The i-th key block of this row block's schedule, and whether it needs the mask.
-struct Schedule {{
-  const int* partial;
-  const int* full;
-  int n_partial, count;
-  __device__ __forceinline__ int block(int it) const {{
-#if LISTS
-    return it < n_partial ? partial[it] : full[it - n_partial];
-#else
-    return it;
-#endif
-  }}
-}};
-
 // K-major 128-byte-swizzled tile of `rows` rows (atoms of 64 along the head dim): the wgmma
 // descriptor of k16 step `ks` from row `row0`.
 __device__ __forceinline__ unsigned long long kmajor_desc(unsigned tile, int rows, int row0,
@@ -222,6 +234,50 @@ __device__ __forceinline__ void rescale(float (&o)[D_ / 2], const float (&corr)[
   for (int r = 0; r < D_ / 2; ++r) o[r] *= corr[(r % 4) / 2];
 }}
 
+// Tile `t` (batch·head-major, longest row block first): its row block, batch·head, kv-head and
+// key-block schedule — `count` blocks, the first `n_partial` of them partial (from the lists at
+// `base`). Kept small: the producer runs on 32 registers, and a consumer at block_n = 176 on
+// nearly all of its 240.
+struct Tile {{
+  int rb, bh, kv, n_partial, count;
+  unsigned base;
+}};
+__device__ __forceinline__ Tile tile_at(int t, int row_blocks, const int* pn, const int* fn,
+                                        int H_, int HKV_, int N_) {{
+  Tile w;
+  w.bh = t / row_blocks;
+  w.rb = row_blocks - 1 - t % row_blocks;
+  w.kv = (w.bh / H_) * HKV_ + (w.bh % H_) / (H_ / HKV_);
+#if LISTS
+  const int at = w.bh * row_blocks + w.rb;
+  w.base = (unsigned)at * (unsigned)((N_ + BN - 1) / BN);
+  w.n_partial = pn[at];
+  w.count = pn[at] + fn[at];
+#else
+  w.base = 0;
+  w.n_partial = 0;
+  w.count = (N_ + BN - 1) / BN;
+#endif
+  return w;
+}}
+// The it-th key block of a tile's schedule.
+__device__ __forceinline__ int key_block(const Tile& w, int it, const int* pi, const int* fi) {{
+#if LISTS
+  return it < w.n_partial ? pi[w.base + it] : fi[w.base + it - w.n_partial];
+#else
+  return it;
+#endif
+}}
+
+// The k-th tile of this CTA (`tiles` or more: none left). Called by the producer thread only.
+__device__ __forceinline__ int claim_tile(int k, int mode, int* counters, int tiles) {{
+  if (k == 0) return mode == 0 ? blockIdx.y * gridDim.x + blockIdx.x : blockIdx.x;
+  if (mode == 0) return tiles;
+  if (mode == 1) return atomicAdd(counters, 1) + gridDim.x;
+  const int g = gridDim.x;
+  return k * g + ((k & 1) ? g - 1 - (int)blockIdx.x : (int)blockIdx.x);
+}}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     {params}) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -235,28 +291,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   unsigned long long* full_v = full_k + STAGES;
   unsigned long long* empty_k = full_v + STAGES;
   unsigned long long* empty_v = empty_k + STAGES;
+  unsigned long long* q_free = empty_v + STAGES;      // every consumer's last q·kᵀ of a tile issued
+  unsigned long long* tile_full = q_free + 1;         // two slots of claimed tile indices
+  unsigned long long* tile_free = tile_full + 2;
+  volatile int* tile_ids = (volatile int*)(tile_free + 2);
   const void* q_map = (const char*)maps;
   const void* k_map = (const char*)maps + 128;
   const void* v_map = (const char*)maps + 256;
 
   const int row_blocks = (M_ + BM - 1) / BM;
-  const int rb = row_blocks - 1 - blockIdx.x;     // longest rows first (masked variants)
-  const int bh = blockIdx.y;
-  const int b = bh / H_, h = bh % H_;
-  const int kv = b * HKV_ + h / (H_ / HKV_);
-  Schedule sched;
-#if LISTS
-  const int col_blocks = (N_ + BN - 1) / BN;
-  const int at = bh * row_blocks + rb;
-  sched.partial = pi + (long)at * col_blocks;
-  sched.full = fi + (long)at * col_blocks;
-  sched.n_partial = pn[at];
-  sched.count = pn[at] + fn[at];
-#else
-  sched.partial = sched.full = nullptr;
-  sched.n_partial = 0;
-  sched.count = (N_ + BN - 1) / BN;
-#endif
+  const int tiles = row_blocks * B_ * H_;
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {{
     tf_mbar_init(bar_q, 1);
@@ -265,6 +309,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       tf_mbar_init(full_v + s, 1);
       tf_mbar_init(empty_k + s, 128 * CONSUMERS);
       tf_mbar_init(empty_v + s, 128 * CONSUMERS);
+    }}
+    tf_mbar_init(q_free, 128 * CONSUMERS);
+    for (int s = 0; s < 2; ++s) {{
+      tf_mbar_init(tile_full + s, 1);
+      tf_mbar_init(tile_free + s, 128 * CONSUMERS);
     }}
     tf_mbar_init_fence();
   }}
@@ -276,150 +325,190 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       tf_tensormap_acquire(q_map);
       tf_tensormap_acquire(k_map);
       tf_tensormap_acquire(v_map);
-      tf_mbar_expect(bar_q, Q_BYTES);
-      #pragma unroll
-      for (int a = 0; a < ATOMS; ++a)
-        tf_tma_load_3d(q_tile + a * BM * 128, q_map, a * 64, rb * BM, bh, bar_q);
-      for (int it = 0; it < sched.count; ++it) {{
-        const int s = it % STAGES;
-        const int n0 = sched.block(it) * BN;
-        if (it >= STAGES) tf_mbar_wait(empty_k + s, ((it / STAGES) - 1) & 1);
-        tf_mbar_expect(full_k + s, KV_BYTES);
+      int use = 0;   // key/value blocks loaded so far: the ring's slot and phase run on
+      for (int k = 0;; ++k) {{
+        const int t = claim_tile(k, mode, counters, tiles);
+        if (k >= 2) tf_mbar_wait(tile_free + (k & 1), ((k >> 1) - 1) & 1);
+        tile_ids[k & 1] = t;
+        tf_mbar_arrive(tile_full + (k & 1));
+        if (t >= tiles) break;
+        const Tile w = tile_at(t, row_blocks, pn, fn, H_, HKV_, N_);
+        if (k >= 1) tf_mbar_wait(q_free, (k - 1) & 1);
+        tf_mbar_expect(bar_q, Q_BYTES);
         #pragma unroll
         for (int a = 0; a < ATOMS; ++a)
-          tf_tma_load_3d(k_tiles + s * KV_BYTES + a * BN * 128, k_map, a * 64, n0, kv, full_k + s);
-        if (it >= STAGES) tf_mbar_wait(empty_v + s, ((it / STAGES) - 1) & 1);
-        tf_mbar_expect(full_v + s, KV_BYTES);
-        #pragma unroll
-        for (int a = 0; a < ATOMS; ++a)
-          tf_tma_load_3d(v_tiles + s * KV_BYTES + a * BN * 128, v_map, a * 64, n0, kv, full_v + s);
+          tf_tma_load_3d(q_tile + a * BM * 128, q_map, a * 64, w.rb * BM, w.bh, bar_q);
+        for (int it = 0; it < w.count; ++it) {{
+          const int u = use + it, s = u % STAGES;
+          const int n0 = key_block(w, it, pi, fi) * BN;
+          if (u >= STAGES) tf_mbar_wait(empty_k + s, ((u / STAGES) - 1) & 1);
+          tf_mbar_expect(full_k + s, KV_BYTES);
+          #pragma unroll
+          for (int a = 0; a < ATOMS; ++a)
+            tf_tma_load_3d(k_tiles + s * KV_BYTES + a * BN * 128, k_map, a * 64, n0, w.kv,
+                           full_k + s);
+          if (u >= STAGES) tf_mbar_wait(empty_v + s, ((u / STAGES) - 1) & 1);
+          tf_mbar_expect(full_v + s, KV_BYTES);
+          #pragma unroll
+          for (int a = 0; a < ATOMS; ++a)
+            tf_tma_load_3d(v_tiles + s * KV_BYTES + a * BN * 128, v_map, a * 64, n0, w.kv,
+                           full_v + s);
+        }}
+        use += w.count;
+      }}
+      if (mode == 1) {{   // the last CTA out resets the counters for the next launch
+        __threadfence();
+        if (atomicAdd(counters + 1, 1) == (int)gridDim.x - 1) {{
+          atomicExch(counters, 0);
+          atomicExch(counters + 1, 0);
+        }}
       }}
     }}
     return;
   }}
 
-  // a consumer warpgroup: query rows [rb·BM + 64·cw, +64)
+  // a consumer warpgroup: query rows [rb·BM + 64·cw, +64) of each tile it is handed
   tf_setmaxnreg_inc<CONSUMER_REGS>();
   const int cw = wg - 1;
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int row_lo = rb * BM + cw * 64 + warp * 16 + lane / 4;
   const float scale2 = {scale};
   const unsigned q_base = tf_smem_addr(q_tile), k_base = tf_smem_addr(k_tiles),
                  v_base = tf_smem_addr(v_tiles);
   float o[D_ / 2];
-  #pragma unroll
-  for (int r = 0; r < D_ / 2; ++r) o[r] = 0.0f;
-  float m[2] = {{-INFINITY, -INFINITY}}, l[2] = {{0.0f, 0.0f}}, corr[2];
+  float m[2], l[2], corr[2];
   float s[BN / 2];
   uint4 p[BN / 16];
-  tf_mbar_wait(bar_q, 0);
+  int use = 0;   // key/value blocks consumed in earlier tiles (the ring's slot and phase)
 
 #define SCORE_ARGS scale2{extra_args}
-  // q·kᵀ of use `it` into s (issued, not waited for)
-#define ISSUE_S(it)                                                                         \\
-  {{                                                                                          \\
-    const unsigned kt = k_base + ((it) % STAGES) * KV_BYTES;                                  \\
-    tf_mbar_wait(full_k + (it) % STAGES, ((it) / STAGES) & 1);                               \\
-    tf_wgmma_fence();                                                                         \\
-    _Pragma("unroll") for (int ks = 0; ks < D_ / 16; ++ks)                                   \\
-      {s_mma}(s, kmajor_desc(q_base, BM, cw * 64, ks), kmajor_desc(kt, BN, 0, ks), ks > 0);   \\
-    tf_wgmma_commit();                                                                        \\
+#define SLOT(it) ((use + (it)) % STAGES)
+#define PHASE(it) (((use + (it)) / STAGES) & 1)
+  // q·kᵀ of block `it` into s (issued, not waited for)
+#define ISSUE_S(it)                                                                         \
+  {{                                                                                          \
+    const unsigned kt = k_base + SLOT(it) * KV_BYTES;                                         \
+    tf_mbar_wait(full_k + SLOT(it), PHASE(it));                                               \
+    tf_wgmma_fence();                                                                         \
+    _Pragma("unroll") for (int ks = 0; ks < D_ / 16; ++ks)                                   \
+      {s_mma}(s, kmajor_desc(q_base, BM, cw * 64, ks), kmajor_desc(kt, BN, 0, ks), ks > 0);   \
+    tf_wgmma_commit();                                                                        \
   }}
-  // o += p·v of use `it` (issued, not waited for)
-#define ISSUE_O(it)                                                                         \\
-  {{                                                                                          \\
-    const unsigned vt = v_base + ((it) % STAGES) * KV_BYTES;                                  \\
-    tf_mbar_wait(full_v + (it) % STAGES, ((it) / STAGES) & 1);                               \\
-    tf_wgmma_fence();                                                                         \\
-    _Pragma("unroll") for (int ks = 0; ks < BN / 16; ++ks)                                   \\
-      {o_mma}(o, p[ks], vmajor_desc(vt, ks), 1);                                         \\
-    tf_wgmma_commit();                                                                        \\
+  // o += p·v of block `it` (issued, not waited for)
+#define ISSUE_O(it)                                                                         \
+  {{                                                                                          \
+    const unsigned vt = v_base + SLOT(it) * KV_BYTES;                                         \
+    tf_mbar_wait(full_v + SLOT(it), PHASE(it));                                               \
+    tf_wgmma_fence();                                                                         \
+    _Pragma("unroll") for (int ks = 0; ks < BN / 16; ++ks)                                   \
+      {o_mma}(o, p[ks], vmajor_desc(vt, ks), 1);                                         \
+    tf_wgmma_commit();                                                                        \
   }}
-  // the score and softmax of use `it`, whose q·kᵀ has landed in s
-#define SOFTMAX(it)                                                                         \\
-  {{                                                                                          \\
-    const int n0 = sched.block(it) * BN;                                                      \\
-    if ((it) < sched.n_partial || n0 + BN > N_)                                               \\
-      score_block<true>(s, row_lo, n0, b, h, lane, SCORE_ARGS);                               \\
-    else                                                                                      \\
-      score_block<false>(s, row_lo, n0, b, h, lane, SCORE_ARGS);                              \\
-    softmax_block(s, m, l, corr);                                                             \\
+  // the score and softmax of block `it`, whose q·kᵀ has landed in s
+#define SOFTMAX(it)                                                                         \
+  {{                                                                                          \
+    const int n0 = key_block(w, it, pi, fi) * BN;                                                    \
+    if ((it) < w.n_partial || n0 + BN > N_)                                             \
+      score_block<true>(s, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);               \
+    else                                                                                      \
+      score_block<false>(s, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);              \
+    softmax_block(s, m, l, corr);                                                             \
+  }}
+  // block `it`'s q·kᵀ has landed: after the tile's last one the query tile may be reloaded
+#define S_LANDED(it)                                                                        \
+  {{                                                                                          \
+    tf_fence_regs(s);                                                                         \
+    tf_mbar_arrive(empty_k + SLOT(it));                                                       \
+    if ((it) == w.count - 1) tf_mbar_arrive(q_free);                                    \
   }}
 
   // With PINGPONG the consumers issue their MMAs in turns (0, 1, …), so that one warpgroup's
   // softmax runs while another's products use the tensor cores (FlashAttention-3's ping-pong).
-  // The last warpgroup opens the first turn; the first one takes the extra turn at the end.
+  // The last warpgroup opens the first turn; the first one takes the extra turn at the end. Both
+  // take the same number of turns in every tile, so the turns run on across tiles.
 #if PINGPONG
   if (cw == CONSUMERS - 1) tf_turn_pass(cw);
 #endif
-  if (sched.count > 0) {{
-    TURN_BEGIN
-    ISSUE_S(0);
-    TURN_END
-    tf_wgmma_wait<0>();
-    tf_fence_regs(s);
-    tf_mbar_arrive(empty_k + 0);
-    SOFTMAX(0);
-    pack_p(s, p);
-    for (int it = 1; it < sched.count; ++it) {{
+  for (int k = 0;; ++k) {{
+    tf_mbar_wait(tile_full + (k & 1), (k >> 1) & 1);
+    const int tile = tile_ids[k & 1];
+    tf_mbar_arrive(tile_free + (k & 1));
+    if (tile >= tiles) break;
+    const Tile w = tile_at(tile, row_blocks, pn, fn, H_, HKV_, N_);
+    const int row_lo = w.rb * BM + cw * 64 + warp * 16 + lane / 4;
+    #pragma unroll
+    for (int r = 0; r < D_ / 2; ++r) o[r] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+    tf_mbar_wait(bar_q, k & 1);
+    if (w.count > 0) {{
+      TURN_BEGIN
+      ISSUE_S(0);
+      TURN_END
+      tf_wgmma_wait<0>();
+      S_LANDED(0);
+      SOFTMAX(0);
+      pack_p(s, p);
+      for (int it = 1; it < w.count; ++it) {{
 #if OVERLAP
-      TURN_BEGIN
-      ISSUE_S(it);
-      ISSUE_O(it - 1);
-      TURN_END
-      tf_wgmma_wait<1>();            // q·kᵀ of `it` has landed; p·v of `it - 1` may still run
-      tf_fence_regs(s);
-      tf_mbar_arrive(empty_k + it % STAGES);
-      SOFTMAX(it);
-      tf_wgmma_wait<0>();
-      tf_fence_regs(o);
-      tf_mbar_arrive(empty_v + (it - 1) % STAGES);
-      rescale(o, corr);
-      pack_p(s, p);
+        TURN_BEGIN
+        ISSUE_S(it);
+        ISSUE_O(it - 1);
+        TURN_END
+        tf_wgmma_wait<1>();          // q·kᵀ of `it` has landed; p·v of `it - 1` may still run
+        S_LANDED(it);
+        SOFTMAX(it);
+        tf_wgmma_wait<0>();
+        tf_fence_regs(o);
+        tf_mbar_arrive(empty_v + SLOT(it - 1));
+        rescale(o, corr);
+        pack_p(s, p);
 #else
+        TURN_BEGIN
+        ISSUE_O(it - 1);
+        tf_wgmma_wait<0>();
+        tf_fence_regs(o);
+        tf_mbar_arrive(empty_v + SLOT(it - 1));
+        ISSUE_S(it);
+        TURN_END
+        tf_wgmma_wait<0>();
+        S_LANDED(it);
+        SOFTMAX(it);
+        rescale(o, corr);
+        pack_p(s, p);
+#endif
+      }}
       TURN_BEGIN
-      ISSUE_O(it - 1);
-      tf_wgmma_wait<0>();
-      tf_fence_regs(o);
-      tf_mbar_arrive(empty_v + (it - 1) % STAGES);
-      ISSUE_S(it);
+      ISSUE_O(w.count - 1);
       TURN_END
       tf_wgmma_wait<0>();
-      tf_fence_regs(s);
-      tf_mbar_arrive(empty_k + it % STAGES);
-      SOFTMAX(it);
-      rescale(o, corr);
-      pack_p(s, p);
-#endif
+      tf_fence_regs(o);
+      tf_mbar_arrive(empty_v + SLOT(w.count - 1));
+    }} else {{
+      tf_mbar_arrive(q_free);      // no key block: the queries were not used
     }}
-    TURN_BEGIN
-    ISSUE_O(sched.count - 1);
-    TURN_END
-    tf_wgmma_wait<0>();
-    tf_fence_regs(o);
-    tf_mbar_arrive(empty_v + (sched.count - 1) % STAGES);
+    use += w.count;
+
+    // o / l, written from the fragments: row_lo (registers r % 4 < 2) and row_lo + 8
+    #pragma unroll
+    for (int x = 0; x < 2; ++x) {{
+      l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
+      l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
+    }}
+    const float inv[2] = {{1.0f / l[0], 1.0f / l[1]}};
+    elem_t* out_e = (elem_t*)out;
+    #pragma unroll
+    for (int x = 0; x < 2; ++x) {{
+      const int row = row_lo + 8 * x;
+      if (row < M_) {{
+        unsigned* dst = (unsigned*)(out_e + ((long)w.bh * M_ + row) * D_ + 2 * (lane % 4));
+        #pragma unroll
+        for (int jj = 0; jj < D_ / 8; ++jj)
+          dst[4 * jj] = tf_pack(o[4 * jj + 2 * x] * inv[x], o[4 * jj + 2 * x + 1] * inv[x]);
+      }}
+    }}
   }}
 #if PINGPONG
   if (cw == 0) tf_turn_wait(cw);   // the turn the last warpgroup opened
 #endif
-
-  // o / l, written from the fragments: row_lo (registers r % 4 < 2) and row_lo + 8
-  #pragma unroll
-  for (int x = 0; x < 2; ++x) {{
-    l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
-    l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
-  }}
-  const float inv[2] = {{1.0f / l[0], 1.0f / l[1]}};
-  elem_t* out_e = (elem_t*)out;
-  #pragma unroll
-  for (int x = 0; x < 2; ++x) {{
-    const int row = row_lo + 8 * x;
-    if (row < M_) {{
-      unsigned* dst = (unsigned*)(out_e + ((long)bh * M_ + row) * D_ + 2 * (lane % 4));
-      #pragma unroll
-      for (int jj = 0; jj < D_ / 8; ++jj)
-        dst[4 * jj] = tf_pack(o[4 * jj + 2 * x] * inv[x], o[4 * jj + 2 * x + 1] * inv[x]);
-    }}
-  }}
 }}
 """
