@@ -25,6 +25,7 @@ def variants(S: int, B: int = 2, H: int = 16, window: int = WINDOW, prefix: int 
     kv heads); the masks' scalars (``window``, ``prefix``, ``radius``) as given."""
     slope = lambda h, heads: torch.exp2(-8.0 * (h + 1) / heads)  # noqa: E731
     causal = lambda b, h, q, kv: q >= kv  # noqa: E731
+    hg = 32 if H == 16 else H   # GQA: 32 query heads on 8 kv-heads at the default H
     return {
         "full": (K.attention, {}, None, None, dict(is_causal=False), H, H),
         "causal": (K.causal_attention, {}, None, causal, dict(is_causal=True), H, H),
@@ -38,7 +39,7 @@ def variants(S: int, B: int = 2, H: int = 16, window: int = WINDOW, prefix: int 
                       lambda b, h, q, kv: (q >= kv) | (kv < prefix), None, H, H),
         "document": (K.document_attention, {}, None, "document", None, H, H),
         "gqa_causal": (K.gqa_causal_attention, {}, None, causal, dict(is_causal=True,
-                                                                      enable_gqa=True), 32, 8),
+                                                                      enable_gqa=True), hg, 8),
         "neighborhood": (K.neighborhood_attention, {"radius": radius}, None,
                          lambda b, h, q, kv: (q - kv).abs() <= radius, None, H, H),
     }
@@ -113,12 +114,14 @@ class Case:
                    note + f"; density {self.density:.3f}")
 
 
-def make_case(name: str, spec: tuple, S: int, gen, check_rows: int = 128, B: int = 2) -> Case:
-    """Random bf16 inputs for variant ``name`` (``spec`` from :func:`variants`) at S = M = N."""
+def make_case(name: str, spec: tuple, S: int, gen, check_rows: int = 128, B: int = 2,
+              dtype: torch.dtype = torch.bfloat16) -> Case:
+    """Random inputs (bf16 unless ``dtype``) for variant ``name`` (``spec`` from
+    :func:`variants`) at S = M = N."""
     kernel, extra, score_mod, mask_mod, sdpa, hq, hkv = spec
-    q = torch.randn(B, hq, S, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, hkv, S, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(B, hkv, S, D, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(B, hq, S, D, device="cuda", dtype=dtype)
+    k = torch.randn(B, hkv, S, D, device="cuda", dtype=dtype)
+    v = torch.randn(B, hkv, S, D, device="cuda", dtype=dtype)
     scale = 1.0 / math.sqrt(D)
     args = dict(extra)
     if mask_mod == "document":
