@@ -33,8 +33,7 @@ WHO = "hopper attention"
 KNOBS = ("block_n", "stages", "consumers", "overlap", "pingpong", "schedule", "ctas")
 SCHEDULES = ("auto", "grid", "dynamic", "snake")
 REGISTERS = 65536            # per SM
-PRODUCER_REGISTERS = 32      # the producer warpgroup's registers: 24, the fewest setmaxnreg
-#                              allows, spilled once it claims tiles and walks block lists
+PRODUCER_REGISTERS = 24      # the producer warpgroup keeps the fewest setmaxnreg allows
 
 
 @dataclass(frozen=True)
@@ -71,8 +70,17 @@ class HopperKnobs:
     def consumer_registers(self) -> int:
         """Registers per consumer thread after ``setmaxnreg`` (the producer keeps
         ``PRODUCER_REGISTERS``)."""
-        share = (REGISTERS - 128 * PRODUCER_REGISTERS) // (128 * self.consumers)
+        share = (self.threads * self.launch_registers - 128 * PRODUCER_REGISTERS) \
+            // (128 * self.consumers)
         return min(240, share // 8 * 8)
+
+    @property
+    def launch_registers(self) -> int:
+        """Registers per thread the CTA is launched with (ptxas's limit for ``THREADS`` threads
+        and one CTA per SM, in steps of 8): ``setmaxnreg`` only moves registers between the
+        warpgroups of this pool — a consumer asking for more than the producer gave back
+        waits forever (384 × 168: the producer at 24 leaves exactly 240 to two consumers)."""
+        return min(255, REGISTERS // self.threads) // 8 * 8
 
     def __str__(self) -> str:
         return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "
