@@ -25,17 +25,21 @@ from .block_schedule import block_lists
 from .fusion import Fusion
 from .hopper_attention_plan import (check_hopper, plan_hopper_attention, schedule_for,
                                     shared_bytes, with_knobs)
+from .tile_order import pick_persistent
 
 
 class _Lists:
     """The block lists of the last (sizes, scalars, mask tensors) seen: tensors the mask reads
     (document ids) are recognised by address and torch's version counter, so that lists are made
-    again when their data may have changed."""
+    again when their data may have changed. ``persistent``: the persistent schedule the lists'
+    costs favour (:func:`.tile_order.pick_persistent`), for masks of sizes and scalars only —
+    reading the lists back costs a synchronisation, paid once per kept set; None otherwise."""
 
-    def __init__(self, plan, knobs):
-        self.plan, self.knobs = plan, knobs
+    def __init__(self, plan, knobs, ctas: int):
+        self.plan, self.knobs, self.ctas = plan, knobs, ctas
         self.cache: dict = {}
         self.empty = None
+        self.persistent: str | None = None
 
     def __call__(self, values: dict, sizes: dict, device):
         import torch
@@ -43,20 +47,29 @@ class _Lists:
         if self.plan.mask is None:
             if self.empty is None:
                 self.empty = kept_empty((1,), torch.int32, device).zero_()
+            self.persistent = None
             return (self.empty,) * 4
         scalars = {n: values[n] for n, _ in self.plan.chain.scalars}
         key = (tuple(sorted(sizes.items())), tuple(sorted(scalars.items())), str(device),
                tuple((t, values[t].data_ptr(), values[t]._version) for t, _ in self.plan.tensors))
         if key in self.cache:   # tensors the mask reads: the same memory, not written since
-            return self.cache[key]
+            self.persistent = self.cache[key][1]
+            return self.cache[key][0]
         b, h, i, j = self.plan.chain.axes
         tensors = {t: values[t] for t, _ in self.plan.tensors}
         made = block_lists(self.plan.mask, [b, h], i, j, sizes, tensors, scalars,
                            self.knobs.block_m, self.knobs.block_n, device)
         kept = kept_copies(made)
+        self.persistent = None
         if kept is None:
             return made
-        self.cache = {key: kept}
+        if self.knobs.schedule == "auto" and not self.plan.tensors:
+            pn, _, fn, _ = kept
+            # key blocks per tile in the kernel's order: batch·head-major, last row block first
+            row_blocks = math.ceil(sizes[self.plan.chain.dims[3]] / self.knobs.block_m)
+            blocks = (pn + fn).view(-1, row_blocks).flip(1).reshape(-1).tolist()
+            self.persistent = pick_persistent(blocks, self.ctas)
+        self.cache = {key: (kept, self.persistent)}
         return kept
 
 
@@ -113,13 +126,12 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         source = hopper_attention_source(plan, knobs, D, plan.mask is not None)
         smem = shared_bytes(knobs, D)
         entries = [KernelEntry(ENTRY, tuple(arguments))]
-        lists = _Lists(plan, knobs)
         maps = DeviceMaps()
         counters = _Counters()
         gpu = local_gpu()
         tiles = math.ceil(M / knobs.block_m) * B * H
         how, ctas = schedule_for(knobs, tiles, gpu[1] if gpu else 132)
-        grid = (math.ceil(M / knobs.block_m), B * H) if how == "grid" else (ctas, 1)
+        lists = _Lists(plan, knobs, ctas)
 
         def tensor_maps(q, k, v, device):
             """TMA maps of q, k and v in one device buffer, made once per set of addresses."""
@@ -135,15 +147,20 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
             pn, pi, fn, fi = lists(values, dims, device)
             tensors = [pointer(values[t]) for t, _ in plan.tensors]
             scalars = [values[n] for n, _ in c.scalars]
-            claimed = counters(device) if how == "dynamic" else pn
+            now = lists.persistent if how == "dynamic" and lists.persistent else how
+            grid = (math.ceil(M / knobs.block_m), B * H) if now == "grid" else (ctas, 1)
+            claimed = counters(device) if now == "dynamic" else pn
             module[ENTRY](pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
                           pointer(out), pointer(pn), pointer(pi), pointer(fn), pointer(fi),
-                          pointer(claimed), MODES[how], *tensors, B, H, HKV, M, N, *scalars,
+                          pointer(claimed), MODES[now], *tensors, B, H, HKV, M, N, *scalars,
                           *grid, knobs.threads, 1, smem)
 
+        persistent = (" (a masked kernel: dynamic or snake, whichever its block lists' costs "
+                      "favour)" if how == "dynamic" and knobs.schedule == "auto" and
+                      plan.mask is not None and not plan.tensors else "")
         return Launches(source, entries, knobs, run, plan=plan,
                         why=f"{tiles} tiles: {how} schedule"
-                        + (f" on {ctas} persistent CTAs" if how != "grid" else ""),
+                        + (f" on {ctas} persistent CTAs" if how != "grid" else "") + persistent,
                         origin=f"hopper_attention tuned record ({found[1]})" if found else None)
 
     rows = plan.chain.dims[3]

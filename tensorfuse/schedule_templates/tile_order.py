@@ -1,0 +1,49 @@
+"""Which persistent schedule balances a kernel's tiles best, from what each tile costs.
+
+Persistent CTAs take tiles either *dynamically* (each claims the next unclaimed tile when it is
+done: greedy list scheduling in tile order) or in a fixed *snake* (rounds of one tile per CTA,
+forwards in even rounds and backwards in odd ones). Which finishes first depends on the costs:
+for attention whose tiles get cheaper within each head (causal, sliding window, prefix-LM at
+moderate lengths) the snake pairs each round's longest tiles with the next round's shortest and
+finishes earlier; for long rows, or irregular costs, greedy claiming wins. Both are simulated
+here on the tiles' costs (key blocks, plus a fixed cost per tile) and the earlier one is chosen.
+
+On the H100 (session 20, S = 4096 and 16384, eight masks) the simulation picked the faster
+schedule in every case, predicting about twice the measured gap (RESULTS.md).
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+TILE_COST = 0.5       # a tile's own cost (queries, output), in key blocks
+SIMULATED = 1 << 17   # more tiles than this: not simulated (greedy claiming, the robust choice)
+MARGIN = 1.01         # the snake only where it is predicted clearly faster
+
+
+def greedy_makespan(costs: Sequence[float], ctas: int) -> float:
+    """When the last of ``ctas`` CTAs finishes, each claiming the next tile when free."""
+    free = [0.0] * ctas
+    for cost in costs:
+        heapq.heapreplace(free, free[0] + cost)
+    return max(free)
+
+
+def snake_makespan(costs: Sequence[float], ctas: int) -> float:
+    """When the last CTA finishes with tiles dealt in alternating rounds: CTA ``c`` takes tiles
+    ``c, 2·ctas − 1 − c, 2·ctas + c, …``."""
+    done = [0.0] * ctas
+    for t, cost in enumerate(costs):
+        turn, slot = divmod(t, ctas)
+        done[slot if turn % 2 == 0 else ctas - 1 - slot] += cost
+    return max(done)
+
+
+def pick_persistent(blocks: Sequence[int], ctas: int) -> str:
+    """``"snake"`` or ``"dynamic"`` for tiles of ``blocks`` key blocks each (in tile order)."""
+    if len(blocks) > SIMULATED or ctas < 2:
+        return "dynamic"
+    costs = [b + TILE_COST for b in blocks]
+    if greedy_makespan(costs, ctas) > MARGIN * snake_makespan(costs, ctas):
+        return "snake"
+    return "dynamic"
