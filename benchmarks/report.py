@@ -140,6 +140,26 @@ def plot_cluster(path: str, out: str) -> None:
                "speed vs torch eager (FFN) / split update (decode)", parity=True)
 
 
+def plot_neptune(path: str, out: str) -> None:
+    """The Neptune suite: tensorfuse's speed over each alternative per operator (GPU time for
+    prefill, wall clock per call for decode — the rows' ``ms``)."""
+    rows = load(path)
+    groups = list(dict.fromkeys(r["benchmark"] for r in rows))
+    impls = sorted({r["implementation"] for r in rows} - {"tensorfuse"})
+
+    def speed(impl, bench):
+        ours = _ms(rows, "tensorfuse", bench, _shape_of(rows, bench))
+        theirs = _ms(rows, impl, bench, _shape_of(rows, bench))
+        return theirs / ours if ours and theirs else 0.0
+
+    _bar_chart(path, out, groups, impls, speed, [g.split("/")[1] for g in groups],
+               "tensorfuse's speed over it (×)", parity=True)
+
+
+def _shape_of(rows: list, bench: str) -> str:
+    return next(r["shape"] for r in rows if r["benchmark"] == bench)
+
+
 def tables(path: str) -> str:
     rows = load(path)
     by = defaultdict(dict)

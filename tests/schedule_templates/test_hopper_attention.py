@@ -83,7 +83,12 @@ def test_check_refuses_what_the_kernel_cannot_run():
             .apply_template("hopper_attention").compile()
 
 
-def _ptxas_report(source: str) -> tuple[str, str]:
+def _ptxas_report(source: str) -> str:
+    """ptxas's resource report of ``source``."""
+    return _ptxas_and_sass(source)[0]
+
+
+def _ptxas_and_sass(source: str) -> tuple[str, str]:
     """ptxas's resource report and the SASS (nvdisasm from the triton wheel) of ``source``."""
     import triton
 
@@ -104,7 +109,7 @@ def assert_consumers_do_not_spill(source: str) -> None:
     """No local-memory spill in the consumers' code; the producer — one thread issuing copies on
     the 24 registers ``setmaxnreg`` leaves it — may spill a few words (≤ 128 bytes). ptxas lays
     the producer's branch out after its ``USETMAXREG.DEALLOC``, the consumers' before it."""
-    report, sass = _ptxas_report(source)
+    report, sass = _ptxas_and_sass(source)
     assert "serializ" not in report.lower(), report
     stores = re.search(r"(\d+) bytes spill stores", report)
     assert stores and int(stores.group(1)) <= 128, report
@@ -253,3 +258,31 @@ def test_persistent_schedules_replay_in_a_cuda_graph(schedule):
         torch.cuda.synchronize()
         ref = reference(q, k, v, D ** -0.5, None, lambda b, h, i, j: i >= j)
         assert relative_error(out.double(), ref) <= 2e-2
+
+
+def test_index_terms_used_as_floats_are_converted_once_per_fragment():
+    """ALiBi's ``slope · (j − i)``: the integer difference is converted at the fragment's first
+    row and column (loop-invariant) plus a per-register constant, not once per score element;
+    integer uses (the mask, a tensor's indices) keep their integers."""
+    from tensorfuse.dsl.expr import Axis
+    from tensorfuse.targets.cuda.expr import converted_indices
+
+    src = hopper(K.alibi_attention).source(**PREFILL)
+    assert "(float)(((j0_) - (((i0_) + TF_SIZE_N) - TF_SIZE_M))) + (float)(1 * (dj_) + -1 * (di_))" \
+        in src
+    plan = plan_of(K.alibi_attention)
+    axes = {n: {"0": "i_", "j": "j_"}.get(r, r) for n, r in plan.chain.score_axes}
+    offsets = {n: {"i_": "di_", "j_": "dj_"}[v] for n, v in axes.items() if v in ("i_", "j_")}
+    base = {n: {"i_": "i0_", "j_": "j0_"}.get(v, v) for n, v in axes.items()}
+    assert len(converted_indices(plan.score, offsets, base, {}, {})) == 1
+    j = next(a for a in _axes_of(plan.score) if isinstance(a, Axis) and axes[a.name] == "j_")
+    assert converted_indices((j // 2) * 0.5, offsets, base, {}, {}) == {}   # not affine
+    assert converted_indices(j * 2 + 1 > 3, offsets, base, {}, {}) == {}    # an integer use
+    plain = plan_of(K.causal_attention)
+    assert converted_indices(plain.score, offsets, base, {}, {}) == {}
+
+
+def _axes_of(e):
+    from tensorfuse.algebra.exprs import nodes
+
+    return list(nodes(e))

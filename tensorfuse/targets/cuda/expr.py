@@ -34,14 +34,18 @@ _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="
 
 
 def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
-            sizes: dict | None = None, loads: dict | None = None) -> str:
+            sizes: dict | None = None, loads: dict | None = None,
+            written: dict | None = None) -> str:
     """C++ for ``e``; ``what`` names the place in errors ("the activation of h"). ``axes`` (axis
     name → C++ int expression) and ``sizes`` (size name → int) allow index arithmetic, ``loads``
-    (tensor parameter name → C++ pointer) reading tensor elements."""
-    axes, sizes, loads = axes or {}, sizes or {}, loads or {}
+    (tensor parameter name → C++ pointer) reading tensor elements. ``written``: C++ already
+    chosen for some subexpressions (by ``id``), used as given."""
+    axes, sizes, loads, written = axes or {}, sizes or {}, loads or {}, written or {}
+    if id(e) in written:
+        return written[id(e)]
 
     def sub(x: Expr) -> str:
-        return to_cuda(x, refs, what, axes, sizes, loads)
+        return to_cuda(x, refs, what, axes, sizes, loads, written)
 
     if isinstance(e, Load) and e.param.name in loads:
         offset = ""
@@ -130,3 +134,81 @@ def forwarded(args) -> tuple[str, str]:
     C++ type) on to a device function."""
     return ("".join(f", {c} {n}" for n, _, c in args), "".join(f", {n}" for n, _, _ in args))
 
+
+def _affine(e: Expr) -> bool:
+    """Whether integer ``e`` is a sum of indices, sizes, integer scalars and constants, with
+    constant multiples: its change between two index points is a constant the compiler folds."""
+    if isinstance(e, (Axis, DimSize, Scalar)) or (isinstance(e, Const) and
+                                                   isinstance(e.value, int)):
+        return not dt.is_float(e.dtype)
+    if isinstance(e, Unary) and e.op == "neg":
+        return _affine(e.a)
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        return _affine(e.a) and _affine(e.b)
+    if isinstance(e, Binary) and e.op == "mul":
+        return any(isinstance(x, Const) and isinstance(x.value, int) and _affine(y)
+                   for x, y in ((e.a, e.b), (e.b, e.a)))
+    return False
+
+
+def _coefficients(e: Expr) -> dict[str, int]:
+    """The constant coefficient of each index in affine ``e`` (see :func:`_affine`)."""
+    if isinstance(e, Axis):
+        return {e.name: 1}
+    if isinstance(e, Unary):   # neg
+        return {n: -c for n, c in _coefficients(e.a).items()}
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        out = dict(_coefficients(e.a))
+        for n, c in _coefficients(e.b).items():
+            out[n] = out.get(n, 0) + (c if e.op == "add" else -c)
+        return out
+    if isinstance(e, Binary) and e.op == "mul":
+        factor, rest = (e.a, e.b) if isinstance(e.a, Const) else (e.b, e.a)
+        return {n: int(factor.value) * c for n, c in _coefficients(rest).items()}
+    return {}
+
+
+def converted_indices(e: Expr, offsets: dict[str, str], at_base: dict, sizes: dict,
+                      loads: dict) -> dict:
+    """C++ for the integer subexpressions of ``e`` that vary with the indices of ``offsets``
+    (index name → C++ of its offset from the base point, a constant per unrolled fragment
+    register), are affine in them and are used as floats (an ALiBi bias ``slope · (j − i)``):
+    ``(float)(base) + (float)(Σ coefficient · offset)``, with ``base`` the value at the indices
+    ``at_base`` (the fragment's first row and column) — loop-invariant, converted once — and the
+    sum a constant the compiler folds. An int-to-float conversion per score element runs at the
+    special-function unit's rate, which the softmax's exp2 already fills. Exact while the values
+    stay below 2^24. Keyed by ``id`` for :func:`to_cuda`'s ``written``."""
+    found: dict = {}
+
+    def visit(x: Expr, float_parent: bool) -> None:
+        if float_parent and not dt.is_float(x.dtype) and x.dtype != "bool" and _affine(x) and \
+                any(isinstance(n, Axis) and n.name in offsets for n in _walk(x)):
+            base = to_cuda(x, {}, "an index", at_base, sizes, loads)
+            step = " + ".join(f"{c} * ({offsets[n]})" for n, c in _coefficients(x).items()
+                              if n in offsets and c) or "0"
+            found[id(x)] = f"((float)({base}) + (float)({step}))"
+            return
+        parent_float = dt.is_float(x.dtype) and not isinstance(x, Load)   # indices stay int
+        for child in _children(x):
+            visit(child, parent_float)
+
+    visit(e, False)
+    return found
+
+
+def _children(e: Expr) -> tuple:
+    if isinstance(e, Binary) or isinstance(e, Compare):
+        return (e.a, e.b)
+    if isinstance(e, Where):
+        return (e.cond, e.a, e.b)
+    if isinstance(e, (Unary, Cast)):
+        return (e.a,)
+    if isinstance(e, Load):
+        return tuple(e.indices)
+    return ()
+
+
+def _walk(e: Expr):
+    yield e
+    for child in _children(e):
+        yield from _walk(child)

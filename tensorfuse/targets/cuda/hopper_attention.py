@@ -47,7 +47,8 @@ masked give 0/0 (NaN), as the unfused program does.
 from __future__ import annotations
 
 from .dsm import HELPERS as DSM_HELPERS
-from .expr import forwarded, scalar_arguments, size_aliases, tensor_arguments, to_cuda
+from .expr import (converted_indices, forwarded, scalar_arguments, size_aliases,
+                   tensor_arguments, to_cuda)
 from .tma import HELPERS as TMA_HELPERS
 from .tma import HELPERS_3D, MBARRIER_HELPERS
 from .wgmma import HELPERS as WGMMA_HELPERS
@@ -91,7 +92,12 @@ def _expressions(plan) -> tuple[str, str, str]:
         score = "(qk * scale2)"
     else:
         scale = "TF_LOG2E"
-        written = to_cuda(plan.score, {chain.dot: "qk"}, "the score", axes, loads=loads)
+        offsets = {name: {"i_": "di_", "j_": "dj_"}[v] for name, v in axes.items()
+                   if v in ("i_", "j_")}
+        at_base = {name: {"i_": "i0_", "j_": "j0_"}.get(v, v) for name, v in axes.items()}
+        converted = converted_indices(plan.score, offsets, at_base, {}, loads)
+        written = to_cuda(plan.score, {chain.dot: "qk"}, "the score", axes, loads=loads,
+                          written=converted)
         score = f"({written} * scale2)"
     mask = "true" if plan.mask is None else to_cuda(plan.mask, {}, "the mask", axes, loads=loads)
     return score, mask, scale
@@ -187,10 +193,12 @@ __device__ __forceinline__ unsigned long long vmajor_desc(unsigned tile, int ks)
 template <bool MASKED>
 __device__ __forceinline__ void score_block(float (&s)[BN / 2], int row_lo, int n0, int b, int h,
     int lane, float scale2{extra_params}) {{
+  const int i0_ = row_lo, j0_ = n0 + 2 * (lane % 4);   // the fragment's first row and column
   #pragma unroll
   for (int r = 0; r < BN / 2; ++r) {{
-    const int i_ = row_lo + 8 * ((r % 4) / 2);
-    const int j_ = n0 + 8 * (r / 4) + 2 * (lane % 4) + (r % 2);
+    const int di_ = 8 * ((r % 4) / 2), dj_ = 8 * (r / 4) + (r % 2);   // constants once unrolled
+    const int i_ = i0_ + di_;
+    const int j_ = j0_ + dj_;
     const float qk = s[r];
     float v = {score};
     if (MASKED) v = (j_ < N_ && ({mask})) ? v : -INFINITY;
