@@ -5,6 +5,7 @@ NumPy arrays are always accepted and are copied to the device when the kernel ru
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -74,18 +75,26 @@ def _contiguous():
 PREFAULT_BYTES = 1 << 20
 
 
+@functools.lru_cache(maxsize=1)
+def tvm_cpu_threads() -> int:
+    """The size of TVM's CPU thread pool (fixed once it has started)."""
+    return int(tvm.get_global_func("runtime.NumThreads")())
+
+
 def empty(shape, dtype: str, device: tvm.runtime.Device, like: str, torch_device=None):
     """A new output array in the framework of the inputs (``like``) and its TVM view.
 
-    Large CPU torch outputs are written once (zeros) before the kernel runs: fresh memory from the OS
-    faults in page by page on first write, and those faults cost twice as much inside TVM's
-    parallel loops as in torch's fill (2-core CPU, 4096² bf16 softmax: 27.8 ms with the faults
-    in the kernel, 20.5 ms with them taken here)."""
+    Fresh memory from the OS faults in page by page on its first write. Large CPU torch outputs
+    are written once (zeros) before the kernel only where torch's fill runs on more threads than
+    TVM's pool, which then takes the faults faster than the kernel would (2-core CPU, 4096² bf16
+    softmax, torch on 2 threads: TVM on 1 thread 27.5 ms with the faults in the kernel, 20.3 with
+    them taken here; TVM on 2 threads 16.1 ms in the kernel, 21.7–29.2 taken here)."""
     if like == "torch":
         import torch
 
         prefault = device.dlpack_device_type() == 1 and \
-            math.prod(shape) * np.dtype(dt.to_numpy(dtype)).itemsize >= PREFAULT_BYTES
+            math.prod(shape) * np.dtype(dt.to_numpy(dtype)).itemsize >= PREFAULT_BYTES and \
+            tvm_cpu_threads() < torch.get_num_threads()
         make = torch.zeros if prefault else torch.empty
         t = make(tuple(shape), dtype=torch_dtype(dtype), device=torch_device)
         return t, tvm.runtime.from_dlpack(t)
