@@ -88,7 +88,9 @@ def empty(shape, dtype: str, device: tvm.runtime.Device, like: str, torch_device
     are written once (zeros) before the kernel only where torch's fill runs on more threads than
     TVM's pool, which then takes the faults faster than the kernel would (2-core CPU, 4096² bf16
     softmax, torch on 2 threads: TVM on 1 thread 27.5 ms with the faults in the kernel, 20.3 with
-    them taken here; TVM on 2 threads 16.1 ms in the kernel, 21.7–29.2 taken here)."""
+    them taken here; TVM on 2 threads 16.1 ms in the kernel, 21.7–29.2 taken here — most of that
+    is torch's OpenMP threads spinning after the fill while TVM's run, gone with
+    ``OMP_WAIT_POLICY=PASSIVE``)."""
     if like == "torch":
         import torch
 
