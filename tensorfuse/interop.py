@@ -212,6 +212,34 @@ def kept_empty(shape, dtype, device):
     return torch.from_dlpack(tvm.runtime.empty(tuple(shape), name, tvm.cuda(index)))
 
 
+class StreamScratch:
+    """Buffers a kernel keeps between its launches — workspaces, and counters it leaves at zero
+    for the next launch — one set per device and stream, so that launches on two streams never
+    share them; each ``(shape, dtype, zeroed)`` in ``layout`` (dtypes by their DSL names). Inside a CUDA-graph capture, a
+    fresh set from the graph's pool (kept memory cannot be allocated then), the zeroed ones
+    cleared by a captured memset before each replay."""
+
+    def __init__(self, layout):
+        self.layout = list(layout)
+        self.kept: dict = {}
+
+    def __call__(self, device) -> tuple:
+        import torch
+
+        if capturing():
+            return tuple((torch.zeros if zeroed else torch.empty)(shape, dtype=torch_dtype(dtype),
+                                                                   device=device)
+                         for shape, dtype, zeroed in self.layout)
+        key = (str(device), torch.cuda.current_stream(device).cuda_stream)
+        if key not in self.kept:
+            made = []
+            for shape, dtype, zeroed in self.layout:
+                buffer = kept_empty(shape, dtype, device)
+                made.append(buffer.zero_() if zeroed else buffer)
+            self.kept[key] = tuple(made)
+        return self.kept[key]
+
+
 def kept_copies(tensors) -> tuple | None:
     """``tensors`` copied into kept memory (:func:`kept_empty`; CPU tensors as they are), for a
     cache that outlives the call — or ``None`` while a stream captures: what is made then is the

@@ -162,3 +162,36 @@ def test_a_fast_call_declines_other_values_of_the_scalars_records_are_kept_per()
     keyword = FastCall([("x", 0, True), ("window", "window", int)], [], None, launches, "cpu",
                        guards=[("window", 256)])
     assert keyword(("tensor",), {"window": 128}) is None and keyword.stale
+
+
+def test_kept_scratch_is_one_set_per_stream_and_the_graphs_own_in_a_capture(monkeypatch):
+    """Counters and workspaces a kernel keeps between launches: one set per (device, stream) —
+    two streams never share them —, zeroed once where asked; inside a capture a fresh set."""
+    import torch
+
+    import tensorfuse.interop as interop
+
+    made = []
+
+    def kept_empty(shape, dtype, device):
+        made.append((shape, dtype))
+        return torch.full(shape, 7, dtype=interop.torch_dtype(dtype))
+
+    class Stream:
+        def __init__(self, n):
+            self.cuda_stream = n
+
+    stream = [Stream(1)]
+    monkeypatch.setattr(interop, "kept_empty", kept_empty)
+    monkeypatch.setattr(interop, "capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream[0])
+    scratch = interop.StreamScratch([((4,), "f32", False), ((2,), "i32", True)])
+    first = scratch("cuda:0")
+    assert scratch("cuda:0") is first and len(made) == 2
+    assert first[1].tolist() == [0, 0] and first[0].tolist() == [7.0] * 4   # only the counters
+    stream[0] = Stream(2)
+    second = scratch("cuda:0")
+    assert second is not first and second[1] is not first[1] and len(made) == 4
+    monkeypatch.setattr(interop, "capturing", lambda: True)
+    captured = scratch("cpu")          # a temporary of the graph's pool (here: the CPU)
+    assert captured[1].tolist() == [0, 0] and len(made) == 4

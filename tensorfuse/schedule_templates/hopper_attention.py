@@ -14,7 +14,7 @@ import math
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError
-from ..interop import capturing, kept_copies, kept_empty
+from ..interop import StreamScratch, kept_copies, kept_empty
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_attention import (ENTRY, MODES, hopper_attention_source,
                                              kernel_arguments)
@@ -73,26 +73,6 @@ class _Lists:
         return kept
 
 
-class _Counters:
-    """The dynamic schedule's tile counter pair (claimed, finished CTAs), one per device and
-    stream, so that launches on two streams never claim each other's tiles; each launch leaves
-    its pair at zero. Inside a CUDA-graph capture a fresh pair from the graph's pool, zeroed by a
-    captured memset before each replay (kept memory cannot be allocated then)."""
-
-    def __init__(self):
-        self.kept: dict = {}
-
-    def __call__(self, device):
-        import torch
-
-        if capturing():
-            return torch.zeros(2, dtype=torch.int32, device=device)
-        key = (str(device), torch.cuda.current_stream(device).cuda_stream)
-        if key not in self.kept:
-            self.kept[key] = kept_empty((2,), torch.int32, device).zero_()
-        return self.kept[key]
-
-
 def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,
                      stages: int | None = None, consumers: int | None = None,
                      overlap: bool | None = None, pingpong: bool | None = None,
@@ -127,7 +107,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         smem = shared_bytes(knobs, D)
         entries = [KernelEntry(ENTRY, tuple(arguments))]
         maps = DeviceMaps()
-        counters = _Counters()
+        counters = StreamScratch([((2,), "i32", True)])   # (claimed, finished CTAs)
         gpu = local_gpu()
         tiles = math.ceil(M / knobs.block_m) * B * H
         how, ctas = schedule_for(knobs, tiles, gpu[1] if gpu else 132)
@@ -149,7 +129,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
             scalars = [values[n] for n, _ in c.scalars]
             now = lists.persistent if how == "dynamic" and lists.persistent else how
             grid = (math.ceil(M / knobs.block_m), B * H) if now == "grid" else (ctas, 1)
-            claimed = counters(device) if now == "dynamic" else pn
+            claimed = counters(device)[0] if now == "dynamic" else pn
             module[ENTRY](pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
                           pointer(out), pointer(pn), pointer(pi), pointer(fn), pointer(fi),
                           pointer(claimed), MODES[now], *tensors, B, H, HKV, M, N, *scalars,

@@ -14,7 +14,7 @@ import warnings
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
-from ..interop import kept_empty
+from ..interop import StreamScratch
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_gemm import ENTRY, hopper_gemm_source, kernel_arguments
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
@@ -89,19 +89,10 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     grid = min((full_items + tail * pieces) * knobs.cluster, ctas)
     maps = operand_maps(plan, knobs, (M, K, N))
     entries = [KernelEntry(ENTRY, tuple(t for _, t, _ in kernel_arguments(plan)))]
-    scratch: dict = {}   # device -> (partials, counters), kept between calls (counters reset
-    #                      themselves; a CUDA graph replays with what it captured)
     part = len(plan.weights) * knobs.block_m * knobs.block_n   # floats per CTA and piece
-
-    def split_buffers(device):
-        import torch
-
-        if str(device) not in scratch:   # outside torch's allocator: kept_empty says why
-            scratch[str(device)] = (
-                kept_empty((max(1, tail * pieces * knobs.cluster * part),), torch.float32,
-                           device),
-                kept_empty((max(1, tail * knobs.cluster),), torch.int32, device).zero_())
-        return scratch[str(device)]
+    # the split tail's partial sums and counters (which reset themselves), per device and stream
+    split_buffers = StreamScratch([((max(1, tail * pieces * knobs.cluster * part),), "f32", False),
+                                   ((max(1, tail * knobs.cluster),), "i32", True)])
 
     def run(module, values, out, device):
         if knobs.epilogue == "staged" and out.data_ptr() % 16:
