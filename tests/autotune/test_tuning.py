@@ -171,3 +171,16 @@ def test_lookups_never_write_the_database(cache):
     assert tf.compile(K.softmax, "llvm").schedule_origin(**SIZES).startswith("tuned record")
     assert open(path).read() == before
     assert not [d for d in os.listdir(summary.database) if d.startswith("backup-")]
+
+
+def test_cpu_candidates_are_built_for_the_cpu_compile_builds_for():
+    """A CPU job builds and times its candidates for the same vector units as ``tf.compile``
+    (``mcpu``), with the core count MetaSchedule's parallel rules read: built for x86-64's
+    SSE2 they ran 10× slower than the kernels they stood for, and their vector widths were
+    chosen for another ISA."""
+    from tensorfuse.autotune.tasks import tuning_target
+
+    spec = tf.get_target("llvm")
+    made = tuning_target(spec).export()
+    assert made["mcpu"] == spec.tvm_target.export().get("mcpu", "generic")
+    assert int(made["num-cores"]) == max(1, os.cpu_count() or 1)
