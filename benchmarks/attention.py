@@ -136,25 +136,40 @@ def make_case(name: str, spec: tuple, S: int, gen, check_rows: int = 128, B: int
                 reference(q, k, v, scale, score_mod, mask_mod, rows))
 
 
-def checked(case: Case, label: str, fn, log=print) -> tuple[float, str] | None:
-    """``(ms, note)`` for ``fn`` when its output on the case's rows is within 2e-2 of the
-    reference before and after the timed calls (a kernel that keeps state between calls —
-    counters, caches — must stay right); None (and a line in the log) when it is wrong or
-    fails."""
+def checked_output(fn, ref: torch.Tensor, label: str, log=print, pick=lambda out: out,
+                   tolerance: float = 2e-2, timing=bench):
+    """``(timing(fn), error)`` when ``pick(fn())`` is within ``tolerance`` of ``ref`` (float64)
+    before and after the timed calls — a kernel that keeps state between calls (counters,
+    caches) must stay right —; None (and a line in the log) when it is wrong or fails."""
     try:
         err = 0.0
         for when in ("before", "after"):
             if when == "after":
-                ms = bench(fn)
-            out = fn()
-            err = max(err, relative_error(out[:, :, case.rows].double(), case.ref))
-            if err > 2e-2:
-                log(f"  {label} {case.name} {case.shape}: WRONG {when} timing (error {err:.2e})")
+                timed = timing(fn)
+            err = max(err, relative_error(pick(fn()).double(), ref))
+            if err > tolerance:
+                log(f"  {label}: WRONG {when} timing (error {err:.2e})")
                 return None
-        return ms, f"err {err:.1e}"
+        return timed, err
     except Exception as exc:  # noqa: BLE001 - report and go on
-        log(f"  {label} {case.name} {case.shape}: {type(exc).__name__}: {exc}"[:400])
+        log(f"  {label}: {type(exc).__name__}: {exc}"[:400])
         return None
+
+
+def checked(case: Case, label: str, fn, log=print) -> tuple[float, str] | None:
+    """``(ms, note)`` for ``fn`` checked on the case's rows (:func:`checked_output`)."""
+    made = checked_output(fn, case.ref, f"{label} {case.name} {case.shape}", log,
+                          pick=lambda out: out[:, :, case.rows])
+    return None if made is None else (made[0], f"err {made[1]:.1e}")
+
+
+def compiled_flex():
+    """FlexAttention under torch.compile, allowed one compiled kernel per variant and size."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def baselines(case: Case, flex, log=print) -> dict:
@@ -218,11 +233,7 @@ KNOB_SWEEP = [dict(tile_m=128, tile_n=128, num_warps=8, num_stages=3),
 
 
 def run(sizes=(1024, 4096, 16384), ceilings=None, sweep_at=(4096,), log=print) -> list[Row]:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    torch._dynamo.config.recompile_limit = 256  # one compiled kernel per variant and size
-    torch._dynamo.config.accumulated_recompile_limit = 4096
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = compiled_flex()
     rows: list[Row] = []
     gemm = (ceilings or {}).get("gemm_tflops", 716.0)
     gen = torch.Generator().manual_seed(0)

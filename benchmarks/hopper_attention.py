@@ -27,8 +27,8 @@ import time
 import torch
 
 import tensorfuse as tf
-from benchmarks.attention import (baselines, checked, documents, make_case, reference,
-                                  variants)
+from benchmarks.attention import (baselines, checked, compiled_flex, documents, make_case,
+                                  reference, variants)
 from benchmarks.common import Row, relative_error, write_csv
 from tensorfuse import dsl as T
 from tensorfuse.kernels.attention import key_position, scores, softmax_attend
@@ -126,11 +126,7 @@ def tune_case(kernel, case, extra: dict, trials: int, log=print) -> None:
 
 def timed(sizes=(4096, 16384), names=None, log=print, ceiling=716.0,
           tune: int = 0) -> list[Row]:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    torch._dynamo.config.recompile_limit = 256
-    torch._dynamo.config.accumulated_recompile_limit = 4096
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = compiled_flex()
     rows = []
     gen = torch.Generator().manual_seed(0)
     for S in sizes:

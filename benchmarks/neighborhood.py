@@ -22,7 +22,7 @@ import torch
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
-from benchmarks.attention import Case, baselines, checked, density, reference
+from benchmarks.attention import Case, baselines, checked, compiled_flex, density, reference
 from benchmarks.common import Row, bench, write_csv
 
 D, H, B = 128, 16, 1
@@ -100,10 +100,7 @@ def tune_case(kernel, S: int, scalars: dict, trials: int, log=print) -> None:
 def run(quick: bool, log=print, tune: int = 0, only: str = "", csv: str = "") -> list[Row]:
     """Every case's rows (written to ``csv`` after each case, so that a run stopped by a time
     limit keeps what it measured)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    torch._dynamo.config.recompile_limit = 64   # a mask_mod per case: one compile each
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = compiled_flex()   # a mask_mod per case: one compile each
     rows: list[Row] = []
     dense_rate = {}
     for S in sorted({S for _, _, S, _, _ in cases(quick)}):

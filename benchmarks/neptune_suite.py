@@ -27,8 +27,9 @@ import types
 import torch
 
 import tensorfuse as tf
-from benchmarks.attention import baselines, checked, make_case, reference, variants
-from benchmarks.common import Row, bench, relative_error, write_csv
+from benchmarks.attention import (baselines, checked, checked_output, compiled_flex, make_case,
+                                  reference, variants)
+from benchmarks.common import Row, bench, write_csv
 from benchmarks.overhead import wall_ms
 from tensorfuse import dsl as T
 
@@ -114,20 +115,11 @@ def decode_rows(flex, calls: int, names, log=print) -> list[Row]:
                                                                         enable_gqa=gqa)}
         bytes_moved = 2 * (q.numel() * 2 + k.numel() + v.numel())   # fp16 in, out
         for impl, fn in impls.items():
-            try:
-                errs = []
-                for when in ("before", "after"):
-                    if when == "after":
-                        gpu = bench(fn)
-                        wall = wall_ms(fn, calls)
-                    errs.append(relative_error(fn().double(), ref))
-                err = max(errs)
-                if err > 5e-3:
-                    log(f"  {impl} {name}: WRONG (error {err:.2e})")
-                    continue
-            except Exception as exc:  # noqa: BLE001 - report and go on
-                log(f"  {impl} {name}: {type(exc).__name__}: {exc}"[:300])
+            made = checked_output(fn, ref, f"{impl} {name}", log, tolerance=5e-3,
+                                  timing=lambda fn: (bench(fn), wall_ms(fn, calls)))
+            if made is None:
                 continue
+            (gpu, wall), err = made
             note = f"err {err:.1e}; GPU {gpu * 1e3:.1f} us; wall per call {wall * 1e3:.1f} us"
             if impl == "tensorfuse":
                 dims = dict(B=B, H=hq, HKV=hkv, M=1, N=S, D=D)
@@ -164,11 +156,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="comma-separated operators (prefill names, decode_mha, "
                                        "decode_gqa)")
     args = parser.parse_args(argv)
-    from torch.nn.attention.flex_attention import flex_attention
-
-    torch._dynamo.config.recompile_limit = 256
-    torch._dynamo.config.accumulated_recompile_limit = 4096
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = compiled_flex()
     wanted = set(args.only.split(",")) if args.only else set(PREFILL) | set(DECODE)
     start = time.time()
     rows = prefill_rows(flex, [n for n in PREFILL if n in wanted])

@@ -82,12 +82,10 @@ class HopperAttentionSpace:
                 for n, values in knob_choices(self.plan, self.task.dims).items()}
 
     def defaults(self) -> dict[str, int]:
-        from ..schedule_templates.hopper_attention_plan import (SCHEDULES, default_hopper_knobs,
-                                                                 resolved_schedule)
+        from ..schedule_templates.hopper_attention_plan import SCHEDULES, default_hopper_knobs
 
         knobs = default_hopper_knobs(self.plan, self.task.dims)
-        schedule = resolved_schedule(self.plan, knobs, self.task.dims)
-        return {n: SCHEDULES.index(schedule) if n == "schedule" else int(v)
+        return {n: SCHEDULES.index(v) if n == "schedule" else int(v)
                 for n, v in asdict(knobs).items() if n != "ctas"}
 
     def unfit(self, knobs: dict) -> str | None:

@@ -19,11 +19,11 @@ from ..targets import TargetSpec
 from ..targets.cuda.hopper_attention import (ENTRY, MODES, hopper_attention_source,
                                              kernel_arguments)
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
-from ..targets.cuda.module import KernelEntry, local_gpu
+from ..targets.cuda.module import KernelEntry
 from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .block_schedule import block_lists
 from .fusion import Fusion
-from .hopper_attention_plan import (check_hopper, plan_hopper_attention, schedule_for,
+from .hopper_attention_plan import (check_hopper, plan_hopper_attention, planned_schedule,
                                     shared_bytes, with_knobs)
 from .tile_order import pick_persistent
 
@@ -31,46 +31,46 @@ from .tile_order import pick_persistent
 class _Lists:
     """The block lists of the last (sizes, scalars, mask tensors) seen: tensors the mask reads
     (document ids) are recognised by address and torch's version counter, so that lists are made
-    again when their data may have changed. ``persistent``: the persistent schedule the lists'
-    costs favour (:func:`.tile_order.pick_persistent`), for masks of sizes and scalars only —
-    reading the lists back costs a synchronisation, paid once per kept set; None otherwise."""
+    again when their data may have changed. With ``pick_among`` (CTAs: the call runs persistent
+    and may take either schedule) each kept set also carries the persistent schedule its costs
+    favour (:func:`.tile_order.pick_persistent`) — only for masks of sizes and scalars, whose
+    lists are kept: reading them back costs a synchronisation."""
 
-    def __init__(self, plan, knobs, ctas: int):
-        self.plan, self.knobs, self.ctas = plan, knobs, ctas
+    def __init__(self, plan, knobs, pick_among: int | None):
+        self.plan, self.knobs = plan, knobs
+        self.pick_among = pick_among if plan.mask is not None and not plan.tensors else None
         self.cache: dict = {}
         self.empty = None
-        self.persistent: str | None = None
 
-    def __call__(self, values: dict, sizes: dict, device):
+    def __call__(self, values: dict, sizes: dict, device) -> tuple[tuple, str | None]:
+        """``((pn, pi, fn, fi), the persistent schedule the costs favour or None)``."""
         import torch
 
         if self.plan.mask is None:
             if self.empty is None:
                 self.empty = kept_empty((1,), torch.int32, device).zero_()
-            self.persistent = None
-            return (self.empty,) * 4
+            return (self.empty,) * 4, None
         scalars = {n: values[n] for n, _ in self.plan.chain.scalars}
         key = (tuple(sorted(sizes.items())), tuple(sorted(scalars.items())), str(device),
                tuple((t, values[t].data_ptr(), values[t]._version) for t, _ in self.plan.tensors))
         if key in self.cache:   # tensors the mask reads: the same memory, not written since
-            self.persistent = self.cache[key][1]
-            return self.cache[key][0]
+            return self.cache[key]
         b, h, i, j = self.plan.chain.axes
         tensors = {t: values[t] for t, _ in self.plan.tensors}
         made = block_lists(self.plan.mask, [b, h], i, j, sizes, tensors, scalars,
                            self.knobs.block_m, self.knobs.block_n, device)
         kept = kept_copies(made)
-        self.persistent = None
         if kept is None:
-            return made
-        if self.knobs.schedule == "auto" and not self.plan.tensors:
+            return made, None
+        favoured = None
+        if self.pick_among is not None:
             pn, _, fn, _ = kept
             # key blocks per tile in the kernel's order: batch·head-major, last row block first
             row_blocks = math.ceil(sizes[self.plan.chain.dims[3]] / self.knobs.block_m)
             blocks = (pn + fn).view(-1, row_blocks).flip(1).reshape(-1).tolist()
-            self.persistent = pick_persistent(blocks, self.ctas)
-        self.cache = {key: (kept, self.persistent)}
-        return kept
+            favoured = pick_persistent(blocks, self.pick_among)
+        self.cache = {key: (kept, favoured)}
+        return self.cache[key]
 
 
 def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,
@@ -108,10 +108,10 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         entries = [KernelEntry(ENTRY, tuple(arguments))]
         maps = DeviceMaps()
         counters = StreamScratch([((2,), "i32", True)])   # (claimed, finished CTAs)
-        gpu = local_gpu()
-        tiles = math.ceil(M / knobs.block_m) * B * H
-        how, ctas = schedule_for(knobs, tiles, gpu[1] if gpu else 132)
-        lists = _Lists(plan, knobs, ctas)
+        how, ctas, tiles = planned_schedule(plan, knobs, dims)
+        # "auto" that came out persistent: the mask's block costs may favour the snake
+        lists = _Lists(plan, knobs, ctas if knobs.schedule == "auto" and how == "dynamic"
+                       else None)
 
         def tensor_maps(q, k, v, device):
             """TMA maps of q, k and v in one device buffer, made once per set of addresses."""
@@ -124,10 +124,10 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
 
         def run(module, values, out, device):
             c = plan.chain
-            pn, pi, fn, fi = lists(values, dims, device)
+            (pn, pi, fn, fi), favoured = lists(values, dims, device)
             tensors = [pointer(values[t]) for t, _ in plan.tensors]
             scalars = [values[n] for n, _ in c.scalars]
-            now = lists.persistent if how == "dynamic" and lists.persistent else how
+            now = favoured or how
             grid = (math.ceil(M / knobs.block_m), B * H) if now == "grid" else (ctas, 1)
             claimed = counters(device)[0] if now == "dynamic" else pn
             module[ENTRY](pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
@@ -135,9 +135,8 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                           pointer(claimed), MODES[now], *tensors, B, H, HKV, M, N, *scalars,
                           *grid, knobs.threads, 1, smem)
 
-        persistent = (" (a masked kernel: dynamic or snake, whichever its block lists' costs "
-                      "favour)" if how == "dynamic" and knobs.schedule == "auto" and
-                      plan.mask is not None and not plan.tensors else "")
+        persistent = (" (or the snake, where the block lists' costs favour it)"
+                      if lists.pick_among is not None else "")
         return Launches(source, entries, knobs, run, plan=plan,
                         why=f"{tiles} tiles: {how} schedule"
                         + (f" on {ctas} persistent CTAs" if how != "grid" else "") + persistent,

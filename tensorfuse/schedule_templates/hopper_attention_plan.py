@@ -178,7 +178,7 @@ def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
     return {"block_n": (64, 80) if D > 128 else (64, 128, 176),
             "stages": (2, 3), "consumers": (1, 2, 3) if D <= 64 else (1, 2),
             "overlap": (True, False), "pingpong": (True, False),
-            "schedule": tuple(SCHEDULES.index(n) for n in ("grid", "dynamic", "snake"))}
+            "schedule": tuple(range(len(SCHEDULES)))}   # "auto" is what tf.compile runs
 
 
 def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
@@ -257,11 +257,13 @@ def schedule_for(knobs: HopperKnobs, tiles: int, sms: int) -> tuple[str, int]:
     return schedule, (tiles if schedule == "grid" else ctas)
 
 
-def resolved_schedule(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict) -> str:
-    """The schedule ``knobs`` run at ``sizes`` on the local GPU (an H100's 132 SMs where there
-    is none)."""
+def planned_schedule(plan: HopperAttentionPlan, knobs: HopperKnobs,
+                     sizes: dict) -> tuple[str, int, int]:
+    """``(schedule, CTAs, tiles)`` of ``knobs`` at ``sizes`` on the local GPU (an H100's 132 SMs
+    where there is none): :func:`schedule_for` on this call's tile count."""
     from ..targets.cuda.module import local_gpu
 
     B, H, _, M = (sizes[d] for d in plan.chain.dims[:4])
+    tiles = math.ceil(M / knobs.block_m) * B * H
     gpu = local_gpu()
-    return schedule_for(knobs, math.ceil(M / knobs.block_m) * B * H, gpu[1] if gpu else 132)[0]
+    return schedule_for(knobs, tiles, gpu[1] if gpu else 132) + (tiles,)

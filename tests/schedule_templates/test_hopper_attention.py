@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -264,6 +265,7 @@ def test_index_terms_used_as_floats_are_converted_once_per_fragment():
     """ALiBi's ``slope · (j − i)``: the integer difference is converted at the fragment's first
     row and column (loop-invariant) plus a per-register constant, not once per score element;
     integer uses (the mask, a tensor's indices) keep their integers."""
+    from tensorfuse.algebra.exprs import nodes
     from tensorfuse.dsl.expr import Axis
     from tensorfuse.targets.cuda.expr import converted_indices
 
@@ -275,14 +277,25 @@ def test_index_terms_used_as_floats_are_converted_once_per_fragment():
     offsets = {n: {"i_": "di_", "j_": "dj_"}[v] for n, v in axes.items() if v in ("i_", "j_")}
     base = {n: {"i_": "i0_", "j_": "j0_"}.get(v, v) for n, v in axes.items()}
     assert len(converted_indices(plan.score, offsets, base, {}, {})) == 1
-    j = next(a for a in _axes_of(plan.score) if isinstance(a, Axis) and axes[a.name] == "j_")
+    j = next(a for a in nodes(plan.score) if isinstance(a, Axis) and axes[a.name] == "j_")
+    scaled = converted_indices((j * 2 + 3) * 0.5, offsets, base, {}, {})
+    assert len(scaled) == 1 and next(iter(scaled.values())).endswith("(float)(2 * (dj_)))")
     assert converted_indices((j // 2) * 0.5, offsets, base, {}, {}) == {}   # not affine
     assert converted_indices(j * 2 + 1 > 3, offsets, base, {}, {}) == {}    # an integer use
     plain = plan_of(K.causal_attention)
     assert converted_indices(plain.score, offsets, base, {}, {}) == {}
 
 
-def _axes_of(e):
-    from tensorfuse.algebra.exprs import nodes
 
-    return list(nodes(e))
+def test_the_source_is_the_same_in_every_process():
+    """Cubins are cached by the source's hash: generating it must not depend on Python's
+    per-process hash seed (set order), or every process would build again."""
+    code = ("import hashlib, tensorfuse.kernels as K\n"
+            "from tests.schedule_templates.test_hopper_attention import PREFILL, hopper\n"
+            "print(hashlib.sha256(hopper(K.alibi_attention).source(**PREFILL).encode())"
+            ".hexdigest())")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              cwd=root, env={**os.environ, "PYTHONHASHSEED": seed},
+                              check=True).stdout.strip() for seed in ("1", "2", "3")}
+    assert len(digests) == 1, digests

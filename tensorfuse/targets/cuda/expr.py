@@ -135,37 +135,31 @@ def forwarded(args) -> tuple[str, str]:
     return ("".join(f", {c} {n}" for n, _, c in args), "".join(f", {n}" for n, _, _ in args))
 
 
-def _affine(e: Expr) -> bool:
-    """Whether integer ``e`` is a sum of indices, sizes, integer scalars and constants, with
-    constant multiples: its change between two index points is a constant the compiler folds."""
+def _linear(e: Expr) -> dict[str, int] | None:
+    """The constant coefficient of each index in integer ``e`` when it is a sum of indices,
+    sizes, integer scalars and constants with constant multiples — its change between two index
+    points is then a constant the compiler folds —, else None."""
     if isinstance(e, (Axis, DimSize, Scalar)) or (isinstance(e, Const) and
                                                    isinstance(e.value, int)):
-        return not dt.is_float(e.dtype)
+        return None if dt.is_float(e.dtype) else ({e.name: 1} if isinstance(e, Axis) else {})
     if isinstance(e, Unary) and e.op == "neg":
-        return _affine(e.a)
+        inner = _linear(e.a)
+        return None if inner is None else {n: -c for n, c in inner.items()}
     if isinstance(e, Binary) and e.op in ("add", "sub"):
-        return _affine(e.a) and _affine(e.b)
-    if isinstance(e, Binary) and e.op == "mul":
-        return any(isinstance(x, Const) and isinstance(x.value, int) and _affine(y)
-                   for x, y in ((e.a, e.b), (e.b, e.a)))
-    return False
-
-
-def _coefficients(e: Expr) -> dict[str, int]:
-    """The constant coefficient of each index in affine ``e`` (see :func:`_affine`)."""
-    if isinstance(e, Axis):
-        return {e.name: 1}
-    if isinstance(e, Unary):   # neg
-        return {n: -c for n, c in _coefficients(e.a).items()}
-    if isinstance(e, Binary) and e.op in ("add", "sub"):
-        out = dict(_coefficients(e.a))
-        for n, c in _coefficients(e.b).items():
-            out[n] = out.get(n, 0) + (c if e.op == "add" else -c)
+        a, b = _linear(e.a), _linear(e.b)
+        if a is None or b is None:
+            return None
+        sign = 1 if e.op == "add" else -1
+        out = dict(a)   # in order of appearance: the generated source must not vary by run
+        for n, c in b.items():
+            out[n] = out.get(n, 0) + sign * c
         return out
     if isinstance(e, Binary) and e.op == "mul":
-        factor, rest = (e.a, e.b) if isinstance(e.a, Const) else (e.b, e.a)
-        return {n: int(factor.value) * c for n, c in _coefficients(rest).items()}
-    return {}
+        for factor, rest in ((e.a, e.b), (e.b, e.a)):
+            inner = _linear(rest)
+            if isinstance(factor, Const) and isinstance(factor.value, int) and inner is not None:
+                return {n: int(factor.value) * c for n, c in inner.items()}
+    return None
 
 
 def converted_indices(e: Expr, offsets: dict[str, str], at_base: dict, sizes: dict,
@@ -181,34 +175,17 @@ def converted_indices(e: Expr, offsets: dict[str, str], at_base: dict, sizes: di
     found: dict = {}
 
     def visit(x: Expr, float_parent: bool) -> None:
-        if float_parent and not dt.is_float(x.dtype) and x.dtype != "bool" and _affine(x) and \
-                any(isinstance(n, Axis) and n.name in offsets for n in _walk(x)):
+        coefficients = _linear(x) if float_parent and x.dtype != "bool" else None
+        steps = {n: c for n, c in (coefficients or {}).items() if n in offsets and c}
+        if steps:
             base = to_cuda(x, {}, "an index", at_base, sizes, loads)
-            step = " + ".join(f"{c} * ({offsets[n]})" for n, c in _coefficients(x).items()
-                              if n in offsets and c) or "0"
+            step = " + ".join(f"{c} * ({offsets[n]})" for n, c in steps.items())
             found[id(x)] = f"((float)({base}) + (float)({step}))"
             return
         parent_float = dt.is_float(x.dtype) and not isinstance(x, Load)   # indices stay int
-        for child in _children(x):
+        for child in x.children():
             visit(child, parent_float)
 
     visit(e, False)
     return found
 
-
-def _children(e: Expr) -> tuple:
-    if isinstance(e, Binary) or isinstance(e, Compare):
-        return (e.a, e.b)
-    if isinstance(e, Where):
-        return (e.cond, e.a, e.b)
-    if isinstance(e, (Unary, Cast)):
-        return (e.a,)
-    if isinstance(e, Load):
-        return tuple(e.indices)
-    return ()
-
-
-def _walk(e: Expr):
-    yield e
-    for child in _children(e):
-        yield from _walk(child)

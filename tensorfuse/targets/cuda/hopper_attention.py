@@ -69,7 +69,8 @@ _TYPES = {"bf16": ("__nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn"),
 
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
-    maps, the output, the block lists, the tile counters and the scheduling mode, tensors the score or mask read, the sizes, the scalars."""
+    maps, the output, the block lists, the tile counters and the scheduling mode, tensors the
+    score or mask read, the sizes, the scalars."""
     lists = "const int* __restrict__"
     args = [("maps", "handle", "const void*"), ("out", "handle", "void*"),
             ("pn", "handle", lists), ("pi", "handle", lists), ("fn", "handle", lists),
@@ -151,6 +152,8 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
 #define TURN_END
 #endif
 #define LISTS {int(lists)}
+#define MODE_GRID {GRID}      // the ``mode`` argument: how CTAs take tiles
+#define MODE_DYNAMIC {DYNAMIC}
 #define ATOMS (D_ / 64)                 // 128-byte swizzle atoms along the head dim
 #define Q_BYTES (BM * D_ * 2)
 #define KV_BYTES (BN * D_ * 2)
@@ -279,9 +282,9 @@ __device__ __forceinline__ int key_block(const Tile& w, int it, const int* pi, c
 
 // The k-th tile of this CTA (`tiles` or more: none left). Called by the producer thread only.
 __device__ __forceinline__ int claim_tile(int k, int mode, int* counters, int tiles) {{
-  if (k == 0) return mode == 0 ? blockIdx.y * gridDim.x + blockIdx.x : blockIdx.x;
-  if (mode == 0) return tiles;
-  if (mode == 1) return atomicAdd(counters, 1) + gridDim.x;
+  if (k == 0) return mode == MODE_GRID ? blockIdx.y * gridDim.x + blockIdx.x : blockIdx.x;
+  if (mode == MODE_GRID) return tiles;
+  if (mode == MODE_DYNAMIC) return atomicAdd(counters, 1) + gridDim.x;
   const int g = gridDim.x;
   return k * g + ((k & 1) ? g - 1 - (int)blockIdx.x : (int)blockIdx.x);
 }}
@@ -364,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         }}
         use += w.count;
       }}
-      if (mode == 1) {{   // the last CTA out resets the counters for the next launch
+      if (mode == MODE_DYNAMIC) {{   // the last CTA out resets the counters for the next launch
         __threadfence();
         if (atomicAdd(counters + 1, 1) == (int)gridDim.x - 1) {{
           atomicExch(counters, 0);
