@@ -244,7 +244,9 @@ class Measurer:
 
     def workers(self) -> list[str]:
         counts = getattr(self.runner, "workers", None)
-        return [f"{name} ({n})" for name, n in sorted(counts.items())] if counts else []
+        busy = getattr(self.runner, "busy", {})
+        return [f"{name} ({n}" + (f", {busy[name]:.1f} s measuring)" if name in busy else ")")
+                for name, n in sorted(counts.items())] if counts else []
 
     def time(self, task: TuningTask, db, tuned: bool) -> float | None:
         """Seconds per call of the template defaults (what ``compile`` gives untuned) or of the
@@ -414,7 +416,21 @@ def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, see
                   max_trials_per_task=max(trials - r.trials - r.trials_this_job for r in results),
                   num_trials_per_iter=per_iter, builder=builder, runner=runner, database=db,
                   cost_model=cost_model, measure_callbacks=callbacks,
-                  task_scheduler="gradient" if len(tasks) > 1 else "round-robin")
+                  task_scheduler=_scheduler(tasks, measurer))
+
+
+def _scheduler(tasks, measurer: Measurer) -> str:
+    """MetaSchedule's task scheduler for the job. Several kernels measured through workers
+    (``gpus=``, ``tracker=``) take turns (round robin): the runner hands back a batch's futures at
+    once, so one kernel's search runs while another's batch is measured — the gradient scheduler
+    waits for every batch in flight before choosing the next kernel, leaving the GPUs idle during
+    each search (a job of two kernels simulated with 0.15 s per measurement: a second GPU gave
+    1.57x under the gradient scheduler, 1.73x round robin). Measured in the job's process (no
+    overlap to gain), the gradient scheduler gives the trials to the kernels with the most to
+    gain."""
+    if len(tasks) == 1 or measurer.remote is not None:
+        return "round-robin"
+    return "gradient"
 
 
 def _measure_defaults(task: TuningTask, result: TaskResult, db, builder, runner, say) -> None:

@@ -344,6 +344,7 @@ class RemoteRunner(PyRunner):
         self.work: queue.Queue = queue.Queue()
         self.payloads = {k: task_payload(t) for k, t in tasks_by_key.items()}
         self.workers: dict = {}    # worker name -> candidates measured
+        self.busy: dict = {}       # worker name -> seconds spent measuring them
         self.threads: list = []
         self.closed = False
         self.lock = threading.Lock()
@@ -380,25 +381,45 @@ class RemoteRunner(PyRunner):
         self.ready = time.time()
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
+        """Futures for a batch, at once: its candidates are handed out as they are compiled
+        (:meth:`_feed`), so the search can go on (another kernel's batch, with several) while
+        the GPUs measure."""
         self._start()
-        futures = []
-        specs = []
+        futures, items = [], []
         for item in runner_inputs:
             with open(item.artifact_path, encoding="utf-8") as f:
-                specs.append(json.load(f))
-        here = self._here_runner()
-        if here is not None:   # the batch compiled on this machine's CPUs first: this process
-            import torch       # and the local workers find it in Triton's on-disk cache
-
-            torch.cuda.set_device(self.tracker.here)
-            here.compile_ahead([(spec["task"], spec["knobs"]) for spec in specs])
-        for spec in specs:
+                spec = json.load(f)
             payload = pickle.dumps((self.payloads[spec["task"]], spec["knobs"], self.repeat_ms))
             done: concurrent.futures.Future = concurrent.futures.Future()
-            self.work.put((spec["task"], spec["knobs"], payload, done, 0))
+            items.append(((spec["task"], spec["knobs"], payload, done), (spec["task"],
+                                                                          spec["knobs"])))
             futures.append(RunnerFuture(f_done=done.done,
                                         f_result=lambda done=done: self._result(done)))
+        if self._here_runner() is None:
+            for (key, knobs, payload, done), _ in items:
+                self.work.put((key, knobs, payload, done, 0, None))
+        else:   # not one of self.threads, which close() counts: it ends with its batch
+            threading.Thread(target=self._feed, args=(items,), daemon=True).start()
         return futures
+
+    def _feed(self, items: list) -> None:
+        """Hand out a batch's candidates as they are compiled on this machine's CPUs (for this
+        process and, through Triton's on-disk cache, the local workers); any not handed out when
+        something fails go out as they are (compiled where they are measured)."""
+        import torch
+
+        torch.cuda.set_device(self.tracker.here)   # the inputs warming makes: this GPU's
+        left = {id(tag): tag for tag, _ in items}
+        try:
+            for tag, kernel in self.here.compiled_in_turn(items):
+                del left[id(tag)]
+                self.work.put((*tag, 0, kernel))
+        except Exception as exc:  # noqa: BLE001 - the candidates still go out, reported
+            self.say(f"  compiling ahead failed ({type(exc).__name__}: {exc}); the rest of "
+                     "the batch compiles where it is measured")
+        finally:
+            for key, knobs, payload, done in left.values():
+                self.work.put((key, knobs, payload, done, 0, None))
 
     def _result(self, done) -> RunnerResult:
         try:
@@ -425,7 +446,8 @@ class RemoteRunner(PyRunner):
                 continue   # until the job closes the runner
             if item is None:
                 return
-            key, knobs, payload, done, attempts = item
+            key, knobs, payload, done, attempts, _ = item
+            started = time.time()
             try:
                 reply = json.loads(measure(payload, sign(payload, self.tracker.secret)))
             except Exception as exc:  # noqa: BLE001 - the worker or its connection died
@@ -433,13 +455,13 @@ class RemoteRunner(PyRunner):
                 with self.lock:
                     self.active -= 1
                 if attempts + 1 < ATTEMPTS:
-                    self.work.put((key, knobs, payload, done, attempts + 1))
+                    self.work.put((key, knobs, payload, done, attempts + 1, None))
                 else:
                     done.set_result(RunnerResult(None, f"worker lost {ATTEMPTS} times: {exc}"))
                 self.say(f"  a worker was lost ({type(exc).__name__}); going on with the others")
                 continue
             name = reply.get("worker", "?")
-            self.workers[name] = self.workers.get(name, 0) + 1
+            self._count(name, started)
             if reply["error"] is not None:
                 done.set_result(RunnerResult(None, f"on {name}: {reply['error']}"))
             else:
@@ -458,9 +480,15 @@ class RemoteRunner(PyRunner):
             item = self.work.get()
             if item is None:
                 return
-            key, knobs, _, done, _ = item
-            done.set_result(here.measure_one(key, knobs))
+            key, knobs, _, done, _, kernel = item
+            started = time.time()
+            done.set_result(here.measure_one(key, knobs, kernel))
+            self._count(name, started)
+
+    def _count(self, name: str, started: float) -> None:
+        with self.lock:
             self.workers[name] = self.workers.get(name, 0) + 1
+            self.busy[name] = self.busy.get(name, 0.0) + time.time() - started
 
     def _here_runner(self):
         """The runner measuring on this process's GPU (``tracker.here``), or None."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from typing import Iterator
 
 import numpy as np
 from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerInput, RunnerResult
@@ -38,7 +39,6 @@ class TritonRunner(PyRunner):
         self._inputs: dict = {}
         self._lock = threading.Lock()
         self._pool = None   # helper processes compiling a batch ahead (made at the first)
-        self._warmed: dict = {}   # this batch's candidates compiled ahead, to measure as they are
 
     def inputs(self, key: str):
         """:func:`reference_inputs` of a task, made once."""
@@ -53,46 +53,52 @@ class TritonRunner(PyRunner):
             with open(item.artifact_path, encoding="utf-8") as f:
                 spec = json.load(f)
             specs.append((spec["task"], spec["knobs"]))
-        self.compile_ahead(specs)
-        return [done(self.measure_one(key, knobs)) for key, knobs in specs]
+        results: dict = {}
+        for index, kernel in self.compiled_in_turn(list(enumerate(specs))):
+            results[index] = self.measure_one(*specs[index], kernel)
+        return [done(results[index]) for index in range(len(specs))]
 
-    def compile_ahead(self, specs: list[tuple[str, dict]]) -> None:
-        """Compile a batch's Triton candidates for their inputs on all the CPUs at once
-        (:mod:`~tensorfuse.targets.triton.compile_pool`) before any is measured; each measurement
-        then finds its kernel compiled (here, and through Triton's on-disk cache in the workers
-        of this machine). A candidate that fails here is measured as usual, and fails there.
-        ``TENSORFUSE_COMPILE_AHEAD=0`` turns this off (each candidate compiles at its first
-        launch, in the measuring process)."""
-        self._warmed = {}
-        if len(specs) < 2 or interpreting() or os.environ.get(COMPILE_AHEAD_ENV) == "0":
+    def compiled_in_turn(self, items: list[tuple]) -> Iterator[tuple]:
+        """``(tag, candidate)`` for ``items`` of ``(tag, (task key, knobs))``, each as soon as its
+        Triton kernels are compiled: a batch compiles on all the CPUs at once
+        (:func:`~tensorfuse.targets.triton.compile_pool.compiled_as_ready`) while the GPU
+        measures what is ready (and this machine's workers find it in Triton's on-disk cache).
+        The candidate is made already (measured as it is), or None where it could not be made
+        here (measured, and reported, as without this). ``TENSORFUSE_COMPILE_AHEAD=0`` turns
+        this off: in order, each compiled at its first launch, in the measuring process."""
+        if len(items) < 2 or interpreting() or os.environ.get(COMPILE_AHEAD_ENV) == "0":
+            yield from ((tag, None) for tag, _ in items)
             return
-        from ..targets.triton.compile_pool import CompilePool, compiled_ahead
+        from ..targets.triton.compile_pool import CompilePool, compiled_as_ready
 
-        if self._pool is None:
-            self._pool = CompilePool()
-        with compiled_ahead(self._pool):
-            for key, knobs in specs:
-                try:
-                    candidate = self.tasks_by_key[key].candidate(knobs or None)
-                    warm = getattr(candidate, "warm", None)   # Triton templates
-                    if warm is not None:
-                        warm(*self.inputs(key)[0])
-                        # measured as it is: its launches and block lists are made already
-                        self._warmed[_candidate_key(key, knobs)] = candidate
-                except Exception:  # noqa: BLE001 - measured, and reported, as without this
-                    continue
+        with self._lock:
+            if self._pool is None:
+                self._pool = CompilePool()
+
+        def warm(item):
+            key, knobs = item[1]
+            candidate = self.tasks_by_key[key].candidate(knobs or None)
+            warm_it = getattr(candidate, "warm", None)   # Triton templates
+            if warm_it is None:
+                return None
+            warm_it(*self.inputs(key)[0])
+            return candidate   # its launches and block lists are made already
+
+        for (tag, _), candidate in compiled_as_ready(self._pool, items, warm):
+            yield tag, candidate
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
 
-    def measure_one(self, key: str, knobs: dict) -> RunnerResult:
-        """:func:`measure` of one candidate of task ``key``, as MetaSchedule takes a result (a
-        failed trial, counted by the job, where it does not run or match the defaults)."""
+    def measure_one(self, key: str, knobs: dict, kernel=None) -> RunnerResult:
+        """:func:`measure` of one candidate of task ``key`` (``kernel``: that candidate, made
+        already), as MetaSchedule takes a result (a failed trial, counted by the job, where it
+        does not run or match the defaults)."""
         try:
             secs = measure(self.tasks_by_key[key], knobs, self.inputs(key), self.repeat_ms,
-                           self._warmed.pop(_candidate_key(key, knobs), None))
+                           kernel)
             return RunnerResult([secs], None)
         except Exception as exc:  # noqa: BLE001 - a failed trial, counted by the job
             return RunnerResult(None, f"{type(exc).__name__}: {exc}"[:2000])
@@ -105,10 +111,6 @@ def reference_inputs(task):
     reference = _as_list(task.candidate(None)(*args))
     dtypes = [c.dtypes[0] for c in task.kernel.program.outputs]
     return args, [r.float() for r in reference], dtypes
-
-
-def _candidate_key(key: str, knobs: dict) -> tuple:
-    return key, json.dumps(knobs, sort_keys=True)
 
 
 def measure(task, knobs: dict, inputs, repeat_ms: int = 50, kernel=None) -> float:

@@ -174,19 +174,28 @@ def test_the_job_s_own_tracker_serves_workers_and_stops():
     assert not own.state.thread.is_alive()
 
 
-def test_the_job_compiles_a_batch_ahead_before_its_gpu_and_workers_measure(monkeypatch, tmp_path):
-    """--gpus: the batch is compiled ahead (for this process and, through Triton's on-disk cache,
-    the local workers) before any candidate is handed out; the runner's helpers end with it."""
+def test_the_job_hands_out_each_candidate_once_compiled(monkeypatch, tmp_path):
+    """--gpus: a batch's candidates go to this process's GPU and the workers as their compiles
+    finish (on this machine's CPUs; the workers find them in Triton's on-disk cache), with what
+    was made for them; run() returns at once, and one that fails to compile still goes out."""
+    import threading
+
     import torch
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
     from tensorfuse.autotune.remote import RemoteRunner
     from tensorfuse.autotune.runner import TritonRunner
 
-    events = []
+    events, release = [], threading.Event()
+
+    def compiled_in_turn(self, items):   # the second compiles first; the first never does
+        events.append(("compiling", [spec for _, spec in items]))
+        release.wait(10)
+        yield items[1][0], "kernel 2"
+        raise RuntimeError("the compile pool failed")
+
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
-    monkeypatch.setattr(TritonRunner._cls, "compile_ahead",   # TVM's derived_object: its class
-                        lambda self, specs: events.append(("ahead", list(specs))))
+    monkeypatch.setattr(TritonRunner._cls, "compiled_in_turn", compiled_in_turn)  # derived_object
     monkeypatch.setattr(TritonRunner._cls, "close", lambda self: events.append(("closed",)))
     monkeypatch.setattr(RemoteRunner._cls, "_start", lambda self: None)   # no measuring threads
     runner = RemoteRunner({}, Tracker("", 0, "", "", here=0), lambda line: None)
@@ -196,8 +205,26 @@ def test_the_job_compiles_a_batch_ahead_before_its_gpu_and_workers_measure(monke
         path = tmp_path / f"c{n}.json"
         path.write_text(json.dumps({"task": "softmax", "knobs": {"block_n": 1024 * n}}))
         inputs.append(RunnerInput(str(path), "cuda", []))
-    runner.run(inputs)
-    assert events == [("ahead", [("softmax", {"block_n": 1024}), ("softmax", {"block_n": 2048})])]
-    assert runner.work.qsize() == 2   # handed out after the compile
+    futures = runner.run(inputs)
+    assert len(futures) == 2 and runner.work.qsize() == 0   # nothing compiled yet
+    release.set()
+    handed = [runner.work.get(timeout=10) for _ in range(2)]
+    assert [(item[1], item[5]) for item in handed] == [({"block_n": 2048}, "kernel 2"),
+                                                       ({"block_n": 1024}, None)]
+    assert events == [("compiling", [("softmax", {"block_n": 1024}),
+                                     ("softmax", {"block_n": 2048})])]
     runner.close()
     assert events[-1] == ("closed",)
+
+
+def test_kernels_measured_on_workers_take_turns():
+    """Through workers, several kernels' batches are scheduled round robin (one kernel's search
+    runs while another's batch is measured: the runner's futures come back at once); measured
+    in the job's process, by expected gain."""
+    from tensorfuse.autotune.job import Measurer, _scheduler
+
+    through, here = Measurer([], None, Tracker("", 0, "", "", here=0), None), \
+        Measurer([], None, None, None)
+    assert _scheduler(["a", "b"], through) == "round-robin"
+    assert _scheduler(["a", "b"], here) == "gradient"
+    assert _scheduler(["a"], here) == "round-robin"

@@ -13,8 +13,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import MockTensor  # noqa: E402
 
-from tensorfuse.targets.triton.compile_pool import (CompilePool, compiled_ahead,  # noqa: E402
-                                                    jit_request)
+from tensorfuse.targets.triton.compile_pool import (CompilePool,  # noqa: E402
+                                                    compiled_as_ready, jit_request)
 from tensorfuse.targets.triton.launch import load_kernel  # noqa: E402
 
 SOURCE = '''
@@ -57,18 +57,22 @@ def hopper(tmp_path, monkeypatch):
     driver._active = saved
 
 
-def _warm(fn, blocks):
-    for block in blocks:
-        fn.warmup(MockTensor(torch.float32), MockTensor(torch.float32), 1000, 0.5, BLOCK=block,
-                  grid=(1,), num_warps=4, num_stages=2)
+def _warm(fn, block):
+    fn.warmup(MockTensor(torch.float32), MockTensor(torch.float32), 1000, 0.5, BLOCK=block,
+              grid=(1,), num_warps=4, num_stages=2)
+    return block
+
+
+def _compile(pool, fn, blocks):
+    """The blocks in the order their kernels came back compiled."""
+    return [made for _, made in compiled_as_ready(pool, blocks, lambda b: _warm(fn, b))]
 
 
 def test_helpers_compile_a_batch_and_the_jit_finds_it_in_the_cache(hopper):
     fn = load_kernel(SOURCE.format(tag=os.getpid(), extra=""), f"scale_rows_{os.getpid()}")
     pool = CompilePool(2)
     try:
-        with compiled_ahead(pool):
-            _warm(fn, (64, 128, 256, 512))
+        assert sorted(_compile(pool, fn, (64, 128, 256, 512))) == [64, 128, 256, 512]
         assert (pool.sent, pool.here) == (4, 0)
     finally:
         pool.close()
@@ -82,13 +86,12 @@ def test_a_kernel_that_does_not_compile_fails_at_its_own_compile(hopper):
     fn = load_kernel(SOURCE.format(tag=tag, extra=" + undefined_name"), f"scale_rows_{tag}")
     pool = CompilePool(1)
     try:
-        with compiled_ahead(pool):   # the error is kept for the kernel's own compile
-            _warm(fn, (64,))
+        assert _compile(pool, fn, (64,)) == [64]   # the error is kept for its own compile
         assert pool.here == 1 and len(fn.device_caches[0][0]) == 0
     finally:
         pool.close()
     with pytest.raises(Exception, match="undefined_name"):
-        _warm(fn, (64,))
+        _warm(fn, 64)
 
 
 def test_a_compile_it_cannot_describe_runs_here():
@@ -106,11 +109,34 @@ def test_a_helper_that_dies_is_replaced(hopper):
         pool._start()
         pool.helpers[0].kill()
         pool.helpers[0].wait()
-        with compiled_ahead(pool):   # its compile runs here, and a new helper takes its place
-            _warm(fn, (64,))
+        _compile(pool, fn, (64,))   # its compile runs here, and a new helper takes its place
         assert (pool.sent, pool.here) == (0, 1) and pool.helpers[0].poll() is None
-        with compiled_ahead(pool):
-            _warm(fn, (128,))
+        _compile(pool, fn, (128,))
         assert (pool.sent, pool.here) == (1, 1) and len(fn.device_caches[0][0]) == 2
     finally:
         pool.close()
+
+
+def test_each_kernel_is_handed_on_once_compiled_while_the_rest_compile(hopper):
+    """The GPU can measure the first candidate while the helpers compile the others: each comes
+    back with its kernel in the JIT's cache (and no other not yet handed back), and a warm that
+    raises comes back with nothing made."""
+    tag = f"{os.getpid()}_ready"
+    fn = load_kernel(SOURCE.format(tag=tag, extra=""), f"scale_rows_{tag}")
+    cache = fn.device_caches[0][0]
+    pool = CompilePool(1)
+
+    def warm(block):
+        if block == 0:
+            raise ValueError("a candidate that cannot be made")
+        return _warm(fn, block)
+
+    seen = []
+    try:
+        for block, made in compiled_as_ready(pool, (64, 0, 128, 256), warm):
+            seen.append(block)
+            assert made == (None if block == 0 else block)
+            assert len(cache) == len([b for b in seen if b])   # its own compile, no later one
+    finally:
+        pool.close()
+    assert sorted(seen) == [0, 64, 128, 256] and pool.sent == 3

@@ -1,19 +1,21 @@
-"""Compiling a batch of Triton kernels on all the CPUs before any of them runs.
+"""Compiling a batch of Triton kernels on all the CPUs, each handed on as soon as it is compiled.
 
 Triton's JIT compiles a kernel at its first launch, in the launching process, one kernel after
 another: a tuning job that measured 201 candidates on one H200 took 143 s, mostly compiling
-(0.64 s a candidate, the GPU timing ~0.1 s of it). Under :func:`compiled_ahead`, Triton's own
-``AsyncCompileMode`` hands each compile the JIT starts (``warmup``: compile without launching) to
-:class:`CompilePool`, which sends the JIT's compile arguments to an idle helper process
-(:mod:`.compile_worker`, Triton alone imported); the helper fills Triton's on-disk cache, and the
-JIT's own compile here is then a cache hit (milliseconds). A compile the helpers cannot take —
-a JIT whose internals differ from Triton 3.6's, a helper that died, an error — runs here as it
-would have, so what is compiled never depends on the pool; only when it is compiled does.
+(0.64 s a candidate, the GPU timing ~0.1 s of it). :func:`compiled_as_ready` runs each
+candidate's ``warm`` (the JIT's ``warmup``: compile without launching) under Triton's own
+``AsyncCompileMode``, which hands each compile to :class:`CompilePool`; the pool sends the JIT's
+compile arguments to an idle helper process (:mod:`.compile_worker`, Triton alone imported),
+the helper fills Triton's on-disk cache, and the JIT's own compile here is then a cache hit
+(milliseconds). Candidates come back in the order their compiles finish, so the GPU measures the
+first while the helpers compile the rest (the workers of this machine find them in the same
+cache). A compile the helpers cannot take — a JIT whose internals differ from Triton 3.6's, a
+helper that died, an error — runs here as it would have, so what is compiled never depends on
+the pool; only when it is compiled does.
 """
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import os
 import pickle
 import queue
@@ -21,6 +23,7 @@ import struct
 import subprocess
 import sys
 import threading
+from typing import Callable, Iterable, Iterator
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
 
@@ -135,12 +138,51 @@ def jit_request(compile_fn) -> dict | None:
                 options=dict(options.__dict__))
 
 
-@contextlib.contextmanager
-def compiled_ahead(pool: CompilePool):
-    """Within this block the JIT's compiles (``fn.warmup(...)``, or first launches) go to
-    ``pool``; on leaving it, all are done and in the JIT's cache (a compile that failed is left
-    out, to fail again, with its error, at its first launch)."""
+def compiled_as_ready(pool: CompilePool, items: Iterable, warm: Callable) -> Iterator:
+    """``(item, warm(item))`` for each of ``items``, in the order their compiles finish: every
+    ``warm`` runs first (its JIT compiles go to ``pool``; it returns at once), then each item
+    comes back once the kernels its ``warm`` asked for are compiled and in the JIT's cache. A
+    compile that failed is left out of the cache, to fail again, with its error, at the
+    kernel's first launch; a ``warm`` that raises gives ``(item, None)``."""
     import triton
+    from triton.runtime import _async_compile
 
-    with triton.AsyncCompileMode(pool, ignore_errors=True):
-        yield
+    mode = triton.AsyncCompileMode(pool, ignore_errors=True)
+    asked: list = []            # the JIT's compiles, in the order the warms asked for them
+    submit = mode.submit
+
+    def recorded(key, compile_fn, finalize_fn):
+        kernel = submit(key, compile_fn, finalize_fn)
+        asked.append(kernel)
+        return kernel
+
+    mode.submit = recorded
+    waiting = []                # (item, what its warm made, the compiles it waits for)
+    token = _async_compile.active_mode.set(mode)
+    try:
+        for item in items:
+            first = len(asked)
+            try:
+                made = warm(item)
+            except Exception:  # noqa: BLE001 - measured, and reported, as without this
+                made = None
+            waiting.append((item, made, asked[first:]))
+    finally:
+        _async_compile.active_mode.reset(token)
+    while waiting:
+        ready = [w for w in waiting if all(_compiled(k) for k in w[2])]
+        if not ready:
+            concurrent.futures.wait([k.future for w in waiting for k in w[2] if not _compiled(k)],
+                                    return_when=concurrent.futures.FIRST_COMPLETED)
+            continue
+        for entry in ready:
+            waiting.remove(entry)
+            for kernel in entry[2]:
+                kernel.result(ignore_errors=True)   # into the JIT's cache (a failure: left out)
+            yield entry[0], entry[1]
+
+
+def _compiled(kernel) -> bool:
+    """Whether one of the JIT's asynchronous compiles has finished (Triton's FutureKernel)."""
+    future = getattr(kernel, "future", None)
+    return future is None or future.done()
