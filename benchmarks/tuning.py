@@ -180,7 +180,7 @@ def _compare_gpus(tf, target, cases, args) -> list[dict]:
         runs = []
         for gpus in ["0"] + (["all"] if count > 1 else []):
             command = [sys.executable, "-m", "benchmarks.tuning", "--gpus-compare", "--together",
-                       "--run-gpus", gpus, "--trials", str(trials), "--cases", ",".join(labels),
+                       "--run-gpus", gpus, "--out", args.out, "--trials", str(trials), "--cases", ",".join(labels),
                        "--seq", str(args.seq), "--window", str(args.window)]
             done = subprocess.run(command, capture_output=True, text=True)
             found = [json.loads(line[4:]) for line in done.stdout.splitlines()
@@ -209,10 +209,16 @@ def _one_gpus_run(tf, target, cases, args) -> None:
 
     _fresh_caches(f"gpus-{args.run_gpus}")
     gpus = "all" if args.run_gpus == "all" else [int(g) for g in args.run_gpus.split(",")]
+    from tensorfuse.autotune import remote
+
+    remote.TIMELINE = []
     started = time.time()
     summary = tf.tune([(kernel, {**sizes, **scalars}) for _, kernel, sizes, scalars in cases],
-                      target, trials=args.trials, progress=False, gpus=gpus)
+                      target, trials=args.trials, gpus=gpus,
+                      progress=lambda line: remote.mark("say", line))
     job_s = time.time() - started
+    with open(os.path.join(args.out, f"timeline-gpus-{args.run_gpus}.json"), "w") as f:
+        json.dump([(round(t - started, 3), *rest) for t, *rest in remote.TIMELINE], f)
     for task in summary.tasks:
         print("ROW " + json.dumps(dict(
             job=" + ".join(c[0] for c in cases), kernel=task.name, asked=args.trials,

@@ -51,6 +51,14 @@ from ..errors import TuningError
 MEASURE = "tensorfuse.autotune.measure"
 SECRET_ENV = "TENSORFUSE_TUNING_SECRET"
 ATTEMPTS = 3   # a candidate whose worker died is measured again elsewhere, this many times
+# where a job's time goes, for benchmarks.tuning: (time, event, ...) tuples when a list
+TIMELINE: list | None = None
+
+
+def mark(*event) -> None:
+    """Note an event of the job on :data:`TIMELINE` (nothing when it is None)."""
+    if TIMELINE is not None:
+        TIMELINE.append((time.time(), *event))
 
 
 def sign(payload: bytes, secret: str) -> str:
@@ -113,9 +121,11 @@ def _measure_request(payload, signature) -> str:
     from .runner import measure
 
     try:
+        started = time.time()
         task, inputs = _task(task_bytes)
         secs = measure(task, knobs, inputs, repeat_ms)
-        return json.dumps({"secs": secs, "error": None, "worker": _worker_name()})
+        return json.dumps({"secs": secs, "error": None, "worker": _worker_name(),
+                           "took": time.time() - started})
     except Exception as exc:  # noqa: BLE001 - a failed candidate, reported to the job
         return json.dumps({"secs": None, "error": f"{type(exc).__name__}: {exc}"[:2000],
                            "worker": _worker_name()})
@@ -395,6 +405,7 @@ class RemoteRunner(PyRunner):
                                                                           spec["knobs"])))
             futures.append(RunnerFuture(f_done=done.done,
                                         f_result=lambda done=done: self._result(done)))
+        mark("batch", items[0][1][0] if items else None, len(items))
         if self._here_runner() is None:
             for (key, knobs, payload, done), _ in items:
                 self.work.put((key, knobs, payload, done, 0, None))
@@ -414,6 +425,7 @@ class RemoteRunner(PyRunner):
             for tag, kernel in self.here.compiled_in_turn(items):
                 del left[id(tag)]
                 self.work.put((*tag, 0, kernel))
+                mark("compiled", tag[0])
         except Exception as exc:  # noqa: BLE001 - the candidates still go out, reported
             self.say(f"  compiling ahead failed ({type(exc).__name__}: {exc}); the rest of "
                      "the batch compiles where it is measured")
@@ -461,7 +473,7 @@ class RemoteRunner(PyRunner):
                 self.say(f"  a worker was lost ({type(exc).__name__}); going on with the others")
                 continue
             name = reply.get("worker", "?")
-            self._count(name, started)
+            self._count(name, started, key, reply.get("took"))
             if reply["error"] is not None:
                 done.set_result(RunnerResult(None, f"on {name}: {reply['error']}"))
             else:
@@ -483,9 +495,10 @@ class RemoteRunner(PyRunner):
             key, knobs, _, done, _, kernel = item
             started = time.time()
             done.set_result(here.measure_one(key, knobs, kernel))
-            self._count(name, started)
+            self._count(name, started, key)
 
-    def _count(self, name: str, started: float) -> None:
+    def _count(self, name: str, started: float, key: str, inside: float | None = None) -> None:
+        mark("measured", name, key, started, inside)
         with self.lock:
             self.workers[name] = self.workers.get(name, 0) + 1
             self.busy[name] = self.busy.get(name, 0.0) + time.time() - started
