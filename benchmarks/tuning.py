@@ -202,6 +202,43 @@ def _compare_gpus(tf, target, cases, args) -> list[dict]:
     return rows
 
 
+class _StackSampler:
+    """Where the job's threads spend their time: every 5 ms, each thread's Python stack (a
+    thread in C++ shows the Python frame that called it), counted per thread and stack."""
+
+    def __init__(self, period: float = 0.005):
+        import collections
+        import threading
+
+        self.counts: collections.Counter = collections.Counter()
+        self.period, self.running = period, True
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import threading
+        import traceback
+
+        me = threading.get_ident()
+        while self.running:
+            time.sleep(self.period)
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                stack = [f"{os.path.basename(s.filename)}:{s.name}"
+                         for s in traceback.extract_stack(frame)][-7:]
+                self.counts[(names.get(ident, "?"), " > ".join(stack))] += 1
+
+    def stop(self) -> None:
+        self.running = False
+        self.thread.join()
+
+    def report(self, top: int = 60) -> str:
+        return "\n".join(f"{n * self.period:7.2f} s  {thread}: {stack}"
+                         for (thread, stack), n in self.counts.most_common(top))
+
+
 def _one_gpus_run(tf, target, cases, args) -> None:
     """One job of ``--gpus-compare`` (in its own process): all ``cases`` on ``--run-gpus``;
     prints a ``ROW {json}`` line per kernel."""
@@ -212,13 +249,19 @@ def _one_gpus_run(tf, target, cases, args) -> None:
     from tensorfuse.autotune import remote
 
     remote.TIMELINE = []
+    if os.environ.get("TUNING_SWITCH_INTERVAL"):   # an experiment: the GIL's hand-over period
+        sys.setswitchinterval(float(os.environ["TUNING_SWITCH_INTERVAL"]))
+    sampler = _StackSampler()
     started = time.time()
     summary = tf.tune([(kernel, {**sizes, **scalars}) for _, kernel, sizes, scalars in cases],
                       target, trials=args.trials, gpus=gpus,
                       progress=lambda line: remote.mark("say", line))
     job_s = time.time() - started
+    sampler.stop()
     with open(os.path.join(args.out, f"timeline-gpus-{args.run_gpus}.json"), "w") as f:
         json.dump([(round(t - started, 3), *rest) for t, *rest in remote.TIMELINE], f)
+    with open(os.path.join(args.out, f"stacks-gpus-{args.run_gpus}.txt"), "w") as f:
+        f.write(sampler.report())
     for task in summary.tasks:
         print("ROW " + json.dumps(dict(
             job=" + ".join(c[0] for c in cases), kernel=task.name, asked=args.trials,
