@@ -194,10 +194,11 @@ def _job(kernels, spec, trials, database, trials_per_iter, seed, scalars, dims, 
                 if stop.is_set():
                     say("interrupted: what was measured is in the database; run the job again "
                         "to go on from there")
-            for task, result in zip(tasks, results):  # db holds what the job added
-                result.trials = _trials_recorded(db, task)
-                result.default_secs = measurer.time(task, db, tuned=False)
-                result.best_secs = measurer.time(task, db, tuned=True)
+            defaults = measurer.times(tasks, db, tuned=False)
+            best = measurer.times(tasks, db, tuned=True)
+            for task, result, default_secs, best_secs in zip(tasks, results, defaults, best):
+                result.trials = _trials_recorded(db, task)   # db holds what the job added
+                result.default_secs, result.best_secs = default_secs, best_secs
     ready = getattr(measurer.runner, "ready", None)
     summary = TuningSummary(spec.name, path, results, time.time() - start, stop.is_set(),
                             asked=trials, workers=measurer.workers(),
@@ -248,34 +249,41 @@ class Measurer:
         return [f"{name} ({n}" + (f", {busy[name]:.1f} s measuring)" if name in busy else ")")
                 for name, n in sorted(counts.items())] if counts else []
 
-    def time(self, task: TuningTask, db, tuned: bool) -> float | None:
-        """Seconds per call of the template defaults (what ``compile`` gives untuned) or of the
-        best record, measured in the same way for both: through the job's runner for GPU
-        templates (checked against the defaults, on the task's inputs), here for the CPU."""
-        from .lookup import best_record, replay
-
-        found = best_record(db, task.mod) if tuned else None
-        if tuned and found is None:
-            return None
-        scheduled = replay(found[0], task.mod) if tuned else None
-        if task.template == "cpu":   # the same inputs for both: masks may depend on the data
-            if task.name not in self._cpu_inputs:
-                self._cpu_inputs[task.name] = _cpu_inputs(task)
-            return _time_here(task, scheduled, self._cpu_inputs[task.name])
+    def times(self, tasks: list, db, tuned: bool) -> list[float | None]:
+        """Seconds per call of each task's template defaults (what ``compile`` gives untuned)
+        or best record, measured in the same way for both: through the job's runner for GPU
+        templates, all in one batch (compiled together, spread over the job's GPUs; checked
+        against the defaults, on the task's inputs), here for the CPU."""
         from tvm.s_tir.meta_schedule.arg_info import ArgInfo
         from tvm.s_tir.meta_schedule.runner import RunnerInput
 
+        from .lookup import best_record, replay
         from .tasks import knobs_of
 
-        try:
-            built = self.builder.artifact(task.name, knobs_of(scheduled) if tuned else {})
-        except Exception:  # noqa: BLE001 - a record the template no longer builds: no time
-            return None
-        (future,) = self.runner.run([RunnerInput(built.artifact_path, "cuda",
-                                                 ArgInfo.from_prim_func(task.mod["main"]))])
-        ran = future.result()
-        return None if ran.error_msg is not None else float(np.mean([float(x) for x in
-                                                                     ran.run_secs]))
+        secs: list[float | None] = [None] * len(tasks)
+        batch, where = [], []
+        for index, task in enumerate(tasks):
+            found = best_record(db, task.mod) if tuned else None
+            if tuned and found is None:
+                continue
+            scheduled = replay(found[0], task.mod) if tuned else None
+            if task.template == "cpu":   # the same inputs for both: masks may depend on data
+                if task.name not in self._cpu_inputs:
+                    self._cpu_inputs[task.name] = _cpu_inputs(task)
+                secs[index] = _time_here(task, scheduled, self._cpu_inputs[task.name])
+                continue
+            try:
+                built = self.builder.artifact(task.name, knobs_of(scheduled) if tuned else {})
+            except Exception:  # noqa: BLE001 - a record the template no longer builds: no time
+                continue
+            batch.append(RunnerInput(built.artifact_path, "cuda",
+                                     ArgInfo.from_prim_func(task.mod["main"])))
+            where.append(index)
+        for index, future in zip(where, self.runner.run(batch) if batch else []):
+            ran = future.result()
+            if ran.error_msg is None:
+                secs[index] = float(np.mean([float(x) for x in ran.run_secs]))
+        return secs
 
 
 @contextlib.contextmanager
@@ -400,13 +408,16 @@ def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, see
     contexts = [_context(t, spec, per_iter, seed) for t in tasks]
     extractor = "per-store-feature" if spec.kind == "llvm" else KnobFeatures()
     builder, runner = measurer.builder, measurer.runner
+    # GPU templates' knob features are a handful of numbers per candidate: one XGBoost thread
+    # trains on them in ~0.1 s, while one per core (MetaSchedule's default) spun for 4-6 s per
+    # job on a 32-core host busy compiling and measuring (the job's stack samples)
     cost_model = ms.cost_model.XGBModel(extractor=extractor, num_warmup_samples=min(16, per_iter),
-                                         num_tuning_cores=workers)
+                                         num_tuning_cores=workers if spec.kind == "llvm" else 1)
     callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [
         Progress(tasks, results, say, stop)]
-    for task, result in zip(tasks, results):
-        if result.trials == 0 and not stop.is_set():
-            _measure_defaults(task, result, db, builder, runner, say)
+    if not stop.is_set():
+        _measure_defaults([(t, r) for t, r in zip(tasks, results) if r.trials == 0], db, builder,
+                          runner, say)
     remaining = trials - sum(r.trials + r.trials_this_job for r in results)
     if remaining <= 0:
         return
@@ -433,38 +444,43 @@ def _scheduler(tasks, measurer: Measurer) -> str:
     return "gradient"
 
 
-def _measure_defaults(task: TuningTask, result: TaskResult, db, builder, runner, say) -> None:
-    """Measure the template defaults first and record them like any candidate, so a short job
-    can never leave a record slower than what ``compile`` had without one."""
+def _measure_defaults(pending: list, db, builder, runner, say) -> None:
+    """Measure the template defaults of ``pending`` ``(task, result)`` pairs first — one batch,
+    compiled together and spread over the job's GPUs — and record them like any candidate, so a
+    short job can never leave a record slower than what ``compile`` had without one."""
+    import shutil
+
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
     from tvm.s_tir.meta_schedule.builder import BuilderInput
     from tvm.s_tir.meta_schedule.database import TuningRecord
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    sch = task.default_schedule()
-    if sch is None:
+    made = [(task, result, sch) for task, result in pending
+            if (sch := task.default_schedule()) is not None]
+    if not made:
         return
-    target = tuning_target(task.target)
-    args_info = ArgInfo.from_prim_func(task.mod["main"])
-    (built,) = builder.build([BuilderInput(sch.mod, target)])
-    result.trials_this_job += 1
-    run_secs, error = None, built.error_msg
-    if error is None:
-        device = {"llvm": "cpu"}.get(target.kind.name, target.kind.name)
-        (future,) = runner.run([RunnerInput(built.artifact_path, device, args_info)])
-        ran = future.result()
-        run_secs, error = ran.run_secs, ran.error_msg
-        import shutil
-
-        shutil.rmtree(os.path.dirname(built.artifact_path), ignore_errors=True)
-    if error is not None:
-        result.failures_this_job += 1
-        result.errors.append(f"template defaults: {error.strip().splitlines()[-1][:300]}")
-    db.commit_tuning_record(TuningRecord(sch.trace, db.commit_workload(task.mod), run_secs,
-                                         target, args_info))
-    say(f"  {result.name}: template defaults measured"
-        + (f" at {np.mean([float(x) for x in run_secs]) * 1e3:.4g} ms" if run_secs else
-           f", failed: {result.errors[-1]}"))
+    targets = [tuning_target(task.target) for task, _, _ in made]
+    built = builder.build([BuilderInput(sch.mod, target)
+                           for (_, _, sch), target in zip(made, targets)])
+    inputs = [RunnerInput(b.artifact_path, {"llvm": "cpu"}.get(t.kind.name, t.kind.name),
+                          ArgInfo.from_prim_func(task.mod["main"]))
+              for (task, _, _), b, t in zip(made, built, targets) if b.error_msg is None]
+    futures = iter(runner.run(inputs) if inputs else [])
+    for (task, result, sch), b, target in zip(made, built, targets):
+        result.trials_this_job += 1
+        run_secs, error = None, b.error_msg
+        if error is None:
+            ran = next(futures).result()
+            run_secs, error = ran.run_secs, ran.error_msg
+            shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
+        if error is not None:
+            result.failures_this_job += 1
+            result.errors.append(f"template defaults: {error.strip().splitlines()[-1][:300]}")
+        db.commit_tuning_record(TuningRecord(sch.trace, db.commit_workload(task.mod), run_secs,
+                                             target, ArgInfo.from_prim_func(task.mod["main"])))
+        say(f"  {result.name}: template defaults measured"
+            + (f" at {np.mean([float(x) for x in run_secs]) * 1e3:.4g} ms" if run_secs else
+               f", failed: {result.errors[-1]}"))
 
 
 def _context(task: TuningTask, spec: TargetSpec, per_iter: int, seed: int | None):
