@@ -22,6 +22,10 @@ NATIVE = ("hopper_attention",)   # CUDA C++ templates with a tuning space
 class TritonSpace:
     """The space of a Triton template (``schedule_templates.<template>``'s ``knob_choices``)."""
 
+    # a job's runner plans, writes and compiles each candidate as it hands it out (off the
+    # search's thread), so a job's builder only names it
+    made_by_runner = True
+
     def __init__(self, task):
         import importlib
 
@@ -67,6 +71,8 @@ class TritonSpace:
 
 class HopperAttentionSpace:
     """The space of the warp-specialised sm_90a attention template."""
+
+    made_by_runner = False   # nvcc runs in the builder's threads
 
     def __init__(self, task):
         from ..schedule_templates.hopper_attention_plan import plan_hopper_attention
