@@ -61,9 +61,14 @@ class TritonBuilder(PyBuilder):
 
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
         """Each candidate's kernel, prepared in parallel threads (nvcc and Triton's compiler run
-        outside the interpreter lock for most of their time)."""
+        outside the interpreter lock for most of their time); in turn where there is nothing to
+        prepare (a job's Triton candidates: naming one is a few calls into TVM, which a pool of
+        threads only makes contend for the interpreter lock)."""
         from concurrent.futures import ThreadPoolExecutor
 
+        if not self.compile_ahead and all(t.space.made_by_runner
+                                          for t in self.tasks_by_key.values()):
+            return [self._build_one(item) for item in build_inputs]
         with ThreadPoolExecutor(max(1, min(len(build_inputs), os.cpu_count() or 1))) as pool:
             return list(pool.map(self._build_one, build_inputs))
 

@@ -228,3 +228,70 @@ def test_kernels_measured_on_workers_take_turns():
     assert _scheduler(["a", "b"], through) == "round-robin"
     assert _scheduler(["a", "b"], here) == "gradient"
     assert _scheduler(["a"], here) == "round-robin"
+
+
+def test_the_first_gpu_is_handed_to_its_worker_once_the_workers_are_there(monkeypatch, tmp_path):
+    """--gpus with several GPUs: this process measures on the first GPU until the workers (that
+    GPU's own among them) have registered, then stops — after the candidate in hand, before any
+    worker session starts — so no GPU ever times two candidates at once, and no candidate is
+    measured twice or lost."""
+    import threading
+
+    import torch
+    from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
+
+    from tensorfuse.autotune.remote import RemoteRunner
+    from tensorfuse.autotune.runner import TritonRunner
+
+    events, registered, lock = [], threading.Event(), threading.Lock()
+
+    def note(*event):
+        with lock:
+            events.append(event)
+
+    def measure_here(self, key, knobs, kernel=None):
+        note("here", knobs["block_n"])
+        time.sleep(0.05)
+        note("here done", knobs["block_n"])
+        return RunnerResult([1e-3], None)
+
+    def serve_as_worker(self):
+        note("worker session")
+        while True:
+            item = self.work.get()
+            if item is None:
+                return
+            note("worker", item[1]["block_n"])
+            item[3].set_result(RunnerResult([2e-3], None))
+
+    def wait_for(self, limit=120.0):
+        registered.wait(10)
+        return 2
+
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    monkeypatch.setattr(TritonRunner._cls, "measure_one", measure_here)
+    monkeypatch.setattr(TritonRunner._cls, "compiled_in_turn",
+                        lambda self, items: ((tag, None) for tag, _ in items))
+    monkeypatch.setattr(RemoteRunner._cls, "_serve", serve_as_worker)
+    monkeypatch.setattr(Tracker, "wait_for", wait_for)
+    tracker = Tracker("127.0.0.1", 1, "local", SECRET, here=0, expected=2)
+    runner = RemoteRunner({}, tracker, lambda line: None)
+    runner.payloads = {"softmax": b"task"}
+    inputs = []
+    for n in range(12):
+        path = tmp_path / f"c{n}.json"
+        path.write_text(json.dumps({"task": "softmax", "knobs": {"block_n": n}}))
+        inputs.append(RunnerInput(str(path), "cuda", []))
+    futures = runner.run(inputs)
+    while not any(e[0] == "here done" for e in events):
+        time.sleep(0.01)
+    registered.set()
+    results = [f.result() for f in futures]
+    runner.close()
+    assert all(r.error_msg is None for r in results)
+    measured = [e[1] for e in events if e[0] in ("here", "worker")]
+    assert sorted(measured) == list(range(12))        # each once
+    first_session = events.index(("worker session",))
+    assert all(e[0] not in ("here", "here done") for e in events[first_session:])
+    assert events[first_session - 1][0] == "here done"   # the one in hand finished first
+    assert not runner.here_thread.is_alive() and runner.active == 0   # its count given back
