@@ -264,11 +264,9 @@ def connect(address: str, key: str) -> Tracker:
 
 def start_local_workers(gpus: "str | list[int]", say) -> Tracker:
     """Measuring on the GPUs in ``gpus`` ("all" or indices) of this machine for one job: the
-    job's own process measures on the first from the start (no worker to wait for), and a
-    private tracker on 127.0.0.1 gets one worker per GPU, which take over once registered —
-    the first GPU's too, so that no GPU is timed from the job's process while it searches,
-    plans and compiles (its threads slowed that GPU's measurements by 65 % on the 2-GPU host;
-    :class:`RemoteRunner`). :func:`stop_local_workers` ends them."""
+    job's own process measures on the first (from the start: no worker to wait for), and a
+    private tracker on 127.0.0.1 gets one worker per other GPU, which join as they register
+    (:func:`stop_local_workers` ends them)."""
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -286,10 +284,10 @@ def start_local_workers(gpus: "str | list[int]", say) -> Tracker:
     key = f"local-{secrets.token_hex(4)}"
     secret = secrets.token_hex(16)
     tracker = Tracker("127.0.0.1", server.port, key, secret, local=[server], here=indices[0],
-                      expected=len(indices))
+                      expected=len(indices) - 1)
     env = dict(os.environ, **{SECRET_ENV: secret})
     logs = tempfile.mkdtemp(prefix="tensorfuse-workers-")
-    for gpu in indices:   # the first GPU's too: it takes over from this process when registered
+    for gpu in indices[1:]:
         with open(os.path.join(logs, f"gpu{gpu}.log"), "w") as log:
             tracker.local.append(subprocess.Popen(
                 [sys.executable, "-m", "tensorfuse.cli", "worker", "--tracker",
@@ -363,15 +361,12 @@ class RemoteRunner(PyRunner):
         self.active = 0            # threads holding a session
         self.ready = None          # when the workers were all there
         self.here = None           # the runner of this process's GPU (--gpus)
-        self.here_thread = None    # the thread measuring there
-        self.handed_over = threading.Event()   # that GPU's worker measures it now
 
     def _start(self) -> None:
         if self.threads:
             return
         if self.tracker.here is not None:   # this process's own GPU, from the first batch on
             self._thread(self._serve_here)
-            self.here_thread = self.threads[-1]
         if self.tracker.port:
             self._thread(self._join_workers)
         else:
@@ -383,19 +378,14 @@ class RemoteRunner(PyRunner):
         self.threads.append(thread)
 
     def _join_workers(self) -> None:
-        """A session thread per worker, once they have registered (the first batches run on
-        this process's GPU meanwhile). Where this job started a worker for that GPU too, this
-        process stops measuring there first — after the candidate in hand, so that the GPU
-        never times two candidates at once."""
+        """A session thread per worker, once they have registered (the first batches may run
+        on this process's GPU meanwhile)."""
         try:
             count = self.tracker.wait_for()
         except TuningError as exc:
             self.say(f"  {exc.message}; going on without them")
             self._fail_queued_if_alone()
             return
-        if self.here_thread is not None and self.tracker.expected > 0:
-            self.handed_over.set()
-            self.here_thread.join()
         for _ in range(max(1, count)):
             self._thread(self._serve)
         self.ready = time.time()
@@ -498,19 +488,14 @@ class RemoteRunner(PyRunner):
         name = f"{socket.gethostname()}:gpu{self.tracker.here} (this process)"
         with self.lock:
             self.active += 1
-        while not self.handed_over.is_set():
-            try:
-                item = self.work.get(timeout=0.2)
-            except queue.Empty:
-                continue
+        while True:
+            item = self.work.get()
             if item is None:
                 return
             key, knobs, _, done, _, kernel = item
             started = time.time()
             done.set_result(here.measure_one(key, knobs, kernel))
             self._count(name, started, key)
-        with self.lock:   # handed over to that GPU's worker
-            self.active -= 1
 
     def _count(self, name: str, started: float, key: str, inside: float | None = None) -> None:
         mark("measured", name, key, started, inside)
