@@ -156,6 +156,19 @@ def plot_neptune(path: str, out: str) -> None:
                "tensorfuse's speed over it (×)", parity=True)
 
 
+def plot_tuning_gpus(paths: list[str], out: str) -> None:
+    """``--gpus-compare`` runs: a job's wall clock on one GPU and on all, per CSV (a run)."""
+    runs = {p.rsplit("/", 1)[-1].replace(".csv", "").split("tuning-gpus-")[-1]: load(p)
+            for p in paths}
+    groups = list(runs)
+
+    def seconds(impl, run):
+        return next((float(r["job_s"]) for r in runs[run] if r["gpus"] == impl), 0.0)
+
+    impls = sorted({r["gpus"] for rows in runs.values() for r in rows})
+    _bar_chart(paths[0], out, groups, impls, seconds, groups, "job wall clock (s), per GPU count")
+
+
 def _shape_of(rows: list, bench: str) -> str:
     return next(r["shape"] for r in rows if r["benchmark"] == bench)
 
