@@ -405,7 +405,6 @@ def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, see
 
     workers = max(1, os.cpu_count() or 1)
     per_iter = trials_per_iter or max(4, min(32, remaining // 2 or 1))
-    contexts = [_context(t, spec, per_iter, seed) for t in tasks]
     extractor = "per-store-feature" if spec.kind == "llvm" else KnobFeatures()
     builder, runner = measurer.builder, measurer.runner
     # GPU templates' knob features are a handful of numbers per candidate: one XGBoost thread
@@ -421,6 +420,8 @@ def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, see
     remaining = trials - sum(r.trials + r.trials_this_job for r in results)
     if remaining <= 0:
         return
+    measured = _covered_spaces(tasks, results, db, remaining, say)
+    contexts = [_context(t, spec, per_iter, seed, m) for t, m in zip(tasks, measured)]
     os.makedirs(os.path.join(path, "logs"), exist_ok=True)
     ms.tune_tasks(tasks=contexts, task_weights=[1.0] * len(tasks), work_dir=path,
                   max_trials_global=remaining,
@@ -428,6 +429,37 @@ def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, see
                   num_trials_per_iter=per_iter, builder=builder, runner=runner, database=db,
                   cost_model=cost_model, measure_callbacks=callbacks,
                   task_scheduler=_scheduler(tasks, measurer))
+
+
+def _covered_spaces(tasks, results, db, remaining: int, say) -> list:
+    """Per task, the knob settings the database holds — where the job's budget covers every
+    unmeasured setting that fits of every task, which are then measured all at once
+    (:class:`.every_setting.EverySetting`) — else None for each (the evolutionary search)."""
+    from .pruning import fitting_settings_of, setting_key
+
+    if not tasks or any(r.settings is None for r in results):
+        return [None] * len(tasks)
+    measured = [_measured_settings(db, t) for t in tasks]
+    left = sum(sum(setting_key(k) not in seen for k in fitting_settings_of(t))
+               for t, seen in zip(tasks, measured))
+    if left > remaining:
+        return [None] * len(tasks)
+    say(f"  the budget covers every setting that fits: {left} candidate(s), each kernel's in "
+        "one batch")
+    return measured
+
+
+def _measured_settings(db, task: TuningTask) -> set:
+    """The knob settings of ``task`` the database holds records of (``setting_key``s)."""
+    from .lookup import replay
+    from .pruning import setting_key
+    from .tasks import knobs_of
+
+    if not db.has_workload(task.mod):
+        return set()
+    workload = db.commit_workload(task.mod)
+    return {setting_key(knobs_of(replay(r, task.mod)))
+            for r in db.get_all_tuning_records() if r.workload.same_as(workload)}
 
 
 def _scheduler(tasks, measurer: Measurer) -> str:
@@ -483,8 +515,10 @@ def _measure_defaults(pending: list, db, builder, runner, say) -> None:
                f", failed: {result.errors[-1]}"))
 
 
-def _context(task: TuningTask, spec: TargetSpec, per_iter: int, seed: int | None):
-    """A MetaSchedule TuneContext for ``task``.
+def _context(task: TuningTask, spec: TargetSpec, per_iter: int, seed: int | None,
+             measured: set | None = None):
+    """A MetaSchedule TuneContext for ``task``: the evolutionary search, or with ``measured``
+    (the settings recorded already) every other setting that fits, in one batch.
 
     Made through TVM's FFI constructor rather than ``TuneContext(...)``, whose ``__init__``
     imports every tensor intrinsic (24 s here; our spaces tensorize nothing)."""
@@ -506,9 +540,14 @@ def _context(task: TuningTask, spec: TargetSpec, per_iter: int, seed: int | None
     else:
         space = ms.space_generator.ScheduleFn(knob_space(task.choices()), sch_rules=[],
                                               postprocs=[FitsDevice(task)], mutator_probs={})
-    strategy = ms.search_strategy.EvolutionarySearch(
-        population_size=max(32, 4 * per_iter), init_min_unmeasured=max(16, 2 * per_iter),
-        genetic_num_iters=2)
+    if measured is not None:
+        from .every_setting import EverySetting
+
+        strategy = EverySetting(task, measured)
+    else:
+        strategy = ms.search_strategy.EvolutionarySearch(
+            population_size=max(32, 4 * per_iter), init_min_unmeasured=max(16, 2 * per_iter),
+            genetic_num_iters=2)
     context = ms.TuneContext.__new__(ms.TuneContext)
     context.__init_handle_by_constructor__(
         _ffi_api.TuneContext, task.mod, tuning_target(spec), space, strategy, task.name,

@@ -39,8 +39,18 @@ def fitting_settings(task, limit: int = 4096) -> tuple[int, int] | None:
     not enumerable here (the CPU's, or more than ``limit`` settings)."""
     if task.template == "cpu" or task.space_size > limit:
         return None
+    return len(fitting_settings_of(task)), task.space_size
+
+
+def fitting_settings_of(task) -> list[dict]:
+    """Every setting of ``task``'s knobs that fits its target, in the space's order."""
     choices = task.choices()
     names = list(choices)
-    fit = sum(task.unfit(dict(zip(names, values))) is None
-              for values in itertools.product(*(choices[n] for n in names)))
-    return fit, task.space_size
+    settings = (dict(zip(names, values))
+                for values in itertools.product(*(choices[n] for n in names)))
+    return [knobs for knobs in settings if task.unfit(knobs) is None]
+
+
+def setting_key(knobs: dict) -> tuple:
+    """A knob setting as a set member."""
+    return tuple(sorted(knobs.items()))
