@@ -458,8 +458,14 @@ def _measured_settings(db, task: TuningTask) -> set:
     if not db.has_workload(task.mod):
         return set()
     workload = db.commit_workload(task.mod)
-    return {setting_key(knobs_of(replay(r, task.mod)))
-            for r in db.get_all_tuning_records() if r.workload.same_as(workload)}
+    found = set()
+    for record in db.get_all_tuning_records():
+        if record.workload.same_as(workload):
+            try:
+                found.add(setting_key(knobs_of(replay(record, task.mod))))
+            except Exception:  # noqa: BLE001 - a record this version cannot replay: unmeasured
+                continue
+    return found
 
 
 def _scheduler(tasks, measurer: Measurer) -> str:
