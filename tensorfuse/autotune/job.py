@@ -122,7 +122,9 @@ def tune(kernels: "TracedKernel | Iterable[TracedKernel | tuple[TracedKernel, di
     ``trials``: the budget of measured candidates for the whole job
     (trials already in the database count; the template defaults are measured first; with
     several kernels the task scheduler hands out whole batches of ``trials_per_iter``, so the
-    last one may pass the budget by less than a batch). ``database``: a folder (default: this
+    last one may pass the budget by less than a batch; a budget that covers every setting of
+    the kernels' spaces that fits the GPU measures them all, each kernel's in one batch, with
+    no search). ``database``: a folder (default: this
     device's, the one ``compile`` reads). ``progress``: print a line per batch to stderr, or
     pass a function. Where candidates are measured (:mod:`.remote`): this process's GPU by
     default; ``gpus="all"`` (or a list of indices) one worker per GPU of this machine;
