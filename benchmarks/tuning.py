@@ -249,8 +249,6 @@ def _one_gpus_run(tf, target, cases, args) -> None:
     from tensorfuse.autotune import remote
 
     remote.TIMELINE = []
-    if os.environ.get("TUNING_SWITCH_INTERVAL"):   # an experiment: the GIL's hand-over period
-        sys.setswitchinterval(float(os.environ["TUNING_SWITCH_INTERVAL"]))
     sampler = _StackSampler()
     started = time.time()
     summary = tf.tune([(kernel, {**sizes, **scalars}) for _, kernel, sizes, scalars in cases],
