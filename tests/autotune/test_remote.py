@@ -228,3 +228,25 @@ def test_kernels_measured_on_workers_take_turns():
     assert _scheduler(["a", "b"], through) == "round-robin"
     assert _scheduler(["a", "b"], here) == "gradient"
     assert _scheduler(["a"], here) == "round-robin"
+
+
+def test_the_local_runner_returns_results_in_the_batch_s_order(monkeypatch, tmp_path):
+    """Candidates compile (and are measured) in whatever order their compiles finish; the
+    results MetaSchedule gets back are still in the order of its batch."""
+    from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
+
+    from tensorfuse.autotune.runner import TritonRunner
+
+    monkeypatch.setattr(TritonRunner._cls, "compiled_in_turn",   # the last compiles first
+                        lambda self, items: ((tag, f"kernel {tag}") for tag, _ in items[::-1]))
+    monkeypatch.setattr(TritonRunner._cls, "measure_one", lambda self, key, knobs, kernel=None:
+                        RunnerResult([knobs["block_n"] * 1e-6], kernel))
+    inputs = []
+    for n in range(5):
+        path = tmp_path / f"c{n}.json"
+        path.write_text(json.dumps({"task": "softmax", "knobs": {"block_n": n}}))
+        inputs.append(RunnerInput(str(path), "cuda", []))
+    results = [f.result() for f in TritonRunner({}).run(inputs)]
+    assert [float(r.run_secs[0]) for r in results] == [n * 1e-6 for n in range(5)]
+    # the candidate each was measured with, handed back in error_msg by the stand-in
+    assert [r.error_msg for r in results] == [f"kernel {n}" for n in range(5)]
