@@ -221,7 +221,8 @@ def test_kernels_measured_on_workers_take_turns():
     """Through workers, several kernels' batches are scheduled round robin (one kernel's search
     runs while another's batch is measured: the runner's futures come back at once); measured
     in the job's process, by expected gain."""
-    from tensorfuse.autotune.job import Measurer, _scheduler
+    from tensorfuse.autotune.job import _scheduler
+    from tensorfuse.autotune.measurer import Measurer
 
     through, here = Measurer([], None, Tracker("", 0, "", "", here=0), None), \
         Measurer([], None, None, None)
