@@ -66,11 +66,15 @@ class TritonBuilder(PyBuilder):
         threads only makes contend for the interpreter lock)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        if not self.compile_ahead and all(t.space.made_by_runner
-                                          for t in self.tasks_by_key.values()):
+        if not any(self._prepares(t) for t in self.tasks_by_key.values()):
             return [self._build_one(item) for item in build_inputs]
         with ThreadPoolExecutor(max(1, min(len(build_inputs), os.cpu_count() or 1))) as pool:
             return list(pool.map(self._build_one, build_inputs))
+
+    def _prepares(self, task) -> bool:
+        """Whether this builder plans (and compiles) ``task``'s candidates, or only names them
+        for the runner, which makes them."""
+        return self.compile_ahead or not task.space.made_by_runner
 
     def _build_one(self, item: BuilderInput) -> BuilderResult:
         try:
@@ -82,7 +86,7 @@ class TritonBuilder(PyBuilder):
         """The candidate of task ``key`` with ``knobs`` (``{}``: the template defaults), prepared
         (bad knobs fail here), as an artifact the runners take."""
         task = self.tasks_by_key[key]
-        if self.compile_ahead or not task.space.made_by_runner:
+        if self._prepares(task):
             task.space.prepare(task.candidate(knobs or None), self.compile_ahead)
         # a folder per artifact: MetaSchedule removes the artifact's folder once measured
         path = os.path.join(tempfile.mkdtemp(prefix="tensorfuse-candidate-"), "knobs.json")

@@ -17,18 +17,17 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate, PySearchStrategy
 
-from .pruning import fitting_settings_of, setting_key
 from .tasks import knob_space
 
 
 @derived_object
 class EverySetting(PySearchStrategy):
-    """Proposes, once, every fitting setting of ``task`` not in ``measured`` (setting keys), up
-    to the task's trial budget; then nothing, which ends the task."""
+    """Proposes ``settings`` (knob settings of ``task``) once, up to the task's trial budget;
+    then nothing, which ends the task."""
 
-    def __init__(self, task, measured: set):
+    def __init__(self, task, settings: list[dict]):
         super().__init__()
-        self.task, self.measured = task, set(measured)
+        self.task, self.settings = task, list(settings)
         self.budget, self.done = 0, False
 
     def _initialize_with_tune_context(self, context) -> None:
@@ -46,9 +45,8 @@ class EverySetting(PySearchStrategy):
             return None
         self.done = True
         args_info = ArgInfo.from_prim_func(self.task.mod["main"])
-        left = [k for k in fitting_settings_of(self.task) if setting_key(k) not in self.measured]
         candidates = []
-        for knobs in left[:self.budget]:
+        for knobs in self.settings[:self.budget]:
             sch = tvm.s_tir.Schedule(self.task.mod)
             knob_space(self.task.choices(), fixed=knobs)(sch)   # the sampled schedule's trace
             candidates.append(MeasureCandidate(sch, args_info))
@@ -58,4 +56,4 @@ class EverySetting(PySearchStrategy):
         pass
 
     def clone(self) -> "EverySetting":
-        return EverySetting(self.task, self.measured)
+        return EverySetting(self.task, self.settings)

@@ -289,12 +289,16 @@ def _reporter(progress) -> Callable[[str], None]:
     return lambda line: None
 
 
-def _trials_recorded(db, task: TuningTask) -> int:
-    """Records of ``task`` in ``db`` (failed candidates included)."""
+def _records_of(db, task: TuningTask) -> list:
+    """The records of ``task`` in ``db`` (failed candidates included)."""
     if not db.has_workload(task.mod):
-        return 0
+        return []
     workload = db.commit_workload(task.mod)  # the database's own object for an existing one
-    return sum(1 for r in db.get_all_tuning_records() if r.workload.same_as(workload))
+    return [r for r in db.get_all_tuning_records() if r.workload.same_as(workload)]
+
+
+def _trials_recorded(db, task: TuningTask) -> int:
+    return len(_records_of(db, task))
 
 
 def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, seed, say,
@@ -321,8 +325,8 @@ def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, see
     remaining = trials - sum(r.trials + r.trials_this_job for r in results)
     if remaining <= 0:
         return
-    measured = _covered_spaces(tasks, results, db, remaining, say)
-    contexts = [_context(t, spec, per_iter, seed, m) for t, m in zip(tasks, measured)]
+    unmeasured = _covered_spaces(tasks, results, db, remaining, say)
+    contexts = [_context(t, spec, per_iter, seed, u) for t, u in zip(tasks, unmeasured)]
     os.makedirs(os.path.join(path, "logs"), exist_ok=True)
     ms.tune_tasks(tasks=contexts, task_weights=[1.0] * len(tasks), work_dir=path,
                   max_trials_global=remaining,
@@ -333,39 +337,38 @@ def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, see
 
 
 def _covered_spaces(tasks, results, db, remaining: int, say) -> list:
-    """Per task, the knob settings the database holds — where the job's budget covers every
-    unmeasured setting that fits of every task, which are then measured all at once
+    """Per task, its fitting settings the database holds no record of — where the job's budget
+    covers them all, for every task, to be measured at once
     (:class:`.every_setting.EverySetting`) — else None for each (the evolutionary search)."""
     from .pruning import fitting_settings_of, setting_key
 
     if not tasks or any(r.settings is None for r in results):
         return [None] * len(tasks)
-    measured = [_measured_settings(db, t) for t in tasks]
-    left = sum(sum(setting_key(k) not in seen for k in fitting_settings_of(t))
-               for t, seen in zip(tasks, measured))
-    if left > remaining:
+    left = []
+    for task in tasks:
+        seen = _measured_settings(db, task)
+        left.append([k for k in fitting_settings_of(task) if setting_key(k) not in seen])
+    count = sum(len(settings) for settings in left)
+    if count > remaining:
         return [None] * len(tasks)
-    say(f"  the budget covers every setting that fits: {left} candidate(s), each kernel's in "
+    say(f"  the budget covers every setting that fits: {count} candidate(s), each kernel's in "
         "one batch")
-    return measured
+    return left
 
 
 def _measured_settings(db, task: TuningTask) -> set:
-    """The knob settings of ``task`` the database holds records of (``setting_key``s)."""
+    """The knob settings of ``task`` the database holds records of (``setting_key``s); a record
+    this version cannot replay counts as unmeasured."""
     from .lookup import replay
     from .pruning import setting_key
     from .tasks import knobs_of
 
-    if not db.has_workload(task.mod):
-        return set()
-    workload = db.commit_workload(task.mod)
     found = set()
-    for record in db.get_all_tuning_records():
-        if record.workload.same_as(workload):
-            try:
-                found.add(setting_key(knobs_of(replay(record, task.mod))))
-            except Exception:  # noqa: BLE001 - a record this version cannot replay: unmeasured
-                continue
+    for record in _records_of(db, task):
+        try:
+            found.add(setting_key(knobs_of(replay(record, task.mod))))
+        except Exception:  # noqa: BLE001 - measured again
+            continue
     return found
 
 
@@ -399,13 +402,13 @@ def _measure_defaults(pending: list, db, builder, runner, say) -> None:
     if not made:
         return
     targets = [tuning_target(task.target) for task, _, _ in made]
+    args = [ArgInfo.from_prim_func(task.mod["main"]) for task, _, _ in made]
     built = builder.build([BuilderInput(sch.mod, target)
                            for (_, _, sch), target in zip(made, targets)])
-    inputs = [RunnerInput(b.artifact_path, {"llvm": "cpu"}.get(t.kind.name, t.kind.name),
-                          ArgInfo.from_prim_func(task.mod["main"]))
-              for (task, _, _), b, t in zip(made, built, targets) if b.error_msg is None]
+    inputs = [RunnerInput(b.artifact_path, {"llvm": "cpu"}.get(t.kind.name, t.kind.name), a)
+              for b, t, a in zip(built, targets, args) if b.error_msg is None]
     futures = iter(runner.run(inputs) if inputs else [])
-    for (task, result, sch), b, target in zip(made, built, targets):
+    for (task, result, sch), b, target, args_info in zip(made, built, targets, args):
         result.trials_this_job += 1
         run_secs, error = None, b.error_msg
         if error is None:
@@ -416,16 +419,16 @@ def _measure_defaults(pending: list, db, builder, runner, say) -> None:
             result.failures_this_job += 1
             result.errors.append(f"template defaults: {error.strip().splitlines()[-1][:300]}")
         db.commit_tuning_record(TuningRecord(sch.trace, db.commit_workload(task.mod), run_secs,
-                                             target, ArgInfo.from_prim_func(task.mod["main"])))
+                                             target, args_info))
         say(f"  {result.name}: template defaults measured"
             + (f" at {np.mean([float(x) for x in run_secs]) * 1e3:.4g} ms" if run_secs else
                f", failed: {result.errors[-1]}"))
 
 
 def _context(task: TuningTask, spec: TargetSpec, per_iter: int, seed: int | None,
-             measured: set | None = None):
-    """A MetaSchedule TuneContext for ``task``: the evolutionary search, or with ``measured``
-    (the settings recorded already) every other setting that fits, in one batch.
+             settings: list | None = None):
+    """A MetaSchedule TuneContext for ``task``: the evolutionary search, or with ``settings``
+    (knob settings) exactly those, in one batch.
 
     Made through TVM's FFI constructor rather than ``TuneContext(...)``, whose ``__init__``
     imports every tensor intrinsic (24 s here; our spaces tensorize nothing)."""
@@ -447,10 +450,10 @@ def _context(task: TuningTask, spec: TargetSpec, per_iter: int, seed: int | None
     else:
         space = ms.space_generator.ScheduleFn(knob_space(task.choices()), sch_rules=[],
                                               postprocs=[FitsDevice(task)], mutator_probs={})
-    if measured is not None:
+    if settings is not None:
         from .every_setting import EverySetting
 
-        strategy = EverySetting(task, measured)
+        strategy = EverySetting(task, settings)
     else:
         strategy = ms.search_strategy.EvolutionarySearch(
             population_size=max(32, 4 * per_iter), init_min_unmeasured=max(16, 2 * per_iter),
