@@ -19,6 +19,7 @@ use_all_cores()   # before any kernel runs: TVM's pool would take half the cores
 from . import dsl, errors  # noqa: E402
 from .api import compile, schedule
 from .autotune import tune
+from .autograd import grad
 from .compiled import CompiledKernel
 from .errors import TensorfuseError
 from .kernel import Kernel, kernel
@@ -27,4 +28,4 @@ from .targets import get_target
 from . import kernels  # noqa: E402 - the library's kernels (tf.kernels.rmsnorm, …) use `kernel`
 
 __all__ = ["dsl", "errors", "kernels", "compile", "schedule", "CompiledKernel", "TensorfuseError",
-           "Kernel", "kernel", "Schedule", "get_target", "tune", "__version__"]
+           "Kernel", "kernel", "Schedule", "get_target", "tune", "grad", "__version__"]

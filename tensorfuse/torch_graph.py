@@ -66,6 +66,11 @@ class KernelOp:
         self.op = torch.library.custom_op(self.qualname, run, mutates_args=(),
                                           schema=schema(program))
         self.op.register_fake(fake)
+        from .autograd import Differentiation
+
+        differentiation = Differentiation(kernel)
+        self.op.register_autograd(differentiation.backward,
+                                  setup_context=differentiation.setup_context)
 
     def __call__(self, args: tuple, kwargs: dict):
         """Call the operator with ``args``/``kwargs`` as the kernel would take them (keyword
@@ -80,6 +85,16 @@ class KernelOp:
                 raise TypeError(f"{self.program.name}() is missing argument {name!r}")
             ordered.append(kwargs[name])
         return self.op(*ordered)
+
+
+def wants_grad(args: tuple, kwargs: dict) -> bool:
+    """Whether autograd must record this call: grad mode on and a tensor argument that requires
+    grad (the call then goes through the custom operator, whose backward is registered)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.is_grad_enabled():
+        return False
+    return any(getattr(a, "requires_grad", False) for a in args) or \
+        any(getattr(a, "requires_grad", False) for a in kwargs.values())
 
 
 def compiling() -> bool:
@@ -103,7 +118,7 @@ class GraphCallable:
 
     def __call__(self, *args, **kwargs):
         op = self.torch_op
-        if op is not None and compiling():
+        if op is not None and (compiling() or wants_grad(args, kwargs)):
             return op(args, kwargs)
         return self.invoke(False, args, kwargs)
 

@@ -1,0 +1,127 @@
+"""Gradients of tensorfuse kernels: ``tf.grad`` and PyTorch autograd.
+
+``tf.grad(kernel)`` is the kernel's backward pass as a kernel of its own (its program from
+:func:`tensorfuse.dsl.gradients.gradient_program`): compile it, schedule it, tune it like any
+other. Called, it takes the forward's arguments and the gradient of each floating-point output
+(by keyword, ``d_<output>``, or positionally after the forward's) and returns the gradient of each
+differentiable tensor parameter.
+
+A compiled kernel called on PyTorch tensors that require grad (with grad mode on) returns a
+differentiable result: the call goes through the kernel's custom operator
+(:mod:`.torch_graph`), whose backward (``torch.library.register_autograd``) runs the compiled
+backward kernel on the same target — eagerly, and inside ``torch.compile`` graphs.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .dsl import dtypes as dt
+from .dsl.gradients import GradientOutput, gradient_program
+from .dsl.program import Program, is_kernel
+from .errors import TensorfuseError
+
+
+class GradientKernel:
+    """The backward pass of a traced kernel, itself a traced kernel (``tf.compile`` takes it)."""
+
+    def __init__(self, forward, wrt: Sequence[str] | None = None):
+        if not is_kernel(forward):
+            raise TypeError(f"tf.grad takes a @tensorfuse.kernel, got {type(forward).__name__}")
+        self.forward = forward
+        self.fn = forward.fn
+        self.name = f"{forward.name}_backward"
+        self.program: Program
+        self.program, self.outputs = gradient_program(forward.program, wrt, self.name)
+        self.wrt = list(dict.fromkeys(o.param for o in self.outputs))
+        self._compiled: dict = {}
+
+    def __repr__(self) -> str:
+        return f"<tensorfuse gradient of {self.forward.name} (wrt {', '.join(self.wrt)})>\n" \
+            f"{self.program!r}"
+
+    @property
+    def incoming(self) -> list[str]:
+        """The parameters that take the outputs' gradients, in order."""
+        return [p.name for p in self.program.params[len(self.forward.program.params):]]
+
+    def __call__(self, *args, target: str = "auto", **kwargs):
+        """The gradients, one per ``wrt`` parameter (a tuple when there are several): partial
+        gradients of one parameter (:mod:`.dsl.gradients`) are added here."""
+        compiled = self._compiled.get(target)
+        if compiled is None:
+            from .api import compile as compile_kernel
+
+            compiled = self._compiled[target] = compile_kernel(self, target=target)
+        parts = compiled(*args, **kwargs)
+        summed = sum_parts(self.outputs, parts if isinstance(parts, tuple) else (parts,))
+        values = [summed[n] for n in self.wrt]
+        return values[0] if len(values) == 1 else tuple(values)
+
+
+def grad(kernel, wrt: Sequence[str] | str | None = None) -> GradientKernel:
+    """The backward pass of ``kernel`` (with respect to the tensor parameters ``wrt``; default:
+    every floating-point one) as a kernel: ``tf.compile(tf.grad(k))``, or call it directly."""
+    return GradientKernel(kernel, wrt)
+
+
+def sum_parts(outputs: Sequence[GradientOutput], values: Sequence) -> dict:
+    """Each parameter's gradient: its parts (loads by different indices) added."""
+    summed: dict = {}
+    for out, value in zip(outputs, values):
+        summed[out.param] = value if out.param not in summed else summed[out.param] + value
+    return summed
+
+
+class Differentiation:
+    """PyTorch autograd for one compiled kernel's custom operator: what its forward saves and its
+    backward computes (the backward kernel compiled on the forward's target on first use)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.program: Program = kernel.program
+        self.params = list(self.program.params)
+        self.float_outputs = [k for k, c in enumerate(self.program.outputs)
+                              if dt.is_float(c.dtypes[0])]
+        self._backward = None
+
+    def backward_kernel(self):
+        if self._backward is None:
+            from .api import compile as compile_kernel
+
+            forward = _ProgramKernel(self.program, getattr(self.kernel, "fn", None))
+            try:
+                self.gradients = GradientKernel(forward)
+            except TensorfuseError as exc:
+                raise RuntimeError(f"tensorfuse cannot differentiate {self.program.name}: "
+                                   f"{exc.message}") from None
+            self._backward = compile_kernel(self.gradients, target=self.kernel.target)
+        return self._backward
+
+    def setup_context(self, ctx, inputs, output) -> None:
+        ctx.save_for_backward(*[x for x, p in zip(inputs, self.params)
+                                if not _is_scalar(p)])
+        ctx.scalars = [x for x, p in zip(inputs, self.params) if _is_scalar(p)]
+
+    def backward(self, ctx, *grads):
+        backward = self.backward_kernel()
+        tensors, scalars = iter(ctx.saved_tensors), iter(ctx.scalars)
+        args = [next(scalars) if _is_scalar(p) else next(tensors) for p in self.params]
+        # autograd hands zeros for outputs the loss does not use (materialised gradients)
+        args += [grads[k].contiguous() for k in self.float_outputs]
+        parts = backward(*args)
+        parts = parts if isinstance(parts, tuple) else (parts,)
+        summed = sum_parts(self.gradients.outputs, parts)
+        return tuple(None if _is_scalar(p) else summed.get(p.name) for p in self.params)
+
+
+class _ProgramKernel:
+    """A traced program standing for its kernel (what :class:`GradientKernel` needs of one)."""
+
+    def __init__(self, program: Program, fn):
+        self.program, self.fn, self.name = program, fn, program.name
+
+
+def _is_scalar(p) -> bool:
+    from .dsl.program import ScalarParam
+
+    return isinstance(p, ScalarParam)
