@@ -140,6 +140,11 @@ class _Model:
         self.bodies = {m.name: chain.bodies[m.name][0] for m in self.members}
         self.states = {m.name: [self._symbolic(st.body, "ref")
                                 for st in chain.schemes[m.name].states] for m in self.members}
+        for m in self.members:   # every leaf the schemes' steps read gets data below
+            scheme = chain.schemes[m.name]
+            for e in (scheme.reference(), *scheme.correct, *scheme.corrections(settled=True),
+                      scheme.true_value(0, settled=True)):
+                self.expr(e)
         self.data = self._draw(rng)
         self.needed = {d for s in chain.schemes.values() for d in s.deps}
 

@@ -35,9 +35,9 @@ from typing import Sequence
 
 from . import dtypes as dt
 from . import ops
-from .expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar, Unary,
+from .expr import (Axis, Binary, Cast, Const, DimSize, Expr, Load, Ref, Scalar, Unary,
                    Where, as_expr, binary, compare, unary, where, walk)
-from .program import Compute, Program, ScalarParam, TensorParam
+from .program import Compute, Program, TensorParam
 from ..errors import DSLError
 
 
