@@ -19,6 +19,7 @@ from .dsl import dtypes as dt
 from .dsl.gradients import GradientOutput, gradient_program
 from .dsl.program import Program, is_kernel
 from .errors import TensorfuseError
+from .torch_graph import DIFFERENTIATION
 
 
 class GradientKernel:
@@ -125,3 +126,6 @@ def _is_scalar(p) -> bool:
     from .dsl.program import ScalarParam
 
     return isinstance(p, ScalarParam)
+
+
+DIFFERENTIATION.append(Differentiation)   # every kernel's custom operator gets a backward

@@ -23,6 +23,10 @@ from .dsl.program import Program, ScalarParam
 from .interop import torch_dtype
 
 _NUMBERS = itertools.count()
+# What makes a kernel's operator differentiable (``kernel -> object with backward and
+# setup_context``): installed by :mod:`tensorfuse.autograd`, which compiles backward kernels — a
+# layer above this one, so it is handed down rather than imported.
+DIFFERENTIATION: list = []
 
 
 def _schema_type(p) -> str:
@@ -66,19 +70,19 @@ class KernelOp:
         self.op = torch.library.custom_op(self.qualname, run, mutates_args=(),
                                           schema=schema(program))
         self.op.register_fake(fake)
-        from .autograd import Differentiation
-
-        differentiation = Differentiation(kernel)
-        self.op.register_autograd(differentiation.backward,
-                                  setup_context=differentiation.setup_context)
+        for differentiation in (make(kernel) for make in DIFFERENTIATION):
+            self.op.register_autograd(differentiation.backward,
+                                      setup_context=differentiation.setup_context)
 
     def __call__(self, args: tuple, kwargs: dict):
         """Call the operator with ``args``/``kwargs`` as the kernel would take them (keyword
         arguments by parameter name; ``out=`` has no place in a graph). Errors here are builtin
         exceptions: Dynamo traces this code, and shows their message, not tensorfuse's own."""
         if "out" in kwargs:
-            raise TypeError(f"{self.program.name}(): out= is not supported inside torch.compile "
-                            "(a graph's operators return new tensors); drop it and use the result")
+            where = "inside torch.compile (a graph's operators return new tensors)" \
+                if compiling() else "while autograd records the call (an input requires grad)"
+            raise TypeError(f"{self.program.name}(): out= is not supported {where}; drop it and "
+                            "use the result")
         ordered = list(args)
         for name in self.names[len(args):]:
             if name not in kwargs:

@@ -281,3 +281,14 @@ def test_a_kernel_that_cannot_be_differentiated_says_so_in_backward():
     out = f(_t(2, 3))
     with pytest.raises(RuntimeError, match="cannot differentiate product.*prod"):
         out.sum().backward()
+
+
+def test_out_is_refused_while_autograd_records():
+    f = tf.compile(rmsnorm, target="llvm")
+    x, w = _t(2, 5), _t(5)
+    with pytest.raises(TypeError, match="out= is not supported while autograd records"):
+        f(x, w, eps=1e-5, out=torch.empty(2, 5, dtype=torch.float64))
+    with torch.no_grad():   # nothing recorded: out= as usual
+        out = torch.empty(2, 5, dtype=torch.float64)
+        f(x, w, eps=1e-5, out=out)
+    assert torch.isfinite(out).all()
