@@ -190,39 +190,41 @@ def test_an_unused_input_gets_a_zero_gradient(rng):
     assert np.all(dx > 0.0)
 
 
+@pytest.mark.parametrize("target", ["llvm", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("name", ["softmax", "rmsnorm", "causal_attention"])
-def test_bf16_library_kernels_match_torch_gradients(name):
+def test_bf16_library_kernels_match_torch_gradients(name, target):
     """The library's bf16 kernels: gradients within bf16 rounding of PyTorch's on the same
-    values (computed in float64)."""
+    values (computed in float64), on the CPU and on the GPU (ragged sizes)."""
     torch.manual_seed(1)
     kernel = K.ALL[name]
+    device = "cpu" if target == "llvm" else "cuda"
+
+    def made(*shape):
+        return torch.randn(*shape, device=device).bfloat16().requires_grad_()
     if name == "causal_attention":
-        tensors = [torch.randn(1, 2, 9, 16).bfloat16().requires_grad_() for _ in range(3)]
-        others = {"scale": 0.25}
+        tensors, others = [made(1, 2, 9, 16), made(1, 2, 9, 16), made(1, 2, 9, 16)], \
+            {"scale": 0.25}
 
         def reference(q, k, v):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                     scale=0.25)
     elif name == "rmsnorm":
-        tensors = [torch.randn(4, 40).bfloat16().requires_grad_(),
-                   torch.randn(40).bfloat16().requires_grad_()]
-        others = {"eps": 1e-5}
+        tensors, others = [made(5, 40), made(40)], {"eps": 1e-5}
 
         def reference(x, w):
             return torch.nn.functional.rms_norm(x, (40,), w, 1e-5)
     else:
-        tensors = [torch.randn(4, 40).bfloat16().requires_grad_()]
-        others = {}
+        tensors, others = [made(5, 40)], {}
 
         def reference(x):
             return torch.softmax(x, -1)
-    out = tf.compile(kernel, target="llvm")(*tensors, **others)
-    seed = torch.randn(out.shape, dtype=torch.float64)
+    out = tf.compile(kernel, target=target)(*tensors, **others)
+    seed = torch.randn(out.shape, dtype=torch.float64, device=device)
     got = torch.autograd.grad(out, tensors, seed.to(out.dtype))
     exact = [t.detach().double().requires_grad_() for t in tensors]
     want = torch.autograd.grad(reference(*exact), exact, seed)
     for g, w in zip(got, want):
-        assert g.dtype == torch.bfloat16
+        assert g.dtype == torch.bfloat16 and g.device.type == device
         error = (g.double() - w).norm() / w.norm()
         assert error < 2e-2, f"{name}: relative error {error:.1e}"
 

@@ -1,0 +1,127 @@
+"""Attention backward passes (issue 22): tensorfuse's backward kernel (``tf.grad`` of the library
+kernel, compiled by ``tf.compile``) against FlexAttention's backward (torch.compile) and SDPA's
+(cuDNN and FlashAttention backends) — one process, the same GPU, bf16.
+
+    python -m benchmarks.attention_backward --sizes 1024,4096 [--csv PATH]
+
+Every implementation's gradients are first checked against float64 autograd of the variant's
+reference at a ragged size (poisoned outputs: NaN-filled ``out=`` where the kernel takes one),
+then timed with ``do_bench`` (backward only: the forward runs once outside the timing). Rows
+``attention_bwd/<variant>``; TFLOP/s count the backward's 2.5 × the forward's FLOPs (the five
+GEMM-shaped products, times the mask's density).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import tensorfuse as tf
+from benchmarks.attention import CAP, compiled_flex, density, variants
+from benchmarks.common import Row, bench, write_csv
+
+VARIANTS = ("full", "causal", "alibi", "softcap")
+
+
+def _reference_grads(q, k, v, dout, scale, score_mod, mask_mod):
+    """float64 autograd of the variant written in torch (scores, mask, softmax, values)."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s = torch.einsum("bhid,bhjd->bhij", q, k) * scale
+    M, N = s.shape[-2:]
+    qi = torch.arange(M, device=s.device).view(-1, 1) + (N - M)
+    kv = torch.arange(N, device=s.device).view(1, -1)
+    h = torch.arange(s.shape[1], device=s.device).view(1, -1, 1, 1)
+    if score_mod is not None:
+        s = score_mod(s, None, h, qi, kv)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(None, None, qi, kv), float("-inf"))
+    out = torch.einsum("bhij,bhjd->bhid", torch.softmax(s, -1), v)
+    return torch.autograd.grad(out, (q, k, v), dout.double())
+
+
+def _error(got, want) -> float:
+    return max(float((g.double() - w).norm() / w.norm()) for g, w in zip(got, want))
+
+
+def check(name: str, log=print) -> float:
+    """Worst relative error of tensorfuse's gradients at a ragged size (M=200, N=200)."""
+    kernel, extra, score_mod, mask_mod, _, _, _ = variants(200, B=1, H=2)[name]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 2, 200, 64, device="cuda", generator=gen)
+                     .bfloat16() for _ in range(4))
+    scale = 64 ** -0.5
+    grads = tf.grad(kernel)(q, k, v, scale, *extra.values(), dout)
+    err = _error(grads, _reference_grads(q, k, v, dout, scale, score_mod, mask_mod))
+    log(f"  {name}: tensorfuse gradient error {err:.1e}{'' if err < 2e-2 else '  WRONG'}")
+    return err
+
+
+def run(sizes, B: int = 2, H: int = 16, D: int = 128, log=print) -> list[Row]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    flex = compiled_flex()
+    rows = []
+    for name in VARIANTS:
+        err = check(name, log)
+        for S in sizes:
+            kernel, extra, score_mod, mask_mod, sdpa, _, _ = variants(S, B=B, H=H)[name]
+            q, k, v, dout = (torch.randn(B, H, S, D, device="cuda").bfloat16()
+                             for _ in range(4))
+            scale = D ** -0.5
+            flops = 2.5 * 4 * B * H * S * S * D * density(mask_mod, B, H, S)
+            shape = f"B{B} H{H} S{S} D{D} bf16"
+            impls = {}
+            backward = tf.compile(tf.grad(kernel))
+            args = (q, k, v, scale, *extra.values(), dout)
+            try:
+                backward(*args)
+                impls["tensorfuse (tf.compile)"] = (bench(lambda: backward(*args)),
+                                                    f"gradient error {err:.1e} at S=200")
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                log(f"  tensorfuse {name} S={S}: {type(exc).__name__}: {exc}"[:300])
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+            def timed_backward(out):
+                return bench(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True))
+
+            try:
+                bm = None if mask_mod is None else create_block_mask(mask_mod, None, None, S, S,
+                                                                     device="cuda")
+                out = flex(*leaves, score_mod=score_mod, block_mask=bm, scale=scale)
+                impls["flex_attention"] = (timed_backward(out), "")
+            except Exception as exc:  # noqa: BLE001
+                log(f"  flex {name} S={S}: {type(exc).__name__}: {exc}"[:300])
+            if sdpa is not None:
+                for label, backend in (("sdpa cudnn", SDPBackend.CUDNN_ATTENTION),
+                                       ("sdpa flash", SDPBackend.FLASH_ATTENTION)):
+                    try:
+                        with sdpa_kernel([backend]):
+                            out = torch.nn.functional.scaled_dot_product_attention(
+                                *leaves, scale=scale, **sdpa)
+                            impls[label] = (timed_backward(out), "")
+                    except Exception as exc:  # noqa: BLE001
+                        log(f"  {label} {name} S={S}: {type(exc).__name__}: {exc}"[:200])
+            flex_ms = impls.get("flex_attention", (None,))[0]
+            for label, (ms, note) in impls.items():
+                ratio = flex_ms / ms if flex_ms else 0.0
+                log(f"{name:9} S={S:6} {label:26} {ms:9.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s "
+                    f"{ratio:6.3f}x flex")
+                rows.append(Row(f"attention_bwd/{name}", shape, label, ms, flops / ms / 1e9,
+                                0.0, ratio, note))
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1024,4096")
+    parser.add_argument("--csv", default=None)
+    args = parser.parse_args(argv)
+    assert CAP > 0
+    rows = run([int(s) for s in args.sizes.split(",")])
+    if args.csv:
+        write_csv(rows, args.csv)
+
+
+if __name__ == "__main__":
+    main()
