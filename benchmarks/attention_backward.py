@@ -1,6 +1,8 @@
-"""Attention backward passes (issue 22): tensorfuse's backward kernel (``tf.grad`` of the library
-kernel, compiled by ``tf.compile``) against FlexAttention's backward (torch.compile) and SDPA's
-(cuDNN and FlashAttention backends) — one process, the same GPU, bf16.
+"""Attention backward passes (issue 22): tensorfuse's backward — what autograd runs for a
+``tf.compile``'d library kernel (the attention backward template on a GPU), and with ``--generic``
+also the backward program ``tf.grad`` compiles (TVM's default schedule) — against FlexAttention's
+backward (torch.compile) and SDPA's (cuDNN and FlashAttention backends): one process, the same
+GPU, bf16.
 
     python -m benchmarks.attention_backward --sizes 1024,4096 [--csv PATH]
 
@@ -17,16 +19,18 @@ import argparse
 import torch
 
 import tensorfuse as tf
-from benchmarks.attention import CAP, compiled_flex, density, variants
+from benchmarks.attention import compiled_flex, density, variants
 from benchmarks.common import Row, bench, write_csv
 
-VARIANTS = ("full", "causal", "alibi", "softcap")
+VARIANTS = ("full", "causal", "alibi", "softcap", "gqa_causal", "sliding_window")
 
 
 def _reference_grads(q, k, v, dout, scale, score_mod, mask_mod):
     """float64 autograd of the variant written in torch (scores, mask, softmax, values)."""
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
-    s = torch.einsum("bhid,bhjd->bhij", q, k) * scale
+    group = q.shape[1] // k.shape[1]
+    kk, vv = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    s = torch.einsum("bhid,bhjd->bhij", q, kk) * scale
     M, N = s.shape[-2:]
     qi = torch.arange(M, device=s.device).view(-1, 1) + (N - M)
     kv = torch.arange(N, device=s.device).view(1, -1)
@@ -35,7 +39,7 @@ def _reference_grads(q, k, v, dout, scale, score_mod, mask_mod):
         s = score_mod(s, None, h, qi, kv)
     if mask_mod is not None:
         s = s.masked_fill(~mask_mod(None, None, qi, kv), float("-inf"))
-    out = torch.einsum("bhij,bhjd->bhid", torch.softmax(s, -1), v)
+    out = torch.einsum("bhij,bhjd->bhid", torch.softmax(s, -1), vv)
     return torch.autograd.grad(out, (q, k, v), dout.double())
 
 
@@ -43,52 +47,63 @@ def _error(got, want) -> float:
     return max(float((g.double() - w).norm() / w.norm()) for g, w in zip(got, want))
 
 
-def check(name: str, log=print) -> float:
-    """Worst relative error of tensorfuse's gradients at a ragged size (M=200, N=200)."""
-    kernel, extra, score_mod, mask_mod, _, _, _ = variants(200, B=1, H=2)[name]
+def check(name: str, generic: bool, log=print) -> float:
+    """Worst relative error of tensorfuse's gradients (autograd through the compiled kernel, and
+    ``tf.grad``'s program with ``generic``) at a ragged size (M=N=200, D=64)."""
+    kernel, extra, score_mod, mask_mod, _, hq, hkv = variants(200, B=1, H=16, window=48)[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, dout = (torch.randn(1, 2, 200, 64, device="cuda", generator=gen)
-                     .bfloat16() for _ in range(4))
+    q, dout = (torch.randn(1, hq, 200, 64, device="cuda", generator=gen).bfloat16()
+               for _ in range(2))
+    k, v = (torch.randn(1, hkv, 200, 64, device="cuda", generator=gen).bfloat16()
+            for _ in range(2))
     scale = 64 ** -0.5
-    grads = tf.grad(kernel)(q, k, v, scale, *extra.values(), dout)
-    err = _error(grads, _reference_grads(q, k, v, dout, scale, score_mod, mask_mod))
+    want = _reference_grads(q, k, v, dout, scale, score_mod, mask_mod)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = tf.compile(kernel)(*leaves, scale, *extra.values())
+    err = _error(torch.autograd.grad(out, leaves, dout), want)
+    if generic:
+        err = max(err, _error(tf.grad(kernel)(q, k, v, scale, *extra.values(), dout), want))
     log(f"  {name}: tensorfuse gradient error {err:.1e}{'' if err < 2e-2 else '  WRONG'}")
     return err
 
 
-def run(sizes, B: int = 2, H: int = 16, D: int = 128, log=print) -> list[Row]:
+def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
+        names=VARIANTS, log=print) -> list[Row]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask
 
     flex = compiled_flex()
     rows = []
-    for name in VARIANTS:
-        err = check(name, log)
+    for name in names:
+        err = check(name, generic, log)
         for S in sizes:
-            kernel, extra, score_mod, mask_mod, sdpa, _, _ = variants(S, B=B, H=H)[name]
-            q, k, v, dout = (torch.randn(B, H, S, D, device="cuda").bfloat16()
-                             for _ in range(4))
+            kernel, extra, score_mod, mask_mod, sdpa, hq, hkv = variants(S, B=B, H=H)[name]
+            q, dout = (torch.randn(B, hq, S, D, device="cuda").bfloat16() for _ in range(2))
+            k, v = (torch.randn(B, hkv, S, D, device="cuda").bfloat16() for _ in range(2))
             scale = D ** -0.5
-            flops = 2.5 * 4 * B * H * S * S * D * density(mask_mod, B, H, S)
-            shape = f"B{B} H{H} S{S} D{D} bf16"
+            flops = 2.5 * 4 * B * hq * S * S * D * density(mask_mod, B, hq, S)
+            shape = f"B{B} H{hq}/{hkv} S{S} D{D} bf16"
             impls = {}
-            backward = tf.compile(tf.grad(kernel))
-            args = (q, k, v, scale, *extra.values(), dout)
-            try:
-                backward(*args)
-                impls["tensorfuse (tf.compile)"] = (bench(lambda: backward(*args)),
-                                                    f"gradient error {err:.1e} at S=200")
-            except Exception as exc:  # noqa: BLE001 - report and go on
-                log(f"  tensorfuse {name} S={S}: {type(exc).__name__}: {exc}"[:300])
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
 
             def timed_backward(out):
                 return bench(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True))
 
+            note = f"gradient error {err:.1e} at S=200"
+            try:
+                out = tf.compile(kernel)(*leaves, scale, *extra.values())
+                impls["tensorfuse (autograd)"] = (timed_backward(out), note)
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                log(f"  tensorfuse {name} S={S}: {type(exc).__name__}: {exc}"[:300])
+            if generic:
+                backward = tf.compile(tf.grad(kernel))
+                args = (q, k, v, scale, *extra.values(), dout)
+                impls["tensorfuse (tf.grad program)"] = (bench(lambda: backward(*args)), note)
             try:
                 bm = None if mask_mod is None else create_block_mask(mask_mod, None, None, S, S,
                                                                      device="cuda")
-                out = flex(*leaves, score_mod=score_mod, block_mask=bm, scale=scale)
+                out = flex(*leaves, score_mod=score_mod, block_mask=bm, scale=scale,
+                           enable_gqa=hq != hkv)
                 impls["flex_attention"] = (timed_backward(out), "")
             except Exception as exc:  # noqa: BLE001
                 log(f"  flex {name} S={S}: {type(exc).__name__}: {exc}"[:300])
@@ -116,9 +131,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1024,4096")
     parser.add_argument("--csv", default=None)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--generic", action="store_true",
+                        help="also time tf.grad's program (TVM's default schedule: slow)")
     args = parser.parse_args(argv)
-    assert CAP > 0
-    rows = run([int(s) for s in args.sizes.split(",")])
+    rows = run([int(s) for s in args.sizes.split(",")], generic=args.generic,
+               names=args.variants.split(","))
     if args.csv:
         write_csv(rows, args.csv)
 

@@ -84,6 +84,7 @@ class Differentiation:
         self.float_outputs = [k for k, c in enumerate(self.program.outputs)
                               if dt.is_float(c.dtypes[0])]
         self._backward = None
+        self.templates: dict = {}   # sizes -> the backward template's kernels, or None
 
     def backward_kernel(self):
         if self._backward is None:
@@ -99,20 +100,59 @@ class Differentiation:
         return self._backward
 
     def setup_context(self, ctx, inputs, output) -> None:
-        ctx.save_for_backward(*[x for x, p in zip(inputs, self.params)
-                                if not _is_scalar(p)])
+        outputs = output if isinstance(output, tuple) else (output,)
+        ctx.save_for_backward(*[x for x, p in zip(inputs, self.params) if not _is_scalar(p)],
+                              *outputs)
         ctx.scalars = [x for x, p in zip(inputs, self.params) if _is_scalar(p)]
 
     def backward(self, ctx, *grads):
-        backward = self.backward_kernel()
-        tensors, scalars = iter(ctx.saved_tensors), iter(ctx.scalars)
+        saved = ctx.saved_tensors
+        count = len(self.program.outputs)
+        tensors, outputs = iter(saved[:-count]), saved[-count:]
+        scalars = iter(ctx.scalars)
         args = [next(scalars) if _is_scalar(p) else next(tensors) for p in self.params]
+        template = self._template(args)
+        if template is not None:   # attention on a GPU: FlashAttention-2's backward kernels
+            named = {p.name: a for p, a in zip(self.params, args)}
+            tensors = {p.name: named[p.name] for p in self.program.tensor_params}
+            values = {p.name: named[p.name] for p in self.program.scalar_params}
+            dq, dk, dv = template(tensors, values, outputs[0], grads[0])
+            found = {template.plan.q.param.name: dq, template.plan.k.param.name: dk,
+                     template.plan.v.param.name: dv}
+            return tuple(found.get(p.name) for p in self.params)
+        backward = self.backward_kernel()
         # autograd hands zeros for outputs the loss does not use (materialised gradients)
         args += [grads[k].contiguous() for k in self.float_outputs]
         parts = backward(*args)
         parts = parts if isinstance(parts, tuple) else (parts,)
         summed = sum_parts(self.gradients.outputs, parts)
         return tuple(None if _is_scalar(p) else summed.get(p.name) for p in self.params)
+
+    def _template(self, args: list):
+        """The attention backward template (:mod:`.schedule_templates.attention_backward`) for
+        this call's sizes, on a CUDA target whose forward is softmax attention; else None (the
+        backward program runs). Decided once per sizes."""
+        if self.kernel.target.kind != "cuda":
+            return None
+        from .binding import bind_call
+
+        dims = bind_call(self.program, tuple(args), {}, "cuda").dims
+        key = tuple(sorted(dims.items()))
+        if key not in self.templates:
+            self.templates[key] = None
+            from .schedule_templates.attention_backward import (BackwardKnobs,
+                                                                plan_attention_backward)
+            from .schedule_templates.auto import choose
+            from .targets.triton.attention_backward import AttentionBackwardKernels
+
+            choice = choose(self.program, self.kernel.target)
+            if choice is not None and choice[0] == "attention":
+                try:
+                    plan = plan_attention_backward(self.program, choice[1], dims)
+                except TensorfuseError:
+                    return None
+                self.templates[key] = AttentionBackwardKernels(plan, BackwardKnobs())
+        return self.templates[key]
 
 
 class _ProgramKernel:

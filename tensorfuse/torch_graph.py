@@ -70,9 +70,11 @@ class KernelOp:
         self.op = torch.library.custom_op(self.qualname, run, mutates_args=(),
                                           schema=schema(program))
         self.op.register_fake(fake)
-        for differentiation in (make(kernel) for make in DIFFERENTIATION):
-            self.op.register_autograd(differentiation.backward,
-                                      setup_context=differentiation.setup_context)
+        self.differentiation = None
+        for make in DIFFERENTIATION:
+            self.differentiation = make(kernel)
+            self.op.register_autograd(self.differentiation.backward,
+                                      setup_context=self.differentiation.setup_context)
 
     def __call__(self, args: tuple, kwargs: dict):
         """Call the operator with ``args``/``kwargs`` as the kernel would take them (keyword

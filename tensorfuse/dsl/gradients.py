@@ -84,7 +84,7 @@ def gradient_program(program: Program, wrt: Sequence[str] | None = None,
         if not isinstance(total, Load):
             names[total.uid] = _fresh(f"d_{c.name}", taken)
         for body, seed in _seeds(c, total, names, taken):
-            for leaf, contribution in _backprop(body, seed):
+            for leaf, contribution in backprop(body, seed):
                 if isinstance(leaf, Ref):
                     _check_differentiable(leaf.compute)
                     adjoints.setdefault(leaf.compute.name, []).append(
@@ -181,7 +181,7 @@ def _summed(contribution: Expr, axes: Sequence[Axis]) -> Expr:
 _LN2 = math.log(2.0)
 
 
-def _backprop(expr: Expr, seed: Expr) -> list[tuple[Expr, Expr]]:
+def backprop(expr: Expr, seed: Expr) -> list[tuple[Expr, Expr]]:
     """``(leaf, contribution)`` for each read of a computed value (:class:`Ref`) or of a
     floating-point tensor element (:class:`Load`) in ``expr``, given the adjoint ``seed`` of
     ``expr``: the chain rule over the expression tree. Integer and boolean parts (indices, masks)

@@ -14,7 +14,7 @@ import threading
 from ...dsl import dtypes as dt
 from ...errors import TargetError
 
-_TRITON_TYPES = {"f16": "fp16", "bf16": "bf16", "f32": "fp32", "f64": "fp64", "i32": "i32",
+TL_SIGNATURE = _TRITON_TYPES = {"f16": "fp16", "bf16": "bf16", "f32": "fp32", "f64": "fp64", "i32": "i32",
                  "i64": "i64", "bool": "i1"}
 
 

@@ -1,0 +1,156 @@
+"""The attention backward template's plan: what the FlashAttention-2 backward of an attention-like
+program needs, read off the forward's row-tile plan (:mod:`.tile_plan`).
+
+A forward whose chain is softmax attention — ``m = max_j S``, ``l = Σ_j exp(S − m)``,
+``o = Σ_j exp(S − m) · v[…, j, e]``, output ``o / l`` (or ``where(l > 0, o / l, c)``), with the
+score ``S`` any expression of one tensor-core product ``q·kᵀ`` (scale, bias, soft-cap, masks) —
+has the backward
+
+    P = exp(S − LSE)        dV = Pᵀ·dO        dP = dO·Vᵀ        Δ = rowsum(dO ∘ O)
+    dS = P ∘ (dP − Δ)       dSraw = dS · ∂S/∂(q·k)       dQ = dSraw·K       dK = dSrawᵀ·Q
+
+where ``∂S/∂(q·k)`` is the score's derivative, taken by :mod:`tensorfuse.dsl.gradients` (the
+mask's ``where`` keeps it to the kept elements). The plan holds the expressions; the Triton emitter
+(:mod:`tensorfuse.targets.triton.attention_backward`) writes the three kernels (statistics and
+Δ per query block, dK/dV per key block over every query head of its group, dQ per query block).
+
+Refused with the reason (the generic backward program then runs): scores that read another
+differentiable tensor (a learned bias table: its gradient needs a scatter), a value that is not a
+plain load of ``v``, outputs other than the attention's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..algebra import plan_chain
+from ..algebra.exprs import substitute
+from ..dsl import dtypes as dt
+from ..dsl.expr import Axis, Binary, Compare, Const, Expr, Load, Ref, Symbol, Where, binary, unary
+from ..dsl.gradients import backprop
+from ..dsl.program import Program
+from ..errors import TargetError
+from .tile_plan import _group_of, plan_rowtile
+
+DS = "__ds"   # the symbol the score's derivative is written in (dS, per element)
+
+
+@dataclass
+class BackwardKnobs:
+    """Tile sizes of the dK/dV kernel (``m1`` queries × ``n1`` keys) and the dQ kernel."""
+
+    block_m1: int = 32
+    block_n1: int = 128
+    block_m2: int = 128
+    block_n2: int = 32
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass
+class AttentionBackwardPlan:
+    program: Program
+    sizes: dict
+    batch: list            # the batch axes of q and the output, in order
+    head: Axis | None      # the batch axis k and v read as ``head // group`` (grouped heads)
+    group: int
+    row: Axis
+    col: Axis
+    q: Load                # q[…, i, d]: the product's row operand as the program reads it
+    k: Load                # k[…, j, d]
+    v: Load                # v[…, j, e]
+    head_dim: int
+    qk: str                # the name of the q·kᵀ product the score reads
+    score: Expr            # S, with the mask's −inf, of ``qk`` (a Ref) and the axes
+    d_score: Expr          # ∂S/∂(q·k) · dS, of ``qk``, the axes and the symbol DS
+    mask: Expr | None
+    empty: float | None    # what the output of a row with no kept key is (None: 0/0)
+
+    def extent(self, axis: Axis) -> int:
+        return axis.extent if isinstance(axis.extent, int) else self.sizes[axis.extent]
+
+
+def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionBackwardPlan:
+    """The backward plan of ``program`` fused by ``fusion`` (the forward template's choice), at
+    ``sizes``; :class:`TargetError` saying why where it is not softmax attention."""
+    chain = plan_chain(program, fusion.names, fusion.axis)
+    plan = plan_rowtile(program, chain, sizes)
+    if len(plan.locals) != 1:
+        raise TargetError("the attention backward needs one q·kᵀ product in the score")
+    (qk, product), = plan.locals.items()
+    by_monoid = {}
+    for sp in plan.states:
+        key = (sp.monoid.name, sp.contraction is not None)
+        if key in by_monoid:
+            raise TargetError("the attention backward needs one max, one sum and one weighted sum")
+        by_monoid[key] = sp
+    try:
+        m, l_, o = by_monoid[("max", False)], by_monoid[("sum", False)], by_monoid[("sum", True)]
+    except KeyError:
+        raise TargetError("the chain is not softmax attention (max, sum, weighted sum)") from None
+    score = m.body
+    exp_weight = unary("exp", Binary("sub", score, Symbol(f"{m.member.name}.ref", score.dtype),
+                                     score.dtype))
+    if l_.body.key() != exp_weight.key() or o.contraction.left.key() != exp_weight.key():
+        raise TargetError("the sums are not exp(score − max) (softmax attention)")
+    value = o.contraction.right
+    empty = _output_form(plan.outputs, o.member.name, l_.member.name)
+    q, k = _plain_load(product.left, "q"), _plain_load(product.right, "k")
+    v = _plain_load(value, "v")
+    if plan.fold is not None:   # decode shapes fold grouped heads into rows: read them back
+        axis, g = plan.fold
+        unfold = lambda e: substitute(e, lambda n: binary("floordiv", axis, Const(g, "i32"))  # noqa
+                                      if isinstance(n, Symbol) and n.name == f"__group_{axis.name}"
+                                      else None)
+        k, v = _plain_load(unfold(product.right), "k"), _plain_load(unfold(value), "v")
+    head, group = _grouping(plan, k, v, sizes)
+    contributions = backprop(score, Symbol(DS, "f32"))
+    d_score = None
+    for leaf, c in contributions:
+        if isinstance(leaf, Ref) and leaf.compute.name == qk:
+            d_score = c if d_score is None else binary("add", d_score, c)
+        else:
+            what = leaf.param.name if isinstance(leaf, Load) else leaf.compute.name
+            raise TargetError(f"the score reads {what}, whose gradient the attention backward "
+                              "does not compute (a scatter)")
+    if d_score is None:
+        raise TargetError("the score does not depend on q·kᵀ")
+    return AttentionBackwardPlan(program, dict(sizes), list(plan.batch), head, group, plan.row,
+                                 plan.col, q, k, v, plan.feature_extent, qk, score, d_score,
+                                 plan.mask, empty)
+
+
+def _output_form(outputs, o: str, l_: str) -> float | None:
+    if len(outputs) != 1:
+        raise TargetError("the attention backward handles one output")
+    _, e, _ = outputs[0]
+    if _is_ratio(e, o, l_):
+        return None
+    if isinstance(e, Where) and isinstance(e.cond, Compare) and e.cond.op == "gt" and \
+            isinstance(e.cond.a, Ref) and e.cond.a.compute.name == l_ and \
+            isinstance(e.cond.b, Const) and e.cond.b.value == 0 and _is_ratio(e.a, o, l_) and \
+            isinstance(e.b, Const):
+        return float(e.b.value)
+    raise TargetError("the output is not o / l (softmax attention)")
+
+
+def _is_ratio(e: Expr, o: str, l_: str) -> bool:
+    return isinstance(e, Binary) and e.op == "div" and isinstance(e.a, Ref) and \
+        e.a.compute.name == o and isinstance(e.b, Ref) and e.b.compute.name == l_
+
+
+def _plain_load(e: Expr, role: str) -> Load:
+    if not isinstance(e, Load) or not dt.is_float(e.param.dtype):
+        raise TargetError(f"the attention backward needs {role} as a plain tensor read")
+    return e
+
+
+def _grouping(plan, k: Load, v: Load, sizes: dict) -> tuple[Axis | None, int]:
+    """The head axis k and v read as ``h // G``, and G (1: none)."""
+    for a in plan.batch:
+        groups = _group_of(k, a, sizes) | _group_of(v, a, sizes)
+        groups.discard(0)
+        if groups:
+            if len(groups) != 1:
+                raise TargetError("k and v group the heads differently")
+            return a, groups.pop()
+    return None, 1

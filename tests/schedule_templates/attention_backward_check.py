@@ -1,0 +1,55 @@
+"""Run the attention backward template's kernels in Triton's CPU interpreter and print their
+errors against the backward program (``tf.grad``, CPU target) as JSON.
+
+Triton decides at import whether to interpret, so this runs in its own process:
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.attention_backward_check SEED
+float32 kernels (the interpreter has no bfloat16 products): grouped heads (2 per key/value
+head), ragged sizes (M=37 queries, N=45 keys, bottom-right aligned), full, causal, causal with
+soft-cap, and a boolean mask tensor that empties some rows.
+"""
+import json
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+import torch  # noqa: E402
+
+import tensorfuse as tf  # noqa: E402
+from tensorfuse.kernels.layers import attention_kernel  # noqa: E402
+from tensorfuse.schedule_templates.attention_backward import (  # noqa: E402
+    BackwardKnobs, plan_attention_backward)
+from tensorfuse.schedule_templates.auto import choose  # noqa: E402
+from tensorfuse.targets import get_target  # noqa: E402
+from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels  # noqa: E402
+
+B, H, HKV, M, N, D = 1, 4, 2, 37, 45, 16
+VARIANTS = {"full": (False, False, False), "causal": (True, False, False),
+            "causal_softcap": (True, False, True), "mask_tensor": (False, True, False)}
+
+
+def errors(seed: int) -> dict:
+    torch.manual_seed(seed)
+    found = {}
+    for name, (causal, masked, softcap) in VARIANTS.items():
+        kernel = attention_kernel("f32", causal, masked, softcap)
+        dims = dict(B=B, H=H, HKV=HKV, M=M, N=N, D=D)
+        _, fusion = choose(kernel.program, get_target("cuda"))
+        plan = plan_attention_backward(kernel.program, fusion, dims)
+        backward = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16))
+        q, dout = torch.randn(B, H, M, D), torch.randn(B, H, M, D)
+        k, v = torch.randn(B, HKV, N, D), torch.randn(B, HKV, N, D)
+        tensors = {"q": q, "k": k, "v": v}
+        if masked:
+            tensors["mask"] = torch.rand(B, 1, M, N) < 0.6
+            tensors["mask"][:, :, 3] = False   # an empty row: output 0, gradients 0
+        scalars = {"scale": D ** -0.5, **({"cap": 1.5} if softcap else {})}
+        out = tf.compile(kernel, target="llvm")(**tensors, **scalars)
+        got = backward(tensors, scalars, out, dout)
+        want = tf.grad(kernel)(**tensors, **scalars, d_out=dout, target="llvm")
+        found[name] = max(float((a - b).norm() / b.norm()) for a, b in zip(got, want))
+    return found
+
+
+if __name__ == "__main__":
+    print(json.dumps(errors(int(sys.argv[1]))))
