@@ -43,8 +43,12 @@ def _reference_grads(q, k, v, dout, scale, score_mod, mask_mod):
     return torch.autograd.grad(out, (q, k, v), dout.double())
 
 
+def _errors(got, want) -> list[float]:
+    return [float((g.double() - w).norm() / w.norm()) for g, w in zip(got, want)]
+
+
 def _error(got, want) -> float:
-    return max(float((g.double() - w).norm() / w.norm()) for g, w in zip(got, want))
+    return max(_errors(got, want))
 
 
 def check(name: str, generic: bool, log=print) -> float:
@@ -60,7 +64,9 @@ def check(name: str, generic: bool, log=print) -> float:
     want = _reference_grads(q, k, v, dout, scale, score_mod, mask_mod)
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     out = tf.compile(kernel)(*leaves, scale, *extra.values())
-    err = _error(torch.autograd.grad(out, leaves, dout), want)
+    errors = _errors(torch.autograd.grad(out, leaves, dout), want)
+    err = max(errors)
+    log(f"  {name}: dq / dk / dv errors {' / '.join(f'{e:.1e}' for e in errors)}")
     if generic:
         err = max(err, _error(tf.grad(kernel)(q, k, v, scale, *extra.values(), dout), want))
     log(f"  {name}: tensorfuse gradient error {err:.1e}{'' if err < 2e-2 else '  WRONG'}")
@@ -127,6 +133,50 @@ def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
     return rows
 
 
+def sweep(knob_sets, S: int = 4096, B: int = 2, H: int = 16, D: int = 128,
+          names=("full", "causal"), log=print) -> list[Row]:
+    """The backward template's kernels at other knob settings (``BackwardKnobs`` fields as
+    ``m1,n1,m2,n2,warps,stages``), timed on the same inputs: which defaults to keep."""
+    from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
+                                                                  plan_attention_backward)
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.targets import get_target
+    from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels
+
+    rows = []
+    for name in names:
+        kernel, extra, _, mask_mod, _, hq, hkv = variants(S, B=B, H=H)[name]
+        q, dout = (torch.randn(B, hq, S, D, device="cuda").bfloat16() for _ in range(2))
+        k, v = (torch.randn(B, hkv, S, D, device="cuda").bfloat16() for _ in range(2))
+        scale = D ** -0.5
+        out = tf.compile(kernel)(q, k, v, scale, *extra.values())
+        dims = {"B": B, "H": hq, "M": S, "N": S, "D": D}
+        if hkv != hq:
+            dims["HKV"] = hkv
+        _, fusion = choose(kernel.program, get_target("cuda"))
+        plan = plan_attention_backward(kernel.program, fusion, dims)
+        flops = 2.5 * 4 * B * hq * S * S * D * density(mask_mod, B, hq, S)
+        tensors, scalars = {"q": q, "k": k, "v": v}, {"scale": scale, **extra}
+        reference = None
+        for text in knob_sets:
+            knobs = BackwardKnobs(*[int(x) for x in text.split(",")])
+            try:
+                made = AttentionBackwardKernels(plan, knobs)
+                got = made(tensors, scalars, out, dout)
+                reference = got if reference is None else reference
+                diff = max(float((a.float() - b.float()).norm() / b.float().norm())
+                           for a, b in zip(got, reference))
+                ms = bench(lambda: made(tensors, scalars, out, dout))
+            except Exception as exc:  # noqa: BLE001 - a setting that does not fit
+                log(f"  sweep {name} {text}: {type(exc).__name__}: {exc}"[:200])
+                continue
+            log(f"sweep {name:7} S={S} knobs {text:22} {ms:8.3f} ms "
+                f"{flops / ms / 1e9:7.1f} TFLOP/s  (vs first setting {diff:.1e})")
+            rows.append(Row(f"attention_bwd_knobs/{name}", f"B{B} H{hq} S{S} D{D} bf16",
+                            f"knobs {text}", ms, flops / ms / 1e9, 0.0, 0.0, ""))
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1024,4096")
@@ -134,9 +184,12 @@ def main(argv=None) -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--generic", action="store_true",
                         help="also time tf.grad's program (TVM's default schedule: slow)")
+    parser.add_argument("--sweep", default="", help="knob settings m1,n1,m2,n2,warps,stages "
+                        "separated by ';' (timed at S=4096 on full and causal attention)")
     args = parser.parse_args(argv)
-    rows = run([int(s) for s in args.sizes.split(",")], generic=args.generic,
-               names=args.variants.split(","))
+    rows = sweep(args.sweep.split(";")) if args.sweep else []
+    rows += run([int(s) for s in args.sizes.split(",")], generic=args.generic,
+                names=args.variants.split(","))
     if args.csv:
         write_csv(rows, args.csv)
 

@@ -20,10 +20,10 @@ plain load of ``v``, outputs other than the attention's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..algebra import plan_chain
-from ..algebra.exprs import substitute
+from ..algebra.exprs import nodes, substitute
 from ..dsl import dtypes as dt
 from ..dsl.expr import Axis, Binary, Compare, Const, Expr, Load, Ref, Symbol, Where, binary, unary
 from ..dsl.gradients import backprop
@@ -64,9 +64,41 @@ class AttentionBackwardPlan:
     d_score: Expr          # ∂S/∂(q·k) · dS, of ``qk``, the axes and the symbol DS
     mask: Expr | None
     empty: float | None    # what the output of a row with no kept key is (None: 0/0)
+    _lists: dict = field(default_factory=dict, repr=False)   # block lists by sizes/scalars
 
     def extent(self, axis: Axis) -> int:
         return axis.extent if isinstance(axis.extent, int) else self.sizes[axis.extent]
+
+    def kept(self, e: Expr) -> Expr:
+        """``e`` on a block the mask keeps whole: its ``where(mask, a, b)`` read as ``a``."""
+        if self.mask is None:
+            return e
+        key = self.mask.key()
+        return substitute(e, lambda n: n.a if isinstance(n, Where) and n.cond.key() == key
+                          else None)
+
+    def block_lists(self, knobs: BackwardKnobs, tensors: dict, scalars: dict,
+                    transposed: bool):
+        """The mask's block lists (:func:`.block_schedule.block_lists`): per query block its key
+        blocks (the dQ kernel's tiles), or ``transposed`` per key block its query blocks (the
+        dK/dV kernel's)."""
+        from .block_schedule import block_lists
+
+        device = next(iter(tensors.values())).device
+        reads_data = any(isinstance(n, Load) for n in nodes(self.mask))
+        key = (transposed, knobs.block_m1, knobs.block_n1, knobs.block_m2, knobs.block_n2,
+               str(device), tuple(sorted(scalars.items())))
+        if not reads_data and key in self._lists:
+            return self._lists[key]
+        if transposed:
+            made = block_lists(self.mask, self.batch, self.col, self.row, self.sizes, tensors,
+                               scalars, knobs.block_n1, knobs.block_m1, device)
+        else:
+            made = block_lists(self.mask, self.batch, self.row, self.col, self.sizes, tensors,
+                               scalars, knobs.block_m2, knobs.block_n2, device)
+        if not reads_data:   # sizes and scalars decide them: made once
+            self._lists[key] = made
+        return made
 
 
 def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionBackwardPlan:

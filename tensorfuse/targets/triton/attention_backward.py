@@ -4,17 +4,24 @@ mask come from the DSL program, as expressions).
 
 Three kernels, launched in turn:
 
-- ``_tf_bwd_stats`` (query blocks): each row's log-sum-exp of the scores (an online max and sum
-  over the key blocks: the forward's statistics, recomputed) and ``Δ = rowsum(dO ∘ O)``;
+- ``_tf_bwd_stats`` (query blocks, the dQ kernel's blocks): each row's log-sum-exp of the scores
+  (an online max and sum over the key blocks: the forward's statistics, recomputed) and
+  ``Δ = rowsum(dO ∘ O)``;
 - ``_tf_bwd_dkdv`` (key blocks, per key/value head): over every query head of the group and every
-  query block, ``P = exp(S − LSE)``, ``dV += Pᵀ·dO``, ``dS = P ∘ (dO·Vᵀ − Δ)``, the score's
-  derivative applied, ``dK += dSrawᵀ·Q`` — written once, no atomics;
+  query block, in the transposed orientation (keys along the tile's rows, so that no register
+  tile is transposed for the products), ``Pᵀ = exp(Sᵀ − LSE)``, ``dV += Pᵀ·dO``,
+  ``dSᵀ = Pᵀ ∘ (V·dOᵀ − Δ)``, the score's derivative applied, ``dK += dSrawᵀ·Q`` — written once,
+  no atomics;
 - ``_tf_bwd_dq`` (query blocks): the same ``dS`` over the key blocks, ``dQ += dSraw·K``.
 
-A tile the mask removes whole is skipped (its keep-count tested before any load). Rows with no
-kept key get zero gradients (their ``P`` is 0).
+With a mask the blocks come from block lists (:mod:`.schedule_templates.block_schedule`, made by
+the caller): the kernels visit only the blocks the mask keeps, evaluating it on the partial ones
+only; the dK/dV kernel's lists are the transposed ones (per key block, its query blocks). Rows
+with no kept key get zero gradients (their ``P`` is 0).
 """
 from __future__ import annotations
+
+import math
 
 from ...dsl.expr import Load
 from ...dsl.program import TensorParam
@@ -22,6 +29,7 @@ from .expr import HELPERS, TL_DTYPES, TileContext, strides, to_triton
 from .launch import TL_SIGNATURE, compile_for, interpreting, load_kernel
 
 ENTRIES = ("_tf_bwd_stats", "_tf_bwd_dkdv", "_tf_bwd_dq")
+LISTS = ("PN", "PI", "FN", "FI", "TPN", "TPI", "TFN", "TFI")   # dQ's lists, dK/dV's (transposed)
 
 
 def _offset(load: Load, ctx: TileContext) -> str:
@@ -33,15 +41,8 @@ def _offset(load: Load, ctx: TileContext) -> str:
     return " + ".join(terms) or "0"
 
 
-class _Writer:
-    def __init__(self):
-        self.lines: list[str] = []
-
-    def __call__(self, text: str, depth: int) -> None:
-        self.lines.extend("    " * depth + line for line in text.strip("\n").split("\n"))
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+def _indent(text: str, depth: int) -> str:
+    return "\n".join("    " * depth + line if line else line for line in text.split("\n"))
 
 
 def backward_source(plan, knobs) -> str:
@@ -52,12 +53,12 @@ def backward_source(plan, knobs) -> str:
     M, N, D = plan.extent(plan.row), plan.extent(plan.col), plan.head_dim
     storage = plan.q.param.dtype
     dot_type = TL_DTYPES[storage]
-    precision = ", input_precision='ieee'" if storage in ("f32", "f64") else ""
-    others = [p for p in plan.program.tensor_params
-              if p.name not in (plan.q.param.name, plan.k.param.name, plan.v.param.name)]
+    prec = ", input_precision='ieee'" if storage in ("f32", "f64") else ""
+    qkv = (plan.q.param.name, plan.k.param.name, plan.v.param.name)
+    others = [p.name for p in plan.program.tensor_params if p.name not in qkv]
     scalars = [p.name for p in plan.program.scalar_params]
-    args = ", ".join([plan.q.param.name, plan.k.param.name, plan.v.param.name, "OUT", "DO",
-                      "LSE", "DELTA", "DQ", "DK", "DV"] + [p.name for p in others] + scalars)
+    args = ", ".join(list(qkv) + ["OUT", "DO", "LSE", "DELTA", "DQ", "DK", "DV", *LISTS]
+                     + others + scalars)
     out_axes = plan.program.outputs[0].axes
     feature_q, feature_v = plan.q.indices[-1], plan.v.indices[-1]
     OUT = Load(TensorParam("OUT", tuple(a.extent for a in out_axes), storage), list(out_axes))
@@ -67,25 +68,22 @@ def backward_source(plan, knobs) -> str:
     DV = Load(TensorParam("DV", plan.v.param.dims, storage), list(plan.v.indices))
     head = plan.head
     batch_vars = {a.uid: f"ax_{a.name}" for a in plan.batch}
+    masked = plan.mask is not None
+    score_free, d_score_free = plan.kept(plan.score), plan.kept(plan.d_score)
 
-    def ctx(rows: str, cols: str | None, query_side: bool) -> TileContext:
-        """Tiles: queries along ``rows`` (a [BM, 1] index) and keys along ``cols`` ([1, BN]),
-        or keys along rows (``query_side`` False: a K or V tile)."""
+    def ctx(axes_of: dict, valid: dict) -> TileContext:
         axes = dict(batch_vars)
-        valid = {}
-        if query_side:
-            axes[plan.row.uid] = f"{rows}[:, None]"
-            valid[plan.row.uid] = "row_ok[:, None]"
-            if cols is not None:
-                axes[plan.col.uid] = f"{cols}[None, :]"
-                valid[plan.col.uid] = "col_ok[None, :]"
-        else:
-            axes[plan.col.uid] = f"{rows}[:, None]"
-            valid[plan.col.uid] = "col_ok[:, None]"
-        for f in (feature_q, feature_v):
-            axes[f.uid] = "offs_d[None, :]"
-        return TileContext(axes, valid, {plan.qk: "_qk"}, {"__ds": "_ds"}, sizes,
-                           interpreter=interp)
+        axes.update({a.uid: text for a, text in axes_of.items()})
+        return TileContext(axes, {a.uid: text for a, text in valid.items()}, {plan.qk: "_qk"},
+                           {"__ds": "_ds"}, sizes, interpreter=interp)
+
+    i, j = plan.row, plan.col
+    # queries along the rows, keys along the columns (stats, dQ); keys along the rows (dK/dV)
+    q_rows = ctx({i: "offs_m[:, None]", j: "offs_n[None, :]", feature_q: "offs_d[None, :]",
+                  feature_v: "offs_d[None, :]"}, {i: "row_ok[:, None]", j: "col_ok[None, :]"})
+    k_rows = ctx({j: "offs_n[:, None]", i: "offs_m[None, :]", feature_q: "offs_d[None, :]",
+                  feature_v: "offs_d[None, :]"}, {j: "col_ok[:, None]", i: "row_ok[None, :]"})
+    q_cols = ctx({i: "offs_m[None, :]", feature_q: "offs_d[:, None]"}, {i: "row_ok[None, :]"})
 
     def load(e: Load, c: TileContext, keep: bool = True) -> str:
         return to_triton(e, c.child(keep_dtype=keep))
@@ -94,152 +92,150 @@ def backward_source(plan, knobs) -> str:
         return (f"tl.store({e.param.name} + ({_offset(e, c)}), ({value}).to("
                 f"{TL_DTYPES[e.param.dtype]}), mask={ok}[:, None])")
 
-    def decompose(depth: int, grouped: bool) -> str:
+    def decompose(grouped: bool) -> str:
         """The batch axes' values from program id 1 (the head axis by key/value head)."""
         lines = ["rest = tl.program_id(1)"]
         for a in reversed(plan.batch):
-            n = extents[a.uid]
-            name = batch_vars[a.uid]
+            n, name = extents[a.uid], batch_vars[a.uid]
             if grouped and head is not None and a.uid == head.uid:
-                n //= plan.group
-                name = "ax_hkv"
+                n, name = n // plan.group, "ax_hkv"
             lines += [f"{name} = rest % {n}", f"rest = rest // {n}"]
-        return "\n".join("    " * depth + x for x in lines)
+        return "\n".join(lines)
 
-    flat_q = " + ".join(f"{batch_vars[a.uid]} * {_prod(extents[b.uid] for b in plan.batch[k + 1:])}"
+    flat_q = " + ".join(f"{batch_vars[a.uid]} * {math.prod(extents[b.uid] for b in plan.batch[k + 1:])}"
                         for k, a in enumerate(plan.batch)) or "0"
-    rows_kv = lambda r, c: ctx(r, c, True)  # noqa: E731
+    rows_ptr = f"({flat_q}) * {M} + offs_m"
 
-    def score_lines(c: TileContext, depth: int) -> str:
-        """``_s`` (f32 scores, −inf outside the kept and valid elements) from ``_qk``."""
-        score = to_triton(plan.score, c)
-        return "\n".join("    " * depth + x for x in (
-            f"_s = ({score}).to(tl.float32)",
-            "_s = tl.where(row_ok[:, None] & col_ok[None, :], _s, float('-inf'))"))
+    def blocks(body, lists: str, own: str, count: int, block: str, offs: str, ok: str,
+               extent: int) -> str:
+        """A loop over the blocks of the other axis: from the block lists where there is a mask
+        (partial blocks with it, full ones without), else over every block. ``body(masked)``:
+        the loop body's text."""
+        head_lines = (f"{offs} = blk * {block} + tl.arange(0, {block})\n"
+                      f"{ok} = {offs} < {extent}\n")
+        if not masked:
+            return f"for blk in range(0, {count}):\n" + _indent(head_lines + body(False), 1)
+        pn, pi, fn, fi = lists.split(",")
+        text = f"base = ({flat_q}) * {own} + pid\n"
+        for num, idx, with_mask in ((pn, pi, True), (fn, fi, False)):
+            inner = f"blk = tl.load({idx} + base * {count} + t)\n" + head_lines + body(with_mask)
+            if interp:   # the interpreter takes no loop bound loaded from memory
+                text += (f"n_{num} = tl.load({num} + base)\nfor t in range(0, {count}):\n"
+                         + _indent(f"if t < n_{num}:\n" + _indent(inner, 1), 1) + "\n")
+            else:
+                text += f"for t in range(0, tl.load({num} + base)):\n" + _indent(inner, 1) + "\n"
+        return text
 
-    def gradient_lines(c: TileContext, depth: int) -> str:
-        d = to_triton(plan.d_score, c)
-        return "\n".join("    " * depth + x for x in (
-            "_p = tl.exp(_s - _lse[:, None])",
-            f"_dp = tl.dot(_do, tl.trans(_v){precision})",
-            "_ds = tl.where(_p == 0.0, 0.0, _p * (_dp - _delta[:, None]))",
-            f"_dsr = tl.where(row_ok[:, None] & col_ok[None, :], ({d}).to(tl.float32), 0.0)"))
+    def gradient(c: TileContext, with_mask: bool, transposed: bool) -> str:
+        s = to_triton(plan.score if with_mask else score_free, c)
+        d = to_triton(plan.d_score if with_mask else d_score_free, c)
+        ok = "col_ok[:, None] & row_ok[None, :]" if transposed else \
+            "row_ok[:, None] & col_ok[None, :]"
+        stat = "[None, :]" if transposed else "[:, None]"
+        dp = "tl.dot(_v, tl.trans(_do)" if transposed else "tl.dot(_do, tl.trans(_v)"
+        return "\n".join((
+            f"_s = tl.where({ok}, ({s}).to(tl.float32), float('-inf'))",
+            f"_p = tl.exp(_s - _lse{stat})",
+            f"_dp = {dp}{prec})",
+            f"_ds = tl.where(_p == 0.0, 0.0, _p * (_dp - _delta{stat}))",
+            f"_dsr = tl.where({ok}, ({d}).to(tl.float32), 0.0)")) + "\n"
 
-    def skip_test(c: TileContext, depth: int) -> str:
-        if plan.mask is None:
-            return "    " * depth + "if True:"
-        keep = to_triton(plan.mask, c)
-        return "    " * depth + (f"if tl.sum(({keep} & row_ok[:, None] & col_ok[None, :])"
-                                 ".to(tl.int32)) > 0:")
+    bm1, bn1, bm2, bn2 = knobs.block_m1, knobs.block_n1, knobs.block_m2, knobs.block_n2
+    nq2, nk2 = math.ceil(M / bm2), math.ceil(N / bn2)
+    nk1, nq1 = math.ceil(N / bn1), math.ceil(M / bm1)
 
-    w = _Writer()
-    w("import triton\nimport triton.language as tl\nfrom triton.language.extra import "
-      "libdevice\n" + HELPERS, 0)
-    q_ctx = ctx("offs_m", "offs_n", True)
-    k_ctx = ctx("offs_n", None, False)
-    lse_ptr = f"({flat_q}) * {M} + offs_m"
-    # -- statistics and Δ -------------------------------------------------------------------
-    w(f"""
+    def stats_body(with_mask: bool) -> str:
+        s = to_triton(plan.score if with_mask else score_free, q_rows)
+        return (f"_k = {load(plan.k, k_rows)}\n"
+                f"_qk = tl.dot(_q, tl.trans(_k){prec})\n"
+                f"_s = tl.where(row_ok[:, None] & col_ok[None, :], ({s}).to(tl.float32), "
+                "float('-inf'))\n"
+                "_m_new = tl.maximum(_m_i, tl.max(_s, 1))\n"
+                "_m_use = tl.where(_m_new == float('-inf'), 0.0, _m_new)\n"
+                "_l_i = _l_i * tl.exp(_m_i - _m_use) + tl.sum(tl.exp(_s - _m_use[:, None]), 1)\n"
+                "_m_i = _m_new\n")
+
+    def dq_body(with_mask: bool) -> str:
+        return (f"_k = {load(plan.k, k_rows)}\n_v = {load(plan.v, k_rows)}\n"
+                f"_qk = tl.dot(_q, tl.trans(_k){prec})\n" + gradient(q_rows, with_mask, False)
+                + f"_dq += tl.dot(_dsr.to({dot_type}), _k{prec})\n")
+
+    def dkdv_body(with_mask: bool) -> str:
+        return (f"_qt = {load(plan.q, q_cols)}\n_do = {load(DO, q_rows)}\n"
+                f"_lse = tl.load(LSE + {rows_ptr}, mask=row_ok, other=float('inf'))\n"
+                f"_delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)\n"
+                f"_qk = tl.dot(_k, _qt{prec})\n" + gradient(k_rows, with_mask, True)
+                + f"_dv += tl.dot(_p.to({dot_type}), _do{prec})\n"
+                f"_dk += tl.dot(_dsr.to({dot_type}), tl.trans(_qt){prec})\n")
+
+    stats_loop = blocks(stats_body, "PN,PI,FN,FI", str(nq2), nk2, "BN", "offs_n", "col_ok", N)
+    dq_loop = blocks(dq_body, "PN,PI,FN,FI", str(nq2), nk2, "BN", "offs_n", "col_ok", N)
+    dkdv_loop = blocks(dkdv_body, "TPN,TPI,TFN,TFI", str(nk1), nq1, "BM", "offs_m", "row_ok", M)
+    group = (f"for g in range({plan.group}):\n    {batch_vars[head.uid]} = ax_hkv * "
+             f"{plan.group} + g\n" if head is not None else "for g in range(1):\n")
+    head_first = f"{batch_vars[head.uid]} = ax_hkv * {plan.group}" if head is not None else ""
+    source = f"""import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+{HELPERS}
+
 @triton.jit
 def _tf_bwd_stats({args}, BM: tl.constexpr, BN: tl.constexpr):
-    pid_m = tl.program_id(0)
-{decompose(1, False)}
-    offs_m = pid_m * BM + tl.arange(0, BM)
+    pid = tl.program_id(0)
+{_indent(decompose(False), 1)}
+    offs_m = pid * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, {D})
     row_ok = offs_m < {M}
-    _q = {load(plan.q, q_ctx)}
+    _q = {load(plan.q, q_rows)}
     _m_i = tl.full([BM], float('-inf'), tl.float32)
     _l_i = tl.zeros([BM], tl.float32)
-    for start_n in range(0, {N}, BN):
-        offs_n = start_n + tl.arange(0, BN)
-        col_ok = offs_n < {N}
-        _k = {load(plan.k, ctx("offs_n", None, False))}
-        _qk = tl.dot(_q, tl.trans(_k){precision})
-{score_lines(q_ctx, 2)}
-        _m_new = tl.maximum(_m_i, tl.max(_s, 1))
-        _m_use = tl.where(_m_new == float('-inf'), 0.0, _m_new)
-        _l_i = _l_i * tl.exp(_m_i - _m_use) + tl.sum(tl.exp(_s - _m_use[:, None]), 1)
-        _m_i = _m_new
+{_indent(stats_loop, 1)}
     _lse = tl.where(_l_i > 0.0, _m_i + tl.log(_l_i), float('inf'))
-    tl.store(LSE + {lse_ptr}, _lse, mask=row_ok)
-    _o = {load(OUT, q_ctx, keep=False)}
-    _do = {load(DO, q_ctx, keep=False)}
-    _delta = tl.sum(tl.where(row_ok[:, None], _o * _do, 0.0), 1)
-    tl.store(DELTA + {lse_ptr}, _delta, mask=row_ok)
-""", 0)
-    # -- dK, dV ----------------------------------------------------------------------------------
-    group_loop = (f"for g in range({plan.group}):\n        {batch_vars[head.uid]} = "
-                  f"ax_hkv * {plan.group} + g" if head is not None else "for g in range(1):")
-    head_first = (f"    {batch_vars[head.uid]} = ax_hkv * {plan.group}" if head is not None
-                  else "")
-    w(f"""
+    tl.store(LSE + {rows_ptr}, _lse, mask=row_ok)
+    _o = {load(OUT, q_rows, keep=False)}
+    _do = {load(DO, q_rows, keep=False)}
+    tl.store(DELTA + {rows_ptr}, tl.sum(tl.where(row_ok[:, None], _o * _do, 0.0), 1),
+             mask=row_ok)
+
+
 @triton.jit
 def _tf_bwd_dkdv({args}, BM: tl.constexpr, BN: tl.constexpr):
-    pid_n = tl.program_id(0)
-{decompose(1, True)}
-{head_first}
-    offs_n = pid_n * BN + tl.arange(0, BN)
+    pid = tl.program_id(0)
+{_indent(decompose(True), 1)}
+    {head_first}
+    offs_n = pid * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, {D})
     col_ok = offs_n < {N}
-    _k = {load(plan.k, k_ctx)}
-    _v = {load(plan.v, k_ctx)}
+    _k = {load(plan.k, k_rows)}
+    _v = {load(plan.v, k_rows)}
     _dk = tl.zeros([BN, {D}], tl.float32)
     _dv = tl.zeros([BN, {D}], tl.float32)
-    {group_loop}
-        for start_m in range(0, {M}, BM):
-            offs_m = start_m + tl.arange(0, BM)
-            row_ok = offs_m < {M}
-{skip_test(rows_kv("offs_m", "offs_n"), 3)}
-                _q = {load(plan.q, q_ctx)}
-                _do = {load(DO, q_ctx)}
-                _lse = tl.load(LSE + {lse_ptr}, mask=row_ok, other=float('inf'))
-                _delta = tl.load(DELTA + {lse_ptr}, mask=row_ok, other=0.0)
-                _qk = tl.dot(_q, tl.trans(_k){precision})
-{score_lines(q_ctx, 4)}
-{gradient_lines(q_ctx, 4)}
-                _dv += tl.dot(tl.trans(_p.to({dot_type})), _do{precision})
-                _dk += tl.dot(tl.trans(_dsr.to({dot_type})), _q{precision})
-    {store(DK, "_dk", k_ctx, "col_ok")}
-    {store(DV, "_dv", k_ctx, "col_ok")}
-""", 0)
-    # -- dQ --------------------------------------------------------------------------------------
-    w(f"""
+{_indent(group + _indent(dkdv_loop, 1), 1)}
+    {store(DK, "_dk", k_rows, "col_ok")}
+    {store(DV, "_dv", k_rows, "col_ok")}
+
+
 @triton.jit
 def _tf_bwd_dq({args}, BM: tl.constexpr, BN: tl.constexpr):
-    pid_m = tl.program_id(0)
-{decompose(1, False)}
-    offs_m = pid_m * BM + tl.arange(0, BM)
+    pid = tl.program_id(0)
+{_indent(decompose(False), 1)}
+    offs_m = pid * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, {D})
     row_ok = offs_m < {M}
-    _q = {load(plan.q, q_ctx)}
-    _do = {load(DO, q_ctx)}
-    _lse = tl.load(LSE + {lse_ptr}, mask=row_ok, other=float('inf'))
-    _delta = tl.load(DELTA + {lse_ptr}, mask=row_ok, other=0.0)
+    _q = {load(plan.q, q_rows)}
+    _do = {load(DO, q_rows)}
+    _lse = tl.load(LSE + {rows_ptr}, mask=row_ok, other=float('inf'))
+    _delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)
     _dq = tl.zeros([BM, {D}], tl.float32)
-    for start_n in range(0, {N}, BN):
-        offs_n = start_n + tl.arange(0, BN)
-        col_ok = offs_n < {N}
-{skip_test(q_ctx, 2)}
-            _k = {load(plan.k, ctx("offs_n", None, False))}
-            _v = {load(plan.v, ctx("offs_n", None, False))}
-            _qk = tl.dot(_q, tl.trans(_k){precision})
-{score_lines(q_ctx, 3)}
-{gradient_lines(q_ctx, 3)}
-            _dq += tl.dot(_dsr.to({dot_type}), _k{precision})
-    {store(DQ, "_dq", q_ctx, "row_ok")}
-""", 0)
-    return w.text()
-
-
-def _prod(values) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
+{_indent(dq_loop, 1)}
+    {store(DQ, "_dq", q_rows, "row_ok")}
+"""
+    return source
 
 
 class AttentionBackwardKernels:
-    """The three kernels of a plan, launched on PyTorch tensors."""
+    """The three kernels of a plan, launched on PyTorch tensors (a masked plan's block lists from
+    its ``block_lists``)."""
 
     def __init__(self, plan, knobs):
         self.plan, self.knobs = plan, knobs
@@ -253,22 +249,26 @@ class AttentionBackwardKernels:
 
         plan, knobs = self.plan, self.knobs
         q, k, v = (tensors[x.param.name].contiguous() for x in (plan.q, plan.k, plan.v))
-        batch = _prod(plan.extent(a) for a in plan.batch)
+        batch = math.prod(plan.extent(a) for a in plan.batch)
         M, N = plan.extent(plan.row), plan.extent(plan.col)
         lse = torch.empty(batch, M, device=q.device, dtype=torch.float32)
         delta = torch.empty_like(lse)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if plan.mask is not None:
+            lists = [*plan.block_lists(knobs, tensors, scalars, False),
+                     *plan.block_lists(knobs, tensors, scalars, True)]
+        else:
+            lists = [lse] * len(LISTS)   # not read
         others = [tensors[p.name].contiguous() for p in plan.program.tensor_params
                   if p.name not in (plan.q.param.name, plan.k.param.name, plan.v.param.name)]
         values = [scalars[p.name] for p in plan.program.scalar_params]
-        args = [q, k, v, out.contiguous(), d_out.contiguous(), lse, delta, dq, dk, dv,
+        args = [q, k, v, out.contiguous(), d_out.contiguous(), lse, delta, dq, dk, dv, *lists,
                 *others, *values]
-        options = {"num_warps": knobs.num_warps, "num_stages": knobs.num_stages}
-        if interpreting():
-            options = {}
+        options = {} if interpreting() else {"num_warps": knobs.num_warps,
+                                             "num_stages": knobs.num_stages}
         stats, dkdv, dq_kernel = (load_kernel(self.source, name) for name in ENTRIES)
         bm2, bn2, bm1, bn1 = knobs.block_m2, knobs.block_n2, knobs.block_m1, knobs.block_n1
-        stats[(triton.cdiv(M, bm2), batch)](*args, BM=bm2, BN=64, **options)
+        stats[(triton.cdiv(M, bm2), batch)](*args, BM=bm2, BN=bn2, **options)
         dkdv[(triton.cdiv(N, bn1), batch // plan.group)](*args, BM=bm1, BN=bn1, **options)
         dq_kernel[(triton.cdiv(M, bm2), batch)](*args, BM=bm2, BN=bn2, **options)
         return dq, dk, dv
@@ -281,12 +281,13 @@ class AttentionBackwardKernels:
         names = [plan.q.param.name, plan.k.param.name, plan.v.param.name, "OUT", "DO", "LSE",
                  "DELTA", "DQ", "DK", "DV"]
         sig = {n: ("*fp32" if n in ("LSE", "DELTA") else storage) for n in names}
+        sig.update({n: "*i32" for n in LISTS})
         for p in plan.program.tensor_params:
             sig.setdefault(p.name, "*" + TL_SIGNATURE[p.dtype])
         for p in plan.program.scalar_params:
             sig[p.name] = TL_SIGNATURE[p.dtype]
         k = self.knobs
-        blocks = {"_tf_bwd_stats": (k.block_m2, 64), "_tf_bwd_dkdv": (k.block_m1, k.block_n1),
-                  "_tf_bwd_dq": (k.block_m2, k.block_n2)}
+        blocks = {"_tf_bwd_stats": (k.block_m2, k.block_n2),
+                  "_tf_bwd_dkdv": (k.block_m1, k.block_n1), "_tf_bwd_dq": (k.block_m2, k.block_n2)}
         return [compile_for(load_kernel(self.source, name), sig, {"BM": bm, "BN": bn}, target,
                             k.num_warps, k.num_stages) for name, (bm, bn) in blocks.items()]
