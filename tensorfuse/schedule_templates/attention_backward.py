@@ -32,17 +32,22 @@ from ..errors import TargetError
 from .tile_plan import _group_of, plan_rowtile
 
 DS = "__ds"   # the symbol the score's derivative is written in (dS, per element)
+MAX_HEAD_DIM = 128   # D = 128 at the default knobs takes 165 KB of the H100's 227 KB of shared
 
 
 @dataclass
 class BackwardKnobs:
-    """Tile sizes of the dK/dV kernel (``m1`` queries × ``n1`` keys) and the dQ kernel."""
+    """Tile sizes of the dK/dV kernel (``m1`` queries × ``n1`` keys) and the dQ kernel (``m2`` ×
+    ``n2``; the statistics kernel uses its tiles too), warps and pipeline stages. The defaults
+    were the fastest of five settings on the H100 for full and causal attention at S=4096, D=128
+    (2.33 / 1.63 ms; the Triton tutorial's 32/128/128/32 with 4 warps took 4.9 / 3.4 ms:
+    benchmarks/RESULTS.md, session 22)."""
 
-    block_m1: int = 32
+    block_m1: int = 64
     block_n1: int = 128
     block_m2: int = 128
-    block_n2: int = 32
-    num_warps: int = 4
+    block_n2: int = 64
+    num_warps: int = 8
     num_stages: int = 3
 
 
@@ -134,6 +139,10 @@ def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionB
                                       if isinstance(n, Symbol) and n.name == f"__group_{axis.name}"
                                       else None)
         k, v = _plain_load(unfold(product.right), "k"), _plain_load(unfold(value), "v")
+    d = plan.feature_extent
+    if d & (d - 1) or not 16 <= d <= MAX_HEAD_DIM:
+        raise TargetError(f"the attention backward holds head dims that are powers of two from "
+                          f"16 to {MAX_HEAD_DIM} (its tiles at the default knobs), not {d}")
     head, group = _grouping(plan, k, v, sizes)
     contributions = backprop(score, Symbol(DS, "f32"))
     d_score = None

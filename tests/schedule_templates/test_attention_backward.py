@@ -53,6 +53,8 @@ def test_what_the_template_cannot_differentiate_is_refused_with_the_reason():
 
     with pytest.raises(TargetError, match="reads table.*scatter"):
         _plan(learned_bias, dict(DIMS, R=2047))
+    with pytest.raises(TargetError, match="powers of two from 16 to 128.*not 96"):
+        _plan(K.causal_attention, dict(DIMS, D=96))
 
 
 def test_interpreted_kernels_match_the_backward_program():

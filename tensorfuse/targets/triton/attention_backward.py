@@ -5,7 +5,8 @@ mask come from the DSL program, as expressions).
 Three kernels, launched in turn:
 
 - ``_tf_bwd_stats`` (query blocks, the dQ kernel's blocks): each row's log-sum-exp of the scores
-  (an online max and sum over the key blocks: the forward's statistics, recomputed) and
+  in base 2 (an online max and sum over the key blocks: the forward's statistics, recomputed;
+  ``P = 2^(S·log2e − LSE₂)`` is one multiply-add and ``ex2`` per element) and
   ``Δ = rowsum(dO ∘ O)``;
 - ``_tf_bwd_dkdv`` (key blocks, per key/value head): over every query head of the group and every
   query block, in the transposed orientation (keys along the tile's rows, so that no register
@@ -25,7 +26,7 @@ import math
 
 from ...dsl.expr import Load
 from ...dsl.program import TensorParam
-from .expr import HELPERS, TL_DTYPES, TileContext, strides, to_triton
+from .expr import HELPERS, LOG2E, TL_DTYPES, TileContext, strides, to_triton
 from .launch import TL_SIGNATURE, compile_for, interpreting, load_kernel
 
 ENTRIES = ("_tf_bwd_stats", "_tf_bwd_dkdv", "_tf_bwd_dq")
@@ -135,7 +136,7 @@ def backward_source(plan, knobs) -> str:
         dp = "tl.dot(_v, tl.trans(_do)" if transposed else "tl.dot(_do, tl.trans(_v)"
         return "\n".join((
             f"_s = tl.where({ok}, ({s}).to(tl.float32), float('-inf'))",
-            f"_p = tl.exp(_s - _lse{stat})",
+            f"_p = tl.exp2(_s * {LOG2E} - _lse{stat})",
             f"_dp = {dp}{prec})",
             f"_ds = tl.where(_p == 0.0, 0.0, _p * (_dp - _delta{stat}))",
             f"_dsr = tl.where({ok}, ({d}).to(tl.float32), 0.0)")) + "\n"
@@ -190,7 +191,7 @@ def _tf_bwd_stats({args}, BM: tl.constexpr, BN: tl.constexpr):
     _m_i = tl.full([BM], float('-inf'), tl.float32)
     _l_i = tl.zeros([BM], tl.float32)
 {_indent(stats_loop, 1)}
-    _lse = tl.where(_l_i > 0.0, _m_i + tl.log(_l_i), float('inf'))
+    _lse = tl.where(_l_i > 0.0, (_m_i + tl.log(_l_i)) * {LOG2E}, float('inf'))
     tl.store(LSE + {rows_ptr}, _lse, mask=row_ok)
     _o = {load(OUT, q_rows, keep=False)}
     _do = {load(DO, q_rows, keep=False)}
