@@ -44,9 +44,11 @@ def _ms(rows: list, impl: str, bench: str, shape: str, field: str = "ms") -> flo
     return hit[0] if hit else None
 
 
-def plot(path: str, out: str) -> None:
-    """Attention TFLOP/s per variant and size."""
-    rows = [r for r in load(path) if r["benchmark"].startswith("attention/")]
+def plot(path: str, out: str, prefix: str = "attention/",
+         ylabel: str = "TFLOP/s (unmasked FLOPs)") -> None:
+    """Attention TFLOP/s per variant and size (``prefix``: ``attention_bwd/`` for the backward
+    passes, whose rows count the mask's FLOPs only)."""
+    rows = [r for r in load(path) if r["benchmark"].startswith(prefix)]
     if not rows:
         return
     groups = sorted({(r["benchmark"], r["shape"]) for r in rows},
@@ -54,7 +56,7 @@ def plot(path: str, out: str) -> None:
     _bar_chart(path, out, groups, sorted({r["implementation"] for r in rows}),
                lambda impl, g: _ms(rows, impl, *g, field="tflops") or 0.0,
                [f"{b.split('/')[1]}\nS={s.split('S')[1].split()[0]}" for b, s in groups],
-               "TFLOP/s (unmasked FLOPs)")
+               ylabel)
 
 
 def plot_gemm(path: str, out: str, impls: tuple = ("cublas", "torch.compile")) -> None:
