@@ -84,7 +84,7 @@ class Differentiation:
         self.float_outputs = [k for k, c in enumerate(self.program.outputs)
                               if dt.is_float(c.dtypes[0])]
         self._backward = None
-        self.templates: dict = {}   # sizes -> the backward template's kernels, or None
+        self.templates: dict = {}   # sizes -> the backward template's key, or None
 
     def backward_kernel(self):
         if self._backward is None:
@@ -111,14 +111,20 @@ class Differentiation:
         tensors, outputs = iter(saved[:-count]), saved[-count:]
         scalars = iter(ctx.scalars)
         args = [next(scalars) if _is_scalar(p) else next(tensors) for p in self.params]
-        template = self._template(args)
-        if template is not None:   # attention on a GPU: FlashAttention-2's backward kernels
+        key = self._template(args)
+        if key is not None:   # attention on a GPU: FlashAttention-2's backward kernels
+            plan = _TEMPLATES[key].plan
             named = {p.name: a for p, a in zip(self.params, args)}
-            tensors = {p.name: named[p.name] for p in self.program.tensor_params}
-            values = {p.name: named[p.name] for p in self.program.scalar_params}
-            dq, dk, dv = template(tensors, values, outputs[0], grads[0])
-            found = {template.plan.q.param.name: dq, template.plan.k.param.name: dk,
-                     template.plan.v.param.name: dv}
+            qkv = [named[x.param.name] for x in (plan.q, plan.k, plan.v)]
+            others = [named[p.name] for p in self.program.tensor_params
+                      if p.name not in {x.param.name for x in (plan.q, plan.k, plan.v)}]
+            ints = [int(named[p.name]) for p in self.program.scalar_params
+                    if not dt.is_float(p.dtype)]
+            floats = [float(named[p.name]) for p in self.program.scalar_params
+                      if dt.is_float(p.dtype)]
+            dq, dk, dv = _template_backward_op()(key, *qkv, outputs[0], grads[0], others, ints,
+                                                 floats)
+            found = {plan.q.param.name: dq, plan.k.param.name: dk, plan.v.param.name: dv}
             return tuple(found.get(p.name) for p in self.params)
         backward = self.backward_kernel()
         # autograd hands zeros for outputs the loss does not use (materialised gradients)
@@ -151,8 +157,50 @@ class Differentiation:
                     plan = plan_attention_backward(self.program, choice[1], dims)
                 except TensorfuseError:
                     return None
-                self.templates[key] = AttentionBackwardKernels(plan, BackwardKnobs())
+                _TEMPLATES.append(AttentionBackwardKernels(plan, BackwardKnobs()))
+                self.templates[key] = len(_TEMPLATES) - 1
         return self.templates[key]
+
+
+# The backward templates made so far, by index: the key the operator below takes, so that
+# autograd (eager, or AOT autograd tracing a torch.compile graph with fake tensors) calls one
+# operator whatever the kernel.
+_TEMPLATES: list = []
+_OP: list = []
+
+
+def _template_backward_op():
+    """``torch.ops.tensorfuse.attention_backward``: runs ``_TEMPLATES[key]`` on its tensors
+    (``others``: the forward's other tensor parameters in order, its scalar parameters split into
+    ``ints`` and ``floats`` in order); its fake implementation gives the gradients' shapes."""
+    if _OP:
+        return _OP[0]
+    import torch
+
+    def run(key, q, k, v, out, d_out, others, ints, floats):
+        template = _TEMPLATES[key]
+        plan = template.plan
+        program = plan.program
+        names = [x.param.name for x in (plan.q, plan.k, plan.v)]
+        tensors = dict(zip(names, (q, k, v)))
+        tensors.update(zip([p.name for p in program.tensor_params if p.name not in names],
+                           others))
+        ints_, floats_ = iter(ints), iter(floats)
+        scalars = {p.name: next(floats_) if dt.is_float(p.dtype) else next(ints_)
+                   for p in program.scalar_params}
+        return template(tensors, scalars, out, d_out)
+
+    op = torch.library.custom_op(
+        "tensorfuse::attention_backward", run, mutates_args=(),
+        schema="(int key, Tensor q, Tensor k, Tensor v, Tensor out, Tensor d_out, "
+               "Tensor[] others, int[] ints, float[] floats) -> (Tensor, Tensor, Tensor)")
+
+    @op.register_fake
+    def _(key, q, k, v, out, d_out, others, ints, floats):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    _OP.append(op)
+    return op
 
 
 class _ProgramKernel:

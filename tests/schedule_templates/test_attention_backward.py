@@ -96,5 +96,37 @@ def test_autograd_runs_the_template_on_the_gpu():
         *exact, is_causal=True, scale=0.125), exact, seed.double())
     for g, w in zip(got, want):
         assert float((g.double() - w).norm() / w.norm()) < 2e-2
-    used = f.torch_op.differentiation.templates   # the template ran, not the program
-    assert [type(t) for t in used.values()] == [AttentionBackwardKernels]
+    from tensorfuse.autograd import _TEMPLATES   # the template ran, not the program
+
+    used = f.torch_op.differentiation.templates
+    assert [type(_TEMPLATES[key]) for key in used.values()] == [AttentionBackwardKernels]
+
+
+@pytest.mark.gpu
+def test_torch_compile_traces_the_template_backward():
+    """AOT autograd traces the backward with fake tensors: the template runs behind its own
+    operator, and the compiled graph's gradients are the eager ones."""
+    torch.manual_seed(0)
+    f = tf.compile(K.causal_attention)
+    q, k, v = (torch.randn(1, 2, 128, 64, device="cuda").bfloat16().requires_grad_()
+               for _ in range(3))
+
+    def loss(q, k, v):
+        return f(q, k, v, scale=0.125).float().square().sum()
+
+    eager = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    graphed = torch.autograd.grad(torch.compile(loss, fullgraph=True)(q, k, v), (q, k, v))
+    for a, b in zip(graphed, eager):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_template_operator_gives_shapes_to_fake_tensors():
+    """What AOT autograd sees of the template while it traces a graph's backward."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tensorfuse.autograd import _template_backward_op
+
+    with FakeTensorMode():
+        q, kv = torch.empty(2, 8, 33, 64), torch.empty(2, 4, 40, 64)
+        grads = _template_backward_op()(0, q, kv, kv, q, q, [], [], [0.125])
+    assert [tuple(g.shape) for g in grads] == [(2, 8, 33, 64), (2, 4, 40, 64), (2, 4, 40, 64)]
