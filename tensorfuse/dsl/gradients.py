@@ -9,7 +9,7 @@ the inputs in the backward program (nothing is saved but the inputs), then every
 adjoint is accumulated in reverse order:
 
 - elementwise computes and sums pass their adjoint to each value their body reads, times the
-  body's partial derivative (the chain rule over the expression tree, :func:`_backprop`);
+  body's partial derivative (the chain rule over the expression tree, :func:`backprop`);
 - a maximum or minimum passes it to the elements equal to it, shared equally between ties (as
   ``torch.amax`` does); ``logsumexp`` as ``softmax``;
 - a value read at fewer axes than the reader's (``m[i]`` in ``exp(x[i, j] - m)``) gets the

@@ -34,7 +34,8 @@ def _fmt(e: Expr) -> tuple[str, int]:
     if isinstance(e, Unary):
         inner, strength = _fmt(e.a)
         if e.op in _PREFIX:
-            return _PREFIX[e.op] + (inner if strength >= 5 else f"({inner})"), 5
+            bare = strength >= 5 and not inner.startswith(_PREFIX[e.op])   # -(-x), not --x
+            return _PREFIX[e.op] + (inner if bare else f"({inner})"), 5
         return f"{e.op}({inner})", 9
     if isinstance(e, Binary):
         if e.op in ("max", "min"):

@@ -1,0 +1,68 @@
+# %% [markdown]
+# # 6. Gradients: the backward pass is a program too
+#
+# A kernel's backward pass is itself a chain of reductions. `tf.grad` derives it from the DSL
+# program by reverse-mode differentiation and hands back a kernel you can print, compile, fuse and
+# tune like any other. Compiled kernels are also differentiable in PyTorch: called on tensors that
+# require grad, they record their backward with autograd.
+
+# %%
+import numpy as np
+import torch
+import tensorfuse as tf
+from tensorfuse import dsl as T
+
+
+@tf.kernel
+def temperature_cross_entropy(logits: T.Tensor["M", "V", "f64"], t: T.Tensor["M", "f64"],
+                              target: T.Tensor["M", "i32"]):
+    """Cross-entropy of logits divided by a per-row temperature."""
+    i, j = T.axes("i j")
+    s = logits[i, j] / t[i]
+    m = T.max(s, over=j)
+    return m + T.log(T.sum(T.exp(s - m), over=j)) - logits[i, target[i]] / t[i]
+
+# %% [markdown]
+# ## The backward program
+# Its parameters are the forward's plus the incoming gradient `d_out`; its outputs the gradients
+# of the floating-point tensors (`target` is an integer input: it has none). The forward values
+# it needs are recomputed from the inputs. The gather `logits[i, target[i]]` becomes an equality
+# mask over the vocabulary, the maximum passes its adjoint to the elements equal to it.
+
+# %%
+backward = tf.grad(temperature_cross_entropy)
+print(backward.program)
+
+# %% [markdown]
+# ## Called directly ...
+
+# %%
+rng = np.random.default_rng(0)
+logits = rng.standard_normal((4, 50)) * 3.0
+t = rng.uniform(0.5, 2.0, 4)
+target = rng.integers(0, 50, 4).astype(np.int32)
+d_logits, d_t = backward(logits, t, target, np.ones(4), target="llvm")
+print(d_logits.shape, d_t)
+
+# %% [markdown]
+# ## ... or through PyTorch autograd
+# The compiled kernel is a custom operator whose backward runs the compiled backward kernel;
+# `gradcheck` compares it with finite differences in float64.
+
+# %%
+f = tf.compile(temperature_cross_entropy, target="llvm")
+x = torch.tensor(logits, requires_grad=True)
+temperature = torch.tensor(t, requires_grad=True)
+labels = torch.tensor(target)
+print(torch.autograd.gradcheck(lambda x, t: f(x, t, labels), (x, temperature)))
+
+reference = torch.nn.functional.cross_entropy(x / temperature[:, None], labels.long(),
+                                              reduction="sum")
+want = torch.autograd.grad(reference, (x, temperature))
+got = torch.autograd.grad(f(x, temperature, labels).sum(), (x, temperature))
+print([float((a - b).abs().max()) for a, b in zip(got, want)])
+
+# %% [markdown]
+# On an NVIDIA GPU, attention's backward does not run this generic program: it gets
+# FlashAttention-2's backward, generated from the same forward (the score's derivative, the
+# mask's block lists, grouped heads) — see `benchmarks/RESULTS.md`, session 22.
