@@ -5,7 +5,8 @@ Triton decides at import whether to interpret, so this runs in its own process:
     TRITON_INTERPRET=1 python -m tests.schedule_templates.attention_backward_check SEED
 float32 kernels (the interpreter has no bfloat16 products): grouped heads (2 per key/value
 head), ragged sizes (M=37 queries, N=45 keys, bottom-right aligned), full, causal, causal with
-soft-cap, and a boolean mask tensor that empties some rows.
+soft-cap, a boolean mask tensor that empties some rows, and sizes the tiles divide (no element
+masked for being out of range).
 """
 import json
 import os
@@ -23,9 +24,10 @@ from tensorfuse.schedule_templates.auto import choose  # noqa: E402
 from tensorfuse.targets import get_target  # noqa: E402
 from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels  # noqa: E402
 
-B, H, HKV, M, N, D = 1, 4, 2, 37, 45, 16
+B, H, HKV, M_RAGGED, N_RAGGED, D = 1, 4, 2, 37, 45, 16
 VARIANTS = {"full": (False, False, False), "causal": (True, False, False),
-            "causal_softcap": (True, False, True), "mask_tensor": (False, True, False)}
+            "causal_softcap": (True, False, True), "mask_tensor": (False, True, False),
+            "causal_whole_tiles": (True, False, False)}   # M, N multiples of the tiles
 
 
 def errors(seed: int) -> dict:
@@ -33,6 +35,7 @@ def errors(seed: int) -> dict:
     found = {}
     for name, (causal, masked, softcap) in VARIANTS.items():
         kernel = attention_kernel("f32", causal, masked, softcap)
+        M, N = (32, 48) if name.endswith("whole_tiles") else (M_RAGGED, N_RAGGED)
         dims = dict(B=B, H=H, HKV=HKV, M=M, N=N, D=D)
         _, fusion = choose(kernel.program, get_target("cuda"))
         plan = plan_attention_backward(kernel.program, fusion, dims)

@@ -30,6 +30,7 @@ from .expr import HELPERS, LOG2E, TL_DTYPES, TileContext, strides, to_triton
 from .launch import TL_SIGNATURE, compile_for, interpreting, load_kernel
 
 ENTRIES = ("_tf_bwd_stats", "_tf_bwd_dkdv", "_tf_bwd_dq")
+NEG_INF = "float('-inf')"
 LISTS = ("PN", "PI", "FN", "FI", "TPN", "TPI", "TFN", "TFI")   # dQ's lists, dK/dV's (transposed)
 
 
@@ -79,19 +80,43 @@ def backward_source(plan, knobs) -> str:
                            {"__ds": "_ds"}, sizes, interpreter=interp)
 
     i, j = plan.row, plan.col
-    # queries along the rows, keys along the columns (stats, dQ); keys along the rows (dK/dV)
-    q_rows = ctx({i: "offs_m[:, None]", j: "offs_n[None, :]", feature_q: "offs_d[None, :]",
-                  feature_v: "offs_d[None, :]"}, {i: "row_ok[:, None]", j: "col_ok[None, :]"})
-    k_rows = ctx({j: "offs_n[:, None]", i: "offs_m[None, :]", feature_q: "offs_d[None, :]",
-                  feature_v: "offs_d[None, :]"}, {j: "col_ok[:, None]", i: "row_ok[None, :]"})
-    q_cols = ctx({i: "offs_m[None, :]", feature_q: "offs_d[:, None]"}, {i: "row_ok[None, :]"})
+
+    def tiles(bm: int, bn: int) -> dict:
+        """The contexts of a kernel with ``bm`` × ``bn`` tiles: queries along the rows and keys
+        along the columns (``q``), keys along the rows (``k``: dK/dV), a query tile transposed
+        (``qt``); and the validity of their elements (``ok_q``, ``ok_k``: None where the tiles
+        divide the axes — the sizes are known here — so no element is masked)."""
+        rows, cols = M % bm != 0, N % bn != 0
+        pick = lambda *pairs: {a: t for a, t, on in pairs if on}  # noqa: E731
+        both = lambda a, b: " & ".join(x for x in (a, b) if x) or None  # noqa: E731
+        return {
+            "q": ctx({i: "offs_m[:, None]", j: "offs_n[None, :]", feature_q: "offs_d[None, :]",
+                      feature_v: "offs_d[None, :]"},
+                     pick((i, "row_ok[:, None]", rows), (j, "col_ok[None, :]", cols))),
+            "k": ctx({j: "offs_n[:, None]", i: "offs_m[None, :]", feature_q: "offs_d[None, :]",
+                      feature_v: "offs_d[None, :]"},
+                     pick((j, "col_ok[:, None]", cols), (i, "row_ok[None, :]", rows))),
+            "qt": ctx({i: "offs_m[None, :]", feature_q: "offs_d[:, None]"},
+                      pick((i, "row_ok[None, :]", rows))),
+            "ok_q": both("row_ok[:, None]" if rows else "", "col_ok[None, :]" if cols else ""),
+            "ok_k": both("col_ok[:, None]" if cols else "", "row_ok[None, :]" if rows else ""),
+            "rows": rows, "cols": cols}
+
+    bm1, bn1, bm2, bn2 = knobs.block_m1, knobs.block_n1, knobs.block_m2, knobs.block_n2
+    t1, t2 = tiles(bm1, bn1), tiles(bm2, bn2)   # dK/dV's tiles; the statistics' and dQ's
+    # a row the mask empties has P = 0 but Δ = NaN (its output is 0/0): keep dS at 0 there
+    guard = masked and plan.empty is None
 
     def load(e: Load, c: TileContext, keep: bool = True) -> str:
         return to_triton(e, c.child(keep_dtype=keep))
 
-    def store(e: Load, value: str, c: TileContext, ok: str) -> str:
+    def store(e: Load, value: str, c: TileContext, ok: str, ragged: bool) -> str:
+        mask = f", mask={ok}[:, None]" if ragged else ""
         return (f"tl.store({e.param.name} + ({_offset(e, c)}), ({value}).to("
-                f"{TL_DTYPES[e.param.dtype]}), mask={ok}[:, None])")
+                f"{TL_DTYPES[e.param.dtype]}){mask})")
+
+    def valid(ok: str | None, value: str, other: str) -> str:
+        return value if ok is None else f"tl.where({ok}, {value}, {other})"
 
     def decompose(grouped: bool) -> str:
         """The batch axes' values from program id 1 (the head axis by key/value head)."""
@@ -127,45 +152,44 @@ def backward_source(plan, knobs) -> str:
                 text += f"for t in range(0, tl.load({num} + base)):\n" + _indent(inner, 1) + "\n"
         return text
 
-    def gradient(c: TileContext, with_mask: bool, transposed: bool) -> str:
+    def gradient(t: dict, with_mask: bool, transposed: bool) -> str:
+        c = t["k"] if transposed else t["q"]
+        ok = t["ok_k"] if transposed else t["ok_q"]
         s = to_triton(plan.score if with_mask else score_free, c)
         d = to_triton(plan.d_score if with_mask else d_score_free, c)
-        ok = "col_ok[:, None] & row_ok[None, :]" if transposed else \
-            "row_ok[:, None] & col_ok[None, :]"
         stat = "[None, :]" if transposed else "[:, None]"
         dp = "tl.dot(_v, tl.trans(_do)" if transposed else "tl.dot(_do, tl.trans(_v)"
+        ds = f"_p * (_dp - _delta{stat})"
         return "\n".join((
-            f"_s = tl.where({ok}, ({s}).to(tl.float32), float('-inf'))",
+            f"_s = {valid(ok, f'({s}).to(tl.float32)', NEG_INF)}",
             f"_p = tl.exp2(_s * {LOG2E} - _lse{stat})",
             f"_dp = {dp}{prec})",
-            f"_ds = tl.where(_p == 0.0, 0.0, _p * (_dp - _delta{stat}))",
-            f"_dsr = tl.where({ok}, ({d}).to(tl.float32), 0.0)")) + "\n"
+            f"_ds = {f'tl.where(_p == 0.0, 0.0, {ds})' if guard else ds}",
+            f"_dsr = {valid(ok, f'({d}).to(tl.float32)', '0.0')}")) + "\n"
 
-    bm1, bn1, bm2, bn2 = knobs.block_m1, knobs.block_n1, knobs.block_m2, knobs.block_n2
     nq2, nk2 = math.ceil(M / bm2), math.ceil(N / bn2)
     nk1, nq1 = math.ceil(N / bn1), math.ceil(M / bm1)
 
     def stats_body(with_mask: bool) -> str:
-        s = to_triton(plan.score if with_mask else score_free, q_rows)
-        return (f"_k = {load(plan.k, k_rows)}\n"
+        s = to_triton(plan.score if with_mask else score_free, t2["q"])
+        return (f"_k = {load(plan.k, t2['k'])}\n"
                 f"_qk = tl.dot(_q, tl.trans(_k){prec})\n"
-                f"_s = tl.where(row_ok[:, None] & col_ok[None, :], ({s}).to(tl.float32), "
-                "float('-inf'))\n"
+                f"_s = {valid(t2['ok_q'], f'({s}).to(tl.float32)', NEG_INF)}\n"
                 "_m_new = tl.maximum(_m_i, tl.max(_s, 1))\n"
                 "_m_use = tl.where(_m_new == float('-inf'), 0.0, _m_new)\n"
                 "_l_i = _l_i * tl.exp(_m_i - _m_use) + tl.sum(tl.exp(_s - _m_use[:, None]), 1)\n"
                 "_m_i = _m_new\n")
 
     def dq_body(with_mask: bool) -> str:
-        return (f"_k = {load(plan.k, k_rows)}\n_v = {load(plan.v, k_rows)}\n"
-                f"_qk = tl.dot(_q, tl.trans(_k){prec})\n" + gradient(q_rows, with_mask, False)
+        return (f"_k = {load(plan.k, t2['k'])}\n_v = {load(plan.v, t2['k'])}\n"
+                f"_qk = tl.dot(_q, tl.trans(_k){prec})\n" + gradient(t2, with_mask, False)
                 + f"_dq += tl.dot(_dsr.to({dot_type}), _k{prec})\n")
 
     def dkdv_body(with_mask: bool) -> str:
-        return (f"_qt = {load(plan.q, q_cols)}\n_do = {load(DO, q_rows)}\n"
+        return (f"_qt = {load(plan.q, t1['qt'])}\n_do = {load(DO, t1['q'])}\n"
                 f"_lse = tl.load(LSE + {rows_ptr}, mask=row_ok, other=float('inf'))\n"
                 f"_delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)\n"
-                f"_qk = tl.dot(_k, _qt{prec})\n" + gradient(k_rows, with_mask, True)
+                f"_qk = tl.dot(_k, _qt{prec})\n" + gradient(t1, with_mask, True)
                 + f"_dv += tl.dot(_p.to({dot_type}), _do{prec})\n"
                 f"_dk += tl.dot(_dsr.to({dot_type}), tl.trans(_qt){prec})\n")
 
@@ -187,14 +211,14 @@ def _tf_bwd_stats({args}, BM: tl.constexpr, BN: tl.constexpr):
     offs_m = pid * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, {D})
     row_ok = offs_m < {M}
-    _q = {load(plan.q, q_rows)}
+    _q = {load(plan.q, t2["q"])}
     _m_i = tl.full([BM], float('-inf'), tl.float32)
     _l_i = tl.zeros([BM], tl.float32)
 {_indent(stats_loop, 1)}
     _lse = tl.where(_l_i > 0.0, (_m_i + tl.log(_l_i)) * {LOG2E}, float('inf'))
     tl.store(LSE + {rows_ptr}, _lse, mask=row_ok)
-    _o = {load(OUT, q_rows, keep=False)}
-    _do = {load(DO, q_rows, keep=False)}
+    _o = {load(OUT, t2["q"], keep=False)}
+    _do = {load(DO, t2["q"], keep=False)}
     tl.store(DELTA + {rows_ptr}, tl.sum(tl.where(row_ok[:, None], _o * _do, 0.0), 1),
              mask=row_ok)
 
@@ -207,13 +231,13 @@ def _tf_bwd_dkdv({args}, BM: tl.constexpr, BN: tl.constexpr):
     offs_n = pid * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, {D})
     col_ok = offs_n < {N}
-    _k = {load(plan.k, k_rows)}
-    _v = {load(plan.v, k_rows)}
+    _k = {load(plan.k, t1["k"])}
+    _v = {load(plan.v, t1["k"])}
     _dk = tl.zeros([BN, {D}], tl.float32)
     _dv = tl.zeros([BN, {D}], tl.float32)
 {_indent(group + _indent(dkdv_loop, 1), 1)}
-    {store(DK, "_dk", k_rows, "col_ok")}
-    {store(DV, "_dv", k_rows, "col_ok")}
+    {store(DK, "_dk", t1["k"], "col_ok", t1["cols"])}
+    {store(DV, "_dv", t1["k"], "col_ok", t1["cols"])}
 
 
 @triton.jit
@@ -223,13 +247,13 @@ def _tf_bwd_dq({args}, BM: tl.constexpr, BN: tl.constexpr):
     offs_m = pid * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, {D})
     row_ok = offs_m < {M}
-    _q = {load(plan.q, q_rows)}
-    _do = {load(DO, q_rows)}
+    _q = {load(plan.q, t2["q"])}
+    _do = {load(DO, t2["q"])}
     _lse = tl.load(LSE + {rows_ptr}, mask=row_ok, other=float('inf'))
     _delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)
     _dq = tl.zeros([BM, {D}], tl.float32)
 {_indent(dq_loop, 1)}
-    {store(DQ, "_dq", q_rows, "row_ok")}
+    {store(DQ, "_dq", t2["q"], "row_ok", t2["rows"])}
 """
     return source
 
