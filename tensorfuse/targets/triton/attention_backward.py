@@ -128,8 +128,10 @@ def backward_source(plan, knobs) -> str:
             lines += [f"{name} = rest % {n}", f"rest = rest // {n}"]
         return "\n".join(lines)
 
-    flat_q = " + ".join(f"{batch_vars[a.uid]} * {math.prod(extents[b.uid] for b in plan.batch[k + 1:])}"
-                        for k, a in enumerate(plan.batch)) or "0"
+    strides_q = [math.prod(extents[b.uid] for b in plan.batch[k + 1:])
+                 for k in range(len(plan.batch))]
+    flat_q = " + ".join(f"{batch_vars[a.uid]} * {stride}"
+                        for a, stride in zip(plan.batch, strides_q)) or "0"
     rows_ptr = f"({flat_q}) * {M} + offs_m"
 
     def blocks(body, lists: str, own: str, count: int, block: str, offs: str, ok: str,
