@@ -26,21 +26,12 @@ import math
 
 from ...dsl.expr import Load
 from ...dsl.program import TensorParam
-from .expr import HELPERS, LOG2E, TL_DTYPES, TileContext, strides, to_triton
+from .expr import HELPERS, LOG2E, TL_DTYPES, TileContext, offset, to_triton
 from .launch import TL_SIGNATURE, compile_for, interpreting, load_kernel
 
 ENTRIES = ("_tf_bwd_stats", "_tf_bwd_dkdv", "_tf_bwd_dq")
 NEG_INF = "float('-inf')"
 LISTS = ("PN", "PI", "FN", "FI", "TPN", "TPI", "TFN", "TFI")   # dQ's lists, dK/dV's (transposed)
-
-
-def _offset(load: Load, ctx: TileContext) -> str:
-    """Element offset of ``load`` in its tensor (row-major strides at the plan's sizes)."""
-    terms = []
-    for index, stride in zip(load.indices, strides(load.param, ctx.sizes)):
-        idx = to_triton(index, ctx.child(keep_dtype=False))
-        terms.append(idx if stride == 1 else f"({idx}) * {stride}")
-    return " + ".join(terms) or "0"
 
 
 def _indent(text: str, depth: int) -> str:
@@ -112,7 +103,7 @@ def backward_source(plan, knobs) -> str:
 
     def store(e: Load, value: str, c: TileContext, ok: str, ragged: bool) -> str:
         mask = f", mask={ok}[:, None]" if ragged else ""
-        return (f"tl.store({e.param.name} + ({_offset(e, c)}), ({value}).to("
+        return (f"tl.store({e.param.name} + ({offset(e, c)}), ({value}).to("
                 f"{TL_DTYPES[e.param.dtype]}){mask})")
 
     def valid(ok: str | None, value: str, other: str) -> str:
@@ -189,12 +180,16 @@ def backward_source(plan, knobs) -> str:
 
     def dkdv_body(with_mask: bool) -> str:
         return (f"_qt = {load(plan.q, t1['qt'])}\n_do = {load(DO, t1['q'])}\n"
-                f"_lse = tl.load(LSE + {rows_ptr}, mask=row_ok, other=float('inf'))\n"
-                f"_delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)\n"
+                + row_stats +
                 f"_qk = tl.dot(_k, _qt{prec})\n" + gradient(t1, with_mask, True)
                 + f"_dv += tl.dot(_p.to({dot_type}), _do{prec})\n"
                 f"_dk += tl.dot(_dsr.to({dot_type}), tl.trans(_qt){prec})\n")
 
+    row_stats = (f"_lse = tl.load(LSE + {rows_ptr}, mask=row_ok, other=float('inf'))\n"
+                 f"_delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)\n")
+    query_block = (decompose(False) + "\noffs_m = pid * BM + tl.arange(0, BM)\n"
+                   f"offs_d = tl.arange(0, {D})\nrow_ok = offs_m < {M}\n"
+                   f"_q = {load(plan.q, t2['q'])}")   # the statistics' and dQ's program start
     stats_loop = blocks(stats_body, "PN,PI,FN,FI", str(nq2), nk2, "BN", "offs_n", "col_ok", N)
     dq_loop = blocks(dq_body, "PN,PI,FN,FI", str(nq2), nk2, "BN", "offs_n", "col_ok", N)
     dkdv_loop = blocks(dkdv_body, "TPN,TPI,TFN,TFI", str(nk1), nq1, "BM", "offs_m", "row_ok", M)
@@ -209,11 +204,7 @@ from triton.language.extra import libdevice
 @triton.jit
 def _tf_bwd_stats({args}, BM: tl.constexpr, BN: tl.constexpr):
     pid = tl.program_id(0)
-{_indent(decompose(False), 1)}
-    offs_m = pid * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, {D})
-    row_ok = offs_m < {M}
-    _q = {load(plan.q, t2["q"])}
+{_indent(query_block, 1)}
     _m_i = tl.full([BM], float('-inf'), tl.float32)
     _l_i = tl.zeros([BM], tl.float32)
 {_indent(stats_loop, 1)}
@@ -245,14 +236,9 @@ def _tf_bwd_dkdv({args}, BM: tl.constexpr, BN: tl.constexpr):
 @triton.jit
 def _tf_bwd_dq({args}, BM: tl.constexpr, BN: tl.constexpr):
     pid = tl.program_id(0)
-{_indent(decompose(False), 1)}
-    offs_m = pid * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, {D})
-    row_ok = offs_m < {M}
-    _q = {load(plan.q, t2["q"])}
+{_indent(query_block, 1)}
     _do = {load(DO, t2["q"])}
-    _lse = tl.load(LSE + {rows_ptr}, mask=row_ok, other=float('inf'))
-    _delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)
+{_indent(row_stats, 1)}
     _dq = tl.zeros([BM, {D}], tl.float32)
 {_indent(dq_loop, 1)}
     {store(DQ, "_dq", t2["q"], "row_ok", t2["rows"])}

@@ -189,15 +189,20 @@ def _eviction(e: Load, streaming: tuple) -> str:
     return ""
 
 
-def load(e: Load, ctx: TileContext) -> str:
-    st = strides(e.param, ctx.sizes)
+def offset(e: Load, ctx: TileContext) -> str:
+    """The element offset ``e`` reads in its tensor (row-major strides at ``ctx.sizes``): what
+    a load or a store of the same element adds to the tensor's pointer."""
     terms = []
-    for index, stride in zip(e.indices, st):
+    for index, stride in zip(e.indices, strides(e.param, ctx.sizes)):
         idx = to_triton(index, ctx.child(keep_dtype=False))
         terms.append(idx if stride == 1 else f"{idx} * {stride}")
-    offset = " + ".join(terms) or "0"
+    return " + ".join(terms) or "0"
+
+
+def load(e: Load, ctx: TileContext) -> str:
+    offset_ = offset(e, ctx)
     masks = sorted({ctx.valid[a] for a in axes_in(e) if a in ctx.valid})
-    ptr = f"{e.param.name} + ({offset})"
+    ptr = f"{e.param.name} + ({offset_})"
     hint = _eviction(e, ctx.streaming)
     text = f"tl.load({ptr}, mask={' & '.join(masks)}, other=0{hint})" if masks else \
         f"tl.load({ptr}{', ' + hint[2:] if hint else ''})"
