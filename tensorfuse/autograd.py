@@ -17,7 +17,7 @@ from typing import Sequence
 
 from .dsl import dtypes as dt
 from .dsl.gradients import GradientOutput, gradient_program
-from .dsl.program import Program, is_kernel
+from .dsl.program import Program, ScalarParam, is_kernel
 from .errors import TensorfuseError
 from .torch_graph import DIFFERENTIATION
 
@@ -39,11 +39,6 @@ class GradientKernel:
     def __repr__(self) -> str:
         return f"<tensorfuse gradient of {self.forward.name} (wrt {', '.join(self.wrt)})>\n" \
             f"{self.program!r}"
-
-    @property
-    def incoming(self) -> list[str]:
-        """The parameters that take the outputs' gradients, in order."""
-        return [p.name for p in self.program.params[len(self.forward.program.params):]]
 
     def __call__(self, *args, target: str = "auto", **kwargs):
         """The gradients, one per ``wrt`` parameter (a tuple when there are several): partial
@@ -101,16 +96,16 @@ class Differentiation:
 
     def setup_context(self, ctx, inputs, output) -> None:
         outputs = output if isinstance(output, tuple) else (output,)
-        ctx.save_for_backward(*[x for x, p in zip(inputs, self.params) if not _is_scalar(p)],
+        ctx.save_for_backward(*[x for x, p in zip(inputs, self.params) if not isinstance(p, ScalarParam)],
                               *outputs)
-        ctx.scalars = [x for x, p in zip(inputs, self.params) if _is_scalar(p)]
+        ctx.scalars = [x for x, p in zip(inputs, self.params) if isinstance(p, ScalarParam)]
 
     def backward(self, ctx, *grads):
         saved = ctx.saved_tensors
         count = len(self.program.outputs)
         tensors, outputs = iter(saved[:-count]), saved[-count:]
         scalars = iter(ctx.scalars)
-        args = [next(scalars) if _is_scalar(p) else next(tensors) for p in self.params]
+        args = [next(scalars) if isinstance(p, ScalarParam) else next(tensors) for p in self.params]
         key = self._template(args)
         if key is not None:   # attention on a GPU: FlashAttention-2's backward kernels
             plan = _TEMPLATES[key].plan
@@ -132,7 +127,7 @@ class Differentiation:
         parts = backward(*args)
         parts = parts if isinstance(parts, tuple) else (parts,)
         summed = sum_parts(self.gradients.outputs, parts)
-        return tuple(None if _is_scalar(p) else summed.get(p.name) for p in self.params)
+        return tuple(None if isinstance(p, ScalarParam) else summed.get(p.name) for p in self.params)
 
     def _template(self, args: list):
         """The attention backward template (:mod:`.schedule_templates.attention_backward`) for
@@ -208,12 +203,6 @@ class _ProgramKernel:
 
     def __init__(self, program: Program, fn):
         self.program, self.fn, self.name = program, fn, program.name
-
-
-def _is_scalar(p) -> bool:
-    from .dsl.program import ScalarParam
-
-    return isinstance(p, ScalarParam)
 
 
 DIFFERENTIATION.append(Differentiation)   # every kernel's custom operator gets a backward
