@@ -76,6 +76,7 @@ class Differentiation:
         self.kernel = kernel
         self.program: Program = kernel.program
         self.params = list(self.program.params)
+        self.scalar = [isinstance(p, ScalarParam) for p in self.params]
         self.float_outputs = [k for k, c in enumerate(self.program.outputs)
                               if dt.is_float(c.dtypes[0])]
         self._backward = None
@@ -96,16 +97,15 @@ class Differentiation:
 
     def setup_context(self, ctx, inputs, output) -> None:
         outputs = output if isinstance(output, tuple) else (output,)
-        ctx.save_for_backward(*[x for x, p in zip(inputs, self.params) if not isinstance(p, ScalarParam)],
-                              *outputs)
-        ctx.scalars = [x for x, p in zip(inputs, self.params) if isinstance(p, ScalarParam)]
+        ctx.save_for_backward(*[x for x, s in zip(inputs, self.scalar) if not s], *outputs)
+        ctx.scalars = [x for x, s in zip(inputs, self.scalar) if s]
 
     def backward(self, ctx, *grads):
         saved = ctx.saved_tensors
         count = len(self.program.outputs)
         tensors, outputs = iter(saved[:-count]), saved[-count:]
         scalars = iter(ctx.scalars)
-        args = [next(scalars) if isinstance(p, ScalarParam) else next(tensors) for p in self.params]
+        args = [next(scalars) if s else next(tensors) for s in self.scalar]
         key = self._template(args)
         if key is not None:   # attention on a GPU: FlashAttention-2's backward kernels
             plan = _TEMPLATES[key].plan
@@ -127,7 +127,7 @@ class Differentiation:
         parts = backward(*args)
         parts = parts if isinstance(parts, tuple) else (parts,)
         summed = sum_parts(self.gradients.outputs, parts)
-        return tuple(None if isinstance(p, ScalarParam) else summed.get(p.name) for p in self.params)
+        return tuple(None if s else summed.get(p.name) for p, s in zip(self.params, self.scalar))
 
     def _template(self, args: list):
         """The attention backward template (:mod:`.schedule_templates.attention_backward`) for
