@@ -69,6 +69,7 @@ class AttentionBackwardPlan:
     d_score: Expr          # ∂S/∂(q·k) · dS, of ``qk``, the axes and the symbol DS
     mask: Expr | None
     empty: float | None    # what the output of a row with no kept key is (None: 0/0)
+    ds_symbol: str = DS    # the name ``d_score`` reads dS by
     _lists: dict = field(default_factory=dict, repr=False)   # block lists by sizes/scalars
 
     def extent(self, axis: Axis) -> int:

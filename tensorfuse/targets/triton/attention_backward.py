@@ -68,7 +68,7 @@ def backward_source(plan, knobs) -> str:
         axes = dict(batch_vars)
         axes.update({a.uid: text for a, text in axes_of.items()})
         return TileContext(axes, {a.uid: text for a, text in valid.items()}, {plan.qk: "_qk"},
-                           {"__ds": "_ds"}, sizes, interpreter=interp)
+                           {plan.ds_symbol: "_ds"}, sizes, interpreter=interp)
 
     i, j = plan.row, plan.col
 
