@@ -97,8 +97,18 @@ def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
 
             note = f"gradient error {err:.1e} at S=200"
             try:
-                out = tf.compile(kernel)(*leaves, scale, *extra.values())
+                f = tf.compile(kernel)
+                out = f(*leaves, scale, *extra.values())
                 impls["tensorfuse (autograd)"] = (timed_backward(out), note)
+                # the forward as autograd records it (it also writes the log-sum-exp) and plain
+                forward_flops = flops / 2.5
+                for label, args in (("tensorfuse forward", (q, k, v)),
+                                    ("tensorfuse forward (recorded, saves LSE)", leaves)):
+                    ms = bench(lambda: f(*args, scale, *extra.values()))
+                    log(f"{name:9} S={S:6} {label:40} {ms:9.3f} ms "
+                        f"{forward_flops / ms / 1e9:7.1f} TFLOP/s")
+                    rows.append(Row(f"attention_fwd/{name}", shape, label, ms,
+                                    forward_flops / ms / 1e9, 0.0, 0.0, ""))
             except Exception as exc:  # noqa: BLE001 - report and go on
                 log(f"  tensorfuse {name} S={S}: {type(exc).__name__}: {exc}"[:300])
             if generic:
@@ -133,40 +143,47 @@ def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
     return rows
 
 
-def sweep(knob_sets, S: int = 4096, B: int = 2, H: int = 16, D: int = 128,
+def sweep(knob_sets, sizes=(4096,), B: int = 2, H: int = 16, D: int = 128,
           names=("full", "causal"), log=print) -> list[Row]:
     """The backward template's kernels at other knob settings (``BackwardKnobs`` fields as
-    ``m1,n1,m2,n2,warps,stages``), timed on the same inputs: which defaults to keep."""
+    ``m1,n1,m2,n2,warps,stages[,merged[,saved]]``; ``saved``: from the log-sum-exp the forward
+    saves, else recomputed), timed on the same inputs: which defaults to keep."""
     from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
                                                                   plan_attention_backward)
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.targets import get_target
     from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels
 
+    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.schedule_templates.attention_chain import with_logsumexp
+
     rows = []
-    for name in names:
+    for name, S in ((n, S) for n in names for S in sizes):
         kernel, extra, _, mask_mod, _, hq, hkv = variants(S, B=B, H=H)[name]
         q, dout = (torch.randn(B, hq, S, D, device="cuda").bfloat16() for _ in range(2))
         k, v = (torch.randn(B, hkv, S, D, device="cuda").bfloat16() for _ in range(2))
         scale = D ** -0.5
-        out = tf.compile(kernel)(q, k, v, scale, *extra.values())
+        _, fusion = choose(kernel.program, get_target("cuda"))
+        saving = tf.compile(_ProgramKernel(with_logsumexp(kernel.program, fusion.names), None))
+        out, lse = saving(q, k, v, scale, *extra.values())
         dims = {"B": B, "H": hq, "M": S, "N": S, "D": D}
         if hkv != hq:
             dims["HKV"] = hkv
-        _, fusion = choose(kernel.program, get_target("cuda"))
         plan = plan_attention_backward(kernel.program, fusion, dims)
         flops = 2.5 * 4 * B * hq * S * S * D * density(mask_mod, B, hq, S)
         tensors, scalars = {"q": q, "k": k, "v": v}, {"scale": scale, **extra}
         reference = None
         for text in knob_sets:
-            knobs = BackwardKnobs(*[int(x) for x in text.split(",")])
+            fields = [int(x) for x in text.split(",")]
+            saved = lse if len(fields) > 7 and fields[7] else None
+            knobs = BackwardKnobs(*fields[:6], *[bool(x) for x in fields[6:7]])
             try:
                 made = AttentionBackwardKernels(plan, knobs)
-                got = made(tensors, scalars, out, dout)
+                got = made(tensors, scalars, out, dout, saved)
                 reference = got if reference is None else reference
                 diff = max(float((a.float() - b.float()).norm() / b.float().norm())
                            for a, b in zip(got, reference))
-                ms = bench(lambda: made(tensors, scalars, out, dout))
+                ms = bench(lambda: made(tensors, scalars, out, dout, saved))
             except Exception as exc:  # noqa: BLE001 - a setting that does not fit
                 log(f"  sweep {name} {text}: {type(exc).__name__}: {exc}"[:200])
                 continue
@@ -184,10 +201,14 @@ def main(argv=None) -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--generic", action="store_true",
                         help="also time tf.grad's program (TVM's default schedule: slow)")
-    parser.add_argument("--sweep", default="", help="knob settings m1,n1,m2,n2,warps,stages "
-                        "separated by ';' (timed at S=4096 on full and causal attention)")
+    parser.add_argument("--sweep", default="", help="knob settings m1,n1,m2,n2,warps,stages"
+                        "[,merged[,saved]] separated by ';' (timed on full and causal attention "
+                        "at --sweep-sizes)")
+    parser.add_argument("--sweep-sizes", default="4096")
+    parser.add_argument("--sweep-variants", default="full,causal")
     args = parser.parse_args(argv)
-    rows = sweep(args.sweep.split(";")) if args.sweep else []
+    rows = sweep(args.sweep.split(";"), [int(s) for s in args.sweep_sizes.split(",")],
+                 names=args.sweep_variants.split(",")) if args.sweep else []
     rows += run([int(s) for s in args.sizes.split(",")], generic=args.generic,
                 names=args.variants.split(","))
     if args.csv:

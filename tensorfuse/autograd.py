@@ -81,6 +81,42 @@ class Differentiation:
                               if dt.is_float(c.dtypes[0])]
         self._backward = None
         self.templates: dict = {}   # sizes -> the backward template's key, or None
+        self.saving = None          # the forward program that also writes the log-sum-exp
+        self._saving_kernel = None
+
+    def training_op(self, qualname: str, device: str):
+        """The operator autograd records calls of this kernel with, where its forward can save
+        what the backward template reads — softmax attention on a GPU: the program with each
+        row's log-sum-exp as a second output
+        (:func:`.schedule_templates.attention_chain.with_logsumexp`; its templates write it in the
+        epilogue, one float per row), so that the backward does not recompute q·kᵀ for it.
+        ``None`` elsewhere (the kernel's own operator is recorded)."""
+        if self.kernel.target.kind != "cuda":
+            return None
+        from .schedule_templates.attention_chain import with_logsumexp
+        from .schedule_templates.auto import choose
+        from .torch_graph import kernel_op
+
+        choice = choose(self.program, self.kernel.target)
+        if choice is None or choice[0] != "attention":
+            return None
+        try:
+            self.saving = with_logsumexp(self.program, choice[1].names)
+        except TensorfuseError:
+            return None
+        op = kernel_op(qualname, self.saving,
+                       lambda *args: self._saving().invoke(False, args, {}), device)
+        op.register_autograd(self.backward, setup_context=self.setup_context)
+        return op
+
+    def _saving(self):
+        """The compiled forward that also writes the log-sum-exp (on first use)."""
+        if self._saving_kernel is None:
+            from .api import compile as compile_kernel
+
+            self._saving_kernel = compile_kernel(_ProgramKernel(self.saving, None),
+                                                 target=self.kernel.target)
+        return self._saving_kernel
 
     def backward_kernel(self):
         if self._backward is None:
@@ -96,13 +132,21 @@ class Differentiation:
         return self._backward
 
     def setup_context(self, ctx, inputs, output) -> None:
+        """Saves the tensor arguments and every output (the training operator's last output, the
+        log-sum-exp, is saved too, and marked as having no gradient)."""
         outputs = output if isinstance(output, tuple) else (output,)
         ctx.save_for_backward(*[x for x, s in zip(inputs, self.scalar) if not s], *outputs)
         ctx.scalars = [x for x, s in zip(inputs, self.scalar) if s]
+        ctx.saved_lse = len(outputs) > len(self.program.outputs)
+        if ctx.saved_lse:
+            ctx.mark_non_differentiable(outputs[-1])
 
     def backward(self, ctx, *grads):
         saved = ctx.saved_tensors
+        lse = saved[-1] if ctx.saved_lse else None
+        saved = saved[:-1] if ctx.saved_lse else saved
         count = len(self.program.outputs)
+        grads = grads[:count]
         tensors, outputs = iter(saved[:-count]), saved[-count:]
         scalars = iter(ctx.scalars)
         args = [next(scalars) if s else next(tensors) for s in self.scalar]
@@ -117,8 +161,8 @@ class Differentiation:
                     if not dt.is_float(p.dtype)]
             floats = [float(named[p.name]) for p in self.program.scalar_params
                       if dt.is_float(p.dtype)]
-            dq, dk, dv = _template_backward_op()(key, *qkv, outputs[0], grads[0], others, ints,
-                                                 floats)
+            dq, dk, dv = _template_backward_op()(key, *qkv, outputs[0], grads[0], lse, others,
+                                                 ints, floats)
             found = {plan.q.param.name: dq, plan.k.param.name: dk, plan.v.param.name: dv}
             return tuple(found.get(p.name) for p in self.params)
         backward = self.backward_kernel()
@@ -167,12 +211,13 @@ _OP: list = []
 def _template_backward_op():
     """``torch.ops.tensorfuse.attention_backward``: runs ``_TEMPLATES[key]`` on its tensors
     (``others``: the forward's other tensor parameters in order, its scalar parameters split into
-    ``ints`` and ``floats`` in order); its fake implementation gives the gradients' shapes."""
+    ``ints`` and ``floats`` in order; ``lse``: the forward's log-sum-exp where it saved it); its
+    fake implementation gives the gradients' shapes."""
     if _OP:
         return _OP[0]
     import torch
 
-    def run(key, q, k, v, out, d_out, others, ints, floats):
+    def run(key, q, k, v, out, d_out, lse, others, ints, floats):
         template = _TEMPLATES[key]
         plan = template.plan
         program = plan.program
@@ -183,15 +228,15 @@ def _template_backward_op():
         ints_, floats_ = iter(ints), iter(floats)
         scalars = {p.name: next(floats_) if dt.is_float(p.dtype) else next(ints_)
                    for p in program.scalar_params}
-        return template(tensors, scalars, out, d_out)
+        return template(tensors, scalars, out, d_out, lse)
 
     op = torch.library.custom_op(
         "tensorfuse::attention_backward", run, mutates_args=(),
-        schema="(int key, Tensor q, Tensor k, Tensor v, Tensor out, Tensor d_out, "
+        schema="(int key, Tensor q, Tensor k, Tensor v, Tensor out, Tensor d_out, Tensor? lse, "
                "Tensor[] others, int[] ints, float[] floats) -> (Tensor, Tensor, Tensor)")
 
     @op.register_fake
-    def _(key, q, k, v, out, d_out, others, ints, floats):
+    def _(key, q, k, v, out, d_out, lse, others, ints, floats):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     _OP.append(op)

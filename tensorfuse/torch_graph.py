@@ -23,9 +23,9 @@ from .dsl.program import Program, ScalarParam
 from .interop import torch_dtype
 
 _NUMBERS = itertools.count()
-# What makes a kernel's operator differentiable (``kernel -> object with backward and
-# setup_context``): installed by :mod:`tensorfuse.autograd`, which compiles backward kernels — a
-# layer above this one, so it is handed down rather than imported.
+# What makes a kernel's operator differentiable (``kernel -> object with backward,
+# setup_context and training_op``): installed by :mod:`tensorfuse.autograd`, which compiles
+# backward kernels — a layer above this one, so it is handed down rather than imported.
 DIFFERENTIATION: list = []
 
 
@@ -44,37 +44,48 @@ def schema(program: Program) -> str:
     return f"({params}) -> {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}"
 
 
+def fake_outputs(program: Program, device: str, args: tuple):
+    """The outputs a call of ``program`` on ``args`` gives, as empty tensors (fake
+    implementations: shapes, dtypes and device, the arguments checked as a call would)."""
+    import torch
+
+    bound = bind_call(program, args, {}, device)
+    place = next(bound.arrays[p.name].device for p in program.tensor_params)
+    outs = tuple(torch.empty(output_shape(c, bound.dims), dtype=torch_dtype(c.dtypes[0]),
+                             device=place) for c in program.outputs)
+    return outs[0] if len(outs) == 1 else outs
+
+
+def kernel_op(qualname: str, program: Program, run, device: str):
+    """A custom operator ``qualname`` taking ``program``'s parameters and returning its outputs,
+    ``run(*args)`` its implementation."""
+    import torch
+
+    op = torch.library.custom_op(qualname, run, mutates_args=(), schema=schema(program))
+    op.register_fake(lambda *args: fake_outputs(program, device, args))
+    return op
+
+
 class KernelOp:
-    """The custom operator of one compiled kernel and the mapping of a call's arguments onto it."""
+    """The custom operator of one compiled kernel and the mapping of a call's arguments onto it.
+    Where the kernel's differentiation has one, a second operator (``training``) runs the calls
+    autograd records: it also returns what the backward reads besides the output."""
 
     def __init__(self, kernel):
-        import torch
-
         program: Program = kernel.program
         self.program = program
         self.names = [p.name for p in program.params]
         stem = re.sub(r"\W", "_", program.name)
         self.qualname = f"tensorfuse::{stem}_{next(_NUMBERS)}"
         device = {"llvm": "cpu"}.get(kernel.target.kind, kernel.target.kind)
-
-        def run(*args):
-            return kernel.invoke(False, args, {})
-
-        def fake(*args):
-            bound = bind_call(program, args, {}, device)
-            place = next(bound.arrays[p.name].device for p in program.tensor_params)
-            outs = tuple(torch.empty(output_shape(c, bound.dims), dtype=torch_dtype(c.dtypes[0]),
-                                     device=place) for c in program.outputs)
-            return outs[0] if len(outs) == 1 else outs
-
-        self.op = torch.library.custom_op(self.qualname, run, mutates_args=(),
-                                          schema=schema(program))
-        self.op.register_fake(fake)
-        self.differentiation = None
+        self.op = kernel_op(self.qualname, program, lambda *args: kernel.invoke(False, args, {}),
+                            device)
+        self.differentiation = self.training = None
         for make in DIFFERENTIATION:
             self.differentiation = make(kernel)
             self.op.register_autograd(self.differentiation.backward,
                                       setup_context=self.differentiation.setup_context)
+            self.training = self.differentiation.training_op(f"{self.qualname}_train", device)
 
     def __call__(self, args: tuple, kwargs: dict):
         """Call the operator with ``args``/``kwargs`` as the kernel would take them (keyword
@@ -90,6 +101,10 @@ class KernelOp:
             if name not in kwargs:
                 raise TypeError(f"{self.program.name}() is missing argument {name!r}")
             ordered.append(kwargs[name])
+        if self.training is not None and wants_grad(args, kwargs):
+            made = self.training(*ordered)   # the outputs, then what the backward reads
+            count = len(self.program.outputs)
+            return made[0] if count == 1 else made[:count]
         return self.op(*ordered)
 
 

@@ -41,7 +41,8 @@ class BackwardKnobs:
     ``n2``; the statistics kernel uses its tiles too), warps and pipeline stages. The defaults
     were the fastest of five settings on the H100 for full and causal attention at S=4096, D=128
     (2.33 / 1.63 ms; the Triton tutorial's 32/128/128/32 with 4 warps took 4.9 / 3.4 ms:
-    benchmarks/RESULTS.md, session 22)."""
+    benchmarks/RESULTS.md, session 22). ``merged``: dK/dV and dQ in one launch (key blocks
+    first, then query blocks) rather than two, as FlexAttention's backward."""
 
     block_m1: int = 64
     block_n1: int = 128
@@ -49,6 +50,7 @@ class BackwardKnobs:
     block_n2: int = 64
     num_warps: int = 8
     num_stages: int = 3
+    merged: bool = True
 
 
 @dataclass

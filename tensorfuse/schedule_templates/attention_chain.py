@@ -12,15 +12,15 @@ and read its pieces. Anything else is refused with the reason.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..algebra import inline_elementwise, plan_chain
 from ..algebra.exprs import factors, substitute
 from ..dsl.evaluate import evaluate_plain
-from ..dsl.expr import Axis, Binary, Const, DimSize, Expr, Load, Ref, Symbol, Unary
-from ..dsl.program import Program
+from ..dsl.expr import Axis, Binary, Const, DimSize, Expr, Load, Ref, Symbol, Unary, binary, unary
+from ..dsl.program import Compute, Program
 from ..errors import ScheduleError
 
 
@@ -42,6 +42,7 @@ class AttentionChain:
     score_axes: tuple[tuple[str, str], ...] = ()  # axis name -> the kernel's index (b, h, 0, j)
     dtype: str = "bf16"                         # of q, k, v and the output
     axes: tuple = ()                            # the Axis objects b, h, i (queries), j (keys)
+    lse: str = ""                               # the log-sum-exp output's name (with_logsumexp)
 
 
 def _same(a, b) -> bool:
@@ -53,49 +54,40 @@ def _is_axis(e, axis) -> bool:
 
 
 def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who: str,
-                        dtypes: tuple[str, ...] = ("bf16",)) -> AttentionChain:
+                        dtypes: tuple[str, ...] = ("bf16",),
+                        logsumexp: bool = False) -> AttentionChain:
     """The pieces of the rolled chain ``names`` over ``axis`` when it is softmax-weighted
-    attention (module docstring) with q, k, v and the output in one of ``dtypes``; otherwise a
+    attention (module docstring) with q, k, v and the output in one of ``dtypes`` (and, where the
+    kernel writes it, ``logsumexp``, the second output :func:`with_logsumexp` adds); otherwise a
     :class:`ScheduleError` starting with ``who`` that says what differs."""
     def refuse(message: str, loc=None) -> ScheduleError:
         return ScheduleError(f"{who}: {message}", loc)
 
     plan_chain(program, names, axis)  # refuses chains that have no correction at all
-    by_name = {c.name: c for c in program.computes}
-    members = [by_name[n] for n in names]
-    maxes = [c for c in members if c.monoid.name == "max"]
-    sums = [c for c in members if c.monoid.name == "sum"]
-    if len(maxes) != 1 or len(sums) != 2:
-        raise refuse(f"the chain {', '.join(names)} is not max → sum(exp) → weighted sum; this "
-                     "kernel keeps softmax states only (the rolling update's Triton template "
-                     "takes other chains)")
-    m = maxes[0]
-    scores = inline_elementwise(m.bodies[0])
-    bodies = {c.name: factors(inline_elementwise(c.bodies[0])) for c in sums}
-    plain = [c for c in sums if len(bodies[c.name]) == 1]
-    weighted = [c for c in sums if len(bodies[c.name]) == 2]
-    if len(plain) != 1 or len(weighted) != 1:
-        raise refuse("the chain's sums must be sum(p) and sum(p * v)", m.loc)
-    p = bodies[plain[0].name][0]
-    if not (isinstance(p, Unary) and p.op == "exp" and isinstance(p.a, Binary) and p.a.op == "sub"
-            and _same(p.a.a, scores) and isinstance(p.a.b, Ref) and p.a.b.compute is m):
-        raise refuse(f"the weights of {plain[0].name} must be exp(s - {m.name}) with s the "
-                     f"scores {m.name} maximises; the kernel corrects by exactly that",
-                     plain[0].loc)
-    v_load = [f for f in bodies[weighted[0].name] if not _same(f, p)]
+    try:
+        m, plain, weighted, scores, p = _softmax_states(program, names)
+    except ScheduleError as exc:
+        raise refuse(exc.message, exc.location) from None
+    members = [m, plain, weighted]
+    v_load = [f for f in factors(inline_elementwise(weighted.bodies[0])) if not _same(f, p)]
     if len(v_load) != 1 or not isinstance(v_load[0], Load):
-        raise refuse(f"{weighted[0].name} must be sum(p * v[...]) with the same weights p as "
-                     f"{plain[0].name}", weighted[0].loc)
+        raise refuse(f"{weighted.name} must be sum(p * v[...]) with the same weights p as "
+                     f"{plain.name}", weighted.loc)
     v_load = v_load[0]
     outputs = [c for c in program.computes if c.is_output]
     out = outputs[0]
     body = out.bodies[0]
-    if len(outputs) != 1 or not (
+    lse = outputs[1] if len(outputs) == 2 and _is_logsumexp(outputs[1], m, plain) else None
+    if lse is not None and not logsumexp:
+        raise refuse(f"this kernel does not write the log-sum-exp output {lse.name} (the Hopper "
+                     "and Triton attention templates do)", lse.loc)
+    if len(outputs) != 1 + (lse is not None) or not (
             isinstance(body, Binary) and body.op == "div" and isinstance(body.a, Ref)
-            and body.a.compute is weighted[0] and isinstance(body.b, Ref)
-            and body.b.compute is plain[0]) or out.dtypes[0] not in dtypes:
+            and body.a.compute is weighted and isinstance(body.b, Ref)
+            and body.b.compute is plain) or out.dtypes[0] not in dtypes:
+        also = f" (and optionally {LSE_FORM})" if logsumexp else ""
         raise refuse(f"the output must be the weighted sum divided by the sum of weights, in "
-                     f"{' or '.join(dtypes)}", out.loc)
+                     f"{' or '.join(dtypes)}{also}", out.loc)
     dots = [c for c in program.computes if c.is_reduction and all(c is not x for x in members)]
     if len(dots) != 1 or len(dots[0].over) != 1:
         raise refuse("the scores must be one dot product q·k with elementwise terms", m.loc)
@@ -135,7 +127,63 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
                           (str(qp.dims[0]), str(qp.dims[1]), str(kp.dims[1]), str(qp.dims[2]),
                            str(kp.dims[2]), str(qp.dims[3])), kv_head, h_axis.name, dot.name,
                           tuple(axes.items()), out.dtypes[0],
-                          (b_axis, h_axis, i_axis, j_axis))
+                          (b_axis, h_axis, i_axis, j_axis), lse.name if lse is not None else "")
+
+
+LSE_FORM = "a second output m + log(l), float32 [b, h, i]: the log-sum-exp"
+
+
+def _softmax_states(program: Program, names: tuple[str, ...]):
+    """``(m, l, o, scores, p)``: the chain's maximum, plain sum of weights, weighted sum, the
+    scores and the weights ``p = exp(scores − m)``; a :class:`ScheduleError` where the chain is
+    not max → sum(exp) → weighted sum."""
+    by_name = {c.name: c for c in program.computes}
+    members = [by_name[n] for n in names]
+    maxes = [c for c in members if c.monoid.name == "max"]
+    sums = [c for c in members if c.monoid.name == "sum"]
+    if len(maxes) != 1 or len(sums) != 2:
+        raise ScheduleError(f"the chain {', '.join(names)} is not max → sum(exp) → weighted sum; "
+                            "this kernel keeps softmax states only (the rolling update's Triton "
+                            "template takes other chains)")
+    m = maxes[0]
+    scores = inline_elementwise(m.bodies[0])
+    bodies = {c.name: factors(inline_elementwise(c.bodies[0])) for c in sums}
+    plain = [c for c in sums if len(bodies[c.name]) == 1]
+    weighted = [c for c in sums if len(bodies[c.name]) == 2]
+    if len(plain) != 1 or len(weighted) != 1:
+        raise ScheduleError("the chain's sums must be sum(p) and sum(p * v)", m.loc)
+    p = bodies[plain[0].name][0]
+    if not (isinstance(p, Unary) and p.op == "exp" and isinstance(p.a, Binary) and p.a.op == "sub"
+            and _same(p.a.a, scores) and isinstance(p.a.b, Ref) and p.a.b.compute is m):
+        raise ScheduleError(f"the weights of {plain[0].name} must be exp(s - {m.name}) with s the "
+                            f"scores {m.name} maximises; the kernel corrects by exactly that",
+                            plain[0].loc)
+    return m, plain[0], weighted[0], scores, p
+
+
+def _logsumexp_body(m: Compute, l_: Compute) -> Expr:
+    return binary("add", m.ref(), unary("log", l_.ref()))
+
+
+def _is_logsumexp(c: Compute, m: Compute, l_: Compute) -> bool:
+    return c.dtypes == ("f32",) and c.bodies[0].key() == _logsumexp_body(m, l_).key() and \
+        [a.uid for a in c.axes] == [a.uid for a in m.axes]
+
+
+def with_logsumexp(program: Program, names: tuple[str, ...]) -> Program:
+    """``program`` (softmax attention fused over ``names``) with a second output: each row's
+    log-sum-exp of the scores, ``m + log(l)`` in float32 over the maximum's axes (−inf for a row
+    the mask empties) — what the backward pass reads instead of recomputing q·kᵀ. Its templates
+    write it in their epilogues (one float per row)."""
+    m, l_, _, _, _ = _softmax_states(program, names)
+    if any(_is_logsumexp(c, m, l_) for c in program.outputs):
+        raise ScheduleError(f"{program.name} already writes the log-sum-exp")
+    taken = {c.name for c in program.computes} | {p.name for p in program.params}
+    name = next(n for n in ("lse", *(f"lse_{k}" for k in range(1, 100))) if n not in taken)
+    lse = Compute(name, m.axes, (_logsumexp_body(m, l_),), ("f32",), loc=program.loc,
+                  is_output=True)
+    return replace(program, name=f"{program.name}_with_lse", computes=[*program.computes, lse],
+                   outputs=[*program.outputs, lse])
 
 
 def check_head_map(chain: AttentionChain, sizes: dict, H: int, G: int, who: str) -> None:

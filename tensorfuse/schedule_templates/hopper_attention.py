@@ -124,6 +124,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
 
         def run(module, values, out, device):
             c = plan.chain
+            out, lse = out if c.lse else (out, out)   # lse: not written without the output
             (pn, pi, fn, fi), favoured = lists(values, dims, device)
             tensors = [pointer(values[t]) for t, _ in plan.tensors]
             scalars = [values[n] for n, _ in c.scalars]
@@ -131,7 +132,8 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
             grid = (math.ceil(M / knobs.block_m), B * H) if now == "grid" else (ctas, 1)
             claimed = counters(device)[0] if now == "dynamic" else pn
             module[ENTRY](pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
-                          pointer(out), pointer(pn), pointer(pi), pointer(fn), pointer(fi),
+                          pointer(out), pointer(lse), pointer(pn), pointer(pi), pointer(fn),
+                          pointer(fi),
                           pointer(claimed), MODES[now], *tensors, B, H, HKV, M, N, *scalars,
                           *grid, knobs.threads, 1, smem)
 

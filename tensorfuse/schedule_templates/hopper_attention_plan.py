@@ -130,7 +130,8 @@ def _reads_dot(e: Expr, dot: str) -> bool:
 def plan_hopper_attention(program: Program, names: tuple[str, ...],
                           axis: str) -> HopperAttentionPlan:
     """Recognise the chain (softmax-weighted attention in bf16 or f16) and split its score."""
-    chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"))
+    chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"),
+                                logsumexp=True)
     score, mask = chain.score, None
     if isinstance(score, Where) and isinstance(score.b, Const) and score.b.value == -math.inf \
             and not _reads_dot(score.cond, chain.dot) and not any(

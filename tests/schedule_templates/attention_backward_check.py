@@ -6,7 +6,9 @@ Triton decides at import whether to interpret, so this runs in its own process:
 float32 kernels (the interpreter has no bfloat16 products): grouped heads (2 per key/value
 head), ragged sizes (M=37 queries, N=45 keys, bottom-right aligned), full, causal, causal with
 soft-cap, a boolean mask tensor that empties some rows, and sizes the tiles divide (no element
-masked for being out of range).
+masked for being out of range). Each twice: recomputing the forward's statistics and launching
+dK/dV and dQ apart, and (``<variant>/saved``) from the log-sum-exp the forward program with
+that second output gives, dK/dV and dQ in one launch.
 """
 import json
 import os
@@ -17,9 +19,11 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 import torch  # noqa: E402
 
 import tensorfuse as tf  # noqa: E402
+from tensorfuse.autograd import _ProgramKernel  # noqa: E402
 from tensorfuse.kernels.layers import attention_kernel  # noqa: E402
 from tensorfuse.schedule_templates.attention_backward import (  # noqa: E402
     BackwardKnobs, plan_attention_backward)
+from tensorfuse.schedule_templates.attention_chain import with_logsumexp  # noqa: E402
 from tensorfuse.schedule_templates.auto import choose  # noqa: E402
 from tensorfuse.targets import get_target  # noqa: E402
 from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels  # noqa: E402
@@ -39,7 +43,8 @@ def errors(seed: int) -> dict:
         dims = dict(B=B, H=H, HKV=HKV, M=M, N=N, D=D)
         _, fusion = choose(kernel.program, get_target("cuda"))
         plan = plan_attention_backward(kernel.program, fusion, dims)
-        backward = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16))
+        apart = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16))
+        merged = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16, merged=True))
         q, dout = torch.randn(B, H, M, D), torch.randn(B, H, M, D)
         k, v = torch.randn(B, HKV, N, D), torch.randn(B, HKV, N, D)
         tensors = {"q": q, "k": k, "v": v}
@@ -47,10 +52,12 @@ def errors(seed: int) -> dict:
             tensors["mask"] = torch.rand(B, 1, M, N) < 0.6
             tensors["mask"][:, :, 3] = False   # an empty row: output 0, gradients 0
         scalars = {"scale": D ** -0.5, **({"cap": 1.5} if softcap else {})}
-        out = tf.compile(kernel, target="llvm")(**tensors, **scalars)
-        got = backward(tensors, scalars, out, dout)
+        saving = _ProgramKernel(with_logsumexp(kernel.program, fusion.names), None)
+        out, lse = tf.compile(saving, target="llvm")(**tensors, **scalars)
         want = tf.grad(kernel)(**tensors, **scalars, d_out=dout, target="llvm")
-        found[name] = max(float((a - b).norm() / b.norm()) for a, b in zip(got, want))
+        for label, got in ((name, apart(tensors, scalars, out, dout)),
+                           (f"{name}/saved", merged(tensors, scalars, out, dout, lse))):
+            found[label] = max(float((a - b).norm() / b.norm()) for a, b in zip(got, want))
     return found
 
 

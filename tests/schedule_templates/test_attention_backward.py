@@ -65,21 +65,25 @@ def test_interpreted_kernels_match_the_backward_program():
                           env=dict(os.environ, TRITON_INTERPRET="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     errors = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(errors) == {"full", "causal", "causal_softcap", "mask_tensor",
-                           "causal_whole_tiles"}
+    names = {"full", "causal", "causal_softcap", "mask_tensor", "causal_whole_tiles"}
+    assert set(errors) == names | {f"{n}/saved" for n in names}
     for name, err in errors.items():   # float32, against the backward program on the CPU
         assert err <= 1e-5, f"{name}: {err:.1e} (TENSORFUSE_SEED={seed})"
 
 
 def test_the_kernels_compile_for_sm90a_on_the_tensor_cores():
-    """Offline (no GPU): all three kernels of a bf16 causal attention at D=128 use wgmma, and
-    fit the H100's shared memory."""
-    made = AttentionBackwardKernels(_plan(K.causal_attention), BackwardKnobs()).compiled(
-        get_target("cuda:sm_90a"))
-    assert len(made) == 3
-    for kernel in made:
+    """Offline (no GPU): the kernels of a bf16 causal attention at D=128 use wgmma where they
+    multiply, and fit the H100's shared memory."""
+    target, plan = get_target("cuda:sm_90a"), _plan(K.causal_attention)
+    apart = AttentionBackwardKernels(plan, BackwardKnobs(merged=False)).compiled(
+        target, saved_lse=False)   # statistics recomputed, dK/dV and dQ launched apart
+    delta, merged = AttentionBackwardKernels(plan, BackwardKnobs(merged=True)).compiled(target)
+    assert len(apart) == 3
+    for kernel in (*apart, merged):
         assert "wgmma.mma_async" in kernel.asm["ptx"]
         assert kernel.metadata.shared <= 227 * 1024
+    # from the saved log-sum-exp: Δ and the base-2 statistics only, no product
+    assert "wgmma" not in delta.asm["ptx"] and "mma" not in delta.asm["ptx"]
 
 
 @pytest.mark.gpu
@@ -101,6 +105,86 @@ def test_autograd_runs_the_template_on_the_gpu():
 
     used = f.torch_op.differentiation.templates
     assert [type(_TEMPLATES[key]) for key in used.values()] == [AttentionBackwardKernels]
+    assert f.torch_op.training is not None   # the forward saved the log-sum-exp for it
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, D", [(150, 150, 64), (40, 300, 128), (150, 200, 256)])
+def test_the_forward_saves_its_log_sum_exp_on_the_gpu(M, N, D):
+    """The program with the log-sum-exp output on each path tf.compile takes — the Hopper
+    template (prefill, D ≤ 256), the Triton template's split update (40 query rows) — against
+    float64 (outputs poisoned first), and its attention output the plain kernel's."""
+    torch.manual_seed(0)
+    saving = _saving(K.causal_attention)
+    q = torch.randn(1, 2, M, D, device="cuda").bfloat16()
+    k, v = (torch.randn(1, 2, N, D, device="cuda").bfloat16() for _ in range(2))
+    out = torch.full((1, 2, M, D), float("nan"), device="cuda").bfloat16()
+    lse = torch.full((1, 2, M), float("nan"), device="cuda")
+    saving(q, k, v, scale=D ** -0.5, out=(out, lse))
+    s = torch.einsum("bhid,bhjd->bhij", q.double(), k.double()) * D ** -0.5
+    keep = torch.arange(N, device="cuda")[None, :] <= torch.arange(M, device="cuda")[:, None] \
+        + N - M
+    want = torch.logsumexp(s.masked_fill(~keep, float("-inf")), -1)
+    assert float((lse.double() - want).abs().max()) < 2e-2, (lse, want)   # bf16 inputs
+    plain = tf.compile(K.causal_attention)(q, k, v, scale=D ** -0.5)
+    torch.testing.assert_close(out, plain)
+
+
+def _saving(kernel, target="cuda"):
+    """``kernel`` compiled with the log-sum-exp as its second output."""
+    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.schedule_templates.attention_chain import with_logsumexp
+
+    _, fusion = choose(kernel.program, get_target("cuda"))
+    return tf.compile(_ProgramKernel(with_logsumexp(kernel.program, fusion.names), None),
+                      target=target)
+
+
+def test_the_log_sum_exp_output_is_each_rows_log_sum_exp_on_the_cpu():
+    """``with_logsumexp``'s program (what autograd's forward runs on a GPU) on the CPU target,
+    float64 inputs, grouped heads, ragged sizes: the second output (float32) is the log-sum-exp
+    of the masked scores (−inf where the mask tensor empties a row); the first is the
+    attention's output."""
+    from tensorfuse.kernels.layers import attention_kernel
+
+    torch.manual_seed(1)
+    kernel = attention_kernel("f64", False, True, False)
+    q, k, v = torch.randn(1, 4, 37, 16), torch.randn(1, 2, 45, 16), torch.randn(1, 2, 45, 16)
+    q, k, v = (t.double() * 3 for t in (q, k, v))
+    mask = torch.rand(1, 1, 37, 45) < 0.6
+    mask[:, :, 5] = False
+    out, lse = _saving(kernel, "llvm")(q, k, v, mask, 0.25)
+    s = torch.einsum("bhid,bhjd->bhij", q, k.repeat_interleave(2, 1)) * 0.25
+    want = torch.logsumexp(s.masked_fill(~mask, float("-inf")), -1)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want)) and bool(torch.isinf(lse[..., 5]).all())
+    finite = torch.isfinite(want)
+    # float32 (the output's dtype whatever the inputs'): within a few of its ulps
+    assert float(((lse[finite] - want[finite]) / want[finite].abs()).abs().max()) < 4e-7
+    torch.testing.assert_close(out, tf.compile(kernel, target="llvm")(q, k, v, mask, 0.25))
+
+
+def test_the_hopper_template_writes_the_log_sum_exp_in_its_epilogue():
+    """Offline (no GPU): the program with the log-sum-exp goes to the Hopper template on sm_90a,
+    whose code stores one float per row (``LSE`` on, the log2 of the row sum); the plain
+    program's kernel has it off. The cluster decode kernels do not write it: they refuse."""
+    from tensorfuse.schedule_templates.attention_chain import with_logsumexp
+    from tensorfuse.schedule_templates.decode_plan import plan_decode
+    from tensorfuse.schedule_templates.hopper_attention import hopper_attention
+
+    target = get_target("cuda:sm_90a")
+    _, fusion = choose(K.causal_attention.program, target)
+    dims = dict(B=1, H=2, M=256, N=256, D=128)
+    saving = _saving(K.causal_attention, "cuda:sm_90a")
+    assert "hopper_attention" in saving.for_sizes(**dims).description
+    source = saving.source(**dims)
+    assert "#define LSE 1" in source and "lse_out[" in source
+    ptx = saving.ptx(**dims)
+    assert "lg2.approx" in ptx and "st.global.f32" in ptx
+    plain = hopper_attention(K.causal_attention, fusion, target)
+    assert "#define LSE 0" in plain.source(**dims)
+    with pytest.raises(Exception, match="log-sum-exp"):
+        plan_decode(with_logsumexp(K.causal_attention.program, fusion.names), fusion.names,
+                    fusion.axis)
 
 
 @pytest.mark.gpu
@@ -129,5 +213,5 @@ def test_the_template_operator_gives_shapes_to_fake_tensors():
 
     with FakeTensorMode():
         q, kv = torch.empty(2, 8, 33, 64), torch.empty(2, 4, 40, 64)
-        grads = _template_backward_op()(0, q, kv, kv, q, q, [], [], [0.125])
+        grads = _template_backward_op()(0, q, kv, kv, q, q, None, [], [], [0.125])
     assert [tuple(g.shape) for g in grads] == [(2, 8, 33, 64), (2, 4, 40, 64), (2, 4, 40, 64)]

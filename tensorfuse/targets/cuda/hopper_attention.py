@@ -69,10 +69,12 @@ _TYPES = {"bf16": ("__nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn"),
 
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
-    maps, the output, the block lists, the tile counters and the scheduling mode, tensors the
-    score or mask read, the sizes, the scalars."""
+    maps, the output, the log-sum-exp output (written where the plan has one: ``LSE``), the
+    block lists, the tile counters and the scheduling mode, tensors the score or mask read, the
+    sizes, the scalars."""
     lists = "const int* __restrict__"
     args = [("maps", "handle", "const void*"), ("out", "handle", "void*"),
+            ("lse_out", "handle", "float* __restrict__"),
             ("pn", "handle", lists), ("pi", "handle", lists), ("fn", "handle", lists),
             ("fi", "handle", lists), ("counters", "handle", "int* __restrict__"),
             ("mode", "int32", "int")]
@@ -123,7 +125,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
     args = kernel_arguments(plan)
     params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
     # what the score and mask may read: tensors, sizes, scalars
-    extra_params, extra_args = forwarded(args[8:])
+    extra_params, extra_args = forwarded(args[9:])
     score, mask, scale = _expressions(plan)
     sizes = size_aliases(zip(chain.dims, ("B_", "H_", "HKV_", "M_", "N_", "D_")))
     return f"""{header}#include <math.h>
@@ -152,6 +154,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
 #define TURN_END
 #endif
 #define LISTS {int(lists)}
+#define LSE {int(bool(chain.lse))}   // write each row's log-sum-exp (natural log) to lse_out
 #define MODE_GRID {GRID}      // the ``mode`` argument: how CTAs take tiles
 #define MODE_DYNAMIC {DYNAMIC}
 #define ATOMS (D_ / 64)                 // 128-byte swizzle atoms along the head dim
@@ -515,6 +518,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         #pragma unroll
         for (int jj = 0; jj < D_ / 8; ++jj)
           dst[4 * jj] = tf_pack(o[4 * jj + 2 * x] * inv[x], o[4 * jj + 2 * x + 1] * inv[x]);
+#if LSE
+        // m and l are in base 2 of the score: ln Σ e^s = (m + log2 l) · ln 2; −inf when empty
+        if (lane % 4 == 0) lse_out[(long)w.bh * M_ + row] = (m[x] + log2f(l[x])) * 0.6931471805599453f;
+#endif
       }}
     }}
   }}

@@ -22,7 +22,8 @@ def pointer(x):
 
 class Launches:
     """Generated source, its entry points, the plan and knobs it was written from, and
-    ``run(module, values, out, device)`` which launches them; ``module`` is built on the first
+    ``run(module, values, out, device)`` which launches them (``out``: the output tensor, or the
+    tuple of them for a program of several outputs); ``module`` is built on the first
     call. ``more``: further ``(source, entries)`` built as modules of their own (kernels whose
     sources cannot share one translation unit); ``run`` then gets the tuple of all modules."""
 
@@ -60,7 +61,7 @@ class ClusterKernel(GraphCallable):
         self.keyed_scalars = tuple(keyed_scalars)
         # where ``tf.compile`` should pick this kernel over its other templates (all sizes it runs)
         self.preferred = preferred or (lambda dims: True)
-        self.output = next(c for c in program.computes if c.is_output)
+        self.outputs = list(program.outputs)
         self._launches: dict = {}
         self._calls = CallBinder(program, "cuda")
         self._device_checked = False
@@ -120,21 +121,23 @@ class ClusterKernel(GraphCallable):
         launches = self.launches(bound.scalars, **bound.dims)
         launches.build(self.target)
         values = torch_arguments(self.program, bound, device)
-        given = bound.outs[0] if bound.outs is not None else None
-        out = torch_output(output_shape(self.output, bound.dims), self.output.dtypes[0], given,
-                           device)
+        given = list(bound.outs) if bound.outs is not None else [None] * len(self.outputs)
+        outs = [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
+                for c, g in zip(self.outputs, given)]
+        out = outs[0] if len(outs) == 1 else tuple(outs)
 
         def run():
             with tvm_ffi.use_torch_stream():
                 launches.run(launches.module, values, out, device)
 
-        return run, out, given, bound
+        return run, outs, given, bound
 
     def invoke(self, key, args: tuple, kwargs: dict):
         """A call whose signature key the caller made (``False``: not made)."""
-        run, out, given, bound = self._prepare(args, kwargs, key)
+        run, outs, given, bound = self._prepare(args, kwargs, key)
         run()
-        return deliver(out, given, bound.framework)
+        made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
+        return made[0] if len(made) == 1 else tuple(made)
 
     def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
         """Median milliseconds of a call's launches (triton.testing.do_bench)."""

@@ -7,13 +7,19 @@ Three kernels, launched in turn:
 - ``_tf_bwd_stats`` (query blocks, the dQ kernel's blocks): each row's log-sum-exp of the scores
   in base 2 (an online max and sum over the key blocks: the forward's statistics, recomputed;
   ``P = 2^(S·log2e − LSE₂)`` is one multiply-add and ``ex2`` per element) and
-  ``Δ = rowsum(dO ∘ O)``;
+  ``Δ = rowsum(dO ∘ O)`` — or, where the forward saved its log-sum-exp (natural log, one float
+  per row: :func:`tensorfuse.schedule_templates.attention_backward.with_logsumexp`),
+  ``_tf_bwd_delta``: that log-sum-exp in base 2 and Δ, no product recomputed;
 - ``_tf_bwd_dkdv`` (key blocks, per key/value head): over every query head of the group and every
   query block, in the transposed orientation (keys along the tile's rows, so that no register
   tile is transposed for the products), ``Pᵀ = exp(Sᵀ − LSE)``, ``dV += Pᵀ·dO``,
   ``dSᵀ = Pᵀ ∘ (V·dOᵀ − Δ)``, the score's derivative applied, ``dK += dSrawᵀ·Q`` — written once,
   no atomics;
 - ``_tf_bwd_dq`` (query blocks): the same ``dS`` over the key blocks, ``dQ += dSraw·K``.
+
+With ``knobs.merged`` the last two are one launch (``_tf_bwd_dkdv_dq``, FlexAttention's layout):
+its first programs take key blocks, the rest query blocks of each head of the group, so the
+query blocks fill the SMs while the last key blocks finish.
 
 With a mask the blocks come from block lists (:mod:`.schedule_templates.block_schedule`, made by
 the caller): the kernels visit only the blocks the mask keeps, evaluating it on the partial ones
@@ -29,9 +35,13 @@ from ...dsl.program import TensorParam
 from .expr import HELPERS, LOG2E, TL_DTYPES, TileContext, offset, to_triton
 from .launch import TL_SIGNATURE, compile_for, interpreting, load_kernel
 
-ENTRIES = ("_tf_bwd_stats", "_tf_bwd_dkdv", "_tf_bwd_dq")
+ENTRIES = ("_tf_bwd_stats", "_tf_bwd_delta", "_tf_bwd_dkdv", "_tf_bwd_dq", "_tf_bwd_dkdv_dq")
 NEG_INF = "float('-inf')"
 LISTS = ("PN", "PI", "FN", "FI", "TPN", "TPI", "TFN", "TFI")   # dQ's lists, dK/dV's (transposed)
+# after q, k, v: the output, its gradient, the forward's log-sum-exp (natural log; not read where
+# the statistics kernel recomputes it), the base-2 log-sum-exp and Δ, the gradients
+BUFFERS = ("OUT", "DO", "FWD_LSE", "LSE", "DELTA", "DQ", "DK", "DV")
+FLOAT_BUFFERS = ("FWD_LSE", "LSE", "DELTA")
 
 
 def _indent(text: str, depth: int) -> str:
@@ -50,8 +60,7 @@ def backward_source(plan, knobs) -> str:
     qkv = (plan.q.param.name, plan.k.param.name, plan.v.param.name)
     others = [p.name for p in plan.program.tensor_params if p.name not in qkv]
     scalars = [p.name for p in plan.program.scalar_params]
-    args = ", ".join(list(qkv) + ["OUT", "DO", "LSE", "DELTA", "DQ", "DK", "DV", *LISTS]
-                     + others + scalars)
+    args = ", ".join(list(qkv) + list(BUFFERS) + list(LISTS) + others + scalars)
     out_axes = plan.program.outputs[0].axes
     feature_q, feature_v = plan.q.indices[-1], plan.v.indices[-1]
     OUT = Load(TensorParam("OUT", tuple(a.extent for a in out_axes), storage), list(out_axes))
@@ -109,14 +118,17 @@ def backward_source(plan, knobs) -> str:
     def valid(ok: str | None, value: str, other: str) -> str:
         return value if ok is None else f"tl.where({ok}, {value}, {other})"
 
-    def decompose(grouped: bool) -> str:
-        """The batch axes' values from program id 1 (the head axis by key/value head)."""
+    def decompose(grouped: bool, member: str | None = None) -> str:
+        """The batch axes' values from program id 1 (the head axis by key/value head; with
+        ``member`` the query head is that head of the key/value head's group)."""
         lines = ["rest = tl.program_id(1)"]
         for a in reversed(plan.batch):
             n, name = extents[a.uid], batch_vars[a.uid]
             if grouped and head is not None and a.uid == head.uid:
                 n, name = n // plan.group, "ax_hkv"
             lines += [f"{name} = rest % {n}", f"rest = rest // {n}"]
+        if member is not None and head is not None:
+            lines.append(f"{batch_vars[head.uid]} = ax_hkv * {plan.group} + {member}")
         return "\n".join(lines)
 
     strides_q = [math.prod(extents[b.uid] for b in plan.batch[k + 1:])
@@ -187,9 +199,12 @@ def backward_source(plan, knobs) -> str:
 
     row_stats = (f"_lse = tl.load(LSE + {rows_ptr}, mask=row_ok, other=float('inf'))\n"
                  f"_delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)\n")
-    query_block = (decompose(False) + "\noffs_m = pid * BM + tl.arange(0, BM)\n"
-                   f"offs_d = tl.arange(0, {D})\nrow_ok = offs_m < {M}\n"
-                   f"_q = {load(plan.q, t2['q'])}")   # the statistics' and dQ's program start
+    rows_start = ("\noffs_m = pid * BM + tl.arange(0, BM)\n"
+                  f"offs_d = tl.arange(0, {D})\nrow_ok = offs_m < {M}\n")
+    query_block = decompose(False) + rows_start + f"_q = {load(plan.q, t2['q'])}"
+    delta = (f"_o = {load(OUT, t2['q'], keep=False)}\n_do = {load(DO, t2['q'], keep=False)}\n"
+             f"tl.store(DELTA + {rows_ptr}, tl.sum(tl.where(row_ok[:, None], _o * _do, 0.0), 1), "
+             "mask=row_ok)")
     stats_loop = blocks(stats_body, "PN,PI,FN,FI", str(nq2), nk2, "BN", "offs_n", "col_ok", N)
     dq_loop = blocks(dq_body, "PN,PI,FN,FI", str(nq2), nk2, "BN", "offs_n", "col_ok", N)
     dkdv_loop = blocks(dkdv_body, "TPN,TPI,TFN,TFI", str(nk1), nq1, "BM", "offs_m", "row_ok", M)
@@ -210,15 +225,22 @@ def _tf_bwd_stats({args}, BM: tl.constexpr, BN: tl.constexpr):
 {_indent(stats_loop, 1)}
     _lse = tl.where(_l_i > 0.0, (_m_i + tl.log(_l_i)) * {LOG2E}, float('inf'))
     tl.store(LSE + {rows_ptr}, _lse, mask=row_ok)
-    _o = {load(OUT, t2["q"], keep=False)}
-    _do = {load(DO, t2["q"], keep=False)}
-    tl.store(DELTA + {rows_ptr}, tl.sum(tl.where(row_ok[:, None], _o * _do, 0.0), 1),
-             mask=row_ok)
+{_indent(delta, 1)}
 
 
 @triton.jit
-def _tf_bwd_dkdv({args}, BM: tl.constexpr, BN: tl.constexpr):
+def _tf_bwd_delta({args}, BM: tl.constexpr, BN: tl.constexpr):
     pid = tl.program_id(0)
+{_indent(decompose(False) + rows_start, 1)}
+    _lse = tl.load(FWD_LSE + {rows_ptr}, mask=row_ok, other=float('-inf'))
+    # a row with no kept key: log-sum-exp −inf (or NaN) forward, +inf here (its P is 0)
+    tl.store(LSE + {rows_ptr}, tl.where(_lse > float('-inf'), _lse * {LOG2E}, float('inf')),
+             mask=row_ok)
+{_indent(delta, 1)}
+
+
+@triton.jit
+def _dkdv_block(pid, {args}, BM: tl.constexpr, BN: tl.constexpr):
 {_indent(decompose(True), 1)}
     {head_first}
     offs_n = pid * BN + tl.arange(0, BN)
@@ -234,73 +256,111 @@ def _tf_bwd_dkdv({args}, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _tf_bwd_dq({args}, BM: tl.constexpr, BN: tl.constexpr):
-    pid = tl.program_id(0)
-{_indent(query_block, 1)}
+def _dq_block(pid, member, {args}, BM: tl.constexpr, BN: tl.constexpr, GROUPED: tl.constexpr):
+    if GROUPED:   # program id 1 counts key/value heads; ``member``: the head of the group
+{_indent(decompose(True, "member"), 2)}
+    else:
+{_indent(decompose(False), 2)}
+{_indent(rows_start, 1)}
+    _q = {load(plan.q, t2['q'])}
     _do = {load(DO, t2["q"])}
 {_indent(row_stats, 1)}
     _dq = tl.zeros([BM, {D}], tl.float32)
 {_indent(dq_loop, 1)}
     {store(DQ, "_dq", t2["q"], "row_ok", t2["rows"])}
+
+
+@triton.jit
+def _tf_bwd_dkdv({args}, BM: tl.constexpr, BN: tl.constexpr):
+    _dkdv_block(tl.program_id(0), {args}, BM, BN)
+
+
+@triton.jit
+def _tf_bwd_dq({args}, BM: tl.constexpr, BN: tl.constexpr):
+    _dq_block(tl.program_id(0), 0, {args}, BM, BN, False)
+
+
+@triton.jit
+def _tf_bwd_dkdv_dq({args}, BM: tl.constexpr, BN: tl.constexpr, BM2: tl.constexpr,
+                    BN2: tl.constexpr):
+    pid = tl.program_id(0)
+    if pid < {nk1}:
+        _dkdv_block(pid, {args}, BM, BN)
+    else:
+        _dq_block((pid - {nk1}) % {nq2}, (pid - {nk1}) // {nq2}, {args}, BM2, BN2, True)
 """
     return source
 
 
 class AttentionBackwardKernels:
-    """The three kernels of a plan, launched on PyTorch tensors (a masked plan's block lists from
-    its ``block_lists``)."""
+    """The kernels of a plan, launched on PyTorch tensors (a masked plan's block lists from its
+    ``block_lists``)."""
 
     def __init__(self, plan, knobs):
         self.plan, self.knobs = plan, knobs
         self.source = backward_source(plan, knobs)
 
-    def __call__(self, tensors: dict, scalars: dict, out, d_out):
+    def launches(self, saved_lse: bool) -> list[tuple[str, tuple, dict]]:
+        """``(entry, (grid over the blocks, grid over batch × heads), block sizes)`` in launch
+        order: the statistics (recomputed, or from the forward's ``saved_lse``), then dK/dV and
+        dQ (one launch with ``knobs.merged``)."""
+        plan, k = self.plan, self.knobs
+        batch = math.prod(plan.extent(a) for a in plan.batch)
+        M, N = plan.extent(plan.row), plan.extent(plan.col)
+        nq2, nk1 = math.ceil(M / k.block_m2), math.ceil(N / k.block_n1)
+        tiles2, tiles1 = {"BM": k.block_m2, "BN": k.block_n2}, {"BM": k.block_m1, "BN": k.block_n1}
+        made = [("_tf_bwd_delta" if saved_lse else "_tf_bwd_stats", (nq2, batch), tiles2)]
+        if k.merged:
+            made.append(("_tf_bwd_dkdv_dq", (nk1 + plan.group * nq2, batch // plan.group),
+                         {**tiles1, "BM2": k.block_m2, "BN2": k.block_n2}))
+        else:
+            made += [("_tf_bwd_dkdv", (nk1, batch // plan.group), tiles1),
+                     ("_tf_bwd_dq", (nq2, batch), tiles2)]
+        return made
+
+    def __call__(self, tensors: dict, scalars: dict, out, d_out, lse=None):
         """``(dq, dk, dv)`` for the forward's ``tensors`` (by parameter name) and ``scalars``,
-        its output ``out`` and the incoming gradient ``d_out``."""
+        its output ``out``, the incoming gradient ``d_out`` and, where the forward saved it, each
+        row's log-sum-exp of the scores (natural log, float32, the batch axes flattened × rows;
+        −inf for a row with no kept key)."""
         import torch
-        import triton
 
         plan, knobs = self.plan, self.knobs
         q, k, v = (tensors[x.param.name].contiguous() for x in (plan.q, plan.k, plan.v))
         batch = math.prod(plan.extent(a) for a in plan.batch)
-        M, N = plan.extent(plan.row), plan.extent(plan.col)
-        lse = torch.empty(batch, M, device=q.device, dtype=torch.float32)
-        delta = torch.empty_like(lse)
+        M = plan.extent(plan.row)
+        lse2 = torch.empty(batch, M, device=q.device, dtype=torch.float32)
+        delta = torch.empty_like(lse2)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         if plan.mask is not None:
             lists = [*plan.block_lists(knobs, tensors, scalars, False),
                      *plan.block_lists(knobs, tensors, scalars, True)]
         else:
-            lists = [lse] * len(LISTS)   # not read
+            lists = [lse2] * len(LISTS)   # not read
         others = [tensors[p.name].contiguous() for p in plan.program.tensor_params
                   if p.name not in (plan.q.param.name, plan.k.param.name, plan.v.param.name)]
         values = [scalars[p.name] for p in plan.program.scalar_params]
-        args = [q, k, v, out.contiguous(), d_out.contiguous(), lse, delta, dq, dk, dv, *lists,
-                *others, *values]
+        saved = lse.reshape(batch, M).contiguous() if lse is not None else lse2   # not read
+        args = [q, k, v, out.contiguous(), d_out.contiguous(), saved, lse2, delta, dq, dk, dv,
+                *lists, *others, *values]
         options = {} if interpreting() else {"num_warps": knobs.num_warps,
                                              "num_stages": knobs.num_stages}
-        stats, dkdv, dq_kernel = (load_kernel(self.source, name) for name in ENTRIES)
-        bm2, bn2, bm1, bn1 = knobs.block_m2, knobs.block_n2, knobs.block_m1, knobs.block_n1
-        stats[(triton.cdiv(M, bm2), batch)](*args, BM=bm2, BN=bn2, **options)
-        dkdv[(triton.cdiv(N, bn1), batch // plan.group)](*args, BM=bm1, BN=bn1, **options)
-        dq_kernel[(triton.cdiv(M, bm2), batch)](*args, BM=bm2, BN=bn2, **options)
+        for entry, grid, blocks in self.launches(lse is not None):
+            load_kernel(self.source, entry)[grid](*args, **blocks, **options)
         return dq, dk, dv
 
-    def compiled(self, target) -> list:
-        """The three kernels compiled for ``target`` without launching them (no GPU needed):
-        Triton's compiled objects (``.asm["ptx"]``, ``.metadata.shared``)."""
+    def compiled(self, target, saved_lse: bool = True) -> list:
+        """The kernels compiled for ``target`` without launching them (no GPU needed): Triton's
+        compiled objects (``.asm["ptx"]``, ``.metadata.shared``), in launch order."""
         plan = self.plan
         storage = "*" + TL_SIGNATURE[plan.q.param.dtype]
-        names = [plan.q.param.name, plan.k.param.name, plan.v.param.name, "OUT", "DO", "LSE",
-                 "DELTA", "DQ", "DK", "DV"]
-        sig = {n: ("*fp32" if n in ("LSE", "DELTA") else storage) for n in names}
+        names = [plan.q.param.name, plan.k.param.name, plan.v.param.name, *BUFFERS]
+        sig = {n: ("*fp32" if n in FLOAT_BUFFERS else storage) for n in names}
         sig.update({n: "*i32" for n in LISTS})
         for p in plan.program.tensor_params:
             sig.setdefault(p.name, "*" + TL_SIGNATURE[p.dtype])
         for p in plan.program.scalar_params:
             sig[p.name] = TL_SIGNATURE[p.dtype]
         k = self.knobs
-        blocks = {"_tf_bwd_stats": (k.block_m2, k.block_n2),
-                  "_tf_bwd_dkdv": (k.block_m1, k.block_n1), "_tf_bwd_dq": (k.block_m2, k.block_n2)}
-        return [compile_for(load_kernel(self.source, name), sig, {"BM": bm, "BN": bn}, target,
-                            k.num_warps, k.num_stages) for name, (bm, bn) in blocks.items()]
+        return [compile_for(load_kernel(self.source, entry), sig, blocks, target, k.num_warps,
+                            k.num_stages) for entry, _, blocks in self.launches(saved_lse)]
