@@ -100,15 +100,20 @@ def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
                 f = tf.compile(kernel)
                 out = f(*leaves, scale, *extra.values())
                 impls["tensorfuse (autograd)"] = (timed_backward(out), note)
-                # the forward as autograd records it (it also writes the log-sum-exp) and plain
+                # the forward as autograd records it (it also writes the log-sum-exp) and plain,
+                # alternated over three rounds (best of each)
                 forward_flops = flops / 2.5
-                for label, args in (("tensorfuse forward", (q, k, v)),
-                                    ("tensorfuse forward (recorded, saves LSE)", leaves)):
-                    ms = bench(lambda: f(*args, scale, *extra.values()))
+                times: dict = {}
+                for _ in range(3):
+                    for label, args in (("tensorfuse forward", (q, k, v)),
+                                        ("tensorfuse forward (recorded, saves LSE)", leaves)):
+                        ms = bench(lambda: f(*args, scale, *extra.values()))
+                        times[label] = min(times.get(label, ms), ms)
+                for label, ms in times.items():
                     log(f"{name:9} S={S:6} {label:40} {ms:9.3f} ms "
                         f"{forward_flops / ms / 1e9:7.1f} TFLOP/s")
                     rows.append(Row(f"attention_fwd/{name}", shape, label, ms,
-                                    forward_flops / ms / 1e9, 0.0, 0.0, ""))
+                                    forward_flops / ms / 1e9, 0.0, 0.0, "best of 3 rounds"))
             except Exception as exc:  # noqa: BLE001 - report and go on
                 log(f"  tensorfuse {name} S={S}: {type(exc).__name__}: {exc}"[:300])
             if generic:

@@ -361,8 +361,12 @@ def test_the_long_row_test_compared_most_chains():
 
 
 def test_the_f32_property_test_compared_most_chains():
-    """Runs after it: a warning is an accepted outcome, but not the usual one."""
-    assert F32["compared"] >= 2 * F32_DRAWS * (F32_PROGRAMS // 2), F32
+    """Runs after it: a warning is an accepted outcome, but not the usual one. The generator
+    draws many later members quadratic in (or exponentiating against) a raw sum of the other
+    input, which on zero-mean rows is a random walk: the plan's float32 model warns about those
+    (rightly: fused they lose digits, or overflow where unfused does not). Over 20 seeds 0–17 of
+    24 programs were warned about (median 2), so at least a quarter must be compared."""
+    assert F32["compared"] >= 2 * F32_DRAWS * (F32_PROGRAMS // 4), F32
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -17,9 +17,9 @@ Three kernels, launched in turn:
   no atomics;
 - ``_tf_bwd_dq`` (query blocks): the same ``dS`` over the key blocks, ``dQ += dSraw·K``.
 
-With ``knobs.merged`` the last two are one launch (``_tf_bwd_dkdv_dq``, FlexAttention's layout):
-its first programs take key blocks, the rest query blocks of each head of the group, so the
-query blocks fill the SMs while the last key blocks finish.
+With ``knobs.merged`` the last two are one launch (``_tf_bwd_dkdv_dq``, as FlexAttention's): its
+first programs take the key blocks of every head, the rest the query blocks, so that the query
+blocks (shorter, all alike) fill the SMs while the last key blocks finish.
 
 With a mask the blocks come from block lists (:mod:`.schedule_templates.block_schedule`, made by
 the caller): the kernels visit only the blocks the mask keeps, evaluating it on the partial ones
@@ -104,7 +104,8 @@ def backward_source(plan, knobs) -> str:
 
     bm1, bn1, bm2, bn2 = knobs.block_m1, knobs.block_n1, knobs.block_m2, knobs.block_n2
     t1, t2 = tiles(bm1, bn1), tiles(bm2, bn2)   # dK/dV's tiles; the statistics' and dQ's
-    # a row the mask empties has P = 0 but Δ = NaN (its output is 0/0): keep dS at 0 there
+    # a row the mask empties has P = 0 but Δ = NaN (its output is 0/0): keep dS at 0 there —
+    # on partial blocks only, since such a row has no block the mask keeps whole
     guard = masked and plan.empty is None
 
     def load(e: Load, c: TileContext, keep: bool = True) -> str:
@@ -119,9 +120,9 @@ def backward_source(plan, knobs) -> str:
         return value if ok is None else f"tl.where({ok}, {value}, {other})"
 
     def decompose(grouped: bool, member: str | None = None) -> str:
-        """The batch axes' values from program id 1 (the head axis by key/value head; with
-        ``member`` the query head is that head of the key/value head's group)."""
-        lines = ["rest = tl.program_id(1)"]
+        """The batch axes' values from ``bh`` (the head axis by key/value head; with ``member``
+        the query head is that head of the key/value head's group)."""
+        lines = ["rest = bh"]
         for a in reversed(plan.batch):
             n, name = extents[a.uid], batch_vars[a.uid]
             if grouped and head is not None and a.uid == head.uid:
@@ -169,11 +170,12 @@ def backward_source(plan, knobs) -> str:
             f"_s = {valid(ok, f'({s}).to(tl.float32)', NEG_INF)}",
             f"_p = tl.exp2(_s * {LOG2E} - _lse{stat})",
             f"_dp = {dp}{prec})",
-            f"_ds = {f'tl.where(_p == 0.0, 0.0, {ds})' if guard else ds}",
+            f"_ds = {f'tl.where(_p == 0.0, 0.0, {ds})' if guard and with_mask else ds}",
             f"_dsr = {valid(ok, f'({d}).to(tl.float32)', '0.0')}")) + "\n"
 
     nq2, nk2 = math.ceil(M / bm2), math.ceil(N / bn2)
     nk1, nq1 = math.ceil(N / bn1), math.ceil(M / bm1)
+    key_programs = nk1 * math.prod(extents.values()) // plan.group
 
     def stats_body(with_mask: bool) -> str:
         s = to_triton(plan.score if with_mask else score_free, t2["q"])
@@ -201,7 +203,8 @@ def backward_source(plan, knobs) -> str:
                  f"_delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)\n")
     rows_start = ("\noffs_m = pid * BM + tl.arange(0, BM)\n"
                   f"offs_d = tl.arange(0, {D})\nrow_ok = offs_m < {M}\n")
-    query_block = decompose(False) + rows_start + f"_q = {load(plan.q, t2['q'])}"
+    query_block = "bh = tl.program_id(1)\n" + decompose(False) + rows_start + \
+        f"_q = {load(plan.q, t2['q'])}"
     delta = (f"_o = {load(OUT, t2['q'], keep=False)}\n_do = {load(DO, t2['q'], keep=False)}\n"
              f"tl.store(DELTA + {rows_ptr}, tl.sum(tl.where(row_ok[:, None], _o * _do, 0.0), 1), "
              "mask=row_ok)")
@@ -231,6 +234,7 @@ def _tf_bwd_stats({args}, BM: tl.constexpr, BN: tl.constexpr):
 @triton.jit
 def _tf_bwd_delta({args}, BM: tl.constexpr, BN: tl.constexpr):
     pid = tl.program_id(0)
+    bh = tl.program_id(1)
 {_indent(decompose(False) + rows_start, 1)}
     _lse = tl.load(FWD_LSE + {rows_ptr}, mask=row_ok, other=float('-inf'))
     # a row with no kept key: log-sum-exp −inf (or NaN) forward, +inf here (its P is 0)
@@ -240,7 +244,7 @@ def _tf_bwd_delta({args}, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_block(pid, {args}, BM: tl.constexpr, BN: tl.constexpr):
+def _dkdv_block(pid, bh, {args}, BM: tl.constexpr, BN: tl.constexpr):
 {_indent(decompose(True), 1)}
     {head_first}
     offs_n = pid * BN + tl.arange(0, BN)
@@ -256,8 +260,9 @@ def _dkdv_block(pid, {args}, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _dq_block(pid, member, {args}, BM: tl.constexpr, BN: tl.constexpr, GROUPED: tl.constexpr):
-    if GROUPED:   # program id 1 counts key/value heads; ``member``: the head of the group
+def _dq_block(pid, member, bh, {args}, BM: tl.constexpr, BN: tl.constexpr,
+              GROUPED: tl.constexpr):
+    if GROUPED:   # ``bh`` counts key/value heads; ``member``: the head of the group
 {_indent(decompose(True, "member"), 2)}
     else:
 {_indent(decompose(False), 2)}
@@ -272,22 +277,26 @@ def _dq_block(pid, member, {args}, BM: tl.constexpr, BN: tl.constexpr, GROUPED: 
 
 @triton.jit
 def _tf_bwd_dkdv({args}, BM: tl.constexpr, BN: tl.constexpr):
-    _dkdv_block(tl.program_id(0), {args}, BM, BN)
+    _dkdv_block(tl.program_id(0), tl.program_id(1), {args}, BM, BN)
 
 
 @triton.jit
 def _tf_bwd_dq({args}, BM: tl.constexpr, BN: tl.constexpr):
-    _dq_block(tl.program_id(0), 0, {args}, BM, BN, False)
+    _dq_block(tl.program_id(0), 0, tl.program_id(1), {args}, BM, BN, False)
 
 
 @triton.jit
 def _tf_bwd_dkdv_dq({args}, BM: tl.constexpr, BN: tl.constexpr, BM2: tl.constexpr,
                     BN2: tl.constexpr):
-    pid = tl.program_id(0)
-    if pid < {nk1}:
-        _dkdv_block(pid, {args}, BM, BN)
+    # every key block first (the longer programs: a group's heads each), then the query blocks,
+    # which fill the SMs while the last key blocks finish
+    t = tl.program_id(0)
+    if t < {key_programs}:
+        _dkdv_block(t % {nk1}, t // {nk1}, {args}, BM, BN)
     else:
-        _dq_block((pid - {nk1}) % {nq2}, (pid - {nk1}) // {nq2}, {args}, BM2, BN2, True)
+        t = t - {key_programs}
+        r = t % {plan.group * nq2}
+        _dq_block(r % {nq2}, r // {nq2}, t // {plan.group * nq2}, {args}, BM2, BN2, True)
 """
     return source
 
@@ -311,7 +320,7 @@ class AttentionBackwardKernels:
         tiles2, tiles1 = {"BM": k.block_m2, "BN": k.block_n2}, {"BM": k.block_m1, "BN": k.block_n1}
         made = [("_tf_bwd_delta" if saved_lse else "_tf_bwd_stats", (nq2, batch), tiles2)]
         if k.merged:
-            made.append(("_tf_bwd_dkdv_dq", (nk1 + plan.group * nq2, batch // plan.group),
+            made.append(("_tf_bwd_dkdv_dq", ((nk1 + plan.group * nq2) * batch // plan.group, 1),
                          {**tiles1, "BM2": k.block_m2, "BN2": k.block_n2}))
         else:
             made += [("_tf_bwd_dkdv", (nk1, batch // plan.group), tiles1),
