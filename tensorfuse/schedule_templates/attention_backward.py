@@ -42,7 +42,10 @@ class BackwardKnobs:
     were the fastest of five settings on the H100 for full and causal attention at S=4096, D=128
     (2.33 / 1.63 ms; the Triton tutorial's 32/128/128/32 with 4 warps took 4.9 / 3.4 ms:
     benchmarks/RESULTS.md, session 22). ``merged``: dK/dV and dQ in one launch (key blocks
-    first, then query blocks) rather than two, as FlexAttention's backward."""
+    first, then query blocks) rather than two, as FlexAttention's backward; ``block_major``: its
+    programs ordered block by block across the heads (a causal mask's longest blocks of every
+    head first) rather than head by head (each head's blocks together: its queries and output
+    gradients shared in L2)."""
 
     block_m1: int = 64
     block_n1: int = 128
@@ -51,6 +54,7 @@ class BackwardKnobs:
     num_warps: int = 8
     num_stages: int = 3
     merged: bool = True
+    block_major: bool = False
 
 
 @dataclass

@@ -175,7 +175,14 @@ def backward_source(plan, knobs) -> str:
 
     nq2, nk2 = math.ceil(M / bm2), math.ceil(N / bn2)
     nk1, nq1 = math.ceil(N / bn1), math.ceil(M / bm1)
-    key_programs = nk1 * math.prod(extents.values()) // plan.group
+    heads = math.prod(extents.values()) // plan.group   # (batch, key/value head) pairs
+    key_programs = nk1 * heads
+    block_major, per_head = knobs.block_major, plan.group * nq2
+    dkdv_block, dkdv_bh = (("t // " + str(heads), "t % " + str(heads)) if block_major else
+                           ("t % " + str(nk1), "t // " + str(nk1)))
+    dq_block, dq_member, dq_bh = (
+        (f"t // {heads * plan.group}", f"t % {plan.group}", f"(t // {plan.group}) % {heads}")
+        if block_major else (f"t % {nq2}", f"(t % {per_head}) // {nq2}", f"t // {per_head}"))
 
     def stats_body(with_mask: bool) -> str:
         s = to_triton(plan.score if with_mask else score_free, t2["q"])
@@ -289,14 +296,15 @@ def _tf_bwd_dq({args}, BM: tl.constexpr, BN: tl.constexpr):
 def _tf_bwd_dkdv_dq({args}, BM: tl.constexpr, BN: tl.constexpr, BM2: tl.constexpr,
                     BN2: tl.constexpr):
     # every key block first (the longer programs: a group's heads each), then the query blocks,
-    # which fill the SMs while the last key blocks finish
+    # which fill the SMs while the last key blocks finish; the first key blocks and the last
+    # query blocks (a causal mask's longest) first, head by head or{" (here)" if block_major else ""}
+    # block by block across the heads
     t = tl.program_id(0)
     if t < {key_programs}:
-        _dkdv_block(t % {nk1}, t // {nk1}, {args}, BM, BN)
+        _dkdv_block({dkdv_block}, {dkdv_bh}, {args}, BM, BN)
     else:
         t = t - {key_programs}
-        r = t % {plan.group * nq2}
-        _dq_block(r % {nq2}, r // {nq2}, t // {plan.group * nq2}, {args}, BM2, BN2, True)
+        _dq_block({nq2 - 1} - ({dq_block}), {dq_member}, {dq_bh}, {args}, BM2, BN2, True)
 """
     return source
 
