@@ -309,6 +309,12 @@ def _tf_bwd_dkdv_dq({args}, BM: tl.constexpr, BN: tl.constexpr, BM2: tl.constexp
     return source
 
 
+def merged(knobs, plan) -> bool:
+    """Whether dK/dV and dQ run as one launch (``knobs.merged``; by default where the heads are
+    not grouped)."""
+    return plan.group == 1 if knobs.merged is None else bool(knobs.merged)
+
+
 class AttentionBackwardKernels:
     """The kernels of a plan, launched on PyTorch tensors (a masked plan's block lists from its
     ``block_lists``)."""
@@ -327,7 +333,7 @@ class AttentionBackwardKernels:
         nq2, nk1 = math.ceil(M / k.block_m2), math.ceil(N / k.block_n1)
         tiles2, tiles1 = {"BM": k.block_m2, "BN": k.block_n2}, {"BM": k.block_m1, "BN": k.block_n1}
         made = [("_tf_bwd_delta" if saved_lse else "_tf_bwd_stats", (nq2, batch), tiles2)]
-        if k.merged:
+        if merged(k, plan):
             made.append(("_tf_bwd_dkdv_dq", ((nk1 + plan.group * nq2) * batch // plan.group, 1),
                          {**tiles1, "BM2": k.block_m2, "BN2": k.block_n2}))
         else:
