@@ -9,7 +9,8 @@ soft-cap, a boolean mask tensor that empties some rows, and sizes the tiles divi
 masked for being out of range). Each twice: recomputing the forward's statistics and launching
 dK/dV and dQ apart, and (``<variant>/saved``) from the log-sum-exp the forward program with
 that second output gives, dK/dV and dQ in one launch (its programs ordered head by head, or with
-an odd seed block by block).
+an odd seed block by block). For masks, also which block lists were consecutive (visited as
+ranges: causal's) and which not (a mask tensor's: lists).
 """
 import json
 import os
@@ -60,6 +61,9 @@ def errors(seed: int) -> dict:
         for label, got in ((name, apart(tensors, scalars, out, dout)),
                            (f"{name}/saved", merged(tensors, scalars, out, dout, lse))):
             found[label] = max(float((a - b).norm() / b.norm()) for a, b in zip(got, want))
+        if plan.mask is not None:   # which lists the kernels visited as ranges
+            found[f"{name}/ranges"] = [plan.block_lists(apart.knobs, tensors, scalars, t)[1]
+                                       for t in (False, True)]
     return found
 
 

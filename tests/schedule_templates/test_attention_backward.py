@@ -66,9 +66,13 @@ def test_interpreted_kernels_match_the_backward_program():
     assert proc.returncode == 0, proc.stderr[-3000:]
     errors = json.loads(proc.stdout.strip().splitlines()[-1])
     names = {"full", "causal", "causal_softcap", "mask_tensor", "causal_whole_tiles"}
+    ranges = {n: errors.pop(f"{n}/ranges", None) for n in names}   # plans with block lists
     assert set(errors) == names | {f"{n}/saved" for n in names}
     for name, err in errors.items():   # float32, against the backward program on the CPU
         assert err <= 1e-5, f"{name}: {err:.1e} (TENSORFUSE_SEED={seed})"
+    # causal masks' blocks are consecutive (loops over ranges); a mask tensor's are listed
+    assert ranges["causal"] == [[True, True], [True, True]], ranges
+    assert ranges["mask_tensor"] == [[False, False], [False, False]], ranges
 
 
 def test_the_kernels_compile_for_sm90a_on_the_tensor_cores():
@@ -78,8 +82,10 @@ def test_the_kernels_compile_for_sm90a_on_the_tensor_cores():
     apart = AttentionBackwardKernels(plan, BackwardKnobs(merged=False)).compiled(
         target, saved_lse=False)   # statistics recomputed, dK/dV and dQ launched apart
     delta, merged = AttentionBackwardKernels(plan, BackwardKnobs(merged=True)).compiled(target)
+    _, ranged = AttentionBackwardKernels(plan, BackwardKnobs(merged=True)).compiled(
+        target, ranges=15)   # every list visited as a range (consecutive blocks)
     assert len(apart) == 3
-    for kernel in (*apart, merged):
+    for kernel in (*apart, merged, ranged):
         assert "wgmma.mma_async" in kernel.asm["ptx"]
         assert kernel.metadata.shared <= 227 * 1024
     # from the saved log-sum-exp: Δ and the base-2 statistics only, no product

@@ -38,6 +38,8 @@ from .launch import TL_SIGNATURE, compile_for, interpreting, load_kernel
 ENTRIES = ("_tf_bwd_stats", "_tf_bwd_delta", "_tf_bwd_dkdv", "_tf_bwd_dq", "_tf_bwd_dkdv_dq")
 NEG_INF = "float('-inf')"
 LISTS = ("PN", "PI", "FN", "FI", "TPN", "TPI", "TFN", "TFI")   # dQ's lists, dK/dV's (transposed)
+# the constexpr RANGES: which lists hold consecutive blocks for every program (visited as ranges)
+RANGE_BITS = {"PN": 1, "FN": 2, "TPN": 4, "TFN": 8}
 # after q, k, v: the output, its gradient, the forward's log-sum-exp (natural log; not read where
 # the statistics kernel recomputes it), the base-2 log-sum-exp and Δ, the gradients
 BUFFERS = ("OUT", "DO", "FWD_LSE", "LSE", "DELTA", "DQ", "DK", "DV")
@@ -150,12 +152,24 @@ def backward_source(plan, knobs) -> str:
         pn, pi, fn, fi = lists.split(",")
         text = f"base = ({flat_q}) * {own} + pid\n"
         for num, idx, with_mask in ((pn, pi, True), (fn, fi, False)):
-            inner = f"blk = tl.load({idx} + base * {count} + t)\n" + head_lines + body(with_mask)
+            # where every program's blocks of this kind are consecutive (RANGES has the list's
+            # bit), the loop runs over them as a range from the first: its tiles' addresses
+            # follow from the loop counter, and the loads are pipelined ahead as without a mask
+            listed = f"blk = tl.load({idx} + base * {count} + t)\n" + head_lines + body(with_mask)
+            ranged = head_lines + body(with_mask)
+            first = f"first = tl.load({idx} + base * {count})\n"
             if interp:   # the interpreter takes no loop bound loaded from memory
-                text += (f"n_{num} = tl.load({num} + base)\nfor t in range(0, {count}):\n"
-                         + _indent(f"if t < n_{num}:\n" + _indent(inner, 1), 1) + "\n")
+                loop = lambda inner: (f"for t in range(0, {count}):\n"  # noqa: E731
+                                      + _indent(f"if t < n_{num}:\n" + _indent(inner, 1), 1))
+                text += (f"n_{num} = tl.load({num} + base)\nif RANGES & {RANGE_BITS[num]}:\n"
+                         + _indent(first + loop("blk = first + t\n" + ranged), 1)
+                         + "\nelse:\n" + _indent(loop(listed), 1) + "\n")
             else:
-                text += f"for t in range(0, tl.load({num} + base)):\n" + _indent(inner, 1) + "\n"
+                text += (f"if RANGES & {RANGE_BITS[num]}:\n"
+                         + _indent(first + f"for blk in range(first, first + tl.load({num} + "
+                                   f"base)):\n" + _indent(ranged, 1), 1)
+                         + f"\nelse:\n" + _indent(f"for t in range(0, tl.load({num} + base)):\n"
+                                                    + _indent(listed, 1), 1) + "\n")
         return text
 
     def gradient(t: dict, with_mask: bool, transposed: bool) -> str:
@@ -227,7 +241,7 @@ from triton.language.extra import libdevice
 {HELPERS}
 
 @triton.jit
-def _tf_bwd_stats({args}, BM: tl.constexpr, BN: tl.constexpr):
+def _tf_bwd_stats({args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
     pid = tl.program_id(0)
 {_indent(query_block, 1)}
     _m_i = tl.full([BM], float('-inf'), tl.float32)
@@ -239,7 +253,7 @@ def _tf_bwd_stats({args}, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _tf_bwd_delta({args}, BM: tl.constexpr, BN: tl.constexpr):
+def _tf_bwd_delta({args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
 {_indent(decompose(False) + rows_start, 1)}
@@ -251,7 +265,7 @@ def _tf_bwd_delta({args}, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_block(pid, bh, {args}, BM: tl.constexpr, BN: tl.constexpr):
+def _dkdv_block(pid, bh, {args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
 {_indent(decompose(True), 1)}
     {head_first}
     offs_n = pid * BN + tl.arange(0, BN)
@@ -268,7 +282,7 @@ def _dkdv_block(pid, bh, {args}, BM: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def _dq_block(pid, member, bh, {args}, BM: tl.constexpr, BN: tl.constexpr,
-              GROUPED: tl.constexpr):
+              GROUPED: tl.constexpr, RANGES: tl.constexpr):
     if GROUPED:   # ``bh`` counts key/value heads; ``member``: the head of the group
 {_indent(decompose(True, "member"), 2)}
     else:
@@ -283,28 +297,29 @@ def _dq_block(pid, member, bh, {args}, BM: tl.constexpr, BN: tl.constexpr,
 
 
 @triton.jit
-def _tf_bwd_dkdv({args}, BM: tl.constexpr, BN: tl.constexpr):
-    _dkdv_block(tl.program_id(0), tl.program_id(1), {args}, BM, BN)
+def _tf_bwd_dkdv({args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
+    _dkdv_block(tl.program_id(0), tl.program_id(1), {args}, BM, BN, RANGES)
 
 
 @triton.jit
-def _tf_bwd_dq({args}, BM: tl.constexpr, BN: tl.constexpr):
-    _dq_block(tl.program_id(0), 0, tl.program_id(1), {args}, BM, BN, False)
+def _tf_bwd_dq({args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
+    _dq_block(tl.program_id(0), 0, tl.program_id(1), {args}, BM, BN, False, RANGES)
 
 
 @triton.jit
 def _tf_bwd_dkdv_dq({args}, BM: tl.constexpr, BN: tl.constexpr, BM2: tl.constexpr,
-                    BN2: tl.constexpr):
+                    BN2: tl.constexpr, RANGES: tl.constexpr):
     # every key block first (the longer programs: a group's heads each), then the query blocks,
     # which fill the SMs while the last key blocks finish; the first key blocks and the last
     # query blocks (a causal mask's longest) first, head by head or{" (here)" if block_major else ""}
     # block by block across the heads
     t = tl.program_id(0)
     if t < {key_programs}:
-        _dkdv_block({dkdv_block}, {dkdv_bh}, {args}, BM, BN)
+        _dkdv_block({dkdv_block}, {dkdv_bh}, {args}, BM, BN, RANGES)
     else:
         t = t - {key_programs}
-        _dq_block({nq2 - 1} - ({dq_block}), {dq_member}, {dq_bh}, {args}, BM2, BN2, True)
+        _dq_block({nq2 - 1} - ({dq_block}), {dq_member}, {dq_bh}, {args}, BM2, BN2, True,
+                  RANGES)
 """
     return source
 
@@ -355,9 +370,13 @@ class AttentionBackwardKernels:
         lse2 = torch.empty(batch, M, device=q.device, dtype=torch.float32)
         delta = torch.empty_like(lse2)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        ranges = 0
         if plan.mask is not None:
-            lists = [*plan.block_lists(knobs, tensors, scalars, False),
-                     *plan.block_lists(knobs, tensors, scalars, True)]
+            lists = []
+            for transposed, (partial, full) in ((False, (1, 2)), (True, (4, 8))):
+                made, consecutive = plan.block_lists(knobs, tensors, scalars, transposed)
+                lists += made
+                ranges |= (partial if consecutive[0] else 0) | (full if consecutive[1] else 0)
         else:
             lists = [lse2] * len(LISTS)   # not read
         others = [tensors[p.name].contiguous() for p in plan.program.tensor_params
@@ -369,12 +388,13 @@ class AttentionBackwardKernels:
         options = {} if interpreting() else {"num_warps": knobs.num_warps,
                                              "num_stages": knobs.num_stages}
         for entry, grid, blocks in self.launches(lse is not None):
-            load_kernel(self.source, entry)[grid](*args, **blocks, **options)
+            load_kernel(self.source, entry)[grid](*args, **blocks, RANGES=ranges, **options)
         return dq, dk, dv
 
-    def compiled(self, target, saved_lse: bool = True) -> list:
+    def compiled(self, target, saved_lse: bool = True, ranges: int = 0) -> list:
         """The kernels compiled for ``target`` without launching them (no GPU needed): Triton's
-        compiled objects (``.asm["ptx"]``, ``.metadata.shared``), in launch order."""
+        compiled objects (``.asm["ptx"]``, ``.metadata.shared``), in launch order; ``ranges``:
+        which block lists are visited as ranges (``RANGE_BITS``)."""
         plan = self.plan
         storage = "*" + TL_SIGNATURE[plan.q.param.dtype]
         names = [plan.q.param.name, plan.k.param.name, plan.v.param.name, *BUFFERS]
@@ -385,5 +405,6 @@ class AttentionBackwardKernels:
         for p in plan.program.scalar_params:
             sig[p.name] = TL_SIGNATURE[p.dtype]
         k = self.knobs
-        return [compile_for(load_kernel(self.source, entry), sig, blocks, target, k.num_warps,
-                            k.num_stages) for entry, _, blocks in self.launches(saved_lse)]
+        return [compile_for(load_kernel(self.source, entry), sig, {**blocks, "RANGES": ranges},
+                            target, k.num_warps, k.num_stages)
+                for entry, _, blocks in self.launches(saved_lse)]
