@@ -94,14 +94,13 @@ class AttentionBackwardPlan:
 
     def block_lists(self, knobs: BackwardKnobs, tensors: dict, scalars: dict,
                     transposed: bool):
-        """The mask's blocks (:func:`.block_schedule.block_lists`) as runs of consecutive
-        blocks (:func:`.block_schedule.block_runs`; partial, then full: runs per program, first
-        blocks, lengths): per query block its key blocks (the dQ kernel's tiles), or
-        ``transposed`` per key block its query blocks (the dK/dV kernel's); and whether every
-        program has at most one run of partial and of full blocks (a causal mask: the kernels
-        then loop over one range). That is read once for masks of sizes and scalars, whose
-        blocks are made once; masks that read tensors are made on every call, in runs."""
-        from .block_schedule import block_lists, block_runs
+        """The mask's block lists (:func:`.block_schedule.block_lists`): per query block its key
+        blocks (the dQ kernel's tiles), or ``transposed`` per key block its query blocks (the
+        dK/dV kernel's); and whether every program's partial and full blocks are consecutive
+        (a causal mask's, a window's whole blocks: the kernels then loop over a range). That is
+        read once for lists made once (masks of sizes and scalars); lists of masks that read
+        tensors are made on every call and taken as lists."""
+        from .block_schedule import block_lists
 
         device = next(iter(tensors.values())).device
         reads_data = any(isinstance(n, Load) for n in nodes(self.mask))
@@ -115,13 +114,22 @@ class AttentionBackwardPlan:
         else:
             made = block_lists(self.mask, self.batch, self.row, self.col, self.sizes, tensors,
                                scalars, knobs.block_m2, knobs.block_n2, device)
-        partial, full = block_runs(*made[:2]), block_runs(*made[2:])
-        single = (False, False) if reads_data else \
-            tuple(bool(runs.max() <= 1) for runs, _, _ in (partial, full))   # one sync, kept
-        made = ((*partial, *full), single)
+        made = (made, (False, False)) if reads_data else \
+            (made, (_consecutive(*made[:2]), _consecutive(*made[2:])))
         if not reads_data:   # sizes and scalars decide them: made once
             self._lists[key] = made
         return made
+
+
+def _consecutive(counts, index) -> bool:
+    """Whether each program's listed blocks (``counts[p]`` of row ``index[p]``) follow each
+    other (one synchronisation: the caller keeps the answer with the lists)."""
+    import torch
+
+    if index.shape[1] < 2:
+        return True
+    used = torch.arange(index.shape[1] - 1, device=index.device)[None, :] < counts[:, None] - 1
+    return bool(((index[:, 1:] - index[:, :-1] == 1) | ~used).all())
 
 
 def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionBackwardPlan:

@@ -136,29 +136,6 @@ def block_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, tens
     return pn, pi, fn, fi
 
 
-def block_runs(counts, index):
-    """Block lists (``counts[p]`` blocks of row ``index[p]``, ascending) as runs of consecutive
-    blocks: ``(runs per row, each run's first block, each run's length)``, int32 tensors on the
-    lists' device (no synchronisation) — a kernel loops over a run as over a range, so its tiles'
-    addresses follow from the loop counter and their loads pipeline ahead."""
-    import torch
-
-    rows, width = index.shape
-    t = torch.arange(width, device=index.device)
-    valid = t[None, :] < counts[:, None]
-    before = torch.cat([torch.full((rows, 1), -2, dtype=index.dtype, device=index.device),
-                        index[:, :-1]], dim=1)
-    starts = valid & (index != before + 1)
-    runs = starts.sum(dim=1).to(torch.int32)
-    at = torch.argsort((~starts).to(torch.int8), dim=1, stable=True)   # run starts first
-    first = torch.gather(index, 1, at)
-    following = torch.cat([at[:, 1:], at[:, :1]], dim=1)
-    end = torch.where(t[None, :] + 1 < runs[:, None], following, counts[:, None].to(at.dtype))
-    length = torch.where(t[None, :] < runs[:, None], end - at, torch.zeros_like(at))
-    return runs.contiguous(), first.to(torch.int32).contiguous(), \
-        length.to(torch.int32).contiguous()
-
-
 def _check_covered(held, seen) -> None:
     """Every key a row block sees (``seen``, booleans over the keys) lies in exactly one of its
     windows (``held``: the keys they hold) — or the schedule is wrong (a kernel would silently

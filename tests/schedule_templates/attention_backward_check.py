@@ -9,8 +9,8 @@ soft-cap, a boolean mask tensor that empties some rows, and sizes the tiles divi
 masked for being out of range). Each twice: recomputing the forward's statistics and launching
 dK/dV and dQ apart, and (``<variant>/saved``) from the log-sum-exp the forward program with
 that second output gives, dK/dV and dQ in one launch (its programs ordered head by head, or with
-an odd seed block by block). For masks, also which kinds of blocks came as one run per program
-(one loop: causal's) and which not (a mask tensor's: a loop over runs).
+an odd seed block by block). For masks, also which block lists were consecutive (visited as
+ranges: causal's) and which not (a mask tensor's: lists).
 """
 import json
 import os

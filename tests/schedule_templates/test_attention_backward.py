@@ -70,7 +70,7 @@ def test_interpreted_kernels_match_the_backward_program():
     assert set(errors) == names | {f"{n}/saved" for n in names}
     for name, err in errors.items():   # float32, against the backward program on the CPU
         assert err <= 1e-5, f"{name}: {err:.1e} (TENSORFUSE_SEED={seed})"
-    # causal masks' blocks are one run per program (one loop); a mask tensor's several runs
+    # causal masks' blocks are consecutive (loops over ranges); a mask tensor's are listed
     assert ranges["causal"] == [[True, True], [True, True]], ranges
     assert ranges["mask_tensor"] == [[False, False], [False, False]], ranges
 
@@ -221,19 +221,3 @@ def test_the_template_operator_gives_shapes_to_fake_tensors():
         q, kv = torch.empty(2, 8, 33, 64), torch.empty(2, 4, 40, 64)
         grads = _template_backward_op()(0, q, kv, kv, q, q, None, [], [], [0.125])
     assert [tuple(g.shape) for g in grads] == [(2, 8, 33, 64), (2, 4, 40, 64), (2, 4, 40, 64)]
-
-
-def test_block_lists_become_runs_of_consecutive_blocks():
-    """What the backward kernels loop over: each program's listed blocks as runs (first block,
-    length), counted per program; empty programs have none."""
-    from tensorfuse.schedule_templates.block_schedule import block_runs
-
-    counts = torch.tensor([3, 0, 4, 1], dtype=torch.int32)
-    index = torch.tensor([[0, 1, 2, 0, 0], [0, 0, 0, 0, 0], [1, 2, 5, 7, 0], [4, 0, 0, 0, 0]],
-                         dtype=torch.int32)
-    runs, first, length = block_runs(counts, index)
-    assert runs.tolist() == [1, 0, 3, 1]
-    assert [first[p, :n].tolist() for p, n in enumerate(runs.tolist())] == [[0], [], [1, 5, 7],
-                                                                             [4]]
-    assert [length[p, :n].tolist() for p, n in enumerate(runs.tolist())] == [[3], [], [2, 1, 1],
-                                                                              [1]]

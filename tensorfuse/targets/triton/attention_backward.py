@@ -22,11 +22,9 @@ first programs take the key blocks of every head, the rest the query blocks, so 
 blocks (shorter, all alike) fill the SMs while the last key blocks finish.
 
 With a mask the blocks come from block lists (:mod:`.schedule_templates.block_schedule`, made by
-the caller) as runs of consecutive blocks: the kernels visit only the blocks the mask keeps,
-evaluating it on the partial ones only, each run as a range (the tiles' loads pipeline as
-without a mask; a list read block by block cost 17 % on the H100); the dK/dV kernel's are the
-transposed ones (per key block, its query blocks). Rows with no kept key get zero gradients
-(their ``P`` is 0).
+the caller): the kernels visit only the blocks the mask keeps, evaluating it on the partial ones
+only; the dK/dV kernel's lists are the transposed ones (per key block, its query blocks). Rows
+with no kept key get zero gradients (their ``P`` is 0).
 """
 from __future__ import annotations
 
@@ -39,10 +37,8 @@ from .launch import TL_SIGNATURE, compile_for, interpreting, load_kernel
 
 ENTRIES = ("_tf_bwd_stats", "_tf_bwd_delta", "_tf_bwd_dkdv", "_tf_bwd_dq", "_tf_bwd_dkdv_dq")
 NEG_INF = "float('-inf')"
-# the mask's blocks as runs of consecutive blocks (runs per program, first blocks, lengths):
-# partial then full, the dQ kernel's, then the dK/dV kernel's (transposed)
-LISTS = ("PN", "PI", "PL", "FN", "FI", "FL", "TPN", "TPI", "TPL", "TFN", "TFI", "TFL")
-# the constexpr RANGES: which kinds have at most one run per program (one loop, no loop over runs)
+LISTS = ("PN", "PI", "FN", "FI", "TPN", "TPI", "TFN", "TFI")   # dQ's lists, dK/dV's (transposed)
+# the constexpr RANGES: which lists hold consecutive blocks for every program (visited as ranges)
 RANGE_BITS = {"PN": 1, "FN": 2, "TPN": 4, "TFN": 8}
 # after q, k, v: the output, its gradient, the forward's log-sum-exp (natural log; not read where
 # the statistics kernel recomputes it), the base-2 log-sum-exp and Δ, the gradients
@@ -153,30 +149,27 @@ def backward_source(plan, knobs) -> str:
                       f"{ok} = {offs} < {extent}\n")
         if not masked:
             return f"for blk in range(0, {count}):\n" + _indent(head_lines + body(False), 1)
-        pn, pi, pl, fn, fi, fl = lists.split(",")
+        pn, pi, fn, fi = lists.split(",")
         text = f"base = ({flat_q}) * {own} + pid\n"
-        for num, idx, size, with_mask in ((pn, pi, pl, True), (fn, fi, fl, False)):
-            # each run of consecutive blocks is a range from its first: the tiles' addresses
-            # follow from the loop counter, and their loads are pipelined ahead as without a
-            # mask; with at most one run per program (RANGES has the kind's bit) one loop
-            inner = head_lines + body(with_mask)
-            run = (f"first = tl.load({idx} + base * {count} + r)\n"
-                   f"length = tl.load({size} + base * {count} + r)\n")
+        for num, idx, with_mask in ((pn, pi, True), (fn, fi, False)):
+            # where every program's blocks of this kind are consecutive (RANGES has the list's
+            # bit), the loop runs over them as a range from the first: its tiles' addresses
+            # follow from the loop counter, and the loads are pipelined ahead as without a mask
+            listed = f"blk = tl.load({idx} + base * {count} + t)\n" + head_lines + body(with_mask)
+            ranged = head_lines + body(with_mask)
+            first = f"first = tl.load({idx} + base * {count})\n"
             if interp:   # the interpreter takes no loop bound loaded from memory
-                blocks_of = (f"for t in range(0, {count}):\n"
-                             + _indent("if t < length:\n" + _indent("blk = first + t\n" + inner,
-                                                                     1), 1))
-                runs = (f"for r in range(0, {count}):\n"
-                        + _indent(f"if r < tl.load({num} + base):\n"
-                                  + _indent(run + blocks_of, 1), 1))
+                loop = lambda inner: (f"for t in range(0, {count}):\n"  # noqa: E731
+                                      + _indent(f"if t < n_{num}:\n" + _indent(inner, 1), 1))
+                text += (f"n_{num} = tl.load({num} + base)\nif RANGES & {RANGE_BITS[num]}:\n"
+                         + _indent(first + loop("blk = first + t\n" + ranged), 1)
+                         + "\nelse:\n" + _indent(loop(listed), 1) + "\n")
             else:
-                blocks_of = "for blk in range(first, first + length):\n" + _indent(inner, 1)
-                runs = (f"for r in range(0, tl.load({num} + base)):\n"
-                        + _indent(run + blocks_of, 1))
-            one = ("r = 0\n" + run + f"length = tl.where(tl.load({num} + base) > 0, length, 0)\n"
-                   + blocks_of)
-            text += (f"if RANGES & {RANGE_BITS[num]}:\n" + _indent(one, 1) + "\nelse:\n"
-                     + _indent(runs, 1) + "\n")
+                text += (f"if RANGES & {RANGE_BITS[num]}:\n"
+                         + _indent(first + f"for blk in range(first, first + tl.load({num} + "
+                                   f"base)):\n" + _indent(ranged, 1), 1)
+                         + f"\nelse:\n" + _indent(f"for t in range(0, tl.load({num} + base)):\n"
+                                                    + _indent(listed, 1), 1) + "\n")
         return text
 
     def gradient(t: dict, with_mask: bool, transposed: bool) -> str:
@@ -236,11 +229,9 @@ def backward_source(plan, knobs) -> str:
     delta = (f"_o = {load(OUT, t2['q'], keep=False)}\n_do = {load(DO, t2['q'], keep=False)}\n"
              f"tl.store(DELTA + {rows_ptr}, tl.sum(tl.where(row_ok[:, None], _o * _do, 0.0), 1), "
              "mask=row_ok)")
-    stats_loop = blocks(stats_body, "PN,PI,PL,FN,FI,FL", str(nq2), nk2, "BN", "offs_n", "col_ok",
-                        N)
-    dq_loop = blocks(dq_body, "PN,PI,PL,FN,FI,FL", str(nq2), nk2, "BN", "offs_n", "col_ok", N)
-    dkdv_loop = blocks(dkdv_body, "TPN,TPI,TPL,TFN,TFI,TFL", str(nk1), nq1, "BM", "offs_m",
-                       "row_ok", M)
+    stats_loop = blocks(stats_body, "PN,PI,FN,FI", str(nq2), nk2, "BN", "offs_n", "col_ok", N)
+    dq_loop = blocks(dq_body, "PN,PI,FN,FI", str(nq2), nk2, "BN", "offs_n", "col_ok", N)
+    dkdv_loop = blocks(dkdv_body, "TPN,TPI,TFN,TFI", str(nk1), nq1, "BM", "offs_m", "row_ok", M)
     group = (f"for g in range({plan.group}):\n    {batch_vars[head.uid]} = ax_hkv * "
              f"{plan.group} + g\n" if head is not None else "for g in range(1):\n")
     head_first = f"{batch_vars[head.uid]} = ax_hkv * {plan.group}" if head is not None else ""
