@@ -54,10 +54,13 @@ def _compile(kernel, target, template):
         if choice is not None and _triton_available():
             name, fusion = choice
             fallback = _compile(kernel, spec, template=None)
-            records = template_records(program, name, fusion, spec)
+            # a kernel derived from another (the forward that also writes what its backward
+            # reads) is tuned as that one: the same loops, one more store per row
+            tuned_as = getattr(kernel, "tuned_as", None) or program
+            records = template_records(tuned_as, name, fusion, spec)
             made = TEMPLATES[name](kernel, fusion, spec, tuned=records)
             ahead = native_templates(kernel, name, fusion, spec, records=lambda template:
-                                     template_records(program, template, fusion, spec))
+                                     template_records(tuned_as, template, fusion, spec))
             return AutoKernel(made, fallback, ahead=ahead)
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "

@@ -114,8 +114,9 @@ class Differentiation:
         if self._saving_kernel is None:
             from .api import compile as compile_kernel
 
-            self._saving_kernel = compile_kernel(_ProgramKernel(self.saving, None),
-                                                 target=self.kernel.target)
+            saving = _ProgramKernel(self.saving, getattr(self.kernel, "fn", None))
+            saving.tuned_as = self.program   # the plain forward's tuning records apply
+            self._saving_kernel = compile_kernel(saving, target=self.kernel.target)
         return self._saving_kernel
 
     def backward_kernel(self):
@@ -244,10 +245,12 @@ def _template_backward_op():
 
 
 class _ProgramKernel:
-    """A traced program standing for its kernel (what :class:`GradientKernel` needs of one)."""
+    """A traced program standing for its kernel (what :class:`GradientKernel` needs of one);
+    ``tuned_as``: the program whose tuning records it uses, where it is derived from another."""
 
     def __init__(self, program: Program, fn):
         self.program, self.fn, self.name = program, fn, program.name
+        self.tuned_as: Program | None = None
 
 
 DIFFERENTIATION.append(Differentiation)   # every kernel's custom operator gets a backward

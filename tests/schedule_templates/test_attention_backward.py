@@ -221,3 +221,22 @@ def test_the_template_operator_gives_shapes_to_fake_tensors():
         q, kv = torch.empty(2, 8, 33, 64), torch.empty(2, 4, 40, 64)
         grads = _template_backward_op()(0, q, kv, kv, q, q, None, [], [], [0.125])
     assert [tuple(g.shape) for g in grads] == [(2, 8, 33, 64), (2, 4, 40, 64), (2, 4, 40, 64)]
+
+
+def test_the_forward_that_saves_the_log_sum_exp_uses_the_plain_forwards_tuning(monkeypatch):
+    """Autograd's forward (the program with the log-sum-exp output) looks its tuning records up
+    as the user's kernel: the same loops and knobs, one more store per row."""
+    import tensorfuse.api as api
+    from tensorfuse.autograd import Differentiation
+
+    asked = []
+    real = api.template_records
+    monkeypatch.setattr(api, "template_records",
+                        lambda program, *rest: asked.append(program.name) or real(program, *rest))
+    compiled = tf.compile(K.causal_attention, target="cuda:sm_90a")
+    differentiation = Differentiation(compiled)
+    assert differentiation.training_op("tensorfuse::tuned_as_test", "cuda") is not None
+    asked.clear()
+    saving = differentiation._saving()
+    assert [c.name for c in saving.program.outputs] == ["out", "lse"]
+    assert asked and set(asked) == {K.causal_attention.program.name}, asked
