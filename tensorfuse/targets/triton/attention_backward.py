@@ -168,7 +168,7 @@ def backward_source(plan, knobs) -> str:
                 text += (f"if RANGES & {RANGE_BITS[num]}:\n"
                          + _indent(first + f"for blk in range(first, first + tl.load({num} + "
                                    f"base)):\n" + _indent(ranged, 1), 1)
-                         + f"\nelse:\n" + _indent(f"for t in range(0, tl.load({num} + base)):\n"
+                         + "\nelse:\n" + _indent(f"for t in range(0, tl.load({num} + base)):\n"
                                                     + _indent(listed, 1), 1) + "\n")
         return text
 
