@@ -48,7 +48,7 @@ def run(S: int = 4096, B: int = 2, H: int = 16, D: int = 128, log=print) -> list
         except Exception as exc:  # noqa: BLE001 - a setting that does not fit
             log(f"{name} {knobs}: {type(exc).__name__}: {exc}"[:200])
             continue
-        label = f"{name}{' (every block whole, by lists)' if scalars else ''}"
+        label = f"{name}{' (every block whole, through the mask)' if scalars else ''}"
         log(f"{label:40} {knobs.block_m1},{knobs.block_n1},{knobs.block_m2},{knobs.block_n2},"
             f"{knobs.num_warps},{knobs.num_stages}  {ms:8.3f} ms")
         rows.append(Row(f"attention_bwd_masks/{name}", f"B{B} H{H} S{S} D{D} bf16",
