@@ -210,12 +210,13 @@ def main(argv=None) -> None:
     parser.add_argument("--sweep", default="", help="knob settings m1,n1,m2,n2,warps,stages"
                         "[,merged[,saved[,block_major]]] separated by ';' (timed on "
                         "--sweep-variants at --sweep-sizes)")
+    parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--sweep-sizes", default="4096")
     parser.add_argument("--sweep-variants", default="full,causal")
     args = parser.parse_args(argv)
     rows = sweep(args.sweep.split(";"), [int(s) for s in args.sweep_sizes.split(",")],
                  names=args.sweep_variants.split(",")) if args.sweep else []
-    rows += run([int(s) for s in args.sizes.split(",")], generic=args.generic,
+    rows += run([int(s) for s in args.sizes.split(",")], D=args.head_dim, generic=args.generic,
                 names=args.variants.split(","))
     if args.csv:
         write_csv(rows, args.csv)

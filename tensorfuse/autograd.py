@@ -197,7 +197,8 @@ class Differentiation:
                     plan = plan_attention_backward(self.program, choice[1], dims)
                 except TensorfuseError:
                     return None
-                _TEMPLATES.append(AttentionBackwardKernels(plan, BackwardKnobs()))
+                _TEMPLATES.append(AttentionBackwardKernels(
+                    plan, BackwardKnobs.for_head_dim(plan.head_dim)))
                 self.templates[key] = len(_TEMPLATES) - 1
         return self.templates[key]
 

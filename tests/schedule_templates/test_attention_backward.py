@@ -53,7 +53,7 @@ def test_what_the_template_cannot_differentiate_is_refused_with_the_reason():
 
     with pytest.raises(TargetError, match="reads table.*scatter"):
         _plan(learned_bias, dict(DIMS, R=2047))
-    with pytest.raises(TargetError, match="powers of two from 16 to 128.*not 96"):
+    with pytest.raises(TargetError, match="powers of two from 16 to 256, not 96"):
         _plan(K.causal_attention, dict(DIMS, D=96))
 
 
@@ -90,21 +90,28 @@ def test_the_kernels_compile_for_sm90a_on_the_tensor_cores():
         assert kernel.metadata.shared <= 227 * 1024
     # from the saved log-sum-exp: Δ and the base-2 statistics only, no product
     assert "wgmma" not in delta.asm["ptx"] and "mma" not in delta.asm["ptx"]
+    # head dim 256 on its smaller default tiles
+    wide = _plan(K.causal_attention, dict(DIMS, D=256))
+    for kernel in AttentionBackwardKernels(wide, BackwardKnobs.for_head_dim(256)).compiled(
+            target, ranges=15)[1:]:
+        assert "wgmma.mma_async" in kernel.asm["ptx"]
+        assert kernel.metadata.shared <= 227 * 1024
 
 
 @pytest.mark.gpu
-def test_autograd_runs_the_template_on_the_gpu():
+@pytest.mark.parametrize("D", [64, 256])
+def test_autograd_runs_the_template_on_the_gpu(D):
     torch.manual_seed(0)
     f = tf.compile(K.causal_attention)
-    q, k, v = (torch.randn(1, 2, 150, 64, device="cuda").bfloat16().requires_grad_()
+    q, k, v = (torch.randn(1, 2, 150, D, device="cuda").bfloat16().requires_grad_()
                for _ in range(3))
-    out = f(q, k, v, scale=0.125)
+    out = f(q, k, v, scale=D ** -0.5)
     seed = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v), seed)
     assert f.torch_op is not None
     exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
     want = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
-        *exact, is_causal=True, scale=0.125), exact, seed.double())
+        *exact, is_causal=True, scale=D ** -0.5), exact, seed.double())
     for g, w in zip(got, want):
         assert float((g.double() - w).norm() / w.norm()) < 2e-2
     from tensorfuse.autograd import _TEMPLATES   # the template ran, not the program
