@@ -151,8 +151,8 @@ def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
 def sweep(knob_sets, sizes=(4096,), B: int = 2, H: int = 16, D: int = 128,
           names=("full", "causal"), log=print) -> list[Row]:
     """The backward template's kernels at other knob settings (``BackwardKnobs`` fields as
-    ``m1,n1,m2,n2,warps,stages[,merged[,saved[,block_major]]]``; ``saved``: from the log-sum-exp
-    the forward saves, else recomputed), timed on the same inputs: which defaults to keep."""
+    ``m1,n1,m2,n2,warps,stages[,merged[,saved]]``; ``saved``: from the log-sum-exp the forward
+    saves, else recomputed), timed on the same inputs: which defaults to keep."""
     from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
                                                                   plan_attention_backward)
     from tensorfuse.schedule_templates.auto import choose
@@ -181,8 +181,7 @@ def sweep(knob_sets, sizes=(4096,), B: int = 2, H: int = 16, D: int = 128,
         for text in knob_sets:
             fields = [int(x) for x in text.split(",")]
             saved = lse if len(fields) > 7 and fields[7] else None
-            knobs = BackwardKnobs(*fields[:6], *[bool(x) for x in fields[6:7]],
-                                  block_major=len(fields) > 8 and bool(fields[8]))
+            knobs = BackwardKnobs(*fields[:6], *[bool(x) for x in fields[6:7]])
             try:
                 made = AttentionBackwardKernels(plan, knobs)
                 got = made(tensors, scalars, out, dout, saved)
@@ -208,7 +207,7 @@ def main(argv=None) -> None:
     parser.add_argument("--generic", action="store_true",
                         help="also time tf.grad's program (TVM's default schedule: slow)")
     parser.add_argument("--sweep", default="", help="knob settings m1,n1,m2,n2,warps,stages"
-                        "[,merged[,saved[,block_major]]] separated by ';' (timed on "
+                        "[,merged[,saved]] separated by ';' (timed on "
                         "--sweep-variants at --sweep-sizes)")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--sweep-sizes", default="4096")

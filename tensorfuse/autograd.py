@@ -83,6 +83,7 @@ class Differentiation:
         self.templates: dict = {}   # sizes -> the backward template's key, or None
         self.saving = None          # the forward program that also writes the log-sum-exp
         self._saving_kernel = None
+        self._fusion = False        # not decided yet (_attention_fusion)
 
     def training_op(self, qualname: str, device: str):
         """The operator autograd records calls of this kernel with, where its forward can save
@@ -91,23 +92,33 @@ class Differentiation:
         (:func:`.schedule_templates.attention_chain.with_logsumexp`; its templates write it in the
         epilogue, one float per row), so that the backward does not recompute q·kᵀ for it.
         ``None`` elsewhere (the kernel's own operator is recorded)."""
-        if self.kernel.target.kind != "cuda":
+        fusion = self._attention_fusion()
+        if fusion is None:
             return None
         from .schedule_templates.attention_chain import with_logsumexp
-        from .schedule_templates.auto import choose
         from .torch_graph import kernel_op
 
-        choice = choose(self.program, self.kernel.target)
-        if choice is None or choice[0] != "attention":
-            return None
         try:
-            self.saving = with_logsumexp(self.program, choice[1].names)
+            self.saving = with_logsumexp(self.program, fusion.names)
         except TensorfuseError:
             return None
         op = kernel_op(qualname, self.saving,
                        lambda *args: self._saving().invoke(False, args, {}), device)
         op.register_autograd(self.backward, setup_context=self.setup_context)
         return op
+
+    def _attention_fusion(self):
+        """The forward's fusion where it is an attention chain on a CUDA target (what the
+        saved log-sum-exp and the backward template need), else None; decided once."""
+        if self._fusion is False:
+            self._fusion = None
+            if self.kernel.target.kind == "cuda":
+                from .schedule_templates.auto import choose
+
+                choice = choose(self.program, self.kernel.target)
+                if choice is not None and choice[0] == "attention":
+                    self._fusion = choice[1]
+        return self._fusion
 
     def _saving(self):
         """The compiled forward that also writes the log-sum-exp (on first use)."""
@@ -178,7 +189,8 @@ class Differentiation:
         """The attention backward template (:mod:`.schedule_templates.attention_backward`) for
         this call's sizes, on a CUDA target whose forward is softmax attention; else None (the
         backward program runs). Decided once per sizes."""
-        if self.kernel.target.kind != "cuda":
+        fusion = self._attention_fusion()
+        if fusion is None:
             return None
         from .binding import bind_call
 
@@ -188,18 +200,15 @@ class Differentiation:
             self.templates[key] = None
             from .schedule_templates.attention_backward import (BackwardKnobs,
                                                                 plan_attention_backward)
-            from .schedule_templates.auto import choose
             from .targets.triton.attention_backward import AttentionBackwardKernels
 
-            choice = choose(self.program, self.kernel.target)
-            if choice is not None and choice[0] == "attention":
-                try:
-                    plan = plan_attention_backward(self.program, choice[1], dims)
-                except TensorfuseError:
-                    return None
-                _TEMPLATES.append(AttentionBackwardKernels(
-                    plan, BackwardKnobs.for_head_dim(plan.head_dim)))
-                self.templates[key] = len(_TEMPLATES) - 1
+            try:
+                plan = plan_attention_backward(self.program, fusion, dims)
+            except TensorfuseError:
+                return None
+            _TEMPLATES.append(AttentionBackwardKernels(
+                plan, BackwardKnobs.for_head_dim(plan.head_dim)))
+            self.templates[key] = len(_TEMPLATES) - 1
         return self.templates[key]
 
 

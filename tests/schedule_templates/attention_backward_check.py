@@ -8,9 +8,8 @@ head), ragged sizes (M=37 queries, N=45 keys, bottom-right aligned), full, causa
 soft-cap, a boolean mask tensor that empties some rows, and sizes the tiles divide (no element
 masked for being out of range). Each twice: recomputing the forward's statistics and launching
 dK/dV and dQ apart, and (``<variant>/saved``) from the log-sum-exp the forward program with
-that second output gives, dK/dV and dQ in one launch (its programs ordered head by head, or with
-an odd seed block by block). For masks, also which block lists were consecutive (visited as
-ranges: causal's) and which not (a mask tensor's: lists).
+that second output gives, dK/dV and dQ in one launch. For masks, also which block lists were
+consecutive (visited as ranges: causal's) and which not (a mask tensor's: lists).
 """
 import json
 import os
@@ -46,8 +45,7 @@ def errors(seed: int) -> dict:
         _, fusion = choose(kernel.program, get_target("cuda"))
         plan = plan_attention_backward(kernel.program, fusion, dims)
         apart = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16))
-        merged = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16, merged=True,
-                                                              block_major=seed % 2 == 1))
+        merged = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16, merged=True))
         q, dout = torch.randn(B, H, M, D), torch.randn(B, H, M, D)
         k, v = torch.randn(B, HKV, N, D), torch.randn(B, HKV, N, D)
         tensors = {"q": q, "k": k, "v": v}

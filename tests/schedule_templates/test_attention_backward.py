@@ -13,7 +13,7 @@ import torch
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse import dsl as T
-from tensorfuse.errors import TargetError
+from tensorfuse.errors import ScheduleError, TargetError
 from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
                                                               plan_attention_backward)
 from tensorfuse.schedule_templates.auto import choose
@@ -195,7 +195,7 @@ def test_the_hopper_template_writes_the_log_sum_exp_in_its_epilogue():
     assert "lg2.approx" in ptx and "st.global.f32" in ptx
     plain = hopper_attention(K.causal_attention, fusion, target)
     assert "#define LSE 0" in plain.source(**dims)
-    with pytest.raises(Exception, match="log-sum-exp"):
+    with pytest.raises(ScheduleError, match="does not write the log-sum-exp output lse"):
         plan_decode(with_logsumexp(K.causal_attention.program, fusion.names), fusion.names,
                     fusion.axis)
 

@@ -8,7 +8,7 @@ Three kernels, launched in turn:
   in base 2 (an online max and sum over the key blocks: the forward's statistics, recomputed;
   ``P = 2^(S·log2e − LSE₂)`` is one multiply-add and ``ex2`` per element) and
   ``Δ = rowsum(dO ∘ O)`` — or, where the forward saved its log-sum-exp (natural log, one float
-  per row: :func:`tensorfuse.schedule_templates.attention_backward.with_logsumexp`),
+  per row: :func:`tensorfuse.schedule_templates.attention_chain.with_logsumexp`),
   ``_tf_bwd_delta``: that log-sum-exp in base 2 and Δ, no product recomputed;
 - ``_tf_bwd_dkdv`` (key blocks, per key/value head): over every query head of the group and every
   query block, in the transposed orientation (keys along the tile's rows, so that no register
@@ -190,13 +190,7 @@ def backward_source(plan, knobs) -> str:
     nq2, nk2 = math.ceil(M / bm2), math.ceil(N / bn2)
     nk1, nq1 = math.ceil(N / bn1), math.ceil(M / bm1)
     heads = math.prod(extents.values()) // plan.group   # (batch, key/value head) pairs
-    key_programs = nk1 * heads
-    block_major, per_head = knobs.block_major, plan.group * nq2
-    dkdv_block, dkdv_bh = (("t // " + str(heads), "t % " + str(heads)) if block_major else
-                           ("t % " + str(nk1), "t // " + str(nk1)))
-    dq_block, dq_member, dq_bh = (
-        (f"t // {heads * plan.group}", f"t % {plan.group}", f"(t // {plan.group}) % {heads}")
-        if block_major else (f"t % {nq2}", f"(t % {per_head}) // {nq2}", f"t // {per_head}"))
+    key_programs, per_head = nk1 * heads, plan.group * nq2
 
     def stats_body(with_mask: bool) -> str:
         s = to_triton(plan.score if with_mask else score_free, t2["q"])
@@ -224,8 +218,8 @@ def backward_source(plan, knobs) -> str:
                  f"_delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)\n")
     rows_start = ("\noffs_m = pid * BM + tl.arange(0, BM)\n"
                   f"offs_d = tl.arange(0, {D})\nrow_ok = offs_m < {M}\n")
-    query_block = "bh = tl.program_id(1)\n" + decompose(False) + rows_start + \
-        f"_q = {load(plan.q, t2['q'])}"
+    row_block = "bh = tl.program_id(1)\n" + decompose(False) + rows_start   # a query block
+    query_block = row_block + f"_q = {load(plan.q, t2['q'])}"
     delta = (f"_o = {load(OUT, t2['q'], keep=False)}\n_do = {load(DO, t2['q'], keep=False)}\n"
              f"tl.store(DELTA + {rows_ptr}, tl.sum(tl.where(row_ok[:, None], _o * _do, 0.0), 1), "
              "mask=row_ok)")
@@ -255,8 +249,7 @@ def _tf_bwd_stats({args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constex
 @triton.jit
 def _tf_bwd_delta({args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
     pid = tl.program_id(0)
-    bh = tl.program_id(1)
-{_indent(decompose(False) + rows_start, 1)}
+{_indent(row_block, 1)}
     _lse = tl.load(FWD_LSE + {rows_ptr}, mask=row_ok, other=float('-inf'))
     # a row with no kept key: log-sum-exp −inf (or NaN) forward, +inf here (its P is 0)
     tl.store(LSE + {rows_ptr}, tl.where(_lse > float('-inf'), _lse * {LOG2E}, float('inf')),
@@ -310,16 +303,16 @@ def _tf_bwd_dq({args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr)
 def _tf_bwd_dkdv_dq({args}, BM: tl.constexpr, BN: tl.constexpr, BM2: tl.constexpr,
                     BN2: tl.constexpr, RANGES: tl.constexpr):
     # every key block first (the longer programs: a group's heads each), then the query blocks,
-    # which fill the SMs while the last key blocks finish; the first key blocks and the last
-    # query blocks (a causal mask's longest) first, head by head or{" (here)" if block_major else ""}
-    # block by block across the heads
+    # which fill the SMs while the last key blocks finish; head by head (its queries and output
+    # gradients shared in L2), the first key blocks and the last query blocks (a causal mask's
+    # longest) first
     t = tl.program_id(0)
     if t < {key_programs}:
-        _dkdv_block({dkdv_block}, {dkdv_bh}, {args}, BM, BN, RANGES)
+        _dkdv_block(t % {nk1}, t // {nk1}, {args}, BM, BN, RANGES)
     else:
         t = t - {key_programs}
-        _dq_block({nq2 - 1} - ({dq_block}), {dq_member}, {dq_bh}, {args}, BM2, BN2, True,
-                  RANGES)
+        _dq_block({nq2 - 1} - t % {nq2}, (t % {per_head}) // {nq2}, t // {per_head}, {args},
+                  BM2, BN2, True, RANGES)
 """
     return source
 
