@@ -1,0 +1,125 @@
+"""Probe: where the scaled RMSNorm row kernel (``x·rsqrt(mean x²)·w[j]·s[i]``, [16384, 8192]
+bf16) can still gain against torch.compile, which it ties (0.993–0.999×, RESULTS.md session 15).
+
+Hand-written Triton variants of the kernel ``tf.compile`` generates, each checked against
+float64, timed with ``tf.compile`` and torch.compile in alternating rounds (L2 flushed, median;
+and from CUDA graphs):
+
+- ``generated``: what ``tf.compile`` runs (its own call path);
+- ``hoisted``: the same kernel with the column operand ``w`` (and the row operand ``s``) loaded
+  before the row's reduction, so their L2 latency overlaps the row's loads;
+- ``rows2``: two rows per program, ``w`` loaded once for both;
+- ``warps8`` / ``warps32``: ``hoisted`` at 8 and 32 warps (16 is the default);
+- ``streaming``: ``hoisted`` storing with the ``.cs`` (evict-first) cache modifier.
+
+    python -m benchmarks.rows_rmsnorm_probe [--rounds 7] [--csv PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+import tensorfuse as tf
+from benchmarks.common import Row, bench, bench_graph, relative_error, write_csv
+from benchmarks.rows_operands import M, N, copy_at, scaled_rmsnorm
+
+
+@triton.jit
+def _rms_rows(x, w, s, out, N: tl.constexpr, ROWS: tl.constexpr, HOIST: tl.constexpr,
+              STREAM: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, N)
+    if HOIST:
+        wv = tl.load(w + cols[None, :]).to(tl.float32)
+        sv = tl.load(s + rows[:, None])
+    xv = tl.load(x + rows[:, None] * N + cols[None, :]).to(tl.float32)
+    ms = tl.sum(xv * xv, axis=1, keep_dims=True) * (1.0 / N)
+    if not HOIST:
+        sv = tl.load(s + rows[:, None])
+        wv = tl.load(w + cols[None, :]).to(tl.float32)
+    y = (xv * tl.rsqrt(ms + 1e-5) * wv * sv).to(tl.bfloat16)
+    if STREAM:
+        tl.store(out + rows[:, None] * N + cols[None, :], y, cache_modifier=".cs")
+    else:
+        tl.store(out + rows[:, None] * N + cols[None, :], y)
+
+
+def _variant(rows: int, hoist: bool, warps: int, stream: bool = False):
+    def run(x, w, s):
+        out = torch.empty_like(x)
+        _rms_rows[(M // rows,)](x, w, s, out, N=N, ROWS=rows, HOIST=hoist, STREAM=stream,
+                                num_warps=warps)
+        return out
+    return run
+
+
+def variants(x, w, s):
+    """name → callable(x, w, s) → output."""
+    f = tf.compile(scaled_rmsnorm, "cuda")
+    compiled = torch.compile(_reference)
+    return {"generated": f, "torch_compile": compiled,
+            "unhoisted": _variant(1, False, 16), "hoisted": _variant(1, True, 16),
+            "rows2": _variant(2, True, 16), "warps8": _variant(1, True, 8),
+            "warps32": _variant(1, True, 32), "streaming": _variant(1, True, 16, True)}
+
+
+def _reference(x, w, s):
+    return (F.rms_norm(x.float(), (N,), w.float(), 1e-5) * s[:, None]).to(torch.bfloat16)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--csv", default=None)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 3 + 1
+    w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    s = torch.rand(M, device="cuda") + 0.5
+    nbytes = 2 * M * N * 2 + 2 * N + 4 * M
+    same = copy_at(nbytes)
+    want = _reference(x.double(), w.double(), s.double())
+    impls = variants(x, w, s)
+    for name, fn in impls.items():
+        got = fn(x, w, s)
+        got.fill_(float("nan"))
+        got = fn(x, w, s)
+        err = relative_error(got, want)
+        assert err < 1e-2, (name, err)
+        print(f"{name:14s} err {err:.1e}")
+    times = {name: {"events": [], "graph": []} for name in impls}
+    for _ in range(args.rounds):
+        for name, fn in impls.items():
+            times[name]["events"].append(bench(lambda: fn(x, w, s), rep_ms=100))
+            times[name]["graph"].append(bench_graph(lambda: fn(x, w, s), rep_ms=100))
+    rows = []
+    ref = {k: statistics.median(times["torch_compile"][k]) for k in ("events", "graph")}
+    print(f"copy of the same bytes: {same:.3f} TB/s")
+    print(f"{'variant':14s} {'events ms':>10s} {'GB/s':>7s} {'x compile':>9s} "
+          f"{'graph ms':>9s} {'x compile':>9s}  per-round x compile (events)")
+    for name in impls:
+        ev, gr = (statistics.median(times[name][k]) for k in ("events", "graph"))
+        per_round = [c / t for t, c in zip(times[name]["events"], times["torch_compile"]["events"])]
+        print(f"{name:14s} {ev:10.4f} {nbytes / ev / 1e6:7.0f} {ref['events'] / ev:9.4f} "
+              f"{gr:9.4f} {ref['graph'] / gr:9.4f}  "
+              + " ".join(f"{r:.3f}" for r in per_round))
+        gbps = nbytes / ev / 1e6
+        rows.append(Row("rows/scaled_rmsnorm", f"{M}x{N} bf16", name, ev, 0.0, gbps,
+                        gbps / 1e3 / same,
+                        f"median of {args.rounds} alternated rounds; graph {gr:.4f} ms "
+                        f"({ref['graph'] / gr:.4f}x torch.compile); events "
+                        f"{ref['events'] / ev:.4f}x torch.compile; fraction: of a copy of the "
+                        f"same bytes ({same:.2f} TB/s)"))
+    if args.csv:
+        write_csv(rows, args.csv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
