@@ -10,7 +10,9 @@ and from CUDA graphs):
   before the row's reduction, so their L2 latency overlaps the row's loads;
 - ``rows2``: two rows per program, ``w`` loaded once for both;
 - ``warps8`` / ``warps32``: ``hoisted`` at 8 and 32 warps (16 is the default);
-- ``streaming``: ``hoisted`` storing with the ``.cs`` (evict-first) cache modifier.
+- ``streaming``: ``hoisted`` storing with the ``.cs`` (evict-first) cache modifier;
+- ``two_pass_<block>_<warps>w_<stages>s`` (``--two-pass K``): Inductor's shape of the kernel — a
+  looped first pass for the sum (``evict_last``), a second reading the row again from L2.
 
     python -m benchmarks.rows_rmsnorm_probe [--rounds 7] [--csv PATH]
 """
@@ -50,6 +52,36 @@ def _rms_rows(x, w, s, out, N: tl.constexpr, ROWS: tl.constexpr, HOIST: tl.const
         tl.store(out + rows[:, None] * N + cols[None, :], y)
 
 
+@triton.jit
+def _rms_two_pass(x, w, s, out, N: tl.constexpr, RB: tl.constexpr, STAGES: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, RB)
+    acc = tl.zeros([RB], tl.float32)
+    for start in tl.range(0, N, RB, num_stages=STAGES):
+        xv = tl.load(x + row * N + start + cols, eviction_policy="evict_last").to(tl.float32)
+        acc += xv * xv
+    r = tl.rsqrt(tl.sum(acc, axis=0) * (1.0 / N) + 1e-5) * tl.load(s + row)
+    for start in tl.range(0, N, RB, num_stages=STAGES):
+        xv = tl.load(x + row * N + start + cols, eviction_policy="evict_first").to(tl.float32)
+        wv = tl.load(w + start + cols, eviction_policy="evict_last").to(tl.float32)
+        tl.store(out + row * N + start + cols, (xv * r * wv).to(tl.bfloat16))
+
+
+def _two_pass(rb: int, warps: int, stages: int):
+    def run(x, w, s):
+        out = torch.empty_like(x)
+        _rms_two_pass[(M,)](x, w, s, out, N=N, RB=rb, STAGES=stages, num_warps=warps)
+        return out
+    return run
+
+
+def two_pass_grid():
+    """name → callable for the two-pass (Inductor-like) kernel's block × warps × stages."""
+    return {f"two_pass_{rb}_{warps}w_{stages}s": _two_pass(rb, warps, stages)
+            for rb in (1024, 2048, 4096) for warps in (4, 8, 16) for stages in (1, 2, 3)
+            if rb // (32 * warps) >= 2}
+
+
 def _variant(rows: int, hoist: bool, warps: int, stream: bool = False):
     def run(x, w, s):
         out = torch.empty_like(x)
@@ -77,6 +109,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--csv", default=None)
+    parser.add_argument("--two-pass", type=int, default=0, metavar="K",
+                        help="time the two-pass kernel's grid once, then its K fastest in rounds")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 3 + 1
@@ -86,6 +120,17 @@ def main(argv=None) -> int:
     same = copy_at(nbytes)
     want = _reference(x.double(), w.double(), s.double())
     impls = variants(x, w, s)
+    if args.two_pass:
+        grid = two_pass_grid()
+        quick = {}
+        for name, fn in grid.items():
+            err = relative_error(fn(x, w, s), want)
+            assert err < 1e-2, (name, err)
+            quick[name] = bench(lambda: fn(x, w, s), rep_ms=100)
+        base = bench(lambda: impls["torch_compile"](x, w, s), rep_ms=100)
+        for name in sorted(quick, key=quick.get):
+            print(f"{name:24s} {quick[name]:.4f} ms  {base / quick[name]:.4f}x torch.compile")
+        impls.update({name: grid[name] for name in sorted(quick, key=quick.get)[:args.two_pass]})
     for name, fn in impls.items():
         got = fn(x, w, s)
         got.fill_(float("nan"))

@@ -3,12 +3,15 @@
 warps before session 15 — for the row kernels that read more than the row
 (``benchmarks/rows_operands.py``) and the library's softmax, layernorm and RMSNorm.
 
-    python -m benchmarks.rows_sweep [--csv PATH] [--rounds 5] [--grid | --long]
+    python -m benchmarks.rows_sweep [--csv PATH] [--rounds 5] [--grid | --long | --stages |
+                                    --reload]
 
 Each variant is checked against float64, then all are timed alternately over ``rounds`` (median
 of each), beside torch.compile. ``--grid`` also times every (rows, block, warps, hints) of a small
 grid once for the norms; ``--long`` times rows wider than a block (2048 × 65536) with the
-template's eviction rule and without hints instead. GB/s count the bytes each kernel must move;
+template's eviction rule and without hints instead; ``--stages`` times rows swept in blocks with
+and without Triton's software pipeline over the blocks; ``--reload`` rows held in one block with
+their outputs computed from registers or from the row read again (``Knobs.reload``). GB/s count the bytes each kernel must move;
 read-only ceilings (a sum over 1 GiB, a sum and a row maximum over the rows' own matrix) are
 printed beside the copy's.
 """
@@ -58,7 +61,7 @@ def library_cases(m: int, n: int, names: tuple):
 
 def made(kernel, prefetch: bool = True, eviction: bool | None = None, **knobs):
     """The row template of ``kernel`` (its automatic fusion) with ``knobs`` (rows, block,
-    num_warps) where given, compiled now — with or without the early loads and L2 eviction hints
+    num_warps, num_stages, reload) where given, compiled now — with or without the early loads and L2 eviction hints
     (None: the template's rule), which code generation reads from ``rowtile``'s settings."""
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.schedule_templates.row_reduction import row_reduction
@@ -87,8 +90,8 @@ def _errors(got, want) -> float:
 
 def compare(case, shape: str, variants: dict, rounds: int, copy: float, log) -> list[Row]:
     """``case`` (``rows_operands.cases`` form) as each of ``variants`` (label → ``made``'s
-    arguments) checked against float64, then timed alternately over ``rounds`` (median of each),
-    beside torch.compile."""
+    arguments) checked against float64, then timed alternately with torch.compile over
+    ``rounds`` (median of each)."""
     name, kernel, args, torch_fn, nbytes = case
     want = torch_fn(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
                       else a for a in args))
@@ -99,20 +102,21 @@ def compare(case, shape: str, variants: dict, rounds: int, copy: float, log) -> 
         if err > 2e-2:
             log(f"  {name}: WRONG ({label}) err {err:.1e}")
         kernels[label] = f
+    compiled = torch.compile(torch_fn)
+    compiled(*args)
+    kernels["torch.compile"] = compiled
     times: dict = {label: [] for label in kernels}
     for _ in range(rounds):
         for label, f in kernels.items():
             times[label].append(bench(lambda: f(*args), rep_ms=100))
-    compiled = torch.compile(torch_fn)
-    compiled(*args)
-    times["torch.compile"] = [bench(lambda: compiled(*args))]
     rows, line = [], []
     for label, ts in times.items():
         ms = statistics.median(ts)
         gbps = nbytes / ms / 1e6
         rows.append(Row(f"rows_sweep/{name}", shape, label, ms, 0.0, gbps, gbps / 1e3 / copy,
                         f"{len(ts)} rounds"))
-        line.append(f"{label} {gbps:6.0f} GB/s ({gbps / 1e3 / copy:.1%})")
+        vs = statistics.median(times["torch.compile"]) / ms
+        line.append(f"{label} {gbps:6.0f} GB/s ({gbps / 1e3 / copy:.1%}, {vs:.4f}x compile)")
     log(f"{name} {shape:16s} " + " | ".join(line))
     return rows
 
@@ -121,6 +125,16 @@ VARIANTS = {"defaults": {}, "late loads": dict(prefetch=False),
             "no hints, 8 warps": dict(eviction=False, num_warps=8),   # the defaults before
             "hints": dict(eviction=True)}
 LONG_VARIANTS = {"defaults": {}, "no hints": dict(eviction=False)}
+# rows swept in blocks: Triton's software pipeline over the blocks (2 stages, the default where a
+# row takes several blocks) against none, with and without the eviction hints
+STAGE_VARIANTS = {"defaults": {},
+                  "4096 x 16w, 1 stage, hints": dict(block=4096, num_warps=16, num_stages=1,
+                                                     eviction=True),
+                  "4096 x 16w, 1 stage": dict(block=4096, num_warps=16, num_stages=1),
+                  "4096 x 16w, 2 stages, hints": dict(block=4096, num_warps=16, num_stages=2,
+                                                      eviction=True)}
+LONG_STAGE_VARIANTS = {"defaults": {}, "1 stage": dict(num_stages=1),
+                       "1 stage, no hints": dict(num_stages=1, eviction=False)}
 
 
 def run_long(rounds: int, log=print) -> list[Row]:
@@ -147,6 +161,44 @@ def read_ceilings(copy: float, log) -> list[Row]:
         rows.append(Row("rows_sweep/read_ceiling", what, "torch", ms, 0.0, gbps,
                         gbps / 1e3 / copy, "reads only"))
         log(f"read ceiling, {what}: {gbps:6.0f} GB/s ({gbps / 1e3 / copy:.1%} of copy)")
+    return rows
+
+
+RELOAD_VARIANTS = {"defaults": {}, "reload": dict(reload=True), "keep": dict(reload=False)}
+RELOAD_SHAPES = ((32768, 4096), (8192, 16384))
+
+
+def run_reload(rounds: int, log=print) -> list[Row]:
+    """Rows held in one block, their outputs computed from the registers (``keep``) or from the
+    row read again (``reload``): the kernels of ``rows_operands`` (but cross-entropy, whose
+    outputs are per row) at [16384, 8192], the library's row kernels there and at two more
+    shapes."""
+    copy = measure_ceilings()["copy_tbps"]
+    log(f"copy {copy:.2f} TB/s")
+    rows = []
+    library = ("softmax", "log_softmax", "layernorm", "rmsnorm")
+    for case in itertools.chain((c for c in cases() if c[0] != "cross_entropy"),
+                                library_cases(M, N, library)):
+        rows += compare(case, f"{M}x{N} bf16", RELOAD_VARIANTS, rounds, copy, log)
+    for m, n in RELOAD_SHAPES:
+        for case in library_cases(m, n, library):
+            rows += compare(case, f"{m}x{n} bf16", RELOAD_VARIANTS, rounds, copy, log)
+    return rows
+
+
+def run_stages(rounds: int, log=print) -> list[Row]:
+    """Rows swept in blocks with and without Triton's software pipeline: the kernels of
+    ``rows_operands`` and the library's norms and softmax at [16384, 8192] in two blocks of 4096,
+    and rows wider than a block (2048 × 65536) at their default blocks."""
+    copy = measure_ceilings()["copy_tbps"]
+    log(f"copy {copy:.2f} TB/s")
+    rows = []
+    for case in itertools.chain(cases(), library_cases(M, N, ("softmax", "layernorm",
+                                                              "rmsnorm"))):
+        rows += compare(case, f"{M}x{N} bf16", STAGE_VARIANTS, rounds, copy, log)
+    m, n = 2048, 65536
+    for case in library_cases(m, n, ("softmax", "layernorm", "cross_entropy")):
+        rows += compare(case, f"{m}x{n} bf16", LONG_STAGE_VARIANTS, rounds, copy, log)
     return rows
 
 
@@ -193,13 +245,18 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--long", action="store_true",
                         help="only the rows wider than a block, with and without eviction hints")
+    parser.add_argument("--reload", action="store_true",
+                        help="rows in one block: outputs from registers or the row read again")
+    parser.add_argument("--stages", action="store_true",
+                        help="rows swept in blocks with and without the software pipeline")
     parser.add_argument("--grid", action="store_true",
                         help=f"also time the knob grid for {', '.join(GRID_KERNELS)}")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("the row sweep needs an NVIDIA GPU", file=sys.stderr)
         return 2
-    rows = run_long(args.rounds) if args.long else run(args.rounds, args.grid)
+    rows = run_long(args.rounds) if args.long else run_stages(args.rounds) if args.stages \
+        else run_reload(args.rounds) if args.reload else run(args.rounds, args.grid)
     if args.csv:
         write_csv(rows, args.csv)
     return 0

@@ -160,7 +160,7 @@ class Schedule:
     def apply_template(self, name: str, **knobs) -> "Schedule":
         """Compile the fused chain with a GPU template: ``"attention"`` (``tile_m``, ``tile_n``,
         ``num_warps``, ``num_stages``) or ``"row_reduction"`` (``rows``, ``block``,
-        ``num_warps``), which generate Triton kernels; or ``"hopper_attention"`` (``block_n``,
+        ``num_warps``, ``num_stages``, ``reload``), which generate Triton kernels; or ``"hopper_attention"`` (``block_n``,
         ``stages``, ``consumers``, ``overlap``, ``pingpong``): softmax attention as warp-specialised
         CUDA C++ for sm_90a (TMA, wgmma, mbarriers); these need one rolling update first. Or
         ``"hopper_gemm"`` (``block_n``, ``stages``, ``cluster``, ``group_m``), on a fresh

@@ -18,6 +18,8 @@ from tvm.ir.utils import derived_object
 
 from .tasks import KNOB_ORDER, knobs_of
 
+FLAGS = ("reload", "overlap", "pingpong")   # knobs that are 0 or 1
+
 
 def knob_features(knobs: dict[str, int]) -> list[float]:
     """One row of features for one candidate."""
@@ -27,8 +29,10 @@ def knob_features(knobs: dict[str, int]) -> list[float]:
     block_m = values["block_m"] if "block_m" in knobs else 64.0 * values["consumers"]
     warps = values["num_warps"] if "num_warps" in knobs else 4.0 * (values["consumers"] + 1)
     stages = values["num_stages"] if "num_stages" in knobs else values["stages"]
-    return logs + [math.log2(block_m * block_n), math.log2(block_m * block_n / warps),
-                   stages * math.log2(block_n), math.log2(splits * block_m)]
+    # on/off knobs as they are (their logarithms would be 0 both ways)
+    flags = [float(knobs.get(name, 0)) for name in FLAGS]
+    return logs + flags + [math.log2(block_m * block_n), math.log2(block_m * block_n / warps),
+                           stages * math.log2(block_n), math.log2(splits * block_m)]
 
 
 @derived_object

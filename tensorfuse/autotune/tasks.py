@@ -27,7 +27,7 @@ from .scalars import (SCALARS_ATTR, check_scalars, keyed_scalars, plan_scalars, 
                       scalars_label)
 
 TASK_ATTR = "tensorfuse.task"
-KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits",   # Triton templates
+KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits", "reload",  # Triton
               "stages", "consumers", "overlap", "pingpong", "schedule")     # hopper_attention
 
 

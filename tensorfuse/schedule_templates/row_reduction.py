@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..algebra import plan_chain
 from ..targets import TargetSpec
 from ..targets.triton.kernel import TritonKernel, Tuned
+from ..targets.triton.rowtile import reloadable
 from .fusion import Fusion
 from .tile_plan import Knobs, RowTilePlan, TilePlanner
 
@@ -32,22 +33,27 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
                                           if b < default.block_n})
     rows = sorted({default.block_m} | {r for r in (1, 2, 4, 8) if r * default.block_n <= 16384})
     return {"block_m": tuple(rows), "block_n": tuple(blocks), "num_warps": (2, 4, 8, 16),
-            "num_stages": (1, 2, 3), "splits": (1,)}
+            "num_stages": (1, 2, 3), "splits": (1,),
+            "reload": (0, 1) if reloadable(plan) else (0,)}
 
 
 def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None = None,
                   block: int | None = None, num_warps: int | None = None,
+                  num_stages: int | None = None, reload: bool | None = None,
                   tuned: Tuned | None = None) -> TritonKernel:
     """A callable Triton kernel for ``kernel`` with ``fusion`` applied along its rows.
+    ``reload``: a row held in one block is read again (from L2) for the outputs instead of kept
+    in registers (``Knobs.reload``; ignored where the outputs do not run along the row).
     ``tuned``: the compile entry point's lookup of tuning records (used unless knobs are given)."""
     program = kernel.program if hasattr(kernel, "program") else kernel
     chain = plan_chain(program, fusion.names, fusion.axis)
 
     def knobs(plan: RowTilePlan) -> Knobs:
         k = default_knobs(plan, target)
-        return Knobs(rows or k.block_m, block or k.block_n, num_warps or k.num_warps, k.num_stages)
+        return Knobs(rows or k.block_m, block or k.block_n, num_warps or k.num_warps,
+                     num_stages or k.num_stages, reload=k.reload if reload is None else int(reload))
 
-    explicit = any(v is not None for v in (rows, block, num_warps))
+    explicit = any(v is not None for v in (rows, block, num_warps, num_stages, reload))
     return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"row-reduction template ({fusion.describe()})", fusion,
                         tuned=None if explicit else tuned)

@@ -3,6 +3,7 @@
 Triton decides at import whether to interpret, so this runs in its own process:
     TRITON_INTERPRET=1 python -m tests.schedule_templates.interpret_check NAME... SEED
 A name ``decode:KERNEL`` runs KERNEL with one query row through the split update;
+``reload:KERNEL`` a row kernel whose outputs read the row again (``reload=True``);
 ``offset:KERNEL:SPLITS`` runs a chain of ``offset_chains`` on data far from zero.
 """
 import json
@@ -46,7 +47,7 @@ def check_offset_chain(name: str, rng) -> float:
 def check(name: str, rng) -> float:
     if name.startswith("offset:"):
         return check_offset_chain(name, rng)
-    base = name.replace("decode:", "")
+    base = name.replace("decode:", "").replace("reload:", "")
     kernel = K.ALL[base]
     sch = tf.schedule(kernel, "cuda:sm_90a")
     sch.rolling_update(*CHAINS[base], axis="j")
@@ -57,7 +58,7 @@ def check(name: str, rng) -> float:
         sch.apply_template("attention", tile_m=16, tile_n=16)
         sizes = dict(B=1, H=2, HKV=1, M=37, N=70, D=16)
     else:
-        sch.apply_template("row_reduction")
+        sch.apply_template("row_reduction", reload=name.startswith("reload:"))
         sizes = dict(M=5, N=300, V=300)
     tensors, scalars = random_inputs(kernel, sizes, rng)
     as_torch = {n: torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)

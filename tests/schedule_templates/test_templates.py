@@ -17,6 +17,7 @@ triton = pytest.importorskip("triton", reason="the templates generate Triton ker
 ATTENTION = sorted(K.ATTENTION_VARIANTS)
 ROWS = sorted(K.ROW_KERNELS)
 DECODE = ["decode:causal_attention", "decode:gqa_attention", "decode:alibi_attention"]
+RELOAD = ["reload:softmax", "reload:layernorm", "reload:rmsnorm", "reload:log_softmax"]
 OFFSET = [f"offset:{name}:{splits}" for name in sorted(C.KERNELS) for splits in (1, C.SPLITS)]
 
 
@@ -40,7 +41,7 @@ def interpreted_errors():
     seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-m", "tests.schedule_templates.interpret_check",
-                           *ATTENTION, *ROWS, *DECODE, *OFFSET, str(seed)], capture_output=True, text=True,
+                           *ATTENTION, *ROWS, *DECODE, *RELOAD, *OFFSET, str(seed)], capture_output=True, text=True,
                           env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
                           timeout=900)
@@ -48,10 +49,11 @@ def interpreted_errors():
     return seed, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", ATTENTION + ROWS + DECODE)
+@pytest.mark.parametrize("name", ATTENTION + ROWS + DECODE + RELOAD)
 def test_generated_triton_kernel_matches_reference(name, interpreted_errors):
     seed, errors = interpreted_errors
-    tol = TOLERANCE[K.ALL[name.replace("decode:", "")].program.outputs[0].dtypes[0]]
+    base = name.replace("decode:", "").replace("reload:", "")
+    tol = TOLERANCE[K.ALL[base].program.outputs[0].dtypes[0]]
     assert errors[name] <= tol, f"{name}: error {errors[name]:.2e} (TENSORFUSE_SEED={seed})"
 
 
@@ -185,6 +187,24 @@ def test_row_template_eviction_hints(name, sizes, want):
     row = "logits" if name == "cross_entropy" else "x"
     hints = [re.search(r"eviction_policy='(\w+)'", line) for line in _loads(source, row)]
     assert [h.group(1) for h in hints if h] == want
+
+
+def test_row_template_reads_the_row_again_for_the_outputs_when_asked():
+    """``reload``: the row's first load keeps it in L2 (``evict_last``), the outputs read it
+    again from there (``evict_first``) instead of holding it in registers across the reductions;
+    kernels whose outputs are per row (cross-entropy) have nothing to reload."""
+    sizes = dict(M=512, N=8192)
+    source = template_kernel("rmsnorm", reload=True).source(**sizes)
+    hints = [re.search(r"eviction_policy='(\w+)'", line) for line in _loads(source, "x")]
+    assert [h.group(1) for h in hints if h] == ["evict_last", "evict_first"]
+    plain = template_kernel("rmsnorm", reload=False).source(**sizes)
+    assert len(_loads(plain, "x")) == 1
+    # a block narrower than the row: swept in blocks, the knob changes nothing
+    assert template_kernel("rmsnorm", reload=True, block=4096).source(**sizes) == \
+        template_kernel("rmsnorm", reload=False, block=4096).source(**sizes)
+    ce = dict(M=512, V=8192)
+    assert template_kernel("cross_entropy", reload=True).source(**ce) == \
+        template_kernel("cross_entropy").source(**ce)
 
 
 def test_row_template_uses_sixteen_warps_for_rows_of_8192_and_vectorised_loads():

@@ -101,6 +101,13 @@ def strides(param, sizes: dict) -> list[int]:
     return list(reversed(out))
 
 
+def fresh_memo(memo: dict) -> dict:
+    """An empty memo whose temporaries are numbered after ``memo``'s: values computed from here
+    on are computed again (a row read a second time), under names that stay unique in the
+    kernel (:func:`to_triton` numbers them by the memo's length)."""
+    return {("spent", key): name for key, name in memo.items()}
+
+
 def to_triton(e: Expr, ctx: TileContext) -> str:
     """Triton source computing ``e`` in ``ctx`` (floating values in f32 unless ``keep_dtype``).
     With ``ctx.emit``, each tile-valued load or operation is bound to a variable once and reused

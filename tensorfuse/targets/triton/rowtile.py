@@ -20,7 +20,7 @@ from ...algebra.schemes import EXTRAPOLATION
 from ...dsl.evaluate import evaluate_plain
 from ...dsl.expr import Axis, Expr, Load, Ref, Symbol, Where, walk
 from ...dsl.program import Compute
-from .expr import HELPERS, TL_DTYPES, TileContext, literal, to_triton
+from .expr import HELPERS, TL_DTYPES, TileContext, fresh_memo, literal, to_triton
 
 REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 MAX_FEATURE = 256  # head dims up to 256 fit a tile in registers
@@ -119,12 +119,15 @@ def kernel_source(plan, knobs, name: str,
     # rows wider than a block: swept once for the reductions, again for the outputs
     reads_twice = not reads_only and plan.mask is None and splits == 1 and N > knobs.block_n
     hinted = reads_only or reads_twice and not _column_operands(plan)
-    if (hinted if EVICTION is None else EVICTION) and not plan.locals and \
+    single = plan.mask is None and N <= knobs.block_n and splits == 1
+    reload = single and knobs.reload and reloadable(plan)
+    if reload or (hinted if EVICTION is None else EVICTION) and not plan.locals and \
             not any(sp.contraction for sp in plan.states):
         # a row reduction (no contraction): its rows stream through L2, kept there for a second
         # pass (switched to evict_first for that pass below)
         ctx_base.streaming = (frozenset({plan.row.uid} | {a.uid for a in plan.batch}),
-                              plan.col.uid, "evict_last" if reads_twice else "evict_first")
+                              plan.col.uid, "evict_last" if reads_twice or reload else
+                              "evict_first")
 
     row_index = "offs_m[:, None]"
 
@@ -314,7 +317,6 @@ def kernel_source(plan, knobs, name: str,
         w("seen = seen_next")
         return memo
 
-    single = plan.mask is None and N <= knobs.block_n and splits == 1
     chunk_memo: dict = {}
     rows_pad = math.ceil(M / knobs.block_m) * knobs.block_m
     per_split = math.ceil(math.ceil(N / knobs.block_n) / splits) * knobs.block_n
@@ -434,6 +436,9 @@ def kernel_source(plan, knobs, name: str,
     if single:  # the whole axis in one block: no loop, and outputs reuse the loaded values
         w("start_n = 0")
         chunk_memo = chunk_body(True, _output_operands(plan, ctx_rc()) if PREFETCH else ())
+        if reload:   # ... or read the row again, from L2, as they store it
+            chunk_memo = fresh_memo(chunk_memo)
+            ctx_base.streaming = ctx_base.streaming[:2] + ("evict_first",)
     elif plan.mask is None:
         w(f"for start_n in range(0, {N}, BLOCK_N):")
         with w.block():
@@ -461,6 +466,15 @@ def kernel_source(plan, knobs, name: str,
     finals = emit_finals(states, {d: f"ref_{d}" for d in needed}, {}, correct=not single)
     emit_outputs(finals)
     return _assemble([(name, args, w.lines)]), args
+
+
+def reloadable(plan) -> bool:
+    """Whether the outputs of ``plan`` can read the row again instead of keeping it: a row
+    reduction (no contraction on the tensor cores, no block mask) whose outputs run along the
+    row (a norm, a softmax)."""
+    return plan.mask is None and not plan.locals and \
+        not any(sp.contraction for sp in plan.states) and \
+        any(kind == "col" for _, _, kind in plan.outputs)
 
 
 def _column_operands(plan) -> bool:
