@@ -47,6 +47,7 @@ def library_cases(m: int, n: int, names: tuple):
     F = torch.nn.functional
     every = {
         "softmax": ((x,), lambda x: torch.softmax(x, -1), 4 * m * n),
+        "log_softmax": ((x,), lambda x: torch.log_softmax(x, -1), 4 * m * n),
         "layernorm": ((x, w, b, 1e-5),
                       lambda x, w, b, eps: F.layer_norm(x, (n,), w, b, eps), 4 * m * n),
         "rmsnorm": ((x, w, 1e-5), lambda x, w, eps: F.rms_norm(x, (n,), w, eps), 4 * m * n),
