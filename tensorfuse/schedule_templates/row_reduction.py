@@ -22,8 +22,13 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     # measured, kept at 8)
     widest = 16 if target.kind == "cuda" else 8
     warps = widest if block_n >= 8192 else 8 if block_n >= 4096 else 4 if block_n >= 1024 else 2
+    # a row in one block read again for the outputs: +0.3-1.4 % on the H100 for softmax, norms
+    # and rows with extra operands, layernorm over 16384 columns 74 -> 98 % of copy (the row no
+    # longer held in registers across the reductions; benchmarks/rows_sweep.py --reload,
+    # RESULTS.md session 24; ROCm: not measured, kept off)
+    reload = int(target.kind == "cuda" and cols <= block_n and reloadable(plan))
     return Knobs(block_m=rows_per_program, block_n=block_n, num_warps=warps,
-                 num_stages=1 if cols <= block_n else 2)
+                 num_stages=1 if cols <= block_n else 2, reload=reload)
 
 
 def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, ...]]:

@@ -175,8 +175,9 @@ def test_row_template_issues_per_row_operand_loads_before_the_reductions():
 @pytest.mark.parametrize("name, sizes, want", [
     # reads its rows only: they stream through L2 once
     ("cross_entropy", dict(M=512, V=8192), ["evict_first"]),
-    # each row read once and written: no hints (they cost ~1 % on the H100)
-    ("softmax", dict(M=512, N=8192), []),
+    # a row in one block read again for the outputs (the default on CUDA): kept in L2 by the
+    # first read, not by the second
+    ("softmax", dict(M=512, N=8192), ["evict_last", "evict_first"]),
     # rows wider than a block read twice: kept in L2 on the first pass, not on the second
     ("softmax", dict(M=64, N=65536), ["evict_last", "evict_first"]),
     # ... except beside column operands (measured slower)
@@ -189,10 +190,21 @@ def test_row_template_eviction_hints(name, sizes, want):
     assert [h.group(1) for h in hints if h] == want
 
 
-def test_row_template_reads_the_row_again_for_the_outputs_when_asked():
-    """``reload``: the row's first load keeps it in L2 (``evict_last``), the outputs read it
-    again from there (``evict_first``) instead of holding it in registers across the reductions;
-    kernels whose outputs are per row (cross-entropy) have nothing to reload."""
+def test_row_template_reads_the_row_again_for_the_outputs():
+    """``reload`` (the CUDA default for a row in one block): the row's first load keeps it in L2
+    (``evict_last``), the outputs read it again from there (``evict_first``) instead of holding it
+    in registers across the reductions; kernels whose outputs are per row (cross-entropy) have
+    nothing to reload; ROCm keeps the row (not measured there)."""
+    from tensorfuse.algebra import plan_chain
+    from tensorfuse.schedule_templates.row_reduction import default_knobs, knob_choices
+    from tensorfuse.schedule_templates.tile_plan import plan_rowtile
+    from tensorfuse.targets import get_target
+
+    program = K.rmsnorm.program
+    plan = plan_rowtile(program, plan_chain(program, CHAINS["rmsnorm"], "j"), dict(M=64, N=8192))
+    assert default_knobs(plan, get_target("cuda:sm_90a")).reload == 1
+    assert default_knobs(plan, get_target("rocm:gfx942")).reload == 0
+    assert knob_choices(plan, get_target("cuda:sm_90a"))["reload"] == (0, 1)
     sizes = dict(M=512, N=8192)
     source = template_kernel("rmsnorm", reload=True).source(**sizes)
     hints = [re.search(r"eviction_policy='(\w+)'", line) for line in _loads(source, "x")]
@@ -222,5 +234,5 @@ def test_row_template_uses_sixteen_warps_for_rows_of_8192_and_vectorised_loads()
     assert default_knobs(wide, spec).num_warps == 16
     assert default_knobs(narrow, spec).num_warps == 8
     ptx = tf.compile(K.softmax, target="cuda:sm_90a").for_sizes(M=64, N=8192).ptx(M=64, N=8192)
-    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", ptx) and re.search(r"st\.global(\.\w+)*\.v4",
+    assert re.search(r"ld\.global(\.[\w:]+)*\.v4\.b32", ptx) and re.search(r"st\.global(\.\w+)*\.v4",
                                                                        ptx)

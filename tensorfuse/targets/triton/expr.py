@@ -101,11 +101,12 @@ def strides(param, sizes: dict) -> list[int]:
     return list(reversed(out))
 
 
-def fresh_memo(memo: dict) -> dict:
-    """An empty memo whose temporaries are numbered after ``memo``'s: values computed from here
-    on are computed again (a row read a second time), under names that stay unique in the
-    kernel (:func:`to_triton` numbers them by the memo's length)."""
-    return {("spent", key): name for key, name in memo.items()}
+def fresh_memo(memo: dict, keep: frozenset = frozenset()) -> dict:
+    """A memo holding only ``memo``'s values of the expressions ``keep`` (by key), whose new
+    temporaries are numbered after ``memo``'s: the other values are computed again from here on
+    (a row read a second time), under names that stay unique in the kernel (:func:`to_triton`
+    numbers them by the memo's length)."""
+    return {key if key[0] in keep else ("spent", key): name for key, name in memo.items()}
 
 
 def to_triton(e: Expr, ctx: TileContext) -> str:

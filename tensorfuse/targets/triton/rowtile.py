@@ -435,9 +435,10 @@ def kernel_source(plan, knobs, name: str,
                           (f"{name}_merge", merge_args, w.lines)]), args, merge_args
     if single:  # the whole axis in one block: no loop, and outputs reuse the loaded values
         w("start_n = 0")
-        chunk_memo = chunk_body(True, _output_operands(plan, ctx_rc()) if PREFETCH else ())
-        if reload:   # ... or read the row again, from L2, as they store it
-            chunk_memo = fresh_memo(chunk_memo)
+        early = _output_operands(plan, ctx_rc()) if PREFETCH else ()
+        chunk_memo = chunk_body(True, early)
+        if reload:   # ... or read the row again, from L2, as they store it (but the early loads)
+            chunk_memo = fresh_memo(chunk_memo, frozenset(e.key() for e in early))
             ctx_base.streaming = ctx_base.streaming[:2] + ("evict_first",)
     elif plan.mask is None:
         w(f"for start_n in range(0, {N}, BLOCK_N):")
