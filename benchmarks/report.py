@@ -59,6 +59,19 @@ def plot(path: str, out: str, prefix: str = "attention/",
                ylabel)
 
 
+def plot_rows_sweep(path: str, out: str, impls: tuple = ("keep", "reload", "torch.compile")) -> None:
+    """``benchmarks.rows_sweep`` rows: the fraction of the copy ceiling per kernel and shape for
+    each implementation (``--reload``: the row kept in registers, read again, torch.compile)."""
+    rows = load(path)
+    groups = sorted({(r["benchmark"], r["shape"]) for r in rows})
+    _bar_chart(path, out, groups, list(impls),
+               lambda impl, g: float(next((r["fraction_of_ceiling"] for r in rows
+                                           if r["implementation"] == impl
+                                           and (r["benchmark"], r["shape"]) == g), 0.0)),
+               [f"{b.split('/')[1]}\n{s.split()[0]}" for b, s in groups],
+               "fraction of the copy ceiling", inches_per_group=0.9)
+
+
 def plot_gemm(path: str, out: str, impls: tuple = ("cublas", "torch.compile")) -> None:
     """GEMM TFLOP/s per shape and weight layout for cuBLAS, torch.compile and the tensorfuse
     rows (every implementation whose name starts with ``tensorfuse`` unless ``impls`` names
