@@ -69,20 +69,26 @@ def check(log=print) -> int:
             if case[3] == 1.0 or not knobs):
         if mask_mod == "document" and shape["M"] > shape["N"]:
             continue   # queries before the first key have no document (doc[b, negative])
-        for D in ((128, 64) if spread == 1.0 else (128,)):
+        # the scale goes into the exponent's FFMA when it is positive; a negative or zero one
+        # (legal, never 1/√d) takes the other path
+        factors = (1.0, -0.7, 0.0) if name in ("full", "causal") and spread == 1.0 and \
+            not knobs else (1.0,)
+        for D, factor in ((d, c) for d in ((128, 64) if spread == 1.0 else (128,))
+                          for c in factors):
             B, M, N = shape["B"], shape["M"], shape["N"]
             dtype = torch.float16 if name.endswith("f16") else torch.bfloat16
             hq_, hkv_ = (8, 2) if hq != hkv else (4, 4)
             q = (torch.randn(B, hq_, M, D, device="cuda") * spread).to(dtype)
             k = (torch.randn(B, hkv_, N, D, device="cuda") * spread).to(dtype)
             v = torch.randn(B, hkv_, N, D, device="cuda").to(dtype)
-            scale = 1.0 / math.sqrt(D)
+            scale = factor / math.sqrt(D)
             args, mm = dict(extra), mask_mod
             if mask_mod == "document":
                 doc = documents(B, N, torch.Generator().manual_seed(M))
                 args["doc"] = doc
                 mm = lambda b, h, qq, kv, doc=doc: doc[b, qq] == doc[b, kv]  # noqa: E731
-            label = f"{name} B{B} H{hq_}/{hkv_} M{M} N{N} D{D} x{spread:g}" + "".join(
+            label = f"{name} B{B} H{hq_}/{hkv_} M{M} N{N} D{D} x{spread:g}" + \
+                (f" scale {factor:g}/√D" if factor != 1.0 else "") + "".join(
                 f" {k}={x}" for k, x in knobs.items())
             try:
                 f = hopper(kernel, **knobs)

@@ -84,15 +84,17 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
 
 
 def _expressions(plan) -> tuple[str, str, str]:
-    """C++ for the score in base 2 (of ``qk``, ``b``, ``h``, ``i_``, ``j_``), the mask and the
-    once-per-CTA scale (``"1.0f"`` when not folded)."""
+    """C++ for the score before its scale (of ``qk``, ``b``, ``h``, ``i_``, ``j_``), the mask,
+    and the once-per-CTA factor ``scale2`` that takes the score to base 2 (the program's scale
+    times log2 e where the plan folded it, else log2 e), which the softmax applies in the
+    exponent's FFMA."""
     chain = plan.chain
     axes = {name: {"b": "b", "h": "h", "0": "i_", "j": "j_"}[role]
             for name, role in chain.score_axes}
     loads = {t: f"t_{t}" for t, _ in plan.tensors}
     if plan.scale is not None:
         scale = f"({to_cuda(plan.scale, {}, 'the scale', axes=axes, loads=loads)} * TF_LOG2E)"
-        score = "(qk * scale2)"
+        score = "qk"
     else:
         scale = "TF_LOG2E"
         offsets = {name: {"i_": "di_", "j_": "dj_"}[v] for name, v in axes.items()
@@ -101,7 +103,7 @@ def _expressions(plan) -> tuple[str, str, str]:
         converted = converted_indices(plan.score, offsets, at_base, {}, loads)
         written = to_cuda(plan.score, {chain.dot: "qk"}, "the score", axes, loads=loads,
                           written=converted)
-        score = f"({written} * scale2)"
+        score = f"({written})"
     mask = "true" if plan.mask is None else to_cuda(plan.mask, {}, "the mask", axes, loads=loads)
     return score, mask, scale
 
@@ -193,7 +195,8 @@ __device__ __forceinline__ unsigned long long vmajor_desc(unsigned tile, int ks)
   return tf_smem_desc_sw128_at(tile + ks * 16 * 128, BN * 128, 1024);
 }}
 
-// S (log2 units) of one key block: the program's score on the fragment, masked where `masked`.
+// S of one key block: the program's score on the fragment before its base-2 factor `scale2`
+// (applied by softmax_block), masked (−∞) where `MASKED`.
 // Fragment register r of warp w, lane l: row 16w + l/4 + 8·((r%4)/2),
 // column 8·(r/4) + 2·(l%4) + r%2.
 template <bool MASKED>
@@ -213,12 +216,22 @@ __device__ __forceinline__ void score_block(float (&s)[BN / 2], int row_lo, int 
 }}
 
 // Online softmax of one block in base 2: new row maxima (two rows per thread), the correction of
-// the old state, P = 2^(S - m) in place, the thread's share of the row sums.
+// the old state, P = 2^(S·scale2 - m) in place, the thread's share of the row sums. With a
+// positive factor the largest score times it is the largest base-2 score, and each element costs
+// one FFMA and one ex2 (FlashAttention-3's fold); any other factor (never 1/√d) scales first.
 __device__ __forceinline__ void softmax_block(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
-                                              float (&corr)[2]) {{
-  float mx[2] = {{m[0], m[1]}};
+                                              float (&corr)[2], float scale2) {{
+  float k = scale2;
+  if (!(scale2 > 0.0f)) {{
+    #pragma unroll
+    for (int r = 0; r < BN / 2; ++r) s[r] = s[r] == -INFINITY ? -INFINITY : s[r] * scale2;
+    k = 1.0f;
+  }}
+  float mx[2] = {{s[0], s[2]}};
   #pragma unroll
   for (int r = 0; r < BN / 2; ++r) mx[(r % 4) / 2] = fmaxf(mx[(r % 4) / 2], s[r]);
+  #pragma unroll
+  for (int x = 0; x < 2; ++x) mx[x] = fmaxf(m[x], mx[x] * k);
   #pragma unroll
   for (int x = 0; x < 2; ++x) {{
     mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
@@ -231,7 +244,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[BN / 2], float (&m)[2],
   }}
   #pragma unroll
   for (int r = 0; r < BN / 2; ++r) {{
-    s[r] = tf_exp2(s[r] - mx[(r % 4) / 2]);
+    s[r] = tf_exp2(fmaf(s[r], k, -mx[(r % 4) / 2]));
     l[(r % 4) / 2] += s[r];
   }}
 }}
@@ -425,7 +438,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       score_block<true>(s, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);               \
     else                                                                                      \
       score_block<false>(s, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);              \
-    softmax_block(s, m, l, corr);                                                             \
+    softmax_block(s, m, l, corr, scale2);                                                     \
   }}
   // block `it`'s q·kᵀ has landed: after the tile's last one the query tile may be reloaded
 #define S_LANDED(it)                                                                        \

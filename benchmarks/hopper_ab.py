@@ -1,0 +1,99 @@
+"""Time the Hopper attention kernels this checkout generates against those another revision of
+the emitter generates (``targets/cuda/hopper_attention.py`` of that revision, given as a file),
+alternating in one process: same plan, knobs, schedule, launches and inputs — only the CUDA
+source differs. cuDNN (SDPA) is timed in the same rounds where it runs the variant.
+
+    python -m benchmarks.hopper_ab --other OLD_EMITTER.py [--only full,causal] [--sizes 4096]
+                                   [--rounds 5] [--csv PATH]
+
+Both kernels are checked against float64 first (``benchmarks.attention.checked``).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+
+import torch
+
+from benchmarks.attention import checked, make_case, variants
+from benchmarks.common import bench, write_csv
+from benchmarks.hopper_attention import hopper
+
+
+def load_emitter(path: str):
+    """The emitter module in ``path``, imported inside ``tensorfuse.targets.cuda`` (its relative
+    imports resolve there) under a name of its own."""
+    spec = importlib.util.spec_from_file_location("tensorfuse.targets.cuda._other_emitter", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def with_other_source(f, emitter, D: int) -> None:
+    """Rewrite every launch ``f`` has made (head dim ``D``) with ``emitter``'s source, rebuilt on
+    the next call."""
+    for launches in f._launches.values():
+        launches.source = emitter.hopper_attention_source(
+            launches.plan, launches.knobs, D, launches.plan.mask is not None)
+        launches.module = None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--other", required=True, help="the other revision's emitter file")
+    parser.add_argument("--only", default=None)
+    parser.add_argument("--sizes", default="4096")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--csv", default=None)
+    args = parser.parse_args(argv)
+    emitter = load_emitter(args.other)
+    names = args.only.split(",") if args.only else None
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    print(f"{'variant':16s} {'S':>6s} {'this':>8s} {'other':>8s} {'ratio':>7s}  cuDNN  (TFLOP/s)")
+    for S in (int(s) for s in args.sizes.split(",")):
+        for name, spec in variants(S).items():
+            if names and name not in names:
+                continue
+            case = make_case(name, spec, S, gen, check_rows=64)
+            q, k, v, scale, extra = case.q, case.k, case.v, case.scale, case.args
+            impls = {}
+            for label in ("this", "other"):
+                f = hopper(spec[0])
+                f(q, k, v, scale=scale, **extra)   # makes the launches (this revision's source)
+                if label == "other":
+                    with_other_source(f, emitter, q.shape[-1])
+                made = checked(case, label, lambda f=f: f(q, k, v, scale=scale, **extra))
+                if made:
+                    impls[label] = lambda f=f: f(q, k, v, scale=scale, **extra)
+            if case.sdpa is not None:
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return torch.nn.functional.scaled_dot_product_attention(
+                            q, k, v, scale=scale, **case.sdpa)
+                if checked(case, "sdpa_cudnn", cudnn):
+                    impls["sdpa_cudnn"] = cudnn
+            times = {label: [] for label in impls}
+            for _ in range(args.rounds):
+                for label, fn in impls.items():
+                    times[label].append(bench(fn, rep_ms=100))
+            ms = {label: statistics.median(t) for label, t in times.items()}
+            tflops = {label: case.flops / t / 1e9 for label, t in ms.items()}
+            ratio = ms["other"] / ms["this"] if "this" in ms and "other" in ms else float("nan")
+            print(f"{name:16s} {S:6d} {tflops.get('this', 0):8.1f} {tflops.get('other', 0):8.1f} "
+                  f"{ratio:7.3f}  {tflops.get('sdpa_cudnn', 0):5.0f}", flush=True)
+            for label, t in ms.items():
+                rows.append(case.row(label, t, f"median of {args.rounds} alternated rounds; "
+                                     f"this/other speed ratio {ratio:.3f}", 716.0))
+            torch.cuda.empty_cache()
+    if args.csv:
+        write_csv(rows, args.csv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
