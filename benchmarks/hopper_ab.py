@@ -4,7 +4,7 @@ alternating in one process: same plan, knobs, schedule, launches and inputs — 
 source differs. cuDNN (SDPA) is timed in the same rounds where it runs the variant.
 
     python -m benchmarks.hopper_ab --other OLD_EMITTER.py [--only full,causal] [--sizes 4096]
-                                   [--rounds 5] [--csv PATH]
+                                   [--rounds 5] [--also block_n=176] [--csv PATH]
 
 Both kernels are checked against float64 first (``benchmarks.attention.checked``).
 """
@@ -47,12 +47,17 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="4096")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--csv", default=None)
+    parser.add_argument("--also", default=None, metavar="KNOB=VALUE,...",
+                        help="also time this revision with these knobs (unmasked variants)")
     args = parser.parse_args(argv)
     emitter = load_emitter(args.other)
     names = args.only.split(",") if args.only else None
+    also = {k: int(v) for k, v in (kv.split("=") for kv in args.also.split(","))} \
+        if args.also else None
     gen = torch.Generator().manual_seed(0)
     rows = []
-    print(f"{'variant':16s} {'S':>6s} {'this':>8s} {'other':>8s} {'ratio':>7s}  cuDNN  (TFLOP/s)")
+    print(f"{'variant':16s} {'S':>6s} {'this':>8s} {'other':>8s} {'ratio':>7s}  cuDNN  "
+          f"{'also':>6s} (TFLOP/s)")
     for S in (int(s) for s in args.sizes.split(",")):
         for name, spec in variants(S).items():
             if names and name not in names:
@@ -60,8 +65,11 @@ def main(argv=None) -> int:
             case = make_case(name, spec, S, gen, check_rows=64)
             q, k, v, scale, extra = case.q, case.k, case.v, case.scale, case.args
             impls = {}
-            for label in ("this", "other"):
-                f = hopper(spec[0])
+            labels = [("this", {}), ("other", {})]
+            if also and case.mask_mod is None:
+                labels.append(("this " + ",".join(f"{k}={v}" for k, v in also.items()), also))
+            for label, knobs in labels:
+                f = hopper(spec[0], **knobs)
                 f(q, k, v, scale=scale, **extra)   # makes the launches (this revision's source)
                 if label == "other":
                     with_other_source(f, emitter, q.shape[-1])
@@ -84,8 +92,10 @@ def main(argv=None) -> int:
             ms = {label: statistics.median(t) for label, t in times.items()}
             tflops = {label: case.flops / t / 1e9 for label, t in ms.items()}
             ratio = ms["other"] / ms["this"] if "this" in ms and "other" in ms else float("nan")
+            extra_tflops = next((t for label, t in tflops.items() if label.startswith("this ")), 0)
             print(f"{name:16s} {S:6d} {tflops.get('this', 0):8.1f} {tflops.get('other', 0):8.1f} "
-                  f"{ratio:7.3f}  {tflops.get('sdpa_cudnn', 0):5.0f}", flush=True)
+                  f"{ratio:7.3f}  {tflops.get('sdpa_cudnn', 0):5.0f} {extra_tflops:6.1f}",
+                  flush=True)
             for label, t in ms.items():
                 rows.append(case.row(label, t, f"median of {args.rounds} alternated rounds; "
                                      f"this/other speed ratio {ratio:.3f}", 716.0))
