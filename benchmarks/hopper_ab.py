@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--csv", default=None)
     parser.add_argument("--also", default=None, metavar="KNOB=VALUE,...",
-                        help="also time this revision with these knobs (unmasked variants)")
+                        help="also time this revision with these knobs")
     args = parser.parse_args(argv)
     emitter = load_emitter(args.other)
     names = args.only.split(",") if args.only else None
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
             q, k, v, scale, extra = case.q, case.k, case.v, case.scale, case.args
             impls = {}
             labels = [("this", {}), ("other", {})]
-            if also and case.mask_mod is None:
+            if also:
                 labels.append(("this " + ",".join(f"{k}={v}" for k, v in also.items()), also))
             for label, knobs in labels:
                 f = hopper(spec[0], **knobs)

@@ -165,10 +165,16 @@ def shared_bytes(knobs: HopperKnobs, D: int) -> int:
 
 def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict) -> HopperKnobs:
     """128 query rows (two consumer warpgroups) and 128-key blocks in two slots for head dims up
-    to 128; 64-key blocks for 256 (the value accumulator alone takes 128 registers per thread)."""
+    to 128; 64-key blocks for 256 (the value accumulator alone takes 128 registers per thread).
+    Without a mask at head dim 128, 176-key blocks: fewer block boundaries (each a softmax
+    correction and an O rescale) for the same registers — +1.7 to +3.3 % on the H100 at
+    S = 4096 and 16384 (RESULTS.md, sessions 12 and 24); masked variants keep 128 (their block
+    lists are cut at the query blocks' 128 rows)."""
     D = sizes[plan.chain.dims[5]]
     if D > 128:
         return HopperKnobs(block_n=64, stages=2)
+    if D == 128 and plan.mask is None:
+        return HopperKnobs(block_n=176)
     return HopperKnobs()
 
 
