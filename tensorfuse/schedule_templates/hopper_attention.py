@@ -101,7 +101,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
     def layout(dims: dict, scalars: dict | None = None) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
         found = tuned(dims, scalars) if tuned is not None and not given else None
-        knobs = with_knobs(plan, dims, found[0] if found else given)
+        knobs = with_knobs(plan, dims, found[0] if found else given, scalars)
         check_hopper(plan, knobs, dims, target.max_shared_memory)
         source = hopper_attention_source(plan, knobs, D, plan.mask is not None)
         smem = shared_bytes(knobs, D)

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..algebra.exprs import nodes
-from ..dsl.expr import Binary, Const, Expr, Load, Ref, Where
+from ..dsl.expr import Binary, Const, Expr, Load, Ref, Scalar, Where
 from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
@@ -174,8 +174,45 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict) -> HopperKnobs:
     if D > 128:
         return HopperKnobs(block_n=64, stages=2)
     if D == 128 and plan.mask is None:
-        return HopperKnobs(block_n=176)
+        return HopperKnobs(block_n=WIDE_BLOCK_N)
     return HopperKnobs()
+
+
+# A key block's cost beyond its keys' products, in keys (the softmax correction, the O rescale,
+# the barriers): fitted to the H100's block_n 128 → 176 changes (RESULTS.md, session 24), which
+# this model predicts within a point for causal at S = 4096 and 16384 and the sliding window.
+BLOCK_OVERHEAD_KEYS = 18.6
+WIDE_BLOCK_N = 176
+SM90_SHARED = 227 * 1024   # dynamic shared memory a CTA may have on sm_90
+SAMPLED_ROW_BLOCKS = 8
+
+
+def masked_block_n(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None,
+                   block_m: int = 128) -> int:
+    """Keys per block for a mask of indices and scalars at head dim 128: 176 where the mask's
+    block schedule — sampled on a few row blocks — costs less in blocks of 176 than of 128
+    (blocks visited × (keys + :data:`BLOCK_OVERHEAD_KEYS`)), else 128. A mask that leaves long
+    runs of whole blocks (causal at long sequences) gains from the wider blocks; one whose blocks
+    are mostly cut (a sliding window, a neighbourhood) visits more keys in them. Masks reading
+    tensors (document ids: the lists change per call) and masks whose scalars are not known at
+    this point keep 128."""
+    from .block_schedule import block_lists
+
+    b, h, i, j = plan.chain.axes
+    needed = {x.name for x in nodes(plan.mask) if isinstance(x, Scalar)}
+    if plan.tensors or not needed <= set(scalars or {}):
+        return 128
+    M = sizes[plan.chain.dims[3]]
+    rows = math.ceil(M / block_m)
+    sample = sorted({round(k * (rows - 1) / max(1, SAMPLED_ROW_BLOCKS - 1))
+                     for k in range(min(rows, SAMPLED_ROW_BLOCKS))})
+    cost = {}
+    for block_n in (128, WIDE_BLOCK_N):
+        partial, full = block_lists(plan.mask, [b, h], i, j, sizes, {}, dict(scalars or {}),
+                                    block_m, block_n, "cpu", row_blocks=sample)
+        visited = int((partial | full).sum())
+        cost[block_n] = visited * (block_n + BLOCK_OVERHEAD_KEYS)
+    return WIDE_BLOCK_N if cost[WIDE_BLOCK_N] < cost[128] else 128
 
 
 def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
@@ -239,14 +276,24 @@ def _schedule_name(value) -> str:
     raise _refuse(f"schedule={value!r}: one of {', '.join(SCHEDULES)} (or its index)")
 
 
-def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict) -> HopperKnobs:
-    """The defaults with the user's ``given`` knobs."""
+def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict,
+               scalars: dict | None = None) -> HopperKnobs:
+    """The defaults with the user's ``given`` knobs. A masked plan at head dim 128 takes its
+    keys per block from the mask (:func:`masked_block_n`, at the call's ``scalars``) unless
+    ``given`` says."""
     unknown = set(given) - set(KNOBS)
     if unknown:
         raise _refuse(f"no knob {', '.join(sorted(unknown))}; knobs: {', '.join(KNOBS)}")
     given = {n: bool(v) if n in ("overlap", "pingpong") else _schedule_name(v)
              if n == "schedule" else int(v) for n, v in given.items()}
-    return replace(default_hopper_knobs(plan, sizes), **given)
+    knobs = replace(default_hopper_knobs(plan, sizes), **given)
+    D = sizes[plan.chain.dims[5]]
+    if plan.mask is not None and "block_n" not in given and D == 128:
+        wide = replace(knobs, block_n=WIDE_BLOCK_N)
+        if shared_bytes(wide, D) <= SM90_SHARED and \
+                masked_block_n(plan, sizes, scalars, knobs.block_m) == WIDE_BLOCK_N:
+            knobs = wide
+    return knobs
 
 
 def schedule_for(knobs: HopperKnobs, tiles: int, sms: int) -> tuple[str, int]:

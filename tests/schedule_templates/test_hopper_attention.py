@@ -148,6 +148,21 @@ def test_head_dims_knobs_and_f16(D, knobs):
     assert_consumers_do_not_spill(compiled.source(**sizes))
 
 
+@pytest.mark.parametrize("name, S, scalars, want", [
+    ("causal_attention", 16384, {}, 176), ("gqa_causal_attention", 16384, {}, 176),
+    ("causal_attention", 4096, {}, 128),       # a tie at this length: the narrower blocks
+    ("sliding_window_attention", 16384, {"window": 1024}, 128),   # its blocks are mostly cut
+    ("sliding_window_attention", 16384, {}, 128),                 # the window not known
+    ("document_attention", 16384, {}, 128)])                      # lists that change per call
+def test_masked_plans_take_wide_blocks_where_their_schedule_is_cheaper(name, S, scalars, want):
+    from tensorfuse.schedule_templates.hopper_attention_plan import masked_block_n
+
+    sizes = sizes_for(name, M=S, N=S)
+    assert masked_block_n(plan_of(K.ALL[name]), sizes, scalars) == want
+    assert with_knobs(plan_of(K.ALL[name]), sizes, {}, scalars).block_n == want
+    assert with_knobs(plan_of(K.ALL[name]), sizes, {"block_n": 64}, scalars).block_n == 64
+
+
 @needs_nvcc
 def test_every_schedule_runs_one_cubin():
     """How CTAs take tiles is a launch argument: the source is the same for every schedule, and
@@ -191,8 +206,9 @@ def test_bad_schedules_are_refused():
 
 
 def test_one_source_serves_every_sequence_length():
-    """Sizes are kernel arguments: the same source for other batch, head and sequence sizes."""
-    compiled = hopper(K.causal_attention)
+    """Sizes are kernel arguments: the same source for other batch, head and sequence sizes
+    (at the same knobs: a masked plan's default block size depends on its sizes)."""
+    compiled = hopper(K.causal_attention, block_n=128)
     assert compiled.source(**PREFILL) == compiled.source(B=1, H=8, M=4096, N=333, D=128)
     assert compiled.source(**PREFILL) != compiled.source(**{**PREFILL, "D": 64})
 

@@ -46,6 +46,8 @@ masked give 0/0 (NaN), as the unfused program does.
 """
 from __future__ import annotations
 
+from ...algebra.exprs import nodes
+from ...dsl.expr import Load
 from .dsm import HELPERS as DSM_HELPERS
 from .expr import (converted_indices, forwarded, scalar_arguments, size_aliases,
                    tensor_arguments, to_cuda)
@@ -104,8 +106,18 @@ def _expressions(plan) -> tuple[str, str, str]:
         written = to_cuda(plan.score, {chain.dot: "qk"}, "the score", axes, loads=loads,
                           written=converted)
         score = f"({written})"
-    mask = "true" if plan.mask is None else to_cuda(plan.mask, {}, "the mask", axes, loads=loads)
+    if plan.mask is None:
+        mask = "true"
+    elif _reads_tensors(plan.mask):   # indices clamped into the tensors: loads unconditional
+        clamped = {name: {"i_": "ic_", "j_": "jc_"}.get(v, v) for name, v in axes.items()}
+        mask = to_cuda(plan.mask, {}, "the mask", clamped, loads=loads)
+    else:
+        mask = to_cuda(plan.mask, {}, "the mask", axes, loads=loads)
     return score, mask, scale
+
+
+def _reads_tensors(e) -> bool:
+    return any(isinstance(n, Load) for n in nodes(e))
 
 
 def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
@@ -129,6 +141,14 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
     # what the score and mask may read: tensors, sizes, scalars
     extra_params, extra_args = forwarded(args[9:])
     score, mask, scale = _expressions(plan)
+    if plan.mask is not None and _reads_tensors(plan.mask):
+        # a mask reading tensors (document ids) at indices clamped into them, and evaluated for
+        # every element — not behind `j_ < N_`, which kept the compiler from sharing the loads
+        # of one row's or one column's ids between the fragment's elements
+        masked = (f"    const int ic_ = min(i_, M_ - 1), jc_ = min(j_, N_ - 1);\n"
+                  f"    if (MASKED) v = ((j_ < N_) & ({mask})) ? v : -INFINITY;")
+    else:
+        masked = f"    if (MASKED) v = (j_ < N_ && ({mask})) ? v : -INFINITY;"
     sizes = size_aliases(zip(chain.dims, ("B_", "H_", "HKV_", "M_", "N_", "D_")))
     return f"""{header}#include <math.h>
 {DSM_HELPERS}
@@ -210,7 +230,7 @@ __device__ __forceinline__ void score_block(float (&s)[BN / 2], int row_lo, int 
     const int j_ = j0_ + dj_;
     const float qk = s[r];
     float v = {score};
-    if (MASKED) v = (j_ < N_ && ({mask})) ? v : -INFINITY;
+{masked}
     s[r] = v;
   }}
 }}
