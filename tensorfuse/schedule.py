@@ -160,8 +160,9 @@ class Schedule:
     def apply_template(self, name: str, **knobs) -> "Schedule":
         """Compile the fused chain with a GPU template: ``"attention"`` (``tile_m``, ``tile_n``,
         ``num_warps``, ``num_stages``) or ``"row_reduction"`` (``rows``, ``block``,
-        ``num_warps``, ``num_stages``, ``reload``), which generate Triton kernels; or ``"hopper_attention"`` (``block_n``,
-        ``stages``, ``consumers``, ``overlap``, ``pingpong``): softmax attention as warp-specialised
+        ``num_warps``, ``num_stages``, ``reload``), which generate Triton kernels; or
+        ``"hopper_attention"`` (``block_n``, ``stages``, ``consumers``, ``overlap``,
+        ``pingpong``, ``schedule``, ``ctas``): softmax attention as warp-specialised
         CUDA C++ for sm_90a (TMA, wgmma, mbarriers); these need one rolling update first. Or
         ``"hopper_gemm"`` (``block_n``, ``stages``, ``cluster``, ``group_m``), on a fresh
         schedule: one or two sums of products sharing their rows operand (a GEMM, a linear

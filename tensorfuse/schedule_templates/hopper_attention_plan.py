@@ -168,8 +168,8 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict) -> HopperKnobs:
     to 128; 64-key blocks for 256 (the value accumulator alone takes 128 registers per thread).
     Without a mask at head dim 128, 176-key blocks: fewer block boundaries (each a softmax
     correction and an O rescale) for the same registers — +1.7 to +3.3 % on the H100 at
-    S = 4096 and 16384 (RESULTS.md, sessions 12 and 24); masked variants keep 128 (their block
-    lists are cut at the query blocks' 128 rows)."""
+    S = 4096 and 16384 (RESULTS.md, sessions 12 and 24); a masked plan's block size follows from
+    its mask (:func:`with_knobs`, :func:`masked_block_n`)."""
     D = sizes[plan.chain.dims[5]]
     if D > 128:
         return HopperKnobs(block_n=64, stages=2)
