@@ -54,7 +54,7 @@ def hopper(kernel, **knobs):
 CHECK_SHAPES = [dict(B=2, M=333, N=333), dict(B=1, M=200, N=517), dict(B=1, M=700, N=300)]
 # the template's own choice, and the persistent schedules on few CTAs (many tiles each)
 CHECK_SCHEDULES = [dict(), dict(schedule="dynamic", ctas=3), dict(schedule="snake", ctas=5),
-                   dict(block_n=176)]   # what masked_block_n picks for long causal rows
+                   dict(block_n=176)]   # what wide_blocks_pay picks for long causal rows
 
 
 def check(log=print) -> int:

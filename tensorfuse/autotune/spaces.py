@@ -90,7 +90,12 @@ class HopperAttentionSpace:
     def defaults(self) -> dict[str, int]:
         from ..schedule_templates.hopper_attention_plan import SCHEDULES, default_hopper_knobs
 
-        knobs = default_hopper_knobs(self.plan, self.task.dims)
+        from .tasks import plan_values
+
+        # what tf.compile runs untuned (the block size may follow from the mask's scalars)
+        values = plan_values(self.task.kernel.program, self.task.template, self.task.dims,
+                             self.task.scalars)
+        knobs = default_hopper_knobs(self.plan, self.task.dims, values)
         return {n: SCHEDULES.index(v) if n == "schedule" else int(v)
                 for n, v in asdict(knobs).items() if n != "ctas"}
 

@@ -163,17 +163,18 @@ def shared_bytes(knobs: HopperKnobs, D: int) -> int:
     return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 8 + 1024
 
 
-def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict) -> HopperKnobs:
+def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict,
+                         scalars: dict | None = None) -> HopperKnobs:
     """128 query rows (two consumer warpgroups) and 128-key blocks in two slots for head dims up
     to 128; 64-key blocks for 256 (the value accumulator alone takes 128 registers per thread).
-    Without a mask at head dim 128, 176-key blocks: fewer block boundaries (each a softmax
-    correction and an O rescale) for the same registers — +1.7 to +3.3 % on the H100 at
-    S = 4096 and 16384 (RESULTS.md, sessions 12 and 24); a masked plan's block size follows from
-    its mask (:func:`with_knobs`, :func:`masked_block_n`)."""
+    At head dim 128, 176-key blocks where they pay (:func:`wide_blocks_pay`, the mask's
+    ``scalars`` where it has some): fewer block boundaries (each a softmax correction and an O
+    rescale) for the same registers — without a mask +1.7 to +3.3 % on the H100 at S = 4096 and
+    16384 (RESULTS.md, sessions 12 and 24)."""
     D = sizes[plan.chain.dims[5]]
     if D > 128:
         return HopperKnobs(block_n=64, stages=2)
-    if D == 128 and plan.mask is None:
+    if D == 128 and wide_blocks_pay(plan, sizes, scalars):
         return HopperKnobs(block_n=WIDE_BLOCK_N)
     return HopperKnobs()
 
@@ -187,32 +188,32 @@ SM90_SHARED = 227 * 1024   # dynamic shared memory a CTA may have on sm_90
 SAMPLED_ROW_BLOCKS = 8
 
 
-def masked_block_n(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None,
-                   block_m: int = 128) -> int:
-    """Keys per block for a mask of indices and scalars at head dim 128: 176 where the mask's
-    block schedule — sampled on a few row blocks — costs less in blocks of 176 than of 128
-    (blocks visited × (keys + :data:`BLOCK_OVERHEAD_KEYS`)), else 128. A mask that leaves long
-    runs of whole blocks (causal at long sequences) gains from the wider blocks; one whose blocks
-    are mostly cut (a sliding window, a neighbourhood) visits more keys in them. Masks reading
-    tensors (document ids: the lists change per call) and masks whose scalars are not known at
-    this point keep 128."""
+def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None) -> bool:
+    """Whether 176-key blocks cost less than 128-key ones: always without a mask; with a mask of
+    indices and scalars, where its block schedule — sampled on a few row blocks of the default
+    128 rows — costs less that way (blocks visited × (keys + :data:`BLOCK_OVERHEAD_KEYS`)). A
+    mask that leaves long runs of whole blocks (causal at long sequences) gains from the wider
+    blocks; one whose blocks are mostly cut (a sliding window, a neighbourhood) visits more keys
+    in them. Masks reading tensors (document ids: the lists change per call) and masks whose
+    scalars are not known here keep the narrower blocks."""
     from .block_schedule import block_lists
 
-    b, h, i, j = plan.chain.axes
+    if plan.mask is None:
+        return True
     needed = {x.name for x in nodes(plan.mask) if isinstance(x, Scalar)}
     if plan.tensors or not needed <= set(scalars or {}):
-        return 128
-    M = sizes[plan.chain.dims[3]]
-    rows = math.ceil(M / block_m)
+        return False
+    b, h, i, j = plan.chain.axes
+    block_m, narrow = HopperKnobs().block_m, HopperKnobs().block_n
+    rows = math.ceil(sizes[plan.chain.dims[3]] / block_m)
     sample = sorted({round(k * (rows - 1) / max(1, SAMPLED_ROW_BLOCKS - 1))
                      for k in range(min(rows, SAMPLED_ROW_BLOCKS))})
     cost = {}
-    for block_n in (128, WIDE_BLOCK_N):
+    for block_n in (narrow, WIDE_BLOCK_N):
         partial, full = block_lists(plan.mask, [b, h], i, j, sizes, {}, dict(scalars or {}),
                                     block_m, block_n, "cpu", row_blocks=sample)
-        visited = int((partial | full).sum())
-        cost[block_n] = visited * (block_n + BLOCK_OVERHEAD_KEYS)
-    return WIDE_BLOCK_N if cost[WIDE_BLOCK_N] < cost[128] else 128
+        cost[block_n] = int((partial | full).sum()) * (block_n + BLOCK_OVERHEAD_KEYS)
+    return cost[WIDE_BLOCK_N] < cost[narrow]
 
 
 def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
@@ -278,21 +279,18 @@ def _schedule_name(value) -> str:
 
 def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict,
                scalars: dict | None = None) -> HopperKnobs:
-    """The defaults with the user's ``given`` knobs. A masked plan at head dim 128 takes its
-    keys per block from the mask (:func:`masked_block_n`, at the call's ``scalars``) unless
-    ``given`` says."""
+    """The defaults (at the call's ``scalars``) with the user's ``given`` knobs; a default of
+    wide key blocks that the given knobs leave no shared memory for (``stages=3``) is narrowed
+    back."""
     unknown = set(given) - set(KNOBS)
     if unknown:
         raise _refuse(f"no knob {', '.join(sorted(unknown))}; knobs: {', '.join(KNOBS)}")
     given = {n: bool(v) if n in ("overlap", "pingpong") else _schedule_name(v)
              if n == "schedule" else int(v) for n, v in given.items()}
-    knobs = replace(default_hopper_knobs(plan, sizes), **given)
-    D = sizes[plan.chain.dims[5]]
-    if plan.mask is not None and "block_n" not in given and D == 128:
-        wide = replace(knobs, block_n=WIDE_BLOCK_N)
-        if shared_bytes(wide, D) <= SM90_SHARED and \
-                masked_block_n(plan, sizes, scalars, knobs.block_m) == WIDE_BLOCK_N:
-            knobs = wide
+    knobs = replace(default_hopper_knobs(plan, sizes, scalars), **given)
+    if "block_n" not in given and knobs.block_n == WIDE_BLOCK_N and \
+            shared_bytes(knobs, sizes[plan.chain.dims[5]]) > SM90_SHARED:
+        knobs = replace(knobs, block_n=HopperKnobs().block_n)
     return knobs
 
 

@@ -155,12 +155,24 @@ def test_head_dims_knobs_and_f16(D, knobs):
     ("sliding_window_attention", 16384, {}, 128),                 # the window not known
     ("document_attention", 16384, {}, 128)])                      # lists that change per call
 def test_masked_plans_take_wide_blocks_where_their_schedule_is_cheaper(name, S, scalars, want):
-    from tensorfuse.schedule_templates.hopper_attention_plan import masked_block_n
-
     sizes = sizes_for(name, M=S, N=S)
-    assert masked_block_n(plan_of(K.ALL[name]), sizes, scalars) == want
     assert with_knobs(plan_of(K.ALL[name]), sizes, {}, scalars).block_n == want
     assert with_knobs(plan_of(K.ALL[name]), sizes, {"block_n": 64}, scalars).block_n == 64
+
+
+@pytest.mark.parametrize("name", ["attention", "causal_attention"])
+def test_wide_default_blocks_give_way_to_given_stages(name):
+    """Three ring slots of 176-key blocks do not fit sm_90's shared memory: a default of wide
+    blocks narrows back instead of refusing the knob the user gave (``block_n`` given: refused)."""
+    sizes = sizes_for(name, M=16384, N=16384)
+    assert with_knobs(plan_of(K.ALL[name]), sizes, {}).block_n == 176
+    knobs = with_knobs(plan_of(K.ALL[name]), sizes, {"stages": 3})
+    assert (knobs.block_n, knobs.stages) == (128, 3)
+    check_hopper(plan_of(K.ALL[name]), knobs, sizes, H100_SHARED)
+    with pytest.raises(ScheduleError, match="shared memory"):
+        check_hopper(plan_of(K.ALL[name]),
+                     with_knobs(plan_of(K.ALL[name]), sizes, {"stages": 3, "block_n": 176}),
+                     sizes, H100_SHARED)
 
 
 @needs_nvcc
