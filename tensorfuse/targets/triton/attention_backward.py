@@ -366,10 +366,10 @@ class AttentionBackwardKernels:
         ranges = 0
         if plan.mask is not None:
             lists = []
-            for transposed, (partial, full) in ((False, (1, 2)), (True, (4, 8))):
+            for transposed, counts in ((False, ("PN", "FN")), (True, ("TPN", "TFN"))):
                 made, consecutive = plan.block_lists(knobs, tensors, scalars, transposed)
                 lists += made
-                ranges |= (partial if consecutive[0] else 0) | (full if consecutive[1] else 0)
+                ranges |= sum(RANGE_BITS[c] for c, yes in zip(counts, consecutive) if yes)
         else:
             lists = [lse2] * len(LISTS)   # not read
         others = [tensors[p.name].contiguous() for p in plan.program.tensor_params
