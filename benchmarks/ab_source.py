@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from benchmarks.common import bench
+from benchmarks.common import alternated
 
 
 def main(argv=None) -> int:
@@ -56,10 +56,8 @@ def main(argv=None) -> int:
     extra.update(next(v[1] for v in variants(4096).values() if v[0] is kernel))
     outs = [f(q, *kv, **extra) for f in made]
     err = float((outs[0].float() - outs[1].float()).abs().max())
-    times: list[list[float]] = [[], []]
-    for _ in range(args.rounds):
-        for k, f in enumerate(made):
-            times[k].append(bench(lambda f=f: f(q, *kv, **extra)))
+    times = list(alternated({k: (lambda f=f: f(q, *kv, **extra)) for k, f in enumerate(made)},
+                            args.rounds, rep_ms=200).values())
     now, other = (statistics.median(t) for t in times)
     print(f"{args.kernel}: this checkout {now:.4f} ms, {args.other} {other:.4f} ms, "
           f"ratio {now / other:.4f} (max |difference| of the outputs {err:.2e})")

@@ -172,10 +172,22 @@ def compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+def sdpa_call(case: Case, backend):
+    """The case through ``torch.nn.functional.scaled_dot_product_attention`` on ``backend`` (an
+    ``SDPBackend``), as a callable (the case must have SDPA arguments)."""
+    from torch.nn.attention import sdpa_kernel
+
+    def run():
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(
+                case.q, case.k, case.v, scale=case.scale, **case.sdpa)
+    return run
+
+
 def baselines(case: Case, flex, log=print) -> dict:
     """FlexAttention (``flex``: flex_attention under torch.compile) with the case's block mask, and
     SDPA's cuDNN and FlashAttention backends where the variant is expressible: label → (ms, note)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
     from torch.nn.attention.flex_attention import create_block_mask
 
     q, k, v, scale = case.q, case.k, case.v, case.scale
@@ -198,12 +210,7 @@ def baselines(case: Case, flex, log=print) -> dict:
                            (SDPBackend.FLASH_ATTENTION, "sdpa_flash")):
         if case.sdpa is None:
             break
-
-        def run_sdpa(backend=backend):
-            with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale,
-                                                                        **case.sdpa)
-        made = checked(case, label, run_sdpa, log)
+        made = checked(case, label, sdpa_call(case, backend), log)
         if made:
             found[label] = made
     return found

@@ -37,6 +37,17 @@ def bench_graph(fn, rep_ms: int = 200) -> float:
     return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
 
 
+def alternated(calls: dict, rounds: int, timing=bench, rep_ms: int = 100) -> dict:
+    """``calls`` (label → callable) timed by ``timing`` once per round, taking turns over
+    ``rounds`` rounds, so that drift of the GPU's clocks over a run hits every label alike:
+    label → the rounds' milliseconds."""
+    times: dict = {label: [] for label in calls}
+    for _ in range(rounds):
+        for label, fn in calls.items():
+            times[label].append(timing(fn, rep_ms=rep_ms))
+    return times
+
+
 def measure_ceilings() -> dict:
     """The device's copy bandwidth (bytes read + written) and bf16 GEMM rate, measured now."""
     n = 1 << 30

@@ -17,8 +17,8 @@ import sys
 
 import torch
 
-from benchmarks.attention import checked, make_case, variants
-from benchmarks.common import bench, write_csv
+from benchmarks.attention import checked, make_case, sdpa_call, variants
+from benchmarks.common import alternated, write_csv
 from benchmarks.hopper_attention import hopper
 
 
@@ -77,18 +77,12 @@ def main(argv=None) -> int:
                 if made:
                     impls[label] = lambda f=f: f(q, k, v, scale=scale, **extra)
             if case.sdpa is not None:
-                from torch.nn.attention import SDPBackend, sdpa_kernel
+                from torch.nn.attention import SDPBackend
 
-                def cudnn():
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        return torch.nn.functional.scaled_dot_product_attention(
-                            q, k, v, scale=scale, **case.sdpa)
+                cudnn = sdpa_call(case, SDPBackend.CUDNN_ATTENTION)
                 if checked(case, "sdpa_cudnn", cudnn):
                     impls["sdpa_cudnn"] = cudnn
-            times = {label: [] for label in impls}
-            for _ in range(args.rounds):
-                for label, fn in impls.items():
-                    times[label].append(bench(fn, rep_ms=100))
+            times = alternated(impls, args.rounds)
             ms = {label: statistics.median(t) for label, t in times.items()}
             tflops = {label: case.flops / t / 1e9 for label, t in ms.items()}
             ratio = ms["other"] / ms["this"] if "this" in ms and "other" in ms else float("nan")

@@ -59,7 +59,8 @@ def plot(path: str, out: str, prefix: str = "attention/",
                ylabel)
 
 
-def plot_rows_sweep(path: str, out: str, impls: tuple = ("keep", "reload", "torch.compile")) -> None:
+def plot_rows_sweep(path: str, out: str,
+                    impls: tuple = ("keep", "reload", "torch.compile")) -> None:
     """``benchmarks.rows_sweep`` rows: the fraction of the copy ceiling per kernel and shape for
     each implementation (``--reload``: the row kept in registers, read again, torch.compile)."""
     rows = load(path)

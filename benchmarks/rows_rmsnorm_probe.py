@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 import tensorfuse as tf
-from benchmarks.common import Row, bench, bench_graph, relative_error, write_csv
+from benchmarks.common import Row, alternated, bench, bench_graph, relative_error, write_csv
 from benchmarks.rows_operands import M, N, copy_at, scaled_rmsnorm
 
 
@@ -138,11 +138,9 @@ def main(argv=None) -> int:
         err = relative_error(got, want)
         assert err < 1e-2, (name, err)
         print(f"{name:14s} err {err:.1e}")
-    times = {name: {"events": [], "graph": []} for name in impls}
-    for _ in range(args.rounds):
-        for name, fn in impls.items():
-            times[name]["events"].append(bench(lambda: fn(x, w, s), rep_ms=100))
-            times[name]["graph"].append(bench_graph(lambda: fn(x, w, s), rep_ms=100))
+    calls = {name: (lambda fn=fn: fn(x, w, s)) for name, fn in impls.items()}
+    events, graph = (alternated(calls, args.rounds, timing) for timing in (bench, bench_graph))
+    times = {name: {"events": events[name], "graph": graph[name]} for name in impls}
     rows = []
     ref = {k: statistics.median(times["torch_compile"][k]) for k in ("events", "graph")}
     print(f"copy of the same bytes: {same:.3f} TB/s")

@@ -11,8 +11,8 @@ of each), beside torch.compile. ``--grid`` also times every (rows, block, warps,
 grid once for the norms; ``--long`` times rows wider than a block (2048 × 65536) with the
 template's eviction rule and without hints instead; ``--stages`` times rows swept in blocks with
 and without Triton's software pipeline over the blocks; ``--reload`` rows held in one block with
-their outputs computed from registers or from the row read again (``Knobs.reload``). GB/s count the bytes each kernel must move;
-read-only ceilings (a sum over 1 GiB, a sum and a row maximum over the rows' own matrix) are
+their outputs computed from registers or from the row read again (``Knobs.reload``). GB/s count
+the bytes each kernel must move; read-only ceilings (a sum over 1 GiB, a sum and a row maximum over the rows' own matrix) are
 printed beside the copy's.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from benchmarks.common import Row, bench, measure_ceilings, relative_error, write_csv
+from benchmarks.common import Row, alternated, bench, measure_ceilings, relative_error, write_csv
 from benchmarks.rows_operands import M, N, cases
 
 # rows per block, columns per block (below 8192: two passes over each row), warps, and the
@@ -62,8 +62,9 @@ def library_cases(m: int, n: int, names: tuple):
 
 def made(kernel, prefetch: bool = True, eviction: bool | None = None, **knobs):
     """The row template of ``kernel`` (its automatic fusion) with ``knobs`` (rows, block,
-    num_warps, num_stages, reload) where given, compiled now — with or without the early loads and L2 eviction hints
-    (None: the template's rule), which code generation reads from ``rowtile``'s settings."""
+    num_warps, num_stages, reload) where given, compiled now — with or without the early loads
+    and L2 eviction hints (None: the template's rule), which code generation reads from
+    ``rowtile``'s settings."""
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.schedule_templates.row_reduction import row_reduction
     from tensorfuse.targets import get_target
@@ -106,10 +107,7 @@ def compare(case, shape: str, variants: dict, rounds: int, copy: float, log) -> 
     compiled = torch.compile(torch_fn)
     compiled(*args)
     kernels["torch.compile"] = compiled
-    times: dict = {label: [] for label in kernels}
-    for _ in range(rounds):
-        for label, f in kernels.items():
-            times[label].append(bench(lambda: f(*args), rep_ms=100))
+    times = alternated({label: (lambda f=f: f(*args)) for label, f in kernels.items()}, rounds)
     rows, line = [], []
     for label, ts in times.items():
         ms = statistics.median(ts)
