@@ -86,10 +86,10 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
 
 
 def _expressions(plan) -> tuple[str, str, str]:
-    """C++ for the score before its scale (of ``qk``, ``b``, ``h``, ``i_``, ``j_``), the mask,
-    and the once-per-CTA factor ``scale2`` that takes the score to base 2 (the program's scale
-    times log2 e where the plan folded it, else log2 e), which the softmax applies in the
-    exponent's FFMA."""
+    """C++ for the score before its scale (of ``qk``, ``b``, ``h``, ``i_``, ``j_``), the
+    statement masking it (``v``) in a partial block, and the once-per-CTA factor ``scale2`` that
+    takes the score to base 2 (the program's scale times log2 e where the plan folded it, else
+    log2 e), which the softmax applies in the exponent's FFMA."""
     chain = plan.chain
     axes = {name: {"b": "b", "h": "h", "0": "i_", "j": "j_"}[role]
             for name, role in chain.score_axes}
@@ -106,18 +106,19 @@ def _expressions(plan) -> tuple[str, str, str]:
         written = to_cuda(plan.score, {chain.dot: "qk"}, "the score", axes, loads=loads,
                           written=converted)
         score = f"({written})"
-    if plan.mask is None:
-        mask = "true"
-    elif _reads_tensors(plan.mask):   # indices clamped into the tensors: loads unconditional
+    if plan.mask is not None and any(isinstance(n, Load) for n in nodes(plan.mask)):
+        # a mask reading tensors (document ids) at indices clamped into them, and evaluated for
+        # every element — not behind `j_ < N_`, which kept the compiler from sharing the loads
+        # of one row's or one column's ids between the fragment's elements
         clamped = {name: {"i_": "ic_", "j_": "jc_"}.get(v, v) for name, v in axes.items()}
         mask = to_cuda(plan.mask, {}, "the mask", clamped, loads=loads)
+        masked = (f"    const int ic_ = min(i_, M_ - 1), jc_ = min(j_, N_ - 1);\n"
+                  f"    if (MASKED) v = ((j_ < N_) & ({mask})) ? v : -INFINITY;")
     else:
-        mask = to_cuda(plan.mask, {}, "the mask", axes, loads=loads)
-    return score, mask, scale
-
-
-def _reads_tensors(e) -> bool:
-    return any(isinstance(n, Load) for n in nodes(e))
+        mask = "true" if plan.mask is None else to_cuda(plan.mask, {}, "the mask", axes,
+                                                         loads=loads)
+        masked = f"    if (MASKED) v = (j_ < N_ && ({mask})) ? v : -INFINITY;"
+    return score, masked, scale
 
 
 def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
@@ -140,15 +141,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
     params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
     # what the score and mask may read: tensors, sizes, scalars
     extra_params, extra_args = forwarded(args[9:])
-    score, mask, scale = _expressions(plan)
-    if plan.mask is not None and _reads_tensors(plan.mask):
-        # a mask reading tensors (document ids) at indices clamped into them, and evaluated for
-        # every element — not behind `j_ < N_`, which kept the compiler from sharing the loads
-        # of one row's or one column's ids between the fragment's elements
-        masked = (f"    const int ic_ = min(i_, M_ - 1), jc_ = min(j_, N_ - 1);\n"
-                  f"    if (MASKED) v = ((j_ < N_) & ({mask})) ? v : -INFINITY;")
-    else:
-        masked = f"    if (MASKED) v = (j_ < N_ && ({mask})) ? v : -INFINITY;"
+    score, masked, scale = _expressions(plan)
     sizes = size_aliases(zip(chain.dims, ("B_", "H_", "HKV_", "M_", "N_", "D_")))
     return f"""{header}#include <math.h>
 {DSM_HELPERS}
