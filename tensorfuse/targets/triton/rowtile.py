@@ -121,8 +121,8 @@ def kernel_source(plan, knobs, name: str,
     hinted = reads_only or reads_twice and not _column_operands(plan)
     single = plan.mask is None and N <= knobs.block_n and splits == 1
     reload = single and knobs.reload and reloadable(plan)
-    if reload or (hinted if EVICTION is None else EVICTION) and not plan.locals and \
-            not any(sp.contraction for sp in plan.states):
+    if reload or ((hinted if EVICTION is None else EVICTION) and not plan.locals and
+                  not any(sp.contraction for sp in plan.states)):
         # a row reduction (no contraction): its rows stream through L2, kept there for a second
         # pass (switched to evict_first for that pass below)
         ctx_base.streaming = (frozenset({plan.row.uid} | {a.uid for a in plan.batch}),
