@@ -163,18 +163,19 @@ def shared_bytes(knobs: HopperKnobs, D: int) -> int:
     return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 8 + 1024
 
 
-def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict,
-                         scalars: dict | None = None) -> HopperKnobs:
+def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None = None,
+                         choose_block: bool = True) -> HopperKnobs:
     """128 query rows (two consumer warpgroups) and 128-key blocks in two slots for head dims up
     to 128; 64-key blocks for 256 (the value accumulator alone takes 128 registers per thread).
     At head dim 128, 176-key blocks where they pay (:func:`wide_blocks_pay`, the mask's
     ``scalars`` where it has some): fewer block boundaries (each a softmax correction and an O
     rescale) for the same registers — without a mask +1.7 to +3.3 % on the H100 at S = 4096 and
-    16384 (RESULTS.md, sessions 12 and 24)."""
+    16384 (RESULTS.md, sessions 12 and 24). ``choose_block=False``: the block size is given
+    (the mask's schedule is not sampled)."""
     D = sizes[plan.chain.dims[5]]
     if D > 128:
         return HopperKnobs(block_n=64, stages=2)
-    if D == 128 and wide_blocks_pay(plan, sizes, scalars):
+    if D == 128 and choose_block and wide_blocks_pay(plan, sizes, scalars):
         return HopperKnobs(block_n=WIDE_BLOCK_N)
     return HopperKnobs()
 
@@ -287,7 +288,7 @@ def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict,
         raise _refuse(f"no knob {', '.join(sorted(unknown))}; knobs: {', '.join(KNOBS)}")
     given = {n: bool(v) if n in ("overlap", "pingpong") else _schedule_name(v)
              if n == "schedule" else int(v) for n, v in given.items()}
-    knobs = replace(default_hopper_knobs(plan, sizes, scalars), **given)
+    knobs = replace(default_hopper_knobs(plan, sizes, scalars, "block_n" not in given), **given)
     if "block_n" not in given and knobs.block_n == WIDE_BLOCK_N and \
             shared_bytes(knobs, sizes[plan.chain.dims[5]]) > SM90_SHARED:
         knobs = replace(knobs, block_n=HopperKnobs().block_n)
