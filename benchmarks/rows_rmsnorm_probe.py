@@ -91,7 +91,7 @@ def _variant(rows: int, hoist: bool, warps: int, stream: bool = False):
     return run
 
 
-def variants(x, w, s):
+def variants():
     """name → callable(x, w, s) → output."""
     f = tf.compile(scaled_rmsnorm, "cuda")
     compiled = torch.compile(_reference)
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     nbytes = 2 * M * N * 2 + 2 * N + 4 * M
     same = copy_at(nbytes)
     want = _reference(x.double(), w.double(), s.double())
-    impls = variants(x, w, s)
+    impls = variants()
     if args.two_pass:
         grid = two_pass_grid()
         quick = {}
