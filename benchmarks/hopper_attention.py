@@ -46,6 +46,18 @@ def causal_attention_f16(q: T.Tensor["B", "H", "M", "D", "f16"],
     return softmax_attend(T.where(key_position(i) >= j, s, -T.inf), v[b, h, j, e], j)
 
 
+@tf.kernel
+def table_bias_attention(q: T.Tensor["B", "H", "M", "D", "bf16"],
+                         k: T.Tensor["B", "H", "N", "D", "bf16"],
+                         v: T.Tensor["B", "H", "N", "D", "bf16"],
+                         table: T.Tensor["H", "R", "bf16"], scale: T.f32):
+    """A learned relative-position bias per head (T5-style, a table of 2N − 1 entries): the score
+    reads a tensor whose index leaves it at the padding keys of a ragged last block."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = scores(q, k, b, h, h, i, j, d, scale) + table[h, key_position(i) - j + T.size("N") - 1]
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
 def hopper(kernel, **knobs):
     sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
     return sch.apply_template("hopper_attention", **knobs).compile()
@@ -65,6 +77,8 @@ def check(log=print) -> int:
              for shape in CHECK_SHAPES for spread in (1.0, 4.0)]
     f16 = (causal_attention_f16, {}, None, lambda b, h, q, kv: q >= kv, None, 4, 4)
     cases += [("causal_f16", f16, CHECK_SHAPES[1], 1.0), ("causal_f16", f16, CHECK_SHAPES[0], 4.0)]
+    table = (table_bias_attention, {}, "table", None, None, 4, 4)
+    cases += [("table_bias", table, shape, 1.0) for shape in CHECK_SHAPES[:2]]
     for name, (kernel, extra, score_mod, mask_mod, _, hq, hkv), shape, spread, knobs in (
             case + (knobs,) for case in cases for knobs in CHECK_SCHEDULES
             if case[3] == 1.0 or not knobs):
@@ -83,7 +97,11 @@ def check(log=print) -> int:
             k = (torch.randn(B, hkv_, N, D, device="cuda") * spread).to(dtype)
             v = torch.randn(B, hkv_, N, D, device="cuda").to(dtype)
             scale = factor / math.sqrt(D)
-            args, mm = dict(extra), mask_mod
+            args, mm, sm = dict(extra), mask_mod, score_mod
+            if score_mod == "table":   # a bias per head and relative position, 2N − 1 of them
+                args["table"] = torch.randn(hq_, 2 * N - 1, device="cuda").to(dtype)
+                sm = lambda s, b, h, qq, kv, t=args["table"]: \
+                    s + t.double()[h, qq - kv + N - 1]  # noqa: E731
             if mask_mod == "document":
                 doc = documents(B, N, torch.Generator().manual_seed(M))
                 args["doc"] = doc
@@ -93,7 +111,7 @@ def check(log=print) -> int:
                 f" {k}={x}" for k, x in knobs.items())
             try:
                 f = hopper(kernel, **knobs)
-                ref = reference(q, k, v, scale, score_mod, mm)
+                ref = reference(q, k, v, scale, sm, mm)
                 rows_ok = ~torch.isnan(ref).any(-1)   # rows with no visible key are NaN in both
                 err, nan_match = 0.0, True
                 for _ in range(2):   # twice: the dynamic schedule's counters reset themselves

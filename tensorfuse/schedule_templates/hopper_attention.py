@@ -134,7 +134,8 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
             module[ENTRY](pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
                           pointer(out), pointer(lse), pointer(pn), pointer(pi), pointer(fn),
                           pointer(fi),
-                          pointer(claimed), MODES[now], *tensors, B, H, HKV, M, N, *scalars,
+                          pointer(claimed), MODES[now], *tensors, B, H, HKV, M, N,
+                          *(dims[d] for d in plan.extra_sizes), *scalars,
                           *grid, knobs.threads, 1, smem)
 
         persistent = (" (or the snake, where the block lists' costs favour it)"

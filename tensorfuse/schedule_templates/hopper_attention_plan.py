@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..algebra.exprs import nodes
-from ..dsl.expr import Binary, Const, Expr, Load, Ref, Scalar, Where
+from ..dsl.expr import Binary, Const, DimSize, Expr, Load, Ref, Scalar, Where
 from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
@@ -97,6 +97,8 @@ class HopperAttentionPlan:
     mask: Expr | None         # a condition on indices (and integer tensors): blocks are sorted
     scale: Expr | None        # score == dot · scale with scale the same for every element
     tensors: tuple[tuple[str, str], ...]  # (name, dtype) of tensors the score or mask read
+    # sizes the score or mask reads besides the chain's (a bias table's length): kernel arguments
+    extra_sizes: tuple[str, ...] = ()
 
     @property
     def dtype(self) -> str:
@@ -147,7 +149,11 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
     used = [score] + ([mask] if mask is not None else [])
     tensors = sorted({(n.param.name, n.param.dtype) for e in used for n in nodes(e)
                       if isinstance(n, Load)})
-    plan = HopperAttentionPlan(chain, score, mask, scale, tuple(tensors))
+    extra = sorted({d for e in used for n in nodes(e)
+                    for d in (n.param.dims if isinstance(n, Load) else
+                              (n.name,) if isinstance(n, DimSize) else ())
+                    if isinstance(d, str) and d not in chain.dims})
+    plan = HopperAttentionPlan(chain, score, mask, scale, tuple(tensors), tuple(extra))
     for e, what in ((score, "the score"), (mask, "the mask")):   # refused now if not writable
         if e is not None:
             to_cuda(e, {chain.dot: "qk"}, what, axes=dict(chain.score_axes),

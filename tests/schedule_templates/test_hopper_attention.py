@@ -314,6 +314,24 @@ def test_index_terms_used_as_floats_are_converted_once_per_fragment():
     assert converted_indices(plain.score, offsets, base, {}, {}) == {}
 
 
+@needs_nvcc
+def test_a_score_reading_a_table_gets_its_size_and_stays_inside_it():
+    """A bias table ``table[h, i − j + N − 1]`` of its own length R: R is a kernel argument (the
+    source used an undefined ``TF_SIZE_R`` and did not compile), and the index is clamped into
+    the table — the kernel evaluates the score at the padding keys of a ragged last block, where
+    ``i − j + N − 1`` is negative (masked afterwards, but it was read)."""
+    from benchmarks.hopper_attention import table_bias_attention
+
+    plan = plan_of(table_bias_attention)
+    assert plan.extra_sizes == ("R",)
+    compiled = hopper(table_bias_attention)
+    sizes = dict(B=1, H=4, M=200, N=517, D=128, R=1033)
+    src = compiled.source(**sizes)
+    assert "int TF_SIZE_R" in src
+    assert re.search(r"t_table\[\(min\(max\(\(h\), 0\), TF_SIZE_H - 1\)\) \* TF_SIZE_R \+ "
+                     r"min\(max\(.*, 0\), TF_SIZE_R - 1\)\]", src)
+    assert "wgmma.mma_async" in compiled.ptx(**sizes)
+
 
 def test_the_source_is_the_same_in_every_process():
     """Cubins are cached by the source's hash: generating it must not depend on Python's

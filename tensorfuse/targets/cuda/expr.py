@@ -35,24 +35,28 @@ _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="
 
 def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
             sizes: dict | None = None, loads: dict | None = None,
-            written: dict | None = None) -> str:
+            written: dict | None = None, clamp_loads: bool = False) -> str:
     """C++ for ``e``; ``what`` names the place in errors ("the activation of h"). ``axes`` (axis
     name → C++ int expression) and ``sizes`` (size name → int) allow index arithmetic, ``loads``
     (tensor parameter name → C++ pointer) reading tensor elements. ``written``: C++ already
-    chosen for some subexpressions (by ``id``), used as given."""
+    chosen for some subexpressions (by ``id``), used as given. ``clamp_loads``: every index of a
+    tensor read is clamped into the tensor — for kernels that evaluate an expression at padding
+    positions (past the last row or key) whose results they discard, where the index arithmetic
+    can leave the tensor (a bias table read at ``i - j + N - 1`` for a key ``j ≥ N``)."""
     axes, sizes, loads, written = axes or {}, sizes or {}, loads or {}, written or {}
     if id(e) in written:
         return written[id(e)]
 
     def sub(x: Expr) -> str:
-        return to_cuda(x, refs, what, axes, sizes, loads, written)
+        return to_cuda(x, refs, what, axes, sizes, loads, written, clamp_loads)
 
     if isinstance(e, Load) and e.param.name in loads:
         offset = ""
         for index, dim in zip(e.indices, e.param.dims):
             extent = str(dim) if isinstance(dim, int) else \
                 (str(sizes[dim]) if dim in sizes else f"TF_SIZE_{dim}")
-            offset = f"({offset}) * {extent} + {sub(index)}" if offset else sub(index)
+            at = f"min(max({sub(index)}, 0), {extent} - 1)" if clamp_loads else sub(index)
+            offset = f"({offset}) * {extent} + {at}" if offset else at
         value = f"{loads[e.param.name]}[{offset}]"
         return f"((float){value})" if dt.is_float(e.param.dtype) else f"({value})"
     if isinstance(e, Binary) and e.op == "div" and not dt.is_float(e.a.dtype) and \

@@ -73,7 +73,7 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
     maps, the output, the log-sum-exp output (written where the plan has one: ``LSE``), the
     block lists, the tile counters and the scheduling mode, tensors the score or mask read, the
-    sizes, the scalars."""
+    sizes (the chain's, then the others the score or mask reads), the scalars."""
     lists = "const int* __restrict__"
     args = [("maps", "handle", "const void*"), ("out", "handle", "void*"),
             ("lse_out", "handle", "float* __restrict__"),
@@ -82,6 +82,7 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
             ("mode", "int32", "int")]
     return args + tensor_arguments(plan.tensors) + \
         [(d, "int32", "int") for d in ("B_", "H_", "HKV_", "M_", "N_")] + \
+        [(f"TF_SIZE_{d}", "int32", "int") for d in plan.extra_sizes] + \
         scalar_arguments(plan.chain.scalars)
 
 
@@ -104,14 +105,14 @@ def _expressions(plan) -> tuple[str, str, str]:
         at_base = {name: {"i_": "i0_", "j_": "j0_"}.get(v, v) for name, v in axes.items()}
         converted = converted_indices(plan.score, offsets, at_base, {}, loads)
         written = to_cuda(plan.score, {chain.dot: "qk"}, "the score", axes, loads=loads,
-                          written=converted)
+                          written=converted, clamp_loads=True)
         score = f"({written})"
     if plan.mask is not None and any(isinstance(n, Load) for n in nodes(plan.mask)):
         # a mask reading tensors (document ids) at indices clamped into them, and evaluated for
         # every element — not behind `j_ < N_`, which kept the compiler from sharing the loads
         # of one row's or one column's ids between the fragment's elements
         clamped = {name: {"i_": "ic_", "j_": "jc_"}.get(v, v) for name, v in axes.items()}
-        mask = to_cuda(plan.mask, {}, "the mask", clamped, loads=loads)
+        mask = to_cuda(plan.mask, {}, "the mask", clamped, loads=loads, clamp_loads=True)
         masked = (f"    const int ic_ = min(i_, M_ - 1), jc_ = min(j_, N_ - 1);\n"
                   f"    if (MASKED) v = ((j_ < N_) & ({mask})) ? v : -INFINITY;")
     else:
