@@ -19,13 +19,12 @@ from ..targets import TargetSpec
 from ..targets.cuda.hopper_attention import (ENTRY, MODES, hopper_attention_source,
                                              kernel_arguments)
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
-from ..targets.cuda.module import KernelEntry, spill_store_bytes
+from ..targets.cuda.module import KernelEntry
 from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .block_schedule import block_lists
 from .fusion import Fusion
-from .hopper_attention_plan import (WIDE_BLOCK_N, HopperKnobs, check_hopper,
-                                    plan_hopper_attention, planned_schedule, shared_bytes,
-                                    with_knobs)
+from .hopper_attention_plan import (check_hopper, plan_hopper_attention, planned_schedule,
+                                    shared_bytes, with_knobs)
 from .tile_order import pick_persistent
 
 
@@ -74,21 +73,6 @@ class _Lists:
         return self.cache[key]
 
 
-# what the producer warpgroup, on the 24 registers setmaxnreg leaves it, may spill (≤ 28 bytes
-# in every library variant); more means the consumers spill
-PRODUCER_SPILL_BYTES = 32
-
-
-def _spills(source: str, target: TargetSpec) -> bool:
-    """Whether the consumers of ``source`` spill registers (ptxas's report; False where nvcc is
-    missing). A default of wide key blocks that spills is narrowed: at 176 keys a masked score
-    with its own arithmetic (soft-capping, a bias table, a mask reading tensors) needs more than
-    the 240 registers a consumer has — softcap spilled 308 bytes, 123 local loads and stores in
-    the consumers' loop."""
-    spilled = spill_store_bytes(source, target)
-    return spilled is not None and spilled > PRODUCER_SPILL_BYTES
-
-
 def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,
                      stages: int | None = None, consumers: int | None = None,
                      overlap: bool | None = None, pingpong: bool | None = None,
@@ -117,16 +101,9 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
     def layout(dims: dict, scalars: dict | None = None) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
         found = tuned(dims, scalars) if tuned is not None and not given else None
-        chosen = found[0] if found else given
-        knobs = with_knobs(plan, dims, chosen, scalars)
+        knobs = with_knobs(plan, dims, found[0] if found else given, scalars)
         check_hopper(plan, knobs, dims, target.max_shared_memory)
         source = hopper_attention_source(plan, knobs, D, plan.mask is not None)
-        if "block_n" not in chosen and knobs.block_n == WIDE_BLOCK_N and \
-                _spills(source, target):
-            knobs = with_knobs(plan, dims, {**chosen, "block_n": HopperKnobs().block_n},
-                               scalars)
-            check_hopper(plan, knobs, dims, target.max_shared_memory)
-            source = hopper_attention_source(plan, knobs, D, plan.mask is not None)
         smem = shared_bytes(knobs, D)
         entries = [KernelEntry(ENTRY, tuple(arguments))]
         maps = DeviceMaps()

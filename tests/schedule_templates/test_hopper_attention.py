@@ -339,34 +339,18 @@ def test_a_score_reading_a_table_gets_its_size_and_stays_inside_it():
 def test_unlisted_variants_compile_to_the_hopper_instructions(name):
     """Variants no issue lists (a key-padding mask, causal with padding, a bias table with and
     without causal, soft-capping in a sliding window, ALiBi on grouped heads, a scale read per
-    batch row and head): planned, generated and compiled for sm_90a, spilling no more than the
-    producer's few words (the template narrows a wide default that would); their values are
-    checked on the GPU with the library's (``benchmarks.hopper_attention.check``)."""
-    from tensorfuse.schedule_templates.hopper_attention import PRODUCER_SPILL_BYTES
-    from tensorfuse.targets.cuda.module import spill_store_bytes
-
+    batch row and head): planned, generated and compiled for sm_90a at a short and a long key
+    sequence (176-key blocks where the mask's schedule favours them); their values are checked
+    on the GPU with the library's (``benchmarks.hopper_attention.check``). Some spill
+    registers at 176 keys — softcap's 308 bytes still ran 3.5 % faster than 128-key blocks
+    (RESULTS.md, session 25) — so spills are not asserted here."""
     kernel, _, (hq, hkv) = UNLISTED[name]
-    for S in (517, 16384):   # at 16384 keys causal masks take 176-key blocks where they fit
+    for S in (517, 16384):
         sizes = dict(B=2, H=hq, HKV=hkv, M=300, N=S, D=128, R=2 * S - 1)
         sizes = {n: v for n, v in sizes.items() if n in kernel.program.dim_names()}
-        compiled = hopper(kernel)
-        ptx = compiled.ptx(**sizes)
+        ptx = hopper(kernel).ptx(**sizes)
         for instruction in HOPPER_PTX:
             assert instruction in ptx, f"{name}: no {instruction} in the PTX"
-        assert spill_store_bytes(compiled.source(**sizes), compiled.target) <= \
-            PRODUCER_SPILL_BYTES, compiled.schedule_origin(**sizes)
-
-
-@needs_nvcc
-def test_a_wide_default_that_spills_is_narrowed():
-    """Soft-capped causal attention at 16384 keys: the mask's block schedule favours 176-key
-    blocks, but their consumers spill (308 bytes: the tanh beside 88 scores, 64 outputs and 44
-    packed probabilities per thread), so the default falls back to 128 keys — and to 176 where
-    the kernel fits (causal alone); a given block_n is kept."""
-    sizes = dict(B=2, H=16, M=16384, N=16384, D=128)
-    assert "block_n=128" in hopper(K.softcap_attention).schedule_origin(**sizes)
-    assert "block_n=176" in hopper(K.causal_attention).schedule_origin(**sizes)
-    assert "block_n=176" in hopper(K.softcap_attention, block_n=176).schedule_origin(**sizes)
 
 
 def test_the_source_is_the_same_in_every_process():

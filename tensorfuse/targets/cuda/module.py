@@ -51,49 +51,6 @@ def cubin_for(source: str, target: TargetSpec) -> bytes:
     return cubin
 
 
-# nvcc flags of TVM's CUDA build (tvm.support.nvcc), so that ptxas allocates registers as for the
-# cubin that runs
-_TVM_NVCC_FLAGS = ("-O3", "--use_fast_math", "--expt-relaxed-constexpr", "--expt-extended-lambda",
-                   "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-                   "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-                   "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__")
-
-
-def spill_store_bytes(source: str, target: TargetSpec) -> int | None:
-    """Bytes of register spill stores ptxas reports for ``source`` (the most of any kernel in
-    it), or None where nvcc is missing. One nvcc run per source, remembered beside the cubins."""
-    import re
-    import shutil
-    import subprocess
-    import tempfile
-
-    digest = hashlib.sha256(f"{target.arch}\n{source}".encode()).hexdigest()[:24]
-    folder = os.path.join(cache_root(), "cuda")
-    path = os.path.join(folder, f"{digest}.spills")
-    if os.path.exists(path):
-        with open(path) as f:
-            return int(f.read())
-    if shutil.which("nvcc") is None:
-        return None
-    with tempfile.TemporaryDirectory() as d:
-        code, cubin = os.path.join(d, "k.cu"), os.path.join(d, "k.cubin")
-        with open(code, "w") as f:
-            f.write(source)
-        done = subprocess.run(["nvcc", "--cubin", f"-arch={target.arch}", *_TVM_NVCC_FLAGS,
-                               "-Xptxas", "-v", "-o", cubin, code], capture_output=True,
-                              text=True)
-    if done.returncode != 0:
-        raise TargetError(f"nvcc failed on a generated kernel:\n{done.stderr[-2000:]}")
-    spilled = max((int(n) for n in re.findall(r"(\d+) bytes spill stores", done.stderr)),
-                  default=0)
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(str(spilled))
-    os.replace(tmp, path)
-    return spilled
-
-
 def cuda_module(source: str, entries: list[KernelEntry], target: TargetSpec) -> tvm.runtime.Module:
     """A TVM CUDA module holding ``entries``, each launched with :data:`LAUNCH_TAGS`."""
     cubin = cubin_for(source, target)
