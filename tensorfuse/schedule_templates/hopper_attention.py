@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from ..dsl.expr import user_location
-from ..errors import ScheduleError
+from ..errors import ScheduleError, TargetError
 from ..interop import StreamScratch, kept_copies, kept_empty
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_attention import (ENTRY, MODES, hopper_attention_source,
@@ -125,6 +125,10 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         def run(module, values, out, device):
             c = plan.chain
             out, lse = out if c.lse else (out, out)   # lse: not written without the output
+            if out.data_ptr() % 16:
+                raise TargetError("the hopper_attention template writes its output in 16-byte "
+                                  "pieces: the output must start at a 16-byte aligned address "
+                                  "(pass a contiguous tensor, not an offset view)")
             (pn, pi, fn, fi), favoured = lists(values, dims, device)
             tensors = [pointer(values[t]) for t, _ in plan.tensors]
             scalars = [values[n] for n, _ in c.scalars]

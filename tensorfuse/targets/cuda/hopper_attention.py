@@ -41,8 +41,9 @@ Each tile: ``128 · (1 + consumers)`` threads,
   has landed. Every consumer thread arrives on the "empty" mbarriers when its warpgroup's product
   on a slot is complete.
 
-The output is written from registers (rows past M are not written); rows whose every key is
-masked give 0/0 (NaN), as the unfused program does.
+The output is written from registers, 16 bytes a lane after the four lanes of each row trade
+their pairs (rows past M are not written; the output must start at a 16-byte aligned address);
+rows whose every key is masked give 0/0 (NaN), as the unfused program does.
 """
 from __future__ import annotations
 
@@ -261,6 +262,21 @@ __device__ __forceinline__ void softmax_block(float (&s)[BN / 2], float (&m)[2],
     s[r] = tf_exp2(fmaf(s[r], k, -mx[(r % 4) / 2]));
     l[(r % 4) / 2] += s[r];
   }}
+}}
+
+// Lanes 4r … 4r + 3 (one row of the fragment) each hold a[j], the packed pair at columns
+// 8·j + 2·(lane % 4); returned: lane q's 16 bytes at columns 8·q … 8·q + 7, the pairs of lanes
+// 0 … 3 in turn. Two exchanges of 2×2 blocks (lanes q ^ 2, then q ^ 1): 4 shuffles, no indexing
+// of registers by the lane.
+__device__ __forceinline__ uint4 tf_quad_transpose(const unsigned (&a)[4], int lane) {{
+  const bool hi = lane & 2, odd = lane & 1;
+  const unsigned s0 = __shfl_xor_sync(0xffffffffu, hi ? a[0] : a[2], 2);
+  const unsigned s1 = __shfl_xor_sync(0xffffffffu, hi ? a[1] : a[3], 2);
+  const unsigned n0 = hi ? s0 : a[0], n1 = hi ? s1 : a[1];
+  const unsigned n2 = hi ? a[2] : s0, n3 = hi ? a[3] : s1;
+  const unsigned t0 = __shfl_xor_sync(0xffffffffu, odd ? n0 : n1, 1);
+  const unsigned t1 = __shfl_xor_sync(0xffffffffu, odd ? n2 : n3, 1);
+  return odd ? make_uint4(t0, n1, t1, n3) : make_uint4(n0, t0, n2, t1);
 }}
 
 __device__ __forceinline__ void pack_p(const float (&s)[BN / 2], uint4 (&p)[BN / 16]) {{
@@ -540,11 +556,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     #pragma unroll
     for (int x = 0; x < 2; ++x) {{
       const int row = row_lo + 8 * x;
-      if (row < M_) {{
-        unsigned* dst = (unsigned*)(out_e + ((long)w.bh * M_ + row) * D_ + 2 * (lane % 4));
+      // the four lanes of a row trade their pairs so that each holds 8 neighbouring outputs:
+      // 16-byte stores, a row's 4 lanes writing 64 contiguous bytes (4-byte stores of 8 rows
+      // per warp instruction cost the tile's end 4-6 % of the kernel: RESULTS.md, session 25)
+      uint4 piece[D_ / 32];
+      #pragma unroll
+      for (int g = 0; g < D_ / 32; ++g) {{
+        unsigned a[4];
         #pragma unroll
-        for (int jj = 0; jj < D_ / 8; ++jj)
-          dst[4 * jj] = tf_pack(o[4 * jj + 2 * x] * inv[x], o[4 * jj + 2 * x + 1] * inv[x]);
+        for (int j = 0; j < 4; ++j)
+          a[j] = tf_pack(o[4 * (4 * g + j) + 2 * x] * inv[x], o[4 * (4 * g + j) + 2 * x + 1] * inv[x]);
+        piece[g] = tf_quad_transpose(a, lane);
+      }}
+      if (row < M_) {{
+        uint4* dst = (uint4*)(out_e + ((long)w.bh * M_ + row) * D_) + lane % 4;
+        #pragma unroll
+        for (int g = 0; g < D_ / 32; ++g) dst[4 * g] = piece[g];
 #if LSE
         // m and l are in base 2 of the score: ln Σ e^s = (m + log2 l) · ln 2; −inf when empty
         if (lane % 4 == 0) lse_out[(long)w.bh * M_ + row] = (m[x] + log2f(l[x])) * 0.6931471805599453f;
