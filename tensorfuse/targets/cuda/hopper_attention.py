@@ -171,6 +171,8 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
 #define TURN_END
 #endif
 #define LISTS {int(lists)}
+// a tile's output stores wait for the next tile's first q·kᵀ (registers allow it up to D = 128)
+#define DEFER (D_ <= 128)
 #define LSE {int(bool(chain.lse))}   // write each row's log-sum-exp (natural log) to lse_out
 #define MODE_GRID {GRID}      // the ``mode`` argument: how CTAs take tiles
 #define MODE_DYNAMIC {DYNAMIC}
@@ -485,6 +487,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
 #if PINGPONG
   if (cw == CONSUMERS - 1) tf_turn_pass(cw);
 #endif
+  // A tile's output, written once the next tile's first q·kᵀ is on the tensor cores (DEFER), so
+  // that the stores overlap it: rows' element offsets (−1: past M), 16-byte pieces, log-sum-exps
+  long pending_at[2] = {{-1, -1}};
+  uint4 pending[2][D_ / 32];
+  float pending_lse[2];
+  elem_t* out_e = (elem_t*)out;
+  auto write_out = [&]() {{
+    #pragma unroll
+    for (int x = 0; x < 2; ++x) {{
+      if (pending_at[x] >= 0) {{
+        uint4* dst = (uint4*)(out_e + pending_at[x]) + lane % 4;
+        #pragma unroll
+        for (int g = 0; g < D_ / 32; ++g) dst[4 * g] = pending[x][g];
+#if LSE
+        if (lane % 4 == 0) lse_out[pending_at[x] / D_] = pending_lse[x];
+#endif
+      }}
+      pending_at[x] = -1;
+    }}
+  }};
   for (int k = 0;; ++k) {{
     tf_mbar_wait(tile_full + (k & 1), (k >> 1) & 1);
     const int tile = tile_ids[k & 1];
@@ -501,6 +523,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       TURN_BEGIN
       ISSUE_S(0);
       TURN_END
+#if DEFER
+      write_out();                 // the previous tile's, while this q·kᵀ runs
+#endif
       tf_wgmma_wait<0>();
       S_LANDED(0);
       SOFTMAX(0);
@@ -542,43 +567,42 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       tf_mbar_arrive(empty_v + SLOT(w.count - 1));
     }} else {{
       tf_mbar_arrive(q_free);      // no key block: the queries were not used
+#if DEFER
+      write_out();
+#endif
     }}
     use += w.count;
 
-    // o / l, written from the fragments: row_lo (registers r % 4 < 2) and row_lo + 8
+    // o / l from the fragments, rows row_lo (registers r % 4 < 2) and row_lo + 8, packed to
+    // 16-bit pairs: the four lanes of a row trade their pairs so that each holds 8 neighbouring
+    // outputs — 16-byte stores, a row's 4 lanes writing 64 contiguous bytes (4-byte stores of 8
+    // rows per warp instruction held up the tile's end: RESULTS.md, session 25)
     #pragma unroll
     for (int x = 0; x < 2; ++x) {{
       l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
       l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
     }}
-    const float inv[2] = {{1.0f / l[0], 1.0f / l[1]}};
-    elem_t* out_e = (elem_t*)out;
     #pragma unroll
     for (int x = 0; x < 2; ++x) {{
+      const float inv = 1.0f / l[x];
       const int row = row_lo + 8 * x;
-      // the four lanes of a row trade their pairs so that each holds 8 neighbouring outputs:
-      // 16-byte stores, a row's 4 lanes writing 64 contiguous bytes (4-byte stores of 8 rows
-      // per warp instruction cost the tile's end 4-6 % of the kernel: RESULTS.md, session 25)
-      uint4 piece[D_ / 32];
       #pragma unroll
       for (int g = 0; g < D_ / 32; ++g) {{
         unsigned a[4];
         #pragma unroll
         for (int j = 0; j < 4; ++j)
-          a[j] = tf_pack(o[4 * (4 * g + j) + 2 * x] * inv[x], o[4 * (4 * g + j) + 2 * x + 1] * inv[x]);
-        piece[g] = tf_quad_transpose(a, lane);
+          a[j] = tf_pack(o[4 * (4 * g + j) + 2 * x] * inv, o[4 * (4 * g + j) + 2 * x + 1] * inv);
+        pending[x][g] = tf_quad_transpose(a, lane);
       }}
-      if (row < M_) {{
-        uint4* dst = (uint4*)(out_e + ((long)w.bh * M_ + row) * D_) + lane % 4;
-        #pragma unroll
-        for (int g = 0; g < D_ / 32; ++g) dst[4 * g] = piece[g];
-#if LSE
-        // m and l are in base 2 of the score: ln Σ e^s = (m + log2 l) · ln 2; −inf when empty
-        if (lane % 4 == 0) lse_out[(long)w.bh * M_ + row] = (m[x] + log2f(l[x])) * 0.6931471805599453f;
-#endif
-      }}
+      pending_at[x] = row < M_ ? ((long)w.bh * M_ + row) * D_ : -1;
+      // m and l are in base 2 of the score: ln Σ e^s = (m + log2 l) · ln 2; −inf when empty
+      pending_lse[x] = (m[x] + log2f(l[x])) * 0.6931471805599453f;
     }}
+#if !DEFER
+    write_out();
+#endif
   }}
+  write_out();   // the last tile's
 #if PINGPONG
   if (cw == 0) tf_turn_wait(cw);   // the turn the last warpgroup opened
 #endif
