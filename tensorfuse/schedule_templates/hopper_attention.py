@@ -24,7 +24,7 @@ from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .block_schedule import block_lists
 from .fusion import Fusion
 from .hopper_attention_plan import (check_hopper, plan_hopper_attention, planned_schedule,
-                                    query_buffers, shared_bytes, with_knobs)
+                                    shared_bytes, with_knobs)
 from .tile_order import pick_persistent
 
 
@@ -103,8 +103,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         found = tuned(dims, scalars) if tuned is not None and not given else None
         knobs = with_knobs(plan, dims, found[0] if found else given, scalars)
         check_hopper(plan, knobs, dims, target.max_shared_memory)
-        source = hopper_attention_source(plan, knobs, D, plan.mask is not None,
-                                         query_buffers(knobs, D))
+        source = hopper_attention_source(plan, knobs, D, plan.mask is not None)
         smem = shared_bytes(knobs, D)
         entries = [KernelEntry(ENTRY, tuple(arguments))]
         maps = DeviceMaps()
@@ -115,16 +114,12 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                        else None)
 
         def tensor_maps(q, k, v, device):
-            """TMA maps of q, k, v (and q again in 64-row boxes) in one device buffer, made once
-            per set of addresses."""
+            """TMA maps of q, k and v in one device buffer, made once per set of addresses."""
             key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
             return maps.get(key, lambda: (
                 tensor_map(key[0], (B * H, M, D), (1, knobs.block_m, 64), plan.dtype)
                 + tensor_map(key[1], (B * HKV, N, D), (1, knobs.block_n, 64), plan.dtype)
-                + tensor_map(key[2], (B * HKV, N, D), (1, knobs.block_n, 64), plan.dtype)
-                # the queries again in boxes of one warpgroup's 64 rows (what the kernel loads;
-                # the first map, of a whole tile's rows, is what emitters before session 25 read)
-                + tensor_map(key[0], (B * H, M, D), (1, 64, 64), plan.dtype)),
+                + tensor_map(key[2], (B * HKV, N, D), (1, knobs.block_n, 64), plan.dtype)),
                 device)
 
         def run(module, values, out, device):

@@ -162,26 +162,11 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
 
 
 def shared_bytes(knobs: HopperKnobs, D: int) -> int:
-    """Dynamic shared memory: the query buffers (:func:`query_buffers`), ``stages`` key and value
-    slots, the mbarriers (each query buffer's full and free, four per slot, two tile slots' full
-    and free), the two claimed tile indices, plus 1 KiB for aligning the 128-byte-swizzled
-    tiles."""
-    return _shared_bytes(knobs, D, query_buffers(knobs, D))
-
-
-def _shared_bytes(knobs: HopperKnobs, D: int, buffers: int) -> int:
-    tiles = buffers * 64 * D * 2 + 2 * knobs.stages * knobs.block_n * D * 2
-    return tiles + 8 * (2 * buffers + 4 * knobs.stages + 4) + 8 + 1024
-
-
-def query_buffers(knobs: HopperKnobs, D: int) -> int:
-    """Buffers of 64 query rows: one per consumer warpgroup, and one more where shared memory
-    holds it (227 KB: e.g. 176-key blocks at head dim 128 in two slots). The buffers are taken in
-    turn, so with the extra one the first warpgroup's rows of the next tile load while this tile
-    runs, instead of after its last ``Q·Kᵀ`` (waiting for the next tile's queries cost ~2 % at
-    S = 4096 once the output stores were cheap: RESULTS.md, session 25)."""
-    more = knobs.consumers + 1
-    return more if _shared_bytes(knobs, D, more) <= SM90_SHARED else knobs.consumers
+    """Dynamic shared memory: the queries, ``stages`` key and value slots, the mbarriers (the
+    queries', four per slot, the queries' release, two tile slots' full and free), the two
+    claimed tile indices, plus 1 KiB for aligning the 128-byte-swizzled tiles."""
+    tiles = knobs.block_m * D * 2 + 2 * knobs.stages * knobs.block_n * D * 2
+    return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 8 + 1024
 
 
 def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None = None,

@@ -18,12 +18,9 @@ the longest row blocks (masked variants) first. How CTAs take tiles is the kerne
   short one in the next — no counter at all.
 
 In the persistent modes the producer thread claims each tile and hands its index to the consumers
-through a two-slot shared-memory ring (mbarriers ``tile_full``/``tile_free``); each consumer
-warpgroup's 64 query rows load into a buffer of their own (``QBUFS`` buffers taken in turn, one
-more than the warpgroups where shared memory holds it: then the first warpgroup's next rows load
-a whole tile ahead, and the others' as soon as the warpgroup before them has issued its last
-``Q·Kᵀ`` — ``bar_q``/``q_free`` per buffer), and the key/value ring's slots and phases run on
-across tiles.
+through a two-slot shared-memory ring (mbarriers ``tile_full``/``tile_free``); the query tile is
+reloaded once every consumer has issued its last ``Q·Kᵀ`` of the previous tile (``q_free``), and
+the key/value ring's slots and phases run on across tiles.
 
 Each tile: ``128 · (1 + consumers)`` threads,
 
@@ -126,16 +123,13 @@ def _expressions(plan) -> tuple[str, str, str]:
     return score, masked, scale
 
 
-def hopper_attention_source(plan, knobs, D: int, lists: bool,
-                            query_buffers: int | None = None) -> str:
+def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
     """CUDA C++ for ``tf_hopper_attention``: grid (row blocks, B·H) in ``GRID`` mode, else
     (persistent CTAs, 1), ``knobs.threads`` threads,
     dynamic shared memory ``hopper_attention_plan.shared_bytes``. ``lists``: the row blocks'
     key blocks come from the block schedule (``pn``/``pi`` partial, ``fn``/``fi`` full) — a masked
     plan; otherwise every key block, none of them masked but the ragged last one. Sizes B, H, HKV,
-    M, N are kernel arguments: one cubin serves every shape with this head dim.
-    ``query_buffers``: buffers of 64 query rows (``hopper_attention_plan.query_buffers``; default
-    one per consumer warpgroup)."""
+    M, N are kernel arguments: one cubin serves every shape with this head dim."""
     chain = plan.chain
     elem, pair, pack = _TYPES[plan.dtype]
     header = "#include <cuda_bf16.h>\n" if plan.dtype == "bf16" else "#include <cuda_fp16.h>\n"
@@ -183,8 +177,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool,
 #define MODE_GRID {GRID}      // the ``mode`` argument: how CTAs take tiles
 #define MODE_DYNAMIC {DYNAMIC}
 #define ATOMS (D_ / 64)                 // 128-byte swizzle atoms along the head dim
-#define QPART_BYTES (64 * D_ * 2)      // one warpgroup's query rows
-#define QBUFS {query_buffers or knobs.consumers}   // buffers of 64 query rows
+#define Q_BYTES (BM * D_ * 2)
 #define KV_BYTES (BN * D_ * 2)
 #define TF_LOG2E 1.4426950408889634f
 {sizes}
@@ -348,20 +341,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     {params}) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = (unsigned char*)(((unsigned long)smem_raw + 1023) & ~1023ul);
-  unsigned char* q_tiles = smem;      // QBUFS buffers of 64 query rows: [buffer][atom][row]
-  unsigned char* k_tiles = smem + QBUFS * QPART_BYTES;
+  unsigned char* q_tile = smem;
+  unsigned char* k_tiles = smem + Q_BYTES;
   unsigned char* v_tiles = k_tiles + STAGES * KV_BYTES;
   unsigned long long* bars = (unsigned long long*)(v_tiles + STAGES * KV_BYTES);
-  unsigned long long* bar_q = bars;                   // a query buffer loaded
-  unsigned long long* full_k = bar_q + QBUFS;
+  unsigned long long* bar_q = bars;
+  unsigned long long* full_k = bars + 1;
   unsigned long long* full_v = full_k + STAGES;
   unsigned long long* empty_k = full_v + STAGES;
   unsigned long long* empty_v = empty_k + STAGES;
-  unsigned long long* q_free = empty_v + STAGES;      // a query buffer's last q·kᵀ issued
-  unsigned long long* tile_full = q_free + QBUFS;     // two slots of claimed tile indices
+  unsigned long long* q_free = empty_v + STAGES;      // every consumer's last q·kᵀ of a tile issued
+  unsigned long long* tile_full = q_free + 1;         // two slots of claimed tile indices
   unsigned long long* tile_free = tile_full + 2;
   volatile int* tile_ids = (volatile int*)(tile_free + 2);
-  const void* q_map = (const char*)maps + 384;   // the queries in boxes of 64 rows
+  const void* q_map = (const char*)maps;
   const void* k_map = (const char*)maps + 128;
   const void* v_map = (const char*)maps + 256;
 
@@ -369,16 +362,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   const int tiles = row_blocks * B_ * H_;
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {{
-    for (int b = 0; b < QBUFS; ++b) {{
-      tf_mbar_init(bar_q + b, 1);
-      tf_mbar_init(q_free + b, 128);
-    }}
+    tf_mbar_init(bar_q, 1);
     for (int s = 0; s < STAGES; ++s) {{
       tf_mbar_init(full_k + s, 1);
       tf_mbar_init(full_v + s, 1);
       tf_mbar_init(empty_k + s, 128 * CONSUMERS);
       tf_mbar_init(empty_v + s, 128 * CONSUMERS);
     }}
+    tf_mbar_init(q_free, 128 * CONSUMERS);
     for (int s = 0; s < 2; ++s) {{
       tf_mbar_init(tile_full + s, 1);
       tf_mbar_init(tile_free + s, 128 * CONSUMERS);
@@ -401,15 +392,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         tf_mbar_arrive(tile_full + (k & 1));
         if (t >= tiles) break;
         const Tile w = tile_at(t, row_blocks, pn, fn, H_, HKV_, N_);
-        for (int c = 0; c < CONSUMERS; ++c) {{   // each warpgroup's 64 query rows
-          const int u = k * CONSUMERS + c, b = u % QBUFS;
-          if (u >= QBUFS) tf_mbar_wait(q_free + b, ((u / QBUFS) - 1) & 1);
-          tf_mbar_expect(bar_q + b, QPART_BYTES);
-          #pragma unroll
-          for (int a = 0; a < ATOMS; ++a)
-            tf_tma_load_3d(q_tiles + b * QPART_BYTES + a * 64 * 128, q_map, a * 64,
-                           w.rb * BM + c * 64, w.bh, bar_q + b);
-        }}
+        if (k >= 1) tf_mbar_wait(q_free, (k - 1) & 1);
+        tf_mbar_expect(bar_q, Q_BYTES);
+        #pragma unroll
+        for (int a = 0; a < ATOMS; ++a)
+          tf_tma_load_3d(q_tile + a * BM * 128, q_map, a * 64, w.rb * BM, w.bh, bar_q);
         for (int it = 0; it < w.count; ++it) {{
           const int u = use + it, s = u % STAGES;
           const int n0 = key_block(w, it, pi, fi) * BN;
@@ -444,7 +431,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   const int cw = wg - 1;
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   const float scale2 = {scale};
-  const unsigned q_tiles_base = tf_smem_addr(q_tiles), k_base = tf_smem_addr(k_tiles),
+  const unsigned q_base = tf_smem_addr(q_tile), k_base = tf_smem_addr(k_tiles),
                  v_base = tf_smem_addr(v_tiles);
   float o[D_ / 2];
   float m[2], l[2], corr[2];
@@ -454,8 +441,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
 
 #define SCORE_ARGS scale2{extra_args}
 #define SLOT(it) ((use + (it)) % STAGES)
-  // tile k's query buffer of this warpgroup (taken in turn; from k, not kept in a register)
-#define QB ((k * CONSUMERS + cw) % QBUFS)
 #define PHASE(it) (((use + (it)) / STAGES) & 1)
   // q·kᵀ of block `it` into s (issued, not waited for)
 #define ISSUE_S(it)                                                                         \
@@ -464,7 +449,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     tf_mbar_wait(full_k + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
     _Pragma("unroll") for (int ks = 0; ks < D_ / 16; ++ks)                                   \
-      {s_mma}(s, kmajor_desc(q_tiles_base + QB * QPART_BYTES, 64, 0, ks), kmajor_desc(kt, BN, 0, ks), ks > 0);   \
+      {s_mma}(s, kmajor_desc(q_base, BM, cw * 64, ks), kmajor_desc(kt, BN, 0, ks), ks > 0);   \
     tf_wgmma_commit();                                                                        \
   }}
   // o += p·v of block `it` (issued, not waited for)
@@ -492,7 +477,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   {{                                                                                          \
     tf_fence_regs(s);                                                                         \
     tf_mbar_arrive(empty_k + SLOT(it));                                                       \
-    if ((it) == w.count - 1) tf_mbar_arrive(q_free + QB);                                    \
+    if ((it) == w.count - 1) tf_mbar_arrive(q_free);                                    \
   }}
 
   // With PINGPONG the consumers issue their MMAs in turns (0, 1, …), so that one warpgroup's
@@ -503,44 +488,37 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   if (cw == CONSUMERS - 1) tf_turn_pass(cw);
 #endif
   // A tile's output, written once the next tile's first q·kᵀ is on the tensor cores (DEFER), so
-  // that the stores overlap it: rows' element offsets (−1: past M, or no tile before this one),
-  // 16-byte pieces, log-sum-exps. Each is written once after it is made.
-  int pending_at[2] = {{-1, -1}};   // (b·H + h)·M + row
+  // that the stores overlap it: rows' element offsets (−1: past M), 16-byte pieces, log-sum-exps
+  long pending_at[2] = {{-1, -1}};
   uint4 pending[2][D_ / 32];
-#if LSE
   float pending_lse[2];
-#endif
   elem_t* out_e = (elem_t*)out;
   auto write_out = [&]() {{
     #pragma unroll
     for (int x = 0; x < 2; ++x) {{
       if (pending_at[x] >= 0) {{
-        uint4* dst = (uint4*)(out_e + (long)pending_at[x] * D_) + lane % 4;
+        uint4* dst = (uint4*)(out_e + pending_at[x]) + lane % 4;
         #pragma unroll
         for (int g = 0; g < D_ / 32; ++g) dst[4 * g] = pending[x][g];
 #if LSE
-        if (lane % 4 == 0) lse_out[pending_at[x]] = pending_lse[x];
+        if (lane % 4 == 0) lse_out[pending_at[x] / D_] = pending_lse[x];
 #endif
       }}
+      pending_at[x] = -1;
     }}
   }};
   for (int k = 0;; ++k) {{
     tf_mbar_wait(tile_full + (k & 1), (k >> 1) & 1);
     const int tile = tile_ids[k & 1];
     tf_mbar_arrive(tile_free + (k & 1));
-    if (tile >= tiles) {{
-#if DEFER
-      write_out();   // the last tile's
-#endif
-      break;
-    }}
+    if (tile >= tiles) break;
     const Tile w = tile_at(tile, row_blocks, pn, fn, H_, HKV_, N_);
     const int row_lo = w.rb * BM + cw * 64 + warp * 16 + lane / 4;
     #pragma unroll
     for (int r = 0; r < D_ / 2; ++r) o[r] = 0.0f;
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.0f;
-    tf_mbar_wait(bar_q + QB, ((k * CONSUMERS + cw) / QBUFS) & 1);
+    tf_mbar_wait(bar_q, k & 1);
     if (w.count > 0) {{
       TURN_BEGIN
       ISSUE_S(0);
@@ -588,7 +566,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       tf_fence_regs(o);
       tf_mbar_arrive(empty_v + SLOT(w.count - 1));
     }} else {{
-      tf_mbar_arrive(q_free + QB);   // no key block: the queries were not used
+      tf_mbar_arrive(q_free);      // no key block: the queries were not used
 #if DEFER
       write_out();
 #endif
@@ -616,16 +594,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           a[j] = tf_pack(o[4 * (4 * g + j) + 2 * x] * inv, o[4 * (4 * g + j) + 2 * x + 1] * inv);
         pending[x][g] = tf_quad_transpose(a, lane);
       }}
-      pending_at[x] = row < M_ ? w.bh * M_ + row : -1;
-#if LSE
+      pending_at[x] = row < M_ ? ((long)w.bh * M_ + row) * D_ : -1;
       // m and l are in base 2 of the score: ln Σ e^s = (m + log2 l) · ln 2; −inf when empty
       pending_lse[x] = (m[x] + log2f(l[x])) * 0.6931471805599453f;
-#endif
     }}
 #if !DEFER
     write_out();
 #endif
   }}
+  write_out();   // the last tile's
 #if PINGPONG
   if (cw == 0) tf_turn_wait(cw);   // the turn the last warpgroup opened
 #endif
