@@ -115,8 +115,7 @@ def split_tail(units: int, slots: int, kblocks: int, least: int = 4) -> tuple[in
     """``(whole units, split units, pieces each)``: where the last wave of ``units`` tiles on
     ``slots`` CTAs (or clusters) would leave at least half of them idle, its tiles are split
     along K into as many pieces as fill the wave (each at least ``least`` k-blocks), the last
-    piece of each adding the others' partial sums (from four pieces on, all pieces add a share
-    of them first) (at M=1024, K=4096, N=14336: 224 tiles on 66
+    piece of each adding the others' partial sums (at M=1024, K=4096, N=14336: 224 tiles on 66
     clusters fill 3.4 waves; split, the fourth wave takes half the time)."""
     whole, tail = divmod(units, slots)
     pieces = min(slots // tail, kblocks // least) if tail else 1

@@ -27,10 +27,8 @@ tiles, ``128 · (1 + CONSUMERS)`` threads each:
 
 Where the last wave of tiles would leave most clusters idle, the host splits its tiles along K
 (``full_items``, ``tail``, ``pieces``): each piece stores its f32 partial accumulators in ``ws``,
-and the last piece to finish (an atomic counter, reset by that piece) adds the others and runs
-the epilogue — or, from ``SHARED_SUM_PIECES`` pieces, every piece adds its share of all of them
-first (they run at once: the counter is waited on) and the last to finish its share reads the
-sum.
+and the last piece of a tile to finish (an atomic counter, reset by that piece) adds the others
+and runs the epilogue.
 """
 from __future__ import annotations
 
@@ -42,10 +40,6 @@ from .wgmma import HELPERS as WGMMA_HELPERS
 from .wgmma import wgmma_function
 
 ENTRY = "tf_hopper_gemm"
-# From this many pieces of a split tile, every piece sums a share of all partials (its reads: one
-# partial's worth; then the last reads the sum) instead of the last piece reading the other
-# pieces − 1 partials alone: the serial reads are 2 + 1/pieces partials against pieces − 1.
-SHARED_SUM_PIECES = 4
 
 # What the PTX of every Hopper GEMM holds (checked by the tests); with a cluster also MULTICAST_PTX.
 GEMM_PTX = ("wgmma.mma_async", "cp.async.bulk.tensor.2d", "mbarrier.try_wait",
@@ -160,16 +154,8 @@ typedef {out_elem} out_t;
 __device__ __forceinline__ void tf_bar_sync_consumers() {{
   asm volatile("bar.sync %0, %1;" :: "r"(CONSUMERS + 1), "r"(CONSUMERS * 128) : "memory");
 }}
-// A counter's value, ordered before this thread's later reads (a split tile's pieces wait on it).
-__device__ __forceinline__ int tf_load_acquire(const int* p) {{
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}}
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
-// From this many pieces a split tile's partials are summed by all its pieces, a share each.
-#define SHARED_SUM_PIECES {SHARED_SUM_PIECES}
 
 // Work item `item`: the first `full_items` are whole tiles (units); the rest split the last
 // `tail` units' k-blocks into `pieces` ranges each (slot: the piece's partial in ws).
@@ -358,12 +344,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       #pragma unroll
       for (int x = 0; x < G; ++x) tf_fence_regs(acc[x]);
       release_slot(empty, (it - 1) % STAGES, t, rank);
-      if (w.piece >= 0) {{   // a piece of a split tile: its partial is added to the others'
+      if (w.piece >= 0) {{   // a piece of a split tile: the last piece to finish adds them up
         const int ct = cw * 128 + t;
-        const int first_slot = (w.unit - full_items) * pieces;
         float4* mine = (float4*)ws + (long)(w.slot * CLUSTER + rank) * PART_VEC4;
-        float4* total = (float4*)ws + (long)(first_slot * CLUSTER + rank) * PART_VEC4;
-        int* counter = counters + (w.unit - full_items) * CLUSTER + rank;
         #pragma unroll
         for (int x = 0; x < G; ++x) {{
           #pragma unroll
@@ -374,72 +357,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         }}
         __threadfence();
         tf_bar_sync_consumers();
-        // Few pieces: the last to finish adds the others' partials to its own. From
-        // SHARED_SUM_PIECES on, that one CTA's reads ((pieces − 1) partials: 7 × 128 KB at
-        // M = 128, K = 14336, N = 4096, ~9 µs of one SM) outweigh a shared sum: every piece adds
-        // its 1/pieces share of all partials into the first piece's slot (the pieces run at once:
-        // they are the last wave's work, at most one per CTA, every CTA resident — so they can
-        // wait for each other), and the last to finish its share reads the sum.
-        const bool shared_sum = pieces >= SHARED_SUM_PIECES;
         if (ct == 0) {{
+          int* counter = counters + (w.unit - full_items) * CLUSTER + rank;
           const int before = atomicAdd(counter, 1);
-          *last_piece = !shared_sum && before == pieces - 1;
-          if (*last_piece) *counter = 0;   // ready for the next launch
-          if (shared_sum)
-            while (tf_load_acquire(counter) < pieces) {{}}
+          *last_piece = before == pieces - 1;
+          if (before == pieces - 1) *counter = 0;   // ready for the next launch
         }}
         tf_bar_sync_consumers();
-        if (shared_sum) {{
-          __threadfence();
-          const int lo = (int)((long)PART_VEC4 * w.piece / pieces);
-          const int hi = (int)((long)PART_VEC4 * (w.piece + 1) / pieces);
-          for (int e = lo + ct; e < hi; e += CONSUMERS * 128) {{
-            float4 sum = __ldcg(total + e);
-            for (int q = 1; q < pieces; ++q) {{
-              const float4 v = __ldcg((const float4*)ws +
-                                      (long)((first_slot + q) * CLUSTER + rank) * PART_VEC4 + e);
-              sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
-            }}
-            __stcg(total + e, sum);
-          }}
-          __threadfence();
-          tf_bar_sync_consumers();
-          if (ct == 0) {{   // the second arrivals: every piece has left the wait above
-            const int before = atomicAdd(counter, 1);
-            *last_piece = before == 2 * pieces - 1;
-            if (*last_piece) *counter = 0;
-          }}
-          tf_bar_sync_consumers();
-        }}
         if (!*last_piece) continue;
         __threadfence();
-        if (shared_sum) {{
+        const int first_slot = (w.unit - full_items) * pieces;
+        for (int p = 0; p < pieces; ++p) {{
+          if (first_slot + p == w.slot) continue;
+          const float4* other = (const float4*)ws + (long)((first_slot + p) * CLUSTER + rank)
+                                * PART_VEC4;
           #pragma unroll
           for (int x = 0; x < G; ++x) {{
             #pragma unroll
             for (int g = 0; g < BN / 8; ++g) {{
-              const float4 v = __ldcg(total + (x * (BN / 8) + g) * CONSUMERS * 128 + ct);
-              acc[x][4 * g] = v.x;
-              acc[x][4 * g + 1] = v.y;
-              acc[x][4 * g + 2] = v.z;
-              acc[x][4 * g + 3] = v.w;
-            }}
-          }}
-        }} else {{
-          for (int p = 0; p < pieces; ++p) {{
-            if (first_slot + p == w.slot) continue;
-            const float4* other = (const float4*)ws + (long)((first_slot + p) * CLUSTER + rank)
-                                  * PART_VEC4;
-            #pragma unroll
-            for (int x = 0; x < G; ++x) {{
-              #pragma unroll
-              for (int g = 0; g < BN / 8; ++g) {{
-                const float4 v = __ldcg(other + (x * (BN / 8) + g) * CONSUMERS * 128 + ct);
-                acc[x][4 * g] += v.x;
-                acc[x][4 * g + 1] += v.y;
-                acc[x][4 * g + 2] += v.z;
-                acc[x][4 * g + 3] += v.w;
-              }}
+              const float4 v = __ldcg(other + (x * (BN / 8) + g) * CONSUMERS * 128 + ct);
+              acc[x][4 * g] += v.x;
+              acc[x][4 * g + 1] += v.y;
+              acc[x][4 * g + 2] += v.z;
+              acc[x][4 * g + 3] += v.w;
             }}
           }}
         }}
