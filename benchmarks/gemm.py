@@ -124,7 +124,7 @@ CHECKS = ([(n, s, {}) for n in KERNELS for s in ((200, 4096, 1024), (1000, 520, 
              ("swiglu_gate", (200, 4096, 1024), {"epilogue": "staged"})]
           + [("swiglu_gate", (333, 1024, 2048), {"cluster": 2})]
           + [("linear", (1000, 4096, 1024), {"cluster": 2, "block_n": 128, "stages": 2})]
-          # few rows, long K: every tile split along K, 8–16 pieces adding their shares
+          # few rows, long K: every tile split along K into 4–16 pieces
           + [("matmul", (128, 14336, 4096), {}), ("matmul_nk", (100, 8192, 1000), {}),
              ("swiglu_gate", (128, 4096, 2048), {"block_n": 128})])
 
