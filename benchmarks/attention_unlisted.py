@@ -133,8 +133,8 @@ def _make_head_scaled(B, H, HKV, M, N, dtype):
     return ({"factor": factor}, lambda s, b, h, q, kv: s * factor.double()[b, h], None)
 
 
-# name → (kernel, make, (query heads, kv heads)); the check passes scale 1/√D (``factor`` for
-# head_scaled: the reference's score is then divided back, see ``check``)
+# name → (kernel, make, (query heads, kv heads)); the check passes ``scale`` = 1/√D to kernels
+# that take one (head_scaled reads its factor from a tensor: its reference gets scale 1)
 UNLISTED = {
     "table_bias": (table_bias_attention, _make_table(False), (4, 4)),
     "causal_table": (causal_table_attention, _make_table(True), (4, 4)),
