@@ -17,7 +17,8 @@ from ..targets import TargetSpec
 from ..schedule_templates.annotations import TEMPLATE_ATTR
 from .database import RECORDS, default_database_dir, open_database
 from .scalars import SCALARS_ATTR, nearest, scalars_label
-from .tasks import TASK_ATTR, plan_values, task_name, workload
+from .scalars import plan_values
+from .tasks import TASK_ATTR, task_name, workload
 
 _OPEN: dict = {}  # path -> (records file mtime, database)
 

@@ -72,6 +72,15 @@ def keyed_scalars(program: Program, dims: dict, given: dict | None) -> dict:
     return {**values, **chosen}
 
 
+def plan_values(program: Program, template: str, dims: dict, scalars: dict | None) -> dict:
+    """The plan scalars' values a workload is keyed by (none for the CPU template, which computes
+    every element whatever the mask)."""
+    if template == "cpu":
+        return {}
+    names = plan_scalars(program)
+    return {n: v for n, v in keyed_scalars(program, dims, scalars).items() if n in names}
+
+
 def scalars_label(values: dict) -> str:
     """``window=2048, prefix=16`` (what ``schedule_origin`` prints)."""
     return ", ".join(f"{n}={_number(v)}" for n, v in values.items())

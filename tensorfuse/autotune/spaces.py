@@ -90,7 +90,7 @@ class HopperAttentionSpace:
     def defaults(self) -> dict[str, int]:
         from ..schedule_templates.hopper_attention_plan import SCHEDULES, default_hopper_knobs
 
-        from .tasks import plan_values
+        from .scalars import plan_values
 
         # what tf.compile runs untuned (the block size may follow from the mask's scalars)
         values = plan_values(self.task.kernel.program, self.task.template, self.task.dims,

@@ -23,7 +23,7 @@ from ..schedule_templates import lower_program
 from ..schedule_templates.annotations import KNOB_PREFIX, TEMPLATE_ATTR
 from ..schedule_templates.fusion import Fusion
 from ..targets import TargetSpec, get_target
-from .scalars import (SCALARS_ATTR, check_scalars, keyed_scalars, plan_scalars, scalars_json,
+from .scalars import (SCALARS_ATTR, check_scalars, keyed_scalars, plan_values, scalars_json,
                       scalars_label)
 
 TASK_ATTR = "tensorfuse.task"
@@ -64,15 +64,6 @@ def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
 def task_name(kernel_name: str, dims: dict) -> str:
     """``softmax[M=256,N=1024]``: a kernel at fixed sizes."""
     return f"{kernel_name}[{','.join(f'{k}={v}' for k, v in sorted(dims.items()))}]"
-
-
-def plan_values(program: Program, template: str, dims: dict, scalars: dict | None) -> dict:
-    """The plan scalars' values a workload is keyed by (none for the CPU template, which computes
-    every element whatever the mask)."""
-    if template == "cpu":
-        return {}
-    names = plan_scalars(program)
-    return {n: v for n, v in keyed_scalars(program, dims, scalars).items() if n in names}
 
 
 def task_label(base: str, plan: dict) -> str:
