@@ -353,6 +353,17 @@ def test_unlisted_variants_compile_to_the_hopper_instructions(name):
             assert instruction in ptx, f"{name}: no {instruction} in the PTX"
 
 
+@needs_nvcc
+def test_the_output_is_written_in_16_byte_pieces():
+    """The four lanes of a row trade their pairs and each writes 16 bytes (STG.E.128); no 4-byte
+    stores of the output remain (they cost the tile's end 4–6 % on the H100: RESULTS.md,
+    session 25). Without a log-sum-exp output the kernel stores nothing else to global memory
+    (the persistent schedule's counters use atomics)."""
+    _, sass = _ptxas_and_sass(hopper(K.causal_attention).source(**PREFILL))
+    stores = re.findall(r"\bSTG\.E(\.\w+)*", sass)
+    assert stores and all(".128" in "".join(s) for s in stores), stores
+
+
 def test_the_source_is_the_same_in_every_process():
     """Cubins are cached by the source's hash: generating it must not depend on Python's
     per-process hash seed (set order), or every process would build again."""
