@@ -85,7 +85,7 @@ def head_scaled_attention(q: Q, k: KV, v: KV, factor: T.Tensor["B", "H", "bf16"]
     return softmax_attend(s, v[b, h, j, e], j)
 
 
-def _valid(B: int, N: int, dtype) -> torch.Tensor:
+def _valid(B: int, N: int) -> torch.Tensor:
     """Per batch row, a padded tail and a few holes; row 0 keeps every key."""
     valid = torch.ones(B, N, dtype=torch.int32, device="cuda")
     for b in range(1, B):
@@ -112,7 +112,7 @@ def _make_table(causal: bool):
 
 def _make_padding(causal: bool):
     def make(B, H, HKV, M, N, dtype):
-        valid = _valid(B, N, dtype)
+        valid = _valid(B, N)
         keep = lambda b, h, q, kv: valid.bool()[b, kv] & ((q >= kv) if causal else True)  # noqa
         return {"valid": valid}, None, keep
     return make

@@ -88,9 +88,10 @@ def check(log=print) -> int:
             q = (torch.randn(B, hq_, M, D, device="cuda") * spread).to(dtype)
             k = (torch.randn(B, hkv_, N, D, device="cuda") * spread).to(dtype)
             v = torch.randn(B, hkv_, N, D, device="cuda").to(dtype)
-            args, mm, sm = dict(extra) if not callable(extra) else {}, mask_mod, score_mod
             if callable(extra):   # an unlisted variant: its inputs and mods at this shape
                 args, sm, mm = extra(B, hq_, hkv_, M, N, dtype)
+            else:
+                args, sm, mm = dict(extra), score_mod, mask_mod
             takes_scale = "scale" in {p.name for p in kernel.program.scalar_params}
             if mask_mod == "document":
                 doc = documents(B, N, torch.Generator().manual_seed(M))

@@ -109,13 +109,11 @@ def _expressions(plan) -> tuple[str, str, str]:
                           written=converted, clamp_loads=True)
         score = f"({written})"
     if plan.mask is not None and any(isinstance(n, Load) for n in nodes(plan.mask)):
-        # a mask reading tensors (document ids) at indices clamped into them, and evaluated for
-        # every element — not behind `j_ < N_`, which kept the compiler from sharing the loads
-        # of one row's or one column's ids between the fragment's elements
-        clamped = {name: {"i_": "ic_", "j_": "jc_"}.get(v, v) for name, v in axes.items()}
-        mask = to_cuda(plan.mask, {}, "the mask", clamped, loads=loads, clamp_loads=True)
-        masked = (f"    const int ic_ = min(i_, M_ - 1), jc_ = min(j_, N_ - 1);\n"
-                  f"    if (MASKED) v = ((j_ < N_) & ({mask})) ? v : -INFINITY;")
+        # a mask reading tensors (document ids) at indices clamped into them (``clamp_loads``),
+        # and evaluated for every element — not behind `j_ < N_`, which kept the compiler from
+        # sharing the loads of one row's or one column's ids between the fragment's elements
+        mask = to_cuda(plan.mask, {}, "the mask", axes, loads=loads, clamp_loads=True)
+        masked = f"    if (MASKED) v = ((j_ < N_) & ({mask})) ? v : -INFINITY;"
     else:
         mask = "true" if plan.mask is None else to_cuda(plan.mask, {}, "the mask", axes,
                                                          loads=loads)
