@@ -40,6 +40,34 @@ def with_other_source(f, emitter, D: int) -> None:
         launches.module = None
 
 
+def revision_calls(case, kernel, emitters: dict, knob_sets: dict | None = None,
+                   check: bool = True) -> dict:
+    """label → callable for one case: this revision's kernel (``"this"``), the same launches
+    rebuilt with each of ``emitters`` (label → emitter module), this revision with each of
+    ``knob_sets`` (label → knobs), and cuDNN where SDPA runs the variant. With ``check`` each is
+    checked against float64 first and left out if wrong; probe emitters that compute wrong
+    results on purpose are timed with ``check=False``."""
+    q, k, v, scale, extra = case.q, case.k, case.v, case.scale, case.args
+    calls = {}
+    builds = [("this", {}, None)] + [(label, {}, em) for label, em in emitters.items()] + \
+        [(label, knobs, None) for label, knobs in (knob_sets or {}).items()]
+    for label, knobs, emitter in builds:
+        f = hopper(kernel, **knobs)
+        f(q, k, v, scale=scale, **extra)   # makes the launches (this revision's source)
+        if emitter is not None:
+            with_other_source(f, emitter, q.shape[-1])
+        call = lambda f=f: f(q, k, v, scale=scale, **extra)  # noqa: E731
+        if not check or checked(case, label, call):
+            calls[label] = call
+    if case.sdpa is not None:
+        from torch.nn.attention import SDPBackend
+
+        cudnn = sdpa_call(case, SDPBackend.CUDNN_ATTENTION)
+        if not check or checked(case, "sdpa_cudnn", cudnn):
+            calls["sdpa_cudnn"] = cudnn
+    return calls
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--other", required=True, help="the other revision's emitter file")
@@ -63,25 +91,9 @@ def main(argv=None) -> int:
             if names and name not in names:
                 continue
             case = make_case(name, spec, S, gen, check_rows=64)
-            q, k, v, scale, extra = case.q, case.k, case.v, case.scale, case.args
-            impls = {}
-            labels = [("this", {}), ("other", {})]
-            if also:
-                labels.append(("this " + ",".join(f"{k}={v}" for k, v in also.items()), also))
-            for label, knobs in labels:
-                f = hopper(spec[0], **knobs)
-                f(q, k, v, scale=scale, **extra)   # makes the launches (this revision's source)
-                if label == "other":
-                    with_other_source(f, emitter, q.shape[-1])
-                made = checked(case, label, lambda f=f: f(q, k, v, scale=scale, **extra))
-                if made:
-                    impls[label] = lambda f=f: f(q, k, v, scale=scale, **extra)
-            if case.sdpa is not None:
-                from torch.nn.attention import SDPBackend
-
-                cudnn = sdpa_call(case, SDPBackend.CUDNN_ATTENTION)
-                if checked(case, "sdpa_cudnn", cudnn):
-                    impls["sdpa_cudnn"] = cudnn
+            knob_sets = {"this " + ",".join(f"{k}={v}" for k, v in also.items()): also} \
+                if also else None
+            impls = revision_calls(case, spec[0], {"other": emitter}, knob_sets)
             times = alternated(impls, args.rounds)
             ms = {label: statistics.median(t) for label, t in times.items()}
             tflops = {label: case.flops / t / 1e9 for label, t in ms.items()}

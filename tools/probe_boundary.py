@@ -22,10 +22,9 @@ import tempfile
 
 import torch
 
-from benchmarks.attention import make_case, sdpa_call, variants
+from benchmarks.attention import make_case, variants
 from benchmarks.common import alternated
-from benchmarks.hopper_ab import load_emitter, with_other_source
-from benchmarks.hopper_attention import hopper
+from benchmarks.hopper_ab import load_emitter, revision_calls
 
 EMITTER = os.path.join(os.path.dirname(__file__), "..", "tensorfuse", "targets", "cuda",
                        "hopper_attention.py")
@@ -78,18 +77,7 @@ def main() -> None:
                 if name not in args.only.split(","):
                     continue
                 case = make_case(name, spec, S, gen, check_rows=64)
-                q, k, v, scale, extra = case.q, case.k, case.v, case.scale, case.args
-                calls = {}
-                for label in ["this", *probes]:
-                    f = hopper(spec[0])
-                    f(q, k, v, scale=scale, **extra)
-                    if label in probes:
-                        with_other_source(f, probes[label], q.shape[-1])
-                        f(q, k, v, scale=scale, **extra)
-                    calls[label] = lambda f=f: f(q, k, v, scale=scale, **extra)
-                if case.sdpa is not None:
-                    from torch.nn.attention import SDPBackend
-                    calls["sdpa_cudnn"] = sdpa_call(case, SDPBackend.CUDNN_ATTENTION)
+                calls = revision_calls(case, spec[0], probes, check=False)
                 times = alternated(calls, args.rounds)
                 ms = {label: statistics.median(t) for label, t in times.items()}
                 print(f"{name:12s} S={S} " + "  ".join(
