@@ -56,23 +56,29 @@ CHECK_SHAPES = [dict(B=2, M=333, N=333), dict(B=1, M=200, N=517), dict(B=1, M=70
 # the template's own choice, and the persistent schedules on few CTAs (many tiles each)
 CHECK_SCHEDULES = [dict(), dict(schedule="dynamic", ctas=3), dict(schedule="snake", ctas=5),
                    dict(block_n=176)]   # what wide_blocks_pay picks for long causal rows
+# unmasked variants with the last round's tiles split along the keys: 24 tiles of 12 (D=128) or
+# 16 (D=64) key blocks on 5 CTAs (pieces of 10 / 13 blocks, crossing tiles) and on 7 (6 / 7)
+SPLIT_SHAPE = dict(B=1, M=700, N=2000)
+SPLIT_SCHEDULES = [dict(schedule="split", ctas=5), dict(schedule="split", ctas=7)]
 
 
 def check(log=print) -> int:
     """Every variant on every check shape (and wide-range inputs); returns the number wrong."""
     wrong = 0
-    cases = [(name, spec, shape, spread)
-             for name, spec in variants(1024, H=4, window=97, prefix=77, radius=45).items()
+    listed = variants(1024, H=4, window=97, prefix=77, radius=45)
+    cases = [(name, spec, shape, spread) for name, spec in listed.items()
              for shape in CHECK_SHAPES for spread in (1.0, 4.0)]
     f16 = (causal_attention_f16, {}, None, lambda b, h, q, kv: q >= kv, None, 4, 4)
     cases += [("causal_f16", f16, CHECK_SHAPES[1], 1.0), ("causal_f16", f16, CHECK_SHAPES[0], 4.0)]
     # variants no issue lists (benchmarks.attention_unlisted): their inputs and mods made per shape
     cases += [(name, (kernel, make, None, None, None) + heads, shape, 1.0)
               for name, (kernel, make, heads) in UNLISTED.items() for shape in CHECK_SHAPES[:2]]
-    for name, (kernel, extra, score_mod, mask_mod, _, hq, hkv), shape, spread, knobs in (
-            case + (knobs,) for case in cases for knobs in CHECK_SCHEDULES
+    runs = [case + (knobs,) for case in cases for knobs in CHECK_SCHEDULES
             if (case[3] == 1.0 or not knobs) and
-            (case[0] not in UNLISTED or knobs in ({}, {"block_n": 176}))):
+            (case[0] not in UNLISTED or knobs in ({}, {"block_n": 176}))]
+    runs += [(name, spec, SPLIT_SHAPE, spread, knobs) for name, spec in listed.items()
+             if spec[3] is None for spread in (1.0, 4.0) for knobs in SPLIT_SCHEDULES]
+    for name, (kernel, extra, score_mod, mask_mod, _, hq, hkv), shape, spread, knobs in runs:
         if mask_mod == "document" and shape["M"] > shape["N"]:
             continue   # queries before the first key have no document (doc[b, negative])
         # the scale goes into the exponent's FFMA when it is positive; a negative or zero one

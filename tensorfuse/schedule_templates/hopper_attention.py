@@ -24,7 +24,7 @@ from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .block_schedule import block_lists
 from .fusion import Fusion
 from .hopper_attention_plan import (check_hopper, plan_hopper_attention, planned_schedule,
-                                    shared_bytes, with_knobs)
+                                    shared_bytes, split_workspace, with_knobs)
 from .tile_order import pick_persistent
 
 
@@ -107,8 +107,12 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         smem = shared_bytes(knobs, D)
         entries = [KernelEntry(ENTRY, tuple(arguments))]
         maps = DeviceMaps()
-        counters = StreamScratch([((2,), "i32", True)])   # (claimed, finished CTAs)
         how, ctas, tiles = planned_schedule(plan, knobs, dims)
+        # (claimed, finished CTAs, then a count of merged pieces per split tile and consumer
+        # warpgroup); the split tiles' partial states: 2 slots a piece, at most one piece a CTA
+        scratch = StreamScratch([((2 + ctas * knobs.consumers,), "i32", True),
+                                 ((split_workspace(knobs, ctas, D) if how == "split" else 4,),
+                                  "f32", False)])
         # "auto" that came out persistent: the mask's block costs may favour the snake
         lists = _Lists(plan, knobs, ctas if knobs.schedule == "auto" and how == "dynamic"
                        else None)
@@ -134,11 +138,11 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
             scalars = [values[n] for n, _ in c.scalars]
             now = favoured or how
             grid = (math.ceil(M / knobs.block_m), B * H) if now == "grid" else (ctas, 1)
-            claimed = counters(device)[0] if now == "dynamic" else pn
+            counters, work = scratch(device) if now in ("dynamic", "split") else (pn, pn)
             module[ENTRY](pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
                           pointer(out), pointer(lse), pointer(pn), pointer(pi), pointer(fn),
                           pointer(fi),
-                          pointer(claimed), MODES[now], *tensors, B, H, HKV, M, N,
+                          pointer(counters), pointer(work), MODES[now], *tensors, B, H, HKV, M, N,
                           *(dims[d] for d in plan.extra_sizes), *scalars,
                           *grid, knobs.threads, 1, smem)
 

@@ -31,7 +31,8 @@ from .attention_chain import AttentionChain, check_head_map, recognise_attention
 
 WHO = "hopper attention"
 KNOBS = ("block_n", "stages", "consumers", "overlap", "pingpong", "schedule", "ctas")
-SCHEDULES = ("auto", "grid", "dynamic", "snake")
+SCHEDULES = ("auto", "grid", "dynamic", "snake", "split")
+SPLIT_AUTO = False   # "auto" takes "split" without a mask (not yet measured on the H100)
 REGISTERS = 65536            # per SM
 PRODUCER_REGISTERS = 24      # the producer warpgroup keeps the fewest setmaxnreg allows
 
@@ -42,7 +43,9 @@ class HopperKnobs:
     of ``stages`` shared-memory slots; ``overlap``: issue the next block's q·kᵀ before this
     block's softmax; ``schedule``: how CTAs take (row block, head) tiles — ``"grid"`` (one CTA
     per tile), ``"dynamic"`` (persistent CTAs claiming tiles from a counter), ``"snake"``
-    (persistent CTAs in alternating rounds) or ``"auto"`` (:func:`schedule_for`); ``ctas``: how
+    (persistent CTAs in alternating rounds), ``"split"`` (``"dynamic"`` with the tiles of the last
+    partial round cut along the keys into pieces for every CTA, merged by the last piece to
+    finish; plans without a mask) or ``"auto"`` (:func:`schedule_for`); ``ctas``: how
     many persistent CTAs (0: one per SM). The last two are launch arguments: every schedule runs
     the same cubin."""
 
@@ -164,9 +167,17 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
 def shared_bytes(knobs: HopperKnobs, D: int) -> int:
     """Dynamic shared memory: the queries, ``stages`` key and value slots, the mbarriers (the
     queries', four per slot, the queries' release, two tile slots' full and free), the two
-    claimed tile indices, plus 1 KiB for aligning the 128-byte-swizzled tiles."""
+    claimed items (tile, first key block, key blocks) and the consumers' merge flags, plus 1 KiB
+    for aligning the 128-byte-swizzled tiles."""
     tiles = knobs.block_m * D * 2 + 2 * knobs.stages * knobs.block_n * D * 2
-    return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 8 + 1024
+    return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 48 + 1024
+
+
+def split_workspace(knobs: HopperKnobs, ctas: int, D: int) -> int:
+    """Floats the ``"split"`` schedule's partial states take: two parts of each of at most
+    ``ctas`` pieces, each consumer warpgroup's 64 rows of ``o`` (f32) and their maxima and sums
+    (a 16-byte piece per thread)."""
+    return 2 * ctas * knobs.consumers * 128 * (D // 8 + 1) * 4
 
 
 def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None = None,
@@ -249,6 +260,9 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
                       "for q·kᵀ, k16 steps for p·v)")
     if knobs.schedule not in SCHEDULES:
         raise _refuse(f"schedule={knobs.schedule!r}: one of {', '.join(SCHEDULES)}")
+    if knobs.schedule == "split" and plan.mask is not None:
+        raise _refuse("schedule='split' cuts tiles of equal length along the keys; a mask gives "
+                      "each row block its own key blocks: use 'dynamic' or 'snake'")
     if knobs.ctas < 0:
         raise _refuse(f"ctas={knobs.ctas}: a count of persistent CTAs (0: one per SM)")
     if knobs.stages not in (2, 3, 4):
@@ -301,18 +315,24 @@ def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict,
     return knobs
 
 
-def schedule_for(knobs: HopperKnobs, tiles: int, sms: int) -> tuple[str, int]:
+def schedule_for(knobs: HopperKnobs, tiles: int, sms: int,
+                 masked: bool = True) -> tuple[str, int]:
     """The schedule and grid of a call with ``tiles`` (row block, head) tiles on ``sms`` SMs:
     the knob's, with ``"auto"`` resolved — one CTA per tile where there are fewer than two per
     SM (a persistent CTA would have at most two tiles, and the hardware's dynamic hand-out
     balances those better), else persistent CTAs claiming tiles from a counter (a masked kernel
     whose mask reads no tensor may still take the snake, decided per call from its block lists:
     :func:`.tile_order.pick_persistent`). On the H100 (session 20, S=4096) persistent CTAs
-    gained 1.8–8 % over one CTA per tile."""
+    gained 1.8–8 % over one CTA per tile. Without a mask (``masked=False``: tiles of equal
+    length) the persistent CTAs split the last partial round's tiles along the keys
+    (``"split"``), which the kernel does where the pieces would be long enough to pay (at least
+    ``MIN_PIECE`` key blocks): with 1024 tiles on 132 SMs the last round keeps 100 SMs busy and
+    32 idle for a tile's time."""
     ctas = min(tiles, knobs.ctas or sms)
     schedule = knobs.schedule
     if schedule == "auto":
-        schedule = "grid" if tiles < 2 * sms else "dynamic"
+        schedule = "grid" if tiles < 2 * sms else "dynamic" if masked or not SPLIT_AUTO \
+            else "split"
     return schedule, (tiles if schedule == "grid" else ctas)
 
 
@@ -325,4 +345,4 @@ def planned_schedule(plan: HopperAttentionPlan, knobs: HopperKnobs,
     B, H, _, M = (sizes[d] for d in plan.chain.dims[:4])
     tiles = math.ceil(M / knobs.block_m) * B * H
     gpu = local_gpu()
-    return schedule_for(knobs, tiles, gpu[1] if gpu else 132) + (tiles,)
+    return schedule_for(knobs, tiles, gpu[1] if gpu else 132, plan.mask is not None) + (tiles,)

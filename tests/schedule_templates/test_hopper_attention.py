@@ -21,7 +21,7 @@ from tensorfuse.schedule_templates.hopper_attention_plan import (HopperKnobs, ch
                                                                  schedule_for,
                                                                  plan_hopper_attention,
                                                                  shared_bytes, with_knobs)
-from tensorfuse.targets.cuda.hopper_attention import HOPPER_PTX
+from tensorfuse.targets.cuda.hopper_attention import HOPPER_PTX, MIN_PIECE, TAIL_HELPERS
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
 CHAIN = ("m", "l", "o")
@@ -110,15 +110,19 @@ def _ptxas_and_sass(source: str) -> tuple[str, str]:
 def assert_consumers_do_not_spill(source: str) -> None:
     """No local-memory spill in the consumers' code; the producer — one thread issuing copies on
     the 24 registers ``setmaxnreg`` leaves it — may spill a few words (≤ 128 bytes). ptxas lays
-    the producer's branch out after its ``USETMAXREG.DEALLOC``, the consumers' before it."""
+    the producer's branch out after its ``USETMAXREG.DEALLOC``, the consumers' between their
+    ``USETMAXREG.TRY_ALLOC`` and it (before that: the prologue every thread runs once, where a
+    value the producer needs later may be stored)."""
     report, sass = _ptxas_and_sass(source)
     assert "serializ" not in report.lower(), report
     stores = re.search(r"(\d+) bytes spill stores", report)
     assert stores and int(stores.group(1)) <= 128, report
     lines = sass.splitlines()
+    alloc = next(i for i, line in enumerate(lines) if "USETMAXREG.TRY_ALLOC" in line)
     dealloc = next(i for i, line in enumerate(lines) if "USETMAXREG.DEALLOC" in line)
     spills = [i for i, line in enumerate(lines) if re.search(r"\b(STL|LDL)\b", line)]
-    assert all(i > dealloc for i in spills), [lines[i] for i in spills if i < dealloc]
+    assert alloc < dealloc and not any(alloc < i < dealloc for i in spills), \
+        [lines[i] for i in spills if alloc < i < dealloc]
 
 
 @needs_nvcc
@@ -182,6 +186,8 @@ def test_every_schedule_runs_one_cubin():
     its PTX holds the counter claim of the dynamic one."""
     sources = {hopper(K.causal_attention, schedule=s).source(**PREFILL)
                for s in ("grid", "dynamic", "snake", "auto")}
+    assert len({hopper(K.attention, schedule=s).source(**PREFILL)
+                for s in ("grid", "split", "auto")}) == 1
     assert len(sources) == 1
     assert "atom.global.add" in hopper(K.causal_attention).ptx(**PREFILL)
 
@@ -206,6 +212,84 @@ def test_auto_schedule_is_persistent_from_two_tiles_per_sm():
     assert schedule_for(HopperKnobs(schedule="grid", ctas=3), 1000, 132) == ("grid", 1000)
     f = hopper(K.causal_attention)
     assert "tiles: dynamic schedule on" in f.schedule_origin(B=4, H=32, M=4096, N=4096, D=128)
+
+
+TAIL_CHECK = r"""
+#include <cstdio>
+#include <vector>
+#define MIN_PIECE %d
+%s
+// every (tiles, CTAs, key blocks per tile): 1 on the first failure, printing it
+int main() {
+  for (int tiles = 1; tiles <= 300; tiles += 7)
+  for (int ctas = 1; ctas <= 140; ctas += 3)
+  for (int C = 1; C <= 40; ++C) {
+    const Tail s = tail_of(tiles, ctas, C, true);
+    const int r = tiles - s.tile0;
+#define FAIL(why) { printf("tiles %%d ctas %%d C %%d: %%s\n", tiles, ctas, C, why); return 1; }
+    if (s.pieces > ctas || (s.pieces && (r >= ctas || s.L >= C || s.L < MIN_PIECE)))
+      FAIL("more pieces than CTAs, tiles than counters, or pieces of the wrong length");
+    if (!s.pieces && r) FAIL("split tiles without pieces");
+    std::vector<int> seen(tiles * C, 0), arrived(r, 0), slot(2 * s.pieces + 2, 0);
+    for (int c = 0; c < s.tile0 + s.pieces; ++c) {
+      int t, f, n, x = 0;
+      for (; item_at(c, s, x, t, f, n); ++x) {
+        if (x >= 2 || n < 1 || f < 0 || f + n > C || t < 0 || t >= tiles) FAIL("bad item");
+        for (int u = f; u < f + n; ++u) seen[t * C + u] += 1;
+        if (t < s.tile0) { if (f || n != C || c != t) FAIL("a whole tile cut"); continue; }
+        const int tl = t - s.tile0, p = (tl * C + f) / s.L;
+        if (f == 0 && n == C) FAIL("a split tile in one piece (its rows would not be merged)");
+        if (p != c - s.tile0 || p < first_piece(s, tl) || p > last_piece(s, tl))
+          FAIL("a piece outside its tile's pieces");
+        if (piece_slot(s, tl, p) >= 2 * s.pieces || slot[piece_slot(s, tl, p)]++)
+          FAIL("two parts in one workspace slot");
+        arrived[tl] += 1;
+      }
+      if (x == 0) FAIL("a claim with no item");
+    }
+    for (int u = 0; u < tiles * C; ++u) if (seen[u] != 1) FAIL("a key block not covered once");
+    for (int tl = 0; tl < r; ++tl)
+      if (arrived[tl] != last_piece(s, tl) - first_piece(s, tl) + 1) FAIL("arrivals miscounted");
+  }
+  printf("ok\n");
+  return 0;
+}
+"""
+
+
+@needs_nvcc
+def test_split_tiles_cover_every_key_block_once_and_merge_every_piece():
+    """The ``split`` schedule's tail, run on the CPU from the kernel's own helpers: for many
+    (tiles, CTAs, key blocks per tile) the claims' items cover each tile's key blocks exactly
+    once, a claim is one or two items, pieces are MIN_PIECE or more blocks and no more than the
+    CTAs, a split tile is never one piece (its merge would be skipped), and each split tile's
+    arrivals are exactly its pieces, each in a workspace slot of its own."""
+    with tempfile.TemporaryDirectory() as d:
+        path, exe = os.path.join(d, "tail.cu"), os.path.join(d, "tail")
+        with open(path, "w") as f:
+            f.write(TAIL_CHECK % (MIN_PIECE, TAIL_HELPERS))
+        built = subprocess.run(["nvcc", "-O1", "-o", exe, path], capture_output=True, text=True)
+        assert built.returncode == 0, built.stderr[-2000:]
+        ran = subprocess.run([exe], capture_output=True, text=True)
+    assert ran.returncode == 0 and ran.stdout.strip() == "ok", ran.stdout
+
+
+def test_split_is_the_unmasked_persistent_schedule():
+    """Without a mask the persistent default splits the last round's tiles; a mask keeps the
+    counter (its tiles differ in length), and asking it to split is refused with the reason."""
+    from tensorfuse.schedule_templates import hopper_attention_plan
+
+    if not hopper_attention_plan.SPLIT_AUTO:
+        pytest.skip("auto does not split yet")
+    knobs = HopperKnobs()
+    assert schedule_for(knobs, 1024, 132, masked=False) == ("split", 132)
+    assert schedule_for(knobs, 200, 132, masked=False) == ("grid", 200)
+    assert schedule_for(knobs, 1024, 132, masked=True) == ("dynamic", 132)
+    full = hopper(K.attention)
+    assert "split schedule on 132" in full.schedule_origin(B=2, H=16, M=4096, N=4096, D=128)
+    with pytest.raises(ScheduleError, match="split.*mask"):
+        check_hopper(plan_of(K.causal_attention), HopperKnobs(schedule="split"), PREFILL,
+                     H100_SHARED)
 
 
 def test_bad_schedules_are_refused():
@@ -258,17 +342,21 @@ def test_every_variant_matches_float64_on_the_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["dynamic", "snake"])
+@pytest.mark.parametrize("schedule", ["dynamic", "snake", "split"])
 def test_persistent_schedules_replay_in_a_cuda_graph(schedule):
     """Persistent CTAs on few SMs (many tiles each) in a captured graph, replayed with fresh
-    inputs: the dynamic schedule's counters are the graph's own and reset on every replay."""
+    inputs: the dynamic schedule's counters are the graph's own and reset on every replay; the
+    split one (full attention: 56 tiles on 5 CTAs, the last one cut in two pieces) merges its
+    pieces through the graph's own workspace."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
     from benchmarks.attention import reference
     from benchmarks.common import relative_error
 
-    f = hopper(K.causal_attention, schedule=schedule, ctas=4)
+    causal = schedule != "split"
+    f = hopper(K.causal_attention if causal else K.attention, schedule=schedule,
+               ctas=4 if causal else 5)
     B, H, M, D = 2, 4, 777, 128
 
     def fresh():
@@ -286,7 +374,7 @@ def test_persistent_schedules_replay_in_a_cuda_graph(schedule):
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        ref = reference(q, k, v, D ** -0.5, None, lambda b, h, i, j: i >= j)
+        ref = reference(q, k, v, D ** -0.5, None, (lambda b, h, i, j: i >= j) if causal else None)
         assert relative_error(out.double(), ref) <= 2e-2
 
 

@@ -15,7 +15,14 @@ the longest row blocks (masked variants) first. How CTAs take tiles is the kerne
 - ``SNAKE`` (2): persistent CTAs taking tiles in rounds of ``gridDim.x``, forwards in even rounds
   and backwards in odd ones (CTA c: tiles c, 2g − 1 − c, 2g + c, …), so that in the masked
   variants, whose costs fall within each head, the CTA with the longest tile of a round takes a
-  short one in the next — no counter at all.
+  short one in the next — no counter at all;
+- ``SPLIT`` (3, plans without a mask): ``DYNAMIC``, but the tiles of the last partial round
+  (``tiles % gridDim.x``, which would keep that many SMs busy while the others idle) are cut along
+  the keys into pieces of at least ``MIN_PIECE`` key blocks, one claim each, a piece possibly
+  ending one tile and beginning the next. Each piece's consumers write their partial state (``o``
+  unscaled, the rows' maxima and sums) to a workspace; the warpgroup whose piece of the rows
+  finishes last (a counter per tile and warpgroup, which it resets) merges the others into its
+  own and writes the output — nobody waits, so concurrent launches cannot deadlock.
 
 In the persistent modes the producer thread claims each tile and hands its index to the consumers
 through a two-slot shared-memory ring (mbarriers ``tile_full``/``tile_free``); the query tile is
@@ -59,12 +66,71 @@ from .wgmma import wgmma_function
 
 ENTRY = "tf_hopper_attention"
 # how CTAs take tiles (the kernel's ``mode`` argument)
-GRID, DYNAMIC, SNAKE = 0, 1, 2
-MODES = {"grid": GRID, "dynamic": DYNAMIC, "snake": SNAKE}
+GRID, DYNAMIC, SNAKE, SPLIT = 0, 1, 2, 3
+MODES = {"grid": GRID, "dynamic": DYNAMIC, "snake": SNAKE, "split": SPLIT}
+# split tiles: pieces of at least this many key blocks (each piece's partial costs its merger a
+# read of 34 KB a warpgroup at D = 128, about a third of a 176-key block's products)
+MIN_PIECE = 4
 
 # What the PTX of every Hopper attention kernel holds (checked by the tests).
 HOPPER_PTX = ("wgmma.mma_async", "cp.async.bulk.tensor.3d", "mbarrier.try_wait",
               "setmaxnreg.inc", "setmaxnreg.dec", "ex2.approx")
+
+# MODE_SPLIT's tail (host and device code: the tests run it on the CPU).
+TAIL_HELPERS = r"""// MODE_SPLIT's tail: the last `tiles % ctas` tiles (C key blocks each), which would leave
+// CTAs idle in a last partial round, cut into `pieces` of L consecutive key blocks -- a piece may
+// end one tile and begin the next -- claimed after the whole tiles. The partial states of a
+// tile's pieces are merged by whichever of them finishes last; no CTA waits for another.
+struct Tail {
+  int tile0;    // the first split tile (the tiles before it run whole)
+  int C;        // key blocks of a tile
+  int L;        // key blocks of a piece
+  int pieces;   // pieces (0: nothing is split)
+  int units;    // key blocks of the split tiles
+};
+__host__ __device__ __forceinline__ Tail tail_of(int tiles, int ctas, int C, bool split) {
+  Tail s;
+  const int r = split ? tiles % ctas : 0;
+  int L = (r * C + ctas - 1) / ctas;
+  L = L < MIN_PIECE ? MIN_PIECE : L;
+  s.C = C;
+  if (r == 0 || L >= C) {   // nothing to gain: every tile whole
+    s.tile0 = tiles; s.L = C; s.pieces = 0; s.units = 0;
+    return s;
+  }
+  s.tile0 = tiles - r; s.L = L; s.units = r * C; s.pieces = (s.units + L - 1) / L;
+  return s;
+}
+// Work `c` of a launch (tile0 whole tiles, then the pieces) is one or two items: its x-th (0 or
+// 1) is tile t's key blocks f … f + n - 1. False: it has no x-th item.
+__host__ __device__ __forceinline__ bool item_at(int c, const Tail& s, int x, int& t, int& f,
+                                                 int& n) {
+  if (c < s.tile0) {
+    t = c; f = 0; n = s.C;
+    return x == 0;
+  }
+  if (x > 1) return false;
+  int u = (c - s.tile0) * s.L;
+  const int u1 = u + s.L < s.units ? u + s.L : s.units;
+  if (x) u = (u / s.C + 1) * s.C;   // the piece's continuation into the next tile
+  if (u >= u1) return false;
+  const int tl = u / s.C, end = u1 < (tl + 1) * s.C ? u1 : (tl + 1) * s.C;
+  t = s.tile0 + tl; f = u - tl * s.C; n = end - u;
+  return true;
+}
+// The pieces holding key blocks of split tile `tl`: lo … hi.
+__host__ __device__ __forceinline__ int first_piece(const Tail& s, int tl) {
+  return tl * s.C / s.L;
+}
+__host__ __device__ __forceinline__ int last_piece(const Tail& s, int tl) {
+  return ((tl + 1) * s.C - 1) / s.L;
+}
+// The workspace slot of piece p's part in split tile tl: 2p for the part it begins with, 2p + 1
+// for its continuation into the next tile.
+__host__ __device__ __forceinline__ int piece_slot(const Tail& s, int tl, int p) {
+  return 2 * p + (p * s.L < tl * s.C ? 1 : 0);
+}
+"""
 
 _TYPES = {"bf16": ("__nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn"),
           "f16": ("__half", "__half2", "__floats2half2_rn")}
@@ -73,14 +139,14 @@ _TYPES = {"bf16": ("__nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn"),
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
     maps, the output, the log-sum-exp output (written where the plan has one: ``LSE``), the
-    block lists, the tile counters and the scheduling mode, tensors the score or mask read, the
+    block lists, the tile counters, the split tiles' workspace and the scheduling mode, tensors the score or mask read, the
     sizes (the chain's, then the others the score or mask reads), the scalars."""
     lists = "const int* __restrict__"
     args = [("maps", "handle", "const void*"), ("out", "handle", "void*"),
             ("lse_out", "handle", "float* __restrict__"),
             ("pn", "handle", lists), ("pi", "handle", lists), ("fn", "handle", lists),
             ("fi", "handle", lists), ("counters", "handle", "int* __restrict__"),
-            ("mode", "int32", "int")]
+            ("work", "handle", "float4* __restrict__"), ("mode", "int32", "int")]
     return args + tensor_arguments(plan.tensors) + \
         [(d, "int32", "int") for d in ("B_", "H_", "HKV_", "M_", "N_")] + \
         [(f"TF_SIZE_{d}", "int32", "int") for d in plan.extra_sizes] + \
@@ -140,7 +206,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
     args = kernel_arguments(plan)
     params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
     # what the score and mask may read: tensors, sizes, scalars
-    extra_params, extra_args = forwarded(args[9:])
+    extra_params, extra_args = forwarded(args[10:])
     score, masked, scale = _expressions(plan)
     sizes = size_aliases(zip(chain.dims, ("B_", "H_", "HKV_", "M_", "N_", "D_")))
     return f"""{header}#include <math.h>
@@ -174,6 +240,9 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
 #define LSE {int(bool(chain.lse))}   // write each row's log-sum-exp (natural log) to lse_out
 #define MODE_GRID {GRID}      // the ``mode`` argument: how CTAs take tiles
 #define MODE_DYNAMIC {DYNAMIC}
+#define MODE_SPLIT {SPLIT}
+#define MODE_SNAKE_ {SNAKE}
+#define MIN_PIECE {MIN_PIECE}
 #define ATOMS (D_ / 64)                 // 128-byte swizzle atoms along the head dim
 #define Q_BYTES (BM * D_ * 2)
 #define KV_BYTES (BN * D_ * 2)
@@ -296,7 +365,7 @@ __device__ __forceinline__ void rescale(float (&o)[D_ / 2], const float (&corr)[
 // `base`). Kept small: the producer runs on 32 registers, and a consumer at block_n = 176 on
 // nearly all of its 240.
 struct Tile {{
-  int rb, bh, kv, n_partial, count;
+  int rb, bh, kv, n_partial, first, count;
   unsigned base;
 }};
 __device__ __forceinline__ Tile tile_at(int t, int row_blocks, const int* pn, const int* fn,
@@ -313,6 +382,7 @@ __device__ __forceinline__ Tile tile_at(int t, int row_blocks, const int* pn, co
 #else
   w.base = 0;
   w.n_partial = 0;
+  w.first = 0;
   w.count = (N_ + BN - 1) / BN;
 #endif
   return w;
@@ -322,15 +392,73 @@ __device__ __forceinline__ int key_block(const Tile& w, int it, const int* pi, c
 #if LISTS
   return it < w.n_partial ? pi[w.base + it] : fi[w.base + it - w.n_partial];
 #else
-  return it;
+  return w.first + it;
 #endif
 }}
 
-// The k-th tile of this CTA (`tiles` or more: none left). Called by the producer thread only.
-__device__ __forceinline__ int claim_tile(int k, int mode, int* counters, int tiles) {{
+{TAIL_HELPERS}
+// A warpgroup's own barrier (ids past the consumers' turns).
+__device__ __forceinline__ void tf_wg_sync(int cw) {{
+  asm volatile("bar.sync %0, 128;" :: "r"(1 + CONSUMERS + cw) : "memory");
+}}
+// A piece of a split tile (MODE_SPLIT): the warpgroup's partial state of its 64 rows -- o
+// unscaled, each row's base-2 maximum and sum (summed over the row's lanes) -- goes to the
+// workspace in fragment order; the warpgroup that completes the rows' pieces last (a counter per
+// tile and warpgroup, which it resets) merges the others' into its own and returns true: it
+// writes the output. Every thread writes and reads its own fragment's 16-byte pieces.
+__device__ __forceinline__ bool merge_piece(float (&o)[D_ / 2], float (&m)[2], float (&l)[2],
+    const Tail& s, int tile, int first, int cw, int t, float4* work, int* counters,
+    volatile int* flags) {{
+  const int tl = tile - s.tile0, p = (tl * s.C + first) / s.L;
+  const int lo = first_piece(s, tl), hi = last_piece(s, tl);
+  const long stride = (D_ / 8 + 1) * 128;   // float4s of one warpgroup's partial
+  float4* mine = work + ((long)piece_slot(s, tl, p) * CONSUMERS + cw) * stride + t;
+  #pragma unroll
+  for (int r = 0; r < D_ / 8; ++r)
+    __stcg(mine + r * 128, make_float4(o[4 * r], o[4 * r + 1], o[4 * r + 2], o[4 * r + 3]));
+  __stcg(mine + (D_ / 8) * 128, make_float4(m[0], m[1], l[0], l[1]));
+  __threadfence();
+  tf_wg_sync(cw);
+  if (t == 0) {{
+    int* arrived = counters + 2 + tl * CONSUMERS + cw;
+    const bool last = atomicAdd(arrived, 1) == hi - lo;
+    if (last) atomicExch(arrived, 0);   // for the next launch
+    flags[cw] = last;
+  }}
+  tf_wg_sync(cw);
+  if (!flags[cw]) return false;
+  __threadfence();
+  for (int q = lo; q <= hi; ++q) {{
+    if (q == p) continue;
+    const float4* theirs = work + ((long)piece_slot(s, tl, q) * CONSUMERS + cw) * stride + t;
+    const float4 ml = __ldcg(theirs + (D_ / 8) * 128);
+    const float mq[2] = {{ml.x, ml.y}}, lq[2] = {{ml.z, ml.w}};
+    float a[2], b[2];
+    #pragma unroll
+    for (int x = 0; x < 2; ++x) {{
+      const float mx = fmaxf(m[x], mq[x]);
+      const float use = mx == -INFINITY ? 0.0f : mx;
+      a[x] = tf_exp2(m[x] - use);
+      b[x] = tf_exp2(mq[x] - use);
+      m[x] = mx;
+      l[x] = l[x] * a[x] + lq[x] * b[x];
+    }}
+    #pragma unroll
+    for (int r = 0; r < D_ / 8; ++r) {{
+      const float4 v = __ldcg(theirs + r * 128);
+      o[4 * r] = o[4 * r] * a[0] + v.x * b[0];
+      o[4 * r + 1] = o[4 * r + 1] * a[0] + v.y * b[0];
+      o[4 * r + 2] = o[4 * r + 2] * a[1] + v.z * b[1];
+      o[4 * r + 3] = o[4 * r + 3] * a[1] + v.w * b[1];
+    }}
+  }}
+  return true;
+}}
+// The k-th work of this CTA (`works` or more: none left). Called by the producer thread only.
+__device__ __forceinline__ int claim_tile(int k, int mode, int* counters, int works) {{
   if (k == 0) return mode == MODE_GRID ? blockIdx.y * gridDim.x + blockIdx.x : blockIdx.x;
-  if (mode == MODE_GRID) return tiles;
-  if (mode == MODE_DYNAMIC) return atomicAdd(counters, 1) + gridDim.x;
+  if (mode == MODE_GRID) return works;
+  if (mode != MODE_SNAKE_) return atomicAdd(counters, 1) + gridDim.x;
   const int g = gridDim.x;
   return k * g + ((k & 1) ? g - 1 - (int)blockIdx.x : (int)blockIdx.x);
 }}
@@ -351,13 +479,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   unsigned long long* q_free = empty_v + STAGES;      // every consumer's last q·kᵀ of a tile issued
   unsigned long long* tile_full = q_free + 1;         // two slots of claimed tile indices
   unsigned long long* tile_free = tile_full + 2;
-  volatile int* tile_ids = (volatile int*)(tile_free + 2);
+  volatile int* tile_ids = (volatile int*)(tile_free + 2);   // two slots: tile, first block, blocks
+  volatile int* flags = tile_ids + 8;                         // a warpgroup's "merged last"
   const void* q_map = (const char*)maps;
   const void* k_map = (const char*)maps + 128;
   const void* v_map = (const char*)maps + 256;
 
   const int row_blocks = (M_ + BM - 1) / BM;
   const int tiles = row_blocks * B_ * H_;
+  // key blocks of an unmasked tile, and the split tiles (computed where used: the consumers
+  // keep no registers for them through the loop)
+#define C_ ((N_ + BN - 1) / BN)
+#define TAIL tail_of(tiles, gridDim.x, C_, !LISTS && mode == MODE_SPLIT)
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {{
     tf_mbar_init(bar_q, 1);
@@ -382,38 +515,54 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       tf_tensormap_acquire(q_map);
       tf_tensormap_acquire(k_map);
       tf_tensormap_acquire(v_map);
+      const Tail tail = TAIL;
+      const int works = tail.tile0 + tail.pieces;   // whole tiles, then pieces
       int use = 0;   // key/value blocks loaded so far: the ring's slot and phase run on
-      for (int k = 0;; ++k) {{
-        const int t = claim_tile(k, mode, counters, tiles);
-        if (k >= 2) tf_mbar_wait(tile_free + (k & 1), ((k >> 1) - 1) & 1);
-        tile_ids[k & 1] = t;
-        tf_mbar_arrive(tile_full + (k & 1));
-        if (t >= tiles) break;
-        const Tile w = tile_at(t, row_blocks, pn, fn, H_, HKV_, N_);
-        if (k >= 1) tf_mbar_wait(q_free, (k - 1) & 1);
-        tf_mbar_expect(bar_q, Q_BYTES);
-        #pragma unroll
-        for (int a = 0; a < ATOMS; ++a)
-          tf_tma_load_3d(q_tile + a * BM * 128, q_map, a * 64, w.rb * BM, w.bh, bar_q);
-        for (int it = 0; it < w.count; ++it) {{
-          const int u = use + it, s = u % STAGES;
-          const int n0 = key_block(w, it, pi, fi) * BN;
-          if (u >= STAGES) tf_mbar_wait(empty_k + s, ((u / STAGES) - 1) & 1);
-          tf_mbar_expect(full_k + s, KV_BYTES);
+      int k = 0;     // items handed to the consumers
+      for (int claim = 0, done = 0; !done; ++claim) {{
+        const int c = claim_tile(claim, mode, counters, works);
+        for (int x = 0;; ++x, ++k) {{
+          int t = tiles, f = 0, n = 0;   // `tiles`: none left
+          if (c < works && !item_at(c, tail, x, t, f, n)) break;   // the claim's items handed on
+          if (k >= 2) tf_mbar_wait(tile_free + (k & 1), ((k >> 1) - 1) & 1);
+          tile_ids[4 * (k & 1)] = t;
+          tile_ids[4 * (k & 1) + 1] = f;
+          tile_ids[4 * (k & 1) + 2] = n;
+          tf_mbar_arrive(tile_full + (k & 1));
+          if (t >= tiles) {{
+            done = 1;
+            break;
+          }}
+          Tile w = tile_at(t, row_blocks, pn, fn, H_, HKV_, N_);
+#if !LISTS
+          w.first = f;
+          w.count = n;
+#endif
+          if (k >= 1) tf_mbar_wait(q_free, (k - 1) & 1);
+          tf_mbar_expect(bar_q, Q_BYTES);
           #pragma unroll
           for (int a = 0; a < ATOMS; ++a)
-            tf_tma_load_3d(k_tiles + s * KV_BYTES + a * BN * 128, k_map, a * 64, n0, w.kv,
-                           full_k + s);
-          if (u >= STAGES) tf_mbar_wait(empty_v + s, ((u / STAGES) - 1) & 1);
-          tf_mbar_expect(full_v + s, KV_BYTES);
-          #pragma unroll
-          for (int a = 0; a < ATOMS; ++a)
-            tf_tma_load_3d(v_tiles + s * KV_BYTES + a * BN * 128, v_map, a * 64, n0, w.kv,
-                           full_v + s);
+            tf_tma_load_3d(q_tile + a * BM * 128, q_map, a * 64, w.rb * BM, w.bh, bar_q);
+          for (int it = 0; it < w.count; ++it) {{
+            const int u = use + it, s = u % STAGES;
+            const int n0 = key_block(w, it, pi, fi) * BN;
+            if (u >= STAGES) tf_mbar_wait(empty_k + s, ((u / STAGES) - 1) & 1);
+            tf_mbar_expect(full_k + s, KV_BYTES);
+            #pragma unroll
+            for (int a = 0; a < ATOMS; ++a)
+              tf_tma_load_3d(k_tiles + s * KV_BYTES + a * BN * 128, k_map, a * 64, n0, w.kv,
+                             full_k + s);
+            if (u >= STAGES) tf_mbar_wait(empty_v + s, ((u / STAGES) - 1) & 1);
+            tf_mbar_expect(full_v + s, KV_BYTES);
+            #pragma unroll
+            for (int a = 0; a < ATOMS; ++a)
+              tf_tma_load_3d(v_tiles + s * KV_BYTES + a * BN * 128, v_map, a * 64, n0, w.kv,
+                             full_v + s);
+          }}
+          use += w.count;
         }}
-        use += w.count;
       }}
-      if (mode == MODE_DYNAMIC) {{   // the last CTA out resets the counters for the next launch
+      if (mode == MODE_DYNAMIC || mode == MODE_SPLIT) {{   // the last CTA out resets the counters for the next launch
         __threadfence();
         if (atomicAdd(counters + 1, 1) == (int)gridDim.x - 1) {{
           atomicExch(counters, 0);
@@ -507,10 +656,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   }};
   for (int k = 0;; ++k) {{
     tf_mbar_wait(tile_full + (k & 1), (k >> 1) & 1);
-    const int tile = tile_ids[k & 1];
+    const int tile = tile_ids[4 * (k & 1)];
+#if !LISTS
+    const int first = tile_ids[4 * (k & 1) + 1], count = tile_ids[4 * (k & 1) + 2];
+#endif
     tf_mbar_arrive(tile_free + (k & 1));
     if (tile >= tiles) break;
-    const Tile w = tile_at(tile, row_blocks, pn, fn, H_, HKV_, N_);
+    Tile w = tile_at(tile, row_blocks, pn, fn, H_, HKV_, N_);
+#if !LISTS
+    w.first = first;
+    w.count = count;
+#endif
     const int row_lo = w.rb * BM + cw * 64 + warp * 16 + lane / 4;
     #pragma unroll
     for (int r = 0; r < D_ / 2; ++r) o[r] = 0.0f;
@@ -580,6 +736,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
       l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
     }}
+    // a piece of a split tile: the rows are written by the piece merged last (the others pack
+    // their outputs all the same and drop them, so that `pending` is dead through the loop)
+#if LISTS
+    const bool keep = true;
+#else
+    const bool keep = (w.first == 0 && w.count == C_) ||
+                      merge_piece(o, m, l, TAIL, tile, w.first, cw, t, work, counters, flags);
+#endif
     #pragma unroll
     for (int x = 0; x < 2; ++x) {{
       const float inv = 1.0f / l[x];
@@ -592,7 +756,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           a[j] = tf_pack(o[4 * (4 * g + j) + 2 * x] * inv, o[4 * (4 * g + j) + 2 * x + 1] * inv);
         pending[x][g] = tf_quad_transpose(a, lane);
       }}
-      pending_at[x] = row < M_ ? ((long)w.bh * M_ + row) * D_ : -1;
+      pending_at[x] = keep && row < M_ ? ((long)w.bh * M_ + row) * D_ : -1;
       // m and l are in base 2 of the score: ln Σ e^s = (m + log2 l) · ln 2; −inf when empty
       pending_lse[x] = (m[x] + log2f(l[x])) * 0.6931471805599453f;
     }}
