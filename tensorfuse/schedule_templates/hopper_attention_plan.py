@@ -32,7 +32,6 @@ from .attention_chain import AttentionChain, check_head_map, recognise_attention
 WHO = "hopper attention"
 KNOBS = ("block_n", "stages", "consumers", "overlap", "pingpong", "schedule", "ctas")
 SCHEDULES = ("auto", "grid", "dynamic", "snake", "split")
-SPLIT_AUTO = False   # "auto" takes "split" without a mask (not yet measured on the H100)
 REGISTERS = 65536            # per SM
 PRODUCER_REGISTERS = 24      # the producer warpgroup keeps the fewest setmaxnreg allows
 
@@ -324,15 +323,17 @@ def schedule_for(knobs: HopperKnobs, tiles: int, sms: int,
     whose mask reads no tensor may still take the snake, decided per call from its block lists:
     :func:`.tile_order.pick_persistent`). On the H100 (session 20, S=4096) persistent CTAs
     gained 1.8–8 % over one CTA per tile. Without a mask (``masked=False``: tiles of equal
-    length) the persistent CTAs split the last partial round's tiles along the keys
-    (``"split"``), which the kernel does where the pieces would be long enough to pay (at least
-    ``MIN_PIECE`` key blocks): with 1024 tiles on 132 SMs the last round keeps 100 SMs busy and
-    32 idle for a tile's time."""
+    length) where the last round would leave at least half of the CTAs idle, its tiles are split
+    along the keys (``"split"``; the kernel splits where the pieces are at least ``MIN_PIECE``
+    key blocks). On the H100 (session 26, alternated rounds, two runs): S=16384 (4096 tiles, 4 in
+    the last round of 132) +1.7/+2.4 % full, +3.4/+4.1 % ALiBi; S=4096 (1024 tiles, 100 in the
+    last round) −0.5…+0.2 % — the few SMs of a part-full round seem to run that much faster."""
     ctas = min(tiles, knobs.ctas or sms)
     schedule = knobs.schedule
     if schedule == "auto":
-        schedule = "grid" if tiles < 2 * sms else "dynamic" if masked or not SPLIT_AUTO \
-            else "split"
+        last = tiles % ctas   # tiles of the last, partial round
+        schedule = "grid" if tiles < 2 * sms else "dynamic" if masked or not last or \
+            2 * last > ctas else "split"
     return schedule, (tiles if schedule == "grid" else ctas)
 
 

@@ -275,18 +275,17 @@ def test_split_tiles_cover_every_key_block_once_and_merge_every_piece():
 
 
 def test_split_is_the_unmasked_persistent_schedule():
-    """Without a mask the persistent default splits the last round's tiles; a mask keeps the
-    counter (its tiles differ in length), and asking it to split is refused with the reason."""
-    from tensorfuse.schedule_templates import hopper_attention_plan
-
-    if not hopper_attention_plan.SPLIT_AUTO:
-        pytest.skip("auto does not split yet")
+    """Without a mask the persistent default splits the last round's tiles where that round
+    would leave most CTAs idle; a mask keeps the counter (its tiles differ in length), and asking
+    it to split is refused with the reason."""
     knobs = HopperKnobs()
-    assert schedule_for(knobs, 1024, 132, masked=False) == ("split", 132)
+    assert schedule_for(knobs, 4096, 132, masked=False) == ("split", 132)   # 4 in the last round
+    assert schedule_for(knobs, 4096, 132, masked=True) == ("dynamic", 132)
+    assert schedule_for(knobs, 1024, 132, masked=False) == ("dynamic", 132)  # 100: most busy
+    assert schedule_for(knobs, 1056, 132, masked=False) == ("dynamic", 132)  # whole rounds
     assert schedule_for(knobs, 200, 132, masked=False) == ("grid", 200)
-    assert schedule_for(knobs, 1024, 132, masked=True) == ("dynamic", 132)
     full = hopper(K.attention)
-    assert "split schedule on 132" in full.schedule_origin(B=2, H=16, M=4096, N=4096, D=128)
+    assert "split schedule on 132" in full.schedule_origin(B=2, H=16, M=16384, N=16384, D=128)
     with pytest.raises(ScheduleError, match="split.*mask"):
         check_hopper(plan_of(K.causal_attention), HopperKnobs(schedule="split"), PREFILL,
                      H100_SHARED)
