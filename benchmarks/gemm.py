@@ -126,7 +126,15 @@ CHECKS = ([(n, s, {}) for n in KERNELS for s in ((200, 4096, 1024), (1000, 520, 
           + [("linear", (1000, 4096, 1024), {"cluster": 2, "block_n": 128, "stages": 2})]
           # few rows, long K: every tile split along K into 4–16 pieces
           + [("matmul", (128, 14336, 4096), {}), ("matmul_nk", (100, 8192, 1000), {}),
-             ("swiglu_gate", (128, 4096, 2048), {"block_n": 128})])
+             ("swiglu_gate", (128, 4096, 2048), {"block_n": 128})]
+          # clusters along N sharing the rows' tile (halves multicast); an odd count of column
+          # tiles (the last cluster's second CTA past the edge)
+          + [("matmul", (128, 14336, 4096), {"cluster": 2, "cluster_axis": "n"}),
+             ("matmul_nk", (100, 8192, 1000), {"cluster": 2, "cluster_axis": "n"}),
+             ("swiglu_gate", (128, 4096, 2048), {"block_n": 128, "cluster": 2,
+                                                 "cluster_axis": "n"}),
+             ("linear", (200, 1024, 1032), {"cluster": 2, "cluster_axis": "n", "block_n": 128}),
+             ("matmul", (60, 520, 776), {"cluster": 2, "cluster_axis": "n"})])
 
 
 FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
@@ -135,7 +143,10 @@ FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("swiglu", dict(M=333, K=1024, N=2048, O=512),
                {"up": {"epilogue": "direct"}, "down": {"cluster": 1, "block_n": 128}}),
               ("swiglu_linear", dict(M=1000, K=520, N=1032, O=264), {}),
-              ("swiglu_linear", dict(M=2048, K=4096, N=1024, O=4096), {}))
+              ("swiglu_linear", dict(M=2048, K=4096, N=1024, O=4096), {}),
+              ("gelu", dict(M=128, K=520, N=1032, O=264),
+               {"up": {"cluster": 2, "cluster_axis": "n"},
+                "down": {"cluster": 2, "cluster_axis": "n"}}))
 
 
 def check(log=print) -> int:
@@ -229,11 +240,11 @@ def ffn_reference(kind: str, t: dict) -> torch.Tensor:
     return h @ d["w2"]
 
 
-def ffn(rows=FFN_ROWS, log=print) -> list[Row]:
+def ffn(rows=FFN_ROWS, log=print, knobs: dict | None = None) -> list[Row]:
     """The FFN blocks (GELU and SwiGLU, K=4096, N=14336, O=4096) at each M: torch eager (cuBLAS
     and PyTorch's activation kernels), torch.compile, ``tf.compile`` (the Hopper FFN above 256
-    rows) and the Hopper FFN template at every M; checked against float64 first, timed in turn
-    over :data:`ROUNDS` rounds."""
+    rows) and the Hopper FFN template at every M (and with ``knobs`` for both its GEMMs);
+    checked against float64 first, timed in turn over :data:`ROUNDS` rounds."""
     from benchmarks.cluster import ffn_eager as ffn_eager_in_out
     from tensorfuse.schedule_templates.hopper_ffn import hopper_ffn
 
@@ -246,8 +257,10 @@ def ffn(rows=FFN_ROWS, log=print) -> list[Row]:
     gen = torch.Generator(device="cuda").manual_seed(2)
     out_rows = []
     kernels = {"gelu": K.ffn_gelu, "swiglu": K.ffn_swiglu, "swiglu_linear": K.ffn_swiglu_linear}
-    made = {kind: (auto, hopper_ffn(kernel, None, auto.target))
+    made = {kind: (auto, hopper_ffn(kernel, None, auto.target)) + (
+                (hopper_ffn(kernel, None, auto.target, up=knobs, down=knobs),) if knobs else ())
             for kind, kernel in kernels.items() for auto in (tf.compile(kernel),)}
+    knobs_label = "tensorfuse_hopper_ffn " + ",".join(f"{k}={v}" for k, v in (knobs or {}).items())
     precompile([f for fs in made.values() for f in fs], [{"M": m, **FFN_SHAPE} for m in rows])
     for kind, M in itertools.product(kernels, rows):
         kernel = kernels[kind]
@@ -257,8 +270,10 @@ def ffn(rows=FFN_ROWS, log=print) -> list[Row]:
         compiled = torch.compile(eager)
         compiled(*args)
         call = lambda f, out: f(*args, out=out)  # noqa: E731
-        timed = in_turn({"tensorfuse": (made[kind][0], call),
-                         "tensorfuse_hopper_ffn": (made[kind][1], call)},
+        ours = {"tensorfuse": (made[kind][0], call), "tensorfuse_hopper_ffn": (made[kind][1], call)}
+        if knobs:
+            ours[knobs_label] = (made[kind][2], call)
+        timed = in_turn(ours,
                         "ffn", t, ffn_reference(kind, t),
                         {"torch_eager": lambda: eager(*args),
                          "torch.compile": lambda: compiled(*args)},
@@ -346,6 +361,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-ffn", action="store_true", help="GEMMs only")
     ap.add_argument("--ffn-only", action="store_true", help="the FFN blocks only")
     ap.add_argument("--ffn-rows", help="M values of the FFN blocks (default 1024,8192,128)")
+    ap.add_argument("--ffn-knobs", help="also time the Hopper FFN with these knobs for both "
+                                        "GEMMs, e.g. 'cluster=2,cluster_axis=n'")
     args = ap.parse_args(argv)
     if args.check:
         bad = check()
@@ -359,7 +376,7 @@ def main(argv=None) -> int:
     rows = [] if args.ffn_only else timed(shapes, sweep=sweep)
     if not args.no_ffn:
         rows += ffn(tuple(int(m) for m in args.ffn_rows.split(",")) if args.ffn_rows
-                    else FFN_ROWS)
+                    else FFN_ROWS, knobs=parse_knobs(args.ffn_knobs) if args.ffn_knobs else None)
     if args.csv:
         write_csv(rows, args.csv)
     return 0
