@@ -35,11 +35,8 @@ def operand_maps(plan: HopperGemmPlan, knobs, sizes: tuple[int, int, int]):
         key = tuple(t.data_ptr() for t in tensors)
 
         def blob() -> bytes:
-            along_n = knobs.cluster_axis == "n"   # the cluster shares the rows' tile, in halves
-            made = tensor_map(key[0], (M, K), (knobs.block_m // (knobs.cluster if along_n else 1),
-                                               BLOCK_K), plan.dtype)
-            part = knobs.block_n // (knobs.cluster if knobs.multicast == "split" and not along_n
-                                     else 1)
+            made = tensor_map(key[0], (M, K), (knobs.block_m, BLOCK_K), plan.dtype)
+            part = knobs.block_n // (knobs.cluster if knobs.multicast == "split" else 1)
             for address in key[1:]:
                 made += (tensor_map(address, (N, K), (part, BLOCK_K), plan.dtype)
                          if plan.b_k_major else
@@ -85,7 +82,7 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     source = hopper_gemm_source(plan, knobs)
     smem = shared_bytes(plan, knobs)
     ctas, fit = resident_ctas(source, knobs, smem, target)
-    units = units_of(knobs, M, N)
+    units = math.ceil(math.ceil(M / knobs.block_m) / knobs.cluster) * math.ceil(N / knobs.block_n)
     full_items, tail, pieces = split_tail(units, ctas // knobs.cluster,
                                           math.ceil(K / BLOCK_K)) if knobs.split_tail else \
         (units, 0, 1)
@@ -114,15 +111,6 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
                     f"{why}; {grid} persistent CTAs ({fit}){split}", plan)
 
 
-def units_of(knobs, M: int, N: int) -> int:
-    """Work units of a ``M × N`` output: clusters' tiles (``cluster`` neighbouring row tiles, or
-    column tiles with ``cluster_axis="n"``)."""
-    rows, cols = math.ceil(M / knobs.block_m), math.ceil(N / knobs.block_n)
-    if knobs.cluster_axis == "n":
-        return rows * math.ceil(cols / knobs.cluster)
-    return math.ceil(rows / knobs.cluster) * cols
-
-
 def split_tail(units: int, slots: int, kblocks: int, least: int = 4) -> tuple[int, int, int]:
     """``(whole units, split units, pieces each)``: where the last wave of ``units`` tiles on
     ``slots`` CTAs (or clusters) would leave at least half of them idle, its tiles are split
@@ -140,14 +128,12 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
                 stages: int | None = None, cluster: int | None = None,
                 group_m: int | None = None, consumers: int | None = None,
                 multicast: str | None = None, epilogue: str | None = None,
-                split_tail: bool | None = None, cluster_axis: str | None = None,
-                tuned=None) -> ClusterKernel:
+                split_tail: bool | None = None, tuned=None) -> ClusterKernel:
     """A callable persistent GEMM kernel for ``kernel`` (one or two sums of products sharing the
     rows operand, and an elementwise output of them). Knobs (defaults per size: see
     :func:`.hopper_gemm_plan.default_gemm_knobs`): ``block_n`` output columns per tile,
     ``consumers`` warpgroups of 64 rows (the tile's rows), ``stages`` ring slots, ``cluster``
-    (2: weight tiles shared by TMA multicast, ``multicast="split"`` or ``"leader"``; with
-    ``cluster_axis="n"`` the rows' tile instead),
+    (2: weight tiles shared by TMA multicast, ``multicast="split"`` or ``"leader"``),
     ``group_m`` row tiles per rasterisation group, ``epilogue`` (``"direct"`` or
     ``"staged"``), ``split_tail`` (split a mostly idle last wave's tiles along K:
     :func:`split_tail`). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for
@@ -160,8 +146,7 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     given = {k: v for k, v in (("block_n", block_n), ("stages", stages), ("cluster", cluster),
                                ("group_m", group_m), ("consumers", consumers),
                                ("multicast", multicast), ("epilogue", epilogue),
-                               ("split_tail", split_tail), ("cluster_axis", cluster_axis))
-             if v is not None}
+                               ("split_tail", split_tail)) if v is not None}
     return ClusterKernel(program, target, lambda dims: gemm_launches(plan, target, dims, given),
                          f"hopper_gemm ({', '.join(plan.sums)} over {plan.dims[1]})",
                          origin="hopper_gemm template defaults" if not given else

@@ -28,7 +28,7 @@ BLOCK_K = 64
 MAX_SHARED = 232448          # bytes of dynamic shared memory per CTA on sm_90
 REGISTERS = 65536            # per SM
 KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast", "epilogue",
-         "split_tail", "cluster_axis")
+         "split_tail")
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,7 @@ class GemmKnobs:
     """Output tiles of ``64·consumers × block_n`` (``consumers`` warpgroups of 64 rows), k-blocks
     of 64 through a ring of ``stages`` slots, ``cluster`` CTAs sharing each weight tile by TMA
     multicast (1 or 2; ``multicast="split"``: each CTA copies half of the tile into both,
-    ``"leader"``: the first CTA copies all of it) — or, with ``cluster_axis="n"``, the CTAs of a
-    cluster take neighbouring *column* tiles and share the rows' tile instead (each copies half
-    of it into both: what every CTA reads again where the rows fit one tile), ``group_m`` row
-    tiles per rasterisation
+    ``"leader"``: the first CTA copies all of it), ``group_m`` row tiles per rasterisation
     group, and how the output leaves (``epilogue``: ``"direct"`` 4-byte stores from the
     accumulator fragments, or ``"staged"``: 64 columns at a time through shared memory and
     16-byte coalesced stores; 16-bit outputs), and whether a last wave that would leave most
@@ -53,7 +50,6 @@ class GemmKnobs:
     multicast: str = "split"
     epilogue: str = "direct"
     split_tail: bool = True
-    cluster_axis: str = "m"
 
     @property
     def block_m(self) -> int:
@@ -75,10 +71,8 @@ class GemmKnobs:
 
     def __str__(self) -> str:
         return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "
-                f"cluster={self.cluster}" + (
-                    f" ({self.multicast} multicast)" if self.cluster > 1 and
-                    self.cluster_axis == "m" else " (along n: the rows' tile multicast)"
-                    if self.cluster > 1 else "")
+                f"cluster={self.cluster}" + (f" ({self.multicast} multicast)"
+                                             if self.cluster > 1 else "")
                 + f", group_m={self.group_m}"
                 + (", staged epilogue" if self.epilogue == "staged" else ""))
 
@@ -286,14 +280,7 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
         raise _refuse(f"multicast={knobs.multicast!r}: 'split' or 'leader'")
     if knobs.cluster not in (1, 2):
         raise _refuse(f"cluster={knobs.cluster}: 1, or 2 CTAs sharing each weight tile")
-    if knobs.cluster_axis not in ("m", "n"):
-        raise _refuse(f"cluster_axis={knobs.cluster_axis!r}: 'm' (the cluster's CTAs share weight "
-                      "tiles) or 'n' (they share the rows' tile)")
-    if knobs.cluster_axis == "n" and knobs.cluster > 1 and knobs.multicast != "split":
-        raise _refuse("cluster_axis='n' splits the rows' tile between the cluster's CTAs: "
-                      "multicast='split' only")
-    if knobs.cluster == 2 and knobs.cluster_axis == "m" and knobs.multicast == "split" and \
-            bn % 128:
+    if knobs.cluster == 2 and knobs.multicast == "split" and bn % 128:
         raise _refuse(f"cluster=2 splits each weight tile's {bn} columns into two halves of "
                       "whole 64-column atoms: block_n 128 or 256")
     if knobs.group_m < 1:
@@ -324,8 +311,7 @@ def with_knobs(plan: HopperGemmPlan, sizes: dict, given: dict, sms: int = 132,
     if ("block_n" in given or "consumers" in given) and "stages" not in given:
         given = {**given, "stages": deepest_stages(plan, replace(knobs, **given), max_shared)}
     chosen = replace(knobs, **given)
-    if chosen.cluster > 1 and chosen.cluster_axis == "m" and chosen.block_n % 128 and \
-            "multicast" not in given:
+    if chosen.cluster > 1 and chosen.block_n % 128 and "multicast" not in given:
         given = {**given, "multicast": "leader"}   # halves would not be whole 64-column atoms
     if given:
         why = "given: " + ", ".join(f"{k}={v}" for k, v in given.items())

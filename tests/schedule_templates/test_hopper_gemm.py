@@ -89,8 +89,6 @@ def test_plan_refuses_other_programs(kernel, words):
     ({"consumers": 3, "block_n": 192, "cluster": 2, "multicast": "leader"}, "spill"),
     ({"cluster": 2, "block_n": 192}, "halves"),      # split multicast needs 128 or 256
     ({"multicast": "all"}, "'split' or 'leader'"),
-    ({"cluster_axis": "k"}, "cluster_axis='k'"),
-    ({"cluster": 2, "cluster_axis": "n", "multicast": "leader"}, "'split' only"),
     ({"epilogue": "tma"}, "'direct'"),
     ({"block_n": 256, "stages": 6}, "shared memory"),
 ])
@@ -165,9 +163,6 @@ def test_defaults_follow_the_sizes():
     ("matmul", {}), ("matmul_nk", {}), ("linear", {"cluster": 1}), ("swiglu_gate", {}),
     ("matmul_f16_f32", {}), ("matmul_nk", {"cluster": 2, "multicast": "leader"}),
     ("matmul", {"consumers": 3, "block_n": 192, "cluster": 1}), ("matmul", {"consumers": 1}),
-    ("matmul", {"cluster": 2, "cluster_axis": "n", "block_n": 128}),
-    ("matmul_nk", {"cluster": 2, "cluster_axis": "n", "block_n": 128}),
-    ("swiglu_gate", {"cluster": 2, "cluster_axis": "n"}),
 ])
 def test_code_holds_the_hopper_instructions(name, knobs):
     """PTX: wgmma of the tile's width, 2-D bulk tensor copies, mbarriers, setmaxnreg — and with a

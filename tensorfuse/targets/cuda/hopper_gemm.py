@@ -15,10 +15,7 @@ tiles, ``128 · (1 + CONSUMERS)`` threads each:
   With ``CLUSTER`` = 2 the two CTAs of a cluster take vertically neighbouring tiles, which share
   their weight tiles: each producer copies half of every weight tile and multicasts it to both
   CTAs (``.multicast::cluster``), halving the weights' L2 traffic; a slot is then released to a
-  producer only when the consumers of both CTAs are done with it. With ``CLUSTER_N`` the two
-  CTAs take horizontally neighbouring tiles instead, which share their rows' tile: each copies
-  half of it into both (where the rows fit one tile, every CTA reads the same rows again — as
-  many bytes from L2 as the weights it streams);
+  producer only when the consumers of both CTAs are done with it;
 - each consumer warpgroup (``setmaxnreg.inc``) owns 64 rows of the tile: per k-block four
   ``wgmma.mma_async`` m64nBNk16 per weight on the shared-memory tiles (128-byte swizzle; weights
   K-major when stored ``[N, K]`` as ``torch.nn.Linear`` keeps them, MN-major when ``[K, N]``),
@@ -143,17 +140,11 @@ def hopper_gemm_source(plan, knobs) -> str:
 #define PRODUCER_REGS {knobs.producer_registers}
 #define CONSUMER_REGS {knobs.consumer_registers}
 #define LEADER {int(knobs.multicast == "leader")}   // CTA 0 copies whole weight tiles for both
-// the cluster's CTAs take neighbouring column tiles and share the rows' tile (else row tiles,
-// sharing the weight tiles)
-#define CLUSTER_N {int(knobs.cluster_axis == "n")}
-#define B_SHARED (CLUSTER > 1 && !CLUSTER_N)   // weight tiles multicast
-#define A_SHARED (CLUSTER > 1 && CLUSTER_N)    // the rows' tile multicast, in halves
-#define A_PART (A_SHARED ? BM / CLUSTER : BM)   // rows of the rows' tile one producer copies
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
 #define STAGE_BYTES (A_BYTES + G * B_BYTES)
 // weight rows (K-major) or columns (MN-major) one producer copies
-#define B_PART (B_SHARED && !LEADER ? BN / CLUSTER : BN)
+#define B_PART (LEADER ? BN : BN / CLUSTER)
 {sizes}
 typedef {pair} out_pair_t;
 typedef {out_elem} out_t;
@@ -203,21 +194,15 @@ __device__ __forceinline__ void tile_of(int u, int row_units, int tiles_n, int& 
   nt = in / rows;
 }}
 
-// Work item `item`'s k-blocks and the origin (m0, n0) of its tile in this CTA (`col_units`:
-// column tiles, or clusters' column tiles with CLUSTER_N).
+// Work item `item`'s k-blocks and the origin (m0, n0) of its tile in this CTA.
 __device__ __forceinline__ Work tile_at(int item, int full_items, int pieces, int kblocks,
-                                        int row_units, int col_units, unsigned rank, int& m0,
+                                        int row_units, int tiles_n, unsigned rank, int& m0,
                                         int& n0) {{
   const Work w = work_of(item, full_items, pieces, kblocks);
   int mu, nt;
-  tile_of(w.unit, row_units, col_units, mu, nt);
-#if CLUSTER_N
-  m0 = mu * BM;
-  n0 = (nt * CLUSTER + (int)rank) * BN;
-#else
+  tile_of(w.unit, row_units, tiles_n, mu, nt);
   m0 = (mu * CLUSTER + (int)rank) * BM;
   n0 = nt * BN;
-#endif
   return w;
 }}
 
@@ -249,9 +234,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   const void* a_map = maps;
 
   const int tiles_m = (M_ + BM - 1) / BM, tiles_n = (N_ + BN - 1) / BN;
-  // a cluster takes CLUSTER row tiles (or CLUSTER column tiles)
-  const int row_units = CLUSTER_N ? tiles_m : (tiles_m + CLUSTER - 1) / CLUSTER;
-  const int col_units = CLUSTER_N ? (tiles_n + CLUSTER - 1) / CLUSTER : tiles_n;
+  const int row_units = (tiles_m + CLUSTER - 1) / CLUSTER;   // a cluster takes CLUSTER row tiles
   const int kblocks = (K_ + BK - 1) / BK;
 #if CLUSTER > 1
   const unsigned rank = tf_cluster_rank();
@@ -282,19 +265,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       int it = 0;
       for (int item = first_unit; item < items; item += unit_step) {{
         int m0, n0;
-        const Work w = tile_at(item, full_items, pieces, kblocks, row_units, col_units, rank, m0,
+        const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
                                n0);
         for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
           const int s = it % STAGES;
           if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
           tf_mbar_expect(full + s, STAGE_BYTES);
-#if A_SHARED   // this CTA's half of the rows' tile, into both
-          tf_tma_load_2d_multicast(a_tiles + s * A_BYTES + rank * A_PART * 128, a_map, kb * BK,
-                                   m0 + rank * A_PART, full + s, (1 << CLUSTER) - 1);
-#else
           tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
-#endif
-#if LEADER && B_SHARED
+#if LEADER
           if (rank != 0) continue;   // CTA 0 copies the weight tiles into both CTAs
 #endif
           #pragma unroll
@@ -302,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
             const void* b_map = (const char*)maps + 128 * (1 + x);
             unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
 #if B_KMAJOR    // [N, K]: BN rows of 64 k; this CTA's share is rows [rank·B_PART, +B_PART)
-  #if B_SHARED
+  #if CLUSTER > 1
             tf_tma_load_2d_multicast(b + (LEADER ? 0 : rank) * B_PART * 128, b_map, kb * BK,
                                      n0 + (LEADER ? 0 : rank) * B_PART, full + s,
                                      (1 << CLUSTER) - 1);
@@ -312,8 +290,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
 #else           // [K, N]: atoms of 64 columns × 64 k-rows; this CTA's share is B_PART columns
             #pragma unroll
             for (int a = 0; a < B_PART / 64; ++a) {{
-              const int atom = (B_SHARED && !LEADER ? rank : 0) * (B_PART / 64) + a;
-  #if B_SHARED
+              const int atom = (LEADER ? 0 : rank) * (B_PART / 64) + a;
+  #if CLUSTER > 1
               tf_tma_load_2d_multicast(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK,
                                        full + s, (1 << CLUSTER) - 1);
   #else
@@ -334,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     int it = 0;
     for (int item = first_unit; item < items; item += unit_step) {{
       int m0, n0;
-      const Work w = tile_at(item, full_items, pieces, kblocks, row_units, col_units, rank, m0,
+      const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
                              n0);
       for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
         const int s = it % STAGES;
