@@ -230,7 +230,7 @@ def ffn_reference(kind: str, t: dict) -> torch.Tensor:
 
 def ffn(rows=FFN_ROWS, log=print, knobs: dict | None = None) -> list[Row]:
     """The FFN blocks (GELU and SwiGLU, K=4096, N=14336, O=4096) at each M: torch eager (cuBLAS
-    and PyTorch's activation kernels), torch.compile, ``tf.compile`` (the Hopper FFN above 256
+    and PyTorch's activation kernels), torch.compile, ``tf.compile`` (the Hopper FFN above 32
     rows) and the Hopper FFN template at every M (and with ``knobs`` for both its GEMMs);
     checked against float64 first, timed in turn over :data:`ROUNDS` rounds."""
     from benchmarks.cluster import ffn_eager as ffn_eager_in_out

@@ -59,7 +59,7 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) 
     """Templates generated as CUDA C++ for this GPU that ``tf.compile`` tries before the Triton
     one, on sm_90a: GEMM-shaped programs (one or two sums of products sharing their rows operand,
     with an elementwise output) get the persistent Hopper GEMM, GEMM chains (FFN) with more than
-    256 rows two of them (the activation in the first's epilogue) and fewer rows the cluster
+    32 rows two of them (the activation in the first's epilogue) and fewer rows the cluster
     template (the intermediate kept in the cluster's shared memory); softmax attention gets the
     warp-specialised Hopper template for prefill (more than 64 query rows; fewer go to the Triton
     template's split update) unless its mask reads the sequence as a 2-D/3-D map, which the
@@ -87,10 +87,10 @@ def _made(template, *args, **knobs) -> list:
 
 
 def _ffn_templates(kernel, fusion, spec: TargetSpec) -> list:
-    """GEMM chains: the Hopper FFN above 256 rows and the cluster template below (the
-    intermediate kept in the cluster's shared memory, the weights read once), or — where the
-    cluster template cannot read the weights (``[out, in]``) — the Hopper FFN at every M (the
-    Triton template took 97 ms at M=128 there; the Hopper FFN 0.16 ms)."""
+    """GEMM chains: the Hopper FFN above ``hopper_ffn.FEW_ROWS`` rows and the cluster template at
+    fewer (the intermediate kept in the cluster's shared memory, the weights read once), or —
+    where the cluster template cannot read the weights (``[out, in]``) — the Hopper FFN at every
+    M (the Triton template took 97 ms at M=128 there; the Hopper FFN 0.16 ms)."""
     from .cluster import gemm_chain
     from .gemm_chain_plan import plan_gemm_chain
 

@@ -9,9 +9,11 @@ GEMM reads it and applies the chain's epilogue. H's buffer is kept with the kern
 (``M·N`` bf16 at the largest M called; it is what a CUDA graph of the call replays with). A
 PyTorch FFN writes ``X·W1`` (and ``X·W3``),
 reads it back for the activation and writes ``H`` — two to four more passes over the largest
-tensor of the block. At few rows (M ≤ 256) the weights' bytes dominate and the two GEMMs' grids
-are too small to read them at full bandwidth; the cluster template
-(``cluster_distribute``) or the Triton template serve those.
+tensor of the block. At few rows the weights' bytes dominate; from 64 rows on this template
+streams them as fast as the cluster template (``cluster_distribute``) or faster — 128-column
+tiles fill the GPU where the rows fit one tile (H100, session 26: M=64/128 3–7 % faster by
+``do_bench``, within 1 % in CUDA graphs; M=200/256 1.3–1.6× faster) — and at 32 rows or fewer
+``tf.compile`` keeps the cluster template (M=32: within 1–4 % either way).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from .hopper_gemm import gemm_launches
 from .hopper_gemm_plan import HopperGemmPlan
 
 INTERMEDIATE = "__intermediate"   # the name the second GEMM reads H under
-FEW_ROWS = 256                     # at most this many rows: another template is preferred
+FEW_ROWS = 32                      # at most this many rows: another template is preferred
 
 
 @dataclass(frozen=True)
