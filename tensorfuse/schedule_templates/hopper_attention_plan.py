@@ -327,7 +327,7 @@ def schedule_for(knobs: HopperKnobs, tiles: int, sms: int,
     along the keys (``"split"``; the kernel splits where the pieces are at least ``MIN_PIECE``
     key blocks). On the H100 (session 26, alternated rounds, two runs): S=16384 (4096 tiles, 4 in
     the last round of 132) +1.7/+2.4 % full, +3.4/+4.1 % ALiBi; S=4096 (1024 tiles, 100 in the
-    last round) −0.5…+0.2 % — the few SMs of a part-full round seem to run that much faster."""
+    last round) −0.5…+0.2 % — a part-full round seems to run that much faster."""
     ctas = min(tiles, knobs.ctas or sms)
     schedule = knobs.schedule
     if schedule == "auto":

@@ -77,7 +77,8 @@ HOPPER_PTX = ("wgmma.mma_async", "cp.async.bulk.tensor.3d", "mbarrier.try_wait",
               "setmaxnreg.inc", "setmaxnreg.dec", "ex2.approx")
 
 # MODE_SPLIT's tail (host and device code: the tests run it on the CPU).
-TAIL_HELPERS = r"""// MODE_SPLIT's tail: the last `tiles % ctas` tiles (C key blocks each), which would leave
+TAIL_HELPERS = r"""
+// MODE_SPLIT's tail: the last `tiles % ctas` tiles (C key blocks each), which would leave
 // CTAs idle in a last partial round, cut into `pieces` of L consecutive key blocks -- a piece may
 // end one tile and begin the next -- claimed after the whole tiles. The partial states of a
 // tile's pieces are merged by whichever of them finishes last; no CTA waits for another.
@@ -139,8 +140,9 @@ _TYPES = {"bf16": ("__nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn"),
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
     maps, the output, the log-sum-exp output (written where the plan has one: ``LSE``), the
-    block lists, the tile counters, the split tiles' workspace and the scheduling mode, tensors the score or mask read, the
-    sizes (the chain's, then the others the score or mask reads), the scalars."""
+    block lists, the tile counters, the split tiles' workspace and the scheduling mode, tensors
+    the score or mask read, the sizes (the chain's, then the others the score or mask reads),
+    the scalars."""
     lists = "const int* __restrict__"
     args = [("maps", "handle", "const void*"), ("out", "handle", "void*"),
             ("lse_out", "handle", "float* __restrict__"),
@@ -241,7 +243,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
 #define MODE_GRID {GRID}      // the ``mode`` argument: how CTAs take tiles
 #define MODE_DYNAMIC {DYNAMIC}
 #define MODE_SPLIT {SPLIT}
-#define MODE_SNAKE_ {SNAKE}
+#define MODE_SNAKE {SNAKE}
 #define MIN_PIECE {MIN_PIECE}
 #define ATOMS (D_ / 64)                 // 128-byte swizzle atoms along the head dim
 #define Q_BYTES (BM * D_ * 2)
@@ -458,7 +460,7 @@ __device__ __forceinline__ bool merge_piece(float (&o)[D_ / 2], float (&m)[2], f
 __device__ __forceinline__ int claim_tile(int k, int mode, int* counters, int works) {{
   if (k == 0) return mode == MODE_GRID ? blockIdx.y * gridDim.x + blockIdx.x : blockIdx.x;
   if (mode == MODE_GRID) return works;
-  if (mode != MODE_SNAKE_) return atomicAdd(counters, 1) + gridDim.x;
+  if (mode != MODE_SNAKE) return atomicAdd(counters, 1) + gridDim.x;
   const int g = gridDim.x;
   return k * g + ((k & 1) ? g - 1 - (int)blockIdx.x : (int)blockIdx.x);
 }}
@@ -562,7 +564,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           use += w.count;
         }}
       }}
-      if (mode == MODE_DYNAMIC || mode == MODE_SPLIT) {{   // the last CTA out resets the counters for the next launch
+      // the last CTA out resets the counters for the next launch
+      if (mode == MODE_DYNAMIC || mode == MODE_SPLIT) {{
         __threadfence();
         if (atomicAdd(counters + 1, 1) == (int)gridDim.x - 1) {{
           atomicExch(counters, 0);
