@@ -245,8 +245,11 @@ def ffn(rows=FFN_ROWS, log=print, knobs: dict | None = None) -> list[Row]:
     gen = torch.Generator(device="cuda").manual_seed(2)
     out_rows = []
     kernels = {"gelu": K.ffn_gelu, "swiglu": K.ffn_swiglu, "swiglu_linear": K.ffn_swiglu_linear}
+    gemm_knobs = {k: v for k, v in (knobs or {}).items() if k != "dependent"}
+    ffn_knobs = {k: v for k, v in (knobs or {}).items() if k == "dependent"}
     made = {kind: (auto, hopper_ffn(kernel, None, auto.target)) + (
-                (hopper_ffn(kernel, None, auto.target, up=knobs, down=knobs),) if knobs else ())
+                (hopper_ffn(kernel, None, auto.target, up=gemm_knobs, down=gemm_knobs,
+                            **ffn_knobs),) if knobs else ())
             for kind, kernel in kernels.items() for auto in (tf.compile(kernel),)}
     knobs_label = "tensorfuse_hopper_ffn " + ",".join(f"{k}={v}" for k, v in (knobs or {}).items())
     precompile([f for fs in made.values() for f in fs], [{"M": m, **FFN_SHAPE} for m in rows])
@@ -350,7 +353,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ffn-only", action="store_true", help="the FFN blocks only")
     ap.add_argument("--ffn-rows", help="M values of the FFN blocks (default 1024,8192,128)")
     ap.add_argument("--ffn-knobs", help="also time the Hopper FFN with these knobs for both "
-                                        "GEMMs, e.g. 'block_n=128,stages=4'")
+                                        "GEMMs, e.g. 'block_n=128,stages=4' (and the FFN's "
+                                        "'dependent=False')")
     args = ap.parse_args(argv)
     if args.check:
         bad = check()

@@ -75,10 +75,13 @@ def plan_hopper_ffn(program: Program) -> HopperFfnPlan:
 
 
 def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
-               down: dict | None = None, tuned=None, prefill_only: bool = False) -> ClusterKernel:
+               down: dict | None = None, dependent: bool = True, tuned=None,
+               prefill_only: bool = False) -> ClusterKernel:
     """A callable FFN kernel for ``kernel`` (a GEMM chain; weights stored ``[in, out]`` or, as
     ``torch.nn.Linear`` keeps them, ``[out, in]``, read as stored): knobs of
-    the first and second GEMM as dicts (``up``, ``down``; see :func:`.hopper_gemm.hopper_gemm`).
+    the first and second GEMM as dicts (``up``, ``down``; see :func:`.hopper_gemm.hopper_gemm`);
+    ``dependent``: the second GEMM is launched as a programmatic dependent of the first (its
+    CTAs start while the first finishes and wait for it before reading H).
     ``fusion`` and ``tuned`` are accepted for the template interface; ``prefill_only``:
     ``tf.compile``'s use — prefer this kernel only above :data:`FEW_ROWS` rows."""
     if target.kind != "cuda" or target.arch != "sm_90a":
@@ -100,7 +103,7 @@ def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
 
     def layout(dims: dict) -> Launches:
         first = gemm_launches(plan.up, target, dims, dict(up or {}))
-        second = gemm_launches(plan.down, target, dims, dict(down or {}))
+        second = gemm_launches(plan.down, target, dims, dict(down or {}), dependent=dependent)
         M, N = dims[plan.chain.dims[0]], dims[plan.chain.dims[2]]
 
         def run(modules, values, out, device):

@@ -18,7 +18,8 @@ from ..interop import StreamScratch
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_gemm import ENTRY, hopper_gemm_source, kernel_arguments
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
-from ..targets.cuda.module import KernelEntry, cubin_for, local_gpu, max_active_clusters
+from ..targets.cuda.module import (DependentLaunch, KernelEntry, cubin_for, local_gpu,
+                                   max_active_clusters)
 from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .hopper_gemm_plan import (BLOCK_K, HopperGemmPlan, check_gemm, plan_hopper_gemm,
                                shared_bytes, with_knobs)
@@ -72,14 +73,17 @@ def _clusters_at_once(source: str, target: TargetSpec, cluster: int, threads: in
     return max_active_clusters(cubin_for(source, target), ENTRY, cluster, threads, smem, device)
 
 
-def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: dict) -> Launches:
+def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: dict,
+                  dependent: bool = False) -> Launches:
     """The launch of one GEMM at ``dims`` with the user's ``given`` knobs (defaults for the
-    rest)."""
+    rest). ``dependent``: launched through the driver as a programmatic dependent of the kernel
+    before it (:class:`DependentLaunch`; the FFN's second GEMM), which must be the one that
+    writes its rows operand."""
     gpu = local_gpu()
     knobs, why = with_knobs(plan, dims, given, gpu[1] if gpu else 132, target.max_shared_memory)
     check_gemm(plan, knobs, dims, target.max_shared_memory)
     M, K, N = (dims[d] for d in plan.dims)
-    source = hopper_gemm_source(plan, knobs)
+    source = hopper_gemm_source(plan, knobs, dependent)
     smem = shared_bytes(plan, knobs)
     ctas, fit = resident_ctas(source, knobs, smem, target)
     units = math.ceil(math.ceil(M / knobs.block_m) / knobs.cluster) * math.ceil(N / knobs.block_n)
@@ -89,6 +93,7 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     grid = min((full_items + tail * pieces) * knobs.cluster, ctas)
     maps = operand_maps(plan, knobs, (M, K, N))
     entries = [KernelEntry(ENTRY, tuple(t for _, t, _ in kernel_arguments(plan)))]
+    launch = DependentLaunch(source, target, ENTRY, entries[0].arg_types) if dependent else None
     part = len(plan.weights) * knobs.block_m * knobs.block_n   # floats per CTA and piece
     # the split tail's partial sums and counters (which reset themselves), per device and stream
     split_buffers = StreamScratch([((max(1, tail * pieces * knobs.cluster * part),), "f32", False),
@@ -102,9 +107,16 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
         tensors = [pointer(values[t]) for t, _ in plan.tensors]
         scalars = [values[n] for n, _ in plan.scalars]
         partials, counters = split_buffers(device)
-        module[ENTRY](pointer(maps(values, device)), pointer(out), *tensors, M, N, K, *scalars,
-                      pointer(partials), pointer(counters), full_items, tail, pieces,
-                      grid, 1, knobs.threads, knobs.cluster, smem)
+        args = [pointer(maps(values, device)), pointer(out), *tensors, M, N, K, *scalars,
+                pointer(partials), pointer(counters), full_items, tail, pieces]
+        if launch is None:
+            module[ENTRY](*args, grid, 1, knobs.threads, knobs.cluster, smem)
+        else:
+            import torch
+
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            launch(args, grid, knobs.threads, knobs.cluster, smem, index,
+                   torch.cuda.current_stream(device).cuda_stream)
 
     split = (f"; the last {tail} tiles split {pieces} ways along K" if tail else "")
     return Launches(source, entries, knobs, run,

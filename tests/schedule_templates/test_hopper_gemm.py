@@ -233,6 +233,18 @@ def test_ffn_is_two_gemms_with_the_activation_in_the_first(kernel):
         report = _ptxas_report(source)
         assert "0 bytes spill stores, 0 bytes spill loads" in report, report
     assert "intermediate [M, N] written once" in launches.plan.describe()
+    # the second GEMM is a programmatic dependent of the first: every GEMM lets its dependents
+    # start once its CTAs run; only the second waits for the kernel before it
+    assert "#define DEPENDENT 0" in first and "#define DEPENDENT 1" in second
+    assert ptx.count("griddepcontrol.launch_dependents") >= 2
+    assert ptx.count("griddepcontrol.wait") == 1
+
+
+@needs_nvcc
+def test_ffn_second_gemm_launches_in_stream_order_when_asked():
+    f = tf.schedule(K.ffn_gelu, "cuda:sm_90a").apply_template("hopper_ffn", dependent=False) \
+        .compile()
+    assert "griddepcontrol.wait" not in f.ptx(**FFN)
 
 
 def test_ffn_reads_nn_linear_weights_as_stored():

@@ -62,6 +62,15 @@ __device__ __forceinline__ void tf_tma_load_2d_multicast(void* dst, const void* 
                :: "r"(tf_smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(tf_smem_addr(bar)),
                   "h"(mask) : "memory");
 }
+// Programmatic dependent launch: a GEMM lets the next kernel of its stream start once every
+// CTA is running (a kernel launched without the attribute ignores it); a GEMM launched with it
+// waits for the kernel before it (its memory visible) before reading what that one wrote.
+__device__ __forceinline__ void tf_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void tf_wait_prerequisite() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
 // One arrival on the mbarrier at `bar`'s offset in CTA `rank` of the cluster. CTA-scope release
 // (the default): it releases a slot whose reads (wgmma) have completed, with no writes to order.
 // `.release.cluster` compiled to MEMBAR.ALL.GPU before every arrival, which stalled the
@@ -97,10 +106,14 @@ def epilogue_code(plan) -> str:
                    loads={t: f"t_{t}" for t, _ in plan.tensors})
 
 
-def hopper_gemm_source(plan, knobs) -> str:
+def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
     """CUDA C++ for ``tf_hopper_gemm``: a 1-D grid of ``knobs.cluster``-CTA clusters,
     ``knobs.threads`` threads, dynamic shared memory ``hopper_gemm_plan.shared_bytes``. M, N, K
-    are kernel arguments: one cubin serves every size."""
+    are kernel arguments: one cubin serves every size. Every GEMM lets a programmatic
+    dependent launched after it start once all its CTAs run. ``dependent``: this one is such a
+    dependent (the FFN's second GEMM): its CTAs start, set up their barriers and tensor maps
+    while the kernel before finishes, and its producer waits for that kernel before the first
+    copy (the rows operand is its output; everything the consumers write follows from it)."""
     g = len(plan.weights)
     bn = knobs.block_n
     suffix = "_f16" if plan.dtype == "f16" else ""
@@ -149,6 +162,7 @@ def hopper_gemm_source(plan, knobs) -> str:
 typedef {pair} out_pair_t;
 typedef {out_elem} out_t;
 #define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
+#define DEPENDENT {int(dependent)}   // launched as a programmatic dependent
 
 // Every consumer thread (named barrier CONSUMERS + 1).
 __device__ __forceinline__ void tf_bar_sync_consumers() {{
@@ -256,12 +270,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
 #else
   __syncthreads();
 #endif
+  if (threadIdx.x == 0) tf_launch_dependents();   // every CTA of this grid is running
 
   if (wg == 0) {{   // the producer
     tf_setmaxnreg_dec<PRODUCER_REGS>();
     if (threadIdx.x == 0) {{
       tf_tensormap_acquire(a_map);
       for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
+#if DEPENDENT
+      tf_wait_prerequisite();   // the rows operand is the kernel before's output: read after it
+#endif
       int it = 0;
       for (int item = first_unit; item < items; item += unit_step) {{
         int m0, n0;

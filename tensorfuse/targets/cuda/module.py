@@ -99,6 +99,75 @@ class _LaunchConfig(ctypes.Structure):
 
 
 _FUNC_MAX_DYNAMIC_SHARED, _FUNC_NON_PORTABLE_CLUSTER, _LAUNCH_CLUSTER_DIMENSION = 8, 14, 4
+_LAUNCH_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_C_SCALARS = {"int32": ctypes.c_int, "float32": ctypes.c_float}   # TVM's argument types
+
+
+class DependentLaunch:
+    """A kernel launched through the driver (``cuLaunchKernelEx``) as a *programmatic dependent*
+    of the kernel before it on the stream: it may start while that one finishes (its CTAs on SMs
+    the other leaves free, its prologue overlapping the other's last tiles) and must execute
+    ``griddepcontrol.wait`` before reading what that kernel wrote. TVM's runtime launches
+    without this attribute, so such a kernel has its own module, loaded into the current
+    context once per device."""
+
+    def __init__(self, source: str, target: TargetSpec, name: str, arg_types: tuple[str, ...]):
+        self.source, self.target, self.name, self.arg_types = source, target, name, arg_types
+        self.functions: dict = {}   # device -> (module, function, shared bytes set)
+
+    def _function(self, device: int, shared_bytes: int, cluster: int):
+        cu = libcuda()
+        known = self.functions.get(device)
+        if known is None:
+            ctx = ctypes.c_void_p()
+            _check(cu.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+            if not ctx.value:
+                raise TargetError("no CUDA context is current (torch initialises one on first "
+                                  "use of the device)")
+            mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+            cubin = cubin_for(self.source, self.target)
+            _check(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(cubin)),
+                   "cuModuleLoadData")
+            _check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, self.name.encode()),
+                   "cuModuleGetFunction")
+            if cluster > 8:
+                _check(cu.cuFuncSetAttribute(fn, _FUNC_NON_PORTABLE_CLUSTER, 1),
+                       "cuFuncSetAttribute(non-portable cluster size)")
+            known = self.functions[device] = [mod, fn, 0]
+        if known[2] != shared_bytes:
+            _check(cu.cuFuncSetAttribute(known[1], _FUNC_MAX_DYNAMIC_SHARED, shared_bytes),
+                   "cuFuncSetAttribute(max dynamic shared memory)")
+            known[2] = shared_bytes
+        return known[1]
+
+    def __call__(self, args: list, grid: int, threads: int, cluster: int, shared_bytes: int,
+                 device: int, stream: int) -> None:
+        """Launch with ``args`` (``ctypes.c_void_p`` for handles, numbers for the others, in the
+        order and types of ``arg_types``) on ``stream``."""
+        fn = self._function(device, shared_bytes, cluster)
+        if len(args) != len(self.arg_types):
+            raise TargetError(f"{self.name} takes {len(self.arg_types)} arguments, not "
+                              f"{len(args)}")
+        values = [a if t == "handle" else _C_SCALARS[t](a) for a, t in zip(args, self.arg_types)]
+        params = (ctypes.c_void_p * len(values))(
+            *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+        attrs = (_LaunchAttribute * 2)()
+        attrs[0].id = _LAUNCH_PROGRAMMATIC_STREAM_SERIALIZATION
+        attrs[0].value[0] = 1
+        attrs[1].id = _LAUNCH_CLUSTER_DIMENSION
+        attrs[1].value[0:3] = [cluster, 1, 1]
+        config = _LaunchConfig(grid=(ctypes.c_uint * 3)(grid, 1, 1),
+                               block=(ctypes.c_uint * 3)(threads, 1, 1),
+                               shared_bytes=shared_bytes, stream=ctypes.c_void_p(stream),
+                               attrs=ctypes.cast(attrs, ctypes.POINTER(_LaunchAttribute)),
+                               num_attrs=2 if cluster > 1 else 1)
+        _check(libcuda().cuLaunchKernelEx(ctypes.byref(config), fn, params, None),
+               f"cuLaunchKernelEx({self.name})")
+
+
+def _check(err: int, what: str) -> None:
+    if err:
+        raise TargetError(f"{what} failed (CUresult {err})")
 
 
 def max_active_clusters(cubin: bytes, name: str, cluster: int, threads: int, shared_bytes: int,
