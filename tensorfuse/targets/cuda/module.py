@@ -100,7 +100,8 @@ class _LaunchConfig(ctypes.Structure):
 
 _FUNC_MAX_DYNAMIC_SHARED, _FUNC_NON_PORTABLE_CLUSTER, _LAUNCH_CLUSTER_DIMENSION = 8, 14, 4
 _LAUNCH_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-_C_SCALARS = {"int32": ctypes.c_int, "float32": ctypes.c_float}   # TVM's argument types
+_C_TYPES = {"handle": ctypes.c_void_p, "int32": ctypes.c_int,   # TVM's argument types
+            "float32": ctypes.c_float}
 
 
 class DependentLaunch:
@@ -114,6 +115,9 @@ class DependentLaunch:
     def __init__(self, source: str, target: TargetSpec, name: str, arg_types: tuple[str, ...]):
         self.source, self.target, self.name, self.arg_types = source, target, name, arg_types
         self.functions: dict = {}   # device -> (module, function, shared bytes set)
+        self._values = self._params = None   # the parameters' memory, refilled per launch
+        self._configs: dict = {}             # (grid, threads, cluster, smem) -> configuration
+        self._lock = threading.Lock()
 
     def _function(self, device: int, shared_bytes: int, cluster: int):
         cu = libcuda()
@@ -140,29 +144,47 @@ class DependentLaunch:
             known[2] = shared_bytes
         return known[1]
 
-    def __call__(self, args: list, grid: int, threads: int, cluster: int, shared_bytes: int,
-                 device: int, stream: int) -> None:
-        """Launch with ``args`` (``ctypes.c_void_p`` for handles, numbers for the others, in the
-        order and types of ``arg_types``) on ``stream``."""
-        fn = self._function(device, shared_bytes, cluster)
+    def parameters(self, args: list):
+        """The driver's ``void**`` kernel parameters holding ``args`` (kept memory, refilled)."""
         if len(args) != len(self.arg_types):
             raise TargetError(f"{self.name} takes {len(self.arg_types)} arguments, not "
                               f"{len(args)}")
-        values = [a if t == "handle" else _C_SCALARS[t](a) for a, t in zip(args, self.arg_types)]
-        params = (ctypes.c_void_p * len(values))(
-            *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
-        attrs = (_LaunchAttribute * 2)()
-        attrs[0].id = _LAUNCH_PROGRAMMATIC_STREAM_SERIALIZATION
-        attrs[0].value[0] = 1
-        attrs[1].id = _LAUNCH_CLUSTER_DIMENSION
-        attrs[1].value[0:3] = [cluster, 1, 1]
-        config = _LaunchConfig(grid=(ctypes.c_uint * 3)(grid, 1, 1),
-                               block=(ctypes.c_uint * 3)(threads, 1, 1),
-                               shared_bytes=shared_bytes, stream=ctypes.c_void_p(stream),
-                               attrs=ctypes.cast(attrs, ctypes.POINTER(_LaunchAttribute)),
-                               num_attrs=2 if cluster > 1 else 1)
-        _check(libcuda().cuLaunchKernelEx(ctypes.byref(config), fn, params, None),
-               f"cuLaunchKernelEx({self.name})")
+        if self._values is None:
+            self._values = [_C_TYPES[t]() for t in self.arg_types]
+            self._params = (ctypes.c_void_p * len(self._values))(
+                *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in self._values])
+        for slot, value in zip(self._values, args):
+            slot.value = value.value if isinstance(value, ctypes.c_void_p) else value
+        return self._params
+
+    def __call__(self, args: list, grid: int, threads: int, cluster: int, shared_bytes: int,
+                 device: int, stream: int) -> None:
+        """Launch with ``args`` (``ctypes.c_void_p`` for handles, numbers for the others, in the
+        order and types of ``arg_types``) on ``stream``. The parameter buffer and the launch
+        configuration are made once and refilled per call (a launch costs the host ~µs, not
+        the tens of µs of building them: a call slower than the GPU leaves the GPU idle)."""
+        fn = self._function(device, shared_bytes, cluster)
+        with self._lock:
+            params = self.parameters(args)
+            key = (grid, threads, cluster, shared_bytes)
+            config = self._configs.get(key)
+            if config is None:
+                attrs = (_LaunchAttribute * 2)()
+                attrs[0].id = _LAUNCH_PROGRAMMATIC_STREAM_SERIALIZATION
+                attrs[0].value[0] = 1
+                attrs[1].id = _LAUNCH_CLUSTER_DIMENSION
+                attrs[1].value[0:3] = [cluster, 1, 1]
+                config = _LaunchConfig(grid=(ctypes.c_uint * 3)(grid, 1, 1),
+                                       block=(ctypes.c_uint * 3)(threads, 1, 1),
+                                       shared_bytes=shared_bytes,
+                                       attrs=ctypes.cast(attrs, ctypes.POINTER(_LaunchAttribute)),
+                                       num_attrs=2 if cluster > 1 else 1)
+                self._configs[key] = (config, attrs)   # the attributes live with the config
+            else:
+                config = config[0]
+            config.stream = stream
+            _check(libcuda().cuLaunchKernelEx(ctypes.byref(config), fn, params, None),
+                   f"cuLaunchKernelEx({self.name})")
 
 
 def _check(err: int, what: str) -> None:
