@@ -115,8 +115,12 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
             import torch
 
             index = device.index if device.index is not None else torch.cuda.current_device()
-            launch(args, grid, knobs.threads, knobs.cluster, smem, index,
-                   torch.cuda.current_stream(device).cuda_stream)
+            stream = torch.cuda.current_stream(device).cuda_stream
+            if index == torch.cuda.current_device():
+                launch(args, grid, knobs.threads, knobs.cluster, smem, index, stream)
+            else:   # the driver launches in the current context: the tensors' device's
+                with torch.cuda.device(index):
+                    launch(args, grid, knobs.threads, knobs.cluster, smem, index, stream)
 
     split = (f"; the last {tail} tiles split {pieces} ways along K" if tail else "")
     return Launches(source, entries, knobs, run,
