@@ -163,8 +163,8 @@ class DependentLaunch:
         order and types of ``arg_types``) on ``stream``. The parameter buffer and the launch
         configuration are made once and refilled per call (a launch costs the host ~µs, not
         the tens of µs of building them: a call slower than the GPU leaves the GPU idle)."""
-        fn = self._function(device, shared_bytes, cluster)
-        with self._lock:
+        with self._lock:   # threads sharing the kernel share its buffers
+            fn = self._function(device, shared_bytes, cluster)
             params = self.parameters(args)
             key = (grid, threads, cluster, shared_bytes)
             config = self._configs.get(key)
