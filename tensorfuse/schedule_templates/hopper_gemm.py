@@ -14,7 +14,7 @@ import warnings
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
-from ..interop import StreamScratch
+from ..interop import StreamScratch, current_stream
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_gemm import ENTRY, hopper_gemm_source, kernel_arguments
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
@@ -115,7 +115,7 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
             import torch
 
             index = device.index if device.index is not None else torch.cuda.current_device()
-            stream = torch.cuda.current_stream(device).cuda_stream
+            stream = current_stream(device)
             if index == torch.cuda.current_device():
                 launch(args, grid, knobs.threads, knobs.cluster, smem, index, stream)
             else:   # the driver launches in the current context: the tensors' device's
