@@ -240,7 +240,9 @@ def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
     return {"block_n": (64, 80) if D > 128 else (64, 128, 176),
             "stages": (2, 3), "consumers": (1, 2, 3) if D <= 64 else (1, 2),
             "overlap": (True, False), "pingpong": (True, False),
-            "schedule": tuple(range(len(SCHEDULES)))}   # "auto" is what tf.compile runs
+            # "auto" is what tf.compile runs; "split" needs tiles of equal length (no mask)
+            "schedule": tuple(i for i, name in enumerate(SCHEDULES)
+                              if name != "split" or plan.mask is None)}
 
 
 def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,

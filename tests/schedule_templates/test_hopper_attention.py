@@ -17,7 +17,8 @@ import tensorfuse.kernels as K
 from benchmarks.attention_unlisted import UNLISTED
 from benchmarks.hopper_attention import causal_attention_f16
 from tensorfuse.errors import ScheduleError
-from tensorfuse.schedule_templates.hopper_attention_plan import (HopperKnobs, check_hopper,
+from tensorfuse.schedule_templates.hopper_attention_plan import (SCHEDULES, HopperKnobs,
+                                                                 check_hopper, knob_choices,
                                                                  schedule_for,
                                                                  plan_hopper_attention,
                                                                  shared_bytes, with_knobs)
@@ -289,6 +290,10 @@ def test_split_is_the_unmasked_persistent_schedule():
     with pytest.raises(ScheduleError, match="split.*mask"):
         check_hopper(plan_of(K.causal_attention), HopperKnobs(schedule="split"), PREFILL,
                      H100_SHARED)
+    # the tuning space offers it only where it runs
+    split = SCHEDULES.index("split")
+    assert split in knob_choices(plan_of(K.attention), PREFILL)["schedule"]
+    assert split not in knob_choices(plan_of(K.causal_attention), PREFILL)["schedule"]
 
 
 def test_bad_schedules_are_refused():
