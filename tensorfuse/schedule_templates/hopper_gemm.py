@@ -14,7 +14,7 @@ import warnings
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
-from ..interop import StreamScratch, current_stream
+from ..interop import StreamScratch
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_gemm import ENTRY, hopper_gemm_source, kernel_arguments
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
@@ -112,15 +112,7 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
         if launch is None:
             module[ENTRY](*args, grid, 1, knobs.threads, knobs.cluster, smem)
         else:
-            import torch
-
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            stream = current_stream(device)
-            if index == torch.cuda.current_device():
-                launch(args, grid, knobs.threads, knobs.cluster, smem, index, stream)
-            else:   # the driver launches in the current context: the tensors' device's
-                with torch.cuda.device(index):
-                    launch(args, grid, knobs.threads, knobs.cluster, smem, index, stream)
+            launch(args, grid, knobs.threads, knobs.cluster, smem, device)
 
     split = (f"; the last {tail} tiles split {pieces} ways along K" if tail else "")
     return Launches(source, entries, knobs, run,

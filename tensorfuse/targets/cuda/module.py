@@ -104,45 +104,65 @@ _C_TYPES = {"handle": ctypes.c_void_p, "int32": ctypes.c_int,   # TVM's argument
             "float32": ctypes.c_float}
 
 
+def _check(err: int, what: str) -> None:
+    if err:
+        raise TargetError(f"{what} failed (CUresult {err})")
+
+
+def _load_function(cubin: bytes, name: str, shared_bytes: int,
+                   cluster: int) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+    """``(module, function)`` of kernel ``name`` of ``cubin`` loaded into the current context,
+    allowed ``shared_bytes`` of dynamic shared memory (and clusters above 8 CTAs)."""
+    cu = libcuda()
+    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    _check(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(cubin)), "cuModuleLoadData")
+    try:
+        _check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()),
+               "cuModuleGetFunction")
+        _check(cu.cuFuncSetAttribute(fn, _FUNC_MAX_DYNAMIC_SHARED, shared_bytes),
+               "cuFuncSetAttribute(max dynamic shared memory)")
+        if cluster > 8:
+            _check(cu.cuFuncSetAttribute(fn, _FUNC_NON_PORTABLE_CLUSTER, 1),
+                   "cuFuncSetAttribute(non-portable cluster size)")
+    except TargetError:
+        cu.cuModuleUnload(mod)
+        raise
+    return mod, fn
+
+
+def _launch_config(grid: int, threads: int, shared_bytes: int, cluster: int,
+                   dependent: bool = False):
+    """``(configuration, attributes)`` of a 1-D launch with clusters of ``cluster`` CTAs (and,
+    ``dependent``, programmatic stream serialisation); the attributes must outlive the
+    configuration's use."""
+    wanted = ([(_LAUNCH_PROGRAMMATIC_STREAM_SERIALIZATION, [1])] if dependent else []) + \
+        [(_LAUNCH_CLUSTER_DIMENSION, [cluster, 1, 1])]
+    attrs = (_LaunchAttribute * len(wanted))()
+    for attr, (kind, value) in zip(attrs, wanted):
+        attr.id = kind
+        attr.value[0:len(value)] = value
+    config = _LaunchConfig(grid=(ctypes.c_uint * 3)(grid, 1, 1),
+                           block=(ctypes.c_uint * 3)(threads, 1, 1), shared_bytes=shared_bytes,
+                           attrs=ctypes.cast(attrs, ctypes.POINTER(_LaunchAttribute)),
+                           num_attrs=len(wanted))
+    return config, attrs
+
+
 class DependentLaunch:
     """A kernel launched through the driver (``cuLaunchKernelEx``) as a *programmatic dependent*
     of the kernel before it on the stream: it may start while that one finishes (its CTAs on SMs
     the other leaves free, its prologue overlapping the other's last tiles) and must execute
     ``griddepcontrol.wait`` before reading what that kernel wrote. TVM's runtime launches
-    without this attribute, so such a kernel has its own module, loaded into the current
-    context once per device."""
+    without this attribute, so such a kernel has its own module, loaded once per device. The
+    parameter buffer and the launch configurations are made once and refilled per call: built
+    per call they made the host slower than the GPU (H100, session 26)."""
 
     def __init__(self, source: str, target: TargetSpec, name: str, arg_types: tuple[str, ...]):
         self.source, self.target, self.name, self.arg_types = source, target, name, arg_types
-        self.functions: dict = {}   # device -> (module, function, shared bytes set)
+        self.functions: dict = {}   # (device, shared bytes, cluster) -> (module, function)
         self._values = self._params = None   # the parameters' memory, refilled per launch
         self._configs: dict = {}             # (grid, threads, cluster, smem) -> configuration
         self._lock = threading.Lock()
-
-    def _function(self, device: int, shared_bytes: int, cluster: int):
-        cu = libcuda()
-        known = self.functions.get(device)
-        if known is None:
-            ctx = ctypes.c_void_p()
-            _check(cu.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
-            if not ctx.value:
-                raise TargetError("no CUDA context is current (torch initialises one on first "
-                                  "use of the device)")
-            mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
-            cubin = cubin_for(self.source, self.target)
-            _check(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(cubin)),
-                   "cuModuleLoadData")
-            _check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, self.name.encode()),
-                   "cuModuleGetFunction")
-            if cluster > 8:
-                _check(cu.cuFuncSetAttribute(fn, _FUNC_NON_PORTABLE_CLUSTER, 1),
-                       "cuFuncSetAttribute(non-portable cluster size)")
-            known = self.functions[device] = [mod, fn, 0]
-        if known[2] != shared_bytes:
-            _check(cu.cuFuncSetAttribute(known[1], _FUNC_MAX_DYNAMIC_SHARED, shared_bytes),
-                   "cuFuncSetAttribute(max dynamic shared memory)")
-            known[2] = shared_bytes
-        return known[1]
 
     def parameters(self, args: list):
         """The driver's ``void**`` kernel parameters holding ``args`` (kept memory, refilled)."""
@@ -158,38 +178,32 @@ class DependentLaunch:
         return self._params
 
     def __call__(self, args: list, grid: int, threads: int, cluster: int, shared_bytes: int,
-                 device: int, stream: int) -> None:
+                 device) -> None:
         """Launch with ``args`` (``ctypes.c_void_p`` for handles, numbers for the others, in the
-        order and types of ``arg_types``) on ``stream``. The parameter buffer and the launch
-        configuration are made once and refilled per call (a launch costs the host ~µs, not
-        the tens of µs of building them: a call slower than the GPU leaves the GPU idle)."""
+        order and types of ``arg_types``) on torch's current stream of ``device`` (a CUDA
+        ``torch.device``), in that device's context."""
+        import torch
+
+        from ...interop import current_stream
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index != torch.cuda.current_device():   # the driver launches in the current context
+            with torch.cuda.device(index):
+                return self(args, grid, threads, cluster, shared_bytes, device)
         with self._lock:   # threads sharing the kernel share its buffers
-            fn = self._function(device, shared_bytes, cluster)
+            key = (index, shared_bytes, cluster)
+            if key not in self.functions:
+                self.functions[key] = _load_function(cubin_for(self.source, self.target),
+                                                     self.name, shared_bytes, cluster)
             params = self.parameters(args)
-            key = (grid, threads, cluster, shared_bytes)
-            config = self._configs.get(key)
-            if config is None:
-                attrs = (_LaunchAttribute * 2)()
-                attrs[0].id = _LAUNCH_PROGRAMMATIC_STREAM_SERIALIZATION
-                attrs[0].value[0] = 1
-                attrs[1].id = _LAUNCH_CLUSTER_DIMENSION
-                attrs[1].value[0:3] = [cluster, 1, 1]
-                config = _LaunchConfig(grid=(ctypes.c_uint * 3)(grid, 1, 1),
-                                       block=(ctypes.c_uint * 3)(threads, 1, 1),
-                                       shared_bytes=shared_bytes,
-                                       attrs=ctypes.cast(attrs, ctypes.POINTER(_LaunchAttribute)),
-                                       num_attrs=2 if cluster > 1 else 1)
-                self._configs[key] = (config, attrs)   # the attributes live with the config
-            else:
-                config = config[0]
-            config.stream = stream
-            _check(libcuda().cuLaunchKernelEx(ctypes.byref(config), fn, params, None),
-                   f"cuLaunchKernelEx({self.name})")
-
-
-def _check(err: int, what: str) -> None:
-    if err:
-        raise TargetError(f"{what} failed (CUresult {err})")
+            shape = (grid, threads, cluster, shared_bytes)
+            if shape not in self._configs:
+                self._configs[shape] = _launch_config(grid, threads, shared_bytes, cluster,
+                                                      dependent=True)
+            config = self._configs[shape][0]
+            config.stream = current_stream(device)
+            _check(libcuda().cuLaunchKernelEx(ctypes.byref(config), self.functions[key][1],
+                                              params, None), f"cuLaunchKernelEx({self.name})")
 
 
 def max_active_clusters(cubin: bytes, name: str, cluster: int, threads: int, shared_bytes: int,
@@ -200,39 +214,26 @@ def max_active_clusters(cubin: bytes, name: str, cluster: int, threads: int, sha
     fewer than ``SMs / cluster`` — the number that decides whether a grid of clusters runs in one
     wave."""
     cu = libcuda()
-
-    def check(err: int, what: str):
-        if err:
-            raise TargetError(f"{what} failed (CUresult {err}) while asking the driver how many "
-                              f"clusters of {cluster} CTAs of {name} fit the GPU")
-
-    check(cu.cuInit(0), "cuInit")
-    dev, ctx, mod, fn = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-    check(cu.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
-    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-    check(cu.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
     try:
-        check(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(cubin)), "cuModuleLoadData")
+        _check(cu.cuInit(0), "cuInit")
+        _check(cu.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+        _check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        _check(cu.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
         try:
-            check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()),
-                  "cuModuleGetFunction")
-            check(cu.cuFuncSetAttribute(fn, _FUNC_MAX_DYNAMIC_SHARED, shared_bytes),
-                  "cuFuncSetAttribute(max dynamic shared memory)")
-            if cluster > 8:
-                check(cu.cuFuncSetAttribute(fn, _FUNC_NON_PORTABLE_CLUSTER, 1),
-                      "cuFuncSetAttribute(non-portable cluster size)")
-            attr = _LaunchAttribute(id=_LAUNCH_CLUSTER_DIMENSION)
-            attr.value[0:3] = [cluster, 1, 1]
-            config = _LaunchConfig(grid=(ctypes.c_uint * 3)(cluster, 1, 1),
-                                   block=(ctypes.c_uint * 3)(threads, 1, 1),
-                                   shared_bytes=shared_bytes, attrs=ctypes.pointer(attr),
-                                   num_attrs=1)
-            count = ctypes.c_int()
-            check(cu.cuOccupancyMaxActiveClusters(ctypes.byref(count), fn, ctypes.byref(config)),
-                  "cuOccupancyMaxActiveClusters")
-            return count.value
+            mod, fn = _load_function(cubin, name, shared_bytes, cluster)
+            try:
+                config, _attrs = _launch_config(cluster, threads, shared_bytes, cluster)
+                count = ctypes.c_int()
+                _check(cu.cuOccupancyMaxActiveClusters(ctypes.byref(count), fn,
+                                                       ctypes.byref(config)),
+                       "cuOccupancyMaxActiveClusters")
+                return count.value
+            finally:
+                cu.cuModuleUnload(mod)
         finally:
-            cu.cuModuleUnload(mod)
-    finally:
-        cu.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
-        cu.cuDevicePrimaryCtxRelease_v2(dev)
+            cu.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+            cu.cuDevicePrimaryCtxRelease_v2(dev)
+    except TargetError as exc:
+        raise TargetError(f"{exc} while asking the driver how many clusters of {cluster} CTAs "
+                          f"of {name} fit the GPU") from exc
