@@ -59,6 +59,7 @@ from ...dsl.expr import Load
 from .dsm import HELPERS as DSM_HELPERS
 from .expr import (converted_indices, forwarded, scalar_arguments, size_aliases,
                    tensor_arguments, to_cuda)
+from .split import HELPERS as SPLIT_HELPERS
 from .tma import HELPERS as TMA_HELPERS
 from .tma import HELPERS_3D, MBARRIER_HELPERS
 from .wgmma import HELPERS as WGMMA_HELPERS
@@ -216,6 +217,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
 {WGMMA_HELPERS}
 {MBARRIER_HELPERS}
 {TMA_HELPERS}
+{SPLIT_HELPERS}
 {HELPERS_3D}
 {functions}
 #define D_ {D}
@@ -399,10 +401,6 @@ __device__ __forceinline__ int key_block(const Tile& w, int it, const int* pi, c
 }}
 
 {TAIL_HELPERS}
-// A warpgroup's own barrier (ids past the consumers' turns).
-__device__ __forceinline__ void tf_wg_sync(int cw) {{
-  asm volatile("bar.sync %0, 128;" :: "r"(1 + CONSUMERS + cw) : "memory");
-}}
 // A piece of a split tile (MODE_SPLIT): the warpgroup's partial state of its 64 rows -- o
 // unscaled, each row's base-2 maximum and sum (summed over the row's lanes) -- goes to the
 // workspace in fragment order; the warpgroup that completes the rows' pieces last (a counter per
@@ -419,17 +417,10 @@ __device__ __forceinline__ bool merge_piece(float (&o)[D_ / 2], float (&m)[2], f
   for (int r = 0; r < D_ / 8; ++r)
     __stcg(mine + r * 128, make_float4(o[4 * r], o[4 * r + 1], o[4 * r + 2], o[4 * r + 3]));
   __stcg(mine + (D_ / 8) * 128, make_float4(m[0], m[1], l[0], l[1]));
-  __threadfence();
-  tf_wg_sync(cw);
-  if (t == 0) {{
-    int* arrived = counters + 2 + tl * CONSUMERS + cw;
-    const bool last = atomicAdd(arrived, 1) == hi - lo;
-    if (last) atomicExch(arrived, 0);   // for the next launch
-    flags[cw] = last;
-  }}
-  tf_wg_sync(cw);
-  if (!flags[cw]) return false;
-  __threadfence();
+  // the warpgroup's own named barrier: ids past the consumers' turns
+  if (!tf_arrived_last(counters + 2 + tl * CONSUMERS + cw, hi - lo + 1, 1 + CONSUMERS + cw, 128,
+                       t == 0, flags + cw))
+    return false;
   for (int q = lo; q <= hi; ++q) {{
     if (q == p) continue;
     const float4* theirs = work + ((long)piece_slot(s, tl, q) * CONSUMERS + cw) * stride + t;

@@ -35,6 +35,7 @@ from __future__ import annotations
 from .dsm import HELPERS as DSM_HELPERS
 from .expr import C_TYPES, forwarded, scalar_arguments, size_aliases, tensor_arguments, to_cuda
 from .tma import HELPERS as TMA_HELPERS
+from .split import HELPERS as SPLIT_HELPERS
 from .tma import MBARRIER_HELPERS
 from .wgmma import HELPERS as WGMMA_HELPERS
 from .wgmma import wgmma_function
@@ -139,6 +140,7 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
 {MBARRIER_HELPERS}
 {TMA_HELPERS}
 {MULTICAST_HELPERS}
+{SPLIT_HELPERS}
 {functions}
 #define CONSUMERS {knobs.consumers}            // consumer warpgroups of 64 rows each
 #define BM (64 * CONSUMERS)
@@ -164,10 +166,6 @@ typedef {out_elem} out_t;
 #define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
 #define DEPENDENT {int(dependent)}   // launched as a programmatic dependent
 
-// Every consumer thread (named barrier CONSUMERS + 1).
-__device__ __forceinline__ void tf_bar_sync_consumers() {{
-  asm volatile("bar.sync %0, %1;" :: "r"(CONSUMERS + 1), "r"(CONSUMERS * 128) : "memory");
-}}
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
 
@@ -373,17 +371,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
                    make_float4(acc[x][4 * g], acc[x][4 * g + 1], acc[x][4 * g + 2],
                                acc[x][4 * g + 3]));
         }}
-        __threadfence();
-        tf_bar_sync_consumers();
-        if (ct == 0) {{
-          int* counter = counters + (w.unit - full_items) * CLUSTER + rank;
-          const int before = atomicAdd(counter, 1);
-          *last_piece = before == pieces - 1;
-          if (before == pieces - 1) *counter = 0;   // ready for the next launch
-        }}
-        tf_bar_sync_consumers();
-        if (!*last_piece) continue;
-        __threadfence();
+        // every consumer thread (named barrier CONSUMERS + 1; 1 … CONSUMERS are the warpgroups')
+        if (!tf_arrived_last(counters + (w.unit - full_items) * CLUSTER + rank, pieces,
+                             CONSUMERS + 1, CONSUMERS * 128, ct == 0, last_piece))
+          continue;
         const int first_slot = (w.unit - full_items) * pieces;
         for (int p = 0; p < pieces; ++p) {{
           if (first_slot + p == w.slot) continue;
