@@ -135,14 +135,20 @@ class Schedule:
             raise
 
     def rolling_update(self, *names: str, axis: str, chunk: int | None = None,
-                       strict: bool = False) -> "Schedule":
+                       rows: int = 1, strict: bool = False) -> "Schedule":
         """Fuse the reductions ``names`` (DSL variable names) into one pass over ``axis``, ``chunk``
         elements at a time (default: 32 on a GPU, 128 on the CPU, whose chunk loops LLVM
-        vectorises), with derived corrections (see :meth:`corrections`). A member whose
+        vectorises), with derived corrections (see :meth:`corrections`). ``rows`` (CPU only):
+        how many consecutive rows a core sweeps together, each loaded key and value serving all
+        of them (``tf.compile`` takes 4 from 4096 keys on). A member whose
         fused value loses much more precision than the unfused one (checked in float32 on data
         far from zero and around it when the fusion is planned) is warned about once
         (:class:`~tensorfuse.errors.FusedPrecisionWarning`), or with ``strict`` refused."""
-        fusion = Fusion(tuple(names), axis, self._chunk(chunk), 1)
+        if rows != 1 and self.target.is_gpu:
+            raise ScheduleError(f"rows={rows}: a block of rows is how the CPU sweeps a fused "
+                                "chain; on a GPU the templates tile rows (apply_template's "
+                                "knobs)", user_location())
+        fusion = Fusion(tuple(names), axis, self._chunk(chunk), 1, rows)
         self._apply_fusion(fusion, fusion.describe(), strict)
         return self
 

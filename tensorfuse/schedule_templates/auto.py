@@ -39,6 +39,25 @@ def cpu_fusion(program: Program) -> Fusion | None:
     return None
 
 
+# rows of a fused chain one core sweeps together on the CPU (Fusion.rows), from this many
+# positions of the fused axis on. Causal attention, B=1, H=8, D=64, 2 Zen 4 cores (f32 / bf16):
+# 4 rows at 4096 keys 187 / 186 ms against 238 / 214 one at a time; at 2048 keys 67 / 56 against
+# 56 / 53, at 1024 17 / 19 against 16 / 15 (benchmarks/RESULTS.md, session 27); 8 rows spilled.
+CPU_ROWS = 4
+CPU_ROWS_FROM = 4096
+
+
+def cpu_fusion_at(program: Program, fusion: Fusion, dims: dict) -> Fusion:
+    """The CPU's ``fusion`` at the sizes ``dims``: blocks of :data:`CPU_ROWS` rows where the
+    fused axis is at least :data:`CPU_ROWS_FROM` long, one row at a time below."""
+    from dataclasses import replace
+
+    extent = plan_chain(program, fusion.names, fusion.axis).axis.extent
+    length = dims.get(extent) if isinstance(extent, str) else extent
+    return replace(fusion, rows=CPU_ROWS) if isinstance(length, int) and \
+        length >= CPU_ROWS_FROM else fusion
+
+
 def _fusions(program: Program, chunk: int):
     """``(fusion, chain)`` for the reductions sharing each axis, the most shared axis first,
     where they fuse."""

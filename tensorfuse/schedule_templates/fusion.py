@@ -40,23 +40,28 @@ from tvm.tirx.script.builder import ir as T
 @dataclass(frozen=True)
 class Fusion:
     """Compute the reductions ``names`` in one pass over ``axis``, in chunks of ``chunk`` elements,
-    as ``splits`` independent parts merged at the end (``splits=1``: a rolling update)."""
+    as ``splits`` independent parts merged at the end (``splits=1``: a rolling update). ``rows``:
+    on the CPU, how many consecutive rows (of the chain's last common axis: attention's queries)
+    one core sweeps together, chunk by chunk, so that each chunk of keys is read from memory once
+    for all of them (:mod:`.fusion_cpu`); GPU templates tile rows their own way."""
 
     names: tuple[str, ...]
     axis: str
     chunk: int = 16
     splits: int = 1
+    rows: int = 1
 
     def __post_init__(self):
-        if not isinstance(self.chunk, int) or self.chunk < 1:
-            raise RollingUpdateError(f"chunk must be a positive integer, got {self.chunk!r}")
-        if not isinstance(self.splits, int) or self.splits < 1:
-            raise RollingUpdateError(f"splits must be a positive integer, got {self.splits!r}")
+        for name in ("chunk", "splits", "rows"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise RollingUpdateError(f"{name} must be a positive integer, got {value!r}")
 
     def describe(self) -> str:
         names = ", ".join(self.names)
         if self.splits == 1:
-            return f"rolling_update({names}, axis={self.axis}, chunk={self.chunk})"
+            rows = f", rows={self.rows}" if self.rows != 1 else ""
+            return f"rolling_update({names}, axis={self.axis}, chunk={self.chunk}{rows})"
         return f"split_update({names}, axis={self.axis}, splits={self.splits}, chunk={self.chunk})"
 
 
@@ -67,6 +72,9 @@ def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32"
     loops, ``accumulate`` widens float sums, running states included (see
     :class:`~tensorfuse.lower_to_tir.FunctionBuilder`)."""
     chains = [plan_chain(program, f.names, f.axis) for f in fusions]
+    if parallel == "gpu" and any(f.rows != 1 for f in fusions):
+        raise RollingUpdateError("a block of rows (rows=…) is how the CPU sweeps a fused chain; "
+                                 "GPU templates tile rows with their own knobs")
     owner: dict[str, int] = {}
     for k, ch in enumerate(chains):
         for m in ch.members:
@@ -304,7 +312,7 @@ class _ChainEmitter(CpuChunkLayout):
     def emit(self) -> None:
         fb = self.fb
         outer = self._loops(self.common + self._split_dims())
-        with fb.spatial_loops(outer) as (self.outer, self.outer_pred):
+        with self._row_loops(outer):
             self._emit_init()
             with self._chunk_range() as cv:
                 self.chunk_var = cv
@@ -348,7 +356,7 @@ class _ChainEmitter(CpuChunkLayout):
         for m in self.chain.members:
             scheme = self.chain.schemes[m.name]
             loops = self._loops(self._extra_axes(m))
-            with self.fb.loops(loops) as lv:
+            with self._stage_loops(loops) as lv:
                 with self._block(f"{m.name}_init", loops, lv) as sc:
                     idx = self._index(self.state_axes(m), sc)
                     identities = {}
@@ -395,7 +403,7 @@ class _ChainEmitter(CpuChunkLayout):
         # on the CPU the chunk's positions innermost, for LLVM to vectorise (the operand read
         # along the reduction gets a transposed copy: cpu.rolled_schedule)
         loops = spatial[:-1] + over + spatial[-1:] if self._cpu else spatial + over
-        with self.fb.loops(loops) as lv:
+        with self._stage_loops(loops) as lv:
             with self._block(f"{x.name}_local", loops, lv, [self._chunk_iter()],
                              derive=self._j_of, predicate=self._in_range,
                              scope=self._scope(self.fb.scope)) as sc:
@@ -408,7 +416,7 @@ class _ChainEmitter(CpuChunkLayout):
         """Set ``bufs`` to the monoid's identity for this chunk. A separate block, not ``T.init``:
         the reduction after it is guarded by the range predicate, which would also skip an init
         of a chunk past the end (possible with splits)."""
-        with self.fb.loops(loops) as lv:
+        with self._stage_loops(loops) as lv:
             with self._block(name, loops, lv, [self._chunk_iter()]) as sc:
                 idx = self._index(axes, sc)
                 for k, (buf, d) in enumerate(zip(bufs, dtypes)):
@@ -436,7 +444,7 @@ class _ChainEmitter(CpuChunkLayout):
                 continue
             loops = self._chunk_loops(extra, t_loop)
             self._emit_row_references(scheme.deps)
-            with self.fb.loops(loops) as lv:
+            with self._stage_loops(loops) as lv:
                 with self._block(name, loops, lv, [self._chunk_iter()],
                                  derive=self._j_of, predicate=self._in_range, scope=scope) as sc:
                     idx = self._index(self.state_axes(m), sc)
@@ -519,7 +527,7 @@ class _ChainEmitter(CpuChunkLayout):
         corrections = [self._wide(m.name, c) for c in scheme.correct]
         if self._cpu and extra:
             corrections = [self._hoist_row(c, m) for c in corrections]
-        with self.fb.loops(extra) as lv:
+        with self._stage_loops(extra) as lv:
             with self._block(f"{m.name}_update", extra, lv, [self._chunk_iter("R")]) as sc:
                 idx = self._index(self.state_axes(m), sc)
                 symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.prev, 0),
@@ -553,7 +561,7 @@ class _ChainEmitter(CpuChunkLayout):
     def _emit_new(self, m: Compute) -> None:
         scheme = self.chain.schemes[m.name]
         extra = self._loops(self._extra_axes(m))
-        with self.fb.loops(extra) as lv:
+        with self._stage_loops(extra) as lv:
             with self._block(f"{m.name}_new", extra, lv, [self._chunk_iter()]) as sc:
                 # the states are kept relative to the dependencies' references: the reference of
                 # this member is the value formula at those references, extrapolated
@@ -568,7 +576,7 @@ class _ChainEmitter(CpuChunkLayout):
     def _emit_commit(self, name: str) -> None:
         m = self.chain.members[[x.name for x in self.chain.members].index(name)]
         extra = self._loops(self._extra_axes(m))
-        with self.fb.loops(extra) as lv:
+        with self._stage_loops(extra) as lv:
             with self._block(f"{name}_commit", extra, lv, [self._chunk_iter()]) as sc:
                 self.fb.store(self.prev[name], self._load(self.new[name], name, sc),
                               self._index(self.state_axes(m), sc))
@@ -591,7 +599,7 @@ class _ChainEmitter(CpuChunkLayout):
                 self.outer, self.outer_pred = saved
             return
         loops = self._loops(self._extra_axes(m))
-        with self.fb.loops(loops) as lv:
+        with self._stage_loops(loops) as lv:
             with self._block(m.name, loops, lv) as sc:
                 symbols = self._symbols(m, sc, states, with_split, references, self._final)
                 inner = sc.child(symbols=symbols)

@@ -32,6 +32,7 @@ from ..lower_to_tir.expr_to_tir import constant
 from .mask_bounds import chain_key_range
 
 LANES = 16   # partial results of a chunk's sums: an AVX-512 register of f32
+ACCUMULATOR_LANES = 16 * LANES   # a block of rows' partial results held in registers
 COSTLY = ("exp", "exp2", "log", "log2", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "sin", "cos")
 
 
@@ -65,12 +66,12 @@ class CpuChunkLayout:
         def lane_index(sc):
             return self._index(self.state_axes(m), sc) + [sc.axes[self.lane_axis.uid]]
 
-        with self.fb.loops([lane_loop]) as lv:
+        with self._stage_loops([lane_loop]) as lv:
             with self._block(f"{name}_lanes_init", [lane_loop], lv, [self._chunk_iter()]) as sc:
                 self.fb.store(lanes, constant(monoid.identity_value(0, dtype), dtype),
                               lane_index(sc))
         self._emit_row_references(scheme.deps)
-        with self.fb.loops([outer, lane_loop]) as lv:
+        with self._stage_loops([outer, lane_loop]) as lv:
             with self._block(name, [outer, lane_loop], lv, [self._chunk_iter()],
                              derive=lambda v: {**self._j_of({**v, n["t"]: position(v)}),
                                                self.t_axis.uid: position(v)},
@@ -80,7 +81,7 @@ class CpuChunkLayout:
                                     sc.child(symbols=self._position_symbols(sc, scheme.deps)),
                                     False, [dtype])
         fold = LoopAxis(self.lane_axis, lane_loop.extent, self.lane_axis.name, "R")
-        with self.fb.loops([fold]) as lv:
+        with self._stage_loops([fold]) as lv:
             with self._block(f"{name}_lanes_fold", [fold], lv, [self._chunk_iter()]) as sc:
                 lane = {"__lane": tirx.BufferLoad(lanes, lane_index(sc))}
                 self.fb.emit_update(monoid, bufs, self._index(self.state_axes(m), sc),
@@ -91,20 +92,103 @@ class CpuChunkLayout:
     def _cpu(self) -> bool:
         return self.fb.parallel == "cpu"
 
+    @property
+    def _rows_per_block(self) -> int:
+        """Rows of the last common axis swept together (``Fusion.rows``): on the CPU, and for a
+        rolling update (one part) with rows to block; else 1."""
+        rows = self.fusion.rows
+        if not (self._cpu and self.splits == 1 and self.common) or rows == 1:
+            return 1
+        extent = self.fb.extent(self.common[-1])
+        if isinstance(extent, tirx.IntImm) and extent.value < 2:
+            return 1
+        return rows
+
+    @contextlib.contextmanager
+    def _row_loops(self, outer: list):
+        """The loops over the rows around the whole sweep: one parallel loop over every row, or,
+        with a block of rows (:attr:`_rows_per_block`), over blocks of that many consecutive rows
+        of the last common axis (attention's queries), each block's rows visited inside every
+        stage (:meth:`_stage_loops`)."""
+        rows = self._rows_per_block
+        self._block_of = None
+        if rows == 1:
+            with self.fb.spatial_loops(outer) as (self.outer, self.outer_pred):
+                yield
+            return
+        last, per = outer[-1], tirx.IntImm(self.fb.index_dtype, rows)
+        blocks = LoopAxis(None, Analyzer().simplify(tirx.floordiv(last.extent + per - 1, per)),
+                          f"{last.name}_block")
+        with self.fb.spatial_loops(outer[:-1] + [blocks]) as (iters, pred):
+            self._block_of = iters[:-1], last, iters[-1][1] * per, pred
+            self.outer, self.outer_pred = None, None   # set per row by _stage_loops
+            yield
+
+    def _block_rows(self) -> list:
+        """The rows of the current block (clamped into the axis: the last block may be short)."""
+        _, last, first, _ = self._block_of
+        end = last.extent - 1
+        return [tirx.min(first + r, end) for r in range(self._rows_per_block)]
+
+    @contextlib.contextmanager
+    def _stage_loops(self, loops: list):
+        """Open the loops of one block of the sweep (``loops``) and yield their values. In a
+        block of rows (:meth:`_row_loops`) a loop over its rows joins them: in a contraction
+        (reductions, then a spatial loop innermost: ``q·k`` over ``d``, ``p·v`` over the keys)
+        just above that innermost loop, so that each operand vector it loads (a key's or a
+        value's) serves every row of the block from a register
+        (:meth:`_contraction_loops`); elsewhere outermost. Rows past the axis' end are
+        guarded."""
+        if self._block_of is None:
+            with self.fb.loops(loops) as lv:
+                yield lv
+            return
+        iters, last, first, pred = self._block_of
+        rows = LoopAxis(None, tirx.IntImm(self.fb.index_dtype, self._rows_per_block),
+                        f"{last.name}_row")
+        contraction = bool(loops) and loops[-1].kind == "S" and \
+            any(lp.kind == "R" for lp in loops[:-1])
+        at = len(loops) - 1 if contraction else 0
+        with self._contraction_loops(loops[:at] + [rows] + loops[at:]) as lv:
+            row = first + lv[at]
+            guard = None if _divides(self._rows_per_block, last.extent) else row < last.extent
+            if pred is not None:
+                guard = pred if guard is None else tirx.And(pred, guard)
+            self.outer, self.outer_pred = iters + [(last, row)], guard
+            try:
+                yield lv[:at] + lv[at + 1:]
+            finally:
+                self.outer, self.outer_pred = None, None
+
+    def _chunk_bounds(self, row: dict) -> tuple:
+        """``(first chunk, chunk past the last)`` that the mask lets the row (the axes of the
+        current loops, ``row`` overriding) reach, either None where unbounded
+        (:func:`.mask_bounds.chain_key_range`)."""
+        iters = self.outer if self._block_of is None else self._block_of[0]
+        axes = {lp.axis.uid: value for lp, value in iters if lp.axis is not None}
+        lo, hi = chain_key_range(self.chain, self.fb.scope.child(axes={**axes, **row}))
+        return (None if lo is None else tirx.floordiv(lo, self.tc),
+                None if hi is None else tirx.floordiv(hi, self.tc) + 1)
+
     @contextlib.contextmanager
     def _chunk_range(self):
         """The loop over a part's chunks; yields its variable. On the CPU, a chain whose mask
         gives each row a range of keys (:func:`.mask_bounds.chain_key_range`) sweeps only the
-        chunks that range touches: a chunk the mask removes whole adds the identity to every
-        state and leaves the dependencies — hence every correction — unchanged."""
+        chunks that range touches (a block of rows: the hull of its rows' ranges): a chunk the
+        mask removes whole adds the identity to every state and leaves the dependencies —
+        hence every correction — unchanged."""
         start, stop = tirx.IntImm(self.fb.index_dtype, 0), self.cps
         if self._cpu and self.splits == 1:
-            axes = {lp.axis.uid: value for lp, value in self.outer if lp.axis is not None}
-            lo, hi = chain_key_range(self.chain, self.fb.scope.child(axes=axes))
-            if lo is not None:
-                start = tirx.max(start, tirx.floordiv(lo, self.tc))
-            if hi is not None:
-                stop = tirx.min(stop, tirx.floordiv(hi, self.tc) + 1)
+            if self._block_of is None:
+                bounds = [self._chunk_bounds({})]
+            else:
+                uid = self._block_of[1].axis.uid
+                bounds = [self._chunk_bounds({uid: row}) for row in self._block_rows()]
+            starts, stops = [b[0] for b in bounds], [b[1] for b in bounds]
+            if all(s is not None for s in starts):
+                start = tirx.max(start, _fold(tirx.min, starts))
+            if all(s is not None for s in stops):
+                stop = tirx.min(stop, _fold(tirx.max, stops))
             simplify = Analyzer().simplify
             start, stop = simplify(tirx.min(start, self.cps)), simplify(tirx.max(stop, start))
         with T.serial(start, stop) as cv:
@@ -155,7 +239,7 @@ class CpuChunkLayout:
         deps = {n.name[:-len(".ref")] for n in nodes(e) if isinstance(n, Symbol)
                 and n.name.endswith(".ref")}
         self._emit_row_references(deps)
-        with self.fb.loops([t_loop]) as lv:
+        with self._stage_loops([t_loop]) as lv:
             with self._block(f"{self.chain.axis.name}_value{k}", [t_loop], lv,
                              [self._chunk_iter()], derive=self._j_of, predicate=self._in_range,
                              scope=self._scope(self.fb.scope)) as sc:
@@ -180,7 +264,8 @@ class CpuChunkLayout:
                 buf = self.fb.alloc(f"{m.name}_factor{k}",
                                     self._shape(self.common + self._split_dims()),
                                     dtt.resolve(n.dtype))
-                with self._block(f"{m.name}_factor{k}", [], [], [self._chunk_iter()]) as sc:
+                with self._stage_loops([]), \
+                        self._block(f"{m.name}_factor{k}", [], [], [self._chunk_iter()]) as sc:
                     deps = {}
                     for d in self.chain.schemes[m.name].deps:
                         deps[f"{d}.old"] = self._running(self.prev, 0)(d, sc)
@@ -225,9 +310,35 @@ class CpuChunkLayout:
             member = self._member(d)
             buf = self.fb.alloc(f"{d}_ref_row", self._shape(self.common + self._split_dims()),
                                 member.dtypes[0])
-            with self._block(f"{d}_ref_row", [], [], [self._chunk_iter()]) as sc:
+            with self._stage_loops([]), \
+                    self._block(f"{d}_ref_row", [], [], [self._chunk_iter()]) as sc:
                 self.fb.store(buf, self._running(self.new, 1)(d, sc), self._index(self.common, sc))
             self.row_refs[d] = buf
+
+    @contextlib.contextmanager
+    def _contraction_loops(self, loops: list):
+        """Open ``loops`` and yield their values. In a contraction over a block of rows
+        (spatial loops, the reductions, the rows, a spatial loop innermost) each step of the
+        reductions updates rows × innermost partial results, which LLVM keeps in vector
+        registers across the reductions — while they fit: where they would take more than
+        :data:`ACCUMULATOR_LANES` lanes (16 AVX-512 registers), the innermost loop is cut into
+        parts that do, whose outer part runs outside the reductions (4 rows of 128 keys' scores:
+        two parts of 64; without the cut 32 registers of partial results spilled)."""
+        first = next((k for k, lp in enumerate(loops) if lp.kind == "R"), None)
+        inner = loops[-1] if loops else None
+        width = ACCUMULATOR_LANES // self._rows_per_block
+        if not (self._cpu and first is not None and first < len(loops) - 1
+                and inner.kind == "S" and isinstance(inner.extent, tirx.IntImm)
+                and inner.extent.value % width == 0 and inner.extent.value > width):
+            with self.fb.loops(loops) as lv:
+                yield lv
+            return
+        idx = self.fb.index_dtype
+        outer = LoopAxis(None, tirx.IntImm(idx, inner.extent.value // width), f"{inner.name}_o")
+        part = LoopAxis(None, tirx.IntImm(idx, width), f"{inner.name}_i")
+        with self.fb.loops(loops[:first] + [outer] + loops[first:-1] + [part]) as lv:
+            values = lv[:first] + lv[first + 1:-1]
+            yield values + [lv[first] * width + lv[-1]]
 
     def _chunk_loops(self, extra: list, t_loop: LoopAxis) -> list:
         """A chunk's loops for a member with ``extra`` axes (attention's output features): on
@@ -235,3 +346,14 @@ class CpuChunkLayout:
         position's hoisted value read once for all features); elsewhere the positions inside
         (a reduction per feature)."""
         return [t_loop] + extra if self._cpu else extra + [t_loop]
+
+
+def _fold(op, values: list):
+    out = values[0]
+    for v in values[1:]:
+        out = op(out, v)
+    return out
+
+
+def _divides(rows: int, extent) -> bool:
+    return isinstance(extent, tirx.IntImm) and extent.value % rows == 0

@@ -100,3 +100,56 @@ def test_a_2d_neighbourhood_computes_its_mask_once_per_key(rng, dilation):
     scalars.update(width=10, radius=2, dilation=dilation)
     want = run_program(kernel.program, tensors, scalars)[0]
     assert relative_error(f(**tensors, **scalars), want) <= TOLERANCE["bf16"]
+
+
+@pytest.mark.parametrize("name, rows, chunk, m, n", [
+    ("causal_attention", 4, 128, 45, 77),            # rows past the end of the last block
+    ("causal_attention", 3, 16, 130, 130),           # a block spans two chunks' diagonals
+    ("sliding_window_attention", 4, 16, 131, 131),   # rows of a block start at other chunks
+    ("document_attention", 2, 128, 64, 300),
+    ("gqa_causal_attention", 4, 32, 70, 77),
+    ("attention", 4, 128, 37, 301)])
+def test_a_block_of_rows_matches_float64(rng, name, rows, chunk, m, n):
+    """``rows``: a core sweeps that many rows together (each key and value it loads serving all
+    of them); the chunk loop runs over the hull of their mask ranges, a chunk a row's mask removes
+    whole adding the identity to it; rows past the axis' end are skipped."""
+    kernel = K.ALL[name]
+    sch = tf.schedule(kernel, target="llvm")
+    sch.rolling_update("m", "l", "o", axis="j", chunk=chunk, rows=rows)
+    f = sch.compile()
+    assert checked(f, kernel, sizes(kernel, m, n), rng, scale=3.0) <= TOLERANCE["bf16"]
+
+
+def test_a_block_of_rows_in_f32_with_wide_scores_matches_float64(rng):
+    kernel = attention_kernel("f32", True, False, False)
+    sch = tf.schedule(kernel, target="llvm")
+    sch.rolling_update("m", "l", "o", axis="j", chunk=128, rows=4)
+    f = sch.compile()
+    assert checked(f, kernel, dict(B=1, H=3, HKV=3, M=203, N=203, D=64), rng, scale=4.0) \
+        <= TOLERANCE["f32"]
+
+
+def test_tf_compile_takes_blocks_of_rows_for_long_rows():
+    """From 4096 keys on (measured: benchmarks/RESULTS.md, session 27): four rows per block,
+    their contractions' partial sums cut to fit the registers (scores of 128 keys in two parts
+    of 64 for four rows), the loads of q·k's keys serving the four rows."""
+    kernel = attention_kernel("f32", True, False, False)
+    f = tf.compile(kernel, target="llvm")
+    short = dict(B=1, H=2, HKV=2, M=1024, N=1024, D=64)
+    long = dict(B=1, H=2, HKV=2, M=4096, N=4096, D=64)
+    assert "rows=" not in f.schedule_origin(**short)
+    assert "chunk=128, rows=4)" in f.schedule_origin(**long)
+    script = f.module(**long).script()
+    assert re.search(r"for b_h_i_block in T\.parallel\(2048\)", script)
+    assert re.search(r"for j_t_o, d, i_row, j_t_i in T\.grid\(2, 64, 4, 64\)", script)
+
+
+def test_rows_are_refused_where_they_mean_nothing():
+    from tensorfuse.errors import RollingUpdateError, ScheduleError
+    from tensorfuse.schedule_templates.fusion import Fusion
+
+    with pytest.raises(RollingUpdateError, match="rows must be a positive integer"):
+        Fusion(("m",), "j", 16, 1, 0)
+    sch = tf.schedule(attention_kernel("f32", True, False, False), target="cuda")
+    with pytest.raises(ScheduleError, match="block of rows is how the CPU"):
+        sch.rolling_update("m", "l", "o", axis="j", rows=4)
