@@ -310,7 +310,6 @@ class _ChainEmitter(CpuChunkLayout):
 
     # -- emission ------------------------------------------------------------------------------
     def emit(self) -> None:
-        fb = self.fb
         outer = self._loops(self.common + self._split_dims())
         with self._row_loops(outer):
             self._emit_init()
