@@ -1,6 +1,8 @@
 """The public entry points: schedule a kernel, compile it."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .binding import bind_call, signature_key, split_scalars
 from .compiled import CompiledKernel
 from .dsl.expr import user_location
@@ -68,6 +70,8 @@ def _compile(kernel, target, template):
                             f"({template!r})", user_location())
 
     fusion = None if spec.is_gpu or template is None else cpu_fusion(program)
+    fused_records = None if fusion is None else \
+        template_records(program, "cpu_fused", fusion, spec)
 
     def build(dims: dict, index_dtype: str):
         # CPU records tune the row schedule of the unfused program; a chain that runs fused
@@ -78,6 +82,12 @@ def _compile(kernel, target, template):
             if found is not None:
                 return found[0], f"tuned record ({found[1]})"
         if fusion is not None:   # attention-like chains: the rolling update, on all cores
+            found = fused_records(dims) if index_dtype == "int32" and \
+                set(dims) == set(program.dim_names()) else None
+            if found is not None:   # the chunk and rows of the best record (cpu_fused)
+                at = replace(fusion, **found[0])
+                return cpu_fused(program, (at,), dims, index_dtype, spec), \
+                    f"tuned record ({at.describe()}; {found[1]})"
             at = cpu_fusion_at(program, fusion, dims)
             return cpu_fused(program, (at,), dims, index_dtype, spec), \
                 f"template defaults ({at.describe()})"

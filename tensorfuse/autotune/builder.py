@@ -41,6 +41,53 @@ def tvm_builder(workers: int, timeout_sec: float = 60.0) -> ms.builder.LocalBuil
 
 
 @derived_object
+class CpuBuilder(PyBuilder):
+    """A CPU job's builder: candidates of the CPU template (schedules of the workload) by TVM's
+    :func:`tvm_builder`; candidates of a fused chain (``cpu_fused``: knobs that change the
+    lowering) lowered for their knobs here, where the kernel is known, then built in a pool of
+    threads and exported as TVM's builder exports, for TVM's runner."""
+
+    def __init__(self, tasks_by_key: dict, workers: int):
+        super().__init__()
+        self.tasks_by_key = tasks_by_key
+        self.workers = workers
+        self.tvm = tvm_builder(workers)
+
+    def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        fused = [k for k, item in enumerate(build_inputs) if self._fused(item.mod)]
+        plain = [k for k in range(len(build_inputs)) if k not in fused]
+        results: list = [None] * len(build_inputs)
+        if plain:
+            for k, result in zip(plain, self.tvm.build([build_inputs[k] for k in plain])):
+                results[k] = result
+        if fused:
+            with ThreadPoolExecutor(max(1, min(len(fused), self.workers))) as pool:
+                for k, result in zip(fused, pool.map(self._build_fused,
+                                                     [build_inputs[k] for k in fused])):
+                    results[k] = result
+        return results
+
+    @staticmethod
+    def _fused(mod: tvm.IRModule) -> bool:
+        from ..schedule_templates.annotations import TEMPLATE_ATTR
+
+        attrs = mod["main"].attrs
+        return attrs is not None and str(attrs.get(TEMPLATE_ATTR, "")) == "cpu_fused"
+
+    def _build_fused(self, item: BuilderInput) -> BuilderResult:
+        from tvm.s_tir.meta_schedule.builder.local_builder import default_export
+
+        try:
+            task = self.tasks_by_key[task_key(item.mod)]
+            built = build_candidate(task.candidate(knobs_of(item.mod)), item.target)
+            return BuilderResult(default_export(built), None)
+        except Exception as exc:  # noqa: BLE001 - reported per candidate, counted by the job
+            return BuilderResult(None, f"build failed: {type(exc).__name__}: {exc}"[:2000])
+
+
+@derived_object
 class TritonBuilder(PyBuilder):
     """Makes each candidate's kernel from its knobs (Triton templates; ``hopper_attention``'s
     cubin by nvcc); the artifact is a small JSON file naming the task and the knobs, which

@@ -310,13 +310,16 @@ def _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter, see
 
     workers = max(1, os.cpu_count() or 1)
     per_iter = trials_per_iter or max(4, min(32, remaining // 2 or 1))
-    extractor = "per-store-feature" if spec.kind == "llvm" else KnobFeatures()
+    # the CPU template's candidates differ in their loops; template candidates (the CPU's fused
+    # chains too) only in their knobs
+    by_loops = any(t.template == "cpu" for t in tasks)
+    extractor = "per-store-feature" if by_loops else KnobFeatures()
     builder, runner = measurer.builder, measurer.runner
     # GPU templates' knob features are a handful of numbers per candidate: one XGBoost thread
     # trains on them in ~0.1 s, while one per core (MetaSchedule's default) spun for 4-6 s per
     # job on a 32-core host busy compiling and measuring (the job's stack samples)
     cost_model = ms.cost_model.XGBModel(extractor=extractor, num_warmup_samples=min(16, per_iter),
-                                         num_tuning_cores=workers if spec.kind == "llvm" else 1)
+                                         num_tuning_cores=workers if by_loops else 1)
     callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [
         Progress(tasks, results, say, stop)]
     if not stop.is_set():

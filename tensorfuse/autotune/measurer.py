@@ -26,13 +26,13 @@ class Measurer:
     def __enter__(self) -> "Measurer":
         from tvm.s_tir import meta_schedule as ms
 
-        from .builder import TritonBuilder, tvm_builder
+        from .builder import CpuBuilder, TritonBuilder
         from .runner import TritonRunner
 
         workers = max(1, os.cpu_count() or 1)
         by_key = {t.name: t for t in self.tasks}
         if self.spec.kind == "llvm":
-            self.builder = tvm_builder(workers)
+            self.builder = CpuBuilder(by_key, workers)
             config = ms.runner.EvaluatorConfig(number=3, repeat=3, min_repeat_ms=20,
                                                enable_cpu_cache_flush=False)
             self.runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=config)
@@ -74,7 +74,7 @@ class Measurer:
             if tuned and found is None:
                 continue
             scheduled = replay(found[0], task.mod) if tuned else None
-            if task.template == "cpu":   # the same inputs for both: masks may depend on data
+            if not task.target.is_gpu:   # the same inputs for both: masks may depend on data
                 if task.name not in self._cpu_inputs:
                     self._cpu_inputs[task.name] = _cpu_inputs(task)
                 secs[index] = _time_here(task, scheduled, self._cpu_inputs[task.name])
@@ -107,10 +107,16 @@ def _cpu_inputs(task: TuningTask) -> list:
 
 
 def _time_here(task: TuningTask, scheduled, inputs: list) -> float:
-    """Seconds per call of a CPU task's defaults (``scheduled`` None) or of a tuned schedule."""
+    """Seconds per call of a CPU task's defaults (``scheduled`` None) or of a tuned schedule
+    (a fused chain's: the candidate of the record's knobs)."""
     from ..schedule_templates.default import apply_default_schedule
+    from .tasks import knobs_of
 
-    mod = scheduled if scheduled is not None else apply_default_schedule(task.mod, task.target)
+    if task.template == "cpu_fused":
+        mod = task.candidate(knobs_of(scheduled) if scheduled is not None else None)
+    else:
+        mod = scheduled if scheduled is not None else apply_default_schedule(task.mod,
+                                                                             task.target)
     lib = tvm.compile(mod, target=tuning_target(task.target))
     timer = lib.mod.time_evaluator("main", tvm.cpu(0), number=3, repeat=5, min_repeat_ms=20)
     return float(np.median(timer(*inputs).results))

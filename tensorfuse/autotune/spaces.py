@@ -1,4 +1,5 @@
-"""The knob spaces of the GPU templates a tuning task can sample: values per knob, the template
+"""The knob spaces of the templates a tuning task can sample (GPU templates; the CPU's fused
+chains, :class:`CpuFusedSpace`): values per knob, the template
 defaults, which settings cannot run on the GPU (left out before anything is built), and the
 candidate kernel of a setting.
 
@@ -12,6 +13,8 @@ candidate kernel of a setting.
 from __future__ import annotations
 
 from dataclasses import asdict, replace
+
+import tvm
 
 from ..errors import ScheduleError
 from ..targets import TargetSpec
@@ -124,7 +127,54 @@ class HopperAttentionSpace:
             cubin_for(source, self.task.target)
 
 
+class CpuFusedSpace:
+    """The space of a chain ``tf.compile`` runs fused on the CPU (``cpu_fused``): the chunk of
+    positions per step and the block of rows a core sweeps together (``Fusion.chunk``,
+    ``Fusion.rows``). These change the lowering itself — loop extents, the loops over a block's
+    rows — not a schedule of one loop nest, so each candidate is lowered for its knobs and
+    built in the job's process (:class:`.builder.CpuBuilder`); TVM's runner times it."""
+
+    made_by_runner = False
+    CHUNKS = (32, 64, 128, 256)
+    ROWS = (1, 2, 4)
+
+    def __init__(self, task):
+        self.task = task
+
+    def choices(self) -> dict[str, tuple[int, ...]]:
+        defaults = self.defaults()
+        return {"chunk": tuple(sorted(set(self.CHUNKS) | {defaults["chunk"]})),
+                "rows": tuple(sorted(set(self.ROWS) | {defaults["rows"]}))}
+
+    def defaults(self) -> dict[str, int]:
+        from ..schedule_templates.auto import cpu_fusion_at
+
+        at = cpu_fusion_at(self.task.kernel.program, self.task.fusion, self.task.dims)
+        return {"chunk": at.chunk, "rows": at.rows}
+
+    def unfit(self, knobs: dict) -> str | None:
+        return None
+
+    def candidate(self, knobs: dict | None) -> tvm.IRModule:
+        """The function ``tf.compile`` builds with these knobs, its scalars bound as the
+        workload's (one function ``main``, the workload's signature)."""
+        from ..schedule_templates.default import cpu_fused
+        from .tasks import bind_scalars_of
+
+        task, program = self.task, self.task.kernel.program
+        fusion = replace(task.fusion, **{**self.defaults(), **(knobs or {})})
+        mod = cpu_fused(program, (fusion,), task.dims, "int32", task.target)
+        func = bind_scalars_of(next(iter(mod.functions.values())), program, task.dims,
+                               task.scalars)
+        return tvm.IRModule({"main": func})
+
+    def prepare(self, kernel, compile_ahead: bool) -> None:
+        pass
+
+
 def space_of(task):
+    if task.template == "cpu_fused":
+        return CpuFusedSpace(task)
     return HopperAttentionSpace(task) if task.template == "hopper_attention" else TritonSpace(task)
 
 

@@ -3,7 +3,10 @@
 The workload is the TensorIR the kernel is compiled from at those sizes, so the database is
 keyed exactly by what ``tensorfuse.compile`` will look up:
 - CPU (``llvm``): the plain lowering; the space is the CPU template's (parallel outer loops,
-  sampled vector widths and unroll depth), built and run by TVM.
+  sampled vector widths and unroll depth), built and run by TVM. A chain ``tf.compile`` runs
+  fused on the CPU (attention-like: ``cpu_fused``): its fused lowering, the space its chunk and
+  block of rows (:class:`.spaces.CpuFusedSpace`), each candidate lowered for its knobs and built
+  in the job's process, run by TVM.
 - GPU: the program with its reductions fused by the template ``auto`` picks (attention or row
   reduction), marked with the template's name; the space samples the template's knobs (tile
   sizes, warps, pipeline stages, split parts) with ``sample_categorical`` and records each
@@ -28,7 +31,8 @@ from .scalars import (SCALARS_ATTR, check_scalars, keyed_scalars, plan_values, s
 
 TASK_ATTR = "tensorfuse.task"
 KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits", "reload",  # Triton
-              "stages", "consumers", "overlap", "pingpong", "schedule")     # hopper_attention
+              "stages", "consumers", "overlap", "pingpong", "schedule",     # hopper_attention
+              "chunk", "rows")                                               # cpu_fused
 
 
 def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
@@ -41,24 +45,33 @@ def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
     tuned trace replays on the unbound function as well, since the loops and blocks are the same.
     The function carries the task's name and its plan scalars' values as attributes, which is how
     a lookup finds the records of other values (:func:`.lookup.tuned`)."""
-    if template == "cpu":   # lowered as tf.compile lowers it for the CPU
+    if template in ("cpu", "cpu_fused"):   # lowered as tf.compile lowers it for the CPU
         cpu = get_target("llvm")
-        mod = lower_program(program, (), dims, "int32", accumulate=cpu.accumulate,
+        mod = lower_program(program, () if template == "cpu" else (fusion,), dims, "int32",
+                            None if template == "cpu" else "cpu", accumulate=cpu.accumulate,
                             vector_math=cpu.vector_math)
     else:
         mod = lower_program(program, (fusion,), dims)
     func = next(iter(mod.functions.values()))
     if template == "cpu":   # computes every element, masked or not: no scalar changes its plan
         scalars = None
-    if bind_scalars and program.scalar_params:
-        values = keyed_scalars(program, dims, scalars)
-        by_name = {p.name: p for p in func.params}
-        func = func.specialize({by_name[name]: tvm.tirx.const(value, str(by_name[name].ty))
-                                for name, value in values.items()})
+    if bind_scalars:
+        func = bind_scalars_of(func, program, dims, scalars)
     plan = plan_values(program, template, dims, scalars)
     func = func.with_attr(TEMPLATE_ATTR, template).with_attr(
         TASK_ATTR, task_name(program.name, dims)).with_attr(SCALARS_ATTR, scalars_json(plan))
     return tvm.IRModule({"main": func})
+
+
+def bind_scalars_of(func, program: Program, dims: dict, scalars: dict | None):
+    """``func`` with the program's scalar parameters bound as a workload binds them
+    (:func:`workload`): to ``scalars``' values where given, else their defaults."""
+    if not program.scalar_params:
+        return func
+    values = keyed_scalars(program, dims, scalars)
+    by_name = {p.name: p for p in func.params}
+    return func.specialize({by_name[name]: tvm.tirx.const(value, str(by_name[name].ty))
+                            for name, value in values.items()})
 
 
 def task_name(kernel_name: str, dims: dict) -> str:
@@ -120,7 +133,7 @@ class TuningTask:
     kernel: object            # a tensorfuse Kernel
     dims: dict
     target: TargetSpec
-    template: str             # "cpu", "attention", "row_reduction", "hopper_attention"
+    template: str             # "cpu", "cpu_fused", "attention", "row_reduction", "hopper_attention"
     fusion: Fusion | None = None
     scalars: dict = field(default_factory=dict)   # the user's values (others: the defaults)
     mod: tvm.IRModule = field(init=False, repr=False)
@@ -194,6 +207,11 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         raise TuningError(f"tuning {kernel.name}: {problem}")
     scalars = check_scalars(kernel.program, scalars)
     if not target.is_gpu:
+        from ..schedule_templates.auto import cpu_fusion
+
+        fusion = cpu_fusion(kernel.program)   # what tf.compile runs fused on the CPU
+        if fusion is not None:
+            return TuningTask(kernel, dict(dims), target, "cpu_fused", fusion, scalars)
         return TuningTask(kernel, dict(dims), target, "cpu", scalars=scalars)
     from ..schedule_templates.auto import choose
 

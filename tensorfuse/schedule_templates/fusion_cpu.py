@@ -10,7 +10,11 @@ so they are written for LLVM's vectoriser and for little repeated work:
   state; costly per-row correction factors once per row (:meth:`_hoist_row`);
 - a member with feature axes loops over positions outside and features inside
   (:meth:`_chunk_loops`), a chunk's sum or maximum of one value per position runs in
-  :data:`LANES` partial results (:meth:`_emit_in_lanes`).
+  :data:`LANES` partial results (:meth:`_emit_in_lanes`);
+- with ``Fusion.rows`` > 1, a core sweeps a block of consecutive rows together, every block of
+  the sweep looping over them (:meth:`_stage_loops`): the contractions ``q·k`` and ``p·v`` load
+  each key's and value's vector once for all rows of the block (one row at a time, they were
+  bound by the loads feeding their multiply-adds, not by the multiply-adds).
 
 Measured on 2 cores: benchmarks/RESULTS.md, session 19.
 """

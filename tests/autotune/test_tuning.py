@@ -2,6 +2,7 @@
 or kill -9 with nothing lost or corrupted, clear errors."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -184,3 +185,28 @@ def test_cpu_candidates_are_built_for_the_cpu_compile_builds_for():
     made = tuning_target(spec).export()
     assert made["mcpu"] == spec.tvm_target.export().get("mcpu", "generic")
     assert int(made["num-cores"]) == max(1, os.cpu_count() or 1)
+
+
+def test_a_chain_fused_on_the_cpu_tunes_its_chunk_and_rows(cache, rng):
+    """Attention runs fused on the CPU (``cpu_fused``): the job samples the chunk and the block of
+    rows, which change the lowering; each candidate is lowered for its knobs and built here, timed
+    by TVM's runner; ``tf.compile`` then lowers with the best record's knobs, and its result
+    matches float64."""
+    from tensorfuse.autotune.tasks import make_task
+
+    dims = dict(B=1, H=2, M=67, N=67, D=16)
+    task = make_task(K.causal_attention, dims, tf.get_target("llvm"))
+    assert task.template == "cpu_fused"
+    assert task.choices() == {"chunk": (32, 64, 128, 256), "rows": (1, 2, 4)}
+    assert task.space.defaults() == {"chunk": 128, "rows": 1}
+    summary = tune(K.causal_attention, "llvm", trials=12, progress=False, **dims)
+    (result,) = summary.tasks
+    assert result.template == "cpu_fused" and result.failures_this_job == 0
+    assert result.trials == 12 and result.best_secs > 0 and result.default_secs > 0
+    compiled = tf.compile(K.causal_attention, "llvm")
+    origin = compiled.schedule_origin(**dims)
+    assert re.match(r"tuned record \(rolling_update\(m, [lo], [lo], axis=j, chunk=\d+(, rows=\d)?\); "
+                    r"[\d.]+ ms when tuned", origin), origin
+    tensors, scalars = random_inputs(K.causal_attention, dims, rng)
+    want = reference(K.causal_attention, tensors, scalars)
+    assert relative_error(compiled(**tensors, **scalars), want) <= TOLERANCE["bf16"]
