@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 
+import tvm
+
 from ..dsl import dtypes as dt
 from ..dsl.expr import Compare, Load, Scalar, Unary, Where, walk
 from ..dsl.program import Program
@@ -113,3 +115,14 @@ def nearest(wanted: dict, recorded: list[dict]) -> dict | None:
 
 def _number(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def bind_scalars_of(func, program: Program, dims: dict, scalars: dict | None):
+    """``func`` with the program's scalar parameters bound as a workload binds them
+    (:func:`workload`): to ``scalars``' values where given, else their defaults."""
+    if not program.scalar_params:
+        return func
+    values = keyed_scalars(program, dims, scalars)
+    by_name = {p.name: p for p in func.params}
+    return func.specialize({by_name[name]: tvm.tirx.const(value, str(by_name[name].ty))
+                            for name, value in values.items()})

@@ -159,7 +159,7 @@ class CpuFusedSpace:
         """The function ``tf.compile`` builds with these knobs, its scalars bound as the
         workload's (one function ``main``, the workload's signature)."""
         from ..schedule_templates.default import cpu_fused
-        from .tasks import bind_scalars_of
+        from .scalars import bind_scalars_of
 
         task, program = self.task, self.task.kernel.program
         fusion = replace(task.fusion, **{**self.defaults(), **(knobs or {})})

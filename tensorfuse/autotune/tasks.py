@@ -26,7 +26,7 @@ from ..schedule_templates import lower_program
 from ..schedule_templates.annotations import KNOB_PREFIX, TEMPLATE_ATTR
 from ..schedule_templates.fusion import Fusion
 from ..targets import TargetSpec, get_target
-from .scalars import (SCALARS_ATTR, check_scalars, keyed_scalars, plan_values, scalars_json,
+from .scalars import (SCALARS_ATTR, bind_scalars_of, check_scalars, plan_values, scalars_json,
                       scalars_label)
 
 TASK_ATTR = "tensorfuse.task"
@@ -61,17 +61,6 @@ def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
     func = func.with_attr(TEMPLATE_ATTR, template).with_attr(
         TASK_ATTR, task_name(program.name, dims)).with_attr(SCALARS_ATTR, scalars_json(plan))
     return tvm.IRModule({"main": func})
-
-
-def bind_scalars_of(func, program: Program, dims: dict, scalars: dict | None):
-    """``func`` with the program's scalar parameters bound as a workload binds them
-    (:func:`workload`): to ``scalars``' values where given, else their defaults."""
-    if not program.scalar_params:
-        return func
-    values = keyed_scalars(program, dims, scalars)
-    by_name = {p.name: p for p in func.params}
-    return func.specialize({by_name[name]: tvm.tirx.const(value, str(by_name[name].ty))
-                            for name, value in values.items()})
 
 
 def task_name(kernel_name: str, dims: dict) -> str:
