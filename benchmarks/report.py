@@ -90,10 +90,11 @@ def plot_gemm(path: str, out: str, impls: tuple = ("cublas", "torch.compile")) -
                [g.replace("/", "\n") for g in groups], "TFLOP/s")
 
 
-def plot_cpu(path: str, out: str) -> None:
-    """The CPU benchmark (``cpu/<kernel>``): each implementation's speed relative to torch (its
-    ``torch``/``torch sdpa`` row) per kernel and shape; 1.0 is parity, 1/3 the attention bar."""
-    rows = [r for r in load(path) if r["benchmark"].startswith("cpu/")]
+def plot_cpu(path: str, out: str, prefix: str = "cpu/") -> None:
+    """The CPU benchmark (``cpu/<kernel>``; ``cpu_tuned/<kernel>`` for benchmarks/cpu_tuning.py):
+    each implementation's speed relative to torch (its ``torch``/``torch sdpa`` row) per kernel
+    and shape; 1.0 is parity, 1/3 the attention bar."""
+    rows = [r for r in load(path) if r["benchmark"].startswith(prefix)]
     base = {(r["benchmark"], r["shape"]): float(r["ms"]) for r in rows
             if r["implementation"].startswith("torch")}
     groups = list(dict.fromkeys((r["benchmark"], r["shape"]) for r in rows
