@@ -4,6 +4,11 @@ torch eager and torch.compile, [16384, 8192] bf16. GB/s counts the bytes each ke
 (inputs read once, outputs written once).
 
     python -m benchmarks.rows_operands [--csv PATH]
+    python -m benchmarks.rows_operands --tune 64 --only scaled_rmsnorm --rounds 7
+
+``--tune N``: each kernel is also tuned (N trials, a private database: ``TENSORFUSE_CACHE`` set to
+a temporary folder) and its defaults, its tuned record and torch.compile are timed in alternated
+rounds, by events and from CUDA graphs (the median of each).
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ import torch.nn.functional as F
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from benchmarks.common import Row, bench, measure_ceilings, relative_error, write_csv
+from benchmarks.common import (Row, alternated, bench, bench_graph, measure_ceilings,
+                               relative_error, write_csv)
 
 M, N = 16384, 8192
 
@@ -104,13 +110,63 @@ def run(ceilings=None, log=print) -> list[Row]:
     return rows
 
 
+def tuned(trials: int, rounds: int, only: set, log=print) -> list[Row]:
+    """Defaults, a tuned record and torch.compile, alternated (see the module docstring)."""
+    import os
+    import statistics
+    import tempfile
+
+    os.environ["TENSORFUSE_CACHE"] = tempfile.mkdtemp(prefix="tensorfuse-rows-tuned-")
+    rows = []
+    for name, kernel, args, torch_fn, nbytes in cases():
+        if only and name not in only:
+            continue
+        same = copy_at(nbytes)
+        untuned = tf.compile(kernel, "cuda")
+        untuned(*args)   # built before the job writes records
+        summary = tf.tune(kernel, "cuda", trials=trials, progress=False, M=M, N=N)
+        log(str(summary))
+        made = tf.compile(kernel, "cuda")
+        want = torch_fn(*(a.double() if a.is_floating_point() else a for a in args))
+        compiled = torch.compile(torch_fn)
+        compiled(*args)
+        calls = {"tensorfuse": lambda: untuned(*args), "tensorfuse (tuned)": lambda: made(*args),
+                 "torch_compile": lambda: compiled(*args)}
+        errors = {}
+        for label in ("tensorfuse", "tensorfuse (tuned)"):
+            got = calls[label]()
+            pairs = zip(got, want) if isinstance(got, tuple) else [(got, want)]
+            errors[label] = max(relative_error(g, w) for g, w in pairs)
+        for timing, how in ((bench, "events"), (bench_graph, "graph")):
+            times = alternated(calls, rounds, timing)
+            ms = {label: statistics.median(t) for label, t in times.items()}
+            for label, value in ms.items():
+                gbps = nbytes / value / 1e6
+                note = (f"{how}; {gbps / 1e3 / same:.1%} of a copy of the same bytes; "
+                        f"{ms['torch_compile'] / value:.3f}x torch.compile")
+                if label in errors:
+                    note += f"; err {errors[label]:.1e}; " + (
+                        made.schedule_origin(M=M, N=N) if label.endswith("(tuned)")
+                        else "defaults")[:120]
+                rows.append(Row(f"rows/{name}", f"{M}x{N} bf16", f"{label} [{how}]", value,
+                                0.0, gbps, ms["torch_compile"] / value, note))
+            log(f"{name} {how}: " + "  ".join(
+                f"{label} {nbytes / v / 1e6:.0f} GB/s ({ms['torch_compile'] / v:.3f}x)"
+                for label, v in ms.items()))
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--csv", default=None)
+    parser.add_argument("--tune", type=int, default=0, help="also tune each kernel: trials")
+    parser.add_argument("--only", default="", help="kernel names, comma-separated")
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)
     ceilings = measure_ceilings()
     print(f"copy {ceilings['copy_tbps']:.2f} TB/s")
-    rows = run(ceilings)
+    only = {n for n in args.only.split(",") if n}
+    rows = tuned(args.tune, args.rounds, only) if args.tune else run(ceilings)
     if args.csv:
         write_csv(rows, args.csv)
     return 0

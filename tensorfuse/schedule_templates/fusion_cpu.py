@@ -21,6 +21,7 @@ Measured on 2 cores: benchmarks/RESULTS.md, session 19.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
@@ -190,9 +191,9 @@ class CpuChunkLayout:
                 bounds = [self._chunk_bounds({uid: row}) for row in self._block_rows()]
             starts, stops = [b[0] for b in bounds], [b[1] for b in bounds]
             if all(s is not None for s in starts):
-                start = tirx.max(start, _fold(tirx.min, starts))
+                start = tirx.max(start, functools.reduce(tirx.min, starts))
             if all(s is not None for s in stops):
-                stop = tirx.min(stop, _fold(tirx.max, stops))
+                stop = tirx.min(stop, functools.reduce(tirx.max, stops))
             simplify = Analyzer().simplify
             start, stop = simplify(tirx.min(start, self.cps)), simplify(tirx.max(stop, start))
         with T.serial(start, stop) as cv:
@@ -350,13 +351,6 @@ class CpuChunkLayout:
         position's hoisted value read once for all features); elsewhere the positions inside
         (a reduction per feature)."""
         return [t_loop] + extra if self._cpu else extra + [t_loop]
-
-
-def _fold(op, values: list):
-    out = values[0]
-    for v in values[1:]:
-        out = op(out, v)
-    return out
 
 
 def _divides(rows: int, extent) -> bool:
