@@ -11,7 +11,7 @@ from .errors import ScheduleError
 from .records import cpu_record, template_records
 from .schedule import Schedule
 from .schedule_templates import lower_program
-from .schedule_templates.auto import cpu_fusion, cpu_fusion_at
+from .schedule_templates.auto import cpu_fusion
 from .schedule_templates.default import apply_default_schedule, cpu_fused
 from .targets import TargetSpec, get_target
 from .torch_graph import GraphCallable, in_graph
@@ -88,9 +88,8 @@ def _compile(kernel, target, template):
                 at = replace(fusion, **found[0])
                 return cpu_fused(program, (at,), dims, index_dtype, spec), \
                     f"tuned record ({at.describe()}; {found[1]})"
-            at = cpu_fusion_at(program, fusion, dims)
-            return cpu_fused(program, (at,), dims, index_dtype, spec), \
-                f"template defaults ({at.describe()})"
+            return cpu_fused(program, (fusion,), dims, index_dtype, spec), \
+                f"template defaults ({fusion.describe()})"
         return apply_default_schedule(lower_program(program, (), dims, index_dtype,
                                                     accumulate=spec.accumulate,
                                                     vector_math=spec.vector_math), spec), \

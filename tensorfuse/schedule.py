@@ -140,7 +140,7 @@ class Schedule:
         elements at a time (default: 32 on a GPU, 128 on the CPU, whose chunk loops LLVM
         vectorises), with derived corrections (see :meth:`corrections`). ``rows`` (CPU only):
         how many consecutive rows a core sweeps together, each loaded key and value serving all
-        of them (``tf.compile`` takes 4 from 4096 keys on). A member whose
+        of them (``tf.compile`` takes 4). A member whose
         fused value loses much more precision than the unfused one (checked in float32 on data
         far from zero and around it when the fusion is planned) is warned about once
         (:class:`~tensorfuse.errors.FusedPrecisionWarning`), or with ``strict`` refused."""

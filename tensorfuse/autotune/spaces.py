@@ -147,10 +147,7 @@ class CpuFusedSpace:
                 "rows": tuple(sorted(set(self.ROWS) | {defaults["rows"]}))}
 
     def defaults(self) -> dict[str, int]:
-        from ..schedule_templates.auto import cpu_fusion_at
-
-        at = cpu_fusion_at(self.task.kernel.program, self.task.fusion, self.task.dims)
-        return {"chunk": at.chunk, "rows": at.rows}
+        return {"chunk": self.task.fusion.chunk, "rows": self.task.fusion.rows}
 
     def unfit(self, knobs: dict) -> str | None:
         return None

@@ -3,6 +3,8 @@ most-reduced axis and use the GPU template that fits (a native CUDA C++ one firs
 has one for the chain); otherwise keep the default schedule."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..algebra import chain_candidates, plan_chain
 from ..dsl.program import Program
 from ..errors import RollingUpdateError, ScheduleError, TargetError
@@ -32,30 +34,18 @@ def cpu_fusion(program: Program) -> Fusion | None:
     """The rolling update ``tf.compile`` uses on the CPU: a chain whose members contract over
     the fused axis (attention's ``p·v``, or scores recomputed per chunk) runs fused, one chunk
     of keys per step with its per-key values computed once (measured faster than the unfused
-    rows: benchmarks/RESULTS.md, session 19); other programs (softmax, norms: one row in cache)
-    keep the row schedule."""
+    rows: benchmarks/RESULTS.md, session 19), :data:`CPU_ROWS` rows at a time; other programs
+    (softmax, norms: one row in cache) keep the row schedule."""
     for fusion, chain in _fusions(program, CPU_CHUNK):
-        return fusion if _contracts(chain) else None
+        return replace(fusion, rows=CPU_ROWS) if _contracts(chain) else None
     return None
 
 
-# rows of a fused chain one core sweeps together on the CPU (Fusion.rows), from this many
-# positions of the fused axis on. Causal attention, B=1, H=8, D=64, 2 Zen 4 cores (f32 / bf16):
-# 4 rows at 4096 keys 187 / 186 ms against 238 / 214 one at a time; at 2048 keys 67 / 56 against
-# 56 / 53, at 1024 17 / 19 against 16 / 15 (benchmarks/RESULTS.md, session 27); 8 rows spilled.
+# rows of a fused chain one core sweeps together on the CPU (Fusion.rows). Causal attention,
+# B=1, H=8, D=64, 2 Zen 4 cores, f32, one row at a time → 4: 256 keys 1.34 → 1.09 ms, 1024 keys
+# 14.5 → 12.3, 2048 57.3 → 43.2, 4096 236.9 → 164.7 (bf16 similar); sliding window 23.7 → 17.1,
+# other variants 1-6 % faster (benchmarks/RESULTS.md, session 27); 8 rows spilled.
 CPU_ROWS = 4
-CPU_ROWS_FROM = 4096
-
-
-def cpu_fusion_at(program: Program, fusion: Fusion, dims: dict) -> Fusion:
-    """The CPU's ``fusion`` at the sizes ``dims``: blocks of :data:`CPU_ROWS` rows where the
-    fused axis is at least :data:`CPU_ROWS_FROM` long, one row at a time below."""
-    from dataclasses import replace
-
-    extent = plan_chain(program, fusion.names, fusion.axis).axis.extent
-    length = dims.get(extent) if isinstance(extent, str) else extent
-    return replace(fusion, rows=CPU_ROWS) if isinstance(length, int) and \
-        length >= CPU_ROWS_FROM else fusion
 
 
 def _fusions(program: Program, chunk: int):

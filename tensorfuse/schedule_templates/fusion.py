@@ -598,16 +598,18 @@ class _ChainEmitter(CpuChunkLayout):
                 self.outer, self.outer_pred = saved
             return
         loops = self._loops(self._extra_axes(m))
+        out = self.fb.scope.computes[m.name]
+        values = [self._wide(m.name, scheme.true_value(k, settled=True)) for k in range(len(out))]
+        self.row_values = {}
+        if self._cpu and loops and self.splits == 1:   # per-row factors once per row
+            values = [self._hoist_row(v, m, references, self._final, final=True) for v in values]
         with self._stage_loops(loops) as lv:
             with self._block(m.name, loops, lv) as sc:
                 symbols = self._symbols(m, sc, states, with_split, references, self._final)
-                inner = sc.child(symbols=symbols)
-                out = self.fb.scope.computes[m.name]
+                inner = sc.child(symbols={**symbols, **self._row_symbols(sc)})
                 idx = [sc.axes[a.uid] for a in m.axes]
-                for k, (buf, d) in enumerate(zip(out, m.dtypes)):
-                    value = self._wide(m.name, scheme.true_value(k, settled=True))
-                    self.fb.store(buf, lower_expr(value, inner, d),
-                                  idx)
+                for buf, d, value in zip(out, m.dtypes, values):
+                    self.fb.store(buf, lower_expr(value, inner, d), idx)
 
     def _emit_merge(self, m: Compute) -> None:
         scheme = self.chain.schemes[m.name]

@@ -253,35 +253,41 @@ class CpuChunkLayout:
                               self._position_index(sc))
         return Symbol(f"__value{k}", e.dtype), buf
 
-    def _hoist_row(self, correction: Expr, m: Compute) -> Expr:
-        """``correction`` (of a state with feature axes) with its costly parts that do not read
-        the state (attention's ``exp(m.old − m.new)``, with the references' guards) computed
-        once per row and chunk into a buffer before the update, not once per feature: LLVM
-        hoisted the one-compare guard itself, not the three-compare one of an overflowed maximum
-        (a sliding window's fused kernel went from 32 to 45 ms without this)."""
+    def _hoist_row(self, e: Expr, m: Compute, old=None, new=None, final: bool = False) -> Expr:
+        """``e`` (a correction of a state with feature axes; with ``final``, the member's output)
+        with its costly parts that do not read the state (attention's ``exp(m.old − m.new)``,
+        with the references' guards) computed once per row — and chunk, in the sweep — into a
+        buffer before the block that reads them, not once per feature. ``old(d, scope)`` /
+        ``new(d, scope)``: the dependencies' values those parts read (default: the chunk update's).
+        LLVM hoisted the one-compare guard itself, not the three-compare one of an overflowed
+        maximum (a sliding window's fused kernel went from 32 to 45 ms without this); and it
+        hoisted nothing out of the output's loop over features in a block of rows, where that
+        loop then ran scalar, an ``exp`` per feature: a third of the kernel at 1024 keys."""
         own = {f"{m.name}#{k}" for k in range(len(self.chain.schemes[m.name].states))}
+        old = old or self._running(self.prev, 0)
+        new = new or self._running(self.new, 1)
+        tag = "final_factor" if final else "factor"
 
         def replace(n: Expr):
             if not (isinstance(n, Unary) and n.op in COSTLY) or symbols_in(n) & own:
                 return None
             if n.key() not in self.row_values:
                 k = len(self.row_values)
-                buf = self.fb.alloc(f"{m.name}_factor{k}",
+                buf = self.fb.alloc(f"{m.name}_{tag}{k}",
                                     self._shape(self.common + self._split_dims()),
                                     dtt.resolve(n.dtype))
-                with self._stage_loops([]), \
-                        self._block(f"{m.name}_factor{k}", [], [], [self._chunk_iter()]) as sc:
+                chunk = [] if final else [self._chunk_iter()]
+                with self._stage_loops([]), self._block(f"{m.name}_{tag}{k}", [], [], chunk) as sc:
                     deps = {}
                     for d in self.chain.schemes[m.name].deps:
-                        deps[f"{d}.old"] = self._running(self.prev, 0)(d, sc)
-                        deps[f"{d}.new"] = self._running(self.new, 1)(d, sc)
+                        deps[f"{d}.old"], deps[f"{d}.new"] = old(d, sc), new(d, sc)
                     self.fb.store(buf, lower_expr(n, sc.child(symbols=deps),
                                                   dtt.resolve(n.dtype)),
                                   self._index(self.common, sc))
                 self.row_values[n.key()] = Symbol(f"__row{k}", n.dtype), buf
             return self.row_values[n.key()][0]
 
-        return substitute(correction, replace)
+        return substitute(e, replace)
 
     def _row_symbols(self, sc: Scope) -> dict:
         """The per-row values of :meth:`_hoist_row`, by name."""

@@ -43,7 +43,8 @@ def test_tf_compile_runs_attention_chains_fused_on_the_cpu(rng, name, m, n):
     kernel = K.ALL[name]
     f = tf.compile(kernel, target="llvm")
     dims = sizes(kernel, m, n)
-    assert re.search(r"rolling_update\(m, [lo], [lo], axis=j, chunk=128\)", f.schedule_origin(**dims))
+    assert re.search(r"rolling_update\(m, [lo], [lo], axis=j, chunk=128, rows=4\)",
+                     f.schedule_origin(**dims))
     assert checked(f, kernel, dims, rng) <= TOLERANCE["bf16"]
 
 
@@ -79,8 +80,8 @@ def test_the_fused_cpu_module_has_the_pieces_that_make_it_fast():
     f = tf.compile(kernel, target="llvm")
     script = f.module(B=1, H=2, HKV=2, M=512, N=512, D=64).script()
     chunk_loop = re.search(r"for j_chunk in range\(([^)]*)\)", script).group(1)
-    assert "b_h_i" in chunk_loop                            # cut at the row's diagonal
-    assert re.search(r"for b_h_i in T\.parallel\(1024\)", script)   # rows of all heads
+    assert "b_h_i_block" in chunk_loop                      # cut at the rows' diagonal
+    assert re.search(r"for b_h_i_block in T\.parallel\(256\)", script)   # 4 rows of all heads
     assert 'T.sblock("j_value0")' in script                 # exp(s - m) once per key
     assert 'T.sblock("l_chunk_lanes_fold")' in script       # the chunk's sum in lanes
     assert 'T.sblock("k_global")' in script and "k_global = T.sblock_alloc_buffer((1, 2, 64, " \
@@ -129,19 +130,22 @@ def test_a_block_of_rows_in_f32_with_wide_scores_matches_float64(rng):
         <= TOLERANCE["f32"]
 
 
-def test_tf_compile_takes_blocks_of_rows_for_long_rows():
-    """From 4096 keys on (measured: benchmarks/RESULTS.md, session 27): four rows per block,
-    their contractions' partial sums cut to fit the registers (scores of 128 keys in two parts
-    of 64 for four rows), the loads of q·k's keys serving the four rows."""
+def test_tf_compile_sweeps_blocks_of_four_rows():
+    """Four rows per block at every length (measured: benchmarks/RESULTS.md, session 27), their
+    contractions' partial sums cut to fit the registers (scores of 128 keys in two parts of 64
+    for four rows), the loads of q·k's keys serving the four rows; the output's per-row factor
+    computed once per row, before the loop over its features. Decode (one query row) keeps one
+    row per task."""
     kernel = attention_kernel("f32", True, False, False)
     f = tf.compile(kernel, target="llvm")
-    short = dict(B=1, H=2, HKV=2, M=1024, N=1024, D=64)
-    long = dict(B=1, H=2, HKV=2, M=4096, N=4096, D=64)
-    assert "rows=" not in f.schedule_origin(**short)
-    assert "chunk=128, rows=4)" in f.schedule_origin(**long)
-    script = f.module(**long).script()
+    dims = dict(B=1, H=2, HKV=2, M=4096, N=4096, D=64)
+    assert "chunk=128, rows=4)" in f.schedule_origin(**dims)
+    script = f.module(**dims).script()
     assert re.search(r"for b_h_i_block in T\.parallel\(2048\)", script)
     assert re.search(r"for j_t_o, d, i_row, j_t_i in T\.grid\(2, 64, 4, 64\)", script)
+    assert 'T.sblock("o_final_factor0")' in script
+    decode = f.module(B=1, H=2, HKV=2, M=1, N=512, D=64).script()
+    assert "i_row" not in decode and "T.parallel(2)" in decode
 
 
 def test_rows_are_refused_where_they_mean_nothing():
