@@ -74,6 +74,17 @@ def cases():
                       torch.logsumexp(x.float(), -1)), 2 * matrix + 4 * M)
 
 
+def reference(torch_fn, args):
+    """``torch_fn`` in float64 (integer arguments as they are)."""
+    return torch_fn(*(a.double() if a.is_floating_point() else a for a in args))
+
+
+def error(got, want) -> float:
+    """The largest relative error over a kernel's outputs (one, or a tuple)."""
+    pairs = zip(got, want) if isinstance(got, tuple) else [(got, want)]
+    return max(relative_error(g, w) for g, w in pairs)
+
+
 def copy_at(nbytes: int) -> float:
     """TB/s of a device copy that moves ``nbytes`` (half read, half written): the copy ceiling
     at a kernel's own traffic, where fixed costs (launch, ramp-up, the last wave) weigh as they
@@ -89,10 +100,8 @@ def run(ceilings=None, log=print) -> list[Row]:
     for name, kernel, args, torch_fn, nbytes in cases():
         same = copy_at(nbytes)
         f = tf.compile(kernel, "cuda")
-        want = torch_fn(*(a.double() if a.is_floating_point() else a for a in args))
-        got = f(*args)
-        pairs = zip(got, want) if isinstance(got, tuple) else [(got, want)]
-        err = max(relative_error(g, w) for g, w in pairs)
+        want = reference(torch_fn, args)
+        err = error(f(*args), want)
         impls = {"tensorfuse": (bench(lambda: f(*args)), f"err {err:.1e}; {f.description[:60]}")}
         impls["torch_eager"] = (bench(lambda: torch_fn(*args)), "")
         compiled = torch.compile(torch_fn)
@@ -127,16 +136,13 @@ def tuned(trials: int, rounds: int, only: set, log=print) -> list[Row]:
         summary = tf.tune(kernel, "cuda", trials=trials, progress=False, M=M, N=N)
         log(str(summary))
         made = tf.compile(kernel, "cuda")
-        want = torch_fn(*(a.double() if a.is_floating_point() else a for a in args))
+        want = reference(torch_fn, args)
         compiled = torch.compile(torch_fn)
         compiled(*args)
         calls = {"tensorfuse": lambda: untuned(*args), "tensorfuse (tuned)": lambda: made(*args),
                  "torch_compile": lambda: compiled(*args)}
-        errors = {}
-        for label in ("tensorfuse", "tensorfuse (tuned)"):
-            got = calls[label]()
-            pairs = zip(got, want) if isinstance(got, tuple) else [(got, want)]
-            errors[label] = max(relative_error(g, w) for g, w in pairs)
+        errors = {label: error(calls[label](), want)
+                  for label in ("tensorfuse", "tensorfuse (tuned)")}
         for timing, how in ((bench, "events"), (bench_graph, "graph")):
             times = alternated(calls, rounds, timing)
             ms = {label: statistics.median(t) for label, t in times.items()}

@@ -74,22 +74,19 @@ def _compile(kernel, target, template):
         template_records(program, "cpu_fused", fusion, spec)
 
     def build(dims: dict, index_dtype: str):
-        # CPU records tune the row schedule of the unfused program; a chain that runs fused
-        # (faster than those rows at their defaults) does not use them
-        if fusion is None and spec.kind == "llvm" and index_dtype == "int32" and \
-                set(dims) == set(program.dim_names()):
-            found = cpu_record(program, spec, dims)
-            if found is not None:
-                return found[0], f"tuned record ({found[1]})"
+        # records are kept for 32-bit indexing at fully given sizes
+        recorded = index_dtype == "int32" and set(dims) == set(program.dim_names())
         if fusion is not None:   # attention-like chains: the rolling update, on all cores
-            found = fused_records(dims) if index_dtype == "int32" and \
-                set(dims) == set(program.dim_names()) else None
-            if found is not None:   # the chunk and rows of the best record (cpu_fused)
-                at = replace(fusion, **found[0])
-                return cpu_fused(program, (at,), dims, index_dtype, spec), \
-                    f"tuned record ({at.describe()}; {found[1]})"
-            return cpu_fused(program, (fusion,), dims, index_dtype, spec), \
-                f"template defaults ({fusion.describe()})"
+            found = fused_records(dims) if recorded else None   # its chunk and rows (cpu_fused)
+            at = fusion if found is None else replace(fusion, **found[0])
+            origin = f"template defaults ({at.describe()})" if found is None else \
+                f"tuned record ({at.describe()}; {found[1]})"
+            return cpu_fused(program, (at,), dims, index_dtype, spec), origin
+        # CPU records of the row schedule (of unfused programs only: a chain that runs fused
+        # is tuned as that, above)
+        found = cpu_record(program, spec, dims) if recorded and spec.kind == "llvm" else None
+        if found is not None:
+            return found[0], f"tuned record ({found[1]})"
         return apply_default_schedule(lower_program(program, (), dims, index_dtype,
                                                     accumulate=spec.accumulate,
                                                     vector_math=spec.vector_math), spec), \

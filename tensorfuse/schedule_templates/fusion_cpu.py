@@ -338,7 +338,7 @@ class CpuChunkLayout:
         first = next((k for k, lp in enumerate(loops) if lp.kind == "R"), None)
         inner = loops[-1] if loops else None
         width = ACCUMULATOR_LANES // self._rows_per_block
-        if not (self._cpu and first is not None and first < len(loops) - 1
+        if not (first is not None and first < len(loops) - 1
                 and inner.kind == "S" and isinstance(inner.extent, tirx.IntImm)
                 and inner.extent.value % width == 0 and inner.extent.value > width):
             with self.fb.loops(loops) as lv:

@@ -203,7 +203,6 @@ def test_a_chain_fused_on_the_cpu_tunes_its_chunk_and_rows(cache, rng):
     (result,) = summary.tasks
     assert result.template == "cpu_fused" and result.failures_this_job == 0
     assert result.trials == 12 and result.best_secs > 0 and result.default_secs > 0
-    assert result.best_secs <= result.default_secs * 1.02   # else the defaults were kept
     compiled = tf.compile(K.causal_attention, "llvm")
     origin = compiled.schedule_origin(**dims)
     assert re.match(r"tuned record \(rolling_update\(m, [lo], [lo], axis=j, chunk=\d+(, rows=\d)?\); "
