@@ -134,7 +134,12 @@ FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("swiglu", dict(M=333, K=1024, N=2048, O=512),
                {"up": {"epilogue": "direct"}, "down": {"cluster": 1, "block_n": 128}}),
               ("swiglu_linear", dict(M=1000, K=520, N=1032, O=264), {}),
-              ("swiglu_linear", dict(M=2048, K=4096, N=1024, O=4096), {}))
+              ("swiglu_linear", dict(M=2048, K=4096, N=1024, O=4096), {}),
+              # the handoff of H at the few-row shape (the second GEMM split along K), with
+              # ragged rows and clusters, and without it
+              ("gelu", dict(M=128, K=4096, N=14336, O=4096), {}),
+              ("swiglu", dict(M=200, K=2048, N=4096, O=1024), {}),
+              ("gelu", dict(M=1000, K=520, N=1032, O=264), {"handoff": False}))
 
 
 def check(log=print) -> int:
@@ -151,12 +156,15 @@ def check(log=print) -> int:
         problem = run_checked(name, f, t, ref) or (run_checked(name, f, t, ref) if M <= 256
                                                     else None)
         failures += _report(problem, f"{name} M={M} K={K_} N={N} {knobs} scale={scale}", log)
-    for (kind, sizes, knobs), scale in itertools.product(FFN_CHECKS, (1.0, 30.0)):
+    for kind, sizes, knobs in FFN_CHECKS:
+        # three calls on other inputs in turn (1, 30, 1): a second GEMM that read a block of H
+        # before the first wrote it would read the call before's H
         kernel = K.FFN_KERNELS[f"ffn_{kind}"]
-        t = inputs(kernel, sizes["M"], sizes["K"], sizes["N"], gen, scale, O=sizes["O"])
         f = hopper_ffn(kernel, None, get_target("cuda"), **knobs)
-        problem = run_checked("ffn", f, t, ffn_reference(kind, t))
-        failures += _report(problem, f"ffn_{kind} {sizes} {knobs} scale={scale}", log)
+        for scale in (1.0, 30.0, 1.0):
+            t = inputs(kernel, sizes["M"], sizes["K"], sizes["N"], gen, scale, O=sizes["O"])
+            problem = run_checked("ffn", f, t, ffn_reference(kind, t))
+            failures += _report(problem, f"ffn_{kind} {sizes} {knobs} scale={scale}", log)
     return failures
 
 
@@ -245,8 +253,8 @@ def ffn(rows=FFN_ROWS, log=print, knobs: dict | None = None) -> list[Row]:
     gen = torch.Generator(device="cuda").manual_seed(2)
     out_rows = []
     kernels = {"gelu": K.ffn_gelu, "swiglu": K.ffn_swiglu, "swiglu_linear": K.ffn_swiglu_linear}
-    gemm_knobs = {k: v for k, v in (knobs or {}).items() if k != "dependent"}
-    ffn_knobs = {k: v for k, v in (knobs or {}).items() if k == "dependent"}
+    gemm_knobs = {k: v for k, v in (knobs or {}).items() if k not in ("dependent", "handoff")}
+    ffn_knobs = {k: v for k, v in (knobs or {}).items() if k in ("dependent", "handoff")}
     made = {kind: (auto, hopper_ffn(kernel, None, auto.target)) + (
                 (hopper_ffn(kernel, None, auto.target, up=gemm_knobs, down=gemm_knobs,
                             **ffn_knobs),) if knobs else ())
@@ -354,7 +362,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ffn-rows", help="M values of the FFN blocks (default 1024,8192,128)")
     ap.add_argument("--ffn-knobs", help="also time the Hopper FFN with these knobs for both "
                                         "GEMMs, e.g. 'block_n=128,stages=4' (and the FFN's "
-                                        "'dependent=False')")
+                                        "'dependent=False', 'handoff=False')")
     args = ap.parse_args(argv)
     if args.check:
         bad = check()

@@ -229,15 +229,45 @@ def test_ffn_is_two_gemms_with_the_activation_in_the_first(kernel):
     assert ptx.count(".entry tf_hopper_gemm") == 2 and "m64n256k16" in ptx
     if kernel is K.ffn_swiglu:
         assert launches.knobs.up.block_n == 128             # two accumulators per thread
-    for source in launches.sources:
+    for source, allowed in zip(launches.sources, (0, 12)):
+        # the second GEMM's producer keeps one value across the role split in local memory (a
+        # store before it, a load in each role: SASS checked, none in a loop)
         report = _ptxas_report(source)
-        assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+        spilled = int(re.search(r"(\d+) bytes spill stores", report).group(1))
+        assert spilled <= allowed, report
     assert "intermediate [M, N] written once" in launches.plan.describe()
     # the second GEMM is a programmatic dependent of the first: every GEMM lets its dependents
-    # start once its CTAs run; only the second waits for the kernel before it
+    # start once its CTAs run
     assert "#define DEPENDENT 0" in first and "#define DEPENDENT 1" in second
     assert ptx.count("griddepcontrol.launch_dependents") >= 2
-    assert ptx.count("griddepcontrol.wait") == 1
+    # the handoff of H: the first GEMM flags each 64 × 64 block once written; the second reads
+    # the flags (relaxed loads, then a fence and the proxy fence before its TMA copies) instead
+    # of waiting for the whole first GEMM
+    assert "#define PUBLISH 1" in first and "#define AWAIT 1" in second
+    assert "#define AWAIT 1" not in first and "#define PUBLISH 1" not in second
+    assert ptx.count("griddepcontrol.wait") == 0
+    assert "ld.relaxed.gpu.global" in ptx and "fence.proxy.async.global" in ptx
+    assert "nanosleep" in ptx
+
+
+@needs_nvcc
+def test_ffn_without_the_handoff_waits_for_the_whole_first_gemm():
+    f = tf.schedule(K.ffn_gelu, "cuda:sm_90a").apply_template("hopper_ffn", handoff=False) \
+        .compile()
+    first, second = f.launches(**FFN).sources
+    assert "#define PUBLISH 0" in first and "#define AWAIT 0" in second
+    ptx = f.ptx(**FFN)
+    assert ptx.count("griddepcontrol.wait") == 1 and "ld.relaxed.gpu.global" not in ptx
+
+
+def test_handoff_buffer_has_a_flag_per_block_of_the_intermediate():
+    from tensorfuse.targets.cuda.hopper_gemm import handoff_ints, hopper_gemm_source
+
+    assert handoff_ints(128, 14336) == 3 + 2 * 224
+    assert handoff_ints(1000, 1032) == 3 + 16 * 17
+    plan = plan_hopper_gemm(K.matmul.program)
+    with pytest.raises(ValueError, match="handoff"):
+        hopper_gemm_source(plan, GemmKnobs(), handoff="both")
 
 
 @needs_nvcc

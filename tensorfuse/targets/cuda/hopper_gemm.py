@@ -72,6 +72,16 @@ __device__ __forceinline__ void tf_launch_dependents() {
 __device__ __forceinline__ void tf_wait_prerequisite() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
+// The FFN's handoff of H (see HANDOFF_HELPERS' users): an acquire load of a flag or count.
+__device__ __forceinline__ int tf_ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// What this thread read through the generic proxy (flags) orders its TMA copies that follow.
+__device__ __forceinline__ void tf_fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
 // One arrival on the mbarrier at `bar`'s offset in CTA `rank` of the cluster. CTA-scope release
 // (the default): it releases a slot whose reads (wgmma) have completed, with no writes to order.
 // `.release.cluster` compiled to MEMBAR.ALL.GPU before every arrival, which stalled the
@@ -86,10 +96,10 @@ __device__ __forceinline__ void tf_mbar_arrive_cluster(unsigned long long* bar, 
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
     maps (a, then each weight), the output, the tensors the epilogue reads, the sizes, the
-    scalars, then :data:`SPLIT_ARGUMENTS`."""
+    scalars, then :data:`SPLIT_ARGUMENTS` and :data:`HANDOFF_ARGUMENTS`."""
     return [("maps", "handle", "const void*"), ("out", "handle", "void*")] + \
         tensor_arguments(plan.tensors) + [(d, "int32", "int") for d in ("M_", "N_", "K_")] + \
-        scalar_arguments(plan.scalars) + list(SPLIT_ARGUMENTS)
+        scalar_arguments(plan.scalars) + list(SPLIT_ARGUMENTS) + list(HANDOFF_ARGUMENTS)
 
 
 # The split of the last wave (see hopper_gemm_source), last in the argument list: partial
@@ -97,6 +107,18 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
 SPLIT_ARGUMENTS = (("ws", "handle", "float* __restrict__"), ("counters", "handle", "int*"),
                    ("full_items", "int32", "int"), ("tail", "int32", "int"),
                    ("pieces", "int32", "int"))
+# The FFN's handoff of the intermediate between its GEMMs (``handoff`` of hopper_gemm_source),
+# last: ``ready[0]`` the generation, ``ready[1]`` the second GEMM's finished CTAs, ``ready[2]``
+# the 64 × 64 blocks of H written so far, then a flag per block (its generation + 1 once written).
+HANDOFF_ARGUMENTS = (("ready", "handle", "int*"),)
+HANDOFFS = (None, "publish", "await")
+AWAIT_PRODUCER_REGISTERS = 64   # the awaiting GEMM's producer warpgroup, after setmaxnreg
+REGISTERS = 65536               # per SM
+
+
+def handoff_ints(rows: int, cols: int) -> int:
+    """Ints of the handoff buffer for an intermediate of ``rows × cols``: 3 and a flag a block."""
+    return 3 + -(-rows // 64) * -(-cols // 64)
 
 
 def epilogue_code(plan) -> str:
@@ -107,16 +129,32 @@ def epilogue_code(plan) -> str:
                    loads={t: f"t_{t}" for t, _ in plan.tensors})
 
 
-def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
+def hopper_gemm_source(plan, knobs, dependent: bool = False, handoff: str | None = None) -> str:
     """CUDA C++ for ``tf_hopper_gemm``: a 1-D grid of ``knobs.cluster``-CTA clusters,
     ``knobs.threads`` threads, dynamic shared memory ``hopper_gemm_plan.shared_bytes``. M, N, K
     are kernel arguments: one cubin serves every size. Every GEMM lets a programmatic
     dependent launched after it start once all its CTAs run. ``dependent``: this one is such a
     dependent (the FFN's second GEMM): its CTAs start, set up their barriers and tensor maps
     while the kernel before finishes, and its producer waits for that kernel before the first
-    copy (the rows operand is its output; everything the consumers write follows from it)."""
+    copy (the rows operand is its output; everything the consumers write follows from it).
+
+    ``handoff`` (the FFN's GEMMs; the buffer: :data:`HANDOFF_ARGUMENTS`): ``"publish"`` — the
+    first GEMM flags each 64 × 64 block of its output once written; ``"await"`` — the second
+    GEMM reads its rows operand block by block as the flags say it is written, instead of
+    waiting for the whole first GEMM: its weight tiles (which the first GEMM does not write)
+    start streaming as soon as its CTAs run, the first ring's worth before any flag is read."""
+    if handoff not in HANDOFFS:
+        raise ValueError(f"handoff={handoff!r}: one of {HANDOFFS}")
     g = len(plan.weights)
     bn = knobs.block_n
+    producer_registers, consumer_registers = knobs.producer_registers, knobs.consumer_registers
+    if handoff == "await" and knobs.consumers <= 2:
+        # reading the flags: at 40 registers ptxas spilled 40–170 bytes in the producer's loop;
+        # at 64 one value kept across the role split (the consumers are held to 168 at this
+        # size by the launch bounds, not by what setmaxnreg gives them)
+        producer_registers = AWAIT_PRODUCER_REGISTERS
+        consumer_registers = min(240, (REGISTERS - 128 * producer_registers)
+                                 // (128 * knobs.consumers) // 8 * 8)
     suffix = "_f16" if plan.dtype == "f16" else ""
     mma = f"tf_wgmma_{'kk_' if plan.b_k_major else ''}m64n{bn}k16{suffix}"
     functions = wgmma_function(bn, b_k_major=plan.b_k_major, dtype=plan.dtype)
@@ -126,7 +164,7 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
     out_elem = C_TYPES[plan.out_dtype]
     sizes = size_aliases(zip(plan.dims, ("M_", "K_", "N_")))
     # what the epilogue may read: tensors, sizes, scalars
-    extra_params, extra_args = forwarded(args[2:-len(SPLIT_ARGUMENTS)])
+    extra_params, extra_args = forwarded(args[2:-len(SPLIT_ARGUMENTS) - len(HANDOFF_ARGUMENTS)])
     gate_params = ", ".join(f"float g{x}" for x in range(g))
 
     def gate_args(r: str) -> str:
@@ -135,6 +173,7 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
     epilogue = epilogue_code(plan)
     header = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n"
     return f"""{header}#include <math.h>
+#include <limits.h>
 {DSM_HELPERS}
 {WGMMA_HELPERS}
 {MBARRIER_HELPERS}
@@ -152,8 +191,8 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
 #define GROUP_M {knobs.group_m}
 #define B_KMAJOR {int(plan.b_k_major)}
 #define THREADS {knobs.threads}
-#define PRODUCER_REGS {knobs.producer_registers}
-#define CONSUMER_REGS {knobs.consumer_registers}
+#define PRODUCER_REGS {producer_registers}
+#define CONSUMER_REGS {consumer_registers}
 #define LEADER {int(knobs.multicast == "leader")}   // CTA 0 copies whole weight tiles for both
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
@@ -165,6 +204,9 @@ typedef {pair} out_pair_t;
 typedef {out_elem} out_t;
 #define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
 #define DEPENDENT {int(dependent)}   // launched as a programmatic dependent
+#define PUBLISH {int(handoff == "publish")}   // flag each 64 × 64 block of the output once written
+#define AWAIT {int(handoff == "await")}       // read the rows operand's blocks as they are flagged
+#define AWAIT_AHEAD 8                        // k-blocks whose flags are read at once
 
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
@@ -228,6 +270,98 @@ __device__ __forceinline__ void release_slot(unsigned long long* empty, int s, i
 #endif
 }}
 
+// The weight tiles of k-block `kb` of the tile at column n0 into ring slot `s` (this CTA's
+// share of them with a cluster; with LEADER, CTA 0 copies whole tiles into both).
+__device__ __forceinline__ void copy_weights(const void* maps, unsigned char* b_tiles, int s,
+                                             int kb, int n0, unsigned rank,
+                                             unsigned long long* full) {{
+#if LEADER
+  if (rank != 0) return;
+#endif
+  #pragma unroll
+  for (int x = 0; x < G; ++x) {{
+    const void* b_map = (const char*)maps + 128 * (1 + x);
+    unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
+#if B_KMAJOR    // [N, K]: BN rows of 64 k; this CTA's share is rows [rank·B_PART, +B_PART)
+  #if CLUSTER > 1
+    tf_tma_load_2d_multicast(b + (LEADER ? 0 : rank) * B_PART * 128, b_map, kb * BK,
+                             n0 + (LEADER ? 0 : rank) * B_PART, full + s, (1 << CLUSTER) - 1);
+  #else
+    tf_tma_load_2d(b, b_map, kb * BK, n0, full + s);
+  #endif
+#else           // [K, N]: atoms of 64 columns × 64 k-rows; this CTA's share is B_PART columns
+    #pragma unroll
+    for (int a = 0; a < B_PART / 64; ++a) {{
+      const int atom = (LEADER ? 0 : rank) * (B_PART / 64) + a;
+  #if CLUSTER > 1
+      tf_tma_load_2d_multicast(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, full + s,
+                               (1 << CLUSTER) - 1);
+  #else
+      tf_tma_load_2d(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, full + s);
+  #endif
+    }}
+#endif
+  }}
+}}
+
+#if PUBLISH || AWAIT
+// The handoff buffer (HANDOFF_ARGUMENTS): ready[3 + r·cols + c] is block (r, c) of H, 64 × 64.
+#if PUBLISH
+#define READY_COLS ((N_ + 63) / 64)   // H is the output
+#else
+#define READY_COLS ((K_ + 63) / 64)   // H is the rows operand
+#endif
+#define READY_BLOCKS (((M_ + 63) / 64) * READY_COLS)
+__device__ __forceinline__ int tf_ld_relaxed(const int* p) {{
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}}
+#endif
+#if PUBLISH
+// One consumer thread, after its warpgroup's stores of block `block` (each thread fenced its
+// own, then the warpgroup synchronised): the block's flag — this call's generation + 1 (the
+// generation changes only after the second GEMM has read every flag) — then the count of
+// written blocks.
+__device__ __forceinline__ void tf_publish(int* ready, int block) {{
+  tf_fence_proxy_async_global();   // the second GEMM reads H through TMA (the async proxy)
+  __threadfence();
+  atomicExch(ready + 3 + block, *(volatile int*)ready + 1);
+  atomicAdd(ready + 2, 1);
+}}
+#endif
+#if AWAIT
+// The producer of the second GEMM before copying k-block `kb` of rows [m0, m0 + BM) of H: waits
+// until that block is written and returns the first k-block not known to be — INT_MAX once
+// every block of H is (it reads the flags of AWAIT_AHEAD k-blocks at once, relaxed, then
+// fences once). A flag is this call's generation + 1.
+__device__ int tf_await_rows(const int* ready, int m0, int kb, int M_, int K_) {{
+  const int r0 = m0 / 64, r1 = min((M_ + 63) / 64, (m0 + BM) / 64);
+  const int tag = *(volatile const int*)ready + 1;
+  for (int spins = 0;; ++spins) {{
+    if (tf_ld_relaxed(ready + 2) == READY_BLOCKS) {{
+      __threadfence();
+      tf_fence_proxy_async_global();
+      return INT_MAX;
+    }}
+    unsigned ok = (1u << AWAIT_AHEAD) - 1;
+    for (int r = r0; r < r1; ++r) {{
+      #pragma unroll
+      for (int c = 0; c < AWAIT_AHEAD; ++c)
+        if (kb + c < READY_COLS && tf_ld_relaxed(ready + 3 + r * READY_COLS + kb + c) != tag)
+          ok &= ~(1u << c);
+    }}
+    const int known = __ffs(~ok) - 1;   // the written k-blocks from kb on, in a row
+    if (known > 0 || kb + known >= READY_COLS) {{
+      __threadfence();
+      tf_fence_proxy_async_global();
+      return min(READY_COLS, kb + known);
+    }}
+    __nanosleep(spins < 8 ? 64 : 256);
+  }}
+}}
+#endif
+
 // The program's output element from the accumulators at (row, col).
 __device__ __forceinline__ float epilogue_value({gate_params}, int row, int col{extra_params}) {{
   return {epilogue};
@@ -275,49 +409,53 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     if (threadIdx.x == 0) {{
       tf_tensormap_acquire(a_map);
       for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
-#if DEPENDENT
+#if DEPENDENT && !AWAIT
       tf_wait_prerequisite();   // the rows operand is the kernel before's output: read after it
 #endif
-      int it = 0;
+      int it = 0, ahead = 0;   // ahead: slots whose weight tiles were copied before the loop
+#if AWAIT
+      // this tile's k-blocks below ready_to are known written (INT_MAX: every block of H is)
+      int ready_to = 0;
+      if (first_unit < items) {{   // the weights do not wait for H: the first ring's worth now
+        int m0, n0;
+        const Work w = tile_at(first_unit, full_items, pieces, kblocks, row_units, tiles_n, rank,
+                               m0, n0);
+        for (int kb = w.k0; kb < w.k1 && ahead < STAGES; ++kb, ++ahead) {{
+          tf_mbar_expect(full + ahead, STAGE_BYTES);
+          copy_weights(maps, b_tiles, ahead, kb, n0, rank, full);
+        }}
+      }}
+#endif
       for (int item = first_unit; item < items; item += unit_step) {{
         int m0, n0;
         const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
                                n0);
+#if AWAIT
+        if (ready_to != INT_MAX) ready_to = 0;   // another tile: other rows of H
+#endif
         for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
           const int s = it % STAGES;
-          if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
-          tf_mbar_expect(full + s, STAGE_BYTES);
-          tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
-#if LEADER
-          if (rank != 0) continue;   // CTA 0 copies the weight tiles into both CTAs
-#endif
-          #pragma unroll
-          for (int x = 0; x < G; ++x) {{
-            const void* b_map = (const char*)maps + 128 * (1 + x);
-            unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
-#if B_KMAJOR    // [N, K]: BN rows of 64 k; this CTA's share is rows [rank·B_PART, +B_PART)
-  #if CLUSTER > 1
-            tf_tma_load_2d_multicast(b + (LEADER ? 0 : rank) * B_PART * 128, b_map, kb * BK,
-                                     n0 + (LEADER ? 0 : rank) * B_PART, full + s,
-                                     (1 << CLUSTER) - 1);
-  #else
-            tf_tma_load_2d(b, b_map, kb * BK, n0, full + s);
-  #endif
-#else           // [K, N]: atoms of 64 columns × 64 k-rows; this CTA's share is B_PART columns
-            #pragma unroll
-            for (int a = 0; a < B_PART / 64; ++a) {{
-              const int atom = (LEADER ? 0 : rank) * (B_PART / 64) + a;
-  #if CLUSTER > 1
-              tf_tma_load_2d_multicast(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK,
-                                       full + s, (1 << CLUSTER) - 1);
-  #else
-              tf_tma_load_2d(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, full + s);
-  #endif
-            }}
-#endif
+          if (it >= ahead) {{
+            if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
+            tf_mbar_expect(full + s, STAGE_BYTES);
+            copy_weights(maps, b_tiles, s, kb, n0, rank, full);
           }}
+#if AWAIT
+          if (kb >= ready_to) ready_to = tf_await_rows(ready, m0, kb, M_, K_);
+#endif
+          tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
         }}
       }}
+#if AWAIT
+      // every CTA is past its last flag: the last one out starts the next call's generation
+      __threadfence();
+      if (atomicAdd(ready + 1, 1) == (int)gridDim.x - 1) {{
+        atomicExch(ready + 1, 0);
+        atomicExch(ready + 2, 0);
+        __threadfence();
+        atomicAdd(ready, 1);
+      }}
+#endif
     }}
   }} else {{   // a consumer warpgroup: rows [m0 + 64·cw, +64) of each tile
     tf_setmaxnreg_inc<CONSUMER_REGS>();
@@ -326,6 +464,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     const unsigned a_base = tf_smem_addr(a_tiles), b_base = tf_smem_addr(b_tiles);
     float acc[G][BN / 2];
     int it = 0;
+
     for (int item = first_unit; item < items; item += unit_step) {{
       int m0, n0;
       const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
@@ -427,7 +566,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           const uint4 v = tf_ld_smem_v4(buf + lr * 128 + ((ch ^ (lr % 8)) * 16));
           if (row < M_ && col < N_) *(uint4*)((out_t*)out + (long)row * N_ + col) = v;
         }}
+#if PUBLISH
+        __threadfence();      // this thread's stores of the block, before its flag
+#endif
         tf_bar_sync_wg(cw);   // read out before the next 64 columns overwrite it
+#if PUBLISH
+        if (t == 0 && m0 + cw * 64 < M_ && n0 + 64 * a < N_)
+          tf_publish(ready, ((m0 + cw * 64) / 64) * READY_COLS + (n0 + 64 * a) / 64);
+#endif
       }}
 #else
       #pragma unroll
@@ -447,6 +593,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           }}
         }}
       }}
+#if PUBLISH
+      __threadfence();      // this thread's stores, before the blocks' flags
+      tf_bar_sync_wg(cw);
+      if (t == 0 && m0 + cw * 64 < M_)
+        for (int a = 0; a < BN / 64 && n0 + 64 * a < N_; ++a)
+          tf_publish(ready, ((m0 + cw * 64) / 64) * READY_COLS + (n0 + 64 * a) / 64);
+#endif
 #endif
     }}
   }}
