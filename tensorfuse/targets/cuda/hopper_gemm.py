@@ -116,6 +116,23 @@ AWAIT_PRODUCER_REGISTERS = 64   # the awaiting GEMM's producer warpgroup, after 
 REGISTERS = 65536               # per SM
 
 
+def setmaxnreg_share(threads: int, consumers: int, producer: int) -> int:
+    """Registers a consumer thread can take (``setmaxnreg.inc``, at most 240) once the producer
+    warpgroup has given its own back down to ``producer``: the CTA's registers are what its
+    threads hold at launch (the launch bounds' share, 8-aligned), and no more — an increase the
+    pool cannot cover blocks forever."""
+    at_launch = min(REGISTERS // threads // 8 * 8, 255 // 8 * 8)
+    return min(240, (at_launch * threads - 128 * producer) // (128 * consumers) // 8 * 8)
+
+
+def check_register_pool(threads: int, consumers: int, producer: int, consumer: int) -> None:
+    """Refuse register targets whose ``setmaxnreg.inc`` could never complete."""
+    if consumer > setmaxnreg_share(threads, consumers, producer):
+        raise ValueError(f"consumers raised to {consumer} registers with the producer at "
+                         f"{producer}: more than the {threads} threads hold at launch "
+                         "(setmaxnreg.inc would wait forever)")
+
+
 def handoff_ints(rows: int, cols: int) -> int:
     """Ints of the handoff buffer for an intermediate of ``rows × cols``: 3 and a flag a block."""
     return 3 + -(-rows // 64) * -(-cols // 64)
@@ -153,8 +170,8 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False, handoff: str | None
         # at 64 one value kept across the role split (the consumers are held to 168 at this
         # size by the launch bounds, not by what setmaxnreg gives them)
         producer_registers = AWAIT_PRODUCER_REGISTERS
-        consumer_registers = min(240, (REGISTERS - 128 * producer_registers)
-                                 // (128 * knobs.consumers) // 8 * 8)
+        consumer_registers = setmaxnreg_share(knobs.threads, knobs.consumers, producer_registers)
+    check_register_pool(knobs.threads, knobs.consumers, producer_registers, consumer_registers)
     suffix = "_f16" if plan.dtype == "f16" else ""
     mma = f"tf_wgmma_{'kk_' if plan.b_k_major else ''}m64n{bn}k16{suffix}"
     functions = wgmma_function(bn, b_k_major=plan.b_k_major, dtype=plan.dtype)
@@ -207,6 +224,7 @@ typedef {out_elem} out_t;
 #define PUBLISH {int(handoff == "publish")}   // flag each 64 × 64 block of the output once written
 #define AWAIT {int(handoff == "await")}       // read the rows operand's blocks as they are flagged
 #define AWAIT_AHEAD 8                        // k-blocks whose flags are read at once
+#define AWAIT_GIVE_UP (1 << 24)              // spins of ≥ 256 ns before a stuck wait traps
 
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
@@ -358,6 +376,9 @@ __device__ int tf_await_rows(const int* ready, int m0, int kb, int M_, int K_) {
       return min(READY_COLS, kb + known);
     }}
     __nanosleep(spins < 8 ? 64 : 256);
+    // seconds: the first GEMM, whose CTAs all run, cannot still be writing — a broken handoff
+    // stops the launch with an error (trap) rather than hang the caller's stream
+    if (spins == AWAIT_GIVE_UP) __trap();
   }}
 }}
 #endif
