@@ -337,15 +337,20 @@ __device__ __forceinline__ int tf_ld_relaxed(const int* p) {{
 }}
 #endif
 #if PUBLISH
-// One consumer thread, after its warpgroup's stores of block `block` (each thread fenced its
-// own, then the warpgroup synchronised): the block's flag — this call's generation + 1 (the
-// generation changes only after the second GEMM has read every flag) — then the count of
-// written blocks.
-__device__ __forceinline__ void tf_publish(int* ready, int block) {{
+// One consumer thread, after its warpgroup synchronised on having stored its 64 rows from
+// `row` of the tile's columns from `n0` (a barrier orders every thread's stores before this
+// thread's fence: the pattern of CUTLASS's generic barrier): each 64 × 64 block's flag — this
+// call's generation + 1 (the generation changes only after the second GEMM has read every
+// flag) — then the count of written blocks.
+__device__ __forceinline__ void tf_publish(int* ready, int row, int n0, int M_, int N_) {{
+  if (row >= M_) return;   // rows past the edge: nothing written
   tf_fence_proxy_async_global();   // the second GEMM reads H through TMA (the async proxy)
   __threadfence();
-  atomicExch(ready + 3 + block, *(volatile int*)ready + 1);
-  atomicAdd(ready + 2, 1);
+  const int tag = *(volatile int*)ready + 1;
+  int blocks = 0;
+  for (int c = n0; c < min(n0 + BN, N_); c += 64, ++blocks)
+    atomicExch(ready + 3 + (row / 64) * READY_COLS + c / 64, tag);
+  atomicAdd(ready + 2, blocks);
 }}
 #endif
 #if AWAIT
@@ -587,15 +592,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           const uint4 v = tf_ld_smem_v4(buf + lr * 128 + ((ch ^ (lr % 8)) * 16));
           if (row < M_ && col < N_) *(uint4*)((out_t*)out + (long)row * N_ + col) = v;
         }}
-#if PUBLISH
-        __threadfence();      // this thread's stores of the block, before its flag
-#endif
         tf_bar_sync_wg(cw);   // read out before the next 64 columns overwrite it
-#if PUBLISH
-        if (t == 0 && m0 + cw * 64 < M_ && n0 + 64 * a < N_)
-          tf_publish(ready, ((m0 + cw * 64) / 64) * READY_COLS + (n0 + 64 * a) / 64);
-#endif
       }}
+#if PUBLISH
+      // the warpgroup's blocks of this tile, once (its threads' stores are ordered before
+      // thread 0's fence by the barrier above: one fence a tile, not one a thread and block)
+      if (t == 0) tf_publish(ready, m0 + cw * 64, n0, M_, N_);
+#endif
 #else
       #pragma unroll
       for (int x = 0; x < 2; ++x) {{
@@ -615,11 +618,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         }}
       }}
 #if PUBLISH
-      __threadfence();      // this thread's stores, before the blocks' flags
-      tf_bar_sync_wg(cw);
-      if (t == 0 && m0 + cw * 64 < M_)
-        for (int a = 0; a < BN / 64 && n0 + 64 * a < N_; ++a)
-          tf_publish(ready, ((m0 + cw * 64) / 64) * READY_COLS + (n0 + 64 * a) / 64);
+      tf_bar_sync_wg(cw);   // the warpgroup's stores, ordered before thread 0's fence
+      if (t == 0) tf_publish(ready, m0 + cw * 64, n0, M_, N_);
 #endif
 #endif
     }}
