@@ -5,8 +5,8 @@ as two persistent GEMMs on the Hopper GEMM mainloop (:mod:`.hopper_gemm`).
 The first GEMM computes every first-level product of a row tile (one accumulator per weight:
 SwiGLU's gate and up projections share the rows' tiles) and applies the activation in its
 epilogue, so the intermediate ``H`` leaves the chip once, already activated, in bf16; the second
-GEMM reads it and applies the chain's epilogue. H's buffer is kept with the kernel between calls
-(``M·N`` bf16 at the largest M called; it is what a CUDA graph of the call replays with). A
+GEMM reads it and applies the chain's epilogue. H's buffer is kept with the kernel between calls,
+one per stream (``M·N`` bf16 at the largest M called there; a CUDA graph captures its own). A
 PyTorch FFN writes ``X·W1`` (and ``X·W3``),
 reads it back for the activation and writes ``H`` — two to four more passes over the largest
 tensor of the block. At few rows the weights' bytes dominate; from 64 rows on this template
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..dsl.expr import user_location
 from ..dsl.program import Program
 from ..errors import ScheduleError
-from ..interop import kept_empty
+from ..interop import capturing, current_stream, kept_empty
 from ..targets import TargetSpec
 from ..targets.cuda.kernel import ClusterKernel, Launches
 from .gemm_chain_plan import GemmChainPlan, plan_gemm_chain
@@ -89,16 +89,21 @@ def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
                             f"target is {target.name}", user_location())
     program = kernel.program if hasattr(kernel, "program") else kernel
     plan = plan_hopper_ffn(program)
-    workspace: dict = {}   # device -> the intermediate's buffer (the largest asked for)
+    workspace: dict = {}   # (device, stream) -> the intermediate's buffer (the largest asked)
 
     def intermediate(M: int, N: int, device):
-        """H's memory, kept between calls: its address stays put, so the second GEMM's tensor
-        maps are made once and a CUDA graph replays with the buffer it captured."""
+        """H's memory, kept between calls on each stream: its address stays put, so the second
+        GEMM's tensor maps are made once; calls on two streams never share it (one's first GEMM
+        would overwrite what the other's second reads). While a stream captures a CUDA graph,
+        the graph's own (from its pool, replayed with it)."""
         import torch
 
-        buffer = workspace.get(str(device))
+        if capturing():
+            return torch.empty((M, N), dtype=torch.bfloat16, device=device)
+        key = (str(device), current_stream(device))
+        buffer = workspace.get(key)
         if buffer is None or buffer.numel() < M * N:
-            buffer = workspace[str(device)] = kept_empty((M * N,), torch.bfloat16, device)
+            buffer = workspace[key] = kept_empty((M * N,), torch.bfloat16, device)
         return buffer[:M * N].view(M, N)
 
     def layout(dims: dict) -> Launches:

@@ -324,3 +324,33 @@ def test_dependent_launch_packs_the_arguments_as_the_kernel_takes_them():
         assert read == [args[0].value, args[1], args[2]]
     with pytest.raises(TargetError, match="takes 3 arguments"):
         launch.parameters([1, 2])
+
+
+@pytest.mark.gpu
+def test_ffn_calls_on_two_streams_keep_their_own_intermediate():
+    """Two streams calling one FFN kernel at once: each stream's second GEMM reads the H its own
+    first GEMM wrote (one buffer for both let one stream's first GEMM overwrite what the
+    other's second was reading)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    from benchmarks.gemm import ffn_reference, inputs
+    from tensorfuse.schedule_templates.hopper_ffn import hopper_ffn
+    from tensorfuse.targets import get_target
+
+    f = hopper_ffn(K.ffn_gelu, None, get_target("cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    given = [inputs(K.ffn_gelu, 1024, 1024, 4096, gen, scale, O=1024) for scale in (1.0, 30.0)]
+    outs = [torch.full((1024, 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
+            for _ in given]
+    streams = [torch.cuda.Stream() for _ in given]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    for _ in range(20):   # interleaved: one stream's first GEMM beside the other's second
+        for t, out, s in zip(given, outs, streams):
+            with torch.cuda.stream(s):
+                f(**t, out=out)
+    torch.cuda.synchronize()
+    for t, out in zip(given, outs):
+        ref = ffn_reference("gelu", t)
+        assert float((out.double() - ref).abs().max() / ref.abs().max()) < 1e-2
