@@ -8,14 +8,13 @@ the kernels makes them a little slower than the real ones.
     PYTHONPATH=. python tools/probe_gemm_timeline.py [--rows 128] [--kind gelu]
 """
 import argparse
-import re
+import importlib
 import statistics
 import sys
 
 import torch
 
 import tensorfuse.kernels as K
-import tensorfuse.schedule_templates.hopper_gemm as template
 from benchmarks.gemm import inputs
 from tensorfuse.schedule_templates.hopper_ffn import hopper_ffn
 from tensorfuse.targets import get_target
@@ -59,6 +58,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--kind", default="gelu")
     args = ap.parse_args(argv)
+    # the package exports a function of the module's name: the module itself, by its path
+    template = importlib.import_module("tensorfuse.schedule_templates.hopper_gemm")
     original = template.hopper_gemm_source
     template.hopper_gemm_source = lambda *a, **k: traced(original(*a, **k))
     kernel = K.FFN_KERNELS[f"ffn_{args.kind}"]
