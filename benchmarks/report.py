@@ -87,7 +87,7 @@ def plot_gemm(path: str, out: str, impls: tuple = ("cublas", "torch.compile")) -
                                                   not any(x.startswith("tensorfuse") for x in impls))]
     _bar_chart(path, out, groups, shown,
                lambda impl, g: _ms(rows, impl, "gemm", g, field="tflops") or 0.0,
-               [g.replace("/", "\n") for g in groups], "TFLOP/s")
+               [g.replace("/", "\n").replace(" ", "\n") for g in groups], "TFLOP/s")
 
 
 def plot_cpu(path: str, out: str, prefix: str = "cpu/") -> None:
