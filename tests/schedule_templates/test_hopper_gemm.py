@@ -354,3 +354,86 @@ def test_ffn_calls_on_two_streams_keep_their_own_intermediate():
     for t, out in zip(given, outs):
         ref = ffn_reference("gelu", t)
         assert float((out.double() - ref).abs().max() / ref.abs().max()) < 1e-2
+
+
+STREAM_CHECK = r"""
+#include <cstdio>
+#include <vector>
+%s
+// every (units, k-blocks a unit, ranges): 1 on the first failure, printing it
+int main() {
+  for (int units = 1; units <= 300; units += 7)
+  for (int kblocks = 1; kblocks <= 70; kblocks += 3)
+  for (int slots = 1; slots <= 140; slots += 3) {
+#define FAIL(why) { printf("units %%d kblocks %%d slots %%d: %%s\n", units, kblocks, slots, why); \
+                    return 1; }
+    const long long total = (long long)units * kblocks;
+    if (slots > total) continue;   // the launch never has more ranges than k-blocks
+    std::vector<int> seen(total, 0), covering(units, 0), used(2 * slots, 0);
+    for (int c = 0; c < slots; ++c) {
+      Work w;
+      int partial = 0, j = 0;
+      if (!stream_segment(c, slots, units, kblocks, 0, w)) FAIL("an empty range");
+      for (; stream_segment(c, slots, units, kblocks, j, w); ++j) {
+        if (w.unit < 0 || w.unit >= units || w.k0 < 0 || w.k0 >= w.k1 || w.k1 > kblocks)
+          FAIL("a bad segment");
+        for (int k = w.k0; k < w.k1; ++k) seen[(long long)w.unit * kblocks + k] += 1;
+        covering[w.unit] += 1;
+        const int lo = stream_range_of((long long)w.unit * kblocks, slots, total);
+        const int hi = stream_range_of((long long)(w.unit + 1) * kblocks - 1, slots, total);
+        if (c < lo || c > hi) FAIL("a range outside its unit's ranges");
+        if (w.piece < 0) {
+          if (lo != hi) FAIL("a whole unit counted as pieces");
+          continue;
+        }
+        if (++partial > 2) FAIL("more than two pieces in a range");
+        if (w.slot < 2 * c || w.slot > 2 * c + 1 || used[w.slot]++) FAIL("a slot used twice");
+        if (stream_slot(c, slots, total, kblocks, w.unit) != w.slot)
+          FAIL("the merge would read another slot");
+      }
+    }
+    for (long long x = 0; x < total; ++x) if (seen[x] != 1) FAIL("a k-block not covered once");
+    for (int u = 0; u < units; ++u) {
+      const int lo = stream_range_of((long long)u * kblocks, slots, total);
+      const int hi = stream_range_of((long long)(u + 1) * kblocks - 1, slots, total);
+      if (covering[u] != hi - lo + 1) FAIL("arrivals miscounted");
+    }
+  }
+  printf("ok\n");
+  return 0;
+}
+"""
+
+
+@needs_nvcc
+def test_stream_k_ranges_cover_every_k_block_once_and_merge_every_piece():
+    """``split_tail="stream"``, run on the CPU from the kernel's own helpers: for many (tiles,
+    k-blocks a tile, CTAs — no more CTAs than k-blocks, as the launch sizes its grid: an empty
+    range would never arrive) the CTAs' ranges cover every k-block of every tile exactly once, a
+    range holds at most two pieces (its workspace slots 2c and 2c + 1, never shared), a tile
+    counted whole has one range, and a split tile's arrivals and the slots its merge reads are
+    exactly its pieces'."""
+    import os
+    import subprocess
+    import tempfile
+
+    from tensorfuse.targets.cuda.hopper_gemm import STREAM_HELPERS
+
+    with tempfile.TemporaryDirectory() as d:
+        path, exe = os.path.join(d, "stream.cu"), os.path.join(d, "stream")
+        with open(path, "w") as f:
+            f.write(STREAM_CHECK % STREAM_HELPERS)
+        built = subprocess.run(["nvcc", "-O1", "-o", exe, path], capture_output=True, text=True)
+        assert built.returncode == 0, built.stderr[-2000:]
+        ran = subprocess.run([exe], capture_output=True, text=True)
+    assert ran.returncode == 0 and ran.stdout.strip() == "ok", ran.stdout
+
+
+def test_stream_k_is_a_knob_value_and_others_are_refused():
+    plan = plan_hopper_gemm(K.matmul.program)
+    f = hopper(K.matmul, split_tail="stream")
+    launches = f.launches(M=128, K=4096, N=14336)
+    assert "#define STREAM 1" in launches.source and "stream-K" in launches.why
+    assert "#define STREAM 0" in hopper(K.matmul).launches(M=128, K=4096, N=14336).source
+    with pytest.raises(ScheduleError, match="split_tail"):
+        check_gemm(plan, GemmKnobs(split_tail="sometimes"), dict(M=128, K=4096, N=14336))
