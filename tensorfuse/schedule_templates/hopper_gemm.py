@@ -87,22 +87,17 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     smem = shared_bytes(plan, knobs)
     ctas, fit = resident_ctas(source, knobs, smem, target)
     units = math.ceil(math.ceil(M / knobs.block_m) / knobs.cluster) * math.ceil(N / knobs.block_n)
-    stream = knobs.split_tail == "stream"
-    full_items, tail, pieces = (units, 0, 1) if stream or not knobs.split_tail else \
-        split_tail(units, ctas // knobs.cluster, math.ceil(K / BLOCK_K))
-    # "stream": every CTA (cluster) an equal range of the tiles' k-blocks, at most two pieces
-    # of a tile each (partials in slots 2c and 2c + 1, a counter per tile)
-    # (no more ranges than k-blocks: an empty range would never arrive on its tile's counter)
-    grid = min(ctas // knobs.cluster, units * math.ceil(K / BLOCK_K)) * knobs.cluster if stream \
-        else min((full_items + tail * pieces) * knobs.cluster, ctas)
+    full_items, tail, pieces = split_tail(units, ctas // knobs.cluster,
+                                          math.ceil(K / BLOCK_K)) if knobs.split_tail else \
+        (units, 0, 1)
+    grid = min((full_items + tail * pieces) * knobs.cluster, ctas)
     maps = operand_maps(plan, knobs, (M, K, N))
     entries = [KernelEntry(ENTRY, tuple(t for _, t, _ in kernel_arguments(plan)))]
     launch = DependentLaunch(source, target, ENTRY, entries[0].arg_types) if dependent else None
     part = len(plan.weights) * knobs.block_m * knobs.block_n   # floats per CTA and piece
     # the split tail's partial sums and counters (which reset themselves), per device and stream
-    slots, counted = (2 * (grid // knobs.cluster), units) if stream else (tail * pieces, tail)
-    split_buffers = StreamScratch([((max(1, slots * knobs.cluster * part),), "f32", False),
-                                   ((max(1, counted * knobs.cluster),), "i32", True)])
+    split_buffers = StreamScratch([((max(1, tail * pieces * knobs.cluster * part),), "f32", False),
+                                   ((max(1, tail * knobs.cluster),), "i32", True)])
 
     def run(module, values, out, device):
         if knobs.epilogue == "staged" and out.data_ptr() % 16:
@@ -119,8 +114,7 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
         else:
             launch(args, grid, knobs.threads, knobs.cluster, smem, device)
 
-    split = ("; every CTA an equal range of the tiles' k-blocks (stream-K)" if stream else
-             f"; the last {tail} tiles split {pieces} ways along K" if tail else "")
+    split = (f"; the last {tail} tiles split {pieces} ways along K" if tail else "")
     return Launches(source, entries, knobs, run,
                     f"{why}; {grid} persistent CTAs ({fit}){split}", plan)
 
@@ -142,7 +136,7 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
                 stages: int | None = None, cluster: int | None = None,
                 group_m: int | None = None, consumers: int | None = None,
                 multicast: str | None = None, epilogue: str | None = None,
-                split_tail: bool | str | None = None, tuned=None) -> ClusterKernel:
+                split_tail: bool | None = None, tuned=None) -> ClusterKernel:
     """A callable persistent GEMM kernel for ``kernel`` (one or two sums of products sharing the
     rows operand, and an elementwise output of them). Knobs (defaults per size: see
     :func:`.hopper_gemm_plan.default_gemm_knobs`): ``block_n`` output columns per tile,
@@ -150,7 +144,7 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     (2: weight tiles shared by TMA multicast, ``multicast="split"`` or ``"leader"``),
     ``group_m`` row tiles per rasterisation group, ``epilogue`` (``"direct"`` or
     ``"staged"``), ``split_tail`` (split a mostly idle last wave's tiles along K:
-    :func:`split_tail`; ``"stream"``: every CTA an equal range of all tiles' k-blocks). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for
+    :func:`split_tail`). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for
     the template interface (the knobs are not tuned yet)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_gemm template generates sm_90a code (wgmma, TMA); the "

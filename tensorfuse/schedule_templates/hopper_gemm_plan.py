@@ -40,8 +40,7 @@ class GemmKnobs:
     group, and how the output leaves (``epilogue``: ``"direct"`` 4-byte stores from the
     accumulator fragments, or ``"staged"``: 64 columns at a time through shared memory and
     16-byte coalesced stores; 16-bit outputs), and whether a last wave that would leave most
-    CTAs idle has its tiles split along K (``split_tail``; ``"stream"``: every CTA streams an
-    equal range of all the tiles' k-blocks, a tile's pieces merged by the last to finish)."""
+    CTAs idle has its tiles split along K (``split_tail``)."""
 
     block_n: int = 256
     stages: int = 4
@@ -50,7 +49,7 @@ class GemmKnobs:
     consumers: int = 2
     multicast: str = "split"
     epilogue: str = "direct"
-    split_tail: bool | str = True
+    split_tail: bool = True
 
     @property
     def block_m(self) -> int:
@@ -75,8 +74,7 @@ class GemmKnobs:
                 f"cluster={self.cluster}" + (f" ({self.multicast} multicast)"
                                              if self.cluster > 1 else "")
                 + f", group_m={self.group_m}"
-                + (", staged epilogue" if self.epilogue == "staged" else "")
-                + (", stream-K" if self.split_tail == "stream" else ""))
+                + (", staged epilogue" if self.epilogue == "staged" else ""))
 
 
 @dataclass(frozen=True)
@@ -289,9 +287,6 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
     if knobs.cluster == 2 and knobs.multicast == "split" and bn % 128:
         raise _refuse(f"cluster=2 splits each weight tile's {bn} columns into two halves of "
                       "whole 64-column atoms: block_n 128 or 256")
-    if knobs.split_tail not in (True, False, "stream"):
-        raise _refuse(f"split_tail={knobs.split_tail!r}: True (a mostly idle last wave split "
-                      "along K), False, or 'stream' (equal ranges of k-blocks)")
     if knobs.group_m < 1:
         raise _refuse(f"group_m={knobs.group_m}: at least 1")
     if knobs.stages < 2:

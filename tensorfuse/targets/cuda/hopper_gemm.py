@@ -120,48 +120,6 @@ def epilogue_code(plan) -> str:
                    loads={t: f"t_{t}" for t, _ in plan.tensors})
 
 
-# The stream-K split (``split_tail="stream"``; host and device code: the tests run it on the CPU).
-STREAM_HELPERS = r"""
-// A CTA's work: k-blocks [k0, k1) of output tile (unit) `unit`; piece -1: the whole tile, else
-// a piece whose partial accumulators go to workspace slot `slot`.
-struct Work {
-  int unit, k0, k1, piece, slot;
-};
-// STREAM: the (unit, k-block) pairs, unit-major, cut into `slots` equal ranges, one a CTA (a
-// cluster): range c is [c·T/slots, (c+1)·T/slots) of T = units·kblocks. Its j-th segment is the
-// part in one unit — whole, or a piece whose partial goes to slot 2c (the range's first unit) or
-// 2c + 1 (its last); false past the range's end. Every SM streams the same number of k-blocks
-// (few-row GEMMs whose tiles leave SMs idle, and a ragged last wave).
-__host__ __device__ __forceinline__ long long stream_bound(int c, int slots, long long total) {
-  return (long long)c * total / slots;
-}
-__host__ __device__ __forceinline__ bool stream_segment(int c, int slots, int units, int kblocks,
-                                                        int j, Work& w) {
-  const long long total = (long long)units * kblocks;
-  const long long lo = stream_bound(c, slots, total), hi = stream_bound(c + 1, slots, total);
-  const long long first = lo / kblocks, u = first + j;
-  if (lo >= hi || u * kblocks >= hi) return false;
-  const long long start = u * kblocks, end = start + kblocks;
-  w.unit = (int)u;
-  w.k0 = (int)((lo > start ? lo : start) - start);
-  w.k1 = (int)((hi < end ? hi : end) - start);
-  w.piece = (w.k0 == 0 && w.k1 == kblocks) ? -1 : 0;
-  w.slot = 2 * c + (u == first ? 0 : 1);
-  return true;
-}
-// STREAM: the range holding pair x — the largest c with c·T/slots ≤ x, (x·slots + slots − 1) / T
-// in integers — so a unit's pieces are ranges [range_of(u·kblocks), range_of((u+1)·kblocks − 1)].
-__host__ __device__ __forceinline__ int stream_range_of(long long x, int slots, long long total) {
-  return (int)((x * slots + slots - 1) / total);
-}
-// STREAM: the workspace slot of range c's piece of `unit` (2c if the unit is its first).
-__host__ __device__ __forceinline__ int stream_slot(int c, int slots, long long total,
-                                                    int kblocks, int unit) {
-  return 2 * c + (stream_bound(c, slots, total) / kblocks == unit ? 0 : 1);
-}
-"""
-
-
 def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
     """CUDA C++ for ``tf_hopper_gemm``: a 1-D grid of ``knobs.cluster``-CTA clusters,
     ``knobs.threads`` threads, dynamic shared memory ``hopper_gemm_plan.shared_bytes``. M, N, K
@@ -201,7 +159,6 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
 {TMA_HELPERS}
 {MULTICAST_HELPERS}
 {SPLIT_HELPERS}
-{STREAM_HELPERS}
 {functions}
 #define CONSUMERS {knobs.consumers}            // consumer warpgroups of 64 rows each
 #define BM (64 * CONSUMERS)
@@ -226,13 +183,15 @@ typedef {pair} out_pair_t;
 typedef {out_elem} out_t;
 #define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
 #define DEPENDENT {int(dependent)}   // launched as a programmatic dependent
-#define STREAM {int(knobs.split_tail == "stream")}   // every CTA an equal range of k-blocks
 
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
 
 // Work item `item`: the first `full_items` are whole tiles (units); the rest split the last
 // `tail` units' k-blocks into `pieces` ranges each (slot: the piece's partial in ws).
+struct Work {{
+  int unit, k0, k1, piece, slot;
+}};
 __device__ __forceinline__ Work work_of(int item, int full_items, int pieces, int kblocks) {{
   Work w;
   if (item < full_items) {{
@@ -265,24 +224,16 @@ __device__ __forceinline__ void tile_of(int u, int row_units, int tiles_n, int& 
   nt = in / rows;
 }}
 
-// This CTA's j-th work (false: none left) — item first_unit + j·unit_step of the whole tiles
-// and split pieces, or with STREAM the j-th segment of its range — and the origin (m0, n0) of
-// its tile in this CTA.
-__device__ __forceinline__ bool work_at(int j, int first_unit, int unit_step, int items,
-                                        int full_items, int pieces, int kblocks, int row_units,
-                                        int tiles_n, unsigned rank, Work& w, int& m0, int& n0) {{
-#if STREAM
-  if (!stream_segment(first_unit, unit_step, row_units * tiles_n, kblocks, j, w)) return false;
-#else
-  const int item = first_unit + j * unit_step;
-  if (item >= items) return false;
-  w = work_of(item, full_items, pieces, kblocks);
-#endif
+// Work item `item`'s k-blocks and the origin (m0, n0) of its tile in this CTA.
+__device__ __forceinline__ Work tile_at(int item, int full_items, int pieces, int kblocks,
+                                        int row_units, int tiles_n, unsigned rank, int& m0,
+                                        int& n0) {{
+  const Work w = work_of(item, full_items, pieces, kblocks);
   int mu, nt;
   tile_of(w.unit, row_units, tiles_n, mu, nt);
   m0 = (mu * CLUSTER + (int)rank) * BM;
   n0 = nt * BN;
-  return true;
+  return w;
 }}
 
 // A consumer warpgroup is done with ring slot `s`: one arrival on its CTA's "empty" barrier
@@ -346,10 +297,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       tf_wait_prerequisite();   // the rows operand is the kernel before's output: read after it
 #endif
       int it = 0;
-      Work w;
-      int m0, n0;
-      for (int j = 0; work_at(j, first_unit, unit_step, items, full_items, pieces, kblocks,
-                              row_units, tiles_n, rank, w, m0, n0); ++j) {{
+      for (int item = first_unit; item < items; item += unit_step) {{
+        int m0, n0;
+        const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
+                               n0);
         for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
           const int s = it % STAGES;
           if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
@@ -393,10 +344,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     const unsigned a_base = tf_smem_addr(a_tiles), b_base = tf_smem_addr(b_tiles);
     float acc[G][BN / 2];
     int it = 0;
-    Work w;
-    int m0, n0;
-    for (int j = 0; work_at(j, first_unit, unit_step, items, full_items, pieces, kblocks,
-                            row_units, tiles_n, rank, w, m0, n0); ++j) {{
+    for (int item = first_unit; item < items; item += unit_step) {{
+      int m0, n0;
+      const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
+                             n0);
       for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
         const int s = it % STAGES;
         tf_mbar_wait(full + s, (it / STAGES) & 1);
@@ -438,26 +389,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
                    make_float4(acc[x][4 * g], acc[x][4 * g + 1], acc[x][4 * g + 2],
                                acc[x][4 * g + 3]));
         }}
-#if STREAM
-        const long long total = (long long)row_units * tiles_n * kblocks;
-        const int c_lo = stream_range_of((long long)w.unit * kblocks, unit_step, total);
-        const int c_hi = stream_range_of((long long)(w.unit + 1) * kblocks - 1, unit_step, total);
-        const int counter = w.unit, arrivals = c_hi - c_lo + 1;
-#else
-        const int counter = w.unit - full_items, arrivals = pieces;
-#endif
         // every consumer thread (named barrier CONSUMERS + 1; 1 … CONSUMERS are the warpgroups')
-        if (!tf_arrived_last(counters + counter * CLUSTER + rank, arrivals, CONSUMERS + 1,
-                             CONSUMERS * 128, ct == 0, last_piece))
+        if (!tf_arrived_last(counters + (w.unit - full_items) * CLUSTER + rank, pieces,
+                             CONSUMERS + 1, CONSUMERS * 128, ct == 0, last_piece))
           continue;
-        for (int p = 0; p < arrivals; ++p) {{
-#if STREAM   // range c_lo + p's slot of this unit: 2c if the unit is the range's first, else 2c + 1
-          const int slot = stream_slot(c_lo + p, unit_step, total, kblocks, w.unit);
-#else
-          const int slot = (w.unit - full_items) * pieces + p;
-#endif
-          if (slot == w.slot) continue;
-          const float4* other = (const float4*)ws + (long)(slot * CLUSTER + rank) * PART_VEC4;
+        const int first_slot = (w.unit - full_items) * pieces;
+        for (int p = 0; p < pieces; ++p) {{
+          if (first_slot + p == w.slot) continue;
+          const float4* other = (const float4*)ws + (long)((first_slot + p) * CLUSTER + rank)
+                                * PART_VEC4;
           #pragma unroll
           for (int x = 0; x < G; ++x) {{
             #pragma unroll
