@@ -21,12 +21,11 @@ from ..dsl.expr import Axis, Expr, Load, Ref
 from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
-from ..targets.cuda.hopper_gemm import epilogue_code
+from ..targets.cuda.hopper_gemm import REGISTERS, epilogue_code, setmaxnreg_share
 
 WHO = "hopper GEMM"
 BLOCK_K = 64
 MAX_SHARED = 232448          # bytes of dynamic shared memory per CTA on sm_90
-REGISTERS = 65536            # per SM
 KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast", "epilogue",
          "split_tail")
 
@@ -66,8 +65,7 @@ class GemmKnobs:
     @property
     def consumer_registers(self) -> int:
         """Registers per consumer thread after ``setmaxnreg`` (at most 240)."""
-        share = (REGISTERS - 128 * self.producer_registers) // (128 * self.consumers)
-        return min(240, share // 8 * 8)
+        return setmaxnreg_share(self.threads, self.consumers, self.producer_registers)
 
     def __str__(self) -> str:
         return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "
