@@ -27,12 +27,12 @@ from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
 from ..targets.cuda.expr import to_cuda
+from ..targets.cuda.wgmma import launch_registers, setmaxnreg_share
 from .attention_chain import AttentionChain, check_head_map, recognise_attention
 
 WHO = "hopper attention"
 KNOBS = ("block_n", "stages", "consumers", "overlap", "pingpong", "schedule", "ctas")
 SCHEDULES = ("auto", "grid", "dynamic", "snake", "split")
-REGISTERS = 65536            # per SM
 PRODUCER_REGISTERS = 24      # the producer warpgroup keeps the fewest setmaxnreg allows
 
 
@@ -72,9 +72,7 @@ class HopperKnobs:
     def consumer_registers(self) -> int:
         """Registers per consumer thread after ``setmaxnreg`` (the producer keeps
         ``PRODUCER_REGISTERS``)."""
-        share = (self.threads * self.launch_registers - 128 * PRODUCER_REGISTERS) \
-            // (128 * self.consumers)
-        return min(240, share // 8 * 8)
+        return setmaxnreg_share(self.threads, self.consumers, PRODUCER_REGISTERS)
 
     @property
     def launch_registers(self) -> int:
@@ -82,7 +80,7 @@ class HopperKnobs:
         and one CTA per SM, in steps of 8): ``setmaxnreg`` only moves registers between the
         warpgroups of this pool — a consumer asking for more than the producer gave back
         waits forever (384 × 168: the producer at 24 leaves exactly 240 to two consumers)."""
-        return min(255, REGISTERS // self.threads) // 8 * 8
+        return launch_registers(self.threads)
 
     def __str__(self) -> str:
         return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "

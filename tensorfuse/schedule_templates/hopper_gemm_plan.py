@@ -21,7 +21,8 @@ from ..dsl.expr import Axis, Expr, Load, Ref
 from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
-from ..targets.cuda.hopper_gemm import REGISTERS, epilogue_code, setmaxnreg_share
+from ..targets.cuda.hopper_gemm import epilogue_code
+from ..targets.cuda.wgmma import launch_registers, setmaxnreg_share
 
 WHO = "hopper GEMM"
 BLOCK_K = 64
@@ -263,7 +264,7 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
         raise _refuse(f"consumers={knobs.consumers}: 1, 2 or 3 warpgroups of 64 rows")
     # ptxas allocates every thread what it has at launch (65536 / threads) — or less, what
     # setmaxnreg gives the consumers: the accumulators and ~26 more must fit in that
-    budget = min(REGISTERS // knobs.threads // 8 * 8, knobs.consumer_registers)
+    budget = min(launch_registers(knobs.threads), knobs.consumer_registers)
     acc = len(plan.weights) * bn // 2
     if acc + 26 > budget:
         raise _refuse(f"{knobs} keeps {acc} accumulators per thread; with {knobs.threads} threads "

@@ -83,19 +83,6 @@ __device__ __forceinline__ void tf_mbar_arrive_cluster(unsigned long long* bar, 
 """
 
 
-REGISTERS = 65536   # per SM
-
-
-def setmaxnreg_share(threads: int, consumers: int, producer: int) -> int:
-    """Registers a consumer thread can take (``setmaxnreg.inc``, at most 240) once the producer
-    warpgroup has given its own back down to ``producer``: the CTA's registers are what its
-    threads hold at launch (the launch bounds' share, 8-aligned), and no more — an increase the
-    pool cannot cover waits forever (a 64-register producer with consumers asking for 224 of
-    the 216 there were hung the kernel on the H100, session 28)."""
-    at_launch = min(REGISTERS // threads // 8 * 8, 255 // 8 * 8)
-    return min(240, (at_launch * threads - 128 * producer) // (128 * consumers) // 8 * 8)
-
-
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
     maps (a, then each weight), the output, the tensors the epilogue reads, the sizes, the
@@ -130,11 +117,6 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
     copy (the rows operand is its output; everything the consumers write follows from it)."""
     g = len(plan.weights)
     bn = knobs.block_n
-    if knobs.consumer_registers > setmaxnreg_share(knobs.threads, knobs.consumers,
-                                                   knobs.producer_registers):
-        raise ValueError(f"{knobs}: consumers raised to {knobs.consumer_registers} registers "
-                         f"with the producer at {knobs.producer_registers}: more than the CTA "
-                         "holds at launch (setmaxnreg.inc would wait forever)")
     suffix = "_f16" if plan.dtype == "f16" else ""
     mma = f"tf_wgmma_{'kk_' if plan.b_k_major else ''}m64n{bn}k16{suffix}"
     functions = wgmma_function(bn, b_k_major=plan.b_k_major, dtype=plan.dtype)
