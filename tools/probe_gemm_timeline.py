@@ -77,9 +77,8 @@ def main(argv=None) -> int:
 
 def summarise(lines) -> None:
     """The last call's lines (from stdin): per GEMM, quantiles of each event in µs."""
-    last = [ln for ln in lines]
-    start = max(i for i, ln in enumerate(last) if ln.startswith("CALL"))
-    rows = [ln.split() for ln in last[start + 1:] if ln.startswith(("TR", "TD"))]
+    start = max(i for i, ln in enumerate(lines) if ln.startswith("CALL"))
+    rows = [ln.split() for ln in lines[start + 1:] if ln.startswith(("TR", "TD"))]
     tr = [(int(r[1]), int(r[2]), *map(int, r[3:])) for r in rows if r[0] == "TR"]
     td = {int(r[1]): int(r[2]) for r in rows if r[0] == "TD"}
     t0 = min(r[2] for r in tr if r[0] == 0)
