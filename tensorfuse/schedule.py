@@ -39,6 +39,10 @@ _READ_ONLY = {"get_sblock", "get_loops", "get", "get_child_blocks", "get_produce
               "sample_categorical", "sample_compute_location", "get_sref", "seed"}
 
 
+# templates that visit a mask's map in patches (``Schedule.tile_as``)
+TILED_TEMPLATES = ("attention", "hopper_attention")
+
+
 @dataclass
 class Step:
     description: str
@@ -213,12 +217,15 @@ class Schedule:
         template's ``tile_m``), key blocks windows of ``key_patch`` tokens placed over each
         query patch's visible keys (multiplying to ``tile_n``), each sub-map of a ``dilation``
         visited on its own. What is not given is chosen by counting blocks, as ``tf.compile``
-        does for the ``attention`` template; ``enabled=False`` keeps the flat order.
+        does for the ``attention`` template; ``enabled=False`` keeps the flat order. The
+        ``hopper_attention`` template takes it too (patches of its 64·consumers query rows and
+        block_n keys, copied as TMA boxes).
         ``sch.plan(**sizes, **scalars)`` shows the order and the share of blocks visited.
         ``sch.tile_as(patch=(8, 8), dilation=(2, 2))`` (blocks of 64 queries)"""
-        if self.template is not None and self.template[0] != "attention":
-            raise ScheduleError(f"tile_as orders the attention template's blocks; this schedule "
-                                f"has the {self.template[0]} template", user_location())
+        if self.template is not None and self.template[0] not in TILED_TEMPLATES:
+            raise ScheduleError(f"tile_as orders the blocks of the {' and '.join(TILED_TEMPLATES)}"
+                                f" templates; this schedule has the {self.template[0]} template",
+                                user_location())
         request: "dict | bool" = enabled
         if enabled:
             request = {k: tuple(int(x) for x in v) for k, v in (("patch", patch),
@@ -355,10 +362,11 @@ class Schedule:
             name, knobs = self.template
             fusion = self.fusions[0] if self.fusions else None
             records = template_records(self.program, name, fusion, self.target)
-            if self.tiling is not True and name != "attention":
-                raise ScheduleError(f"tile_as orders the attention template's blocks, not the "
+            if self.tiling is not True and name not in TILED_TEMPLATES:
+                raise ScheduleError(f"tile_as orders the blocks of the "
+                                    f"{' and '.join(TILED_TEMPLATES)} templates, not the "
                                     f"{name} template's", user_location())
-            if name == "attention":
+            if name in TILED_TEMPLATES:
                 knobs = {"tiling": self.tiling, **knobs}
             return TEMPLATES[name](self.kernel, fusion, self.target, **knobs, tuned=records)
         fixed = dict(self.dims)

@@ -11,6 +11,7 @@ ones are never loaded.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
@@ -21,11 +22,16 @@ from ..targets.cuda.hopper_attention import (ENTRY, MODES, hopper_attention_sour
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.module import KernelEntry
 from ..targets.cuda.tma import DeviceMaps, tensor_map
+from ..algebra.exprs import nodes
+from ..dsl.expr import Scalar
+from ..targets.cuda.map_tiles import view_box, view_sizes
 from .block_schedule import block_lists
 from .fusion import Fusion
-from .hopper_attention_plan import (check_hopper, plan_hopper_attention, planned_schedule,
+from .hopper_attention_plan import (HopperKnobs, check_hopper, plan_hopper_attention, planned_schedule,
                                     shared_bytes, split_workspace, with_knobs)
+from .hopper_tiling import choose_hopper_tiling, tiled_lists
 from .tile_order import pick_persistent
+from .token_tiling import mask_reads_map
 
 
 class _Lists:
@@ -36,20 +42,21 @@ class _Lists:
     favour (:func:`.tile_order.pick_persistent`) — only for masks of sizes and scalars, whose
     lists are kept: reading them back costs a synchronisation."""
 
-    def __init__(self, plan, knobs, pick_among: int | None):
-        self.plan, self.knobs = plan, knobs
+    def __init__(self, plan, knobs, pick_among: int | None, tiling=None):
+        self.plan, self.knobs, self.tiling = plan, knobs, tiling
         self.pick_among = pick_among if plan.mask is not None and not plan.tensors else None
         self.cache: dict = {}
         self.empty = None
 
     def __call__(self, values: dict, sizes: dict, device) -> tuple[tuple, str | None]:
-        """``((pn, pi, fn, fi), the persistent schedule the costs favour or None)``."""
+        """``((pn, pi, fn, fi, mask bits, their offsets), the persistent schedule the costs
+        favour or None)``; the bits (a tiled kernel's) are the lists' first entry otherwise."""
         import torch
 
         if self.plan.mask is None:
             if self.empty is None:
                 self.empty = kept_empty((1,), torch.int32, device).zero_()
-            return (self.empty,) * 4, None
+            return (self.empty,) * 6, None
         scalars = {n: values[n] for n, _ in self.plan.chain.scalars}
         key = (tuple(sorted(sizes.items())), tuple(sorted(scalars.items())), str(device),
                tuple((t, values[t].data_ptr(), values[t]._version) for t, _ in self.plan.tensors))
@@ -57,16 +64,22 @@ class _Lists:
             return self.cache[key]
         b, h, i, j = self.plan.chain.axes
         tensors = {t: values[t] for t, _ in self.plan.tensors}
-        made = block_lists(self.plan.mask, [b, h], i, j, sizes, tensors, scalars,
-                           self.knobs.block_m, self.knobs.block_n, device)
+        if self.tiling is not None:
+            made = tiled_lists(self.plan, self.tiling, sizes, scalars, self.knobs.block_m,
+                               self.knobs.block_n, device)
+            row_blocks = self.tiling.rows.padded // self.knobs.block_m
+        else:
+            made = block_lists(self.plan.mask, [b, h], i, j, sizes, tensors, scalars,
+                               self.knobs.block_m, self.knobs.block_n, device)
+            made = (*made, made[0], made[0])
+            row_blocks = math.ceil(sizes[self.plan.chain.dims[3]] / self.knobs.block_m)
         kept = kept_copies(made)
         if kept is None:
             return made, None
         favoured = None
         if self.pick_among is not None:
-            pn, _, fn, _ = kept
+            pn, _, fn = kept[:3]
             # key blocks per tile in the kernel's order: batch·head-major, last row block first
-            row_blocks = math.ceil(sizes[self.plan.chain.dims[3]] / self.knobs.block_m)
             blocks = (pn + fn).view(-1, row_blocks).flip(1).reshape(-1).tolist()
             favoured = pick_persistent(blocks, self.pick_among)
         self.cache = {key: (kept, favoured)}
@@ -77,13 +90,17 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                      stages: int | None = None, consumers: int | None = None,
                      overlap: bool | None = None, pingpong: bool | None = None,
                      schedule: str | None = None, ctas: int | None = None,
-                     tuned=None, prefill_only: bool = False) -> ClusterKernel:
+                     tiling: "dict | bool" = True, tuned=None,
+                     prefill_only: bool = False) -> ClusterKernel:
     """A callable warp-specialised attention kernel for ``kernel`` after a rolling update over the
     keys. Knobs (defaults from the plan): ``block_n`` keys per block, ``stages`` key/value slots,
     ``consumers`` warpgroups of 64 query rows, ``overlap`` (FlashAttention-3's intra-warpgroup
     pipeline), ``pingpong`` (consumers take turns on the tensor cores), ``schedule`` (``"grid"``,
     ``"dynamic"``, ``"snake"`` or ``"auto"``: how CTAs take tiles) and ``ctas`` (persistent CTAs,
-    0: one per SM). ``tuned``: the compile
+    0: one per SM). ``tiling``: the visiting order of a mask that reads the sequence as a 2-D/3-D
+    map — ``True`` chooses (query patches and key windows copied as TMA boxes, or the flat order:
+    :mod:`.hopper_tiling`), ``False`` keeps the flat order, a dict (``Schedule.tile_as``) fixes
+    ``patch``, ``key_patch``, ``dilation``. ``tuned``: the compile
     entry point's lookup of tuning records (used unless knobs are given), per sizes and the
     call's values of the scalars records are kept by. ``prefill_only``: ``tf.compile``'s use —
     prefer this kernel only for more than 64 query rows (decode goes to the split update)."""
@@ -97,17 +114,29 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                ("pingpong", pingpong), ("schedule", schedule),
                                ("ctas", ctas)) if v is not None}
     arguments = [t for _, t, _ in kernel_arguments(plan)]
+    b, h, i, j = plan.chain.axes
+    # a mask over a map: kernels are made per the values of its scalars (its width, radius…)
+    map_scalars = tuple(dict.fromkeys(n.name for n in nodes(plan.mask) if isinstance(n, Scalar))) \
+        if tiling is not False and mask_reads_map(plan.mask, (i, j)) else ()
 
     def layout(dims: dict, scalars: dict | None = None) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
         found = tuned(dims, scalars) if tuned is not None and not given else None
-        knobs = with_knobs(plan, dims, found[0] if found else given, scalars)
-        check_hopper(plan, knobs, dims, target.max_shared_memory)
-        source = hopper_attention_source(plan, knobs, D, plan.mask is not None)
-        smem = shared_bytes(knobs, D)
+        chosen = found[0] if found else given
+        knobs = with_knobs(plan, dims, chosen, scalars)
+        if map_scalars and "block_n" not in chosen and knobs.block_n & (knobs.block_n - 1):
+            knobs = replace(knobs, block_n=HopperKnobs().block_n)   # patches: powers of two
+        tiled, order = choose_hopper_tiling(plan, knobs.block_m, knobs.block_n, dims, scalars,
+                                            tiling) if map_scalars or isinstance(tiling, dict) \
+            else (None, "")
+        check_hopper(plan, knobs, dims, target.max_shared_memory, tiled is not None)
+        source = hopper_attention_source(plan, knobs, D, plan.mask is not None, tiled)
+        smem = shared_bytes(knobs, D, tiled is not None)
         entries = [KernelEntry(ENTRY, tuple(arguments))]
         maps = DeviceMaps()
-        how, ctas, tiles = planned_schedule(plan, knobs, dims)
+        row_blocks = tiled.rows.padded // knobs.block_m if tiled is not None else \
+            math.ceil(M / knobs.block_m)
+        how, ctas, tiles = planned_schedule(plan, knobs, dims, row_blocks)
         # (claimed, finished CTAs, then a count of merged pieces per split tile and consumer
         # warpgroup); the split tiles' partial states: 2 slots a piece, at most one piece a CTA
         scratch = StreamScratch([((2 + ctas * knobs.consumers,), "i32", True),
@@ -115,16 +144,25 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                   "f32", False)])
         # "auto" that came out persistent: the mask's block costs may favour the snake
         lists = _Lists(plan, knobs, ctas if knobs.schedule == "auto" and how == "dynamic"
-                       else None)
+                       else None, tiled)
+
+        if tiled is not None:   # boxes of the map: patches of queries, windows of keys
+            layout_of = tiled.cols
+            shapes = [(view_sizes(layout_of.dims, layout_of.dilation, heads, D),
+                       view_box(patch, layout_of.dilation))
+                      for heads, patch in ((B * H, tiled.rows.patch), (B * HKV, tiled.cols.patch),
+                                           (B * HKV, tiled.cols.patch))]
+        else:
+            shapes = [((B * H, M, D), (1, knobs.block_m, 64)), ((B * HKV, N, D),
+                                                                (1, knobs.block_n, 64)),
+                      ((B * HKV, N, D), (1, knobs.block_n, 64))]
 
         def tensor_maps(q, k, v, device):
             """TMA maps of q, k and v in one device buffer, made once per set of addresses."""
             key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
-            return maps.get(key, lambda: (
-                tensor_map(key[0], (B * H, M, D), (1, knobs.block_m, 64), plan.dtype)
-                + tensor_map(key[1], (B * HKV, N, D), (1, knobs.block_n, 64), plan.dtype)
-                + tensor_map(key[2], (B * HKV, N, D), (1, knobs.block_n, 64), plan.dtype)),
-                device)
+            return maps.get(key, lambda: b"".join(
+                tensor_map(address, sizes, box, plan.dtype)
+                for address, (sizes, box) in zip(key, shapes)), device)
 
         def run(module, values, out, device):
             c = plan.chain
@@ -133,15 +171,15 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                 raise TargetError("the hopper_attention template writes its output in 16-byte "
                                   "pieces: the output must start at a 16-byte aligned address "
                                   "(pass a contiguous tensor, not an offset view)")
-            (pn, pi, fn, fi), favoured = lists(values, dims, device)
+            (pn, pi, fn, fi, bits, bits_at), favoured = lists(values, dims, device)
             tensors = [pointer(values[t]) for t, _ in plan.tensors]
             scalars = [values[n] for n, _ in c.scalars]
             now = favoured or how
-            grid = (math.ceil(M / knobs.block_m), B * H) if now == "grid" else (ctas, 1)
+            grid = (row_blocks, B * H) if now == "grid" else (ctas, 1)
             counters, work = scratch(device) if now in ("dynamic", "split") else (pn, pn)
             module[ENTRY](pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
                           pointer(out), pointer(lse), pointer(pn), pointer(pi), pointer(fn),
-                          pointer(fi),
+                          pointer(fi), pointer(bits), pointer(bits_at),
                           pointer(counters), pointer(work), MODES[now], *tensors, B, H, HKV, M, N,
                           *(dims[d] for d in plan.extra_sizes), *scalars,
                           *grid, knobs.threads, 1, smem)
@@ -149,7 +187,9 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         persistent = (" (or the snake, where the block lists' costs favour it)"
                       if lists.pick_among is not None else "")
         return Launches(source, entries, knobs, run, plan=plan,
-                        why=f"{tiles} tiles: {how} schedule"
+                        why=(f"visiting order: {tiled.describe()}; " if tiled else
+                             f"flat order ({order}); " if order else "")
+                        + f"{tiles} tiles: {how} schedule"
                         + (f" on {ctas} persistent CTAs" if how != "grid" else "") + persistent,
                         origin=f"hopper_attention tuned record ({found[1]})" if found else None)
 
@@ -157,4 +197,6 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
     return ClusterKernel(program, target, layout, f"hopper_attention ({fusion.describe()})",
                          origin="hopper_attention template defaults",
                          preferred=(lambda dims: dims[rows] > 64) if prefill_only else None,
-                         keyed_scalars=getattr(tuned, "scalar_names", ()) if not given else ())
+                         keyed_scalars=tuple(dict.fromkeys(
+                             (getattr(tuned, "scalar_names", ()) if not given else ())
+                             + map_scalars)))

@@ -27,7 +27,7 @@ from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
 from ..targets.cuda.expr import to_cuda
-from ..targets.cuda.wgmma import launch_registers, setmaxnreg_share
+from ..targets.cuda.wgmma import fragment_bit_words, launch_registers, setmaxnreg_share
 from .attention_chain import AttentionChain, check_head_map, recognise_attention
 
 WHO = "hopper attention"
@@ -161,12 +161,15 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
     return plan
 
 
-def shared_bytes(knobs: HopperKnobs, D: int) -> int:
-    """Dynamic shared memory: the queries, ``stages`` key and value slots, the mbarriers (the
-    queries', four per slot, the queries' release, two tile slots' full and free), the two
-    claimed items (tile, first key block, key blocks) and the consumers' merge flags, plus 1 KiB
-    for aligning the 128-byte-swizzled tiles."""
+def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False) -> int:
+    """Dynamic shared memory: the queries, ``stages`` key and value slots (``tiled``: and the
+    slots of the partial blocks' mask bits, one bit per score), the mbarriers (the queries', four
+    per slot, the queries' release, two tile slots' full and free), the two claimed items (tile,
+    first key block, key blocks) and the consumers' merge flags, plus 1 KiB for aligning the
+    128-byte-swizzled tiles."""
     tiles = knobs.block_m * D * 2 + 2 * knobs.stages * knobs.block_n * D * 2
+    if tiled:
+        tiles += knobs.stages * knobs.consumers * fragment_bit_words(knobs.block_n) * 128 * 4
     return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 48 + 1024
 
 
@@ -244,7 +247,7 @@ def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
 
 
 def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
-                 max_shared: int) -> None:
+                 max_shared: int, tiled: bool = False) -> None:
     """Refuse sizes and knobs the kernel cannot run, saying which."""
     B, H, HKV, M, N, D = (sizes[d] for d in plan.chain.dims)
     if D not in (64, 128, 256):
@@ -266,7 +269,7 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
         raise _refuse(f"ctas={knobs.ctas}: a count of persistent CTAs (0: one per SM)")
     if knobs.stages not in (2, 3, 4):
         raise _refuse(f"stages={knobs.stages}: 2, 3 or 4 key/value slots")
-    need = shared_bytes(knobs, D)
+    need = shared_bytes(knobs, D, tiled)
     if need > max_shared:
         raise _refuse(f"{knobs} at head dim {D} needs {need} bytes of shared memory; the GPU has "
                       f"{max_shared}: use fewer stages or a smaller block_n")
@@ -337,13 +340,14 @@ def schedule_for(knobs: HopperKnobs, tiles: int, sms: int,
     return schedule, (tiles if schedule == "grid" else ctas)
 
 
-def planned_schedule(plan: HopperAttentionPlan, knobs: HopperKnobs,
-                     sizes: dict) -> tuple[str, int, int]:
+def planned_schedule(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
+                     row_blocks: int | None = None) -> tuple[str, int, int]:
     """``(schedule, CTAs, tiles)`` of ``knobs`` at ``sizes`` on the local GPU (an H100's 132 SMs
-    where there is none): :func:`schedule_for` on this call's tile count."""
+    where there is none): :func:`schedule_for` on this call's tile count. ``row_blocks``: per
+    head, where a tiled order pads the rows (default: the rows in blocks)."""
     from ..targets.cuda.module import local_gpu
 
     B, H, _, M = (sizes[d] for d in plan.chain.dims[:4])
-    tiles = math.ceil(M / knobs.block_m) * B * H
+    tiles = (row_blocks or math.ceil(M / knobs.block_m)) * B * H
     gpu = local_gpu()
     return schedule_for(knobs, tiles, gpu[1] if gpu else 132, plan.mask is not None) + (tiles,)

@@ -60,10 +60,11 @@ from .dsm import HELPERS as DSM_HELPERS
 from .expr import (converted_indices, forwarded, scalar_arguments, size_aliases,
                    tensor_arguments, to_cuda)
 from .split import HELPERS as SPLIT_HELPERS
+from .map_tiles import corner_function, position_function, tma_load_call, view_rank
 from .tma import HELPERS as TMA_HELPERS
-from .tma import HELPERS_3D, MBARRIER_HELPERS
+from .tma import BULK_HELPERS, HELPERS_3D, MBARRIER_HELPERS, load_helper
 from .wgmma import HELPERS as WGMMA_HELPERS
-from .wgmma import wgmma_function
+from .wgmma import fragment_bit_words, wgmma_function
 
 ENTRY = "tf_hopper_attention"
 # how CTAs take tiles (the kernel's ``mode`` argument)
@@ -143,12 +144,15 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     maps, the output, the log-sum-exp output (written where the plan has one: ``LSE``), the
     block lists, the tile counters, the split tiles' workspace and the scheduling mode, tensors
     the score or mask read, the sizes (the chain's, then the others the score or mask reads),
-    the scalars."""
+    the scalars. ``mbits``/``mbits_off``: a tiled kernel's partial blocks' mask bits (unused
+    otherwise)."""
     lists = "const int* __restrict__"
     args = [("maps", "handle", "const void*"), ("out", "handle", "void*"),
             ("lse_out", "handle", "float* __restrict__"),
             ("pn", "handle", lists), ("pi", "handle", lists), ("fn", "handle", lists),
-            ("fi", "handle", lists), ("counters", "handle", "int* __restrict__"),
+            ("fi", "handle", lists),
+            ("mbits", "handle", "const unsigned* __restrict__"), ("mbits_off", "handle", lists),
+            ("counters", "handle", "int* __restrict__"),
             ("work", "handle", "float4* __restrict__"), ("mode", "int32", "int")]
     return args + tensor_arguments(plan.tensors) + \
         [(d, "int32", "int") for d in ("B_", "H_", "HKV_", "M_", "N_")] + \
@@ -190,13 +194,25 @@ def _expressions(plan) -> tuple[str, str, str]:
     return score, masked, scale
 
 
-def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
+def _tiled_functions(tiling) -> str:
+    """A tiled kernel's map arithmetic (``tf_map_corner``, ``tf_row_token``); nothing without."""
+    if tiling is None:
+        return ""
+    return corner_function("tf_map_corner", tiling.cols) + \
+        position_function("tf_row_token", tiling.rows)
+
+
+def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None) -> str:
     """CUDA C++ for ``tf_hopper_attention``: grid (row blocks, B·H) in ``GRID`` mode, else
     (persistent CTAs, 1), ``knobs.threads`` threads,
     dynamic shared memory ``hopper_attention_plan.shared_bytes``. ``lists``: the row blocks'
     key blocks come from the block schedule (``pn``/``pi`` partial, ``fn``/``fi`` full) — a masked
     plan; otherwise every key block, none of them masked but the ragged last one. Sizes B, H, HKV,
-    M, N are kernel arguments: one cubin serves every shape with this head dim."""
+    M, N are kernel arguments: one cubin serves every shape with this head dim — except with a
+    ``tiling`` (``schedule_templates.hopper_tiling.HopperTiling``): the queries are visited in
+    patches of a 2-D/3-D map and the keys in windows of it, both copied as boxes of the map
+    (:mod:`.map_tiles`); the partial blocks' mask comes as bits per element (``mbits``), copied
+    with the keys, and the cubin is made for that map."""
     chain = plan.chain
     elem, pair, pack = _TYPES[plan.dtype]
     header = "#include <cuda_bf16.h>\n" if plan.dtype == "bf16" else "#include <cuda_fp16.h>\n"
@@ -209,7 +225,10 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
     args = kernel_arguments(plan)
     params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
     # what the score and mask may read: tensors, sizes, scalars
-    extra_params, extra_args = forwarded(args[10:])
+    first_extra = [n for n, _, _ in args].index("mode") + 1
+    extra_params, extra_args = forwarded(args[first_extra:])
+    tiled = tiling is not None
+    rank = view_rank(tiling.cols.dims, tiling.cols.dilation) if tiled else 3
     score, masked, scale = _expressions(plan)
     sizes = size_aliases(zip(chain.dims, ("B_", "H_", "HKV_", "M_", "N_", "D_")))
     return f"""{header}#include <math.h>
@@ -218,8 +237,10 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
 {MBARRIER_HELPERS}
 {TMA_HELPERS}
 {SPLIT_HELPERS}
-{HELPERS_3D}
+{HELPERS_3D if not tiled or rank == 3 else load_helper(rank)}
+{BULK_HELPERS if tiled else ""}
 {functions}
+{_tiled_functions(tiling)}
 #define D_ {D}
 #define BM {knobs.block_m}
 #define BN {bn}
@@ -239,6 +260,12 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool) -> str:
 #define TURN_END
 #endif
 #define LISTS {int(lists)}
+// queries in patches of a map, keys in windows of it (their mask as bits per element)
+#define TILED {int(tiled)}
+#define TILED_ROW_BLOCKS {tiling.rows.padded // knobs.block_m if tiled else 0}
+#define WINDOWS {tiling.cols.bound if tiled else 0}   // list entries per row block
+#define MASK_WORDS {fragment_bit_words(bn)}              // a consumer thread's bits of a block
+#define MASK_BYTES (TILED ? CONSUMERS * MASK_WORDS * 128 * 4 : 0)
 // a tile's output stores wait for the next tile's first q·kᵀ (registers allow it up to D = 128)
 #define DEFER (D_ <= 128)
 #define LSE {int(bool(chain.lse))}   // write each row's log-sum-exp (natural log) to lse_out
@@ -289,7 +316,7 @@ __device__ __forceinline__ unsigned long long vmajor_desc(unsigned tile, int ks)
 // column 8·(r/4) + 2·(l%4) + r%2.
 template <bool MASKED>
 __device__ __forceinline__ void score_block(float (&s)[BN / 2], int row_lo, int n0, int b, int h,
-    int lane, float scale2{extra_params}) {{
+    int lane, const unsigned (&mw)[MASK_WORDS], float scale2{extra_params}) {{
   const int i0_ = row_lo, j0_ = n0 + 2 * (lane % 4);   // the fragment's first row and column
   #pragma unroll
   for (int r = 0; r < BN / 2; ++r) {{
@@ -298,7 +325,11 @@ __device__ __forceinline__ void score_block(float (&s)[BN / 2], int row_lo, int 
     const int j_ = j0_ + dj_;
     const float qk = s[r];
     float v = {score};
+#if TILED
+    if (MASKED) v = ((mw[r / 32] >> (r % 32)) & 1u) ? v : -INFINITY;
+#else
 {masked}
+#endif
     s[r] = v;
   }}
 }}
@@ -380,7 +411,7 @@ __device__ __forceinline__ Tile tile_at(int t, int row_blocks, const int* pn, co
   w.kv = (w.bh / H_) * HKV_ + (w.bh % H_) / (H_ / HKV_);
 #if LISTS
   const int at = w.bh * row_blocks + w.rb;
-  w.base = (unsigned)at * (unsigned)((N_ + BN - 1) / BN);
+  w.base = (unsigned)at * (unsigned)(TILED ? WINDOWS : (N_ + BN - 1) / BN);
   w.n_partial = pn[at];
   w.count = pn[at] + fn[at];
 #else
@@ -463,7 +494,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   unsigned char* q_tile = smem;
   unsigned char* k_tiles = smem + Q_BYTES;
   unsigned char* v_tiles = k_tiles + STAGES * KV_BYTES;
-  unsigned long long* bars = (unsigned long long*)(v_tiles + STAGES * KV_BYTES);
+  unsigned char* mask_tiles = v_tiles + STAGES * KV_BYTES;   // TILED: the partial blocks' bits
+  unsigned long long* bars = (unsigned long long*)(mask_tiles + STAGES * MASK_BYTES);
   unsigned long long* bar_q = bars;
   unsigned long long* full_k = bars + 1;
   unsigned long long* full_v = full_k + STAGES;
@@ -478,7 +510,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   const void* k_map = (const char*)maps + 128;
   const void* v_map = (const char*)maps + 256;
 
-  const int row_blocks = (M_ + BM - 1) / BM;
+  const int row_blocks = TILED ? TILED_ROW_BLOCKS : (M_ + BM - 1) / BM;
   const int tiles = row_blocks * B_ * H_;
   // key blocks of an unmasked tile, and the split tiles (computed where used: the consumers
   // keep no registers for them through the loop)
@@ -533,24 +565,54 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
 #endif
           if (k >= 1) tf_mbar_wait(q_free, (k - 1) & 1);
           tf_mbar_expect(bar_q, Q_BYTES);
+#if TILED
+          int qc[{rank - 1}];
+          bool q_ok;
+          tf_map_corner(tf_row_token(w.rb * BM, q_ok), w.bh, qc);
+#endif
           #pragma unroll
           for (int a = 0; a < ATOMS; ++a)
+#if TILED
+            {tma_load_call(rank, "q_tile + a * BM * 128", "q_map", "a * 64", "qc", "bar_q")};
+#else
             tf_tma_load_3d(q_tile + a * BM * 128, q_map, a * 64, w.rb * BM, w.bh, bar_q);
+#endif
           for (int it = 0; it < w.count; ++it) {{
             const int u = use + it, s = u % STAGES;
+#if TILED
+            int kc[{rank - 1}];
+            tf_map_corner(key_block(w, it, pi, fi), w.kv, kc);   // the window's origin
+            const bool bits = it < w.n_partial;
+#else
             const int n0 = key_block(w, it, pi, fi) * BN;
+            const bool bits = false;
+#endif
             if (u >= STAGES) tf_mbar_wait(empty_k + s, ((u / STAGES) - 1) & 1);
-            tf_mbar_expect(full_k + s, KV_BYTES);
+            tf_mbar_expect(full_k + s, KV_BYTES + (bits ? MASK_BYTES : 0));
             #pragma unroll
             for (int a = 0; a < ATOMS; ++a)
+#if TILED
+              {tma_load_call(rank, "k_tiles + s * KV_BYTES + a * BN * 128", "k_map", "a * 64",
+                             "kc", "full_k + s")};
+            if (bits)
+              tf_bulk_load(mask_tiles + s * MASK_BYTES,
+                           mbits + (size_t)(mbits_off[w.rb] + it) * (MASK_BYTES / 4), MASK_BYTES,
+                           full_k + s);
+#else
               tf_tma_load_3d(k_tiles + s * KV_BYTES + a * BN * 128, k_map, a * 64, n0, w.kv,
                              full_k + s);
+#endif
             if (u >= STAGES) tf_mbar_wait(empty_v + s, ((u / STAGES) - 1) & 1);
             tf_mbar_expect(full_v + s, KV_BYTES);
             #pragma unroll
             for (int a = 0; a < ATOMS; ++a)
+#if TILED
+              {tma_load_call(rank, "v_tiles + s * KV_BYTES + a * BN * 128", "v_map", "a * 64",
+                             "kc", "full_v + s")};
+#else
               tf_tma_load_3d(v_tiles + s * KV_BYTES + a * BN * 128, v_map, a * 64, n0, w.kv,
                              full_v + s);
+#endif
           }}
           use += w.count;
         }}
@@ -578,9 +640,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   float m[2], l[2], corr[2];
   float s[BN / 2];
   uint4 p[BN / 16];
+  unsigned mw[MASK_WORDS];   // TILED: this thread's mask bits of the block in s
   int use = 0;   // key/value blocks consumed in earlier tiles (the ring's slot and phase)
 
-#define SCORE_ARGS scale2{extra_args}
+#define SCORE_ARGS mw, scale2{extra_args}
 #define SLOT(it) ((use + (it)) % STAGES)
 #define PHASE(it) (((use + (it)) / STAGES) & 1)
   // q·kᵀ of block `it` into s (issued, not waited for)
@@ -607,16 +670,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
 #define SOFTMAX(it)                                                                         \
   {{                                                                                          \
     const int n0 = key_block(w, it, pi, fi) * BN;                                                    \
-    if ((it) < w.n_partial || n0 + BN > N_)                                             \
+    if ((it) < w.n_partial || (!TILED && n0 + BN > N_))                                 \
       score_block<true>(s, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);               \
     else                                                                                      \
       score_block<false>(s, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);              \
     softmax_block(s, m, l, corr, scale2);                                                     \
   }}
   // block `it`'s q·kᵀ has landed: after the tile's last one the query tile may be reloaded
+  // (a partial block's mask bits are read before its slot is released)
 #define S_LANDED(it)                                                                        \
   {{                                                                                          \
     tf_fence_regs(s);                                                                         \
+    if (TILED && (it) < w.n_partial) {{                                                        \
+      const unsigned* bits = (const unsigned*)(mask_tiles + SLOT(it) * MASK_BYTES) +          \
+                             cw * MASK_WORDS * 128 + t;                                         \
+      _Pragma("unroll") for (int x = 0; x < MASK_WORDS; ++x) mw[x] = bits[128 * x];           \
+    }}                                                                                         \
     tf_mbar_arrive(empty_k + SLOT(it));                                                       \
     if ((it) == w.count - 1) tf_mbar_arrive(q_free);                                    \
   }}
@@ -750,7 +819,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           a[j] = tf_pack(o[4 * (4 * g + j) + 2 * x] * inv, o[4 * (4 * g + j) + 2 * x + 1] * inv);
         pending[x][g] = tf_quad_transpose(a, lane);
       }}
+#if TILED
+      bool ok;
+      const int token = tf_row_token(row, ok);   // row: a position of the tiled order
+      pending_at[x] = keep && ok ? ((long)w.bh * M_ + token) * D_ : -1;
+#else
       pending_at[x] = keep && row < M_ ? ((long)w.bh * M_ + row) * D_ : -1;
+#endif
       // m and l are in base 2 of the score: ln Σ e^s = (m + log2 l) · ln 2; −inf when empty
       pending_lse[x] = (m[x] + log2f(l[x])) * 0.6931471805599453f;
     }}

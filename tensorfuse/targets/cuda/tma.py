@@ -66,14 +66,35 @@ __device__ __forceinline__ void tf_tma_load_2d(void* dst, const void* map, int c
 }
 """
 
-HELPERS_3D = r"""
-// Box at (c0, c1, c2), innermost first, of a 3-D tensor map.
-__device__ __forceinline__ void tf_tma_load_3d(void* dst, const void* map, int c0, int c1, int c2,
-                                               unsigned long long* bar) {
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4}], [%5];"
-               :: "r"(tf_smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2),
+def load_helper(rank: int) -> str:
+    """``tf_tma_load_{rank}d(dst, map, c0, …, bar)``: the box at coordinates ``c0 …`` (innermost
+    first) of a ``rank``-D tensor map into shared memory, counted on ``bar``."""
+    coords = ", ".join(f"int c{k}" for k in range(rank))
+    operands = ", ".join(f"%{k + 2}" for k in range(rank))
+    inputs = ", ".join(f'"r"(c{k})' for k in range(rank))
+    return f"""
+// Box at (c0, …, c{rank - 1}), innermost first, of a {rank}-D tensor map.
+__device__ __forceinline__ void tf_tma_load_{rank}d(void* dst, const void* map, {coords},
+                                               unsigned long long* bar) {{
+  asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {{{operands}}}], [%{rank + 2}];"
+               :: "r"(tf_smem_addr(dst)), "l"(map), {inputs},
                   "r"(tf_smem_addr(bar)) : "memory");
+}}
+"""
+
+
+HELPERS_3D = load_helper(3)
+
+# A contiguous piece of global memory (a multiple of 16 bytes, 16-byte aligned at both ends) into
+# shared memory, counted on an mbarrier like the tensor copies.
+BULK_HELPERS = r"""
+__device__ __forceinline__ void tf_bulk_load(void* dst, const void* src, unsigned bytes,
+                                             unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1], %2, [%3];"
+               :: "r"(tf_smem_addr(dst)), "l"(src), "r"(bytes), "r"(tf_smem_addr(bar))
+               : "memory");
 }
 """
 

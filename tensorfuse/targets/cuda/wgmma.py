@@ -121,3 +121,28 @@ def wgmma_function(n: int, a_in_registers: bool = False, b_k_major: bool = False
             f'               "{{{slots}}}, {a_slot}, %{regs + n_a}, p, {flags};\\n}}\\n"\n'
             f'               : {outs}\n'
             f'               : {ins}, "l"(db), "r"(accumulate));\n}}\n')
+
+
+def fragment_bit_words(block_n: int) -> int:
+    """32-bit words holding one bit per element of a thread's ``m64nN`` accumulator
+    (``block_n / 2`` elements)."""
+    return -(-block_n // 64)
+
+
+def fragment_elements(block_m: int, block_n: int):
+    """Which element of a ``block_m × block_n`` tile each bit of the consumers' per-thread words
+    stands for: ``(rows, cols)``, int arrays of shape ``[block_m / 64, words, 128, 32]``
+    (warpgroup, word, thread, bit), −1 past the fragment. Element ``r`` of thread ``t``'s
+    accumulator (warp ``w = t / 32``, lane ``l``) is row ``16w + l/4 + 8·((r%4)/2)`` of its
+    warpgroup's 64 and column ``8·(r/4) + 2·(l%4) + r%2``; it is bit ``r % 32`` of word ``r / 32``."""
+    import numpy as np
+
+    words = fragment_bit_words(block_n)
+    cw, word, t, bit = np.meshgrid(np.arange(block_m // 64), np.arange(words), np.arange(128),
+                                   np.arange(32), indexing="ij")
+    r = 32 * word + bit
+    lane = t % 32
+    rows = 64 * cw + 16 * (t // 32) + lane // 4 + 8 * ((r % 4) // 2)
+    cols = 8 * (r // 4) + 2 * (lane % 4) + r % 2
+    past = r >= block_n // 2
+    return np.where(past, -1, rows), np.where(past, -1, cols)

@@ -20,6 +20,7 @@ from ...algebra.schemes import EXTRAPOLATION
 from ...dsl.evaluate import evaluate_plain
 from ...dsl.expr import Axis, Expr, Load, Ref, Symbol, Where, walk
 from ...dsl.program import Compute
+from ..index_text import IndexText as _Index
 from .expr import HELPERS, TL_DTYPES, TileContext, fresh_memo, literal, to_triton
 
 REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
@@ -34,32 +35,6 @@ PREFETCH = True
 # layernorm over 65536 columns (its weight and bias beside the rows: 74 -> 67 %)
 # (benchmarks/rows_sweep.py, RESULTS.md session 15). True / False: always / never (measuring)
 EVICTION = None
-
-
-class _Index:
-    """Source text of an integer index tensor, with the operators a token tiling's arithmetic
-    uses (``schedule_templates.token_tiling``: positions are never negative, so Triton's
-    truncating ``//`` and ``%`` are the floor ones)."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    @staticmethod
-    def _text(x) -> str:
-        return x.text if isinstance(x, _Index) else str(x)
-
-    def _op(self, op: str, other, swap: bool = False) -> "_Index":
-        a, b = (self._text(other), self.text) if swap else (self.text, self._text(other))
-        return _Index(f"({a} {op} {b})")
-
-    def __floordiv__(self, o): return self._op("//", o)
-    def __mod__(self, o): return self._op("%", o)
-    def __mul__(self, o): return self._op("*", o)
-    def __rmul__(self, o): return self._op("*", o, True)
-    def __add__(self, o): return self._op("+", o)
-    def __radd__(self, o): return self._op("+", o, True)
-    def __lt__(self, o): return self._op("<", o)
-    def __and__(self, o): return self._op("&", o)
 
 
 class _Writer:
@@ -150,9 +125,9 @@ def kernel_source(plan, knobs, name: str,
                 w(f"ok_m = {ok.text}")
         if windows is not None:   # a key block's tokens from its origin
             offset, steps = windows.offsets(_Index("tl.arange(0, BLOCK_N)"))
-            w(f"koff_n = {_Index._text(offset)}")
+            w(f"koff_n = {_Index.of(offset)}")
             for k, step in enumerate(steps):
-                w(f"kstep_{k} = {_Index._text(step)}")
+                w(f"kstep_{k} = {_Index.of(step)}")
         if plan.fold is not None:  # rows are (head in group, query): h = group·G + r // M
             a, g = plan.fold
             per = plan.sizes_of(plan.row)
