@@ -7,10 +7,11 @@ dense attention of the same run (``tf.compile``, full mask) is the ceiling the f
     python -m benchmarks.neighborhood --csv out.csv [--quick]
     python -m benchmarks.neighborhood --csv out.csv --tune 24 --only 64x64/k15,3d   # + tuning
 
-Implementations: ``tensorfuse`` (``tf.compile`` defaults: the attention template with its
-visiting order chosen), ``tensorfuse_flat`` (the same template in the flat order),
-``tensorfuse_n128`` (tiled, key blocks of 128 instead of the default 64),
-``tensorfuse_hopper`` (the Hopper template, flat order), ``flex_attention``.
+Implementations: ``tensorfuse`` (``tf.compile`` defaults), ``tensorfuse_triton`` (the attention
+template, Triton, its visiting order chosen), ``tensorfuse_flat`` (the same in the flat order),
+``tensorfuse_hopper`` (the Hopper template, its visiting order chosen: patches copied as TMA boxes),
+``tensorfuse_hopper_64`` (the same with 64 query rows and 64-key windows),
+``tensorfuse_hopper_flat`` (the Hopper template in the flat order), ``flex_attention``.
 """
 from __future__ import annotations
 
@@ -82,9 +83,9 @@ def triton_template(kernel, tiling, **knobs):
     return sch.apply_template("attention", **knobs).tile_as(enabled=tiling).compile()
 
 
-def hopper_template(kernel):
+def hopper_template(kernel, tiling=True, **knobs):
     sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
-    return sch.apply_template("hopper_attention").compile()
+    return sch.apply_template("hopper_attention", **knobs).tile_as(enabled=tiling).compile()
 
 
 def tune_case(kernel, S: int, scalars: dict, trials: int, log=print) -> None:
@@ -118,9 +119,12 @@ def run(quick: bool, log=print, tune: int = 0, only: str = "", csv: str = "") ->
         case = make(name, S, scalars, mask_mod)
         impls = {"tensorfuse": tf.compile(kernel)}
         if not tune:
-            impls.update({"tensorfuse_flat": triton_template(kernel, False),
-                          "tensorfuse_n128": triton_template(kernel, True, tile_n=128),
-                          "tensorfuse_hopper": hopper_template(kernel)})
+            impls.update({"tensorfuse_triton": triton_template(kernel, True),
+                          "tensorfuse_flat": triton_template(kernel, False),
+                          "tensorfuse_hopper": hopper_template(kernel),
+                          "tensorfuse_hopper_64": hopper_template(kernel, consumers=1,
+                                                                  block_n=64),
+                          "tensorfuse_hopper_flat": hopper_template(kernel, False)})
         found = {}
         for label, f in list(impls.items()) + [("tensorfuse_tuned", None)] * bool(tune):
             if f is None:   # after the defaults were built and timed
@@ -149,6 +153,8 @@ def run(quick: bool, log=print, tune: int = 0, only: str = "", csv: str = "") ->
         line = [f"{name} density {case.density:.4f}"]
         for label, (ms, note) in found.items():
             rate = case.flops / ms / 1e9
+            if label.startswith("tensorfuse_hopper"):   # its order and schedule
+                note += "; " + impls[label].launches(scalars, B=B, H=H, M=S, N=S, D=D).why
             rows.append(Row(name, case.shape, label, ms, rate, 0.0, rate / dense_rate[S],
                             note + (f"; {how}" if label == "tensorfuse" else "")))
             line.append(f"{label} {ms:.3f} ms {rate:.0f} TF ({flex_ms / ms:.2f}x flex, "

@@ -219,3 +219,39 @@ def test_view_of_a_dilated_map_is_five_dimensional():
     assert view_sizes((16, 32, 32), (1, 1, 1), 4, 64) == (64, 32, 32, 64)
     with pytest.raises(ScheduleError, match="at most 5"):
         view_sizes((4, 8, 8), (2, 2, 2), 1, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [128, 64])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_tiled_kernels_match_float64_on_the_gpu(case, D):
+    """Each case on the H100 through ``tf.compile``'s Hopper template with the case's blocks and
+    order: output poisoned with NaN, called twice (the persistent schedule's counters reset
+    themselves), normal and wide-range inputs, within bf16 tolerance of float64 everywhere."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    from benchmarks.hopper_attention import TOLERANCE
+
+    name, kernel, B, H, S, scalars, block_m, block_n, request = case
+    sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
+    sch.apply_template("hopper_attention", consumers=block_m // 64, block_n=block_n)
+    if isinstance(request, dict):
+        sch.tile_as(**request)
+    f = sch.compile()
+    assert "visiting order: queries" in f.launches(scalars, B=B, H=H, M=S, N=S, D=D).why
+    rng = np.random.default_rng(D)
+    for spread in (1.0, 8.0):
+        tensors, values = random_inputs(kernel, dict(B=B, H=H, M=S, N=S, D=D), rng, scalars)
+        tensors = {n: x * (spread if n in ("q", "k") else 1.0) for n, x in tensors.items()}
+        args = {n: torch.as_tensor(np.asarray(x, dtype=np.float32)).to("cuda", torch.bfloat16)
+                for n, x in tensors.items()}
+        exact = {n: np.asarray(x.float().cpu(), dtype=np.float64) for n, x in args.items()}
+        want = reference(kernel, exact, values)   # of the bf16-rounded inputs
+        for _ in range(2):
+            out = torch.full((B, H, S, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+            f(**args, **values, out=out)
+            torch.cuda.synchronize()
+            got = out.double().cpu().numpy()
+            assert not np.isnan(got).any(), f"{name}: rows left unwritten"
+            assert relative_error(got, want) <= TOLERANCE["bf16"], (name, spread)
