@@ -107,19 +107,27 @@ class AutoKernel(GraphCallable):
         self._fits: dict = {}
         self._by_shapes: dict = {}
         self._fast: dict = {}   # signature key -> the chosen kernel's FastCall, where it has one
+        # scalars whose values decide whether a native template runs a call (a map's width,
+        # radius, dilation: whether its patches fit TMA boxes): part of the choice's key
+        choice = dict.fromkeys(n for k in self.ahead for n in getattr(k, "choice_scalars", ()))
+        names = [p.name for p in self.program.params]
+        self._choice_at = tuple((n, names.index(n)) for n in choice)
 
     def __repr__(self) -> str:
         return f"<AutoKernel {self.program.name} for {self.target.name}: {self.description}>"
 
-    def for_sizes(self, **dims):
-        """The kernel used at these sizes: the first of the native templates (``ahead``) that
-        fits them and prefers them, else the Triton template where it fits, else the default
-        schedule."""
-        key = tuple(sorted(dims.items()))
+    def for_sizes(self, scalars: dict | None = None, **dims):
+        """The kernel used at these sizes (scalar values may be given by name among them, or as
+        ``scalars``): the first of the native templates (``ahead``) that fits them and prefers
+        them, else the Triton template where it fits, else the default schedule."""
+        dims, named = split_scalars(self.program, dims)
+        scalars = {**(named or {}), **(scalars or {})}
+        chosen_by = tuple((n, scalars.get(n)) for n, _ in self._choice_at)
+        key = tuple(sorted(dims.items())) + chosen_by
         if key not in self._fits:
             from .errors import TargetError
 
-            found = next((k for k in self.ahead if k.fits(**dims)), None)
+            found = next((k for k in self.ahead if k.fits(scalars or None, **dims)), None)
             if found is None:
                 try:
                     self.template.build(**dims)
@@ -133,20 +141,29 @@ class AutoKernel(GraphCallable):
         """The kernel for this call, decided once per signature (this runs on every call: it only
         looks at the arguments' kinds when it has seen them before), and the signature's key."""
         if key is False:
-            key = signature_key(args, kwargs)
+            key = self._key(args, kwargs)
         chosen = self._by_shapes.get(key) if key is not None else None
         if chosen is None:
             self.target.device()  # a missing GPU is the first thing to report
             kind = "cpu" if self.target.kind == "llvm" else self.target.kind
-            chosen = self.for_sizes(**bind_call(self.program, args, kwargs, kind).dims)
+            bound = bind_call(self.program, args, kwargs, kind)
+            chosen = self.for_sizes(bound.scalars, **bound.dims)
             if key is not None:
                 self._by_shapes[key] = chosen
         return chosen, key
 
+    def _key(self, args: tuple, kwargs: dict) -> tuple | None:
+        """The call's signature key, with the values of the scalars that decide the kernel."""
+        key = signature_key(args, kwargs)
+        if key is None or not self._choice_at:
+            return key
+        return key + tuple(kwargs[n] if n in kwargs else args[i] if i < len(args) else None
+                           for n, i in self._choice_at)
+
     def invoke(self, key, args: tuple, kwargs: dict):
         """A call (``key``: its signature key, ``False`` when not made yet)."""
-        if key is False:
-            key = signature_key(args, kwargs)
+        if key is False or self._choice_at:
+            key = self._key(args, kwargs)
         fast = self._fast.get(key)
         if fast is not None:          # a signature seen before: straight to its launches
             done = fast(args, kwargs)
@@ -172,7 +189,7 @@ class AutoKernel(GraphCallable):
         """Whether these sizes run on template defaults or a tuned record; scalar values given by
         name among them (a window, a prefix length) pick the record kept for those values."""
         sizes, _ = split_scalars(self.program, dims)
-        chosen = self.for_sizes(**sizes)
+        chosen = self.for_sizes(**dims)
         return chosen.schedule_origin(**(sizes if chosen is self.fallback else dims))
 
     def benchmark(self, *args, **kwargs) -> float:

@@ -14,7 +14,7 @@ from .hopper_attention import hopper_attention
 from .hopper_ffn import hopper_ffn
 from .hopper_gemm import hopper_gemm
 from .rolling_update import CPU_CHUNK, DEFAULT_CHUNK
-from .tile_plan import TilePlanner, plan_rowtile
+from .tile_plan import plan_rowtile
 
 
 def choose(program: Program, target: TargetSpec):
@@ -71,17 +71,16 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) 
     32 rows two of them (the activation in the first's epilogue) and fewer rows the cluster
     template (the intermediate kept in the cluster's shared memory); softmax attention gets the
     warp-specialised Hopper template for prefill (more than 64 query rows; fewer go to the Triton
-    template's split update) unless its mask reads the sequence as a 2-D/3-D map, which the
-    Triton template visits in patches (``token_tiling``) — each measured faster than the Triton
-    template
+    template's split update) — a mask that reads the sequence as a 2-D/3-D map in patches copied
+    as TMA boxes where the call's map allows it (``hopper_tiling``), else on the Triton template,
+    which gathers the patches — each measured faster than the Triton template
     (benchmarks/RESULTS.md). Sizes a native template refuses go to the Triton one.
     ``records(template name)``: the compile entry point's lookup of tuning records for a template
     with a tuning space (``hopper_attention``)."""
     if spec.kind != "cuda" or spec.arch != "sm_90a":
         return ()
     made = _made(hopper_gemm, kernel, fusion, spec) + _ffn_templates(kernel, fusion, spec)
-    if name == "attention" and not TilePlanner(kernel.program, plan_chain(
-            kernel.program, fusion.names, fusion.axis)).reads_map:   # maps: patches (Triton)
+    if name == "attention":
         made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True,
                       tuned=records("hopper_attention") if records else None)
     return tuple(made)

@@ -103,7 +103,9 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
     ``patch``, ``key_patch``, ``dilation``. ``tuned``: the compile
     entry point's lookup of tuning records (used unless knobs are given), per sizes and the
     call's values of the scalars records are kept by. ``prefill_only``: ``tf.compile``'s use —
-    prefer this kernel only for more than 64 query rows (decode goes to the split update)."""
+    prefer this kernel only for more than 64 query rows (decode goes to the split update), and
+    for a mask over a map only where it visits the map in patches (elsewhere the Triton
+    template's gathers are 5–20× faster than the flat order here: RESULTS.md, session 29)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_attention template generates sm_90a code (wgmma, TMA); "
                             f"the target is {target.name}", user_location())
@@ -129,6 +131,10 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         tiled, order = choose_hopper_tiling(plan, knobs.block_m, knobs.block_n, dims, scalars,
                                             tiling) if map_scalars or isinstance(tiling, dict) \
             else (None, "")
+        if prefill_only and map_scalars and tiled is None:
+            raise ScheduleError(f"{plan.chain.out}: the mask reads the sequence as a map, and "
+                                f"this kernel would visit it in the flat order ({order}); the "
+                                "attention template gathers its patches instead")
         check_hopper(plan, knobs, dims, target.max_shared_memory, tiled is not None)
         source = hopper_attention_source(plan, knobs, D, plan.mask is not None, tiled)
         smem = shared_bytes(knobs, D, tiled is not None)
@@ -199,4 +205,5 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                          preferred=(lambda dims: dims[rows] > 64) if prefill_only else None,
                          keyed_scalars=tuple(dict.fromkeys(
                              (getattr(tuned, "scalar_names", ()) if not given else ())
-                             + map_scalars)))
+                             + map_scalars)),
+                         choice_scalars=map_scalars if prefill_only else ())

@@ -140,10 +140,24 @@ def test_plan_shows_the_visiting_order_and_compile_prefers_the_tiled_template():
     text = sch.plan(B=1, H=2, M=1024, N=1024, D=64, width=32, radius=2, dilation=2)
     assert "patches of 8×8" in text and "knobs from: template defaults" in text
     spec = get_target("cuda:sm_90a")
-    for kernel, hopper in ((K.neighborhood_attention_2d, False), (K.causal_attention, True)):
+    for kernel in (K.neighborhood_attention_2d, K.causal_attention):
         name, fusion = choose(kernel.program, spec)
         made = native_templates(kernel, name, fusion, spec)
-        assert any("hopper" in m.description.lower() for m in made) == hopper, kernel.name
+        assert any("hopper" in m.description.lower() for m in made), kernel.name
+
+
+def test_compile_takes_the_hopper_template_where_the_map_tiles_and_triton_elsewhere():
+    """``tf.compile`` on sm_90a runs a map's mask on the Hopper template in patches — decided
+    per call by the map's scalars: a width the dilation does not divide (sub-maps of different
+    sizes, no TMA box) goes to the Triton template's gathers, which visit it in patches too."""
+    f = tf.compile(K.neighborhood_attention_2d, "cuda:sm_90a")
+    sizes = dict(B=1, H=2, M=4096, N=4096, D=128)
+    tiled = f.for_sizes(dict(width=64, radius=3, dilation=2), **sizes)
+    assert "hopper_attention" in tiled.description
+    assert "patches of" in f.schedule_origin(**sizes, width=64, radius=3, dilation=2)
+    odd = dict(B=1, H=2, M=63 * 65, N=63 * 65, D=128)
+    assert "hopper" not in f.for_sizes(dict(width=65, radius=3, dilation=2), **odd).description
+    assert "hopper" not in f.for_sizes(**sizes).description   # no scalars: nothing to tile by
 
 
 def test_tiled_kernels_match_float64_in_the_interpreter():

@@ -54,11 +54,15 @@ class ClusterKernel(GraphCallable):
 
     def __init__(self, program, target: TargetSpec, layout: Callable[[dict], Launches],
                  description: str, origin: str = "cluster template",
-                 preferred: Callable[[dict], bool] | None = None, keyed_scalars: tuple = ()):
+                 preferred: Callable[[dict], bool] | None = None, keyed_scalars: tuple = (),
+                 choice_scalars: tuple = ()):
         self.program, self.target, self.layout = program, target, layout
         self.description, self.origin = description, origin
         # scalars whose values pick the tuning record (``layout(dims, scalars)`` then)
         self.keyed_scalars = tuple(keyed_scalars)
+        # scalars whose values decide whether ``tf.compile`` runs this kernel at all (its layout
+        # refuses the values it should not run: ``fits``); they are among ``keyed_scalars``
+        self.choice_scalars = tuple(choice_scalars)
         # where ``tf.compile`` should pick this kernel over its other templates (all sizes it runs)
         self.preferred = preferred or (lambda dims: True)
         self.outputs = list(program.outputs)
@@ -81,25 +85,29 @@ class ClusterKernel(GraphCallable):
                                    else self.layout(dims))
         return self._launches[key]
 
-    def fits(self, **dims) -> bool:
-        """Whether this kernel runs these sizes and is the one to prefer there (``tf.compile``'s
-        choice; an explicit schedule runs it wherever it can)."""
+    def fits(self, scalars: dict | None = None, **dims) -> bool:
+        """Whether this kernel runs these sizes (at these values of its keyed scalars) and is
+        the one to prefer there (``tf.compile``'s choice; an explicit schedule runs it wherever
+        it can)."""
         from ...errors import ScheduleError, TargetError
 
         try:
-            self.launches(**dims)
+            self.launches(scalars, **dims)
         except (ScheduleError, TargetError):
             return False
         return self.preferred(dims)
 
     def source(self, **dims) -> str:
-        """The generated CUDA C++ (of every module, in launch order)."""
-        return "\n// ---- the next module ----\n".join(self.launches(**dims).sources)
+        """The generated CUDA C++ (of every module, in launch order); scalar values may be given
+        by name among the sizes."""
+        dims, scalars = split_scalars(self.program, dims)
+        return "\n// ---- the next module ----\n".join(self.launches(scalars, **dims).sources)
 
     def ptx(self, **dims) -> str:
         """nvcc's PTX for the target (works without a GPU)."""
+        dims, scalars = split_scalars(self.program, dims)
         return "\n".join(cuda_to_ptx(source, self.target)
-                         for source in self.launches(**dims).sources)
+                         for source in self.launches(scalars, **dims).sources)
 
     def schedule_origin(self, **dims) -> str:
         """Where the knobs at these sizes (and scalar values given by name among them) come
