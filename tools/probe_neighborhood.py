@@ -1,14 +1,19 @@
 """Variants of the Hopper template's tiled neighbourhood kernels on a few cases (issue 19): each
 checked against float64 on 1024 rows, then timed, in one process — to see what a case's time
-depends on (schedule, patch and window shapes, block sizes) before changing a default.
+depends on (schedule, patch and window shapes, block sizes) before changing a default. Each
+variant is timed eagerly (``bench``: host work between launches counts where the GPU waits for
+it), replayed from a CUDA graph (GPU time only), and by its host time per call.
 
     PYTHONPATH=. python tools/probe_neighborhood.py [--only 64x64/k7] [--csv out.csv]
 """
 import argparse
+import time
+
+import torch
 
 import tensorfuse as tf
 from benchmarks.attention import checked
-from benchmarks.common import Row, write_csv
+from benchmarks.common import Row, bench_graph, write_csv
 from benchmarks.neighborhood import B, CHAIN, D, H, cases, make
 
 # (label, template knobs, tile_as request or None)
@@ -22,13 +27,25 @@ VARIANTS = [
     ("q8x16 k16x8", {}, {"patch": (8, 16), "key_patch": (16, 8)}),
     ("c1 b64", {"consumers": 1, "block_n": 64}, None),
     ("c2 b64", {"consumers": 2, "block_n": 64}, None),
-    ("stages 3", {"stages": 3}, None),
+    ("c1 b128", {"consumers": 1, "block_n": 128}, None),
 ]
+
+
+def host_us(fn, calls: int = 50) -> float:
+    """Host microseconds per call (the GPU drained before and after)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    spent = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return spent / calls * 1e6
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", default="64x64/k7/dil1,64x64/k7/dil2")
+    parser.add_argument("--only", default="64x64/k7/dil1,64x64/k7/dil2,64x64/k15/dil1")
     parser.add_argument("--csv", default="")
     args = parser.parse_args()
     rows = []
@@ -36,6 +53,13 @@ def main() -> None:
         if not any(part in name for part in args.only.split(",")):
             continue
         case = make(name, S, scalars, mask_mod)
+        triton = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
+        triton = triton.apply_template("attention").compile()
+        run = lambda f=triton: f(case.q, case.k, case.v, case.scale, **case.args)  # noqa: E731
+        made = checked(case, "triton", run)
+        if made:
+            print(f"{name:42s} {'triton tiled':14s} {made[0]:.4f} ms eager, "
+                  f"{bench_graph(run):.4f} ms graph, host {host_us(run):.0f} us", flush=True)
         for label, knobs, request in VARIANTS:
             sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
             sch.apply_template("hopper_attention", **knobs)
@@ -47,13 +71,15 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001 - a variant the map refuses
                 print(f"{name} {label}: {type(exc).__name__}: {exc}"[:300])
                 continue
-            made = checked(case, label, lambda f=f: f(case.q, case.k, case.v, case.scale,
-                                                       **case.args))
+            run = lambda f=f: f(case.q, case.k, case.v, case.scale, **case.args)  # noqa: E731
+            made = checked(case, label, run)
             if made:
-                ms = made[0]
-                rows.append(Row(name, case.shape, f"hopper {label}", ms, case.flops / ms / 1e9,
-                                0.0, 0.0, made[1] + "; " + why))
-                print(f"{name:42s} {label:14s} {ms:.4f} ms  {why[:150]}", flush=True)
+                ms, graph, host = made[0], bench_graph(run), host_us(run)
+                rows.append(Row(name, case.shape, f"hopper {label}", graph,
+                                case.flops / graph / 1e9, 0.0, 0.0,
+                                f"{made[1]}; eager {ms:.4f} ms; host {host:.0f} us; {why}"))
+                print(f"{name:42s} {label:14s} {ms:.4f} ms eager, {graph:.4f} ms graph, "
+                      f"host {host:.0f} us  {why[:110]}", flush=True)
     if args.csv:
         write_csv(rows, args.csv)
 
