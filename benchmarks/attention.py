@@ -10,7 +10,7 @@ import torch
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
-from benchmarks.common import Row, bench, relative_error
+from benchmarks.common import Row, bench, bench_graph, relative_error
 
 D = 128
 WINDOW = PREFIX = 1024
@@ -156,10 +156,11 @@ def checked_output(fn, ref: torch.Tensor, label: str, log=print, pick=lambda out
         return None
 
 
-def checked(case: Case, label: str, fn, log=print) -> tuple[float, str] | None:
-    """``(ms, note)`` for ``fn`` checked on the case's rows (:func:`checked_output`)."""
+def checked(case: Case, label: str, fn, log=print, timing=bench) -> tuple[float, str] | None:
+    """``(ms, note)`` for ``fn`` checked on the case's rows (:func:`checked_output`), timed by
+    ``timing``."""
     made = checked_output(fn, case.ref, f"{label} {case.name} {case.shape}", log,
-                          pick=lambda out: out[:, :, case.rows])
+                          pick=lambda out: out[:, :, case.rows], timing=timing)
     return None if made is None else (made[0], f"err {made[1]:.1e}")
 
 
@@ -184,9 +185,11 @@ def sdpa_call(case: Case, backend):
     return run
 
 
-def baselines(case: Case, flex, log=print) -> dict:
+def baselines(case: Case, flex, log=print, graph: bool = False) -> dict:
     """FlexAttention (``flex``: flex_attention under torch.compile) with the case's block mask, and
-    SDPA's cuDNN and FlashAttention backends where the variant is expressible: label → (ms, note)."""
+    SDPA's cuDNN and FlashAttention backends where the variant is expressible: label → (ms, note).
+    ``graph``: FlexAttention also replayed from a CUDA graph (``flex_attention_graph``: GPU time
+    without the host's)."""
     from torch.nn.attention import SDPBackend
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -199,11 +202,16 @@ def baselines(case: Case, flex, log=print) -> dict:
             per_batch = getattr(case.mask_mod, "per_batch", False)
             bm = create_block_mask(case.mask_mod, B if per_batch else None, None, S, S,
                                    device="cuda")
-        made = checked(case, "flex", lambda: flex(q, k, v, score_mod=case.score_mod,
-                                                   block_mask=bm, scale=scale,
-                                                   enable_gqa=q.shape[1] != k.shape[1]), log)
+        def call():
+            return flex(q, k, v, score_mod=case.score_mod, block_mask=bm, scale=scale,
+                        enable_gqa=q.shape[1] != k.shape[1])
+
+        made = checked(case, "flex", call, log)
         if made:
             found["flex_attention"] = made
+        made = checked(case, "flex", call, log, timing=bench_graph) if graph else None
+        if made:
+            found["flex_attention_graph"] = made
     except Exception as exc:  # noqa: BLE001 - the block mask itself can fail
         log(f"  flex {case.name} {case.shape}: {type(exc).__name__}: {exc}"[:300])
     for backend, label in ((SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn"),

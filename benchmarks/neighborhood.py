@@ -7,11 +7,14 @@ dense attention of the same run (``tf.compile``, full mask) is the ceiling the f
     python -m benchmarks.neighborhood --csv out.csv [--quick]
     python -m benchmarks.neighborhood --csv out.csv --tune 24 --only 64x64/k15,3d   # + tuning
 
-Implementations: ``tensorfuse`` (``tf.compile`` defaults), ``tensorfuse_triton`` (the attention
-template, Triton, its visiting order chosen), ``tensorfuse_flat`` (the same in the flat order),
-``tensorfuse_hopper`` (the Hopper template, its visiting order chosen: patches copied as TMA boxes),
-``tensorfuse_hopper_64`` (the same with 64 query rows and 64-key windows),
-``tensorfuse_hopper_flat`` (the Hopper template in the flat order), ``flex_attention``.
+Implementations: ``tensorfuse`` (``tf.compile`` defaults: on the H100 the Hopper template, its
+visiting order chosen — patches copied as TMA boxes), ``tensorfuse_triton`` (the attention
+template, Triton, its visiting order chosen), ``tensorfuse_hopper_64`` (the Hopper template with
+64 query rows and 64-key windows), ``flex_attention``; with ``--all`` also ``tensorfuse_flat``
+(the Triton template in the flat order) and ``tensorfuse_hopper_flat`` (the Hopper template in
+the flat order: 5–20× slower). Timed eagerly (``triton.testing.do_bench``: a call's host work
+counts where the GPU waits for it — 40–120 µs a call against kernels of 40–60 µs on the 64×64
+maps) and, with ``--graph``, also replayed from a CUDA graph (rows ``…_graph``: GPU time only).
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ import torch
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.attention import Case, baselines, checked, compiled_flex, density, reference
-from benchmarks.common import Row, bench, write_csv
+from benchmarks.common import Row, bench, bench_graph, write_csv
+from tensorfuse.api import AutoKernel
 
 D, H, B = 128, 16, 1
 CHAIN = ("m", "l", "o")
@@ -98,7 +102,8 @@ def tune_case(kernel, S: int, scalars: dict, trials: int, log=print) -> None:
         f"{task.default_secs * 1e3:.4f} -> {task.best_secs * 1e3:.4f} ms")
 
 
-def run(quick: bool, log=print, tune: int = 0, only: str = "", csv: str = "") -> list[Row]:
+def run(quick: bool, log=print, tune: int = 0, only: str = "", csv: str = "",
+        graph: bool = False, every: bool = False) -> list[Row]:
     """Every case's rows (written to ``csv`` after each case, so that a run stopped by a time
     limit keeps what it measured)."""
     flex = compiled_flex()   # a mask_mod per case: one compile each
@@ -120,23 +125,26 @@ def run(quick: bool, log=print, tune: int = 0, only: str = "", csv: str = "") ->
         impls = {"tensorfuse": tf.compile(kernel)}
         if not tune:
             impls.update({"tensorfuse_triton": triton_template(kernel, True),
-                          "tensorfuse_flat": triton_template(kernel, False),
-                          "tensorfuse_hopper": hopper_template(kernel),
                           "tensorfuse_hopper_64": hopper_template(kernel, consumers=1,
-                                                                  block_n=64),
-                          "tensorfuse_hopper_flat": hopper_template(kernel, False)})
+                                                                  block_n=64)})
+            if every:
+                impls.update({"tensorfuse_flat": triton_template(kernel, False),
+                              "tensorfuse_hopper_flat": hopper_template(kernel, False)})
         found = {}
         for label, f in list(impls.items()) + [("tensorfuse_tuned", None)] * bool(tune):
             if f is None:   # after the defaults were built and timed
                 tune_case(kernel, S, scalars, tune, log)
                 f = impls[label] = tf.compile(kernel)
             t0 = time.time()
-            made = checked(case, label, lambda f=f: f(case.q, case.k, case.v, case.scale,
-                                                       **case.args), log)
+            call = lambda f=f: f(case.q, case.k, case.v, case.scale, **case.args)  # noqa: E731
+            made = checked(case, label, call, log)
             if made:
                 found[label] = (made[0], made[1] + f"; first call {time.time() - t0:.1f} s")
-        found.update(baselines(case, flex, log))
-        order = impls["tensorfuse"].for_sizes(B=B, H=H, M=S, N=S, D=D)
+            made = checked(case, label, call, log, timing=bench_graph) if graph else None
+            if made:
+                found[label + "_graph"] = made
+        found.update(baselines(case, flex, log, graph))
+        order = impls["tensorfuse"].for_sizes(scalars, B=B, H=H, M=S, N=S, D=D)
         plan = order.build(scalars, B=B, H=H, M=S, N=S, D=D)[0] if hasattr(order, "build") \
             else None
         if "tensorfuse_tuned" in impls:   # what the records chose
@@ -150,14 +158,20 @@ def run(quick: bool, log=print, tune: int = 0, only: str = "", csv: str = "") ->
         how = plan.tiling.describe() if plan is not None and plan.tiling is not None else \
             getattr(order, "description", "")
         flex_ms = found.get("flex_attention", (math.nan,))[0]
+        flex_graph = found.get("flex_attention_graph", (math.nan,))[0]
         line = [f"{name} density {case.density:.4f}"]
         for label, (ms, note) in found.items():
             rate = case.flops / ms / 1e9
-            if label.startswith("tensorfuse_hopper"):   # its order and schedule
-                note += "; " + impls[label].launches(scalars, B=B, H=H, M=S, N=S, D=D).why
+            base = label[:-len("_graph")] if label.endswith("_graph") else label
+            chosen = impls.get(base)
+            if isinstance(chosen, AutoKernel):   # tf.compile: the kernel at this call
+                chosen = chosen.for_sizes(scalars, B=B, H=H, M=S, N=S, D=D)
+            if chosen is not None and hasattr(chosen, "launches"):   # Hopper: order, schedule
+                note += "; " + chosen.launches(scalars, B=B, H=H, M=S, N=S, D=D).why
             rows.append(Row(name, case.shape, label, ms, rate, 0.0, rate / dense_rate[S],
                             note + (f"; {how}" if label == "tensorfuse" else "")))
-            line.append(f"{label} {ms:.3f} ms {rate:.0f} TF ({flex_ms / ms:.2f}x flex, "
+            versus = flex_graph if label.endswith("_graph") else flex_ms
+            line.append(f"{label} {ms:.3f} ms {rate:.0f} TF ({versus / ms:.2f}x flex, "
                         f"{rate / dense_rate[S]:.0%} dense)")
         log("\n  ".join(line) + f"\n  order: {how}")
         if csv:
@@ -174,13 +188,18 @@ def main() -> None:
                              "records (in a fresh database)")
     parser.add_argument("--only", default="", help="cases whose name holds one of these "
                                                    "(comma-separated)")
+    parser.add_argument("--graph", action="store_true",
+                        help="also time each implementation replayed from a CUDA graph")
+    parser.add_argument("--all", action="store_true",
+                        help="also the flat orders of both templates")
     args = parser.parse_args()
     if args.tune:
         import os
         import tempfile
 
         os.environ["TENSORFUSE_CACHE"] = tempfile.mkdtemp(prefix="tensorfuse-neighborhood-")
-    run(args.quick, tune=args.tune, only=args.only, csv=args.csv)
+    run(args.quick, tune=args.tune, only=args.only, csv=args.csv, graph=args.graph,
+        every=args.all)
 
 
 if __name__ == "__main__":
