@@ -15,8 +15,10 @@ def load(path: str) -> list[dict]:
 
 
 def _bar_chart(path: str, out: str, groups: list, impls: list, value, labels: list[str],
-               ylabel: str, parity: bool = False, inches_per_group: float = 1.0) -> None:
-    """Grouped bars: ``value(impl, group)`` for every implementation in every group."""
+               ylabel: str, parity: bool = False, inches_per_group: float = 1.0,
+               lines: tuple = ()) -> None:
+    """Grouped bars: ``value(impl, group)`` for every implementation in every group; ``lines``:
+    further horizontal lines (a bar to meet)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,8 +29,8 @@ def _bar_chart(path: str, out: str, groups: list, impls: list, value, labels: li
     for k, impl in enumerate(impls):
         ax.bar([g + k * width for g in range(len(groups))], [value(impl, g) for g in groups],
                width, label=impl)
-    if parity:
-        ax.axhline(1.0, color="black", linewidth=0.8)
+    for at in ((1.0,) if parity else ()) + tuple(lines):
+        ax.axhline(at, color="black", linewidth=0.8, linestyle="-" if at == 1.0 else "--")
     ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel(ylabel)
@@ -57,6 +59,34 @@ def plot(path: str, out: str, prefix: str = "attention/",
                lambda impl, g: _ms(rows, impl, *g, field="tflops") or 0.0,
                [f"{b.split('/')[1]}\nS={s.split('S')[1].split()[0]}" for b, s in groups],
                ylabel)
+
+
+def plot_neighborhood(paths: list[str], out: str, bar: float = 2.5) -> None:
+    """Neighbourhood attention (``benchmarks.neighborhood`` CSVs, eager and ``_graph`` rows):
+    each implementation's speed-up over FlexAttention timed the same way, per case, with the
+    issue's bar."""
+    rows = [r for path in paths for r in load(path)
+            if r["benchmark"].startswith("attention/neighborhood")]
+    groups = list(dict.fromkeys(r["benchmark"] for r in rows))
+
+    def flex(bench: str, graph: bool) -> float | None:
+        hit = [float(r["ms"]) for r in rows if r["benchmark"] == bench and r["implementation"]
+               == "flex_attention" + ("_graph" if graph else "")]
+        return hit[0] if hit else None
+
+    impls = [i for i in dict.fromkeys(r["implementation"] for r in rows)
+             if not i.startswith("flex") and "flat" not in i]
+
+    def speedup(impl: str, bench: str) -> float:
+        ms = [float(r["ms"]) for r in rows if r["benchmark"] == bench and
+              r["implementation"] == impl]
+        base = flex(bench, impl.endswith("_graph"))
+        return base / ms[0] if ms and base else 0.0
+
+    _bar_chart(paths[0], out, groups, impls, speedup,
+               [g.split("/", 2)[2].replace("/", "\n") for g in groups],
+               "× FlexAttention (same timing)", parity=True, lines=(bar,),
+               inches_per_group=1.1)
 
 
 def plot_rows_sweep(path: str, out: str,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
-from ...interop import deliver, torch_arguments, torch_output
+from ...interop import current_stream, deliver, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
 from .. import TargetSpec
 from ..codegen import cuda_to_ptx
@@ -18,6 +18,24 @@ def pointer(x):
     import ctypes
 
     return ctypes.c_void_p(x.data_ptr())
+
+
+_FFI_DEVICES: dict = {}
+
+
+def torch_stream(device):
+    """A context in which TVM's launches go on torch's current stream on ``device`` (a torch CUDA
+    device): ``tvm_ffi.use_raw_stream`` with the stream read by torch's C function and the FFI
+    device made once — ``tvm_ffi.use_torch_stream`` costs ~15 µs a call on the host, a fifth of
+    a Hopper attention call's (tools/profile_call.py, RESULTS.md session 29)."""
+    import torch
+    import tvm_ffi
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ffi_device = _FFI_DEVICES.get(index)
+    if ffi_device is None:
+        ffi_device = _FFI_DEVICES[index] = tvm_ffi.device(f"cuda:{index}")
+    return tvm_ffi.use_raw_stream(ffi_device, current_stream(device))
 
 
 class Launches:
@@ -119,7 +137,6 @@ class ClusterKernel(GraphCallable):
 
     def _prepare(self, args, kwargs, key=False):
         import torch
-        import tvm_ffi
 
         if not self._device_checked:
             self.target.device()  # a clear error when there is no GPU
@@ -135,7 +152,7 @@ class ClusterKernel(GraphCallable):
         out = outs[0] if len(outs) == 1 else tuple(outs)
 
         def run():
-            with tvm_ffi.use_torch_stream():
+            with torch_stream(device):
                 launches.run(launches.module, values, out, device)
 
         return run, outs, given, bound
