@@ -148,9 +148,14 @@ def run(quick: bool, log=print, tune: int = 0, only: str = "", csv: str = "",
         plan = order.build(scalars, B=B, H=H, M=S, N=S, D=D)[0] if hasattr(order, "build") \
             else None
         if "tensorfuse_tuned" in impls:   # what the records chose
-            tuned = impls["tensorfuse_tuned"].for_sizes(B=B, H=H, M=S, N=S, D=D)
-            made = tuned.build(scalars, B=B, H=H, M=S, N=S, D=D)
-            chosen = made[0].tiling.describe() if made[0].tiling is not None else "flat order"
+            tuned = impls["tensorfuse_tuned"].for_sizes(scalars, B=B, H=H, M=S, N=S, D=D)
+            if hasattr(tuned, "launches"):   # the Hopper template: its record and order
+                made = (None, tuned.schedule_origin(B=B, H=H, M=S, N=S, D=D, **scalars))
+                chosen = "(above)"
+            else:
+                made = tuned.build(scalars, B=B, H=H, M=S, N=S, D=D)
+                chosen = made[0].tiling.describe() if made[0].tiling is not None else \
+                    "flat order"
             if "tensorfuse_tuned" in found:
                 ms, note = found["tensorfuse_tuned"]
                 found["tensorfuse_tuned"] = (ms, f"{note}; {made[1]}; {chosen}")

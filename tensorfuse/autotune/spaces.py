@@ -104,10 +104,14 @@ class HopperAttentionSpace:
 
     def unfit(self, knobs: dict) -> str | None:
         from ..schedule_templates.hopper_attention_plan import check_hopper, with_knobs
+        from ..schedule_templates.token_tiling import mask_reads_map
 
+        # a mask over a map runs tiled, with its bits' slots in shared memory
+        tiled = mask_reads_map(self.plan.mask, self.plan.chain.axes[2:])
         try:
             full = with_knobs(self.plan, self.task.dims, knobs)   # 0/1 switches become bools
-            check_hopper(self.plan, full, self.task.dims, self.task.target.max_shared_memory)
+            check_hopper(self.plan, full, self.task.dims, self.task.target.max_shared_memory,
+                         tiled)
         except ScheduleError as exc:
             return exc.message
         return None
@@ -123,7 +127,11 @@ class HopperAttentionSpace:
         runner's module load finds it)."""
         from ..targets.cuda.module import cubin_for
 
-        for source in kernel.launches(**self.task.dims).sources:
+        from .scalars import plan_values
+
+        values = plan_values(self.task.kernel.program, self.task.template, self.task.dims,
+                             self.task.scalars)   # a map's scalars: its tiling is compiled in
+        for source in kernel.launches(values, **self.task.dims).sources:
             cubin_for(source, self.task.target)
 
 
@@ -175,11 +183,16 @@ def space_of(task):
     return HopperAttentionSpace(task) if task.template == "hopper_attention" else TritonSpace(task)
 
 
-def native_template(kernel, fusion, name: str, dims: dict, target: TargetSpec) -> str | None:
-    """The CUDA C++ template ``tf.compile`` runs ``kernel`` on at ``dims`` ahead of the Triton
-    one (sm_90a), or None where it runs the Triton template."""
+def native_template(kernel, fusion, name: str, dims: dict, target: TargetSpec,
+                    scalars: dict | None = None) -> str | None:
+    """The CUDA C++ template ``tf.compile`` runs ``kernel`` on at ``dims`` (and the scalar
+    values ``scalars``, with the defaults for the others: a map's width decides whether its
+    patches fit TMA boxes) ahead of the Triton one (sm_90a), or None where it runs the Triton
+    template."""
     from ..schedule_templates.auto import native_templates
+    from .scalars import keyed_scalars
 
-    found = next((k for k in native_templates(kernel, name, fusion, target) if k.fits(**dims)),
-                 None)
+    values = keyed_scalars(kernel.program, dims, scalars)
+    found = next((k for k in native_templates(kernel, name, fusion, target)
+                  if k.fits(values, **dims)), None)
     return None if found is None else found.description.split(" ")[0]

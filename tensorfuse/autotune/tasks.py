@@ -215,7 +215,7 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
     from ..schedule_templates.tile_plan import plan_rowtile
     from .spaces import NATIVE, native_template
 
-    native = native_template(kernel, fusion, template, dims, target)
+    native = native_template(kernel, fusion, template, dims, target, scalars)
     if native in NATIVE:
         return TuningTask(kernel, dict(dims), target, native, fusion, scalars)
     if native is not None:

@@ -237,8 +237,11 @@ def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None
 def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
     """The values tuning tries for each knob (integers: a schedule by its index in
     ``SCHEDULES``)."""
+    from .token_tiling import mask_reads_map
+
     D = sizes[plan.chain.dims[5]]
-    return {"block_n": (64, 80) if D > 128 else (64, 128, 176),
+    patches = mask_reads_map(plan.mask, plan.chain.axes[2:])   # windows of 2ᵏ keys
+    return {"block_n": (64, 80) if D > 128 else (64, 128) if patches else (64, 128, 176),
             "stages": (2, 3), "consumers": (1, 2, 3) if D <= 64 else (1, 2),
             "overlap": (True, False), "pingpong": (True, False),
             # "auto" is what tf.compile runs; "split" needs tiles of equal length (no mask)

@@ -255,3 +255,26 @@ def test_tiled_kernels_match_float64_on_the_gpu(case, D):
             got = out.double().cpu().numpy()
             assert not np.isnan(got).any(), f"{name}: rows left unwritten"
             assert relative_error(got, want) <= TOLERANCE["bf16"], (name, spread)
+
+
+def test_tuning_tunes_the_template_tf_compile_runs_for_the_map():
+    """``tf.tune``'s task for a map that tiles is the Hopper template's (its space without the
+    176-key blocks no patch makes, its sources tiled for the task's scalars); a map that does not
+    tile tunes the Triton template, which ``tf.compile`` runs there."""
+    from tensorfuse.autotune.spaces import space_of
+    from tensorfuse.autotune.tasks import make_task
+
+    target = tf.get_target("cuda:sm_90a")
+    kernel = K.neighborhood_attention_2d
+    task = make_task(kernel, dict(B=1, H=2, M=4096, N=4096, D=128), target,
+                     {"width": 64, "radius": 3, "dilation": 1})
+    assert task.template == "hopper_attention"
+    space = space_of(task)
+    assert 176 not in space.choices()["block_n"]
+    assert space.unfit({"block_n": 128, "stages": 3}) is not None   # the bits' slots too
+    candidate = space.candidate({"block_n": 64, "consumers": 1})
+    assert "patches of 8×8" in candidate.launches({"width": 64, "radius": 3, "dilation": 1},
+                                                  B=1, H=2, M=4096, N=4096, D=128).why
+    odd = make_task(kernel, dict(B=1, H=2, M=63 * 65, N=63 * 65, D=128), target,
+                    {"width": 65, "radius": 3, "dilation": 2})
+    assert odd.template == "attention"
