@@ -317,7 +317,7 @@ class Schedule:
         dims = {**self.dims, **sizes}
         compiled = self.compile()
         if hasattr(compiled, "launches"):   # CUDA C++ templates (cluster, hopper_attention)
-            made = compiled.launches(**dims)
+            made = compiled.launches(scalars, **dims)   # a map's scalars: its visiting order
             lines += [made.plan.describe(), f"  knobs: {made.knobs}"
                       + (f" ({made.why})" if made.why else "")]
         else:

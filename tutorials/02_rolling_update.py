@@ -161,3 +161,16 @@ nb.tile_as(patch=(8, 8), dilation=(2, 2))
 text = nb.plan(B=1, H=16, M=4096, N=4096, D=128, width=64, radius=3, dilation=2)
 print("\n".join(line for line in text.splitlines() if "visiting order" in line or "knobs" in line))
 assert "patches of 8×8, dilation 2×2" in text
+
+# %% [markdown]
+# On Hopper (`sm_90a`), `tf.compile` runs such a map on the warp-specialised `hopper_attention`
+# template instead: a query patch and a key window are each one TMA box of the map, and a partial
+# block's mask comes as one bit per score, computed once per map. The same `tile_as` and `plan`
+# work there; the plan says how many blocks are visited and how many of them skip the mask.
+
+# %%
+hop = tf.schedule(tf.kernels.neighborhood_attention_2d, "cuda:sm_90a")
+hop.rolling_update("m", "l", "o", axis="j").apply_template("hopper_attention")
+text = hop.plan(B=1, H=16, M=4096, N=4096, D=128, width=64, radius=3, dilation=2)
+print("\n".join(line for line in text.splitlines() if "knobs" in line))
+assert "TMA boxes of the map" in text

@@ -191,6 +191,8 @@ def test_compile_tiles_a_neighbourhood_and_says_how(knobs):
     why = sch.compile().launches(scalars, **sizes).why
     assert "visiting order: queries: 64×64 map in patches" in why, why
     assert "TMA boxes" in why
+    text = sch.plan(**sizes, **scalars)   # the order and its density, in the plan
+    assert "hopper attention plan" in text and "of the blocks visited" in text
     sch.tile_as(enabled=False)
     assert "patches" not in sch.compile().launches(scalars, **sizes).why
 
