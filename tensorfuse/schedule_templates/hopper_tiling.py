@@ -81,7 +81,7 @@ def choose_hopper_tiling(plan, block_m: int, block_n: int, sizes: dict, scalars:
 def _why_flat(plan, block_m: int, block_n: int, sizes: dict, scalars: dict) -> str | None:
     b, h, i, j = plan.chain.axes
     B, H, HKV, M, N, D = (sizes[d] for d in plan.chain.dims)
-    if plan.tensors or any(isinstance(n, Load) for n in nodes(plan.mask)):
+    if any(isinstance(n, Load) for n in nodes(plan.mask)):
         return "the mask reads tensors (its bits would differ per call)"
     if any(isinstance(n, Axis) and n.uid in (b.uid, h.uid) for n in nodes(plan.mask)):
         return "the mask reads the batch or head (its bits would differ per head)"
