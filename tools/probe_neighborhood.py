@@ -46,8 +46,10 @@ def host_us(fn, calls: int = 50) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="64x64/k7/dil1,64x64/k7/dil2,64x64/k15/dil1")
+    parser.add_argument("--variants", default="", help="labels of VARIANTS to run (all if empty)")
     parser.add_argument("--csv", default="")
     args = parser.parse_args()
+    wanted = [v for v in VARIANTS if not args.variants or v[0] in args.variants.split(",")]
     rows = []
     for name, kernel, S, scalars, mask_mod in cases(False):
         if not any(part in name for part in args.only.split(",")):
@@ -60,7 +62,7 @@ def main() -> None:
         if made:
             print(f"{name:42s} {'triton tiled':14s} {made[0]:.4f} ms eager, "
                   f"{bench_graph(run):.4f} ms graph, host {host_us(run):.0f} us", flush=True)
-        for label, knobs, request in VARIANTS:
+        for label, knobs, request in wanted:
             sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
             sch.apply_template("hopper_attention", **knobs)
             if request:
