@@ -29,7 +29,7 @@ from .block_schedule import block_lists
 from .fusion import Fusion
 from .hopper_attention_plan import (HopperKnobs, check_hopper, plan_hopper_attention, planned_schedule,
                                     shared_bytes, split_workspace, with_knobs)
-from .hopper_tiling import choose_hopper_tiling, tiled_lists
+from .hopper_tiling import choose_hopper_tiling, query_rows_for_map, tiled_lists
 from .tile_order import pick_persistent
 from .token_tiling import mask_reads_map
 
@@ -128,9 +128,14 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         knobs = with_knobs(plan, dims, chosen, scalars)
         if map_scalars and "block_n" not in chosen and knobs.block_n & (knobs.block_n - 1):
             knobs = replace(knobs, block_n=HopperKnobs().block_n)   # patches: powers of two
-        tiled, order = choose_hopper_tiling(plan, knobs.block_m, knobs.block_n, dims, scalars,
-                                            tiling) if map_scalars or isinstance(tiling, dict) \
-            else (None, "")
+        tiled, order = None, ""
+        if map_scalars and tiling is True and "consumers" not in chosen and \
+                set(map_scalars) <= set(scalars or {}):   # 64 or 128 query rows a tile
+            consumers, tiled = query_rows_for_map(plan, knobs.block_n, dims, scalars)
+            knobs = replace(knobs, consumers=consumers)
+        if tiled is None and (map_scalars or isinstance(tiling, dict)):
+            tiled, order = choose_hopper_tiling(plan, knobs.block_m, knobs.block_n, dims,
+                                                scalars, tiling)
         if prefill_only and map_scalars and tiled is None:
             raise ScheduleError(f"{plan.chain.out}: the mask reads the sequence as a map, and "
                                 f"this kernel would visit it in the flat order ({order}); the "

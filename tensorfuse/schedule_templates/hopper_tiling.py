@@ -156,3 +156,34 @@ def tiled_lists(plan, tiling: HopperTiling, sizes: dict, scalars: dict, block_m:
         bits = bits.new_zeros(1)
     return (*lists, bits, offsets)
 
+
+
+# What a (row block, head) tile costs the H100, by its query rows: (fixed µs, µs per key block)
+# for every 132 tiles — fitted to session 29's probes of 64 and 128 query rows with 128-key
+# windows (RESULTS.md: 64² and 128² maps, kernels 7 and 15, the causal video); the model picks the
+# better of the two in all seven measured cases. Few key blocks per tile: the fixed part (the
+# query copy, the pipeline's fill, the output) dominates, and half the rows halve it.
+TILE_COST = {128: (5.9, 1.64), 64: (2.8, 1.17)}
+SMS = 132
+
+
+def query_rows_for_map(plan, block_n: int, sizes: dict, scalars: dict,
+                       consumers: tuple[int, ...] = (2, 1)) -> tuple[int, "HopperTiling | None"]:
+    """The consumer warpgroups (64 query rows each) whose tiles cost least by
+    :data:`TILE_COST` on the schedules each visiting order gives, and that order: ``(consumers,
+    tiling)``; the first of ``consumers`` with no tiling where none tiles."""
+    B, H = (sizes[d] for d in plan.chain.dims[:2])
+    N = sizes[plan.chain.dims[4]]
+    best = None
+    for c in consumers:
+        rows = 64 * c
+        tiling, _ = choose_hopper_tiling(plan, rows, block_n, sizes, scalars)
+        if tiling is None or rows not in TILE_COST:
+            continue
+        blocks = tiling.choice.density * -(-N // block_n)   # key blocks a row block visits
+        tiles = tiling.rows.padded // rows * B * H
+        fixed, per_block = TILE_COST[rows]
+        cost = tiles / SMS * (fixed + per_block * blocks)
+        if best is None or cost < best[0]:
+            best = (cost, c, tiling)
+    return (consumers[0], None) if best is None else best[1:]

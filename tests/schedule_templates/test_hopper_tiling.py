@@ -280,3 +280,19 @@ def test_tuning_tunes_the_template_tf_compile_runs_for_the_map():
     odd = make_task(kernel, dict(B=1, H=2, M=63 * 65, N=63 * 65, D=128), target,
                     {"width": 65, "radius": 3, "dilation": 2})
     assert odd.template == "attention"
+
+
+def test_query_rows_follow_the_key_blocks_a_tile_visits():
+    """Where a 128-row tile sees about three key blocks (a 7×7 kernel on a 64² map) the tile's
+    fixed cost dominates and 64-row tiles cost less; with more blocks a tile (15×15) the 128-row
+    tiles do — the choice the H100 measured (RESULTS.md, session 29), and ``tf.compile``'s."""
+    from tensorfuse.schedule_templates.hopper_tiling import query_rows_for_map
+
+    plan = plan_hopper_attention(K.neighborhood_attention_2d.program, CHAIN, "j")
+    sizes = dict(B=1, H=16, HKV=16, M=4096, N=4096, D=128)
+    small = dict(width=64, radius=3, dilation=1)
+    consumers, tiling = query_rows_for_map(plan, 128, sizes, small)
+    assert consumers == 1 and tiling.rows.block == 64
+    assert query_rows_for_map(plan, 128, sizes, dict(width=64, radius=7, dilation=1))[0] == 2
+    f = tf.compile(K.neighborhood_attention_2d, "cuda:sm_90a")
+    assert "consumers=1" in f.schedule_origin(B=1, H=16, M=4096, N=4096, D=128, **small)
