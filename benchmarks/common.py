@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -35,6 +36,21 @@ def bench_graph(fn, rep_ms: int = 200) -> float:
     import triton
 
     return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
+
+
+def host_us(fn, calls: int = 50, warm: int = 1) -> float:
+    """Host microseconds per call of ``fn``: ``calls`` calls issued back to back after ``warm``
+    ones, the GPU drained before and after but not counted (what a call costs the host, where
+    ``bench`` measures what the GPU waits for)."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    spent = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return spent / calls * 1e6
 
 
 def alternated(calls: dict, rounds: int, timing=bench, rep_ms: int = 100) -> dict:

@@ -7,13 +7,10 @@ it), replayed from a CUDA graph (GPU time only), and by its host time per call.
     PYTHONPATH=. python tools/probe_neighborhood.py [--only 64x64/k7] [--csv out.csv]
 """
 import argparse
-import time
-
-import torch
 
 import tensorfuse as tf
 from benchmarks.attention import checked
-from benchmarks.common import Row, bench_graph, write_csv
+from benchmarks.common import Row, bench_graph, host_us, write_csv
 from benchmarks.neighborhood import B, CHAIN, D, H, cases, make
 
 # (label, template knobs, tile_as request or None)
@@ -29,18 +26,6 @@ VARIANTS = [
     ("c2 b64", {"consumers": 2, "block_n": 64}, None),
     ("c1 b128", {"consumers": 1, "block_n": 128}, None),
 ]
-
-
-def host_us(fn, calls: int = 50) -> float:
-    """Host microseconds per call (the GPU drained before and after)."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    spent = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return spent / calls * 1e6
 
 
 def main() -> None:

@@ -7,24 +7,12 @@ hundred calls.
 import cProfile
 import math
 import pstats
-import time
 
 import torch
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
-
-
-def host_us(fn, calls: int = 300) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    spent = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return spent / calls * 1e6
+from benchmarks.common import host_us
 
 
 def main() -> None:
@@ -38,7 +26,8 @@ def main() -> None:
     }
     for name, (f, scalars) in cases.items():
         call = lambda f=f, scalars=scalars: f(q, k, v, scale, **scalars)  # noqa: E731
-        print(f"{name}: {host_us(call):.1f} us a call on the host", flush=True)
+        print(f"{name}: {host_us(call, calls=300, warm=20):.1f} us a call on the host",
+              flush=True)
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(300):

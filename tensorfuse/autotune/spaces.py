@@ -104,14 +104,12 @@ class HopperAttentionSpace:
 
     def unfit(self, knobs: dict) -> str | None:
         from ..schedule_templates.hopper_attention_plan import check_hopper, with_knobs
-        from ..schedule_templates.token_tiling import mask_reads_map
 
-        # a mask over a map runs tiled, with its bits' slots in shared memory
-        tiled = mask_reads_map(self.plan.mask, self.plan.chain.axes[2:])
         try:
             full = with_knobs(self.plan, self.task.dims, knobs)   # 0/1 switches become bools
+            # a mask over a map runs tiled, with its bits' slots in shared memory
             check_hopper(self.plan, full, self.task.dims, self.task.target.max_shared_memory,
-                         tiled)
+                         self.plan.reads_map)
         except ScheduleError as exc:
             return exc.message
         return None

@@ -21,17 +21,14 @@ from ..targets.cuda.hopper_attention import (ENTRY, MODES, hopper_attention_sour
                                              kernel_arguments)
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.module import KernelEntry
-from ..targets.cuda.tma import DeviceMaps, tensor_map
-from ..algebra.exprs import nodes
-from ..dsl.expr import Scalar
 from ..targets.cuda.map_tiles import view_box, view_sizes
+from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .block_schedule import block_lists
 from .fusion import Fusion
-from .hopper_attention_plan import (HopperKnobs, check_hopper, plan_hopper_attention, planned_schedule,
+from .hopper_attention_plan import (check_hopper, plan_hopper_attention, planned_schedule,
                                     shared_bytes, split_workspace, with_knobs)
 from .hopper_tiling import choose_hopper_tiling, query_rows_for_map, tiled_lists
 from .tile_order import pick_persistent
-from .token_tiling import mask_reads_map
 
 
 class _Lists:
@@ -116,18 +113,14 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                ("pingpong", pingpong), ("schedule", schedule),
                                ("ctas", ctas)) if v is not None}
     arguments = [t for _, t, _ in kernel_arguments(plan)]
-    b, h, i, j = plan.chain.axes
     # a mask over a map: kernels are made per the values of its scalars (its width, radius…)
-    map_scalars = tuple(dict.fromkeys(n.name for n in nodes(plan.mask) if isinstance(n, Scalar))) \
-        if tiling is not False and mask_reads_map(plan.mask, (i, j)) else ()
+    map_scalars = plan.map_scalars if tiling is not False else ()
 
     def layout(dims: dict, scalars: dict | None = None) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
         found = tuned(dims, scalars) if tuned is not None and not given else None
         chosen = found[0] if found else given
         knobs = with_knobs(plan, dims, chosen, scalars)
-        if map_scalars and "block_n" not in chosen and knobs.block_n & (knobs.block_n - 1):
-            knobs = replace(knobs, block_n=HopperKnobs().block_n)   # patches: powers of two
         tiled, order = None, ""
         if map_scalars and tiling is True and "consumers" not in chosen and \
                 set(map_scalars) <= set(scalars or {}):   # 64 or 128 query rows a tile
@@ -157,16 +150,18 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         lists = _Lists(plan, knobs, ctas if knobs.schedule == "auto" and how == "dynamic"
                        else None, tiled)
 
-        if tiled is not None:   # boxes of the map: patches of queries, windows of keys
-            layout_of = tiled.cols
-            shapes = [(view_sizes(layout_of.dims, layout_of.dilation, heads, D),
-                       view_box(patch, layout_of.dilation))
+        # (sizes, box) of q, k, v: rows of [batch·heads, tokens, D], or boxes of the map —
+        # patches of queries, windows of keys
+        if tiled is not None:
+            sides, dilation = tiled.cols.dims, tiled.cols.dilation
+            shapes = [(view_sizes(sides, dilation, heads, D), view_box(patch, dilation))
                       for heads, patch in ((B * H, tiled.rows.patch), (B * HKV, tiled.cols.patch),
                                            (B * HKV, tiled.cols.patch))]
         else:
-            shapes = [((B * H, M, D), (1, knobs.block_m, 64)), ((B * HKV, N, D),
-                                                                (1, knobs.block_n, 64)),
-                      ((B * HKV, N, D), (1, knobs.block_n, 64))]
+            shapes = [((heads, tokens, D), (1, rows, 64))
+                      for heads, tokens, rows in ((B * H, M, knobs.block_m),
+                                                  (B * HKV, N, knobs.block_n),
+                                                  (B * HKV, N, knobs.block_n))]
 
         def tensor_maps(q, k, v, device):
             """TMA maps of q, k and v in one device buffer, made once per set of addresses."""
@@ -175,13 +170,8 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                 tensor_map(address, sizes, box, plan.dtype)
                 for address, (sizes, box) in zip(key, shapes)), device)
 
-        entry = {}   # the module's function, looked up once (a lookup costs ~3 µs a call)
-
         def run(module, values, out, device):
             c = plan.chain
-            launch = entry.get(id(module))
-            if launch is None:
-                launch = entry[id(module)] = module[ENTRY]
             out, lse = out if c.lse else (out, out)   # lse: not written without the output
             if out.data_ptr() % 16:
                 raise TargetError("the hopper_attention template writes its output in 16-byte "
@@ -193,12 +183,12 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
             now = favoured or how
             grid = (row_blocks, B * H) if now == "grid" else (ctas, 1)
             counters, work = scratch(device) if now in ("dynamic", "split") else (pn, pn)
-            launch(pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
-                   pointer(out), pointer(lse), pointer(pn), pointer(pi), pointer(fn),
-                   pointer(fi), pointer(bits), pointer(bits_at),
-                   pointer(counters), pointer(work), MODES[now], *tensors, B, H, HKV, M, N,
-                   *(dims[d] for d in plan.extra_sizes), *scalars,
-                   *grid, knobs.threads, 1, smem)
+            module[ENTRY](pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
+                          pointer(out), pointer(lse), pointer(pn), pointer(pi), pointer(fn),
+                          pointer(fi), pointer(bits), pointer(bits_at),
+                          pointer(counters), pointer(work), MODES[now], *tensors, B, H, HKV, M, N,
+                          *(dims[d] for d in plan.extra_sizes), *scalars,
+                          *grid, knobs.threads, 1, smem)
 
         persistent = (" (or the snake, where the block lists' costs favour it)"
                       if lists.pick_among is not None else "")

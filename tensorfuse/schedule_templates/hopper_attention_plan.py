@@ -29,6 +29,7 @@ from ..errors import ScheduleError
 from ..targets.cuda.expr import to_cuda
 from ..targets.cuda.wgmma import fragment_bit_words, launch_registers, setmaxnreg_share
 from .attention_chain import AttentionChain, check_head_map, recognise_attention
+from .token_tiling import map_scalars, mask_reads_map
 
 WHO = "hopper attention"
 KNOBS = ("block_n", "stages", "consumers", "overlap", "pingpong", "schedule", "ctas")
@@ -103,6 +104,17 @@ class HopperAttentionPlan:
     @property
     def dtype(self) -> str:
         return self.chain.dtype
+
+    @property
+    def reads_map(self) -> bool:
+        """Whether the mask reads the queries or keys as a 2-D/3-D map: the kernel may visit it
+        in patches (:mod:`.hopper_tiling`)."""
+        return mask_reads_map(self.mask, self.chain.axes[2:])
+
+    @property
+    def map_scalars(self) -> tuple[str, ...]:
+        """The scalars a visiting order in patches depends on (``token_tiling.map_scalars``)."""
+        return map_scalars(self.mask, self.chain.axes[2:])
 
     def describe(self, knobs: HopperKnobs | None = None) -> str:
         c = self.chain
@@ -212,12 +224,15 @@ def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None
     128 rows — costs less that way (blocks visited × (keys + :data:`BLOCK_OVERHEAD_KEYS`)). A
     mask that leaves long runs of whole blocks (causal at long sequences) gains from the wider
     blocks; one whose blocks are mostly cut (a sliding window, a neighbourhood) visits more keys
-    in them. Masks reading tensors (document ids: the lists change per call) and masks whose
-    scalars are not known here keep the narrower blocks."""
+    in them. Masks reading tensors (document ids: the lists change per call), masks whose
+    scalars are not known here and masks over a 2-D/3-D map (its patches and key windows are
+    powers of two) keep the narrower blocks."""
     from .block_schedule import block_lists
 
     if plan.mask is None:
         return True
+    if plan.reads_map:   # a map's patches and key windows are powers of two
+        return False
     needed = {x.name for x in nodes(plan.mask) if isinstance(x, Scalar)}
     if plan.tensors or not needed <= set(scalars or {}):
         return False
@@ -237,11 +252,9 @@ def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None
 def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
     """The values tuning tries for each knob (integers: a schedule by its index in
     ``SCHEDULES``)."""
-    from .token_tiling import mask_reads_map
-
     D = sizes[plan.chain.dims[5]]
-    patches = mask_reads_map(plan.mask, plan.chain.axes[2:])   # windows of 2ᵏ keys
-    return {"block_n": (64, 80) if D > 128 else (64, 128) if patches else (64, 128, 176),
+    return {"block_n": (64, 80) if D > 128 else (64, 128) if plan.reads_map   # windows of 2ᵏ keys
+            else (64, 128, 176),
             "stages": (2, 3), "consumers": (1, 2, 3) if D <= 64 else (1, 2),
             "overlap": (True, False), "pingpong": (True, False),
             # "auto" is what tf.compile runs; "split" needs tiles of equal length (no mask)

@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..algebra.exprs import nodes
-from ..dsl.expr import Axis, Load, Scalar
+from ..dsl.expr import Axis, Load
 from ..errors import ScheduleError
 from ..targets.cuda.map_tiles import why_not_viewed
 from ..targets.cuda.wgmma import fragment_bit_words, fragment_elements
 from .block_schedule import _Evaluator, _tokens, window_lists
-from .token_tiling import KeyWindows, TilingChoice, TokenTiling, choose_tiling, mask_reads_map
+from .token_tiling import KeyWindows, TilingChoice, TokenTiling, choose_tiling
 
 PAIRS_AT_ONCE = 256   # (row block, window) pairs whose mask is evaluated in one go
 
@@ -55,7 +55,7 @@ def choose_hopper_tiling(plan, block_m: int, block_n: int, sizes: dict, scalars:
     b, h, i, j = plan.chain.axes
     if request is False:
         return None, "the flat order was asked for"
-    if not mask_reads_map(plan.mask, (i, j)):
+    if not plan.reads_map:
         return None, "the mask does not read the sequence as a map"
     why = _why_flat(plan, block_m, block_n, sizes, scalars or {})
     choice = None
@@ -80,14 +80,14 @@ def choose_hopper_tiling(plan, block_m: int, block_n: int, sizes: dict, scalars:
 
 def _why_flat(plan, block_m: int, block_n: int, sizes: dict, scalars: dict) -> str | None:
     b, h, i, j = plan.chain.axes
-    B, H, HKV, M, N, D = (sizes[d] for d in plan.chain.dims)
+    M, N = (sizes[d] for d in plan.chain.dims[3:5])
     if any(isinstance(n, Load) for n in nodes(plan.mask)):
         return "the mask reads tensors (its bits would differ per call)"
     if any(isinstance(n, Axis) and n.uid in (b.uid, h.uid) for n in nodes(plan.mask)):
         return "the mask reads the batch or head (its bits would differ per head)"
     if any(isinstance(n, Axis) and n.uid in (i.uid, j.uid) for n in nodes(plan.score)):
         return "the score reads the query or key index, which a tiled kernel renumbers"
-    missing = sorted({n.name for n in nodes(plan.mask) if isinstance(n, Scalar)} - set(scalars))
+    missing = [n for n in plan.map_scalars if n not in scalars]
     if missing:
         return f"the values of {', '.join(missing)} are needed to choose"
     if M != N:
@@ -157,33 +157,28 @@ def tiled_lists(plan, tiling: HopperTiling, sizes: dict, scalars: dict, block_m:
     return (*lists, bits, offsets)
 
 
-
-# What a (row block, head) tile costs the H100, by its query rows: (fixed µs, µs per key block)
-# for every 132 tiles — fitted to session 29's probes of 64 and 128 query rows with 128-key
+# What a (row block, head) tile costs the H100, by its query rows: (fixed µs, µs per key block),
+# both per 132 tiles — fitted to session 29's probes of 64 and 128 query rows with 128-key
 # windows (RESULTS.md: 64² and 128² maps, kernels 7 and 15, the causal video); the model picks the
 # better of the two in all seven measured cases. Few key blocks per tile: the fixed part (the
 # query copy, the pipeline's fill, the output) dominates, and half the rows halve it.
 TILE_COST = {128: (5.9, 1.64), 64: (2.8, 1.17)}
-SMS = 132
 
 
-def query_rows_for_map(plan, block_n: int, sizes: dict, scalars: dict,
-                       consumers: tuple[int, ...] = (2, 1)) -> tuple[int, "HopperTiling | None"]:
-    """The consumer warpgroups (64 query rows each) whose tiles cost least by
-    :data:`TILE_COST` on the schedules each visiting order gives, and that order: ``(consumers,
-    tiling)``; the first of ``consumers`` with no tiling where none tiles."""
+def query_rows_for_map(plan, block_n: int, sizes: dict,
+                       scalars: dict) -> tuple[int, "HopperTiling | None"]:
+    """``(consumers, tiling)``: the consumer warpgroups (64 query rows each) whose tiles cost
+    least by :data:`TILE_COST` on the schedules each visiting order gives, and that order; two
+    consumers and no tiling where none tiles."""
     B, H = (sizes[d] for d in plan.chain.dims[:2])
     N = sizes[plan.chain.dims[4]]
     best = None
-    for c in consumers:
-        rows = 64 * c
+    for rows, (fixed, per_block) in TILE_COST.items():
         tiling, _ = choose_hopper_tiling(plan, rows, block_n, sizes, scalars)
-        if tiling is None or rows not in TILE_COST:
+        if tiling is None:
             continue
         blocks = tiling.choice.density * -(-N // block_n)   # key blocks a row block visits
-        tiles = tiling.rows.padded // rows * B * H
-        fixed, per_block = TILE_COST[rows]
-        cost = tiles / SMS * (fixed + per_block * blocks)
+        cost = tiling.rows.padded // rows * B * H * (fixed + per_block * blocks)
         if best is None or cost < best[0]:
-            best = (cost, c, tiling)
-    return (consumers[0], None) if best is None else best[1:]
+            best = (cost, rows // 64, tiling)
+    return (2, None) if best is None else best[1:]

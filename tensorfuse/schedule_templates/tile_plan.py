@@ -32,7 +32,7 @@ from ..dsl.program import Compute, Program
 from ..errors import ScheduleError, TargetError
 from ..targets.triton.rowtile import MAX_FEATURE, REDUCE
 from .block_schedule import block_lists, window_lists
-from .token_tiling import choose_tiling, mask_reads_map
+from .token_tiling import choose_tiling, map_scalars, mask_reads_map
 
 
 @dataclass
@@ -415,9 +415,7 @@ class TilePlanner:
         """The scalars a visiting order may depend on: those of a mask that reads the rows or
         keys as a map (a width, a radius, a dilation). Kernels are built per their values.
         Computed once: every call's launch key reads it."""
-        if not self.reads_map:
-            return ()
-        return tuple(dict.fromkeys(n.name for n in nodes(self._mask) if isinstance(n, Scalar)))
+        return map_scalars(self._mask, tuple(self.chain.common_axes[-1:]) + (self.chain.axis,))
 
     def tile(self, plan: RowTilePlan, knobs: Knobs, scalars: dict | None,
              request: "dict | None | bool" = True) -> RowTilePlan:

@@ -332,6 +332,15 @@ def mask_reads_map(mask: Expr | None, axes: tuple[Axis, ...]) -> bool:
         and e.a.uid in uids for e in nodes(mask))
 
 
+def map_scalars(mask: Expr | None, axes: tuple[Axis, ...]) -> tuple[str, ...]:
+    """The scalars of a mask that reads one of ``axes`` as a map (its width, radius, dilation: a
+    visiting order in patches depends on their values, so kernels are made per value), in the
+    order the mask reads them; ``()`` for any other mask."""
+    if not mask_reads_map(mask, axes):
+        return ()
+    return tuple(dict.fromkeys(n.name for n in nodes(mask) if isinstance(n, Scalar)))
+
+
 def choose_tiling(mask: Expr, batch: list, row: Axis, col: Axis, sizes: dict, scalars: dict,
                   block_m: int, block_n: int, request: "dict | None" = None) -> TilingChoice:
     """The cheapest visiting order for ``mask``: the flat order, or query patches of the map the

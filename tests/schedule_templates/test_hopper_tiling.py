@@ -162,7 +162,7 @@ def _emulate(plan, tiling, made, q, k, v, scale, block_m, block_n):
 def test_the_kernels_boxes_lists_and_bits_compute_the_attention(case):
     """The tiled kernel's pieces, put together the kernel's way, give the float64 attention on
     every token, each written exactly once."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")   # the lists and bits are made with torch
     name, kernel, B, H, S, scalars, block_m, block_n, request = case
     plan = plan_hopper_attention(kernel.program, CHAIN, "j")
     sizes = dict(B=B, H=H, HKV=H, M=S, N=S, D=16)
@@ -176,7 +176,6 @@ def test_the_kernels_boxes_lists_and_bits_compute_the_attention(case):
     assert (written == 1).all(), f"{name}: tokens written {np.unique(written)} times"
     want = reference(kernel, tensors, values)
     assert relative_error(out, want) < 1e-9, name
-    assert torch is not None
 
 
 @pytest.mark.parametrize("knobs", [dict(), dict(consumers=1, block_n=64)])
@@ -273,7 +272,8 @@ def test_tuning_tunes_the_template_tf_compile_runs_for_the_map():
     assert task.template == "hopper_attention"
     space = space_of(task)
     assert 176 not in space.choices()["block_n"]
-    assert space.unfit({"block_n": 128, "stages": 3}) is not None   # the bits' slots too
+    # 128-key blocks in three slots fit without the bits' slots, not with them
+    assert "shared memory" in space.unfit({"block_n": 128, "stages": 3})
     candidate = space.candidate({"block_n": 64, "consumers": 1})
     assert "patches of 8×8" in candidate.launches({"width": 64, "radius": 3, "dilation": 1},
                                                   B=1, H=2, M=4096, N=4096, D=128).why

@@ -59,10 +59,10 @@ from ...dsl.expr import Load
 from .dsm import HELPERS as DSM_HELPERS
 from .expr import (converted_indices, forwarded, scalar_arguments, size_aliases,
                    tensor_arguments, to_cuda)
-from .split import HELPERS as SPLIT_HELPERS
 from .map_tiles import corner_function, position_function, tma_load_call, view_rank
+from .split import HELPERS as SPLIT_HELPERS
 from .tma import HELPERS as TMA_HELPERS
-from .tma import BULK_HELPERS, HELPERS_3D, MBARRIER_HELPERS, load_helper
+from .tma import BULK_HELPERS, MBARRIER_HELPERS, load_helper
 from .wgmma import HELPERS as WGMMA_HELPERS
 from .wgmma import fragment_bit_words, wgmma_function
 
@@ -237,7 +237,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None) -> st
 {MBARRIER_HELPERS}
 {TMA_HELPERS}
 {SPLIT_HELPERS}
-{HELPERS_3D if not tiled or rank == 3 else load_helper(rank)}
+{load_helper(rank)}
 {BULK_HELPERS if tiled else ""}
 {functions}
 {_tiled_functions(tiling)}

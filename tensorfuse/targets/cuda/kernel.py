@@ -25,9 +25,11 @@ _FFI_DEVICES: dict = {}
 
 def torch_stream(device):
     """A context in which TVM's launches go on torch's current stream on ``device`` (a torch CUDA
-    device): ``tvm_ffi.use_raw_stream`` with the stream read by torch's C function and the FFI
-    device made once — ``tvm_ffi.use_torch_stream`` costs ~15 µs a call on the host, a fifth of
-    a Hopper attention call's (tools/profile_call.py, RESULTS.md session 29)."""
+    device): ``tvm_ffi.use_raw_stream`` with the stream read by :func:`current_stream` and the
+    FFI device made once. ``tvm_ffi.use_torch_stream`` builds a ``torch.cuda.Stream`` and parses
+    a device per call — a fifth of a Hopper attention call's Python under cProfile
+    (tools/profile_call.py); the call's host time without the profiler moved within its
+    run-to-run noise (RESULTS.md, session 29)."""
     import torch
     import tvm_ffi
 

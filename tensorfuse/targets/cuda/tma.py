@@ -84,8 +84,6 @@ __device__ __forceinline__ void tf_tma_load_{rank}d(void* dst, const void* map, 
 """
 
 
-HELPERS_3D = load_helper(3)
-
 # A contiguous piece of global memory (a multiple of 16 bytes, 16-byte aligned at both ends) into
 # shared memory, counted on an mbarrier like the tensor copies.
 BULK_HELPERS = r"""
