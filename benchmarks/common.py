@@ -38,6 +38,19 @@ def bench_graph(fn, rep_ms: int = 200) -> float:
     return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
 
 
+def bench_replayed(fn, rep_ms: int = 200) -> float:
+    """Median milliseconds of one call of ``fn`` captured in a CUDA graph and replayed under
+    ``do_bench`` (L2 flushed before each replay, as ``bench``): the GPU time of an eager call
+    whose host work never keeps the GPU waiting — between ``bench`` (where it may) and
+    ``bench_graph`` (calls back to back: L2 warm between them)."""
+    fn()   # built and compiled outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return bench(graph.replay, rep_ms)
+
+
 def host_us(fn, calls: int = 50, warm: int = 1) -> float:
     """Host microseconds per call of ``fn``: ``calls`` calls issued back to back after ``warm``
     ones, the GPU drained before and after but not counted (what a call costs the host, where

@@ -195,3 +195,125 @@ def test_kept_scratch_is_one_set_per_stream_and_the_graphs_own_in_a_capture(monk
     monkeypatch.setattr(interop, "capturing", lambda: True)
     captured = scratch("cpu")          # a temporary of the graph's pool (here: the CPU)
     assert captured[1].tolist() == [0, 0] and len(made) == 4
+
+
+def test_a_generated_cuda_fast_call_runs_the_launches_with_the_calls_values(monkeypatch):
+    """The generated-CUDA kernels' fast path: the launches' ``run`` gets every parameter by name
+    (tensors as given, scalars converted), a new output, the kept module, on torch's stream of
+    the kernel's device; an unaligned or strided tensor, or another value of a guarded scalar,
+    is left to the checked path."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from tensorfuse.targets.cuda import kernel
+
+    streams, ran = [], []
+    monkeypatch.setattr(kernel, "on_torch_stream",
+                        lambda index, launch, *args: streams.append(index) or launch(*args))
+    launches = SimpleNamespace(run=lambda module, values, out, device: ran.append(
+        (module, values, out, device)), module="built module")
+    fast = kernel.ClusterFastCall([("q", 0, True), ("k", 1, True), ("scale", "scale", float),
+                                   ("width", "width", int)],
+                                  [("o", (4,), "f32"), ("lse", (2,), "f32")], launches,
+                                  torch.device("cuda", 1), likes=[0, None],
+                                  guards=[("width", 64)])
+    fast.device = "cpu"        # the outputs' device (no CUDA here)
+    q, k = torch.ones(4), torch.ones(6)
+    o, lse = fast((q, k), {"scale": 1, "width": 64})
+    module, values, out, _ = ran[-1]
+    assert module == "built module" and streams == [1]
+    assert values == {"q": q, "k": k, "scale": 1.0, "width": 64}
+    assert type(values["scale"]) is float and out == (o, lse)
+    assert o.shape == (4,) and lse.shape == (2,) and o.data_ptr() != q.data_ptr()
+    assert fast((torch.ones(8)[1:5], k), {"scale": 1, "width": 64}) is None   # 4 bytes in
+    assert fast((torch.ones(4, 2).t(), k), {"scale": 1, "width": 64}) is None  # strided
+    assert not fast.stale and fast.declined == 2
+    assert fast((q, k), {"scale": 1, "width": 32}) is None and fast.stale
+    assert len(ran) == 1 and fast.calls == 1
+
+
+def test_tvm_launches_go_on_torch_stream_and_the_previous_one_comes_back(monkeypatch):
+    """``on_torch_stream`` sets TVM's current stream of the device to torch's current one for the
+    launch and puts the previous one back, also when the launch raises."""
+    torch = pytest.importorskip("torch")
+    from tvm_ffi import core
+
+    from tensorfuse.targets.cuda.kernel import on_torch_stream
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 4242 + index,
+                        raising=False)
+    seen = []
+
+    def launch(tag):
+        seen.append((tag, core._env_set_current_stream(2, 3, 99)))
+        core._env_set_current_stream(2, 3, 4245)   # what the launch found, put back
+
+    before = core._env_set_current_stream(2, 3, 7)
+    on_torch_stream(3, launch, "a")
+    assert seen == [("a", 4245)]
+    assert core._env_set_current_stream(2, 3, 7) == 7
+    with pytest.raises(ZeroDivisionError):
+        on_torch_stream(3, lambda: 1 / 0)
+    assert core._env_set_current_stream(2, 3, before) == 7
+
+
+@pytest.mark.gpu
+def test_generated_cuda_kernels_repeat_calls_on_their_fast_path():
+    """``tf.compile``'s Hopper attention on the H100: a repeated signature runs on its fast call
+    and gives the float64 answer; an unaligned view is left to the checked path (which copies
+    it) and is still right; a document mask rewritten in place between calls is read again (its
+    block lists are keyed by the tensor's version); a 2-D map's other radius (a guarded scalar:
+    the launches were made per value) takes the checked path and gets a fast call of its own."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    import tensorfuse.kernels as K
+    from benchmarks.attention import reference
+    from benchmarks.common import relative_error
+    from tensorfuse.targets.cuda.kernel import ClusterFastCall
+
+    B, H, S, D = 2, 2, 600, 128
+    scale = D ** -0.5
+
+    def fresh():
+        return [torch.randn(B, H, S, D, device="cuda").to(torch.bfloat16) for _ in range(3)]
+
+    f = tf.compile(K.causal_attention)
+    q, k, v = fresh()
+    causal = lambda b, h, i, j: i >= j  # noqa: E731
+    f(q, k, v, scale)
+    fast = [x for x in f._fast.values() if isinstance(x, ClusterFastCall)]
+    assert len(fast) == 1, f._fast
+    q, k, v = fresh()
+    out = f(q, k, v, scale)
+    assert fast[0].calls == 1
+    assert relative_error(out.double(), reference(q, k, v, scale, None, causal)) <= 2e-2
+    storage = torch.randn(q.numel() + 1, device="cuda").to(torch.bfloat16)
+    shifted = storage[1:].view(q.shape)                   # 2 bytes past a 16-byte boundary
+    out = f(shifted, k, v, scale)
+    assert fast[0].declined == 1 and fast[0].calls == 1
+    assert relative_error(out.double(), reference(shifted, k, v, scale, None, causal)) <= 2e-2
+
+    f = tf.compile(K.document_attention)
+    doc = (torch.arange(S, device="cuda") // 97).repeat(B, 1).to(torch.int32)
+    same_doc = lambda b, h, i, j: doc[b, i] == doc[b, j]  # noqa: E731
+    f(q, k, v, doc, scale)
+    doc.copy_((torch.arange(S, device="cuda") // 41).repeat(B, 1))   # rewritten in place
+    out = f(q, k, v, doc, scale)
+    assert sum(x.calls for x in f._fast.values()) == 1
+    assert relative_error(out.double(), reference(q, k, v, scale, None, same_doc)) <= 2e-2
+
+    f = tf.compile(K.neighborhood_attention_2d)
+    q, k, v = (torch.randn(1, 2, 1024, D, device="cuda").to(torch.bfloat16) for _ in range(3))
+
+    def window(radius):
+        def keep(b, h, i, j):
+            return ((i // 32 - j // 32).abs() <= radius) & ((i % 32 - j % 32).abs() <= radius)
+        return keep
+
+    for radius in (3, 3, 5, 5):
+        out = f(q, k, v, scale, width=32, radius=radius, dilation=1)
+        assert relative_error(out.double(), reference(q, k, v, scale, None, window(radius))) \
+            <= 2e-2
+    # one fast call per radius (tf.compile's choice is keyed by the map's scalars), each used once
+    assert [(type(x), x.calls) for x in f._fast.values()] == [(ClusterFastCall, 1)] * 2

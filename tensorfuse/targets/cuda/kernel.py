@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
-from ...interop import current_stream, deliver, torch_arguments, torch_output
+from ...binding import (CallBinder, check_named_sizes, output_shape, signature_key,
+                        split_scalars)
+from ...interop import deliver, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
 from .. import TargetSpec
 from ..codegen import cuda_to_ptx
+from ..signature_call import SignatureCall, call_layout, fast_call_applies
 from .module import KernelEntry, cuda_module
 
 
@@ -20,24 +22,48 @@ def pointer(x):
     return ctypes.c_void_p(x.data_ptr())
 
 
-_FFI_DEVICES: dict = {}
+_CUDA = 2   # DLPack's device type of a CUDA GPU
 
 
-def torch_stream(device):
-    """A context in which TVM's launches go on torch's current stream on ``device`` (a torch CUDA
-    device): ``tvm_ffi.use_raw_stream`` with the stream read by :func:`current_stream` and the
-    FFI device made once. ``tvm_ffi.use_torch_stream`` builds a ``torch.cuda.Stream`` and parses
-    a device per call — a fifth of a Hopper attention call's Python under cProfile
-    (tools/profile_call.py); the call's host time without the profiler moved within its
-    run-to-run noise (RESULTS.md, session 29)."""
+def on_torch_stream(index: int, launch, *args) -> None:
+    """``launch(*args)`` with TVM's current stream on CUDA device ``index`` set to torch's current
+    one there (:func:`~tensorfuse.interop.current_stream`), and set back after: what
+    ``tvm_ffi.use_raw_stream`` does, without a context object and a device per call (and
+    ``tvm_ffi.use_torch_stream``, which builds a ``torch.cuda.Stream`` per call, was a fifth of a
+    Hopper attention call's Python under cProfile: RESULTS.md, session 29). TVM keeps the stream
+    per thread."""
     import torch
-    import tvm_ffi
+    from tvm_ffi import core
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    ffi_device = _FFI_DEVICES.get(index)
-    if ffi_device is None:
-        ffi_device = _FFI_DEVICES[index] = tvm_ffi.device(f"cuda:{index}")
-    return tvm_ffi.use_raw_stream(ffi_device, current_stream(device))
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    stream = raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+    previous = core._env_set_current_stream(_CUDA, index, stream)
+    try:
+        launch(*args)
+    finally:
+        core._env_set_current_stream(_CUDA, index, previous)
+
+
+def device_index(device) -> int:
+    """The index of a CUDA ``torch.device`` (the current device where it names none)."""
+    import torch
+
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+class Functions:
+    """A built TVM module's kernels by name, each looked up once (``module[name]`` asks the
+    runtime every time)."""
+
+    def __init__(self, module):
+        self.module = module
+        self.found: dict = {}
+
+    def __getitem__(self, name: str):
+        function = self.found.get(name)
+        if function is None:
+            function = self.found[name] = self.module[name]
+        return function
 
 
 class Launches:
@@ -63,9 +89,35 @@ class Launches:
     def build(self, target: TargetSpec) -> None:
         """The module(s), once."""
         if self.module is None:
-            modules = tuple(cuda_module(source, entries, target) for source, entries in
-                            ((self.source, self.entries),) + self.more)
+            modules = tuple(Functions(cuda_module(source, entries, target))
+                            for source, entries in ((self.source, self.entries),) + self.more)
             self.module = modules if self.more else modules[0]
+
+
+class ClusterFastCall(SignatureCall):
+    """A repeated call of a generated-CUDA kernel with one signature: the parameters read from
+    their places among the arguments, new outputs, the launches' ``run`` on torch's current
+    stream — none of the checked path's binding, conversions and lookups (``None`` where a call
+    needs that path after all: :class:`~tensorfuse.targets.signature_call.SignatureCall`). The
+    launches are the ones made for the signature (and the guarded scalars' values), built."""
+
+    def __init__(self, params: list, outputs: list, launches: Launches, device,
+                 likes: list | None = None, guards: list | None = None):
+        super().__init__(params, outputs, device, likes, guards)
+        self.run, self.module = launches.run, launches.module
+        self.index = device_index(device)
+        self.single = len(outputs) == 1
+
+    def __call__(self, args: tuple, kwargs: dict):
+        read = self.arguments(args, kwargs, addresses=False)
+        if read is None:
+            return None
+        values, tensors = read
+        outs = self.new_outputs(tensors)
+        out = outs[0] if self.single else tuple(outs)
+        on_torch_stream(self.index, self.run, self.module, dict(zip(self.names, values)), out,
+                        self.device)
+        return out
 
 
 class ClusterKernel(GraphCallable):
@@ -88,6 +140,7 @@ class ClusterKernel(GraphCallable):
         self.outputs = list(program.outputs)
         self._launches: dict = {}
         self._calls = CallBinder(program, "cuda")
+        self._fast: dict = {}   # signature key -> its ClusterFastCall
         self._device_checked = False
 
     def __repr__(self) -> str:
@@ -154,15 +207,33 @@ class ClusterKernel(GraphCallable):
         out = outs[0] if len(outs) == 1 else tuple(outs)
 
         def run():
-            with torch_stream(device):
-                launches.run(launches.module, values, out, device)
+            on_torch_stream(device_index(device), launches.run, launches.module, values, out,
+                            device)
 
         return run, outs, given, bound
 
     def invoke(self, key, args: tuple, kwargs: dict):
-        """A call whose signature key the caller made (``False``: not made)."""
+        """A call whose signature key the caller made (``False``: not made). A signature seen
+        before runs on its :class:`ClusterFastCall`; otherwise the arguments are bound (checked
+        once per signature), the launches made, and a fast call kept for next time."""
+        if key is False:
+            key = signature_key(args, kwargs)
+        fast = self._fast.get(key) if key is not None else None
+        if fast is not None:
+            done = fast(args, kwargs)
+            if done is not None:
+                return done
         run, outs, given, bound = self._prepare(args, kwargs, key)
         run()
+        if key is not None and (fast is None or fast.stale) and \
+                fast_call_applies(bound, self._calls.target_device):
+            outputs = [(c.name, output_shape(c, bound.dims), c.dtypes[0]) for c in self.outputs]
+            params, likes, guards = call_layout(self.program, args, bound,
+                                                self._calls.scalar_kinds, outputs,
+                                                self.keyed_scalars)
+            self._fast[key] = ClusterFastCall(params, outputs, self.launches(bound.scalars,
+                                                                             **bound.dims),
+                                              bound.torch_device, likes, guards)
         made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
         return made[0] if len(made) == 1 else tuple(made)
 

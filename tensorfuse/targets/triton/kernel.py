@@ -8,10 +8,10 @@ from typing import Callable
 from ...binding import (CallBinder, check_named_sizes, output_shape, signature_key,
                         split_scalars)
 from ...dsl import dtypes as dt
-from ...interop import (deliver, is_torch, kept_copies, torch_arguments, torch_dtype,
-                        torch_output)
+from ...interop import deliver, kept_copies, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
 from .launch import compile_for, interpreting, load_kernel, signature
+from ..signature_call import call_layout, fast_call_applies
 from .launcher import FastCall, Launches, Step
 from .rowtile import block_k, grid, kernel_source
 
@@ -256,23 +256,14 @@ class TritonKernel(GraphCallable):
         new outputs out, compiled kernels Triton lets us launch directly, no per-call block
         lists."""
         plan, _, scratch, _, outputs = self._launches(bound)
-        if self._calls.target_device != "cuda" or bound.outs is not None or \
+        if not fast_call_applies(bound, self._calls.target_device) or \
                 plan.mask is not None and scratch is None or \
-                any(step.raw is None for step in launches.steps) or \
-                not all(is_torch(x) for x in bound.arrays.values()):
+                any(step.raw is None for step in launches.steps):
             return
-        params = []
-        for k, p in enumerate(self.program.params):
-            place = k if k < len(args) else p.name
-            kind = True if p.name in bound.arrays else self._calls.scalar_kinds[p.name]
-            params.append((p.name, place, kind))
-        tensors = [bound.arrays[name] for name, _, kind in params if kind is True]
-        likes = [next((k for k, x in enumerate(tensors) if tuple(x.shape) == tuple(shape)
-                       and x.dtype == torch_dtype(dtype)), None) for _, shape, dtype in outputs]
-        # the values of the scalars tuning records are kept per (a window): another value may
-        # have other knobs, so it takes the checked path
-        places = {name: place for name, place, _ in params}
-        guards = [(places[n], bound.scalars[n]) for n in self._keyed_scalars()]
+        # the scalars tuning records are kept per (a window) are guarded: another value may have
+        # other knobs, so it takes the checked path
+        params, likes, guards = call_layout(self.program, args, bound, self._calls.scalar_kinds,
+                                            outputs, self._keyed_scalars())
         self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes,
                                    guards)
 

@@ -11,7 +11,7 @@ compiled kernel stays the right one.
 """
 from __future__ import annotations
 
-from ...interop import torch_dtype
+from ..signature_call import SignatureCall
 from .launch import interpreting
 
 META = ("BLOCK_M", "BLOCK_N", "BLOCK_K")   # the generated kernels' constexpr parameters, in order
@@ -118,33 +118,22 @@ def hook(chain):
     return None if calls is not None and not calls else chain
 
 
-class FastCall:
+class FastCall(SignatureCall):
     """One signature's whole call in a few list operations, once its kernels are compiled.
 
     Made after a first call with this signature went through the checked path: the signature
     fixes where each parameter sits among the call's arguments, the shapes and dtypes (so the
     outputs' too), the launches and the scratch layout. A call then only reads the tensors'
-    addresses (checking that each is contiguous and 16-byte aligned, as the compiled kernels
-    assume), allocates the outputs and the scratch, and hands the C launch functions their
-    arguments (and Triton's launch hooks, where a profiler set them, what the JIT would). Returns
-    None where this call needs the checked path after all: a tensor that is not contiguous or
-    16-byte aligned, or a scalar that tuning records are kept per (``guards``) with another value
-    than the one its launches were made for."""
+    addresses (:class:`~tensorfuse.targets.signature_call.SignatureCall`: None where the call needs
+    the checked path after all), allocates the outputs and the scratch, and hands the C launch
+    functions their arguments (and Triton's launch hooks, where a profiler set them, what the JIT
+    would)."""
 
     def __init__(self, params: list, outputs: list, scratch, launches: Launches, device,
                  likes: list | None = None, guards: list | None = None):
         import torch
 
-        # params: (name, where in the call — position or keyword —, True for a tensor or the
-        # scalar's type), in the kernel's parameter order. likes: for each output, the position
-        # among the tensor parameters of one with its shape and dtype (None where none has):
-        # torch.empty_like of it costs less on the host than torch.empty (3.3 against 5.4 µs on
-        # the H100 host, benchmarks/overhead.py --breakdown)
-        self.sources = [(place, kind) for _, place, kind in params]
-        likes = likes or [None] * len(outputs)
-        self.outputs = [(shape, torch_dtype(dtype), like)
-                        for (_, shape, dtype), like in zip(outputs, likes)]
-        self.empty_like = torch.empty_like
+        super().__init__(params, outputs, device, likes, guards)
         places, total = scratch if scratch is not None else ([], 0)
         self.scratch_offsets = [4 * offset for _, _, offset in places]
         self.scratch_total = total
@@ -153,38 +142,18 @@ class FastCall:
         self.steps = [(step.raw, step.compiled, step.grid, [slot_of[n] for n in step.names])
                       for step in launches.steps]
         self.constexprs = launches.constexprs
-        self.device = device
-        self.empty, self.f32 = torch.empty, torch.float32
+        self.f32 = torch.float32
         # the current device, as torch.cuda.current_device() reads it once CUDA is initialised
         # (which the first call did), without its Python wrapper
         self.current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-        self.calls = self.declined = 0   # how often it ran, and left a call to the checked path
-        # (place, value): scalars whose value this call's launches were made for
-        self.guards = list(guards or [])
-        self.stale = False
 
     def __call__(self, args: tuple, kwargs: dict):
-        for place, value in self.guards:
-            if (args[place] if type(place) is int else kwargs[place]) != value:
-                self.declined += 1
-                self.stale = True   # the caller makes one for the new value
-                return None
-        slots, tensors = [], []
-        for place, kind in self.sources:
-            x = args[place] if type(place) is int else kwargs[place]
-            if kind is True:
-                ptr = x.data_ptr()
-                if ptr % 16 or not x.is_contiguous():
-                    self.declined += 1
-                    return None
-                slots.append(ptr)
-                tensors.append(x)
-            else:
-                slots.append(kind(x))
+        read = self.arguments(args, kwargs)
+        if read is None:
+            return None
+        slots, tensors = read
         runtime, active = _triton()
-        self.calls += 1
-        outs = [self.empty(shape, dtype=dtype, device=self.device) if like is None else
-                self.empty_like(tensors[like]) for shape, dtype, like in self.outputs]
+        outs = self.new_outputs(tensors)
         slots += [o.data_ptr() for o in outs]
         keep = None
         if self.scratch_total:

@@ -1,0 +1,102 @@
+"""What a repeated call of one signature needs, shared by the backends' fast calls.
+
+A kernel's first call with a signature (:func:`~tensorfuse.binding.signature_key`: the arguments'
+kinds, shapes, dtypes, devices) goes through the checked path — binding, checks, the launches
+made. The signature fixes everything but the arguments' addresses and scalar values, so later calls
+can skip all of it: read each parameter from its place among the call's arguments, check what the
+key does not cover (a tensor's alignment and contiguity), allocate the outputs, launch. Each
+backend's fast call (Triton's :class:`~tensorfuse.targets.triton.launcher.FastCall`, the generated
+CUDA kernels' :class:`~tensorfuse.targets.cuda.kernel.ClusterFastCall`) builds on
+:class:`SignatureCall` and only adds how it launches.
+"""
+from __future__ import annotations
+
+from ..interop import ALIGNMENT, is_torch, torch_dtype
+
+
+def fast_call_applies(bound, target_device: str) -> bool:
+    """Whether calls of this bound call's signature may take a fast path: torch tensors on the GPU
+    in (NumPy arrays are copied per call), new outputs out (an ``out=`` is filled by a copy)."""
+    return target_device == "cuda" and bound.outs is None and bound.framework == "torch" and \
+        all(is_torch(x) for x in bound.arrays.values())
+
+
+def call_layout(program, args: tuple, bound, scalar_kinds: dict, outputs: list,
+                guarded: tuple = ()) -> tuple[list, list, list]:
+    """``(params, likes, guards)`` of a fast call for this signature, read off its first call
+    (``args``: that call's positional arguments; ``outputs``: ``(name, shape, DSL dtype)``):
+
+    - params: ``(name, place, kind)`` per parameter in the program's order — ``place`` its
+      position among the positional arguments or its keyword, ``kind`` True for a tensor or the
+      scalar's Python type;
+    - likes: per output, the position among the tensor parameters of one of its shape and dtype
+      (``torch.empty_like`` of it costs the host less than ``torch.empty``), or None;
+    - guards: ``(place, value)`` of the scalars in ``guarded`` (those the launches were made for:
+      tuning records kept per window, a map's width), whose other values take the checked path.
+    """
+    params = []
+    for k, p in enumerate(program.params):
+        place = k if k < len(args) else p.name
+        kind = True if p.name in bound.arrays else scalar_kinds[p.name]
+        params.append((p.name, place, kind))
+    tensors = [bound.arrays[name] for name, _, kind in params if kind is True]
+    likes = [next((k for k, x in enumerate(tensors) if tuple(x.shape) == tuple(shape)
+                   and x.dtype == torch_dtype(dtype)), None) for _, shape, dtype in outputs]
+    places = {name: place for name, place, _ in params}
+    guards = [(places[n], bound.scalars[n]) for n in guarded]
+    return params, likes, guards
+
+
+class SignatureCall:
+    """A fast call's reading of the arguments and making of the outputs.
+
+    ``params``, ``likes``, ``guards``: as :func:`call_layout` gives them; ``outputs``: ``(name,
+    shape, DSL dtype)`` per output; ``device``: the torch device the outputs go on. ``calls`` and
+    ``declined`` count the calls it ran and those it left to the checked path; ``stale`` says a
+    guard declined one (the caller makes a fast call for the new value)."""
+
+    def __init__(self, params: list, outputs: list, device, likes: list | None = None,
+                 guards: list | None = None):
+        import torch
+
+        self.names = [name for name, _, _ in params]
+        self.sources = [(place, kind) for _, place, kind in params]
+        likes = likes or [None] * len(outputs)
+        self.outputs = [(shape, torch_dtype(dtype), like)
+                        for (_, shape, dtype), like in zip(outputs, likes)]
+        self.empty, self.empty_like = torch.empty, torch.empty_like
+        self.device = device
+        self.guards = list(guards or [])
+        self.calls = self.declined = 0
+        self.stale = False
+
+    def arguments(self, args: tuple, kwargs: dict, addresses: bool = True):
+        """``(values, tensors)``: each parameter's value in order — a tensor's address (or, not
+        ``addresses``, the tensor), a scalar as its kind — and the tensors; None where this call
+        needs the checked path (a guarded scalar's other value, a tensor that is not contiguous
+        or not 16-byte aligned, as the compiled kernels assume)."""
+        for place, value in self.guards:
+            if (args[place] if type(place) is int else kwargs[place]) != value:
+                self.declined += 1
+                self.stale = True
+                return None
+        values, tensors = [], []
+        for place, kind in self.sources:
+            x = args[place] if type(place) is int else kwargs[place]
+            if kind is True:
+                ptr = x.data_ptr()
+                if ptr % ALIGNMENT or not x.is_contiguous():
+                    self.declined += 1
+                    return None
+                values.append(ptr if addresses else x)
+                tensors.append(x)
+            else:
+                values.append(kind(x))
+        self.calls += 1
+        return values, tensors
+
+    def new_outputs(self, tensors: list) -> list:
+        """The call's outputs, new (``empty_like`` of a tensor argument of the same shape and
+        dtype where there is one)."""
+        return [self.empty(shape, dtype=dtype, device=self.device) if like is None else
+                self.empty_like(tensors[like]) for shape, dtype, like in self.outputs]
