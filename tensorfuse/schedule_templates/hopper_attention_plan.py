@@ -32,7 +32,8 @@ from .attention_chain import AttentionChain, check_head_map, recognise_attention
 from .token_tiling import map_scalars, mask_reads_map
 
 WHO = "hopper attention"
-KNOBS = ("block_n", "stages", "consumers", "overlap", "pingpong", "schedule", "ctas")
+KNOBS = ("block_n", "stages", "consumers", "overlap", "pingpong", "schedule", "ctas",
+         "ctas_per_sm")
 SCHEDULES = ("auto", "grid", "dynamic", "snake", "split")
 PRODUCER_REGISTERS = 24      # the producer warpgroup keeps the fewest setmaxnreg allows
 
@@ -46,8 +47,11 @@ class HopperKnobs:
     (persistent CTAs in alternating rounds), ``"split"`` (``"dynamic"`` with the tiles of the last
     partial round cut along the keys into pieces for every CTA, merged by the last piece to
     finish; plans without a mask) or ``"auto"`` (:func:`schedule_for`); ``ctas``: how
-    many persistent CTAs (0: one per SM). The last two are launch arguments: every schedule runs
-    the same cubin."""
+    many persistent CTAs (0: one per SM, or ``ctas_per_sm``). The last two are launch arguments:
+    every schedule runs the same cubin. ``ctas_per_sm``: CTAs resident on an SM at once (1 or 2;
+    2 halves each CTA's registers and needs its shared memory twice over): where tiles are short
+    (a few key blocks each) one CTA's fixed costs per tile — the queries' copy, the pipeline's
+    fill, the output — run beside the other's blocks."""
 
     block_n: int = 128
     stages: int = 2
@@ -56,6 +60,7 @@ class HopperKnobs:
     pingpong: bool = True
     schedule: str = "auto"
     ctas: int = 0
+    ctas_per_sm: int = 1
 
     @property
     def block_m(self) -> int:
@@ -73,20 +78,23 @@ class HopperKnobs:
     def consumer_registers(self) -> int:
         """Registers per consumer thread after ``setmaxnreg`` (the producer keeps
         ``PRODUCER_REGISTERS``)."""
-        return setmaxnreg_share(self.threads, self.consumers, PRODUCER_REGISTERS)
+        return setmaxnreg_share(self.threads, self.consumers, PRODUCER_REGISTERS,
+                                self.ctas_per_sm)
 
     @property
     def launch_registers(self) -> int:
         """Registers per thread the CTA is launched with (ptxas's limit for ``THREADS`` threads
-        and one CTA per SM, in steps of 8): ``setmaxnreg`` only moves registers between the
-        warpgroups of this pool — a consumer asking for more than the producer gave back
-        waits forever (384 × 168: the producer at 24 leaves exactly 240 to two consumers)."""
-        return launch_registers(self.threads)
+        and ``ctas_per_sm`` CTAs per SM, in steps of 8): ``setmaxnreg`` only moves registers
+        between the warpgroups of this pool — a consumer asking for more than the producer gave
+        back waits forever (384 × 168: the producer at 24 leaves exactly 240 to two
+        consumers)."""
+        return launch_registers(self.threads, self.ctas_per_sm)
 
     def __str__(self) -> str:
         return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "
                 f"consumers={self.consumers}, overlap={self.overlap}, pingpong={self.pingpong}, "
-                f"schedule={self.schedule}" + (f", ctas={self.ctas}" if self.ctas else ""))
+                f"schedule={self.schedule}" + (f", ctas={self.ctas}" if self.ctas else "")
+                + (f", ctas_per_sm={self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""))
 
 
 @dataclass(frozen=True)
@@ -285,10 +293,14 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
         raise _refuse(f"ctas={knobs.ctas}: a count of persistent CTAs (0: one per SM)")
     if knobs.stages not in (2, 3, 4):
         raise _refuse(f"stages={knobs.stages}: 2, 3 or 4 key/value slots")
+    if knobs.ctas_per_sm not in (1, 2):
+        raise _refuse(f"ctas_per_sm={knobs.ctas_per_sm}: 1 or 2 CTAs resident on an SM")
     need = shared_bytes(knobs, D, tiled)
-    if need > max_shared:
-        raise _refuse(f"{knobs} at head dim {D} needs {need} bytes of shared memory; the GPU has "
-                      f"{max_shared}: use fewer stages or a smaller block_n")
+    if need * knobs.ctas_per_sm > max_shared:
+        per = f" × {knobs.ctas_per_sm} CTAs per SM" if knobs.ctas_per_sm > 1 else ""
+        raise _refuse(f"{knobs} at head dim {D} needs {need} bytes of shared memory{per}; the "
+                      f"GPU has {max_shared}: use fewer stages, a smaller block_n"
+                      + (" or one CTA per SM" if per else ""))
     live = D // 2 + knobs.block_n // 2 + knobs.block_n // 4   # O, S (f32) and P (16-bit pairs)
     if live + 40 > knobs.consumer_registers:
         raise _refuse(f"{knobs} at head dim {D} keeps about {live + 40} registers per consumer "
@@ -347,11 +359,12 @@ def schedule_for(knobs: HopperKnobs, tiles: int, sms: int,
     key blocks). On the H100 (session 26, alternated rounds, two runs): S=16384 (4096 tiles, 4 in
     the last round of 132) +1.7/+2.4 % full, +3.4/+4.1 % ALiBi; S=4096 (1024 tiles, 100 in the
     last round) −0.5…+0.2 % — a part-full round seems to run that much faster."""
-    ctas = min(tiles, knobs.ctas or sms)
+    slots = sms * knobs.ctas_per_sm   # CTAs resident at once
+    ctas = min(tiles, knobs.ctas or slots)
     schedule = knobs.schedule
     if schedule == "auto":
         last = tiles % ctas   # tiles of the last, partial round
-        schedule = "grid" if tiles < 2 * sms else "dynamic" if masked or not last or \
+        schedule = "grid" if tiles < 2 * slots else "dynamic" if masked or not last or \
             2 * last > ctas else "split"
     return schedule, (tiles if schedule == "grid" else ctas)
 

@@ -247,6 +247,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None) -> st
 #define STAGES {knobs.stages}
 #define CONSUMERS {knobs.consumers}
 #define THREADS {knobs.threads}
+#define CTAS_PER_SM {knobs.ctas_per_sm}
 #define CONSUMER_REGS {knobs.consumer_registers}
 #define PRODUCER_REGS {knobs.producer_registers}
 #define OVERLAP {int(knobs.overlap)}
@@ -487,7 +488,7 @@ __device__ __forceinline__ int claim_tile(int k, int mode, int* counters, int wo
   return k * g + ((k & 1) ? g - 1 - (int)blockIdx.x : (int)blockIdx.x);
 }}
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
     {params}) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = (unsigned char*)(((unsigned long)smem_raw + 1023) & ~1023ul);

@@ -72,18 +72,19 @@ __device__ __forceinline__ void tf_fence_regs(float (&d)[R]) {
 REGISTERS = 65536   # per SM
 
 
-def launch_registers(threads: int) -> int:
-    """Registers per thread a CTA of ``threads`` threads is launched with (ptxas's limit at one
-    CTA per SM, in steps of 8): the pool ``setmaxnreg`` moves registers within."""
-    return min(255, REGISTERS // threads) // 8 * 8
+def launch_registers(threads: int, ctas_per_sm: int = 1) -> int:
+    """Registers per thread a CTA of ``threads`` threads is launched with (ptxas's limit at
+    ``ctas_per_sm`` CTAs per SM, in steps of 8): the pool ``setmaxnreg`` moves registers within."""
+    return min(255, REGISTERS // (threads * ctas_per_sm)) // 8 * 8
 
 
-def setmaxnreg_share(threads: int, consumers: int, producer: int) -> int:
+def setmaxnreg_share(threads: int, consumers: int, producer: int, ctas_per_sm: int = 1) -> int:
     """Registers a consumer warpgroup's thread can take (``setmaxnreg.inc``, at most 240) once
     the producer warpgroup has given its own back down to ``producer``: no more than the pool
     holds — an increase it cannot cover waits forever (a 64-register producer with consumers
     asking for 224 of the 216 there were hung a GEMM on the H100, session 28)."""
-    share = (threads * launch_registers(threads) - 128 * producer) // (128 * consumers)
+    pool = threads * launch_registers(threads, ctas_per_sm)
+    share = (pool - 128 * producer) // (128 * consumers)
     return min(240, share // 8 * 8)
 
 
