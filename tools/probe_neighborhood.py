@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--only", default="64x64/k7/dil1,64x64/k7/dil2,64x64/k15/dil1")
     parser.add_argument("--variants", default="", help="labels of VARIANTS to run (all if empty)")
     parser.add_argument("--csv", default="")
+    parser.add_argument("--no-triton", action="store_true", help="skip the Triton template's row")
     args = parser.parse_args()
     wanted = [v for v in VARIANTS if not args.variants or v[0] in args.variants.split(",")]
     rows = []
@@ -43,10 +44,12 @@ def main() -> None:
         if not any(part in name for part in args.only.split(",")):
             continue
         case = make(name, S, scalars, mask_mod)
-        triton = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
-        triton = triton.apply_template("attention").compile()
-        run = lambda f=triton: f(case.q, case.k, case.v, case.scale, **case.args)  # noqa: E731
-        made = checked(case, "triton", run)
+        made = None
+        if not args.no_triton:
+            triton = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
+            triton = triton.apply_template("attention").compile()
+            run = lambda f=triton: f(case.q, case.k, case.v, case.scale, **case.args)  # noqa: E731
+            made = checked(case, "triton", run)
         if made:
             print(f"{name:42s} {'triton tiled':14s} {made[0]:.4f} ms eager, "
                   f"{bench_graph(run):.4f} ms graph, host {host_us(run):.0f} us", flush=True)
