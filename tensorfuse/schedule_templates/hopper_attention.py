@@ -27,7 +27,7 @@ from .block_schedule import block_lists
 from .fusion import Fusion
 from .hopper_attention_plan import (check_hopper, plan_hopper_attention, planned_schedule,
                                     shared_bytes, split_workspace, with_knobs)
-from .hopper_tiling import choose_hopper_tiling, query_rows_for_map, tiled_lists
+from .hopper_tiling import choose_hopper_tiling, tile_shape_for_map, tiled_lists
 from .tile_order import pick_persistent
 
 
@@ -85,6 +85,21 @@ class _Lists:
         return self.cache[key]
 
 
+def _runs(plan, knobs, given: dict, shape: tuple, sizes: dict, target: TargetSpec) -> bool:
+    """Whether a tile shape ``(query rows, block_n, ctas_per_sm)`` agrees with the ``given``
+    knobs and runs with the others (shared memory at their stages, registers)."""
+    rows, block_n, ctas_per_sm = shape
+    if given.get("block_n", block_n) != block_n or \
+            given.get("ctas_per_sm", ctas_per_sm) != ctas_per_sm:
+        return False
+    try:
+        check_hopper(plan, replace(knobs, consumers=rows // 64, block_n=block_n,
+                                   ctas_per_sm=ctas_per_sm), sizes, target.max_shared_memory, True)
+    except ScheduleError:
+        return False
+    return True
+
+
 def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,
                      stages: int | None = None, consumers: int | None = None,
                      overlap: bool | None = None, pingpong: bool | None = None,
@@ -126,9 +141,14 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         knobs = with_knobs(plan, dims, chosen, scalars)
         tiled, order = None, ""
         if map_scalars and tiling is True and "consumers" not in chosen and \
-                set(map_scalars) <= set(scalars or {}):   # 64 or 128 query rows a tile
-            consumers, tiled = query_rows_for_map(plan, knobs.block_n, dims, scalars)
-            knobs = replace(knobs, consumers=consumers)
+                set(map_scalars) <= set(scalars or {}):   # the tile shape by the cost model
+            picked = tile_shape_for_map(plan, dims, scalars,
+                                        lambda shape: _runs(plan, knobs, chosen, shape, dims,
+                                                            target))
+            if picked is not None:
+                (rows, block_n, ctas_per_sm), tiled = picked
+                knobs = replace(knobs, consumers=rows // 64, block_n=block_n,
+                                ctas_per_sm=ctas_per_sm)
         if tiled is None and (map_scalars or isinstance(tiling, dict)):
             tiled, order = choose_hopper_tiling(plan, knobs.block_m, knobs.block_n, dims,
                                                 scalars, tiling)

@@ -264,7 +264,7 @@ def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
     return {"block_n": (64, 80) if D > 128 else (64, 128) if plan.reads_map   # windows of 2ᵏ keys
             else (64, 128, 176),
             "stages": (2, 3), "consumers": (1, 2, 3) if D <= 64 else (1, 2),
-            "overlap": (True, False), "pingpong": (True, False),
+            "overlap": (True, False), "pingpong": (True, False), "ctas_per_sm": (1, 2),
             # "auto" is what tf.compile runs; "split" needs tiles of equal length (no mask)
             "schedule": tuple(i for i, name in enumerate(SCHEDULES)
                               if name != "split" or plan.mask is None)}

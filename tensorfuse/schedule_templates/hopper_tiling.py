@@ -157,28 +157,35 @@ def tiled_lists(plan, tiling: HopperTiling, sizes: dict, scalars: dict, block_m:
     return (*lists, bits, offsets)
 
 
-# What a (row block, head) tile costs the H100, by its query rows: (fixed µs, µs per key block),
-# both per 132 tiles — fitted to session 29's probes of 64 and 128 query rows with 128-key
-# windows (RESULTS.md: 64² and 128² maps, kernels 7 and 15, the causal video); the model picks the
-# better of the two in all seven measured cases. Few key blocks per tile: the fixed part (the
-# query copy, the pipeline's fill, the output) dominates, and half the rows halve it.
-TILE_COST = {128: (5.9, 1.64), 64: (2.8, 1.17)}
+# What a (row block, head) tile of each shape — (query rows, keys a block, CTAs per SM) — costs the
+# H100: (fixed µs, µs per key block), both per 132 tiles. Fitted (least squares, with 8 µs per
+# call that does not enter the choice) to session 30's probes of the 14 neighbourhood cases
+# (RESULTS.md): the defaults of session 29 (64 or 128 rows, 128-key windows, one CTA an SM) and
+# 64 rows with 64-key windows at two CTAs an SM; within 4 % of every measured time, and the
+# measured faster of the two in all 14. Few key blocks per tile: the fixed part (the
+# query copy, the pipeline's fill, the output) dominates — half the rows halve it, and a second
+# CTA on the SM runs its blocks meanwhile; many blocks a tile (31×31 kernels): 128-key blocks and
+# two consumers take turns on the tensor cores, and cost less.
+TILE_SHAPES = {(128, 128, 1): (3.08, 1.98), (64, 128, 1): (1.60, 1.23), (64, 64, 2): (1.43, 0.62)}
 
 
-def query_rows_for_map(plan, block_n: int, sizes: dict,
-                       scalars: dict) -> tuple[int, "HopperTiling | None"]:
-    """``(consumers, tiling)``: the consumer warpgroups (64 query rows each) whose tiles cost
-    least by :data:`TILE_COST` on the schedules each visiting order gives, and that order; two
-    consumers and no tiling where none tiles."""
+def tile_shape_for_map(plan, sizes: dict, scalars: dict,
+                       allowed=lambda shape: True) -> "tuple[tuple, HopperTiling] | None":
+    """``((query rows, block_n, ctas_per_sm), tiling)``: the tile shape among
+    :data:`TILE_SHAPES` that ``allowed`` accepts (the knobs given, shared memory) whose tiles cost
+    least on the schedules each visiting order gives, and that order; None where none tiles."""
     B, H = (sizes[d] for d in plan.chain.dims[:2])
     N = sizes[plan.chain.dims[4]]
     best = None
-    for rows, (fixed, per_block) in TILE_COST.items():
+    for shape, (fixed, per_block) in TILE_SHAPES.items():
+        rows, block_n, _ = shape
+        if not allowed(shape):
+            continue
         tiling, _ = choose_hopper_tiling(plan, rows, block_n, sizes, scalars)
         if tiling is None:
             continue
         blocks = tiling.choice.density * -(-N // block_n)   # key blocks a row block visits
         cost = tiling.rows.padded // rows * B * H * (fixed + per_block * blocks)
         if best is None or cost < best[0]:
-            best = (cost, rows // 64, tiling)
-    return (2, None) if best is None else best[1:]
+            best = (cost, shape, tiling)
+    return None if best is None else best[1:]

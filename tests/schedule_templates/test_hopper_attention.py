@@ -193,15 +193,40 @@ def test_every_schedule_runs_one_cubin():
     assert "atom.global.add" in hopper(K.causal_attention).ptx(**PREFILL)
 
 
-@pytest.mark.parametrize("consumers", [1, 2, 3])
-def test_setmaxnreg_never_asks_for_more_than_the_pool(consumers):
+@pytest.mark.parametrize("consumers, ctas_per_sm", [(1, 1), (2, 1), (3, 1), (1, 2)])
+def test_setmaxnreg_never_asks_for_more_than_the_pool(consumers, ctas_per_sm):
     """setmaxnreg moves registers within the CTA's launch pool: consumers asking for more than
-    the producer gave back wait forever (a hang, not an error)."""
-    knobs = HopperKnobs(consumers=consumers)
+    the producer gave back wait forever (a hang, not an error); the CTAs an SM holds share its
+    65536 registers."""
+    knobs = HopperKnobs(consumers=consumers, ctas_per_sm=ctas_per_sm)
     pool = knobs.threads * knobs.launch_registers
     assert 128 * knobs.producer_registers + 128 * consumers * knobs.consumer_registers <= pool
     assert knobs.consumer_registers % 8 == 0 and knobs.producer_registers % 8 == 0
-    assert knobs.launch_registers * knobs.threads <= 65536
+    assert knobs.launch_registers * knobs.threads * ctas_per_sm <= 65536
+
+
+@needs_nvcc
+def test_two_ctas_an_sm_fit_its_registers_and_shared_memory():
+    """``ctas_per_sm=2`` (64 query rows, 64-key blocks): launched for two CTAs an SM (ptxas held
+    to 128 registers a thread; the consumer's 232 come from the producer by setmaxnreg), its
+    consumers spill nothing, twice its shared memory fits the SM, and the persistent schedule
+    counts two CTAs per SM; 128-key blocks in two slots are refused (twice 148 KB)."""
+    knobs = dict(consumers=1, block_n=64, ctas_per_sm=2)
+    compiled = hopper(K.causal_attention, **knobs)
+    source = compiled.source(**PREFILL)
+    assert "#define CTAS_PER_SM 2" in source and "__launch_bounds__(THREADS, CTAS_PER_SM)" in source
+    report, _ = _ptxas_and_sass(source)
+    assert re.search(r"Used 128 registers", report), report
+    assert_consumers_do_not_spill(source)
+    assert "setmaxnreg.inc.sync.aligned.u32 232" in compiled.ptx(**PREFILL)
+    plan = plan_of(K.causal_attention)
+    made = HopperKnobs(**knobs)
+    assert 2 * shared_bytes(made, 128) <= H100_SHARED
+    assert schedule_for(made, 4096, 132)[1] == 264
+    with pytest.raises(ScheduleError, match="× 2 CTAs per SM"):
+        check_hopper(plan, HopperKnobs(consumers=1, ctas_per_sm=2), PREFILL, H100_SHARED)
+    with pytest.raises(ScheduleError, match="ctas_per_sm=3"):
+        check_hopper(plan, HopperKnobs(ctas_per_sm=3), PREFILL, H100_SHARED)
 
 
 def test_auto_schedule_is_persistent_from_two_tiles_per_sm():

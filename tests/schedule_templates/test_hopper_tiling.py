@@ -222,10 +222,15 @@ def test_view_of_a_dilated_map_is_five_dimensional():
         view_sizes((4, 8, 8), (2, 2, 2), 1, 64)
 
 
+# each case at one CTA an SM, and those of 64-row tiles with 64-key windows at two as well
+GPU_CASES = [(case, 1) for case in CASES] + [(case, 2) for case in CASES if case[6:8] == (64, 64)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [128, 64])
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_tiled_kernels_match_float64_on_the_gpu(case, D):
+@pytest.mark.parametrize("case, ctas_per_sm", GPU_CASES,
+                         ids=[f"{c[0]}, {n} CTA/SM" for c, n in GPU_CASES])
+def test_tiled_kernels_match_float64_on_the_gpu(case, ctas_per_sm, D):
     """Each case on the H100 through ``tf.compile``'s Hopper template with the case's blocks and
     order: output poisoned with NaN, called twice (the persistent schedule's counters reset
     themselves), normal and wide-range inputs, within bf16 tolerance of float64 everywhere."""
@@ -236,7 +241,8 @@ def test_tiled_kernels_match_float64_on_the_gpu(case, D):
 
     name, kernel, B, H, S, scalars, block_m, block_n, request = case
     sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
-    sch.apply_template("hopper_attention", consumers=block_m // 64, block_n=block_n)
+    sch.apply_template("hopper_attention", consumers=block_m // 64, block_n=block_n,
+                       ctas_per_sm=ctas_per_sm)
     if isinstance(request, dict):
         sch.tile_as(**request)
     f = sch.compile()
@@ -282,17 +288,32 @@ def test_tuning_tunes_the_template_tf_compile_runs_for_the_map():
     assert odd.template == "attention"
 
 
-def test_query_rows_follow_the_key_blocks_a_tile_visits():
-    """Where a 128-row tile sees about three key blocks (a 7×7 kernel on a 64² map) the tile's
-    fixed cost dominates and 64-row tiles cost less; with more blocks a tile (15×15) the 128-row
-    tiles do — the choice the H100 measured (RESULTS.md, session 29), and ``tf.compile``'s."""
-    from tensorfuse.schedule_templates.hopper_tiling import query_rows_for_map
+def test_the_tile_shape_follows_the_key_blocks_a_tile_visits():
+    """Where a tile sees few key blocks (7×7 and 15×15 kernels on a 64² map) its fixed cost
+    dominates: 64-row tiles with 64-key windows, two CTAs an SM, cost least; with many blocks a
+    tile (31×31) 128-row tiles of 128-key windows do — the choices the H100 measured (RESULTS.md,
+    session 30), and ``tf.compile``'s. Knobs given narrow the shapes: a 128-key block keeps one
+    CTA an SM, three stages do not fit two."""
+    from tensorfuse.schedule_templates.hopper_tiling import tile_shape_for_map
 
     plan = plan_hopper_attention(K.neighborhood_attention_2d.program, CHAIN, "j")
     sizes = dict(B=1, H=16, HKV=16, M=4096, N=4096, D=128)
     small = dict(width=64, radius=3, dilation=1)
-    consumers, tiling = query_rows_for_map(plan, 128, sizes, small)
-    assert consumers == 1 and tiling.rows.block == 64
-    assert query_rows_for_map(plan, 128, sizes, dict(width=64, radius=7, dilation=1))[0] == 2
+    shape, tiling = tile_shape_for_map(plan, sizes, small)
+    assert shape == (64, 64, 2) and tiling.rows.block == 64
+    assert tile_shape_for_map(plan, sizes, dict(width=64, radius=7, dilation=1))[0] == (64, 64, 2)
+    assert tile_shape_for_map(plan, sizes, dict(width=64, radius=15, dilation=1))[0] == \
+        (128, 128, 1)
+    assert tile_shape_for_map(plan, sizes, small, lambda shape: shape[1] == 128)[0] == \
+        (64, 128, 1)
     f = tf.compile(K.neighborhood_attention_2d, "cuda:sm_90a")
-    assert "consumers=1" in f.schedule_origin(B=1, H=16, M=4096, N=4096, D=128, **small)
+    origin = f.schedule_origin(B=1, H=16, M=4096, N=4096, D=128, **small)
+    assert "consumers=1" in origin and "block_n=64" in origin and "ctas_per_sm=2" in origin
+    assert "on 264 persistent CTAs" in origin
+    sch = tf.schedule(K.neighborhood_attention_2d, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
+    wide = sch.apply_template("hopper_attention", block_n=128).compile()
+    assert "consumers=1" in wide.schedule_origin(B=1, H=16, M=4096, N=4096, D=128, **small)
+    assert "ctas_per_sm" not in wide.schedule_origin(B=1, H=16, M=4096, N=4096, D=128, **small)
+    sch = tf.schedule(K.neighborhood_attention_2d, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
+    deep = sch.apply_template("hopper_attention", stages=3).compile()
+    assert "ctas_per_sm" not in deep.schedule_origin(B=1, H=16, M=4096, N=4096, D=128, **small)
