@@ -32,7 +32,7 @@ from .scalars import (SCALARS_ATTR, bind_scalars_of, check_scalars, plan_values,
 TASK_ATTR = "tensorfuse.task"
 KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits", "reload",  # Triton
               "stages", "consumers", "overlap", "pingpong", "schedule",     # hopper_attention
-              "chunk", "rows")                                               # cpu_fused
+              "ctas_per_sm", "chunk", "rows")                                # … / cpu_fused
 
 
 def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,

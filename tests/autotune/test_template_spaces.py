@@ -46,9 +46,12 @@ def test_sampled_knobs_come_from_the_template_and_build(kernel, sizes, target, t
         assert set(knobs) == set(choices)
         assert all(knobs[k] in choices[k] for k in knobs)
     assert len({json.dumps(k, sort_keys=True) for k in picked}) > 1  # the decisions vary
+    # tuning prunes the settings the template refuses (pruning.py); the others build
+    fit = [m for m in candidates if task.unfit(knobs_of(m)) is None][:2]
+    assert fit
     builder = TritonBuilder({task.name: task})
-    results = builder.build([BuilderInput(m, task.target.tvm_target) for m in candidates[:2]])
-    for mod, result in zip(candidates, results):
+    results = builder.build([BuilderInput(m, task.target.tvm_target) for m in fit])
+    for mod, result in zip(fit, results):
         assert result.error_msg is None, result.error_msg
         with open(result.artifact_path) as f:
             assert json.load(f) == {"task": task.name, "knobs": knobs_of(mod)}
