@@ -99,6 +99,11 @@ class HopperAttentionSpace:
         values = plan_values(self.task.kernel.program, self.task.template, self.task.dims,
                              self.task.scalars)
         knobs = default_hopper_knobs(self.plan, self.task.dims, values)
+        if self.plan.reads_map:   # a map's tile shape, by the cost model tf.compile uses
+            from ..schedule_templates.hopper_attention import map_tile_knobs
+
+            knobs, _ = map_tile_knobs(self.plan, knobs, {}, self.task.dims, values,
+                                      self.task.target.max_shared_memory)
         return {n: SCHEDULES.index(v) if n == "schedule" else int(v)
                 for n, v in asdict(knobs).items() if n != "ctas"}
 

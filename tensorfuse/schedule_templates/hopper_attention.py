@@ -25,9 +25,9 @@ from ..targets.cuda.map_tiles import view_box, view_sizes
 from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .block_schedule import block_lists
 from .fusion import Fusion
-from .hopper_attention_plan import (check_hopper, plan_hopper_attention, planned_schedule,
-                                    shared_bytes, split_workspace, with_knobs)
-from .hopper_tiling import choose_hopper_tiling, tile_shape_for_map, tiled_lists
+from .hopper_attention_plan import (HopperKnobs, check_hopper, plan_hopper_attention,
+                                    planned_schedule, shared_bytes, split_workspace, with_knobs)
+from .hopper_tiling import HopperTiling, choose_hopper_tiling, tile_shape_for_map, tiled_lists
 from .tile_order import pick_persistent
 
 
@@ -85,19 +85,33 @@ class _Lists:
         return self.cache[key]
 
 
-def _runs(plan, knobs, given: dict, shape: tuple, sizes: dict, target: TargetSpec) -> bool:
-    """Whether a tile shape ``(query rows, block_n, ctas_per_sm)`` agrees with the ``given``
-    knobs and runs with the others (shared memory at their stages, registers)."""
-    rows, block_n, ctas_per_sm = shape
-    if given.get("block_n", block_n) != block_n or \
-            given.get("ctas_per_sm", ctas_per_sm) != ctas_per_sm:
-        return False
-    try:
-        check_hopper(plan, replace(knobs, consumers=rows // 64, block_n=block_n,
-                                   ctas_per_sm=ctas_per_sm), sizes, target.max_shared_memory, True)
-    except ScheduleError:
-        return False
-    return True
+def map_tile_knobs(plan, knobs: HopperKnobs, given: dict, sizes: dict, scalars: dict | None,
+                   max_shared: int) -> "tuple[HopperKnobs, HopperTiling | None]":
+    """``knobs`` with the tile shape — query rows, key block, CTAs an SM — that
+    :func:`.hopper_tiling.tile_shape_for_map` finds cheapest for a mask over a map at the call's
+    ``scalars``, among the shapes that agree with the ``given`` knobs and run with the others
+    (shared memory at their stages, registers), and the visiting order it was costed on; ``knobs``
+    and None where the consumers are given, the map's scalars are unknown or no shape tiles."""
+    if "consumers" in given or not set(plan.map_scalars) <= set(scalars or {}):
+        return knobs, None
+
+    def runs(shape: tuple) -> bool:
+        rows, block_n, ctas_per_sm = shape
+        if given.get("block_n", block_n) != block_n or \
+                given.get("ctas_per_sm", ctas_per_sm) != ctas_per_sm:
+            return False
+        try:
+            check_hopper(plan, replace(knobs, consumers=rows // 64, block_n=block_n,
+                                       ctas_per_sm=ctas_per_sm), sizes, max_shared, True)
+        except ScheduleError:
+            return False
+        return True
+
+    picked = tile_shape_for_map(plan, sizes, scalars, runs)
+    if picked is None:
+        return knobs, None
+    (rows, block_n, ctas_per_sm), tiled = picked
+    return replace(knobs, consumers=rows // 64, block_n=block_n, ctas_per_sm=ctas_per_sm), tiled
 
 
 def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,
@@ -140,15 +154,9 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         chosen = found[0] if found else given
         knobs = with_knobs(plan, dims, chosen, scalars)
         tiled, order = None, ""
-        if map_scalars and tiling is True and "consumers" not in chosen and \
-                set(map_scalars) <= set(scalars or {}):   # the tile shape by the cost model
-            picked = tile_shape_for_map(plan, dims, scalars,
-                                        lambda shape: _runs(plan, knobs, chosen, shape, dims,
-                                                            target))
-            if picked is not None:
-                (rows, block_n, ctas_per_sm), tiled = picked
-                knobs = replace(knobs, consumers=rows // 64, block_n=block_n,
-                                ctas_per_sm=ctas_per_sm)
+        if map_scalars and tiling is True:   # the tile shape by the cost model
+            knobs, tiled = map_tile_knobs(plan, knobs, chosen, dims, scalars,
+                                          target.max_shared_memory)
         if tiled is None and (map_scalars or isinstance(tiling, dict)):
             tiled, order = choose_hopper_tiling(plan, knobs.block_m, knobs.block_n, dims,
                                                 scalars, tiling)

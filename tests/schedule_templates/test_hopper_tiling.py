@@ -280,6 +280,10 @@ def test_tuning_tunes_the_template_tf_compile_runs_for_the_map():
     assert 176 not in space.choices()["block_n"]
     # 128-key blocks in three slots fit without the bits' slots, not with them
     assert "shared memory" in space.unfit({"block_n": 128, "stages": 3})
+    # the job's baseline is what tf.compile runs untuned: the cost model's tile shape
+    defaults = space.defaults()
+    assert (defaults["consumers"], defaults["block_n"], defaults["ctas_per_sm"]) == (1, 64, 2)
+    assert space.unfit(defaults) is None
     candidate = space.candidate({"block_n": 64, "consumers": 1})
     assert "patches of 8×8" in candidate.launches({"width": 64, "radius": 3, "dilation": 1},
                                                   B=1, H=2, M=4096, N=4096, D=128).why
