@@ -32,7 +32,8 @@ from .tile_order import pick_persistent
 
 
 class _Lists:
-    """The block lists of the last (sizes, scalars, mask tensors) seen: tensors the mask reads
+    """The block lists of one launches' sizes at the last (scalars, device, mask tensors) seen
+    (one per :class:`Launches`, so the sizes need no key of their own): tensors the mask reads
     (document ids) are recognised by address and torch's version counter, so that lists are made
     again when their data may have changed. With ``pick_among`` (CTAs: the call runs persistent
     and may take either schedule) each kept set also carries the persistent schedule its costs
@@ -54,7 +55,6 @@ class _Lists:
             if self.empty is None:
                 self.empty = kept_empty((1,), torch.int32, device).zero_()
             return (self.empty,) * 6, None
-        # (the sizes are the launches': fixed)
         key = (tuple([values[n] for n, _ in self.plan.chain.scalars]), device,
                tuple([(values[t].data_ptr(), values[t]._version) for t, _ in self.plan.tensors]))
         found = self.cache.get(key)
