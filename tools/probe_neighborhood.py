@@ -26,6 +26,7 @@ VARIANTS = [
     ("c2 b64", {"consumers": 2, "block_n": 64}, None),
     ("c1 b128", {"consumers": 1, "block_n": 128}, None),
     ("c1 b64 x2", {"consumers": 1, "block_n": 64, "ctas_per_sm": 2}, None),
+    ("c1 b64 x2 seq", {"consumers": 1, "block_n": 64, "ctas_per_sm": 2, "overlap": False}, None),
     ("c1 b64 x2 grid", {"consumers": 1, "block_n": 64, "ctas_per_sm": 2, "schedule": "grid"},
      None),
 ]
