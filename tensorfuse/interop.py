@@ -189,16 +189,27 @@ def deliver(buf, given, framework: str):
 
 
 # -- buffers kept between calls -------------------------------------------------------------------
-def current_stream(device) -> int:
-    """The raw handle of torch's current stream on ``device`` (a CUDA ``torch.device``), which
-    kernels launch on — through torch's private fast path where it exists (the one Inductor's
-    generated code calls: no ``Stream`` object per call; ``torch.cuda.current_stream`` took ~5 µs
-    of a call's host time on the H100 host, several times per call)."""
+def device_index(device) -> int:
+    """The index of a CUDA ``torch.device`` (the current device where it names none)."""
     import torch
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def raw_stream(index: int) -> int:
+    """The raw handle of torch's current stream on CUDA device ``index``, which kernels launch
+    on — through torch's private fast path where it exists (the one Inductor's generated code
+    calls: no ``Stream`` object per call; ``torch.cuda.current_stream`` took ~5 µs of a call's host
+    time on the H100 host, several times per call)."""
+    import torch
+
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def current_stream(device) -> int:
+    """:func:`raw_stream` of a CUDA ``torch.device``."""
+    return raw_stream(device_index(device))
 
 
 def capturing() -> bool:

@@ -47,7 +47,7 @@ class HopperKnobs:
     (persistent CTAs in alternating rounds), ``"split"`` (``"dynamic"`` with the tiles of the last
     partial round cut along the keys into pieces for every CTA, merged by the last piece to
     finish; plans without a mask) or ``"auto"`` (:func:`schedule_for`); ``ctas``: how
-    many persistent CTAs (0: one per SM, or ``ctas_per_sm``). The last two are launch arguments:
+    many persistent CTAs (0: ``ctas_per_sm`` per SM). The last two are launch arguments:
     every schedule runs the same cubin. ``ctas_per_sm``: CTAs resident on an SM at once (1 or 2;
     2 halves each CTA's registers and needs its shared memory twice over): where tiles are short
     (a few key blocks each) one CTA's fixed costs per tile — the queries' copy, the pipeline's
@@ -290,7 +290,7 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
         raise _refuse("schedule='split' cuts tiles of equal length along the keys; a mask gives "
                       "each row block its own key blocks: use 'dynamic' or 'snake'")
     if knobs.ctas < 0:
-        raise _refuse(f"ctas={knobs.ctas}: a count of persistent CTAs (0: one per SM)")
+        raise _refuse(f"ctas={knobs.ctas}: a count of persistent CTAs (0: ctas_per_sm per SM)")
     if knobs.stages not in (2, 3, 4):
         raise _refuse(f"stages={knobs.stages}: 2, 3 or 4 key/value slots")
     if knobs.ctas_per_sm not in (1, 2):

@@ -11,7 +11,18 @@ CUDA kernels' :class:`~tensorfuse.targets.cuda.kernel.ClusterFastCall`) builds o
 """
 from __future__ import annotations
 
+from ..binding import signature_key
 from ..interop import ALIGNMENT, is_torch, torch_dtype
+
+
+def try_fast_call(calls: dict, key, args: tuple, kwargs: dict) -> tuple:
+    """``(key, fast call, its result)`` of a kernel's call: the signature key (made here where the
+    caller passed ``False``), the fast call kept for it in ``calls`` (or None) and what that
+    returned (None where there is none, or it left this call to the checked path)."""
+    if key is False:
+        key = signature_key(args, kwargs)
+    fast = calls.get(key) if key is not None else None
+    return key, fast, (fast(args, kwargs) if fast is not None else None)
 
 
 def fast_call_applies(bound, target_device: str) -> bool:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...binding import (CallBinder, check_named_sizes, output_shape, signature_key,
-                        split_scalars)
-from ...interop import deliver, torch_arguments, torch_output
+from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
+from ...interop import deliver, device_index, raw_stream, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
 from .. import TargetSpec
 from ..codegen import cuda_to_ptx
-from ..signature_call import SignatureCall, call_layout, fast_call_applies
+from ..signature_call import SignatureCall, call_layout, fast_call_applies, try_fast_call
 from .module import KernelEntry, cuda_module
 
 
@@ -27,28 +26,18 @@ _CUDA = 2   # DLPack's device type of a CUDA GPU
 
 def on_torch_stream(index: int, launch, *args) -> None:
     """``launch(*args)`` with TVM's current stream on CUDA device ``index`` set to torch's current
-    one there (:func:`~tensorfuse.interop.current_stream`), and set back after: what
+    one there (:func:`~tensorfuse.interop.raw_stream`), and set back after: what
     ``tvm_ffi.use_raw_stream`` does, without a context object and a device per call (and
     ``tvm_ffi.use_torch_stream``, which builds a ``torch.cuda.Stream`` per call, was a fifth of a
     Hopper attention call's Python under cProfile: RESULTS.md, session 29). TVM keeps the stream
     per thread."""
-    import torch
     from tvm_ffi import core
 
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    stream = raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
-    previous = core._env_set_current_stream(_CUDA, index, stream)
+    previous = core._env_set_current_stream(_CUDA, index, raw_stream(index))
     try:
         launch(*args)
     finally:
         core._env_set_current_stream(_CUDA, index, previous)
-
-
-def device_index(device) -> int:
-    """The index of a CUDA ``torch.device`` (the current device where it names none)."""
-    import torch
-
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 class Functions:
@@ -210,20 +199,16 @@ class ClusterKernel(GraphCallable):
             on_torch_stream(device_index(device), launches.run, launches.module, values, out,
                             device)
 
-        return run, outs, given, bound
+        return run, outs, given, bound, launches
 
     def invoke(self, key, args: tuple, kwargs: dict):
         """A call whose signature key the caller made (``False``: not made). A signature seen
         before runs on its :class:`ClusterFastCall`; otherwise the arguments are bound (checked
         once per signature), the launches made, and a fast call kept for next time."""
-        if key is False:
-            key = signature_key(args, kwargs)
-        fast = self._fast.get(key) if key is not None else None
-        if fast is not None:
-            done = fast(args, kwargs)
-            if done is not None:
-                return done
-        run, outs, given, bound = self._prepare(args, kwargs, key)
+        key, fast, done = try_fast_call(self._fast, key, args, kwargs)
+        if done is not None:
+            return done
+        run, outs, given, bound, launches = self._prepare(args, kwargs, key)
         run()
         if key is not None and (fast is None or fast.stale) and \
                 fast_call_applies(bound, self._calls.target_device):
@@ -231,9 +216,8 @@ class ClusterKernel(GraphCallable):
             params, likes, guards = call_layout(self.program, args, bound,
                                                 self._calls.scalar_kinds, outputs,
                                                 self.keyed_scalars)
-            self._fast[key] = ClusterFastCall(params, outputs, self.launches(bound.scalars,
-                                                                             **bound.dims),
-                                              bound.torch_device, likes, guards)
+            self._fast[key] = ClusterFastCall(params, outputs, launches, bound.torch_device,
+                                              likes, guards)
         made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
         return made[0] if len(made) == 1 else tuple(made)
 
@@ -241,5 +225,5 @@ class ClusterKernel(GraphCallable):
         """Median milliseconds of a call's launches (triton.testing.do_bench)."""
         import triton
 
-        run, _, _, _ = self._prepare(args, kwargs)
+        run = self._prepare(args, kwargs)[0]
         return float(triton.testing.do_bench(run, rep=repeat, return_mode="median"))

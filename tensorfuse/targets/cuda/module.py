@@ -184,9 +184,9 @@ class DependentLaunch:
         ``torch.device``), in that device's context."""
         import torch
 
-        from ...interop import current_stream
+        from ...interop import device_index, raw_stream
 
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = device_index(device)
         if index != torch.cuda.current_device():   # the driver launches in the current context
             with torch.cuda.device(index):
                 return self(args, grid, threads, cluster, shared_bytes, device)
@@ -201,7 +201,7 @@ class DependentLaunch:
                 self._configs[shape] = _launch_config(grid, threads, shared_bytes, cluster,
                                                       dependent=True)
             config = self._configs[shape][0]
-            config.stream = current_stream(device)
+            config.stream = raw_stream(index)
             _check(libcuda().cuLaunchKernelEx(ctypes.byref(config), self.functions[key][1],
                                               params, None), f"cuLaunchKernelEx({self.name})")
 

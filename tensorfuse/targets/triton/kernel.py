@@ -5,13 +5,12 @@ import math
 from dataclasses import replace
 from typing import Callable
 
-from ...binding import (CallBinder, check_named_sizes, output_shape, signature_key,
-                        split_scalars)
+from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
 from ...dsl import dtypes as dt
 from ...interop import deliver, kept_copies, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
 from .launch import compile_for, interpreting, load_kernel, signature
-from ..signature_call import call_layout, fast_call_applies
+from ..signature_call import call_layout, fast_call_applies, try_fast_call
 from .launcher import FastCall, Launches, Step
 from .rowtile import block_k, grid, kernel_source
 
@@ -235,13 +234,9 @@ class TritonKernel(GraphCallable):
         """A call whose signature key the caller made (``False``: not made). A signature seen
         before runs on its :class:`~.launcher.FastCall`; otherwise the arguments are bound
         (checked once per signature), the launches made, and a fast call kept for next time."""
-        if key is False:
-            key = signature_key(args, kwargs)
-        fast = self._fast.get(key) if key is not None else None
-        if fast is not None:
-            done = fast(args, kwargs)
-            if done is not None:
-                return done
+        key, fast, done = try_fast_call(self._fast, key, args, kwargs)
+        if done is not None:
+            return done
         launches, values, outs, results, bound, _keep = self._prepare(args, kwargs, key)
         launches(values)
         if key is not None and (fast is None or fast.stale):
