@@ -87,7 +87,7 @@ class _Lists:
 
 def map_tile_knobs(plan, knobs: HopperKnobs, given: dict, sizes: dict, scalars: dict | None,
                    max_shared: int) -> "tuple[HopperKnobs, HopperTiling | None]":
-    """``knobs`` with the tile shape — query rows, key block, CTAs an SM — that
+    """``knobs`` with the tile shape — query rows, key block, CTAs an SM, the overlap — that
     :func:`.hopper_tiling.tile_shape_for_map` finds cheapest for a mask over a map at the call's
     ``scalars``, among the shapes that agree with the ``given`` knobs and run with the others
     (shared memory at their stages, registers), and the visiting order it was costed on; ``knobs``
@@ -107,11 +107,12 @@ def map_tile_knobs(plan, knobs: HopperKnobs, given: dict, sizes: dict, scalars: 
             return False
         return True
 
-    picked = tile_shape_for_map(plan, sizes, scalars, runs)
+    picked = tile_shape_for_map(plan, sizes, scalars, runs, given.get("overlap"))
     if picked is None:
         return knobs, None
-    (rows, block_n, ctas_per_sm), tiled = picked
-    return replace(knobs, consumers=rows // 64, block_n=block_n, ctas_per_sm=ctas_per_sm), tiled
+    (rows, block_n, ctas_per_sm, overlap), tiled = picked
+    return replace(knobs, consumers=rows // 64, block_n=block_n, ctas_per_sm=ctas_per_sm,
+                   overlap=overlap), tiled
 
 
 def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,

@@ -167,21 +167,44 @@ def tiled_lists(plan, tiling: HopperTiling, sizes: dict, scalars: dict, block_m:
 # CTA on the SM runs its blocks meanwhile; many blocks a tile (31×31 kernels): 128-key blocks and
 # two consumers take turns on the tensor cores, and cost less.
 TILE_SHAPES = {(128, 128, 1): (3.08, 1.98), (64, 128, 1): (1.60, 1.23), (64, 64, 2): (1.43, 0.62)}
+# What switching the intra-warpgroup overlap off changes in a shape's (fixed, per block) cost:
+# fitted to session 30's part k (each case with and without it, same run; RESULTS.md). Without it
+# a tile's first and last blocks need no pipeline's fill and drain but its blocks' softmax no
+# longer hides under the products: 1.7 % faster on tiles of ~4 key blocks, even at ~7, 2.6 %
+# slower at ~14. Shapes not listed were not measured without it (taken as equal where the
+# overlap is given off).
+WITHOUT_OVERLAP = {(64, 64, 2): (-0.19, 0.028)}
 
 
-def tile_shape_for_map(plan, sizes: dict, scalars: dict,
-                       allowed=lambda shape: True) -> "tuple[tuple, HopperTiling] | None":
-    """``((query rows, block_n, ctas_per_sm), tiling)``: the tile shape among
-    :data:`TILE_SHAPES` that ``allowed`` accepts (the knobs given, shared memory) whose tiles cost
-    least on the schedules each visiting order gives, and that order; None where none tiles."""
+def _candidates(overlap: "bool | None"):
+    """``((rows, block_n, ctas_per_sm, overlap), (fixed, per block))`` for each shape, with the
+    overlap given, or both ways where the model knows what switching it off costs."""
+    for shape, (fixed, per_block) in TILE_SHAPES.items():
+        for on in (True, False) if overlap is None else (overlap,):
+            if on:
+                yield (*shape, True), (fixed, per_block)
+            elif shape in WITHOUT_OVERLAP or overlap is False:
+                d_fixed, d_block = WITHOUT_OVERLAP.get(shape, (0.0, 0.0))
+                yield (*shape, False), (fixed + d_fixed, per_block + d_block)
+
+
+def tile_shape_for_map(plan, sizes: dict, scalars: dict, allowed=lambda shape: True,
+                       overlap: "bool | None" = None) -> "tuple[tuple, HopperTiling] | None":
+    """``((query rows, block_n, ctas_per_sm, overlap), tiling)``: the tile shape among
+    :data:`TILE_SHAPES` (and with or without the intra-warpgroup overlap: :data:`WITHOUT_OVERLAP`;
+    ``overlap`` fixes it) that ``allowed`` accepts (``(rows, block_n, ctas_per_sm)``: the knobs
+    given, shared memory) whose tiles cost least on the schedules each visiting order gives, and
+    that order; None where none tiles."""
     B, H = (sizes[d] for d in plan.chain.dims[:2])
     N = sizes[plan.chain.dims[4]]
-    best = None
-    for shape, (fixed, per_block) in TILE_SHAPES.items():
-        rows, block_n, _ = shape
-        if not allowed(shape):
+    best, tilings = None, {}
+    for shape, (fixed, per_block) in _candidates(overlap):
+        rows, block_n, ctas_per_sm, _ = shape
+        if not allowed((rows, block_n, ctas_per_sm)):
             continue
-        tiling, _ = choose_hopper_tiling(plan, rows, block_n, sizes, scalars)
+        if (rows, block_n) not in tilings:
+            tilings[rows, block_n] = choose_hopper_tiling(plan, rows, block_n, sizes, scalars)[0]
+        tiling = tilings[rows, block_n]
         if tiling is None:
             continue
         blocks = tiling.choice.density * -(-N // block_n)   # key blocks a row block visits

@@ -282,7 +282,8 @@ def test_tuning_tunes_the_template_tf_compile_runs_for_the_map():
     assert "shared memory" in space.unfit({"block_n": 128, "stages": 3})
     # the job's baseline is what tf.compile runs untuned: the cost model's tile shape
     defaults = space.defaults()
-    assert (defaults["consumers"], defaults["block_n"], defaults["ctas_per_sm"]) == (1, 64, 2)
+    assert (defaults["consumers"], defaults["block_n"], defaults["ctas_per_sm"],
+            defaults["overlap"]) == (1, 64, 2, 0)
     assert space.unfit(defaults) is None
     candidate = space.candidate({"block_n": 64, "consumers": 1})
     assert "patches of 8×8" in candidate.launches({"width": 64, "radius": 3, "dilation": 1},
@@ -294,7 +295,8 @@ def test_tuning_tunes_the_template_tf_compile_runs_for_the_map():
 
 def test_the_tile_shape_follows_the_key_blocks_a_tile_visits():
     """Where a tile sees few key blocks (7×7 and 15×15 kernels on a 64² map) its fixed cost
-    dominates: 64-row tiles with 64-key windows, two CTAs an SM, cost least; with many blocks a
+    dominates: 64-row tiles with 64-key windows, two CTAs an SM, cost least — at ~4 blocks a tile
+    without the intra-warpgroup overlap (session 30's part k); with many blocks a
     tile (31×31) 128-row tiles of 128-key windows do — the choices the H100 measured (RESULTS.md,
     session 30), and ``tf.compile``'s. Knobs given narrow the shapes: a 128-key block keeps one
     CTA an SM, three stages do not fit two."""
@@ -304,16 +306,24 @@ def test_the_tile_shape_follows_the_key_blocks_a_tile_visits():
     sizes = dict(B=1, H=16, HKV=16, M=4096, N=4096, D=128)
     small = dict(width=64, radius=3, dilation=1)
     shape, tiling = tile_shape_for_map(plan, sizes, small)
-    assert shape == (64, 64, 2) and tiling.rows.block == 64
-    assert tile_shape_for_map(plan, sizes, dict(width=64, radius=7, dilation=1))[0] == (64, 64, 2)
+    # ~4 key blocks a tile: no intra-warpgroup overlap (its pipeline's fill and drain cost more)
+    assert shape == (64, 64, 2, False) and tiling.rows.block == 64
+    assert tile_shape_for_map(plan, sizes, small, overlap=True)[0] == (64, 64, 2, True)
+    assert tile_shape_for_map(plan, sizes, dict(width=64, radius=7, dilation=1))[0] == \
+        (64, 64, 2, True)
     assert tile_shape_for_map(plan, sizes, dict(width=64, radius=15, dilation=1))[0] == \
-        (128, 128, 1)
+        (128, 128, 1, True)
     assert tile_shape_for_map(plan, sizes, small, lambda shape: shape[1] == 128)[0] == \
-        (64, 128, 1)
+        (64, 128, 1, True)
+    assert tile_shape_for_map(plan, sizes, small, lambda shape: shape[1] == 128, False)[0] == \
+        (64, 128, 1, False)
     f = tf.compile(K.neighborhood_attention_2d, "cuda:sm_90a")
     origin = f.schedule_origin(B=1, H=16, M=4096, N=4096, D=128, **small)
     assert "consumers=1" in origin and "block_n=64" in origin and "ctas_per_sm=2" in origin
-    assert "on 264 persistent CTAs" in origin
+    assert "overlap=False" in origin and "on 264 persistent CTAs" in origin
+    sch = tf.schedule(K.neighborhood_attention_2d, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
+    kept = sch.apply_template("hopper_attention", overlap=True).compile()
+    assert "overlap=True" in kept.schedule_origin(B=1, H=16, M=4096, N=4096, D=128, **small)
     sch = tf.schedule(K.neighborhood_attention_2d, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
     wide = sch.apply_template("hopper_attention", block_n=128).compile()
     assert "consumers=1" in wide.schedule_origin(B=1, H=16, M=4096, N=4096, D=128, **small)
