@@ -28,7 +28,7 @@ WHO = "hopper GEMM"
 BLOCK_K = 64
 MAX_SHARED = 232448          # bytes of dynamic shared memory per CTA on sm_90
 KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast", "epilogue",
-         "split_tail", "prefetch")
+         "split_tail")
 
 
 @dataclass(frozen=True)
@@ -40,11 +40,7 @@ class GemmKnobs:
     group, and how the output leaves (``epilogue``: ``"direct"`` 4-byte stores from the
     accumulator fragments, or ``"staged"``: 64 columns at a time through shared memory and
     16-byte coalesced stores; 16-bit outputs), and whether a last wave that would leave most
-    CTAs idle has its tiles split along K (``split_tail``). ``prefetch``: MiB of weights that a
-    GEMM launched as a programmatic dependent (the FFN's second) has the L2 fetch before it
-    waits for the kernel before it — each CTA the first k-blocks of its first tile, so that the
-    weights stream while that kernel's last CTAs finish (0: none; a GEMM launched on its own
-    ignores it; by default 0 where a tile holds more than 128 accumulator columns)."""
+    CTAs idle has its tiles split along K (``split_tail``)."""
 
     block_n: int = 256
     stages: int = 4
@@ -54,7 +50,6 @@ class GemmKnobs:
     multicast: str = "split"
     epilogue: str = "direct"
     split_tail: bool = True
-    prefetch: int = 16
 
     @property
     def block_m(self) -> int:
@@ -284,10 +279,6 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
     if knobs.epilogue == "staged" and plan.out_dtype == "f32":
         raise _refuse("epilogue='staged' stages 64 columns in 128-byte rows: bf16 or f16 "
                       "outputs only")
-    if not isinstance(knobs.prefetch, int) or isinstance(knobs.prefetch, bool) or \
-            not 0 <= knobs.prefetch <= 48:
-        raise _refuse(f"prefetch={knobs.prefetch!r}: MiB of weights fetched into L2 before a "
-                      "dependent GEMM waits, 0 to 48 (the L2 holds 50 MB)")
     if knobs.multicast not in ("split", "leader"):
         raise _refuse(f"multicast={knobs.multicast!r}: 'split' or 'leader'")
     if knobs.cluster not in (1, 2):
@@ -325,10 +316,6 @@ def with_knobs(plan: HopperGemmPlan, sizes: dict, given: dict, sms: int = 132,
     chosen = replace(knobs, **given)
     if chosen.cluster > 1 and chosen.block_n % 128 and "multicast" not in given:
         given = {**given, "multicast": "leader"}   # halves would not be whole 64-column atoms
-    if "prefetch" not in given and len(plan.weights) * replace(knobs, **given).block_n > 128:
-        # wide tiles are compute-bound, and their accumulators leave the producer's prefetch
-        # no register: ptxas spills (a dependent GEMM's prefetch pays where tiles are narrow)
-        knobs = replace(knobs, prefetch=0)
     if given:
         why = "given: " + ", ".join(f"{k}={v}" for k, v in given.items())
     return replace(knobs, **given), why

@@ -241,35 +241,6 @@ def test_ffn_is_two_gemms_with_the_activation_in_the_first(kernel):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("kernel", [K.ffn_gelu, K.ffn_swiglu_linear])
-def test_ffn_second_gemm_prefetches_its_weights_before_it_waits(kernel):
-    """The second GEMM's weights do not depend on the first: its producer has the L2 fetch the
-    first k-blocks of its first tile (a TMA prefetch per box) before ``griddepcontrol.wait``;
-    ``prefetch=0`` leaves it out; the first GEMM never prefetches; tiles of 256 columns do not
-    by default."""
-    sizes = dict(M=128, K=520, N=1032, O=264) if kernel is K.ffn_gelu else \
-        dict(M=128, K=512, N=1024, O=256)
-    f = tf.schedule(kernel, "cuda:sm_90a").apply_template("hopper_ffn").compile()
-    first, second = f.launches(**sizes).sources
-    assert "#define PREFETCH_BYTES 0" in first and "#define PREFETCH_BYTES 16777216" in second
-    ptx = f.ptx(**sizes)
-    body = ptx[ptx.index("griddepcontrol.wait") - 6000:ptx.index("griddepcontrol.wait")]
-    assert ptx.count("cp.async.bulk.prefetch.tensor.2d.L2.global") >= 1
-    assert "cp.async.bulk.prefetch.tensor.2d.L2.global" in body   # before the wait
-    # wide tiles (compute-bound; their accumulators leave no register for it): none by default
-    wide = f.launches(M=1024, K=4096, N=14336, O=4096)
-    assert wide.knobs.down.block_n == 256 and wide.knobs.down.prefetch == 0
-    assert "#define PREFETCH_BYTES 0" in wide.sources[1]
-    off = tf.schedule(kernel, "cuda:sm_90a").apply_template("hopper_ffn", down={"prefetch": 0}) \
-        .compile()
-    assert "cp.async.bulk.prefetch" not in off.ptx(**sizes)
-    bad = tf.schedule(kernel, "cuda:sm_90a").apply_template("hopper_ffn", down={"prefetch": 99}) \
-        .compile()
-    with pytest.raises(ScheduleError, match="prefetch=99"):
-        bad.launches(**sizes)
-
-
-@needs_nvcc
 def test_ffn_second_gemm_launches_in_stream_order_when_asked():
     f = tf.schedule(K.ffn_gelu, "cuda:sm_90a").apply_template("hopper_ffn", dependent=False) \
         .compile()

@@ -72,11 +72,6 @@ __device__ __forceinline__ void tf_launch_dependents() {
 __device__ __forceinline__ void tf_wait_prerequisite() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
-// Have the L2 fetch the box at (c0, c1) of a 2-D tensor map (nothing lands in shared memory).
-__device__ __forceinline__ void tf_tma_prefetch_2d(const void* map, int c0, int c1) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];"
-               :: "l"(map), "r"(c0), "r"(c1) : "memory");
-}
 // One arrival on the mbarrier at `bar`'s offset in CTA `rank` of the cluster. CTA-scope release
 // (the default): it releases a slot whose reads (wgmma) have completed, with no writes to order.
 // `.release.cluster` compiled to MEMBAR.ALL.GPU before every arrival, which stalled the
@@ -170,8 +165,6 @@ typedef {pair} out_pair_t;
 typedef {out_elem} out_t;
 #define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
 #define DEPENDENT {int(dependent)}   // launched as a programmatic dependent
-// bytes of weights the CTAs of a dependent have the L2 fetch before they wait (all together)
-#define PREFETCH_BYTES {knobs.prefetch << 20 if dependent else 0}
 
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
@@ -233,26 +226,6 @@ __device__ __forceinline__ void release_slot(unsigned long long* empty, int s, i
 #if CLUSTER > 1
   if (t == 32) tf_mbar_arrive_cluster(empty + s, rank ^ 1);
 #endif
-}}
-
-// A dependent GEMM's weights do not depend on the kernel before: while that kernel's last CTAs
-// finish, the L2 fetches k-blocks [k0, k1) of column tile n0 of every weight (the first of this
-// CTA's first work item: its share of PREFETCH_BYTES).
-__device__ __forceinline__ void prefetch_weights(const void* maps, int n0, int k0, int k1) {{
-  #pragma unroll 1
-  for (int kb = k0; kb < k1; ++kb) {{
-    #pragma unroll
-    for (int x = 0; x < G; ++x) {{
-      const void* b_map = (const char*)maps + 128 * (1 + x);
-#if B_KMAJOR    // boxes of B_PART rows of 64 k
-      #pragma unroll
-      for (int p = 0; p < BN / B_PART; ++p) tf_tma_prefetch_2d(b_map, kb * BK, n0 + p * B_PART);
-#else           // boxes of 64 columns × 64 k-rows
-      #pragma unroll
-      for (int a = 0; a < BN / 64; ++a) tf_tma_prefetch_2d(b_map, n0 + a * 64, kb * BK);
-#endif
-    }}
-  }}
 }}
 
 // The program's output element from the accumulators at (row, col).
@@ -346,19 +319,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         }}
       }}
     }}
-#if DEPENDENT
-    // another warp of the producer: the weights do not depend on the kernel before, so while
-    // that kernel's last CTAs finish, the L2 fetches the first k-blocks of this CTA's first work
-    // item (its share of PREFETCH_BYTES)
-    else if (PREFETCH_BYTES > 0 && threadIdx.x == 32 && first_unit < items) {{
-      for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
-      int m0, n0;
-      const Work w = tile_at(first_unit, full_items, pieces, kblocks, row_units, tiles_n, rank,
-                             m0, n0);
-      prefetch_weights(maps, n0, w.k0, min(w.k1, w.k0 + (int)(PREFETCH_BYTES / (G * B_BYTES)) /
-                                                     (int)gridDim.x));
-    }}
-#endif
   }} else {{   // a consumer warpgroup: rows [m0 + 64·cw, +64) of each tile
     tf_setmaxnreg_inc<CONSUMER_REGS>();
     const int cw = wg - 1;
