@@ -33,7 +33,7 @@ from .token_tiling import map_scalars, mask_reads_map
 
 WHO = "hopper attention"
 KNOBS = ("block_n", "stages", "consumers", "overlap", "pingpong", "schedule", "ctas",
-         "ctas_per_sm", "q_slots")
+         "ctas_per_sm")
 SCHEDULES = ("auto", "grid", "dynamic", "snake", "split")
 PRODUCER_REGISTERS = 24      # the producer warpgroup keeps the fewest setmaxnreg allows
 
@@ -51,8 +51,7 @@ class HopperKnobs:
     every schedule runs the same cubin. ``ctas_per_sm``: CTAs resident on an SM at once (1 or 2;
     2 halves each CTA's registers and needs its shared memory twice over): where tiles are short
     (a few key blocks each) one CTA's fixed costs per tile — the queries' copy, the pipeline's
-    fill, the output — run beside the other's blocks. ``q_slots``: shared-memory slots for query
-    tiles (1 or 2): with two the next tile's queries are copied while this tile runs."""
+    fill, the output — run beside the other's blocks."""
 
     block_n: int = 128
     stages: int = 2
@@ -62,7 +61,6 @@ class HopperKnobs:
     schedule: str = "auto"
     ctas: int = 0
     ctas_per_sm: int = 1
-    q_slots: int = 1
 
     @property
     def block_m(self) -> int:
@@ -96,8 +94,7 @@ class HopperKnobs:
         return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "
                 f"consumers={self.consumers}, overlap={self.overlap}, pingpong={self.pingpong}, "
                 f"schedule={self.schedule}" + (f", ctas={self.ctas}" if self.ctas else "")
-                + (f", ctas_per_sm={self.ctas_per_sm}" if self.ctas_per_sm != 1 else "")
-                + (f", q_slots={self.q_slots}" if self.q_slots != 1 else ""))
+                + (f", ctas_per_sm={self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""))
 
 
 @dataclass(frozen=True)
@@ -190,10 +187,10 @@ def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False) -> int:
     per slot, the queries' release, two tile slots' full and free), the two claimed items (tile,
     first key block, key blocks) and the consumers' merge flags, plus 1 KiB for aligning the
     128-byte-swizzled tiles."""
-    tiles = knobs.q_slots * knobs.block_m * D * 2 + 2 * knobs.stages * knobs.block_n * D * 2
+    tiles = knobs.block_m * D * 2 + 2 * knobs.stages * knobs.block_n * D * 2
     if tiled:
         tiles += knobs.stages * knobs.consumers * fragment_bit_words(knobs.block_n) * 128 * 4
-    return tiles + 8 * (2 * knobs.q_slots + 4 * knobs.stages + 4) + 48 + 1024
+    return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 48 + 1024
 
 
 def split_workspace(knobs: HopperKnobs, ctas: int, D: int) -> int:
@@ -296,8 +293,6 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
         raise _refuse(f"ctas={knobs.ctas}: a count of persistent CTAs (0: ctas_per_sm per SM)")
     if knobs.stages not in (2, 3, 4):
         raise _refuse(f"stages={knobs.stages}: 2, 3 or 4 key/value slots")
-    if knobs.q_slots not in (1, 2):
-        raise _refuse(f"q_slots={knobs.q_slots}: 1 or 2 query tiles in shared memory")
     if knobs.ctas_per_sm not in (1, 2):
         raise _refuse(f"ctas_per_sm={knobs.ctas_per_sm}: 1 or 2 CTAs resident on an SM")
     need = shared_bytes(knobs, D, tiled)

@@ -25,10 +25,9 @@ the longest row blocks (masked variants) first. How CTAs take tiles is the kerne
   own and writes the output — nobody waits, so concurrent launches cannot deadlock.
 
 In the persistent modes the producer thread claims each tile and hands its index to the consumers
-through a two-slot shared-memory ring (mbarriers ``tile_full``/``tile_free``); the query tiles
-sit in ``Q_SLOTS`` slots (1 or 2), a slot reloaded once every consumer has issued its last ``Q·Kᵀ``
-of the tile before in it (``q_free``) — with two, the next tile's queries arrive while this tile
-runs —, and the key/value ring's slots and phases run on across tiles.
+through a two-slot shared-memory ring (mbarriers ``tile_full``/``tile_free``); the query tile is
+reloaded once every consumer has issued its last ``Q·Kᵀ`` of the previous tile (``q_free``), and
+the key/value ring's slots and phases run on across tiles.
 
 Each tile: ``128 · (1 + consumers)`` threads,
 
@@ -249,7 +248,6 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None) -> st
 #define CONSUMERS {knobs.consumers}
 #define THREADS {knobs.threads}
 #define CTAS_PER_SM {knobs.ctas_per_sm}
-#define Q_SLOTS {knobs.q_slots}
 #define CONSUMER_REGS {knobs.consumer_registers}
 #define PRODUCER_REGS {knobs.producer_registers}
 #define OVERLAP {int(knobs.overlap)}
@@ -279,8 +277,6 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None) -> st
 #define MIN_PIECE {MIN_PIECE}
 #define ATOMS (D_ / 64)                 // 128-byte swizzle atoms along the head dim
 #define Q_BYTES (BM * D_ * 2)
-#define Q_SLOT(k) ((k) % Q_SLOTS)          // the query slot of a CTA's k-th tile
-#define Q_PHASE(k) (((k) / Q_SLOTS) & 1)
 #define KV_BYTES (BN * D_ * 2)
 #define TF_LOG2E 1.4426950408889634f
 {sizes}
@@ -497,17 +493,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = (unsigned char*)(((unsigned long)smem_raw + 1023) & ~1023ul);
   unsigned char* q_tile = smem;
-  unsigned char* k_tiles = smem + Q_SLOTS * Q_BYTES;
+  unsigned char* k_tiles = smem + Q_BYTES;
   unsigned char* v_tiles = k_tiles + STAGES * KV_BYTES;
   unsigned char* mask_tiles = v_tiles + STAGES * KV_BYTES;   // TILED: the partial blocks' bits
   unsigned long long* bars = (unsigned long long*)(mask_tiles + STAGES * MASK_BYTES);
   unsigned long long* bar_q = bars;
-  unsigned long long* full_k = bars + Q_SLOTS;
+  unsigned long long* full_k = bars + 1;
   unsigned long long* full_v = full_k + STAGES;
   unsigned long long* empty_k = full_v + STAGES;
   unsigned long long* empty_v = empty_k + STAGES;
   unsigned long long* q_free = empty_v + STAGES;      // every consumer's last q·kᵀ of a tile issued
-  unsigned long long* tile_full = q_free + Q_SLOTS;   // two slots of claimed tile indices
+  unsigned long long* tile_full = q_free + 1;         // two slots of claimed tile indices
   unsigned long long* tile_free = tile_full + 2;
   volatile int* tile_ids = (volatile int*)(tile_free + 2);   // two slots: tile, first block, blocks
   volatile int* flags = tile_ids + 8;                         // a warpgroup's "merged last"
@@ -523,16 +519,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
 #define TAIL tail_of(tiles, gridDim.x, C_, !LISTS && mode == MODE_SPLIT)
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {{
-    for (int s = 0; s < Q_SLOTS; ++s) {{
-      tf_mbar_init(bar_q + s, 1);
-      tf_mbar_init(q_free + s, 128 * CONSUMERS);
-    }}
+    tf_mbar_init(bar_q, 1);
     for (int s = 0; s < STAGES; ++s) {{
       tf_mbar_init(full_k + s, 1);
       tf_mbar_init(full_v + s, 1);
       tf_mbar_init(empty_k + s, 128 * CONSUMERS);
       tf_mbar_init(empty_v + s, 128 * CONSUMERS);
     }}
+    tf_mbar_init(q_free, 128 * CONSUMERS);
     for (int s = 0; s < 2; ++s) {{
       tf_mbar_init(tile_full + s, 1);
       tf_mbar_init(tile_free + s, 128 * CONSUMERS);
@@ -570,9 +564,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
           w.first = f;
           w.count = n;
 #endif
-          unsigned char* q_slot = q_tile + Q_SLOT(k) * Q_BYTES;
-          if (k >= Q_SLOTS) tf_mbar_wait(q_free + Q_SLOT(k), Q_PHASE(k) ^ 1);
-          tf_mbar_expect(bar_q + Q_SLOT(k), Q_BYTES);
+          if (k >= 1) tf_mbar_wait(q_free, (k - 1) & 1);
+          tf_mbar_expect(bar_q, Q_BYTES);
 #if TILED
           int qc[{rank - 1}];
           bool q_ok;
@@ -581,11 +574,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
           #pragma unroll
           for (int a = 0; a < ATOMS; ++a)
 #if TILED
-            {tma_load_call(rank, "q_slot + a * BM * 128", "q_map", "a * 64", "qc",
-                           "bar_q + Q_SLOT(k)")};
+            {tma_load_call(rank, "q_tile + a * BM * 128", "q_map", "a * 64", "qc", "bar_q")};
 #else
-            tf_tma_load_3d(q_slot + a * BM * 128, q_map, a * 64, w.rb * BM, w.bh,
-                           bar_q + Q_SLOT(k));
+            tf_tma_load_3d(q_tile + a * BM * 128, q_map, a * 64, w.rb * BM, w.bh, bar_q);
 #endif
           for (int it = 0; it < w.count; ++it) {{
             const int u = use + it, s = u % STAGES;
@@ -663,7 +654,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
     tf_mbar_wait(full_k + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
     _Pragma("unroll") for (int ks = 0; ks < D_ / 16; ++ks)                                   \
-      {s_mma}(s, kmajor_desc(q_at, BM, cw * 64, ks), kmajor_desc(kt, BN, 0, ks), ks > 0);     \
+      {s_mma}(s, kmajor_desc(q_base, BM, cw * 64, ks), kmajor_desc(kt, BN, 0, ks), ks > 0);   \
     tf_wgmma_commit();                                                                        \
   }}
   // o += p·v of block `it` (issued, not waited for)
@@ -697,7 +688,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
       _Pragma("unroll") for (int x = 0; x < MASK_WORDS; ++x) mw[x] = bits[128 * x];           \
     }}                                                                                         \
     tf_mbar_arrive(empty_k + SLOT(it));                                                       \
-    if ((it) == w.count - 1) tf_mbar_arrive(q_free + Q_SLOT(k));                        \
+    if ((it) == w.count - 1) tf_mbar_arrive(q_free);                                    \
   }}
 
   // With PINGPONG the consumers issue their MMAs in turns (0, 1, …), so that one warpgroup's
@@ -745,8 +736,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
     for (int r = 0; r < D_ / 2; ++r) o[r] = 0.0f;
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.0f;
-    const unsigned q_at = q_base + Q_SLOT(k) * Q_BYTES;   // this tile's query slot
-    tf_mbar_wait(bar_q + Q_SLOT(k), Q_PHASE(k));
+    tf_mbar_wait(bar_q, k & 1);
     if (w.count > 0) {{
       TURN_BEGIN
       ISSUE_S(0);
@@ -794,7 +784,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
       tf_fence_regs(o);
       tf_mbar_arrive(empty_v + SLOT(w.count - 1));
     }} else {{
-      tf_mbar_arrive(q_free + Q_SLOT(k));   // no key block: the queries were not used
+      tf_mbar_arrive(q_free);      // no key block: the queries were not used
 #if DEFER
       write_out();
 #endif
