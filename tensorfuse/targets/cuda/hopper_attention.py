@@ -310,6 +310,19 @@ __device__ __forceinline__ unsigned long long kmajor_desc(unsigned tile, int row
 __device__ __forceinline__ unsigned long long vmajor_desc(unsigned tile, int ks) {{
   return tf_smem_desc_sw128_at(tile + ks * 16 * 128, BN * 128, 1024);
 }}
+// What k16 step `ks` adds to kmajor_desc(tile, rows, row0, 0) (vmajor_desc: `ks · 128`): the
+// descriptor's low field is the address / 16, and a shared-memory address (< 228 KB) never
+// carries out of its 14 bits — so a block's descriptors are one descriptor and constants, not a
+// shift and masks per wgmma in the issuing warps (Nsight Compute, RESULTS.md session 31).
+__device__ __forceinline__ constexpr unsigned kmajor_step(int rows, int ks) {{
+  return ((ks / 4) * rows * 128 + (ks % 4) * 32) >> 4;
+}}
+// `desc` moved on by `step` (the address / 16): added to the low word only — no carry to make,
+// one add per wgmma (a 64-bit add cost an add with carry and moves).
+__device__ __forceinline__ unsigned long long tf_desc_plus(unsigned long long desc,
+                                                           unsigned step) {{
+  return (desc & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)desc + step);
+}}
 
 // S of one key block: the program's score on the fragment before its base-2 factor `scale2`
 // (applied by softmax_block), masked (−∞) where `MASKED`.
@@ -650,11 +663,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
   // q·kᵀ of block `it` into s (issued, not waited for)
 #define ISSUE_S(it)                                                                         \
   {{                                                                                          \
-    const unsigned kt = k_base + SLOT(it) * KV_BYTES;                                         \
+    const unsigned long long dq = kmajor_desc(q_base, BM, cw * 64, 0),                      \
+                             dk = kmajor_desc(k_base + SLOT(it) * KV_BYTES, BN, 0, 0);      \
     tf_mbar_wait(full_k + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
     _Pragma("unroll") for (int ks = 0; ks < D_ / 16; ++ks)                                   \
-      {s_mma}(s, kmajor_desc(q_base, BM, cw * 64, ks), kmajor_desc(kt, BN, 0, ks), ks > 0);   \
+      {s_mma}(s, tf_desc_plus(dq, kmajor_step(BM, ks)), tf_desc_plus(dk, kmajor_step(BN, ks)), \
+              ks > 0);                                                                        \
     tf_wgmma_commit();                                                                        \
   }}
   // o += p·v of block `it` (issued, not waited for)
