@@ -279,6 +279,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None) -> st
 #define Q_BYTES (BM * D_ * 2)
 #define KV_BYTES (BN * D_ * 2)
 #define TF_LOG2E 1.4426950408889634f
+#define RESCALE_MARGIN 8.0f   // a row's running maximum moves once it grows by more (base 2)
 {sizes}
 typedef {elem} elem_t;
 
@@ -352,6 +353,11 @@ __device__ __forceinline__ void score_block(float (&s)[BN / 2], int row_lo, int 
 // the old state, P = 2^(S·scale2 - m) in place, the thread's share of the row sums. With a
 // positive factor the largest score times it is the largest base-2 score, and each element costs
 // one FFMA and one ex2 (FlashAttention-3's fold); any other factor (never 1/√d) scales first.
+// A row's m moves only when its maximum grows by more than RESCALE_MARGIN (base 2): below that
+// m stays where it was — P, l and o are all taken against the same m, so o / l and the
+// log-sum-exp are the same numbers, with P ≤ 2^RESCALE_MARGIN (in range for f16/bf16) — and the
+// correction is 1, so the warps whose rows all kept theirs skip rescaling o (after the first
+// blocks, nearly every block).
 __device__ __forceinline__ void softmax_block(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
                                               float (&corr)[2], float scale2) {{
   float k = scale2;
@@ -369,9 +375,11 @@ __device__ __forceinline__ void softmax_block(float (&s)[BN / 2], float (&m)[2],
   for (int x = 0; x < 2; ++x) {{
     mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
     mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
-    const float use = mx[x] == -INFINITY ? 0.0f : mx[x];   // a row with nothing seen yet
-    corr[x] = tf_exp2(m[x] - use);
-    m[x] = mx[x];
+    const bool grows = mx[x] > m[x] + RESCALE_MARGIN;   // (m = −∞: any finite maximum)
+    const float kept = grows ? mx[x] : m[x];
+    const float use = kept == -INFINITY ? 0.0f : kept;   // a row with nothing seen yet
+    corr[x] = grows ? tf_exp2(m[x] - use) : 1.0f;
+    m[x] = kept;
     mx[x] = use;
     l[x] *= corr[x];
   }}
@@ -404,7 +412,9 @@ __device__ __forceinline__ void pack_p(const float (&s)[BN / 2], uint4 (&p)[BN /
                       tf_pack(s[8 * t + 4], s[8 * t + 5]), tf_pack(s[8 * t + 6], s[8 * t + 7]));
 }}
 
+// o's rows times their corrections — skipped where every row of the warp kept its m.
 __device__ __forceinline__ void rescale(float (&o)[D_ / 2], const float (&corr)[2]) {{
+  if (!__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) return;
   #pragma unroll
   for (int r = 0; r < D_ / 2; ++r) o[r] *= corr[(r % 4) / 2];
 }}
