@@ -27,6 +27,21 @@ from tensorfuse.targets.cuda.hopper_attention import HOPPER_PTX, MIN_PIECE, TAIL
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
 CHAIN = ("m", "l", "o")
 PREFILL = dict(B=2, H=16, M=1000, N=1000, D=128)
+@needs_nvcc
+def test_rows_keep_their_maximum_below_the_margin_and_warps_skip_the_rescale():
+    """A row's running maximum moves only when a block's exceeds it by more than 2^8 (the
+    correction is then 1), and o's rescale is skipped by a warp vote where every row kept its
+    maximum; q·kᵀ's descriptors are one per block plus constants (Nsight Compute, session 31).
+    The float64 GPU suite holds the results to the references."""
+    compiled = hopper(K.attention)
+    source = compiled.source(**PREFILL)
+    assert "#define RESCALE_MARGIN 8.0f" in source
+    assert "mx[x] > m[x] + RESCALE_MARGIN" in source and "grows ? tf_exp2(m[x] - use) : 1.0f" in source
+    assert "tf_desc_plus(dq, kmajor_step(BM, ks))" in source
+    ptx = compiled.ptx(**PREFILL)
+    assert re.search(r"vote\.sync\.any\.pred", ptx)
+
+
 H100_SHARED = 227 * 1024
 
 

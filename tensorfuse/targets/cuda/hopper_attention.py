@@ -40,7 +40,9 @@ Each tile: ``128 · (1 + consumers)`` threads,
 - each consumer warpgroup (``setmaxnreg.inc``) owns 64 query rows: ``S = Q·Kᵀ`` on
   ``wgmma.mma_async`` from shared memory (both operands K-major, 128-byte swizzle), the score the
   program writes evaluated on the accumulator fragments (the mask only on partial blocks and the
-  ragged last one), the running maximum and sum in base 2 (the scale folded into one multiply),
+  ragged last one), the running maximum and sum in base 2 (the scale folded into one multiply;
+  a row's maximum moved only when it grows by more than ``RESCALE_MARGIN``, so that most blocks
+  skip rescaling ``O``),
   ``P`` packed to 16-bit pairs in registers — the accumulator layout of ``m64nNk16`` is the A
   fragment layout of the next ``wgmma`` — and ``O += P·V`` with V from shared memory. With
   ``overlap`` the next block's ``Q·Kᵀ`` is issued before this block's ``P·V``, and the softmax
@@ -311,10 +313,11 @@ __device__ __forceinline__ unsigned long long kmajor_desc(unsigned tile, int row
 __device__ __forceinline__ unsigned long long vmajor_desc(unsigned tile, int ks) {{
   return tf_smem_desc_sw128_at(tile + ks * 16 * 128, BN * 128, 1024);
 }}
-// What k16 step `ks` adds to kmajor_desc(tile, rows, row0, 0) (vmajor_desc: `ks · 128`): the
-// descriptor's low field is the address / 16, and a shared-memory address (< 228 KB) never
-// carries out of its 14 bits — so a block's descriptors are one descriptor and constants, not a
-// shift and masks per wgmma in the issuing warps (Nsight Compute, RESULTS.md session 31).
+// What k16 step `ks` adds to kmajor_desc(tile, rows, row0, 0): the descriptor's low field is the
+// address / 16, and a shared-memory address (< 228 KB) never carries out of its 14 bits — so a
+// block's q·kᵀ descriptors are one descriptor and constants, not a shift and masks per wgmma in
+// the issuing warps (Nsight Compute, RESULTS.md session 31). p·v keeps vmajor_desc per wgmma:
+// the same there made ptxas spill in the consumers of the 176-key causal kernel.
 __device__ __forceinline__ constexpr unsigned kmajor_step(int rows, int ks) {{
   return ((ks / 4) * rows * 128 + (ks % 4) * 32) >> 4;
 }}
