@@ -176,16 +176,14 @@ TILE_SHAPES = {(128, 128, 1): (3.08, 1.98), (64, 128, 1): (1.60, 1.23), (64, 64,
 WITHOUT_OVERLAP = {(64, 64, 2): (-0.19, 0.028)}
 
 
-def _candidates(overlap: "bool | None"):
-    """``((rows, block_n, ctas_per_sm, overlap), (fixed, per block))`` for each shape, with the
-    overlap given, or both ways where the model knows what switching it off costs."""
-    for shape, (fixed, per_block) in TILE_SHAPES.items():
-        for on in (True, False) if overlap is None else (overlap,):
-            if on:
-                yield (*shape, True), (fixed, per_block)
-            elif shape in WITHOUT_OVERLAP or overlap is False:
-                d_fixed, d_block = WITHOUT_OVERLAP.get(shape, (0.0, 0.0))
-                yield (*shape, False), (fixed + d_fixed, per_block + d_block)
+def _overlap_costs(shape: tuple, fixed: float, per_block: float, overlap: "bool | None"):
+    """``(overlap, fixed, per block)`` of ``shape`` with the overlap given, or both ways where
+    :data:`WITHOUT_OVERLAP` knows what switching it off costs."""
+    if overlap is not False:
+        yield True, fixed, per_block
+    if overlap is False or (overlap is None and shape in WITHOUT_OVERLAP):
+        d_fixed, d_block = WITHOUT_OVERLAP.get(shape, (0.0, 0.0))
+        yield False, fixed + d_fixed, per_block + d_block
 
 
 def tile_shape_for_map(plan, sizes: dict, scalars: dict, allowed=lambda shape: True,
@@ -197,18 +195,18 @@ def tile_shape_for_map(plan, sizes: dict, scalars: dict, allowed=lambda shape: T
     that order; None where none tiles."""
     B, H = (sizes[d] for d in plan.chain.dims[:2])
     N = sizes[plan.chain.dims[4]]
-    best, tilings = None, {}
-    for shape, (fixed, per_block) in _candidates(overlap):
-        rows, block_n, ctas_per_sm, _ = shape
-        if not allowed((rows, block_n, ctas_per_sm)):
+    best = None
+    for shape, (fixed, per_block) in TILE_SHAPES.items():
+        rows, block_n, _ = shape
+        if not allowed(shape):
             continue
-        if (rows, block_n) not in tilings:
-            tilings[rows, block_n] = choose_hopper_tiling(plan, rows, block_n, sizes, scalars)[0]
-        tiling = tilings[rows, block_n]
+        tiling, _ = choose_hopper_tiling(plan, rows, block_n, sizes, scalars)
         if tiling is None:
             continue
         blocks = tiling.choice.density * -(-N // block_n)   # key blocks a row block visits
-        cost = tiling.rows.padded // rows * B * H * (fixed + per_block * blocks)
-        if best is None or cost < best[0]:
-            best = (cost, shape, tiling)
+        tiles = tiling.rows.padded // rows * B * H
+        for on, fixed_cost, block_cost in _overlap_costs(shape, fixed, per_block, overlap):
+            cost = tiles * (fixed_cost + block_cost * blocks)
+            if best is None or cost < best[0]:
+                best = (cost, (*shape, on), tiling)
     return None if best is None else best[1:]

@@ -79,7 +79,8 @@ def test_tf_compile_takes_the_hopper_template_with_lists_per_call():
     assert "hopper" in f.description
     sch = tf.schedule(block_sparse_attention, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
     sch.apply_template("hopper_attention")
-    assert "layout[" in sch.plan(**sizes)
+    assert "mask: layout[i // 128, j // 128] > 0 (blocks sorted per call into skipped, partial " \
+        "and full)" in sch.plan(**sizes)
 
 
 @pytest.mark.gpu

@@ -302,22 +302,21 @@ __device__ __forceinline__ unsigned tf_pack(float lo, float hi) {{
   {pair} v = {pack}(lo, hi);
   return *reinterpret_cast<unsigned*>(&v);
 }}
-// K-major 128-byte-swizzled tile of `rows` rows (atoms of 64 along the head dim): the wgmma
-// descriptor of k16 step `ks` from row `row0`.
-__device__ __forceinline__ unsigned long long kmajor_desc(unsigned tile, int rows, int row0,
-                                                          int ks) {{
-  return tf_smem_desc_sw128_at(tile + (ks / 4) * rows * 128 + row0 * 128 + (ks % 4) * 32, 16,
-                               1024);
+// K-major 128-byte-swizzled tile (atoms of 64 along the head dim): the wgmma descriptor of its
+// first k16 step from row `row0` (step `ks` of a tile of `rows` rows: + kmajor_step(rows, ks)).
+__device__ __forceinline__ unsigned long long kmajor_desc(unsigned tile, int row0) {{
+  return tf_smem_desc_sw128_at(tile + row0 * 128, 16, 1024);
 }}
 // MN-major (the values: head dim contiguous) tile of BN key rows: k16 step `ks` over the keys.
 __device__ __forceinline__ unsigned long long vmajor_desc(unsigned tile, int ks) {{
   return tf_smem_desc_sw128_at(tile + ks * 16 * 128, BN * 128, 1024);
 }}
-// What k16 step `ks` adds to kmajor_desc(tile, rows, row0, 0): the descriptor's low field is the
-// address / 16, and a shared-memory address (< 228 KB) never carries out of its 14 bits — so a
-// block's q·kᵀ descriptors are one descriptor and constants, not a shift and masks per wgmma in
-// the issuing warps (Nsight Compute, RESULTS.md session 31). p·v keeps vmajor_desc per wgmma:
-// the same there made ptxas spill in the consumers of the 176-key causal kernel.
+// What k16 step `ks` adds to kmajor_desc of a tile of `rows` rows: the descriptor's low field is
+// the address / 16, and a shared-memory address (< 228 KB) never carries out of its 14 bits — so
+// a block's q·kᵀ descriptors are one descriptor and constants, not a shift and masks per wgmma in
+// the issuing warps (Nsight Compute, RESULTS.md session 31). p·v keeps vmajor_desc per wgmma, and
+// the queries' descriptor is made again each block rather than kept across the loop: either
+// way the other made ptxas spill in the consumers of the 176-key causal kernel.
 __device__ __forceinline__ constexpr unsigned kmajor_step(int rows, int ks) {{
   return ((ks / 4) * rows * 128 + (ks % 4) * 32) >> 4;
 }}
@@ -676,8 +675,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
   // q·kᵀ of block `it` into s (issued, not waited for)
 #define ISSUE_S(it)                                                                         \
   {{                                                                                          \
-    const unsigned long long dq = kmajor_desc(q_base, BM, cw * 64, 0),                      \
-                             dk = kmajor_desc(k_base + SLOT(it) * KV_BYTES, BN, 0, 0);      \
+    const unsigned long long dq = kmajor_desc(q_base, cw * 64),                             \
+                             dk = kmajor_desc(k_base + SLOT(it) * KV_BYTES, 0);             \
     tf_mbar_wait(full_k + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
     _Pragma("unroll") for (int ks = 0; ks < D_ / 16; ++ks)                                   \
