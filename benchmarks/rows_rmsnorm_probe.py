@@ -12,9 +12,11 @@ and from CUDA graphs):
 - ``warps8`` / ``warps32``: ``hoisted`` at 8 and 32 warps (16 is the default);
 - ``streaming``: ``hoisted`` storing with the ``.cs`` (evict-first) cache modifier;
 - ``two_pass_<block>_<warps>w_<stages>s`` (``--two-pass K``): Inductor's shape of the kernel — a
-  looped first pass for the sum (``evict_last``), a second reading the row again from L2.
+  looped first pass for the sum (``evict_last``), a second reading the row again from L2;
+- ``--template``: the row template's kernels in two blocks of 4096 (``template_4096``: its
+  eviction rule, ``template_4096_hints``: hints everywhere) beside ``two_pass_4096_16w_1s``.
 
-    python -m benchmarks.rows_rmsnorm_probe [--rounds 7] [--csv PATH]
+    python -m benchmarks.rows_rmsnorm_probe [--rounds 7] [--csv PATH] [--template]
 """
 from __future__ import annotations
 
@@ -91,10 +93,20 @@ def _variant(rows: int, hoist: bool, warps: int, stream: bool = False):
     return run
 
 
-def variants():
-    """name → callable(x, w, s) → output."""
+def variants(template: bool = False):
+    """name → callable(x, w, s) → output. ``template``: instead of the hand-written variants,
+    the row template's own kernels swept in two blocks of 4096 (per-lane sums reduced once
+    after the loop), with and without eviction hints, beside Inductor's shape written by hand."""
     f = tf.compile(scaled_rmsnorm, "cuda")
     compiled = torch.compile(_reference)
+    if template:
+        from benchmarks.rows_sweep import made
+
+        swept = {label: made(scaled_rmsnorm, eviction=hints, block=4096, num_warps=16,
+                             num_stages=1)[1]
+                 for label, hints in (("template_4096_hints", True), ("template_4096", None))}
+        return {"generated": f, "torch_compile": compiled, **swept,
+                "two_pass_4096_16w_1s": _two_pass(4096, 16, 1)}
     return {"generated": f, "torch_compile": compiled,
             "unhoisted": _variant(1, False, 16), "hoisted": _variant(1, True, 16),
             "rows2": _variant(2, True, 16), "warps8": _variant(1, True, 8),
@@ -111,6 +123,9 @@ def main(argv=None) -> int:
     parser.add_argument("--csv", default=None)
     parser.add_argument("--two-pass", type=int, default=0, metavar="K",
                         help="time the two-pass kernel's grid once, then its K fastest in rounds")
+    parser.add_argument("--template", action="store_true",
+                        help="the row template's kernels in two blocks of 4096 instead of the "
+                             "hand-written variants")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 3 + 1
@@ -119,7 +134,7 @@ def main(argv=None) -> int:
     nbytes = 2 * M * N * 2 + 2 * N + 4 * M
     same = copy_at(nbytes)
     want = _reference(x.double(), w.double(), s.double())
-    impls = variants()
+    impls = variants(args.template)
     if args.two_pass:
         grid = two_pass_grid()
         quick = {}

@@ -4,6 +4,8 @@ Triton decides at import whether to interpret, so this runs in its own process:
     TRITON_INTERPRET=1 python -m tests.schedule_templates.interpret_check NAME... SEED
 A name ``decode:KERNEL`` runs KERNEL with one query row through the split update;
 ``reload:KERNEL`` a row kernel whose outputs read the row again (``reload=True``);
+``looped:KERNEL`` a row kernel swept in blocks of 128 over ragged rows of 300 (its sums kept
+per lane and reduced after the loop where they need no correction);
 ``offset:KERNEL:SPLITS`` runs a chain of ``offset_chains`` on data far from zero.
 """
 import json
@@ -47,7 +49,7 @@ def check_offset_chain(name: str, rng) -> float:
 def check(name: str, rng) -> float:
     if name.startswith("offset:"):
         return check_offset_chain(name, rng)
-    base = name.replace("decode:", "").replace("reload:", "")
+    base = name.split(":")[-1]
     kernel = K.ALL[base]
     sch = tf.schedule(kernel, "cuda:sm_90a")
     sch.rolling_update(*CHAINS[base], axis="j")
@@ -58,7 +60,8 @@ def check(name: str, rng) -> float:
         sch.apply_template("attention", tile_m=16, tile_n=16)
         sizes = dict(B=1, H=2, HKV=1, M=37, N=70, D=16)
     else:
-        sch.apply_template("row_reduction", reload=name.startswith("reload:"))
+        knobs = dict(block=128) if name.startswith("looped:") else {}
+        sch.apply_template("row_reduction", reload=name.startswith("reload:"), **knobs)
         sizes = dict(M=5, N=300, V=300)
     tensors, scalars = random_inputs(kernel, sizes, rng)
     as_torch = {n: torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)

@@ -42,6 +42,21 @@ def test_rows_keep_their_maximum_below_the_margin_and_warps_skip_the_rescale():
     assert re.search(r"vote\.sync\.any\.pred", ptx)
 
 
+@needs_nvcc
+def test_a_tiles_ragged_last_block_multiplies_only_its_keys():
+    """The last block of a tile runs p·v over the 16-key steps that hold keys (a ragged end of
+    the sequence: at S=4096 a 176-key block holds 48, 3 of 11 steps), bounded by a count ptxas
+    sees as warp-uniform: it fences each wgmma (C7519) but does not serialise them (C7520) and
+    the consumers still spill nothing; the blocks before it run every step."""
+    source = hopper(K.attention).source(**PREFILL)
+    assert "ISSUE_O(w.count - 1, LAST_STEPS(w.count - 1));" in source
+    assert source.count("ISSUE_O(it - 1, BN / 16);") == 2
+    assert "__shfl_sync(0xffffffffu," in source.split("#define LAST_STEPS")[1][:200]
+    report, _ = _ptxas_and_sass(source)
+    assert "C7520" not in report and "C7519" in report, report
+    assert_consumers_do_not_spill(source)
+
+
 H100_SHARED = 227 * 1024
 
 

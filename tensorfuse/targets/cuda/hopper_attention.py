@@ -684,16 +684,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
               ks > 0);                                                                        \
     tf_wgmma_commit();                                                                        \
   }}
-  // o += p·v of block `it` (issued, not waited for)
-#define ISSUE_O(it)                                                                         \
+  // o += p·v of block `it` over its first `steps` 16-key steps (issued, not waited for)
+#define ISSUE_O(it, steps)                                                                  \
   {{                                                                                          \
     const unsigned vt = v_base + SLOT(it) * KV_BYTES;                                         \
     tf_mbar_wait(full_v + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
     _Pragma("unroll") for (int ks = 0; ks < BN / 16; ++ks)                                   \
-      {o_mma}(o, p[ks], vmajor_desc(vt, ks), 1);                                         \
+      if (ks < (steps)) {o_mma}(o, p[ks], vmajor_desc(vt, ks), 1);                       \
     tf_wgmma_commit();                                                                        \
   }}
+  // the 16-key steps of a tile's last block that hold keys: all but where it is the ragged end
+  // of the sequence (p is 0 past it). A dense tile's last block is that one: 176-key blocks
+  // cover 4224 keys for 4096, and this skips 8 of the last block's 11 p·v products (q·kᵀ's
+  // width is fixed: a second MMA shape on s makes ptxas serialise the kernel's wgmma). The
+  // count is broadcast from lane 0 so that ptxas sees a warp-uniform branch around the wgmma
+  // (otherwise it serialises them, C7520; uniform, it only fences each one, C7519).
+#define LAST_STEPS(it)                                                                      \
+  (TILED ? BN / 16 : __shfl_sync(0xffffffffu,                                               \
+      (min(BN, N_ - key_block(w, it, pi, fi) * BN) + 15) / 16, 0))
   // the score and softmax of block `it`, whose q·kᵀ has landed in s
 #define SOFTMAX(it)                                                                         \
   {{                                                                                          \
@@ -779,7 +788,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
 #if OVERLAP
         TURN_BEGIN
         ISSUE_S(it);
-        ISSUE_O(it - 1);
+        ISSUE_O(it - 1, BN / 16);
         TURN_END
         tf_wgmma_wait<1>();          // q·kᵀ of `it` has landed; p·v of `it - 1` may still run
         S_LANDED(it);
@@ -791,7 +800,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
         pack_p(s, p);
 #else
         TURN_BEGIN
-        ISSUE_O(it - 1);
+        ISSUE_O(it - 1, BN / 16);
         tf_wgmma_wait<0>();
         tf_fence_regs(o);
         tf_mbar_arrive(empty_v + SLOT(it - 1));
@@ -805,7 +814,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
 #endif
       }}
       TURN_BEGIN
-      ISSUE_O(w.count - 1);
+      ISSUE_O(w.count - 1, LAST_STEPS(w.count - 1));
       TURN_END
       tf_wgmma_wait<0>();
       tf_fence_regs(o);

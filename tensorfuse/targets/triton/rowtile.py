@@ -182,8 +182,11 @@ def kernel_source(plan, knobs, name: str,
         local_axes[xname] = feat
         w(f"lhs_{xname} = {_operand(con.left, ctx_rf(feat), dot_type(con))}")
     # states
+    lanes = _lanewise_states(plan, needed) if not single and plan.mask is None and splits == 1 \
+        else frozenset()
     for sp in plan.states:
-        shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else "[BLOCK_M, 1]"
+        shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else \
+            "[BLOCK_M, BLOCK_N]" if (sp.member.name, sp.k) in lanes else "[BLOCK_M, 1]"
         ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
         w(f"st_{sp.member.name}_{sp.k} = tl.full({shape}, {ident}, tl.float32)")
     w("seen = tl.full([], 0, tl.int32)")
@@ -249,7 +252,11 @@ def kernel_source(plan, knobs, name: str,
                         body = f"(({body}) + tl.zeros([BLOCK_M, BLOCK_N], tl.float32))"
                     if ragged_cols:
                         body = f"tl.where(col_ok, {body}, {ident})"
-                    w(f"c_{m.name}_{sp.k} = {REDUCE[sp.monoid.name]}({body}, axis=1, keep_dims=True)")
+                    if (m.name, sp.k) in lanes:   # combined per lane, reduced after the loop
+                        w(f"c_{m.name}_{sp.k} = {body}")
+                    else:
+                        w(f"c_{m.name}_{sp.k} = {REDUCE[sp.monoid.name]}({body}, axis=1, "
+                          "keep_dims=True)")
                 else:
                     con = sp.contraction
                     feat = next(a for a in m.axes if a.uid not in {x.uid for x in
@@ -419,6 +426,10 @@ def kernel_source(plan, knobs, name: str,
         w(f"for start_n in range(0, {N}, BLOCK_N):")
         with w.block():
             chunk_body(True)
+        for member, k in sorted(lanes):
+            sp = next(x for x in plan.states if x.member.name == member and x.k == k)
+            w(f"st_{member}_{k} = {REDUCE[sp.monoid.name]}(st_{member}_{k}, axis=1, "
+              "keep_dims=True)")
         if ctx_base.streaming:   # the output pass reads each row a last time
             ctx_base.streaming = ctx_base.streaming[:2] + ("evict_first",)
     else:
@@ -442,6 +453,23 @@ def kernel_source(plan, knobs, name: str,
     finals = emit_finals(states, {d: f"ref_{d}" for d in needed}, {}, correct=not single)
     emit_outputs(finals)
     return _assemble([(name, args, w.lines)]), args
+
+
+def _lanewise_states(plan, needed) -> frozenset:
+    """(member, k) of the states a looped row sweep may keep per lane — ``[BLOCK_M, BLOCK_N]``,
+    each lane combining its own column of every block, reduced across the row once after the
+    loop (as Inductor's looped reductions do) — instead of reducing every block across the
+    warps: a sum, max or min of a member whose states need no correction (no dependencies)
+    and whose reference no other member reads per block. One cross-warp reduction per row
+    instead of one per block, and a long sum added in N / BLOCK_N terms per lane, then as a
+    tree (issue 23: the accuracy of long reductions)."""
+    found = set()
+    for sp in plan.states:
+        scheme = plan.chain.schemes[sp.member.name]
+        if sp.contraction is None and not scheme.deps and sp.member.name not in needed and \
+                sp.monoid.name in REDUCE and plan.col.uid in {a.uid for a in sp.body.axes}:
+            found.add((sp.member.name, sp.k))
+    return frozenset(found)
 
 
 def reloadable(plan) -> bool:
