@@ -4,14 +4,16 @@ warps before session 15 — for the row kernels that read more than the row
 (``benchmarks/rows_operands.py``) and the library's softmax, layernorm and RMSNorm.
 
     python -m benchmarks.rows_sweep [--csv PATH] [--rounds 5] [--grid | --long | --stages |
-                                    --reload]
+                                    --reload | --swept]
 
 Each variant is checked against float64, then all are timed alternately over ``rounds`` (median
 of each), beside torch.compile. ``--grid`` also times every (rows, block, warps, hints) of a small
 grid once for the norms; ``--long`` times rows wider than a block (2048 × 65536) with the
 template's eviction rule and without hints instead; ``--stages`` times rows swept in blocks with
 and without Triton's software pipeline over the blocks; ``--reload`` rows held in one block with
-their outputs computed from registers or from the row read again (``Knobs.reload``). GB/s count
+their outputs computed from registers or from the row read again (``Knobs.reload``);
+``--swept`` rows of sums swept in blocks with their sums per lane (the default from session 32)
+against one block read again and against per-block sums. GB/s count
 the bytes each kernel must move; read-only ceilings (a sum over 1 GiB, a sum and a row maximum over the rows' own matrix) are
 printed beside the copy's.
 """
@@ -60,11 +62,12 @@ def library_cases(m: int, n: int, names: tuple):
         yield name, K.ALL[name], args, torch_fn, nbytes
 
 
-def made(kernel, prefetch: bool = True, eviction: bool | None = None, **knobs):
+def made(kernel, prefetch: bool = True, eviction: bool | None = None, lanewise: bool = True,
+         **knobs):
     """The row template of ``kernel`` (its automatic fusion) with ``knobs`` (rows, block,
-    num_warps, num_stages, reload) where given, compiled now — with or without the early loads
-    and L2 eviction hints (None: the template's rule), which code generation reads from
-    ``rowtile``'s settings."""
+    num_warps, num_stages, reload) where given, compiled now — with or without the early loads,
+    L2 eviction hints (None: the template's rule) and per-lane sums in swept rows, which code
+    generation reads from ``rowtile``'s settings."""
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.schedule_templates.row_reduction import row_reduction
     from tensorfuse.targets import get_target
@@ -75,12 +78,12 @@ def made(kernel, prefetch: bool = True, eviction: bool | None = None, **knobs):
     f = row_reduction(kernel, fusion, spec, **knobs)
 
     def first_call(*args):
-        saved = rowtile.PREFETCH, rowtile.EVICTION
-        rowtile.PREFETCH, rowtile.EVICTION = prefetch, eviction
+        saved = rowtile.PREFETCH, rowtile.EVICTION, rowtile.LANEWISE
+        rowtile.PREFETCH, rowtile.EVICTION, rowtile.LANEWISE = prefetch, eviction, lanewise
         try:
             return f(*args)   # generates and compiles the kernel for these sizes
         finally:
-            rowtile.PREFETCH, rowtile.EVICTION = saved
+            rowtile.PREFETCH, rowtile.EVICTION, rowtile.LANEWISE = saved
 
     return f, first_call
 
@@ -201,6 +204,33 @@ def run_stages(rounds: int, log=print) -> list[Row]:
     return rows
 
 
+def swept_variants(n: int) -> dict:
+    """The defaults against the row held in one block and read again (the CUDA default for rows
+    up to 16384 columns before session 32) and against per-block reductions."""
+    return {"defaults": {}, "one block, reload": dict(block=n, num_warps=16, num_stages=1,
+                                                      reload=True),
+            "per-block sums": dict(lanewise=False)}
+
+
+def run_swept(rounds: int, log=print) -> list[Row]:
+    """Rows of uncorrected sums (RMSNorm, the scaled RMSNorm) swept in blocks of 4096 with their
+    sums per lane — the default from session 32 for 8192-16384 columns — against one block read
+    again; and rows wider than a block (2048 × 65536) with per-lane against per-block sums
+    (cross-entropy's gathered logit is one)."""
+    copy = measure_ceilings()["copy_tbps"]
+    log(f"copy {copy:.2f} TB/s")
+    rows = []
+    for m, n in ((M, N), (8192, 16384)):
+        chosen = (c for c in cases() if c[0] == "scaled_rmsnorm") if (m, n) == (M, N) else ()
+        for case in itertools.chain(chosen, library_cases(m, n, ("rmsnorm",))):
+            rows += compare(case, f"{m}x{n} bf16", swept_variants(n), rounds, copy, log)
+    m, n = 2048, 65536
+    for case in library_cases(m, n, ("rmsnorm", "cross_entropy")):
+        rows += compare(case, f"{m}x{n} bf16", {"defaults": {}, "per-block sums":
+                                                dict(lanewise=False)}, rounds, copy, log)
+    return rows
+
+
 def run(rounds: int, grid: bool = False, log=print) -> list[Row]:
     copy = measure_ceilings()["copy_tbps"]
     rows = read_ceilings(copy, log)
@@ -248,6 +278,9 @@ def main(argv=None) -> int:
                         help="rows in one block: outputs from registers or the row read again")
     parser.add_argument("--stages", action="store_true",
                         help="rows swept in blocks with and without the software pipeline")
+    parser.add_argument("--swept", action="store_true",
+                        help="rows of sums swept in blocks with per-lane sums, against one "
+                             "block and against per-block sums")
     parser.add_argument("--grid", action="store_true",
                         help=f"also time the knob grid for {', '.join(GRID_KERNELS)}")
     args = parser.parse_args(argv)
@@ -255,6 +288,7 @@ def main(argv=None) -> int:
         print("the row sweep needs an NVIDIA GPU", file=sys.stderr)
         return 2
     rows = run_long(args.rounds) if args.long else run_stages(args.rounds) if args.stages \
+        else run_swept(args.rounds) if args.swept \
         else run_reload(args.rounds) if args.reload else run(args.rounds, args.grid)
     if args.csv:
         write_csv(rows, args.csv)

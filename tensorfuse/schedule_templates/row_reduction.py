@@ -6,16 +6,28 @@ from __future__ import annotations
 from ..algebra import plan_chain
 from ..targets import TargetSpec
 from ..targets.triton.kernel import TritonKernel, Tuned
-from ..targets.triton.rowtile import reloadable
+from ..targets.triton.rowtile import SWEPT_IN_L2, reloadable, uncorrected_sums
 from .fusion import Fusion
 from .tile_plan import Knobs, RowTilePlan, TilePlanner
 
 MAX_ROW_BLOCK = 16384  # elements of a row held at once (fp32 registers across the CTA)
 
 
+def _whole_row_block(cols: int) -> int:
+    """The block that holds a whole row (a power of two), up to :data:`MAX_ROW_BLOCK`."""
+    return min(1 << max(4, (cols - 1).bit_length()), MAX_ROW_BLOCK)
+
+
 def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     cols = plan.cols
-    block_n = min(1 << max(4, (cols - 1).bit_length()), MAX_ROW_BLOCK)
+    block_n = _whole_row_block(cols)
+    # a row of 8192-16384 columns whose states are sums kept per lane (RMSNorm's Σx²): swept in
+    # blocks of 4096 by 16 warps, read twice (held in L2 between the passes) — Inductor's shape;
+    # the scaled RMSNorm over 8192 at 0.9995x torch.compile against 0.996x held in one block
+    # (benchmarks/rows_rmsnorm_probe.py --template, RESULTS.md session 32; ROCm: not measured)
+    if target.kind == "cuda" and 8192 <= block_n and cols <= SWEPT_IN_L2 and \
+            uncorrected_sums(plan):
+        return Knobs(block_m=1, block_n=4096, num_warps=16, num_stages=1, reload=0)
     rows_per_program = max(1, min(16, 2048 // block_n))
     # 16 warps from 8192 columns on: 0.2-0.8 % more bandwidth on the H100 for softmax, norms and
     # rows with extra operands (benchmarks/rows_sweep.py, RESULTS.md session 15; ROCm: not
@@ -34,8 +46,8 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
 def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, ...]]:
     """The values tuning tries for each knob (the defaults among them)."""
     default = default_knobs(plan, target)
-    blocks = sorted({default.block_n} | {b for b in (1024, 2048, 4096, 8192)
-                                          if b < default.block_n})
+    blocks = sorted({default.block_n, _whole_row_block(plan.cols)} |
+                    {b for b in (1024, 2048, 4096, 8192) if b < _whole_row_block(plan.cols)})
     rows = sorted({default.block_m} | {r for r in (1, 2, 4, 8) if r * default.block_n <= 16384})
     return {"block_m": tuple(rows), "block_n": tuple(blocks), "num_warps": (2, 4, 8, 16),
             "num_stages": (1, 2, 3), "splits": (1,),

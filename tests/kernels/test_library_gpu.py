@@ -94,3 +94,22 @@ def test_compiled_kernels_replay_in_a_cuda_graph(name, sizes, rng):
     torch.cuda.synchronize()
     err = relative_error(out.float().cpu().numpy(), reference(kernel, tensors, scalars))
     assert err <= TOLERANCE[kernel.program.outputs[0].dtypes[0]], f"{name}: error {err:.3e}"
+
+
+@pytest.mark.parametrize("name", sorted(K.ROW_KERNELS))
+@pytest.mark.parametrize("sizes", [dict(M=37, N=8192), dict(M=37, N=12000), dict(M=5, N=65536)],
+                         ids=["8192", "12000", "65536"])
+def test_rows_swept_in_blocks_on_gpu(name, sizes, rng):
+    """Rows the template sweeps in blocks on CUDA — RMSNorm's over 8192-16384 columns in blocks
+    of 4096 (its sum per lane, the row read twice), ragged ones, rows of 65536 (cross-entropy's
+    gathered logit per lane) — against float64, outputs poisoned first; the norms on inputs far
+    from zero (a long sum of squares around 1e3 is where per-block f32 sums lose digits)."""
+    kernel = K.ALL[name]
+    sizes = dict(sizes, V=sizes["N"])
+    tensors, scalars = random_inputs(kernel, sizes, rng)
+    if name.endswith("norm"):
+        tensors["x"] = (tensors["x"].astype(np.float64) + 1e3).astype(tensors["x"].dtype)
+    (out,) = poisoned_outputs(kernel, sizes)
+    tf.compile(kernel, target="cuda")(**tensors, **scalars, out=out)
+    err = relative_error(out, reference(kernel, tensors, scalars))
+    assert err <= TOLERANCE[kernel.program.outputs[0].dtypes[0]], f"{name}: error {err:.3e}"

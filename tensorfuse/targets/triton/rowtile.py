@@ -35,6 +35,12 @@ PREFETCH = True
 # layernorm over 65536 columns (its weight and bias beside the rows: 74 -> 67 %)
 # (benchmarks/rows_sweep.py, RESULTS.md session 15). True / False: always / never (measuring)
 EVICTION = None
+# keep a swept row's uncorrected sums per lane (:func:`lanewise_states`); False: reduce every
+# block across the warps, as before session 32 (measuring)
+LANEWISE = True
+# columns up to which a row swept twice stays in L2 between its passes (16 warps a row, every
+# SM's rows resident: 132 × 4 rows × 32 KiB ≈ 17 MiB of the H100's 50 MiB)
+SWEPT_IN_L2 = 16384
 
 
 class _Writer:
@@ -93,7 +99,11 @@ def kernel_source(plan, knobs, name: str,
     reads_only = all(kind == "row" for _, _, kind in plan.outputs)
     # rows wider than a block: swept once for the reductions, again for the outputs
     reads_twice = not reads_only and plan.mask is None and splits == 1 and N > knobs.block_n
-    hinted = reads_only or reads_twice and not _column_operands(plan)
+    # rows read twice beside column operands get no hints (a layernorm over 65536 columns lost
+    # by them) but where the states are sums kept per lane and the row is short enough to stay
+    # in L2 between its passes (the scaled RMSNorm over 8192: 0.9956 -> 0.9995x torch.compile)
+    hinted = reads_only or reads_twice and (not _column_operands(plan) or
+                                            N <= SWEPT_IN_L2 and uncorrected_sums(plan))
     single = plan.mask is None and N <= knobs.block_n and splits == 1
     reload = single and knobs.reload and reloadable(plan)
     if reload or ((hinted if EVICTION is None else EVICTION) and not plan.locals and
@@ -182,8 +192,8 @@ def kernel_source(plan, knobs, name: str,
         local_axes[xname] = feat
         w(f"lhs_{xname} = {_operand(con.left, ctx_rf(feat), dot_type(con))}")
     # states
-    lanes = _lanewise_states(plan, needed) if not single and plan.mask is None and splits == 1 \
-        else frozenset()
+    lanes = lanewise_states(plan) if LANEWISE and not single and plan.mask is None and \
+        splits == 1 else frozenset()
     for sp in plan.states:
         shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else \
             "[BLOCK_M, BLOCK_N]" if (sp.member.name, sp.k) in lanes else "[BLOCK_M, 1]"
@@ -455,7 +465,7 @@ def kernel_source(plan, knobs, name: str,
     return _assemble([(name, args, w.lines)]), args
 
 
-def _lanewise_states(plan, needed) -> frozenset:
+def lanewise_states(plan) -> frozenset:
     """(member, k) of the states a looped row sweep may keep per lane — ``[BLOCK_M, BLOCK_N]``,
     each lane combining its own column of every block, reduced across the row once after the
     loop (as Inductor's looped reductions do) — instead of reducing every block across the
@@ -463,6 +473,7 @@ def _lanewise_states(plan, needed) -> frozenset:
     and whose reference no other member reads per block. One cross-warp reduction per row
     instead of one per block, and a long sum added in N / BLOCK_N terms per lane, then as a
     tree (issue 23: the accuracy of long reductions)."""
+    needed = {d for scheme in plan.chain.schemes.values() for d in scheme.deps}
     found = set()
     for sp in plan.states:
         scheme = plan.chain.schemes[sp.member.name]
@@ -470,6 +481,14 @@ def _lanewise_states(plan, needed) -> frozenset:
                 sp.monoid.name in REDUCE and plan.col.uid in {a.uid for a in sp.body.axes}:
             found.add((sp.member.name, sp.k))
     return frozenset(found)
+
+
+def uncorrected_sums(plan) -> bool:
+    """Whether every state of ``plan``'s row reduction is kept per lane when the row is swept in
+    blocks (:func:`lanewise_states`): a chain of independent sums, maxima or minima (RMSNorm's
+    Σx²), with no block mask and nothing on the tensor cores."""
+    return bool(plan.states) and plan.mask is None and not plan.locals and \
+        len(lanewise_states(plan)) == len(plan.states)
 
 
 def reloadable(plan) -> bool:
