@@ -21,11 +21,13 @@ def _whole_row_block(cols: int) -> int:
 def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     cols = plan.cols
     block_n = _whole_row_block(cols)
-    # a row of 8192-16384 columns whose states are sums kept per lane (RMSNorm's Σx²): swept in
-    # blocks of 4096 by 16 warps, read twice (held in L2 between the passes) — Inductor's shape;
-    # the scaled RMSNorm over 8192 at 0.9995x torch.compile against 0.996x held in one block
-    # (benchmarks/rows_rmsnorm_probe.py --template, RESULTS.md session 32; ROCm: not measured)
-    if target.kind == "cuda" and 8192 <= block_n and cols <= SWEPT_IN_L2 and \
+    # a row of 4097-8192 columns whose states are sums kept per lane (RMSNorm's Σx²): swept in
+    # two blocks of 4096 by 16 warps, read twice (held in L2 between the passes) — Inductor's
+    # shape; RMSNorm over 8192 at 1.0004x torch.compile against 0.997x in one block, the scaled
+    # one 0.997-1.0004x against 0.996-0.998x (benchmarks/rows_sweep.py --swept, RESULTS.md
+    # session 32; over 16384 columns four blocks lost to one: 96 against 98.7 % of copy; ROCm:
+    # not measured)
+    if target.kind == "cuda" and block_n == 8192 and cols <= SWEPT_IN_L2 and \
             uncorrected_sums(plan):
         return Knobs(block_m=1, block_n=4096, num_warps=16, num_stages=1, reload=0)
     rows_per_program = max(1, min(16, 2048 // block_n))

@@ -38,9 +38,10 @@ EVICTION = None
 # keep a swept row's uncorrected sums per lane (:func:`lanewise_states`); False: reduce every
 # block across the warps, as before session 32 (measuring)
 LANEWISE = True
-# columns up to which a row swept twice stays in L2 between its passes (16 warps a row, every
-# SM's rows resident: 132 × 4 rows × 32 KiB ≈ 17 MiB of the H100's 50 MiB)
-SWEPT_IN_L2 = 16384
+# columns up to which a row of sums is swept twice, in blocks of 4096 with L2 hints (a row of
+# 8192: 0.997-1.0004x torch.compile against 0.996-0.998x in one block; of 16384: 96 % of copy
+# against 98.7 % in one block read again — RESULTS.md session 32)
+SWEPT_IN_L2 = 8192
 
 
 class _Writer:
