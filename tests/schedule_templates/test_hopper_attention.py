@@ -57,6 +57,21 @@ def test_a_tiles_ragged_last_block_multiplies_only_its_keys():
     assert_consumers_do_not_spill(source)
 
 
+@needs_nvcc
+@pytest.mark.parametrize("name", ["attention", "neighborhood_attention_2d"])
+def test_the_next_tiles_queries_are_prefetched_into_l2(name):
+    """The producer asks L2 for the next tile's queries (a TMA prefetch of the same boxes) before
+    it waits for the query buffer to be free, so that their copy then reads L2: dense and map
+    tiles alike."""
+    sizes = dict(B=1, H=2, M=4096, N=4096, D=128) if name == "attention" else \
+        dict(B=1, H=2, M=4096, N=4096, D=128, width=64, radius=3, dilation=1)
+    source = hopper(K.ALL[name]).source(**sizes)
+    producer = source[source.index("// the producer"):source.index("// a consumer warpgroup")]
+    assert producer.index("tf_tma_prefetch_") < producer.index("tf_mbar_wait(q_free")
+    ptx = hopper(K.ALL[name]).ptx(**sizes)
+    assert re.search(r"cp\.async\.bulk\.prefetch\.tensor\.\dd\.L2\.global\.tile", ptx)
+
+
 H100_SHARED = 227 * 1024
 
 

@@ -61,7 +61,8 @@ from ...dsl.expr import Load
 from .dsm import HELPERS as DSM_HELPERS
 from .expr import (converted_indices, forwarded, scalar_arguments, size_aliases,
                    tensor_arguments, to_cuda)
-from .map_tiles import corner_function, position_function, tma_load_call, view_rank
+from .map_tiles import (corner_function, position_function, tma_load_call,
+                        tma_prefetch_call, view_rank)
 from .split import HELPERS as SPLIT_HELPERS
 from .tma import HELPERS as TMA_HELPERS
 from .tma import BULK_HELPERS, MBARRIER_HELPERS, load_helper
@@ -589,13 +590,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
           w.first = f;
           w.count = n;
 #endif
-          if (k >= 1) tf_mbar_wait(q_free, (k - 1) & 1);
-          tf_mbar_expect(bar_q, Q_BYTES);
 #if TILED
           int qc[{rank - 1}];
           bool q_ok;
           tf_map_corner(tf_row_token(w.rb * BM, q_ok), w.bh, qc);
 #endif
+          // the next tile's queries into L2 while the consumers finish this one: their copy
+          // into the query buffer waits until it is free (q_free), then reads L2, not memory
+          if (k >= 1) {{
+            #pragma unroll
+            for (int a = 0; a < ATOMS; ++a)
+#if TILED
+              {tma_prefetch_call(rank, "q_map", "a * 64", "qc")};
+#else
+              tf_tma_prefetch_3d(q_map, a * 64, w.rb * BM, w.bh);
+#endif
+            tf_mbar_wait(q_free, (k - 1) & 1);
+          }}
+          tf_mbar_expect(bar_q, Q_BYTES);
           #pragma unroll
           for (int a = 0; a < ATOMS; ++a)
 #if TILED
