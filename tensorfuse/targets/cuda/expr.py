@@ -167,7 +167,7 @@ def _linear(e: Expr) -> dict[str, int] | None:
 
 
 def converted_indices(e: Expr, offsets: dict[str, str], at_base: dict, sizes: dict,
-                      loads: dict, distribute: bool = True) -> dict:
+                      loads: dict) -> dict:
     """C++ for the integer subexpressions of ``e`` that vary with the indices of ``offsets``
     (index name → C++ of its offset from the base point, a constant per unrolled fragment
     register), are affine in them and are used as floats (an ALiBi bias ``slope · (j − i)``):
@@ -175,36 +175,10 @@ def converted_indices(e: Expr, offsets: dict[str, str], at_base: dict, sizes: di
     ``at_base`` (the fragment's first row and column) — loop-invariant, converted once — and the
     sum a constant the compiler folds. An int-to-float conversion per score element runs at the
     special-function unit's rate, which the softmax's exp2 already fills. Exact while the values
-    stay below 2^24. A float factor of such a subexpression that does not vary with those
-    indices (ALiBi's slope) is distributed over it: ``fmaf(f, (float)(Σ …), f * (float)(base))``,
-    one FFMA per distinct offset where ``f · (base + offset)`` took an add and a multiply (the
-    product then rounds once from the two exact parts instead of once from their exact sum).
-    ``distribute=False`` keeps ``f · (base + offset)`` (measuring). Keyed by ``id`` for
-    :func:`to_cuda`'s ``written``."""
+    stay below 2^24. Keyed by ``id`` for :func:`to_cuda`'s ``written``."""
     found: dict = {}
 
-    def distributed(x: Expr) -> str | None:
-        """``fmaf`` C++ for a float product ``f · affine`` whose affine factor varies with the
-        offsets and whose other factor does not, else None."""
-        if not (isinstance(x, Binary) and x.op == "mul" and dt.is_float(x.dtype)):
-            return None
-        for factor, rest in ((x.a, x.b), (x.b, x.a)):
-            if not dt.is_float(factor.dtype) or dt.is_float(rest.dtype) or rest.dtype == "bool" \
-                    or any(a.name in offsets for a in factor.axes):
-                continue
-            steps = {n: c for n, c in (_linear(rest) or {}).items() if n in offsets and c}
-            if steps:
-                f = to_cuda(factor, {}, "a factor", at_base, sizes, loads)
-                base = to_cuda(rest, {}, "an index", at_base, sizes, loads)
-                step = " + ".join(f"{c} * ({offsets[n]})" for n, c in steps.items())
-                return f"fmaf(({f}), (float)({step}), ({f}) * (float)({base}))"
-        return None
-
     def visit(x: Expr, float_parent: bool) -> None:
-        fused = distributed(x) if distribute else None
-        if fused is not None:
-            found[id(x)] = fused
-            return
         coefficients = _linear(x) if float_parent and x.dtype != "bool" else None
         steps = {n: c for n, c in (coefficients or {}).items() if n in offsets and c}
         if steps:
