@@ -22,7 +22,8 @@ from tensorfuse.schedule_templates.hopper_attention_plan import (SCHEDULES, Hopp
                                                                  schedule_for,
                                                                  plan_hopper_attention,
                                                                  shared_bytes, with_knobs)
-from tensorfuse.targets.cuda.hopper_attention import HOPPER_PTX, MIN_PIECE, TAIL_HELPERS
+from tensorfuse.targets.cuda.hopper_attention import HOPPER_PTX, MIN_PIECE
+from tensorfuse.targets.cuda.hopper_attention_device import TAIL_HELPERS
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
 CHAIN = ("m", "l", "o")
