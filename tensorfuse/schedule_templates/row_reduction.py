@@ -25,10 +25,10 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     # two blocks of 4096 by 16 warps, read twice (held in L2 between the passes) — Inductor's
     # shape; RMSNorm over 8192 at 1.0004x torch.compile against 0.997x in one block, the scaled
     # one 0.997-1.0004x against 0.996-0.998x (benchmarks/rows_sweep.py --swept, RESULTS.md
-    # session 32; over 16384 columns four blocks lost to one: 96 against 98.7 % of copy; ROCm:
-    # not measured)
+    # session 32; over 16384 columns four blocks lost to one: 96 against 98.7 % of copy; ROCm
+    # and rows whose outputs are per row — read once either way —: not measured, kept)
     if target.kind == "cuda" and block_n == 8192 and cols <= SWEPT_IN_L2 and \
-            uncorrected_sums(plan):
+            uncorrected_sums(plan) and reloadable(plan):
         return Knobs(block_m=1, block_n=4096, num_warps=16, num_stages=1, reload=0)
     rows_per_program = max(1, min(16, 2048 // block_n))
     # 16 warps from 8192 columns on: 0.2-0.8 % more bandwidth on the H100 for softmax, norms and

@@ -6,6 +6,7 @@ import re
 import pytest
 
 import tensorfuse as tf
+from tensorfuse import dsl as T
 import tensorfuse.kernels as K
 from tensorfuse.errors import ScheduleError
 from tensorfuse.kernels.reference import TOLERANCE
@@ -251,13 +252,20 @@ def _loop_and_after(source: str) -> tuple[list[str], list[str]]:
     return lines[start:end], lines[end:]
 
 
+@tf.kernel
+def row_sum_of_squares(x: T.Tensor["M", "N", "bf16"]):
+    i, j = T.axes("i j")
+    ss = T.sum(x[i, j] * x[i, j], over=j)
+    return ss
+
+
 def test_rows_of_sums_are_swept_in_blocks_of_4096_and_read_twice():
     """On CUDA a row of 4097-8192 columns whose states are all sums kept per lane (RMSNorm's
     Σx²) is swept in two blocks of 4096 by 16 warps, its first pass keeping the row in L2 for
     the second (Inductor's shape: RMSNorm at 1.0004x torch.compile against 0.997x in one block,
     RESULTS.md session 32); tuning still tries the whole row in one block; chains with corrected
-    states (layernorm, softmax), rows over 8192 (four blocks measured slower) and ROCm keep
-    their defaults."""
+    states (layernorm, softmax), rows over 8192 (four blocks measured slower), kernels whose
+    outputs are per row (read once either way; not measured) and ROCm keep their defaults."""
     from tensorfuse.algebra import plan_chain
     from tensorfuse.schedule_templates.row_reduction import default_knobs, knob_choices
     from tensorfuse.schedule_templates.tile_plan import plan_rowtile
@@ -279,6 +287,9 @@ def test_rows_of_sums_are_swept_in_blocks_of_4096_and_read_twice():
     assert default_knobs(plan("rmsnorm", 8192), rocm).block_n == 8192
     for name in ("layernorm", "softmax"):
         assert default_knobs(plan(name, 8192), cuda).block_n == 8192, name
+    program = row_sum_of_squares.program   # its output per row: read once either way, kept
+    sums = plan_rowtile(program, plan_chain(program, ("ss",), "j"), dict(M=64, N=8192))
+    assert default_knobs(sums, cuda).block_n == 8192
     source = _row_source(K.rmsnorm, M=512, N=8192)
     hints = [re.search(r"eviction_policy='(\w+)'", line) for line in _loads(source, "x")]
     assert [h.group(1) for h in hints if h] == ["evict_last", "evict_first"]
