@@ -204,18 +204,25 @@ def run_stages(rounds: int, log=print) -> list[Row]:
     return rows
 
 
+SWEPT = dict(block=4096, num_warps=16, num_stages=1, eviction=True)   # Inductor's shape
+
+
 def swept_variants(n: int) -> dict:
-    """The defaults against the row held in one block and read again (the CUDA default for rows
-    up to 16384 columns before session 32) and against per-block reductions."""
+    """The defaults, the row held in one block and read again (the CUDA default for rows up to
+    16384 columns before session 32), and the row swept in blocks of 4096 with L2 hints with
+    its sums per lane and reduced per block. (Session 32's run had only the first, second and
+    fourth, as ``defaults``, ``one block, reload`` and ``per-block sums`` — the defaults then
+    swept rows of 16384 too.)"""
     return {"defaults": {}, "one block, reload": dict(block=n, num_warps=16, num_stages=1,
                                                       reload=True),
-            "per-block sums": dict(lanewise=False)}
+            "swept": SWEPT, "swept, per-block sums": dict(SWEPT, lanewise=False)}
 
 
 def run_swept(rounds: int, log=print) -> list[Row]:
     """Rows of uncorrected sums (RMSNorm, the scaled RMSNorm) swept in blocks of 4096 with their
-    sums per lane — the default from session 32 for 8192-16384 columns — against one block read
-    again; and rows wider than a block (2048 × 65536) with per-lane against per-block sums
+    sums per lane — the default from session 32 for 4097-8192 columns — against one block read
+    again (:func:`swept_variants`, also over 16384 columns, where the sweep measured slower); and
+    rows wider than a block (2048 × 65536) with per-lane against per-block sums
     (cross-entropy's gathered logit is one)."""
     copy = measure_ceilings()["copy_tbps"]
     log(f"copy {copy:.2f} TB/s")

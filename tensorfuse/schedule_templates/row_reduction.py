@@ -6,11 +6,12 @@ from __future__ import annotations
 from ..algebra import plan_chain
 from ..targets import TargetSpec
 from ..targets.triton.kernel import TritonKernel, Tuned
-from ..targets.triton.rowtile import SWEPT_IN_L2, reloadable, uncorrected_sums
+from ..targets.triton.rowtile import SWEPT_IN_L2, reloadable, uncorrected_states
 from .fusion import Fusion
 from .tile_plan import Knobs, RowTilePlan, TilePlanner
 
 MAX_ROW_BLOCK = 16384  # elements of a row held at once (fp32 registers across the CTA)
+SWEPT_BLOCK = 4096     # the blocks a row of uncorrected states up to SWEPT_IN_L2 is swept in
 
 
 def _whole_row_block(cols: int) -> int:
@@ -27,9 +28,9 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     # one 0.997-1.0004x against 0.996-0.998x (benchmarks/rows_sweep.py --swept, RESULTS.md
     # session 32; over 16384 columns four blocks lost to one: 96 against 98.7 % of copy; ROCm
     # and rows whose outputs are per row — read once either way —: not measured, kept)
-    if target.kind == "cuda" and block_n == 8192 and cols <= SWEPT_IN_L2 and \
-            uncorrected_sums(plan) and reloadable(plan):
-        return Knobs(block_m=1, block_n=4096, num_warps=16, num_stages=1, reload=0)
+    if target.kind == "cuda" and SWEPT_BLOCK < cols <= SWEPT_IN_L2 and \
+            uncorrected_states(plan) and reloadable(plan):
+        return Knobs(block_m=1, block_n=SWEPT_BLOCK, num_warps=16, num_stages=1, reload=0)
     rows_per_program = max(1, min(16, 2048 // block_n))
     # 16 warps from 8192 columns on: 0.2-0.8 % more bandwidth on the H100 for softmax, norms and
     # rows with extra operands (benchmarks/rows_sweep.py, RESULTS.md session 15; ROCm: not
@@ -47,9 +48,8 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
 
 def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, ...]]:
     """The values tuning tries for each knob (the defaults among them)."""
-    default = default_knobs(plan, target)
-    blocks = sorted({default.block_n, _whole_row_block(plan.cols)} |
-                    {b for b in (1024, 2048, 4096, 8192) if b < _whole_row_block(plan.cols)})
+    default, whole = default_knobs(plan, target), _whole_row_block(plan.cols)
+    blocks = sorted({default.block_n, whole} | {b for b in (1024, 2048, 4096, 8192) if b < whole})
     rows = sorted({default.block_m} | {r for r in (1, 2, 4, 8) if r * default.block_n <= 16384})
     return {"block_m": tuple(rows), "block_n": tuple(blocks), "num_warps": (2, 4, 8, 16),
             "num_stages": (1, 2, 3), "splits": (1,),

@@ -304,11 +304,11 @@ def test_row_sweep_keeps_uncorrected_sums_per_lane():
     are corrected as the chain's references move (layernorm's Σ(x − mean)²; softmax's sum under
     a running maximum) are reduced per block as before."""
     sizes = dict(M=512, N=8192)
-    loop, after = _loop_and_after(template_kernel("rmsnorm", block=2048).source(**sizes))
+    source = template_kernel("rmsnorm", block=2048).source(**sizes)
+    loop, after = _loop_and_after(source)
     assert not any("tl.sum(" in line for line in loop)
     assert sum("tl.sum(" in line for line in after) == 1
-    assert any("tl.full([BLOCK_M, BLOCK_N], 0.0" in line for line in
-               template_kernel("rmsnorm", block=2048).source(**sizes).splitlines())
+    assert "tl.full([BLOCK_M, BLOCK_N], 0.0" in source
     for name in ("layernorm", "softmax"):
         loop, _ = _loop_and_after(template_kernel(name, block=2048).source(**sizes))
         assert any("tl.sum(" in line for line in loop), name

@@ -101,13 +101,17 @@ def position_function(name: str, tiling) -> str:
 """
 
 
+def _box_coordinates(rank: int, inner: str, corner: str) -> str:
+    """A box's coordinates: the head dim's ``inner``, then the corner's."""
+    return ", ".join([inner] + [f"{corner}[{k}]" for k in range(rank - 1)])
+
+
 def tma_load_call(rank: int, dst: str, tensor_map: str, inner: str, corner: str, bar: str) -> str:
     """The copy of one box: the head dim's coordinate ``inner``, then the corner's."""
-    coords = ", ".join([inner] + [f"{corner}[{k}]" for k in range(rank - 1)])
+    coords = _box_coordinates(rank, inner, corner)
     return f"tf_tma_load_{rank}d({dst}, {tensor_map}, {coords}, {bar})"
 
 
 def tma_prefetch_call(rank: int, tensor_map: str, inner: str, corner: str) -> str:
     """The same box as :func:`tma_load_call`'s, fetched into L2 only."""
-    coords = ", ".join([inner] + [f"{corner}[{k}]" for k in range(rank - 1)])
-    return f"tf_tma_prefetch_{rank}d({tensor_map}, {coords})"
+    return f"tf_tma_prefetch_{rank}d({tensor_map}, {_box_coordinates(rank, inner, corner)})"

@@ -35,7 +35,7 @@ PREFETCH = True
 # layernorm over 65536 columns (its weight and bias beside the rows: 74 -> 67 %)
 # (benchmarks/rows_sweep.py, RESULTS.md session 15). True / False: always / never (measuring)
 EVICTION = None
-# keep a swept row's uncorrected sums per lane (:func:`lanewise_states`); False: reduce every
+# keep a swept row's uncorrected states per lane (:func:`lanewise_states`); False: reduce every
 # block across the warps, as before session 32 (measuring)
 LANEWISE = True
 # columns up to which a row of sums is swept twice, in blocks of 4096 with L2 hints (a row of
@@ -85,7 +85,8 @@ def kernel_source(plan, knobs, name: str,
     M, N = plan.rows, plan.cols
     windows = plan.key_windows
     members = plan.chain.members
-    needed = [m.name for m in members if any(m.name in s.deps for s in plan.chain.schemes.values())]
+    depended_on = _depended_on(plan)
+    needed = [m.name for m in members if m.name in depended_on]
     parts = [f"part_{sp.member.name}_{sp.k}" for sp in plan.states] + [f"part_ref_{d}"
                                                                       for d in needed]
     if splits > 1:
@@ -104,7 +105,7 @@ def kernel_source(plan, knobs, name: str,
     # by them) but where the states are sums kept per lane and the row is short enough to stay
     # in L2 between its passes (the scaled RMSNorm over 8192: 0.9956 -> 0.9995x torch.compile)
     hinted = reads_only or reads_twice and (not _column_operands(plan) or
-                                            N <= SWEPT_IN_L2 and uncorrected_sums(plan))
+                                            N <= SWEPT_IN_L2 and uncorrected_states(plan))
     single = plan.mask is None and N <= knobs.block_n and splits == 1
     reload = single and knobs.reload and reloadable(plan)
     if reload or ((hinted if EVICTION is None else EVICTION) and not plan.locals and
@@ -437,10 +438,10 @@ def kernel_source(plan, knobs, name: str,
         w(f"for start_n in range(0, {N}, BLOCK_N):")
         with w.block():
             chunk_body(True)
-        for member, k in sorted(lanes):
-            sp = next(x for x in plan.states if x.member.name == member and x.k == k)
-            w(f"st_{member}_{k} = {REDUCE[sp.monoid.name]}(st_{member}_{k}, axis=1, "
-              "keep_dims=True)")
+        for sp in plan.states:
+            if (sp.member.name, sp.k) in lanes:
+                state = f"st_{sp.member.name}_{sp.k}"
+                w(f"{state} = {REDUCE[sp.monoid.name]}({state}, axis=1, keep_dims=True)")
         if ctx_base.streaming:   # the output pass reads each row a last time
             ctx_base.streaming = ctx_base.streaming[:2] + ("evict_first",)
     else:
@@ -466,6 +467,11 @@ def kernel_source(plan, knobs, name: str,
     return _assemble([(name, args, w.lines)]), args
 
 
+def _depended_on(plan) -> set[str]:
+    """The members whose references other members' corrections read."""
+    return {d for scheme in plan.chain.schemes.values() for d in scheme.deps}
+
+
 def lanewise_states(plan) -> frozenset:
     """(member, k) of the states a looped row sweep may keep per lane — ``[BLOCK_M, BLOCK_N]``,
     each lane combining its own column of every block, reduced across the row once after the
@@ -474,17 +480,14 @@ def lanewise_states(plan) -> frozenset:
     and whose reference no other member reads per block. One cross-warp reduction per row
     instead of one per block, and a long sum added in N / BLOCK_N terms per lane, then as a
     tree (issue 23: the accuracy of long reductions)."""
-    needed = {d for scheme in plan.chain.schemes.values() for d in scheme.deps}
-    found = set()
-    for sp in plan.states:
-        scheme = plan.chain.schemes[sp.member.name]
-        if sp.contraction is None and not scheme.deps and sp.member.name not in needed and \
-                sp.monoid.name in REDUCE and plan.col.uid in {a.uid for a in sp.body.axes}:
-            found.add((sp.member.name, sp.k))
-    return frozenset(found)
+    depended_on = _depended_on(plan)
+    return frozenset((sp.member.name, sp.k) for sp in plan.states
+                     if sp.contraction is None and not plan.chain.schemes[sp.member.name].deps
+                     and sp.member.name not in depended_on and sp.monoid.name in REDUCE
+                     and plan.col.uid in {a.uid for a in sp.body.axes})
 
 
-def uncorrected_sums(plan) -> bool:
+def uncorrected_states(plan) -> bool:
     """Whether every state of ``plan``'s row reduction is kept per lane when the row is swept in
     blocks (:func:`lanewise_states`): a chain of independent sums, maxima or minima (RMSNorm's
     Σx²), with no block mask and nothing on the tensor cores."""
