@@ -126,7 +126,13 @@ CHECKS = ([(n, s, {}) for n in KERNELS for s in ((200, 4096, 1024), (1000, 520, 
           + [("linear", (1000, 4096, 1024), {"cluster": 2, "block_n": 128, "stages": 2})]
           # few rows, long K: every tile split along K into 4–16 pieces
           + [("matmul", (128, 14336, 4096), {}), ("matmul_nk", (100, 8192, 1000), {}),
-             ("swiglu_gate", (128, 4096, 2048), {"block_n": 128})])
+             ("swiglu_gate", (128, 4096, 2048), {"block_n": 128})]
+          # [N, K] weights in tiles of 224 or 160 columns (a narrower last 64-column chunk in
+          # the staged epilogue; halves of 112 rows multicast), and the shape that picks 224
+          + [("matmul_nk", (1000, 520, 776), {"block_n": 224}),
+             ("linear", (333, 1024, 2000), {"block_n": 160}),
+             ("linear", (700, 776, 904), {"block_n": 224, "cluster": 1}),
+             ("matmul_nk", (1024, 4096, 14336), {})])
 
 FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("swiglu", dict(M=1000, K=256, N=512, O=776), {}),

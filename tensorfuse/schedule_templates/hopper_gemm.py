@@ -22,7 +22,7 @@ from ..targets.cuda.module import (DependentLaunch, KernelEntry, cubin_for, loca
                                    max_active_clusters)
 from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .hopper_gemm_plan import (BLOCK_K, HopperGemmPlan, check_gemm, plan_hopper_gemm,
-                               shared_bytes, with_knobs)
+                               shared_bytes, split_tail, with_knobs)
 
 
 def operand_maps(plan: HopperGemmPlan, knobs, sizes: tuple[int, int, int]):
@@ -117,19 +117,6 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     split = (f"; the last {tail} tiles split {pieces} ways along K" if tail else "")
     return Launches(source, entries, knobs, run,
                     f"{why}; {grid} persistent CTAs ({fit}){split}", plan)
-
-
-def split_tail(units: int, slots: int, kblocks: int, least: int = 4) -> tuple[int, int, int]:
-    """``(whole units, split units, pieces each)``: where the last wave of ``units`` tiles on
-    ``slots`` CTAs (or clusters) would leave at least half of them idle, its tiles are split
-    along K into as many pieces as fill the wave (each at least ``least`` k-blocks), the last
-    piece of each adding the others' partial sums (at M=1024, K=4096, N=14336: 224 tiles on 66
-    clusters fill 3.4 waves; split, the fourth wave takes half the time)."""
-    whole, tail = divmod(units, slots)
-    pieces = min(slots // tail, kblocks // least) if tail else 1
-    if pieces < 2:
-        return units, 0, 1
-    return whole * slots, tail, pieces
 
 
 def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,

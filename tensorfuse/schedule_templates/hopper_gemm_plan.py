@@ -222,6 +222,54 @@ def wave_efficiency(tiles: int, sms: int) -> float:
     return tiles / (math.ceil(tiles / sms) * sms)
 
 
+def split_tail(units: int, slots: int, kblocks: int, least: int = 4) -> tuple[int, int, int]:
+    """``(whole units, split units, pieces each)``: where the last wave of ``units`` tiles on
+    ``slots`` CTAs (or clusters) would leave at least half of them idle, its tiles are split
+    along K into as many pieces as fill the wave (each at least ``least`` k-blocks), the last
+    piece of each adding the others' partial sums (at M=1024, K=4096, N=14336: 224 tiles on 66
+    clusters fill 3.4 waves; split in two, the fourth wave took 0.73 of a whole one's time:
+    :data:`SPLIT_WAVE_COST`)."""
+    whole, tail = divmod(units, slots)
+    pieces = min(slots // tail, kblocks // least) if tail else 1
+    if pieces < 2:
+        return units, 0, 1
+    return whole * slots, tail, pieces
+
+
+# What a last wave split into ``pieces`` costs, in whole waves: SPLIT_WAVE_COST / pieces (H100,
+# M=1024, K=4096, N=14336 [K, N]: four whole waves 0.1934 ms, three and the fourth split in two
+# 0.1803 ms — the partial sums' round trip and each piece's pipeline ramp; session 25)
+SPLIT_WAVE_COST = 1.46
+# Tile widths tried for weights stored [N, K] (their TMA boxes take any multiple of 8 rows), and
+# how much shorter a narrower tile's modelled time must be to be chosen over 256 columns (the
+# model leaves out that a narrower tile reads more operand bytes per product)
+K_MAJOR_WIDTHS = (256, 224, 192)
+NARROWER_GAIN = 0.03
+
+
+def modeled_time(M: int, N: int, K: int, block_n: int, cluster: int, sms: int) -> float:
+    """The GEMM's time in units of one column of a 128-row tile: the waves of ``128·cluster ×
+    block_n`` tiles on ``sms`` SMs (a split last wave as :data:`SPLIT_WAVE_COST` says) times
+    ``block_n`` (a tile's time grows with its width). Used to pick the tile width where the
+    waves of 256-column tiles fit the GPU badly."""
+    slots = sms // cluster
+    units = math.ceil(math.ceil(M / 128) / cluster) * math.ceil(N / block_n)
+    whole, tail, pieces = split_tail(units, slots, math.ceil(K / BLOCK_K))
+    waves = math.ceil(whole / slots) + (min(1.0, SPLIT_WAVE_COST / pieces) if tail else 0.0)
+    return waves * block_n
+
+
+def _tile_width(plan: HopperGemmPlan, M: int, N: int, K: int, cluster: int, sms: int) -> int:
+    """256 columns, or for ``[N, K]`` weights a narrower width whose waves fit the GPU enough
+    better (:func:`modeled_time`; M=1024, K=4096, N=14336 on 132 SMs: 224 columns make 3.9
+    waves of clusters where 256 make 3.4, the last split along K)."""
+    if not plan.b_k_major:
+        return 256
+    times = {bn: modeled_time(M, N, K, bn, cluster, sms) for bn in K_MAJOR_WIDTHS}
+    best = min(times, key=times.get)
+    return best if times[best] < (1 - NARROWER_GAIN) * times[256] else 256
+
+
 def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
                        max_shared: int = MAX_SHARED) -> tuple[GemmKnobs, str]:
     """The knobs for these sizes and why, as measured best on the H100 (benchmarks/RESULTS.md,
@@ -236,11 +284,14 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     (M=128, K=4096, N=14336: 0.87 → 0.98× cuBLAS; K=14336, N=4096: 0.91 → 0.98×; session 25) —
     and 64-column tiles where even those fit one wave, so that each is split along K into fewer
     pieces (M=128, K=14336, N=4096: 64 tiles in 2 pieces instead of 32 in 4, 5–7 % faster in
-    CUDA graphs; session 26)."""
-    M, N = sizes[plan.dims[0]], sizes[plan.dims[2]]
+    CUDA graphs; session 26); for ``[N, K]`` weights, a narrower tile where the waves of
+    256-column ones fit the GPU badly (:func:`_tile_width`)."""
+    M, K, N = (sizes[d] for d in plan.dims)
     bn = 256 if len(plan.weights) == 1 and M > 128 else \
         64 if M <= 128 and math.ceil(N / 64) <= sms else 128
     epilogue = "direct" if plan.out_dtype == "f32" else "staged"
+    if bn == 256:
+        bn = _tile_width(plan, M, N, K, 2, sms)
     if M <= 64:
         knobs = GemmKnobs(bn, consumers=1, cluster=1, group_m=16, epilogue=epilogue)
         why = f"M={M}: one warpgroup of 64 rows"
@@ -258,8 +309,12 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
     """Refuse sizes and knobs the kernel cannot run, saying which."""
     M, K, N = (sizes[d] for d in plan.dims)
     bn = knobs.block_n
-    if bn % 64 or not 64 <= bn <= 256:
-        raise _refuse(f"block_n={bn}: 64, 128, 192 or 256 (atoms of 64 columns, one wgmma N)")
+    if not 64 <= bn <= 256 or bn % (16 if plan.b_k_major else 64):
+        raise _refuse(f"block_n={bn}: " + (
+            "a multiple of 16 from 64 to 256 (weight rows in 8-row swizzle atoms, halved by a "
+            "cluster; one wgmma N)" if plan.b_k_major else
+            "64, 128, 192 or 256 (weights stored [K, N] are copied in atoms of 64 columns; one "
+            "wgmma N)"))
     if knobs.consumers not in (1, 2, 3):
         raise _refuse(f"consumers={knobs.consumers}: 1, 2 or 3 warpgroups of 64 rows")
     # ptxas allocates every thread what it has at launch (65536 / threads) — or less, what
@@ -283,7 +338,7 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
         raise _refuse(f"multicast={knobs.multicast!r}: 'split' or 'leader'")
     if knobs.cluster not in (1, 2):
         raise _refuse(f"cluster={knobs.cluster}: 1, or 2 CTAs sharing each weight tile")
-    if knobs.cluster == 2 and knobs.multicast == "split" and bn % 128:
+    if knobs.cluster == 2 and knobs.multicast == "split" and bn % 128 and not plan.b_k_major:
         raise _refuse(f"cluster=2 splits each weight tile's {bn} columns into two halves of "
                       "whole 64-column atoms: block_n 128 or 256")
     if knobs.group_m < 1:
@@ -314,7 +369,8 @@ def with_knobs(plan: HopperGemmPlan, sizes: dict, given: dict, sms: int = 132,
     if ("block_n" in given or "consumers" in given) and "stages" not in given:
         given = {**given, "stages": deepest_stages(plan, replace(knobs, **given), max_shared)}
     chosen = replace(knobs, **given)
-    if chosen.cluster > 1 and chosen.block_n % 128 and "multicast" not in given:
+    if chosen.cluster > 1 and chosen.block_n % 128 and not plan.b_k_major and \
+            "multicast" not in given:
         given = {**given, "multicast": "leader"}   # halves would not be whole 64-column atoms
     if given:
         why = "given: " + ", ".join(f"{k}={v}" for k, v in given.items())

@@ -91,12 +91,49 @@ def test_plan_refuses_other_programs(kernel, words):
     ({"multicast": "all"}, "'split' or 'leader'"),
     ({"epilogue": "tma"}, "'direct'"),
     ({"block_n": 256, "stages": 6}, "shared memory"),
+    ({"block_n": 224}, "64, 128, 192 or 256"),      # [K, N] weights: atoms of 64 columns
 ])
 def test_check_refuses_what_the_kernel_cannot_run(knobs, words):
     plan = plan_hopper_gemm(K.matmul.program)
     with pytest.raises(ScheduleError, match="hopper GEMM") as err:
         check_gemm(plan, GemmKnobs(**{**{"stages": 3}, **knobs}), SIZES)
     assert words in str(err.value)
+
+
+def test_weights_stored_n_by_k_take_tiles_of_any_multiple_of_16_columns():
+    """Their TMA boxes are rows of K: a cluster's halves are whole 8-row swizzle atoms for any
+    multiple of 16 (224 columns split as 112 + 112)."""
+    plan = plan_hopper_gemm(matmul_nk.program)
+    for bn in (64, 96, 160, 224, 256):
+        check_gemm(plan, GemmKnobs(block_n=bn, cluster=2, stages=3), SIZES)
+    for bn in (200, 48, 272):
+        with pytest.raises(ScheduleError, match="multiple of 16 from 64 to 256"):
+            check_gemm(plan, GemmKnobs(block_n=bn, stages=3), SIZES)
+    knobs, _ = with_knobs(plan, SIZES, {"block_n": 224, "cluster": 2})
+    assert knobs.multicast == "split"   # [K, N] weights would fall back to the leader's copies
+
+
+def test_n_by_k_weights_get_narrower_tiles_where_256_columns_fit_the_waves_badly():
+    """M=1024, K=4096, N=14336 on 132 SMs: 224 tiles of 256 × 256 are 3.4 waves of clusters (the
+    last split along K, 0.73 of a wave), 256 of 256 × 224 are 3.9: 896 against 955 in the model.
+    Where the waves fit either way (8192³, M=8192) the tiles stay 256 wide, and [K, N] weights
+    (atoms of 64 columns) always do."""
+    from tensorfuse.schedule_templates.hopper_gemm_plan import modeled_time
+
+    nk, kn = plan_hopper_gemm(matmul_nk.program), plan_hopper_gemm(K.matmul.program)
+    assert modeled_time(1024, 14336, 4096, 256, 2, 132) == pytest.approx(3.73 * 256)
+    assert modeled_time(1024, 14336, 4096, 224, 2, 132) == 4 * 224
+    ffn_up = dict(M=1024, K=4096, N=14336)
+    knobs, why = default_gemm_knobs(nk, ffn_up)
+    assert (knobs.block_n, knobs.cluster, knobs.multicast) == (224, 2, "split")
+    assert "256 tiles of 256 × 224" in why
+    assert default_gemm_knobs(kn, ffn_up)[0].block_n == 256
+    for sizes in (dict(M=8192, K=8192, N=8192), dict(M=8192, K=4096, N=14336),
+                  dict(M=200, K=4096, N=1024), dict(M=1024, K=14336, N=4096)):
+        assert default_gemm_knobs(nk, sizes)[0].block_n == 256, sizes
+    f = hopper(matmul_nk)
+    assert "block_n=224" in f.schedule_origin(**ffn_up)
+    assert "ways along K" not in f.schedule_origin(**ffn_up)
 
 
 def test_accumulators_must_fit_the_registers_a_thread_has():
@@ -167,6 +204,7 @@ def test_defaults_follow_the_sizes():
     ("matmul", {}), ("matmul_nk", {}), ("linear", {"cluster": 1}), ("swiglu_gate", {}),
     ("matmul_f16_f32", {}), ("matmul_nk", {"cluster": 2, "multicast": "leader"}),
     ("matmul", {"consumers": 3, "block_n": 192, "cluster": 1}), ("matmul", {"consumers": 1}),
+    ("matmul_nk", {"block_n": 224}), ("linear", {"block_n": 160, "cluster": 1}),
 ])
 def test_code_holds_the_hopper_instructions(name, knobs):
     """PTX: wgmma of the tile's width, 2-D bulk tensor copies, mbarriers, setmaxnreg — and with a

@@ -398,15 +398,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       const int r0 = m0 + cw * 64 + warp * 16 + lane / 4;
 #if STAGED
       // 64 columns at a time through this warpgroup's 64 × 64 buffer (128-byte rows, swizzled
-      // like the operand tiles: conflict-free both ways), then 16-byte coalesced stores
+      // like the operand tiles: conflict-free both ways), then 16-byte coalesced stores; a tile
+      // whose width is not a multiple of 64 (K-major weights) ends on a narrower chunk
       const unsigned buf = tf_smem_addr(c_stage) + cw * 64 * 128;
       #pragma unroll
-      for (int a = 0; a < BN / 64; ++a) {{
+      for (int a = 0; a < (BN + 63) / 64; ++a) {{
         #pragma unroll
         for (int x = 0; x < 2; ++x) {{
           const int row = r0 + 8 * x, lr = warp * 16 + lane / 4 + 8 * x;
           #pragma unroll
-          for (int j8 = 0; j8 < 8; ++j8) {{
+          for (int j8 = 0; j8 < 8 && 8 * a + j8 < BN / 8; ++j8) {{
             const int jj = 8 * a + j8, r = 4 * jj + 2 * x;
             const int col = n0 + 8 * jj + 2 * (lane % 4);
             float v0 = 0.0f, v1 = 0.0f;
@@ -424,6 +425,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         for (int i = 0; i < 4; ++i) {{
           const int c = t + 128 * i, lr = c / 8, ch = c % 8;
           const int row = m0 + cw * 64 + lr, col = n0 + 64 * a + 8 * ch;
+          if (64 * a + 8 * ch >= BN) continue;   // past a narrower last chunk
           const uint4 v = tf_ld_smem_v4(buf + lr * 128 + ((ch ^ (lr % 8)) * 16));
           if (row < M_ && col < N_) *(uint4*)((out_t*)out + (long)row * N_ + col) = v;
         }}
