@@ -210,12 +210,18 @@ def precompile(kernels_knobs, sizes=({"M": 8192, "K": 8192, "N": 8192},)) -> Non
     knobs)`` for each pair, or of a compiled kernel given in place of the pair, at ``sizes``."""
     from tensorfuse.targets.cuda.module import cubin_for
 
+    from tensorfuse.errors import ScheduleError
+
     sources = {}
     for item in kernels_knobs:
         f = hopper(*item) if isinstance(item, tuple) else item
         for dims in sizes:
             chosen = f.for_sizes(**dims) if hasattr(f, "for_sizes") else f   # tf.compile's pick
-            for src in (chosen.launches(**dims).sources if hasattr(chosen, "launches") else ()):
+            try:
+                made = chosen.launches(**dims).sources if hasattr(chosen, "launches") else ()
+            except ScheduleError:   # a knob set this layout refuses: reported when it is timed
+                continue
+            for src in made:
                 sources[src] = f.target
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda item: cubin_for(*item), sources.items()))
