@@ -5,7 +5,8 @@ CTA and summarised as times from the first GEMM's first CTA start. The probe pat
 generated source (``hopper_gemm_source``), so it measures this checkout's kernels; printf in
 the kernels makes them a little slower than the real ones.
 
-    PYTHONPATH=. python tools/probe_gemm_timeline.py [--rows 128] [--kind gelu]
+    PYTHONPATH=. python tools/probe_gemm_timeline.py [--rows 128] [--kind gelu] [--up block_n=64]
+    ... | python tools/probe_gemm_timeline.py --summarise
 """
 import argparse
 import importlib
@@ -24,6 +25,11 @@ CLOCK = """__device__ __forceinline__ unsigned long long tf_gtime() {
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
 }
+__device__ __forceinline__ unsigned tf_smid() {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
 """
 EDITS = (
     ('extern "C" __global__', CLOCK + 'extern "C" __global__'),
@@ -38,8 +44,8 @@ EDITS = (
     ("      tf_wgmma_wait<0>();\n", "      tf_wgmma_wait<0>();\n      tr_loop = tf_gtime();\n"),
 )
 TAIL = "#if CLUSTER > 1\n  tf_cluster_sync();   // no CTA leaves"
-PRINT = ('  if (threadIdx.x == 128) printf("TR %d %d %llu %llu %llu %llu\\n", DEPENDENT, '
-         '(int)blockIdx.x, tr_start, tr_first, tr_loop, tf_gtime());\n'
+PRINT = ('  if (threadIdx.x == 128) printf("TR %d %d %llu %llu %llu %llu %u\\n", DEPENDENT, '
+         '(int)blockIdx.x, tr_start, tr_first, tr_loop, tf_gtime(), tf_smid());\n'
          '  if (threadIdx.x == 0 && DEPENDENT) printf("TD %d %llu\\n", (int)blockIdx.x, tr_dep);\n')
 
 
@@ -57,13 +63,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--kind", default="gelu")
+    ap.add_argument("--up", default="", help="the first GEMM's knobs, e.g. 'block_n=64'")
     args = ap.parse_args(argv)
+    from benchmarks.gemm import parse_knobs
     # the package exports a function of the module's name: the module itself, by its path
     template = importlib.import_module("tensorfuse.schedule_templates.hopper_gemm")
     original = template.hopper_gemm_source
     template.hopper_gemm_source = lambda *a, **k: traced(original(*a, **k))
     kernel = K.FFN_KERNELS[f"ffn_{args.kind}"]
-    f = hopper_ffn(kernel, None, get_target("cuda"))
+    f = hopper_ffn(kernel, None, get_target("cuda"), up=parse_knobs(args.up) or None)
     gen = torch.Generator(device="cuda").manual_seed(0)
     t = inputs(kernel, args.rows, 4096, 14336, gen, 1.0, O=4096)
     out = torch.empty(args.rows, 4096, dtype=torch.bfloat16, device="cuda")
@@ -91,6 +99,9 @@ def summarise(lines) -> None:
                   "k-loop done": [r[4] for r in mine], "end": [r[5] for r in mine]}
         if dep:
             events["wait returned"] = [td[r[1]] for r in mine if r[1] in td]
+        late = sorted(mine, key=lambda r: -r[4])[:12]
+        print("  slowest k-loops (SM: µs): " + ", ".join(
+            f"{r[6]}: {(r[4] - t0) / 1e3:.1f}" for r in late if len(r) > 6))
         for name, values in events.items():
             us = sorted((v - t0) / 1e3 for v in values if v)
             if us:
