@@ -132,7 +132,9 @@ CHECKS = ([(n, s, {}) for n in KERNELS for s in ((200, 4096, 1024), (1000, 520, 
           + [("matmul_nk", (1000, 520, 776), {"block_n": 224}),
              ("linear", (333, 1024, 2000), {"block_n": 160}),
              ("linear", (700, 776, 904), {"block_n": 224, "cluster": 1}),
-             ("matmul_nk", (1024, 4096, 14336), {})])
+             ("matmul_nk", (1024, 4096, 14336), {}),
+             # few rows, [N, K] weights: 112-column tiles filling one wave (one and two weights)
+             ("matmul_nk", (128, 4096, 14336), {}), ("swiglu_gate", (100, 1024, 14336), {})])
 
 FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("swiglu", dict(M=1000, K=256, N=512, O=776), {}),
@@ -143,7 +145,8 @@ FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("swiglu_linear", dict(M=2048, K=4096, N=1024, O=4096), {}),
               # the few-row shape (the second GEMM split along K), ragged rows with clusters
               ("gelu", dict(M=128, K=4096, N=14336, O=4096), {}),
-              ("swiglu", dict(M=200, K=2048, N=4096, O=1024), {}))
+              ("swiglu", dict(M=200, K=2048, N=4096, O=1024), {}),
+              ("swiglu_linear", dict(M=128, K=1024, N=14336, O=512), {}))
 
 
 def check(log=print) -> int:

@@ -270,6 +270,14 @@ def _tile_width(plan: HopperGemmPlan, M: int, N: int, K: int, cluster: int, sms:
     return best if times[best] < (1 - NARROWER_GAIN) * times[256] else 256
 
 
+def _one_wave_width(N: int, sms: int) -> int:
+    """For rows that fit one tile and ``[N, K]`` weights: the narrowest multiple of 16 columns
+    (at most 128) whose tiles fit one wave — every SM streams weights (M=128, K=4096, N=14336 on
+    132 SMs: 128 tiles of 112 columns instead of 112 of 128, 1.6–1.7 % faster by do_bench and
+    in CUDA graphs on the H100; session 33; 96 or 64 columns, two waves, were 6–9 % slower)."""
+    return min(128, max(64, -(-N // (sms * 16)) * 16))
+
+
 def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
                        max_shared: int = MAX_SHARED) -> tuple[GemmKnobs, str]:
     """The knobs for these sizes and why, as measured best on the H100 (benchmarks/RESULTS.md,
@@ -280,7 +288,8 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     (coalesced 16-byte stores: 0.96 → 1.00× cuBLAS at 8192³, 0.59 → 0.94× at K=512), the
     deepest ring that fits; 64-row tiles (one consumer warpgroup) and no cluster where
     M ≤ 64; 128-column tiles for one weight where the rows fit one tile (M ≤ 128): the GEMM then
-    streams its weights, and twice the tiles fill the GPU without splitting them along K
+    streams its weights (for ``[N, K]`` weights as many columns as fill one wave:
+    :func:`_one_wave_width`), and twice the tiles fill the GPU without splitting them along K
     (M=128, K=4096, N=14336: 0.87 → 0.98× cuBLAS; K=14336, N=4096: 0.91 → 0.98×; session 25) —
     and 64-column tiles where even those fit one wave, so that each is split along K into fewer
     pieces (M=128, K=14336, N=4096: 64 tiles in 2 pieces instead of 32 in 4, 5–7 % faster in
@@ -292,6 +301,8 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     epilogue = "direct" if plan.out_dtype == "f32" else "staged"
     if bn == 256:
         bn = _tile_width(plan, M, N, K, 2, sms)
+    elif M <= 128 and bn == 128 and plan.b_k_major:
+        bn = _one_wave_width(N, sms)
     if M <= 64:
         knobs = GemmKnobs(bn, consumers=1, cluster=1, group_m=16, epilogue=epilogue)
         why = f"M={M}: one warpgroup of 64 rows"

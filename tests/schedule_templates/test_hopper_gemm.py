@@ -187,6 +187,14 @@ def test_defaults_follow_the_sizes():
         # where even 64-column tiles fit one wave, those: fewer pieces along K each (K=14336,
         # N=4096: 2 instead of 4; 5–7 % faster on the H100)
         assert default_gemm_knobs(plan, dict(M=M, K=14336, N=4096))[0].block_n == 64
+    # [N, K] weights: as many columns as fill one wave (128 tiles of 112 on 132 SMs)
+    nk = plan_hopper_gemm(matmul_nk.program)
+    for M in (48, 128):
+        assert default_gemm_knobs(nk, dict(M=M, K=4096, N=14336))[0].block_n == 112
+        assert default_gemm_knobs(nk, dict(M=M, K=14336, N=4096))[0].block_n == 64
+    assert default_gemm_knobs(plan_hopper_gemm(K.swiglu_gate.program),
+                              dict(M=128, K=4096, N=14336))[0].block_n == 112
+    assert default_gemm_knobs(nk, dict(M=128, K=4096, N=40000))[0].block_n == 128   # 2+ waves
     assert default_gemm_knobs(plan, dict(M=129, K=4096, N=14336))[0].block_n == 256
     assert default_gemm_knobs(plan, dict(M=129, K=14336, N=4096))[0].block_n == 256
     f = hopper(K.matmul)
@@ -205,6 +213,7 @@ def test_defaults_follow_the_sizes():
     ("matmul_f16_f32", {}), ("matmul_nk", {"cluster": 2, "multicast": "leader"}),
     ("matmul", {"consumers": 3, "block_n": 192, "cluster": 1}), ("matmul", {"consumers": 1}),
     ("matmul_nk", {"block_n": 224}), ("linear", {"block_n": 160, "cluster": 1}),
+    ("swiglu_gate", {"block_n": 112}),
 ])
 def test_code_holds_the_hopper_instructions(name, knobs):
     """PTX: wgmma of the tile's width, 2-D bulk tensor copies, mbarriers, setmaxnreg — and with a
