@@ -134,7 +134,8 @@ CHECKS = ([(n, s, {}) for n in KERNELS for s in ((200, 4096, 1024), (1000, 520, 
              ("linear", (700, 776, 904), {"block_n": 224, "cluster": 1}),
              ("matmul_nk", (1024, 4096, 14336), {}),
              # few rows, [N, K] weights: 112-column tiles filling one wave (one and two weights)
-             ("matmul_nk", (128, 4096, 14336), {}), ("swiglu_gate", (100, 1024, 14336), {})])
+             ("matmul_nk", (128, 4096, 14336), {}),
+             ("swiglu_gate", (100, 1024, 14336), {"block_n": 112})])
 
 FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("swiglu", dict(M=1000, K=256, N=512, O=776), {}),

@@ -271,10 +271,12 @@ def _tile_width(plan: HopperGemmPlan, M: int, N: int, K: int, cluster: int, sms:
 
 
 def _one_wave_width(N: int, sms: int) -> int:
-    """For rows that fit one tile and ``[N, K]`` weights: the narrowest multiple of 16 columns
-    (at most 128) whose tiles fit one wave — every SM streams weights (M=128, K=4096, N=14336 on
-    132 SMs: 128 tiles of 112 columns instead of 112 of 128, 1.6–1.7 % faster by do_bench and
-    in CUDA graphs on the H100; session 33; 96 or 64 columns, two waves, were 6–9 % slower)."""
+    """For rows that fit one tile and one ``[N, K]`` weight: the narrowest multiple of 16
+    columns (at most 128) whose tiles fit one wave — every SM streams weights (M=128, K=4096,
+    N=14336 on 132 SMs: 128 tiles of 112 columns instead of 112 of 128, 0.7–2.3 % faster by
+    do_bench and in CUDA graphs over two H100 runs; session 33; 96 or 64 columns, two waves,
+    6–9 % slower). A gated pair keeps 128: its FFN (`nn.Linear` SwiGLU, M=128) timed 1 % slower
+    with 112 in another run than with 128 (not alternated in one run)."""
     return min(128, max(64, -(-N // (sms * 16)) * 16))
 
 
@@ -301,7 +303,7 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     epilogue = "direct" if plan.out_dtype == "f32" else "staged"
     if bn == 256:
         bn = _tile_width(plan, M, N, K, 2, sms)
-    elif M <= 128 and bn == 128 and plan.b_k_major:
+    elif M <= 128 and bn == 128 and plan.b_k_major and len(plan.weights) == 1:
         bn = _one_wave_width(N, sms)
     if M <= 64:
         knobs = GemmKnobs(bn, consumers=1, cluster=1, group_m=16, epilogue=epilogue)

@@ -192,8 +192,8 @@ def test_defaults_follow_the_sizes():
     for M in (48, 128):
         assert default_gemm_knobs(nk, dict(M=M, K=4096, N=14336))[0].block_n == 112
         assert default_gemm_knobs(nk, dict(M=M, K=14336, N=4096))[0].block_n == 64
-    assert default_gemm_knobs(plan_hopper_gemm(K.swiglu_gate.program),
-                              dict(M=128, K=4096, N=14336))[0].block_n == 112
+    assert default_gemm_knobs(plan_hopper_gemm(K.swiglu_gate.program),   # a gated pair: 128
+                              dict(M=128, K=4096, N=14336))[0].block_n == 128
     assert default_gemm_knobs(nk, dict(M=128, K=4096, N=40000))[0].block_n == 128   # 2+ waves
     assert default_gemm_knobs(plan, dict(M=129, K=4096, N=14336))[0].block_n == 256
     assert default_gemm_knobs(plan, dict(M=129, K=14336, N=4096))[0].block_n == 256
