@@ -38,7 +38,7 @@ from .tma import HELPERS as TMA_HELPERS
 from .split import HELPERS as SPLIT_HELPERS
 from .tma import MBARRIER_HELPERS
 from .wgmma import HELPERS as WGMMA_HELPERS
-from .wgmma import wgmma_function
+from .wgmma import setmaxnreg_share, wgmma_function
 
 ENTRY = "tf_hopper_gemm"
 
@@ -72,6 +72,16 @@ __device__ __forceinline__ void tf_launch_dependents() {
 __device__ __forceinline__ void tf_wait_prerequisite() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
+// The FFN's handoff of H (see HANDOFF_HELPERS' users): an acquire load of a flag or count.
+__device__ __forceinline__ int tf_ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// What this thread read through the generic proxy (flags) orders its TMA copies that follow.
+__device__ __forceinline__ void tf_fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
 // One arrival on the mbarrier at `bar`'s offset in CTA `rank` of the cluster. CTA-scope release
 // (the default): it releases a slot whose reads (wgmma) have completed, with no writes to order.
 // `.release.cluster` compiled to MEMBAR.ALL.GPU before every arrival, which stalled the
@@ -86,10 +96,10 @@ __device__ __forceinline__ void tf_mbar_arrive_cluster(unsigned long long* bar, 
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
     maps (a, then each weight), the output, the tensors the epilogue reads, the sizes, the
-    scalars, then :data:`SPLIT_ARGUMENTS`."""
+    scalars, then :data:`SPLIT_ARGUMENTS` and :data:`HANDOFF_ARGUMENTS`."""
     return [("maps", "handle", "const void*"), ("out", "handle", "void*")] + \
         tensor_arguments(plan.tensors) + [(d, "int32", "int") for d in ("M_", "N_", "K_")] + \
-        scalar_arguments(plan.scalars) + list(SPLIT_ARGUMENTS)
+        scalar_arguments(plan.scalars) + list(SPLIT_ARGUMENTS) + list(HANDOFF_ARGUMENTS)
 
 
 # The split of the last wave (see hopper_gemm_source), last in the argument list: partial
@@ -97,6 +107,17 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
 SPLIT_ARGUMENTS = (("ws", "handle", "float* __restrict__"), ("counters", "handle", "int*"),
                    ("full_items", "int32", "int"), ("tail", "int32", "int"),
                    ("pieces", "int32", "int"))
+# The FFN's handoff of the intermediate between its GEMMs (``handoff`` of hopper_gemm_source),
+# last: ``ready[0]`` the generation, ``ready[1]`` the second GEMM's finished CTAs, ``ready[2]``
+# the 64 × 64 blocks of H written so far, then a flag per block (its generation + 1 once written).
+HANDOFF_ARGUMENTS = (("ready", "handle", "int*"),)
+HANDOFFS = (None, "publish", "await")
+AWAIT_PRODUCER_REGISTERS = 64   # the awaiting GEMM's producer warpgroup, after setmaxnreg
+
+
+def handoff_ints(rows: int, cols: int) -> int:
+    """Ints of the handoff buffer for an intermediate of ``rows × cols``: 3 and a flag a block."""
+    return 3 + -(-rows // 64) * -(-cols // 64)
 
 
 def epilogue_code(plan) -> str:
@@ -107,16 +128,31 @@ def epilogue_code(plan) -> str:
                    loads={t: f"t_{t}" for t, _ in plan.tensors})
 
 
-def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
+def hopper_gemm_source(plan, knobs, dependent: bool = False, handoff: str | None = None) -> str:
     """CUDA C++ for ``tf_hopper_gemm``: a 1-D grid of ``knobs.cluster``-CTA clusters,
     ``knobs.threads`` threads, dynamic shared memory ``hopper_gemm_plan.shared_bytes``. M, N, K
     are kernel arguments: one cubin serves every size. Every GEMM lets a programmatic
     dependent launched after it start once all its CTAs run. ``dependent``: this one is such a
     dependent (the FFN's second GEMM): its CTAs start, set up their barriers and tensor maps
     while the kernel before finishes, and its producer waits for that kernel before the first
-    copy (the rows operand is its output; everything the consumers write follows from it)."""
+    copy (the rows operand is its output; everything the consumers write follows from it).
+
+    ``handoff`` (the FFN's GEMMs; the buffer: :data:`HANDOFF_ARGUMENTS`): ``"publish"`` — the
+    first GEMM flags each 64 × 64 block of its output once written; ``"await"`` — the second
+    GEMM copies its rows operand's k-blocks (with the weight tiles of the same k) as the flags
+    say they are written, in that order, instead of waiting for the whole first GEMM."""
+    if handoff not in HANDOFFS:
+        raise ValueError(f"handoff={handoff!r}: one of {HANDOFFS}")
+    if handoff == "publish" and knobs.block_n % 64:
+        raise ValueError(f"handoff='publish' flags 64 × 64 blocks of H: tiles of {knobs.block_n} "
+                         "columns would cut them")
     g = len(plan.weights)
     bn = knobs.block_n
+    producer_registers, consumer_registers = knobs.producer_registers, knobs.consumer_registers
+    if handoff == "await" and knobs.consumers <= 2:
+        # reading the flags: at 40 registers ptxas spilled 40–170 bytes in the producer's loop
+        producer_registers = AWAIT_PRODUCER_REGISTERS
+        consumer_registers = setmaxnreg_share(knobs.threads, knobs.consumers, producer_registers)
     suffix = "_f16" if plan.dtype == "f16" else ""
     mma = f"tf_wgmma_{'kk_' if plan.b_k_major else ''}m64n{bn}k16{suffix}"
     functions = wgmma_function(bn, b_k_major=plan.b_k_major, dtype=plan.dtype)
@@ -126,7 +162,7 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
     out_elem = C_TYPES[plan.out_dtype]
     sizes = size_aliases(zip(plan.dims, ("M_", "K_", "N_")))
     # what the epilogue may read: tensors, sizes, scalars
-    extra_params, extra_args = forwarded(args[2:-len(SPLIT_ARGUMENTS)])
+    extra_params, extra_args = forwarded(args[2:-len(SPLIT_ARGUMENTS) - len(HANDOFF_ARGUMENTS)])
     gate_params = ", ".join(f"float g{x}" for x in range(g))
 
     def gate_args(r: str) -> str:
@@ -135,6 +171,7 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
     epilogue = epilogue_code(plan)
     header = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n"
     return f"""{header}#include <math.h>
+#include <limits.h>
 {DSM_HELPERS}
 {WGMMA_HELPERS}
 {MBARRIER_HELPERS}
@@ -152,8 +189,8 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
 #define GROUP_M {knobs.group_m}
 #define B_KMAJOR {int(plan.b_k_major)}
 #define THREADS {knobs.threads}
-#define PRODUCER_REGS {knobs.producer_registers}
-#define CONSUMER_REGS {knobs.consumer_registers}
+#define PRODUCER_REGS {producer_registers}
+#define CONSUMER_REGS {consumer_registers}
 #define LEADER {int(knobs.multicast == "leader")}   // CTA 0 copies whole weight tiles for both
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
@@ -165,6 +202,9 @@ typedef {pair} out_pair_t;
 typedef {out_elem} out_t;
 #define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
 #define DEPENDENT {int(dependent)}   // launched as a programmatic dependent
+#define PUBLISH {int(handoff == "publish")}   // flag each 64 × 64 block of the output once written
+#define AWAIT {int(handoff == "await")}       // read the rows operand's blocks as they are flagged
+#define AWAIT_GIVE_UP (1 << 24)              // spins of ≥ 256 ns before a stuck wait traps
 
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
@@ -228,6 +268,101 @@ __device__ __forceinline__ void release_slot(unsigned long long* empty, int s, i
 #endif
 }}
 
+// The weight tiles of k-block `kb` of the tile at column n0 into ring slot `s` (this CTA's
+// share of them with a cluster; with LEADER, CTA 0 copies whole tiles into both).
+__device__ __forceinline__ void copy_weights(const void* maps, unsigned char* b_tiles, int s,
+                                             int kb, int n0, unsigned rank,
+                                             unsigned long long* full) {{
+#if LEADER
+  if (rank != 0) return;
+#endif
+  #pragma unroll
+  for (int x = 0; x < G; ++x) {{
+    const void* b_map = (const char*)maps + 128 * (1 + x);
+    unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
+#if B_KMAJOR    // [N, K]: BN rows of 64 k; this CTA's share is rows [rank·B_PART, +B_PART)
+  #if CLUSTER > 1
+    tf_tma_load_2d_multicast(b + (LEADER ? 0 : rank) * B_PART * 128, b_map, kb * BK,
+                             n0 + (LEADER ? 0 : rank) * B_PART, full + s, (1 << CLUSTER) - 1);
+  #else
+    tf_tma_load_2d(b, b_map, kb * BK, n0, full + s);
+  #endif
+#else           // [K, N]: atoms of 64 columns × 64 k-rows; this CTA's share is B_PART columns
+    #pragma unroll
+    for (int a = 0; a < B_PART / 64; ++a) {{
+      const int atom = (LEADER ? 0 : rank) * (B_PART / 64) + a;
+  #if CLUSTER > 1
+      tf_tma_load_2d_multicast(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, full + s,
+                               (1 << CLUSTER) - 1);
+  #else
+      tf_tma_load_2d(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, full + s);
+  #endif
+    }}
+#endif
+  }}
+}}
+
+#if PUBLISH || AWAIT
+// The handoff buffer (HANDOFF_ARGUMENTS): ready[3 + r·cols + c] is block (r, c) of H, 64 × 64.
+#if PUBLISH
+#define READY_COLS ((N_ + 63) / 64)   // H is the output
+#else
+#define READY_COLS ((K_ + 63) / 64)   // H is the rows operand
+#endif
+#define READY_BLOCKS (((M_ + 63) / 64) * READY_COLS)
+__device__ __forceinline__ int tf_ld_relaxed(const int* p) {{
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}}
+#endif
+#if PUBLISH
+// One consumer thread, after its warpgroup synchronised on having stored its 64 rows from
+// `row` of the tile's columns from `n0` (a barrier orders every thread's stores before this
+// thread's fence: the pattern of CUTLASS's generic barrier): each 64 × 64 block's flag — this
+// call's generation + 1 (the generation changes only after the second GEMM has read every
+// flag) — then the count of written blocks.
+__device__ __forceinline__ void tf_publish(int* ready, int row, int n0, int M_, int N_) {{
+  if (row >= M_) return;   // rows past the edge: nothing written
+  tf_fence_proxy_async_global();   // the second GEMM reads H through TMA (the async proxy)
+  __threadfence();
+  const int tag = *(volatile int*)ready + 1;
+  int blocks = 0;
+  for (int c = n0; c < min(n0 + BN, N_); c += 64, ++blocks)
+    atomicExch(ready + 3 + (row / 64) * READY_COLS + c / 64, tag);
+  atomicAdd(ready + 2, blocks);
+}}
+#endif
+#if AWAIT
+// Which of the 64 k-blocks from `base` (those below `end`) of rows [m0, m0 + BM) of H are
+// written — a flag is this call's generation + 1: bit c for k-block base + c, the same mask on
+// every lane. Each lane of the producer warp reads the flags of two k-blocks (relaxed loads, all
+// issued before any is compared), the warp's ballots make the mask.
+__device__ __forceinline__ unsigned long long tf_written(const int* ready, int tag, int m0,
+                                                        int base, int end, int M_, int K_) {{
+  const int lane = threadIdx.x % 32, r0 = m0 / 64;
+  const int rows = min((M_ + 63) / 64 - r0, BM / 64);   // 64-row blocks of H in this tile
+  int f[2][BM / 64];
+  #pragma unroll
+  for (int h = 0; h < 2; ++h) {{
+    const int kb = base + lane + 32 * h;
+    #pragma unroll
+    for (int r = 0; r < BM / 64; ++r)
+      f[h][r] = kb < end && r < rows ? tf_ld_relaxed(ready + 3 + (r0 + r) * READY_COLS + kb)
+                                     : tag;
+  }}
+  unsigned long long mask = 0;
+  #pragma unroll
+  for (int h = 0; h < 2; ++h) {{
+    bool ok = base + lane + 32 * h < end;
+    #pragma unroll
+    for (int r = 0; r < BM / 64; ++r) ok = ok && f[h][r] == tag;
+    mask |= (unsigned long long)__ballot_sync(0xffffffffu, ok) << (32 * h);
+  }}
+  return mask;
+}}
+#endif
+
 // The program's output element from the accumulators at (row, col).
 __device__ __forceinline__ float epilogue_value({gate_params}, int row, int col{extra_params}) {{
   return {epilogue};
@@ -272,6 +407,79 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
 
   if (wg == 0) {{   // the producer
     tf_setmaxnreg_dec<PRODUCER_REGS>();
+#if AWAIT
+    // The producer warp copies each k-block of its tiles as soon as the flags say that block
+    // of H is written, in whatever order the first GEMM's CTAs write them (its slowest CTAs'
+    // blocks last), its weight tiles with it: a window of 64 k-blocks from the first one not
+    // yet copied, whose flags the warp reads at once when it knows of none left to copy.
+    // Lane 0 copies; the lanes' relaxed reads are ordered before its TMA copies by their
+    // fence, the warp's barrier and its proxy fence.
+    if (threadIdx.x < 32) {{
+      const bool leader = threadIdx.x == 0;
+      if (leader) {{
+        tf_tensormap_acquire(a_map);
+        for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
+      }}
+      const int tag = *(volatile const int*)ready + 1;
+      bool all_written = false;   // every block of H (the first GEMM's count): no more flags
+      int it = 0;
+      for (int item = first_unit; item < items; item += unit_step) {{
+        int m0, n0;
+        const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
+                               n0);
+        int base = w.k0, spins = 0;
+        unsigned long long copied = 0, written = 0;   // bit c: k-block base + c
+        while (base < w.k1) {{
+          const int span = min(64, w.k1 - base);
+          const unsigned long long window = span == 64 ? ~0ull : (1ull << span) - 1;
+          unsigned long long todo = written & ~copied & window;
+          if (todo == 0) {{
+            if (!all_written)
+              all_written = __shfl_sync(0xffffffffu, leader ? tf_ld_relaxed(ready + 2) : 0, 0)
+                            == READY_BLOCKS;
+            written = all_written ? window : tf_written(ready, tag, m0, base, w.k1, M_, K_);
+            todo = written & ~copied & window;
+            if (todo == 0) {{
+              __nanosleep(spins < 8 ? 64 : 256);
+              // seconds: the first GEMM, whose CTAs all run, cannot still be writing — a broken
+              // handoff stops the launch with an error (trap) rather than hang the stream
+              if (++spins == AWAIT_GIVE_UP) __trap();
+              continue;
+            }}
+            __threadfence();
+            __syncwarp();
+          }}
+          const int c = __ffsll((long long)todo) - 1, kb = base + c;
+          if (leader) {{
+            const int s = it % STAGES;
+            if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
+            tf_fence_proxy_async_global();
+            tf_mbar_expect(full + s, STAGE_BYTES);
+            copy_weights(maps, b_tiles, s, kb, n0, rank, full);
+            tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
+          }}
+          __syncwarp();
+          ++it;
+          copied |= 1ull << c;
+          // past the copied k-blocks at the window's start
+          const int slide = ~copied == 0 ? 64 : __ffsll((long long)~copied) - 1;
+          base += slide;
+          copied = slide == 64 ? 0 : copied >> slide;
+          written = slide == 64 ? 0 : written >> slide;
+        }}
+      }}
+      if (leader) {{
+        // every CTA is past its last flag: the last one out starts the next call's generation
+        __threadfence();
+        if (atomicAdd(ready + 1, 1) == (int)gridDim.x - 1) {{
+          atomicExch(ready + 1, 0);
+          atomicExch(ready + 2, 0);
+          __threadfence();
+          atomicAdd(ready, 1);
+        }}
+      }}
+    }}
+#else
     if (threadIdx.x == 0) {{
       tf_tensormap_acquire(a_map);
       for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
@@ -288,37 +496,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
           tf_mbar_expect(full + s, STAGE_BYTES);
           tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
-#if LEADER
-          if (rank != 0) continue;   // CTA 0 copies the weight tiles into both CTAs
-#endif
-          #pragma unroll
-          for (int x = 0; x < G; ++x) {{
-            const void* b_map = (const char*)maps + 128 * (1 + x);
-            unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
-#if B_KMAJOR    // [N, K]: BN rows of 64 k; this CTA's share is rows [rank·B_PART, +B_PART)
-  #if CLUSTER > 1
-            tf_tma_load_2d_multicast(b + (LEADER ? 0 : rank) * B_PART * 128, b_map, kb * BK,
-                                     n0 + (LEADER ? 0 : rank) * B_PART, full + s,
-                                     (1 << CLUSTER) - 1);
-  #else
-            tf_tma_load_2d(b, b_map, kb * BK, n0, full + s);
-  #endif
-#else           // [K, N]: atoms of 64 columns × 64 k-rows; this CTA's share is B_PART columns
-            #pragma unroll
-            for (int a = 0; a < B_PART / 64; ++a) {{
-              const int atom = (LEADER ? 0 : rank) * (B_PART / 64) + a;
-  #if CLUSTER > 1
-              tf_tma_load_2d_multicast(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK,
-                                       full + s, (1 << CLUSTER) - 1);
-  #else
-              tf_tma_load_2d(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, full + s);
-  #endif
-            }}
-#endif
-          }}
+          copy_weights(maps, b_tiles, s, kb, n0, rank, full);
         }}
       }}
     }}
+#endif
   }} else {{   // a consumer warpgroup: rows [m0 + 64·cw, +64) of each tile
     tf_setmaxnreg_inc<CONSUMER_REGS>();
     const int cw = wg - 1;
@@ -326,6 +508,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     const unsigned a_base = tf_smem_addr(a_tiles), b_base = tf_smem_addr(b_tiles);
     float acc[G][BN / 2];
     int it = 0;
+
     for (int item = first_unit; item < items; item += unit_step) {{
       int m0, n0;
       const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
@@ -431,6 +614,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         }}
         tf_bar_sync_wg(cw);   // read out before the next 64 columns overwrite it
       }}
+#if PUBLISH
+      // the warpgroup's blocks of this tile, once (its threads' stores are ordered before
+      // thread 0's fence by the barrier above: one fence a tile, not one a thread and block)
+      if (t == 0) tf_publish(ready, m0 + cw * 64, n0, M_, N_);
+#endif
 #else
       #pragma unroll
       for (int x = 0; x < 2; ++x) {{
@@ -449,6 +637,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           }}
         }}
       }}
+#if PUBLISH
+      tf_bar_sync_wg(cw);   // the warpgroup's stores, ordered before thread 0's fence
+      if (t == 0) tf_publish(ready, m0 + cw * 64, n0, M_, N_);
+#endif
 #endif
     }}
   }}
