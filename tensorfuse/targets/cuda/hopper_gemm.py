@@ -448,12 +448,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
             }}
             __threadfence();
             __syncwarp();
+            if (leader) tf_fence_proxy_async_global();   // once a poll, not once a copy
           }}
           const int c = __ffsll((long long)todo) - 1, kb = base + c;
           if (leader) {{
             const int s = it % STAGES;
             if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
-            tf_fence_proxy_async_global();
             tf_mbar_expect(full + s, STAGE_BYTES);
             copy_weights(maps, b_tiles, s, kb, n0, rank, full);
             tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
