@@ -204,7 +204,7 @@ typedef {out_elem} out_t;
 #define DEPENDENT {int(dependent)}   // launched as a programmatic dependent
 #define PUBLISH {int(handoff == "publish")}   // flag each 64 × 64 block of the output once written
 #define AWAIT {int(handoff == "await")}       // read the rows operand's blocks as they are flagged
-#define AWAIT_GIVE_UP (1 << 24)              // spins of ≥ 256 ns before a stuck wait traps
+#define AWAIT_GIVE_UP (1 << 23)              // spins of ≥ 512 ns before a stuck wait traps
 
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
@@ -422,25 +422,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       }}
       const int tag = *(volatile const int*)ready + 1;
       bool all_written = false;   // every block of H (the first GEMM's count): no more flags
-      int it = 0;
+      int it = 0, seen = -1;      // seen: the count at the last poll that found blocks
       for (int item = first_unit; item < items; item += unit_step) {{
         int m0, n0;
         const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
                                n0);
         int base = w.k0, spins = 0;
+        seen = -1;
         unsigned long long copied = 0, written = 0;   // bit c: k-block base + c
         while (base < w.k1) {{
           const int span = min(64, w.k1 - base);
           const unsigned long long window = span == 64 ? ~0ull : (1ull << span) - 1;
           unsigned long long todo = written & ~copied & window;
           if (todo == 0) {{
-            if (!all_written)
-              all_written = __shfl_sync(0xffffffffu, leader ? tf_ld_relaxed(ready + 2) : 0, 0)
-                            == READY_BLOCKS;
-            written = all_written ? window : tf_written(ready, tag, m0, base, w.k1, M_, K_);
+            // the count of written blocks first: the flags only when it moved since the last
+            // poll that found blocks to copy
+            const int count = all_written ? READY_BLOCKS :
+                __shfl_sync(0xffffffffu, leader ? tf_ld_relaxed(ready + 2) : 0, 0);
+            all_written = count == READY_BLOCKS;
+            if (all_written) written = window;
+            else if (count != seen) written = tf_written(ready, tag, m0, base, w.k1, M_, K_);
             todo = written & ~copied & window;
+            if (todo != 0) seen = count;
             if (todo == 0) {{
-              __nanosleep(spins < 8 ? 64 : 256);
+              __nanosleep(spins < 8 ? 128 : 512);
               // seconds: the first GEMM, whose CTAs all run, cannot still be writing — a broken
               // handoff stops the launch with an error (trap) rather than hang the stream
               if (++spins == AWAIT_GIVE_UP) __trap();
@@ -466,6 +471,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           base += slide;
           copied = slide == 64 ? 0 : copied >> slide;
           written = slide == 64 ? 0 : written >> slide;
+          if (slide > 0) seen = -1;   // k-blocks new to the window: their flags not read yet
         }}
       }}
       if (leader) {{
