@@ -148,11 +148,11 @@ FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("gelu", dict(M=128, K=4096, N=14336, O=4096), {}),
               ("swiglu", dict(M=200, K=2048, N=4096, O=1024), {}),
               ("swiglu_linear", dict(M=128, K=1024, N=14336, O=512), {}),
-              # the handoff of H: few rows (the second GEMM split along K), ragged rows with
-              # clusters, nn.Linear weights
+              # the handoff of H (rows in one tile): the few-row shape (the second GEMM split
+              # along K), ragged rows and N, one warpgroup, nn.Linear weights
               ("gelu", dict(M=128, K=4096, N=14336, O=4096), {"handoff": True}),
-              ("swiglu", dict(M=200, K=2048, N=4096, O=1024), {"handoff": True}),
-              ("gelu", dict(M=1000, K=520, N=1032, O=264), {"handoff": True}),
+              ("swiglu", dict(M=100, K=2048, N=4136, O=1024), {"handoff": True}),
+              ("gelu", dict(M=48, K=520, N=1032, O=264), {"handoff": True}),
               ("swiglu_linear", dict(M=128, K=1024, N=14336, O=512), {"handoff": True}))
 
 

@@ -75,6 +75,16 @@ def plan_hopper_ffn(program: Program) -> HopperFfnPlan:
     return HopperFfnPlan(chain, up, down)
 
 
+def handoff_fits(plan: HopperFfnPlan, target: TargetSpec, dims: dict, up: dict | None,
+                 down: dict | None) -> bool:
+    """Whether the handoff of H can run at ``dims``: H in one row tile of both GEMMs (the list
+    orders its 64-column blocks), the first GEMM's tiles whole blocks, no clusters."""
+    M = dims[plan.chain.dims[0]]
+    knobs = (launch_knobs(plan.up, target, dims, dict(up or {}))[0],
+             launch_knobs(plan.down, target, dims, dict(down or {}))[0])
+    return knobs[0].block_n % 64 == 0 and all(k.cluster == 1 and M <= k.block_m for k in knobs)
+
+
 def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
                down: dict | None = None, dependent: bool = True, handoff: bool = False,
                tuned=None, prefill_only: bool = False) -> ClusterKernel:
@@ -83,10 +93,10 @@ def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
     the first and second GEMM as dicts (``up``, ``down``; see :func:`.hopper_gemm.hopper_gemm`);
     ``dependent``: the second GEMM is launched as a programmatic dependent of the first (its
     CTAs start while the first finishes and wait for it before reading H). ``handoff``: the
-    second GEMM reads H's k-blocks as the first flags each 64 × 64 block written, in the order
-    they are written (its slowest CTAs' blocks last), instead of waiting for the whole first
-    GEMM; the flags carry a generation in a per-stream buffer, so calls need no reset between
-    them (first GEMM tiles of a multiple of 64 columns; otherwise it waits).
+    second GEMM reads H's 64-column blocks in the order the first lists them written (its
+    slowest CTAs' blocks last), instead of waiting for the whole first GEMM; the list carries a
+    generation in a per-stream buffer, so calls need no reset between them (where H is one row
+    tile of both GEMMs, without clusters: :func:`handoff_fits`; otherwise it waits).
     ``fusion`` and ``tuned`` are accepted for the template interface; ``prefill_only``:
     ``tf.compile``'s use — prefer this kernel only above :data:`FEW_ROWS` rows."""
     if target.kind != "cuda" or target.arch != "sm_90a":
@@ -112,14 +122,13 @@ def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
         return buffer[:M * N].view(M, N)
 
     def layout(dims: dict) -> Launches:
-        # H's flags are per 64 × 64 block: the first GEMM's tiles must be whole blocks
-        hand = handoff and launch_knobs(plan.up, target, dims, dict(up or {}))[0].block_n % 64 == 0
+        hand = handoff and handoff_fits(plan, target, dims, up, down)
         first = gemm_launches(plan.up, target, dims, dict(up or {}),
                               handoff="publish" if hand else None)
         second = gemm_launches(plan.down, target, dims, dict(down or {}), dependent=dependent,
                                handoff="await" if hand else None)
         M, N = dims[plan.chain.dims[0]], dims[plan.chain.dims[2]]
-        flags = StreamScratch([((handoff_ints(M, N),), "i32", True)])
+        flags = StreamScratch([((handoff_ints(N),), "i32", True)])
 
         def run(modules, values, out, device):
             h = intermediate(M, N, device)

@@ -296,10 +296,12 @@ def test_ffn_handoff_reads_h_as_its_blocks_are_written():
     spills nothing."""
     f = tf.schedule(K.ffn_gelu, "cuda:sm_90a").apply_template("hopper_ffn", handoff=True) \
         .compile()
-    first, second = f.launches(**FFN).sources
+    few = dict(FFN, M=128)   # H in one row tile: the handoff; more rows: the wait
+    assert "#define AWAIT 0" in f.launches(**FFN).sources[1]
+    first, second = f.launches(**few).sources
     assert "#define PUBLISH 1" in first and "#define AWAIT 1" in second
     assert "#define AWAIT 1" not in first and "#define PUBLISH 1" not in second
-    ptx = f.ptx(**FFN)
+    ptx = f.ptx(**few)
     assert ptx.count("griddepcontrol.wait") == 0
     assert "ld.relaxed.gpu.global" in ptx and "fence.proxy.async.global" in ptx
     assert "vote.sync.ballot" in ptx and "nanosleep" in ptx
@@ -333,11 +335,11 @@ def test_consumers_never_ask_for_more_registers_than_the_cta_holds(consumers, ha
     assert consumer >= min(at_launch, 240)   # and never less than the launch gave them
 
 
-def test_handoff_buffer_has_a_flag_per_block_of_the_intermediate():
+def test_handoff_buffer_has_a_count_and_an_entry_per_block_of_the_intermediate():
     from tensorfuse.targets.cuda.hopper_gemm import handoff_ints, hopper_gemm_source
 
-    assert handoff_ints(128, 14336) == 3 + 2 * 224
-    assert handoff_ints(1000, 1032) == 3 + 16 * 17
+    assert handoff_ints(14336) == 3 + 2 * 224
+    assert handoff_ints(1032) == 3 + 2 * 17
     plan = plan_hopper_gemm(K.matmul.program)
     with pytest.raises(ValueError, match="handoff"):
         hopper_gemm_source(plan, GemmKnobs(), handoff="both")

@@ -109,15 +109,18 @@ SPLIT_ARGUMENTS = (("ws", "handle", "float* __restrict__"), ("counters", "handle
                    ("pieces", "int32", "int"))
 # The FFN's handoff of the intermediate between its GEMMs (``handoff`` of hopper_gemm_source),
 # last: ``ready[0]`` the generation, ``ready[1]`` the second GEMM's finished CTAs, ``ready[2]``
-# the 64 × 64 blocks of H written so far, then a flag per block (its generation + 1 once written).
+# the entries of the list so far; then per 64-column block of H the first GEMM's warpgroups that
+# have written theirs; then the list: the blocks in the order they were written, each entry
+# ``tag << 16 | block`` (tag: the generation + 1, 15 bits).
 HANDOFF_ARGUMENTS = (("ready", "handle", "int*"),)
 HANDOFFS = (None, "publish", "await")
 AWAIT_PRODUCER_REGISTERS = 64   # the awaiting GEMM's producer warpgroup, after setmaxnreg
 
 
-def handoff_ints(rows: int, cols: int) -> int:
-    """Ints of the handoff buffer for an intermediate of ``rows × cols``: 3 and a flag a block."""
-    return 3 + -(-rows // 64) * -(-cols // 64)
+def handoff_ints(cols: int) -> int:
+    """Ints of the handoff buffer for an intermediate of ``cols`` columns: 3, and an arrival
+    count and a list entry per 64-column block."""
+    return 3 + 2 * -(-cols // 64)
 
 
 def epilogue_code(plan) -> str:
@@ -137,10 +140,11 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False, handoff: str | None
     while the kernel before finishes, and its producer waits for that kernel before the first
     copy (the rows operand is its output; everything the consumers write follows from it).
 
-    ``handoff`` (the FFN's GEMMs; the buffer: :data:`HANDOFF_ARGUMENTS`): ``"publish"`` — the
-    first GEMM flags each 64 × 64 block of its output once written; ``"await"`` — the second
-    GEMM copies its rows operand's k-blocks (with the weight tiles of the same k) as the flags
-    say they are written, in that order, instead of waiting for the whole first GEMM."""
+    ``handoff`` (the FFN's GEMMs at rows that fit one tile; the buffer: :data:`HANDOFF_ARGUMENTS`):
+    ``"publish"`` — the first GEMM lists each 64-column block of its output once written;
+    ``"await"`` — the second GEMM copies its rows operand's k-blocks (with the weight tiles of
+    the same k) in the list's order, as they are listed, instead of waiting for the whole first
+    GEMM."""
     if handoff not in HANDOFFS:
         raise ValueError(f"handoff={handoff!r}: one of {HANDOFFS}")
     if handoff == "publish" and knobs.block_n % 64:
@@ -303,13 +307,15 @@ __device__ __forceinline__ void copy_weights(const void* maps, unsigned char* b_
 }}
 
 #if PUBLISH || AWAIT
-// The handoff buffer (HANDOFF_ARGUMENTS): ready[3 + r·cols + c] is block (r, c) of H, 64 × 64.
+// The handoff buffer (HANDOFF_ARGUMENTS), for an H of one row tile (M ≤ BM in both GEMMs).
 #if PUBLISH
 #define READY_COLS ((N_ + 63) / 64)   // H is the output
 #else
 #define READY_COLS ((K_ + 63) / 64)   // H is the rows operand
 #endif
-#define READY_BLOCKS (((M_ + 63) / 64) * READY_COLS)
+#define ARRIVED(c) (ready + 3 + (c))                  // warpgroups that wrote block c
+#define ENTRY(p) (ready + 3 + READY_COLS + (p))       // the p-th block written
+#define TAG(gen) ((((gen) + 1) & 0x7FFF) << 16)
 __device__ __forceinline__ int tf_ld_relaxed(const int* p) {{
   int v;
   asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -319,47 +325,31 @@ __device__ __forceinline__ int tf_ld_relaxed(const int* p) {{
 #if PUBLISH
 // One consumer thread, after its warpgroup synchronised on having stored its 64 rows from
 // `row` of the tile's columns from `n0` (a barrier orders every thread's stores before this
-// thread's fence: the pattern of CUTLASS's generic barrier): each 64 × 64 block's flag — this
-// call's generation + 1 (the generation changes only after the second GEMM has read every
-// flag) — then the count of written blocks.
+// thread's fence: the pattern of CUTLASS's generic barrier): for each 64-column block, one
+// arrival; the warpgroup that completes a block (all of H's rows) puts it on the list — the
+// order the second GEMM reads H in, the same for all its CTAs.
 __device__ __forceinline__ void tf_publish(int* ready, int row, int n0, int M_, int N_) {{
   if (row >= M_) return;   // rows past the edge: nothing written
   tf_fence_proxy_async_global();   // the second GEMM reads H through TMA (the async proxy)
   __threadfence();
-  const int tag = *(volatile int*)ready + 1;
-  int blocks = 0;
-  for (int c = n0; c < min(n0 + BN, N_); c += 64, ++blocks)
-    atomicExch(ready + 3 + (row / 64) * READY_COLS + c / 64, tag);
-  atomicAdd(ready + 2, blocks);
+  const int tag = TAG(*(volatile int*)ready), writers = (M_ + 63) / 64;
+  for (int c = n0 / 64; c < min(n0 + BN, N_) / 64 + ((min(n0 + BN, N_) % 64) != 0); ++c) {{
+    if (atomicAdd(ARRIVED(c), 1) != writers - 1) continue;
+    atomicExch(ARRIVED(c), 0);   // for the next call: nobody else touches it in this one
+    const int p = atomicAdd(ready + 2, 1);
+    __threadfence();
+    atomicExch(ENTRY(p), tag | c);
+  }}
 }}
 #endif
 #if AWAIT
-// Which of the 64 k-blocks from `base` (those below `end`) of rows [m0, m0 + BM) of H are
-// written — a flag is this call's generation + 1: bit c for k-block base + c, the same mask on
-// every lane. Each lane of the producer warp reads the flags of two k-blocks (relaxed loads, all
-// issued before any is compared), the warp's ballots make the mask.
-__device__ __forceinline__ unsigned long long tf_written(const int* ready, int tag, int m0,
-                                                        int base, int end, int M_, int K_) {{
-  const int lane = threadIdx.x % 32, r0 = m0 / 64;
-  const int rows = min((M_ + 63) / 64 - r0, BM / 64);   // 64-row blocks of H in this tile
-  int f[2][BM / 64];
-  #pragma unroll
-  for (int h = 0; h < 2; ++h) {{
-    const int kb = base + lane + 32 * h;
-    #pragma unroll
-    for (int r = 0; r < BM / 64; ++r)
-      f[h][r] = kb < end && r < rows ? tf_ld_relaxed(ready + 3 + (r0 + r) * READY_COLS + kb)
-                                     : tag;
-  }}
-  unsigned long long mask = 0;
-  #pragma unroll
-  for (int h = 0; h < 2; ++h) {{
-    bool ok = base + lane + 32 * h < end;
-    #pragma unroll
-    for (int r = 0; r < BM / 64; ++r) ok = ok && f[h][r] == tag;
-    mask |= (unsigned long long)__ballot_sync(0xffffffffu, ok) << (32 * h);
-  }}
-  return mask;
+// The list's entries from `p`, read by the producer warp 32 at once (relaxed): how many in a
+// row from `p` this call has written (the same on every lane), each lane's entry in `entry`.
+__device__ __forceinline__ int tf_listed(const int* ready, int tag, int p, int K_, int& entry) {{
+  const int lane = threadIdx.x % 32;
+  entry = p + lane < READY_COLS ? tf_ld_relaxed(ENTRY(p + lane)) : 0;
+  const unsigned ok = __ballot_sync(0xffffffffu, (entry & 0xFFFF0000) == tag);
+  return __ffs(~ok) ? __ffs(~ok) - 1 : 32;
 }}
 #endif
 
@@ -408,74 +398,54 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
   if (wg == 0) {{   // the producer
     tf_setmaxnreg_dec<PRODUCER_REGS>();
 #if AWAIT
-    // The producer warp copies each k-block of its tiles as soon as the flags say that block
-    // of H is written, in whatever order the first GEMM's CTAs write them (its slowest CTAs'
-    // blocks last), its weight tiles with it: a window of 64 k-blocks from the first one not
-    // yet copied, whose flags the warp reads at once when it knows of none left to copy.
-    // Lane 0 copies; the lanes' relaxed reads are ordered before its TMA copies by their
-    // fence, the warp's barrier and its proxy fence.
+    // The producer warp copies H's k-blocks in the order the first GEMM wrote them (its
+    // slowest CTAs' blocks last), each with its weight tiles: the same order in every CTA, so
+    // that they read the weights' rows together as without the handoff. The warp reads the
+    // list 32 entries at once; lane 0 copies; the lanes' relaxed reads are ordered before its
+    // TMA copies by their fence, the warp's barrier and its proxy fence.
     if (threadIdx.x < 32) {{
       const bool leader = threadIdx.x == 0;
       if (leader) {{
         tf_tensormap_acquire(a_map);
         for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
       }}
-      const int tag = *(volatile const int*)ready + 1;
-      bool all_written = false;   // every block of H (the first GEMM's count): no more flags
-      int it = 0, seen = -1;      // seen: the count at the last poll that found blocks
+      const int tag = TAG(*(volatile const int*)ready);
+      int it = 0;
       for (int item = first_unit; item < items; item += unit_step) {{
         int m0, n0;
         const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
                                n0);
-        int base = w.k0, spins = 0;
-        seen = -1;
-        unsigned long long copied = 0, written = 0;   // bit c: k-block base + c
-        while (base < w.k1) {{
-          const int span = min(64, w.k1 - base);
-          const unsigned long long window = span == 64 ? ~0ull : (1ull << span) - 1;
-          unsigned long long todo = written & ~copied & window;
-          if (todo == 0) {{
-            // the count of written blocks first: the flags only when it moved since the last
-            // poll that found blocks to copy
-            const int count = all_written ? READY_BLOCKS :
-                __shfl_sync(0xffffffffu, leader ? tf_ld_relaxed(ready + 2) : 0, 0);
-            all_written = count == READY_BLOCKS;
-            if (all_written) written = window;
-            else if (count != seen) written = tf_written(ready, tag, m0, base, w.k1, M_, K_);
-            todo = written & ~copied & window;
-            if (todo != 0) seen = count;
-            if (todo == 0) {{
-              __nanosleep(spins < 8 ? 128 : 512);
-              // seconds: the first GEMM, whose CTAs all run, cannot still be writing — a broken
-              // handoff stops the launch with an error (trap) rather than hang the stream
-              if (++spins == AWAIT_GIVE_UP) __trap();
-              continue;
-            }}
-            __threadfence();
-            __syncwarp();
-            if (leader) tf_fence_proxy_async_global();   // once a poll, not once a copy
+        for (int p = 0, spins = 0; p < READY_COLS;) {{
+          int entry;
+          const int n = tf_listed(ready, tag, p, K_, entry);
+          if (n == 0) {{
+            __nanosleep(spins < 8 ? 128 : 512);
+            // seconds: the first GEMM, whose CTAs all run, cannot still be writing — a broken
+            // handoff stops the launch with an error (trap) rather than hang the stream
+            if (++spins == AWAIT_GIVE_UP) __trap();
+            continue;
           }}
-          const int c = __ffsll((long long)todo) - 1, kb = base + c;
-          if (leader) {{
-            const int s = it % STAGES;
-            if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
-            tf_mbar_expect(full + s, STAGE_BYTES);
-            copy_weights(maps, b_tiles, s, kb, n0, rank, full);
-            tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
+          __threadfence();
+          __syncwarp();
+          if (leader) tf_fence_proxy_async_global();
+          for (int i = 0; i < n; ++i) {{
+            const int kb = __shfl_sync(0xffffffffu, entry, i) & 0xFFFF;
+            if (kb < w.k0 || kb >= w.k1) continue;   // another piece's
+            if (leader) {{
+              const int s = it % STAGES;
+              if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
+              tf_mbar_expect(full + s, STAGE_BYTES);
+              tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
+              copy_weights(maps, b_tiles, s, kb, n0, rank, full);
+            }}
+            ++it;
           }}
           __syncwarp();
-          ++it;
-          copied |= 1ull << c;
-          // past the copied k-blocks at the window's start
-          const int slide = ~copied == 0 ? 64 : __ffsll((long long)~copied) - 1;
-          base += slide;
-          copied = slide == 64 ? 0 : copied >> slide;
-          written = slide == 64 ? 0 : written >> slide;
-          if (slide > 0) seen = -1;   // k-blocks new to the window: their flags not read yet
+          p += n;
         }}
       }}
       if (leader) {{
-        // every CTA is past its last flag: the last one out starts the next call's generation
+        // every CTA is past the list: the last one out starts the next call's generation
         __threadfence();
         if (atomicAdd(ready + 1, 1) == (int)gridDim.x - 1) {{
           atomicExch(ready + 1, 0);
