@@ -147,13 +147,7 @@ FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               # the few-row shape (the second GEMM split along K), ragged rows with clusters
               ("gelu", dict(M=128, K=4096, N=14336, O=4096), {}),
               ("swiglu", dict(M=200, K=2048, N=4096, O=1024), {}),
-              ("swiglu_linear", dict(M=128, K=1024, N=14336, O=512), {}),
-              # the handoff of H (rows in one tile): the few-row shape (the second GEMM split
-              # along K), ragged rows and N, one warpgroup, nn.Linear weights
-              ("gelu", dict(M=128, K=4096, N=14336, O=4096), {"handoff": True}),
-              ("swiglu", dict(M=100, K=2048, N=4136, O=1024), {"handoff": True}),
-              ("gelu", dict(M=48, K=520, N=1032, O=264), {"handoff": True}),
-              ("swiglu_linear", dict(M=128, K=1024, N=14336, O=512), {"handoff": True}))
+              ("swiglu_linear", dict(M=128, K=1024, N=14336, O=512), {}))
 
 
 def check(log=print) -> int:
@@ -171,8 +165,8 @@ def check(log=print) -> int:
                                                     else None)
         failures += _report(problem, f"{name} M={M} K={K_} N={N} {knobs} scale={scale}", log)
     for kind, sizes, knobs in FFN_CHECKS:
-        # three calls on other inputs in turn (1, 30, 1): a second GEMM that read (a block of) H
-        # before the first wrote it would read the call before's H
+        # three calls on other inputs in turn (1, 30, 1): a second GEMM that read H before the
+        # first wrote it would read the call before's H
         kernel = K.FFN_KERNELS[f"ffn_{kind}"]
         f = hopper_ffn(kernel, None, get_target("cuda"), **knobs)
         for scale in (1.0, 30.0, 1.0):
@@ -273,8 +267,8 @@ def ffn(rows=FFN_ROWS, log=print, knobs: dict | None = None) -> list[Row]:
     gen = torch.Generator(device="cuda").manual_seed(2)
     out_rows = []
     kernels = {"gelu": K.ffn_gelu, "swiglu": K.ffn_swiglu, "swiglu_linear": K.ffn_swiglu_linear}
-    gemm_knobs = {k: v for k, v in (knobs or {}).items() if k not in ("dependent", "handoff")}
-    ffn_knobs = {k: v for k, v in (knobs or {}).items() if k in ("dependent", "handoff")}
+    gemm_knobs = {k: v for k, v in (knobs or {}).items() if k != "dependent"}
+    ffn_knobs = {k: v for k, v in (knobs or {}).items() if k == "dependent"}
     made = {kind: (auto, hopper_ffn(kernel, None, auto.target)) + (
                 (hopper_ffn(kernel, None, auto.target, up=gemm_knobs, down=gemm_knobs,
                             **ffn_knobs),) if knobs else ())
@@ -382,7 +376,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ffn-rows", help="M values of the FFN blocks (default 1024,8192,128)")
     ap.add_argument("--ffn-knobs", help="also time the Hopper FFN with these knobs for both "
                                         "GEMMs, e.g. 'block_n=128,stages=4' (and the FFN's "
-                                        "'dependent=False', 'handoff=False')")
+                                        "'dependent=False')")
     args = ap.parse_args(argv)
     if args.check:
         bad = check()

@@ -64,7 +64,6 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--kind", default="gelu")
     ap.add_argument("--up", default="", help="the first GEMM's knobs, e.g. 'block_n=64'")
-    ap.add_argument("--handoff", action="store_true", help="the FFN's handoff of H")
     args = ap.parse_args(argv)
     from benchmarks.gemm import parse_knobs
     # the package exports a function of the module's name: the module itself, by its path
@@ -72,8 +71,7 @@ def main(argv=None) -> int:
     original = template.hopper_gemm_source
     template.hopper_gemm_source = lambda *a, **k: traced(original(*a, **k))
     kernel = K.FFN_KERNELS[f"ffn_{args.kind}"]
-    f = hopper_ffn(kernel, None, get_target("cuda"), up=parse_knobs(args.up) or None,
-                   handoff=args.handoff)
+    f = hopper_ffn(kernel, None, get_target("cuda"), up=parse_knobs(args.up) or None)
     gen = torch.Generator(device="cuda").manual_seed(0)
     t = inputs(kernel, args.rows, 4096, 14336, gen, 1.0, O=4096)
     out = torch.empty(args.rows, 4096, dtype=torch.bfloat16, device="cuda")

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from ..dsl.expr import user_location
 from ..dsl.program import Program
 from ..errors import ScheduleError
-from ..interop import StreamScratch, capturing, current_stream, kept_empty
+from ..interop import capturing, current_stream, kept_empty
 from ..targets import TargetSpec
-from ..targets.cuda.hopper_gemm import handoff_ints
 from ..targets.cuda.kernel import ClusterKernel, Launches
 from .gemm_chain_plan import GemmChainPlan, plan_gemm_chain
-from .hopper_gemm import gemm_launches, launch_knobs
+from .hopper_gemm import gemm_launches
 from .hopper_gemm_plan import HopperGemmPlan
 
 INTERMEDIATE = "__intermediate"   # the name the second GEMM reads H under
@@ -75,28 +74,14 @@ def plan_hopper_ffn(program: Program) -> HopperFfnPlan:
     return HopperFfnPlan(chain, up, down)
 
 
-def handoff_fits(plan: HopperFfnPlan, target: TargetSpec, dims: dict, up: dict | None,
-                 down: dict | None) -> bool:
-    """Whether the handoff of H can run at ``dims``: H in one row tile of both GEMMs (the list
-    orders its 64-column blocks), the first GEMM's tiles whole blocks, no clusters."""
-    M = dims[plan.chain.dims[0]]
-    knobs = (launch_knobs(plan.up, target, dims, dict(up or {}))[0],
-             launch_knobs(plan.down, target, dims, dict(down or {}))[0])
-    return knobs[0].block_n % 64 == 0 and all(k.cluster == 1 and M <= k.block_m for k in knobs)
-
-
 def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
-               down: dict | None = None, dependent: bool = True, handoff: bool = False,
-               tuned=None, prefill_only: bool = False) -> ClusterKernel:
+               down: dict | None = None, dependent: bool = True, tuned=None,
+               prefill_only: bool = False) -> ClusterKernel:
     """A callable FFN kernel for ``kernel`` (a GEMM chain; weights stored ``[in, out]`` or, as
     ``torch.nn.Linear`` keeps them, ``[out, in]``, read as stored): knobs of
     the first and second GEMM as dicts (``up``, ``down``; see :func:`.hopper_gemm.hopper_gemm`);
     ``dependent``: the second GEMM is launched as a programmatic dependent of the first (its
-    CTAs start while the first finishes and wait for it before reading H). ``handoff``: the
-    second GEMM reads H's 64-column blocks in the order the first lists them written (its
-    slowest CTAs' blocks last), instead of waiting for the whole first GEMM; the list carries a
-    generation in a per-stream buffer, so calls need no reset between them (where H is one row
-    tile of both GEMMs, without clusters: :func:`handoff_fits`; otherwise it waits).
+    CTAs start while the first finishes and wait for it before reading H).
     ``fusion`` and ``tuned`` are accepted for the template interface; ``prefill_only``:
     ``tf.compile``'s use — prefer this kernel only above :data:`FEW_ROWS` rows."""
     if target.kind != "cuda" or target.arch != "sm_90a":
@@ -122,24 +107,14 @@ def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
         return buffer[:M * N].view(M, N)
 
     def layout(dims: dict) -> Launches:
-        hand = handoff and handoff_fits(plan, target, dims, up, down)
-        first = gemm_launches(plan.up, target, dims, dict(up or {}),
-                              handoff="publish" if hand else None)
-        second = gemm_launches(plan.down, target, dims, dict(down or {}), dependent=dependent,
-                               handoff="await" if hand else None)
+        first = gemm_launches(plan.up, target, dims, dict(up or {}))
+        second = gemm_launches(plan.down, target, dims, dict(down or {}), dependent=dependent)
         M, N = dims[plan.chain.dims[0]], dims[plan.chain.dims[2]]
-        flags = StreamScratch([((handoff_ints(N),), "i32", True)])
 
         def run(modules, values, out, device):
             h = intermediate(M, N, device)
-            ready = flags(device)[0] if hand else None
-            first.run(modules[0], values, h, device, ready)
-            try:
-                second.run(modules[1], {**values, INTERMEDIATE: h}, out, device, ready)
-            except BaseException:
-                if ready is not None:   # the first GEMM's flags would pass the next call's wait
-                    ready.zero_()
-                raise
+            first.run(modules[0], values, h, device)
+            second.run(modules[1], {**values, INTERMEDIATE: h}, out, device)
 
         return Launches(first.source, first.entries, FfnKnobs(first.knobs, second.knobs), run,
                         f"first GEMM: {first.why}; second GEMM: {second.why}", plan,

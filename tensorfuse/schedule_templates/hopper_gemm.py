@@ -73,25 +73,17 @@ def _clusters_at_once(source: str, target: TargetSpec, cluster: int, threads: in
     return max_active_clusters(cubin_for(source, target), ENTRY, cluster, threads, smem, device)
 
 
-def launch_knobs(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: dict):
-    """The knobs (and why) a launch at ``dims`` runs with: the user's ``given`` ones, the
-    defaults for the local GPU's SM count (an H100's where there is none) for the rest."""
-    gpu = local_gpu()
-    return with_knobs(plan, dims, given, gpu[1] if gpu else 132, target.max_shared_memory)
-
-
 def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: dict,
-                  dependent: bool = False, handoff: str | None = None) -> Launches:
+                  dependent: bool = False) -> Launches:
     """The launch of one GEMM at ``dims`` with the user's ``given`` knobs (defaults for the
     rest). ``dependent``: launched through the driver as a programmatic dependent of the kernel
     before it (:class:`DependentLaunch`; the FFN's second GEMM), which must be the one that
-    writes its rows operand. ``handoff``: the FFN's handoff of its intermediate (``"publish"``
-    the first GEMM, ``"await"`` the second; see :func:`hopper_gemm_source`) — ``run`` then
-    takes the two GEMMs' shared handoff buffer as ``ready``."""
-    knobs, why = launch_knobs(plan, target, dims, given)
+    writes its rows operand."""
+    gpu = local_gpu()
+    knobs, why = with_knobs(plan, dims, given, gpu[1] if gpu else 132, target.max_shared_memory)
     check_gemm(plan, knobs, dims, target.max_shared_memory)
     M, K, N = (dims[d] for d in plan.dims)
-    source = hopper_gemm_source(plan, knobs, dependent, handoff)
+    source = hopper_gemm_source(plan, knobs, dependent)
     smem = shared_bytes(plan, knobs)
     ctas, fit = resident_ctas(source, knobs, smem, target)
     units = math.ceil(math.ceil(M / knobs.block_m) / knobs.cluster) * math.ceil(N / knobs.block_n)
@@ -107,19 +99,16 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     split_buffers = StreamScratch([((max(1, tail * pieces * knobs.cluster * part),), "f32", False),
                                    ((max(1, tail * knobs.cluster),), "i32", True)])
 
-    def run(module, values, out, device, ready=None):
+    def run(module, values, out, device):
         if knobs.epilogue == "staged" and out.data_ptr() % 16:
             raise TargetError("the hopper_gemm staged epilogue writes 16-byte pieces: the output "
                               "must start at a 16-byte aligned address (pass a contiguous "
                               "tensor, not an offset view)")
         tensors = [pointer(values[t]) for t, _ in plan.tensors]
         scalars = [values[n] for n, _ in plan.scalars]
-        if handoff is not None and ready is None:
-            raise TargetError(f"a GEMM with handoff={handoff!r} needs the FFN's handoff buffer")
         partials, counters = split_buffers(device)
         args = [pointer(maps(values, device)), pointer(out), *tensors, M, N, K, *scalars,
-                pointer(partials), pointer(counters), full_items, tail, pieces,
-                pointer(counters if ready is None else ready)]
+                pointer(partials), pointer(counters), full_items, tail, pieces]
         if launch is None:
             module[ENTRY](*args, grid, 1, knobs.threads, knobs.cluster, smem)
         else:

@@ -284,65 +284,7 @@ def test_ffn_is_two_gemms_with_the_activation_in_the_first(kernel):
     # start once its CTAs run; only the second waits for the kernel before it
     assert "#define DEPENDENT 0" in first and "#define DEPENDENT 1" in second
     assert ptx.count("griddepcontrol.launch_dependents") >= 2
-    assert ptx.count("griddepcontrol.wait") == 1 and "ld.relaxed.gpu.global" not in ptx
-    assert "#define PUBLISH 0" in first and "#define AWAIT 0" in second
-
-
-@needs_nvcc
-def test_ffn_handoff_reads_h_as_its_blocks_are_written():
-    """``handoff=True``: the first GEMM flags each 64 × 64 block of H once written; the second's
-    producer warp reads the flags of 64 k-blocks at once (relaxed loads, a ballot), then a fence
-    and the proxy fence before its TMA copies, instead of waiting for the whole first GEMM; it
-    spills nothing."""
-    f = tf.schedule(K.ffn_gelu, "cuda:sm_90a").apply_template("hopper_ffn", handoff=True) \
-        .compile()
-    few = dict(FFN, M=128)   # H in one row tile: the handoff; more rows: the wait
-    assert "#define AWAIT 0" in f.launches(**FFN).sources[1]
-    first, second = f.launches(**few).sources
-    assert "#define PUBLISH 1" in first and "#define AWAIT 1" in second
-    assert "#define AWAIT 1" not in first and "#define PUBLISH 1" not in second
-    ptx = f.ptx(**few)
-    assert ptx.count("griddepcontrol.wait") == 0
-    assert "ld.relaxed.gpu.global" in ptx and "fence.proxy.async.global" in ptx
-    assert "vote.sync.ballot" in ptx and "nanosleep" in ptx
-    for source, allowed in zip((first, second), (0, 16)):
-        # the second GEMM keeps two values across the role split in local memory (stored in
-        # the prologue, loaded once in each role, and in the polling warp's sleep path)
-        report = _ptxas_report(source)
-        assert int(re.search(r"(\d+) bytes spill stores", report).group(1)) <= allowed, report
-    # tiles that cut H's 64-column blocks (224 columns of nn.Linear weights): it waits instead
-    plan = plan_hopper_gemm(matmul_nk.program)
-    from tensorfuse.targets.cuda.hopper_gemm import hopper_gemm_source
-    with pytest.raises(ValueError, match="cut them"):
-        hopper_gemm_source(plan, GemmKnobs(block_n=224), handoff="publish")
-
-
-@pytest.mark.parametrize("consumers", [1, 2, 3])
-@pytest.mark.parametrize("handoff", [None, "publish", "await"])
-def test_consumers_never_ask_for_more_registers_than_the_cta_holds(consumers, handoff):
-    """setmaxnreg.inc waits until the pool has the registers: asking for more than the threads
-    held at launch less what the producer gave back hangs the kernel (the first version of the
-    handoff's 64-register producer did, on the H100). Read from the generated source."""
-    from tensorfuse.targets.cuda.hopper_gemm import hopper_gemm_source
-
-    plan = plan_hopper_gemm(K.matmul.program)
-    knobs = GemmKnobs(block_n=128, consumers=consumers, cluster=1)
-    source = hopper_gemm_source(plan, knobs, handoff=handoff)
-    producer, consumer = (int(re.search(rf"#define {n}_REGS (\d+)", source).group(1))
-                          for n in ("PRODUCER", "CONSUMER"))
-    at_launch = min(65536 // knobs.threads // 8 * 8, 248)
-    assert 128 * producer + 128 * consumers * consumer <= at_launch * knobs.threads
-    assert consumer >= min(at_launch, 240)   # and never less than the launch gave them
-
-
-def test_handoff_buffer_has_a_count_and_an_entry_per_block_of_the_intermediate():
-    from tensorfuse.targets.cuda.hopper_gemm import handoff_ints, hopper_gemm_source
-
-    assert handoff_ints(14336) == 3 + 2 * 224
-    assert handoff_ints(1032) == 3 + 2 * 17
-    plan = plan_hopper_gemm(K.matmul.program)
-    with pytest.raises(ValueError, match="handoff"):
-        hopper_gemm_source(plan, GemmKnobs(), handoff="both")
+    assert ptx.count("griddepcontrol.wait") == 1
 
 
 @needs_nvcc
@@ -350,6 +292,23 @@ def test_ffn_second_gemm_launches_in_stream_order_when_asked():
     f = tf.schedule(K.ffn_gelu, "cuda:sm_90a").apply_template("hopper_ffn", dependent=False) \
         .compile()
     assert "griddepcontrol.wait" not in f.ptx(**FFN)
+
+
+@pytest.mark.parametrize("consumers", [1, 2, 3])
+def test_consumers_never_ask_for_more_registers_than_the_cta_holds(consumers):
+    """setmaxnreg.inc waits until the CTA's pool has the registers: asking for more than the
+    threads held at launch, less what the producer gave back, hangs the kernel (it did on the
+    H100 with a 64-register producer). Read from the generated source."""
+    from tensorfuse.targets.cuda.hopper_gemm import hopper_gemm_source
+
+    plan = plan_hopper_gemm(K.matmul.program)
+    knobs = GemmKnobs(block_n=128, consumers=consumers, cluster=1)
+    source = hopper_gemm_source(plan, knobs)
+    producer, consumer = (int(re.search(rf"#define {n}_REGS (\d+)", source).group(1))
+                          for n in ("PRODUCER", "CONSUMER"))
+    at_launch = min(65536 // knobs.threads // 8 * 8, 248)
+    assert 128 * producer + 128 * consumers * consumer <= at_launch * knobs.threads
+    assert consumer >= min(at_launch, 240)   # and never fewer than the launch gave them
 
 
 def test_ffn_reads_nn_linear_weights_as_stored():

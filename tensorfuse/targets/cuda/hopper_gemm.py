@@ -38,7 +38,7 @@ from .tma import HELPERS as TMA_HELPERS
 from .split import HELPERS as SPLIT_HELPERS
 from .tma import MBARRIER_HELPERS
 from .wgmma import HELPERS as WGMMA_HELPERS
-from .wgmma import setmaxnreg_share, wgmma_function
+from .wgmma import wgmma_function
 
 ENTRY = "tf_hopper_gemm"
 
@@ -72,16 +72,6 @@ __device__ __forceinline__ void tf_launch_dependents() {
 __device__ __forceinline__ void tf_wait_prerequisite() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
-// The FFN's handoff of H (see HANDOFF_HELPERS' users): an acquire load of a flag or count.
-__device__ __forceinline__ int tf_ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-// What this thread read through the generic proxy (flags) orders its TMA copies that follow.
-__device__ __forceinline__ void tf_fence_proxy_async_global() {
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-}
 // One arrival on the mbarrier at `bar`'s offset in CTA `rank` of the cluster. CTA-scope release
 // (the default): it releases a slot whose reads (wgmma) have completed, with no writes to order.
 // `.release.cluster` compiled to MEMBAR.ALL.GPU before every arrival, which stalled the
@@ -96,10 +86,10 @@ __device__ __forceinline__ void tf_mbar_arrive_cluster(unsigned long long* bar, 
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
     maps (a, then each weight), the output, the tensors the epilogue reads, the sizes, the
-    scalars, then :data:`SPLIT_ARGUMENTS` and :data:`HANDOFF_ARGUMENTS`."""
+    scalars, then :data:`SPLIT_ARGUMENTS`."""
     return [("maps", "handle", "const void*"), ("out", "handle", "void*")] + \
         tensor_arguments(plan.tensors) + [(d, "int32", "int") for d in ("M_", "N_", "K_")] + \
-        scalar_arguments(plan.scalars) + list(SPLIT_ARGUMENTS) + list(HANDOFF_ARGUMENTS)
+        scalar_arguments(plan.scalars) + list(SPLIT_ARGUMENTS)
 
 
 # The split of the last wave (see hopper_gemm_source), last in the argument list: partial
@@ -107,20 +97,6 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
 SPLIT_ARGUMENTS = (("ws", "handle", "float* __restrict__"), ("counters", "handle", "int*"),
                    ("full_items", "int32", "int"), ("tail", "int32", "int"),
                    ("pieces", "int32", "int"))
-# The FFN's handoff of the intermediate between its GEMMs (``handoff`` of hopper_gemm_source),
-# last: ``ready[0]`` the generation, ``ready[1]`` the second GEMM's finished CTAs, ``ready[2]``
-# the entries of the list so far; then per 64-column block of H the first GEMM's warpgroups that
-# have written theirs; then the list: the blocks in the order they were written, each entry
-# ``tag << 16 | block`` (tag: the generation + 1, 15 bits).
-HANDOFF_ARGUMENTS = (("ready", "handle", "int*"),)
-HANDOFFS = (None, "publish", "await")
-AWAIT_PRODUCER_REGISTERS = 64   # the awaiting GEMM's producer warpgroup, after setmaxnreg
-
-
-def handoff_ints(cols: int) -> int:
-    """Ints of the handoff buffer for an intermediate of ``cols`` columns: 3, and an arrival
-    count and a list entry per 64-column block."""
-    return 3 + 2 * -(-cols // 64)
 
 
 def epilogue_code(plan) -> str:
@@ -131,32 +107,16 @@ def epilogue_code(plan) -> str:
                    loads={t: f"t_{t}" for t, _ in plan.tensors})
 
 
-def hopper_gemm_source(plan, knobs, dependent: bool = False, handoff: str | None = None) -> str:
+def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
     """CUDA C++ for ``tf_hopper_gemm``: a 1-D grid of ``knobs.cluster``-CTA clusters,
     ``knobs.threads`` threads, dynamic shared memory ``hopper_gemm_plan.shared_bytes``. M, N, K
     are kernel arguments: one cubin serves every size. Every GEMM lets a programmatic
     dependent launched after it start once all its CTAs run. ``dependent``: this one is such a
     dependent (the FFN's second GEMM): its CTAs start, set up their barriers and tensor maps
     while the kernel before finishes, and its producer waits for that kernel before the first
-    copy (the rows operand is its output; everything the consumers write follows from it).
-
-    ``handoff`` (the FFN's GEMMs at rows that fit one tile; the buffer: :data:`HANDOFF_ARGUMENTS`):
-    ``"publish"`` — the first GEMM lists each 64-column block of its output once written;
-    ``"await"`` — the second GEMM copies its rows operand's k-blocks (with the weight tiles of
-    the same k) in the list's order, as they are listed, instead of waiting for the whole first
-    GEMM."""
-    if handoff not in HANDOFFS:
-        raise ValueError(f"handoff={handoff!r}: one of {HANDOFFS}")
-    if handoff == "publish" and knobs.block_n % 64:
-        raise ValueError(f"handoff='publish' flags 64 × 64 blocks of H: tiles of {knobs.block_n} "
-                         "columns would cut them")
+    copy (the rows operand is its output; everything the consumers write follows from it)."""
     g = len(plan.weights)
     bn = knobs.block_n
-    producer_registers, consumer_registers = knobs.producer_registers, knobs.consumer_registers
-    if handoff == "await" and knobs.consumers <= 2:
-        # reading the flags: at 40 registers ptxas spilled 40–170 bytes in the producer's loop
-        producer_registers = AWAIT_PRODUCER_REGISTERS
-        consumer_registers = setmaxnreg_share(knobs.threads, knobs.consumers, producer_registers)
     suffix = "_f16" if plan.dtype == "f16" else ""
     mma = f"tf_wgmma_{'kk_' if plan.b_k_major else ''}m64n{bn}k16{suffix}"
     functions = wgmma_function(bn, b_k_major=plan.b_k_major, dtype=plan.dtype)
@@ -166,7 +126,7 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False, handoff: str | None
     out_elem = C_TYPES[plan.out_dtype]
     sizes = size_aliases(zip(plan.dims, ("M_", "K_", "N_")))
     # what the epilogue may read: tensors, sizes, scalars
-    extra_params, extra_args = forwarded(args[2:-len(SPLIT_ARGUMENTS) - len(HANDOFF_ARGUMENTS)])
+    extra_params, extra_args = forwarded(args[2:-len(SPLIT_ARGUMENTS)])
     gate_params = ", ".join(f"float g{x}" for x in range(g))
 
     def gate_args(r: str) -> str:
@@ -175,7 +135,6 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False, handoff: str | None
     epilogue = epilogue_code(plan)
     header = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n"
     return f"""{header}#include <math.h>
-#include <limits.h>
 {DSM_HELPERS}
 {WGMMA_HELPERS}
 {MBARRIER_HELPERS}
@@ -193,8 +152,8 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False, handoff: str | None
 #define GROUP_M {knobs.group_m}
 #define B_KMAJOR {int(plan.b_k_major)}
 #define THREADS {knobs.threads}
-#define PRODUCER_REGS {producer_registers}
-#define CONSUMER_REGS {consumer_registers}
+#define PRODUCER_REGS {knobs.producer_registers}
+#define CONSUMER_REGS {knobs.consumer_registers}
 #define LEADER {int(knobs.multicast == "leader")}   // CTA 0 copies whole weight tiles for both
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
@@ -206,9 +165,6 @@ typedef {pair} out_pair_t;
 typedef {out_elem} out_t;
 #define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
 #define DEPENDENT {int(dependent)}   // launched as a programmatic dependent
-#define PUBLISH {int(handoff == "publish")}   // flag each 64 × 64 block of the output once written
-#define AWAIT {int(handoff == "await")}       // read the rows operand's blocks as they are flagged
-#define AWAIT_GIVE_UP (1 << 23)              // spins of ≥ 512 ns before a stuck wait traps
 
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
@@ -272,87 +228,6 @@ __device__ __forceinline__ void release_slot(unsigned long long* empty, int s, i
 #endif
 }}
 
-// The weight tiles of k-block `kb` of the tile at column n0 into ring slot `s` (this CTA's
-// share of them with a cluster; with LEADER, CTA 0 copies whole tiles into both).
-__device__ __forceinline__ void copy_weights(const void* maps, unsigned char* b_tiles, int s,
-                                             int kb, int n0, unsigned rank,
-                                             unsigned long long* full) {{
-#if LEADER
-  if (rank != 0) return;
-#endif
-  #pragma unroll
-  for (int x = 0; x < G; ++x) {{
-    const void* b_map = (const char*)maps + 128 * (1 + x);
-    unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
-#if B_KMAJOR    // [N, K]: BN rows of 64 k; this CTA's share is rows [rank·B_PART, +B_PART)
-  #if CLUSTER > 1
-    tf_tma_load_2d_multicast(b + (LEADER ? 0 : rank) * B_PART * 128, b_map, kb * BK,
-                             n0 + (LEADER ? 0 : rank) * B_PART, full + s, (1 << CLUSTER) - 1);
-  #else
-    tf_tma_load_2d(b, b_map, kb * BK, n0, full + s);
-  #endif
-#else           // [K, N]: atoms of 64 columns × 64 k-rows; this CTA's share is B_PART columns
-    #pragma unroll
-    for (int a = 0; a < B_PART / 64; ++a) {{
-      const int atom = (LEADER ? 0 : rank) * (B_PART / 64) + a;
-  #if CLUSTER > 1
-      tf_tma_load_2d_multicast(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, full + s,
-                               (1 << CLUSTER) - 1);
-  #else
-      tf_tma_load_2d(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, full + s);
-  #endif
-    }}
-#endif
-  }}
-}}
-
-#if PUBLISH || AWAIT
-// The handoff buffer (HANDOFF_ARGUMENTS), for an H of one row tile (M ≤ BM in both GEMMs).
-#if PUBLISH
-#define READY_COLS ((N_ + 63) / 64)   // H is the output
-#else
-#define READY_COLS ((K_ + 63) / 64)   // H is the rows operand
-#endif
-#define ARRIVED(c) (ready + 3 + (c))                  // warpgroups that wrote block c
-#define ENTRY(p) (ready + 3 + READY_COLS + (p))       // the p-th block written
-#define TAG(gen) ((((gen) + 1) & 0x7FFF) << 16)
-__device__ __forceinline__ int tf_ld_relaxed(const int* p) {{
-  int v;
-  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}}
-#endif
-#if PUBLISH
-// One consumer thread, after its warpgroup synchronised on having stored its 64 rows from
-// `row` of the tile's columns from `n0` (a barrier orders every thread's stores before this
-// thread's fence: the pattern of CUTLASS's generic barrier): for each 64-column block, one
-// arrival; the warpgroup that completes a block (all of H's rows) puts it on the list — the
-// order the second GEMM reads H in, the same for all its CTAs.
-__device__ __forceinline__ void tf_publish(int* ready, int row, int n0, int M_, int N_) {{
-  if (row >= M_) return;   // rows past the edge: nothing written
-  tf_fence_proxy_async_global();   // the second GEMM reads H through TMA (the async proxy)
-  __threadfence();
-  const int tag = TAG(*(volatile int*)ready), writers = (M_ + 63) / 64;
-  for (int c = n0 / 64; c < min(n0 + BN, N_) / 64 + ((min(n0 + BN, N_) % 64) != 0); ++c) {{
-    if (atomicAdd(ARRIVED(c), 1) != writers - 1) continue;
-    atomicExch(ARRIVED(c), 0);   // for the next call: nobody else touches it in this one
-    const int p = atomicAdd(ready + 2, 1);
-    __threadfence();
-    atomicExch(ENTRY(p), tag | c);
-  }}
-}}
-#endif
-#if AWAIT
-// The list's entries from `p`, read by the producer warp 32 at once (relaxed): how many in a
-// row from `p` this call has written (the same on every lane), each lane's entry in `entry`.
-__device__ __forceinline__ int tf_listed(const int* ready, int tag, int p, int K_, int& entry) {{
-  const int lane = threadIdx.x % 32;
-  entry = p + lane < READY_COLS ? tf_ld_relaxed(ENTRY(p + lane)) : 0;
-  const unsigned ok = __ballot_sync(0xffffffffu, (entry & 0xFFFF0000) == tag);
-  return __ffs(~ok) ? __ffs(~ok) - 1 : 32;
-}}
-#endif
-
 // The program's output element from the accumulators at (row, col).
 __device__ __forceinline__ float epilogue_value({gate_params}, int row, int col{extra_params}) {{
   return {epilogue};
@@ -397,65 +272,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
 
   if (wg == 0) {{   // the producer
     tf_setmaxnreg_dec<PRODUCER_REGS>();
-#if AWAIT
-    // The producer warp copies H's k-blocks in the order the first GEMM wrote them (its
-    // slowest CTAs' blocks last), each with its weight tiles: the same order in every CTA, so
-    // that they read the weights' rows together as without the handoff. The warp reads the
-    // list 32 entries at once; lane 0 copies; the lanes' relaxed reads are ordered before its
-    // TMA copies by their fence, the warp's barrier and its proxy fence.
-    if (threadIdx.x < 32) {{
-      const bool leader = threadIdx.x == 0;
-      if (leader) {{
-        tf_tensormap_acquire(a_map);
-        for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
-      }}
-      const int tag = TAG(*(volatile const int*)ready);
-      int it = 0;
-      for (int item = first_unit; item < items; item += unit_step) {{
-        int m0, n0;
-        const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
-                               n0);
-        for (int p = 0, spins = 0; p < READY_COLS;) {{
-          int entry;
-          const int n = tf_listed(ready, tag, p, K_, entry);
-          if (n == 0) {{
-            __nanosleep(spins < 8 ? 128 : 512);
-            // seconds: the first GEMM, whose CTAs all run, cannot still be writing — a broken
-            // handoff stops the launch with an error (trap) rather than hang the stream
-            if (++spins == AWAIT_GIVE_UP) __trap();
-            continue;
-          }}
-          __threadfence();
-          __syncwarp();
-          if (leader) tf_fence_proxy_async_global();
-          for (int i = 0; i < n; ++i) {{
-            const int kb = __shfl_sync(0xffffffffu, entry, i) & 0xFFFF;
-            if (kb < w.k0 || kb >= w.k1) continue;   // another piece's
-            if (leader) {{
-              const int s = it % STAGES;
-              if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
-              tf_mbar_expect(full + s, STAGE_BYTES);
-              tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
-              copy_weights(maps, b_tiles, s, kb, n0, rank, full);
-            }}
-            ++it;
-          }}
-          __syncwarp();
-          p += n;
-        }}
-      }}
-      if (leader) {{
-        // every CTA is past the list: the last one out starts the next call's generation
-        __threadfence();
-        if (atomicAdd(ready + 1, 1) == (int)gridDim.x - 1) {{
-          atomicExch(ready + 1, 0);
-          atomicExch(ready + 2, 0);
-          __threadfence();
-          atomicAdd(ready, 1);
-        }}
-      }}
-    }}
-#else
     if (threadIdx.x == 0) {{
       tf_tensormap_acquire(a_map);
       for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
@@ -472,11 +288,37 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
           tf_mbar_expect(full + s, STAGE_BYTES);
           tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
-          copy_weights(maps, b_tiles, s, kb, n0, rank, full);
+#if LEADER
+          if (rank != 0) continue;   // CTA 0 copies the weight tiles into both CTAs
+#endif
+          #pragma unroll
+          for (int x = 0; x < G; ++x) {{
+            const void* b_map = (const char*)maps + 128 * (1 + x);
+            unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
+#if B_KMAJOR    // [N, K]: BN rows of 64 k; this CTA's share is rows [rank·B_PART, +B_PART)
+  #if CLUSTER > 1
+            tf_tma_load_2d_multicast(b + (LEADER ? 0 : rank) * B_PART * 128, b_map, kb * BK,
+                                     n0 + (LEADER ? 0 : rank) * B_PART, full + s,
+                                     (1 << CLUSTER) - 1);
+  #else
+            tf_tma_load_2d(b, b_map, kb * BK, n0, full + s);
+  #endif
+#else           // [K, N]: atoms of 64 columns × 64 k-rows; this CTA's share is B_PART columns
+            #pragma unroll
+            for (int a = 0; a < B_PART / 64; ++a) {{
+              const int atom = (LEADER ? 0 : rank) * (B_PART / 64) + a;
+  #if CLUSTER > 1
+              tf_tma_load_2d_multicast(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK,
+                                       full + s, (1 << CLUSTER) - 1);
+  #else
+              tf_tma_load_2d(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, full + s);
+  #endif
+            }}
+#endif
+          }}
         }}
       }}
     }}
-#endif
   }} else {{   // a consumer warpgroup: rows [m0 + 64·cw, +64) of each tile
     tf_setmaxnreg_inc<CONSUMER_REGS>();
     const int cw = wg - 1;
@@ -484,7 +326,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     const unsigned a_base = tf_smem_addr(a_tiles), b_base = tf_smem_addr(b_tiles);
     float acc[G][BN / 2];
     int it = 0;
-
     for (int item = first_unit; item < items; item += unit_step) {{
       int m0, n0;
       const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
@@ -590,11 +431,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         }}
         tf_bar_sync_wg(cw);   // read out before the next 64 columns overwrite it
       }}
-#if PUBLISH
-      // the warpgroup's blocks of this tile, once (its threads' stores are ordered before
-      // thread 0's fence by the barrier above: one fence a tile, not one a thread and block)
-      if (t == 0) tf_publish(ready, m0 + cw * 64, n0, M_, N_);
-#endif
 #else
       #pragma unroll
       for (int x = 0; x < 2; ++x) {{
@@ -613,10 +449,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           }}
         }}
       }}
-#if PUBLISH
-      tf_bar_sync_wg(cw);   // the warpgroup's stores, ordered before thread 0's fence
-      if (t == 0) tf_publish(ready, m0 + cw * 64, n0, M_, N_);
-#endif
 #endif
     }}
   }}
