@@ -35,8 +35,8 @@ KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast", "e
 class GemmKnobs:
     """Output tiles of ``64·consumers × block_n`` (``consumers`` warpgroups of 64 rows;
     ``block_n`` 64–256: a multiple of 64 for weights stored ``[K, N]``, of 16 for ``[N, K]``),
-    k-blocks of 64 through a ring of ``stages`` slots, ``cluster`` CTAs sharing each weight tile by TMA
-    multicast (1 or 2; ``multicast="split"``: each CTA copies half of the tile into both,
+    k-blocks of 64 through a ring of ``stages`` slots, ``cluster`` CTAs sharing each weight tile
+    by TMA multicast (1 or 2; ``multicast="split"``: each CTA copies half of the tile into both,
     ``"leader"``: the first CTA copies all of it), ``group_m`` row tiles per rasterisation
     group, and how the output leaves (``epilogue``: ``"direct"`` 4-byte stores from the
     accumulator fragments, or ``"staged"``: 64 columns at a time through shared memory and
