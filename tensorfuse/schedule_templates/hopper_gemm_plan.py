@@ -261,11 +261,12 @@ def modeled_time(M: int, N: int, K: int, block_n: int, cluster: int, sms: int) -
 
 
 def _tile_width(plan: HopperGemmPlan, M: int, N: int, K: int, cluster: int, sms: int) -> int:
-    """256 columns, or for ``[N, K]`` weights a narrower width whose waves fit the GPU enough
-    better (:func:`modeled_time`; M=1024, K=4096, N=14336 on 132 SMs: 224 columns make 3.9
-    waves of clusters where 256 make 3.4, the last split along K)."""
-    if not plan.b_k_major:
-        return 256
+    """256 columns, or for ``[N, K]`` weights filling at least one wave a narrower width whose
+    waves fit the GPU enough better (:func:`modeled_time`; M=1024, K=4096, N=14336 on 132 SMs:
+    224 columns make 3.9 waves of clusters where 256 make 3.4, the last split along K)."""
+    units = math.ceil(math.ceil(M / 128) / cluster) * math.ceil(N / 256)
+    if not plan.b_k_major or units < sms // cluster:
+        return 256   # [K, N] weights; or less than a wave of tiles (measured with 256 only)
     times = {bn: modeled_time(M, N, K, bn, cluster, sms) for bn in K_MAJOR_WIDTHS}
     best = min(times, key=times.get)
     return best if times[best] < (1 - NARROWER_GAIN) * times[256] else 256
@@ -279,6 +280,18 @@ def _one_wave_width(N: int, sms: int) -> int:
     6–9 % slower). A gated pair keeps 128: its FFN (`nn.Linear` SwiGLU, M=128) timed 1 % slower
     with 112 in another run than with 128 (not alternated in one run)."""
     return min(128, max(64, -(-N // (sms * 16)) * 16))
+
+
+def _default_width(plan: HopperGemmPlan, M: int, K: int, N: int, cluster: int, sms: int) -> int:
+    """The tile width :func:`default_gemm_knobs` describes: 256 columns for one weight on rows
+    of more than one tile (narrower for ``[N, K]`` weights where that fits the waves better), 128
+    for two weights; on rows that fit one tile 64 where those tiles fit one wave, else 128 (one
+    ``[N, K]`` weight: the width that fills one wave)."""
+    if M > 128:
+        return _tile_width(plan, M, N, K, cluster, sms) if len(plan.weights) == 1 else 128
+    if math.ceil(N / 64) <= sms:
+        return 64
+    return _one_wave_width(N, sms) if plan.b_k_major and len(plan.weights) == 1 else 128
 
 
 def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
@@ -299,18 +312,13 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     CUDA graphs; session 26); for ``[N, K]`` weights, a narrower tile where the waves of
     256-column ones fit the GPU badly (:func:`_tile_width`)."""
     M, K, N = (sizes[d] for d in plan.dims)
-    bn = 256 if len(plan.weights) == 1 and M > 128 else \
-        64 if M <= 128 and math.ceil(N / 64) <= sms else 128
+    cluster = 2 if M > 128 else 1
+    bn = _default_width(plan, M, K, N, cluster, sms)
     epilogue = "direct" if plan.out_dtype == "f32" else "staged"
-    if bn == 256:
-        bn = _tile_width(plan, M, N, K, 2, sms)
-    elif M <= 128 and bn == 128 and plan.b_k_major and len(plan.weights) == 1:
-        bn = _one_wave_width(N, sms)
     if M <= 64:
         knobs = GemmKnobs(bn, consumers=1, cluster=1, group_m=16, epilogue=epilogue)
         why = f"M={M}: one warpgroup of 64 rows"
     else:
-        cluster = 2 if M > 128 else 1
         knobs = GemmKnobs(bn, cluster=cluster, group_m=16, epilogue=epilogue)
         units = math.ceil(math.ceil(M / 128) / cluster) * math.ceil(N / bn)
         why = (f"{units} tiles of {128 * cluster} × {bn} (cluster of {cluster}) on {sms} SMs: "
