@@ -24,6 +24,7 @@ import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.common import Row, bench, bench_graph, write_csv
 from tensorfuse import dsl as T
+from tensorfuse.errors import ScheduleError
 from tensorfuse.targets import get_target
 
 # rows M, depth K, columns N: the square case and the FFN's up-projection at two batch sizes
@@ -213,8 +214,6 @@ def precompile(kernels_knobs, sizes=({"M": 8192, "K": 8192, "N": 8192},)) -> Non
     """nvcc every distinct source first, in parallel (cached by source): of ``hopper(kernel,
     knobs)`` for each pair, or of a compiled kernel given in place of the pair, at ``sizes``."""
     from tensorfuse.targets.cuda.module import cubin_for
-
-    from tensorfuse.errors import ScheduleError
 
     sources = {}
     for item in kernels_knobs:

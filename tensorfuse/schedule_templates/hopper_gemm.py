@@ -22,7 +22,7 @@ from ..targets.cuda.module import (DependentLaunch, KernelEntry, cubin_for, loca
                                    max_active_clusters)
 from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .hopper_gemm_plan import (BLOCK_K, HopperGemmPlan, check_gemm, plan_hopper_gemm,
-                               shared_bytes, split_tail, with_knobs)
+                               shared_bytes, split_tail, tile_units, with_knobs)
 
 
 def operand_maps(plan: HopperGemmPlan, knobs, sizes: tuple[int, int, int]):
@@ -86,7 +86,7 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     source = hopper_gemm_source(plan, knobs, dependent)
     smem = shared_bytes(plan, knobs)
     ctas, fit = resident_ctas(source, knobs, smem, target)
-    units = math.ceil(math.ceil(M / knobs.block_m) / knobs.cluster) * math.ceil(N / knobs.block_n)
+    units = tile_units(M, N, knobs.block_m, knobs.block_n, knobs.cluster)
     full_items, tail, pieces = split_tail(units, ctas // knobs.cluster,
                                           math.ceil(K / BLOCK_K)) if knobs.split_tail else \
         (units, 0, 1)

@@ -223,6 +223,12 @@ def wave_efficiency(tiles: int, sms: int) -> float:
     return tiles / (math.ceil(tiles / sms) * sms)
 
 
+def tile_units(M: int, N: int, block_m: int, block_n: int, cluster: int) -> int:
+    """The units of work a GEMM's CTAs (clusters) take: ``cluster`` vertically neighbouring
+    tiles of ``block_m × block_n`` each."""
+    return math.ceil(math.ceil(M / block_m) / cluster) * math.ceil(N / block_n)
+
+
 def split_tail(units: int, slots: int, kblocks: int, least: int = 4) -> tuple[int, int, int]:
     """``(whole units, split units, pieces each)``: where the last wave of ``units`` tiles on
     ``slots`` CTAs (or clusters) would leave at least half of them idle, its tiles are split
@@ -254,7 +260,7 @@ def modeled_time(M: int, N: int, K: int, block_n: int, cluster: int, sms: int) -
     ``block_n`` (a tile's time grows with its width). Used to pick the tile width where the
     waves of 256-column tiles fit the GPU badly."""
     slots = sms // cluster
-    units = math.ceil(math.ceil(M / 128) / cluster) * math.ceil(N / block_n)
+    units = tile_units(M, N, 128, block_n, cluster)
     whole, tail, pieces = split_tail(units, slots, math.ceil(K / BLOCK_K))
     waves = math.ceil(whole / slots) + (min(1.0, SPLIT_WAVE_COST / pieces) if tail else 0.0)
     return waves * block_n
@@ -264,8 +270,7 @@ def _tile_width(plan: HopperGemmPlan, M: int, N: int, K: int, cluster: int, sms:
     """256 columns, or for ``[N, K]`` weights filling at least one wave a narrower width whose
     waves fit the GPU enough better (:func:`modeled_time`; M=1024, K=4096, N=14336 on 132 SMs:
     224 columns make 3.9 waves of clusters where 256 make 3.4, the last split along K)."""
-    units = math.ceil(math.ceil(M / 128) / cluster) * math.ceil(N / 256)
-    if not plan.b_k_major or units < sms // cluster:
+    if not plan.b_k_major or tile_units(M, N, 128, 256, cluster) < sms // cluster:
         return 256   # [K, N] weights; or less than a wave of tiles (measured with 256 only)
     times = {bn: modeled_time(M, N, K, bn, cluster, sms) for bn in K_MAJOR_WIDTHS}
     best = min(times, key=times.get)
@@ -282,7 +287,7 @@ def _one_wave_width(N: int, sms: int) -> int:
     return min(128, max(64, -(-N // (sms * 16)) * 16))
 
 
-def _default_width(plan: HopperGemmPlan, M: int, K: int, N: int, cluster: int, sms: int) -> int:
+def _default_width(plan: HopperGemmPlan, M: int, N: int, K: int, cluster: int, sms: int) -> int:
     """The tile width :func:`default_gemm_knobs` describes: 256 columns for one weight on rows
     of more than one tile (narrower for ``[N, K]`` weights where that fits the waves better), 128
     for two weights; on rows that fit one tile 64 where those tiles fit one wave, else 128 (one
@@ -313,14 +318,14 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     256-column ones fit the GPU badly (:func:`_tile_width`)."""
     M, K, N = (sizes[d] for d in plan.dims)
     cluster = 2 if M > 128 else 1
-    bn = _default_width(plan, M, K, N, cluster, sms)
+    bn = _default_width(plan, M, N, K, cluster, sms)
     epilogue = "direct" if plan.out_dtype == "f32" else "staged"
     if M <= 64:
         knobs = GemmKnobs(bn, consumers=1, cluster=1, group_m=16, epilogue=epilogue)
         why = f"M={M}: one warpgroup of 64 rows"
     else:
         knobs = GemmKnobs(bn, cluster=cluster, group_m=16, epilogue=epilogue)
-        units = math.ceil(math.ceil(M / 128) / cluster) * math.ceil(N / bn)
+        units = tile_units(M, N, 128, bn, cluster)
         why = (f"{units} tiles of {128 * cluster} × {bn} (cluster of {cluster}) on {sms} SMs: "
                f"{wave_efficiency(units * cluster, sms):.0%} of the last wave busy")
     return replace(knobs, stages=deepest_stages(plan, knobs, max_shared)), why
