@@ -148,7 +148,14 @@ FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               # the few-row shape (the second GEMM split along K), ragged rows with clusters
               ("gelu", dict(M=128, K=4096, N=14336, O=4096), {}),
               ("swiglu", dict(M=200, K=2048, N=4096, O=1024), {}),
-              ("swiglu_linear", dict(M=128, K=1024, N=14336, O=512), {}))
+              ("swiglu_linear", dict(M=128, K=1024, N=14336, O=512), {}),
+              # the second GEMM's weights copied before it waits for the first: into the ring
+              # and L2 (split pieces), with split multicast, leader multicast, a short K
+              ("gelu", dict(M=128, K=4096, N=14336, O=4096), {"down": {"preload": 38}}),
+              ("swiglu_linear", dict(M=200, K=1024, N=4096, O=1032), {"down": {"preload": 20}}),
+              ("gelu", dict(M=300, K=520, N=1032, O=264),
+               {"down": {"preload": 100, "cluster": 2, "block_n": 192}}),
+              ("swiglu", dict(M=64, K=256, N=512, O=512), {"down": {"preload": 3}}))
 
 
 def check(log=print) -> int:
@@ -249,11 +256,29 @@ def ffn_reference(kind: str, t: dict) -> torch.Tensor:
     return h @ d["w2"]
 
 
-def ffn(rows=FFN_ROWS, log=print, knobs: dict | None = None) -> list[Row]:
+def ffn_variant(knobs: dict) -> tuple[str, dict]:
+    """One ``--ffn-knobs`` set → (its label, :func:`hopper_ffn`'s keyword arguments): a plain
+    knob goes to both GEMMs, ``up.<knob>`` / ``down.<knob>`` to one of them, ``dependent`` to the
+    FFN itself."""
+    split = {"up": {}, "down": {}}
+    extra = {}
+    for name, value in knobs.items():
+        if name == "dependent":
+            extra[name] = value
+        elif name.split(".")[0] in split and "." in name:
+            split[name.split(".")[0]][name.split(".", 1)[1]] = value
+        else:
+            split["up"][name] = split["down"][name] = value
+    label = "tensorfuse_hopper_ffn " + ",".join(f"{k}={v}" for k, v in knobs.items())
+    return label, {**split, **extra}
+
+
+def ffn(rows=FFN_ROWS, log=print, knob_sets: tuple = ()) -> list[Row]:
     """The FFN blocks (GELU and SwiGLU, K=4096, N=14336, O=4096) at each M: torch eager (cuBLAS
     and PyTorch's activation kernels), torch.compile, ``tf.compile`` (the Hopper FFN above 32
-    rows) and the Hopper FFN template at every M (and with ``knobs`` for both its GEMMs);
-    checked against float64 first, timed in turn over :data:`ROUNDS` rounds."""
+    rows) and the Hopper FFN template at every M (and with each of ``knob_sets``:
+    :func:`ffn_variant`); checked against float64 first, timed in turn over :data:`ROUNDS`
+    rounds."""
     from benchmarks.cluster import ffn_eager as ffn_eager_in_out
     from tensorfuse.schedule_templates.hopper_ffn import hopper_ffn
 
@@ -266,13 +291,10 @@ def ffn(rows=FFN_ROWS, log=print, knobs: dict | None = None) -> list[Row]:
     gen = torch.Generator(device="cuda").manual_seed(2)
     out_rows = []
     kernels = {"gelu": K.ffn_gelu, "swiglu": K.ffn_swiglu, "swiglu_linear": K.ffn_swiglu_linear}
-    gemm_knobs = {k: v for k, v in (knobs or {}).items() if k != "dependent"}
-    ffn_knobs = {k: v for k, v in (knobs or {}).items() if k == "dependent"}
-    made = {kind: (auto, hopper_ffn(kernel, None, auto.target)) + (
-                (hopper_ffn(kernel, None, auto.target, up=gemm_knobs, down=gemm_knobs,
-                            **ffn_knobs),) if knobs else ())
+    variants = [ffn_variant(k) for k in knob_sets]
+    made = {kind: (auto, hopper_ffn(kernel, None, auto.target)) + tuple(
+                hopper_ffn(kernel, None, auto.target, **kw) for _, kw in variants)
             for kind, kernel in kernels.items() for auto in (tf.compile(kernel),)}
-    knobs_label = "tensorfuse_hopper_ffn " + ",".join(f"{k}={v}" for k, v in (knobs or {}).items())
     precompile([f for fs in made.values() for f in fs], [{"M": m, **FFN_SHAPE} for m in rows])
     for kind, M in itertools.product(kernels, rows):
         kernel = kernels[kind]
@@ -283,8 +305,8 @@ def ffn(rows=FFN_ROWS, log=print, knobs: dict | None = None) -> list[Row]:
         compiled(*args)
         call = lambda f, out: f(*args, out=out)  # noqa: E731
         ours = {"tensorfuse": (made[kind][0], call), "tensorfuse_hopper_ffn": (made[kind][1], call)}
-        if knobs:
-            ours[knobs_label] = (made[kind][2], call)
+        for x, (label, _) in enumerate(variants):
+            ours[label] = (made[kind][2 + x], call)
         timed = in_turn(ours,
                         "ffn", t, ffn_reference(kind, t),
                         {"torch_eager": lambda: eager(*args),
@@ -373,9 +395,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-ffn", action="store_true", help="GEMMs only")
     ap.add_argument("--ffn-only", action="store_true", help="the FFN blocks only")
     ap.add_argument("--ffn-rows", help="M values of the FFN blocks (default 1024,8192,128)")
-    ap.add_argument("--ffn-knobs", help="also time the Hopper FFN with these knobs for both "
-                                        "GEMMs, e.g. 'block_n=128,stages=4' (and the FFN's "
-                                        "'dependent=False')")
+    ap.add_argument("--ffn-knobs", help="also time the Hopper FFN with each of these knob sets "
+                                        "(';' between sets): a knob for both GEMMs, or 'up.' / "
+                                        "'down.' before it for one, e.g. 'block_n=128,stages=4;"
+                                        "down.preload=6' (and the FFN's 'dependent=False')")
     args = ap.parse_args(argv)
     if args.check:
         bad = check()
@@ -388,8 +411,10 @@ def main(argv=None) -> int:
         sweep = tuple(parse_knobs(k) for k in args.knobs.split(";"))
     rows = [] if args.ffn_only else timed(shapes, sweep=sweep)
     if not args.no_ffn:
+        knob_sets = tuple(parse_knobs(k) for k in args.ffn_knobs.split(";")) \
+            if args.ffn_knobs else ()
         rows += ffn(tuple(int(m) for m in args.ffn_rows.split(",")) if args.ffn_rows
-                    else FFN_ROWS, knobs=parse_knobs(args.ffn_knobs) if args.ffn_knobs else None)
+                    else FFN_ROWS, knob_sets=knob_sets)
     if args.csv:
         write_csv(rows, args.csv)
     return 0

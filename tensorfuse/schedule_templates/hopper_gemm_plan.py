@@ -28,7 +28,7 @@ WHO = "hopper GEMM"
 BLOCK_K = 64
 MAX_SHARED = 232448          # bytes of dynamic shared memory per CTA on sm_90
 KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast", "epilogue",
-         "split_tail")
+         "split_tail", "preload")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,10 @@ class GemmKnobs:
     group, and how the output leaves (``epilogue``: ``"direct"`` 4-byte stores from the
     accumulator fragments, or ``"staged"``: 64 columns at a time through shared memory and
     16-byte coalesced stores; 16-bit outputs), and whether a last wave that would leave most
-    CTAs idle has its tiles split along K (``split_tail``)."""
+    CTAs idle has its tiles split along K (``split_tail``); ``preload``: a GEMM launched as a
+    programmatic dependent (the FFN's second) copies this many k-blocks of its first tile's
+    weights before it waits for the kernel before it — up to ``stages`` into the ring, the rest
+    into L2 — since the weights are not that kernel's output (0: none)."""
 
     block_n: int = 256
     stages: int = 4
@@ -51,6 +54,7 @@ class GemmKnobs:
     multicast: str = "split"
     epilogue: str = "direct"
     split_tail: bool = True
+    preload: int = 0
 
     @property
     def block_m(self) -> int:
@@ -74,7 +78,8 @@ class GemmKnobs:
                 f"cluster={self.cluster}" + (f" ({self.multicast} multicast)"
                                              if self.cluster > 1 else "")
                 + f", group_m={self.group_m}"
-                + (", staged epilogue" if self.epilogue == "staged" else ""))
+                + (", staged epilogue" if self.epilogue == "staged" else "")
+                + (f", preload={self.preload}" if self.preload else ""))
 
 
 @dataclass(frozen=True)
@@ -332,8 +337,9 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
 
 
 def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
-               max_shared: int = MAX_SHARED) -> None:
-    """Refuse sizes and knobs the kernel cannot run, saying which."""
+               max_shared: int = MAX_SHARED, dependent: bool = False) -> None:
+    """Refuse sizes and knobs the kernel cannot run, saying which (``dependent``: the GEMM is
+    launched as a programmatic dependent, the only kind ``preload`` applies to)."""
     M, K, N = (sizes[d] for d in plan.dims)
     bn = knobs.block_n
     if not 64 <= bn <= 256 or bn % (16 if plan.b_k_major else 64):
@@ -372,6 +378,12 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
         raise _refuse(f"group_m={knobs.group_m}: at least 1")
     if knobs.stages < 2:
         raise _refuse(f"stages={knobs.stages}: at least 2 slots")
+    if not isinstance(knobs.preload, int) or knobs.preload < 0:
+        raise _refuse(f"preload={knobs.preload!r}: a number of k-blocks, 0 or more")
+    if knobs.preload and not dependent:
+        raise _refuse(f"preload={knobs.preload}: only a GEMM launched as a programmatic dependent "
+                      "of the kernel before it (the FFN's second GEMM) has time to fetch "
+                      "weights before its operands exist; use preload=0 here")
     need = shared_bytes(plan, knobs)
     if need > max_shared:
         raise _refuse(f"{knobs} needs {need} bytes of shared memory; the GPU has {max_shared}: "

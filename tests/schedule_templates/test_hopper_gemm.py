@@ -296,6 +296,32 @@ def test_ffn_second_gemm_launches_in_stream_order_when_asked():
     assert "griddepcontrol.wait" not in f.ptx(**FFN)
 
 
+@needs_nvcc
+def test_ffn_second_gemm_copies_its_weights_before_it_waits_for_the_first():
+    """``preload``: the weights are not the first GEMM's output, so the second GEMM's producer
+    copies its first k-blocks of them into the ring and more into L2 before griddepcontrol.wait;
+    the rows operand (H) is copied only after it."""
+    sizes = dict(M=128, K=4096, N=14336, O=4096)
+    f = tf.schedule(K.ffn_gelu, "cuda:sm_90a").apply_template(
+        "hopper_ffn", down={"preload": 38}).compile()
+    assert f.launches(**sizes).knobs.down.preload == 38
+    ptx = f.ptx(**sizes)
+    second = ptx[ptx.rindex(".entry tf_hopper_gemm"):]
+    wait = second.index("griddepcontrol.wait")
+    before = second[:wait]
+    assert "cp.async.bulk.tensor.2d" in before and "cp.async.bulk.prefetch.tensor.2d.L2" in before
+    assert "cp.async.bulk.prefetch" not in ptx[:ptx.rindex(".entry tf_hopper_gemm")]
+
+
+def test_preload_is_refused_where_nothing_runs_before_the_gemm():
+    plan = plan_hopper_gemm(K.matmul.program)
+    with pytest.raises(ScheduleError, match="programmatic dependent"):
+        check_gemm(plan, GemmKnobs(preload=8, stages=3), SIZES)
+    with pytest.raises(ScheduleError, match="preload=-1"):
+        check_gemm(plan, GemmKnobs(preload=-1, stages=3), SIZES, dependent=True)
+    check_gemm(plan, GemmKnobs(preload=8, stages=3), SIZES, dependent=True)
+
+
 @pytest.mark.parametrize("consumers", [1, 2, 3])
 def test_consumers_never_ask_for_more_registers_than_the_cta_holds(consumers):
     """setmaxnreg.inc waits until the CTA's pool has the registers: asking for more than the

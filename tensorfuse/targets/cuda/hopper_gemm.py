@@ -34,9 +34,9 @@ from __future__ import annotations
 
 from .dsm import HELPERS as DSM_HELPERS
 from .expr import C_TYPES, forwarded, scalar_arguments, size_aliases, tensor_arguments, to_cuda
-from .tma import HELPERS as TMA_HELPERS
 from .split import HELPERS as SPLIT_HELPERS
-from .tma import MBARRIER_HELPERS
+from .tma import HELPERS as TMA_HELPERS
+from .tma import MBARRIER_HELPERS, prefetch_helper
 from .wgmma import HELPERS as WGMMA_HELPERS
 from .wgmma import wgmma_function
 
@@ -139,6 +139,7 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
 {WGMMA_HELPERS}
 {MBARRIER_HELPERS}
 {TMA_HELPERS}
+{prefetch_helper(2)}
 {MULTICAST_HELPERS}
 {SPLIT_HELPERS}
 {functions}
@@ -165,6 +166,7 @@ typedef {pair} out_pair_t;
 typedef {out_elem} out_t;
 #define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
 #define DEPENDENT {int(dependent)}   // launched as a programmatic dependent
+#define PRELOAD {knobs.preload}     // DEPENDENT: weight k-blocks fetched before the wait
 
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
@@ -228,6 +230,60 @@ __device__ __forceinline__ void release_slot(unsigned long long* empty, int s, i
 #endif
 }}
 
+// Ring slot `s` gets k-block `kb` of every weight's tile at column n0, counted on `bar`: this
+// CTA's share (B_PART rows or columns), multicast to the cluster; with LEADER CTA 0 copies all
+// of it and the others nothing.
+__device__ __forceinline__ void load_weights(unsigned char* b_tiles, const void* maps, int s,
+                                             int kb, int n0, unsigned long long* bar,
+                                             unsigned rank) {{
+#if LEADER
+  if (rank != 0) return;
+#endif
+  #pragma unroll
+  for (int x = 0; x < G; ++x) {{
+    const void* b_map = (const char*)maps + 128 * (1 + x);
+    unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
+#if B_KMAJOR    // [N, K]: BN rows of 64 k; this CTA's share is rows [rank·B_PART, +B_PART)
+  #if CLUSTER > 1
+    tf_tma_load_2d_multicast(b + (LEADER ? 0 : rank) * B_PART * 128, b_map, kb * BK,
+                             n0 + (LEADER ? 0 : rank) * B_PART, bar, (1 << CLUSTER) - 1);
+  #else
+    tf_tma_load_2d(b, b_map, kb * BK, n0, bar);
+  #endif
+#else           // [K, N]: atoms of 64 columns × 64 k-rows; this CTA's share is B_PART columns
+    #pragma unroll
+    for (int a = 0; a < B_PART / 64; ++a) {{
+      const int atom = (LEADER ? 0 : rank) * (B_PART / 64) + a;
+  #if CLUSTER > 1
+      tf_tma_load_2d_multicast(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, bar,
+                               (1 << CLUSTER) - 1);
+  #else
+      tf_tma_load_2d(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, bar);
+  #endif
+    }}
+#endif
+  }}
+}}
+
+// The same boxes into L2 only (nothing to wait for).
+__device__ __forceinline__ void prefetch_weights(const void* maps, int kb, int n0,
+                                                 unsigned rank) {{
+#if LEADER
+  if (rank != 0) return;
+#endif
+  #pragma unroll
+  for (int x = 0; x < G; ++x) {{
+    const void* b_map = (const char*)maps + 128 * (1 + x);
+#if B_KMAJOR
+    tf_tma_prefetch_2d(b_map, kb * BK, n0 + (LEADER ? 0 : rank) * B_PART);
+#else
+    #pragma unroll
+    for (int a = 0; a < B_PART / 64; ++a)
+      tf_tma_prefetch_2d(b_map, n0 + ((LEADER ? 0 : rank) * (B_PART / 64) + a) * 64, kb * BK);
+#endif
+  }}
+}}
+
 // The program's output element from the accumulators at (row, col).
 __device__ __forceinline__ float epilogue_value({gate_params}, int row, int col{extra_params}) {{
   return {epilogue};
@@ -275,7 +331,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     if (threadIdx.x == 0) {{
       tf_tensormap_acquire(a_map);
       for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
+      int pre = 0;   // ring slots 0 … pre-1 got their weights before the wait
 #if DEPENDENT
+  #if PRELOAD > 0
+      // The weights are not the kernel before's output: while it finishes, copy the first
+      // item's first k-blocks of them into the ring and PRELOAD - STAGES more into L2.
+      if (first_unit < items) {{
+        int m0, n0;
+        const Work w = tile_at(first_unit, full_items, pieces, kblocks, row_units, tiles_n,
+                               rank, m0, n0);
+        pre = min(min(PRELOAD, STAGES), w.k1 - w.k0);
+        for (int s = 0; s < pre; ++s) {{
+          tf_mbar_expect(full + s, STAGE_BYTES);
+          load_weights(b_tiles, maps, s, w.k0 + s, n0, full + s, rank);
+        }}
+        for (int kb = w.k0 + pre; kb < min(w.k1, w.k0 + PRELOAD); ++kb)
+          prefetch_weights(maps, kb, n0, rank);
+      }}
+  #endif
       tf_wait_prerequisite();   // the rows operand is the kernel before's output: read after it
 #endif
       int it = 0;
@@ -286,36 +359,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
           const int s = it % STAGES;
           if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
-          tf_mbar_expect(full + s, STAGE_BYTES);
+          if (it >= pre) tf_mbar_expect(full + s, STAGE_BYTES);
           tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
-#if LEADER
-          if (rank != 0) continue;   // CTA 0 copies the weight tiles into both CTAs
-#endif
-          #pragma unroll
-          for (int x = 0; x < G; ++x) {{
-            const void* b_map = (const char*)maps + 128 * (1 + x);
-            unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
-#if B_KMAJOR    // [N, K]: BN rows of 64 k; this CTA's share is rows [rank·B_PART, +B_PART)
-  #if CLUSTER > 1
-            tf_tma_load_2d_multicast(b + (LEADER ? 0 : rank) * B_PART * 128, b_map, kb * BK,
-                                     n0 + (LEADER ? 0 : rank) * B_PART, full + s,
-                                     (1 << CLUSTER) - 1);
-  #else
-            tf_tma_load_2d(b, b_map, kb * BK, n0, full + s);
-  #endif
-#else           // [K, N]: atoms of 64 columns × 64 k-rows; this CTA's share is B_PART columns
-            #pragma unroll
-            for (int a = 0; a < B_PART / 64; ++a) {{
-              const int atom = (LEADER ? 0 : rank) * (B_PART / 64) + a;
-  #if CLUSTER > 1
-              tf_tma_load_2d_multicast(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK,
-                                       full + s, (1 << CLUSTER) - 1);
-  #else
-              tf_tma_load_2d(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, full + s);
-  #endif
-            }}
-#endif
-          }}
+          if (it >= pre) load_weights(b_tiles, maps, s, kb, n0, full + s, rank);
         }}
       }}
     }}
