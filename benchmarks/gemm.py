@@ -136,7 +136,11 @@ CHECKS = ([(n, s, {}) for n in KERNELS for s in ((200, 4096, 1024), (1000, 520, 
              ("matmul_nk", (1024, 4096, 14336), {}),
              # few rows, [N, K] weights: 112-column tiles filling one wave (one and two weights)
              ("matmul_nk", (128, 4096, 14336), {}),
-             ("swiglu_gate", (100, 1024, 14336), {"block_n": 112})])
+             ("swiglu_gate", (100, 1024, 14336), {"block_n": 112})]
+          # weights copied with the L2 evict-first policy, alone and multicast
+          + [("matmul", (128, 4096, 1032), {"weights_l2": "evict_first"}),
+             ("matmul_nk", (300, 520, 776), {"weights_l2": "evict_first", "cluster": 2}),
+             ("swiglu_gate", (100, 1000, 1032), {"weights_l2": "evict_first"})])
 
 FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("swiglu", dict(M=1000, K=256, N=512, O=776), {}),
@@ -155,7 +159,10 @@ FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("swiglu_linear", dict(M=200, K=1024, N=4096, O=1032), {"down": {"preload": 20}}),
               ("gelu", dict(M=300, K=520, N=1032, O=264),
                {"down": {"preload": 100, "cluster": 2, "block_n": 192}}),
-              ("swiglu", dict(M=64, K=256, N=512, O=512), {"down": {"preload": 3}}))
+              ("swiglu", dict(M=64, K=256, N=512, O=512), {"down": {"preload": 3}}),
+              ("gelu", dict(M=128, K=4096, N=14336, O=4096),
+               {"up": {"weights_l2": "evict_first"},
+                "down": {"weights_l2": "evict_first", "preload": 6}}))
 
 
 def check(log=print) -> int:

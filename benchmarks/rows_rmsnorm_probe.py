@@ -14,9 +14,13 @@ and from CUDA graphs):
 - ``two_pass_<block>_<warps>w_<stages>s`` (``--two-pass K``): Inductor's shape of the kernel — a
   looped first pass for the sum (``evict_last``), a second reading the row again from L2;
 - ``--template``: the row template's kernels in two blocks of 4096 (``template_4096``: its
-  eviction rule, ``template_4096_hints``: hints everywhere) beside ``two_pass_4096_16w_1s``.
+  eviction rule, ``template_4096_hints``: hints everywhere) beside ``two_pass_4096_16w_1s``;
+- ``--tma K``: persistent kernels that move each row (16 KB) with one TMA box each way (Triton
+  tensor descriptors, rows pipelined over ``stages``), their grid screened once and the K
+  fastest timed in rounds — and first a TMA copy of the same bytes against torch's copy: whether
+  bulk copies move bytes faster than the copy ceiling both kernels sit at.
 
-    python -m benchmarks.rows_rmsnorm_probe [--rounds 7] [--csv PATH] [--template]
+    python -m benchmarks.rows_rmsnorm_probe [--rounds 7] [--csv PATH] [--template] [--tma K]
 """
 from __future__ import annotations
 
@@ -67,6 +71,86 @@ def _rms_two_pass(x, w, s, out, N: tl.constexpr, RB: tl.constexpr, STAGES: tl.co
         xv = tl.load(x + row * N + start + cols, eviction_policy="evict_first").to(tl.float32)
         wv = tl.load(w + start + cols, eviction_policy="evict_last").to(tl.float32)
         tl.store(out + row * N + start + cols, (xv * r * wv).to(tl.bfloat16))
+
+
+@triton.jit
+def _rms_tma(x_desc, o_desc, w, s, M, N: tl.constexpr, CH: tl.constexpr, STAGES: tl.constexpr):
+    # x and out viewed as [M·N/CH, CH]: a row is N/CH consecutive rows of the view, one box
+    R: tl.constexpr = N // CH
+    wv = tl.load(w + tl.arange(0, R)[:, None] * CH + tl.arange(0, CH)[None, :]).to(tl.float32)
+    for row in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
+        xv = x_desc.load([row * R, 0]).to(tl.float32)
+        r = tl.rsqrt(tl.sum(xv * xv) * (1.0 / N) + 1e-5) * tl.load(s + row)
+        o_desc.store([row * R, 0], (xv * r * wv).to(tl.bfloat16))
+
+
+@triton.jit
+def _copy_tma(x_desc, o_desc, M, R: tl.constexpr, STAGES: tl.constexpr):
+    for row in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
+        o_desc.store([row * R, 0], x_desc.load([row * R, 0]))
+
+
+CHUNK = 256   # a TMA box is at most 256 elements along each dimension
+
+
+def _descriptors(x, out):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    view = (x.numel() // CHUNK, CHUNK)
+    block = [N // CHUNK, CHUNK]
+    return (TensorDescriptor.from_tensor(x.view(view), block),
+            TensorDescriptor.from_tensor(out.view(view), block))
+
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def _tma(warps: int, stages: int, per_sm: int):
+    def run(x, w, s):
+        out = torch.empty_like(x)
+        xd, od = _descriptors(x, out)
+        _rms_tma[(_sms() * per_sm,)](xd, od, w, s, M, N=N, CH=CHUNK, STAGES=stages,
+                                     num_warps=warps)
+        return out
+    return run
+
+
+def tma_grid():
+    """name → callable for the TMA kernel's warps × stages × programs per SM."""
+    return {f"tma_{warps}w_{stages}s_{per_sm}p": _tma(warps, stages, per_sm)
+            for warps in (8, 16) for stages in (2, 3, 4) for per_sm in (1, 2)
+            if per_sm * (stages + 1) * 16 <= 200}
+
+
+def copy_probe(rounds: int) -> None:
+    """A TMA copy (a 16 KB box each way per row, persistent) against torch's copy of the same
+    tensor, both checked, timed in alternated rounds (events and CUDA graph)."""
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    outs = {}
+
+    def tma_copy(stages: int, per_sm: int):
+        out = outs.setdefault((stages, per_sm), torch.empty_like(x))
+        xd, od = _descriptors(x, out)
+        return lambda: _copy_tma[(_sms() * per_sm,)](xd, od, M, R=N // CHUNK, STAGES=stages,
+                                                    num_warps=4)
+
+    dst = torch.empty_like(x)
+    calls = {"torch_copy": lambda: dst.copy_(x)}
+    for stages, per_sm in ((2, 1), (3, 1), (4, 1), (3, 2)):
+        calls[f"tma_copy_{stages}s_{per_sm}p"] = tma_copy(stages, per_sm)
+    for label, fn in calls.items():
+        fn()
+        torch.cuda.synchronize()
+        got = dst if label == "torch_copy" else outs[tuple(int(v[:-1]) for v in
+                                                          label.split("_")[2:])]
+        assert torch.equal(got, x), label
+    nbytes = 2 * x.numel() * 2
+    events, graph = (alternated(calls, rounds, timing) for timing in (bench, bench_graph))
+    for label in calls:
+        ev, gr = statistics.median(events[label]), statistics.median(graph[label])
+        print(f"{label:20s} events {ev:.4f} ms {nbytes / ev / 1e6:6.0f} GB/s   graph {gr:.4f} ms "
+              f"{nbytes / gr / 1e6:6.0f} GB/s")
 
 
 def _two_pass(rb: int, warps: int, stages: int):
@@ -130,8 +214,13 @@ def main(argv=None) -> int:
     parser.add_argument("--template", action="store_true",
                         help="the row template's kernels in two blocks of 4096 instead of the "
                              "hand-written variants")
+    parser.add_argument("--tma", type=int, default=0, metavar="K",
+                        help="a TMA copy against torch's, then the TMA kernel's grid screened "
+                             "once and its K fastest timed in rounds")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
+    if args.tma:
+        copy_probe(args.rounds)
     x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 3 + 1
     w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
     s = torch.rand(M, device="cuda") + 0.5
@@ -139,17 +228,23 @@ def main(argv=None) -> int:
     same = copy_at(nbytes)
     want = _reference(x.double(), w.double(), s.double())
     impls = variants(args.template, (x, w, s))
-    if args.two_pass:
-        grid = two_pass_grid()
+    for option, grid_of in ((args.two_pass, two_pass_grid), (args.tma, tma_grid)):
+        if not option:
+            continue
+        grid = grid_of()
         quick = {}
         for name, fn in grid.items():
-            err = relative_error(fn(x, w, s), want)
+            try:
+                err = relative_error(fn(x, w, s), want)
+            except Exception as exc:   # noqa: BLE001 - a setting that does not build is reported
+                print(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
+                continue
             assert err < 1e-2, (name, err)
             quick[name] = bench(lambda: fn(x, w, s), rep_ms=100)
         base = bench(lambda: impls["torch_compile"](x, w, s), rep_ms=100)
         for name in sorted(quick, key=quick.get):
             print(f"{name:24s} {quick[name]:.4f} ms  {base / quick[name]:.4f}x torch.compile")
-        impls.update({name: grid[name] for name in sorted(quick, key=quick.get)[:args.two_pass]})
+        impls.update({name: grid[name] for name in sorted(quick, key=quick.get)[:option]})
     for name, fn in impls.items():
         fn(x, w, s)   # compiled outside the check
         poison = torch.full_like(x, float("nan"))

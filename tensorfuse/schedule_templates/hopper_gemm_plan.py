@@ -28,7 +28,7 @@ WHO = "hopper GEMM"
 BLOCK_K = 64
 MAX_SHARED = 232448          # bytes of dynamic shared memory per CTA on sm_90
 KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast", "epilogue",
-         "split_tail", "preload")
+         "split_tail", "preload", "weights_l2")
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,9 @@ class GemmKnobs:
     CTAs idle has its tiles split along K (``split_tail``); ``preload``: a GEMM launched as a
     programmatic dependent (the FFN's second) copies this many k-blocks of its first tile's
     weights before it waits for the kernel before it — up to ``stages`` into the ring, the rest
-    into L2 — since the weights are not that kernel's output (0: none)."""
+    into L2 — since the weights are not that kernel's output (0: none); ``weights_l2``: the L2
+    policy of the weights' copies (``"normal"``, or ``"evict_first"``: weights read once — the
+    rows fit one tile — leave L2 to the data around them)."""
 
     block_n: int = 256
     stages: int = 4
@@ -55,6 +57,7 @@ class GemmKnobs:
     epilogue: str = "direct"
     split_tail: bool = True
     preload: int = 0
+    weights_l2: str = "normal"
 
     @property
     def block_m(self) -> int:
@@ -79,7 +82,8 @@ class GemmKnobs:
                                              if self.cluster > 1 else "")
                 + f", group_m={self.group_m}"
                 + (", staged epilogue" if self.epilogue == "staged" else "")
-                + (f", preload={self.preload}" if self.preload else ""))
+                + (f", preload={self.preload}" if self.preload else "")
+                + (f", weights L2 {self.weights_l2}" if self.weights_l2 != "normal" else ""))
 
 
 @dataclass(frozen=True)
@@ -378,6 +382,8 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
         raise _refuse(f"group_m={knobs.group_m}: at least 1")
     if knobs.stages < 2:
         raise _refuse(f"stages={knobs.stages}: at least 2 slots")
+    if knobs.weights_l2 not in ("normal", "evict_first"):
+        raise _refuse(f"weights_l2={knobs.weights_l2!r}: 'normal' or 'evict_first'")
     if not isinstance(knobs.preload, int) or knobs.preload < 0:
         raise _refuse(f"preload={knobs.preload!r}: a number of k-blocks, 0 or more")
     if knobs.preload and not dependent:

@@ -215,7 +215,8 @@ def test_defaults_follow_the_sizes():
     ("matmul_f16_f32", {}), ("matmul_nk", {"cluster": 2, "multicast": "leader"}),
     ("matmul", {"consumers": 3, "block_n": 192, "cluster": 1}), ("matmul", {"consumers": 1}),
     ("matmul_nk", {"block_n": 224}), ("linear", {"block_n": 160, "cluster": 1}),
-    ("swiglu_gate", {"block_n": 112}),
+    ("swiglu_gate", {"block_n": 112}), ("matmul_nk", {"weights_l2": "evict_first"}),
+    ("matmul", {"weights_l2": "evict_first", "cluster": 2}),
 ])
 def test_code_holds_the_hopper_instructions(name, knobs):
     """PTX: wgmma of the tile's width, 2-D bulk tensor copies, mbarriers, setmaxnreg — and with a
@@ -233,6 +234,10 @@ def test_code_holds_the_hopper_instructions(name, knobs):
         assert "mbarrier.arrive.release.cluster" not in ptx
     else:
         assert "multicast::cluster" not in ptx
+    # weights read once may be copied with an L2 evict-first policy; only then a cache hint
+    hinted = launches.knobs.weights_l2 == "evict_first"
+    assert ("createpolicy.fractional.L2::evict_first" in ptx) == hinted
+    assert ("L2::cache_hint" in ptx) == hinted
     report = _ptxas_report(f.source(**SIZES))
     spilled = int(re.search(r"(\d+) bytes spill stores", report).group(1))
     # f32 outputs stored from the fragments keep a few more registers live than the 168 a

@@ -63,6 +63,31 @@ __device__ __forceinline__ void tf_tma_load_2d_multicast(void* dst, const void* 
                :: "r"(tf_smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(tf_smem_addr(bar)),
                   "h"(mask) : "memory");
 }
+// The same copies with an L2 cache policy (`policy`: from tf_l2_evict_first): weights that are
+// read once need not push out of L2 what the kernels before and after use (nor write back the
+// dirty lines they would evict while the GEMM streams).
+__device__ __forceinline__ unsigned long long tf_l2_evict_first() {
+  unsigned long long policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ void tf_tma_load_2d_hint(void* dst, const void* map, int c0, int c1,
+                                                    unsigned long long* bar,
+                                                    unsigned long long policy) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;"
+               :: "r"(tf_smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(tf_smem_addr(bar)),
+                  "l"(policy) : "memory");
+}
+__device__ __forceinline__ void tf_tma_load_2d_multicast_hint(void* dst, const void* map, int c0,
+                                                              int c1, unsigned long long* bar,
+                                                              unsigned short mask,
+                                                              unsigned long long policy) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               ".multicast::cluster.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;"
+               :: "r"(tf_smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(tf_smem_addr(bar)),
+                  "h"(mask), "l"(policy) : "memory");
+}
 // Programmatic dependent launch: a GEMM lets the next kernel of its stream start once every
 // CTA is running (a kernel launched without the attribute ignores it); a GEMM launched with it
 // waits for the kernel before it (its memory visible) before reading what that one wrote.
@@ -167,6 +192,7 @@ typedef {out_elem} out_t;
 #define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
 #define DEPENDENT {int(dependent)}   // launched as a programmatic dependent
 #define PRELOAD {knobs.preload}     // DEPENDENT: weight k-blocks fetched before the wait
+#define EVICT_WEIGHTS {int(knobs.weights_l2 == "evict_first")}   // weights: L2 evict-first policy
 
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
@@ -233,9 +259,25 @@ __device__ __forceinline__ void release_slot(unsigned long long* empty, int s, i
 // Ring slot `s` gets k-block `kb` of every weight's tile at column n0, counted on `bar`: this
 // CTA's share (B_PART rows or columns), multicast to the cluster; with LEADER CTA 0 copies all
 // of it and the others nothing.
+// One box of a weight at (c0, c1): multicast to the cluster, with the L2 policy where
+// EVICT_WEIGHTS.
+__device__ __forceinline__ void copy_weight_box(void* dst, const void* map, int c0, int c1,
+                                                unsigned long long* bar,
+                                                unsigned long long policy) {{
+#if CLUSTER > 1 && EVICT_WEIGHTS
+  tf_tma_load_2d_multicast_hint(dst, map, c0, c1, bar, (1 << CLUSTER) - 1, policy);
+#elif CLUSTER > 1
+  tf_tma_load_2d_multicast(dst, map, c0, c1, bar, (1 << CLUSTER) - 1);
+#elif EVICT_WEIGHTS
+  tf_tma_load_2d_hint(dst, map, c0, c1, bar, policy);
+#else
+  tf_tma_load_2d(dst, map, c0, c1, bar);
+#endif
+}}
+
 __device__ __forceinline__ void load_weights(unsigned char* b_tiles, const void* maps, int s,
                                              int kb, int n0, unsigned long long* bar,
-                                             unsigned rank) {{
+                                             unsigned rank, unsigned long long policy) {{
 #if LEADER
   if (rank != 0) return;
 #endif
@@ -244,22 +286,13 @@ __device__ __forceinline__ void load_weights(unsigned char* b_tiles, const void*
     const void* b_map = (const char*)maps + 128 * (1 + x);
     unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
 #if B_KMAJOR    // [N, K]: BN rows of 64 k; this CTA's share is rows [rank·B_PART, +B_PART)
-  #if CLUSTER > 1
-    tf_tma_load_2d_multicast(b + (LEADER ? 0 : rank) * B_PART * 128, b_map, kb * BK,
-                             n0 + (LEADER ? 0 : rank) * B_PART, bar, (1 << CLUSTER) - 1);
-  #else
-    tf_tma_load_2d(b, b_map, kb * BK, n0, bar);
-  #endif
+    copy_weight_box(b + (LEADER ? 0 : rank) * B_PART * 128, b_map, kb * BK,
+                    n0 + (LEADER ? 0 : rank) * B_PART, bar, policy);
 #else           // [K, N]: atoms of 64 columns × 64 k-rows; this CTA's share is B_PART columns
     #pragma unroll
     for (int a = 0; a < B_PART / 64; ++a) {{
       const int atom = (LEADER ? 0 : rank) * (B_PART / 64) + a;
-  #if CLUSTER > 1
-      tf_tma_load_2d_multicast(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, bar,
-                               (1 << CLUSTER) - 1);
-  #else
-      tf_tma_load_2d(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, bar);
-  #endif
+      copy_weight_box(b + atom * BK * 128, b_map, n0 + atom * 64, kb * BK, bar, policy);
     }}
 #endif
   }}
@@ -331,6 +364,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     if (threadIdx.x == 0) {{
       tf_tensormap_acquire(a_map);
       for (int x = 0; x < G; ++x) tf_tensormap_acquire((const char*)maps + 128 * (1 + x));
+#if EVICT_WEIGHTS
+      const unsigned long long policy = tf_l2_evict_first();
+#else
+      const unsigned long long policy = 0;
+#endif
       int pre = 0;   // ring slots 0 … pre-1 got their weights before the wait
 #if DEPENDENT
   #if PRELOAD > 0
@@ -343,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         pre = min(min(PRELOAD, STAGES), w.k1 - w.k0);
         for (int s = 0; s < pre; ++s) {{
           tf_mbar_expect(full + s, STAGE_BYTES);
-          load_weights(b_tiles, maps, s, w.k0 + s, n0, full + s, rank);
+          load_weights(b_tiles, maps, s, w.k0 + s, n0, full + s, rank, policy);
         }}
         for (int kb = w.k0 + pre; kb < min(w.k1, w.k0 + PRELOAD); ++kb)
           prefetch_weights(maps, kb, n0, rank);
@@ -361,7 +399,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
           if (it >= pre) tf_mbar_expect(full + s, STAGE_BYTES);
           tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
-          if (it >= pre) load_weights(b_tiles, maps, s, kb, n0, full + s, rank);
+          if (it >= pre) load_weights(b_tiles, maps, s, kb, n0, full + s, rank, policy);
         }}
       }}
     }}
