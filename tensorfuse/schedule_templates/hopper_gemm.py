@@ -123,7 +123,8 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
                 stages: int | None = None, cluster: int | None = None,
                 group_m: int | None = None, consumers: int | None = None,
                 multicast: str | None = None, epilogue: str | None = None,
-                split_tail: bool | None = None, tuned=None) -> ClusterKernel:
+                split_tail: bool | None = None, weights_l2: str | None = None,
+                tuned=None) -> ClusterKernel:
     """A callable persistent GEMM kernel for ``kernel`` (one or two sums of products sharing the
     rows operand, and an elementwise output of them). Knobs (defaults per size: see
     :func:`.hopper_gemm_plan.default_gemm_knobs`): ``block_n`` output columns per tile,
@@ -131,7 +132,8 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     (2: weight tiles shared by TMA multicast, ``multicast="split"`` or ``"leader"``),
     ``group_m`` row tiles per rasterisation group, ``epilogue`` (``"direct"`` or
     ``"staged"``), ``split_tail`` (split a mostly idle last wave's tiles along K:
-    :func:`split_tail`). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for
+    :func:`split_tail`), ``weights_l2`` (``"evict_first"``: the weights' copies leave L2 to
+    other data; for weights read once). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for
     the template interface (the knobs are not tuned yet)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_gemm template generates sm_90a code (wgmma, TMA); the "
@@ -141,7 +143,8 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     given = {k: v for k, v in (("block_n", block_n), ("stages", stages), ("cluster", cluster),
                                ("group_m", group_m), ("consumers", consumers),
                                ("multicast", multicast), ("epilogue", epilogue),
-                               ("split_tail", split_tail)) if v is not None}
+                               ("split_tail", split_tail), ("weights_l2", weights_l2))
+             if v is not None}
     return ClusterKernel(program, target, lambda dims: gemm_launches(plan, target, dims, given),
                          f"hopper_gemm ({', '.join(plan.sums)} over {plan.dims[1]})",
                          origin="hopper_gemm template defaults" if not given else
