@@ -201,6 +201,16 @@ def test_defaults_follow_the_sizes():
     assert default_gemm_knobs(plan, dict(M=129, K=14336, N=4096))[0].block_n == 256
     f = hopper(K.matmul)
     assert "ways along K" not in f.schedule_origin(M=128, K=4096, N=14336)   # 112 tiles
+    # weights read once (the rows fit one tile, or one cluster's two): L2 evict-first copies
+    for M, policy in ((48, "evict_first"), (128, "evict_first"), (256, "evict_first"),
+                      (257, "normal"), (8192, "normal")):
+        assert default_gemm_knobs(plan, dict(M=M, K=4096, N=14336))[0].weights_l2 == policy, M
+    assert "L2 evict-first" in f.schedule_origin(M=128, K=4096, N=14336)
+    # 64-row tiles at M=128 read each weight tile twice: the normal policy, unless given
+    assert with_knobs(plan, dict(M=128, K=4096, N=14336),
+                      {"consumers": 1})[0].weights_l2 == "normal"
+    assert with_knobs(plan, dict(M=128, K=4096, N=14336),
+                      {"consumers": 1, "weights_l2": "evict_first"})[0].weights_l2 == "evict_first"
     gated, _ = default_gemm_knobs(plan_hopper_gemm(K.swiglu_gate.program), SIZES)
     assert gated.block_n == 128   # two accumulators per thread
     given, why = with_knobs(plan, SIZES, {"block_n": 128})
