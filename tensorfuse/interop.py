@@ -207,17 +207,30 @@ def raw_stream(index: int) -> int:
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
-def current_stream(device) -> int:
-    """:func:`raw_stream` of a CUDA ``torch.device``."""
-    return raw_stream(device_index(device))
-
-
 def capturing() -> bool:
     """Whether the current CUDA stream is capturing a graph (no memory may be allocated outside
-    the graph's pool then, and what is made belongs to that graph)."""
+    the graph's pool then, and what is made belongs to that graph). Asked on every launch of a
+    kernel that keeps buffers: CUDA's presence is asked once (``torch.cuda.is_available`` reads
+    environment variables each time: under cProfile on the H100 host a fifth of a GEMM call's
+    Python, session 34), the capture state through torch's own query."""
     import torch
 
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    if not _CUDA_PRESENT:
+        if not torch.cuda.is_available():
+            return False
+        _CUDA_PRESENT.append(getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+                             or torch.cuda.is_current_stream_capturing)
+    return _CUDA_PRESENT[0]()
+
+
+_CUDA_PRESENT: list = []   # once CUDA was found: the capture query
+
+
+def stream_key(device) -> tuple[int, int]:
+    """(device index, raw stream) of torch's current stream on a CUDA ``torch.device``: the key
+    of buffers kept per device and stream."""
+    index = device_index(device)
+    return index, raw_stream(index)
 
 
 def kept_empty(shape, dtype, device):
@@ -253,7 +266,7 @@ class StreamScratch:
             return tuple((torch.zeros if zeroed else torch.empty)(shape, dtype=torch_dtype(dtype),
                                                                    device=device)
                          for shape, dtype, zeroed in self.layout)
-        key = (str(device), current_stream(device))
+        key = stream_key(device)
         if key not in self.kept:
             made = []
             for shape, dtype, zeroed in self.layout:

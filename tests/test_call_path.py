@@ -186,11 +186,12 @@ def test_kept_scratch_is_one_set_per_stream_and_the_graphs_own_in_a_capture(monk
     monkeypatch.setattr(interop, "capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream[0])
     scratch = interop.StreamScratch([((4,), "f32", False), ((2,), "i32", True)])
-    first = scratch("cuda:0")
-    assert scratch("cuda:0") is first and len(made) == 2
+    cuda0 = torch.device("cuda", 0)
+    first = scratch(cuda0)
+    assert scratch(cuda0) is first and len(made) == 2
     assert first[1].tolist() == [0, 0] and first[0].tolist() == [7.0] * 4   # only the counters
     stream[0] = Stream(2)
-    second = scratch("cuda:0")
+    second = scratch(cuda0)
     assert second is not first and second[1] is not first[1] and len(made) == 4
     monkeypatch.setattr(interop, "capturing", lambda: True)
     captured = scratch("cpu")          # a temporary of the graph's pool (here: the CPU)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..dsl.expr import user_location
 from ..dsl.program import Program
 from ..errors import ScheduleError
-from ..interop import capturing, current_stream, kept_empty
+from ..interop import capturing, kept_empty, stream_key
 from ..targets import TargetSpec
 from ..targets.cuda.kernel import ClusterKernel, Launches
 from .gemm_chain_plan import GemmChainPlan, plan_gemm_chain
@@ -100,7 +100,7 @@ def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
 
         if capturing():
             return torch.empty((M, N), dtype=torch.bfloat16, device=device)
-        key = (str(device), current_stream(device))
+        key = stream_key(device)
         buffer = workspace.get(key)
         if buffer is None or buffer.numel() < M * N:
             buffer = workspace[key] = kept_empty((M * N,), torch.bfloat16, device)

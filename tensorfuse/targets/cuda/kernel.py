@@ -2,6 +2,7 @@
 and out, one generated source and TVM CUDA module per set of sizes."""
 from __future__ import annotations
 
+import ctypes
 from typing import Callable
 
 from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
@@ -16,8 +17,6 @@ from .module import KernelEntry, cuda_module
 def pointer(x):
     """A tensor as a kernel argument: TVM's CUDA module takes raw device pointers for ``handle``
     arguments (a DLPack tensor there is the address of its descriptor, not of its data)."""
-    import ctypes
-
     return ctypes.c_void_p(x.data_ptr())
 
 
