@@ -153,16 +153,10 @@ FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("gelu", dict(M=128, K=4096, N=14336, O=4096), {}),
               ("swiglu", dict(M=200, K=2048, N=4096, O=1024), {}),
               ("swiglu_linear", dict(M=128, K=1024, N=14336, O=512), {}),
-              # the second GEMM's weights copied before it waits for the first: into the ring
-              # and L2 (split pieces), with split multicast, leader multicast, a short K
-              ("gelu", dict(M=128, K=4096, N=14336, O=4096), {"down": {"preload": 38}}),
-              ("swiglu_linear", dict(M=200, K=1024, N=4096, O=1032), {"down": {"preload": 20}}),
-              ("gelu", dict(M=300, K=520, N=1032, O=264),
-               {"down": {"preload": 100, "cluster": 2, "block_n": 192}}),
-              ("swiglu", dict(M=64, K=256, N=512, O=512), {"down": {"preload": 3}}),
+              # weights read once copied L2 evict-first (the default at M=128), and not
               ("gelu", dict(M=128, K=4096, N=14336, O=4096),
-               {"up": {"weights_l2": "evict_first"},
-                "down": {"weights_l2": "evict_first", "preload": 6}}))
+               {"up": {"weights_l2": "normal"}, "down": {"weights_l2": "normal"}}),
+              ("swiglu_linear", dict(M=200, K=1024, N=4096, O=1032), {}))
 
 
 def check(log=print) -> int:
@@ -405,7 +399,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ffn-knobs", help="also time the Hopper FFN with each of these knob sets "
                                         "(';' between sets): a knob for both GEMMs, or 'up.' / "
                                         "'down.' before it for one, e.g. 'block_n=128,stages=4;"
-                                        "down.preload=6' (and the FFN's 'dependent=False')")
+                                        "down.weights_l2=normal' (and the FFN's 'dependent=False')")
     args = ap.parse_args(argv)
     if args.check:
         bad = check()

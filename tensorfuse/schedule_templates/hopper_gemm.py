@@ -81,7 +81,7 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     writes its rows operand."""
     gpu = local_gpu()
     knobs, why = with_knobs(plan, dims, given, gpu[1] if gpu else 132, target.max_shared_memory)
-    check_gemm(plan, knobs, dims, target.max_shared_memory, dependent)
+    check_gemm(plan, knobs, dims, target.max_shared_memory)
     M, K, N = (dims[d] for d in plan.dims)
     source = hopper_gemm_source(plan, knobs, dependent)
     smem = shared_bytes(plan, knobs)

@@ -28,7 +28,7 @@ WHO = "hopper GEMM"
 BLOCK_K = 64
 MAX_SHARED = 232448          # bytes of dynamic shared memory per CTA on sm_90
 KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast", "epilogue",
-         "split_tail", "preload", "weights_l2")
+         "split_tail", "weights_l2")
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,7 @@ class GemmKnobs:
     group, and how the output leaves (``epilogue``: ``"direct"`` 4-byte stores from the
     accumulator fragments, or ``"staged"``: 64 columns at a time through shared memory and
     16-byte coalesced stores; 16-bit outputs), and whether a last wave that would leave most
-    CTAs idle has its tiles split along K (``split_tail``); ``preload``: a GEMM launched as a
-    programmatic dependent (the FFN's second) copies this many k-blocks of its first tile's
-    weights before it waits for the kernel before it — up to ``stages`` into the ring, the rest
-    into L2 — since the weights are not that kernel's output (0: none); ``weights_l2``: the L2
+    CTAs idle has its tiles split along K (``split_tail``); ``weights_l2``: the L2
     policy of the weights' copies (``"normal"``, or ``"evict_first"``: weights read once — the
     rows fit one tile — leave L2 to the data around them)."""
 
@@ -56,7 +53,6 @@ class GemmKnobs:
     multicast: str = "split"
     epilogue: str = "direct"
     split_tail: bool = True
-    preload: int = 0
     weights_l2: str = "normal"
 
     @property
@@ -82,7 +78,6 @@ class GemmKnobs:
                                              if self.cluster > 1 else "")
                 + f", group_m={self.group_m}"
                 + (", staged epilogue" if self.epilogue == "staged" else "")
-                + (f", preload={self.preload}" if self.preload else "")
                 + (f", weights L2 {self.weights_l2}" if self.weights_l2 != "normal" else ""))
 
 
@@ -325,7 +320,7 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     pieces (M=128, K=14336, N=4096: 64 tiles in 2 pieces instead of 32 in 4, 5–7 % faster in
     CUDA graphs; session 26); for ``[N, K]`` weights, a narrower tile where the waves of
     256-column ones fit the GPU badly (:func:`_tile_width`); where the rows fit one tile (or
-    one cluster's), the weights' copies take the L2 evict-first policy (:func:`_weight_policy`)."""
+    one cluster's), one weight's copies take the L2 evict-first policy (:func:`_weight_policy`)."""
     M, K, N = (sizes[d] for d in plan.dims)
     cluster = 2 if M > 128 else 1
     bn = _default_width(plan, M, N, K, cluster, sms)
@@ -338,27 +333,27 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
         units = tile_units(M, N, 128, bn, cluster)
         why = (f"{units} tiles of {128 * cluster} × {bn} (cluster of {cluster}) on {sms} SMs: "
                f"{wave_efficiency(units * cluster, sms):.0%} of the last wave busy")
-    knobs = replace(knobs, weights_l2=_weight_policy(M, knobs))
+    knobs = replace(knobs, weights_l2=_weight_policy(plan, M, knobs))
     if knobs.weights_l2 != "normal":
         why += "; weights read once: copied L2 evict-first"
     return replace(knobs, stages=deepest_stages(plan, knobs, max_shared)), why
 
 
-def _weight_policy(M: int, knobs: GemmKnobs) -> str:
-    """``"evict_first"`` where every weight tile is read once (the rows fit one tile, or the
-    tiles of one cluster, which multicast it), else ``"normal"`` (later row tiles read it again,
-    from L2 where it stayed). Weights streamed with the normal policy push out of L2 what the
-    kernels around the GEMM use: on the H100 (session 34) evict-first made the few-row GEMMs
-    5–7 % faster in CUDA graphs and 3–9 % by ``do_bench`` (after its L2 flush, whose dirty
-    lines the streamed weights would otherwise write back)."""
+def _weight_policy(plan: HopperGemmPlan, M: int, knobs: GemmKnobs) -> str:
+    """``"evict_first"`` for one weight whose every tile is read once (the rows fit one tile, or
+    the tiles of one cluster, which multicast it), else ``"normal"`` (later row tiles read it
+    again, from L2 where it stayed). A weight streamed with the normal policy pushes out of L2
+    what the kernels around the GEMM use: on the H100 (session 34) evict-first made the few-row
+    GEMMs of one weight 5–7 % faster in CUDA graphs and 3–9 % by ``do_bench`` (after its L2
+    flush, whose dirty lines the streamed weight would otherwise write back). A gated pair
+    (SwiGLU's first GEMM) measured 3–8 % slower with it by ``do_bench``, up to 3 % in graphs."""
     row_units = math.ceil(math.ceil(M / knobs.block_m) / knobs.cluster)
-    return "evict_first" if row_units == 1 else "normal"
+    return "evict_first" if row_units == 1 and len(plan.weights) == 1 else "normal"
 
 
 def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
-               max_shared: int = MAX_SHARED, dependent: bool = False) -> None:
-    """Refuse sizes and knobs the kernel cannot run, saying which (``dependent``: the GEMM is
-    launched as a programmatic dependent, the only kind ``preload`` applies to)."""
+               max_shared: int = MAX_SHARED) -> None:
+    """Refuse sizes and knobs the kernel cannot run, saying which."""
     M, K, N = (sizes[d] for d in plan.dims)
     bn = knobs.block_n
     if not 64 <= bn <= 256 or bn % (16 if plan.b_k_major else 64):
@@ -399,12 +394,6 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
         raise _refuse(f"stages={knobs.stages}: at least 2 slots")
     if knobs.weights_l2 not in ("normal", "evict_first"):
         raise _refuse(f"weights_l2={knobs.weights_l2!r}: 'normal' or 'evict_first'")
-    if not isinstance(knobs.preload, int) or knobs.preload < 0:
-        raise _refuse(f"preload={knobs.preload!r}: a number of k-blocks, 0 or more")
-    if knobs.preload and not dependent:
-        raise _refuse(f"preload={knobs.preload}: only a GEMM launched as a programmatic dependent "
-                      "of the kernel before it (the FFN's second GEMM) has time to fetch "
-                      "weights before its operands exist; use preload=0 here")
     need = shared_bytes(plan, knobs)
     if need > max_shared:
         raise _refuse(f"{knobs} needs {need} bytes of shared memory; the GPU has {max_shared}: "
@@ -430,7 +419,7 @@ def with_knobs(plan: HopperGemmPlan, sizes: dict, given: dict, sms: int = 132,
         given = {**given, "stages": deepest_stages(plan, replace(knobs, **given), max_shared)}
     chosen = replace(knobs, **given)
     if "weights_l2" not in given:   # the rows per tile or cluster given may read weights twice
-        knobs = replace(knobs, weights_l2=_weight_policy(sizes[plan.dims[0]], chosen))
+        knobs = replace(knobs, weights_l2=_weight_policy(plan, sizes[plan.dims[0]], chosen))
     if chosen.cluster > 1 and chosen.block_n % 128 and not plan.b_k_major and \
             "multicast" not in given:
         given = {**given, "multicast": "leader"}   # halves would not be whole 64-column atoms

@@ -36,7 +36,7 @@ from .dsm import HELPERS as DSM_HELPERS
 from .expr import C_TYPES, forwarded, scalar_arguments, size_aliases, tensor_arguments, to_cuda
 from .split import HELPERS as SPLIT_HELPERS
 from .tma import HELPERS as TMA_HELPERS
-from .tma import MBARRIER_HELPERS, prefetch_helper
+from .tma import MBARRIER_HELPERS
 from .wgmma import HELPERS as WGMMA_HELPERS
 from .wgmma import wgmma_function
 
@@ -164,7 +164,6 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
 {WGMMA_HELPERS}
 {MBARRIER_HELPERS}
 {TMA_HELPERS}
-{prefetch_helper(2)}
 {MULTICAST_HELPERS}
 {SPLIT_HELPERS}
 {functions}
@@ -191,7 +190,6 @@ typedef {pair} out_pair_t;
 typedef {out_elem} out_t;
 #define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
 #define DEPENDENT {int(dependent)}   // launched as a programmatic dependent
-#define PRELOAD {knobs.preload}     // DEPENDENT: weight k-blocks fetched before the wait
 #define EVICT_WEIGHTS {int(knobs.weights_l2 == "evict_first")}   // weights: L2 evict-first policy
 
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
@@ -298,25 +296,6 @@ __device__ __forceinline__ void load_weights(unsigned char* b_tiles, const void*
   }}
 }}
 
-// The same boxes into L2 only (nothing to wait for).
-__device__ __forceinline__ void prefetch_weights(const void* maps, int kb, int n0,
-                                                 unsigned rank) {{
-#if LEADER
-  if (rank != 0) return;
-#endif
-  #pragma unroll
-  for (int x = 0; x < G; ++x) {{
-    const void* b_map = (const char*)maps + 128 * (1 + x);
-#if B_KMAJOR
-    tf_tma_prefetch_2d(b_map, kb * BK, n0 + (LEADER ? 0 : rank) * B_PART);
-#else
-    #pragma unroll
-    for (int a = 0; a < B_PART / 64; ++a)
-      tf_tma_prefetch_2d(b_map, n0 + ((LEADER ? 0 : rank) * (B_PART / 64) + a) * 64, kb * BK);
-#endif
-  }}
-}}
-
 // The program's output element from the accumulators at (row, col).
 __device__ __forceinline__ float epilogue_value({gate_params}, int row, int col{extra_params}) {{
   return {epilogue};
@@ -369,24 +348,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
 #else
       const unsigned long long policy = 0;
 #endif
-      int pre = 0;   // ring slots 0 … pre-1 got their weights before the wait
 #if DEPENDENT
-  #if PRELOAD > 0
-      // The weights are not the kernel before's output: while it finishes, copy the first
-      // item's first k-blocks of them into the ring and PRELOAD - STAGES more into L2.
-      if (first_unit < items) {{
-        int m0, n0;
-        const Work w = tile_at(first_unit, full_items, pieces, kblocks, row_units, tiles_n,
-                               rank, m0, n0);
-        pre = min(min(PRELOAD, STAGES), w.k1 - w.k0);
-        for (int s = 0; s < pre; ++s) {{
-          tf_mbar_expect(full + s, STAGE_BYTES);
-          load_weights(b_tiles, maps, s, w.k0 + s, n0, full + s, rank, policy);
-        }}
-        for (int kb = w.k0 + pre; kb < min(w.k1, w.k0 + PRELOAD); ++kb)
-          prefetch_weights(maps, kb, n0, rank);
-      }}
-  #endif
       tf_wait_prerequisite();   // the rows operand is the kernel before's output: read after it
 #endif
       int it = 0;
@@ -397,9 +359,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
         for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
           const int s = it % STAGES;
           if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
-          if (it >= pre) tf_mbar_expect(full + s, STAGE_BYTES);
+          tf_mbar_expect(full + s, STAGE_BYTES);
           tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
-          if (it >= pre) load_weights(b_tiles, maps, s, kb, n0, full + s, rank, policy);
+          load_weights(b_tiles, maps, s, kb, n0, full + s, rank, policy);
         }}
       }}
     }}

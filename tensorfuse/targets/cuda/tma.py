@@ -69,10 +69,12 @@ __device__ __forceinline__ void tf_tma_load_2d(void* dst, const void* map, int c
 def load_helper(rank: int) -> str:
     """``tf_tma_load_{rank}d(dst, map, c0, …, bar)``: the box at coordinates ``c0 …`` (innermost
     first) of a ``rank``-D tensor map into shared memory, counted on ``bar``; and
-    :func:`prefetch_helper`'s ``tf_tma_prefetch_{rank}d``."""
+    ``tf_tma_prefetch_{rank}d(map, c0, …)``: the same box fetched into L2 only (nothing to wait
+    for), so that its copy into shared memory, issued later, finds it there."""
     coords = ", ".join(f"int c{k}" for k in range(rank))
     operands = ", ".join(f"%{k + 2}" for k in range(rank))
     inputs = ", ".join(f'"r"(c{k})' for k in range(rank))
+    prefetched = ", ".join(f"%{k + 1}" for k in range(rank))
     return f"""
 // Box at (c0, …, c{rank - 1}), innermost first, of a {rank}-D tensor map.
 __device__ __forceinline__ void tf_tma_load_{rank}d(void* dst, const void* map, {coords},
@@ -81,18 +83,8 @@ __device__ __forceinline__ void tf_tma_load_{rank}d(void* dst, const void* map, 
                " [%0], [%1, {{{operands}}}], [%{rank + 2}];"
                :: "r"(tf_smem_addr(dst)), "l"(map), {inputs},
                   "r"(tf_smem_addr(bar)) : "memory");
-}}""" + prefetch_helper(rank)
-
-
-def prefetch_helper(rank: int) -> str:
-    """``tf_tma_prefetch_{rank}d(map, c0, …)``: the box at coordinates ``c0 …`` of a ``rank``-D
-    tensor map fetched into L2 only (nothing to wait for), so that its copy into shared memory,
-    issued later, finds it there."""
-    coords = ", ".join(f"int c{k}" for k in range(rank))
-    inputs = ", ".join(f'"r"(c{k})' for k in range(rank))
-    prefetched = ", ".join(f"%{k + 1}" for k in range(rank))
-    return f"""
-// Box at (c0, …, c{rank - 1}) of a {rank}-D tensor map into L2 only.
+}}
+// The same box into L2 only.
 __device__ __forceinline__ void tf_tma_prefetch_{rank}d(const void* map, {coords}) {{
   asm volatile("cp.async.bulk.prefetch.tensor.{rank}d.L2.global.tile [%0, {{{prefetched}}}];"
                :: "l"(map), {inputs} : "memory");
