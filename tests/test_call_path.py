@@ -318,3 +318,18 @@ def test_generated_cuda_kernels_repeat_calls_on_their_fast_path():
             <= 2e-2
     # one fast call per radius (tf.compile's choice is keyed by the map's scalars), each used once
     assert [(type(x), x.calls) for x in f._fast.values()] == [(ClusterFastCall, 1)] * 2
+
+
+def test_the_capture_query_asks_for_cuda_once_it_is_there(monkeypatch):
+    """``capturing()`` runs on every launch of a kernel with kept buffers: CUDA's presence is
+    asked until it is found (an environment read each time), then only the capture state."""
+    torch = pytest.importorskip("torch")
+    from tensorfuse import interop
+
+    asked, present = [], [False]
+    monkeypatch.setattr(interop, "_CUDA_PRESENT", [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(1) or present[0])
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: True, raising=False)
+    assert not interop.capturing() and not interop.capturing() and len(asked) == 2
+    present[0] = True
+    assert interop.capturing() and interop.capturing() and len(asked) == 3

@@ -133,8 +133,8 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     ``group_m`` row tiles per rasterisation group, ``epilogue`` (``"direct"`` or
     ``"staged"``), ``split_tail`` (split a mostly idle last wave's tiles along K:
     :func:`split_tail`), ``weights_l2`` (``"evict_first"``: the weights' copies leave L2 to
-    other data; for weights read once). ``fusion`` is not used (a GEMM needs none); ``tuned`` is accepted for
-    the template interface (the knobs are not tuned yet)."""
+    other data; for weights read once). ``fusion`` is not used (a GEMM needs none); ``tuned``
+    is accepted for the template interface (the knobs are not tuned yet)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_gemm template generates sm_90a code (wgmma, TMA); the "
                             f"target is {target.name}", user_location())

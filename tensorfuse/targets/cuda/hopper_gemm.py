@@ -254,9 +254,6 @@ __device__ __forceinline__ void release_slot(unsigned long long* empty, int s, i
 #endif
 }}
 
-// Ring slot `s` gets k-block `kb` of every weight's tile at column n0, counted on `bar`: this
-// CTA's share (B_PART rows or columns), multicast to the cluster; with LEADER CTA 0 copies all
-// of it and the others nothing.
 // One box of a weight at (c0, c1): multicast to the cluster, with the L2 policy where
 // EVICT_WEIGHTS.
 __device__ __forceinline__ void copy_weight_box(void* dst, const void* map, int c0, int c1,
@@ -273,6 +270,9 @@ __device__ __forceinline__ void copy_weight_box(void* dst, const void* map, int 
 #endif
 }}
 
+// Ring slot `s` gets k-block `kb` of every weight's tile at column n0, counted on `bar`: this
+// CTA's share (B_PART rows or columns), multicast to the cluster; with LEADER CTA 0 copies all
+// of it and the others nothing.
 __device__ __forceinline__ void load_weights(unsigned char* b_tiles, const void* maps, int s,
                                              int kb, int n0, unsigned long long* bar,
                                              unsigned rank, unsigned long long policy) {{
