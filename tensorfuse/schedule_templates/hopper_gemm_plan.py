@@ -273,9 +273,12 @@ def modeled_time(M: int, N: int, K: int, block_n: int, cluster: int, sms: int) -
 def _tile_width(plan: HopperGemmPlan, M: int, N: int, K: int, cluster: int, sms: int) -> int:
     """256 columns, or for ``[N, K]`` weights filling at least one wave a narrower width whose
     waves fit the GPU enough better (:func:`modeled_time`; M=1024, K=4096, N=14336 on 132 SMs:
-    224 columns make 3.9 waves of clusters where 256 make 3.4, the last split along K)."""
+    224 columns make 3.9 waves of clusters where 256 make 3.4, the last split along K). Below a
+    wave the model is no guide: at M=200 and 256 (K=4096, N=14336) it favours 224 columns
+    (128 SMs busy instead of 112), which measured the same as 256 and 2 % faster in CUDA graphs;
+    192 columns (150 CTAs) 14 % slower (H100, session 34)."""
     if not plan.b_k_major or tile_units(M, N, 128, 256, cluster) < sms // cluster:
-        return 256   # [K, N] weights; or less than a wave of tiles (measured with 256 only)
+        return 256   # [K, N] weights; or less than a wave of tiles
     times = {bn: modeled_time(M, N, K, bn, cluster, sms) for bn in K_MAJOR_WIDTHS}
     best = min(times, key=times.get)
     return best if times[best] < (1 - NARROWER_GAIN) * times[256] else 256
