@@ -6,6 +6,7 @@ generated source (``hopper_gemm_source``), so it measures this checkout's kernel
 the kernels makes them a little slower than the real ones.
 
     PYTHONPATH=. python tools/probe_gemm_timeline.py [--rows 128] [--kind gelu] [--up block_n=64]
+        [--down weights_l2=normal]
     ... | python tools/probe_gemm_timeline.py --summarise
 """
 import argparse
@@ -64,6 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--kind", default="gelu")
     ap.add_argument("--up", default="", help="the first GEMM's knobs, e.g. 'block_n=64'")
+    ap.add_argument("--down", default="", help="the second GEMM's knobs")
     args = ap.parse_args(argv)
     from benchmarks.gemm import parse_knobs
     # the package exports a function of the module's name: the module itself, by its path
@@ -71,7 +73,8 @@ def main(argv=None) -> int:
     original = template.hopper_gemm_source
     template.hopper_gemm_source = lambda *a, **k: traced(original(*a, **k))
     kernel = K.FFN_KERNELS[f"ffn_{args.kind}"]
-    f = hopper_ffn(kernel, None, get_target("cuda"), up=parse_knobs(args.up) or None)
+    f = hopper_ffn(kernel, None, get_target("cuda"), up=parse_knobs(args.up) or None,
+                   down=parse_knobs(args.down) or None)
     gen = torch.Generator(device="cuda").manual_seed(0)
     t = inputs(kernel, args.rows, 4096, 14336, gen, 1.0, O=4096)
     out = torch.empty(args.rows, 4096, dtype=torch.bfloat16, device="cuda")
