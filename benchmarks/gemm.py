@@ -140,7 +140,12 @@ CHECKS = ([(n, s, {}) for n in KERNELS for s in ((200, 4096, 1024), (1000, 520, 
           # weights copied with the L2 evict-first policy, alone and multicast
           + [("matmul", (128, 4096, 1032), {"weights_l2": "evict_first"}),
              ("matmul_nk", (300, 520, 776), {"weights_l2": "evict_first", "cluster": 2}),
-             ("swiglu_gate", (100, 1000, 1032), {"weights_l2": "evict_first"})])
+             ("swiglu_gate", (100, 1000, 1032), {"weights_l2": "evict_first"})]
+          # CTAs paced to the grid's average: one tile each, split tiles (the pace counters
+          # after theirs), several tiles a CTA
+          + [("matmul", (128, 4096, 14336), {"pace": 4}),
+             ("matmul_nk", (100, 8192, 1000), {"pace": 2}),
+             ("linear", (1000, 520, 776), {"pace": 1, "cluster": 1})])
 
 FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("swiglu", dict(M=1000, K=256, N=512, O=776), {}),
@@ -156,7 +161,10 @@ FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               # weights read once copied L2 evict-first (the default at M=128), and not
               ("gelu", dict(M=128, K=4096, N=14336, O=4096),
                {"up": {"weights_l2": "normal"}, "down": {"weights_l2": "normal"}}),
-              ("swiglu_linear", dict(M=200, K=1024, N=4096, O=1032), {}))
+              ("swiglu_linear", dict(M=200, K=1024, N=4096, O=1032), {}),
+              ("gelu", dict(M=128, K=4096, N=14336, O=4096), {"up": {"pace": 4}}),
+              ("swiglu", dict(M=200, K=1024, N=2048, O=520),
+               {"up": {"pace": 2, "cluster": 1}, "down": {"pace": 8, "cluster": 1}}))
 
 
 def check(log=print) -> int:

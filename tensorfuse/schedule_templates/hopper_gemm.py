@@ -95,9 +95,10 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     entries = [KernelEntry(ENTRY, tuple(t for _, t, _ in kernel_arguments(plan)))]
     launch = DependentLaunch(source, target, ENTRY, entries[0].arg_types) if dependent else None
     part = len(plan.weights) * knobs.block_m * knobs.block_n   # floats per CTA and piece
-    # the split tail's partial sums and counters (which reset themselves), per device and stream
+    # the split tail's partial sums and counters, then the two of pacing (all reset themselves),
+    # per device and stream
     split_buffers = StreamScratch([((max(1, tail * pieces * knobs.cluster * part),), "f32", False),
-                                   ((max(1, tail * knobs.cluster),), "i32", True)])
+                                   ((tail * knobs.cluster + 2,), "i32", True)])
 
     def run(module, values, out, device):
         if knobs.epilogue == "staged" and out.data_ptr() % 16:
@@ -124,7 +125,7 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
                 group_m: int | None = None, consumers: int | None = None,
                 multicast: str | None = None, epilogue: str | None = None,
                 split_tail: bool | None = None, weights_l2: str | None = None,
-                tuned=None) -> ClusterKernel:
+                pace: int | None = None, tuned=None) -> ClusterKernel:
     """A callable persistent GEMM kernel for ``kernel`` (one or two sums of products sharing the
     rows operand, and an elementwise output of them). Knobs (defaults per size: see
     :func:`.hopper_gemm_plan.default_gemm_knobs`): ``block_n`` output columns per tile,
@@ -133,7 +134,8 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     ``group_m`` row tiles per rasterisation group, ``epilogue`` (``"direct"`` or
     ``"staged"``), ``split_tail`` (split a mostly idle last wave's tiles along K:
     :func:`split_tail`), ``weights_l2`` (``"evict_first"``: the weights' copies leave L2 to
-    other data; for weights read once). ``fusion`` is not used (a GEMM needs none); ``tuned``
+    other data; for weights read once), ``pace`` (k-blocks a CTA may run ahead of the grid's
+    average; 0: off). ``fusion`` is not used (a GEMM needs none); ``tuned``
     is accepted for the template interface (the knobs are not tuned yet)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_gemm template generates sm_90a code (wgmma, TMA); the "
@@ -143,7 +145,8 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     given = {k: v for k, v in (("block_n", block_n), ("stages", stages), ("cluster", cluster),
                                ("group_m", group_m), ("consumers", consumers),
                                ("multicast", multicast), ("epilogue", epilogue),
-                               ("split_tail", split_tail), ("weights_l2", weights_l2))
+                               ("split_tail", split_tail), ("weights_l2", weights_l2),
+                               ("pace", pace))
              if v is not None}
     return ClusterKernel(program, target, lambda dims: gemm_launches(plan, target, dims, given),
                          f"hopper_gemm ({', '.join(plan.sums)} over {plan.dims[1]})",

@@ -28,7 +28,7 @@ WHO = "hopper GEMM"
 BLOCK_K = 64
 MAX_SHARED = 232448          # bytes of dynamic shared memory per CTA on sm_90
 KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast", "epilogue",
-         "split_tail", "weights_l2")
+         "split_tail", "weights_l2", "pace")
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,9 @@ class GemmKnobs:
     16-byte coalesced stores; 16-bit outputs), and whether a last wave that would leave most
     CTAs idle has its tiles split along K (``split_tail``); ``weights_l2``: the L2
     policy of the weights' copies (``"normal"``, or ``"evict_first"``: weights read once — the
-    rows fit one tile — leave L2 to the data around them)."""
+    rows fit one tile — leave L2 to the data around them); ``pace``: a CTA's producer issues at
+    most this many k-blocks more than the grid's average (0: off), so that the CTAs read the
+    weights' k-blocks together."""
 
     block_n: int = 256
     stages: int = 4
@@ -54,6 +56,7 @@ class GemmKnobs:
     epilogue: str = "direct"
     split_tail: bool = True
     weights_l2: str = "normal"
+    pace: int = 0
 
     @property
     def block_m(self) -> int:
@@ -78,7 +81,8 @@ class GemmKnobs:
                                              if self.cluster > 1 else "")
                 + f", group_m={self.group_m}"
                 + (", staged epilogue" if self.epilogue == "staged" else "")
-                + (f", weights L2 {self.weights_l2}" if self.weights_l2 != "normal" else ""))
+                + (f", weights L2 {self.weights_l2}" if self.weights_l2 != "normal" else "")
+                + (f", pace={self.pace}" if self.pace else ""))
 
 
 @dataclass(frozen=True)
@@ -395,6 +399,12 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
         raise _refuse(f"group_m={knobs.group_m}: at least 1")
     if knobs.stages < 2:
         raise _refuse(f"stages={knobs.stages}: at least 2 slots")
+    if not isinstance(knobs.pace, int) or knobs.pace < 0:
+        raise _refuse(f"pace={knobs.pace!r}: k-blocks a CTA may run ahead of the average, 0 "
+                      "(off) or more")
+    if knobs.pace and knobs.cluster > 1:
+        raise _refuse(f"pace={knobs.pace} with cluster={knobs.cluster}: a CTA waiting for the "
+                      "average would hold its peer's multicast copies; use cluster=1")
     if knobs.weights_l2 not in ("normal", "evict_first"):
         raise _refuse(f"weights_l2={knobs.weights_l2!r}: 'normal' or 'evict_first'")
     need = shared_bytes(plan, knobs)

@@ -138,6 +138,15 @@ def test_n_by_k_weights_get_narrower_tiles_where_256_columns_fit_the_waves_badly
     assert "ways along K" not in f.schedule_origin(**ffn_up)
 
 
+def test_pacing_is_refused_where_a_waiting_cta_would_hold_its_peer():
+    plan = plan_hopper_gemm(K.matmul.program)
+    with pytest.raises(ScheduleError, match="use cluster=1"):
+        check_gemm(plan, GemmKnobs(pace=4, cluster=2, stages=3), SIZES)
+    with pytest.raises(ScheduleError, match="pace=-1"):
+        check_gemm(plan, GemmKnobs(pace=-1, stages=3), SIZES)
+    check_gemm(plan, GemmKnobs(pace=4, stages=3), SIZES)
+
+
 def test_accumulators_must_fit_the_registers_a_thread_has():
     gated = plan_hopper_gemm(K.swiglu_gate.program)   # two accumulators per output
     check_gemm(gated, GemmKnobs(block_n=128, stages=3), SIZES)           # 128 + 26 ≤ 168
@@ -229,7 +238,7 @@ def test_defaults_follow_the_sizes():
     ("matmul", {"consumers": 3, "block_n": 192, "cluster": 1}), ("matmul", {"consumers": 1}),
     ("matmul_nk", {"block_n": 224}), ("linear", {"block_n": 160, "cluster": 1}),
     ("swiglu_gate", {"block_n": 112}), ("matmul_nk", {"weights_l2": "evict_first"}),
-    ("matmul", {"weights_l2": "evict_first", "cluster": 2}),
+    ("matmul", {"weights_l2": "evict_first", "cluster": 2}), ("matmul", {"pace": 4, "cluster": 1}),
 ])
 def test_code_holds_the_hopper_instructions(name, knobs):
     """PTX: wgmma of the tile's width, 2-D bulk tensor copies, mbarriers, setmaxnreg — and with a
@@ -251,11 +260,17 @@ def test_code_holds_the_hopper_instructions(name, knobs):
     hinted = launches.knobs.weights_l2 == "evict_first"
     assert ("createpolicy.fractional.L2::evict_first" in ptx) == hinted
     assert ("L2::cache_hint" in ptx) == hinted
+    # paced CTAs add to and read the grid's count of issued k-blocks; others never touch it
+    paced = launches.knobs.pace > 0
+    assert ("red.relaxed.gpu.global.add.u32" in ptx) == paced
+    assert ("nanosleep" in ptx) == paced
     report = _ptxas_report(f.source(**SIZES))
     spilled = int(re.search(r"(\d+) bytes spill stores", report).group(1))
     # f32 outputs stored from the fragments keep a few more registers live than the 168 a
     # thread has at launch: ptxas spills 4 bytes there (outside the k-loop)
-    assert spilled <= (4 if name == "matmul_f16_f32" else 0), report
+    # pacing's producer keeps one more value than its 40 registers hold: 12 bytes, outside the
+    # consumers' k-loop
+    assert spilled <= (4 if name == "matmul_f16_f32" else 12 if paced else 0), report
 
 
 def test_one_source_serves_every_size_with_these_knobs():

@@ -88,6 +88,16 @@ __device__ __forceinline__ void tf_tma_load_2d_multicast_hint(void* dst, const v
                :: "r"(tf_smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(tf_smem_addr(bar)),
                   "h"(mask), "l"(policy) : "memory");
 }
+// Pacing (PACE): a relaxed add to, and a relaxed read of, the count of k-blocks every CTA of the
+// grid has issued.
+__device__ __forceinline__ void tf_pace_add(unsigned* counter, unsigned n) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" :: "l"(counter), "r"(n) : "memory");
+}
+__device__ __forceinline__ unsigned tf_pace_read(const unsigned* counter) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+  return v;
+}
 // Programmatic dependent launch: a GEMM lets the next kernel of its stream start once every
 // CTA is running (a kernel launched without the attribute ignores it); a GEMM launched with it
 // waits for the kernel before it (its memory visible) before reading what that one wrote.
@@ -191,6 +201,12 @@ typedef {out_elem} out_t;
 #define STAGED {int(knobs.epilogue == "staged")}   // the output through shared memory
 #define DEPENDENT {int(dependent)}   // launched as a programmatic dependent
 #define EVICT_WEIGHTS {int(knobs.weights_l2 == "evict_first")}   // weights: L2 evict-first policy
+#define PACE {knobs.pace}         // a CTA issues at most PACE k-blocks more than the grid's average
+#define PACE_EVERY 4        // k-blocks between a CTA's look at the average
+#define PACE_DONE (1u << 20)   // what a CTA that issued all its k-blocks adds: never waited for
+// after the split tiles' counters: [0] k-blocks issued by the grid, [1] producers done (read from
+// the kernel's parameters where used: the producer has 40 registers)
+#define PACE_COUNTER ((unsigned*)counters + tail * CLUSTER)
 
 // One CTA's partial accumulators of a split tile, in float4s: [weight, 4-register group, thread].
 #define PART_VEC4 (G * (BN / 8) * CONSUMERS * 128)
@@ -358,12 +374,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
                                n0);
         for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
           const int s = it % STAGES;
+#if PACE
+          // CTAs that read the same k-blocks at once share DRAM pages: one that ran ahead waits
+          // (the slowest never does: it is at or below the average)
+          if (it > 0 && it % PACE_EVERY == 0) {{
+            tf_pace_add(PACE_COUNTER, PACE_EVERY);
+            while (it > PACE && (unsigned)(it - PACE) * gridDim.x > tf_pace_read(PACE_COUNTER))
+              __nanosleep(128);
+          }}
+#endif
           if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
           tf_mbar_expect(full + s, STAGE_BYTES);
           tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
           load_weights(b_tiles, maps, s, kb, n0, full + s, rank, policy);
         }}
       }}
+#if PACE
+      tf_pace_add(PACE_COUNTER, it % PACE_EVERY + PACE_DONE);   // the rest, and: done
+      __threadfence();
+      if (atomicAdd(PACE_COUNTER + 1, 1u) == gridDim.x - 1) {{   // the last producer resets
+        atomicExch(PACE_COUNTER, 0u);
+        atomicExch(PACE_COUNTER + 1, 0u);
+      }}
+#endif
     }}
   }} else {{   // a consumer warpgroup: rows [m0 + 64·cw, +64) of each tile
     tf_setmaxnreg_inc<CONSUMER_REGS>();
