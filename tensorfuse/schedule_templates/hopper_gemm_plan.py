@@ -343,6 +343,9 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     knobs = replace(knobs, weights_l2=_weight_policy(plan, M, knobs))
     if knobs.weights_l2 != "normal":
         why += "; weights read once: copied L2 evict-first"
+    knobs = replace(knobs, pace=_default_pace(M, N, K, knobs, sms))
+    if knobs.pace:
+        why += f"; CTAs paced within {knobs.pace} k-blocks of the average"
     return replace(knobs, stages=deepest_stages(plan, knobs, max_shared)), why
 
 
@@ -356,6 +359,20 @@ def _weight_policy(plan: HopperGemmPlan, M: int, knobs: GemmKnobs) -> str:
     (SwiGLU's first GEMM) measured 3–8 % slower with it by ``do_bench``, up to 3 % in graphs."""
     row_units = math.ceil(math.ceil(M / knobs.block_m) / knobs.cluster)
     return "evict_first" if row_units == 1 and len(plan.weights) == 1 else "normal"
+
+
+def _default_pace(M: int, N: int, K: int, knobs: GemmKnobs, sms: int) -> int:
+    """2 where the rows fit one tile, without a cluster, and every CTA streams one whole tile's
+    weights (one wave, no tile split along K), else 0 (off). There the slowest CTAs ended their k-loops
+    4.6 µs after the median (the same bytes each; on other tiles and SMs each run), and CTAs
+    held within 2 k-blocks of the grid's average took 2.3 µs off the GELU FFN at M=128 (0.1015 →
+    0.0992 ms by do_bench, 0.0985 → 0.0959 in graphs; 4: 0.1011, 8: 0.1015; H100, session 34).
+    Paced split tiles (the FFN's second GEMM) measured 1.3 µs slower."""
+    units = tile_units(M, N, knobs.block_m, knobs.block_n, 1)
+    if knobs.cluster > 1 or M > knobs.block_m or units > sms:
+        return 0   # measured on one wave of one row of tiles only
+    split = knobs.split_tail and split_tail(units, sms, math.ceil(K / BLOCK_K))[1] > 0
+    return 0 if split else 2
 
 
 def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
@@ -433,6 +450,9 @@ def with_knobs(plan: HopperGemmPlan, sizes: dict, given: dict, sms: int = 132,
     chosen = replace(knobs, **given)
     if "weights_l2" not in given:   # the rows per tile or cluster given may read weights twice
         knobs = replace(knobs, weights_l2=_weight_policy(plan, sizes[plan.dims[0]], chosen))
+    if "pace" not in given:   # likewise the tiles and cluster given decide the pacing
+        M, K, N = (sizes[d] for d in plan.dims)
+        knobs = replace(knobs, pace=_default_pace(M, N, K, chosen, sms))
     if chosen.cluster > 1 and chosen.block_n % 128 and not plan.b_k_major and \
             "multicast" not in given:
         given = {**given, "multicast": "leader"}   # halves would not be whole 64-column atoms

@@ -218,6 +218,12 @@ def test_defaults_follow_the_sizes():
     # a gated pair keeps the normal policy (its few-row GEMM measured 3–8 % slower with it)
     assert default_gemm_knobs(plan_hopper_gemm(K.swiglu_gate.program),
                               dict(M=128, K=4096, N=14336))[0].weights_l2 == "normal"
+    # one wave of whole tiles on one row of them: CTAs paced within 2 k-blocks of the average;
+    # not where tiles are split along K, rows take two tiles, or a cluster shares them
+    for M, K_, N, pace in ((128, 4096, 14336, 2), (48, 4096, 14336, 2), (128, 14336, 4096, 0),
+                           (129, 4096, 14336, 0), (128, 4096, 40000, 0)):
+        assert default_gemm_knobs(plan, dict(M=M, K=K_, N=N))[0].pace == pace, (M, K_, N)
+    assert with_knobs(plan, dict(M=128, K=4096, N=14336), {"cluster": 2})[0].pace == 0
     # 64-row tiles at M=128 read each weight tile twice: the normal policy, unless given
     assert with_knobs(plan, dict(M=128, K=4096, N=14336),
                       {"consumers": 1})[0].weights_l2 == "normal"
