@@ -327,7 +327,8 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     pieces (M=128, K=14336, N=4096: 64 tiles in 2 pieces instead of 32 in 4, 5–7 % faster in
     CUDA graphs; session 26); for ``[N, K]`` weights, a narrower tile where the waves of
     256-column ones fit the GPU badly (:func:`_tile_width`); where the rows fit one tile (or
-    one cluster's), one weight's copies take the L2 evict-first policy (:func:`_weight_policy`)."""
+    one cluster's), one weight's copies take the L2 evict-first policy (:func:`_weight_policy`);
+    one wave of whole tiles on one row of them has its CTAs paced (:func:`_default_pace`)."""
     M, K, N = (sizes[d] for d in plan.dims)
     cluster = 2 if M > 128 else 1
     bn = _default_width(plan, M, N, K, cluster, sms)
@@ -366,8 +367,9 @@ def _default_pace(M: int, N: int, K: int, knobs: GemmKnobs, sms: int) -> int:
     weights (one wave, no tile split along K), else 0 (off). There the slowest CTAs ended their k-loops
     4.6 µs after the median (the same bytes each; on other tiles and SMs each run), and CTAs
     held within 2 k-blocks of the grid's average took 2.3 µs off the GELU FFN at M=128 (0.1015 →
-    0.0992 ms by do_bench, 0.0985 → 0.0959 in graphs; 4: 0.1011, 8: 0.1015; H100, session 34).
-    Paced split tiles (the FFN's second GEMM) measured 1.3 µs slower."""
+    0.0992 ms by do_bench, 0.0985 → 0.0959 in graphs; 4: 0.1011, 8: 0.1015; a second run 0.1013
+    → 0.0994; H100, session 34). Paced split tiles (the FFN's second GEMM) measured 1.3 µs
+    slower."""
     units = tile_units(M, N, knobs.block_m, knobs.block_n, 1)
     if knobs.cluster > 1 or M > knobs.block_m or units > sms:
         return 0   # measured on one wave of one row of tiles only
