@@ -355,7 +355,7 @@ def _weight_policy(plan: HopperGemmPlan, M: int, knobs: GemmKnobs) -> str:
     the tiles of one cluster, which multicast it), else ``"normal"`` (later row tiles read it
     again, from L2 where it stayed). A weight streamed with the normal policy pushes out of L2
     what the kernels around the GEMM use: on the H100 (session 34) evict-first made the few-row
-    GEMMs of one weight 5–7 % faster in CUDA graphs and 3–9 % by ``do_bench`` (after its L2
+    GEMMs of one weight 5–8 % faster in CUDA graphs and 3–9 % by ``do_bench`` (after its L2
     flush, whose dirty lines the streamed weight would otherwise write back). A gated pair
     (SwiGLU's first GEMM) measured 3–8 % slower with it by ``do_bench``, up to 3 % in graphs."""
     row_units = math.ceil(math.ceil(M / knobs.block_m) / knobs.cluster)
