@@ -158,10 +158,12 @@ FFN_CHECKS = (("gelu", dict(M=300, K=520, N=1032, O=264), {}),
               ("gelu", dict(M=128, K=4096, N=14336, O=4096), {}),
               ("swiglu", dict(M=200, K=2048, N=4096, O=1024), {}),
               ("swiglu_linear", dict(M=128, K=1024, N=14336, O=512), {}),
-              # weights read once copied L2 evict-first (the default at M=128), and not
+              # weights read once copied L2 evict-first (the default at M=128 and, multicast,
+              # at M=200) and with the normal policy
               ("gelu", dict(M=128, K=4096, N=14336, O=4096),
                {"up": {"weights_l2": "normal"}, "down": {"weights_l2": "normal"}}),
               ("swiglu_linear", dict(M=200, K=1024, N=4096, O=1032), {}),
+              # CTAs paced to the grid's average (the default at M=128 is 2) in either GEMM
               ("gelu", dict(M=128, K=4096, N=14336, O=4096), {"up": {"pace": 4}}),
               ("swiglu", dict(M=200, K=1024, N=2048, O=520),
                {"up": {"pace": 2, "cluster": 1}, "down": {"pace": 8, "cluster": 1}}))
@@ -272,10 +274,11 @@ def ffn_variant(knobs: dict) -> tuple[str, dict]:
     split = {"up": {}, "down": {}}
     extra = {}
     for name, value in knobs.items():
+        gemm, _, knob = name.rpartition(".")
         if name == "dependent":
             extra[name] = value
-        elif name.split(".")[0] in split and "." in name:
-            split[name.split(".")[0]][name.split(".", 1)[1]] = value
+        elif gemm in split:
+            split[gemm][knob] = value
         else:
             split["up"][name] = split["down"][name] = value
     label = "tensorfuse_hopper_ffn " + ",".join(f"{k}={v}" for k, v in knobs.items())

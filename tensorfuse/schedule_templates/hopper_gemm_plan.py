@@ -231,10 +231,16 @@ def wave_efficiency(tiles: int, sms: int) -> float:
     return tiles / (math.ceil(tiles / sms) * sms)
 
 
+def row_units(M: int, block_m: int, cluster: int) -> int:
+    """How many rows of work units the M rows make (a unit: ``cluster`` vertically neighbouring
+    tiles of ``block_m`` rows); each reads every weight tile once."""
+    return math.ceil(math.ceil(M / block_m) / cluster)
+
+
 def tile_units(M: int, N: int, block_m: int, block_n: int, cluster: int) -> int:
     """The units of work a GEMM's CTAs (clusters) take: ``cluster`` vertically neighbouring
     tiles of ``block_m × block_n`` each."""
-    return math.ceil(math.ceil(M / block_m) / cluster) * math.ceil(N / block_n)
+    return row_units(M, block_m, cluster) * math.ceil(N / block_n)
 
 
 def split_tail(units: int, slots: int, kblocks: int, least: int = 4) -> tuple[int, int, int]:
@@ -341,13 +347,22 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
         units = tile_units(M, N, 128, bn, cluster)
         why = (f"{units} tiles of {128 * cluster} × {bn} (cluster of {cluster}) on {sms} SMs: "
                f"{wave_efficiency(units * cluster, sms):.0%} of the last wave busy")
-    knobs = replace(knobs, weights_l2=_weight_policy(plan, M, knobs))
+    knobs = _with_derived(plan, sizes, knobs, sms)
     if knobs.weights_l2 != "normal":
         why += "; weights read once: copied L2 evict-first"
-    knobs = replace(knobs, pace=_default_pace(M, N, K, knobs, sms))
     if knobs.pace:
         why += f"; CTAs paced within {knobs.pace} k-blocks of the average"
     return replace(knobs, stages=deepest_stages(plan, knobs, max_shared)), why
+
+
+def _with_derived(plan: HopperGemmPlan, sizes: dict, knobs: GemmKnobs, sms: int,
+                  given: tuple = ()) -> GemmKnobs:
+    """``knobs`` with the knobs that follow from the tiles and the cluster — the weights' L2
+    policy and the pacing — derived for them, but those in ``given``."""
+    M, K, N = (sizes[d] for d in plan.dims)
+    derived = {"weights_l2": _weight_policy(plan, M, knobs),
+               "pace": _default_pace(M, N, K, knobs, sms)}
+    return replace(knobs, **{k: v for k, v in derived.items() if k not in given})
 
 
 def _weight_policy(plan: HopperGemmPlan, M: int, knobs: GemmKnobs) -> str:
@@ -358,20 +373,20 @@ def _weight_policy(plan: HopperGemmPlan, M: int, knobs: GemmKnobs) -> str:
     GEMMs of one weight 5–8 % faster in CUDA graphs and 3–9 % by ``do_bench`` (after its L2
     flush, whose dirty lines the streamed weight would otherwise write back). A gated pair
     (SwiGLU's first GEMM) measured 3–8 % slower with it by ``do_bench``, up to 3 % in graphs."""
-    row_units = math.ceil(math.ceil(M / knobs.block_m) / knobs.cluster)
-    return "evict_first" if row_units == 1 and len(plan.weights) == 1 else "normal"
+    once = row_units(M, knobs.block_m, knobs.cluster) == 1
+    return "evict_first" if once and len(plan.weights) == 1 else "normal"
 
 
 def _default_pace(M: int, N: int, K: int, knobs: GemmKnobs, sms: int) -> int:
     """2 where the rows fit one tile, without a cluster, and every CTA streams one whole tile's
-    weights (one wave, no tile split along K), else 0 (off). There the slowest CTAs ended their k-loops
-    4.6 µs after the median (the same bytes each; on other tiles and SMs each run), and CTAs
-    held within 2 k-blocks of the grid's average took 2.3 µs off the GELU FFN at M=128 (0.1015 →
+    weights (one wave, no tile split along K), else 0 (off). There the slowest CTAs ended their
+    k-loops 4.6 µs after the median (the same bytes each; on other tiles and SMs each run), and
+    CTAs held within 2 k-blocks of the grid's average took 2.3 µs off the GELU FFN at M=128 (0.1015 →
     0.0992 ms by do_bench, 0.0985 → 0.0959 in graphs; 4: 0.1011, 8: 0.1015; a second run 0.1013
     → 0.0994; H100, session 34). Paced split tiles (the FFN's second GEMM) measured 1.3 µs
     slower."""
     units = tile_units(M, N, knobs.block_m, knobs.block_n, 1)
-    if knobs.cluster > 1 or M > knobs.block_m or units > sms:
+    if knobs.cluster > 1 or row_units(M, knobs.block_m, 1) > 1 or units > sms:
         return 0   # measured on one wave of one row of tiles only
     split = knobs.split_tail and split_tail(units, sms, math.ceil(K / BLOCK_K))[1] > 0
     return 0 if split else 2
@@ -450,11 +465,8 @@ def with_knobs(plan: HopperGemmPlan, sizes: dict, given: dict, sms: int = 132,
     if ("block_n" in given or "consumers" in given) and "stages" not in given:
         given = {**given, "stages": deepest_stages(plan, replace(knobs, **given), max_shared)}
     chosen = replace(knobs, **given)
-    if "weights_l2" not in given:   # the rows per tile or cluster given may read weights twice
-        knobs = replace(knobs, weights_l2=_weight_policy(plan, sizes[plan.dims[0]], chosen))
-    if "pace" not in given:   # likewise the tiles and cluster given decide the pacing
-        M, K, N = (sizes[d] for d in plan.dims)
-        knobs = replace(knobs, pace=_default_pace(M, N, K, chosen, sms))
+    # the tiles and cluster given decide the L2 policy and the pacing, where those are not given
+    knobs = _with_derived(plan, sizes, chosen, sms, tuple(given))
     if chosen.cluster > 1 and chosen.block_n % 128 and not plan.b_k_major and \
             "multicast" not in given:
         given = {**given, "multicast": "leader"}   # halves would not be whole 64-column atoms

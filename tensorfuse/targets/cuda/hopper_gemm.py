@@ -25,6 +25,12 @@ tiles, ``128 · (1 + CONSUMERS)`` threads each:
   through shared memory, 16-byte stores); rows and columns past the edge are not written, and
   the copies read zeros there (ragged M, N and K).
 
+Weights whose tiles are each read once may be copied with an L2 evict-first policy
+(``EVICT_WEIGHTS``), so that streaming them does not push out what the kernels around the GEMM
+use. With ``PACE`` a producer adds the k-blocks it issued to a grid-wide count and, while it is
+more than ``PACE`` k-blocks ahead of the grid's average, sleeps a bounded while before its next
+copies: CTAs that read the weights' k-blocks together finish together (few-row GEMMs).
+
 Where the last wave of tiles would leave most clusters idle, the host splits its tiles along K
 (``full_items``, ``tail``, ``pieces``): each piece stores its f32 partial accumulators in ``ws``,
 and the last piece of a tile to finish (an atomic counter, reset by that piece) adds the others
@@ -203,6 +209,10 @@ typedef {out_elem} out_t;
 #define EVICT_WEIGHTS {int(knobs.weights_l2 == "evict_first")}   // weights: L2 evict-first policy
 #define PACE {knobs.pace}         // a CTA issues at most PACE k-blocks more than the grid's average
 #define PACE_EVERY 4        // k-blocks between a CTA's look at the average
+// the most sleeps of 128 ns one look may wait: the average counts CTAs that have not started
+// (another stream's kernel may hold their SMs while this grid's early CTAs wait), so a wait is
+// bounded, never a condition for progress
+#define PACE_SPINS 64
 #define PACE_DONE (1u << 20)   // what a CTA that issued all its k-blocks adds: never waited for
 // after the split tiles' counters: [0] k-blocks issued by the grid, [1] producers done (read from
 // the kernel's parameters where used: the producer has 40 registers)
@@ -376,10 +386,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
           const int s = it % STAGES;
 #if PACE
           // CTAs that read the same k-blocks at once share DRAM pages: one that ran ahead waits
-          // (the slowest never does: it is at or below the average)
+          // a while (the slowest never does: it is at or below the average)
           if (it > 0 && it % PACE_EVERY == 0) {{
             tf_pace_add(PACE_COUNTER, PACE_EVERY);
-            while (it > PACE && (unsigned)(it - PACE) * gridDim.x > tf_pace_read(PACE_COUNTER))
+            for (int n = 0; n < PACE_SPINS && it > PACE &&
+                 (unsigned)(it - PACE) * gridDim.x > tf_pace_read(PACE_COUNTER); ++n)
               __nanosleep(128);
           }}
 #endif
