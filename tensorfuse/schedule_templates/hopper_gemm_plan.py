@@ -383,8 +383,8 @@ def _default_pace(M: int, N: int, K: int, knobs: GemmKnobs, sms: int) -> int:
     k-loops 4.6 µs after the median (the same bytes each; on other tiles and SMs each run), and
     CTAs held within 2 k-blocks of the grid's average took 2.3 µs off the GELU FFN at M=128
     (0.1015 → 0.0992 ms by do_bench, 0.0985 → 0.0959 in graphs; 4: 0.1011, 8: 0.1015; a second
-    run 0.1013 → 0.0994; H100, session 34). Paced split tiles (the FFN's second GEMM) measured 1.3 µs
-    slower."""
+    run 0.1013 → 0.0994; H100, session 34). Paced split tiles (the FFN's second GEMM) measured
+    1.3 µs slower."""
     units = tile_units(M, N, knobs.block_m, knobs.block_n, 1)
     if knobs.cluster > 1 or row_units(M, knobs.block_m, 1) > 1 or units > sms:
         return 0   # measured on one wave of one row of tiles only
