@@ -6,6 +6,7 @@ GPU time (CUDA-graph replay; the host-inclusive time is in the note): at M=128 a
 is about its GPU time, for torch eager as for tensorfuse.
 
     python -m benchmarks.cluster [--quick] [--decode] [--sweep] [--configs JSON] [--ms 128,1024,8192]
+    python -m benchmarks.cluster --decode [--batches 1,2,4,8] [--decode-knobs JSON]
 """
 from __future__ import annotations
 
@@ -189,6 +190,11 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", type=json.loads,
                         help='FFN only, these knob points: a JSON list, e.g. \'[{}, {"copy": '
                              '"producer"}]\' ({} is the template\'s defaults)')
+    parser.add_argument("--batches", default="8",
+                        help="with --decode: the batch sizes B, comma-separated (default 8)")
+    parser.add_argument("--decode-knobs", type=json.loads, default=None,
+                        help='with --decode: these knob points instead of the whole sweep, a '
+                             'JSON list, e.g. \'[{"cluster": 8, "warps": 2}]\'')
     parser.add_argument("--ms", default="128,1024,8192",
                         help="FFN row counts M, comma-separated (default 128,1024,8192)")
     parser.add_argument("--out", default=os.environ.get("OUT") or
@@ -213,7 +219,8 @@ def main(argv=None) -> int:
     # compiles and times the whole sweep; --sweep and --configs time the FFN only
     ffn_only = args.sweep or args.configs is not None
     if args.decode:
-        rows = run_decode(DECODE_SWEEP, batches=(8,))
+        sweep = DECODE_SWEEP if args.decode_knobs is None else tuple(args.decode_knobs)
+        rows = run_decode(sweep, batches=tuple(int(b) for b in args.batches.split(",")))
     else:
         rows = ([] if ffn_only else run_decode()) + run_ffn(
             ms_list=tuple(int(m) for m in args.ms.split(",")), configs=configs)
