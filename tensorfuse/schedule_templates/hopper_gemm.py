@@ -109,7 +109,7 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
         scalars = [values[n] for n, _ in plan.scalars]
         partials, counters = split_buffers(device)
         args = [pointer(maps(values, device)), pointer(out), *tensors, M, N, K, *scalars,
-                pointer(partials), pointer(counters), full_items, tail, pieces]
+                pointer(partials), pointer(counters), full_items, tail, pieces, knobs.group_m]
         if launch is None:
             module[ENTRY](*args, grid, 1, knobs.threads, knobs.cluster, smem)
         else:
@@ -131,7 +131,7 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     :func:`.hopper_gemm_plan.default_gemm_knobs`): ``block_n`` output columns per tile,
     ``consumers`` warpgroups of 64 rows (the tile's rows), ``stages`` ring slots, ``cluster``
     (2: weight tiles shared by TMA multicast, ``multicast="split"`` or ``"leader"``),
-    ``group_m`` row tiles per rasterisation group, ``epilogue`` (``"direct"`` or
+    ``group_m`` row units (a cluster's tiles) per rasterisation group, ``epilogue`` (``"direct"`` or
     ``"staged"``), ``split_tail`` (split a mostly idle last wave's tiles along K:
     :func:`split_tail`), ``weights_l2`` (``"evict_first"``: the weights' copies leave L2 to
     other data; for weights read once), ``pace`` (k-blocks a CTA may run ahead of the grid's

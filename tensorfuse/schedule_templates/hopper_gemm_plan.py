@@ -37,9 +37,9 @@ class GemmKnobs:
     ``block_n`` 64–256: a multiple of 64 for weights stored ``[K, N]``, of 16 for ``[N, K]``),
     k-blocks of 64 through a ring of ``stages`` slots, ``cluster`` CTAs sharing each weight tile
     by TMA multicast (1 or 2; ``multicast="split"``: each CTA copies half of the tile into both,
-    ``"leader"``: the first CTA copies all of it), ``group_m`` row tiles per rasterisation
-    group, and how the output leaves (``epilogue``: ``"direct"`` 4-byte stores from the
-    accumulator fragments, or ``"staged"``: 64 columns at a time through shared memory and
+    ``"leader"``: the first CTA copies all of it), ``group_m`` row units (a cluster's tiles)
+    per rasterisation group (:func:`group_rows`), and how the output leaves (``epilogue``:
+    ``"direct"`` 4-byte stores from the accumulator fragments, or ``"staged"``: 64 columns at a time through shared memory and
     16-byte coalesced stores; 16-bit outputs), and whether a last wave that would leave most
     CTAs idle has its tiles split along K (``split_tail``); ``weights_l2``: the L2
     policy of the weights' copies (``"normal"``, or ``"evict_first"``: weights read once — the
@@ -322,9 +322,9 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     session 13): 128 × 256 tiles (128 × 128 where two weights share the accumulator registers),
     the two CTAs of a cluster sharing each weight tile by split multicast (it halves the weights'
     L2 traffic: 0.85× → 0.97–1.00× cuBLAS at 8192³, where a CTA's operand reads from L2 bound the
-    kernel), 16 row tiles per rasterisation group, 16-bit outputs staged through shared memory
-    (coalesced 16-byte stores: 0.96 → 1.00× cuBLAS at 8192³, 0.59 → 0.94× at K=512), the
-    deepest ring that fits; 64-row tiles (one consumer warpgroup) and no cluster where
+    kernel), rasterisation groups whose waves read the fewest bytes (:func:`group_rows`), 16-bit
+    outputs staged through shared memory (coalesced 16-byte stores: 0.96 → 1.00× cuBLAS at
+    8192³, 0.59 → 0.94× at K=512), the deepest ring that fits; 64-row tiles (one consumer warpgroup) and no cluster where
     M ≤ 64; 128-column tiles for one weight where the rows fit one tile (M ≤ 128): the GEMM then
     streams its weights (for ``[N, K]`` weights as many columns as fill one wave:
     :func:`_one_wave_width`), and twice the tiles fill the GPU without splitting them along K
@@ -361,8 +361,51 @@ def _with_derived(plan: HopperGemmPlan, sizes: dict, knobs: GemmKnobs, sms: int,
     policy and the pacing — derived for them, but those in ``given``."""
     M, K, N = (sizes[d] for d in plan.dims)
     derived = {"weights_l2": _weight_policy(plan, M, knobs),
-               "pace": _default_pace(M, N, K, knobs, sms)}
+               "pace": _default_pace(M, N, K, knobs, sms),
+               "group_m": group_rows(M, N, knobs.block_m, knobs.block_n, knobs.cluster,
+                                     len(plan.weights), sms)}
     return replace(knobs, **{k: v for k, v in derived.items() if k not in given})
+
+
+GROUP_CHOICES = (16, 8, 32, 4, 2, 1)   # 16 first: it wins ties (the default before session 35)
+SAMPLED_WAVES = 16
+
+
+def wave_operand_rows(M: int, N: int, block_m: int, block_n: int, cluster: int, weights: int,
+                      sms: int, group_m: int) -> int:
+    """The rows of operand tiles (rows of ``a`` plus rows of weight columns, each ``K`` long)
+    that the waves of a GEMM read from memory, summed over its first :data:`SAMPLED_WAVES`
+    waves, when its units (``cluster`` vertically neighbouring tiles) go in groups of
+    ``group_m`` row units as the kernel's ``tile_of`` orders them: a wave reads each distinct
+    row unit's rows and each distinct column tile's weight columns once (the CTAs of a wave
+    stream the same k-blocks at about the same time; the rest come from L2)."""
+    row_count = row_units(M, block_m, cluster)
+    tiles_n = math.ceil(N / block_n)
+    units, slots = row_count * tiles_n, max(1, sms // cluster)
+    total = 0
+    for first in range(0, min(units, SAMPLED_WAVES * slots), slots):
+        rows, cols = set(), set()
+        for u in range(first, min(units, first + slots)):
+            group, within = divmod(u, group_m * tiles_n)
+            height = min(row_count - group * group_m, group_m)
+            rows.add(group * group_m + within % height)
+            cols.add(within // height)
+        total += len(rows) * cluster * block_m + len(cols) * block_n * weights
+    return total
+
+
+def group_rows(M: int, N: int, block_m: int, block_n: int, cluster: int, weights: int,
+               sms: int) -> int:
+    """The rasterisation group (``group_m`` row units) whose waves read the fewest operand bytes
+    from memory (:func:`wave_operand_rows`; ties to 16, where the rows make at most that many
+    units and the group does not change the order). A large GEMM runs at the H100's power
+    limit, where the SM clock follows the energy spent, and memory reads are a good part of it:
+    cuBLAS and our kernel did the same work per clock at 8192 × 14336 × 4096, cuBLAS at
+    1380–1425 MHz and ours at 1335–1380; groups of 8 units of 256 rows (12 % fewer bytes than
+    16 by this model) measured 1.8–2.3 % faster there (session 35)."""
+    costs = {g: wave_operand_rows(M, N, block_m, block_n, cluster, weights, sms, g)
+             for g in GROUP_CHOICES}
+    return min(GROUP_CHOICES, key=lambda g: costs[g])
 
 
 def _weight_policy(plan: HopperGemmPlan, M: int, knobs: GemmKnobs) -> str:

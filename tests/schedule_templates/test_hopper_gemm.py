@@ -16,8 +16,9 @@ from benchmarks.gemm import KERNELS, matmul_f16_f32, matmul_nk
 from tensorfuse import dsl as T
 from tensorfuse.errors import ScheduleError
 from tensorfuse.schedule_templates.hopper_gemm_plan import (GemmKnobs, check_gemm,
-                                                            default_gemm_knobs, plan_hopper_gemm,
-                                                            shared_bytes, with_knobs)
+                                                            default_gemm_knobs, group_rows,
+                                                            plan_hopper_gemm, shared_bytes,
+                                                            wave_operand_rows, with_knobs)
 from tensorfuse.targets.cuda.hopper_gemm import GEMM_PTX, MULTICAST_PTX
 from tests.schedule_templates.test_hopper_attention import _ptxas_report
 
@@ -182,7 +183,7 @@ def test_a_mostly_idle_last_wave_is_split_along_k():
 def test_defaults_follow_the_sizes():
     plan = plan_hopper_gemm(K.matmul.program)
     big, why = default_gemm_knobs(plan, dict(M=8192, K=8192, N=8192))
-    assert (big.block_n, big.cluster, big.multicast, big.group_m) == (256, 2, "split", 16)
+    assert (big.block_n, big.cluster, big.multicast, big.group_m) == (256, 2, "split", 8)
     assert big.epilogue == "staged"
     wide, _ = default_gemm_knobs(plan_hopper_gemm(matmul_f16_f32.program), SIZES)
     assert wide.epilogue == "direct"   # f32 rows of 64 columns are 256 bytes
@@ -434,3 +435,26 @@ def test_ffn_calls_on_two_streams_keep_their_own_intermediate():
     for t, out in zip(given, outs):
         ref = ffn_reference("gelu", t)
         assert float((out.double() - ref).abs().max() / ref.abs().max()) < 1e-2
+
+
+def test_rasterisation_groups_read_the_fewest_bytes_a_wave():
+    """The group of row units is the one whose waves read the fewest operand rows
+    (``wave_operand_rows``, which follows the kernel's tile order): 8 units of 256 rows for the
+    large shapes (a wave then spans about as many row units as column tiles), 16 — the default
+    before — where the rows make too few units for the group to change the order."""
+    plan = plan_hopper_gemm(K.matmul.program)
+    for sizes in (dict(M=8192, K=14336, N=4096), dict(M=8192, K=8192, N=8192),
+                  dict(M=8192, K=4096, N=14336)):
+        knobs, _ = default_gemm_knobs(plan, sizes)
+        assert knobs.group_m == 8, sizes
+        rows = {g: wave_operand_rows(sizes["M"], sizes["N"], 128, 256, 2, 1, 132, g)
+                for g in (16, 8, 4)}
+        assert rows[8] < min(rows[16], rows[4]), rows
+    # 32 row units × 4 column tiles in groups of 16 on 66 clusters: the first wave takes group
+    # 0 (16 × 4 units) and two units of group 1's first column (18 row units, 4 columns), the
+    # second the rest of group 1 (16 row units, 4 columns)
+    assert wave_operand_rows(8192, 1024, 128, 256, 2, 1, 132, 16) == (18 + 4 + 16 + 4) * 256
+    assert default_gemm_knobs(plan, dict(M=1024, K=4096, N=14336))[0].group_m == 16
+    assert group_rows(1024, 14336, 128, 256, 2, 1, 132) == 16   # 4 row units: any group ≥ 4
+    given, _ = with_knobs(plan, dict(M=8192, K=8192, N=8192), {"group_m": 2})
+    assert given.group_m == 2

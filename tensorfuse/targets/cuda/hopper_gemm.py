@@ -3,9 +3,9 @@
 ``schedule_templates.hopper_gemm_plan``).
 
 ``gridDim.x`` CTAs (a multiple of the cluster size, at most as many as fit the GPU at once) walk
-the output tiles of ``BM × BN`` in a grouped order (``GROUP_M`` row tiles per group, so that the
-tiles in flight at one time share their operands in L2); every CTA walks the same sequence of
-tiles, ``128 · (1 + CONSUMERS)`` threads each:
+the output tiles of ``BM × BN`` in a grouped order (``group_m`` row units — a cluster's tiles —
+per group, so that the tiles in flight at one time share their operands in L2); every CTA walks
+the same sequence of tiles, ``128 · (1 + CONSUMERS)`` threads each:
 
 - warpgroup 0 is the producer: it gives its registers back (``setmaxnreg.dec``) and one thread
   issues TMA bulk-tensor copies of each k-block (64 deep) of the a rows and of every weight into a
@@ -127,10 +127,10 @@ __device__ __forceinline__ void tf_mbar_arrive_cluster(unsigned long long* bar, 
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
     maps (a, then each weight), the output, the tensors the epilogue reads, the sizes, the
-    scalars, then :data:`SPLIT_ARGUMENTS`."""
+    scalars, then :data:`SPLIT_ARGUMENTS` and :data:`ORDER_ARGUMENTS`."""
     return [("maps", "handle", "const void*"), ("out", "handle", "void*")] + \
         tensor_arguments(plan.tensors) + [(d, "int32", "int") for d in ("M_", "N_", "K_")] + \
-        scalar_arguments(plan.scalars) + list(SPLIT_ARGUMENTS)
+        scalar_arguments(plan.scalars) + list(SPLIT_ARGUMENTS) + list(ORDER_ARGUMENTS)
 
 
 # The split of the last wave (see hopper_gemm_source), last in the argument list: partial
@@ -138,6 +138,9 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
 SPLIT_ARGUMENTS = (("ws", "handle", "float* __restrict__"), ("counters", "handle", "int*"),
                    ("full_items", "int32", "int"), ("tail", "int32", "int"),
                    ("pieces", "int32", "int"))
+# The tiles' order, after the split's: row units per rasterisation group (a launch argument, so
+# that one cubin serves every size; the plan picks it per size)
+ORDER_ARGUMENTS = (("group_m", "int32", "int"),)
 
 
 def epilogue_code(plan) -> str:
@@ -167,7 +170,7 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
     out_elem = C_TYPES[plan.out_dtype]
     sizes = size_aliases(zip(plan.dims, ("M_", "K_", "N_")))
     # what the epilogue may read: tensors, sizes, scalars
-    extra_params, extra_args = forwarded(args[2:-len(SPLIT_ARGUMENTS)])
+    extra_params, extra_args = forwarded(args[2:-len(SPLIT_ARGUMENTS) - len(ORDER_ARGUMENTS)])
     gate_params = ", ".join(f"float g{x}" for x in range(g))
 
     def gate_args(r: str) -> str:
@@ -190,7 +193,6 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
 #define G {g}                   // weights, one accumulator each
 #define STAGES {knobs.stages}
 #define CLUSTER {knobs.cluster}
-#define GROUP_M {knobs.group_m}
 #define B_KMAJOR {int(plan.b_k_major)}
 #define THREADS {knobs.threads}
 #define PRODUCER_REGS {knobs.producer_registers}
@@ -246,13 +248,14 @@ __device__ __forceinline__ void tf_bar_sync_wg(int cw) {{
   asm volatile("bar.sync %0, 128;" :: "r"(1 + cw) : "memory");
 }}
 
-// Tile `u` of the grouped order over (row units, column tiles): GROUP_M row units per group, the
+// Tile `u` of the grouped order over (row units, column tiles): group_m row units per group, the
 // column tiles of a group in order, the row units of a column tile next to each other.
-__device__ __forceinline__ void tile_of(int u, int row_units, int tiles_n, int& mu, int& nt) {{
-  const int per_group = GROUP_M * tiles_n;
+__device__ __forceinline__ void tile_of(int u, int row_units, int tiles_n, int group_m, int& mu,
+                                        int& nt) {{
+  const int per_group = group_m * tiles_n;
   const int group = u / per_group;
-  const int first = group * GROUP_M;
-  const int rows = min(row_units - first, GROUP_M);
+  const int first = group * group_m;
+  const int rows = min(row_units - first, group_m);
   const int in = u - group * per_group;
   mu = first + in % rows;
   nt = in / rows;
@@ -260,11 +263,11 @@ __device__ __forceinline__ void tile_of(int u, int row_units, int tiles_n, int& 
 
 // Work item `item`'s k-blocks and the origin (m0, n0) of its tile in this CTA.
 __device__ __forceinline__ Work tile_at(int item, int full_items, int pieces, int kblocks,
-                                        int row_units, int tiles_n, unsigned rank, int& m0,
-                                        int& n0) {{
+                                        int row_units, int tiles_n, int group_m, unsigned rank,
+                                        int& m0, int& n0) {{
   const Work w = work_of(item, full_items, pieces, kblocks);
   int mu, nt;
-  tile_of(w.unit, row_units, tiles_n, mu, nt);
+  tile_of(w.unit, row_units, tiles_n, group_m, mu, nt);
   m0 = (mu * CLUSTER + (int)rank) * BM;
   n0 = nt * BN;
   return w;
@@ -380,8 +383,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
       int it = 0;
       for (int item = first_unit; item < items; item += unit_step) {{
         int m0, n0;
-        const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
-                               n0);
+        const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, group_m,
+                               rank, m0, n0);
         for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
           const int s = it % STAGES;
 #if PACE
@@ -418,8 +421,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {ENTRY}(
     int it = 0;
     for (int item = first_unit; item < items; item += unit_step) {{
       int m0, n0;
-      const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, rank, m0,
-                             n0);
+      const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, group_m,
+                             rank, m0, n0);
       for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
         const int s = it % STAGES;
         tf_mbar_wait(full + s, (it / STAGES) & 1);
