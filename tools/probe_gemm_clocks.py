@@ -4,6 +4,11 @@ board power sampled while each runs back to back for a while — so that a diffe
 be told apart into work per clock and clock (a GEMM at this size runs at the power limit).
 
     python tools/probe_gemm_clocks.py [--shapes 8192x14336x4096,8192x8192x8192] [--seconds 2]
+                                      [--attention 4096,16384]
+
+``--attention``: the same for variants of attention (bf16, B=2, H=16, D=128: full and causal)
+against cuDNN (SDPA), instead of the GEMMs; ``--ffn M,...``: the GELU FFN (K=4096, N=14336) against
+torch eager.
 """
 from __future__ import annotations
 
@@ -67,30 +72,72 @@ def sampled(fn, seconds: float) -> tuple[float, float, float]:
     return ev0.elapsed_time(ev1) / calls, mhz, watts
 
 
+def report(label: str, calls: dict, flops: float, seconds: float) -> None:
+    """Each of ``calls``' kernels, then two rounds of each run back to back with its clock."""
+    for name, fn in calls.items():
+        for k in kernels_of(fn):
+            print(f"{label} {name}: {k}")
+    for round_ in range(2):
+        for name, fn in calls.items():
+            ms, mhz, watts = sampled(fn, seconds)
+            tflops = flops / ms / 1e9
+            print(f"{label} {name:10s} round {round_}: {ms:.4f} ms {tflops:6.1f} TFLOP/s "
+                  f"SM {mhz:6.0f} MHz {watts:5.0f} W  {tflops / mhz * 1e3:6.1f} GFLOP/clock",
+                  flush=True)
+
+
+def attention(sizes: str, seconds: float) -> None:
+    """Full and causal attention, ``tf.compile`` against SDPA's cuDNN backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for S in (int(s) for s in sizes.split(",")):
+        q, k, v = (torch.randn(2, 16, S, 128, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        scale = 128 ** -0.5
+        for variant, kernel, causal in (("full", K.attention, False),
+                                        ("causal", K.causal_attention, True)):
+            f = tf.compile(kernel)
+
+            def cudnn(causal=causal):
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, scale=scale, is_causal=causal)
+            flops = 4.0 * 2 * 16 * S * S * 128 * ((S + 1) / (2 * S) if causal else 1.0)
+            report(f"{variant} S={S}", {"cudnn": cudnn,
+                                        "tensorfuse": lambda f=f: f(q, k, v, scale=scale)},
+                   flops, seconds)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8192x14336x4096,8192x4096x14336,8192x8192x8192")
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--attention", default=None, metavar="S,...")
+    ap.add_argument("--ffn", default=None, metavar="M,...")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
+    if args.ffn:
+        F = torch.nn.functional
+        f = tf.compile(K.ffn_gelu)
+        for M in (int(m) for m in args.ffn.split(",")):
+            x = torch.randn(M, 4096, device="cuda", dtype=torch.bfloat16)
+            w1 = torch.randn(4096, 14336, device="cuda", dtype=torch.bfloat16) * 0.02
+            w2 = torch.randn(14336, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+            report(f"ffn_gelu M={M}",
+                   {"eager": lambda: F.gelu(x @ w1, approximate="tanh") @ w2,
+                    "tensorfuse": lambda: f(x, w1, w2)}, 4.0 * M * 4096 * 14336, args.seconds)
+        return 0
+    if args.attention:
+        attention(args.attention, args.seconds)
+        return 0
     f = tf.compile(K.matmul)
     for shape in args.shapes.split(","):
         M, Kd, N = (int(v) for v in shape.split("x"))
         x = torch.randn(M, Kd, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(Kd, N, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-        flops = 2.0 * M * N * Kd
-        calls = {"cublas": lambda: x @ w, "tensorfuse": lambda: f(x, w, out=out)}
-        for label, fn in calls.items():
-            for k in kernels_of(fn):
-                print(f"{shape} {label}: {k}")
-        for round_ in range(2):
-            for label, fn in calls.items():
-                ms, mhz, watts = sampled(fn, args.seconds)
-                tflops = flops / ms / 1e9
-                print(f"{shape} {label:10s} round {round_}: {ms:.4f} ms {tflops:6.1f} TFLOP/s "
-                      f"SM {mhz:6.0f} MHz {watts:5.0f} W  {tflops / mhz * 1e3:6.1f} GFLOP/clock",
-                      flush=True)
+        report(shape, {"cublas": lambda: x @ w, "tensorfuse": lambda: f(x, w, out=out)},
+               2.0 * M * N * Kd, args.seconds)
     return 0
 
 
