@@ -1,0 +1,32 @@
+"""GQA decode at B=4 (32 query heads on 8 kv-heads, 32k keys, D=128, bf16) through the cluster
+kernel (``cluster_distribute``, its defaults) and through ``tf.compile``'s split update, three
+calls each, for Nsight Compute to profile the cluster kernel and the split update's part kernel
+(issue 18: the cluster kernel streams the keys at 0.89x the split update's rate at B=4 only).
+
+    ncu --clock-control none -k regex:'tf_decode_cluster|_part' --launch-skip 2 --launch-count 2 \\
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
+        python tools/ncu_decode.py
+"""
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from benchmarks.attention import CHAIN
+
+B, HQ, HKV, N, D = 4, 32, 8, 32768, 128
+gen = torch.Generator(device="cuda").manual_seed(0)
+q, k, v = (torch.randn(B, h, n, D, device="cuda", generator=gen).to(torch.bfloat16)
+           for h, n in ((HQ, 1), (HKV, N), (HKV, N)))
+scale = D ** -0.5
+sch = tf.schedule(K.gqa_attention, "cuda")
+sch.rolling_update(*CHAIN, axis="j")
+sch.cluster_distribute("j")
+cluster = sch.compile()
+split = tf.compile(K.gqa_attention, target="cuda")
+print(cluster.launches(B=B, H=HQ, HKV=HKV, M=1, N=N, D=D).knobs)
+for f in (cluster, split):
+    for _ in range(3):
+        out = f(q, k, v, scale=scale)
+    torch.cuda.synchronize()
+print("max |cluster - split|:", (cluster(q, k, v, scale=scale).float()
+                                 - split(q, k, v, scale=scale).float()).abs().max().item())
