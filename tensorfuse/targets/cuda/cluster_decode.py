@@ -43,7 +43,7 @@ def decode_source(plan, knobs, sizes: dict) -> str:
     tensor_cores = knobs.mma == "mma_sync"
     scalar_args = "".join(f", {'float' if t.startswith('f') else 'int'} {n}"
                           for n, t in plan.scalars)
-    sweep = _mma_sweep(plan) if tensor_cores else _fma_sweep(plan, G, D)
+    sweep = _mma_sweep(plan, D) if tensor_cores else _fma_sweep(plan, G, D)
     return f"""#include <cuda_bf16.h>
 {HELPERS}
 {MMA_SYNC_HELPERS if tensor_cores else ""}
@@ -83,17 +83,9 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
   __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(dsmem) +
                         warp * STAGES * 32 * (KST + VST);
   __nv_bfloat16* vbuf = kbuf + STAGES * 32 * KST;
-  // the warp copies blocks of 32 key and value rows, coalesced, into its own buffers (cp.async),
-  // STAGES − 1 blocks ahead of the one it computes on; rows past the end are copied clamped
-  auto load_keys = [&](int buf, int first) {{
-    for (int c = lane; c < 32 * D / 8; c += 32) {{
-      const int r = c / (D / 8), col = (c % (D / 8)) * 8;
-      const long row = min(first + r, j_end - 1);
-      tf_cp_async16_l2(kbuf + (buf * 32 + r) * KST + col, kb + row * D + col);
-      tf_cp_async16_l2(vbuf + (buf * 32 + r) * VST + col, vb + row * D + col);
-    }}
-  }};
-  const int j_first = j_begin + warp * 32, j_step = WARPS * 32;
+  // the warp copies blocks of 32 key and value rows into its own buffers, STAGES − 1 blocks ahead
+  // of the one it computes on (_copy_code)
+{_copy_code(D)}  const int j_first = j_begin + warp * 32, j_step = WARPS * 32;
   #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {{
     if (j_first + s * j_step < j_end) load_keys(s, j_first + s * j_step);
@@ -263,12 +255,17 @@ __device__ __forceinline__ float warp_max(float x) {{
     return _Sweep(helpers, setup, block, store)
 
 
-def _mma_sweep(plan) -> _Sweep:
+def _mma_sweep(plan, D: int) -> _Sweep:
     """Tensor cores (``mma.sync`` m16n8k16): the group's query heads are the 16 rows of the MMA
     tile (rows past G are zero and masked), so S = Q·Kᵀ for a block of 32 keys is four 16×8
     tiles (K rows from ``ldmatrix``, Q's fragments held in registers for the whole sweep), the
     online softmax runs on S's fragments (row maxima across the four lanes of a quad), and
-    O += P·V takes P from S's registers as its A operand (V through ``ldmatrix.trans``)."""
+    O += P·V takes P from S's registers as its A operand (V through ``ldmatrix.trans``). Up to
+    D = 128 a warp skips o's rescale where no row's maximum moved (at D = 256 the sweep keeps
+    255 registers, and the branch made ptxas spill)."""
+    lazy = D <= 128
+    rescale_test = "__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)" if lazy else "true"
+    rescale_note = "" if lazy else "\n    // (not at D = 256: the branch made ptxas spill)"
     block = f"""    float s[4][4];
     #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {{   // S = Q · Kᵀ: keys nt·8 … nt·8 + 7 of the block
@@ -314,9 +311,13 @@ def _mma_sweep(plan) -> _Sweep:
       pa[nt / 2][(nt % 2) * 2] = tf_pack_bf16x2(p[0], p[1]);
       pa[nt / 2][(nt % 2) * 2 + 1] = tf_pack_bf16x2(p[2], p[3]);
     }}
-    #pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {{
-      o[nt][0] *= corr[0]; o[nt][1] *= corr[0]; o[nt][2] *= corr[1]; o[nt][3] *= corr[1];
+    // o's rescale only where a row's maximum moved (a warp-uniform branch: once the maxima
+    // settle, most blocks skip these D / 2 multiplies a lane; multiplying by 1 is exact){rescale_note}
+    if ({rescale_test}) {{
+      #pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt) {{
+        o[nt][0] *= corr[0]; o[nt][1] *= corr[0]; o[nt][2] *= corr[1]; o[nt][3] *= corr[1];
+      }}
     }}
     #pragma unroll
     for (int kk = 0; kk < 2; ++kk)
@@ -363,6 +364,49 @@ def _mma_sweep(plan) -> _Sweep:
       if (g < G) warp_o[warp][g][nt * 8 + col0 + e % 2] = o[nt][e];
     }"""
     return _Sweep("", setup, block, store)
+
+
+def _copy_code(D: int) -> str:
+    """``load_keys(buf, first)``: the warp copies a block of 32 key and value rows, coalesced,
+    into its buffers ``buf`` (cp.async), rows past the end (a ragged last block) clamped. Up to
+    D = 128, lane l copies the 16-byte piece l % P of rows l / P, l / P + 32 / P, … (P = D / 8
+    pieces a row) at fixed offsets from one address, two instructions a piece: a warp of this
+    kernel issues an instruction only every ~4 cycles, and the copies' index arithmetic had cost
+    about as much as the block's MMAs (Nsight Compute, session 35). At D = 256 the sweep keeps
+    255 registers and those addresses spilled: a loop over the pieces."""
+    if D > 128:
+        return """  auto load_keys = [&](int buf, int first) {
+    for (int c = lane; c < 32 * D / 8; c += 32) {
+      const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+      const long row = min(first + r, j_end - 1);
+      tf_cp_async16_l2(kbuf + (buf * 32 + r) * KST + col, kb + row * D + col);
+      tf_cp_async16_l2(vbuf + (buf * 32 + r) * VST + col, vb + row * D + col);
+    }
+  };
+"""
+    return """  auto load_keys = [&](int buf, int first) {
+    constexpr int P = D / 8, STEP = 32 / P;
+    const int r0 = lane / P, col = (lane % P) * 8;
+    const unsigned kd = tf_smem_addr(kbuf + (buf * 32 + r0) * KST + col),
+                   vd = tf_smem_addr(vbuf + (buf * 32 + r0) * VST + col);
+    if (first + 32 <= j_end) {   // a whole block (warp-uniform)
+      const __nv_bfloat16* ks = kb + (long)(first + r0) * D + col;
+      const __nv_bfloat16* vs = vb + (long)(first + r0) * D + col;
+      #pragma unroll
+      for (int i = 0; i < P; ++i) {
+        tf_cp_async16_l2_at(kd + i * STEP * KST * 2, ks + i * STEP * D);
+        tf_cp_async16_l2_at(vd + i * STEP * VST * 2, vs + i * STEP * D);
+      }
+    } else {
+      #pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const long row = min(first + r0 + i * STEP, j_end - 1);
+        tf_cp_async16_l2_at(kd + i * STEP * KST * 2, kb + row * D + col);
+        tf_cp_async16_l2_at(vd + i * STEP * VST * 2, vb + row * D + col);
+      }
+    }
+  };
+"""
 
 
 def _state_arrays(group: int, head_dim: int, warps: int, with_q: bool):
