@@ -1,0 +1,394 @@
+"""Decode attention with the key sequence of each query split across a thread-block cluster: the
+CUDA C++ emitter (the plan and its checks: ``schedule_templates.decode_plan``).
+
+A split update inside one cluster: the ``cluster`` CTAs of a cluster each sweep a contiguous part
+of the keys for one (batch, kv-head) pair and all the query heads that share it (GQA), keeping the
+running state of the chain — maximum ``m``, sum ``l``, weighted sum ``o`` — in registers. Each warp
+copies blocks of 32 key and value rows into its own shared memory (``cp.async``, ``stages − 1``
+blocks ahead of the one it computes on) and updates the state once per block:
+
+- ``mma="mma_sync"`` (default while a group has at most 16 heads): the group's heads are the rows
+  of a 16-row tensor-core tile, so the block's scores are ``mma.sync`` products of q's fragments
+  (in registers for the whole sweep) with key rows from ``ldmatrix``; the online softmax runs on
+  the score fragments, and the weights, still in registers, are the A operand of ``p·v``;
+- ``mma="fma"``: CUDA cores, each lane scoring one key of the block for every head (q from shared
+  memory) and accumulating its slice of the head dimension over the block's weighted value rows.
+
+The warps' states of a CTA are merged in its shared memory, then the CTAs' states are merged
+through distributed shared memory (``mapa`` + ``ld.shared::cluster`` after a cluster barrier):
+every state is corrected from its own maximum to the cluster's with ``exp(m_part − m)``, the
+correction the rolling-update algebra derives for this chain (``plan_decode`` checks that it
+applies). No partial state goes to global memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .dsm import HELPERS
+from .mma_sync import HELPERS as MMA_SYNC_HELPERS
+from .expr import size_macros, to_cuda
+
+
+def score_code(plan) -> str:
+    """The score as C++ over the dot product ``qk`` and the axes ``b``, ``h``, ``0``, ``j``."""
+    return to_cuda(plan.score, {plan.dot: "qk"}, "the score", axes=dict(plan.score_axes))
+
+
+def decode_source(plan, knobs, sizes: dict) -> str:
+    """CUDA C++ for ``tf_decode_cluster``: grid (B·HKV·cluster), cluster (cluster), dynamic shared
+    memory :func:`decode_shared_bytes`. ``plan`` and ``knobs`` come from
+    ``schedule_templates.decode_plan`` (checked against these sizes there)."""
+    B, H, HKV, M, N, D = (sizes[d] for d in plan.dims)
+    G, C, W = H // HKV, knobs.cluster, knobs.warps
+    tensor_cores = knobs.mma == "mma_sync"
+    scalar_args = "".join(f", {'float' if t.startswith('f') else 'int'} {n}"
+                          for n, t in plan.scalars)
+    sweep = _mma_sweep(plan) if tensor_cores else _fma_sweep(plan, G, D)
+    return f"""#include <cuda_bf16.h>
+{HELPERS}
+{MMA_SYNC_HELPERS if tensor_cores else ""}
+{size_macros(sizes)}#define G {G}
+#define D {D}
+#define N_ {N}
+#define HKV_ {HKV}
+#define H_ {H}
+#define CLUSTER {C}
+#define WARPS {W}
+#define STAGES {knobs.stages}
+#define KST (D + 8)   // key rows in shared memory: 16-byte skew, conflict-free reads
+#define VST {"(D + 8)" if tensor_cores else "D"}   // value rows{" (skewed for ldmatrix)" if tensor_cores else ""}
+
+__device__ __forceinline__ float warp_sum(float x) {{
+  #pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}}
+{sweep.helpers}
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                  const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out{scalar_args}) {{
+  // Shared memory, all of it dynamic (decode_shared_bytes): per warp STAGES blocks of 32 key and
+  // value rows, then {"q as [d][head], " if not tensor_cores else ""}the warps' and the CTA's states.
+  extern __shared__ __align__(16) char dsmem[];
+  char* states = dsmem + WARPS * STAGES * 32 * (KST + VST) * 2;
+{_carve(G, D, W, not tensor_cores)}  const unsigned rank = tf_cluster_rank();
+  const int pair = blockIdx.x / CLUSTER;      // (batch, kv head)
+  const int b = pair / HKV_, hk = pair % HKV_;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int chunk = (N_ + CLUSTER - 1) / CLUSTER;
+  const int j_begin = rank * chunk, j_end = min(N_, j_begin + chunk);
+  const __nv_bfloat16* kb = k + ((long)b * HKV_ + hk) * N_ * D;
+  const __nv_bfloat16* vb = v + ((long)b * HKV_ + hk) * N_ * D;
+{sweep.setup}
+  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(dsmem) +
+                        warp * STAGES * 32 * (KST + VST);
+  __nv_bfloat16* vbuf = kbuf + STAGES * 32 * KST;
+  // the warp copies blocks of 32 key and value rows, coalesced, into its own buffers (cp.async),
+  // STAGES − 1 blocks ahead of the one it computes on; rows past the end are copied clamped
+  auto load_keys = [&](int buf, int first) {{
+    for (int c = lane; c < 32 * D / 8; c += 32) {{
+      const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+      const long row = min(first + r, j_end - 1);
+      tf_cp_async16_l2(kbuf + (buf * 32 + r) * KST + col, kb + row * D + col);
+      tf_cp_async16_l2(vbuf + (buf * 32 + r) * VST + col, vb + row * D + col);
+    }}
+  }};
+  const int j_first = j_begin + warp * 32, j_step = WARPS * 32;
+  #pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {{
+    if (j_first + s * j_step < j_end) load_keys(s, j_first + s * j_step);
+    tf_cp_async_commit();
+  }}
+  int it = 0;
+  for (int j0 = j_first; j0 < j_end; j0 += j_step, ++it) {{
+    const int j_ahead = j0 + (STAGES - 1) * j_step;
+    if (j_ahead < j_end) load_keys((it + STAGES - 1) % STAGES, j_ahead);
+    tf_cp_async_commit();
+    tf_cp_async_wait<STAGES - 1>();   // this block's group is complete
+    __syncwarp();
+    const __nv_bfloat16* kblock = kbuf + (it % STAGES) * 32 * KST;
+    const __nv_bfloat16* vblock = vbuf + (it % STAGES) * 32 * VST;
+{sweep.block}
+    __syncwarp();  // the buffers are read: a later copy may overwrite them
+  }}
+{sweep.store}
+  __syncthreads();
+  // merge the warps' states: each thread owns (g, e) elements
+  for (int x = threadIdx.x; x < G * D; x += blockDim.x) {{
+    const int g = x / D, e = x % D;
+    float mm = -INFINITY;
+    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, warp_m[w][g]);
+    float ll = 0.f, oo = 0.f;
+    if (mm != -INFINITY)
+      for (int w = 0; w < WARPS; ++w) {{
+        const float c = __expf(warp_m[w][g] - mm);
+        ll += warp_l[w][g] * c; oo += warp_o[w][g][e] * c;
+      }}
+    cta_o[g][e] = oo;
+    if (e == 0) {{ cta_m[g] = mm; cta_l[g] = ll; }}
+  }}
+  tf_cluster_sync();  // every CTA's state is in its shared memory
+  // merge the cluster's states through DSM: CTA `rank` finishes its share of the outputs
+  const int per = (G * D + CLUSTER - 1) / CLUSTER;
+  for (int x = rank * per + threadIdx.x; x < min(G * D, (int)(rank + 1) * per); x += blockDim.x) {{
+    const int g = x / D, e = x % D;
+    const unsigned am = tf_smem_addr(&cta_m[g]), al = tf_smem_addr(&cta_l[g]),
+                   ao = tf_smem_addr(&cta_o[g][e]);
+    float mp[CLUSTER], mm = -INFINITY;
+    #pragma unroll
+    for (int p = 0; p < CLUSTER; ++p) {{ mp[p] = tf_ld_dsm_f32(tf_mapa(am, p)); mm = fmaxf(mm, mp[p]); }}
+    float ll = 0.f, oo = 0.f;
+    #pragma unroll
+    for (int p = 0; p < CLUSTER; ++p) {{
+      const float c = mm == -INFINITY ? 0.f : __expf(mp[p] - mm);
+      ll += tf_ld_dsm_f32(tf_mapa(al, p)) * c;
+      oo += tf_ld_dsm_f32(tf_mapa(ao, p)) * c;
+    }}
+    out[((long)b * H_ + hk * G + g) * D + e] = __float2bfloat16(oo / ll);
+  }}
+  tf_cluster_sync();  // peers may still read this CTA's state
+}}
+"""
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """The parts of the kernel that differ between the CUDA-core and tensor-core sweeps over the
+    keys: device helpers, per-warp setup, the work on one block of 32 keys (``kblock``, ``vblock``
+    in shared memory, first key ``j0``), and storing the warp's state into ``warp_m/l/o``."""
+
+    helpers: str
+    setup: str
+    block: str
+    store: str
+
+
+def _fma_sweep(plan, G: int, D: int) -> _Sweep:
+    """CUDA cores: lane ``l`` scores key ``j0 + l`` for every head of the group (q from shared
+    memory), one maximum per block and head, then each lane accumulates its D/32 elements of the
+    weighted value rows."""
+    dl = D // 32                        # value elements per lane
+    vtype = {2: "unsigned", 4: "uint2", 8: "uint4"}[dl]
+    if G % 4 == 0:  # four heads per shared-memory read (q is stored [d][head])
+        dot = """for (int g4 = 0; g4 < G; g4 += 4) {
+          const float4 qq = *reinterpret_cast<const float4*>(&qs[c + t][g4]);
+          s[g4] += qq.x * kf[t]; s[g4 + 1] += qq.y * kf[t]; s[g4 + 2] += qq.z * kf[t];
+          s[g4 + 3] += qq.w * kf[t];
+        }"""
+    else:
+        dot = "for (int g = 0; g < G; ++g) s[g] += qs[c + t][g] * kf[t];"
+    helpers = f"""#define DL {dl}
+__device__ __forceinline__ void unpack8(float (&dst)[8], uint4 raw) {{
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  #pragma unroll
+  for (int t = 0; t < 4; ++t) {{
+    float2 f = __bfloat1622float2(pairs[t]);
+    dst[2 * t] = f.x; dst[2 * t + 1] = f.y;
+  }}
+}}
+
+__device__ __forceinline__ void unpack_v(float (&dst)[DL], {vtype} raw) {{
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  #pragma unroll
+  for (int t = 0; t < DL / 2; ++t) {{
+    float2 f = __bfloat1622float2(pairs[t]);
+    dst[2 * t] = f.x; dst[2 * t + 1] = f.y;
+  }}
+}}
+
+__device__ __forceinline__ float warp_max(float x) {{
+  #pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}}
+"""
+    setup = """  for (int x = threadIdx.x; x < G * D; x += blockDim.x)
+    qs[x % D][x / D] = __bfloat162float(q[((long)b * H_ + hk * G + x / D) * D + x % D]);
+  __syncthreads();
+  float m[G], l[G], o[G][DL];
+  #pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY; l[g] = 0.f;
+    #pragma unroll
+    for (int t = 0; t < DL; ++t) o[g][t] = 0.f;
+  }"""
+    block = f"""    const int j = j0 + lane;
+    const bool valid = j < j_end;
+    const __nv_bfloat16* krow = kblock + lane * KST;
+    float s[G];
+    #pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = 0.f;
+    #pragma unroll
+    for (int c = 0; c < D; c += 8) {{
+      float kf[8];
+      unpack8(kf, *reinterpret_cast<const uint4*>(krow + c));
+      #pragma unroll
+      for (int t = 0; t < 8; ++t) {{
+        {dot}
+      }}
+    }}
+    float p[G];
+    #pragma unroll
+    for (int g = 0; g < G; ++g) {{
+      const int h = hk * G + g;
+      const float qk = s[g];
+      const float sc = valid ? ({score_code(plan)}) : -INFINITY;
+      const float m_new = fmaxf(m[g], warp_max(sc));
+      const bool live = m_new != -INFINITY;    // everything masked so far: nothing to add
+      const float corr = live ? __expf(m[g] - m_new) : 1.f;
+      p[g] = live ? __expf(sc - m_new) : 0.f;
+      l[g] = l[g] * corr + p[g];
+      #pragma unroll
+      for (int t = 0; t < DL; ++t) o[g][t] *= corr;
+      m[g] = m_new;
+    }}
+    #pragma unroll
+    for (int jj = 0; jj < 32; ++jj) {{       // rows past the end were copied clamped; weight 0
+      float vf[DL];
+      unpack_v(vf, *reinterpret_cast<const {vtype}*>(vblock + jj * VST + lane * DL));
+      #pragma unroll
+      for (int g = 0; g < G; ++g) {{
+        const float pj = __shfl_sync(0xffffffffu, p[g], jj);
+        #pragma unroll
+        for (int t = 0; t < DL; ++t) o[g][t] += pj * vf[t];
+      }}
+    }}"""
+    store = """  #pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float lw = warp_sum(l[g]);
+    if (lane == 0) { warp_m[warp][g] = m[g]; warp_l[warp][g] = lw; }
+    #pragma unroll
+    for (int t = 0; t < DL; ++t) warp_o[warp][g][lane * DL + t] = o[g][t];
+  }"""
+    return _Sweep(helpers, setup, block, store)
+
+
+def _mma_sweep(plan) -> _Sweep:
+    """Tensor cores (``mma.sync`` m16n8k16): the group's query heads are the 16 rows of the MMA
+    tile (rows past G are zero and masked), so S = Q·Kᵀ for a block of 32 keys is four 16×8
+    tiles (K rows from ``ldmatrix``, Q's fragments held in registers for the whole sweep), the
+    online softmax runs on S's fragments (row maxima across the four lanes of a quad), and
+    O += P·V takes P from S's registers as its A operand (V through ``ldmatrix.trans``)."""
+    block = f"""    float s[4][4];
+    #pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {{   // S = Q · Kᵀ: keys nt·8 … nt·8 + 7 of the block
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      #pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk) {{
+        unsigned kf[4];
+        ldsm_x4(kf, kblock + (nt * 8 + lane % 8) * KST + kk * 32 + (lane / 8) * 8);
+        mma16816(s[nt], qa[2 * kk], kf[0], kf[1]);
+        mma16816(s[nt], qa[2 * kk + 1], kf[2], kf[3]);
+      }}
+    }}
+    float mx[2] = {{-INFINITY, -INFINITY}};
+    #pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {{
+        const int g = row0 + (e / 2) * 8, j = j0 + nt * 8 + col0 + e % 2, h = hk * G + g;
+        const float qk = s[nt][e];
+        s[nt][e] = (g < G && j < j_end) ? ({score_code(plan)}) : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+      }}
+    float corr[2];
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {{   // row maxima over the quad's four lanes
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r]);
+      const bool live = m_new != -INFINITY;    // everything masked so far: nothing to add
+      corr[r] = live ? __expf(m[r] - m_new) : 1.f;
+      l[r] *= corr[r];
+      m[r] = live ? m_new : -INFINITY;
+    }}
+    unsigned pa[2][4];   // P as the A operand of O += P · V, keys 16·kk …
+    #pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {{
+      float p[4];
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {{
+        p[e] = m[e / 2] == -INFINITY ? 0.f : __expf(s[nt][e] - m[e / 2]);
+        l[e / 2] += p[e];
+      }}
+      pa[nt / 2][(nt % 2) * 2] = tf_pack_bf16x2(p[0], p[1]);
+      pa[nt / 2][(nt % 2) * 2 + 1] = tf_pack_bf16x2(p[2], p[3]);
+    }}
+    #pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {{
+      o[nt][0] *= corr[0]; o[nt][1] *= corr[0]; o[nt][2] *= corr[1]; o[nt][3] *= corr[1];
+    }}
+    #pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+      #pragma unroll
+      for (int np = 0; np < D / 16; ++np) {{
+        unsigned vf[4];
+        ldsm_x4_t(vf, vblock + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * VST + np * 16 +
+                      (lane / 16) * 8);
+        mma16816(o[2 * np], pa[kk], vf[0], vf[1]);
+        mma16816(o[2 * np + 1], pa[kk], vf[2], vf[3]);
+      }}"""
+    setup = """  // lane holds rows row0 and row0 + 8 (query heads of the group) at columns col0, col0 + 1
+  const int row0 = lane / 4, col0 = (lane % 4) * 2;
+  unsigned qa[D / 16][4];   // Q's A fragments, k16 step by step
+  {
+    auto q_pair = [&](int g, int d) -> unsigned {
+      return g < G ? *reinterpret_cast<const unsigned*>(q + ((long)b * H_ + hk * G + g) * D + d)
+                   : 0u;
+    };
+    #pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      qa[ks][0] = q_pair(row0, ks * 16 + col0);
+      qa[ks][1] = q_pair(row0 + 8, ks * 16 + col0);
+      qa[ks][2] = q_pair(row0, ks * 16 + col0 + 8);
+      qa[ks][3] = q_pair(row0 + 8, ks * 16 + col0 + 8);
+    }
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};   // l: this lane's columns only
+  float o[D / 8][4];
+  #pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;"""
+    store = """  #pragma unroll
+  for (int r = 0; r < 2; ++r) {   // the quad's partial sums, then rows below G to shared memory
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int g = row0 + r * 8;
+    if (g < G && lane % 4 == 0) { warp_m[warp][g] = m[r]; warp_l[warp][g] = l[r]; }
+  }
+  #pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt)
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int g = row0 + (e / 2) * 8;
+      if (g < G) warp_o[warp][g][nt * 8 + col0 + e % 2] = o[nt][e];
+    }"""
+    return _Sweep("", setup, block, store)
+
+
+def _state_arrays(group: int, head_dim: int, warps: int, with_q: bool):
+    """The shared-memory arrays after the key/value buffers, in order: (name, C++ shape, floats)."""
+    G, D, W = group, head_dim, warps
+    arrays = [("qs", f"[{D}][{G}]", D * G)] if with_q else []
+    return arrays + [("warp_o", f"[{W}][{G}][{D}]", W * G * D), ("cta_o", f"[{G}][{D}]", G * D),
+                     ("warp_m", f"[{W}][{G}]", W * G), ("warp_l", f"[{W}][{G}]", W * G),
+                     ("cta_m", f"[{G}]", G), ("cta_l", f"[{G}]", G)]
+
+
+def _carve(group: int, head_dim: int, warps: int, with_q: bool) -> str:
+    """C++ references that name the state arrays inside the dynamic shared memory (16-byte
+    aligned: every array before the last ones is a multiple of 16 bytes)."""
+    lines, offset = [], 0
+    for name, shape, floats in _state_arrays(group, head_dim, warps, with_q):
+        lines.append(f"  float (&{name}){shape} = *reinterpret_cast<float (*){shape}>"
+                     f"(states + {offset});")
+        offset += 4 * floats
+    return "\n".join(lines)
+
+
+def decode_shared_bytes(knobs, head_dim: int, group: int) -> int:
+    """Shared memory of the decode kernel (all dynamic): ``stages`` blocks of 32 key and value rows
+    per warp (rows skewed by 16 bytes; value rows too for the tensor-core path's ``ldmatrix``),
+    then the states the warps and the cluster merge (and q, for the CUDA-core path)."""
+    row_bytes = (2 * head_dim + 8 + (8 if knobs.mma == "mma_sync" else 0)) * 2
+    states = _state_arrays(group, head_dim, knobs.warps, knobs.mma != "mma_sync")
+    return knobs.warps * knobs.stages * 32 * row_bytes + 4 * sum(f for _, _, f in states)
