@@ -8,6 +8,7 @@ import argparse
 import importlib.util
 import math
 import statistics
+import sys
 
 import torch
 
@@ -27,6 +28,7 @@ def main() -> None:
     spec = importlib.util.spec_from_file_location("tensorfuse.targets.cuda._other_decode",
                                                   args.other)
     other = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = other   # its dataclasses look their module up
     spec.loader.exec_module(other)
     HQ, HKV, N, D = 32, 8, 32768, 128
     for B in (int(b) for b in args.batches.split(",")):
