@@ -33,19 +33,18 @@ KNOBS = ("block_n", "stages", "cluster", "group_m", "consumers", "multicast", "e
 
 @dataclass(frozen=True)
 class GemmKnobs:
-    """Output tiles of ``64·consumers × block_n`` (``consumers`` warpgroups of 64 rows;
-    ``block_n`` 64–256: a multiple of 64 for weights stored ``[K, N]``, of 16 for ``[N, K]``),
-    k-blocks of 64 through a ring of ``stages`` slots, ``cluster`` CTAs sharing each weight tile
-    by TMA multicast (1 or 2; ``multicast="split"``: each CTA copies half of the tile into both,
-    ``"leader"``: the first CTA copies all of it), ``group_m`` row units (a cluster's tiles)
-    per rasterisation group (:func:`group_rows`), and how the output leaves (``epilogue``:
-    ``"direct"`` 4-byte stores from the accumulator fragments, or ``"staged"``: 64 columns at a time through shared memory and
-    16-byte coalesced stores; 16-bit outputs), and whether a last wave that would leave most
-    CTAs idle has its tiles split along K (``split_tail``); ``weights_l2``: the L2
-    policy of the weights' copies (``"normal"``, or ``"evict_first"``: weights read once — the
-    rows fit one tile — leave L2 to the data around them); ``pace``: a CTA's producer issues at
-    most this many k-blocks more than the grid's average (0: off), so that the CTAs read the
-    weights' k-blocks together."""
+    """Output tiles of ``64·consumers × block_n`` (``consumers`` warpgroups of 64 rows; ``block_n``
+    64–256: a multiple of 64 for weights stored ``[K, N]``, of 16 for ``[N, K]``), k-blocks of 64
+    through a ring of ``stages`` slots, ``cluster`` CTAs sharing each weight tile by TMA multicast
+    (1 or 2; ``multicast="split"``: each CTA copies half of the tile into both, ``"leader"``: the
+    first CTA copies all of it), ``group_m`` row units (a cluster's tiles) per rasterisation group
+    (:func:`group_rows`), and how the output leaves (``epilogue``: ``"direct"`` 4-byte stores from
+    the accumulator fragments, or ``"staged"``: 64 columns at a time through shared memory and
+    16-byte coalesced stores; 16-bit outputs), and whether a last wave that would leave most CTAs
+    idle has its tiles split along K (``split_tail``); ``weights_l2``: the L2 policy of the weights'
+    copies (``"normal"``, or ``"evict_first"``: weights read once — the rows fit one tile — leave L2
+    to the data around them); ``pace``: a CTA's producer issues at most this many k-blocks more than
+    the grid's average (0: off), so that the CTAs read the weights' k-blocks together."""
 
     block_n: int = 256
     stages: int = 4
@@ -319,22 +318,22 @@ def _default_width(plan: HopperGemmPlan, M: int, N: int, K: int, cluster: int, s
 def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
                        max_shared: int = MAX_SHARED) -> tuple[GemmKnobs, str]:
     """The knobs for these sizes and why, as measured best on the H100 (benchmarks/RESULTS.md,
-    session 13): 128 × 256 tiles (128 × 128 where two weights share the accumulator registers),
-    the two CTAs of a cluster sharing each weight tile by split multicast (it halves the weights'
-    L2 traffic: 0.85× → 0.97–1.00× cuBLAS at 8192³, where a CTA's operand reads from L2 bound the
+    session 13): 128 × 256 tiles (128 × 128 where two weights share the accumulator registers), the
+    two CTAs of a cluster sharing each weight tile by split multicast (it halves the weights' L2
+    traffic: 0.85× → 0.97–1.00× cuBLAS at 8192³, where a CTA's operand reads from L2 bound the
     kernel), rasterisation groups whose waves read the fewest bytes (:func:`group_rows`), 16-bit
-    outputs staged through shared memory (coalesced 16-byte stores: 0.96 → 1.00× cuBLAS at
-    8192³, 0.59 → 0.94× at K=512), the deepest ring that fits; 64-row tiles (one consumer warpgroup) and no cluster where
-    M ≤ 64; 128-column tiles for one weight where the rows fit one tile (M ≤ 128): the GEMM then
-    streams its weights (for ``[N, K]`` weights as many columns as fill one wave:
+    outputs staged through shared memory (coalesced 16-byte stores: 0.96 → 1.00× cuBLAS at 8192³,
+    0.59 → 0.94× at K=512), the deepest ring that fits; 64-row tiles (one consumer warpgroup) and no
+    cluster where M ≤ 64; 128-column tiles for one weight where the rows fit one tile (M ≤ 128): the
+    GEMM then streams its weights (for ``[N, K]`` weights as many columns as fill one wave:
     :func:`_one_wave_width`), and twice the tiles fill the GPU without splitting them along K
-    (M=128, K=4096, N=14336: 0.87 → 0.98× cuBLAS; K=14336, N=4096: 0.91 → 0.98×; session 25) —
-    and 64-column tiles where even those fit one wave, so that each is split along K into fewer
-    pieces (M=128, K=14336, N=4096: 64 tiles in 2 pieces instead of 32 in 4, 5–7 % faster in
-    CUDA graphs; session 26); for ``[N, K]`` weights, a narrower tile where the waves of
-    256-column ones fit the GPU badly (:func:`_tile_width`); where the rows fit one tile (or
-    one cluster's), one weight's copies take the L2 evict-first policy (:func:`_weight_policy`);
-    one wave of whole tiles on one row of them has its CTAs paced (:func:`_default_pace`)."""
+    (M=128, K=4096, N=14336: 0.87 → 0.98× cuBLAS; K=14336, N=4096: 0.91 → 0.98×; session 25) — and
+    64-column tiles where even those fit one wave, so that each is split along K into fewer pieces
+    (M=128, K=14336, N=4096: 64 tiles in 2 pieces instead of 32 in 4, 5–7 % faster in CUDA graphs;
+    session 26); for ``[N, K]`` weights, a narrower tile where the waves of 256-column ones fit the
+    GPU badly (:func:`_tile_width`); where the rows fit one tile (or one cluster's), one weight's
+    copies take the L2 evict-first policy (:func:`_weight_policy`); one wave of whole tiles on one
+    row of them has its CTAs paced (:func:`_default_pace`)."""
     M, K, N = (sizes[d] for d in plan.dims)
     cluster = 2 if M > 128 else 1
     bn = _default_width(plan, M, N, K, cluster, sms)
@@ -402,7 +401,8 @@ def group_rows(M: int, N: int, block_m: int, block_n: int, cluster: int, weights
     limit, where the SM clock follows the energy spent, and memory reads are a good part of it:
     cuBLAS and our kernel did the same work per clock at 8192 × 14336 × 4096, cuBLAS at
     1380–1425 MHz and ours at 1335–1380; groups of 8 units of 256 rows (12 % fewer bytes than
-    16 by this model) measured 1.8–2.3 % faster there (session 35)."""
+    16 by this model) measured 1.8–2.3 % faster there by do_bench, and 0.7–1.5 % faster in CUDA
+    graphs on each of the three large shapes of issue 18 (session 35)."""
     costs = {g: wave_operand_rows(M, N, block_m, block_n, cluster, weights, sms, g)
              for g in GROUP_CHOICES}
     return min(GROUP_CHOICES, key=lambda g: costs[g])

@@ -265,7 +265,7 @@ def _mma_sweep(plan, D: int) -> _Sweep:
     255 registers, and the branch made ptxas spill)."""
     lazy = D <= 128
     rescale_test = "__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)" if lazy else "true"
-    rescale_note = "" if lazy else "\n    // (not at D = 256: the branch made ptxas spill)"
+    rescale_note = "" if lazy else "// (not at D = 256: the branch made ptxas spill)"
     block = f"""    float s[4][4];
     #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {{   // S = Q · Kᵀ: keys nt·8 … nt·8 + 7 of the block
@@ -312,7 +312,8 @@ def _mma_sweep(plan, D: int) -> _Sweep:
       pa[nt / 2][(nt % 2) * 2 + 1] = tf_pack_bf16x2(p[2], p[3]);
     }}
     // o's rescale only where a row's maximum moved (a warp-uniform branch: once the maxima
-    // settle, most blocks skip these D / 2 multiplies a lane; multiplying by 1 is exact){rescale_note}
+    // settle, most blocks skip these D / 2 multiplies a lane; multiplying by 1 is exact)
+    {rescale_note}
     if ({rescale_test}) {{
       #pragma unroll
       for (int nt = 0; nt < D / 8; ++nt) {{
