@@ -22,6 +22,7 @@ applies). No partial state goes to global memory.
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from .dsm import HELPERS
@@ -265,7 +266,6 @@ def _mma_sweep(plan, D: int) -> _Sweep:
     255 registers, and the branch made ptxas spill)."""
     lazy = D <= 128
     rescale_test = "__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)" if lazy else "true"
-    rescale_note = "" if lazy else "// (not at D = 256: the branch made ptxas spill)"
     block = f"""    float s[4][4];
     #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {{   // S = Q · Kᵀ: keys nt·8 … nt·8 + 7 of the block
@@ -312,8 +312,8 @@ def _mma_sweep(plan, D: int) -> _Sweep:
       pa[nt / 2][(nt % 2) * 2 + 1] = tf_pack_bf16x2(p[2], p[3]);
     }}
     // o's rescale only where a row's maximum moved (a warp-uniform branch: once the maxima
-    // settle, most blocks skip these D / 2 multiplies a lane; multiplying by 1 is exact)
-    {rescale_note}
+    // settle, most blocks skip these D / 2 multiplies a lane; multiplying by 1 is exact; at
+    // D = 256 every block rescales: the branch made ptxas spill)
     if ({rescale_test}) {{
       #pragma unroll
       for (int nt = 0; nt < D / 8; ++nt) {{
@@ -370,41 +370,35 @@ def _mma_sweep(plan, D: int) -> _Sweep:
 def _copy_code(D: int) -> str:
     """``load_keys(buf, first)``: the warp copies a block of 32 key and value rows, coalesced,
     into its buffers ``buf`` (cp.async), rows past the end (a ragged last block) clamped. Up to
-    D = 128, lane l copies the 16-byte piece l % P of rows l / P, l / P + 32 / P, … (P = D / 8
-    pieces a row) at fixed offsets from one address, two instructions a piece: a warp of this
-    kernel issues an instruction only every ~4 cycles, and the copies' index arithmetic had cost
-    about as much as the block's MMAs (Nsight Compute, session 35). At D = 256 the sweep keeps
-    255 registers and those addresses spilled: a loop over the pieces."""
-    if D > 128:
-        return """  auto load_keys = [&](int buf, int first) {
-    for (int c = lane; c < 32 * D / 8; c += 32) {
+    D = 128 a whole block is copied at fixed offsets from one address — lane l takes the 16-byte
+    piece l % P of rows l / P, l / P + 32 / P, … (P = D / 8 pieces a row), two instructions a
+    piece: a warp of this kernel issues an instruction only every ~4 cycles, and the copies'
+    index arithmetic had cost about as much as the block's MMAs (Nsight Compute, session 35).
+    A ragged block, and every block at D = 256 (where the sweep keeps 255 registers and those
+    addresses spilled), takes the loop over the pieces with the index arithmetic."""
+    pieces = """    for (int c = lane; c < 32 * D / 8; c += 32) {
       const int r = c / (D / 8), col = (c % (D / 8)) * 8;
       const long row = min(first + r, j_end - 1);
       tf_cp_async16_l2(kbuf + (buf * 32 + r) * KST + col, kb + row * D + col);
       tf_cp_async16_l2(vbuf + (buf * 32 + r) * VST + col, vb + row * D + col);
     }
-  };
 """
+    if D > 128:
+        return "  auto load_keys = [&](int buf, int first) {\n" + pieces + "  };\n"
     return """  auto load_keys = [&](int buf, int first) {
+    if (first + 32 > j_end) {   // a ragged last block (warp-uniform)
+""" + textwrap.indent(pieces, "  ") + """      return;
+    }
     constexpr int P = D / 8, STEP = 32 / P;
     const int r0 = lane / P, col = (lane % P) * 8;
     const unsigned kd = tf_smem_addr(kbuf + (buf * 32 + r0) * KST + col),
                    vd = tf_smem_addr(vbuf + (buf * 32 + r0) * VST + col);
-    if (first + 32 <= j_end) {   // a whole block (warp-uniform)
-      const __nv_bfloat16* ks = kb + (long)(first + r0) * D + col;
-      const __nv_bfloat16* vs = vb + (long)(first + r0) * D + col;
-      #pragma unroll
-      for (int i = 0; i < P; ++i) {
-        tf_cp_async16_l2_at(kd + i * STEP * KST * 2, ks + i * STEP * D);
-        tf_cp_async16_l2_at(vd + i * STEP * VST * 2, vs + i * STEP * D);
-      }
-    } else {
-      #pragma unroll
-      for (int i = 0; i < P; ++i) {
-        const long row = min(first + r0 + i * STEP, j_end - 1);
-        tf_cp_async16_l2_at(kd + i * STEP * KST * 2, kb + row * D + col);
-        tf_cp_async16_l2_at(vd + i * STEP * VST * 2, vb + row * D + col);
-      }
+    const __nv_bfloat16* ks = kb + (long)(first + r0) * D + col;
+    const __nv_bfloat16* vs = vb + (long)(first + r0) * D + col;
+    #pragma unroll
+    for (int i = 0; i < P; ++i) {
+      tf_cp_async16_l2_at(kd + i * STEP * KST * 2, ks + i * STEP * D);
+      tf_cp_async16_l2_at(vd + i * STEP * VST * 2, vs + i * STEP * D);
     }
   };
 """
