@@ -127,30 +127,49 @@ DECODE_SWEEP = tuple({"cluster": c, "warps": w, "stages": st} for c in (1, 2, 4,
     tuple({"cluster": c, "warps": 2, "mma": "fma"} for c in (8, 16))
 
 
+DECODE_HEADS = (32, 8)       # query heads, kv-heads
+DECODE_KEYS, DECODE_D = 32768, 128
+
+
+def decode_inputs(B: int):
+    """GQA decode inputs for ``B`` sequences (one query token, :data:`DECODE_KEYS` keys, bf16)
+    and the float64 reference: ``(q, k, v, scale, reference, bytes moved)``."""
+    from benchmarks.attention import reference
+
+    (HQ, HKV), N, D = DECODE_HEADS, DECODE_KEYS, DECODE_D
+    g = torch.Generator(device="cuda").manual_seed(B)
+    q, k, v = (torch.randn(B, h, n, D, device="cuda", generator=g).to(torch.bfloat16)
+               for h, n in ((HQ, 1), (HKV, N), (HKV, N)))
+    scale = 1.0 / math.sqrt(D)
+    ref = reference(q, k, v, scale, None, None, torch.arange(1).cuda())
+    return q, k, v, scale, ref, 2 * B * HKV * N * D * 2 + 2 * B * HQ * D * 2
+
+
+def cluster_decode(**knobs):
+    """The library's GQA attention rolled over the keys and split over a cluster per (batch,
+    kv-head) pair (``cluster_distribute``) with ``knobs``."""
+    from benchmarks.attention import CHAIN
+
+    sch = tf.schedule(K.gqa_attention, "cuda")
+    sch.rolling_update(*CHAIN, axis="j")
+    sch.cluster_distribute("j", **knobs)
+    return sch.compile()
+
+
 def run_decode(sweep=({"mma": "fma"},), batches=(1, 2, 4, 8), log=print) -> list[Row]:
     """Cluster decode at the template's defaults and every knob point of ``sweep`` (the best
     correct one is reported, each one logged), the split-update template and SDPA, on GQA decode
     shapes of ``batches`` sequences. GPU time (CUDA-graph replay): at B ≤ 4 a call is 50–200 µs,
     where ``do_bench`` also times the host (the split update launches more kernels)."""
-    from benchmarks.attention import CHAIN, reference
-
-    HQ, HKV, N, D = 32, 8, 32768, 128
-    scale = 1.0 / math.sqrt(D)
+    (HQ, HKV), N, D = DECODE_HEADS, DECODE_KEYS, DECODE_D
     rows = []
     for B in batches:
-        g = torch.Generator(device="cuda").manual_seed(B)
-        q, k, v = (torch.randn(B, h, n, D, device="cuda", generator=g).to(torch.bfloat16)
-                   for h, n in ((HQ, 1), (HKV, N), (HKV, N)))
-        ref = reference(q, k, v, scale, None, None, torch.arange(1).cuda())
-        nbytes = 2 * B * HKV * N * D * 2 + 2 * B * HQ * D * 2
+        q, k, v, scale, ref, nbytes = decode_inputs(B)
         impls = {}
         for knobs in ({}, *sweep):   # {}: the template's defaults
             name = ", ".join(f"{n}={x}" for n, x in knobs.items()) or "defaults"
             try:
-                sch = tf.schedule(K.gqa_attention, "cuda")
-                sch.rolling_update(*CHAIN, axis="j")
-                sch.cluster_distribute("j", **knobs)
-                f = sch.compile()
+                f = cluster_decode(**knobs)
                 out = torch.full_like(q, float("nan"))
                 f(q, k, v, scale=scale, out=out)
                 err = relative_error(out, ref)

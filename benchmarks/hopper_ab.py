@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import sys
 
@@ -23,10 +24,13 @@ from benchmarks.hopper_attention import hopper
 
 
 def load_emitter(path: str):
-    """The emitter module in ``path``, imported inside ``tensorfuse.targets.cuda`` (its relative
-    imports resolve there) under a name of its own."""
-    spec = importlib.util.spec_from_file_location("tensorfuse.targets.cuda._other_emitter", path)
+    """The emitter module in ``path`` (another revision of one of ``tensorfuse.targets.cuda``'s),
+    imported inside that package (its relative imports resolve there) under a name of its own,
+    registered as imported (its dataclasses look their module up)."""
+    name = "tensorfuse.targets.cuda._other_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -5,18 +5,14 @@ on the same inputs, GPU time by CUDA-graph replay; both checked against float64 
     python tools/decode_ab.py OTHER_EMITTER.py [--batches 4,8] [--rounds 5]
 """
 import argparse
-import importlib.util
-import math
 import statistics
-import sys
 
 import torch
 
-import tensorfuse as tf
-import tensorfuse.kernels as K
 import tensorfuse.schedule_templates.cluster as cluster_template
-from benchmarks.attention import CHAIN, reference
+from benchmarks.cluster import cluster_decode, decode_inputs
 from benchmarks.common import bench_graph, relative_error
+from benchmarks.hopper_ab import load_emitter
 
 
 def main() -> None:
@@ -25,28 +21,16 @@ def main() -> None:
     ap.add_argument("--batches", default="4,8")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    spec = importlib.util.spec_from_file_location("tensorfuse.targets.cuda._other_decode",
-                                                  args.other)
-    other = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = other   # its dataclasses look their module up
-    spec.loader.exec_module(other)
-    HQ, HKV, N, D = 32, 8, 32768, 128
+    other = load_emitter(args.other)
     for B in (int(b) for b in args.batches.split(",")):
-        g = torch.Generator(device="cuda").manual_seed(B)
-        q, k, v = (torch.randn(B, h, n, D, device="cuda", generator=g).to(torch.bfloat16)
-                   for h, n in ((HQ, 1), (HKV, N), (HKV, N)))
-        scale = 1 / math.sqrt(D)
-        ref = reference(q, k, v, scale, None, None, torch.arange(1).cuda())
+        q, k, v, scale, ref, nbytes = decode_inputs(B)
         calls = {}
         for label, source in (("this", cluster_template.decode_source),
                               ("other", other.decode_source)):
             saved = cluster_template.decode_source
             cluster_template.decode_source = source
             try:
-                sch = tf.schedule(K.gqa_attention, "cuda")
-                sch.rolling_update(*CHAIN, axis="j")
-                sch.cluster_distribute("j")
-                f = sch.compile()
+                f = cluster_decode()
                 out = torch.full_like(q, float("nan"))
                 f(q, k, v, scale=scale, out=out)   # the launch is made (and built) here
             finally:
@@ -58,7 +42,6 @@ def main() -> None:
         for _ in range(args.rounds):
             for label, fn in calls.items():
                 times[label].append(bench_graph(fn, rep_ms=100))
-        nbytes = 2 * B * HKV * N * D * 2 + 2 * B * HQ * D * 2
         ms = {label: statistics.median(t) for label, t in times.items()}
         print(f"B={B} " + "  ".join(f"{label} {m:.4f} ms {nbytes / m / 1e6:7.1f} GB/s"
                                      for label, m in ms.items())

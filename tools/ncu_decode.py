@@ -11,19 +11,14 @@ import torch
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
-from benchmarks.attention import CHAIN
+from benchmarks.cluster import DECODE_HEADS, DECODE_KEYS, DECODE_D, cluster_decode, decode_inputs
 
-B, HQ, HKV, N, D = 4, 32, 8, 32768, 128
-gen = torch.Generator(device="cuda").manual_seed(0)
-q, k, v = (torch.randn(B, h, n, D, device="cuda", generator=gen).to(torch.bfloat16)
-           for h, n in ((HQ, 1), (HKV, N), (HKV, N)))
-scale = D ** -0.5
-sch = tf.schedule(K.gqa_attention, "cuda")
-sch.rolling_update(*CHAIN, axis="j")
-sch.cluster_distribute("j")
-cluster = sch.compile()
+B = 4
+q, k, v, scale, _, _ = decode_inputs(B)
+cluster = cluster_decode()
 split = tf.compile(K.gqa_attention, target="cuda")
-print(cluster.launches(B=B, H=HQ, HKV=HKV, M=1, N=N, D=D).knobs)
+print(cluster.launches(B=B, H=DECODE_HEADS[0], HKV=DECODE_HEADS[1], M=1, N=DECODE_KEYS,
+                       D=DECODE_D).knobs)
 for f in (cluster, split):
     for _ in range(3):
         out = f(q, k, v, scale=scale)

@@ -87,25 +87,22 @@ def report(label: str, calls: dict, flops: float, seconds: float) -> None:
 
 
 def attention(sizes: str, seconds: float) -> None:
-    """Full and causal attention, ``tf.compile`` against SDPA's cuDNN backend."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    """Full and causal attention (the benchmark's cases: B=2, H=16, D=128), ``tf.compile``
+    against SDPA's cuDNN backend."""
+    from torch.nn.attention import SDPBackend
 
+    from benchmarks.attention import make_case, sdpa_call, variants
+
+    gen = torch.Generator().manual_seed(0)
     for S in (int(s) for s in sizes.split(",")):
-        q, k, v = (torch.randn(2, 16, S, 128, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(3))
-        scale = 128 ** -0.5
-        for variant, kernel, causal in (("full", K.attention, False),
-                                        ("causal", K.causal_attention, True)):
-            f = tf.compile(kernel)
-
-            def cudnn(causal=causal):
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    return torch.nn.functional.scaled_dot_product_attention(
-                        q, k, v, scale=scale, is_causal=causal)
-            flops = 4.0 * 2 * 16 * S * S * 128 * ((S + 1) / (2 * S) if causal else 1.0)
-            report(f"{variant} S={S}", {"cudnn": cudnn,
-                                        "tensorfuse": lambda f=f: f(q, k, v, scale=scale)},
-                   flops, seconds)
+        for name in ("full", "causal"):
+            spec = variants(S)[name]
+            case = make_case(name, spec, S, gen, check_rows=16)
+            f = tf.compile(spec[0])
+            report(f"{name} S={S}",
+                   {"cudnn": sdpa_call(case, SDPBackend.CUDNN_ATTENTION),
+                    "tensorfuse": lambda f=f, c=case: f(c.q, c.k, c.v, scale=c.scale, **c.args)},
+                   case.flops, seconds)
 
 
 def main(argv=None) -> int:
