@@ -177,7 +177,9 @@ def run_decode(sweep=({"mma": "fma"},), batches=(1, 2, 4, 8), log=print) -> list
                 used = f.launches(B=B, H=HQ, HKV=HKV, M=1, N=N, D=D).knobs
                 log(f"  cluster decode B={B} {name} ({used}): {ms:.4f} ms err {err:.1e}"
                     + ("" if err < 2e-2 else "  WRONG"))
-                impl = "tensorfuse_cluster_fma" if used.mma == "fma" else "tensorfuse_cluster"
+                impl = ("tensorfuse_cluster_fma" if used.mma == "fma" else
+                        "tensorfuse_cluster" if used.copy == "tma" else
+                        "tensorfuse_cluster_cp_async")
                 if err < 2e-2 and (impl not in impls or ms < impls[impl][0]):
                     impls[impl] = (ms, f"{used}; err {err:.1e}")
             except Exception as exc:  # noqa: BLE001

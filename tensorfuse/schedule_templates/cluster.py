@@ -24,7 +24,8 @@ from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
 from ..targets import TargetSpec
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
-from ..targets.cuda.cluster_decode import decode_shared_bytes, decode_source
+from ..targets.cuda.cluster_decode import (decode_shared_bytes, decode_source,
+                                            decode_tensor_maps)
 from ..targets.cuda.gemm_chain import EPILOGUE_VEC, gemm_chain_source
 from ..targets.cuda.module import KernelEntry, cubin_for, local_gpu, max_active_clusters
 from ..targets.cuda.tma import DeviceMaps
@@ -199,7 +200,7 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
     return ClusterKernel(program, target, layout, f"cluster_distribute(axis={axis!r})")
 
 
-DECODE_KNOBS = ("warps", "stages", "mma")
+DECODE_KNOBS = ("warps", "stages", "mma", "copy")
 
 
 def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: dict,
@@ -207,7 +208,9 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
     """The user's decode knobs, and defaults for the rest, from sweeps on the H100 (RESULTS.md,
     32/8 heads, 32k keys, B = 1…8): one cluster per (batch, kv-head) pair, all in one wave, with
     as many CTAs as that allows, was best. So: the most warps (4, 2, 1) whose two-block buffers
-    fit, tensor cores while a group's heads fit one 16-row MMA tile, and the largest
+    fit, tensor cores while a group's heads fit one 16-row MMA tile (their blocks staged by bulk
+    tensor copies: 3.0 TB/s from 64 CTAs where ``cp.async`` reached 2.3–2.7, session 36), the
+    CUDA-core sweep's by ``cp.async``, and the largest
     power-of-two cluster (at most 16, at most one CTA per SM) of which the GPU holds all
     B·HKV clusters at once. ``resident(knobs)`` says how many clusters of ``knobs`` the GPU holds
     (the driver's count; a cluster must fit one GPC, so on the H100 it is 7 of 16, 15 of 8,
@@ -218,6 +221,8 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
     group = H // max(HKV, 1)
     k = replace(DecodeKnobs(cluster=cluster or 1, mma="mma_sync" if group <= 16 else "fma"),
                 **given)
+    if "copy" not in given:
+        k = replace(k, copy="tma" if k.mma == "mma_sync" else "cp.async")
     if "warps" not in given:
         k = next((replace(k, warps=w) for w in (4, 2, 1)
                   if decode_shared_bytes(replace(k, warps=w), D, group)
@@ -250,6 +255,7 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
         B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
         gpu = local_gpu()
         asked = []   # "count of cluster" per size asked, for schedule_origin
+        decode_maps = DeviceMaps()   # the key and value tensor maps per pair of addresses
         probes = {}  # one cubin per set of knobs but the cluster size, which is given at launch
 
         def resident(k) -> int:
@@ -281,12 +287,18 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
                                 f"per CTA; {target.name} has {target.max_shared_memory}: use "
                                 "fewer warps or stages", user_location())
         types = tuple("float32" if t.startswith("f") else "int32" for _, t in plan.scalars)
-        entries = [KernelEntry("tf_decode_cluster", ("handle",) * 4 + types)]
+        tma = k.copy == "tma"
+        entries = [KernelEntry("tf_decode_cluster", ("handle",) * (4 + tma) + types)]
 
         def run(module, values, out, device):
             sc = [values[n] for n, _ in plan.scalars]
-            module["tf_decode_cluster"](pointer(values[plan.q]), pointer(values[plan.k]),
-                                        pointer(values[plan.v]), pointer(out), *sc,
+            kv = (values[plan.k], values[plan.v])
+            maps = [pointer(decode_maps.get(
+                tuple(t.data_ptr() for t in kv),
+                lambda: decode_tensor_maps(*(t.data_ptr() for t in kv), B * HKV, N, D),
+                device))] if tma else []
+            module["tf_decode_cluster"](pointer(values[plan.q]), *(pointer(t) for t in kv),
+                                        pointer(out), *maps, *sc,
                                         B * HKV * k.cluster, 1, 32 * k.warps, k.cluster, smem)
 
         return Launches(source, entries, k, run, why, plan)

@@ -35,15 +35,19 @@ class DecodePlan(AttentionChain):
 class DecodeKnobs:
     """``cluster`` CTAs per (batch, kv-head); ``warps`` per CTA, each sweeping blocks of 32 keys
     with ``stages`` blocks in its shared memory; ``mma``: the group's q·k and p·v on tensor cores
-    (``"mma_sync"``, up to 16 heads per group) or CUDA cores (``"fma"``)."""
+    (``"mma_sync"``, up to 16 heads per group) or CUDA cores (``"fma"``); ``copy``: how a warp
+    stages its blocks — bulk tensor copies (``"tma"``, tensor-core sweep only) or 16-byte
+    ``cp.async`` copies by every lane (``"cp.async"``)."""
 
     cluster: int = 8
     warps: int = 2
     stages: int = 2
     mma: str = "mma_sync"
+    copy: str = "tma"
 
     def __str__(self) -> str:
-        return f"cluster={self.cluster}, warps={self.warps}, stages={self.stages}, mma={self.mma}"
+        return (f"cluster={self.cluster}, warps={self.warps}, stages={self.stages}, "
+                f"mma={self.mma}, copy={self.copy}")
 
 
 WHO = "cluster_distribute (attention)"
@@ -87,6 +91,11 @@ def check_decode(plan: DecodePlan, knobs: DecodeKnobs, sizes: dict) -> None:
                       "shared memory, stages − 1 of them in flight)")
     if knobs.mma not in ("mma_sync", "fma"):
         raise _refuse(f"mma={knobs.mma!r} is not 'mma_sync' (tensor cores) or 'fma' (CUDA cores)")
+    if knobs.copy not in ("tma", "cp.async"):
+        raise _refuse(f"copy={knobs.copy!r} is not 'tma' (bulk tensor copies) or 'cp.async'")
+    if knobs.copy == "tma" and knobs.mma != "mma_sync":
+        raise _refuse("copy='tma' stages blocks in the 128-byte swizzle that the tensor-core "
+                      "sweep reads; the CUDA-core sweep (mma='fma') uses copy='cp.async'")
     if knobs.mma == "mma_sync" and G > 16:
         raise _refuse(f"mma='mma_sync' takes up to 16 query heads per kv-head (one 16-row MMA "
                       f"tile); this group has {G}: use mma='fma'")

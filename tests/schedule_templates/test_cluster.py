@@ -119,7 +119,12 @@ def test_decode_ptx_has_cluster_and_dsm_instructions(kernel, mma):
     ptx = f.ptx(**sizes)
     for instruction in CLUSTER_PTX + ("ld.shared::cluster",):  # states merged by DSM loads
         assert instruction in ptx, instruction
-    assert "cp.async.cg.shared.global" in ptx  # key/value blocks staged per warp
+    # key/value blocks staged per warp: bulk tensor copies on an mbarrier for the tensor-core
+    # sweep (its default), 16-byte cp.async for the CUDA-core one
+    tma = mma == "mma_sync"
+    assert ("cp.async.bulk.tensor.3d.shared::cluster.global" in ptx) == tma
+    assert ("mbarrier.try_wait.parity" in ptx) == tma
+    assert ("cp.async.cg.shared.global" in ptx) == (not tma)
     tensor_core_ops = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
                        "ldmatrix.sync.aligned.m8n8.x4.shared.b16",        # K rows for q·k
                        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16")  # V rows for p·v
@@ -138,7 +143,7 @@ def test_decode_copies_at_fixed_offsets_and_skips_settled_rescales(D):
     row's maximum moved; a ragged block, and every block at D = 256 (where those made ptxas
     spill), takes the loop over the pieces (clamped rows), and at D = 256 o is always
     rescaled. The float64 GPU suite holds the results."""
-    f = _decode(gqa_attention)
+    f = _decode(gqa_attention, copy="cp.async")
     sizes = {**DECODE, "D": D}
     source = f.source(**sizes)
     fixed = D <= 128
@@ -149,8 +154,37 @@ def test_decode_copies_at_fixed_offsets_and_skips_settled_rescales(D):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_decode_bulk_copies_read_the_swizzled_boxes(D):
+    """``copy="tma"`` (the tensor-core sweep's default): lane 0 of a warp arms the stage's
+    mbarrier for a block's bytes and issues D / 64 boxes of keys and as many of values; the
+    warp waits on that barrier, and its ``ldmatrix`` reads address the rows through the
+    128-byte swizzle (no per-lane copies, no skewed rows in the shared-memory size)."""
+    from tensorfuse.schedule_templates.decode_plan import DecodeKnobs
+    from tensorfuse.targets.cuda.cluster_decode import decode_shared_bytes
+
+    f = _decode(gqa_attention)
+    sizes = {**DECODE, "D": D}
+    launches = f.launches(**sizes)
+    assert launches.knobs.copy == "tma"
+    source = f.source(**sizes)
+    assert "tf_mbar_expect(ready + buf, 2 * 32 * D * 2);" in source
+    assert "for (int a = 0; a < D / 64; ++a)" in source
+    assert "tf_cp_async16" not in source.split("tf_decode_cluster(")[1]
+    assert "ldsm_x4(kf, k_at(kblock," in source and "ldsm_x4_t(vf, v_at(vblock," in source
+    ptx = f.ptx(**sizes)
+    assert ptx.count("cp.async.bulk.tensor.3d.shared::cluster.global") % 2 == 0  # keys, values
+    assert "cp.async.bulk.tensor.3d.shared::cluster.global" in ptx
+    assert "mbarrier.arrive.expect_tx" in ptx and "fence.proxy.tensormap::generic.acquire" in ptx
+    tma, skewed = (DecodeKnobs(cluster=4, warps=4, stages=2, copy=c) for c in ("tma", "cp.async"))
+    assert decode_shared_bytes(skewed, D, 4) - decode_shared_bytes(tma, D, 4) == \
+        4 * 2 * 32 * 2 * 16 - 1024 - 64   # skew gone; alignment slack and barriers added
+
+
+@needs_nvcc
 @pytest.mark.parametrize("D, group, knobs", [(64, 4, {}), (128, 16, {"stages": 2, "warps": 4}),
-                                             (256, 4, {}), (128, 24, {"mma": "fma"})])
+                                             (256, 4, {}), (128, 24, {"mma": "fma"}),
+                                             (256, 4, {"copy": "cp.async"})])
 def test_decode_kernel_compiles_without_spills(D, group, knobs, tmp_path):
     """The tensor-core sweep keeps Q's fragments and the D-wide accumulator in registers for the
     whole sweep (255 at D=256): a spill would quietly cost much of the bandwidth."""
@@ -276,6 +310,10 @@ def test_refusals_name_the_problem():
         _decode(gqa_attention, mma="mma_sync").source(**{**DECODE, "H": 34})  # group of 17
     with pytest.raises(ScheduleError, match="stages=5"):
         _decode(gqa_attention, stages=5).source(**DECODE)
+    with pytest.raises(ScheduleError, match="CUDA-core sweep"):
+        _decode(gqa_attention, mma="fma", copy="tma").source(**DECODE)
+    with pytest.raises(ScheduleError, match="copy='dma'"):
+        _decode(gqa_attention, copy="dma").source(**DECODE)
     with pytest.raises(ScheduleError, match="no knob block_n.*stages"):
         _decode(gqa_attention, block_n=64)
     with pytest.raises(ScheduleError, match="not supported by cluster kernels"):
@@ -594,7 +632,8 @@ def _check_ffn_on_the_gpu(kernel, M, knobs, K=512, N=2048, O=256):
     (128, 4, {"cluster": 2}), (128, 4, {"cluster": 8}), (128, 1, {}), (128, 5, {}),
     (128, 16, {"warps": 4, "stages": 2}), (64, 4, {"stages": 4}), (256, 4, {"warps": 1}),
     (128, 4, {"mma": "fma", "stages": 3}), (64, 20, {"cluster": 2}),
-    (128, 4, {"cluster": 16, "warps": 1}), (128, 4, {"cluster": 3}), (64, 2, {"cluster": 5})])
+    (128, 4, {"cluster": 16, "warps": 1}), (128, 4, {"cluster": 3}), (64, 2, {"cluster": 5}),
+    (128, 4, {"copy": "cp.async"}), (256, 4, {"warps": 1, "copy": "cp.async"})])
 def test_cluster_decode_matches_float64_on_the_gpu(D, group, knobs):
     """Both sweeps (tensor cores with the group's heads as MMA rows, padded past G; CUDA cores)
     across clusters, group sizes, head dims, warps and pipeline depths, on a key count that leaves

@@ -28,6 +28,19 @@ from dataclasses import dataclass
 from .dsm import HELPERS
 from .mma_sync import HELPERS as MMA_SYNC_HELPERS
 from .expr import size_macros, to_cuda
+from .tma import HELPERS as TMA_HELPERS, MBARRIER_HELPERS, load_helper, tensor_map
+
+SWIZZLE_ATOM = 32 * 128   # bytes of one 128-byte-swizzled box: 32 rows of 64 bf16 columns
+
+
+def decode_tensor_maps(k_address: int, v_address: int, pairs: int, keys: int,
+                       head_dim: int) -> bytes:
+    """The key and value tensor maps of ``copy="tma"`` (256 bytes: keys, then values): each
+    tensor ``[pairs, keys, head_dim]`` bf16 — (batch, kv-head) pairs, contiguous — copied in
+    boxes of 32 rows × 64 columns in the 128-byte swizzle. A box past a pair's last key reads
+    zeros, not the next pair's keys."""
+    return b"".join(tensor_map(address, (pairs, keys, head_dim), (1, 32, 64))
+                    for address in (k_address, v_address))
 
 
 def score_code(plan) -> str:
@@ -37,17 +50,21 @@ def score_code(plan) -> str:
 
 def decode_source(plan, knobs, sizes: dict) -> str:
     """CUDA C++ for ``tf_decode_cluster``: grid (B·HKV·cluster), cluster (cluster), dynamic shared
-    memory :func:`decode_shared_bytes`. ``plan`` and ``knobs`` come from
-    ``schedule_templates.decode_plan`` (checked against these sizes there)."""
+    memory :func:`decode_shared_bytes`; with ``copy="tma"`` its argument after ``out`` is the
+    device address of the key and value tensor maps (:func:`decode_tensor_maps`). ``plan`` and
+    ``knobs`` come from ``schedule_templates.decode_plan`` (checked against these sizes there)."""
     B, H, HKV, M, N, D = (sizes[d] for d in plan.dims)
     G, C, W = H // HKV, knobs.cluster, knobs.warps
     tensor_cores = knobs.mma == "mma_sync"
+    tma = knobs.copy == "tma"
     scalar_args = "".join(f", {'float' if t.startswith('f') else 'int'} {n}"
                           for n, t in plan.scalars)
     sweep = _mma_sweep(plan, D) if tensor_cores else _fma_sweep(plan, G, D)
+    copy = _tma_copy() if tma else _cp_async_copy(D, tensor_cores)
     return f"""#include <cuda_bf16.h>
 {HELPERS}
 {MMA_SYNC_HELPERS if tensor_cores else ""}
+{MBARRIER_HELPERS + TMA_HELPERS + load_helper(3) if tma else ""}
 {size_macros(sizes)}#define G {G}
 #define D {D}
 #define N_ {N}
@@ -56,23 +73,22 @@ def decode_source(plan, knobs, sizes: dict) -> str:
 #define CLUSTER {C}
 #define WARPS {W}
 #define STAGES {knobs.stages}
-#define KST (D + 8)   // key rows in shared memory: 16-byte skew, conflict-free reads
-#define VST {"(D + 8)" if tensor_cores else "D"}   // value rows{" (skewed for ldmatrix)" if tensor_cores else ""}
-
+{copy.macros}
 __device__ __forceinline__ float warp_sum(float x) {{
   #pragma unroll
   for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
   return x;
 }}
-{sweep.helpers}
+{copy.address}{sweep.helpers}
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                  const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out{scalar_args}) {{
+                  const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out{
+                      ", const char* __restrict__ maps" if tma else ""}{scalar_args}) {{
   // Shared memory, all of it dynamic (decode_shared_bytes): per warp STAGES blocks of 32 key and
-  // value rows, then {"q as [d][head], " if not tensor_cores else ""}the warps' and the CTA's states.
-  extern __shared__ __align__(16) char dsmem[];
-  char* states = dsmem + WARPS * STAGES * 32 * (KST + VST) * 2;
-{_carve(G, D, W, not tensor_cores)}  const unsigned rank = tf_cluster_rank();
+  // value rows, then {"the warps' copy barriers, " if tma else ""}{
+      "q as [d][head], " if not tensor_cores else ""}the warps' and the CTA's states.
+{copy.base}  char* states = dsmem + WARPS * STAGES * 32 * (KST + VST) * 2;
+{_carve(G, D, W, not tensor_cores, knobs.stages if tma else 0)}  const unsigned rank = tf_cluster_rank();
   const int pair = blockIdx.x / CLUSTER;      // (batch, kv head)
   const int b = pair / HKV_, hk = pair % HKV_;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -85,21 +101,17 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
                         warp * STAGES * 32 * (KST + VST);
   __nv_bfloat16* vbuf = kbuf + STAGES * 32 * KST;
   // the warp copies blocks of 32 key and value rows into its own buffers, STAGES − 1 blocks ahead
-  // of the one it computes on (_copy_code)
-{_copy_code(D)}  const int j_first = j_begin + warp * 32, j_step = WARPS * 32;
+  // of the one it computes on
+{copy.load}  const int j_first = j_begin + warp * 32, j_step = WARPS * 32;
   #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {{
     if (j_first + s * j_step < j_end) load_keys(s, j_first + s * j_step);
-    tf_cp_async_commit();
-  }}
+{copy.commit}  }}
   int it = 0;
   for (int j0 = j_first; j0 < j_end; j0 += j_step, ++it) {{
     const int j_ahead = j0 + (STAGES - 1) * j_step;
     if (j_ahead < j_end) load_keys((it + STAGES - 1) % STAGES, j_ahead);
-    tf_cp_async_commit();
-    tf_cp_async_wait<STAGES - 1>();   // this block's group is complete
-    __syncwarp();
-    const __nv_bfloat16* kblock = kbuf + (it % STAGES) * 32 * KST;
+{copy.commit}{copy.wait}    const __nv_bfloat16* kblock = kbuf + (it % STAGES) * 32 * KST;
     const __nv_bfloat16* vblock = vbuf + (it % STAGES) * 32 * VST;
 {sweep.block}
     __syncwarp();  // the buffers are read: a later copy may overwrite them
@@ -142,6 +154,91 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
   tf_cluster_sync();  // peers may still read this CTA's state
 }}
 """
+
+
+@dataclass(frozen=True)
+class _Copy:
+    """How a warp stages its blocks of 32 key and value rows in shared memory: the row layout
+    (``macros``: ``KST``/``VST``, row strides in elements; ``address``: ``k_at``/``v_at``, the
+    element at a block's row and column), where the buffers start (``base``), ``load`` (the
+    ``load_keys(buf, first)`` lambda), what follows each block's copies (``commit``) and how
+    the warp waits for a block before computing on it (``wait``)."""
+
+    macros: str
+    address: str
+    base: str
+    load: str
+    commit: str
+    wait: str
+
+
+def _cp_async_copy(D: int, tensor_cores: bool) -> _Copy:
+    """Every lane copies 16-byte pieces (``cp.async``, :func:`_copy_code`) into rows skewed by
+    16 bytes (conflict-free for ``ldmatrix`` and the CUDA-core sweep's row reads; the CUDA-core
+    sweep reads value rows whole, unskewed)."""
+    return _Copy(
+        macros="#define KST (D + 8)   // key rows in shared memory: 16-byte skew, conflict-free "
+               "reads\n" + ("#define VST (D + 8)   // value rows (skewed for ldmatrix)\n"
+                            if tensor_cores else "#define VST D   // value rows\n"),
+        address="""__device__ __forceinline__ const __nv_bfloat16* k_at(const __nv_bfloat16* blk, int r,
+                                                        int d) {
+  return blk + r * KST + d;
+}
+#define v_at k_at
+""",
+        base="  extern __shared__ __align__(16) char dsmem[];\n",
+        load=_copy_code(D), commit="    tf_cp_async_commit();\n",
+        wait="    tf_cp_async_wait<STAGES - 1>();   // this block's group is complete\n"
+             "    __syncwarp();\n")
+
+
+def _tma_copy() -> _Copy:
+    """Lane 0 of each warp copies a block with bulk tensor copies (TMA): ``D / 64`` boxes of 32
+    rows × 64 columns each of keys and values, in the 128-byte swizzle (16-byte piece ``c`` of
+    row ``r`` at piece ``c ^ (r % 8)``: ``ldmatrix`` reads stay conflict-free without the skew),
+    counted on the warp's mbarrier for that stage. The copy engine moves a block with four
+    instructions where ``cp.async`` took two a 16-byte piece, and streamed the decode's keys at
+    3.0 TB/s from 64 CTAs where ``cp.async`` reached 2.3-2.7 (H100, session 36,
+    ``tools/probe_decode_stream.py``). Rows past the keys arrive as zeros (their scores are
+    masked)."""
+    return _Copy(
+        macros="#define KST D   // rows unpadded: the 128-byte swizzle keeps ldmatrix "
+               "conflict-free\n#define VST D\n",
+        address=f"""// element (r, d) of a block stored as D / 64 swizzled boxes of 32 rows × 64 columns (d % 8 == 0)
+__device__ __forceinline__ const __nv_bfloat16* k_at(const __nv_bfloat16* blk, int r, int d) {{
+  return reinterpret_cast<const __nv_bfloat16*>(
+      reinterpret_cast<const char*>(blk) + (d / 64) * {SWIZZLE_ATOM} + r * 128 +
+      ((((d % 64) / 8) ^ (r % 8)) << 4));
+}}
+#define v_at k_at
+""",
+        base="""  extern __shared__ __align__(1024) char dsmem_raw[];
+  char* dsmem = reinterpret_cast<char*>((reinterpret_cast<unsigned long>(dsmem_raw) + 1023) &
+                                        ~1023ul);   // the swizzle's boxes start at 1 KB
+""",
+        load=f"""  unsigned long long* ready = kv_bars + warp * STAGES;   // a stage's block has landed
+  if (lane == 0) {{
+    for (int s = 0; s < STAGES; ++s) tf_mbar_init(ready + s, 1);
+    tf_mbar_init_fence();
+    tf_tensormap_acquire(maps);
+    tf_tensormap_acquire(maps + 128);
+  }}
+  __syncwarp();
+  auto load_keys = [&](int buf, int first) {{
+    if (lane == 0) {{
+      tf_mbar_expect(ready + buf, 2 * 32 * D * 2);
+      #pragma unroll
+      for (int a = 0; a < D / 64; ++a) {{
+        tf_tma_load_3d(reinterpret_cast<char*>(kbuf + buf * 32 * KST) + a * {SWIZZLE_ATOM}, maps,
+                       a * 64, first, pair, ready + buf);
+        tf_tma_load_3d(reinterpret_cast<char*>(vbuf + buf * 32 * VST) + a * {SWIZZLE_ATOM},
+                       maps + 128, a * 64, first, pair, ready + buf);
+      }}
+    }}
+  }};
+""",
+        commit="",
+        wait="    tf_mbar_wait(ready + it % STAGES, (it / STAGES) & 1);   // this block has landed\n")
 
 
 @dataclass(frozen=True)
@@ -273,7 +370,7 @@ def _mma_sweep(plan, D: int) -> _Sweep:
       #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk) {{
         unsigned kf[4];
-        ldsm_x4(kf, kblock + (nt * 8 + lane % 8) * KST + kk * 32 + (lane / 8) * 8);
+        ldsm_x4(kf, k_at(kblock, nt * 8 + lane % 8, kk * 32 + (lane / 8) * 8));
         mma16816(s[nt], qa[2 * kk], kf[0], kf[1]);
         mma16816(s[nt], qa[2 * kk + 1], kf[2], kf[3]);
       }}
@@ -325,8 +422,8 @@ def _mma_sweep(plan, D: int) -> _Sweep:
       #pragma unroll
       for (int np = 0; np < D / 16; ++np) {{
         unsigned vf[4];
-        ldsm_x4_t(vf, vblock + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * VST + np * 16 +
-                      (lane / 16) * 8);
+        ldsm_x4_t(vf, v_at(vblock, kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
+                           np * 16 + (lane / 16) * 8));
         mma16816(o[2 * np], pa[kk], vf[0], vf[1]);
         mma16816(o[2 * np + 1], pa[kk], vf[2], vf[3]);
       }}"""
@@ -413,21 +510,37 @@ def _state_arrays(group: int, head_dim: int, warps: int, with_q: bool):
                      ("cta_m", f"[{G}]", G), ("cta_l", f"[{G}]", G)]
 
 
-def _carve(group: int, head_dim: int, warps: int, with_q: bool) -> str:
+def _carve(group: int, head_dim: int, warps: int, with_q: bool, barrier_stages: int = 0) -> str:
     """C++ references that name the state arrays inside the dynamic shared memory (16-byte
-    aligned: every array before the last ones is a multiple of 16 bytes)."""
+    aligned: every array before the last ones is a multiple of 16 bytes), after the warps'
+    copy barriers (``kv_bars``: ``barrier_stages`` a warp) where there are any."""
     lines, offset = [], 0
+    if barrier_stages:
+        lines.append("  unsigned long long* kv_bars = reinterpret_cast<unsigned long long*>(states);")
+        offset = _barrier_bytes(warps, barrier_stages)
     for name, shape, floats in _state_arrays(group, head_dim, warps, with_q):
         lines.append(f"  float (&{name}){shape} = *reinterpret_cast<float (*){shape}>"
                      f"(states + {offset});")
         offset += 4 * floats
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
+
+
+def _barrier_bytes(warps: int, stages: int) -> int:
+    """Bytes of the warps' copy barriers (8 a stage), rounded to 16 so that the state arrays after
+    them stay aligned."""
+    return (warps * stages * 8 + 15) // 16 * 16
 
 
 def decode_shared_bytes(knobs, head_dim: int, group: int) -> int:
     """Shared memory of the decode kernel (all dynamic): ``stages`` blocks of 32 key and value rows
-    per warp (rows skewed by 16 bytes; value rows too for the tensor-core path's ``ldmatrix``),
-    then the states the warps and the cluster merge (and q, for the CUDA-core path)."""
-    row_bytes = (2 * head_dim + 8 + (8 if knobs.mma == "mma_sync" else 0)) * 2
+    per warp, then the states the warps and the cluster merge (and q, for the CUDA-core path).
+    ``cp.async`` skews key rows by 16 bytes (value rows too for the tensor-core path's
+    ``ldmatrix``); ``tma`` keeps rows unpadded in the 128-byte swizzle, adds the warps' copy
+    barriers and 1 KB to align the buffers (the swizzle's boxes start at 1 KB)."""
     states = _state_arrays(group, head_dim, knobs.warps, knobs.mma != "mma_sync")
-    return knobs.warps * knobs.stages * 32 * row_bytes + 4 * sum(f for _, _, f in states)
+    state_bytes = 4 * sum(f for _, _, f in states)
+    if knobs.copy == "tma":
+        return (knobs.warps * knobs.stages * 32 * 4 * head_dim + 1024 + state_bytes +
+                _barrier_bytes(knobs.warps, knobs.stages))
+    row_bytes = (2 * head_dim + 8 + (8 if knobs.mma == "mma_sync" else 0)) * 2
+    return knobs.warps * knobs.stages * 32 * row_bytes + state_bytes
