@@ -6,7 +6,7 @@ GPU time (CUDA-graph replay; the host-inclusive time is in the note): at M=128 a
 is about its GPU time, for torch eager as for tensorfuse.
 
     python -m benchmarks.cluster [--quick] [--decode] [--sweep] [--configs JSON] [--ms 128,1024,8192]
-    python -m benchmarks.cluster --decode [--batches 1,2,4,8] [--decode-knobs JSON]
+    python -m benchmarks.cluster --decode [--batches 1,2,4,8] [--decode-knobs JSON] [--rounds N]
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import datetime
 import json
 import math
 import os
+import statistics
 
 import torch
 
@@ -118,7 +119,7 @@ def run_ffn(ms_list=(128, 1024, 8192), configs=({},), log=print) -> list[Row]:
                                 frac, note))
             e = impls["torch_eager"][0]
             log(f"ffn_{kind} M={M}: " + "  ".join(f"{i}={ms:.3f}ms ({e / ms:.2f}x eager)"
-                                                for i, (ms, _) in impls.items()))
+                                                for i, (ms, _, _) in impls.items()))
     return rows
 
 
@@ -131,17 +132,20 @@ DECODE_HEADS = (32, 8)       # query heads, kv-heads
 DECODE_KEYS, DECODE_D = 32768, 128
 
 
-def decode_inputs(B: int):
-    """GQA decode inputs for ``B`` sequences (one query token, :data:`DECODE_KEYS` keys, bf16)
-    and the float64 reference: ``(q, k, v, scale, reference, bytes moved)``."""
+def decode_inputs(B: int, heads: tuple[int, int] = DECODE_HEADS, keys: int = DECODE_KEYS,
+                  checked: int | None = None):
+    """GQA decode inputs for ``B`` sequences (one query token, ``heads`` = (query heads,
+    kv-heads), ``keys`` keys, bf16) and the float64 reference of the first ``checked`` sequences
+    (default all): ``(q, k, v, scale, reference, bytes moved)``."""
     from benchmarks.attention import reference
 
-    (HQ, HKV), N, D = DECODE_HEADS, DECODE_KEYS, DECODE_D
-    g = torch.Generator(device="cuda").manual_seed(B)
+    (HQ, HKV), N, D = heads, keys, DECODE_D
+    g = torch.Generator(device="cuda").manual_seed(B * 7 + N)
     q, k, v = (torch.randn(B, h, n, D, device="cuda", generator=g).to(torch.bfloat16)
                for h, n in ((HQ, 1), (HKV, N), (HKV, N)))
     scale = 1.0 / math.sqrt(D)
-    ref = reference(q, k, v, scale, None, None, torch.arange(1).cuda())
+    c = slice(0, checked or B)
+    ref = reference(q[c], k[c], v[c], scale, None, None, torch.arange(1).cuda())
     return q, k, v, scale, ref, 2 * B * HKV * N * D * 2 + 2 * B * HQ * D * 2
 
 
@@ -156,11 +160,15 @@ def cluster_decode(**knobs):
     return sch.compile()
 
 
-def run_decode(sweep=({"mma": "fma"},), batches=(1, 2, 4, 8), log=print) -> list[Row]:
+def run_decode(sweep=({"mma": "fma"},), batches=(1, 2, 4, 8), log=print,
+               rounds: int = 1) -> list[Row]:
     """Cluster decode at the template's defaults and every knob point of ``sweep`` (the best
     correct one is reported, each one logged), the split-update template and SDPA, on GQA decode
     shapes of ``batches`` sequences. GPU time (CUDA-graph replay): at B ≤ 4 a call is 50–200 µs,
-    where ``do_bench`` also times the host (the split update launches more kernels)."""
+    where ``do_bench`` also times the host (the split update launches more kernels). With
+    ``rounds`` > 1 the reported implementations are timed again that many times, in turn, and
+    each reports its median (the implementations within a percent of each other, this tells a
+    margin from the machine's drift)."""
     (HQ, HKV), N, D = DECODE_HEADS, DECODE_KEYS, DECODE_D
     rows = []
     for B in batches:
@@ -181,22 +189,62 @@ def run_decode(sweep=({"mma": "fma"},), batches=(1, 2, 4, 8), log=print) -> list
                         "tensorfuse_cluster" if used.copy == "tma" else
                         "tensorfuse_cluster_cp_async")
                 if err < 2e-2 and (impl not in impls or ms < impls[impl][0]):
-                    impls[impl] = (ms, f"{used}; err {err:.1e}")
+                    impls[impl] = (ms, f"{used}; err {err:.1e}",
+                                   lambda f=f, out=out: f(q, k, v, scale=scale, out=out))
             except Exception as exc:  # noqa: BLE001
                 log(f"  cluster decode B={B} {name}: {type(exc).__name__}: {exc}"[:400])
         f = tf.compile(K.gqa_attention, target="cuda")
         err = relative_error(f(q, k, v, scale=scale), ref)
-        impls["tensorfuse_split_update"] = (bench_graph(lambda: f(q, k, v, scale=scale)),
-                                            f"err {err:.1e}")
+        split = lambda f=f: f(q, k, v, scale=scale)  # noqa: E731
+        impls["tensorfuse_split_update"] = (bench_graph(split), f"err {err:.1e}", split)
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
             q, k, v, scale=scale, enable_gqa=True)
-        impls["sdpa"] = (bench_graph(sdpa), f"err {relative_error(sdpa(), ref):.1e}")
-        for impl, (ms, note) in impls.items():
+        impls["sdpa"] = (bench_graph(sdpa), f"err {relative_error(sdpa(), ref):.1e}", sdpa)
+        if rounds > 1:
+            times = {impl: [] for impl in impls}
+            for _ in range(rounds):
+                for impl, (_, _, fn) in impls.items():
+                    times[impl].append(bench_graph(fn))
+            impls = {impl: (statistics.median(t), f"{note}; median of {rounds} alternated "
+                            f"rounds, {min(t):.4f}-{max(t):.4f} ms", fn)
+                     for (impl, (_, note, fn)), t in zip(impls.items(), times.values())}
+        for impl, (ms, note, _) in impls.items():
             gbps = nbytes / ms / 1e6
             rows.append(Row("decode/gqa_cluster", f"B{B} Hq{HQ} Hkv{HKV} N{N} D{D}", impl, ms,
                             0.0, gbps, gbps / 1e3 / COPY_TBPS, note))
         log(f"decode B={B} " + "  ".join(f"{i}={nbytes / ms / 1e6:7.1f}GB/s"
-                                          for i, (ms, _) in impls.items()))
+                                          for i, (ms, _, _) in impls.items()))
+    return rows
+
+
+DECODE_SHAPES = tuple((B, heads, N) for heads in ((32, 8), (32, 32))
+                      for B, N in ((1, 1024), (1, 131072), (8, 8192), (32, 2048), (32, 16384),
+                                   (128, 1024)))
+
+
+def run_decode_shapes(shapes=DECODE_SHAPES, log=print) -> list[Row]:
+    """Cluster decode at its defaults against the split update (``tf.compile``'s decode before
+    session 36) over batch sizes, heads and key counts beyond the issue's table, each checked
+    against float64 on its first two sequences: where the cluster kernel is not faster,
+    ``tf.compile`` should not pick it."""
+    rows = []
+    for B, (HQ, HKV), N in shapes:
+        q, k, v, scale, ref, nbytes = decode_inputs(B, (HQ, HKV), N, checked=2)
+        shape = f"B{B} Hq{HQ} Hkv{HKV} N{N} D{DECODE_D}"
+        split = tf.compile(K.gqa_attention, target="cuda")
+        impls = {"tensorfuse_cluster": cluster_decode(), "tensorfuse_split_update": split}
+        line = []
+        for impl, f in impls.items():
+            out = torch.full_like(q, float("nan"))
+            f(q, k, v, scale=scale, out=out)
+            err = relative_error(out[:2], ref)
+            ms = bench_graph(lambda f=f, out=out: f(q, k, v, scale=scale, out=out))
+            gbps = nbytes / ms / 1e6
+            rows.append(Row("decode/shapes", shape, impl, ms, 0.0, gbps, gbps / 1e3 / COPY_TBPS,
+                            f"err {err:.1e}" + ("" if err < 2e-2 else " WRONG")))
+            line.append(f"{impl}={ms:.4f}ms {gbps:6.0f}GB/s err {err:.0e}")
+        log(f"{shape:28s} " + "  ".join(line) +
+            f"  cluster/split {rows[-1].ms / rows[-2].ms:.3f}x")
     return rows
 
 
@@ -216,6 +264,12 @@ def main(argv=None) -> int:
     parser.add_argument("--decode-knobs", type=json.loads, default=None,
                         help='with --decode: these knob points instead of the whole sweep, a '
                              'JSON list, e.g. \'[{"cluster": 8, "warps": 2}]\'')
+    parser.add_argument("--decode-shapes", action="store_true",
+                        help="with --decode: cluster decode's defaults against the split update "
+                             "over other batch sizes, heads and key counts too")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --decode: time the reported implementations this many more "
+                             "times, alternated, and report each one's median")
     parser.add_argument("--ms", default="128,1024,8192",
                         help="FFN row counts M, comma-separated (default 128,1024,8192)")
     parser.add_argument("--out", default=os.environ.get("OUT") or
@@ -241,7 +295,10 @@ def main(argv=None) -> int:
     ffn_only = args.sweep or args.configs is not None
     if args.decode:
         sweep = DECODE_SWEEP if args.decode_knobs is None else tuple(args.decode_knobs)
-        rows = run_decode(sweep, batches=tuple(int(b) for b in args.batches.split(",")))
+        rows = run_decode(sweep, batches=tuple(int(b) for b in args.batches.split(",")),
+                          rounds=args.rounds)
+        if args.decode_shapes:
+            rows += run_decode_shapes()
     else:
         rows = ([] if ffn_only else run_decode()) + run_ffn(
             ms_list=tuple(int(m) for m in args.ms.split(",")), configs=configs)
