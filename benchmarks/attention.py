@@ -291,7 +291,9 @@ DECODE_SWEEP = [dict(tile_m=16, tile_n=n, num_warps=w, num_stages=st, splits=sp)
 
 
 def run_decode(ceilings=None, log=print) -> list[Row]:
-    """One query token, KV 32768, 32 q heads over 8 kv heads, batch 8."""
+    """One query token, KV 32768, 32 q heads over 8 kv heads, batch 8: ``tf.compile``'s decode
+    (on sm_90a the cluster kernel), the best of a sweep of the split-update template, SDPA and
+    FlexAttention."""
     from torch.nn.attention.flex_attention import flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)
@@ -321,7 +323,13 @@ def run_decode(ceilings=None, log=print) -> list[Row]:
         except Exception as exc:  # noqa: BLE001
             log(f"  tensorfuse decode {knobs}: {type(exc).__name__}: {exc}"[:300])
     if best is not None:
-        impls["tensorfuse"] = best
+        impls["tensorfuse_split_update"] = best
+    f = tf.compile(K.gqa_attention, "cuda")   # what a user gets (sm_90a: the cluster kernel)
+    err = relative_error(f(q, k, v, scale=scale), ref)
+    chosen = f.for_sizes(B=B, H=HQ, HKV=HKV, M=1, N=N, D=D).description
+    impls["tensorfuse"] = (bench(lambda: f(q, k, v, scale=scale)),
+                           f"err {err:.1e}; tf.compile: {chosen}" + ("" if err < 2e-2 else
+                                                                      " WRONG"))
     try:
         run_sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
             q, k, v, scale=scale, enable_gqa=True)

@@ -9,6 +9,9 @@ candidate kernel of a setting.
   slots, consumer warpgroups, the intra-warpgroup overlap and the ping-pong (0/1 in the space);
   its CUDA is built by nvcc ahead of the measurement (cubins cached by source), so a batch's
   builds run in parallel on the CPUs.
+- ``cluster_decode`` (``tf.compile``'s choice for one query token on sm_90a): CTAs per cluster,
+  warps per CTA, blocks of keys per warp in shared memory, and how a warp copies them (0: bulk
+  tensor copies, 1: ``cp.async``); built by nvcc ahead of the measurement like the above.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import tvm
 from ..errors import ScheduleError
 from ..targets import TargetSpec
 
-NATIVE = ("hopper_attention",)   # CUDA C++ templates with a tuning space
+NATIVE = ("hopper_attention", "cluster_decode")   # CUDA C++ templates with a tuning space
 
 
 class TritonSpace:
@@ -138,6 +141,68 @@ class HopperAttentionSpace:
             cubin_for(source, self.task.target)
 
 
+class ClusterDecodeSpace:
+    """The space of the cluster decode kernel (``schedule_templates.cluster.attention_decode``)."""
+
+    made_by_runner = False   # nvcc runs in the builder's threads
+
+    def __init__(self, task):
+        from ..schedule_templates.decode_plan import plan_decode
+
+        self.task = task
+        self.plan = plan_decode(task.kernel.program, task.fusion.names, task.fusion.axis)
+        self._defaults = None   # tf.compile's knobs at the task's sizes (asked once)
+
+    def _default_knobs(self):
+        if self._defaults is None:
+            self._defaults = self.candidate(None).launches(**self.task.dims).knobs
+        return self._defaults
+
+    def choices(self) -> dict[str, tuple[int, ...]]:
+        tensor_cores = self._default_knobs().mma == "mma_sync"   # else cp.async only
+        return {"cluster": (1, 2, 4, 8, 16), "warps": (1, 2, 4), "stages": (2, 3, 4),
+                "copy": (0, 1) if tensor_cores else (1,)}
+
+    def defaults(self) -> dict[str, int]:
+        """What ``tf.compile`` runs untuned (the cluster sized by the driver where a GPU is)."""
+        from ..schedule_templates.decode_plan import COPIES
+
+        knobs = self._default_knobs()
+        return {"cluster": knobs.cluster, "warps": knobs.warps, "stages": knobs.stages,
+                "copy": COPIES.index(knobs.copy)}
+
+    def unfit(self, knobs: dict) -> str | None:
+        from ..schedule_templates.decode_plan import DecodeKnobs, check_decode, knobs_of_setting
+        from ..targets.cuda.cluster_decode import decode_shared_bytes
+
+        full = DecodeKnobs(**{**asdict(self._default_knobs()), **knobs_of_setting(knobs)})
+        try:
+            check_decode(self.plan, full, self.task.dims)
+        except ScheduleError as exc:
+            return exc.message
+        dims, (_, H, HKV, _, _, D) = self.task.dims, self.plan.dims
+        need = decode_shared_bytes(full, dims[D], dims[H] // dims[HKV])
+        if need > self.task.target.max_shared_memory:
+            return f"{full} needs {need} bytes of shared memory per CTA"
+        return None
+
+    def candidate(self, knobs: dict | None):
+        from ..schedule_templates.cluster import attention_decode
+        from ..schedule_templates.decode_plan import knobs_of_setting
+
+        fusion = self.task.fusion
+        return attention_decode(self.task.kernel, fusion, self.task.target, fusion.axis,
+                                **knobs_of_setting(knobs or {}))
+
+    def prepare(self, kernel, compile_ahead: bool) -> None:
+        """The cubin (nvcc runs without a GPU; cached by source, where the launch finds it)."""
+        from ..targets.cuda.module import cubin_for
+
+        if compile_ahead:
+            for source in kernel.launches(**self.task.dims).sources:
+                cubin_for(source, self.task.target)
+
+
 class CpuFusedSpace:
     """The space of a chain ``tf.compile`` runs fused on the CPU (``cpu_fused``): the chunk of
     positions per step and the block of rows a core sweeps together (``Fusion.chunk``,
@@ -183,7 +248,8 @@ class CpuFusedSpace:
 def space_of(task):
     if task.template == "cpu_fused":
         return CpuFusedSpace(task)
-    return HopperAttentionSpace(task) if task.template == "hopper_attention" else TritonSpace(task)
+    spaces = {"hopper_attention": HopperAttentionSpace, "cluster_decode": ClusterDecodeSpace}
+    return spaces.get(task.template, TritonSpace)(task)
 
 
 def native_template(kernel, fusion, name: str, dims: dict, target: TargetSpec,

@@ -32,7 +32,8 @@ from .scalars import (SCALARS_ATTR, bind_scalars_of, check_scalars, plan_values,
 TASK_ATTR = "tensorfuse.task"
 KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits", "reload",  # Triton
               "stages", "consumers", "overlap", "pingpong", "schedule",     # hopper_attention
-              "ctas_per_sm", "chunk", "rows")                                # … / cpu_fused
+              "ctas_per_sm", "chunk", "rows",                               # … / cpu_fused
+              "cluster", "warps", "copy")                                   # cluster_decode
 
 
 def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
@@ -122,7 +123,8 @@ class TuningTask:
     kernel: object            # a tensorfuse Kernel
     dims: dict
     target: TargetSpec
-    template: str             # "cpu", "cpu_fused", "attention", "row_reduction", "hopper_attention"
+    template: str             # "cpu", "cpu_fused", "attention", "row_reduction", "hopper_attention",
+    #                           "cluster_decode"
     fusion: Fusion | None = None
     scalars: dict = field(default_factory=dict)   # the user's values (others: the defaults)
     mod: tvm.IRModule = field(init=False, repr=False)

@@ -10,6 +10,7 @@ from ..dsl.program import Program
 from ..errors import RollingUpdateError, ScheduleError, TargetError
 from ..targets import TargetSpec
 from .fusion import Fusion
+from .cluster import attention_decode
 from .hopper_attention import hopper_attention
 from .hopper_ffn import hopper_ffn
 from .hopper_gemm import hopper_gemm
@@ -70,8 +71,12 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) 
     with an elementwise output) get the persistent Hopper GEMM, GEMM chains (FFN) with more than
     32 rows two of them (the activation in the first's epilogue) and fewer rows the cluster
     template (the intermediate kept in the cluster's shared memory); softmax attention gets the
-    warp-specialised Hopper template for prefill (more than 64 query rows; fewer go to the Triton
-    template's split update) — a mask that reads the sequence as a 2-D/3-D map in patches copied
+    warp-specialised Hopper template for prefill (more than 64 query rows) and, for one query
+    token (decode), the cluster decode kernel (the keys of each (batch, kv-head) split over a
+    thread-block cluster, states merged in distributed shared memory: 1.01–1.2× the split update
+    over batches 1–128, 1k–128k keys, 32/8 and 32/32 heads, session 36); other few-row calls,
+    and decode chains it refuses, go to the Triton template's split update — a mask that reads
+    the sequence as a 2-D/3-D map in patches copied
     as TMA boxes where the call's map allows it (``hopper_tiling``), else on the Triton template,
     which gathers the patches — each measured faster than the Triton template
     (benchmarks/RESULTS.md). Sizes a native template refuses go to the Triton one.
@@ -83,6 +88,10 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) 
     if name == "attention":
         made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True,
                       tuned=records("hopper_attention") if records else None)
+        made += _made(attention_decode, kernel, fusion, spec, fusion.axis,
+                      description=f"cluster_decode (the keys {fusion.axis} split over a cluster "
+                                  "per (batch, kv-head))",
+                      tuned=records("cluster_decode") if records else None)
     return tuple(made)
 
 

@@ -27,10 +27,11 @@ from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.cluster_decode import (decode_shared_bytes, decode_source,
                                             decode_tensor_maps)
 from ..targets.cuda.gemm_chain import EPILOGUE_VEC, gemm_chain_source
-from ..targets.cuda.module import KernelEntry, cubin_for, local_gpu, max_active_clusters
+from ..targets.cuda.module import (TENSOR_MAP, DriverLaunch, KernelEntry, cubin_for,
+                                   local_gpu, max_active_clusters)
 from ..targets.cuda.tma import DeviceMaps
 from .attention import SMS
-from .decode_plan import DecodeKnobs, check_decode, plan_decode
+from .decode_plan import DecodeKnobs, check_decode, knobs_of_setting, plan_decode
 from .gemm_chain_plan import ClusterKnobs, check_sizes, plan_gemm_chain, shared_bytes, wgmma_layout
 
 
@@ -235,10 +236,74 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
     return replace(k, cluster=c)
 
 
+def _key_axis(program, plan) -> int:
+    """Where the key count is among the key tensor's dimensions (``plan_decode`` has checked that
+    keys and values are indexed ``[b, kv-head, j, d]``, as the kernel reads them)."""
+    return next(p for p in program.tensor_params if p.name == plan.k).dims.index(plan.dims[4])
+
+
+def decode_launches(plan, dims: dict, cluster: int | None, knobs: dict, target: TargetSpec,
+                    n_axis: int) -> Launches:
+    """The decode kernel for ``dims`` (every size but the key count, which each call passes):
+    its knobs (the cluster sized by the driver's count of resident clusters where a GPU is
+    present), source, and a launch through the driver (the tensor maps by value, made per call
+    for the call's keys and values)."""
+    B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
+    gpu = local_gpu()
+    asked = []   # "count of cluster" per size asked, for schedule_origin
+    probes = {}  # one cubin per set of knobs but the cluster size, which is given at launch
+
+    def resident(k) -> int:
+        key = replace(k, cluster=1)
+        try:
+            if key not in probes:
+                check_decode(plan, key, dims)
+                probes[key] = cubin_for(decode_source(plan, key, dims), target)
+            count = max_active_clusters(probes[key], "tf_decode_cluster", k.cluster,
+                                        32 * k.warps, decode_shared_bytes(k, D, H // HKV),
+                                        gpu[0])
+        except TargetError as exc:   # the kernel still runs; only the choice is blind
+            warnings.warn(f"{exc}; cluster decode sizes its clusters by the SM count instead",
+                          stacklevel=2)
+            return B * HKV
+        asked.append(f"{count} of {k.cluster}")
+        return count
+
+    k = decode_knobs(B, H, HKV, D, cluster, knobs, target, resident if gpu else None,
+                     gpu[1] if gpu else SMS)
+    why = (f"{B * HKV} clusters (batch × kv-heads); the GPU holds {', '.join(asked)} at once"
+           if asked else "")
+    check_decode(plan, k, dims)
+    source = decode_source(plan, k, dims)
+    smem = decode_shared_bytes(k, D, H // HKV)
+    if smem > target.max_shared_memory:
+        raise ScheduleError(f"warps={k.warps}, stages={k.stages} at head dim {D} and "
+                            f"{H // HKV} heads per kv-head need {smem} bytes of shared memory "
+                            f"per CTA; {target.name} has {target.max_shared_memory}: use "
+                            "fewer warps or stages", user_location())
+    scalars = tuple("float32" if t.startswith("f") else "int32" for _, t in plan.scalars)
+    tma = k.copy == "tma"
+    launch = DriverLaunch(source, target, "tf_decode_cluster",
+                          ("handle",) * 4 + (TENSOR_MAP,) * (2 * tma) + ("int32",) + scalars)
+    grid, threads = B * HKV * k.cluster, 32 * k.warps
+
+    def run(module, values, out, device):
+        kv = (values[plan.k], values[plan.v])
+        n = kv[0].shape[n_axis]
+        maps = decode_tensor_maps(*(t.data_ptr() for t in kv), B * HKV, n, D) if tma else ()
+        launch([pointer(values[plan.q]), *(pointer(t) for t in kv), pointer(out), *maps, n,
+                *(values[name] for name, _ in plan.scalars)], grid, threads, k.cluster, smem,
+               device)
+
+    return Launches(source, [], k, run, why, plan)
+
+
 def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int | None = None,
-                     **knobs) -> ClusterKernel:
+                     description: str | None = None, tuned=None, **knobs) -> ClusterKernel:
     """The rolled attention chain of ``kernel`` with its keys split over one cluster per
-    (batch, kv-head)."""
+    (batch, kv-head) (``description``: how the kernel names itself; default the schedule step).
+    ``tuned``: ``tf.compile``'s lookup of ``cluster_decode`` tuning records, used where no knob
+    is given."""
     _check_target(target)
     if fusion.axis != axis:
         raise ScheduleError(f"cluster_distribute(axis={axis!r}) after a rolling update over "
@@ -251,56 +316,22 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
                             f"attention; knobs: cluster, {', '.join(DECODE_KNOBS)}",
                             user_location())
 
+    keys = plan.dims[4]
+    n_axis = _key_axis(program, plan)
+    made = {}   # launches per sizes but the key count, which the kernel takes as an argument
+
     def layout(dims: dict) -> Launches:
-        B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
-        gpu = local_gpu()
-        asked = []   # "count of cluster" per size asked, for schedule_origin
-        decode_maps = DeviceMaps()   # the key and value tensor maps per pair of addresses
-        probes = {}  # one cubin per set of knobs but the cluster size, which is given at launch
+        found = tuned(dims) if tuned is not None and not knobs and cluster is None else None
+        chosen = knobs_of_setting(found[0]) if found else {}
+        at = tuple((d, x) for d, x in sorted(dims.items()) if d != keys) + \
+            tuple(sorted(chosen.items()))
+        if at not in made:
+            made[at] = decode_launches(plan, dims, chosen.pop("cluster", cluster),
+                                       {**knobs, **chosen}, target, n_axis)
+            if found:
+                made[at].origin = f"cluster_decode tuned record ({found[1]})"
+        return made[at]
 
-        def resident(k) -> int:
-            key = replace(k, cluster=1)
-            try:
-                if key not in probes:
-                    check_decode(plan, key, dims)
-                    probes[key] = cubin_for(decode_source(plan, key, dims), target)
-                count = max_active_clusters(probes[key], "tf_decode_cluster", k.cluster,
-                                            32 * k.warps, decode_shared_bytes(k, D, H // HKV),
-                                            gpu[0])
-            except TargetError as exc:   # the kernel still runs; only the choice is blind
-                warnings.warn(f"{exc}; cluster decode sizes its clusters by the SM count instead",
-                              stacklevel=2)
-                return B * HKV
-            asked.append(f"{count} of {k.cluster}")
-            return count
-
-        k = decode_knobs(B, H, HKV, D, cluster, knobs, target, resident if gpu else None,
-                         gpu[1] if gpu else SMS)
-        why = (f"{B * HKV} clusters (batch × kv-heads); the GPU holds {', '.join(asked)} at once"
-               if asked else "")
-        check_decode(plan, k, dims)
-        source = decode_source(plan, k, dims)
-        smem = decode_shared_bytes(k, D, H // HKV)
-        if smem > target.max_shared_memory:
-            raise ScheduleError(f"warps={k.warps}, stages={k.stages} at head dim {D} and "
-                                f"{H // HKV} heads per kv-head need {smem} bytes of shared memory "
-                                f"per CTA; {target.name} has {target.max_shared_memory}: use "
-                                "fewer warps or stages", user_location())
-        types = tuple("float32" if t.startswith("f") else "int32" for _, t in plan.scalars)
-        tma = k.copy == "tma"
-        entries = [KernelEntry("tf_decode_cluster", ("handle",) * (4 + tma) + types)]
-
-        def run(module, values, out, device):
-            sc = [values[n] for n, _ in plan.scalars]
-            kv = (values[plan.k], values[plan.v])
-            maps = [pointer(decode_maps.get(
-                tuple(t.data_ptr() for t in kv),
-                lambda: decode_tensor_maps(*(t.data_ptr() for t in kv), B * HKV, N, D),
-                device))] if tma else []
-            module["tf_decode_cluster"](pointer(values[plan.q]), *(pointer(t) for t in kv),
-                                        pointer(out), *maps, *sc,
-                                        B * HKV * k.cluster, 1, 32 * k.warps, k.cluster, smem)
-
-        return Launches(source, entries, k, run, why, plan)
-
-    return ClusterKernel(program, target, layout, f"cluster_distribute(axis={axis!r})")
+    return ClusterKernel(program, target, layout,
+                         description or f"cluster_distribute(axis={axis!r})",
+                         origin="cluster_decode template defaults")

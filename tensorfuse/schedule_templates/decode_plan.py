@@ -51,6 +51,13 @@ class DecodeKnobs:
 
 
 WHO = "cluster_distribute (attention)"
+COPIES = ("tma", "cp.async")   # the ``copy`` knob's values; tuning samples and records the index
+
+
+def knobs_of_setting(values: dict) -> dict:
+    """The template's knobs of a tuning setting or record (``copy`` given by its index in
+    :data:`COPIES`)."""
+    return {**values, "copy": COPIES[int(values["copy"])]} if "copy" in values else dict(values)
 
 
 def _refuse(message: str, loc=None) -> ScheduleError:

@@ -18,7 +18,7 @@ from ..interop import StreamScratch
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_gemm import ENTRY, hopper_gemm_source, kernel_arguments
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
-from ..targets.cuda.module import (DependentLaunch, KernelEntry, cubin_for, local_gpu,
+from ..targets.cuda.module import (DriverLaunch, KernelEntry, cubin_for, local_gpu,
                                    max_active_clusters)
 from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .hopper_gemm_plan import (BLOCK_K, HopperGemmPlan, check_gemm, plan_hopper_gemm,
@@ -77,7 +77,7 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
                   dependent: bool = False) -> Launches:
     """The launch of one GEMM at ``dims`` with the user's ``given`` knobs (defaults for the
     rest). ``dependent``: launched through the driver as a programmatic dependent of the kernel
-    before it (:class:`DependentLaunch`; the FFN's second GEMM), which must be the one that
+    before it (:class:`DriverLaunch`; the FFN's second GEMM), which must be the one that
     writes its rows operand."""
     gpu = local_gpu()
     knobs, why = with_knobs(plan, dims, given, gpu[1] if gpu else 132, target.max_shared_memory)
@@ -93,7 +93,8 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     grid = min((full_items + tail * pieces) * knobs.cluster, ctas)
     maps = operand_maps(plan, knobs, (M, K, N))
     entries = [KernelEntry(ENTRY, tuple(t for _, t, _ in kernel_arguments(plan)))]
-    launch = DependentLaunch(source, target, ENTRY, entries[0].arg_types) if dependent else None
+    launch = DriverLaunch(source, target, ENTRY, entries[0].arg_types, dependent=True) \
+        if dependent else None
     part = len(plan.weights) * knobs.block_m * knobs.block_n   # floats per CTA and piece
     # the split tail's partial sums and counters, then the two of pacing (all reset themselves),
     # per device and stream

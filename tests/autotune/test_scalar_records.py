@@ -109,6 +109,33 @@ def test_the_hopper_template_compile_picks_on_sm_90a_is_the_one_tuned(cache):
         "hopper_attention template defaults")
 
 
+def test_the_cluster_decode_compile_picks_on_sm_90a_is_the_one_tuned(cache):
+    """On sm_90a tf.compile runs one query token on the cluster decode kernel: that is the task
+    (its knobs: cluster, warps, stages, copy by index), the settings shared memory cannot hold
+    are left out, and its record is what the compiled kernel uses at those sizes (defaults at
+    others; the key count is a kernel argument, but records are kept per size, as every
+    template's)."""
+    target = tf.get_target("cuda:sm_90a")
+    sizes = dict(B=2, H=8, HKV=2, M=1, N=4096, D=128)
+    task = make_task(K.gqa_attention, sizes, target)
+    assert task.template == "cluster_decode"
+    assert set(task.choices()) == {"cluster", "warps", "stages", "copy"}
+    defaults = task.space.defaults()
+    assert defaults["copy"] == 0 and defaults["warps"] == 4   # bulk copies, four warps
+    assert "shared memory" in task.unfit(dict(defaults, stages=4))
+    knobs = dict(defaults, cluster=4, warps=2, stages=3, copy=1)
+    assert task.unfit(knobs) is None
+    _record(task, knobs, 2e-5)
+    compiled = tf.compile(K.gqa_attention, "cuda:sm_90a")
+    origin = compiled.schedule_origin(**sizes)
+    assert origin.startswith("cluster_decode tuned record (0.02 ms when tuned"), origin
+    assert "cluster=4, warps=2, stages=3, mma=mma_sync, copy=cp.async" in origin
+    assert "tf_cp_async16" in compiled.for_sizes(**sizes).source(**sizes)
+    other = dict(sizes, N=8192)
+    assert compiled.schedule_origin(**other).startswith("cluster_decode template defaults (")
+    assert "copy=tma" in compiled.schedule_origin(**other)
+
+
 def test_the_summary_says_when_the_space_ran_out():
     from tensorfuse.autotune.job import TaskResult, TuningSummary
 

@@ -30,7 +30,9 @@ def _candidates(task, count):
     (K.causal_attention, ATTENTION, "cuda:sm_80", "attention"),
     (K.sliding_window_attention, ATTENTION, "cuda:sm_90a", "hopper_attention"),  # what compile
     (K.layernorm, dict(M=256, N=4096), "cuda:sm_90a", "row_reduction"),          # runs there
-    (K.gqa_attention, dict(B=2, H=8, HKV=2, M=1, N=4096, D=64), "cuda:sm_90a", "attention"),
+    (K.gqa_attention, dict(B=2, H=8, HKV=2, M=1, N=4096, D=64), "cuda:sm_80", "attention"),
+    (K.gqa_attention, dict(B=2, H=8, HKV=2, M=4, N=4096, D=64), "cuda:sm_90a", "attention"),
+    (K.gqa_attention, dict(B=2, H=8, HKV=2, M=1, N=4096, D=64), "cuda:sm_90a", "cluster_decode"),
 ])
 def test_sampled_knobs_come_from_the_template_and_build(kernel, sizes, target, template):
     from tvm.s_tir.meta_schedule.builder import BuilderInput

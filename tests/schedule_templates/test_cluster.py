@@ -13,7 +13,8 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.errors import ScheduleError
 from tensorfuse.kernels.attention import (attention, document_attention, gqa_attention,
-                                         sliding_window_attention, softcap_attention)
+                                          sliding_window_attention, softcap_attention,
+                                          softmax_attend)
 from tensorfuse.kernels.ffn import ffn_gelu, ffn_swiglu
 from tensorfuse.targets.cuda.dsm import CLUSTER_PTX
 
@@ -175,10 +176,37 @@ def test_decode_bulk_copies_read_the_swizzled_boxes(D):
     ptx = f.ptx(**sizes)
     assert ptx.count("cp.async.bulk.tensor.3d.shared::cluster.global") % 2 == 0  # keys, values
     assert "cp.async.bulk.tensor.3d.shared::cluster.global" in ptx
-    assert "mbarrier.arrive.expect_tx" in ptx and "fence.proxy.tensormap::generic.acquire" in ptx
+    assert "mbarrier.arrive.expect_tx" in ptx
+    # the maps are kernel parameters (by value, made per call), read through their generic address
+    assert len(re.findall(r"\.param \.align 64 \.b8 tf_decode_cluster_param_\d+\[128\]", ptx)) == 2
+    assert "cvta.param.u64" in ptx
     tma, skewed = (DecodeKnobs(cluster=4, warps=4, stages=2, copy=c) for c in ("tma", "cp.async"))
     assert decode_shared_bytes(skewed, D, 4) - decode_shared_bytes(tma, D, 4) == \
         4 * 2 * 32 * 2 * 16 - 1024 - 64   # skew gone; alignment slack and barriers added
+
+
+def test_decode_takes_the_key_count_at_run_time():
+    """A decode cache grows by a key per step: one kernel (one source, one set of launches)
+    serves every key count, which each call passes; other sizes are compiled in. Keys laid out
+    other than [b, kv-head, j, d] (as the kernel reads them) are refused."""
+    f = _decode(gqa_attention)
+    sizes = dict(DECODE)
+    sources = {f.source(**{**sizes, "N": n}) for n in (1, 1000, 4097, 32768)}
+    assert len(sources) == 1
+    source = sources.pop()
+    assert "int n_keys" in source and "#define N_ n_keys" in source
+    assert f.launches(**{**sizes, "N": 5}) is f.launches(**{**sizes, "N": 6})
+    assert f.source(**{**sizes, "B": 3}) != source   # the batch is compiled in
+
+    @tf.kernel
+    def keys_last(q: T.Tensor["B", "H", "M", "D", "bf16"], k: T.Tensor["B", "H", "D", "N", "bf16"],
+                  v: T.Tensor["B", "H", "N", "D", "bf16"], scale: T.f32):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        s = T.sum(q[b, h, i, d] * k[b, h, d, j], over=d) * scale
+        return softmax_attend(s, v[b, h, j, e], j)
+
+    with pytest.raises(ScheduleError, match=r"k and v must be indexed \[b, kv-head, j, d\]"):
+        _decode(keys_last)
 
 
 @needs_nvcc
@@ -690,6 +718,51 @@ def test_cluster_decode_defaults_run_in_one_wave_on_the_gpu(B):
     f(q, k, v, scale=scale, out=out)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err
+
+
+@pytest.mark.gpu
+def test_compiled_decode_serves_a_growing_cache_with_one_kernel_on_the_gpu():
+    """``tf.compile``'s decode (the cluster kernel on sm_90a) at a key count that grows by one
+    per step, as a KV cache does, and then jumps, with a large score range: each step against
+    float64, with its output poisoned first; every step runs the one kernel built for the
+    first (the key count is an argument), and the sliding window's mask, which reads the key
+    count, moves with it."""
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the cluster decode kernel is tf.compile's decode on sm_90 only")
+    from tensorfuse.targets.cuda.kernel import ClusterKernel
+
+    g = torch.Generator(device="cuda").manual_seed(36)
+    B, H, HKV, D, window = 3, 12, 4, 128, 70
+    cache_k, cache_v = _bf16(torch, B, HKV, 5000, D, gen=g), _bf16(torch, B, HKV, 5000, D, gen=g)
+    q = _bf16(torch, B, H, 1, D, scale=30.0, gen=g)   # scores of std ~30: exp's range tested
+    scale = 1 / math.sqrt(D)
+    f = tf.compile(gqa_attention, target="cuda")
+    window_f = tf.compile(sliding_window_attention, target="cuda")
+    built = set()
+    for N in (1, 2, 3, 31, 32, 33, 97, 4097, 5000):
+        k, v = cache_k[:, :, :N].contiguous(), cache_v[:, :, :N].contiguous()
+        kk = k.double().repeat_interleave(H // HKV, 1)
+        vv = v.double().repeat_interleave(H // HKV, 1)
+        s = q.double() @ kk.transpose(-1, -2) * scale
+        for fn, scores, scalars in ((f, s, {}), (window_f, torch.where(
+                N - 1 - torch.arange(N, device="cuda") < window, s, -torch.inf),
+                {"window": window})):
+            kernel = fn.for_sizes(B=B, H=H, HKV=HKV, M=1, N=N, D=D) if fn is f else \
+                fn.for_sizes(B=B, H=H, M=1, N=N, D=D)
+            assert isinstance(kernel, ClusterKernel), kernel
+            ref = torch.softmax(scores, -1) @ vv
+            out = torch.full_like(q, float("nan"))
+            if fn is f:
+                fn(q, k, v, scale=scale, out=out)
+                built.add(id(kernel.launches(B=B, H=H, HKV=HKV, M=1, N=N, D=D)))
+            else:
+                fn(q, kk.to(torch.bfloat16), vv.to(torch.bfloat16), scale=scale, out=out,
+                   **scalars)
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, (N, fn, err)
+    assert len(built) == 1
 
 
 @pytest.mark.gpu

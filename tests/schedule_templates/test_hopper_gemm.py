@@ -389,21 +389,25 @@ def test_every_layout_epilogue_and_knob_matches_float64_on_the_gpu():
     assert check(log=lambda line: None) == 0
 
 
-def test_dependent_launch_packs_the_arguments_as_the_kernel_takes_them():
+def test_driver_launch_packs_the_arguments_as_the_kernel_takes_them():
     """The driver launch's parameter buffer (refilled per call) holds each argument as its
-    type: pointers, 32-bit ints, floats — and a wrong count is refused before any launch."""
+    type: pointers, 32-bit ints, floats, tensor maps by value (their 128 bytes) — and a wrong
+    count is refused before any launch."""
     import ctypes
 
     from tensorfuse.errors import TargetError
-    from tensorfuse.targets.cuda.module import DependentLaunch
+    from tensorfuse.targets.cuda.module import TENSOR_MAP, DriverLaunch
 
-    launch = DependentLaunch("", tf.get_target("cuda:sm_90a"), "k", ("handle", "int32", "float32"))
-    for args in ([ctypes.c_void_p(0xDEAD0), 7, 0.5], [ctypes.c_void_p(0xBEEF0), -3, 2.25]):
+    launch = DriverLaunch("", tf.get_target("cuda:sm_90a"), "k",
+                          ("handle", "int32", "float32", TENSOR_MAP))
+    for args in ([ctypes.c_void_p(0xDEAD0), 7, 0.5, bytes(range(128))],
+                 [ctypes.c_void_p(0xBEEF0), -3, 2.25, bytes(range(255, 127, -1))]):
         params = launch.parameters(args)
         read = [ctypes.cast(params[i], ctypes.POINTER(t)).contents.value
                 for i, t in enumerate((ctypes.c_void_p, ctypes.c_int, ctypes.c_float))]
         assert read == [args[0].value, args[1], args[2]]
-    with pytest.raises(TargetError, match="takes 3 arguments"):
+        assert ctypes.string_at(params[3], 128) == args[3]
+    with pytest.raises(TargetError, match="takes 4 arguments"):
         launch.parameters([1, 2])
 
 

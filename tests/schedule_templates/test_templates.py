@@ -94,7 +94,9 @@ def test_auto_template_for_gpu_targets():
 
     attention = tf.compile(K.alibi_attention, "cuda:sm_90a")   # prefill: the Hopper template
     assert isinstance(attention.for_sizes(B=1, H=2, M=256, N=256, D=128), ClusterKernel)
-    assert isinstance(attention.for_sizes(B=1, H=2, M=1, N=256, D=128), TritonKernel)
+    decode = attention.for_sizes(B=1, H=2, M=1, N=256, D=128)   # one query token
+    assert isinstance(decode, ClusterKernel) and "cluster_decode" in decode.description
+    assert isinstance(attention.for_sizes(B=1, H=2, M=4, N=256, D=128), TritonKernel)
     ampere = tf.compile(K.alibi_attention, "cuda:sm_80")
     assert isinstance(ampere.for_sizes(B=1, H=2, M=256, N=256, D=128), TritonKernel)
     assert "row-reduction template" in tf.compile(K.layernorm, "cuda:sm_90a").description
@@ -124,14 +126,28 @@ def test_template_errors():
         cpu.apply_template("row_reduction")
 
 
-def test_decode_gets_the_split_update():
+def test_decode_gets_the_cluster_kernel_and_few_rows_the_split_update():
+    """One query token on sm_90a: the cluster decode kernel (faster than the split update at every
+    shape measured, session 36); a few query rows (speculative decoding), other GPUs and chains
+    the cluster kernel refuses (a mask read from a tensor): the Triton split update."""
+    from tensorfuse.targets.cuda.kernel import ClusterKernel
+
     f = tf.compile(K.gqa_attention, "cuda:sm_90a")
-    kernel = f.for_sizes(B=8, H=32, HKV=8, M=1, N=32768, D=128)
-    plan, knobs = kernel.build(B=8, H=32, HKV=8, M=1, N=32768, D=128)[:2]
-    assert knobs.splits > 1
-    source = kernel.source(B=8, H=32, HKV=8, M=1, N=32768, D=128)
-    assert "_part(" in source and "_merge(" in source
-    assert ".target sm_90a" in kernel.ptx(B=8, H=32, HKV=8, M=1, N=32768, D=128)
+    sizes = dict(B=8, H=32, HKV=8, M=1, N=32768, D=128)
+    decode = f.for_sizes(**sizes)
+    assert isinstance(decode, ClusterKernel)
+    assert "copy=tma" in decode.schedule_origin(**sizes)
+    assert "cp.async.bulk.tensor.3d" in decode.ptx(**sizes)
+    for kernel, target, sizes in [(K.gqa_attention, "cuda:sm_90a", {**sizes, "M": 4}),
+                                  (K.gqa_attention, "cuda:sm_80", sizes),
+                                  (K.document_attention, "cuda:sm_90a",
+                                   dict(B=2, H=8, M=1, N=4096, D=128))]:
+        split = tf.compile(kernel, target).for_sizes(**sizes)
+        plan, knobs = split.build(**sizes)[:2]
+        assert knobs.splits > 1, (kernel, target)
+        source = split.source(**sizes)
+        assert "_part(" in source and "_merge(" in source
+        assert f".target {target.split(':')[1]}" in split.ptx(**sizes)
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx90a"])

@@ -22,25 +22,32 @@ applies). No partial state goes to global memory.
 """
 from __future__ import annotations
 
+import functools
 import textwrap
 from dataclasses import dataclass
 
 from .dsm import HELPERS
 from .mma_sync import HELPERS as MMA_SYNC_HELPERS
 from .expr import size_macros, to_cuda
-from .tma import HELPERS as TMA_HELPERS, MBARRIER_HELPERS, load_helper, tensor_map
+from .tma import MBARRIER_HELPERS, load_helper, tensor_map
 
 SWIZZLE_ATOM = 32 * 128   # bytes of one 128-byte-swizzled box: 32 rows of 64 bf16 columns
+# copy="tma": the key and value tensor maps, passed by value (made on the host per call: the
+# key count changes them, and a kernel parameter needs no device buffer)
+TENSOR_MAP_TYPE = "struct __align__(64) TfTensorMap { unsigned char bytes[128]; };\n"
+MAP_PARAMS = (",\n                  const __grid_constant__ TfTensorMap k_map, "
+              "const __grid_constant__ TfTensorMap v_map")
 
 
+@functools.lru_cache(maxsize=16)   # a call's maps, again for the same tensors (pure: addresses)
 def decode_tensor_maps(k_address: int, v_address: int, pairs: int, keys: int,
-                       head_dim: int) -> bytes:
-    """The key and value tensor maps of ``copy="tma"`` (256 bytes: keys, then values): each
-    tensor ``[pairs, keys, head_dim]`` bf16 — (batch, kv-head) pairs, contiguous — copied in
-    boxes of 32 rows × 64 columns in the 128-byte swizzle. A box past a pair's last key reads
-    zeros, not the next pair's keys."""
-    return b"".join(tensor_map(address, (pairs, keys, head_dim), (1, 32, 64))
-                    for address in (k_address, v_address))
+                       head_dim: int) -> tuple[bytes, bytes]:
+    """The key and value tensor maps of ``copy="tma"`` (128 bytes each): each tensor
+    ``[pairs, keys, head_dim]`` bf16 — (batch, kv-head) pairs, contiguous — copied in boxes of
+    32 rows × 64 columns in the 128-byte swizzle. A box past a pair's last key reads zeros, not
+    the next pair's keys."""
+    return tuple(tensor_map(address, (pairs, keys, head_dim), (1, 32, 64))
+                 for address in (k_address, v_address))
 
 
 def score_code(plan) -> str:
@@ -50,10 +57,14 @@ def score_code(plan) -> str:
 
 def decode_source(plan, knobs, sizes: dict) -> str:
     """CUDA C++ for ``tf_decode_cluster``: grid (B·HKV·cluster), cluster (cluster), dynamic shared
-    memory :func:`decode_shared_bytes`; with ``copy="tma"`` its argument after ``out`` is the
-    device address of the key and value tensor maps (:func:`decode_tensor_maps`). ``plan`` and
-    ``knobs`` come from ``schedule_templates.decode_plan`` (checked against these sizes there)."""
+    memory :func:`decode_shared_bytes`. Its arguments: q, k, v, out; with ``copy="tma"`` the key
+    and value tensor maps by value (:func:`decode_tensor_maps`, ``__grid_constant__``); the
+    key count; the program's scalars. The key count is an argument, not part of the source, so
+    that one kernel serves a cache that grows by a key per step (every other size is compiled
+    in; ``sizes``' key count is not used). ``plan`` and ``knobs`` come from
+    ``schedule_templates.decode_plan`` (checked against these sizes there)."""
     B, H, HKV, M, N, D = (sizes[d] for d in plan.dims)
+    keys = plan.dims[4]
     G, C, W = H // HKV, knobs.cluster, knobs.warps
     tensor_cores = knobs.mma == "mma_sync"
     tma = knobs.copy == "tma"
@@ -64,10 +75,11 @@ def decode_source(plan, knobs, sizes: dict) -> str:
     return f"""#include <cuda_bf16.h>
 {HELPERS}
 {MMA_SYNC_HELPERS if tensor_cores else ""}
-{MBARRIER_HELPERS + TMA_HELPERS + load_helper(3) if tma else ""}
-{size_macros(sizes)}#define G {G}
+{MBARRIER_HELPERS + load_helper(3) if tma else ""}
+{size_macros({d: x for d, x in sizes.items() if d != keys})}#define TF_SIZE_{keys} n_keys   // the key count: an argument (kernel code only)
+#define G {G}
 #define D {D}
-#define N_ {N}
+#define N_ n_keys
 #define HKV_ {HKV}
 #define H_ {H}
 #define CLUSTER {C}
@@ -79,11 +91,11 @@ __device__ __forceinline__ float warp_sum(float x) {{
   for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
   return x;
 }}
-{copy.address}{sweep.helpers}
+{copy.address}{sweep.helpers}{TENSOR_MAP_TYPE if tma else ""}
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                   const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out{
-                      ", const char* __restrict__ maps" if tma else ""}{scalar_args}) {{
+                      MAP_PARAMS if tma else ""}, int n_keys{scalar_args}) {{
   // Shared memory, all of it dynamic (decode_shared_bytes): per warp STAGES blocks of 32 key and
   // value rows, then {"the warps' copy barriers, " if tma else ""}{
       "q as [d][head], " if not tensor_cores else ""}the warps' and the CTA's states.
@@ -220,8 +232,6 @@ __device__ __forceinline__ const __nv_bfloat16* k_at(const __nv_bfloat16* blk, i
   if (lane == 0) {{
     for (int s = 0; s < STAGES; ++s) tf_mbar_init(ready + s, 1);
     tf_mbar_init_fence();
-    tf_tensormap_acquire(maps);
-    tf_tensormap_acquire(maps + 128);
   }}
   __syncwarp();
   auto load_keys = [&](int buf, int first) {{
@@ -229,10 +239,10 @@ __device__ __forceinline__ const __nv_bfloat16* k_at(const __nv_bfloat16* blk, i
       tf_mbar_expect(ready + buf, 2 * 32 * D * 2);
       #pragma unroll
       for (int a = 0; a < D / 64; ++a) {{
-        tf_tma_load_3d(reinterpret_cast<char*>(kbuf + buf * 32 * KST) + a * {SWIZZLE_ATOM}, maps,
-                       a * 64, first, pair, ready + buf);
+        tf_tma_load_3d(reinterpret_cast<char*>(kbuf + buf * 32 * KST) + a * {SWIZZLE_ATOM},
+                       &k_map, a * 64, first, pair, ready + buf);
         tf_tma_load_3d(reinterpret_cast<char*>(vbuf + buf * 32 * VST) + a * {SWIZZLE_ATOM},
-                       maps + 128, a * 64, first, pair, ready + buf);
+                       &v_map, a * 64, first, pair, ready + buf);
       }}
     }}
   }};

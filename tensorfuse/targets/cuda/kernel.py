@@ -59,7 +59,9 @@ class Launches:
     ``run(module, values, out, device)`` which launches them (``out``: the output tensor, or the
     tuple of them for a program of several outputs); ``module`` is built on the first
     call. ``more``: further ``(source, entries)`` built as modules of their own (kernels whose
-    sources cannot share one translation unit); ``run`` then gets the tuple of all modules."""
+    sources cannot share one translation unit); ``run`` then gets the tuple of all modules.
+    Launches with no ``entries`` (and no ``more``) launch through the driver themselves
+    (:class:`~.module.DriverLaunch`): no TVM module is built and ``run`` gets ``()``."""
 
     def __init__(self, source: str, entries: list[KernelEntry], knobs, run, why: str = "",
                  plan=None, more: tuple = (), origin: str | None = None):
@@ -76,6 +78,8 @@ class Launches:
 
     def build(self, target: TargetSpec) -> None:
         """The module(s), once."""
+        if self.module is None and not self.entries and not self.more:
+            self.module = ()
         if self.module is None:
             modules = tuple(Functions(cuda_module(source, entries, target))
                             for source, entries in ((self.source, self.entries),) + self.more)

@@ -100,8 +100,9 @@ class _LaunchConfig(ctypes.Structure):
 
 _FUNC_MAX_DYNAMIC_SHARED, _FUNC_NON_PORTABLE_CLUSTER, _LAUNCH_CLUSTER_DIMENSION = 8, 14, 4
 _LAUNCH_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+TENSOR_MAP = "tensormap"   # an argument type of driver launches: a 128-byte tensor map by value
 _C_TYPES = {"handle": ctypes.c_void_p, "int32": ctypes.c_int,   # TVM's argument types
-            "float32": ctypes.c_float}
+            "float32": ctypes.c_float, TENSOR_MAP: ctypes.c_ubyte * 128}
 
 
 def _check(err: int, what: str) -> None:
@@ -148,24 +149,29 @@ def _launch_config(grid: int, threads: int, shared_bytes: int, cluster: int,
     return config, attrs
 
 
-class DependentLaunch:
-    """A kernel launched through the driver (``cuLaunchKernelEx``) as a *programmatic dependent*
-    of the kernel before it on the stream: it may start while that one finishes (its CTAs on SMs
-    the other leaves free, its prologue overlapping the other's last tiles) and must execute
-    ``griddepcontrol.wait`` before reading what that kernel wrote. TVM's runtime launches
-    without this attribute, so such a kernel has its own module, loaded once per device. The
-    parameter buffer and the launch configurations are made once and refilled per call: built
-    per call they made the host slower than the GPU (H100, session 26)."""
+class DriverLaunch:
+    """A kernel launched through the driver (``cuLaunchKernelEx``), for what TVM's runtime
+    launcher cannot pass: a *programmatic dependent* of the kernel before it on the stream
+    (``dependent``: it may start while that one finishes — its CTAs on SMs the other leaves
+    free, its prologue overlapping the other's last tiles — and must execute
+    ``griddepcontrol.wait`` before reading what that kernel wrote), and tensor maps passed by
+    value (argument type :data:`TENSOR_MAP`, a ``__grid_constant__`` parameter: made on the host
+    per call, with no device buffer to fill). Such a kernel has its own module, loaded once per
+    device. The parameter buffer and the launch configurations are made once and refilled per
+    call: built per call they made the host slower than the GPU (H100, session 26)."""
 
-    def __init__(self, source: str, target: TargetSpec, name: str, arg_types: tuple[str, ...]):
+    def __init__(self, source: str, target: TargetSpec, name: str, arg_types: tuple[str, ...],
+                 dependent: bool = False):
         self.source, self.target, self.name, self.arg_types = source, target, name, arg_types
+        self.dependent = dependent
         self.functions: dict = {}   # (device, shared bytes, cluster) -> (module, function)
         self._values = self._params = None   # the parameters' memory, refilled per launch
         self._configs: dict = {}             # (grid, threads, cluster, smem) -> configuration
         self._lock = threading.Lock()
 
     def parameters(self, args: list):
-        """The driver's ``void**`` kernel parameters holding ``args`` (kept memory, refilled)."""
+        """The driver's ``void**`` kernel parameters holding ``args`` (kept memory, refilled;
+        a tensor map given as its 128 bytes)."""
         if len(args) != len(self.arg_types):
             raise TargetError(f"{self.name} takes {len(self.arg_types)} arguments, not "
                               f"{len(args)}")
@@ -174,7 +180,10 @@ class DependentLaunch:
             self._params = (ctypes.c_void_p * len(self._values))(
                 *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in self._values])
         for slot, value in zip(self._values, args):
-            slot.value = value.value if isinstance(value, ctypes.c_void_p) else value
+            if isinstance(slot, ctypes.Array):
+                ctypes.memmove(slot, value, len(slot))
+            else:
+                slot.value = value.value if isinstance(value, ctypes.c_void_p) else value
         return self._params
 
     def __call__(self, args: list, grid: int, threads: int, cluster: int, shared_bytes: int,
@@ -199,7 +208,7 @@ class DependentLaunch:
             shape = (grid, threads, cluster, shared_bytes)
             if shape not in self._configs:
                 self._configs[shape] = _launch_config(grid, threads, shared_bytes, cluster,
-                                                      dependent=True)
+                                                      dependent=self.dependent)
             config = self._configs[shape][0]
             config.stream = raw_stream(index)
             _check(libcuda().cuLaunchKernelEx(ctypes.byref(config), self.functions[key][1],
