@@ -1,5 +1,5 @@
 """GQA decode at B=4 (32 query heads on 8 kv-heads, 32k keys, D=128, bf16) through the cluster
-kernel (``cluster_distribute``, its defaults) and through ``tf.compile``'s split update, three
+kernel (``cluster_distribute``, its defaults) and through the split-update template, three
 calls each, for Nsight Compute to profile the cluster kernel and the split update's part kernel
 (issue 18: the cluster kernel streams the keys at 0.89x the split update's rate at B=4 only).
 
@@ -9,14 +9,13 @@ calls each, for Nsight Compute to profile the cluster kernel and the split updat
 """
 import torch
 
-import tensorfuse as tf
-import tensorfuse.kernels as K
-from benchmarks.cluster import DECODE_HEADS, DECODE_KEYS, DECODE_D, cluster_decode, decode_inputs
+from benchmarks.cluster import (DECODE_D, DECODE_HEADS, DECODE_KEYS, cluster_decode,
+                                decode_inputs, split_update_decode)
 
 B = 4
 q, k, v, scale, _, _ = decode_inputs(B)
 cluster = cluster_decode()
-split = tf.compile(K.gqa_attention, target="cuda")
+split = split_update_decode()
 print(cluster.launches(B=B, H=DECODE_HEADS[0], HKV=DECODE_HEADS[1], M=1, N=DECODE_KEYS,
                        D=DECODE_D).knobs)
 for f in (cluster, split):

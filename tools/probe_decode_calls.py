@@ -17,16 +17,8 @@ import torch
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
-from benchmarks.attention import CHAIN
+from benchmarks.cluster import split_update_decode
 from benchmarks.common import bench_graph, host_us
-
-
-def split_update():
-    """The split-update template, as ``tf.compile`` ran decode before session 36."""
-    sch = tf.schedule(K.gqa_attention, "cuda")
-    sch.rolling_update(*CHAIN, axis="j")
-    sch.apply_template("attention")
-    return sch.compile()
 
 
 def main(argv=None) -> int:
@@ -46,7 +38,7 @@ def main(argv=None) -> int:
     print("tf.compile runs:", compiled.for_sizes(B=B, H=HQ, HKV=HKV, M=1, N=N, D=D).description)
     sdpa = lambda q, k, v, scale: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
         q, k, v, scale=scale, enable_gqa=True)
-    for name, f in (("tf.compile", compiled), ("split update", split_update()), ("sdpa", sdpa)):
+    for name, f in (("tf.compile", compiled), ("split update", split_update_decode()), ("sdpa", sdpa)):
         f(q, k, v, scale=scale)
         torch.cuda.synchronize()
         host = host_us(lambda: f(q, k, v, scale=scale))
