@@ -9,8 +9,8 @@ from ..algebra import chain_candidates, plan_chain
 from ..dsl.program import Program
 from ..errors import RollingUpdateError, ScheduleError, TargetError
 from ..targets import TargetSpec
-from .fusion import Fusion
 from .cluster import attention_decode
+from .fusion import Fusion
 from .hopper_attention import hopper_attention
 from .hopper_ffn import hopper_ffn
 from .hopper_gemm import hopper_gemm

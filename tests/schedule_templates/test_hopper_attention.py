@@ -390,8 +390,10 @@ def test_one_source_serves_every_sequence_length():
 def test_compile_prefers_it_for_prefill_on_sm90a():
     f = tf.compile(K.causal_attention, "cuda:sm_90a")
     assert f.schedule_origin(**PREFILL).startswith("hopper_attention template defaults")
-    decode = dict(PREFILL, M=1)
-    assert f.schedule_origin(**decode) == "template defaults"   # the Triton split update
+    decode = dict(PREFILL, M=1)   # one query token: the cluster decode kernel
+    assert f.schedule_origin(**decode).startswith("cluster_decode template defaults (")
+    few = dict(PREFILL, M=4)      # a few: the Triton split update
+    assert f.schedule_origin(**few) == "template defaults"
     assert "wgmma" not in f.source(**{**PREFILL, "D": 96})      # a head dim it does not take
     other = tf.compile(K.causal_attention, "cuda:sm_80")
     assert "hopper" not in other.description
