@@ -20,19 +20,39 @@ from .scalars import SCALARS_ATTR, nearest, scalars_label
 from .scalars import plan_values
 from .tasks import TASK_ATTR, task_name, workload
 
-_OPEN: dict = {}  # path -> (records file mtime, database)
+_OPEN: dict = {}  # path -> (records file mtime, database, its index: _recorded)
 
 
 def _database(path: str):
+    """``(database, index)`` of the records at ``path`` (reopened when the records file
+    changes), or None where there are none."""
     records = os.path.join(path, RECORDS)
     if not os.path.exists(records) or os.path.getsize(records) == 0:
         return None
     stamp = os.path.getmtime(records)
     cached = _OPEN.get(path)
     if cached is None or cached[0] != stamp:
-        cached = (stamp, open_database(path, read_only=True))
+        db = open_database(path, read_only=True)
+        cached = (stamp, db, _recorded(db))
         _OPEN[path] = cached
-    return cached[1]
+    return cached[1:]
+
+
+def _recorded(db) -> dict[tuple[str, str], list[dict]]:
+    """The plan-scalar values the database holds records for, per (task — a kernel at sizes —,
+    template), read once per opening: a lookup at sizes with no record then returns before the
+    workload is lowered (every new shape of a compiled kernel asks: a decode cache that grows by
+    a key a step asks at every step, 18 ms a step where lowering, 0.4 ms without)."""
+    found: dict = {}
+    for record in db.get_all_tuning_records():
+        attrs = record.workload.mod["main"].attrs   # every workload carries them (tasks.workload)
+        if attrs is None or TASK_ATTR not in attrs:
+            continue
+        values = found.setdefault((str(attrs[TASK_ATTR]), str(attrs[TEMPLATE_ATTR])), [])
+        scalars = json.loads(str(attrs[SCALARS_ATTR]))
+        if scalars not in values:
+            values.append(scalars)
+    return found
 
 
 def best_record(db, mod: tvm.IRModule):
@@ -61,14 +81,16 @@ def tuned(program: Program, template: str, fusion, target: TargetSpec, dims: dic
     gets the nearest recorded values' (:func:`.scalars.nearest`), and the origin says so. The
     schedule is replayed on the function with its scalar parameters unbound for the CPU."""
     path = default_database_dir(target)
-    db = _database(path)
-    if db is None:
+    opened = _database(path)
+    recorded = opened[1].get((task_name(program.name, dims), template)) if opened else None
+    if not recorded:   # no record of this kernel at these sizes with this template
         return None
+    db = opened[0]
     wanted = plan_values(program, template, dims, scalars)
     found = best_record(db, workload(program, template, fusion, dims, scalars))
     at = ""
     if found is None and wanted:
-        values = nearest(wanted, _recorded_values(db, task_name(program.name, dims), template))
+        values = nearest(wanted, recorded)
         if values is not None:
             found = best_record(db, workload(program, template, fusion, dims, values))
             at = (f" at {scalars_label(values)}, the nearest tuned values to "
@@ -78,17 +100,3 @@ def tuned(program: Program, template: str, fusion, target: TargetSpec, dims: dic
     record, secs = found
     base = workload(program, template, fusion, dims, scalars, bind_scalars=template != "cpu")
     return replay(record, base), f"{secs * 1e3:.4g} ms when tuned{at}, from {path}"
-
-
-def _recorded_values(db, task: str, template: str) -> list[dict]:
-    """The plan-scalar values the database holds records of ``task`` (kernel at sizes) for."""
-    found = []
-    for record in db.get_all_tuning_records():
-        attrs = record.workload.mod["main"].attrs
-        if attrs is None or str(attrs.get(TASK_ATTR, "")) != task or \
-                str(attrs.get(TEMPLATE_ATTR, "")) != template:
-            continue
-        values = json.loads(str(attrs[SCALARS_ATTR]))
-        if values not in found:
-            found.append(values)
-    return found

@@ -136,6 +136,45 @@ def test_the_cluster_decode_compile_picks_on_sm_90a_is_the_one_tuned(cache):
     assert "copy=tma" in compiled.schedule_origin(**other)
 
 
+def test_a_lookup_where_no_record_is_lowers_nothing(cache, monkeypatch):
+    """Every new shape of a compiled kernel asks the database (a decode cache that grows by a key
+    a step asks at every step): where it holds no record of the kernel at those sizes with that
+    template the answer comes from its index, without lowering the workload (18 ms a key count
+    with one record in the database, 0.1 ms without); where it holds one, the record is found."""
+    from tensorfuse.autotune import lookup
+
+    target = tf.get_target("cuda:sm_90a")
+    sizes = dict(B=2, H=8, HKV=2, M=1, N=4096, D=128)
+    task = make_task(K.gqa_attention, sizes, target)
+    _record(task, task.space.defaults(), 2e-5)
+    lowered = []
+    real = lookup.workload
+    monkeypatch.setattr(lookup, "workload", lambda *a, **kw: lowered.append(a[3]) or real(*a, **kw))
+    program, fusion = K.gqa_attention.program, task.fusion
+    for n in (4097, 4098):
+        assert tuned(program, "cluster_decode", fusion, target, dict(sizes, N=n)) is None
+    assert tuned(program, "attention", fusion, target, sizes) is None   # another template
+    assert lowered == []
+    assert tuned(program, "cluster_decode", fusion, target, sizes) is not None
+    assert lowered and lowered[0] == sizes
+
+
+def test_a_kernel_not_preferred_at_these_sizes_is_not_laid_out():
+    """``tf.compile`` asks each native template whether it runs a call's sizes; one that would not
+    be preferred there answers without making its launches (the Hopper attention at a decode
+    step made its source and looked up its records at every new key count)."""
+    from tensorfuse.targets.cuda.kernel import ClusterKernel
+
+    def layout(dims):
+        raise AssertionError("laid out")
+
+    kernel = ClusterKernel(K.attention.program, tf.get_target("cuda:sm_90a"), layout, "probe",
+                           preferred=lambda dims: dims["M"] > 64)
+    assert not kernel.fits(B=1, H=2, M=1, N=256, D=128)
+    with pytest.raises(AssertionError, match="laid out"):
+        kernel.fits(B=1, H=2, M=128, N=256, D=128)
+
+
 def test_the_summary_says_when_the_space_ran_out():
     from tensorfuse.autotune.job import TaskResult, TuningSummary
 

@@ -156,11 +156,13 @@ class ClusterKernel(GraphCallable):
         it can)."""
         from ...errors import ScheduleError, TargetError
 
+        if not self.preferred(dims):   # before the launches: no source, no record lookup
+            return False
         try:
             self.launches(scalars, **dims)
         except (ScheduleError, TargetError):
             return False
-        return self.preferred(dims)
+        return True
 
     def source(self, **dims) -> str:
         """The generated CUDA C++ (of every module, in launch order); scalar values may be given
