@@ -149,27 +149,24 @@ def decode_inputs(B: int, heads: tuple[int, int] = DECODE_HEADS, keys: int = DEC
     return q, k, v, scale, ref, 2 * B * HKV * N * D * 2 + 2 * B * HQ * D * 2
 
 
+def _rolled_gqa():
+    """The library's GQA attention with its chain rolled over the keys ``j``."""
+    from benchmarks.attention import CHAIN
+
+    return tf.schedule(K.gqa_attention, "cuda").rolling_update(*CHAIN, axis="j")
+
+
 def cluster_decode(**knobs):
     """The library's GQA attention rolled over the keys and split over a cluster per (batch,
     kv-head) pair (``cluster_distribute``) with ``knobs``."""
-    from benchmarks.attention import CHAIN
-
-    sch = tf.schedule(K.gqa_attention, "cuda")
-    sch.rolling_update(*CHAIN, axis="j")
-    sch.cluster_distribute("j", **knobs)
-    return sch.compile()
+    return _rolled_gqa().cluster_distribute("j", **knobs).compile()
 
 
 def split_update_decode():
     """The library's GQA attention on the split-update template (the Triton decode kernel;
     ``tf.compile``'s decode before session 36, and its decode where the cluster kernel does not
     run)."""
-    from benchmarks.attention import CHAIN
-
-    sch = tf.schedule(K.gqa_attention, "cuda")
-    sch.rolling_update(*CHAIN, axis="j")
-    sch.apply_template("attention")
-    return sch.compile()
+    return _rolled_gqa().apply_template("attention").compile()
 
 
 def run_decode(sweep=({"mma": "fma"},), batches=(1, 2, 4, 8), log=print,
@@ -183,6 +180,7 @@ def run_decode(sweep=({"mma": "fma"},), batches=(1, 2, 4, 8), log=print,
     margin from the machine's drift)."""
     (HQ, HKV), N, D = DECODE_HEADS, DECODE_KEYS, DECODE_D
     rows = []
+    split_update = split_update_decode()
     for B in batches:
         q, k, v, scale, ref, nbytes = decode_inputs(B)
         impls = {}
@@ -205,9 +203,8 @@ def run_decode(sweep=({"mma": "fma"},), batches=(1, 2, 4, 8), log=print,
                                    lambda f=f, out=out: f(q, k, v, scale=scale, out=out))
             except Exception as exc:  # noqa: BLE001
                 log(f"  cluster decode B={B} {name}: {type(exc).__name__}: {exc}"[:400])
-        f = split_update_decode()
-        err = relative_error(f(q, k, v, scale=scale), ref)
-        split = lambda f=f: f(q, k, v, scale=scale)  # noqa: E731
+        split = lambda: split_update(q, k, v, scale=scale)  # noqa: E731
+        err = relative_error(split(), ref)
         impls["tensorfuse_split_update"] = (bench_graph(split), f"err {err:.1e}", split)
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
             q, k, v, scale=scale, enable_gqa=True)
@@ -217,9 +214,9 @@ def run_decode(sweep=({"mma": "fma"},), batches=(1, 2, 4, 8), log=print,
             for _ in range(rounds):
                 for impl, (_, _, fn) in impls.items():
                     times[impl].append(bench_graph(fn))
-            impls = {impl: (statistics.median(t), f"{note}; median of {rounds} alternated "
-                            f"rounds, {min(t):.4f}-{max(t):.4f} ms", fn)
-                     for (impl, (_, note, fn)), t in zip(impls.items(), times.values())}
+            impls = {impl: (statistics.median(times[impl]), f"{note}; median of {rounds} "
+                            f"alternated rounds, {min(times[impl]):.4f}-{max(times[impl]):.4f} ms",
+                            fn) for impl, (_, note, fn) in impls.items()}
         for impl, (ms, note, _) in impls.items():
             gbps = nbytes / ms / 1e6
             rows.append(Row("decode/gqa_cluster", f"B{B} Hq{HQ} Hkv{HKV} N{N} D{D}", impl, ms,
@@ -240,11 +237,11 @@ def run_decode_shapes(shapes=DECODE_SHAPES, log=print) -> list[Row]:
     against float64 on its first two sequences: where the cluster kernel is not faster,
     ``tf.compile`` should not pick it."""
     rows = []
+    impls = {"tensorfuse_cluster": cluster_decode(),
+             "tensorfuse_split_update": split_update_decode()}
     for B, (HQ, HKV), N in shapes:
         q, k, v, scale, ref, nbytes = decode_inputs(B, (HQ, HKV), N, checked=2)
         shape = f"B{B} Hq{HQ} Hkv{HKV} N{N} D{DECODE_D}"
-        split = split_update_decode()
-        impls = {"tensorfuse_cluster": cluster_decode(), "tensorfuse_split_update": split}
         line = []
         for impl, f in impls.items():
             out = torch.full_like(q, float("nan"))

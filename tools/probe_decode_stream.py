@@ -28,8 +28,7 @@ import torch
 from benchmarks.common import bench_graph
 from tensorfuse.targets import get_target
 from tensorfuse.targets.cuda.dsm import HELPERS as DSM_HELPERS
-from tensorfuse.targets.cuda.module import (_check, _launch_config, _load_function, cubin_for,
-                                            libcuda)
+from tensorfuse.targets.cuda.module import DriverLaunch
 from tensorfuse.targets.cuda.tma import BULK_HELPERS, MBARRIER_HELPERS
 
 MODES = {"cp.async": 0, "bulk/row": 1, "bulk/block": 2}
@@ -144,25 +143,17 @@ def shared_bytes(mode: int, warps: int, stages: int) -> int:
 
 
 class Stream:
-    """One compiled streaming kernel, launched with clusters (no programmatic dependence)."""
+    """One compiled streaming kernel, launched with clusters through the driver (not as a
+    programmatic dependent)."""
 
     def __init__(self, mode: int, warps: int, stages: int):
         self.warps, self.smem = warps, shared_bytes(mode, warps, stages)
-        cubin = cubin_for(source(mode, warps, stages), get_target("cuda:sm_90a"))
-        self.functions = {c: _load_function(cubin, "tf_stream", self.smem, c)[1]
-                          for c in (1, 2, 3, 4, 8)}
-        self.args = None
+        self.launch = DriverLaunch(source(mode, warps, stages), get_target("cuda:sm_90a"),
+                                   "tf_stream", ("handle",) * 4 + ("int32",) * 2)
 
     def __call__(self, k, v, sink, times, pairs: int, cluster: int) -> None:
-        values = [ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(v.data_ptr()),
-                  ctypes.c_void_p(sink.data_ptr()), ctypes.c_void_p(times.data_ptr()),
-                  ctypes.c_int(k.shape[1]), ctypes.c_int(cluster)]
-        params = (ctypes.c_void_p * len(values))(
-            *[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in values])
-        config, _attrs = _launch_config(pairs * cluster, self.warps * 32, self.smem, cluster)
-        config.stream = torch.cuda.current_stream().cuda_stream
-        _check(libcuda().cuLaunchKernelEx(ctypes.byref(config), self.functions[cluster], params,
-                                          None), "cuLaunchKernelEx(tf_stream)")
+        self.launch([*(ctypes.c_void_p(t.data_ptr()) for t in (k, v, sink, times)), k.shape[1],
+                     cluster], pairs * cluster, self.warps * 32, cluster, self.smem, k.device)
 
 
 def spread(times: torch.Tensor) -> tuple[float, float, float, float, int]:

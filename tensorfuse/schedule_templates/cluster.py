@@ -242,13 +242,16 @@ def _key_axis(program, plan) -> int:
     return next(p for p in program.tensor_params if p.name == plan.k).dims.index(plan.dims[4])
 
 
-def decode_launches(plan, dims: dict, cluster: int | None, knobs: dict, target: TargetSpec,
-                    n_axis: int) -> Launches:
-    """The decode kernel for ``dims`` (every size but the key count, which each call passes):
-    its knobs (the cluster sized by the driver's count of resident clusters where a GPU is
-    present), source, and a launch through the driver (the tensor maps by value, made per call
-    for the call's keys and values)."""
+def decode_launches(plan, dims: dict, given: dict, target: TargetSpec, n_axis: int,
+                    origin: str | None = None) -> Launches:
+    """The decode kernel for ``dims`` (every size but the key count, which each call passes)
+    with the ``given`` knobs (``cluster`` None: sized by the driver's count of resident clusters
+    where a GPU is present), its source, and a launch through the driver (the tensor maps by
+    value, made per call for the call's keys and values); ``origin``: where the knobs come from,
+    when not the defaults."""
     B, H, HKV, M, N, D = (dims[d] for d in plan.dims)
+    knobs = dict(given)
+    cluster = knobs.pop("cluster", None)
     gpu = local_gpu()
     asked = []   # "count of cluster" per size asked, for schedule_origin
     probes = {}  # one cubin per set of knobs but the cluster size, which is given at launch
@@ -295,7 +298,7 @@ def decode_launches(plan, dims: dict, cluster: int | None, knobs: dict, target: 
                 *(values[name] for name, _ in plan.scalars)], grid, threads, k.cluster, smem,
                device)
 
-    return Launches(source, [], k, run, why, plan)
+    return Launches(source, [], k, run, why, plan, origin=origin)
 
 
 def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int | None = None,
@@ -322,14 +325,13 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
 
     def layout(dims: dict) -> Launches:
         found = tuned(dims) if tuned is not None and not knobs and cluster is None else None
-        chosen = knobs_of_setting(found[0]) if found else {}
+        given = {"cluster": cluster, **knobs, **(knobs_of_setting(found[0]) if found else {})}
         at = tuple((d, x) for d, x in sorted(dims.items()) if d != keys) + \
-            tuple(sorted(chosen.items()))
+            tuple(sorted(given.items()))
         if at not in made:
-            made[at] = decode_launches(plan, dims, chosen.pop("cluster", cluster),
-                                       {**knobs, **chosen}, target, n_axis)
-            if found:
-                made[at].origin = f"cluster_decode tuned record ({found[1]})"
+            made[at] = decode_launches(plan, dims, given, target, n_axis,
+                                       f"cluster_decode tuned record ({found[1]})" if found
+                                       else None)
         return made[at]
 
     return ClusterKernel(program, target, layout,
