@@ -30,7 +30,7 @@ import tensorfuse as tf
 from benchmarks.attention import (baselines, checked, compiled_flex, documents, make_case,
                                   reference, variants)
 from benchmarks.attention_unlisted import UNLISTED
-from benchmarks.common import Row, relative_error, write_csv
+from benchmarks.common import Row, measure_ceilings, relative_error, write_csv
 from tensorfuse import dsl as T
 from tensorfuse.kernels.attention import key_position, scores, softmax_attend
 
@@ -146,8 +146,14 @@ def tune_case(kernel, case, extra: dict, trials: int, log=print) -> None:
         f"{task.default_secs * 1e3:.4f} -> {task.best_secs * 1e3:.4f} ms")
 
 
-def timed(sizes=(4096, 16384), names=None, log=print, ceiling=716.0,
+def timed(sizes=(4096, 16384), names=None, log=print, ceiling: float | None = None,
           tune: int = 0) -> list[Row]:
+    """Every variant at each size: the Hopper template's knob points, the Triton template,
+    ``tf.compile`` and the baselines, float-checked, in TFLOP/s; fractions of ``ceiling`` (the bf16
+    GEMM rate, measured now where not given)."""
+    if ceiling is None:
+        ceiling = measure_ceilings()["gemm_tflops"]
+        log(f"bf16 GEMM ceiling {ceiling:.0f} TFLOP/s")
     flex = compiled_flex()
     rows = []
     gen = torch.Generator().manual_seed(0)

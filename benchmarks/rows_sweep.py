@@ -4,7 +4,7 @@ warps before session 15 — for the row kernels that read more than the row
 (``benchmarks/rows_operands.py``) and the library's softmax, layernorm and RMSNorm.
 
     python -m benchmarks.rows_sweep [--csv PATH] [--rounds 5] [--grid | --long | --stages |
-                                    --reload | --swept]
+                                    --reload | --swept | --variants JSON [--only NAMES]]
 
 Each variant is checked against float64, then all are timed alternately over ``rounds`` (median
 of each), beside torch.compile. ``--grid`` also times every (rows, block, warps, hints) of a small
@@ -14,13 +14,16 @@ and without Triton's software pipeline over the blocks; ``--reload`` rows held i
 their outputs computed from registers or from the row read again (``Knobs.reload``);
 ``--swept`` rows of sums swept in blocks with their sums per lane (the default from session 32)
 against one block read again and against per-block sums. GB/s count
-the bytes each kernel must move; read-only ceilings (a sum over 1 GiB, a sum and a row maximum over the rows' own matrix) are
+the bytes each kernel must move; ``--variants '{"label": {"block": 4096, "num_warps": 8}}'``
+times the defaults against the knob sets given (``made``'s arguments) for the kernels of
+``rows_operands`` and the library's softmax, layernorm and RMSNorm (``--only`` some of them); read-only ceilings (a sum over 1 GiB, a sum and a row maximum over the rows' own matrix) are
 printed beside the copy's.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import statistics
 import sys
 
@@ -238,14 +241,20 @@ def run_swept(rounds: int, log=print) -> list[Row]:
     return rows
 
 
-def run(rounds: int, grid: bool = False, log=print) -> list[Row]:
+def run(rounds: int, grid: bool = False, log=print, variants: dict | None = None,
+        only: set | None = None) -> list[Row]:
+    """Every kernel as :data:`VARIANTS` (or ``variants``, beside the defaults), ``only`` those
+    named where given."""
     copy = measure_ceilings()["copy_tbps"]
     rows = read_ceilings(copy, log)
     log(f"copy {copy:.2f} TB/s")
     shape = f"{M}x{N} bf16"
     for case in itertools.chain(cases(), library_cases(M, N, ("softmax", "layernorm",
                                                               "rmsnorm"))):
-        rows += compare(case, shape, VARIANTS, rounds, copy, log)
+        if only and case[0] not in only:
+            continue
+        rows += compare(case, shape, {"defaults": {}, **variants} if variants else VARIANTS,
+                        rounds, copy, log)
         if grid and case[0] in GRID_KERNELS:
             rows += knob_grid(case, shape, copy, log)
     return rows
@@ -288,6 +297,10 @@ def main(argv=None) -> int:
     parser.add_argument("--swept", action="store_true",
                         help="rows of sums swept in blocks with per-lane sums, against one "
                              "block and against per-block sums")
+    parser.add_argument("--variants", default=None, metavar="JSON",
+                        help="label -> knobs (rows, block, num_warps, num_stages, reload, "
+                             "eviction, prefetch) to time against the defaults")
+    parser.add_argument("--only", default="", help="kernel names, comma-separated")
     parser.add_argument("--grid", action="store_true",
                         help=f"also time the knob grid for {', '.join(GRID_KERNELS)}")
     args = parser.parse_args(argv)
@@ -296,7 +309,9 @@ def main(argv=None) -> int:
         return 2
     rows = run_long(args.rounds) if args.long else run_stages(args.rounds) if args.stages \
         else run_swept(args.rounds) if args.swept \
-        else run_reload(args.rounds) if args.reload else run(args.rounds, args.grid)
+        else run_reload(args.rounds) if args.reload else \
+        run(args.rounds, args.grid, variants=json.loads(args.variants) if args.variants else None,
+            only={n for n in args.only.split(",") if n})
     if args.csv:
         write_csv(rows, args.csv)
     return 0

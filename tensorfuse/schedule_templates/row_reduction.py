@@ -32,11 +32,13 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
             uncorrected_states(plan) and reloadable(plan):
         return Knobs(block_m=1, block_n=SWEPT_BLOCK, num_warps=16, num_stages=1, reload=0)
     rows_per_program = max(1, min(16, 2048 // block_n))
-    # 16 warps from 8192 columns on: 0.2-0.8 % more bandwidth on the H100 for softmax, norms and
-    # rows with extra operands (benchmarks/rows_sweep.py, RESULTS.md session 15; ROCm: not
-    # measured, kept at 8)
+    # 8 warps for a row of 4097-8192 columns in one block: on the H200 (4.25 TB/s) 16 warps held
+    # the rows with extra operands to 79-87 % of a copy of their bytes against 91-96 % with 8
+    # (the library softmax: 97 % either way); on the H100 16 had measured 0.2-0.8 % ahead
+    # (benchmarks/rows_sweep.py, RESULTS.md sessions 15 and 37). 16 warps from 16384 columns on
+    # (CUDA; measured on the H100 only; ROCm: 8)
     widest = 16 if target.kind == "cuda" else 8
-    warps = widest if block_n >= 8192 else 8 if block_n >= 4096 else 4 if block_n >= 1024 else 2
+    warps = widest if block_n >= 16384 else 8 if block_n >= 4096 else 4 if block_n >= 1024 else 2
     # a row in one block read again for the outputs: +0.3-1.4 % on the H100 for softmax, norms
     # and rows with extra operands, layernorm over 16384 columns 74 -> 98 % of copy (the row no
     # longer held in registers across the reductions; benchmarks/rows_sweep.py --reload,
