@@ -93,7 +93,7 @@ def plot_rows_sweep(path: str, out: str,
                     impls: tuple = ("keep", "reload", "torch.compile")) -> None:
     """``benchmarks.rows_sweep`` rows: the fraction of the copy ceiling per kernel and shape for
     each implementation (``--reload``: the row kept in registers, read again, torch.compile)."""
-    rows = load(path)
+    rows = [r for r in load(path) if r["implementation"] in impls]   # not the read ceilings
     groups = sorted({(r["benchmark"], r["shape"]) for r in rows})
     _bar_chart(path, out, groups, list(impls),
                lambda impl, g: float(next((r["fraction_of_ceiling"] for r in rows
