@@ -84,7 +84,21 @@ class CpuBuilder(PyBuilder):
             built = build_candidate(task.candidate(knobs_of(item.mod)), item.target)
             return BuilderResult(default_export(built), None)
         except Exception as exc:  # noqa: BLE001 - reported per candidate, counted by the job
-            return BuilderResult(None, f"build failed: {type(exc).__name__}: {exc}"[:2000])
+            return BuilderResult(None, f"build failed: {failure(exc)}")
+
+
+def failure(exc: BaseException, limit: int = 2000) -> str:
+    """``Type: message`` of ``exc`` and of the exceptions it was raised from or during (Triton's
+    front-end errors print the failing line of the source; what failed there is the cause), at
+    most ``limit`` characters: the beginning and the end where longer."""
+    parts, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        parts.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    text = "\ncaused by ".join(parts)
+    half = limit // 2
+    return text if len(text) <= limit else f"{text[:half]}\n…\n{text[-half:]}"
 
 
 @derived_object
@@ -127,7 +141,7 @@ class TritonBuilder(PyBuilder):
         try:
             return self.artifact(task_key(item.mod), knobs_of(item.mod))
         except Exception as exc:  # noqa: BLE001 - reported per candidate, counted by the job
-            return BuilderResult(None, f"build failed: {type(exc).__name__}: {exc}"[:2000])
+            return BuilderResult(None, f"build failed: {failure(exc)}")
 
     def artifact(self, key: str, knobs: dict) -> BuilderResult:
         """The candidate of task ``key`` with ``knobs`` (``{}``: the template defaults), prepared

@@ -73,6 +73,24 @@ def test_a_candidate_that_cannot_compile_is_reported():
     assert result.artifact_path is None and "build failed" in result.error_msg
 
 
+def test_a_failed_build_reports_what_it_was_raised_from_within_its_limit():
+    """A front-end error names the failing line; the builder's report also says what failed
+    there (the exception it was raised from), keeping the beginning and the end of long ones."""
+    from tensorfuse.autotune.builder import failure
+
+    try:
+        try:
+            raise ValueError("the reduction's combine function")
+        except ValueError as inner:
+            raise RuntimeError("at 32:16: c_l_0 = tl.sum(_t1, axis=1)") from inner
+    except RuntimeError as outer:
+        report = failure(outer)
+        clipped = failure(RuntimeError("x" * 5000), limit=200)
+    assert report.startswith("RuntimeError: at 32:16") and \
+        "caused by ValueError: the reduction's combine function" in report
+    assert len(clipped) <= 203 and clipped.startswith("RuntimeError: xxx") and clipped.endswith("x")
+
+
 def test_knob_features_order_candidates():
     from tensorfuse.autotune.features import knob_features
 

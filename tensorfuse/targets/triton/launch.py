@@ -85,9 +85,16 @@ def signature(program, outputs, mask_args: list[str]) -> dict:
     return sig
 
 
+# One offline compile at a time in this process: a tuning builder's threads compiling two
+# candidates at once failed once in CI with a front-end error at a `tl.sum` that no run of the
+# same compiles one after the other reproduces — Triton's front end shares module-level JIT
+# functions (the reductions' combine functions) between compiles (session 37)
+_COMPILE_LOCK = threading.Lock()
+
+
 def compile_for(fn, sig: dict, constexprs: dict, target, num_warps: int, num_stages: int):
     """Compile without launching (works on machines without a GPU): CUDA → PTX/cubin, ROCm →
-    AMDGCN/hsaco."""
+    AMDGCN/hsaco. One at a time per process (:data:`_COMPILE_LOCK`)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -105,5 +112,6 @@ def compile_for(fn, sig: dict, constexprs: dict, target, num_warps: int, num_sta
     aligned = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, v in sig.items()
                if v.startswith("*")}
     src = triton.compiler.ASTSource(fn=fn, signature=full, constexprs=constexprs, attrs=aligned)
-    return triton.compile(src, target=gpu, options={"num_warps": num_warps,
-                                                    "num_stages": num_stages})
+    with _COMPILE_LOCK:
+        return triton.compile(src, target=gpu, options={"num_warps": num_warps,
+                                                        "num_stages": num_stages})
