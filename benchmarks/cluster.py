@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -21,10 +22,16 @@ import torch
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
-from benchmarks.common import Row, bench, bench_graph, relative_error, write_csv
+from benchmarks.common import Row, bench, bench_graph, measure_ceilings, relative_error, write_csv
 
 FFN_SHAPE = dict(K=4096, N=14336, O=4096)
-COPY_TBPS, GEMM_TFLOPS = 3.0, 716.0   # measured ceilings of this H100 (RESULTS.md)
+
+
+@functools.lru_cache(maxsize=None)
+def ceilings() -> dict:
+    """This GPU's copy bandwidth and bf16 GEMM rate, measured once per run (fractions in the
+    CSVs are of these: the H100's 3.0 TB/s put the H200's decode above 1)."""
+    return measure_ceilings()
 
 
 def ffn_eager(kind):
@@ -114,7 +121,7 @@ def run_ffn(ms_list=(128, 1024, 8192), configs=({},), log=print) -> list[Row]:
             for impl, (ms, note) in impls.items():
                 tflops = flops / ms / 1e9
                 gbps = weight_bytes / ms / 1e6
-                frac = max(tflops / GEMM_TFLOPS, gbps / 1e3 / COPY_TBPS)
+                frac = max(tflops / ceilings()["gemm_tflops"], gbps / 1e3 / ceilings()["copy_tbps"])
                 rows.append(Row(f"ffn/{kind}", f"M{M} K{Kd} N{N} O{O}", impl, ms, tflops, gbps,
                                 frac, note))
             e = impls["torch_eager"][0]
@@ -220,7 +227,7 @@ def run_decode(sweep=({"mma": "fma"},), batches=(1, 2, 4, 8), log=print,
         for impl, (ms, note, _) in impls.items():
             gbps = nbytes / ms / 1e6
             rows.append(Row("decode/gqa_cluster", f"B{B} Hq{HQ} Hkv{HKV} N{N} D{D}", impl, ms,
-                            0.0, gbps, gbps / 1e3 / COPY_TBPS, note))
+                            0.0, gbps, gbps / 1e3 / ceilings()["copy_tbps"], note))
         log(f"decode B={B} " + "  ".join(f"{i}={nbytes / ms / 1e6:7.1f}GB/s"
                                           for i, (ms, _, _) in impls.items()))
     return rows
@@ -249,7 +256,8 @@ def run_decode_shapes(shapes=DECODE_SHAPES, log=print) -> list[Row]:
             err = relative_error(out[:2], ref)
             ms = bench_graph(lambda f=f, out=out: f(q, k, v, scale=scale, out=out))
             gbps = nbytes / ms / 1e6
-            rows.append(Row("decode/shapes", shape, impl, ms, 0.0, gbps, gbps / 1e3 / COPY_TBPS,
+            rows.append(Row("decode/shapes", shape, impl, ms, 0.0, gbps,
+                            gbps / 1e3 / ceilings()["copy_tbps"],
                             f"err {err:.1e}" + ("" if err < 2e-2 else " WRONG")))
             line.append(f"{impl}={ms:.4f}ms {gbps:6.0f}GB/s err {err:.0e}")
         log(f"{shape:28s} " + "  ".join(line) +

@@ -13,10 +13,11 @@ template's eviction rule and without hints instead; ``--stages`` times rows swep
 and without Triton's software pipeline over the blocks; ``--reload`` rows held in one block with
 their outputs computed from registers or from the row read again (``Knobs.reload``);
 ``--swept`` rows of sums swept in blocks with their sums per lane (the default from session 32)
-against one block read again and against per-block sums. GB/s count
-the bytes each kernel must move; ``--variants '{"label": {"block": 4096, "num_warps": 8}}'``
-times the defaults against the knob sets given (``made``'s arguments) for the kernels of
-``rows_operands`` and the library's softmax, layernorm and RMSNorm (``--only`` some of them); read-only ceilings (a sum over 1 GiB, a sum and a row maximum over the rows' own matrix) are
+against one block read again and against per-block sums;
+``--variants '{"label": {"block": 4096, "num_warps": 8}}'`` the defaults against the knob sets
+given (``made``'s arguments) for the kernels of ``rows_operands`` and the library's softmax,
+layernorm and RMSNorm (``--only`` some of them). GB/s count the bytes each kernel must move;
+read-only ceilings (a sum over 1 GiB, a sum and a row maximum over the rows' own matrix) are
 printed beside the copy's.
 """
 from __future__ import annotations

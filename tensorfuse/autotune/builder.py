@@ -121,10 +121,11 @@ class TritonBuilder(PyBuilder):
         self.compile_ahead = compile_ahead
 
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
-        """Each candidate's kernel, prepared in parallel threads (nvcc and Triton's compiler run
-        outside the interpreter lock for most of their time); in turn where there is nothing to
-        prepare (a job's Triton candidates: naming one is a few calls into TVM, which a pool of
-        threads only makes contend for the interpreter lock)."""
+        """Each candidate's kernel, prepared in parallel threads (nvcc runs outside the
+        interpreter lock for most of its time; Triton's offline compiles take turns,
+        ``targets.triton.launch.compile_for``); in turn where there is nothing to prepare (a
+        job's Triton candidates: naming one is a few calls into TVM, which a pool of threads
+        only makes contend for the interpreter lock)."""
         from concurrent.futures import ThreadPoolExecutor
 
         if not any(self._prepares(t) for t in self.tasks_by_key.values()):
