@@ -25,7 +25,8 @@ from ..targets.cuda.map_tiles import view_box, view_sizes
 from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .block_schedule import block_lists
 from .fusion import Fusion
-from .hopper_attention_plan import (HopperKnobs, check_hopper, plan_hopper_attention,
+from .hopper_attention_plan import (HopperKnobs, check_hopper, last_block_keys,
+                                    plan_hopper_attention,
                                     planned_schedule, shared_bytes, split_workspace, with_knobs)
 from .hopper_tiling import HopperTiling, choose_hopper_tiling, tile_shape_for_map, tiled_lists
 from .tile_order import pick_persistent
@@ -166,7 +167,8 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                 f"this kernel would visit it in the flat order ({order}); the "
                                 "attention template gathers its patches instead")
         check_hopper(plan, knobs, dims, target.max_shared_memory, tiled is not None)
-        source = hopper_attention_source(plan, knobs, D, plan.mask is not None, tiled)
+        last_n = last_block_keys(plan, N, knobs.block_n) if tiled is None else None
+        source = hopper_attention_source(plan, knobs, D, plan.mask is not None, tiled, last_n)
         smem = shared_bytes(knobs, D, tiled is not None)
         entries = [KernelEntry(ENTRY, tuple(arguments))]
         maps = DeviceMaps()

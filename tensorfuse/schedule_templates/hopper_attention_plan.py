@@ -257,6 +257,16 @@ def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None
     return cost[WIDE_BLOCK_N] < cost[narrow]
 
 
+def last_block_keys(plan: HopperAttentionPlan, N: int, block_n: int) -> int:
+    """The width of the sequence's last key block's ``Q·Kᵀ`` in the Hopper kernel: in a plan
+    without a mask, what is left of the ``N`` keys after whole blocks, to a multiple of 16 (one
+    wgmma N step) — 176-key blocks cover 4224 keys for 4096, and a whole last block would
+    multiply 128 keys that are not there. ``block_n`` where N is a multiple of it, where the rest
+    rounds up to a whole block, and in a masked plan. The kernel is compiled per value."""
+    rest = -(-(N % block_n) // 16) * 16
+    return block_n if plan.mask is not None or rest in (0, block_n) else rest
+
+
 def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
     """The values tuning tries for each knob (integers: a schedule by its index in
     ``SCHEDULES``)."""

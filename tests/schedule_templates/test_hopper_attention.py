@@ -19,6 +19,7 @@ from benchmarks.hopper_attention import causal_attention_f16
 from tensorfuse.errors import ScheduleError
 from tensorfuse.schedule_templates.hopper_attention_plan import (SCHEDULES, HopperKnobs,
                                                                  check_hopper, knob_choices,
+                                                                 last_block_keys,
                                                                  schedule_for,
                                                                  plan_hopper_attention,
                                                                  shared_bytes, with_knobs)
@@ -47,16 +48,38 @@ def test_rows_keep_their_maximum_below_the_margin_and_warps_skip_the_rescale():
 
 @needs_nvcc
 def test_a_tiles_ragged_last_block_multiplies_only_its_keys():
-    """The last block of a tile runs p·v over the 16-key steps that hold keys (a ragged end of
-    the sequence: at S=4096 a 176-key block holds 48, 3 of 11 steps), bounded by a count ptxas
-    sees as warp-uniform — so it does not serialise the kernel's wgmma (C7520, which a count
-    read from the tile made it do) — and the consumers still spill nothing; the blocks before
-    it run every step."""
-    source = hopper(K.attention).source(**PREFILL)
+    """The sequence's last key block, where N is not a multiple of block_n (S=4096: 176-key
+    blocks hold 48 keys in the last), runs q·kᵀ at its own width (a wgmma of N=48, into
+    accumulators of its own) and p·v over the 16-key steps that hold keys (3 of 11), bounded by
+    a count ptxas sees as warp-uniform — so it does not serialise the kernel's wgmma (C7520, which
+    a count read from the tile made it do, or C7515, which two shapes on one register array
+    do) — and the consumers still spill nothing; the blocks before it run every step."""
+    compiled = hopper(K.attention)
+    sizes = dict(PREFILL, M=4096, N=4096)
+    source = compiled.source(**sizes)
+    assert "#define BN 176" in source and "#define LAST_N 48" in source
     assert "ISSUE_O(w.count - 1, LAST_STEPS(w.count - 1));" in source
-    assert source.count("ISSUE_O(it - 1, BN / 16);") == 2
+    assert "STEP(w.count - 1, sn, tf_wgmma_kk_m64n48k16, LAST_N)" in source
     assert "__shfl_sync(0xffffffffu," in source.split("#define LAST_STEPS")[1][:200]
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n48k16", compiled.ptx(**sizes))
     assert_consumers_do_not_spill(source)   # ptxas's report says nothing is serialised
+
+
+def test_the_last_blocks_width_is_what_is_left_of_the_keys():
+    """Unmasked plans: the last block's q·kᵀ width is N mod block_n to 16 (a kernel per value,
+    the same source for every N with it); block_n where N is a multiple of it or the rest rounds
+    up to a whole block; masked plans keep block_n (their lists count whole blocks)."""
+    plan = plan_hopper_attention(K.attention.program, CHAIN, "j")
+    masked = plan_hopper_attention(K.causal_attention.program, CHAIN, "j")
+    want = {4096: 48, 16384: 16, 1000: 128, 176 * 5: 176, 176 * 5 + 161: 176, 40: 48, 8: 16}
+    assert {n: last_block_keys(plan, n, 176) for n in want} == want
+    assert last_block_keys(plan, 4096, 128) == 128 and last_block_keys(plan, 4100, 128) == 16
+    assert last_block_keys(masked, 4096, 176) == 176
+    compiled = hopper(K.attention)
+    assert compiled.source(**dict(PREFILL, N=4096)) == compiled.source(**dict(PREFILL, N=4096 + 176))
+    assert compiled.source(**dict(PREFILL, N=4096)) != compiled.source(**dict(PREFILL, N=4096 + 32))
+    assert "#define LAST_N BN" not in compiled.source(**dict(PREFILL, N=176 * 20))
+    assert "#define LAST_N 176" in compiled.source(**dict(PREFILL, N=176 * 20))
 
 
 @needs_nvcc

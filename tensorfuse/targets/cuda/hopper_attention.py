@@ -153,17 +153,21 @@ def _tiled_functions(tiling) -> str:
         position_function("tf_row_token", tiling.rows)
 
 
-def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None) -> str:
+def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
+                            last_n: int | None = None) -> str:
     """CUDA C++ for ``tf_hopper_attention``: grid (row blocks, B·H) in ``GRID`` mode, else
     (persistent CTAs, 1), ``knobs.threads`` threads,
     dynamic shared memory ``hopper_attention_plan.shared_bytes``. ``lists``: the row blocks'
     key blocks come from the block schedule (``pn``/``pi`` partial, ``fn``/``fi`` full) — a masked
     plan; otherwise every key block, none of them masked but the ragged last one. Sizes B, H, HKV,
-    M, N are kernel arguments: one cubin serves every shape with this head dim — except with a
-    ``tiling`` (``schedule_templates.hopper_tiling.HopperTiling``): the queries are visited in
+    M, N are kernel arguments: one cubin serves every shape with this head dim and ``last_n`` —
+    except with a ``tiling`` (``schedule_templates.hopper_tiling.HopperTiling``): the queries are visited in
     patches of a 2-D/3-D map and the keys in windows of it, both copied as boxes of the map
     (:mod:`.map_tiles`); the partial blocks' mask comes as bits per element (``mbits``), copied
-    with the keys, and the cubin is made for that map."""
+    with the keys, and the cubin is made for that map. ``last_n`` (a multiple of 16 below
+    ``block_n``; plans without a mask): the width of the sequence's last key block's ``Q·Kᵀ`` —
+    what is left of N after whole blocks, not a whole block mostly past the end
+    (``hopper_attention_plan.last_block_keys``)."""
     chain = plan.chain
     elem, pair, pack = _TYPES[plan.dtype]
     header = "#include <cuda_bf16.h>\n" if plan.dtype == "bf16" else "#include <cuda_fp16.h>\n"
@@ -171,8 +175,16 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None) -> st
     bn = knobs.block_n
     s_mma = f"tf_wgmma_kk_m64n{bn}k16{suffix}"
     o_mma = f"tf_wgmma_rs_m64n{D}k16{suffix}"
+    last_n = bn if last_n is None else last_n
+    if last_n != bn and (lists or tiling is not None or last_n % 16 or
+                         not 16 <= last_n < bn):
+        raise ValueError(f"a last key block of {last_n} keys: a multiple of 16 below "
+                         f"block_n={bn}, in a plan without a mask")
     functions = wgmma_function(bn, b_k_major=True, dtype=plan.dtype) + \
         wgmma_function(D, a_in_registers=True, dtype=plan.dtype)
+    sn_mma = f"tf_wgmma_kk_m64n{last_n}k16{suffix}"
+    if last_n != bn:
+        functions += wgmma_function(last_n, b_k_major=True, dtype=plan.dtype)
     args = kernel_arguments(plan)
     params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
     # what the score and mask may read: tensors, sizes, scalars
@@ -195,6 +207,8 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None) -> st
 #define D_ {D}
 #define BM {knobs.block_m}
 #define BN {bn}
+// the sequence's last key block: LAST_N keys (what is left of N after whole blocks, to 16)
+#define LAST_N {last_n}
 #define STAGES {knobs.stages}
 #define CONSUMERS {knobs.consumers}
 #define THREADS {knobs.threads}
@@ -406,18 +420,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
 #define SCORE_ARGS mw, scale2{extra_args}
 #define SLOT(it) ((use + (it)) % STAGES)
 #define PHASE(it) (((use + (it)) / STAGES) & 1)
-  // q·kᵀ of block `it` into s (issued, not waited for)
-#define ISSUE_S(it)                                                                         \
+  // q·kᵀ of block `it` into the accumulators `acc` by `mma` (issued, not waited for)
+#define ISSUE_S_INTO(acc, mma, it)                                                          \
   {{                                                                                          \
     const unsigned long long dq = kmajor_desc(q_base, cw * 64),                             \
                              dk = kmajor_desc(k_base + SLOT(it) * KV_BYTES, 0);             \
     tf_mbar_wait(full_k + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
     _Pragma("unroll") for (int ks = 0; ks < D_ / 16; ++ks)                                   \
-      {s_mma}(s, tf_desc_plus(dq, kmajor_step(BM, ks)), tf_desc_plus(dk, kmajor_step(BN, ks)), \
-              ks > 0);                                                                        \
+      mma(acc, tf_desc_plus(dq, kmajor_step(BM, ks)), tf_desc_plus(dk, kmajor_step(BN, ks)), \
+          ks > 0);                                                                            \
     tf_wgmma_commit();                                                                        \
   }}
+#define ISSUE_S(it) ISSUE_S_INTO(s, {s_mma}, it)
   // o += p·v of block `it` over its first `steps` 16-key steps (issued, not waited for)
 #define ISSUE_O(it, steps)                                                                  \
   {{                                                                                          \
@@ -437,21 +452,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
 #define LAST_STEPS(it)                                                                      \
   (TILED ? BN / 16 : __shfl_sync(0xffffffffu,                                               \
       (min(BN, N_ - key_block(w, it, pi, fi) * BN) + 15) / 16, 0))
-  // the score and softmax of block `it`, whose q·kᵀ has landed in s
-#define SOFTMAX(it)                                                                         \
+  // the score and softmax of block `it` (`keys` wide), whose q·kᵀ has landed in `acc`
+#define SOFTMAX_INTO(acc, it, keys)                                                         \
   {{                                                                                          \
-    const int n0 = key_block(w, it, pi, fi) * BN;                                                    \
-    if ((it) < w.n_partial || (!TILED && n0 + BN > N_))                                 \
-      score_block<true>(s, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);               \
+    const int n0 = key_block(w, it, pi, fi) * BN;                                             \
+    if ((it) < w.n_partial || (!TILED && n0 + (keys) > N_))                                   \
+      score_block<true>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);             \
     else                                                                                      \
-      score_block<false>(s, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);              \
-    softmax_block(s, m, l, corr, scale2);                                                     \
+      score_block<false>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);            \
+    softmax_block(acc, m, l, corr, scale2);                                                   \
   }}
+#define SOFTMAX(it) SOFTMAX_INTO(s, it, BN)
   // block `it`'s q·kᵀ has landed: after the tile's last one the query tile may be reloaded
   // (a partial block's mask bits are read before its slot is released)
-#define S_LANDED(it)                                                                        \
+#define S_LANDED_INTO(acc, it)                                                              \
   {{                                                                                          \
-    tf_fence_regs(s);                                                                         \
+    tf_fence_regs(acc);                                                                       \
     if (TILED && (it) < w.n_partial) {{                                                        \
       const unsigned* bits = (const unsigned*)(mask_tiles + SLOT(it) * MASK_BYTES) +          \
                              cw * MASK_WORDS * 128 + t;                                         \
@@ -460,6 +476,41 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
     tf_mbar_arrive(empty_k + SLOT(it));                                                       \
     if ((it) == w.count - 1) tf_mbar_arrive(q_free);                                    \
   }}
+#define S_LANDED(it) S_LANDED_INTO(s, it)
+  // block `it` > 0 (`keys` wide): its q·kᵀ into `acc` by `mma`, the previous block's p·v
+#if OVERLAP
+#define STEP(it, acc, mma, keys)                                                            \
+  {{                                                                                          \
+    TURN_BEGIN                                                                                \
+    ISSUE_S_INTO(acc, mma, it);                                                               \
+    ISSUE_O((it) - 1, BN / 16);                                                               \
+    TURN_END                                                                                  \
+    tf_wgmma_wait<1>();            /* q·kᵀ of `it` has landed; p·v of `it - 1` may still run */ \
+    S_LANDED_INTO(acc, it);                                                                   \
+    SOFTMAX_INTO(acc, it, keys);                                                              \
+    tf_wgmma_wait<0>();                                                                       \
+    tf_fence_regs(o);                                                                         \
+    tf_mbar_arrive(empty_v + SLOT((it) - 1));                                                 \
+    rescale(o, corr);                                                                         \
+    pack_p(acc, p);                                                                           \
+  }}
+#else
+#define STEP(it, acc, mma, keys)                                                            \
+  {{                                                                                          \
+    TURN_BEGIN                                                                                \
+    ISSUE_O((it) - 1, BN / 16);                                                               \
+    tf_wgmma_wait<0>();                                                                       \
+    tf_fence_regs(o);                                                                         \
+    tf_mbar_arrive(empty_v + SLOT((it) - 1));                                                 \
+    ISSUE_S_INTO(acc, mma, it);                                                               \
+    TURN_END                                                                                  \
+    tf_wgmma_wait<0>();                                                                       \
+    S_LANDED_INTO(acc, it);                                                                   \
+    SOFTMAX_INTO(acc, it, keys);                                                              \
+    rescale(o, corr);                                                                         \
+    pack_p(acc, p);                                                                           \
+  }}
+#endif
 
   // With PINGPONG the consumers issue their MMAs in turns (0, 1, …), so that one warpgroup's
   // softmax runs while another's products use the tensor cores (FlashAttention-3's ping-pong).
@@ -508,45 +559,48 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
     l[0] = l[1] = 0.0f;
     tf_mbar_wait(bar_q, k & 1);
     if (w.count > 0) {{
-      TURN_BEGIN
-      ISSUE_S(0);
-      TURN_END
+#if LAST_N < BN
+      // whether this item ends with the sequence's last key block (LAST_N keys): its q·kᵀ at
+      // that width, into accumulators of their own (ptxas serialises a kernel's wgmma where
+      // two shapes write the same registers)
+      const bool ends = __shfl_sync(0xffffffffu, w.first + w.count == C_, 0);
+      float sn[LAST_N / 2];
+      if (ends && w.count == 1) {{
+        TURN_BEGIN
+        ISSUE_S_INTO(sn, {sn_mma}, 0);
+        TURN_END
 #if DEFER
-      write_out();                 // the previous tile's, while this q·kᵀ runs
+        write_out();               // the previous tile's, while this q·kᵀ runs
 #endif
-      tf_wgmma_wait<0>();
-      S_LANDED(0);
-      SOFTMAX(0);
-      pack_p(s, p);
-      for (int it = 1; it < w.count; ++it) {{
-#if OVERLAP
-        TURN_BEGIN
-        ISSUE_S(it);
-        ISSUE_O(it - 1, BN / 16);
-        TURN_END
-        tf_wgmma_wait<1>();          // q·kᵀ of `it` has landed; p·v of `it - 1` may still run
-        S_LANDED(it);
-        SOFTMAX(it);
         tf_wgmma_wait<0>();
-        tf_fence_regs(o);
-        tf_mbar_arrive(empty_v + SLOT(it - 1));
-        rescale(o, corr);
-        pack_p(s, p);
-#else
-        TURN_BEGIN
-        ISSUE_O(it - 1, BN / 16);
-        tf_wgmma_wait<0>();
-        tf_fence_regs(o);
-        tf_mbar_arrive(empty_v + SLOT(it - 1));
-        ISSUE_S(it);
-        TURN_END
-        tf_wgmma_wait<0>();
-        S_LANDED(it);
-        SOFTMAX(it);
-        rescale(o, corr);
-        pack_p(s, p);
+        S_LANDED_INTO(sn, 0);
+        SOFTMAX_INTO(sn, 0, LAST_N);
+        pack_p(sn, p);
+      }} else
 #endif
+      {{
+        TURN_BEGIN
+        ISSUE_S(0);
+        TURN_END
+#if DEFER
+        write_out();               // the previous tile's, while this q·kᵀ runs
+#endif
+        tf_wgmma_wait<0>();
+        S_LANDED(0);
+        SOFTMAX(0);
+        pack_p(s, p);
       }}
+#if LAST_N < BN
+      for (int it = 1; it < w.count - 1; ++it) STEP(it, s, {s_mma}, BN);
+      if (w.count > 1) {{
+        if (ends)
+          STEP(w.count - 1, sn, {sn_mma}, LAST_N)
+        else
+          STEP(w.count - 1, s, {s_mma}, BN)
+      }}
+#else
+      for (int it = 1; it < w.count; ++it) STEP(it, s, {s_mma}, BN);
+#endif
       TURN_BEGIN
       ISSUE_O(w.count - 1, LAST_STEPS(w.count - 1));
       TURN_END

@@ -112,16 +112,17 @@ __device__ __forceinline__ unsigned long long tf_desc_plus(unsigned long long de
   return (desc & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)desc + step);
 }}
 
-// S of one key block: the program's score on the fragment before its base-2 factor `scale2`
-// (applied by softmax_block), masked (−∞) where `MASKED`.
+// S of one key block (R = its keys / 2 registers: BN, or LAST_N for the sequence's last): the
+// program's score on the fragment before its base-2 factor `scale2` (applied by softmax_block),
+// masked (−∞) where `MASKED`.
 // Fragment register r of warp w, lane l: row 16w + l/4 + 8·((r%4)/2),
 // column 8·(r/4) + 2·(l%4) + r%2.
-template <bool MASKED>
-__device__ __forceinline__ void score_block(float (&s)[BN / 2], int row_lo, int n0, int b, int h,
+template <bool MASKED, int R>
+__device__ __forceinline__ void score_block(float (&s)[R], int row_lo, int n0, int b, int h,
     int lane, const unsigned (&mw)[MASK_WORDS], float scale2{extra_params}) {{
   const int i0_ = row_lo, j0_ = n0 + 2 * (lane % 4);   // the fragment's first row and column
   #pragma unroll
-  for (int r = 0; r < BN / 2; ++r) {{
+  for (int r = 0; r < R; ++r) {{
     const int di_ = 8 * ((r % 4) / 2), dj_ = 8 * (r / 4) + (r % 2);   // constants once unrolled
     const int i_ = i0_ + di_;
     const int j_ = j0_ + dj_;
@@ -145,17 +146,18 @@ __device__ __forceinline__ void score_block(float (&s)[BN / 2], int row_lo, int 
 // log-sum-exp are the same numbers, with P ≤ 2^RESCALE_MARGIN (in range for f16/bf16) — and the
 // correction is 1, so the warps whose rows all kept theirs skip rescaling o (after the first
 // blocks, nearly every block).
-__device__ __forceinline__ void softmax_block(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
+template <int R>
+__device__ __forceinline__ void softmax_block(float (&s)[R], float (&m)[2], float (&l)[2],
                                               float (&corr)[2], float scale2) {{
   float k = scale2;
   if (!(scale2 > 0.0f)) {{
     #pragma unroll
-    for (int r = 0; r < BN / 2; ++r) s[r] = s[r] == -INFINITY ? -INFINITY : s[r] * scale2;
+    for (int r = 0; r < R; ++r) s[r] = s[r] == -INFINITY ? -INFINITY : s[r] * scale2;
     k = 1.0f;
   }}
   float mx[2] = {{s[0], s[2]}};
   #pragma unroll
-  for (int r = 0; r < BN / 2; ++r) mx[(r % 4) / 2] = fmaxf(mx[(r % 4) / 2], s[r]);
+  for (int r = 0; r < R; ++r) mx[(r % 4) / 2] = fmaxf(mx[(r % 4) / 2], s[r]);
   #pragma unroll
   for (int x = 0; x < 2; ++x) mx[x] = fmaxf(m[x], mx[x] * k);
   #pragma unroll
@@ -171,7 +173,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[BN / 2], float (&m)[2],
     l[x] *= corr[x];
   }}
   #pragma unroll
-  for (int r = 0; r < BN / 2; ++r) {{
+  for (int r = 0; r < R; ++r) {{
     s[r] = tf_exp2(fmaf(s[r], k, -mx[(r % 4) / 2]));
     l[(r % 4) / 2] += s[r];
   }}
@@ -192,9 +194,11 @@ __device__ __forceinline__ uint4 tf_quad_transpose(const unsigned (&a)[4], int l
   return odd ? make_uint4(t0, n1, t1, n3) : make_uint4(n0, t0, n2, t1);
 }}
 
-__device__ __forceinline__ void pack_p(const float (&s)[BN / 2], uint4 (&p)[BN / 16]) {{
+// P of a block of 2·R keys into its first R / 8 16-key steps.
+template <int R>
+__device__ __forceinline__ void pack_p(const float (&s)[R], uint4 (&p)[BN / 16]) {{
   #pragma unroll
-  for (int t = 0; t < BN / 16; ++t)
+  for (int t = 0; t < R / 8; ++t)
     p[t] = make_uint4(tf_pack(s[8 * t], s[8 * t + 1]), tf_pack(s[8 * t + 2], s[8 * t + 3]),
                       tf_pack(s[8 * t + 4], s[8 * t + 5]), tf_pack(s[8 * t + 6], s[8 * t + 7]));
 }}

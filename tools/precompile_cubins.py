@@ -1,0 +1,127 @@
+"""Compile, on a machine without a GPU, the cubins a GPU job will load, into the kernel cache
+(``$TENSORFUSE_CACHE``): nvcc here is the device machines' (13.0), cubins are cached by source
+hash, and a fresh device machine would otherwise spend its lent time in nvcc (the Hopper GPU
+suite's float64 check compiles a kernel per variant, head dim, block size and last-block width).
+
+    TENSORFUSE_CACHE=.device/cache python tools/precompile_cubins.py check
+    TENSORFUSE_CACHE=.device/cache python tools/precompile_cubins.py ab --other OLD_EMITTER.py \
+        --only full,alibi --sizes 4096,16384
+
+``check``: runs ``benchmarks.hopper_attention.check`` with its inputs on the CPU and every
+launch stopped after its module is built (results are not computed). ``ab``: the sources
+``benchmarks.hopper_ab`` times, this emitter's and the other's, at B=2, H=16 (GQA 32/8), D=128.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+import tensorfuse as tf
+from tensorfuse.binding import bind_call
+from tensorfuse.targets.cuda.kernel import ClusterKernel
+from tensorfuse.targets.cuda.module import cubin_for
+
+
+class _Built(Exception):
+    """Raised instead of launching: the module is built."""
+
+
+def _compile_instead_of_launching(pending: list):
+    def prepare(self, args, kwargs, key=False):
+        bound = bind_call(self.program, args, kwargs, "cpu")   # the inputs are on the CPU here
+        launches = self.launches(bound.scalars, **bound.dims)
+        pending.extend((source, self.target) for source in launches.sources)
+        raise _Built()
+    return prepare
+
+
+def _on_cpu(fn):
+    def made(*args, **kwargs):
+        kwargs.pop("device", None)
+        return fn(*args, **kwargs)
+    return made
+
+
+def _keep_on_cpu(to):
+    def moved(self, *args, **kwargs):
+        kwargs.pop("device", None)
+        args = tuple(a for a in args if not (a == "cuda" or isinstance(a, torch.device)))
+        return to(self, *args, **kwargs)
+    return moved
+
+
+def precompile_check() -> list:
+    from benchmarks import hopper_attention as bench
+
+    pending: list = []
+    ClusterKernel._prepare = _compile_instead_of_launching(pending)
+    _inputs_on_cpu()
+    bench.reference = lambda *a, **k: torch.zeros(1)   # no float64 reference: nothing runs
+    bench.check(log=lambda line: None if "_Built" in line or line.startswith(("ok", "WRONG"))
+                else print(line, file=sys.stderr))
+    return pending
+
+
+def _inputs_on_cpu() -> None:
+    """Tensors the benchmarks make on ``"cuda"`` made on the CPU instead."""
+    for name in ("randn", "rand", "randint", "full", "empty", "zeros", "ones", "arange",
+                 "tensor", "as_tensor"):
+        setattr(torch, name, _on_cpu(getattr(torch, name)))
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.Tensor.to = _keep_on_cpu(torch.Tensor.to)
+
+
+def precompile_ab(other: str, only: list[str], sizes: list[int]) -> list:
+    from benchmarks.attention import D, documents, variants
+    from benchmarks.hopper_ab import load_emitter
+    from benchmarks.hopper_attention import hopper
+
+    emitter = load_emitter(other)
+    _inputs_on_cpu()
+    pending = []
+    for S in sizes:
+        for name, (kernel, extra, _, mask_mod, _, hq, hkv) in variants(S).items():
+            if name not in only:
+                continue
+            q = torch.empty(2, hq, S, D, dtype=torch.bfloat16)
+            k, v = (torch.empty(2, hkv, S, D, dtype=torch.bfloat16) for _ in range(2))
+            args = dict(extra, scale=1.0 / D ** 0.5)
+            if mask_mod == "document":
+                args["doc"] = documents(2, S, torch.Generator().manual_seed(0)).cpu()
+            f = hopper(kernel)
+            bound = bind_call(f.program, (q, k, v), args, "cpu")
+            launches = f.launches(bound.scalars, **bound.dims)
+            pending.append((launches.source, f.target))
+            pending.append((emitter.hopper_attention_source(
+                launches.plan, launches.knobs, D, launches.plan.mask is not None), f.target))
+    return pending
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("check", "ab"))
+    parser.add_argument("--other")
+    parser.add_argument("--only", default="full")
+    parser.add_argument("--sizes", default="4096")
+    parser.add_argument("--jobs", type=int, default=4)
+    args = parser.parse_args(argv)
+    if args.what == "check":
+        pending = precompile_check()
+    elif args.other is None:
+        parser.error("ab needs --other OLD_EMITTER.py")
+    else:
+        pending = precompile_ab(args.other, args.only.split(","),
+                                [int(s) for s in args.sizes.split(",")])
+    unique = {source: target for source, target in pending}
+    print(f"{len(unique)} distinct sources; compiling", file=sys.stderr)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(lambda item: cubin_for(*item), unique.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
