@@ -21,8 +21,11 @@ from benchmarks.hopper_attention import hopper
 from tensorfuse.binding import bind_call
 from tensorfuse.targets.cuda.kernel import pointer
 
-KMAX, SLOTS = 24, 32          # items a CTA records, stamps an item
-PRODUCER, CONSUMER0, PER_WG = 0, 4, 12
+KMAX, SLOTS = 24, 48          # items a CTA records, stamps an item
+PRODUCER, CONSUMER0, PER_WG = 0, 4, 20
+PROBE_IT = 10                 # the loop block stamped step by step
+STEPS = ("step begins", "turn taken", "q·kᵀ issued", "p·v issued", "q·kᵀ in", "softmax done",
+         "p·v in", "step done")
 EVENTS = ("tile known", "queries in", "first turn", "q·kᵀ(0) in", "loop done", "last turn",
           "last p·v in", "epilogue done")
 ACCUMULATED = ("turn waits", "k/v waits", "blocks", "q·kᵀ waits")
@@ -38,22 +41,32 @@ def traced(source: str) -> str:
     s = source
     s = _sub(s, "  const int wg = threadIdx.x / 128;\n",
              "  const int wg = threadIdx.x / 128;\n"
-             "  unsigned* trace = (unsigned*)work + blockIdx.x * (KMAX_ + 1) * 32;\n"
+             "  unsigned* trace = (unsigned*)work + blockIdx.x * (KMAX_ + 1) * SLOTS_;\n"
              "  const unsigned t_start = clock();\n"
              "  unsigned long long g_start;\n"
              "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(g_start));\n"
              "  unsigned acc_turn = 0, acc_data = 0, acc_w1 = 0, n_blocks = 0;\n"
-             "#define STAMP(k, slot) if ((k) < KMAX_) trace[(k) * 32 + (slot)] = clock() - t_start\n"
+             "#define STAMP(k, slot) if ((k) < KMAX_) trace[(k) * SLOTS_ + (slot)] = clock() - t_start\n"
              "#define TIMED(acc, stmt) {{ const unsigned c_ = clock(); stmt; acc += clock() - c_; }}\n")
     s = _sub(s, "#define TURN_BEGIN tf_turn_wait(cw);", "#define TURN_BEGIN TIMED(acc_turn, tf_turn_wait(cw))")
     s = s.replace("{{", "{").replace("}}", "}") if False else s
-    s = _sub(s, "#define D_ ", "#define KMAX_ %d\n#define D_ " % KMAX)
+    s = _sub(s, "#define D_ ", "#define KMAX_ %d\n#define SLOTS_ %d\n#define PROBE_IT %d\n#define D_ "
+             % (KMAX, SLOTS, PROBE_IT))
     # the macros in the generated source sit on one line each
     s = _sub(s, "tf_mbar_wait(full_k + SLOT(it), PHASE(it));",
              "TIMED(acc_data, tf_mbar_wait(full_k + SLOT(it), PHASE(it)));")
     s = _sub(s, "tf_mbar_wait(full_v + SLOT(it), PHASE(it));",
              "TIMED(acc_data, tf_mbar_wait(full_v + SLOT(it), PHASE(it)));")
-    s = _sub(s, "    tf_wgmma_wait<1>();", "    TIMED(acc_w1, tf_wgmma_wait<1>()); ++n_blocks;")
+    first = s.index("#define STEP(it, acc, mma, keys)")
+    end = s.index("\n", first)
+    b = "if ((it) == PROBE_IT && t == 0) STAMP(k, %d + cw * %d + 12 + %%d);" % (CONSUMER0, PER_WG)
+    s = s[:first] + (
+        "#define STEP(it, acc, mma, keys) { " + b % 0 + " TURN_BEGIN " + b % 1 +
+        " ISSUE_S_INTO(acc, mma, it); " + b % 2 + " ISSUE_O((it) - 1, BN / 16); TURN_END " + b % 3 +
+        " TIMED(acc_w1, tf_wgmma_wait<1>()); ++n_blocks; " + b % 4 +
+        " S_LANDED_INTO(acc, it); SOFTMAX_INTO(acc, it, keys); " + b % 5 +
+        " tf_wgmma_wait<0>(); " + b % 6 + " tf_fence_regs(o); tf_mbar_arrive(empty_v + SLOT((it) - 1));"
+        " rescale(o, corr); pack_p(acc, p); " + b % 7 + " }") + s[end:]
     # producer
     s = _sub(s, "        const int c = claim_tile(claim, mode, counters, works);",
              "        STAMP(k, 0);\n        const int c = claim_tile(claim, mode, counters, works);\n"
@@ -64,9 +77,9 @@ def traced(source: str) -> str:
     s = _sub(s, "      // the last CTA out resets the counters for the next launch\n",
              "      unsigned long long g_end;\n"
              "      asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(g_end));\n"
-             "      trace[KMAX_ * 32 + 0] = (unsigned)g_start; trace[KMAX_ * 32 + 1] = g_start >> 32;\n"
-             "      trace[KMAX_ * 32 + 2] = (unsigned)g_end; trace[KMAX_ * 32 + 3] = g_end >> 32;\n"
-             "      trace[KMAX_ * 32 + 4] = k;\n"
+             "      trace[KMAX_ * SLOTS_ + 0] = (unsigned)g_start; trace[KMAX_ * SLOTS_ + 1] = g_start >> 32;\n"
+             "      trace[KMAX_ * SLOTS_ + 2] = (unsigned)g_end; trace[KMAX_ * SLOTS_ + 3] = g_end >> 32;\n"
+             "      trace[KMAX_ * SLOTS_ + 4] = k;\n"
              "      // the last CTA out resets the counters for the next launch\n")
     # consumers: thread 0 of each warpgroup stamps
     c = "if (t == 0) STAMP(k, %d + cw * %d + %%d)" % (CONSUMER0, PER_WG)
@@ -87,8 +100,8 @@ def traced(source: str) -> str:
     s = _sub(s, "#if !DEFER\n    write_out();\n#endif\n  }\n",
              "#if !DEFER\n    write_out();\n#endif\n    %s;\n"
              "    if (t == 0 && k < KMAX_) {\n"
-             "      trace[k * 32 + %d + cw * %d + 8] = acc_turn; trace[k * 32 + %d + cw * %d + 9] = acc_data;\n"
-             "      trace[k * 32 + %d + cw * %d + 10] = n_blocks; trace[k * 32 + %d + cw * %d + 11] = acc_w1;\n"
+             "      trace[k * SLOTS_ + %d + cw * %d + 8] = acc_turn; trace[k * SLOTS_ + %d + cw * %d + 9] = acc_data;\n"
+             "      trace[k * SLOTS_ + %d + cw * %d + 10] = n_blocks; trace[k * SLOTS_ + %d + cw * %d + 11] = acc_w1;\n"
              "    }\n  }\n" % ((c % 7,) + (CONSUMER0, PER_WG) * 4))
     return s
 
@@ -122,7 +135,7 @@ def run(name: str, S: int, log=print) -> list[dict]:
     launches.module = None
     launches.build(f.target)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    work = torch.zeros(sms * 2 * (KMAX + 1) * 32, dtype=torch.int32, device="cuda")
+    work = torch.zeros(sms * 2 * (KMAX + 1) * SLOTS, dtype=torch.int32, device="cuda")
     launches.module = _WorkRedirected(launches.module, work)
     out = f(case.q, case.k, case.v, **args)
     err = float((out[:, :, case.rows].double() - case.ref).abs().max() / case.ref.abs().max())
@@ -131,7 +144,7 @@ def run(name: str, S: int, log=print) -> list[dict]:
     work.zero_()
     f(case.q, case.k, case.v, **args)
     torch.cuda.synchronize()
-    t = work.view(-1, KMAX + 1, 32).cpu().numpy().astype("int64") & 0xFFFFFFFF
+    t = work.view(-1, KMAX + 1, SLOTS).cpu().numpy().astype("int64") & 0xFFFFFFFF
     ctas = [c for c in range(t.shape[0]) if t[c, KMAX, 4] > 0]
     log(f"{name} S={S}: error {err:.1e} (bf16 bar 2e-2), {len(ctas)} CTAs")
     starts = [t[c, KMAX, 0] | (t[c, KMAX, 1] << 32) for c in ctas]
@@ -148,7 +161,8 @@ def run(name: str, S: int, log=print) -> list[dict]:
                 ev = {e: int(t[c, k, b + i]) for i, e in enumerate(EVENTS)}
                 acc = {a: int(t[c, k, b + 8 + i]) for i, a in enumerate(ACCUMULATED)}
                 nxt = int(t[c, k + 1, b]) if k + 1 < min(items, KMAX) else None
-                rows.append(dict(cta=c, item=k, wg=cw, **ev, **acc, next_tile=nxt,
+                st = {e: int(t[c, k, b + 12 + i]) for i, e in enumerate(STEPS)}
+                rows.append(dict(cta=c, item=k, wg=cw, **ev, **acc, **st, next_tile=nxt,
                                  claim=int(t[c, k, 1] - t[c, k, 0]), q_free_at=int(t[c, k, 2]),
                                  loads_done=int(t[c, k, 3])))
     # per-item phases (cycles), medians over CTAs and warpgroups, items after the first
@@ -169,6 +183,14 @@ def run(name: str, S: int, log=print) -> list[dict]:
         "turn waits": lambda r: r["turn waits"], "k/v waits": lambda r: r["k/v waits"],
         "q·kᵀ waits (loop)": lambda r: r["q·kᵀ waits"], "blocks in loop": lambda r: r["blocks"],
         "producer claim": lambda r: r["claim"],
+        f"block {PROBE_IT}: waiting for the turn": lambda r: r["turn taken"] - r["step begins"],
+        f"block {PROBE_IT}: issuing q·kᵀ (k wait)": lambda r: r["q·kᵀ issued"] - r["turn taken"],
+        f"block {PROBE_IT}: issuing p·v (v wait)": lambda r: r["p·v issued"] - r["q·kᵀ issued"],
+        f"block {PROBE_IT}: until q·kᵀ in": lambda r: r["q·kᵀ in"] - r["p·v issued"],
+        f"block {PROBE_IT}: score + softmax": lambda r: r["softmax done"] - r["q·kᵀ in"],
+        f"block {PROBE_IT}: until p·v in": lambda r: r["p·v in"] - r["softmax done"],
+        f"block {PROBE_IT}: rescale + pack": lambda r: r["step done"] - r["p·v in"],
+        f"block {PROBE_IT}: the step": lambda r: r["step done"] - r["step begins"],
         "queries in - producer's q_free": lambda r: r["queries in"] - r["q_free_at"],
     }
     for label, fn in phases.items():
