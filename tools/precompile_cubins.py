@@ -7,6 +7,7 @@ suite's float64 check compiles a kernel per variant, head dim, block size and la
     TENSORFUSE_CACHE=.device/cache python tools/precompile_cubins.py ab --other OLD_EMITTER.py \
         --only full,alibi --sizes 4096,16384
 
+``trace``: the stamped kernels ``tools/probe_trace.py`` runs (``--only``, ``--sizes``).
 ``check``: runs ``benchmarks.hopper_attention.check`` with its inputs on the CPU and every
 launch stopped after its module is built (results are not computed). ``ab``: the sources
 ``benchmarks.hopper_ab`` times, this emitter's and the other's, at B=2, H=16 (GQA 32/8), D=128.
@@ -75,12 +76,12 @@ def _inputs_on_cpu() -> None:
     torch.Tensor.to = _keep_on_cpu(torch.Tensor.to)
 
 
-def precompile_ab(other: str, only: list[str], sizes: list[int]) -> list:
+def precompile_ab(other: str | None, only: list[str], sizes: list[int], trace: bool = False) -> list:
     from benchmarks.attention import D, documents, variants
     from benchmarks.hopper_ab import load_emitter
     from benchmarks.hopper_attention import hopper
 
-    emitter = load_emitter(other)
+    emitter = load_emitter(other) if other else None
     _inputs_on_cpu()
     pending = []
     for S in sizes:
@@ -92,9 +93,13 @@ def precompile_ab(other: str, only: list[str], sizes: list[int]) -> list:
             args = dict(extra, scale=1.0 / D ** 0.5)
             if mask_mod == "document":
                 args["doc"] = documents(2, S, torch.Generator().manual_seed(0)).cpu()
-            f = hopper(kernel)
+            f = hopper(kernel, **({"schedule": "dynamic"} if trace else {}))
             bound = bind_call(f.program, (q, k, v), args, "cpu")
             launches = f.launches(bound.scalars, **bound.dims)
+            if trace:   # tools/probe_trace.py's stamped kernel
+                from probe_trace import traced
+                pending.append((traced(launches.source), f.target))
+                continue
             pending.append((launches.source, f.target))
             pending.append((emitter.hopper_attention_source(
                 launches.plan, launches.knobs, D, launches.plan.mask is not None), f.target))
@@ -103,7 +108,7 @@ def precompile_ab(other: str, only: list[str], sizes: list[int]) -> list:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("check", "ab"))
+    parser.add_argument("what", choices=("check", "ab", "trace"))
     parser.add_argument("--other")
     parser.add_argument("--only", default="full")
     parser.add_argument("--sizes", default="4096")
@@ -111,11 +116,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.what == "check":
         pending = precompile_check()
-    elif args.other is None:
+    elif args.what == "ab" and args.other is None:
         parser.error("ab needs --other OLD_EMITTER.py")
     else:
         pending = precompile_ab(args.other, args.only.split(","),
-                                [int(s) for s in args.sizes.split(",")])
+                                [int(s) for s in args.sizes.split(",")], args.what == "trace")
     unique = {source: target for source, target in pending}
     print(f"{len(unique)} distinct sources; compiling", file=sys.stderr)
     with ThreadPoolExecutor(args.jobs) as pool:

@@ -36,6 +36,16 @@ def _sub(source: str, old: str, new: str, count: int = 1) -> str:
     return source.replace(old, new)
 
 
+def _call_end(text: str, start: int) -> int:
+    """Index of the `;` closing the call that begins at ``start`` (parentheses balanced)."""
+    depth, i = 0, text.index("(", start)
+    while True:
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return text.index(";", i)
+        i += 1
+
+
 def traced(source: str) -> str:
     """``source`` with the stamps (see the module docstring)."""
     s = source
@@ -60,13 +70,23 @@ def traced(source: str) -> str:
     first = s.index("#define STEP(it, acc, mma, keys)")
     end = s.index("\n", first)
     b = "if ((it) == PROBE_IT && t == 0) STAMP(k, %d + cw * %d + 12 + %%d);" % (CONSUMER0, PER_WG)
-    s = s[:first] + (
-        "#define STEP(it, acc, mma, keys) { " + b % 0 + " TURN_BEGIN " + b % 1 +
-        " ISSUE_S_INTO(acc, mma, it); " + b % 2 + " ISSUE_O((it) - 1, BN / 16); TURN_END " + b % 3 +
-        " TIMED(acc_w1, tf_wgmma_wait<1>()); ++n_blocks; " + b % 4 +
-        " S_LANDED_INTO(acc, it); SOFTMAX_INTO(acc, it, keys); " + b % 5 +
-        " tf_wgmma_wait<0>(); " + b % 6 + " tf_fence_regs(o); tf_mbar_arrive(empty_v + SLOT((it) - 1));"
-        " rescale(o, corr); pack_p(acc, p); " + b % 7 + " }") + s[end:]
+    step = s[first:end]
+    body = step.index("{")
+    step = step[:body + 1] + " " + b % 0 + step[body + 1:]
+    for n, anchor in enumerate(("TURN_BEGIN", "ISSUE_S_INTO(acc, mma, it);", "TURN_END"), 1):
+        at = step.index(anchor) + len(anchor)
+        step = step[:at] + " " + b % n + step[at:]
+    at = step.index("tf_wgmma_wait<", step.index("TURN_END"))
+    close = step.index(";", at) + 1
+    step = step[:at] + "TIMED(acc_w1, " + step[at:close - 1] + "); ++n_blocks; " + b % 4 + \
+        step[close:]
+    at = _call_end(step, step.index("SOFTMAX_INTO(")) + 1   # past its `;`
+    step = step[:at] + " " + b % 5 + step[at:]
+    at = step.index("tf_wgmma_wait<0>();", at) + len("tf_wgmma_wait<0>();")
+    step = step[:at] + " " + b % 6 + step[at:]
+    at = step.index("pack_p(acc, p);") + len("pack_p(acc, p);")
+    step = step[:at] + " " + b % 7 + step[at:]
+    s = s[:first] + step + s[end:]
     # producer
     s = _sub(s, "        const int c = claim_tile(claim, mode, counters, works);",
              "        STAMP(k, 0);\n        const int c = claim_tile(claim, mode, counters, works);\n"
@@ -185,9 +205,9 @@ def run(name: str, S: int, log=print) -> list[dict]:
         "producer claim": lambda r: r["claim"],
         f"block {PROBE_IT}: waiting for the turn": lambda r: r["turn taken"] - r["step begins"],
         f"block {PROBE_IT}: issuing q·kᵀ (k wait)": lambda r: r["q·kᵀ issued"] - r["turn taken"],
-        f"block {PROBE_IT}: issuing p·v (v wait)": lambda r: r["p·v issued"] - r["q·kᵀ issued"],
+        f"block {PROBE_IT}: issuing p·v in the turn": lambda r: r["p·v issued"] - r["q·kᵀ issued"],
         f"block {PROBE_IT}: until q·kᵀ in": lambda r: r["q·kᵀ in"] - r["p·v issued"],
-        f"block {PROBE_IT}: score + softmax": lambda r: r["softmax done"] - r["q·kᵀ in"],
+        f"block {PROBE_IT}: score + softmax (+ p·v)": lambda r: r["softmax done"] - r["q·kᵀ in"],
         f"block {PROBE_IT}: until p·v in": lambda r: r["p·v in"] - r["softmax done"],
         f"block {PROBE_IT}: rescale + pack": lambda r: r["step done"] - r["p·v in"],
         f"block {PROBE_IT}: the step": lambda r: r["step done"] - r["step begins"],
