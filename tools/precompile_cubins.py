@@ -96,9 +96,9 @@ def precompile_ab(other: str | None, only: list[str], sizes: list[int], trace: b
             f = hopper(kernel, **({"schedule": "dynamic"} if trace else {}))
             bound = bind_call(f.program, (q, k, v), args, "cpu")
             launches = f.launches(bound.scalars, **bound.dims)
-            if trace:   # tools/probe_trace.py's stamped kernel
-                from probe_trace import traced
-                pending.append((traced(launches.source), f.target))
+            if trace:   # tools/probe_trace.py's stamped kernels, as they are and probed
+                from probe_trace import PATCHES, traced
+                pending += [(traced(launches.source, p), f.target) for p in [None, *PATCHES]]
                 continue
             pending.append((launches.source, f.target))
             pending.append((emitter.hopper_attention_source(

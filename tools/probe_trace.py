@@ -46,9 +46,24 @@ def _call_end(text: str, start: int) -> int:
         i += 1
 
 
-def traced(source: str) -> str:
-    """``source`` with the stamps (see the module docstring)."""
+# Probes of what bounds the loop (wrong results: timed only): "noexp" replaces each exp2 of the
+# softmax by a multiply (no MUFU), "nosoftmax" also drops the row maxima (the loop is then the
+# products, the score, P's packing and the barriers)
+PATCHES = {
+    "noexp": [("    s[r] = tf_exp2(fmaf(s[r], k, -mx[(r % 4) / 2]));",
+               "    s[r] = fmaf(s[r], k, -mx[(r % 4) / 2]) * 0.0009765625f;")],
+    "nosoftmax": [("    s[r] = tf_exp2(fmaf(s[r], k, -mx[(r % 4) / 2]));",
+                   "    s[r] = fmaf(s[r], k, -mx[(r % 4) / 2]) * 0.0009765625f;"),
+                  ("for (int r = 0; r < R; ++r) mx[(r % 4) / 2] = fmaxf(mx[(r % 4) / 2], s[r]);",
+                   "for (int r = 0; r < R; ++r) {}")],
+}
+
+
+def traced(source: str, patch: str | None = None) -> str:
+    """``source`` with the stamps (see the module docstring), and the probe ``patch``."""
     s = source
+    for old, new in PATCHES.get(patch, []):
+        s = _sub(s, old, new)
     s = _sub(s, "  const int wg = threadIdx.x / 128;\n",
              "  const int wg = threadIdx.x / 128;\n"
              "  unsigned* trace = (unsigned*)work + blockIdx.x * (KMAX_ + 1) * SLOTS_;\n"
@@ -142,7 +157,7 @@ class _WorkRedirected:
         return call
 
 
-def run(name: str, S: int, log=print) -> list[dict]:
+def run(name: str, S: int, log=print, patch: str | None = None) -> list[dict]:
     spec = variants(S)[name]
     gen = torch.Generator().manual_seed(0)
     case = make_case(name, spec, S, gen, check_rows=64)
@@ -151,7 +166,7 @@ def run(name: str, S: int, log=print) -> list[dict]:
     args = dict(extra, scale=case.scale)
     bound = bind_call(f.program, (case.q, case.k, case.v), args, "cuda")
     launches = f.launches(bound.scalars, **bound.dims)
-    launches.source = traced(launches.source)
+    launches.source = traced(launches.source, patch)
     launches.module = None
     launches.build(f.target)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -166,7 +181,8 @@ def run(name: str, S: int, log=print) -> list[dict]:
     torch.cuda.synchronize()
     t = work.view(-1, KMAX + 1, SLOTS).cpu().numpy().astype("int64") & 0xFFFFFFFF
     ctas = [c for c in range(t.shape[0]) if t[c, KMAX, 4] > 0]
-    log(f"{name} S={S}: error {err:.1e} (bf16 bar 2e-2), {len(ctas)} CTAs")
+    log(f"{name} S={S}{' ' + patch if patch else ''}: error {err:.1e} (bf16 bar 2e-2"
+        f"{'; a probe: wrong on purpose' if patch else ''}), {len(ctas)} CTAs")
     starts = [t[c, KMAX, 0] | (t[c, KMAX, 1] << 32) for c in ctas]
     ends = [t[c, KMAX, 2] | (t[c, KMAX, 3] << 32) for c in ctas]
     g0 = min(starts)
@@ -227,11 +243,13 @@ def main(argv=None) -> int:
     parser.add_argument("--variant", default="full")
     parser.add_argument("--sizes", default="4096,16384")
     parser.add_argument("--csv", default=None)
+    parser.add_argument("--patches", default="", help="probes to run too: " + ", ".join(PATCHES))
     args = parser.parse_args(argv)
     rows = []
     for S in (int(x) for x in args.sizes.split(",")):
         for name in args.variant.split(","):
-            rows += [dict(r, variant=name, S=S) for r in run(name, S)]
+            for patch in [None] + [p for p in args.patches.split(",") if p]:
+                rows += [dict(r, variant=name, S=S, patch=patch or "") for r in run(name, S, patch=patch)]
     if args.csv and rows:
         import csv
         with open(args.csv, "w", newline="") as f:

@@ -216,8 +216,6 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
 #define CONSUMER_REGS {knobs.consumer_registers}
 #define PRODUCER_REGS {knobs.producer_registers}
 #define OVERLAP {int(knobs.overlap)}
-// with OVERLAP, p·v wgmmas issued with q·kᵀ (the rest through the softmax)
-#define PV_EARLY (4 < BN / 16 ? 4 : BN / 16)
 // consumers take turns issuing MMAs
 #define PINGPONG {int(knobs.pingpong and knobs.consumers > 1)}
 #if PINGPONG
@@ -455,16 +453,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
   (TILED ? BN / 16 : __shfl_sync(0xffffffffu,                                               \
       (min(BN, N_ - key_block(w, it, pi, fi) * BN) + 15) / 16, 0))
   // the score and softmax of block `it` (`keys` wide), whose q·kᵀ has landed in `acc`
-#define SOFTMAX_INTO(acc, it, keys, issue)                                                  \
+#define SOFTMAX_INTO(acc, it, keys)                                                         \
   {{                                                                                          \
     const int n0 = key_block(w, it, pi, fi) * BN;                                             \
     if ((it) < w.n_partial || (!TILED && n0 + (keys) > N_))                                   \
       score_block<true>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);             \
     else                                                                                      \
       score_block<false>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);            \
-    softmax_block(acc, m, l, corr, scale2, issue);                                            \
+    softmax_block(acc, m, l, corr, scale2);                                                   \
   }}
-#define SOFTMAX(it) SOFTMAX_INTO(s, it, BN, NoIssue())
+#define SOFTMAX(it) SOFTMAX_INTO(s, it, BN)
   // block `it`'s q·kᵀ has landed: after the tile's last one the query tile may be reloaded
   // (a partial block's mask bits are read before its slot is released)
 #define S_LANDED_INTO(acc, it)                                                              \
@@ -483,19 +481,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
 #if OVERLAP
 #define STEP(it, acc, mma, keys)                                                            \
   {{                                                                                          \
-    const unsigned vt = v_base + SLOT((it) - 1) * KV_BYTES;                                   \
     TURN_BEGIN                                                                                \
     ISSUE_S_INTO(acc, mma, it);                                                               \
-    tf_mbar_wait(full_v + SLOT((it) - 1), PHASE((it) - 1));                                   \
-    tf_wgmma_fence();                                                                         \
-    _Pragma("unroll") for (int ks = 0; ks < PV_EARLY; ++ks)                                  \
-      {o_mma}(o, p[ks], vmajor_desc(vt, ks), 1);                                              \
+    ISSUE_O((it) - 1, BN / 16);                                                               \
     TURN_END                                                                                  \
-    tf_wgmma_wait<0>();   /* q·kᵀ of `it` (committed) has landed; p·v's first ones may run */  \
+    tf_wgmma_wait<1>();            /* q·kᵀ of `it` has landed; p·v of `it - 1` may still run */ \
     S_LANDED_INTO(acc, it);                                                                   \
-    /* the rest of the previous block's p·v, issued through the softmax */                    \
-    SOFTMAX_INTO(acc, it, keys, [&](int ks) {{ {o_mma}(o, p[ks], vmajor_desc(vt, ks), 1); }});  \
-    tf_wgmma_commit();                                                                        \
+    SOFTMAX_INTO(acc, it, keys);                                                              \
     tf_wgmma_wait<0>();                                                                       \
     tf_fence_regs(o);                                                                         \
     tf_mbar_arrive(empty_v + SLOT((it) - 1));                                                 \
@@ -514,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
     TURN_END                                                                                  \
     tf_wgmma_wait<0>();                                                                       \
     S_LANDED_INTO(acc, it);                                                                   \
-    SOFTMAX_INTO(acc, it, keys, NoIssue());                                                   \
+    SOFTMAX_INTO(acc, it, keys);                                                              \
     rescale(o, corr);                                                                         \
     pack_p(acc, p);                                                                           \
   }}
@@ -582,7 +574,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
 #endif
         tf_wgmma_wait<0>();
         S_LANDED_INTO(sn, 0);
-        SOFTMAX_INTO(sn, 0, LAST_N, NoIssue());
+        SOFTMAX_INTO(sn, 0, LAST_N);
         pack_p(sn, p);
       }} else
 #endif

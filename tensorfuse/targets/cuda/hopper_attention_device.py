@@ -146,25 +146,9 @@ __device__ __forceinline__ void score_block(float (&s)[R], int row_lo, int n0, i
 // log-sum-exp are the same numbers, with P ≤ 2^RESCALE_MARGIN (in range for f16/bf16) — and the
 // correction is 1, so the warps whose rows all kept theirs skip rescaling o (after the first
 // blocks, nearly every block).
-// `issue(j)` is called for j = PV_EARLY … BN / 16 − 1 through the block (the previous block's
-// p·v wgmmas after the first PV_EARLY, which the warpgroup issued with q·kᵀ): a warpgroup issuing
-// wgmmas stalls while the tensor cores' queue is full, so the whole p·v issued with q·kᵀ held it
-// ~400 cycles past q·kᵀ's landing at 176 keys, all of it before the softmax could start; these
-// wait for a slot each, among the maximum's and the first half of the exps' instructions.
-#ifndef PV_EARLY
-#define PV_EARLY 0
-#endif
-struct NoIssue {{
-  __device__ __forceinline__ void operator()(int) const {{}}
-}};
-template <int R, class Issue = NoIssue>
+template <int R>
 __device__ __forceinline__ void softmax_block(float (&s)[R], float (&m)[2], float (&l)[2],
-                                              float (&corr)[2], float scale2,
-                                              Issue issue = Issue()) {{
-  constexpr int LATE = BN / 16 - PV_EARLY, N_MAX = LATE / 2, N_EXP = LATE - N_MAX;
-  constexpr int GAP_MAX = R >= N_MAX && N_MAX > 0 ? R / N_MAX : 1;
-  constexpr int GAP_EXP = R / 2 >= N_EXP && N_EXP > 0 ? R / 2 / N_EXP : 1;
-  constexpr int IN_MAX = N_MAX < R ? N_MAX : R, IN_EXP = N_EXP < R ? N_EXP : R;
+                                              float (&corr)[2], float scale2) {{
   float k = scale2;
   if (!(scale2 > 0.0f)) {{
     #pragma unroll
@@ -173,12 +157,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[R], float (&m)[2], floa
   }}
   float mx[2] = {{s[0], s[2]}};
   #pragma unroll
-  for (int r = 0; r < R; ++r) {{
-    if (r % GAP_MAX == 0 && r / GAP_MAX < IN_MAX) issue(PV_EARLY + r / GAP_MAX);
-    mx[(r % 4) / 2] = fmaxf(mx[(r % 4) / 2], s[r]);
-  }}
-  #pragma unroll
-  for (int j = IN_MAX; j < N_MAX; ++j) issue(PV_EARLY + j);   // blocks too narrow to spread
+  for (int r = 0; r < R; ++r) mx[(r % 4) / 2] = fmaxf(mx[(r % 4) / 2], s[r]);
   #pragma unroll
   for (int x = 0; x < 2; ++x) mx[x] = fmaxf(m[x], mx[x] * k);
   #pragma unroll
@@ -195,12 +174,9 @@ __device__ __forceinline__ void softmax_block(float (&s)[R], float (&m)[2], floa
   }}
   #pragma unroll
   for (int r = 0; r < R; ++r) {{
-    if (r % GAP_EXP == 0 && r / GAP_EXP < IN_EXP) issue(PV_EARLY + N_MAX + r / GAP_EXP);
     s[r] = tf_exp2(fmaf(s[r], k, -mx[(r % 4) / 2]));
     l[(r % 4) / 2] += s[r];
   }}
-  #pragma unroll
-  for (int j = N_MAX + IN_EXP; j < LATE; ++j) issue(PV_EARLY + j);
 }}
 
 // Lanes 4r … 4r + 3 (one row of the fragment) each hold a[j], the packed pair at columns
