@@ -83,7 +83,7 @@ def check(log=print) -> int:
             continue   # queries before the first key have no document (doc[b, negative])
         # the scale goes into the exponent's FFMA when it is positive; a negative or zero one
         # (legal, never 1/√d) takes the other path
-        factors = (1.0, -0.7, 0.0) if name in ("full", "causal") and spread == 1.0 and \
+        factors = (1.0, -0.7, 0.0) if name in ("full", "causal", "alibi") and spread == 1.0 and \
             not knobs else (1.0,)
         for D, factor in ((d, c) for d in ((128, 64) if spread == 1.0 else (128,))
                           for c in factors):

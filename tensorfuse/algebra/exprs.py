@@ -169,3 +169,36 @@ def as_binary(e: Expr, op: str) -> bool:
 
 
 _FOLD = {"add": add, "sub": sub, "mul": mul, "div": div}
+
+
+def linear_in(e: Expr, axis: Axis) -> tuple[Expr, Expr] | None:
+    """``(coefficient, rest)`` with ``e == coefficient · axis + rest`` and neither depending on
+    ``axis`` — through sums, negations, and products and quotients by factors free of it — or
+    None where ``e`` is not linear in ``axis`` that way (a product of two terms reading it, a
+    function of it, a load indexed by it). Integer index arithmetic is split as the reals: the
+    kernels convert index values below 2^24 to f32 exactly."""
+    if not has_axis(e, axis):
+        return const(0.0), e
+    if isinstance(e, Axis):
+        return const(1.0), const(0.0)
+    if isinstance(e, Unary) and e.op == "neg":
+        inner = linear_in(e.a, axis)
+        return None if inner is None else (neg(inner[0]), neg(inner[1]))
+    if not isinstance(e, Binary) or e.op not in ("add", "sub", "mul", "div"):
+        return None
+    if e.op in ("add", "sub"):
+        a, b = linear_in(e.a, axis), linear_in(e.b, axis)
+        if a is None or b is None:
+            return None
+        combine = add if e.op == "add" else sub
+        return combine(a[0], b[0]), combine(a[1], b[1])
+    if e.op == "mul" and not has_axis(e.a, axis):
+        inner = linear_in(e.b, axis)
+        return None if inner is None else (mul(e.a, inner[0]), mul(e.a, inner[1]))
+    if not has_axis(e.b, axis):   # a product or quotient by a factor free of the axis
+        inner = linear_in(e.a, axis)
+        if inner is None:
+            return None
+        by = mul if e.op == "mul" else div
+        return by(inner[0], e.b), by(inner[1], e.b)
+    return None

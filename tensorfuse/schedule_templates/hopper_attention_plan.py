@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..algebra.exprs import nodes
-from ..dsl.expr import Binary, Const, DimSize, Expr, Load, Ref, Scalar, Where
+from ..algebra.exprs import add, has_axis, is_const, linear_in, neg, nodes, sub
+from ..dsl.expr import Binary, Const, DimSize, Expr, Load, Ref, Scalar, Unary, Where
 from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
@@ -104,10 +104,14 @@ class HopperAttentionPlan:
     chain: AttentionChain
     score: Expr               # of the dot product and the axes; no top-level mask
     mask: Expr | None         # a condition on indices (and integer tensors): blocks are sorted
-    scale: Expr | None        # score == dot · scale with scale the same for every element
+    scale: Expr | None        # score == dot · scale (+ key_bias · j) with scale the same everywhere
     tensors: tuple[tuple[str, str], ...]  # (name, dtype) of tensors the score or mask read
     # sizes the score or mask reads besides the chain's (a bias table's length): kernel arguments
     extra_sizes: tuple[str, ...] = ()
+    # score == dot · scale + key_bias · j (+ terms free of the key j, dropped: each row's scores
+    # shift by the same amount, which softmax does not see): an additive bias linear in the key
+    # index, such as ALiBi's, evaluated one FFMA an element and the scale folded into exp2
+    key_bias: Expr | None = None
 
     @property
     def dtype(self) -> str:
@@ -131,7 +135,10 @@ class HopperAttentionPlan:
                  f"({hkv} kv-heads, {c.dtype})",
                  f"  score: {to_text(self.score)}"
                  + (f" (the factor {to_text(self.scale)} folded into exp2)" if self.scale is not None
-                    else ""),
+                    else "")
+                 + (f"; as dot · {to_text(self.scale)} + {to_text(self.key_bias)} · "
+                    f"{c.axes[3].name}, its terms free of {c.axes[3].name} dropped (softmax does "
+                    "not see a row's shift)" if self.key_bias is not None else ""),
                  "  mask: " + (f"{to_text(self.mask)} (blocks sorted per call into skipped, "
                                "partial and full)" if self.mask is not None else "none"),
                  "  warp-specialised: a TMA producer warp, consumer warpgroups on wgmma "
@@ -149,6 +156,57 @@ def _reads_dot(e: Expr, dot: str) -> bool:
     return any(isinstance(n, Ref) and n.compute.name == dot for n in nodes(e))
 
 
+def _dot_factor(term: Expr, dot: str) -> Expr | None:
+    """``scale`` where ``term`` is ``dot · scale`` with ``scale`` the same for every element (no
+    axes, tensors or other computes); None otherwise."""
+    if isinstance(term, Binary) and term.op == "mul":
+        for dot_side, other in ((term.a, term.b), (term.b, term.a)):
+            if isinstance(dot_side, Ref) and dot_side.compute.name == dot and \
+                    not other.axes and not any(isinstance(n, (Load, Ref)) for n in nodes(other)):
+                return other
+    return None
+
+
+def _signed_terms(e: Expr, sign: int = 1) -> list[tuple[int, Expr]]:
+    """The terms of a sum, with their signs."""
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        return _signed_terms(e.a, sign) + _signed_terms(e.b, sign if e.op == "add" else -sign)
+    if isinstance(e, Unary) and e.op == "neg":
+        return _signed_terms(e.a, -sign)
+    return [(sign, e)]
+
+
+def _key_linear_score(score: Expr, chain: AttentionChain) -> tuple[Expr | None, Expr | None]:
+    """``(scale, key_bias)`` where the score is ``dot · scale + key_bias · j + rest`` — one term
+    reading the dot product, ``scale`` the same everywhere, ``key_bias`` free of the query index
+    and of tensors, ``rest`` free of the key index and of tensors, dropped: it shifts each row's
+    scores by one amount, which the softmax does not see (nor a mask: it is applied apart). Not
+    where the chain writes the log-sum-exp (the shift would have to come back into it) or the
+    score has any other form: ``(None, None)``."""
+    if chain.lse:
+        return None, None
+    terms = _signed_terms(score)
+    dots = [(sign, t) for sign, t in terms if _reads_dot(t, chain.dot)]
+    if len(dots) != 1:
+        return None, None
+    sign, term = dots[0]
+    scale = _dot_factor(term, chain.dot)
+    if scale is None:
+        return None, None
+    bias = None
+    for s, t in terms:
+        if t is not term:
+            bias = (t if s > 0 else neg(t)) if bias is None else (add if s > 0 else sub)(bias, t)
+    split = linear_in(bias, chain.axes[3]) if bias is not None else None
+    if split is None:
+        return None, None
+    key_bias, rest = split
+    if is_const(key_bias, 0) or has_axis(key_bias, chain.axes[2]) or any(
+            isinstance(n, (Load, Ref)) for e in split for n in nodes(e)):
+        return None, None
+    return (scale if sign > 0 else neg(scale)), key_bias
+
+
 def plan_hopper_attention(program: Program, names: tuple[str, ...],
                           axis: str) -> HopperAttentionPlan:
     """Recognise the chain (softmax-weighted attention in bf16 or f16) and split its score."""
@@ -160,12 +218,9 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
                 isinstance(n, Load) and n.param.dtype.startswith(("f", "bf"))
                 for n in nodes(score.cond)):
         score, mask = score.a, score.cond
-    scale = None
-    if isinstance(score, Binary) and score.op == "mul":
-        for dot_side, other in ((score.a, score.b), (score.b, score.a)):
-            if isinstance(dot_side, Ref) and dot_side.compute.name == chain.dot and \
-                    not other.axes and not any(isinstance(n, (Load, Ref)) for n in nodes(other)):
-                scale = other
+    scale, key_bias = _dot_factor(score, chain.dot), None
+    if scale is None:
+        scale, key_bias = _key_linear_score(score, chain)
     used = [score] + ([mask] if mask is not None else [])
     tensors = sorted({(n.param.name, n.param.dtype) for e in used for n in nodes(e)
                       if isinstance(n, Load)})
@@ -173,7 +228,8 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
                     for d in (n.param.dims if isinstance(n, Load) else
                               (n.name,) if isinstance(n, DimSize) else ())
                     if isinstance(d, str) and d not in chain.dims})
-    plan = HopperAttentionPlan(chain, score, mask, scale, tuple(tensors), tuple(extra))
+    plan = HopperAttentionPlan(chain, score, mask, scale, tuple(tensors), tuple(extra),
+                               key_bias)
     for e, what in ((score, "the score"), (mask, "the mask")):   # refused now if not writable
         if e is not None:
             to_cuda(e, {chain.dot: "qk"}, what, axes=dict(chain.score_axes),

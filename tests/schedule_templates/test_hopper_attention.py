@@ -14,6 +14,10 @@ import pytest
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
+from tensorfuse import dsl as T
+from tensorfuse.algebra.exprs import has_axis, linear_in
+from tensorfuse.dsl.printer import to_text
+from tensorfuse.kernels.attention import KV, Q, scores, softmax_attend
 from benchmarks.attention_unlisted import UNLISTED
 from benchmarks.hopper_attention import causal_attention_f16
 from tensorfuse.errors import ScheduleError
@@ -121,14 +125,67 @@ def test_plan_splits_mask_score_and_scale():
     causal = plan_of(K.causal_attention)
     assert causal.mask is not None and "j" in str(causal.mask)
     assert causal.scale is not None and str(causal.scale) == "scale"   # folded into exp2
-    alibi = plan_of(K.alibi_attention)
-    assert alibi.mask is None and alibi.scale is None   # the bias rides on every element
+    alibi = plan_of(K.alibi_attention)   # dot · scale + slope(h) · (j − i − N + M)
+    assert alibi.mask is None and str(alibi.scale) == "scale"
+    assert to_text(alibi.key_bias) == "exp2(-8.0 * (h + 1) / T.size('H'))"   # the query terms dropped
+    assert causal.key_bias is None and "softmax does not see" in alibi.describe()
     document = plan_of(K.document_attention)
     assert document.tensors == (("doc", "i32"),) and document.mask is not None
     softcap = plan_of(K.softcap_attention)
     assert softcap.mask is not None and softcap.scale is None
     assert plan_of(K.attention).mask is None
     assert "folded into exp2" in causal.describe(HopperKnobs())
+
+
+@pytest.mark.parametrize("bias, linear", [
+    ("slope * (j - i)", True), ("-(j * 2 - i) / 3", True), ("slope * i", False),
+    ("j * j * 0.01", False), ("T.exp(j * 0.01)", False), ("T.where(j > i, 1.0, 0.0)", False)])
+def test_an_additive_bias_linear_in_the_key_is_split_from_the_score(bias, linear):
+    """score = dot · scale + κ · j + (terms free of j): κ is evaluated once a tile and the scale
+    folded into exp2; the terms free of j are dropped (softmax does not see a row's shift).
+    Anything else — a bias free of j altogether, non-linear in it — keeps the score as written."""
+    def kernel(q: Q, k: KV, v: KV, scale: T.f32, slope: T.f32):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        s = scores(q, k, b, h, h, i, j, d, scale) + eval(bias, {"T": T, "i": i, "j": j,
+                                                                  "slope": slope})
+        return softmax_attend(s, v[b, h, j, e], j)
+
+    plan = plan_of(tf.kernel(kernel))
+    assert (plan.key_bias is not None) == linear, to_text(plan.score)
+    assert (plan.scale is not None) == linear
+
+
+def test_linear_in_splits_a_coefficient_and_a_rest():
+    i, j = T.axes("i j")
+    c, r = linear_in(2.0 * (j - i) + 3.0 * j / 4.0 - i, j)
+    assert to_text(c) == "2.0 * 1.0 + 3.0 * 1.0 / 4.0" or float(eval_const(c)) == 2.75
+    assert not has_axis(r, j) and has_axis(r, i)
+    assert linear_in(j * j, j) is None and linear_in(i * 5, j)[0].value == 0.0
+
+
+def eval_const(e):
+    from tensorfuse.dsl.expr import Binary, Const
+    if isinstance(e, Const):
+        return e.value
+    assert isinstance(e, Binary)
+    a, b = eval_const(e.a), eval_const(e.b)
+    return {"add": a + b, "sub": a - b, "mul": a * b, "div": a / b}[e.op]
+
+
+@needs_nvcc
+def test_a_key_linear_bias_is_one_ffma_an_element_and_its_coefficient_once_a_tile():
+    """ALiBi's slope (an exp2 and a division) is computed once a tile, not in every block's score;
+    an element's score is qk · FOLD_A + (kc · column + kc at the block's first column)."""
+    source = hopper(K.alibi_attention).source(**PREFILL)
+    block_score = source.split("void score_block(")[1].split("\n}")[0]
+    assert "fmaf(qk, fold_a_, fmaf(kc_, (float)(dj_), kc0_))" in block_score
+    assert "exp2f" not in block_score
+    assert "const float kc_ = tf_key_bias(w.bh / H_, w.bh % H_" in source
+    assert "1.0f / (scale)" in source   # the scale folded where positive
+    # the tile's coefficient takes a register the consumers of the 176-key kernel do not have
+    # to spare through a tile: ptxas keeps two words per tile in local memory (3 loads, 1 store
+    # a tile), none among the block loop's wgmma code
+    assert_consumers_do_not_spill(source, per_tile=8)
 
 
 def test_plan_refuses_other_chains():
@@ -179,12 +236,14 @@ def _ptxas_and_sass(source: str) -> tuple[str, str]:
     return done.stderr, sass
 
 
-def assert_consumers_do_not_spill(source: str) -> str:
+def assert_consumers_do_not_spill(source: str, per_tile: int = 0) -> str:
     """No local-memory spill in the consumers' code; the producer — one thread issuing copies on
     the 24 registers ``setmaxnreg`` leaves it — may spill a few words (≤ 128 bytes). ptxas lays
     the producer's branch out after its ``USETMAXREG.DEALLOC``, the consumers' between their
     ``USETMAXREG.TRY_ALLOC`` and it (before that: the prologue every thread runs once, where a
-    value the producer needs later may be stored). Returns ptxas's report."""
+    value the producer needs later may be stored). ``per_tile``: that many spill instructions
+    are let through outside the consumers' wgmma code (a tile's start and end, once in ~24 key
+    blocks), never among it. Returns ptxas's report."""
     report, sass = _ptxas_and_sass(source)
     assert "serializ" not in report.lower(), report
     stores = re.search(r"(\d+) bytes spill stores", report)
@@ -193,8 +252,10 @@ def assert_consumers_do_not_spill(source: str) -> str:
     alloc = next(i for i, line in enumerate(lines) if "USETMAXREG.TRY_ALLOC" in line)
     dealloc = next(i for i, line in enumerate(lines) if "USETMAXREG.DEALLOC" in line)
     spills = [i for i, line in enumerate(lines) if re.search(r"\b(STL|LDL)\b", line)]
-    assert alloc < dealloc and not any(alloc < i < dealloc for i in spills), \
-        [lines[i] for i in spills if alloc < i < dealloc]
+    mma = [i for i, line in enumerate(lines) if "HGMMA" in line and alloc < i < dealloc]
+    inside = [lines[i] for i in spills if alloc < i < dealloc]
+    among = [lines[i] for i in spills if mma[0] < i < mma[-1]]
+    assert alloc < dealloc and not among and len(inside) <= per_tile, inside
     return report
 
 
@@ -209,7 +270,10 @@ def test_every_variant_compiles_to_the_hopper_instructions(name):
     for instruction in HOPPER_PTX:
         assert instruction in ptx, f"{name}: no {instruction} in the PTX"
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16", ptx)
-    assert_consumers_do_not_spill(compiled.source(**sizes))
+    # a key-linear bias (ALiBi) keeps two words a tile in local memory, outside the loop's wgmma
+    # code (test_a_key_linear_bias_is_one_ffma_an_element_and_its_coefficient_once_a_tile)
+    keyed = plan_of(K.ATTENTION_VARIANTS[name]).key_bias is not None
+    assert_consumers_do_not_spill(compiled.source(**sizes), per_tile=8 if keyed else 0)
 
 
 @needs_nvcc
@@ -481,16 +545,21 @@ def test_persistent_schedules_replay_in_a_cuda_graph(schedule):
 
 
 def test_index_terms_used_as_floats_are_converted_once_per_fragment():
-    """ALiBi's ``slope · (j − i)``: the integer difference is converted at the fragment's first
-    row and column (loop-invariant) plus a per-register constant, not once per score element;
-    integer uses (the mask, a tensor's indices) keep their integers."""
+    """``(j − i)`` used as a float (ALiBi's ``slope · (j − i)``, a squared distance): the integer
+    difference is converted at the fragment's first row and column (loop-invariant) plus a
+    per-register constant, not once per score element; integer uses (the mask, a tensor's
+    indices) keep their integers."""
     from tensorfuse.algebra.exprs import nodes
     from tensorfuse.dsl.expr import Axis
     from tensorfuse.targets.cuda.expr import converted_indices
 
-    src = hopper(K.alibi_attention).source(**PREFILL)
-    assert "(float)(((j0_) - (((i0_) + TF_SIZE_N) - TF_SIZE_M))) + (float)(1 * (dj_) + -1 * (di_))" \
-        in src
+    def squared_distance(q: Q, k: KV, v: KV, scale: T.f32):   # not linear in j: as written
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        s = scores(q, k, b, h, h, i, j, d, scale) - 0.001 * (j - i) * (j - i)
+        return softmax_attend(s, v[b, h, j, e], j)
+
+    src = hopper(tf.kernel(squared_distance)).source(**PREFILL)
+    assert "(float)(((j0_) - (i0_))) + (float)(1 * (dj_) + -1 * (di_))" in src
     plan = plan_of(K.alibi_attention)
     axes = {n: {"0": "i_", "j": "j_"}.get(r, r) for n, r in plan.chain.score_axes}
     offsets = {n: {"i_": "di_", "j_": "dj_"}[v] for n, v in axes.items() if v in ("i_", "j_")}

@@ -111,16 +111,29 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
         scalar_arguments(plan.chain.scalars)
 
 
-def _expressions(plan) -> tuple[str, str, str]:
+def _expressions(plan) -> tuple[str, str, str, str, str]:
     """C++ for the score before its scale (of ``qk``, ``b``, ``h``, ``i_``, ``j_``), the
-    statement masking it (``v``) in a partial block, and the once-per-CTA factor ``scale2`` that
+    statement masking it (``v``) in a partial block, the once-per-CTA factor ``scale2`` that
     takes the score to base 2 (the program's scale times log2 e where the plan folded it, else
-    log2 e), which the softmax applies in the exponent's FFMA."""
+    log2 e), which the softmax applies in the exponent's FFMA, and the statement a block's score
+    begins with. With a key-linear bias (``plan.key_bias``, κ) the score is written
+    ``qk · FOLD_A + κ · FOLD_C · j`` — ``FOLD_A = 1, FOLD_C = 1 / scale`` and the scale in
+    ``scale2`` where the scale is positive (else ``FOLD_A = scale``, ``FOLD_C = 1``, ``scale2 =
+    log2 e``): κ · FOLD_C once a tile (``tf_key_bias``), its value at the block's first column
+    once a block, an FFMA an element."""
     chain = plan.chain
     axes = {name: {"b": "b", "h": "h", "0": "i_", "j": "j_"}[role]
             for name, role in chain.score_axes}
     loads = {t: f"t_{t}" for t, _ in plan.tensors}
-    if plan.scale is not None:
+    begin = ""
+    if plan.key_bias is not None:
+        factor = to_cuda(plan.scale, {}, "the scale", axes=axes, loads=loads)
+        scale = f"({factor} > 0.0f ? ({factor}) * TF_LOG2E : TF_LOG2E)"
+        kappa = to_cuda(plan.key_bias, {}, "the score", axes=axes, loads=loads)
+        begin = ("  const float kc0_ = kc_ * (float)(j0_), fold_a_ = FOLD_A;   // the bias at the "
+                 "fragment's first column (kc_: its coefficient times FOLD_C, once a tile)")
+        score = "fmaf(qk, fold_a_, fmaf(kc_, (float)(dj_), kc0_))"
+    elif plan.scale is not None:
         scale = f"({to_cuda(plan.scale, {}, 'the scale', axes=axes, loads=loads)} * TF_LOG2E)"
         score = "qk"
     else:
@@ -142,7 +155,31 @@ def _expressions(plan) -> tuple[str, str, str]:
         mask = "true" if plan.mask is None else to_cuda(plan.mask, {}, "the mask", axes,
                                                          loads=loads)
         masked = f"    if (MASKED) v = (j_ < N_ && ({mask})) ? v : -INFINITY;"
-    return score, masked, scale
+    return score, masked, scale, begin, _fold_factors(plan, axes, loads)
+
+
+def _key_bias_function(plan, extra_params: str) -> str:
+    """``tf_key_bias(b, h, …)``: the key-linear bias's coefficient times ``FOLD_C``, which
+    the consumers compute once a tile (in the block loop its exp2 and division — ALiBi's slope —
+    held up every block's score); 0 without one."""
+    chain = plan.chain
+    axes = {name: {"b": "b", "h": "h", "0": "i_", "j": "j_"}[role]
+            for name, role in chain.score_axes}
+    kappa = "0.0f" if plan.key_bias is None else to_cuda(
+        plan.key_bias, {}, "the score", axes=axes, loads={t: f"t_{t}" for t, _ in plan.tensors})
+    return (f"__device__ __forceinline__ float tf_key_bias(int b, int h{extra_params}) {{\n"
+            f"  return ({kappa}) * FOLD_C;\n}}\n")
+
+
+def _fold_factors(plan, axes: dict, loads: dict) -> str:
+    """``#define``s of ``FOLD_A``, ``FOLD_C`` (:func:`_expressions`; 1 and 1 without a key-linear
+    bias), written of the kernel's scalar arguments where they are used rather than kept in
+    registers through the loop (the consumers have none to spare)."""
+    if plan.key_bias is None:
+        return "#define FOLD_A 1.0f\n#define FOLD_C 1.0f"
+    factor = to_cuda(plan.scale, {}, "the scale", axes=axes, loads=loads)
+    return (f"#define FOLD_A ({factor} > 0.0f ? 1.0f : ({factor}))\n"
+            f"#define FOLD_C ({factor} > 0.0f ? 1.0f / ({factor}) : 1.0f)")
 
 
 def _tiled_functions(tiling) -> str:
@@ -192,7 +229,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
     extra_params, extra_args = forwarded(args[first_extra:])
     tiled = tiling is not None
     rank = view_rank(tiling.cols.dims, tiling.cols.dilation) if tiled else 3
-    score, masked, scale = _expressions(plan)
+    score, masked, scale, begin, folds = _expressions(plan)
     sizes = size_aliases(zip(chain.dims, ("B_", "H_", "HKV_", "M_", "N_", "D_")))
     return f"""{header}#include <math.h>
 {DSM_HELPERS}
@@ -245,10 +282,12 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
 #define KV_BYTES (BN * D_ * 2)
 #define TF_LOG2E 1.4426950408889634f
 #define RESCALE_MARGIN 8.0f   // a row's running maximum moves once it grows by more (base 2)
+{folds}
 {sizes}
 typedef {elem} elem_t;
 
-{device_functions(pair, pack, score, masked, extra_params)}
+{device_functions(pair, pack, score, masked, extra_params, begin)}
+{_key_bias_function(plan, extra_params)}
 
 extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
     {params}) {{
@@ -417,7 +456,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
   unsigned mw[MASK_WORDS];   // TILED: this thread's mask bits of the block in s
   int use = 0;   // key/value blocks consumed in earlier tiles (the ring's slot and phase)
 
-#define SCORE_ARGS mw, scale2{extra_args}
+#define SCORE_ARGS mw, scale2, kc_{extra_args}
 #define SLOT(it) ((use + (it)) % STAGES)
 #define PHASE(it) (((use + (it)) / STAGES) & 1)
   // q·kᵀ of block `it` into the accumulators `acc` by `mma` (issued, not waited for)
@@ -553,6 +592,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
     w.count = count;
 #endif
     const int row_lo = w.rb * BM + cw * 64 + warp * 16 + lane / 4;
+    const float kc_ = tf_key_bias(w.bh / H_, w.bh % H_{extra_args});
     #pragma unroll
     for (int r = 0; r < D_ / 2; ++r) o[r] = 0.0f;
     m[0] = m[1] = -INFINITY;

@@ -65,11 +65,13 @@ __host__ __device__ __forceinline__ int piece_slot(const Tail& s, int tl, int p)
 """
 
 
-def device_functions(pair: str, pack: str, score: str, masked: str, extra_params: str) -> str:
+def device_functions(pair: str, pack: str, score: str, masked: str, extra_params: str,
+                     begin: str = "") -> str:
     """C++ of the functions, for 16-bit pairs of type ``pair`` made by ``pack``, the score
     ``score`` of ``qk`` (and the indices ``b``, ``h``, ``i_``, ``j_``), the masking statement
     ``masked`` of a partial block and the parameters ``extra_params`` (tensors, sizes, scalars)
-    the score and mask read."""
+    the score and mask read; ``begin``: a statement a block's score starts with (a key-linear
+    bias's per-block terms)."""
     return f"""__device__ __forceinline__ float tf_exp2(float x) {{
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -119,8 +121,9 @@ __device__ __forceinline__ unsigned long long tf_desc_plus(unsigned long long de
 // column 8·(r/4) + 2·(l%4) + r%2.
 template <bool MASKED, int R>
 __device__ __forceinline__ void score_block(float (&s)[R], int row_lo, int n0, int b, int h,
-    int lane, const unsigned (&mw)[MASK_WORDS], float scale2{extra_params}) {{
+    int lane, const unsigned (&mw)[MASK_WORDS], float scale2, float kc_{extra_params}) {{
   const int i0_ = row_lo, j0_ = n0 + 2 * (lane % 4);   // the fragment's first row and column
+{begin}
   #pragma unroll
   for (int r = 0; r < R; ++r) {{
     const int di_ = 8 * ((r % 4) / 2), dj_ = 8 * (r / 4) + (r % 2);   // constants once unrolled
