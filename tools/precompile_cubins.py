@@ -93,13 +93,20 @@ def precompile_ab(other: str | None, only: list[str], sizes: list[int], trace: b
             args = dict(extra, scale=1.0 / D ** 0.5)
             if mask_mod == "document":
                 args["doc"] = documents(2, S, torch.Generator().manual_seed(0)).cpu()
-            f = hopper(kernel, **({"schedule": "dynamic"} if trace else {}))
-            bound = bind_call(f.program, (q, k, v), args, "cpu")
-            launches = f.launches(bound.scalars, **bound.dims)
             if trace:   # tools/probe_trace.py's stamped kernels, as they are and probed
                 from probe_trace import PATCHES, traced
-                pending += [(traced(launches.source, p), f.target) for p in [None, *PATCHES]]
+                from tensorfuse.schedule_templates.hopper_attention_plan import split_workspace
+                for schedule in ("dynamic", "split"):
+                    f = hopper(kernel, schedule=schedule)
+                    bound = bind_call(f.program, (q, k, v), args, "cpu")
+                    launches = f.launches(bound.scalars, **bound.dims)
+                    at = split_workspace(launches.knobs, 132, D) if schedule == "split" else 0
+                    pending += [(traced(launches.source, p, at), f.target)
+                                for p in [None, *PATCHES]]
                 continue
+            f = hopper(kernel)
+            bound = bind_call(f.program, (q, k, v), args, "cpu")
+            launches = f.launches(bound.scalars, **bound.dims)
             pending.append((launches.source, f.target))
             pending.append((emitter.hopper_attention_source(
                 launches.plan, launches.knobs, D, launches.plan.mask is not None), f.target))

@@ -19,6 +19,7 @@ import torch
 from benchmarks.attention import make_case, variants
 from benchmarks.hopper_attention import hopper
 from tensorfuse.binding import bind_call
+from tensorfuse.schedule_templates.hopper_attention_plan import split_workspace
 from tensorfuse.targets.cuda.kernel import pointer
 
 KMAX, SLOTS = 24, 48          # items a CTA records, stamps an item
@@ -59,14 +60,16 @@ PATCHES = {
 }
 
 
-def traced(source: str, patch: str | None = None) -> str:
-    """``source`` with the stamps (see the module docstring), and the probe ``patch``."""
-    s = source
+def traced(source: str, patch: str | None = None, trace_at: int = 0) -> str:
+    """``source`` with the stamps (see the module docstring), and the probe ``patch``;
+    ``trace_at``: where the stamps begin in the workspace (in words: past the split schedule's
+    partial states)."""
+    s = source.replace("#define D_ ", f"#define TRACE_AT {trace_at}\n#define D_ ", 1)
     for old, new in PATCHES.get(patch, []):
         s = _sub(s, old, new)
     s = _sub(s, "  const int wg = threadIdx.x / 128;\n",
              "  const int wg = threadIdx.x / 128;\n"
-             "  unsigned* trace = (unsigned*)work + blockIdx.x * (KMAX_ + 1) * SLOTS_;\n"
+             "  unsigned* trace = (unsigned*)work + TRACE_AT + blockIdx.x * (KMAX_ + 1) * SLOTS_;\n"
              "  const unsigned t_start = clock();\n"
              "  unsigned long long g_start;\n"
              "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(g_start));\n"
@@ -157,20 +160,22 @@ class _WorkRedirected:
         return call
 
 
-def run(name: str, S: int, log=print, patch: str | None = None) -> list[dict]:
+def run(name: str, S: int, log=print, patch: str | None = None,
+        schedule: str = "dynamic") -> list[dict]:
     spec = variants(S)[name]
     gen = torch.Generator().manual_seed(0)
     case = make_case(name, spec, S, gen, check_rows=64)
     kernel, extra = spec[0], dict(spec[1])
-    f = hopper(kernel, schedule="dynamic")
+    f = hopper(kernel, schedule=schedule)
     args = dict(extra, scale=case.scale)
     bound = bind_call(f.program, (case.q, case.k, case.v), args, "cuda")
     launches = f.launches(bound.scalars, **bound.dims)
-    launches.source = traced(launches.source, patch)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    at = split_workspace(launches.knobs, sms, case.q.shape[-1]) if schedule == "split" else 0
+    launches.source = traced(launches.source, patch, at)
     launches.module = None
     launches.build(f.target)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    work = torch.zeros(sms * 2 * (KMAX + 1) * SLOTS, dtype=torch.int32, device="cuda")
+    work = torch.zeros(at + sms * 2 * (KMAX + 1) * SLOTS, dtype=torch.int32, device="cuda")
     launches.module = _WorkRedirected(launches.module, work)
     out = f(case.q, case.k, case.v, **args)
     err = float((out[:, :, case.rows].double() - case.ref).abs().max() / case.ref.abs().max())
@@ -179,15 +184,16 @@ def run(name: str, S: int, log=print, patch: str | None = None) -> list[dict]:
     work.zero_()
     f(case.q, case.k, case.v, **args)
     torch.cuda.synchronize()
-    t = work.view(-1, KMAX + 1, SLOTS).cpu().numpy().astype("int64") & 0xFFFFFFFF
+    t = work[at:].view(-1, KMAX + 1, SLOTS).cpu().numpy().astype("int64") & 0xFFFFFFFF
     ctas = [c for c in range(t.shape[0]) if t[c, KMAX, 4] > 0]
-    log(f"{name} S={S}{' ' + patch if patch else ''}: error {err:.1e} (bf16 bar 2e-2"
+    log(f"{name} S={S} {schedule}{' ' + patch if patch else ''}: error {err:.1e} (bf16 bar 2e-2"
         f"{'; a probe: wrong on purpose' if patch else ''}), {len(ctas)} CTAs")
     starts = [t[c, KMAX, 0] | (t[c, KMAX, 1] << 32) for c in ctas]
     ends = [t[c, KMAX, 2] | (t[c, KMAX, 3] << 32) for c in ctas]
     g0 = min(starts)
     log(f"  CTA start spread {(max(starts) - g0) / 1e3:.1f} us; ends {(min(ends) - g0) / 1e3:.1f}"
-        f"-{(max(ends) - g0) / 1e3:.1f} us; items per CTA {sorted(set(int(t[c, KMAX, 4]) for c in ctas))}")
+        f"-{(max(ends) - g0) / 1e3:.1f} us (deciles {', '.join(f'{(e - g0) / 1e3:.0f}' for e in sorted(ends)[len(ends) // 10::len(ends) // 10])}); "
+        f"items per CTA {sorted(set(int(t[c, KMAX, 4]) for c in ctas))}")
     rows = []
     for c in ctas:
         items = int(t[c, KMAX, 4])
@@ -244,12 +250,15 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="4096,16384")
     parser.add_argument("--csv", default=None)
     parser.add_argument("--patches", default="", help="probes to run too: " + ", ".join(PATCHES))
+    parser.add_argument("--schedules", default="dynamic", help="dynamic and/or split")
     args = parser.parse_args(argv)
     rows = []
     for S in (int(x) for x in args.sizes.split(",")):
         for name in args.variant.split(","):
-            for patch in [None] + [p for p in args.patches.split(",") if p]:
-                rows += [dict(r, variant=name, S=S, patch=patch or "") for r in run(name, S, patch=patch)]
+            for schedule in args.schedules.split(","):
+                for patch in [None] + [p for p in args.patches.split(",") if p]:
+                    rows += [dict(r, variant=name, S=S, patch=patch or "", schedule=schedule)
+                             for r in run(name, S, patch=patch, schedule=schedule)]
     if args.csv and rows:
         import csv
         with open(args.csv, "w", newline="") as f:
