@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-import tensorfuse as tf
 from tensorfuse.binding import bind_call
 from tensorfuse.targets.cuda.kernel import ClusterKernel
 from tensorfuse.targets.cuda.module import cubin_for
@@ -76,7 +75,8 @@ def _inputs_on_cpu() -> None:
     torch.Tensor.to = _keep_on_cpu(torch.Tensor.to)
 
 
-def precompile_ab(other: str | None, only: list[str], sizes: list[int], trace: bool = False) -> list:
+def precompile_ab(other: str | None, only: list[str], sizes: list[int],
+                  trace: bool = False) -> list:
     from benchmarks.attention import D, documents, variants
     from benchmarks.hopper_ab import load_emitter
     from benchmarks.hopper_attention import hopper

@@ -10,7 +10,6 @@ kernel a little; the output is checked against float64 all the same.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 
@@ -74,11 +73,15 @@ def traced(source: str, patch: str | None = None, trace_at: int = 0) -> str:
              "  unsigned long long g_start;\n"
              "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(g_start));\n"
              "  unsigned acc_turn = 0, acc_data = 0, acc_w1 = 0, n_blocks = 0;\n"
-             "#define STAMP(k, slot) if ((k) < KMAX_) trace[(k) * SLOTS_ + (slot)] = clock() - t_start\n"
-             "#define TIMED(acc, stmt) {{ const unsigned c_ = clock(); stmt; acc += clock() - c_; }}\n")
-    s = _sub(s, "#define TURN_BEGIN tf_turn_wait(cw);", "#define TURN_BEGIN TIMED(acc_turn, tf_turn_wait(cw))")
+             "#define STAMP(k, slot) if ((k) < KMAX_) trace[(k) * SLOTS_ + (slot)] = clock() -"
+             " t_start\n"
+             "#define TIMED(acc, stmt) {{ const unsigned c_ = clock(); stmt; acc += clock() -"
+             " c_; }}\n")
+    s = _sub(s, "#define TURN_BEGIN tf_turn_wait(cw);", "#define TURN_BEGIN TIMED(acc_turn,"
+                                                        " tf_turn_wait(cw))")
     s = s.replace("{{", "{").replace("}}", "}") if False else s
-    s = _sub(s, "#define D_ ", "#define KMAX_ %d\n#define SLOTS_ %d\n#define PROBE_IT %d\n#define D_ "
+    s = _sub(s, "#define D_ ", "#define KMAX_ %d\n#define SLOTS_ %d\n#define PROBE_IT"
+                               " %d\n#define D_ "
              % (KMAX, SLOTS, PROBE_IT))
     # the macros in the generated source sit on one line each
     s = _sub(s, "tf_mbar_wait(full_k + SLOT(it), PHASE(it));",
@@ -107,16 +110,20 @@ def traced(source: str, patch: str | None = None, trace_at: int = 0) -> str:
     s = s[:first] + step + s[end:]
     # producer
     s = _sub(s, "        const int c = claim_tile(claim, mode, counters, works);",
-             "        STAMP(k, 0);\n        const int c = claim_tile(claim, mode, counters, works);\n"
+             "        STAMP(k, 0);\n        const int c = claim_tile(claim, mode, counters,"
+             " works);\n"
              "        STAMP(k, 1);")
     s = _sub(s, "            tf_mbar_wait(q_free, (k - 1) & 1);\n",
              "            tf_mbar_wait(q_free, (k - 1) & 1);\n            STAMP(k, 2);\n")
-    s = _sub(s, "          use += w.count;\n        }", "          use += w.count;\n          STAMP(k, 3);\n        }")
+    s = _sub(s, "          use += w.count;\n        }", "          use += w.count;\n         "
+                                                        " STAMP(k, 3);\n        }")
     s = _sub(s, "      // the last CTA out resets the counters for the next launch\n",
              "      unsigned long long g_end;\n"
              "      asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(g_end));\n"
-             "      trace[KMAX_ * SLOTS_ + 0] = (unsigned)g_start; trace[KMAX_ * SLOTS_ + 1] = g_start >> 32;\n"
-             "      trace[KMAX_ * SLOTS_ + 2] = (unsigned)g_end; trace[KMAX_ * SLOTS_ + 3] = g_end >> 32;\n"
+             "      trace[KMAX_ * SLOTS_ + 0] = (unsigned)g_start; trace[KMAX_ * SLOTS_ + 1] ="
+             " g_start >> 32;\n"
+             "      trace[KMAX_ * SLOTS_ + 2] = (unsigned)g_end; trace[KMAX_ * SLOTS_ + 3] ="
+             " g_end >> 32;\n"
              "      trace[KMAX_ * SLOTS_ + 4] = k;\n"
              "      // the last CTA out resets the counters for the next launch\n")
     # consumers: thread 0 of each warpgroup stamps
@@ -124,22 +131,27 @@ def traced(source: str, patch: str | None = None, trace_at: int = 0) -> str:
     s = _sub(s, "    tf_mbar_wait(tile_full + (k & 1), (k >> 1) & 1);\n",
              "    tf_mbar_wait(tile_full + (k & 1), (k >> 1) & 1);\n    %s;\n"
              "    acc_turn = acc_data = acc_w1 = n_blocks = 0;\n" % (c % 0))
-    s = _sub(s, "    tf_mbar_wait(bar_q, k & 1);\n", "    tf_mbar_wait(bar_q, k & 1);\n    %s;\n" % (c % 1))
+    s = _sub(s, "    tf_mbar_wait(bar_q, k & 1);\n", "    tf_mbar_wait(bar_q, k & 1);\n   "
+                                                     " %s;\n" % (c % 1))
     s = _sub(s, "        TURN_BEGIN\n        ISSUE_S(0);\n",
              "        TURN_BEGIN\n        %s;\n        ISSUE_S(0);\n" % (c % 2))
     s = _sub(s, "        tf_wgmma_wait<0>();\n        S_LANDED(0);\n",
              "        tf_wgmma_wait<0>();\n        %s;\n        S_LANDED(0);\n" % (c % 3))
     s = _sub(s, "      TURN_BEGIN\n      ISSUE_O(w.count - 1, LAST_STEPS(w.count - 1));\n",
-             "      %s;\n      TURN_BEGIN\n      %s;\n      ISSUE_O(w.count - 1, LAST_STEPS(w.count - 1));\n"
+             "      %s;\n      TURN_BEGIN\n      %s;\n      ISSUE_O(w.count - 1,"
+             " LAST_STEPS(w.count - 1));\n"
              % (c % 4, c % 5))
-    s = _sub(s, "      tf_wgmma_wait<0>();\n      tf_fence_regs(o);\n      tf_mbar_arrive(empty_v + SLOT(w.count - 1));\n    }",
+    s = _sub(s, "      tf_wgmma_wait<0>();\n      tf_fence_regs(o);\n     "
+                " tf_mbar_arrive(empty_v + SLOT(w.count - 1));\n    }",
              "      tf_wgmma_wait<0>();\n      tf_fence_regs(o);\n      %s;\n"
              "      tf_mbar_arrive(empty_v + SLOT(w.count - 1));\n    }" % (c % 6))
     s = _sub(s, "#if !DEFER\n    write_out();\n#endif\n  }\n",
              "#if !DEFER\n    write_out();\n#endif\n    %s;\n"
              "    if (t == 0 && k < KMAX_) {\n"
-             "      trace[k * SLOTS_ + %d + cw * %d + 8] = acc_turn; trace[k * SLOTS_ + %d + cw * %d + 9] = acc_data;\n"
-             "      trace[k * SLOTS_ + %d + cw * %d + 10] = n_blocks; trace[k * SLOTS_ + %d + cw * %d + 11] = acc_w1;\n"
+             "      trace[k * SLOTS_ + %d + cw * %d + 8] = acc_turn; trace[k * SLOTS_ + %d + cw"
+             " * %d + 9] = acc_data;\n"
+             "      trace[k * SLOTS_ + %d + cw * %d + 10] = n_blocks; trace[k * SLOTS_ + %d +"
+             " cw * %d + 11] = acc_w1;\n"
              "    }\n  }\n" % ((c % 7,) + (CONSUMER0, PER_WG) * 4))
     return s
 
@@ -191,9 +203,11 @@ def run(name: str, S: int, log=print, patch: str | None = None,
     starts = [t[c, KMAX, 0] | (t[c, KMAX, 1] << 32) for c in ctas]
     ends = [t[c, KMAX, 2] | (t[c, KMAX, 3] << 32) for c in ctas]
     g0 = min(starts)
+    step = len(ends) // 10
+    deciles = ", ".join(f"{(e - g0) / 1e3:.0f}" for e in sorted(ends)[step::step])
+    items = sorted(set(int(t[c, KMAX, 4]) for c in ctas))
     log(f"  CTA start spread {(max(starts) - g0) / 1e3:.1f} us; ends {(min(ends) - g0) / 1e3:.1f}"
-        f"-{(max(ends) - g0) / 1e3:.1f} us (deciles {', '.join(f'{(e - g0) / 1e3:.0f}' for e in sorted(ends)[len(ends) // 10::len(ends) // 10])}); "
-        f"items per CTA {sorted(set(int(t[c, KMAX, 4]) for c in ctas))}")
+        f"-{(max(ends) - g0) / 1e3:.1f} us (deciles {deciles}); items per CTA {items}")
     rows = []
     for c in ctas:
         items = int(t[c, KMAX, 4])
@@ -239,8 +253,10 @@ def run(name: str, S: int, log=print, patch: str | None = None,
         for cw in range(2):
             vals = [fn(r) for r in steady if r["wg"] == cw]
             if vals:
+                ordered = sorted(vals)
+                p10, p90 = ordered[len(vals) // 10], ordered[9 * len(vals) // 10]
                 log(f"  wg{cw} {label:34s} median {statistics.median(vals):9.0f}  "
-                    f"p10 {sorted(vals)[len(vals) // 10]:9.0f}  p90 {sorted(vals)[9 * len(vals) // 10]:9.0f}")
+                    f"p10 {p10:9.0f}  p90 {p90:9.0f}")
     return rows
 
 

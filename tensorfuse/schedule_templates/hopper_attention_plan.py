@@ -134,8 +134,8 @@ class HopperAttentionPlan:
         lines = [f"hopper attention plan: {c.out}[{b}, {h}, {m}, {d}] from {c.q}, {c.k}, {c.v} "
                  f"({hkv} kv-heads, {c.dtype})",
                  f"  score: {to_text(self.score)}"
-                 + (f" (the factor {to_text(self.scale)} folded into exp2)" if self.scale is not None
-                    else "")
+                 + (f" (the factor {to_text(self.scale)} folded into exp2)"
+                    if self.scale is not None else "")
                  + (f"; as dot · {to_text(self.scale)} + {to_text(self.key_bias)} · "
                     f"{c.axes[3].name}, its terms free of {c.axes[3].name} dropped (softmax does "
                     "not see a row's shift)" if self.key_bias is not None else ""),

@@ -127,7 +127,8 @@ def test_plan_splits_mask_score_and_scale():
     assert causal.scale is not None and str(causal.scale) == "scale"   # folded into exp2
     alibi = plan_of(K.alibi_attention)   # dot · scale + slope(h) · (j − i − N + M)
     assert alibi.mask is None and str(alibi.scale) == "scale"
-    assert to_text(alibi.key_bias) == "exp2(-8.0 * (h + 1) / T.size('H'))"   # the query terms dropped
+    # the terms free of the key dropped
+    assert to_text(alibi.key_bias) == "exp2(-8.0 * (h + 1) / T.size('H'))"
     assert causal.key_bias is None and "softmax does not see" in alibi.describe()
     document = plan_of(K.document_attention)
     assert document.tensors == (("doc", "i32"),) and document.mask is not None

@@ -47,7 +47,8 @@ Each tile: ``128 · (1 + consumers)`` threads,
   skip rescaling ``O``),
   ``P`` packed to 16-bit pairs in registers — the accumulator layout of ``m64nNk16`` is the A
   fragment layout of the next ``wgmma`` — and ``O += P·V`` with V from shared memory (a tile's
-  last block only over the 16-key steps that hold keys: the ragged end of the sequence). With
+  last block only over the 16-key steps that hold keys, and its ``Q·Kᵀ`` at the width of the
+  keys left after whole blocks: the ragged end of the sequence). With
   ``overlap`` the next block's ``Q·Kᵀ`` is issued before this block's ``P·V``, and the softmax
   of the next block runs while ``P·V`` is on the tensor cores; ``O`` is rescaled once that product
   has landed. Every consumer thread arrives on the "empty" mbarriers when its warpgroup's product
@@ -59,12 +60,10 @@ rows whose every key is masked give 0/0 (NaN), as the unfused program does.
 """
 from __future__ import annotations
 
-from ...algebra.exprs import nodes
-from ...dsl.expr import Load
 from .dsm import HELPERS as DSM_HELPERS
-from .expr import (converted_indices, forwarded, scalar_arguments, size_aliases,
-                   tensor_arguments, to_cuda)
+from .expr import forwarded, scalar_arguments, size_aliases, tensor_arguments
 from .hopper_attention_device import device_functions
+from .hopper_attention_score import key_bias_function, score_expressions
 from .map_tiles import (corner_function, position_function, tma_load_call,
                         tma_prefetch_call, view_rank)
 from .split import HELPERS as SPLIT_HELPERS
@@ -111,77 +110,6 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
         scalar_arguments(plan.chain.scalars)
 
 
-def _expressions(plan) -> tuple[str, str, str, str, str]:
-    """C++ for the score before its scale (of ``qk``, ``b``, ``h``, ``i_``, ``j_``), the
-    statement masking it (``v``) in a partial block, the once-per-CTA factor ``scale2`` that
-    takes the score to base 2 (the program's scale times log2 e where the plan folded it, else
-    log2 e), which the softmax applies in the exponent's FFMA, and the statement a block's score
-    begins with. With a key-linear bias (``plan.key_bias``, κ) the score is written
-    ``qk · FOLD_A + κ · FOLD_C · j`` — ``FOLD_A = 1, FOLD_C = 1 / scale`` and the scale in
-    ``scale2`` where the scale is positive (else ``FOLD_A = scale``, ``FOLD_C = 1``, ``scale2 =
-    log2 e``): κ · FOLD_C once a tile (``tf_key_bias``), its value at the block's first column
-    once a block, an FFMA an element."""
-    chain = plan.chain
-    axes = {name: {"b": "b", "h": "h", "0": "i_", "j": "j_"}[role]
-            for name, role in chain.score_axes}
-    loads = {t: f"t_{t}" for t, _ in plan.tensors}
-    begin = ""
-    if plan.key_bias is not None:
-        factor = to_cuda(plan.scale, {}, "the scale", axes=axes, loads=loads)
-        scale = f"({factor} > 0.0f ? ({factor}) * TF_LOG2E : TF_LOG2E)"
-        kappa = to_cuda(plan.key_bias, {}, "the score", axes=axes, loads=loads)
-        begin = ("  const float kc0_ = kc_ * (float)(j0_), fold_a_ = FOLD_A;   // the bias at the "
-                 "fragment's first column (kc_: its coefficient times FOLD_C, once a tile)")
-        score = "fmaf(qk, fold_a_, fmaf(kc_, (float)(dj_), kc0_))"
-    elif plan.scale is not None:
-        scale = f"({to_cuda(plan.scale, {}, 'the scale', axes=axes, loads=loads)} * TF_LOG2E)"
-        score = "qk"
-    else:
-        scale = "TF_LOG2E"
-        offsets = {name: {"i_": "di_", "j_": "dj_"}[v] for name, v in axes.items()
-                   if v in ("i_", "j_")}
-        at_base = {name: {"i_": "i0_", "j_": "j0_"}.get(v, v) for name, v in axes.items()}
-        converted = converted_indices(plan.score, offsets, at_base, {}, loads)
-        written = to_cuda(plan.score, {chain.dot: "qk"}, "the score", axes, loads=loads,
-                          written=converted, clamp_loads=True)
-        score = f"({written})"
-    if plan.mask is not None and any(isinstance(n, Load) for n in nodes(plan.mask)):
-        # a mask reading tensors (document ids) at indices clamped into them (``clamp_loads``),
-        # and evaluated for every element — not behind `j_ < N_`, which kept the compiler from
-        # sharing the loads of one row's or one column's ids between the fragment's elements
-        mask = to_cuda(plan.mask, {}, "the mask", axes, loads=loads, clamp_loads=True)
-        masked = f"    if (MASKED) v = ((j_ < N_) & ({mask})) ? v : -INFINITY;"
-    else:
-        mask = "true" if plan.mask is None else to_cuda(plan.mask, {}, "the mask", axes,
-                                                         loads=loads)
-        masked = f"    if (MASKED) v = (j_ < N_ && ({mask})) ? v : -INFINITY;"
-    return score, masked, scale, begin, _fold_factors(plan, axes, loads)
-
-
-def _key_bias_function(plan, extra_params: str) -> str:
-    """``tf_key_bias(b, h, …)``: the key-linear bias's coefficient times ``FOLD_C``, which
-    the consumers compute once a tile (in the block loop its exp2 and division — ALiBi's slope —
-    held up every block's score); 0 without one."""
-    chain = plan.chain
-    axes = {name: {"b": "b", "h": "h", "0": "i_", "j": "j_"}[role]
-            for name, role in chain.score_axes}
-    kappa = "0.0f" if plan.key_bias is None else to_cuda(
-        plan.key_bias, {}, "the score", axes=axes, loads={t: f"t_{t}" for t, _ in plan.tensors})
-    return (f"__device__ __forceinline__ float tf_key_bias(int b, int h{extra_params}) {{\n"
-            f"  return ({kappa}) * FOLD_C;\n}}\n")
-
-
-def _fold_factors(plan, axes: dict, loads: dict) -> str:
-    """``#define``s of ``FOLD_A``, ``FOLD_C`` (:func:`_expressions`; 1 and 1 without a key-linear
-    bias), written of the kernel's scalar arguments where they are used rather than kept in
-    registers through the loop (the consumers have none to spare)."""
-    if plan.key_bias is None:
-        return "#define FOLD_A 1.0f\n#define FOLD_C 1.0f"
-    factor = to_cuda(plan.scale, {}, "the scale", axes=axes, loads=loads)
-    return (f"#define FOLD_A ({factor} > 0.0f ? 1.0f : ({factor}))\n"
-            f"#define FOLD_C ({factor} > 0.0f ? 1.0f / ({factor}) : 1.0f)")
-
-
 def _tiled_functions(tiling) -> str:
     """A tiled kernel's map arithmetic (``tf_map_corner``, ``tf_row_token``); nothing without."""
     if tiling is None:
@@ -198,8 +126,8 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
     key blocks come from the block schedule (``pn``/``pi`` partial, ``fn``/``fi`` full) — a masked
     plan; otherwise every key block, none of them masked but the ragged last one. Sizes B, H, HKV,
     M, N are kernel arguments: one cubin serves every shape with this head dim and ``last_n`` —
-    except with a ``tiling`` (``schedule_templates.hopper_tiling.HopperTiling``): the queries are visited in
-    patches of a 2-D/3-D map and the keys in windows of it, both copied as boxes of the map
+    except with a ``tiling`` (``schedule_templates.hopper_tiling.HopperTiling``): the queries
+    are visited in patches of a 2-D/3-D map and the keys in windows of it, both copied as boxes of the map
     (:mod:`.map_tiles`); the partial blocks' mask comes as bits per element (``mbits``), copied
     with the keys, and the cubin is made for that map. ``last_n`` (a multiple of 16 below
     ``block_n``; plans without a mask): the width of the sequence's last key block's ``Q·Kᵀ`` —
@@ -229,7 +157,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
     extra_params, extra_args = forwarded(args[first_extra:])
     tiled = tiling is not None
     rank = view_rank(tiling.cols.dims, tiling.cols.dilation) if tiled else 3
-    score, masked, scale, begin, folds = _expressions(plan)
+    score, masked, scale, begin, folds = score_expressions(plan)
     sizes = size_aliases(zip(chain.dims, ("B_", "H_", "HKV_", "M_", "N_", "D_")))
     return f"""{header}#include <math.h>
 {DSM_HELPERS}
@@ -287,7 +215,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
 typedef {elem} elem_t;
 
 {device_functions(pair, pack, score, masked, extra_params, begin)}
-{_key_bias_function(plan, extra_params)}
+{key_bias_function(plan, extra_params)}
 
 extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
     {params}) {{
