@@ -185,27 +185,34 @@ def sdpa_call(case: Case, backend):
     return run
 
 
+def flex_call(case: Case, flex):
+    """The case through FlexAttention (``flex``: :func:`compiled_flex`) with its score modification
+    and block mask (made here), as a callable."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    q, k, v, scale = case.q, case.k, case.v, case.scale
+    B, S = q.shape[0], q.shape[2]
+    bm = None
+    if case.mask_mod is not None:
+        per_batch = getattr(case.mask_mod, "per_batch", False)
+        bm = create_block_mask(case.mask_mod, B if per_batch else None, None, S, S, device="cuda")
+
+    def call():
+        return flex(q, k, v, score_mod=case.score_mod, block_mask=bm, scale=scale,
+                    enable_gqa=q.shape[1] != k.shape[1])
+    return call
+
+
 def baselines(case: Case, flex, log=print, graph: bool = False) -> dict:
     """FlexAttention (``flex``: flex_attention under torch.compile) with the case's block mask, and
     SDPA's cuDNN and FlashAttention backends where the variant is expressible: label → (ms, note).
     ``graph``: FlexAttention also replayed from a CUDA graph (``flex_attention_graph``: GPU time
     without the host's)."""
     from torch.nn.attention import SDPBackend
-    from torch.nn.attention.flex_attention import create_block_mask
 
-    q, k, v, scale = case.q, case.k, case.v, case.scale
-    B, S = q.shape[0], q.shape[2]
     found = {}
     try:
-        bm = None
-        if case.mask_mod is not None:
-            per_batch = getattr(case.mask_mod, "per_batch", False)
-            bm = create_block_mask(case.mask_mod, B if per_batch else None, None, S, S,
-                                   device="cuda")
-        def call():
-            return flex(q, k, v, score_mod=case.score_mod, block_mask=bm, scale=scale,
-                        enable_gqa=q.shape[1] != k.shape[1])
-
+        call = flex_call(case, flex)
         made = checked(case, "flex", call, log)
         if made:
             found["flex_attention"] = made

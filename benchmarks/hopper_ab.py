@@ -1,10 +1,11 @@
 """Time the Hopper attention kernels this checkout generates against those another revision of
 the emitter generates (``targets/cuda/hopper_attention.py`` of that revision, given as a file),
 alternating in one process: same plan, knobs, schedule, launches and inputs — only the CUDA
-source differs. cuDNN (SDPA) is timed in the same rounds where it runs the variant.
+source differs. cuDNN (SDPA) is timed in the same rounds where it runs the variant, and with
+``--flex`` FlexAttention under torch.compile (the bars' references, in alternated rounds).
 
     python -m benchmarks.hopper_ab --other OLD_EMITTER.py [--only full,causal] [--sizes 4096]
-                                   [--rounds 5] [--also block_n=176] [--csv PATH]
+                                   [--rounds 5] [--also block_n=176] [--flex] [--csv PATH]
 
 Both kernels are checked against float64 first (``benchmarks.attention.checked``).
 """
@@ -18,7 +19,8 @@ import sys
 
 import torch
 
-from benchmarks.attention import checked, make_case, sdpa_call, variants
+from benchmarks.attention import (checked, compiled_flex, flex_call, make_case, sdpa_call,
+                                  variants)
 from benchmarks.common import alternated, measure_ceilings, write_csv
 from benchmarks.hopper_attention import hopper
 
@@ -45,7 +47,7 @@ def with_other_source(f, emitter, D: int) -> None:
 
 
 def revision_calls(case, kernel, emitters: dict, knob_sets: dict | None = None,
-                   check: bool = True) -> dict:
+                   check: bool = True, flex=None) -> dict:
     """label → callable for one case: this revision's kernel (``"this"``), the same launches
     rebuilt with each of ``emitters`` (label → emitter module), this revision with each of
     ``knob_sets`` (label → knobs), and cuDNN where SDPA runs the variant. With ``check`` each is
@@ -69,6 +71,10 @@ def revision_calls(case, kernel, emitters: dict, knob_sets: dict | None = None,
         cudnn = sdpa_call(case, SDPBackend.CUDNN_ATTENTION)
         if not check or checked(case, "sdpa_cudnn", cudnn):
             calls["sdpa_cudnn"] = cudnn
+    if flex is not None:
+        call = flex_call(case, flex)
+        if not check or checked(case, "flex_attention", call):
+            calls["flex_attention"] = call
     return calls
 
 
@@ -79,6 +85,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="4096")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--csv", default=None)
+    parser.add_argument("--flex", action="store_true", help="time FlexAttention in the rounds too")
     parser.add_argument("--also", default=None, metavar="KNOB=VALUE,...",
                         help="also time this revision with these knobs")
     args = parser.parse_args(argv)
@@ -88,9 +95,10 @@ def main(argv=None) -> int:
         if args.also else None
     gen = torch.Generator().manual_seed(0)
     gemm = measure_ceilings()["gemm_tflops"]   # the CSV's fractions: of this GPU's GEMM rate
+    flex = compiled_flex() if args.flex else None
     rows = []
     print(f"{'variant':16s} {'S':>6s} {'this':>8s} {'other':>8s} {'ratio':>7s}  cuDNN  "
-          f"{'also':>6s} (TFLOP/s)")
+          f"{'also':>6s}  Flex (TFLOP/s)")
     for S in (int(s) for s in args.sizes.split(",")):
         for name, spec in variants(S).items():
             if names and name not in names:
@@ -98,14 +106,15 @@ def main(argv=None) -> int:
             case = make_case(name, spec, S, gen, check_rows=64)
             knob_sets = {"this " + ",".join(f"{k}={v}" for k, v in also.items()): also} \
                 if also else None
-            impls = revision_calls(case, spec[0], {"other": emitter}, knob_sets)
+            impls = revision_calls(case, spec[0], {"other": emitter}, knob_sets, flex=flex)
             times = alternated(impls, args.rounds)
             ms = {label: statistics.median(t) for label, t in times.items()}
             tflops = {label: case.flops / t / 1e9 for label, t in ms.items()}
             ratio = ms["other"] / ms["this"] if "this" in ms and "other" in ms else float("nan")
             extra_tflops = next((t for label, t in tflops.items() if label.startswith("this ")), 0)
             print(f"{name:16s} {S:6d} {tflops.get('this', 0):8.1f} {tflops.get('other', 0):8.1f} "
-                  f"{ratio:7.3f}  {tflops.get('sdpa_cudnn', 0):5.0f} {extra_tflops:6.1f}",
+                  f"{ratio:7.3f}  {tflops.get('sdpa_cudnn', 0):5.0f} {extra_tflops:6.1f}"
+                  f"  {tflops.get('flex_attention', 0):4.0f}",
                   flush=True)
             for label, t in ms.items():
                 rows.append(case.row(label, t, f"median of {args.rounds} alternated rounds; "
