@@ -39,11 +39,13 @@ def load_emitter(path: str):
 
 def with_other_source(f, emitter, D: int) -> None:
     """Rewrite every launch ``f`` has made (head dim ``D``) with ``emitter``'s source, rebuilt on
-    the next call."""
+    the next call — its fast calls dropped too: until session 38 they kept running the module of
+    the first call, this revision's, so every "other" timed since session 30 was this revision's
+    kernel (RESULTS.md, session 38)."""
     for launches in f._launches.values():
         launches.source = emitter.hopper_attention_source(
             launches.plan, launches.knobs, D, launches.plan.mask is not None)
-        launches.module = None
+    f.forget_built()
 
 
 def revision_calls(case, kernel, emitters: dict, knob_sets: dict | None = None,

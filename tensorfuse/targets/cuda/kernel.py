@@ -150,6 +150,14 @@ class ClusterKernel(GraphCallable):
                                    else self.layout(dims))
         return self._launches[key]
 
+    def forget_built(self) -> None:
+        """Drop the modules built so far and the fast calls holding them: the next call builds
+        each launches' current ``source`` again (a benchmark timing another revision's source on
+        the same launches — a fast call keeps the module it was made with)."""
+        for launches in self._launches.values():
+            launches.module = None
+        self._fast.clear()
+
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         """Whether this kernel runs these sizes (at these values of its keyed scalars) and is
         the one to prefer there (``tf.compile``'s choice; an explicit schedule runs it wherever
