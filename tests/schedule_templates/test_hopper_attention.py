@@ -509,6 +509,29 @@ def test_every_variant_matches_float64_on_the_gpu():
 
 
 @pytest.mark.gpu
+def test_a_swapped_source_runs_after_forget_built():
+    """``benchmarks.hopper_ab`` times another revision's source on the same launches: after
+    ``forget_built`` the next call builds and runs the source now in the launches — the fast call
+    of the first call kept its module before (every 'other' timed from session 30 to 38 was this
+    revision's kernel)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    f = hopper(K.attention)
+    q, k, v = (torch.randn(1, 2, 256, 128, device="cuda").to(torch.bfloat16) for _ in range(3))
+    first = f(q, k, v, scale=0.1)
+    again = f(q, k, v, scale=0.1)   # the fast path
+    for launches in f._launches.values():
+        assert "const float inv = 1.0f / l[x];" in launches.source
+        launches.source = launches.source.replace("const float inv = 1.0f / l[x];",
+                                                  "const float inv = 2.0f / l[x];")
+    f.forget_built()
+    doubled = f(q, k, v, scale=0.1)
+    torch.testing.assert_close(again, first)
+    torch.testing.assert_close(doubled.float(), 2 * first.float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("schedule", ["dynamic", "snake", "split"])
 def test_persistent_schedules_replay_in_a_cuda_graph(schedule):
     """Persistent CTAs on few SMs (many tiles each) in a captured graph, replayed with fresh

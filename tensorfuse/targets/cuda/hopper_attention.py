@@ -455,6 +455,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
     tf_wgmma_wait<1>();            /* q·kᵀ of `it` has landed; p·v of `it - 1` may still run */ \
     S_LANDED_INTO(acc, it);                                                                   \
     SOFTMAX_INTO(acc, it, keys);                                                              \
+    tf_block_end(l);                                                                          \
     tf_wgmma_wait<0>();                                                                       \
     tf_fence_regs(o);                                                                         \
     tf_mbar_arrive(empty_v + SLOT((it) - 1));                                                 \

@@ -182,6 +182,15 @@ __device__ __forceinline__ void softmax_block(float (&s)[R], float (&m)[2], floa
   }}
 }}
 
+// A branch that never runs (a row sum is never negative), ending the basic block after a block's
+// softmax: ptxas schedules within one, and hoisted the wait for the previous block's p·v above
+// the softmax (every variant's SASS, sessions 37-38) — the warpgroup waited out its own p·v
+// before its maximum and exps. With the branch the wait follows ~80 of a 176-key block's 90 exps
+// (no new spills); a sleep, not a trap, in it: a trap there made ptxas spill hundreds of bytes.
+__device__ __forceinline__ void tf_block_end(const float (&l)[2]) {{
+  if (l[0] < 0.0f) asm volatile("nanosleep.u32 0;");
+}}
+
 // Lanes 4r … 4r + 3 (one row of the fragment) each hold a[j], the packed pair at columns
 // 8·j + 2·(lane % 4); returned: lane q's 16 bytes at columns 8·q … 8·q + 7, the pairs of lanes
 // 0 … 3 in turn. Two exchanges of 2×2 blocks (lanes q ^ 2, then q ^ 1): 4 shuffles, no indexing
