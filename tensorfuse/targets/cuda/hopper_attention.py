@@ -210,7 +210,6 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
 #define KV_BYTES (BN * D_ * 2)
 #define TF_LOG2E 1.4426950408889634f
 #define RESCALE_MARGIN 8.0f   // a row's running maximum moves once it grows by more (base 2)
-#define CHAINS 4   // accumulators a row's maximum and sum run over (the softmax)
 {folds}
 {sizes}
 typedef {elem} elem_t;

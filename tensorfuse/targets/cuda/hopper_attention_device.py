@@ -72,10 +72,7 @@ def device_functions(pair: str, pack: str, score: str, masked: str, extra_params
     ``masked`` of a partial block and the parameters ``extra_params`` (tensors, sizes, scalars)
     the score and mask read; ``begin``: a statement a block's score starts with (a key-linear
     bias's per-block terms)."""
-    return f"""#ifndef CHAINS   // accumulators a row's maximum and sum run over in the softmax
-#define CHAINS 1
-#endif
-__device__ __forceinline__ float tf_exp2(float x) {{
+    return f"""__device__ __forceinline__ float tf_exp2(float x) {{
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
@@ -161,24 +158,11 @@ __device__ __forceinline__ void softmax_block(float (&s)[R], float (&m)[2], floa
     for (int r = 0; r < R; ++r) s[r] = s[r] == -INFINITY ? -INFINITY : s[r] * scale2;
     k = 1.0f;
   }}
-  // each row's maximum and sum over four accumulators (CHAINS): a dependent chain a quarter as
-  // long between the waits (R >= 8: a block of at least 16 keys)
-  float mq[2][CHAINS];
+  float mx[2] = {{s[0], s[2]}};
   #pragma unroll
-  for (int r = 0; r < 4 * CHAINS / 2; ++r) mq[(r % 4) / 2][((r / 4) * 2 + r % 2) % CHAINS] = s[r];
+  for (int r = 0; r < R; ++r) mx[(r % 4) / 2] = fmaxf(mx[(r % 4) / 2], s[r]);
   #pragma unroll
-  for (int r = 0; r < R; ++r) {{
-    float& a = mq[(r % 4) / 2][((r / 4) * 2 + r % 2) % CHAINS];
-    a = fmaxf(a, s[r]);
-  }}
-  float mx[2];
-  #pragma unroll
-  for (int x = 0; x < 2; ++x) {{
-    mx[x] = mq[x][0];
-    #pragma unroll
-    for (int c = 1; c < CHAINS; ++c) mx[x] = fmaxf(mx[x], mq[x][c]);
-    mx[x] = fmaxf(m[x], mx[x] * k);
-  }}
+  for (int x = 0; x < 2; ++x) mx[x] = fmaxf(m[x], mx[x] * k);
   #pragma unroll
   for (int x = 0; x < 2; ++x) {{
     mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
@@ -191,16 +175,10 @@ __device__ __forceinline__ void softmax_block(float (&s)[R], float (&m)[2], floa
     mx[x] = use;
     l[x] *= corr[x];
   }}
-  float lq[2][CHAINS] = {{}};
   #pragma unroll
   for (int r = 0; r < R; ++r) {{
     s[r] = tf_exp2(fmaf(s[r], k, -mx[(r % 4) / 2]));
-    lq[(r % 4) / 2][((r / 4) * 2 + r % 2) % CHAINS] += s[r];
-  }}
-  #pragma unroll
-  for (int x = 0; x < 2; ++x) {{
-    #pragma unroll
-    for (int c = 0; c < CHAINS; ++c) l[x] += lq[x][c];
+    l[(r % 4) / 2] += s[r];
   }}
 }}
 
