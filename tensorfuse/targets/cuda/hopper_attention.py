@@ -127,9 +127,9 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
     plan; otherwise every key block, none of them masked but the ragged last one. Sizes B, H, HKV,
     M, N are kernel arguments: one cubin serves every shape with this head dim and ``last_n`` —
     except with a ``tiling`` (``schedule_templates.hopper_tiling.HopperTiling``): the queries
-    are visited in patches of a 2-D/3-D map and the keys in windows of it, both copied as boxes of the map
-    (:mod:`.map_tiles`); the partial blocks' mask comes as bits per element (``mbits``), copied
-    with the keys, and the cubin is made for that map. ``last_n`` (a multiple of 16 below
+    are visited in patches of a 2-D/3-D map and the keys in windows of it, both copied as boxes
+    of the map (:mod:`.map_tiles`); the partial blocks' mask comes as bits per element
+    (``mbits``), copied with the keys, and the cubin is made for that map. ``last_n`` (a multiple of 16 below
     ``block_n``; plans without a mask): the width of the sequence's last key block's ``Q·Kᵀ`` —
     what is left of N after whole blocks, not a whole block mostly past the end
     (``hopper_attention_plan.last_block_keys``)."""
