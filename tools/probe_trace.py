@@ -75,11 +75,10 @@ def traced(source: str, patch: str | None = None, trace_at: int = 0) -> str:
              "  unsigned acc_turn = 0, acc_data = 0, acc_w1 = 0, n_blocks = 0;\n"
              "#define STAMP(k, slot) if ((k) < KMAX_) trace[(k) * SLOTS_ + (slot)] = clock() -"
              " t_start\n"
-             "#define TIMED(acc, stmt) {{ const unsigned c_ = clock(); stmt; acc += clock() -"
-             " c_; }}\n")
+             "#define TIMED(acc, stmt) { const unsigned c_ = clock(); stmt; acc += clock() -"
+             " c_; }\n")
     s = _sub(s, "#define TURN_BEGIN tf_turn_wait(cw);", "#define TURN_BEGIN TIMED(acc_turn,"
                                                         " tf_turn_wait(cw))")
-    s = s.replace("{{", "{").replace("}}", "}") if False else s
     s = _sub(s, "#define D_ ", "#define KMAX_ %d\n#define SLOTS_ %d\n#define PROBE_IT"
                                " %d\n#define D_ "
              % (KMAX, SLOTS, PROBE_IT))
@@ -133,10 +132,11 @@ def traced(source: str, patch: str | None = None, trace_at: int = 0) -> str:
              "    acc_turn = acc_data = acc_w1 = n_blocks = 0;\n" % (c % 0))
     s = _sub(s, "    tf_mbar_wait(bar_q, k & 1);\n", "    tf_mbar_wait(bar_q, k & 1);\n   "
                                                      " %s;\n" % (c % 1))
-    s = _sub(s, "        TURN_BEGIN\n        ISSUE_S(0);\n",
-             "        TURN_BEGIN\n        %s;\n        ISSUE_S(0);\n" % (c % 2))
-    s = _sub(s, "        tf_wgmma_wait<0>();\n        S_LANDED(0);\n",
-             "        tf_wgmma_wait<0>();\n        %s;\n        S_LANDED(0);\n" % (c % 3))
+    first = s.index("#define FIRST(acc, mma, keys)")   # a tile's first block (one line)
+    end = s.index("\n", first)
+    line = s[first:end].replace("TURN_BEGIN", "TURN_BEGIN %s;" % (c % 2), 1)
+    line = line.replace("tf_wgmma_wait<0>();", "tf_wgmma_wait<0>(); %s;" % (c % 3), 1)
+    s = s[:first] + line + s[end:]
     s = _sub(s, "      TURN_BEGIN\n      ISSUE_O(w.count - 1, LAST_STEPS(w.count - 1));\n",
              "      %s;\n      TURN_BEGIN\n      %s;\n      ISSUE_O(w.count - 1,"
              " LAST_STEPS(w.count - 1));\n"

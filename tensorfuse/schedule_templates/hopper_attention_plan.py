@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..algebra.exprs import add, has_axis, is_const, linear_in, neg, nodes, sub
+from ..algebra.exprs import add, const, has_axis, is_const, linear_in, neg, nodes, sub
 from ..dsl.expr import Binary, Const, DimSize, Expr, Load, Ref, Scalar, Unary, Where
 from ..dsl.printer import to_text
 from ..dsl.program import Program
@@ -158,7 +158,9 @@ def _reads_dot(e: Expr, dot: str) -> bool:
 
 def _dot_factor(term: Expr, dot: str) -> Expr | None:
     """``scale`` where ``term`` is ``dot · scale`` with ``scale`` the same for every element (no
-    axes, tensors or other computes); None otherwise."""
+    axes, tensors or other computes), 1 where it is the dot product alone; None otherwise."""
+    if isinstance(term, Ref) and term.compute.name == dot:
+        return const(1.0)
     if isinstance(term, Binary) and term.op == "mul":
         for dot_side, other in ((term.a, term.b), (term.b, term.a)):
             if isinstance(dot_side, Ref) and dot_side.compute.name == dot and \

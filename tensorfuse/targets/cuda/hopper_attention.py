@@ -399,7 +399,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
           ks > 0);                                                                            \
     tf_wgmma_commit();                                                                        \
   }}
-#define ISSUE_S(it) ISSUE_S_INTO(s, {s_mma}, it)
   // o += p·v of block `it` over its first `steps` 16-key steps (issued, not waited for)
 #define ISSUE_O(it, steps)                                                                  \
   {{                                                                                          \
@@ -412,8 +411,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
   }}
   // the 16-key steps of a tile's last block that hold keys: all but where it is the ragged end
   // of the sequence (p is 0 past it). A dense tile's last block is that one: 176-key blocks
-  // cover 4224 keys for 4096, and this skips 8 of the last block's 11 p·v products (q·kᵀ's
-  // width is fixed: a second MMA shape on s makes ptxas serialise the kernel's wgmma). The
+  // cover 4224 keys for 4096, and this skips 8 of the last block's 11 p·v products (its q·kᵀ
+  // runs at LAST_N, into accumulators of its own: STEP / FIRST with `sn`). The
   // count is broadcast from lane 0 so that ptxas sees a warp-uniform branch around the wgmma
   // (otherwise it serialises them, C7520; uniform, it only fences each one, C7519).
 #define LAST_STEPS(it)                                                                      \
@@ -429,7 +428,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
       score_block<false>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);            \
     softmax_block(acc, m, l, corr, scale2);                                                   \
   }}
-#define SOFTMAX(it) SOFTMAX_INTO(s, it, BN)
   // block `it`'s q·kᵀ has landed: after the tile's last one the query tile may be reloaded
   // (a partial block's mask bits are read before its slot is released)
 #define S_LANDED_INTO(acc, it)                                                              \
@@ -443,8 +441,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
     tf_mbar_arrive(empty_k + SLOT(it));                                                       \
     if ((it) == w.count - 1) tf_mbar_arrive(q_free);                                    \
   }}
-#define S_LANDED(it) S_LANDED_INTO(s, it)
   // block `it` > 0 (`keys` wide): its q·kᵀ into `acc` by `mma`, the previous block's p·v
+  // a tile's first block (`keys` wide): its q·kᵀ into `acc` by `mma`, while the previous tile's
+  // output is written (DEFER)
+#define FIRST(acc, mma, keys)                                                               \
+  {{                                                                                          \
+    TURN_BEGIN                                                                                \
+    ISSUE_S_INTO(acc, mma, 0);                                                                \
+    TURN_END                                                                                  \
+    if (DEFER) write_out();                                                                   \
+    tf_wgmma_wait<0>();                                                                       \
+    S_LANDED_INTO(acc, 0);                                                                    \
+    SOFTMAX_INTO(acc, 0, keys);                                                               \
+    pack_p(acc, p);                                                                           \
+  }}
 #if OVERLAP
 #define STEP(it, acc, mma, keys)                                                            \
   {{                                                                                          \
@@ -534,31 +544,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {ENTRY}(
       // two shapes write the same registers)
       const bool ends = __shfl_sync(0xffffffffu, w.first + w.count == C_, 0);
       float sn[LAST_N / 2];
-      if (ends && w.count == 1) {{
-        TURN_BEGIN
-        ISSUE_S_INTO(sn, {sn_mma}, 0);
-        TURN_END
-#if DEFER
-        write_out();               // the previous tile's, while this q·kᵀ runs
+      if (ends && w.count == 1)
+        FIRST(sn, {sn_mma}, LAST_N)
+      else
 #endif
-        tf_wgmma_wait<0>();
-        S_LANDED_INTO(sn, 0);
-        SOFTMAX_INTO(sn, 0, LAST_N);
-        pack_p(sn, p);
-      }} else
-#endif
-      {{
-        TURN_BEGIN
-        ISSUE_S(0);
-        TURN_END
-#if DEFER
-        write_out();               // the previous tile's, while this q·kᵀ runs
-#endif
-        tf_wgmma_wait<0>();
-        S_LANDED(0);
-        SOFTMAX(0);
-        pack_p(s, p);
-      }}
+        FIRST(s, {s_mma}, BN)
 #if LAST_N < BN
       for (int it = 1; it < w.count - 1; ++it) STEP(it, s, {s_mma}, BN);
       if (w.count > 1) {{

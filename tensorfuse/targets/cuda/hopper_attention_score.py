@@ -9,10 +9,18 @@ from ...dsl.expr import Load
 from .expr import converted_indices, to_cuda
 
 
-def _score_axes(chain) -> dict:
-    """The score's axis names → the kernel's C++ names (``b``, ``h``, ``i_``, ``j_``)."""
-    return {name: {"b": "b", "h": "h", "0": "i_", "j": "j_"}[role]
-            for name, role in chain.score_axes}
+def _names(plan) -> tuple[dict, dict]:
+    """The score's axis names → the kernel's C++ names (``b``, ``h``, ``i_``, ``j_``), and the
+    tensors it reads → theirs."""
+    axes = {name: {"b": "b", "h": "h", "0": "i_", "j": "j_"}[role]
+            for name, role in plan.chain.score_axes}
+    return axes, {t: f"t_{t}" for t, _ in plan.tensors}
+
+
+def _factor(plan) -> str:
+    """C++ of the scale the plan folds into exp2."""
+    axes, loads = _names(plan)
+    return to_cuda(plan.scale, {}, "the scale", axes=axes, loads=loads)
 
 
 def score_expressions(plan) -> tuple[str, str, str, str, str]:
@@ -26,17 +34,15 @@ def score_expressions(plan) -> tuple[str, str, str, str, str]:
     log2 e``): κ · FOLD_C once a tile (``tf_key_bias``), its value at the block's first column
     once a block, an FFMA an element."""
     chain = plan.chain
-    axes = _score_axes(chain)
-    loads = {t: f"t_{t}" for t, _ in plan.tensors}
+    axes, loads = _names(plan)
     begin = ""
     if plan.key_bias is not None:
-        factor = to_cuda(plan.scale, {}, "the scale", axes=axes, loads=loads)
-        scale = f"({factor} > 0.0f ? ({factor}) * TF_LOG2E : TF_LOG2E)"
+        scale = f"({_factor(plan)} > 0.0f ? ({_factor(plan)}) * TF_LOG2E : TF_LOG2E)"
         begin = ("  const float kc0_ = kc_ * (float)(j0_), fold_a_ = FOLD_A;   // the bias at the "
                  "fragment's first column (kc_: its coefficient times FOLD_C, once a tile)")
         score = "fmaf(qk, fold_a_, fmaf(kc_, (float)(dj_), kc0_))"
     elif plan.scale is not None:
-        scale = f"({to_cuda(plan.scale, {}, 'the scale', axes=axes, loads=loads)} * TF_LOG2E)"
+        scale = f"({_factor(plan)} * TF_LOG2E)"
         score = "qk"
     else:
         scale = "TF_LOG2E"
@@ -57,27 +63,26 @@ def score_expressions(plan) -> tuple[str, str, str, str, str]:
         mask = "true" if plan.mask is None else to_cuda(plan.mask, {}, "the mask", axes,
                                                          loads=loads)
         masked = f"    if (MASKED) v = (j_ < N_ && ({mask})) ? v : -INFINITY;"
-    return score, masked, scale, begin, _fold_factors(plan, axes, loads)
+    return score, masked, scale, begin, _fold_factors(plan)
 
 
 def key_bias_function(plan, extra_params: str) -> str:
     """``tf_key_bias(b, h, …)``: the key-linear bias's coefficient times ``FOLD_C``, which
     the consumers compute once a tile (in the block loop its exp2 and division — ALiBi's slope —
     held up every block's score); 0 without one."""
-    chain = plan.chain
-    axes = _score_axes(chain)
-    kappa = "0.0f" if plan.key_bias is None else to_cuda(
-        plan.key_bias, {}, "the score", axes=axes, loads={t: f"t_{t}" for t, _ in plan.tensors})
+    axes, loads = _names(plan)
+    kappa = "0.0f" if plan.key_bias is None else to_cuda(plan.key_bias, {}, "the score",
+                                                         axes=axes, loads=loads)
     return (f"__device__ __forceinline__ float tf_key_bias(int b, int h{extra_params}) {{\n"
             f"  return ({kappa}) * FOLD_C;\n}}\n")
 
 
-def _fold_factors(plan, axes: dict, loads: dict) -> str:
+def _fold_factors(plan) -> str:
     """``#define``s of ``FOLD_A``, ``FOLD_C`` (:func:`score_expressions`; 1 and 1 without a
     key-linear bias), written of the kernel's scalar arguments where they are used rather than
     kept in registers through the loop (the consumers have none to spare)."""
     if plan.key_bias is None:
         return "#define FOLD_A 1.0f\n#define FOLD_C 1.0f"
-    factor = to_cuda(plan.scale, {}, "the scale", axes=axes, loads=loads)
+    factor = _factor(plan)
     return (f"#define FOLD_A ({factor} > 0.0f ? 1.0f : ({factor}))\n"
             f"#define FOLD_C ({factor} > 0.0f ? 1.0f / ({factor}) : 1.0f)")
