@@ -1,0 +1,136 @@
+"""Row states: what a sweep keeps per row and how it is corrected as the sweep moves on — the
+score the program writes, the online softmax in base 2, the rescale of the output — emitted from
+the plan (the score and mask from the program's expression)."""
+from __future__ import annotations
+
+
+def attention_defines(c) -> str:
+    """The base-2 constant and the margin by which a row's maximum may grow before it moves."""
+    return """#define TF_LOG2E 1.4426950408889634f
+#define RESCALE_MARGIN 8.0f   // a row's running maximum moves once it grows by more (base 2)
+"""
+
+
+def attention_softmax_macro(c) -> str:
+    """A block's score and online softmax, once its ``q·kᵀ`` has landed."""
+    return """  // the score and softmax of block `it` (`keys` wide), whose q·kᵀ has landed in `acc`
+#define SOFTMAX_INTO(acc, it, keys)                                                         \
+  {                                                                                          \
+    const int n0 = key_block(w, it, pi, fi) * BN;                                             \
+    if ((it) < w.n_partial || (!TILED && n0 + (keys) > N_))                                   \
+      score_block<true>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);             \
+    else                                                                                      \
+      score_block<false>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);            \
+    softmax_block(acc, m, l, corr, scale2);                                                   \
+  }
+"""
+
+
+def attention_exp2(c) -> str:
+    """Base-2 exponent on the SFU."""
+    return """__device__ __forceinline__ float tf_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+"""
+
+
+def attention_score_function(c) -> str:
+    """A block's score: the program's expression on the accumulator fragments, masked where the
+    block is partial."""
+    return f"""// S of one key block (R = its keys / 2 registers: BN, or LAST_N for the sequence's last): the
+// program's score on the fragment before its base-2 factor `scale2` (applied by softmax_block),
+// masked (−∞) where `MASKED`.
+// Fragment register r of warp w, lane l: row 16w + l/4 + 8·((r%4)/2),
+// column 8·(r/4) + 2·(l%4) + r%2.
+template <bool MASKED, int R>
+__device__ __forceinline__ void score_block(float (&s)[R], int row_lo, int n0, int b, int h,
+    int lane, const unsigned (&mw)[MASK_WORDS], float scale2, float kc_{c.extra_params}) {{
+  const int i0_ = row_lo, j0_ = n0 + 2 * (lane % 4);   // the fragment's first row and column
+{c.begin}
+  #pragma unroll
+  for (int r = 0; r < R; ++r) {{
+    const int di_ = 8 * ((r % 4) / 2), dj_ = 8 * (r / 4) + (r % 2);   // constants once unrolled
+    const int i_ = i0_ + di_;
+    const int j_ = j0_ + dj_;
+    const float qk = s[r];
+    float v = {c.score};
+#if TILED
+    if (MASKED) v = ((mw[r / 32] >> (r % 32)) & 1u) ? v : -INFINITY;
+#else
+{c.masked}
+#endif
+    s[r] = v;
+  }}
+}}
+
+"""
+
+
+def attention_softmax_functions(c) -> str:
+    """A block's online softmax in base 2, and the branch that ends its basic block."""
+    return """// Online softmax of one block in base 2: new row maxima (two rows per thread), the correction of
+// the old state, P = 2^(S·scale2 - m) in place, the thread's share of the row sums. With a
+// positive factor the largest score times it is the largest base-2 score, and each element costs
+// one FFMA and one ex2 (FlashAttention-3's fold); any other factor (never 1/√d) scales first.
+// A row's m moves only when its maximum grows by more than RESCALE_MARGIN (base 2): below that
+// m stays where it was — P, l and o are all taken against the same m, so o / l and the
+// log-sum-exp are the same numbers, with P ≤ 2^RESCALE_MARGIN (in range for f16/bf16) — and the
+// correction is 1, so the warps whose rows all kept theirs skip rescaling o (after the first
+// blocks, nearly every block).
+template <int R>
+__device__ __forceinline__ void softmax_block(float (&s)[R], float (&m)[2], float (&l)[2],
+                                              float (&corr)[2], float scale2) {
+  float k = scale2;
+  if (!(scale2 > 0.0f)) {
+    #pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = s[r] == -INFINITY ? -INFINITY : s[r] * scale2;
+    k = 1.0f;
+  }
+  float mx[2] = {s[0], s[2]};
+  #pragma unroll
+  for (int r = 0; r < R; ++r) mx[(r % 4) / 2] = fmaxf(mx[(r % 4) / 2], s[r]);
+  #pragma unroll
+  for (int x = 0; x < 2; ++x) mx[x] = fmaxf(m[x], mx[x] * k);
+  #pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
+    mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
+    const bool grows = mx[x] > m[x] + RESCALE_MARGIN;   // (m = −∞: any finite maximum)
+    const float kept = grows ? mx[x] : m[x];
+    const float use = kept == -INFINITY ? 0.0f : kept;   // a row with nothing seen yet
+    corr[x] = grows ? tf_exp2(m[x] - use) : 1.0f;
+    m[x] = kept;
+    mx[x] = use;
+    l[x] *= corr[x];
+  }
+  #pragma unroll
+  for (int r = 0; r < R; ++r) {
+    s[r] = tf_exp2(fmaf(s[r], k, -mx[(r % 4) / 2]));
+    l[(r % 4) / 2] += s[r];
+  }
+}
+
+// A branch that never runs (a row sum is never negative), ending the basic block after a block's
+// softmax: ptxas schedules within one, and hoisted the wait for the previous block's p·v above
+// the softmax (every variant's SASS, sessions 37-38) — the warpgroup waited out its own p·v
+// before its maximum and exps. With the branch the wait follows ~80 of a 176-key block's 90 exps
+// (no new spills); a sleep, not a trap, in it: a trap there made ptxas spill hundreds of bytes.
+__device__ __forceinline__ void tf_block_end(const float (&l)[2]) {
+  if (l[0] < 0.0f) asm volatile("nanosleep.u32 0;");
+}
+
+"""
+
+
+def attention_rescale(c) -> str:
+    """``o``'s rows times their corrections."""
+    return """// o's rows times their corrections — skipped where every row of the warp kept its m.
+__device__ __forceinline__ void rescale(float (&o)[D_ / 2], const float (&corr)[2]) {
+  if (!__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) return;
+  #pragma unroll
+  for (int r = 0; r < D_ / 2; ++r) o[r] *= corr[(r % 4) / 2];
+}
+
+"""
