@@ -6,7 +6,8 @@ from __future__ import annotations
 from ..algebra import plan_chain
 from ..targets import TargetSpec
 from ..targets.triton.kernel import TritonKernel, Tuned
-from ..targets.triton.rowtile import SWEPT_IN_L2, reloadable, uncorrected_states
+from ..targets.triton.row_states import reloadable, uncorrected_states
+from ..targets.triton.rowtile import SWEPT_IN_L2
 from .fusion import Fusion
 from .tile_plan import Knobs, RowTilePlan, TilePlanner
 

@@ -141,11 +141,13 @@ __device__ __forceinline__ void tile_of_cta(unsigned rank, int& m0, int& n0) {{
 def _mma_sync_body(plan, knobs) -> str:
     """The mma.sync path's device functions: fragments and MMA, the first product's pipeline and
     the activation into shared memory."""
+    return _mma_sync_fragments(knobs) + _MMA_SYNC_LOADS + _mma_sync_first_products(plan)
+
+
+def _mma_sync_fragments(knobs) -> str:
+    """Warp tiles, the ldmatrix/mma.sync helpers, a warp's k16 step and zeroing."""
     wm_rows, wn_cols, wo_cols = (knobs.block_m // knobs.warps_m, knobs.block_n // WARPS_N,
                                  knobs.block_o // WARPS_N)
-    gate_values = "".join(f"float g{j} = acc[{j}][i][k][2 * half + e]; "
-                          for j in range(len(plan.gates)))
-    activation = activation_code(plan)
     return f"""#define WM {wm_rows}
 #define WN {wn_cols}
 #define WO {wo_cols}
@@ -187,36 +189,48 @@ __device__ __forceinline__ void zero(float (&acc)[A][B][4]) {{
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 }}
 
-// Loads one pipeline stage: x rows [m0, m0 + BM) × k [k0, k0 + BK), and each gate weight's
+"""
+
+
+# One pipeline stage (x and each gate weight) and a W2 tile by cp.async.
+_MMA_SYNC_LOADS = r"""// Loads one pipeline stage: x rows [m0, m0 + BM) × k [k0, k0 + BK), and each gate weight's
 // k rows × this CTA's BN intermediate columns.
 __device__ __forceinline__ void load_stage(char* stage, const __nv_bfloat16* __restrict__ x,
-    const __nv_bfloat16* const* ws, int m0, int n0, int k0) {{
+    const __nv_bfloat16* const* ws, int m0, int n0, int k0) {
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(stage);
-  for (int c = threadIdx.x; c < BM * BK / 8; c += blockDim.x) {{
+  for (int c = threadIdx.x; c < BM * BK / 8; c += blockDim.x) {
     int r = c / (BK / 8), col = (c % (BK / 8)) * 8;
     bool ok = m0 + r < M_;
     tf_cp_async16(xs + r * LDX + col, x + (long)(ok ? m0 + r : 0) * K_ + k0 + col, ok);
-  }}
+  }
   #pragma unroll
-  for (int j = 0; j < G; ++j) {{
+  for (int j = 0; j < G; ++j) {
     __nv_bfloat16* wsm = xs + BM * LDX + j * BK * LDW;
-    for (int c = threadIdx.x; c < BK * BN / 8; c += blockDim.x) {{
+    for (int c = threadIdx.x; c < BK * BN / 8; c += blockDim.x) {
       int r = c / (BN / 8), col = (c % (BN / 8)) * 8;
       tf_cp_async16(wsm + r * LDW + col, ws[j] + (long)(k0 + r) * N_ + n0 + col, true);
-    }}
-  }}
-}}
+    }
+  }
+}
 
 // BK rows (from n0) × BO columns (from o0) of W2 into a [BK][LDW2] tile.
 __device__ __forceinline__ void load_w2(__nv_bfloat16* dst, const __nv_bfloat16* __restrict__ w2,
-                                        int n0, int o0) {{
-  for (int c = threadIdx.x; c < BK * BO / 8; c += blockDim.x) {{
+                                        int n0, int o0) {
+  for (int c = threadIdx.x; c < BK * BO / 8; c += blockDim.x) {
     int r = c / (BO / 8), col = (c % (BO / 8)) * 8;
     tf_cp_async16(dst + r * LDW2 + col, w2 + (long)(n0 + r) * O_ + o0 + col, true);
-  }}
-}}
+  }
+}
 
-// Phase 1: acc[j] = x[m0 : m0 + BM] · w_j[:, n0 : n0 + BN] on tensor cores, through a
+"""
+
+
+def _mma_sync_first_products(plan) -> str:
+    """Phase 1 through the cp.async pipeline, and the activation into shared memory."""
+    gate_values = "".join(f"float g{j} = acc[{j}][i][k][2 * half + e]; "
+                          for j in range(len(plan.gates)))
+    activation = activation_code(plan)
+    return f"""// Phase 1: acc[j] = x[m0 : m0 + BM] · w_j[:, n0 : n0 + BN] on tensor cores, through a
 // STAGES-deep cp.async pipeline in `pipe`; on return the pipeline buffers are free.
 __device__ __forceinline__ void first_products(float (&acc)[G][MI][NI][4], char* pipe,
     const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* const* ws, int m0, int n0, int wm,

@@ -1,0 +1,82 @@
+"""What a row tile's states and outputs ask of its kernel (:mod:`.rowtile`): which states a swept
+row keeps per lane, whether the outputs read the row again instead of keeping it, which of their
+operands are loaded before the reductions, which members' references others read."""
+from __future__ import annotations
+
+from ...dsl.expr import Load, Ref, walk
+from .expr import TileContext
+
+REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+
+
+def depended_on(plan) -> set[str]:
+    """The members whose references other members' corrections read."""
+    return {d for scheme in plan.chain.schemes.values() for d in scheme.deps}
+
+
+def lanewise_states(plan) -> frozenset:
+    """(member, k) of the states a looped row sweep may keep per lane — ``[BLOCK_M, BLOCK_N]``,
+    each lane combining its own column of every block, reduced across the row once after the
+    loop (as Inductor's looped reductions do) — instead of reducing every block across the
+    warps: a sum, max or min of a member whose states need no correction (no dependencies)
+    and whose reference no other member reads per block. One cross-warp reduction per row
+    instead of one per block, and a long sum added in N / BLOCK_N terms per lane, then as a
+    tree (issue 23: the accuracy of long reductions)."""
+    read = depended_on(plan)
+    return frozenset((sp.member.name, sp.k) for sp in plan.states
+                     if sp.contraction is None and not plan.chain.schemes[sp.member.name].deps
+                     and sp.member.name not in read and sp.monoid.name in REDUCE
+                     and plan.col.uid in {a.uid for a in sp.body.axes})
+
+
+def uncorrected_states(plan) -> bool:
+    """Whether every state of ``plan``'s row reduction is kept per lane when the row is swept in
+    blocks (:func:`lanewise_states`): a chain of independent sums, maxima or minima (RMSNorm's
+    Σx²), with no block mask and nothing on the tensor cores."""
+    return bool(plan.states) and plan.mask is None and not plan.locals and \
+        len(lanewise_states(plan)) == len(plan.states)
+
+
+def reloadable(plan) -> bool:
+    """Whether the outputs of ``plan`` can read the row again instead of keeping it: a row
+    reduction (no contraction on the tensor cores, no block mask) whose outputs run along the
+    row (a norm, a softmax)."""
+    return plan.mask is None and not plan.locals and \
+        not any(sp.contraction for sp in plan.states) and \
+        any(kind == "col" for _, _, kind in plan.outputs)
+
+
+def column_operands(plan) -> bool:
+    """Whether an output reads a tensor along the columns alone (a norm's weight or bias)."""
+    found = []
+
+    def visit(node):
+        if isinstance(node, Load) and {a.uid for a in node.axes} == {plan.col.uid}:
+            found.append(node)
+
+    for _, expr, _ in plan.outputs:
+        walk(expr, visit)
+    return bool(found)
+
+
+def output_operands(plan, tile: TileContext) -> tuple:
+    """The loads in the outputs' expressions that do not depend on the chain's results and are
+    indexed by the row alone (a per-row scale, cross-entropy's gathered target logit): issued
+    before the reductions, their latency overlaps the row's. Loads along the columns (a norm's
+    weight) stay where they are used: held across the reductions they cost registers, and a
+    layernorm lost 9 % of its bandwidth that way (H100, benchmarks/rows_sweep.py)."""
+    found: dict = {}
+    for _, expr, kind in plan.outputs:
+        if kind not in ("row", "col"):
+            continue
+        after_chain: set = set()
+
+        def visit(node):
+            if isinstance(node, Ref) or any(c.uid in after_chain for c in node.children()):
+                after_chain.add(node.uid)
+            elif isinstance(node, Load) and all(a.uid in tile.axes and a.uid != plan.col.uid
+                                                for a in node.axes):
+                found.setdefault(node.key(), node)
+
+        walk(expr, visit)
+    return tuple(found.values())
