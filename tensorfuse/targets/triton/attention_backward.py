@@ -52,105 +52,147 @@ def _indent(text: str, depth: int) -> str:
 
 def backward_source(plan, knobs) -> str:
     """Triton source of the three kernels for ``plan`` and ``knobs``."""
-    interp = interpreting()
-    sizes = plan.sizes
-    extents = {a.uid: plan.extent(a) for a in plan.batch}
-    M, N, D = plan.extent(plan.row), plan.extent(plan.col), plan.head_dim
-    storage = plan.q.param.dtype
-    dot_type = TL_DTYPES[storage]
-    prec = ", input_precision='ieee'" if storage in ("f32", "f64") else ""
-    qkv = (plan.q.param.name, plan.k.param.name, plan.v.param.name)
-    others = [p.name for p in plan.program.tensor_params if p.name not in qkv]
-    scalars = [p.name for p in plan.program.scalar_params]
-    args = ", ".join(list(qkv) + list(BUFFERS) + list(LISTS) + others + scalars)
-    out_axes = plan.program.outputs[0].axes
-    feature_q, feature_v = plan.q.indices[-1], plan.v.indices[-1]
-    OUT = Load(TensorParam("OUT", tuple(a.extent for a in out_axes), storage), list(out_axes))
-    DO = Load(TensorParam("DO", OUT.param.dims, storage), list(out_axes))
-    DQ = Load(TensorParam("DQ", plan.q.param.dims, storage), list(plan.q.indices))
-    DK = Load(TensorParam("DK", plan.k.param.dims, storage), list(plan.k.indices))
-    DV = Load(TensorParam("DV", plan.v.param.dims, storage), list(plan.v.indices))
-    head = plan.head
-    batch_vars = {a.uid: f"ax_{a.name}" for a in plan.batch}
-    masked = plan.mask is not None
-    score_free, d_score_free = plan.kept(plan.score), plan.kept(plan.d_score)
+    return _BackwardSource(plan, knobs).source()
 
-    def ctx(axes_of: dict, valid: dict) -> TileContext:
-        axes = dict(batch_vars)
+
+class _BackwardSource:
+    """The three kernels' text for one plan and its knobs (:func:`backward_source`): the tiles'
+    contexts, the loops over blocks (every block, or the block lists' partial and full ones), a
+    block's gradient, and the kernels themselves."""
+
+    def __init__(self, plan, knobs):
+        self.plan, self.knobs = plan, knobs
+        self.interp = interpreting()
+        self.sizes = plan.sizes
+        self.extents = extents = {a.uid: plan.extent(a) for a in plan.batch}
+        self.M, self.N, self.D = M, N, _ = plan.extent(plan.row), plan.extent(plan.col), \
+            plan.head_dim
+        self.storage = storage = plan.q.param.dtype
+        self.dot_type = TL_DTYPES[storage]
+        self.prec = ", input_precision='ieee'" if storage in ("f32", "f64") else ""
+        self.qkv = (plan.q.param.name, plan.k.param.name, plan.v.param.name)
+        self.others = [p.name for p in plan.program.tensor_params if p.name not in self.qkv]
+        self.scalars = [p.name for p in plan.program.scalar_params]
+        self.args = ", ".join(list(self.qkv) + list(BUFFERS) + list(LISTS) + self.others +
+                              self.scalars)
+        self.out_axes = out_axes = plan.program.outputs[0].axes
+        self.feature_q, self.feature_v = plan.q.indices[-1], plan.v.indices[-1]
+
+        def buffer(name: str, of: Load) -> Load:   # a gradient laid out as the tensor `of`
+            return Load(TensorParam(name, of.param.dims, storage), list(of.indices))
+
+        self.OUT = Load(TensorParam("OUT", tuple(a.extent for a in out_axes), storage),
+                        list(out_axes))
+        self.DO = buffer("DO", self.OUT)
+        self.DQ, self.DK, self.DV = buffer("DQ", plan.q), buffer("DK", plan.k), buffer("DV", plan.v)
+        self.head = head = plan.head
+        self.batch_vars = batch_vars = {a.uid: f"ax_{a.name}" for a in plan.batch}
+        self.masked = plan.mask is not None
+        self.score_free, self.d_score_free = plan.kept(plan.score), plan.kept(plan.d_score)
+        self.i, self.j = plan.row, plan.col
+        self.bm1, self.bn1, self.bm2, self.bn2 = bm1, bn1, bm2, bn2 = \
+            knobs.block_m1, knobs.block_n1, knobs.block_m2, knobs.block_n2
+        # dK/dV's tiles; the statistics' and dQ's
+        self.t1, self.t2 = self.tiles(bm1, bn1), self.tiles(bm2, bn2)
+        # a row the mask empties has P = 0 but Δ = NaN (its output is 0/0): keep dS at 0 there —
+        # on partial blocks only, since such a row has no block the mask keeps whole
+        self.guard = self.masked and plan.empty is None
+        self.strides_q = [math.prod(extents[b.uid] for b in plan.batch[k + 1:])
+                          for k in range(len(plan.batch))]
+        self.flat_q = " + ".join(f"{batch_vars[a.uid]} * {stride}"
+                                 for a, stride in zip(plan.batch, self.strides_q)) or "0"
+        self.rows_ptr = rows_ptr = f"({self.flat_q}) * {M} + offs_m"
+        self.nq2, self.nk2 = math.ceil(M / bm2), math.ceil(N / bn2)
+        self.nk1, self.nq1 = math.ceil(N / bn1), math.ceil(M / bm1)
+        self.heads = math.prod(extents.values()) // plan.group   # (batch, key/value head) pairs
+        self.key_programs, self.per_head = self.nk1 * self.heads, plan.group * self.nq2
+        self.row_stats = (f"_lse = tl.load(LSE + {rows_ptr}, mask=row_ok, other=float('inf'))\n"
+                          f"_delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)\n")
+        self.rows_start = ("\noffs_m = pid * BM + tl.arange(0, BM)\n"
+                           f"offs_d = tl.arange(0, {self.D})\nrow_ok = offs_m < {M}\n")
+        # a query block
+        self.row_block = "bh = tl.program_id(1)\n" + self.decompose(False) + self.rows_start
+        self.query_block = self.row_block + f"_q = {self.load(plan.q, self.t2['q'])}"
+        t2q = self.t2["q"]
+        self.delta = (f"_o = {self.load(self.OUT, t2q, keep=False)}\n"
+                      f"_do = {self.load(self.DO, t2q, keep=False)}\n"
+                      f"tl.store(DELTA + {rows_ptr}, tl.sum(tl.where(row_ok[:, None], _o * _do, "
+                      "0.0), 1), mask=row_ok)")
+        self.stats_loop = self.blocks(self.stats_body, "PN,PI,FN,FI", str(self.nq2), self.nk2,
+                                      "BN", "offs_n", "col_ok", N)
+        self.dq_loop = self.blocks(self.dq_body, "PN,PI,FN,FI", str(self.nq2), self.nk2, "BN",
+                                   "offs_n", "col_ok", N)
+        self.dkdv_loop = self.blocks(self.dkdv_body, "TPN,TPI,TFN,TFI", str(self.nk1), self.nq1,
+                                     "BM", "offs_m", "row_ok", M)
+        self.group = (f"for g in range({plan.group}):\n    {batch_vars[head.uid]} = ax_hkv * "
+                      f"{plan.group} + g\n" if head is not None else "for g in range(1):\n")
+        self.head_first = f"{batch_vars[head.uid]} = ax_hkv * {plan.group}" \
+            if head is not None else ""
+
+    def ctx(self, axes_of: dict, valid: dict) -> TileContext:
+        axes = dict(self.batch_vars)
         axes.update({a.uid: text for a, text in axes_of.items()})
-        return TileContext(axes, {a.uid: text for a, text in valid.items()}, {plan.qk: "_qk"},
-                           {plan.ds_symbol: "_ds"}, sizes, interpreter=interp)
+        return TileContext(axes, {a.uid: text for a, text in valid.items()}, {self.plan.qk: "_qk"},
+                           {self.plan.ds_symbol: "_ds"}, self.sizes, interpreter=self.interp)
 
-    i, j = plan.row, plan.col
-
-    def tiles(bm: int, bn: int) -> dict:
+    def tiles(self, bm: int, bn: int) -> dict:
         """The contexts of a kernel with ``bm`` × ``bn`` tiles: queries along the rows and keys
         along the columns (``q``), keys along the rows (``k``: dK/dV), a query tile transposed
         (``qt``); and the validity of their elements (``ok_q``, ``ok_k``: None where the tiles
         divide the axes — the sizes are known here — so no element is masked)."""
-        rows, cols = M % bm != 0, N % bn != 0
+        rows, cols = self.M % bm != 0, self.N % bn != 0
+        i, j, fq, fv = self.i, self.j, self.feature_q, self.feature_v
         pick = lambda *pairs: {a: t for a, t, on in pairs if on}  # noqa: E731
         both = lambda a, b: " & ".join(x for x in (a, b) if x) or None  # noqa: E731
         return {
-            "q": ctx({i: "offs_m[:, None]", j: "offs_n[None, :]", feature_q: "offs_d[None, :]",
-                      feature_v: "offs_d[None, :]"},
-                     pick((i, "row_ok[:, None]", rows), (j, "col_ok[None, :]", cols))),
-            "k": ctx({j: "offs_n[:, None]", i: "offs_m[None, :]", feature_q: "offs_d[None, :]",
-                      feature_v: "offs_d[None, :]"},
-                     pick((j, "col_ok[:, None]", cols), (i, "row_ok[None, :]", rows))),
-            "qt": ctx({i: "offs_m[None, :]", feature_q: "offs_d[:, None]"},
-                      pick((i, "row_ok[None, :]", rows))),
+            "q": self.ctx({i: "offs_m[:, None]", j: "offs_n[None, :]", fq: "offs_d[None, :]",
+                           fv: "offs_d[None, :]"},
+                          pick((i, "row_ok[:, None]", rows), (j, "col_ok[None, :]", cols))),
+            "k": self.ctx({j: "offs_n[:, None]", i: "offs_m[None, :]", fq: "offs_d[None, :]",
+                           fv: "offs_d[None, :]"},
+                          pick((j, "col_ok[:, None]", cols), (i, "row_ok[None, :]", rows))),
+            "qt": self.ctx({i: "offs_m[None, :]", fq: "offs_d[:, None]"},
+                           pick((i, "row_ok[None, :]", rows))),
             "ok_q": both("row_ok[:, None]" if rows else "", "col_ok[None, :]" if cols else ""),
             "ok_k": both("col_ok[:, None]" if cols else "", "row_ok[None, :]" if rows else ""),
             "rows": rows, "cols": cols}
 
-    bm1, bn1, bm2, bn2 = knobs.block_m1, knobs.block_n1, knobs.block_m2, knobs.block_n2
-    t1, t2 = tiles(bm1, bn1), tiles(bm2, bn2)   # dK/dV's tiles; the statistics' and dQ's
-    # a row the mask empties has P = 0 but Δ = NaN (its output is 0/0): keep dS at 0 there —
-    # on partial blocks only, since such a row has no block the mask keeps whole
-    guard = masked and plan.empty is None
-
-    def load(e: Load, c: TileContext, keep: bool = True) -> str:
+    def load(self, e: Load, c: TileContext, keep: bool = True) -> str:
         return to_triton(e, c.child(keep_dtype=keep))
 
-    def store(e: Load, value: str, c: TileContext, ok: str, ragged: bool) -> str:
+    def store(self, e: Load, value: str, c: TileContext, ok: str, ragged: bool) -> str:
         mask = f", mask={ok}[:, None]" if ragged else ""
         return (f"tl.store({e.param.name} + ({offset(e, c)}), ({value}).to("
                 f"{TL_DTYPES[e.param.dtype]}){mask})")
 
-    def valid(ok: str | None, value: str, other: str) -> str:
+    def valid(self, ok: str | None, value: str, other: str) -> str:
         return value if ok is None else f"tl.where({ok}, {value}, {other})"
 
-    def decompose(grouped: bool, member: str | None = None) -> str:
+    def decompose(self, grouped: bool, member: str | None = None) -> str:
         """The batch axes' values from ``bh`` (the head axis by key/value head; with ``member``
         the query head is that head of the key/value head's group)."""
         lines = ["rest = bh"]
-        for a in reversed(plan.batch):
-            n, name = extents[a.uid], batch_vars[a.uid]
-            if grouped and head is not None and a.uid == head.uid:
-                n, name = n // plan.group, "ax_hkv"
+        for a in reversed(self.plan.batch):
+            n, name = self.extents[a.uid], self.batch_vars[a.uid]
+            if grouped and self.head is not None and a.uid == self.head.uid:
+                n, name = n // self.plan.group, "ax_hkv"
             lines += [f"{name} = rest % {n}", f"rest = rest // {n}"]
-        if member is not None and head is not None:
-            lines.append(f"{batch_vars[head.uid]} = ax_hkv * {plan.group} + {member}")
+        if member is not None and self.head is not None:
+            lines.append(f"{self.batch_vars[self.head.uid]} = ax_hkv * {self.plan.group} + "
+                         f"{member}")
         return "\n".join(lines)
 
-    strides_q = [math.prod(extents[b.uid] for b in plan.batch[k + 1:])
-                 for k in range(len(plan.batch))]
-    flat_q = " + ".join(f"{batch_vars[a.uid]} * {stride}"
-                        for a, stride in zip(plan.batch, strides_q)) or "0"
-    rows_ptr = f"({flat_q}) * {M} + offs_m"
-
-    def blocks(body, lists: str, own: str, count: int, block: str, offs: str, ok: str,
+    def blocks(self, body, lists: str, own: str, count: int, block: str, offs: str, ok: str,
                extent: int) -> str:
         """A loop over the blocks of the other axis: from the block lists where there is a mask
         (partial blocks with it, full ones without), else over every block. ``body(masked)``:
         the loop body's text."""
         head_lines = (f"{offs} = blk * {block} + tl.arange(0, {block})\n"
                       f"{ok} = {offs} < {extent}\n")
-        if not masked:
+        if not self.masked:
             return f"for blk in range(0, {count}):\n" + _indent(head_lines + body(False), 1)
         pn, pi, fn, fi = lists.split(",")
-        text = f"base = ({flat_q}) * {own} + pid\n"
+        text = f"base = ({self.flat_q}) * {own} + pid\n"
         for num, idx, with_mask in ((pn, pi, True), (fn, fi, False)):
             # where every program's blocks of this kind are consecutive (RANGES has the list's
             # bit), the loop runs over them as a range from the first: its tiles' addresses
@@ -158,7 +200,7 @@ def backward_source(plan, knobs) -> str:
             listed = f"blk = tl.load({idx} + base * {count} + t)\n" + head_lines + body(with_mask)
             ranged = head_lines + body(with_mask)
             first = f"first = tl.load({idx} + base * {count})\n"
-            if interp:   # the interpreter takes no loop bound loaded from memory
+            if self.interp:   # the interpreter takes no loop bound loaded from memory
                 loop = lambda inner: (f"for t in range(0, {count}):\n"  # noqa: E731
                                       + _indent(f"if t < n_{num}:\n" + _indent(inner, 1), 1))
                 text += (f"n_{num} = tl.load({num} + base)\nif RANGES & {RANGE_BITS[num]}:\n"
@@ -172,124 +214,119 @@ def backward_source(plan, knobs) -> str:
                                                     + _indent(listed, 1), 1) + "\n")
         return text
 
-    def gradient(t: dict, with_mask: bool, transposed: bool) -> str:
+    def gradient(self, t: dict, with_mask: bool, transposed: bool) -> str:
         c = t["k"] if transposed else t["q"]
         ok = t["ok_k"] if transposed else t["ok_q"]
-        s = to_triton(plan.score if with_mask else score_free, c)
-        d = to_triton(plan.d_score if with_mask else d_score_free, c)
+        s = to_triton(self.plan.score if with_mask else self.score_free, c)
+        d = to_triton(self.plan.d_score if with_mask else self.d_score_free, c)
         stat = "[None, :]" if transposed else "[:, None]"
         dp = "tl.dot(_v, tl.trans(_do)" if transposed else "tl.dot(_do, tl.trans(_v)"
         ds = f"_p * (_dp - _delta{stat})"
         return "\n".join((
-            f"_s = {valid(ok, f'({s}).to(tl.float32)', NEG_INF)}",
+            f"_s = {self.valid(ok, f'({s}).to(tl.float32)', NEG_INF)}",
             f"_p = tl.exp2(_s * {LOG2E} - _lse{stat})",
-            f"_dp = {dp}{prec})",
-            f"_ds = {f'tl.where(_p == 0.0, 0.0, {ds})' if guard and with_mask else ds}",
-            f"_dsr = {valid(ok, f'({d}).to(tl.float32)', '0.0')}")) + "\n"
+            f"_dp = {dp}{self.prec})",
+            f"_ds = {f'tl.where(_p == 0.0, 0.0, {ds})' if self.guard and with_mask else ds}",
+            f"_dsr = {self.valid(ok, f'({d}).to(tl.float32)', '0.0')}")) + "\n"
 
-    nq2, nk2 = math.ceil(M / bm2), math.ceil(N / bn2)
-    nk1, nq1 = math.ceil(N / bn1), math.ceil(M / bm1)
-    heads = math.prod(extents.values()) // plan.group   # (batch, key/value head) pairs
-    key_programs, per_head = nk1 * heads, plan.group * nq2
-
-    def stats_body(with_mask: bool) -> str:
-        s = to_triton(plan.score if with_mask else score_free, t2["q"])
-        return (f"_k = {load(plan.k, t2['k'])}\n"
-                f"_qk = tl.dot(_q, tl.trans(_k){prec})\n"
-                f"_s = {valid(t2['ok_q'], f'({s}).to(tl.float32)', NEG_INF)}\n"
+    def stats_body(self, with_mask: bool) -> str:
+        s = to_triton(self.plan.score if with_mask else self.score_free, self.t2["q"])
+        return (f"_k = {self.load(self.plan.k, self.t2['k'])}\n"
+                f"_qk = tl.dot(_q, tl.trans(_k){self.prec})\n"
+                f"_s = {self.valid(self.t2['ok_q'], f'({s}).to(tl.float32)', NEG_INF)}\n"
                 "_m_new = tl.maximum(_m_i, tl.max(_s, 1))\n"
                 "_m_use = tl.where(_m_new == float('-inf'), 0.0, _m_new)\n"
                 "_l_i = _l_i * tl.exp(_m_i - _m_use) + tl.sum(tl.exp(_s - _m_use[:, None]), 1)\n"
                 "_m_i = _m_new\n")
 
-    def dq_body(with_mask: bool) -> str:
-        return (f"_k = {load(plan.k, t2['k'])}\n_v = {load(plan.v, t2['k'])}\n"
-                f"_qk = tl.dot(_q, tl.trans(_k){prec})\n" + gradient(t2, with_mask, False)
-                + f"_dq += tl.dot(_dsr.to({dot_type}), _k{prec})\n")
+    def dq_body(self, with_mask: bool) -> str:
+        k, v = self.load(self.plan.k, self.t2["k"]), self.load(self.plan.v, self.t2["k"])
+        return (f"_k = {k}\n_v = {v}\n_qk = tl.dot(_q, tl.trans(_k){self.prec})\n"
+                + self.gradient(self.t2, with_mask, False)
+                + f"_dq += tl.dot(_dsr.to({self.dot_type}), _k{self.prec})\n")
 
-    def dkdv_body(with_mask: bool) -> str:
-        return (f"_qt = {load(plan.q, t1['qt'])}\n_do = {load(DO, t1['q'])}\n"
-                + row_stats +
-                f"_qk = tl.dot(_k, _qt{prec})\n" + gradient(t1, with_mask, True)
-                + f"_dv += tl.dot(_p.to({dot_type}), _do{prec})\n"
-                f"_dk += tl.dot(_dsr.to({dot_type}), tl.trans(_qt){prec})\n")
+    def dkdv_body(self, with_mask: bool) -> str:
+        qt, do = self.load(self.plan.q, self.t1["qt"]), self.load(self.DO, self.t1["q"])
+        return (f"_qt = {qt}\n_do = {do}\n" + self.row_stats +
+                f"_qk = tl.dot(_k, _qt{self.prec})\n" + self.gradient(self.t1, with_mask, True)
+                + f"_dv += tl.dot(_p.to({self.dot_type}), _do{self.prec})\n"
+                f"_dk += tl.dot(_dsr.to({self.dot_type}), tl.trans(_qt){self.prec})\n")
 
-    row_stats = (f"_lse = tl.load(LSE + {rows_ptr}, mask=row_ok, other=float('inf'))\n"
-                 f"_delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)\n")
-    rows_start = ("\noffs_m = pid * BM + tl.arange(0, BM)\n"
-                  f"offs_d = tl.arange(0, {D})\nrow_ok = offs_m < {M}\n")
-    row_block = "bh = tl.program_id(1)\n" + decompose(False) + rows_start   # a query block
-    query_block = row_block + f"_q = {load(plan.q, t2['q'])}"
-    delta = (f"_o = {load(OUT, t2['q'], keep=False)}\n_do = {load(DO, t2['q'], keep=False)}\n"
-             f"tl.store(DELTA + {rows_ptr}, tl.sum(tl.where(row_ok[:, None], _o * _do, 0.0), 1), "
-             "mask=row_ok)")
-    stats_loop = blocks(stats_body, "PN,PI,FN,FI", str(nq2), nk2, "BN", "offs_n", "col_ok", N)
-    dq_loop = blocks(dq_body, "PN,PI,FN,FI", str(nq2), nk2, "BN", "offs_n", "col_ok", N)
-    dkdv_loop = blocks(dkdv_body, "TPN,TPI,TFN,TFI", str(nk1), nq1, "BM", "offs_m", "row_ok", M)
-    group = (f"for g in range({plan.group}):\n    {batch_vars[head.uid]} = ax_hkv * "
-             f"{plan.group} + g\n" if head is not None else "for g in range(1):\n")
-    head_first = f"{batch_vars[head.uid]} = ax_hkv * {plan.group}" if head is not None else ""
-    source = f"""import triton
+
+    def statistics_kernels(self) -> str:
+        """The imports, the helpers and the statistics kernels (recomputed, or from the saved
+        log-sum-exp)."""
+        return f"""import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 {HELPERS}
 
 @triton.jit
-def _tf_bwd_stats({args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
+def _tf_bwd_stats({self.args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
     pid = tl.program_id(0)
-{_indent(query_block, 1)}
+{_indent(self.query_block, 1)}
     _m_i = tl.full([BM], float('-inf'), tl.float32)
     _l_i = tl.zeros([BM], tl.float32)
-{_indent(stats_loop, 1)}
+{_indent(self.stats_loop, 1)}
     _lse = tl.where(_l_i > 0.0, (_m_i + tl.log(_l_i)) * {LOG2E}, float('inf'))
-    tl.store(LSE + {rows_ptr}, _lse, mask=row_ok)
-{_indent(delta, 1)}
+    tl.store(LSE + {self.rows_ptr}, _lse, mask=row_ok)
+{_indent(self.delta, 1)}
 
 
 @triton.jit
-def _tf_bwd_delta({args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
+def _tf_bwd_delta({self.args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
     pid = tl.program_id(0)
-{_indent(row_block, 1)}
-    _lse = tl.load(FWD_LSE + {rows_ptr}, mask=row_ok, other=float('-inf'))
+{_indent(self.row_block, 1)}
+    _lse = tl.load(FWD_LSE + {self.rows_ptr}, mask=row_ok, other=float('-inf'))
     # a row with no kept key: log-sum-exp −inf (or NaN) forward, +inf here (its P is 0)
-    tl.store(LSE + {rows_ptr}, tl.where(_lse > float('-inf'), _lse * {LOG2E}, float('inf')),
+    tl.store(LSE + {self.rows_ptr}, tl.where(_lse > float('-inf'), _lse * {LOG2E}, float('inf')),
              mask=row_ok)
-{_indent(delta, 1)}
+{_indent(self.delta, 1)}
 
 
-@triton.jit
-def _dkdv_block(pid, bh, {args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
-{_indent(decompose(True), 1)}
-    {head_first}
+"""
+
+    def gradient_blocks(self) -> str:
+        """A key block's dK/dV and a query block's dQ (device functions of the entries)."""
+        return f"""@triton.jit
+def _dkdv_block(pid, bh, {self.args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
+{_indent(self.decompose(True), 1)}
+    {self.head_first}
     offs_n = pid * BN + tl.arange(0, BN)
-    offs_d = tl.arange(0, {D})
-    col_ok = offs_n < {N}
-    _k = {load(plan.k, t1["k"])}
-    _v = {load(plan.v, t1["k"])}
-    _dk = tl.zeros([BN, {D}], tl.float32)
-    _dv = tl.zeros([BN, {D}], tl.float32)
-{_indent(group + _indent(dkdv_loop, 1), 1)}
-    {store(DK, "_dk", t1["k"], "col_ok", t1["cols"])}
-    {store(DV, "_dv", t1["k"], "col_ok", t1["cols"])}
+    offs_d = tl.arange(0, {self.D})
+    col_ok = offs_n < {self.N}
+    _k = {self.load(self.plan.k, self.t1["k"])}
+    _v = {self.load(self.plan.v, self.t1["k"])}
+    _dk = tl.zeros([BN, {self.D}], tl.float32)
+    _dv = tl.zeros([BN, {self.D}], tl.float32)
+{_indent(self.group + _indent(self.dkdv_loop, 1), 1)}
+    {self.store(self.DK, "_dk", self.t1["k"], "col_ok", self.t1["cols"])}
+    {self.store(self.DV, "_dv", self.t1["k"], "col_ok", self.t1["cols"])}
 
 
 @triton.jit
-def _dq_block(pid, member, bh, {args}, BM: tl.constexpr, BN: tl.constexpr,
+def _dq_block(pid, member, bh, {self.args}, BM: tl.constexpr, BN: tl.constexpr,
               GROUPED: tl.constexpr, RANGES: tl.constexpr):
     if GROUPED:   # ``bh`` counts key/value heads; ``member``: the head of the group
-{_indent(decompose(True, "member"), 2)}
+{_indent(self.decompose(True, "member"), 2)}
     else:
-{_indent(decompose(False), 2)}
-{_indent(rows_start, 1)}
-    _q = {load(plan.q, t2['q'])}
-    _do = {load(DO, t2["q"])}
-{_indent(row_stats, 1)}
-    _dq = tl.zeros([BM, {D}], tl.float32)
-{_indent(dq_loop, 1)}
-    {store(DQ, "_dq", t2["q"], "row_ok", t2["rows"])}
+{_indent(self.decompose(False), 2)}
+{_indent(self.rows_start, 1)}
+    _q = {self.load(self.plan.q, self.t2['q'])}
+    _do = {self.load(self.DO, self.t2["q"])}
+{_indent(self.row_stats, 1)}
+    _dq = tl.zeros([BM, {self.D}], tl.float32)
+{_indent(self.dq_loop, 1)}
+    {self.store(self.DQ, "_dq", self.t2["q"], "row_ok", self.t2["rows"])}
 
 
-@triton.jit
+"""
+
+    def entries(self) -> str:
+        """The dK/dV and dQ launches, apart or merged."""
+        args, nq2, nk1 = self.args, self.nq2, self.nk1
+        key_programs, per_head = self.key_programs, self.per_head
+        return f"""@triton.jit
 def _tf_bwd_dkdv({args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
     _dkdv_block(tl.program_id(0), tl.program_id(1), {args}, BM, BN, RANGES)
 
@@ -314,7 +351,9 @@ def _tf_bwd_dkdv_dq({args}, BM: tl.constexpr, BN: tl.constexpr, BM2: tl.constexp
         _dq_block({nq2 - 1} - t % {nq2}, (t % {per_head}) // {nq2}, t // {per_head}, {args},
                   BM2, BN2, True, RANGES)
 """
-    return source
+
+    def source(self) -> str:
+        return self.statistics_kernels() + self.gradient_blocks() + self.entries()
 
 
 def merged(knobs, plan) -> bool:
