@@ -1,7 +1,7 @@
 """The ``tensorfuse`` command.
 
     tensorfuse demo [--target T] [--save DIR]     compile attention, check it, time it
-    tensorfuse show FILE.py:KERNEL [--target T] [--cuda] [--size M=128 ...]
+    tensorfuse show FILE.py:KERNEL [--target T] [--cuda] [--parts] [--size M=128 ...]
     tensorfuse tune FILE.py:KERNEL [...] [--target T] [--trials N] [--size M=128 ...]
                    [--scalar window=2048 ...] [--gpus all | --tracker HOST:PORT --key K]
                                                   tune kernels into this device's database
@@ -78,16 +78,52 @@ def _scalars(items: list[str]) -> dict[str, float]:
 
 def cmd_show(args) -> int:
     from .api import compile as compile_kernel
+    from .targets import get_target
 
     kernel = _load_kernel(args.kernel)
-    target = args.target or ("cuda" if args.cuda else "llvm")
-    compiled = compile_kernel(kernel, target=target, template=None)
+    target = get_target(args.target or ("cuda" if args.cuda or args.parts else "llvm"))
     sizes = _sizes(args.size)
+    if target.is_gpu and (args.cuda or args.parts):
+        print(_what_compile_runs(kernel, compile_kernel(kernel, target=target), sizes,
+                                 _scalars(args.scalar), args.parts))
+        return 0
+    if args.parts:
+        raise TensorfuseError(f"--parts lists the parts of a GPU kernel; {target.name} is not a "
+                              "GPU target")
+    compiled = compile_kernel(kernel, target=target, template=None)
     if args.cuda:
         print(compiled.cuda_source(**sizes))
     else:
         print(compiled.tvm_script(**sizes))
     return 0
+
+
+def _what_compile_runs(kernel, compiled, sizes: dict, scalars: dict, parts: bool) -> str:
+    """The kernel ``tf.compile`` runs at ``sizes`` (and ``scalars``) on a GPU target: which
+    template, where its knobs come from, its plan, and its source — or, with ``parts``, one line
+    per part it is assembled from (role, name, the plan fields it reads)."""
+    missing = [d for d in kernel.program.dim_names() if d not in sizes]
+    if missing:
+        raise TensorfuseError(f"{kernel.program.name}: the kernel tf.compile runs is made for "
+                              f"given sizes: add --size for {', '.join(missing)}")
+    chosen = compiled.for_sizes(scalars, **sizes) if hasattr(compiled, "for_sizes") else compiled
+    named = {**sizes, **scalars}
+    lines = [f"// {kernel.program.name} on {compiled.target.name}: {chosen.description}",
+             f"// knobs: {chosen.schedule_origin(**named)}"]
+    made = chosen.launches(scalars, **sizes) if hasattr(chosen, "launches") else None
+    plan = made.plan.describe() if made is not None and made.plan is not None else None
+    if made is None and hasattr(chosen, "build"):   # a Triton template
+        plan = chosen.build(scalars, **sizes)[0].describe()
+    lines += [f"// {line}" for line in (plan or "").splitlines()]
+    if parts:
+        found = made.parts if made is not None else ()
+        lines += [part.describe() for part in found] or [
+            "not assembled from parts: " + ("a CUDA C++ kernel written whole" if made is not None
+                                            else "a Triton kernel or TVM's CUDA")]
+        return "\n".join(lines)
+    written_by_tvm = chosen is getattr(compiled, "fallback", None) or not hasattr(chosen, "source")
+    source = chosen.cuda_source(**sizes) if written_by_tvm else chosen.source(**named)
+    return "\n".join(lines + [source])
 
 
 def cmd_tune(args) -> int:
@@ -186,11 +222,19 @@ def main(argv: list[str] | None = None) -> int:
                            "temporary folder, printed)")
     demo.add_argument("--repeat", type=int, default=10)
     demo.set_defaults(run=cmd_demo)
-    show = sub.add_parser("show", help="print a kernel's TensorIR or generated CUDA")
+    show = sub.add_parser("show", help="print a kernel's TensorIR, or the source tf.compile runs "
+                                       "on a GPU target")
     show.add_argument("kernel", help="FILE.py:KERNEL")
     show.add_argument("--target", default=None, help="llvm (default), cuda[:sm_XX], rocm[:gfxXXX]")
-    show.add_argument("--cuda", action="store_true", help="print CUDA C++ instead of TensorIR")
+    show.add_argument("--cuda", action="store_true",
+                      help="print the source tf.compile runs (on a GPU target: the template's "
+                           "CUDA C++ or Triton, with its plan; on llvm: TVM's CUDA)")
+    show.add_argument("--parts", action="store_true",
+                      help="print the parts the GPU kernel is assembled from (role, name, the "
+                           "plan fields each reads)")
     show.add_argument("--size", action="append", metavar="NAME=N", help="fix a size (repeatable)")
+    show.add_argument("--scalar", action="append", metavar="NAME=V",
+                      help="a scalar the kernel is made for (a window, a map's width)")
     show.set_defaults(run=cmd_show)
     tune = sub.add_parser("tune", help="tune kernels with MetaSchedule + XGBoost into this "
                                        "device's database (resumable)")

@@ -70,3 +70,28 @@ def test_show_reports_kernel_errors_with_the_line(tmp_path):
     proc = run("show", f"{path}:broken")
     assert proc.returncode != 0
     assert f"{path}:8" in proc.stderr and "cannot reduce over axis j" in proc.stderr
+
+
+def test_show_prints_what_compile_runs_on_hopper_and_its_parts():
+    """On sm_90a (no GPU needed) ``--cuda`` prints the Hopper template's plan and CUDA C++ (TMA,
+    wgmma), as ``tf.compile`` runs it at the sizes given; ``--parts`` one line per part, by
+    role; a Triton kernel says it is not assembled from parts; missing sizes are named."""
+    sizes = ["--size", "B=2", "--size", "H=16", "--size", "M=4096", "--size", "N=4096",
+             "--size", "D=128"]
+    spec = "tensorfuse.kernels:causal_attention"
+    proc = run("show", spec, "--target", "cuda:sm_90a", "--cuda", *sizes)
+    assert proc.returncode == 0, proc.stderr
+    assert "hopper_attention" in proc.stdout.splitlines()[0]
+    assert "// hopper attention plan:" in proc.stdout
+    for instruction in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg"):
+        assert instruction in proc.stdout
+    proc = run("show", spec, "--target", "cuda:sm_90a", "--parts", *sizes)
+    assert proc.returncode == 0, proc.stderr
+    roles = [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith("//")]
+    assert roles == ["scheduler", "load", "pipeline", "mainloop", "row_state", "epilogue"]
+    assert "tma_boxes" in proc.stdout and "reads" in proc.stdout
+    proc = run("show", "tensorfuse.kernels:softmax", "--target", "cuda:sm_90a", "--parts",
+               "--size", "M=64", "--size", "N=1000")
+    assert proc.returncode == 0 and "not assembled from parts" in proc.stdout, proc.stderr
+    proc = run("show", spec, "--target", "cuda:sm_90a", "--cuda", "--size", "B=2")
+    assert proc.returncode == 2 and "add --size for H, M, D, N" in proc.stderr, proc.stderr

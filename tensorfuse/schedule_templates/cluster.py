@@ -27,6 +27,8 @@ from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.cluster_decode import (decode_shared_bytes, decode_source,
                                             decode_tensor_maps)
 from ..targets.cuda.gemm_chain import EPILOGUE_VEC, gemm_chain_source
+from ..targets.cuda.gemm_chain_wgmma import PARTS as WGMMA_PARTS
+from ..targets.cuda.parts import named_parts
 from ..targets.cuda.module import (TENSOR_MAP, DriverLaunch, KernelEntry, cubin_for,
                                    local_gpu, max_active_clusters)
 from ..targets.cuda.tma import DeviceMaps
@@ -196,7 +198,8 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
             module["tf_chain_epilogue"](pointer(ysum), pointer(out), *sc,
                                         math.ceil(M * O / (256 * EPILOGUE_VEC)), 1, 256, 1, 0)
 
-        return Launches(source, entries, k, run, plan=plan)
+        return Launches(source, entries, k, run, plan=plan,
+                        parts=named_parts(WGMMA_PARTS, plan.parts) if k.mma == "wgmma" else ())
 
     return ClusterKernel(program, target, layout, f"cluster_distribute(axis={axis!r})")
 

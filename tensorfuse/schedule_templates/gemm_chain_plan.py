@@ -45,6 +45,10 @@ class GemmChainPlan:
     second: str                  # the second sum, which the epilogue reads (as y)
     gates_k_major: bool = False  # the first-level weights stored [N, K] (nn.Linear's [out, in])
     w2_k_major: bool = False     # w2 stored [O, N]
+    # the wgmma body's parts by role (``targets/cuda/parts``; ``mma="wgmma"``)
+    parts: tuple[tuple[str, str], ...] = (
+        ("load", "cp_async_tma_or_producer"), ("pipeline", "mbarrier_rings"),
+        ("mainloop", "wgmma_two_products"), ("epilogue", "activation_exchange_atomic_sums"))
 
     def describe(self) -> str:
         i, k, n, o = self.dims

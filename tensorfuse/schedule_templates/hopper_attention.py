@@ -17,8 +17,9 @@ from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
 from ..interop import StreamScratch, kept_copies, kept_empty
 from ..targets import TargetSpec
-from ..targets.cuda.hopper_attention import (ENTRY, MODES, hopper_attention_source,
+from ..targets.cuda.hopper_attention import (ENTRY, MODES, PARTS, hopper_attention_source,
                                              kernel_arguments)
+from ..targets.cuda.parts import named_parts
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.module import KernelEntry
 from ..targets.cuda.map_tiles import view_box, view_sizes
@@ -227,6 +228,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         persistent = (" (or the snake, where the block lists' costs favour it)"
                       if lists.pick_among is not None else "")
         return Launches(source, entries, knobs, run, plan=plan,
+                        parts=named_parts(PARTS, plan.parts),
                         why=(f"visiting order: {tiled.describe()}; " if tiled else
                              f"flat order ({order}); " if order else "")
                         + f"{tiles} tiles: {how} schedule"

@@ -112,6 +112,12 @@ class HopperAttentionPlan:
     # shift by the same amount, which softmax does not see): an additive bias linear in the key
     # index, such as ALiBi's, evaluated one FFMA an element and the scale folded into exp2
     key_bias: Expr | None = None
+    # the emitter's parts by role (``targets/cuda/parts``): the load policy, pipeline, mainloop,
+    # row state, epilogue and tile scheduler this kernel is assembled from
+    parts: tuple[tuple[str, str], ...] = (
+        ("scheduler", "attention_tiles"), ("load", "tma_boxes"),
+        ("pipeline", "warp_specialized_ring"), ("mainloop", "wgmma_qk_then_pv"),
+        ("row_state", "online_softmax_base2"), ("epilogue", "deferred_register_store"))
 
     @property
     def dtype(self) -> str:

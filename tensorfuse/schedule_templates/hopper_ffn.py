@@ -118,7 +118,7 @@ def hopper_ffn(kernel, fusion, target: TargetSpec, up: dict | None = None,
 
         return Launches(first.source, first.entries, FfnKnobs(first.knobs, second.knobs), run,
                         f"first GEMM: {first.why}; second GEMM: {second.why}", plan,
-                        more=((second.source, second.entries),))
+                        more=((second.source, second.entries),), parts=first.parts)
 
     rows = plan.chain.dims[0]
     return ClusterKernel(program, target, layout, "hopper_ffn (two persistent GEMMs)",

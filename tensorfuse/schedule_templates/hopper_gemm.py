@@ -16,10 +16,11 @@ from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
 from ..interop import StreamScratch
 from ..targets import TargetSpec
-from ..targets.cuda.hopper_gemm import ENTRY, hopper_gemm_source, kernel_arguments
+from ..targets.cuda.hopper_gemm import ENTRY, PARTS, hopper_gemm_source, kernel_arguments
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.module import (DriverLaunch, KernelEntry, cubin_for, local_gpu,
                                    max_active_clusters)
+from ..targets.cuda.parts import named_parts
 from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .hopper_gemm_plan import (BLOCK_K, HopperGemmPlan, check_gemm, plan_hopper_gemm,
                                shared_bytes, split_tail, tile_units, with_knobs)
@@ -118,7 +119,8 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
 
     split = (f"; the last {tail} tiles split {pieces} ways along K" if tail else "")
     return Launches(source, entries, knobs, run,
-                    f"{why}; {grid} persistent CTAs ({fit}){split}", plan)
+                    f"{why}; {grid} persistent CTAs ({fit}){split}", plan,
+                    parts=named_parts(PARTS, plan.parts))
 
 
 def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,

@@ -103,6 +103,11 @@ class HopperGemmPlan:
     axes: tuple[str, str]
     tensors: tuple[tuple[str, str], ...]
     scalars: tuple[tuple[str, str], ...]
+    # the emitter's parts by role (``targets/cuda/parts``)
+    parts: tuple[tuple[str, str], ...] = (
+        ("scheduler", "grouped_persistent_tiles"), ("load", "tma_multicast"),
+        ("pipeline", "warp_specialized_ring"), ("mainloop", "wgmma_from_shared"),
+        ("epilogue", "register_or_staged_store"))
 
     def describe(self, knobs: GemmKnobs | None = None) -> str:
         m, k, n = self.dims

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .parts import Part, assemble, epilogue, loads, mainloop, pipeline
+from .parts import Part, assemble, epilogue, loads, mainloop, named_parts, pipeline
 from .tma import HELPERS as TMA_HELPERS
 from .tma import MBARRIER_HELPERS
 from .wgmma import HELPERS, wgmma_function
@@ -139,4 +139,5 @@ def wgmma_body(plan, knobs, layout, activation: str) -> str:
     """Device code after :func:`gemm_chain._header` for ``mma="wgmma"``: ``layout`` is the
     pipeline geometry the template chose (``gemm_chain_plan.WgmmaLayout``), ``activation`` the
     activation's C++. Assembled from :data:`PARTS`."""
+    named_parts(PARTS, plan.parts)
     return assemble(BODY, ChainSource(plan, knobs, layout, activation))

@@ -68,7 +68,8 @@ from .expr import forwarded, scalar_arguments, size_aliases, tensor_arguments
 from .hopper_attention_device import device_functions
 from .hopper_attention_score import key_bias_function, score_expressions
 from .map_tiles import corner_function, position_function, view_rank
-from .parts import Part, assemble, epilogue, loads, mainloop, pipeline, row_state, scheduler
+from .parts import (Part, assemble, epilogue, loads, mainloop, named_parts, pipeline,
+                    row_state, scheduler)
 from .parts.scheduler import DYNAMIC, GRID, MIN_PIECE, MODES, SNAKE, SPLIT  # noqa: F401
 from .split import HELPERS as SPLIT_HELPERS
 from .tma import HELPERS as TMA_HELPERS
@@ -332,4 +333,5 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
     ``block_n``; plans without a mask): the width of the sequence's last key block's ``Q·Kᵀ`` —
     what is left of N after whole blocks, not a whole block mostly past the end
     (``hopper_attention_plan.last_block_keys``). Assembled from :data:`PARTS`."""
+    named_parts(PARTS, plan.parts)
     return assemble(KERNEL, AttentionSource(plan, knobs, D, lists, tiling, last_n))

@@ -43,7 +43,8 @@ from functools import cached_property
 
 from .dsm import HELPERS as DSM_HELPERS
 from .expr import C_TYPES, forwarded, scalar_arguments, size_aliases, tensor_arguments, to_cuda
-from .parts import Part, assemble, epilogue, loads, mainloop, pipeline, scheduler
+from .parts import (Part, assemble, epilogue, loads, mainloop, named_parts, pipeline,
+                    scheduler)
 from .split import HELPERS as SPLIT_HELPERS
 from .tma import HELPERS as TMA_HELPERS
 from .tma import MBARRIER_HELPERS
@@ -299,4 +300,5 @@ def hopper_gemm_source(plan, knobs, dependent: bool = False) -> str:
     while the kernel before finishes, and its producer waits for that kernel before the first
     copy (the rows operand is its output; everything the consumers write follows from it).
     Assembled from :data:`PARTS`."""
+    named_parts(PARTS, plan.parts)
     return assemble(KERNEL, GemmSource(plan, knobs, dependent))

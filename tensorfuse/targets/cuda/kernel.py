@@ -61,11 +61,13 @@ class Launches:
     call. ``more``: further ``(source, entries)`` built as modules of their own (kernels whose
     sources cannot share one translation unit); ``run`` then gets the tuple of all modules.
     Launches with no ``entries`` (and no ``more``) launch through the driver themselves
-    (:class:`~.module.DriverLaunch`): no TVM module is built and ``run`` gets ``()``."""
+    (:class:`~.module.DriverLaunch`): no TVM module is built and ``run`` gets ``()``.
+    ``parts``: the :class:`~.parts.Part` s the source was assembled from (none: written whole)."""
 
     def __init__(self, source: str, entries: list[KernelEntry], knobs, run, why: str = "",
-                 plan=None, more: tuple = (), origin: str | None = None):
+                 plan=None, more: tuple = (), origin: str | None = None, parts: tuple = ()):
         self.source, self.entries, self.knobs, self.run = source, entries, knobs, run
+        self.parts = tuple(parts)
         self.why = why   # how a default was chosen, where that depends on the GPU
         self.origin = origin   # where the knobs come from, when not the template defaults
         self.plan = plan
@@ -177,6 +179,12 @@ class ClusterKernel(GraphCallable):
         by name among the sizes."""
         dims, scalars = split_scalars(self.program, dims)
         return "\n// ---- the next module ----\n".join(self.launches(scalars, **dims).sources)
+
+    def parts(self, **dims) -> tuple:
+        """The parts (:class:`~.parts.Part`) the source at these sizes is assembled from: role,
+        name and the plan fields each reads; empty for a kernel written whole."""
+        dims, scalars = split_scalars(self.program, dims)
+        return self.launches(scalars, **dims).parts
 
     def ptx(self, **dims) -> str:
         """nvcc's PTX for the target (works without a GPU)."""

@@ -47,6 +47,18 @@ class Part:
         return f"{self.role:<10} {self.name:<28} reads {', '.join(self.reads)}"
 
 
+def named_parts(available: tuple[Part, ...],
+                names: tuple[tuple[str, str], ...]) -> tuple[Part, ...]:
+    """The parts a plan names — ``(role, name)`` pairs — among a kernel's ``available`` ones; an
+    error naming what the kernel cannot assemble."""
+    by_name = {(p.role, p.name): p for p in available}
+    missing = [f"{role} {name!r}" for role, name in names if (role, name) not in by_name]
+    if missing:
+        raise ValueError(f"this kernel has no part {', '.join(missing)}; its parts: "
+                         + ", ".join(f"{p.role} {p.name!r}" for p in available))
+    return tuple(by_name[role, name] for role, name in names)
+
+
 def assemble(fragments, context) -> str:
     """The source of ``fragments`` (in order) for an emitter's ``context``."""
     return "".join(fragment(context) for fragment in fragments)
