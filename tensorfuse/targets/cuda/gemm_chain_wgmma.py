@@ -118,7 +118,7 @@ PARTS = (
          (pipeline.chain_config, pipeline.chain_ring, pipeline.chain_fill,
           pipeline.chain_consumers_sync, pipeline.chain_kernel_begin)),
     Part("mainloop", "wgmma_two_products", ("knobs.exchange", "knobs.block_*", "gates"),
-         (mainloop.chain_peer_fragment, mainloop.chain_descriptors, mainloop.chain_first_product,
+         (mainloop.chain_peer_fragment, mainloop.chain_first_product,
           mainloop.chain_second_product_peer, mainloop.chain_second_product_shared)),
     Part("epilogue", "activation_exchange_atomic_sums", ("activation", "knobs.exchange"),
          (epilogue.chain_add_tile, epilogue.chain_activation_exchange)),
@@ -129,7 +129,7 @@ BODY = (
     _head, pipeline.chain_config, loads.chain_swizzle, loads.chain_copy_geometry,
     loads.chain_cp_async, mainloop.chain_peer_fragment, epilogue.chain_add_tile,
     pipeline.chain_ring, loads.chain_tma, pipeline.chain_fill, loads.chain_h_tiles,
-    mainloop.chain_descriptors, pipeline.chain_consumers_sync, pipeline.chain_kernel_begin,
+    pipeline.chain_consumers_sync, pipeline.chain_kernel_begin,
     loads.chain_producers, mainloop.chain_first_product, epilogue.chain_activation_exchange,
     mainloop.chain_second_product_peer, mainloop.chain_second_product_shared,
 )

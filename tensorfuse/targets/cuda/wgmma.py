@@ -34,6 +34,19 @@ __device__ __forceinline__ unsigned long long tf_smem_desc_sw128_at(unsigned a, 
                                                                     unsigned sbo) {
   return tf_smem_desc_at(a, lbo, sbo) | (1ull << 62);
 }
+// Descriptors of 128-byte-swizzled operand tiles (`tile`: a shared-memory address, taken once
+// per tile, not per descriptor). K-major (rows of 64 k, atoms of `rows` rows along k): the step
+// at k (a multiple of 16) from row `row0`. MN-major (atoms of 64 columns, each `depth` k-rows
+// deep): the step at k from column `col0` (a multiple of 64).
+__device__ __forceinline__ unsigned long long tf_kmajor_desc(unsigned tile, int rows, int row0,
+                                                             int k) {
+  return tf_smem_desc_sw128_at(tile + (k / 64) * rows * 128 + row0 * 128 + (k % 64) * 2, 16,
+                               1024);
+}
+__device__ __forceinline__ unsigned long long tf_nmajor_desc(unsigned tile, int depth, int col0,
+                                                             int k) {
+  return tf_smem_desc_sw128_at(tile + (col0 / 64) * depth * 128 + k * 128, depth * 128, 1024);
+}
 __device__ __forceinline__ void tf_fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }

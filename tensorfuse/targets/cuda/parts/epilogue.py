@@ -45,7 +45,7 @@ def attention_store(c) -> str:
     return """    // o / l from the fragments, rows row_lo (registers r % 4 < 2) and row_lo + 8, packed to
     // 16-bit pairs: the four lanes of a row trade their pairs so that each holds 8 neighbouring
     // outputs — 16-byte stores, a row's 4 lanes writing 64 contiguous bytes (4-byte stores of 8
-    // rows per warp instruction held up the tile's end: RESULTS.md, session 25)
+    // rows per warp instruction held up the tile's end: benchmarks.hopper_attention)
     #pragma unroll
     for (int x = 0; x < 2; ++x) {
       l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);

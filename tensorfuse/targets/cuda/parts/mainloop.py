@@ -34,8 +34,8 @@ def attention_issue_macros(c) -> str:
     return f"""  // q·kᵀ of block `it` into the accumulators `acc` by `mma` (issued, not waited for)
 #define ISSUE_S_INTO(acc, mma, it)                                                          \
   {{                                                                                          \
-    const unsigned long long dq = kmajor_desc(q_base, cw * 64),                             \
-                             dk = kmajor_desc(k_base + SLOT(it) * KV_BYTES, 0);             \
+    const unsigned long long dq = tf_kmajor_desc(q_base, BM, cw * 64, 0),                   \
+                             dk = tf_kmajor_desc(k_base + SLOT(it) * KV_BYTES, BN, 0, 0);   \
     tf_mbar_wait(full_k + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
     _Pragma("unroll") for (int ks = 0; ks < D_ / 16; ++ks)                                   \
@@ -50,7 +50,7 @@ def attention_issue_macros(c) -> str:
     tf_mbar_wait(full_v + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
     _Pragma("unroll") for (int ks = 0; ks < BN / 16; ++ks)                                   \
-      if (ks < (steps)) {c.o_mma}(o, p[ks], vmajor_desc(vt, ks), 1);                       \
+      if (ks < (steps)) {c.o_mma}(o, p[ks], tf_nmajor_desc(vt, BN, 0, ks * 16), 1);        \
     tf_wgmma_commit();                                                                        \
   }}
   // the 16-key steps of a tile's last block that hold keys: all but where it is the ragged end
@@ -82,7 +82,6 @@ def attention_step_macros(c) -> str:
     tf_mbar_arrive(empty_k + SLOT(it));                                                       \
     if ((it) == w.count - 1) tf_mbar_arrive(q_free);                                    \
   }
-  // block `it` > 0 (`keys` wide): its q·kᵀ into `acc` by `mma`, the previous block's p·v
   // a tile's first block (`keys` wide): its q·kᵀ into `acc` by `mma`, while the previous tile's
   // output is written (DEFER)
 #define FIRST(acc, mma, keys)                                                               \
@@ -96,6 +95,7 @@ def attention_step_macros(c) -> str:
     SOFTMAX_INTO(acc, 0, keys);                                                               \
     pack_p(acc, p);                                                                           \
   }
+  // block `it` > 0 (`keys` wide): its q·kᵀ into `acc` by `mma`, the previous block's p·v
 #if OVERLAP
 #define STEP(it, acc, mma, keys)                                                            \
   {                                                                                          \
@@ -194,21 +194,12 @@ def attention_pack_function(c) -> str:
 
 def attention_descriptors(c) -> str:
     """wgmma descriptors of the query, key and value tiles and their k16 steps."""
-    return """// K-major 128-byte-swizzled tile (atoms of 64 along the head dim): the wgmma descriptor of its
-// first k16 step from row `row0` (step `ks` of a tile of `rows` rows: + kmajor_step(rows, ks)).
-__device__ __forceinline__ unsigned long long kmajor_desc(unsigned tile, int row0) {
-  return tf_smem_desc_sw128_at(tile + row0 * 128, 16, 1024);
-}
-// MN-major (the values: head dim contiguous) tile of BN key rows: k16 step `ks` over the keys.
-__device__ __forceinline__ unsigned long long vmajor_desc(unsigned tile, int ks) {
-  return tf_smem_desc_sw128_at(tile + ks * 16 * 128, BN * 128, 1024);
-}
-// What k16 step `ks` adds to kmajor_desc of a tile of `rows` rows: the descriptor's low field is
-// the address / 16, and a shared-memory address (< 228 KB) never carries out of its 14 bits — so
-// a block's q·kᵀ descriptors are one descriptor and constants, not a shift and masks per wgmma in
-// the issuing warps (Nsight Compute, RESULTS.md session 31). p·v keeps vmajor_desc per wgmma, and
-// the queries' descriptor is made again each block rather than kept across the loop: either
-// way the other made ptxas spill in the consumers of the 176-key causal kernel.
+    return """// What k16 step `ks` adds to tf_kmajor_desc of a tile of `rows` rows: the descriptor's low
+// field is the address / 16, and a shared-memory address (< 228 KB) never carries out of its 14
+// bits — so a block's q·kᵀ descriptors are one descriptor and constants, not a shift and masks per
+// wgmma in the issuing warps (Nsight Compute on the attention kernel). p·v makes its descriptor
+// per wgmma, and the queries' descriptor is made again each block rather than kept across the
+// loop: either way the other made ptxas spill in the consumers of the 176-key causal kernel.
 __device__ __forceinline__ constexpr unsigned kmajor_step(int rows, int ks) {
   return ((ks / 4) * rows * 128 + (ks % 4) * 32) >> 4;
 }
@@ -262,16 +253,15 @@ def gemm_k_loop(c) -> str:
         #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) {{
           // a: K-major, 128-byte rows; this warpgroup's 64 rows start at row 64·cw
-          const unsigned long long da = tf_smem_desc_sw128_at(
-              a_base + s * A_BYTES + cw * 64 * 128 + ks * 32, 16, 1024);
+          const unsigned long long da = tf_kmajor_desc(a_base + s * A_BYTES, BM, cw * 64,
+                                                       ks * 16);
           #pragma unroll
           for (int x = 0; x < G; ++x) {{
             const unsigned b = b_base + (s * G + x) * B_BYTES;
 #if B_KMAJOR
-            const unsigned long long db = tf_smem_desc_sw128_at(b + ks * 32, 16, 1024);
+            const unsigned long long db = tf_kmajor_desc(b, BN, 0, ks * 16);
 #else
-            const unsigned long long db = tf_smem_desc_sw128_at(b + ks * 16 * 128, BK * 128,
-                                                                1024);
+            const unsigned long long db = tf_nmajor_desc(b, BK, 0, ks * 16);
 #endif
             {c.mma}(acc[x], da, db, kb > w.k0 || ks > 0);
           }}
@@ -295,23 +285,6 @@ def chain_peer_fragment(c) -> str:
 // and k16 step `s` in a CTA's slice of H.
 __device__ __forceinline__ unsigned hf_fragment(int rb, int s, int lane) {
   return ((rb * (BN / 16) + s) * 32 + lane) * 16;
-}
-
-"""
-
-
-def chain_descriptors(c) -> str:
-    """wgmma descriptors of K-major and N-major swizzled tiles."""
-    return """// Descriptors: a K-major operand (rows from `row0`, k from `k`, a multiple of 16) and an N-major
-// one (columns from `col0`, a multiple of 64; k from `k`).
-// `tile` is a shared-memory address (tf_smem_addr), taken once per tile, not per descriptor.
-__device__ __forceinline__ unsigned long long kmajor_desc(unsigned tile, int rows, int row0,
-                                                          int k) {
-  return tf_smem_desc_sw128_at(tile + (k / 64) * rows * 128 + row0 * 128 + (k % 64) * 2, 16, 1024);
-}
-__device__ __forceinline__ unsigned long long nmajor_desc(unsigned tile, int depth, int col0,
-                                                          int k) {
-  return tf_smem_desc_sw128_at(tile + (col0 / 64) * depth * 128 + k * 128, depth * 128, 1024);
 }
 
 """
@@ -346,11 +319,12 @@ def chain_first_product(c) -> str:
     tf_wgmma_fence();
     #pragma unroll
     for (int s = 0; s < BK / 16; ++s) {{
-      const unsigned long long da = kmajor_desc(xs_at, BM, gm * 64, s * 16);
+      const unsigned long long da = tf_kmajor_desc(xs_at, BM, gm * 64, s * 16);
       #pragma unroll
       for (int j = 0; j < G; ++j)
-        tf_wgmma_m64n{c.nw}k16(acc[j], da, nmajor_desc(xs_at + BM * BK * 2 + j * BK * BN * 2, BK,
-                                                     gn * NW, s * 16));
+        tf_wgmma_m64n{c.nw}k16(acc[j], da,
+                               tf_nmajor_desc(xs_at + BM * BK * 2 + j * BK * BN * 2, BK, gn * NW,
+                                              s * 16));
     }}
     tf_wgmma_commit();
     tf_wgmma_wait<1>();   // k-tile kt - 1 is done; kt's MMAs run on while the loop goes round
@@ -409,7 +383,7 @@ def chain_second_product_peer(c) -> str:
     tf_wgmma_fence();
     #pragma unroll
     for (int s = 0; s < BK / 16; ++s)
-      tf_wgmma_rs_m64n{c.ow}k16(acc2, a[s], nmajor_desc(w2s_at, BK, gn * OW, s * 16),
+      tf_wgmma_rs_m64n{c.ow}k16(acc2, a[s], tf_nmajor_desc(w2s_at, BK, gn * OW, s * 16),
                               ks > 0 || s > 0);
     tf_wgmma_commit();
     tf_wgmma_wait<1>();    // the previous k-tile's MMAs are done: its registers are free
@@ -455,8 +429,9 @@ def chain_second_product_shared(c) -> str:
       tf_wgmma_fence();
       #pragma unroll
       for (int s = 0; s < BK / 16; ++s)
-        tf_wgmma_m64n{c.ow}k16(acc2, kmajor_desc(a_at, BM, gm * 64, a_k + s * 16),
-                             nmajor_desc(w2s_at + W2_AT, BK, gn * OW, s * 16), ks > 0 || s > 0);
+        tf_wgmma_m64n{c.ow}k16(acc2, tf_kmajor_desc(a_at, BM, gm * 64, a_k + s * 16),
+                             tf_nmajor_desc(w2s_at + W2_AT, BK, gn * OW, s * 16),
+                             ks > 0 || s > 0);
       tf_wgmma_commit();
       tf_wgmma_wait<1>();
 #if TMA_WARP

@@ -114,7 +114,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[R], float (&m)[2], floa
 
 // A branch that never runs (a row sum is never negative), ending the basic block after a block's
 // softmax: ptxas schedules within one, and hoisted the wait for the previous block's p·v above
-// the softmax (every variant's SASS, sessions 37-38) — the warpgroup waited out its own p·v
+// the softmax (in every variant's SASS) — the warpgroup waited out its own p·v
 // before its maximum and exps. With the branch the wait follows ~80 of a 176-key block's 90 exps
 // (no new spills); a sleep, not a trap, in it: a trap there made ptxas spill hundreds of bytes.
 __device__ __forceinline__ void tf_block_end(const float (&l)[2]) {
