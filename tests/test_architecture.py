@@ -52,3 +52,34 @@ def test_emitters_hold_no_planning():
         for name in ("def plan_rowtile", "def plan_gemm_chain", "def plan_decode",
                      "def check_sizes", "def block_lists", "def default_knobs"):
             assert name not in text, f"{path.name} defines {name[4:]}"
+
+
+def _functions(path: pathlib.Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node.end_lineno - node.lineno + 1
+
+
+def test_emitter_functions_are_short():
+    """An emitter is assembled from parts (docs/emitters.md): no function in targets/ writes a
+    whole kernel — none is over 120 lines."""
+    long = [f"{path.relative_to(PACKAGE.parent)}: {name} ({lines} lines)"
+            for path in sorted((PACKAGE / "targets").rglob("*.py"))
+            for name, lines in _functions(path) if lines > 120]
+    assert not long, "\n".join(long)
+
+
+def test_shared_device_functions_are_defined_once():
+    """Every ``tf_`` device function (the helpers kernels share: wgmma and its descriptors, TMA,
+    mbarriers, DSM) has one definition in targets/, and no kernel keeps a descriptor function of
+    its own (there were two ``kmajor_desc`` with different signatures)."""
+    import re
+
+    defined: dict = {}
+    for path in sorted((PACKAGE / "targets").rglob("*.py")):
+        for name in re.findall(r"__device__ [\w\s<>:&*,]*?\b(\w+)\(", path.read_text()):
+            defined.setdefault(name, []).append(path.name)
+    twice = {n: where for n, where in defined.items() if n.startswith("tf_") and len(where) > 1}
+    assert not twice, twice
+    assert defined["tf_kmajor_desc"] == ["wgmma.py"] and defined["tf_nmajor_desc"] == ["wgmma.py"]
+    assert not [n for n in defined if n.endswith("major_desc") and not n.startswith("tf_")]
