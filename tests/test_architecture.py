@@ -83,3 +83,11 @@ def test_shared_device_functions_are_defined_once():
     assert not twice, twice
     assert defined["tf_kmajor_desc"] == ["wgmma.py"] and defined["tf_nmajor_desc"] == ["wgmma.py"]
     assert not [n for n in defined if n.endswith("major_desc") and not n.startswith("tf_")]
+
+
+def test_modules_are_small():
+    """A module does one job: none in the package is over 600 lines."""
+    long = [f"{path.relative_to(PACKAGE.parent)} ({n} lines)"
+            for path in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > 600]
+    assert not long, "\n".join(long)
