@@ -36,8 +36,8 @@ def ceilings() -> dict:
 
 def ffn_eager(kind):
     """The FFN as a PyTorch user writes it: cuBLAS GEMMs and torch's own fused activation kernels
-    (the tanh GELU, as the DSL's ``T.gelu``). Sessions 1-6 wrote the GELU out as a tanh formula
-    (seven elementwise kernels), which made eager 25-35 % slower than this at M ≥ 1024."""
+    (the tanh GELU, as the DSL's ``T.gelu``). Written out as a tanh formula (seven elementwise
+    kernels) eager was 25-35 % slower than this at M ≥ 1024, an unfair baseline."""
     F = torch.nn.functional
     if kind == "gelu":
         return lambda x, w1, w2: F.gelu(x @ w1, approximate="tanh") @ w2
@@ -171,8 +171,7 @@ def cluster_decode(**knobs):
 
 def split_update_decode():
     """The library's GQA attention on the split-update template (the Triton decode kernel;
-    ``tf.compile``'s decode before session 36, and its decode where the cluster kernel does not
-    run)."""
+    the decode ``tf.compile`` runs where the cluster kernel does not)."""
     return _rolled_gqa().apply_template("attention").compile()
 
 
@@ -239,8 +238,8 @@ DECODE_SHAPES = tuple((B, heads, N) for heads in ((32, 8), (32, 32))
 
 
 def run_decode_shapes(shapes=DECODE_SHAPES, log=print) -> list[Row]:
-    """Cluster decode at its defaults against the split update (``tf.compile``'s decode before
-    session 36) over batch sizes, heads and key counts beyond the issue's table, each checked
+    """Cluster decode at its defaults against the split update (the Triton decode
+    kernel) over batch sizes, heads and key counts beyond the issue's table, each checked
     against float64 on its first two sequences: where the cluster kernel is not faster,
     ``tf.compile`` should not pick it."""
     rows = []

@@ -32,7 +32,7 @@ def bench(fn, rep_ms: int = 200) -> float:
 def bench_graph(fn, rep_ms: int = 200) -> float:
     """Median milliseconds of ``fn`` replayed from a CUDA graph (triton.testing): GPU time only.
     For calls whose host-side cost (argument checks, launches) is close to their GPU time — the
-    FFN at M=128 — ``bench`` measures the host as much as the kernels (RESULTS.md, session 6)."""
+    FFN at M=128 — ``bench`` measures the host as much as the kernels (``benchmarks.overhead``)."""
     import triton
 
     return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))

@@ -39,9 +39,9 @@ def load_emitter(path: str):
 
 def with_other_source(f, emitter, D: int) -> None:
     """Rewrite every launch ``f`` has made (head dim ``D``) with ``emitter``'s source, rebuilt on
-    the next call — its fast calls dropped too: until session 38 they kept running the module of
-    the first call, this revision's, so every "other" timed since session 30 was this revision's
-    kernel (RESULTS.md, session 38)."""
+    the next call — its fast calls dropped too (a fast call keeps the module it was made with: an
+    "other" timed through it would be this revision's kernel again; the GPU test
+    ``test_a_swapped_source_runs_after_forget_built`` keeps it so)."""
     for launches in f._launches.values():
         launches.source = emitter.hopper_attention_source(
             launches.plan, launches.knobs, D, launches.plan.mask is not None)

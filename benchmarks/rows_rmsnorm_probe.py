@@ -1,5 +1,5 @@
 """Probe: where the scaled RMSNorm row kernel (``x·rsqrt(mean x²)·w[j]·s[i]``, [16384, 8192]
-bf16) can still gain against torch.compile, which it ties (0.993–0.999×, RESULTS.md session 15).
+bf16) can still gain against torch.compile, which it ties (0.993–0.999×, ``benchmarks.rows_sweep``).
 
 Hand-written Triton variants of the kernel ``tf.compile`` generates, each checked against
 float64, timed with ``tf.compile`` and torch.compile in alternating rounds (L2 flushed, median;

@@ -1,6 +1,6 @@
 """Where the row template's settings stand: its defaults against the early loads turned off
-(``rowtile.PREFETCH``), the L2 eviction hints off or everywhere (``rowtile.EVICTION``) and the
-warps before session 15 — for the row kernels that read more than the row
+(``rowtile.PREFETCH``), the L2 eviction hints off or everywhere (``rowtile.EVICTION``) and fewer
+warps — for the row kernels that read more than the row
 (``benchmarks/rows_operands.py``) and the library's softmax, layernorm and RMSNorm.
 
     python -m benchmarks.rows_sweep [--csv PATH] [--rounds 5] [--grid | --long | --stages |
@@ -12,7 +12,7 @@ grid once for the norms; ``--long`` times rows wider than a block (2048 × 65536
 template's eviction rule and without hints instead; ``--stages`` times rows swept in blocks with
 and without Triton's software pipeline over the blocks; ``--reload`` rows held in one block with
 their outputs computed from registers or from the row read again (``Knobs.reload``);
-``--swept`` rows of sums swept in blocks with their sums per lane (the default from session 32)
+``--swept`` rows of sums swept in blocks with their sums per lane (the default)
 against one block read again and against per-block sums;
 ``--variants '{"label": {"block": 4096, "num_warps": 8}}'`` the defaults against the knob sets
 given (``made``'s arguments) for the kernels of ``rows_operands`` and the library's softmax,
@@ -212,11 +212,9 @@ SWEPT = dict(block=4096, num_warps=16, num_stages=1, eviction=True)   # Inductor
 
 
 def swept_variants(n: int) -> dict:
-    """The defaults, the row held in one block and read again (the CUDA default for rows up to
-    16384 columns before session 32), and the row swept in blocks of 4096 with L2 hints with
-    its sums per lane and reduced per block. (Session 32's run had only the first, second and
-    fourth, as ``defaults``, ``one block, reload`` and ``per-block sums`` — the defaults then
-    swept rows of 16384 too.)"""
+    """The defaults, the row held in one block and read again (what the template did for rows up to
+    16384 columns before the sweep), and the row swept in blocks of 4096 with L2 hints with
+    its sums per lane and reduced per block."""
     return {"defaults": {}, "one block, reload": dict(block=n, num_warps=16, num_stages=1,
                                                       reload=True),
             "swept": SWEPT, "swept, per-block sums": dict(SWEPT, lanewise=False)}
@@ -224,7 +222,7 @@ def swept_variants(n: int) -> dict:
 
 def run_swept(rounds: int, log=print) -> list[Row]:
     """Rows of uncorrected sums (RMSNorm, the scaled RMSNorm) swept in blocks of 4096 with their
-    sums per lane — the default from session 32 for 4097-8192 columns — against one block read
+    sums per lane — the default for 4097-8192 columns — against one block read
     again (:func:`swept_variants`, also over 16384 columns, where the sweep measured slower); and
     rows wider than a block (2048 × 65536) with per-lane against per-block sums
     (cross-entropy's gathered logit is one)."""

@@ -212,7 +212,7 @@ def capturing() -> bool:
     the graph's pool then, and what is made belongs to that graph). Asked on every launch of a
     kernel that keeps buffers: CUDA's presence is asked once (``torch.cuda.is_available`` reads
     environment variables each time: under cProfile on the H100 host a fifth of a GEMM call's
-    Python, session 34), the capture state through torch's own query."""
+    Python, ``tools/profile_call.py``), the capture state through torch's own query."""
     import torch
 
     if not _CUDA_PRESENT:

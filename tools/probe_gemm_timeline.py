@@ -102,7 +102,7 @@ def summarise(lines) -> None:
                   "k-loop done": [r[4] for r in mine], "end": [r[5] for r in mine]}
         if dep:
             events["wait returned"] = [td[r[1]] for r in mine if r[1] in td]
-        # the slowest k-loops: which tile (blockIdx) on which SM (logs before session 33 have no
+        # the slowest k-loops: which tile (blockIdx) on which SM (older logs have no
         # SM) — they change between runs, with more overlap than chance (RESULTS.md, 33 and 34)
         late = sorted(mine, key=lambda r: -r[4])[:12]
         print("  slowest k-loops (tile@SM: µs): " + ", ".join(

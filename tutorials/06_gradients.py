@@ -65,4 +65,4 @@ print([float((a - b).abs().max()) for a, b in zip(got, want)])
 # %% [markdown]
 # On an NVIDIA GPU, attention's backward does not run this generic program: it gets
 # FlashAttention-2's backward, generated from the same forward (the score's derivative, the
-# mask's block lists, grouped heads) — see `benchmarks/RESULTS.md`, session 22.
+# mask's block lists, grouped heads) — see `python -m benchmarks.attention_backward`.

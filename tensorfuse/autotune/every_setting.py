@@ -4,7 +4,7 @@ them.
 MetaSchedule's evolutionary search proposes a batch, waits for it to be measured and recorded,
 trains the cost model, then searches again: a kernel's next batch never starts before its last
 one is measured. On two H100s that loop, not measuring, bounded a job (a second GPU gave 1.0–1.1×;
-``benchmarks/RESULTS.md``, session 21), and near the end of a small space each round found one or
+``benchmarks.tuning``), and near the end of a small space each round found one or
 two new settings. Where the trials asked cover every setting of a kernel's space that fits the
 GPU (the spaces have 100–200), :class:`EverySetting` hands them all to the task scheduler at once —
 a MetaSchedule search strategy, so the records, builder, runner, callbacks and database are the

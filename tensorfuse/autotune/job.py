@@ -320,7 +320,7 @@ def _keep_defaults_that_win(task: TuningTask, db, default_secs, best_secs) -> bo
     slower than they are (by more than :data:`REMATCH_MARGIN`), record the defaults as faster
     than that record and return True: it won the search by a timing this machine's drift made
     (on the 2-core CPU machine a job picked a setting that its batch placed 2 % ahead and that
-    called 12 % slower: benchmarks/RESULTS.md, session 27). The defaults' time is recorded on the
+    called 12 % slower: ``benchmarks.cpu_tuning``). The defaults' time is recorded on the
     scale the best record was measured at — its recorded time × defaults / best, the last two
     measured side by side now — since the database ranks records by the times they were given,
     and timings taken minutes apart differ by more than the settings do.

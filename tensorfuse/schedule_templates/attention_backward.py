@@ -41,12 +41,13 @@ class BackwardKnobs:
     ``n2``; the statistics kernel uses its tiles too), warps and pipeline stages. The defaults
     were the fastest of five settings on the H100 for full and causal attention at S=4096, D=128
     (2.33 / 1.63 ms; the Triton tutorial's 32/128/128/32 with 4 warps took 4.9 / 3.4 ms:
-    benchmarks/RESULTS.md, session 22). ``merged``: dK/dV and dQ in one launch (key blocks
+    ``benchmarks.attention_backward``). ``merged``: dK/dV and dQ in one launch (key blocks
     first, then query blocks) rather than two, as FlexAttention's backward — by default where
     the heads are not grouped (H100, S=4096/16384: causal 1.063 against 1.144 ms apart, sliding
     window 0.575 / 0.605; grouped 32/8 heads 2.264 / 2.239 and 32.6 / 28.6 ms: apart wins
     there). Its programs go head by head: ordered block by block across the heads instead
-    (a causal mask's longest blocks of every head first) they took 3–9 % longer (session 23)."""
+    (a causal mask's longest blocks of every head first) they took 3–9 % longer
+    (``benchmarks.attention_backward``)."""
 
     block_m1: int = 64
     block_n1: int = 128

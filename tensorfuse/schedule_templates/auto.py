@@ -35,7 +35,7 @@ def cpu_fusion(program: Program) -> Fusion | None:
     """The rolling update ``tf.compile`` uses on the CPU: a chain whose members contract over
     the fused axis (attention's ``p·v``, or scores recomputed per chunk) runs fused, one chunk
     of keys per step with its per-key values computed once (measured faster than the unfused
-    rows: benchmarks/RESULTS.md, session 19), :data:`CPU_ROWS` rows at a time; other programs
+    rows: ``benchmarks.cpu``), :data:`CPU_ROWS` rows at a time; other programs
     (softmax, norms: one row in cache) keep the row schedule."""
     for fusion, chain in _fusions(program, CPU_CHUNK):
         return replace(fusion, rows=CPU_ROWS) if _contracts(chain) else None
@@ -45,7 +45,7 @@ def cpu_fusion(program: Program) -> Fusion | None:
 # rows of a fused chain one core sweeps together on the CPU (Fusion.rows). Causal attention,
 # B=1, H=8, D=64, 2 Zen 4 cores, f32, one row at a time → 4: 256 keys 1.34 → 1.09 ms, 1024 keys
 # 14.5 → 12.3, 2048 57.3 → 43.2, 4096 236.9 → 164.7 (bf16 similar); sliding window 23.7 → 17.1,
-# other variants 1-6 % faster (benchmarks/RESULTS.md, session 27); 8 rows spilled.
+# other variants 1-6 % faster (``benchmarks.cpu``); 8 rows spilled.
 CPU_ROWS = 4
 
 
@@ -74,7 +74,8 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) 
     warp-specialised Hopper template for prefill (more than 64 query rows) and, for one query
     token (decode), the cluster decode kernel (the keys of each (batch, kv-head) split over a
     thread-block cluster, states merged in distributed shared memory: 1.01–1.2× the split update
-    over batches 1–128, 1k–128k keys, 32/8 and 32/32 heads, session 36); other few-row calls,
+    over batches 1–128, 1k–128k keys, 32/8 and 32/32 heads: ``benchmarks.cluster``); other few-row
+    calls,
     and decode chains it refuses, go to the Triton template's split update — a mask that reads
     the sequence as a 2-D/3-D map in patches copied
     as TMA boxes where the call's map allows it (``hopper_tiling``), else on the Triton template,

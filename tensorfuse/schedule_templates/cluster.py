@@ -213,7 +213,8 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
     32/8 heads, 32k keys, B = 1…8): one cluster per (batch, kv-head) pair, all in one wave, with
     as many CTAs as that allows, was best. So: the most warps (4, 2, 1) whose two-block buffers
     fit, tensor cores while a group's heads fit one 16-row MMA tile (their blocks staged by bulk
-    tensor copies: 3.0 TB/s from 64 CTAs where ``cp.async`` reached 2.3–2.7, session 36), the
+    tensor copies: 3.0 TB/s from 64 CTAs where ``cp.async`` reached 2.3–2.7:
+    ``tools/probe_decode_stream.py``), the
     CUDA-core sweep's by ``cp.async``, and the largest
     power-of-two cluster (at most 16, at most one CTA per SM) of which the GPU holds all
     B·HKV clusters at once. ``resident(knobs)`` says how many clusters of ``knobs`` the GPU holds

@@ -8,7 +8,7 @@ partial results, then one across it). A block may also contract within its row (
 scores ``q·k`` over ``d`` and ``p·v`` over the keys): its reduction loop goes outside, the other
 loop inside for LLVM to vectorise, and an operand read along the reduction as its last axis (the
 keys) is copied once per head with the other axis last, so that inner loop reads consecutive
-elements (measured: ``benchmarks/RESULTS.md``, session 14, CPU). Other programs run the
+elements (measured: ``benchmarks.cpu``). Other programs run the
 outermost loop of each top-level nest on all cores.
 
 Tuning declares its knobs as MetaSchedule decisions, so the search and the XGBoost cost model see

@@ -137,7 +137,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
     call's values of the scalars records are kept by. ``prefill_only``: ``tf.compile``'s use —
     prefer this kernel only for more than 64 query rows (decode goes to the split update), and
     for a mask over a map only where it visits the map in patches (elsewhere the Triton
-    template's gathers are 5–20× faster than the flat order here: RESULTS.md, session 29)."""
+    template's gathers are 5–20× faster than the flat order here: ``benchmarks.neighborhood``)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_attention template generates sm_90a code (wgmma, TMA); "
                             f"the target is {target.name}", user_location())

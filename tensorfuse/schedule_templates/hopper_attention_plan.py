@@ -271,7 +271,7 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict |
     At head dim 128, 176-key blocks where they pay (:func:`wide_blocks_pay`, the mask's
     ``scalars`` where it has some): fewer block boundaries (each a softmax correction and an O
     rescale) for the same registers — without a mask +1.7 to +3.3 % on the H100 at S = 4096 and
-    16384 (RESULTS.md, sessions 12 and 24). ``choose_block=False``: the block size is given
+    16384 (``benchmarks.hopper_attention``). ``choose_block=False``: the block size is given
     (the mask's schedule is not sampled)."""
     D = sizes[plan.chain.dims[5]]
     if D > 128:
@@ -282,7 +282,8 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict |
 
 
 # A key block's cost beyond its keys' products, in keys (the softmax correction, the O rescale,
-# the barriers): fitted to the H100's block_n 128 → 176 changes (RESULTS.md, session 24), which
+# the barriers): fitted to the H100's block_n 128 → 176 changes (``benchmarks.hopper_attention``),
+# which
 # this model predicts within a point for causal at S = 4096 and 16384 and the sliding window.
 BLOCK_OVERHEAD_KEYS = 18.6
 WIDE_BLOCK_N = 176
@@ -426,11 +427,12 @@ def schedule_for(knobs: HopperKnobs, tiles: int, sms: int,
     SM (a persistent CTA would have at most two tiles, and the hardware's dynamic hand-out
     balances those better), else persistent CTAs claiming tiles from a counter (a masked kernel
     whose mask reads no tensor may still take the snake, decided per call from its block lists:
-    :func:`.tile_order.pick_persistent`). On the H100 (session 20, S=4096) persistent CTAs
+    :func:`.tile_order.pick_persistent`). On the H100 (S=4096) persistent CTAs
     gained 1.8–8 % over one CTA per tile. Without a mask (``masked=False``: tiles of equal
     length) where the last round would leave at least half of the CTAs idle, its tiles are split
     along the keys (``"split"``; the kernel splits where the pieces are at least ``MIN_PIECE``
-    key blocks). On the H100 (session 26, alternated rounds, two runs): S=16384 (4096 tiles, 4 in
+    key blocks). On the H100 (``benchmarks.hopper_attention``, alternated rounds, two runs):
+    S=16384 (4096 tiles, 4 in
     the last round of 132) +1.7/+2.4 % full, +3.4/+4.1 % ALiBi; S=4096 (1024 tiles, 100 in the
     last round) −0.5…+0.2 % — a part-full round seems to run that much faster."""
     slots = sms * knobs.ctas_per_sm   # CTAs resident at once

@@ -11,7 +11,7 @@ PyTorch FFN writes ``X·W1`` (and ``X·W3``),
 reads it back for the activation and writes ``H`` — two to four more passes over the largest
 tensor of the block. At few rows the weights' bytes dominate; from 64 rows on this template
 streams them as fast as the cluster template (``cluster_distribute``) or faster — 128-column
-tiles fill the GPU where the rows fit one tile (H100, session 26: M=64/128 3–7 % faster by
+tiles fill the GPU where the rows fit one tile (H100, ``benchmarks.gemm``: M=64/128 3–7 % faster by
 ``do_bench``, within 1 % in CUDA graphs; M=200/256 1.3–1.6× faster) — and at 32 rows or fewer
 ``tf.compile`` keeps the cluster template (M=32: within 1–4 % either way).
 """

@@ -263,7 +263,7 @@ def split_tail(units: int, slots: int, kblocks: int, least: int = 4) -> tuple[in
 
 # What a last wave split into ``pieces`` costs, in whole waves: SPLIT_WAVE_COST / pieces (H100,
 # M=1024, K=4096, N=14336 [K, N]: four whole waves 0.1934 ms, three and the fourth split in two
-# 0.1803 ms — the partial sums' round trip and each piece's pipeline ramp; session 25)
+# 0.1803 ms — the partial sums' round trip and each piece's pipeline ramp; ``benchmarks.gemm``)
 SPLIT_WAVE_COST = 1.46
 # Tile widths tried for weights stored [N, K] (their TMA boxes take any multiple of 8 rows), and
 # how much shorter a narrower tile's modelled time must be to be chosen over 256 columns (the
@@ -290,7 +290,7 @@ def _tile_width(plan: HopperGemmPlan, M: int, N: int, K: int, cluster: int, sms:
     224 columns make 3.9 waves of clusters where 256 make 3.4, the last split along K). Below a
     wave the model is no guide: at M=200 and 256 (K=4096, N=14336) it favours 224 columns
     (128 SMs busy instead of 112), which measured the same as 256 and 2 % faster in CUDA graphs;
-    192 columns (150 CTAs) 14 % slower (H100, session 34)."""
+    192 columns (150 CTAs) 14 % slower (H100, ``benchmarks.gemm``)."""
     if not plan.b_k_major or tile_units(M, N, 128, 256, cluster) < sms // cluster:
         return 256   # [K, N] weights; or less than a wave of tiles
     times = {bn: modeled_time(M, N, K, bn, cluster, sms) for bn in K_MAJOR_WIDTHS}
@@ -302,7 +302,8 @@ def _one_wave_width(N: int, sms: int) -> int:
     """For rows that fit one tile and one ``[N, K]`` weight: the narrowest multiple of 16
     columns (at most 128) whose tiles fit one wave — every SM streams weights (M=128, K=4096,
     N=14336 on 132 SMs: 128 tiles of 112 columns instead of 112 of 128, 0.7–2.3 % faster by
-    do_bench and in CUDA graphs over two H100 runs; session 33; 96 or 64 columns, two waves,
+    do_bench and in CUDA graphs over two H100 runs of ``benchmarks.gemm``; 96 or 64 columns, two
+    waves,
     6–9 % slower). A gated pair keeps 128: its FFN (`nn.Linear` SwiGLU, M=128) timed 1 % slower
     with 112 in another run than with 128 (not alternated in one run)."""
     return min(128, max(64, -(-N // (sms * 16)) * 16))
@@ -323,7 +324,8 @@ def _default_width(plan: HopperGemmPlan, M: int, N: int, K: int, cluster: int, s
 def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
                        max_shared: int = MAX_SHARED) -> tuple[GemmKnobs, str]:
     """The knobs for these sizes and why, as measured best on the H100 (benchmarks/RESULTS.md,
-    session 13): 128 × 256 tiles (128 × 128 where two weights share the accumulator registers), the
+    ``benchmarks.gemm``): 128 × 256 tiles (128 × 128 where two weights share the accumulator
+    registers), the
     two CTAs of a cluster sharing each weight tile by split multicast (it halves the weights' L2
     traffic: 0.85× → 0.97–1.00× cuBLAS at 8192³, where a CTA's operand reads from L2 bound the
     kernel), rasterisation groups whose waves read the fewest bytes (:func:`group_rows`), 16-bit
@@ -332,10 +334,12 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     cluster where M ≤ 64; 128-column tiles for one weight where the rows fit one tile (M ≤ 128): the
     GEMM then streams its weights (for ``[N, K]`` weights as many columns as fill one wave:
     :func:`_one_wave_width`), and twice the tiles fill the GPU without splitting them along K
-    (M=128, K=4096, N=14336: 0.87 → 0.98× cuBLAS; K=14336, N=4096: 0.91 → 0.98×; session 25) — and
+    (M=128, K=4096, N=14336: 0.87 → 0.98× cuBLAS; K=14336, N=4096: 0.91 → 0.98×;
+    ``benchmarks.gemm``) — and
     64-column tiles where even those fit one wave, so that each is split along K into fewer pieces
     (M=128, K=14336, N=4096: 64 tiles in 2 pieces instead of 32 in 4, 5–7 % faster in CUDA graphs;
-    session 26); for ``[N, K]`` weights, a narrower tile where the waves of 256-column ones fit the
+    ``benchmarks.gemm``); for ``[N, K]`` weights, a narrower tile where the waves of 256-column
+    ones fit the
     GPU badly (:func:`_tile_width`); where the rows fit one tile (or one cluster's), one weight's
     copies take the L2 evict-first policy (:func:`_weight_policy`); one wave of whole tiles on one
     row of them has its CTAs paced (:func:`_default_pace`)."""
@@ -371,7 +375,7 @@ def _with_derived(plan: HopperGemmPlan, sizes: dict, knobs: GemmKnobs, sms: int,
     return replace(knobs, **{k: v for k, v in derived.items() if k not in given})
 
 
-GROUP_CHOICES = (16, 8, 32, 4, 2, 1)   # 16 first: it wins ties (the default before session 35)
+GROUP_CHOICES = (16, 8, 32, 4, 2, 1)   # 16 first: it wins ties (the default before the wave model)
 SAMPLED_WAVES = 16
 
 
@@ -407,7 +411,7 @@ def group_rows(M: int, N: int, block_m: int, block_n: int, cluster: int, weights
     cuBLAS and our kernel did the same work per clock at 8192 × 14336 × 4096, cuBLAS at
     1380–1425 MHz and ours at 1335–1380; groups of 8 units of 256 rows (12 % fewer bytes than
     16 by this model) measured 1.8–2.3 % faster there by do_bench, and 0.7–1.5 % faster in CUDA
-    graphs on each of the three large shapes of issue 18 (session 35)."""
+    graphs on each of the three large shapes of issue 18 (``benchmarks.gemm``)."""
     costs = {g: wave_operand_rows(M, N, block_m, block_n, cluster, weights, sms, g)
              for g in GROUP_CHOICES}
     return min(GROUP_CHOICES, key=lambda g: costs[g])
@@ -417,7 +421,8 @@ def _weight_policy(plan: HopperGemmPlan, M: int, knobs: GemmKnobs) -> str:
     """``"evict_first"`` for one weight whose every tile is read once (the rows fit one tile, or
     the tiles of one cluster, which multicast it), else ``"normal"`` (later row tiles read it
     again, from L2 where it stayed). A weight streamed with the normal policy pushes out of L2
-    what the kernels around the GEMM use: on the H100 (session 34) evict-first made the few-row
+    what the kernels around the GEMM use: on the H100 (``benchmarks.gemm``) evict-first made the
+    few-row
     GEMMs of one weight 5–8 % faster in CUDA graphs and 3–9 % by ``do_bench`` (after its L2
     flush, whose dirty lines the streamed weight would otherwise write back). A gated pair
     (SwiGLU's first GEMM) measured 3–8 % slower with it by ``do_bench``, up to 3 % in graphs."""
@@ -431,7 +436,8 @@ def _default_pace(M: int, N: int, K: int, knobs: GemmKnobs, sms: int) -> int:
     k-loops 4.6 µs after the median (the same bytes each; on other tiles and SMs each run), and
     CTAs held within 2 k-blocks of the grid's average took 2.3 µs off the GELU FFN at M=128
     (0.1015 → 0.0992 ms by do_bench, 0.0985 → 0.0959 in graphs; 4: 0.1011, 8: 0.1015; a second
-    run 0.1013 → 0.0994; H100, session 34). Paced split tiles (the FFN's second GEMM) measured
+    run 0.1013 → 0.0994; H100, ``benchmarks.gemm``). Paced split tiles (the FFN's second GEMM)
+    measured
     1.3 µs slower."""
     units = tile_units(M, N, knobs.block_m, knobs.block_n, 1)
     if knobs.cluster > 1 or row_units(M, knobs.block_m, 1) > 1 or units > sms:

@@ -159,8 +159,9 @@ def tiled_lists(plan, tiling: HopperTiling, sizes: dict, scalars: dict, block_m:
 
 # What a (row block, head) tile of each shape — (query rows, keys a block, CTAs per SM) — costs the
 # H100: (fixed µs, µs per key block), both per 132 tiles. Fitted (least squares, with 8 µs per
-# call that does not enter the choice) to session 30's probes of the 14 neighbourhood cases
-# (RESULTS.md): the defaults of session 29 (64 or 128 rows, 128-key windows, one CTA an SM) and
+# call that does not enter the choice) to the probes of the 14 neighbourhood cases
+# (``benchmarks.neighborhood``): the earlier defaults (64 or 128 rows, 128-key windows, one CTA an
+# SM) and
 # 64 rows with 64-key windows at two CTAs an SM; within 4 % of every measured time, and the
 # measured faster of the two in all 14. Few key blocks per tile: the fixed part (the
 # query copy, the pipeline's fill, the output) dominates — half the rows halve it, and a second
@@ -168,7 +169,7 @@ def tiled_lists(plan, tiling: HopperTiling, sizes: dict, scalars: dict, block_m:
 # two consumers take turns on the tensor cores, and cost less.
 TILE_SHAPES = {(128, 128, 1): (3.08, 1.98), (64, 128, 1): (1.60, 1.23), (64, 64, 2): (1.43, 0.62)}
 # What switching the intra-warpgroup overlap off changes in a shape's (fixed, per block) cost:
-# fitted to session 30's part k (each case with and without it, same run; RESULTS.md). Without it
+# fitted to ``benchmarks.neighborhood`` (each case with and without it, same run). Without it
 # a tile's first and last blocks need no pipeline's fill and drain but its blocks' softmax no
 # longer hides under the products: 1.7 % faster on tiles of ~4 key blocks, even at ~7, 2.6 %
 # slower at ~14. Shapes not listed were not measured without it (taken as equal where the

@@ -17,7 +17,7 @@ from .fusion import Fusion, lower_with_fusions
 DEFAULT_CHUNK = 32
 # on the CPU a chunk is a loop LLVM vectorises (16 f32 lanes, interleaved): 32 positions left it
 # mostly in the remainder loop; causal attention S=1024 on 2 cores took 54.6 / 40.1 / 33.1 /
-# 37.5 ms at chunks of 32 / 64 / 128 / 256 (benchmarks/RESULTS.md, session 19)
+# 37.5 ms at chunks of 32 / 64 / 128 / 256 (``benchmarks.cpu``)
 CPU_CHUNK = 128
 
 

@@ -27,7 +27,8 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     # two blocks of 4096 by 16 warps, read twice (held in L2 between the passes) — Inductor's
     # shape; RMSNorm over 8192 at 1.0004x torch.compile against 0.997x in one block, the scaled
     # one 0.997-1.0004x against 0.996-0.998x (benchmarks/rows_sweep.py --swept, RESULTS.md
-    # session 32; over 16384 columns four blocks lost to one: 96 against 98.7 % of copy; ROCm
+    # ``benchmarks.rows_sweep``; over 16384 columns four blocks lost to one: 96 against 98.7 % of
+    # copy; ROCm
     # and rows whose outputs are per row — read once either way —: not measured, kept)
     if target.kind == "cuda" and SWEPT_BLOCK < cols <= SWEPT_IN_L2 and \
             uncorrected_states(plan) and reloadable(plan):
@@ -36,14 +37,14 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     # 8 warps for a row of 4097-8192 columns in one block: on the H200 (4.25 TB/s) 16 warps held
     # the rows with extra operands to 79-87 % of a copy of their bytes against 91-96 % with 8
     # (the library softmax: 97 % either way); on the H100 16 had measured 0.2-0.8 % ahead
-    # (benchmarks/rows_sweep.py, RESULTS.md sessions 15 and 37). 16 warps from 16384 columns on
+    # (``benchmarks.rows_sweep``). 16 warps from 16384 columns on
     # (CUDA; measured on the H100 only; ROCm: 8)
     widest = 16 if target.kind == "cuda" else 8
     warps = widest if block_n >= 16384 else 8 if block_n >= 4096 else 4 if block_n >= 1024 else 2
     # a row in one block read again for the outputs: +0.3-1.4 % on the H100 for softmax, norms
     # and rows with extra operands, layernorm over 16384 columns 74 -> 98 % of copy (the row no
     # longer held in registers across the reductions; benchmarks/rows_sweep.py --reload,
-    # RESULTS.md session 24; ROCm: not measured, kept off)
+    # ``benchmarks.rows_sweep``; ROCm: not measured, kept off)
     reload = int(target.kind == "cuda" and cols <= block_n and reloadable(plan))
     return Knobs(block_m=rows_per_program, block_n=block_n, num_warps=warps,
                  num_stages=1 if cols <= block_n else 2, reload=reload)

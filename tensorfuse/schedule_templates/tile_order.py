@@ -8,7 +8,8 @@ moderate lengths) the snake pairs each round's longest tiles with the next round
 finishes earlier; for long rows, or irregular costs, greedy claiming wins. Both are simulated
 here on the tiles' costs (key blocks, plus a fixed cost per tile) and the earlier one is chosen.
 
-On the H100 (session 20, S = 4096 and 16384, eight masks) the simulation picked the faster
+On the H100 (``benchmarks.hopper_attention``, S = 4096 and 16384, eight masks) the simulation
+picked the faster
 schedule in every case, predicting about twice the measured gap (RESULTS.md).
 """
 from __future__ import annotations

@@ -358,7 +358,7 @@ def test_sum_chains_keep_their_precision_on_long_rows_in_f32(data):
 def test_the_long_row_test_compared_most_chains():
     """Runs after it: a warning is an accepted outcome, but not the usual one — as in the f32
     property test above, at least a quarter of the programs must be compared. (Half was asked
-    before; the draws are random per run, and a clean-clone CI run in session 26 drew 5 of 8
+    before; the draws are random per run, and a clean-clone CI run once drew 5 of 8
     programs the plan rightly warned about: random walks over 32k–64k values.)"""
     assert LONG["compared"] >= 2 * (LONG_PROGRAMS // 4), LONG
 

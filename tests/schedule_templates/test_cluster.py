@@ -140,7 +140,8 @@ def test_decode_ptx_has_cluster_and_dsm_instructions(kernel, mma):
 def test_decode_copies_at_fixed_offsets_and_skips_settled_rescales(D):
     """Up to D = 128 a lane copies its 16-byte pieces of a whole block at fixed offsets from one
     shared and one global address (no index arithmetic per piece: the kernel is bound by its
-    instructions, Nsight Compute, session 35) and a warp votes to skip o's rescale where no
+    instructions, Nsight Compute, ``tools/ncu_decode.py``) and a warp votes to skip o's rescale
+    where no
     row's maximum moved; a ragged block, and every block at D = 256 (where those made ptxas
     spill), takes the loop over the pieces (clamped rows), and at D = 256 o is always
     rescaled. The float64 GPU suite holds the results."""

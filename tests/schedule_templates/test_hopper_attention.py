@@ -39,7 +39,7 @@ PREFILL = dict(B=2, H=16, M=1000, N=1000, D=128)
 def test_rows_keep_their_maximum_below_the_margin_and_warps_skip_the_rescale():
     """A row's running maximum moves only when a block's exceeds it by more than 2^8 (the
     correction is then 1), and o's rescale is skipped by a warp vote where every row kept its
-    maximum; q·kᵀ's descriptors are one per block plus constants (Nsight Compute, session 31).
+    maximum; q·kᵀ's descriptors are one per block plus constants (Nsight Compute).
     The float64 GPU suite holds the results to the references."""
     compiled = hopper(K.attention)
     source = compiled.source(**PREFILL)
@@ -525,7 +525,7 @@ def test_every_variant_matches_float64_on_the_gpu():
 def test_a_swapped_source_runs_after_forget_built():
     """``benchmarks.hopper_ab`` times another revision's source on the same launches: after
     ``forget_built`` the next call builds and runs the source now in the launches — the fast call
-    of the first call kept its module before (every 'other' timed from session 30 to 38 was this
+    of the first call kept its module before (every 'other' timed that way was this
     revision's kernel)."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -639,7 +639,7 @@ def test_unlisted_variants_compile_to_the_hopper_instructions(name):
     sequence (176-key blocks where the mask's schedule favours them); their values are checked
     on the GPU with the library's (``benchmarks.hopper_attention.check``). Some spill
     registers at 176 keys — softcap's 308 bytes still ran 3.5 % faster than 128-key blocks
-    (RESULTS.md, session 25) — so spills are not asserted here."""
+    (``benchmarks.hopper_attention``) — so spills are not asserted here."""
     kernel, _, (hq, hkv) = UNLISTED[name]
     for S in (517, 16384):
         sizes = dict(B=2, H=hq, HKV=hkv, M=300, N=S, D=128, R=2 * S - 1)
@@ -653,7 +653,8 @@ def test_unlisted_variants_compile_to_the_hopper_instructions(name):
 def test_the_output_is_written_in_16_byte_pieces():
     """The four lanes of a row trade their pairs and each writes 16 bytes (STG.E.128); no 4-byte
     stores of the output remain (they cost the tile's end 4–6 % on the H100: RESULTS.md,
-    session 25). Without a log-sum-exp output the kernel stores nothing else to global memory
+    ``benchmarks.hopper_attention``). Without a log-sum-exp output the kernel stores nothing else
+    to global memory
     (the persistent schedule's counters use atomics)."""
     _, sass = _ptxas_and_sass(hopper(K.causal_attention).source(**PREFILL))
     stores = re.findall(r"\bSTG\.E(\.\w+)*", sass)

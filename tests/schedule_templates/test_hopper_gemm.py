@@ -130,7 +130,7 @@ def test_n_by_k_weights_get_narrower_tiles_where_256_columns_fit_the_waves_badly
     assert "256 tiles of 256 × 224" in why
     assert default_gemm_knobs(kn, ffn_up)[0].block_n == 256
     # less than a wave of 256-column tiles (M=200: 56 clusters on 66) keeps 256 (224 columns,
-    # the wave model's pick there, measured no faster on the H100: session 34)
+    # the wave model's pick there, measured no faster on the H100: ``benchmarks.gemm``)
     for sizes in (dict(M=8192, K=8192, N=8192), dict(M=8192, K=4096, N=14336),
                   dict(M=200, K=4096, N=1024), dict(M=1024, K=14336, N=4096),
                   dict(M=200, K=4096, N=14336)):
@@ -366,7 +366,8 @@ def test_ffn_reads_nn_linear_weights_as_stored():
 
 
 def test_compile_prefers_the_hopper_ffn_above_32_rows():
-    """H100, session 26: the cluster template took 1.3–1.6× the Hopper FFN's time at M=200/256
+    """H100, ``benchmarks.gemm``: the cluster template took 1.3–1.6× the Hopper FFN's time at
+    M=200/256
     and 3–7 % more at 64/128; at 32 rows they are within a few per cent either way."""
     f = tf.compile(K.ffn_swiglu, "cuda:sm_90a")
     for M in (FFN["M"], 256, 200, 128, 64, 33):

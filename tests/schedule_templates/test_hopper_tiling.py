@@ -296,9 +296,10 @@ def test_tuning_tunes_the_template_tf_compile_runs_for_the_map():
 def test_the_tile_shape_follows_the_key_blocks_a_tile_visits():
     """Where a tile sees few key blocks (7×7 and 15×15 kernels on a 64² map) its fixed cost
     dominates: 64-row tiles with 64-key windows, two CTAs an SM, cost least — at ~4 blocks a tile
-    without the intra-warpgroup overlap (session 30's part k); with many blocks a
+    without the intra-warpgroup overlap (``benchmarks.neighborhood``); with many blocks a
     tile (31×31) 128-row tiles of 128-key windows do — the choices the H100 measured (RESULTS.md,
-    session 30), and ``tf.compile``'s. Knobs given narrow the shapes: a 128-key block keeps one
+    ``benchmarks.neighborhood``), and ``tf.compile``'s. Knobs given narrow the shapes: a 128-key
+    block keeps one
     CTA an SM, three stages do not fit two."""
     from tensorfuse.schedule_templates.hopper_tiling import tile_shape_for_map
 

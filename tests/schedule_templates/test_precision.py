@@ -112,7 +112,7 @@ def random_walk_square(x: T.Tensor["M", "N", "f32"], y: T.Tensor["M", "N", "f32"
 def test_a_member_quadratic_in_a_random_walk_is_warned_about():
     """On zero-mean rows the walk's running estimate (extrapolated to the whole row) is several
     times its final value in some rows, and the square's states cancel there: ~1e-4 relative in
-    float32 where unfused loses ~1e-6 (found by the f32 property test, session 22). The plan's
+    float32 where unfused loses ~1e-6 (found by the f32 property test). The plan's
     model sees it in its worst row; a norm over rows hid it behind the rows of larger values."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -131,7 +131,7 @@ def test_a_block_of_rows_in_f32_with_wide_scores_matches_float64(rng):
 
 
 def test_tf_compile_sweeps_blocks_of_four_rows():
-    """Four rows per block at every length (measured: benchmarks/RESULTS.md, session 27), their
+    """Four rows per block at every length (measured: ``benchmarks.cpu``), their
     contractions' partial sums cut to fit the registers (scores of 128 keys in two parts of 64
     for four rows), the loads of q·k's keys serving the four rows; the output's per-row factor
     computed once per row, before the loop over its features. Decode (one query row) keeps one

@@ -128,7 +128,8 @@ def test_template_errors():
 
 def test_decode_gets_the_cluster_kernel_and_few_rows_the_split_update():
     """One query token on sm_90a: the cluster decode kernel (faster than the split update at every
-    shape measured, session 36); a few query rows (speculative decoding), other GPUs and chains
+    shape measured: ``benchmarks.cluster``); a few query rows (speculative decoding), other GPUs
+    and chains
     the cluster kernel refuses (a mask read from a tensor): the Triton split update."""
     from tensorfuse.targets.cuda.kernel import ClusterKernel
 
@@ -281,7 +282,7 @@ def test_rows_of_sums_are_swept_in_blocks_of_4096_and_read_twice():
     """On CUDA a row of 4097-8192 columns whose states are all sums kept per lane (RMSNorm's
     Σx²) is swept in two blocks of 4096 by 16 warps, its first pass keeping the row in L2 for
     the second (Inductor's shape: RMSNorm at 1.0004x torch.compile against 0.997x in one block,
-    RESULTS.md session 32); tuning still tries the whole row in one block; chains with corrected
+    ``benchmarks.rows_sweep``); tuning still tries the whole row in one block; chains with corrected
     states (layernorm, softmax), rows over 8192 (four blocks measured slower), kernels whose
     outputs are per row (read once either way; not measured) and ROCm keep their defaults."""
     from tensorfuse.algebra import plan_chain
@@ -318,7 +319,7 @@ def test_rows_of_sums_are_swept_in_blocks_of_4096_and_read_twice():
 def test_row_sweep_keeps_uncorrected_sums_per_lane():
     """A row swept in blocks adds an uncorrected sum (RMSNorm's Σx²) per lane and reduces it
     across the row once after the loop — one cross-warp reduction per row, not one per block
-    (3 % of the scaled RMSNorm's time on the H100, RESULTS.md session 32) — while states that
+    (3 % of the scaled RMSNorm's time on the H100, ``benchmarks.rows_sweep``) — while states that
     are corrected as the chain's references move (layernorm's Σ(x − mean)²; softmax's sum under
     a running maximum) are reduced per block as before."""
     sizes = dict(M=512, N=8192)

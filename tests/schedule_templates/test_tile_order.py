@@ -1,5 +1,6 @@
 """The persistent schedule chosen from the tiles' costs (schedule_templates.tile_order): the two
-makespans simulated exactly, and the choice the H100 measurements of session 20 agree with."""
+makespans simulated exactly, and the choice the H100 measurements (``benchmarks.hopper_attention``)
+agree with."""
 from __future__ import annotations
 
 import pytest

@@ -210,7 +210,7 @@ def _tma_copy() -> _Copy:
     row ``r`` at piece ``c ^ (r % 8)``: ``ldmatrix`` reads stay conflict-free without the skew),
     counted on the warp's mbarrier for that stage. The copy engine moves a block with four
     instructions where ``cp.async`` took two a 16-byte piece, and streamed the decode's keys at
-    3.0 TB/s from 64 CTAs where ``cp.async`` reached 2.3-2.7 (H100, session 36,
+    3.0 TB/s from 64 CTAs where ``cp.async`` reached 2.3-2.7 (H100,
     ``tools/probe_decode_stream.py``). Rows past the keys arrive as zeros (their scores are
     masked)."""
     return _Copy(
@@ -480,7 +480,8 @@ def _copy_code(D: int) -> str:
     D = 128 a whole block is copied at fixed offsets from one address — lane l takes the 16-byte
     piece l % P of rows l / P, l / P + 32 / P, … (P = D / 8 pieces a row), two instructions a
     piece: a warp of this kernel issues an instruction only every ~4 cycles, and the copies'
-    index arithmetic had cost about as much as the block's MMAs (Nsight Compute, session 35).
+    index arithmetic had cost about as much as the block's MMAs (Nsight Compute,
+    ``tools/ncu_decode.py``).
     A ragged block, and every block at D = 256 (where the sweep keeps 255 registers and those
     addresses spilled), takes the loop over the pieces with the index arithmetic."""
     pieces = """    for (int c = lane; c < 32 * D / 8; c += 32) {

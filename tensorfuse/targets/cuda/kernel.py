@@ -28,7 +28,7 @@ def on_torch_stream(index: int, launch, *args) -> None:
     one there (:func:`~tensorfuse.interop.raw_stream`), and set back after: what
     ``tvm_ffi.use_raw_stream`` does, without a context object and a device per call (and
     ``tvm_ffi.use_torch_stream``, which builds a ``torch.cuda.Stream`` per call, was a fifth of a
-    Hopper attention call's Python under cProfile: RESULTS.md, session 29). TVM keeps the stream
+    Hopper attention call's Python under cProfile: ``tools/profile_call.py``). TVM keeps the stream
     per thread."""
     from tvm_ffi import core
 

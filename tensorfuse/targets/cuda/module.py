@@ -158,7 +158,8 @@ class DriverLaunch:
     value (argument type :data:`TENSOR_MAP`, a ``__grid_constant__`` parameter: made on the host
     per call, with no device buffer to fill). Such a kernel has its own module, loaded once per
     device. The parameter buffer and the launch configurations are made once and refilled per
-    call: built per call they made the host slower than the GPU (H100, session 26)."""
+    call: built per call they made the host slower than the GPU (H100,
+    ``tools/profile_call.py``)."""
 
     def __init__(self, source: str, target: TargetSpec, name: str, arg_types: tuple[str, ...],
                  dependent: bool = False):

@@ -95,7 +95,7 @@ def setmaxnreg_share(threads: int, consumers: int, producer: int, ctas_per_sm: i
     """Registers a consumer warpgroup's thread can take (``setmaxnreg.inc``, at most 240) once
     the producer warpgroup has given its own back down to ``producer``: no more than the pool
     holds — an increase it cannot cover waits forever (a 64-register producer with consumers
-    asking for 224 of the 216 there were hung a GEMM on the H100, session 28)."""
+    asking for 224 of the 216 there were hung a GEMM on the H100)."""
     pool = threads * launch_registers(threads, ctas_per_sm)
     share = (pool - 128 * producer) // (128 * consumers)
     return min(240, share // 8 * 8)

@@ -88,7 +88,8 @@ def signature(program, outputs, mask_args: list[str]) -> dict:
 # One offline compile at a time in this process: a tuning builder's threads compiling two
 # candidates at once failed once in CI with a front-end error at a `tl.sum` that no run of the
 # same compiles one after the other reproduces — Triton's front end shares module-level JIT
-# functions (the reductions' combine functions) between compiles (session 37)
+# functions (the reductions' combine functions) between compiles (a tuning builder's threads
+# compiling at once)
 _COMPILE_LOCK = threading.Lock()
 
 

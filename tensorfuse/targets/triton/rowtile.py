@@ -34,14 +34,14 @@ PREFETCH = True
 # and has no column operands (rows wider than a block: softmax over 65536 columns 68 -> 92 %).
 # Measured worse, so left without: kernels that read each row once and write it (~1 %), a
 # layernorm over 65536 columns (its weight and bias beside the rows: 74 -> 67 %)
-# (benchmarks/rows_sweep.py, RESULTS.md session 15). True / False: always / never (measuring)
+# (``benchmarks.rows_sweep``). True / False: always / never (measuring)
 EVICTION = None
 # keep a swept row's uncorrected states per lane (:func:`lanewise_states`); False: reduce every
-# block across the warps, as before session 32 (measuring)
+# block across the warps, as the template did before (measuring)
 LANEWISE = True
 # columns up to which a row of sums is swept twice, in blocks of 4096 with L2 hints (a row of
 # 8192: 0.997-1.0004x torch.compile against 0.996-0.998x in one block; of 16384: 96 % of copy
-# against 98.7 % in one block read again — RESULTS.md session 32)
+# against 98.7 % in one block read again — ``benchmarks.rows_sweep``)
 SWEPT_IN_L2 = 8192
 
 
