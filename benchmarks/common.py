@@ -99,10 +99,47 @@ def relative_error(out, ref) -> float:
     return float((out[finite] - ref[finite]).abs().max() / ref[finite].abs().max().clamp_min(1e-30))
 
 
+# The implementation labels every benchmark writes (``Row.implementation``): tensorfuse as
+# ``tf.compile`` runs it, and the alternatives in the same process on the same GPU. A variant of
+# tensorfuse (a template picked by hand, tuned records, a CUDA graph) is ``tensorfuse <what>``.
+TENSORFUSE = "tensorfuse"
+SDPA, SDPA_CUDNN, SDPA_FLASH = "sdpa", "sdpa cudnn", "sdpa flash"
+FLEX = "flex_attention"
+TORCH_COMPILE, TORCH_EAGER = "torch_compile", "torch_eager"
+CUBLAS = "cublas"
+LABELS = (TENSORFUSE, SDPA, SDPA_CUDNN, SDPA_FLASH, FLEX, TORCH_COMPILE, TORCH_EAGER, CUBLAS)
+# what older runs wrote for them
+_SPELLINGS = {"sdpa_cudnn": SDPA_CUDNN, "sdpa_flash": SDPA_FLASH, "sdpa_default": SDPA,
+              "torch sdpa": SDPA, "torch.compile": TORCH_COMPILE, "torch": TORCH_EAGER,
+              "tensorfuse (tf.compile)": TENSORFUSE, "tensorfuse (tf.compile defaults)": TENSORFUSE,
+              "tensorfuse (autograd)": TENSORFUSE}
+
+
+def canonical_label(label: str) -> str:
+    """``label`` in the agreed spelling (:data:`LABELS`; ``tensorfuse <variant>`` for tensorfuse's
+    variants, words apart by spaces), whatever spelling a benchmark or an older run used."""
+    label = label.strip()
+    if label in _SPELLINGS:
+        return _SPELLINGS[label]
+    if label.startswith(TENSORFUSE):
+        rest = label[len(TENSORFUSE):].replace("_", " ").replace("-", " ").replace("(", "")
+        rest = " ".join(rest.replace(")", "").split())
+        return f"{TENSORFUSE} {rest}" if rest else TENSORFUSE
+    return label
+
+
+def is_alternative(label: str) -> bool:
+    """Whether a row times something other than tensorfuse (a baseline to compare with)."""
+    return not canonical_label(label).startswith(TENSORFUSE)
+
+
 def write_csv(rows: list[Row], path: str) -> None:
+    """The rows as CSV (labels in the agreed spelling). Name it
+    ``benchmarks/results/<date>-<device>-<benchmark>[-<what>].csv`` for ``benchmarks.report``
+    (the device with ``_`` for spaces: ``NVIDIA_H200``, ``cpu_2core``)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
         writer.writeheader()
         for r in rows:
-            writer.writerow(asdict(r))
+            writer.writerow({**asdict(r), "implementation": canonical_label(r.implementation)})

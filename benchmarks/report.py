@@ -1,12 +1,18 @@
-"""Turn a results CSV into a plot and the tables of benchmarks/RESULTS.md.
+"""The results as current tables: ``benchmarks/RESULTS.md`` and the README's results table,
+written from the newest CSV of each benchmark on each device in ``benchmarks/results/``; and the
+plots the benchmarks draw of their CSVs.
 
-    python -m benchmarks.report results/<date>-<gpu>.csv     # prints the markdown tables
+    python -m benchmarks.report            # write RESULTS.md and the README's table
+    python -m benchmarks.report --check    # exit 1 where either differs from what it would write
+
+A CSV is named ``<date>-<device>-<benchmark>.csv`` (``common.write_csv``); the output depends on
+the CSVs alone (no time of generation), so the committed files reproduce byte for byte.
 """
 from __future__ import annotations
 
 import csv
+import os
 import sys
-from collections import defaultdict
 
 
 def load(path: str) -> list[dict]:
@@ -220,29 +226,231 @@ def _shape_of(rows: list, bench: str) -> str:
     return next(r["shape"] for r in rows if r["benchmark"] == bench)
 
 
-def tables(path: str) -> str:
-    rows = load(path)
-    by = defaultdict(dict)
-    for r in rows:
-        by[(r["benchmark"], r["shape"])][r["implementation"]] = r
-    impls = sorted({r["implementation"] for r in rows if not r["benchmark"].startswith("ceiling")})
-    lines = ["| benchmark | shape | " + " | ".join(impls) + " |",
-             "| --- | --- | " + " | ".join("---" for _ in impls) + " |"]
-    for (bench, shape), entries in sorted(by.items()):
-        if bench.startswith("ceiling"):
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS_DIR = os.path.join(HERE, "results")
+RESULTS_MD = os.path.join(HERE, "RESULTS.md")
+README = os.path.join(os.path.dirname(HERE), "README.md")
+README_BEGIN, README_END = "<!-- results table: benchmarks/report.py -->", "<!-- end of results -->"
+
+# The benchmarks in the order RESULTS.md shows them: the CSV's name after the device, a title,
+# what the numbers are and the command that makes them (each run checks against float64 first).
+SECTIONS = (
+    ("hopper-attention", "Attention prefill (`tf.compile`: the Hopper template on sm_90a)",
+     "bf16, B=2, 16 heads (GQA 32/8), D=128; TFLOP/s of the unmasked FLOPs; `tensorfuse` is "
+     "`tf.compile`'s choice, `tensorfuse hopper` / `tensorfuse triton` each template by hand",
+     "python -m benchmarks.hopper_attention --csv PATH"),
+    ("hopper-attention-tuned", "Attention prefill with tuned records",
+     "as above, after `tf.tune` (16 trials a kernel)",
+     "python -m benchmarks.hopper_attention --csv PATH --tune 16"),
+    ("neighborhood", "Neighbourhood attention on 2-D and 3-D maps",
+     "bf16; TFLOP/s of the kept FLOPs; `graph`: calls replayed from a CUDA graph",
+     "python -m benchmarks.neighborhood --csv PATH"),
+    ("neptune-suite", "Neptune's attention suite",
+     "fp16, head dim 128: prefill and decode variants of the Neptune paper's table",
+     "python -m benchmarks.neptune_suite --csv PATH"),
+    ("attention-backward", "Attention backward",
+     "bf16, D=128; TFLOP/s of the backward's FLOPs",
+     "python -m benchmarks.attention_backward --csv PATH"),
+    ("attention-backward-masks", "Attention backward: masks and knobs",
+     "the backward template's knobs per mask", "python -m benchmarks.attention_backward_masks"),
+    ("cluster-decode", "Decode (one query token)",
+     "bf16, 32 query / 8 KV heads, D=128; GB/s of the keys and values read",
+     "python -m benchmarks.cluster --decode-only"),
+    ("gemm", "GEMM (the Hopper GEMM template)", "bf16; TFLOP/s", "python -m benchmarks.gemm"),
+    ("gemm-ffn", "FFN blocks (two Hopper GEMMs, the activation fused)",
+     "bf16, K=4096, N=14336, O=4096", "python -m benchmarks.gemm --ffn"),
+    ("rows", "Row reductions", "bf16; GB/s of the bytes each kernel must move",
+     "python -m benchmarks.rows"),
+    ("rows-operands", "Row reductions with extra operands", "bf16; GB/s",
+     "python -m benchmarks.rows_operands --csv PATH"),
+    ("rows-sweep", "The row template's settings", "bf16; the defaults against other knob sets",
+     "python -m benchmarks.rows_sweep --csv PATH"),
+    ("model-prefill", "A Llama-3-8B-shaped model: prefill", "bf16, random weights; tokens/s",
+     "python -m benchmarks.model --csv PATH"),
+    ("model-decode", "A Llama-3-8B-shaped model: decode", "bf16, random weights",
+     "python -m benchmarks.model --csv PATH"),
+    ("overhead", "What a call costs the host", "small kernels, wall clock per call",
+     "python -m benchmarks.overhead --csv PATH"),
+    ("cpu", "CPU kernels", "2 cores; against torch on the same cores",
+     "python -m benchmarks.cpu --csv PATH"),
+    ("cpu-tuning", "CPU kernels, tuned", "2 cores; `tf.tune` records against the defaults",
+     "python -m benchmarks.cpu_tuning --csv PATH"),
+    ("tuning-gpus", "Tuning jobs on one and two GPUs", "wall clock of a job",
+     "python -m benchmarks.tuning --csv PATH"),
+)
+# The README's table: (benchmark, case prefix, a part of the shape, tensorfuse's label there)
+HEADLINES = (("hopper-attention", "attention/full", "S4096", "tensorfuse"),
+             ("hopper-attention", "attention/causal", "S16384", "tensorfuse"),
+             ("hopper-attention", "attention/gqa_causal", "S4096", "tensorfuse"),
+             ("hopper-attention", "attention/alibi", "", "tensorfuse"),
+             ("hopper-attention", "attention/softcap", "", "tensorfuse"),
+             ("hopper-attention", "attention/sliding_window", "", "tensorfuse"),
+             ("attention-backward", "attention_bwd/causal", "S4096", "tensorfuse"),
+             ("cluster-decode", "decode/", "B8", "tensorfuse cluster"),
+             ("gemm", "gemm", "8192x4096x14336/nk", "tensorfuse"),
+             ("rows-operands", "rows/", "", "tensorfuse"),
+             ("cpu", "cpu/causal_attention", "S4096 D64 bf16", "tensorfuse"))
+
+
+def _results(folder: str = RESULTS_DIR) -> dict:
+    """benchmark → {device: the newest CSV's path} (``<date>-<device>-<benchmark>.csv``)."""
+    found: dict = {}
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".csv") or len(name) < 12:
             continue
-        cells = []
-        for impl in impls:
-            r = entries.get(impl)
-            if r is None:
-                cells.append("")
-            elif float(r["tflops"]) > 0:
-                cells.append(f"{float(r['tflops']):.0f} TF/s ({float(r['ms']):.3f} ms)")
-            else:
-                cells.append(f"{float(r['gbps']):.0f} GB/s ({float(r['fraction_of_ceiling']):.0%})")
-        lines.append(f"| {bench} | {shape} | " + " | ".join(cells) + " |")
+        device, _, benchmark = name[11:-4].partition("-")   # after the date
+        if benchmark:
+            found.setdefault(benchmark, {})[device] = os.path.join(folder, name)  # sorted: newest
+    return found
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _rate(row: dict) -> str:
+    """TFLOP/s or GB/s, whichever the row has (3 significant digits: CPU rates are small)."""
+    for field, unit in (("tflops", "TFLOP/s"), ("gbps", "GB/s")):
+        value = _number(row.get(field))
+        if value > 0:
+            return f"{value:.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
+    return ""
+
+
+def _groups(rows: list) -> dict:
+    """(case, shape) → its rows, in the CSV's order (the ceilings measured apart)."""
+    from benchmarks.common import canonical_label
+
+    groups: dict = {}
+    for r in rows:
+        r = {**r, "implementation": canonical_label(r["implementation"])}
+        groups.setdefault((r["benchmark"], r["shape"]), []).append(r)
+    return groups
+
+
+def _best_alternative(entries: list) -> dict | None:
+    from benchmarks.common import is_alternative
+
+    timed = [r for r in entries if is_alternative(r["implementation"]) and _number(r["ms"]) > 0]
+    return min(timed, key=lambda r: _number(r["ms"])) if timed else None
+
+
+def standard_table(rows: list) -> str:
+    """One line per (case, shape, implementation): ms, rate, tensorfuse's speed against the
+    fastest alternative of its case, the fraction of the measured ceiling."""
+    from benchmarks.common import is_alternative
+
+    lines = ["| case | shape | implementation | ms | rate | × best alternative | of ceiling |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for (case, shape), entries in _groups(rows).items():
+        if case.startswith("ceiling"):
+            continue
+        best = _best_alternative(entries)
+        for r in entries:
+            ratio = ""
+            if best is not None and not is_alternative(r["implementation"]) and _number(r["ms"]) > 0:
+                ratio = f"{_number(best['ms']) / _number(r['ms']):.2f}× {best['implementation']}"
+            ceiling = _number(r.get("fraction_of_ceiling"))
+            lines.append(f"| {case} | {shape} | {r['implementation']} | {_number(r['ms']):.4f} | "
+                         f"{_rate(r)} | {ratio} | {f'{ceiling:.0%}' if ceiling > 0 else ''} |")
+    ceilings = [f"{c}: {_rate(r) or r['ms'] + ' ms'}" for (c, _), es in _groups(rows).items()
+                if c.startswith("ceiling") for r in es[:1]]
+    if ceilings:
+        lines += ["", "Ceilings measured in the same run: " + "; ".join(ceilings) + "."]
     return "\n".join(lines)
 
 
+def plain_table(rows: list) -> str:
+    """Every column as it is (CSVs of their own schema: tuning jobs)."""
+    columns = list(rows[0])
+    return "\n".join(["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)] +
+                     ["| " + " | ".join(r[c] for c in columns) + " |" for r in rows])
+
+
+def _table(path: str) -> str:
+    rows = load(path)
+    if not rows:
+        return "(no rows)"
+    return standard_table(rows) if "implementation" in rows[0] else plain_table(rows)
+
+
+def results_markdown(found: dict) -> str:
+    """RESULTS.md: per benchmark, per device, the newest run's table and plot."""
+    known = [s[0] for s in SECTIONS]
+    sections = list(SECTIONS) + [(b, b, "", f"(the CSV {b})") for b in sorted(found)
+                                 if b not in known]
+    lines = ["# Results", "",
+             "The newest run of each benchmark on each device, as `python -m benchmarks.report` "
+             "writes it from `benchmarks/results/` (do not edit by hand). Every benchmark checks "
+             "each kernel against a float64 reference before it times it, and times the "
+             "alternatives in the same process on the same GPU (medians; L2 flushed between "
+             "runs). `× best alternative`: the fastest alternative's time over tensorfuse's "
+             "(above 1: tensorfuse is faster). Earlier runs are in git's history.", ""]
+    for benchmark, title, what, command in sections:
+        if benchmark not in found:
+            continue
+        lines += [f"## {title}", "", f"{what}. `{command}`" if what else f"`{command}`", ""]
+        for device, path in sorted(found[benchmark].items()):
+            name = os.path.basename(path)
+            lines += [f"### {device.replace('_', ' ')}, {name[:10]}", "",
+                      f"`results/{name}`", "", _table(path), ""]
+            plot_png = path[:-4] + ".png"
+            if os.path.exists(plot_png):
+                lines += [f"![{benchmark} on {device}](results/{os.path.basename(plot_png)})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def readme_table(found: dict) -> str:
+    """A few lines of the newest runs: tensorfuse (``tf.compile``) against the fastest
+    alternative in the same run."""
+    lines = ["| kernel | shape | device | tensorfuse | fastest alternative | × |",
+             "| --- | --- | --- | ---: | --- | ---: |"]
+    for benchmark, case, shape, label in HEADLINES:
+        for device, path in sorted(found.get(benchmark, {}).items()):
+            if device.startswith("NVIDIA_H100") and "NVIDIA_H200" in found[benchmark]:
+                continue   # the newest GPU's run only
+            for (c, s), entries in _groups(load(path)).items():
+                mine = [r for r in entries if r["implementation"] == label]
+                best = _best_alternative(entries)
+                if not (c.startswith(case) and shape in s and mine and best and
+                        _number(mine[0]["ms"]) > 0) or c.startswith("ceiling"):
+                    continue
+                ours, theirs = (_rate(r) or f"{_number(r['ms']):.3f} ms" for r in (mine[0], best))
+                lines.append(f"| {c} | {s} | {device.replace('_', ' ')} | {ours} | "
+                             f"{best['implementation']} ({theirs}) | "
+                             f"{_number(best['ms']) / _number(mine[0]['ms']):.2f}× |")
+    return "\n".join(lines)
+
+
+def _with_readme_table(readme: str, table: str) -> str:
+    begin, end = readme.index(README_BEGIN) + len(README_BEGIN), readme.index(README_END)
+    return readme[:begin] + "\n" + table + "\n" + readme[end:]
+
+
+def main(argv: list[str]) -> int:
+    found = _results()
+    want = {RESULTS_MD: results_markdown(found)}
+    with open(README) as f:
+        readme = f.read()
+    if README_BEGIN in readme:
+        want[README] = _with_readme_table(readme, readme_table(found))
+    stale = []
+    for path, text in want.items():
+        with open(path) as f:
+            if f.read() == text:
+                continue
+        stale.append(os.path.relpath(path, os.path.dirname(HERE)))
+        if "--check" not in argv:
+            with open(path, "w") as f:
+                f.write(text)
+    if "--check" in argv and stale:
+        print(f"not current: {', '.join(stale)} (run python -m benchmarks.report)")
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    print(tables(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))

@@ -2,8 +2,8 @@
 
     python -m benchmarks.run [--out DIR] [--sizes 1024,4096,16384] [--only attention,decode,rows,...]
 
-Writes DIR/<date>-<gpu>.csv and DIR/<date>-<gpu>.png and prints a table. ``benchmarks/RESULTS.md``
-is written from the CSV by ``python -m benchmarks.report CSV``.
+Writes DIR/<date>-<gpu>-suite.csv and its plot and prints a table; ``python -m benchmarks.report``
+then writes ``benchmarks/RESULTS.md`` from the newest CSVs.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         from benchmarks import model
 
         results += model.run(log)
-    path = os.path.join(args.out, f"{stamp}-{gpu}.csv")
+    path = os.path.join(args.out, f"{stamp}-{gpu}-suite.csv")
     write_csv(results, path)
     try:
         from benchmarks.report import plot, plot_cluster, plot_gemm

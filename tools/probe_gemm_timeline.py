@@ -103,7 +103,7 @@ def summarise(lines) -> None:
         if dep:
             events["wait returned"] = [td[r[1]] for r in mine if r[1] in td]
         # the slowest k-loops: which tile (blockIdx) on which SM (older logs have no
-        # SM) — they change between runs, with more overlap than chance (RESULTS.md, 33 and 34)
+        # SM) — they change between runs, with more overlap than chance
         late = sorted(mine, key=lambda r: -r[4])[:12]
         print("  slowest k-loops (tile@SM: µs): " + ", ".join(
             f"{r[1]}@{r[6] if len(r) > 6 else '?'}: {(r[4] - t0) / 1e3:.1f}" for r in late))

@@ -80,7 +80,7 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) 
     the sequence as a 2-D/3-D map in patches copied
     as TMA boxes where the call's map allows it (``hopper_tiling``), else on the Triton template,
     which gathers the patches — each measured faster than the Triton template
-    (benchmarks/RESULTS.md). Sizes a native template refuses go to the Triton one.
+    (``benchmarks.hopper_attention``, ``benchmarks.cluster``, ``benchmarks.neighborhood``). Sizes a native template refuses go to the Triton one.
     ``records(template name)``: the compile entry point's lookup of tuning records for a template
     with a tuning space (``hopper_attention``)."""
     if spec.kind != "cuda" or spec.arch != "sm_90a":

@@ -72,7 +72,7 @@ class ClusterKnobs:
     one consumer thread with peer reads; or ``"producer"``: a producer warpgroup issues every
     cp.async copy and, in the second product, copies each k-tile of H from the owning peer into
     the local pipeline, so the consumers only run wgmma on shared memory — wgmma with
-    ``exchange="peer"`` only; on the H100 cp.async is the fastest of the three, RESULTS.md), and
+    ``exchange="peer"`` only; on the H100 cp.async is the fastest of the three: ``benchmarks.cluster``), and
     how the cluster shares H (``exchange``: ``"gather"``, every CTA stores its slice into every
     peer's shared memory, or ``"peer"``, every CTA keeps its slice and the second product reads it
     from the peers' shared memory — into registers as A fragments with cp.async or TMA, into the
@@ -335,7 +335,7 @@ def wgmma_lookahead(knobs: ClusterKnobs, M: int, w2_stages: int) -> tuple[int, i
     1's ring and in W2's. A single row block (``M ≤ 2 × block_m``: each weight byte streamed once
     from DRAM) goes as deep as the rings allow (phase 2 at most 3 tiles). With many row blocks the
     weights are re-read from L2, and more than two tiles ahead per SM measured slower (SwiGLU
-    M=1024/8192: 3 % with three; the bytes in flight crowd L2): two (RESULTS.md, "FFN v7")."""
+    M=1024/8192: 3 % with three; the bytes in flight crowd L2): two (``benchmarks.cluster``)."""
     if M <= 2 * knobs.block_m:
         return knobs.stages - 1, min(3, w2_stages - 1)
     return min(2, knobs.stages - 1), 2

@@ -323,7 +323,7 @@ def _default_width(plan: HopperGemmPlan, M: int, N: int, K: int, cluster: int, s
 
 def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
                        max_shared: int = MAX_SHARED) -> tuple[GemmKnobs, str]:
-    """The knobs for these sizes and why, as measured best on the H100 (benchmarks/RESULTS.md,
+    """The knobs for these sizes and why, as measured best on the H100 (``benchmarks.gemm``,
     ``benchmarks.gemm``): 128 × 256 tiles (128 × 128 where two weights share the accumulator
     registers), the
     two CTAs of a cluster sharing each weight tile by split multicast (it halves the weights' L2

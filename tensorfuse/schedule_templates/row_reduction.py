@@ -26,9 +26,8 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     # a row of 4097-8192 columns whose states are sums kept per lane (RMSNorm's Σx²): swept in
     # two blocks of 4096 by 16 warps, read twice (held in L2 between the passes) — Inductor's
     # shape; RMSNorm over 8192 at 1.0004x torch.compile against 0.997x in one block, the scaled
-    # one 0.997-1.0004x against 0.996-0.998x (benchmarks/rows_sweep.py --swept, RESULTS.md
-    # ``benchmarks.rows_sweep``; over 16384 columns four blocks lost to one: 96 against 98.7 % of
-    # copy; ROCm
+    # one 0.997-1.0004x against 0.996-0.998x (``benchmarks.rows_sweep --swept``; over 16384
+    # columns four blocks lost to one: 96 against 98.7 % of copy; ROCm
     # and rows whose outputs are per row — read once either way —: not measured, kept)
     if target.kind == "cuda" and SWEPT_BLOCK < cols <= SWEPT_IN_L2 and \
             uncorrected_states(plan) and reloadable(plan):

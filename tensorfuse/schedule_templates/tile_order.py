@@ -10,7 +10,7 @@ here on the tiles' costs (key blocks, plus a fixed cost per tile) and the earlie
 
 On the H100 (``benchmarks.hopper_attention``, S = 4096 and 16384, eight masks) the simulation
 picked the faster
-schedule in every case, predicting about twice the measured gap (RESULTS.md).
+schedule in every case, predicting about twice the measured gap.
 """
 from __future__ import annotations
 

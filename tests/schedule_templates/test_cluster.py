@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 
 import numpy as np
 import pytest
 
 import tensorfuse as tf
+from tests.helpers import needs_nvcc
 from tensorfuse import dsl as T
 from tensorfuse.errors import ScheduleError
 from tensorfuse.kernels.attention import (attention, document_attention, gqa_attention,
@@ -18,7 +18,6 @@ from tensorfuse.kernels.attention import (attention, document_attention, gqa_att
 from tensorfuse.kernels.ffn import ffn_gelu, ffn_swiglu
 from tensorfuse.targets.cuda.dsm import CLUSTER_PTX
 
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
 FFN = dict(M=128, K=512, N=1024, O=256)
 DECODE = dict(B=2, H=8, HKV=2, M=1, N=1000, D=128)
 Q, KV = T.Tensor["B", "H", "M", "D", "bf16"], T.Tensor["B", "HKV", "N", "D", "bf16"]

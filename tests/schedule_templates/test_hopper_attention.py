@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,7 @@ import pytest
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
+from tests.helpers import needs_nvcc
 from tensorfuse import dsl as T
 from tensorfuse.algebra.exprs import has_axis, linear_in
 from tensorfuse.dsl.printer import to_text
@@ -30,7 +30,6 @@ from tensorfuse.schedule_templates.hopper_attention_plan import (SCHEDULES, Hopp
 from tensorfuse.targets.cuda.hopper_attention import HOPPER_PTX, MIN_PIECE
 from tensorfuse.targets.cuda.hopper_attention_device import TAIL_HELPERS
 
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
 CHAIN = ("m", "l", "o")
 PREFILL = dict(B=2, H=16, M=1000, N=1000, D=128)
 
@@ -652,7 +651,7 @@ def test_unlisted_variants_compile_to_the_hopper_instructions(name):
 @needs_nvcc
 def test_the_output_is_written_in_16_byte_pieces():
     """The four lanes of a row trade their pairs and each writes 16 bytes (STG.E.128); no 4-byte
-    stores of the output remain (they cost the tile's end 4–6 % on the H100: RESULTS.md,
+    stores of the output remain (they cost the tile's end 4–6 % on the H100: ``benchmarks.hopper_attention``,
     ``benchmarks.hopper_attention``). Without a log-sum-exp output the kernel stores nothing else
     to global memory
     (the persistent schedule's counters use atomics)."""

@@ -5,7 +5,6 @@ on an H100 (marked ``gpu``)."""
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import replace
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.gemm import KERNELS, matmul_f16_f32, matmul_nk
+from tests.helpers import needs_nvcc
 from tensorfuse import dsl as T
 from tensorfuse.errors import ScheduleError
 from tensorfuse.schedule_templates.hopper_gemm_plan import (GemmKnobs, check_gemm,
@@ -22,7 +22,6 @@ from tensorfuse.schedule_templates.hopper_gemm_plan import (GemmKnobs, check_gem
 from tensorfuse.targets.cuda.hopper_gemm import GEMM_PTX, MULTICAST_PTX
 from tests.schedule_templates.test_hopper_attention import _ptxas_report
 
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit)")
 SIZES = dict(M=1000, K=520, N=776)
 
 

@@ -15,14 +15,14 @@ and the consumer warpgroups release each slot on an mbarrier when their MMAs on 
 ``copy="tma"`` and peer reads one consumer thread issues them into the cp.async rings below. With
 ``copy="producer"`` a third warpgroup (``setmaxnreg``) issues every cp.async copy and copies each
 k-tile of H from its owner into the ring, so both products read A from shared memory. Both measured
-slower than cp.async by every thread (RESULTS.md, "FFN v8"). With cp.async the same
+slower than cp.async by every thread (``benchmarks.cluster``). With cp.async the same
 two mbarriers per slot drive two rings (phase 1's stages, then W2's tiles): every thread's copies
 arrive on the slot's "full" barrier as they land (``cp.async.mbarrier.arrive``), each warpgroup
 arrives on "empty" once its MMAs on the slot are done, and the copies run up to ``slots − 1`` k-tiles
 ahead with no CTA barrier per k-tile (a ``__syncthreads`` version ran ``STAGES − 2`` ahead:
-RESULTS.md, "FFN v7"). Each thread's copies follow a plan made once per CTA (``CopyPlan``): with
+``benchmarks.cluster``). Each thread's copies follow a plan made once per CTA (``CopyPlan``): with
 only two warps per scheduler, the per-copy address arithmetic had made the first product bound by
-instruction issue (ncu; RESULTS.md, "FFN v6").
+instruction issue (Nsight Compute).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a) as inline PTX for generated CUDA.
 
 Operands come from shared memory through 64-bit matrix descriptors (start address, leading and
-stride byte offsets, layout type), as two probes on the H100 confirmed (RESULTS.md):
+stride byte offsets, layout type), as two probes on the H100 confirmed:
 
 - no swizzle: the tile is cut into *core matrices* of 8 rows × 16 bytes, each stored as 128
   contiguous bytes; the leading byte offset is the distance between core matrices that neighbour

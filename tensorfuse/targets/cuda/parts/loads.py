@@ -253,7 +253,7 @@ def chain_cp_async(c) -> str:
 // apart, where 128 producer threads copy 256-column tiles). Those strides are multiples of 8 rows, so a
 // chunk's 128-byte swizzle is the same in every pass: the thread's shared offsets and global
 // addresses differ between passes and k-tiles only by constants, and are computed once here
-// instead of per copy (phase 1 was bound by its warps' instruction issue: ncu, RESULTS.md).
+// instead of per copy (phase 1 was bound by its warps' instruction issue: Nsight Compute).
 struct CopyPlan {
   const __nv_bfloat16* x;    // row m0 + t / 8, column 8·(t % 8)
   const __nv_bfloat16* x0;   // row 0 of that column: the address for rows past M (zero-filled)
@@ -368,7 +368,7 @@ def chain_h_tiles(c) -> str:
 // owning peer into the slot's first BM × BK bytes, byte for byte (the same rows, so the same
 // swizzle), published to the consumers' wgmma (async proxy) and counted on the slot's "full"
 // barrier. (Reading the CTA's own k-tiles in place instead, and loading the next k-tile while
-// waiting for a slot, measured no faster: RESULTS.md, "FFN v8".)
+// waiting for a slot, measured no faster: benchmarks.cluster.)
 __device__ __forceinline__ void copy_h_tile(char* slot, unsigned hf_addr, int ks, int t,
                                             unsigned long long* full) {
   const unsigned src = tf_mapa(hf_addr + H_ATOM_AT(ks), H_OWNER(ks)), dst = tf_smem_addr(slot);

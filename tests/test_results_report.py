@@ -1,0 +1,71 @@
+"""The results as current tables: ``benchmarks/RESULTS.md`` and the README's results table are
+what ``python -m benchmarks.report`` writes from the committed CSVs, byte for byte; the report
+takes the newest run of each benchmark on each device and compares tensorfuse with the fastest
+alternative of the same case."""
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.common import canonical_label, is_alternative
+from benchmarks.report import _results, readme_table, results_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = ["benchmark", "shape", "implementation", "ms", "tflops", "gbps", "fraction_of_ceiling",
+          "note"]
+
+
+def test_results_and_readme_are_what_the_report_writes():
+    done = subprocess.run([sys.executable, "-m", "benchmarks.report", "--check"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_no_session_history_in_the_results():
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    assert "session" not in text.lower()
+    assert not [p.name for p in (ROOT / "benchmarks" / "results").iterdir()
+                if "session" in p.name.lower()]
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({**dict.fromkeys(FIELDS, "0"), "note": "", **r})
+
+
+def test_the_newest_run_of_each_benchmark_and_device_is_reported(tmp_path):
+    old = [{"benchmark": "attention/full", "shape": "S4096", "implementation": "tensorfuse",
+            "ms": "2.0", "tflops": "300"}]
+    new = [{"benchmark": "attention/full", "shape": "S4096", "implementation": "tensorfuse",
+            "ms": "1.0", "tflops": "600", "fraction_of_ceiling": "0.9"},
+           {"benchmark": "attention/full", "shape": "S4096", "implementation": "sdpa_cudnn",
+            "ms": "1.25", "tflops": "480"},
+           {"benchmark": "attention/full", "shape": "S4096", "implementation": "flex_attention",
+            "ms": "1.5", "tflops": "400"}]
+    _write(tmp_path / "2026-01-01-GPU_A-hopper-attention.csv", old)
+    _write(tmp_path / "2026-02-01-GPU_A-hopper-attention.csv", new)
+    _write(tmp_path / "2026-01-15-GPU_B-hopper-attention.csv", old)
+    found = _results(str(tmp_path))
+    assert sorted(found["hopper-attention"]) == ["GPU_A", "GPU_B"]
+    assert found["hopper-attention"]["GPU_A"].endswith("2026-02-01-GPU_A-hopper-attention.csv")
+    text = results_markdown(found)
+    assert "| attention/full | S4096 | tensorfuse | 1.0000 | 600 TFLOP/s | 1.25× sdpa cudnn | 90% |" \
+        in text
+    assert text == results_markdown(_results(str(tmp_path)))   # nothing but the CSVs in it
+    table = readme_table(found)
+    assert "| attention/full | S4096 | GPU A | 600 TFLOP/s | sdpa cudnn (480 TFLOP/s) | 1.25× |" \
+        in table
+    assert "GPU B" not in table   # its run timed no alternative: nothing to compare
+
+
+def test_labels_have_one_spelling():
+    assert canonical_label("sdpa_cudnn") == canonical_label("sdpa cudnn") == "sdpa cudnn"
+    assert canonical_label("torch.compile") == "torch_compile"
+    assert canonical_label("tensorfuse (tf.compile)") == "tensorfuse"
+    assert canonical_label("tensorfuse_hopper_64_graph") == "tensorfuse hopper 64 graph"
+    assert is_alternative("flex_attention") and not is_alternative("tensorfuse_triton")
