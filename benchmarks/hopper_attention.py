@@ -127,8 +127,8 @@ def check(log=print) -> int:
     return wrong
 
 
-# the schedules (the defaults' other knobs; block_n=176 and stages=3 were measured in sessions
-# 12 and 16 and are in the tuning space); ``tensorfuse`` (tf.compile) runs the "auto" choice
+# the schedules (the defaults' other knobs; block_n=176 and stages=3 were measured apart and are
+# in the tuning space); ``tensorfuse`` (tf.compile) runs the "auto" choice
 KNOBS = [dict(schedule="grid"), dict(schedule="dynamic"), dict(schedule="snake")]
 
 
