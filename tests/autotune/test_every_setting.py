@@ -62,7 +62,8 @@ def test_a_budget_that_covers_the_spaces_measures_every_setting_once(stand_in_gp
         # best record again for the summary
         ran = [key for name, key in stand_in_gpu if name == task.name]
         searched, defaults = ran[1:-2], setting_key(knobs_of(task.default_schedule().mod))
-        # each once, all of them        assert ran[0] == defaults and ran[-2] == () and len(searched) == len(set(searched))
+        # each once, all of them
+        assert ran[0] == defaults and ran[-2] == () and len(searched) == len(set(searched))
         assert set(searched) | {defaults} == fitting and defaults not in searched
         assert result.trials == len(fitting) and result.failures_this_job == 0
         batches = [line for line in lines if line.startswith(f"  {task.name}: ")
