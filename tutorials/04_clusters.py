@@ -41,10 +41,15 @@ sizes = dict(M=128, K=4096, N=14336, O=4096)
 sch = tf.schedule(ffn_relu2, target="cuda:sm_90a")
 sch.cluster_distribute("n")
 f = sch.compile()
-print(f.launches(**sizes).knobs)
+knobs = f.launches(**sizes).knobs
+print(knobs)
+assert (knobs.mma, knobs.exchange) == ("wgmma", "peer")
 src = f.source(**sizes)
-print(next(l for l in src.splitlines() if "h[e] =" in l).strip())   # the activation, from the DSL
-print(next(l for l in src.splitlines() if "tf_ld_dsm_u32x4(tf_mapa" in l).strip())  # peer reads
+activation = next(l for l in src.splitlines() if "h[e] =" in l).strip()   # from the DSL
+peer_read = next(l for l in src.splitlines() if "tf_ld_dsm_u32x4(tf_mapa" in l).strip()
+print(activation)
+print(peer_read)
+assert "0.0f" in activation and "?" in activation   # the ReLU's where(h > 0, h, 0), then squared
 
 # %% [markdown]
 # ## Knobs that do not fit are refused with the numbers
@@ -56,8 +61,10 @@ try:
     sch16 = tf.schedule(ffn_relu2, target="cuda:sm_90a")
     sch16.cluster_distribute("n", cluster=16, block_m=128, exchange="gather")
     sch16.compile().source(**sizes)
+    raise AssertionError("16 CTAs each holding the whole H should not fit")
 except ScheduleError as err:
     print(textwrap.fill("refused: " + str(err).splitlines()[0].split(": ", 1)[1], 100))
+    assert "shared memory" in str(err)
 
 # %% [markdown]
 # ## The PTX (needs nvcc, not a GPU)
@@ -70,6 +77,7 @@ if shutil.which("nvcc"):
     for instruction in ("ld.shared::cluster", "mapa.shared::cluster", "barrier.cluster.arrive",
                         "wgmma.mma_async", "atom.global.add.v4.f32"):
         print(f"{instruction:24s} {ptx.count(instruction):4d}")
+        assert ptx.count(instruction) > 0, instruction
 else:
     print("nvcc is not installed here: skipping the PTX")
 
@@ -91,7 +99,9 @@ if hopper:
     y = tf.schedule(ffn_relu2, target="cuda").cluster_distribute("n").compile()(x, w1, w2)
     h = torch.relu(x.double() @ w1.double())
     ref = (h * h) @ w2.double()
-    print("relative error", ((y.double() - ref).norm() / ref.norm()).item())
+    error = ((y.double() - ref).norm() / ref.norm()).item()
+    print("relative error", error)
+    assert error < 1e-2   # bf16 inputs and output, f32 accumulation
 else:
     print("no Hopper GPU here: the kernel is not run")
 
@@ -112,13 +122,20 @@ else:
 # %%
 dec = tf.schedule(tf.kernels.gqa_attention, target="cuda:sm_90a")
 dec.rolling_update("m", "l", "o", axis="j")
-print(dec.corrections())
+corrections = dec.corrections()
+print(corrections)
+assert "exp(" in str(corrections)   # the online softmax's correction, derived
 dec.cluster_distribute("j")
 fd = dec.compile()
+clusters = {}
 for B in (1, 2, 4, 8):   # on an H100: clusters of 8, 4, 2, 2; without a GPU: 16, 8, 4, 2
+    clusters[B] = fd.launches(B=B, H=32, HKV=8, M=1, N=32768, D=128).knobs.cluster
     print(f"batch {B}:", fd.launches(B=B, H=32, HKV=8, M=1, N=32768, D=128).knobs)
+assert clusters[1] >= clusters[2] >= clusters[4] >= clusters[8] >= 2   # fewer pairs: larger
 compiled = tf.compile(tf.kernels.gqa_attention, "cuda:sm_90a")
-print(compiled.for_sizes(B=4, H=32, HKV=8, M=1, N=32768, D=128).description)
+description = compiled.for_sizes(B=4, H=32, HKV=8, M=1, N=32768, D=128).description
+print(description)
+assert description.startswith("cluster_decode")
 
 # %%
 if hopper:
@@ -128,6 +145,8 @@ if hopper:
     out = fd(q, k, v, scale=D ** -0.5)
     kk, vv = (t.double().repeat_interleave(H // HKV, 1) for t in (k, v))
     ref = torch.softmax(q.double() @ kk.transpose(-1, -2) * D ** -0.5, -1) @ vv
-    print("relative error", ((out.double() - ref).norm() / ref.norm()).item())
+    error = ((out.double() - ref).norm() / ref.norm()).item()
+    print("relative error", error)
+    assert error < 1e-2
 else:
     print("no Hopper GPU here: the kernel is not run")
