@@ -131,13 +131,24 @@ def test_softcap_and_sliding_window_of_gemma2_match_eager():
     assert relative(got, want) <= TOLERANCE[torch.float32]
 
 
-def test_training_falls_back_to_transformers_and_gradients_flow():
-    model = tfh.use_tensorfuse(tiny_llama(torch.float32))
-    model.train()
+def test_training_gives_the_sdpa_models_loss_and_gradients():
+    """A training step (autograd recording) through the swapped model: its loss and every
+    parameter's gradient equal, by value, those of the same model on SDPA (float32: up to the
+    order of summation)."""
     ids = torch.randint(0, 100, (2, 11))
-    loss = model(ids, labels=ids).loss
-    loss.backward()
-    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+    def step(model):
+        model.train()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+    want_loss, want = step(tiny_llama(torch.float32))
+    got_loss, got = step(tfh.use_tensorfuse(tiny_llama(torch.float32)))
+    assert abs(float(got_loss - want_loss)) <= 1e-5 * abs(float(want_loss))
+    assert got.keys() == want.keys() and all(g is not None for g in got.values())
+    worst = max((relative(got[n], want[n]), n) for n in want if want[n].abs().max() > 0)
+    assert worst[0] <= 1e-4, worst
 
 
 @pytest.mark.gpu
