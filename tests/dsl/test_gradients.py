@@ -291,6 +291,7 @@ def test_out_is_refused_while_autograd_records():
     with pytest.raises(TypeError, match="out= is not supported while autograd records"):
         f(x, w, eps=1e-5, out=torch.empty(2, 5, dtype=torch.float64))
     with torch.no_grad():   # nothing recorded: out= as usual
-        out = torch.empty(2, 5, dtype=torch.float64)
+        out = torch.full((2, 5), float("nan"), dtype=torch.float64)
         f(x, w, eps=1e-5, out=out)
-    assert torch.isfinite(out).all()
+    want = x.detach() * torch.rsqrt((x.detach() ** 2).mean(-1, keepdim=True) + 1e-5) * w.detach()
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
