@@ -6,7 +6,9 @@ A name ``decode:KERNEL`` runs KERNEL with one query row through the split update
 ``reload:KERNEL`` a row kernel whose outputs read the row again (``reload=True``);
 ``looped:KERNEL`` a row kernel swept in blocks of 128 over ragged rows of 300 (its sums kept
 per lane and reduced after the loop where they need no correction);
-``offset:KERNEL:SPLITS`` runs a chain of ``offset_chains`` on data far from zero.
+``offset:KERNEL:SPLITS`` runs a chain of ``offset_chains`` on data far from zero; ``gfx942:NAME``
+runs NAME's kernel as generated for ROCm gfx942 (its own default knobs), which no AMD GPU here
+can run.
 """
 import json
 import os
@@ -49,9 +51,12 @@ def check_offset_chain(name: str, rng) -> float:
 def check(name: str, rng) -> float:
     if name.startswith("offset:"):
         return check_offset_chain(name, rng)
+    target = "cuda:sm_90a"
+    if name.startswith("gfx942:"):
+        target, name = "rocm:gfx942", name[len("gfx942:"):]
     base = name.split(":")[-1]
     kernel = K.ALL[base]
-    sch = tf.schedule(kernel, "cuda:sm_90a")
+    sch = tf.schedule(kernel, target)
     sch.rolling_update(*CHAINS[base], axis="j")
     if name.startswith("decode:"):  # a part kernel per range of keys, then a merge kernel
         sch.apply_template("attention", tile_m=16, tile_n=16, splits=3)

@@ -21,6 +21,10 @@ DECODE = ["decode:causal_attention", "decode:gqa_attention", "decode:alibi_atten
 RELOAD = ["reload:softmax", "reload:layernorm", "reload:rmsnorm", "reload:log_softmax"]
 LOOPED = ["looped:rmsnorm", "looped:layernorm", "looped:softmax", "looped:cross_entropy"]
 OFFSET = [f"offset:{name}:{splits}" for name in sorted(C.KERNELS) for splits in (1, C.SPLITS)]
+# the kernels generated for ROCm (gfx942's default knobs), checked through the interpreter
+GFX942 = [f"gfx942:{name}" for name in ("softmax", "layernorm", "rmsnorm", "cross_entropy",
+                                        "reload:softmax", "causal_attention", "gqa_attention",
+                                        "decode:causal_attention")]
 
 
 def template_kernel(name, target="cuda:sm_90a", **knobs):
@@ -43,7 +47,8 @@ def interpreted_errors():
     seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-m", "tests.schedule_templates.interpret_check",
-                           *ATTENTION, *ROWS, *DECODE, *RELOAD, *LOOPED, *OFFSET, str(seed)], capture_output=True, text=True,
+                           *ATTENTION, *ROWS, *DECODE, *RELOAD, *LOOPED, *OFFSET, *GFX942,
+                           str(seed)], capture_output=True, text=True,
                           env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
                           timeout=900)
@@ -51,7 +56,7 @@ def interpreted_errors():
     return seed, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", ATTENTION + ROWS + DECODE + RELOAD + LOOPED)
+@pytest.mark.parametrize("name", ATTENTION + ROWS + DECODE + RELOAD + LOOPED + GFX942)
 def test_generated_triton_kernel_matches_reference(name, interpreted_errors):
     seed, errors = interpreted_errors
     base = name.split(":")[-1]
