@@ -435,6 +435,9 @@ class TilePlanner:
             why = "an output runs along the keys"
         elif any(n not in (scalars or {}) for n in names):
             why = f"the values of {', '.join(names)} are needed to choose"
+        elif any(isinstance(n, Load) for n in nodes(plan.map_mask)):
+            # a lookup (a block-sparse layout): its values come with each call, after the order
+            why = "the mask reads a tensor, whose values the order cannot be chosen from"
         if plan.mask is None:
             why = "the chain has no mask to follow"
         if why is not None:
