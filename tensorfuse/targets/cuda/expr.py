@@ -139,6 +139,28 @@ def forwarded(args) -> tuple[str, str]:
     return ("".join(f", {c} {n}" for n, _, c in args), "".join(f", {n}" for n, _, _ in args))
 
 
+class KernelArguments:
+    """What an emitter context (a kernel's parts read it) makes of its kernel's ``arguments``
+    (name, TVM type, C++ type): the kernel's parameter list, and the parameters and arguments
+    that pass ``forwarded_arguments`` — what the program's expressions may read: tensors, sizes,
+    scalars — on to device functions (``extra_params``, ``extra_args``)."""
+
+    arguments: list
+    forwarded_arguments: list
+
+    @property
+    def params(self) -> str:
+        return ",\n    ".join(f"{c} {n}" for n, _, c in self.arguments)
+
+    @property
+    def extra_params(self) -> str:
+        return forwarded(self.forwarded_arguments)[0]
+
+    @property
+    def extra_args(self) -> str:
+        return forwarded(self.forwarded_arguments)[1]
+
+
 def _linear(e: Expr) -> dict[str, int] | None:
     """The constant coefficient of each index in integer ``e`` when it is a sum of indices,
     sizes, integer scalars and constants with constant multiples — its change between two index

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .dsm import HELPERS as DSM_HELPERS
-from .expr import forwarded, scalar_arguments, size_aliases, tensor_arguments
+from .expr import KernelArguments, scalar_arguments, size_aliases, tensor_arguments
 from .hopper_attention_device import device_functions
 from .hopper_attention_score import key_bias_function, score_expressions
 from .map_tiles import corner_function, position_function, view_rank
@@ -110,7 +110,7 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
 
 
 @dataclass(frozen=True)
-class AttentionSource:
+class AttentionSource(KernelArguments):
     """What the parts of one Hopper attention kernel read: the plan
     (``schedule_templates.hopper_attention_plan.HopperAttentionPlan``), its knobs, the head dim,
     whether the key blocks come from the block schedule's lists (``lists``), the map tiling
@@ -201,22 +201,9 @@ class AttentionSource:
         return kernel_arguments(self.plan)
 
     @property
-    def params(self) -> str:
-        return ",\n    ".join(f"{c} {n}" for n, _, c in self.arguments)
-
-    @cached_property
-    def _forwarded(self) -> tuple[str, str]:
-        """What the score and mask may read (tensors, sizes, scalars): parameters, arguments."""
-        first_extra = [n for n, _, _ in self.arguments].index("mode") + 1
-        return forwarded(self.arguments[first_extra:])
-
-    @property
-    def extra_params(self) -> str:
-        return self._forwarded[0]
-
-    @property
-    def extra_args(self) -> str:
-        return self._forwarded[1]
+    def forwarded_arguments(self) -> list:
+        """What the score and mask may read: the arguments after ``mode``."""
+        return self.arguments[[n for n, _, _ in self.arguments].index("mode") + 1:]
 
     @cached_property
     def _score(self) -> tuple[str, str, str, str, str]:

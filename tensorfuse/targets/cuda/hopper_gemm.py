@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .dsm import HELPERS as DSM_HELPERS
-from .expr import C_TYPES, forwarded, scalar_arguments, size_aliases, tensor_arguments, to_cuda
+from .expr import (C_TYPES, KernelArguments, scalar_arguments, size_aliases, tensor_arguments,
+                   to_cuda)
 from .parts import (Part, assemble, epilogue, loads, mainloop, named_parts, pipeline,
                     scheduler)
 from .split import HELPERS as SPLIT_HELPERS
@@ -157,7 +158,7 @@ def epilogue_code(plan) -> str:
 
 
 @dataclass(frozen=True)
-class GemmSource:
+class GemmSource(KernelArguments):
     """What the parts of one Hopper GEMM read: the plan
     (``schedule_templates.hopper_gemm_plan.HopperGemmPlan``), its knobs, whether it is launched
     as a programmatic dependent; and the C++ names and expressions made from them once."""
@@ -191,9 +192,6 @@ class GemmSource:
     def arguments(self) -> list:
         return kernel_arguments(self.plan)
 
-    @property
-    def params(self) -> str:
-        return ",\n    ".join(f"{c} {n}" for n, _, c in self.arguments)
 
     @property
     def pair(self) -> str:
@@ -211,18 +209,10 @@ class GemmSource:
     def sizes(self) -> str:
         return size_aliases(zip(self.plan.dims, ("M_", "K_", "N_")))
 
-    @cached_property
-    def _forwarded(self) -> tuple[str, str]:
-        """What the epilogue may read (tensors, sizes, scalars): parameters, arguments."""
-        return forwarded(self.arguments[2:-len(SPLIT_ARGUMENTS) - len(ORDER_ARGUMENTS)])
-
     @property
-    def extra_params(self) -> str:
-        return self._forwarded[0]
-
-    @property
-    def extra_args(self) -> str:
-        return self._forwarded[1]
+    def forwarded_arguments(self) -> list:
+        """What the epilogue may read: the tensors, sizes and scalars."""
+        return self.arguments[2:-len(SPLIT_ARGUMENTS) - len(ORDER_ARGUMENTS)]
 
     @property
     def gate_params(self) -> str:
