@@ -298,10 +298,14 @@ def _results(folder: str = RESULTS_DIR) -> dict:
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".csv") or len(name) < 12:
             continue
-        device, _, benchmark = name[11:-4].partition("-")   # after the date
-        if benchmark:
-            found.setdefault(benchmark, {})[device] = os.path.join(folder, name)  # sorted: newest
+        benchmark = name[11:-4].partition("-")[2]
+        if benchmark:   # sorted by name: the newest date last
+            found.setdefault(benchmark, {})[_device_of(name)] = os.path.join(folder, name)
     return found
+
+
+def _device_of(path: str) -> str:
+    return os.path.basename(path)[11:].partition("-")[0]   # after the date
 
 
 def _number(text: str) -> float:
@@ -345,18 +349,20 @@ def standard_table(rows: list) -> str:
 
     lines = ["| case | shape | implementation | ms | rate | × best alternative | of ceiling |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
-    for (case, shape), entries in _groups(rows).items():
+    groups = _groups(rows)
+    for (case, shape), entries in groups.items():
         if case.startswith("ceiling"):
             continue
         best = _best_alternative(entries)
         for r in entries:
             ratio = ""
-            if best is not None and not is_alternative(r["implementation"]) and _number(r["ms"]) > 0:
+            ours = not is_alternative(r["implementation"]) and _number(r["ms"]) > 0
+            if best is not None and ours:
                 ratio = f"{_number(best['ms']) / _number(r['ms']):.2f}× {best['implementation']}"
             ceiling = _number(r.get("fraction_of_ceiling"))
             lines.append(f"| {case} | {shape} | {r['implementation']} | {_number(r['ms']):.4f} | "
                          f"{_rate(r)} | {ratio} | {f'{ceiling:.0%}' if ceiling > 0 else ''} |")
-    ceilings = [f"{c}: {_rate(r) or r['ms'] + ' ms'}" for (c, _), es in _groups(rows).items()
+    ceilings = [f"{c}: {_rate(r) or r['ms'] + ' ms'}" for (c, _), es in groups.items()
                 if c.startswith("ceiling") for r in es[:1]]
     if ceilings:
         lines += ["", "Ceilings measured in the same run: " + "; ".join(ceilings) + "."]
@@ -404,24 +410,31 @@ def results_markdown(found: dict) -> str:
 
 
 def readme_table(found: dict) -> str:
-    """A few lines of the newest runs: tensorfuse (``tf.compile``) against the fastest
-    alternative in the same run."""
+    """A few lines of each benchmark's run on the device measured last (the device of the newest
+    CSV; another device's newest run where it has none): tensorfuse (``tf.compile``) against the
+    fastest alternative in the same run."""
     lines = ["| kernel | shape | device | tensorfuse | fastest alternative | × |",
              "| --- | --- | --- | ---: | --- | ---: |"]
+    paths = [p for runs in found.values() for p in runs.values()]
+    current = _device_of(max(paths, key=os.path.basename)) if paths else None
+    newest = {b: runs.get(current) or max(runs.values(), key=os.path.basename)
+              for b, runs in found.items()}
+    grouped = {b: _groups(load(path)) for b, path in newest.items()
+               if b in {h[0] for h in HEADLINES}}
     for benchmark, case, shape, label in HEADLINES:
-        for device, path in sorted(found.get(benchmark, {}).items()):
-            if device.startswith("NVIDIA_H100") and "NVIDIA_H200" in found[benchmark]:
-                continue   # the newest GPU's run only
-            for (c, s), entries in _groups(load(path)).items():
-                mine = [r for r in entries if r["implementation"] == label]
-                best = _best_alternative(entries)
-                if not (c.startswith(case) and shape in s and mine and best and
-                        _number(mine[0]["ms"]) > 0) or c.startswith("ceiling"):
-                    continue
-                ours, theirs = (_rate(r) or f"{_number(r['ms']):.3f} ms" for r in (mine[0], best))
-                lines.append(f"| {c} | {s} | {device.replace('_', ' ')} | {ours} | "
-                             f"{best['implementation']} ({theirs}) | "
-                             f"{_number(best['ms']) / _number(mine[0]['ms']):.2f}× |")
+        if benchmark not in grouped:
+            continue
+        device = _device_of(newest[benchmark])
+        for (c, s), entries in grouped[benchmark].items():
+            mine = [r for r in entries if r["implementation"] == label]
+            best = _best_alternative(entries)
+            if not (c.startswith(case) and shape in s and mine and best and
+                    _number(mine[0]["ms"]) > 0) or c.startswith("ceiling"):
+                continue
+            ours, theirs = (_rate(r) or f"{_number(r['ms']):.3f} ms" for r in (mine[0], best))
+            lines.append(f"| {c} | {s} | {device.replace('_', ' ')} | {ours} | "
+                         f"{best['implementation']} ({theirs}) | "
+                         f"{_number(best['ms']) / _number(mine[0]['ms']):.2f}× |")
     return "\n".join(lines)
 
 

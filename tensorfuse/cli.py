@@ -110,16 +110,14 @@ def _what_compile_runs(kernel, compiled, sizes: dict, scalars: dict, parts: bool
     named = {**sizes, **scalars}
     lines = [f"// {kernel.program.name} on {compiled.target.name}: {chosen.description}",
              f"// knobs: {chosen.schedule_origin(**named)}"]
-    made = chosen.launches(scalars, **sizes) if hasattr(chosen, "launches") else None
-    plan = made.plan.describe() if made is not None and made.plan is not None else None
-    if made is None and hasattr(chosen, "build"):   # a Triton template
-        plan = chosen.build(scalars, **sizes)[0].describe()
-    lines += [f"// {line}" for line in (plan or "").splitlines()]
+    if hasattr(chosen, "describe_plan"):   # a template (not TVM's default schedule)
+        lines += [f"// {line}" for line in chosen.describe_plan(scalars, **sizes).splitlines()]
     if parts:
-        found = made.parts if made is not None else ()
+        found = chosen.parts(**named) if hasattr(chosen, "parts") else ()
         lines += [part.describe() for part in found] or [
-            "not assembled from parts: " + ("a CUDA C++ kernel written whole" if made is not None
-                                            else "a Triton kernel or TVM's CUDA")]
+            "not assembled from parts: " + ("a CUDA C++ kernel written whole"
+                                            if hasattr(chosen, "parts") else
+                                            "a Triton kernel or TVM's CUDA")]
         return "\n".join(lines)
     written_by_tvm = chosen is getattr(compiled, "fallback", None) or not hasattr(chosen, "source")
     source = chosen.cuda_source(**sizes) if written_by_tvm else chosen.source(**named)

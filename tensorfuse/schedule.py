@@ -316,14 +316,9 @@ class Schedule:
             raise ScheduleError(problem, user_location())
         dims = {**self.dims, **sizes}
         compiled = self.compile()
-        if hasattr(compiled, "launches"):   # CUDA C++ templates (cluster, hopper_attention)
-            made = compiled.launches(scalars, **dims)   # a map's scalars: its visiting order
-            lines += [made.plan.describe(), f"  knobs: {made.knobs}"
-                      + (f" ({made.why})" if made.why else "")]
-        else:
-            plan, knobs = compiled.build(scalars, **dims)[:2]
-            lines += [f"template {name}:", plan.describe(knobs),
-                      f"  knobs from: {compiled.schedule_origin(**dims, **(scalars or {}))}"]
+        if not hasattr(compiled, "launches"):   # a Triton template (CUDA C++ plans name theirs)
+            lines.append(f"template {name}:")
+        lines.append(compiled.describe_plan(scalars, **dims))
         return "\n".join(lines)
 
     # -- TVM primitives, forwarded ------------------------------------------------------------

@@ -54,8 +54,8 @@ def test_the_newest_run_of_each_benchmark_and_device_is_reported(tmp_path):
     assert sorted(found["hopper-attention"]) == ["GPU_A", "GPU_B"]
     assert found["hopper-attention"]["GPU_A"].endswith("2026-02-01-GPU_A-hopper-attention.csv")
     text = results_markdown(found)
-    assert "| attention/full | S4096 | tensorfuse | 1.0000 | 600 TFLOP/s | 1.25× sdpa cudnn | 90% |" \
-        in text
+    want = "| attention/full | S4096 | tensorfuse | 1.0000 | 600 TFLOP/s | 1.25× sdpa cudnn | 90% |"
+    assert want in text
     assert text == results_markdown(_results(str(tmp_path)))   # nothing but the CSVs in it
     table = readme_table(found)
     assert "| attention/full | S4096 | GPU A | 600 TFLOP/s | sdpa cudnn (480 TFLOP/s) | 1.25× |" \

@@ -74,13 +74,13 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) 
     warp-specialised Hopper template for prefill (more than 64 query rows) and, for one query
     token (decode), the cluster decode kernel (the keys of each (batch, kv-head) split over a
     thread-block cluster, states merged in distributed shared memory: 1.01–1.2× the split update
-    over batches 1–128, 1k–128k keys, 32/8 and 32/32 heads: ``benchmarks.cluster``); other few-row
-    calls,
-    and decode chains it refuses, go to the Triton template's split update — a mask that reads
-    the sequence as a 2-D/3-D map in patches copied
-    as TMA boxes where the call's map allows it (``hopper_tiling``), else on the Triton template,
-    which gathers the patches — each measured faster than the Triton template
-    (``benchmarks.hopper_attention``, ``benchmarks.cluster``, ``benchmarks.neighborhood``). Sizes a native template refuses go to the Triton one.
+    over batches 1–128, 1k–128k keys, 32/8 and 32/32 heads: ``benchmarks.cluster``); other
+    few-row calls, and decode chains it refuses, go to the Triton template's split update — a
+    mask that reads the sequence as a 2-D/3-D map in patches copied as TMA boxes where the call's
+    map allows it (``hopper_tiling``), else on the Triton template, which gathers the patches —
+    each measured faster than the Triton template (``benchmarks.hopper_attention``,
+    ``benchmarks.cluster``, ``benchmarks.neighborhood``). Sizes a native template refuses go to
+    the Triton one.
     ``records(template name)``: the compile entry point's lookup of tuning records for a template
     with a tuning space (``hopper_attention``)."""
     if spec.kind != "cuda" or spec.arch != "sm_90a":

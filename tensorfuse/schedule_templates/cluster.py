@@ -50,8 +50,8 @@ GEMM_CHAIN_KNOBS = ("mma", "copy", "exchange", "block_m", "block_n", "block_k", 
 def gemm_chain_knobs(plan, target: TargetSpec, sizes: tuple[int, int, int, int],
                      cluster: int | None, given: dict):
     """The knobs for sizes ``(M, K, N, O)``: the user's, and defaults for the rest, as measured
-    best on the H100 (``benchmarks.cluster``) — wgmma on sm_90a (mma.sync for 16 warps or plain sm_90) fed by
-    cp.async, H shared by peer reads in clusters of 8 with 256-column output tiles where O allows
+    best on the H100 (``benchmarks.cluster``) — wgmma on sm_90a (mma.sync for 16 warps or plain
+    sm_90) fed by cp.async, H shared by peer reads in clusters of 8 with 256-column output tiles where O allows
     (all-gather in clusters of 2 when peer reads do not apply; smaller clusters and tiles where the
     sizes need them), 128-row blocks (64 where M ≤ 64 or H would not fit), and the pipeline with
     the most bytes in flight that fits."""
@@ -209,8 +209,8 @@ DECODE_KNOBS = ("warps", "stages", "mma", "copy")
 
 def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: dict,
                  target: TargetSpec, resident: Callable | None = None, sms: int = SMS):
-    """The user's decode knobs, and defaults for the rest, from sweeps on the H100 (``benchmarks.cluster``,
-    32/8 heads, 32k keys, B = 1…8): one cluster per (batch, kv-head) pair, all in one wave, with
+    """The user's decode knobs, and defaults for the rest, from sweeps on the H100
+    (``benchmarks.cluster``, 32/8 heads, 32k keys, B = 1…8): one cluster per (batch, kv-head) pair, all in one wave, with
     as many CTAs as that allows, was best. So: the most warps (4, 2, 1) whose two-block buffers
     fit, tensor cores while a group's heads fit one 16-row MMA tile (their blocks staged by bulk
     tensor copies: 3.0 TB/s from 64 CTAs where ``cp.async`` reached 2.3–2.7:

@@ -72,7 +72,8 @@ class ClusterKnobs:
     one consumer thread with peer reads; or ``"producer"``: a producer warpgroup issues every
     cp.async copy and, in the second product, copies each k-tile of H from the owning peer into
     the local pipeline, so the consumers only run wgmma on shared memory — wgmma with
-    ``exchange="peer"`` only; on the H100 cp.async is the fastest of the three: ``benchmarks.cluster``), and
+    ``exchange="peer"`` only; on the H100 cp.async is the fastest of the three:
+    ``benchmarks.cluster``), and
     how the cluster shares H (``exchange``: ``"gather"``, every CTA stores its slice into every
     peer's shared memory, or ``"peer"``, every CTA keeps its slice and the second product reads it
     from the peers' shared memory — into registers as A fragments with cp.async or TMA, into the

@@ -16,12 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..algebra.exprs import nodes
-from ..dsl.expr import Axis, Load
+from ..dsl.expr import Axis
 from ..errors import ScheduleError
 from ..targets.cuda.map_tiles import why_not_viewed
 from ..targets.cuda.wgmma import fragment_bit_words, fragment_elements
 from .block_schedule import _Evaluator, _tokens, window_lists
-from .token_tiling import KeyWindows, TilingChoice, TokenTiling, choose_tiling
+from .token_tiling import (KeyWindows, TilingChoice, TokenTiling, choose_tiling,
+                           mask_reads_tensors)
 
 PAIRS_AT_ONCE = 256   # (row block, window) pairs whose mask is evaluated in one go
 
@@ -81,7 +82,7 @@ def choose_hopper_tiling(plan, block_m: int, block_n: int, sizes: dict, scalars:
 def _why_flat(plan, block_m: int, block_n: int, sizes: dict, scalars: dict) -> str | None:
     b, h, i, j = plan.chain.axes
     M, N = (sizes[d] for d in plan.chain.dims[3:5])
-    if any(isinstance(n, Load) for n in nodes(plan.mask)):
+    if mask_reads_tensors(plan.mask):
         return "the mask reads tensors (its bits would differ per call)"
     if any(isinstance(n, Axis) and n.uid in (b.uid, h.uid) for n in nodes(plan.mask)):
         return "the mask reads the batch or head (its bits would differ per head)"

@@ -32,7 +32,7 @@ from ..dsl.program import Compute, Program
 from ..errors import ScheduleError, TargetError
 from ..targets.triton.rowtile import MAX_FEATURE, REDUCE
 from .block_schedule import block_lists, window_lists
-from .token_tiling import choose_tiling, map_scalars, mask_reads_map
+from .token_tiling import choose_tiling, map_scalars, mask_reads_map, mask_reads_tensors
 
 
 @dataclass
@@ -435,9 +435,8 @@ class TilePlanner:
             why = "an output runs along the keys"
         elif any(n not in (scalars or {}) for n in names):
             why = f"the values of {', '.join(names)} are needed to choose"
-        elif any(isinstance(n, Load) for n in nodes(plan.map_mask)):
-            # a lookup (a block-sparse layout): its values come with each call, after the order
-            why = "the mask reads a tensor, whose values the order cannot be chosen from"
+        elif mask_reads_tensors(plan.map_mask):   # a block-sparse layout, document ids
+            why = "the mask reads tensors (their values come with each call)"
         if plan.mask is None:
             why = "the chain has no mask to follow"
         if why is not None:

@@ -332,6 +332,12 @@ def mask_reads_map(mask: Expr | None, axes: tuple[Axis, ...]) -> bool:
         and e.a.uid in uids for e in nodes(mask))
 
 
+def mask_reads_tensors(mask: Expr | None) -> bool:
+    """Whether ``mask`` reads a tensor (a document id, a block-sparse layout): its blocks come
+    with each call's values, so no visiting order can be chosen for it ahead (the flat order)."""
+    return mask is not None and any(isinstance(n, Load) for n in nodes(mask))
+
+
 def map_scalars(mask: Expr | None, axes: tuple[Axis, ...]) -> tuple[str, ...]:
     """The scalars of a mask that reads one of ``axes`` as a map (its width, radius, dilation: a
     visiting order in patches depends on their values, so kernels are made per value), in the

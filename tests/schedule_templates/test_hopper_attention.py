@@ -651,7 +651,7 @@ def test_unlisted_variants_compile_to_the_hopper_instructions(name):
 @needs_nvcc
 def test_the_output_is_written_in_16_byte_pieces():
     """The four lanes of a row trade their pairs and each writes 16 bytes (STG.E.128); no 4-byte
-    stores of the output remain (they cost the tile's end 4–6 % on the H100: ``benchmarks.hopper_attention``,
+    stores of the output remain (they cost the tile's end 4–6 % on the H100:
     ``benchmarks.hopper_attention``). Without a log-sum-exp output the kernel stores nothing else
     to global memory
     (the persistent schedule's counters use atomics)."""

@@ -297,8 +297,8 @@ def test_the_tile_shape_follows_the_key_blocks_a_tile_visits():
     """Where a tile sees few key blocks (7×7 and 15×15 kernels on a 64² map) its fixed cost
     dominates: 64-row tiles with 64-key windows, two CTAs an SM, cost least — at ~4 blocks a tile
     without the intra-warpgroup overlap (``benchmarks.neighborhood``); with many blocks a
-    tile (31×31) 128-row tiles of 128-key windows do — the choices the H100 measured (``benchmarks.neighborhood``,
-    ``benchmarks.neighborhood``), and ``tf.compile``'s. Knobs given narrow the shapes: a 128-key
+    tile (31×31) 128-row tiles of 128-key windows do — the choices the H100 measured
+    (``benchmarks.neighborhood``), and ``tf.compile``'s. Knobs given narrow the shapes: a 128-key
     block keeps one
     CTA an SM, three stages do not fit two."""
     from tensorfuse.schedule_templates.hopper_tiling import tile_shape_for_map

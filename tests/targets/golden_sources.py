@@ -123,7 +123,8 @@ def _hopper_cases() -> Iterator[Case]:
                 sizes.update(MAPS.get(name, {}))
                 yield f"hopper:{name}:D={D}:N={N}", source(kernel, {}, sizes)
     knob_sets = [dict(block_n=128), dict(block_n=176), dict(stages=3), dict(consumers=1),
-                 dict(overlap=False), dict(pingpong=False), dict(consumers=1, block_n=64, ctas_per_sm=2)] + \
+                 dict(overlap=False), dict(pingpong=False),
+                 dict(consumers=1, block_n=64, ctas_per_sm=2)] + \
         [dict(schedule=s) for s in ("grid", "dynamic", "snake", "split")]
     for name in ("attention", "causal_attention", "gqa_causal_attention"):
         kernel = K.ALL[name]

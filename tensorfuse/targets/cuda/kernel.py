@@ -180,6 +180,12 @@ class ClusterKernel(GraphCallable):
         dims, scalars = split_scalars(self.program, dims)
         return "\n// ---- the next module ----\n".join(self.launches(scalars, **dims).sources)
 
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        """The template plan at these sizes and the knobs chosen for them (and why)."""
+        made = self.launches(scalars, **dims)   # a map's scalars: its visiting order
+        return f"{made.plan.describe()}\n  knobs: {made.knobs}" + (
+            f" ({made.why})" if made.why else "")
+
     def parts(self, **dims) -> tuple:
         """The parts (:class:`~.parts.Part`) the source at these sizes is assembled from: role,
         name and the plan fields each reads; empty for a kernel written whole."""

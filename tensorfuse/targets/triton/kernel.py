@@ -94,6 +94,12 @@ class TritonKernel(GraphCallable):
         self.build(scalars, **dims)
         return self._origin[self._build_key(dims, scalars)]
 
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        """The row-tile plan at these sizes and where its knobs come from."""
+        plan, knobs = self.build(scalars, **dims)[:2]
+        return (f"{plan.describe(knobs)}\n"
+                f"  knobs from: {self.schedule_origin(**dims, **(scalars or {}))}")
+
     def source(self, **dims) -> str:
         """The generated Triton source (scalars a kernel is built per given by name among the
         sizes, as for :meth:`compiled`)."""
