@@ -94,18 +94,17 @@ def _map(name: str) -> dict:
 
 def _hopper_cases() -> Iterator[Case]:
     """The Hopper attention template (CUDA C++) by schedule, and as ``tf.compile`` picks it."""
-    import tensorfuse as tf
     import tensorfuse.kernels as K
     from benchmarks.attention_unlisted import UNLISTED
     from benchmarks.hopper_attention import causal_attention_f16
+    from tests.schedule_templates.test_hopper_attention import hopper as hopper_by_hand
 
     made: dict = {}
 
     def hopper(kernel, **knobs):
         key = (kernel, tuple(sorted(knobs.items())))
         if key not in made:
-            sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update("m", "l", "o", axis="j")
-            made[key] = sch.apply_template("hopper_attention", **knobs).compile()
+            made[key] = hopper_by_hand(kernel, **knobs)
         return made[key]
 
     def source(kernel, knobs: dict, sizes: dict) -> Callable[[], str]:
@@ -153,7 +152,6 @@ def _hopper_cases() -> Iterator[Case]:
 def _lse_and_sparse_cases() -> Iterator[Case]:
     """The forward that saves the log-sum-exp (autograd's), a block-sparse lookup mask, a strided
     neighbourhood (the map tiles with a stride)."""
-    import tensorfuse as tf
     import tensorfuse.kernels as K
     from tensorfuse.autograd import _ProgramKernel
     from tensorfuse.schedule_templates.attention_chain import with_logsumexp
@@ -185,6 +183,8 @@ def _gemm_cases() -> Iterator[Case]:
     from benchmarks.gemm import KERNELS
     from tensorfuse.schedule_templates.hopper_ffn import hopper_ffn
     from tensorfuse.targets import get_target
+    from tests.schedule_templates.test_cluster import _decode as decode_by_hand
+    from tests.schedule_templates.test_cluster import _ffn as ffn_by_hand
 
     gemm_sizes = [dict(M=1000, K=520, N=776), dict(M=8192, K=8192, N=8192),
                   dict(M=128, K=4096, N=14336)]
@@ -220,7 +220,7 @@ def _gemm_cases() -> Iterator[Case]:
             for M in (128, 1024):
                 label = ",".join(f"{k}={v}" for k, v in knobs.items())
                 yield f"cluster:{name}:{label}:M={M}", \
-                    lambda k=K.ALL[name], kn=knobs, m=M: _cluster(k, "n", kn).source(
+                    lambda k=K.ALL[name], kn=knobs, m=M: ffn_by_hand(k, **kn).source(
                         M=m, K=4096, N=14336, O=4096)
     decode_knobs = [{}, dict(mma="fma", copy="cp.async"), dict(copy="cp.async"),
                     dict(warps=4), dict(stages=3), dict(cluster=4), dict(cluster=16)]
@@ -231,35 +231,18 @@ def _gemm_cases() -> Iterator[Case]:
             label = ",".join(f"{k}={v}" for k, v in knobs.items())
             sizes = dict(B=B, H=H, HKV=8, M=1, N=32768, D=D)
             yield f"cluster_decode:{label}:B={B},D={D},H={H}", \
-                lambda kn=knobs, s=sizes: _cluster(K.gqa_attention, "j", kn).source(**s)
-
-
-def _cluster(kernel, axis: str, knobs: dict):
-    import tensorfuse as tf
-
-    sch = tf.schedule(kernel, target="cuda:sm_90a")
-    if axis == "j":
-        sch.rolling_update("m", "l", "o", axis="j")
-    sch.cluster_distribute(axis, **knobs)
-    return sch.compile()
+                lambda kn=knobs, s=sizes: decode_by_hand(K.gqa_attention, **kn).source(**s)
 
 
 def _triton_cases() -> Iterator[Case]:
     """Row tiles and the Triton attention forward, decode and backward; sm_80, sm_90a, ROCm."""
-    import tensorfuse as tf
     import tensorfuse.kernels as K
     from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
                                                                   plan_attention_backward)
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.targets import get_target
     from tensorfuse.targets.triton.attention_backward import backward_source
-    from tests.schedule_templates.test_rolling_update import CHAINS
-
-    def template(name, target, **knobs):
-        sch = tf.schedule(K.ALL[name], target)
-        sch.rolling_update(*CHAINS[name], axis="j")
-        kind = "attention" if name in K.ATTENTION_VARIANTS else "row_reduction"
-        return sch.apply_template(kind, **knobs).compile()
+    from tests.schedule_templates.test_templates import template_kernel as template
 
     rows = dict(M=4096, N=4096, V=32000)
     for name in sorted(K.ROW_KERNELS):
