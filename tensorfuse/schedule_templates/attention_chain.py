@@ -7,8 +7,9 @@ its correction ``exp(m_old - m_new)``, so they first check that the chain is exa
     m = max(s), l = sum(exp(s - m)), o = sum(exp(s - m) * v), output o / l
 
 with ``s`` any elementwise expression of one dot product ``q·k`` (the score modification and the
-mask), ``q[b, h, i, d]``, ``k[b, hk, j, d]``, ``v[b, hk, j, e]`` and the output ``[b, h, i, e]``,
-and read its pieces. Anything else is refused with the reason.
+mask), ``q[b, h, i, d]``, ``k[b, hk, j, d]``, ``v[b, hk, j, e]`` and the output ``[b, h, i, e]`` —
+the axes found by their roles, in any order in each tensor (``[B, S, H, D]`` as well:
+``AttentionChain.layouts``) — and read its pieces. Anything else is refused with the reason.
 """
 from __future__ import annotations
 
@@ -43,6 +44,27 @@ class AttentionChain:
     dtype: str = "bf16"                         # of q, k, v and the output
     axes: tuple = ()                            # the Axis objects b, h, i (queries), j (keys)
     lse: str = ""                               # the log-sum-exp output's name (with_logsumexp)
+    # each tensor's axes by role, outermost first: q, k, v, the output (and the log-sum-exp) —
+    # b (batch), h (the head; the kv-head in k and v), i (queries), j (keys), d (the head dim,
+    # the output's e); the library's layout is LIBRARY_LAYOUTS
+    layouts: tuple[str, ...] = ("bhid", "bhjd", "bhjd", "bhid")
+
+    @property
+    def permuted(self) -> bool:
+        """Whether a tensor's axes are in another order than the library's ``[b, h, tokens, d]``
+        (``[B, S, H, D]``, ``[S, B, H, D]``, …): kernels then address it by its own strides."""
+        return self.layouts != LIBRARY_LAYOUTS[:len(self.layouts)]
+
+    def strides(self, tensor: int, sizes: dict) -> dict[str, int]:
+        """Element strides by role of tensor ``tensor`` (0 q, 1 k, 2 v, 3 the output, 4 the
+        log-sum-exp), contiguous in its declared order at ``sizes``."""
+        B, H, HKV, M, N, D = (sizes[d] for d in self.dims)
+        extent = {"b": B, "h": HKV if tensor in (1, 2) else H, "i": M, "j": N, "d": D}
+        out, stride = {}, 1
+        for role in reversed(self.layouts[tensor]):
+            out[role] = stride
+            stride *= extent[role]
+        return out
 
 
 def _same(a, b) -> bool:
@@ -99,22 +121,11 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
                      f"{axis!r}", dot.loc)
     k_load = on_keys[0]
     q_load = next(ld for ld in loads if ld is not k_load)
-    # layouts: q[b, h, i, d], k[b, hk, j, d], v[b, hk, j, e], out[b, h, i, e]
     d_axis, j_axis = dot.over[0], m.over[0]
-    if len(q_load.indices) != 4 or not all(isinstance(x, Axis) for x in q_load.indices) or \
-            not _is_axis(q_load.indices[3], d_axis):
-        raise refuse("q must be indexed [b, h, i, d] by plain axes", dot.loc)
-    b_axis, h_axis, i_axis = q_load.indices[:3]
-    kv_head = k_load.indices[1] if len(k_load.indices) == 4 else None
-    e_axis = out.axes[-1] if len(out.axes) == 4 else None
-    if kv_head is None or not (
-            _is_axis(k_load.indices[0], b_axis) and _is_axis(k_load.indices[2], j_axis)
-            and _is_axis(k_load.indices[3], d_axis) and len(v_load.indices) == 4
-            and _is_axis(v_load.indices[0], b_axis) and _same(v_load.indices[1], kv_head)
-            and _is_axis(v_load.indices[2], j_axis) and _is_axis(v_load.indices[3], e_axis)
-            and all(_is_axis(a, x) for a, x in zip(out.axes, (b_axis, h_axis, i_axis, e_axis)))):
-        raise refuse("k and v must be indexed [b, kv-head, j, d] and [b, kv-head, j, e] with one "
-                     "kv-head expression, and the output [b, h, i, e]", dot.loc)
+    roles = _axis_roles(q_load, k_load, v_load, out, d_axis, j_axis)
+    if isinstance(roles, str):
+        raise refuse(roles, dot.loc)
+    (b_axis, h_axis, i_axis, e_axis), kv_head, layouts = roles
     params = {x.name: x for x in program.tensor_params}
     qp, kp = params[q_load.param.name], params[k_load.param.name]
     vp = params[v_load.param.name]
@@ -122,12 +133,73 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     if len(kinds) != 1:
         raise refuse(f"q, k, v and the output must share one dtype, got {sorted(kinds)}", dot.loc)
     axes = {b_axis.name: "b", h_axis.name: "h", i_axis.name: "0", j_axis.name: "j"}
+    if lse is not None:
+        lse_roles = {b_axis.uid: "b", h_axis.uid: "h", i_axis.uid: "i"}
+        layouts = (*layouts, "".join(lse_roles[a.uid] for a in lse.axes))
+    q_at, k_at = layouts[0].index, layouts[1].index
     return AttentionChain(qp.name, kp.name, vp.name, scores, out.name,
                           tuple((x.name, x.dtype) for x in program.scalar_params),
-                          (str(qp.dims[0]), str(qp.dims[1]), str(kp.dims[1]), str(qp.dims[2]),
-                           str(kp.dims[2]), str(qp.dims[3])), kv_head, h_axis.name, dot.name,
-                          tuple(axes.items()), out.dtypes[0],
-                          (b_axis, h_axis, i_axis, j_axis), lse.name if lse is not None else "")
+                          (str(qp.dims[q_at("b")]), str(qp.dims[q_at("h")]),
+                           str(kp.dims[k_at("h")]), str(qp.dims[q_at("i")]),
+                           str(kp.dims[k_at("j")]), str(qp.dims[q_at("d")])), kv_head,
+                          h_axis.name, dot.name, tuple(axes.items()), out.dtypes[0],
+                          (b_axis, h_axis, i_axis, j_axis), lse.name if lse is not None else "",
+                          layouts)
+
+
+LIBRARY_LAYOUTS = ("bhid", "bhjd", "bhjd", "bhid", "bhi")
+
+
+def _axis_roles(q_load: Load, k_load: Load, v_load: Load, out: Compute, d_axis: Axis,
+                j_axis: Axis):
+    """``((b, h, i, e), kv-head expression, layouts)`` of ``q·k`` and ``p·v`` by the roles of
+    their axes, in whatever order the tensors hold them: ``i`` is q's axis that k does not read,
+    ``h`` the one k reads through the kv-head expression (a plain axis too without grouping:
+    then ``b`` is the one q holds first), ``e`` the output's axis q does not have; or a string
+    saying what does not fit."""
+    q_ix, k_ix = q_load.indices, k_load.indices
+    if len(q_ix) != 4 or not all(isinstance(x, Axis) for x in q_ix) or \
+            len({x.uid for x in q_ix}) != 4 or not any(_is_axis(x, d_axis) for x in q_ix):
+        return "q must be indexed by four distinct plain axes: batch, head, query and the head dim"
+    reads = lambda e: {a.uid for a in e.axes}   # noqa: E731
+    rest = [x for x in k_ix if not (_is_axis(x, j_axis) or _is_axis(x, d_axis))]
+    free = [x for x in q_ix if not _is_axis(x, d_axis) and
+            not any(x.uid in reads(r) for r in rest)]
+    if len(k_ix) != 4 or len(rest) != 2 or len(free) != 1:
+        return ("k must be indexed by the batch, the kv-head (the head or an expression of it), "
+                "the keys and the head dim, and q by the same batch and head and its query axis")
+    i_axis = free[0]
+    b_h = [x for x in q_ix if not (_is_axis(x, d_axis) or _is_axis(x, i_axis))]
+    plain = [r for r in rest if isinstance(r, Axis)]
+    if len(plain) == 2:      # no grouping: b is the one q holds first
+        b_axis, h_axis = b_h
+        kv_head = next(r for r in rest if _is_axis(r, h_axis))
+    elif len(plain) == 1 and any(_is_axis(plain[0], x) for x in b_h):
+        b_axis = plain[0]
+        h_axis = next(x for x in b_h if not _is_axis(x, b_axis))
+        kv_head = next(r for r in rest if r is not plain[0])
+        if reads(kv_head) != {h_axis.uid}:
+            return f"k's kv-head index must read only the query head {h_axis.name}"
+    else:
+        return "k must be indexed by the batch axis of q as a plain axis"
+    e_axes = [a for a in out.axes if not any(_is_axis(a, x) for x in (b_axis, h_axis, i_axis))]
+    if len(out.axes) != 4 or len(e_axes) != 1:
+        return f"the output must be indexed by {b_axis.name}, {h_axis.name}, {i_axis.name} and " \
+               "the value's head dim"
+    e_axis = e_axes[0]
+    v_ix = v_load.indices
+    if len(v_ix) != 4 or sum(_same(x, kv_head) for x in v_ix) != 1 or not all(
+            sum(_is_axis(x, a) for x in v_ix) == 1 for a in (b_axis, j_axis, e_axis)):
+        return "v must be indexed by the batch, the kv-head expression of k, the keys and the " \
+               "output's head dim"
+
+    def layout(indices, kv=None):
+        role = {b_axis.uid: "b", h_axis.uid: "h", i_axis.uid: "i", j_axis.uid: "j",
+                d_axis.uid: "d", e_axis.uid: "d"}
+        return "".join("h" if kv is not None and _same(x, kv) else role[x.uid] for x in indices)
+
+    return ((b_axis, h_axis, i_axis, e_axis), kv_head,
+            (layout(q_ix), layout(k_ix, kv_head), layout(v_ix, kv_head), layout(out.axes)))
 
 
 LSE_FORM = "a second output m + log(l), float32 [b, h, i]: the log-sum-exp"

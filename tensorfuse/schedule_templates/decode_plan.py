@@ -70,6 +70,13 @@ def plan_decode(program: Program, names: tuple[str, ...], axis: str) -> DecodePl
     read its pieces. Anything else is refused: the kernel's merge hard-codes this chain's
     correction ``exp(m_part - m)``."""
     chain = recognise_attention(program, names, axis, WHO)
+    q, k, v, out = chain.layouts[:4]
+    if (k, v) != ("bhjd", "bhjd") or {q.replace("i", ""), out.replace("i", "")} != {"bhd"}:
+        # one query token: where the query axis sits in q and the output does not move them
+        raise _refuse(f"cluster decode reads k and v as [batch, kv-head, keys, head dim] and q "
+                      f"and the output with the head dim innermost after the head (the layouts "
+                      f"by role here: q {q}, k {k}, v {v}, output {out}); the attention "
+                      "template's split update takes the others")
     plan = DecodePlan(**{f.name: getattr(chain, f.name) for f in fields(chain)})
     to_cuda(plan.score, {plan.dot: "qk"}, "the score", axes=dict(plan.score_axes))  # refused now
     return plan

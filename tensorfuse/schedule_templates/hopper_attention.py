@@ -192,18 +192,25 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
             shapes = [(view_sizes(sides, dilation, heads, D), view_box(patch, dilation))
                       for heads, patch in ((B * H, tiled.rows.patch), (B * HKV, tiled.cols.patch),
                                            (B * HKV, tiled.cols.patch))]
+        elif plan.strided:   # (batch, head, tokens, D) by each tensor's own strides
+            shapes = [((B, heads, tokens, D), (1, 1, rows, 64),
+                       tuple(plan.chain.strides(t, dims)[r] for r in ("b", "h", token)))
+                      for t, heads, tokens, token, rows in (
+                          (0, H, M, "i", knobs.block_m), (1, HKV, N, "j", knobs.block_n),
+                          (2, HKV, N, "j", knobs.block_n))]
         else:
-            shapes = [((heads, tokens, D), (1, rows, 64))
+            shapes = [((heads, tokens, D), (1, rows, 64), None)
                       for heads, tokens, rows in ((B * H, M, knobs.block_m),
                                                   (B * HKV, N, knobs.block_n),
                                                   (B * HKV, N, knobs.block_n))]
+        shapes = [shape if len(shape) == 3 else (*shape, None) for shape in shapes]
 
         def tensor_maps(q, k, v, device):
             """TMA maps of q, k and v in one device buffer, made once per set of addresses."""
             key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
             return maps.get(key, lambda: b"".join(
-                tensor_map(address, sizes, box, plan.dtype)
-                for address, (sizes, box) in zip(key, shapes)), device)
+                tensor_map(address, sizes, box, plan.dtype, strides)
+                for address, (sizes, box, strides) in zip(key, shapes)), device)
 
         def run(module, values, out, device):
             c = plan.chain

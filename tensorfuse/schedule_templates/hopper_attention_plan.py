@@ -124,6 +124,12 @@ class HopperAttentionPlan:
         return self.chain.dtype
 
     @property
+    def strided(self) -> bool:
+        """Whether q, k, v and the output are addressed by their own strides (a layout other
+        than the library's ``[b, h, tokens, d]``: the load and epilogue parts say so)."""
+        return ("load", "tma_strided_boxes") in self.parts
+
+    @property
     def reads_map(self) -> bool:
         """Whether the mask reads the queries or keys as a 2-D/3-D map: the kernel may visit it
         in patches (:mod:`.hopper_tiling`)."""
@@ -139,6 +145,11 @@ class HopperAttentionPlan:
         b, h, hkv, m, n, d = c.dims
         lines = [f"hopper attention plan: {c.out}[{b}, {h}, {m}, {d}] from {c.q}, {c.k}, {c.v} "
                  f"({hkv} kv-heads, {c.dtype})",
+                 *([f"  layouts by role (b batch, h head, i queries, j keys, d head dim): "
+                    + ", ".join(f"{t} {lay}" for t, lay in
+                                zip((c.q, c.k, c.v, c.out, c.lse), c.layouts))
+                    + "; each read through a 4-D tensor map of its strides"]
+                   if self.strided else []),
                  f"  score: {to_text(self.score)}"
                  + (f" (the factor {to_text(self.scale)} folded into exp2)"
                     if self.scale is not None else "")
@@ -238,6 +249,15 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
                     if isinstance(d, str) and d not in chain.dims})
     plan = HopperAttentionPlan(chain, score, mask, scale, tuple(tensors), tuple(extra),
                                key_bias)
+    if chain.permuted:
+        if any(layout[-1] != "d" for layout in chain.layouts[:4]):
+            raise _refuse("TMA copies rows of the head dim: it must be the innermost axis of q, k, "
+                          f"v and the output (their axes by role: {', '.join(chain.layouts)}); "
+                          "the attention template takes other layouts")
+        # each tensor through a 4-D tensor map of its own strides, the output by its strides
+        parts = dict(plan.parts)
+        parts.update(load="tma_strided_boxes", epilogue="deferred_strided_store")
+        plan = replace(plan, parts=tuple(parts.items()))
     for e, what in ((score, "the score"), (mask, "the mask")):   # refused now if not writable
         if e is not None:
             to_cuda(e, {chain.dot: "qk"}, what, axes=dict(chain.score_axes),

@@ -82,6 +82,9 @@ def choose_hopper_tiling(plan, block_m: int, block_n: int, sizes: dict, scalars:
 def _why_flat(plan, block_m: int, block_n: int, sizes: dict, scalars: dict) -> str | None:
     b, h, i, j = plan.chain.axes
     M, N = (sizes[d] for d in plan.chain.dims[3:5])
+    if plan.strided:
+        return ("the tensors' axes are in another order than [batch, head, tokens, head dim] (a "
+                "map's boxes are views of that layout)")
     if mask_reads_tensors(plan.mask):
         return "the mask reads tensors (its bits would differ per call)"
     if any(isinstance(n, Axis) and n.uid in (b.uid, h.uid) for n in nodes(plan.mask)):

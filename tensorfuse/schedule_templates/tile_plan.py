@@ -4,8 +4,11 @@ This is the planning behind the attention and row-reduction templates (the Trito
 :mod:`tensorfuse.targets.triton.rowtile` turns a plan and its knobs into code). The roles of the
 axes come from the planned chain:
 
-- the chain's common axes: all but the last run over the grid's second dimension (``batch``); the
-  last is the ``row`` axis, tiled by ``block_m``;
+- the chain's common axes: the ``row`` axis, tiled by ``block_m``, is the one the column operands
+  (the tiles of the swept axis that carry a feature axis: attention's k and v) do not read — the
+  query axis wherever it sits in the tensors (:func:`row_roles`); the others run over the grid's
+  second dimension (``batch``). Without column operands (softmax, norms) the last common axis is
+  the row axis;
 - the fused axis ``j`` is swept in blocks of ``block_n`` (the rolling update's chunks);
 - one ``feature`` axis (the head dimension) is held whole: reductions over it that multiply a row
   tile by a column tile are tensor-core products (q·kᵀ), and members that sum a row×column tile
@@ -168,11 +171,35 @@ def _storage_of(e: Expr) -> str:
     return kinds.pop() if len(kinds) == 1 and kinds <= {"bf16", "f16"} else "bf16"
 
 
+def row_roles(chain: Chain) -> tuple[list[Axis], Axis]:
+    """``(batch axes, row axis)`` of a chain's common axes, from their roles rather than their
+    positions: the row axis is the last common axis that no column operand reads (a load that
+    runs over the swept axis and a feature axis — attention's ``k[b, j, h, d]`` and
+    ``v[b, j, h, e]`` read ``b`` and ``h``, not the queries ``i``), so ``[B, H, S, D]``,
+    ``[B, S, H, D]`` and ``[S, B, H, D]`` tensors give one plan; without column operands, the
+    last common axis."""
+    common = list(chain.common_axes)
+    uids = {a.uid for a in common}
+    col = chain.axis.uid
+    read: set = set()
+    bodies = [b for m in chain.members for b in chain.bodies[m.name]]
+    bodies += [inline_elementwise(x.bodies[0]) for x in chain.local_reductions]
+    for body in bodies:
+        for n in nodes(body):
+            if isinstance(n, Load):
+                axes = {a.uid for a in n.axes}
+                if col in axes and axes - uids - {col}:
+                    read |= axes
+    free = [a for a in common if a.uid not in read]
+    row = free[-1] if free else common[-1]
+    return [a for a in common if a.uid != row.uid], row
+
+
 def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
     """Check that the chain fits the template and assign the axes their roles."""
     if chain.axis is None or len(chain.common_axes) < 1:
         raise TargetError("the row-tile template needs at least one axis shared by the chain")
-    *batch, row = chain.common_axes
+    batch, row = row_roles(chain)
     col = chain.axis
     common = {a.uid for a in chain.common_axes}
     members = {m.name for m in chain.members}
@@ -407,15 +434,14 @@ class TilePlanner:
     def reads_map(self) -> bool:
         """Whether the chain's mask reads the rows or the keys as a map (``i // W``, ``i % W``):
         a visiting order in patches may then beat the flat one."""
-        return mask_reads_map(self._mask, tuple(self.chain.common_axes[-1:]) +
-                              (self.chain.axis,))
+        return mask_reads_map(self._mask, (row_roles(self.chain)[1], self.chain.axis))
 
     @cached_property
     def layout_scalars(self) -> tuple[str, ...]:
         """The scalars a visiting order may depend on: those of a mask that reads the rows or
         keys as a map (a width, a radius, a dilation). Kernels are built per their values.
         Computed once: every call's launch key reads it."""
-        return map_scalars(self._mask, tuple(self.chain.common_axes[-1:]) + (self.chain.axis,))
+        return map_scalars(self._mask, (row_roles(self.chain)[1], self.chain.axis))
 
     def tile(self, plan: RowTilePlan, knobs: Knobs, scalars: dict | None,
              request: "dict | None | bool" = True) -> RowTilePlan:

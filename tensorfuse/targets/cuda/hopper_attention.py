@@ -147,9 +147,17 @@ class AttentionSource(KernelArguments):
         return self.tiling is not None
 
     @property
+    def strided(self) -> bool:
+        """Each tensor read and written by its own strides (a permuted layout)."""
+        return self.plan.strided
+
+    @property
     def rank(self) -> int:
-        """Dimensions of the tensor maps: 3 (``[batch·heads, tokens, D]``), or a map view's."""
-        return view_rank(self.tiling.cols.dims, self.tiling.cols.dilation) if self.tiled else 3
+        """Dimensions of the tensor maps: 3 (``[batch·heads, tokens, D]``), 4 (a permuted
+        layout's head dim, tokens, head and batch by their strides), or a map view's."""
+        if self.tiled:
+            return view_rank(self.tiling.cols.dims, self.tiling.cols.dilation)
+        return 4 if self.strided else 3
 
     @property
     def elem(self) -> str:
@@ -270,6 +278,11 @@ PARTS = (
     Part("load", "tma_boxes", ("D", "knobs.block_n", "knobs.stages", "lists", "tiling"),
          (loads.attention_policy_defines, loads.attention_tile_bytes,
           loads.attention_producer_loads)),
+    # a permuted layout: 4-D boxes of each tensor's own strides (head dim, tokens, head, batch)
+    Part("load", "tma_strided_boxes", ("D", "knobs.block_n", "knobs.stages", "lists",
+                                       "chain.layouts"),
+         (loads.attention_policy_defines, loads.attention_tile_bytes,
+          loads.attention_producer_loads)),
     Part("pipeline", "warp_specialized_ring",
          ("knobs.block_m", "knobs.block_n", "knobs.stages", "knobs.consumers",
           "knobs.ctas_per_sm", "knobs.overlap", "knobs.pingpong"),
@@ -287,6 +300,10 @@ PARTS = (
           row_state.attention_exp2, row_state.attention_score_function,
           row_state.attention_softmax_functions, row_state.attention_rescale)),
     Part("epilogue", "deferred_register_store", ("D", "dtype", "chain.lse", "tiling"),
+         (epilogue.attention_defines, epilogue.attention_deferred_store, epilogue.attention_store,
+          epilogue.attention_quad_transpose, epilogue.attention_merge_piece)),
+    # a permuted layout: rows and log-sum-exps stored at the offsets of the program's layout
+    Part("epilogue", "deferred_strided_store", ("D", "dtype", "chain.lse", "chain.layouts"),
          (epilogue.attention_defines, epilogue.attention_deferred_store, epilogue.attention_store,
           epilogue.attention_quad_transpose, epilogue.attention_merge_piece)),
 )

@@ -109,11 +109,13 @@ _SWIZZLE_128B, _L2_256B = 3, 3            # CUtensorMapSwizzle / L2promotion val
 
 
 def tensor_map(address: int, sizes: tuple[int, ...], box: tuple[int, ...],
-               dtype: str = "bf16") -> bytes:
-    """The 128-byte map of a contiguous row-major tensor of ``sizes`` (outermost first) at
-    ``address``, copied in boxes of ``box`` (outermost first; the innermost box dimension is 64
-    elements: one 128-byte row of the 128-byte swizzle). Elements outside ``sizes`` arrive as
-    zeros — so a box that runs past the end of one dimension does not read the next slice."""
+               dtype: str = "bf16", strides: tuple[int, ...] | None = None) -> bytes:
+    """The 128-byte map of a tensor of ``sizes`` (outermost first) at ``address``, copied in
+    boxes of ``box`` (outermost first; the innermost box dimension is 64 elements: one 128-byte
+    row of the 128-byte swizzle). ``strides``: the element strides of all dimensions but the
+    innermost (which is contiguous), outermost first, in any order of magnitude — a permuted
+    layout's; default row-major. Elements outside ``sizes`` arrive as zeros — so a box that runs
+    past the end of one dimension does not read the next slice."""
     if box[-1] != 64:
         raise ValueError(f"the innermost box dimension is 64 elements (128 bytes), not {box[-1]}")
     if any(not 1 <= b <= 256 for b in box):
@@ -121,11 +123,16 @@ def tensor_map(address: int, sizes: tuple[int, ...], box: tuple[int, ...],
     rank = len(sizes)
     out = (ctypes.c_uint8 * 128)()
     dims = (ctypes.c_uint64 * rank)(*reversed(sizes))
-    strides, stride = [], 2
-    for size in reversed(sizes[1:]):
-        stride *= size
-        strides.append(stride)
-    stride_arr = (ctypes.c_uint64 * max(1, rank - 1))(*strides)
+    if strides is None:
+        row_major, stride = [], 1
+        for size in reversed(sizes[1:]):
+            stride *= size
+            row_major.insert(0, stride)
+        strides = tuple(row_major)
+    if len(strides) != rank - 1 or any(s * 2 % 16 for s in strides):
+        raise TargetError(f"a tensor map takes {rank - 1} outer strides, each a multiple of 16 "
+                         f"bytes, not {list(strides)} elements")
+    stride_arr = (ctypes.c_uint64 * max(1, rank - 1))(*(2 * s for s in reversed(strides)))
     box_arr = (ctypes.c_uint32 * rank)(*reversed(box))
     elem = (ctypes.c_uint32 * rank)(*([1] * rank))
     err = libcuda().cuTensorMapEncodeTiled(out, _DATA_TYPES[dtype], rank,

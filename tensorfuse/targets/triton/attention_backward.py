@@ -102,6 +102,7 @@ class _BackwardSource:
         self.flat_q = " + ".join(f"{batch_vars[a.uid]} * {stride}"
                                  for a, stride in zip(plan.batch, self.strides_q)) or "0"
         self.rows_ptr = rows_ptr = f"({self.flat_q}) * {M} + offs_m"
+        self.fwd_lse_ptr = self.saved_rows(plan, batch_vars, M)
         self.nq2, self.nk2 = math.ceil(M / bm2), math.ceil(N / bn2)
         self.nk1, self.nq1 = math.ceil(N / bn1), math.ceil(M / bm1)
         self.heads = math.prod(extents.values()) // plan.group   # (batch, key/value head) pairs
@@ -277,7 +278,7 @@ def _tf_bwd_stats({self.args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.co
 def _tf_bwd_delta({self.args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.constexpr):
     pid = tl.program_id(0)
 {_indent(self.row_block, 1)}
-    _lse = tl.load(FWD_LSE + {self.rows_ptr}, mask=row_ok, other=float('-inf'))
+    _lse = tl.load(FWD_LSE + {self.fwd_lse_ptr}, mask=row_ok, other=float('-inf'))
     # a row with no kept key: log-sum-exp −inf (or NaN) forward, +inf here (its P is 0)
     tl.store(LSE + {self.rows_ptr}, tl.where(_lse > float('-inf'), _lse * {LOG2E}, float('inf')),
              mask=row_ok)
@@ -285,6 +286,21 @@ def _tf_bwd_delta({self.args}, BM: tl.constexpr, BN: tl.constexpr, RANGES: tl.co
 
 
 """
+
+    def saved_rows(self, plan, batch_vars: dict, M: int) -> str:
+        """Offsets of the query block's rows in the forward's log-sum-exp, which is laid out in
+        the order the program declares its axes (``[B, S, H]`` for ``[B, S, H, D]`` tensors);
+        the statistics' own buffers keep the batch axes first, then the rows."""
+        axes = sorted([*plan.batch, plan.row], key=lambda a: a.uid)
+        if axes[-1].uid == plan.row.uid:
+            return self.rows_ptr
+        terms = []
+        for k, a in enumerate(axes):
+            stride = math.prod(M if b.uid == plan.row.uid else self.extents[b.uid]
+                               for b in axes[k + 1:])
+            index = "offs_m" if a.uid == plan.row.uid else batch_vars[a.uid]
+            terms.append(f"{index} * {stride}" if stride != 1 else index)
+        return " + ".join(terms)
 
     def gradient_blocks(self) -> str:
         """A key block's dK/dV and a query block's dQ (device functions of the entries)."""

@@ -6,17 +6,63 @@ from __future__ import annotations
 
 def attention_defines(c) -> str:
     """Whether a tile's stores wait for the next tile's first product, and whether the log-sum-
-    exp is written."""
+    exp is written; in a permuted layout, where (batch, head, row) lands in the output and the
+    log-sum-exps."""
     return f"""// a tile's output stores wait for the next tile's first q·kᵀ (registers allow it up to D = 128)
 #define DEFER (D_ <= 128)
 #define LSE {int(bool(c.chain.lse))}   // write each row's log-sum-exp (natural log) to lse_out
-"""
+""" + (_strided_offsets(c) if c.strided else "")
+
+
+_EXTENTS = {"b": "B_", "h": "H_", "i": "M_", "d": "D_"}
+
+
+def _offset_macro(name: str, layout: str) -> str:
+    """``name(b, h, i)``: the element offset of row ``i`` of (batch ``b``, head ``h``) in a
+    tensor contiguous in ``layout`` (its axes by role, outermost first)."""
+    terms, stride = {}, []
+    for role in reversed(layout):
+        terms[role] = " * ".join(stride) or "1"
+        stride.insert(0, _EXTENTS[role] if len(stride) else f"(long){_EXTENTS[role]}")
+    return (f"#define {name}(b, h, i) ((long)(b) * {terms['b']} + (long)(h) * {terms['h']} + "
+            f"(long)(i) * {terms['i']})\n")
+
+
+def _strided_offsets(c) -> str:
+    lse = _offset_macro("LSE_AT", c.chain.layouts[4]) if c.chain.lse else ""
+    return ("// the output and log-sum-exps in the layout the program writes (axes by role: "
+            f"{', '.join(c.chain.layouts[3:])})\n" + _offset_macro("OUT_AT", c.chain.layouts[3])
+            + lse)
+
+
+# where a row's output and log-sum-exp go: the library layout, or by the layout's strides
+_FLAT_ROW = "((long)w.bh * M_ + row) * D_"
+_FLAT_LSE = "lse_out[pending_at[x] / D_]"
+_STRIDED_ROW = "OUT_AT(w.bh / H_, w.bh % H_, row)"
+_STRIDED_LSE = "lse_out[pending_lse_at[x]]"
+_PENDING_LSE = "  float pending_lse[2];\n"
+_PENDING_LSE_AT = "  long pending_lse_at[2];\n"
+_LSE_VALUE = "      pending_lse[x] = (m[x] + log2f(l[x])) * 0.6931471805599453f;\n"
+_LSE_AT = "      pending_lse_at[x] = LSE_AT(w.bh / H_, w.bh % H_, row);\n"
+
+
+def _swap(text: str, old: str, new: str) -> str:
+    """``text`` with its one ``old`` line replaced (the strided epilogue's addresses)."""
+    if text.count(old) != 1:
+        raise AssertionError(f"the epilogue's text has {text.count(old)} of {old!r}")
+    return text.replace(old, new)
 
 
 def attention_deferred_store(c) -> str:
     """A tile's output kept in registers until the next tile's first product is issued, then
     stored 16 bytes a lane (with the log-sum-exps)."""
-    return """  // A tile's output, written once the next tile's first q·kᵀ is on the tensor cores (DEFER), so
+    if c.strided:
+        return _swap(_swap(_DEFERRED_STORE, _FLAT_LSE, _STRIDED_LSE), _PENDING_LSE,
+                     _PENDING_LSE + _PENDING_LSE_AT)
+    return _DEFERRED_STORE
+
+
+_DEFERRED_STORE = """  // A tile's output, written once the next tile's first q·kᵀ is on the tensor cores (DEFER), so
   // that the stores overlap it: rows' element offsets (−1: past M), 16-byte pieces, log-sum-exps
   long pending_at[2] = {-1, -1};
   uint4 pending[2][D_ / 32];
@@ -42,7 +88,13 @@ def attention_deferred_store(c) -> str:
 def attention_store(c) -> str:
     """``o / l`` packed to 16-bit pairs and traded between a row's lanes for 16-byte stores, the
     split pieces merged by the last, the log-sum-exps; the last tile's stores."""
-    return """    // o / l from the fragments, rows row_lo (registers r % 4 < 2) and row_lo + 8, packed to
+    if c.strided:
+        return _swap(_swap(_STORE, _FLAT_ROW, _STRIDED_ROW), _LSE_VALUE,
+                     _LSE_VALUE + (_LSE_AT if c.chain.lse else ""))
+    return _STORE
+
+
+_STORE = """    // o / l from the fragments, rows row_lo (registers r % 4 < 2) and row_lo + 8, packed to
     // 16-bit pairs: the four lanes of a row trade their pairs so that each holds 8 neighbouring
     // outputs — 16-byte stores, a row's 4 lanes writing 64 contiguous bytes (4-byte stores of 8
     // rows per warp instruction held up the tile's end: benchmarks.hopper_attention)

@@ -45,7 +45,7 @@ def attention_producer_loads(c) -> str:
 #if TILED
               {tma_prefetch_call(c.rank, "q_map", "a * 64", "qc")};
 #else
-              tf_tma_prefetch_3d(q_map, a * 64, w.rb * BM, w.bh);
+              {_flat_box(c, "prefetch", "q_map", "w.rb * BM", "w.bh", "H_")};
 #endif
             tf_mbar_wait(q_free, (k - 1) & 1);
           }}
@@ -55,7 +55,8 @@ def attention_producer_loads(c) -> str:
 #if TILED
             {tma_load_call(c.rank, "q_tile + a * BM * 128", "q_map", "a * 64", "qc", "bar_q")};
 #else
-            tf_tma_load_3d(q_tile + a * BM * 128, q_map, a * 64, w.rb * BM, w.bh, bar_q);
+            {_flat_box(c, "load", "q_map", "w.rb * BM", "w.bh", "H_", "q_tile + a * BM * 128",
+                       "bar_q")};
 #endif
           for (int it = 0; it < w.count; ++it) {{
             const int u = use + it, s = u % STAGES;
@@ -79,8 +80,8 @@ def attention_producer_loads(c) -> str:
                            mbits + (size_t)(mbits_off[w.rb] + it) * (MASK_BYTES / 4), MASK_BYTES,
                            full_k + s);
 #else
-              tf_tma_load_3d(k_tiles + s * KV_BYTES + a * BN * 128, k_map, a * 64, n0, w.kv,
-                             full_k + s);
+              {_flat_box(c, "load", "k_map", "n0", "w.kv", "HKV_",
+                         "k_tiles + s * KV_BYTES + a * BN * 128", "full_k + s")};
 #endif
             if (u >= STAGES) tf_mbar_wait(empty_v + s, ((u / STAGES) - 1) & 1);
             tf_mbar_expect(full_v + s, KV_BYTES);
@@ -90,12 +91,32 @@ def attention_producer_loads(c) -> str:
               {tma_load_call(c.rank, "v_tiles + s * KV_BYTES + a * BN * 128", "v_map", "a * 64",
                              "kc", "full_v + s")};
 #else
-              tf_tma_load_3d(v_tiles + s * KV_BYTES + a * BN * 128, v_map, a * 64, n0, w.kv,
-                             full_v + s);
+              {_flat_box(c, "load", "v_map", "n0", "w.kv", "HKV_",
+                         "v_tiles + s * KV_BYTES + a * BN * 128", "full_v + s")};
 #endif
           }}
           use += w.count;
 """
+
+
+def _flat_box(c, kind: str, tensor_map: str, token: str, head: str, heads: str, dst: str = "",
+              bar: str = "") -> str:
+    """One TMA box of the flat order: 64 head-dim elements of rows ``token …`` of the tile's
+    (batch, head) ``head`` (``batch · heads + head``) — a 3-D box of the ``[batch·heads, tokens,
+    D]`` view, or, in a permuted layout (``tma_strided_boxes``), a 4-D box of a map whose
+    dimensions are the tensor's own strides (head dim, tokens, head, batch), so that
+    ``[B, S, H, D]`` or ``[S, B, H, D]`` tensors are read in place."""
+    if not c.strided:
+        coords = f"a * 64, {token}, {head}"
+        if kind == "prefetch":
+            return f"tf_tma_prefetch_3d({tensor_map}, {coords})"
+        call = f"tf_tma_load_3d({dst}, {tensor_map}, {coords}, {bar})"
+        # the line as it always read: wrapped where it passes the source's line width
+        return call if len(call) < 90 else call.replace(f"{head}, ", f"{head},\n" + " " * 29)
+    coords = f"a * 64, {token}, {head} % {heads}, {head} / {heads}"
+    if kind == "prefetch":
+        return f"tf_tma_prefetch_4d({tensor_map}, {coords})"
+    return f"tf_tma_load_4d({dst}, {tensor_map},\n{' ' * 29}{coords}, {bar})"
 
 
 def gemm_tile_bytes(c) -> str:

@@ -1,0 +1,165 @@
+"""Kernels written the way a user writes them — in their own tensors' layouts, not shaped for the
+library's templates — through ``tf.compile`` defaults, against the best torch alternative in the
+same process on the same GPU. Each implementation's output is checked against a float64
+reference of the math as written on a slice of rows, before and after it is timed.
+
+    python -m benchmarks.user_kernels [--only NAME,…]
+
+Rows: ``benchmark`` = ``user/<name>``; CSV ``benchmarks/results/<date>-<device>-user_kernels.csv``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.kernels import softmax_attend
+from benchmarks.attention import checked_output
+from benchmarks.common import SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, Row, measure_ceilings, write_csv
+
+
+# ---- attention on the layouts transformers and Megatron keep ([B, S, H, D], [S, B, H, D]) ----
+
+@tf.kernel
+def bshd_causal(q: T.Tensor["B", "M", "H", "D", "bf16"], k: T.Tensor["B", "N", "H", "D", "bf16"],
+                v: T.Tensor["B", "N", "H", "D", "bf16"], scale: T.f32):
+    b, i, h, j, d, e = T.axes("b i h j d e")
+    s = T.sum(q[b, i, h, d] * k[b, j, h, d], over=d) * scale
+    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
+    return softmax_attend(s, v[b, j, h, e], j)
+
+
+@tf.kernel
+def sbhd_causal(q: T.Tensor["M", "B", "H", "D", "bf16"], k: T.Tensor["N", "B", "H", "D", "bf16"],
+                v: T.Tensor["N", "B", "H", "D", "bf16"], scale: T.f32):
+    i, b, h, j, d, e = T.axes("i b h j d e")
+    s = T.sum(q[i, b, h, d] * k[j, b, h, d], over=d) * scale
+    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
+    return softmax_attend(s, v[j, b, h, e], j)
+
+
+@tf.kernel
+def bshd_gqa_causal(q: T.Tensor["B", "M", "H", "D", "bf16"],
+                    k: T.Tensor["B", "N", "HKV", "D", "bf16"],
+                    v: T.Tensor["B", "N", "HKV", "D", "bf16"], scale: T.f32):
+    b, i, h, j, d, e = T.axes("b i h j d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    s = T.sum(q[b, i, h, d] * k[b, j, hk, d], over=d) * scale
+    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
+    return softmax_attend(s, v[b, j, hk, e], j)
+
+
+@dataclass
+class Case:
+    """One suite kernel at one size: tensorfuse's call, the alternatives' (label → call), the
+    float64 reference of the checked rows, how to pick them from an output, the work done."""
+
+    name: str
+    shape: str
+    ours: object
+    alternatives: dict
+    reference: torch.Tensor
+    pick: object
+    flops: float = 0.0
+    bytes: float = 0.0
+    notes: dict = field(default_factory=dict)
+
+
+def _attention_case(name: str, kernel, layout: str, B: int, H: int, HKV: int, S: int, D: int,
+                    generator) -> Case:
+    """Causal attention on tensors in ``layout`` (``"bshd"`` or ``"sbhd"``): tensorfuse on them as
+    they are; SDPA (cuDNN, flash) on ``[B, H, S, D]`` views of them (a transpose, no copy), its
+    output returned as a view in the same layout — what a model calling SDPA does."""
+    def make(heads):
+        shape = (B, S, heads, D) if layout == "bshd" else (S, B, heads, D)
+        return torch.randn(*shape, generator=generator).to("cuda", torch.bfloat16)
+
+    q, k, v = make(H), make(HKV), make(HKV)
+    to_bhsd = (lambda x: x.transpose(1, 2)) if layout == "bshd" else \
+        (lambda x: x.permute(1, 2, 0, 3))
+    from_bhsd = (lambda x: x.transpose(1, 2)) if layout == "bshd" else \
+        (lambda x: x.permute(2, 0, 1, 3))
+    scale = D ** -0.5
+    f = tf.compile(kernel)
+    rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
+    # float64 reference of the checked rows, per (batch, head)
+    qr, kr, vr = (to_bhsd(x).double() for x in (q, k, v))
+    if HKV != H:
+        kr, vr = (x.repeat_interleave(H // HKV, dim=1) for x in (kr, vr))
+    s = qr[:, :, rows] @ kr.transpose(-1, -2) * scale
+    s = s.masked_fill(rows.cuda()[:, None] < torch.arange(S, device="cuda")[None], -math.inf)
+    ref = torch.softmax(s, -1) @ vr                       # [B, H, rows, D]
+    pick = (lambda out: to_bhsd(out)[:, :, rows])
+
+    def sdpa(backend):
+        from torch.nn.attention import sdpa_kernel
+
+        def call():
+            with sdpa_kernel(backend):
+                return from_bhsd(torch.nn.functional.scaled_dot_product_attention(
+                    to_bhsd(q), to_bhsd(k), to_bhsd(v), is_causal=True, scale=scale,
+                    enable_gqa=HKV != H))
+        return call
+
+    from torch.nn.attention import SDPBackend
+
+    return Case(name, f"B{B} S{S} H{H}/{HKV} D{D} [{layout.upper()}]",
+                lambda: f(q, k, v, scale=scale),
+                {SDPA_CUDNN: sdpa(SDPBackend.CUDNN_ATTENTION),
+                 SDPA_FLASH: sdpa(SDPBackend.FLASH_ATTENTION)},
+                ref, pick, flops=2 * B * H * S * S * D,    # causal: half of 4·B·H·S²·D
+                notes={TENSORFUSE: f.schedule_origin(B=B, M=S, N=S, H=H, D=D,
+                                                     **({"HKV": HKV} if HKV != H else {}))})
+
+
+SUITE = {
+    "causal_sbhd": lambda g: _attention_case("causal_sbhd", sbhd_causal, "sbhd", 2, 16, 16, 4096,
+                                             128, g),
+    "causal_bshd_d64": lambda g: _attention_case("causal_bshd_d64", bshd_causal, "bshd", 2, 16,
+                                                 16, 4096, 64, g),
+    "gqa_causal_bshd": lambda g: _attention_case("gqa_causal_bshd", bshd_gqa_causal, "bshd", 2,
+                                                 32, 8, 4096, 128, g),
+}
+
+
+def run(only: list[str] | None = None, log=print) -> list[Row]:
+    ceilings = measure_ceilings()
+    generator = torch.Generator().manual_seed(0)
+    rows: list[Row] = []
+    for name, make in SUITE.items():
+        if only and name not in only:
+            continue
+        case = make(generator)
+        for label, call in {TENSORFUSE: case.ours, **case.alternatives}.items():
+            made = checked_output(call, case.reference, f"{label} {name}", log, pick=case.pick)
+            if made is None:
+                continue
+            ms, err = made
+            tflops = case.flops / ms / 1e9
+            gbps = case.bytes / ms / 1e6
+            fraction = tflops / ceilings["gemm_tflops"] if case.flops else \
+                gbps / 1e3 / ceilings["copy_tbps"]
+            note = f"err {err:.1e}" + (f"; {case.notes[label]}" if label in case.notes else "")
+            rows.append(Row(f"user/{name}", case.shape, label, ms, tflops, gbps, fraction, note))
+            log(f"{name:<18} {case.shape:<32} {label:<14} {ms:8.3f} ms {tflops:7.1f} TFLOP/s "
+                f"{fraction:6.1%}")
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated suite names")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    rows = run([n for n in args.only.split(",") if n] or None)
+    device = torch.cuda.get_device_name().replace(" ", "_")
+    write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-user_kernels.csv")
+
+
+if __name__ == "__main__":
+    main()

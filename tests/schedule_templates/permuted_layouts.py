@@ -1,0 +1,125 @@
+"""Attention written on tensors in other layouts than the library's ``[B, H, S, D]``, as users
+write it (``[B, S, H, D]`` as transformers' projections give it: ``benchmarks.user_kernels``'
+kernels; ``[S, B, H, D]`` as Megatron keeps it), and float64 references of the math as written
+(einsum over the same layouts, never the project's lowering). Shared by the layout tests and their Triton-interpreter check:
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.permuted_layouts SEED
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.kernels import softmax_attend
+from benchmarks.user_kernels import bshd_causal, bshd_gqa_causal   # the suite's, as users write them
+
+
+@tf.kernel
+def sbhd_attention(q: T.Tensor["M", "B", "H", "D", "bf16"],
+                   k: T.Tensor["N", "B", "H", "D", "bf16"],
+                   v: T.Tensor["N", "B", "H", "D", "bf16"], scale: T.f32):
+    i, b, h, j, d, e = T.axes("i b h j d e")
+    s = T.sum(q[i, b, h, d] * k[j, b, h, d], over=d) * scale
+    return softmax_attend(s, v[j, b, h, e], j)
+
+
+# name -> (kernel, q's axes, k's axes, output's axes as einsum letters — b batch, h head,
+# i queries, j keys, d head dim; the library's layout is "bhid" / "bhjd" — and causal or not)
+KERNELS = {"bshd_causal": (bshd_causal, "bihd", "bjhd", "bihd", True),
+           "sbhd_attention": (sbhd_attention, "ibhd", "jbhd", "ibhd", False),
+           "bshd_gqa_causal": (bshd_gqa_causal, "bihd", "bjhd", "bihd", True)}
+
+
+def inputs(name: str, B: int, H: int, HKV: int, M: int, N: int, D: int, generator,
+           width: float = 1.0) -> dict:
+    """Fresh random bf16 q, k, v in the kernel's layouts (× ``width``: large value ranges)."""
+    _, q_axes, k_axes, _, _ = KERNELS[name]
+    extent = {"b": B, "h": H, "i": M, "j": N, "d": D}
+    q = torch.randn(*(extent[a] for a in q_axes), generator=generator) * width
+    kv_extent = dict(extent, h=HKV)
+    k, v = (torch.randn(*(kv_extent[a] for a in k_axes), generator=generator) * width
+            for _ in range(2))
+    return {"q": q.bfloat16(), "k": k.bfloat16(), "v": v.bfloat16()}
+
+
+def reference(name: str, q, k, v, scale: float) -> torch.Tensor:
+    """float64 softmax(q·kᵀ · scale [causal, bottom-right]) · v in the kernel's layouts."""
+    _, q_axes, k_axes, out_axes, causal = KERNELS[name]
+    q, k, v = (x.double().cpu() for x in (q, k, v))
+    H, HKV = q.shape[q_axes.index("h")], k.shape[k_axes.index("h")]
+    if HKV != H:   # each kv-head serves H / HKV consecutive query heads
+        k, v = (x.repeat_interleave(H // HKV, dim=k_axes.index("h")) for x in (k, v))
+    s = torch.einsum(f"{q_axes},{k_axes}->bhij", q, k) * scale
+    M, N = s.shape[-2:]
+    if causal:
+        keep = torch.arange(M)[:, None] + N - M >= torch.arange(N)[None]
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.einsum(f"bhij,{k_axes}->{out_axes}", torch.softmax(s, -1), v)
+
+
+@tf.kernel
+def bshd_gqa_causal_f32(q: T.Tensor["B", "M", "H", "D", "f32"],
+                        k: T.Tensor["B", "N", "HKV", "D", "f32"],
+                        v: T.Tensor["B", "N", "HKV", "D", "f32"], scale: T.f32):
+    """``bshd_gqa_causal`` in float32: the interpreter has no bfloat16 products."""
+    b, i, h, j, d, e = T.axes("b i h j d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    s = T.sum(q[b, i, h, d] * k[b, j, hk, d], over=d) * scale
+    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
+    return softmax_attend(s, v[b, j, hk, e], j)
+
+
+def reference_gradients(name: str, q, k, v, scale: float, d_out) -> tuple:
+    """float64 dq, dk, dv of :func:`reference` for the output's gradient ``d_out``."""
+    exact = [x.detach().double().cpu().requires_grad_() for x in (q, k, v)]
+    out = reference(name, *exact, scale)
+    return torch.autograd.grad(out, exact, d_out.double().cpu())
+
+
+def backward_errors(generator) -> list[float]:
+    """The attention backward template's dq, dk, dv (from the log-sum-exp the forward writes)
+    for ``bshd_gqa_causal`` against float64, on ragged sizes."""
+    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
+                                                                  plan_attention_backward)
+    from tensorfuse.schedule_templates.attention_chain import with_logsumexp
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.targets import get_target
+    from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels
+
+    program = bshd_gqa_causal_f32.program
+    _, fusion = choose(program, get_target("cuda"))
+    plan = plan_attention_backward(program, fusion, dict(B=1, H=4, HKV=2, M=37, N=45, D=16))
+    x = {n: t.float() for n, t in inputs("bshd_gqa_causal", 1, 4, 2, 37, 45, 16, generator,
+                                          width=3.0).items()}
+    d_out = torch.randn(1, 37, 4, 16, generator=generator)
+    saving = _ProgramKernel(with_logsumexp(program, fusion.names), None)
+    out, lse = tf.compile(saving, target="llvm")(**x, scale=0.25)
+    got = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16, merged=True))(
+        x, {"scale": 0.25}, out, d_out, lse)
+    want = reference_gradients("bshd_gqa_causal", *x.values(), 0.25, d_out)
+    return [float((g.double() - w).abs().max() / w.abs().max()) for g, w in zip(got, want)]
+
+
+def relative_error(out, want) -> float:
+    return float((out.double().cpu() - want).abs().max() / want.abs().max())
+
+
+if __name__ == "__main__":
+    # the Triton attention template in Triton's interpreter, on small ragged sizes
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    generator = torch.Generator().manual_seed(int(sys.argv[1]))
+    errors = {}
+    for name, (kernel, *_) in KERNELS.items():
+        HKV = 1 if "gqa" in name else 3
+        x = inputs(name, 2, 3, HKV, 37, 53, 32, generator, width=4.0)
+        sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update("m", "l", "o", axis="j")
+        sch.apply_template("attention", tile_m=16, tile_n=16)
+        errors[name] = relative_error(sch.compile()(**x, scale=0.2),
+                                      reference(name, **x, scale=0.2))
+    errors["backward"] = max(backward_errors(generator))
+    print(json.dumps(errors))
