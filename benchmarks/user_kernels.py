@@ -5,7 +5,7 @@ reference of the math as written on a slice of rows, before and after it is time
 
     python -m benchmarks.user_kernels [--only NAME,…]
 
-Rows: ``benchmark`` = ``user/<name>``; CSV ``benchmarks/results/<date>-<device>-user_kernels.csv``.
+Rows: ``benchmark`` = ``user/<name>``; CSV ``benchmarks/results/<date>-<device>-user-kernels.csv``.
 """
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     rows = run([n for n in args.only.split(",") if n] or None)
     device = torch.cuda.get_device_name().replace(" ", "_")
-    write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-user_kernels.csv")
+    write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-user-kernels.csv")
 
 
 if __name__ == "__main__":

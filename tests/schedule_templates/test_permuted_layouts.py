@@ -21,7 +21,8 @@ import tensorfuse.kernels as K
 from tensorfuse import dsl as T
 from tests.helpers import needs_nvcc
 from tests.schedule_templates.test_hopper_attention import assert_consumers_do_not_spill
-from tests.schedule_templates.permuted_layouts import KERNELS, inputs, reference, relative_error
+from tests.schedule_templates.permuted_layouts import (KERNELS, inputs, reference,
+                                                       reference_gradients, relative_error)
 
 CHAIN = ("m", "l", "o")
 SIZES = dict(B=2, H=16, M=4096, N=4096, D=128)
