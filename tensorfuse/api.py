@@ -41,8 +41,9 @@ def compile(kernel: "TracedKernel | Schedule",  # noqa: A001 - tensorfuse.compil
     return in_graph(_compile(kernel, target, template))
 
 
-def _compile(kernel, target, template):
-    """:func:`compile` for a kernel (the result before it gets its PyTorch operator)."""
+def _compile(kernel, target, template, origin: str = "template defaults"):
+    """:func:`compile` for a kernel (the result before it gets its PyTorch operator);
+    ``origin``: what ``schedule_origin()`` says of the default schedule."""
     if not is_kernel(kernel):
         raise ScheduleError(f"tensorfuse.compile takes a @tensorfuse.kernel or a schedule, got "
                             f"{type(kernel).__name__}", user_location())
@@ -64,6 +65,10 @@ def _compile(kernel, target, template):
             ahead = native_templates(kernel, name, fusion, spec, records=lambda template:
                                      template_records(tuned_as, template, fusion, spec))
             return AutoKernel(made, fallback, ahead=ahead)
+        if spec.is_gpu:
+            from .schedule_templates.auto import why_no_template
+
+            return _untemplated(kernel, spec, why_no_template(program, spec))
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"
@@ -79,9 +84,9 @@ def _compile(kernel, target, template):
         if fusion is not None:   # attention-like chains: the rolling update, on all cores
             found = fused_records(dims) if recorded else None   # its chunk and rows (cpu_fused)
             at = fusion if found is None else replace(fusion, **found[0])
-            origin = f"template defaults ({at.describe()})" if found is None else \
+            fused = f"template defaults ({at.describe()})" if found is None else \
                 f"tuned record ({at.describe()}; {found[1]})"
-            return cpu_fused(program, (at,), dims, index_dtype, spec), origin
+            return cpu_fused(program, (at,), dims, index_dtype, spec), fused
         # CPU records of the row schedule (of unfused programs only: a chain that runs fused
         # is tuned as that, above)
         found = cpu_record(program, spec, dims) if recorded and spec.kind == "llvm" else None
@@ -90,9 +95,27 @@ def _compile(kernel, target, template):
         return apply_default_schedule(lower_program(program, (), dims, index_dtype,
                                                     accumulate=spec.accumulate,
                                                     vector_math=spec.vector_math), spec), \
-            "template defaults"
+            origin
 
-    return CompiledKernel(program, spec, build, "default schedule, or a tuned record")
+    return CompiledKernel(program, spec, build, "default schedule, or a tuned record"
+                          if origin == "template defaults" else origin)
+
+
+def _untemplated(kernel, spec, why: str) -> CompiledKernel:
+    """A GPU kernel no template takes: TVM's default GPU schedule, unfused, said once (a
+    :class:`~tensorfuse.errors.NoTemplateWarning`) and by ``schedule_origin()`` with the
+    reasons."""
+    import warnings
+
+    from .errors import NoTemplateWarning
+
+    origin = f"TVM's default GPU schedule, unfused (no template takes {kernel.program.name}: {why})"
+    compiled = _compile(kernel, spec, None, origin)
+    warnings.warn(f"tensorfuse.compile: no template takes {kernel.program.name} on {spec.name} "
+                  f"({why}); it runs on TVM's default GPU schedule, unfused and without "
+                  "shared-memory tiles, which can be far slower than torch", NoTemplateWarning,
+                  stacklevel=3)
+    return compiled
 
 
 class AutoKernel(GraphCallable):

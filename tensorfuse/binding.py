@@ -18,6 +18,7 @@ from .dsl import dtypes as dt
 from .dsl.expr import user_location
 from .dsl.program import Program, ScalarParam, TensorParam
 from .errors import CallError
+from .index_checks import check_gathers, checks_indices, gathers
 from .interop import ArrayInfo, describe, is_array
 
 INT32_LIMIT = 2**31 - 1
@@ -266,10 +267,19 @@ class CallBinder:
                                       else float) for p in program.scalar_params}
         self._seen: OrderedDict = OrderedDict()
         self.checks = 0
+        # gathered indices, checked on every call where the device is checked (index_checks)
+        self.gathers = gathers(program) if checks_indices(target_device) else []
 
     def __call__(self, args: tuple, kwargs: dict, key=False) -> BoundCall:
         """The bound call; ``key``: the call's :func:`signature_key` when the caller has made it
-        already (``AutoKernel`` does, to pick the kernel)."""
+        already (``AutoKernel`` does, to pick the kernel). Gathered indices out of range raise
+        :class:`~tensorfuse.index_checks.IndexOutOfRange` (on the CPU; on a GPU where asked)."""
+        bound = self._bind(args, kwargs, key)
+        if self.gathers:
+            check_gathers(self.program, self.gathers, bound.arrays, bound.dims, bound.scalars)
+        return bound
+
+    def _bind(self, args: tuple, kwargs: dict, key) -> BoundCall:
         if key is False:
             key = signature_key(args, kwargs)
         known = self._seen.get(key) if key is not None else None

@@ -73,6 +73,11 @@ class TuningError(TensorfuseError):
     """A tuning job cannot run or its database cannot be used."""
 
 
+class NoTemplateWarning(UserWarning):
+    """``tf.compile`` found no template for a kernel on a GPU: it runs on TVM's default schedule
+    (``schedule_origin()`` says why no template took it)."""
+
+
 class RollingUpdateWarning(UserWarning):
     """A fusion is exact but may lose precision (a correction can grow values that were rounded
     away earlier, e.g. exp(old − new) > 1 when a dependency decreases)."""

@@ -5,6 +5,12 @@ import secrets
 import numpy as np
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one worker a core (setup.cfg: -n auto): thread pools of their own would spin on each
+    # other's cores (two golden-source processes with TVM's default pool took 3 min, not 50 s)
+    os.environ.setdefault("TVM_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU (skipped without one)")

@@ -41,3 +41,22 @@ def _needs_nvcc():
 
 
 needs_nvcc = _needs_nvcc()
+
+
+def float64_reference(kernel, tensors: dict, scalars: dict):
+    """The float64 NumPy reference of a library kernel, written apart from the DSL
+    (``tensorfuse.kernels.reference``); the layers' ``attention_kernel(dtype, causal, …)``
+    variants without a mask tensor or soft-cap use the grouped-heads references."""
+    from tensorfuse.kernels.reference import REFERENCES, reference
+
+    if kernel.name in REFERENCES:
+        return reference(kernel, tensors, scalars)
+    import numpy as np
+
+    q, k, v = (np.asarray(tensors[n], np.float64) for n in ("q", "k", "v"))
+    if kernel.name.startswith("attention_causal_f") and "_masked" not in kernel.name and \
+            "_softcap" not in kernel.name:
+        return REFERENCES["gqa_causal_attention"](q, k, v, scalars["scale"])
+    if kernel.name.startswith("attention_f"):
+        return REFERENCES["gqa_attention"](q, k, v, scalars["scale"])
+    raise KeyError(f"no float64 reference for {kernel.name}")

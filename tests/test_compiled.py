@@ -202,3 +202,27 @@ def test_a_size_the_kernel_fixes_is_checked_by_name_and_by_call():
     with pytest.raises(CallError, match="size N is 5 here, but the kernel uses it as size 4"):
         f(np.ones(5, "f4"))
     np.testing.assert_array_equal(f(np.ones(4, "f4")), np.full(4, 2.0, "f4"))
+
+
+@tf.kernel
+def _nested(x: T.Tensor["B", "M", "N", "f32"]):
+    b, i, j = T.axes("b i j")
+    return T.max(T.sum(x[b, i, j], over=j), over=i)
+
+
+def test_a_gpu_kernel_no_template_takes_says_so_once_and_why():
+    """The fallback is TVM's default schedule, unfused: compile warns once, and
+    schedule_origin() names the path and each candidate chain's refusal."""
+    import warnings
+
+    from tensorfuse.errors import NoTemplateWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        f = tf.compile(_nested, "cuda:sm_80")
+        f.schedule_origin(B=2, M=8, N=16)
+    assert [w.category for w in caught] == [NoTemplateWarning]
+    assert "no template takes _nested on cuda:sm_80" in str(caught[0].message)
+    origin = f.schedule_origin(B=2, M=8, N=16)
+    assert origin.startswith("TVM's default GPU schedule, unfused (no template takes _nested: ")
+    assert "out_sum over j" in origin and "over i" in origin

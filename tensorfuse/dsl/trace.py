@@ -170,7 +170,32 @@ class _ProgramBuilder:
                                 a.loc)
         axes = sorted({a.uid: a for c in self.computes for a in c.axes + c.over}.values(),
                       key=lambda a: a.uid)
+        self._check_sizes_are_bound(axes)
         return Program(name, self.params, self.computes, outputs, axes, constraints, self.loc)
+
+    def _check_sizes_are_bound(self, axes: list[Axis]) -> None:
+        """Every named size an axis or ``T.size`` uses must be a dimension of a tensor parameter
+        (sizes are bound from the call's tensors' shapes): else an error naming the axis or
+        expression, the size, and how to bind it — at definition, not as a bare KeyError at the
+        first call."""
+        known = {d for p in self.params if isinstance(p, TensorParam) for d in p.dims
+                 if isinstance(d, str)}
+        where = ", ".join(sorted(known)) or "none"
+        for a in axes:
+            if isinstance(a.extent, str) and a.extent not in known:
+                raise AxisError(
+                    f"axis {a.name} has size {a.extent!r}, which no tensor parameter has as a "
+                    f"dimension (sizes come from the call's tensors; the named ones here: "
+                    f"{where}): give it a number, T.axis({a.name!r}, 16), or use a dimension "
+                    f"a tensor has", a.loc)
+        for c in self.computes:
+            for body in c.bodies:
+                for n in _walk(body):
+                    if isinstance(n, DimSize) and n.name not in known:
+                        raise AxisError(
+                            f"T.size({n.name!r}) in {c.name}: no tensor parameter has a "
+                            f"dimension named {n.name!r} (the named ones: {where}), so no call "
+                            "can give its value", n.loc or c.loc)
 
     def _output(self, value: Expr, storage: str, k: int, count: int) -> Compute:
         existing = None
@@ -256,6 +281,13 @@ def _is_index_like(expr: Expr) -> bool:
     found = []
     walk(expr, lambda n: found.append(n) if isinstance(n, (Reduce, Ref)) else None)
     return not found
+
+
+def _walk(e: Expr):
+    """``e`` and every node below it."""
+    yield e
+    for child in e.children():
+        yield from _walk(child)
 
 
 def _output_dtype(value: Expr) -> str:

@@ -129,6 +129,10 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     params = {x.name: x for x in program.tensor_params}
     qp, kp = params[q_load.param.name], params[k_load.param.name]
     vp = params[v_load.param.name]
+    q_dim, v_dim = qp.dims[layouts[0].index("d")], vp.dims[layouts[2].index("d")]
+    if q_dim != v_dim:
+        raise refuse(f"q·k runs over {q_dim} and p·v over {v_dim}: this kernel keeps one head dim "
+                     "for both (the attention template takes different ones)", dot.loc)
     kinds = {qp.dtype, kp.dtype, vp.dtype, out.dtypes[0]}
     if len(kinds) != 1:
         raise refuse(f"q, k, v and the output must share one dtype, got {sorted(kinds)}", dot.loc)

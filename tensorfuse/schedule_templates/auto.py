@@ -31,6 +31,20 @@ def choose(program: Program, target: TargetSpec):
     return None
 
 
+def why_no_template(program: Program, target: TargetSpec) -> str:
+    """Why :func:`choose` found no GPU template for ``program``: each candidate chain's
+    refusal, or that it has no reduction chain to fuse."""
+    reasons = []
+    for members, axis in chain_candidates(program):
+        names = ", ".join(m.name for m in members)
+        try:
+            chain = plan_chain(program, tuple(m.name for m in members), axis)
+            plan_rowtile(program, chain, {d: 64 for d in program.dim_names()})
+        except (RollingUpdateError, TargetError) as exc:
+            reasons.append(f"{names} over {axis.name}: {exc}")
+    return "; ".join(reasons) or "it has no reductions over one axis to fuse"
+
+
 def cpu_fusion(program: Program) -> Fusion | None:
     """The rolling update ``tf.compile`` uses on the CPU: a chain whose members contract over
     the fused axis (attention's ``p·v``, or scores recomputed per chunk) runs fused, one chunk

@@ -10,9 +10,10 @@ axes come from the planned chain:
   second dimension (``batch``). Without column operands (softmax, norms) the last common axis is
   the row axis;
 - the fused axis ``j`` is swept in blocks of ``block_n`` (the rolling update's chunks);
-- one ``feature`` axis (the head dimension) is held whole: reductions over it that multiply a row
-  tile by a column tile are tensor-core products (q·kᵀ), and members that sum a row×column tile
-  times a column×feature tile are too (p·v).
+- the ``feature`` axes (the head dimensions) are held whole, in one block as wide as the widest
+  (q·k and p·v may differ: 192 and 128), each masked at its own size: reductions over one that
+  multiply a row tile by a column tile are tensor-core products (q·kᵀ), and members that sum a
+  row×column tile times a column×feature tile are too (p·v).
 
 When the chain's elements are masked by one condition (``where(cond, s, -inf)``), the plan keeps
 it: :mod:`.block_schedule` sorts the blocks of each call into skipped, partial and full ones.
@@ -68,6 +69,7 @@ class RowTilePlan:
     feature: Axis | None
     feature_extent: int
     locals: dict = field(default_factory=dict)        # compute name -> Contraction
+    feature_extents: dict = field(default_factory=dict)   # feature axis uid -> its size
     states: list[StatePlan] = field(default_factory=list)
     mask: Expr | None = None
     outputs: list = field(default_factory=list)       # (compute, expr, kind)
@@ -114,7 +116,8 @@ class RowTilePlan:
                  + (f": {self.fold[1]} values of {self.fold[0].name} share a tile" if self.fold
                     else "") + ")",
                  f"  swept: {self.col.name} ({self.cols}), feature held whole: "
-                 f"{self.feature_extent}"]
+                 + (f"{self.feature_extent}" if len(set(self.feature_extents.values())) < 2
+                    else " and ".join(f"{n} {e}" for n, e in self._feature_sizes()))]
         for name, con in self.locals.items():
             lines.append(f"  {name} = {to_text(con.left)} · {to_text(con.right)} on tensor "
                          f"cores ({con.dot_dtype})")
@@ -135,6 +138,14 @@ class RowTilePlan:
                          f"num_warps={knobs.num_warps}, num_stages={knobs.num_stages}, "
                          f"splits={knobs.splits}")
         return "\n".join(lines)
+
+    def _feature_sizes(self) -> list[tuple[str, int]]:
+        axes = {a.uid: a for c in self.program.computes for a in c.axes + c.over}
+        return [(axes[u].name, e) for u, e in self.feature_extents.items()]
+
+    def feature_size(self, axis: Axis) -> int:
+        """The size of a feature axis (its own, where q·k and p·v differ)."""
+        return self.feature_extents.get(axis.uid, self.feature_extent)
 
     def sizes_of(self, axis: Axis) -> int:
         return axis.extent if isinstance(axis.extent, int) else self.sizes[axis.extent]
@@ -211,15 +222,16 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
     for x in chain.local_reductions:
         for a in x.over:
             features[a.uid] = a
-    extents = {(a.extent if isinstance(a.extent, int) else sizes[a.extent]) for a in features.values()}
-    if len(extents) > 1:
-        raise TargetError(f"the row-tile template holds one feature size, got {sorted(extents)}")
-    feature_extent = extents.pop() if extents else 1
+    # each feature axis at its own size (q·k over 192, p·v over 128): one block holds the widest
+    extents = {a.uid: a.extent if isinstance(a.extent, int) else sizes[a.extent]
+               for a in features.values()}
+    feature_extent = max(extents.values(), default=1)
     if feature_extent > MAX_FEATURE:
         raise TargetError(f"the feature axis has {feature_extent} elements; the row-tile template "
                           f"holds it whole in registers, up to {MAX_FEATURE} (a GEMM chain this "
                           "wide needs K-blocking or a cluster of CTAs)")
-    plan = RowTilePlan(program, chain, sizes, list(batch), row, col, None, feature_extent)
+    plan = RowTilePlan(program, chain, sizes, list(batch), row, col, None, feature_extent,
+                       feature_extents=extents)
     batch_ids = {a.uid for a in batch}
     for x in chain.local_reductions:
         if x.monoid.name != "sum" or len(x.over) != 1 or any(a.uid not in common | {col.uid}

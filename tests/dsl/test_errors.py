@@ -69,6 +69,24 @@ def test_reducing_over_an_axis_the_operand_lacks():
     expect_error(bad, AxisError, "# <- here", "cannot reduce over axis k", "i, j")
 
 
+def test_a_size_no_tensor_has_is_refused_naming_axis_size_and_how_to_bind_it():
+    def bad(x: T.Tensor["M", "f32"]):
+        i = T.axes("i")
+        j = T.axis("j", "N")  # <- here
+        return T.sum(x[i] * j, over=j)
+
+    expect_error(bad, AxisError, "# <- here", "axis j has size 'N'", "no tensor parameter",
+                 "T.axis('j', 16)", "the named ones here: M")
+
+
+def test_t_size_of_a_dimension_no_tensor_has_is_refused():
+    def bad(x: T.Tensor["M", "f32"]):
+        i = T.axes("i")
+        return x[i] * T.size("N")  # <- here
+
+    expect_error(bad, AxisError, "# <- here", "T.size('N')", "no tensor parameter")
+
+
 def test_axis_without_a_size():
     def bad(x: T.Tensor["N", "f32"]):
         i, g = T.axes("i g")

@@ -27,6 +27,28 @@ def sbhd_attention(q: T.Tensor["M", "B", "H", "D", "bf16"],
     return softmax_attend(s, v[j, b, h, e], j)
 
 
+@tf.kernel
+def two_head_dims(q: T.Tensor["B", "H", "M", "DQK", "bf16"],
+                  k: T.Tensor["B", "H", "N", "DQK", "bf16"],
+                  v: T.Tensor["B", "H", "N", "DV", "bf16"], scale: T.f32):
+    """Causal attention with q·k over DQK and p·v over DV (DeepSeek's 192 and 128)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale
+    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
+def two_head_dims_case(generator, B=1, H=2, M=37, N=53, DQK=48, DV=32, width=3.0):
+    """Inputs of :func:`two_head_dims` and the float64 reference of its output."""
+    q, k = (torch.randn(B, H, n, DQK, generator=generator) * width for n in (M, N))
+    v = torch.randn(B, H, N, DV, generator=generator) * width
+    q, k, v = (x.bfloat16() for x in (q, k, v))
+    s = q.double() @ k.double().transpose(-1, -2) * 0.2
+    keep = torch.arange(M)[:, None] + N - M >= torch.arange(N)[None]
+    want = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v.double()
+    return {"q": q, "k": k, "v": v}, want
+
+
 # name -> (kernel, q's axes, k's axes, output's axes as einsum letters — b batch, h head,
 # i queries, j keys, d head dim; the library's layout is "bhid" / "bhjd" — and causal or not)
 KERNELS = {"bshd_causal": (bshd_causal, "bihd", "bjhd", "bihd", True),
@@ -122,4 +144,8 @@ if __name__ == "__main__":
         errors[name] = relative_error(sch.compile()(**x, scale=0.2),
                                       reference(name, **x, scale=0.2))
     errors["backward"] = max(backward_errors(generator))
+    x, want = two_head_dims_case(generator)
+    sch = tf.schedule(two_head_dims, "cuda:sm_90a").rolling_update("m", "l", "o", axis="j")
+    sch.apply_template("attention", tile_m=16, tile_n=16)
+    errors["two_head_dims"] = relative_error(sch.compile()(**x, scale=0.2), want)
     print(json.dumps(errors))

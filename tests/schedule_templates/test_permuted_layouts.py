@@ -22,7 +22,8 @@ from tensorfuse import dsl as T
 from tests.helpers import needs_nvcc
 from tests.schedule_templates.test_hopper_attention import assert_consumers_do_not_spill
 from tests.schedule_templates.permuted_layouts import (KERNELS, inputs, reference,
-                                                       reference_gradients, relative_error)
+                                                       reference_gradients, relative_error,
+                                                       two_head_dims, two_head_dims_case)
 
 CHAIN = ("m", "l", "o")
 SIZES = dict(B=2, H=16, M=4096, N=4096, D=128)
@@ -122,7 +123,7 @@ def test_the_triton_template_matches_float64_in_the_interpreter():
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert done.returncode == 0, done.stderr[-3000:]
     errors = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(errors) == {*KERNELS, "backward"}, errors
+    assert set(errors) == {*KERNELS, "backward", "two_head_dims"}, errors
     assert max(errors.values()) < 1e-2, (errors, seed)   # bf16 outputs (the backward: f32)
 
 
@@ -164,3 +165,19 @@ def test_training_on_a_permuted_layout_matches_float64_on_the_gpu():
     for g, w in zip(got, want):
         assert float((g.double().cpu() - w).norm() / w.norm()) < 2e-2
     assert f.torch_op.training is not None   # the forward saved the log-sum-exp
+
+
+def test_two_head_dims_run_fused_on_the_cpu_and_on_the_triton_template_only():
+    """q·k over 48 and p·v over 32: the CPU target against float64; the row-tile plan holds both
+    sizes (the interpreter check runs its numbers); the Hopper template refuses, saying why."""
+    from tensorfuse.errors import ScheduleError
+
+    seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
+    x, want = two_head_dims_case(torch.Generator().manual_seed(seed))
+    assert relative_error(tf.compile(two_head_dims, "llvm")(**x, scale=0.2), want) < 1e-2, seed
+    sizes = dict(B=1, H=16, M=4096, N=4096, DQK=192, DV=128)
+    assert "feature held whole: e 128 and d 192" in _plan(two_head_dims, "attention", **sizes)
+    with pytest.raises(ScheduleError, match="q·k runs over DQK and p·v over DV"):
+        _plan(two_head_dims, "hopper_attention", **sizes)
+    chosen = tf.compile(two_head_dims, "cuda:sm_90a").for_sizes(**sizes)
+    assert type(chosen).__name__ == "TritonKernel"     # not TVM's default schedule

@@ -128,7 +128,6 @@ class _RowTileSource:
 
         self.row_index = "offs_m[:, None]"
         self.row_ok = "(offs_m[:, None] < %d)" % M
-        self.feat_ok = "(offs_k[None, :] < %d)" % plan.feature_extent
         self.col_ok = "(offs_n[None, :] < %d)" % N
         self.col_ok_t = "(offs_n[:, None] < %d)" % N
         self.ragged_rows = M % knobs.block_m != 0
@@ -140,7 +139,6 @@ class _RowTileSource:
         if windows is not None:   # keys past the map's edge (set per block in chunk_body)
             self.col_ok, self.col_ok_t = "ok_n[None, :]", "ok_n[:, None]"
             self.col_index, self.col_index_t = "tok_n[None, :]", "tok_n[:, None]"
-        self.ragged_feature = plan.feature_extent != self.bk
         self.lanes = lanewise_states(plan) if LANEWISE and not self.single and \
             plan.mask is None and splits == 1 else frozenset()
         self.chunk_memo: dict = {}
@@ -205,7 +203,9 @@ class _RowTileSource:
         return self.plan.row, self.row_index, self.row_ok, self.ragged_rows
 
     def _feature(self, feature: Axis) -> tuple:
-        return feature, "offs_k[None, :]", self.feat_ok, self.ragged_feature
+        """The feature axis along the tile's columns, valid up to its own size."""
+        size = self.plan.feature_size(feature)
+        return feature, "offs_k[None, :]", f"(offs_k[None, :] < {size})", size != self.bk
 
     def chunk_body(self, with_mask: bool, prefetch: tuple = ()):
         """One block of the axis: its loads, the chain's partial reductions and the rolling
