@@ -20,7 +20,8 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.kernels import softmax_attend
 from benchmarks.attention import checked_output
-from benchmarks.common import SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, Row, measure_ceilings, write_csv
+from benchmarks.common import (SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER,
+                               Row, measure_ceilings, write_csv)
 
 
 # ---- attention on the layouts transformers and Megatron keep ([B, S, H, D], [S, B, H, D]) ----
@@ -52,6 +53,45 @@ def bshd_gqa_causal(q: T.Tensor["B", "M", "H", "D", "bf16"],
     s = T.sum(q[b, i, h, d] * k[b, j, hk, d], over=d) * scale
     s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
     return softmax_attend(s, v[b, j, hk, e], j)
+
+
+@tf.kernel
+def two_head_dims_causal(q: T.Tensor["B", "H", "M", "DQK", "bf16"],
+                         k: T.Tensor["B", "H", "N", "DQK", "bf16"],
+                         v: T.Tensor["B", "H", "N", "DV", "bf16"], scale: T.f32):
+    """q·k over DQK, p·v over DV (DeepSeek's 192 and 128)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale
+    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
+# ---- rows reduced over an axis that is not the innermost ----
+
+@tf.kernel
+def log_softmax_channels(x: T.Tensor["B", "C", "P", "bf16"]):
+    """Per-pixel class log-probabilities of a segmentation map: over C of [B, C, P]."""
+    b, c, p = T.axes("b c p")
+    m = T.max(x[b, c, p], over=c)
+    return x[b, c, p] - m - T.log(T.sum(T.exp(x[b, c, p] - m), over=c))
+
+
+@tf.kernel
+def qk_norm_bshd(x: T.Tensor["B", "S", "H", "D", "bf16"], w: T.Tensor["D", "bf16"], eps: T.f32):
+    """RMS norm over the head dim of [B, S, H, D] queries (QK-norm)."""
+    b, s, h, d = T.axes("b s h d")
+    ms = T.sum(x[b, s, h, d] * x[b, s, h, d], over=d) / T.size("D")
+    return x[b, s, h, d] * T.rsqrt(ms + eps) * w[d]
+
+
+@tf.kernel
+def layernorm_channels(x: T.Tensor["B", "D", "S", "bf16"], w: T.Tensor["D", "bf16"],
+                       bias: T.Tensor["D", "bf16"], eps: T.f32):
+    """Layer norm over the channels of [B, D, S] (a 1-D convolution's activations)."""
+    b, d, s = T.axes("b d s")
+    mean = T.sum(x[b, d, s], over=d) / T.size("D")
+    var = T.sum((x[b, d, s] - mean) * (x[b, d, s] - mean), over=d) / T.size("D")
+    return (x[b, d, s] - mean) * T.rsqrt(var + eps) * w[d] + bias[d]
 
 
 @dataclass
@@ -117,6 +157,92 @@ def _attention_case(name: str, kernel, layout: str, B: int, H: int, HKV: int, S:
                                                      **({"HKV": HKV} if HKV != H else {}))})
 
 
+def _two_head_dims_case(generator, B=2, H=16, S=4096, DQK=192, DV=128) -> Case:
+    """Causal attention with q·k over 192 and p·v over 128 on [B, H, S, D]; SDPA takes
+    different head dims for v on its cuDNN backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k = (torch.randn(B, H, S, DQK, generator=generator).to("cuda", torch.bfloat16)
+            for _ in range(2))
+    v = torch.randn(B, H, S, DV, generator=generator).to("cuda", torch.bfloat16)
+    scale = DQK ** -0.5
+    f = tf.compile(two_head_dims_causal)
+    rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
+    s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale
+    s = s.masked_fill(rows.cuda()[:, None] < torch.arange(S, device="cuda")[None], -math.inf)
+    ref = torch.softmax(s, -1) @ v.double()
+
+    def sdpa(backend):
+        def call():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                        scale=scale)
+        return call
+
+    return Case("causal_dqk192_dv128", f"B{B} S{S} H{H} Dqk{DQK} Dv{DV}",
+                lambda: f(q, k, v, scale=scale),
+                {SDPA_CUDNN: sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa": sdpa(
+                    [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                     SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH])},
+                ref, lambda out: out[:, :, rows], flops=B * H * S * S * (DQK + DV),
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, M=S, N=S, DQK=DQK, DV=DV)})
+
+
+def _rows_case(name: str, kernel, eager, x, extra: dict, shape: str) -> Case:
+    """A row kernel on ``x`` against ``eager`` (its torch function) and it under torch.compile;
+    checked on all of it, GB/s of the bytes it must move (read once, written once)."""
+    f = tf.compile(kernel)
+    compiled = torch.compile(eager)
+    tensors = [a for a in extra.values() if isinstance(a, torch.Tensor)]
+    scalars = {n: a for n, a in extra.items() if not isinstance(a, torch.Tensor)}
+    ref = eager(x.double(), *(t.double() for t in tensors), **scalars)
+    moved = 2 * x.numel() * x.element_size() + sum(t.numel() * t.element_size() for t in tensors)
+    return Case(name, shape, lambda: f(x, **extra),
+                {TORCH_COMPILE: lambda: compiled(x, *tensors, **scalars),
+                 TORCH_EAGER: lambda: eager(x, *tensors, **scalars)},
+                ref, lambda out: out, bytes=moved,
+                notes={TENSORFUSE: f.schedule_origin(**_sizes(kernel, x, tensors))})
+
+
+def _sizes(kernel, x, tensors) -> dict:
+    params = [p for p in kernel.program.tensor_params]
+    sizes = {}
+    for p, t in zip(params, [x, *tensors]):
+        sizes.update({d: n for d, n in zip(p.dims, t.shape) if isinstance(d, str)})
+    return sizes
+
+
+def _log_softmax_case(generator, B=8, C=150, P=65536) -> Case:
+    x = (torch.randn(B, C, P, generator=generator) * 4).to("cuda", torch.bfloat16)
+    return _rows_case("log_softmax_channels", log_softmax_channels,
+                      lambda t: torch.log_softmax(t.float(), 1).to(t.dtype), x, {},
+                      f"B{B} C{C} P{P} (over C)")
+
+
+def _qk_norm_case(generator, B=8, S=4096, H=32, D=128) -> Case:
+    x = torch.randn(B, S, H, D, generator=generator).to("cuda", torch.bfloat16)
+    w = torch.rand(D, generator=generator).to("cuda", torch.bfloat16) + 0.5
+
+    def eager(t, weight, eps):
+        t32 = t.float()
+        return (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + eps)
+                * weight.float()).to(t.dtype)
+    return _rows_case("qk_norm_bshd", qk_norm_bshd, eager, x, {"w": w, "eps": 1e-6},
+                      f"B{B} S{S} H{H} D{D} [BSHD] (over D)")
+
+
+def _layernorm_channels_case(generator, B=8, D=1024, S=4096) -> Case:
+    x = (torch.randn(B, D, S, generator=generator) * 2 + 3).to("cuda", torch.bfloat16)
+    w = (torch.rand(D, generator=generator) + 0.5).to("cuda", torch.bfloat16)
+    bias = torch.randn(D, generator=generator).to("cuda", torch.bfloat16)
+
+    def eager(t, weight, shift, eps):   # what a model does: layer_norm on a transposed view
+        return torch.nn.functional.layer_norm(t.transpose(1, 2), (t.shape[1],), weight, shift,
+                                              eps).transpose(1, 2)
+    return _rows_case("layernorm_channels", layernorm_channels, eager, x,
+                      {"w": w, "bias": bias, "eps": 1e-5}, f"B{B} D{D} S{S} (over D)")
+
+
 SUITE = {
     "causal_sbhd": lambda g: _attention_case("causal_sbhd", sbhd_causal, "sbhd", 2, 16, 16, 4096,
                                              128, g),
@@ -124,6 +250,10 @@ SUITE = {
                                                  16, 4096, 64, g),
     "gqa_causal_bshd": lambda g: _attention_case("gqa_causal_bshd", bshd_gqa_causal, "bshd", 2,
                                                  32, 8, 4096, 128, g),
+    "causal_dqk192_dv128": _two_head_dims_case,
+    "log_softmax_channels": _log_softmax_case,
+    "qk_norm_bshd": _qk_norm_case,
+    "layernorm_channels": _layernorm_channels_case,
 }
 
 

@@ -181,3 +181,15 @@ def test_two_head_dims_run_fused_on_the_cpu_and_on_the_triton_template_only():
         _plan(two_head_dims, "hopper_attention", **sizes)
     chosen = tf.compile(two_head_dims, "cuda:sm_90a").for_sizes(**sizes)
     assert type(chosen).__name__ == "TritonKernel"     # not TVM's default schedule
+
+
+@pytest.mark.gpu
+def test_two_head_dims_match_float64_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    x, want = two_head_dims_case(torch.Generator().manual_seed(5), B=2, H=4, M=1000, N=1000,
+                                 DQK=192, DV=128, width=1.0)
+    x = {k: t.cuda() for k, t in x.items()}
+    out = torch.full(want.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+    tf.compile(two_head_dims)(**x, scale=0.2, out=out)
+    assert relative_error(out, want) < 2e-2
