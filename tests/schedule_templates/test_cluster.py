@@ -205,7 +205,8 @@ def test_decode_takes_the_key_count_at_run_time():
         s = T.sum(q[b, h, i, d] * k[b, h, d, j], over=d) * scale
         return softmax_attend(s, v[b, h, j, e], j)
 
-    with pytest.raises(ScheduleError, match=r"k and v must be indexed \[b, kv-head, j, d\]"):
+    with pytest.raises(ScheduleError, match=r"cluster decode reads k and v as \[batch, kv-head, "
+                                            r"keys, head dim\].*k bhdj"):
         _decode(keys_last)
 
 
