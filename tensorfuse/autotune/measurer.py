@@ -26,7 +26,7 @@ class Measurer:
     def __enter__(self) -> "Measurer":
         from tvm.s_tir import meta_schedule as ms
 
-        from .builder import CpuBuilder, TritonBuilder
+        from .builder import CpuBuilder, TritonBuilder, without_startup_check
         from .runner import TritonRunner
 
         workers = max(1, os.cpu_count() or 1)
@@ -35,7 +35,8 @@ class Measurer:
             self.builder = CpuBuilder(by_key, workers)
             config = ms.runner.EvaluatorConfig(number=3, repeat=3, min_repeat_ms=20,
                                                enable_cpu_cache_flush=False)
-            self.runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=config)
+            with without_startup_check(ms.runner.LocalRunner):
+                self.runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=config)
         else:
             self.builder = TritonBuilder(by_key, compile_ahead=False)
             if self.remote is None:
