@@ -296,8 +296,11 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict |
     D = sizes[plan.chain.dims[5]]
     if D > 128:
         return HopperKnobs(block_n=64, stages=2)
-    if D == 128 and choose_block and wide_blocks_pay(plan, sizes, scalars):
-        return HopperKnobs(block_n=WIDE_BLOCK_N)
+    # at head dim 64 only where the score is the scaled dot product (and a key-linear bias): a
+    # score function of its own (soft-cap's tanh) spills the consumers at 192 keys (ptxas)
+    wide = {128: WIDE_BLOCK_N, 64: WIDE_BLOCK_N_D64 if plan.scale is not None else None}.get(D)
+    if wide is not None and choose_block and wide_blocks_pay(plan, sizes, scalars, wide):
+        return HopperKnobs(block_n=wide)
     return HopperKnobs()
 
 
@@ -307,12 +310,18 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict |
 # this model predicts within a point for causal at S = 4096 and 16384 and the sliding window.
 BLOCK_OVERHEAD_KEYS = 18.6
 WIDE_BLOCK_N = 176
+# At head dim 64 the registers allow 192-key blocks: causal, B2 H16 S4096, on the H200 0.196 ms
+# at 128 keys, 0.188 at 176, 0.183 at 192 (cuDNN 0.184), in the library layout and in
+# [B, S, H, D] alike (``benchmarks.user_kernels``' causal_bshd_d64). Where they pay is decided by
+# the same block-cost model as 176 at head dim 128 (without a mask: the head-dim-128 rule).
+WIDE_BLOCK_N_D64 = 192
 SM90_SHARED = 227 * 1024   # dynamic shared memory a CTA may have on sm_90
 SAMPLED_ROW_BLOCKS = 8
 
 
-def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None) -> bool:
-    """Whether 176-key blocks cost less than 128-key ones: always without a mask; with a mask of
+def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None,
+                    wide: int = WIDE_BLOCK_N) -> bool:
+    """Whether ``wide``-key blocks cost less than 128-key ones: always without a mask; with a mask of
     indices and scalars, where its block schedule — sampled on a few row blocks of the default
     128 rows — costs less that way (blocks visited × (keys + :data:`BLOCK_OVERHEAD_KEYS`)). A
     mask that leaves long runs of whole blocks (causal at long sequences) gains from the wider
@@ -331,15 +340,18 @@ def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None
         return False
     b, h, i, j = plan.chain.axes
     block_m, narrow = HopperKnobs().block_m, HopperKnobs().block_n
+    # a block's fixed costs in keys of its products, which take half as long at head dim 64: the
+    # overhead doubles there (causal S4096 at D64 on the H200: 192-key blocks 6 % ahead of 128)
+    overhead = BLOCK_OVERHEAD_KEYS * 128 / sizes[plan.chain.dims[5]]
     rows = math.ceil(sizes[plan.chain.dims[3]] / block_m)
     sample = sorted({round(k * (rows - 1) / max(1, SAMPLED_ROW_BLOCKS - 1))
                      for k in range(min(rows, SAMPLED_ROW_BLOCKS))})
     cost = {}
-    for block_n in (narrow, WIDE_BLOCK_N):
+    for block_n in (narrow, wide):
         partial, full = block_lists(plan.mask, [b, h], i, j, sizes, {}, dict(scalars or {}),
                                     block_m, block_n, "cpu", row_blocks=sample)
-        cost[block_n] = int((partial | full).sum()) * (block_n + BLOCK_OVERHEAD_KEYS)
-    return cost[WIDE_BLOCK_N] < cost[narrow]
+        cost[block_n] = int((partial | full).sum()) * (block_n + overhead)
+    return cost[wide] < cost[narrow]
 
 
 def last_block_keys(plan: HopperAttentionPlan, N: int, block_n: int) -> int:

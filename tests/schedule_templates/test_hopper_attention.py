@@ -298,7 +298,7 @@ def test_head_dims_knobs_and_f16(D, knobs):
     sizes = dict(B=1, H=4, M=300, N=517, D=D)
     ptx = compiled.ptx(**sizes)
     assert ".f32.f16.f16" in ptx and "cp.async.bulk.tensor.3d" in ptx
-    n = knobs.get("block_n", 64 if D > 128 else 128)
+    n = knobs.get("block_n", {64: 192, 256: 64}.get(D, 128))   # causal: 192 at D64 (wide)
     assert f"m64n{n}k16" in ptx and f"m64n{D}k16" in ptx
     assert_consumers_do_not_spill(compiled.source(**sizes))
 
@@ -313,6 +313,16 @@ def test_masked_plans_take_wide_blocks_where_their_schedule_is_cheaper(name, S, 
     sizes = sizes_for(name, M=S, N=S)
     assert with_knobs(plan_of(K.ALL[name]), sizes, {}, scalars).block_n == want
     assert with_knobs(plan_of(K.ALL[name]), sizes, {"block_n": 64}, scalars).block_n == 64
+
+
+@pytest.mark.parametrize("name, scalars, want", [
+    ("causal_attention", {}, 192),      # a block's fixed costs weigh twice as much at D64
+    ("attention", {}, 192), ("alibi_attention", {}, 192),
+    ("softcap_attention", {"cap": 50.0}, 128),   # its own score function: 192 spills
+    ("sliding_window_attention", {"window": 1024}, 128)])
+def test_head_dim_64_takes_192_key_blocks_where_they_pay(name, scalars, want):
+    sizes = sizes_for(name, M=4096, N=4096, D=64)
+    assert with_knobs(plan_of(K.ALL[name]), sizes, {}, scalars).block_n == want
 
 
 @pytest.mark.parametrize("name", ["attention", "causal_attention"])
