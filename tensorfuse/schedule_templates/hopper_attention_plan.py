@@ -145,7 +145,7 @@ class HopperAttentionPlan:
         b, h, hkv, m, n, d = c.dims
         lines = [f"hopper attention plan: {c.out}[{b}, {h}, {m}, {d}] from {c.q}, {c.k}, {c.v} "
                  f"({hkv} kv-heads, {c.dtype})",
-                 *([f"  layouts by role (b batch, h head, i queries, j keys, d head dim): "
+                 *(["  layouts by role (b batch, h head, i queries, j keys, d head dim): "
                     + ", ".join(f"{t} {lay}" for t, lay in
                                 zip((c.q, c.k, c.v, c.out, c.lse), c.layouts))
                     + "; each read through a 4-D tensor map of its strides"]
