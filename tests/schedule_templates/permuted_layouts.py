@@ -16,6 +16,7 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.kernels import softmax_attend
 from benchmarks.user_kernels import bshd_causal, bshd_gqa_causal   # the suite's, as users write them
+from benchmarks.user_kernels import two_head_dims_causal as two_head_dims
 
 
 @tf.kernel
@@ -27,19 +28,9 @@ def sbhd_attention(q: T.Tensor["M", "B", "H", "D", "bf16"],
     return softmax_attend(s, v[j, b, h, e], j)
 
 
-@tf.kernel
-def two_head_dims(q: T.Tensor["B", "H", "M", "DQK", "bf16"],
-                  k: T.Tensor["B", "H", "N", "DQK", "bf16"],
-                  v: T.Tensor["B", "H", "N", "DV", "bf16"], scale: T.f32):
-    """Causal attention with q·k over DQK and p·v over DV (DeepSeek's 192 and 128)."""
-    b, h, i, j, d, e = T.axes("b h i j d e")
-    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale
-    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
-    return softmax_attend(s, v[b, h, j, e], j)
-
-
 def two_head_dims_case(generator, B=1, H=2, M=37, N=53, DQK=48, DV=32, width=3.0):
-    """Inputs of :func:`two_head_dims` and the float64 reference of its output."""
+    """Inputs of ``two_head_dims`` (causal, q·k over DQK, p·v over DV: the suite's kernel) and the
+    float64 reference of its output."""
     q, k = (torch.randn(B, H, n, DQK, generator=generator) * width for n in (M, N))
     v = torch.randn(B, H, N, DV, generator=generator) * width
     q, k, v = (x.bfloat16() for x in (q, k, v))
