@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .algebra.exprs import nodes
 from .dsl.evaluate import Interpreter, axis_sizes_for
 from .dsl.expr import Axis, Expr, Load, Ref
 from .dsl.program import Program
@@ -49,19 +50,19 @@ class Gather:
         return _depth(self.index)
 
 
+    @property
+    def reads(self) -> set[str]:
+        """The tensors the index expression reads."""
+        return {n.param.name for n in nodes(self.index) if isinstance(n, Load)}
+
+
 def _depth(e: Expr) -> int:
     return max((1 + max((_depth(i) for i in n.indices), default=0)
-                for n in _nodes(e) if isinstance(n, Load)), default=0)
-
-
-def _nodes(e: Expr):
-    yield e
-    for c in e.children():
-        yield from _nodes(c)
+                for n in nodes(e) if isinstance(n, Load)), default=0)
 
 
 def _reads_tensor(e: Expr) -> bool:
-    return any(isinstance(n, Load) for n in _nodes(e))
+    return any(isinstance(n, Load) for n in nodes(e))
 
 
 def gathers(program: Program) -> list[Gather]:
@@ -70,12 +71,12 @@ def gathers(program: Program) -> list[Gather]:
     found: dict[tuple, Gather] = {}
     for c in program.computes:
         for body in c.bodies:
-            for n in _nodes(body):
+            for n in nodes(body):
                 if not isinstance(n, Load):
                     continue
                 for k, index in enumerate(n.indices):
                     if _reads_tensor(index) and not any(isinstance(x, Ref)
-                                                        for x in _nodes(index)):
+                                                        for x in nodes(index)):
                         found.setdefault((n.param.name, k, index.key()), Gather(n, k, index))
     return sorted(found.values(), key=lambda g: g.depth)
 
@@ -92,10 +93,11 @@ def check_gathers(program: Program, found: list[Gather], arrays: dict, dims: dic
     dimension it indexes."""
     if not found:
         return
-    tensors = {name: _host(x) for name, x in arrays.items()}
+    read = set().union(*(g.reads for g in found))   # the index tensors only, not the data
+    tensors = {name: _host(arrays[name]) for name in read}
     interp = Interpreter(tensors, scalars, dims, axis_sizes_for(program, dims))
     for g in found:
-        axes = {a.uid: a for a in _nodes(g.index) if isinstance(a, Axis)}
+        axes = {a.uid: a for a in nodes(g.index) if isinstance(a, Axis)}
         if np.prod([interp.axis_sizes[u] for u in axes], dtype=np.float64) > MAX_CHECKED:
             continue
         values = np.asarray(interp.eval(g.index))
@@ -120,10 +122,5 @@ def _text(e: Expr) -> str:
 
 
 def _host(x):
-    """A NumPy view of an argument (torch tensors read back to the host)."""
-    if isinstance(x, np.ndarray):
-        return x
-    try:
-        return x.detach().cpu().numpy()
-    except TypeError:      # bfloat16 has no NumPy type: gathers read integer tensors anyway
-        return x.detach().cpu().float().numpy()
+    """A NumPy view of an index tensor (a torch tensor read back to the host)."""
+    return x if isinstance(x, np.ndarray) else x.detach().cpu().numpy()

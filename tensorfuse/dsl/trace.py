@@ -189,13 +189,15 @@ class _ProgramBuilder:
                     f"{where}): give it a number, T.axis({a.name!r}, 16), or use a dimension "
                     f"a tensor has", a.loc)
         for c in self.computes:
+            sizes: list[DimSize] = []
             for body in c.bodies:
-                for n in _walk(body):
-                    if isinstance(n, DimSize) and n.name not in known:
-                        raise AxisError(
-                            f"T.size({n.name!r}) in {c.name}: no tensor parameter has a "
-                            f"dimension named {n.name!r} (the named ones: {where}), so no call "
-                            "can give its value", n.loc or c.loc)
+                walk(body, lambda n: sizes.append(n) if isinstance(n, DimSize) else None)
+            for n in sizes:
+                if n.name not in known:
+                    raise AxisError(
+                        f"T.size({n.name!r}) in {c.name}: no tensor parameter has a dimension "
+                        f"named {n.name!r} (the named ones: {where}), so no call can give its "
+                        "value", n.loc or c.loc)
 
     def _output(self, value: Expr, storage: str, k: int, count: int) -> Compute:
         existing = None
@@ -281,13 +283,6 @@ def _is_index_like(expr: Expr) -> bool:
     found = []
     walk(expr, lambda n: found.append(n) if isinstance(n, (Reduce, Ref)) else None)
     return not found
-
-
-def _walk(e: Expr):
-    """``e`` and every node below it."""
-    yield e
-    for child in e.children():
-        yield from _walk(child)
 
 
 def _output_dtype(value: Expr) -> str:
