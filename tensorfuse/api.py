@@ -41,9 +41,10 @@ def compile(kernel: "TracedKernel | Schedule",  # noqa: A001 - tensorfuse.compil
     return in_graph(_compile(kernel, target, template))
 
 
-def _compile(kernel, target, template, origin: str = "template defaults"):
+def _compile(kernel, target, template, untemplated: str | None = None):
     """:func:`compile` for a kernel (the result before it gets its PyTorch operator);
-    ``origin``: what ``schedule_origin()`` says of the default schedule."""
+    ``untemplated``: on a GPU, why no template takes it — what ``schedule_origin()`` then says
+    of the default schedule."""
     if not is_kernel(kernel):
         raise ScheduleError(f"tensorfuse.compile takes a @tensorfuse.kernel or a schedule, got "
                             f"{type(kernel).__name__}", user_location())
@@ -95,10 +96,10 @@ def _compile(kernel, target, template, origin: str = "template defaults"):
         return apply_default_schedule(lower_program(program, (), dims, index_dtype,
                                                     accumulate=spec.accumulate,
                                                     vector_math=spec.vector_math), spec), \
-            origin
+            untemplated or "template defaults"
 
-    return CompiledKernel(program, spec, build, "default schedule, or a tuned record"
-                          if origin == "template defaults" else origin)
+    return CompiledKernel(program, spec, build,
+                          untemplated or "default schedule, or a tuned record")
 
 
 def _untemplated(kernel, spec, why: str) -> CompiledKernel:

@@ -22,27 +22,28 @@ def choose(program: Program, target: TargetSpec):
     """``(template name, fusion)`` for ``program`` on ``target``, or ``None``."""
     if not target.is_gpu:
         return None
-    for fusion, chain in _fusions(program, DEFAULT_CHUNK):
-        try:
-            plan_rowtile(program, chain, {d: 64 for d in program.dim_names()})
-        except TargetError:
-            continue
-        return ("attention" if _contracts(chain) else "row_reduction"), fusion
-    return None
+    return next((found for found, _ in _gpu_candidates(program) if found is not None), None)
 
 
 def why_no_template(program: Program, target: TargetSpec) -> str:
     """Why :func:`choose` found no GPU template for ``program``: each candidate chain's
     refusal, or that it has no reduction chain to fuse."""
-    reasons = []
+    reasons = [why for found, why in _gpu_candidates(program) if found is None]
+    return "; ".join(reasons) or "it has no reductions over one axis to fuse"
+
+
+def _gpu_candidates(program: Program):
+    """For the reductions sharing each axis, the most shared first: ``((template name, fusion),
+    None)`` where the row-tile template takes them, else ``(None, why not)``."""
     for members, axis in chain_candidates(program):
-        names = ", ".join(m.name for m in members)
+        fusion = Fusion(tuple(m.name for m in members), axis.name, DEFAULT_CHUNK)
         try:
-            chain = plan_chain(program, tuple(m.name for m in members), axis)
+            chain = plan_chain(program, fusion.names, axis)
             plan_rowtile(program, chain, {d: 64 for d in program.dim_names()})
         except (RollingUpdateError, TargetError) as exc:
-            reasons.append(f"{names} over {axis.name}: {exc}")
-    return "; ".join(reasons) or "it has no reductions over one axis to fuse"
+            yield None, f"{', '.join(fusion.names)} over {axis.name}: {exc}"
+            continue
+        yield ("attention" if _contracts(chain) else "row_reduction", fusion), None
 
 
 def cpu_fusion(program: Program) -> Fusion | None:
