@@ -45,7 +45,7 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
         # 8 warps, where their shared memory fits — on the H200 at 192/128, B2 H16 S4096 causal:
         # 0.806 → 0.615 ms (``benchmarks.user_kernels``); one head dim over 128 keeps 64×32
         wide = Knobs(block_m=128, block_n=64, num_warps=8, num_stages=2)
-        if len(set(plan.feature_extents.values())) > 1 and target.kind == "cuda" and \
+        if plan.two_feature_sizes and target.kind == "cuda" and \
                 shared_bytes(plan, wide) <= target.max_shared_memory:
             return wide
         return Knobs(block_m=64, block_n=32, num_warps=4, num_stages=2)

@@ -172,7 +172,7 @@ def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionB
                                       else None)
         k, v = _plain_load(unfold(product.right), "k"), _plain_load(unfold(value), "v")
     d = plan.feature_extent
-    if len(set(plan.feature_extents.values())) > 1:
+    if plan.two_feature_sizes:
         raise TargetError("the attention backward holds one head dim for q·k and p·v, got "
                           f"{sorted(set(plan.feature_extents.values()))}")
     if d & (d - 1) or not 16 <= d <= MAX_HEAD_DIM:

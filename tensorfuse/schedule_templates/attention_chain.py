@@ -25,6 +25,10 @@ from ..dsl.program import Compute, Program
 from ..errors import ScheduleError
 
 
+# q, k, v, the output and the log-sum-exp as the library lays them out (axes by role)
+LIBRARY_LAYOUTS = ("bhid", "bhjd", "bhjd", "bhid", "bhi")
+
+
 @dataclass(frozen=True)
 class AttentionChain:
     """The chain's tensors and the score expression (of the dot product ``dot`` and the batch,
@@ -47,7 +51,7 @@ class AttentionChain:
     # each tensor's axes by role, outermost first: q, k, v, the output (and the log-sum-exp) —
     # b (batch), h (the head; the kv-head in k and v), i (queries), j (keys), d (the head dim,
     # the output's e); the library's layout is LIBRARY_LAYOUTS
-    layouts: tuple[str, ...] = ("bhid", "bhjd", "bhjd", "bhid")
+    layouts: tuple[str, ...] = LIBRARY_LAYOUTS[:4]
 
     @property
     def permuted(self) -> bool:
@@ -149,9 +153,6 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
                           h_axis.name, dot.name, tuple(axes.items()), out.dtypes[0],
                           (b_axis, h_axis, i_axis, j_axis), lse.name if lse is not None else "",
                           layouts)
-
-
-LIBRARY_LAYOUTS = ("bhid", "bhjd", "bhjd", "bhid", "bhi")
 
 
 def _axis_roles(q_load: Load, k_load: Load, v_load: Load, out: Compute, d_axis: Axis,

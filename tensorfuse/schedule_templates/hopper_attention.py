@@ -185,11 +185,11 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         lists = _Lists(plan, knobs, ctas if knobs.schedule == "auto" and how == "dynamic"
                        else None, tiled)
 
-        # (sizes, box) of q, k, v: rows of [batch·heads, tokens, D], or boxes of the map —
-        # patches of queries, windows of keys
+        # (sizes, box, strides) of q, k, v: rows of [batch·heads, tokens, D], or boxes of the
+        # map — patches of queries, windows of keys (row-major: strides None)
         if tiled is not None:
             sides, dilation = tiled.cols.dims, tiled.cols.dilation
-            shapes = [(view_sizes(sides, dilation, heads, D), view_box(patch, dilation))
+            shapes = [(view_sizes(sides, dilation, heads, D), view_box(patch, dilation), None)
                       for heads, patch in ((B * H, tiled.rows.patch), (B * HKV, tiled.cols.patch),
                                            (B * HKV, tiled.cols.patch))]
         elif plan.strided:   # (batch, head, tokens, D) by each tensor's own strides
@@ -203,7 +203,6 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                       for heads, tokens, rows in ((B * H, M, knobs.block_m),
                                                   (B * HKV, N, knobs.block_n),
                                                   (B * HKV, N, knobs.block_n))]
-        shapes = [shape if len(shape) == 3 else (*shape, None) for shape in shapes]
 
         def tensor_maps(q, k, v, device):
             """TMA maps of q, k and v in one device buffer, made once per set of addresses."""

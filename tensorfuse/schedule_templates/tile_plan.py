@@ -116,8 +116,8 @@ class RowTilePlan:
                  + (f": {self.fold[1]} values of {self.fold[0].name} share a tile" if self.fold
                     else "") + ")",
                  f"  swept: {self.col.name} ({self.cols}), feature held whole: "
-                 + (f"{self.feature_extent}" if len(set(self.feature_extents.values())) < 2
-                    else " and ".join(f"{n} {e}" for n, e in self._feature_sizes()))]
+                 + (" and ".join(f"{n} {e}" for n, e in self._feature_sizes())
+                    if self.two_feature_sizes else f"{self.feature_extent}")]
         for name, con in self.locals.items():
             lines.append(f"  {name} = {to_text(con.left)} · {to_text(con.right)} on tensor "
                          f"cores ({con.dot_dtype})")
@@ -142,6 +142,11 @@ class RowTilePlan:
     def _feature_sizes(self) -> list[tuple[str, int]]:
         axes = {a.uid: a for c in self.program.computes for a in c.axes + c.over}
         return [(axes[u].name, e) for u, e in self.feature_extents.items()]
+
+    @property
+    def two_feature_sizes(self) -> bool:
+        """Whether q·k and p·v run over head dims of different sizes."""
+        return len(set(self.feature_extents.values())) > 1
 
     def feature_size(self, axis: Axis) -> int:
         """The size of a feature axis (its own, where q·k and p·v differ)."""
