@@ -106,17 +106,11 @@ def _flat_box(c, kind: str, tensor_map: str, token: str, head: str, heads: str, 
     D]`` view, or, in a permuted layout (``tma_strided_boxes``), a 4-D box of a map whose
     dimensions are the tensor's own strides (head dim, tokens, head, batch), so that
     ``[B, S, H, D]`` or ``[S, B, H, D]`` tensors are read in place."""
-    if not c.strided:
-        coords = f"a * 64, {token}, {head}"
-        if kind == "prefetch":
-            return f"tf_tma_prefetch_3d({tensor_map}, {coords})"
-        call = f"tf_tma_load_3d({dst}, {tensor_map}, {coords}, {bar})"
-        # the line as it always read: wrapped where it passes the source's line width
-        return call if len(call) < 90 else call.replace(f"{head}, ", f"{head},\n" + " " * 29)
-    coords = f"a * 64, {token}, {head} % {heads}, {head} / {heads}"
+    rank, coords = (4, f"a * 64, {token}, {head} % {heads}, {head} / {heads}") if c.strided \
+        else (3, f"a * 64, {token}, {head}")
     if kind == "prefetch":
-        return f"tf_tma_prefetch_4d({tensor_map}, {coords})"
-    return f"tf_tma_load_4d({dst}, {tensor_map},\n{' ' * 29}{coords}, {bar})"
+        return f"tf_tma_prefetch_{rank}d({tensor_map}, {coords})"
+    return f"tf_tma_load_{rank}d({dst}, {tensor_map},\n{' ' * 29}{coords}, {bar})"
 
 
 def gemm_tile_bytes(c) -> str:
