@@ -60,3 +60,28 @@ def float64_reference(kernel, tensors: dict, scalars: dict):
     if kernel.name.startswith("attention_f"):
         return REFERENCES["gqa_attention"](q, k, v, scalars["scale"])
     raise KeyError(f"no float64 reference for {kernel.name}")
+
+
+def run_interpreted(module: str, *args, timeout: int = 900):
+    """Run ``python -m module args`` from the repository's root with Triton's interpreter on
+    (Triton decides at import whether to interpret, so such checks run in their own process) and
+    return the JSON its last line prints; the process's stderr where it fails."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
+                          text=True, cwd=root, timeout=timeout,
+                          env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def fresh_seed() -> int:
+    """A fresh seed for a random test, or ``TENSORFUSE_SEED`` to rerun a failing one."""
+    import os
+    import secrets
+
+    return int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))

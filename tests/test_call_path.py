@@ -1,10 +1,6 @@
 """What a repeated call does: its arguments are checked once per signature (a lookup after that),
 nothing is lowered or built again, and nothing is allocated besides the outputs (and, for the
 split update, one scratch buffer). Counted, not timed: CI has no GPU."""
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,8 +9,8 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.binding import signature_key
 from tensorfuse.errors import CallError
+from tests.helpers import run_interpreted
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @tf.kernel
@@ -55,11 +51,7 @@ def test_signature_keys_tell_apart_what_generated_code_depends_on():
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("triton"), reason="needs triton")
 def test_template_kernels_reuse_their_launches():
-    proc = subprocess.run([sys.executable, "-m", "tests.schedule_templates.call_counts"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env=dict(os.environ, TRITON_INTERPRET="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    counts = run_interpreted("tests.schedule_templates.call_counts", timeout=600)
     assert counts["same_shape"] == {"checks": 1, "builds": 1, "launch_plans": 1,
                                     "last_call_allocations": 1}   # the output
     assert counts["two_shapes"]["checks"] == 2 and counts["two_shapes"]["launch_plans"] == 2

@@ -1,11 +1,8 @@
 """The attention backward template (issue 22): its plan read off the forward's, its refusals, its
 kernels run in Triton's interpreter against the backward program, their code for sm_90a, and
 autograd choosing it on a GPU."""
-import json
 import os
 import secrets
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,8 +16,8 @@ from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
 from tensorfuse.schedule_templates.auto import choose
 from tensorfuse.targets import get_target
 from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels
+from tests.helpers import run_interpreted
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 DIMS = dict(B=2, H=16, M=1024, N=1024, D=128)
 
 
@@ -59,12 +56,7 @@ def test_what_the_template_cannot_differentiate_is_refused_with_the_reason():
 
 def test_interpreted_kernels_match_the_backward_program():
     seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
-    proc = subprocess.run([sys.executable, "-m",
-                           "tests.schedule_templates.attention_backward_check", str(seed)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=900,
-                          env=dict(os.environ, TRITON_INTERPRET="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = run_interpreted("tests.schedule_templates.attention_backward_check", seed)
     names = {"full", "causal", "causal_softcap", "mask_tensor", "causal_whole_tiles"}
     ranges = {n: errors.pop(f"{n}/ranges", None) for n in names}   # plans with block lists
     assert set(errors) == names | {f"{n}/saved" for n in names}

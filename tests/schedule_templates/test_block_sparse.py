@@ -11,6 +11,7 @@ from tensorfuse import dsl as T
 from tensorfuse.kernels.attention import KV, Q, scores, softmax_attend
 from tensorfuse.schedule_templates.block_schedule import block_lists
 from tensorfuse.schedule_templates.hopper_attention_plan import plan_hopper_attention
+from tests.helpers import run_interpreted
 
 torch = pytest.importorskip("torch")
 
@@ -119,11 +120,8 @@ def test_block_sparse_and_strided_kernels_match_float64_off_the_hopper_path():
     """The CPU target (the fused rolling update) and the Triton template (through Triton's
     interpreter) on small ragged cases, against float64 references made from the masks'
     definitions; the Hopper path's numbers are the GPU tests'."""
-    import json
     import os
     import secrets
-    import subprocess
-    import sys
 
     from tests.schedule_templates.sparse_references import block_sparse_case, strided_case
 
@@ -133,10 +131,5 @@ def test_block_sparse_and_strided_kernels_match_float64_off_the_hopper_path():
         out = tf.compile(kernel, "llvm")(**inputs, **scalars)
         err = float((out.double() - want).abs().max() / want.abs().max())
         assert err < 1e-2, (kernel.program.name, err, seed)   # bf16 output
-    done = subprocess.run([sys.executable, "-m", "tests.schedule_templates.sparse_check",
-                           str(seed)], capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, TRITON_INTERPRET="1"),
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    assert done.returncode == 0, done.stderr[-3000:]
-    errors = json.loads(done.stdout.strip().splitlines()[-1])
+    errors = run_interpreted("tests.schedule_templates.sparse_check", seed)
     assert max(errors.values()) < 1e-2, (errors, seed)

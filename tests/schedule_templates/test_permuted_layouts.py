@@ -6,12 +6,9 @@ the output at its layout's offsets (no copy, no transpose). Checked against floa
 references of the math as written (``permuted_layouts``)."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,7 +16,7 @@ import torch
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse import dsl as T
-from tests.helpers import needs_nvcc
+from tests.helpers import fresh_seed, needs_nvcc, run_interpreted
 from tests.schedule_templates.test_hopper_attention import assert_consumers_do_not_spill
 from tests.schedule_templates.permuted_layouts import (KERNELS, inputs, reference,
                                                        reference_gradients, relative_error,
@@ -116,13 +113,8 @@ def test_the_cpu_target_matches_float64():
 
 
 def test_the_triton_template_matches_float64_in_the_interpreter():
-    seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
-    done = subprocess.run([sys.executable, "-m", "tests.schedule_templates.permuted_layouts",
-                           str(seed)], capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, TRITON_INTERPRET="1"),
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    assert done.returncode == 0, done.stderr[-3000:]
-    errors = json.loads(done.stdout.strip().splitlines()[-1])
+    seed = fresh_seed()
+    errors = run_interpreted("tests.schedule_templates.permuted_layouts", seed)
     assert set(errors) == {*KERNELS, "backward", "two_head_dims"}, errors
     assert max(errors.values()) < 1e-2, (errors, seed)   # bf16 outputs (the backward: f32)
 

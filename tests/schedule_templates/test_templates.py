@@ -12,6 +12,7 @@ from tensorfuse.errors import ScheduleError
 from tensorfuse.kernels.reference import TOLERANCE
 from tests.schedule_templates import offset_chains as C
 from tests.schedule_templates.test_rolling_update import CHAINS
+from tests.helpers import run_interpreted
 
 triton = pytest.importorskip("triton", reason="the templates generate Triton kernels")
 
@@ -38,22 +39,12 @@ def template_kernel(name, target="cuda:sm_90a", **knobs):
 def interpreted_errors():
     """Every template kernel run once in Triton's interpreter (its own process: Triton decides at
     import whether it interprets)."""
-    import json
     import os
     import secrets
-    import subprocess
-    import sys
 
     seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-m", "tests.schedule_templates.interpret_check",
-                           *ATTENTION, *ROWS, *DECODE, *RELOAD, *LOOPED, *OFFSET, *GFX942,
-                           str(seed)], capture_output=True, text=True,
-                          env=env,
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return seed, json.loads(proc.stdout.strip().splitlines()[-1])
+    return seed, run_interpreted("tests.schedule_templates.interpret_check", *ATTENTION, *ROWS,
+                                 *DECODE, *RELOAD, *LOOPED, *OFFSET, *GFX942, seed)
 
 
 @pytest.mark.parametrize("name", ATTENTION + ROWS + DECODE + RELOAD + LOOPED + GFX942)

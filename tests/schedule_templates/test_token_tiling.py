@@ -1,12 +1,10 @@
 """Token tiling: visiting a map-shaped mask's sequence in patches and key windows — the
 arithmetic, the block schedule (every visible pair visited exactly once), the choice, the
 schedule primitive, and the kernels in Triton's interpreter against float64."""
-import json
 import math
 import os
 import secrets
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +18,7 @@ from tensorfuse.schedule_templates.block_schedule import _Evaluator, window_list
 from tensorfuse.schedule_templates.tile_plan import TilePlanner
 from tensorfuse.schedule_templates.token_tiling import (TokenTiling, choose_tiling,
                                                         map_dims)
+from tests.helpers import run_interpreted
 
 
 def _plan(kernel, S):
@@ -162,13 +161,7 @@ def test_compile_takes_the_hopper_template_where_the_map_tiles_and_triton_elsewh
 
 def test_tiled_kernels_match_float64_in_the_interpreter():
     seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
-    proc = subprocess.run([sys.executable, "-m", "tests.schedule_templates.tiling_check",
-                           str(seed)], capture_output=True, text=True,
-                          env=dict(os.environ, TRITON_INTERPRET="1"),
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = run_interpreted("tests.schedule_templates.tiling_check", seed, timeout=600)
     for name, r in results.items():
         assert r["error"] <= TOLERANCE["bf16"], f"{name}: {r} (TENSORFUSE_SEED={seed})"
         assert r["tiled"], f"{name}: ran in the flat order ({r['order']})"
