@@ -7,7 +7,6 @@ reference of the math as written on a slice of rows, before and after it is time
 
 Rows: ``benchmark`` = ``user/<name>``; CSV ``benchmarks/results/<date>-<device>-user-kernels.csv``.
 """
-from __future__ import annotations
 
 import argparse
 import datetime
@@ -18,6 +17,7 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
+from tensorfuse.binding import bind_call
 from tensorfuse.kernels import softmax_attend
 from benchmarks.attention import checked_output
 from benchmarks.common import (SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER,
@@ -44,15 +44,22 @@ def sbhd_causal(q: T.Tensor["M", "B", "H", "D", "bf16"], k: T.Tensor["N", "B", "
     return softmax_attend(s, v[j, b, h, e], j)
 
 
-@tf.kernel
-def bshd_gqa_causal(q: T.Tensor["B", "M", "H", "D", "bf16"],
-                    k: T.Tensor["B", "N", "HKV", "D", "bf16"],
-                    v: T.Tensor["B", "N", "HKV", "D", "bf16"], scale: T.f32):
-    b, i, h, j, d, e = T.axes("b i h j d e")
-    hk = h // (T.size("H") // T.size("HKV"))
-    s = T.sum(q[b, i, h, d] * k[b, j, hk, d], over=d) * scale
-    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
-    return softmax_attend(s, v[b, j, hk, e], j)
+def gqa_causal_bshd_kernel(dtype: str = "bf16"):
+    """GQA-causal attention on [B, S, H, D] queries and a [B, S, HKV, D] cache, in ``dtype`` (the
+    tests interpret it in float32). Its annotations name this function's locals: the module has
+    no ``from __future__ import annotations``, which would make them strings."""
+    Q, KV = T.Tensor["B", "M", "H", "D", dtype], T.Tensor["B", "N", "HKV", "D", dtype]
+
+    def bshd_gqa_causal(q: Q, k: KV, v: KV, scale: T.f32):
+        b, i, h, j, d, e = T.axes("b i h j d e")
+        hk = h // (T.size("H") // T.size("HKV"))
+        s = T.sum(q[b, i, h, d] * k[b, j, hk, d], over=d) * scale
+        s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
+        return softmax_attend(s, v[b, j, hk, e], j)
+    return tf.kernel(bshd_gqa_causal)
+
+
+bshd_gqa_causal = gqa_causal_bshd_kernel()
 
 
 @tf.kernel
@@ -201,15 +208,8 @@ def _rows_case(name: str, kernel, eager, x, extra: dict, shape: str) -> Case:
                 {TORCH_COMPILE: lambda: compiled(x, *tensors, **scalars),
                  TORCH_EAGER: lambda: eager(x, *tensors, **scalars)},
                 ref, lambda out: out, bytes=moved,
-                notes={TENSORFUSE: f.schedule_origin(**_sizes(kernel, x, tensors))})
-
-
-def _sizes(kernel, x, tensors) -> dict:
-    params = [p for p in kernel.program.tensor_params]
-    sizes = {}
-    for p, t in zip(params, [x, *tensors]):
-        sizes.update({d: n for d, n in zip(p.dims, t.shape) if isinstance(d, str)})
-    return sizes
+                notes={TENSORFUSE: f.schedule_origin(**bind_call(
+                    kernel.program, (x,), extra, "cuda").dims)})
 
 
 def _log_softmax_case(generator, B=8, C=150, P=65536) -> Case:

@@ -15,7 +15,8 @@ import torch
 import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.kernels import softmax_attend
-from benchmarks.user_kernels import bshd_causal, bshd_gqa_causal   # the suite's, as users write them
+from benchmarks.user_kernels import (bshd_causal, bshd_gqa_causal,   # the suite's kernels
+                                     gqa_causal_bshd_kernel)
 from benchmarks.user_kernels import two_head_dims_causal as two_head_dims
 
 
@@ -74,16 +75,8 @@ def reference(name: str, q, k, v, scale: float) -> torch.Tensor:
     return torch.einsum(f"bhij,{k_axes}->{out_axes}", torch.softmax(s, -1), v)
 
 
-@tf.kernel
-def bshd_gqa_causal_f32(q: T.Tensor["B", "M", "H", "D", "f32"],
-                        k: T.Tensor["B", "N", "HKV", "D", "f32"],
-                        v: T.Tensor["B", "N", "HKV", "D", "f32"], scale: T.f32):
-    """``bshd_gqa_causal`` in float32: the interpreter has no bfloat16 products."""
-    b, i, h, j, d, e = T.axes("b i h j d e")
-    hk = h // (T.size("H") // T.size("HKV"))
-    s = T.sum(q[b, i, h, d] * k[b, j, hk, d], over=d) * scale
-    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
-    return softmax_attend(s, v[b, j, hk, e], j)
+# the interpreter has no bfloat16 products: the suite's kernel in float32 for the backward check
+bshd_gqa_causal_f32 = gqa_causal_bshd_kernel("f32")
 
 
 def reference_gradients(name: str, q, k, v, scale: float, d_out) -> tuple:
