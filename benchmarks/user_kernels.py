@@ -20,8 +20,8 @@ from tensorfuse import dsl as T
 from tensorfuse.binding import bind_call
 from tensorfuse.kernels import softmax_attend
 from benchmarks.attention import checked_output
-from benchmarks.common import (SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER,
-                               Row, measure_ceilings, write_csv)
+from benchmarks.common import (FLEX, SDPA, SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, TORCH_COMPILE,
+                               TORCH_EAGER, Row, measure_ceilings, write_csv)
 
 
 # ---- attention on the layouts transformers and Megatron keep ([B, S, H, D], [S, B, H, D]) ----
@@ -99,6 +99,72 @@ def layernorm_channels(x: T.Tensor["B", "D", "S", "bf16"], w: T.Tensor["D", "bf1
     mean = T.sum(x[b, d, s], over=d) / T.size("D")
     var = T.sum((x[b, d, s] - mean) * (x[b, d, s] - mean), over=d) / T.size("D")
     return (x[b, d, s] - mean) * T.rsqrt(var + eps) * w[d] + bias[d]
+
+
+@tf.kernel
+def group_norm(x: T.Tensor["B", "G", "C", "P", "bf16"], w: T.Tensor["G", "C", "bf16"],
+               bias: T.Tensor["G", "C", "bf16"], eps: T.f32):
+    """Group norm of [B, C, H·W] activations viewed as [B, G, C/G, P]: over two axes at once."""
+    b, g, c, p = T.axes("b g c p")
+    n = T.size("C") * T.size("P")
+    mean = T.sum(x[b, g, c, p], over=(c, p)) / n
+    var = T.sum((x[b, g, c, p] - mean) * (x[b, g, c, p] - mean), over=(c, p)) / n
+    return (x[b, g, c, p] - mean) * T.rsqrt(var + eps) * w[g, c] + bias[g, c]
+
+
+@tf.kernel
+def max_pool_l2(x: T.Tensor["B", "S", "D", "bf16"]):
+    """A sentence embedding: max over the tokens of [B, S, D], then L2-normalised over D."""
+    b, s, d = T.axes("b s d")
+    pooled = T.max(x[b, s, d], over=s)
+    return pooled * T.rsqrt(T.sum(pooled * pooled, over=d) + 1e-12)
+
+
+# ---- decode: many query heads on one cache, and a paged cache ----
+
+@tf.kernel
+def mqa_decode(q: T.Tensor["B", "H", "D", "bf16"], k: T.Tensor["B", "N", "D", "bf16"],
+               v: T.Tensor["B", "N", "D", "bf16"], scale: T.f32):
+    """Multi-query decode: every query head of a token reads the one [B, N, D] cache."""
+    b, h, j, d, e = T.axes("b h j d e")
+    s = T.sum(q[b, h, d] * k[b, j, d], over=d) * scale
+    return softmax_attend(s, v[b, j, e], j)
+
+
+@tf.kernel
+def paged_decode(q: T.Tensor["B", "H", "D", "bf16"],
+                 k_pages: T.Tensor["PAGES", "PAGE", "HKV", "D", "bf16"],
+                 v_pages: T.Tensor["PAGES", "PAGE", "HKV", "D", "bf16"],
+                 table: T.Tensor["B", "NP", "i32"], scale: T.f32):
+    """GQA decode over a paged cache: sequence b's key p·PAGE + t is slot t of page table[b, p]."""
+    b, h, p, t, d, e = T.axes("b h p t d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    s = T.sum(q[b, h, d] * k_pages[table[b, p], t, hk, d], over=d) * scale
+    return softmax_attend(s, v_pages[table[b, p], t, hk, e], (p, t))
+
+
+@tf.kernel
+def cross_attention_lengths(q: T.Tensor["B", "H", "M", "D", "bf16"],
+                            k: T.Tensor["B", "H", "N", "D", "bf16"],
+                            v: T.Tensor["B", "H", "N", "D", "bf16"],
+                            lengths: T.Tensor["B", "i32"], scale: T.f32):
+    """Cross-attention to encoder states padded to N, sequence b's first lengths[b] valid."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale
+    return softmax_attend(T.where(j < lengths[b], s, -T.inf), v[b, h, j, e], j)
+
+
+# ---- ragged rows ----
+
+@tf.kernel
+def segment_mean(x: T.Tensor["R", "D", "bf16"], starts: T.Tensor["G", "i32"],
+                 lengths: T.Tensor["G", "i32"]):
+    """Mean of each segment of rows starts[g] .. starts[g] + lengths[g] (at most 128) of [R, D]:
+    pooling a batch packed without padding."""
+    g, d = T.axes("g d")
+    r = T.axis("r", 128)
+    total = T.sum(T.where(r < lengths[g], x[starts[g] + r, d], 0.0), over=r)
+    return total / T.max(lengths[g], 1)
 
 
 @dataclass
@@ -197,13 +263,15 @@ def _two_head_dims_case(generator, B=2, H=16, S=4096, DQK=192, DV=128) -> Case:
 
 def _rows_case(name: str, kernel, eager, x, extra: dict, shape: str) -> Case:
     """A row kernel on ``x`` against ``eager`` (its torch function) and it under torch.compile;
-    checked on all of it, GB/s of the bytes it must move (read once, written once)."""
+    checked on all of it, GB/s of the bytes it must move (its inputs read once, its output
+    written once)."""
     f = tf.compile(kernel)
     compiled = torch.compile(eager)
     tensors = [a for a in extra.values() if isinstance(a, torch.Tensor)]
     scalars = {n: a for n, a in extra.items() if not isinstance(a, torch.Tensor)}
     ref = eager(x.double(), *(t.double() for t in tensors), **scalars)
-    moved = 2 * x.numel() * x.element_size() + sum(t.numel() * t.element_size() for t in tensors)
+    moved = (x.numel() + ref.numel()) * x.element_size() + \
+        sum(t.numel() * t.element_size() for t in tensors)
     return Case(name, shape, lambda: f(x, **extra),
                 {TORCH_COMPILE: lambda: compiled(x, *tensors, **scalars),
                  TORCH_EAGER: lambda: eager(x, *tensors, **scalars)},
@@ -243,6 +311,154 @@ def _layernorm_channels_case(generator, B=8, D=1024, S=4096) -> Case:
                       {"w": w, "bias": bias, "eps": 1e-5}, f"B{B} D{D} S{S} (over D)")
 
 
+def _group_norm_case(generator, B=16, G=32, C=16, P=4096) -> Case:
+    x = (torch.randn(B, G, C, P, generator=generator) * 2 + 1).to("cuda", torch.bfloat16)
+    w = (torch.rand(G, C, generator=generator) + 0.5).to("cuda", torch.bfloat16)
+    bias = torch.randn(G, C, generator=generator).to("cuda", torch.bfloat16)
+
+    def eager(t, weight, shift, eps):   # what a model does: group_norm on [B, channels, pixels]
+        flat = t.reshape(t.shape[0], -1, t.shape[-1])
+        return torch.nn.functional.group_norm(flat, t.shape[1], weight.reshape(-1),
+                                              shift.reshape(-1), eps).reshape(t.shape)
+    return _rows_case("group_norm", group_norm, eager, x, {"w": w, "bias": bias, "eps": 1e-5},
+                      f"B{B} G{G} C/G{C} P{P} (over C/G and P)")
+
+
+def _max_pool_l2_case(generator, B=64, S=512, D=4096) -> Case:
+    x = (torch.randn(B, S, D, generator=generator) * 3).to("cuda", torch.bfloat16)
+
+    def eager(t):
+        pooled = t.float().amax(1)
+        return (pooled * torch.rsqrt((pooled * pooled).sum(-1, keepdim=True) + 1e-12)).to(t.dtype)
+    return _rows_case("max_pool_l2", max_pool_l2, eager, x, {}, f"B{B} S{S} D{D} (max over S)")
+
+
+def _segment_mean_case(generator, G=2048, D=1024, longest=128) -> Case:
+    """Segments of 1 to 128 rows packed without gaps; torch's own segment_reduce and an
+    index_add_ over segment ids (eager and compiled) as the alternatives."""
+    lengths = torch.randint(1, longest + 1, (G,), generator=generator)
+    starts = lengths.cumsum(0) - lengths
+    x = torch.randn(int(lengths.sum()), D, generator=generator).to("cuda", torch.bfloat16)
+    lengths, starts = lengths.cuda(), starts.cuda()
+    ids = torch.repeat_interleave(torch.arange(G, device="cuda"), lengths)
+
+    def scattered(t, at):
+        acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+        total = torch.zeros(G, t.shape[1], device=t.device, dtype=acc).index_add_(0, at,
+                                                                                  t.to(acc))
+        return (total / lengths[:, None]).to(t.dtype)
+
+    compiled = torch.compile(scattered)
+    f = tf.compile(segment_mean)
+    starts32, lengths32 = starts.to(torch.int32), lengths.to(torch.int32)
+    moved = (x.numel() + G * D) * x.element_size()
+    return Case("segment_mean", f"R{x.shape[0]} D{D} G{G} (1..{longest} rows each)",
+                lambda: f(x, starts32, lengths32),
+                {TORCH_COMPILE: lambda: compiled(x, ids),
+                 TORCH_EAGER: lambda: scattered(x, ids),
+                 "torch segment_reduce": lambda: torch.segment_reduce(x, "mean",
+                                                                      lengths=lengths, axis=0)},
+                scattered(x.double(), ids), lambda out: out, bytes=moved,
+                notes={TENSORFUSE: f.schedule_origin(R=x.shape[0], D=D, G=G)})
+
+
+def _decode_sdpa(q4, k4, v4, scale, gqa: bool):
+    """SDPA on [B, H, 1, D] queries (label → call), one per backend that takes the case."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def on(backend):
+        def call():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q4, k4, v4, scale=scale, enable_gqa=gqa)[:, :, 0]
+        return call
+    return {SDPA_CUDNN: on(SDPBackend.CUDNN_ATTENTION), SDPA_FLASH: on(SDPBackend.FLASH_ATTENTION),
+            SDPA: on([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                      SDPBackend.CUDNN_ATTENTION])}
+
+
+def _decode_reference(q, keys, values, scale):
+    """float64 ``softmax(q·kᵀ)·v`` of [B, H, D] queries over [B, HKV, N, D] keys and values, each
+    group of H / HKV consecutive heads on one kv-head."""
+    B, H, D = q.shape
+    grouped = q.double().reshape(B, keys.shape[1], H // keys.shape[1], D)
+    s = torch.einsum("bgrd,bgnd->bgrn", grouped, keys.double()) * scale
+    return torch.einsum("bgrn,bgnd->bgrd", torch.softmax(s, -1), values.double()).reshape(B, H, D)
+
+
+def _mqa_decode_case(generator, B=16, H=64, N=16384, D=128) -> Case:
+    q = torch.randn(B, H, D, generator=generator).to("cuda", torch.bfloat16)
+    k, v = (torch.randn(B, N, D, generator=generator).to("cuda", torch.bfloat16)
+            for _ in range(2))
+    scale = D ** -0.5
+    f = tf.compile(mqa_decode)
+    ref = _decode_reference(q, k[:, None], v[:, None], scale)
+    return Case("mqa_decode", f"B{B} H{H}/1 N{N} D{D}", lambda: f(q, k, v, scale=scale),
+                _decode_sdpa(q[:, :, None], k[:, None], v[:, None], scale, gqa=True),
+                ref, lambda out: out, bytes=2 * k.numel() * k.element_size(),
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, N=N, D=D)})
+
+
+def _paged_decode_case(generator, B=8, H=32, HKV=8, N=32768, D=128, PAGE=64) -> Case:
+    """A paged cache (pages in a shuffled pool) against SDPA on the same keys in a contiguous
+    [B, HKV, N, D] cache, and against gathering the pages first, then SDPA."""
+    pages = B * N // PAGE
+    q = torch.randn(B, H, D, generator=generator).to("cuda", torch.bfloat16)
+    k_pages, v_pages = (torch.randn(pages, PAGE, HKV, D, generator=generator)
+                        .to("cuda", torch.bfloat16) for _ in range(2))
+    table = torch.randperm(pages, generator=generator).reshape(B, N // PAGE).to("cuda",
+                                                                                 torch.int32)
+
+    def gathered(pool):   # [B, HKV, N, D]
+        return pool[table.long()].reshape(B, N, HKV, D).transpose(1, 2)
+
+    k, v = gathered(k_pages).contiguous(), gathered(v_pages).contiguous()
+    scale = D ** -0.5
+    f = tf.compile(paged_decode)
+    ref = _decode_reference(q, k, v, scale)
+    alternatives = {f"{label} (contiguous cache)": call for label, call in
+                    _decode_sdpa(q[:, :, None], k, v, scale, gqa=True).items()}
+    alternatives["torch gather + sdpa"] = lambda: torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, None], gathered(k_pages), gathered(v_pages), scale=scale, enable_gqa=True)[:, :, 0]
+    return Case("paged_decode", f"B{B} H{H}/{HKV} N{N} D{D} pages of {PAGE}",
+                lambda: f(q, k_pages, v_pages, table, scale=scale), alternatives, ref,
+                lambda out: out, bytes=2 * k.numel() * k.element_size(),
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, HKV=HKV, D=D, PAGES=pages,
+                                                     PAGE=PAGE, NP=N // PAGE)})
+
+
+def _cross_attention_case(generator, B=4, H=16, M=1024, N=8192, D=128) -> Case:
+    """Cross-attention to encoder states padded to N, each sequence's first lengths[b] valid;
+    SDPA takes the lengths as a boolean mask, FlexAttention as a mask_mod."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from benchmarks.attention import compiled_flex
+
+    q = torch.randn(B, H, M, D, generator=generator).to("cuda", torch.bfloat16)
+    k, v = (torch.randn(B, H, N, D, generator=generator).to("cuda", torch.bfloat16)
+            for _ in range(2))
+    lengths = torch.randint(N // 2, N + 1, (B,), generator=generator).to("cuda", torch.int32)
+    scale = D ** -0.5
+    f = tf.compile(cross_attention_lengths)
+    valid = torch.arange(N, device="cuda")[None, :] < lengths[:, None]       # [B, N]
+    rows = torch.cat([torch.arange(64), torch.arange(M - 64, M)])
+    s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale
+    ref = torch.softmax(s.masked_fill(~valid[:, None, None], -math.inf), -1) @ v.double()
+    mask = valid[:, None, None]
+    flex = compiled_flex()
+    blocks = create_block_mask(lambda b, h, i, j: j < lengths[b], B, None, M, N, device="cuda")
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                scale=scale)
+    return Case("cross_attention_lengths", f"B{B} H{H} M{M} N{N} D{D} (per-row lengths)",
+                lambda: f(q, k, v, lengths, scale=scale),
+                {SDPA: sdpa, FLEX: lambda: flex(q, k, v, block_mask=blocks, scale=scale)},
+                ref, lambda out: out[:, :, rows],
+                flops=4 * H * M * D * float(lengths.sum()),
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, M=M, N=N, D=D)})
+
+
 SUITE = {
     "causal_sbhd": lambda g: _attention_case("causal_sbhd", sbhd_causal, "sbhd", 2, 16, 16, 4096,
                                              128, g),
@@ -250,10 +466,18 @@ SUITE = {
                                                  16, 4096, 64, g),
     "gqa_causal_bshd": lambda g: _attention_case("gqa_causal_bshd", bshd_gqa_causal, "bshd", 2,
                                                  32, 8, 4096, 128, g),
+    "causal_bshd_d256": lambda g: _attention_case("causal_bshd_d256", bshd_causal, "bshd", 2,
+                                                  16, 16, 4096, 256, g),
     "causal_dqk192_dv128": _two_head_dims_case,
+    "cross_attention_lengths": _cross_attention_case,
+    "mqa_decode": _mqa_decode_case,
+    "paged_decode": _paged_decode_case,
     "log_softmax_channels": _log_softmax_case,
     "qk_norm_bshd": _qk_norm_case,
     "layernorm_channels": _layernorm_channels_case,
+    "group_norm": _group_norm_case,
+    "max_pool_l2": _max_pool_l2_case,
+    "segment_mean": _segment_mean_case,
 }
 
 

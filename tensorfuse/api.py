@@ -69,7 +69,8 @@ def _compile(kernel, target, template, untemplated: str | None = None):
         if spec.is_gpu:
             from .schedule_templates.auto import why_no_template
 
-            return _untemplated(kernel, spec, why_no_template(program, spec))
+            why = why_no_template(program, spec)
+            return _staged(kernel, spec, why) or _untemplated(kernel, spec, why)
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"
@@ -117,6 +118,44 @@ def _untemplated(kernel, spec, why: str) -> CompiledKernel:
                   "shared-memory tiles, which can be far slower than torch", NoTemplateWarning,
                   stacklevel=3)
     return compiled
+
+
+def _staged(kernel, spec, why: str, planned_for=None):
+    """The floor for a kernel no template takes whole: its stages (each a kernel of its own, cut
+    where a reduction needs another's final value), where a template takes at least one of
+    them; else ``None``. Said once (a :class:`~tensorfuse.errors.NoTemplateWarning`).
+    ``planned_for``: the GPU target whose templates decide the cuts (default ``spec``; the CPU
+    tests run a GPU's stages on the CPU target)."""
+    import types
+    import warnings
+
+    from .errors import NoTemplateWarning
+    from .schedule_templates.auto import choose
+    from .schedule_templates.stages import NotStageable, plan_stages
+    from .staged import StagedKernel
+
+    planned_for = planned_for or spec
+    if not _triton_available():
+        return None
+    try:
+        stages = plan_stages(kernel.program, lambda sub: choose(sub, planned_for) is not None)
+    except NotStageable:
+        return None
+    templated = [choose(s.program, planned_for) is not None for s in stages]
+    if not any(templated):
+        return None   # TVM's default schedule of the whole program is as good as its pieces'
+    kernels = []
+    for stage, has_template in zip(stages, templated):
+        part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
+        kind = "one reduction" if stage.reduces else "elementwise"
+        kernels.append(_compile(part, spec, "auto") if has_template else _compile(
+            part, spec, None, f"TVM's default {spec.kind.upper()} schedule ({kind})"))
+    staged = StagedKernel(kernel.program, spec, tuple(stages), tuple(kernels), why)
+    warnings.warn(f"tensorfuse.compile: no template takes {kernel.program.name} whole on "
+                  f"{planned_for.name} ({why}); it runs as {len(stages)} kernels, each with its "
+                  "own template where one takes it, their results stored between them: "
+                  + "; ".join(s.describe() for s in stages), NoTemplateWarning, stacklevel=4)
+    return staged
 
 
 class AutoKernel(GraphCallable):

@@ -13,6 +13,12 @@ holding 10⁶ killed the process; one holding −5 returned garbage). Policy:
 - GPU targets check where asked (``TENSORFUSE_CHECK_INDICES=1``): the check reads the index
   tensors back to the host, which a serving loop should not pay on every call.
 
+A gather under a ``T.where`` (``T.where(r < length, x[start + r, d], 0.0)``: a ragged segment's
+rows past its end) is checked only where its condition selects it. The kernels themselves clamp
+every gathered index into its dimension (``clamped_index``), so a lane whose value the condition
+discards — or an unchecked GPU call with a bad index — reads an element of the tensor, never
+memory outside it.
+
 Index expressions that read computed values (an argmax, say) are not checked here.
 """
 from __future__ import annotations
@@ -24,7 +30,8 @@ import numpy as np
 
 from .algebra.exprs import nodes
 from .dsl.evaluate import Interpreter, axis_sizes_for
-from .dsl.expr import Axis, Expr, Load, Ref
+from .dsl.expr import (Axis, Const, Expr, Load, Ref, Where, binary, is_gathered, unary,
+                       where)
 from .dsl.program import Program
 from .errors import CallError
 
@@ -43,6 +50,13 @@ class Gather:
     load: Load
     position: int
     index: Expr
+    guard: Expr | None = None   # the T.where conditions under which the load's value is used
+
+    @property
+    def checked(self) -> Expr:
+        """The index where the guard holds, 0 (inside every dimension) where it does not."""
+        return self.index if self.guard is None else \
+            where(self.guard, self.index, Const(0, self.index.dtype))
 
     @property
     def depth(self) -> int:
@@ -52,8 +66,8 @@ class Gather:
 
     @property
     def reads(self) -> set[str]:
-        """The tensors the index expression reads."""
-        return {n.param.name for n in nodes(self.index) if isinstance(n, Load)}
+        """The tensors the index expression and its guard read."""
+        return {n.param.name for n in nodes(self.checked) if isinstance(n, Load)}
 
 
 def _depth(e: Expr) -> int:
@@ -61,24 +75,41 @@ def _depth(e: Expr) -> int:
                 for n in nodes(e) if isinstance(n, Load)), default=0)
 
 
-def _reads_tensor(e: Expr) -> bool:
-    return any(isinstance(n, Load) for n in nodes(e))
-
-
 def gathers(program: Program) -> list[Gather]:
     """Every gathered index of ``program`` whose expression reads only tensors, axes and
     constants (innermost first)."""
     found: dict[tuple, Gather] = {}
+
+    def visit(e: Expr, guard: Expr | None) -> None:
+        if isinstance(e, Where):
+            visit(e.cond, guard)
+            if _reads_computed(e.cond):   # a condition on computed values: not evaluated here
+                visit(e.a, guard)
+                visit(e.b, guard)
+                return
+            visit(e.a, _both(guard, e.cond))
+            visit(e.b, _both(guard, unary("not", e.cond, e.cond.loc)))
+            return
+        if isinstance(e, Load):
+            for k, index in enumerate(e.indices):
+                if is_gathered(index) and not _reads_computed(index):
+                    key = (e.param.name, k, index.key(), None if guard is None else guard.key())
+                    found.setdefault(key, Gather(e, k, index, guard))
+        for child in e.children():
+            visit(child, guard)
+
     for c in program.computes:
         for body in c.bodies:
-            for n in nodes(body):
-                if not isinstance(n, Load):
-                    continue
-                for k, index in enumerate(n.indices):
-                    if _reads_tensor(index) and not any(isinstance(x, Ref)
-                                                        for x in nodes(index)):
-                        found.setdefault((n.param.name, k, index.key()), Gather(n, k, index))
+            visit(body, None)
     return sorted(found.values(), key=lambda g: g.depth)
+
+
+def _reads_computed(e: Expr) -> bool:
+    return any(isinstance(x, Ref) for x in nodes(e))
+
+
+def _both(guard: Expr | None, cond: Expr) -> Expr:
+    return cond if guard is None else binary("and", guard, cond)
 
 
 def checks_indices(device_kind: str) -> bool:
@@ -97,17 +128,24 @@ def check_gathers(program: Program, found: list[Gather], arrays: dict, dims: dic
     tensors = {name: _host(arrays[name]) for name in read}
     interp = Interpreter(tensors, scalars, dims, axis_sizes_for(program, dims))
     for g in found:
-        axes = {a.uid: a for a in nodes(g.index) if isinstance(a, Axis)}
+        checked = g.checked
+        axes = {a.uid: a for a in nodes(checked) if isinstance(a, Axis)}
         if np.prod([interp.axis_sizes[u] for u in axes], dtype=np.float64) > MAX_CHECKED:
             continue
-        values = np.asarray(interp.eval(g.index))
+        try:
+            values = np.asarray(interp.eval(checked))
+        except IndexError as exc:   # the index tensor itself read outside (offsets[g + 1])
+            raise IndexOutOfRange(
+                f"{program.name}: the index {_text(g.index)} of {g.load.param.name}'s dimension "
+                f"{g.position} reads outside a tensor it is made from ({exc}); nothing was "
+                "run") from None
         dim = g.load.param.dims[g.position]
         size = dim if isinstance(dim, int) else dims[dim]
         bad = (values < 0) | (values >= size)
         if bad.any():
             at = np.argwhere(bad)[0] if values.ndim else ()
             count = int(bad.sum())
-            where = ", ".join(f"{a.name}={int(k)}" for a, k in zip(g.index.axes, at))
+            where = ", ".join(f"{a.name}={int(k)}" for a, k in zip(checked.axes, at))
             raise IndexOutOfRange(
                 f"{program.name}: {g.load.param.name}'s dimension {g.position} "
                 f"({dim}={size}) is indexed by {_text(g.index)}, which is "

@@ -282,7 +282,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
     plan.mask = None if plan.fold else identity_mask(chain)
     if plan.mask is not None:
         _separate_congruences(plan)
-    plan.outputs = _outputs(program, chain, common, col)
+    plan.outputs = _outputs(program, chain, common, col, set(features))
     return plan
 
 
@@ -400,7 +400,10 @@ def _with_scalars_compiled_in(plan: RowTilePlan, values: dict) -> RowTilePlan:
     return out
 
 
-def _outputs(program: Program, chain: Chain, common: set, col: Axis) -> list:
+def _outputs(program: Program, chain: Chain, common: set, col: Axis, features: set) -> list:
+    """Each output with its expression over the chain's values and its kind: over the rows, also
+    over the swept axis (``col``), or also over a feature axis. An output over another axis (a
+    norm over ``c`` written out over ``c`` and ``p``) is refused: no tile holds that axis."""
     members = {m.name for m in chain.members}
     out = []
     for c in program.outputs:
@@ -415,6 +418,10 @@ def _outputs(program: Program, chain: Chain, common: set, col: Axis) -> list:
             if isinstance(n, Ref) and n.compute.name not in members:
                 raise TargetError(f"output {c.name} reads {n.compute.name}, outside the chain")
         axes = {a.uid for a in c.axes}
+        if not axes <= common | {col.uid} | features:
+            other = [a.name for a in c.axes if a.uid not in common | {col.uid} | features]
+            raise TargetError(f"output {c.name} is over {', '.join(other)}, which is neither a "
+                              f"row axis, the swept axis {col.name} nor a feature axis")
         kind = "row" if axes <= common else ("col" if axes <= common | {col.uid} else "feature")
         out.append((c, expr, kind))
     return out

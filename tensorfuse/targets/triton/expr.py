@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from ...dsl import dtypes as dt
-from ...dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar,
+from ...dsl.expr import (is_gathered, Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar,
                          Symbol, Unary, Where)
 from ...errors import TargetError
 
@@ -91,9 +91,14 @@ class TileContext:
         return new
 
 
+def dim_sizes(param, sizes: dict) -> list[int]:
+    """A tensor parameter's dimensions at the given sizes."""
+    return [d if isinstance(d, int) else sizes[d] for d in param.dims]
+
+
 def strides(param, sizes: dict) -> list[int]:
     """Row-major strides of a tensor parameter at the given sizes."""
-    dims = [d if isinstance(d, int) else sizes[d] for d in param.dims]
+    dims = dim_sizes(param, sizes)
     out, acc = [], 1
     for n in reversed(dims):
         out.append(acc)
@@ -201,8 +206,11 @@ def offset(e: Load, ctx: TileContext) -> str:
     """The element offset ``e`` reads in its tensor (row-major strides at ``ctx.sizes``): what
     a load or a store of the same element adds to the tensor's pointer."""
     terms = []
-    for index, stride in zip(e.indices, strides(e.param, ctx.sizes)):
+    for index, stride, size in zip(e.indices, strides(e.param, ctx.sizes),
+                                   dim_sizes(e.param, ctx.sizes)):
         idx = to_triton(index, ctx.child(keep_dtype=False))
+        if is_gathered(index):   # data: clamped into its dimension (see index_checks)
+            idx = f"tl.minimum(tl.maximum({idx}, 0), {size - 1})"
         terms.append(idx if stride == 1 else f"{idx} * {stride}")
     return " + ".join(terms) or "0"
 

@@ -1,0 +1,218 @@
+"""The floor under the templates: a program no template takes whole, cut into stages that each
+one can take.
+
+A chain of reductions fuses into one template kernel when every reduction it needs in the middle
+of the pass can be rolled (softmax, norms, attention). Many programs users write cannot be: a
+max-pool over tokens followed by a norm over the pooled features needs the whole max before the
+norm starts, and a variance of a mean taken over two nested axes reads the mean's final value.
+Such a program used to run on TVM's default GPU schedule (dlight rules), which keeps the chain
+in one untiled kernel: up to hundreds of times slower than the unfused torch sequence.
+
+:func:`plan_stages` cuts the program at the reductions that cannot stay in the pass: each stage
+is a program of its own — the reductions over one axis that are ready (everything they read is a
+parameter or an earlier stage's result), fused where a template takes them together, and the
+outputs that become computable — and the reductions later stages read are stored between them
+(as the compute's own dtype, usually float32). Each stage gets a template (the row-tile kernel
+for most) or, where none takes even that, TVM's default schedule of one reduction, which tiles
+a single reduction well. The stages are data; :class:`tensorfuse.staged.StagedKernel` runs them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..algebra.exprs import substitute
+from ..dsl import dtypes as dt
+from ..dsl.expr import Axis, DimSize, Expr, Load, Ref, Scalar, walk
+from ..dsl.program import Compute, Program, TensorParam
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One kernel of a staged program: its ``program``; ``inputs``: the names its parameters take
+    their values from, in order (the user's parameters, or earlier stages' results);
+    ``produces``: the compute each of its outputs is, in order."""
+
+    program: Program
+    inputs: tuple[str, ...]
+    produces: tuple[str, ...]
+    reduces: tuple[str, ...] = ()   # the reductions it computes (its results stored or not)
+
+    def describe(self) -> str:
+        return f"{', '.join(self.produces)} from {', '.join(self.inputs)}"
+
+
+class NotStageable(Exception):
+    """Why a program cannot be cut into stages (the floor then stays TVM's default schedule)."""
+
+
+def plan_stages(program: Program, fits: Callable[[Program], bool]) -> tuple[Stage, ...]:
+    """The stages of ``program``: at each step, the ready reductions sharing the axes they reduce
+    over, as many as ``fits`` (whether a template takes a stage's program) accepts together, with
+    the outputs they make computable; one ready reduction alone where no group fits. Raises
+    :class:`NotStageable` where a template takes the program whole, where it has fewer than two
+    stages, or where a reduction of several components would have to be stored between them."""
+    if fits(program):
+        raise NotStageable(f"a template takes {program.name} whole")
+    reductions = [c for c in program.computes if c.is_reduction]
+    depends = {c.name: _reductions_read(c) for c in program.computes}
+    stored: set[str] = set()
+    left_outputs = list(program.outputs)
+    stages: list[Stage] = []
+    while len(stored) < len(reductions):
+        ready = [r for r in reductions if r.name not in stored]
+        stage = None
+        for group in _ready_groups(ready, depends, stored):
+            stage = _first_fitting(program, group, depends, stored, left_outputs, fits)
+            if stage is not None:
+                break
+        if stage is None:   # nothing fits: the first ready reduction alone, on any schedule
+            first = next(iter(_ready_groups(ready, depends, stored)))[:1]
+            stage = _stage(program, first, depends, stored, left_outputs, with_outputs=False)
+        stages.append(stage)
+        stored |= set(stage.reduces)
+        left_outputs = [c for c in left_outputs if c.name not in stage.produces]
+    if left_outputs:
+        stages.append(_stage(program, [], depends, stored, left_outputs, with_outputs=True))
+    if len(stages) < 2:
+        raise NotStageable(f"{program.name} is one stage already")
+    return tuple(stages)
+
+
+def _reductions_read(c: Compute) -> set[str]:
+    """The reductions ``c`` reads, directly or through elementwise computes."""
+    found: set[str] = set()
+    pending = list(c.inputs())
+    while pending:
+        d = pending.pop()
+        if d.is_reduction:
+            found.add(d.name)
+        else:
+            pending.extend(d.inputs())
+    return found
+
+
+def _ready_groups(ready: list[Compute], depends: dict, stored: set[str]):
+    """Groups of reductions that can run now, each sharing the axes it reduces over: a ready one
+    (everything it reads stored) and those of the same axes that read only stored values and
+    the group itself, largest group first."""
+    groups = []
+    for seed in ready:
+        if not depends[seed.name] <= stored:
+            continue
+        over = tuple(a.uid for a in seed.over)
+        group = [seed]
+        grew = True
+        while grew:
+            grew = False
+            for r in ready:
+                if r in group or tuple(a.uid for a in r.over) != over:
+                    continue
+                if depends[r.name] <= stored | {g.name for g in group}:
+                    group.append(r)
+                    grew = True
+        if not any({g.name for g in group} == {h.name for h in other} for other in groups):
+            groups.append([r for r in ready if r in group])
+    return sorted(groups, key=len, reverse=True)
+
+
+def _first_fitting(program, group, depends, stored, left_outputs, fits) -> Stage | None:
+    """The stage of ``group`` (with the outputs it makes computable, else without) that ``fits``
+    takes, trying the group's prefixes from the longest; ``None`` where none fits."""
+    for size in range(len(group), 0, -1):
+        for with_outputs in (True, False):
+            try:
+                stage = _stage(program, group[:size], depends, stored, left_outputs,
+                               with_outputs)
+            except NotStageable:
+                continue
+            if fits(stage.program):
+                return stage
+    return None
+
+
+def _stage(program, group, depends, stored, left_outputs, with_outputs: bool) -> Stage:
+    """The stage computing ``group`` (and, ``with_outputs``, the program outputs that need only
+    stored values and the group), reading stored reductions as tensors."""
+    names = {g.name for g in group}
+    needed_later = {d for c in program.computes if c.name not in names
+                    for d in depends[c.name]} | {c.name for c in program.outputs}
+    outputs = [g for g in group if g.name in needed_later]
+    if with_outputs:
+        outputs += [c for c in left_outputs if c.name not in names
+                    and depends[c.name] <= stored | names]
+    if not outputs:
+        raise NotStageable("a stage with nothing to store")
+    sub = _sub_program(program, outputs, stored,
+                       f"{program.name}_{'_'.join(c.name for c in outputs)}")
+    return Stage(sub, tuple(p.name for p in sub.params), tuple(c.name for c in outputs),
+                 tuple(g.name for g in group))
+
+
+def _sub_program(program: Program, outputs: list[Compute], stored: set[str], name: str) -> Program:
+    """A program computing ``outputs`` of ``program``, where the reductions in ``stored`` are read
+    from tensor parameters of their own name (their axes as dimensions) instead of computed."""
+    copies: dict[str, Compute] = {}
+    made: list[Compute] = []
+    stored_params: dict[str, TensorParam] = {}
+    taken = {p.name for p in program.params}
+
+    def stored_param(c: Compute) -> TensorParam:
+        if c.arity != 1:
+            raise NotStageable(f"{c.name} has {c.arity} components to store between stages")
+        if c.name not in stored_params:
+            if c.name in taken:
+                raise NotStageable(f"{c.name} is also a parameter's name")
+            dims = tuple(a.extent for a in c.axes)
+            stored_params[c.name] = TensorParam(c.name, dims, dt.resolve(c.dtypes[0]), c.loc)
+        return stored_params[c.name]
+
+    def copy(c: Compute) -> Compute:
+        if c.name in copies:
+            return copies[c.name]
+
+        def read(node: Expr):
+            if not isinstance(node, Ref):
+                return None
+            if node.compute.name in stored:
+                return Load(stored_param(node.compute), node.compute.axes, node.loc)
+            return Ref(copy(node.compute), node.component, node.loc)
+
+        bodies = tuple(substitute(b, read) for b in c.bodies)
+        new = Compute(c.name, c.axes, bodies, c.dtypes, c.monoid, c.over, c.loc,
+                      is_output=any(o.name == c.name for o in outputs))
+        copies[c.name] = new
+        made.append(new)
+        return new
+
+    for o in outputs:
+        copy(o)
+    used_params, used_sizes = set(), set()
+
+    def visit(node: Expr):
+        if isinstance(node, Load):
+            used_params.add(node.param.name)
+        elif isinstance(node, Scalar):
+            used_params.add(node.name)
+        elif isinstance(node, DimSize):
+            used_sizes.add(node.name)
+
+    for c in made:
+        for b in c.bodies:
+            walk(b, visit)
+        used_sizes |= {a.extent for a in c.axes + c.over if isinstance(a.extent, str)}
+    params = [p for p in program.params if p.name in used_params] + \
+        [p for n, p in stored_params.items() if n in used_params]
+    bound = {d for p in params if isinstance(p, TensorParam) for d in p.dims}
+    if used_sizes - bound:
+        raise NotStageable(f"sizes {', '.join(sorted(used_sizes - bound))} would be bound by no "
+                           "tensor of the stage")
+    axes = sorted({a.uid: a for c in made for a in c.axes + c.over}.values(),
+                  key=lambda a: a.uid)
+    if any(not isinstance(a, Axis) for a in axes):   # pragma: no cover - computes hold axes
+        raise NotStageable("an axis that is not one")
+    order = {c.name: k for k, c in enumerate(program.computes)}
+    made.sort(key=lambda c: order[c.name])
+    return Program(name, params, made, [copies[o.name] for o in outputs], axes,
+                   list(program.size_constraints), program.loc)
+

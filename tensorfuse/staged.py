@@ -1,0 +1,55 @@
+"""A kernel run as a sequence of stage kernels: the floor for a program no template takes whole
+(:mod:`tensorfuse.schedule_templates.stages` cuts it; each stage is compiled as a kernel of its
+own, with a template where one takes it)."""
+from __future__ import annotations
+
+from .binding import bind_call, split_scalars
+from .dsl.program import Program
+from .schedule_templates.stages import Stage
+from .targets import TargetSpec
+from .targets.triton.launch import interpreting
+from .torch_graph import GraphCallable
+
+
+class StagedKernel(GraphCallable):
+    """``program`` computed by ``kernels`` in order, one per stage: each takes the user's
+    arguments and the earlier stages' results it reads, by name; the results later stages read
+    are kept (on the device, in their compute's dtype) only for the call."""
+
+    def __init__(self, program: Program, target: TargetSpec, stages: tuple[Stage, ...],
+                 kernels: tuple, why: str):
+        self.program, self.target = program, target
+        self.stages, self.kernels, self.why = tuple(stages), tuple(kernels), why
+        self.description = (f"{len(stages)} stage kernels (no template takes {program.name} "
+                            f"whole): " + "; ".join(s.describe() for s in stages))
+
+    def __repr__(self) -> str:
+        return f"<StagedKernel {self.program.name} for {self.target.name}: {self.description}>"
+
+    def invoke(self, key, args: tuple, kwargs: dict):
+        # Triton's interpreter runs a GPU target's kernels on CPU arrays
+        device = "cpu" if self.target.kind == "llvm" or interpreting() else self.target.kind
+        bound = bind_call(self.program, args, kwargs, device)
+        values = {**bound.arrays, **bound.scalars}
+        for stage, kernel in zip(self.stages, self.kernels):
+            made = kernel.invoke(False, (), {n: values[n] for n in stage.inputs})
+            made = made if isinstance(made, tuple) else (made,)
+            values.update(zip(stage.produces, made))
+        results = [values[c.name] for c in self.program.outputs]
+        if bound.outs is not None:
+            for out, result in zip(bound.outs, results):
+                out[...] = result
+            results = bound.outs
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def schedule_origin(self, **dims) -> str:
+        """Which kernels run the program, and each one's schedule at these sizes."""
+        sizes, scalars = split_scalars(self.program, dims)
+        parts = []
+        for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels), 1):
+            own = set(stage.program.dim_names()) | {p.name for p in stage.program.scalar_params}
+            given = {n: v for n, v in {**sizes, **(scalars or {})}.items() if n in own}
+            parts.append(f"[{k}] {stage.describe()}: {kernel.schedule_origin(**given)}")
+        return (f"staged: {len(self.stages)} kernels, their results between them stored (no "
+                f"template takes {self.program.name} whole: {self.why}); " + "; ".join(parts))
+

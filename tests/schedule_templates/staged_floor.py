@@ -1,0 +1,102 @@
+"""Programs no template takes whole, as users write them, and their float64 references (torch,
+never the project's lowering): shared by the staged floor's tests and their check under
+Triton's interpreter (``python -m tests.schedule_templates.staged_floor SEED`` with
+``TRITON_INTERPRET=1``)."""
+import json
+import os
+import sys
+
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from benchmarks.user_kernels import max_pool_l2, paged_decode, segment_mean
+
+
+@tf.kernel
+def group_norm_nested(x: T.Tensor["B", "G", "C", "P", "bf16"], eps: T.f32):
+    """Group norm with its two-axis sums written as nested sums: the variance's inner sum reads
+    the mean's outer one, which no single pass has."""
+    b, g, c, p = T.axes("b g c p")
+    n = T.size("C") * T.size("P")
+    mean = T.sum(T.sum(x[b, g, c, p], over=p), over=c) / n
+    var = T.sum(T.sum((x[b, g, c, p] - mean) * (x[b, g, c, p] - mean), over=p), over=c) / n
+    return (x[b, g, c, p] - mean) * T.rsqrt(var + eps)
+
+
+def max_pool_l2_case(generator, B=3, S=37, D=77, width=4.0):
+    x = (torch.randn(B, S, D, generator=generator) * width).to(torch.bfloat16)
+    pooled = x.double().amax(1)
+    return {"x": x}, pooled * torch.rsqrt((pooled * pooled).sum(-1, keepdim=True) + 1e-12)
+
+
+def group_norm_case(generator, B=2, G=3, C=5, P=67, width=3.0):
+    x = (torch.randn(B, G, C, P, generator=generator) * width + width).to(torch.bfloat16)
+    xd = x.double()
+    mean = xd.mean((2, 3), keepdim=True)
+    var = ((xd - mean) ** 2).mean((2, 3), keepdim=True)
+    return {"x": x, "eps": 1e-5}, (xd - mean) / torch.sqrt(var + 1e-5)
+
+
+def paged_decode_case(generator, B=2, H=4, HKV=2, D=16, PAGE=8, NP=3, spare=3, width=3.0):
+    """Pages of each sequence drawn at random from a pool with ``spare`` pages no sequence uses."""
+    pool = B * NP + spare
+    q = (torch.randn(B, H, D, generator=generator) * width).to(torch.bfloat16)
+    k_pages, v_pages = ((torch.randn(pool, PAGE, HKV, D, generator=generator) * width)
+                        .to(torch.bfloat16) for _ in range(2))
+    table = torch.randperm(pool, generator=generator)[:B * NP].reshape(B, NP).to(torch.int32)
+    keys, values = (t.double()[table.long()].reshape(B, NP * PAGE, HKV, D)
+                    .repeat_interleave(H // HKV, 2) for t in (k_pages, v_pages))
+    scale = 0.25
+    s = torch.einsum("bhd,bjhd->bhj", q.double(), keys) * scale
+    want = torch.einsum("bhj,bjhd->bhd", torch.softmax(s, -1), values)
+    return {"q": q, "k_pages": k_pages, "v_pages": v_pages, "table": table,
+            "scale": scale}, want
+
+
+def segment_mean_case(generator, G=20, D=40, width=4.0):
+    """Segments of 1 to 128 rows (the kernel's most), packed without gaps: the last ones'
+    masked rows would run past the tensor's end."""
+    lengths = torch.randint(1, 129, (G,), generator=generator)
+    starts = lengths.cumsum(0) - lengths
+    x = (torch.randn(int(lengths.sum()), D, generator=generator) * width).to(torch.bfloat16)
+    want = torch.stack([x[s:s + n].double().mean(0) for s, n in zip(starts, lengths)])
+    return {"x": x, "starts": starts.to(torch.int32), "lengths": lengths.to(torch.int32)}, want
+
+
+CASES = {"max_pool_l2": (max_pool_l2, max_pool_l2_case),
+         "group_norm_nested": (group_norm_nested, group_norm_case),
+         "paged_decode": (paged_decode, paged_decode_case),
+         "segment_mean": (segment_mean, segment_mean_case)}
+
+
+def relative_error(out, want) -> float:
+    return float((out.double().cpu() - want.cpu()).abs().max() / want.abs().max())
+
+
+def interpreted(kernel):
+    """``kernel`` as ``tf.compile`` makes it for sm_90a, each stage's Triton template run by the
+    interpreter (what picks between a template and TVM's CUDA needs a GPU)."""
+    import warnings
+
+    from tensorfuse.api import AutoKernel
+    from tensorfuse.errors import NoTemplateWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = tf.compile(kernel, target="cuda:sm_90a")
+    if isinstance(made, AutoKernel):
+        return made.template
+    made.kernels = tuple(k.template for k in made.kernels)
+    return made
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    generator = torch.Generator().manual_seed(int(sys.argv[1]))
+    errors = {}
+    for name in ("max_pool_l2", "segment_mean"):
+        kernel, case = CASES[name]
+        args, want = case(generator)
+        errors[name] = relative_error(interpreted(kernel)(**args), want)
+    print(json.dumps(errors))

@@ -1,0 +1,115 @@
+"""The floor under the templates: a program no template takes whole runs as stage kernels, each
+with a template where one takes it (``schedule_templates/stages.py``, ``tensorfuse/staged.py``),
+checked against float64 on the CPU target, under Triton's interpreter and on the GPU."""
+import warnings
+
+import pytest
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from tensorfuse.api import AutoKernel, _staged
+from tensorfuse.errors import CallError, NoTemplateWarning
+from tensorfuse.schedule_templates.auto import choose
+from tensorfuse.schedule_templates.stages import NotStageable, plan_stages
+from tensorfuse.staged import StagedKernel
+from tensorfuse.targets import get_target
+from benchmarks.user_kernels import group_norm, max_pool_l2, segment_mean
+from tests.helpers import fresh_seed, run_interpreted
+from tests.schedule_templates.staged_floor import (CASES, group_norm_nested, max_pool_l2_case,
+                                                   relative_error)
+
+HOPPER = get_target("cuda:sm_90a")
+
+
+def stages_of(kernel):
+    return plan_stages(kernel.program, lambda sub: choose(sub, HOPPER) is not None)
+
+
+def test_a_pooled_norm_is_cut_after_the_pool_and_each_half_gets_the_row_template():
+    """max over tokens, then an L2 norm of the pooled features: the norm needs the whole max."""
+    stages = stages_of(max_pool_l2)
+    assert [s.produces[-1] for s in stages] == ["pooled", "out"], [s.describe() for s in stages]
+    assert [choose(s.program, HOPPER)[0] for s in stages] == ["row_reduction"] * 2
+    # the pooled features are stored between them, as the reduction's own dtype
+    assert [p.name for p in stages[1].program.tensor_params] == ["pooled"]
+
+
+def test_nested_sums_are_cut_where_one_reads_anothers_final_value():
+    stages = stages_of(group_norm_nested)
+    assert len(stages) == 5, [s.describe() for s in stages]
+    assert stages[-1].produces == ("out",)
+    assert all(choose(s.program, HOPPER) is not None for s in stages[:-1])
+
+
+def test_programs_a_template_takes_whole_or_whose_stages_none_takes_are_not_staged():
+    for whole in (K.softmax, K.attention):
+        with pytest.raises(NotStageable):
+            stages_of(whole)
+    # a sum over two axes at once: no stage has a template, TVM's default schedule keeps it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = tf.compile(group_norm, target="cuda:sm_90a")
+    assert not isinstance(made, StagedKernel)
+
+
+def test_tf_compile_says_once_that_it_runs_stages_and_schedule_origin_says_which():
+    with pytest.warns(NoTemplateWarning, match="runs as 2 kernels"):
+        made = tf.compile(max_pool_l2, target="cuda:sm_90a")
+    assert isinstance(made, StagedKernel)
+    origin = made.schedule_origin(B=4, S=512, D=1024)
+    assert origin.startswith("staged: 2 kernels") and "no template takes max_pool_l2 whole" in \
+        origin and origin.count("template defaults") == 2, origin
+
+
+def test_a_row_output_over_an_axis_no_tile_holds_is_refused_by_the_row_template():
+    """The last stage of the nested group norm sums over c and writes out over c and p: the
+    row-tile plan must refuse it (it used to accept it and fail generating the store)."""
+    last = stages_of(group_norm_nested)[-1]
+    assert choose(last.program, HOPPER) is None
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_staged_kernels_match_float64_on_the_cpu_target(name):
+    """Each stage compiled for the CPU, cut as for sm_90a: the cuts themselves are checked."""
+    kernel, case = CASES[name]
+    seed = fresh_seed()
+    args, want = case(torch.Generator().manual_seed(seed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = _staged(kernel, get_target("cpu"), "checked", planned_for=HOPPER) or \
+            tf.compile(kernel, target="cpu")
+    assert relative_error(made(**args), want) < 2e-2, seed   # bf16 outputs
+
+
+def test_a_staged_kernel_fills_out_and_checks_the_whole_call():
+    args, want = max_pool_l2_case(torch.Generator().manual_seed(fresh_seed()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = _staged(max_pool_l2, get_target("cpu"), "checked", planned_for=HOPPER)
+    out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16)
+    assert made(**args, out=out) is out
+    assert relative_error(out, want) < 2e-2
+    with pytest.raises(CallError, match="x"):
+        made(args["x"][0])
+
+
+def test_stage_templates_match_float64_in_the_interpreter():
+    seed = fresh_seed()
+    errors = run_interpreted("tests.schedule_templates.staged_floor", seed)
+    assert set(errors) == {"max_pool_l2", "segment_mean"}, errors
+    assert max(errors.values()) < 2e-2, (errors, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_staged_and_gathering_kernels_match_float64_on_the_gpu(name):
+    kernel, case = CASES[name]
+    seed = fresh_seed()
+    args, want = case(torch.Generator().manual_seed(seed))
+    args = {n: a.cuda() if isinstance(a, torch.Tensor) else a for n, a in args.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = tf.compile(kernel)
+    assert isinstance(made, (StagedKernel, AutoKernel))
+    assert relative_error(made(**args), want) < 2e-2, seed
