@@ -14,7 +14,7 @@ from tensorfuse.schedule_templates.auto import choose
 from tensorfuse.schedule_templates.stages import NotStageable, plan_stages
 from tensorfuse.staged import StagedKernel
 from tensorfuse.targets import get_target
-from benchmarks.user_kernels import group_norm, max_pool_l2, segment_mean
+from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode
 from tests.helpers import fresh_seed, run_interpreted
 from tests.schedule_templates.staged_floor import (CASES, group_norm_nested, max_pool_l2_case,
                                                    relative_error)
@@ -113,3 +113,20 @@ def test_staged_and_gathering_kernels_match_float64_on_the_gpu(name):
         made = tf.compile(kernel)
     assert isinstance(made, (StagedKernel, AutoKernel))
     assert relative_error(made(**args), want) < 2e-2, seed
+
+
+def test_a_row_kernel_with_more_batch_entries_than_a_grid_row_puts_them_first():
+    """The paged decode's score stage has B·H·pages = 131,072 batch entries: past CUDA's 65,535
+    on a grid's second dimension (the launch failed with 'invalid argument'), so they go first."""
+    from tensorfuse.targets.triton.rowtile import MAX_GRID_YZ, launch_grid
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = tf.compile(paged_decode, target="cuda:sm_90a")
+    scores = made.kernels[0].template
+    sizes = dict(B=8, H=32, HKV=8, D=128, PAGES=4096, PAGE=64, NP=512)
+    own = {n: v for n, v in sizes.items() if n in made.stages[0].program.dim_names()}
+    lines = scores.source(**own).splitlines()
+    assert "    pid_b = tl.program_id(0)" in lines and "    pid_m = tl.program_id(1)" in lines
+    plan, knobs, *_ = scores.build(**own)
+    assert launch_grid(plan, knobs)[0] == 8 * 32 * 512 > MAX_GRID_YZ

@@ -12,7 +12,7 @@ from ...torch_graph import GraphCallable
 from .launch import compile_for, interpreting, load_kernel, signature
 from ..signature_call import call_layout, fast_call_applies, try_fast_call
 from .launcher import FastCall, Launches, Step
-from .rowtile import block_k, grid, kernel_source
+from .rowtile import block_k, grid, kernel_source, launch_grid
 
 Tuned = Callable[[dict], "tuple[dict, str] | None"]
 MASK_ARGS = ("bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx")  # block lists
@@ -145,14 +145,13 @@ class TritonKernel(GraphCallable):
         if made is None:
             plan, knobs, _, fn, names = self.build(bound.scalars, **bound.dims)
             meta = dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=block_k(plan))
-            rows, batch = grid(plan, knobs)
             pointers = {p.name for p in self.program.tensor_params} | {
                 f"out_{c.name}" for c, _, _ in plan.outputs} | set(MASK_ARGS)
             if knobs.splits > 1:
-                steps = [Step(fn[0], (rows, batch, knobs.splits), names[0], pointers),
-                         Step(fn[1], (rows, batch), names[1], pointers)]
+                steps = [Step(fn[0], launch_grid(plan, knobs, knobs.splits), names[0], pointers),
+                         Step(fn[1], launch_grid(plan, knobs), names[1], pointers)]
             else:
-                steps = [Step(fn, (rows, batch), names, pointers)]
+                steps = [Step(fn, launch_grid(plan, knobs), names, pointers)]
             outputs = [(f"out_{c.name}", tuple(output_shape(c, bound.dims)), c.dtypes[0])
                        for c, _, _ in plan.outputs]
             made = (plan, Launches(steps, meta, knobs.num_warps, knobs.num_stages),

@@ -20,6 +20,7 @@ from ...algebra.schemes import EXTRAPOLATION
 from ...dsl.evaluate import evaluate_plain
 from ...dsl.expr import Axis, Expr, Load, Symbol, Where
 from ...dsl.program import Compute
+from ...errors import TargetError
 from ..index_text import IndexText as _Index
 from .expr import HELPERS, TL_DTYPES, TileContext, fresh_memo, literal, to_triton
 from .row_states import (REDUCE, column_operands, depended_on, lanewise_states,
@@ -73,6 +74,7 @@ def kernel_source(plan, knobs, name: str,
     ``interpreter``: source for Triton's CPU interpreter, which has no bf16 tensor-core operands
     (they become f32) and no loop bounds loaded from memory (block lists are walked to their
     static length, skipping past the count)."""
+    launch_grid(plan, knobs)   # a grid CUDA cannot launch is refused here, where a fit is asked
     return _RowTileSource(plan, knobs, name, interpreter).source()
 
 
@@ -148,8 +150,9 @@ class _RowTileSource:
 
     def prologue(self):
         w, plan = self.w, self.plan
-        w("pid_m = tl.program_id(0)")
-        w("pid_b = tl.program_id(1)" + (".to(tl.int64)" if self.wide else ""))
+        rows_at, batch_at = (1, 0) if batch_first(plan, self.knobs) else (0, 1)
+        w(f"pid_m = tl.program_id({rows_at})")
+        w(f"pid_b = tl.program_id({batch_at})" + (".to(tl.int64)" if self.wide else ""))
         stride = 1
         for (gname, extent), a in reversed(list(zip(plan.grid_batch, plan.batch))):
             w(f"ax_{gname} = (pid_b // {stride}) % {extent}")
@@ -558,9 +561,31 @@ def _blocks(plan, knobs) -> int:
 
 
 def grid(plan, knobs) -> tuple[int, int]:
+    """``(row blocks, batch entries)``: the blocks a launch runs (:func:`launch_grid` orders them
+    on the grid)."""
     batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
     rows = plan.row_tiling.padded if plan.row_tiling is not None else plan.rows
     return (math.ceil(rows / knobs.block_m), batch)
+
+
+MAX_GRID_YZ = 65535   # CUDA's limit on a grid's second and third dimensions (the first: 2³¹ − 1)
+
+
+def batch_first(plan, knobs) -> bool:
+    """Whether the batch entries go on the grid's first dimension instead of its second: more of
+    them than the second holds (a paged cache's scores, [B, H, pages] of them)."""
+    return grid(plan, knobs)[1] > MAX_GRID_YZ
+
+
+def launch_grid(plan, knobs, *more: int) -> tuple[int, ...]:
+    """The launch grid: row blocks and batch entries (the batch first where
+    :func:`batch_first`), then ``more``; a clear error where neither order fits CUDA's limits."""
+    rows, batch = grid(plan, knobs)
+    if min(rows, batch) > MAX_GRID_YZ:
+        raise TargetError(f"{rows} row blocks and {batch} batch entries: CUDA grids hold at most "
+                          f"{MAX_GRID_YZ} blocks on all but one dimension (larger row blocks, or "
+                          "fewer batch entries, would fit)")
+    return ((batch, rows) if batch_first(plan, knobs) else (rows, batch)) + more
 
 
 def block_k(plan) -> int:
