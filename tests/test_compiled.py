@@ -210,9 +210,33 @@ def _nested(x: T.Tensor["B", "M", "N", "f32"]):
     return T.max(T.sum(x[b, i, j], over=j), over=i)
 
 
+@tf.kernel
+def _over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
+    b, i, j = T.axes("b i j")
+    return x[b, i, j] - T.sum(x[b, i, j], over=(i, j))
+
+
 def test_a_gpu_kernel_no_template_takes_says_so_once_and_why():
-    """The fallback is TVM's default schedule, unfused: compile warns once, and
-    schedule_origin() names the path and each candidate chain's refusal."""
+    """The fallback where no stage has a template either is TVM's default schedule, unfused:
+    compile warns once, and schedule_origin() names the path and the refusal."""
+    import warnings
+
+    from tensorfuse.errors import NoTemplateWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        f = tf.compile(_over_two_axes, "cuda:sm_80")
+        f.schedule_origin(B=2, M=8, N=16)
+    assert [w.category for w in caught] == [NoTemplateWarning]
+    assert "no template takes _over_two_axes on cuda:sm_80" in str(caught[0].message)
+    origin = f.schedule_origin(B=2, M=8, N=16)
+    assert origin == ("TVM's default GPU schedule, unfused (no template takes _over_two_axes: it "
+                      "has no reductions over one axis to fuse)"), origin
+
+
+def test_a_gpu_kernel_no_template_takes_whole_runs_in_stages_and_says_so_once():
+    """A max of row sums: the max needs every sum's final value, so the sums are one row-tile
+    kernel and the max another; compile warns once, schedule_origin() names both and why."""
     import warnings
 
     from tensorfuse.errors import NoTemplateWarning
@@ -222,7 +246,8 @@ def test_a_gpu_kernel_no_template_takes_says_so_once_and_why():
         f = tf.compile(_nested, "cuda:sm_80")
         f.schedule_origin(B=2, M=8, N=16)
     assert [w.category for w in caught] == [NoTemplateWarning]
-    assert "no template takes _nested on cuda:sm_80" in str(caught[0].message)
+    assert "no template takes _nested whole on cuda:sm_80" in str(caught[0].message)
     origin = f.schedule_origin(B=2, M=8, N=16)
-    assert origin.startswith("TVM's default GPU schedule, unfused (no template takes _nested: ")
-    assert "out_sum over j" in origin and "over i" in origin
+    assert origin.startswith("staged: 2 kernels"), origin
+    assert "out_sum over j" in origin and "[1] out_sum from x: template defaults" in origin and \
+        "[2] out from out_sum: template defaults" in origin
