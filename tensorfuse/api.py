@@ -141,14 +141,13 @@ def _staged(kernel, spec, why: str, planned_for=None):
         stages = plan_stages(kernel.program, lambda sub: choose(sub, planned_for) is not None)
     except NotStageable:
         return None
-    templated = [choose(s.program, planned_for) is not None for s in stages]
-    if not any(templated):
+    if not any(s.templated for s in stages):
         return None   # TVM's default schedule of the whole program is as good as its pieces'
     kernels = []
-    for stage, has_template in zip(stages, templated):
+    for stage in stages:
         part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
         kind = "one reduction" if stage.reduces else "elementwise"
-        kernels.append(_compile(part, spec, "auto") if has_template else _compile(
+        kernels.append(_compile(part, spec, "auto") if stage.templated else _compile(
             part, spec, None, f"TVM's default {spec.kind.upper()} schedule ({kind})"))
     staged = StagedKernel(kernel.program, spec, tuple(stages), tuple(kernels), why)
     warnings.warn(f"tensorfuse.compile: no template takes {kernel.program.name} whole on "

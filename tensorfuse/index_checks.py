@@ -14,10 +14,10 @@ holding 10⁶ killed the process; one holding −5 returned garbage). Policy:
   tensors back to the host, which a serving loop should not pay on every call.
 
 A gather under a ``T.where`` (``T.where(r < length, x[start + r, d], 0.0)``: a ragged segment's
-rows past its end) is checked only where its condition selects it. The kernels themselves clamp
-every gathered index into its dimension (``clamped_index``), so a lane whose value the condition
-discards — or an unchecked GPU call with a bad index — reads an element of the tensor, never
-memory outside it.
+rows past its end) is checked only where its condition selects it. The emitters (TVM's lowering
+and the Triton template) clamp every gathered index (:func:`~tensorfuse.dsl.expr.is_gathered`)
+into its dimension, so a lane whose value the condition discards — or an unchecked GPU call with
+a bad index — reads an element of the tensor, never memory outside it.
 
 Index expressions that read computed values (an argmax, say) are not checked here.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class Gather:
     index: Expr
     guard: Expr | None = None   # the T.where conditions under which the load's value is used
 
-    @property
+    @cached_property   # built once: every checked call reads it twice
     def checked(self) -> Expr:
         """The index where the guard holds, 0 (inside every dimension) where it does not."""
         return self.index if self.guard is None else \

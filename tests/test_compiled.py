@@ -216,17 +216,24 @@ def _over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
     return x[b, i, j] - T.sum(x[b, i, j], over=(i, j))
 
 
-def test_a_gpu_kernel_no_template_takes_says_so_once_and_why():
-    """The fallback where no stage has a template either is TVM's default schedule, unfused:
-    compile warns once, and schedule_origin() names the path and the refusal."""
+def _compiled_for_sm80(kernel):
+    """``tf.compile(kernel, "cuda:sm_80")`` and its schedule_origin at one size, with the warnings
+    they gave."""
     import warnings
-
-    from tensorfuse.errors import NoTemplateWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        f = tf.compile(_over_two_axes, "cuda:sm_80")
+        f = tf.compile(kernel, "cuda:sm_80")
         f.schedule_origin(B=2, M=8, N=16)
+    return f, caught
+
+
+def test_a_gpu_kernel_no_template_takes_says_so_once_and_why():
+    """The fallback where no stage has a template either is TVM's default schedule, unfused:
+    compile warns once, and schedule_origin() names the path and the refusal."""
+    from tensorfuse.errors import NoTemplateWarning
+
+    f, caught = _compiled_for_sm80(_over_two_axes)
     assert [w.category for w in caught] == [NoTemplateWarning]
     assert "no template takes _over_two_axes on cuda:sm_80" in str(caught[0].message)
     origin = f.schedule_origin(B=2, M=8, N=16)
@@ -237,14 +244,9 @@ def test_a_gpu_kernel_no_template_takes_says_so_once_and_why():
 def test_a_gpu_kernel_no_template_takes_whole_runs_in_stages_and_says_so_once():
     """A max of row sums: the max needs every sum's final value, so the sums are one row-tile
     kernel and the max another; compile warns once, schedule_origin() names both and why."""
-    import warnings
-
     from tensorfuse.errors import NoTemplateWarning
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        f = tf.compile(_nested, "cuda:sm_80")
-        f.schedule_origin(B=2, M=8, N=16)
+    f, caught = _compiled_for_sm80(_nested)
     assert [w.category for w in caught] == [NoTemplateWarning]
     assert "no template takes _nested whole on cuda:sm_80" in str(caught[0].message)
     origin = f.schedule_origin(B=2, M=8, N=16)

@@ -532,7 +532,6 @@ def is_gathered(index: Expr) -> bool:
     """Whether an index expression reads a tensor: a gather, whose value is data that no bound on
     the axes holds (the emitters clamp it into its dimension; ``tensorfuse.index_checks`` checks
     it)."""
-    found = []
-    walk(index, lambda n: found.append(n) if isinstance(n, Load) else None)
-    return bool(found)
-
+    loads = []
+    walk(index, lambda n: loads.append(n) if isinstance(n, Load) else None)
+    return bool(loads)

@@ -13,8 +13,8 @@ from typing import Callable, Mapping
 from tvm import tirx
 
 from ..dsl import dtypes as dt
-from ..dsl.expr import (is_gathered, Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar, Symbol,
-                        Unary, Where)
+from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar, Symbol,
+                        Unary, Where, is_gathered)
 from ..errors import DSLError
 from .vector_math import fast_exp
 

@@ -18,12 +18,12 @@ a single reduction well. The stages are data; :class:`tensorfuse.staged.StagedKe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..algebra.exprs import substitute
 from ..dsl import dtypes as dt
-from ..dsl.expr import Axis, DimSize, Expr, Load, Ref, Scalar, walk
+from ..dsl.expr import DimSize, Expr, Load, Ref, Scalar, walk
 from ..dsl.program import Compute, Program, TensorParam
 
 
@@ -37,6 +37,7 @@ class Stage:
     inputs: tuple[str, ...]
     produces: tuple[str, ...]
     reduces: tuple[str, ...] = ()   # the reductions it computes (its results stored or not)
+    templated: bool = False         # whether ``fits`` took it (a template runs it)
 
     def describe(self) -> str:
         return f"{', '.join(self.produces)} from {', '.join(self.inputs)}"
@@ -68,12 +69,14 @@ def plan_stages(program: Program, fits: Callable[[Program], bool]) -> tuple[Stag
                 break
         if stage is None:   # nothing fits: the first ready reduction alone, on any schedule
             first = next(iter(_ready_groups(ready, depends, stored)))[:1]
-            stage = _stage(program, first, depends, stored, left_outputs, with_outputs=False)
+            stage = _asked(_stage(program, first, depends, stored, left_outputs,
+                                  with_outputs=False), fits)
         stages.append(stage)
         stored |= set(stage.reduces)
         left_outputs = [c for c in left_outputs if c.name not in stage.produces]
     if left_outputs:
-        stages.append(_stage(program, [], depends, stored, left_outputs, with_outputs=True))
+        stages.append(_asked(_stage(program, [], depends, stored, left_outputs,
+                                    with_outputs=True), fits))
     if len(stages) < 2:
         raise NotStageable(f"{program.name} is one stage already")
     return tuple(stages)
@@ -127,8 +130,13 @@ def _first_fitting(program, group, depends, stored, left_outputs, fits) -> Stage
             except NotStageable:
                 continue
             if fits(stage.program):
-                return stage
+                return replace(stage, templated=True)
     return None
+
+
+def _asked(stage: Stage, fits) -> Stage:
+    """``stage``, with whether ``fits`` takes it."""
+    return replace(stage, templated=fits(stage.program))
 
 
 def _stage(program, group, depends, stored, left_outputs, with_outputs: bool) -> Stage:
@@ -201,16 +209,14 @@ def _sub_program(program: Program, outputs: list[Compute], stored: set[str], nam
         for b in c.bodies:
             walk(b, visit)
         used_sizes |= {a.extent for a in c.axes + c.over if isinstance(a.extent, str)}
-    params = [p for p in program.params if p.name in used_params] + \
-        [p for n, p in stored_params.items() if n in used_params]
+    # stored values become parameters only where read: all of them are used
+    params = [p for p in program.params if p.name in used_params] + list(stored_params.values())
     bound = {d for p in params if isinstance(p, TensorParam) for d in p.dims}
     if used_sizes - bound:
         raise NotStageable(f"sizes {', '.join(sorted(used_sizes - bound))} would be bound by no "
                            "tensor of the stage")
     axes = sorted({a.uid: a for c in made for a in c.axes + c.over}.values(),
                   key=lambda a: a.uid)
-    if any(not isinstance(a, Axis) for a in axes):   # pragma: no cover - computes hold axes
-        raise NotStageable("an axis that is not one")
     order = {c.name: k for k, c in enumerate(program.computes)}
     made.sort(key=lambda c: order[c.name])
     return Program(name, params, made, [copies[o.name] for o in outputs], axes,

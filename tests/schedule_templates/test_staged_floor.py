@@ -16,8 +16,8 @@ from tensorfuse.staged import StagedKernel
 from tensorfuse.targets import get_target
 from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode
 from tests.helpers import fresh_seed, run_interpreted
-from tests.schedule_templates.staged_floor import (CASES, group_norm_nested, max_pool_l2_case,
-                                                   relative_error)
+from tests.schedule_templates.staged_floor import (CASES, STAGED, group_norm_nested,
+                                                   max_pool_l2_case, relative_error)
 
 HOPPER = get_target("cuda:sm_90a")
 
@@ -31,6 +31,7 @@ def test_a_pooled_norm_is_cut_after_the_pool_and_each_half_gets_the_row_template
     stages = stages_of(max_pool_l2)
     assert [s.produces[-1] for s in stages] == ["pooled", "out"], [s.describe() for s in stages]
     assert [choose(s.program, HOPPER)[0] for s in stages] == ["row_reduction"] * 2
+    assert all(s.templated for s in stages)
     # the pooled features are stored between them, as the reduction's own dtype
     assert [p.name for p in stages[1].program.tensor_params] == ["pooled"]
 
@@ -39,7 +40,8 @@ def test_nested_sums_are_cut_where_one_reads_anothers_final_value():
     stages = stages_of(group_norm_nested)
     assert len(stages) == 5, [s.describe() for s in stages]
     assert stages[-1].produces == ("out",)
-    assert all(choose(s.program, HOPPER) is not None for s in stages[:-1])
+    assert [choose(s.program, HOPPER) is not None for s in stages] == \
+        [s.templated for s in stages] == [True] * 4 + [False]
 
 
 def test_programs_a_template_takes_whole_or_whose_stages_none_takes_are_not_staged():
@@ -71,14 +73,16 @@ def test_a_row_output_over_an_axis_no_tile_holds_is_refused_by_the_row_template(
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_staged_kernels_match_float64_on_the_cpu_target(name):
-    """Each stage compiled for the CPU, cut as for sm_90a: the cuts themselves are checked."""
+    """Each stage compiled for the CPU, cut as for sm_90a: the cuts themselves are checked (the
+    segment mean, which a template takes whole, through tf.compile's CPU kernel)."""
     kernel, case = CASES[name]
     seed = fresh_seed()
     args, want = case(torch.Generator().manual_seed(seed))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NoTemplateWarning)
-        made = _staged(kernel, get_target("cpu"), "checked", planned_for=HOPPER) or \
-            tf.compile(kernel, target="cpu")
+        made = _staged(kernel, get_target("cpu"), "checked", planned_for=HOPPER)
+    assert isinstance(made, StagedKernel) == (name in STAGED), (name, made)
+    made = made or tf.compile(kernel, target="cpu")
     assert relative_error(made(**args), want) < 2e-2, seed   # bf16 outputs
 
 

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 
 from ...dsl import dtypes as dt
-from ...dsl.expr import (is_gathered, Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar,
-                         Symbol, Unary, Where)
+from ...dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar,
+                         Symbol, Unary, Where, is_gathered)
 from ...errors import TargetError
 
 TL_DTYPES = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f64": "tl.float64",
