@@ -132,6 +132,16 @@ def mqa_decode(q: T.Tensor["B", "H", "D", "bf16"], k: T.Tensor["B", "N", "D", "b
 
 
 @tf.kernel
+def gqa_decode(q: T.Tensor["B", "H", "D", "bf16"], k: T.Tensor["B", "HKV", "N", "D", "bf16"],
+               v: T.Tensor["B", "HKV", "N", "D", "bf16"], scale: T.f32):
+    """GQA decode written without a query axis, over a [B, HKV, N, D] cache (transformers')."""
+    b, h, j, d, e = T.axes("b h j d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    s = T.sum(q[b, h, d] * k[b, hk, j, d], over=d) * scale
+    return softmax_attend(s, v[b, hk, j, e], j)
+
+
+@tf.kernel
 def paged_decode(q: T.Tensor["B", "H", "D", "bf16"],
                  k_pages: T.Tensor["PAGES", "PAGE", "HKV", "D", "bf16"],
                  v_pages: T.Tensor["PAGES", "PAGE", "HKV", "D", "bf16"],
@@ -399,6 +409,19 @@ def _mqa_decode_case(generator, B=16, H=64, N=16384, D=128) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, N=N, D=D)})
 
 
+def _gqa_decode_case(generator, B=8, H=32, HKV=8, N=32768, D=128) -> Case:
+    q = torch.randn(B, H, D, generator=generator).to("cuda", torch.bfloat16)
+    k, v = (torch.randn(B, HKV, N, D, generator=generator).to("cuda", torch.bfloat16)
+            for _ in range(2))
+    scale = D ** -0.5
+    f = tf.compile(gqa_decode)
+    return Case("gqa_decode", f"B{B} H{H}/{HKV} N{N} D{D}", lambda: f(q, k, v, scale=scale),
+                _decode_sdpa(q[:, :, None], k, v, scale, gqa=True),
+                _decode_reference(q, k, v, scale), lambda out: out,
+                bytes=2 * k.numel() * k.element_size(),
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, HKV=HKV, N=N, D=D)})
+
+
 def _paged_decode_case(generator, B=8, H=32, HKV=8, N=32768, D=128, PAGE=64) -> Case:
     """A paged cache (pages in a shuffled pool) against SDPA on the same keys in a contiguous
     [B, HKV, N, D] cache, and against gathering the pages first, then SDPA."""
@@ -471,6 +494,7 @@ SUITE = {
     "causal_dqk192_dv128": _two_head_dims_case,
     "cross_attention_lengths": _cross_attention_case,
     "mqa_decode": _mqa_decode_case,
+    "gqa_decode": _gqa_decode_case,
     "paged_decode": _paged_decode_case,
     "log_softmax_channels": _log_softmax_case,
     "qk_norm_bshd": _qk_norm_case,

@@ -70,7 +70,8 @@ def _compile(kernel, target, template, untemplated: str | None = None):
             from .schedule_templates.auto import why_no_template
 
             why = why_no_template(program, spec)
-            return _staged(kernel, spec, why) or _untemplated(kernel, spec, why)
+            return _flattened(kernel, spec) or _staged(kernel, spec, why) or \
+                _untemplated(kernel, spec, why)
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"
@@ -118,6 +119,33 @@ def _untemplated(kernel, spec, why: str) -> CompiledKernel:
                   "shared-memory tiles, which can be far slower than torch", NoTemplateWarning,
                   stacklevel=3)
     return compiled
+
+
+def _flattened(kernel, spec, planned_for=None):
+    """A kernel whose chain reduces over several axes together (a paged cache's pages and slots)
+    where a template takes it swept as one axis (:mod:`.schedule_templates.flat_sweeps`): that
+    template, made per the sizes of those axes; else ``None``. ``planned_for``: the GPU target
+    whose templates decide (default ``spec``; the CPU tests run a GPU's choice on the CPU
+    target)."""
+    import types
+
+    from .flat_kernel import FlatSweepKernel
+    from .schedule_templates.auto import choose
+    from .schedule_templates.flat_sweeps import flatten_sweeps, swept_together
+
+    program = kernel.program
+    group = swept_together(program)
+    if group is None or not _triton_available():
+        return None
+    probe = flatten_sweeps(program, dict.fromkeys(program.dim_names(), 64))
+    if probe is None or choose(probe, planned_for or spec) is None:
+        return None
+
+    def make(sizes: dict):
+        flat = flatten_sweeps(program, sizes)
+        return _compile(types.SimpleNamespace(program=flat, fn=None, name=flat.name), spec,
+                        "auto")
+    return FlatSweepKernel(program, spec, group, make)
 
 
 def _staged(kernel, spec, why: str, planned_for=None):

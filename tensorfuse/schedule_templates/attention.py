@@ -13,6 +13,8 @@ import math
 import numpy as np
 
 from ..algebra import plan_chain
+from ..algebra.exprs import nodes
+from ..dsl.expr import Load, is_gathered
 from ..targets import TargetSpec
 from ..targets.triton.kernel import TritonKernel, Tuned
 from .fusion import Fusion
@@ -25,21 +27,10 @@ SMS = 132  # H100 SXM; enough parallel programs for any current GPU
 
 def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     """Tiles that fit one SM (128×128 with 8 warps for head dims up to 128 on Hopper, measured
-    best on 2026-11-22); few query rows (decode) get the split update over the keys: about one
-    program per SM (at least 2 parts, each of at least two key blocks), 128-key blocks while
-    there are fewer (batch × head-group) rows than half the SMs, 8 warps and a 3-stage pipeline.
-    Measured on the H100 (2026-11-24, GPU time, 4k keys; benchmarks/decode_sweep.py):
-    B=1 32/8 heads 11.3 us with 16 parts of 128 (the rule before, 64 parts of 64 keys: 34.8);
-    B=4 64/8 28.8 with 4 parts of 128, 8 warps, 3 stages (2 stages, 4 warps: 31.6); B=4 32/32
-    94.7 with 2 parts of 64 (4 parts, 2 stages: 98.6)."""
-    if plan.rows <= 64:  # decode: tl.dot needs 16 rows; split the keys for parallelism
-        batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
-        block_n = 128 if 2 * batch <= SMS else 64
-        blocks = math.ceil(plan.cols / block_n)
-        splits = max(1, min(max(2, round(SMS / batch)), blocks // 2, 64))
-        warps, stages = (8, 3) if target.kind == "cuda" else (4, 2)   # ROCm: not measured
-        return Knobs(block_m=16, block_n=block_n, num_warps=warps, num_stages=stages,
-                     splits=splits)
+    best on 2026-11-22); few query rows (decode) get the split update over the keys
+    (:func:`decode_knobs`)."""
+    if is_decode(plan):
+        return decode_knobs(plan, target)
     if plan.feature_extent > 128:
         # q·k and p·v over different head dims (one block as wide as the wider): 128×64 tiles,
         # 8 warps, where their shared memory fits — on the H200 at 192/128, B2 H16 S4096 causal:
@@ -60,12 +51,61 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     return Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3)
 
 
+# rows per (batch, head group) up to which a chain is a decode: the keys are split over programs
+DECODE_ROWS = 64
+
+
+def is_decode(plan: RowTilePlan) -> bool:
+    """Whether the keys are split over programs: few rows (a query token, a GQA group), or up to
+    twice as many without a mask where even 64-row tiles leave SMs idle (128 query heads on one
+    MQA cache)."""
+    if plan.rows <= DECODE_ROWS:
+        return True
+    batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
+    return plan.rows <= 2 * DECODE_ROWS and plan.mask is None and \
+        batch * math.ceil(plan.rows / DECODE_ROWS) < SMS
+
+
+def decode_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
+    """The split update for few query rows: one row tile holds every row that shares the keys
+    (``tl.dot`` needs at least 16; the heads of an MQA cache or a GQA group: the keys are read
+    once per tile), the keys split into parts for about one program per SM — two where the keys
+    are gathered (a page table), whose loads need more in flight — each part of at least two
+    key blocks, 128-key blocks while there are fewer (batch × head-group) rows than half the SMs,
+    4 warps and a 3-stage pipeline (8 warps on the H100 measurements before).
+    Measured on the H200 (2026-11-29, GPU time, ``benchmarks.decode_knobs``): MQA 64 heads on one
+    cache, B16 N16k, 0.102 → 0.051 ms (16-row tiles, 8 warps, 8 parts: four tiles read every
+    key); GQA 32/8 without a query axis, B8 N32k, 0.244 either way (SDPA cuDNN 0.244); the same
+    over pages of 64 keys, 0.322 → 0.250 ms (2 → 4 parts, 8 → 4 warps). Before, on the H100
+    (2026-11-24, 4k keys; ``benchmarks.decode_sweep``): B=1 32/8 heads 11.3 us with 16 parts of
+    128 (64 parts of 64 keys: 34.8)."""
+    block_m = min(DECODE_ROWS, max(16, 1 << max(0, plan.rows - 1).bit_length()))
+    batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
+    programs = batch * math.ceil(plan.rows / block_m)
+    block_n = 128 if 2 * batch <= SMS else 64
+    blocks = math.ceil(plan.cols / block_n)
+    per_sm = 2 if gathers_columns(plan) else 1
+    splits = max(1, min(max(2, round(per_sm * SMS / programs)), blocks // 2, 64))
+    warps, stages = (4, 3) if target.kind == "cuda" else (4, 2)   # ROCm: not measured
+    return Knobs(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages,
+                 splits=splits)
+
+
+def gathers_columns(plan: RowTilePlan) -> bool:
+    """Whether the column operands (keys, values) are read through an index tensor."""
+    sides = [c.right for c in plan.locals.values()] + \
+        [sp.contraction.right for sp in plan.states if sp.contraction is not None]
+    return any(isinstance(n, Load) and any(is_gathered(i) for i in n.indices)
+               for side in sides for n in nodes(side))
+
+
 def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, ...]]:
     """The values tuning tries for each knob (the defaults among them)."""
     default = default_knobs(plan, target)
-    if default.splits > 1:  # decode
+    if is_decode(plan):
         splits = sorted({default.splits, max(1, default.splits // 2), min(128, default.splits * 2)})
-        return {"block_m": (16,), "block_n": (32, 64, 128), "num_warps": (2, 4, 8),
+        return {"block_m": tuple(sorted({16, default.block_m})), "block_n": (32, 64, 128),
+                "num_warps": (2, 4, 8),
                 "num_stages": (1, 2, 3, 4), "splits": tuple(splits)}
     wide = plan.feature_extent > 128
     return {"block_m": (32, 64) if wide else (64, 128), "block_n": (16, 32, 64) if wide else

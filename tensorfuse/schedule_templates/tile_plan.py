@@ -207,8 +207,17 @@ def row_roles(chain: Chain) -> tuple[list[Axis], Axis]:
                 if col in axes and axes - uids - {col}:
                     read |= axes
     free = [a for a in common if a.uid not in read]
+    if not free and read:
+        # every common axis is read by the keys (a decode written without a query axis: q[b, h,
+        # d] over k[b, j, h // G, d]): one query row per program, and the heads that share a
+        # kv-head folded into its tile (:func:`_row_fold`)
+        return common, Axis(UNIT_ROW, 1)
     row = free[-1] if free else common[-1]
     return [a for a in common if a.uid != row.uid], row
+
+
+# the name of the row axis of a chain without one (a query row of one element)
+UNIT_ROW = "query"
 
 
 def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
@@ -316,8 +325,11 @@ def _group_of(e: Expr, axis: Axis, sizes: dict) -> set:
 def _row_fold(plan: RowTilePlan):
     """Few query rows and a head axis that the column operands (keys, values) read only as
     ``h // G`` (grouped-query attention): put the G heads of a group in one row tile, so each
-    program reads its keys and values once for the whole group instead of once per head."""
-    if plan.sizes_of(plan.row) * 2 > MAX_FOLDED_ROWS:
+    program reads its keys and values once for the whole group instead of once per head. Without
+    a query axis the group is the rows, at any size (several row tiles where it is larger than
+    one)."""
+    unit = all(a.uid != plan.row.uid for a in plan.chain.common_axes)   # row_roles' own axis
+    if not unit and plan.sizes_of(plan.row) * 2 > MAX_FOLDED_ROWS:
         return None
     col_side = [c.right for c in plan.locals.values()] + [sp.contraction.right for sp in plan.states
                                                           if sp.contraction is not None]
@@ -326,17 +338,23 @@ def _row_fold(plan: RowTilePlan):
     for a in plan.batch:
         groups = set().union(*(_group_of(e, a, plan.sizes) for e in col_side))
         if len(groups) == 1 and (g := groups.pop()) > 1 and plan.sizes_of(a) % g == 0 and \
-                plan.sizes_of(plan.row) * g <= MAX_FOLDED_ROWS:
+                (unit or plan.sizes_of(plan.row) * g <= MAX_FOLDED_ROWS):
             return a, g
+    if unit and plan.batch:
+        # no group shares the keys (every head has its own): one row per program, the last
+        # batch axis folded with groups of one, so the tile's rows past the first are masked
+        return plan.batch[-1], 1
     return None
 
 
 def _grouped(e: Expr, fold) -> Expr:
-    """Column-side operand with ``h // G`` replaced by the group index (a program constant)."""
-    axis, _ = fold
-    return substitute(e, lambda n: Symbol(f"__group_{axis.name}", "i32")
-                      if isinstance(n, Binary) and n.op == "floordiv" and isinstance(n.a, Axis)
-                      and n.a.uid == axis.uid else None)
+    """Column-side operand with ``h // G`` (``h`` itself for groups of one) replaced by the group
+    index (a program constant)."""
+    axis, g = fold
+    group = Symbol(f"__group_{axis.name}", "i32")
+    return substitute(e, lambda n: group if isinstance(n, Binary) and n.op == "floordiv" and
+                      isinstance(n.a, Axis) and n.a.uid == axis.uid or g == 1 and
+                      isinstance(n, Axis) and n.uid == axis.uid else None)
 
 
 def _deps_as_symbols(e: Expr, members: set) -> Expr:

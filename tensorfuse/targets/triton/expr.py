@@ -211,6 +211,8 @@ def offset(e: Load, ctx: TileContext) -> str:
         idx = to_triton(index, ctx.child(keep_dtype=False))
         if is_gathered(index):   # data: clamped into its dimension (see index_checks)
             idx = f"tl.minimum(tl.maximum({idx}, 0), {size - 1})"
+            if stride * size >= 2**31:   # an i32 page number times its stride would wrap
+                idx = f"{idx}.to(tl.int64)"
         terms.append(idx if stride == 1 else f"{idx} * {stride}")
     return " + ".join(terms) or "0"
 

@@ -177,6 +177,8 @@ class _RowTileSource:
             self.ctx_base.axes[a.uid] = f"(ax_{a.name}g * {g} + offs_m[:, None] // {per})"
             self.ctx_base.symbols[f"__group_{a.name}"] = f"ax_{a.name}g"
             self.row_index = f"(offs_m[:, None] % {per})"
+            if self.ragged_rows:   # the tile's rows past the group's read no head of another
+                self.ctx_base.valid[a.uid] = self.row_ok
 
     def _tile(self, axes: list) -> TileContext:
         """A tile over ``axes`` — ``(axis, index text, validity text, ragged)`` — with the

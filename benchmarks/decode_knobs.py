@@ -1,0 +1,142 @@
+"""The split update's knobs on the user suite's decodes — many query heads on one cache (MQA),
+GQA written without a query axis, a paged cache swept as one axis — each candidate checked
+against float64 and timed from a CUDA graph beside ``tf.compile``'s default and SDPA: what the
+decode defaults of :mod:`tensorfuse.schedule_templates.attention` are chosen from.
+
+    python -m benchmarks.decode_knobs [--only mqa,mqa128,gqa,paged] [--defaults] [--out DIR]
+
+``--defaults``: ``tf.compile``'s default and SDPA only (no candidates).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import math
+import types
+
+import torch
+
+import tensorfuse as tf
+from benchmarks.common import Row, bench_graph, write_csv
+from benchmarks.user_kernels import (_decode_reference, _decode_sdpa, gqa_decode, mqa_decode,
+                                     paged_decode)
+from tensorfuse.schedule_templates.attention import SMS, attention
+from tensorfuse.schedule_templates.fusion import Fusion
+from tensorfuse.schedule_templates.flat_sweeps import flatten_sweeps
+from tensorfuse.schedule_templates.rolling_update import DEFAULT_CHUNK
+from tensorfuse.targets import get_target
+
+
+def _cases(generator, only):
+    """(name, shape, kernel whose program the candidates take, axis, args, sizes, rows per
+    batch entry, reference, SDPA calls, bytes of the cache)."""
+    for H in [h for h, name in ((64, "mqa"), (128, "mqa128")) if name in only]:
+        B, N, D = 16, 16384, 128
+        q = torch.randn(B, H, D, generator=generator).to("cuda", torch.bfloat16)
+        k, v = (torch.randn(B, N, D, generator=generator).to("cuda", torch.bfloat16)
+                for _ in range(2))
+        yield ("mqa" if H == 64 else "mqa128", f"B{B} H{H}/1 N{N} D{D}", mqa_decode, "j",
+               (q, k, v), dict(B=B, H=H, N=N, D=D),
+               H, B, _decode_reference(q, k[:, None], v[:, None], D ** -0.5),
+               _decode_sdpa(q[:, :, None], k[:, None], v[:, None], D ** -0.5, gqa=True),
+               4 * k.numel())
+    B, H, HKV, N, D, PAGE = 8, 32, 8, 32768, 128, 64
+    q = torch.randn(B, H, D, generator=generator).to("cuda", torch.bfloat16)
+    k, v = (torch.randn(B, HKV, N, D, generator=generator).to("cuda", torch.bfloat16)
+            for _ in range(2))
+    ref = _decode_reference(q, k, v, D ** -0.5)
+    sdpa = _decode_sdpa(q[:, :, None], k, v, D ** -0.5, gqa=True)
+    if "gqa" in only:
+        yield ("gqa", f"B{B} H{H}/{HKV} N{N} D{D}", gqa_decode, "j", (q, k, v),
+               dict(B=B, H=H, HKV=HKV, N=N, D=D), H // HKV, B * HKV, ref, sdpa, 4 * k.numel())
+    if "paged" in only:
+        pages = B * N // PAGE
+        table = torch.randperm(pages, generator=generator).reshape(B, N // PAGE).to("cuda",
+                                                                                     torch.int32)
+        pool = [torch.empty(pages, PAGE, HKV, D, device="cuda", dtype=torch.bfloat16)
+                for _ in range(2)]
+        for dst, src in zip(pool, (k, v)):   # page table[b, p] holds keys p·PAGE … of sequence b
+            dst[table.long()] = src.reshape(B, HKV, N // PAGE, PAGE, D).permute(0, 2, 3, 1, 4)
+        sizes = dict(B=B, H=H, HKV=HKV, D=D, PAGES=pages, PAGE=PAGE, NP=N // PAGE)
+        flat = flatten_sweeps(paged_decode.program, sizes)
+        yield ("paged", f"B{B} H{H}/{HKV} N{N} D{D} pages of {PAGE}",
+               types.SimpleNamespace(program=flat, fn=None, name=flat.name), "pt",
+               (q, *pool, table), sizes, H // HKV, B * HKV, ref, sdpa, 4 * k.numel())
+
+
+def _knobs(rows: int, batch: int, keys: int):
+    """Candidate (tile_m, tile_n, warps, stages, splits): row tiles up to the rows sharing the
+    cache, parts of the keys for about 1, 2 and 4 programs per SM."""
+    tiles_m = [16] + [m for m in (32, 64, 128) if m <= max(16, rows)]
+    for tile_m, tile_n, warps, stages in itertools.product(tiles_m, (64, 128), (4, 8), (2, 3, 4)):
+        programs = batch * math.ceil(rows / tile_m)
+        blocks = math.ceil(keys / tile_n)
+        splits = sorted({max(1, min(blocks // 2, round(k * SMS / programs))) for k in (1, 2, 4)})
+        for s in splits:
+            yield tile_m, tile_n, warps, stages, s
+
+
+def run(only, log=print, defaults: bool = False) -> list[Row]:
+    from tensorfuse.targets.triton.compile_pool import CompilePool, compiled_as_ready
+
+    spec = get_target("cuda:sm_90a")
+    generator = torch.Generator().manual_seed(0)
+    out: list[Row] = []
+    pool = CompilePool()
+    try:
+        for name, shape, kernel, axis, args, sizes, rows, batch, ref, sdpa, moved in \
+                _cases(generator, only):
+            scale = sizes["D"] ** -0.5
+            fusion = Fusion(("m", "o", "l"), axis, DEFAULT_CHUNK)
+            keys = math.prod(v for k, v in sizes.items() if k in ("N", "NP", "PAGE"))
+            knobs = [] if defaults else list(_knobs(rows, batch, keys))
+            made = {k: attention(kernel, fusion, spec, tile_m=k[0], tile_n=k[1], num_warps=k[2],
+                                 num_stages=k[3], splits=k[4]) for k in knobs}
+            calls = {"default": tf.compile(paged_decode if name == "paged" else kernel)}
+            calls.update(sdpa)
+
+            def warm(k):
+                made[k].warm(*args, scale=scale)
+                return made[k]
+            timed = []
+            for k, cand in compiled_as_ready(pool, knobs, warm):
+                calls[f"m{k[0]} n{k[1]} w{k[2]} s{k[3]} splits{k[4]}"] = cand
+            for label, f in calls.items():
+                call = f if label in sdpa else \
+                    (lambda f=f: f(*args, scale=scale))
+                try:
+                    got = call()
+                    err = float((got.double() - ref).abs().max() / ref.abs().max())
+                    ms = bench_graph(call, 100)
+                except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported
+                    log(f"{name} {label}: {type(exc).__name__}: {str(exc)[:200]}")
+                    continue
+                if err > 2e-2:
+                    log(f"{name} {label}: WRONG, error {err:.1e}")
+                    continue
+                timed.append((ms, label, err))
+                out.append(Row(f"decode_knobs/{name}", shape, label, ms, 0.0, moved / ms / 1e6,
+                               0.0, f"err {err:.1e}"))
+            timed.sort()
+            for ms, label, err in timed[:8] + [t for t in timed if t[1] == "default" or
+                                                 t[1] in sdpa]:
+                log(f"{name:<6} {label:<34} {ms:8.4f} ms {moved / ms / 1e6:7.0f} GB/s")
+    finally:
+        pool.close()
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="mqa,gqa,paged")
+    parser.add_argument("--defaults", action="store_true", help="no candidates")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    rows = run(args.only.split(","), defaults=args.defaults)
+    device = torch.cuda.get_device_name().replace(" ", "_")
+    write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-decode-knobs.csv")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""A kernel whose chain reduces over several axes together, run as the same chain over one axis
+(:mod:`tensorfuse.schedule_templates.flat_sweeps`): the one axis's extent is the product of the
+call's sizes, so the flat program is made, and compiled with its template, once per those
+sizes; every other size is left to that kernel, as for any other."""
+from __future__ import annotations
+
+from typing import Callable
+
+from .binding import bind_call, signature_key, split_scalars
+from .dsl.expr import Axis
+from .dsl.program import Program
+from .targets import TargetSpec
+from .targets.triton.launch import interpreting
+from .torch_graph import GraphCallable
+
+
+class FlatSweepKernel(GraphCallable):
+    """``program`` run by ``make(sizes)``: the kernel of its flat program at the sizes of the
+    axes ``group`` reduces over together (made once per their values)."""
+
+    def __init__(self, program: Program, target: TargetSpec, group: tuple[Axis, ...],
+                 make: Callable[[dict], object]):
+        self.program, self.target, self.group, self._make = program, target, tuple(group), make
+        self.swept = " × ".join(str(a.extent) for a in self.group)
+        self.description = (f"{', '.join(a.name for a in self.group)} swept as one axis of "
+                            f"{self.swept} elements")
+        self._kernels: dict = {}   # the group's extents -> the flat program's kernel
+        self._by_key: dict = {}    # a call's signature key -> that kernel
+
+    def __repr__(self) -> str:
+        return f"<FlatSweepKernel {self.program.name} for {self.target.name}: {self.description}>"
+
+    def for_sizes(self, **dims):
+        """The flat program's kernel at these sizes (made on first use of their group extents)."""
+        sizes, _ = split_scalars(self.program, dims)
+        at = tuple(a.extent if isinstance(a.extent, int) else sizes[a.extent]
+                   for a in self.group)
+        if at not in self._kernels:
+            self._kernels[at] = self._make(sizes)
+        return self._kernels[at]
+
+    def invoke(self, key, args: tuple, kwargs: dict):
+        if key is False:
+            key = signature_key(args, kwargs)
+        chosen = self._by_key.get(key) if key is not None else None
+        if chosen is None:
+            # Triton's interpreter runs a GPU target's kernels on CPU arrays; else a missing GPU
+            # is the first thing to report
+            device = "cpu" if self.target.kind == "llvm" or interpreting() else self.target.kind
+            if device != "cpu":
+                self.target.device()
+            bound = bind_call(self.program, args, kwargs, device)
+            chosen = self.for_sizes(**bound.dims)
+            if key is not None:
+                self._by_key[key] = chosen
+        return chosen.invoke(key, args, kwargs)
+
+    def schedule_origin(self, **dims) -> str:
+        """How the axes are swept, and the flat kernel's schedule at these sizes."""
+        return f"{self.description}: {self.for_sizes(**dims).schedule_origin(**dims)}"
+
+    def source(self, **dims) -> str:
+        return self.for_sizes(**dims).source(**dims)

@@ -1,0 +1,91 @@
+"""Several reduced axes swept as one: a chain that reduces over ``(p, t)`` together — the page and
+the slot of a paged KV cache, the two pixel axes of a pooling — is the same chain over one axis
+``j`` of ``P·T`` elements with ``p = j // T`` and ``t = j % T``.
+
+The templates sweep one axis in blocks, so :func:`flatten_sweeps` rewrites such a program at a
+call's sizes (the new axis's extent is their product, a constant of that call's kernel) into one
+whose chain runs over ``j``; every read keeps its own indices, now arithmetic on ``j`` (a page
+table read as ``table[b, j // T]``, a slot as ``j % T``). The rewrite is exact, not an
+approximation: the sum, max or rolled state over the product of the axes visits the same
+elements, in the order of ``j`` (row-major: the last axis fastest).
+
+It refuses (returns ``None``) where the axes are not always reduced together: a compute over one
+of them without the others, an output over them, or two different groups of several axes.
+"""
+from __future__ import annotations
+
+import math
+
+from ..algebra.exprs import substitute
+from ..dsl.expr import Axis, Const, Expr, Ref, binary
+from ..dsl.program import Compute, Program
+
+
+def swept_together(program: Program) -> tuple[Axis, ...] | None:
+    """The axes that reductions of ``program`` reduce over together (two or more, in the order
+    written), where exactly one such group exists and no reduction uses them apart."""
+    groups = {tuple(a.uid for a in c.over): c.over for c in program.computes
+              if c.is_reduction and len(c.over) > 1}
+    if len(groups) != 1:
+        return None
+    (group,) = groups.values()
+    ids = {a.uid for a in group}
+    for c in program.computes:
+        held = {a.uid for a in c.axes + c.over} & ids
+        if held and (held != ids or c.is_output):
+            return None
+        if c.is_reduction and {a.uid for a in c.over} & ids and \
+                [a.uid for a in c.over if a.uid in ids] != [a.uid for a in group]:
+            return None
+    return group
+
+
+def flatten_sweeps(program: Program, sizes: dict) -> Program | None:
+    """``program`` with its one group of axes reduced together (:func:`swept_together`) replaced
+    by a single axis of their product's extent at ``sizes``; ``None`` where it has no such group
+    or the sizes of its axes are not all given."""
+    group = swept_together(program)
+    if group is None:
+        return None
+    extents = [a.extent if isinstance(a.extent, int) else sizes.get(a.extent) for a in group]
+    if any(not isinstance(e, int) for e in extents):
+        return None
+    taken = {a.name for a in program.axes} | {p.name for p in program.params}
+    name = "".join(a.name for a in group)
+    while name in taken:
+        name += "_"
+    flat = Axis(name, math.prod(extents), group[0].loc)
+    index: dict[int, Expr] = {}
+    inner = 1
+    for axis, extent in reversed(list(zip(group, extents))):
+        at = flat if inner == 1 else binary("floordiv", flat, Const(inner, "i32"))
+        index[axis.uid] = at if axis is group[0] else binary("mod", at, Const(extent, "i32"))
+        inner *= extent
+    ids = set(index)
+
+    def merged(axes: tuple[Axis, ...]) -> tuple[Axis, ...]:
+        out = []
+        for a in axes:
+            if a.uid == group[0].uid:
+                out.append(flat)
+            elif a.uid not in ids:
+                out.append(a)
+        return tuple(out)
+
+    copies: dict[str, Compute] = {}
+
+    def rewrite(node: Expr):
+        if isinstance(node, Axis) and node.uid in index:
+            return index[node.uid]
+        if isinstance(node, Ref):
+            return Ref(copies[node.compute.name], node.component, node.loc)
+        return None
+
+    for c in program.computes:   # in dependency order: what a body reads is copied first
+        copies[c.name] = Compute(c.name, merged(c.axes), tuple(substitute(b, rewrite)
+                                                             for b in c.bodies),
+                                 c.dtypes, c.monoid, merged(c.over), c.loc, c.is_output)
+    axes = [a for a in program.axes if a.uid not in ids] + [flat]
+    return Program(program.name, list(program.params), list(copies.values()),
+                   [copies[o.name] for o in program.outputs], axes,
+                   list(program.size_constraints), program.loc)

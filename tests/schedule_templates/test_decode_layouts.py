@@ -1,0 +1,156 @@
+"""Decodes written without a query axis, with heads sharing one cache, and over a paged cache
+swept as one axis (``tile_plan.row_roles``/``_row_fold``, ``schedule_templates/flat_sweeps.py``,
+``tensorfuse/flat_kernel.py``, ``attention.decode_knobs``): their plans, float64 checks on the
+CPU target, under Triton's interpreter and on the GPU, and their sm_90a code."""
+import warnings
+
+import pytest
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.algebra import plan_chain
+from tensorfuse.errors import NoTemplateWarning
+from tensorfuse.flat_kernel import FlatSweepKernel
+from tensorfuse.schedule_templates.attention import SMS, default_knobs, is_decode
+from tensorfuse.schedule_templates.flat_sweeps import flatten_sweeps, swept_together
+from tensorfuse.schedule_templates.tile_plan import plan_rowtile
+from tensorfuse.targets import get_target
+from tests.helpers import fresh_seed, run_interpreted
+from tests.schedule_templates.decode_layouts import (CASES, paged_decode, paged_lengths_decode,
+                                                     relative_error, templated)
+
+HOPPER = get_target("cuda:sm_90a")
+PAGED = dict(B=8, H=32, HKV=8, D=128, PAGES=4096, PAGE=64, NP=512)
+
+
+def plan_of(kernel, axis="j", **sizes):
+    program = kernel.program
+    if axis != "j":
+        program = flatten_sweeps(program, sizes)
+    return plan_rowtile(program, plan_chain(program, ("m", "o", "l"), axis), sizes)
+
+
+def test_heads_sharing_a_kv_head_without_a_query_axis_are_the_rows_of_one_tile():
+    plan = plan_of(CASES["gqa_decode"][0], B=8, H=32, HKV=8, N=4096, D=128)
+    assert (plan.fold[0].name, plan.fold[1], plan.rows) == ("h", 4, 4)
+    assert [n for n, _ in plan.grid_batch] == ["b", "hg"]
+    # the keys and values are read by the group's index, once per tile
+    assert all("__group_h" in str(c.right.key()) for c in plan.locals.values())
+
+
+def test_every_head_on_its_own_keys_without_a_query_axis_is_one_row_per_program():
+    plan = plan_of(CASES["mha_decode"][0], B=2, H=16, N=4096, D=64)
+    assert (plan.fold[0].name, plan.fold[1], plan.rows) == ("h", 1, 1)
+    assert dict(plan.grid_batch) == {"b": 2, "hg": 16}
+
+
+def test_query_heads_over_one_cache_are_the_rows_and_one_tile_holds_all_of_them():
+    plan = plan_of(CASES["mqa_decode"][0], B=16, H=64, N=16384, D=128)
+    assert plan.row.name == "h" and plan.fold is None and plan.rows == 64
+    knobs = default_knobs(plan, HOPPER)
+    assert knobs.block_m == 64 and knobs.splits == round(SMS / 16)
+    # 128 heads: twice the rows, still split over the keys (16 programs would idle the GPU)
+    wide = plan_of(CASES["mqa_decode"][0], B=16, H=128, N=16384, D=128)
+    assert is_decode(wide) and default_knobs(wide, HOPPER).block_m == 64
+
+
+def test_a_paged_cache_is_swept_as_one_axis_of_pages_times_slots():
+    program = paged_decode.program
+    assert [a.name for a in swept_together(program)] == ["p", "t"]
+    flat = flatten_sweeps(program, PAGED)
+    m = flat.compute("m")
+    assert [a.name for a in m.over] == ["pt"] and m.over[0].extent == 512 * 64
+    text = str(flat)
+    assert "table[b, pt // 64], pt % 64" in text, text
+    plan = plan_of(paged_decode, axis="pt", **PAGED)
+    knobs = default_knobs(plan, HOPPER)
+    # gathered keys: about two programs per SM (B·HKV = 64 (batch, group) rows)
+    assert (plan.fold[1], knobs.block_m, knobs.splits) == (4, 16, round(2 * SMS / 64))
+
+
+def test_axes_reduced_apart_or_written_out_are_not_flattened():
+    @tf.kernel
+    def apart(x: T.Tensor["B", "P", "Q", "f32"]):
+        b, p, q = T.axes("b p q")
+        return T.sum(x[b, p, q], over=(p, q)) + T.sum(T.max(x[b, p, q], over=q), over=p)
+
+    @tf.kernel
+    def one_axis(x: T.Tensor["B", "P", "f32"]):
+        b, p = T.axes("b p")
+        return T.sum(x[b, p], over=p)
+
+    assert swept_together(apart.program) is None and swept_together(one_axis.program) is None
+    assert flatten_sweeps(apart.program, dict(B=2, P=3, Q=4)) is None
+    # sizes not given: nothing to flatten at
+    assert flatten_sweeps(paged_decode.program, dict(B=2)) is None
+
+
+def test_tf_compile_sweeps_a_paged_cache_as_one_axis_and_says_so():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoTemplateWarning)   # no floor: a template takes it
+        made = tf.compile(paged_lengths_decode, target="cuda:sm_90a")
+    assert isinstance(made, FlatSweepKernel)
+    sizes = dict(B=2, H=8, HKV=2, D=64, PAGES=40, PAGE=16, NP=8)
+    origin = made.schedule_origin(**sizes)
+    assert origin.startswith("p, t swept as one axis of NP × PAGE elements: template"), origin
+    # one flat kernel per page size and count; other sizes are that kernel's
+    assert made.for_sizes(**sizes) is made.for_sizes(**{**sizes, "B": 5, "PAGES": 99})
+    assert made.for_sizes(**sizes) is not made.for_sizes(**{**sizes, "PAGE": 32})
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_decodes_match_float64_on_the_cpu_target(name):
+    kernel, case = CASES[name]
+    seed = fresh_seed()
+    args, want = case(torch.Generator().manual_seed(seed))
+    out = tf.compile(kernel, target="cpu")(**args)
+    assert relative_error(out, want) < 2e-2, seed   # bf16 outputs
+
+
+def test_decode_templates_match_float64_in_the_interpreter():
+    seed = fresh_seed()
+    errors = run_interpreted("tests.schedule_templates.decode_layouts", seed)
+    assert set(errors) == set(CASES), errors
+    assert max(errors.values()) < 2e-2, (errors, seed)
+
+
+@pytest.mark.parametrize("name", ["gqa_decode", "mqa_decode", "paged_decode"])
+def test_decode_templates_compile_for_sm_90a_on_tensor_cores(name):
+    kernel, _ = CASES[name]
+    sizes = {"gqa_decode": dict(B=8, H=32, HKV=8, N=32768, D=128),
+             "mqa_decode": dict(B=16, H=64, N=16384, D=128), "paged_decode": PAGED}[name]
+    made = templated(kernel)
+    template = made.for_sizes(**sizes) if isinstance(made, FlatSweepKernel) else made
+    ptx = template.ptx(**sizes)
+    assert "mma" in ptx and ".target sm_90a" in ptx
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_decodes_match_float64_on_the_gpu(name):
+    kernel, case = CASES[name]
+    seed = fresh_seed()
+    args, want = case(torch.Generator().manual_seed(seed))
+    args = {n: a.cuda() if isinstance(a, torch.Tensor) else a for n, a in args.items()}
+    made = tf.compile(kernel)
+    assert "template" in made.schedule_origin(**_sizes(kernel, args)), made
+    assert relative_error(made(**args), want) < 2e-2, seed
+
+
+def _sizes(kernel, args) -> dict:
+    from tensorfuse.binding import bind_call
+
+    return bind_call(kernel.program, (), args, "cuda").dims
+
+
+def test_a_page_pool_past_two_giga_elements_is_addressed_in_64_bits():
+    """A page number read from an i32 table times the page stride wraps past 2³¹ elements (a
+    4 GiB bf16 pool): the emitter widens the gathered index first."""
+    made = templated(paged_decode)
+    big = {**PAGED, "PAGES": 2**31 // (64 * 8 * 128) + 1}
+    small = made.for_sizes(**PAGED).source(**PAGED)
+    assert ".to(tl.int64)" not in small
+    line = next(ln for ln in made.for_sizes(**big).source(**big).splitlines()
+                if "tl.load(k_pages" in ln)
+    assert "), 0), 32768).to(tl.int64) * 65536" in line, line
