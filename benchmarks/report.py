@@ -375,7 +375,29 @@ def standard_table(rows: list) -> str:
                 if c.startswith("ceiling") for r in es[:1]]
     if ceilings:
         lines += ["", "Ceilings measured in the same run: " + "; ".join(ceilings) + "."]
+    summary = geomean_line(groups)
+    if summary:
+        lines += ["", summary]
     return "\n".join(lines)
+
+
+def geomean_line(groups: dict) -> str:
+    """The geometric mean of ``tensorfuse`` (``tf.compile``'s choice) against the best
+    alternative over the cases that have both, and the slowest case; '' under three cases."""
+    import math
+
+    ratios = []
+    for (case, shape), entries in groups.items():
+        best = _best_alternative(entries)
+        ours = [r for r in entries if r["implementation"] == "tensorfuse" and _number(r["ms"]) > 0]
+        if best is not None and ours:
+            ratios.append((_number(best["ms"]) / _number(ours[0]["ms"]), case))
+    if len(ratios) < 3:
+        return ""
+    mean = math.exp(sum(math.log(r) for r, _ in ratios) / len(ratios))
+    low, case = min(ratios)
+    return (f"Geometric mean of `tensorfuse` against the best alternative over {len(ratios)} "
+            f"cases: {mean:.2f}× (lowest: {case}, {low:.2f}×).")
 
 
 def plain_table(rows: list) -> str:

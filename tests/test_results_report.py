@@ -69,3 +69,16 @@ def test_labels_have_one_spelling():
     assert canonical_label("tensorfuse (tf.compile)") == "tensorfuse"
     assert canonical_label("tensorfuse_hopper_64_graph") == "tensorfuse hopper 64 graph"
     assert is_alternative("flex_attention") and not is_alternative("tensorfuse_triton")
+
+
+def test_a_table_of_three_cases_or_more_gives_the_geometric_mean_and_the_slowest():
+    from benchmarks.report import _groups, geomean_line
+
+    rows = [{"benchmark": f"user/{case}", "shape": "s", "implementation": label, "ms": ms}
+            for case, ours, theirs in (("a", "1.0", "2.0"), ("b", "2.0", "1.0"),
+                                       ("c", "1.0", "4.0"))
+            for label, ms in (("tensorfuse", ours), ("torch_compile", theirs))]
+    assert geomean_line(_groups(rows)) == ("Geometric mean of `tensorfuse` against the best "
+                                           "alternative over 3 cases: 1.59× (lowest: user/b, "
+                                           "0.50×).")
+    assert geomean_line(_groups(rows[:4])) == ""   # two cases: no mean

@@ -340,11 +340,12 @@ def _row_fold(plan: RowTilePlan):
         if len(groups) == 1 and (g := groups.pop()) > 1 and plan.sizes_of(a) % g == 0 and \
                 (unit or plan.sizes_of(plan.row) * g <= MAX_FOLDED_ROWS):
             return a, g
-    if unit and plan.batch:
-        # no group shares the keys (every head has its own): one row per program, the last
-        # batch axis folded with groups of one, so the tile's rows past the first are masked
-        return plan.batch[-1], 1
-    return None
+    # no group shares the keys (every head has its own): one row per program, the last batch
+    # axis the keys read only as itself folded with groups of one, so the tile's rows past the
+    # first are masked
+    bare = [a for a in plan.batch
+            if set().union(*(_group_of(e, a, plan.sizes) for e in col_side)) == {0}]
+    return (bare[-1], 1) if unit and bare else None
 
 
 def _grouped(e: Expr, fold) -> Expr:
@@ -352,9 +353,9 @@ def _grouped(e: Expr, fold) -> Expr:
     index (a program constant)."""
     axis, g = fold
     group = Symbol(f"__group_{axis.name}", "i32")
-    return substitute(e, lambda n: group if isinstance(n, Binary) and n.op == "floordiv" and
-                      isinstance(n.a, Axis) and n.a.uid == axis.uid or g == 1 and
-                      isinstance(n, Axis) and n.uid == axis.uid else None)
+    return substitute(e, lambda n: group if g > 1 and isinstance(n, Binary) and
+                      n.op == "floordiv" and isinstance(n.a, Axis) and n.a.uid == axis.uid or
+                      g == 1 and isinstance(n, Axis) and n.uid == axis.uid else None)
 
 
 def _deps_as_symbols(e: Expr, members: set) -> Expr:

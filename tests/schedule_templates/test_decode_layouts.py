@@ -154,3 +154,23 @@ def test_a_page_pool_past_two_giga_elements_is_addressed_in_64_bits():
     line = next(ln for ln in made.for_sizes(**big).source(**big).splitlines()
                 if "tl.load(k_pages" in ln)
     assert "), 0), 32768).to(tl.int64) * 65536" in line, line
+
+
+def test_a_head_read_by_the_keys_both_as_itself_and_by_its_group_is_not_folded():
+    """k[b, h // 2, j, d] and v[b, h, j, e]: no fold of h serves both reads (one by one would
+    read k's h // 2 as h); the batch axis, read only as itself, is folded by one instead."""
+    from tensorfuse.kernels import softmax_attend
+
+    @tf.kernel
+    def mixed(q: T.Tensor["B", "H", "D", "bf16"], k: T.Tensor["B", "HK", "N", "D", "bf16"],
+              v: T.Tensor["B", "H", "N", "D", "bf16"]):
+        b, h, j, d, e = T.axes("b h j d e")
+        s = T.sum(q[b, h, d] * k[b, h // 2, j, d], over=d)
+        return softmax_attend(s, v[b, h, j, e], j)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the fused precision note of softmax_attend
+        plan = plan_of(mixed, B=2, H=4, HK=2, N=64, D=32)
+    assert (plan.fold[0].name, plan.fold[1]) == ("b", 1)
+    right = [str(c.right.key()) for c in plan.locals.values()]
+    assert "'floordiv'" in right[0] and "__group_b" in right[0], right
