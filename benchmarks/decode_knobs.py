@@ -77,8 +77,42 @@ def _knobs(rows: int, batch: int, keys: int):
             yield tile_m, tile_n, warps, stages, s
 
 
+def measure(bench_name: str, name: str, shape: str, calls: dict, candidates: dict, warm,
+            run, ref, alternatives: dict, moved: float, pool, log=print) -> list[Row]:
+    """Rows of ``bench_name/name``: ``calls`` (label → callable, the alternatives among them run
+    as they are, the others through ``run``) and ``candidates`` (label → a kernel, compiled ahead
+    on all the CPUs through ``warm``), each checked against float64 ``ref`` (a wrong or failing
+    one reported, not timed), timed from a CUDA graph; the fastest eight printed beside the
+    default and the alternatives."""
+    from tensorfuse.targets.triton.compile_pool import compiled_as_ready
+
+    calls = dict(calls)
+    for label, _ in compiled_as_ready(pool, list(candidates), lambda k: warm(candidates[k])):
+        calls[label] = candidates[label]   # in the order their compiles finish
+    timed, out = [], []
+    for label, f in calls.items():
+        call = f if label in alternatives else (lambda f=f: run(f))
+        try:
+            got = call()
+            err = float((got.double() - ref).abs().max() / ref.abs().max())
+            ms = bench_graph(call, 100)
+        except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported
+            log(f"{name} {label}: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        if err > 2e-2:
+            log(f"{name} {label}: WRONG, error {err:.1e}")
+            continue
+        timed.append((ms, label))
+        out.append(Row(f"{bench_name}/{name}", shape, label, ms, 0.0, moved / ms / 1e6, 0.0,
+                       f"err {err:.1e}"))
+    timed.sort()
+    for ms, label in timed[:8] + [t for t in timed if t[1] == "default" or t[1] in alternatives]:
+        log(f"{name:<10} {label:<34} {ms:8.4f} ms {moved / ms / 1e6:7.0f} GB/s")
+    return out
+
+
 def run(only, log=print, defaults: bool = False) -> list[Row]:
-    from tensorfuse.targets.triton.compile_pool import CompilePool, compiled_as_ready
+    from tensorfuse.targets.triton.compile_pool import CompilePool
 
     spec = get_target("cuda:sm_90a")
     generator = torch.Generator().manual_seed(0)
@@ -91,37 +125,13 @@ def run(only, log=print, defaults: bool = False) -> list[Row]:
             fusion = Fusion(("m", "o", "l"), axis, DEFAULT_CHUNK)
             keys = math.prod(v for k, v in sizes.items() if k in ("N", "NP", "PAGE"))
             knobs = [] if defaults else list(_knobs(rows, batch, keys))
-            made = {k: attention(kernel, fusion, spec, tile_m=k[0], tile_n=k[1], num_warps=k[2],
-                                 num_stages=k[3], splits=k[4]) for k in knobs}
-            calls = {"default": tf.compile(paged_decode if name == "paged" else kernel)}
-            calls.update(sdpa)
-
-            def warm(k):
-                made[k].warm(*args, scale=scale)
-                return made[k]
-            timed = []
-            for k, cand in compiled_as_ready(pool, knobs, warm):
-                calls[f"m{k[0]} n{k[1]} w{k[2]} s{k[3]} splits{k[4]}"] = cand
-            for label, f in calls.items():
-                call = f if label in sdpa else \
-                    (lambda f=f: f(*args, scale=scale))
-                try:
-                    got = call()
-                    err = float((got.double() - ref).abs().max() / ref.abs().max())
-                    ms = bench_graph(call, 100)
-                except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported
-                    log(f"{name} {label}: {type(exc).__name__}: {str(exc)[:200]}")
-                    continue
-                if err > 2e-2:
-                    log(f"{name} {label}: WRONG, error {err:.1e}")
-                    continue
-                timed.append((ms, label, err))
-                out.append(Row(f"decode_knobs/{name}", shape, label, ms, 0.0, moved / ms / 1e6,
-                               0.0, f"err {err:.1e}"))
-            timed.sort()
-            for ms, label, err in timed[:8] + [t for t in timed if t[1] == "default" or
-                                                 t[1] in sdpa]:
-                log(f"{name:<6} {label:<34} {ms:8.4f} ms {moved / ms / 1e6:7.0f} GB/s")
+            made = {f"m{k[0]} n{k[1]} w{k[2]} s{k[3]} splits{k[4]}":
+                    attention(kernel, fusion, spec, tile_m=k[0], tile_n=k[1], num_warps=k[2],
+                              num_stages=k[3], splits=k[4]) for k in knobs}
+            calls = {"default": tf.compile(paged_decode if name == "paged" else kernel), **sdpa}
+            out += measure("decode_knobs", name, shape, calls, made,
+                           lambda cand: cand.warm(*args, scale=scale),
+                           lambda f: f(*args, scale=scale), ref, sdpa, moved, pool, log)
     finally:
         pool.close()
     return out

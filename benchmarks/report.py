@@ -262,6 +262,10 @@ SECTIONS = (
     ("decode-knobs", "The split update's knobs on the suite's decodes",
      "bf16; GB/s of the cache read; every candidate checked against float64, timed from a CUDA "
      "graph; `default` is `tf.compile`'s choice", "python -m benchmarks.decode_knobs"),
+    ("strided-rows-knobs", "The row template's knobs across a strided axis",
+     "bf16; GB/s of the bytes each kernel must move; every candidate checked against float64, "
+     "timed from a CUDA graph; `default` is `tf.compile`'s choice",
+     "python -m benchmarks.strided_rows_knobs"),
     ("gemm", "GEMM (the Hopper GEMM template)", "bf16; TFLOP/s", "python -m benchmarks.gemm"),
     ("gemm-ffn", "FFN blocks (two Hopper GEMMs, the activation fused)",
      "bf16, K=4096, N=14336, O=4096", "python -m benchmarks.gemm --ffn"),

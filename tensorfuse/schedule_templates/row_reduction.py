@@ -36,21 +36,28 @@ def rows_contiguous(plan: RowTilePlan) -> bool:
     return False
 
 
-# Reducing across a strided axis: tiles of 64 contiguous rows × up to 256 columns, 8 warps. On
-# the H200, log-softmax over C=150 of [8, 150, 65536] bf16 (``benchmarks.user_kernels``):
-# 8 rows × 256 (the row-major default) 988 GB/s, 16 × 256 2075, 64 × 256 2524 (torch.compile
-# 1990), 64 × 64 swept 2057, 128 × 32 swept 1479.
-CONTIGUOUS_ROWS, CONTIGUOUS_ROWS_BLOCK = 64, 256
+# Reducing across a strided axis: tiles of 64 contiguous rows × the whole row where the tile
+# holds up to 32k elements, else blocks of 256, a warp per 4096 elements of the tile (at least
+# 4: 64 × 512 with 4 spilled 820-1074 bytes, ptxas sm_90a), the row kept in registers (not read
+# again). On the H200 (``benchmarks.strided_rows_knobs``, GPU time, bf16): log-softmax over
+# C=150 of [8, 150, 65536] 0.121 → 0.082 ms with 4 warps instead of 8 (read again: 0.086;
+# torch.compile 0.156); layer norm over D=1024 of [8, 1024, 4096] 0.074 → 0.062 (32 × 512:
+# 0.060; torch.compile 0.063); the max over S=512 of [64, 512, 4096] 0.0635 in one block of 512
+# with 8 warps (64 × 256 with 8 warps 0.064, with 4 0.070; torch.compile 0.062). Before:
+# 8 rows × 256 (the row-major default) 988 GB/s on the log-softmax, 16 × 256 2075, 64 × 256
+# 2524, 64 × 64 swept 2057, 128 × 32 swept 1479 (``benchmarks.user_kernels``).
+CONTIGUOUS_ROWS, CONTIGUOUS_ROWS_BLOCK, CONTIGUOUS_TILE = 64, 256, 32768
 
 
 def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     cols = plan.cols
     block_n = _whole_row_block(cols)
     if target.kind == "cuda" and rows_contiguous(plan):
-        block_n = min(block_n, CONTIGUOUS_ROWS_BLOCK)
-        return Knobs(block_m=CONTIGUOUS_ROWS, block_n=block_n, num_warps=8,
-                     num_stages=1 if cols <= block_n else 2,
-                     reload=int(cols <= block_n and reloadable(plan)))
+        if CONTIGUOUS_ROWS * block_n > CONTIGUOUS_TILE:
+            block_n = CONTIGUOUS_ROWS_BLOCK
+        return Knobs(block_m=CONTIGUOUS_ROWS, block_n=block_n,
+                     num_warps=max(4, CONTIGUOUS_ROWS * block_n // 4096),
+                     num_stages=1 if cols <= block_n else 2, reload=0)
     # a row of 4097-8192 columns whose states are sums kept per lane (RMSNorm's Σx²): swept in
     # two blocks of 4096 by 16 warps, read twice (held in L2 between the passes) — Inductor's
     # shape; RMSNorm over 8192 at 1.0004x torch.compile against 0.997x in one block, the scaled

@@ -2,16 +2,13 @@
 swept over its pages and slots — and their float64 references (torch, never the project's
 lowering): shared by the tests of their plans and their check under Triton's interpreter
 (``python -m tests.schedule_templates.decode_layouts SEED`` with ``TRITON_INTERPRET=1``)."""
-import json
-import os
-import sys
-
 import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.kernels import softmax_attend
 from benchmarks.user_kernels import gqa_decode, mqa_decode, paged_decode
+from tests.helpers import interpreter_main
 
 
 @tf.kernel
@@ -101,10 +98,6 @@ CASES = {"gqa_decode": (gqa_decode, gqa_case), "mha_decode": (mha_decode, mha_ca
          "paged_lengths_decode": (paged_lengths_decode, paged_lengths_case)}
 
 
-def relative_error(out, want) -> float:
-    return float((out.double().cpu() - want.cpu()).abs().max() / want.abs().max())
-
-
 def templated(kernel):
     """``kernel`` as ``tf.compile`` makes it for sm_90a with its Triton template run (by the
     interpreter here: what picks between a template and TVM's CUDA needs a GPU)."""
@@ -118,10 +111,4 @@ def templated(kernel):
 
 
 if __name__ == "__main__":
-    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    generator = torch.Generator().manual_seed(int(sys.argv[1]))
-    errors = {}
-    for name, (kernel, case) in CASES.items():
-        args, want = case(generator)
-        errors[name] = relative_error(templated(kernel)(**args), want)
-    print(json.dumps(errors))
+    interpreter_main(CASES, templated)

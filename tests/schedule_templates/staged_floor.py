@@ -11,6 +11,7 @@ import torch
 import tensorfuse as tf
 from tensorfuse import dsl as T
 from benchmarks.user_kernels import max_pool_l2, paged_decode, segment_mean
+from tests.helpers import relative_error
 
 
 @tf.kernel
@@ -69,10 +70,6 @@ CASES = {"max_pool_l2": (max_pool_l2, max_pool_l2_case),
          "paged_decode": (paged_decode, paged_decode_case),
          "segment_mean": (segment_mean, segment_mean_case)}
 STAGED = {"max_pool_l2", "group_norm_nested", "paged_decode"}   # the rest a template takes whole
-
-
-def relative_error(out, want) -> float:
-    return float((out.double().cpu() - want.cpu()).abs().max() / want.abs().max())
 
 
 def interpreted(kernel):

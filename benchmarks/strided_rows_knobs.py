@@ -1,0 +1,122 @@
+"""The row template's knobs where a chain reduces across a strided axis (the tile's neighbouring
+rows, not its columns, are neighbours in memory): the user suite's layer norm over the channels
+of ``[B, D, S]``, log-softmax over the channels of ``[B, C, P]`` and the max over tokens of
+``[B, S, D]`` (max-pool's first stage); each candidate checked against float64 and timed from a
+CUDA graph beside ``tf.compile``'s default and torch.compile: what
+``row_reduction.CONTIGUOUS_ROWS`` and its block are chosen from.
+
+    python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import types
+
+import torch
+
+import tensorfuse as tf
+from benchmarks.common import Row, write_csv
+from benchmarks.decode_knobs import measure
+from benchmarks.user_kernels import layernorm_channels, log_softmax_channels, max_pool_l2
+from tensorfuse.schedule_templates.auto import choose
+from tensorfuse.schedule_templates.row_reduction import row_reduction
+from tensorfuse.schedule_templates.stages import plan_stages
+from tensorfuse.targets import get_target
+
+SPEC = get_target("cuda:sm_90a")
+
+
+def _cases(generator, only):
+    """(name, shape, kernel, args, float64 reference, torch.compile's call, bytes moved)."""
+    if "layernorm" in only:
+        B, D, S = 8, 1024, 4096
+        x = (torch.randn(B, D, S, generator=generator) * 2 + 3).to("cuda", torch.bfloat16)
+        w = (torch.rand(D, generator=generator) + 0.5).to("cuda", torch.bfloat16)
+        bias = torch.randn(D, generator=generator).to("cuda", torch.bfloat16)
+
+        def norm(t, weight, shift):
+            return torch.nn.functional.layer_norm(t.transpose(1, 2), (t.shape[1],), weight,
+                                                  shift, 1e-5).transpose(1, 2)
+        yield ("layernorm", f"B{B} D{D} S{S} (over D)", layernorm_channels,
+               dict(x=x, w=w, bias=bias, eps=1e-5), norm(x.double(), w.double(), bias.double()),
+               torch.compile(norm), (x, w, bias), 2 * x.numel() * 2)
+    if "log_softmax" in only:
+        B, C, P = 8, 150, 65536
+        x = (torch.randn(B, C, P, generator=generator) * 4).to("cuda", torch.bfloat16)
+
+        def log_softmax(t):
+            return torch.log_softmax(t.float(), 1).to(t.dtype)
+        yield ("log_softmax", f"B{B} C{C} P{P} (over C)", log_softmax_channels, dict(x=x),
+               torch.log_softmax(x.double(), 1), torch.compile(log_softmax), (x,),
+               2 * x.numel() * 2)
+    if "max_pool" in only:   # the pool stage: the max over S, the tokens strided by D
+        B, S, D = 64, 512, 4096
+        x = (torch.randn(B, S, D, generator=generator) * 3).to("cuda", torch.bfloat16)
+        first = plan_stages(max_pool_l2.program, lambda p: choose(p, SPEC) is not None)[0]
+        stage = types.SimpleNamespace(program=first.program, fn=None, name=first.program.name)
+
+        def pooled(t):
+            return t.float().amax(1)
+        yield ("max_pool", f"B{B} S{S} D{D} (max over S)", stage, dict(x=x),
+               x.double().amax(1), torch.compile(pooled), (x,), x.numel() * 2 + B * D * 4)
+
+
+def _knobs(cols: int):
+    """Candidate (rows, block, warps, stages, reload): tiles of 2k to 32k elements, the block up
+    to the whole row; reload only where the row is one block."""
+    whole = 1 << max(4, (cols - 1).bit_length())
+    for rows, block in itertools.product((16, 32, 64, 128, 256), (64, 128, 256, 512, 1024)):
+        if not 2048 <= rows * block <= 32768 or block > whole:
+            continue
+        for warps, stages in itertools.product((4, 8), (1, 2)):
+            yield rows, block, warps, stages, 0
+            if block >= cols:
+                yield rows, block, warps, stages, 1
+
+
+def run(only, log=print) -> list[Row]:
+    from tensorfuse.targets.triton.compile_pool import CompilePool
+
+    generator = torch.Generator().manual_seed(0)
+    out: list[Row] = []
+    pool = CompilePool()
+    try:
+        for name, shape, kernel, args, ref, compiled, eager_args, moved in \
+                _cases(generator, only):
+            _, fusion = choose(kernel.program, SPEC)
+            made = row_reduction(kernel, fusion, SPEC)
+            plan = made.planner.plan({n: int(v) for n, v in _dims(kernel, args).items()})
+            made = {f"r{k[0]} b{k[1]} w{k[2]} s{k[3]}" + (" reload" if k[4] else ""):
+                    row_reduction(kernel, fusion, SPEC, rows=k[0], block=k[1], num_warps=k[2],
+                                  num_stages=k[3], reload=bool(k[4]))
+                    for k in _knobs(plan.cols)}
+            alternatives = {"torch_compile": lambda c=compiled, a=eager_args: c(*a)}
+            calls = {"default": tf.compile(kernel), **alternatives}
+            out += measure("strided_rows_knobs", name, shape, calls, made,
+                           lambda cand: cand.warm(**args), lambda f: f(**args), ref,
+                           alternatives, moved, pool, log)
+    finally:
+        pool.close()
+    return out
+
+
+def _dims(kernel, args: dict) -> dict:
+    from tensorfuse.binding import bind_call
+
+    return bind_call(kernel.program, (), args, "cuda").dims
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="layernorm,log_softmax,max_pool")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    rows = run(args.only.split(","))
+    device = torch.cuda.get_device_name().replace(" ", "_")
+    write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-strided-rows-knobs.csv")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Reductions across a strided axis as users write them (the suite's log-softmax over the
+channels of ``[B, C, P]``, layer norm over the channels of ``[B, D, S]``, QK-norm over the head
+dim of ``[B, S, H, D]``) and their float64 references (torch, never the project's lowering):
+shared by their tests and the check under Triton's interpreter
+(``python -m tests.schedule_templates.strided_rows SEED`` with ``TRITON_INTERPRET=1``)."""
+import torch
+
+import tensorfuse as tf
+from benchmarks.user_kernels import layernorm_channels, log_softmax_channels, qk_norm_bshd
+from tests.helpers import interpreter_main
+
+
+def log_softmax_case(generator, B=2, C=37, P=150, width=6.0):
+    x = (torch.randn(B, C, P, generator=generator) * width).to(torch.bfloat16)
+    return {"x": x}, torch.log_softmax(x.double(), 1)
+
+
+def layernorm_case(generator, B=2, D=300, S=77, width=3.0):
+    """D=300: swept in two blocks of 256, the second ragged."""
+    x = (torch.randn(B, D, S, generator=generator) * width + width).to(torch.bfloat16)
+    w = (torch.rand(D, generator=generator) + 0.5).to(torch.bfloat16)
+    bias = torch.randn(D, generator=generator).to(torch.bfloat16)
+    xd = x.double()
+    mean = xd.mean(1, keepdim=True)
+    var = ((xd - mean) ** 2).mean(1, keepdim=True)
+    want = (xd - mean) / torch.sqrt(var + 1e-5) * w.double()[:, None] + bias.double()[:, None]
+    return {"x": x, "w": w, "bias": bias, "eps": 1e-5}, want
+
+
+def qk_norm_case(generator, B=2, S=19, H=3, D=64, width=3.0):
+    x = (torch.randn(B, S, H, D, generator=generator) * width).to(torch.bfloat16)
+    w = (torch.rand(D, generator=generator) + 0.5).to(torch.bfloat16)
+    xd = x.double()
+    want = xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-6) * w.double()
+    return {"x": x, "w": w, "eps": 1e-6}, want
+
+
+CASES = {"log_softmax_channels": (log_softmax_channels, log_softmax_case),
+         "layernorm_channels": (layernorm_channels, layernorm_case),
+         "qk_norm_bshd": (qk_norm_bshd, qk_norm_case)}
+
+
+if __name__ == "__main__":
+    interpreter_main(CASES, lambda kernel: tf.compile(kernel, target="cuda:sm_90a").template)

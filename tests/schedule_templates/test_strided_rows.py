@@ -1,0 +1,77 @@
+"""The row template across a strided axis (``row_reduction.rows_contiguous``): its tiles and
+warps, their sm_90a code without spills, and float64 checks on the CPU target, under Triton's
+interpreter and on the GPU."""
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+
+import tensorfuse as tf
+from tensorfuse.schedule_templates.row_reduction import CONTIGUOUS_TILE
+from tests.helpers import fresh_seed, relative_error, run_interpreted
+from tests.schedule_templates.strided_rows import (CASES, layernorm_channels,
+                                                   log_softmax_channels)
+
+
+def knobs_of(kernel, **dims):
+    return tf.compile(kernel, target="cuda:sm_90a").template.build(**dims)[1]
+
+
+def test_strided_rows_are_64_contiguous_rows_by_the_whole_row_or_blocks_of_256():
+    whole = knobs_of(log_softmax_channels, B=8, C=150, P=65536)   # 64 × 256: 4 warps
+    assert (whole.block_m, whole.block_n, whole.num_warps, whole.num_stages, whole.reload) == \
+        (64, 256, 4, 1, 0)
+    wider = knobs_of(layernorm_channels, B=8, D=512, S=4096)      # 64 × 512: 8 warps
+    assert (wider.block_m, wider.block_n, wider.num_warps) == (64, 512, 8)
+    swept = knobs_of(layernorm_channels, B=8, D=1024, S=4096)     # swept in blocks of 256
+    assert (swept.block_m, swept.block_n, swept.num_warps, swept.num_stages) == (64, 256, 4, 2)
+    assert 64 * 1024 > CONTIGUOUS_TILE >= 64 * 512
+
+
+@pytest.mark.parametrize("D", [512, 1024])
+def test_strided_row_tiles_compile_for_sm_90a_without_spills(D):
+    """64 × 512 tiles with 4 warps spilled 820 bytes (ptxas); the default warps keep them in
+    registers."""
+    import tempfile
+
+    import triton
+
+    ptx = tf.compile(layernorm_channels, target="cuda:sm_90a").template.ptx(B=8, D=D, S=4096)
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        done = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                              capture_output=True, text=True, check=True)
+    finally:
+        os.unlink(f.name)
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", done.stderr)]
+    assert spills and not any(spills), done.stderr
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_strided_rows_match_float64_on_the_cpu_target(name):
+    kernel, case = CASES[name]
+    seed = fresh_seed()
+    args, want = case(torch.Generator().manual_seed(seed))
+    assert relative_error(tf.compile(kernel, target="cpu")(**args), want) < 2e-2, seed
+
+
+def test_strided_row_templates_match_float64_in_the_interpreter():
+    seed = fresh_seed()
+    errors = run_interpreted("tests.schedule_templates.strided_rows", seed)
+    assert set(errors) == set(CASES), errors
+    assert max(errors.values()) < 2e-2, (errors, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_strided_rows_match_float64_on_the_gpu(name):
+    kernel, case = CASES[name]
+    seed = fresh_seed()
+    args, want = case(torch.Generator().manual_seed(seed))
+    args = {n: a.cuda() if isinstance(a, torch.Tensor) else a for n, a in args.items()}
+    made = tf.compile(kernel)
+    assert relative_error(made(**args), want) < 2e-2, seed
