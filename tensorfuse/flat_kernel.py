@@ -25,7 +25,11 @@ class FlatSweepKernel(GraphCallable):
         self.description = (f"{', '.join(a.name for a in self.group)} swept as one axis of "
                             f"{self.swept} elements")
         self._kernels: dict = {}   # the group's extents -> the flat program's kernel
-        self._by_key: dict = {}    # a call's signature key -> that kernel
+        self._by_key: dict = {}    # a call's signature key -> (that kernel, output shapes)
+        ids = {a.uid for a in self.group}
+        # outputs over the group's axes: written over the one axis, given their shape back
+        self._reshaped = [k for k, c in enumerate(program.outputs)
+                          if any(a.uid in ids for a in c.axes)]
 
     def __repr__(self) -> str:
         return f"<FlatSweepKernel {self.program.name} for {self.target.name}: {self.description}>"
@@ -40,20 +44,46 @@ class FlatSweepKernel(GraphCallable):
         return self._kernels[at]
 
     def invoke(self, key, args: tuple, kwargs: dict):
+        if "out" in kwargs:   # checked against the user's shapes, filled from the flat results
+            return self._into(args, kwargs)
         if key is False:
             key = signature_key(args, kwargs)
-        chosen = self._by_key.get(key) if key is not None else None
-        if chosen is None:
-            # Triton's interpreter runs a GPU target's kernels on CPU arrays; else a missing GPU
-            # is the first thing to report
-            device = "cpu" if self.target.kind == "llvm" or interpreting() else self.target.kind
-            if device != "cpu":
-                self.target.device()
-            bound = bind_call(self.program, args, kwargs, device)
-            chosen = self.for_sizes(**bound.dims)
+        found = self._by_key.get(key) if key is not None else None
+        if found is None:
+            bound = bind_call(self.program, args, kwargs, self._device())
+            found = self.for_sizes(**bound.dims), self._shapes(bound.dims)
             if key is not None:
-                self._by_key[key] = chosen
-        return chosen.invoke(key, args, kwargs)
+                self._by_key[key] = found
+        chosen, shapes = found
+        made = chosen.invoke(key, args, kwargs)
+        if not shapes:
+            return made
+        made = list(made) if isinstance(made, tuple) else [made]
+        for k, shape in shapes:
+            made[k] = made[k].reshape(shape)
+        return made[0] if len(made) == 1 else tuple(made)
+
+    def _device(self) -> str:
+        """Where the call's arrays must be: Triton's interpreter runs a GPU target's kernels on
+        CPU arrays; else a missing GPU is the first thing to report."""
+        device = "cpu" if self.target.kind == "llvm" or interpreting() else self.target.kind
+        if device != "cpu":
+            self.target.device()
+        return device
+
+    def _shapes(self, dims: dict) -> list[tuple[int, tuple[int, ...]]]:
+        """(output index, its shape at ``dims``) of the outputs written over the one axis."""
+        return [(k, tuple(a.extent if isinstance(a.extent, int) else dims[a.extent]
+                          for a in self.program.outputs[k].axes)) for k in self._reshaped]
+
+    def _into(self, args: tuple, kwargs: dict):
+        bound = bind_call(self.program, args, kwargs, self._device())
+        rest = {n: v for n, v in kwargs.items() if n != "out"}
+        made = self.invoke(False, args, rest)
+        made = made if isinstance(made, tuple) else (made,)
+        for out, result in zip(bound.outs, made):
+            out[...] = result
+        return bound.outs[0] if len(bound.outs) == 1 else tuple(bound.outs)
 
     def schedule_origin(self, **dims) -> str:
         """How the axes are swept, and the flat kernel's schedule at these sizes."""

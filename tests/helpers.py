@@ -111,3 +111,17 @@ def interpreter_main(cases: dict, made) -> None:
         args, want = case(generator)
         errors[name] = relative_error(made(kernel)(**args), want)
     print(json.dumps(errors))
+
+
+def templated(kernel):
+    """``kernel`` as ``tf.compile`` makes it for sm_90a with its Triton template called (run by
+    Triton's interpreter on the CPU: what picks between a template and TVM's CUDA needs a GPU);
+    a kernel swept over several axes as one gets each flat kernel's template."""
+    import tensorfuse as tf
+    from tensorfuse.flat_kernel import FlatSweepKernel
+
+    made = tf.compile(kernel, target="cuda:sm_90a")
+    if isinstance(made, FlatSweepKernel):
+        return FlatSweepKernel(made.program, made.target, made.group,
+                               lambda sizes: made.for_sizes(**sizes).template)
+    return made.template

@@ -212,8 +212,10 @@ def _nested(x: T.Tensor["B", "M", "N", "f32"]):
 
 @tf.kernel
 def _over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
+    """A sum over two axes at once, reduced in the other order than the output holds them: not
+    swept as one axis (the flat result would be no view of the output)."""
     b, i, j = T.axes("b i j")
-    return x[b, i, j] - T.sum(x[b, i, j], over=(i, j))
+    return x[b, i, j] - T.sum(x[b, i, j], over=(j, i))
 
 
 def _compiled_for_sm80(kernel):

@@ -9,8 +9,12 @@ table read as ``table[b, j // T]``, a slot as ``j % T``). The rewrite is exact, 
 approximation: the sum, max or rolled state over the product of the axes visits the same
 elements, in the order of ``j`` (row-major: the last axis fastest).
 
-It refuses (returns ``None``) where the axes are not always reduced together: a compute over one
-of them without the others, an output over them, or two different groups of several axes.
+An output over the axes holds them next to each other, in the order reduced (a group norm's
+``out[b, g, c, p]``): the flat program writes it over the one axis, a view of the same
+memory, and :class:`tensorfuse.flat_kernel.FlatSweepKernel` gives it its own shape back. It
+refuses (returns ``None``) where the axes are not always reduced together: a compute over one of
+them without the others, an output holding them apart or in another order, or two different
+groups of several axes.
 """
 from __future__ import annotations
 
@@ -30,14 +34,24 @@ def swept_together(program: Program) -> tuple[Axis, ...] | None:
         return None
     (group,) = groups.values()
     ids = {a.uid for a in group}
+    order = [a.uid for a in group]
     for c in program.computes:
         held = {a.uid for a in c.axes + c.over} & ids
-        if held and (held != ids or c.is_output):
+        if held and held != ids:
             return None
+        if c.is_output and held and not _adjacent(c.axes, order):
+            return None   # its flat result would not be a view of the output it writes
         if c.is_reduction and {a.uid for a in c.over} & ids and \
                 [a.uid for a in c.over if a.uid in ids] != [a.uid for a in group]:
             return None
     return group
+
+
+def _adjacent(axes: tuple[Axis, ...], order: list[int]) -> bool:
+    """Whether ``axes`` hold the axes ``order`` names next to each other, in that order."""
+    uids = [a.uid for a in axes]
+    at = uids.index(order[0]) if order[0] in uids else -1
+    return at >= 0 and uids[at:at + len(order)] == order
 
 
 def flatten_sweeps(program: Program, sizes: dict) -> Program | None:

@@ -8,7 +8,7 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.kernels import softmax_attend
 from benchmarks.user_kernels import gqa_decode, mqa_decode, paged_decode
-from tests.helpers import interpreter_main
+from tests.helpers import interpreter_main, templated
 
 
 @tf.kernel
@@ -96,18 +96,6 @@ def paged_case(generator):
 CASES = {"gqa_decode": (gqa_decode, gqa_case), "mha_decode": (mha_decode, mha_case),
          "mqa_decode": (mqa_decode, mqa_case), "paged_decode": (paged_decode, paged_case),
          "paged_lengths_decode": (paged_lengths_decode, paged_lengths_case)}
-
-
-def templated(kernel):
-    """``kernel`` as ``tf.compile`` makes it for sm_90a with its Triton template run (by the
-    interpreter here: what picks between a template and TVM's CUDA needs a GPU)."""
-    from tensorfuse.flat_kernel import FlatSweepKernel
-
-    made = tf.compile(kernel, target="cuda:sm_90a")
-    if isinstance(made, FlatSweepKernel):   # each flat kernel's template
-        return FlatSweepKernel(made.program, made.target, made.group,
-                               lambda sizes: made.for_sizes(**sizes).template)
-    return made.template
 
 
 if __name__ == "__main__":

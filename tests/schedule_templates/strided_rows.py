@@ -1,13 +1,14 @@
-"""Reductions across a strided axis as users write them (the suite's log-softmax over the
-channels of ``[B, C, P]``, layer norm over the channels of ``[B, D, S]``, QK-norm over the head
-dim of ``[B, S, H, D]``) and their float64 references (torch, never the project's lowering):
+"""Reductions across a strided axis and over several axes as users write them (the suite's
+log-softmax over the channels of ``[B, C, P]``, layer norm over the channels of ``[B, D, S]``,
+QK-norm over the head dim of ``[B, S, H, D]``, group norm over two axes at once) and their float64
+references (torch, never the project's lowering):
 shared by their tests and the check under Triton's interpreter
 (``python -m tests.schedule_templates.strided_rows SEED`` with ``TRITON_INTERPRET=1``)."""
 import torch
 
-import tensorfuse as tf
-from benchmarks.user_kernels import layernorm_channels, log_softmax_channels, qk_norm_bshd
-from tests.helpers import interpreter_main
+from benchmarks.user_kernels import (group_norm, layernorm_channels, log_softmax_channels,
+                                     qk_norm_bshd)
+from tests.helpers import interpreter_main, templated
 
 
 def log_softmax_case(generator, B=2, C=37, P=150, width=6.0):
@@ -35,10 +36,24 @@ def qk_norm_case(generator, B=2, S=19, H=3, D=64, width=3.0):
     return {"x": x, "w": w, "eps": 1e-6}, want
 
 
+def group_norm_case(generator, B=2, G=3, C=5, P=67, width=3.0):
+    """C·P = 335: the flat axis swept in blocks, the last ragged."""
+    x = (torch.randn(B, G, C, P, generator=generator) * width + width).to(torch.bfloat16)
+    w = (torch.rand(G, C, generator=generator) + 0.5).to(torch.bfloat16)
+    bias = torch.randn(G, C, generator=generator).to(torch.bfloat16)
+    xd = x.double()
+    mean = xd.mean((2, 3), keepdim=True)
+    var = ((xd - mean) ** 2).mean((2, 3), keepdim=True)
+    want = (xd - mean) / torch.sqrt(var + 1e-5) * w.double()[None, :, :, None] + \
+        bias.double()[None, :, :, None]
+    return {"x": x, "w": w, "bias": bias, "eps": 1e-5}, want
+
+
 CASES = {"log_softmax_channels": (log_softmax_channels, log_softmax_case),
          "layernorm_channels": (layernorm_channels, layernorm_case),
-         "qk_norm_bshd": (qk_norm_bshd, qk_norm_case)}
+         "qk_norm_bshd": (qk_norm_bshd, qk_norm_case),
+         "group_norm": (group_norm, group_norm_case)}
 
 
 if __name__ == "__main__":
-    interpreter_main(CASES, lambda kernel: tf.compile(kernel, target="cuda:sm_90a").template)
+    interpreter_main(CASES, templated)

@@ -16,9 +16,8 @@ from tensorfuse.schedule_templates.attention import SMS, default_knobs, is_decod
 from tensorfuse.schedule_templates.flat_sweeps import flatten_sweeps, swept_together
 from tensorfuse.schedule_templates.tile_plan import plan_rowtile
 from tensorfuse.targets import get_target
-from tests.helpers import fresh_seed, relative_error, run_interpreted
-from tests.schedule_templates.decode_layouts import (CASES, paged_decode, paged_lengths_decode,
-                                                     templated)
+from tests.helpers import fresh_seed, relative_error, run_interpreted, templated
+from tests.schedule_templates.decode_layouts import CASES, paged_decode, paged_lengths_decode
 
 HOPPER = get_target("cuda:sm_90a")
 PAGED = dict(B=8, H=32, HKV=8, D=128, PAGES=4096, PAGE=64, NP=512)

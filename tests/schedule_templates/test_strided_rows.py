@@ -1,6 +1,7 @@
-"""The row template across a strided axis (``row_reduction.rows_contiguous``): its tiles and
-warps, their sm_90a code without spills, and float64 checks on the CPU target, under Triton's
-interpreter and on the GPU."""
+"""The row template across a strided axis (``row_reduction.rows_contiguous``) and over two axes
+swept as one (a group norm): tiles and warps, sm_90a code without spills, the flat output given
+its shape back, and float64 checks on the CPU target, under Triton's interpreter and on the
+GPU."""
 import os
 import re
 import subprocess
@@ -10,9 +11,9 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse.schedule_templates.row_reduction import CONTIGUOUS_TILE
-from tests.helpers import fresh_seed, relative_error, run_interpreted
-from tests.schedule_templates.strided_rows import (CASES, layernorm_channels,
-                                                   log_softmax_channels)
+from tests.helpers import fresh_seed, relative_error, run_interpreted, templated
+from tests.schedule_templates.strided_rows import (CASES, group_norm, group_norm_case,
+                                                   layernorm_channels, log_softmax_channels)
 
 
 def knobs_of(kernel, **dims):
@@ -51,6 +52,17 @@ def test_strided_row_tiles_compile_for_sm_90a_without_spills(D):
     assert spills and not any(spills), done.stderr
 
 
+def test_a_group_norm_is_swept_over_its_two_axes_as_one_and_written_in_its_shape():
+    from tensorfuse.flat_kernel import FlatSweepKernel
+    from tensorfuse.schedule_templates.flat_sweeps import flatten_sweeps
+
+    flat = flatten_sweeps(group_norm.program, dict(B=2, G=3, C=5, P=67))
+    assert [a.name for a in flat.outputs[0].axes] == ["b", "g", "cp"]
+    made = templated(group_norm)
+    assert isinstance(made, FlatSweepKernel)
+    assert made._shapes(dict(B=2, G=3, C=5, P=67)) == [(0, (2, 3, 5, 67))]
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_strided_rows_match_float64_on_the_cpu_target(name):
     kernel, case = CASES[name]
@@ -75,3 +87,18 @@ def test_strided_rows_match_float64_on_the_gpu(name):
     args = {n: a.cuda() if isinstance(a, torch.Tensor) else a for n, a in args.items()}
     made = tf.compile(kernel)
     assert relative_error(made(**args), want) < 2e-2, seed
+
+
+@pytest.mark.gpu
+def test_a_flat_swept_group_norm_fills_out_in_its_own_shape_on_the_gpu():
+    from tensorfuse.errors import CallError
+
+    args, want = group_norm_case(torch.Generator().manual_seed(fresh_seed()))
+    args = {n: a.cuda() if isinstance(a, torch.Tensor) else a for n, a in args.items()}
+    made = tf.compile(group_norm)
+    out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert made(**args, out=out) is out
+    assert relative_error(out, want) < 2e-2
+    # out= is checked against the user's shape, not the flat one
+    with pytest.raises(CallError, match="out= for output out must have shape"):
+        made(**args, out=torch.empty(2, 3, 335, dtype=torch.bfloat16, device="cuda"))
