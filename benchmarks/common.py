@@ -143,3 +143,38 @@ def write_csv(rows: list[Row], path: str) -> None:
         writer.writeheader()
         for r in rows:
             writer.writerow({**asdict(r), "implementation": canonical_label(r.implementation)})
+
+
+def measure_candidates(bench_name: str, name: str, shape: str, calls: dict, candidates: dict,
+                       warm, run, ref, alternatives: dict, moved: float, pool,
+                       log=print) -> list[Row]:
+    """Rows of ``bench_name/name``: ``calls`` (label → callable, the alternatives among them run
+    as they are, the others through ``run``) and ``candidates`` (label → a kernel, compiled ahead
+    on all the CPUs through ``warm``), each checked against float64 ``ref`` (a wrong or failing
+    one reported, not timed), timed from a CUDA graph; the fastest eight printed beside the
+    default and the alternatives."""
+    from tensorfuse.targets.triton.compile_pool import compiled_as_ready
+
+    calls = dict(calls)
+    for label, _ in compiled_as_ready(pool, list(candidates), lambda k: warm(candidates[k])):
+        calls[label] = candidates[label]   # in the order their compiles finish
+    timed, out = [], []
+    for label, f in calls.items():
+        call = f if label in alternatives else (lambda f=f: run(f))
+        try:
+            got = call()
+            err = float((got.double() - ref).abs().max() / ref.abs().max())
+            ms = bench_graph(call, 100)
+        except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported
+            log(f"{name} {label}: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        if err > 2e-2:
+            log(f"{name} {label}: WRONG, error {err:.1e}")
+            continue
+        timed.append((ms, label))
+        out.append(Row(f"{bench_name}/{name}", shape, label, ms, 0.0, moved / ms / 1e6, 0.0,
+                       f"err {err:.1e}"))
+    timed.sort()
+    for ms, label in timed[:8] + [t for t in timed if t[1] == "default" or t[1] in alternatives]:
+        log(f"{name:<10} {label:<34} {ms:8.4f} ms {moved / ms / 1e6:7.0f} GB/s")
+    return out

@@ -18,7 +18,7 @@ import types
 import torch
 
 import tensorfuse as tf
-from benchmarks.common import Row, bench_graph, write_csv
+from benchmarks.common import Row, measure_candidates, write_csv
 from benchmarks.user_kernels import (_decode_reference, _decode_sdpa, gqa_decode, mqa_decode,
                                      paged_decode)
 from tensorfuse.schedule_templates.attention import SMS, attention
@@ -77,40 +77,6 @@ def _knobs(rows: int, batch: int, keys: int):
             yield tile_m, tile_n, warps, stages, s
 
 
-def measure(bench_name: str, name: str, shape: str, calls: dict, candidates: dict, warm,
-            run, ref, alternatives: dict, moved: float, pool, log=print) -> list[Row]:
-    """Rows of ``bench_name/name``: ``calls`` (label → callable, the alternatives among them run
-    as they are, the others through ``run``) and ``candidates`` (label → a kernel, compiled ahead
-    on all the CPUs through ``warm``), each checked against float64 ``ref`` (a wrong or failing
-    one reported, not timed), timed from a CUDA graph; the fastest eight printed beside the
-    default and the alternatives."""
-    from tensorfuse.targets.triton.compile_pool import compiled_as_ready
-
-    calls = dict(calls)
-    for label, _ in compiled_as_ready(pool, list(candidates), lambda k: warm(candidates[k])):
-        calls[label] = candidates[label]   # in the order their compiles finish
-    timed, out = [], []
-    for label, f in calls.items():
-        call = f if label in alternatives else (lambda f=f: run(f))
-        try:
-            got = call()
-            err = float((got.double() - ref).abs().max() / ref.abs().max())
-            ms = bench_graph(call, 100)
-        except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported
-            log(f"{name} {label}: {type(exc).__name__}: {str(exc)[:200]}")
-            continue
-        if err > 2e-2:
-            log(f"{name} {label}: WRONG, error {err:.1e}")
-            continue
-        timed.append((ms, label))
-        out.append(Row(f"{bench_name}/{name}", shape, label, ms, 0.0, moved / ms / 1e6, 0.0,
-                       f"err {err:.1e}"))
-    timed.sort()
-    for ms, label in timed[:8] + [t for t in timed if t[1] == "default" or t[1] in alternatives]:
-        log(f"{name:<10} {label:<34} {ms:8.4f} ms {moved / ms / 1e6:7.0f} GB/s")
-    return out
-
-
 def run(only, log=print, defaults: bool = False) -> list[Row]:
     from tensorfuse.targets.triton.compile_pool import CompilePool
 
@@ -129,9 +95,9 @@ def run(only, log=print, defaults: bool = False) -> list[Row]:
                     attention(kernel, fusion, spec, tile_m=k[0], tile_n=k[1], num_warps=k[2],
                               num_stages=k[3], splits=k[4]) for k in knobs}
             calls = {"default": tf.compile(paged_decode if name == "paged" else kernel), **sdpa}
-            out += measure("decode_knobs", name, shape, calls, made,
-                           lambda cand: cand.warm(*args, scale=scale),
-                           lambda f: f(*args, scale=scale), ref, sdpa, moved, pool, log)
+            out += measure_candidates("decode_knobs", name, shape, calls, made,
+                                      lambda cand: cand.warm(*args, scale=scale),
+                                      lambda f: f(*args, scale=scale), ref, sdpa, moved, pool, log)
     finally:
         pool.close()
     return out

@@ -17,8 +17,7 @@ import types
 import torch
 
 import tensorfuse as tf
-from benchmarks.common import Row, write_csv
-from benchmarks.decode_knobs import measure
+from benchmarks.common import Row, measure_candidates, write_csv
 from benchmarks.user_kernels import layernorm_channels, log_softmax_channels, max_pool_l2
 from tensorfuse.schedule_templates.auto import choose
 from tensorfuse.schedule_templates.row_reduction import row_reduction
@@ -94,9 +93,9 @@ def run(only, log=print) -> list[Row]:
                     for k in _knobs(plan.cols)}
             alternatives = {"torch_compile": lambda c=compiled, a=eager_args: c(*a)}
             calls = {"default": tf.compile(kernel), **alternatives}
-            out += measure("strided_rows_knobs", name, shape, calls, made,
-                           lambda cand: cand.warm(**args), lambda f: f(**args), ref,
-                           alternatives, moved, pool, log)
+            out += measure_candidates("strided_rows_knobs", name, shape, calls, made,
+                                      lambda cand: cand.warm(**args), lambda f: f(**args), ref,
+                                      alternatives, moved, pool, log)
     finally:
         pool.close()
     return out

@@ -69,9 +69,11 @@ def _compile(kernel, target, template, untemplated: str | None = None):
         if spec.is_gpu:
             from .schedule_templates.auto import why_no_template
 
+            flat = _flattened(kernel, spec)
+            if flat is not None:
+                return flat
             why = why_no_template(program, spec)
-            return _flattened(kernel, spec) or _staged(kernel, spec, why) or \
-                _untemplated(kernel, spec, why)
+            return _staged(kernel, spec, why) or _untemplated(kernel, spec, why)
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"
@@ -121,12 +123,10 @@ def _untemplated(kernel, spec, why: str) -> CompiledKernel:
     return compiled
 
 
-def _flattened(kernel, spec, planned_for=None):
+def _flattened(kernel, spec):
     """A kernel whose chain reduces over several axes together (a paged cache's pages and slots)
     where a template takes it swept as one axis (:mod:`.schedule_templates.flat_sweeps`): that
-    template, made per the sizes of those axes; else ``None``. ``planned_for``: the GPU target
-    whose templates decide (default ``spec``; the CPU tests run a GPU's choice on the CPU
-    target)."""
+    template, made per the sizes of those axes; else ``None``."""
     import types
 
     from .flat_kernel import FlatSweepKernel
@@ -138,7 +138,7 @@ def _flattened(kernel, spec, planned_for=None):
     if group is None or not _triton_available():
         return None
     probe = flatten_sweeps(program, dict.fromkeys(program.dim_names(), 64))
-    if probe is None or choose(probe, planned_for or spec) is None:
+    if probe is None or choose(probe, spec) is None:
         return None
 
     def make(sizes: dict):

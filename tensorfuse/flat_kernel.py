@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Callable
 
 from .binding import bind_call, signature_key, split_scalars
+from .composed import call_device, filled
 from .dsl.expr import Axis
 from .dsl.program import Program
 from .targets import TargetSpec
-from .targets.triton.launch import interpreting
 from .torch_graph import GraphCallable
 
 
@@ -21,9 +21,8 @@ class FlatSweepKernel(GraphCallable):
     def __init__(self, program: Program, target: TargetSpec, group: tuple[Axis, ...],
                  make: Callable[[dict], object]):
         self.program, self.target, self.group, self._make = program, target, tuple(group), make
-        self.swept = " × ".join(str(a.extent) for a in self.group)
         self.description = (f"{', '.join(a.name for a in self.group)} swept as one axis of "
-                            f"{self.swept} elements")
+                            f"{' × '.join(str(a.extent) for a in self.group)} elements")
         self._kernels: dict = {}   # the group's extents -> the flat program's kernel
         self._by_key: dict = {}    # a call's signature key -> (that kernel, output shapes)
         ids = {a.uid for a in self.group}
@@ -50,7 +49,7 @@ class FlatSweepKernel(GraphCallable):
             key = signature_key(args, kwargs)
         found = self._by_key.get(key) if key is not None else None
         if found is None:
-            bound = bind_call(self.program, args, kwargs, self._device())
+            bound = bind_call(self.program, args, kwargs, call_device(self.target))
             found = self.for_sizes(**bound.dims), self._shapes(bound.dims)
             if key is not None:
                 self._by_key[key] = found
@@ -63,27 +62,15 @@ class FlatSweepKernel(GraphCallable):
             made[k] = made[k].reshape(shape)
         return made[0] if len(made) == 1 else tuple(made)
 
-    def _device(self) -> str:
-        """Where the call's arrays must be: Triton's interpreter runs a GPU target's kernels on
-        CPU arrays; else a missing GPU is the first thing to report."""
-        device = "cpu" if self.target.kind == "llvm" or interpreting() else self.target.kind
-        if device != "cpu":
-            self.target.device()
-        return device
-
     def _shapes(self, dims: dict) -> list[tuple[int, tuple[int, ...]]]:
         """(output index, its shape at ``dims``) of the outputs written over the one axis."""
         return [(k, tuple(a.extent if isinstance(a.extent, int) else dims[a.extent]
                           for a in self.program.outputs[k].axes)) for k in self._reshaped]
 
     def _into(self, args: tuple, kwargs: dict):
-        bound = bind_call(self.program, args, kwargs, self._device())
+        bound = bind_call(self.program, args, kwargs, call_device(self.target))
         rest = {n: v for n, v in kwargs.items() if n != "out"}
-        made = self.invoke(False, args, rest)
-        made = made if isinstance(made, tuple) else (made,)
-        for out, result in zip(bound.outs, made):
-            out[...] = result
-        return bound.outs[0] if len(bound.outs) == 1 else tuple(bound.outs)
+        return filled(bound.outs, self.invoke(False, args, rest))
 
     def schedule_origin(self, **dims) -> str:
         """How the axes are swept, and the flat kernel's schedule at these sizes."""

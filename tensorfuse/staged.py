@@ -4,10 +4,10 @@ own, with a template where one takes it)."""
 from __future__ import annotations
 
 from .binding import bind_call, split_scalars
+from .composed import call_device, filled
 from .dsl.program import Program
 from .schedule_templates.stages import Stage
 from .targets import TargetSpec
-from .targets.triton.launch import interpreting
 from .torch_graph import GraphCallable
 
 
@@ -27,9 +27,7 @@ class StagedKernel(GraphCallable):
         return f"<StagedKernel {self.program.name} for {self.target.name}: {self.description}>"
 
     def invoke(self, key, args: tuple, kwargs: dict):
-        # Triton's interpreter runs a GPU target's kernels on CPU arrays
-        device = "cpu" if self.target.kind == "llvm" or interpreting() else self.target.kind
-        bound = bind_call(self.program, args, kwargs, device)
+        bound = bind_call(self.program, args, kwargs, call_device(self.target))
         values = {**bound.arrays, **bound.scalars}
         for stage, kernel in zip(self.stages, self.kernels):
             made = kernel.invoke(False, (), {n: values[n] for n in stage.inputs})
@@ -37,9 +35,7 @@ class StagedKernel(GraphCallable):
             values.update(zip(stage.produces, made))
         results = [values[c.name] for c in self.program.outputs]
         if bound.outs is not None:
-            for out, result in zip(bound.outs, results):
-                out[...] = result
-            results = bound.outs
+            return filled(bound.outs, results)
         return results[0] if len(results) == 1 else tuple(results)
 
     def schedule_origin(self, **dims) -> str:

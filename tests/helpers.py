@@ -125,3 +125,27 @@ def templated(kernel):
         return FlatSweepKernel(made.program, made.target, made.group,
                                lambda sizes: made.for_sizes(**sizes).template)
     return made.template
+
+
+def gpu_case(case):
+    """``(arguments on the GPU, float64 reference, seed)`` of ``case(generator)`` on fresh
+    inputs."""
+    import torch
+
+    seed = fresh_seed()
+    args, want = case(torch.Generator().manual_seed(seed))
+    return {n: a.cuda() if isinstance(a, torch.Tensor) else a for n, a in args.items()}, want, seed
+
+
+def runs_a_template(made, args: dict) -> bool:
+    """Whether ``tf.compile``'s kernel runs these arguments on a template, not on TVM's default
+    schedule (through its flat kernel where it sweeps several axes as one)."""
+    from tensorfuse.api import AutoKernel
+    from tensorfuse.binding import bind_call
+    from tensorfuse.flat_kernel import FlatSweepKernel
+
+    bound = bind_call(made.program, (), args, "cuda")
+    if isinstance(made, FlatSweepKernel):
+        made = made.for_sizes(**bound.dims)
+    return isinstance(made, AutoKernel) and \
+        made.for_sizes(bound.scalars, **bound.dims) is not made.fallback

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
 from ..algebra import plan_chain
 from ..algebra.exprs import nodes
@@ -61,9 +60,8 @@ def is_decode(plan: RowTilePlan) -> bool:
     MQA cache)."""
     if plan.rows <= DECODE_ROWS:
         return True
-    batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
     return plan.rows <= 2 * DECODE_ROWS and plan.mask is None and \
-        batch * math.ceil(plan.rows / DECODE_ROWS) < SMS
+        plan.grid_batch_size * math.ceil(plan.rows / DECODE_ROWS) < SMS
 
 
 def decode_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
@@ -72,7 +70,7 @@ def decode_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     once per tile), the keys split into parts for about one program per SM — two where the keys
     are gathered (a page table), whose loads need more in flight — each part of at least two
     key blocks, 128-key blocks while there are fewer (batch × head-group) rows than half the SMs,
-    4 warps and a 3-stage pipeline (8 warps on the H100 measurements before).
+    4 warps and a 3-stage pipeline.
     Measured on the H200 (2026-11-29, GPU time, ``benchmarks.decode_knobs``): MQA 64 heads on one
     cache, B16 N16k, 0.102 → 0.051 ms (16-row tiles, 8 warps, 8 parts: four tiles read every
     key); GQA 32/8 without a query axis, B8 N32k, 0.244 either way (SDPA cuDNN 0.244); the same
@@ -80,7 +78,7 @@ def decode_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     (2026-11-24, 4k keys; ``benchmarks.decode_sweep``): B=1 32/8 heads 11.3 us with 16 parts of
     128 (64 parts of 64 keys: 34.8)."""
     block_m = min(DECODE_ROWS, max(16, 1 << max(0, plan.rows - 1).bit_length()))
-    batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
+    batch = plan.grid_batch_size
     programs = batch * math.ceil(plan.rows / block_m)
     block_n = 128 if 2 * batch <= SMS else 64
     blocks = math.ceil(plan.cols / block_n)
@@ -93,10 +91,8 @@ def decode_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
 
 def gathers_columns(plan: RowTilePlan) -> bool:
     """Whether the column operands (keys, values) are read through an index tensor."""
-    sides = [c.right for c in plan.locals.values()] + \
-        [sp.contraction.right for sp in plan.states if sp.contraction is not None]
     return any(isinstance(n, Load) and any(is_gathered(i) for i in n.indices)
-               for side in sides for n in nodes(side))
+               for side in plan.column_sides for n in nodes(side))
 
 
 def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, ...]]:

@@ -21,6 +21,7 @@ A plan is data: it holds no code text.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -105,6 +106,17 @@ class RowTilePlan:
     @property
     def cols(self) -> int:
         return self.sizes_of(self.col)
+
+    @property
+    def column_sides(self) -> list[Expr]:
+        """The column-side operands of the tensor-core products (attention's k and v reads)."""
+        return [c.right for c in self.locals.values()] + \
+            [sp.contraction.right for sp in self.states if sp.contraction is not None]
+
+    @property
+    def grid_batch_size(self) -> int:
+        """Programs on the grid's batch dimension: the product of :attr:`grid_batch`."""
+        return math.prod(extent for _, extent in self.grid_batch)
 
     def describe(self, knobs: "Knobs | None" = None) -> str:
         """The plan in readable form (``Schedule.plan``): the axes' roles, the tensor-core
@@ -331,8 +343,7 @@ def _row_fold(plan: RowTilePlan):
     unit = all(a.uid != plan.row.uid for a in plan.chain.common_axes)   # row_roles' own axis
     if not unit and plan.sizes_of(plan.row) * 2 > MAX_FOLDED_ROWS:
         return None
-    col_side = [c.right for c in plan.locals.values()] + [sp.contraction.right for sp in plan.states
-                                                          if sp.contraction is not None]
+    col_side = plan.column_sides
     if not col_side:
         return None
     for a in plan.batch:

@@ -16,7 +16,7 @@ from tensorfuse.schedule_templates.stages import NotStageable, plan_stages
 from tensorfuse.staged import StagedKernel
 from tensorfuse.targets import get_target
 from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode
-from tests.helpers import fresh_seed, run_interpreted
+from tests.helpers import fresh_seed, gpu_case, run_interpreted
 from tests.schedule_templates.staged_floor import (CASES, STAGED, group_norm_nested,
                                                    max_pool_l2_case, relative_error)
 
@@ -108,9 +108,7 @@ def test_stage_templates_match_float64_in_the_interpreter():
 @pytest.mark.parametrize("name", list(CASES))
 def test_staged_and_gathering_kernels_match_float64_on_the_gpu(name):
     kernel, case = CASES[name]
-    seed = fresh_seed()
-    args, want = case(torch.Generator().manual_seed(seed))
-    args = {n: a.cuda() if isinstance(a, torch.Tensor) else a for n, a in args.items()}
+    args, want, seed = gpu_case(case)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NoTemplateWarning)
         # the paged decode staged, as the floor runs it (tf.compile sweeps its pages as one axis)

@@ -11,7 +11,8 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse.schedule_templates.row_reduction import CONTIGUOUS_TILE
-from tests.helpers import fresh_seed, relative_error, run_interpreted, templated
+from tests.helpers import (fresh_seed, gpu_case, relative_error, run_interpreted,
+                           runs_a_template, templated)
 from tests.schedule_templates.strided_rows import (CASES, group_norm, group_norm_case,
                                                    layernorm_channels, log_softmax_channels)
 
@@ -82,10 +83,9 @@ def test_strided_row_templates_match_float64_in_the_interpreter():
 @pytest.mark.parametrize("name", list(CASES))
 def test_strided_rows_match_float64_on_the_gpu(name):
     kernel, case = CASES[name]
-    seed = fresh_seed()
-    args, want = case(torch.Generator().manual_seed(seed))
-    args = {n: a.cuda() if isinstance(a, torch.Tensor) else a for n, a in args.items()}
+    args, want, seed = gpu_case(case)
     made = tf.compile(kernel)
+    assert runs_a_template(made, args), made
     assert relative_error(made(**args), want) < 2e-2, seed
 
 
@@ -93,12 +93,11 @@ def test_strided_rows_match_float64_on_the_gpu(name):
 def test_a_flat_swept_group_norm_fills_out_in_its_own_shape_on_the_gpu():
     from tensorfuse.errors import CallError
 
-    args, want = group_norm_case(torch.Generator().manual_seed(fresh_seed()))
-    args = {n: a.cuda() if isinstance(a, torch.Tensor) else a for n, a in args.items()}
+    args, want, seed = gpu_case(group_norm_case)
     made = tf.compile(group_norm)
     out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     assert made(**args, out=out) is out
-    assert relative_error(out, want) < 2e-2
+    assert relative_error(out, want) < 2e-2, seed
     # out= is checked against the user's shape, not the flat one
     with pytest.raises(CallError, match="out= for output out must have shape"):
         made(**args, out=torch.empty(2, 3, 335, dtype=torch.bfloat16, device="cuda"))

@@ -565,7 +565,7 @@ def _blocks(plan, knobs) -> int:
 def grid(plan, knobs) -> tuple[int, int]:
     """``(row blocks, batch entries)``: the blocks a launch runs (:func:`launch_grid` orders them
     on the grid)."""
-    batch = int(np.prod([extent for _, extent in plan.grid_batch])) if plan.batch else 1
+    batch = plan.grid_batch_size
     rows = plan.row_tiling.padded if plan.row_tiling is not None else plan.rows
     return (math.ceil(rows / knobs.block_m), batch)
 
