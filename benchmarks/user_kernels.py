@@ -3,9 +3,11 @@ library's templates — through ``tf.compile`` defaults, against the best torch 
 same process on the same GPU. Each implementation's output is checked against a float64
 reference of the math as written on a slice of rows, before and after it is timed.
 
-    python -m benchmarks.user_kernels [--only NAME,…]
+    python -m benchmarks.user_kernels [--only NAME,…] [--tune TRIALS]
 
-Rows: ``benchmark`` = ``user/<name>``; CSV ``benchmarks/results/<date>-<device>-user-kernels.csv``.
+Rows: ``benchmark`` = ``user/<name>``; CSV ``benchmarks/results/<date>-<device>-user-kernels.csv``
+(with ``--tune``: ``…-user-kernels-tuned.csv``, the defaults, the alternatives and
+``tensorfuse tuned`` of each kernel).
 """
 
 import argparse
@@ -177,6 +179,30 @@ def segment_mean(x: T.Tensor["R", "D", "bf16"], starts: T.Tensor["G", "i32"],
     return total / T.max(lengths[g], 1)
 
 
+class _Recorded:
+    """``tf.compile(kernel)`` as the suite calls it, remembering the kernel and its first call's
+    arguments: ``--tune`` tunes the kernel at that call's sizes and scalars."""
+
+    def __init__(self, kernel):
+        self.kernel, self.compiled, self.call = kernel, tf.compile(kernel), None
+        RECORDED.append(self)
+
+    def __call__(self, *args, **kwargs):
+        if self.call is None:
+            self.call = (args, kwargs)
+        return self.compiled(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+
+RECORDED: list[_Recorded] = []   # every suite kernel compiled, in order
+
+
+def _compiled(kernel) -> _Recorded:
+    return _Recorded(kernel)
+
+
 @dataclass
 class Case:
     """One suite kernel at one size: tensorfuse's call, the alternatives' (label → call), the
@@ -208,7 +234,7 @@ def _attention_case(name: str, kernel, layout: str, B: int, H: int, HKV: int, S:
     from_bhsd = (lambda x: x.transpose(1, 2)) if layout == "bshd" else \
         (lambda x: x.permute(2, 0, 1, 3))
     scale = D ** -0.5
-    f = tf.compile(kernel)
+    f = _compiled(kernel)
     rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
     # float64 reference of the checked rows, per (batch, head)
     qr, kr, vr = (to_bhsd(x).double() for x in (q, k, v))
@@ -249,7 +275,7 @@ def _two_head_dims_case(generator, B=2, H=16, S=4096, DQK=192, DV=128) -> Case:
             for _ in range(2))
     v = torch.randn(B, H, S, DV, generator=generator).to("cuda", torch.bfloat16)
     scale = DQK ** -0.5
-    f = tf.compile(two_head_dims_causal)
+    f = _compiled(two_head_dims_causal)
     rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
     s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale
     s = s.masked_fill(rows.cuda()[:, None] < torch.arange(S, device="cuda")[None], -math.inf)
@@ -275,7 +301,7 @@ def _rows_case(name: str, kernel, eager, x, extra: dict, shape: str) -> Case:
     """A row kernel on ``x`` against ``eager`` (its torch function) and it under torch.compile;
     checked on all of it, GB/s of the bytes it must move (its inputs read once, its output
     written once)."""
-    f = tf.compile(kernel)
+    f = _compiled(kernel)
     compiled = torch.compile(eager)
     tensors = [a for a in extra.values() if isinstance(a, torch.Tensor)]
     scalars = {n: a for n, a in extra.items() if not isinstance(a, torch.Tensor)}
@@ -359,7 +385,7 @@ def _segment_mean_case(generator, G=2048, D=1024, longest=128) -> Case:
         return (total / lengths[:, None]).to(t.dtype)
 
     compiled = torch.compile(scattered)
-    f = tf.compile(segment_mean)
+    f = _compiled(segment_mean)
     starts32, lengths32 = starts.to(torch.int32), lengths.to(torch.int32)
     moved = (x.numel() + G * D) * x.element_size()
     return Case("segment_mean", f"R{x.shape[0]} D{D} G{G} (1..{longest} rows each)",
@@ -401,7 +427,7 @@ def _mqa_decode_case(generator, B=16, H=64, N=16384, D=128) -> Case:
     k, v = (torch.randn(B, N, D, generator=generator).to("cuda", torch.bfloat16)
             for _ in range(2))
     scale = D ** -0.5
-    f = tf.compile(mqa_decode)
+    f = _compiled(mqa_decode)
     ref = _decode_reference(q, k[:, None], v[:, None], scale)
     return Case("mqa_decode", f"B{B} H{H}/1 N{N} D{D}", lambda: f(q, k, v, scale=scale),
                 _decode_sdpa(q[:, :, None], k[:, None], v[:, None], scale, gqa=True),
@@ -414,7 +440,7 @@ def _gqa_decode_case(generator, B=8, H=32, HKV=8, N=32768, D=128) -> Case:
     k, v = (torch.randn(B, HKV, N, D, generator=generator).to("cuda", torch.bfloat16)
             for _ in range(2))
     scale = D ** -0.5
-    f = tf.compile(gqa_decode)
+    f = _compiled(gqa_decode)
     return Case("gqa_decode", f"B{B} H{H}/{HKV} N{N} D{D}", lambda: f(q, k, v, scale=scale),
                 _decode_sdpa(q[:, :, None], k, v, scale, gqa=True),
                 _decode_reference(q, k, v, scale), lambda out: out,
@@ -437,7 +463,7 @@ def _paged_decode_case(generator, B=8, H=32, HKV=8, N=32768, D=128, PAGE=64) -> 
 
     k, v = gathered(k_pages).contiguous(), gathered(v_pages).contiguous()
     scale = D ** -0.5
-    f = tf.compile(paged_decode)
+    f = _compiled(paged_decode)
     ref = _decode_reference(q, k, v, scale)
     alternatives = {f"{label} (contiguous cache)": call for label, call in
                     _decode_sdpa(q[:, :, None], k, v, scale, gqa=True).items()}
@@ -462,7 +488,7 @@ def _cross_attention_case(generator, B=4, H=16, M=1024, N=8192, D=128) -> Case:
             for _ in range(2))
     lengths = torch.randint(N // 2, N + 1, (B,), generator=generator).to("cuda", torch.int32)
     scale = D ** -0.5
-    f = tf.compile(cross_attention_lengths)
+    f = _compiled(cross_attention_lengths)
     valid = torch.arange(N, device="cuda")[None, :] < lengths[:, None]       # [B, N]
     rows = torch.cat([torch.arange(64), torch.arange(M - 64, M)])
     s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale
@@ -505,7 +531,12 @@ SUITE = {
 }
 
 
-def run(only: list[str] | None = None, log=print) -> list[Row]:
+def run(only: list[str] | None = None, log=print, tune: int = 0,
+        csv_path: str | None = None) -> list[Row]:
+    """Each suite kernel (``only``: those named) and its alternatives, checked and timed; with
+    ``tune``, then a ``tf.tune`` job of that many trials at the call's sizes and scalars and the
+    kernel compiled again (``tensorfuse tuned``: it reads the records). ``csv_path``: the rows so
+    far written after each kernel (a run cut short keeps what it measured)."""
     ceilings = measure_ceilings()
     generator = torch.Generator().manual_seed(0)
     rows: list[Row] = []
@@ -513,30 +544,74 @@ def run(only: list[str] | None = None, log=print) -> list[Row]:
         if only and name not in only:
             continue
         case = make(generator)
-        for label, call in {TENSORFUSE: case.ours, **case.alternatives}.items():
-            made = checked_output(call, case.reference, f"{label} {name}", log, pick=case.pick)
-            if made is None:
-                continue
-            ms, err = made
-            tflops = case.flops / ms / 1e9
-            gbps = case.bytes / ms / 1e6
-            fraction = tflops / ceilings["gemm_tflops"] if case.flops else \
-                gbps / 1e3 / ceilings["copy_tbps"]
-            note = f"err {err:.1e}" + (f"; {case.notes[label]}" if label in case.notes else "")
-            rows.append(Row(f"user/{name}", case.shape, label, ms, tflops, gbps, fraction, note))
-            log(f"{name:<18} {case.shape:<32} {label:<14} {ms:8.3f} ms {tflops:7.1f} TFLOP/s "
-                f"{fraction:6.1%}")
+        calls = {TENSORFUSE: case.ours, **case.alternatives}
+        rows += _timed(case, calls, ceilings, log)
+        if tune:
+            rows += _tuned_rows(case, RECORDED[-1], tune, ceilings, log)
+        if csv_path:
+            write_csv(rows, csv_path)
     return rows
+
+
+TUNED = f"{TENSORFUSE} tuned"
+
+
+def _timed(case: Case, calls: dict, ceilings: dict, log) -> list[Row]:
+    """A row per implementation in ``calls`` (label → call) whose output matches float64."""
+    rows = []
+    for label, call in calls.items():
+        made = checked_output(call, case.reference, f"{label} {case.name}", log, pick=case.pick)
+        if made is None:
+            continue
+        ms, err = made
+        tflops = case.flops / ms / 1e9
+        gbps = case.bytes / ms / 1e6
+        fraction = tflops / ceilings["gemm_tflops"] if case.flops else \
+            gbps / 1e3 / ceilings["copy_tbps"]
+        note = f"err {err:.1e}" + (f"; {case.notes[label]}" if label in case.notes else "")
+        rows.append(Row(f"user/{case.name}", case.shape, label, ms, tflops, gbps, fraction, note))
+        log(f"{case.name:<18} {case.shape:<32} {label:<16} {ms:8.3f} ms {tflops:7.1f} TFLOP/s "
+            f"{fraction:6.1%}")
+    return rows
+
+
+def _tuned_rows(case: Case, recorded: _Recorded, trials: int, ceilings: dict, log) -> list[Row]:
+    """A tuning job at the suite kernel's call (its sizes and scalars), then the kernel compiled
+    anew — it reads the records — timed on the same inputs; no row where there is nothing to
+    tune (said why)."""
+    from tensorfuse.errors import TuningError
+
+    args, kwargs = recorded.call
+    bound = bind_call(recorded.kernel.program, args, kwargs, "cuda")
+    try:
+        summary = tf.tune(recorded.kernel, "cuda", trials=trials, progress=False,
+                          scalars=bound.scalars, **bound.dims)
+    except TuningError as exc:
+        log(f"  not tuned: {exc}")
+        return []
+    ms = lambda secs: "?" if secs is None else f"{secs * 1e3:.4f}"   # noqa: E731
+    found = "; ".join(f"{t.name}: {t.trials} trials, {ms(t.default_secs)} -> "
+                      f"{ms(t.best_secs)} ms" + (", defaults kept" if t.kept_defaults else "")
+                      for t in summary.tasks)
+    log(f"  tuned in {summary.seconds:.0f} s: {found}")
+    fresh = tf.compile(recorded.kernel)
+    case.notes[TUNED] = f"tf.tune {trials} trials ({found}); " + fresh.schedule_origin(
+        **bound.dims, **bound.scalars)
+    return _timed(case, {TUNED: lambda: fresh(*args, **kwargs)}, ceilings, log)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated suite names")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
+                        help="after each kernel's defaults, tune it (records in this device's "
+                        "database, which tf.compile reads) and time it again")
     args = parser.parse_args(argv)
-    rows = run([n for n in args.only.split(",") if n] or None)
     device = torch.cuda.get_device_name().replace(" ", "_")
-    write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-user-kernels.csv")
+    tuned = "-tuned" if args.tune else ""
+    run([n for n in args.only.split(",") if n] or None, tune=args.tune,
+        csv_path=f"{args.out}/{datetime.date.today()}-{device}-user-kernels{tuned}.csv")
 
 
 if __name__ == "__main__":

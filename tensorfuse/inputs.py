@@ -4,8 +4,9 @@ Used wherever a kernel must be run without the user's data — tuning jobs (ever
 checked against the defaults before it is timed), the demo, the tests — so it knows nothing about
 particular kernels: real-valued tensors are standard normal (never zeros); an integer tensor that
 the program uses as an index gets values inside the dimension it indexes (``x[i, target[i]]``:
-``target`` in ``[0, V)``), any other integer tensor increasing runs of small ids along its last
-dimension (segment or document ids); scalars get the values :func:`default_scalars` names.
+``target`` in ``[0, V)``), one an axis is compared with a length (``j < lengths[b]``: in
+``[1, N]``, every row keeps a key), any other integer tensor increasing runs of small ids along
+its last dimension (segment or document ids); scalars get the values :func:`default_scalars` names.
 
 Tolerances (max |out − ref| / max |ref|), per output dtype: outputs rounded to bf16 carry a
 relative error of up to 2^-8 ≈ 3.9e-3 per element, f16 2^-11, f32 about 1e-6 after accumulation.
@@ -18,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from .dsl import dtypes as dt
-from .dsl.expr import Load, walk
+from .dsl.expr import Axis, Compare, Load, walk
 
 TOLERANCE = {"bf16": 8e-3, "f16": 1e-3, "f32": 2e-5, "f64": 1e-10}
 
@@ -32,11 +33,13 @@ def random_inputs(kernel, sizes: dict[str, int], rng: np.random.Generator,
     makes the real-valued tensors, standard normal (default: NumPy arrays; a GPU caller makes
     them where they are used — NumPy took 10–14 s for a decode cache's 2 × 67M values)."""
     program = getattr(kernel, "program", kernel)
-    bounds = index_bounds(program, sizes)
+    bounds, lengths = index_bounds(program, sizes), length_bounds(program, sizes)
     tensors = {}
     for p in program.tensor_params:
         shape = tuple(d if isinstance(d, int) else sizes[d] for d in p.dims)
-        if dt.is_int(p.dtype):
+        if dt.is_int(p.dtype) and p.name in lengths and p.name not in bounds:
+            tensors[p.name] = rng.integers(1, lengths[p.name] + 1, size=shape).astype(np.int32)
+        elif dt.is_int(p.dtype):
             tensors[p.name] = _integer_tensor(shape, bounds.get(p.name), rng)
         elif real_tensor is not None:
             tensors[p.name] = real_tensor(shape, p.dtype)
@@ -48,21 +51,45 @@ def random_inputs(kernel, sizes: dict[str, int], rng: np.random.Generator,
 def index_bounds(program, sizes: dict[str, int]) -> dict[str, int]:
     """For each integer tensor the program reads inside another tensor's index, the size of the
     smallest dimension it indexes (its values must lie below it)."""
-    bounds: dict[str, int] = {}
+    def bounds(n):
+        if isinstance(n, Load):
+            for position, index in enumerate(n.indices):
+                if isinstance(index, Load) and dt.is_int(index.param.dtype):
+                    yield index.param.name, _size(n.param.dims[position], sizes)
+
+    return _smallest(program, bounds)
+
+
+def length_bounds(program, sizes: dict[str, int]) -> dict[str, int]:
+    """For each integer tensor an axis is compared with (``j < lengths[b]``), the axis's size:
+    a length along it (the smallest where several axes are)."""
+    def bounds(n):
+        if isinstance(n, Compare):
+            for one, other in ((n.a, n.b), (n.b, n.a)):
+                if isinstance(one, Load) and dt.is_int(one.param.dtype) and \
+                        isinstance(other, Axis) and other.extent is not None:
+                    yield one.param.name, _size(other.extent, sizes)
+
+    return _smallest(program, bounds)
+
+
+def _size(extent: "int | str", sizes: dict[str, int]) -> int:
+    return extent if isinstance(extent, int) else sizes[extent]
+
+
+def _smallest(program, bounds) -> dict[str, int]:
+    """The smallest of the ``(tensor name, bound)`` pairs ``bounds(node)`` yields over every
+    node of the program's bodies, per tensor."""
+    found: dict[str, int] = {}
 
     def visit(n):
-        if not isinstance(n, Load):
-            return
-        for position, index in enumerate(n.indices):
-            if isinstance(index, Load) and dt.is_int(index.param.dtype):
-                d = n.param.dims[position]
-                size = d if isinstance(d, int) else sizes[d]
-                bounds[index.param.name] = min(size, bounds.get(index.param.name, size))
+        for name, size in bounds(n):
+            found[name] = min(size, found.get(name, size))
 
     for c in program.computes:
         for b in c.bodies:
             walk(b, visit)
-    return bounds
+    return found
 
 
 def _integer_tensor(shape, bound: int | None, rng) -> np.ndarray:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import types
 from dataclasses import dataclass, field
 
 import tvm
@@ -190,6 +191,59 @@ class TuningTask:
         return self._kernels[key]
 
 
+def make_tasks(kernel, dims: dict, target: TargetSpec,
+               scalars: dict | None = None) -> list[TuningTask]:
+    """The tasks tuning ``kernel`` at ``dims`` makes: :func:`make_task`'s one, or where no GPU
+    template takes the kernel whole and ``tf.compile`` runs it as stages
+    (:mod:`~tensorfuse.schedule_templates.stages`), one per stage a template takes — each under
+    the stage program's name and sizes, which is how the staged kernel's stages look their
+    records up."""
+    try:
+        return [make_task(kernel, dims, target, scalars)]
+    except TuningError as refused:
+        stages = _templated_stages(kernel, target) if target.is_gpu else ()
+        if not stages:
+            raise refused from None
+    scalars = scalars or {}
+    tasks = []
+    for stage in stages:
+        own = set(stage.program.dim_names())
+        named = {p.name for p in stage.program.scalar_params}
+        part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
+        tasks.append(make_task(part, {n: v for n, v in dims.items() if n in own}, target,
+                               {n: v for n, v in scalars.items() if n in named}))
+    return tasks
+
+
+def _templated_stages(kernel, target: TargetSpec) -> tuple:
+    """The stages ``tf.compile``'s floor runs ``kernel`` as that a template takes (none where it
+    takes none: the floor is then TVM's default schedule of the whole)."""
+    from ..schedule_templates.auto import choose
+    from ..schedule_templates.stages import NotStageable, plan_stages
+
+    try:
+        stages = plan_stages(kernel.program, lambda sub: choose(sub, target) is not None)
+    except NotStageable:
+        return ()
+    return tuple(s for s in stages if s.templated)
+
+
+def _flat_kernel(kernel, dims: dict, target: TargetSpec):
+    """``kernel`` as ``tf.compile`` runs it where its chain reduces over several axes together
+    (:mod:`~tensorfuse.schedule_templates.flat_sweeps`): its flat program at ``dims`` — same name
+    and sizes, so that its records are the ones the flat kernel looks up — where a template takes
+    that; else None."""
+    from ..schedule_templates.auto import choose
+    from ..schedule_templates.flat_sweeps import flatten_sweeps, swept_together
+
+    if swept_together(kernel.program) is None:
+        return None
+    flat = flatten_sweeps(kernel.program, dims)
+    if flat is None or choose(flat, target) is None:
+        return None
+    return types.SimpleNamespace(program=flat, fn=None, name=flat.name)
+
+
 def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = None) -> TuningTask:
     """The task for ``kernel`` at ``dims`` (and the scalar values ``scalars``, measured with and
     keyed by where they change the plan): the template ``compile`` would use on ``target``."""
@@ -207,6 +261,9 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
     from ..schedule_templates.auto import choose
 
     choice = choose(kernel.program, target)
+    flat = _flat_kernel(kernel, dims, target) if choice is None else None
+    if flat is not None:   # tf.compile runs it swept as one axis: that program is what it tunes
+        return make_task(flat, dims, target, scalars)
     if choice is None:
         raise TuningError(f"{kernel.name} fits no GPU template (no reduction chain the rolling "
                           "update accepts along one axis), so there is nothing to tune on "

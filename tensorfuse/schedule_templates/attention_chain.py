@@ -52,6 +52,14 @@ class AttentionChain:
     # b (batch), h (the head; the kv-head in k and v), i (queries), j (keys), d (the head dim,
     # the output's e); the library's layout is LIBRARY_LAYOUTS
     layouts: tuple[str, ...] = LIBRARY_LAYOUTS[:4]
+    # the size name of v's and the output's head dim where p·v runs over another one than q·k
+    # (DeepSeek's 192 and 128); "" where both are dims[5]
+    value_dim: str = ""
+
+    @property
+    def dv(self) -> str:
+        """The size name of the head dim of v and the output (``dims[5]`` unless it differs)."""
+        return self.value_dim or self.dims[5]
 
     @property
     def permuted(self) -> bool:
@@ -63,7 +71,8 @@ class AttentionChain:
         """Element strides by role of tensor ``tensor`` (0 q, 1 k, 2 v, 3 the output, 4 the
         log-sum-exp), contiguous in its declared order at ``sizes``."""
         B, H, HKV, M, N, D = (sizes[d] for d in self.dims)
-        extent = {"b": B, "h": HKV if tensor in (1, 2) else H, "i": M, "j": N, "d": D}
+        extent = {"b": B, "h": HKV if tensor in (1, 2) else H, "i": M, "j": N,
+                  "d": sizes[self.dv] if tensor in (2, 3) else D}
         out, stride = {}, 1
         for role in reversed(self.layouts[tensor]):
             out[role] = stride
@@ -81,10 +90,11 @@ def _is_axis(e, axis) -> bool:
 
 def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who: str,
                         dtypes: tuple[str, ...] = ("bf16",),
-                        logsumexp: bool = False) -> AttentionChain:
+                        logsumexp: bool = False, value_dims: bool = False) -> AttentionChain:
     """The pieces of the rolled chain ``names`` over ``axis`` when it is softmax-weighted
     attention (module docstring) with q, k, v and the output in one of ``dtypes`` (and, where the
-    kernel writes it, ``logsumexp``, the second output :func:`with_logsumexp` adds); otherwise a
+    kernel writes it, ``logsumexp``, the second output :func:`with_logsumexp` adds; with
+    ``value_dims``, v's head dim may differ from q's and k's); otherwise a
     :class:`ScheduleError` starting with ``who`` that says what differs."""
     def refuse(message: str, loc=None) -> ScheduleError:
         return ScheduleError(f"{who}: {message}", loc)
@@ -134,7 +144,7 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     qp, kp = params[q_load.param.name], params[k_load.param.name]
     vp = params[v_load.param.name]
     q_dim, v_dim = qp.dims[layouts[0].index("d")], vp.dims[layouts[2].index("d")]
-    if q_dim != v_dim:
+    if q_dim != v_dim and not value_dims:
         raise refuse(f"q·k runs over {q_dim} and p·v over {v_dim}: this kernel keeps one head dim "
                      "for both (the attention template takes different ones)", dot.loc)
     kinds = {qp.dtype, kp.dtype, vp.dtype, out.dtypes[0]}
@@ -152,7 +162,7 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
                            str(kp.dims[k_at("j")]), str(qp.dims[q_at("d")])), kv_head,
                           h_axis.name, dot.name, tuple(axes.items()), out.dtypes[0],
                           (b_axis, h_axis, i_axis, j_axis), lse.name if lse is not None else "",
-                          layouts)
+                          layouts, str(v_dim) if v_dim != q_dim else "")
 
 
 def _axis_roles(q_load: Load, k_load: Load, v_load: Load, out: Compute, d_axis: Axis,

@@ -153,6 +153,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
 
     def layout(dims: dict, scalars: dict | None = None) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
+        DV = dims[plan.chain.dv]
         found = tuned(dims, scalars) if tuned is not None and not given else None
         chosen = found[0] if found else given
         knobs = with_knobs(plan, dims, chosen, scalars)
@@ -169,8 +170,9 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                 "attention template gathers its patches instead")
         check_hopper(plan, knobs, dims, target.max_shared_memory, tiled is not None)
         last_n = last_block_keys(plan, N, knobs.block_n) if tiled is None else None
-        source = hopper_attention_source(plan, knobs, D, plan.mask is not None, tiled, last_n)
-        smem = shared_bytes(knobs, D, tiled is not None)
+        source = hopper_attention_source(plan, knobs, D, plan.mask is not None, tiled, last_n,
+                                         DV)
+        smem = shared_bytes(knobs, D, tiled is not None, DV)
         entries = [KernelEntry(ENTRY, tuple(arguments))]
         maps = DeviceMaps()
         row_blocks = tiled.rows.padded // knobs.block_m if tiled is not None else \
@@ -179,30 +181,31 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         # (claimed, finished CTAs, then a count of merged pieces per split tile and consumer
         # warpgroup); the split tiles' partial states: 2 slots a piece, at most one piece a CTA
         scratch = StreamScratch([((2 + ctas * knobs.consumers,), "i32", True),
-                                 ((split_workspace(knobs, ctas, D) if how == "split" else 4,),
+                                 ((split_workspace(knobs, ctas, DV) if how == "split" else 4,),
                                   "f32", False)])
         # "auto" that came out persistent: the mask's block costs may favour the snake
         lists = _Lists(plan, knobs, ctas if knobs.schedule == "auto" and how == "dynamic"
                        else None, tiled)
 
-        # (sizes, box, strides) of q, k, v: rows of [batch·heads, tokens, D], or boxes of the
-        # map — patches of queries, windows of keys (row-major: strides None)
+        # (sizes, box, strides) of q, k, v: rows of [batch·heads, tokens, D] (v's DV wide), or
+        # boxes of the map — patches of queries, windows of keys (row-major: strides None)
         if tiled is not None:
             sides, dilation = tiled.cols.dims, tiled.cols.dilation
-            shapes = [(view_sizes(sides, dilation, heads, D), view_box(patch, dilation), None)
-                      for heads, patch in ((B * H, tiled.rows.patch), (B * HKV, tiled.cols.patch),
-                                           (B * HKV, tiled.cols.patch))]
+            shapes = [(view_sizes(sides, dilation, heads, width), view_box(patch, dilation), None)
+                      for heads, patch, width in ((B * H, tiled.rows.patch, D),
+                                                  (B * HKV, tiled.cols.patch, D),
+                                                  (B * HKV, tiled.cols.patch, DV))]
         elif plan.strided:   # (batch, head, tokens, D) by each tensor's own strides
-            shapes = [((B, heads, tokens, D), (1, 1, rows, 64),
+            shapes = [((B, heads, tokens, width), (1, 1, rows, 64),
                        tuple(plan.chain.strides(t, dims)[r] for r in ("b", "h", token)))
-                      for t, heads, tokens, token, rows in (
-                          (0, H, M, "i", knobs.block_m), (1, HKV, N, "j", knobs.block_n),
-                          (2, HKV, N, "j", knobs.block_n))]
+                      for t, heads, tokens, token, rows, width in (
+                          (0, H, M, "i", knobs.block_m, D), (1, HKV, N, "j", knobs.block_n, D),
+                          (2, HKV, N, "j", knobs.block_n, DV))]
         else:
-            shapes = [((heads, tokens, D), (1, rows, 64), None)
-                      for heads, tokens, rows in ((B * H, M, knobs.block_m),
-                                                  (B * HKV, N, knobs.block_n),
-                                                  (B * HKV, N, knobs.block_n))]
+            shapes = [((heads, tokens, width), (1, rows, 64), None)
+                      for heads, tokens, rows, width in ((B * H, M, knobs.block_m, D),
+                                                         (B * HKV, N, knobs.block_n, D),
+                                                         (B * HKV, N, knobs.block_n, DV))]
 
         def tensor_maps(q, k, v, device):
             """TMA maps of q, k and v in one device buffer, made once per set of addresses."""

@@ -143,8 +143,9 @@ class HopperAttentionPlan:
     def describe(self, knobs: HopperKnobs | None = None) -> str:
         c = self.chain
         b, h, hkv, m, n, d = c.dims
-        lines = [f"hopper attention plan: {c.out}[{b}, {h}, {m}, {d}] from {c.q}, {c.k}, {c.v} "
-                 f"({hkv} kv-heads, {c.dtype})",
+        lines = [f"hopper attention plan: {c.out}[{b}, {h}, {m}, {c.dv}] from {c.q}, {c.k}, {c.v} "
+                 f"({hkv} kv-heads, {c.dtype}"
+                 + (f"; q·k over {d}, p·v over {c.dv}" if c.value_dim else "") + ")",
                  *(["  layouts by role (b batch, h head, i queries, j keys, d head dim): "
                     + ", ".join(f"{t} {lay}" for t, lay in
                                 zip((c.q, c.k, c.v, c.out, c.lse), c.layouts))
@@ -230,7 +231,7 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
                           axis: str) -> HopperAttentionPlan:
     """Recognise the chain (softmax-weighted attention in bf16 or f16) and split its score."""
     chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"),
-                                logsumexp=True)
+                                logsumexp=True, value_dims=True)
     score, mask = chain.score, None
     if isinstance(score, Where) and isinstance(score.b, Const) and score.b.value == -math.inf \
             and not _reads_dot(score.cond, chain.dot) and not any(
@@ -265,23 +266,31 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
     return plan
 
 
-def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False) -> int:
-    """Dynamic shared memory: the queries, ``stages`` key and value slots (``tiled``: and the
+def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False, DV: int | None = None) -> int:
+    """Dynamic shared memory: the queries, ``stages`` key and value slots (the values ``DV``
+    wide where p·v runs over another head dim than q·k; ``tiled``: and the
     slots of the partial blocks' mask bits, one bit per score), the mbarriers (the queries', four
     per slot, the queries' release, two tile slots' full and free), the two claimed items (tile,
     first key block, key blocks) and the consumers' merge flags, plus 1 KiB for aligning the
     128-byte-swizzled tiles."""
-    tiles = knobs.block_m * D * 2 + 2 * knobs.stages * knobs.block_n * D * 2
+    tiles = knobs.block_m * D * 2 + knobs.stages * knobs.block_n * (D + (DV or D)) * 2
     if tiled:
         tiles += knobs.stages * knobs.consumers * fragment_bit_words(knobs.block_n) * 128 * 4
     return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 48 + 1024
 
 
-def split_workspace(knobs: HopperKnobs, ctas: int, D: int) -> int:
+def split_workspace(knobs: HopperKnobs, ctas: int, DV: int) -> int:
     """Floats the ``"split"`` schedule's partial states take: two parts of each of at most
-    ``ctas`` pieces, each consumer warpgroup's 64 rows of ``o`` (f32) and their maxima and sums
-    (a 16-byte piece per thread)."""
-    return 2 * ctas * knobs.consumers * 128 * (D // 8 + 1) * 4
+    ``ctas`` pieces, each consumer warpgroup's 64 rows of ``o`` (f32, ``DV`` wide) and their
+    maxima and sums (a 16-byte piece per thread)."""
+    return 2 * ctas * knobs.consumers * 128 * (DV // 8 + 1) * 4
+
+
+def narrow_blocks(D: int, DV: int) -> bool:
+    """Whether key blocks narrower than 128 are needed: the value accumulator past 128 (128
+    registers a thread at 256), or two slots of 128 keys and values past the shared memory
+    (256/128)."""
+    return DV > 128 or shared_bytes(HopperKnobs(), D, DV=DV) > SM90_SHARED
 
 
 def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None = None,
@@ -292,10 +301,14 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict |
     ``scalars`` where it has some): fewer block boundaries (each a softmax correction and an O
     rescale) for the same registers — without a mask +1.7 to +3.3 % on the H100 at S = 4096 and
     16384 (``benchmarks.hopper_attention``). ``choose_block=False``: the block size is given
-    (the mask's schedule is not sampled)."""
-    D = sizes[plan.chain.dims[5]]
-    if D > 128:
+    (the mask's schedule is not sampled). Where q·k and p·v run over different head dims, the
+    value accumulator's (``DV``) sets the registers and both the shared memory: 192/128 keeps
+    128-key blocks (208 KiB in two slots), 256/128 takes 64."""
+    D, DV = sizes[plan.chain.dims[5]], sizes[plan.chain.dv]
+    if narrow_blocks(D, DV):
         return HopperKnobs(block_n=64, stages=2)
+    if D != DV:
+        return HopperKnobs()
     # at head dim 64 only where the score is the scaled dot product (and a key-linear bias): a
     # score function of its own (soft-cap's tanh) spills the consumers at 192 keys (ptxas)
     wide = {128: WIDE_BLOCK_N, 64: WIDE_BLOCK_N_D64 if plan.scale is not None else None}.get(D)
@@ -316,6 +329,7 @@ WIDE_BLOCK_N = 176
 # the same block-cost model as 176 at head dim 128 (without a mask: the head-dim-128 rule).
 WIDE_BLOCK_N_D64 = 192
 SM90_SHARED = 227 * 1024   # dynamic shared memory a CTA may have on sm_90
+HEAD_DIMS = (64, 128, 192, 256)   # of q·k and of p·v, each: whole 128-byte swizzle atoms
 SAMPLED_ROW_BLOCKS = 8
 
 
@@ -367,10 +381,13 @@ def last_block_keys(plan: HopperAttentionPlan, N: int, block_n: int) -> int:
 def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
     """The values tuning tries for each knob (integers: a schedule by its index in
     ``SCHEDULES``)."""
-    D = sizes[plan.chain.dims[5]]
-    return {"block_n": (64, 80) if D > 128 else (64, 128) if plan.reads_map   # windows of 2ᵏ keys
-            else (64, 128, 176),
-            "stages": (2, 3), "consumers": (1, 2, 3) if D <= 64 else (1, 2),
+    D, DV = sizes[plan.chain.dims[5]], sizes[plan.chain.dv]
+    # the defaults are a point of the space (a tuning job measures them first, and keeps them
+    # where nothing beats them): 192 keys at head dim 64 where the score is the scaled product
+    wide = (WIDE_BLOCK_N_D64,) if max(D, DV) == 64 and plan.scale is not None else ()
+    return {"block_n": (64, 80) if narrow_blocks(D, DV) else (64, 128) if plan.reads_map or D > 128
+            else (64, 128, 176) + wide,   # a map's windows are 2ᵏ keys; 176 at 192/128 overflow
+            "stages": (2, 3), "consumers": (1, 2, 3) if max(D, DV) <= 64 else (1, 2),
             "overlap": (True, False), "pingpong": (True, False), "ctas_per_sm": (1, 2),
             # "auto" is what tf.compile runs; "split" needs tiles of equal length (no mask)
             "schedule": tuple(i for i, name in enumerate(SCHEDULES)
@@ -381,8 +398,12 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
                  max_shared: int, tiled: bool = False) -> None:
     """Refuse sizes and knobs the kernel cannot run, saying which."""
     B, H, HKV, M, N, D = (sizes[d] for d in plan.chain.dims)
-    if D not in (64, 128, 256):
-        raise _refuse(f"head dim D={D}: the Hopper template handles 64, 128 and 256")
+    DV = sizes[plan.chain.dv]
+    for name, dim in ((plan.chain.dims[5], D), (plan.chain.dv, DV)):
+        if dim not in HEAD_DIMS:
+            raise _refuse(f"head dim {name}={dim}: the Hopper template handles "
+                          f"{', '.join(map(str, HEAD_DIMS))} (rows of 128-byte swizzle atoms); "
+                          "the attention template takes the others")
     if H % HKV:
         raise _refuse(f"H={H} query heads do not share HKV={HKV} kv-heads evenly")
     check_head_map(plan.chain, sizes, H, H // HKV, WHO)
@@ -402,15 +423,16 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
         raise _refuse(f"stages={knobs.stages}: 2, 3 or 4 key/value slots")
     if knobs.ctas_per_sm not in (1, 2):
         raise _refuse(f"ctas_per_sm={knobs.ctas_per_sm}: 1 or 2 CTAs resident on an SM")
-    need = shared_bytes(knobs, D, tiled)
+    need = shared_bytes(knobs, D, tiled, DV)
+    dims = f"{D}" if D == DV else f"{D}/{DV}"
     if need * knobs.ctas_per_sm > max_shared:
         per = f" × {knobs.ctas_per_sm} CTAs per SM" if knobs.ctas_per_sm > 1 else ""
-        raise _refuse(f"{knobs} at head dim {D} needs {need} bytes of shared memory{per}; the "
+        raise _refuse(f"{knobs} at head dim {dims} needs {need} bytes of shared memory{per}; the "
                       f"GPU has {max_shared}: use fewer stages, a smaller block_n"
                       + (" or one CTA per SM" if per else ""))
-    live = D // 2 + knobs.block_n // 2 + knobs.block_n // 4   # O, S (f32) and P (16-bit pairs)
+    live = DV // 2 + knobs.block_n // 2 + knobs.block_n // 4   # O, S (f32), P (16-bit pairs)
     if live + 40 > knobs.consumer_registers:
-        raise _refuse(f"{knobs} at head dim {D} keeps about {live + 40} registers per consumer "
+        raise _refuse(f"{knobs} at head dim {dims} keeps about {live + 40} registers per consumer "
                       f"thread live; {knobs.consumer_registers} are available: use a smaller "
                       "block_n or fewer consumers")
     for name, value in (("M", M), ("N", N)):
@@ -446,8 +468,9 @@ def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict,
     given = {n: bool(v) if n in ("overlap", "pingpong") else _schedule_name(v)
              if n == "schedule" else int(v) for n, v in given.items()}
     knobs = replace(default_hopper_knobs(plan, sizes, scalars, "block_n" not in given), **given)
+    D, DV = sizes[plan.chain.dims[5]], sizes[plan.chain.dv]
     if "block_n" not in given and knobs.block_n == WIDE_BLOCK_N and \
-            shared_bytes(knobs, sizes[plan.chain.dims[5]]) > SM90_SHARED:
+            shared_bytes(knobs, D, DV=DV) > SM90_SHARED:
         knobs = replace(knobs, block_n=HopperKnobs().block_n)
     return knobs
 

@@ -19,8 +19,7 @@ from tensorfuse import dsl as T
 from tests.helpers import fresh_seed, needs_nvcc, run_interpreted
 from tests.schedule_templates.test_hopper_attention import assert_consumers_do_not_spill
 from tests.schedule_templates.permuted_layouts import (KERNELS, inputs, reference,
-                                                       reference_gradients, relative_error,
-                                                       two_head_dims, two_head_dims_case)
+                                                       reference_gradients, relative_error)
 
 CHAIN = ("m", "l", "o")
 SIZES = dict(B=2, H=16, M=4096, N=4096, D=128)
@@ -157,31 +156,3 @@ def test_training_on_a_permuted_layout_matches_float64_on_the_gpu():
     for g, w in zip(got, want):
         assert float((g.double().cpu() - w).norm() / w.norm()) < 2e-2
     assert f.torch_op.training is not None   # the forward saved the log-sum-exp
-
-
-def test_two_head_dims_run_fused_on_the_cpu_and_on_the_triton_template_only():
-    """q·k over 48 and p·v over 32: the CPU target against float64; the row-tile plan holds both
-    sizes (the interpreter check runs its numbers); the Hopper template refuses, saying why."""
-    from tensorfuse.errors import ScheduleError
-
-    seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
-    x, want = two_head_dims_case(torch.Generator().manual_seed(seed))
-    assert relative_error(tf.compile(two_head_dims, "llvm")(**x, scale=0.2), want) < 1e-2, seed
-    sizes = dict(B=1, H=16, M=4096, N=4096, DQK=192, DV=128)
-    assert "feature held whole: e 128 and d 192" in _plan(two_head_dims, "attention", **sizes)
-    with pytest.raises(ScheduleError, match="q·k runs over DQK and p·v over DV"):
-        _plan(two_head_dims, "hopper_attention", **sizes)
-    chosen = tf.compile(two_head_dims, "cuda:sm_90a").for_sizes(**sizes)
-    assert type(chosen).__name__ == "TritonKernel"     # not TVM's default schedule
-
-
-@pytest.mark.gpu
-def test_two_head_dims_match_float64_on_the_gpu():
-    if not torch.cuda.is_available():
-        pytest.skip("needs an NVIDIA GPU")
-    x, want = two_head_dims_case(torch.Generator().manual_seed(5), B=2, H=4, M=1000, N=1000,
-                                 DQK=192, DV=128, width=1.0)
-    x = {k: t.cuda() for k, t in x.items()}
-    out = torch.full(want.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
-    tf.compile(two_head_dims)(**x, scale=0.2, out=out)
-    assert relative_error(out, want) < 2e-2

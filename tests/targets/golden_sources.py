@@ -138,6 +138,10 @@ def _hopper_cases() -> Iterator[Case]:
     for name, (kernel, _, heads) in sorted(UNLISTED.items()):
         sizes = dict(B=2, H=heads[0], HKV=heads[1], M=1024, N=1024, D=128, R=2047)
         yield f"hopper:unlisted:{name}", source(kernel, {}, _sizes(kernel, sizes))
+    from benchmarks.user_kernels import two_head_dims_causal   # p·v over another head dim
+    for dqk, dv in ((192, 128), (256, 128), (128, 256)):
+        sizes = dict(B=2, H=16, M=4096, N=4096, DQK=dqk, DV=dv)
+        yield f"hopper:two_head_dims:{dqk}/{dv}", source(two_head_dims_causal, {}, sizes)
     yield from _lse_and_sparse_cases()
     for name in sorted(K.ATTENTION_VARIANTS):   # as tf.compile picks: prefill, decode, few rows
         kernel = K.ALL[name]

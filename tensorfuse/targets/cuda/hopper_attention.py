@@ -114,7 +114,8 @@ class AttentionSource(KernelArguments):
     """What the parts of one Hopper attention kernel read: the plan
     (``schedule_templates.hopper_attention_plan.HopperAttentionPlan``), its knobs, the head dim,
     whether the key blocks come from the block schedule's lists (``lists``), the map tiling
-    (``tiling``) and the width of the sequence's last key block (``last_n``); and the C++ names
+    (``tiling``), the width of the sequence's last key block (``last_n``) and the head dim of the
+    values and the output (``DV``, where p·v runs over another one than q·k); and the C++ names
     and expressions made from them once."""
 
     entry = ENTRY
@@ -124,8 +125,11 @@ class AttentionSource(KernelArguments):
     lists: bool
     tiling: object = None
     last_n: int | None = None
+    DV: int | None = None
 
     def __post_init__(self):
+        if self.DV is None:
+            object.__setattr__(self, "DV", self.D)
         bn, last_n = self.knobs.block_n, self.last_n
         if last_n is None:
             object.__setattr__(self, "last_n", bn)
@@ -192,14 +196,14 @@ class AttentionSource(KernelArguments):
     @property
     def o_mma(self) -> str:
         """p·v, P from registers."""
-        return self._mma("rs", self.D)
+        return self._mma("rs", self.DV)
 
     @property
     def functions(self) -> str:
         """The kernel's ``wgmma`` functions."""
         dtype = self.plan.dtype
         made = wgmma_function(self.bn, b_k_major=True, dtype=dtype) + \
-            wgmma_function(self.D, a_in_registers=True, dtype=dtype)
+            wgmma_function(self.DV, a_in_registers=True, dtype=dtype)
         if self.last_n != self.bn:
             made += wgmma_function(self.last_n, b_k_major=True, dtype=dtype)
         return made
@@ -226,7 +230,9 @@ class AttentionSource(KernelArguments):
 
     @property
     def sizes(self) -> str:
-        return size_aliases(zip(self.chain.dims, ("B_", "H_", "HKV_", "M_", "N_", "D_")))
+        return size_aliases(zip(self.chain.dims + ((self.chain.value_dim,) if
+                                                   self.chain.value_dim else ()),
+                                ("B_", "H_", "HKV_", "M_", "N_", "D_", "DV_")))
 
 
 def _head(c: AttentionSource) -> str:
@@ -275,11 +281,11 @@ PARTS = (
          (scheduler.attention_defines, scheduler.attention_claim_loop_begin,
           scheduler.attention_claim_loop_end, scheduler.attention_consumer_tile,
           scheduler.attention_tile_functions, scheduler.attention_claim_function)),
-    Part("load", "tma_boxes", ("D", "knobs.block_n", "knobs.stages", "lists", "tiling"),
+    Part("load", "tma_boxes", ("D", "DV", "knobs.block_n", "knobs.stages", "lists", "tiling"),
          (loads.attention_policy_defines, loads.attention_tile_bytes,
           loads.attention_producer_loads)),
     # a permuted layout: 4-D boxes of each tensor's own strides (head dim, tokens, head, batch)
-    Part("load", "tma_strided_boxes", ("D", "knobs.block_n", "knobs.stages", "lists",
+    Part("load", "tma_strided_boxes", ("D", "DV", "knobs.block_n", "knobs.stages", "lists",
                                        "chain.layouts"),
          (loads.attention_policy_defines, loads.attention_tile_bytes,
           loads.attention_producer_loads)),
@@ -289,7 +295,7 @@ PARTS = (
          (pipeline.attention_config, pipeline.attention_kernel_begin,
           pipeline.attention_producer_begin, pipeline.attention_turns_open,
           pipeline.attention_kernel_end, pipeline.attention_turn_functions)),
-    Part("mainloop", "wgmma_qk_then_pv", ("D", "dtype", "knobs.block_n", "knobs.overlap",
+    Part("mainloop", "wgmma_qk_then_pv", ("D", "DV", "dtype", "knobs.block_n", "knobs.overlap",
                                           "last_n"),
          (mainloop.attention_consumer_begin, mainloop.attention_issue_macros,
           mainloop.attention_step_macros, mainloop.attention_tile_blocks,
@@ -299,11 +305,11 @@ PARTS = (
          (row_state.attention_defines, row_state.attention_softmax_macro,
           row_state.attention_exp2, row_state.attention_score_function,
           row_state.attention_softmax_functions, row_state.attention_rescale)),
-    Part("epilogue", "deferred_register_store", ("D", "dtype", "chain.lse", "tiling"),
+    Part("epilogue", "deferred_register_store", ("DV", "dtype", "chain.lse", "tiling"),
          (epilogue.attention_defines, epilogue.attention_deferred_store, epilogue.attention_store,
           epilogue.attention_quad_transpose, epilogue.attention_merge_piece)),
     # a permuted layout: rows and log-sum-exps stored at the offsets of the program's layout
-    Part("epilogue", "deferred_strided_store", ("D", "dtype", "chain.lse", "chain.layouts"),
+    Part("epilogue", "deferred_strided_store", ("DV", "dtype", "chain.lse", "chain.layouts"),
          (epilogue.attention_defines, epilogue.attention_deferred_store, epilogue.attention_store,
           epilogue.attention_quad_transpose, epilogue.attention_merge_piece)),
 )
@@ -323,7 +329,7 @@ KERNEL = (
 
 
 def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
-                            last_n: int | None = None) -> str:
+                            last_n: int | None = None, DV: int | None = None) -> str:
     """CUDA C++ for ``tf_hopper_attention``: grid (row blocks, B·H) in ``GRID`` mode, else
     (persistent CTAs, 1), ``knobs.threads`` threads, dynamic shared memory
     ``hopper_attention_plan.shared_bytes``. ``lists``: the row blocks' key blocks come from the
@@ -336,6 +342,7 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
     with the keys, and the cubin is made for that map. ``last_n`` (a multiple of 16 below
     ``block_n``; plans without a mask): the width of the sequence's last key block's ``Q·Kᵀ`` —
     what is left of N after whole blocks, not a whole block mostly past the end
-    (``hopper_attention_plan.last_block_keys``). Assembled from :data:`PARTS`."""
+    (``hopper_attention_plan.last_block_keys``). ``DV``: the values' and the output's head dim,
+    where p·v runs over another one than q·k (``D``). Assembled from :data:`PARTS`."""
     named_parts(PARTS, plan.parts)
-    return assemble(KERNEL, AttentionSource(plan, knobs, D, lists, tiling, last_n))
+    return assemble(KERNEL, AttentionSource(plan, knobs, D, lists, tiling, last_n, DV))

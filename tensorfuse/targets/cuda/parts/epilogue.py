@@ -8,13 +8,13 @@ def attention_defines(c) -> str:
     """Whether a tile's stores wait for the next tile's first product, and whether the log-sum-
     exp is written; in a permuted layout, where (batch, head, row) lands in the output and the
     log-sum-exps."""
-    return f"""// a tile's output stores wait for the next tile's first q·kᵀ (registers allow it up to D = 128)
-#define DEFER (D_ <= 128)
+    return f"""// a tile's output stores wait for the next tile's first q·kᵀ (registers allow it up to DV = 128)
+#define DEFER (DV_ <= 128)
 #define LSE {int(bool(c.chain.lse))}   // write each row's log-sum-exp (natural log) to lse_out
 """ + (_strided_offsets(c) if c.strided else "")
 
 
-_EXTENTS = {"b": "B_", "h": "H_", "i": "M_", "d": "D_"}
+_EXTENTS = {"b": "B_", "h": "H_", "i": "M_", "d": "DV_"}
 
 
 def _offset_macro(name: str, layout: str) -> str:
@@ -36,8 +36,8 @@ def _strided_offsets(c) -> str:
 
 
 # where a row's output and log-sum-exp go: the library layout, or by the layout's strides
-_FLAT_ROW = "((long)w.bh * M_ + row) * D_"
-_FLAT_LSE = "lse_out[pending_at[x] / D_]"
+_FLAT_ROW = "((long)w.bh * M_ + row) * DV_"
+_FLAT_LSE = "lse_out[pending_at[x] / DV_]"
 _STRIDED_ROW = "OUT_AT(w.bh / H_, w.bh % H_, row)"
 _STRIDED_LSE = "lse_out[pending_lse_at[x]]"
 _PENDING_LSE = "  float pending_lse[2];\n"
@@ -65,7 +65,7 @@ def attention_deferred_store(c) -> str:
 _DEFERRED_STORE = """  // A tile's output, written once the next tile's first q·kᵀ is on the tensor cores (DEFER), so
   // that the stores overlap it: rows' element offsets (−1: past M), 16-byte pieces, log-sum-exps
   long pending_at[2] = {-1, -1};
-  uint4 pending[2][D_ / 32];
+  uint4 pending[2][DV_ / 32];
   float pending_lse[2];
   elem_t* out_e = (elem_t*)out;
   auto write_out = [&]() {
@@ -74,9 +74,9 @@ _DEFERRED_STORE = """  // A tile's output, written once the next tile's first q�
       if (pending_at[x] >= 0) {
         uint4* dst = (uint4*)(out_e + pending_at[x]) + lane % 4;
         #pragma unroll
-        for (int g = 0; g < D_ / 32; ++g) dst[4 * g] = pending[x][g];
+        for (int g = 0; g < DV_ / 32; ++g) dst[4 * g] = pending[x][g];
 #if LSE
-        if (lane % 4 == 0) lse_out[pending_at[x] / D_] = pending_lse[x];
+        if (lane % 4 == 0) lse_out[pending_at[x] / DV_] = pending_lse[x];
 #endif
       }
       pending_at[x] = -1;
@@ -116,7 +116,7 @@ _STORE = """    // o / l from the fragments, rows row_lo (registers r % 4 < 2) a
       const float inv = 1.0f / l[x];
       const int row = row_lo + 8 * x;
       #pragma unroll
-      for (int g = 0; g < D_ / 32; ++g) {
+      for (int g = 0; g < DV_ / 32; ++g) {
         unsigned a[4];
         #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -126,9 +126,9 @@ _STORE = """    // o / l from the fragments, rows row_lo (registers r % 4 < 2) a
 #if TILED
       bool ok;
       const int token = tf_row_token(row, ok);   // row: a position of the tiled order
-      pending_at[x] = keep && ok ? ((long)w.bh * M_ + token) * D_ : -1;
+      pending_at[x] = keep && ok ? ((long)w.bh * M_ + token) * DV_ : -1;
 #else
-      pending_at[x] = keep && row < M_ ? ((long)w.bh * M_ + row) * D_ : -1;
+      pending_at[x] = keep && row < M_ ? ((long)w.bh * M_ + row) * DV_ : -1;
 #endif
       // m and l are in base 2 of the score: ln Σ e^s = (m + log2 l) · ln 2; −inf when empty
       pending_lse[x] = (m[x] + log2f(l[x])) * 0.6931471805599453f;
@@ -168,17 +168,17 @@ def attention_merge_piece(c) -> str:
 // workspace in fragment order; the warpgroup that completes the rows' pieces last (a counter per
 // tile and warpgroup, which it resets) merges the others' into its own and returns true: it
 // writes the output. Every thread writes and reads its own fragment's 16-byte pieces.
-__device__ __forceinline__ bool merge_piece(float (&o)[D_ / 2], float (&m)[2], float (&l)[2],
+__device__ __forceinline__ bool merge_piece(float (&o)[DV_ / 2], float (&m)[2], float (&l)[2],
     const Tail& s, int tile, int first, int cw, int t, float4* work, int* counters,
     volatile int* flags) {
   const int tl = tile - s.tile0, p = (tl * s.C + first) / s.L;
   const int lo = first_piece(s, tl), hi = last_piece(s, tl);
-  const long stride = (D_ / 8 + 1) * 128;   // float4s of one warpgroup's partial
+  const long stride = (DV_ / 8 + 1) * 128;   // float4s of one warpgroup's partial
   float4* mine = work + ((long)piece_slot(s, tl, p) * CONSUMERS + cw) * stride + t;
   #pragma unroll
-  for (int r = 0; r < D_ / 8; ++r)
+  for (int r = 0; r < DV_ / 8; ++r)
     __stcg(mine + r * 128, make_float4(o[4 * r], o[4 * r + 1], o[4 * r + 2], o[4 * r + 3]));
-  __stcg(mine + (D_ / 8) * 128, make_float4(m[0], m[1], l[0], l[1]));
+  __stcg(mine + (DV_ / 8) * 128, make_float4(m[0], m[1], l[0], l[1]));
   // the warpgroup's own named barrier: ids past the consumers' turns
   if (!tf_arrived_last(counters + 2 + tl * CONSUMERS + cw, hi - lo + 1, 1 + CONSUMERS + cw, 128,
                        t == 0, flags + cw))
@@ -186,7 +186,7 @@ __device__ __forceinline__ bool merge_piece(float (&o)[D_ / 2], float (&m)[2], f
   for (int q = lo; q <= hi; ++q) {
     if (q == p) continue;
     const float4* theirs = work + ((long)piece_slot(s, tl, q) * CONSUMERS + cw) * stride + t;
-    const float4 ml = __ldcg(theirs + (D_ / 8) * 128);
+    const float4 ml = __ldcg(theirs + (DV_ / 8) * 128);
     const float mq[2] = {ml.x, ml.y}, lq[2] = {ml.z, ml.w};
     float a[2], b[2];
     #pragma unroll
@@ -199,7 +199,7 @@ __device__ __forceinline__ bool merge_piece(float (&o)[D_ / 2], float (&m)[2], f
       l[x] = l[x] * a[x] + lq[x] * b[x];
     }
     #pragma unroll
-    for (int r = 0; r < D_ / 8; ++r) {
+    for (int r = 0; r < DV_ / 8; ++r) {
       const float4 v = __ldcg(theirs + r * 128);
       o[4 * r] = o[4 * r] * a[0] + v.x * b[0];
       o[4 * r + 1] = o[4 * r + 1] * a[0] + v.y * b[0];

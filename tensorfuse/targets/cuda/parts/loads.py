@@ -20,11 +20,13 @@ def attention_policy_defines(c) -> str:
 
 
 def attention_tile_bytes(c) -> str:
-    """The swizzle atoms along the head dim and the bytes of a query tile and of a key or value
-    block."""
-    return """#define ATOMS (D_ / 64)                 // 128-byte swizzle atoms along the head dim
+    """The swizzle atoms along the head dims (q·k's, p·v's) and the bytes of a query tile, a
+    key block and a value block."""
+    return """#define ATOMS (D_ / 64)                 // 128-byte swizzle atoms along q·k's head dim
+#define V_ATOMS (DV_ / 64)              // and along the values'
 #define Q_BYTES (BM * D_ * 2)
-#define KV_BYTES (BN * D_ * 2)
+#define K_BYTES (BN * D_ * 2)
+#define V_BYTES (BN * DV_ * 2)
 """
 
 
@@ -69,11 +71,11 @@ def attention_producer_loads(c) -> str:
             const bool bits = false;
 #endif
             if (u >= STAGES) tf_mbar_wait(empty_k + s, ((u / STAGES) - 1) & 1);
-            tf_mbar_expect(full_k + s, KV_BYTES + (bits ? MASK_BYTES : 0));
+            tf_mbar_expect(full_k + s, K_BYTES + (bits ? MASK_BYTES : 0));
             #pragma unroll
             for (int a = 0; a < ATOMS; ++a)
 #if TILED
-              {tma_load_call(c.rank, "k_tiles + s * KV_BYTES + a * BN * 128", "k_map", "a * 64",
+              {tma_load_call(c.rank, "k_tiles + s * K_BYTES + a * BN * 128", "k_map", "a * 64",
                              "kc", "full_k + s")};
             if (bits)
               tf_bulk_load(mask_tiles + s * MASK_BYTES,
@@ -81,18 +83,18 @@ def attention_producer_loads(c) -> str:
                            full_k + s);
 #else
               {_flat_box(c, "load", "k_map", "n0", "w.kv", "HKV_",
-                         "k_tiles + s * KV_BYTES + a * BN * 128", "full_k + s")};
+                         "k_tiles + s * K_BYTES + a * BN * 128", "full_k + s")};
 #endif
             if (u >= STAGES) tf_mbar_wait(empty_v + s, ((u / STAGES) - 1) & 1);
-            tf_mbar_expect(full_v + s, KV_BYTES);
+            tf_mbar_expect(full_v + s, V_BYTES);
             #pragma unroll
-            for (int a = 0; a < ATOMS; ++a)
+            for (int a = 0; a < V_ATOMS; ++a)
 #if TILED
-              {tma_load_call(c.rank, "v_tiles + s * KV_BYTES + a * BN * 128", "v_map", "a * 64",
+              {tma_load_call(c.rank, "v_tiles + s * V_BYTES + a * BN * 128", "v_map", "a * 64",
                              "kc", "full_v + s")};
 #else
               {_flat_box(c, "load", "v_map", "n0", "w.kv", "HKV_",
-                         "v_tiles + s * KV_BYTES + a * BN * 128", "full_v + s")};
+                         "v_tiles + s * V_BYTES + a * BN * 128", "full_v + s")};
 #endif
           }}
           use += w.count;

@@ -15,7 +15,7 @@ def attention_consumer_begin(c) -> str:
   const float scale2 = {c.scale};
   const unsigned q_base = tf_smem_addr(q_tile), k_base = tf_smem_addr(k_tiles),
                  v_base = tf_smem_addr(v_tiles);
-  float o[D_ / 2];
+  float o[DV_ / 2];
   float m[2], l[2], corr[2];
   float s[BN / 2];
   uint4 p[BN / 16];
@@ -35,7 +35,7 @@ def attention_issue_macros(c) -> str:
 #define ISSUE_S_INTO(acc, mma, it)                                                          \
   {{                                                                                          \
     const unsigned long long dq = tf_kmajor_desc(q_base, BM, cw * 64, 0),                   \
-                             dk = tf_kmajor_desc(k_base + SLOT(it) * KV_BYTES, BN, 0, 0);   \
+                             dk = tf_kmajor_desc(k_base + SLOT(it) * K_BYTES, BN, 0, 0);    \
     tf_mbar_wait(full_k + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
     _Pragma("unroll") for (int ks = 0; ks < D_ / 16; ++ks)                                   \
@@ -46,7 +46,7 @@ def attention_issue_macros(c) -> str:
   // o += p·v of block `it` over its first `steps` 16-key steps (issued, not waited for)
 #define ISSUE_O(it, steps)                                                                  \
   {{                                                                                          \
-    const unsigned vt = v_base + SLOT(it) * KV_BYTES;                                         \
+    const unsigned vt = v_base + SLOT(it) * V_BYTES;                                          \
     tf_mbar_wait(full_v + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
     _Pragma("unroll") for (int ks = 0; ks < BN / 16; ++ks)                                   \
@@ -139,7 +139,7 @@ def attention_tile_blocks(c) -> str:
     return f"""    const int row_lo = w.rb * BM + cw * 64 + warp * 16 + lane / 4;
     const float kc_ = tf_key_bias(w.bh / H_, w.bh % H_{c.extra_args});
     #pragma unroll
-    for (int r = 0; r < D_ / 2; ++r) o[r] = 0.0f;
+    for (int r = 0; r < DV_ / 2; ++r) o[r] = 0.0f;
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.0f;
     tf_mbar_wait(bar_q, k & 1);

@@ -7,6 +7,7 @@ def attention_config(c) -> str:
     """The pipeline's shape: tiles, ring slots, warpgroups, their registers, overlap and the
     consumers' turns."""
     return f"""#define D_ {c.D}
+#define DV_ {c.DV}   // the values' and the output's head dim
 #define BM {c.knobs.block_m}
 #define BN {c.bn}
 // the sequence's last key block: LAST_N keys (what is left of N after whole blocks, to 16)
@@ -39,8 +40,8 @@ def attention_kernel_begin(c) -> str:
   unsigned char* smem = (unsigned char*)(((unsigned long)smem_raw + 1023) & ~1023ul);
   unsigned char* q_tile = smem;
   unsigned char* k_tiles = smem + Q_BYTES;
-  unsigned char* v_tiles = k_tiles + STAGES * KV_BYTES;
-  unsigned char* mask_tiles = v_tiles + STAGES * KV_BYTES;   // TILED: the partial blocks' bits
+  unsigned char* v_tiles = k_tiles + STAGES * K_BYTES;
+  unsigned char* mask_tiles = v_tiles + STAGES * V_BYTES;   // TILED: the partial blocks' bits
   unsigned long long* bars = (unsigned long long*)(mask_tiles + STAGES * MASK_BYTES);
   unsigned long long* bar_q = bars;
   unsigned long long* full_k = bars + 1;

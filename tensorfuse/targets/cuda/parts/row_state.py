@@ -127,10 +127,10 @@ __device__ __forceinline__ void tf_block_end(const float (&l)[2]) {
 def attention_rescale(c) -> str:
     """``o``'s rows times their corrections."""
     return """// o's rows times their corrections — skipped where every row of the warp kept its m.
-__device__ __forceinline__ void rescale(float (&o)[D_ / 2], const float (&corr)[2]) {
+__device__ __forceinline__ void rescale(float (&o)[DV_ / 2], const float (&corr)[2]) {
   if (!__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) return;
   #pragma unroll
-  for (int r = 0; r < D_ / 2; ++r) o[r] *= corr[(r % 4) / 2];
+  for (int r = 0; r < DV_ / 2; ++r) o[r] *= corr[(r % 4) / 2];
 }
 
 """
