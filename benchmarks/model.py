@@ -9,7 +9,13 @@ Phases (CSV rows ``model/<phase>/<shape>``):
 - prefill: ``B`` sequences of ``S`` tokens (no cache; the logits of the last token), tokens/s;
 - decode: one new token per sequence after a ``StaticCache`` holding ``context`` tokens (random
   keys and values written through the cache's own ``update``), tokens/s; each timed step appends
-  a token, so the cache is sized for every step of the run.
+  a token, so the cache is sized for every step of the run;
+- train: a training step's forward and backward (``loss.backward()`` of the next-token loss on
+  ``B`` sequences of ``S`` tokens, in ``model.train()``), tokens/s; the first layer's query
+  projection's gradient compared with SDPA's (it depends on every layer's backward).
+
+    python -m benchmarks.model --config llama3-8b-4l --prefill-batches "" --decode-batches "" \
+        --train-batches 1 --csv results/DATE-DEVICE-model-train.csv
 
 Every implementation is timed in turn, ``ROUNDS`` rounds, each the median of CUDA-event timings
 of whole forward calls (host work included: what a user of the model gets, eagerly). Before
@@ -32,6 +38,10 @@ CONFIGS = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                       num_key_value_heads=8, num_hidden_layers=32, vocab_size=128256,
                       max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5),
+    # its first four layers: a training step's backward fits beside the prefill's kernels
+    "llama3-8b-4l": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                         num_key_value_heads=8, num_hidden_layers=4, vocab_size=128256,
+                         max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5),
     "tiny": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
                  num_key_value_heads=2, num_hidden_layers=2, vocab_size=1000,
                  max_position_embeddings=4096),
@@ -68,6 +78,8 @@ def select(model, implementation: str):
         tfh.use_tensorfuse(model)
     elif implementation == "tensorfuse-attention":   # the other layers as transformers has them
         tfh.use_tensorfuse(model, norms=False, mlp=False)
+    elif implementation == "tensorfuse-norms":   # attention and RMSNorms, transformers' MLPs
+        tfh.use_tensorfuse(model, mlp=False)
     elif implementation != "sdpa":
         raise ValueError(f"unknown implementation {implementation!r}")
 
@@ -175,6 +187,51 @@ def decode(model, config: str, batch: int, context: int, implementations, log,
     return "decode", f"B{batch}-ctx{context}", batch, flops, weights + kv_bytes, result
 
 
+def train(model, config: str, batch: int, seq: int, implementations, log,
+          on_row=lambda impl, ms, err: None, repeat: int = 3) -> tuple:
+    """A training step (forward and backward) on ``batch`` sequences of ``seq`` tokens under each
+    implementation in turn — its first call (compiles), the gradient check, then ``ROUNDS``
+    timings — reporting each as it is measured (``on_row``): a run cut short keeps what it
+    measured. The arguments of :func:`rows` but the ceilings."""
+    c = CONFIGS[config]
+    ids = torch.randint(0, c["vocab_size"], (batch, seq), device=model.device)
+    probe = model.model.layers[0].self_attn.q_proj.weight
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=ids).loss.backward()
+        return probe.grad
+
+    model.train()
+    result = {}
+    try:
+        select(model, "sdpa")
+        ref = step().clone()
+        for impl in implementations:
+            select(model, impl)
+            started = time.perf_counter()
+            err = relative_error(step(), ref)
+            log(f"  {impl}: first step {time.perf_counter() - started:.1f} s, gradient vs sdpa "
+                f"{err:.2e}")
+            ms = statistics.median(timed_ms(step, repeat) for _ in range(ROUNDS))
+            result[impl] = (ms, err)
+            on_row(impl, ms, err)
+    finally:
+        select(model, "sdpa")
+        model.eval()
+    return "train", f"B{batch}-S{seq}", batch * seq, train_flops(config, batch, seq), 0.0, result
+
+
+def train_flops(config: str, batch: int, seq: int) -> float:
+    """A training step's FLOPs: the forward's (projections, MLP, causal attention) three times
+    (the backward's products are twice the forward's)."""
+    c = CONFIGS[config]
+    head = c["hidden_size"] // c["num_attention_heads"]
+    attention = 2 * 2 * batch * c["num_attention_heads"] * seq * seq * head / 2 * \
+        c["num_hidden_layers"]
+    return 3 * (model_flops_per_token(c) * batch * seq + attention)
+
+
 def rows(phase, shape, tokens, flops, bytes_moved, result, ceilings: dict) -> list[Row]:
     """CSV rows of one measured phase and shape, with the fraction of the run's ceiling (copy
     bandwidth for decode, cuBLAS GEMM rate for prefill)."""
@@ -184,7 +241,8 @@ def rows(phase, shape, tokens, flops, bytes_moved, result, ceilings: dict) -> li
         gbps = bytes_moved / ms / 1e6
         fraction = gbps / (ceilings["copy_tbps"] * 1e3) if bytes_moved else \
             tflops / ceilings["gemm_tflops"]
-        note = f"tokens/s={tokens / ms * 1e3:.0f}; logits vs sdpa {err:.1e}"
+        what = "first layer's q_proj gradient" if phase == "train" else "logits"
+        note = f"tokens/s={tokens / ms * 1e3:.0f}; {what} vs sdpa {err:.1e}"
         out.append(Row(f"model/{phase}", shape, impl, ms, tflops, gbps, fraction, note))
     return out
 
@@ -193,12 +251,13 @@ def rows(phase, shape, tokens, flops, bytes_moved, result, ceilings: dict) -> li
 
 def summary(all_rows: list[Row]) -> str:
     """A table: tokens/s per implementation and tensorfuse's ratio to each baseline."""
-    lines = [f"{'phase':8} {'shape':16} " + " ".join(f"{i:>15}" for i in IMPLEMENTATIONS) +
+    labels = list(dict.fromkeys([*IMPLEMENTATIONS, *(r.implementation for r in all_rows)]))
+    lines = [f"{'phase':8} {'shape':16} " + " ".join(f"{i:>20}" for i in labels) +
              "   tf/sdpa  tf/flex"]
     by = {(r.benchmark, r.shape, r.implementation): r for r in all_rows}
     for phase, shape in dict.fromkeys((r.benchmark, r.shape) for r in all_rows):
-        ms = {i: by[(phase, shape, i)].ms for i in IMPLEMENTATIONS if (phase, shape, i) in by}
-        cells = " ".join(f"{ms[i]:13.3f}ms" if i in ms else f"{'-':>15}" for i in IMPLEMENTATIONS)
+        ms = {i: by[(phase, shape, i)].ms for i in labels if (phase, shape, i) in by}
+        cells = " ".join(f"{ms[i]:18.3f}ms" if i in ms else f"{'-':>20}" for i in labels)
         ratio = (lambda b: f"{ms[b] / ms['tensorfuse']:8.3f}" if b in ms and "tensorfuse" in ms
                  else f"{'-':>8}")
         lines.append(f"{phase[6:]:8} {shape:16} {cells} {ratio('sdpa')} {ratio('flex_attention')}")
@@ -225,7 +284,7 @@ def precompile(config: str, seq: int, prefill_batches, decode_batches) -> None:
 
 def run(log, config: str = "llama3-8b", prefill_batches=(1, 2, 4, 8), seq: int = 4096,
         decode_batches=(1, 8), context: int = 32768, implementations=IMPLEMENTATIONS,
-        csv_path: str | None = None) -> list[Row]:
+        csv_path: str | None = None, train_batches=()) -> list[Row]:
     """Every phase and shape in turn (``benchmarks.run --only model`` calls this); the CSV is
     rewritten after every shape, so a run cut short keeps what it measured."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -241,6 +300,18 @@ def run(log, config: str = "llama3-8b", prefill_batches=(1, 2, 4, 8), seq: int =
             out += rows(*measure(model, config, b, length, implementations, log), ceilings)
             if csv_path:
                 write_csv(out, csv_path)
+    for b in train_batches:
+        log(f"train B={b} S={seq}")
+        done: dict = {}
+        measured = ("train", f"B{b}-S{seq}", b * seq, train_flops(config, b, seq), 0.0)
+
+        def keep(impl, ms, err):   # each implementation's row as soon as it is timed
+            done[impl] = (ms, err)
+            if csv_path:
+                write_csv(out + rows(*measured, dict(done), ceilings), csv_path)
+
+        train(model, config, b, seq, implementations, log, keep)
+        out += rows(*measured, done, ceilings)
     return out
 
 
@@ -251,6 +322,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--decode-batches", default="1,8")
     parser.add_argument("--context", type=int, default=32768)
+    parser.add_argument("--train-batches", default="",
+                        help="batches of --seq tokens to time a training step at (e.g. 1)")
     parser.add_argument("--implementations", default=",".join(IMPLEMENTATIONS))
     parser.add_argument("--csv", default=None)
     parser.add_argument("--precompile", action="store_true",
@@ -263,7 +336,7 @@ def main(argv=None) -> None:
         return
     out = run(lambda text: print(text, flush=True), args.config, prefill_batches, args.seq,
               decode_batches, args.context, [i for i in args.implementations.split(",") if i],
-              args.csv)
+              args.csv, [int(x) for x in args.train_batches.split(",") if x])
     print(summary(out))
     bad = [r for r in out if "inf" in r.note or float(r.note.split("sdpa ")[1]) > LOGITS_TOLERANCE]
     for r in bad:

@@ -282,6 +282,11 @@ SECTIONS = (
      "python -m benchmarks.model --csv PATH"),
     ("model-decode", "A Llama-3-8B-shaped model: decode", "bf16, random weights",
      "python -m benchmarks.model --csv PATH"),
+    ("model-train", "A Llama-3-8B-shaped model: a training step",
+     "bf16, its first four layers, random weights; forward + backward, tokens/s; the first "
+     "layer's query-projection gradient against SDPA's in the note",
+     "python -m benchmarks.model --config llama3-8b-4l --prefill-batches '' --decode-batches '' "
+     "--train-batches 1 --csv PATH"),
     ("overhead", "What a call costs the host", "small kernels, wall clock per call",
      "python -m benchmarks.overhead --csv PATH"),
     ("cpu", "CPU kernels", "2 cores; against torch on the same cores",
