@@ -1,13 +1,13 @@
-"""Builders for tuning candidates.
+"""Builders for tuning candidates: the CPU's built on threads in this process
+(:class:`CpuBuilder`), the GPU templates compiled by Triton in this process
+(:class:`TritonBuilder`).
 
-Why TVM's ``LocalBuilder`` was slow (measured 2026-11-22 on the 2-core CI machine): its default
-build function imports ``tvm.s_tir.tensor_intrin`` in every fresh worker, which parses all of
-TVM's CUDA and ROCm tensor intrinsics as TVMScript — 24–31 s before the first line of the build
-(``python -X importtime``: ``tensor_intrin.cuda`` 18 s, ``.rocm`` 3 s) — and ``LocalBuilder``
-starts a fresh process pool for every batch. So every batch paid ~30 s, past the 30 s default
-timeout: every trial failed. Our candidates are already scheduled (nothing left to tensorize), so
-:func:`build_candidate` builds without that import; a batch now costs the pool start (~3 s)
-plus the compiles. GPU templates are compiled by Triton in this process (:class:`TritonBuilder`).
+TVM's ``LocalBuilder`` is not used. Its default build function imports
+``tvm.s_tir.tensor_intrin`` in every fresh worker, which parses all of TVM's CUDA and ROCm tensor
+intrinsics as TVMScript: 24–31 s on the 2-core CI machine (``python -X importtime``:
+``tensor_intrin.cuda`` 18 s). And it starts a fresh process pool for every batch, each worker
+importing TVM (5 s). Our candidates are already scheduled (nothing left to tensorize):
+:func:`build_candidate` builds them without that import.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import threading
 from contextlib import contextmanager
 
 import tvm
-from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 from tvm.ir.utils import derived_object
 
@@ -40,11 +39,11 @@ _SANITY = threading.Lock()
 
 @contextmanager
 def without_startup_check(tvm_class):
-    """Construct TVM's ``LocalBuilder`` / ``LocalRunner`` without their start-up check: each
-    starts a process pool only to look up its worker functions there — 5.2 s and 4.7 s of a
-    30 s four-trial CPU job on 2 cores (cProfile of ``tune(K.softmax, "llvm", trials=4)``). The
-    functions are TVM's defaults and :func:`build_candidate`, importable in every worker; a
-    worker that could not find one fails its trials, and the job says so."""
+    """Construct TVM's ``LocalRunner`` without its start-up check: it starts a process pool only
+    to look up its worker functions there — 4.7 s of a 30 s four-trial CPU job on 2 cores
+    (cProfile of ``tune(K.softmax, "llvm", trials=4)``). The functions are TVM's defaults,
+    importable in every worker; a worker that could not find one fails its trials, and the job
+    says so."""
     cls = tvm_class._cls   # the Python class behind TVM's derived object
     with _SANITY:
         saved = cls._sanity_check
@@ -55,42 +54,29 @@ def without_startup_check(tvm_class):
             cls._sanity_check = saved
 
 
-def tvm_builder(workers: int, timeout_sec: float = 60.0) -> ms.builder.LocalBuilder:
-    """TVM's local builder (a process pool: a crashing candidate cannot take the job down) with
-    :func:`build_candidate` as its build function."""
-    with without_startup_check(ms.builder.LocalBuilder):
-        return ms.builder.LocalBuilder(max_workers=workers, timeout_sec=timeout_sec,
-                                       f_build=build_candidate)
-
-
 @derived_object
 class CpuBuilder(PyBuilder):
-    """A CPU job's builder: candidates of the CPU template (schedules of the workload) by TVM's
-    :func:`tvm_builder`; candidates of a fused chain (``cpu_fused``: knobs that change the
-    lowering) lowered for their knobs here, where the kernel is known, then built in a pool of
-    threads and exported as TVM's builder exports, for TVM's runner."""
+    """A CPU job's builder: candidates of the CPU template (schedules of the workload) built as
+    they are, and candidates of a fused chain (``cpu_fused``: knobs that change the lowering)
+    lowered for their knobs here, where the kernel is known — both built in a pool of threads in
+    this process and exported as TVM's builder exports, for TVM's runner. TVM's ``LocalBuilder``
+    starts a fresh process pool for every batch, each worker importing TVM (5 s on the 2-core
+    CI machine): a CPU job's pools took longer than its builds (``tests/autotune/test_tuning.py``'s
+    three-job test, 39 s with it, 23 s with this). A build that crashes the process takes the job
+    with it — the database keeps every finished batch (a job resumes from it)."""
 
     def __init__(self, tasks_by_key: dict, workers: int):
         super().__init__()
         self.tasks_by_key = tasks_by_key
         self.workers = workers
-        self.tvm = tvm_builder(workers)
 
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
         from concurrent.futures import ThreadPoolExecutor
 
-        fused = [k for k, item in enumerate(build_inputs) if self._fused(item.mod)]
-        plain = [k for k in range(len(build_inputs)) if k not in fused]
-        results: list = [None] * len(build_inputs)
-        if plain:
-            for k, result in zip(plain, self.tvm.build([build_inputs[k] for k in plain])):
-                results[k] = result
-        if fused:
-            with ThreadPoolExecutor(max(1, min(len(fused), self.workers))) as pool:
-                for k, result in zip(fused, pool.map(self._build_fused,
-                                                     [build_inputs[k] for k in fused])):
-                    results[k] = result
-        return results
+        if not build_inputs:
+            return []
+        with ThreadPoolExecutor(max(1, min(len(build_inputs), self.workers))) as pool:
+            return list(pool.map(self._build, build_inputs))
 
     @staticmethod
     def _fused(mod: tvm.IRModule) -> bool:
@@ -99,13 +85,14 @@ class CpuBuilder(PyBuilder):
         attrs = mod["main"].attrs
         return attrs is not None and str(attrs.get(TEMPLATE_ATTR, "")) == "cpu_fused"
 
-    def _build_fused(self, item: BuilderInput) -> BuilderResult:
+    def _build(self, item: BuilderInput) -> BuilderResult:
         from tvm.s_tir.meta_schedule.builder.local_builder import default_export
 
         try:
-            task = self.tasks_by_key[task_key(item.mod)]
-            built = build_candidate(task.candidate(knobs_of(item.mod)), item.target)
-            return BuilderResult(default_export(built), None)
+            mod = item.mod
+            if self._fused(mod):   # the chain lowered for the candidate's knobs
+                mod = self.tasks_by_key[task_key(mod)].candidate(knobs_of(mod))
+            return BuilderResult(default_export(build_candidate(mod, item.target)), None)
         except Exception as exc:  # noqa: BLE001 - reported per candidate, counted by the job
             return BuilderResult(None, f"build failed: {failure(exc)}")
 
