@@ -170,14 +170,25 @@ GRADIENT_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 IDS = (2, 11)   # one shape for the training tests: their kernels compile once
 
 
+# on the GPU: head dim 64 and 300 tokens, so that the forward is the Hopper template's (on an
+# H100/H200) and its backward the attention backward template reading its log-sum-exps
+ON_GPU = dict(hidden_size=256, intermediate_size=512)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_training_runs_on_tensorfuse_with_the_sdpa_models_loss_and_gradients(dtype,
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_training_runs_on_tensorfuse_with_the_sdpa_models_loss_and_gradients(device, dtype,
                                                                              only_tensorfuse):
     """A training step (autograd recording) through the swapped model runs its attention and
     norms on tensorfuse's kernels — their PyTorch operators and backwards — and its MLPs on
     transformers' code, and gives the loss and every parameter's gradient of the same model on
     SDPA, by value."""
-    ids = torch.randint(0, 100, IDS, generator=torch.Generator().manual_seed(fresh_seed()))
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    config = ON_GPU if device == "cuda" else {}
+    shape = (2, 300) if device == "cuda" else IDS
+    ids = torch.randint(0, 100, shape, generator=torch.Generator().manual_seed(fresh_seed()))
+    ids = ids.to(device)
 
     def step(model):
         model.train()
@@ -185,8 +196,8 @@ def test_training_runs_on_tensorfuse_with_the_sdpa_models_loss_and_gradients(dty
         loss.backward()
         return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
 
-    want_loss, want = step(tiny_llama(dtype))
-    swapped = tfh.use_tensorfuse(tiny_llama(dtype))
+    want_loss, want = step(tiny_llama(dtype, device, **config))
+    swapped = tfh.use_tensorfuse(tiny_llama(dtype, device, **config))
     calls = only_tensorfuse()
     got_loss, got = step(swapped)
     assert calls["mlp"] == TINY["num_hidden_layers"]
