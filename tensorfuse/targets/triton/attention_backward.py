@@ -32,7 +32,7 @@ import math
 
 from ...dsl.expr import Load
 from ...dsl.program import TensorParam
-from .expr import HELPERS, LOG2E, TL_DTYPES, TileContext, offset, to_triton
+from .expr import HELPERS, LOG2E, TL_DTYPES, TileContext, ieee_products, offset, to_triton
 from .launch import TL_SIGNATURE, compile_for, interpreting, load_kernel
 
 ENTRIES = ("_tf_bwd_stats", "_tf_bwd_delta", "_tf_bwd_dkdv", "_tf_bwd_dq", "_tf_bwd_dkdv_dq")
@@ -69,7 +69,7 @@ class _BackwardSource:
             plan.head_dim
         self.storage = storage = plan.q.param.dtype
         self.dot_type = TL_DTYPES[storage]
-        self.prec = ", input_precision='ieee'" if storage in ("f32", "f64") else ""
+        self.prec = ieee_products(storage)
         self.qkv = (plan.q.param.name, plan.k.param.name, plan.v.param.name)
         self.others = [p.name for p in plan.program.tensor_params if p.name not in self.qkv]
         self.scalars = [p.name for p in plan.program.scalar_params]

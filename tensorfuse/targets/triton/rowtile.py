@@ -22,7 +22,8 @@ from ...dsl.expr import Axis, Expr, Load, Symbol, Where
 from ...dsl.program import Compute
 from ...errors import TargetError
 from ..index_text import IndexText as _Index
-from .expr import HELPERS, TL_DTYPES, TileContext, fresh_memo, literal, to_triton
+from .expr import (HELPERS, TL_DTYPES, TileContext, fresh_memo, ieee_products, literal,
+                   to_triton)
 from .row_states import (REDUCE, column_operands, depended_on, lanewise_states,
                          output_operands, reloadable, uncorrected_states)
 
@@ -236,7 +237,8 @@ class _RowTileSource:
         for xname, con in plan.locals.items():
             feat = self.local_axes[xname]
             w(f"rhs_{xname} = {_operand(con.right, self.ctx_cf(feat), self.dot_type(con))}")
-            w(f"t_{xname} = tl.dot(lhs_{xname}, tl.trans(rhs_{xname}){_ieee(self.dot_type(con))})")
+            ieee = ieee_products(self.dot_type(con))
+            w(f"t_{xname} = tl.dot(lhs_{xname}, tl.trans(rhs_{xname}){ieee})")
             rc_refs[xname] = f"t_{xname}"
         if self.splits > 1:  # positions of this program's part covered so far (the last is short)
             w(f"seen_next = tl.minimum(seen + BLOCK_N, "
@@ -297,7 +299,7 @@ class _RowTileSource:
                 corrected = to_triton(scheme.correct[sp.k], corr)
                 if sp.contraction is not None:  # accumulate on the tensor cores: acc = p·v + acc
                     text = (f"tl.dot(p_{m.name}_{sp.k}, v_{m.name}_{sp.k}, {corrected}"
-                            f"{_ieee(self.dot_type(sp.contraction))})")
+                            f"{ieee_products(self.dot_type(sp.contraction))})")
                 else:
                     combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
                                                        [Symbol("__b", sp.dtype)])[0]
@@ -513,14 +515,6 @@ def _assemble(functions) -> str:
                   f"def {fname}(" + ", ".join(fargs) + ", BLOCK_M: tl.constexpr, "
                   "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):"] + body
     return "\n".join(parts) + "\n"
-
-
-def _ieee(dot_dtype: str) -> str:
-    """The products of a float32 contraction in float32, as written: Triton's default for f32
-    operands is TF32 (10-bit mantissas), whose error a float32 kernel must not carry (a tiny
-    Llama's f32 attention gradients on the H200, its forward's products in TF32: 3e-3 from
-    SDPA's, where f32 asks 1e-5)."""
-    return ", input_precision='ieee'" if dot_dtype in ("f32", "f64") else ""
 
 
 def _operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
