@@ -199,10 +199,6 @@ class _Recorded:
 RECORDED: list[_Recorded] = []   # every suite kernel compiled, in order
 
 
-def _compiled(kernel) -> _Recorded:
-    return _Recorded(kernel)
-
-
 @dataclass
 class Case:
     """One suite kernel at one size: tensorfuse's call, the alternatives' (label → call), the
@@ -234,7 +230,7 @@ def _attention_case(name: str, kernel, layout: str, B: int, H: int, HKV: int, S:
     from_bhsd = (lambda x: x.transpose(1, 2)) if layout == "bshd" else \
         (lambda x: x.permute(2, 0, 1, 3))
     scale = D ** -0.5
-    f = _compiled(kernel)
+    f = _Recorded(kernel)
     rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
     # float64 reference of the checked rows, per (batch, head)
     qr, kr, vr = (to_bhsd(x).double() for x in (q, k, v))
@@ -275,7 +271,7 @@ def _two_head_dims_case(generator, B=2, H=16, S=4096, DQK=192, DV=128) -> Case:
             for _ in range(2))
     v = torch.randn(B, H, S, DV, generator=generator).to("cuda", torch.bfloat16)
     scale = DQK ** -0.5
-    f = _compiled(two_head_dims_causal)
+    f = _Recorded(two_head_dims_causal)
     rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
     s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale
     s = s.masked_fill(rows.cuda()[:, None] < torch.arange(S, device="cuda")[None], -math.inf)
@@ -301,7 +297,7 @@ def _rows_case(name: str, kernel, eager, x, extra: dict, shape: str) -> Case:
     """A row kernel on ``x`` against ``eager`` (its torch function) and it under torch.compile;
     checked on all of it, GB/s of the bytes it must move (its inputs read once, its output
     written once)."""
-    f = _compiled(kernel)
+    f = _Recorded(kernel)
     compiled = torch.compile(eager)
     tensors = [a for a in extra.values() if isinstance(a, torch.Tensor)]
     scalars = {n: a for n, a in extra.items() if not isinstance(a, torch.Tensor)}
@@ -385,7 +381,7 @@ def _segment_mean_case(generator, G=2048, D=1024, longest=128) -> Case:
         return (total / lengths[:, None]).to(t.dtype)
 
     compiled = torch.compile(scattered)
-    f = _compiled(segment_mean)
+    f = _Recorded(segment_mean)
     starts32, lengths32 = starts.to(torch.int32), lengths.to(torch.int32)
     moved = (x.numel() + G * D) * x.element_size()
     return Case("segment_mean", f"R{x.shape[0]} D{D} G{G} (1..{longest} rows each)",
@@ -427,7 +423,7 @@ def _mqa_decode_case(generator, B=16, H=64, N=16384, D=128) -> Case:
     k, v = (torch.randn(B, N, D, generator=generator).to("cuda", torch.bfloat16)
             for _ in range(2))
     scale = D ** -0.5
-    f = _compiled(mqa_decode)
+    f = _Recorded(mqa_decode)
     ref = _decode_reference(q, k[:, None], v[:, None], scale)
     return Case("mqa_decode", f"B{B} H{H}/1 N{N} D{D}", lambda: f(q, k, v, scale=scale),
                 _decode_sdpa(q[:, :, None], k[:, None], v[:, None], scale, gqa=True),
@@ -440,7 +436,7 @@ def _gqa_decode_case(generator, B=8, H=32, HKV=8, N=32768, D=128) -> Case:
     k, v = (torch.randn(B, HKV, N, D, generator=generator).to("cuda", torch.bfloat16)
             for _ in range(2))
     scale = D ** -0.5
-    f = _compiled(gqa_decode)
+    f = _Recorded(gqa_decode)
     return Case("gqa_decode", f"B{B} H{H}/{HKV} N{N} D{D}", lambda: f(q, k, v, scale=scale),
                 _decode_sdpa(q[:, :, None], k, v, scale, gqa=True),
                 _decode_reference(q, k, v, scale), lambda out: out,
@@ -463,7 +459,7 @@ def _paged_decode_case(generator, B=8, H=32, HKV=8, N=32768, D=128, PAGE=64) -> 
 
     k, v = gathered(k_pages).contiguous(), gathered(v_pages).contiguous()
     scale = D ** -0.5
-    f = _compiled(paged_decode)
+    f = _Recorded(paged_decode)
     ref = _decode_reference(q, k, v, scale)
     alternatives = {f"{label} (contiguous cache)": call for label, call in
                     _decode_sdpa(q[:, :, None], k, v, scale, gqa=True).items()}
@@ -488,7 +484,7 @@ def _cross_attention_case(generator, B=4, H=16, M=1024, N=8192, D=128) -> Case:
             for _ in range(2))
     lengths = torch.randint(N // 2, N + 1, (B,), generator=generator).to("cuda", torch.int32)
     scale = D ** -0.5
-    f = _compiled(cross_attention_lengths)
+    f = _Recorded(cross_attention_lengths)
     valid = torch.arange(N, device="cuda")[None, :] < lengths[:, None]       # [B, N]
     rows = torch.cat([torch.arange(64), torch.arange(M - 64, M)])
     s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale

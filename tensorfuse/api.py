@@ -130,22 +130,19 @@ def _flattened(kernel, spec):
     import types
 
     from .flat_kernel import FlatSweepKernel
-    from .schedule_templates.auto import choose
+    from .schedule_templates.auto import flat_templated
     from .schedule_templates.flat_sweeps import flatten_sweeps, swept_together
 
     program = kernel.program
-    group = swept_together(program)
-    if group is None or not _triton_available():
-        return None
-    probe = flatten_sweeps(program, dict.fromkeys(program.dim_names(), 64))
-    if probe is None or choose(probe, spec) is None:
+    if not _triton_available() or \
+            flat_templated(program, dict.fromkeys(program.dim_names(), 64), spec) is None:
         return None
 
     def make(sizes: dict):
         flat = flatten_sweeps(program, sizes)
         return _compile(types.SimpleNamespace(program=flat, fn=None, name=flat.name), spec,
                         "auto")
-    return FlatSweepKernel(program, spec, group, make)
+    return FlatSweepKernel(program, spec, swept_together(program), make)
 
 
 def _staged(kernel, spec, why: str, planned_for=None):
@@ -158,19 +155,13 @@ def _staged(kernel, spec, why: str, planned_for=None):
     import warnings
 
     from .errors import NoTemplateWarning
-    from .schedule_templates.auto import choose
-    from .schedule_templates.stages import NotStageable, plan_stages
+    from .schedule_templates.auto import templated_stages
     from .staged import StagedKernel
 
     planned_for = planned_for or spec
-    if not _triton_available():
+    stages = templated_stages(kernel.program, planned_for) if _triton_available() else ()
+    if not stages:
         return None
-    try:
-        stages = plan_stages(kernel.program, lambda sub: choose(sub, planned_for) is not None)
-    except NotStageable:
-        return None
-    if not any(s.templated for s in stages):
-        return None   # TVM's default schedule of the whole program is as good as its pieces'
     kernels = []
     for stage in stages:
         part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)

@@ -149,3 +149,15 @@ def runs_a_template(made, args: dict) -> bool:
         made = made.for_sizes(**bound.dims)
     return isinstance(made, AutoKernel) and \
         made.for_sizes(bound.scalars, **bound.dims) is not made.fallback
+
+
+def assert_gpu_template_matches(kernel, case, tolerance: float = 2e-2) -> None:
+    """``tf.compile(kernel)`` on the GPU, on fresh inputs of ``case`` (:func:`gpu_case`): a
+    template runs them (not TVM's default schedule) and the result is within ``tolerance`` of
+    the float64 reference."""
+    import tensorfuse as tf
+
+    args, want, seed = gpu_case(case)
+    made = tf.compile(kernel)
+    assert runs_a_template(made, args), made
+    assert relative_error(made(**args), want) < tolerance, seed

@@ -198,50 +198,23 @@ def make_tasks(kernel, dims: dict, target: TargetSpec,
     (:mod:`~tensorfuse.schedule_templates.stages`), one per stage a template takes — each under
     the stage program's name and sizes, which is how the staged kernel's stages look their
     records up."""
+    from ..schedule_templates.auto import templated_stages
+
     try:
         return [make_task(kernel, dims, target, scalars)]
     except TuningError as refused:
-        stages = _templated_stages(kernel, target) if target.is_gpu else ()
+        stages = templated_stages(kernel.program, target) if target.is_gpu else ()
         if not stages:
             raise refused from None
     scalars = scalars or {}
     tasks = []
-    for stage in stages:
+    for stage in (s for s in stages if s.templated):
         own = set(stage.program.dim_names())
         named = {p.name for p in stage.program.scalar_params}
         part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
         tasks.append(make_task(part, {n: v for n, v in dims.items() if n in own}, target,
                                {n: v for n, v in scalars.items() if n in named}))
     return tasks
-
-
-def _templated_stages(kernel, target: TargetSpec) -> tuple:
-    """The stages ``tf.compile``'s floor runs ``kernel`` as that a template takes (none where it
-    takes none: the floor is then TVM's default schedule of the whole)."""
-    from ..schedule_templates.auto import choose
-    from ..schedule_templates.stages import NotStageable, plan_stages
-
-    try:
-        stages = plan_stages(kernel.program, lambda sub: choose(sub, target) is not None)
-    except NotStageable:
-        return ()
-    return tuple(s for s in stages if s.templated)
-
-
-def _flat_kernel(kernel, dims: dict, target: TargetSpec):
-    """``kernel`` as ``tf.compile`` runs it where its chain reduces over several axes together
-    (:mod:`~tensorfuse.schedule_templates.flat_sweeps`): its flat program at ``dims`` — same name
-    and sizes, so that its records are the ones the flat kernel looks up — where a template takes
-    that; else None."""
-    from ..schedule_templates.auto import choose
-    from ..schedule_templates.flat_sweeps import flatten_sweeps, swept_together
-
-    if swept_together(kernel.program) is None:
-        return None
-    flat = flatten_sweeps(kernel.program, dims)
-    if flat is None or choose(flat, target) is None:
-        return None
-    return types.SimpleNamespace(program=flat, fn=None, name=flat.name)
 
 
 def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = None) -> TuningTask:
@@ -258,12 +231,14 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         if fusion is not None:
             return TuningTask(kernel, dict(dims), target, "cpu_fused", fusion, scalars)
         return TuningTask(kernel, dict(dims), target, "cpu", scalars=scalars)
-    from ..schedule_templates.auto import choose
+    from ..schedule_templates.auto import choose, flat_templated
 
     choice = choose(kernel.program, target)
-    flat = _flat_kernel(kernel, dims, target) if choice is None else None
+    flat = flat_templated(kernel.program, dims, target) if choice is None else None
     if flat is not None:   # tf.compile runs it swept as one axis: that program is what it tunes
-        return make_task(flat, dims, target, scalars)
+        # (same name and sizes: its records are the ones the flat kernel looks up)
+        return make_task(types.SimpleNamespace(program=flat, fn=None, name=flat.name), dims,
+                         target, scalars)
     if choice is None:
         raise TuningError(f"{kernel.name} fits no GPU template (no reduction chain the rolling "
                           "update accepts along one axis), so there is nothing to tune on "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-
 from ..algebra import plan_chain
 from ..algebra.exprs import nodes
 from ..dsl.expr import Load, is_gathered

@@ -25,6 +25,31 @@ def choose(program: Program, target: TargetSpec):
     return next((found for found, _ in _gpu_candidates(program) if found is not None), None)
 
 
+def flat_templated(program: Program, sizes: dict, target: TargetSpec) -> Program | None:
+    """``program`` swept as one axis over the axes it reduces together
+    (:mod:`.flat_sweeps`) at ``sizes``, where a template on ``target`` takes that flat program;
+    else None. What ``tf.compile`` runs such a chain as, and so what tuning tunes."""
+    from .flat_sweeps import flatten_sweeps, swept_together
+
+    if swept_together(program) is None:
+        return None
+    flat = flatten_sweeps(program, sizes)
+    return flat if flat is not None and choose(flat, target) is not None else None
+
+
+def templated_stages(program: Program, target: TargetSpec) -> tuple:
+    """The stages ``tf.compile``'s floor cuts ``program`` into (:func:`.stages.plan_stages`, by
+    what a template on ``target`` takes), where a template takes at least one of them; else ``()``
+    (TVM's default schedule of the whole program is as good as its pieces')."""
+    from .stages import NotStageable, plan_stages
+
+    try:
+        stages = plan_stages(program, lambda sub: choose(sub, target) is not None)
+    except NotStageable:
+        return ()
+    return stages if any(s.templated for s in stages) else ()
+
+
 def why_no_template(program: Program, target: TargetSpec) -> str:
     """Why :func:`choose` found no GPU template for ``program``: each candidate chain's
     refusal, or that it has no reduction chain to fuse."""

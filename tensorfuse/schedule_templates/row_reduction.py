@@ -43,9 +43,8 @@ def rows_contiguous(plan: RowTilePlan) -> bool:
 # C=150 of [8, 150, 65536] 0.121 → 0.082 ms with 4 warps instead of 8 (read again: 0.086;
 # torch.compile 0.156); layer norm over D=1024 of [8, 1024, 4096] 0.074 → 0.062 (32 × 512:
 # 0.060; torch.compile 0.063); the max over S=512 of [64, 512, 4096] 0.0635 in one block of 512
-# with 8 warps (64 × 256 with 8 warps 0.064, with 4 0.070; torch.compile 0.062). Before:
-# 8 rows × 256 (the row-major default) 988 GB/s on the log-softmax, 16 × 256 2075, 64 × 256
-# 2524, 64 × 64 swept 2057, 128 × 32 swept 1479 (``benchmarks.user_kernels``).
+# with 8 warps (64 × 256 with 8 warps 0.064, with 4 0.070; torch.compile 0.062). The row-major
+# default (8 rows × 256) ran the log-softmax at 988 GB/s (``benchmarks.user_kernels``).
 CONTIGUOUS_ROWS, CONTIGUOUS_ROWS_BLOCK, CONTIGUOUS_TILE = 64, 256, 32768
 
 

@@ -16,8 +16,8 @@ from tensorfuse.schedule_templates.attention import SMS, default_knobs, is_decod
 from tensorfuse.schedule_templates.flat_sweeps import flatten_sweeps, swept_together
 from tensorfuse.schedule_templates.tile_plan import plan_rowtile
 from tensorfuse.targets import get_target
-from tests.helpers import (fresh_seed, gpu_case, relative_error, run_interpreted,
-                           runs_a_template, templated)
+from tests.helpers import (assert_gpu_template_matches, fresh_seed, relative_error,
+                           run_interpreted, templated)
 from tests.schedule_templates.decode_layouts import CASES, paged_decode, paged_lengths_decode
 
 HOPPER = get_target("cuda:sm_90a")
@@ -135,11 +135,7 @@ def test_decode_templates_compile_for_sm_90a_on_tensor_cores(name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_decodes_match_float64_on_the_gpu(name):
-    kernel, case = CASES[name]
-    args, want, seed = gpu_case(case)
-    made = tf.compile(kernel)
-    assert runs_a_template(made, args), made
-    assert relative_error(made(**args), want) < 2e-2, seed
+    assert_gpu_template_matches(*CASES[name])
 
 
 def test_a_page_pool_past_two_giga_elements_is_addressed_in_64_bits():

@@ -11,8 +11,8 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse.schedule_templates.row_reduction import CONTIGUOUS_TILE
-from tests.helpers import (fresh_seed, gpu_case, relative_error, run_interpreted,
-                           runs_a_template, templated)
+from tests.helpers import (assert_gpu_template_matches, fresh_seed, gpu_case, relative_error,
+                           run_interpreted, templated)
 from tests.schedule_templates.strided_rows import (CASES, group_norm, group_norm_case,
                                                    layernorm_channels, log_softmax_channels)
 
@@ -82,11 +82,7 @@ def test_strided_row_templates_match_float64_in_the_interpreter():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_strided_rows_match_float64_on_the_gpu(name):
-    kernel, case = CASES[name]
-    args, want, seed = gpu_case(case)
-    made = tf.compile(kernel)
-    assert runs_a_template(made, args), made
-    assert relative_error(made(**args), want) < 2e-2, seed
+    assert_gpu_template_matches(*CASES[name])
 
 
 @pytest.mark.gpu
