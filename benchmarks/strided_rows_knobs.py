@@ -1,11 +1,13 @@
 """The row template's knobs where a chain reduces across a strided axis (the tile's neighbouring
 rows, not its columns, are neighbours in memory): the user suite's layer norm over the channels
 of ``[B, D, S]``, log-softmax over the channels of ``[B, C, P]`` and the max over tokens of
-``[B, S, D]`` (max-pool's first stage); each candidate checked against float64 and timed from a
-CUDA graph beside ``tf.compile``'s default and torch.compile: what
-``row_reduction.CONTIGUOUS_ROWS`` and its block are chosen from.
+``[B, S, D]`` (max-pool's first stage), and a group norm's two reduced axes swept as one flat row;
+each candidate checked against float64 and timed from a CUDA graph beside ``tf.compile``'s default
+and torch.compile: what ``row_reduction.CONTIGUOUS_ROWS``, its block and the stages of a swept row
+are chosen from.
 
-    python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool] [--out DIR]
+    python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool,group_norm]
+                                            [--out DIR]
 """
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ import torch
 
 import tensorfuse as tf
 from benchmarks.common import Row, measure_candidates, write_csv
-from benchmarks.user_kernels import layernorm_channels, log_softmax_channels, max_pool_l2
+from benchmarks.user_kernels import (group_norm, layernorm_channels, log_softmax_channels,
+                                     max_pool_l2)
 from tensorfuse.schedule_templates.auto import choose
+from tensorfuse.schedule_templates.flat_sweeps import flatten_sweeps
 from tensorfuse.schedule_templates.row_reduction import row_reduction
 from tensorfuse.schedule_templates.stages import plan_stages
 from tensorfuse.targets import get_target
@@ -50,6 +54,22 @@ def _cases(generator, only):
         yield ("log_softmax", f"B{B} C{C} P{P} (over C)", log_softmax_channels, dict(x=x),
                torch.log_softmax(x.double(), 1), torch.compile(log_softmax), (x,),
                2 * x.numel() * 2)
+    if "group_norm" in only:   # over two axes, swept as one flat row of C/G·P
+        B, G, C, P = 16, 32, 16, 4096
+        x = (torch.randn(B, G, C, P, generator=generator) * 2 + 1).to("cuda", torch.bfloat16)
+        w = (torch.rand(G, C, generator=generator) + 0.5).to("cuda", torch.bfloat16)
+        bias = torch.randn(G, C, generator=generator).to("cuda", torch.bfloat16)
+
+        def group(t, weight, shift):
+            flat = t.reshape(t.shape[0], -1, t.shape[-1])
+            return torch.nn.functional.group_norm(flat, t.shape[1], weight.reshape(-1),
+                                                  shift.reshape(-1), 1e-5).reshape(t.shape)
+        flat = flatten_sweeps(group_norm.program, dict(B=B, G=G, C=C, P=P))
+        stage = types.SimpleNamespace(program=flat, fn=None, name=flat.name)
+        yield ("group_norm", f"B{B} G{G} C/G{C} P{P} (over C/G and P)", stage,
+               dict(x=x, w=w, bias=bias, eps=1e-5),
+               group(x.double(), w.double(), bias.double()).reshape(B, G, C * P),
+               torch.compile(group), (x, w, bias), 2 * x.numel() * 2)
     if "max_pool" in only:   # the pool stage: the max over S, the tokens strided by D
         B, S, D = 64, 512, 4096
         x = (torch.randn(B, S, D, generator=generator) * 3).to("cuda", torch.bfloat16)
@@ -62,17 +82,22 @@ def _cases(generator, only):
                x.double().amax(1), torch.compile(pooled), (x,), x.numel() * 2 + B * D * 4)
 
 
-def _knobs(cols: int):
+def _knobs(cols: int, rows_major: bool):
     """Candidate (rows, block, warps, stages, reload): tiles of 2k to 32k elements, the block up
-    to the whole row; reload only where the row is one block."""
+    to the whole row, rows swept in blocks with their loads 1-3 blocks ahead (Triton's pipeline);
+    reload only where the row is one block. ``rows_major``: a flat row (a group norm's), a few
+    rows of blocks of 2k-16k."""
     whole = 1 << max(4, (cols - 1).bit_length())
-    for rows, block in itertools.product((16, 32, 64, 128, 256), (64, 128, 256, 512, 1024)):
+    shapes = itertools.product((1, 2, 4), (2048, 4096, 8192, 16384)) if rows_major else \
+        itertools.product((16, 32, 64, 128), (128, 256, 512, 1024))
+    for rows, block in shapes:
         if not 2048 <= rows * block <= 32768 or block > whole:
             continue
-        for warps, stages in itertools.product((4, 8), (1, 2)):
-            yield rows, block, warps, stages, 0
-            if block >= cols:
-                yield rows, block, warps, stages, 1
+        for warps in ((4, 8, 16) if rows_major else (4, 8)):
+            for stages in ((1,) if block >= cols else (1, 2, 3)):
+                yield rows, block, warps, stages, 0
+                if block >= cols:
+                    yield rows, block, warps, stages, 1
 
 
 def run(only, log=print) -> list[Row]:
@@ -90,7 +115,7 @@ def run(only, log=print) -> list[Row]:
             made = {f"r{k[0]} b{k[1]} w{k[2]} s{k[3]}" + (" reload" if k[4] else ""):
                     row_reduction(kernel, fusion, SPEC, rows=k[0], block=k[1], num_warps=k[2],
                                   num_stages=k[3], reload=bool(k[4]))
-                    for k in _knobs(plan.cols)}
+                    for k in _knobs(plan.cols, name == "group_norm")}
             alternatives = {"torch_compile": lambda c=compiled, a=eager_args: c(*a)}
             calls = {"default": tf.compile(kernel), **alternatives}
             out += measure_candidates("strided_rows_knobs", name, shape, calls, made,
@@ -109,7 +134,7 @@ def _dims(kernel, args: dict) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="layernorm,log_softmax,max_pool")
+    parser.add_argument("--only", default="layernorm,log_softmax,max_pool,group_norm")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
     rows = run(args.only.split(","))

@@ -14,6 +14,7 @@ from ...dsl import dtypes as dt
 from ...dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar,
                          Symbol, Unary, Where, is_gathered)
 from ...errors import TargetError
+from ..address_terms import address_terms
 
 TL_DTYPES = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f64": "tl.float64",
              "i32": "tl.int32", "i64": "tl.int64", "bool": "tl.int1"}
@@ -215,10 +216,11 @@ def offset(e: Load, ctx: TileContext) -> str:
     """The element offset ``e`` reads in its tensor (row-major strides at ``ctx.sizes``): what
     a load or a store of the same element adds to the tensor's pointer."""
     terms = []
-    for index, stride, size in zip(e.indices, strides(e.param, ctx.sizes),
-                                   dim_sizes(e.param, ctx.sizes)):
+    size_of = {id(i): n for i, n in zip(e.indices, dim_sizes(e.param, ctx.sizes))}
+    for index, stride in address_terms(e.indices, strides(e.param, ctx.sizes)):
         idx = to_triton(index, ctx.child(keep_dtype=False))
         if is_gathered(index):   # data: clamped into its dimension (see index_checks)
+            size = size_of[id(index)]   # a gather is never merged: its own dimension
             idx = f"tl.minimum(tl.maximum({idx}, 0), {size - 1})"
             if stride * size >= 2**31:   # an i32 page number times its stride would wrap
                 idx = f"{idx}.to(tl.int64)"

@@ -26,6 +26,7 @@ from .expr import (HELPERS, TL_DTYPES, TileContext, fresh_memo, ieee_products, l
                    to_triton)
 from .row_states import (REDUCE, column_operands, depended_on, lanewise_states,
                          output_operands, reloadable, uncorrected_states)
+from .source_writer import SourceWriter
 
 MAX_FEATURE = 256  # head dims up to 256 fit a tile in registers
 # issue the outputs' per-row operand loads before a whole-row block's reductions (chunk_body)
@@ -45,27 +46,6 @@ LANEWISE = True
 # 8192: 0.997-1.0004x torch.compile against 0.996-0.998x in one block; of 16384: 96 % of copy
 # against 98.7 % in one block read again — ``benchmarks.rows_sweep``)
 SWEPT_IN_L2 = 8192
-
-
-class _Writer:
-    def __init__(self):
-        self.lines: list[str] = []
-        self.indent = 1
-
-    def __call__(self, text: str = "") -> None:
-        self.lines.append("    " * self.indent + text if text else "")
-
-    def block(self):
-        writer = self
-
-        class _Indent:
-            def __enter__(self):
-                writer.indent += 1
-
-            def __exit__(self, *exc):
-                writer.indent -= 1
-
-        return _Indent()
 
 
 def kernel_source(plan, knobs, name: str,
@@ -90,7 +70,7 @@ class _RowTileSource:
             (lambda con: con.dot_dtype)  # noqa: E731
         self.prog = prog = plan.program
         self.sizes = plan.sizes
-        self.w = _Writer()
+        self.w = SourceWriter()
         self.tensors = [p.name for p in prog.tensor_params]
         self.scalars = [p.name for p in prog.scalar_params]
         self.outs = [f"out_{c.name}" for c, _, _ in plan.outputs]
@@ -120,6 +100,10 @@ class _RowTileSource:
         self.hinted = self.reads_only or self.reads_twice and (
             not column_operands(plan) or N <= SWEPT_IN_L2 and uncorrected_states(plan))
         self.single = plan.mask is None and N <= knobs.block_n and splits == 1
+        # a row reduction's sweeps run their loads num_stages blocks ahead (a chain with
+        # tensor-core products is pipelined by the compile option already)
+        self.stages = 1 if plan.locals or any(sp.contraction for sp in plan.states) else \
+            knobs.num_stages
         self.reload = self.single and knobs.reload and reloadable(plan)
         if self.reload or ((self.hinted if EVICTION is None else EVICTION) and not plan.locals and
                            not any(sp.contraction for sp in plan.states)):
@@ -369,7 +353,7 @@ class _RowTileSource:
             store = (f"tl.store({out} + ({offsets}), ({to_triton(expr, ctx)})"
                      f".to({TL_DTYPES[c.dtypes[0]]}), mask={' & '.join(valid_) or 'None'})")
             if kind == "col" and not self.single:
-                w(f"for start_n in range(0, {self.N}, BLOCK_N):")
+                w.sweep("start_n", "0", str(self.N), "BLOCK_N", self.stages)
                 with w.block():
                     w("offs_n = start_n + tl.arange(0, BLOCK_N)")
                     w(store)
@@ -450,8 +434,8 @@ class _RowTileSource:
                     with w.block():
                         self.chunk_body(True)
             else:
-                w(f"for start_n in range(lo, tl.minimum(lo + {self.per_split}, {self.N}), "
-                  "BLOCK_N):")
+                w.sweep("start_n", "lo", f"tl.minimum(lo + {self.per_split}, {self.N})",
+                        "BLOCK_N", self.stages)
                 with w.block():
                     self.chunk_body(True)
             for sp in plan.states:
@@ -473,7 +457,7 @@ class _RowTileSource:
                 self.chunk_memo = fresh_memo(self.chunk_memo, frozenset(e.key() for e in early))
                 self.ctx_base.streaming = self.ctx_base.streaming[:2] + ("evict_first",)
         elif plan.mask is None:
-            w(f"for start_n in range(0, {self.N}, BLOCK_N):")
+            w.sweep("start_n", "0", str(self.N), "BLOCK_N", self.stages)
             with w.block():
                 self.chunk_body(True)
             for sp in plan.states:
