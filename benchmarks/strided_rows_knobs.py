@@ -60,15 +60,16 @@ def _cases(generator, only):
         w = (torch.rand(G, C, generator=generator) + 0.5).to("cuda", torch.bfloat16)
         bias = torch.randn(G, C, generator=generator).to("cuda", torch.bfloat16)
 
-        def group(t, weight, shift):
+        def group(t, weight, shift):   # [B, G, C/G·P]: the flat kernel's output
             flat = t.reshape(t.shape[0], -1, t.shape[-1])
             return torch.nn.functional.group_norm(flat, t.shape[1], weight.reshape(-1),
-                                                  shift.reshape(-1), 1e-5).reshape(t.shape)
+                                                  shift.reshape(-1), 1e-5).reshape(
+                                                      t.shape[0], t.shape[1], -1)
         flat = flatten_sweeps(group_norm.program, dict(B=B, G=G, C=C, P=P))
         stage = types.SimpleNamespace(program=flat, fn=None, name=flat.name)
         yield ("group_norm", f"B{B} G{G} C/G{C} P{P} (over C/G and P)", stage,
                dict(x=x, w=w, bias=bias, eps=1e-5),
-               group(x.double(), w.double(), bias.double()).reshape(B, G, C * P),
+               group(x.double(), w.double(), bias.double()),
                torch.compile(group), (x, w, bias), 2 * x.numel() * 2)
     if "max_pool" in only:   # the pool stage: the max over S, the tokens strided by D
         B, S, D = 64, 512, 4096

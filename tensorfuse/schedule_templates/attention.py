@@ -29,6 +29,8 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     (:func:`decode_knobs`)."""
     if is_decode(plan):
         return decode_knobs(plan, target)
+    if float32_products(plan):
+        return F32_KNOBS
     if plan.feature_extent > 128:
         # q·k and p·v over different head dims (one block as wide as the wider): 128×64 tiles,
         # 8 warps, where their shared memory fits — on the H200 at 192/128, B2 H16 S4096 causal:
@@ -47,6 +49,18 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     if target.kind == "rocm":
         return Knobs(block_m=128, block_n=64, num_warps=4, num_stages=1)
     return Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3)
+
+
+# float32 operands multiply on the FMA units (``input_precision='ieee'``, products as written), not
+# the tensor cores: small tiles — 128×128 with 8 warps and 3 stages took 28 s to compile at D=64
+# (Triton 3.6, sm_90a) and did not fit shared memory at D=128
+F32_KNOBS = Knobs(block_m=64, block_n=32, num_warps=4, num_stages=2)
+
+
+def float32_products(plan: RowTilePlan) -> bool:
+    """Whether a contraction of the chain multiplies float32 operands."""
+    return any(c.dot_dtype == "f32" for c in plan.locals.values()) or \
+        any(sp.contraction.dot_dtype == "f32" for sp in plan.states if sp.contraction)
 
 
 # rows per (batch, head group) up to which a chain is a decode: the keys are split over programs
@@ -79,7 +93,7 @@ def decode_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     block_m = min(DECODE_ROWS, max(16, 1 << max(0, plan.rows - 1).bit_length()))
     batch = plan.grid_batch_size
     programs = batch * math.ceil(plan.rows / block_m)
-    block_n = 128 if 2 * batch <= SMS else 64
+    block_n = F32_KNOBS.block_n if float32_products(plan) else 128 if 2 * batch <= SMS else 64
     blocks = math.ceil(plan.cols / block_n)
     per_sm = 2 if gathers_columns(plan) else 1
     splits = max(1, min(max(2, round(per_sm * SMS / programs)), blocks // 2, 64))

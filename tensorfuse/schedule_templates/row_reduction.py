@@ -37,15 +37,24 @@ def rows_contiguous(plan: RowTilePlan) -> bool:
 
 
 # Reducing across a strided axis: tiles of 64 contiguous rows × the whole row where the tile
-# holds up to 32k elements, else blocks of 256, a warp per 4096 elements of the tile (at least
-# 4: 64 × 512 with 4 spilled 820-1074 bytes, ptxas sm_90a), the row kept in registers (not read
-# again). On the H200 (``benchmarks.strided_rows_knobs``, GPU time, bf16): log-softmax over
-# C=150 of [8, 150, 65536] 0.121 → 0.082 ms with 4 warps instead of 8 (read again: 0.086;
-# torch.compile 0.156); layer norm over D=1024 of [8, 1024, 4096] 0.074 → 0.062 (32 × 512:
-# 0.060; torch.compile 0.063); the max over S=512 of [64, 512, 4096] 0.0635 in one block of 512
-# with 8 warps (64 × 256 with 8 warps 0.064, with 4 0.070; torch.compile 0.062). The row-major
-# default (8 rows × 256) ran the log-softmax at 988 GB/s (``benchmarks.user_kernels``).
-CONTIGUOUS_ROWS, CONTIGUOUS_ROWS_BLOCK, CONTIGUOUS_TILE = 64, 256, 32768
+# holds up to 32k elements (a warp per 4096 elements of the tile, at least 4: 64 × 512 with 4
+# spilled 820-1074 bytes, ptxas sm_90a), the row kept in registers (not read again); wider rows
+# are swept in 32 × 512 blocks by 4 warps, each block's loads issued while the one before is
+# reduced (2 stages). On the H200 (``benchmarks.strided_rows_knobs``, GPU time, bf16): log-softmax
+# over C=150 of [8, 150, 65536] 0.082 ms in one 64 × 256 tile with 4 warps (8 warps: 0.115; read
+# again: 0.086; torch.compile 0.156); layer norm over D=1024 of [8, 1024, 4096] 0.051 ms swept in
+# 32 × 512 blocks, 2 stages (64 × 256: 0.057, unpipelined 0.062; the whole row, 32 × 1024 with 8
+# warps: 0.062; torch.compile 0.063); the max over S=512 of [64, 512, 4096] 0.063-0.064 in one
+# block of 512 (torch.compile 0.063). The row-major default (8 rows × 256) ran the log-softmax at
+# 988 GB/s (``benchmarks.user_kernels``).
+CONTIGUOUS_ROWS, CONTIGUOUS_TILE = 64, 32768
+SWEPT_CONTIGUOUS = (32, 512, 4, 2)   # rows, block, warps and stages of a wider strided row
+# Rows laid out along the row (softmax, norms, a group norm's flat row) are swept without the
+# pipeline: on the H200 (``benchmarks.rows_sweep --stages``) it took softmax over 2048 × 65536
+# from 82 to 62 % of copy, cross-entropy 73 -> 67 %, layernorm 56 -> 60 %, and the [16384, 8192]
+# rows in blocks of 4096 10-25 % lower; a group norm's 65536-element rows 0.054 -> 0.062 ms
+# (``benchmarks.strided_rows_knobs``)
+ROW_MAJOR_STAGES = 1
 
 
 def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
@@ -53,10 +62,12 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     block_n = _whole_row_block(cols)
     if target.kind == "cuda" and rows_contiguous(plan):
         if CONTIGUOUS_ROWS * block_n > CONTIGUOUS_TILE:
-            block_n = CONTIGUOUS_ROWS_BLOCK
+            rows, block, warps, stages = SWEPT_CONTIGUOUS
+            return Knobs(block_m=rows, block_n=block, num_warps=warps, num_stages=stages,
+                         reload=0)
         return Knobs(block_m=CONTIGUOUS_ROWS, block_n=block_n,
-                     num_warps=max(4, CONTIGUOUS_ROWS * block_n // 4096),
-                     num_stages=1 if cols <= block_n else 2, reload=0)
+                     num_warps=max(4, CONTIGUOUS_ROWS * block_n // 4096), num_stages=1,
+                     reload=0)
     # a row of 4097-8192 columns whose states are sums kept per lane (RMSNorm's Σx²): swept in
     # two blocks of 4096 by 16 warps, read twice (held in L2 between the passes) — Inductor's
     # shape; RMSNorm over 8192 at 1.0004x torch.compile against 0.997x in one block, the scaled
@@ -80,7 +91,7 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     # ``benchmarks.rows_sweep``; ROCm: not measured, kept off)
     reload = int(target.kind == "cuda" and cols <= block_n and reloadable(plan))
     return Knobs(block_m=rows_per_program, block_n=block_n, num_warps=warps,
-                 num_stages=1 if cols <= block_n else 2, reload=reload)
+                 num_stages=ROW_MAJOR_STAGES, reload=reload)
 
 
 def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, ...]]:

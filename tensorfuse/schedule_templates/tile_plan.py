@@ -194,9 +194,13 @@ def _split_product(e: Expr, left_axes: set, right_axes: set, shared: set) -> tup
 
 
 def _storage_of(e: Expr) -> str:
+    """The type a contraction's operands go to the tensor cores in: their storage type where
+    they share a 16-bit one, else float32 (products as written: f32 tensors rounded to bf16 put
+    a tiny Llama's f32 attention gradients 3e-3 from SDPA's)."""
     loads = [n for n in nodes(e) if isinstance(n, Load) and dt.is_float(n.param.dtype)]
     kinds = {n.param.dtype for n in loads}
-    return kinds.pop() if len(kinds) == 1 and kinds <= {"bf16", "f16"} else "bf16"
+    return kinds.pop() if len(kinds) == 1 and kinds <= {"bf16", "f16"} else \
+        "bf16" if not kinds else "f32"
 
 
 def row_roles(chain: Chain) -> tuple[list[Axis], Axis]:
