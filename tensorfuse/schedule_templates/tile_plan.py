@@ -467,7 +467,7 @@ class Knobs:
     block_n: int = 64
     num_warps: int = 8
     num_stages: int = 2
-    splits: int = 1  # >1: the split update (parts of the axis in parallel, then a merge kernel)
+    splits: int = 1  # >1: the split update (parts of the axis in parallel, the last merges)
     # 1: a row held in one block is read again for the outputs (from L2: the first read keeps it
     # there) instead of kept in registers across the reductions (row template only)
     reload: int = 0

@@ -122,7 +122,7 @@ def test_a_row_kernel_with_more_batch_entries_than_a_grid_row_puts_them_first():
     """The paged decode's score stage, staged (it runs swept as one axis otherwise), has
     B·H·pages = 131,072 batch entries: past CUDA's 65,535 on a grid's second dimension (the
     launch failed with 'invalid argument'), so they go first."""
-    from tensorfuse.targets.triton.rowtile import MAX_GRID_YZ, launch_grid
+    from tensorfuse.targets.triton.row_grid import MAX_GRID_YZ, launch_grid
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NoTemplateWarning)

@@ -143,8 +143,10 @@ def test_decode_gets_the_cluster_kernel_and_few_rows_the_split_update():
         plan, knobs = split.build(**sizes)[:2]
         assert knobs.splits > 1, (kernel, target)
         source = split.source(**sizes)
-        assert "_part(" in source and "_merge(" in source
-        assert f".target {target.split(':')[1]}" in split.ptx(**sizes)
+        # one launch: the last part of a row tile to finish merges
+        assert "tl.atomic_add(part_count" in source and "_merge(" not in source
+        ptx = split.ptx(**sizes)
+        assert f".target {target.split(':')[1]}" in ptx and "atom.global.gpu.acq_rel.add" in ptx
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx90a"])

@@ -11,8 +11,9 @@ from ...interop import deliver, kept_copies, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
 from .launch import compile_for, interpreting, load_kernel, signature
 from ..signature_call import call_layout, fast_call_applies, try_fast_call
-from .launcher import FastCall, Launches, Step
-from .rowtile import block_k, grid, kernel_source, launch_grid
+from .launcher import FastCall, Launches, PartCounters, Step, current_stream
+from .row_grid import block_k, grid, launch_grid
+from .rowtile import kernel_source
 
 Tuned = Callable[[dict], "tuple[dict, str] | None"]
 MASK_ARGS = ("bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx")  # block lists
@@ -67,7 +68,7 @@ class TritonKernel(GraphCallable):
             plan = self.planner.tile(plan, knobs, scalars, self.tiling)
             name = f"{self.program.name}_fused"
             made = kernel_source(plan, knobs, name, interpreter=interpreting())
-            if knobs.splits > 1:  # a kernel per split part, then a merge kernel
+            if len(made) == 3:  # a kernel per split part, then a merge kernel
                 source, args, merge_args = made
                 fns = (load_kernel(source, f"{name}_part"), load_kernel(source, f"{name}_merge"))
                 self._built[key] = (plan, knobs, source, fns, (args, merge_args))
@@ -115,9 +116,9 @@ class TritonKernel(GraphCallable):
         outs = [c for c, _, _ in plan.outputs]
         mask_args = list(MASK_ARGS) if plan.mask is not None else []
         sig = signature(self.program, outs, mask_args)
-        if knobs.splits > 1:
-            fn = fn[0]
-            sig = {n: sig.get(n, "*fp32") for n in names[0]}
+        if knobs.splits > 1:   # the parts' states in f32, their arrival counters in i32
+            fn, names = (fn[0], names[0]) if isinstance(fn, tuple) else (fn, names)
+            sig = {n: sig.get(n, "*i32" if n == "part_count" else "*fp32") for n in names}
         constexprs = {"BLOCK_M": knobs.block_m, "BLOCK_N": knobs.block_n, "BLOCK_K": block_k(plan)}
         return compile_for(fn, sig, constexprs, self.target, knobs.num_warps, knobs.num_stages)
 
@@ -131,10 +132,11 @@ class TritonKernel(GraphCallable):
         return self._calls
 
     def _launches(self, bound) -> tuple:
-        """(plan, Launches, scratch layout, knobs, outputs) for a bound call's signature, made
-        once: the kernels, grids and argument names of each launch, the constexprs, where the
-        split update's parts leave their states (offsets into one f32 buffer per call), and each
-        output's argument name, shape and dtype."""
+        """(plan, Launches, scratch layout, knobs, outputs, counters) for a bound call's
+        signature, made once: the kernels, grids and argument names of each launch, the
+        constexprs, where the split update's parts leave their states (offsets into one f32
+        buffer per call), each output's argument name, shape and dtype, and the parts' arrival
+        counters where the last part merges."""
         ints = tuple((v == 1, v % 16 == 0) for n, v in bound.scalars.items()
                      if self._int_scalar.get(n))
         key = bound.signature + ints
@@ -147,16 +149,21 @@ class TritonKernel(GraphCallable):
             meta = dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=block_k(plan))
             pointers = {p.name for p in self.program.tensor_params} | {
                 f"out_{c.name}" for c, _, _ in plan.outputs} | set(MASK_ARGS)
-            if knobs.splits > 1:
+            if knobs.splits > 1 and isinstance(fn, tuple):
                 steps = [Step(fn[0], launch_grid(plan, knobs, knobs.splits), names[0], pointers),
                          Step(fn[1], launch_grid(plan, knobs), names[1], pointers)]
+            elif knobs.splits > 1:   # the last part of a row tile merges (rowtile.MERGE_IN_PART)
+                steps = [Step(fn, launch_grid(plan, knobs, knobs.splits), names,
+                              pointers | {"part_count"})]
             else:
                 steps = [Step(fn, launch_grid(plan, knobs), names, pointers)]
             outputs = [(f"out_{c.name}", tuple(output_shape(c, bound.dims)), c.dtypes[0])
                        for c, _, _ in plan.outputs]
+            counters = PartCounters(math.prod(grid(plan, knobs))) \
+                if "part_count" in steps[0].names else None
             made = (plan, Launches(steps, meta, knobs.num_warps, knobs.num_stages),
                     self._scratch_layout(plan, knobs) if knobs.splits > 1 else None, knobs,
-                    outputs)
+                    outputs, counters)
             self._launch_plans[key] = made
         return made
 
@@ -203,7 +210,7 @@ class TritonKernel(GraphCallable):
                 self.target.device()  # a clear error when the GPU is missing
                 self._device_checked = True
             device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
-        plan, launches, scratch, knobs, outputs = self._launches(bound)
+        plan, launches, scratch, knobs, outputs, counters = self._launches(bound)
         values = torch_arguments(self.program, bound, device)
         outs, results = [], []
         for k, (name, shape, dtype) in enumerate(outputs):
@@ -217,6 +224,8 @@ class TritonKernel(GraphCallable):
             keep, places = self._scratch(scratch, device, launches.steps[0].compiled is None
                                          or interpreting())
             values.update(places)
+            if counters is not None:
+                values["part_count"] = counters.on(device, current_stream(device))
         elif plan.mask is not None:
             values.update(self._block_lists(plan, knobs, values, bound, device))
         return launches, values, outs, results, bound, keep
@@ -255,7 +264,7 @@ class TritonKernel(GraphCallable):
         """Keep a fast call for this signature where one applies: torch tensors on the GPU in,
         new outputs out, compiled kernels Triton lets us launch directly, no per-call block
         lists."""
-        plan, _, scratch, _, outputs = self._launches(bound)
+        plan, _, scratch, _, outputs, counters = self._launches(bound)
         if not fast_call_applies(bound, self._calls.target_device) or \
                 plan.mask is not None and scratch is None or \
                 any(step.raw is None for step in launches.steps):
@@ -265,7 +274,7 @@ class TritonKernel(GraphCallable):
         params, likes, guards = call_layout(self.program, args, bound, self._calls.scalar_kinds,
                                             outputs, self._keyed_scalars())
         self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes,
-                                   guards)
+                                   guards, counters)
 
     def warm(self, *args, **kwargs) -> None:
         """Compile for these arguments without launching (a tuning batch compiles its

@@ -118,6 +118,37 @@ def hook(chain):
     return None if calls is not None and not calls else chain
 
 
+class PartCounters:
+    """The split update's arrival counters: an int32 per row tile of a launch, zero between
+    calls (the tile's last part sets it back after merging). Kept per device and stream, so
+    calls on two streams never share them; made zero once, on the stream of their first call
+    (in a CUDA graph's capture that fill is captured too, and repeated by every replay)."""
+
+    def __init__(self, tiles: int):
+        self.tiles = tiles
+        self.by_stream: dict = {}
+
+    def on(self, device, stream: int):
+        """The counters for launches on ``stream`` of ``device`` (a torch tensor)."""
+        key = (str(device), stream)
+        made = self.by_stream.get(key)
+        if made is None:
+            import torch
+
+            made = self.by_stream[key] = torch.zeros(self.tiles, dtype=torch.int32,
+                                                     device=device)
+        return made
+
+
+def current_stream(device) -> int:
+    """The stream Triton's launches on ``device`` go to (0 for the interpreter's CPU tensors)."""
+    if device.type != "cuda":
+        return 0
+    _, active = _triton()
+    return active.get_current_stream(device.index if device.index is not None
+                                     else active.get_current_device())
+
+
 class FastCall(SignatureCall):
     """One signature's whole call in a few list operations, once its kernels are compiled.
 
@@ -130,14 +161,17 @@ class FastCall(SignatureCall):
     would)."""
 
     def __init__(self, params: list, outputs: list, scratch, launches: Launches, device,
-                 likes: list | None = None, guards: list | None = None):
+                 likes: list | None = None, guards: list | None = None,
+                 counters: PartCounters | None = None):
         import torch
 
         super().__init__(params, outputs, device, likes, guards)
         places, total = scratch if scratch is not None else ([], 0)
         self.scratch_offsets = [4 * offset for _, _, offset in places]
         self.scratch_total = total
-        order = [n for n, _, _ in params] + [n for n, _, _ in outputs] + [n for n, _, _ in places]
+        self.counters = counters
+        order = [n for n, _, _ in params] + [n for n, _, _ in outputs] + \
+            [n for n, _, _ in places] + (["part_count"] if counters is not None else [])
         slot_of = {name: k for k, name in enumerate(order)}
         self.steps = [(step.raw, step.compiled, step.grid, [slot_of[n] for n in step.names])
                       for step in launches.steps]
@@ -161,6 +195,8 @@ class FastCall(SignatureCall):
             base = keep.data_ptr()
             slots += [base + offset for offset in self.scratch_offsets]
         stream = active.get_current_stream(self.current_device())   # as Triton's JIT
+        if self.counters is not None:
+            slots.append(self.counters.on(self.device, stream).data_ptr())
         enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
         for raw, kernel, grid, index in self.steps:
             launch_raw(raw, kernel, grid, stream, [slots[k] for k in index] + self.constexprs,

@@ -20,10 +20,10 @@ from ...algebra.schemes import EXTRAPOLATION
 from ...dsl.evaluate import evaluate_plain
 from ...dsl.expr import Axis, Expr, Load, Symbol, Where
 from ...dsl.program import Compute
-from ...errors import TargetError
 from ..index_text import IndexText as _Index
 from .expr import (HELPERS, TL_DTYPES, TileContext, fresh_memo, ieee_products, literal,
                    to_triton)
+from .row_grid import batch_first, block_k, grid, launch_grid, list_length
 from .row_states import (REDUCE, column_operands, depended_on, lanewise_states,
                          output_operands, reloadable, uncorrected_states)
 from .source_writer import SourceWriter
@@ -42,6 +42,9 @@ EVICTION = None
 # keep a swept row's uncorrected states per lane (:func:`lanewise_states`); False: reduce every
 # block across the warps, as the template did before (measuring)
 LANEWISE = True
+# the split update's merge done by the last part of a row tile to finish (an arrival counter per
+# tile), not by a second kernel: one launch; False: a merge kernel after the parts (measuring)
+MERGE_IN_PART = True
 # columns up to which a row of sums is swept twice, in blocks of 4096 with L2 hints (a row of
 # 8192: 0.997-1.0004x torch.compile against 0.996-0.998x in one block; of 16384: 96 % of copy
 # against 98.7 % in one block read again — ``benchmarks.rows_sweep``)
@@ -132,6 +135,7 @@ class _RowTileSource:
         self.rows_pad = math.ceil(M / knobs.block_m) * knobs.block_m
         self.per_split = math.ceil(math.ceil(N / knobs.block_n) / splits) * knobs.block_n
         self.states = {(sp.member.name, sp.k): f"st_{sp.member.name}_{sp.k}" for sp in plan.states}
+        self.from_l2 = ""   # the merge's loads of the parts' states: a cache modifier
 
     def prologue(self):
         w, plan = self.w, self.plan
@@ -376,10 +380,10 @@ class _RowTileSource:
             with w.block():
                 sym = {}
                 for sp in mine:
-                    w(f"sv_{m.name}_{sp.k} = tl.load({self.part_at(sp, 's')})")
+                    w(f"sv_{m.name}_{sp.k} = tl.load({self.part_at(sp, 's')}{self.from_l2})")
                     sym[f"{m.name}#{sp.k}"] = f"sv_{m.name}_{sp.k}"
                 for d in scheme.deps:
-                    w(f"sref_{d} = tl.load({self.part_at(f'part_ref_{d}', 's')})")
+                    w(f"sref_{d} = tl.load({self.part_at(f'part_ref_{d}', 's')}{self.from_l2})")
                     sym[f"{d}.old"], sym[f"{d}.new"] = f"sref_{d}", f"finref_{d}"
                 for sp in mine:
                     corrected = to_triton(scheme.corrections(settled=True)[sp.k],
@@ -400,6 +404,24 @@ class _RowTileSource:
                 w(f"finref_{m.name} = "
                   f"{to_triton(usable, self.ctx_r().child(symbols={'__fin': f'fin_{m.name}'}))}")
         self.emit_outputs(finals)
+
+    def last_part_merges(self) -> tuple[str, list[str]]:
+        """The part kernel that merges where it is its row tile's last part to finish: its
+        states stored, a CTA barrier, then one thread's acquire-release increment of the tile's
+        counter (the other parts' stores are visible to whoever sees their increments); the last
+        sets the counter back to zero for the next call and merges, reading the states from L2
+        (``.cg``: never a line this SM's L1 kept)."""
+        w = self.w
+        count = f"part_count + pid_b * {grid(self.plan, self.knobs)[0]} + pid_m"
+        w("tl.debug_barrier()")
+        w(f"arrived = tl.atomic_add({count}, 1, sem='acq_rel', scope='gpu')")
+        w(f"if arrived == {self.splits - 1}:")
+        with w.block():
+            w(f"tl.store({count}, 0)")
+            self.from_l2 = ", cache_modifier='.cg'"
+            self.emit_merge()
+        args = self.tensors + self.scalars + self.outs + self.parts + ["part_count"]
+        return _assemble([(self.name, args, w.lines)]), args
 
     def source(self) -> tuple[str, list[str]] | tuple[str, list, list]:
         """The kernel's Python source and argument names (and, split, the merge kernel's)."""
@@ -442,6 +464,8 @@ class _RowTileSource:
                 w(f"tl.store({self.part_at(sp, 'pid_s')}, {self.states[(sp.member.name, sp.k)]})")
             for d in self.needed:
                 w(f"tl.store({self.part_at(f'part_ref_{d}', 'pid_s')}, ref_{d})")
+            if MERGE_IN_PART:
+                return self.last_part_merges()
             part_lines, w.lines = w.lines, []
             self.prologue()
             self.emit_merge()
@@ -471,13 +495,13 @@ class _RowTileSource:
                 w(f"base_{kind} = pid_b * {grid(plan, knobs)[0]} + pid_m")
                 w(f"count_{kind} = tl.load(bm_{kind}_num + base_{kind})")
                 if self.interpreter:
-                    w(f"for blk in range(0, {_blocks(plan, knobs)}):")
+                    w(f"for blk in range(0, {list_length(plan, knobs)}):")
                     w.indent += 1
                     w(f"if blk < count_{kind}:")
                 else:
                     w(f"for blk in range(0, count_{kind}):")
                 with w.block():
-                    start = f"tl.load(bm_{kind}_idx + base_{kind} * {_blocks(plan, knobs)} + blk)"
+                    start = f"tl.load(bm_{kind}_idx + base_{kind} * {list_length(plan, knobs)} + blk)"
                     w(f"start_n = {start}" if self.windows is not None else
                       f"start_n = {start} * BLOCK_N")
                     self.chunk_body(flag)
@@ -540,42 +564,3 @@ def _largest(prog, sizes: dict) -> int:
         best = max(best, int(np.prod([a.extent if isinstance(a.extent, int) else sizes[a.extent]
                                       for a in c.axes])))
     return best
-
-
-def _blocks(plan, knobs) -> int:
-    """Entries per row block of the block lists."""
-    if plan.key_windows is not None:
-        return plan.key_windows.bound
-    return math.ceil(plan.cols / knobs.block_n)
-
-
-def grid(plan, knobs) -> tuple[int, int]:
-    """``(row blocks, batch entries)``: the blocks a launch runs (:func:`launch_grid` orders them
-    on the grid)."""
-    batch = plan.grid_batch_size
-    rows = plan.row_tiling.padded if plan.row_tiling is not None else plan.rows
-    return (math.ceil(rows / knobs.block_m), batch)
-
-
-MAX_GRID_YZ = 65535   # CUDA's limit on a grid's second and third dimensions (the first: 2³¹ − 1)
-
-
-def batch_first(plan, knobs) -> bool:
-    """Whether the batch entries go on the grid's first dimension instead of its second: more of
-    them than the second holds (a paged cache's scores, [B, H, pages] of them)."""
-    return grid(plan, knobs)[1] > MAX_GRID_YZ
-
-
-def launch_grid(plan, knobs, *more: int) -> tuple[int, ...]:
-    """The launch grid: row blocks and batch entries (the batch first where
-    :func:`batch_first`), then ``more``; a clear error where neither order fits CUDA's limits."""
-    rows, batch = grid(plan, knobs)
-    if min(rows, batch) > MAX_GRID_YZ:
-        raise TargetError(f"{rows} row blocks and {batch} batch entries: CUDA grids hold at most "
-                          f"{MAX_GRID_YZ} blocks on all but one dimension (larger row blocks, or "
-                          "fewer batch entries, would fit)")
-    return ((batch, rows) if batch_first(plan, knobs) else (rows, batch)) + more
-
-
-def block_k(plan) -> int:
-    return max(16, 1 << max(0, (plan.feature_extent - 1).bit_length()))

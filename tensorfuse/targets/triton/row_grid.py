@@ -1,0 +1,46 @@
+"""Where a row-tile kernel's programs sit: the launch grid (row blocks by batch entries, in the
+order CUDA's limits allow), the block lists' length per row block, and the feature block."""
+from __future__ import annotations
+
+import math
+
+from ...errors import TargetError
+
+
+def list_length(plan, knobs) -> int:
+    """Entries per row block of the block lists."""
+    if plan.key_windows is not None:
+        return plan.key_windows.bound
+    return math.ceil(plan.cols / knobs.block_n)
+
+
+def grid(plan, knobs) -> tuple[int, int]:
+    """``(row blocks, batch entries)``: the blocks a launch runs (:func:`launch_grid` orders them
+    on the grid)."""
+    batch = plan.grid_batch_size
+    rows = plan.row_tiling.padded if plan.row_tiling is not None else plan.rows
+    return (math.ceil(rows / knobs.block_m), batch)
+
+
+MAX_GRID_YZ = 65535   # CUDA's limit on a grid's second and third dimensions (the first: 2³¹ − 1)
+
+
+def batch_first(plan, knobs) -> bool:
+    """Whether the batch entries go on the grid's first dimension instead of its second: more of
+    them than the second holds (a paged cache's scores, [B, H, pages] of them)."""
+    return grid(plan, knobs)[1] > MAX_GRID_YZ
+
+
+def launch_grid(plan, knobs, *more: int) -> tuple[int, ...]:
+    """The launch grid: row blocks and batch entries (the batch first where
+    :func:`batch_first`), then ``more``; a clear error where neither order fits CUDA's limits."""
+    rows, batch = grid(plan, knobs)
+    if min(rows, batch) > MAX_GRID_YZ:
+        raise TargetError(f"{rows} row blocks and {batch} batch entries: CUDA grids hold at most "
+                          f"{MAX_GRID_YZ} blocks on all but one dimension (larger row blocks, or "
+                          "fewer batch entries, would fit)")
+    return ((batch, rows) if batch_first(plan, knobs) else (rows, batch)) + more
+
+
+def block_k(plan) -> int:
+    return max(16, 1 << max(0, (plan.feature_extent - 1).bit_length()))
