@@ -85,7 +85,7 @@ def _cases(generator, only):
 
 def _knobs(cols: int, rows_major: bool):
     """Candidate (rows, block, warps, stages, reload): tiles of 2k to 32k elements, the block up
-    to the whole row, rows swept in blocks with their loads 1-3 blocks ahead (Triton's pipeline);
+    to the whole row, rows swept in blocks with their loads 1-4 blocks ahead (Triton's pipeline);
     reload only where the row is one block. ``rows_major``: a flat row (a group norm's), a few
     rows of blocks of 2k-16k."""
     whole = 1 << max(4, (cols - 1).bit_length())
@@ -94,8 +94,8 @@ def _knobs(cols: int, rows_major: bool):
     for rows, block in shapes:
         if not 2048 <= rows * block <= 32768 or block > whole:
             continue
-        for warps in ((4, 8, 16) if rows_major else (4, 8)):
-            for stages in ((1,) if block >= cols else (1, 2, 3)):
+        for warps in ((4, 8, 16, 32) if rows_major else (4, 8)):
+            for stages in ((1,) if block >= cols else (1, 2, 3, 4)):
                 yield rows, block, warps, stages, 0
                 if block >= cols:
                     yield rows, block, warps, stages, 1

@@ -18,7 +18,8 @@ from tensorfuse.schedule_templates.tile_plan import plan_rowtile
 from tensorfuse.targets import get_target
 from tests.helpers import (assert_gpu_template_matches, fresh_seed, relative_error,
                            run_interpreted, templated)
-from tests.schedule_templates.decode_layouts import CASES, paged_decode, paged_lengths_decode
+from tests.schedule_templates.decode_layouts import (CASES, mqa_case, mqa_decode, paged_decode,
+                                                    paged_lengths_decode)
 
 HOPPER = get_target("cuda:sm_90a")
 PAGED = dict(B=8, H=32, HKV=8, D=128, PAGES=4096, PAGE=64, NP=512)
@@ -168,3 +169,34 @@ def test_a_head_read_by_the_keys_both_as_itself_and_by_its_group_is_not_folded()
     assert (plan.fold[0].name, plan.fold[1]) == ("b", 1)
     right = [str(c.right.key()) for c in plan.locals.values()]
     assert "'floordiv'" in right[0] and "__group_b" in right[0], right
+
+
+@pytest.mark.gpu
+def test_a_split_decode_replays_from_a_cuda_graph_and_runs_on_a_second_stream():
+    """The last part of each row tile merges and sets its arrival counter back: a decode
+    captured in a CUDA graph and replayed on new queries and caches, and the same kernel on
+    another stream, each match float64 (a counter left behind would merge a tile early)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    generator = torch.Generator().manual_seed(fresh_seed())
+    f = tf.compile(mqa_decode)
+    args, _ = mqa_case(generator, B=2, H=64, N=4096, D=128)
+    live = {n: v.cuda() if isinstance(v, torch.Tensor) else v for n, v in args.items()}
+    assert f.for_sizes(B=2, H=64, N=4096, D=128).build(B=2, H=64, N=4096, D=128)[1].splits > 1
+    f(**live)   # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = f(**live)
+    for _ in range(3):
+        fresh, want = mqa_case(generator, B=2, H=64, N=4096, D=128)
+        for n in ("q", "k", "v"):
+            live[n].copy_(fresh[n])
+        out.fill_(float("nan"))
+        graph.replay()
+        assert relative_error(out.cpu(), want) <= 2e-2
+    fresh, want = mqa_case(generator, B=2, H=64, N=4096, D=128)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        got = f(**{n: v.cuda() if isinstance(v, torch.Tensor) else v for n, v in fresh.items()})
+    side.synchronize()
+    assert relative_error(got.cpu(), want) <= 2e-2
