@@ -122,6 +122,16 @@ def max_pool_l2(x: T.Tensor["B", "S", "D", "bf16"]):
     return pooled * T.rsqrt(T.sum(pooled * pooled, over=d) + 1e-12)
 
 
+@tf.kernel
+def channel_stats(x: T.Tensor["N", "C", "bf16"]):
+    """Batch-norm statistics of channels-last activations [N = B·H·W, C]: every channel's mean
+    and variance over the outer axis, a few row tiles over a long sweep."""
+    n, c = T.axes("n c")
+    mean = T.sum(x[n, c], over=n) / T.size("N")
+    var = T.sum((x[n, c] - mean) * (x[n, c] - mean), over=n) / T.size("N")
+    return mean, var
+
+
 # ---- decode: many query heads on one cache, and a paged cache ----
 
 @tf.kernel
@@ -365,6 +375,21 @@ def _max_pool_l2_case(generator, B=64, S=512, D=4096) -> Case:
     return _rows_case("max_pool_l2", max_pool_l2, eager, x, {}, f"B{B} S{S} D{D} (max over S)")
 
 
+def _channel_stats_case(generator, N=32 * 56 * 56, C=256) -> Case:
+    """A ResNet stage's activations, batch 32 (channels last); torch's var_mean over dim 0."""
+    x = (torch.randn(N, C, generator=generator) * 2 + 1).to("cuda", torch.bfloat16)
+
+    def eager(t):
+        var, mean = torch.var_mean(t.float() if t.dtype != torch.float64 else t, 0, correction=0)
+        return torch.stack([mean, var])
+    f, compiled = _Recorded(channel_stats), torch.compile(eager)
+    return Case("channel_stats", f"N{N} C{C} (over N)", lambda: f(x),
+                {TORCH_COMPILE: lambda: compiled(x), TORCH_EAGER: lambda: eager(x)},
+                eager(x.double()), lambda out: torch.stack(out) if isinstance(out, tuple) else out,
+                bytes=x.numel() * x.element_size() + 2 * C * 4,
+                notes={TENSORFUSE: f.schedule_origin(N=N, C=C)})
+
+
 def _segment_mean_case(generator, G=2048, D=1024, longest=128) -> Case:
     """Segments of 1 to 128 rows packed without gaps; torch's own segment_reduce and an
     index_add_ over segment ids (eager and compiled) as the alternatives."""
@@ -524,6 +549,7 @@ SUITE = {
     "group_norm": _group_norm_case,
     "max_pool_l2": _max_pool_l2_case,
     "segment_mean": _segment_mean_case,
+    "channel_stats": _channel_stats_case,
 }
 
 

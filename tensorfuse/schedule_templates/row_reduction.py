@@ -3,13 +3,18 @@ one Triton kernel that holds a whole row in registers when it fits (one read, on
 memory-bound ideal) and otherwise sweeps it in blocks with the rolling update."""
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from ..algebra import plan_chain
 from ..algebra.exprs import nodes
 from ..dsl.expr import Axis, Load
 from ..targets import TargetSpec
 from ..targets.triton.kernel import TritonKernel, Tuned
 from ..targets.triton.row_states import reloadable, uncorrected_states
+from ..targets.triton.row_grid import grid
 from ..targets.triton.rowtile import SWEPT_IN_L2
+from .attention import SMS
 from .fusion import Fusion
 from .tile_plan import Knobs, RowTilePlan, TilePlanner
 
@@ -58,6 +63,32 @@ ROW_MAJOR_STAGES = 1
 
 
 def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
+    """The knobs by the row's layout and width (:func:`_tile_knobs`), its sweep split into parts
+    where too few row tiles would leave most of a GPU idle (:func:`_split_few_tiles`)."""
+    return _split_few_tiles(plan, _tile_knobs(plan, target), target)
+
+
+# A sweep whose outputs are per row is split where the row tiles are fewer than half the SMs: a
+# batch norm's statistics over the 100352 rows of [100352, 256] are 8 tiles of 32 channels, each
+# sweeping every row alone otherwise. About two parts per SM, each of at least two blocks, at
+# most 64 (the attention template's decode takes the same count; the parts merge in the same
+# launch). Outputs along the row (a softmax's) are written by the merging program alone, so
+# only their statistics would run in parallel: not split (not measured).
+SPLIT_BELOW_TILES = SMS // 2
+
+
+def _split_few_tiles(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> Knobs:
+    if target.kind == "cpu" or plan.mask is not None or knobs.splits > 1 or \
+            any(kind != "row" for _, _, kind in plan.outputs):
+        return knobs
+    tiles = math.prod(grid(plan, knobs))
+    blocks = math.ceil(plan.cols / knobs.block_n)
+    if tiles >= SPLIT_BELOW_TILES or blocks < 4:
+        return knobs
+    return replace(knobs, splits=max(2, min(round(2 * SMS / tiles), blocks // 2, 64)))
+
+
+def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     cols = plan.cols
     block_n = _whole_row_block(cols)
     if target.kind == "cuda" and rows_contiguous(plan):
@@ -100,18 +131,22 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
     blocks = sorted({default.block_n, whole} | {b for b in (1024, 2048, 4096, 8192) if b < whole})
     rows = sorted({default.block_m} | {r for r in (1, 2, 4, 8) if r * default.block_n <= 16384}
                   | ({16, 32, 128} if rows_contiguous(plan) else set()))
+    splits = {1, default.splits} | ({default.splits // 2, min(64, default.splits * 2)}
+                                     if default.splits > 1 else set())
     return {"block_m": tuple(rows), "block_n": tuple(blocks), "num_warps": (2, 4, 8, 16),
-            "num_stages": (1, 2, 3), "splits": (1,),
+            "num_stages": (1, 2, 3), "splits": tuple(sorted(splits)),
             "reload": (0, 1) if reloadable(plan) else (0,)}
 
 
 def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None = None,
                   block: int | None = None, num_warps: int | None = None,
                   num_stages: int | None = None, reload: bool | None = None,
-                  tuned: Tuned | None = None) -> TritonKernel:
+                  splits: int | None = None, tuned: Tuned | None = None) -> TritonKernel:
     """A callable Triton kernel for ``kernel`` with ``fusion`` applied along its rows.
     ``reload``: a row held in one block is read again (from L2) for the outputs instead of kept
     in registers (``Knobs.reload``; ignored where the outputs do not run along the row).
+    ``splits``: parts of the sweep run in parallel, the last of a row tile's merging (default:
+    split where the row tiles are few, :func:`default_knobs`; 1: never).
     ``tuned``: the compile entry point's lookup of tuning records (used unless knobs are given)."""
     program = kernel.program if hasattr(kernel, "program") else kernel
     chain = plan_chain(program, fusion.names, fusion.axis)
@@ -119,9 +154,10 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
     def knobs(plan: RowTilePlan) -> Knobs:
         k = default_knobs(plan, target)
         return Knobs(rows or k.block_m, block or k.block_n, num_warps or k.num_warps,
-                     num_stages or k.num_stages, reload=k.reload if reload is None else int(reload))
+                     num_stages or k.num_stages, splits=k.splits if splits is None else splits,
+                     reload=k.reload if reload is None else int(reload))
 
-    explicit = any(v is not None for v in (rows, block, num_warps, num_stages, reload))
+    explicit = any(v is not None for v in (rows, block, num_warps, num_stages, reload, splits))
     return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"row-reduction template ({fusion.describe()})", fusion,
                         tuned=None if explicit else tuned)

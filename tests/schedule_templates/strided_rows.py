@@ -6,8 +6,8 @@ shared by their tests and the check under Triton's interpreter
 (``python -m tests.schedule_templates.strided_rows SEED`` with ``TRITON_INTERPRET=1``)."""
 import torch
 
-from benchmarks.user_kernels import (group_norm, layernorm_channels, log_softmax_channels,
-                                     qk_norm_bshd)
+from benchmarks.user_kernels import (channel_stats, group_norm, layernorm_channels,
+                                     log_softmax_channels, qk_norm_bshd)
 from tests.helpers import interpreter_main, templated
 
 
@@ -49,7 +49,15 @@ def group_norm_case(generator, B=2, G=3, C=5, P=67, width=3.0):
     return {"x": x, "w": w, "bias": bias, "eps": 1e-5}, want
 
 
+def channel_stats_case(generator, N=4096, C=40, width=3.0):
+    """Two row tiles of 32 channels over 4096 rows: the sweep split into parts."""
+    x = (torch.randn(N, C, generator=generator) * width + width).to(torch.bfloat16)
+    var, mean = torch.var_mean(x.double(), 0, correction=0)
+    return {"x": x}, (mean, var)
+
+
 CASES = {"log_softmax_channels": (log_softmax_channels, log_softmax_case),
+         "channel_stats": (channel_stats, channel_stats_case),
          "layernorm_channels": (layernorm_channels, layernorm_case),
          "qk_norm_bshd": (qk_norm_bshd, qk_norm_case),
          "group_norm": (group_norm, group_norm_case)}

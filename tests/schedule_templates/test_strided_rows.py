@@ -53,6 +53,20 @@ def test_strided_row_tiles_compile_for_sm_90a_without_spills(D):
     assert spills and not any(spills), done.stderr
 
 
+def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_row():
+    """Batch-norm statistics of [100352, 256] are 8 tiles of 32 channels: the sweep over the
+    rows is split in parts (two a SM, the last of a tile merging), and so is a cross-entropy of
+    16 rows over a vocabulary of 131072; a softmax of 64 rows, whose outputs run along the row,
+    and a tall matrix's statistics, with tiles enough, are not."""
+    from tensorfuse.kernels import cross_entropy, softmax
+    from tests.schedule_templates.strided_rows import channel_stats
+
+    assert knobs_of(channel_stats, N=100352, C=256).splits == 33
+    assert knobs_of(cross_entropy, M=16, V=131072).splits == 4
+    assert knobs_of(softmax, M=64, N=65536).splits == 1
+    assert knobs_of(channel_stats, N=512, C=4096).splits == 1
+
+
 def test_a_swept_strided_row_loads_its_next_block_while_reducing_one():
     """The 2 stages of a strided row's sweep are Triton's pipeline (asynchronous copies into
     shared memory); a row-major sweep keeps its loads synchronous (the pipeline measured slower
