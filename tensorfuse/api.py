@@ -186,6 +186,7 @@ class AutoKernel(GraphCallable):
         self.description = ", else ".join([k.description for k in self.ahead]
                                           + [template.description, fallback.description])
         self._fits: dict = {}
+        self._why_not: dict = {}   # per key of _fits: why the template did not fit those sizes
         self._by_shapes: dict = {}
         self._fast: dict = {}   # signature key -> the chosen kernel's FastCall, where it has one
         # scalars whose values decide whether a native template runs a call (a map's width,
@@ -213,8 +214,9 @@ class AutoKernel(GraphCallable):
                 try:
                     self.template.build(**dims)
                     found = self.template
-                except TargetError:
+                except TargetError as exc:
                     found = self.fallback
+                    self._why_not[key] = self._said_why_not(exc, dims)
             self._fits[key] = found
         return self._fits[key]
 
@@ -266,12 +268,40 @@ class AutoKernel(GraphCallable):
     def ptx(self, **dims) -> str:
         return self.for_sizes(**dims).ptx(**dims)
 
+    def _said_why_not(self, exc: Exception, dims: dict) -> str:
+        """Why the template does not run at these sizes, warned once per kernel (a
+        :class:`~tensorfuse.errors.NoTemplateWarning`: TVM's default schedule can be far slower
+        than torch)."""
+        import warnings
+
+        from .errors import NoTemplateWarning
+
+        why = str(exc)
+        if not self._why_not:
+            sizes = ", ".join(f"{n}={v}" for n, v in dims.items())
+            warnings.warn(f"tensorfuse.compile: {self.template.description} does not take "
+                          f"{self.program.name} at {sizes} ({why}); those sizes run on TVM's "
+                          "default GPU schedule, which can be far slower than torch",
+                          NoTemplateWarning, stacklevel=4)
+        return why
+
     def schedule_origin(self, **dims) -> str:
-        """Whether these sizes run on template defaults or a tuned record; scalar values given by
+        """Whether these sizes run on template defaults or a tuned record — or, where the
+        template does not fit them, on TVM's default schedule, and why; scalar values given by
         name among them (a window, a prefix length) pick the record kept for those values."""
-        sizes, _ = split_scalars(self.program, dims)
+        sizes, named = split_scalars(self.program, dims)
         chosen = self.for_sizes(**dims)
-        return chosen.schedule_origin(**(sizes if chosen is self.fallback else dims))
+        if chosen is not self.fallback:
+            return chosen.schedule_origin(**dims)
+        key = tuple(sorted(sizes.items())) + tuple(
+            (n, (named or {}).get(n)) for n, _ in self._choice_at)
+        why = self._why_not.get(key)
+        origin = chosen.schedule_origin(**sizes)
+        if not why:
+            return origin
+        tvm = "TVM's default GPU schedule" if origin == "template defaults" else \
+            f"TVM's schedule from a {origin}"
+        return f"{tvm}: the {self.template.description} does not fit these sizes ({why})"
 
     def benchmark(self, *args, **kwargs) -> float:
         return self._pick(args, kwargs)[0].benchmark(*args, **kwargs)

@@ -8,9 +8,11 @@ import torch
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
+from tensorfuse import dsl as T
 from tensorfuse.api import AutoKernel, _staged
 from tensorfuse.errors import CallError, NoTemplateWarning
 from tensorfuse.flat_kernel import FlatSweepKernel
+from tensorfuse.kernels import softmax_attend
 from tensorfuse.schedule_templates.auto import choose
 from tensorfuse.schedule_templates.stages import NotStageable, plan_stages
 from tensorfuse.staged import StagedKernel
@@ -134,3 +136,28 @@ def test_a_row_kernel_with_more_batch_entries_than_a_grid_row_puts_them_first():
     assert "    pid_b = tl.program_id(0)" in lines and "    pid_m = tl.program_id(1)" in lines
     plan, knobs, *_ = scores.build(**own)
     assert launch_grid(plan, knobs)[0] == 8 * 32 * 512 > MAX_GRID_YZ
+
+
+@tf.kernel
+def latent_attention(q: T.Tensor["B", "H", "M", "DQ", "bf16"], k: T.Tensor["B", "N", "DQ", "bf16"],
+                     v: T.Tensor["B", "N", "DV", "bf16"], scale: T.f32):
+    """Every head over one latent cache, q·k over DQ and p·v over DV (DeepSeek's 576 / 512)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, j, d], over=d) * scale
+    return softmax_attend(s, v[b, j, e], j)
+
+
+def test_sizes_a_template_does_not_fit_say_so_and_why_once():
+    """Head dims of 576 / 512 are past the row-tile template's registers: those sizes run on
+    TVM's default schedule, which ``schedule_origin()`` names with the template's reason, and a
+    NoTemplateWarning says so once per kernel; sizes the template fits keep it, unwarned."""
+    made = tf.compile(latent_attention, target="cuda:sm_90a")
+    wide = dict(B=2, H=16, M=1, N=4096, DQ=576, DV=512)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        origin = made.schedule_origin(**wide)
+        made.schedule_origin(**{**wide, "N": 2048})
+        assert made.schedule_origin(**{**wide, "DQ": 128, "DV": 128}) == "template defaults"
+    assert origin.startswith("TVM's default GPU schedule") and "576" in origin, origin
+    said = [w for w in caught if issubclass(w.category, NoTemplateWarning)]
+    assert len(said) == 1 and "DQ=576" in str(said[0].message)
