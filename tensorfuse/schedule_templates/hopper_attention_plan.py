@@ -342,9 +342,7 @@ def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None
     blocks; one whose blocks are mostly cut (a sliding window, a neighbourhood) visits more keys
     in them. Masks reading tensors (document ids: the lists change per call), masks whose
     scalars are not known here and masks over a 2-D/3-D map (its patches and key windows are
-    powers of two) keep the narrower blocks."""
-    from .block_schedule import block_lists
-
+    powers of two) keep the narrower blocks. Decided per bucket of lengths (:func:`_length_bucket`)."""
     if plan.mask is None:
         return True
     if plan.reads_map:   # a map's patches and key windows are powers of two
@@ -352,6 +350,39 @@ def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None
     needed = {x.name for x in nodes(plan.mask) if isinstance(x, Scalar)}
     if plan.tensors or not needed <= set(scalars or {}):
         return False
+    key = (plan.mask.key(), plan.chain.dims, _length_bucket(plan, sizes),
+           tuple(sorted((scalars or {}).items())), wide)
+    if key not in _WIDE_PAYS:
+        if len(_WIDE_PAYS) > 4096:
+            _WIDE_PAYS.clear()
+        _WIDE_PAYS[key] = _sampled_costs_favour(plan, dict(key[2]), scalars, wide)
+    return _WIDE_PAYS[key]
+
+
+# wide_blocks_pay's answers by mask, length bucket, scalars and width: a new length inside a
+# bucket decides without sampling its block schedule again (8191 tokens causal: 105 ms of host
+# time at each new length, on the CPU of the CI machine)
+_WIDE_PAYS: dict = {}
+
+
+def _length_bucket(plan: HopperAttentionPlan, sizes: dict) -> tuple:
+    """Self-attention's sizes with its length (queries and keys alike) rounded up to a power of
+    two: the block schedule is sampled there, so every length of a bucket gets the same block
+    size (as PyTorch's own kernels bucket by powers of two; the lengths measured, 4096 and 16384,
+    are their own). Other query and key lengths are their own bucket: a mask may depend on their
+    difference (causal from the bottom right), which rounding each would change."""
+    rows, cols = plan.chain.dims[3], plan.chain.dims[4]
+    if sizes[rows] != sizes[cols]:
+        return tuple(sorted(sizes.items()))
+    top = 1 << max(0, sizes[rows] - 1).bit_length()
+    return tuple(sorted({**sizes, rows: top, cols: top}.items()))
+
+
+def _sampled_costs_favour(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None,
+                          wide: int) -> bool:
+    """The block-cost model of :func:`wide_blocks_pay` on a sample of row blocks at ``sizes``."""
+    from .block_schedule import block_lists
+
     b, h, i, j = plan.chain.axes
     block_m, narrow = HopperKnobs().block_m, HopperKnobs().block_n
     # a block's fixed costs in keys of its products, which take half as long at head dim 64: the

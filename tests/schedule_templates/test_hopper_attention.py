@@ -682,3 +682,27 @@ def test_the_source_is_the_same_in_every_process():
                               cwd=root, env={**os.environ, "PYTHONHASHSEED": seed},
                               check=True).stdout.strip() for seed in ("1", "2", "3")}
     assert len(digests) == 1, digests
+
+
+def test_a_new_length_inside_a_bucket_chooses_its_key_blocks_without_sampling_the_mask(
+        monkeypatch):
+    """Whether 176-key blocks pay is decided per power-of-two bucket of lengths: causal at 8191
+    tokens samples the block schedule once (at 8192) and 8000 reuses the answer — the same
+    block size, no mask evaluated — while 4096 keeps 128-key blocks."""
+    from tensorfuse.schedule_templates import block_schedule, hopper_attention_plan as hp
+
+    monkeypatch.setattr(hp, "_WIDE_PAYS", {})
+    sampled = []
+    real = block_schedule.block_lists
+    monkeypatch.setattr(block_schedule, "block_lists",
+                        lambda *a, **k: sampled.append(a[4]) or real(*a, **k))
+    made = tf.compile(K.causal_attention, target="cuda:sm_90a")
+
+    def block_n(n):
+        sizes = dict(B=1, H=16, M=n, N=n, D=128)
+        return made.for_sizes(**sizes).launches(**sizes).knobs.block_n
+
+    assert block_n(8191) == hp.WIDE_BLOCK_N and len(sampled) == 2   # 128 and 176 keys
+    assert all(s["N"] == 8192 and s["M"] == 8192 for s in sampled)
+    assert block_n(8000) == hp.WIDE_BLOCK_N and len(sampled) == 2
+    assert block_n(4096) == 128 and len(sampled) == 4
