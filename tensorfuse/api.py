@@ -204,8 +204,7 @@ class AutoKernel(GraphCallable):
         them, else the Triton template where it fits, else the default schedule."""
         dims, named = split_scalars(self.program, dims)
         scalars = {**(named or {}), **(scalars or {})}
-        chosen_by = tuple((n, scalars.get(n)) for n, _ in self._choice_at)
-        key = tuple(sorted(dims.items())) + chosen_by
+        key = self._fits_key(dims, scalars)
         if key not in self._fits:
             from .errors import TargetError
 
@@ -268,6 +267,10 @@ class AutoKernel(GraphCallable):
     def ptx(self, **dims) -> str:
         return self.for_sizes(**dims).ptx(**dims)
 
+    def _fits_key(self, sizes: dict, scalars: dict) -> tuple:
+        """What :meth:`for_sizes` decides by: the sizes and the scalars that choose a kernel."""
+        return tuple(sorted(sizes.items())) + tuple((n, scalars.get(n)) for n, _ in self._choice_at)
+
     def _said_why_not(self, exc: Exception, dims: dict) -> str:
         """Why the template does not run at these sizes, warned once per kernel (a
         :class:`~tensorfuse.errors.NoTemplateWarning`: TVM's default schedule can be far slower
@@ -293,9 +296,7 @@ class AutoKernel(GraphCallable):
         chosen = self.for_sizes(**dims)
         if chosen is not self.fallback:
             return chosen.schedule_origin(**dims)
-        key = tuple(sorted(sizes.items())) + tuple(
-            (n, (named or {}).get(n)) for n, _ in self._choice_at)
-        why = self._why_not.get(key)
+        why = self._why_not.get(self._fits_key(sizes, named or {}))
         origin = chosen.schedule_origin(**sizes)
         if not why:
             return origin

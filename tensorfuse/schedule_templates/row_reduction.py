@@ -78,7 +78,7 @@ SPLIT_BELOW_TILES = SMS // 2
 
 
 def _split_few_tiles(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> Knobs:
-    if target.kind == "cpu" or plan.mask is not None or knobs.splits > 1 or \
+    if not target.is_gpu or plan.mask is not None or knobs.splits > 1 or \
             any(kind != "row" for _, _, kind in plan.outputs):
         return knobs
     tiles = math.prod(grid(plan, knobs))

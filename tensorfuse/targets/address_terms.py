@@ -60,11 +60,11 @@ def _merged(outer: _Digit, inner: _Digit) -> _Digit | None:
 
 
 def _expr(d: _Digit) -> Expr:
-    e = d.base
+    e = d.base   # (its own location: binary() would look one up on the stack)
     if d.divisor != 1:
-        e = binary("floordiv", e, Const(d.divisor, e.dtype))
+        e = binary("floordiv", e, Const(d.divisor, e.dtype), e.loc)
     if d.modulus is not None:
-        e = binary("mod", e, Const(d.modulus, e.dtype))
+        e = binary("mod", e, Const(d.modulus, e.dtype), e.loc)
     return e
 
 

@@ -67,14 +67,8 @@ class TritonKernel(GraphCallable):
                 self._origin[key] = f"tuned record ({found[1]})"
             plan = self.planner.tile(plan, knobs, scalars, self.tiling)
             name = f"{self.program.name}_fused"
-            made = kernel_source(plan, knobs, name, interpreter=interpreting())
-            if len(made) == 3:  # a kernel per split part, then a merge kernel
-                source, args, merge_args = made
-                fns = (load_kernel(source, f"{name}_part"), load_kernel(source, f"{name}_merge"))
-                self._built[key] = (plan, knobs, source, fns, (args, merge_args))
-            else:
-                source, args = made
-                self._built[key] = (plan, knobs, source, load_kernel(source, name), args)
+            source, args = kernel_source(plan, knobs, name, interpreter=interpreting())
+            self._built[key] = (plan, knobs, source, load_kernel(source, name), args)
         return self._built[key]
 
     def _build_key(self, dims: dict, scalars: dict | None) -> tuple:
@@ -108,8 +102,8 @@ class TritonKernel(GraphCallable):
         return self.build(scalars, **dims)[2]
 
     def compiled(self, **dims):
-        """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm). With
-        splits, the part kernel (the one that sweeps the axis). Scalars a kernel is built per
+        """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm). Scalars
+        a kernel is built per
         (a map's width) may be given by name among the sizes."""
         dims, scalars = split_scalars(self.program, dims)
         plan, knobs, _, fn, names = self.build(scalars, **dims)
@@ -117,7 +111,6 @@ class TritonKernel(GraphCallable):
         mask_args = list(MASK_ARGS) if plan.mask is not None else []
         sig = signature(self.program, outs, mask_args)
         if knobs.splits > 1:   # the parts' states in f32, their arrival counters in i32
-            fn, names = (fn[0], names[0]) if isinstance(fn, tuple) else (fn, names)
             sig = {n: sig.get(n, "*i32" if n == "part_count" else "*fp32") for n in names}
         constexprs = {"BLOCK_M": knobs.block_m, "BLOCK_N": knobs.block_n, "BLOCK_K": block_k(plan)}
         return compile_for(fn, sig, constexprs, self.target, knobs.num_warps, knobs.num_stages)
@@ -149,20 +142,14 @@ class TritonKernel(GraphCallable):
             meta = dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=block_k(plan))
             pointers = {p.name for p in self.program.tensor_params} | {
                 f"out_{c.name}" for c, _, _ in plan.outputs} | set(MASK_ARGS)
-            if knobs.splits > 1 and isinstance(fn, tuple):
-                steps = [Step(fn[0], launch_grid(plan, knobs, knobs.splits), names[0], pointers),
-                         Step(fn[1], launch_grid(plan, knobs), names[1], pointers)]
-            elif knobs.splits > 1:   # the last part of a row tile merges (rowtile.MERGE_IN_PART)
-                steps = [Step(fn, launch_grid(plan, knobs, knobs.splits), names,
-                              pointers | {"part_count"})]
-            else:
-                steps = [Step(fn, launch_grid(plan, knobs), names, pointers)]
+            split = knobs.splits > 1   # the parts on the grid's third axis, the last merging
+            steps = [Step(fn, launch_grid(plan, knobs, *((knobs.splits,) if split else ())),
+                          names, pointers | ({"part_count"} if split else set()))]
             outputs = [(f"out_{c.name}", tuple(output_shape(c, bound.dims)), c.dtypes[0])
                        for c, _, _ in plan.outputs]
-            counters = PartCounters(math.prod(grid(plan, knobs))) \
-                if "part_count" in steps[0].names else None
+            counters = PartCounters(math.prod(grid(plan, knobs))) if split else None
             made = (plan, Launches(steps, meta, knobs.num_warps, knobs.num_stages),
-                    self._scratch_layout(plan, knobs) if knobs.splits > 1 else None, knobs,
+                    self._scratch_layout(plan, knobs) if split else None, knobs,
                     outputs, counters)
             self._launch_plans[key] = made
         return made

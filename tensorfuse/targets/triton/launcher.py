@@ -39,8 +39,8 @@ class Step:
 
 
 class Launches:
-    """The launches of one shape signature, in order (one kernel; or with the split update the
-    part kernel, then the merge kernel), with their constexprs and launch options."""
+    """The launches of one shape signature, in order (one kernel: the split update's parts merge
+    in the same launch), with their constexprs and launch options."""
 
     def __init__(self, steps: list[Step], meta: dict, num_warps: int, num_stages: int):
         self.steps = steps
@@ -130,7 +130,7 @@ class PartCounters:
 
     def on(self, device, stream: int):
         """The counters for launches on ``stream`` of ``device`` (a torch tensor)."""
-        key = (str(device), stream)
+        key = (device, stream)
         made = self.by_stream.get(key)
         if made is None:
             import torch

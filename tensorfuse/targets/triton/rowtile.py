@@ -42,17 +42,16 @@ EVICTION = None
 # keep a swept row's uncorrected states per lane (:func:`lanewise_states`); False: reduce every
 # block across the warps, as the template did before (measuring)
 LANEWISE = True
-# the split update's merge done by the last part of a row tile to finish (an arrival counter per
-# tile), not by a second kernel: one launch; False: a merge kernel after the parts (measuring)
-MERGE_IN_PART = True
 # columns up to which a row of sums is swept twice, in blocks of 4096 with L2 hints (a row of
 # 8192: 0.997-1.0004x torch.compile against 0.996-0.998x in one block; of 16384: 96 % of copy
 # against 98.7 % in one block read again — ``benchmarks.rows_sweep``)
 SWEPT_IN_L2 = 8192
+# the split merge's loads of the parts' states go to L2 (``.cg``): never a line an SM's L1 kept
+FROM_L2 = ", cache_modifier='.cg'"
 
 
 def kernel_source(plan, knobs, name: str,
-                  interpreter: bool = False) -> tuple[str, list[str]] | tuple[str, list, list]:
+                  interpreter: bool = False) -> tuple[str, list[str]]:
     """Python source of a Triton kernel for ``plan`` (a ``tile_plan.RowTilePlan``) with ``knobs``
     (its ``Knobs``) and the names of its arguments, in order.
     ``interpreter``: source for Triton's CPU interpreter, which has no bf16 tensor-core operands
@@ -87,8 +86,9 @@ class _RowTileSource:
             [f"part_ref_{d}" for d in self.needed]
         self.mask_args = [] if plan.mask is None or splits > 1 else \
             ["bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx"]
-        self.args = self.tensors + self.scalars + (self.parts if splits > 1 else
-                                                   self.outs + self.mask_args)
+        # split: the parts' state buffers and arrival counters (the last part of a tile merges)
+        self.args = self.tensors + self.scalars + self.outs + (
+            self.parts + ["part_count"] if splits > 1 else self.mask_args)
         self.bk = block_k(plan)
         self.wide = _largest(prog, self.sizes) >= 2**31
 
@@ -103,13 +103,12 @@ class _RowTileSource:
         self.hinted = self.reads_only or self.reads_twice and (
             not column_operands(plan) or N <= SWEPT_IN_L2 and uncorrected_states(plan))
         self.single = plan.mask is None and N <= knobs.block_n and splits == 1
+        contracts = bool(plan.locals) or any(sp.contraction for sp in plan.states)
         # a row reduction's sweeps run their loads num_stages blocks ahead (a chain with
         # tensor-core products is pipelined by the compile option already)
-        self.stages = 1 if plan.locals or any(sp.contraction for sp in plan.states) else \
-            knobs.num_stages
+        self.stages = 1 if contracts else knobs.num_stages
         self.reload = self.single and knobs.reload and reloadable(plan)
-        if self.reload or ((self.hinted if EVICTION is None else EVICTION) and not plan.locals and
-                           not any(sp.contraction for sp in plan.states)):
+        if self.reload or ((self.hinted if EVICTION is None else EVICTION) and not contracts):
             # a row reduction (no contraction): its rows stream through L2, kept there for a second
             # pass (switched to evict_first for that pass below)
             self.ctx_base.streaming = (
@@ -135,7 +134,6 @@ class _RowTileSource:
         self.rows_pad = math.ceil(M / knobs.block_m) * knobs.block_m
         self.per_split = math.ceil(math.ceil(N / knobs.block_n) / splits) * knobs.block_n
         self.states = {(sp.member.name, sp.k): f"st_{sp.member.name}_{sp.k}" for sp in plan.states}
-        self.from_l2 = ""   # the merge's loads of the parts' states: a cache modifier
 
     def prologue(self):
         w, plan = self.w, self.plan
@@ -380,10 +378,10 @@ class _RowTileSource:
             with w.block():
                 sym = {}
                 for sp in mine:
-                    w(f"sv_{m.name}_{sp.k} = tl.load({self.part_at(sp, 's')}{self.from_l2})")
+                    w(f"sv_{m.name}_{sp.k} = tl.load({self.part_at(sp, 's')}{FROM_L2})")
                     sym[f"{m.name}#{sp.k}"] = f"sv_{m.name}_{sp.k}"
                 for d in scheme.deps:
-                    w(f"sref_{d} = tl.load({self.part_at(f'part_ref_{d}', 's')}{self.from_l2})")
+                    w(f"sref_{d} = tl.load({self.part_at(f'part_ref_{d}', 's')}{FROM_L2})")
                     sym[f"{d}.old"], sym[f"{d}.new"] = f"sref_{d}", f"finref_{d}"
                 for sp in mine:
                     corrected = to_triton(scheme.corrections(settled=True)[sp.k],
@@ -405,12 +403,12 @@ class _RowTileSource:
                   f"{to_triton(usable, self.ctx_r().child(symbols={'__fin': f'fin_{m.name}'}))}")
         self.emit_outputs(finals)
 
-    def last_part_merges(self) -> tuple[str, list[str]]:
-        """The part kernel that merges where it is its row tile's last part to finish: its
-        states stored, a CTA barrier, then one thread's acquire-release increment of the tile's
-        counter (the other parts' stores are visible to whoever sees their increments); the last
-        sets the counter back to zero for the next call and merges, reading the states from L2
-        (``.cg``: never a line this SM's L1 kept)."""
+    def last_part_merges(self) -> None:
+        """After a part stored its states: a CTA barrier, then one thread's acquire-release
+        increment of the row tile's counter (the other parts' stores are visible to whoever sees
+        their increments); the tile's last part to arrive sets the counter back to zero for the
+        next call and merges — one launch, not a merge kernel after the parts (MQA decode on the
+        H200: 0.062 -> 0.054 ms, ``benchmarks.user_kernels``)."""
         w = self.w
         count = f"part_count + pid_b * {grid(self.plan, self.knobs)[0]} + pid_m"
         w("tl.debug_barrier()")
@@ -418,13 +416,10 @@ class _RowTileSource:
         w(f"if arrived == {self.splits - 1}:")
         with w.block():
             w(f"tl.store({count}, 0)")
-            self.from_l2 = ", cache_modifier='.cg'"
             self.emit_merge()
-        args = self.tensors + self.scalars + self.outs + self.parts + ["part_count"]
-        return _assemble([(self.name, args, w.lines)]), args
 
-    def source(self) -> tuple[str, list[str]] | tuple[str, list, list]:
-        """The kernel's Python source and argument names (and, split, the merge kernel's)."""
+    def source(self) -> tuple[str, list[str]]:
+        """The kernel's Python source and argument names."""
         w, plan, knobs = self.w, self.plan, self.knobs
         self.prologue()
         # hoisted row operands of the local contractions (q)
@@ -464,14 +459,8 @@ class _RowTileSource:
                 w(f"tl.store({self.part_at(sp, 'pid_s')}, {self.states[(sp.member.name, sp.k)]})")
             for d in self.needed:
                 w(f"tl.store({self.part_at(f'part_ref_{d}', 'pid_s')}, ref_{d})")
-            if MERGE_IN_PART:
-                return self.last_part_merges()
-            part_lines, w.lines = w.lines, []
-            self.prologue()
-            self.emit_merge()
-            merge_args = self.tensors + self.scalars + self.outs + self.parts
-            return _assemble([(f"{self.name}_part", self.args, part_lines),
-                              (f"{self.name}_merge", merge_args, w.lines)]), self.args, merge_args
+            self.last_part_merges()
+            return _assemble([(self.name, self.args, w.lines)]), self.args
         if self.single:  # the whole axis in one block: no loop, and outputs reuse the loaded values
             w("start_n = 0")
             early = output_operands(plan, self.ctx_rc()) if PREFETCH else ()
