@@ -24,7 +24,7 @@ def schedule(kernel: TracedKernel, target: "str | TargetSpec" = "auto", **dims: 
 
 def compile(kernel: "TracedKernel | Schedule",  # noqa: A001 - tensorfuse.compile
             target: "str | TargetSpec | None" = None,
-            template: str | None = "auto"):
+            template: str | None = "auto", dynamic: "bool | None" = None):
     """A callable kernel. A :class:`Kernel` on a GPU target gets a template when one fits
     (``template="auto"``: its reductions fused by a rolling update into one Triton kernel), else
     TVM's default schedule; on the CPU an attention-like chain (members contracting over the
@@ -32,19 +32,31 @@ def compile(kernel: "TracedKernel | Schedule",  # noqa: A001 - tensorfuse.compil
     template's row schedule (:mod:`tensorfuse.schedule_templates.cpu`); built per shape
     signature. ``template=None`` forces the default schedule, unfused (TVM code generation).
     ``target="auto"``: the local GPU if any, else the CPU. A :class:`Schedule` is compiled as
-    scheduled."""
+    scheduled.
+
+    ``dynamic``: how a Triton template's kernel meets new sizes
+    (:mod:`tensorfuse.targets.triton.size_builds`). ``None`` (default): the first sizes are
+    written into the kernel, and a size seen at a second value becomes a kernel argument from
+    then on: one build then serves every value for which the plan decides the same (a width in
+    the same power-of-two block, any row count), as ``torch.compile``'s automatic dynamic
+    shapes. ``True``: every size an argument from the first call; ``False``: one build per
+    sizes. ``cache_info()`` on the result lists the builds and the sizes each serves."""
     if isinstance(kernel, Schedule):
         if target is not None and get_target(target).name != kernel.target.name:
             raise ScheduleError(f"this schedule is for {kernel.target.name}, not "
                                 f"{get_target(target).name}", user_location())
         return kernel.compile()
-    return in_graph(_compile(kernel, target, template))
+    if dynamic not in (None, True, False):
+        raise ScheduleError(f"dynamic must be None, True or False, not {dynamic!r}",
+                            user_location())
+    return in_graph(_compile(kernel, target, template, dynamic=dynamic))
 
 
-def _compile(kernel, target, template, untemplated: str | None = None):
+def _compile(kernel, target, template, untemplated: str | None = None,
+             dynamic: "bool | None" = False):
     """:func:`compile` for a kernel (the result before it gets its PyTorch operator);
     ``untemplated``: on a GPU, why no template takes it — what ``schedule_origin()`` then says
-    of the default schedule."""
+    of the default schedule; ``dynamic``: as :func:`compile` says."""
     if not is_kernel(kernel):
         raise ScheduleError(f"tensorfuse.compile takes a @tensorfuse.kernel or a schedule, got "
                             f"{type(kernel).__name__}", user_location())
@@ -62,18 +74,19 @@ def _compile(kernel, target, template, untemplated: str | None = None):
             # reads) is tuned as that one: the same loops, one more store per row
             tuned_as = getattr(kernel, "tuned_as", None) or program
             records = template_records(tuned_as, name, fusion, spec)
-            made = TEMPLATES[name](kernel, fusion, spec, tuned=records)
+            made = TEMPLATES[name](kernel, fusion, spec, tuned=records, dynamic=dynamic)
             ahead = native_templates(kernel, name, fusion, spec, records=lambda template:
                                      template_records(tuned_as, template, fusion, spec))
             return AutoKernel(made, fallback, ahead=ahead)
         if spec.is_gpu:
             from .schedule_templates.auto import why_no_template
 
-            flat = _flattened(kernel, spec)
+            flat = _flattened(kernel, spec, dynamic)
             if flat is not None:
                 return flat
             why = why_no_template(program, spec)
-            return _staged(kernel, spec, why) or _untemplated(kernel, spec, why)
+            return _staged(kernel, spec, why, dynamic=dynamic) or \
+                _untemplated(kernel, spec, why)
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"
@@ -123,7 +136,7 @@ def _untemplated(kernel, spec, why: str) -> CompiledKernel:
     return compiled
 
 
-def _flattened(kernel, spec):
+def _flattened(kernel, spec, dynamic: "bool | None" = False):
     """A kernel whose chain reduces over several axes together (a paged cache's pages and slots)
     where a template takes it swept as one axis (:mod:`.schedule_templates.flat_sweeps`): that
     template, made per the sizes of those axes; else ``None``."""
@@ -141,11 +154,11 @@ def _flattened(kernel, spec):
     def make(sizes: dict):
         flat = flatten_sweeps(program, sizes)
         return _compile(types.SimpleNamespace(program=flat, fn=None, name=flat.name), spec,
-                        "auto")
+                        "auto", dynamic=dynamic)
     return FlatSweepKernel(program, spec, swept_together(program), make)
 
 
-def _staged(kernel, spec, why: str, planned_for=None):
+def _staged(kernel, spec, why: str, planned_for=None, dynamic: "bool | None" = False):
     """The floor for a kernel no template takes whole: its stages (each a kernel of its own, cut
     where a reduction needs another's final value), where a template takes at least one of
     them; else ``None``. Said once (a :class:`~tensorfuse.errors.NoTemplateWarning`).
@@ -166,8 +179,9 @@ def _staged(kernel, spec, why: str, planned_for=None):
     for stage in stages:
         part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
         kind = "one reduction" if stage.reduces else "elementwise"
-        kernels.append(_compile(part, spec, "auto") if stage.templated else _compile(
-            part, spec, None, f"TVM's default {spec.kind.upper()} schedule ({kind})"))
+        kernels.append(_compile(part, spec, "auto", dynamic=dynamic) if stage.templated else
+                       _compile(part, spec, None,
+                                f"TVM's default {spec.kind.upper()} schedule ({kind})"))
     staged = StagedKernel(kernel.program, spec, tuple(stages), tuple(kernels), why)
     warnings.warn(f"tensorfuse.compile: no template takes {kernel.program.name} whole on "
                   f"{planned_for.name} ({why}); it runs as {len(stages)} kernels, each with its "
@@ -306,6 +320,14 @@ class AutoKernel(GraphCallable):
 
     def benchmark(self, *args, **kwargs) -> float:
         return self._pick(args, kwargs)[0].benchmark(*args, **kwargs)
+
+    def cache_info(self) -> list:
+        """The sources built so far (:class:`~tensorfuse.targets.triton.size_builds.Build`: the
+        sizes each serves, exactly or as arguments): the native templates' (their kernels read
+        every size as an argument) and the Triton template's. Sizes no template fits are built
+        by TVM per sizes, and not listed."""
+        return [b for k in (*self.ahead, self.template) if hasattr(k, "cache_info")
+                for b in k.cache_info()]
 
 
 def _triton_available() -> bool:

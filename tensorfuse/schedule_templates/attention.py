@@ -159,14 +159,16 @@ def unfit(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> str | None:
 def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = None,
               tile_n: int | None = None, num_warps: int | None = None,
               num_stages: int | None = None, splits: int | None = None,
-              tiling: "dict | bool" = True, tuned: Tuned | None = None) -> TritonKernel:
+              tiling: "dict | bool" = True, tuned: Tuned | None = None,
+              dynamic: "bool | None" = False) -> TritonKernel:
     """A callable Triton kernel for ``kernel`` with ``fusion`` (a rolling update) applied;
     ``splits`` > 1 sweeps the keys in that many parallel parts merged at the end (decode).
     ``tiling``: the visiting order of a mask that reads the sequence as a map — ``True``
     chooses (patches of queries, windows of keys, or the flat order: ``token_tiling``),
     ``False`` keeps the flat order, a dict (``Schedule.tile_as``) fixes ``patch``,
     ``key_patch``, ``dilation``. ``tuned``: the compile entry point's lookup of tuning records
-    (used unless knobs are given)."""
+    (used unless knobs are given). ``dynamic``: which sizes the kernel reads as arguments
+    (:mod:`~tensorfuse.targets.triton.size_builds`)."""
     program = kernel.program if hasattr(kernel, "program") else kernel
     chain = plan_chain(program, fusion.names, fusion.axis)
 
@@ -178,4 +180,4 @@ def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = N
     explicit = any(v is not None for v in (tile_m, tile_n, num_warps, num_stages, splits))
     return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"attention template ({fusion.describe()})", fusion,
-                        tuned=None if explicit else tuned, tiling=tiling)
+                        tuned=None if explicit else tuned, tiling=tiling, dynamic=dynamic)

@@ -141,13 +141,16 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
 def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None = None,
                   block: int | None = None, num_warps: int | None = None,
                   num_stages: int | None = None, reload: bool | None = None,
-                  splits: int | None = None, tuned: Tuned | None = None) -> TritonKernel:
+                  splits: int | None = None, tuned: Tuned | None = None,
+                  dynamic: "bool | None" = False) -> TritonKernel:
     """A callable Triton kernel for ``kernel`` with ``fusion`` applied along its rows.
     ``reload``: a row held in one block is read again (from L2) for the outputs instead of kept
     in registers (``Knobs.reload``; ignored where the outputs do not run along the row).
     ``splits``: parts of the sweep run in parallel, the last of a row tile's merging (default:
     split where the row tiles are few, :func:`default_knobs`; 1: never).
-    ``tuned``: the compile entry point's lookup of tuning records (used unless knobs are given)."""
+    ``tuned``: the compile entry point's lookup of tuning records (used unless knobs are given).
+    ``dynamic``: which sizes the kernel reads as arguments (:mod:`~tensorfuse.targets.triton.
+    size_builds`: ``True`` all, ``False`` none, ``None`` those seen at a second value)."""
     program = kernel.program if hasattr(kernel, "program") else kernel
     chain = plan_chain(program, fusion.names, fusion.axis)
 
@@ -160,4 +163,4 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
     explicit = any(v is not None for v in (rows, block, num_warps, num_stages, reload, splits))
     return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"row-reduction template ({fusion.describe()})", fusion,
-                        tuned=None if explicit else tuned)
+                        tuned=None if explicit else tuned, dynamic=dynamic)

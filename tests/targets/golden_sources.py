@@ -66,13 +66,14 @@ def pinned() -> Iterator[None]:
 _COMPILED: dict = {}
 
 
-def compiled(kernel, target: str):
-    """``tf.compile(kernel, target)``, made once per (kernel, target)."""
+def compiled(kernel, target: str, dynamic: bool = False):
+    """``tf.compile(kernel, target, dynamic=dynamic)``, made once per (kernel, target, dynamic):
+    each size exactly unless asked (the sources must not depend on the order of the cases)."""
     import tensorfuse as tf
 
-    if (kernel, target) not in _COMPILED:
-        _COMPILED[kernel, target] = tf.compile(kernel, target)
-    return _COMPILED[kernel, target]
+    if (kernel, target, dynamic) not in _COMPILED:
+        _COMPILED[kernel, target, dynamic] = tf.compile(kernel, target, dynamic=dynamic)
+    return _COMPILED[kernel, target, dynamic]
 
 
 def _sizes(kernel, every: dict) -> dict:
@@ -256,6 +257,10 @@ def _triton_cases() -> Iterator[Case]:
             for target in ("cuda:sm_90a", "rocm:gfx942"):
                 yield f"compile:{target}:{name}:N={N}", \
                     lambda k=kernel, t=target, s=sizes: compiled(k, t).source(**s)
+        for N in (1000, 4096, 65536):   # sizes as arguments: the bucket's source
+            sizes = _sizes(kernel, dict(rows, N=N, V=N))
+            yield f"compile:cuda:sm_90a:{name}:dynamic:N={N}", \
+                lambda k=kernel, s=sizes: compiled(k, "cuda:sm_90a", True).source(**s)
         sizes = _sizes(kernel, dict(rows, N=8192, V=8192))
         for knobs in (dict(reload=True, block=8192), dict(reload=False, block=4096),
                       dict(rows=4, num_warps=8), dict(block=1024, num_stages=3)):

@@ -78,14 +78,22 @@ class Launches:
     def sources(self) -> tuple[str, ...]:
         return (self.source,) + tuple(source for source, _ in self.more)
 
-    def build(self, target: TargetSpec) -> None:
-        """The module(s), once."""
+    def build(self, target: TargetSpec, built: dict | None = None) -> None:
+        """The module(s), once. ``built``: modules already loaded, by source and entry points —
+        launches at other sizes whose source is the same (the Hopper kernels take their sizes
+        as arguments) share them instead of loading the cubin again (a new prompt length took
+        6–12 ms of host time, most of it that load: ``benchmarks.dynamic``)."""
         if self.module is None and not self.entries and not self.more:
             self.module = ()
         if self.module is None:
-            modules = tuple(Functions(cuda_module(source, entries, target))
-                            for source, entries in ((self.source, self.entries),) + self.more)
-            self.module = modules if self.more else modules[0]
+            built = {} if built is None else built
+            modules = []
+            for source, entries in ((self.source, self.entries),) + self.more:
+                key = (source, tuple(e.name for e in entries), target.name)
+                if key not in built:
+                    built[key] = Functions(cuda_module(source, entries, target))
+                modules.append(built[key])
+            self.module = tuple(modules) if self.more else modules[0]
 
 
 class ClusterFastCall(SignatureCall):
@@ -135,6 +143,7 @@ class ClusterKernel(GraphCallable):
         self._launches: dict = {}
         self._calls = CallBinder(program, "cuda")
         self._fast: dict = {}   # signature key -> its ClusterFastCall
+        self._modules: dict = {}   # the modules loaded, by source (Launches.build)
         self._device_checked = False
 
     def __repr__(self) -> str:
@@ -159,6 +168,22 @@ class ClusterKernel(GraphCallable):
         for launches in self._launches.values():
             launches.module = None
         self._fast.clear()
+        self._modules.clear()
+
+    def cache_info(self) -> list:
+        """The sources written so far (:class:`~tensorfuse.targets.triton.size_builds.Build`),
+        each with the sizes it served: the kernels read their sizes as arguments, so sizes whose
+        plan decides the same share one source (and one loaded module)."""
+        from ..triton.size_builds import Build
+
+        found: dict = {}
+        for key, launches in self._launches.items():
+            sizes = {n: v for n, v in key if n in self.program.dim_names()}
+            if launches.sources not in found:
+                found[launches.sources] = Build("\n".join(launches.sources), None, [],
+                                                by=self.description.split(" (")[0])
+            found[launches.sources].sizes.append(sizes)
+        return list(found.values())
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         """Whether this kernel runs these sizes (at these values of its keyed scalars) and is
@@ -215,7 +240,7 @@ class ClusterKernel(GraphCallable):
         bound = self._calls(args, kwargs, key)
         device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
         launches = self.launches(bound.scalars, **bound.dims)
-        launches.build(self.target)
+        launches.build(self.target, self._modules)
         values = torch_arguments(self.program, bound, device)
         given = list(bound.outs) if bound.outs is not None else [None] * len(self.outputs)
         outs = [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)

@@ -14,6 +14,7 @@ from ..signature_call import call_layout, fast_call_applies, try_fast_call
 from .launcher import FastCall, Launches, PartCounters, Step, current_stream
 from .row_grid import block_k, grid, launch_grid
 from .rowtile import kernel_source
+from .size_builds import SizeBuilds, size_values
 
 Tuned = Callable[[dict], "tuple[dict, str] | None"]
 MASK_ARGS = ("bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx")  # block lists
@@ -30,7 +31,8 @@ class TritonKernel(GraphCallable):
     This class only emits, compiles and launches."""
 
     def __init__(self, planner, target, knobs: Callable, description: str, fusion=None,
-                 tuned: Tuned | None = None, tiling: "dict | bool" = True):
+                 tuned: Tuned | None = None, tiling: "dict | bool" = True,
+                 dynamic: "bool | None" = False):
         self.planner, self.target = planner, target
         self.tiling = tiling   # the visiting order: True chooses, False keeps the flat one
         self.program, self.chain = planner.program, planner.chain
@@ -46,6 +48,7 @@ class TritonKernel(GraphCallable):
         self._calls: CallBinder | None = None
         self._int_scalar = {p.name: dt.is_int(p.dtype) for p in self.program.scalar_params}
         self._device_checked = False
+        self.sizes = SizeBuilds(dynamic)
 
     def __repr__(self) -> str:
         return f"<TritonKernel {self.program.name} for {self.target.name}: {self.description}>"
@@ -54,7 +57,9 @@ class TritonKernel(GraphCallable):
     def build(self, scalars: dict | None = None, **dims):
         """(plan, knobs, source, kernel function, argument names) for these sizes; ``scalars``:
         the call's scalar values, where tuning records are kept per value of some of them (a
-        window, a prefix length: ``tuned.scalar_names``) and so the knobs may differ."""
+        window, a prefix length: ``tuned.scalar_names``) and so the knobs may differ. The plan is
+        made at these sizes (the launch's grid and outputs); the source may be one written with
+        sizes as arguments that serves them (:mod:`.size_builds`)."""
         key = self._build_key(dims, scalars)
         if key not in self._built:
             check_named_sizes(self.program, dims, complete=True)
@@ -66,10 +71,27 @@ class TritonKernel(GraphCallable):
                 knobs = replace(knobs, **found[0])
                 self._origin[key] = f"tuned record ({found[1]})"
             plan = self.planner.tile(plan, knobs, scalars, self.tiling)
-            name = f"{self.program.name}_fused"
-            source, args = kernel_source(plan, knobs, name, interpreter=interpreting())
-            self._built[key] = (plan, knobs, source, load_kernel(source, name), args)
+            keyed = key[len(dims):]
+            varying = self.sizes.varying(dims)
+            made = self.sizes.find(dims, knobs, keyed, varying) if varying else None
+            if made is None:
+                made = self.sizes.write(dims, knobs, keyed, varying, lambda sizes: self._emit(
+                    plan if sizes is dims else self.planner.tile(
+                        self.planner.plan(sizes), knobs, scalars, self.tiling), knobs))
+            self._built[key] = (plan, knobs, made.source, made.fn, made.args)
         return self._built[key]
+
+    def _emit(self, plan, knobs) -> tuple:
+        """(source, kernel function, argument names) of ``plan`` (made at sizes that are ints, or
+        some of them symbolic: :mod:`tensorfuse.dsl.symbolic_sizes`)."""
+        name = f"{self.program.name}_fused"
+        source, args = kernel_source(plan, knobs, name, interpreter=interpreting())
+        return source, load_kernel(source, name), args
+
+    def cache_info(self) -> list:
+        """The sources this kernel wrote (:class:`.size_builds.Build`: the sizes each serves,
+        exactly or as arguments under its guards)."""
+        return list(self.sizes.builds)
 
     def _build_key(self, dims: dict, scalars: dict | None) -> tuple:
         key = tuple(sorted(dims.items()))
@@ -110,10 +132,13 @@ class TritonKernel(GraphCallable):
         outs = [c for c, _, _ in plan.outputs]
         mask_args = list(MASK_ARGS) if plan.mask is not None else []
         sig = signature(self.program, outs, mask_args)
+        sizes = {n: v for n, v in size_values(dims).items() if n in names}   # as arguments
+        sig.update(dict.fromkeys(sizes, "i32"))
         if knobs.splits > 1:   # the parts' states in f32, their arrival counters in i32
             sig = {n: sig.get(n, "*i32" if n == "part_count" else "*fp32") for n in names}
         constexprs = {"BLOCK_M": knobs.block_m, "BLOCK_N": knobs.block_n, "BLOCK_K": block_k(plan)}
-        return compile_for(fn, sig, constexprs, self.target, knobs.num_warps, knobs.num_stages)
+        return compile_for(fn, sig, constexprs, self.target, knobs.num_warps, knobs.num_stages,
+                           tuple(n for n, v in sizes.items() if v % 16 == 0))
 
     def ptx(self, **dims) -> str:
         return self.compiled(**dims).asm["ptx"]
@@ -199,6 +224,7 @@ class TritonKernel(GraphCallable):
             device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
         plan, launches, scratch, knobs, outputs, counters = self._launches(bound)
         values = torch_arguments(self.program, bound, device)
+        values.update(size_values(bound.dims))   # read by a kernel written with sizes as arguments
         outs, results = [], []
         for k, (name, shape, dtype) in enumerate(outputs):
             given = bound.outs[k] if bound.outs is not None else None
@@ -261,7 +287,7 @@ class TritonKernel(GraphCallable):
         params, likes, guards = call_layout(self.program, args, bound, self._calls.scalar_kinds,
                                             outputs, self._keyed_scalars())
         self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes,
-                                   guards, counters)
+                                   guards, counters, size_values(bound.dims))
 
     def warm(self, *args, **kwargs) -> None:
         """Compile for these arguments without launching (a tuning batch compiles its

@@ -93,9 +93,11 @@ def signature(program, outputs, mask_args: list[str]) -> dict:
 _COMPILE_LOCK = threading.Lock()
 
 
-def compile_for(fn, sig: dict, constexprs: dict, target, num_warps: int, num_stages: int):
+def compile_for(fn, sig: dict, constexprs: dict, target, num_warps: int, num_stages: int,
+                divisible: tuple = ()):
     """Compile without launching (works on machines without a GPU): CUDA → PTX/cubin, ROCm →
-    AMDGCN/hsaco. One at a time per process (:data:`_COMPILE_LOCK`)."""
+    AMDGCN/hsaco. ``divisible``: integer arguments whose values are multiples of 16 (the JIT
+    specialises a call's so). One at a time per process (:data:`_COMPILE_LOCK`)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -111,7 +113,7 @@ def compile_for(fn, sig: dict, constexprs: dict, target, num_warps: int, num_sta
     # pointers 16-byte aligned, as the JIT specialises them when called (the calls pass aligned
     # tensors): the offline code is then the code that runs (vectorised loads and stores)
     aligned = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, v in sig.items()
-               if v.startswith("*")}
+               if v.startswith("*") or k in divisible}
     src = triton.compiler.ASTSource(fn=fn, signature=full, constexprs=constexprs, attrs=aligned)
     with _COMPILE_LOCK:
         return triton.compile(src, target=gpu, options={"num_warps": num_warps,

@@ -162,7 +162,7 @@ class FastCall(SignatureCall):
 
     def __init__(self, params: list, outputs: list, scratch, launches: Launches, device,
                  likes: list | None = None, guards: list | None = None,
-                 counters: PartCounters | None = None):
+                 counters: PartCounters | None = None, constants: dict | None = None):
         import torch
 
         super().__init__(params, outputs, device, likes, guards)
@@ -170,8 +170,11 @@ class FastCall(SignatureCall):
         self.scratch_offsets = [4 * offset for _, _, offset in places]
         self.scratch_total = total
         self.counters = counters
+        # values the signature fixes (its sizes, for a kernel that reads them as arguments)
+        self.constants = list((constants or {}).values())
         order = [n for n, _, _ in params] + [n for n, _, _ in outputs] + \
-            [n for n, _, _ in places] + (["part_count"] if counters is not None else [])
+            [n for n, _, _ in places] + (["part_count"] if counters is not None else []) + \
+            list(constants or {})
         slot_of = {name: k for k, name in enumerate(order)}
         self.steps = [(step.raw, step.compiled, step.grid, [slot_of[n] for n in step.names])
                       for step in launches.steps]
@@ -197,6 +200,7 @@ class FastCall(SignatureCall):
         stream = active.get_current_stream(self.current_device())   # as Triton's JIT
         if self.counters is not None:
             slots.append(self.counters.on(self.device, stream).data_ptr())
+        slots += self.constants
         enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
         for raw, kernel, grid, index in self.steps:
             launch_raw(raw, kernel, grid, stream, [slots[k] for k in index] + self.constexprs,

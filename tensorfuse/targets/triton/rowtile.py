@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ...algebra.exprs import substitute
 from ...algebra.schemes import EXTRAPOLATION
-from ...dsl.evaluate import evaluate_plain
 from ...dsl.expr import Axis, Expr, Load, Symbol, Where
 from ...dsl.program import Compute
+from ...dsl.symbolic_sizes import size_arguments
 from ..index_text import IndexText as _Index
 from .expr import (HELPERS, TL_DTYPES, TileContext, fresh_memo, ieee_products, literal,
                    to_triton)
 from .row_grid import batch_first, block_k, grid, launch_grid, list_length
-from .row_states import (REDUCE, column_operands, depended_on, lanewise_states,
+from .row_states import (REDUCE, column_operands, depended_on, initial_reference, lanewise_states,
                          output_operands, reloadable, uncorrected_states)
-from .source_writer import SourceWriter
+from .size_builds import size_alignments
+from .source_writer import INTERPRETER_HELPERS, SourceWriter, host_int
 
 MAX_FEATURE = 256  # head dims up to 256 fit a tile in registers
 # issue the outputs' per-row operand loads before a whole-row block's reductions (chunk_body)
@@ -72,7 +71,7 @@ class _RowTileSource:
             (lambda con: con.dot_dtype)  # noqa: E731
         self.prog = prog = plan.program
         self.sizes = plan.sizes
-        self.w = SourceWriter()
+        self.w = SourceWriter(interpreter)
         self.tensors = [p.name for p in prog.tensor_params]
         self.scalars = [p.name for p in prog.scalar_params]
         self.outs = [f"out_{c.name}" for c, _, _ in plan.outputs]
@@ -88,9 +87,10 @@ class _RowTileSource:
             ["bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx"]
         # split: the parts' state buffers and arrival counters (the last part of a tile merges)
         self.args = self.tensors + self.scalars + self.outs + (
-            self.parts + ["part_count"] if splits > 1 else self.mask_args)
+            self.parts + ["part_count"] if splits > 1 else self.mask_args) + \
+            size_arguments(plan.sizes)   # sizes the kernel reads as arguments (dynamic=)
         self.bk = block_k(plan)
-        self.wide = _largest(prog, self.sizes) >= 2**31
+        self.wide = _wide(prog, self.sizes)
 
         self.ctx_base = TileContext(axes={}, sizes=self.sizes, interpreter=interpreter)
         self.reads_only = all(kind == "row" for _, _, kind in plan.outputs)
@@ -116,9 +116,9 @@ class _RowTileSource:
                 "evict_last" if self.reads_twice or self.reload else "evict_first")
 
         self.row_index = "offs_m[:, None]"
-        self.row_ok = "(offs_m[:, None] < %d)" % M
-        self.col_ok = "(offs_n[None, :] < %d)" % N
-        self.col_ok_t = "(offs_n[:, None] < %d)" % N
+        self.row_ok = f"(offs_m[:, None] < {M})"
+        self.col_ok = f"(offs_n[None, :] < {N})"
+        self.col_ok_t = f"(offs_n[:, None] < {N})"
         self.ragged_rows = M % knobs.block_m != 0
         self.ragged_cols = N % knobs.block_n != 0
         self.col_index, self.col_index_t = "offs_n[None, :]", "offs_n[:, None]"
@@ -137,6 +137,8 @@ class _RowTileSource:
 
     def prologue(self):
         w, plan = self.w, self.plan
+        for size, align in size_alignments(self.prog, plan.sizes):
+            w(f"{size} = {size} // {align} * {align}")   # no change: its divisor, said to Triton
         rows_at, batch_at = (1, 0) if batch_first(plan, self.knobs) else (0, 1)
         w(f"pid_m = tl.program_id({rows_at})")
         w(f"pid_b = tl.program_id({batch_at})" + (".to(tl.int64)" if self.wide else ""))
@@ -438,13 +440,13 @@ class _RowTileSource:
         w("seen = tl.full([], 0, tl.int32)")
         self.initial: dict = {}
         for d in self.needed:
-            self.initial[d] = _initial_reference(plan, d, self.initial, self.N)
+            self.initial[d] = initial_reference(plan, d, self.initial, self.N)
             w(f"ref_{d} = tl.full([BLOCK_M, 1], {literal(self.initial[d], 'f32')}, tl.float32)")
         if self.splits > 1:  # this program's part of the axis; its states go to memory to merge
             w("pid_s = tl.program_id(2)")
             w(f"lo = pid_s * {self.per_split}")
             if self.interpreter:  # no loop bounds computed from program ids in the interpreter
-                w(f"for blk in range(0, {self.per_split // knobs.block_n}):")
+                w(f"for blk in range(0, {host_int(str(self.per_split // knobs.block_n))}):")
                 with w.block():
                     w("start_n = lo + blk * BLOCK_N")
                     w(f"if start_n < {self.N}:")
@@ -484,7 +486,7 @@ class _RowTileSource:
                 w(f"base_{kind} = pid_b * {grid(plan, knobs)[0]} + pid_m")
                 w(f"count_{kind} = tl.load(bm_{kind}_num + base_{kind})")
                 if self.interpreter:
-                    w(f"for blk in range(0, {list_length(plan, knobs)}):")
+                    w(f"for blk in range(0, {host_int(str(list_length(plan, knobs)))}):")
                     w.indent += 1
                     w(f"if blk < count_{kind}:")
                 else:
@@ -507,6 +509,8 @@ class _RowTileSource:
 def _assemble(functions) -> str:
     parts = ["import triton", "import triton.language as tl",
              "from triton.language.extra import libdevice", HELPERS]
+    if any("_host_int(" in line for _, _, body in functions for line in body):
+        parts.append(INTERPRETER_HELPERS)
     for fname, fargs, body in functions:
         parts += ["", "@triton.jit",
                   f"def {fname}(" + ", ".join(fargs) + ", BLOCK_M: tl.constexpr, "
@@ -522,18 +526,6 @@ def _operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
     return f"({to_triton(e, ctx)}).to({TL_DTYPES[dot_dtype]})"
 
 
-def _initial_reference(plan, d: str, initial: dict, cols: int) -> float:
-    """The reference of ``d`` before anything is seen (as in the TensorIR lowering: the reference
-    formula on empty states, the dependencies at their initial references)."""
-    scheme = plan.chain.schemes[d]
-    env = {f"{d}#{k}": np.asarray(st.monoid.identity_value(0, st.dtype), np.float64)
-           for k, st in enumerate(scheme.states)}
-    env.update({f"{e}.new": np.asarray(initial[e], np.float64) for e in scheme.deps})
-    env[EXTRAPOLATION.name] = np.asarray(float(cols))
-    with np.errstate(all="ignore"):
-        return float(evaluate_plain(scheme.reference(), env))
-
-
 def _store_offsets(c: Compute, ctx: TileContext, sizes: dict) -> str:
     dims = [a.extent if isinstance(a.extent, int) else sizes[a.extent] for a in c.axes]
     strides, acc = [], 1
@@ -545,11 +537,12 @@ def _store_offsets(c: Compute, ctx: TileContext, sizes: dict) -> str:
                       for a, s in zip(c.axes, strides))
 
 
-def _largest(prog, sizes: dict) -> int:
-    best = 0
-    for p in prog.tensor_params:
-        best = max(best, int(np.prod([d if isinstance(d, int) else sizes[d] for d in p.dims])))
-    for c in prog.outputs:
-        best = max(best, int(np.prod([a.extent if isinstance(a.extent, int) else sizes[a.extent]
-                                      for a in c.axes])))
-    return best
+def _wide(prog, sizes: dict) -> bool:
+    """Whether some tensor the kernel reads or writes has 2³¹ elements or more (its offsets then
+    need 64 bits). Each tensor is asked on its own: a size as an argument is then guarded by
+    each staying below, not by which of them is the largest."""
+    counts = [math.prod(d if isinstance(d, int) else sizes[d] for d in p.dims)
+              for p in prog.tensor_params]
+    counts += [math.prod(a.extent if isinstance(a.extent, int) else sizes[a.extent]
+                         for a in c.axes) for c in prog.outputs]
+    return any(count >= 2**31 for count in counts)

@@ -1,0 +1,178 @@
+"""New sizes on every call, as a serving loop meets them: builds, the first call at each size and
+the steady call, tensorfuse (``tf.compile`` defaults: ``dynamic=None``) beside torch in the same
+process on the same GPU.
+
+    python -m benchmarks.dynamic [--lengths 50] [--widths 20] [--out DIR]
+
+Rows:
+- ``dynamic/row_widths``: a softmax over 4096 rows at random widths (256 to 32768), against
+  ``torch.compile(dynamic=True)`` and eager torch;
+- ``dynamic/prefill_lengths``: causal attention (B1 H16 D128, bf16) at random prompt lengths
+  (100 to 16384), against SDPA (cuDNN) and FlexAttention under ``torch.compile(dynamic=True)``.
+Per size: ``ms`` the steady call (``bench``), ``note`` the first call's wall time (synchronised),
+and the builds so far (tensorfuse: sources written, ``cache_info()``; torch.compile: frames
+compiled). One row per implementation with shape ``all`` sums it up: builds, the first calls'
+overhead over steady at sizes whose build existed (``within``) and at new ones.
+CSV ``benchmarks/results/<date>-<device>-dynamic.csv``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import random
+import statistics
+import time
+
+import torch
+
+from benchmarks.common import (FLEX, SDPA_CUDNN, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER, Row,
+                               bench, measure_ceilings, relative_error, write_csv)
+
+
+def first_call_ms(fn) -> float:
+    """Wall milliseconds of one call, the GPU drained before and after."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
+def _frames() -> int:
+    """Frames torch.compile compiled so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def row_widths(count: int, rng: random.Random, copy_tbps: float) -> list[Row]:
+    import tensorfuse as tf
+    import tensorfuse.kernels as K
+
+    made = tf.compile(K.softmax, "cuda")
+    compiled = torch.compile(lambda x: torch.softmax(x, -1), dynamic=True)
+    impls = {TENSORFUSE: lambda x: made(x), TORCH_COMPILE: compiled,
+             TORCH_EAGER: lambda x: torch.softmax(x, -1)}
+    widths = [rng.randint(256, 32768) for _ in range(count)]
+    return _sweep("dynamic/row_widths", impls, widths,
+                  lambda n: (torch.randn(4096, n, device="cuda", dtype=torch.bfloat16),),
+                  lambda out, x: relative_error(out, torch.softmax(x.double(), -1)),
+                  lambda n: f"softmax 4096x{n} bf16",
+                  lambda n, ms: (0.0, 2 * 4096 * n * 2 / ms / 1e6), copy_tbps,
+                  builds={TENSORFUSE: lambda: len(made.cache_info()),
+                          TORCH_COMPILE: _frames})
+
+
+def prefill_lengths(count: int, rng: random.Random) -> list[Row]:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    import tensorfuse as tf
+    import tensorfuse.kernels as K
+
+    made = tf.compile(K.causal_attention, "cuda")
+    flex = torch.compile(flex_attention, dynamic=True)
+    scale = 128 ** -0.5
+
+    def sdpa(q, k, v):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+    def causal(b, h, i, j):
+        return i >= j
+
+    masks: dict = {}
+
+    def flexed(q, k, v):
+        n = q.shape[2]
+        if n not in masks:
+            masks[n] = create_block_mask(causal, None, None, n, n, device="cuda")
+        return flex(q, k, v, block_mask=masks[n], scale=scale)
+
+    impls = {TENSORFUSE: lambda q, k, v: made(q, k, v, scale=scale), SDPA_CUDNN: sdpa,
+             FLEX: flexed}
+    lengths = [rng.randint(100, 16384) for _ in range(count)]
+
+    def inputs(n):
+        return tuple(torch.randn(1, 16, n, 128, device="cuda", dtype=torch.bfloat16)
+                     for _ in range(3))
+
+    def check(out, q, k, v):
+        """The error of the last 256 query rows against float64 (all of them would need the
+        whole score matrix in float64: 34 GB at 16k tokens)."""
+        n, rows = q.shape[2], min(256, q.shape[2])
+        s = q[:, :, n - rows:].double() @ k.double().transpose(-1, -2) * scale
+        i = torch.arange(n - rows, n, device=q.device)[:, None]
+        s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > i, float("-inf"))
+        return relative_error(out[:, :, n - rows:], torch.softmax(s, -1) @ v.double())
+
+    def work(n, ms):   # causal: half the products
+        return 2 * 2 * 16 * n * n * 128 / 2 / ms / 1e9, 0.0
+    return _sweep("dynamic/prefill_lengths", impls, lengths, inputs, check,
+                  lambda n: f"causal B1 H16 S{n} D128 bf16", work, None,
+                  builds={TENSORFUSE: lambda: len(made.cache_info()), FLEX: _frames})
+
+
+def _sweep(bench_name, impls, sizes, inputs, check, shape, work, copy_tbps, builds) -> list:
+    """Each size in turn through every implementation: the first call's wall time, its output
+    checked against float64 (``check(out, *args)``: the relative error), then the steady time."""
+    rows, seen = [], {label: [] for label in impls}
+    for n in sizes:
+        args = inputs(n)
+        for label, fn in impls.items():
+            before = builds[label]() if label in builds else 0
+            first = first_call_ms(lambda: fn(*args))
+            made = builds[label]() if label in builds else 0
+            error = check(fn(*args), *args)
+            steady = bench(lambda: fn(*args), rep_ms=50)
+            tflops, gbps = work(n, steady)
+            fraction = gbps / (copy_tbps * 1e3) if copy_tbps and gbps else 0.0
+            seen[label].append((first, steady, made > before))
+            rows.append(Row(bench_name, shape(n), label, steady, tflops, gbps, fraction,
+                            f"first call {first:.2f} ms; builds {made}; "
+                            f"{'new build' if made > before else 'no new build'}; "
+                            f"error {error:.1e}"))
+            print(f"{bench_name} {n:6d} {label:16s} steady {steady:8.4f} ms first {first:9.2f} "
+                  f"ms builds {made:3d} err {error:.1e}", flush=True)
+    for label, calls in seen.items():
+        within = [f - s for f, s, new in calls[1:] if not new]
+        fresh = [f - s for f, s, new in calls if new]
+        total = builds[label]() if label in builds else 0
+        note = (f"builds {total} for {len(calls)} sizes; first call over steady: within a "
+                f"build {_summary(within)}; new builds {_summary(fresh)}")
+        rows.append(Row(bench_name, "all", label, statistics.mean(s for _, s, _ in calls), 0.0,
+                        0.0, 0.0, note))
+        print(f"{bench_name} {label}: {note}", flush=True)
+    return rows
+
+
+def _summary(values: list) -> str:
+    if not values:
+        return "none"
+    return (f"median {statistics.median(values):.2f} ms, max {max(values):.2f} ms "
+            f"({len(values)})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, default=50)
+    parser.add_argument("--widths", type=int, default=20)
+    parser.add_argument("--only", default="", help="row_widths or prefill_lengths")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    rng = random.Random(20261129)
+    ceilings = measure_ceilings()
+    rows = []
+    if args.only in ("", "row_widths"):
+        rows += row_widths(args.widths, rng, ceilings["copy_tbps"])
+    if args.only in ("", "prefill_lengths"):
+        rows += prefill_lengths(args.lengths, rng)
+    device = torch.cuda.get_device_name().replace(" ", "_")
+    path = f"{args.out}/{datetime.date.today()}-{device}-dynamic.csv"
+    write_csv(rows, path)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
