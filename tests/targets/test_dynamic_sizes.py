@@ -122,7 +122,7 @@ def _global_accesses(ptx: str) -> set:
     return set(re.findall(r"\b(?:ld|st)\.global[\w:.]*", ptx))
 
 
-@pytest.mark.parametrize("N, vector", [(4096, ".v4.b32"), (5000, ".v4.b32"), (5004, ".b16"),
+@pytest.mark.parametrize("N, vector", [(4096, ".v4.b32"), (5000, ".v4.b32"), (5004, ".v2.b32"),
                                        (5001, ".b16")])
 def test_a_width_as_an_argument_is_read_in_vectors_of_its_alignment_class(N, vector):
     made = tf.compile(K.softmax, "cuda:sm_90a", dynamic=True)

@@ -105,13 +105,19 @@ class SizeBuilds:
 
 
 def size_alignments(prog, sizes: dict) -> list[tuple[str, int]]:
-    """(argument, 8) for each size the kernel reads as an argument (dynamic=) that is some
-    tensor's innermost dimension, and so a row's stride, where it is a multiple of 8 but not
-    of 16: said to Triton, so a row of 5000 bf16 elements is still read in 16-byte vectors
-    (the JIT specialises a multiple of 16 itself). Each is a class of sizes (a guard) a build
-    serves; other sizes (not a multiple of 8) are read element by element, as
-    ``torch.compile(dynamic=True)`` reads them — three classes per bucket, not five."""
+    """(argument, alignment) for each size the kernel reads as an argument (dynamic=) that is
+    some tensor's innermost dimension, and so a row's stride: its largest power-of-two divisor
+    where that is 2 to 8, said to Triton (the JIT specialises a multiple of 16 itself), so a row
+    of 5000 bf16 elements is still read in 16-byte vectors and one of 5004 in 8-byte ones, as a
+    kernel written for that width exactly reads them. Each is a class of sizes (a guard) a
+    build serves: five a bucket. With three (16, 8, other) a softmax over widths not a multiple
+    of 8 ran at 22-37 % of the copy bandwidth, element by element (``benchmarks.dynamic``)."""
     inner = {p.dims[-1] for p in prog.tensor_params if p.dims} | \
         {c.axes[-1].extent for c in prog.outputs if c.axes}
-    return [(str(size), 8) for name, size in sizes.items()
-            if name in inner and not isinstance(size, int) and size % 16 != 0 and size % 8 == 0]
+    found = []
+    for name, size in sizes.items():
+        if name in inner and not isinstance(size, int) and size % 16 != 0:
+            align = next((a for a in (8, 4, 2) if size % a == 0), 1)
+            if align > 1:
+                found.append((str(size), align))
+    return found
