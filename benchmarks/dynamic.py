@@ -8,12 +8,14 @@ Rows:
 - ``dynamic/row_widths``: a softmax over 4096 rows at random widths (256 to 32768), against
   ``torch.compile(dynamic=True)`` and eager torch;
 - ``dynamic/prefill_lengths``: causal attention (B1 H16 D128, bf16) at random prompt lengths
-  (100 to 16384), against SDPA (cuDNN) and FlexAttention under ``torch.compile(dynamic=True)``.
+  (100 to 16384), against SDPA (cuDNN) and FlexAttention under ``torch.compile(dynamic=True)``;
+- ``dynamic/growing_cache``: a GQA decode loop whose cache grows a key a step
+  (:func:`growing_cache`), against SDPA.
 Per size: ``ms`` the steady call (``bench``), ``note`` the first call's wall time (synchronised),
 and the builds so far (tensorfuse: sources written, ``cache_info()``; torch.compile: frames
 compiled). One row per implementation with shape ``all`` sums it up: builds, the first calls'
 overhead over steady at sizes whose build existed (``within``) and at new ones.
-CSV ``benchmarks/results/<date>-<device>-dynamic.csv``.
+CSV ``benchmarks/results/<date>-<device>-dynamic.csv`` (with ``--only``: ``…-dynamic-<part>.csv``).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import time
 
 import torch
 
-from benchmarks.common import (FLEX, SDPA_CUDNN, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER, Row,
+from benchmarks.common import (FLEX, SDPA, SDPA_CUDNN, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER, Row,
                                bench, measure_ceilings, relative_error, write_csv)
 
 
@@ -114,6 +116,66 @@ def prefill_lengths(count: int, rng: random.Random) -> list[Row]:
                   builds={TENSORFUSE: lambda: len(made.cache_info()), FLEX: _frames})
 
 
+def growing_cache(steps: int, copy_tbps: float) -> list[Row]:
+    """A decode loop whose cache grows by one key a step, as ``DynamicCache`` grows it (the new
+    key and value concatenated: new tensors every step): B8, 32 query heads on 8 KV heads, D128,
+    bf16, from 4096 keys. Each implementation is called once at the first length, then runs the
+    loop twice: the first pass meets every later length for the first time, the second has seen
+    them all. ``ms``: wall time a step of the
+    first pass (the GPU drained only at the end); the note: the second pass's, the builds, and
+    the GPU time of one step at the last length."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import tensorfuse as tf
+    import tensorfuse.kernels as K
+
+    B, H, HKV, D, start = 8, 32, 8, 128, 4096
+    made = tf.compile(K.gqa_attention, "cuda")
+    scale = D ** -0.5
+
+    def sdpa(q, k, v):
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                          SDPBackend.EFFICIENT_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+
+    impls = {TENSORFUSE: lambda q, k, v: made(q, k, v, scale=scale), SDPA: sdpa}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k0 = torch.randn(B, HKV, start, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v0 = torch.randn_like(k0)
+    new = torch.randn(steps, B, HKV, 1, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    rows = []
+    for label, fn in impls.items():
+        walls = []
+        fn(q, k0, v0)   # the first call builds (nvcc, once per build cache): not a step's cost
+        for _ in range(2):
+            k, v = k0, v0
+            torch.cuda.synchronize()
+            begin = time.perf_counter()
+            for step in range(steps):
+                k = torch.cat([k, new[step]], dim=2)
+                v = torch.cat([v, new[step] * 0.5], dim=2)
+                out = fn(q, k, v)
+            torch.cuda.synchronize()
+            walls.append((time.perf_counter() - begin) * 1e3 / steps)
+        want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=scale,
+                                              enable_gqa=True)
+        error = relative_error(out, want)
+        gpu = bench(lambda: fn(q, k, v), rep_ms=50)
+        moved = 2 * k.numel() * k.element_size()
+        builds = len(made.cache_info()) if label == TENSORFUSE else 0
+        note = (f"{steps} steps from {start} keys; second pass {walls[1]:.4f} ms a step; "
+                f"builds {builds}; one step's GPU time {gpu:.4f} ms at {start + steps} keys "
+                f"(the cat of k and v included in the wall times); error {error:.1e}")
+        rows.append(Row("dynamic/growing_cache", f"decode B{B} H{H}/{HKV} D{D} bf16", label,
+                        walls[0], 0.0, moved / gpu / 1e6, moved / gpu / 1e6 / (copy_tbps * 1e3),
+                        note))
+        print(f"dynamic/growing_cache {label:12s} first pass {walls[0]:.4f} ms/step, second "
+              f"{walls[1]:.4f}, GPU {gpu:.4f} ms, builds {builds}, err {error:.1e}", flush=True)
+    return rows
+
+
 def _sweep(bench_name, impls, sizes, inputs, check, shape, work, copy_tbps, builds) -> list:
     """Each size in turn through every implementation: the first call's wall time, its output
     checked against float64 (``check(out, *args)``: the relative error), then the steady time."""
@@ -158,7 +220,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, default=50)
     parser.add_argument("--widths", type=int, default=20)
-    parser.add_argument("--only", default="", help="row_widths or prefill_lengths")
+    parser.add_argument("--steps", type=int, default=256)
+    parser.add_argument("--only", default="",
+                        help="row_widths, prefill_lengths or growing_cache")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     rng = random.Random(20261129)
@@ -168,8 +232,11 @@ def main() -> None:
         rows += row_widths(args.widths, rng, ceilings["copy_tbps"])
     if args.only in ("", "prefill_lengths"):
         rows += prefill_lengths(args.lengths, rng)
+    if args.only in ("", "growing_cache"):
+        rows += growing_cache(args.steps, ceilings["copy_tbps"])
     device = torch.cuda.get_device_name().replace(" ", "_")
-    path = f"{args.out}/{datetime.date.today()}-{device}-dynamic.csv"
+    part = f"-{args.only.replace('_', '-')}" if args.only else ""
+    path = f"{args.out}/{datetime.date.today()}-{device}-dynamic{part}.csv"
     write_csv(rows, path)
     print("wrote", path)
 

@@ -57,6 +57,13 @@ class CompiledKernel(GraphCallable):
             self._modules[key] = built
         return self._modules[key]
 
+    def cache_info(self) -> list:
+        """The builds so far (:class:`~tensorfuse.targets.triton.size_builds.Build`): TVM builds
+        a module per sizes (and index width), exactly."""
+        from .targets.triton.size_builds import Build
+
+        return [Build("", None, [], [dict(dims)]) for dims, _ in self._modules]
+
     def schedule_origin(self, **dims: int) -> str:
         """Where the schedule at these sizes comes from (template defaults or a tuned record)."""
         self.module(**dims)

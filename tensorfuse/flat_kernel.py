@@ -72,6 +72,11 @@ class FlatSweepKernel(GraphCallable):
         rest = {n: v for n, v in kwargs.items() if n != "out"}
         return filled(bound.outs, self.invoke(False, args, rest))
 
+    def cache_info(self) -> list:
+        """The builds of the flat kernels: one flat program per extents of the axes swept
+        together (their product is a size of its program), each with its own builds."""
+        return [b for k in self._kernels.values() for b in k.cache_info()]
+
     def schedule_origin(self, **dims) -> str:
         """How the axes are swept, and the flat kernel's schedule at these sizes."""
         return f"{self.description}: {self.for_sizes(**dims).schedule_origin(**dims)}"

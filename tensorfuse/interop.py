@@ -282,9 +282,11 @@ def kept_copies(tensors) -> tuple | None:
     graph's own, and must not be cached."""
     if capturing():
         return None
-    kept = []
+    kept, copied = [], {}
     for x in tensors:
-        if x.device.type == "cuda":
-            x = kept_empty(x.shape, x.dtype, x.device).copy_(x)
+        if x.device.type == "cuda":   # a tensor given twice (lists a plan has no use for) once
+            if id(x) not in copied:
+                copied[id(x)] = kept_empty(x.shape, x.dtype, x.device).copy_(x)
+            x = copied[id(x)]
         kept.append(x)
     return tuple(kept)

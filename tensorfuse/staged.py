@@ -49,3 +49,6 @@ class StagedKernel(GraphCallable):
         return (f"staged: {len(self.stages)} kernels, their results between them stored (no "
                 f"template takes {self.program.name} whole: {self.why}); " + "; ".join(parts))
 
+    def cache_info(self) -> list:
+        """The stage kernels' builds, in stage order (each stage's own ``cache_info()``)."""
+        return [b for k in self.kernels for b in k.cache_info()]

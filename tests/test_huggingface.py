@@ -250,6 +250,31 @@ def test_prefill_and_static_decode_on_the_gpu():
         assert relative(a, b) <= TOLERANCE[torch.bfloat16]
 
 
+@pytest.mark.gpu
+def test_dynamic_cache_decoding_builds_once_per_bucket_on_the_gpu():
+    """generate() with transformers' default cache, which grows a key every step: the logits of
+    every step match SDPA's, and the attention kernel serves the 24 cache lengths with a handful
+    of sources (``cache_info()``), not one each."""
+    from tensorfuse.kernels.layers import attention_kernel
+
+    model = tiny_llama(torch.bfloat16, "cuda", hidden_size=256, intermediate_size=512,
+                       num_attention_heads=4, num_key_value_heads=1)
+    ids = torch.randint(0, 100, (2, 150), device="cuda")
+    kwargs = dict(max_new_tokens=24, do_sample=False, output_logits=True,
+                  return_dict_in_generate=True, pad_token_id=0,
+                  attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        want = model.generate(ids, **kwargs)
+        got = tfh.use_tensorfuse(model).generate(ids, **kwargs)
+    for a, b in zip(got.logits, want.logits):
+        assert relative(a, b) <= TOLERANCE[torch.bfloat16]
+    compiled = [c for causal in (True, False) for masked in (True, False)
+                for c in attention_kernel("bf16", causal, masked, False)._compiled.values()]
+    builds = [b for c in dict.fromkeys(compiled) for b in c.cache_info()]
+    served = sum(len(b.sizes) for b in builds)
+    assert served >= 24 and len(builds) <= 4, [b.describe() for b in builds]
+
+
 def test_the_model_benchmark_runs_and_checks_its_logits():
     """benchmarks/model.py end to end on the tiny config (here on the CPU): rows for every phase,
     shape and implementation, tensorfuse's logits (and a training step's gradient) within the

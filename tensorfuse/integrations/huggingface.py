@@ -21,9 +21,11 @@ tensorfuse does not compute is handed back to transformers, never approximated: 
 dropout, with a float (additive) mask or asking for the weights runs transformers' own code;
 attention sinks are refused with a message.
 
-Each new shape compiles once; decoding with a cache that grows every step (``DynamicCache``) is
-a new shape every step — decode with ``StaticCache`` (``cache_implementation="static"``), whose
-keys keep one length and whose mask says which are filled.
+A cache that grows every step (``DynamicCache``, the default) is a new shape every step: the
+attention kernels read their sizes as arguments, so a new cache length reuses the kernel built
+for the last one (``cache_info()`` on the compiled kernel lists the builds) and costs about a
+millisecond of host time (``tools/profile_new_sizes.py``); a ``StaticCache``
+(``cache_implementation="static"``) keeps one shape, and so can be replayed from a CUDA graph.
 """
 from __future__ import annotations
 

@@ -148,6 +148,11 @@ def test_a_page_pool_past_two_giga_elements_is_addressed_in_64_bits():
     assert ".to(tl.int64)" not in small
     line = next(ln for ln in made.for_sizes(**big).source(**big).splitlines()
                 if "tl.load(k_pages" in ln)
+    # the second pool size makes PAGES a kernel argument (tf.compile's dynamic=None): the clamp
+    # reads it there, and the guard that widened the index keeps this build to pools this large
+    assert "), 0), (size_PAGES - 1)).to(tl.int64) * 65536" in line, line
+    exact = tf.compile(paged_decode, "cuda:sm_90a", dynamic=False).for_sizes(**big)
+    line = next(ln for ln in exact.source(**big).splitlines() if "tl.load(k_pages" in ln)
     assert "), 0), 32768).to(tl.int64) * 65536" in line, line
 
 

@@ -191,3 +191,17 @@ def test_sizes_as_arguments_on_the_gpu_match_float64_at_every_size(name):
     builds = made.cache_info()
     assert not any(b.exact for b in builds)
     assert len(builds) < len(sizes_list) and len(builds[0].sizes) >= 2   # 5000 and 5016 share
+
+
+def test_a_parameter_named_like_a_size_argument_keeps_that_size_exact():
+    from tensorfuse import dsl as T
+
+    @tf.kernel
+    def scaled(x: T.Tensor["M", "N", "f32"], size_N: T.f32):
+        i, j = T.axes("i j")
+        return T.sum(x[i, j] * size_N, over=j)
+
+    made = tf.compile(scaled, "cuda:sm_90a", dynamic=True)
+    source = made.source(M=64, N=300)
+    assert "size_M" in source and "tl.load" in source
+    assert re.search(r"def scaled_fused\(x, size_N, out_\w+, size_M,", source), source[:600]

@@ -48,7 +48,7 @@ class TritonKernel(GraphCallable):
         self._calls: CallBinder | None = None
         self._int_scalar = {p.name: dt.is_int(p.dtype) for p in self.program.scalar_params}
         self._device_checked = False
-        self.sizes = SizeBuilds(dynamic)
+        self.sizes = SizeBuilds(dynamic, {p.name for p in self.program.params})
 
     def __repr__(self) -> str:
         return f"<TritonKernel {self.program.name} for {self.target.name}: {self.description}>"
@@ -224,7 +224,9 @@ class TritonKernel(GraphCallable):
             device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
         plan, launches, scratch, knobs, outputs, counters = self._launches(bound)
         values = torch_arguments(self.program, bound, device)
-        values.update(size_values(bound.dims))   # read by a kernel written with sizes as arguments
+        # read by a kernel written with sizes as arguments (a parameter of the same name wins:
+        # that size is never an argument, SizeBuilds)
+        values.update({n: v for n, v in size_values(bound.dims).items() if n not in values})
         outs, results = [], []
         for k, (name, shape, dtype) in enumerate(outputs):
             given = bound.outs[k] if bound.outs is not None else None
@@ -287,7 +289,9 @@ class TritonKernel(GraphCallable):
         params, likes, guards = call_layout(self.program, args, bound, self._calls.scalar_kinds,
                                             outputs, self._keyed_scalars())
         self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes,
-                                   guards, counters, size_values(bound.dims))
+                                   guards, counters, {
+                                       n: v for n, v in size_values(bound.dims).items()
+                                       if n not in self._int_scalar and n not in bound.arrays})
 
     def warm(self, *args, **kwargs) -> None:
         """Compile for these arguments without launching (a tuning batch compiles its

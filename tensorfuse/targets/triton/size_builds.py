@@ -60,18 +60,20 @@ class Build:
 class SizeBuilds:
     """The sources one kernel wrote, and which of them serves a call's sizes."""
 
-    def __init__(self, dynamic: "bool | None" = None):
+    def __init__(self, dynamic: "bool | None" = None, taken: "set[str] | tuple" = ()):
         self.dynamic = dynamic
         self.builds: list[Build] = []
         self._seen: dict = {}   # size name -> the values it was built at
+        # a parameter named as a size's argument would be: that size stays exact
+        self._taken = {n[len(PREFIX):] for n in taken if n.startswith(PREFIX)}
 
     def varying(self, dims: dict) -> set:
         """The sizes to write as arguments for a build at ``dims``."""
         for name, value in dims.items():
             self._seen.setdefault(name, set()).add(value)
         if self.dynamic is None:
-            return {n for n in dims if len(self._seen[n]) > 1}
-        return set(dims) if self.dynamic else set()
+            return {n for n in dims if len(self._seen[n]) > 1} - self._taken
+        return set(dims) - self._taken if self.dynamic else set()
 
     def find(self, dims: dict, knobs, scalars: tuple, varying: set) -> "Build | None":
         """A build with sizes as arguments that serves ``dims`` with these knobs and scalars."""

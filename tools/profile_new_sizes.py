@@ -1,0 +1,61 @@
+"""Where the host's time goes in a first call at a new size whose build exists (``tf.compile``
+defaults): cProfile's top functions over first calls at new sizes of a bucket already built, for
+a Triton row kernel (softmax widths), the Hopper attention (causal prompt lengths) and the
+cluster decode (a cache one key longer each call).
+
+    PYTHONPATH=. python tools/profile_new_sizes.py [--calls 8] [--top 25]
+"""
+import argparse
+import cProfile
+import math
+import pstats
+import time
+
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+
+
+def cases(calls: int):
+    """(name, warm-up sizes, new sizes, inputs(size), call(inputs)) of each case."""
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    softmax = tf.compile(K.softmax)
+    yield ("softmax widths", [3008, 3024], [3040 + 16 * k for k in range(calls)],
+           lambda n: (torch.randn(4096, n, **bf16),), softmax)
+    causal = tf.compile(K.causal_attention)
+    yield ("causal prompt lengths", [5000, 5100], [5200 + 100 * k for k in range(calls)],
+           lambda n: tuple(torch.randn(1, 16, n, 128, **bf16) for _ in range(3)),
+           lambda q, k, v: causal(q, k, v, 1 / math.sqrt(128)))
+    decode = tf.compile(K.gqa_attention)
+    yield ("decode cache lengths", [4096, 4097], [4098 + k for k in range(calls)],
+           lambda n: (torch.randn(8, 32, 1, 128, **bf16),
+                      *(torch.randn(8, 8, n, 128, **bf16) for _ in range(2))),
+           lambda q, k, v: decode(q, k, v, 1 / math.sqrt(128)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    for name, warm, new, inputs, call in cases(args.calls):
+        for n in warm:
+            call(*inputs(n))
+        made = [inputs(n) for n in new]   # outside the profile
+        walls = []
+        profile = cProfile.Profile()
+        for arguments in made:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            profile.enable()
+            call(*arguments)
+            profile.disable()
+            torch.cuda.synchronize()
+            walls.append((time.perf_counter() - start) * 1e3)
+        print(f"== {name}: first calls {', '.join(f'{w:.2f}' for w in walls)} ms")
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
