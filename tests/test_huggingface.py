@@ -235,19 +235,25 @@ def test_fifty_training_steps_follow_the_sdpa_models_losses(only_tensorfuse):
     assert worst <= 1e-2, worst
 
 
-@pytest.mark.gpu
-def test_prefill_and_static_decode_on_the_gpu():
+def _generated_on_the_gpu(heads: int, prompt: int, **generate) -> None:
+    """A bf16 tiny Llama (``heads`` query heads on one KV head) generating greedily after a
+    ``prompt``-token prompt on SDPA and on tensorfuse: every step's logits within bf16's
+    tolerance of SDPA's."""
     model = tiny_llama(torch.bfloat16, "cuda", hidden_size=256, intermediate_size=512,
-                       num_attention_heads=2, num_key_value_heads=1)
-    ids = torch.randint(0, 100, (2, 200), device="cuda")
-    kwargs = dict(max_new_tokens=4, do_sample=False, cache_implementation="static",
-                  output_logits=True, return_dict_in_generate=True, pad_token_id=0,
-                  attention_mask=torch.ones_like(ids))
+                       num_attention_heads=heads, num_key_value_heads=1)
+    ids = torch.randint(0, 100, (2, prompt), device="cuda")
+    kwargs = dict(do_sample=False, output_logits=True, return_dict_in_generate=True,
+                  pad_token_id=0, attention_mask=torch.ones_like(ids), **generate)
     with torch.no_grad():
         want = model.generate(ids, **kwargs)
         got = tfh.use_tensorfuse(model).generate(ids, **kwargs)
     for a, b in zip(got.logits, want.logits):
         assert relative(a, b) <= TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_prefill_and_static_decode_on_the_gpu():
+    _generated_on_the_gpu(2, 200, max_new_tokens=4, cache_implementation="static")
 
 
 @pytest.mark.gpu
@@ -257,17 +263,7 @@ def test_dynamic_cache_decoding_builds_once_per_bucket_on_the_gpu():
     of sources (``cache_info()``), not one each."""
     from tensorfuse.kernels.layers import attention_kernel
 
-    model = tiny_llama(torch.bfloat16, "cuda", hidden_size=256, intermediate_size=512,
-                       num_attention_heads=4, num_key_value_heads=1)
-    ids = torch.randint(0, 100, (2, 150), device="cuda")
-    kwargs = dict(max_new_tokens=24, do_sample=False, output_logits=True,
-                  return_dict_in_generate=True, pad_token_id=0,
-                  attention_mask=torch.ones_like(ids))
-    with torch.no_grad():
-        want = model.generate(ids, **kwargs)
-        got = tfh.use_tensorfuse(model).generate(ids, **kwargs)
-    for a, b in zip(got.logits, want.logits):
-        assert relative(a, b) <= TOLERANCE[torch.bfloat16]
+    _generated_on_the_gpu(4, 150, max_new_tokens=24)
     compiled = [c for causal in (True, False) for masked in (True, False)
                 for c in attention_kernel("bf16", causal, masked, False)._compiled.values()]
     builds = [b for c in dict.fromkeys(compiled) for b in c.cache_info()]
