@@ -6,6 +6,7 @@ a concrete value (``if x > 0:``) is an error, since a kernel's control flow cann
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -22,7 +23,10 @@ _USER_CODE_DIRS = (os.path.join(_PACKAGE_DIR, "kernels"),)
 _uid = itertools.count()
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_internal(filename: str) -> bool:
+    """Whether code in ``filename`` is tensorfuse's own (not a user's, nor the library kernels'):
+    asked for every frame of the stack whenever an expression is made, so kept per file."""
     path = os.path.abspath(filename)
     if not path.startswith(_PACKAGE_DIR + os.sep):
         return False
