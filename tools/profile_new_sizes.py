@@ -1,5 +1,6 @@
 """Where the host's time goes in a first call at a new size whose build exists (``tf.compile``
-defaults): cProfile's top functions over first calls at new sizes of a bucket already built, for
+defaults): the wall time of first calls at new sizes of a bucket already built (no profiler
+running), then cProfile's top functions over first calls at other new sizes of it, for
 a Triton row kernel (softmax widths), the Hopper attention (causal prompt lengths) and the
 cluster decode (a cache one key longer each call).
 
@@ -21,14 +22,14 @@ def cases(calls: int):
     """(name, warm-up sizes, new sizes, inputs(size), call(inputs)) of each case."""
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     softmax = tf.compile(K.softmax)
-    yield ("softmax widths", [3008, 3024], [3040 + 16 * k for k in range(calls)],
+    yield ("softmax widths", [3008, 3024], [3040 + 16 * k for k in range(2 * calls)],
            lambda n: (torch.randn(4096, n, **bf16),), softmax)
     causal = tf.compile(K.causal_attention)
-    yield ("causal prompt lengths", [5000, 5100], [5200 + 100 * k for k in range(calls)],
+    yield ("causal prompt lengths", [5000, 5100], [5200 + 100 * k for k in range(2 * calls)],
            lambda n: tuple(torch.randn(1, 16, n, 128, **bf16) for _ in range(3)),
            lambda q, k, v: causal(q, k, v, 1 / math.sqrt(128)))
     decode = tf.compile(K.gqa_attention)
-    yield ("decode cache lengths", [4096, 4097], [4098 + k for k in range(calls)],
+    yield ("decode cache lengths", [4096, 4097], [4098 + k for k in range(2 * calls)],
            lambda n: (torch.randn(8, 32, 1, 128, **bf16),
                       *(torch.randn(8, 8, n, 128, **bf16) for _ in range(2))),
            lambda q, k, v: decode(q, k, v, 1 / math.sqrt(128)))
@@ -42,18 +43,22 @@ def main() -> None:
     for name, warm, new, inputs, call in cases(args.calls):
         for n in warm:
             call(*inputs(n))
-        made = [inputs(n) for n in new]   # outside the profile
+        made = [inputs(n) for n in new]   # made before anything is timed
+        timed, profiled = made[:args.calls], made[args.calls:]
         walls = []
-        profile = cProfile.Profile()
-        for arguments in made:
+        for arguments in timed:
             torch.cuda.synchronize()
             start = time.perf_counter()
+            call(*arguments)
+            torch.cuda.synchronize()
+            walls.append((time.perf_counter() - start) * 1e3)
+        print(f"== {name}: first calls {', '.join(f'{w:.2f}' for w in walls)} ms")
+        profile = cProfile.Profile()
+        for arguments in profiled:
             profile.enable()
             call(*arguments)
             profile.disable()
             torch.cuda.synchronize()
-            walls.append((time.perf_counter() - start) * 1e3)
-        print(f"== {name}: first calls {', '.join(f'{w:.2f}' for w in walls)} ms")
         pstats.Stats(profile).sort_stats("cumulative").print_stats(args.top)
 
 
