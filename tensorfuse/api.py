@@ -73,7 +73,9 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             # a kernel derived from another (the forward that also writes what its backward
             # reads) is tuned as that one: the same loops, one more store per row
             tuned_as = getattr(kernel, "tuned_as", None) or program
-            records = template_records(tuned_as, name, fusion, spec)
+            # the Triton template takes a record of the nearest sizes in a bucket where its own
+            # sizes have none (falling back to its defaults where those knobs do not fit)
+            records = template_records(tuned_as, name, fusion, spec, nearest=True)
             made = TEMPLATES[name](kernel, fusion, spec, tuned=records, dynamic=dynamic)
             ahead = native_templates(kernel, name, fusion, spec, records=lambda template:
                                      template_records(tuned_as, template, fusion, spec))

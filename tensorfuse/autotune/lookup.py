@@ -7,6 +7,7 @@ noticed before anything is lowered (this runs once per new shape of every compil
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -71,6 +72,37 @@ def replay(record, mod: tvm.IRModule) -> tvm.IRModule:
     sch = tvm.s_tir.Schedule(mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
     return sch.mod
+
+
+def size_bucket(dims: dict) -> tuple:
+    """The power-of-two bucket of each size, by the nearest power of two (a kernel tuned at 4096
+    is in the bucket of 3000 and of 5000, not of 2048 or 6000)."""
+    return tuple(sorted((n, round(math.log2(v)) if v > 0 else -1) for n, v in dims.items()))
+
+
+def nearest_in_bucket(program: Program, template: str, target: TargetSpec,
+                      dims: dict) -> dict | None:
+    """The sizes of the record of ``program`` under ``template`` on this device nearest to
+    ``dims`` among those in their bucket (:func:`size_bucket`), or None."""
+    opened = _database(default_database_dir(target))
+    if opened is None:
+        return None
+    prefix, bucket, best = f"{program.name}[", size_bucket(dims), None
+    for task, recorded_template in opened[1]:
+        if recorded_template != template or not task.startswith(prefix) or \
+                not task.endswith("]"):
+            continue
+        try:
+            sizes = {n: int(v) for n, v in (item.split("=") for item in
+                                            task[len(prefix):-1].split(",") if item)}
+        except ValueError:
+            continue
+        if set(sizes) != set(dims) or size_bucket(sizes) != bucket:
+            continue
+        distance = sum(abs(math.log2(sizes[n] / dims[n])) for n in dims if dims[n] > 0)
+        if best is None or distance < best[0]:
+            best = (distance, sizes)
+    return None if best is None else best[1]
 
 
 def tuned(program: Program, template: str, fusion, target: TargetSpec, dims: dict,

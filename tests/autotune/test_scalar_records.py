@@ -229,3 +229,48 @@ def test_a_task_with_several_plan_scalars_is_named_alike_by_the_job_and_its_cand
                      {"width": 32, "radius": 3, "dilation": 2})
     assert task.name.endswith("{dilation=2, radius=3, width=32}")
     assert task_key(task.mod) == task.name
+
+
+def test_a_record_serves_the_sizes_of_its_power_of_two_bucket(cache):
+    """A softmax tuned at 4096 columns: tf.compile takes its knobs at 3000 and 5000 (the nearest
+    power of two of each is 4096) and says where they come from; at 6000 and at 2048 it keeps the
+    template defaults; a record at the call's own sizes wins over its neighbour's."""
+    target = tf.get_target(TARGET)
+    task = make_task(K.softmax, dict(M=512, N=4096), target)
+    choices = task.choices()
+    picked = {n: v[-1] for n, v in choices.items()}
+    _record(task, picked, 1e-3)
+    compiled = tf.compile(K.softmax, TARGET)
+    for N in (3000, 5000):
+        origin = compiled.schedule_origin(M=512, N=N)
+        assert origin.startswith("tuned record (1 ms") and "tuned at M=512, N=4096" in origin, \
+            origin
+        plan = compiled.template.describe_plan(M=512, N=N)
+        assert "tuned at M=512, N=4096" in plan
+    for N in (6000, 2048):
+        assert compiled.schedule_origin(M=512, N=N) == "template defaults"
+    assert compiled.schedule_origin(M=400, N=4096).startswith("tuned record")   # 400 ~ 2⁹
+    assert compiled.schedule_origin(M=300, N=4096) == "template defaults"    # 300 ~ 2⁸
+    own = make_task(K.softmax, dict(M=512, N=5000), target)
+    _record(own, {n: v[0] for n, v in own.choices().items()}, 2e-3)
+    tf.compile(K.softmax, TARGET)   # a new compile reads the database again
+    assert "tuned at" not in tf.compile(K.softmax, TARGET).schedule_origin(M=512, N=5000)
+
+
+def test_a_neighbours_record_that_does_not_fit_leaves_the_defaults():
+    """Knobs tuned at other sizes of the bucket that cannot run at the call's (here a split
+    count no grid launches) give way to the template defaults, and the origin says why."""
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.row_reduction import row_reduction
+
+    target = tf.get_target(TARGET)
+    _, fusion = choose(K.softmax.program, target)
+
+    def lookup(dims, scalars=None):
+        return {"splits": 70000}, "1 ms when tuned; tuned at M=512, N=4096"
+    lookup.scalar_names, lookup.from_other_sizes = (), {"M": 512, "N": 4096}
+    made = row_reduction(K.softmax, fusion, target, tuned=lookup)
+    plan, knobs = made.build(M=512, N=3000)[:2]
+    assert knobs.splits != 70000
+    assert made.schedule_origin(M=512, N=3000).startswith(
+        "template defaults (the record of the nearest tuned sizes does not fit these")

@@ -68,8 +68,10 @@ class TritonKernel(GraphCallable):
             self._origin[key] = "template defaults"
             found = self.tuned(dims, scalars) if self.tuned is not None else None
             if found is not None:
-                knobs = replace(knobs, **found[0])
+                defaults, knobs = knobs, replace(knobs, **found[0])
                 self._origin[key] = f"tuned record ({found[1]})"
+                if getattr(self.tuned, "from_other_sizes", None):
+                    knobs = self._fitting(plan, knobs, defaults, scalars, key)
             plan = self.planner.tile(plan, knobs, scalars, self.tiling)
             keyed = key[len(dims):]
             varying = self.sizes.varying(dims)
@@ -80,6 +82,20 @@ class TritonKernel(GraphCallable):
                         self.planner.plan(sizes), knobs, scalars, self.tiling), knobs))
             self._built[key] = (plan, knobs, made.source, made.fn, made.args)
         return self._built[key]
+
+    def _fitting(self, plan, knobs, defaults, scalars, key):
+        """``knobs`` (a record tuned at other sizes of the bucket) where they run at ``plan``'s
+        sizes, else the template's ``defaults`` (``schedule_origin`` says why)."""
+        from ...errors import ScheduleError, TargetError
+
+        try:
+            launch_grid(self.planner.tile(plan, knobs, scalars, self.tiling), knobs,
+                        *((knobs.splits,) if knobs.splits > 1 else ()))
+        except (ScheduleError, TargetError) as exc:
+            self._origin[key] = (f"template defaults (the record of the nearest tuned sizes "
+                                 f"does not fit these: {exc})")
+            return defaults
+        return knobs
 
     def _emit(self, plan, knobs) -> tuple:
         """(source, kernel function, argument names) of ``plan`` (made at sizes that are ints, or

@@ -35,6 +35,9 @@ def launch_grid(plan, knobs, *more: int) -> tuple[int, ...]:
     """The launch grid: row blocks and batch entries (the batch first where
     :func:`batch_first`), then ``more``; a clear error where neither order fits CUDA's limits."""
     rows, batch = grid(plan, knobs)
+    if any(n > MAX_GRID_YZ for n in more):
+        raise TargetError(f"{max(more)} parts of the sweep: CUDA grids hold at most "
+                          f"{MAX_GRID_YZ} blocks on their third dimension")
     if min(rows, batch) > MAX_GRID_YZ:
         raise TargetError(f"{rows} row blocks and {batch} batch entries: CUDA grids hold at most "
                           f"{MAX_GRID_YZ} blocks on all but one dimension (larger row blocks, or "
