@@ -77,8 +77,11 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             # sizes have none (falling back to its defaults where those knobs do not fit)
             records = template_records(tuned_as, name, fusion, spec, nearest=True)
             made = TEMPLATES[name](kernel, fusion, spec, tuned=records, dynamic=dynamic)
+            # the Hopper attention checks a record of other sizes of the bucket runs (the
+            # cluster decode keeps records of its own sizes only)
             ahead = native_templates(kernel, name, fusion, spec, records=lambda template:
-                                     template_records(tuned_as, template, fusion, spec))
+                                     template_records(tuned_as, template, fusion, spec,
+                                                      nearest=template == "hopper_attention"))
             return AutoKernel(made, fallback, ahead=ahead)
         if spec.is_gpu:
             from .schedule_templates.auto import why_no_template

@@ -87,6 +87,15 @@ class _Lists:
         return self.cache[key]
 
 
+def _runs(plan, knobs: dict, dims: dict, scalars: dict | None, max_shared: int) -> bool:
+    """Whether ``knobs`` (a record tuned at other sizes) run the flat order at ``dims``."""
+    try:
+        check_hopper(plan, with_knobs(plan, dims, knobs, scalars), dims, max_shared, False)
+    except ScheduleError:
+        return False
+    return True
+
+
 def map_tile_knobs(plan, knobs: HopperKnobs, given: dict, sizes: dict, scalars: dict | None,
                    max_shared: int) -> "tuple[HopperKnobs, HopperTiling | None]":
     """``knobs`` with the tile shape — query rows, key block, CTAs an SM, the overlap — that
@@ -157,6 +166,9 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
         DV = dims[plan.chain.dv]
         found = tuned(dims, scalars) if tuned is not None and not given else None
+        if found and getattr(tuned, "from_other_sizes", None) and \
+                not _runs(plan, found[0], dims, scalars, target.max_shared_memory):
+            found = None   # a record of other sizes of the bucket that cannot run these
         chosen = found[0] if found else given
         knobs = with_knobs(plan, dims, chosen, scalars)
         tiled, order = None, ""

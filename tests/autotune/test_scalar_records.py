@@ -274,3 +274,29 @@ def test_a_neighbours_record_that_does_not_fit_leaves_the_defaults():
     assert knobs.splits != 70000
     assert made.schedule_origin(M=512, N=3000).startswith(
         "template defaults (the record of the nearest tuned sizes does not fit these")
+
+
+def test_the_hopper_template_takes_a_record_of_its_bucket_where_it_runs(cache):
+    """A Hopper attention record at 512 tokens serves 400 and 700 (nearest power of two 512),
+    not 300; a record whose knobs cannot run gives way to the defaults (three consumers of
+    176-key blocks need more registers than a consumer has: committed as if tuned, as a record
+    of another version of the rules could be)."""
+    target = tf.get_target("cuda:sm_90a")
+    kernel = K.sliding_window_attention
+    task = make_task(kernel, SIZES, target, {"window": 128})
+    knobs = dict(task.space.defaults(), block_n=64, stages=3, pingpong=0)
+    _record(task, {n: knobs[n] for n in task.choices()}, 5e-4)
+    compiled = tf.compile(kernel, "cuda:sm_90a")
+    for n in (400, 700):
+        origin = compiled.schedule_origin(**dict(SIZES, M=n, N=n), window=128)
+        assert origin.startswith("hopper_attention tuned record (0.5 ms when tuned"), origin
+        assert "tuned at B=1, D=64, H=2, M=512, N=512" in origin and "block_n=64" in origin
+    assert compiled.schedule_origin(**dict(SIZES, M=300, N=300), window=128).startswith(
+        "hopper_attention template defaults")
+    unfit = dict(knobs, block_n=176, consumers=3)
+    assert "registers per consumer" in task.unfit(unfit)
+    wide = make_task(kernel, dict(SIZES, M=1024, N=1024), target, {"window": 128})
+    _record(wide, {n: unfit[n] for n in wide.choices()}, 1e-4)
+    origin = tf.compile(kernel, "cuda:sm_90a").schedule_origin(**dict(SIZES, M=900, N=900),
+                                                               window=128)
+    assert origin.startswith("hopper_attention template defaults"), origin
