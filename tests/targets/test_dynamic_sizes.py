@@ -205,3 +205,30 @@ def test_a_parameter_named_like_a_size_argument_keeps_that_size_exact():
     source = made.source(M=64, N=300)
     assert "size_M" in source and "tl.load" in source
     assert re.search(r"def scaled_fused\(x, size_N, out_\w+, size_M,", source), source[:600]
+
+
+def test_every_kind_of_compiled_kernel_lists_its_builds():
+    """cache_info() on the composed kernels: a staged program lists its stage kernels' builds,
+    a program swept over two axes as one its flat kernels', a TVM-built kernel one exact build
+    per sizes."""
+    import warnings
+
+    import numpy as np
+
+    from benchmarks.user_kernels import group_norm, max_pool_l2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        staged = tf.compile(max_pool_l2, "cuda:sm_90a")
+    staged.schedule_origin(B=4, S=512, D=1024)
+    assert len(staged.cache_info()) == 2 and all(b.exact for b in staged.cache_info())
+    flat = tf.compile(group_norm, "cuda:sm_90a")
+    sizes = dict(B=2, G=4, C=8, P=256)
+    flat.schedule_origin(**{d: v for d, v in sizes.items() if d in flat.program.dim_names()})
+    assert len(flat.cache_info()) == 1
+    import torch
+
+    cpu = tf.compile(K.softmax, "llvm", template=None)
+    for n in (30, 40):
+        cpu(torch.from_numpy(np.random.rand(3, n).astype("float32")).to(torch.bfloat16))
+    assert [b.sizes for b in cpu.cache_info()] == [[dict(M=3, N=30)], [dict(M=3, N=40)]]
