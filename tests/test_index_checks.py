@@ -71,3 +71,25 @@ def test_gpu_calls_are_checked_where_asked(monkeypatch):
     assert checks_indices("cpu") and not checks_indices("cuda")
     monkeypatch.setenv("TENSORFUSE_CHECK_INDICES", "1")
     assert checks_indices("cuda")
+
+
+def test_lengths_are_data_in_a_condition_past_the_size_or_negative_and_never_addresses():
+    """A length past the key count keeps every key, a negative one none (a softmax over no key
+    is 0/0: NaN, as written); a length tensor on another device is refused at binding. As
+    docs/dsl.md says."""
+    import torch
+
+    import tensorfuse as tf
+    from benchmarks.user_kernels import cross_attention_lengths
+    from tensorfuse.errors import CallError
+
+    f = tf.compile(cross_attention_lengths, "llvm")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 16, generator=g).to(torch.bfloat16) for n in (5, 7, 7))
+    out = f(q, k, v, torch.tensor([7 + 5, -3], dtype=torch.int32), scale=0.25)
+    s = q[0].double() @ k[0].double().transpose(-1, -2) * 0.25
+    want = torch.softmax(s, -1) @ v[0].double()
+    assert float((out[0].double() - want).abs().max()) <= 2e-2 * float(want.abs().max())
+    assert torch.isnan(out[1].float()).all()
+    with pytest.raises(CallError, match="different devices"):
+        f(q, k, v, torch.empty(2, dtype=torch.int32, device="meta"), scale=0.25)
