@@ -21,8 +21,6 @@ from typing import Callable
 
 _COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
             "==": operator.eq, "!=": operator.ne}
-
-
 _NEGATED = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
 
 
@@ -68,7 +66,7 @@ class Guards:
         """Whether a kernel written under these guards is the one for ``sizes``."""
         try:
             return all(g.check(sizes) for g in self.items)
-        except KeyError:   # a size the kernel depends on is not given
+        except (KeyError, ZeroDivisionError):   # a size it depends on not given, or 0
             return False
 
     def describe(self) -> list[str]:
@@ -98,10 +96,12 @@ class SymInt:
     arguments it is in the generated source, ``at(sizes)`` its value at other sizes; every
     decision on it is recorded in ``guards``."""
 
-    __slots__ = ("text", "value", "at", "guards")
+    __slots__ = ("text", "value", "at", "guards", "nonneg")
 
-    def __init__(self, text: str, value: int, at: Callable[[dict], int], guards: Guards):
+    def __init__(self, text: str, value: int, at: Callable[[dict], int], guards: Guards,
+                 nonneg: bool = True):
         self.text, self.value, self.at, self.guards = text, value, at, guards
+        self.nonneg = nonneg   # never negative at any sizes (sizes, their sums and products)
 
     # -- arithmetic: exact on integers, a new expression ------------------------------------
     def _make(self, other, op: str, fn, swap: bool = False):
@@ -114,8 +114,9 @@ class SymInt:
         fa, fb = _value(a), _value(b)
         value = fn(a.value if isinstance(a, SymInt) else a,
                    b.value if isinstance(b, SymInt) else b)
+        nonneg = op != "-" and all(x.nonneg if isinstance(x, SymInt) else x >= 0 for x in (a, b))
         return SymInt(f"({_text(a)} {op} {_text(b)})", value,
-                      lambda sizes: fn(fa(sizes), fb(sizes)), self.guards)
+                      lambda sizes: fn(fa(sizes), fb(sizes)), self.guards, nonneg)
 
     def __add__(self, o): return self._make(o, "+", operator.add)          # noqa: E704
     def __radd__(self, o): return self._make(o, "+", operator.add, True)   # noqa: E704
@@ -124,15 +125,21 @@ class SymInt:
     def __mul__(self, o): return self._make(o, "*", operator.mul)          # noqa: E704
     def __rmul__(self, o): return self._make(o, "*", operator.mul, True)   # noqa: E704
 
-    # floor division and modulo: sizes are never negative, so Triton's truncating // and %
-    # agree with Python's on them; a negative divisor would not, and is refused
+    # floor division and modulo: Triton's // and % truncate, Python's floor; they agree where
+    # the dividend is not negative and the divisor positive. A dividend that may be negative
+    # (a difference of sizes) is guarded to be non-negative, and refused where it is not
     def _divide(self, other, op: str, fn, swap: bool = False):
-        divisor = self if swap else other
+        dividend, divisor = (other, self) if swap else (self, other)
         if not _int_like(other):
             return NotImplemented
         if isinstance(divisor, int) and divisor <= 0 or \
                 isinstance(divisor, SymInt) and divisor.value <= 0:
             raise TypeError("a symbolic size divided by a value that is not positive")
+        if isinstance(dividend, SymInt) and not dividend.nonneg and \
+                not dividend._decide(0, ">="):
+            raise TypeError("a negative symbolic size divided (Triton's // truncates)")
+        if isinstance(dividend, int) and dividend < 0:
+            raise TypeError("a negative number divided by a symbolic size")
         return self._make(other, op, fn, swap)
 
     def __floordiv__(self, o): return self._divide(o, "//", operator.floordiv)         # noqa
@@ -146,7 +153,8 @@ class SymInt:
         return _Quotient(self, other)
 
     def __neg__(self):
-        return SymInt(f"(-{self.text})", -self.value, lambda s, f=self.at: -f(s), self.guards)
+        return SymInt(f"(-{self.text})", -self.value, lambda s, f=self.at: -f(s), self.guards,
+                      False)
 
     def __pos__(self):
         return self

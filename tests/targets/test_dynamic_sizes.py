@@ -232,3 +232,16 @@ def test_every_kind_of_compiled_kernel_lists_its_builds():
     for n in (30, 40):
         cpu(torch.from_numpy(np.random.rand(3, n).astype("float32")).to(torch.bfloat16))
     assert [b.sizes for b in cpu.cache_info()] == [[dict(M=3, N=30)], [dict(M=3, N=40)]]
+
+
+def test_a_difference_of_sizes_is_divided_only_where_it_is_not_negative():
+    """Triton's // truncates where Python's floors: a dividend that may be negative (N - M) is
+    guarded to be non-negative, and a build where it is negative is refused (exact sizes)."""
+    with symbolic(dict(M=100, N=300)) as (sizes, guards):
+        assert str((sizes["N"] - sizes["M"]) // 64) == "((size_N - size_M) // 64)"
+        assert str(sizes["N"] // 64) == "(size_N // 64)"
+    assert guards.describe() == ["size_N - size_M >= 0"]   # a size alone needs no guard
+    assert not guards.check(dict(M=300, N=100))
+    with symbolic(dict(M=300, N=100)) as (sizes, _):
+        with pytest.raises(TypeError, match="truncates"):
+            (sizes["N"] - sizes["M"]) // 64   # noqa: B018
