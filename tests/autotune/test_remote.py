@@ -87,7 +87,10 @@ def test_a_job_measures_on_two_workers_and_goes_on_when_one_dies(fleet, tmp_path
     output = job.communicate(timeout=300)[0]
     assert job.returncode == 0, output[-3000:]
     records = _records(db)
-    assert len(records) == 24, output[-3000:]
+    # and one more where the best, timed again beside the defaults, lost to them: the defaults
+    # are then recorded as the best (a dying worker's neighbours time noisily)
+    kept = "the defaults are recorded as the best" in output
+    assert len(records) == 24 + kept, output[-3000:]
     assert "speedup" in output
     (measured,) = [line for line in output.splitlines() if line.startswith("measured on")]
     assert measured.count(":pid") == 2, measured   # both did work, the lost one before it went

@@ -232,7 +232,8 @@ def test_the_forward_that_saves_the_log_sum_exp_uses_the_plain_forwards_tuning(m
     asked = []
     real = api.template_records
     monkeypatch.setattr(api, "template_records",
-                        lambda program, *rest: asked.append(program.name) or real(program, *rest))
+                        lambda program, *rest, **options: asked.append(program.name) or
+                        real(program, *rest, **options))
     compiled = tf.compile(K.causal_attention, target="cuda:sm_90a")
     differentiation = Differentiation(compiled)
     assert differentiation.training_op("tensorfuse::tuned_as_test", "cuda") is not None
