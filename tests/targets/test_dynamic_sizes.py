@@ -104,6 +104,9 @@ def test_the_default_writes_the_first_sizes_exactly_and_a_changing_size_as_an_ar
     builds = made.cache_info()
     assert [b.exact for b in builds] == [True, False]
     assert "sizes as arguments" in builds[1].describe() and "M=640" in builds[1].describe()
+    plan = made.template.describe_plan(M=640, N=4096)   # the plan says which build serves
+    assert "built: sizes as arguments" in plan and "size_M" in plan
+    assert "built: exact sizes: M=4096, N=4096" in made.template.describe_plan(M=4096, N=4096)
 
 
 def test_dynamic_false_builds_each_sizes_exactly():

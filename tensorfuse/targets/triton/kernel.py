@@ -42,6 +42,7 @@ class TritonKernel(GraphCallable):
         self._origin: dict = {}
         self.description = description
         self._built: dict = {}
+        self._serving: dict = {}   # build key -> the Build that serves those sizes
         self._masks: dict = {}
         self._launch_plans: dict = {}
         self._fast: dict = {}
@@ -81,6 +82,7 @@ class TritonKernel(GraphCallable):
                     plan if sizes is dims else self.planner.tile(
                         self.planner.plan(sizes), knobs, scalars, self.tiling), knobs))
             self._built[key] = (plan, knobs, made.source, made.fn, made.args)
+            self._serving[key] = made
         return self._built[key]
 
     def _fitting(self, plan, knobs, defaults, scalars, key):
@@ -128,10 +130,13 @@ class TritonKernel(GraphCallable):
         return self._origin[self._build_key(dims, scalars)]
 
     def describe_plan(self, scalars: dict | None = None, **dims) -> str:
-        """The row-tile plan at these sizes and where its knobs come from."""
+        """The row-tile plan at these sizes, where its knobs come from and the build that serves
+        them (exactly, or with sizes as arguments under its guards)."""
         plan, knobs = self.build(scalars, **dims)[:2]
+        served = self._serving[self._build_key(dims, scalars)]
         return (f"{plan.describe(knobs)}\n"
-                f"  knobs from: {self.schedule_origin(**dims, **(scalars or {}))}")
+                f"  knobs from: {self.schedule_origin(**dims, **(scalars or {}))}\n"
+                f"  built: {served.describe()}")
 
     def source(self, **dims) -> str:
         """The generated Triton source (scalars a kernel is built per given by name among the
