@@ -19,29 +19,29 @@ from .targets import TargetSpec
 
 
 def template_records(program: Program, template: str, fusion, target: TargetSpec,
-                     nearest: bool = False) -> Callable[[dict], "tuple[dict, str] | None"]:
-    """``lookup(dims, scalars) -> (knob values, where from)`` of the best record for ``program``
-    fused by ``fusion`` under ``template`` at ``dims`` (and the call's values of the scalars named
-    by ``lookup.scalar_names``, which records are kept per) on this device, or None (template
-    defaults). ``nearest``: where ``dims`` have no record, the record at the nearest sizes in
-    their power-of-two bucket (:func:`~tensorfuse.autotune.lookup.nearest_in_bucket`), its
-    origin saying so and ``lookup.from_other_sizes`` holding those sizes after the call (the
-    template falls back to its defaults where those knobs do not fit ``dims``)."""
+                     nearest: bool = False
+                     ) -> Callable[[dict], "tuple[dict, str, dict | None] | None"]:
+    """``lookup(dims, scalars) -> (knob values, where from, tuned at)`` of the best record for
+    ``program`` fused by ``fusion`` under ``template`` at ``dims`` (and the call's values of the
+    scalars named by ``lookup.scalar_names``, which records are kept per) on this device, or None
+    (template defaults); ``tuned at`` is None for a record of ``dims`` themselves. ``nearest``:
+    where ``dims`` have no record, the record at the nearest sizes in their power-of-two bucket
+    (:func:`~tensorfuse.autotune.lookup.nearest_in_bucket`), ``tuned at`` those sizes (the
+    template falls back to its defaults where those knobs do not run at ``dims``)."""
     def lookup(dims: dict, scalars: dict | None = None):
-        lookup.from_other_sizes = None
         found = tuned(program, template, fusion, target, dims, scalars)
-        if found is None and nearest:
-            sizes = nearest_in_bucket(program, template, target, dims)
-            found = tuned(program, template, fusion, target, sizes, scalars) if sizes else None
-            if found is not None:
-                lookup.from_other_sizes = sizes
-                at = ", ".join(f"{n}={v}" for n, v in sorted(sizes.items()))
-                found = (found[0], f"{found[1]}; tuned at {at}, the nearest sizes in this "
-                                   "one's power-of-two bucket")
-        return None if found is None else (knobs_of(found[0]), found[1])
+        if found is not None:
+            return knobs_of(found[0]), found[1], None
+        sizes = nearest_in_bucket(program, template, target, dims) if nearest else None
+        found = tuned(program, template, fusion, target, sizes, scalars) if sizes else None
+        if found is None:
+            return None
+        at = ", ".join(f"{n}={v}" for n, v in sorted(sizes.items()))
+        return (knobs_of(found[0]),
+                f"{found[1]}; tuned at {at}, the nearest sizes in this one's power-of-two bucket",
+                sizes)
 
     lookup.scalar_names = plan_scalars(program)  # records are kept per value of these
-    lookup.from_other_sizes = None
     return lookup
 
 

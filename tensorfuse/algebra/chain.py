@@ -36,6 +36,9 @@ class Chain:
     common_axes: tuple[Axis, ...]
     local_reductions: list[Compute] = field(default_factory=list)
     conditioning: list[Conditioning] | None = None   # float32 errors on offset data (measure)
+    # facts derived from the chain once and asked often (masking.identity_mask), never copied
+    # into a chain made from this one
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def member_names(self) -> list[str]:
         return [m.name for m in self.members]

@@ -166,7 +166,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
         DV = dims[plan.chain.dv]
         found = tuned(dims, scalars) if tuned is not None and not given else None
-        if found and getattr(tuned, "from_other_sizes", None) and \
+        if found and found[2] and \
                 not _runs(plan, found[0], dims, scalars, target.max_shared_memory):
             found = None   # a record of other sizes of the bucket that cannot run these
         chosen = found[0] if found else given

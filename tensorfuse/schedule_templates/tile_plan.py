@@ -236,13 +236,8 @@ def row_roles(chain: Chain) -> tuple[list[Axis], Axis]:
 UNIT_ROW = "query"
 
 
-_FIND = object()   # plan_rowtile's mask: found from the chain
-
-
-def plan_rowtile(program: Program, chain: Chain, sizes: dict, mask=_FIND) -> RowTilePlan:
-    """Check that the chain fits the template and assign the axes their roles. ``mask``: the
-    chain's :func:`.identity_mask` where the caller keeps it (its numeric check took 20 ms of
-    each new size's plan of causal attention: :class:`TilePlanner` finds it once)."""
+def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
+    """Check that the chain fits the template and assign the axes their roles."""
     if chain.axis is None or len(chain.common_axes) < 1:
         raise TargetError("the row-tile template needs at least one axis shared by the chain")
     batch, row = row_roles(chain)
@@ -309,7 +304,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict, mask=_FIND) -> Row
                 sp.contraction = Contraction(sp.contraction.left,
                                              _grouped(sp.contraction.right, plan.fold),
                                              sp.contraction.dot_dtype)
-    plan.mask = None if plan.fold else identity_mask(chain) if mask is _FIND else mask
+    plan.mask = None if plan.fold else identity_mask(chain)
     if plan.mask is not None:
         _separate_congruences(plan)
     plan.outputs = _outputs(program, chain, common, col, set(features))
@@ -486,25 +481,21 @@ class TilePlanner:
         self.program, self.chain = program, chain
 
     def plan(self, dims: dict) -> RowTilePlan:
-        return plan_rowtile(self.program, self.chain, dims, self._mask)
-
-    @cached_property
-    def _mask(self) -> Expr | None:
-        """The chain's mask as written (the numeric check of :func:`.identity_mask`, run once)."""
-        return identity_mask(self.chain)
+        return plan_rowtile(self.program, self.chain, dims)
 
     @cached_property
     def reads_map(self) -> bool:
         """Whether the chain's mask reads the rows or the keys as a map (``i // W``, ``i % W``):
         a visiting order in patches may then beat the flat one."""
-        return mask_reads_map(self._mask, (row_roles(self.chain)[1], self.chain.axis))
+        return mask_reads_map(identity_mask(self.chain),
+                              (row_roles(self.chain)[1], self.chain.axis))
 
     @cached_property
     def layout_scalars(self) -> tuple[str, ...]:
         """The scalars a visiting order may depend on: those of a mask that reads the rows or
         keys as a map (a width, a radius, a dilation). Kernels are built per their values.
         Computed once: every call's launch key reads it."""
-        return map_scalars(self._mask, (row_roles(self.chain)[1], self.chain.axis))
+        return map_scalars(identity_mask(self.chain), (row_roles(self.chain)[1], self.chain.axis))
 
     def tile(self, plan: RowTilePlan, knobs: Knobs, scalars: dict | None,
              request: "dict | None | bool" = True) -> RowTilePlan:

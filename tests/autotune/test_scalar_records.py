@@ -267,8 +267,8 @@ def test_a_neighbours_record_that_does_not_fit_leaves_the_defaults():
     _, fusion = choose(K.softmax.program, target)
 
     def lookup(dims, scalars=None):
-        return {"splits": 70000}, "1 ms when tuned; tuned at M=512, N=4096"
-    lookup.scalar_names, lookup.from_other_sizes = (), {"M": 512, "N": 4096}
+        return {"splits": 70000}, "1 ms when tuned; tuned at M=512, N=4096", dict(M=512, N=4096)
+    lookup.scalar_names = ()
     made = row_reduction(K.softmax, fusion, target, tuned=lookup)
     plan, knobs = made.build(M=512, N=3000)[:2]
     assert knobs.splits != 70000

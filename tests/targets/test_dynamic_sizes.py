@@ -134,9 +134,19 @@ def test_a_width_as_an_argument_is_read_in_vectors_of_its_alignment_class(N, vec
 
 
 def test_sizes_as_arguments_compile_for_gfx942():
-    made = tf.compile(K.layernorm, "rocm:gfx942", dynamic=True)
-    amdgcn = made.template.compiled(M=3000, N=5000).asm["amdgcn"]
-    assert "global_load" in amdgcn and "size_" not in amdgcn
+    """The kernel takes its two sizes as arguments (8 more bytes of kernel arguments than the
+    one written for 5000 exactly) and still reads 16-byte vectors (5000: alignment class 8)."""
+    def amdgcn(dynamic):
+        made = tf.compile(K.layernorm, "rocm:gfx942", dynamic=dynamic)
+        return made, made.template.compiled(M=3000, N=5000).asm["amdgcn"]
+
+    def kernargs(text):
+        return int(re.search(r"\.kernarg_segment_size:\s*(\d+)", text).group(1))
+
+    made, sized = amdgcn(True)
+    _, exact = amdgcn(False)
+    assert kernargs(sized) == kernargs(exact) + 8
+    assert "global_load_dwordx4" in sized
     assert not made.cache_info()[0].exact
 
 

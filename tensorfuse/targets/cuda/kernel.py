@@ -177,8 +177,9 @@ class ClusterKernel(GraphCallable):
         from ..triton.size_builds import Build
 
         found: dict = {}
+        names = set(self.program.dim_names())   # a key's other entries: scalars it was made for
         for key, launches in self._launches.items():
-            sizes = {n: v for n, v in key if n in self.program.dim_names()}
+            sizes = {n: v for n, v in key if n in names}
             if launches.sources not in found:
                 found[launches.sources] = Build("\n".join(launches.sources), None, [],
                                                 by=self.description.split(" (")[0])

@@ -16,7 +16,9 @@ from .row_grid import block_k, grid, launch_grid
 from .rowtile import kernel_source
 from .size_builds import SizeBuilds, size_values
 
-Tuned = Callable[[dict], "tuple[dict, str] | None"]
+# a lookup of tuning records (records.template_records): knobs, where from, and the sizes they
+# were tuned at where those are not the call's (another size of its bucket)
+Tuned = Callable[[dict], "tuple[dict, str, dict | None] | None"]
 MASK_ARGS = ("bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx")  # block lists
 
 
@@ -64,16 +66,20 @@ class TritonKernel(GraphCallable):
         key = self._build_key(dims, scalars)
         if key not in self._built:
             check_named_sizes(self.program, dims, complete=True)
-            plan = self.planner.plan(dims)
-            knobs = self.knobs(plan)
+            untiled = self.planner.plan(dims)
+            knobs = self.knobs(untiled)
             self._origin[key] = "template defaults"
             found = self.tuned(dims, scalars) if self.tuned is not None else None
             if found is not None:
                 defaults, knobs = knobs, replace(knobs, **found[0])
                 self._origin[key] = f"tuned record ({found[1]})"
-                if getattr(self.tuned, "from_other_sizes", None):
-                    knobs = self._fitting(plan, knobs, defaults, scalars, key)
-            plan = self.planner.tile(plan, knobs, scalars, self.tiling)
+            plan = self.planner.tile(untiled, knobs, scalars, self.tiling)
+            why = self._not_running(plan, knobs) if found is not None and found[2] else None
+            if why:   # a record of other sizes of the bucket whose knobs cannot run these
+                self._origin[key] = ("template defaults (the record of the nearest tuned sizes "
+                                     f"does not fit these: {why})")
+                knobs = defaults
+                plan = self.planner.tile(untiled, knobs, scalars, self.tiling)
             keyed = key[len(dims):]
             varying = self.sizes.varying(dims)
             made = self.sizes.find(dims, knobs, keyed, varying) if varying else None
@@ -85,19 +91,16 @@ class TritonKernel(GraphCallable):
             self._serving[key] = made
         return self._built[key]
 
-    def _fitting(self, plan, knobs, defaults, scalars, key):
-        """``knobs`` (a record tuned at other sizes of the bucket) where they run at ``plan``'s
-        sizes, else the template's ``defaults`` (``schedule_origin`` says why)."""
-        from ...errors import ScheduleError, TargetError
+    @staticmethod
+    def _not_running(plan, knobs) -> str | None:
+        """Why ``knobs`` cannot be launched at ``plan``'s sizes (a grid CUDA refuses), or None."""
+        from ...errors import TargetError
 
         try:
-            launch_grid(self.planner.tile(plan, knobs, scalars, self.tiling), knobs,
-                        *((knobs.splits,) if knobs.splits > 1 else ()))
-        except (ScheduleError, TargetError) as exc:
-            self._origin[key] = (f"template defaults (the record of the nearest tuned sizes "
-                                 f"does not fit these: {exc})")
-            return defaults
-        return knobs
+            launch_grid(plan, knobs, *((knobs.splits,) if knobs.splits > 1 else ()))
+        except TargetError as exc:
+            return str(exc)
+        return None
 
     def _emit(self, plan, knobs) -> tuple:
         """(source, kernel function, argument names) of ``plan`` (made at sizes that are ints, or

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...algebra.exprs import nodes
 from ...algebra.schemes import EXTRAPOLATION
 from ...dsl.evaluate import evaluate_plain
-from ...dsl.expr import Expr, Load, Ref, Symbol, walk
+from ...dsl.expr import Load, Ref, walk
 from .expr import TileContext
 
 REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
@@ -89,25 +88,15 @@ def output_operands(plan, tile: TileContext) -> tuple:
 
 def initial_reference(plan, d: str, initial: dict, cols) -> float:
     """The reference of ``d`` before anything is seen (as in the TensorIR lowering: the reference
-    formula on empty states, the dependencies at their initial references). Where the formula
-    extrapolates by the width (``cols``) its value is read — a symbolic width is then fixed
-    (:mod:`~tensorfuse.dsl.symbolic_sizes`) unless the formula gives the same value at other
-    widths (empty states extrapolate to the same reference whatever the width)."""
+    formula on empty states, the dependencies at their initial references, extrapolated by the
+    width ``cols``). A symbolic width (:mod:`~tensorfuse.dsl.symbolic_sizes`) is read at this
+    build's value and not fixed: any reference gives an exact result (the final values correct
+    from it), this one is only where the sweep starts — and from empty sums it is 0 at any
+    width."""
     scheme = plan.chain.schemes[d]
     env = {f"{d}#{k}": np.asarray(st.monoid.identity_value(0, st.dtype), np.float64)
            for k, st in enumerate(scheme.states)}
     env.update({f"{e}.new": np.asarray(initial[e], np.float64) for e in scheme.deps})
-    reference = scheme.reference()
-    if not any(isinstance(n, Symbol) and n.name == EXTRAPOLATION.name for n in nodes(reference)):
-        return _evaluated(reference, env)
-    width = getattr(cols, "value", cols)
-    found = [_evaluated(reference, {**env, EXTRAPOLATION.name: np.asarray(float(w))})
-             for w in (width, 1, width + 1, 2 * width + 7)]
-    if not all(f == found[0] or f != f and found[0] != found[0] for f in found):
-        int(cols)   # the width's value is in the kernel: a symbolic width is fixed
-    return found[0]
-
-
-def _evaluated(e: Expr, env: dict) -> float:
+    env[EXTRAPOLATION.name] = np.asarray(float(getattr(cols, "value", cols)))
     with np.errstate(all="ignore"):
-        return float(evaluate_plain(e, env))
+        return float(evaluate_plain(scheme.reference(), env))
