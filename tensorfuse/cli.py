@@ -3,6 +3,7 @@
     tensorfuse demo [--target T] [--save DIR]     compile attention, check it, time it
     tensorfuse show FILE.py:KERNEL [--target T] [--cuda] [--parts] [--size M=128 ...]
     tensorfuse tune FILE.py:KERNEL [...] [--target T] [--trials N] [--size M=128 ...]
+                   [--size N=1024..16384 --size M=N]
                    [--scalar window=2048 ...] [--gpus all | --tracker HOST:PORT --key K]
                                                   tune kernels into this device's database
     tensorfuse worker --tracker HOST:PORT --key K [--gpu N]
@@ -53,13 +54,22 @@ def _load_kernel(spec: str):
     return kernel
 
 
-def _sizes(items: list[str]) -> dict[str, int]:
-    sizes = {}
+def _sizes(items: list[str], ranges: bool = False) -> dict:
+    """``--size`` values: NAME=INTEGER; with ``ranges`` (tuning) also NAME=LOW..HIGH (every
+    power-of-two bucket between) and NAME=OTHER (the same as size OTHER)."""
+    sizes: dict = {}
     for item in items or []:
         key, sep, value = item.partition("=")
-        if not sep or not value.isdigit():
-            raise TensorfuseError(f"--size takes NAME=INTEGER, got {item!r}")
-        sizes[key] = int(value)
+        low, dots, high = value.partition("..")
+        if sep and key and value.isdigit():
+            sizes[key] = int(value)
+        elif ranges and sep and key and dots and low.isdigit() and high.isdigit():
+            sizes[key] = (int(low), int(high))
+        elif ranges and sep and key and value.isidentifier():
+            sizes[key] = value
+        else:
+            raise TensorfuseError(f"--size takes NAME=INTEGER{', NAME=LOW..HIGH or NAME=OTHER' if ranges else ''}, "
+                                  f"got {item!r}")
     return sizes
 
 
@@ -127,13 +137,16 @@ def _what_compile_runs(kernel, compiled, sizes: dict, scalars: dict, parts: bool
 def cmd_tune(args) -> int:
     from .autotune import tune
 
+    from .autotune.lookup import bucket_sizes
+
     kernels = [_load_kernel(spec) for spec in args.kernel]
     gpus = None if args.gpus is None else (
         "all" if args.gpus == "all" else [int(g) for g in args.gpus.split(",") if g.strip()])
-    summary = tune(kernels, target=args.target, trials=args.trials, database=args.database,
+    every = bucket_sizes(_sizes(args.size, ranges=True))
+    summary = tune([(kernel, sizes) for kernel in kernels for sizes in every],
+                   target=args.target, trials=args.trials, database=args.database,
                    trials_per_iter=args.trials_per_iter, progress=not args.quiet,
-                   scalars=_scalars(args.scalar), gpus=gpus, tracker=args.tracker,
-                   key=args.key, **_sizes(args.size))
+                   scalars=_scalars(args.scalar), gpus=gpus, tracker=args.tracker, key=args.key)
     if args.quiet:
         print(summary)
     return 130 if summary.interrupted else 0
@@ -242,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
                                                        "CPU), llvm, cuda")
     tune.add_argument("--trials", type=int, default=64, help="measured candidates in all "
                                                              "(those already recorded count)")
-    tune.add_argument("--size", action="append", metavar="NAME=N", help="fix a size (every "
-                                                                         "size must be fixed)")
+    tune.add_argument("--size", action="append", metavar="NAME=N",
+                      help="a size (every size must be given): NAME=N; NAME=LOW..HIGH tunes "
+                           "each power-of-two bucket in the range (N=1024..16384: 1024, 2048, "
+                           "..., 16384); NAME=OTHER takes size OTHER's value (M=N)")
     tune.add_argument("--scalar", action="append", metavar="NAME=VALUE",
                       help="a scalar argument's value as you call the kernel (window=2048): "
                            "records are kept per value of those that change the mask")

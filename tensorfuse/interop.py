@@ -282,11 +282,16 @@ def kept_copies(tensors) -> tuple | None:
     graph's own, and must not be cached."""
     if capturing():
         return None
-    kept, copied = [], {}
-    for x in tensors:
-        if x.device.type == "cuda":   # a tensor given twice (lists a plan has no use for) once
-            if id(x) not in copied:
-                copied[id(x)] = kept_empty(x.shape, x.dtype, x.device).copy_(x)
-            x = copied[id(x)]
-        kept.append(x)
-    return tuple(kept)
+    # one allocation per device and dtype (each costs a driver call at a new size), each tensor
+    # at a 16-byte boundary in it; a tensor given twice (lists a plan has no use for) copied once
+    unique = {id(x): x for x in tensors if x.device.type == "cuda"}
+    places, totals = {}, {}
+    for key, x in unique.items():
+        group, align = (x.device, x.dtype), max(1, 16 // x.element_size())
+        at = -(-totals.get(group, 0) // align) * align
+        places[key], totals[group] = (group, at), at + x.numel()
+    memory = {group: kept_empty((max(total, 1),), group[1], group[0])
+              for group, total in totals.items()}
+    copied = {key: memory[group][at:at + unique[key].numel()].view(unique[key].shape)
+              .copy_(unique[key]) for key, (group, at) in places.items()}
+    return tuple(copied.get(id(x), x) for x in tensors)

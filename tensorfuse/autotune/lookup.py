@@ -6,6 +6,7 @@ noticed before anything is lowered (this runs once per new shape of every compil
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -14,6 +15,7 @@ import numpy as np
 import tvm
 
 from ..dsl.program import Program
+from ..errors import TuningError
 from ..targets import TargetSpec
 from ..schedule_templates.annotations import TEMPLATE_ATTR
 from .database import RECORDS, default_database_dir, open_database
@@ -78,6 +80,35 @@ def size_bucket(dims: dict) -> tuple:
     """The power-of-two bucket of each size, by the nearest power of two (a kernel tuned at 4096
     is in the bucket of 3000 and of 5000, not of 2048 or 6000)."""
     return tuple(sorted((n, round(math.log2(v)) if v > 0 else -1) for n, v in dims.items()))
+
+
+def bucket_sizes(sizes: dict) -> list[dict]:
+    """The sizes to tune at so that every bucket (:func:`size_bucket`) that ``sizes`` span has a
+    record: a size given as ``(low, high)`` at each power of two whose bucket meets the range
+    (the range's end where the power lies outside it: still in that bucket), a size given as
+    another size's name at that size's value, an integer as it is. One dict per combination."""
+    ranges, fixed, tied = {}, {}, {}
+    for name, value in sizes.items():
+        if isinstance(value, str):
+            tied[name] = value
+        elif isinstance(value, tuple):
+            low, high = value
+            if not (isinstance(low, int) and isinstance(high, int)) or not 1 <= low <= high:
+                raise TuningError(f"size {name}: a range is LOW..HIGH with 1 <= LOW <= HIGH, got "
+                                  f"{low}..{high}")
+            ranges[name] = sorted({min(max(2 ** k, low), high) for k in
+                                   range(round(math.log2(low)), round(math.log2(high)) + 1)})
+        else:
+            fixed[name] = value
+    for name, other in tied.items():
+        if other not in fixed and other not in ranges:
+            raise TuningError(f"size {name}={other}: {other} is not given a number or a range "
+                              f"(sizes given: {', '.join(sorted(set(fixed) | set(ranges)))})")
+    made = []
+    for values in itertools.product(*ranges.values()):
+        chosen = {**fixed, **dict(zip(ranges, values))}
+        made.append({**chosen, **{name: chosen[other] for name, other in tied.items()}})
+    return made
 
 
 def nearest_in_bucket(program: Program, template: str, target: TargetSpec,

@@ -10,56 +10,14 @@ from __future__ import annotations
 
 import math
 
-from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Scalar, Unary,
-                         Where)
+from ..dsl.expr import Axis, Expr
 from ..errors import TargetError
+from ..interop import capturing
+from .block_bounds import lists_from_maps, position_block_maps
+from .mask_values import MaskEvaluator
 
 # what a block costs relative to a fully visible one when the mask is evaluated on it
 PARTIAL_COST = 1.25
-
-_BIN = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-        "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
-        "and": lambda a, b: a & b, "or": lambda a, b: a | b}
-_CMP = {"lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne"}
-
-
-class _Evaluator:
-    """Evaluates an integer/boolean index expression on broadcast torch grids."""
-
-    def __init__(self, grids: dict, tensors: dict, scalars: dict, sizes: dict):
-        self.grids, self.tensors, self.scalars, self.sizes = grids, tensors, scalars, sizes
-
-    def __call__(self, e: Expr):
-        import torch
-
-        if isinstance(e, Axis):
-            return self.grids[e.uid]
-        if isinstance(e, Const):
-            return e.value
-        if isinstance(e, DimSize):
-            return self.sizes[e.name]
-        if isinstance(e, Scalar):
-            return self.scalars[e.name]
-        if isinstance(e, Load):
-            t = self.tensors[e.param.name]
-            idx = [self(i) for i in e.indices]
-            idx = torch.broadcast_tensors(*[x if torch.is_tensor(x) else torch.tensor(x, device=t.device)
-                                            for x in idx])
-            return t[tuple(i.long() for i in idx)]
-        if isinstance(e, Binary) and e.op in _BIN:
-            return _BIN[e.op](self(e.a), self(e.b))
-        if isinstance(e, Compare):
-            a, b = self(e.a), self(e.b)
-            return getattr(torch, _CMP[e.op])(a if torch.is_tensor(a) else torch.tensor(a), b)
-        if isinstance(e, Unary) and e.op in ("abs", "neg", "not"):
-            a = self(e.a)
-            return {"abs": torch.abs, "neg": torch.neg, "not": torch.logical_not}[e.op](a)
-        if isinstance(e, Where):
-            return torch.where(self(e.cond), self(e.a), self(e.b))
-        if isinstance(e, Cast):
-            return self(e.a)
-        raise TargetError(f"the mask uses {type(e).__name__}, which block lists cannot evaluate")
-
 
 def block_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, tensors: dict,
                 scalars: dict, block_m: int, block_n: int, device, row_tiling=None,
@@ -69,6 +27,39 @@ def block_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, tens
     ``row_tiling`` (:class:`.token_tiling.TokenTiling`): the rows are visited in that order, row
     block ``b`` holding the tokens of positions ``b·block_m …``; ``row_blocks``: only these row
     blocks (a sample, to compare tilings) — their ``(partial, full)`` block maps."""
+    if row_blocks is None:
+        return block_lists_and_counts(cond, batch, row, col, sizes, tensors, scalars, block_m,
+                                      block_n, device, row_tiling)[0]
+    return _evaluated_lists(cond, batch, row, col, sizes, tensors, scalars, block_m, block_n,
+                            device, row_tiling, row_blocks)
+
+
+def block_lists_and_counts(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict,
+                           tensors: dict, scalars: dict, block_m: int, block_n: int, device,
+                           row_tiling=None):
+    """:func:`block_lists`, and the blocks each (batch position, row block) visits as a NumPy
+    array where the host sorted them (a mask over positions alone:
+    :func:`.block_bounds.position_block_maps`), None where the device evaluated the mask."""
+    extent = lambda a: a.extent if isinstance(a.extent, int) else sizes[a.extent]  # noqa: E731
+    # captured copies from host memory would replay whatever that memory holds by then
+    if row_tiling is None and not (_is_cuda(device) and capturing()):
+        maps = position_block_maps(cond, row, col, sizes, scalars, block_m, block_n)
+        if maps is not None:
+            total = math.prod(extent(a) for a in batch) if batch else 1
+            return lists_from_maps(*maps, total, device)
+    return _evaluated_lists(cond, batch, row, col, sizes, tensors, scalars, block_m, block_n,
+                            device, row_tiling, None), None
+
+
+def _is_cuda(device) -> bool:
+    import torch
+
+    return torch.device(device).type == "cuda"
+
+
+def _evaluated_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, tensors: dict,
+                     scalars: dict, block_m: int, block_n: int, device, row_tiling, row_blocks):
+    """:func:`block_lists` with the mask evaluated on every element, on ``device``."""
     import torch
 
     extent = lambda a: a.extent if isinstance(a.extent, int) else sizes[a.extent]  # noqa: E731
@@ -99,7 +90,7 @@ def block_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, tens
         grids[row.uid] = row_token.view([1] * len(dep_batch) + [-1, 1])
         grids[col.uid] = col_token.view([1] * len(dep_batch) + [1, -1])
         inside = row_in.view(-1, 1) & col_in.view(1, -1)
-        value = _Evaluator(grids, tensors, scalars, sizes)(cond)
+        value = MaskEvaluator(grids, tensors, scalars, sizes)(cond)
         value = torch.as_tensor(value, device=device)
         full_shape = shape_b + [row_pos.numel(), cols_pad]
         count = picked.numel()
@@ -197,7 +188,7 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
         the keys those blocks hold."""
         token, valid = windows.position(origin.view(-1, 1), within.view(1, -1))
         valid = torch.ones_like(token, dtype=torch.bool) if valid is None else valid
-        value = _Evaluator({**grids0, row.uid: row_token.view(-1, 1, 1),
+        value = MaskEvaluator({**grids0, row.uid: row_token.view(-1, 1, 1),
                             col.uid: token.clamp(max=cols - 1).view(1, *token.shape)}, {},
                            scalars, sizes)(cond)
         value = torch.broadcast_to(torch.as_tensor(value, device=device),
@@ -209,7 +200,7 @@ def window_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sca
     for n, rb in enumerate(chosen):
         row_token, row_in = _tokens(rb * block_m + torch.arange(block_m, device=device), rows,
                                     row_tiling)
-        value = _Evaluator({**grids0, row.uid: row_token.view(-1, 1),
+        value = MaskEvaluator({**grids0, row.uid: row_token.view(-1, 1),
                             col.uid: keys.view(1, -1)}, {}, scalars, sizes)(cond)
         seen = (torch.as_tensor(value, device=device) & row_in.view(-1, 1)).any(dim=0)
         if not bool(seen.any()):

@@ -24,7 +24,7 @@ from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.module import KernelEntry
 from ..targets.cuda.map_tiles import view_box, view_sizes
 from ..targets.cuda.tma import DeviceMaps, tensor_map
-from .block_schedule import block_lists
+from .block_schedule import block_lists_and_counts
 from .fusion import Fusion
 from .hopper_attention_plan import (HopperKnobs, check_hopper, last_block_keys,
                                     plan_hopper_attention,
@@ -69,9 +69,11 @@ class _Lists:
             made = tiled_lists(self.plan, self.tiling, sizes, scalars, self.knobs.block_m,
                                self.knobs.block_n, device)
             row_blocks = self.tiling.rows.padded // self.knobs.block_m
+            visited = None
         else:
-            made = block_lists(self.plan.mask, [b, h], i, j, sizes, tensors, scalars,
-                               self.knobs.block_m, self.knobs.block_n, device)
+            made, visited = block_lists_and_counts(self.plan.mask, [b, h], i, j, sizes, tensors,
+                                                   scalars, self.knobs.block_m,
+                                                   self.knobs.block_n, device)
             made = (*made, made[0], made[0])
             row_blocks = math.ceil(sizes[self.plan.chain.dims[3]] / self.knobs.block_m)
         kept = kept_copies(made)
@@ -79,9 +81,11 @@ class _Lists:
             return made, None
         favoured = None
         if self.pick_among is not None:
-            pn, _, fn = kept[:3]
+            if visited is None:   # read back from the device: a synchronisation
+                pn, _, fn = kept[:3]
+                visited = (pn + fn).cpu().numpy()
             # key blocks per tile in the kernel's order: batch·head-major, last row block first
-            blocks = (pn + fn).view(-1, row_blocks).flip(1).reshape(-1).tolist()
+            blocks = visited.reshape(-1, row_blocks)[:, ::-1].reshape(-1).tolist()
             favoured = pick_persistent(blocks, self.pick_among)
         self.cache = {key: (kept, favoured)}
         return self.cache[key]

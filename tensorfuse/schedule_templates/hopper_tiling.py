@@ -20,7 +20,8 @@ from ..dsl.expr import Axis
 from ..errors import ScheduleError
 from ..targets.cuda.map_tiles import why_not_viewed
 from ..targets.cuda.wgmma import fragment_bit_words, fragment_elements
-from .block_schedule import _Evaluator, _tokens, window_lists
+from .block_schedule import _tokens, window_lists
+from .mask_values import MaskEvaluator
 from .token_tiling import (KeyWindows, TilingChoice, TokenTiling, choose_tiling,
                            mask_reads_tensors)
 
@@ -138,7 +139,7 @@ def partial_bits(plan, tiling: HopperTiling, lists, sizes: dict, scalars: dict, 
         key_ok = torch.ones_like(key_token, dtype=torch.bool) if key_ok is None else key_ok
         grids = {b.uid: 0, h.uid: 0, i.uid: row_token.view(-1, block_m, 1),
                  j.uid: key_token.clamp(max=N - 1).view(-1, 1, block_n)}
-        value = torch.as_tensor(_Evaluator(grids, {}, scalars, sizes)(plan.mask), device=device)
+        value = torch.as_tensor(MaskEvaluator(grids, {}, scalars, sizes)(plan.mask), device=device)
         value = torch.broadcast_to(value, (rb.numel(), block_m, block_n)) & key_ok.view(-1, 1,
                                                                                          block_n)
         picked = value[:, fr, fc] & inside          # [pairs, consumers, words, 128, 32]

@@ -26,7 +26,8 @@ from typing import Callable
 from ..algebra.exprs import nodes
 from ..dsl.expr import Axis, Binary, Const, DimSize, Expr, Load, Scalar
 from ..errors import ScheduleError
-from .block_schedule import PARTIAL_COST, _Evaluator, block_lists, window_lists
+from .block_schedule import PARTIAL_COST, block_lists, window_lists
+from .mask_values import MaskEvaluator
 
 # row blocks of the tiled order whose schedule is counted to compare tilings
 SAMPLED_BLOCKS = 8
@@ -398,7 +399,7 @@ def choose_tiling(mask: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sc
 
         grids = {a.uid: 0 for a in batch}
         grids[row.uid], grids[col.uid] = r.view(-1, 1), c.view(1, -1)
-        value = _Evaluator(grids, {}, scalars, sizes)(mask)
+        value = MaskEvaluator(grids, {}, scalars, sizes)(mask)
         return torch.broadcast_to(torch.as_tensor(value), (r.numel(), c.numel()))
 
     if "dilation" in request:

@@ -300,3 +300,36 @@ def test_the_hopper_template_takes_a_record_of_its_bucket_where_it_runs(cache):
     origin = tf.compile(kernel, "cuda:sm_90a").schedule_origin(**dict(SIZES, M=900, N=900),
                                                                window=128)
     assert origin.startswith("hopper_attention template defaults"), origin
+
+
+def test_a_size_range_is_tuned_at_one_size_per_bucket(monkeypatch):
+    """``--size N=1000..5000`` tunes 1024, 2048 and 4096 (every bucket the range meets, each
+    tuned size in its own bucket and in the range), ``--size M=N`` follows N, and every kernel is
+    tuned at every combination; a reversed or empty range, or a name no size has, is refused."""
+    from tensorfuse import autotune, cli
+    from tensorfuse.autotune.lookup import bucket_sizes, size_bucket
+    from tensorfuse.errors import TensorfuseError
+
+    made = bucket_sizes({"B": 2, "N": (1000, 5000), "M": "N"})
+    assert [s["N"] for s in made] == [1024, 2048, 4096] and all(s["M"] == s["N"] for s in made)
+    assert bucket_sizes({"N": (1500, 1500)}) == [{"N": 1500}]
+    ends = bucket_sizes({"N": (1000, 1500)})   # 1500's bucket is 2048's: tuned at 1500
+    assert [s["N"] for s in ends] == [1024, 1500]
+    assert len({size_bucket(s) for s in ends}) == 2
+    assert len(bucket_sizes({"M": (1, 64), "N": (100, 300)})) == 7 * 2   # 1..64; 128, 256
+    for bad, match in (({"N": (5000, 1000)}, "LOW..HIGH"), ({"N": (0, 8)}, "LOW..HIGH"),
+                       ({"M": "K", "N": 8}, "K is not given")):
+        with pytest.raises(TensorfuseError, match=match):
+            bucket_sizes(bad)
+    with pytest.raises(TensorfuseError, match="NAME=LOW..HIGH"):
+        cli._sizes(["N=10..x"], ranges=True)
+    with pytest.raises(TensorfuseError, match="NAME=INTEGER, got"):
+        cli._sizes(["N=1..8"])   # show takes one size per name
+    asked = []
+    monkeypatch.setattr(autotune, "tune", lambda kernels, **options: asked.append(
+        (kernels, options)) or autotune.TuningSummary("llvm", "/db", [], 0.0))
+    assert cli.main(["tune", "tensorfuse.kernels:softmax", "tensorfuse.kernels:rmsnorm",
+                     "--size", "M=64", "--size", "N=3000..8192", "--quiet"]) == 0
+    (kernels, options), = asked
+    assert [(k.name, s) for k, s in kernels] == [
+        (name, {"M": 64, "N": n}) for name in ("softmax", "rmsnorm") for n in (4096, 8192)]

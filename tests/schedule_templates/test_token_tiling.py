@@ -14,7 +14,8 @@ import tensorfuse.kernels as K
 from tensorfuse.algebra import plan_chain
 from tensorfuse.errors import ScheduleError
 from tensorfuse.kernels.reference import TOLERANCE
-from tensorfuse.schedule_templates.block_schedule import _Evaluator, window_lists
+from tensorfuse.schedule_templates.block_schedule import window_lists
+from tensorfuse.schedule_templates.mask_values import MaskEvaluator
 from tensorfuse.schedule_templates.tile_plan import TilePlanner
 from tensorfuse.schedule_templates.token_tiling import (TokenTiling, choose_tiling,
                                                         map_dims)
@@ -71,7 +72,7 @@ def test_key_windows_cover_every_visible_pair_exactly_once(kernel, S, scalars, a
                                   scalars, block, "cpu", choice.rows, choice.cols)
     rows = choice.rows.padded if choice.rows else math.ceil(S / block) * block
     keys = torch.arange(S)
-    visible = _Evaluator({a.uid: 0 for a in plan.batch} | {plan.row.uid: keys.view(-1, 1),
+    visible = MaskEvaluator({a.uid: 0 for a in plan.batch} | {plan.row.uid: keys.view(-1, 1),
                                                             plan.col.uid: keys.view(1, -1)},
                          {}, scalars, plan.sizes)(plan.map_mask)
     within = torch.arange(block)
@@ -176,8 +177,8 @@ def test_congruences_become_remainders_of_index_vectors_and_mean_the_same():
     scalars = dict(width=20, radius=2, dilation=3)
     grids = {a.uid: 0 for a in plan.batch} | {plan.row.uid: keys.view(-1, 1),
                                                plan.col.uid: keys.view(1, -1)}
-    written = _Evaluator(grids, {}, scalars, plan.sizes)(plan.written_mask)
-    emitted = _Evaluator(grids, {}, scalars, plan.sizes)(plan.mask)
+    written = MaskEvaluator(grids, {}, scalars, plan.sizes)(plan.written_mask)
+    emitted = MaskEvaluator(grids, {}, scalars, plan.sizes)(plan.mask)
     assert bool(written.any()) and torch.equal(written, emitted)
     sch = tf.schedule(K.neighborhood_attention_2d, "cuda:sm_90a")
     source = sch.rolling_update("m", "l", "o", axis="j").apply_template("attention").compile() \

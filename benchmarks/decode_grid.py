@@ -1,0 +1,135 @@
+"""Dense decode (one query token per sequence) over a grid of batch sizes, head layouts and cache
+lengths: ``tf.compile``'s default beside every SDPA backend that runs the shape and FlexAttention,
+in the same process on the same GPU.
+
+    python -m benchmarks.decode_grid [--dtypes bf16,fp16] [--batches 1,4,8,64]
+                                     [--lengths 1024,4096,16384,32768,131072] [--out DIR]
+
+Rows ``decode/<heads>`` (``mha`` 32/32, ``gqa`` 32/8 and 64/8, ``mqa`` 8/1 query/KV heads), one
+per (shape, implementation): milliseconds (``bench``: L2 flushed between calls, so a small cache
+is read from memory as a large one is), GB/s of the cache, query and output moved, and the
+fraction of the copy bandwidth measured in the same run. Each output is checked against a float64
+reference (per sequence, so that the reference fits in memory); a wrong one is reported and not
+timed. Caches over ``--max-gb`` are left out.
+CSV ``benchmarks/results/<date>-<device>-decode-grid.csv``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import itertools
+import math
+
+import torch
+
+from benchmarks.common import (FLEX, SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, Row, bench,
+                               measure_ceilings, relative_error, write_csv)
+
+HEADS = {"gqa": [(32, 8), (64, 8)], "mha": [(32, 32)], "mqa": [(8, 1)]}
+SDPA_EFFICIENT = "sdpa efficient"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+def reference(q, k, v, scale: float) -> torch.Tensor:
+    """Softmax attention of one query token in float64, a sequence at a time."""
+    B, hq, _, D = q.shape
+    hkv = k.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    for b in range(B):
+        grouped = q[b].double().view(hkv, hq // hkv, D)   # the query heads of each KV head
+        s = grouped @ k[b].double().transpose(-1, -2) * scale
+        out[b] = (torch.softmax(s, -1) @ v[b].double()).view(hq, 1, D)
+    return out
+
+
+def implementations(scale: float) -> dict:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import flex_attention
+
+    import tensorfuse as tf
+    import tensorfuse.kernels as K
+
+    made = tf.compile(K.gqa_attention, "cuda")
+    flex = torch.compile(flex_attention, dynamic=True)
+
+    def sdpa(backend):
+        def run(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+        return run
+
+    return {TENSORFUSE: lambda q, k, v: made(q, k, v, scale=scale),
+            SDPA_CUDNN: sdpa(SDPBackend.CUDNN_ATTENTION),
+            SDPA_FLASH: sdpa(SDPBackend.FLASH_ATTENTION),
+            SDPA_EFFICIENT: sdpa(SDPBackend.EFFICIENT_ATTENTION),
+            FLEX: lambda q, k, v: flex(q, k, v, scale=scale, enable_gqa=True)}, made
+
+
+def run(dtypes, batches, lengths, max_gb: float, log=print) -> list[Row]:
+    D = 128
+    scale = D ** -0.5
+    copy = measure_ceilings()["copy_tbps"]
+    impls, made = implementations(scale)
+    rows = []
+    for (name, dtype), (variant, heads), B, N in itertools.product(
+            dtypes.items(), HEADS.items(), batches, lengths):
+        for hq, hkv in heads:
+            cache = 2 * B * hkv * N * D * dtype.itemsize
+            if cache > max_gb * 1e9:
+                continue
+            q = torch.randn(B, hq, 1, D, device="cuda", dtype=dtype)
+            k = torch.randn(B, hkv, N, D, device="cuda", dtype=dtype)
+            v = torch.randn(B, hkv, N, D, device="cuda", dtype=dtype)
+            want = reference(q, k, v, scale)
+            moved = cache + 2 * q.numel() * dtype.itemsize
+            shape = f"B{B} Hq{hq} Hkv{hkv} N{N} D{D} {name}"
+            timed = {}
+            for label, fn in impls.items():
+                try:
+                    err = relative_error(fn(q, k, v), want)
+                except Exception as exc:  # noqa: BLE001 - a backend that does not take it
+                    log(f"  {shape} {label}: {type(exc).__name__}: {str(exc)[:120]}")
+                    continue
+                if not err <= TOLERANCE[dtype]:
+                    log(f"  {shape} {label}: WRONG (error {err:.1e})")
+                    rows.append(Row(f"decode/{variant}", shape, label, math.nan, 0.0, 0.0, 0.0,
+                                    f"wrong: error {err:.1e}"))
+                    continue
+                ms = bench(functools.partial(fn, q, k, v), rep_ms=60)
+                timed[label] = ms
+                note = f"err {err:.1e}"
+                if label == TENSORFUSE:
+                    note += f"; {made.for_sizes(B=B, H=hq, HKV=hkv, M=1, N=N, D=D).description}"
+                gbps = moved / ms / 1e6
+                rows.append(Row(f"decode/{variant}", shape, label, ms, 0.0, gbps,
+                                gbps / 1e3 / copy, note))
+            others = [ms for label, ms in timed.items() if label != TENSORFUSE]
+            if TENSORFUSE in timed and others:
+                log(f"{shape}: tensorfuse {timed[TENSORFUSE] * 1e3:7.1f} us, "
+                    f"{min(others) / timed[TENSORFUSE]:.2f}x the best of "
+                    f"{len(others)}, {moved / timed[TENSORFUSE] / 1e9 / copy:.0%} of copy")
+            del q, k, v, want
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="bf16,fp16")
+    parser.add_argument("--batches", default="1,4,8,64")
+    parser.add_argument("--lengths", default="1024,4096,16384,32768,131072")
+    parser.add_argument("--max-gb", type=float, default=40.0)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    dtypes = {n: DTYPES[n] for n in args.dtypes.split(",")}
+    rows = run(dtypes, [int(b) for b in args.batches.split(",")],
+               [int(n) for n in args.lengths.split(",")], args.max_gb)
+    device = torch.cuda.get_device_name().replace(" ", "_")
+    write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-decode-grid.csv")
+
+
+if __name__ == "__main__":
+    main()

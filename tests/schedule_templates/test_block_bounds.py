@@ -1,0 +1,122 @@
+"""Block lists of masks over positions alone, sorted on the host from each compare's extremes
+(``schedule_templates/block_bounds.py``): the same lists, element for element, as evaluating the
+mask on every (row, key) pair — for the library's masks and for conditions written otherwise, at
+ragged sizes, odd blocks and windows narrower than a block (where the corners cannot decide and
+those blocks are evaluated one by one); masks it cannot sort go to the device path."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from tensorfuse import dsl as T
+from tensorfuse.kernels.attention import KV, Q, scores, softmax_attend
+from tensorfuse.schedule_templates import block_bounds
+from tensorfuse.schedule_templates.block_bounds import position_block_maps
+from tensorfuse.schedule_templates.block_schedule import (_evaluated_lists, block_lists,
+                                                          block_lists_and_counts)
+from tensorfuse.schedule_templates.hopper_attention_plan import plan_hopper_attention
+
+torch = pytest.importorskip("torch")
+
+CHAIN = ("m", "l", "o")
+
+
+def masked(condition):
+    """Attention masked by ``condition(i, j)``, with an integer scalar ``w`` it may read."""
+    @tf.kernel
+    def written(q: Q, k: KV, v: KV, scale: T.f32, w: T.i32):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        s = scores(q, k, b, h, h, i, j, d, scale)
+        return softmax_attend(T.where(condition(i, j, w), s, -T.inf), v[b, h, j, e], j)
+    return written
+
+
+WRITTEN = {
+    "scaled_diagonal": lambda i, j, w: 2 * i + 3 >= j,
+    "not_the_diagonal": lambda i, j, w: i != j,
+    "on_the_diagonal": lambda i, j, w: (i == j) | (j == 0),
+    "negated_band": lambda i, j, w: ~(T.abs(i - j) > w),
+    "far_apart": lambda i, j, w: w <= T.abs(j - i),
+    "strided_equal": lambda i, j, w: 2 * j == i,
+    "product_with_a_scalar": lambda i, j, w: (i - j) * w <= 7,
+    # two compares that cut one block and, together, cover it or leave nothing of it
+    "covering_halves": lambda i, j, w: (i >= j) | (j >= i),
+    "disjoint_halves": lambda i, j, w: (i > j) & (j > i + w),
+    "a_band_as_wide_as_the_scalar": lambda i, j, w: T.abs(i - j) < w,
+}
+
+LIBRARY = {"causal_attention": {}, "sliding_window_attention": {"window": None},
+           "prefix_lm_attention": {"prefix": None}, "neighborhood_attention": {"radius": None},
+           "gqa_causal_attention": {}, "softcap_attention": {"cap": 30.0}}
+
+
+def plans():
+    for name, scalars in LIBRARY.items():
+        kernel = getattr(K, name)
+        yield name, kernel, scalars
+    for name, condition in WRITTEN.items():
+        yield name, masked(condition), {"w": None}
+
+
+@pytest.mark.parametrize("name,kernel,scalars", list(plans()), ids=lambda x: x
+                         if isinstance(x, str) else "")
+def test_host_lists_are_the_evaluated_ones(name, kernel, scalars):
+    """Every pairing of sizes (square, ragged, one token), blocks (square, wide, narrow) and
+    scalars at and beside the blocks' edges (where a compare's extreme is exactly 0)."""
+    plan = plan_hopper_attention(kernel.program, CHAIN, "j")
+    b, h, i, j = plan.chain.axes
+    values = [0, 1, 63, 64, 129] if scalars else [None]
+    for (M, N), (block_m, block_n), value in itertools.product(
+            [(1, 1), (640, 640), (129, 1000), (1000, 129)], [(128, 128), (64, 176)], values):
+        given = {s: (v if v is not None else value) for s, v in scalars.items()}
+        sizes = dict(B=2, H=3, HKV=3, M=M, N=N, D=64)
+        host, visited = block_lists_and_counts(plan.mask, [b, h], i, j, sizes, {}, given,
+                                               block_m, block_n, "cpu")
+        assert visited is not None, f"{name}: the host could not sort it"
+        evaluated = _evaluated_lists(plan.mask, [b, h], i, j, sizes, {}, given, block_m,
+                                     block_n, "cpu", None, None)
+        for got, want in zip(host, evaluated):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert torch.equal(got, want), (name, M, N, block_m, block_n, given)
+        assert visited.tolist() == (evaluated[0] + evaluated[2]).tolist()
+
+
+def test_blocks_the_corners_cannot_decide_are_evaluated_and_nothing_else(monkeypatch):
+    """A window narrower than a block: both of its edges cut the diagonal blocks, and only those
+    go element by element; a causal mask has one edge, and none does."""
+    seen = []
+    original = block_bounds._elementwise
+    monkeypatch.setattr(block_bounds, "_elementwise",
+                        lambda *a: seen.append(len(a[-1])) or original(*a))
+    sizes = dict(B=1, H=1, HKV=1, M=1024, N=1024, D=64)
+    for kernel, scalars, cut in ((K.causal_attention, {}, False),
+                                 (K.sliding_window_attention, {"window": 16}, True)):
+        plan = plan_hopper_attention(kernel.program, CHAIN, "j")
+        seen.clear()
+        assert position_block_maps(plan.mask, *plan.chain.axes[2:], sizes, scalars, 128,
+                                   128) is not None
+        assert (sum(seen) > 0) == cut
+        if cut:   # the 8 diagonal blocks and the 7 below them that the window reaches
+            assert 0 < sum(seen) <= 15
+
+
+def test_masks_the_host_cannot_sort_take_the_device_path(monkeypatch):
+    sizes = dict(B=1, H=2, HKV=2, M=300, N=300, D=64)
+    for kernel, scalars in ((K.document_attention, {}),
+                            (K.neighborhood_attention_2d, dict(width=16, radius=2, dilation=1))):
+        plan = plan_hopper_attention(kernel.program, CHAIN, "j")
+        i, j = plan.chain.axes[2:]
+        assert position_block_maps(plan.mask, i, j, sizes, scalars, 128, 128) is None
+    # past the budget of elements evaluated one by one, the device evaluates the whole mask
+    plan = plan_hopper_attention(K.sliding_window_attention.program, CHAIN, "j")
+    b, h, i, j = plan.chain.axes
+    monkeypatch.setattr(block_bounds, "ELEMENT_BUDGET", 128 * 128)
+    assert position_block_maps(plan.mask, i, j, sizes, {"window": 4}, 128, 128) is None
+    lists, visited = block_lists_and_counts(plan.mask, [b, h], i, j, sizes, {}, {"window": 4},
+                                            128, 128, "cpu")
+    assert visited is None
+    want = block_lists(plan.mask, [b, h], i, j, sizes, {}, {"window": 4}, 128, 128, "cpu")
+    assert all(torch.equal(a, b) for a, b in zip(lists, want))
