@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import gc
 import itertools
 import math
+import warnings
 
 import torch
 
@@ -53,6 +55,9 @@ def implementations(scale: float) -> dict:
     import tensorfuse.kernels as K
 
     made = tf.compile(K.gqa_attention, "cuda")
+    # one compile per batch size and 32-bit indexing class: the grid's shapes would pass the
+    # default limit of 8 recompiles and run the rest uncompiled
+    torch._dynamo.config.recompile_limit = 64
     flex = torch.compile(flex_attention, dynamic=True)
 
     def sdpa(backend):
@@ -68,52 +73,62 @@ def implementations(scale: float) -> dict:
             FLEX: lambda q, k, v: flex(q, k, v, scale=scale, enable_gqa=True)}, made
 
 
-def run(dtypes, batches, lengths, max_gb: float, log=print) -> list[Row]:
+def run(dtypes, batches, lengths, max_gb: float, rows: list, log=print) -> None:
+    """Appends the grid's rows to ``rows`` (kept by the caller if a shape fails)."""
     D = 128
     scale = D ** -0.5
     copy = measure_ceilings()["copy_tbps"]
     impls, made = implementations(scale)
-    rows = []
-    for (name, dtype), (variant, heads), B, N in itertools.product(
-            dtypes.items(), HEADS.items(), batches, lengths):
-        for hq, hkv in heads:
-            cache = 2 * B * hkv * N * D * dtype.itemsize
-            if cache > max_gb * 1e9:
+    grid = sorted(((name, dtype, variant, hq, hkv, B, N) for (name, dtype), (variant, heads), B, N
+                   in itertools.product(dtypes.items(), HEADS.items(), batches, lengths)
+                   for hq, hkv in heads), key=lambda c: c[5] * c[4] * c[6])   # smallest first
+    for name, dtype, variant, hq, hkv, B, N in grid:
+        cache = 2 * B * hkv * N * D * dtype.itemsize
+        if cache > max_gb * 1e9:
+            continue
+        q = torch.randn(B, hq, 1, D, device="cuda", dtype=dtype)
+        k = torch.randn(B, hkv, N, D, device="cuda", dtype=dtype)
+        v = torch.randn(B, hkv, N, D, device="cuda", dtype=dtype)
+        want = reference(q, k, v, scale)
+        moved = cache + 2 * q.numel() * dtype.itemsize
+        shape = f"B{B} Hq{hq} Hkv{hkv} N{N} D{D} {name}"
+        timed = {}
+        for label, fn in impls.items():
+            before = torch.cuda.memory_allocated()
+            try:
+                err = relative_error(fn(q, k, v), want)
+            except Exception as exc:  # noqa: BLE001 - a backend that does not take it
+                log(f"  {shape} {label}: {type(exc).__name__}: {str(exc)[:120]}")
                 continue
-            q = torch.randn(B, hq, 1, D, device="cuda", dtype=dtype)
-            k = torch.randn(B, hkv, N, D, device="cuda", dtype=dtype)
-            v = torch.randn(B, hkv, N, D, device="cuda", dtype=dtype)
-            want = reference(q, k, v, scale)
-            moved = cache + 2 * q.numel() * dtype.itemsize
-            shape = f"B{B} Hq{hq} Hkv{hkv} N{N} D{D} {name}"
-            timed = {}
-            for label, fn in impls.items():
-                try:
-                    err = relative_error(fn(q, k, v), want)
-                except Exception as exc:  # noqa: BLE001 - a backend that does not take it
-                    log(f"  {shape} {label}: {type(exc).__name__}: {str(exc)[:120]}")
-                    continue
-                if not err <= TOLERANCE[dtype]:
-                    log(f"  {shape} {label}: WRONG (error {err:.1e})")
-                    rows.append(Row(f"decode/{variant}", shape, label, math.nan, 0.0, 0.0, 0.0,
-                                    f"wrong: error {err:.1e}"))
-                    continue
-                ms = bench(functools.partial(fn, q, k, v), rep_ms=60)
-                timed[label] = ms
-                note = f"err {err:.1e}"
-                if label == TENSORFUSE:
-                    note += f"; {made.for_sizes(B=B, H=hq, HKV=hkv, M=1, N=N, D=D).description}"
-                gbps = moved / ms / 1e6
-                rows.append(Row(f"decode/{variant}", shape, label, ms, 0.0, gbps,
-                                gbps / 1e3 / copy, note))
-            others = [ms for label, ms in timed.items() if label != TENSORFUSE]
-            if TENSORFUSE in timed and others:
-                log(f"{shape}: tensorfuse {timed[TENSORFUSE] * 1e3:7.1f} us, "
-                    f"{min(others) / timed[TENSORFUSE]:.2f}x the best of "
-                    f"{len(others)}, {moved / timed[TENSORFUSE] / 1e9 / copy:.0%} of copy")
-            del q, k, v, want
-            torch.cuda.empty_cache()
-    return rows
+            if not err <= TOLERANCE[dtype]:
+                log(f"  {shape} {label}: WRONG (error {err:.1e})")
+                rows.append(Row(f"decode/{variant}", shape, label, math.nan, 0.0, 0.0, 0.0,
+                                f"wrong: error {err:.1e}"))
+                continue
+            ms = bench(functools.partial(fn, q, k, v), rep_ms=60)
+            timed[label] = ms
+            note = f"err {err:.1e}"
+            if label == TENSORFUSE:
+                note += f"; {made.for_sizes(B=B, H=hq, HKV=hkv, M=1, N=N, D=D).description}"
+            gbps = moved / ms / 1e6
+            rows.append(Row(f"decode/{variant}", shape, label, ms, 0.0, gbps,
+                            gbps / 1e3 / copy, note))
+            gc.collect()
+            kept = torch.cuda.memory_allocated() - before
+            if kept > 1e8:   # memory an implementation holds on to after its calls
+                log(f"  {shape} {label}: {kept / 1e9:.2f} GB more allocated after its calls")
+        others = [ms for label, ms in timed.items() if label != TENSORFUSE]
+        if TENSORFUSE in timed and others:
+            best = min((ms, label) for label, ms in timed.items() if label != TENSORFUSE)
+            log(f"{shape}: tensorfuse {timed[TENSORFUSE] * 1e3:7.1f} us, "
+                f"{best[0] / timed[TENSORFUSE]:.2f}x {best[1]} (best of {len(others)}), "
+                f"{moved / timed[TENSORFUSE] / 1e9 / copy:.0%} of copy")
+        del q, k, v, want
+        gc.collect()
+        torch.cuda.empty_cache()
+        held = torch.cuda.memory_allocated() / 1e9
+        if held > 1:
+            log(f"  {held:.1f} GB still allocated after {shape}")
 
 
 def main() -> None:
@@ -124,11 +139,16 @@ def main() -> None:
     parser.add_argument("--max-gb", type=float, default=40.0)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
+    warnings.filterwarnings("ignore", message=".*(kernel not used|runtime disabled|same num_heads)")
     dtypes = {n: DTYPES[n] for n in args.dtypes.split(",")}
-    rows = run(dtypes, [int(b) for b in args.batches.split(",")],
-               [int(n) for n in args.lengths.split(",")], args.max_gb)
-    device = torch.cuda.get_device_name().replace(" ", "_")
-    write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-decode-grid.csv")
+    rows: list = []
+    try:
+        run(dtypes, [int(b) for b in args.batches.split(",")],
+            [int(n) for n in args.lengths.split(",")], args.max_gb, rows)
+    finally:
+        if rows:
+            device = torch.cuda.get_device_name().replace(" ", "_")
+            write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-decode-grid.csv")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import random
 import statistics
 import time
@@ -32,7 +33,10 @@ from benchmarks.common import (FLEX, SDPA, SDPA_CUDNN, TENSORFUSE, TORCH_COMPILE
 
 
 def first_call_ms(fn) -> float:
-    """Wall milliseconds of one call, the GPU drained before and after."""
+    """Wall milliseconds of one call, the GPU drained before and after, and Python's garbage
+    collected before it: a collection the earlier calls (of every implementation) left due
+    would otherwise land in whichever call comes next."""
+    gc.collect()
     torch.cuda.synchronize()
     start = time.perf_counter()
     fn()

@@ -295,6 +295,23 @@ SECTIONS = (
      "python -m benchmarks.cpu_tuning --csv PATH"),
     ("tuning-gpus", "Tuning jobs on one and two GPUs", "wall clock of a job",
      "python -m benchmarks.tuning --csv PATH"),
+    ("decode-grid", "Decode over batch sizes, head layouts and cache lengths",
+     "one query token, D=128; GB/s of the cache, query and output moved; against every SDPA "
+     "backend that runs the shape and FlexAttention (torch.compile, dynamic shapes)",
+     "python -m benchmarks.decode_grid --dtypes bf16"),
+    ("dynamic", "New sizes on every call",
+     "`tf.compile` defaults; `ms` the steady call, the note the first call's wall time at that "
+     "size and the builds so far; the `all` rows sum up the first calls' cost over steady",
+     "python -m benchmarks.dynamic"),
+    ("dynamic-prefill-lengths", "New prompt lengths",
+     "causal attention B1 H16 D128 bf16 at random lengths, as the `dynamic` section",
+     "python -m benchmarks.dynamic --only prefill_lengths"),
+    ("dynamic-growing-cache", "A decode cache that grows a key a step",
+     "GQA decode B8 32/8 heads D128 bf16 from 4096 keys, as the `dynamic` section",
+     "python -m benchmarks.dynamic --only growing_cache"),
+    ("rows-sweep-stages", "Rows swept in blocks: the software pipeline's stages",
+     "bf16; the defaults against blocks with other stage counts and hints",
+     "python -m benchmarks.rows_sweep --stages --csv PATH"),
 )
 # The README's table: (benchmark, case prefix, a part of the shape, tensorfuse's label there)
 HEADLINES = (("hopper-attention", "attention/full", "S4096", "tensorfuse"),
@@ -429,11 +446,28 @@ def plain_table(rows: list) -> str:
                      ["| " + " | ".join(r[c] for c in columns) + " |" for r in rows])
 
 
-def _table(path: str) -> str:
-    rows = load(path)
+def _table(path: str, superseded: set = frozenset()) -> str:
+    """The CSV's table, without the cases in ``superseded`` (run again since, on their own)."""
+    rows = [r for r in load(path) if r.get("benchmark") not in superseded]
     if not rows:
         return "(no rows)"
     return standard_table(rows) if "implementation" in rows[0] else plain_table(rows)
+
+
+def _superseded(found: dict, benchmark: str, device: str) -> tuple[set, list]:
+    """The cases of ``benchmark``'s newest CSV on ``device`` that a newer CSV of one of its parts
+    (``<benchmark>-<part>``: the same benchmark with ``--only``) has run again, and those parts."""
+    path = found[benchmark][device]
+    cases, parts = set(), []
+    for other, devices in found.items():
+        newer = devices.get(device)
+        if other.startswith(benchmark + "-") and newer and \
+                os.path.basename(newer)[:10] > os.path.basename(path)[:10]:
+            again = {r["benchmark"] for r in load(newer)} & {r["benchmark"] for r in load(path)}
+            if again:
+                cases |= again
+                parts.append(other)
+    return cases, parts
 
 
 def results_markdown(found: dict) -> str:
@@ -454,8 +488,11 @@ def results_markdown(found: dict) -> str:
         lines += [f"## {title}", "", f"{what}. `{command}`" if what else f"`{command}`", ""]
         for device, path in sorted(found[benchmark].items()):
             name = os.path.basename(path)
+            superseded, parts = _superseded(found, benchmark, device)
             lines += [f"### {device.replace('_', ' ')}, {name[:10]}", "",
-                      f"`results/{name}`", "", _table(path), ""]
+                      f"`results/{name}`" + (f" ({', '.join(sorted(superseded))}: newer in "
+                                              f"{', '.join(parts)})" if parts else ""),
+                      "", _table(path, superseded), ""]
             plot_png = path[:-4] + ".png"
             if os.path.exists(plot_png):
                 lines += [f"![{benchmark} on {device}](results/{os.path.basename(plot_png)})", ""]

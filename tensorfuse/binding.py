@@ -287,7 +287,11 @@ class CallBinder:
             bound = bind_call(self.program, args, kwargs, self.target_device)
             self.checks += 1
             if key is not None:
-                self._seen[key] = bound
+                # what the signature decides, without this call's arguments: a kept reference
+                # would keep the tensors alive (a growing decode cache: every step's K and V)
+                seen = object.__new__(BoundCall)
+                seen.__dict__.update(bound.__dict__, arrays={}, scalars={}, outs=None)
+                self._seen[key] = seen
                 if len(self._seen) > self.LIMIT:
                     self._seen.popitem(last=False)
             return bound

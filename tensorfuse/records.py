@@ -11,7 +11,7 @@ from typing import Callable
 
 import tvm
 
-from .autotune.lookup import nearest_in_bucket, tuned
+from .autotune.lookup import nearest_in_bucket, records_stamp, tuned
 from .autotune.scalars import plan_scalars
 from .autotune.tasks import knobs_of
 from .dsl.program import Program
@@ -28,17 +28,28 @@ def template_records(program: Program, template: str, fusion, target: TargetSpec
     where ``dims`` have no record, the record at the nearest sizes in their power-of-two bucket
     (:func:`~tensorfuse.autotune.lookup.nearest_in_bucket`), ``tuned at`` those sizes (the
     template falls back to its defaults where those knobs do not run at ``dims``)."""
+    neighbours: dict = {}   # (records' stamp, sizes, scalars) -> a neighbour's record's knobs
+
     def lookup(dims: dict, scalars: dict | None = None):
         found = tuned(program, template, fusion, target, dims, scalars)
         if found is not None:
             return knobs_of(found[0]), found[1], None
         sizes = nearest_in_bucket(program, template, target, dims) if nearest else None
-        found = tuned(program, template, fusion, target, sizes, scalars) if sizes else None
-        if found is None:
+        if not sizes:
             return None
+        # a neighbour's record is replayed on its own workload once (lowering it costs 100+
+        # ms), not at every new size of the bucket that takes it
+        key = (records_stamp(target), tuple(sorted(sizes.items())),
+               tuple(sorted((scalars or {}).items())))
+        if key not in neighbours:
+            found = tuned(program, template, fusion, target, sizes, scalars)
+            neighbours[key] = None if found is None else (knobs_of(found[0]), found[1])
+        if neighbours[key] is None:
+            return None
+        knobs, origin = neighbours[key]
         at = ", ".join(f"{n}={v}" for n, v in sorted(sizes.items()))
-        return (knobs_of(found[0]),
-                f"{found[1]}; tuned at {at}, the nearest sizes in this one's power-of-two bucket",
+        return (dict(knobs),
+                f"{origin}; tuned at {at}, the nearest sizes in this one's power-of-two bucket",
                 sizes)
 
     lookup.scalar_names = plan_scalars(program)  # records are kept per value of these

@@ -36,6 +36,26 @@ def test_a_repeated_call_is_checked_once_per_signature(rng):
         f(x, rng.standard_normal(32).astype("f4"), eps=1e-5)
 
 
+def test_a_kernel_keeps_no_argument_of_its_calls_alive(rng):
+    """What a kernel remembers of a signature holds none of the call's tensors: a decode loop
+    whose cache grows a key a step (a new signature each step) would keep every step's cache."""
+    import gc
+    import weakref
+
+    torch = pytest.importorskip("torch")
+    f = tf.compile(rms, "llvm")
+    gone = []
+    for n in (64, 96, 64):
+        x = torch.randn(8, n)
+        w = torch.randn(n)
+        out = f(x, w, eps=1e-5)
+        gone += [weakref.ref(x), weakref.ref(w), weakref.ref(out)]
+        del x, w, out
+    gc.collect()
+    assert all(ref() is None for ref in gone), "a kernel kept a call's tensor alive"
+    assert f._calls.checks == 2
+
+
 def test_signature_keys_tell_apart_what_generated_code_depends_on():
     a = np.zeros((2, 3), "f4")
     assert signature_key((a, 0.5), {}) == signature_key((np.ones((2, 3), "f4"), 0.25), {})

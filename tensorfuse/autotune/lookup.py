@@ -82,6 +82,13 @@ def size_bucket(dims: dict) -> tuple:
     return tuple(sorted((n, round(math.log2(v)) if v > 0 else -1) for n, v in dims.items()))
 
 
+def records_stamp(target: TargetSpec) -> float | None:
+    """When this device's records file last changed (None: no records), for caches of what
+    lookups found: a job that adds records changes it."""
+    records = os.path.join(default_database_dir(target), RECORDS)
+    return os.path.getmtime(records) if os.path.exists(records) else None
+
+
 def bucket_sizes(sizes: dict) -> list[dict]:
     """The sizes to tune at so that every bucket (:func:`size_bucket`) that ``sizes`` span has a
     record: a size given as ``(low, high)`` at each power of two whose bucket meets the range

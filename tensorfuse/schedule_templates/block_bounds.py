@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from ..dsl.expr import Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Scalar, Unary
+from ..interop import kept_empty
 from .mask_values import MaskEvaluator
 
 # elements evaluated one by one for blocks whose corners do not decide them; past it the device
@@ -76,28 +77,40 @@ def position_block_maps(cond: Expr, row: Axis, col: Axis, sizes: dict, scalars: 
     return some & ~every, every
 
 
-def lists_from_maps(partial, full, total: int, device) -> tuple:
+def lists_from_maps(partial, full, total: int, device, keep: bool = False) -> tuple:
     """``((partial_num, partial_idx, full_num, full_idx), visited)``: the block lists of
     :func:`.block_schedule.block_lists` from one row of maps repeated for ``total`` batch
-    positions, written on the host and copied to ``device`` in one asynchronous copy; ``visited``:
-    the blocks each (batch position, row block) visits, on the host."""
+    positions, written on the host and copied to ``device`` in one asynchronous copy — into kept
+    memory (:func:`~tensorfuse.interop.kept_empty`) where ``keep``, for a cache; ``visited``: the
+    blocks each (batch position, row block) visits, on the host. Not while a stream captures (the
+    copy would replay whatever the host memory holds then)."""
     import torch
 
-    parts = []
+    rows, cols = partial.shape
+    shapes = [(total * rows,), (total * rows, cols)] * 2
+    cuda = torch.device(device).type == "cuda"
+    # written once, in place, into the (pinned) memory the copy reads: at 16k tokens and 16
+    # heads the lists are 2 MB, and each pass over them costs the first call a few 100 µs
+    host = torch.empty(sum(math.prod(s) for s in shapes), dtype=torch.int32, pin_memory=cuda)
+    flat, at, visited = host.numpy(), 0, 0
     for kind in (partial, full):
-        counts = kind.sum(axis=1).astype(np.int32)
-        order = np.argsort(~kind, axis=1, kind="stable").astype(np.int32)   # its blocks first
-        parts += [np.tile(counts, total), np.tile(order, (total, 1))]
-    flat = torch.from_numpy(np.concatenate([p.reshape(-1) for p in parts]))
-    if torch.device(device).type == "cuda":
-        flat = flat.pin_memory().to(device, non_blocking=True)
+        counts = kind.sum(axis=1)
+        visited = visited + counts
+        order = np.argsort(~kind, axis=1, kind="stable")   # its blocks first
+        for per_row in (counts, order):
+            size = total * per_row.size
+            flat[at:at + size].reshape(total, *per_row.shape)[:] = per_row
+            at += size
+    if cuda:
+        host = (kept_empty(host.shape, torch.int32, device) if keep else
+                torch.empty_like(host, device=device)).copy_(host, non_blocking=True)
     else:
-        flat = flat.to(device)
+        host = host.to(device)
     lists, at = [], 0
-    for p in parts:
-        lists.append(flat[at:at + p.size].view(p.shape))
-        at += p.size
-    return tuple(lists), parts[0] + parts[2]
+    for shape in shapes:
+        lists.append(host[at:at + math.prod(shape)].view(shape))
+        at += math.prod(shape)
+    return tuple(lists), np.tile(visited.astype(np.int32), total)
 
 
 def _reads_tensors(e: Expr) -> bool:

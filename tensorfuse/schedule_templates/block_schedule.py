@@ -36,17 +36,18 @@ def block_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict, tens
 
 def block_lists_and_counts(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict,
                            tensors: dict, scalars: dict, block_m: int, block_n: int, device,
-                           row_tiling=None):
+                           row_tiling=None, keep: bool = False):
     """:func:`block_lists`, and the blocks each (batch position, row block) visits as a NumPy
     array where the host sorted them (a mask over positions alone:
-    :func:`.block_bounds.position_block_maps`), None where the device evaluated the mask."""
+    :func:`.block_bounds.position_block_maps`; with ``keep``, the lists in kept memory), None
+    where the device evaluated the mask."""
     extent = lambda a: a.extent if isinstance(a.extent, int) else sizes[a.extent]  # noqa: E731
     # captured copies from host memory would replay whatever that memory holds by then
     if row_tiling is None and not (_is_cuda(device) and capturing()):
         maps = position_block_maps(cond, row, col, sizes, scalars, block_m, block_n)
         if maps is not None:
             total = math.prod(extent(a) for a in batch) if batch else 1
-            return lists_from_maps(*maps, total, device)
+            return lists_from_maps(*maps, total, device, keep)
     return _evaluated_lists(cond, batch, row, col, sizes, tensors, scalars, block_m, block_n,
                             device, row_tiling, None), None
 

@@ -73,10 +73,10 @@ class _Lists:
         else:
             made, visited = block_lists_and_counts(self.plan.mask, [b, h], i, j, sizes, tensors,
                                                    scalars, self.knobs.block_m,
-                                                   self.knobs.block_n, device)
+                                                   self.knobs.block_n, device, keep=True)
             made = (*made, made[0], made[0])
             row_blocks = math.ceil(sizes[self.plan.chain.dims[3]] / self.knobs.block_m)
-        kept = kept_copies(made)
+        kept = made if visited is not None else kept_copies(made)   # the host's: kept already
         if kept is None:
             return made, None
         favoured = None

@@ -14,6 +14,7 @@ schedule in every case, predicting about twice the measured gap.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Sequence
 
@@ -33,17 +34,25 @@ def greedy_makespan(costs: Sequence[float], ctas: int) -> float:
 def snake_makespan(costs: Sequence[float], ctas: int) -> float:
     """When the last CTA finishes with tiles dealt in alternating rounds: CTA ``c`` takes tiles
     ``c, 2·ctas − 1 − c, 2·ctas + c, …``."""
-    done = [0.0] * ctas
-    for t, cost in enumerate(costs):
-        turn, slot = divmod(t, ctas)
-        done[slot if turn % 2 == 0 else ctas - 1 - slot] += cost
-    return max(done)
+    import numpy as np
+
+    turn, slot = np.divmod(np.arange(len(costs)), ctas)
+    cta = np.where(turn % 2 == 0, slot, ctas - 1 - slot)
+    # each CTA's tiles summed in tile order (a first call at a new size simulates this per call)
+    return float(np.bincount(cta, weights=np.asarray(costs, dtype=np.float64), minlength=ctas).max())
 
 
 def pick_persistent(blocks: Sequence[int], ctas: int) -> str:
     """``"snake"`` or ``"dynamic"`` for tiles of ``blocks`` key blocks each (in tile order)."""
     if len(blocks) > SIMULATED or ctas < 2:
         return "dynamic"
+    return _simulated_pick(tuple(blocks), ctas)
+
+
+@functools.lru_cache(maxsize=256)
+def _simulated_pick(blocks: tuple, ctas: int) -> str:
+    """:func:`pick_persistent` by simulation, kept per tiles: prompt lengths with as many key
+    blocks (a causal mask's 128 lengths a block of keys) have the same tiles."""
     costs = [b + TILE_COST for b in blocks]
     if greedy_makespan(costs, ctas) > MARGIN * snake_makespan(costs, ctas):
         return "snake"

@@ -231,7 +231,7 @@ def test_a_task_with_several_plan_scalars_is_named_alike_by_the_job_and_its_cand
     assert task_key(task.mod) == task.name
 
 
-def test_a_record_serves_the_sizes_of_its_power_of_two_bucket(cache):
+def test_a_record_serves_the_sizes_of_its_power_of_two_bucket(cache, monkeypatch):
     """A softmax tuned at 4096 columns: tf.compile takes its knobs at 3000 and 5000 (the nearest
     power of two of each is 4096) and says where they come from; at 6000 and at 2048 it keeps the
     template defaults; a record at the call's own sizes wins over its neighbour's."""
@@ -251,6 +251,17 @@ def test_a_record_serves_the_sizes_of_its_power_of_two_bucket(cache):
         assert compiled.schedule_origin(M=512, N=N) == "template defaults"
     assert compiled.schedule_origin(M=400, N=4096).startswith("tuned record")   # 400 ~ 2⁹
     assert compiled.schedule_origin(M=300, N=4096) == "template defaults"    # 300 ~ 2⁸
+    # the neighbour's record is replayed once, not at every new width that takes it
+    from tensorfuse import records
+    replays = []
+    original = records.tuned
+    monkeypatch.setattr(records, "tuned", lambda program, template, fusion, target, dims, *a:
+                        replays.append(dims.get("N")) or original(program, template, fusion,
+                                                                  target, dims, *a))
+    compiled = tf.compile(K.softmax, TARGET)
+    for N in range(3000, 3010):
+        assert "tuned at M=512, N=4096" in compiled.schedule_origin(M=512, N=N)
+    assert replays.count(4096) == 1 and len(replays) == 11   # each width's own record looked up
     own = make_task(K.softmax, dict(M=512, N=5000), target)
     _record(own, {n: v[0] for n, v in own.choices().items()}, 2e-3)
     tf.compile(K.softmax, TARGET)   # a new compile reads the database again
