@@ -4,10 +4,17 @@ running), then cProfile's top functions over first calls at other new sizes of i
 a Triton row kernel (softmax widths), the Hopper attention (causal prompt lengths) and the
 cluster decode (a cache one key longer each call).
 
-    PYTHONPATH=. python tools/profile_new_sizes.py [--calls 8] [--top 25]
+    PYTHONPATH=. python tools/profile_new_sizes.py [--calls 8] [--top 25] [--phases]
+
+``--phases``: instead of cProfile, the host milliseconds of each phase of the Hopper attention's
+first calls (block lists, the persistent schedule's pick, launches, TMA maps, kept memory),
+timed by wrapping those functions.
 """
 import argparse
+import collections
 import cProfile
+import functools
+import importlib
 import math
 import pstats
 import time
@@ -35,11 +42,43 @@ def cases(calls: int):
            lambda q, k, v: decode(q, k, v, 1 / math.sqrt(128)))
 
 
+def phases() -> collections.defaultdict:
+    """Wrap the Hopper attention's first-call phases with timers; the milliseconds by phase."""
+    spent: collections.defaultdict = collections.defaultdict(float)
+
+    def timed(owner, name: str, label: str) -> None:
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[label] += (time.perf_counter() - start) * 1e3
+        setattr(owner, name, wrapper)
+
+    attention = importlib.import_module("tensorfuse.schedule_templates.hopper_attention")
+    tma = importlib.import_module("tensorfuse.targets.cuda.tma")
+    kernel = importlib.import_module("tensorfuse.targets.cuda.kernel")
+    timed(attention, "block_lists_and_counts", "block lists")
+    timed(attention, "pick_persistent", "schedule pick")
+    timed(kernel.ClusterKernel, "launches", "launches")
+    timed(tma.DeviceMaps, "get", "TMA maps")
+    for module in ("tensorfuse.interop", "tensorfuse.targets.cuda.tma",
+                   "tensorfuse.schedule_templates.block_bounds"):
+        timed(importlib.import_module(module), "kept_empty", "kept memory")
+    return spent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--phases", action="store_true",
+                        help="the host time of each first call by phase, instead of cProfile")
     args = parser.parse_args()
+    spent = phases() if args.phases else None
     for name, warm, new, inputs, call in cases(args.calls):
         for n in warm:
             call(*inputs(n))
@@ -53,6 +92,17 @@ def main() -> None:
             torch.cuda.synchronize()
             walls.append((time.perf_counter() - start) * 1e3)
         print(f"== {name}: first calls {', '.join(f'{w:.2f}' for w in walls)} ms")
+        if spent is not None:
+            for arguments in profiled:
+                torch.cuda.synchronize()
+                spent.clear()
+                start = time.perf_counter()
+                call(*arguments)
+                host = (time.perf_counter() - start) * 1e3
+                torch.cuda.synchronize()
+                print(f"  host {host:.2f} ms: " + ", ".join(f"{label} {ms:.2f}" for label, ms
+                                                            in sorted(spent.items())))
+            continue
         profile = cProfile.Profile()
         for arguments in profiled:
             profile.enable()

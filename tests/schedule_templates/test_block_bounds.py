@@ -82,6 +82,12 @@ def test_host_lists_are_the_evaluated_ones(name, kernel, scalars):
             assert got.dtype == want.dtype and got.shape == want.shape
             assert torch.equal(got, want), (name, M, N, block_m, block_n, given)
         assert visited.tolist() == (evaluated[0] + evaluated[2]).tolist()
+        sample = sorted({0, (M - 1) // block_m // 2, (M - 1) // block_m})   # row blocks' maps
+        sampled = block_lists(plan.mask, [b, h], i, j, sizes, {}, given, block_m, block_n,
+                              "cpu", row_blocks=sample)
+        want = _evaluated_lists(plan.mask, [b, h], i, j, sizes, {}, given, block_m, block_n,
+                                "cpu", None, sample)
+        assert all(torch.equal(x, y) for x, y in zip(sampled, want))
 
 
 def test_blocks_the_corners_cannot_decide_are_evaluated_and_nothing_else(monkeypatch):
