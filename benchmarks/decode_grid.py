@@ -46,6 +46,23 @@ def reference(q, k, v, scale: float) -> torch.Tensor:
     return out
 
 
+def fp16_attention():
+    """The library's GQA attention written for fp16 tensors, as a user would (the library's
+    kernels are declared bf16)."""
+    import tensorfuse as tf
+    from tensorfuse import dsl as T
+    from tensorfuse.kernels.attention import scores, softmax_attend
+
+    @tf.kernel
+    def gqa_attention_f16(q: T.Tensor["B", "H", "M", "D", "f16"],
+                          k: T.Tensor["B", "HKV", "N", "D", "f16"],
+                          v: T.Tensor["B", "HKV", "N", "D", "f16"], scale: T.f32):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        hk = h // (T.size("H") // T.size("HKV"))
+        return softmax_attend(scores(q, k, b, h, hk, i, j, d, scale), v[b, hk, j, e], j)
+    return gqa_attention_f16
+
+
 def implementations(scale: float) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -54,7 +71,8 @@ def implementations(scale: float) -> dict:
     import tensorfuse as tf
     import tensorfuse.kernels as K
 
-    made = tf.compile(K.gqa_attention, "cuda")
+    made = {torch.bfloat16: tf.compile(K.gqa_attention, "cuda"),
+            torch.float16: tf.compile(fp16_attention(), "cuda")}
     # one compile per batch size and 32-bit indexing class: the grid's shapes would pass the
     # default limit of 8 recompiles and run the rest uncompiled
     torch._dynamo.config.recompile_limit = 64
@@ -66,7 +84,7 @@ def implementations(scale: float) -> dict:
                 return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
         return run
 
-    return {TENSORFUSE: lambda q, k, v: made(q, k, v, scale=scale),
+    return {TENSORFUSE: lambda q, k, v: made[q.dtype](q, k, v, scale=scale),
             SDPA_CUDNN: sdpa(SDPBackend.CUDNN_ATTENTION),
             SDPA_FLASH: sdpa(SDPBackend.FLASH_ATTENTION),
             SDPA_EFFICIENT: sdpa(SDPBackend.EFFICIENT_ATTENTION),
@@ -109,7 +127,8 @@ def run(dtypes, batches, lengths, max_gb: float, rows: list, log=print) -> None:
             timed[label] = ms
             note = f"err {err:.1e}"
             if label == TENSORFUSE:
-                note += f"; {made.for_sizes(B=B, H=hq, HKV=hkv, M=1, N=N, D=D).description}"
+                chosen = made[dtype].for_sizes(B=B, H=hq, HKV=hkv, M=1, N=N, D=D)
+                note += f"; {chosen.description}"
             gbps = moved / ms / 1e6
             rows.append(Row(f"decode/{variant}", shape, label, ms, 0.0, gbps,
                             gbps / 1e3 / copy, note))

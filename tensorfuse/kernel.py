@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Callable
 
 from .dsl.program import Program
@@ -13,10 +14,10 @@ class Kernel:
     """A traced kernel. Call it directly to compile (default schedule, local target) and run it, or
     pass it to :func:`tensorfuse.schedule`, :func:`tensorfuse.compile` and :func:`tensorfuse.tune`."""
 
-    def __init__(self, fn: Callable, name: str | None = None):
+    def __init__(self, fn: Callable, name: str | None = None, scope: dict | None = None):
         self.fn = fn
         self.name = name or fn.__name__
-        self.program: Program = trace(fn, self.name)
+        self.program: Program = trace(fn, self.name, scope)
         self._compiled: dict[str, object] = {}
         functools.update_wrapper(self, fn)
 
@@ -49,6 +50,8 @@ class Kernel:
 def kernel(fn: Callable | None = None, *, name: str | None = None):
     """Turn a DSL function into a :class:`Kernel` (usable as ``@kernel`` or ``@kernel(name=...)``).
     Mistakes in the function are reported here, with the line that made them."""
+    # the local names of the scope the function is defined in, for annotations that are strings
+    # (``from __future__ import annotations``) naming a local import or alias
     if fn is None:
-        return lambda f: Kernel(f, name)
-    return Kernel(fn, name)
+        return lambda f: Kernel(f, name, dict(sys._getframe(1).f_locals))
+    return Kernel(fn, name, dict(sys._getframe(1).f_locals))

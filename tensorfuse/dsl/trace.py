@@ -28,10 +28,24 @@ def _def_location(fn: Callable) -> SourceLocation:
                           linecache.getline(code.co_filename, code.co_firstlineno))
 
 
-def _annotation(fn: Callable, name: str, raw, loc) -> TensorType | ScalarType:
-    if isinstance(raw, str):
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:   # a name the enclosing function has not assigned yet
+        return False
+    return True
+
+
+def _annotation(fn: Callable, name: str, raw, loc, scope: dict | None = None
+                ) -> TensorType | ScalarType:
+    if isinstance(raw, str):   # ``from __future__ import annotations``: evaluated here
+        # in the function's module, the names its body closes over and the ``scope`` it was
+        # defined in: a kernel defined inside a function sees that function's local imports and
+        # names, as its body does
+        closed = {n: c.cell_contents for n, c in
+                  zip(fn.__code__.co_freevars, fn.__closure__ or ()) if _filled(c)}
         try:
-            raw = eval(raw, fn.__globals__)  # noqa: S307 - annotations are the user's own code
+            raw = eval(raw, fn.__globals__, {**(scope or {}), **closed})  # noqa: S307
         except Exception as exc:  # pragma: no cover - message path
             raise DSLError(f"parameter {name}: cannot evaluate annotation {raw!r}: {exc}", loc)
     if isinstance(raw, (TensorType, ScalarType)):
@@ -43,13 +57,13 @@ def _annotation(fn: Callable, name: str, raw, loc) -> TensorType | ScalarType:
                    'T.Tensor["M", "N", "f32"] or a scalar type such as T.f32', loc)
 
 
-def make_params(fn: Callable) -> list:
+def make_params(fn: Callable, scope: dict | None = None) -> list:
     loc = _def_location(fn)
     params = []
     for name, p in inspect.signature(fn).parameters.items():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise DSLError(f"kernels take named parameters only, not *{name} / **{name}", loc)
-        ann = _annotation(fn, name, p.annotation, loc)
+        ann = _annotation(fn, name, p.annotation, loc, scope)
         if isinstance(ann, TensorType):
             params.append(TensorParam(name, ann.dims, ann.dtype, loc))
         else:
@@ -85,12 +99,13 @@ def _run_capturing_locals(fn: Callable, args: list) -> tuple[object, list[dict]]
     return result, [kernel_locals] + helper_locals
 
 
-def trace(fn: Callable, name: str | None = None) -> Program:
+def trace(fn: Callable, name: str | None = None, scope: dict | None = None) -> Program:
     """Trace ``fn`` into a Program. Raises a :class:`~tensorfuse.errors.DSLError` naming the line of
-    ``fn`` that is at fault."""
+    ``fn`` that is at fault. ``scope``: the local names where ``fn`` was defined (its annotations,
+    when they are strings, may use them)."""
     prog.axis_binding_sites.clear()
     prog.axis_size_constraints.clear()
-    params = make_params(fn)
+    params = make_params(fn, scope)
     proxies = [p if isinstance(p, TensorParam) else Scalar(p.name, p.dtype, p.loc) for p in params]
     try:
         result, local_vars = _run_capturing_locals(fn, proxies)
