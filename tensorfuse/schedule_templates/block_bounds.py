@@ -1,18 +1,19 @@
 """The block maps of a mask over positions alone, found on the host from each compare's extremes.
 
-A mask that reads only the row and key positions, sizes and scalars (causal, bottom-right causal,
-sliding windows, prefix-LM, neighbourhoods along one axis) sorts a block of rows × keys without
-looking at its elements: a compare linear in the two positions takes its extremes at the block's
-corners, so it holds everywhere, nowhere or somewhere in it from four numbers. Conditions combine
-those answers (``&``, ``|``, ``~``); where two compares both cut through one block, ``&`` and ``|``
-cannot tell from the corners whether their parts meet, and only those blocks are evaluated element
-by element (on the host, as :func:`.block_schedule.block_lists` evaluates them on the device).
+A mask that reads only the row and key positions, sizes and integer scalars (causal, bottom-right
+causal, sliding windows, prefix-LM, neighbourhoods along one axis) sorts a block of rows × keys
+without looking at its elements: a compare linear in the two positions takes its extremes at the
+block's corners, so it holds everywhere, nowhere or somewhere in it from four numbers. Conditions
+combine those answers (``&``, ``|``, ``~``); where two compares both cut through one block, ``&``
+and ``|`` cannot tell from the corners whether their parts meet, and only those blocks are
+evaluated element by element (on the host, as :func:`.block_schedule.block_lists` evaluates them
+on the device).
 
 This is what a first call at a new sequence length pays for its block lists: a few hundred
 numbers on the host instead of the mask over every (row, key) pair on the device and a
 synchronisation to read the counts back (``benchmarks/dynamic.py``'s ``prefill_lengths`` measure
-the first calls). Masks it cannot sort (tensors, batch axes, ``//``, ``%``, ``where``) answer None
-and take the device path.
+the first calls). Masks it cannot sort (tensors, batch axes, ``//``, ``%``, ``where``, floats)
+answer None and take the device path.
 """
 from __future__ import annotations
 
@@ -193,15 +194,17 @@ class _Sorter:
             if e.uid not in self.box:
                 raise _Unsorted
             return {e.uid: 1}
-        if isinstance(e, Const) and not isinstance(e.value, bool):
-            return {1: e.value}
+        # integers only: the device evaluates a float in a mask in float32 (torch's default),
+        # which rounds where this would not; such masks keep the device path
+        if isinstance(e, Const) and _is_integer(e.value):
+            return {1: int(e.value)}
         if isinstance(e, DimSize):
             return {1: self.sizes[e.name]}
         if isinstance(e, Scalar):
             value = self.scalars[e.name]
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+            if not _is_integer(value):
                 raise _Unsorted
-            return {1: value}
+            return {1: int(value)}
         if isinstance(e, Cast) and e.dtype != "bool":
             return self._form(e.a)
         if isinstance(e, Unary) and e.op == "neg":
@@ -224,15 +227,18 @@ class _Sorter:
 _FLIPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
 
 
+def _is_integer(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def _negated(form: dict) -> dict:
     return {k: -c for k, c in form.items()}
 
 
 def _steps_by_one(form: dict) -> bool:
     """Whether an integer linear form takes every integer between its extremes over a block: each
-    position's coefficient is -1, 0 or 1 and the constant is a whole number."""
-    return all(isinstance(c, (int, np.integer)) and (k == 1 or abs(c) <= 1)
-               for k, c in form.items())
+    position's coefficient is -1, 0 or 1."""
+    return all(k == 1 or abs(c) <= 1 for k, c in form.items())
 
 
 def _elementwise(cond, row, col, rows, cols, sizes, scalars, block_m, block_n, blocks):

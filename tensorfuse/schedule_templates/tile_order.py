@@ -46,14 +46,18 @@ def pick_persistent(blocks: Sequence[int], ctas: int) -> str:
     """``"snake"`` or ``"dynamic"`` for tiles of ``blocks`` key blocks each (in tile order)."""
     if len(blocks) > SIMULATED or ctas < 2:
         return "dynamic"
-    return _simulated_pick(tuple(blocks), ctas)
+    import numpy as np
+
+    return _simulated_pick(np.asarray(blocks, dtype=np.int32).tobytes(), ctas)
 
 
-@functools.lru_cache(maxsize=256)
-def _simulated_pick(blocks: tuple, ctas: int) -> str:
+@functools.lru_cache(maxsize=64)   # keys of 4 bytes a tile: at most 32 MB at SIMULATED tiles
+def _simulated_pick(blocks: bytes, ctas: int) -> str:
     """:func:`pick_persistent` by simulation, kept per tiles: prompt lengths with as many key
     blocks (a causal mask's 128 lengths a block of keys) have the same tiles."""
-    costs = [b + TILE_COST for b in blocks]
+    import numpy as np
+
+    costs = [b + TILE_COST for b in np.frombuffer(blocks, dtype=np.int32).tolist()]
     if greedy_makespan(costs, ctas) > MARGIN * snake_makespan(costs, ctas):
         return "snake"
     return "dynamic"

@@ -116,6 +116,10 @@ def test_masks_the_host_cannot_sort_take_the_device_path(monkeypatch):
         plan = plan_hopper_attention(kernel.program, CHAIN, "j")
         i, j = plan.chain.axes[2:]
         assert position_block_maps(plan.mask, i, j, sizes, scalars, 128, 128) is None
+    # floats: the device evaluates them in float32, which rounds where the host would not
+    plan = plan_hopper_attention(masked(lambda i, j, w: i * 0.5 >= j).program, CHAIN, "j")
+    assert position_block_maps(plan.mask, *plan.chain.axes[2:], sizes, {"w": 1}, 128,
+                               128) is None
     # past the budget of elements evaluated one by one, the device evaluates the whole mask
     plan = plan_hopper_attention(K.sliding_window_attention.program, CHAIN, "j")
     b, h, i, j = plan.chain.axes
