@@ -151,7 +151,17 @@ class Program:
         return [p for p in self.params if isinstance(p, ScalarParam)]
 
     def dim_names(self) -> list[str]:
-        """Every named dimension, in order of first appearance."""
+        """Every named dimension, in order of first appearance (found once per set of parameters
+        and bodies: every call at a new size asks, and the walk over the bodies took a fifth of a
+        Hopper attention's planning at a new prompt length)."""
+        key = (tuple(map(id, self.params)),
+               tuple((id(c), tuple(map(id, c.bodies))) for c in self.computes))
+        found = self.__dict__.get("_dim_names")
+        if found is None or found[0] != key:
+            found = self.__dict__["_dim_names"] = (key, tuple(self._find_dim_names()))
+        return list(found[1])
+
+    def _find_dim_names(self) -> list[str]:
         names: dict[str, None] = {}
         for p in self.tensor_params:
             for d in p.dims:

@@ -165,6 +165,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
     map_scalars = plan.map_scalars if tiling is not False else ()
 
     sources: dict = {}   # (knobs, D, DV, last_n) -> the source (the flat order's)
+    scratches: dict = {}   # the scratch's layout -> its kept buffers (StreamScratch)
 
     def layout(dims: dict, scalars: dict | None = None) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
@@ -205,9 +206,14 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         how, ctas, tiles = planned_schedule(plan, knobs, dims, row_blocks)
         # (claimed, finished CTAs, then a count of merged pieces per split tile and consumer
         # warpgroup); the split tiles' partial states: 2 slots a piece, at most one piece a CTA
-        scratch = StreamScratch([((2 + ctas * knobs.consumers,), "i32", True),
-                                 ((split_workspace(knobs, ctas, DV) if how == "split" else 4,),
-                                  "f32", False)])
+        layout_of_scratch = (((2 + ctas * knobs.consumers,), "i32", True),
+                             ((split_workspace(knobs, ctas, DV) if how == "split" else 4,),
+                              "f32", False))
+        # one set per layout, whatever the sizes: launches on a stream run one after another,
+        # and the counters are left at zero (a new prompt length allocates no kept memory)
+        scratch = scratches.get(layout_of_scratch)
+        if scratch is None:
+            scratch = scratches[layout_of_scratch] = StreamScratch(layout_of_scratch)
         # "auto" that came out persistent: the mask's block costs may favour the snake
         lists = _Lists(plan, knobs, ctas if knobs.schedule == "auto" and how == "dynamic"
                        else None, tiled)

@@ -497,6 +497,24 @@ def test_one_source_serves_every_sequence_length():
     assert compiled.source(**PREFILL) != compiled.source(**{**PREFILL, "D": 64})
 
 
+def test_new_lengths_share_the_kept_scratch(monkeypatch):
+    """The scratch a launch keeps (counters, split workspace) is one set per layout: a new prompt
+    length with the same knobs allocates none (each set costs driver allocations on the first
+    call at a length); another layout gets its own."""
+    import importlib
+
+    module = importlib.import_module("tensorfuse.schedule_templates.hopper_attention")
+    made = []
+    monkeypatch.setattr(module, "StreamScratch",
+                        lambda layout: made.append(layout) or object())
+    compiled = hopper(K.causal_attention, block_n=128)
+    for n in (4096, 4100, 4200, 5000):
+        compiled.launches(**dict(PREFILL, M=n, N=n))
+    assert len(made) == 1
+    compiled.launches(**dict(PREFILL, M=4096, N=4096, D=64))
+    assert len(made) == 1 + (made[-1] != made[0])
+
+
 def test_compile_prefers_it_for_prefill_on_sm90a():
     f = tf.compile(K.causal_attention, "cuda:sm_90a")
     assert f.schedule_origin(**PREFILL).startswith("hopper_attention template defaults")
