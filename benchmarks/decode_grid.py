@@ -10,7 +10,8 @@ per (shape, implementation): milliseconds (``bench``: L2 flushed between calls, 
 is read from memory as a large one is), GB/s of the cache, query and output moved, and the
 fraction of the copy bandwidth measured in the same run. Each output is checked against a float64
 reference (per sequence, so that the reference fits in memory); a wrong one is reported and not
-timed. Caches over ``--max-gb`` are left out.
+timed. Caches over ``--max-gb`` are left out; a run stopped early (Ctrl-C, ``timeout``) writes the
+rows it has.
 CSV ``benchmarks/results/<date>-<device>-decode-grid.csv``.
 """
 from __future__ import annotations
@@ -21,6 +22,8 @@ import functools
 import gc
 import itertools
 import math
+import signal
+import sys
 import warnings
 
 import torch
@@ -161,6 +164,8 @@ def main() -> None:
     warnings.filterwarnings("ignore", message=".*(kernel not used|runtime disabled|same num_heads)")
     dtypes = {n: DTYPES[n] for n in args.dtypes.split(",")}
     rows: list = []
+    # a run stopped by `timeout` (SIGTERM) still writes the rows measured so far
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         run(dtypes, [int(b) for b in args.batches.split(",")],
             [int(n) for n in args.lengths.split(",")], args.max_gb, rows)
