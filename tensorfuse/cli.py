@@ -136,7 +136,6 @@ def _what_compile_runs(kernel, compiled, sizes: dict, scalars: dict, parts: bool
 
 def cmd_tune(args) -> int:
     from .autotune import tune
-
     from .autotune.lookup import bucket_sizes
 
     kernels = [_load_kernel(spec) for spec in args.kernel]

@@ -58,27 +58,6 @@ def choose_hopper_tiling(plan, block_m: int, block_n: int, sizes: dict, scalars:
         return None, "the flat order was asked for"
     if not plan.reads_map:
         return None, "the mask does not read the sequence as a map"
-    if asked:
-        return _chosen_tiling(plan, block_m, block_n, sizes, scalars, request)
-    # the choice costs seconds of sampled block schedules at a 64² map; tile_shape_for_map asks
-    # it for every tile shape, and again for each set of knobs a compile or a tuning job gives
-    key = (plan.mask.key(), plan.chain.dims, plan.strided, block_m, block_n,
-           tuple(sorted(sizes.items())), tuple(sorted((scalars or {}).items())))
-    if key not in _CHOSEN:
-        if len(_CHOSEN) > 1024:
-            _CHOSEN.clear()
-        _CHOSEN[key] = _chosen_tiling(plan, block_m, block_n, sizes, scalars, True)
-    return _CHOSEN[key]
-
-
-# choose_hopper_tiling's answers by mask, sizes, scalars and block shape (the choice is a pure
-# function of them)
-_CHOSEN: dict = {}
-
-
-def _chosen_tiling(plan, block_m: int, block_n: int, sizes: dict, scalars: dict | None,
-                   request: "dict | bool") -> tuple[HopperTiling | None, str]:
-    asked = isinstance(request, dict)
     b, h, i, j = plan.chain.axes
     why = _why_flat(plan, block_m, block_n, sizes, scalars or {})
     choice = None

@@ -18,6 +18,8 @@ import functools
 import heapq
 from collections.abc import Sequence
 
+import numpy as np
+
 TILE_COST = 0.5       # a tile's own cost (queries, output), in key blocks
 SIMULATED = 1 << 17   # more tiles than this: not simulated (greedy claiming, the robust choice)
 MARGIN = 1.01         # the snake only where it is predicted clearly faster
@@ -34,8 +36,6 @@ def greedy_makespan(costs: Sequence[float], ctas: int) -> float:
 def snake_makespan(costs: Sequence[float], ctas: int) -> float:
     """When the last CTA finishes with tiles dealt in alternating rounds: CTA ``c`` takes tiles
     ``c, 2·ctas − 1 − c, 2·ctas + c, …``."""
-    import numpy as np
-
     turn, slot = np.divmod(np.arange(len(costs)), ctas)
     cta = np.where(turn % 2 == 0, slot, ctas - 1 - slot)
     # each CTA's tiles summed in tile order (a first call at a new size simulates this per call)
@@ -46,8 +46,6 @@ def pick_persistent(blocks: Sequence[int], ctas: int) -> str:
     """``"snake"`` or ``"dynamic"`` for tiles of ``blocks`` key blocks each (in tile order)."""
     if len(blocks) > SIMULATED or ctas < 2:
         return "dynamic"
-    import numpy as np
-
     return _simulated_pick(np.asarray(blocks, dtype=np.int32).tobytes(), ctas)
 
 
@@ -55,8 +53,6 @@ def pick_persistent(blocks: Sequence[int], ctas: int) -> str:
 def _simulated_pick(blocks: bytes, ctas: int) -> str:
     """:func:`pick_persistent` by simulation, kept per tiles: prompt lengths with as many key
     blocks (a causal mask's 128 lengths a block of keys) have the same tiles."""
-    import numpy as np
-
     costs = [b + TILE_COST for b in np.frombuffer(blocks, dtype=np.int32).tolist()]
     if greedy_makespan(costs, ctas) > MARGIN * snake_makespan(costs, ctas):
         return "snake"

@@ -355,10 +355,27 @@ def choose_tiling(mask: Expr, batch: list, row: Axis, col: Axis, sizes: dict, sc
     the visible keys of sample queries are (:func:`dilation_of`). Each candidate's block schedule
     is counted on :data:`SAMPLED_BLOCKS` row blocks. ``request`` (``Schedule.tile_as``):
     ``patch``, ``key_patch``, ``dilation`` fixed by the user instead of chosen. The mask may read
-    sizes and scalars, not the batch axes or tensors (those keep the flat order)."""
+    sizes and scalars, not the batch axes or tensors (those keep the flat order). Chosen once per
+    mask, sizes, scalars and block shape (the sampled schedules take seconds at a 64² map, and
+    the Hopper template's tile shapes and each set of knobs given ask again)."""
+    if request:
+        return _chosen_tiling(mask, batch, row, col, sizes, scalars, block_m, block_n, request)
+    key = (mask.key(), tuple(a.uid for a in batch), row.uid, col.uid,
+           tuple(sorted(sizes.items())), tuple(sorted(scalars.items())), block_m, block_n)
+    if key not in _CHOSEN:
+        if len(_CHOSEN) > 1024:
+            _CHOSEN.clear()
+        _CHOSEN[key] = _chosen_tiling(mask, batch, row, col, sizes, scalars, block_m, block_n, {})
+    return _CHOSEN[key]
+
+
+_CHOSEN: dict = {}   # choose_tiling's choices (frozen: callers share them)
+
+
+def _chosen_tiling(mask: Expr, batch: list, row: Axis, col: Axis, sizes: dict, scalars: dict,
+                   block_m: int, block_n: int, request: dict) -> TilingChoice:
     import torch
 
-    request = request or {}
     extent = lambda a: a.extent if isinstance(a.extent, int) else sizes[a.extent]  # noqa: E731
     rows, cols = extent(row), extent(col)
     device = "cuda" if torch.cuda.is_available() else "cpu"

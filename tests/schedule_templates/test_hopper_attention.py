@@ -510,9 +510,10 @@ def test_new_lengths_share_the_kept_scratch(monkeypatch):
     compiled = hopper(K.causal_attention, block_n=128)
     for n in (4096, 4100, 4200, 5000):
         compiled.launches(**dict(PREFILL, M=n, N=n))
+    compiled.launches(**dict(PREFILL, M=4096, N=4096, D=64))   # the same layout too
     assert len(made) == 1
-    compiled.launches(**dict(PREFILL, M=4096, N=4096, D=64))
-    assert len(made) == 1 + (made[-1] != made[0])
+    compiled.launches(B=1, H=1, M=256, N=256, D=128)   # 2 tiles: 2 persistent CTAs, not 264
+    assert len(made) == 2 and made[1] != made[0]
 
 
 def test_compile_prefers_it_for_prefill_on_sm90a():
