@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import csv
+import datetime
 import math
 import os
+import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -143,6 +146,20 @@ def write_csv(rows: list[Row], path: str) -> None:
         writer.writeheader()
         for r in rows:
             writer.writerow({**asdict(r), "implementation": canonical_label(r.implementation)})
+
+
+def run_and_write(measure, out: str, part: str) -> None:
+    """``measure(rows)`` appends rows; they are written to
+    ``<out>/<date>-<device>-<part>.csv`` when it returns, and also when it is stopped early
+    (Ctrl-C, an exception, ``timeout``'s SIGTERM) with the rows it has."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    rows: list[Row] = []
+    try:
+        measure(rows)
+    finally:
+        if rows:
+            device = torch.cuda.get_device_name().replace(" ", "_")
+            write_csv(rows, f"{out}/{datetime.date.today()}-{device}-{part}.csv")
 
 
 def measure_candidates(bench_name: str, name: str, shape: str, calls: dict, candidates: dict,

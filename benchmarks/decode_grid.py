@@ -17,19 +17,16 @@ CSV ``benchmarks/results/<date>-<device>-decode-grid.csv``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import gc
 import itertools
 import math
-import signal
-import sys
 import warnings
 
 import torch
 
 from benchmarks.common import (FLEX, SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, Row, bench,
-                               measure_ceilings, relative_error, write_csv)
+                               measure_ceilings, relative_error, run_and_write)
 
 HEADS = {"gqa": [(32, 8), (64, 8)], "mha": [(32, 32)], "mqa": [(8, 1)]}
 SDPA_EFFICIENT = "sdpa efficient"
@@ -163,16 +160,9 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*(kernel not used|runtime disabled|same num_heads)")
     dtypes = {n: DTYPES[n] for n in args.dtypes.split(",")}
-    rows: list = []
-    # a run stopped by `timeout` (SIGTERM) still writes the rows measured so far
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        run(dtypes, [int(b) for b in args.batches.split(",")],
-            [int(n) for n in args.lengths.split(",")], args.max_gb, rows)
-    finally:
-        if rows:
-            device = torch.cuda.get_device_name().replace(" ", "_")
-            write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-decode-grid.csv")
+    run_and_write(lambda rows: run(dtypes, [int(b) for b in args.batches.split(",")],
+                                   [int(n) for n in args.lengths.split(",")], args.max_gb, rows),
+                  args.out, "decode-grid")
 
 
 if __name__ == "__main__":

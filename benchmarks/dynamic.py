@@ -10,7 +10,8 @@ Rows:
 - ``dynamic/prefill_lengths``: causal attention (B1 H16 D128, bf16) at random prompt lengths
   (100 to 16384), against SDPA (cuDNN) and FlexAttention under ``torch.compile(dynamic=True)``;
 - ``dynamic/growing_cache``: a GQA decode loop whose cache grows a key a step
-  (:func:`growing_cache`), against SDPA.
+  (:func:`growing_cache`), against SDPA; and the same loop over a static cache whose length lives
+  in device memory, one step captured in a CUDA graph and replayed (:func:`replayed_cache`).
 Per size: ``ms`` the steady call (``bench``), ``note`` the first call's wall time (synchronised),
 and the builds so far (tensorfuse: sources written, ``cache_info()``; torch.compile: frames
 compiled). One row per implementation with shape ``all`` sums it up: builds, the first calls'
@@ -180,6 +181,100 @@ def growing_cache(steps: int, copy_tbps: float) -> list[Row]:
     return rows
 
 
+def replayed_cache(steps: int, copy_tbps: float) -> list[Row]:
+    """The decode loop of :func:`growing_cache` over a static cache (``start + steps`` slots,
+    filled to a per-sequence length in device memory): one step — the new key and value written
+    at the length, the length advanced, attention — captured in a CUDA graph and replayed
+    ``steps`` times. tensorfuse runs ``kernels.static_cache_attention`` (keys past the length
+    never read); SDPA masks the unfilled slots with a boolean mask made from the length (cuDNN
+    with GQA where it takes the mask, else the cache expanded to every head, as transformers'
+    static cache does for SDPA). ``ms``: wall time a replayed step; the note: the GPU time of one
+    step's attention at the last length and the error of the last step against float64."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import tensorfuse as tf
+    import tensorfuse.kernels as K
+
+    B, H, HKV, D, start = 8, 32, 8, 128, 4096
+    slots, scale = start + steps, D ** -0.5
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(B, HKV, slots, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn_like(k)
+    new = torch.randn(steps, B, HKV, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    length = torch.full((B,), start, dtype=torch.int32, device="cuda")
+    step = torch.zeros((), dtype=torch.int64, device="cuda")
+    batch, slot = torch.arange(B, device="cuda"), torch.arange(slots, device="cuda")
+    made = tf.compile(K.static_cache_attention, "cuda")
+    out = torch.empty_like(q)
+
+    def tensorfuse():
+        made(q, k, v, length, scale=scale, out=out)
+
+    def sdpa_masked(backends, expand):
+        def attend():
+            mask = (slot[None, :] < length[:, None])[:, None, None, :]
+            kk, vv = k, v
+            if expand:
+                kk, vv = (x.repeat_interleave(H // HKV, 1) for x in (k, v))
+            with sdpa_kernel(backends):
+                out.copy_(F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=scale,
+                                                         enable_gqa=not expand))
+        return attend
+
+    impls = {TENSORFUSE: (tensorfuse, "static_cache_attention"),
+             SDPA_CUDNN: (sdpa_masked([SDPBackend.CUDNN_ATTENTION], False), "cuDNN, GQA"),
+             SDPA: (sdpa_masked([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                                 SDPBackend.FLASH_ATTENTION], True), "kv expanded to 32 heads")}
+    rows = []
+    for label, (attend, how) in impls.items():
+        def decode_step():
+            k[batch, :, length.long()] = new[step]
+            v[batch, :, length.long()] = new[step] * 0.5
+            length.add_(1)
+            step.add_(1)
+            attend()
+
+        try:
+            length.fill_(start)
+            step.zero_()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):   # warm up outside the capture (builds, maps)
+                decode_step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                decode_step()
+        except RuntimeError as exc:
+            print(f"dynamic/growing_cache {label} (cuda graph): {exc}"[:300], flush=True)
+            continue
+        length.fill_(start)
+        step.zero_()
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        for _ in range(steps):
+            graph.replay()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - begin) * 1e3 / steps
+        n = start + steps
+        want = F.scaled_dot_product_attention(q.double(), k[:, :, :n].double(),
+                                              v[:, :, :n].double(), scale=scale, enable_gqa=True)
+        error = relative_error(out, want)
+        gpu = bench(attend, rep_ms=50)
+        moved = 2 * B * HKV * n * D * k.element_size()
+        note = (f"{how}; static cache of {slots} slots, {steps} steps from {start} keys, one "
+                f"step captured and replayed; one step's attention {gpu:.4f} ms at {n} keys; "
+                f"error {error:.1e}")
+        rows.append(Row("dynamic/growing_cache", f"decode B{B} H{H}/{HKV} D{D} bf16, CUDA graph",
+                        label, wall, 0.0, moved / gpu / 1e6, moved / gpu / 1e6 / (copy_tbps * 1e3),
+                        note))
+        print(f"dynamic/growing_cache {label:12s} (cuda graph) {wall:.4f} ms/step, attention "
+              f"{gpu:.4f} ms, err {error:.1e}", flush=True)
+    return rows
+
+
 def _sweep(bench_name, impls, sizes, inputs, check, shape, work, copy_tbps, builds) -> list:
     """Each size in turn through every implementation: the first call's wall time, its output
     checked against float64 (``check(out, *args)``: the relative error), then the steady time."""
@@ -238,6 +333,7 @@ def main() -> None:
         rows += prefill_lengths(args.lengths, rng)
     if args.only in ("", "growing_cache"):
         rows += growing_cache(args.steps, ceilings["copy_tbps"])
+        rows += replayed_cache(args.steps, ceilings["copy_tbps"])
     device = torch.cuda.get_device_name().replace(" ", "_")
     part = f"-{args.only.replace('_', '-')}" if args.only else ""
     path = f"{args.out}/{datetime.date.today()}-{device}-dynamic{part}.csv"

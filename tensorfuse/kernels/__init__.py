@@ -7,6 +7,7 @@ from .attention import (attention, causal_attention, alibi_attention, softcap_at
                         sliding_window_attention, prefix_lm_attention, document_attention,
                         gqa_attention, gqa_causal_attention, neighborhood_attention,
                         neighborhood_attention_2d, neighborhood_attention_3d, softmax_attend,
+                        static_cache_attention,
                         ATTENTION_VARIANTS)
 from .rows import softmax, log_softmax, layernorm, rmsnorm, cross_entropy, ROW_KERNELS
 from .ffn import ffn_gelu, ffn_swiglu, ffn_swiglu_linear, FFN_KERNELS
@@ -17,6 +18,6 @@ ALL = {**ATTENTION_VARIANTS, **ROW_KERNELS, **FFN_KERNELS, **GEMM_KERNELS}
 __all__ = ["attention", "causal_attention", "alibi_attention", "softcap_attention",
            "sliding_window_attention", "prefix_lm_attention", "document_attention", "gqa_attention",
            "gqa_causal_attention", "neighborhood_attention", "neighborhood_attention_2d",
-           "neighborhood_attention_3d", "softmax_attend", "softmax",
+           "neighborhood_attention_3d", "softmax_attend", "static_cache_attention", "softmax",
            "log_softmax", "layernorm", "rmsnorm", "cross_entropy", "ffn_gelu", "ffn_swiglu", "ffn_swiglu_linear", "matmul", "linear", "swiglu_gate", "ALL",
            "ATTENTION_VARIANTS", "ROW_KERNELS", "FFN_KERNELS", "GEMM_KERNELS"]

@@ -107,6 +107,22 @@ def gqa_causal_attention(q: Q, k: KV_GROUPED, v: KV_GROUPED, scale: T.f32):
 
 
 @tf.kernel
+def static_cache_attention(q: Q, k: KV_GROUPED, v: KV_GROUPED, length: T.Tensor["B", "i32"],
+                           scale: T.f32):
+    """Grouped-query attention over a static (preallocated) cache of ``N`` slots per sequence,
+    filled to ``length[b]`` keys: the ``M`` queries are the last ``M`` filled positions, causal
+    among themselves (decode: ``M = 1``). The length lives in device memory, so a decode step
+    captured in a CUDA graph replays while the cache fills; keys past it are never read (the
+    cluster decode sweeps ``j < length[b]``: ``schedule_templates.key_range``). A length past
+    ``N`` reads the ``N`` slots; a length of 0 or less leaves the row without keys (0/0, NaN)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    s = scores(q, k, b, h, hk, i, j, d, scale)
+    s = T.where(j <= length[b] - T.size("M") + i, s, -T.inf)
+    return softmax_attend(s, v[b, hk, j, e], j)
+
+
+@tf.kernel
 def neighborhood_attention(q: Q, k: KV, v: KV, scale: T.f32, radius: T.i32):
     b, h, i, j, d, e = T.axes("b h i j d e")
     s = scores(q, k, b, h, h, i, j, d, scale)

@@ -83,6 +83,19 @@ def ref_gqa_causal_attention(q, k, v, scale):
     return ref_causal_attention(q, _expand_heads(k, h), _expand_heads(v, h), scale)
 
 
+def ref_static_cache_attention(q, k, v, length, scale):
+    """Per sequence: the slots below ``min(length, N)``, the query ``i`` at position
+    ``length − M + i`` seeing the slots up to it (none: NaN, as 0/0)."""
+    m, n = q.shape[2], k.shape[2]
+    s = _scores(q, _expand_heads(k, q.shape[1]), scale)
+    j = np.arange(n)[None, :]
+    for b in range(q.shape[0]):
+        keep = j <= int(length[b]) - m + np.arange(m)[:, None]
+        s[b] = np.where(keep[None], s[b], -np.inf)
+    with np.errstate(invalid="ignore"):
+        return _softmax_attend(s, _expand_heads(v, q.shape[1]))
+
+
 def ref_neighborhood_attention(q, k, v, scale, radius):
     i, j = _key_pos(q.shape[2], k.shape[2])
     return _softmax_attend(np.where(np.abs(i - j) <= radius, _scores(q, k, scale), -np.inf), v)

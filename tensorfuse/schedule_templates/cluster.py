@@ -291,14 +291,17 @@ def decode_launches(plan, dims: dict, given: dict, target: TargetSpec, n_axis: i
     scalars = tuple("float32" if t.startswith("f") else "int32" for _, t in plan.scalars)
     tma = k.copy == "tma"
     launch = DriverLaunch(source, target, "tf_decode_cluster",
-                          ("handle",) * 4 + (TENSOR_MAP,) * (2 * tma) + ("int32",) + scalars)
+                          ("handle",) * 4 + (TENSOR_MAP,) * (2 * tma) + ("int32",) +
+                          ("handle",) * len(plan.tensors) + scalars)
     grid, threads = B * HKV * k.cluster, 32 * k.warps
 
     def run(module, values, out, device):
         kv = (values[plan.k], values[plan.v])
         n = kv[0].shape[n_axis]
-        maps = decode_tensor_maps(*(t.data_ptr() for t in kv), B * HKV, n, D) if tma else ()
+        maps = decode_tensor_maps(*(t.data_ptr() for t in kv), B * HKV, n, D, plan.dtype) \
+            if tma else ()
         launch([pointer(values[plan.q]), *(pointer(t) for t in kv), pointer(out), *maps, n,
+                *(pointer(values[name]) for name, _ in plan.tensors),
                 *(values[name] for name, _ in plan.scalars)], grid, threads, k.cluster, smem,
                device)
 

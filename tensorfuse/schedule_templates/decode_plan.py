@@ -8,26 +8,44 @@ kernel cannot run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
+from ..dsl.expr import Expr
 from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
-from ..targets.cuda.expr import to_cuda
+from ..targets.cuda.cluster_decode import bound_code, score_code
 from .attention_chain import AttentionChain, check_head_map, recognise_attention
+from .key_range import key_range, reads_tensors
 
 
 @dataclass(frozen=True)
 class DecodePlan(AttentionChain):
-    """The recognised chain, as the cluster-decode kernel runs it."""
+    """The recognised chain, as the cluster-decode kernel runs it: the keys it sweeps per
+    (batch, kv-head) are ``max(lower…) ≤ j < min(upper…)`` within the key tensor
+    (:mod:`.key_range`: the mask's bounds on the keys, evaluated once per pair; ``score`` is
+    what is left of the mask), and ``tensors`` (name, dtype) are those the bounds and the score
+    read besides q, k and v."""
+
+    lower: tuple[Expr, ...] = ()
+    upper: tuple[Expr, ...] = ()
+    tensors: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> str:
         b, h, hkv, m, n, d = self.dims
+        keys = f"keys {n}"
+        if self.lower or self.upper:
+            low, high = (", ".join(to_text(x) for x in side) for side in (self.lower,
+                                                                           self.upper))
+            low = f"max({low})" if len(self.lower) > 1 else low or "0"
+            high = f"min({high})" if len(self.upper) > 1 else high or n
+            keys = (f"keys {low} ≤ {self.axes[3].name} < {high} of {n} (the mask's bounds, "
+                    "read once per (batch, kv-head))")
         return "\n".join([
             f"cluster-decode plan: {self.out}[{b}, {h}, {m}, {d}] from {self.q}, {self.k}, "
             f"{self.v} ({hkv} kv-heads)",
             f"  score: {to_text(self.score)} ({self.dot}: q·k on tensor cores or CUDA cores)",
-            f"  keys {n} split over a cluster per (batch, kv-head); softmax states merged in "
+            f"  {keys} split over a cluster per (batch, kv-head); softmax states merged in "
             "distributed shared memory with exp(m_part - m)"])
 
 
@@ -66,10 +84,10 @@ def _refuse(message: str, loc=None) -> ScheduleError:
 
 def plan_decode(program: Program, names: tuple[str, ...], axis: str) -> DecodePlan:
     """Check that the rolled chain is exactly softmax-weighted attention
-    (:func:`.attention_chain.recognise_attention`) in bf16 with a score the kernel can write, and
+    (:func:`.attention_chain.recognise_attention`) in bf16 or fp16 with a score the kernel can write, and
     read its pieces. Anything else is refused: the kernel's merge hard-codes this chain's
     correction ``exp(m_part - m)``."""
-    chain = recognise_attention(program, names, axis, WHO)
+    chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"))
     q, k, v, out = chain.layouts[:4]
     if (k, v) != ("bhjd", "bhjd") or {q.replace("i", ""), out.replace("i", "")} != {"bhd"}:
         # one query token: where the query axis sits in q and the output does not move them
@@ -78,7 +96,14 @@ def plan_decode(program: Program, names: tuple[str, ...], axis: str) -> DecodePl
                       f"by role here: q {q}, k {k}, v {v}, output {out}); the attention "
                       "template's split update takes the others")
     plan = DecodePlan(**{f.name: getattr(chain, f.name) for f in fields(chain)})
-    to_cuda(plan.score, {plan.dot: "qk"}, "the score", axes=dict(plan.score_axes))  # refused now
+    b, _, i, j = chain.axes
+    keys = key_range(chain.score, j, (b, i))
+    read = reads_tensors(keys.score)
+    for bound in keys.lower + keys.upper:
+        read += tuple(t for t in reads_tensors(bound) if t not in read)
+    plan = replace(plan, score=keys.score, lower=keys.lower, upper=keys.upper, tensors=read)
+    score_code(plan)   # what the kernel cannot write is refused now, not at the first call
+    bound_code(plan)
     return plan
 
 

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import tensorfuse as tf
+from benchmarks.decode_grid import fp16_attention
 from tests.helpers import needs_nvcc
 from tensorfuse import dsl as T
 from tensorfuse.errors import ScheduleError
-from tensorfuse.kernels.attention import (attention, document_attention, gqa_attention,
+from tensorfuse.kernels.attention import (attention, gqa_attention,
                                           sliding_window_attention, softcap_attention,
                                           softmax_attend)
 from tensorfuse.kernels.ffn import ffn_gelu, ffn_swiglu
@@ -20,6 +21,7 @@ from tensorfuse.targets.cuda.dsm import CLUSTER_PTX
 
 FFN = dict(M=128, K=512, N=1024, O=256)
 DECODE = dict(B=2, H=8, HKV=2, M=1, N=1000, D=128)
+gqa_attention_f16 = fp16_attention()   # the library's GQA attention declared over fp16 tensors
 Q, KV = T.Tensor["B", "H", "M", "D", "bf16"], T.Tensor["B", "HKV", "N", "D", "bf16"]
 
 
@@ -185,6 +187,20 @@ def test_decode_bulk_copies_read_the_swizzled_boxes(D):
         4 * 2 * 32 * 2 * 16 - 1024 - 64   # skew gone; alignment slack and barriers added
 
 
+@needs_nvcc
+@pytest.mark.parametrize("knobs", [{}, {"copy": "cp.async"}, {"mma": "fma"}])
+def test_fp16_decode_runs_the_fp16_tensor_core_product(knobs):
+    """An fp16 decode is the same kernel with every bf16 type, conversion and MMA swapped for
+    fp16's: no bf16 name is left, and the tensor-core sweep issues the f16 MMA."""
+    f = _decode(gqa_attention_f16, **knobs)
+    source = f.source(**DECODE)
+    assert "bfloat" not in source and "#include <cuda_fp16.h>" in source
+    ptx = f.ptx(**DECODE)
+    assert ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx) == \
+        (knobs.get("mma") != "fma")
+    assert "bf16" not in ptx
+
+
 def test_decode_takes_the_key_count_at_run_time():
     """A decode cache grows by a key per step: one kernel (one source, one set of launches)
     serves every key count, which each call passes; other sizes are compiled in. Keys laid out
@@ -345,8 +361,6 @@ def test_refusals_name_the_problem():
         _decode(gqa_attention, copy="dma").source(**DECODE)
     with pytest.raises(ScheduleError, match="no knob block_n.*stages"):
         _decode(gqa_attention, block_n=64)
-    with pytest.raises(ScheduleError, match="not supported by cluster kernels"):
-        _decode(document_attention)  # the score reads a tensor (document ids): refused
     with pytest.raises(ScheduleError, match="M=1"):
         _decode(attention).source(B=1, H=2, M=64, N=256, D=128)
     # not a GEMM chain: a softmax is refused, not compiled wrongly
@@ -682,6 +696,33 @@ def test_cluster_decode_matches_float64_on_the_gpu(D, group, knobs):
     _decode(gqa_attention, **{"cluster": 4, **knobs})(q, k, v, scale=scale, out=out)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err  # bf16 output (and bf16 weights p on the tensor-core path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, knobs", [(128, {}), (64, {"copy": "cp.async"}),
+                                      (256, {"warps": 1}), (128, {"mma": "fma"})])
+def test_fp16_cluster_decode_matches_float64_on_the_gpu(D, knobs):
+    """fp16 through both sweeps and both copies, on values up to ±60 (scores far from 0: the
+    exponentials are taken in f32, p rounded to fp16 for p·v)."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(D)
+    B, HKV, N, group = 3, 2, 2777, 4
+    H = HKV * group
+    q, k, v = (torch.randn(*shape, device="cuda", generator=g) * scale for shape, scale in
+               (((B, H, 1, D), 2.0), ((B, HKV, N, D), 3.0), ((B, HKV, N, D), 20.0)))
+    q, k, v = (x.to(torch.float16) for x in (q, k, v))
+    scale = 1 / math.sqrt(D)
+    kk = k.double().repeat_interleave(group, 1)
+    vv = v.double().repeat_interleave(group, 1)
+    ref = torch.softmax(q.double() @ kk.transpose(-1, -2) * scale, -1) @ vv
+    out = torch.full_like(q, float("nan"))
+    made = _decode(gqa_attention_f16, **{"cluster": 4, **knobs})
+    made(q, k, v, scale=scale, out=out)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < 5e-3, err  # fp16 output and p (10-bit mantissa)
+    assert "cluster_decode" in tf.compile(gqa_attention_f16, "cuda").schedule_origin(
+        B=B, H=H, HKV=HKV, M=1, N=N, D=D)
 
 
 @pytest.mark.gpu

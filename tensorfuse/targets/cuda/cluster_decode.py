@@ -2,10 +2,13 @@
 CUDA C++ emitter (the plan and its checks: ``schedule_templates.decode_plan``).
 
 A split update inside one cluster: the ``cluster`` CTAs of a cluster each sweep a contiguous part
-of the keys for one (batch, kv-head) pair and all the query heads that share it (GQA), keeping the
-running state of the chain — maximum ``m``, sum ``l``, weighted sum ``o`` — in registers. Each warp
-copies blocks of 32 key and value rows into its own shared memory (``cp.async``, ``stages − 1``
-blocks ahead of the one it computes on) and updates the state once per block:
+of the keys for one (batch, kv-head) pair and all the query heads that share it (GQA) — all the
+keys, or those between the mask's bounds, read once per pair (``schedule_templates.key_range``:
+a static cache's length in device memory, a sliding window) — keeping the running state of the
+chain — maximum ``m``, sum ``l``, weighted sum ``o`` — in registers. Each warp copies blocks of
+32 key and value rows into its own shared memory (``cp.async`` or bulk tensor copies,
+:mod:`.decode_copies`; ``stages − 1`` blocks ahead of the one it computes on) and updates the
+state once per block (bf16 or fp16):
 
 - ``mma="mma_sync"`` (default while a group has at most 16 heads): the group's heads are the rows
   of a 16-row tensor-core tile, so the block's scores are ``mma.sync`` products of q's fragments
@@ -23,15 +26,14 @@ applies). No partial state goes to global memory.
 from __future__ import annotations
 
 import functools
-import textwrap
 from dataclasses import dataclass
 
+from .decode_copies import cp_async_copy, tma_copy, zero_tail
 from .dsm import HELPERS
 from .mma_sync import HELPERS as MMA_SYNC_HELPERS
-from .expr import size_macros, to_cuda
+from .expr import size_macros, tensor_arguments, to_cuda
 from .tma import MBARRIER_HELPERS, load_helper, tensor_map
 
-SWIZZLE_ATOM = 32 * 128   # bytes of one 128-byte-swizzled box: 32 rows of 64 bf16 columns
 # copy="tma": the key and value tensor maps, passed by value (made on the host per call: the
 # key count changes them, and a kernel parameter needs no device buffer)
 TENSOR_MAP_TYPE = "struct __align__(64) TfTensorMap { unsigned char bytes[128]; };\n"
@@ -39,27 +41,60 @@ MAP_PARAMS = (",\n                  const __grid_constant__ TfTensorMap k_map, "
               "const __grid_constant__ TfTensorMap v_map")
 
 
+# The kernel is written for bf16; for fp16 each bf16 name is swapped for its fp16 counterpart
+# (the same sizes, the same mma.sync fragment layouts), in this order (longer names first).
+_FP16_NAMES = (("cuda_bf16.h", "cuda_fp16.h"), ("__nv_bfloat162", "__half2"),
+               ("__nv_bfloat16", "__half"), ("__floats2bfloat162_rn", "__floats2half2_rn"),
+               ("__bfloat1622float2", "__half22float2"), ("__bfloat162float", "__half2float"),
+               ("__float2bfloat16", "__float2half"), (".f32.bf16.bf16.f32", ".f32.f16.f16.f32"),
+               ("tf_pack_bf16x2", "tf_pack_f16x2"))
+
+
+def _in_dtype(source: str, dtype: str) -> str:
+    """``source`` (written for bf16) for ``dtype``."""
+    if dtype == "bf16":
+        return source
+    for bf16, other in _FP16_NAMES:
+        source = source.replace(bf16, other)
+    return source
+
+
 @functools.lru_cache(maxsize=16)   # a call's maps, again for the same tensors (pure: addresses)
 def decode_tensor_maps(k_address: int, v_address: int, pairs: int, keys: int,
-                       head_dim: int) -> tuple[bytes, bytes]:
+                       head_dim: int, dtype: str = "bf16") -> tuple[bytes, bytes]:
     """The key and value tensor maps of ``copy="tma"`` (128 bytes each): each tensor
-    ``[pairs, keys, head_dim]`` bf16 — (batch, kv-head) pairs, contiguous — copied in boxes of
-    32 rows × 64 columns in the 128-byte swizzle. A box past a pair's last key reads zeros, not
-    the next pair's keys."""
-    return tuple(tensor_map(address, (pairs, keys, head_dim), (1, 32, 64))
+    ``[pairs, keys, head_dim]`` of ``dtype`` — (batch, kv-head) pairs, contiguous — copied in
+    boxes of 32 rows × 64 columns in the 128-byte swizzle. A box past a pair's last key reads
+    zeros, not the next pair's keys."""
+    return tuple(tensor_map(address, (pairs, keys, head_dim), (1, 32, 64), dtype)
                  for address in (k_address, v_address))
+
+
+def tensor_loads(plan) -> dict:
+    """The C++ pointer (``t_<name>``) of each tensor the score and the key bounds read."""
+    return {name: f"t_{name}" for name, _ in plan.tensors}
 
 
 def score_code(plan) -> str:
     """The score as C++ over the dot product ``qk`` and the axes ``b``, ``h``, ``0``, ``j``."""
-    return to_cuda(plan.score, {plan.dot: "qk"}, "the score", axes=dict(plan.score_axes))
+    return to_cuda(plan.score, {plan.dot: "qk"}, "the score", axes=dict(plan.score_axes),
+                   loads=tensor_loads(plan))
+
+
+def bound_code(plan) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The plan's lower and upper key bounds as C++ integers of ``b`` (the query index is 0)."""
+    axes = {name: c for name, c in plan.score_axes if c in ("b", "0")}
+    loads = tensor_loads(plan)
+    return tuple(tuple(f"(int)({to_cuda(x, {}, 'a bound on the keys', axes=axes, loads=loads)})"
+                       for x in side) for side in (plan.lower, plan.upper))
 
 
 def decode_source(plan, knobs, sizes: dict) -> str:
     """CUDA C++ for ``tf_decode_cluster``: grid (B·HKV·cluster), cluster (cluster), dynamic shared
-    memory :func:`decode_shared_bytes`. Its arguments: q, k, v, out; with ``copy="tma"`` the key
-    and value tensor maps by value (:func:`decode_tensor_maps`, ``__grid_constant__``); the
-    key count; the program's scalars. The key count is an argument, not part of the source, so
+    memory :func:`decode_shared_bytes`. Its arguments: q, k, v, out (bf16 or fp16: the plan's
+    dtype); with ``copy="tma"`` the key and value tensor maps by value
+    (:func:`decode_tensor_maps`, ``__grid_constant__``); the key count; the tensors the score
+    and the key bounds read (``t_<name>``); the program's scalars. The key count is an argument, not part of the source, so
     that one kernel serves a cache that grows by a key per step (every other size is compiled
     in; ``sizes``' key count is not used). ``plan`` and ``knobs`` come from
     ``schedule_templates.decode_plan`` (checked against these sizes there)."""
@@ -70,9 +105,10 @@ def decode_source(plan, knobs, sizes: dict) -> str:
     tma = knobs.copy == "tma"
     scalar_args = "".join(f", {'float' if t.startswith('f') else 'int'} {n}"
                           for n, t in plan.scalars)
+    tensor_args = "".join(f", {c} {n}" for n, _, c in tensor_arguments(plan.tensors))
     sweep = _mma_sweep(plan, D) if tensor_cores else _fma_sweep(plan, G, D)
-    copy = _tma_copy() if tma else _cp_async_copy(D, tensor_cores)
-    return f"""#include <cuda_bf16.h>
+    copy = tma_copy() if tma else cp_async_copy(D, tensor_cores)
+    return _in_dtype(f"""#include <cuda_bf16.h>
 {HELPERS}
 {MMA_SYNC_HELPERS if tensor_cores else ""}
 {MBARRIER_HELPERS + load_helper(3) if tma else ""}
@@ -95,7 +131,7 @@ __device__ __forceinline__ float warp_sum(float x) {{
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                   const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out{
-                      MAP_PARAMS if tma else ""}, int n_keys{scalar_args}) {{
+                      MAP_PARAMS if tma else ""}, int n_keys{tensor_args}{scalar_args}) {{
   // Shared memory, all of it dynamic (decode_shared_bytes): per warp STAGES blocks of 32 key and
   // value rows, then {"the warps' copy barriers, " if tma else ""}{
       "q as [d][head], " if not tensor_cores else ""}the warps' and the CTA's states.
@@ -104,9 +140,7 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
   const int pair = blockIdx.x / CLUSTER;      // (batch, kv head)
   const int b = pair / HKV_, hk = pair % HKV_;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int chunk = (N_ + CLUSTER - 1) / CLUSTER;
-  const int j_begin = rank * chunk, j_end = min(N_, j_begin + chunk);
-  const __nv_bfloat16* kb = k + ((long)b * HKV_ + hk) * N_ * D;
+{_key_split(plan)}  const __nv_bfloat16* kb = k + ((long)b * HKV_ + hk) * N_ * D;
   const __nv_bfloat16* vb = v + ((long)b * HKV_ + hk) * N_ * D;
 {sweep.setup}
   __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(dsmem) +
@@ -123,7 +157,7 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
   for (int j0 = j_first; j0 < j_end; j0 += j_step, ++it) {{
     const int j_ahead = j0 + (STAGES - 1) * j_step;
     if (j_ahead < j_end) load_keys((it + STAGES - 1) % STAGES, j_ahead);
-{copy.commit}{copy.wait}    const __nv_bfloat16* kblock = kbuf + (it % STAGES) * 32 * KST;
+{copy.commit}{copy.wait}{zero_tail(D) if tma and plan.upper else ""}    const __nv_bfloat16* kblock = kbuf + (it % STAGES) * 32 * KST;
     const __nv_bfloat16* vblock = vbuf + (it % STAGES) * 32 * VST;
 {sweep.block}
     __syncwarp();  // the buffers are read: a later copy may overwrite them
@@ -165,90 +199,29 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
   }}
   tf_cluster_sync();  // peers may still read this CTA's state
 }}
+""", plan.dtype)
+
+
+def _key_split(plan) -> str:
+    """The keys ``[j_begin, j_end)`` this CTA sweeps: its share of the pair's keys — all of
+    them, or those between the plan's bounds (clamped into the key tensor: a bound past the
+    keys given, or below 0, reads nothing outside them)."""
+    lower, upper = bound_code(plan)
+    if not lower and not upper:
+        return """  const int chunk = (N_ + CLUSTER - 1) / CLUSTER;
+  const int j_begin = rank * chunk, j_end = min(N_, j_begin + chunk);
 """
-
-
-@dataclass(frozen=True)
-class _Copy:
-    """How a warp stages its blocks of 32 key and value rows in shared memory: the row layout
-    (``macros``: ``KST``/``VST``, row strides in elements; ``address``: ``k_at``/``v_at``, the
-    element at a block's row and column), where the buffers start (``base``), ``load`` (the
-    ``load_keys(buf, first)`` lambda), what follows each block's copies (``commit``) and how
-    the warp waits for a block before computing on it (``wait``)."""
-
-    macros: str
-    address: str
-    base: str
-    load: str
-    commit: str
-    wait: str
-
-
-def _cp_async_copy(D: int, tensor_cores: bool) -> _Copy:
-    """Every lane copies 16-byte pieces (``cp.async``, :func:`_copy_code`) into rows skewed by
-    16 bytes (conflict-free for ``ldmatrix`` and the CUDA-core sweep's row reads; the CUDA-core
-    sweep reads value rows whole, unskewed)."""
-    return _Copy(
-        macros="#define KST (D + 8)   // key rows in shared memory: 16-byte skew, conflict-free "
-               "reads\n" + ("#define VST (D + 8)   // value rows (skewed for ldmatrix)\n"
-                            if tensor_cores else "#define VST D   // value rows\n"),
-        address="""__device__ __forceinline__ const __nv_bfloat16* k_at(const __nv_bfloat16* blk, int r,
-                                                        int d) {
-  return blk + r * KST + d;
-}
-#define v_at k_at
-""",
-        base="  extern __shared__ __align__(16) char dsmem[];\n",
-        load=_copy_code(D), commit="    tf_cp_async_commit();\n",
-        wait="    tf_cp_async_wait<STAGES - 1>();   // this block's group is complete\n"
-             "    __syncwarp();\n")
-
-
-def _tma_copy() -> _Copy:
-    """Lane 0 of each warp copies a block with bulk tensor copies (TMA): ``D / 64`` boxes of 32
-    rows × 64 columns each of keys and values, in the 128-byte swizzle (16-byte piece ``c`` of
-    row ``r`` at piece ``c ^ (r % 8)``: ``ldmatrix`` reads stay conflict-free without the skew),
-    counted on the warp's mbarrier for that stage. The copy engine moves a block with four
-    instructions where ``cp.async`` took two a 16-byte piece, and streamed the decode's keys at
-    3.0 TB/s from 64 CTAs where ``cp.async`` reached 2.3-2.7 (H100,
-    ``tools/probe_decode_stream.py``). Rows past the keys arrive as zeros (their scores are
-    masked)."""
-    return _Copy(
-        macros="#define KST D   // rows unpadded: the 128-byte swizzle keeps ldmatrix "
-               "conflict-free\n#define VST D\n",
-        address=f"""// element (r, d) of a block stored as D / 64 swizzled boxes of 32 rows × 64 columns (d % 8 == 0)
-__device__ __forceinline__ const __nv_bfloat16* k_at(const __nv_bfloat16* blk, int r, int d) {{
-  return reinterpret_cast<const __nv_bfloat16*>(
-      reinterpret_cast<const char*>(blk) + (d / 64) * {SWIZZLE_ATOM} + r * 128 +
-      ((((d % 64) / 8) ^ (r % 8)) << 4));
-}}
-#define v_at k_at
-""",
-        base="""  extern __shared__ __align__(1024) char dsmem_raw[];
-  char* dsmem = reinterpret_cast<char*>((reinterpret_cast<unsigned long>(dsmem_raw) + 1023) &
-                                        ~1023ul);   // the swizzle's boxes start at 1 KB
-""",
-        load=f"""  unsigned long long* ready = kv_bars + warp * STAGES;   // a stage's block has landed
-  if (lane == 0) {{
-    for (int s = 0; s < STAGES; ++s) tf_mbar_init(ready + s, 1);
-    tf_mbar_init_fence();
-  }}
-  __syncwarp();
-  auto load_keys = [&](int buf, int first) {{
-    if (lane == 0) {{
-      tf_mbar_expect(ready + buf, 2 * 32 * D * 2);
-      #pragma unroll
-      for (int a = 0; a < D / 64; ++a) {{
-        tf_tma_load_3d(reinterpret_cast<char*>(kbuf + buf * 32 * KST) + a * {SWIZZLE_ATOM},
-                       &k_map, a * 64, first, pair, ready + buf);
-        tf_tma_load_3d(reinterpret_cast<char*>(vbuf + buf * 32 * VST) + a * {SWIZZLE_ATOM},
-                       &v_map, a * 64, first, pair, ready + buf);
-      }}
-    }}
-  }};
-""",
-        commit="",
-        wait="    tf_mbar_wait(ready + it % STAGES, (it / STAGES) & 1);   // this block has landed\n")
+    low = "0"
+    for x in lower:
+        low = f"max({low}, {x})"
+    high = "N_"
+    for x in upper:
+        high = f"min({high}, {x})"
+    return f"""  // the keys the mask keeps: its bounds on them, read once per (batch, kv-head)
+  const int j_low = {low}, j_high = {high};
+  const int chunk = (max(j_high - j_low, 0) + CLUSTER - 1) / CLUSTER;
+  const int j_begin = j_low + rank * chunk, j_end = min(j_high, j_begin + chunk);
+"""
 
 
 @dataclass(frozen=True)
@@ -472,44 +445,6 @@ def _mma_sweep(plan, D: int) -> _Sweep:
       if (g < G) warp_o[warp][g][nt * 8 + col0 + e % 2] = o[nt][e];
     }"""
     return _Sweep("", setup, block, store)
-
-
-def _copy_code(D: int) -> str:
-    """``load_keys(buf, first)``: the warp copies a block of 32 key and value rows, coalesced,
-    into its buffers ``buf`` (cp.async), rows past the end (a ragged last block) clamped. Up to
-    D = 128 a whole block is copied at fixed offsets from one address — lane l takes the 16-byte
-    piece l % P of rows l / P, l / P + 32 / P, … (P = D / 8 pieces a row), two instructions a
-    piece: a warp of this kernel issues an instruction only every ~4 cycles, and the copies'
-    index arithmetic had cost about as much as the block's MMAs (Nsight Compute,
-    ``tools/ncu_decode.py``).
-    A ragged block, and every block at D = 256 (where the sweep keeps 255 registers and those
-    addresses spilled), takes the loop over the pieces with the index arithmetic."""
-    pieces = """    for (int c = lane; c < 32 * D / 8; c += 32) {
-      const int r = c / (D / 8), col = (c % (D / 8)) * 8;
-      const long row = min(first + r, j_end - 1);
-      tf_cp_async16_l2(kbuf + (buf * 32 + r) * KST + col, kb + row * D + col);
-      tf_cp_async16_l2(vbuf + (buf * 32 + r) * VST + col, vb + row * D + col);
-    }
-"""
-    if D > 128:
-        return "  auto load_keys = [&](int buf, int first) {\n" + pieces + "  };\n"
-    return """  auto load_keys = [&](int buf, int first) {
-    if (first + 32 > j_end) {   // a ragged last block (warp-uniform)
-""" + textwrap.indent(pieces, "  ") + """      return;
-    }
-    constexpr int P = D / 8, STEP = 32 / P;
-    const int r0 = lane / P, col = (lane % P) * 8;
-    const unsigned kd = tf_smem_addr(kbuf + (buf * 32 + r0) * KST + col),
-                   vd = tf_smem_addr(vbuf + (buf * 32 + r0) * VST + col);
-    const __nv_bfloat16* ks = kb + (long)(first + r0) * D + col;
-    const __nv_bfloat16* vs = vb + (long)(first + r0) * D + col;
-    #pragma unroll
-    for (int i = 0; i < P; ++i) {
-      tf_cp_async16_l2_at(kd + i * STEP * KST * 2, ks + i * STEP * D);
-      tf_cp_async16_l2_at(vd + i * STEP * VST * 2, vs + i * STEP * D);
-    }
-  };
-"""
 
 
 def _state_arrays(group: int, head_dim: int, warps: int, with_q: bool):
