@@ -100,7 +100,8 @@ def run(lengths, window, rows: list, log=print) -> None:
             gbps = moved / ms / 1e6
             note = f"err {err:.1e}; GB/s of the keys the mask keeps"
             if label == TENSORFUSE:
-                note += "; " + made.for_sizes(B=B, H=H, HKV=HKV, M=1, N=N, D=D).description
+                dims = dict(B=B, H=H, M=1, N=N, D=D, **({"HKV": HKV} if HKV != H else {}))
+                note += "; " + made.for_sizes(**dims).description
             rows.append(Row(f"decode_masks/{name}", shape, label, ms, 0.0, gbps,
                             gbps / 1e3 / copy, note))
         if TENSORFUSE in timed and len(timed) > 1:

@@ -204,7 +204,7 @@ def replayed_cache(steps: int, copy_tbps: float) -> list[Row]:
     v = torch.randn_like(k)
     new = torch.randn(steps, B, HKV, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     length = torch.full((B,), start, dtype=torch.int32, device="cuda")
-    step = torch.zeros((), dtype=torch.int64, device="cuda")
+    step = torch.zeros(1, dtype=torch.int64, device="cuda")   # not 0-d: indexing by one syncs
     batch, slot = torch.arange(B, device="cuda"), torch.arange(slots, device="cuda")
     made = tf.compile(K.static_cache_attention, "cuda")
     out = torch.empty_like(q)
@@ -230,8 +230,8 @@ def replayed_cache(steps: int, copy_tbps: float) -> list[Row]:
     rows = []
     for label, (attend, how) in impls.items():
         def decode_step():
-            k[batch, :, length.long()] = new[step]
-            v[batch, :, length.long()] = new[step] * 0.5
+            k[batch, :, length.long()] = new[step][0]
+            v[batch, :, length.long()] = new[step][0] * 0.5
             length.add_(1)
             step.add_(1)
             attend()

@@ -299,6 +299,10 @@ SECTIONS = (
      "one query token, D=128; GB/s of the cache, query and output moved; against every SDPA "
      "backend that runs the shape and FlexAttention (torch.compile, dynamic shapes)",
      "python -m benchmarks.decode_grid --dtypes bf16"),
+    ("decode-masks", "Masked decode: sliding windows, static caches",
+     "one query token, B8, D=128, bf16; GB/s of the keys and values the mask keeps; against "
+     "SDPA with a boolean mask (every backend that runs it) and FlexAttention with a block mask",
+     "python -m benchmarks.decode_masks"),
     ("dynamic", "New sizes on every call",
      "`tf.compile` defaults; `ms` the steady call, the note the first call's wall time at that "
      "size and the builds so far; the `all` rows sum up the first calls' cost over steady",
@@ -325,8 +329,10 @@ HEADLINES = (("hopper-attention", "attention/full", "S4096", "tensorfuse"),
              ("user-kernels", "user/max_pool_l2", "", "tensorfuse"),
              ("user-kernels", "user/paged_decode", "", "tensorfuse"),
              ("attention-backward", "attention_bwd/causal", "S4096", "tensorfuse"),
-             ("decode-grid", "decode/gqa", "B8 Hq32 Hkv8 N32768", "tensorfuse"),
-             ("decode-grid", "decode/mqa", "B1 Hq8 Hkv1 N131072", "tensorfuse"),
+             ("decode-grid", "decode/gqa", "B8 Hq32 Hkv8 N32768 D128 bf16", "tensorfuse"),
+             ("decode-grid", "decode/mqa", "B1 Hq8 Hkv1 N131072 D128 bf16", "tensorfuse"),
+             ("decode-masks", "decode_masks/sliding_window", "N32768", "tensorfuse"),
+             ("decode-masks", "decode_masks/static_cache", "N32768", "tensorfuse"),
              ("gemm", "gemm", "8192x4096x14336/nk", "tensorfuse"),
              ("rows-operands", "rows/", "", "tensorfuse"),
              ("cpu", "cpu/causal_attention", "S4096 D64 bf16", "tensorfuse"))

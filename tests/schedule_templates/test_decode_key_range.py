@@ -265,15 +265,15 @@ def test_one_captured_decode_step_replays_while_the_cache_fills():
     q, k, v, length = _static_inputs(torch, B, H, HKV, N, D, [start, start + 37], gen, "cuda")
     new_k = torch.randn(steps, B, HKV, D, generator=gen).to("cuda", torch.bfloat16)
     new_v = torch.randn(steps, B, HKV, D, generator=gen).to("cuda", torch.bfloat16)
-    step = torch.zeros((), dtype=torch.int64, device="cuda")
+    step = torch.zeros(1, dtype=torch.int64, device="cuda")   # not 0-d: indexing by one syncs
     made = tf.compile(K.static_cache_attention, "cuda")
     out = torch.empty_like(q)
     scale = 1 / math.sqrt(D)
     batch = torch.arange(B, device="cuda")
 
     def decode_step():
-        k[batch, :, length.long()] = new_k[step]
-        v[batch, :, length.long()] = new_v[step]
+        k[batch, :, length.long()] = new_k[step][0]
+        v[batch, :, length.long()] = new_v[step][0]
         length.add_(1)
         step.add_(1)
         made(q, k, v, length, scale=scale, out=out)
