@@ -165,17 +165,34 @@ def serve(tracker: str, key: str, host: str = "127.0.0.1", port: int = 9091,
     if not os.environ.get(SECRET_ENV):
         raise TuningError(f"a worker needs the secret of the jobs it serves in {SECRET_ENV} "
                           "(any string; give the job the same one)")
+    import torch
+
     if gpu is not None:
+        if torch.cuda.is_initialized():
+            raise TuningError(f"--gpu {gpu}: CUDA has started in this process already, so it "
+                              "would measure on the GPUs it sees; set CUDA_VISIBLE_DEVICES="
+                              f"{gpu} in the worker's environment instead")
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    os.environ[WORKER_ENV] = f"{socket.gethostname()}:" + (f"gpu{gpu}" if gpu is not None
-                                                            else f"pid{os.getpid()}")
+    os.environ.setdefault(WORKER_ENV, f"{socket.gethostname()}:" + (
+        f"gpu{gpu}" if gpu is not None else f"pid{os.getpid()}"))
     tracker_host, tracker_port = parse_address(tracker)
     bound = _popen_start_rpc_server(host, port, port + 100, tracker_addr=(tracker_host,
                                                                           tracker_port),
                                     key=key, silent=True, server_init_callback=register)
     print(f"tensorfuse worker {_worker_name()} on {host}:{bound}, key {key!r}, tracker "
-          f"{tracker}", flush=True)
+          f"{tracker}, measuring on {_device_said()}", flush=True)
     threading.Event().wait()   # the server's threads serve; SIGTERM or SIGKILL end it
+
+
+def _device_said() -> str:
+    """The GPU this process measures on, by name and PCI bus (which one, among equal GPUs)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no GPU (CUDA not available)"
+    props = torch.cuda.get_device_properties(0)
+    bus = getattr(props, "pci_bus_id", None)
+    return f"{props.name}" + (f" (PCI bus {bus})" if bus is not None else "")
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -285,17 +302,27 @@ def start_local_workers(gpus: "str | list[int]", say) -> Tracker:
     secret = secrets.token_hex(16)
     tracker = Tracker("127.0.0.1", server.port, key, secret, local=[server], here=indices[0],
                       expected=len(indices) - 1)
-    env = dict(os.environ, **{SECRET_ENV: secret})
     logs = tempfile.mkdtemp(prefix="tensorfuse-workers-")
     for gpu in indices[1:]:
         with open(os.path.join(logs, f"gpu{gpu}.log"), "w") as log:
             tracker.local.append(subprocess.Popen(
                 [sys.executable, "-m", "tensorfuse.cli", "worker", "--tracker",
-                 f"127.0.0.1:{server.port}", "--key", key, "--gpu", str(gpu), "--port",
-                 str(9100 + 100 * gpu)],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                 f"127.0.0.1:{server.port}", "--key", key, "--port", str(9100 + 100 * gpu)],
+                env=worker_environment(gpu, secret), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True))
     tracker.logs = logs
     return tracker
+
+
+def worker_environment(gpu: int, secret: str) -> dict:
+    """The environment of a local worker for GPU ``gpu`` (an index among this process's visible
+    GPUs): that GPU alone visible from its start — set any later and it is too late once CUDA
+    has started in the worker (the job's two GPUs then measured on one, each trial twice as
+    slow) —, the job's secret, and the worker's name in reports."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    device = visible.split(",")[gpu].strip() if visible else str(gpu)
+    return dict(os.environ, **{SECRET_ENV: secret, "CUDA_VISIBLE_DEVICES": device,
+                               WORKER_ENV: f"{socket.gethostname()}:gpu{gpu}"})
 
 
 class InProcessTracker:

@@ -130,6 +130,41 @@ def test_local_workers_need_the_gpus_they_are_asked_for():
         start_local_workers("all", print)
 
 
+def test_each_local_worker_sees_only_its_gpu_from_its_start(monkeypatch):
+    """A worker's GPU is chosen by its environment when it starts (set later, once CUDA has
+    started in it, the worker measured on the job's GPU: two workers on one GPU, each trial
+    twice as slow) — the visible GPUs of the job mapped through, its name and the secret."""
+    import subprocess as sp
+
+    import torch
+
+    from tensorfuse.autotune import remote
+
+    started = []
+
+    class Recorded:
+        def __init__(self, command, env, **_):
+            started.append((command, env))
+            self.pid = -1
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(sp, "Popen", Recorded)
+    monkeypatch.setattr(remote, "InProcessTracker", lambda: type("T", (), {"port": 1})())
+    for visible, want in ((None, ["1", "2"]), ("5,3,7", ["3", "7"])):
+        started.clear()
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        tracker = start_local_workers("all", lambda _: None)
+        assert [env["CUDA_VISIBLE_DEVICES"] for _, env in started] == want
+        assert [env["TENSORFUSE_WORKER"].endswith(f":gpu{g}") for g, (_, env) in
+                zip((1, 2), started)] == [True, True]
+        assert all(env[SECRET_ENV] == tracker.secret and "--gpu" not in command
+                   for command, env in started)
+
+
 def test_databases_tuned_apart_merge_into_one(tmp_path):
     sizes = dict(M=64, N=256)
     first, second, into = (str(tmp_path / n) for n in ("a", "b", "merged"))

@@ -140,3 +140,47 @@ def test_each_kernel_is_handed_on_once_compiled_while_the_rest_compile(hopper):
     finally:
         pool.close()
     assert sorted(seen) == [0, 64, 128, 256] and pool.sent == 3
+
+
+def test_builds_that_are_not_triton_s_run_ahead_and_hold_their_item_back():
+    """A CUDA C++ candidate's ``nvcc`` builds go to the pool's threads from its ``warm`` (all
+    the batch's at once, not one after another), and the item comes back only once its own
+    builds are done; a build that fails still gives its item back (to fail again, reported,
+    where it is measured)."""
+    import threading
+    import time
+
+    pool = CompilePool(4)
+    started, release = [], {n: threading.Event() for n in "abc"}
+    finished = []
+
+    def build(name):
+        started.append(name)
+        release[name].wait(10)
+        finished.append(name)
+        if name == "b":
+            raise RuntimeError("nvcc failed")
+
+    def warm(name):
+        pool.build(lambda: build(name))
+        return name
+
+    seen, under_way = [], []
+
+    def release_in_turn():
+        time.sleep(0.2)
+        under_way.extend(sorted(started))   # every build under way before any is done
+        for name in "cab":
+            release[name].set()
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=release_in_turn)
+    thread.start()
+    try:
+        for name, made in compiled_as_ready(pool, "abc", warm):
+            assert name in finished and made == name
+            seen.append(name)
+    finally:
+        thread.join()
+        pool.close()
+    assert under_way == ["a", "b", "c"] and seen == ["c", "a", "b"]

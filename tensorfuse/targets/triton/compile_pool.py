@@ -46,6 +46,8 @@ class CompilePool:
         self.lock = threading.Lock()
         self.sent = 0          # compiles the helpers did
         self.here = 0          # compiles that ran in this process instead
+        self.builds: concurrent.futures.ThreadPoolExecutor | None = None   # see build()
+        self.asked: list | None = None   # where build() records, inside compiled_as_ready
 
     def _start(self) -> None:
         with self.lock:
@@ -104,7 +106,22 @@ class CompilePool:
         except Exception as exc:  # noqa: BLE001 - the JIT's own error, for the caller
             future.set_exception(exc)
 
+    def build(self, fn: Callable) -> concurrent.futures.Future:
+        """Run ``fn`` — a build that is not Triton's (``nvcc`` for a CUDA C++ template, which
+        waits on its own process) — on one of the pool's threads; inside
+        :func:`compiled_as_ready`'s ``warm``, the item also waits for it."""
+        with self.lock:
+            if self.builds is None:
+                self.builds = concurrent.futures.ThreadPoolExecutor(self.size)
+        future = self.builds.submit(fn)
+        if self.asked is not None:
+            self.asked.append(_Build(future))
+        return future
+
     def close(self) -> None:
+        if self.builds is not None:
+            self.builds.shutdown(wait=True)
+            self.builds = None
         for helper in self.helpers:
             try:
                 helper.stdin.close()
@@ -159,6 +176,7 @@ def compiled_as_ready(pool: CompilePool, items: Iterable, warm: Callable) -> Ite
     mode.submit = recorded
     waiting = []                # (item, what its warm made, the compiles it waits for)
     token = _async_compile.active_mode.set(mode)
+    pool.asked = asked          # pool.build()s of the warms, waited for as the JIT's are
     try:
         for item in items:
             first = len(asked)
@@ -169,6 +187,7 @@ def compiled_as_ready(pool: CompilePool, items: Iterable, warm: Callable) -> Ite
             waiting.append((item, made, asked[first:]))
     finally:
         _async_compile.active_mode.reset(token)
+        pool.asked = None
     while waiting:
         ready = [w for w in waiting if all(_compiled(k) for k in w[2])]
         if not ready:
@@ -180,6 +199,21 @@ def compiled_as_ready(pool: CompilePool, items: Iterable, warm: Callable) -> Ite
             for kernel in entry[2]:
                 kernel.result(ignore_errors=True)   # into the JIT's cache (a failure: left out)
             yield entry[0], entry[1]
+
+
+class _Build:
+    """A :meth:`CompilePool.build` as :func:`compiled_as_ready` waits for the JIT's compiles."""
+
+    def __init__(self, future: concurrent.futures.Future):
+        self.future = future
+
+    def result(self, ignore_errors: bool = False):
+        try:
+            return self.future.result()
+        except Exception:  # noqa: BLE001 - a failed build fails again where it is measured
+            if not ignore_errors:
+                raise
+            return None
 
 
 def _compiled(kernel) -> bool:
