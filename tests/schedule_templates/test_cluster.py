@@ -201,6 +201,15 @@ def test_fp16_decode_runs_the_fp16_tensor_core_product(knobs):
     assert "bf16" not in ptx
 
 
+def test_a_source_does_not_depend_on_the_order_the_sizes_come_in():
+    """Two kernels asked for the same sizes in different orders (a call's binding and a tuning
+    job's task list them differently) write the same source: the cubin one process built is
+    the one another finds."""
+    forwards = _decode(gqa_attention).source(**DECODE)
+    backwards = _decode(gqa_attention).source(**dict(reversed(list(DECODE.items()))))
+    assert forwards == backwards
+
+
 def test_decode_takes_the_key_count_at_run_time():
     """A decode cache grows by a key per step: one kernel (one source, one set of launches)
     serves every key count, which each call passes; other sizes are compiled in. Keys laid out

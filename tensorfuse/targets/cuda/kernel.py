@@ -157,6 +157,11 @@ class ClusterKernel(GraphCallable):
             key += tuple((n, (scalars or {}).get(n)) for n in self.keyed_scalars)
         if key not in self._launches:
             check_named_sizes(self.program, dims, complete=True)
+            # the sizes in one order, whatever order the caller gave them in: a source written
+            # from them (its size macros) must be the same text for the same sizes — a tuning
+            # worker binding a call's sizes wrote other sources than the job had built ahead,
+            # and rebuilt every candidate (1.3 s each on the H200, `benchmarks.tuning`)
+            dims = dict(key[:len(dims)])
             self._launches[key] = (self.layout(dims, scalars) if self.keyed_scalars
                                    else self.layout(dims))
         return self._launches[key]
