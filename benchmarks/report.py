@@ -294,7 +294,10 @@ SECTIONS = (
     ("cpu-tuning", "CPU kernels, tuned", "2 cores; `tf.tune` records against the defaults",
      "python -m benchmarks.cpu_tuning --csv PATH"),
     ("tuning-gpus", "Tuning jobs on one and two GPUs", "wall clock of a job",
-     "python -m benchmarks.tuning --csv PATH"),
+     "python -m benchmarks.tuning --gpus-compare --cases softmax"),
+    ("tuning-gpus-together", "One tuning job of two kernels on one and two GPUs",
+     "wall clock of a job of every fitting setting of a GQA decode and a softmax",
+     "python -m benchmarks.tuning --gpus-compare --together --cases decode,softmax"),
     ("decode-grid", "Decode over batch sizes, head layouts and cache lengths",
      "one query token, D=128; GB/s of the cache, query and output moved; against every SDPA "
      "backend that runs the shape and FlexAttention (torch.compile, dynamic shapes)",
