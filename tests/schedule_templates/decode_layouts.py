@@ -6,7 +6,7 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from tensorfuse.kernels import softmax_attend
+from tensorfuse.kernels import softmax_attend, static_cache_attention
 from benchmarks.user_kernels import gqa_decode, mqa_decode, paged_decode
 from tests.helpers import interpreter_main, templated
 
@@ -86,6 +86,23 @@ def paged_lengths_case(generator, B=3, H=4, HKV=2, D=16, PAGE=8, NP=5, spare=3):
             "scale": 0.25}, _attend(q, keys, values, 0.25, lengths.long())
 
 
+def static_cache_case(generator, B=3, H=8, HKV=2, N=77, D=32, M=1):
+    """A static cache filled to a length per sequence — inside it, at it, past it — with
+    ``M`` queries at the end of the filled part (decode, or a chunk of a prefill)."""
+    from tensorfuse.kernels.reference import ref_static_cache_attention
+
+    q, k, v = _randn(generator, B, H, M, D), _randn(generator, B, HKV, N, D), \
+        _randn(generator, B, HKV, N, D)
+    length = torch.tensor([30, N, N + 13], dtype=torch.int32)[:B]
+    want = ref_static_cache_attention(*(t.double().numpy() for t in (q, k, v)),
+                                      length.numpy(), 0.3)
+    return {"q": q, "k": k, "v": v, "length": length, "scale": 0.3}, torch.from_numpy(want)
+
+
+def static_chunk_case(generator):
+    return static_cache_case(generator, M=3)
+
+
 def paged_case(generator):
     """The user suite's paged decode ([page, slot, kv-head, d]) at small, ragged sizes."""
     from tests.schedule_templates.staged_floor import paged_decode_case
@@ -95,7 +112,9 @@ def paged_case(generator):
 
 CASES = {"gqa_decode": (gqa_decode, gqa_case), "mha_decode": (mha_decode, mha_case),
          "mqa_decode": (mqa_decode, mqa_case), "paged_decode": (paged_decode, paged_case),
-         "paged_lengths_decode": (paged_lengths_decode, paged_lengths_case)}
+         "paged_lengths_decode": (paged_lengths_decode, paged_lengths_case),
+         "static_cache_decode": (static_cache_attention, static_cache_case),
+         "static_cache_chunk": (static_cache_attention, static_chunk_case)}
 
 
 if __name__ == "__main__":
