@@ -63,6 +63,8 @@ MASKS = {
     "twice_j": (lambda b, i, j, n, w: 2 * j < n[b], lambda j, n, w: 2 * j < n, "none"),
     "either": (lambda b, i, j, n, w: (j < n[b]) | (j < w), lambda j, n, w: (j < n) | (j < w),
                "none"),
+    "halved": (lambda b, i, j, n, w: (j < (n[b] - w) // 2) & (j < n[b]),
+               lambda j, n, w: (j < (n - w) // 2) & (j < n), "some"),
 }
 
 _BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
