@@ -124,9 +124,9 @@ def test_template_errors():
 
 def test_decode_gets_the_cluster_kernel_and_few_rows_the_split_update():
     """One query token on sm_90a: the cluster decode kernel (faster than the split update at every
-    shape measured: ``benchmarks.cluster``); a few query rows (speculative decoding), other GPUs
-    and chains
-    the cluster kernel refuses (a mask read from a tensor): the Triton split update."""
+    shape measured: ``benchmarks.cluster``), also where the mask reads a tensor (document ids,
+    evaluated per key); a few query rows (speculative decoding), other GPUs and sizes the cluster
+    kernel refuses (a head dim of 96): the Triton split update."""
     from tensorfuse.targets.cuda.kernel import ClusterKernel
 
     f = tf.compile(K.gqa_attention, "cuda:sm_90a")
@@ -135,10 +135,12 @@ def test_decode_gets_the_cluster_kernel_and_few_rows_the_split_update():
     assert isinstance(decode, ClusterKernel)
     assert "copy=tma" in decode.schedule_origin(**sizes)
     assert "cp.async.bulk.tensor.3d" in decode.ptx(**sizes)
+    documents = dict(B=2, H=8, M=1, N=4096, D=128)
+    assert isinstance(tf.compile(K.document_attention, "cuda:sm_90a").for_sizes(**documents),
+                      ClusterKernel)
     for kernel, target, sizes in [(K.gqa_attention, "cuda:sm_90a", {**sizes, "M": 4}),
                                   (K.gqa_attention, "cuda:sm_80", sizes),
-                                  (K.document_attention, "cuda:sm_90a",
-                                   dict(B=2, H=8, M=1, N=4096, D=128))]:
+                                  (K.gqa_attention, "cuda:sm_90a", {**sizes, "D": 96})]:
         split = tf.compile(kernel, target).for_sizes(**sizes)
         plan, knobs = split.build(**sizes)[:2]
         assert knobs.splits > 1, (kernel, target)
