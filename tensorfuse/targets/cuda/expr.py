@@ -67,9 +67,19 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
         return f"({axes[e.name]})"
     if isinstance(e, DimSize):  # a macro the kernel source defines (see size_macros)
         return str(sizes[e.name]) if e.name in sizes else f"TF_SIZE_{e.name}"
+    if isinstance(e, Compare) and e.op in ("eq", "ne") and _is_zero(e.b) and \
+            isinstance(e.a, Binary) and e.a.op == "mod":   # divisible: the same in C++
+        return f"(({sub(e.a.a)} % {sub(e.a.b)}) {_COMPARE[e.op]} 0)"
     if isinstance(e, Binary) and e.op in ("floordiv", "mod"):
-        op = "/" if e.op == "floordiv" else "%"  # indices here are never negative
-        return f"({sub(e.a)} {op} {sub(e.b)})"
+        a, b = sub(e.a), sub(e.b)
+        if _non_negative(e.a) and _positive(e.b):   # then C++'s / and % are the DSL's
+            return f"({a} {'/' if e.op == 'floordiv' else '%'} {b})"
+        # the DSL floors where C++ truncates towards zero: one step down (floordiv) or one
+        # divisor over (mod) where the signs differ and the division is not exact
+        off = f"((({a}) % ({b})) != 0 && ((({a}) < 0) != (({b}) < 0)))"
+        if e.op == "floordiv":
+            return f"(({a}) / ({b}) - (int){off})"
+        return f"(({a}) % ({b}) + ({off} ? ({b}) : 0))"
     if isinstance(e, Const) and isinstance(e.value, int):  # bool is an int
         return str(int(e.value))
     if isinstance(e, Const):
@@ -97,6 +107,37 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
     raise ScheduleError(f"{what} must be elementwise math on the reduced values; "
                         f"{type(e).__name__.lower()} {e!s} is not supported by cluster kernels",
                         getattr(e, "loc", None))
+
+
+def _non_negative(e: Expr) -> bool:
+    """Whether integer ``e`` cannot be negative: indices, sizes, constants ≥ 0, integer scalars
+    (taken as ≥ 0: :func:`_positive`), and sums, products, extremes, quotients and remainders of
+    them."""
+    if isinstance(e, (Axis, DimSize)) or _positive(e):
+        return True
+    if isinstance(e, Const):
+        return not isinstance(e.value, bool) and e.value >= 0
+    if isinstance(e, Binary) and e.op in ("add", "mul", "min", "max"):
+        return _non_negative(e.a) and _non_negative(e.b)
+    if isinstance(e, Binary) and e.op in ("floordiv", "mod"):
+        return _non_negative(e.a) and _positive(e.b)
+    return False
+
+
+def _positive(e: Expr) -> bool:
+    """Whether integer ``e`` is taken as above 0 where it divides: a constant above 0, a size,
+    an integer scalar (a width, a stride, a dilation: the CUDA C++ templates take integer
+    scalars in index arithmetic as non-negative, and a divisor as positive — docs/dsl.md), and
+    sums and products of them."""
+    if isinstance(e, Const):
+        return not isinstance(e.value, bool) and e.value > 0
+    if isinstance(e, Binary) and e.op in ("add", "mul"):
+        return _positive(e.a) and _positive(e.b)
+    return isinstance(e, DimSize) or (isinstance(e, Scalar) and not dt.is_float(e.dtype))
+
+
+def _is_zero(e: Expr) -> bool:
+    return isinstance(e, Const) and not isinstance(e.value, bool) and e.value == 0
 
 
 def size_macros(sizes: dict) -> str:

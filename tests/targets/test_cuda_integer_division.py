@@ -1,0 +1,53 @@
+"""Integer ``//`` and ``%`` in the CUDA C++ the templates write from the DSL floor as the DSL does
+(C++ truncates towards zero): the emitted expressions are compiled as host C++ here and evaluated
+over negative and positive operands, against Python's own floor division and modulo."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from tensorfuse import dsl as T
+from tensorfuse.dsl.expr import Scalar
+from tensorfuse.targets.cuda.expr import to_cuda
+
+COMPILER = shutil.which("c++") or shutil.which("g++")
+
+
+def _expressions():
+    """(name, the DSL expression over axes i, j and the integer scalar w, the same in Python)."""
+    i, j = T.axes("i j")
+    w = Scalar("w", "i32")
+    return [
+        ("difference // 3", (i - j) // 3, lambda i, j, w: (i - j) // 3),
+        ("difference % 3", (i - j) % 3, lambda i, j, w: (i - j) % 3),
+        ("difference // w", (j - i) // w, lambda i, j, w: (j - i) // w),
+        ("difference % w", (j - i) % w, lambda i, j, w: (j - i) % w),
+        ("divisible", (i - j) % 4 == 0, lambda i, j, w: (i - j) % 4 == 0),
+        ("index // w", i // w, lambda i, j, w: i // w),
+        ("index % w", i % w, lambda i, j, w: i % w),
+        ("negated // 5", (-i) // 5, lambda i, j, w: (-i) // 5),
+    ]
+
+
+@pytest.mark.skipif(COMPILER is None, reason="no C++ compiler on this machine")
+def test_integer_division_floors_as_the_dsl_does(tmp_path):
+    cases = _expressions()
+    points = [(i, j, w) for i in range(0, 13) for j in range(0, 13) for w in (1, 3, 4)]
+    body = "\n".join(
+        f'  for (int n = 0; n < {len(points)}; ++n) {{ const int i = P[n][0], j = P[n][1], '
+        f'w = P[n][2]; printf("%d ", (int)({to_cuda(e, {}, name, axes={"i": "i", "j": "j"})})); '
+        f'}}\n  printf("\\n");' for name, e, _ in cases)
+    table = ", ".join(f"{{{i}, {j}, {w}}}" for i, j, w in points)
+    program = tmp_path / "division.cc"
+    program.write_text(f"#include <cstdio>\nstatic const int P[][3] = {{{table}}};\n"
+                       f"int main() {{\n{body}\n  return 0;\n}}\n")
+    binary = tmp_path / "division"
+    subprocess.run([COMPILER, "-O1", "-o", str(binary), str(program)], check=True)
+    lines = subprocess.run([str(binary)], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    for (name, _, python), line in zip(cases, lines):
+        got = [int(x) for x in line.split()]
+        want = [int(python(i, j, w)) for i, j, w in points]
+        assert got == want, name
