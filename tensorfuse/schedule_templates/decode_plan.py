@@ -84,8 +84,9 @@ def _refuse(message: str, loc=None) -> ScheduleError:
 
 def plan_decode(program: Program, names: tuple[str, ...], axis: str) -> DecodePlan:
     """Check that the rolled chain is exactly softmax-weighted attention
-    (:func:`.attention_chain.recognise_attention`) in bf16 or fp16 with a score the kernel can write, and
-    read its pieces. Anything else is refused: the kernel's merge hard-codes this chain's
+    (:func:`.attention_chain.recognise_attention`) in bf16 or fp16 with a score the kernel can
+    write, and read its pieces: the mask's bounds on the keys (:mod:`.key_range`) apart from
+    the rest of the score. Anything else is refused: the kernel's merge hard-codes this chain's
     correction ``exp(m_part - m)``."""
     chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"))
     q, k, v, out = chain.layouts[:4]

@@ -94,9 +94,9 @@ def decode_source(plan, knobs, sizes: dict) -> str:
     memory :func:`decode_shared_bytes`. Its arguments: q, k, v, out (bf16 or fp16: the plan's
     dtype); with ``copy="tma"`` the key and value tensor maps by value
     (:func:`decode_tensor_maps`, ``__grid_constant__``); the key count; the tensors the score
-    and the key bounds read (``t_<name>``); the program's scalars. The key count is an argument, not part of the source, so
-    that one kernel serves a cache that grows by a key per step (every other size is compiled
-    in; ``sizes``' key count is not used). ``plan`` and ``knobs`` come from
+    and the key bounds read (``t_<name>``); the program's scalars. The key count is an
+    argument, not part of the source, so that one kernel serves a cache that grows by a key per
+    step (every other size is compiled in; ``sizes``' key count is not used). ``plan`` and ``knobs`` come from
     ``schedule_templates.decode_plan`` (checked against these sizes there)."""
     B, H, HKV, M, N, D = (sizes[d] for d in plan.dims)
     keys = plan.dims[4]
