@@ -154,11 +154,12 @@ class Program:
         """Every named dimension, in order of first appearance (found once per set of parameters
         and bodies: every call at a new size asks, and the walk over the bodies took a fifth of a
         Hopper attention's planning at a new prompt length)."""
-        key = (tuple(map(id, self.params)),
-               tuple((id(c), tuple(map(id, c.bodies))) for c in self.computes))
+        named = (tuple(self.params), tuple((c, tuple(c.bodies)) for c in self.computes))
+        key = (tuple(map(id, named[0])), tuple((id(c), tuple(map(id, b))) for c, b in named[1]))
         found = self.__dict__.get("_dim_names")
         if found is None or found[0] != key:
-            found = self.__dict__["_dim_names"] = (key, tuple(self._find_dim_names()))
+            # the objects are kept with their ids: a freed body's id could be a new body's
+            found = self.__dict__["_dim_names"] = (key, tuple(self._find_dim_names()), named)
         return list(found[1])
 
     def _find_dim_names(self) -> list[str]:

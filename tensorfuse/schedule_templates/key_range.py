@@ -44,10 +44,6 @@ class KeyRange:
     upper: tuple[Expr, ...]
     score: Expr
 
-    @property
-    def bounded(self) -> bool:
-        return bool(self.lower or self.upper)
-
 
 def key_range(score: Expr, key: Axis, row_axes: tuple[Axis, ...]) -> KeyRange:
     """The bounds on ``key`` in the conjunction of ``score``'s outer ``where(cond, s, -inf)``
@@ -162,9 +158,7 @@ def _fixed_per_row(e: Expr, allowed: set) -> bool:
             return False
         if isinstance(n, Load) and dt.is_float(n.param.dtype):
             return False
-        # not // or %: C++ truncates a negative quotient where the DSL floors (a bound may be
-        # negative: a length minus a window)
         if isinstance(n, (Binary, Unary)) and n.op not in ("add", "sub", "mul", "neg", "min",
-                                                           "max"):
+                                                           "max", "floordiv", "mod"):
             return False
     return True

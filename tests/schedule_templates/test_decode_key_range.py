@@ -64,7 +64,7 @@ MASKS = {
     "either": (lambda b, i, j, n, w: (j < n[b]) | (j < w), lambda j, n, w: (j < n) | (j < w),
                "none"),
     "halved": (lambda b, i, j, n, w: (j < (n[b] - w) // 2) & (j < n[b]),
-               lambda j, n, w: (j < (n - w) // 2) & (j < n), "some"),
+               lambda j, n, w: (j < (n - w) // 2) & (j < n), "all"),
 }
 
 _BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,

@@ -184,3 +184,45 @@ def test_builds_that_are_not_triton_s_run_ahead_and_hold_their_item_back():
         thread.join()
         pool.close()
     assert under_way == ["a", "b", "c"] and seen == ["c", "a", "b"]
+
+
+def test_batches_fed_from_two_threads_each_wait_for_their_own_builds():
+    """A job feeds each kernel's batch from its own thread through one pool: a batch's item
+    comes back only once its own build is done, even when another thread's batch came and went
+    while its warm ran."""
+    import threading
+
+    pool = CompilePool(2)
+    in_warm, other_done, release = threading.Event(), threading.Event(), threading.Event()
+    finished, handed = [], []
+
+    def slow_build():
+        release.wait(10)
+        finished.append("a")
+
+    def warm_a(name):
+        in_warm.set()
+        other_done.wait(10)        # the other thread's whole batch runs meanwhile
+        pool.build(slow_build)
+        return name
+
+    def feed_a():
+        for name, _ in compiled_as_ready(pool, ["a"], warm_a):
+            handed.append((name, list(finished)))
+
+    def feed_b():
+        in_warm.wait(10)
+        list(compiled_as_ready(pool, ["b"], lambda name: pool.build(lambda: None) and name))
+        other_done.set()
+        threading.Timer(0.3, release.set).start()
+
+    threads = [threading.Thread(target=feed_a), threading.Thread(target=feed_b)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(20)
+    finally:
+        release.set()
+        pool.close()
+    assert handed == [("a", ["a"])]   # handed on after its build, not before

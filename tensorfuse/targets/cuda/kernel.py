@@ -161,7 +161,7 @@ class ClusterKernel(GraphCallable):
             # from them (its size macros) must be the same text for the same sizes — a tuning
             # worker binding a call's sizes wrote other sources than the job had built ahead,
             # and rebuilt every candidate (1.3 s each on the H200, `benchmarks.tuning`)
-            dims = dict(key[:len(dims)])
+            dims = dict(sorted(dims.items()))
             self._launches[key] = (self.layout(dims, scalars) if self.keyed_scalars
                                    else self.layout(dims))
         return self._launches[key]

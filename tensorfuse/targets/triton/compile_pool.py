@@ -16,6 +16,7 @@ the pool; only when it is compiled does.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import os
 import pickle
 import queue
@@ -47,7 +48,6 @@ class CompilePool:
         self.sent = 0          # compiles the helpers did
         self.here = 0          # compiles that ran in this process instead
         self.builds: concurrent.futures.ThreadPoolExecutor | None = None   # see build()
-        self.asked: list | None = None   # where build() records, inside compiled_as_ready
 
     def _start(self) -> None:
         with self.lock:
@@ -114,8 +114,9 @@ class CompilePool:
             if self.builds is None:
                 self.builds = concurrent.futures.ThreadPoolExecutor(self.size)
         future = self.builds.submit(fn)
-        if self.asked is not None:
-            self.asked.append(_Build(future))
+        asked = _BUILDS_ASKED.get()
+        if asked is not None:
+            asked.append(_Build(future))
         return future
 
     def close(self) -> None:
@@ -176,7 +177,9 @@ def compiled_as_ready(pool: CompilePool, items: Iterable, warm: Callable) -> Ite
     mode.submit = recorded
     waiting = []                # (item, what its warm made, the compiles it waits for)
     token = _async_compile.active_mode.set(mode)
-    pool.asked = asked          # pool.build()s of the warms, waited for as the JIT's are
+    # pool.build()s of the warms, waited for as the JIT's are; per thread (a job feeds several
+    # kernels' batches from their own threads through one pool)
+    builds_token = _BUILDS_ASKED.set(asked)
     try:
         for item in items:
             first = len(asked)
@@ -187,7 +190,7 @@ def compiled_as_ready(pool: CompilePool, items: Iterable, warm: Callable) -> Ite
             waiting.append((item, made, asked[first:]))
     finally:
         _async_compile.active_mode.reset(token)
-        pool.asked = None
+        _BUILDS_ASKED.reset(builds_token)
     while waiting:
         ready = [w for w in waiting if all(_compiled(k) for k in w[2])]
         if not ready:
@@ -199,6 +202,10 @@ def compiled_as_ready(pool: CompilePool, items: Iterable, warm: Callable) -> Ite
             for kernel in entry[2]:
                 kernel.result(ignore_errors=True)   # into the JIT's cache (a failure: left out)
             yield entry[0], entry[1]
+
+
+_BUILDS_ASKED: contextvars.ContextVar = contextvars.ContextVar("tensorfuse_builds_asked",
+                                                               default=None)
 
 
 class _Build:
