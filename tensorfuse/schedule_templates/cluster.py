@@ -22,10 +22,11 @@ from dataclasses import replace
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
+from ..interop import StreamScratch
 from ..targets import TargetSpec
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.cluster_decode import (decode_shared_bytes, decode_source,
-                                            decode_tensor_maps)
+                                            decode_tensor_maps, split_workspace)
 from ..targets.cuda.gemm_chain import EPILOGUE_VEC, gemm_chain_source
 from ..targets.cuda.gemm_chain_wgmma import PARTS as WGMMA_PARTS
 from ..targets.cuda.parts import named_parts
@@ -33,7 +34,8 @@ from ..targets.cuda.module import (TENSOR_MAP, DriverLaunch, KernelEntry, cubin_
                                    local_gpu, max_active_clusters)
 from ..targets.cuda.tma import DeviceMaps
 from .attention import SMS
-from .decode_plan import DecodeKnobs, check_decode, knobs_of_setting, plan_decode
+from .decode_plan import (DecodeKnobs, check_decode, knobs_of_setting, plan_decode,
+                          splits_for)
 from .gemm_chain_plan import ClusterKnobs, check_sizes, plan_gemm_chain, shared_bytes, wgmma_layout
 
 
@@ -204,23 +206,30 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
     return ClusterKernel(program, target, layout, f"cluster_distribute(axis={axis!r})")
 
 
-DECODE_KNOBS = ("warps", "stages", "mma", "copy")
+DECODE_KNOBS = ("warps", "stages", "mma", "copy", "splits")
 
 
 def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: dict,
                  target: TargetSpec, resident: Callable | None = None, sms: int = SMS):
-    """The user's decode knobs, and defaults for the rest, from sweeps on the H100
-    (``benchmarks.cluster``, 32/8 heads, 32k keys, B = 1…8): one cluster per (batch, kv-head) pair, all in one wave, with
-    as many CTAs as that allows, was best. So: the most warps (4, 2, 1) whose two-block buffers
-    fit, tensor cores while a group's heads fit one 16-row MMA tile (their blocks staged by bulk
-    tensor copies: 3.0 TB/s from 64 CTAs where ``cp.async`` reached 2.3–2.7:
-    ``tools/probe_decode_stream.py``), the
-    CUDA-core sweep's by ``cp.async``, and the largest
-    power-of-two cluster (at most 16, at most one CTA per SM) of which the GPU holds all
-    B·HKV clusters at once. ``resident(knobs)`` says how many clusters of ``knobs`` the GPU holds
-    (the driver's count; a cluster must fit one GPC, so on the H100 it is 7 of 16, 15 of 8,
-    30 of 4 and 66 of 2 — not SMs / cluster); without a GPU (``None``) the count of ``sms``
-    streaming multiprocessors decides."""
+    """The user's decode knobs, and defaults for the rest. From sweeps on the H100
+    (``benchmarks.cluster``, 32/8 heads, 32k keys, B = 1…8): the most warps (4, 2, 1) whose
+    two-block buffers fit, tensor cores while a group's heads fit one 16-row MMA tile (their
+    blocks staged by bulk tensor copies: 3.0 TB/s from 64 CTAs where ``cp.async`` reached
+    2.3–2.7: ``tools/probe_decode_stream.py``), the CUDA-core sweep's by ``cp.async``.
+
+    One cluster per (batch, kv-head) pair, all in one wave, with as many CTAs as that allows,
+    was best: the largest power-of-two cluster (at most 16, at most one CTA per SM) of which the
+    GPU holds all B·HKV clusters at once. ``resident(knobs)`` says how many clusters of
+    ``knobs`` the GPU holds (the driver's count; a cluster must fit one GPC, so on the H100 it is
+    7 of 16, 15 of 8, 30 of 4 and 66 of 2 — not SMs / cluster); without a GPU (``None``) the
+    count of ``sms`` streaming multiprocessors decides. Where the pairs leave clusters of that
+    size unused, each pair's keys are split over ``splits`` clusters, all still in one wave
+    (``held // pairs``; a launch takes fewer on a short cache: :func:`.decode_plan.splits_for`):
+    one pair's cluster of 16 read a 131k-key cache at 0.9 TB/s on the H200, seven of them at
+    1.9 (``benchmarks.decode_splits``). Smaller clusters with more splits measured no faster
+    for two pairs or more on short caches (the merge through L2 costs what the extra CTAs
+    gain), so the cluster stays the largest that fits.
+    """
 
     pairs = B * max(HKV, 1)
     group = H // max(HKV, 1)
@@ -232,12 +241,16 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
         k = next((replace(k, warps=w) for w in (4, 2, 1)
                   if decode_shared_bytes(replace(k, warps=w), D, group)
                   <= target.max_shared_memory), replace(k, warps=1))
-    if cluster:
-        return k
-    c = min(16, 2 ** max(0, math.floor(math.log2(max(1, sms // pairs)))))
-    while resident is not None and c > 1 and resident(replace(k, cluster=c)) < pairs:
+
+    def held(c: int) -> int:
+        return resident(replace(k, cluster=c)) if resident is not None else sms // c
+
+    c = cluster or min(16, 2 ** max(0, math.floor(math.log2(max(1, sms // pairs)))))
+    count = held(c)
+    while not cluster and c > 1 and count < pairs:
         c //= 2
-    return replace(k, cluster=c)
+        count = held(c)
+    return replace(k, cluster=c, splits=given.get("splits", max(1, count // pairs)))
 
 
 def _key_axis(program, plan) -> int:
@@ -261,7 +274,7 @@ def decode_launches(plan, dims: dict, given: dict, target: TargetSpec, n_axis: i
     probes = {}  # one cubin per set of knobs but the cluster size, which is given at launch
 
     def resident(k) -> int:
-        key = replace(k, cluster=1)
+        key = replace(k, cluster=1, splits=1)
         try:
             if key not in probes:
                 check_decode(plan, key, dims)
@@ -278,8 +291,9 @@ def decode_launches(plan, dims: dict, given: dict, target: TargetSpec, n_axis: i
 
     k = decode_knobs(B, H, HKV, D, cluster, knobs, target, resident if gpu else None,
                      gpu[1] if gpu else SMS)
-    why = (f"{B * HKV} clusters (batch × kv-heads); the GPU holds {', '.join(asked)} at once"
-           if asked else "")
+    split = f", each pair's keys split over up to {k.splits}" if k.splits > 1 else ""
+    why = (f"{B * HKV} clusters (batch × kv-heads){split}; the GPU holds {', '.join(asked)} at "
+           "once" if asked else "")
     check_decode(plan, k, dims)
     source = decode_source(plan, k, dims)
     smem = decode_shared_bytes(k, D, H // HKV)
@@ -292,18 +306,22 @@ def decode_launches(plan, dims: dict, given: dict, target: TargetSpec, n_axis: i
     tma = k.copy == "tma"
     launch = DriverLaunch(source, target, "tf_decode_cluster",
                           ("handle",) * 4 + (TENSOR_MAP,) * (2 * tma) + ("int32",) +
-                          ("handle",) * len(plan.tensors) + scalars)
-    grid, threads = B * HKV * k.cluster, 32 * k.warps
+                          ("handle",) * (2 + len(plan.tensors)) + scalars)
+    threads = 32 * k.warps
+    workspace = StreamScratch(split_workspace(B * HKV, k.splits, H // HKV, D, k.cluster)) \
+        if k.splits > 1 else None
 
     def run(module, values, out, device):
         kv = (values[plan.k], values[plan.v])
         n = kv[0].shape[n_axis]
         maps = decode_tensor_maps(*(t.data_ptr() for t in kv), B * HKV, n, D, plan.dtype) \
             if tma else ()
+        splits = splits_for(k, n)
+        buffers = [pointer(t) for t in workspace(device)] if splits > 1 else [0, 0]
         launch([pointer(values[plan.q]), *(pointer(t) for t in kv), pointer(out), *maps, n,
-                *(pointer(values[name]) for name, _ in plan.tensors),
-                *(values[name] for name, _ in plan.scalars)], grid, threads, k.cluster, smem,
-               device)
+                *buffers, *(pointer(values[name]) for name, _ in plan.tensors),
+                *(values[name] for name, _ in plan.scalars)], (B * HKV * k.cluster, splits),
+               threads, k.cluster, smem, device)
 
     return Launches(source, [], k, run, why, plan, origin=origin)
 

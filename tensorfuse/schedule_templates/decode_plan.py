@@ -55,17 +55,28 @@ class DecodeKnobs:
     with ``stages`` blocks in its shared memory; ``mma``: the group's q·k and p·v on tensor cores
     (``"mma_sync"``, up to 16 heads per group) or CUDA cores (``"fma"``); ``copy``: how a warp
     stages its blocks — bulk tensor copies (``"tma"``, tensor-core sweep only) or 16-byte
-    ``cp.async`` copies by every lane (``"cp.async"``)."""
+    ``cp.async`` copies by every lane (``"cp.async"``); ``splits``: at most this many clusters
+    per (batch, kv-head), each sweeping a part of its keys, merged by the last to finish (a
+    launch takes as many as give each warp a block of keys: :func:`splits_for`)."""
 
     cluster: int = 8
     warps: int = 2
     stages: int = 2
     mma: str = "mma_sync"
     copy: str = "tma"
+    splits: int = 1
 
     def __str__(self) -> str:
         return (f"cluster={self.cluster}, warps={self.warps}, stages={self.stages}, "
-                f"mma={self.mma}, copy={self.copy}")
+                f"mma={self.mma}, copy={self.copy}, splits={self.splits}")
+
+
+def splits_for(knobs: DecodeKnobs, keys: int) -> int:
+    """The clusters per pair a launch over ``keys`` keys takes: ``knobs.splits`` at most, and no
+    more than give every warp of every CTA two blocks of 32 keys — a few keys gain less from
+    another cluster than its merge through L2 costs (one pair, 16k keys: 4 clusters of 16
+    beat 8; ``benchmarks.decode_splits``)."""
+    return max(1, min(knobs.splits, keys // (knobs.cluster * knobs.warps * 64)))
 
 
 WHO = "cluster_distribute (attention)"
@@ -126,6 +137,8 @@ def check_decode(plan: DecodePlan, knobs: DecodeKnobs, sizes: dict) -> None:
                       "size, which the H100 allows)")
     if W not in (1, 2, 4, 8, 16):
         raise _refuse(f"warps={W} is not 1, 2, 4, 8 or 16")
+    if not 1 <= knobs.splits <= 256:
+        raise _refuse(f"splits={knobs.splits}: 1 to 256 clusters per (batch, kv-head) pair")
     if knobs.stages not in (2, 3, 4):
         raise _refuse(f"stages={knobs.stages} is not 2, 3 or 4 (blocks of 32 keys per warp in "
                       "shared memory, stages − 1 of them in flight)")

@@ -437,8 +437,9 @@ def test_decode_cluster_is_the_largest_whose_clusters_all_fit_at_once():
     """One cluster per (batch, kv-head) pair, all resident at once: the largest power-of-two
     cluster (≤ 16, ≤ one CTA per SM) of which the GPU holds that many — with the H100's counts
     (a cluster fits one GPC: 7 of 16, 15 of 8, 30 of 4, 66 of 2), B=1 at 8 kv-heads gets 8, not
-    16 (8 clusters of 16 would take two waves). Without a GPU the SM count decides; a given
-    cluster is kept."""
+    16 (8 clusters of 16 would take two waves). Clusters the pairs leave unused split a pair's
+    keys (MQA at B=1: 7 clusters of 16), still in one wave. Without a GPU the SM count decides;
+    a given cluster is kept, and given splits."""
     from tensorfuse.schedule_templates.cluster import decode_knobs
     from tensorfuse.targets import get_target
 
@@ -451,13 +452,31 @@ def test_decode_cluster_is_the_largest_whose_clusters_all_fit_at_once():
         return h100[knobs.cluster]
 
     target = get_target("cuda:sm_90a")
-    chosen = {B: decode_knobs(B, 32, 8, 128, None, {}, target, resident).cluster
-              for B in (1, 2, 4, 8, 16, 32)}
-    assert chosen == {1: 8, 2: 4, 4: 2, 8: 2, 16: 1, 32: 1}
+    chosen = {}
+    for B in (1, 2, 4, 8, 16, 32):
+        k = decode_knobs(B, 32, 8, 128, None, {}, target, resident)
+        chosen[B] = (k.cluster, k.splits)
+    assert chosen == {1: (8, 1), 2: (4, 1), 4: (2, 2), 8: (2, 1), 16: (1, 1), 32: (1, 1)}
     assert asked[:2] == [16, 8]  # B=1: 16 asked and refused, then 8
-    assert decode_knobs(1, 32, 8, 128, None, {}, target).cluster == 16  # no GPU: by SM count
+    mqa = {B: decode_knobs(B, 8, 1, 128, None, {}, target, resident) for B in (1, 2, 4)}
+    assert {B: (k.cluster, k.splits) for B, k in mqa.items()} == {1: (16, 7), 2: (16, 3),
+                                                                  4: (16, 1)}
+    k = decode_knobs(1, 32, 8, 128, None, {}, target)   # no GPU: by SM count
+    assert (k.cluster, k.splits) == (16, 1)
     assert decode_knobs(8, 32, 8, 128, None, {}, target, sms=114).cluster == 1  # H100 PCIe
-    assert decode_knobs(1, 32, 8, 128, 4, {}, target, resident).cluster == 4
+    k = decode_knobs(1, 32, 8, 128, 4, {}, target, resident)
+    assert (k.cluster, k.splits) == (4, 3)
+    assert decode_knobs(1, 32, 8, 128, 4, {"splits": 2}, target, resident).splits == 2
+
+
+def test_a_launch_takes_the_splits_that_give_every_warp_keys():
+    """A cache too short for every warp of every split to get two blocks of 32 keys takes fewer
+    splits (at least one); a long one takes them all."""
+    from tensorfuse.schedule_templates.decode_plan import DecodeKnobs, splits_for
+
+    k = DecodeKnobs(cluster=4, warps=4, splits=3)   # 1024 keys: two blocks for every warp
+    assert [splits_for(k, n) for n in (1, 1023, 1024, 2048, 3071, 3072, 10 ** 6)] == \
+        [1, 1, 1, 2, 2, 3, 3]
 
 
 def test_decode_asks_the_driver_when_a_gpu_is_present(monkeypatch):
@@ -479,13 +498,17 @@ def test_decode_asks_the_driver_when_a_gpu_is_present(monkeypatch):
     monkeypatch.setattr(template, "max_active_clusters", driver)
     dims = dict(B=1, H=32, HKV=8, M=1, N=32768, D=128)
     f = _decode(gqa_attention)
-    assert f.launches(**dims).knobs.cluster == 8
+    knobs = f.launches(**dims).knobs
+    assert (knobs.cluster, knobs.splits) == (8, 1)
     assert [c for _, c, _, _, _ in seen] == [16, 8]
     assert len(built) == 1 and "#define CLUSTER 1\n" in built[0]  # one probe for every size
     assert all(name == "tf_decode_cluster" and threads == 128 and smem > 100_000 and dev == 0
                for name, _, threads, smem, dev in seen)
     assert f.schedule_origin(**dims).endswith(
         "8 clusters (batch × kv-heads); the GPU holds 7 of 16, 15 of 8 at once")
+    assert f.schedule_origin(**{**dims, "B": 1, "HKV": 1, "H": 8}).endswith(
+        "1 clusters (batch × kv-heads), each pair's keys split over up to 7; the GPU holds "
+        "7 of 16 at once")
 
     def broken(*args):
         raise TargetError("cuModuleLoadData failed (CUresult 209)")
@@ -685,7 +708,9 @@ def _check_ffn_on_the_gpu(kernel, M, knobs, K=512, N=2048, O=256):
     (128, 16, {"warps": 4, "stages": 2}), (64, 4, {"stages": 4}), (256, 4, {"warps": 1}),
     (128, 4, {"mma": "fma", "stages": 3}), (64, 20, {"cluster": 2}),
     (128, 4, {"cluster": 16, "warps": 1}), (128, 4, {"cluster": 3}), (64, 2, {"cluster": 5}),
-    (128, 4, {"copy": "cp.async"}), (256, 4, {"warps": 1, "copy": "cp.async"})])
+    (128, 4, {"copy": "cp.async"}), (256, 4, {"warps": 1, "copy": "cp.async"}),
+    (128, 4, {"splits": 3}), (128, 8, {"cluster": 2, "splits": 5}),
+    (64, 20, {"cluster": 1, "splits": 7, "mma": "fma"}), (256, 1, {"warps": 1, "splits": 9})])
 def test_cluster_decode_matches_float64_on_the_gpu(D, group, knobs):
     """Both sweeps (tensor cores with the group's heads as MMA rows, padded past G; CUDA cores)
     across clusters, group sizes, head dims, warps and pipeline depths, on a key count that leaves
@@ -737,8 +762,9 @@ def test_fp16_cluster_decode_matches_float64_on_the_gpu(D, knobs):
 @pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 2, 4])
 def test_cluster_decode_defaults_run_in_one_wave_on_the_gpu(B):
-    """The default cluster size asks the driver: every (batch, kv-head) cluster is resident at
-    once, the next larger cluster would not be, and the default kernel is correct."""
+    """The default cluster size and splits ask the driver: every cluster of every (batch,
+    kv-head) pair is resident at once, the next larger cluster would not be, and the default
+    kernel is correct."""
     import torch
 
     from tensorfuse.targets.cuda.cluster_decode import decode_shared_bytes
@@ -759,7 +785,7 @@ def test_cluster_decode_defaults_run_in_one_wave_on_the_gpu(B):
                                    32 * knobs.warps, decode_shared_bytes(knobs, D, H // HKV))
 
     assert 1 <= resident(knobs.cluster) <= sms // knobs.cluster
-    assert resident(knobs.cluster) >= B * HKV
+    assert resident(knobs.cluster) >= B * HKV * knobs.splits   # every split's cluster at once
     if knobs.cluster < 16 and 2 * knobs.cluster * B * HKV <= sms:
         assert resident(2 * knobs.cluster) < B * HKV
     scale = 1 / math.sqrt(D)
@@ -819,7 +845,8 @@ def test_compiled_decode_serves_a_growing_cache_with_one_kernel_on_the_gpu():
 @pytest.mark.gpu
 def test_cluster_decode_with_a_mask_and_fully_masked_parts_on_the_gpu():
     """Sliding window: whole CTAs of the cluster see only masked keys (their state stays at
-    −inf and must drop out of the merge); softcap: tanh in the score."""
+    −inf and must drop out of the merge), and with six clusters per pair whole clusters do (out
+    of the merge through the workspace); softcap: tanh in the score."""
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(7)
@@ -834,7 +861,8 @@ def test_cluster_decode_with_a_mask_and_fully_masked_parts_on_the_gpu():
     for kernel, scores, scalars in ((sliding_window_attention, sliding, {"window": window}),
                                     (softcap_attention, capped, {"cap": cap})):
         ref = torch.softmax(scores, -1) @ v.double()
-        out = torch.full_like(q, float("nan"))
-        _decode(kernel, cluster=8)(q, k, v, scale=scale, out=out, **scalars)
-        err = ((out.double() - ref).norm() / ref.norm()).item()
-        assert err < 1e-2, (kernel.name, err)
+        for knobs in ({"cluster": 8}, {"cluster": 2, "splits": 6}):
+            out = torch.full_like(q, float("nan"))
+            _decode(kernel, **knobs)(q, k, v, scale=scale, out=out, **scalars)
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, (kernel.name, knobs, err)

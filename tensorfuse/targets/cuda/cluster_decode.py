@@ -21,7 +21,13 @@ The warps' states of a CTA are merged in its shared memory, then the CTAs' state
 through distributed shared memory (``mapa`` + ``ld.shared::cluster`` after a cluster barrier):
 every state is corrected from its own maximum to the cluster's with ``exp(m_part − m)``, the
 correction the rolling-update algebra derives for this chain (``plan_decode`` checks that it
-applies). No partial state goes to global memory.
+applies).
+
+Where the pairs are too few to spread over the GPU (one cluster is confined to one GPC), the
+keys of a pair are split further over ``n_splits`` clusters (the grid's second dimension: the
+launch chooses it from the key count). Each cluster then writes its merged state to a workspace and the last
+cluster to arrive merges them with the same correction (:mod:`.split`: nobody waits). With one
+split no state goes to global memory.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 
 from .decode_copies import cp_async_copy, tma_copy, zero_tail
 from .dsm import HELPERS
+from .split import HELPERS as SPLIT_HELPERS
 from .mma_sync import HELPERS as MMA_SYNC_HELPERS
 from .expr import size_macros, tensor_arguments, to_cuda
 from .tma import MBARRIER_HELPERS, load_helper, tensor_map
@@ -90,14 +97,16 @@ def bound_code(plan) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def decode_source(plan, knobs, sizes: dict) -> str:
-    """CUDA C++ for ``tf_decode_cluster``: grid (B·HKV·cluster), cluster (cluster), dynamic shared
-    memory :func:`decode_shared_bytes`. Its arguments: q, k, v, out (bf16 or fp16: the plan's
-    dtype); with ``copy="tma"`` the key and value tensor maps by value
-    (:func:`decode_tensor_maps`, ``__grid_constant__``); the key count; the tensors the score
-    and the key bounds read (``t_<name>``); the program's scalars. The key count is an
-    argument, not part of the source, so that one kernel serves a cache that grows by a key per
-    step (every other size is compiled in; ``sizes``' key count is not used). ``plan`` and ``knobs`` come from
-    ``schedule_templates.decode_plan`` (checked against these sizes there)."""
+    """CUDA C++ for ``tf_decode_cluster``: grid (B·HKV·cluster, splits), cluster (cluster),
+    dynamic shared memory :func:`decode_shared_bytes`. Its arguments: q, k, v, out (bf16 or
+    fp16: the plan's dtype); with ``copy="tma"`` the key and value tensor maps by value
+    (:func:`decode_tensor_maps`, ``__grid_constant__``); the key count; the workspace of the
+    splits, the grid's second dimension (:func:`split_workspace`; null pointers for one);
+    the tensors the score and the key bounds read (``t_<name>``); the program's scalars. The
+    key count and the splits are arguments, not part of the source, so that one kernel serves
+    a cache that grows by a key per step (every other size is compiled in; ``sizes``' key count
+    is not used). ``plan`` and ``knobs`` come from ``schedule_templates.decode_plan`` (checked
+    against these sizes there)."""
     B, H, HKV, M, N, D = (sizes[d] for d in plan.dims)
     keys = plan.dims[4]
     G, C, W = H // HKV, knobs.cluster, knobs.warps
@@ -109,7 +118,7 @@ def decode_source(plan, knobs, sizes: dict) -> str:
     sweep = _mma_sweep(plan, D) if tensor_cores else _fma_sweep(plan, G, D)
     copy = tma_copy() if tma else cp_async_copy(D, tensor_cores)
     return _in_dtype(f"""#include <cuda_bf16.h>
-{HELPERS}
+{HELPERS}{SPLIT_HELPERS}
 {MMA_SYNC_HELPERS if tensor_cores else ""}
 {MBARRIER_HELPERS + load_helper(3) if tma else ""}
 {size_macros({d: x for d, x in sizes.items() if d != keys})}#define TF_SIZE_{keys} n_keys   // the key count: an argument (kernel code only)
@@ -119,6 +128,7 @@ def decode_source(plan, knobs, sizes: dict) -> str:
 #define HKV_ {HKV}
 #define H_ {H}
 #define CLUSTER {C}
+#define SPLIT_FLOATS (G * D + 2 * G)   // a cluster's state in the workspace
 #define WARPS {W}
 #define STAGES {knobs.stages}
 {copy.macros}
@@ -131,13 +141,16 @@ __device__ __forceinline__ float warp_sum(float x) {{
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                   const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out{
-                      MAP_PARAMS if tma else ""}, int n_keys{tensor_args}{scalar_args}) {{
+                      MAP_PARAMS if tma else ""}, int n_keys,
+                  float* __restrict__ partial, int* __restrict__ arrivals{tensor_args}{
+                      scalar_args}) {{
   // Shared memory, all of it dynamic (decode_shared_bytes): per warp STAGES blocks of 32 key and
   // value rows, then {"the warps' copy barriers, " if tma else ""}{
       "q as [d][head], " if not tensor_cores else ""}the warps' and the CTA's states.
 {copy.base}  char* states = dsmem + WARPS * STAGES * 32 * (KST + VST) * 2;
 {_carve(G, D, W, not tensor_cores, knobs.stages if tma else 0)}  const unsigned rank = tf_cluster_rank();
   const int pair = blockIdx.x / CLUSTER;      // (batch, kv head)
+  const int split = blockIdx.y, n_splits = gridDim.y;   // which of the pair's clusters
   const int b = pair / HKV_, hk = pair % HKV_;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 {_key_split(plan)}  const __nv_bfloat16* kb = k + ((long)b * HKV_ + hk) * N_ * D;
@@ -181,7 +194,11 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
   tf_cluster_sync();  // every CTA's state is in its shared memory
   // merge the cluster's states through DSM: CTA `rank` finishes its share of the outputs
   const int per = (G * D + CLUSTER - 1) / CLUSTER;
-  for (int x = rank * per + threadIdx.x; x < min(G * D, (int)(rank + 1) * per); x += blockDim.x) {{
+  const int x_begin = rank * per, x_end = min(G * D, (int)(rank + 1) * per);
+  // with several clusters per pair, this cluster's state goes to the workspace:
+  // o [G][D], then m [G], then l [G], per (pair, split)
+  float* part = partial + ((long)pair * n_splits + split) * SPLIT_FLOATS;
+  for (int x = x_begin + threadIdx.x; x < x_end; x += blockDim.x) {{
     const int g = x / D, e = x % D;
     const unsigned am = tf_smem_addr(&cta_m[g]), al = tf_smem_addr(&cta_l[g]),
                    ao = tf_smem_addr(&cta_o[g][e]);
@@ -195,21 +212,76 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
       ll += tf_ld_dsm_f32(tf_mapa(al, p)) * c;
       oo += tf_ld_dsm_f32(tf_mapa(ao, p)) * c;
     }}
-    out[((long)b * H_ + hk * G + g) * D + e] = __float2bfloat16(oo / ll);
+    if (n_splits == 1) {{
+      out[((long)b * H_ + hk * G + g) * D + e] = __float2bfloat16(oo / ll);
+    }} else {{
+      part[x] = oo;
+      if (e == 0 || x == x_begin) {{ part[G * D + g] = mm; part[G * D + G + g] = ll; }}
+    }}
   }}
   tf_cluster_sync();  // peers may still read this CTA's state
-}}
+{_merge_splits()}}}
 """, plan.dtype)
+
+
+def _merge_splits() -> str:
+    """With several clusters per pair: CTA ``rank`` of the cluster that arrives last for its
+    share of the outputs merges that share of every cluster's state from the workspace, split by
+    split as the rolling update merges blocks (``exp(m_old − m)``, ``exp(m_split − m)``), and
+    writes it; the counter is left at 0. A thread keeps its ``EPT`` elements' states in
+    registers, so each split costs one round trip to L2 for all of them (element by element,
+    the merge's dependent loads had made short caches several times slower)."""
+    return """  if (n_splits > 1) {
+    __shared__ int last_flag;
+    if (tf_arrived_last(arrivals + pair * CLUSTER + rank, n_splits, 1, WARPS * 32,
+                        threadIdx.x == 0, &last_flag)) {
+      // elements a thread merges at once (at most 8: their states stay in registers)
+      constexpr int NEED = ((G * D + CLUSTER - 1) / CLUSTER + WARPS * 32 - 1) / (WARPS * 32);
+      constexpr int EPT = NEED < 8 ? NEED : 8;
+      const float* parts = partial + (long)pair * n_splits * SPLIT_FLOATS;
+      for (int x0 = x_begin; x0 < x_end; x0 += EPT * WARPS * 32) {
+        float mm[EPT], ll[EPT], oo[EPT];
+        #pragma unroll
+        for (int t = 0; t < EPT; ++t) { mm[t] = -INFINITY; ll[t] = 0.f; oo[t] = 0.f; }
+        #pragma unroll 2
+        for (int s = 0; s < n_splits; ++s) {
+          const float* p = parts + s * SPLIT_FLOATS;
+          #pragma unroll
+          for (int t = 0; t < EPT; ++t) {
+            const int x = x0 + threadIdx.x + t * WARPS * 32, g = x / D;
+            if (x < x_end) {
+              const float ms = __ldcg(p + G * D + g), ls = __ldcg(p + G * D + G + g),
+                          os = __ldcg(p + x);
+              const float m_new = fmaxf(mm[t], ms);
+              if (m_new != -INFINITY) {   // a split with no keys adds nothing
+                const float a = __expf(mm[t] - m_new), c = __expf(ms - m_new);
+                ll[t] = ll[t] * a + ls * c; oo[t] = oo[t] * a + os * c; mm[t] = m_new;
+              }
+            }
+          }
+        }
+        #pragma unroll
+        for (int t = 0; t < EPT; ++t) {
+          const int x = x0 + threadIdx.x + t * WARPS * 32, g = x / D, e = x % D;
+          if (x < x_end)
+            out[((long)b * H_ + hk * G + g) * D + e] = __float2bfloat16(oo[t] / ll[t]);
+        }
+      }
+    }
+  }
+"""
 
 
 def _key_split(plan) -> str:
     """The keys ``[j_begin, j_end)`` this CTA sweeps: its share of the pair's keys — all of
     them, or those between the plan's bounds (clamped into the key tensor: a bound past the
-    keys given, or below 0, reads nothing outside them)."""
+    keys given, or below 0, reads nothing outside them) — split in ``n_splits × CLUSTER``
+    contiguous parts, the clusters of a pair taking consecutive ones."""
     lower, upper = bound_code(plan)
+    part = "  const int share = split * CLUSTER + rank, parts = n_splits * CLUSTER;\n"
     if not lower and not upper:
-        return """  const int chunk = (N_ + CLUSTER - 1) / CLUSTER;
-  const int j_begin = rank * chunk, j_end = min(N_, j_begin + chunk);
+        return part + """  const int chunk = (N_ + parts - 1) / parts;
+  const int j_begin = share * chunk, j_end = min(N_, j_begin + chunk);
 """
     low = "0"
     for x in lower:
@@ -217,10 +289,10 @@ def _key_split(plan) -> str:
     high = "N_"
     for x in upper:
         high = f"min({high}, {x})"
-    return f"""  // the keys the mask keeps: its bounds on them, read once per (batch, kv-head)
+    return part + f"""  // the keys the mask keeps: its bounds on them, read once per (batch, kv-head)
   const int j_low = {low}, j_high = {high};
-  const int chunk = (max(j_high - j_low, 0) + CLUSTER - 1) / CLUSTER;
-  const int j_begin = j_low + rank * chunk, j_end = min(j_high, j_begin + chunk);
+  const int chunk = (max(j_high - j_low, 0) + parts - 1) / parts;
+  const int j_begin = j_low + share * chunk, j_end = min(j_high, j_begin + chunk);
 """
 
 
@@ -475,6 +547,15 @@ def _barrier_bytes(warps: int, stages: int) -> int:
     """Bytes of the warps' copy barriers (8 a stage), rounded to 16 so that the state arrays after
     them stay aligned."""
     return (warps * stages * 8 + 15) // 16 * 16
+
+
+def split_workspace(pairs: int, splits: int, group: int, head_dim: int, cluster: int) -> list:
+    """The buffers of a launch with up to ``splits`` clusters per pair, as
+    :class:`~tensorfuse.interop.StreamScratch` lays them out: each cluster's merged state
+    (``o``, ``m``, ``l``: ``group × (head_dim + 2)`` floats) and a counter per pair and CTA rank,
+    zeroed once (the last arrival leaves it at 0)."""
+    return [((max(1, pairs * splits * group * (head_dim + 2)),), "f32", False),
+            ((pairs * cluster,), "i32", True)]
 
 
 def decode_shared_bytes(knobs, head_dim: int, group: int) -> int:

@@ -131,18 +131,19 @@ def _load_function(cubin: bytes, name: str, shared_bytes: int,
     return mod, fn
 
 
-def _launch_config(grid: int, threads: int, shared_bytes: int, cluster: int,
+def _launch_config(grid: int | tuple[int, int], threads: int, shared_bytes: int, cluster: int,
                    dependent: bool = False):
-    """``(configuration, attributes)`` of a 1-D launch with clusters of ``cluster`` CTAs (and,
-    ``dependent``, programmatic stream serialisation); the attributes must outlive the
-    configuration's use."""
+    """``(configuration, attributes)`` of a launch of ``grid`` CTAs (a count, or ``(x, y)``)
+    with clusters of ``cluster`` CTAs along x (and, ``dependent``, programmatic stream
+    serialisation); the attributes must outlive the configuration's use."""
     wanted = ([(_LAUNCH_PROGRAMMATIC_STREAM_SERIALIZATION, [1])] if dependent else []) + \
         [(_LAUNCH_CLUSTER_DIMENSION, [cluster, 1, 1])]
     attrs = (_LaunchAttribute * len(wanted))()
     for attr, (kind, value) in zip(attrs, wanted):
         attr.id = kind
         attr.value[0:len(value)] = value
-    config = _LaunchConfig(grid=(ctypes.c_uint * 3)(grid, 1, 1),
+    x, y = (grid, 1) if isinstance(grid, int) else grid
+    config = _LaunchConfig(grid=(ctypes.c_uint * 3)(x, y, 1),
                            block=(ctypes.c_uint * 3)(threads, 1, 1), shared_bytes=shared_bytes,
                            attrs=ctypes.cast(attrs, ctypes.POINTER(_LaunchAttribute)),
                            num_attrs=len(wanted))
@@ -187,8 +188,8 @@ class DriverLaunch:
                 slot.value = value.value if isinstance(value, ctypes.c_void_p) else value
         return self._params
 
-    def __call__(self, args: list, grid: int, threads: int, cluster: int, shared_bytes: int,
-                 device) -> None:
+    def __call__(self, args: list, grid: int | tuple[int, int], threads: int, cluster: int,
+                 shared_bytes: int, device) -> None:
         """Launch with ``args`` (``ctypes.c_void_p`` for handles, numbers for the others, in the
         order and types of ``arg_types``) on torch's current stream of ``device`` (a CUDA
         ``torch.device``), in that device's context."""
