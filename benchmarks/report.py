@@ -302,6 +302,15 @@ SECTIONS = (
      "one query token, D=128; GB/s of the cache, query and output moved; against every SDPA "
      "backend that runs the shape and FlexAttention (torch.compile, dynamic shapes)",
      "python -m benchmarks.decode_grid --dtypes bf16"),
+    ("decode-splits", "Decode: clusters per (batch, kv-head) pair",
+     "one query token, D=128, bf16; every cluster size × splits of about one wave "
+     "(`tensorfuse cluster=C splits=S`: the splits the launch takes at that key count) beside "
+     "the default of the day (its knobs in the note) and SDPA",
+     "python -m benchmarks.decode_splits"),
+    ("decode-groups", "Decode: many query heads on one cache",
+     "one query token, D=128, bf16; teams of warps sharing each block (warps, stages) and the "
+     "CUDA-core sweep beside the default and SDPA",
+     "python -m benchmarks.decode_splits --groups"),
     ("decode-masks", "Masked decode: sliding windows, static caches",
      "one query token, B8, D=128, bf16; GB/s of the keys and values the mask keeps; against "
      "SDPA with a boolean mask (every backend that runs it) and FlexAttention with a block mask",

@@ -160,7 +160,9 @@ class ClusterDecodeSpace:
 
     def choices(self) -> dict[str, tuple[int, ...]]:
         tensor_cores = self._default_knobs().mma == "mma_sync"   # else cp.async only
-        return {"cluster": (1, 2, 4, 8, 16), "warps": (1, 2, 4), "stages": (2, 3, 4),
+        # 8 warps: two teams where a group takes 4 warps a block (64 heads; unfit() drops what
+        # does not divide or fit)
+        return {"cluster": (1, 2, 4, 8, 16), "warps": (1, 2, 4, 8), "stages": (2, 3, 4),
                 "copy": (0, 1) if tensor_cores else (1,)}
 
     def defaults(self) -> dict[str, int]:

@@ -26,7 +26,7 @@ from ..interop import StreamScratch
 from ..targets import TargetSpec
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.cluster_decode import (decode_shared_bytes, decode_source,
-                                            decode_tensor_maps, split_workspace)
+                                            decode_tensor_maps, head_tiles, split_workspace)
 from ..targets.cuda.gemm_chain import EPILOGUE_VEC, gemm_chain_source
 from ..targets.cuda.gemm_chain_wgmma import PARTS as WGMMA_PARTS
 from ..targets.cuda.parts import named_parts
@@ -213,7 +213,8 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
                  target: TargetSpec, resident: Callable | None = None, sms: int = SMS):
     """The user's decode knobs, and defaults for the rest. From sweeps on the H100
     (``benchmarks.cluster``, 32/8 heads, 32k keys, B = 1…8): the most warps (4, 2, 1) whose
-    two-block buffers fit, tensor cores while a group's heads fit one 16-row MMA tile (their
+    two-block buffers fit (a group of more than 16 heads: two teams of a warp per 16 heads, or
+    one), tensor cores for groups up to 128 heads (their
     blocks staged by bulk tensor copies: 3.0 TB/s from 64 CTAs where ``cp.async`` reached
     2.3–2.7: ``tools/probe_decode_stream.py``), the CUDA-core sweep's by ``cp.async``.
 
@@ -228,28 +229,46 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
     one pair's cluster of 16 read a 131k-key cache at 0.9 TB/s on the H200, seven of them at
     1.9 (``benchmarks.decode_splits``). Smaller clusters with more splits measured no faster
     for two pairs or more on short caches (the merge through L2 costs what the extra CTAs
-    gain), so the cluster stays the largest that fits.
+    gain), so the cluster stays the largest that fits, and pairs that keep half the SMs busy
+    are not split (``benchmarks.decode_grid``).
     """
 
     pairs = B * max(HKV, 1)
     group = H // max(HKV, 1)
-    k = replace(DecodeKnobs(cluster=cluster or 1, mma="mma_sync" if group <= 16 else "fma"),
+    k = replace(DecodeKnobs(cluster=cluster or 1, mma="mma_sync" if group <= 128 else "fma"),
                 **given)
     if "copy" not in given:
         k = replace(k, copy="tma" if k.mma == "mma_sync" else "cp.async")
-    if "warps" not in given:
-        k = next((replace(k, warps=w) for w in (4, 2, 1)
+    tiles = head_tiles(k, group)
+    if tiles > 1 and "stages" not in given and "warps" not in given:
+        k = replace(k, stages=3)   # teams: 45 µs at 3 stages, 57 at 2 (B1, 64/1, 131k keys)
+    if "warps" not in given:   # a larger group: teams of warps (2 or 1 of them)
+        k = next((replace(k, warps=w) for w in ((4, 2, 1) if tiles == 1 else
+                                                (2 * tiles, tiles))
                   if decode_shared_bytes(replace(k, warps=w), D, group)
-                  <= target.max_shared_memory), replace(k, warps=1))
+                  <= target.max_shared_memory), replace(k, warps=tiles))
+        if decode_shared_bytes(k, D, group) > target.max_shared_memory:
+            k = replace(k, stages=2)
 
     def held(c: int) -> int:
         return resident(replace(k, cluster=c)) if resident is not None else sms // c
 
-    c = cluster or min(16, 2 ** max(0, math.floor(math.log2(max(1, sms // pairs)))))
-    count = held(c)
-    while not cluster and c > 1 and count < pairs:
-        c //= 2
+    if tiles > 1 and not cluster:
+        # teams compute 16 heads a warp on every byte: the CTAs the GPU holds at once, not the
+        # cluster's size, bound them (B16 64/1: 64 CTAs in clusters of 4 reached 1.7 TB/s)
+        fits = {c: n for c in (16, 8, 4, 2, 1) if sms // c >= pairs
+                for n in (held(c),) if n >= pairs}
+        busy = {c: c * pairs * (n // pairs) for c, n in fits.items()}
+        c = max((c for c, n in busy.items() if n >= 0.75 * max(busy.values())), default=1)
+        count = fits.get(c, pairs)
+    else:
+        c = cluster or min(16, 2 ** max(0, math.floor(math.log2(max(1, sms // pairs)))))
         count = held(c)
+        while not cluster and c > 1 and count < pairs:
+            c //= 2
+            count = held(c)
+        if 2 * c * pairs >= sms:   # half the SMs busy already: splitting cost more than it gave
+            count = pairs          # (64 pairs, 1k keys: 18 µs with one cluster, 24 with two)
     return replace(k, cluster=c, splits=given.get("splits", max(1, count // pairs)))
 
 

@@ -53,7 +53,8 @@ class DecodePlan(AttentionChain):
 class DecodeKnobs:
     """``cluster`` CTAs per (batch, kv-head); ``warps`` per CTA, each sweeping blocks of 32 keys
     with ``stages`` blocks in its shared memory; ``mma``: the group's q·k and p·v on tensor cores
-    (``"mma_sync"``, up to 16 heads per group) or CUDA cores (``"fma"``); ``copy``: how a warp
+    (``"mma_sync"``, 16 heads a warp: a larger group shares each block between a team of warps)
+    or CUDA cores (``"fma"``); ``copy``: how a warp
     stages its blocks — bulk tensor copies (``"tma"``, tensor-core sweep only) or 16-byte
     ``cp.async`` copies by every lane (``"cp.async"``); ``splits``: at most this many clusters
     per (batch, kv-head), each sweeping a part of its keys, merged by the last to finish (a
@@ -135,8 +136,8 @@ def check_decode(plan: DecodePlan, knobs: DecodeKnobs, sizes: dict) -> None:
     if not 1 <= C <= 16:
         raise _refuse(f"cluster={C}: a cluster has 1 to 16 CTAs (over 8 with the non-portable "
                       "size, which the H100 allows)")
-    if W not in (1, 2, 4, 8, 16):
-        raise _refuse(f"warps={W} is not 1, 2, 4, 8 or 16")
+    if not 1 <= W <= 16:
+        raise _refuse(f"warps={W}: a CTA has 1 to 16 warps")
     if not 1 <= knobs.splits <= 256:
         raise _refuse(f"splits={knobs.splits}: 1 to 256 clusters per (batch, kv-head) pair")
     if knobs.stages not in (2, 3, 4):
@@ -149,6 +150,14 @@ def check_decode(plan: DecodePlan, knobs: DecodeKnobs, sizes: dict) -> None:
     if knobs.copy == "tma" and knobs.mma != "mma_sync":
         raise _refuse("copy='tma' stages blocks in the 128-byte swizzle that the tensor-core "
                       "sweep reads; the CUDA-core sweep (mma='fma') uses copy='cp.async'")
-    if knobs.mma == "mma_sync" and G > 16:
-        raise _refuse(f"mma='mma_sync' takes up to 16 query heads per kv-head (one 16-row MMA "
-                      f"tile); this group has {G}: use mma='fma'")
+    tiles = -(-G // 16)
+    if knobs.mma == "mma_sync" and tiles > 1:
+        if tiles > 8:
+            raise _refuse(f"mma='mma_sync' takes up to 128 query heads per kv-head (8 tiles of 16 "
+                          f"rows, a warp each); this group has {G}: use mma='fma'")
+        if W % tiles:
+            raise _refuse(f"warps={W}: a group of {G} heads takes {tiles} warps per block of keys "
+                          f"(16 heads a warp), so warps must be a multiple of {tiles}")
+        if knobs.copy != "tma":
+            raise _refuse(f"a group of {G} heads shares each block between {tiles} warps, which "
+                          "wait on its bulk copy: copy='tma'")

@@ -238,7 +238,8 @@ def test_decode_takes_the_key_count_at_run_time():
 @needs_nvcc
 @pytest.mark.parametrize("D, group, knobs", [(64, 4, {}), (128, 16, {"stages": 2, "warps": 4}),
                                              (256, 4, {}), (128, 24, {"mma": "fma"}),
-                                             (256, 4, {"copy": "cp.async"})])
+                                             (256, 4, {"copy": "cp.async"}), (128, 64, {}),
+                                             (128, 128, {"warps": 8})])
 def test_decode_kernel_compiles_without_spills(D, group, knobs, tmp_path):
     """The tensor-core sweep keeps Q's fragments and the D-wide accumulator in registers for the
     whole sweep (255 at D=256): a spill would quietly cost much of the bandwidth."""
@@ -260,6 +261,53 @@ def test_wgmma_kernel_is_not_serialized_by_ptxas(kernel, M, knobs, tmp_path):
                         tmp_path)
     assert "C7514" not in out and "C7517" not in out, out
     _assert_no_spills(out, "tf_chain_main")
+
+
+def test_a_large_group_shares_each_block_between_a_team_of_warps():
+    """64 heads on one kv-head: four warps of 16 heads each read every block, copied once by
+    the team's first warp; two teams by default; the teams' states go over the dead buffers.
+    A group of up to 16 keeps one warp a block, its source without teams."""
+    from tensorfuse.schedule_templates.decode_plan import DecodeKnobs
+    from tensorfuse.targets.cuda.cluster_decode import decode_shared_bytes
+
+    made = _decode(gqa_attention)
+    sizes = {**DECODE, "H": 128}
+    assert made.launches(**sizes).knobs.warps == 8
+    src = made.source(**sizes)
+    assert "#define TILES 4" in src and "#define SWEEPERS 2" in src
+    assert "if (lane == 0 && tile == 0)" in src and "row0 = tile * 16 + lane / 4" in src
+    assert "tf_team_sync(sweeper);" in src and "(dsmem);   // over the buffers" in src
+    assert "j_step = SWEEPERS * 32" in src
+    plain = made.source(**DECODE)
+    assert "TILES" not in plain and "tf_team_sync" not in plain
+    teams = DecodeKnobs(warps=8, stages=2)
+    assert decode_shared_bytes(teams, 128, 64) < 110_000   # 64 KB of blocks, the CTA's state
+    assert decode_shared_bytes(DecodeKnobs(warps=8, stages=2), 128, 128) > 150_000  # no room
+
+
+@needs_nvcc
+@pytest.mark.parametrize("D, group, knobs", [(256, 32, {"warps": 2}), (64, 20, {})])
+def test_teams_keep_their_sweep_out_of_local_memory(D, group, knobs, tmp_path):
+    """At D = 256 a warp of a team (32 heads: two warps a block) keeps 255 registers, and ptxas
+    parks a value or two in local memory across the sweep (at D = 64 with 20 heads, a
+    predicate): stored before it, loaded after. No local access may sit inside the sweep,
+    between the first and the last MMA."""
+    import subprocess
+    from pathlib import Path
+
+    import triton
+
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    if not nvdisasm.exists():
+        pytest.skip("no nvdisasm in the triton wheel")
+    src = _decode(gqa_attention, **knobs).source(B=2, H=2 * group, HKV=2, M=1, N=1000, D=D)
+    _ptxas_report(src, tmp_path)
+    sass = subprocess.run([str(nvdisasm), "-c", str(tmp_path / "k.cubin")], capture_output=True,
+                          text=True, check=True).stdout.splitlines()
+    mma = [i for i, line in enumerate(sass) if "HMMA" in line]
+    assert len(mma) >= 32   # the sweep: q·k and p·v of a block, at least
+    inside = [line for line in sass[mma[0]:mma[-1]] if "STL" in line or "LDL" in line]
+    assert not inside, inside[:5]
 
 
 def _ptxas_report(source: str, tmp_path) -> str:
@@ -360,8 +408,12 @@ def test_refusals_name_the_problem():
                                                                           O=2048)
     with pytest.raises(ScheduleError, match="shared memory"):
         _decode(gqa_attention, warps=16).source(**DECODE)
-    with pytest.raises(ScheduleError, match="up to 16 query heads.*mma='fma'"):
-        _decode(gqa_attention, mma="mma_sync").source(**{**DECODE, "H": 34})  # group of 17
+    with pytest.raises(ScheduleError, match="up to 128 query heads.*mma='fma'"):
+        _decode(gqa_attention, mma="mma_sync").source(**{**DECODE, "H": 2 * 129})
+    with pytest.raises(ScheduleError, match="17 heads takes 2 warps.*multiple of 2"):
+        _decode(gqa_attention, warps=3).source(**{**DECODE, "H": 34})  # a group of 17
+    with pytest.raises(ScheduleError, match="copy='tma'"):
+        _decode(gqa_attention, warps=4, copy="cp.async").source(**{**DECODE, "H": 34})
     with pytest.raises(ScheduleError, match="stages=5"):
         _decode(gqa_attention, stages=5).source(**DECODE)
     with pytest.raises(ScheduleError, match="CUDA-core sweep"):
@@ -448,7 +500,7 @@ def test_decode_cluster_is_the_largest_whose_clusters_all_fit_at_once():
 
     def resident(knobs):
         asked.append(knobs.cluster)
-        assert knobs.warps == 4  # the warps are chosen first, and the query sees them
+        assert knobs.warps >= 4  # the warps are chosen first, and the query sees them
         return h100[knobs.cluster]
 
     target = get_target("cuda:sm_90a")
@@ -461,6 +513,10 @@ def test_decode_cluster_is_the_largest_whose_clusters_all_fit_at_once():
     mqa = {B: decode_knobs(B, 8, 1, 128, None, {}, target, resident) for B in (1, 2, 4)}
     assert {B: (k.cluster, k.splits) for B, k in mqa.items()} == {1: (16, 7), 2: (16, 3),
                                                                   4: (16, 1)}
+    # a group of 64 heads: teams of warps compute on every byte, so the CTAs at once decide
+    # (16 pairs: 64 CTAs in clusters of 4, 128 in clusters of 2 split four ways)
+    k = decode_knobs(16, 64, 1, 128, None, {}, target, resident)
+    assert (k.cluster, k.splits, k.warps, k.stages) == (2, 4, 8, 3)
     k = decode_knobs(1, 32, 8, 128, None, {}, target)   # no GPU: by SM count
     assert (k.cluster, k.splits) == (16, 1)
     assert decode_knobs(8, 32, 8, 128, None, {}, target, sms=114).cluster == 1  # H100 PCIe
@@ -710,11 +766,14 @@ def _check_ffn_on_the_gpu(kernel, M, knobs, K=512, N=2048, O=256):
     (128, 4, {"cluster": 16, "warps": 1}), (128, 4, {"cluster": 3}), (64, 2, {"cluster": 5}),
     (128, 4, {"copy": "cp.async"}), (256, 4, {"warps": 1, "copy": "cp.async"}),
     (128, 4, {"splits": 3}), (128, 8, {"cluster": 2, "splits": 5}),
-    (64, 20, {"cluster": 1, "splits": 7, "mma": "fma"}), (256, 1, {"warps": 1, "splits": 9})])
+    (64, 20, {"cluster": 1, "splits": 7, "mma": "fma"}), (256, 1, {"warps": 1, "splits": 9}),
+    (128, 64, {}), (128, 64, {"warps": 4, "stages": 3}), (128, 128, {"cluster": 2}),
+    (256, 32, {"warps": 2}), (64, 40, {"warps": 6, "splits": 3})])
 def test_cluster_decode_matches_float64_on_the_gpu(D, group, knobs):
-    """Both sweeps (tensor cores with the group's heads as MMA rows, padded past G; CUDA cores)
-    across clusters, group sizes, head dims, warps and pipeline depths, on a key count that leaves
-    every warp a ragged last block."""
+    """Both sweeps (tensor cores with the group's heads as MMA rows, padded past G — past 16
+    heads in teams of warps sharing each block; CUDA cores) across clusters, group sizes, head
+    dims, warps and pipeline depths, on a key count that leaves every warp a ragged last
+    block."""
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(D + group)

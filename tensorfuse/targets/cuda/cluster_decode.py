@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 
-from .decode_copies import cp_async_copy, tma_copy, zero_tail
+from .decode_copies import TEAM_SYNC, cp_async_copy, tma_copy, zero_tail
 from .decode_sweeps import fma_sweep, mma_sweep
 from .dsm import HELPERS
 from .split import HELPERS as SPLIT_HELPERS
@@ -43,6 +43,7 @@ from .tma import MBARRIER_HELPERS, load_helper, tensor_map
 
 # copy="tma": the key and value tensor maps, passed by value (made on the host per call: the
 # key count changes them, and a kernel parameter needs no device buffer)
+NL = "\n"
 TENSOR_MAP_TYPE = "struct __align__(64) TfTensorMap { unsigned char bytes[128]; };\n"
 MAP_PARAMS = (",\n                  const __grid_constant__ TfTensorMap k_map, "
               "const __grid_constant__ TfTensorMap v_map")
@@ -112,12 +113,16 @@ def decode_source(plan, knobs, sizes: dict) -> str:
     G, C, W = H // HKV, knobs.cluster, knobs.warps
     tensor_cores = knobs.mma == "mma_sync"
     tma = knobs.copy == "tma"
+    tiles = head_tiles(knobs, G)
+    team = tiles > 1   # warps share blocks: "sweeper" indexes buffers and states, not "warp"
+    sw, SW = ("sweeper", "SWEEPERS") if team else ("warp", "WARPS")
+    aliased = states_over_buffers(knobs, G)
     scalar_args = "".join(f", {'float' if t.startswith('f') else 'int'} {n}"
                           for n, t in plan.scalars)
     tensor_args = "".join(f", {c} {n}" for n, _, c in tensor_arguments(plan.tensors))
-    sweep = mma_sweep(score_code(plan), D) if tensor_cores else \
+    sweep = mma_sweep(score_code(plan), D, sw, tiles) if tensor_cores else \
         fma_sweep(score_code(plan), G, D)
-    copy = tma_copy() if tma else cp_async_copy(D, tensor_cores)
+    copy = tma_copy(team) if tma else cp_async_copy(D, tensor_cores)
     return _in_dtype(f"""#include <cuda_bf16.h>
 {HELPERS}{SPLIT_HELPERS}
 {MMA_SYNC_HELPERS if tensor_cores else ""}
@@ -131,8 +136,9 @@ def decode_source(plan, knobs, sizes: dict) -> str:
 #define CLUSTER {C}
 #define SPLIT_FLOATS (G * D + 2 * G)   // a cluster's state in the workspace
 #define WARPS {W}
-#define STAGES {knobs.stages}
-{copy.macros}
+{f"#define TILES {tiles}   // warps a block of keys is shared by{NL}#define SWEEPERS {W // tiles}{NL}"
+ if team else ""}#define STAGES {knobs.stages}
+{copy.macros}{TEAM_SYNC if team else ""}
 __device__ __forceinline__ float warp_sum(float x) {{
   #pragma unroll
   for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
@@ -148,21 +154,22 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
   // Shared memory, all of it dynamic (decode_shared_bytes): per warp STAGES blocks of 32 key and
   // value rows, then {"the warps' copy barriers, " if tma else ""}{
       "q as [d][head], " if not tensor_cores else ""}the warps' and the CTA's states.
-{copy.base}  char* states = dsmem + WARPS * STAGES * 32 * (KST + VST) * 2;
-{_carve(G, D, W, not tensor_cores, knobs.stages if tma else 0)}  const unsigned rank = tf_cluster_rank();
+{copy.base}  char* states = dsmem + {SW} * STAGES * 32 * (KST + VST) * 2;
+{_carve(G, D, W // tiles, not tensor_cores, knobs.stages if tma else 0, aliased)}  const unsigned rank = tf_cluster_rank();
   const int pair = blockIdx.x / CLUSTER;      // (batch, kv head)
   const int split = blockIdx.y, n_splits = gridDim.y;   // which of the pair's clusters
   const int b = pair / HKV_, hk = pair % HKV_;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-{_key_split(plan)}  const __nv_bfloat16* kb = k + ((long)b * HKV_ + hk) * N_ * D;
+{"  const int tile = warp % TILES, sweeper = warp / TILES;   // its 16 heads; its team" + NL
+ if team else ""}{_key_split(plan)}  const __nv_bfloat16* kb = k + ((long)b * HKV_ + hk) * N_ * D;
   const __nv_bfloat16* vb = v + ((long)b * HKV_ + hk) * N_ * D;
 {sweep.setup}
   __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(dsmem) +
-                        warp * STAGES * 32 * (KST + VST);
+                        {sw} * STAGES * 32 * (KST + VST);
   __nv_bfloat16* vbuf = kbuf + STAGES * 32 * KST;
   // the warp copies blocks of 32 key and value rows into its own buffers, STAGES − 1 blocks ahead
   // of the one it computes on
-{copy.load}  const int j_first = j_begin + warp * 32, j_step = WARPS * 32;
+{copy.load}  const int j_first = j_begin + {sw} * 32, j_step = {SW} * 32;
   #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {{
     if (j_first + s * j_step < j_end) load_keys(s, j_first + s * j_step);
@@ -171,21 +178,23 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
   for (int j0 = j_first; j0 < j_end; j0 += j_step, ++it) {{
     const int j_ahead = j0 + (STAGES - 1) * j_step;
     if (j_ahead < j_end) load_keys((it + STAGES - 1) % STAGES, j_ahead);
-{copy.commit}{copy.wait}{zero_tail(D) if tma and plan.upper else ""}    const __nv_bfloat16* kblock = kbuf + (it % STAGES) * 32 * KST;
+{copy.commit}{copy.wait}{zero_tail(D, team) if tma and plan.upper else ""}    const __nv_bfloat16* kblock = kbuf + (it % STAGES) * 32 * KST;
     const __nv_bfloat16* vblock = vbuf + (it % STAGES) * 32 * VST;
 {sweep.block}
-    __syncwarp();  // the buffers are read: a later copy may overwrite them
+    {"tf_team_sync(sweeper);  // the team's" if team else "__syncwarp();  // the"
+     } buffers are read: a later copy may overwrite them
   }}
-{sweep.store}
+{"  __syncthreads();  // every team has swept: its states go over the buffers" + NL
+ if aliased else ""}{sweep.store}
   __syncthreads();
   // merge the warps' states: each thread owns (g, e) elements
   for (int x = threadIdx.x; x < G * D; x += blockDim.x) {{
     const int g = x / D, e = x % D;
     float mm = -INFINITY;
-    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, warp_m[w][g]);
+    for (int w = 0; w < {SW}; ++w) mm = fmaxf(mm, warp_m[w][g]);
     float ll = 0.f, oo = 0.f;
     if (mm != -INFINITY)
-      for (int w = 0; w < WARPS; ++w) {{
+      for (int w = 0; w < {SW}; ++w) {{
         const float c = __expf(warp_m[w][g] - mm);
         ll += warp_l[w][g] * c; oo += warp_o[w][g][e] * c;
       }}
@@ -306,19 +315,34 @@ def _state_arrays(group: int, head_dim: int, warps: int, with_q: bool):
                      ("cta_m", f"[{G}]", G), ("cta_l", f"[{G}]", G)]
 
 
-def _carve(group: int, head_dim: int, warps: int, with_q: bool, barrier_stages: int = 0) -> str:
+def _carve(group: int, head_dim: int, warps: int, with_q: bool, barrier_stages: int = 0,
+           over_buffers: bool = False) -> str:
     """C++ references that name the state arrays inside the dynamic shared memory (16-byte
     aligned: every array before the last ones is a multiple of 16 bytes), after the warps'
-    copy barriers (``kv_bars``: ``barrier_stages`` a warp) where there are any."""
+    copy barriers (``kv_bars``: ``barrier_stages`` a warp) where there are any; with
+    ``over_buffers``, the warps' states ``warp_o`` over the key/value buffers instead
+    (:func:`states_over_buffers`)."""
     lines, offset = [], 0
     if barrier_stages:
         lines.append("  unsigned long long* kv_bars = reinterpret_cast<unsigned long long*>(states);")
         offset = _barrier_bytes(warps, barrier_stages)
     for name, shape, floats in _state_arrays(group, head_dim, warps, with_q):
+        if over_buffers and name == "warp_o":
+            lines.append(f"  float (&{name}){shape} = *reinterpret_cast<float (*){shape}>(dsmem);"
+                         "   // over the buffers, once every team has swept")
+            continue
         lines.append(f"  float (&{name}){shape} = *reinterpret_cast<float (*){shape}>"
                      f"(states + {offset});")
         offset += 4 * floats
     return "\n".join(lines) + "\n"
+
+
+def states_over_buffers(knobs, group: int) -> bool:
+    """Whether the teams' states (``warp_o``, ``group × D`` floats a team) go over their key/value
+    buffers (``stages`` blocks of 32 rows of ``2 D`` bf16 a team), which are dead once every team
+    has swept: where teams share blocks (:func:`head_tiles`) and the states fit there — 64 heads
+    over 2 stages then take 99 KB of shared memory, not 164."""
+    return head_tiles(knobs, group) > 1 and group <= 32 * knobs.stages
 
 
 def _barrier_bytes(warps: int, stages: int) -> int:
@@ -336,16 +360,30 @@ def split_workspace(pairs: int, splits: int, group: int, head_dim: int, cluster:
             ((pairs * cluster,), "i32", True)]
 
 
+def head_tiles(knobs, group: int) -> int:
+    """Warps that share each block of keys: the group's 16-head ``mma.sync`` tiles on tensor cores
+    (one warp a tile), 1 on CUDA cores (a warp takes every head)."""
+    return -(-group // 16) if knobs.mma == "mma_sync" else 1
+
+
+def sweepers(knobs, group: int) -> int:
+    """Teams of warps sweeping their own blocks of keys (each a buffer of its own)."""
+    return knobs.warps // head_tiles(knobs, group)
+
+
 def decode_shared_bytes(knobs, head_dim: int, group: int) -> int:
     """Shared memory of the decode kernel (all dynamic): ``stages`` blocks of 32 key and value rows
     per warp, then the states the warps and the cluster merge (and q, for the CUDA-core path).
     ``cp.async`` skews key rows by 16 bytes (value rows too for the tensor-core path's
     ``ldmatrix``); ``tma`` keeps rows unpadded in the 128-byte swizzle, adds the warps' copy
-    barriers and 1 KB to align the buffers (the swizzle's boxes start at 1 KB)."""
-    states = _state_arrays(group, head_dim, knobs.warps, knobs.mma != "mma_sync")
-    state_bytes = 4 * sum(f for _, _, f in states)
+    barriers and 1 KB to align the buffers (the swizzle's boxes start at 1 KB). A team of warps
+    (:func:`head_tiles`) shares one buffer and one state."""
+    teams = sweepers(knobs, group)
+    states = _state_arrays(group, head_dim, teams, knobs.mma != "mma_sync")
+    state_bytes = 4 * sum(f for name, _, f in states
+                          if not (name == "warp_o" and states_over_buffers(knobs, group)))
     if knobs.copy == "tma":
-        return (knobs.warps * knobs.stages * 32 * 4 * head_dim + 1024 + state_bytes +
-                _barrier_bytes(knobs.warps, knobs.stages))
+        return (teams * knobs.stages * 32 * 4 * head_dim + 1024 + state_bytes +
+                _barrier_bytes(teams, knobs.stages))
     row_bytes = (2 * head_dim + 8 + (8 if knobs.mma == "mma_sync" else 0)) * 2
-    return knobs.warps * knobs.stages * 32 * row_bytes + state_bytes
+    return teams * knobs.stages * 32 * row_bytes + state_bytes

@@ -10,22 +10,33 @@ from dataclasses import dataclass
 SWIZZLE_ATOM = 32 * 128   # bytes of one 128-byte-swizzled box: 32 rows of 64 bf16 columns
 
 
-def zero_tail(D: int) -> str:
+def zero_tail(D: int, team: bool = False) -> str:
     """Zero the value rows past ``j_end`` in a block that straddles it (TMA copies read the key
     tensor past the mask's upper bound, where a static cache may hold anything: a NaN there
     would survive its weight 0 in p·v). Only a warp's last block straddles, and no copy into its
-    buffers follows, so the generic stores cannot race a later bulk copy."""
+    buffers follows, so the generic stores cannot race a later bulk copy. A ``team`` of warps
+    sharing the block zeroes it together, then waits for the whole team before reading it."""
+    first, step, done = ("lane + tile * 32", "TILES * 32", "tf_team_sync(sweeper)") if team \
+        else ("lane", "32", "__syncwarp()")
     return f"""    if (j0 + 32 > j_end) {{   // the warp's last block (warp-uniform)
       char* vrows = reinterpret_cast<char*>(vbuf + (it % STAGES) * 32 * VST);
-      for (int c = (j_end - j0) * 8 + lane; c < 32 * 8 * (D / 64); c += 32) {{
+      for (int c = (j_end - j0) * 8 + {first}; c < 32 * 8 * (D / 64); c += {step}) {{
         // 16-byte piece c % 8 of row (c / 8) % 32 in box c / 256: a whole row, swizzled or not
         const int r = (c / 8) % 32, a = c / 256;
         if (r >= j_end - j0)
           *reinterpret_cast<uint4*>(vrows + a * {SWIZZLE_ATOM} + r * 128 + (c % 8) * 16) =
               make_uint4(0u, 0u, 0u, 0u);
       }}
-      __syncwarp();
+      {done};
     }}
+"""
+
+
+# Warps of a team (``TILES`` of them, each with 16 of the group's heads) share their blocks: a
+# named barrier per team (ids from 1; 0 is __syncthreads')
+TEAM_SYNC = """__device__ __forceinline__ void tf_team_sync(int team) {
+  asm volatile("bar.sync %0, %1;" :: "r"(team + 1), "r"(TILES * 32) : "memory");
+}
 """
 
 
@@ -65,7 +76,7 @@ def cp_async_copy(D: int, tensor_cores: bool) -> Copy:
              "    __syncwarp();\n")
 
 
-def tma_copy() -> Copy:
+def tma_copy(team: bool = False) -> Copy:
     """Lane 0 of each warp copies a block with bulk tensor copies (TMA): ``D / 64`` boxes of 32
     rows × 64 columns each of keys and values, in the 128-byte swizzle (16-byte piece ``c`` of
     row ``r`` at piece ``c ^ (r % 8)``: ``ldmatrix`` reads stay conflict-free without the skew),
@@ -73,7 +84,10 @@ def tma_copy() -> Copy:
     instructions where ``cp.async`` took two a 16-byte piece, and streamed the decode's keys at
     3.0 TB/s from 64 CTAs where ``cp.async`` reached 2.3-2.7 (H100,
     ``tools/probe_decode_stream.py``). Rows past the keys arrive as zeros (their scores are
-    masked)."""
+    masked). In a ``team``, the first warp (``tile`` 0) copies the team's blocks and every warp
+    of it waits on the same barriers."""
+    leader, sw, ready = ("lane == 0 && tile == 0", "sweeper", "__syncthreads()") if team else \
+        ("lane == 0", "warp", "__syncwarp()")
     return Copy(
         macros="#define KST D   // rows unpadded: the 128-byte swizzle keeps ldmatrix "
                "conflict-free\n#define VST D\n",
@@ -89,14 +103,14 @@ __device__ __forceinline__ const __nv_bfloat16* k_at(const __nv_bfloat16* blk, i
   char* dsmem = reinterpret_cast<char*>((reinterpret_cast<unsigned long>(dsmem_raw) + 1023) &
                                         ~1023ul);   // the swizzle's boxes start at 1 KB
 """,
-        load=f"""  unsigned long long* ready = kv_bars + warp * STAGES;   // a stage's block has landed
-  if (lane == 0) {{
+        load=f"""  unsigned long long* ready = kv_bars + {sw} * STAGES;   // a stage's block has landed
+  if ({leader}) {{
     for (int s = 0; s < STAGES; ++s) tf_mbar_init(ready + s, 1);
     tf_mbar_init_fence();
   }}
-  __syncwarp();
+  {ready};
   auto load_keys = [&](int buf, int first) {{
-    if (lane == 0) {{
+    if ({leader}) {{
       tf_mbar_expect(ready + buf, 2 * 32 * D * 2);
       #pragma unroll
       for (int a = 0; a < D / 64; ++a) {{

@@ -116,13 +116,14 @@ __device__ __forceinline__ float warp_max(float x) {{
     if (lane == 0) { warp_m[warp][g] = m[g]; warp_l[warp][g] = lw; }
     #pragma unroll
     for (int t = 0; t < DL; ++t) warp_o[warp][g][lane * DL + t] = o[g][t];
-  }"""
+  }""".replace("[warp]", f"[{sw}]")
     return Sweep(helpers, setup, block, store)
 
 
 def mma_sweep(score: str, D: int, sw: str = "warp", tiles: int = 1) -> Sweep:
     """Tensor cores (``mma.sync`` m16n8k16): the group's query heads are the 16 rows of the MMA
-    tile (rows past G are zero and masked), so S = Q·Kᵀ for a block of 32 keys is four 16×8
+    tile (rows past G are zero and masked; a group of more than 16 takes ``tiles`` warps, warp
+    ``tile`` of a team holding heads ``tile·16`` …, all reading the team's blocks), so S = Q·Kᵀ for a block of 32 keys is four 16×8
     tiles (K rows from ``ldmatrix``, Q's fragments held in registers for the whole sweep), the
     online softmax runs on S's fragments (row maxima across the four lanes of a quad), and
     O += P·V takes P from S's registers as its A operand (V through ``ldmatrix.trans``). Up to
@@ -228,4 +229,7 @@ def mma_sweep(score: str, D: int, sw: str = "warp", tiles: int = 1) -> Sweep:
       const int g = row0 + (e / 2) * 8;
       if (g < G) warp_o[warp][g][nt * 8 + col0 + e % 2] = o[nt][e];
     }"""
-    return Sweep("", setup, block, store)
+    if tiles > 1:   # the warp's 16 heads are rows tile·16 … of the group
+        setup = setup.replace("const int row0 = lane / 4,",
+                              "const int row0 = tile * 16 + lane / 4,")
+    return Sweep("", setup, block, store.replace("[warp]", f"[{sw}]"))
