@@ -187,7 +187,17 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
 {"  __syncthreads();  // every team has swept: its states go over the buffers" + NL
  if aliased else ""}{sweep.store}
   __syncthreads();
-  // merge the warps' states: each thread owns (g, e) elements
+{_merge_cluster(SW)}  tf_cluster_sync();  // peers may still read this CTA's state
+{_merge_splits()}}}
+""", plan.dtype)
+
+
+def _merge_cluster(SW: str) -> str:
+    """Merge the states of the CTA's warps (``SW``: their count, ``WARPS`` or ``SWEEPERS`` — one
+    state a team) in its shared memory, then the cluster's CTAs' states through distributed
+    shared memory: CTA ``rank`` finishes its share of the outputs, or writes it to the workspace
+    when the pair's keys are split over several clusters."""
+    return f"""  // merge the warps' states: each thread owns (g, e) elements
   for (int x = threadIdx.x; x < G * D; x += blockDim.x) {{
     const int g = x / D, e = x % D;
     float mm = -INFINITY;
@@ -229,9 +239,7 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
       if (e == 0 || x == x_begin) {{ part[G * D + g] = mm; part[G * D + G + g] = ll; }}
     }}
   }}
-  tf_cluster_sync();  // peers may still read this CTA's state
-{_merge_splits()}}}
-""", plan.dtype)
+"""
 
 
 def _merge_splits() -> str:
