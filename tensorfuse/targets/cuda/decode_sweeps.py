@@ -1,8 +1,8 @@
 """The cluster decode's sweeps over a warp's blocks of 32 keys (the ``mma`` knob): on CUDA cores,
 or on tensor cores with the group's query heads as the rows of 16-row ``mma.sync`` tiles — the
-CUDA C++ parts :func:`.cluster_decode.decode_source` assembles. ``sw`` names the index of the
-warp's buffers and states (``warp``, or ``sweeper`` where warps share them: a team of ``tiles``
-warps, each with 16 of the group's heads)."""
+CUDA C++ parts :func:`.cluster_decode.decode_source` assembles. The tensor-core sweep's ``sw``
+names the index of the warp's state (``warp``, or ``sweeper`` where warps share their blocks: a
+team of ``tiles`` warps, each with 16 of the group's heads)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ class Sweep:
     store: str
 
 
-def fma_sweep(score: str, G: int, D: int, sw: str = "warp") -> Sweep:
+def fma_sweep(score: str, G: int, D: int) -> Sweep:
     """CUDA cores: lane ``l`` scores key ``j0 + l`` for every head of the group (q from shared
     memory), one maximum per block and head, then each lane accumulates its D/32 elements of the
     weighted value rows."""
@@ -116,7 +116,7 @@ __device__ __forceinline__ float warp_max(float x) {{
     if (lane == 0) { warp_m[warp][g] = m[g]; warp_l[warp][g] = lw; }
     #pragma unroll
     for (int t = 0; t < DL; ++t) warp_o[warp][g][lane * DL + t] = o[g][t];
-  }""".replace("[warp]", f"[{sw}]")
+  }"""
     return Sweep(helpers, setup, block, store)
 
 
