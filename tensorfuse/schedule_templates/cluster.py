@@ -268,7 +268,7 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
             c //= 2
             count = held(c)
         if 2 * c * pairs >= sms:   # half the SMs busy already: splitting cost more than it gave
-            count = pairs          # (64 pairs, 1k keys: 18 µs with one cluster, 24 with two)
+            count = pairs          # (64 pairs, 1k keys: 18 µs unsplit, 24 in two splits)
     return replace(k, cluster=c, splits=given.get("splits", max(1, count // pairs)))
 
 

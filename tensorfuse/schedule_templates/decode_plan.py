@@ -14,7 +14,7 @@ from ..dsl.expr import Expr
 from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
-from ..targets.cuda.cluster_decode import bound_code, score_code
+from ..targets.cuda.cluster_decode import bound_code, head_tiles, score_code
 from .attention_chain import AttentionChain, check_head_map, recognise_attention
 from .key_range import key_range, reads_tensors
 
@@ -58,7 +58,7 @@ class DecodeKnobs:
     stages its blocks — bulk tensor copies (``"tma"``, tensor-core sweep only) or 16-byte
     ``cp.async`` copies by every lane (``"cp.async"``); ``splits``: at most this many clusters
     per (batch, kv-head), each sweeping a part of its keys, merged by the last to finish (a
-    launch takes as many as give each warp a block of keys: :func:`splits_for`)."""
+    launch takes as many as give each warp two blocks of keys: :func:`splits_for`)."""
 
     cluster: int = 8
     warps: int = 2
@@ -150,8 +150,8 @@ def check_decode(plan: DecodePlan, knobs: DecodeKnobs, sizes: dict) -> None:
     if knobs.copy == "tma" and knobs.mma != "mma_sync":
         raise _refuse("copy='tma' stages blocks in the 128-byte swizzle that the tensor-core "
                       "sweep reads; the CUDA-core sweep (mma='fma') uses copy='cp.async'")
-    tiles = -(-G // 16)
-    if knobs.mma == "mma_sync" and tiles > 1:
+    tiles = head_tiles(knobs, G)
+    if tiles > 1:
         if tiles > 8:
             raise _refuse(f"mma='mma_sync' takes up to 128 query heads per kv-head (8 tiles of 16 "
                           f"rows, a warp each); this group has {G}: use mma='fma'")

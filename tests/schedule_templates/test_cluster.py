@@ -268,7 +268,7 @@ def test_a_large_group_shares_each_block_between_a_team_of_warps():
     the team's first warp; two teams by default; the teams' states go over the dead buffers.
     A group of up to 16 keeps one warp a block, its source without teams."""
     from tensorfuse.schedule_templates.decode_plan import DecodeKnobs
-    from tensorfuse.targets.cuda.cluster_decode import decode_shared_bytes
+    from tensorfuse.targets.cuda.cluster_decode import decode_shared_bytes, states_over_buffers
 
     made = _decode(gqa_attention)
     sizes = {**DECODE, "H": 128}
@@ -280,9 +280,15 @@ def test_a_large_group_shares_each_block_between_a_team_of_warps():
     assert "j_step = SWEEPERS * 32" in src
     plain = made.source(**DECODE)
     assert "TILES" not in plain and "tf_team_sync" not in plain
+    # two teams' blocks (2 stages of 32 rows of keys and values, 64 KB), 1 KB of alignment, the
+    # CTA's o, m and l, the teams' m and l and their barriers — the teams' o over the blocks
     teams = DecodeKnobs(warps=8, stages=2)
-    assert decode_shared_bytes(teams, 128, 64) < 110_000   # 64 KB of blocks, the CTA's state
-    assert decode_shared_bytes(DecodeKnobs(warps=8, stages=2), 128, 128) > 150_000  # no room
+    blocks, cta, team_ml = 2 * 2 * 32 * 4 * 128, 4 * (64 * 128 + 2 * 64), 4 * 2 * 2 * 64
+    assert decode_shared_bytes(teams, 128, 64) == blocks + 1024 + cta + team_ml + 32
+    assert states_over_buffers(teams, 64)
+    # 128 heads: a team's o (64 KB) is more than its two stages of blocks (32 KB); four fit it
+    assert not states_over_buffers(teams, 128)
+    assert states_over_buffers(DecodeKnobs(warps=8, stages=4), 128)
 
 
 @needs_nvcc
@@ -498,9 +504,8 @@ def test_decode_cluster_is_the_largest_whose_clusters_all_fit_at_once():
     h100 = {16: 7, 8: 15, 4: 30, 2: 66, 1: 132}
     asked = []
 
-    def resident(knobs):
-        asked.append(knobs.cluster)
-        assert knobs.warps >= 4  # the warps are chosen first, and the query sees them
+    def resident(knobs):   # records what it is asked: the warps are chosen before the cluster
+        asked.append((knobs.cluster, knobs.warps))
         return h100[knobs.cluster]
 
     target = get_target("cuda:sm_90a")
@@ -509,14 +514,17 @@ def test_decode_cluster_is_the_largest_whose_clusters_all_fit_at_once():
         k = decode_knobs(B, 32, 8, 128, None, {}, target, resident)
         chosen[B] = (k.cluster, k.splits)
     assert chosen == {1: (8, 1), 2: (4, 1), 4: (2, 2), 8: (2, 1), 16: (1, 1), 32: (1, 1)}
-    assert asked[:2] == [16, 8]  # B=1: 16 asked and refused, then 8
+    assert asked[:2] == [(16, 4), (8, 4)]  # B=1: 16 asked and refused, then 8; four warps
+    assert {w for _, w in asked} == {4}
     mqa = {B: decode_knobs(B, 8, 1, 128, None, {}, target, resident) for B in (1, 2, 4)}
     assert {B: (k.cluster, k.splits) for B, k in mqa.items()} == {1: (16, 7), 2: (16, 3),
                                                                   4: (16, 1)}
     # a group of 64 heads: teams of warps compute on every byte, so the CTAs at once decide
     # (16 pairs: 64 CTAs in clusters of 4, 128 in clusters of 2 split four ways)
+    asked.clear()
     k = decode_knobs(16, 64, 1, 128, None, {}, target, resident)
     assert (k.cluster, k.splits, k.warps, k.stages) == (2, 4, 8, 3)
+    assert {w for _, w in asked} == {8}   # two teams of four warps, asked so
     k = decode_knobs(1, 32, 8, 128, None, {}, target)   # no GPU: by SM count
     assert (k.cluster, k.splits) == (16, 1)
     assert decode_knobs(8, 32, 8, 128, None, {}, target, sms=114).cluster == 1  # H100 PCIe
@@ -758,17 +766,33 @@ def _check_ffn_on_the_gpu(kernel, M, knobs, K=512, N=2048, O=256):
     assert err < 1e-2, err  # bf16 tolerance (the intermediate is rounded to bf16, as in torch)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("D, group, knobs", [   # cluster 4 unless given
+GPU_DECODES = [   # (D, group, knobs) on B=2, HKV=2 and 2777 keys, cluster 4 unless given
     (128, 4, {"cluster": 2}), (128, 4, {"cluster": 8}), (128, 1, {}), (128, 5, {}),
     (128, 16, {"warps": 4, "stages": 2}), (64, 4, {"stages": 4}), (256, 4, {"warps": 1}),
     (128, 4, {"mma": "fma", "stages": 3}), (64, 20, {"cluster": 2}),
     (128, 4, {"cluster": 16, "warps": 1}), (128, 4, {"cluster": 3}), (64, 2, {"cluster": 5}),
     (128, 4, {"copy": "cp.async"}), (256, 4, {"warps": 1, "copy": "cp.async"}),
-    (128, 4, {"splits": 3}), (128, 8, {"cluster": 2, "splits": 5}),
+    (128, 4, {"cluster": 2, "splits": 3}), (128, 8, {"cluster": 2, "splits": 5}),
     (64, 20, {"cluster": 1, "splits": 7, "mma": "fma"}), (256, 1, {"warps": 1, "splits": 9}),
     (128, 64, {}), (128, 64, {"warps": 4, "stages": 3}), (128, 128, {"cluster": 2}),
-    (256, 32, {"warps": 2}), (64, 40, {"warps": 6, "splits": 3})])
+    (256, 32, {"warps": 2}), (64, 40, {"cluster": 1, "warps": 6, "splits": 3})]
+GPU_DECODE_KEYS = 2777
+
+
+def test_the_gpu_decodes_that_ask_for_splits_take_them():
+    """Each GPU case that gives ``splits`` launches exactly that many clusters per pair at its
+    key count (a launch takes fewer on a short cache: the case would test one cluster)."""
+    from tensorfuse.schedule_templates.decode_plan import splits_for
+
+    for D, group, knobs in GPU_DECODES:
+        if "splits" in knobs:
+            made = _decode(gqa_attention, **{"cluster": 4, **knobs})
+            k = made.launches(B=2, H=2 * group, HKV=2, M=1, N=GPU_DECODE_KEYS, D=D).knobs
+            assert splits_for(k, GPU_DECODE_KEYS) == knobs["splits"], (D, group, knobs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, group, knobs", GPU_DECODES)
 def test_cluster_decode_matches_float64_on_the_gpu(D, group, knobs):
     """Both sweeps (tensor cores with the group's heads as MMA rows, padded past G — past 16
     heads in teams of warps sharing each block; CUDA cores) across clusters, group sizes, head
@@ -777,7 +801,7 @@ def test_cluster_decode_matches_float64_on_the_gpu(D, group, knobs):
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(D + group)
-    B, HKV, N = 2, 2, 2777
+    B, HKV, N = 2, 2, GPU_DECODE_KEYS
     H = HKV * group
     q, k, v = _bf16(torch, B, H, 1, D, gen=g), _bf16(torch, B, HKV, N, D, gen=g), \
         _bf16(torch, B, HKV, N, D, gen=g)

@@ -10,10 +10,12 @@ chain — maximum ``m``, sum ``l``, weighted sum ``o`` — in registers. Each wa
 :mod:`.decode_copies`; ``stages − 1`` blocks ahead of the one it computes on) and updates the
 state once per block (bf16 or fp16):
 
-- ``mma="mma_sync"`` (default while a group has at most 16 heads): the group's heads are the rows
-  of a 16-row tensor-core tile, so the block's scores are ``mma.sync`` products of q's fragments
-  (in registers for the whole sweep) with key rows from ``ldmatrix``; the online softmax runs on
-  the score fragments, and the weights, still in registers, are the A operand of ``p·v``;
+- ``mma="mma_sync"`` (default while a group has at most 128 heads): the group's heads are the
+  rows of 16-row tensor-core tiles, so the block's scores are ``mma.sync`` products of q's
+  fragments (in registers for the whole sweep) with key rows from ``ldmatrix``; the online
+  softmax runs on the score fragments, and the weights, still in registers, are the A operand
+  of ``p·v``. A group of more than 16 heads takes a team of warps per block, 16 heads a warp:
+  the team's first warp copies the block, a named barrier per team releases it;
 - ``mma="fma"``: CUDA cores, each lane scoring one key of the block for every head (q from shared
   memory) and accumulating its slice of the head dimension over the block's weighted value rows.
 
@@ -25,9 +27,9 @@ applies).
 
 Where the pairs are too few to spread over the GPU (one cluster is confined to one GPC), the
 keys of a pair are split further over ``n_splits`` clusters (the grid's second dimension: the
-launch chooses it from the key count). Each cluster then writes its merged state to a workspace and the last
-cluster to arrive merges them with the same correction (:mod:`.split`: nobody waits). With one
-split no state goes to global memory.
+launch chooses it from the key count). Each cluster then writes its merged state to a workspace
+and the last cluster to arrive merges them with the same correction (:mod:`.split`: nobody
+waits). With one split no state goes to global memory.
 """
 from __future__ import annotations
 
@@ -41,9 +43,9 @@ from .mma_sync import HELPERS as MMA_SYNC_HELPERS
 from .expr import size_macros, tensor_arguments, to_cuda
 from .tma import MBARRIER_HELPERS, load_helper, tensor_map
 
+NL = "\n"   # inside the kernel's f-string (a backslash may not appear in its expressions)
 # copy="tma": the key and value tensor maps, passed by value (made on the host per call: the
 # key count changes them, and a kernel parameter needs no device buffer)
-NL = "\n"
 TENSOR_MAP_TYPE = "struct __align__(64) TfTensorMap { unsigned char bytes[128]; };\n"
 MAP_PARAMS = (",\n                  const __grid_constant__ TfTensorMap k_map, "
               "const __grid_constant__ TfTensorMap v_map")
@@ -120,7 +122,7 @@ def decode_source(plan, knobs, sizes: dict) -> str:
     scalar_args = "".join(f", {'float' if t.startswith('f') else 'int'} {n}"
                           for n, t in plan.scalars)
     tensor_args = "".join(f", {c} {n}" for n, _, c in tensor_arguments(plan.tensors))
-    sweep = mma_sweep(score_code(plan), D, sw, tiles) if tensor_cores else \
+    sweep = mma_sweep(score_code(plan), D, tiles) if tensor_cores else \
         fma_sweep(score_code(plan), G, D)
     copy = tma_copy(team) if tma else cp_async_copy(D, tensor_cores)
     return _in_dtype(f"""#include <cuda_bf16.h>

@@ -1,8 +1,6 @@
 """The cluster decode's sweeps over a warp's blocks of 32 keys (the ``mma`` knob): on CUDA cores,
 or on tensor cores with the group's query heads as the rows of 16-row ``mma.sync`` tiles — the
-CUDA C++ parts :func:`.cluster_decode.decode_source` assembles. The tensor-core sweep's ``sw``
-names the index of the warp's state (``warp``, or ``sweeper`` where warps share their blocks: a
-team of ``tiles`` warps, each with 16 of the group's heads)."""
+CUDA C++ parts :func:`.cluster_decode.decode_source` assembles."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -120,10 +118,11 @@ __device__ __forceinline__ float warp_max(float x) {{
     return Sweep(helpers, setup, block, store)
 
 
-def mma_sweep(score: str, D: int, sw: str = "warp", tiles: int = 1) -> Sweep:
+def mma_sweep(score: str, D: int, tiles: int = 1) -> Sweep:
     """Tensor cores (``mma.sync`` m16n8k16): the group's query heads are the 16 rows of the MMA
-    tile (rows past G are zero and masked; a group of more than 16 takes ``tiles`` warps, warp
-    ``tile`` of a team holding heads ``tile·16`` …, all reading the team's blocks), so S = Q·Kᵀ for a block of 32 keys is four 16×8
+    tile (rows past G are zero and masked; a group of more than 16 takes a team of ``tiles``
+    warps, warp ``tile`` holding heads ``tile·16`` …, all reading the team's blocks and keeping
+    one state a team, indexed by ``sweeper``), so S = Q·Kᵀ for a block of 32 keys is four 16×8
     tiles (K rows from ``ldmatrix``, Q's fragments held in registers for the whole sweep), the
     online softmax runs on S's fragments (row maxima across the four lanes of a quad), and
     O += P·V takes P from S's registers as its A operand (V through ``ldmatrix.trans``). Up to
@@ -195,9 +194,9 @@ def mma_sweep(score: str, D: int, sw: str = "warp", tiles: int = 1) -> Sweep:
         mma16816(o[2 * np], pa[kk], vf[0], vf[1]);
         mma16816(o[2 * np + 1], pa[kk], vf[2], vf[3]);
       }}"""
-    setup = """  // lane holds rows row0 and row0 + 8 (query heads of the group) at columns col0, col0 + 1
-  const int row0 = lane / 4, col0 = (lane % 4) * 2;
-  unsigned qa[D / 16][4];   // Q's A fragments, k16 step by step
+    setup = f"""  // lane holds rows row0 and row0 + 8 (query heads of the group) at columns col0, col0 + 1
+  const int row0 = {"tile * 16 + " if tiles > 1 else ""}lane / 4, col0 = (lane % 4) * 2;
+""" + """  unsigned qa[D / 16][4];   // Q's A fragments, k16 step by step
   {
     auto q_pair = [&](int g, int d) -> unsigned {
       return g < G ? *reinterpret_cast<const unsigned*>(q + ((long)b * H_ + hk * G + g) * D + d)
@@ -215,21 +214,19 @@ def mma_sweep(score: str, D: int, sw: str = "warp", tiles: int = 1) -> Sweep:
   float o[D / 8][4];
   #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;"""
-    store = """  #pragma unroll
-  for (int r = 0; r < 2; ++r) {   // the quad's partial sums, then rows below G to shared memory
+    state = "sweeper" if tiles > 1 else "warp"   # whose slot of warp_m/l/o
+    store = f"""  #pragma unroll
+  for (int r = 0; r < 2; ++r) {{   // the quad's partial sums, then rows below G to shared memory
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int g = row0 + r * 8;
-    if (g < G && lane % 4 == 0) { warp_m[warp][g] = m[r]; warp_l[warp][g] = l[r]; }
-  }
+    if (g < G && lane % 4 == 0) {{ warp_m[{state}][g] = m[r]; warp_l[{state}][g] = l[r]; }}
+  }}
   #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt)
     #pragma unroll
-    for (int e = 0; e < 4; ++e) {
+    for (int e = 0; e < 4; ++e) {{
       const int g = row0 + (e / 2) * 8;
-      if (g < G) warp_o[warp][g][nt * 8 + col0 + e % 2] = o[nt][e];
-    }"""
-    if tiles > 1:   # the warp's 16 heads are rows tile·16 … of the group
-        setup = setup.replace("const int row0 = lane / 4,",
-                              "const int row0 = tile * 16 + lane / 4,")
-    return Sweep("", setup, block, store.replace("[warp]", f"[{sw}]"))
+      if (g < G) warp_o[{state}][g][nt * 8 + col0 + e % 2] = o[nt][e];
+    }}"""
+    return Sweep("", setup, block, store)
