@@ -296,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         launcher = where.startswith("<") or os.path.abspath(where) == os.path.abspath(sys.argv[0])
         print(f"tensorfuse: error: {exc.message if launcher else exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # a Ctrl-C outside a tuning batch (while the job times its defaults and best records,
+        # say): every record is already written whole, so the shell's usual status, no traceback
+        print("tensorfuse: interrupted; what was recorded is kept", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -95,3 +95,18 @@ def test_show_prints_what_compile_runs_on_hopper_and_its_parts():
     assert proc.returncode == 0 and "not assembled from parts" in proc.stdout, proc.stderr
     proc = run("show", spec, "--target", "cuda:sm_90a", "--cuda", "--size", "B=2")
     assert proc.returncode == 2 and "add --size for H, M, D, N" in proc.stderr, proc.stderr
+
+
+def test_ctrl_c_outside_a_tuning_batch_exits_130_without_a_traceback(monkeypatch, capsys):
+    """A Ctrl-C that lands after the batches (the job timing its defaults and best records, where
+    the job's own handler is no longer installed) ends the command as a shell expects."""
+    from tensorfuse import autotune, cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(autotune, "tune", interrupted)
+    status = cli.main(["tune", "tensorfuse.kernels:softmax", "--target", "llvm", "--trials", "4",
+                       "--size", "M=64", "--size", "N=256"])
+    assert status == 130
+    assert "interrupted" in capsys.readouterr().err
