@@ -270,6 +270,10 @@ SECTIONS = (
      "timed from a CUDA graph; `default` is `tf.compile`'s choice",
      "python -m benchmarks.strided_rows_knobs"),
     ("gemm", "GEMM (the Hopper GEMM template)", "bf16; TFLOP/s", "python -m benchmarks.gemm"),
+    ("contraction", "GEMMs on the contraction template (Triton tensor-core tiles)",
+     "bf16; TFLOP/s and the fraction of cuBLAS's 8192³ rate; `tensorfuse template`: the "
+     "template called directly, `tensorfuse`: `tf.compile`'s choice",
+     "python -m benchmarks.contraction"),
     ("gemm-ffn", "FFN blocks (two Hopper GEMMs, the activation fused)",
      "bf16, K=4096, N=14336, O=4096", "python -m benchmarks.gemm --ffn"),
     ("rows", "Row reductions", "bf16; GB/s of the bytes each kernel must move",

@@ -64,7 +64,7 @@ def _compile(kernel, target, template, untemplated: str | None = None,
     program = kernel.program
     if template == "auto":
         from .schedule_templates import TEMPLATES
-        from .schedule_templates.auto import choose, native_templates
+        from .schedule_templates.auto import choose, contraction_templates, native_templates
 
         choice = choose(program, spec)
         if choice is not None and _triton_available():
@@ -82,7 +82,11 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             ahead = native_templates(kernel, name, fusion, spec, records=lambda template:
                                      template_records(tuned_as, template, fusion, spec,
                                                       nearest=template == "hopper_attention"))
+            ahead += contraction_templates(kernel, spec)
             return AutoKernel(made, fallback, ahead=ahead)
+        gemms = contraction_templates(kernel, spec) if _triton_available() else ()
+        if gemms:   # sums that are GEMMs and no chain the row-tile template takes
+            return AutoKernel(gemms[0], _compile(kernel, spec, template=None))
         if spec.is_gpu:
             from .schedule_templates.auto import why_no_template
 

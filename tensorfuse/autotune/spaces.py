@@ -260,10 +260,10 @@ def native_template(kernel, fusion, name: str, dims: dict, target: TargetSpec,
     values ``scalars``, with the defaults for the others: a map's width decides whether its
     patches fit TMA boxes) ahead of the Triton one (sm_90a), or None where it runs the Triton
     template."""
-    from ..schedule_templates.auto import native_templates
+    from ..schedule_templates.auto import contraction_templates, native_templates
     from .scalars import keyed_scalars
 
     values = keyed_scalars(kernel.program, dims, scalars)
     found = next((k for k in native_templates(kernel, name, fusion, target)
-                  if k.fits(values, **dims)), None)
+                  + contraction_templates(kernel, target) if k.fits(values, **dims)), None)
     return None if found is None else found.description.split(" ")[0]

@@ -207,13 +207,18 @@ def make_tasks(kernel, dims: dict, target: TargetSpec,
         if not stages:
             raise refused from None
     scalars = scalars or {}
-    tasks = []
+    tasks, untunable = [], []
     for stage in (s for s in stages if s.templated):
         own = set(stage.program.dim_names())
         named = {p.name for p in stage.program.scalar_params}
         part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
-        tasks.append(make_task(part, {n: v for n, v in dims.items() if n in own}, target,
-                               {n: v for n, v in scalars.items() if n in named}))
+        try:
+            tasks.append(make_task(part, {n: v for n, v in dims.items() if n in own}, target,
+                                   {n: v for n, v in scalars.items() if n in named}))
+        except TuningError as exc:   # a stage on a template with no tuning space yet
+            untunable.append(exc)
+    if not tasks:
+        raise untunable[0]
     return tasks
 
 
@@ -239,6 +244,10 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         # (same name and sizes: its records are the ones the flat kernel looks up)
         return make_task(types.SimpleNamespace(program=flat, fn=None, name=flat.name), dims,
                          target, scalars)
+    if choice is None and _on_contraction(kernel, dims, target):
+        raise TuningError(f"{kernel.name} at these sizes runs on the contraction template on "
+                          f"{target.name} (what tf.compile picks there), whose knobs are not in "
+                          "the tuning space yet")
     if choice is None:
         raise TuningError(f"{kernel.name} fits no GPU template (no reduction chain the rolling "
                           "update accepts along one axis), so there is nothing to tune on "
@@ -263,3 +272,10 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         raise TuningError(f"{kernel.name} at these sizes does not fit the {template} template "
                           f"({exc.message}); it runs on TVM's default schedule") from None
     return TuningTask(kernel, dict(dims), target, template, fusion, scalars)
+
+
+def _on_contraction(kernel, dims: dict, target: TargetSpec) -> bool:
+    """Whether ``tf.compile`` runs ``kernel`` at ``dims`` on the contraction template."""
+    from ..schedule_templates.auto import contraction_templates
+
+    return any(k.fits(None, **dims) for k in contraction_templates(kernel, target))

@@ -14,9 +14,11 @@ Each layer is a DSL kernel from :mod:`tensorfuse.kernels.layers`, compiled with
 templates). Training stays on them where their backward is fast: while autograd records, the
 attention and the RMSNorms run as their PyTorch operators, whose backwards are the attention
 backward template and the norm's derived backward (:mod:`tensorfuse.autograd`); the SwiGLU MLP
-runs transformers' code then — its derived backward is a staged program whose GEMM stages no
-template tiles yet (a training step of Llama-3-8B's first four layers, S=4096, on the H200:
-7.6 s with it, 68 ms without, 71 ms on SDPA; ``benchmarks.model --train-batches 1``). What
+runs transformers' code then — its derived backward is a staged program whose GEMM stages took
+7.6 s of a training step of Llama-3-8B's first four layers (S=4096, on the H200; 68 ms without,
+71 ms on SDPA; ``benchmarks.model --train-batches 1``) on TVM's default schedule; they now run
+as tensor-core tiles (the contraction template), and the MLP stays on transformers' code until
+``benchmarks.contraction`` measures them against eager autograd. What
 tensorfuse does not compute is handed back to transformers, never approximated: attention with
 dropout, with a float (additive) mask or asking for the weights runs transformers' own code;
 attention sinks are refused with a message.

@@ -10,6 +10,8 @@ from ..dsl.program import Program
 from ..errors import RollingUpdateError, ScheduleError, TargetError
 from ..targets import TargetSpec
 from .cluster import attention_decode
+from .contraction import triton_contraction
+from .contraction_plan import gemm_shaped, is_contraction
 from .fusion import Fusion
 from .hopper_attention import hopper_attention
 from .hopper_ffn import hopper_ffn
@@ -44,10 +46,36 @@ def templated_stages(program: Program, target: TargetSpec) -> tuple:
     from .stages import NotStageable, plan_stages
 
     try:
-        stages = plan_stages(program, lambda sub: choose(sub, target) is not None)
+        stages = plan_stages(program, lambda sub: takes_stage(sub, target))
     except NotStageable:
         return ()
     return stages if any(s.templated for s in stages) else ()
+
+
+def takes_stage(program: Program, target: TargetSpec) -> bool:
+    """Whether a template takes a stage of the floor: the contraction template its GEMMs, the
+    row-tile template the rest. Sums only, of which some are GEMMs the contraction template
+    refuses together (two weight gradients into differently indexed outputs), are cut further:
+    the row-tile template would take them whole at a placeholder size and then run them a row at
+    a time on the CUDA cores, or not at all at the real sizes."""
+    if not target.is_gpu:
+        return False
+    if is_contraction(program):
+        return True
+    if all(c.monoid.name == "sum" for c in program.computes if c.is_reduction) and \
+            gemm_shaped(program):
+        return False
+    return choose(program, target) is not None
+
+
+def contraction_templates(kernel, spec: TargetSpec) -> tuple:
+    """The contraction template (GEMM tiles on the tensor cores, :mod:`.contraction`) where
+    the program's sums are GEMMs, on every GPU target; after the native Hopper templates (the
+    Hopper GEMM takes the GEMMs it can: faster where both run) and before the row-tile
+    template, which runs GEMMs a row at a time on the CUDA cores."""
+    if not spec.is_gpu or not spec.has_tensor_cores:
+        return ()
+    return tuple(_made(triton_contraction, kernel, spec))
 
 
 def why_no_template(program: Program, target: TargetSpec) -> str:

@@ -161,7 +161,8 @@ def test_sizes_tma_cannot_copy_are_refused_and_compile_falls_back():
     with pytest.raises(ScheduleError, match="multiple of 8"):
         check_gemm(plan, GemmKnobs(stages=3), dict(M=100, K=100, N=30))
     f = tf.compile(K.matmul, "cuda:sm_90a")
-    assert f.schedule_origin(M=100, K=100, N=30) == "template defaults"   # the Triton template
+    # Triton's GEMM tiles (masked loads, no TMA)
+    assert f.schedule_origin(M=100, K=100, N=30).startswith("contraction template defaults")
     assert f.schedule_origin(**SIZES).startswith("hopper_gemm template defaults")
 
 

@@ -9,7 +9,7 @@ from ...binding import CallBinder, check_named_sizes, output_shape, split_scalar
 from ...dsl import dtypes as dt
 from ...interop import deliver, kept_copies, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
-from .launch import compile_for, interpreting, load_kernel, signature
+from .launch import compile_for, interpreting, launch_device, load_kernel, signature
 from ..signature_call import call_layout, fast_call_applies, try_fast_call
 from .launcher import FastCall, Launches, PartCounters, Step, current_stream
 from .row_grid import block_k, grid, launch_grid
@@ -236,16 +236,8 @@ class TritonKernel(GraphCallable):
         """Everything a launch needs: the launches, the argument values by name, the output
         buffers and what the caller gave for them, and the bound call (``key``: the call's
         signature key, when the caller made it already)."""
-        import torch
-
         bound = self._binder()(args, kwargs, key)
-        if self._calls.target_device == "cpu":   # Triton's interpreter
-            device = torch.device("cpu")
-        else:
-            if not self._device_checked:
-                self.target.device()  # a clear error when the GPU is missing
-                self._device_checked = True
-            device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
+        device = launch_device(self, bound)
         plan, launches, scratch, knobs, outputs, counters = self._launches(bound)
         values = torch_arguments(self.program, bound, device)
         # read by a kernel written with sizes as arguments (a parameter of the same name wins:

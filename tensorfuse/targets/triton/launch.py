@@ -70,6 +70,20 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def launch_device(kernel, bound):
+    """The torch device a bound call of ``kernel`` (a Triton template's callable) runs on: the
+    CPU under Triton's interpreter, else the call's GPU — the target's device checked on the
+    kernel's first call, a clear error where the GPU is missing."""
+    import torch
+
+    if interpreting():
+        return torch.device("cpu")
+    if not kernel._device_checked:
+        kernel.target.device()
+        kernel._device_checked = True
+    return bound.torch_device or torch.device("cuda", torch.cuda.current_device())
+
+
 def signature(program, outputs, mask_args: list[str]) -> dict:
     """Triton argument types: pointers for tensors and outputs, scalars by type."""
     sig = {}

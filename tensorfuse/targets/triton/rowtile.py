@@ -90,7 +90,7 @@ class _RowTileSource:
             self.parts + ["part_count"] if splits > 1 else self.mask_args) + \
             size_arguments(plan.sizes)   # sizes the kernel reads as arguments (dynamic=)
         self.bk = block_k(plan)
-        self.wide = _wide(prog, self.sizes)
+        self.wide = needs_wide_offsets(prog, self.sizes)
 
         self.ctx_base = TileContext(axes={}, sizes=self.sizes, interpreter=interpreter)
         self.reads_only = all(kind == "row" for _, _, kind in plan.outputs)
@@ -224,7 +224,7 @@ class _RowTileSource:
         rc_refs = {}
         for xname, con in plan.locals.items():
             feat = self.local_axes[xname]
-            w(f"rhs_{xname} = {_operand(con.right, self.ctx_cf(feat), self.dot_type(con))}")
+            w(f"rhs_{xname} = {dot_operand(con.right, self.ctx_cf(feat), self.dot_type(con))}")
             ieee = ieee_products(self.dot_type(con))
             w(f"t_{xname} = tl.dot(lhs_{xname}, tl.trans(rhs_{xname}){ieee})")
             rc_refs[xname] = f"t_{xname}"
@@ -273,7 +273,7 @@ class _RowTileSource:
                     if self.ragged_cols:
                         p = f"tl.where(col_ok, {p}, 0.0)"
                     w(f"p_{m.name}_{sp.k} = ({p}).to({TL_DTYPES[self.dot_type(con)]})")
-                    v = _operand(con.right, self.ctx_cf(feat), self.dot_type(con))
+                    v = dot_operand(con.right, self.ctx_cf(feat), self.dot_type(con))
                     w(f"v_{m.name}_{sp.k} = {v}")
                 chunk_vars.append(sp)
             # correct and combine
@@ -352,7 +352,7 @@ class _RowTileSource:
             else:
                 ctx = self.ctx_rc().child(refs=finals, emit=w if self.single else None,
                                           memo=self.chunk_memo)
-            offsets = _store_offsets(c, ctx, self.sizes)
+            offsets = store_offsets(c, ctx, self.sizes)
             valid_ = sorted({ctx.valid[a.uid] for a in c.axes if a.uid in ctx.valid})
             store = (f"tl.store({out} + ({offsets}), ({to_triton(expr, ctx)})"
                      f".to({TL_DTYPES[c.dtypes[0]]}), mask={' & '.join(valid_) or 'None'})")
@@ -430,7 +430,7 @@ class _RowTileSource:
             x = self.prog.compute(xname)
             feat = x.over[0]
             self.local_axes[xname] = feat
-            w(f"lhs_{xname} = {_operand(con.left, self.ctx_rf(feat), self.dot_type(con))}")
+            w(f"lhs_{xname} = {dot_operand(con.left, self.ctx_rf(feat), self.dot_type(con))}")
         # states
         for sp in plan.states:
             shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else \
@@ -462,7 +462,7 @@ class _RowTileSource:
             for d in self.needed:
                 w(f"tl.store({self.part_at(f'part_ref_{d}', 'pid_s')}, ref_{d})")
             self.last_part_merges()
-            return _assemble([(self.name, self.args, w.lines)]), self.args
+            return assemble_source([(self.name, self.args, w.lines)]), self.args
         if self.single:  # the whole axis in one block: no loop, and outputs reuse the loaded values
             w("start_n = 0")
             early = output_operands(plan, self.ctx_rc()) if PREFETCH else ()
@@ -503,10 +503,10 @@ class _RowTileSource:
         finals = self.emit_finals(self.states, {d: f"ref_{d}" for d in self.needed}, {},
                                   correct=not self.single)
         self.emit_outputs(finals)
-        return _assemble([(self.name, self.args, w.lines)]), self.args
+        return assemble_source([(self.name, self.args, w.lines)]), self.args
 
 
-def _assemble(functions) -> str:
+def assemble_source(functions) -> str:
     parts = ["import triton", "import triton.language as tl",
              "from triton.language.extra import libdevice", HELPERS]
     if any("_host_int(" in line for _, _, body in functions for line in body):
@@ -518,7 +518,7 @@ def _assemble(functions) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
+def dot_operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
     """A tl.dot operand: a single load keeps its storage type; anything else is computed in f32
     and converted."""
     if isinstance(e, Load) and e.param.dtype == dot_dtype:
@@ -526,7 +526,7 @@ def _operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
     return f"({to_triton(e, ctx)}).to({TL_DTYPES[dot_dtype]})"
 
 
-def _store_offsets(c: Compute, ctx: TileContext, sizes: dict) -> str:
+def store_offsets(c: Compute, ctx: TileContext, sizes: dict) -> str:
     dims = [a.extent if isinstance(a.extent, int) else sizes[a.extent] for a in c.axes]
     strides, acc = [], 1
     for n in reversed(dims):
@@ -537,7 +537,7 @@ def _store_offsets(c: Compute, ctx: TileContext, sizes: dict) -> str:
                       for a, s in zip(c.axes, strides))
 
 
-def _wide(prog, sizes: dict) -> bool:
+def needs_wide_offsets(prog, sizes: dict) -> bool:
     """Whether some tensor the kernel reads or writes has 2³¹ elements or more (its offsets then
     need 64 bits). Each tensor is asked on its own: a size as an argument is then guarded by
     each staying below, not by which of them is the largest."""

@@ -1,0 +1,151 @@
+"""The contraction template (Triton tensor-core tiles for GEMM-shaped programs) against cuBLAS
+through torch eager and torch.compile, in one process on one GPU: GEMMs as users write them
+(``nn.Linear``, a batched product, a weight gradient reading its rows operand transposed, a
+gradient through a computed operand) and SwiGLU's MLP backward (``tf.grad``: its floor's GEMM
+stages) against eager autograd.
+
+Every tensorfuse kernel is checked against float64 on its own inputs (outputs poisoned with NaN
+first) before it is timed; a wrong one is reported and not timed. ``template`` rows call the
+contraction template directly (on sm_90a ``tf.compile`` gives the Hopper GEMM the GEMMs it takes);
+``tensorfuse`` rows are ``tf.compile``'s choice.
+
+    python -m benchmarks.contraction [--out DIR] [--only linear,weight_gradient,...]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from benchmarks.common import (TENSORFUSE, TORCH_COMPILE, TORCH_EAGER, Row, bench,
+                               measure_ceilings, relative_error, run_and_write)
+from tensorfuse import dsl as T
+from tensorfuse.autograd import grad
+from tensorfuse.kernels.layers import swiglu_mlp_kernel
+from tensorfuse.schedule_templates.contraction import triton_contraction
+from tensorfuse.targets import get_target
+
+TOLERANCE = 1e-2   # bf16 outputs (2⁻⁹ each) of f32 accumulations; a rounded side as much again
+
+
+@tf.kernel
+def weight_gradient(x: T.Tensor["B", "M", "K", "bf16"], dy: T.Tensor["B", "M", "N", "bf16"]):
+    """A batched weight gradient: the rows operand read transposed (its contracted axis first)."""
+    b, i, k, n = T.axes("b i k n")
+    return T.sum(x[b, i, k] * dy[b, i, n], over=i)
+
+
+@tf.kernel
+def gated_gradient(x: T.Tensor["M", "K", "bf16"], d_h: T.Tensor["M", "N", "f32"],
+                   gate: T.Tensor["M", "N", "f32"]):
+    """SwiGLU's gate-weight gradient as its backward's floor stores it: the columns side computed
+    from two f32 tensors (rounded to bf16 for the tensor cores), out [K, N]."""
+    i, k, n = T.axes("i k n")
+    s = T.sigmoid(gate[i, n])
+    return T.sum(d_h[i, n] * s * (1.0 + gate[i, n] * (1.0 - s)) * x[i, k], over=i)
+
+
+def _randn(*shape, scale=1.0, dtype=torch.bfloat16):
+    return (torch.randn(*shape, device="cuda") * scale).to(dtype)
+
+
+def cases():
+    """(name, shape, kernel, arguments, float64 reference, torch's call, FLOPs)."""
+    M, K_, N = 8192, 4096, 14336
+    x, w, b = _randn(M, K_), _randn(N, K_, scale=0.02), _randn(N)
+    yield ("linear", f"{M}x{K_}x{N}", K.linear, dict(x=x, weight=w, bias=b),
+           lambda: x.double() @ w.double().T + b.double(),
+           lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias), 2 * M * K_ * N)
+    B, S, D = 8, 4096, 4096
+    xs, dy = _randn(B, S, D), _randn(B, S, D, scale=0.01)
+    yield ("weight_gradient", f"B{B} {S}x{D}x{D} (xᵀ·dy)", weight_gradient, dict(x=xs, dy=dy),
+           lambda: torch.einsum("bik,bin->bkn", xs.double(), dy.double()),
+           lambda x, dy: torch.einsum("bik,bin->bkn", x, dy), 2 * B * S * D * D)
+    xg, d_h, gate = _randn(M, K_), torch.randn(M, N, device="cuda"), \
+        torch.randn(M, N, device="cuda") * 3
+
+    def gated_reference(x, d_h, gate):
+        s = torch.sigmoid(gate)
+        return torch.einsum("in,ik->kn", (d_h * s * (1 + gate * (1 - s))).to(x.dtype), x)
+    yield ("gated_gradient", f"{M}x{K_}x{N} (SwiGLU's gate-weight gradient)", gated_gradient,
+           dict(x=xg, d_h=d_h, gate=gate),
+           lambda: gated_reference(xg.double(), d_h.double(), gate.double()), gated_reference,
+           2 * M * K_ * N)
+
+
+def swiglu_backward_rows(rows: list, ceiling: float, M=4096, K_=4096, N=14336, O=4096,
+                         log=print) -> None:
+    """``tf.grad`` of Llama's MLP (its floor's stages) against torch's autograd of the same MLP."""
+    x, gate_proj, up_proj = _randn(M, K_), _randn(N, K_, scale=0.02), _randn(N, K_, scale=0.02)
+    down_proj, d_out = _randn(O, N, scale=0.02), _randn(M, O)
+    backward = tf.compile(grad(swiglu_mlp_kernel("bf16")))
+    args = dict(x=x, gate_proj=gate_proj, up_proj=up_proj, down_proj=down_proj, d_out=d_out)
+
+    def autograd(x, gate_proj, up_proj, down_proj, d_out):
+        leaves = [t.detach().requires_grad_() for t in (x, gate_proj, up_proj, down_proj)]
+        xl, g, u, d = leaves
+        out = torch.nn.functional.linear(torch.nn.functional.silu(xl @ g.T) * (xl @ u.T), d)
+        return torch.autograd.grad(out, leaves, d_out)
+
+    want = autograd(*(t.double() for t in args.values()))
+    got = backward(**args)
+    error = max(relative_error(g, w) for g, w in zip(got, want))
+    flops = 2 * M * K_ * N * 2 * 3 + 2 * M * N * O * 3   # the forward's GEMMs again, then dx, dW
+    shape = f"M{M} K{K_} N{N} O{O}"
+    calls = {TENSORFUSE: lambda: backward(**args), TORCH_EAGER: lambda: autograd(**args),
+             TORCH_COMPILE: functools.partial(torch.compile(autograd), **args)}
+    for label, call in calls.items():
+        if label == TENSORFUSE and error > TOLERANCE:
+            log(f"swiglu_backward {label}: WRONG (error {error:.2e}); not timed")
+            continue
+        ms = bench(call)
+        rate = flops / ms / 1e9
+        rows.append(Row("contraction/swiglu_backward", shape, label, ms, rate, 0.0,
+                        rate / ceiling, f"err {error:.1e}" if label == TENSORFUSE else ""))
+        log(f"swiglu_backward {shape} {label}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+
+
+def measure(rows: list, only: set | None = None, log=print) -> None:
+    target = get_target("cuda")
+    ceiling = measure_ceilings()["gemm_tflops"]
+    log(f"bf16 GEMM ceiling (cuBLAS 8192³): {ceiling:.0f} TFLOP/s")
+    for name, shape, kernel, args, reference, torch_call, flops in cases():
+        if only and name not in only:
+            continue
+        want = reference()
+        made = {TENSORFUSE: tf.compile(kernel),
+                f"{TENSORFUSE} template": triton_contraction(kernel, target)}
+        calls = {TORCH_EAGER: functools.partial(torch_call, **args),
+                 TORCH_COMPILE: functools.partial(torch.compile(torch_call), **args)}
+        for label, kernel_ in made.items():
+            out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            error = relative_error(kernel_(**args, out=out), want)
+            if error > TOLERANCE:
+                log(f"{name} {label}: WRONG (error {error:.2e}); not timed")
+                continue
+            calls[label] = functools.partial(kernel_, **args)
+        for label, call in calls.items():
+            ms = bench(call)
+            rate = flops / ms / 1e9
+            rows.append(Row(f"contraction/{name}", shape, label, ms, rate, 0.0,
+                            rate / ceiling, ""))
+            log(f"{name} {shape} {label}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+    if not only or "swiglu_backward" in only:
+        swiglu_backward_rows(rows, ceiling, log=log)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--only", default="", help="comma-separated case names")
+    args = parser.parse_args(argv)
+    only = {n for n in args.only.split(",") if n} or None
+    run_and_write(lambda rows: measure(rows, only), args.out, "contraction")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

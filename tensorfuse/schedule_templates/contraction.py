@@ -1,0 +1,146 @@
+"""The contraction template: programs whose sums are GEMMs (:mod:`.contraction_plan`) as Triton
+tensor-core tiles, on every GPU Triton generates code for (the source:
+:mod:`tensorfuse.targets.triton.contraction`; the callable: :class:`ContractionKernel`).
+
+``tf.compile`` tries it after the native Hopper templates and before the row-tile template, so a
+GEMM-shaped program gets tensor-core tiles on an A100, an RTX card and an MI300 as well — and a
+GEMM the Hopper GEMM refuses (a weight gradient reading its rows operand transposed, an operand
+computed from several tensors) on the H100 too. Sizes are kernel arguments once a call brings a
+second value of one (:mod:`tensorfuse.targets.triton.size_builds`: a new number of tokens does
+not build again).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..algebra.exprs import nodes
+from ..dsl import dtypes as dt
+from ..dsl.expr import Load
+from ..errors import ScheduleError, TargetError
+from ..targets import TargetSpec
+from .contraction_plan import ContractionPlan, plan_contraction
+
+
+@dataclass(frozen=True)
+class ContractionKnobs:
+    """Output tiles of ``block_m × block_n`` over blocks of ``block_k`` contracted indices,
+    ``num_warps`` warps, ``num_stages`` blocks of loads in flight (Triton's pipeliner), tiles
+    visited in groups of ``group_m`` row blocks."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    group_m: int = 8
+
+    def __str__(self) -> str:
+        return (f"block_m={self.block_m}, block_n={self.block_n}, block_k={self.block_k}, "
+                f"warps={self.num_warps}, stages={self.num_stages}, group_m={self.group_m}")
+
+
+def _pow2_at_least(n: int, low: int) -> int:
+    return max(low, 1 << max(0, int(n) - 1).bit_length())
+
+
+def operand_bytes(plan: ContractionPlan) -> int:
+    """Bytes of one element of the widest operand the tensor cores read."""
+    return max(4 if p.dtype == "f32" else 2 for p in plan.products)
+
+
+def _loads(side) -> dict:
+    return {n.key(): n for n in nodes(side) if isinstance(n, Load)}
+
+
+def shared_bytes(plan: ContractionPlan, knobs: ContractionKnobs) -> int:
+    """Shared memory the pipeliner keeps: ``num_stages`` blocks of every tensor each side reads,
+    as stored (a side computed from two f32 tensors stages both: ptxas's count for SwiGLU's
+    gate gradient was 2.3× the operands')."""
+    rows, cols = {}, {}
+    for p in plan.products:
+        rows.update(_loads(p.rows_side))
+        cols.update(_loads(p.cols_side))
+    per_stage = sum(knobs.block_m * knobs.block_k * dt.to_numpy(n.param.dtype).itemsize
+                    for n in rows.values())
+    per_stage += sum(knobs.block_k * knobs.block_n * dt.to_numpy(n.param.dtype).itemsize
+                     for n in cols.values())
+    return knobs.num_stages * per_stage
+
+
+def default_contraction_knobs(plan: ContractionPlan, sizes: dict,
+                              target: TargetSpec) -> ContractionKnobs:
+    """Tiles of 128 × 128 (128 × 256 on sm_90 with one sum: ``wgmma``'s widest efficient tile,
+    as Triton's own matmul tutorial picks for the H100), narrowed to the rows and columns there
+    are (a few rows: 16 at least, what ``tl.dot`` takes), one accumulator's registers shared
+    between several sums, and as many pipeline stages (2–4) as the GPU's shared memory holds;
+    f32 operands (IEEE products on the CUDA cores) in 64 × 64 tiles of 32."""
+    rows = sizes[plan.rows.extent] if isinstance(plan.rows.extent, str) else plan.rows.extent
+    cols = sizes[plan.cols.extent] if isinstance(plan.cols.extent, str) else plan.cols.extent
+    if operand_bytes(plan) == 4:
+        knobs = ContractionKnobs(64, 64, 32, 4, 2)
+    else:
+        wide = target.kind == "cuda" and target.compute_capability >= (9, 0)
+        sums = len(plan.products)
+        knobs = ContractionKnobs(128, (256 if wide else 128) if sums == 1 else
+                                 128 if sums == 2 else 64)
+    knobs = replace(knobs, block_m=min(knobs.block_m, _pow2_at_least(int(rows), 16)),
+                    block_n=min(knobs.block_n, _pow2_at_least(int(cols), 16)))
+    if knobs.block_m * knobs.block_n <= 64 * 64:
+        knobs = replace(knobs, num_warps=4)
+    if target.kind == "rocm":   # CDNA: 64-lane wavefronts, LDS of 64 KiB
+        knobs = replace(knobs, num_warps=min(knobs.num_warps, 8), num_stages=2)
+    room = shared_room(target)
+    for stages in (4, 3, 2):
+        if stages <= max(knobs.num_stages, 2) and \
+                shared_bytes(plan, replace(knobs, num_stages=stages)) <= room:
+            return replace(knobs, num_stages=stages)
+    knobs = replace(knobs, num_stages=2)   # then narrower blocks of k, then of columns
+    while shared_bytes(plan, knobs) > room and knobs.block_k > 16:
+        knobs = replace(knobs, block_k=knobs.block_k // 2)
+    while shared_bytes(plan, knobs) > room and knobs.block_n > 16:
+        knobs = replace(knobs, block_n=knobs.block_n // 2)
+    return knobs
+
+
+def shared_room(target: TargetSpec) -> int:
+    """Shared memory the operands' stages may take: the GPU's, less 8 KiB for what Triton keeps
+    besides (the epilogue's layout conversions)."""
+    return target.max_shared_memory - 8 * 1024
+
+
+def check_contraction(plan: ContractionPlan, knobs: ContractionKnobs, target: TargetSpec) -> None:
+    """A :class:`TargetError` where ``knobs`` cannot run on ``target``."""
+    for name in ("block_m", "block_n", "block_k"):
+        value = getattr(knobs, name)
+        if value < 16 or value & (value - 1):
+            raise TargetError(f"{name}={value}: tiles are powers of two of at least 16 "
+                              "(tl.dot's smallest)")
+    room = shared_room(target)
+    if shared_bytes(plan, knobs) > room:
+        raise TargetError(f"{knobs} needs {shared_bytes(plan, knobs)} bytes of shared memory; "
+                          f"{target.name} has {room}")
+
+
+def triton_contraction(kernel, target: TargetSpec, **given):
+    """A callable GEMM-tile kernel for ``kernel`` on ``target`` (a GPU), with knobs
+    :class:`ContractionKnobs` fields given here fixed (the rest the defaults at each call's
+    sizes); a :class:`ScheduleError` where the program is not a contraction."""
+    from ..targets.triton.contraction_kernel import ContractionKernel
+
+    if not target.is_gpu:
+        raise ScheduleError(f"the contraction template generates Triton GPU kernels; the target "
+                            f"is {target.name}")
+    unknown = set(given) - set(ContractionKnobs.__dataclass_fields__)
+    if unknown:
+        raise ScheduleError(f"the contraction template has no knob {', '.join(sorted(unknown))}; "
+                            f"its knobs: {', '.join(ContractionKnobs.__dataclass_fields__)}")
+    program = kernel.program if hasattr(kernel, "program") else kernel
+    plan = plan_contraction(program)
+
+    def knobs_at(sizes: dict) -> ContractionKnobs:
+        knobs = replace(default_contraction_knobs(plan, sizes, target), **given)
+        check_contraction(plan, knobs, target)
+        return knobs
+
+    return ContractionKernel(plan, target, knobs_at, given)
+

@@ -1,0 +1,203 @@
+"""The contraction plan: a program whose sums are products of a rows operand and a columns
+operand over one axis, as tensor-core GEMM tiles (the Triton source:
+:mod:`tensorfuse.targets.triton.contraction`).
+
+The row-tile template sweeps one output row at a time and multiplies elementwise on the CUDA
+cores; it is right for rows and attention chains, and wrong for a GEMM, where every row of a tile
+must share each block of the other operand (a 4096³ matmul ran as rows on every GPU but the
+H100's native template, and a weight gradient of SwiGLU's backward on TVM's default schedule).
+:func:`plan_contraction` reads, by the roles of the axes and not their places in the tensors:
+
+- the **contracted** axis ``k``: the one axis every sum runs over;
+- the **rows** axis ``r`` and the **columns** axis ``c``: output axes such that each sum's
+  factors split into a rows side (reading ``r`` and ``k``, never ``c``) and a columns side
+  (``c`` and ``k``, never ``r``); ``c`` is the output's innermost axis that allows it, so that
+  the stores run along memory;
+- **batch** axes: the output's others (the grid's second dimension), read by either side.
+
+Each side is any elementwise expression of loads (a stored activation's derivative, a scale), with
+the tensors indexed through their own strides — ``x[i, k]`` as the rows side of ``out[k, n]`` is
+read transposed, without a copy. Several sums over the same axes share the tile loop, each its own
+accumulator (a gated pair's two projections); the outputs are elementwise functions of the sums
+and of loads at the output's indices (a bias, a residual), computed on the accumulators.
+
+Precision: where a side is a load of a 16-bit float it enters the tensor cores as it is stored;
+a computed side, or an f32 load, multiplied with a 16-bit side is rounded to that type (as
+``torch.autocast`` rounds an operand, and as PyTorch's own backward stores the activation
+gradients it multiplies); two f32 sides multiply in f32 (IEEE, not TF32). Products accumulate in
+f32. :meth:`ContractionPlan.describe` says which sides are rounded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+
+from ..algebra import inline_elementwise
+from ..algebra.exprs import factors, has_axis, mul, nodes
+from ..dsl.expr import Axis, Expr, Load, Ref
+from ..dsl.printer import to_text
+from ..dsl.program import Compute, Program
+from ..errors import ScheduleError
+
+WHO = "contraction template"
+SIXTEEN_BIT = ("bf16", "f16")
+
+
+@dataclass(frozen=True)
+class Product:
+    """One sum of the plan: ``name = Σ_k rows_side · cols_side``, each side an elementwise
+    expression; ``dtype``: what the tensor cores multiply (``"bf16"``, ``"f16"`` or ``"f32"``);
+    ``rounded``: the sides rounded to it (``"rows"``, ``"cols"``)."""
+
+    name: str
+    rows_side: Expr
+    cols_side: Expr
+    dtype: str
+    rounded: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ContractionPlan:
+    """The sums as products of two sides, the axes by role, and the outputs."""
+
+    program: Program
+    products: tuple[Product, ...]
+    k: Axis                      # contracted
+    rows: Axis                   # the tile's M
+    cols: Axis                   # the tile's N
+    batch: tuple[Axis, ...]      # the grid's second dimension, outermost first
+    outputs: tuple[Compute, ...]
+
+    def describe(self) -> str:
+        lines = [f"contraction plan: {', '.join(c.name for c in self.outputs)} "
+                 f"[{', '.join(a.name for a in self.outputs[0].axes)}] as GEMM tiles: rows "
+                 f"{self.rows.name}, columns {self.cols.name}, contracted {self.k.name}"
+                 + (f", batch {', '.join(a.name for a in self.batch)}" if self.batch else "")]
+        for p in self.products:
+            rounded = f"; {' and '.join(p.rounded)} side rounded to {p.dtype}" if p.rounded else ""
+            lines.append(f"  {p.name} = Σ_{self.k.name} ({to_text(p.rows_side)}) · "
+                         f"({to_text(p.cols_side)})  [tensor cores in {p.dtype}{rounded}, "
+                         "f32 accumulation]")
+        lines.append("  outputs computed on the accumulators: " + ", ".join(
+            f"{c.name} = {to_text(c.bodies[0])}" for c in self.outputs))
+        return "\n".join(lines)
+
+
+def _refuse(message: str, loc=None) -> ScheduleError:
+    return ScheduleError(f"{WHO}: {message}", loc)
+
+
+def _side_dtype(side: Expr) -> str:
+    """The dtype a side is stored in: its load's where it is one load, else f32 (computed)."""
+    return side.param.dtype if isinstance(side, Load) else "f32"
+
+
+def _operand_dtypes(rows_side: Expr, cols_side: Expr) -> tuple[str, tuple[str, ...]]:
+    """(what the tensor cores multiply, the sides rounded to it): a 16-bit side sets it (both
+    16-bit of different types: the rows side's), two f32 sides stay f32."""
+    kinds = {"rows": _side_dtype(rows_side), "cols": _side_dtype(cols_side)}
+    narrow = [d for d in kinds.values() if d in SIXTEEN_BIT]
+    if not narrow:
+        return "f32", ()
+    return narrow[0], tuple(side for side, d in kinds.items() if d != narrow[0])
+
+
+def _split(body: Expr, rows: Axis, cols: Axis, k: Axis) -> tuple[Expr, Expr] | None:
+    """``(rows side, cols side)`` of a sum's body, or None where a factor reads both ``rows``
+    and ``cols``, or a side would not read ``k``."""
+    left, right = [], []
+    for f in factors(body):
+        on_rows, on_cols = has_axis(f, rows), has_axis(f, cols)
+        if on_rows and on_cols:
+            return None
+        (right if on_cols else left).append(f)
+    if not left or not right:
+        return None
+    rows_side, cols_side = reduce(mul, left), reduce(mul, right)
+    if not (has_axis(rows_side, k) and has_axis(cols_side, k)):
+        return None
+    return rows_side, cols_side
+
+
+def plan_contraction(program: Program) -> ContractionPlan:
+    """The contraction plan of ``program`` (module docstring), or a :class:`ScheduleError`
+    saying what does not fit."""
+    sums = [c for c in program.computes if c.is_reduction]
+    if not sums:
+        raise _refuse(f"{program.name} has no sums")
+    for c in sums:
+        if c.monoid.name != "sum" or c.arity != 1 or len(c.over) != 1:
+            raise _refuse(f"{c.name} is not a sum over one axis (it takes sums of products)",
+                          c.loc)
+    k = sums[0].over[0]
+    axes = [a.uid for a in sums[0].axes]
+    for c in sums[1:]:
+        if c.over[0].uid != k.uid or sorted(a.uid for a in c.axes) != sorted(axes):
+            raise _refuse(f"{c.name} and {sums[0].name} sum over other axes or into others (one "
+                          "kernel's tiles share the contracted axis and the output's)", c.loc)
+    outputs = tuple(c for c in program.computes if c.is_output)
+    for c in outputs:
+        if c.arity != 1 or sorted(a.uid for a in c.axes) != sorted(axes) or c.is_reduction \
+                and c not in sums:
+            raise _refuse(f"the output {c.name} is not indexed like the sums {sums[0].name} "
+                          f"[{', '.join(a.name for a in sums[0].axes)}]", c.loc)
+        for n in nodes(inline_elementwise(c.bodies[0])):
+            if isinstance(n, Ref) and n.compute not in sums:
+                raise _refuse(f"the output {c.name} reads {n.compute.name}, not a sum of this "
+                              "kernel", c.loc)
+    bodies = [inline_elementwise(c.bodies[0]) for c in sums]
+    if any(isinstance(n, Ref) for b in bodies for n in nodes(b)):
+        raise _refuse("a sum reads another reduction: one contraction at a time (the stages "
+                      "of the floor store the first)")
+    out_axes = list(outputs[0].axes) if outputs else list(sums[0].axes)
+    found = _roles(bodies, out_axes, k)
+    if found is None:
+        raise _refuse("no rows and columns axes: each sum must be a product of a factor reading "
+                      "one output axis and the contracted one, and a factor reading another "
+                      f"output axis and the contracted one ({', '.join(to_text(b) for b in bodies)})",
+                      sums[0].loc)
+    rows, cols, sides = found
+    products = []
+    for c, (rows_side, cols_side) in zip(sums, sides):
+        dtype, rounded = _operand_dtypes(rows_side, cols_side)
+        products.append(Product(c.name, rows_side, cols_side, dtype, rounded))
+    batch = tuple(a for a in out_axes if a.uid not in (rows.uid, cols.uid))
+    if any(isinstance(a.extent, int) and a.extent < 1 for a in batch):
+        raise _refuse("an empty batch axis")
+    return ContractionPlan(program, tuple(products), k, rows, cols, batch, outputs)
+
+
+def _roles(bodies: list[Expr], out_axes: list[Axis], k: Axis):
+    """``(rows, cols, [(rows side, cols side) per sum])``: the columns are the innermost output
+    axis with which every sum splits, the rows the innermost other one (a tile's stores then run
+    along memory); None where no pair splits them all."""
+    for cols in reversed(out_axes):
+        for rows in reversed(out_axes):
+            if rows.uid == cols.uid:
+                continue
+            sides = [_split(b, rows, cols, k) for b in bodies]
+            if all(s is not None for s in sides):
+                return rows, cols, sides
+    return None
+
+
+def is_contraction(program: Program) -> bool:
+    """Whether :func:`plan_contraction` takes ``program``."""
+    try:
+        plan_contraction(program)
+    except ScheduleError:
+        return False
+    return True
+
+
+def gemm_shaped(program: Program) -> bool:
+    """Whether some sum of ``program`` is a product of a rows side and a columns side over its
+    axis (a GEMM, whatever else the program does): the row-tile template runs those a row at a
+    time on the CUDA cores, so the floor keeps them to stages the contraction template takes."""
+    for c in program.computes:
+        if not (c.is_reduction and c.monoid.name == "sum" and c.arity == 1 and len(c.over) == 1):
+            continue
+        body = inline_elementwise(c.bodies[0])
+        if _roles([body], list(c.axes), c.over[0]) is not None:
+            return True
+    return False

@@ -1,0 +1,136 @@
+"""The contraction template's Triton source: GEMM tiles on the tensor cores (``tl.dot``) for a
+:class:`~tensorfuse.schedule_templates.contraction_plan.ContractionPlan`.
+
+One program computes a ``BLOCK_M × BLOCK_N`` tile of the output (rows × columns) at one batch
+index: for each block of ``BLOCK_K`` contracted indices it loads (or computes, from loads) the
+rows side ``[BLOCK_M, BLOCK_K]`` and the columns side ``[BLOCK_K, BLOCK_N]`` of every sum — each
+tensor addressed through its own strides, so a transposed operand is read as it lies — and adds
+their product to the sum's f32 accumulator; the outputs are then computed on the accumulators
+(with any loads at the output's indices) and stored. Tiles are visited in groups of ``group_m``
+row blocks (the columns' blocks then stay in L2 across a group). Triton's software pipeliner
+runs the loads ``num_stages`` blocks ahead (asynchronous copies into shared memory; on sm_90
+``tl.dot`` becomes ``wgmma``, on sm_80 ``mma.sync``, on CDNA ``v_mfma``).
+"""
+from __future__ import annotations
+
+from ...algebra import inline_elementwise
+from ...dsl.expr import Load
+from ...dsl.program import Program
+from .expr import TL_DTYPES, TileContext, fresh_memo, ieee_products, to_triton
+from .rowtile import assemble_source, dot_operand, needs_wide_offsets, store_offsets
+from .source_writer import SourceWriter
+
+
+def _extent(axis, sizes: dict):
+    return axis.extent if isinstance(axis.extent, int) else sizes[axis.extent]
+
+
+def _bounds(candidates: dict) -> dict:
+    """The load bounds (axis uid → condition) of the axes whose size is ragged."""
+    return {uid: ok for uid, (ragged, ok) in candidates.items() if ragged}
+
+
+def grid_of(plan, knobs, sizes: dict) -> tuple[int, int]:
+    """(output tiles, batch indices): the launch grid at ``sizes``."""
+    rows, cols = (_extent(a, sizes) for a in (plan.rows, plan.cols))
+    batch = 1
+    for axis in plan.batch:
+        batch *= _extent(axis, sizes)
+    return -(-rows // knobs.block_m) * -(-cols // knobs.block_n), batch
+
+
+def kernel_arguments(program: Program, sizes: dict) -> list[str]:
+    """The kernel's arguments in order: the program's parameters, one pointer per output
+    (``out_<name>``), and the sizes written as arguments (symbolic ones: their names)."""
+    args = [p.name for p in program.params]
+    args += [f"out_{c.name}" for c in program.outputs]
+    args += sorted({str(v) for v in sizes.values() if not isinstance(v, int)})
+    return args
+
+
+def contraction_source(plan, knobs, name: str, sizes: dict,
+                       interpreter: bool = False) -> tuple[str, list[str]]:
+    """``(source, argument names)`` of ``plan`` at ``sizes`` (ints, or :mod:`symbolic
+    <tensorfuse.dsl.symbolic_sizes>` sizes read from arguments) with ``knobs``
+    (:class:`~tensorfuse.schedule_templates.contraction.ContractionKnobs`)."""
+    w = SourceWriter(interpreter)
+    wide = needs_wide_offsets(plan.program, sizes)
+    M, N, K = (_extent(a, sizes) for a in (plan.rows, plan.cols, plan.k))
+    as_index = ".to(tl.int64)" if wide else ""
+    w("pid = tl.program_id(0)")
+    w(f"pid_b = tl.program_id(1){as_index}")
+    w(f"blocks_m = tl.cdiv({M}, BLOCK_M)")
+    w(f"blocks_n = tl.cdiv({N}, BLOCK_N)")
+    w(f"in_group = {knobs.group_m} * blocks_n   # tiles of a group of {knobs.group_m} row blocks")
+    w(f"first_m = (pid // in_group) * {knobs.group_m}")
+    w(f"group_rows = tl.minimum(blocks_m - first_m, {knobs.group_m})")
+    w("pid_m = first_m + (pid % in_group) % group_rows")
+    w("pid_n = (pid % in_group) // group_rows")
+    w(f"offs_m = pid_m{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
+    w(f"offs_n = pid_n{as_index} * BLOCK_N + tl.arange(0, BLOCK_N)")
+    batch = {}
+    inner = 1
+    for axis in reversed(plan.batch):   # the batch index's digits, innermost first
+        extent = _extent(axis, sizes)
+        w(f"ax_{axis.name} = (pid_b // {inner}) % {extent}" if inner != 1 else
+          f"ax_{axis.name} = pid_b % {extent}")
+        batch[axis.uid] = f"ax_{axis.name}"
+        inner = extent if inner == 1 else f"{inner} * {extent}"
+    for k, _ in enumerate(plan.products):
+        w(f"acc_{k} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+    # bounds only where a size is not a multiple of its block (Triton's loads are then
+    # unpredicated and vectorised; with a size as an argument, which it is is a guard)
+    rows_ok, cols_ok = f"(offs_m[:, None] < {M})", f"(offs_n[None, :] < {N})"
+    ragged_m, ragged_n, ragged_k = (size % block != 0 for size, block in (
+        (M, knobs.block_m), (N, knobs.block_n), (K, knobs.block_k)))
+    w.sweep("k0", "0", str(K), "BLOCK_K")
+    loop_memo: dict = {}
+    with w.block():
+        w("offs_k = k0 + tl.arange(0, BLOCK_K)")
+        base = dict(sizes=sizes, emit=w, memo=loop_memo, interpreter=interpreter)
+        rows_ctx = TileContext({**batch, plan.rows.uid: "offs_m[:, None]",
+                                plan.k.uid: "offs_k[None, :]"},
+                               _bounds({plan.rows.uid: (ragged_m, rows_ok),
+                                        plan.k.uid: (ragged_k, f"(offs_k[None, :] < {K})")}),
+                               **base)
+        cols_ctx = TileContext({**batch, plan.cols.uid: "offs_n[None, :]",
+                                plan.k.uid: "offs_k[:, None]"},
+                               _bounds({plan.cols.uid: (ragged_n, cols_ok),
+                                        plan.k.uid: (ragged_k, f"(offs_k[:, None] < {K})")}),
+                               **base)
+        for k, product in enumerate(plan.products):
+            # Triton's interpreter multiplies 16-bit operands wrongly: it gets them as f32,
+            # the rounding of a computed side to 16 bits kept
+            dtype = "f32" if interpreter else product.dtype
+            rounding = f".to({TL_DTYPES[product.dtype]})" if interpreter and \
+                product.dtype != "f32" else ""
+            sides = []
+            for side, ctx, shape, k_ok in (
+                    (product.rows_side, rows_ctx, "BLOCK_M, BLOCK_K", "(offs_k[None, :] < {K})"),
+                    (product.cols_side, cols_ctx, "BLOCK_K, BLOCK_N", "(offs_k[:, None] < {K})")):
+                if isinstance(side, Load) and side.param.dtype in (product.dtype, "f32"):
+                    value = dot_operand(side, ctx, dtype)   # masked: zeros past the last k
+                else:   # computed (from zeros past the last k, which need not give zero)
+                    value = to_triton(side, ctx)
+                    if ragged_k:
+                        value = f"tl.where({k_ok.format(K=K)}, {value}, 0.0)"
+                    value = f"({value}){rounding}.to({TL_DTYPES[dtype]})"
+                sides.append(f"tl.broadcast_to({value}, ({shape}))")
+            w(f"acc_{k} = tl.dot({sides[0]}, {sides[1]}, acc_{k}{ieee_products(dtype)})")
+    refs = {p.name: f"acc_{k}" for k, p in enumerate(plan.products)}
+    out_ctx = TileContext({**batch, plan.rows.uid: "offs_m[:, None]",
+                           plan.cols.uid: "offs_n[None, :]"},
+                          _bounds({plan.rows.uid: (ragged_m, rows_ok),
+                                   plan.cols.uid: (ragged_n, cols_ok)}), refs=refs,
+                          sizes=sizes, emit=w, memo=fresh_memo(loop_memo),
+                          interpreter=interpreter)
+    for c in plan.outputs:
+        value = refs[c.name] if c.name in refs else to_triton(inline_elementwise(c.bodies[0]),
+                                                              out_ctx)
+        offsets = store_offsets(c, out_ctx, sizes)
+        bounds = " & ".join(ok for ragged, ok in ((ragged_m, rows_ok), (ragged_n, cols_ok))
+                            if ragged)
+        w(f"tl.store(out_{c.name} + ({offsets}), tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))"
+          f".to({TL_DTYPES[c.dtypes[0]]}){', mask=' + bounds if bounds else ''})")
+    args = kernel_arguments(plan.program, sizes)
+    return assemble_source([(name, args, w.lines)]), args

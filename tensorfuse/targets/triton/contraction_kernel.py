@@ -1,0 +1,145 @@
+"""The contraction template's kernels as callables: arguments checked like every tensorfuse
+kernel, torch or NumPy in and out, a Triton source per shape signature (sizes seen at a second
+value become arguments: :mod:`.size_builds`), launched on torch's current stream."""
+from __future__ import annotations
+
+from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
+from ...interop import deliver, torch_arguments, torch_output
+from ...torch_graph import GraphCallable
+from .contraction import contraction_source, grid_of
+from .launch import compile_for, interpreting, launch_device, load_kernel, signature
+from .launcher import Launches, Step
+from .size_builds import SizeBuilds, size_values
+
+ORIGIN = "contraction template defaults"
+
+
+class ContractionKernel(GraphCallable):
+    """A :class:`~tensorfuse.schedule_templates.contraction_plan.ContractionPlan` as GEMM tiles:
+    ``knobs_at(sizes)`` gives the knobs at a call's sizes (the defaults, with the ``given`` ones
+    fixed), or a :class:`~tensorfuse.errors.TargetError` where none run there."""
+
+    def __init__(self, plan, target, knobs_at, given: dict):
+        self.plan, self.target, self.knobs_at = plan, target, knobs_at
+        self.program = plan.program
+        self.given = dict(given)
+        self.description = f"contraction template (GEMM tiles: rows {plan.rows.name}, columns " \
+                           f"{plan.cols.name}, contracted {plan.k.name})"
+        self.outputs = list(self.program.outputs)
+        self.sizes = SizeBuilds(None, {p.name for p in self.program.params})
+        self._built: dict = {}
+        self._launches: dict = {}
+        self._calls = None
+        self._device_checked = False
+
+    def __repr__(self) -> str:
+        return f"<ContractionKernel {self.program.name} for {self.target.name}: " \
+               f"{self.description}>"
+
+    def build(self, **dims) -> tuple:
+        """(knobs, the build serving these sizes): written once per build, a new size inside a
+        build's guards costs nothing here."""
+        key = tuple(sorted(dims.items()))
+        if key not in self._built:
+            check_named_sizes(self.program, dims, complete=True)
+            dims = dict(sorted(dims.items()))
+            knobs = self.knobs_at(dims)
+            varying = self.sizes.varying(dims)
+            made = self.sizes.find(dims, knobs, (), varying) if varying else None
+            if made is None:
+                made = self.sizes.write(dims, knobs, (), varying,
+                                        lambda sizes: self._emit(knobs, sizes))
+            self._built[key] = (knobs, made)
+        return self._built[key]
+
+    def _emit(self, knobs, sizes: dict) -> tuple:
+        name = f"{self.program.name}_gemm_tiles"
+        source, args = contraction_source(self.plan, knobs, name, sizes,
+                                          interpreter=interpreting())
+        return source, load_kernel(source, name), args
+
+    def fits(self, scalars: dict | None = None, **dims) -> bool:
+        """Whether these sizes run here (``tf.compile``'s choice: the knobs fit the GPU)."""
+        from ...errors import ScheduleError, TargetError
+
+        try:
+            self.build(**dims)
+        except (ScheduleError, TargetError):
+            return False
+        return True
+
+    def source(self, **dims) -> str:
+        dims, _ = split_scalars(self.program, dims)
+        return self.build(**dims)[1].source
+
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        knobs, made = self.build(**dims)
+        return f"{self.plan.describe()}\n  knobs: {knobs}\n  built: {made.describe()}"
+
+    def schedule_origin(self, **dims) -> str:
+        dims, _ = split_scalars(self.program, dims)
+        knobs = self.build(**dims)[0]
+        given = f"; given: {', '.join(sorted(self.given))}" if self.given else ""
+        return f"{ORIGIN} ({knobs}){given}"
+
+    def cache_info(self) -> list:
+        return list(self.sizes.builds)
+
+    def compiled(self, **dims):
+        """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm)."""
+        dims, _ = split_scalars(self.program, dims)
+        knobs, made = self.build(**dims)
+        sig = signature(self.program, self.program.outputs, [])
+        sizes = {n: v for n, v in size_values(dims).items() if n in made.args}
+        sig.update(dict.fromkeys(sizes, "i32"))
+        sig = {n: sig[n] for n in made.args}
+        return compile_for(made.fn, sig, _meta(knobs), self.target, knobs.num_warps,
+                           knobs.num_stages, tuple(n for n, v in sizes.items() if v % 16 == 0))
+
+    def ptx(self, **dims) -> str:
+        return self.compiled(**dims).asm["ptx"]
+
+    def _launch_for(self, dims: dict) -> Launches:
+        key = tuple(sorted(dims.items()))
+        if key not in self._launches:
+            knobs, made = self.build(**dims)
+            pointers = {p.name for p in self.program.tensor_params} | {
+                f"out_{c.name}" for c in self.outputs}
+            step = Step(made.fn, grid_of(self.plan, knobs, dims), made.args, pointers)
+            self._launches[key] = Launches([step], _meta(knobs), knobs.num_warps,
+                                           knobs.num_stages)
+        return self._launches[key]
+
+    def _prepare(self, args, kwargs):
+        if self._calls is None:
+            self._calls = CallBinder(self.program, "cpu" if interpreting() else "cuda")
+        bound = self._calls(args, kwargs, False)
+        device = launch_device(self, bound)
+        launches = self._launch_for(bound.dims)
+        values = torch_arguments(self.program, bound, device)
+        values.update({n: v for n, v in size_values(bound.dims).items() if n not in values})
+        given = list(bound.outs) if bound.outs is not None else [None] * len(self.outputs)
+        outs = [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
+                for c, g in zip(self.outputs, given)]
+        values.update({f"out_{c.name}": o for c, o in zip(self.outputs, outs)})
+        return launches, values, outs, given, bound
+
+    def invoke(self, key, args: tuple, kwargs: dict):
+        launches, values, outs, given, bound = self._prepare(args, kwargs)
+        if all(v > 0 for v in grid_of(self.plan, self.build(**bound.dims)[0], bound.dims)):
+            launches(values)
+        made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
+        return made[0] if len(made) == 1 else tuple(made)
+
+    def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
+        import triton
+
+        launches, values = self._prepare(args, kwargs)[:2]
+        launches(values)
+        return float(triton.testing.do_bench(lambda: launches(values), rep=repeat,
+                                             return_mode="median"))
+
+
+def _meta(knobs) -> dict:
+    return dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=knobs.block_k)
+

@@ -1,0 +1,124 @@
+"""GEMM-shaped programs as users write them (and as the floor cuts backward passes), with their
+float64 references (torch, never the project's lowering): shared by the contraction template's
+tests and their check under Triton's interpreter (``python -m
+tests.schedule_templates.contraction_cases SEED`` with ``TRITON_INTERPRET=1``)."""
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from benchmarks.contraction import gated_gradient, weight_gradient
+from tensorfuse.kernels.gemm import linear, swiglu_gate
+
+
+@tf.kernel
+def matmul_f32(a: T.Tensor["M", "K", "f32"], b: T.Tensor["K", "N", "f32"], scale: T.f32):
+    """f32 operands: IEEE products (what torch's f32 matmul computes by default)."""
+    i, j, k = T.axes("i j k")
+    return T.sum(a[i, k] * b[k, j], over=k) * scale
+
+
+def _linear(g, M=37, K=75, N=50, width=3.0):
+    x, w = ((torch.randn(*s, generator=g) * width).to(torch.bfloat16) for s in ((M, K), (N, K)))
+    bias = torch.randn(N, generator=g).to(torch.bfloat16) * 100
+    return dict(x=x, weight=w, bias=bias), x.double() @ w.double().T + bias.double()
+
+
+def _swiglu_gate(g, M=33, K=70, N=40):
+    x, w1, w3 = ((torch.randn(*s, generator=g) * 2).to(torch.bfloat16)
+                 for s in ((M, K), (N, K), (N, K)))
+    a, c = x.double() @ w1.double().T, x.double() @ w3.double().T
+    return dict(x=x, w1=w1, w3=w3), a * torch.sigmoid(a) * c
+
+
+def _weight_gradient(g, B=3, M=45, K=20, N=36):
+    x = (torch.randn(B, M, K, generator=g) * 4).to(torch.bfloat16)
+    dy = (torch.randn(B, M, N, generator=g) * 0.01).to(torch.bfloat16)
+    return dict(x=x, dy=dy), torch.einsum("bik,bin->bkn", x.double(), dy.double())
+
+
+def _gated_gradient(g, M=50, K=24, N=35):
+    x = (torch.randn(M, K, generator=g) * 3).to(torch.bfloat16)
+    d_h, gate = torch.randn(M, N, generator=g) * 5, torch.randn(M, N, generator=g) * 4
+    s = torch.sigmoid(gate.double())
+    d_gate = d_h.double() * s * (1 + gate.double() * (1 - s))
+    return dict(x=x, d_h=d_h, gate=gate), torch.einsum("in,ik->kn", d_gate, x.double())
+
+
+def _matmul_f32(g, M=20, K=33, N=18):
+    a, b = torch.randn(M, K, generator=g) * 1e3, torch.randn(K, N, generator=g)
+    return dict(a=a, b=b, scale=0.5), (a.double() @ b.double()) * 0.5
+
+
+CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate),
+         "weight_gradient": (weight_gradient, _weight_gradient),
+         "gated_gradient": (gated_gradient, _gated_gradient),
+         "matmul_f32": (matmul_f32, _matmul_f32)}
+# relative to the output's largest magnitude: bf16 outputs round at 2⁻⁹ and an f32 side rounded
+# to bf16 for the products adds as much per element — under Triton's interpreter twice that, as it
+# truncates f32 to bf16 instead of rounding to nearest (1.0049 becomes 1.0, not 1.0078), and the
+# errors of a sum's truncated terms add up; f32 outputs of IEEE products are f32-exact
+BF16_INTERPRETED = 2e-2
+TOLERANCE = {"linear": BF16_INTERPRETED, "swiglu_gate": BF16_INTERPRETED,
+             "weight_gradient": BF16_INTERPRETED, "gated_gradient": BF16_INTERPRETED,
+             "matmul_f32": 1e-5}
+
+
+def swiglu_backward_case(g, M=40, K=24, N=56, O=20):
+    """SwiGLU's MLP backward (``tf.grad``): its floor's stages, GEMMs on the contraction
+    template; the reference is torch's autograd of the forward in float64."""
+    x, gate_proj, up_proj, down_proj = ((torch.randn(*s, generator=g) * w).to(torch.bfloat16)
+                                        for s, w in (((M, K), 2), ((N, K), 0.3), ((N, K), 0.3),
+                                                     ((O, N), 0.3)))
+    d_out = torch.randn(M, O, generator=g).to(torch.bfloat16)
+    leaves = [t.double().requires_grad_() for t in (x, gate_proj, up_proj, down_proj)]
+    xd, gd, ud, dd = leaves
+    a = xd @ gd.T
+    (torch.nn.functional.silu(a) * (xd @ ud.T) @ dd.T).backward(d_out.double())
+    return (dict(x=x, gate_proj=gate_proj, up_proj=up_proj, down_proj=down_proj, d_out=d_out),
+            tuple(t.grad for t in leaves))
+
+
+def on_contraction(kernel):
+    """``kernel`` as ``tf.compile`` makes it for sm_90a, every GEMM (a stage of its floor, or
+    the whole program) on the contraction template and the rest on the row-tile template, run by
+    Triton's interpreter (the Hopper GEMM and the choice by sizes need a GPU)."""
+    import warnings
+
+    from tensorfuse.errors import NoTemplateWarning
+    from tensorfuse.targets.triton.contraction_kernel import ContractionKernel
+
+    def pick(made):
+        gemm = [k for k in getattr(made, "ahead", ()) if isinstance(k, ContractionKernel)]
+        return gemm[0] if gemm else made.template
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = tf.compile(kernel, target="cuda:sm_90a")
+    if hasattr(made, "kernels"):
+        made.kernels = tuple(pick(k) for k in made.kernels)
+        return made
+    return pick(made)
+
+
+def contraction(kernel):
+    from tensorfuse.schedule_templates.contraction import triton_contraction
+    from tensorfuse.targets import get_target
+
+    return triton_contraction(kernel, get_target("cuda:sm_90a"), block_m=16, block_n=32,
+                              block_k=16)
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    from tensorfuse.autograd import grad
+    from tensorfuse.kernels.layers import swiglu_mlp_kernel
+    from tests.helpers import interpreter_main, relative_error
+
+    if sys.argv[2:] == ["swiglu_backward"]:
+        args, want = swiglu_backward_case(torch.Generator().manual_seed(int(sys.argv[1])))
+        got = on_contraction(grad(swiglu_mlp_kernel("bf16")))(**args)
+        print(json.dumps([relative_error(o, w) for o, w in zip(got, want, strict=True)]))
+    else:
+        interpreter_main(CASES, contraction)

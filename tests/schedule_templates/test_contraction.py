@@ -1,0 +1,193 @@
+"""The contraction template: GEMM-shaped programs as Triton tensor-core tiles, planned by the roles
+of their axes, checked against float64 under Triton's interpreter, compiled for sm_90a, sm_80 and
+gfx942, and chosen by ``tf.compile`` (alone, and as the GEMM stages of a floor)."""
+import warnings
+
+import pytest
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from tensorfuse import dsl as T
+from tensorfuse.autograd import grad
+from tensorfuse.errors import NoTemplateWarning, ScheduleError
+from tensorfuse.kernels.layers import swiglu_mlp_kernel
+from tensorfuse.schedule_templates.auto import takes_stage
+from tensorfuse.schedule_templates.contraction import (ContractionKnobs, check_contraction,
+                                                       default_contraction_knobs, shared_bytes,
+                                                       triton_contraction)
+from tensorfuse.schedule_templates.contraction_plan import gemm_shaped, plan_contraction
+from tensorfuse.staged import StagedKernel
+from tensorfuse.targets import get_target
+from tests.helpers import (assert_gpu_template_matches, fresh_seed, gpu_case, relative_error,
+                           run_interpreted)
+from tests.schedule_templates.contraction_cases import (BF16_INTERPRETED, CASES, TOLERANCE,
+                                                        gated_gradient, matmul_f32,
+                                                        swiglu_backward_case, weight_gradient)
+
+HOPPER, AMPERE, MI300 = (get_target(t) for t in ("cuda:sm_90a", "cuda:sm_80", "rocm:gfx942"))
+
+
+def roles(kernel):
+    plan = plan_contraction(kernel.program)
+    return plan.rows.name, plan.cols.name, plan.k.name, tuple(a.name for a in plan.batch)
+
+
+def test_the_axes_are_found_by_their_roles_in_any_layout():
+    assert roles(K.matmul) == ("i", "j", "k", ())
+    assert roles(K.linear) == ("i", "j", "k", ())          # the weight [N, K], read as it lies
+    # a weight gradient: the rows operand x[b, i, k] read with its contracted axis outermost
+    assert roles(weight_gradient) == ("k", "n", "i", ("b",))
+
+    @tf.kernel
+    def transposed_out(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["K", "N", "bf16"]):
+        j, i, k = T.axes("j i k")   # an output's axes are in the order they are declared
+        return T.sum(x[i, k] * w[k, j], over=k)
+
+    # the output [N, M]: its innermost axis (i) takes the columns, so the stores run along it
+    assert roles(transposed_out) == ("j", "i", "k", ())
+
+
+def test_gated_sums_share_the_tile_loop_and_rounding_is_said():
+    plan = plan_contraction(K.swiglu_gate.program)
+    assert len(plan.products) == 2 and all(p.dtype == "bf16" and not p.rounded
+                                           for p in plan.products)
+    gated = plan_contraction(gated_gradient.program)
+    assert gated.products[0].rounded == ("cols",)
+    assert "cols side rounded to bf16" in gated.describe()
+    f32 = plan_contraction(matmul_f32.program)
+    assert f32.products[0].dtype == "f32" and not f32.products[0].rounded
+
+
+@pytest.mark.parametrize("kernel, message", [
+    (K.attention, "m is not a sum"),
+    (K.softmax, "m is not a sum"),
+    (K.ffn_gelu, "other axes"),
+])
+def test_programs_that_are_not_one_contraction_are_refused_with_the_reason(kernel, message):
+    with pytest.raises(ScheduleError, match=message):
+        plan_contraction(kernel.program)
+
+
+def test_a_factor_reading_rows_and_columns_or_a_row_vector_product_is_refused():
+    @tf.kernel
+    def masked_product(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["K", "N", "bf16"],
+                       m: T.Tensor["M", "N", "bf16"]):
+        i, j, k = T.axes("i j k")
+        return T.sum(x[i, k] * w[k, j] * m[i, j], over=k)
+
+    @tf.kernel
+    def gemv(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["K", "bf16"]):
+        i, k = T.axes("i k")
+        return T.sum(x[i, k] * w[k], over=k)
+
+    for kernel in (masked_product, gemv):
+        with pytest.raises(ScheduleError, match="no rows and columns axes"):
+            plan_contraction(kernel.program)
+    assert not gemm_shaped(gemv.program) and gemm_shaped(K.attention.program)
+
+
+def test_every_case_agrees_with_float64_under_the_interpreter():
+    errors = run_interpreted("tests.schedule_templates.contraction_cases", fresh_seed())
+    assert set(errors) == set(CASES)
+    for name, error in errors.items():
+        assert error <= TOLERANCE[name], (name, error)
+
+
+def test_swiglus_backward_runs_its_gemm_stages_on_the_contraction_template():
+    """tf.grad of Llama's MLP: no stage on TVM's default schedule (a weight gradient took 7.6 s
+    of a training step there), every GEMM stage on the Hopper GEMM or the contraction template,
+    and the gradients of all four tensors against torch's float64 autograd."""
+    backward = grad(swiglu_mlp_kernel("bf16"))
+    sizes = dict(M=4096, K=4096, N=14336, O=4096)
+    for target, natives in ((HOPPER, ("hopper_gemm", "contraction")), (AMPERE, ("contraction",))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NoTemplateWarning)
+            made = tf.compile(backward, target=target)
+        assert isinstance(made, StagedKernel)
+        origins = [k.schedule_origin(**{n: v for n, v in sizes.items()
+                                        if n in k.program.dim_names()}) for k in made.kernels]
+        assert all(o.startswith(natives) for o in origins), origins
+        assert "contraction" in " ".join(origins)
+    errors = run_interpreted("tests.schedule_templates.contraction_cases", fresh_seed(),
+                             "swiglu_backward")
+    assert len(errors) == 4 and max(errors) <= BF16_INTERPRETED, errors
+
+
+def test_the_floor_cuts_sums_the_contraction_template_refuses_together():
+    """Three weight gradients over the same axis into differently indexed outputs: one stage
+    for the row-tile template (which would run them a row at a time), two for the contraction
+    template."""
+    from tensorfuse.schedule_templates.stages import plan_stages
+
+    program = grad(swiglu_mlp_kernel("bf16")).program
+    stages = plan_stages(program, lambda sub: takes_stage(sub, HOPPER))
+    together = [s.reduces for s in stages if len(s.reduces) > 1]
+    assert ("d_gate_proj_sum", "d_up_proj_sum") in together
+    assert not any("d_down_proj_sum" in r and len(r) > 1 for r in together)
+    assert all(s.templated for s in stages)
+
+
+@pytest.mark.parametrize("target, instruction", [(HOPPER, "wgmma.mma_async"),
+                                                 (AMPERE, "mma.sync.aligned"),
+                                                 (MI300, "v_mfma")])
+def test_tiles_compile_to_the_gpus_tensor_core_instructions(target, instruction):
+    for kernel, sizes in ((K.linear, dict(M=4096, K=4096, N=4096)),
+                          (gated_gradient, dict(M=4096, K=4096, N=1000))):
+        compiled = triton_contraction(kernel, target).compiled(**sizes)
+        code = compiled.asm.get("ptx") or compiled.asm["amdgcn"]
+        assert instruction in code, (kernel.name, target.name)
+        assert compiled.metadata.shared <= target.max_shared_memory
+
+
+def test_knobs_fit_the_gpu_and_bad_knobs_are_refused():
+    plan = plan_contraction(K.swiglu_gate.program)
+    sizes = dict(M=4096, K=4096, N=4096)
+    for target in (HOPPER, AMPERE, MI300, get_target("cuda:sm_86")):
+        knobs = default_contraction_knobs(plan, sizes, target)
+        check_contraction(plan, knobs, target)
+        assert shared_bytes(plan, knobs) <= target.max_shared_memory
+    few = default_contraction_knobs(plan, dict(M=5, K=64, N=4096), HOPPER)
+    assert few.block_m == 16   # tl.dot's smallest
+    with pytest.raises(Exception, match="powers of two"):
+        check_contraction(plan, ContractionKnobs(block_n=48), HOPPER)
+    with pytest.raises(Exception, match="shared memory"):
+        check_contraction(plan, ContractionKnobs(block_n=256, num_stages=6), HOPPER)
+    with pytest.raises(ScheduleError, match="no knob"):
+        triton_contraction(K.matmul, HOPPER, tile=3)
+
+
+def test_tf_compile_gives_gemms_tensor_core_tiles_on_every_gpu():
+    sizes = dict(M=4096, K=4096, N=4096)
+    for target in (AMPERE, MI300):
+        assert tf.compile(K.matmul, target).schedule_origin(**sizes).startswith(
+            "contraction template defaults")
+    # where the Hopper GEMM runs, it is first (measured at cuBLAS: benchmarks.hopper_gemm)
+    assert tf.compile(K.matmul, HOPPER).schedule_origin(**sizes).startswith("hopper_gemm")
+    made = tf.compile(weight_gradient, HOPPER)
+    assert made.schedule_origin(B=2, M=4096, K=1024, N=1024).startswith("contraction")
+
+
+def test_a_new_size_is_an_argument_after_the_second_value():
+    made = triton_contraction(K.linear, HOPPER)
+    for m in (100, 200, 300):
+        made.source(M=m, K=512, N=512)
+    builds = made.cache_info()
+    assert len(builds) == 2 and not builds[1].exact
+    assert [s["M"] for s in builds[1].sizes] == [200, 300]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_cases_on_the_gpu_against_float64(name):
+    """On the GPU (round to nearest): bf16 outputs within 2⁻⁹ and a rounded f32 side as much
+    again, f32 ones exact to f32."""
+    kernel, case = CASES[name]
+    assert_gpu_template_matches(kernel, case, 1e-5 if name == "matmul_f32" else 1e-2)
+
+
+@pytest.mark.gpu
+def test_swiglus_backward_on_the_gpu_against_float64():
+    args, want, seed = gpu_case(lambda g: swiglu_backward_case(g, M=300, K=256, N=700, O=200))
+    got = tf.compile(grad(swiglu_mlp_kernel("bf16")))(**args)
+    errors = [relative_error(g, w) for g, w in zip(got, want, strict=True)]
+    assert max(errors) <= 1e-2, (errors, seed)
