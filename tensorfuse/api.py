@@ -82,9 +82,11 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             ahead = native_templates(kernel, name, fusion, spec, records=lambda template:
                                      template_records(tuned_as, template, fusion, spec,
                                                       nearest=template == "hopper_attention"))
-            ahead += contraction_templates(kernel, spec)
-            return AutoKernel(made, fallback, ahead=ahead)
-        gemms = contraction_templates(kernel, spec) if _triton_available() else ()
+            ahead += contraction_templates(kernel, spec, template_records(
+                tuned_as, "contraction", None, spec, nearest=True))
+            return AutoKernel(made, fallback, ahead=ahead, floor=_gemm_floor(kernel, spec, dynamic))
+        gemms = contraction_templates(kernel, spec, template_records(
+            program, "contraction", None, spec, nearest=True)) if _triton_available() else ()
         if gemms:   # sums that are GEMMs and no chain the row-tile template takes
             return AutoKernel(gemms[0], _compile(kernel, spec, template=None))
         if spec.is_gpu:
@@ -145,6 +147,21 @@ def _untemplated(kernel, spec, why: str) -> CompiledKernel:
     return compiled
 
 
+def _gemm_floor(kernel, spec, dynamic: "bool | None"):
+    """For a program of sums only, some of them GEMMs (an FFN: two chained GEMMs): where the
+    row-tile template does not fit a call's sizes (a feature axis wider than a tile holds), its
+    stages (each GEMM on the contraction template) rather than TVM's untiled schedule —
+    ``floor(why)`` makes them once; None for other programs (attention's stages would store its
+    scores)."""
+    from .schedule_templates.contraction_plan import gemm_shaped
+
+    program = kernel.program
+    if not spec.is_gpu or not gemm_shaped(program) or \
+            any(c.monoid.name != "sum" for c in program.computes if c.is_reduction):
+        return None
+    return lambda why: _staged(kernel, spec, why, dynamic=dynamic)
+
+
 def _flattened(kernel, spec, dynamic: "bool | None" = False):
     """A kernel whose chain reduces over several axes together (a paged cache's pages and slots)
     where a template takes it swept as one axis (:mod:`.schedule_templates.flat_sweeps`): that
@@ -203,8 +220,10 @@ class AutoKernel(GraphCallable):
     """A template kernel where it fits the call's sizes, the default schedule where it does not
     (e.g. a feature axis too wide for one tile). Decided once per shape signature."""
 
-    def __init__(self, template, fallback: CompiledKernel, ahead: tuple = ()):
+    def __init__(self, template, fallback: CompiledKernel, ahead: tuple = (), floor=None):
         self.template, self.fallback, self.ahead = template, fallback, tuple(ahead)
+        # floor(why): the stages to run where the template does not fit (made once), or None
+        self.floor, self._floor = floor, None
         self.program, self.target = fallback.program, fallback.target
         self.description = ", else ".join([k.description for k in self.ahead]
                                           + [template.description, fallback.description])
@@ -237,10 +256,18 @@ class AutoKernel(GraphCallable):
                     self.template.build(**dims)
                     found = self.template
                 except TargetError as exc:
-                    found = self.fallback
-                    self._why_not[key] = self._said_why_not(exc, dims)
+                    found = self._floor_for(exc) or self.fallback
+                    if found is self.fallback:
+                        self._why_not[key] = self._said_why_not(exc, dims)
             self._fits[key] = found
         return self._fits[key]
+
+    def _floor_for(self, exc: Exception):
+        """The floor's stages (:func:`_gemm_floor`), made on the first sizes that need them."""
+        if self._floor is None and self.floor is not None:
+            self._floor = self.floor(f"the {self.template.description} does not fit some "
+                                     f"sizes ({exc})") or False
+        return self._floor or None
 
     def _pick(self, args, kwargs, key=False):
         """The kernel for this call, decided once per signature (this runs on every call: it only

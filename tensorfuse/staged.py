@@ -49,6 +49,29 @@ class StagedKernel(GraphCallable):
         return (f"staged: {len(self.stages)} kernels, their results between them stored (no "
                 f"template takes {self.program.name} whole: {self.why}); " + "; ".join(parts))
 
+    def source(self, **dims) -> str:
+        """Each stage kernel's generated source at these sizes, in stage order."""
+        return "\n".join(f"# ---- stage {k}: {stage.describe()} ----\n"
+                         + kernel.source(**self._own(stage, dims))
+                         for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels), 1))
+
+    def ptx(self, **dims) -> str:
+        """Each stage kernel's PTX at these sizes, in stage order (CUDA targets)."""
+        return "\n".join(kernel.ptx(**self._own(stage, dims))
+                         for stage, kernel in zip(self.stages, self.kernels))
+
+    def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
+        """Median milliseconds of a call, every stage included (triton.testing.do_bench)."""
+        import triton
+
+        return float(triton.testing.do_bench(lambda: self.invoke(False, args, kwargs),
+                                             rep=repeat, return_mode="median"))
+
+    def _own(self, stage, dims: dict) -> dict:
+        """The sizes and scalars among ``dims`` that ``stage``'s program has."""
+        own = set(stage.program.dim_names()) | {p.name for p in stage.program.scalar_params}
+        return {n: v for n, v in dims.items() if n in own}
+
     def cache_info(self) -> list:
         """The stage kernels' builds, in stage order (each stage's own ``cache_info()``)."""
         return [b for k in self.kernels for b in k.cache_info()]

@@ -9,6 +9,8 @@ candidate kernel of a setting.
   slots, consumer warpgroups, the intra-warpgroup overlap and the ping-pong (0/1 in the space);
   its CUDA is built by nvcc ahead of the measurement (cubins cached by source), so a batch's
   builds run in parallel on the CPUs.
+- ``contraction`` (GEMM-shaped programs, any GPU): tile rows, columns and depth, warps, stages,
+  the rasterisation group; a Triton kernel like the first.
 - ``cluster_decode`` (``tf.compile``'s choice for one query token on sm_90a): CTAs per cluster,
   warps per CTA, blocks of keys per warp in shared memory, and how a warp copies them (0: bulk
   tensor copies, 1: ``cp.async``); built by nvcc ahead of the measurement like the above.
@@ -23,6 +25,7 @@ from ..errors import ScheduleError
 from ..targets import TargetSpec
 
 NATIVE = ("hopper_attention", "cluster_decode")   # CUDA C++ templates with a tuning space
+TUNABLE = NATIVE + ("contraction",)   # what native_template may name that has a space
 
 
 class TritonSpace:
@@ -247,10 +250,59 @@ class CpuFusedSpace:
         pass
 
 
+class ContractionSpace:
+    """The space of the contraction template (GEMM tiles, :mod:`..schedule_templates.contraction`):
+    tile rows, columns and depth, warps, pipeline stages, the rasterisation group; a Triton
+    kernel, compiled on its first launch like the row-tile template's."""
+
+    made_by_runner = True
+
+    def __init__(self, task):
+        from ..schedule_templates.contraction_plan import plan_contraction
+
+        self.task = task
+        self.plan = plan_contraction(task.kernel.program)
+
+    def _default_knobs(self):
+        from ..schedule_templates.contraction import default_contraction_knobs
+
+        return default_contraction_knobs(self.plan, self.task.dims, self.task.target)
+
+    def choices(self) -> dict[str, tuple[int, ...]]:
+        from ..schedule_templates.contraction import contraction_choices
+
+        return contraction_choices(self.plan, self.task.dims, self.task.target)
+
+    def defaults(self) -> dict[str, int]:
+        return asdict(self._default_knobs())
+
+    def unfit(self, knobs: dict) -> str | None:
+        from ..errors import TargetError
+        from ..schedule_templates.contraction import check_contraction
+
+        try:
+            check_contraction(self.plan, replace(self._default_knobs(), **knobs),
+                              self.task.target)
+        except TargetError as exc:
+            return exc.message
+        return None
+
+    def candidate(self, knobs: dict | None):
+        from ..schedule_templates.contraction import triton_contraction
+
+        return triton_contraction(self.task.kernel, self.task.target, **(knobs or {}))
+
+    def prepare(self, kernel, compile_ahead: bool) -> None:
+        kernel.build(**self.task.dims)
+        if compile_ahead:
+            kernel.compiled(**self.task.dims)
+
+
 def space_of(task):
     if task.template == "cpu_fused":
         return CpuFusedSpace(task)
-    spaces = {"hopper_attention": HopperAttentionSpace, "cluster_decode": ClusterDecodeSpace}
+    spaces = {"hopper_attention": HopperAttentionSpace, "cluster_decode": ClusterDecodeSpace,
+              "contraction": ContractionSpace}
     return spaces.get(task.template, TritonSpace)(task)
 
 

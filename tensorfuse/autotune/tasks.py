@@ -34,7 +34,8 @@ TASK_ATTR = "tensorfuse.task"
 KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits", "reload",  # Triton
               "stages", "consumers", "overlap", "pingpong", "schedule",     # hopper_attention
               "ctas_per_sm", "chunk", "rows",                               # … / cpu_fused
-              "cluster", "warps", "copy")                                   # cluster_decode
+              "cluster", "warps", "copy",                                   # cluster_decode
+              "block_k", "group_m")                                         # contraction
 
 
 def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
@@ -52,8 +53,8 @@ def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
         mod = lower_program(program, () if template == "cpu" else (fusion,), dims, "int32",
                             None if template == "cpu" else "cpu", accumulate=cpu.accumulate,
                             vector_math=cpu.vector_math)
-    else:
-        mod = lower_program(program, (fusion,), dims)
+    else:   # a GPU template's fused chain; the contraction template's plain sums
+        mod = lower_program(program, (fusion,) if fusion is not None else (), dims)
     func = next(iter(mod.functions.values()))
     if template == "cpu":   # computes every element, masked or not: no scalar changes its plan
         scalars = None
@@ -125,7 +126,7 @@ class TuningTask:
     dims: dict
     target: TargetSpec
     template: str             # "cpu", "cpu_fused", "attention", "row_reduction", "hopper_attention",
-    #                           "cluster_decode"
+    #                           "cluster_decode", "contraction"
     fusion: Fusion | None = None
     scalars: dict = field(default_factory=dict)   # the user's values (others: the defaults)
     mod: tvm.IRModule = field(init=False, repr=False)
@@ -245,9 +246,7 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         return make_task(types.SimpleNamespace(program=flat, fn=None, name=flat.name), dims,
                          target, scalars)
     if choice is None and _on_contraction(kernel, dims, target):
-        raise TuningError(f"{kernel.name} at these sizes runs on the contraction template on "
-                          f"{target.name} (what tf.compile picks there), whose knobs are not in "
-                          "the tuning space yet")
+        return TuningTask(kernel, dict(dims), target, "contraction", None, scalars)
     if choice is None:
         raise TuningError(f"{kernel.name} fits no GPU template (no reduction chain the rolling "
                           "update accepts along one axis), so there is nothing to tune on "
@@ -256,11 +255,12 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
     from ..algebra import plan_chain
     from ..errors import TargetError
     from ..schedule_templates.tile_plan import plan_rowtile
-    from .spaces import NATIVE, native_template
+    from .spaces import TUNABLE, native_template
 
     native = native_template(kernel, fusion, template, dims, target, scalars)
-    if native in NATIVE:
-        return TuningTask(kernel, dict(dims), target, native, fusion, scalars)
+    if native in TUNABLE:   # the contraction template tunes the program's plain sums
+        return TuningTask(kernel, dict(dims), target, native,
+                          None if native == "contraction" else fusion, scalars)
     if native is not None:
         raise TuningError(f"{kernel.name} at these sizes runs on the {native} template on "
                           f"{target.name} (what tf.compile picks there), whose knobs are not in "

@@ -108,6 +108,26 @@ def shared_room(target: TargetSpec) -> int:
     return target.max_shared_memory - 8 * 1024
 
 
+def contraction_choices(plan: ContractionPlan, sizes: dict, target: TargetSpec) -> dict:
+    """The values tuning tries for each knob: tiles of 64 to 256 (no wider than the rows and
+    columns there are, the defaults always among them), depths of 32 and 64, 4 or 8 warps, 2 to
+    4 stages, groups of 4, 8 or 16 row blocks."""
+    defaults = default_contraction_knobs(plan, sizes, target)
+
+    def upto(extent, values, default):
+        cap = _pow2_at_least(int(extent), 16)
+        return tuple(sorted({v for v in values if v <= cap} | {default}))
+
+    rows, cols = (sizes[a.extent] if isinstance(a.extent, str) else a.extent
+                  for a in (plan.rows, plan.cols))
+    return {"block_m": upto(rows, (64, 128, 256), defaults.block_m),
+            "block_n": upto(cols, (64, 128, 256), defaults.block_n),
+            "block_k": tuple(sorted({32, 64, defaults.block_k})),
+            "num_warps": tuple(sorted({4, 8, defaults.num_warps})),
+            "num_stages": tuple(sorted({2, 3, 4, defaults.num_stages})),
+            "group_m": (4, 8, 16)}
+
+
 def check_contraction(plan: ContractionPlan, knobs: ContractionKnobs, target: TargetSpec) -> None:
     """A :class:`TargetError` where ``knobs`` cannot run on ``target``."""
     for name in ("block_m", "block_n", "block_k"):
@@ -121,10 +141,12 @@ def check_contraction(plan: ContractionPlan, knobs: ContractionKnobs, target: Ta
                           f"{target.name} has {room}")
 
 
-def triton_contraction(kernel, target: TargetSpec, **given):
+def triton_contraction(kernel, target: TargetSpec, tuned=None, **given):
     """A callable GEMM-tile kernel for ``kernel`` on ``target`` (a GPU), with knobs
     :class:`ContractionKnobs` fields given here fixed (the rest the defaults at each call's
-    sizes); a :class:`ScheduleError` where the program is not a contraction."""
+    sizes, or where ``tuned`` — the compile entry point's lookup of tuning records — has a
+    record for them, its knobs); a :class:`ScheduleError` where the program is not a
+    contraction."""
     from ..targets.triton.contraction_kernel import ContractionKernel
 
     if not target.is_gpu:
@@ -137,10 +159,19 @@ def triton_contraction(kernel, target: TargetSpec, **given):
     program = kernel.program if hasattr(kernel, "program") else kernel
     plan = plan_contraction(program)
 
-    def knobs_at(sizes: dict) -> ContractionKnobs:
-        knobs = replace(default_contraction_knobs(plan, sizes, target), **given)
-        check_contraction(plan, knobs, target)
-        return knobs
+    def knobs_at(sizes: dict) -> tuple[ContractionKnobs, str | None]:
+        """The knobs at ``sizes`` and, where a tuning record gave them, where it is from."""
+        defaults = replace(default_contraction_knobs(plan, sizes, target), **given)
+        found = tuned(sizes) if tuned is not None and not given else None
+        if found is not None:
+            knobs = replace(defaults, **found[0])
+            try:   # a record of other sizes of the bucket may not run these
+                check_contraction(plan, knobs, target)
+                return knobs, f"contraction tuned record ({found[1]})"
+            except TargetError:
+                pass
+        check_contraction(plan, defaults, target)
+        return defaults, None
 
     return ContractionKernel(plan, target, knobs_at, given)
 

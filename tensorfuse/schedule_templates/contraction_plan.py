@@ -8,7 +8,8 @@ must share each block of the other operand (a 4096³ matmul ran as rows on every
 H100's native template, and a weight gradient of SwiGLU's backward on TVM's default schedule).
 :func:`plan_contraction` reads, by the roles of the axes and not their places in the tensors:
 
-- the **contracted** axis ``k``: the one axis every sum runs over;
+- the **contracted** axis ``k``: what every sum runs over — several axes (a weight gradient
+  over a batch's tokens, ``over=(b, s)``) are swept as one index, the outermost first;
 - the **rows** axis ``r`` and the **columns** axis ``c``: output axes such that each sum's
   factors split into a rows side (reading ``r`` and ``k``, never ``c``) and a columns side
   (``c`` and ``k``, never ``r``); ``c`` is the output's innermost axis that allows it, so that
@@ -34,6 +35,7 @@ from functools import reduce
 
 from ..algebra import inline_elementwise
 from ..algebra.exprs import factors, has_axis, mul, nodes
+from ..dsl import dtypes as dt
 from ..dsl.expr import Axis, Expr, Load, Ref
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
@@ -62,20 +64,24 @@ class ContractionPlan:
 
     program: Program
     products: tuple[Product, ...]
-    k: Axis                      # contracted
+    ks: tuple[Axis, ...]         # contracted (several: swept as one index, outermost first)
     rows: Axis                   # the tile's M
     cols: Axis                   # the tile's N
     batch: tuple[Axis, ...]      # the grid's second dimension, outermost first
     outputs: tuple[Compute, ...]
 
+    @property
+    def k_names(self) -> str:
+        return ", ".join(a.name for a in self.ks)
+
     def describe(self) -> str:
         lines = [f"contraction plan: {', '.join(c.name for c in self.outputs)} "
                  f"[{', '.join(a.name for a in self.outputs[0].axes)}] as GEMM tiles: rows "
-                 f"{self.rows.name}, columns {self.cols.name}, contracted {self.k.name}"
+                 f"{self.rows.name}, columns {self.cols.name}, contracted {self.k_names}"
                  + (f", batch {', '.join(a.name for a in self.batch)}" if self.batch else "")]
         for p in self.products:
             rounded = f"; {' and '.join(p.rounded)} side rounded to {p.dtype}" if p.rounded else ""
-            lines.append(f"  {p.name} = Σ_{self.k.name} ({to_text(p.rows_side)}) · "
+            lines.append(f"  {p.name} = Σ_{self.k_names} ({to_text(p.rows_side)}) · "
                          f"({to_text(p.cols_side)})  [tensor cores in {p.dtype}{rounded}, "
                          "f32 accumulation]")
         lines.append("  outputs computed on the accumulators: " + ", ".join(
@@ -102,9 +108,9 @@ def _operand_dtypes(rows_side: Expr, cols_side: Expr) -> tuple[str, tuple[str, .
     return narrow[0], tuple(side for side, d in kinds.items() if d != narrow[0])
 
 
-def _split(body: Expr, rows: Axis, cols: Axis, k: Axis) -> tuple[Expr, Expr] | None:
+def _split(body: Expr, rows: Axis, cols: Axis, ks: tuple) -> tuple[Expr, Expr] | None:
     """``(rows side, cols side)`` of a sum's body, or None where a factor reads both ``rows``
-    and ``cols``, or a side would not read ``k``."""
+    and ``cols``, or a side would read none of the contracted axes ``ks``."""
     left, right = [], []
     for f in factors(body):
         on_rows, on_cols = has_axis(f, rows), has_axis(f, cols)
@@ -114,7 +120,7 @@ def _split(body: Expr, rows: Axis, cols: Axis, k: Axis) -> tuple[Expr, Expr] | N
     if not left or not right:
         return None
     rows_side, cols_side = reduce(mul, left), reduce(mul, right)
-    if not (has_axis(rows_side, k) and has_axis(cols_side, k)):
+    if not all(any(has_axis(side, k) for k in ks) for side in (rows_side, cols_side)):
         return None
     return rows_side, cols_side
 
@@ -126,13 +132,13 @@ def plan_contraction(program: Program) -> ContractionPlan:
     if not sums:
         raise _refuse(f"{program.name} has no sums")
     for c in sums:
-        if c.monoid.name != "sum" or c.arity != 1 or len(c.over) != 1:
-            raise _refuse(f"{c.name} is not a sum over one axis (it takes sums of products)",
-                          c.loc)
-    k = sums[0].over[0]
+        if c.monoid.name != "sum" or c.arity != 1:
+            raise _refuse(f"{c.name} is not a sum (it takes sums of products)", c.loc)
+    ks = tuple(sums[0].over)
     axes = [a.uid for a in sums[0].axes]
     for c in sums[1:]:
-        if c.over[0].uid != k.uid or sorted(a.uid for a in c.axes) != sorted(axes):
+        if [a.uid for a in c.over] != [a.uid for a in ks] or \
+                sorted(a.uid for a in c.axes) != sorted(axes):
             raise _refuse(f"{c.name} and {sums[0].name} sum over other axes or into others (one "
                           "kernel's tiles share the contracted axis and the output's)", c.loc)
     outputs = tuple(c for c in program.computes if c.is_output)
@@ -150,7 +156,7 @@ def plan_contraction(program: Program) -> ContractionPlan:
         raise _refuse("a sum reads another reduction: one contraction at a time (the stages "
                       "of the floor store the first)")
     out_axes = list(outputs[0].axes) if outputs else list(sums[0].axes)
-    found = _roles(bodies, out_axes, k)
+    found = _roles(bodies, out_axes, ks)
     if found is None:
         raise _refuse("no rows and columns axes: each sum must be a product of a factor reading "
                       "one output axis and the contracted one, and a factor reading another "
@@ -159,15 +165,19 @@ def plan_contraction(program: Program) -> ContractionPlan:
     rows, cols, sides = found
     products = []
     for c, (rows_side, cols_side) in zip(sums, sides):
+        if not all(dt.is_float(dt.resolve(side.dtype)) for side in (rows_side, cols_side)) or \
+                not dt.is_float(dt.resolve(c.dtypes[0])):
+            raise _refuse(f"{c.name} sums integers: the tensor cores multiply floats, which "
+                          "would round large integers", c.loc)
         dtype, rounded = _operand_dtypes(rows_side, cols_side)
         products.append(Product(c.name, rows_side, cols_side, dtype, rounded))
     batch = tuple(a for a in out_axes if a.uid not in (rows.uid, cols.uid))
     if any(isinstance(a.extent, int) and a.extent < 1 for a in batch):
         raise _refuse("an empty batch axis")
-    return ContractionPlan(program, tuple(products), k, rows, cols, batch, outputs)
+    return ContractionPlan(program, tuple(products), ks, rows, cols, batch, outputs)
 
 
-def _roles(bodies: list[Expr], out_axes: list[Axis], k: Axis):
+def _roles(bodies: list[Expr], out_axes: list[Axis], ks: tuple):
     """``(rows, cols, [(rows side, cols side) per sum])``: the columns are the innermost output
     axis with which every sum splits, the rows the innermost other one (a tile's stores then run
     along memory); None where no pair splits them all."""
@@ -175,7 +185,7 @@ def _roles(bodies: list[Expr], out_axes: list[Axis], k: Axis):
         for rows in reversed(out_axes):
             if rows.uid == cols.uid:
                 continue
-            sides = [_split(b, rows, cols, k) for b in bodies]
+            sides = [_split(b, rows, cols, ks) for b in bodies]
             if all(s is not None for s in sides):
                 return rows, cols, sides
     return None
@@ -195,9 +205,9 @@ def gemm_shaped(program: Program) -> bool:
     axis (a GEMM, whatever else the program does): the row-tile template runs those a row at a
     time on the CUDA cores, so the floor keeps them to stages the contraction template takes."""
     for c in program.computes:
-        if not (c.is_reduction and c.monoid.name == "sum" and c.arity == 1 and len(c.over) == 1):
+        if not (c.is_reduction and c.monoid.name == "sum" and c.arity == 1):
             continue
         body = inline_elementwise(c.bodies[0])
-        if _roles([body], list(c.axes), c.over[0]) is not None:
+        if _roles([body], list(c.axes), tuple(c.over)) is not None:
             return True
     return False

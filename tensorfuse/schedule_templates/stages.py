@@ -143,12 +143,15 @@ def _stage(program, group, depends, stored, left_outputs, with_outputs: bool) ->
     """The stage computing ``group`` (and, ``with_outputs``, the program outputs that need only
     stored values and the group), reading stored reductions as tensors."""
     names = {g.name for g in group}
-    needed_later = {d for c in program.computes if c.name not in names
+    finished = [c for c in left_outputs if c.name not in names
+                and depends[c.name] <= stored | names] if with_outputs else []
+    # what a later stage's reductions and outputs read (through elementwise computes): a sum
+    # only the outputs made here read is not stored for them
+    here = names | {c.name for c in finished}
+    needed_later = {d for c in program.computes if c.name not in here | stored
+                    and (c.is_reduction or c.is_output)
                     for d in depends[c.name]} | {c.name for c in program.outputs}
-    outputs = [g for g in group if g.name in needed_later]
-    if with_outputs:
-        outputs += [c for c in left_outputs if c.name not in names
-                    and depends[c.name] <= stored | names]
+    outputs = [g for g in group if g.name in needed_later] + finished
     if not outputs:
         raise NotStageable("a stage with nothing to store")
     sub = _sub_program(program, outputs, stored,

@@ -289,3 +289,19 @@ def test_the_local_runner_returns_results_in_the_batch_s_order(monkeypatch, tmp_
     assert [float(r.run_secs[0]) for r in results] == [n * 1e-6 for n in range(5)]
     # the candidate each was measured with, handed back in error_msg by the stand-in
     assert [r.error_msg for r in results] == [f"kernel {n}" for n in range(5)]
+
+
+def test_the_contraction_template_tunes_on_workers(fleet, tmp_path, monkeypatch):
+    """A GEMM off Hopper (the contraction template: tile shape, depth, warps, stages, groups)
+    tuned through the tracker, each candidate checked against the defaults by the runner."""
+    tracker, _ = fleet
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    db = str(tmp_path / "db")
+    summary = tune(K.matmul, "cuda:sm_80", trials=6, trials_per_iter=3, database=db,
+                   tracker=f"127.0.0.1:{tracker.port}", key="ci", progress=False,
+                   M=64, K=96, N=80)
+    (task,) = summary.tasks
+    assert task.template == "contraction" and task.trials_this_job == 6, task
+    assert task.failures_this_job <= 1 and task.best_secs is not None, task.errors
+    knobs = [r for r in _records(db) if r[1][1] is not None]
+    assert knobs and all("block_k" in json.dumps(r) for r in knobs)

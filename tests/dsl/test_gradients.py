@@ -191,7 +191,7 @@ def test_an_unused_input_gets_a_zero_gradient(rng):
 
 
 @pytest.mark.parametrize("target", ["llvm", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("name", ["softmax", "rmsnorm", "causal_attention"])
+@pytest.mark.parametrize("name", ["softmax", "rmsnorm", "layernorm", "causal_attention"])
 def test_bf16_library_kernels_match_torch_gradients(name, target):
     """The library's bf16 kernels: gradients within bf16 rounding of PyTorch's on the same
     values (computed in float64), on the CPU and on the GPU (ragged sizes)."""
@@ -208,6 +208,11 @@ def test_bf16_library_kernels_match_torch_gradients(name, target):
         def reference(q, k, v):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                     scale=0.25)
+    elif name == "layernorm":   # its gradient's reference reads a size (1 / N) and eps
+        tensors, others = [made(5, 40), made(40), made(40)], {"eps": 1e-5}
+
+        def reference(x, w, b):
+            return torch.nn.functional.layer_norm(x, (40,), w, b, 1e-5)
     elif name == "rmsnorm":
         tensors, others = [made(5, 40), made(40)], {"eps": 1e-5}
 

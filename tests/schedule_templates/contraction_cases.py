@@ -11,6 +11,15 @@ from tensorfuse.kernels.gemm import linear, swiglu_gate
 
 
 @tf.kernel
+def token_weight_gradient(x: T.Tensor["B", "S", "K", "bf16"],
+                          dy: T.Tensor["B", "S", "N", "bf16"]):
+    """``nn.Linear``'s weight gradient on [B, S, ·] activations: a sum over two axes, the batch
+    and the tokens, swept as one contracted index."""
+    b, s, n, k = T.axes("b s n k")
+    return T.sum(dy[b, s, n] * x[b, s, k], over=(b, s))
+
+
+@tf.kernel
 def matmul_f32(a: T.Tensor["M", "K", "f32"], b: T.Tensor["K", "N", "f32"], scale: T.f32):
     """f32 operands: IEEE products (what torch's f32 matmul computes by default)."""
     i, j, k = T.axes("i j k")
@@ -44,6 +53,12 @@ def _gated_gradient(g, M=50, K=24, N=35):
     return dict(x=x, d_h=d_h, gate=gate), torch.einsum("in,ik->kn", d_gate, x.double())
 
 
+def _token_weight_gradient(g, B=3, S=13, K=20, N=36):
+    x = (torch.randn(B, S, K, generator=g) * 4).to(torch.bfloat16)
+    dy = (torch.randn(B, S, N, generator=g) * 0.01).to(torch.bfloat16)
+    return dict(x=x, dy=dy), torch.einsum("bsk,bsn->nk", x.double(), dy.double())
+
+
 def _matmul_f32(g, M=20, K=33, N=18):
     a, b = torch.randn(M, K, generator=g) * 1e3, torch.randn(K, N, generator=g)
     return dict(a=a, b=b, scale=0.5), (a.double() @ b.double()) * 0.5
@@ -52,6 +67,7 @@ def _matmul_f32(g, M=20, K=33, N=18):
 CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate),
          "weight_gradient": (weight_gradient, _weight_gradient),
          "gated_gradient": (gated_gradient, _gated_gradient),
+         "token_weight_gradient": (token_weight_gradient, _token_weight_gradient),
          "matmul_f32": (matmul_f32, _matmul_f32)}
 # relative to the output's largest magnitude: bf16 outputs round at 2⁻⁹ and an f32 side rounded
 # to bf16 for the products adds as much per element — under Triton's interpreter twice that, as it
@@ -60,6 +76,7 @@ CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate)
 BF16_INTERPRETED = 2e-2
 TOLERANCE = {"linear": BF16_INTERPRETED, "swiglu_gate": BF16_INTERPRETED,
              "weight_gradient": BF16_INTERPRETED, "gated_gradient": BF16_INTERPRETED,
+             "token_weight_gradient": BF16_INTERPRETED,
              "matmul_f32": 1e-5}
 
 

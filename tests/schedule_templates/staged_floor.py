@@ -9,6 +9,7 @@ import sys
 import torch
 
 import tensorfuse as tf
+import tensorfuse.kernels as K
 from tensorfuse import dsl as T
 from benchmarks.user_kernels import max_pool_l2, paged_decode, segment_mean
 from tests.helpers import relative_error
@@ -65,11 +66,27 @@ def segment_mean_case(generator, G=20, D=40, width=4.0):
     return {"x": x, "starts": starts.to(torch.int32), "lengths": lengths.to(torch.int32)}, want
 
 
+def layernorm_backward_case(generator, M=7, N=77, width=3.0):
+    """tf.grad of the library's layer norm: a row chain (mean, variance and the gradient's two
+    row sums) and, after it, column sums for the weight and bias gradients; the reference is
+    torch's autograd in float64."""
+    x = (torch.randn(M, N, generator=generator) * width + width).to(torch.bfloat16)
+    weight, bias = ((torch.rand(N, generator=generator) + 0.5).to(torch.bfloat16),
+                    torch.randn(N, generator=generator).to(torch.bfloat16))
+    d_out = torch.randn(M, N, generator=generator).to(torch.bfloat16)
+    leaves = [t.double().requires_grad_() for t in (x, weight, bias)]
+    out = torch.nn.functional.layer_norm(leaves[0], (N,), leaves[1], leaves[2], 1e-5)
+    want = torch.autograd.grad(out, leaves, d_out.double())
+    return {"x": x, "weight": weight, "bias": bias, "eps": 1e-5, "d_out": d_out}, want
+
+
 CASES = {"max_pool_l2": (max_pool_l2, max_pool_l2_case),
          "group_norm_nested": (group_norm_nested, group_norm_case),
          "paged_decode": (paged_decode, paged_decode_case),
-         "segment_mean": (segment_mean, segment_mean_case)}
-STAGED = {"max_pool_l2", "group_norm_nested", "paged_decode"}   # the rest a template takes whole
+         "segment_mean": (segment_mean, segment_mean_case),
+         "layernorm_backward": (tf.grad(K.layernorm), layernorm_backward_case)}
+# the rest a template takes whole
+STAGED = {"max_pool_l2", "group_norm_nested", "paged_decode", "layernorm_backward"}
 
 
 def interpreted(kernel):
@@ -93,7 +110,7 @@ if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     generator = torch.Generator().manual_seed(int(sys.argv[1]))
     errors = {}
-    for name in ("max_pool_l2", "segment_mean"):
+    for name in ("max_pool_l2", "segment_mean", "layernorm_backward"):
         kernel, case = CASES[name]
         args, want = case(generator)
         errors[name] = relative_error(interpreted(kernel)(**args), want)

@@ -22,14 +22,15 @@ from tests.helpers import (assert_gpu_template_matches, fresh_seed, gpu_case, re
                            run_interpreted)
 from tests.schedule_templates.contraction_cases import (BF16_INTERPRETED, CASES, TOLERANCE,
                                                         gated_gradient, matmul_f32,
-                                                        swiglu_backward_case, weight_gradient)
+                                                        swiglu_backward_case,
+                                                        token_weight_gradient, weight_gradient)
 
 HOPPER, AMPERE, MI300 = (get_target(t) for t in ("cuda:sm_90a", "cuda:sm_80", "rocm:gfx942"))
 
 
 def roles(kernel):
     plan = plan_contraction(kernel.program)
-    return plan.rows.name, plan.cols.name, plan.k.name, tuple(a.name for a in plan.batch)
+    return plan.rows.name, plan.cols.name, plan.k_names, tuple(a.name for a in plan.batch)
 
 
 def test_the_axes_are_found_by_their_roles_in_any_layout():
@@ -37,6 +38,8 @@ def test_the_axes_are_found_by_their_roles_in_any_layout():
     assert roles(K.linear) == ("i", "j", "k", ())          # the weight [N, K], read as it lies
     # a weight gradient: the rows operand x[b, i, k] read with its contracted axis outermost
     assert roles(weight_gradient) == ("k", "n", "i", ("b",))
+    # nn.Linear's on [B, S, ·] activations: batch and tokens contracted, swept as one index
+    assert roles(token_weight_gradient) == ("n", "k", "b, s", ())
 
     @tf.kernel
     def transposed_out(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["K", "N", "bf16"]):
@@ -80,9 +83,16 @@ def test_a_factor_reading_rows_and_columns_or_a_row_vector_product_is_refused():
         i, k = T.axes("i k")
         return T.sum(x[i, k] * w[k], over=k)
 
+    @tf.kernel
+    def int_product(x: T.Tensor["M", "K", "i32"], w: T.Tensor["K", "N", "i32"]):
+        i, j, k = T.axes("i j k")
+        return T.sum(x[i, k] * w[k, j], over=k)
+
     for kernel in (masked_product, gemv):
         with pytest.raises(ScheduleError, match="no rows and columns axes"):
             plan_contraction(kernel.program)
+    with pytest.raises(ScheduleError, match="integers"):
+        plan_contraction(int_product.program)
     assert not gemm_shaped(gemv.program) and gemm_shaped(K.attention.program)
 
 
@@ -191,3 +201,47 @@ def test_swiglus_backward_on_the_gpu_against_float64():
     got = tf.compile(grad(swiglu_mlp_kernel("bf16")))(**args)
     errors = [relative_error(g, w) for g, w in zip(got, want, strict=True)]
     assert max(errors) <= 1e-2, (errors, seed)
+
+
+def test_an_ffn_too_wide_for_the_row_tile_runs_as_contraction_stages_not_tvms_schedule():
+    """Two chained GEMMs on an A100 or an MI300 (no Hopper FFN there): where the row-tile
+    template cannot hold the feature axis, the floor's two stages, each on the contraction
+    template, said once; small sizes keep the fused row tile."""
+    sizes = dict(M=4096, K=4096, N=14336, O=4096)
+    for target in (AMPERE, MI300):
+        made = tf.compile(K.ffn_gelu, target)
+        with pytest.warns(NoTemplateWarning, match="runs as 2 kernels"):
+            origin = made.schedule_origin(**sizes)
+        assert origin.startswith("staged: 2 kernels") and origin.count("contraction template") == 2
+        assert "TVM" not in origin
+        assert made.schedule_origin(M=64, K=64, N=128, O=64) == "template defaults"
+        assert "gemm_tiles" in made.source(**sizes)
+    # programs with other reductions keep TVM's schedule where the template does not fit (an
+    # attention's stages would store its scores)
+    assert tf.compile(K.attention, AMPERE).floor is None
+
+
+@pytest.mark.gpu
+def test_a_tuned_record_is_what_tf_compile_runs_and_agrees_with_float64(tmp_path, monkeypatch):
+    """A weight gradient (the Hopper GEMM does not take it) tuned on this GPU: tf.compile then
+    names the record and its result still agrees with float64."""
+    from tensorfuse.autotune import tune
+    from tests.schedule_templates.contraction_cases import _weight_gradient
+
+    monkeypatch.setenv("TENSORFUSE_CACHE", str(tmp_path / "cache"))
+    sizes = dict(B=2, M=512, K=256, N=192)
+    summary = tune(weight_gradient, trials=8, progress=False, **sizes)
+    assert summary.tasks[0].template == "contraction"
+    made = tf.compile(weight_gradient)
+    assert made.schedule_origin(**sizes).startswith("contraction tuned record")
+    args, want, seed = gpu_case(lambda g: _weight_gradient(g, **sizes))
+    assert relative_error(made(**args), want) <= 1e-2, seed
+
+
+def test_more_batch_indices_than_a_grid_holds_fall_back_with_the_reason():
+    from tensorfuse.errors import TargetError
+
+    made = triton_contraction(weight_gradient, HOPPER)
+    with pytest.raises(TargetError, match="65535"):
+        made.build(B=70000, M=16, K=16, N=16)
+    assert not made.fits(B=70000, M=16, K=16, N=16) and made.fits(B=7, M=16, K=16, N=16)

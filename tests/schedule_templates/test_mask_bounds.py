@@ -87,7 +87,12 @@ def test_causal_f32_gives_the_uncut_kernels_bits_with_large_values(rng, monkeypa
         f(**tensors, **scalars, out=outs[-1])
     assert np.array_equal(outs[0], outs[1])
     want = float64_reference(kernel, tensors, scalars)
-    assert relative_error(outs[0], want) <= TOLERANCE["f32"]
+    # a score of magnitude |s| enters exp with an absolute error of about |s|·2⁻²³, which is the
+    # weights' relative error: these wide scores (|s| up to ~300) need more than f32's usual
+    scores = np.einsum("bhid,bhjd->bhij", tensors["q"].astype(np.float64),
+                       tensors["k"].astype(np.float64)) * scalars["scale"]
+    bound = TOLERANCE["f32"] + 4 * 2.0**-23 * float(np.abs(scores).max())
+    assert relative_error(outs[0], want) <= bound
 
 
 def test_masks_without_linear_key_bounds_and_unmasked_chains_are_left_whole(rng):

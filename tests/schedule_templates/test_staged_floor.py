@@ -102,7 +102,7 @@ def test_a_staged_kernel_fills_out_and_checks_the_whole_call():
 def test_stage_templates_match_float64_in_the_interpreter():
     seed = fresh_seed()
     errors = run_interpreted("tests.schedule_templates.staged_floor", seed)
-    assert set(errors) == {"max_pool_l2", "segment_mean"}, errors
+    assert set(errors) == {"max_pool_l2", "segment_mean", "layernorm_backward"}, errors
     assert max(errors.values()) < 2e-2, (errors, seed)
 
 

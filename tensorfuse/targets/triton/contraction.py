@@ -25,6 +25,17 @@ def _extent(axis, sizes: dict):
     return axis.extent if isinstance(axis.extent, int) else sizes[axis.extent]
 
 
+def _digits(plan, sizes: dict, flat: str) -> dict:
+    """Each contracted axis (uid → Triton index) as a digit of the one index ``flat`` sweeps:
+    the innermost ``flat % E``, the next ``(flat // E) % E'``, the outermost without a modulo."""
+    out, inner = {}, 1
+    for k, axis in enumerate(reversed(plan.ks)):
+        digit = flat if inner == 1 else f"({flat} // {inner})"
+        out[axis.uid] = digit if k == len(plan.ks) - 1 else f"({digit} % {_extent(axis, sizes)})"
+        inner = _extent(axis, sizes) if inner == 1 else inner * _extent(axis, sizes)
+    return out
+
+
 def _bounds(candidates: dict) -> dict:
     """The load bounds (axis uid → condition) of the axes whose size is ragged."""
     return {uid: ok for uid, (ragged, ok) in candidates.items() if ragged}
@@ -55,7 +66,10 @@ def contraction_source(plan, knobs, name: str, sizes: dict,
     (:class:`~tensorfuse.schedule_templates.contraction.ContractionKnobs`)."""
     w = SourceWriter(interpreter)
     wide = needs_wide_offsets(plan.program, sizes)
-    M, N, K = (_extent(a, sizes) for a in (plan.rows, plan.cols, plan.k))
+    M, N = (_extent(a, sizes) for a in (plan.rows, plan.cols))
+    K = 1
+    for axis in plan.ks:
+        K = K * _extent(axis, sizes)
     as_index = ".to(tl.int64)" if wide else ""
     w("pid = tl.program_id(0)")
     w(f"pid_b = tl.program_id(1){as_index}")
@@ -89,15 +103,15 @@ def contraction_source(plan, knobs, name: str, sizes: dict,
         w("offs_k = k0 + tl.arange(0, BLOCK_K)")
         base = dict(sizes=sizes, emit=w, memo=loop_memo, interpreter=interpreter)
         rows_ctx = TileContext({**batch, plan.rows.uid: "offs_m[:, None]",
-                                plan.k.uid: "offs_k[None, :]"},
-                               _bounds({plan.rows.uid: (ragged_m, rows_ok),
-                                        plan.k.uid: (ragged_k, f"(offs_k[None, :] < {K})")}),
-                               **base)
+                                **_digits(plan, sizes, "offs_k[None, :]")},
+                               _bounds({plan.rows.uid: (ragged_m, rows_ok), **{
+                                   a.uid: (ragged_k, f"(offs_k[None, :] < {K})")
+                                   for a in plan.ks}}), **base)
         cols_ctx = TileContext({**batch, plan.cols.uid: "offs_n[None, :]",
-                                plan.k.uid: "offs_k[:, None]"},
-                               _bounds({plan.cols.uid: (ragged_n, cols_ok),
-                                        plan.k.uid: (ragged_k, f"(offs_k[:, None] < {K})")}),
-                               **base)
+                                **_digits(plan, sizes, "offs_k[:, None]")},
+                               _bounds({plan.cols.uid: (ragged_n, cols_ok), **{
+                                   a.uid: (ragged_k, f"(offs_k[:, None] < {K})")
+                                   for a in plan.ks}}), **base)
         for k, product in enumerate(plan.products):
             # Triton's interpreter multiplies 16-bit operands wrongly: it gets them as f32,
             # the rounding of a computed side to 16 bits kept

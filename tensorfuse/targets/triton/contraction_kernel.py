@@ -4,6 +4,7 @@ value become arguments: :mod:`.size_builds`), launched on torch's current stream
 from __future__ import annotations
 
 from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
+from ...errors import TargetError
 from ...interop import deliver, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
 from .contraction import contraction_source, grid_of
@@ -12,22 +13,25 @@ from .launcher import Launches, Step
 from .size_builds import SizeBuilds, size_values
 
 ORIGIN = "contraction template defaults"
+MAX_GRID_Y = 65535   # CUDA's limit on a grid's second dimension (the batch indices)
 
 
 class ContractionKernel(GraphCallable):
     """A :class:`~tensorfuse.schedule_templates.contraction_plan.ContractionPlan` as GEMM tiles:
-    ``knobs_at(sizes)`` gives the knobs at a call's sizes (the defaults, with the ``given`` ones
-    fixed), or a :class:`~tensorfuse.errors.TargetError` where none run there."""
+    ``knobs_at(sizes)`` gives the knobs at a call's sizes and where a tuning record gave them
+    (None: the defaults, with the ``given`` ones fixed), or a
+    :class:`~tensorfuse.errors.TargetError` where none run there."""
 
     def __init__(self, plan, target, knobs_at, given: dict):
         self.plan, self.target, self.knobs_at = plan, target, knobs_at
         self.program = plan.program
         self.given = dict(given)
         self.description = f"contraction template (GEMM tiles: rows {plan.rows.name}, columns " \
-                           f"{plan.cols.name}, contracted {plan.k.name})"
+                           f"{plan.cols.name}, contracted {plan.k_names})"
         self.outputs = list(self.program.outputs)
         self.sizes = SizeBuilds(None, {p.name for p in self.program.params})
         self._built: dict = {}
+        self._origin: dict = {}   # per sizes: the template defaults, or a tuned record
         self._launches: dict = {}
         self._calls = None
         self._device_checked = False
@@ -43,7 +47,12 @@ class ContractionKernel(GraphCallable):
         if key not in self._built:
             check_named_sizes(self.program, dims, complete=True)
             dims = dict(sorted(dims.items()))
-            knobs = self.knobs_at(dims)
+            knobs, origin = self.knobs_at(dims)
+            tiles, batch = grid_of(self.plan, knobs, dims)
+            if batch > MAX_GRID_Y:
+                raise TargetError(f"{batch} batch indices: a CUDA grid's second dimension "
+                                  f"holds {MAX_GRID_Y}")
+            self._origin[key] = origin or ORIGIN
             varying = self.sizes.varying(dims)
             made = self.sizes.find(dims, knobs, (), varying) if varying else None
             if made is None:
@@ -80,7 +89,13 @@ class ContractionKernel(GraphCallable):
         dims, _ = split_scalars(self.program, dims)
         knobs = self.build(**dims)[0]
         given = f"; given: {', '.join(sorted(self.given))}" if self.given else ""
-        return f"{ORIGIN} ({knobs}){given}"
+        return f"{self._origin[tuple(sorted(dims.items()))]} ({knobs}){given}"
+
+    def warm(self, *args, **kwargs) -> None:
+        """Compile for these arguments without launching (a tuning batch compiles its
+        candidates so, on all the CPUs)."""
+        launches, values = self._prepare(args, kwargs)[:2]
+        launches.warm(values)
 
     def cache_info(self) -> list:
         return list(self.sizes.builds)
