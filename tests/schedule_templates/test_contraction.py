@@ -245,3 +245,10 @@ def test_more_batch_indices_than_a_grid_holds_fall_back_with_the_reason():
     with pytest.raises(TargetError, match="65535"):
         made.build(B=70000, M=16, K=16, N=16)
     assert not made.fits(B=70000, M=16, K=16, N=16) and made.fits(B=7, M=16, K=16, N=16)
+
+
+def test_tensors_of_two_to_the_31_elements_are_addressed_in_64_bits():
+    made = triton_contraction(K.matmul, HOPPER)
+    source = made.source(M=65536, K=40000, N=4096)   # x has 2.6e9 elements
+    assert "pid_m.to(tl.int64)" in source and "(k0 + tl.arange(0, BLOCK_K)).to(tl.int64)" in source
+    assert "int64" not in made.source(M=4096, K=4096, N=4096)

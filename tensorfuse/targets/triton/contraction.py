@@ -100,7 +100,7 @@ def contraction_source(plan, knobs, name: str, sizes: dict,
     w.sweep("k0", "0", str(K), "BLOCK_K")
     loop_memo: dict = {}
     with w.block():
-        w("offs_k = k0 + tl.arange(0, BLOCK_K)")
+        w(f"offs_k = (k0 + tl.arange(0, BLOCK_K)){as_index}")
         base = dict(sizes=sizes, emit=w, memo=loop_memo, interpreter=interpreter)
         rows_ctx = TileContext({**batch, plan.rows.uid: "offs_m[:, None]",
                                 **_digits(plan, sizes, "offs_k[None, :]")},
