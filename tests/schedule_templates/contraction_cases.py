@@ -20,6 +20,24 @@ def token_weight_gradient(x: T.Tensor["B", "S", "K", "bf16"],
 
 
 @tf.kernel
+def gathered_linear(emb: T.Tensor["V", "K", "bf16"], ids: T.Tensor["M", "i32"],
+                    w: T.Tensor["N", "K", "bf16"], residual: T.Tensor["M", "N", "bf16"]):
+    """An embedding lookup's rows through a linear layer, plus a residual: a gathered rows side
+    and a load in the epilogue."""
+    i, n, k = T.axes("i n k")
+    return T.sum(emb[ids[i], k] * w[n, k], over=k) + residual[i, n]
+
+
+@tf.kernel
+def scores_bshd(q: T.Tensor["B", "M", "H", "D", "bf16"], k: T.Tensor["B", "N", "H", "D", "bf16"],
+                scale: T.f32):
+    """Attention scores of [B, S, H, D] tensors into [B, H, M, N]: two batch axes, both operands
+    strided along the rows and columns."""
+    b, h, i, j, d = T.axes("b h i j d")
+    return T.sum(q[b, i, h, d] * k[b, j, h, d], over=d) * scale
+
+
+@tf.kernel
 def matmul_f32(a: T.Tensor["M", "K", "f32"], b: T.Tensor["K", "N", "f32"], scale: T.f32):
     """f32 operands: IEEE products (what torch's f32 matmul computes by default)."""
     i, j, k = T.axes("i j k")
@@ -59,6 +77,21 @@ def _token_weight_gradient(g, B=3, S=13, K=20, N=36):
     return dict(x=x, dy=dy), torch.einsum("bsk,bsn->nk", x.double(), dy.double())
 
 
+def _gathered_linear(g, V=50, M=29, K=40, N=33):
+    emb, w = ((torch.randn(*s, generator=g) * 2).to(torch.bfloat16) for s in ((V, K), (N, K)))
+    ids = torch.randint(0, V, (M,), generator=g).to(torch.int32)
+    residual = (torch.randn(M, N, generator=g) * 30).to(torch.bfloat16)
+    want = emb.double()[ids.long()] @ w.double().T + residual.double()
+    return dict(emb=emb, ids=ids, w=w, residual=residual), want
+
+
+def _scores_bshd(g, B=2, M=19, N=23, H=3, D=24):
+    q, k = ((torch.randn(*s, generator=g) * 3).to(torch.bfloat16)
+            for s in ((B, M, H, D), (B, N, H, D)))
+    return dict(q=q, k=k, scale=0.2), torch.einsum("bihd,bjhd->bhij", q.double(),
+                                                    k.double()) * 0.2
+
+
 def _matmul_f32(g, M=20, K=33, N=18):
     a, b = torch.randn(M, K, generator=g) * 1e3, torch.randn(K, N, generator=g)
     return dict(a=a, b=b, scale=0.5), (a.double() @ b.double()) * 0.5
@@ -68,6 +101,8 @@ CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate)
          "weight_gradient": (weight_gradient, _weight_gradient),
          "gated_gradient": (gated_gradient, _gated_gradient),
          "token_weight_gradient": (token_weight_gradient, _token_weight_gradient),
+         "gathered_linear": (gathered_linear, _gathered_linear),
+         "scores_bshd": (scores_bshd, _scores_bshd),
          "matmul_f32": (matmul_f32, _matmul_f32)}
 # relative to the output's largest magnitude: bf16 outputs round at 2⁻⁹ and an f32 side rounded
 # to bf16 for the products adds as much per element — under Triton's interpreter twice that, as it
@@ -76,7 +111,8 @@ CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate)
 BF16_INTERPRETED = 2e-2
 TOLERANCE = {"linear": BF16_INTERPRETED, "swiglu_gate": BF16_INTERPRETED,
              "weight_gradient": BF16_INTERPRETED, "gated_gradient": BF16_INTERPRETED,
-             "token_weight_gradient": BF16_INTERPRETED,
+             "token_weight_gradient": BF16_INTERPRETED, "gathered_linear": BF16_INTERPRETED,
+             "scores_bshd": BF16_INTERPRETED,
              "matmul_f32": 1e-5}
 
 

@@ -22,7 +22,7 @@ from tests.helpers import (assert_gpu_template_matches, fresh_seed, gpu_case, re
                            run_interpreted)
 from tests.schedule_templates.contraction_cases import (BF16_INTERPRETED, CASES, TOLERANCE,
                                                         gated_gradient, matmul_f32,
-                                                        swiglu_backward_case,
+                                                        scores_bshd, swiglu_backward_case,
                                                         token_weight_gradient, weight_gradient)
 
 HOPPER, AMPERE, MI300 = (get_target(t) for t in ("cuda:sm_90a", "cuda:sm_80", "rocm:gfx942"))
@@ -40,6 +40,8 @@ def test_the_axes_are_found_by_their_roles_in_any_layout():
     assert roles(weight_gradient) == ("k", "n", "i", ("b",))
     # nn.Linear's on [B, S, ·] activations: batch and tokens contracted, swept as one index
     assert roles(token_weight_gradient) == ("n", "k", "b, s", ())
+    # scores of [B, S, H, D] tensors into [B, H, M, N]: the heads a batch axis, read in place
+    assert roles(scores_bshd) == ("i", "j", "d", ("b", "h"))
 
     @tf.kernel
     def transposed_out(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["K", "N", "bf16"]):
