@@ -262,6 +262,9 @@ SECTIONS = (
     ("cluster-decode", "Decode (one query token)",
      "bf16, 32 query / 8 KV heads, D=128; GB/s of the keys and values read",
      "python -m benchmarks.cluster --decode-only"),
+    ("packed-decode", "Decode with a group's heads as the Hopper attention kernel's rows",
+     "bf16, D=128; GB/s of the cache read; `tensorfuse packed …` is the plan measured before "
+     "`tf.compile` takes it, `tensorfuse` what it runs now", "python -m benchmarks.packed_decode"),
     ("decode-knobs", "The split update's knobs on the suite's decodes",
      "bf16; GB/s of the cache read; every candidate checked against float64, timed from a CUDA "
      "graph; `default` is `tf.compile`'s choice", "python -m benchmarks.decode_knobs"),

@@ -27,6 +27,7 @@ from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
 from ..targets.cuda.expr import to_cuda
+from ..targets.cuda.parts.scheduler import MIN_PIECE
 from ..targets.cuda.wgmma import fragment_bit_words, launch_registers, setmaxnreg_share
 from .attention_chain import AttentionChain, check_head_map, recognise_attention
 from .token_tiling import map_scalars, mask_reads_map
@@ -506,8 +507,8 @@ def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict,
     return knobs
 
 
-def schedule_for(knobs: HopperKnobs, tiles: int, sms: int,
-                 masked: bool = True) -> tuple[str, int]:
+def schedule_for(knobs: HopperKnobs, tiles: int, sms: int, masked: bool = True,
+                 key_blocks: int = 0) -> tuple[str, int]:
     """The schedule and grid of a call with ``tiles`` (row block, head) tiles on ``sms`` SMs:
     the knob's, with ``"auto"`` resolved — one CTA per tile where there are fewer than two per
     SM (a persistent CTA would have at most two tiles, and the hardware's dynamic hand-out
@@ -520,7 +521,9 @@ def schedule_for(knobs: HopperKnobs, tiles: int, sms: int,
     key blocks). On the H100 (``benchmarks.hopper_attention``, alternated rounds, two runs):
     S=16384 (4096 tiles, 4 in
     the last round of 132) +1.7/+2.4 % full, +3.4/+4.1 % ALiBi; S=4096 (1024 tiles, 100 in the
-    last round) −0.5…+0.2 % — a part-full round seems to run that much faster."""
+    last round) −0.5…+0.2 % — a part-full round seems to run that much faster. ``"split"``
+    asked for with fewer tiles than resident CTAs cuts every tile (``key_blocks`` each) along
+    the keys."""
     slots = sms * knobs.ctas_per_sm   # CTAs resident at once
     ctas = min(tiles, knobs.ctas or slots)
     schedule = knobs.schedule
@@ -528,6 +531,11 @@ def schedule_for(knobs: HopperKnobs, tiles: int, sms: int,
         last = tiles % ctas   # tiles of the last, partial round
         schedule = "grid" if tiles < 2 * slots else "dynamic" if masked or not last or \
             2 * last > ctas else "split"
+    if schedule == "split" and tiles < (knobs.ctas or slots):
+        # asked for with fewer tiles than CTAs (a decode's few (batch, kv-head) tiles over
+        # long caches, ``benchmarks.packed_decode``): every tile is cut, over as many CTAs as
+        # take pieces of MIN_PIECE key blocks or more
+        ctas = min(knobs.ctas or slots, max(tiles, tiles * key_blocks // MIN_PIECE))
     return schedule, (tiles if schedule == "grid" else ctas)
 
 
@@ -538,7 +546,8 @@ def planned_schedule(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
     head, where a tiled order pads the rows (default: the rows in blocks)."""
     from ..targets.cuda.module import local_gpu
 
-    B, H, _, M = (sizes[d] for d in plan.chain.dims[:4])
+    B, H, _, M, N = (sizes[d] for d in plan.chain.dims[:5])
     tiles = (row_blocks or math.ceil(M / knobs.block_m)) * B * H
     gpu = local_gpu()
-    return schedule_for(knobs, tiles, gpu[1] if gpu else 132, plan.mask is not None) + (tiles,)
+    return schedule_for(knobs, tiles, gpu[1] if gpu else 132, plan.mask is not None,
+                        math.ceil(N / knobs.block_n)) + (tiles,)

@@ -468,6 +468,11 @@ def test_split_is_the_unmasked_persistent_schedule():
     assert schedule_for(knobs, 1024, 132, masked=False) == ("dynamic", 132)  # 100: most busy
     assert schedule_for(knobs, 1056, 132, masked=False) == ("dynamic", 132)  # whole rounds
     assert schedule_for(knobs, 200, 132, masked=False) == ("grid", 200)
+    # asked for with fewer tiles than CTAs: every tile cut, over the CTAs its pieces fill
+    split = HopperKnobs(schedule="split", consumers=1)
+    assert schedule_for(split, 16, 132, False, 128) == ("split", 132)
+    assert schedule_for(split, 4, 132, False, 20) == ("split", 20)   # pieces of MIN_PIECE
+    assert schedule_for(HopperKnobs(), 16, 132, False, 128) == ("grid", 16)   # auto: unchanged
     full = hopper(K.attention)
     assert "split schedule on 132" in full.schedule_origin(B=2, H=16, M=16384, N=16384, D=128)
     with pytest.raises(ScheduleError, match="split.*mask"):

@@ -1,0 +1,127 @@
+"""Decode with a group's query heads as the rows of the Hopper attention kernel: the plan for
+heads that share one cache (issue "Generality at template speed", item 4), measured before it is
+built into ``tf.compile``.
+
+A decode's ``q[B, H, 1, D]`` over ``k, v[B, HKV, N, D]`` is, as data, attention of ``B·HKV``
+heads of ``G = H / HKV`` query rows each over their own keys: ``q.view(B, HKV, G, D)``. The Hopper
+attention kernel then computes a group's scores with one ``wgmma`` tile (heads as M), reading the
+cache once per group; its few tiles (one per (batch, kv-head)) are cut along the keys over every
+CTA (``schedule="split"``). This times that against ``tf.compile``'s decode (the cluster kernel;
+for a cache with no kv-head axis, ``k[b, j, d]``, the Triton split update) and SDPA, each
+tensorfuse result checked against float64 first.
+
+    python -m benchmarks.packed_decode [--build-only] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from benchmarks.common import (SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, Row, bench_replayed,
+                               measure_ceilings, relative_error, run_and_write)
+from benchmarks.user_kernels import mqa_decode
+
+CHAIN = ("m", "l", "o")
+# (B, H, HKV, N): large groups on one cache (where the cluster kernel's teams are compute-bound
+# on mma.sync), MQA at few pairs, and a GQA group of 4 for comparison
+CASES = ((16, 64, 1, 16384), (16, 128, 1, 16384), (1, 64, 1, 131072), (8, 32, 1, 32768),
+         (1, 8, 1, 131072), (4, 8, 1, 131072), (8, 32, 8, 32768), (64, 32, 8, 1024))
+D = 128
+TOLERANCE = 1e-2   # bf16 outputs
+
+
+def packed(**knobs):
+    """The library's attention on the Hopper template with these knobs, split over the CTAs."""
+    sch = tf.schedule(K.attention, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
+    return sch.apply_template("hopper_attention", schedule="split", **knobs).compile()
+
+
+def measure(rows: list, log=print) -> None:
+    copy = measure_ceilings()["copy_tbps"] * 1e3   # GB/s
+    made = variants()
+    for B, H, HKV, N in CASES:
+        G = H // HKV
+        q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, HKV, N, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B, HKV, N, D, device="cuda", dtype=torch.bfloat16) * 3
+        scale = D ** -0.5
+        kd, vd = (t.double().repeat_interleave(G, 1) for t in (k, v))
+        want = torch.softmax(q.double() @ kd.transpose(-1, -2) * scale, -1) @ vd
+        moved = 2 * B * HKV * N * D * 2   # the cache, read once
+        name, shape = f"packed_decode/{H}_{HKV}", f"B{B} H{H}/{HKV} N{N} D{D}"
+        calls = {}
+        for label, kernel in made.items():
+            if G > 64 and "c1" in label:
+                continue   # 64 rows a consumer warpgroup
+            view = q.view(B, HKV, G, D)
+            out = torch.full((B, HKV, G, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+            error = relative_error(kernel(view, k, v, scale, out=out).view(B, H, 1, D), want)
+            if error > TOLERANCE:
+                log(f"{shape} {label}: WRONG (error {error:.1e}); not timed")
+                continue
+            calls[f"{TENSORFUSE} {label}"] = (lambda f=kernel, x=view: f(x, k, v, scale))
+        default = tf.compile(K.gqa_attention)
+        if relative_error(default(q, k, v, scale), want) <= TOLERANCE:
+            calls[TENSORFUSE] = lambda: default(q, k, v, scale)
+        if HKV == 1:   # the cache written without a kv-head axis
+            three = tf.compile(mqa_decode)
+            args = (q.view(B, H, D), k.view(B, N, D), v.view(B, N, D), scale)
+            if relative_error(three(*args).view(B, H, 1, D), want) <= TOLERANCE:
+                calls[f"{TENSORFUSE} 3-D"] = lambda: three(*args)
+        for label, backend in ((SDPA_CUDNN, SDPBackend.CUDNN_ATTENTION),
+                               (SDPA_FLASH, SDPBackend.FLASH_ATTENTION)):
+            def sdpa(backend=backend):
+                with sdpa_kernel(backend):
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, scale=scale, enable_gqa=True)
+            calls[label] = sdpa
+        for label, call in calls.items():
+            try:
+                ms = bench_replayed(call)
+            except RuntimeError as exc:   # a backend that does not take the shape
+                log(f"{shape} {label}: {str(exc)[:120]}")
+                continue
+            gbps = moved / ms / 1e6
+            rows.append(Row(name, shape, label, ms, 0.0, gbps, gbps / copy, ""))
+            log(f"{shape} {label}: {ms * 1e3:.1f} µs, {gbps:.0f} GB/s ({gbps / copy:.0%})")
+
+
+def variants() -> dict:
+    """The packed kernels timed: one consumer warpgroup (64 rows: groups up to 64 heads), two
+    CTAs an SM of it (64-key blocks fit twice), two consumers (128 rows)."""
+    return {"packed c1": packed(consumers=1),
+            "packed c1 2/SM": packed(consumers=1, ctas_per_sm=2, block_n=64),
+            "packed c2": packed(consumers=2)}
+
+
+def build_only() -> None:
+    """Every packed kernel's cubin into the build cache (``$TENSORFUSE_CACHE``; no GPU needed),
+    so that a GPU run spends its time measuring."""
+    from tensorfuse.targets.cuda.module import cubin_for
+
+    for label, kernel in variants().items():
+        for B, H, HKV, N in CASES:
+            if H // HKV > 64 and "c1" in label:
+                continue
+            cubin_for(kernel.source(B=B, H=HKV, M=H // HKV, N=N, D=D), kernel.target)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--build-only", action="store_true",
+                        help="compile the packed kernels into the build cache and stop")
+    args = parser.parse_args(argv)
+    if args.build_only:
+        build_only()
+        return 0
+    run_and_write(measure, args.out, "packed-decode")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
