@@ -3,10 +3,10 @@ heads that share one cache (issue "Generality at template speed", item 4), measu
 built into ``tf.compile``.
 
 A decode's ``q[B, H, 1, D]`` over ``k, v[B, HKV, N, D]`` is, as data, attention of ``B·HKV``
-heads of ``G = H / HKV`` query rows each over their own keys: ``q.view(B, HKV, G, D)``. The Hopper
-attention kernel then computes a group's scores with one ``wgmma`` tile (heads as M), reading the
-cache once per group; its few tiles (one per (batch, kv-head)) are cut along the keys over every
-CTA (``schedule="split"``). This times that against ``tf.compile``'s decode (the cluster kernel;
+heads of ``G = H / HKV`` query rows each over their own keys: ``q.view(B, HKV, G, D)``
+(``schedule_templates/packed_rows.py``). The Hopper attention kernel then computes a group's
+scores with one ``wgmma`` tile (heads as M), reading the cache once per group; its few tiles (one
+per (batch, kv-head)) are cut along the keys over every CTA (``schedule="split"``). This times that against ``tf.compile``'s decode (the cluster kernel;
 for a cache with no kv-head axis, ``k[b, j, d]``, the Triton split update) and SDPA, each
 tensorfuse result checked against float64 first.
 
@@ -24,6 +24,9 @@ import tensorfuse.kernels as K
 from benchmarks.common import (SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, Row, bench_replayed,
                                measure_ceilings, relative_error, run_and_write)
 from benchmarks.user_kernels import mqa_decode
+from tensorfuse.schedule_templates.fusion import Fusion
+from tensorfuse.schedule_templates.packed_kernel import packed_attention
+from tensorfuse.targets import get_target
 
 CHAIN = ("m", "l", "o")
 # (B, H, HKV, N): large groups on one cache (where the cluster kernel's teams are compute-bound
@@ -35,9 +38,10 @@ TOLERANCE = 1e-2   # bf16 outputs
 
 
 def packed(**knobs):
-    """The library's attention on the Hopper template with these knobs, split over the CTAs."""
-    sch = tf.schedule(K.attention, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
-    return sch.apply_template("hopper_attention", schedule="split", **knobs).compile()
+    """The library's GQA decode with each kv-head's heads as rows (``packed_attention``: the
+    Hopper attention kernel, split over the CTAs), with these knobs."""
+    return packed_attention(K.gqa_attention, Fusion(CHAIN, "j", 32), get_target("cuda:sm_90a"),
+                            **knobs)
 
 
 def measure(rows: list, log=print) -> None:
@@ -57,13 +61,12 @@ def measure(rows: list, log=print) -> None:
         for label, kernel in made.items():
             if G > 64 and "c1" in label:
                 continue   # 64 rows a consumer warpgroup
-            view = q.view(B, HKV, G, D)
-            out = torch.full((B, HKV, G, D), float("nan"), dtype=torch.bfloat16, device="cuda")
-            error = relative_error(kernel(view, k, v, scale, out=out).view(B, H, 1, D), want)
+            out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            error = relative_error(kernel(q, k, v, scale, out=out), want)
             if error > TOLERANCE:
                 log(f"{shape} {label}: WRONG (error {error:.1e}); not timed")
                 continue
-            calls[f"{TENSORFUSE} {label}"] = (lambda f=kernel, x=view: f(x, k, v, scale))
+            calls[f"{TENSORFUSE} {label}"] = (lambda f=kernel: f(q, k, v, scale))
         default = tf.compile(K.gqa_attention)
         if relative_error(default(q, k, v, scale), want) <= TOLERANCE:
             calls[TENSORFUSE] = lambda: default(q, k, v, scale)
@@ -107,7 +110,7 @@ def build_only() -> None:
         for B, H, HKV, N in CASES:
             if H // HKV > 64 and "c1" in label:
                 continue
-            cubin_for(kernel.source(B=B, H=HKV, M=H // HKV, N=N, D=D), kernel.target)
+            cubin_for(kernel.source(B=B, H=H, HKV=HKV, M=1, N=N, D=D), kernel.target)
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,98 @@
+"""A kernel of the packed program (:mod:`.packed_rows`) called with the caller's tensors: q and the
+outputs viewed as ``[B, HKV, G·M, ·]`` (nothing copied), the sizes of the packed program derived
+from the call's, and :func:`packed_attention`, the Hopper attention kernel on it."""
+from __future__ import annotations
+
+from ..binding import CallBinder, output_shape, split_scalars
+from ..errors import CallError, ScheduleError, TargetError
+from ..interop import deliver, torch_output
+from ..torch_graph import GraphCallable
+from .packed_rows import ROWS, PackedRows, pack_group_rows
+
+
+class PackedRowsKernel(GraphCallable):
+    """``inner``, a kernel of ``packed.program``, as a kernel of the original program: a call's q
+    and outputs are viewed with each kv-head's query heads as rows (they must be laid out so that
+    a head's rows follow each other — any layout at one query token — and be contiguous; a
+    :class:`CallError` says so otherwise)."""
+
+    def __init__(self, program, packed: PackedRows, inner, one_query: bool, target):
+        self.program, self.packed, self.inner = program, packed, inner
+        self.one_query, self.target = one_query, target
+        self.outputs = list(program.outputs)
+        self.description = f"packed group rows ({packed.describe()}) on {inner.description}"
+        self._calls = None
+
+    def __repr__(self) -> str:
+        return f"<PackedRowsKernel {self.program.name} for {self.target.name}>"
+
+    def packed_sizes(self, dims: dict) -> dict:
+        """The packed program's sizes at the original's ``dims``; a :class:`TargetError` where the
+        heads do not split into groups or, for one query token, there are several."""
+        B, H, HKV, M = (dims[n] for n in self.packed.chain.dims[:4])
+        if H % HKV:
+            raise TargetError(f"{H} query heads do not split into groups of {HKV} kv-heads")
+        if self.one_query and M != 1:
+            raise TargetError(f"packed for one query token, called with {M}")
+        names = set(self.packed.program.dim_names())
+        return {**{n: v for n, v in dims.items() if n in names}, ROWS: H // HKV * M}
+
+    def fits(self, scalars: dict | None = None, **dims) -> bool:
+        try:
+            return self.inner.fits(scalars, **self.packed_sizes(dims))
+        except (ScheduleError, TargetError):
+            return False
+
+    def schedule_origin(self, **dims) -> str:
+        sizes, scalars = split_scalars(self.program, dims)
+        return f"packed group rows; {self.inner.schedule_origin(**self.packed_sizes(sizes), **(scalars or {}))}"
+
+    def source(self, **dims) -> str:
+        sizes, scalars = split_scalars(self.program, dims)
+        return self.inner.source(**self.packed_sizes(sizes), **(scalars or {}))
+
+    def _view(self, tensor, layout: str, dims: dict, name: str):
+        """``tensor`` (laid out by roles ``layout``) as ``[B, HKV, R, …]``."""
+        B, H, HKV, M = (dims[n] for n in self.packed.chain.dims[:4])
+        rows = [r for r in layout if r in "hi"]
+        if rows != ["h", "i"] and M != 1 or not tensor.is_contiguous():
+            raise CallError(f"{name} is viewed with each kv-head's query heads as rows: it must be "
+                            "contiguous, with a head's query rows one after another "
+                            f"(its axes by role: {layout})")
+        rest = [tensor.shape[k] for k, r in enumerate(layout) if r not in "bhi"]
+        return tensor.view(B, HKV, H // HKV * M, *rest)
+
+    def invoke(self, key, args: tuple, kwargs: dict):
+        import torch
+
+        if self._calls is None:
+            self._calls = CallBinder(self.program, "cuda" if self.target.is_gpu else "cpu")
+        bound = self._calls(args, kwargs, False)
+        self.packed_sizes(bound.dims)   # refuses sizes it cannot pack
+        chain = self.packed.chain
+        given = list(bound.outs) if bound.outs is not None else [None] * len(self.outputs)
+        device = bound.torch_device or torch.device("cpu")
+        outs = [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
+                for c, g in zip(self.outputs, given)]
+        values = {**bound.arrays, **bound.scalars}
+        values[chain.q] = self._view(torch.as_tensor(values[chain.q]), chain.layouts[0],
+                                     bound.dims, chain.q)
+        views = [self._view(o, chain.layouts[3 + k], bound.dims, c.name)
+                 for k, (c, o) in enumerate(zip(self.outputs, outs))]
+        self.inner(**values, out=views[0] if len(views) == 1 else tuple(views))
+        made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
+        return made[0] if len(made) == 1 else tuple(made)
+
+
+def packed_attention(kernel, fusion, target, one_query: bool = True, **knobs):
+    """``kernel``'s attention with each kv-head's query heads as the rows of one tile, on the
+    Hopper attention kernel (``knobs``: its knobs; ``schedule`` defaults to ``"split"``, the few
+    tiles cut along the keys over every CTA; ``consumers=1`` suits groups of up to 64 rows)."""
+    from .fusion import Fusion
+    from .hopper_attention import hopper_attention
+
+    program = kernel.program if hasattr(kernel, "program") else kernel
+    packed = pack_group_rows(program, fusion.names, fusion.axis, one_query)
+    inner = hopper_attention(packed.program, Fusion(fusion.names, fusion.axis, fusion.chunk),
+                             target, **{"schedule": "split", **knobs})
+    return PackedRowsKernel(program, packed, inner, one_query, target)

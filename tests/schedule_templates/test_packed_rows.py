@@ -1,0 +1,142 @@
+"""A group's query heads as the rows of one tile (``schedule_templates/packed_rows.py``): the
+rewritten program checked against float64 through the CPU target (the rewrite is the math, on
+any kernel of it), the views of the caller's tensors, the refusals, the sm_90a kernel's code;
+on the GPU, the Hopper attention kernel on packed rows against float64."""
+import types
+
+import pytest
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from tensorfuse import dsl as T
+from tensorfuse.errors import CallError, ScheduleError
+from tensorfuse.schedule_templates.fusion import Fusion
+from tensorfuse.schedule_templates.packed_kernel import PackedRowsKernel, packed_attention
+from tensorfuse.schedule_templates.packed_rows import pack_group_rows
+from tensorfuse.targets import get_target
+from tests.helpers import fresh_seed, relative_error
+
+CHAIN = ("m", "l", "o")
+HOPPER = get_target("cuda:sm_90a")
+
+
+def on_the_cpu(kernel, one_query=False):
+    """The packed program compiled for the CPU target, called with the original's tensors."""
+    packed = pack_group_rows(kernel.program, CHAIN, "j", one_query)
+    inner = tf.compile(types.SimpleNamespace(program=packed.program, fn=None,
+                                             name=packed.program.name), "llvm")
+    return PackedRowsKernel(kernel.program, packed, inner, one_query, get_target("llvm"))
+
+
+def reference(q, k, v, scale, keep=None):
+    """Grouped attention in float64 (q [B, H, M, D], k and v [B, HKV, N, ·])."""
+    group = q.shape[1] // k.shape[1]
+    keys, values = (t.double().repeat_interleave(group, 1) for t in (k, v))
+    s = q.double() @ keys.transpose(-1, -2) * scale
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, -1) @ values
+
+
+def tensors(g, B=2, H=8, HKV=2, M=1, N=37, D=16, DV=None):
+    q = (torch.randn(B, H, M, D, generator=g) * 3).bfloat16()
+    k = (torch.randn(B, HKV, N, D, generator=g) * 3).bfloat16()
+    v = torch.randn(B, HKV, N, DV or D, generator=g).bfloat16()
+    return q, k, v
+
+
+@pytest.mark.parametrize("H, HKV, M", [(8, 2, 1), (12, 1, 1), (4, 4, 1), (8, 2, 3)])
+def test_packed_rows_are_the_same_attention(H, HKV, M):
+    """GQA and MQA decode, MHA (groups of one), and several query tokens over one cache."""
+    g = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = tensors(g, H=H, HKV=HKV, M=M)
+    out = on_the_cpu(K.gqa_attention)(q, k, v, 0.25)
+    assert out.shape == (2, H, M, 16)
+    assert relative_error(out, reference(q, k, v, 0.25)) < 1e-2
+
+
+def test_one_query_token_packs_masks_from_the_bottom_right():
+    """Causal and sliding-window decodes read the query index in their masks; at one query token
+    it is 0 and the mask reads the keys alone (the window keeps the last 5)."""
+    g = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = tensors(g, H=4, HKV=4)
+    causal = on_the_cpu(K.causal_attention, one_query=True)(q, k, v, 0.25)
+    assert relative_error(causal, reference(q, k, v, 0.25)) < 1e-2
+    window = on_the_cpu(K.sliding_window_attention, one_query=True)(q, k, v, 0.25, 5)
+    keep = torch.arange(37) >= 37 - 5
+    assert relative_error(window, reference(q, k, v, 0.25, keep)) < 1e-2
+    with pytest.raises(ScheduleError, match="query index"):
+        pack_group_rows(K.causal_attention.program, CHAIN, "j")   # several query rows
+
+
+def test_a_decode_over_a_static_cache_reads_its_lengths():
+    g = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = tensors(g)
+    length = torch.tensor([5, 37], dtype=torch.int32)
+    out = on_the_cpu(K.static_cache_attention, one_query=True)(q, k, v, length, 0.25)
+    keep = torch.arange(37)[None, None, None, :] < length[:, None, None, None].long()
+    assert relative_error(out, reference(q, k, v, 0.25, keep)) < 1e-2
+
+
+def test_a_decode_in_bshd_packs_and_several_tokens_there_are_refused():
+    @tf.kernel
+    def bshd(q: T.Tensor["B", "M", "H", "D", "bf16"], k: T.Tensor["B", "N", "HKV", "D", "bf16"],
+             v: T.Tensor["B", "N", "HKV", "D", "bf16"], scale: T.f32):
+        b, i, h, j, d, e = T.axes("b i h j d e")
+        hk = h // (T.size("H") // T.size("HKV"))
+        s = T.sum(q[b, i, h, d] * k[b, j, hk, d], over=d) * scale
+        return K.softmax_attend(s, v[b, j, hk, e], j)
+
+    g = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = tensors(g)
+    made = on_the_cpu(bshd)
+    out = made(q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(),
+               v.transpose(1, 2).contiguous(), 0.25)
+    assert relative_error(out.transpose(1, 2), reference(q, k, v, 0.25)) < 1e-2
+    q3 = tensors(g, M=3)[0]
+    with pytest.raises(CallError, match="query rows one after another"):
+        made(q3.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(),
+             v.transpose(1, 2).contiguous(), 0.25)
+
+
+def test_what_reads_the_head_or_a_strided_query_is_refused():
+    with pytest.raises(ScheduleError, match="query head"):
+        pack_group_rows(K.alibi_attention.program, CHAIN, "j", one_query=True)
+    g = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = tensors(g, M=2)
+    with pytest.raises(CallError, match="contiguous"):
+        on_the_cpu(K.gqa_attention)(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, 0.25)
+
+
+def test_the_hopper_kernel_on_packed_rows_is_split_over_every_sm():
+    """B16 with 64 query heads on one cache: 16 tiles of 64 rows, each cut along the keys over
+    the 132 CTAs; the code has wgmma; several query tokens do not fit a kernel packed for one."""
+    made = packed_attention(K.gqa_attention, Fusion(CHAIN, "j", 32), HOPPER, consumers=1)
+    dims = dict(B=16, H=64, HKV=1, M=1, N=16384, D=128)
+    origin = made.schedule_origin(**dims)
+    assert origin.startswith("packed group rows; hopper_attention") and \
+        "16 tiles: split schedule on 132 persistent CTAs" in origin, origin
+    assert made.fits(**dims) and not made.fits(**{**dims, "M": 2})
+    assert "wgmma.mma_async" in made.inner.ptx(B=16, HKV=1, R=64, N=16384, D=128)
+
+
+GPU_CASES = [(K.gqa_attention, dict(B=3, H=32, HKV=1, M=1, N=3001, D=128), {}),
+             (K.gqa_attention, dict(B=2, H=32, HKV=8, M=1, N=2777, D=64), {}),
+             (K.gqa_causal_attention, dict(B=2, H=128, HKV=1, M=1, N=1500, D=128),
+              dict(consumers=2)),
+             (K.gqa_attention, dict(B=1, H=16, HKV=2, M=4, N=5000, D=128), {})]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel, sizes, knobs", GPU_CASES)
+def test_packed_rows_on_the_gpu_against_float64(kernel, sizes, knobs):
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (t.cuda() for t in tensors(g, sizes["B"], sizes["H"], sizes["HKV"], sizes["M"],
+                                           sizes["N"], sizes["D"]))
+    made = packed_attention(kernel, Fusion(CHAIN, "j", 32), get_target("cuda"),
+                            one_query=sizes["M"] == 1, **{"consumers": 1, **knobs})
+    out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert made(q, k, v, 0.125, out=out) is out
+    assert relative_error(out, reference(q.cpu(), k.cpu(), v.cpu(), 0.125)) < 1e-2, seed
