@@ -22,7 +22,9 @@ read transposed, without a copy. Several sums over the same axes share the tile 
 accumulator (a gated pair's two projections); the outputs are elementwise functions of the sums
 and of loads at the output's indices (a bias, a residual), computed on the accumulators.
 
-Precision: where a side is a load of a 16-bit float it enters the tensor cores as it is stored;
+Precision: factors that read no contracted axis (a scale, a per-row or per-column factor) leave
+the sum and multiply the accumulator once; where a side is a load of a 16-bit float it enters
+the tensor cores as it is stored;
 a computed side, or an f32 load, multiplied with a 16-bit side is rounded to that type (as
 ``torch.autocast`` rounds an operand, and as PyTorch's own backward stores the activation
 gradients it multiplies); two f32 sides multiply in f32 (IEEE, not TF32). Products accumulate in
@@ -47,8 +49,10 @@ SIXTEEN_BIT = ("bf16", "f16")
 
 @dataclass(frozen=True)
 class Product:
-    """One sum of the plan: ``name = Σ_k rows_side · cols_side``, each side an elementwise
-    expression; ``dtype``: what the tensor cores multiply (``"bf16"``, ``"f16"`` or ``"f32"``);
+    """One sum of the plan: ``name = outer · Σ_k rows_side · cols_side``, each side an
+    elementwise expression, ``outer`` the factors that read no contracted axis (a scale, a
+    per-column factor: applied once to the accumulator, not rounded into a side), or None;
+    ``dtype``: what the tensor cores multiply (``"bf16"``, ``"f16"`` or ``"f32"``);
     ``rounded``: the sides rounded to it (``"rows"``, ``"cols"``)."""
 
     name: str
@@ -56,6 +60,7 @@ class Product:
     cols_side: Expr
     dtype: str
     rounded: tuple[str, ...] = ()
+    outer: Expr | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,8 @@ class ContractionPlan:
                  + (f", batch {', '.join(a.name for a in self.batch)}" if self.batch else "")]
         for p in self.products:
             rounded = f"; {' and '.join(p.rounded)} side rounded to {p.dtype}" if p.rounded else ""
-            lines.append(f"  {p.name} = Σ_{self.k_names} ({to_text(p.rows_side)}) · "
+            scaled = f"{to_text(p.outer)} · " if p.outer is not None else ""
+            lines.append(f"  {p.name} = {scaled}Σ_{self.k_names} ({to_text(p.rows_side)}) · "
                          f"({to_text(p.cols_side)})  [tensor cores in {p.dtype}{rounded}, "
                          "f32 accumulation]")
         lines.append("  outputs computed on the accumulators: " + ", ".join(
@@ -108,21 +114,22 @@ def _operand_dtypes(rows_side: Expr, cols_side: Expr) -> tuple[str, tuple[str, .
     return narrow[0], tuple(side for side, d in kinds.items() if d != narrow[0])
 
 
-def _split(body: Expr, rows: Axis, cols: Axis, ks: tuple) -> tuple[Expr, Expr] | None:
-    """``(rows side, cols side)`` of a sum's body, or None where a factor reads both ``rows``
-    and ``cols``, or a side would read none of the contracted axes ``ks``."""
-    left, right = [], []
+def _split(body: Expr, rows: Axis, cols: Axis, ks: tuple) -> tuple | None:
+    """``(rows side, cols side, outer)`` of a sum's body — ``outer`` the product of the factors
+    that read no contracted axis, or None — or None where a factor of the sides reads both
+    ``rows`` and ``cols``, or a side would be empty."""
+    left, right, outer = [], [], []
     for f in factors(body):
         on_rows, on_cols = has_axis(f, rows), has_axis(f, cols)
-        if on_rows and on_cols:
+        if not any(has_axis(f, k) for k in ks):
+            outer.append(f)
+        elif on_rows and on_cols:
             return None
-        (right if on_cols else left).append(f)
+        else:
+            (right if on_cols else left).append(f)
     if not left or not right:
         return None
-    rows_side, cols_side = reduce(mul, left), reduce(mul, right)
-    if not all(any(has_axis(side, k) for k in ks) for side in (rows_side, cols_side)):
-        return None
-    return rows_side, cols_side
+    return reduce(mul, left), reduce(mul, right), reduce(mul, outer) if outer else None
 
 
 def plan_contraction(program: Program) -> ContractionPlan:
@@ -164,13 +171,13 @@ def plan_contraction(program: Program) -> ContractionPlan:
                       sums[0].loc)
     rows, cols, sides = found
     products = []
-    for c, (rows_side, cols_side) in zip(sums, sides):
+    for c, (rows_side, cols_side, outer) in zip(sums, sides):
         if not all(dt.is_float(dt.resolve(side.dtype)) for side in (rows_side, cols_side)) or \
                 not dt.is_float(dt.resolve(c.dtypes[0])):
             raise _refuse(f"{c.name} sums integers: the tensor cores multiply floats, which "
                           "would round large integers", c.loc)
         dtype, rounded = _operand_dtypes(rows_side, cols_side)
-        products.append(Product(c.name, rows_side, cols_side, dtype, rounded))
+        products.append(Product(c.name, rows_side, cols_side, dtype, rounded, outer))
     batch = tuple(a for a in out_axes if a.uid not in (rows.uid, cols.uid))
     if any(isinstance(a.extent, int) and a.extent < 1 for a in batch):
         raise _refuse("an empty batch axis")

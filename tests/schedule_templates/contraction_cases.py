@@ -38,6 +38,15 @@ def scores_bshd(q: T.Tensor["B", "M", "H", "D", "bf16"], k: T.Tensor["B", "N", "
 
 
 @tf.kernel
+def scaled_linear(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["N", "K", "bf16"],
+                  w_scale: T.Tensor["N", "f32"], x_scale: T.Tensor["M", "f32"], alpha: T.f32):
+    """Per-row and per-column scales inside the sum (as a dequantised GEMM writes them): they
+    read no contracted axis, so they scale the accumulator once rather than round into a side."""
+    i, n, k = T.axes("i n k")
+    return T.sum(x[i, k] * x_scale[i] * w[n, k] * w_scale[n] * alpha, over=k)
+
+
+@tf.kernel
 def matmul_f32(a: T.Tensor["M", "K", "f32"], b: T.Tensor["K", "N", "f32"], scale: T.f32):
     """f32 operands: IEEE products (what torch's f32 matmul computes by default)."""
     i, j, k = T.axes("i j k")
@@ -92,6 +101,13 @@ def _scores_bshd(g, B=2, M=19, N=23, H=3, D=24):
                                                     k.double()) * 0.2
 
 
+def _scaled_linear(g, M=21, K=50, N=34):
+    x, w = ((torch.randn(*s, generator=g) * 2).to(torch.bfloat16) for s in ((M, K), (N, K)))
+    w_scale, x_scale = torch.rand(N, generator=g) * 1e3, torch.rand(M, generator=g) + 0.5
+    want = (x.double() @ w.double().T) * x_scale.double()[:, None] * w_scale.double() * 0.5
+    return dict(x=x, w=w, w_scale=w_scale, x_scale=x_scale, alpha=0.5), want
+
+
 def _matmul_f32(g, M=20, K=33, N=18):
     a, b = torch.randn(M, K, generator=g) * 1e3, torch.randn(K, N, generator=g)
     return dict(a=a, b=b, scale=0.5), (a.double() @ b.double()) * 0.5
@@ -103,6 +119,7 @@ CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate)
          "token_weight_gradient": (token_weight_gradient, _token_weight_gradient),
          "gathered_linear": (gathered_linear, _gathered_linear),
          "scores_bshd": (scores_bshd, _scores_bshd),
+         "scaled_linear": (scaled_linear, _scaled_linear),
          "matmul_f32": (matmul_f32, _matmul_f32)}
 # relative to the output's largest magnitude: bf16 outputs round at 2⁻⁹ and an f32 side rounded
 # to bf16 for the products adds as much per element — under Triton's interpreter twice that, as it
@@ -112,7 +129,7 @@ BF16_INTERPRETED = 2e-2
 TOLERANCE = {"linear": BF16_INTERPRETED, "swiglu_gate": BF16_INTERPRETED,
              "weight_gradient": BF16_INTERPRETED, "gated_gradient": BF16_INTERPRETED,
              "token_weight_gradient": BF16_INTERPRETED, "gathered_linear": BF16_INTERPRETED,
-             "scores_bshd": BF16_INTERPRETED,
+             "scores_bshd": BF16_INTERPRETED, "scaled_linear": BF16_INTERPRETED,
              "matmul_f32": 1e-5}
 
 

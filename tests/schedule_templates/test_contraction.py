@@ -22,7 +22,8 @@ from tests.helpers import (assert_gpu_template_matches, fresh_seed, gpu_case, re
                            run_interpreted)
 from tests.schedule_templates.contraction_cases import (BF16_INTERPRETED, CASES, TOLERANCE,
                                                         gated_gradient, matmul_f32,
-                                                        scores_bshd, swiglu_backward_case,
+                                                        scaled_linear, scores_bshd,
+                                                        swiglu_backward_case,
                                                         token_weight_gradient, weight_gradient)
 
 HOPPER, AMPERE, MI300 = (get_target(t) for t in ("cuda:sm_90a", "cuda:sm_80", "rocm:gfx942"))
@@ -61,6 +62,10 @@ def test_gated_sums_share_the_tile_loop_and_rounding_is_said():
     assert "cols side rounded to bf16" in gated.describe()
     f32 = plan_contraction(matmul_f32.program)
     assert f32.products[0].dtype == "f32" and not f32.products[0].rounded
+    # factors of no contracted axis scale the accumulator once: the sides stay plain loads
+    (scaled,) = plan_contraction(scaled_linear.program).products
+    assert [type(side).__name__ for side in (scaled.rows_side, scaled.cols_side)] == \
+        ["Load", "Load"] and not scaled.rounded and scaled.outer is not None
 
 
 @pytest.mark.parametrize("kernel, message", [
@@ -73,12 +78,18 @@ def test_programs_that_are_not_one_contraction_are_refused_with_the_reason(kerne
         plan_contraction(kernel.program)
 
 
-def test_a_factor_reading_rows_and_columns_or_a_row_vector_product_is_refused():
+def test_a_factor_of_rows_columns_and_the_contraction_or_a_row_vector_product_is_refused():
     @tf.kernel
     def masked_product(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["K", "N", "bf16"],
                        m: T.Tensor["M", "N", "bf16"]):
         i, j, k = T.axes("i j k")
         return T.sum(x[i, k] * w[k, j] * m[i, j], over=k)
+
+    @tf.kernel
+    def third_operand(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["K", "N", "bf16"],
+                      t: T.Tensor["M", "N", "K", "bf16"]):
+        i, j, k = T.axes("i j k")
+        return T.sum(x[i, k] * w[k, j] * t[i, j, k], over=k)
 
     @tf.kernel
     def gemv(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["K", "bf16"]):
@@ -90,9 +101,11 @@ def test_a_factor_reading_rows_and_columns_or_a_row_vector_product_is_refused():
         i, j, k = T.axes("i j k")
         return T.sum(x[i, k] * w[k, j], over=k)
 
-    for kernel in (masked_product, gemv):
+    for kernel in (third_operand, gemv):
         with pytest.raises(ScheduleError, match="no rows and columns axes"):
             plan_contraction(kernel.program)
+    # a factor of rows and columns but not of the contracted axis leaves the sum: it is taken
+    assert plan_contraction(masked_product.program).products[0].outer is not None
     with pytest.raises(ScheduleError, match="integers"):
         plan_contraction(int_product.program)
     assert not gemm_shaped(gemv.program) and gemm_shaped(K.attention.program)

@@ -138,6 +138,9 @@ def contraction_source(plan, knobs, name: str, sizes: dict,
                                    plan.cols.uid: (ragged_n, cols_ok)}), refs=refs,
                           sizes=sizes, emit=w, memo=fresh_memo(loop_memo),
                           interpreter=interpreter)
+    for k, product in enumerate(plan.products):   # factors of no contracted axis, applied once
+        if product.outer is not None:
+            w(f"acc_{k} = acc_{k} * {to_triton(product.outer, out_ctx)}")
     for c in plan.outputs:
         value = refs[c.name] if c.name in refs else to_triton(inline_elementwise(c.bodies[0]),
                                                               out_ctx)
