@@ -70,11 +70,17 @@ def measure(rows: list, log=print) -> None:
         default = tf.compile(K.gqa_attention)
         if relative_error(default(q, k, v, scale), want) <= TOLERANCE:
             calls[TENSORFUSE] = lambda: default(q, k, v, scale)
-        if HKV == 1:   # the cache written without a kv-head axis
-            three = tf.compile(mqa_decode)
+        if HKV == 1:   # the cache written without a kv-head axis: tf.compile's, and packed
             args = (q.view(B, H, D), k.view(B, N, D), v.view(B, N, D), scale)
-            if relative_error(three(*args).view(B, H, 1, D), want) <= TOLERANCE:
-                calls[f"{TENSORFUSE} 3-D"] = lambda: three(*args)
+            for label, three in ((f"{TENSORFUSE} 3-D", tf.compile(mqa_decode)),
+                                 (f"{TENSORFUSE} packed c{1 + (G > 64)} 3-D",
+                                  packed_attention(mqa_decode, Fusion(CHAIN, "j", 32),
+                                                   get_target("cuda:sm_90a"),
+                                                   consumers=1 + (G > 64)))):
+                if relative_error(three(*args).view(B, H, 1, D), want) <= TOLERANCE:
+                    calls[label] = (lambda f=three: f(*args))
+                else:
+                    log(f"{shape} {label}: WRONG; not timed")
         for label, backend in ((SDPA_CUDNN, SDPBackend.CUDNN_ATTENTION),
                                (SDPA_FLASH, SDPBackend.FLASH_ATTENTION)):
             def sdpa(backend=backend):

@@ -101,7 +101,7 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
 
     plan_chain(program, names, axis)  # refuses chains that have no correction at all
     try:
-        m, plain, weighted, scores, p = _softmax_states(program, names)
+        m, plain, weighted, scores, p = softmax_states(program, names)
     except ScheduleError as exc:
         raise refuse(exc.message, exc.location) from None
     members = [m, plain, weighted]
@@ -220,7 +220,7 @@ def _axis_roles(q_load: Load, k_load: Load, v_load: Load, out: Compute, d_axis: 
 LSE_FORM = "a second output m + log(l), float32 [b, h, i]: the log-sum-exp"
 
 
-def _softmax_states(program: Program, names: tuple[str, ...]):
+def softmax_states(program: Program, names: tuple[str, ...]):
     """``(m, l, o, scores, p)``: the chain's maximum, plain sum of weights, weighted sum, the
     scores and the weights ``p = exp(scores − m)``; a :class:`ScheduleError` where the chain is
     not max → sum(exp) → weighted sum."""
@@ -262,7 +262,7 @@ def with_logsumexp(program: Program, names: tuple[str, ...]) -> Program:
     log-sum-exp of the scores, ``m + log(l)`` in float32 over the maximum's axes (−inf for a row
     the mask empties) — what the backward pass reads instead of recomputing q·kᵀ. Its templates
     write it in their epilogues (one float per row)."""
-    m, l_, _, _, _ = _softmax_states(program, names)
+    m, l_, _, _, _ = softmax_states(program, names)
     if any(_is_logsumexp(c, m, l_) for c in program.outputs):
         raise ScheduleError(f"{program.name} already writes the log-sum-exp")
     taken = {c.name for c in program.computes} | {p.name for p in program.params}

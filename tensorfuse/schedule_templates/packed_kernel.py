@@ -7,6 +7,7 @@ from ..binding import CallBinder, output_shape, split_scalars
 from ..errors import CallError, ScheduleError, TargetError
 from ..interop import deliver, torch_output
 from ..torch_graph import GraphCallable
+from .packed_lift import UNIT_KV, UNIT_Q
 from .packed_rows import ROWS, PackedRows, pack_group_rows
 
 
@@ -29,6 +30,7 @@ class PackedRowsKernel(GraphCallable):
     def packed_sizes(self, dims: dict) -> dict:
         """The packed program's sizes at the original's ``dims``; a :class:`TargetError` where the
         heads do not split into groups or, for one query token, there are several."""
+        dims = self._with_units(dims)
         B, H, HKV, M = (dims[n] for n in self.packed.chain.dims[:4])
         if H % HKV:
             raise TargetError(f"{H} query heads do not split into groups of {HKV} kv-heads")
@@ -36,6 +38,10 @@ class PackedRowsKernel(GraphCallable):
             raise TargetError(f"packed for one query token, called with {M}")
         names = set(self.packed.program.dim_names())
         return {**{n: v for n, v in dims.items() if n in names}, ROWS: H // HKV * M}
+
+    def _with_units(self, dims: dict) -> dict:
+        """``dims`` with the unit axes a lift added (a decode written with three axes)."""
+        return {**dims, UNIT_Q: 1, UNIT_KV: 1} if self.packed.lifted else dims
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         try:
@@ -52,7 +58,11 @@ class PackedRowsKernel(GraphCallable):
         return self.inner.source(**self.packed_sizes(sizes), **(scalars or {}))
 
     def _view(self, tensor, layout: str, dims: dict, name: str):
-        """``tensor`` (laid out by roles ``layout``) as ``[B, HKV, R, …]``."""
+        """``tensor`` (laid out by roles ``layout``; a unit axis added where a lift added one)
+        as ``[B, HKV, R, …]``."""
+        at = dict(self.packed.lifted).get(name)
+        tensor = tensor if at is None else tensor.unsqueeze(at)
+        dims = self._with_units(dims)
         B, H, HKV, M = (dims[n] for n in self.packed.chain.dims[:4])
         rows = [r for r in layout if r in "hi"]
         if rows != ["h", "i"] and M != 1 or not tensor.is_contiguous():
@@ -75,6 +85,9 @@ class PackedRowsKernel(GraphCallable):
         outs = [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
                 for c, g in zip(self.outputs, given)]
         values = {**bound.arrays, **bound.scalars}
+        for name, at in self.packed.lifted:   # k and v of one cache, written without its axis
+            if name in values and name != chain.q:
+                values[name] = torch.as_tensor(values[name]).unsqueeze(at)
         values[chain.q] = self._view(torch.as_tensor(values[chain.q]), chain.layouts[0],
                                      bound.dims, chain.q)
         views = [self._view(o, chain.layouts[3 + k], bound.dims, c.name)

@@ -24,6 +24,7 @@ from ..dsl.expr import Axis, Const, DimSize, Load, Ref
 from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
 from .attention_chain import AttentionChain, recognise_attention
+from .packed_lift import lift_to_four_axes
 
 WHO = "packed group rows"
 ROWS = "R"   # the packed program's size of a tile's rows (G·M)
@@ -37,6 +38,9 @@ class PackedRows:
 
     program: Program
     chain: AttentionChain
+    # (tensor or output name, where a unit axis was added): a decode written with three axes
+    # (:mod:`.packed_lift`), whose tensors are viewed with them
+    lifted: tuple[tuple[str, int], ...] = ()
 
     def describe(self) -> str:
         b, h, hkv, m, n, d = self.chain.dims
@@ -53,8 +57,18 @@ def pack_group_rows(program: Program, names: tuple[str, ...], axis: str,
     """The program with each kv-head's query heads as rows (module docstring). ``one_query``:
     for calls with one query token (decode), whose query index is 0 and query count 1 — a mask
     from the bottom right (``j <= N - M + i``) then reads the keys alone and packs too."""
-    chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"),
-                                logsumexp=True, value_dims=True)
+    lifted = ()
+    try:
+        chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"),
+                                    logsumexp=True, value_dims=True)
+    except ScheduleError:
+        found = lift_to_four_axes(program, names, axis)
+        if found is None:
+            raise
+        program, inserts = found   # one query token, written without its axis
+        lifted, one_query = tuple(inserts.items()), True
+        chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"),
+                                    logsumexp=True, value_dims=True)
     if one_query:
         program = _at_one_query(program, chain)
         chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"),
@@ -82,7 +96,7 @@ def pack_group_rows(program: Program, names: tuple[str, ...], axis: str,
                 raise _refuse(f"{c.name} reads the query head {h.name} or the query index "
                               f"{i.name} apart from q·k (a per-head bias, a mask among the "
                               "query rows): a packed row would have to unpick them", c.loc)
-    return PackedRows(_packed_program(program, chain), chain)
+    return PackedRows(_packed_program(program, chain), chain, lifted)
 
 
 def _at_one_query(program: Program, chain: AttentionChain) -> Program:

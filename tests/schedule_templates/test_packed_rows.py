@@ -15,6 +15,7 @@ from tensorfuse.schedule_templates.fusion import Fusion
 from tensorfuse.schedule_templates.packed_kernel import PackedRowsKernel, packed_attention
 from tensorfuse.schedule_templates.packed_rows import pack_group_rows
 from tensorfuse.targets import get_target
+from benchmarks.user_kernels import gqa_decode, mqa_decode
 from tests.helpers import fresh_seed, relative_error
 
 CHAIN = ("m", "l", "o")
@@ -100,6 +101,22 @@ def test_a_decode_in_bshd_packs_and_several_tokens_there_are_refused():
              v.transpose(1, 2).contiguous(), 0.25)
 
 
+@pytest.mark.parametrize("kernel", [mqa_decode, gqa_decode])
+def test_a_decode_written_with_three_axes_is_lifted_then_packed(kernel):
+    """``q[b, h, d]`` (no query axis) over ``k[b, j, d]`` (every head on one cache) or
+    ``k[b, hk, j, d]``: unit axes added, the caller's tensors viewed with them."""
+    g = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = tensors(g, HKV=1 if kernel is mqa_decode else 2)
+    if kernel is mqa_decode:
+        made = on_the_cpu(kernel)
+        out = made(q[:, :, 0], k[:, 0], v[:, 0], 0.25)
+        assert made.packed.lifted == (("q", 2), ("k", 1), ("v", 1), ("out", 2))
+    else:
+        out = on_the_cpu(kernel)(q[:, :, 0], k, v, 0.25)
+    assert out.shape == (2, 8, 16)
+    assert relative_error(out, reference(q, k, v, 0.25)[:, :, 0]) < 1e-2
+
+
 def test_what_reads_the_head_or_a_strided_query_is_refused():
     with pytest.raises(ScheduleError, match="query head"):
         pack_group_rows(K.alibi_attention.program, CHAIN, "j", one_query=True)
@@ -119,6 +136,8 @@ def test_the_hopper_kernel_on_packed_rows_is_split_over_every_sm():
         "16 tiles: split schedule on 132 persistent CTAs" in origin, origin
     assert made.fits(**dims) and not made.fits(**{**dims, "M": 2})
     assert "wgmma.mma_async" in made.inner.ptx(B=16, HKV=1, R=64, N=16384, D=128)
+    three = packed_attention(mqa_decode, Fusion(CHAIN, "j", 32), HOPPER, consumers=1)
+    assert "16 tiles: split schedule" in three.schedule_origin(B=16, H=64, N=16384, D=128)
 
 
 GPU_CASES = [(K.gqa_attention, dict(B=3, H=32, HKV=1, M=1, N=3001, D=128), {}),
@@ -126,6 +145,16 @@ GPU_CASES = [(K.gqa_attention, dict(B=3, H=32, HKV=1, M=1, N=3001, D=128), {}),
              (K.gqa_causal_attention, dict(B=2, H=128, HKV=1, M=1, N=1500, D=128),
               dict(consumers=2)),
              (K.gqa_attention, dict(B=1, H=16, HKV=2, M=4, N=5000, D=128), {})]
+
+
+@pytest.mark.gpu
+def test_a_three_axis_mqa_decode_on_the_gpu_against_float64():
+    seed = fresh_seed()
+    q, k, v = (t.cuda() for t in tensors(torch.Generator().manual_seed(seed), B=4, H=64, HKV=1,
+                                           N=4099, D=128))
+    made = packed_attention(mqa_decode, Fusion(CHAIN, "j", 32), get_target("cuda"), consumers=1)
+    out = made(q[:, :, 0], k[:, 0], v[:, 0], 0.125)
+    assert relative_error(out, reference(q.cpu(), k.cpu(), v.cpu(), 0.125)[:, :, 0]) < 1e-2, seed
 
 
 @pytest.mark.gpu

@@ -1,0 +1,111 @@
+"""A decode written without a query axis (``q[b, h, d]``, as users write one token) — and, with
+every head on one cache, without a kv-head axis (``k[b, j, d]``) — as the same program with unit
+axes added: the four-axis attention :mod:`.packed_rows` packs. The caller's tensors are then
+viewed with those axes (``unsqueeze``: nothing copied)."""
+from __future__ import annotations
+
+from ..algebra import inline_elementwise
+from ..algebra.exprs import factors, nodes, substitute
+from ..dsl.expr import Axis, Const, DimSize, Load, Ref, binary
+from ..dsl.program import Compute, Program, TensorParam
+from ..errors import ScheduleError
+from .attention_chain import softmax_states
+
+UNIT_Q, UNIT_KV = "ONE_Q", "ONE_KV"   # sizes of the axes a lift adds: 1 at every call
+
+
+def lift_to_four_axes(program: Program, names: tuple[str, ...], axis: str):
+    """``(program with a unit query axis — and kv-head axis — added, {tensor or output name:
+    where its unit axis goes})`` for a decode whose q has three axes, or None where q is not
+    read with three plain axes (the four-axis recogniser then says what differs)."""
+    try:
+        m, plain, weighted, _, _ = softmax_states(program, names)
+    except ScheduleError:   # not a softmax chain: nothing to lift
+        return None
+    dots = [c for c in program.computes if c.is_reduction and c not in (m, plain, weighted)]
+    if len(dots) != 1 or len(dots[0].over) != 1:
+        return None
+    loads = factors(dots[0].bodies[0])
+    on_keys = [ld for ld in loads if isinstance(ld, Load) and any(a.name == axis for a in ld.axes)]
+    if len(loads) != 2 or len(on_keys) != 1 or not all(isinstance(ld, Load) for ld in loads):
+        return None
+    k_load = on_keys[0]
+    q_load = next(ld for ld in loads if ld is not k_load)
+    d = dots[0].over[0]
+    if len(q_load.indices) != 3 or not all(isinstance(x, Axis) for x in q_load.indices):
+        return None
+    k_plain = {x.uid for x in k_load.indices if isinstance(x, Axis)}
+    heads = [x for x in q_load.indices if x.uid != d.uid and x.uid not in k_plain]
+    batch = [x for x in q_load.indices if x.uid != d.uid and x.uid in k_plain]
+    if len(heads) != 1 or len(batch) != 1:
+        return None
+    h, b = heads[0], batch[0]
+    v_load = next((f for f in factors(inline_elementwise(weighted.bodies[0]))
+                   if isinstance(f, Load)), None)
+    if v_load is None:
+        return None
+    one_cache = len(k_load.indices) == 3   # every head on one cache: a unit kv-head axis too
+    return _lifted(program, q_load.param, h, b, one_cache, {k_load.param.name,
+                                                           v_load.param.name})
+
+
+def _lifted(program: Program, q: TensorParam, h: Axis, b: Axis, one_cache: bool, kv: set):
+    i1 = Axis("i1", UNIT_Q)
+    q_at = [x.uid for x in _indices_of(program, q.name)].index(h.uid) + 1
+    params, inserts = [], {q.name: q_at}
+    lifted_q = TensorParam(q.name, _with(q.dims, q_at, UNIT_Q), q.dtype, q.loc)
+    heads = q.dims[[x.uid for x in _indices_of(program, q.name)].index(h.uid)]
+    head_count = DimSize(heads) if isinstance(heads, str) else Const(heads, "i32")
+    lifted_kv = {}
+    for param in program.params:
+        if param is q:
+            params.append(lifted_q)
+        elif one_cache and param.name in kv:
+            at = [x.uid for x in _indices_of(program, param.name)].index(b.uid) + 1
+            lifted_kv[param.name] = (TensorParam(param.name, _with(param.dims, at, UNIT_KV),
+                                                 param.dtype, param.loc), at)
+            inserts[param.name] = at
+            params.append(lifted_kv[param.name][0])
+        else:
+            params.append(param)
+    made: dict[str, Compute] = {}
+
+    def rewrite(node):
+        if isinstance(node, Load) and node.param.name == q.name:
+            return Load(lifted_q, _with(node.indices, q_at, i1), node.loc)
+        if isinstance(node, Load) and node.param.name in lifted_kv:
+            param, at = lifted_kv[node.param.name]
+            kv_head = binary("floordiv", h, head_count)   # 0: the one cache
+            return Load(param, _with(node.indices, at, kv_head), node.loc)
+        if isinstance(node, Ref):
+            return Ref(made[node.compute.name], node.component, node.loc)
+        return None
+
+    computes = []
+    for c in program.computes:
+        uids = [a.uid for a in c.axes]
+        axes = _with(c.axes, uids.index(h.uid) + 1, i1) if h.uid in uids else c.axes
+        if c.is_output and h.uid in uids:
+            inserts[c.name] = uids.index(h.uid) + 1
+        made[c.name] = Compute(c.name, axes, tuple(substitute(x, rewrite) for x in c.bodies),
+                               c.dtypes, c.monoid, c.over, c.loc, c.is_output)
+        computes.append(made[c.name])
+    used = {a.uid: a for c in computes for a in c.axes + c.over}
+    lifted = Program(program.name, params, computes, [made[c.name] for c in program.outputs],
+                     sorted(used.values(), key=lambda a: a.uid), [], program.loc)
+    return lifted, inserts
+
+
+def _indices_of(program: Program, name: str) -> tuple:
+    """The indices of the first load of tensor ``name``."""
+    for c in program.computes:
+        for body in c.bodies:
+            for node in nodes(body):
+                if isinstance(node, Load) and node.param.name == name:
+                    return node.indices
+    raise KeyError(name)
+
+
+def _with(items, at: int, item) -> tuple:
+    items = tuple(items)
+    return items[:at] + (item,) + items[at:]
