@@ -83,10 +83,11 @@ def _compile(kernel, target, template, untemplated: str | None = None,
                                      template_records(tuned_as, template, fusion, spec,
                                                       nearest=template == "hopper_attention"))
             ahead += contraction_templates(kernel, spec, template_records(
-                tuned_as, "contraction", None, spec, nearest=True))
+                tuned_as, "contraction", None, spec, nearest=True), dynamic)
             return AutoKernel(made, fallback, ahead=ahead, floor=_gemm_floor(kernel, spec, dynamic))
         gemms = contraction_templates(kernel, spec, template_records(
-            program, "contraction", None, spec, nearest=True)) if _triton_available() else ()
+            program, "contraction", None, spec, nearest=True), dynamic) \
+            if _triton_available() else ()
         if gemms:   # sums that are GEMMs and no chain the row-tile template takes
             return AutoKernel(gemms[0], _compile(kernel, spec, template=None))
         if spec.is_gpu:

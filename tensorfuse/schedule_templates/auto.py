@@ -68,15 +68,16 @@ def takes_stage(program: Program, target: TargetSpec) -> bool:
     return choose(program, target) is not None
 
 
-def contraction_templates(kernel, spec: TargetSpec, records=None) -> tuple:
+def contraction_templates(kernel, spec: TargetSpec, records=None,
+                          dynamic: "bool | None" = None) -> tuple:
     """The contraction template (GEMM tiles on the tensor cores, :mod:`.contraction`) where
     the program's sums are GEMMs, on every GPU target; after the native Hopper templates (the
     Hopper GEMM takes the GEMMs it can: faster where both run) and before the row-tile
     template, which runs GEMMs a row at a time on the CUDA cores. ``records``: the compile
-    entry point's lookup of its tuning records."""
+    entry point's lookup of its tuning records; ``dynamic``: ``tf.compile``'s."""
     if not spec.is_gpu or not spec.has_tensor_cores:
         return ()
-    return tuple(_made(triton_contraction, kernel, spec, tuned=records))
+    return tuple(_made(triton_contraction, kernel, spec, tuned=records, dynamic=dynamic))
 
 
 def why_no_template(program: Program, target: TargetSpec) -> str:

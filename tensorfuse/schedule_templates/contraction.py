@@ -141,12 +141,13 @@ def check_contraction(plan: ContractionPlan, knobs: ContractionKnobs, target: Ta
                           f"{target.name} has {room}")
 
 
-def triton_contraction(kernel, target: TargetSpec, tuned=None, **given):
+def triton_contraction(kernel, target: TargetSpec, tuned=None, dynamic: "bool | None" = None,
+                       **given):
     """A callable GEMM-tile kernel for ``kernel`` on ``target`` (a GPU), with knobs
     :class:`ContractionKnobs` fields given here fixed (the rest the defaults at each call's
     sizes, or where ``tuned`` — the compile entry point's lookup of tuning records — has a
-    record for them, its knobs); a :class:`ScheduleError` where the program is not a
-    contraction."""
+    record for them, its knobs); ``dynamic``: when sizes become kernel arguments, as
+    ``tf.compile`` says; a :class:`ScheduleError` where the program is not a contraction."""
     from ..targets.triton.contraction_kernel import ContractionKernel
 
     if not target.is_gpu:
@@ -173,5 +174,5 @@ def triton_contraction(kernel, target: TargetSpec, tuned=None, **given):
         check_contraction(plan, defaults, target)
         return defaults, None
 
-    return ContractionKernel(plan, target, knobs_at, given)
+    return ContractionKernel(plan, target, knobs_at, given, dynamic)
 

@@ -267,3 +267,12 @@ def test_tensors_of_two_to_the_31_elements_are_addressed_in_64_bits():
     source = made.source(M=65536, K=40000, N=4096)   # x has 2.6e9 elements
     assert "pid_m.to(tl.int64)" in source and "(k0 + tl.arange(0, BLOCK_K)).to(tl.int64)" in source
     assert "int64" not in made.source(M=4096, K=4096, N=4096)
+
+
+def test_tf_compile_s_dynamic_option_reaches_the_contraction_kernels():
+    """dynamic=True: every size an argument from the first build; False: one build per sizes."""
+    for dynamic, builds in ((True, 1), (False, 3)):
+        made = tf.compile(weight_gradient, AMPERE, dynamic=dynamic)
+        for m in (100, 200, 300):
+            made.source(B=2, M=m, K=64, N=64)
+        assert len(made.cache_info()) == builds, dynamic

@@ -22,14 +22,14 @@ class ContractionKernel(GraphCallable):
     (None: the defaults, with the ``given`` ones fixed), or a
     :class:`~tensorfuse.errors.TargetError` where none run there."""
 
-    def __init__(self, plan, target, knobs_at, given: dict):
+    def __init__(self, plan, target, knobs_at, given: dict, dynamic: "bool | None" = None):
         self.plan, self.target, self.knobs_at = plan, target, knobs_at
         self.program = plan.program
         self.given = dict(given)
         self.description = f"contraction template (GEMM tiles: rows {plan.rows.name}, columns " \
                            f"{plan.cols.name}, contracted {plan.k_names})"
         self.outputs = list(self.program.outputs)
-        self.sizes = SizeBuilds(None, {p.name for p in self.program.params})
+        self.sizes = SizeBuilds(dynamic, {p.name for p in self.program.params})
         self._built: dict = {}
         self._origin: dict = {}   # per sizes: the template defaults, or a tuned record
         self._launches: dict = {}
