@@ -3,7 +3,7 @@
 own, with a template where one takes it)."""
 from __future__ import annotations
 
-from .binding import bind_call, split_scalars
+from .binding import bind_call
 from .composed import call_device, filled
 from .dsl.program import Program
 from .schedule_templates.stages import Stage
@@ -40,12 +40,9 @@ class StagedKernel(GraphCallable):
 
     def schedule_origin(self, **dims) -> str:
         """Which kernels run the program, and each one's schedule at these sizes."""
-        sizes, scalars = split_scalars(self.program, dims)
-        parts = []
-        for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels), 1):
-            own = set(stage.program.dim_names()) | {p.name for p in stage.program.scalar_params}
-            given = {n: v for n, v in {**sizes, **(scalars or {})}.items() if n in own}
-            parts.append(f"[{k}] {stage.describe()}: {kernel.schedule_origin(**given)}")
+        parts = [f"[{k}] {stage.describe()}: "
+                 f"{kernel.schedule_origin(**self._own(stage, dims))}"
+                 for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels), 1)]
         return (f"staged: {len(self.stages)} kernels, their results between them stored (no "
                 f"template takes {self.program.name} whole: {self.why}); " + "; ".join(parts))
 

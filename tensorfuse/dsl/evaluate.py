@@ -70,8 +70,9 @@ def _apply(e: Expr, args: list, precise: bool):
 
 
 def evaluate_plain(e: Expr, env: Mapping[str, object], precise: bool = True):
-    """Evaluate an expression over named values (symbols and scalars) that all have one shape."""
-    if isinstance(e, (Symbol, Scalar)):
+    """Evaluate an expression over named values (symbols, scalars and sizes) that all have one
+    shape."""
+    if isinstance(e, (Symbol, Scalar, DimSize)):
         return env[e.name]
     if isinstance(e, Const):
         return np.asarray(e.value, _np_dtype(e.dtype, precise))

@@ -72,10 +72,10 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict,
     """Tiles of 128 × 128 (128 × 256 on sm_90 with one sum: ``wgmma``'s widest efficient tile,
     as Triton's own matmul tutorial picks for the H100), narrowed to the rows and columns there
     are (a few rows: 16 at least, what ``tl.dot`` takes), one accumulator's registers shared
-    between several sums, and as many pipeline stages (2–4) as the GPU's shared memory holds;
-    f32 operands (IEEE products on the CUDA cores) in 64 × 64 tiles of 32."""
-    rows = sizes[plan.rows.extent] if isinstance(plan.rows.extent, str) else plan.rows.extent
-    cols = sizes[plan.cols.extent] if isinstance(plan.cols.extent, str) else plan.cols.extent
+    between several sums, three pipeline stages (two on CDNA, whose LDS is 64 KiB) or fewer
+    where the shared memory does not hold them, then shallower and narrower blocks; f32
+    operands (IEEE products on the CUDA cores) in 64 × 64 tiles of 32, two stages."""
+    rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
     if operand_bytes(plan) == 4:
         knobs = ContractionKnobs(64, 64, 32, 4, 2)
     else:
@@ -87,12 +87,11 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict,
                     block_n=min(knobs.block_n, _pow2_at_least(int(cols), 16)))
     if knobs.block_m * knobs.block_n <= 64 * 64:
         knobs = replace(knobs, num_warps=4)
-    if target.kind == "rocm":   # CDNA: 64-lane wavefronts, LDS of 64 KiB
-        knobs = replace(knobs, num_warps=min(knobs.num_warps, 8), num_stages=2)
+    if target.kind == "rocm":
+        knobs = replace(knobs, num_stages=2)
     room = shared_room(target)
-    for stages in (4, 3, 2):
-        if stages <= max(knobs.num_stages, 2) and \
-                shared_bytes(plan, replace(knobs, num_stages=stages)) <= room:
+    for stages in range(knobs.num_stages, 1, -1):
+        if shared_bytes(plan, replace(knobs, num_stages=stages)) <= room:
             return replace(knobs, num_stages=stages)
     knobs = replace(knobs, num_stages=2)   # then narrower blocks of k, then of columns
     while shared_bytes(plan, knobs) > room and knobs.block_k > 16:
@@ -118,8 +117,7 @@ def contraction_choices(plan: ContractionPlan, sizes: dict, target: TargetSpec) 
         cap = _pow2_at_least(int(extent), 16)
         return tuple(sorted({v for v in values if v <= cap} | {default}))
 
-    rows, cols = (sizes[a.extent] if isinstance(a.extent, str) else a.extent
-                  for a in (plan.rows, plan.cols))
+    rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
     return {"block_m": upto(rows, (64, 128, 256), defaults.block_m),
             "block_n": upto(cols, (64, 128, 256), defaults.block_n),
             "block_k": tuple(sorted({32, 64, defaults.block_k})),

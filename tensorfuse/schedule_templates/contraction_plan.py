@@ -79,6 +79,11 @@ class ContractionPlan:
     def k_names(self) -> str:
         return ", ".join(a.name for a in self.ks)
 
+    @staticmethod
+    def extent(axis: Axis, sizes: dict):
+        """``axis``'s extent at ``sizes`` (an int, or a symbolic size)."""
+        return axis.extent if isinstance(axis.extent, int) else sizes[axis.extent]
+
     def describe(self) -> str:
         lines = [f"contraction plan: {', '.join(c.name for c in self.outputs)} "
                  f"[{', '.join(a.name for a in self.outputs[0].axes)}] as GEMM tiles: rows "
@@ -150,8 +155,7 @@ def plan_contraction(program: Program) -> ContractionPlan:
                           "kernel's tiles share the contracted axis and the output's)", c.loc)
     outputs = tuple(c for c in program.computes if c.is_output)
     for c in outputs:
-        if c.arity != 1 or sorted(a.uid for a in c.axes) != sorted(axes) or c.is_reduction \
-                and c not in sums:
+        if c.arity != 1 or sorted(a.uid for a in c.axes) != sorted(axes):
             raise _refuse(f"the output {c.name} is not indexed like the sums {sums[0].name} "
                           f"[{', '.join(a.name for a in sums[0].axes)}]", c.loc)
         for n in nodes(inline_elementwise(c.bodies[0])):
@@ -179,13 +183,11 @@ def plan_contraction(program: Program) -> ContractionPlan:
         dtype, rounded = _operand_dtypes(rows_side, cols_side)
         products.append(Product(c.name, rows_side, cols_side, dtype, rounded, outer))
     batch = tuple(a for a in out_axes if a.uid not in (rows.uid, cols.uid))
-    if any(isinstance(a.extent, int) and a.extent < 1 for a in batch):
-        raise _refuse("an empty batch axis")
     return ContractionPlan(program, tuple(products), ks, rows, cols, batch, outputs)
 
 
 def _roles(bodies: list[Expr], out_axes: list[Axis], ks: tuple):
-    """``(rows, cols, [(rows side, cols side) per sum])``: the columns are the innermost output
+    """``(rows, cols, [(rows side, cols side, outer) per sum])``: the columns are the innermost output
     axis with which every sum splits, the rows the innermost other one (a tile's stores then run
     along memory); None where no pair splits them all."""
     for cols in reversed(out_axes):

@@ -17,9 +17,8 @@ class PackedRowsKernel(GraphCallable):
     a head's rows follow each other — any layout at one query token — and be contiguous; a
     :class:`CallError` says so otherwise)."""
 
-    def __init__(self, program, packed: PackedRows, inner, one_query: bool, target):
-        self.program, self.packed, self.inner = program, packed, inner
-        self.one_query, self.target = one_query, target
+    def __init__(self, program, packed: PackedRows, inner, target):
+        self.program, self.packed, self.inner, self.target = program, packed, inner, target
         self.outputs = list(program.outputs)
         self.description = f"packed group rows ({packed.describe()}) on {inner.description}"
         self._calls = None
@@ -34,7 +33,7 @@ class PackedRowsKernel(GraphCallable):
         B, H, HKV, M = (dims[n] for n in self.packed.chain.dims[:4])
         if H % HKV:
             raise TargetError(f"{H} query heads do not split into groups of {HKV} kv-heads")
-        if self.one_query and M != 1:
+        if self.packed.one_query and M != 1:
             raise TargetError(f"packed for one query token, called with {M}")
         names = set(self.packed.program.dim_names())
         return {**{n: v for n, v in dims.items() if n in names}, ROWS: H // HKV * M}
@@ -57,11 +56,13 @@ class PackedRowsKernel(GraphCallable):
         sizes, scalars = split_scalars(self.program, dims)
         return self.inner.source(**self.packed_sizes(sizes), **(scalars or {}))
 
-    def _view(self, tensor, layout: str, dims: dict, name: str):
-        """``tensor`` (laid out by roles ``layout``; a unit axis added where a lift added one)
-        as ``[B, HKV, R, …]``."""
+    def _lifted(self, tensor, name: str):
+        """``tensor`` with the unit axis a lift added to ``name`` (itself where none)."""
         at = dict(self.packed.lifted).get(name)
-        tensor = tensor if at is None else tensor.unsqueeze(at)
+        return tensor if at is None else tensor.unsqueeze(at)
+
+    def _view(self, tensor, layout: str, dims: dict, name: str):
+        """``tensor`` (lifted; laid out by roles ``layout``) as ``[B, HKV, R, …]``."""
         dims = self._with_units(dims)
         B, H, HKV, M = (dims[n] for n in self.packed.chain.dims[:4])
         rows = [r for r in layout if r in "hi"]
@@ -84,13 +85,10 @@ class PackedRowsKernel(GraphCallable):
         device = bound.torch_device or torch.device("cpu")
         outs = [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
                 for c, g in zip(self.outputs, given)]
-        values = {**bound.arrays, **bound.scalars}
-        for name, at in self.packed.lifted:   # k and v of one cache, written without its axis
-            if name in values and name != chain.q:
-                values[name] = torch.as_tensor(values[name]).unsqueeze(at)
-        values[chain.q] = self._view(torch.as_tensor(values[chain.q]), chain.layouts[0],
-                                     bound.dims, chain.q)
-        views = [self._view(o, chain.layouts[3 + k], bound.dims, c.name)
+        values = {**bound.scalars, **{n: self._lifted(torch.as_tensor(t), n)
+                                      for n, t in bound.arrays.items()}}
+        values[chain.q] = self._view(values[chain.q], chain.layouts[0], bound.dims, chain.q)
+        views = [self._view(self._lifted(o, c.name), chain.layouts[3 + k], bound.dims, c.name)
                  for k, (c, o) in enumerate(zip(self.outputs, outs))]
         self.inner(**values, out=views[0] if len(views) == 1 else tuple(views))
         made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
@@ -101,11 +99,9 @@ def packed_attention(kernel, fusion, target, one_query: bool = True, **knobs):
     """``kernel``'s attention with each kv-head's query heads as the rows of one tile, on the
     Hopper attention kernel (``knobs``: its knobs; ``schedule`` defaults to ``"split"``, the few
     tiles cut along the keys over every CTA; ``consumers=1`` suits groups of up to 64 rows)."""
-    from .fusion import Fusion
     from .hopper_attention import hopper_attention
 
     program = kernel.program if hasattr(kernel, "program") else kernel
     packed = pack_group_rows(program, fusion.names, fusion.axis, one_query)
-    inner = hopper_attention(packed.program, Fusion(fusion.names, fusion.axis, fusion.chunk),
-                             target, **{"schedule": "split", **knobs})
-    return PackedRowsKernel(program, packed, inner, one_query, target)
+    inner = hopper_attention(packed.program, fusion, target, **{"schedule": "split", **knobs})
+    return PackedRowsKernel(program, packed, inner, target)

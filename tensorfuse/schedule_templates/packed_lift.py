@@ -51,10 +51,11 @@ def lift_to_four_axes(program: Program, names: tuple[str, ...], axis: str):
 
 def _lifted(program: Program, q: TensorParam, h: Axis, b: Axis, one_cache: bool, kv: set):
     i1 = Axis("i1", UNIT_Q)
-    q_at = [x.uid for x in _indices_of(program, q.name)].index(h.uid) + 1
+    head_at = [x.uid for x in _indices_of(program, q.name)].index(h.uid)
+    q_at = head_at + 1   # the query axis right inside the heads: [b, h, i, d]
     params, inserts = [], {q.name: q_at}
     lifted_q = TensorParam(q.name, _with(q.dims, q_at, UNIT_Q), q.dtype, q.loc)
-    heads = q.dims[[x.uid for x in _indices_of(program, q.name)].index(h.uid)]
+    heads = q.dims[head_at]
     head_count = DimSize(heads) if isinstance(heads, str) else Const(heads, "i32")
     lifted_kv = {}
     for param in program.params:

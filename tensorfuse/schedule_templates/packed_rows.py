@@ -38,6 +38,8 @@ class PackedRows:
 
     program: Program
     chain: AttentionChain
+    # packed for one query token (its index 0, its count 1): calls with several are refused
+    one_query: bool = False
     # (tensor or output name, where a unit axis was added): a decode written with three axes
     # (:mod:`.packed_lift`), whose tensors are viewed with them
     lifted: tuple[tuple[str, int], ...] = ()
@@ -96,7 +98,7 @@ def pack_group_rows(program: Program, names: tuple[str, ...], axis: str,
                 raise _refuse(f"{c.name} reads the query head {h.name} or the query index "
                               f"{i.name} apart from q·k (a per-head bias, a mask among the "
                               "query rows): a packed row would have to unpick them", c.loc)
-    return PackedRows(_packed_program(program, chain), chain, lifted)
+    return PackedRows(_packed_program(program, chain), chain, one_query, lifted)
 
 
 def _at_one_query(program: Program, chain: AttentionChain) -> Program:

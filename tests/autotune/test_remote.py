@@ -302,6 +302,6 @@ def test_the_contraction_template_tunes_on_workers(fleet, tmp_path, monkeypatch)
                    M=64, K=96, N=80)
     (task,) = summary.tasks
     assert task.template == "contraction" and task.trials_this_job == 6, task
-    assert task.failures_this_job <= 1 and task.best_secs is not None, task.errors
+    assert task.failures_this_job == 0 and task.best_secs is not None, task.errors
     knobs = [r for r in _records(db) if r[1][1] is not None]
     assert knobs and all("block_k" in json.dumps(r) for r in knobs)

@@ -88,10 +88,11 @@ def test_causal_f32_gives_the_uncut_kernels_bits_with_large_values(rng, monkeypa
     assert np.array_equal(outs[0], outs[1])
     want = float64_reference(kernel, tensors, scalars)
     # a score of magnitude |s| enters exp with an absolute error of about |s|·2⁻²³, which is the
-    # weights' relative error: these wide scores (|s| up to ~300) need more than f32's usual
+    # weights' relative error: these wide scores (|s| up to ~380) need more than f32's usual.
+    # Measured at M = N = 128: at most 0.54 of that over 40 seeds, 0.73 on the worst seen
     scores = np.einsum("bhid,bhjd->bhij", tensors["q"].astype(np.float64),
                        tensors["k"].astype(np.float64)) * scalars["scale"]
-    bound = TOLERANCE["f32"] + 4 * 2.0**-23 * float(np.abs(scores).max())
+    bound = max(TOLERANCE["f32"], 2 * 2.0**-23 * float(np.abs(scores).max()))
     assert relative_error(outs[0], want) <= bound
 
 

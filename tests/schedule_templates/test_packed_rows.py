@@ -27,7 +27,7 @@ def on_the_cpu(kernel, one_query=False):
     packed = pack_group_rows(kernel.program, CHAIN, "j", one_query)
     inner = tf.compile(types.SimpleNamespace(program=packed.program, fn=None,
                                              name=packed.program.name), "llvm")
-    return PackedRowsKernel(kernel.program, packed, inner, one_query, get_target("llvm"))
+    return PackedRowsKernel(kernel.program, packed, inner, get_target("llvm"))
 
 
 def reference(q, k, v, scale, keep=None):

@@ -16,23 +16,22 @@ from __future__ import annotations
 from ...algebra import inline_elementwise
 from ...dsl.expr import Load
 from ...dsl.program import Program
+from ...dsl.symbolic_sizes import size_arguments
 from .expr import TL_DTYPES, TileContext, fresh_memo, ieee_products, to_triton
 from .rowtile import assemble_source, dot_operand, needs_wide_offsets, store_offsets
 from .source_writer import SourceWriter
 
 
-def _extent(axis, sizes: dict):
-    return axis.extent if isinstance(axis.extent, int) else sizes[axis.extent]
-
-
-def _digits(plan, sizes: dict, flat: str) -> dict:
-    """Each contracted axis (uid → Triton index) as a digit of the one index ``flat`` sweeps:
-    the innermost ``flat % E``, the next ``(flat // E) % E'``, the outermost without a modulo."""
+def _digits(plan, axes: tuple, sizes: dict, flat: str) -> dict:
+    """Each of ``axes`` (outermost first; uid → Triton index) as a digit of the one index
+    ``flat`` that sweeps them all: the innermost ``flat % E``, the next ``(flat // E) % E'``,
+    the outermost without a modulo (the contracted axes, and the batch axes of the grid)."""
     out, inner = {}, 1
-    for k, axis in enumerate(reversed(plan.ks)):
+    for k, axis in enumerate(reversed(axes)):
+        extent = plan.extent(axis, sizes)
         digit = flat if inner == 1 else f"({flat} // {inner})"
-        out[axis.uid] = digit if k == len(plan.ks) - 1 else f"({digit} % {_extent(axis, sizes)})"
-        inner = _extent(axis, sizes) if inner == 1 else inner * _extent(axis, sizes)
+        out[axis.uid] = digit if k == len(axes) - 1 else f"({digit} % {extent})"
+        inner = extent if inner == 1 else inner * extent
     return out
 
 
@@ -43,20 +42,18 @@ def _bounds(candidates: dict) -> dict:
 
 def grid_of(plan, knobs, sizes: dict) -> tuple[int, int]:
     """(output tiles, batch indices): the launch grid at ``sizes``."""
-    rows, cols = (_extent(a, sizes) for a in (plan.rows, plan.cols))
+    rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
     batch = 1
     for axis in plan.batch:
-        batch *= _extent(axis, sizes)
+        batch *= plan.extent(axis, sizes)
     return -(-rows // knobs.block_m) * -(-cols // knobs.block_n), batch
 
 
 def kernel_arguments(program: Program, sizes: dict) -> list[str]:
     """The kernel's arguments in order: the program's parameters, one pointer per output
-    (``out_<name>``), and the sizes written as arguments (symbolic ones: their names)."""
-    args = [p.name for p in program.params]
-    args += [f"out_{c.name}" for c in program.outputs]
-    args += sorted({str(v) for v in sizes.values() if not isinstance(v, int)})
-    return args
+    (``out_<name>``), and the sizes written as arguments."""
+    return [p.name for p in program.params] + [f"out_{c.name}" for c in program.outputs] + \
+        size_arguments(sizes)
 
 
 def contraction_source(plan, knobs, name: str, sizes: dict,
@@ -66,10 +63,10 @@ def contraction_source(plan, knobs, name: str, sizes: dict,
     (:class:`~tensorfuse.schedule_templates.contraction.ContractionKnobs`)."""
     w = SourceWriter(interpreter)
     wide = needs_wide_offsets(plan.program, sizes)
-    M, N = (_extent(a, sizes) for a in (plan.rows, plan.cols))
+    M, N = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
     K = 1
     for axis in plan.ks:
-        K = K * _extent(axis, sizes)
+        K = K * plan.extent(axis, sizes)
     as_index = ".to(tl.int64)" if wide else ""
     w("pid = tl.program_id(0)")
     w(f"pid_b = tl.program_id(1){as_index}")
@@ -83,18 +80,15 @@ def contraction_source(plan, knobs, name: str, sizes: dict,
     w(f"offs_m = pid_m{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
     w(f"offs_n = pid_n{as_index} * BLOCK_N + tl.arange(0, BLOCK_N)")
     batch = {}
-    inner = 1
-    for axis in reversed(plan.batch):   # the batch index's digits, innermost first
-        extent = _extent(axis, sizes)
-        w(f"ax_{axis.name} = (pid_b // {inner}) % {extent}" if inner != 1 else
-          f"ax_{axis.name} = pid_b % {extent}")
+    for axis in plan.batch:   # the grid's second index, a digit per batch axis
+        w(f"ax_{axis.name} = {_digits(plan, plan.batch, sizes, 'pid_b')[axis.uid]}")
         batch[axis.uid] = f"ax_{axis.name}"
-        inner = extent if inner == 1 else f"{inner} * {extent}"
     for k, _ in enumerate(plan.products):
         w(f"acc_{k} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
     # bounds only where a size is not a multiple of its block (Triton's loads are then
     # unpredicated and vectorised; with a size as an argument, which it is is a guard)
-    rows_ok, cols_ok = f"(offs_m[:, None] < {M})", f"(offs_n[None, :] < {N})"
+    rows_at, cols_at = "offs_m[:, None]", "offs_n[None, :]"
+    rows_ok, cols_ok = f"({rows_at} < {M})", f"({cols_at} < {N})"
     ragged_m, ragged_n, ragged_k = (size % block != 0 for size, block in (
         (M, knobs.block_m), (N, knobs.block_n), (K, knobs.block_k)))
     w.sweep("k0", "0", str(K), "BLOCK_K")
@@ -102,38 +96,30 @@ def contraction_source(plan, knobs, name: str, sizes: dict,
     with w.block():
         w(f"offs_k = (k0 + tl.arange(0, BLOCK_K)){as_index}")
         base = dict(sizes=sizes, emit=w, memo=loop_memo, interpreter=interpreter)
-        rows_ctx = TileContext({**batch, plan.rows.uid: "offs_m[:, None]",
-                                **_digits(plan, sizes, "offs_k[None, :]")},
-                               _bounds({plan.rows.uid: (ragged_m, rows_ok), **{
-                                   a.uid: (ragged_k, f"(offs_k[None, :] < {K})")
-                                   for a in plan.ks}}), **base)
-        cols_ctx = TileContext({**batch, plan.cols.uid: "offs_n[None, :]",
-                                **_digits(plan, sizes, "offs_k[:, None]")},
-                               _bounds({plan.cols.uid: (ragged_n, cols_ok), **{
-                                   a.uid: (ragged_k, f"(offs_k[:, None] < {K})")
-                                   for a in plan.ks}}), **base)
+        sides = []   # (context, the contracted index's bound, the tile's shape) of each side
+        for axis, at, bound, k_at, shape in (
+                (plan.rows, rows_at, (ragged_m, rows_ok), "offs_k[None, :]", "BLOCK_M, BLOCK_K"),
+                (plan.cols, cols_at, (ragged_n, cols_ok), "offs_k[:, None]", "BLOCK_K, BLOCK_N")):
+            k_ok = f"({k_at} < {K})"
+            ctx = TileContext({**batch, axis.uid: at, **_digits(plan, plan.ks, sizes, k_at)},
+                              _bounds({axis.uid: bound,
+                                       **{a.uid: (ragged_k, k_ok) for a in plan.ks}}), **base)
+            sides.append((ctx, k_ok, shape))
+        # Triton's interpreter multiplies 16-bit operands wrongly: it gets them in f32
         for k, product in enumerate(plan.products):
-            # Triton's interpreter multiplies 16-bit operands wrongly: it gets them as f32,
-            # the rounding of a computed side to 16 bits kept
             dtype = "f32" if interpreter else product.dtype
-            rounding = f".to({TL_DTYPES[product.dtype]})" if interpreter and \
-                product.dtype != "f32" else ""
-            sides = []
-            for side, ctx, shape, k_ok in (
-                    (product.rows_side, rows_ctx, "BLOCK_M, BLOCK_K", "(offs_k[None, :] < {K})"),
-                    (product.cols_side, cols_ctx, "BLOCK_K, BLOCK_N", "(offs_k[:, None] < {K})")):
-                if isinstance(side, Load) and side.param.dtype in (product.dtype, "f32"):
-                    value = dot_operand(side, ctx, dtype)   # masked: zeros past the last k
-                else:   # computed (from zeros past the last k, which need not give zero)
-                    value = to_triton(side, ctx)
-                    if ragged_k:
-                        value = f"tl.where({k_ok.format(K=K)}, {value}, 0.0)"
-                    value = f"({value}){rounding}.to({TL_DTYPES[dtype]})"
-                sides.append(f"tl.broadcast_to({value}, ({shape}))")
-            w(f"acc_{k} = tl.dot({sides[0]}, {sides[1]}, acc_{k}{ieee_products(dtype)})")
+            operands = []
+            for side, (ctx, k_ok, shape) in zip((product.rows_side, product.cols_side), sides):
+                if isinstance(side, Load):   # masked: zeros past the last contracted index
+                    value = dot_operand(side, ctx, dtype)
+                else:   # computed (from zeros past the last index, which need not give zero)
+                    value = f"tl.where({k_ok}, {to_triton(side, ctx)}, 0.0)" if ragged_k else \
+                        to_triton(side, ctx)
+                    value = f"({value}).to({TL_DTYPES[dtype]})"
+                operands.append(f"tl.broadcast_to({value}, ({shape}))")
+            w(f"acc_{k} = tl.dot({operands[0]}, {operands[1]}, acc_{k}{ieee_products(dtype)})")
     refs = {p.name: f"acc_{k}" for k, p in enumerate(plan.products)}
-    out_ctx = TileContext({**batch, plan.rows.uid: "offs_m[:, None]",
-                           plan.cols.uid: "offs_n[None, :]"},
+    out_ctx = TileContext({**batch, plan.rows.uid: rows_at, plan.cols.uid: cols_at},
                           _bounds({plan.rows.uid: (ragged_m, rows_ok),
                                    plan.cols.uid: (ragged_n, cols_ok)}), refs=refs,
                           sizes=sizes, emit=w, memo=fresh_memo(loop_memo),

@@ -4,13 +4,13 @@ value become arguments: :mod:`.size_builds`), launched on torch's current stream
 from __future__ import annotations
 
 from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
-from ...errors import TargetError
+from ...errors import ScheduleError, TargetError
 from ...interop import deliver, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
 from .contraction import contraction_source, grid_of
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
 from .launcher import Launches, Step
-from .size_builds import SizeBuilds, size_values
+from .size_builds import SizeBuilds, size_values, with_size_arguments
 
 ORIGIN = "contraction template defaults"
 MAX_GRID_Y = 65535   # CUDA's limit on a grid's second dimension (the batch indices)
@@ -69,8 +69,6 @@ class ContractionKernel(GraphCallable):
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         """Whether these sizes run here (``tf.compile``'s choice: the knobs fit the GPU)."""
-        from ...errors import ScheduleError, TargetError
-
         try:
             self.build(**dims)
         except (ScheduleError, TargetError):
@@ -104,12 +102,10 @@ class ContractionKernel(GraphCallable):
         """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm)."""
         dims, _ = split_scalars(self.program, dims)
         knobs, made = self.build(**dims)
-        sig = signature(self.program, self.program.outputs, [])
-        sizes = {n: v for n, v in size_values(dims).items() if n in made.args}
-        sig.update(dict.fromkeys(sizes, "i32"))
-        sig = {n: sig[n] for n in made.args}
+        sig, divisible = with_size_arguments(signature(self.program, self.outputs, []), dims,
+                                             made.args)
         return compile_for(made.fn, sig, _meta(knobs), self.target, knobs.num_warps,
-                           knobs.num_stages, tuple(n for n, v in sizes.items() if v % 16 == 0))
+                           knobs.num_stages, divisible)
 
     def ptx(self, **dims) -> str:
         return self.compiled(**dims).asm["ptx"]
@@ -141,7 +137,7 @@ class ContractionKernel(GraphCallable):
 
     def invoke(self, key, args: tuple, kwargs: dict):
         launches, values, outs, given, bound = self._prepare(args, kwargs)
-        if all(v > 0 for v in grid_of(self.plan, self.build(**bound.dims)[0], bound.dims)):
+        if all(launches.steps[0].grid):   # an empty output launches nothing
             launches(values)
         made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
         return made[0] if len(made) == 1 else tuple(made)

@@ -14,7 +14,7 @@ from ..signature_call import call_layout, fast_call_applies, try_fast_call
 from .launcher import FastCall, Launches, PartCounters, Step, current_stream
 from .row_grid import block_k, grid, launch_grid
 from .rowtile import kernel_source
-from .size_builds import SizeBuilds, size_values
+from .size_builds import SizeBuilds, size_values, with_size_arguments
 
 # a lookup of tuning records (records.template_records): knobs, where from, and the sizes they
 # were tuned at where those are not the call's (another size of its bucket)
@@ -155,14 +155,13 @@ class TritonKernel(GraphCallable):
         plan, knobs, _, fn, names = self.build(scalars, **dims)
         outs = [c for c, _, _ in plan.outputs]
         mask_args = list(MASK_ARGS) if plan.mask is not None else []
-        sig = signature(self.program, outs, mask_args)
-        sizes = {n: v for n, v in size_values(dims).items() if n in names}   # as arguments
-        sig.update(dict.fromkeys(sizes, "i32"))
+        sig, divisible = with_size_arguments(signature(self.program, outs, mask_args), dims,
+                                             names)
         if knobs.splits > 1:   # the parts' states in f32, their arrival counters in i32
             sig = {n: sig.get(n, "*i32" if n == "part_count" else "*fp32") for n in names}
         constexprs = {"BLOCK_M": knobs.block_m, "BLOCK_N": knobs.block_n, "BLOCK_K": block_k(plan)}
         return compile_for(fn, sig, constexprs, self.target, knobs.num_warps, knobs.num_stages,
-                           tuple(n for n, v in sizes.items() if v % 16 == 0))
+                           divisible)
 
     def ptx(self, **dims) -> str:
         return self.compiled(**dims).asm["ptx"]

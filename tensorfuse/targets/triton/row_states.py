@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...algebra.exprs import substitute
 from ...algebra.schemes import EXTRAPOLATION
 from ...dsl.evaluate import evaluate_plain
-from ...dsl.expr import Const, DimSize, Load, Ref, Scalar, walk
+from ...dsl.expr import Load, Ref, walk
 from .expr import TileContext
 
 REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
@@ -99,19 +98,12 @@ def initial_reference(plan, d: str, initial: dict, cols) -> float:
            for k, st in enumerate(scheme.states)}
     env.update({f"{e}.new": np.asarray(initial[e], np.float64) for e in scheme.deps})
     env[EXTRAPOLATION.name] = np.asarray(float(getattr(cols, "value", cols)))
-
-    def known(node):
-        """Sizes at this build's values; the call's scalars (an eps, unknown when the kernel is
-        written) at 0 — on empty states a reference does not depend on them (a backward's
-        ``where(d#0 · n == 0, 0, … rsqrt(var / N + eps) …)`` is 0), and where one did, any
-        value is still a valid starting reference."""
-        if isinstance(node, DimSize):
-            return Const(float(getattr(plan.sizes[node.name], "value", plan.sizes[node.name])),
-                         "f32")
-        if isinstance(node, Scalar) and node.name not in env:
-            return Const(0.0, "f32")
-        return None
-
+    # sizes at this build's values (symbolic ones read, not fixed, as the width); the call's
+    # scalars (an eps, unknown when the kernel is written) at 0: on empty states a reference
+    # does not depend on them (a backward's ``where(d#0 · n == 0, 0, … rsqrt(var / N + eps)
+    # …)`` is 0), and where one did, any value is still a valid starting reference
+    env.update({n: np.asarray(float(getattr(v, "value", v))) for n, v in plan.sizes.items()})
+    env.update({p.name: np.asarray(0.0) for p in plan.program.scalar_params})
     with np.errstate(all="ignore"):
-        value = float(evaluate_plain(substitute(scheme.reference(), known), env))
+        value = float(evaluate_plain(scheme.reference(), env))
     return 0.0 if np.isnan(value) else value

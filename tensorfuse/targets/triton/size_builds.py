@@ -22,6 +22,16 @@ def size_values(dims: dict) -> dict:
     return {PREFIX + name: value for name, value in dims.items()}
 
 
+def with_size_arguments(sig: dict, dims: dict, names) -> tuple[dict, tuple[str, ...]]:
+    """An offline compile's signature ``sig`` with the sizes the kernel reads as arguments
+    (those of ``dims`` among its argument ``names``) as ``i32``, and the ones whose values are
+    multiples of 16 (the JIT specialises a call's so: the offline code is then the code that
+    runs)."""
+    sizes = {n: v for n, v in size_values(dims).items() if n in names}
+    return {**sig, **dict.fromkeys(sizes, "i32")}, tuple(n for n, v in sizes.items()
+                                                         if v % 16 == 0)
+
+
 @dataclass
 class Build:
     """One generated source and the sizes it served: written for them exactly (``exact``), or
