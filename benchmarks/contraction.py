@@ -24,8 +24,10 @@ from benchmarks.common import (TENSORFUSE, TORCH_COMPILE, TORCH_EAGER, Row, benc
                                measure_ceilings, relative_error, run_and_write)
 from tensorfuse import dsl as T
 from tensorfuse.autograd import grad
+from tensorfuse.interop import torch_dtype
 from tensorfuse.kernels.layers import swiglu_mlp_kernel
 from tensorfuse.schedule_templates.contraction import triton_contraction
+from tensorfuse.schedule_templates.contraction_plan import plan_contraction
 from tensorfuse.targets import get_target
 
 TOLERANCE = 1e-2   # bf16 outputs (2⁻⁹ each) of f32 accumulations; a rounded side as much again
@@ -118,10 +120,14 @@ def measure(rows: list, only: set | None = None, log=print) -> None:
         want = reference()
         made = {TENSORFUSE: tf.compile(kernel),
                 f"{TENSORFUSE} template": triton_contraction(kernel, target)}
+        if plan_contraction(kernel.program).staging is not None:   # the default stages them
+            made[f"{TENSORFUSE} template, sides in the tiles"] = triton_contraction(
+                kernel, target, stage_sides=0)
         calls = {TORCH_EAGER: functools.partial(torch_call, **args),
                  TORCH_COMPILE: functools.partial(torch.compile(torch_call), **args)}
         for label, kernel_ in made.items():
-            out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            out = torch.full(want.shape, float("nan"), device="cuda",
+                             dtype=torch_dtype(kernel.program.outputs[0].dtypes[0]))
             error = relative_error(kernel_(**args, out=out), want)
             if error > TOLERANCE:
                 log(f"{name} {label}: WRONG (error {error:.2e}); not timed")

@@ -18,7 +18,7 @@ from tvm.ir.utils import derived_object
 
 from .tasks import KNOB_ORDER, knobs_of
 
-FLAGS = ("reload", "overlap", "pingpong", "copy")   # knobs that are 0 or 1
+FLAGS = ("reload", "overlap", "pingpong", "copy", "stage_sides")   # knobs that are 0 or 1
 
 
 def knob_features(knobs: dict[str, int]) -> list[float]:

@@ -252,7 +252,8 @@ class CpuFusedSpace:
 
 class ContractionSpace:
     """The space of the contraction template (GEMM tiles, :mod:`..schedule_templates.contraction`):
-    tile rows, columns and depth, warps, pipeline stages, the rasterisation group; a Triton
+    tile rows, columns and depth, warps, pipeline stages, the rasterisation group, computed
+    sides staged before the tiles or computed in them; a Triton
     kernel, compiled on its first launch like the row-tile template's."""
 
     made_by_runner = True

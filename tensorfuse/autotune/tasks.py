@@ -35,7 +35,7 @@ KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits", "reload
               "stages", "consumers", "overlap", "pingpong", "schedule",     # hopper_attention
               "ctas_per_sm", "chunk", "rows",                               # … / cpu_fused
               "cluster", "warps", "copy",                                   # cluster_decode
-              "block_k", "group_m")                                         # contraction
+              "block_k", "group_m", "stage_sides")                          # contraction
 
 
 def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,

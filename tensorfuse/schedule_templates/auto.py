@@ -159,11 +159,34 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) 
     if name == "attention":
         made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True,
                       tuned=records("hopper_attention") if records else None)
+        made += _packed_decodes(kernel, fusion, spec)
         made += _made(attention_decode, kernel, fusion, spec, fusion.axis,
                       description=f"cluster_decode (the keys {fusion.axis} split over a cluster "
                                   "per (batch, kv-head))",
                       tuned=records("cluster_decode") if records else None)
     return tuple(made)
+
+
+# Decodes whose kv-heads each serve a large group of query heads, as (smallest group, largest
+# group, consumer warpgroups, fewest (batch, kv-head) pairs): packed as the rows of the Hopper
+# attention kernel, split along the keys over every CTA. benchmarks.packed_decode, B16 at 16k
+# keys: 64 heads on one cache 57 µs against the cluster decode's 82, 128 heads 63 against 145;
+# but one pair at 131k keys 86 against 46, and 8 pairs of 32 heads even (62 against 64).
+PACKED_DECODES = ((64, 64, 1, 16), (65, 128, 2, 16))
+
+
+def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
+    """The packed decode kernels (:data:`PACKED_DECODES`) for a decode written with a kv-head
+    axis and no mask (a mask keeps the Hopper kernel off its split schedule); a decode written
+    without one (``k[b, j, d]``) runs as fast on the Triton split update (57 µs at B16, 64 heads,
+    16k keys: ``benchmarks.packed_decode``)."""
+    from .packed_kernel import packed_attention
+
+    made = []
+    for low, high, consumers, pairs in PACKED_DECODES:
+        made += _made(packed_attention, kernel, fusion, spec, groups=(low, high),
+                      min_pairs=pairs, split_only=True, consumers=consumers)
+    return [k for k in made if not k.packed.lifted]
 
 
 def _made(template, *args, **knobs) -> list:

@@ -25,7 +25,8 @@ from .contraction_plan import ContractionPlan, plan_contraction
 class ContractionKnobs:
     """Output tiles of ``block_m × block_n`` over blocks of ``block_k`` contracted indices,
     ``num_warps`` warps, ``num_stages`` blocks of loads in flight (Triton's pipeliner), tiles
-    visited in groups of ``group_m`` row blocks."""
+    visited in groups of ``group_m`` row blocks; ``stage_sides``: computed sides stored once
+    before the tiles (1) or computed in every tile that reads them (0)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -33,10 +34,12 @@ class ContractionKnobs:
     num_warps: int = 8
     num_stages: int = 3
     group_m: int = 8
+    stage_sides: int = 0
 
     def __str__(self) -> str:
         return (f"block_m={self.block_m}, block_n={self.block_n}, block_k={self.block_k}, "
-                f"warps={self.num_warps}, stages={self.num_stages}, group_m={self.group_m}")
+                f"warps={self.num_warps}, stages={self.num_stages}, group_m={self.group_m}"
+                + (", computed sides staged" if self.stage_sides else ""))
 
 
 def _pow2_at_least(n: int, low: int) -> int:
@@ -55,7 +58,8 @@ def _loads(side) -> dict:
 def shared_bytes(plan: ContractionPlan, knobs: ContractionKnobs) -> int:
     """Shared memory the pipeliner keeps: ``num_stages`` blocks of every tensor each side reads,
     as stored (a side computed from two f32 tensors stages both: ptxas's count for SwiGLU's
-    gate gradient was 2.3× the operands')."""
+    gate gradient was 2.3× the operands'; a staged side, its stored tensor)."""
+    plan = plan.for_knobs(knobs)
     rows, cols = {}, {}
     for p in plan.products:
         rows.update(_loads(p.rows_side))
@@ -67,14 +71,16 @@ def shared_bytes(plan: ContractionPlan, knobs: ContractionKnobs) -> int:
     return knobs.num_stages * per_stage
 
 
-def default_contraction_knobs(plan: ContractionPlan, sizes: dict,
-                              target: TargetSpec) -> ContractionKnobs:
+def default_contraction_knobs(plan: ContractionPlan, sizes: dict, target: TargetSpec,
+                              stage_sides: int | None = None) -> ContractionKnobs:
     """Tiles of 128 × 128 (128 × 256 on sm_90 with one sum: ``wgmma``'s widest efficient tile,
     as Triton's own matmul tutorial picks for the H100), narrowed to the rows and columns there
     are (a few rows: 16 at least, what ``tl.dot`` takes), one accumulator's registers shared
     between several sums, three pipeline stages (two on CDNA, whose LDS is 64 KiB) or fewer
     where the shared memory does not hold them, then shallower and narrower blocks; f32
-    operands (IEEE products on the CUDA cores) in 64 × 64 tiles of 32, two stages."""
+    operands (IEEE products on the CUDA cores) in 64 × 64 tiles of 32, two stages; computed
+    sides staged where several tiles would compute them again (:func:`_reread`; or as
+    ``stage_sides`` says)."""
     rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
     if operand_bytes(plan) == 4:
         knobs = ContractionKnobs(64, 64, 32, 4, 2)
@@ -87,6 +93,8 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict,
                     block_n=min(knobs.block_n, _pow2_at_least(int(cols), 16)))
     if knobs.block_m * knobs.block_n <= 64 * 64:
         knobs = replace(knobs, num_warps=4)
+    knobs = replace(knobs, stage_sides=int(_reread(plan, knobs, sizes)) if stage_sides is None
+                    else stage_sides)
     if target.kind == "rocm":
         knobs = replace(knobs, num_stages=2)
     room = shared_room(target)
@@ -101,6 +109,18 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict,
     return knobs
 
 
+def _reread(plan: ContractionPlan, knobs: ContractionKnobs, sizes: dict) -> bool:
+    """Whether some computed side would be computed again by several tiles along the other
+    side's free axis (then it is staged: one pass over its tensors, and a 16-bit tensor read by
+    the tiles; SwiGLU's gate-weight gradient, 32 row blocks over two f32 tensors, ran at 0.4×
+    eager computed in the tiles: ``benchmarks.contraction``)."""
+    if plan.staging is None:
+        return False
+    rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
+    tiles = {"rows": -(-cols // knobs.block_n), "cols": -(-rows // knobs.block_m)}
+    return any(tiles[s.side] > 1 for s in plan.staging.staged)
+
+
 def shared_room(target: TargetSpec) -> int:
     """Shared memory the operands' stages may take: the GPU's, less 8 KiB for what Triton keeps
     besides (the epilogue's layout conversions)."""
@@ -110,7 +130,7 @@ def shared_room(target: TargetSpec) -> int:
 def contraction_choices(plan: ContractionPlan, sizes: dict, target: TargetSpec) -> dict:
     """The values tuning tries for each knob: tiles of 64 to 256 (no wider than the rows and
     columns there are, the defaults always among them), depths of 32 and 64, 4 or 8 warps, 2 to
-    4 stages, groups of 4, 8 or 16 row blocks."""
+    4 stages, groups of 4, 8 or 16 row blocks, computed sides staged or not."""
     defaults = default_contraction_knobs(plan, sizes, target)
 
     def upto(extent, values, default):
@@ -123,7 +143,8 @@ def contraction_choices(plan: ContractionPlan, sizes: dict, target: TargetSpec) 
             "block_k": tuple(sorted({32, 64, defaults.block_k})),
             "num_warps": tuple(sorted({4, 8, defaults.num_warps})),
             "num_stages": tuple(sorted({2, 3, 4, defaults.num_stages})),
-            "group_m": (4, 8, 16)}
+            "group_m": (4, 8, 16),
+            "stage_sides": (0, 1) if plan.staging is not None else (0,)}
 
 
 def check_contraction(plan: ContractionPlan, knobs: ContractionKnobs, target: TargetSpec) -> None:
@@ -133,6 +154,10 @@ def check_contraction(plan: ContractionPlan, knobs: ContractionKnobs, target: Ta
         if value < 16 or value & (value - 1):
             raise TargetError(f"{name}={value}: tiles are powers of two of at least 16 "
                               "(tl.dot's smallest)")
+    if knobs.stage_sides not in (0, 1):
+        raise TargetError(f"stage_sides={knobs.stage_sides}: 0 or 1")
+    if knobs.stage_sides and plan.staging is None:
+        raise TargetError("stage_sides=1: every side of this plan is a load; none to stage")
     room = shared_room(target)
     if shared_bytes(plan, knobs) > room:
         raise TargetError(f"{knobs} needs {shared_bytes(plan, knobs)} bytes of shared memory; "
@@ -160,7 +185,10 @@ def triton_contraction(kernel, target: TargetSpec, tuned=None, dynamic: "bool | 
 
     def knobs_at(sizes: dict) -> tuple[ContractionKnobs, str | None]:
         """The knobs at ``sizes`` and, where a tuning record gave them, where it is from."""
-        defaults = replace(default_contraction_knobs(plan, sizes, target), **given)
+        defaults = replace(default_contraction_knobs(plan, sizes, target,
+                                                     given.get("stage_sides")), **given)
+        if "stage_sides" not in given:   # decided again on the tiles given
+            defaults = replace(defaults, stage_sides=int(_reread(plan, defaults, sizes)))
         found = tuned(sizes) if tuned is not None and not given else None
         if found is not None:
             knobs = replace(defaults, **found[0])

@@ -29,10 +29,17 @@ a computed side, or an f32 load, multiplied with a 16-bit side is rounded to tha
 ``torch.autocast`` rounds an operand, and as PyTorch's own backward stores the activation
 gradients it multiplies); two f32 sides multiply in f32 (IEEE, not TF32). Products accumulate in
 f32. :meth:`ContractionPlan.describe` says which sides are rounded.
+
+A computed side is read again by every tile along the other side's free axis: SwiGLU's
+gate-weight gradient, whose columns side is computed from two f32 tensors, re-read them for
+each of 32 row blocks and ran at 0.4× eager (``benchmarks.contraction``). Its plan therefore
+has a **staged** form (:attr:`ContractionPlan.staging`): each computed side stored once, in the
+tensor cores' type, by a kernel of its own, the GEMM then reading it as a load — as eager
+autograd stores the activation gradient, and rounded exactly as the tile rounds it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import reduce
 
 from ..algebra import inline_elementwise
@@ -40,7 +47,7 @@ from ..algebra.exprs import factors, has_axis, mul, nodes
 from ..dsl import dtypes as dt
 from ..dsl.expr import Axis, Expr, Load, Ref
 from ..dsl.printer import to_text
-from ..dsl.program import Compute, Program
+from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
 
 WHO = "contraction template"
@@ -64,8 +71,24 @@ class Product:
 
 
 @dataclass(frozen=True)
+class StagedSide:
+    """A computed side stored before the GEMM: ``param`` the stored tensor (in its product's
+    tensor-core type), indexed by ``axes`` — the batch axes the side reads, then for the rows
+    side the rows axis and the contracted axes it reads, for the columns side the contracted
+    axes and the columns axis (the tile's own layout, so a tile is written and read along
+    memory) —, ``value`` what it holds, ``side``: ``"rows"`` or ``"cols"``."""
+
+    param: TensorParam
+    value: Expr
+    side: str
+    axes: tuple[Axis, ...]
+
+
+@dataclass(frozen=True)
 class ContractionPlan:
-    """The sums as products of two sides, the axes by role, and the outputs."""
+    """The sums as products of two sides, the axes by role, and the outputs; ``staged``: the
+    sides this plan reads from tensors stored before it (its program has them as parameters),
+    ``staging``: this plan with its computed sides staged, where it has any."""
 
     program: Program
     products: tuple[Product, ...]
@@ -74,6 +97,12 @@ class ContractionPlan:
     cols: Axis                   # the tile's N
     batch: tuple[Axis, ...]      # the grid's second dimension, outermost first
     outputs: tuple[Compute, ...]
+    staged: tuple[StagedSide, ...] = ()
+    staging: "ContractionPlan | None" = None
+
+    def for_knobs(self, knobs) -> "ContractionPlan":
+        """The plan the tiles run with ``knobs``: the staged one where they stage sides."""
+        return self.staging if getattr(knobs, "stage_sides", 0) and self.staging else self
 
     @property
     def k_names(self) -> str:
@@ -95,6 +124,8 @@ class ContractionPlan:
             lines.append(f"  {p.name} = {scaled}Σ_{self.k_names} ({to_text(p.rows_side)}) · "
                          f"({to_text(p.cols_side)})  [tensor cores in {p.dtype}{rounded}, "
                          "f32 accumulation]")
+        lines += [f"  {s.param.name}[{', '.join(a.name for a in s.axes)}] = {to_text(s.value)}  "
+                  f"[stored as {s.param.dtype} before the tiles]" for s in self.staged]
         lines.append("  outputs computed on the accumulators: " + ", ".join(
             f"{c.name} = {to_text(c.bodies[0])}" for c in self.outputs))
         return "\n".join(lines)
@@ -183,7 +214,42 @@ def plan_contraction(program: Program) -> ContractionPlan:
         dtype, rounded = _operand_dtypes(rows_side, cols_side)
         products.append(Product(c.name, rows_side, cols_side, dtype, rounded, outer))
     batch = tuple(a for a in out_axes if a.uid not in (rows.uid, cols.uid))
-    return ContractionPlan(program, tuple(products), ks, rows, cols, batch, outputs)
+    plan = ContractionPlan(program, tuple(products), ks, rows, cols, batch, outputs)
+    return replace(plan, staging=_staged(plan))
+
+
+def _staged(plan: ContractionPlan) -> ContractionPlan | None:
+    """``plan`` with each computed side read from a tensor stored before it (module
+    docstring), or None where every side is a load."""
+    taken = {p.name for p in plan.program.params} | {c.name for c in plan.program.computes}
+    staged, products = [], []
+    for p in plan.products:
+        sides = {}
+        for side, value, free in (("rows", p.rows_side, plan.rows), ("cols", p.cols_side,
+                                                                      plan.cols)):
+            if isinstance(value, Load):
+                sides[side] = value
+                continue
+            read = {a.uid for a in value.axes}
+            ks = [a for a in plan.ks if a.uid in read]
+            axes = [a for a in plan.batch if a.uid in read] + (
+                [free] + ks if side == "rows" else ks + [free])
+            axes = [a for a in axes if a.uid in read]
+            name = f"staged_{p.name}_{side}"
+            while name in taken:
+                name = f"_{name}"
+            taken.add(name)
+            param = TensorParam(name, tuple(a.extent for a in axes), p.dtype)
+            sides[side] = Load(param, axes)
+            staged.append(StagedSide(param, value, side, tuple(axes)))
+        dtype, rounded = _operand_dtypes(sides["rows"], sides["cols"])
+        products.append(replace(p, rows_side=sides["rows"], cols_side=sides["cols"],
+                                dtype=dtype, rounded=rounded))
+    if not staged:
+        return None
+    program = replace(plan.program, params=list(plan.program.params) +
+                      [s.param for s in staged])
+    return replace(plan, program=program, products=tuple(products), staged=tuple(staged))
 
 
 def _roles(bodies: list[Expr], out_axes: list[Axis], ks: tuple):

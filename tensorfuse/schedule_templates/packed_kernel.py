@@ -17,10 +17,18 @@ class PackedRowsKernel(GraphCallable):
     a head's rows follow each other — any layout at one query token — and be contiguous; a
     :class:`CallError` says so otherwise)."""
 
-    def __init__(self, program, packed: PackedRows, inner, target):
+    def __init__(self, program, packed: PackedRows, inner, target,
+                 groups: tuple[int, int] | None = None, min_pairs: int = 1):
         self.program, self.packed, self.inner, self.target = program, packed, inner, target
+        # where tf.compile routes decodes here: the group sizes (query heads per kv-head) and
+        # the fewest (batch, kv-head) pairs it is measured faster at; ``fits`` refuses others
+        self.groups, self.min_pairs = groups, min_pairs
         self.outputs = list(program.outputs)
-        self.description = f"packed group rows ({packed.describe()}) on {inner.description}"
+        sizes = "" if groups is None else str(groups[0]) if groups[0] == groups[1] else \
+            f"{groups[0]}–{groups[1]}"
+        taken = sizes and f", groups of {sizes} heads, {min_pairs}+ (batch, kv-head) pairs"
+        self.description = (f"packed group rows ({packed.describe()}{taken}) on "
+                            f"{inner.description}")
         self._calls = None
 
     def __repr__(self) -> str:
@@ -44,7 +52,15 @@ class PackedRowsKernel(GraphCallable):
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         try:
-            return self.inner.fits(scalars, **self.packed_sizes(dims))
+            sizes = self.packed_sizes(dims)
+        except (ScheduleError, TargetError):
+            return False
+        if self.groups is not None:
+            B, H, HKV = (self._with_units(dims)[n] for n in self.packed.chain.dims[:3])
+            if not self.groups[0] <= H // HKV <= self.groups[1] or B * HKV < self.min_pairs:
+                return False
+        try:
+            return self.inner.fits(scalars, **sizes)
         except (ScheduleError, TargetError):
             return False
 
@@ -55,6 +71,20 @@ class PackedRowsKernel(GraphCallable):
     def source(self, **dims) -> str:
         sizes, scalars = split_scalars(self.program, dims)
         return self.inner.source(**self.packed_sizes(sizes), **(scalars or {}))
+
+    def ptx(self, **dims) -> str:
+        sizes, scalars = split_scalars(self.program, dims)
+        return self.inner.ptx(**self.packed_sizes(sizes), **(scalars or {}))
+
+    def cache_info(self) -> list:
+        return self.inner.cache_info()
+
+    def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
+        """Median milliseconds of a call, the views included (triton.testing.do_bench)."""
+        import triton
+
+        return float(triton.testing.do_bench(lambda: self.invoke(False, args, kwargs),
+                                             rep=repeat, return_mode="median"))
 
     def _lifted(self, tensor, name: str):
         """``tensor`` with the unit axis a lift added to ``name`` (itself where none)."""
@@ -95,13 +125,25 @@ class PackedRowsKernel(GraphCallable):
         return made[0] if len(made) == 1 else tuple(made)
 
 
-def packed_attention(kernel, fusion, target, one_query: bool = True, **knobs):
+def packed_attention(kernel, fusion, target, one_query: bool = True,
+                     groups: tuple[int, int] | None = None, min_pairs: int = 1,
+                     split_only: bool = False, **knobs):
     """``kernel``'s attention with each kv-head's query heads as the rows of one tile, on the
     Hopper attention kernel (``knobs``: its knobs; ``schedule`` defaults to ``"split"``, the few
-    tiles cut along the keys over every CTA; ``consumers=1`` suits groups of up to 64 rows)."""
+    tiles cut along the keys over every CTA, where no mask is left after packing — a mask gives
+    each row block its own key blocks, so a masked program keeps the kernel's own default;
+    ``consumers=1`` suits groups of up to 64 rows). ``groups`` and ``min_pairs``: the calls it
+    fits (:class:`PackedRowsKernel`), all where not given. ``split_only``: refuse a program that
+    keeps a mask (a :class:`ScheduleError`), where only the split schedule is wanted."""
     from .hopper_attention import hopper_attention
+    from .hopper_attention_plan import plan_hopper_attention
 
     program = kernel.program if hasattr(kernel, "program") else kernel
     packed = pack_group_rows(program, fusion.names, fusion.axis, one_query)
-    inner = hopper_attention(packed.program, fusion, target, **{"schedule": "split", **knobs})
-    return PackedRowsKernel(program, packed, inner, target)
+    masked = plan_hopper_attention(packed.program, fusion.names, fusion.axis).mask is not None
+    if masked and split_only:
+        raise ScheduleError(f"{packed.describe()}: the mask stays after packing, and the split "
+                            "schedule takes no mask")
+    inner = hopper_attention(packed.program, fusion, target,
+                             **{**({} if masked else {"schedule": "split"}), **knobs})
+    return PackedRowsKernel(program, packed, inner, target, groups, min_pairs)

@@ -2,6 +2,8 @@
 float64 references (torch, never the project's lowering): shared by the contraction template's
 tests and their check under Triton's interpreter (``python -m
 tests.schedule_templates.contraction_cases SEED`` with ``TRITON_INTERPRET=1``)."""
+import types
+
 import torch
 
 import tensorfuse as tf
@@ -113,9 +115,13 @@ def _matmul_f32(g, M=20, K=33, N=18):
     return dict(a=a, b=b, scale=0.5), (a.double() @ b.double()) * 0.5
 
 
+# the gated gradient's computed side in every tile that reads it (its default at these sizes:
+# stored once before the tiles, ``ContractionKnobs.stage_sides``)
+IN_TILES = types.SimpleNamespace(program=gated_gradient.program, knobs=dict(stage_sides=0))
 CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate),
          "weight_gradient": (weight_gradient, _weight_gradient),
          "gated_gradient": (gated_gradient, _gated_gradient),
+         "gated_gradient_in_tiles": (IN_TILES, _gated_gradient),
          "token_weight_gradient": (token_weight_gradient, _token_weight_gradient),
          "gathered_linear": (gathered_linear, _gathered_linear),
          "scores_bshd": (scores_bshd, _scores_bshd),
@@ -129,6 +135,7 @@ CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate)
 BF16_INTERPRETED = 2e-2
 TOLERANCE = {"linear": BF16_INTERPRETED, "swiglu_gate": BF16_INTERPRETED,
              "weight_gradient": BF16_INTERPRETED, "gated_gradient": BF16_INTERPRETED,
+             "gated_gradient_in_tiles": BF16_INTERPRETED,
              "token_weight_gradient": BF16_INTERPRETED, "gathered_linear": BF16_INTERPRETED,
              "scores_bshd": BF16_INTERPRETED, "scaled_linear": BF16_INTERPRETED,
              "matmul_f32": 1e-5}
@@ -176,7 +183,7 @@ def contraction(kernel):
     from tensorfuse.targets import get_target
 
     return triton_contraction(kernel, get_target("cuda:sm_90a"), block_m=16, block_n=32,
-                              block_k=16)
+                              block_k=16, **getattr(kernel, "knobs", {}))
 
 
 if __name__ == "__main__":

@@ -138,6 +138,42 @@ def test_the_hopper_kernel_on_packed_rows_is_split_over_every_sm():
     assert "wgmma.mma_async" in made.inner.ptx(B=16, HKV=1, R=64, N=16384, D=128)
     three = packed_attention(mqa_decode, Fusion(CHAIN, "j", 32), HOPPER, consumers=1)
     assert "16 tiles: split schedule" in three.schedule_origin(B=16, H=64, N=16384, D=128)
+    # a causal mask stays a mask after packing (``j <= N - 1``), and splitting refuses masks:
+    # the kernel keeps its own schedule, and a schedule asked for is still honoured
+    causal = packed_attention(K.gqa_causal_attention, Fusion(CHAIN, "j", 32), HOPPER)
+    assert "schedule=auto" in causal.schedule_origin(**dims)
+    with pytest.raises(ScheduleError, match="a mask"):
+        packed_attention(K.gqa_causal_attention, Fusion(CHAIN, "j", 32), HOPPER,
+                         schedule="split").schedule_origin(**dims)
+
+
+def test_tf_compile_routes_large_groups_on_one_cache_to_packed_rows():
+    """Where ``benchmarks.packed_decode`` measured packing faster than the cluster decode (16+
+    (batch, kv-head) pairs of 64 or 128 heads, no mask), and only there."""
+    made = tf.compile(K.gqa_attention, "cuda:sm_90a")
+    sizes = dict(B=16, H=64, HKV=1, M=1, N=16384, D=128)
+    origin = made.schedule_origin(**sizes)
+    assert origin.startswith("packed group rows") and "consumers=1" in origin, origin
+    assert "consumers=2" in made.schedule_origin(**{**sizes, "H": 128})
+    for other in (dict(B=1, N=131072), dict(H=32), dict(B=8, H=32, HKV=8)):
+        assert made.schedule_origin(**{**sizes, **other}).startswith("cluster_decode"), other
+    assert "packed" not in made.schedule_origin(**{**sizes, "H": 256})   # not measured
+    assert "packed" not in tf.compile(K.gqa_causal_attention, "cuda:sm_90a").schedule_origin(
+        **sizes)
+    assert "packed" not in tf.compile(mqa_decode, "cuda:sm_90a").schedule_origin(
+        B=16, H=64, N=16384, D=128)
+
+
+@pytest.mark.gpu
+def test_a_routed_packed_decode_on_the_gpu_against_float64():
+    seed = fresh_seed()
+    sizes = dict(B=16, H=64, HKV=1, M=1, N=2049, D=128)
+    q, k, v = (t.cuda() for t in tensors(torch.Generator().manual_seed(seed), **sizes))
+    made = tf.compile(K.gqa_attention)
+    assert made.schedule_origin(**sizes).startswith("packed group rows")
+    out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    made(q, k, v, 0.125, out=out)
+    assert relative_error(out, reference(q.cpu(), k.cpu(), v.cpu(), 0.125)) < 1e-2, seed
 
 
 GPU_CASES = [(K.gqa_attention, dict(B=3, H=32, HKV=1, M=1, N=3001, D=128), {}),

@@ -40,6 +40,26 @@ def _bounds(candidates: dict) -> dict:
     return {uid: ok for uid, (ragged, ok) in candidates.items() if ragged}
 
 
+def _extent_of(plan, axes, sizes: dict):
+    total = 1
+    for axis in axes:
+        total = total * plan.extent(axis, sizes)
+    return total
+
+
+def stage_grid(plan, staged, knobs, sizes: dict) -> tuple[int, int]:
+    """(tiles, batch indices) of the kernel that stores ``staged`` (a
+    :class:`~tensorfuse.schedule_templates.contraction_plan.StagedSide` of ``plan``): the
+    GEMM's tiles of that side, once each."""
+    free, block = (plan.rows, knobs.block_m) if staged.side == "rows" else \
+        (plan.cols, knobs.block_n)
+    read = {a.uid for a in staged.axes}
+    F = plan.extent(free, sizes) if free.uid in read else 1
+    K = _extent_of(plan, [a for a in plan.ks if a.uid in read], sizes)
+    batch = _extent_of(plan, [a for a in plan.batch if a.uid in read], sizes)
+    return -(-F // block) * -(-K // knobs.block_k), batch
+
+
 def grid_of(plan, knobs, sizes: dict) -> tuple[int, int]:
     """(output tiles, batch indices): the launch grid at ``sizes``."""
     rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
@@ -56,11 +76,72 @@ def kernel_arguments(program: Program, sizes: dict) -> list[str]:
         size_arguments(sizes)
 
 
+def stage_name(name: str, k: int) -> str:
+    """The name of the kernel that stores ``plan.staged[k]`` before the tiles ``name``."""
+    return f"{name}_stage_{k}"
+
+
 def contraction_source(plan, knobs, name: str, sizes: dict,
                        interpreter: bool = False) -> tuple[str, list[str]]:
     """``(source, argument names)`` of ``plan`` at ``sizes`` (ints, or :mod:`symbolic
     <tensorfuse.dsl.symbolic_sizes>` sizes read from arguments) with ``knobs``
-    (:class:`~tensorfuse.schedule_templates.contraction.ContractionKnobs`)."""
+    (:class:`~tensorfuse.schedule_templates.contraction.ContractionKnobs`): the tiles' kernel
+    ``name``, after a kernel per side the plan stages (:func:`stage_name`), all taking the
+    same arguments."""
+    args = kernel_arguments(plan.program, sizes)
+    functions = [(stage_name(name, k), args, _stage_lines(plan, staged, knobs, sizes,
+                                                          interpreter))
+                 for k, staged in enumerate(plan.staged)]
+    functions.append((name, args, _tile_lines(plan, knobs, sizes, interpreter)))
+    return assemble_source(functions), args
+
+
+def _stage_lines(plan, staged, knobs, sizes: dict, interpreter: bool) -> list[str]:
+    """A kernel storing ``staged``'s value in the tiles the GEMM reads it in (module
+    docstring), rounded to its type as the GEMM's tile would round it."""
+    w = SourceWriter(interpreter)
+    wide = needs_wide_offsets(plan.program, sizes)
+    as_index = ".to(tl.int64)" if wide else ""
+    rows = staged.side == "rows"
+    free, block = (plan.rows, "BLOCK_M") if rows else (plan.cols, "BLOCK_N")
+    read = {a.uid for a in staged.axes}
+    F = plan.extent(free, sizes) if free.uid in read else 1
+    ks = tuple(a for a in plan.ks if a.uid in read)
+    K = _extent_of(plan, ks, sizes)
+    batch_axes = tuple(a for a in plan.batch if a.uid in read)
+    w("pid = tl.program_id(0)")
+    w(f"pid_b = tl.program_id(1){as_index}")
+    w(f"blocks_f = tl.cdiv({F}, {block})")
+    w(f"offs_f = (pid % blocks_f){as_index} * {block} + tl.arange(0, {block})")
+    w(f"offs_k = (pid // blocks_f){as_index} * BLOCK_K + tl.arange(0, BLOCK_K)")
+    at = {}
+    for axis in batch_axes:
+        w(f"ax_{axis.name} = {_digits(plan, batch_axes, sizes, 'pid_b')[axis.uid]}")
+        at[axis.uid] = f"ax_{axis.name}"
+    f_at, k_at = ("offs_f[:, None]", "offs_k[None, :]") if rows else \
+        ("offs_f[None, :]", "offs_k[:, None]")
+    f_ok, k_ok = f"({f_at} < {F})", f"({k_at} < {K})"
+    ragged_f = F % (knobs.block_m if rows else knobs.block_n) != 0
+    ragged_k = K % knobs.block_k != 0
+    at.update({free.uid: f_at, **_digits(plan, ks, sizes, k_at)})
+    ctx = TileContext(at, _bounds({free.uid: (ragged_f, f_ok),
+                                   **{a.uid: (ragged_k, k_ok) for a in ks}}),
+                      sizes=sizes, emit=w, memo={}, interpreter=interpreter)
+    value = to_triton(staged.value, ctx)
+    offsets, stride = [], 1
+    for axis in reversed(staged.axes):   # stored contiguous, in the order of its axes
+        offsets.append(at[axis.uid] if stride == 1 else f"{at[axis.uid]} * {stride}")
+        stride = stride * plan.extent(axis, sizes)
+    shape = f"{block}, BLOCK_K" if rows else f"BLOCK_K, {block}"
+    bounds = " & ".join(ok for ragged, ok in ((ragged_f, f_ok), (ragged_k, k_ok)) if ragged)
+    w(f"tl.store({staged.param.name} + ({' + '.join(reversed(offsets))}), "
+      f"tl.broadcast_to({value}, ({shape})).to({TL_DTYPES[staged.param.dtype]})"
+      f"{', mask=' + bounds if bounds else ''})")
+    return w.lines
+
+
+def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
+    """The GEMM tiles' kernel body (module docstring)."""
     w = SourceWriter(interpreter)
     wide = needs_wide_offsets(plan.program, sizes)
     M, N = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
@@ -135,5 +216,4 @@ def contraction_source(plan, knobs, name: str, sizes: dict,
                             if ragged)
         w(f"tl.store(out_{c.name} + ({offsets}), tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))"
           f".to({TL_DTYPES[c.dtypes[0]]}){', mask=' + bounds if bounds else ''})")
-    args = kernel_arguments(plan.program, sizes)
-    return assemble_source([(name, args, w.lines)]), args
+    return w.lines

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
 from ...errors import ScheduleError, TargetError
-from ...interop import deliver, torch_arguments, torch_output
+from ...interop import deliver, torch_arguments, torch_dtype, torch_output
 from ...torch_graph import GraphCallable
-from .contraction import contraction_source, grid_of
+from .contraction import contraction_source, grid_of, stage_grid, stage_name
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
 from .launcher import Launches, Step
 from .size_builds import SizeBuilds, size_values, with_size_arguments
@@ -62,10 +62,13 @@ class ContractionKernel(GraphCallable):
         return self._built[key]
 
     def _emit(self, knobs, sizes: dict) -> tuple:
-        name = f"{self.program.name}_gemm_tiles"
-        source, args = contraction_source(self.plan, knobs, name, sizes,
+        source, args = contraction_source(self.plan.for_knobs(knobs), knobs, self._name, sizes,
                                           interpreter=interpreting())
-        return source, load_kernel(source, name), args
+        return source, load_kernel(source, self._name), args
+
+    @property
+    def _name(self) -> str:
+        return f"{self.program.name}_gemm_tiles"
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         """Whether these sizes run here (``tf.compile``'s choice: the knobs fit the GPU)."""
@@ -81,7 +84,8 @@ class ContractionKernel(GraphCallable):
 
     def describe_plan(self, scalars: dict | None = None, **dims) -> str:
         knobs, made = self.build(**dims)
-        return f"{self.plan.describe()}\n  knobs: {knobs}\n  built: {made.describe()}"
+        return f"{self.plan.for_knobs(knobs).describe()}\n  knobs: {knobs}\n  built: " \
+               f"{made.describe()}"
 
     def schedule_origin(self, **dims) -> str:
         dims, _ = split_scalars(self.program, dims)
@@ -102,8 +106,8 @@ class ContractionKernel(GraphCallable):
         """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm)."""
         dims, _ = split_scalars(self.program, dims)
         knobs, made = self.build(**dims)
-        sig, divisible = with_size_arguments(signature(self.program, self.outputs, []), dims,
-                                             made.args)
+        sig, divisible = with_size_arguments(
+            signature(self.plan.for_knobs(knobs).program, self.outputs, []), dims, made.args)
         return compile_for(made.fn, sig, _meta(knobs), self.target, knobs.num_warps,
                            knobs.num_stages, divisible)
 
@@ -114,12 +118,25 @@ class ContractionKernel(GraphCallable):
         key = tuple(sorted(dims.items()))
         if key not in self._launches:
             knobs, made = self.build(**dims)
-            pointers = {p.name for p in self.program.tensor_params} | {
+            plan = self.plan.for_knobs(knobs)
+            pointers = {p.name for p in plan.program.tensor_params} | {
                 f"out_{c.name}" for c in self.outputs}
-            step = Step(made.fn, grid_of(self.plan, knobs, dims), made.args, pointers)
-            self._launches[key] = Launches([step], _meta(knobs), knobs.num_warps,
+            steps = [Step(load_kernel(made.source, stage_name(self._name, k)),
+                          stage_grid(plan, staged, knobs, dims), made.args, pointers)
+                     for k, staged in enumerate(plan.staged)]
+            steps.append(Step(made.fn, grid_of(plan, knobs, dims), made.args, pointers))
+            self._launches[key] = Launches(steps, _meta(knobs), knobs.num_warps,
                                            knobs.num_stages)
         return self._launches[key]
+
+    def _staged_tensors(self, dims: dict, device) -> dict:
+        """The tensors the staged sides are stored in at these sizes (by parameter name)."""
+        import torch
+
+        plan = self.plan.for_knobs(self.build(**dims)[0])
+        return {s.param.name: torch.empty([plan.extent(a, dims) for a in s.axes],
+                                          dtype=torch_dtype(s.param.dtype), device=device)
+                for s in plan.staged}
 
     def _prepare(self, args, kwargs):
         if self._calls is None:
@@ -129,6 +146,7 @@ class ContractionKernel(GraphCallable):
         launches = self._launch_for(bound.dims)
         values = torch_arguments(self.program, bound, device)
         values.update({n: v for n, v in size_values(bound.dims).items() if n not in values})
+        values.update(self._staged_tensors(bound.dims, device))
         given = list(bound.outs) if bound.outs is not None else [None] * len(self.outputs)
         outs = [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
                 for c, g in zip(self.outputs, given)]
@@ -137,7 +155,7 @@ class ContractionKernel(GraphCallable):
 
     def invoke(self, key, args: tuple, kwargs: dict):
         launches, values, outs, given, bound = self._prepare(args, kwargs)
-        if all(launches.steps[0].grid):   # an empty output launches nothing
+        if all(launches.steps[-1].grid):   # an empty output launches nothing
             launches(values)
         made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
         return made[0] if len(made) == 1 else tuple(made)
