@@ -9,7 +9,10 @@ first) before it is timed; a wrong one is reported and not timed. ``template`` r
 contraction template directly (on sm_90a ``tf.compile`` gives the Hopper GEMM the GEMMs it takes);
 ``tensorfuse`` rows are ``tf.compile``'s choice.
 
-    python -m benchmarks.contraction [--out DIR] [--only linear,weight_gradient,...]
+    python -m benchmarks.contraction [--out DIR] [--only linear,weight_gradient,...] [--sweep]
+
+``--sweep``: the template's tiles, warps and stages around its defaults on each case (CSV
+``…-contraction-knobs.csv``).
 """
 from __future__ import annotations
 
@@ -143,13 +146,62 @@ def measure(rows: list, only: set | None = None, log=print) -> None:
         swiglu_backward_rows(rows, ceiling, log=log)
 
 
+# tiles, warps and stages a sweep tries around the defaults (128 × 128 / 128 × 256, 8 warps, 3
+# stages): what the defaults are checked against
+SWEPT = tuple((m, n, w, st) for m, n in ((128, 128), (128, 256), (256, 128), (64, 256))
+              for w in (4, 8) for st in (3, 4) if not (m * n >= 32768 and w == 4))
+
+
+def sweep(rows: list, only: set | None = None, log=print) -> None:
+    """The template's knobs on the cases (and SwiGLU's gated pair, two sums sharing a tile
+    loop): each candidate checked against float64, then timed; ``default`` is the template's
+    own choice."""
+    target = get_target("cuda")
+    ceiling = measure_ceilings()["gemm_tflops"]
+    M, K_, N = 8192, 4096, 14336
+    x, w1, w3 = _randn(M, K_), _randn(N, K_, scale=0.02), _randn(N, K_, scale=0.02)
+    gated_pair = ("gated_pair", f"{M}x{K_}x{N} (two sums)", K.swiglu_gate, dict(x=x, w1=w1, w3=w3),
+                  lambda: torch.nn.functional.silu(x.double() @ w1.double().T) *
+                  (x.double() @ w3.double().T), None, 2 * 2 * M * K_ * N)
+    for name, shape, kernel, args, reference, _, flops in (*cases(), gated_pair):
+        if only and name not in only:
+            continue
+        want = reference()
+        made = {"default": triton_contraction(kernel, target)}
+        made.update({f"{m}x{n} w{w} s{st}": triton_contraction(
+            kernel, target, block_m=m, block_n=n, num_warps=w, num_stages=st)
+            for m, n, w, st in SWEPT})
+        timed = []
+        for label, kernel_ in made.items():
+            try:
+                error = relative_error(kernel_(**args), want)
+                ms = bench(functools.partial(kernel_, **args)) if error <= TOLERANCE else None
+            except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported
+                log(f"{name} {label}: {type(exc).__name__}: {str(exc)[:160]}")
+                continue
+            if ms is None:
+                log(f"{name} {label}: WRONG (error {error:.2e}); not timed")
+                continue
+            rate = flops / ms / 1e9
+            rows.append(Row(f"contraction_knobs/{name}", shape, label, ms, rate, 0.0,
+                            rate / ceiling, f"err {error:.1e}"))
+            timed.append((ms, label))
+        for ms, label in sorted(timed)[:4] + [t for t in timed if t[1] == "default"]:
+            log(f"{name} {label}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--only", default="", help="comma-separated case names")
+    parser.add_argument("--sweep", action="store_true",
+                        help="the template's knobs around its defaults, per case")
     args = parser.parse_args(argv)
     only = {n for n in args.only.split(",") if n} or None
-    run_and_write(lambda rows: measure(rows, only), args.out, "contraction")
+    if args.sweep:
+        run_and_write(lambda rows: sweep(rows, only), args.out, "contraction-knobs")
+    else:
+        run_and_write(lambda rows: measure(rows, only), args.out, "contraction")
     return 0
 
 

@@ -277,6 +277,9 @@ SECTIONS = (
      "bf16; TFLOP/s and the fraction of cuBLAS's 8192³ rate; `tensorfuse template`: the "
      "template called directly, `tensorfuse`: `tf.compile`'s choice",
      "python -m benchmarks.contraction"),
+    ("contraction-knobs", "The contraction template's knobs",
+     "bf16; TFLOP/s and the fraction of cuBLAS's 8192³ rate; every candidate checked against "
+     "float64; `default`: the template's own choice", "python -m benchmarks.contraction --sweep"),
     ("gemm-ffn", "FFN blocks (two Hopper GEMMs, the activation fused)",
      "bf16, K=4096, N=14336, O=4096", "python -m benchmarks.gemm --ffn"),
     ("rows", "Row reductions", "bf16; GB/s of the bytes each kernel must move",
