@@ -57,13 +57,6 @@ class StagedKernel(GraphCallable):
         return "\n".join(kernel.ptx(**self._own(stage, dims))
                          for stage, kernel in zip(self.stages, self.kernels))
 
-    def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
-        """Median milliseconds of a call, every stage included (triton.testing.do_bench)."""
-        import triton
-
-        return float(triton.testing.do_bench(lambda: self.invoke(False, args, kwargs),
-                                             rep=repeat, return_mode="median"))
-
     def _own(self, stage, dims: dict) -> dict:
         """The sizes and scalars among ``dims`` that ``stage``'s program has."""
         own = set(stage.program.dim_names()) | {p.name for p in stage.program.scalar_params}

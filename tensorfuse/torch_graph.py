@@ -146,6 +146,14 @@ class GraphCallable:
     def invoke(self, key, args: tuple, kwargs: dict):   # pragma: no cover - each class has one
         raise NotImplementedError
 
+    def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
+        """Median milliseconds of a whole call (``triton.testing.do_bench``): every launch and
+        what the call does around them; kernels that can time their launches alone override it."""
+        import triton
+
+        return float(triton.testing.do_bench(lambda: self.invoke(False, args, kwargs),
+                                             rep=repeat, return_mode="median"))
+
 
 def in_graph(kernel):
     """Give ``kernel`` its custom operator (once; nothing when PyTorch is not installed) and

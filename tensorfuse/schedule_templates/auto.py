@@ -176,17 +176,22 @@ PACKED_DECODES = ((64, 64, 1, 16), (65, 128, 2, 16))
 
 
 def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
-    """The packed decode kernels (:data:`PACKED_DECODES`) for a decode written with a kv-head
-    axis and no mask (a mask keeps the Hopper kernel off its split schedule); a decode written
-    without one (``k[b, j, d]``) runs as fast on the Triton split update (57 µs at B16, 64 heads,
-    16k keys: ``benchmarks.packed_decode``)."""
-    from .packed_kernel import packed_attention
+    """The packed decode routes (:data:`PACKED_DECODES`) for a decode written with a kv-head
+    axis (the Hopper attention plans it) and no mask (a mask keeps the Hopper kernel off its
+    split schedule); a decode written without one (``k[b, j, d]``) runs as fast on the Triton
+    split update (57 µs at B16, 64 heads, 16k keys: ``benchmarks.packed_decode``)."""
+    from .hopper_attention_plan import plan_hopper_attention
+    from .packed_kernel import PackedDecodeRoute
 
-    made = []
-    for low, high, consumers, pairs in PACKED_DECODES:
-        made += _made(packed_attention, kernel, fusion, spec, groups=(low, high),
-                      min_pairs=pairs, split_only=True, consumers=consumers)
-    return [k for k in made if not k.packed.lifted]
+    try:
+        plan = plan_hopper_attention(kernel.program, fusion.names, fusion.axis)
+    except ScheduleError:
+        return []
+    if plan.mask is not None:
+        return []
+    return [PackedDecodeRoute(kernel, fusion, spec, plan.chain.dims[:4], (low, high), pairs,
+                              consumers=consumers, schedule="split")
+            for low, high, consumers, pairs in PACKED_DECODES]
 
 
 def _made(template, *args, **knobs) -> list:

@@ -17,18 +17,10 @@ class PackedRowsKernel(GraphCallable):
     a head's rows follow each other — any layout at one query token — and be contiguous; a
     :class:`CallError` says so otherwise)."""
 
-    def __init__(self, program, packed: PackedRows, inner, target,
-                 groups: tuple[int, int] | None = None, min_pairs: int = 1):
+    def __init__(self, program, packed: PackedRows, inner, target):
         self.program, self.packed, self.inner, self.target = program, packed, inner, target
-        # where tf.compile routes decodes here: the group sizes (query heads per kv-head) and
-        # the fewest (batch, kv-head) pairs it is measured faster at; ``fits`` refuses others
-        self.groups, self.min_pairs = groups, min_pairs
         self.outputs = list(program.outputs)
-        sizes = "" if groups is None else str(groups[0]) if groups[0] == groups[1] else \
-            f"{groups[0]}–{groups[1]}"
-        taken = sizes and f", groups of {sizes} heads, {min_pairs}+ (batch, kv-head) pairs"
-        self.description = (f"packed group rows ({packed.describe()}{taken}) on "
-                            f"{inner.description}")
+        self.description = f"packed group rows ({packed.describe()}) on {inner.description}"
         self._calls = None
 
     def __repr__(self) -> str:
@@ -52,15 +44,7 @@ class PackedRowsKernel(GraphCallable):
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         try:
-            sizes = self.packed_sizes(dims)
-        except (ScheduleError, TargetError):
-            return False
-        if self.groups is not None:
-            B, H, HKV = (self._with_units(dims)[n] for n in self.packed.chain.dims[:3])
-            if not self.groups[0] <= H // HKV <= self.groups[1] or B * HKV < self.min_pairs:
-                return False
-        try:
-            return self.inner.fits(scalars, **sizes)
+            return self.inner.fits(scalars, **self.packed_sizes(dims))
         except (ScheduleError, TargetError):
             return False
 
@@ -78,13 +62,6 @@ class PackedRowsKernel(GraphCallable):
 
     def cache_info(self) -> list:
         return self.inner.cache_info()
-
-    def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
-        """Median milliseconds of a call, the views included (triton.testing.do_bench)."""
-        import triton
-
-        return float(triton.testing.do_bench(lambda: self.invoke(False, args, kwargs),
-                                             rep=repeat, return_mode="median"))
 
     def _lifted(self, tensor, name: str):
         """``tensor`` with the unit axis a lift added to ``name`` (itself where none)."""
@@ -125,25 +102,74 @@ class PackedRowsKernel(GraphCallable):
         return made[0] if len(made) == 1 else tuple(made)
 
 
-def packed_attention(kernel, fusion, target, one_query: bool = True,
-                     groups: tuple[int, int] | None = None, min_pairs: int = 1,
-                     split_only: bool = False, **knobs):
+def packed_attention(kernel, fusion, target, one_query: bool = True, **knobs):
     """``kernel``'s attention with each kv-head's query heads as the rows of one tile, on the
     Hopper attention kernel (``knobs``: its knobs; ``schedule`` defaults to ``"split"``, the few
     tiles cut along the keys over every CTA, where no mask is left after packing — a mask gives
     each row block its own key blocks, so a masked program keeps the kernel's own default;
-    ``consumers=1`` suits groups of up to 64 rows). ``groups`` and ``min_pairs``: the calls it
-    fits (:class:`PackedRowsKernel`), all where not given. ``split_only``: refuse a program that
-    keeps a mask (a :class:`ScheduleError`), where only the split schedule is wanted."""
+    ``consumers=1`` suits groups of up to 64 rows)."""
     from .hopper_attention import hopper_attention
     from .hopper_attention_plan import plan_hopper_attention
 
     program = kernel.program if hasattr(kernel, "program") else kernel
     packed = pack_group_rows(program, fusion.names, fusion.axis, one_query)
-    masked = plan_hopper_attention(packed.program, fusion.names, fusion.axis).mask is not None
-    if masked and split_only:
-        raise ScheduleError(f"{packed.describe()}: the mask stays after packing, and the split "
-                            "schedule takes no mask")
-    inner = hopper_attention(packed.program, fusion, target,
-                             **{**({} if masked else {"schedule": "split"}), **knobs})
-    return PackedRowsKernel(program, packed, inner, target, groups, min_pairs)
+    if "schedule" not in knobs and \
+            plan_hopper_attention(packed.program, fusion.names, fusion.axis).mask is None:
+        knobs = {**knobs, "schedule": "split"}
+    return PackedRowsKernel(program, packed, hopper_attention(packed.program, fusion, target,
+                                                              **knobs), target)
+
+
+class PackedDecodeRoute(GraphCallable):
+    """Where ``tf.compile`` runs a decode as packed group rows: calls of one query token whose
+    group (query heads per kv-head) is within ``groups`` and with ``min_pairs`` (batch, kv-head)
+    pairs or more — told from the sizes alone, before anything is packed — on
+    :func:`packed_attention` with ``knobs``, made on the first such call (packing plans the
+    chain again: about 0.2 s, which every ``tf.compile`` of an attention would pay otherwise).
+    ``dims``: the names of the original program's batch, head, kv-head and query counts."""
+
+    def __init__(self, kernel, fusion, target, dims: tuple[str, ...], groups: tuple[int, int],
+                 min_pairs: int, **knobs):
+        self.kernel, self.fusion, self.target, self.knobs = kernel, fusion, target, knobs
+        self.program = kernel.program
+        self.dims, self.groups, self.min_pairs = dims, groups, min_pairs
+        sizes = str(groups[0]) if groups[0] == groups[1] else f"{groups[0]}–{groups[1]}"
+        self.description = (f"packed group rows (groups of {sizes} heads, {min_pairs}+ (batch, "
+                            "kv-head) pairs, one query token) on hopper_attention")
+        self._made = None   # the PackedRowsKernel, or False where the program does not pack
+
+    def __repr__(self) -> str:
+        return f"<PackedDecodeRoute {self.program.name} for {self.target.name}>"
+
+    def routed(self, dims: dict) -> bool:
+        """Whether these sizes are the ones this route takes (from the sizes alone)."""
+        B, H, HKV, M = (dims[n] for n in self.dims)
+        return M == 1 and H % HKV == 0 and self.groups[0] <= H // HKV <= self.groups[1] and \
+            B * HKV >= self.min_pairs
+
+    def made(self):
+        if self._made is None:
+            try:
+                self._made = packed_attention(self.kernel, self.fusion, self.target,
+                                              **self.knobs)
+            except ScheduleError:
+                self._made = False
+        return self._made
+
+    def fits(self, scalars: dict | None = None, **dims) -> bool:
+        return self.routed(dims) and bool(self.made()) and self.made().fits(scalars, **dims)
+
+    def invoke(self, key, args: tuple, kwargs: dict):
+        return self.made().invoke(key, args, kwargs)
+
+    def schedule_origin(self, **dims) -> str:
+        return self.made().schedule_origin(**dims)
+
+    def source(self, **dims) -> str:
+        return self.made().source(**dims)
+
+    def ptx(self, **dims) -> str:
+        return self.made().ptx(**dims)
+
+    def cache_info(self) -> list:
+        return self.made().cache_info() if self._made else []

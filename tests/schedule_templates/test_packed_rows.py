@@ -11,6 +11,7 @@ import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse import dsl as T
 from tensorfuse.errors import CallError, ScheduleError
+from tensorfuse.schedule_templates.auto import _packed_decodes
 from tensorfuse.schedule_templates.fusion import Fusion
 from tensorfuse.schedule_templates.packed_kernel import PackedRowsKernel, packed_attention
 from tensorfuse.schedule_templates.packed_rows import pack_group_rows
@@ -162,6 +163,11 @@ def test_tf_compile_routes_large_groups_on_one_cache_to_packed_rows():
         **sizes)
     assert "packed" not in tf.compile(mqa_decode, "cuda:sm_90a").schedule_origin(
         B=16, H=64, N=16384, D=128)
+    # nothing is packed until a call at routed sizes: sizes alone turn the others away
+    routes = _packed_decodes(K.gqa_attention, Fusion(CHAIN, "j", 32), HOPPER)
+    assert [r.groups for r in routes] == [(64, 64), (65, 128)]
+    assert not routes[0].fits(**{**sizes, "B": 1, "N": 131072}) and routes[0]._made is None
+    assert routes[0].fits(**sizes) and routes[0]._made and routes[1]._made is None
 
 
 @pytest.mark.gpu
