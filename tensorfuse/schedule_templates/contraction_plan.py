@@ -231,10 +231,9 @@ def _staged(plan: ContractionPlan) -> ContractionPlan | None:
                 sides[side] = value
                 continue
             read = {a.uid for a in value.axes}
-            ks = [a for a in plan.ks if a.uid in read]
-            axes = [a for a in plan.batch if a.uid in read] + (
-                [free] + ks if side == "rows" else ks + [free])
-            axes = [a for a in axes if a.uid in read]
+            ordered = [*plan.batch, free, *plan.ks] if side == "rows" else \
+                [*plan.batch, *plan.ks, free]
+            axes = [a for a in ordered if a.uid in read]
             name = f"staged_{p.name}_{side}"
             while name in taken:
                 name = f"_{name}"

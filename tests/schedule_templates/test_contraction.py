@@ -21,6 +21,7 @@ from tensorfuse.targets import get_target
 from tests.helpers import (assert_gpu_template_matches, fresh_seed, gpu_case, relative_error,
                            run_interpreted)
 from tests.schedule_templates.contraction_cases import (BF16_INTERPRETED, CASES, TOLERANCE,
+                                                        contraction,
                                                         gated_gradient, matmul_f32,
                                                         scaled_linear, scores_bshd,
                                                         swiglu_backward_case,
@@ -172,6 +173,9 @@ def test_a_computed_side_read_by_several_tiles_is_stored_once_before_them():
     assert "def gated_gradient_gemm_tiles_stage_0(" in stage and "tl.sigmoid" in stage
     assert "tl.sigmoid" not in tiles and "staged_out_cols" in tiles
     assert "computed sides staged" in made.schedule_origin(**sizes)
+    # the interpreter's case runs the staged form (its small tiles leave two row blocks)
+    assert "computed sides staged" in contraction(gated_gradient).schedule_origin(M=50, K=24,
+                                                                                  N=35)
     in_tiles = triton_contraction(gated_gradient, HOPPER, stage_sides=0).source(**sizes)
     assert "_stage_0" not in in_tiles and "tl.sigmoid" in in_tiles
     with pytest.raises(TargetError, match="none to stage"):

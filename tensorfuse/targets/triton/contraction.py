@@ -41,32 +41,38 @@ def _bounds(candidates: dict) -> dict:
 
 
 def _extent_of(plan, axes, sizes: dict):
+    """The number of indices ``axes`` sweep together at ``sizes``."""
     total = 1
     for axis in axes:
         total = total * plan.extent(axis, sizes)
     return total
 
 
+def _stage_extents(plan, staged, sizes: dict) -> tuple:
+    """``(free axis, its extent, contracted axes, their extent, batch axes)`` of a staged side,
+    as far as it reads them (a free axis it does not read counts 1)."""
+    free = plan.rows if staged.side == "rows" else plan.cols
+    read = {a.uid for a in staged.axes}
+    ks = tuple(a for a in plan.ks if a.uid in read)
+    F = plan.extent(free, sizes) if free.uid in read else 1
+    return free, F, ks, _extent_of(plan, ks, sizes), tuple(a for a in plan.batch
+                                                           if a.uid in read)
+
+
 def stage_grid(plan, staged, knobs, sizes: dict) -> tuple[int, int]:
     """(tiles, batch indices) of the kernel that stores ``staged`` (a
     :class:`~tensorfuse.schedule_templates.contraction_plan.StagedSide` of ``plan``): the
     GEMM's tiles of that side, once each."""
-    free, block = (plan.rows, knobs.block_m) if staged.side == "rows" else \
-        (plan.cols, knobs.block_n)
-    read = {a.uid for a in staged.axes}
-    F = plan.extent(free, sizes) if free.uid in read else 1
-    K = _extent_of(plan, [a for a in plan.ks if a.uid in read], sizes)
-    batch = _extent_of(plan, [a for a in plan.batch if a.uid in read], sizes)
-    return -(-F // block) * -(-K // knobs.block_k), batch
+    _, F, _, K, batch = _stage_extents(plan, staged, sizes)
+    block = knobs.block_m if staged.side == "rows" else knobs.block_n
+    return -(-F // block) * -(-K // knobs.block_k), _extent_of(plan, batch, sizes)
 
 
 def grid_of(plan, knobs, sizes: dict) -> tuple[int, int]:
     """(output tiles, batch indices): the launch grid at ``sizes``."""
     rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
-    batch = 1
-    for axis in plan.batch:
-        batch *= plan.extent(axis, sizes)
-    return -(-rows // knobs.block_m) * -(-cols // knobs.block_n), batch
+    return -(-rows // knobs.block_m) * -(-cols // knobs.block_n), \
+        _extent_of(plan, plan.batch, sizes)
 
 
 def kernel_arguments(program: Program, sizes: dict) -> list[str]:
@@ -103,12 +109,8 @@ def _stage_lines(plan, staged, knobs, sizes: dict, interpreter: bool) -> list[st
     wide = needs_wide_offsets(plan.program, sizes)
     as_index = ".to(tl.int64)" if wide else ""
     rows = staged.side == "rows"
-    free, block = (plan.rows, "BLOCK_M") if rows else (plan.cols, "BLOCK_N")
-    read = {a.uid for a in staged.axes}
-    F = plan.extent(free, sizes) if free.uid in read else 1
-    ks = tuple(a for a in plan.ks if a.uid in read)
-    K = _extent_of(plan, ks, sizes)
-    batch_axes = tuple(a for a in plan.batch if a.uid in read)
+    block = "BLOCK_M" if rows else "BLOCK_N"
+    free, F, ks, K, batch_axes = _stage_extents(plan, staged, sizes)
     w("pid = tl.program_id(0)")
     w(f"pid_b = tl.program_id(1){as_index}")
     w(f"blocks_f = tl.cdiv({F}, {block})")
@@ -128,13 +130,9 @@ def _stage_lines(plan, staged, knobs, sizes: dict, interpreter: bool) -> list[st
                                    **{a.uid: (ragged_k, k_ok) for a in ks}}),
                       sizes=sizes, emit=w, memo={}, interpreter=interpreter)
     value = to_triton(staged.value, ctx)
-    offsets, stride = [], 1
-    for axis in reversed(staged.axes):   # stored contiguous, in the order of its axes
-        offsets.append(at[axis.uid] if stride == 1 else f"{at[axis.uid]} * {stride}")
-        stride = stride * plan.extent(axis, sizes)
     shape = f"{block}, BLOCK_K" if rows else f"BLOCK_K, {block}"
     bounds = " & ".join(ok for ragged, ok in ((ragged_f, f_ok), (ragged_k, k_ok)) if ragged)
-    w(f"tl.store({staged.param.name} + ({' + '.join(reversed(offsets))}), "
+    w(f"tl.store({staged.param.name} + ({store_offsets(staged.axes, ctx, sizes)}), "
       f"tl.broadcast_to({value}, ({shape})).to({TL_DTYPES[staged.param.dtype]})"
       f"{', mask=' + bounds if bounds else ''})")
     return w.lines
@@ -145,9 +143,7 @@ def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     w = SourceWriter(interpreter)
     wide = needs_wide_offsets(plan.program, sizes)
     M, N = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
-    K = 1
-    for axis in plan.ks:
-        K = K * plan.extent(axis, sizes)
+    K = _extent_of(plan, plan.ks, sizes)
     as_index = ".to(tl.int64)" if wide else ""
     w("pid = tl.program_id(0)")
     w(f"pid_b = tl.program_id(1){as_index}")
@@ -211,7 +207,7 @@ def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     for c in plan.outputs:
         value = refs[c.name] if c.name in refs else to_triton(inline_elementwise(c.bodies[0]),
                                                               out_ctx)
-        offsets = store_offsets(c, out_ctx, sizes)
+        offsets = store_offsets(c.axes, out_ctx, sizes)
         bounds = " & ".join(ok for ragged, ok in ((ragged_m, rows_ok), (ragged_n, cols_ok))
                             if ragged)
         w(f"tl.store(out_{c.name} + ({offsets}), tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))"

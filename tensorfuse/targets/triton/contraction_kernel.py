@@ -114,7 +114,9 @@ class ContractionKernel(GraphCallable):
     def ptx(self, **dims) -> str:
         return self.compiled(**dims).asm["ptx"]
 
-    def _launch_for(self, dims: dict) -> Launches:
+    def _launch_for(self, dims: dict) -> tuple[Launches, list]:
+        """The launches at these sizes, and the tensors its staged sides are stored in
+        (name, shape, dtype), made once per sizes."""
         key = tuple(sorted(dims.items()))
         if key not in self._launches:
             knobs, made = self.build(**dims)
@@ -125,28 +127,24 @@ class ContractionKernel(GraphCallable):
                           stage_grid(plan, staged, knobs, dims), made.args, pointers)
                      for k, staged in enumerate(plan.staged)]
             steps.append(Step(made.fn, grid_of(plan, knobs, dims), made.args, pointers))
-            self._launches[key] = Launches(steps, _meta(knobs), knobs.num_warps,
-                                           knobs.num_stages)
+            stored = [(s.param.name, [plan.extent(a, dims) for a in s.axes],
+                       torch_dtype(s.param.dtype)) for s in plan.staged]
+            self._launches[key] = (Launches(steps, _meta(knobs), knobs.num_warps,
+                                            knobs.num_stages), stored)
         return self._launches[key]
-
-    def _staged_tensors(self, dims: dict, device) -> dict:
-        """The tensors the staged sides are stored in at these sizes (by parameter name)."""
-        import torch
-
-        plan = self.plan.for_knobs(self.build(**dims)[0])
-        return {s.param.name: torch.empty([plan.extent(a, dims) for a in s.axes],
-                                          dtype=torch_dtype(s.param.dtype), device=device)
-                for s in plan.staged}
 
     def _prepare(self, args, kwargs):
         if self._calls is None:
             self._calls = CallBinder(self.program, "cpu" if interpreting() else "cuda")
         bound = self._calls(args, kwargs, False)
         device = launch_device(self, bound)
-        launches = self._launch_for(bound.dims)
+        import torch
+
+        launches, stored = self._launch_for(bound.dims)
         values = torch_arguments(self.program, bound, device)
         values.update({n: v for n, v in size_values(bound.dims).items() if n not in values})
-        values.update(self._staged_tensors(bound.dims, device))
+        values.update({name: torch.empty(shape, dtype=dtype, device=device)
+                       for name, shape, dtype in stored})
         given = list(bound.outs) if bound.outs is not None else [None] * len(self.outputs)
         outs = [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
                 for c, g in zip(self.outputs, given)]

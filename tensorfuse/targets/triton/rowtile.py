@@ -16,7 +16,6 @@ import math
 from ...algebra.exprs import substitute
 from ...algebra.schemes import EXTRAPOLATION
 from ...dsl.expr import Axis, Expr, Load, Symbol, Where
-from ...dsl.program import Compute
 from ...dsl.symbolic_sizes import size_arguments
 from ..index_text import IndexText as _Index
 from .expr import (HELPERS, TL_DTYPES, TileContext, fresh_memo, ieee_products, literal,
@@ -352,7 +351,7 @@ class _RowTileSource:
             else:
                 ctx = self.ctx_rc().child(refs=finals, emit=w if self.single else None,
                                           memo=self.chunk_memo)
-            offsets = store_offsets(c, ctx, self.sizes)
+            offsets = store_offsets(c.axes, ctx, self.sizes)
             valid_ = sorted({ctx.valid[a.uid] for a in c.axes if a.uid in ctx.valid})
             store = (f"tl.store({out} + ({offsets}), ({to_triton(expr, ctx)})"
                      f".to({TL_DTYPES[c.dtypes[0]]}), mask={' & '.join(valid_) or 'None'})")
@@ -526,15 +525,16 @@ def dot_operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
     return f"({to_triton(e, ctx)}).to({TL_DTYPES[dot_dtype]})"
 
 
-def store_offsets(c: Compute, ctx: TileContext, sizes: dict) -> str:
-    dims = [a.extent if isinstance(a.extent, int) else sizes[a.extent] for a in c.axes]
+def store_offsets(axes, ctx: TileContext, sizes: dict) -> str:
+    """The offset of a contiguous tensor over ``axes`` (outermost first) at the tile's indices."""
+    dims = [a.extent if isinstance(a.extent, int) else sizes[a.extent] for a in axes]
     strides, acc = [], 1
     for n in reversed(dims):
         strides.append(acc)
         acc *= n
     strides.reverse()
     return " + ".join(f"{ctx.axes[a.uid]} * {s}" if s != 1 else ctx.axes[a.uid]
-                      for a, s in zip(c.axes, strides))
+                      for a, s in zip(axes, strides))
 
 
 def needs_wide_offsets(prog, sizes: dict) -> bool:
