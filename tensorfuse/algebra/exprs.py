@@ -133,6 +133,28 @@ def substitute(e: Expr, replace: Callable[[Expr], Expr | None]) -> Expr:
     return go(e)
 
 
+def rewrite_computes(program, replace: Callable[[Expr], Expr | None], axes=None,
+                     over=None) -> dict:
+    """``program``'s computes rebuilt in order (by name): ``replace`` substituted in their
+    bodies (:func:`substitute`), a read of another compute pointing at its rebuilt one, and
+    ``axes(c)`` / ``over(c)`` where given for their axes — what a rewrite of a whole program
+    (packing rows, lifting or flattening axes) builds its new program from."""
+    from ..dsl.program import Compute
+
+    made: dict = {}
+
+    def node(n: Expr):
+        if isinstance(n, Ref):
+            return Ref(made[n.compute.name], n.component, n.loc)
+        return replace(n)
+
+    for c in program.computes:   # in dependency order: what a body reads is rebuilt first
+        made[c.name] = Compute(c.name, axes(c) if axes else c.axes,
+                               tuple(substitute(b, node) for b in c.bodies), c.dtypes, c.monoid,
+                               over(c) if over else c.over, c.loc, c.is_output)
+    return made
+
+
 def nodes(e: Expr) -> list[Expr]:
     found: list[Expr] = []
     walk(e, found.append)

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 
-from ..algebra.exprs import substitute
-from ..dsl.expr import Axis, Const, Expr, Ref, binary
-from ..dsl.program import Compute, Program
+from ..algebra.exprs import rewrite_computes
+from ..dsl.expr import Axis, Const, Expr, binary
+from ..dsl.program import Program
 
 
 def swept_together(program: Program) -> tuple[Axis, ...] | None:
@@ -86,19 +86,9 @@ def flatten_sweeps(program: Program, sizes: dict) -> Program | None:
                 out.append(a)
         return tuple(out)
 
-    copies: dict[str, Compute] = {}
-
-    def rewrite(node: Expr):
-        if isinstance(node, Axis) and node.uid in index:
-            return index[node.uid]
-        if isinstance(node, Ref):
-            return Ref(copies[node.compute.name], node.component, node.loc)
-        return None
-
-    for c in program.computes:   # in dependency order: what a body reads is copied first
-        copies[c.name] = Compute(c.name, merged(c.axes), tuple(substitute(b, rewrite)
-                                                             for b in c.bodies),
-                                 c.dtypes, c.monoid, merged(c.over), c.loc, c.is_output)
+    copies = rewrite_computes(
+        program, lambda node: index.get(node.uid) if isinstance(node, Axis) else None,
+        axes=lambda c: merged(c.axes), over=lambda c: merged(c.over))
     axes = [a for a in program.axes if a.uid not in ids] + [flat]
     return Program(program.name, list(program.params), list(copies.values()),
                    [copies[o.name] for o in program.outputs], axes,

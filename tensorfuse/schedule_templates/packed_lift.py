@@ -5,8 +5,8 @@ viewed with those axes (``unsqueeze``: nothing copied)."""
 from __future__ import annotations
 
 from ..algebra import inline_elementwise
-from ..algebra.exprs import factors, nodes, substitute
-from ..dsl.expr import Axis, Const, DimSize, Load, Ref, binary
+from ..algebra.exprs import factors, nodes, rewrite_computes
+from ..dsl.expr import Axis, Const, DimSize, Load, binary
 from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
 from .attention_chain import softmax_states
@@ -69,8 +69,6 @@ def _lifted(program: Program, q: TensorParam, h: Axis, b: Axis, one_cache: bool,
             params.append(lifted_kv[param.name][0])
         else:
             params.append(param)
-    made: dict[str, Compute] = {}
-
     def rewrite(node):
         if isinstance(node, Load) and node.param.name == q.name:
             return Load(lifted_q, _with(node.indices, q_at, i1), node.loc)
@@ -78,19 +76,18 @@ def _lifted(program: Program, q: TensorParam, h: Axis, b: Axis, one_cache: bool,
             param, at = lifted_kv[node.param.name]
             kv_head = binary("floordiv", h, head_count)   # 0: the one cache
             return Load(param, _with(node.indices, at, kv_head), node.loc)
-        if isinstance(node, Ref):
-            return Ref(made[node.compute.name], node.component, node.loc)
         return None
 
-    computes = []
-    for c in program.computes:
+    def after_head(c: Compute) -> int | None:
+        """Where ``c``'s unit query axis goes: right inside its head axis (None: it has none)."""
         uids = [a.uid for a in c.axes]
-        axes = _with(c.axes, uids.index(h.uid) + 1, i1) if h.uid in uids else c.axes
-        if c.is_output and h.uid in uids:
-            inserts[c.name] = uids.index(h.uid) + 1
-        made[c.name] = Compute(c.name, axes, tuple(substitute(x, rewrite) for x in c.bodies),
-                               c.dtypes, c.monoid, c.over, c.loc, c.is_output)
-        computes.append(made[c.name])
+        return uids.index(h.uid) + 1 if h.uid in uids else None
+
+    inserts.update({c.name: after_head(c) for c in program.outputs
+                    if after_head(c) is not None})
+    made = rewrite_computes(program, rewrite, axes=lambda c: c.axes if after_head(c) is None
+                            else _with(c.axes, after_head(c), i1))
+    computes = list(made.values())
     used = {a.uid: a for c in computes for a in c.axes + c.over}
     lifted = Program(program.name, params, computes, [made[c.name] for c in program.outputs],
                      sorted(used.values(), key=lambda a: a.uid), [], program.loc)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..algebra.exprs import nodes, substitute
-from ..dsl.expr import Axis, Const, DimSize, Load, Ref
+from ..algebra.exprs import nodes, rewrite_computes, substitute
+from ..dsl.expr import Axis, Const, DimSize, Load
 from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
 from .attention_chain import AttentionChain, recognise_attention
@@ -105,7 +105,6 @@ def _at_one_query(program: Program, chain: AttentionChain) -> Program:
     """``program`` with its query index 0 and its query count 1 wherever they are read apart
     from the loads of q and the output's axes (the program of a decode call)."""
     i, count = chain.axes[2], chain.dims[3]
-    made: dict[str, Compute] = {}
 
     def fix(node):
         if isinstance(node, Load) and node.param.name == chain.q:
@@ -114,16 +113,10 @@ def _at_one_query(program: Program, chain: AttentionChain) -> Program:
             return Const(0, node.dtype)
         if isinstance(node, DimSize) and node.name == count:
             return Const(1, node.dtype)
-        if isinstance(node, Ref):
-            return Ref(made[node.compute.name], node.component, node.loc)
         return None
 
-    computes = []
-    for c in program.computes:
-        made[c.name] = Compute(c.name, c.axes, tuple(substitute(x, fix) for x in c.bodies),
-                               c.dtypes, c.monoid, c.over, c.loc, c.is_output)
-        computes.append(made[c.name])
-    return Program(program.name, program.params, computes,
+    made = rewrite_computes(program, fix)
+    return Program(program.name, program.params, list(made.values()),
                    [made[c.name] for c in program.outputs], program.axes,
                    program.size_constraints, program.loc)
 
@@ -157,7 +150,6 @@ def _packed_program(program: Program, chain: AttentionChain) -> Program:
                            q_param.loc)
     axes_map = {h.uid: kv_axis, i.uid: row_axis}
     kv_head = chain.kv_head.key()
-    made: dict[str, Compute] = {}
 
     def rewrite(node):
         if isinstance(node, Load) and node.param.name == chain.q:
@@ -166,21 +158,18 @@ def _packed_program(program: Program, chain: AttentionChain) -> Program:
         if isinstance(node, Load) and node.param.name in (chain.k, chain.v):
             return Load(node.param, [kv_axis if x.key() == kv_head else x for x in node.indices],
                         node.loc)
-        if isinstance(node, Ref):
-            return Ref(made[node.compute.name], node.component, node.loc)
         return None
 
-    computes = []
-    for c in program.computes:
-        # the output and the log-sum-exp in the library's order of their roles ([b, hk, r, ·])
+    def packed_axes(c: Compute) -> tuple:
+        """The output and the log-sum-exp in the library's order of their roles ([b, hk, r, ·])."""
         axes = tuple(axes_map.get(a.uid, a) for a in c.axes)
-        if c.is_output:
-            rest = [a for a in axes if a.uid not in (b.uid, kv_axis.uid, row_axis.uid)]
-            axes = (b, kv_axis, row_axis, *rest)
-        new = Compute(c.name, axes, tuple(substitute(x, rewrite) for x in c.bodies), c.dtypes,
-                      c.monoid, c.over, c.loc, c.is_output)
-        made[c.name] = new
-        computes.append(new)
+        if not c.is_output:
+            return axes
+        return (b, kv_axis, row_axis,
+                *(a for a in axes if a.uid not in (b.uid, kv_axis.uid, row_axis.uid)))
+
+    made = rewrite_computes(program, rewrite, axes=packed_axes)
+    computes = list(made.values())
     params = [packed_q if p is q_param else p for p in program.params]
     used = {a.uid: a for c in computes for a in c.axes + c.over}
     return Program(f"{program.name}_packed_rows", params, computes,
