@@ -189,7 +189,7 @@ def triton_contraction(kernel, target: TargetSpec, tuned=None, dynamic: "bool | 
         """The knobs at ``sizes`` and, where a tuning record gave them, where it is from."""
         defaults = replace(default_contraction_knobs(plan, sizes, target,
                                                      given.get("stage_sides")), **given)
-        if "stage_sides" not in given:   # decided again on the tiles given
+        if given and "stage_sides" not in given:   # decided again on the tiles given
             defaults = replace(defaults, stage_sides=int(_reread(plan, defaults, sizes)))
         found = tuned(sizes) if tuned is not None and not given else None
         if found is not None:

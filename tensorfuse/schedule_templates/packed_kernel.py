@@ -48,17 +48,19 @@ class PackedRowsKernel(GraphCallable):
         except (ScheduleError, TargetError):
             return False
 
-    def schedule_origin(self, **dims) -> str:
+    def _inner_dims(self, dims: dict) -> dict:
+        """The packed program's sizes, and the scalars given by name among ``dims``."""
         sizes, scalars = split_scalars(self.program, dims)
-        return f"packed group rows; {self.inner.schedule_origin(**self.packed_sizes(sizes), **(scalars or {}))}"
+        return {**self.packed_sizes(sizes), **(scalars or {})}
+
+    def schedule_origin(self, **dims) -> str:
+        return f"packed group rows; {self.inner.schedule_origin(**self._inner_dims(dims))}"
 
     def source(self, **dims) -> str:
-        sizes, scalars = split_scalars(self.program, dims)
-        return self.inner.source(**self.packed_sizes(sizes), **(scalars or {}))
+        return self.inner.source(**self._inner_dims(dims))
 
     def ptx(self, **dims) -> str:
-        sizes, scalars = split_scalars(self.program, dims)
-        return self.inner.ptx(**self.packed_sizes(sizes), **(scalars or {}))
+        return self.inner.ptx(**self._inner_dims(dims))
 
     def cache_info(self) -> list:
         return self.inner.cache_info()
