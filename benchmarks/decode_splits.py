@@ -5,8 +5,10 @@ timed beside ``tf.compile``'s default and SDPA (cuDNN and flash) — what the de
 :func:`tensorfuse.schedule_templates.decode_plan.splits_for` are chosen from. ``--groups``:
 instead, groups of 32 to 128 query heads on one cache (teams of warps sharing each block on
 tensor cores) at one or two teams and 2 or 3 stages, beside the CUDA-core sweep.
+``--pipeline``: instead, the warps per CTA, the blocks each warp keeps in flight (stages) and how
+they are copied, on caches of 0.3 to 4 GB.
 
-    python -m benchmarks.decode_splits [--lengths 1024,4096,16384,131072] [--groups]
+    python -m benchmarks.decode_splits [--lengths 1024,4096,16384,131072] [--groups | --pipeline]
                                        [--build-only] [--out DIR]
 
 Rows ``decode_splits/<heads>`` (``mqa`` 8/1, ``gqa`` 32/8 and 64/8, ``mha`` 32/32), one per
@@ -25,6 +27,14 @@ import functools
 SHAPES = [(1, 8, 1), (4, 8, 1), (8, 8, 1), (1, 32, 8), (1, 64, 8), (4, 32, 8), (4, 32, 32)]
 # (B, query heads, kv-heads, keys) of large groups: the user suite's MQA as a 4-D cache, and more
 GROUPS = [(16, 64, 1, 16384), (16, 128, 1, 16384), (1, 64, 1, 131072), (8, 32, 1, 32768)]
+# (B, query heads, kv-heads, keys) of large caches: few pairs split, about one wave, many waves
+LARGE = [(4, 8, 1, 131072), (1, 32, 8, 131072), (8, 32, 8, 16384), (4, 32, 32, 131072),
+         (8, 32, 8, 131072), (64, 32, 32, 4096)]
+# (warps, stages, copy) of the pipeline sweep: 1 to 3 CTAs an SM, 2 to 8 blocks of 16 KB a warp,
+# staged by bulk tensor copies or by every lane's cp.async
+PIPELINES = [(4, 2, "tma"), (4, 3, "tma"), (2, 2, "tma"), (2, 3, "tma"), (2, 6, "tma"),
+             (1, 4, "tma"), (1, 6, "tma"), (1, 8, "tma"), (4, 2, "cp.async"), (4, 3, "cp.async"),
+             (2, 3, "cp.async"), (2, 6, "cp.async")]
 CLUSTERS = (16, 8, 4, 2, 1)
 SPLITS = (1, 2, 4, 8, 16, 32)
 MOST_CTAS = 160   # candidates up to about one wave of one CTA per SM (132 on the H200)
@@ -99,6 +109,17 @@ def build_only(lengths) -> None:
                     cubin_for(made.source(B=B, H=hq, HKV=hkv, M=1, N=N, D=128), made.target)
                 except ScheduleError as exc:   # knobs that do not fit: the run reports them
                     print(f"B{B} H{hq}/{hkv} {knobs} cluster {c}: {exc.message[:100]}")
+
+
+def build_pipelines() -> None:
+    """The pipeline sweep's kernels into the build cache (one source per shape and knobs; the
+    cluster and splits are chosen at launch)."""
+    from tensorfuse.targets.cuda.module import cubin_for
+
+    for B, hq, hkv, N in LARGE:
+        for warps, stages, copy in PIPELINES:
+            made = _kernel(None, None, warps=warps, stages=stages, copy=copy)
+            cubin_for(made.source(B=B, H=hq, HKV=hkv, M=1, N=N, D=128), made.target)
 
 
 def _case(B: int, hq: int, hkv: int, N: int, D: int = 128):
@@ -202,6 +223,31 @@ def run_groups(rows: list, log=print) -> None:
                                      for label, ms in timed.items()) + " us")
 
 
+def run_pipelines(rows: list, log=print) -> None:
+    """Rows ``decode_pipeline/<heads>``: each (warps, stages) of :data:`PIPELINES` on the
+    large caches of :data:`LARGE` (cluster and splits chosen as ``tf.compile`` chooses them),
+    beside the default and SDPA."""
+    import tensorfuse as tf
+    import tensorfuse.kernels as K
+    from benchmarks.common import TENSORFUSE
+
+    default = tf.compile(K.gqa_attention, "cuda")
+    for B, hq, hkv, N in LARGE:
+        (q, k, v), want, moved, shape, sdpa = _case(B, hq, hkv, N)
+        sizes = dict(B=B, H=hq, HKV=hkv, M=1, N=N, D=128)
+        knobs = default.for_sizes(**sizes).launches(**sizes).knobs
+        impls = {TENSORFUSE: lambda: default(q, k, v, scale=128 ** -0.5), **sdpa}
+        for warps, stages, copy in PIPELINES:
+            impls[f"{TENSORFUSE} warps={warps} stages={stages} copy={copy}"] = \
+                functools.partial(_kernel(None, None, warps=warps, stages=stages, copy=copy),
+                                  q, k, v, scale=128 ** -0.5)
+        timed = _measure(f"decode_pipeline/{_variant(hq, hkv)}", shape, impls, want, moved,
+                         rows, log, {TENSORFUSE: f"; default {knobs}"}, rep_ms=40)
+        log(f"{shape}: " + "; ".join(f"{label.replace(TENSORFUSE, 'tf')} {ms * 1e3:.1f}"
+                                     for label, ms in timed.items()) + " us")
+        del q, k, v
+
+
 def main() -> None:
     import warnings
 
@@ -211,15 +257,18 @@ def main() -> None:
     parser.add_argument("--lengths", default="1024,4096,16384,131072")
     parser.add_argument("--build-only", action="store_true")
     parser.add_argument("--groups", action="store_true")
+    parser.add_argument("--pipeline", action="store_true")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     if args.build_only:
-        build_only(lengths)
+        build_pipelines() if args.pipeline else build_only(lengths)
         return
     warnings.filterwarnings("ignore", message=".*(kernel not used|runtime disabled|same num_heads)")
     if args.groups:
         run_and_write(run_groups, args.out, "decode-groups")
+    elif args.pipeline:
+        run_and_write(run_pipelines, args.out, "decode-pipeline")
     else:
         run_and_write(lambda rows: run(lengths, rows), args.out, "decode-splits")
 

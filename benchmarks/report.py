@@ -286,6 +286,10 @@ SECTIONS = (
      "python -m benchmarks.rows"),
     ("rows-operands", "Row reductions with extra operands", "bf16; GB/s",
      "python -m benchmarks.rows_operands --csv PATH"),
+    ("rows-backward", "Row kernels' backward",
+     "bf16; the backward alone (`torch.autograd.grad` after one recorded forward); GB/s of the "
+     "inputs and incoming gradient read and the gradients written; the note says what runs "
+     "tensorfuse's backward", "python -m benchmarks.rows_backward"),
     ("rows-sweep", "The row template's settings", "bf16; the defaults against other knob sets",
      "python -m benchmarks.rows_sweep --csv PATH"),
     ("model-prefill", "A Llama-3-8B-shaped model: prefill", "bf16, random weights; tokens/s",
@@ -321,6 +325,11 @@ SECTIONS = (
      "one query token, D=128, bf16; teams of warps sharing each block (warps, stages) and the "
      "CUDA-core sweep beside the default and SDPA",
      "python -m benchmarks.decode_splits --groups"),
+    ("decode-pipeline", "Decode on large caches: warps, stages and copies",
+     "one query token, D=128, bf16; warps a CTA, blocks of 32 keys each warp keeps in shared "
+     "memory (stages) and how they are copied (`tensorfuse warps=W stages=S copy=C`), cluster "
+     "and splits as `tf.compile` chooses them, beside the default and SDPA",
+     "python -m benchmarks.decode_splits --pipeline"),
     ("decode-masks", "Masked decode: sliding windows, static caches",
      "one query token, B8, D=128, bf16; GB/s of the keys and values the mask keeps; against "
      "SDPA with a boolean mask (every backend that runs it) and FlexAttention with a block mask",

@@ -71,6 +71,15 @@ def phases() -> collections.defaultdict:
     return spent
 
 
+def _wall(call, arguments) -> float:
+    """The wall milliseconds of one call, the GPU idle before and finished after."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    call(*arguments)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=8)
@@ -84,14 +93,11 @@ def main() -> None:
             call(*inputs(n))
         made = [inputs(n) for n in new]   # made before anything is timed
         timed, profiled = made[:args.calls], made[args.calls:]
-        walls = []
+        walls = []   # (first, second) call's wall milliseconds at each new size
         for arguments in timed:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            call(*arguments)
-            torch.cuda.synchronize()
-            walls.append((time.perf_counter() - start) * 1e3)
-        print(f"== {name}: first calls {', '.join(f'{w:.2f}' for w in walls)} ms")
+            walls.append(tuple(_wall(call, arguments) for _ in range(2)))
+        print(f"== {name}: first calls {', '.join(f'{w:.2f}' for w, _ in walls)} ms; over the "
+              f"second call at the same size {', '.join(f'{w - s:.2f}' for w, s in walls)} ms")
         if spent is not None:
             for arguments in profiled:
                 torch.cuda.synchronize()

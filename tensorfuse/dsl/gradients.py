@@ -11,7 +11,9 @@ adjoint is accumulated in reverse order:
 - elementwise computes and sums pass their adjoint to each value their body reads, times the
   body's partial derivative (the chain rule over the expression tree, :func:`backprop`);
 - a maximum or minimum passes it to the elements equal to it, shared equally between ties (as
-  ``torch.amax`` does); ``logsumexp`` as ``softmax``;
+  ``torch.amax`` does) — unless it only stabilises the program (softmax's row maximum: the
+  outputs do not change when it moves, :mod:`.stabilisers`), whose adjoint is exactly zero and
+  is not sent on; ``logsumexp`` as ``softmax``;
 - a value read at fewer axes than the reader's (``m[i]`` in ``exp(x[i, j] - m)``) gets the
   reader's contributions summed over the others.
 
@@ -35,9 +37,10 @@ from typing import Sequence
 
 from . import dtypes as dt
 from . import ops
-from .expr import (Axis, Binary, Cast, Const, DimSize, Expr, Load, Ref, Scalar, Unary,
+from .expr import (Axis, Binary, Cast, Const, DimSize, Expr, Load, Reduce, Ref, Scalar, Unary,
                    Where, as_expr, binary, compare, unary, where, walk)
 from .program import Compute, Program, TensorParam
+from .stabilisers import stabilising_maxima
 from ..errors import DSLError
 
 
@@ -77,8 +80,13 @@ def gradient_program(program: Program, wrt: Sequence[str] | None = None,
 
     names: dict[int, str] = {}
     loads: dict[str, dict[tuple, list[tuple[Load, Expr]]]] = {n: {} for n in targets}
+    # the outputs do not depend on these maxima: their adjoints sum to zero, up to rounding
+    stabilisers = stabilising_maxima(program)
     for c in reversed(program.computes):
         if c.name not in adjoints or not dt.is_float(c.dtypes[0]):
+            continue
+        if c.name in stabilisers:
+            adjoints.pop(c.name)
             continue
         total = _sum(adjoints.pop(c.name))
         if not isinstance(total, Load):
@@ -98,8 +106,9 @@ def gradient_program(program: Program, wrt: Sequence[str] | None = None,
         groups = list(loads[pname].values())
         if not groups:   # the outputs do not depend on it: a zero gradient, shaped like it
             groups = [[(None, None)]]
-        for part, group in enumerate(groups):
-            expr, axes = _parameter_gradient(params[pname], group, taken)
+        parts = _merged([_parameter_gradient(params[pname], group, taken) for group in groups])
+        for part, (expr, axes, _) in enumerate(parts):
+            expr = Cast(expr, params[pname].dtype)
             names[expr.uid] = f"d_{pname}" if part == 0 else f"d_{pname}_{part + 1}"
             results.append((expr, axes))
             owners.append(pname)
@@ -256,14 +265,15 @@ def _binary_parts(e: Binary, s: Expr) -> list[tuple[Expr, Expr]]:
     return []   # floordiv, mod, and, or: integer or boolean
 
 
-def _parameter_gradient(param: TensorParam, group, taken: set) -> tuple[Expr, list[Axis]]:
-    """The gradient of ``param`` from loads sharing one index expression, and its axes in the
-    parameter's dimension order: plain-axis positions keep the load's axis, other positions get
-    a fresh axis and an equality mask."""
+def _parameter_gradient(param: TensorParam, group, taken: set) -> tuple[Expr, list[Axis], set]:
+    """The gradient of ``param`` from loads sharing one index expression (in the compute dtype),
+    its axes in the parameter's dimension order — plain-axis positions keep the load's axis,
+    other positions get a fresh axis and an equality mask — and the fresh axes' uids."""
     load = group[0][0]
     if load is None:   # not read on any differentiable path
         axes = [Axis(_fresh(f"{param.name}_{k}", taken), dim) for k, dim in enumerate(param.dims)]
-        return Cast(_broadcast(Const(0.0, dt.compute_dtype(param.dtype)), axes), param.dtype), axes
+        return (_broadcast(Const(0.0, dt.compute_dtype(param.dtype)), axes), axes,
+                {a.uid for a in axes})
     axes, conditions, seen = [], [], set()
     for k, ix in enumerate(load.indices):
         if isinstance(ix, Axis) and ix.uid not in seen:
@@ -280,7 +290,66 @@ def _parameter_gradient(param: TensorParam, group, taken: set) -> tuple[Expr, li
     for _, contribution in group:
         value = contribution if mask is None else where(mask, contribution, 0.0)
         parts.append(_summed(value, axes))
-    return Cast(_broadcast(_sum(parts), axes), param.dtype), axes
+    fresh = {a.uid for a, ix in zip(axes, load.indices) if a is not ix}
+    return _broadcast(_sum(parts), axes), axes, fresh
+
+
+def _merged(parts: list) -> list:
+    """The partial gradients of one parameter, each added into an earlier one where its fresh
+    axes can take that one's axes (``logits[i, target[i]]``'s part, over a fresh axis of the
+    vocabulary, added to ``logits[i, j]``'s over ``j``): one output instead of two full-size
+    ones added afterwards, and one that a row template can write in its sweep."""
+    merged: list = []
+    for expr, axes, fresh in parts:
+        for k, (base, base_axes, base_fresh) in enumerate(merged):
+            moved = _onto_axes(expr, axes, fresh, base_axes)
+            if moved is not None:
+                merged[k] = (binary("add", base, moved), base_axes, base_fresh)
+                break
+            moved = _onto_axes(base, base_axes, base_fresh, axes)   # or the earlier onto this
+            if moved is not None:
+                merged[k] = (binary("add", moved, expr), axes, fresh)
+                break
+        else:
+            merged.append((expr, axes, fresh))
+    return merged
+
+
+def _onto_axes(expr: Expr, axes: list, fresh: set, onto: list) -> Expr | None:
+    """``expr`` (over ``axes``) with each fresh axis replaced by the axis of ``onto`` at its
+    position, or None where a position differs otherwise, the extents differ, an axis of
+    ``onto`` already occurs in ``expr``, or a fresh axis is inside a reduction or a computed
+    value (which would have to be rebuilt)."""
+    mapping = {}
+    for a, b in zip(axes, onto):
+        if a.uid == b.uid:
+            continue
+        if a.uid not in fresh or a.extent != b.extent:
+            return None
+        mapping[a.uid] = b
+    used: set = set()
+
+    def visit(n):
+        if isinstance(n, Axis):
+            used.add(n.uid)
+        elif isinstance(n, (Reduce, Ref)):
+            used.update(a.uid for a in n.axes)
+            if isinstance(n, Reduce):
+                used.update(a.uid for a in n.spec.over)
+    walk(expr, visit)
+    if used & {b.uid for b in mapping.values()}:
+        return None
+
+    def swap(e: Expr) -> Expr | None:
+        if isinstance(e, Axis):
+            return mapping.get(e.uid, e)
+        if not {a.uid for a in e.axes} & set(mapping):
+            return e
+        if isinstance(e, (Reduce, Ref)):
+            return None
+        kids = [swap(k) for k in e.children()]
+        return None if any(k is None for k in kids) else e.rebuild(kids)
+    return swap(expr)
 
 
 def _broadcast(e: Expr, axes: Sequence[Axis]) -> Expr:

@@ -49,6 +49,9 @@ class DecodePlan(AttentionChain):
             "distributed shared memory with exp(m_part - m)"])
 
 
+MAX_STAGES = 8   # blocks of 32 keys a warp keeps in shared memory (16 KB each at D = 128)
+
+
 @dataclass(frozen=True)
 class DecodeKnobs:
     """``cluster`` CTAs per (batch, kv-head); ``warps`` per CTA, each sweeping blocks of 32 keys
@@ -140,9 +143,9 @@ def check_decode(plan: DecodePlan, knobs: DecodeKnobs, sizes: dict) -> None:
         raise _refuse(f"warps={W}: a CTA has 1 to 16 warps")
     if not 1 <= knobs.splits <= 256:
         raise _refuse(f"splits={knobs.splits}: 1 to 256 clusters per (batch, kv-head) pair")
-    if knobs.stages not in (2, 3, 4):
-        raise _refuse(f"stages={knobs.stages} is not 2, 3 or 4 (blocks of 32 keys per warp in "
-                      "shared memory, stages − 1 of them in flight)")
+    if not 2 <= knobs.stages <= MAX_STAGES:
+        raise _refuse(f"stages={knobs.stages} is not 2 to {MAX_STAGES} (blocks of 32 keys per "
+                      "warp in shared memory, stages − 1 of them in flight)")
     if knobs.mma not in ("mma_sync", "fma"):
         raise _refuse(f"mma={knobs.mma!r} is not 'mma_sync' (tensor cores) or 'fma' (CUDA cores)")
     if knobs.copy not in ("tma", "cp.async"):

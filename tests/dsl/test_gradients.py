@@ -191,7 +191,8 @@ def test_an_unused_input_gets_a_zero_gradient(rng):
 
 
 @pytest.mark.parametrize("target", ["llvm", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("name", ["softmax", "rmsnorm", "layernorm", "causal_attention"])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "cross_entropy", "rmsnorm",
+                                  "layernorm", "causal_attention"])
 def test_bf16_library_kernels_match_torch_gradients(name, target):
     """The library's bf16 kernels: gradients within bf16 rounding of PyTorch's on the same
     values (computed in float64), on the CPU and on the GPU (ragged sizes)."""
@@ -213,6 +214,18 @@ def test_bf16_library_kernels_match_torch_gradients(name, target):
 
         def reference(x, w, b):
             return torch.nn.functional.layer_norm(x, (40,), w, b, 1e-5)
+    elif name == "cross_entropy":   # f32 losses of bf16 logits, a gathered target
+        tensors, others = [made(5, 40)], {"target": torch.randint(0, 40, (5,), device=device,
+                                                                   dtype=torch.int32)}
+
+        def reference(x):
+            return torch.nn.functional.cross_entropy(x, others["target"].long(),
+                                                     reduction="none")
+    elif name == "log_softmax":
+        tensors, others = [made(5, 40)], {}
+
+        def reference(x):
+            return torch.log_softmax(x, -1)
     elif name == "rmsnorm":
         tensors, others = [made(5, 40), made(40)], {"eps": 1e-5}
 

@@ -420,8 +420,8 @@ def test_refusals_name_the_problem():
         _decode(gqa_attention, warps=3).source(**{**DECODE, "H": 34})  # a group of 17
     with pytest.raises(ScheduleError, match="copy='tma'"):
         _decode(gqa_attention, warps=4, copy="cp.async").source(**{**DECODE, "H": 34})
-    with pytest.raises(ScheduleError, match="stages=5"):
-        _decode(gqa_attention, stages=5).source(**DECODE)
+    with pytest.raises(ScheduleError, match="stages=9"):
+        _decode(gqa_attention, stages=9).source(**DECODE)
     with pytest.raises(ScheduleError, match="CUDA-core sweep"):
         _decode(gqa_attention, mma="fma", copy="tma").source(**DECODE)
     with pytest.raises(ScheduleError, match="copy='dma'"):

@@ -1,0 +1,137 @@
+"""The backward of the row kernels — softmax, log-softmax, cross-entropy, layer norm, RMSNorm — as
+a training step runs it, against PyTorch's backward of the same math (eager and under
+``torch.compile``), in one process on one GPU, bf16.
+
+Each implementation runs its forward once with autograd recording; what is timed is the backward
+alone, ``torch.autograd.grad`` of the output against a fixed incoming gradient (the graph kept):
+for tensorfuse, the compiled kernel's backward kernel (``tf.grad``'s program, which recomputes
+the forward's row statistics from the inputs); for ``torch.compile``, the backward graph
+Inductor generated. Every gradient is checked against float64 autograd of the math first (a
+wrong one is reported and not timed).
+
+GB/s count the bytes a backward cannot avoid — the inputs it reads (x, the incoming gradient,
+the weight) and the gradients it writes — over the time; the fraction is of the measured copy
+bandwidth.
+
+    python -m benchmarks.rows_backward [--out DIR] [--only softmax,cross_entropy,...]
+
+Rows ``rows_bwd/<kernel>``, CSV ``benchmarks/results/<date>-<device>-rows-backward.csv``.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+
+import torch
+import torch.nn.functional as F
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from benchmarks.common import (TENSORFUSE, TORCH_COMPILE, TORCH_EAGER, Row, bench,
+                               measure_ceilings, relative_error, run_and_write)
+
+TOLERANCE = 2e-2   # bf16 gradients (2⁻⁹ each) of f32 arithmetic, relative to the largest
+
+
+def _cases():
+    """name → (shape text, make(generator) → (differentiable tensors, other arguments), the
+    torch function of the same math, the tensorfuse kernel)."""
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+
+    def rows(M, N, scale=1.0):
+        return lambda: ((torch.randn(M, N, **bf16) * scale).requires_grad_(),)
+
+    def normed(M, N, bias):
+        def made():
+            ws = [(1 + 0.1 * torch.randn(N, **bf16)).requires_grad_()]
+            if bias:
+                ws.append((0.1 * torch.randn(N, **bf16)).requires_grad_())
+            return (torch.randn(M, N, **bf16).requires_grad_(), *ws)
+        return made
+
+    def cross_entropy_inputs(M, V):
+        def made():
+            return ((torch.randn(M, V, **bf16) * 4).requires_grad_(),)
+        return made
+
+    M, V = 8192, 32768
+    target = torch.randint(0, V, (M,), device="cuda", dtype=torch.int32)
+    return {
+        "softmax": ("4096x8192", rows(4096, 8192, 4.0), lambda x: torch.softmax(x, -1),
+                    K.softmax, {}),
+        "log_softmax": ("4096x8192", rows(4096, 8192, 4.0), lambda x: torch.log_softmax(x, -1),
+                        K.log_softmax, {}),
+        "cross_entropy": (f"{M}x{V}", cross_entropy_inputs(M, V),
+                          lambda x: F.cross_entropy(x.float(), target.long(), reduction="none"),
+                          K.cross_entropy, {"target": target}),
+        "layernorm": ("8192x4096", normed(8192, 4096, True),
+                      lambda x, w, b: F.layer_norm(x, (4096,), w, b, 1e-5), K.layernorm,
+                      {"eps": 1e-5}),
+        "rmsnorm": ("8192x4096", normed(8192, 4096, False),
+                    lambda x, w: F.rms_norm(x, (4096,), w, 1e-5), K.rmsnorm, {"eps": 1e-5}),
+    }
+
+
+def _moved(tensors, out) -> int:
+    """Bytes a backward must move: the inputs and incoming gradient read, the gradients
+    written."""
+    inputs = sum(t.numel() * t.element_size() for t in tensors)
+    return 2 * inputs + out.numel() * out.element_size()
+
+
+def _backward_origin(kernel, tensors, others) -> str:
+    """What runs the backward (the plan of ``tf.grad``'s program, compiled as autograd
+    compiles it)."""
+    from tensorfuse.binding import bind_call
+
+    dims = bind_call(kernel.program, tuple(t.detach() for t in tensors), others, "cuda").dims
+    return tf.compile(tf.grad(kernel), "cuda").schedule_origin(**dims)[:160]
+
+
+def run(only, rows: list, log=print) -> None:
+    copy = measure_ceilings()["copy_tbps"]
+    for name, (shape, make, torch_fn, kernel, others) in _cases().items():
+        if only and name not in only:
+            continue
+        tensors = make()
+        exact = [t.detach().double().requires_grad_() for t in tensors]
+        out = torch_fn(*exact)
+        seed = torch.randn(out.shape, device="cuda", dtype=torch.float64)
+        want = torch.autograd.grad(out, exact, seed)
+        compiled = tf.compile(kernel)
+        fns = {TENSORFUSE: lambda *t: compiled(*t, **others),
+               TORCH_EAGER: torch_fn, TORCH_COMPILE: torch.compile(torch_fn)}
+        for label, fn in fns.items():
+            try:
+                out = fn(*tensors)
+                incoming = seed.to(out.dtype)
+                backward = functools.partial(torch.autograd.grad, out, tensors, incoming,
+                                             retain_graph=True)
+                got = backward()
+                err = max(relative_error(g, w) for g, w in zip(got, want))
+            except Exception as exc:  # noqa: BLE001 - an implementation that fails is reported
+                log(f"{name} {label}: {type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            if not err <= TOLERANCE:
+                log(f"{name} {label}: WRONG (relative error {err:.1e})")
+                continue
+            ms = bench(backward)
+            gbps = _moved(tensors, out) / ms / 1e6
+            note = f"err {err:.1e}" + (f"; {_backward_origin(kernel, tensors, others)}"
+                                        if label == TENSORFUSE else "")
+            rows.append(Row(f"rows_bwd/{name}", f"{shape} bf16", label, ms, 0.0, gbps,
+                            gbps / 1e3 / copy, note))
+            log(f"{name:14s} {label:14s} {ms:8.4f} ms {gbps:7.0f} GB/s ({note})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--only", default="")
+    args = parser.parse_args()
+    only = {n for n in args.only.split(",") if n}
+    run_and_write(lambda rows: run(only, rows), args.out, "rows-backward")
+
+
+if __name__ == "__main__":
+    main()

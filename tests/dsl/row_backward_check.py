@@ -1,0 +1,46 @@
+"""The backward of softmax, log-softmax and cross-entropy as ``tf.compile`` makes it for sm_90a
+(one row-template kernel: their maxima only stabilise them, :mod:`tensorfuse.dsl.stabilisers`),
+run by Triton's interpreter on ragged bf16 rows with large values and tied maxima, against
+torch's float64 autograd; prints each one's relative error as JSON.
+
+    TRITON_INTERPRET=1 python -m tests.dsl.row_backward_check SEED
+"""
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from tests.helpers import interpreter_main, templated
+
+M, N = 7, 333
+
+
+def _rows(generator) -> torch.Tensor:
+    """bf16 rows of large range, each with its maximum tied three times."""
+    x = torch.randn(M, N, generator=generator) * torch.tensor([1.0, 8.0, 30.0] * 3)[:M, None]
+    x = x.bfloat16()
+    x[:, :3] = x.max(dim=1, keepdim=True).values
+    return x
+
+
+def _case(kind: str):
+    def case(generator):
+        x = _rows(generator)
+        exact = x.double().requires_grad_()
+        if kind == "cross_entropy":
+            target = torch.randint(0, N, (M,), generator=generator, dtype=torch.int32)
+            out = torch.nn.functional.cross_entropy(exact, target.long(), reduction="none")
+            seed = torch.randn(M, generator=generator)
+            out.backward(seed.double())
+            return dict(logits=x, target=target, d_out=seed), exact.grad
+        out = (torch.softmax if kind == "softmax" else torch.log_softmax)(exact, -1)
+        seed = torch.randn(M, N, generator=generator).bfloat16()
+        out.backward(seed.double())
+        return dict(x=x, d_out=seed), exact.grad
+    return case
+
+
+CASES = {name: (tf.grad(getattr(K, name)), _case(name))
+         for name in ("softmax", "log_softmax", "cross_entropy")}
+
+if __name__ == "__main__":
+    interpreter_main(CASES, templated)

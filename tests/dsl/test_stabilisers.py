@@ -1,0 +1,167 @@
+"""Maxima that only stabilise a program (``tensorfuse.dsl.stabilisers``): found where the outputs
+are unchanged when the maximum moves — softmax, log-softmax, cross-entropy, attention, a scaled
+or masked softmax — and not where they change (an unnormalised exponential, a comparison with the
+maximum, a sum across the maximum's axis, unmatched scales, the maximum returned). Their
+backward sends no adjoint through the maximum: no tie count, one fused sweep; the gradients
+still match PyTorch's in float64 with many ties, and a gathered read's partial gradient is added
+into the plain read's (cross-entropy: one output)."""
+import numpy as np
+import pytest
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from tensorfuse import dsl as T
+from tensorfuse.dsl.stabilisers import stabilising_maxima
+
+X = T.Tensor["M", "N", "f64"]
+
+
+@tf.kernel
+def scaled_softmax(x: X, scale: T.f64):
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    p = T.exp((x[i, j] - m) * scale)
+    return p / T.sum(p, over=j)
+
+
+@tf.kernel
+def shifted_inside(x: X, scale: T.f64):
+    """``exp(x·scale − m)``: ``m`` is not the maximum of the exponent, and still cancels."""
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    p = T.exp(x[i, j] * scale - m)
+    return p / T.sum(p, over=j)
+
+
+@tf.kernel
+def masked_softmax(x: X, keep: T.Tensor["M", "N", "bool"]):
+    i, j = T.axes("i j")
+    s = T.where(keep[i, j], x[i, j], -T.inf)
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return p / T.sum(p, over=j)
+
+
+@tf.kernel
+def unnormalised(x: X):
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    return T.exp(x[i, j] - m)
+
+
+@tf.kernel
+def tied_to_max(x: X):
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    p = T.exp(x[i, j] - m)
+    return T.where(x[i, j] == m, p, 0.0) / T.sum(p, over=j)
+
+
+@tf.kernel
+def across_rows(x: X):
+    """``m`` per row, summed down the columns: each term moves by its own row's amount."""
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    return T.sum(T.exp(x[i, j] - m), over=i)
+
+
+@tf.kernel
+def mismatched_scales(x: X, scale: T.f64):
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    return T.exp((x[i, j] - m) * scale) / T.sum(T.exp(x[i, j] - m), over=j)
+
+
+@tf.kernel
+def bounded(x: X):
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    return T.tanh(x[i, j] - m)
+
+
+@tf.kernel
+def max_and_softmax(x: X):
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    p = T.exp(x[i, j] - m)
+    return p / T.sum(p, over=j), m
+
+
+@pytest.mark.parametrize("kernel", [K.softmax, K.log_softmax, K.cross_entropy,
+                                    K.causal_attention, K.gqa_attention, scaled_softmax,
+                                    shifted_inside, masked_softmax], ids=lambda k: k.name)
+def test_a_maximum_that_cancels_is_found(kernel):
+    assert stabilising_maxima(kernel.program) == {"m"}
+
+
+@pytest.mark.parametrize("kernel", [unnormalised, tied_to_max, across_rows, mismatched_scales,
+                                    bounded, max_and_softmax, K.layernorm],
+                         ids=lambda k: k.name)
+def test_a_maximum_the_outputs_depend_on_is_not(kernel):
+    assert stabilising_maxima(kernel.program) == set()
+
+
+@pytest.mark.parametrize("kernel", [K.softmax, K.log_softmax, K.cross_entropy],
+                         ids=lambda k: k.name)
+def test_their_backward_is_one_row_kernel_without_a_tie_count(kernel):
+    """On sm_90a the backward is the row template alone (it was two or three kernels with the
+    ties counted in a pass of their own); cross-entropy's gathered term is added into the
+    plain one: one gradient output."""
+    backward = tf.grad(kernel)
+    assert not any(c.name.startswith("ties") for c in backward.program.computes)
+    assert len(backward.outputs) == 1
+    compiled = tf.compile(backward, target="cuda:sm_90a")
+    sizes = {n: 64 * (k + 1) for k, n in enumerate(compiled.program.dim_names())}
+    assert compiled.schedule_origin(**sizes).startswith("template defaults")
+
+
+@pytest.mark.parametrize("kernel", [K.softmax, K.log_softmax, K.cross_entropy],
+                         ids=lambda k: k.name)
+def test_gradients_with_tied_maxima_match_torch_in_float64(kernel, rng):
+    """Rows with several exact maxima (integers), large ranges and a ragged width: the backward
+    without the maximum's adjoint against torch's float64 autograd."""
+    M, N = 6, 37
+    x = np.round(rng.uniform(-4, 4, (M, N))) * rng.choice([1.0, 30.0], (M, 1))
+    x[:, :3] = x.max(axis=1, keepdims=True)   # at least three ties per row
+    xt = torch.tensor(x, requires_grad=True)
+    target = torch.tensor(rng.integers(0, N, M), dtype=torch.int32)
+    if kernel is K.cross_entropy:
+        out = torch.nn.functional.cross_entropy(xt, target.long(), reduction="none")
+        args = (x.astype(np.float32), target.numpy())
+    else:
+        out = (torch.softmax if kernel is K.softmax else torch.log_softmax)(xt, -1)
+        args = (x.astype(np.float32),)
+    seed = rng.standard_normal(out.shape)
+    out.backward(torch.tensor(seed))
+    compiled = tf.compile(tf.grad(kernel), target="llvm")
+    got = compiled(*[torch.tensor(a).bfloat16() if a.dtype == np.float32 else torch.tensor(a)
+                     for a in args], torch.tensor(seed, dtype=torch.float32
+                                                  if kernel is K.cross_entropy
+                                                  else torch.bfloat16))
+    error = (got.double() - xt.grad).norm() / xt.grad.norm()
+    assert error < 2e-2, f"relative error {error:.1e} (bf16)"
+
+
+def test_scaled_softmax_gradient_in_float64(rng):
+    """A scalar inside the exponent keeps the maximum a stabiliser: gradcheck through autograd."""
+    f = tf.compile(scaled_softmax, target="llvm")
+    x = torch.tensor(rng.standard_normal((3, 11)) * 4, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: f(t, scale=0.7), (x,))
+
+
+triton_interpreted = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("triton") is None,
+    reason="the row template generates Triton kernels")
+
+
+@triton_interpreted
+def test_the_fused_backward_runs_correctly_in_the_triton_interpreter():
+    """The one-kernel backward of each, as generated for sm_90a, against float64 (bf16: 2e-2)."""
+    from tests.helpers import fresh_seed, run_interpreted
+
+    seed = fresh_seed()
+    errors = run_interpreted("tests.dsl.row_backward_check", seed)
+    assert set(errors) == {"softmax", "log_softmax", "cross_entropy"}
+    for name, error in errors.items():
+        assert error < 2e-2, f"{name}: relative error {error:.1e} (TENSORFUSE_SEED={seed})"
