@@ -272,6 +272,9 @@ SECTIONS = (
      "bf16; GB/s of the bytes each kernel must move; every candidate checked against float64, "
      "timed from a CUDA graph; `default` is `tf.compile`'s choice",
      "python -m benchmarks.strided_rows_knobs"),
+    ("strided-rows-knobs-weight-gradient", "The row template's knobs on a weight gradient",
+     "bf16; RMSNorm's d_weight (a sum down the rows), its sweep also split into parts; as the "
+     "section above", "python -m benchmarks.strided_rows_knobs --only weight_gradient"),
     ("gemm", "GEMM (the Hopper GEMM template)", "bf16; TFLOP/s", "python -m benchmarks.gemm"),
     ("contraction", "GEMMs on the contraction template (Triton tensor-core tiles)",
      "bf16; TFLOP/s and the fraction of cuBLAS's 8192³ rate; `tensorfuse template`: the "

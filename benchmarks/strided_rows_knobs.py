@@ -1,12 +1,14 @@
 """The row template's knobs where a chain reduces across a strided axis (the tile's neighbouring
 rows, not its columns, are neighbours in memory): the user suite's layer norm over the channels
-of ``[B, D, S]``, log-softmax over the channels of ``[B, C, P]`` and the max over tokens of
-``[B, S, D]`` (max-pool's first stage), and a group norm's two reduced axes swept as one flat row;
+of ``[B, D, S]``, log-softmax over the channels of ``[B, C, P]``, the max over tokens of
+``[B, S, D]`` (max-pool's first stage), a group norm's two reduced axes swept as one flat row, and
+RMSNorm's weight gradient (a sum down 8192 rows, its sweep also split into parts);
 each candidate checked against float64 and timed from a CUDA graph beside ``tf.compile``'s default
 and torch.compile: what ``row_reduction.CONTIGUOUS_ROWS``, its block and the stages of a swept row
 are chosen from.
 
-    python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool,group_norm]
+    python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool,group_norm,
+                                                    weight_gradient]
                                             [--out DIR]
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ import types
 import torch
 
 import tensorfuse as tf
+import tensorfuse.kernels as K
 from benchmarks.common import Row, measure_candidates, write_csv
 from benchmarks.user_kernels import (group_norm, layernorm_channels, log_softmax_channels,
                                      max_pool_l2)
@@ -29,6 +32,7 @@ from tensorfuse.schedule_templates.stages import plan_stages
 from tensorfuse.targets import get_target
 
 SPEC = get_target("cuda:sm_90a")
+CASES = ("layernorm", "log_softmax", "max_pool", "group_norm", "weight_gradient")
 
 
 def _cases(generator, only):
@@ -71,6 +75,23 @@ def _cases(generator, only):
                dict(x=x, w=w, bias=bias, eps=1e-5),
                group(x.double(), w.double(), bias.double()),
                torch.compile(group), (x, w, bias), 2 * x.numel() * 2)
+    if "weight_gradient" in only:   # RMSNorm's backward, second stage: a sum down the rows
+        M, N = 8192, 4096
+        backward = tf.grad(K.rmsnorm).program
+        second = plan_stages(backward, lambda p: choose(p, SPEC) is not None)[1]
+        stage = types.SimpleNamespace(program=second.program, fn=None,
+                                      name=second.program.name)
+        x = (torch.randn(M, N, generator=generator) * 2).to("cuda", torch.bfloat16)
+        d_out = torch.randn(M, N, generator=generator).to("cuda", torch.bfloat16)
+        ms_sum = (x.float() ** 2).sum(1)
+
+        def d_weight(x, d_out, ms_sum):
+            scale = torch.rsqrt(ms_sum / N + 1e-5)
+            return (d_out.float() * x.float() * scale[:, None]).sum(0).to(torch.bfloat16)
+        yield ("weight_gradient", f"M{M} N{N} (RMSNorm's d_weight, over M)", stage,
+               dict(x=x, d_out=d_out, ms_sum=ms_sum, eps=1e-5),
+               d_weight(x.double(), d_out.double(), ms_sum.double()), torch.compile(d_weight),
+               (x, d_out, ms_sum), 2 * x.numel() * 2)
     if "max_pool" in only:   # the pool stage: the max over S, the tokens strided by D
         B, S, D = 64, 512, 4096
         x = (torch.randn(B, S, D, generator=generator) * 3).to("cuda", torch.bfloat16)
@@ -83,11 +104,18 @@ def _cases(generator, only):
                x.double().amax(1), torch.compile(pooled), (x,), x.numel() * 2 + B * D * 4)
 
 
-def _knobs(cols: int, rows_major: bool):
-    """Candidate (rows, block, warps, stages, reload): tiles of 2k to 32k elements, the block up
-    to the whole row, rows swept in blocks with their loads 1-4 blocks ahead (Triton's pipeline);
-    reload only where the row is one block. ``rows_major``: a flat row (a group norm's), a few
-    rows of blocks of 2k-16k."""
+def _knobs(cols: int, rows_major: bool, split: bool = False):
+    """Candidate (rows, block, warps, stages, reload, splits): tiles of 2k to 32k elements, the
+    block up to the whole row, rows swept in blocks with their loads 1-4 blocks ahead (Triton's
+    pipeline); reload only where the row is one block. ``rows_major``: a flat row (a group
+    norm's), a few rows of blocks of 2k-16k. ``split``: a long sweep of few row tiles (2 stages),
+    also swept in 1-8 parts in parallel."""
+    if split:
+        for rows, block, warps, stages, splits in itertools.product(
+                (32, 64, 128), (64, 128, 256, 512), (4, 8), (2,), (1, 2, 4, 8)):
+            if 4096 <= rows * block <= 32768:
+                yield rows, block, warps, stages, 0, splits
+        return
     whole = 1 << max(4, (cols - 1).bit_length())
     shapes = itertools.product((1, 2, 4), (2048, 4096, 8192, 16384)) if rows_major else \
         itertools.product((16, 32, 64, 128), (128, 256, 512, 1024))
@@ -96,9 +124,9 @@ def _knobs(cols: int, rows_major: bool):
             continue
         for warps in ((4, 8, 16, 32) if rows_major else (4, 8)):
             for stages in ((1,) if block >= cols else (1, 2, 3, 4)):
-                yield rows, block, warps, stages, 0
+                yield rows, block, warps, stages, 0, None
                 if block >= cols:
-                    yield rows, block, warps, stages, 1
+                    yield rows, block, warps, stages, 1, None
 
 
 def run(only, log=print) -> list[Row]:
@@ -113,10 +141,11 @@ def run(only, log=print) -> list[Row]:
             _, fusion = choose(kernel.program, SPEC)
             made = row_reduction(kernel, fusion, SPEC)
             plan = made.planner.plan({n: int(v) for n, v in _dims(kernel, args).items()})
-            made = {f"r{k[0]} b{k[1]} w{k[2]} s{k[3]}" + (" reload" if k[4] else ""):
+            made = {f"r{k[0]} b{k[1]} w{k[2]} s{k[3]}" + (" reload" if k[4] else "") +
+                    (f" splits{k[5]}" if k[5] else ""):
                     row_reduction(kernel, fusion, SPEC, rows=k[0], block=k[1], num_warps=k[2],
-                                  num_stages=k[3], reload=bool(k[4]))
-                    for k in _knobs(plan.cols, name == "group_norm")}
+                                  num_stages=k[3], reload=bool(k[4]), splits=k[5])
+                    for k in _knobs(plan.cols, name == "group_norm", name == "weight_gradient")}
             alternatives = {"torch_compile": lambda c=compiled, a=eager_args: c(*a)}
             calls = {"default": tf.compile(kernel), **alternatives}
             out += measure_candidates("strided_rows_knobs", name, shape, calls, made,
@@ -135,12 +164,15 @@ def _dims(kernel, args: dict) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="layernorm,log_softmax,max_pool,group_norm")
+    parser.add_argument("--only", default=",".join(CASES))
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
-    rows = run(args.only.split(","))
+    only = args.only.split(",")
+    rows = run(only)
     device = torch.cuda.get_device_name().replace(" ", "_")
-    write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-strided-rows-knobs.csv")
+    # a run of some cases is a part of its own (``benchmarks.report`` shows it beside the whole)
+    part = "" if set(only) == set(CASES) else "-" + "-".join(n.replace("_", "-") for n in only)
+    write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-strided-rows-knobs{part}.csv")
 
 
 if __name__ == "__main__":

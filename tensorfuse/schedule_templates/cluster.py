@@ -207,6 +207,11 @@ def gemm_chain(kernel, target: TargetSpec, axis: str, cluster: int | None = None
 
 
 DECODE_KNOBS = ("warps", "stages", "mma", "copy", "splits")
+# From this many (batch, kv-head) pairs on, every lane's cp.async copies stream a large cache
+# faster than bulk tensor copies: 1.7-2.9 % at 64, 128 and 2048 pairs of 16k-131k keys, while 4
+# and 8 pairs lost 7-11 % (H200, ``benchmarks.decode_splits --pipeline``; teams of warps
+# sharing a block copy it by TMA alone)
+CP_ASYNC_FROM_PAIRS = 64
 
 
 def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: dict,
@@ -216,7 +221,8 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
     two-block buffers fit (a group of more than 16 heads: two teams of a warp per 16 heads, or
     one), tensor cores for groups up to 128 heads (their
     blocks staged by bulk tensor copies: 3.0 TB/s from 64 CTAs where ``cp.async`` reached
-    2.3–2.7: ``tools/probe_decode_stream.py``), the CUDA-core sweep's by ``cp.async``.
+    2.3–2.7: ``tools/probe_decode_stream.py``; by ``cp.async`` from :data:`CP_ASYNC_FROM_PAIRS`
+    pairs on), the CUDA-core sweep's by ``cp.async``.
 
     One cluster per (batch, kv-head) pair, all in one wave, with as many CTAs as that allows,
     was best: the largest power-of-two cluster (at most 16, at most one CTA per SM) of which the
@@ -237,9 +243,10 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
     group = H // max(HKV, 1)
     k = replace(DecodeKnobs(cluster=cluster or 1, mma="mma_sync" if group <= 128 else "fma"),
                 **given)
-    if "copy" not in given:
-        k = replace(k, copy="tma" if k.mma == "mma_sync" else "cp.async")
     tiles = head_tiles(k, group)
+    if "copy" not in given:
+        many = pairs >= CP_ASYNC_FROM_PAIRS and tiles == 1
+        k = replace(k, copy="tma" if k.mma == "mma_sync" and not many else "cp.async")
     if tiles > 1 and "stages" not in given and "warps" not in given:
         k = replace(k, stages=3)   # teams: 45 µs at 3 stages, 57 at 2 (B1, 64/1, 131k keys)
     if "warps" not in given:   # a larger group: teams of warps (2 or 1 of them)

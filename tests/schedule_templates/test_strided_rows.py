@@ -54,14 +54,26 @@ def test_strided_row_tiles_compile_for_sm_90a_without_spills(D):
 
 
 def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_row():
-    """Batch-norm statistics of [100352, 256] are 8 tiles of 32 channels: the sweep over the
-    rows is split in parts (two a SM, the last of a tile merging), and so is a cross-entropy of
-    16 rows over a vocabulary of 131072; a softmax of 64 rows, whose outputs run along the row,
-    and a tall matrix's statistics, with tiles enough, are not."""
-    from tensorfuse.kernels import cross_entropy, softmax
+    """Batch-norm statistics of [100352, 256] are 4 tiles of 64 channels: the sweep over the
+    rows is split in parts (about four programs a SM, the last of a tile merging; at most 64),
+    and so are RMSNorm's weight gradient down 8192 rows (64 tiles, 8 parts) and a cross-entropy
+    of 16 rows over a vocabulary of 131072 (two a SM); a softmax of 64 rows, whose outputs run
+    along the row, and a tall matrix's statistics, with tiles enough, are not."""
+    import types
+
+    from tensorfuse.kernels import cross_entropy, rmsnorm, softmax
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.stages import plan_stages
+    from tensorfuse.targets import get_target
     from tests.schedule_templates.strided_rows import channel_stats
 
-    assert knobs_of(channel_stats, N=100352, C=256).splits == 33
+    stats = knobs_of(channel_stats, N=100352, C=256)
+    assert (stats.block_m, stats.block_n, stats.splits) == (64, 64, 64)
+    spec = get_target("cuda:sm_90a")
+    second = plan_stages(tf.grad(rmsnorm).program, lambda p: choose(p, spec) is not None)[1]
+    weight = knobs_of(types.SimpleNamespace(program=second.program, fn=None,
+                                            name=second.program.name), M=8192, N=4096)
+    assert (weight.block_m, weight.block_n, weight.splits) == (64, 64, 8)
     assert knobs_of(cross_entropy, M=16, V=131072).splits == 4
     assert knobs_of(softmax, M=64, N=65536).splits == 1
     assert knobs_of(channel_stats, N=512, C=4096).splits == 1

@@ -133,8 +133,12 @@ def test_decode_gets_the_cluster_kernel_and_few_rows_the_split_update():
     sizes = dict(B=8, H=32, HKV=8, M=1, N=32768, D=128)
     decode = f.for_sizes(**sizes)
     assert isinstance(decode, ClusterKernel)
-    assert "copy=tma" in decode.schedule_origin(**sizes)
-    assert "cp.async.bulk.tensor.3d" in decode.ptx(**sizes)
+    # 64 (batch, kv-head) pairs: every lane's cp.async; 8 pairs: bulk tensor copies
+    assert "copy=cp.async" in decode.schedule_origin(**sizes)
+    assert "cp.async.cg.shared.global" in decode.ptx(**sizes)
+    few = {**sizes, "B": 1}
+    assert "copy=tma" in f.for_sizes(**few).schedule_origin(**few)
+    assert "cp.async.bulk.tensor.3d" in f.for_sizes(**few).ptx(**few)
     documents = dict(B=2, H=8, M=1, N=4096, D=128)
     assert isinstance(tf.compile(K.document_attention, "cuda:sm_90a").for_sizes(**documents),
                       ClusterKernel)
