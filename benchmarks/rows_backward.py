@@ -13,9 +13,13 @@ GB/s count the bytes a backward cannot avoid — the inputs it reads (x, the inc
 the weight) and the gradients it writes — over the time; the fraction is of the measured copy
 bandwidth.
 
-    python -m benchmarks.rows_backward [--out DIR] [--only softmax,cross_entropy,...]
+    python -m benchmarks.rows_backward [--out DIR] [--only softmax,cross_entropy,...] [--sweep]
 
 Rows ``rows_bwd/<kernel>``, CSV ``benchmarks/results/<date>-<device>-rows-backward.csv``.
+``--sweep``: instead, the row template's knobs on the backward kernels that are one row kernel
+(softmax, log-softmax, cross-entropy: rows a program, block, warps, the row read again or
+held), each checked against float64 and timed from a CUDA graph beside the default and
+torch.compile's backward (CSV ``…-rows-backward-knobs.csv``).
 """
 from __future__ import annotations
 
@@ -124,13 +128,79 @@ def run(only, rows: list, log=print) -> None:
             log(f"{name:14s} {label:14s} {ms:8.4f} ms {gbps:7.0f} GB/s ({note})")
 
 
+SWEPT = ("softmax", "log_softmax", "cross_entropy")
+
+
+def _sweep_knobs(cols: int):
+    """(rows, block, warps, reload): the whole row or blocks of 4096-16384, 4-16 warps."""
+    import itertools
+
+    whole = 1 << max(4, (cols - 1).bit_length())
+    for rows, block, warps in itertools.product((1, 2), (4096, 8192, 16384), (4, 8, 16)):
+        if block > whole or rows * block > 16384:
+            continue
+        for reload in ((0, 1) if block >= cols else (0,)):
+            yield rows, block, warps, reload
+
+
+def sweep(only, log=print) -> list[Row]:
+    """Rows ``rows_bwd_knobs/<kernel>``: the backward program's row kernel at each knob set."""
+    from benchmarks.common import measure_candidates
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.row_reduction import row_reduction
+    from tensorfuse.targets import get_target
+    from tensorfuse.targets.triton.compile_pool import CompilePool
+
+    spec = get_target("cuda:sm_90a")
+    rows: list[Row] = []
+    pool = CompilePool()
+    try:
+        for name, (shape, make, torch_fn, kernel, others) in _cases().items():
+            if name not in SWEPT or (only and name not in only):
+                continue
+            tensors = make()
+            exact = [t.detach().double().requires_grad_() for t in tensors]
+            out = torch_fn(*exact)
+            seed = torch.randn(out.shape, device="cuda", dtype=torch.float64)
+            want = torch.autograd.grad(out, exact, seed)[0]
+            backward = tf.grad(kernel)
+            names = [p.name for p in backward.program.params]
+            args = dict(zip(names, [t.detach() for t in tensors] +
+                            [others[n] for n in names[len(tensors):-1] if n in others] +
+                            [seed.to(torch.float32 if name == "cross_entropy"
+                                     else torch.bfloat16)]))
+            _, fusion = choose(backward.program, spec)
+            cols = tensors[0].shape[-1]
+            made = {f"r{r} b{b} w{w}" + (" reload" if re else ""):
+                    row_reduction(backward, fusion, spec, rows=r, block=b, num_warps=w,
+                                  reload=bool(re)) for r, b, w, re in _sweep_knobs(cols)}
+            compiled = torch.compile(torch_fn)
+            result = compiled(*tensors)
+            incoming = seed.to(result.dtype)
+
+            def torch_backward(result=result, tensors=tensors, incoming=incoming):
+                return torch.autograd.grad(result, tensors, incoming, retain_graph=True)[0]
+            alternatives = {TORCH_COMPILE: torch_backward}
+            calls = {"default": tf.compile(backward), **alternatives}
+            rows += measure_candidates("rows_bwd_knobs", name, f"{shape} bf16", calls, made,
+                                       lambda cand: cand.warm(**args), lambda f: f(**args), want,
+                                       alternatives, _moved(tensors, out), pool, log)
+    finally:
+        pool.close()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--only", default="")
+    parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
     only = {n for n in args.only.split(",") if n}
-    run_and_write(lambda rows: run(only, rows), args.out, "rows-backward")
+    if args.sweep:
+        run_and_write(lambda rows: rows.extend(sweep(only)), args.out, "rows-backward-knobs")
+    else:
+        run_and_write(lambda rows: run(only, rows), args.out, "rows-backward")
 
 
 if __name__ == "__main__":
