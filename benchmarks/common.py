@@ -6,6 +6,7 @@ import datetime
 import math
 import os
 import signal
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -52,6 +53,33 @@ def bench_replayed(fn, rep_ms: int = 200) -> float:
     with torch.cuda.graph(graph):
         fn()
     return bench(graph.replay, rep_ms)
+
+
+def bench_queued(fn, reps: int = 50) -> float:
+    """Median milliseconds of ``fn``'s GPU work alone, L2 flushed before each call: the GPU is
+    held by a sleeping kernel while the host issues the call, so host work between its launches
+    (a Python autograd backward's, a staged kernel's) leaves no gaps on the GPU — what a training
+    step, whose host runs ahead of its GPU, pays. For calls that cannot be captured in a CUDA
+    graph (``bench_replayed``): autograd backwards."""
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    host = time.perf_counter()
+    fn()
+    host = time.perf_counter() - host
+    torch.cuda.synchronize()
+    # the sleep outlasts the host's issuing three times over (about 2 GHz; at least 1 ms)
+    cycles = int(max(1e-3, 3 * host) * 2e9)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(reps)]
+    for start, end in events:
+        flush.zero_()
+        torch.cuda._sleep(cycles)
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 def host_us(fn, calls: int = 50, warm: int = 1) -> float:

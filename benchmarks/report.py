@@ -293,6 +293,9 @@ SECTIONS = (
      "bf16; the backward alone (`torch.autograd.grad` after one recorded forward); GB/s of the "
      "inputs and incoming gradient read and the gradients written; the note says what runs "
      "tensorfuse's backward", "python -m benchmarks.rows_backward"),
+    ("rows-backward-knobs", "The row template's knobs on backward kernels",
+     "bf16; every candidate checked against float64, timed from a CUDA graph (L2 warm between "
+     "replays); `default` is `tf.compile`'s choice", "python -m benchmarks.rows_backward --sweep"),
     ("rows-sweep", "The row template's settings", "bf16; the defaults against other knob sets",
      "python -m benchmarks.rows_sweep --csv PATH"),
     ("model-prefill", "A Llama-3-8B-shaped model: prefill", "bf16, random weights; tokens/s",

@@ -3,7 +3,9 @@ a training step runs it, against PyTorch's backward of the same math (eager and 
 ``torch.compile``), in one process on one GPU, bf16.
 
 Each implementation runs its forward once with autograd recording; what is timed is the backward
-alone, ``torch.autograd.grad`` of the output against a fixed incoming gradient (the graph kept):
+alone, ``torch.autograd.grad`` of the output against a fixed incoming gradient (the graph kept),
+by its GPU time with the host's issuing kept off the GPU's clock (``bench_queued``: a training
+step's host runs ahead of its GPU; the wall clock of a lone call is in the note):
 for tensorfuse, the compiled kernel's backward kernel (``tf.grad``'s program, which recomputes
 the forward's row statistics from the inputs); for ``torch.compile``, the backward graph
 Inductor generated. Every gradient is checked against float64 autograd of the math first (a
@@ -18,8 +20,9 @@ bandwidth.
 Rows ``rows_bwd/<kernel>``, CSV ``benchmarks/results/<date>-<device>-rows-backward.csv``.
 ``--sweep``: instead, the row template's knobs on the backward kernels that are one row kernel
 (softmax, log-softmax, cross-entropy: rows a program, block, warps, the row read again or
-held), each checked against float64 and timed from a CUDA graph beside the default and
-torch.compile's backward (CSV ``…-rows-backward-knobs.csv``).
+held), each checked against float64 and timed from a CUDA graph beside the default (L2 warm
+between replays; torch.compile's backward cannot be captured in one: compare with the main run)
+(CSV ``…-rows-backward-knobs.csv``).
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import torch.nn.functional as F
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.common import (TENSORFUSE, TORCH_COMPILE, TORCH_EAGER, Row, bench,
-                               measure_ceilings, relative_error, run_and_write)
+                               bench_queued, measure_ceilings, relative_error, run_and_write)
 
 TOLERANCE = 2e-2   # bf16 gradients (2⁻⁹ each) of f32 arithmetic, relative to the largest
 
@@ -77,10 +80,11 @@ def _cases():
 
 
 def _moved(tensors, out) -> int:
-    """Bytes a backward must move: the inputs and incoming gradient read, the gradients
-    written."""
+    """Bytes a backward must move: the inputs read and their gradients written (as large), and
+    the incoming gradient, shaped like the output, read in the inputs' dtype (f32 where the
+    output is a loss per row)."""
     inputs = sum(t.numel() * t.element_size() for t in tensors)
-    return 2 * inputs + out.numel() * out.element_size()
+    return 2 * inputs + out.numel() * (4 if out.dim() == 1 else tensors[0].element_size())
 
 
 def _backward_origin(kernel, tensors, others) -> str:
@@ -119,10 +123,10 @@ def run(only, rows: list, log=print) -> None:
             if not err <= TOLERANCE:
                 log(f"{name} {label}: WRONG (relative error {err:.1e})")
                 continue
-            ms = bench(backward)
+            ms = bench_queued(backward)
             gbps = _moved(tensors, out) / ms / 1e6
-            note = f"err {err:.1e}" + (f"; {_backward_origin(kernel, tensors, others)}"
-                                        if label == TENSORFUSE else "")
+            note = f"err {err:.1e}; wall {bench(backward):.4f} ms" + (
+                f"; {_backward_origin(kernel, tensors, others)}" if label == TENSORFUSE else "")
             rows.append(Row(f"rows_bwd/{name}", f"{shape} bf16", label, ms, 0.0, gbps,
                             gbps / 1e3 / copy, note))
             log(f"{name:14s} {label:14s} {ms:8.4f} ms {gbps:7.0f} GB/s ({note})")
@@ -174,17 +178,10 @@ def sweep(only, log=print) -> list[Row]:
             made = {f"r{r} b{b} w{w}" + (" reload" if re else ""):
                     row_reduction(backward, fusion, spec, rows=r, block=b, num_warps=w,
                                   reload=bool(re)) for r, b, w, re in _sweep_knobs(cols)}
-            compiled = torch.compile(torch_fn)
-            result = compiled(*tensors)
-            incoming = seed.to(result.dtype)
-
-            def torch_backward(result=result, tensors=tensors, incoming=incoming):
-                return torch.autograd.grad(result, tensors, incoming, retain_graph=True)[0]
-            alternatives = {TORCH_COMPILE: torch_backward}
-            calls = {"default": tf.compile(backward), **alternatives}
-            rows += measure_candidates("rows_bwd_knobs", name, f"{shape} bf16", calls, made,
+            rows += measure_candidates("rows_bwd_knobs", name, f"{shape} bf16",
+                                       {"default": tf.compile(backward)}, made,
                                        lambda cand: cand.warm(**args), lambda f: f(**args), want,
-                                       alternatives, _moved(tensors, out), pool, log)
+                                       {}, _moved(tensors, out), pool, log)
     finally:
         pool.close()
     return rows
