@@ -18,9 +18,9 @@ bandwidth.
     python -m benchmarks.rows_backward [--out DIR] [--only softmax,cross_entropy,...] [--sweep]
 
 Rows ``rows_bwd/<kernel>``, CSV ``benchmarks/results/<date>-<device>-rows-backward.csv``.
-``--sweep``: instead, the row template's knobs on the backward kernels that are one row kernel
-(softmax, log-softmax, cross-entropy: rows a program, block, warps, the row read again or
-held), each checked against float64 and timed from a CUDA graph beside the default (L2 warm
+``--sweep``: instead, the row template's knobs on the backward's row kernel (softmax,
+log-softmax, cross-entropy: the whole backward; layer norm, RMSNorm: the first of its two stages,
+timed by its d_x; rows a program, block, warps, the row read again or held), each checked against float64 and timed from a CUDA graph beside the default (L2 warm
 between replays; torch.compile's backward cannot be captured in one: compare with the main run)
 (CSV ``…-rows-backward-knobs.csv``).
 """
@@ -132,7 +132,22 @@ def run(only, rows: list, log=print) -> None:
             log(f"{name:14s} {label:14s} {ms:8.4f} ms {gbps:7.0f} GB/s ({note})")
 
 
-SWEPT = ("softmax", "log_softmax", "cross_entropy")
+SWEPT = ("softmax", "log_softmax", "cross_entropy", "layernorm", "rmsnorm")
+
+
+def _row_stage(backward, spec):
+    """The backward's row kernel: its program (a norm's first stage: the row statistics and
+    d_x, whose weight gradient is a second kernel), the names its parameters take and the index
+    of d_x among its outputs."""
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.stages import plan_stages
+
+    program = backward.program
+    if choose(program, spec) is not None:
+        return program, [p.name for p in program.params], 0
+    first = plan_stages(program, lambda p: choose(p, spec) is not None)[0]
+    return first.program, list(first.inputs), [c.name for c in first.program.outputs].index(
+        next(n for n in first.produces if n.startswith("d_x")))
 
 
 def _sweep_knobs(cols: int):
@@ -148,7 +163,10 @@ def _sweep_knobs(cols: int):
 
 
 def sweep(only, log=print) -> list[Row]:
-    """Rows ``rows_bwd_knobs/<kernel>``: the backward program's row kernel at each knob set."""
+    """Rows ``rows_bwd_knobs/<kernel>``: the backward program's row kernel at each knob set (a
+    norm's: its first stage, checked and timed by its d_x)."""
+    import types
+
     from benchmarks.common import measure_candidates
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.schedule_templates.row_reduction import row_reduction
@@ -167,21 +185,25 @@ def sweep(only, log=print) -> list[Row]:
             out = torch_fn(*exact)
             seed = torch.randn(out.shape, device="cuda", dtype=torch.float64)
             want = torch.autograd.grad(out, exact, seed)[0]
-            backward = tf.grad(kernel)
-            names = [p.name for p in backward.program.params]
-            args = dict(zip(names, [t.detach() for t in tensors] +
-                            [others[n] for n in names[len(tensors):-1] if n in others] +
-                            [seed.to(torch.float32 if name == "cross_entropy"
-                                     else torch.bfloat16)]))
-            _, fusion = choose(backward.program, spec)
+            program, inputs, d_x = _row_stage(tf.grad(kernel), spec)
+            stage = types.SimpleNamespace(program=program, fn=None, name=program.name)
+            given = {p.name: t.detach() for p, t in zip(kernel.program.tensor_params, tensors)}
+            given.update(others, d_out=seed.to(torch.float32 if name == "cross_entropy"
+                                               else torch.bfloat16))
+            args = {p.name: given[n] for p, n in zip(program.params, inputs)}
+            _, fusion = choose(program, spec)
             cols = tensors[0].shape[-1]
             made = {f"r{r} b{b} w{w}" + (" reload" if re else ""):
-                    row_reduction(backward, fusion, spec, rows=r, block=b, num_warps=w,
+                    row_reduction(stage, fusion, spec, rows=r, block=b, num_warps=w,
                                   reload=bool(re)) for r, b, w, re in _sweep_knobs(cols)}
+
+            def d_x_of(f, index=d_x):
+                made = f(**args)
+                return made[index] if isinstance(made, tuple) else made
             rows += measure_candidates("rows_bwd_knobs", name, f"{shape} bf16",
-                                       {"default": tf.compile(backward)}, made,
-                                       lambda cand: cand.warm(**args), lambda f: f(**args), want,
-                                       {}, _moved(tensors, out), pool, log)
+                                       {"default": tf.compile(stage)}, made,
+                                       lambda cand: cand.warm(**args), d_x_of, want, {},
+                                       _moved(tensors[:1], out), pool, log)
     finally:
         pool.close()
     return rows

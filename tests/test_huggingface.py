@@ -170,6 +170,22 @@ GRADIENT_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 IDS = (2, 11)   # one shape for the training tests: their kernels compile once
 
 
+def _training_step(model, ids):
+    model.train()
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), {n.removeprefix("_orig_mod."): p.grad   # a compiled model's names
+                           for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _same_step(got, want, dtype=torch.float32) -> None:
+    (got_loss, got), (want_loss, want) = got, want
+    assert abs(float(got_loss - want_loss)) <= GRADIENT_TOLERANCE[dtype] * abs(float(want_loss))
+    assert got.keys() == want.keys() and all(g is not None for g in got.values())
+    worst = max((_norm_relative(got[n], want[n]), n) for n in want if want[n].abs().max() > 0)
+    assert worst[0] <= GRADIENT_TOLERANCE[dtype], worst
+
+
 # on the GPU: head dim 64 and 300 tokens, so that the forward is the Hopper template's (on an
 # H100/H200) and its backward the attention backward template reading its log-sum-exps
 ON_GPU = dict(hidden_size=256, intermediate_size=512)
@@ -189,22 +205,44 @@ def test_training_runs_on_tensorfuse_with_the_sdpa_models_loss_and_gradients(dev
     shape = (2, 300) if device == "cuda" else IDS
     ids = torch.randint(0, 100, shape, generator=torch.Generator().manual_seed(fresh_seed()))
     ids = ids.to(device)
-
-    def step(model):
-        model.train()
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
-
-    want_loss, want = step(tiny_llama(dtype, device, **config))
+    want = _training_step(tiny_llama(dtype, device, **config), ids)
     swapped = tfh.use_tensorfuse(tiny_llama(dtype, device, **config))
     calls = only_tensorfuse()
-    got_loss, got = step(swapped)
+    got = _training_step(swapped, ids)
     assert calls["mlp"] == TINY["num_hidden_layers"]
-    assert abs(float(got_loss - want_loss)) <= GRADIENT_TOLERANCE[dtype] * abs(float(want_loss))
-    assert got.keys() == want.keys() and all(g is not None for g in got.values())
-    worst = max((_norm_relative(got[n], want[n]), n) for n in want if want[n].abs().max() > 0)
-    assert worst[0] <= GRADIENT_TOLERANCE[dtype], worst
+    _same_step(got, want, dtype)
+
+
+def test_gradient_checkpointing_recomputes_on_tensorfuse(only_tensorfuse):
+    """With transformers' gradient checkpointing each layer's forward runs again inside the
+    backward: the recomputation goes through tensorfuse's operators too, and the step gives the
+    loss and gradients of the same checkpointed model on SDPA."""
+    ids = torch.randint(0, 100, IDS, generator=torch.Generator().manual_seed(fresh_seed()))
+
+    def checkpointed(model):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model
+
+    want = _training_step(checkpointed(tiny_llama(torch.float32)), ids)
+    swapped = checkpointed(tfh.use_tensorfuse(tiny_llama(torch.float32)))
+    calls = only_tensorfuse()
+    got = _training_step(swapped, ids)
+    assert calls["mlp"] == 2 * TINY["num_hidden_layers"]   # the forward, then its recomputation
+    _same_step(got, want)
+
+
+def test_a_torch_compiled_model_trains_on_tensorfuse(only_tensorfuse):
+    """``torch.compile`` of the swapped model (AOT autograd: the operators' fake implementations
+    and registered backwards traced into the joint graph, SDPA refused throughout) gives the
+    loss and gradients of the eager SDPA model."""
+    torch._dynamo.reset()
+    ids = torch.randint(0, 100, IDS, generator=torch.Generator().manual_seed(fresh_seed()))
+    want = _training_step(tiny_llama(torch.float32), ids)
+    swapped = tfh.use_tensorfuse(tiny_llama(torch.float32))
+    only_tensorfuse()
+    compiled = torch.compile(swapped, backend="aot_eager")
+    got = _training_step(compiled, ids)
+    _same_step(got, want)
 
 
 def test_fifty_training_steps_follow_the_sdpa_models_losses(only_tensorfuse):

@@ -90,6 +90,32 @@ def test_the_kernels_compile_for_sm90a_on_the_tensor_cores():
         assert kernel.metadata.shared <= 227 * 1024
 
 
+def test_the_backward_accumulates_without_atomics():
+    """dQ is summed over the key blocks inside one program (its own pass or launch), dK and dV
+    over the query blocks inside another: no atomics, so the gradients are deterministic — the
+    same bits on every run, as ``torch.use_deterministic_algorithms`` asks (a GPU test below
+    compares two runs)."""
+    for knobs in (BackwardKnobs(merged=True), BackwardKnobs(merged=False)):
+        plan = _plan(K.gqa_causal_attention, dict(DIMS, HKV=4))
+        source = AttentionBackwardKernels(plan, knobs).source
+        assert "_dq +=" in source and "atomic" not in source
+
+
+@pytest.mark.gpu
+def test_the_gradients_are_the_same_bits_on_every_run():
+    torch.manual_seed(0)
+    f = tf.compile(K.gqa_causal_attention)
+    q = torch.randn(2, 8, 700, 128, device="cuda").bfloat16().requires_grad_()
+    k, v = (torch.randn(2, 2, 700, 128, device="cuda").bfloat16().requires_grad_()
+            for _ in range(2))
+    out = f(q, k, v, scale=128 ** -0.5)
+    seed = torch.randn_like(out)
+    first = torch.autograd.grad(out, (q, k, v), seed, retain_graph=True)
+    for _ in range(3):
+        again = torch.autograd.grad(out, (q, k, v), seed, retain_graph=True)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 256])
 def test_autograd_runs_the_template_on_the_gpu(D):
