@@ -54,6 +54,25 @@ def rows_contiguous(plan: RowTilePlan) -> bool:
 # 988 GB/s (``benchmarks.user_kernels``).
 CONTIGUOUS_ROWS, CONTIGUOUS_TILE = 64, 32768
 SWEPT_CONTIGUOUS = (32, 512, 4, 2)   # rows, block, warps and stages of a wider strided row
+def row_operands(plan: RowTilePlan) -> int:
+    """How many tensors the chain and its outputs read along the row (indexed by both the row
+    and the swept axis): a backward's input and incoming gradient are two."""
+    names = set()
+    bodies = [b for m in plan.chain.members for b in plan.chain.bodies[m.name]]
+    for body in bodies + [expr for _, expr, _ in plan.outputs]:
+        for n in nodes(body):
+            if isinstance(n, Load) and {plan.row.uid, plan.col.uid} <= {a.uid for a in n.axes}:
+                names.add(n.param.name)
+    return len(names)
+
+
+# Rows of up to 4096 columns held whole that read two tensors along the row (a norm's or a
+# softmax's backward: x and the incoming gradient) run on 4 warps: on the H200 RMSNorm's backward
+# row kernel at [8192, 4096] 0.054 ms against 0.059 on 8, layer norm's 0.062 against 0.067
+# (``benchmarks.rows_backward --sweep``); one such tensor keeps the rule below
+FEW_WARPS_OPERANDS, FEW_WARPS_UP_TO = 2, 4096
+
+
 # A long strided sweep over few row tiles — a weight gradient's sum down the rows of [M, N]:
 # tiles of 64 contiguous rows (128-byte pieces) × blocks of 64, the sweep split into parts for
 # about four programs an SM. RMSNorm's d_weight over the 8192 rows of [8192, 4096]: 0.039 ms
@@ -134,6 +153,9 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     # (CUDA; measured on the H100 only; ROCm: 8)
     widest = 16 if target.kind == "cuda" else 8
     warps = widest if block_n >= 16384 else 8 if block_n >= 4096 else 4 if block_n >= 1024 else 2
+    if target.kind == "cuda" and block_n == FEW_WARPS_UP_TO and \
+            row_operands(plan) >= FEW_WARPS_OPERANDS:
+        warps = 4
     # a row in one block read again for the outputs: +0.3-1.4 % on the H100 for softmax, norms
     # and rows with extra operands, layernorm over 16384 columns 74 -> 98 % of copy (the row no
     # longer held in registers across the reductions; benchmarks/rows_sweep.py --reload,

@@ -246,7 +246,8 @@ def test_row_template_reads_the_row_again_for_the_outputs():
 
 def test_row_template_warps_by_row_width_and_vectorised_loads():
     """The defaults measured best (8 warps for rows of 4097-8192 columns, which on the H200 16
-    warps held to 79-87 % of a copy; 16 from 16384 columns on), and the offline compile
+    warps held to 79-87 % of a copy; 16 from 16384 columns on; 4 for rows of 4096 reading two
+    tensors along the row), and the offline compile
     specialises pointers as the JIT does (16-byte aligned: 128-bit loads and stores)."""
     from tensorfuse.schedule_templates.row_reduction import default_knobs
     from tensorfuse.schedule_templates.tile_plan import plan_rowtile
@@ -260,6 +261,10 @@ def test_row_template_warps_by_row_width_and_vectorised_loads():
     assert default_knobs(widest, spec).num_warps == 16
     assert default_knobs(wide, spec).num_warps == 8
     assert default_knobs(narrow, spec).num_warps == 8
+    # the backward reads x and the incoming gradient along its 4096-column rows: 4 warps
+    backward = tf.grad(K.softmax).program
+    two = plan_rowtile(backward, plan_chain(backward, ("m", "l", "d_l"), "j"), dict(M=64, N=4096))
+    assert default_knobs(two, spec).num_warps == 4
     ptx = tf.compile(K.softmax, target="cuda:sm_90a").for_sizes(M=64, N=8192).ptx(M=64, N=8192)
     assert re.search(r"ld\.global(\.[\w:]+)*\.v4\.b32", ptx) and re.search(r"st\.global(\.\w+)*\.v4",
                                                                        ptx)
