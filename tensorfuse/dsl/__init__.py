@@ -16,6 +16,7 @@ from .ops import (axes, axis, size, exp, exp2, log, log2, tanh, sqrt, rsqrt, sig
                   sin, cos, abs, where, cast, gelu, relu, silu, reduce, sum, prod, max, min, logsumexp,
                   argmax, argmin, max_argmax, inf)
 from .expr import Expr, Axis
+from . import printer  # noqa: F401  (gives every Expr its DSL text as repr)
 from .program import Program, Compute, TensorParam, ScalarParam
 from .trace import trace
 

@@ -57,6 +57,11 @@ _NUMPY_OPERATORS = {"add": operator.add, "subtract": operator.sub, "multiply": o
                     "invert": operator.invert}
 
 
+# How an expression reads as DSL text: set by :mod:`.printer` when the package imports it (the
+# printer reads these classes, so this module cannot import it back)
+TEXT: list = []
+
+
 class Expr:
     """A value defined over zero or more named axes (broadcast by name, like einsum)."""
 
@@ -163,9 +168,7 @@ class Expr:
         return Cast(self, dt.canonical(dtype))
 
     def __repr__(self) -> str:
-        from .printer import to_text
-
-        return to_text(self)
+        return TEXT[0](self) if TEXT else f"<{type(self).__name__}>"
 
 
 class Axis(Expr):

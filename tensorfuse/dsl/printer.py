@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from . import dtypes as dt
+from . import expr as expr_module
 from .expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Reduce, Ref, Scalar,
                    Symbol, Unary, Where)
 
@@ -87,3 +88,6 @@ def _param_text(x) -> str:
     if dims is None:
         return f"{x.name}: {x.dtype}"
     return f"{x.name}[{', '.join(str(d) for d in dims)}]: {x.dtype}"
+
+
+expr_module.TEXT[:] = [to_text]   # every Expr's repr
