@@ -20,9 +20,10 @@ bandwidth.
 Rows ``rows_bwd/<kernel>``, CSV ``benchmarks/results/<date>-<device>-rows-backward.csv``.
 ``--sweep``: instead, the row template's knobs on the backward's row kernel (softmax,
 log-softmax, cross-entropy: the whole backward; layer norm, RMSNorm: the first of its two stages,
-timed by its d_x; rows a program, block, warps, the row read again or held), each checked against float64 and timed from a CUDA graph beside the default (L2 warm
-between replays; torch.compile's backward cannot be captured in one: compare with the main run)
-(CSV ``…-rows-backward-knobs.csv``).
+timed by its d_x; rows a program, block, warps, the row read again or held), each checked
+against float64 and timed from a CUDA graph beside the default (L2 warm between replays;
+torch.compile's backward cannot be captured in one: compare with the main run) (CSV
+``…-rows-backward-knobs.csv``).
 """
 from __future__ import annotations
 
@@ -36,13 +37,14 @@ import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.common import (TENSORFUSE, TORCH_COMPILE, TORCH_EAGER, Row, bench,
                                bench_queued, measure_ceilings, relative_error, run_and_write)
+from tensorfuse.binding import bind_call
 
 TOLERANCE = 2e-2   # bf16 gradients (2⁻⁹ each) of f32 arithmetic, relative to the largest
 
 
 def _cases():
-    """name → (shape text, make(generator) → (differentiable tensors, other arguments), the
-    torch function of the same math, the tensorfuse kernel)."""
+    """name → (shape text, make() → the differentiable tensors, the torch function of the same
+    math, the tensorfuse kernel, its other arguments)."""
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
 
     def rows(M, N, scale=1.0):
@@ -87,13 +89,13 @@ def _moved(tensors, out) -> int:
     return 2 * inputs + out.numel() * (4 if out.dim() == 1 else tensors[0].element_size())
 
 
-def _backward_origin(kernel, tensors, others) -> str:
-    """What runs the backward (the plan of ``tf.grad``'s program, compiled as autograd
-    compiles it)."""
-    from tensorfuse.binding import bind_call
-
-    dims = bind_call(kernel.program, tuple(t.detach() for t in tensors), others, "cuda").dims
-    return tf.compile(tf.grad(kernel), "cuda").schedule_origin(**dims)[:160]
+def _reference(torch_fn, tensors):
+    """``(incoming gradient, float64 gradients of the tensors)``: the incoming gradient random,
+    shaped like the output, in float64."""
+    exact = [t.detach().double().requires_grad_() for t in tensors]
+    out = torch_fn(*exact)
+    seed = torch.randn(out.shape, device="cuda", dtype=torch.float64)
+    return seed, torch.autograd.grad(out, exact, seed)
 
 
 def run(only, rows: list, log=print) -> None:
@@ -102,10 +104,7 @@ def run(only, rows: list, log=print) -> None:
         if only and name not in only:
             continue
         tensors = make()
-        exact = [t.detach().double().requires_grad_() for t in tensors]
-        out = torch_fn(*exact)
-        seed = torch.randn(out.shape, device="cuda", dtype=torch.float64)
-        want = torch.autograd.grad(out, exact, seed)
+        seed, want = _reference(torch_fn, tensors)
         compiled = tf.compile(kernel)
         fns = {TENSORFUSE: lambda *t: compiled(*t, **others),
                TORCH_EAGER: torch_fn, TORCH_COMPILE: torch.compile(torch_fn)}
@@ -125,29 +124,31 @@ def run(only, rows: list, log=print) -> None:
                 continue
             ms = bench_queued(backward)
             gbps = _moved(tensors, out) / ms / 1e6
-            note = f"err {err:.1e}; wall {bench(backward):.4f} ms" + (
-                f"; {_backward_origin(kernel, tensors, others)}" if label == TENSORFUSE else "")
+            note = f"err {err:.1e}; wall {bench(backward):.4f} ms"
+            if label == TENSORFUSE:   # what autograd ran: the kernel's own backward kernel
+                dims = bind_call(kernel.program, tuple(t.detach() for t in tensors), others,
+                                 "cuda").dims
+                ran = compiled.torch_op.differentiation.backward_kernel()
+                note += f"; {ran.schedule_origin(**dims)[:160]}"
             rows.append(Row(f"rows_bwd/{name}", f"{shape} bf16", label, ms, 0.0, gbps,
                             gbps / 1e3 / copy, note))
             log(f"{name:14s} {label:14s} {ms:8.4f} ms {gbps:7.0f} GB/s ({note})")
 
 
-SWEPT = ("softmax", "log_softmax", "cross_entropy", "layernorm", "rmsnorm")
-
-
-def _row_stage(backward, spec):
+def _row_stage(kernel, spec):
     """The backward's row kernel: its program (a norm's first stage: the row statistics and
     d_x, whose weight gradient is a second kernel), the names its parameters take and the index
-    of d_x among its outputs."""
+    of the first tensor parameter's gradient among its outputs."""
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.schedule_templates.stages import plan_stages
 
-    program = backward.program
+    program = tf.grad(kernel).program
+    d_x = f"d_{kernel.program.tensor_params[0].name}"
     if choose(program, spec) is not None:
-        return program, [p.name for p in program.params], 0
+        return program, [p.name for p in program.params], \
+            [c.name for c in program.outputs].index(d_x)
     first = plan_stages(program, lambda p: choose(p, spec) is not None)[0]
-    return first.program, list(first.inputs), [c.name for c in first.program.outputs].index(
-        next(n for n in first.produces if n.startswith("d_x")))
+    return first.program, list(first.inputs), first.produces.index(d_x)
 
 
 def _sweep_knobs(cols: int):
@@ -171,6 +172,7 @@ def sweep(only, log=print) -> list[Row]:
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.schedule_templates.row_reduction import row_reduction
     from tensorfuse.targets import get_target
+    from tensorfuse.interop import torch_dtype
     from tensorfuse.targets.triton.compile_pool import CompilePool
 
     spec = get_target("cuda:sm_90a")
@@ -178,18 +180,15 @@ def sweep(only, log=print) -> list[Row]:
     pool = CompilePool()
     try:
         for name, (shape, make, torch_fn, kernel, others) in _cases().items():
-            if name not in SWEPT or (only and name not in only):
+            if only and name not in only:
                 continue
             tensors = make()
-            exact = [t.detach().double().requires_grad_() for t in tensors]
-            out = torch_fn(*exact)
-            seed = torch.randn(out.shape, device="cuda", dtype=torch.float64)
-            want = torch.autograd.grad(out, exact, seed)[0]
-            program, inputs, d_x = _row_stage(tf.grad(kernel), spec)
+            seed, want = _reference(torch_fn, tensors)
+            program, inputs, d_x = _row_stage(kernel, spec)
             stage = types.SimpleNamespace(program=program, fn=None, name=program.name)
             given = {p.name: t.detach() for p, t in zip(kernel.program.tensor_params, tensors)}
-            given.update(others, d_out=seed.to(torch.float32 if name == "cross_entropy"
-                                               else torch.bfloat16))
+            d_out = next(p for p in tf.grad(kernel).program.params if p.name == "d_out")
+            given.update(others, d_out=seed.to(torch_dtype(d_out.dtype)))
             args = {p.name: given[n] for p, n in zip(program.params, inputs)}
             _, fusion = choose(program, spec)
             cols = tensors[0].shape[-1]
@@ -202,8 +201,8 @@ def sweep(only, log=print) -> list[Row]:
                 return made[index] if isinstance(made, tuple) else made
             rows += measure_candidates("rows_bwd_knobs", name, f"{shape} bf16",
                                        {"default": tf.compile(stage)}, made,
-                                       lambda cand: cand.warm(**args), d_x_of, want, {},
-                                       _moved(tensors[:1], out), pool, log)
+                                       lambda cand: cand.warm(**args), d_x_of, want[0], {},
+                                       _moved(tensors[:1], seed), pool, log)
     finally:
         pool.close()
     return rows

@@ -27,18 +27,29 @@ def _whole_row_block(cols: int) -> int:
     return min(1 << max(4, (cols - 1).bit_length()), MAX_ROW_BLOCK)
 
 
+def _swept_loads(plan: RowTilePlan, outputs: bool = False):
+    """The loads of the chain's members (and, with ``outputs``, of its outputs) that the sweep
+    reads: indexed by the swept axis."""
+    bodies = [b for m in plan.chain.members for b in plan.chain.bodies[m.name]]
+    for body in bodies + ([expr for _, expr, _ in plan.outputs] if outputs else []):
+        for n in nodes(body):
+            if isinstance(n, Load) and any(a.uid == plan.col.uid for a in n.axes):
+                yield n
+
+
 def rows_contiguous(plan: RowTilePlan) -> bool:
     """Whether the chain reduces across a strided axis: a tensor it sweeps is laid out with the
     row axis innermost (log-softmax over the channels of ``[B, C, P]``), so a tile's
     neighbouring rows, not its columns, are neighbours in memory."""
-    for m in plan.chain.members:
-        for body in plan.chain.bodies[m.name]:
-            for n in nodes(body):
-                if isinstance(n, Load) and n.indices and isinstance(n.indices[-1], Axis) and \
-                        n.indices[-1].uid == plan.row.uid and \
-                        any(a.uid == plan.col.uid for a in n.axes):
-                    return True
-    return False
+    return any(n.indices and isinstance(n.indices[-1], Axis) and
+               n.indices[-1].uid == plan.row.uid for n in _swept_loads(plan))
+
+
+def row_operands(plan: RowTilePlan) -> int:
+    """How many tensors the chain and its outputs read along the row (indexed by both the row
+    and the swept axis): a backward's input and incoming gradient are two."""
+    return len({n.param.name for n in _swept_loads(plan, outputs=True)
+                if any(a.uid == plan.row.uid for a in n.axes)})
 
 
 # Reducing across a strided axis: tiles of 64 contiguous rows × the whole row where the tile
@@ -54,25 +65,11 @@ def rows_contiguous(plan: RowTilePlan) -> bool:
 # 988 GB/s (``benchmarks.user_kernels``).
 CONTIGUOUS_ROWS, CONTIGUOUS_TILE = 64, 32768
 SWEPT_CONTIGUOUS = (32, 512, 4, 2)   # rows, block, warps and stages of a wider strided row
-def row_operands(plan: RowTilePlan) -> int:
-    """How many tensors the chain and its outputs read along the row (indexed by both the row
-    and the swept axis): a backward's input and incoming gradient are two."""
-    names = set()
-    bodies = [b for m in plan.chain.members for b in plan.chain.bodies[m.name]]
-    for body in bodies + [expr for _, expr, _ in plan.outputs]:
-        for n in nodes(body):
-            if isinstance(n, Load) and {plan.row.uid, plan.col.uid} <= {a.uid for a in n.axes}:
-                names.add(n.param.name)
-    return len(names)
-
-
-# Rows of up to 4096 columns held whole that read two tensors along the row (a norm's or a
-# softmax's backward: x and the incoming gradient) run on 4 warps: on the H200 RMSNorm's backward
-# row kernel at [8192, 4096] 0.054 ms against 0.059 on 8, layer norm's 0.062 against 0.067
-# (``benchmarks.rows_backward --sweep``); one such tensor keeps the rule below
-FEW_WARPS_OPERANDS, FEW_WARPS_UP_TO = 2, 4096
-
-
+# Rows of 4096 columns held whole that read two tensors along the row (a norm's or a softmax's
+# backward: x and the incoming gradient) run on 4 warps, not 8: on the H200 RMSNorm's backward
+# row kernel at [8192, 4096] 0.054 ms against 0.059, layer norm's 0.062 against 0.067
+# (``benchmarks.rows_backward --sweep``); rows reading one such tensor keep 8
+TWO_OPERAND_ROW, TWO_OPERAND_WARPS = 4096, 4
 # A long strided sweep over few row tiles — a weight gradient's sum down the rows of [M, N]:
 # tiles of 64 contiguous rows (128-byte pieces) × blocks of 64, the sweep split into parts for
 # about four programs an SM. RMSNorm's d_weight over the 8192 rows of [8192, 4096]: 0.039 ms
@@ -153,9 +150,8 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     # (CUDA; measured on the H100 only; ROCm: 8)
     widest = 16 if target.kind == "cuda" else 8
     warps = widest if block_n >= 16384 else 8 if block_n >= 4096 else 4 if block_n >= 1024 else 2
-    if target.kind == "cuda" and block_n == FEW_WARPS_UP_TO and \
-            row_operands(plan) >= FEW_WARPS_OPERANDS:
-        warps = 4
+    if target.kind == "cuda" and block_n == TWO_OPERAND_ROW and row_operands(plan) >= 2:
+        warps = TWO_OPERAND_WARPS
     # a row in one block read again for the outputs: +0.3-1.4 % on the H100 for softmax, norms
     # and rows with extra operands, layernorm over 16384 columns 74 -> 98 % of copy (the row no
     # longer held in registers across the reductions; benchmarks/rows_sweep.py --reload,
