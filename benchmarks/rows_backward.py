@@ -18,9 +18,10 @@ bandwidth.
     python -m benchmarks.rows_backward [--out DIR] [--only softmax,cross_entropy,...] [--sweep]
 
 Rows ``rows_bwd/<kernel>``, CSV ``benchmarks/results/<date>-<device>-rows-backward.csv``.
-``--sweep``: instead, the row template's knobs on the backward's row kernel (softmax,
-log-softmax, cross-entropy: the whole backward; layer norm, RMSNorm: the first of its two stages,
-timed by its d_x; rows a program, block, warps, the row read again or held), each checked
+``--sweep``: instead, the row template's knobs on the backward's row kernel (the whole backward:
+rows a program, block, warps, the row read again or held; for layer norm and RMSNorm, whose
+weight gradients the row kernel adds up in its pass, the row tiles a program sweeps, warps,
+pipeline stages and the row read again or held), each checked on every gradient
 against float64 and timed from a CUDA graph beside the default (L2 warm between replays;
 torch.compile's backward cannot be captured in one: compare with the main run) (CSV
 ``…-rows-backward-knobs.csv``).
@@ -136,40 +137,56 @@ def run(only, rows: list, log=print) -> None:
 
 
 def _row_stage(kernel, spec):
-    """The backward's row kernel: its program (a norm's first stage: the row statistics and
-    d_x, whose weight gradient is a second kernel), the names its parameters take and the index
-    of the first tensor parameter's gradient among its outputs."""
-    from tensorfuse.schedule_templates.auto import choose
+    """The backward's row kernel: its program (the whole backward where one row kernel takes it,
+    a norm's weight gradient added up in its pass; else the first stage: the row statistics and
+    d_x), the names its parameters take, and the index of each of its outputs among the
+    backward's gradients."""
+    from tensorfuse.schedule_templates.auto import choose, takes_stage
     from tensorfuse.schedule_templates.stages import plan_stages
 
     program = tf.grad(kernel).program
-    d_x = f"d_{kernel.program.tensor_params[0].name}"
+    grads = [c.name for c in program.outputs]
     if choose(program, spec) is not None:
-        return program, [p.name for p in program.params], \
-            [c.name for c in program.outputs].index(d_x)
-    first = plan_stages(program, lambda p: choose(p, spec) is not None)[0]
-    return first.program, list(first.inputs), first.produces.index(d_x)
+        return program, [p.name for p in program.params], list(range(len(grads)))
+    first = plan_stages(program, lambda p: takes_stage(p, spec))[0]
+    d_x = f"d_{kernel.program.tensor_params[0].name}"
+    return first.program, list(first.inputs), [grads.index(d_x)]
 
 
-def _sweep_knobs(cols: int):
-    """(rows, block, warps, reload): the whole row or blocks of 4096-16384, 4-16 warps."""
+def _sweep_knobs(cols: int, sums: bool):
+    """Knobs by label: for a row kernel that adds sums down the rows up, the row tiles a
+    program sweeps, warps, pipeline stages and the row read again or held; else the rows a
+    program, the whole row or blocks of 4096-16384, 4-16 warps."""
     import itertools
 
+    if sums:
+        for tiles, warps, stages, reload in itertools.product((8, 16, 32, 64), (4, 8), (1, 2, 3),
+                                                              (0, 1)):
+            yield f"t{tiles} w{warps} s{stages}" + (" reload" if reload else ""), dict(
+                row_tiles=tiles, num_warps=warps, num_stages=stages, reload=bool(reload))
+        return
     whole = 1 << max(4, (cols - 1).bit_length())
     for rows, block, warps in itertools.product((1, 2), (4096, 8192, 16384), (4, 8, 16)):
         if block > whole or rows * block > 16384:
             continue
         for reload in ((0, 1) if block >= cols else (0,)):
-            yield rows, block, warps, reload
+            yield f"r{rows} b{block} w{warps}" + (" reload" if reload else ""), dict(
+                rows=rows, block=block, num_warps=warps, reload=bool(reload))
+
+
+def _scaled(gradients) -> torch.Tensor:
+    """Gradients side by side, each divided by its float64 reference's largest magnitude (one
+    error then measures each relative to its own size)."""
+    return torch.cat([g.double().flatten() for g in gradients])
 
 
 def sweep(only, log=print) -> list[Row]:
-    """Rows ``rows_bwd_knobs/<kernel>``: the backward program's row kernel at each knob set (a
-    norm's: its first stage, checked and timed by its d_x)."""
+    """Rows ``rows_bwd_knobs/<kernel>``: the backward program's row kernel at each knob set,
+    checked on every gradient it writes (a norm staged: its first stage, by its d_x)."""
     import types
 
     from benchmarks.common import measure_candidates
-    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.auto import choose, sums_down_rows
     from tensorfuse.schedule_templates.row_reduction import row_reduction
     from tensorfuse.targets import get_target
     from tensorfuse.interop import torch_dtype
@@ -184,25 +201,27 @@ def sweep(only, log=print) -> list[Row]:
                 continue
             tensors = make()
             seed, want = _reference(torch_fn, tensors)
-            program, inputs, d_x = _row_stage(kernel, spec)
+            program, inputs, wrote = _row_stage(kernel, spec)
             stage = types.SimpleNamespace(program=program, fn=None, name=program.name)
             given = {p.name: t.detach() for p, t in zip(kernel.program.tensor_params, tensors)}
             d_out = next(p for p in tf.grad(kernel).program.params if p.name == "d_out")
             given.update(others, d_out=seed.to(torch_dtype(d_out.dtype)))
             args = {p.name: given[n] for p, n in zip(program.params, inputs)}
             _, fusion = choose(program, spec)
-            cols = tensors[0].shape[-1]
-            made = {f"r{r} b{b} w{w}" + (" reload" if re else ""):
-                    row_reduction(stage, fusion, spec, rows=r, block=b, num_warps=w,
-                                  reload=bool(re)) for r, b, w, re in _sweep_knobs(cols)}
+            made = {label: row_reduction(stage, fusion, spec, **knobs)
+                    for label, knobs in _sweep_knobs(tensors[0].shape[-1],
+                                                     sums_down_rows(program, fusion))}
+            sizes = [want[k].abs().max() for k in wrote]
 
-            def d_x_of(f, index=d_x):
+            def written(f, sizes=sizes):
                 made = f(**args)
-                return made[index] if isinstance(made, tuple) else made
+                made = made if isinstance(made, tuple) else (made,)
+                return _scaled(g.double() / size for g, size in zip(made, sizes))
+            reference = _scaled(want[k] / size for k, size in zip(wrote, sizes))
             rows += measure_candidates("rows_bwd_knobs", name, f"{shape} bf16",
                                        {"default": tf.compile(stage)}, made,
-                                       lambda cand: cand.warm(**args), d_x_of, want[0], {},
-                                       _moved(tensors[:1], seed), pool, log)
+                                       lambda cand: cand.warm(**args), written, reference, {},
+                                       _moved([tensors[k] for k in wrote], seed), pool, log)
     finally:
         pool.close()
     return rows

@@ -25,7 +25,7 @@ import tensorfuse.kernels as K
 from benchmarks.common import Row, measure_candidates, write_csv
 from benchmarks.user_kernels import (group_norm, layernorm_channels, log_softmax_channels,
                                      max_pool_l2)
-from tensorfuse.schedule_templates.auto import choose
+from tensorfuse.schedule_templates.auto import choose, takes_stage
 from tensorfuse.schedule_templates.flat_sweeps import flatten_sweeps
 from tensorfuse.schedule_templates.row_reduction import row_reduction
 from tensorfuse.schedule_templates.stages import plan_stages
@@ -78,7 +78,7 @@ def _cases(generator, only):
     if "weight_gradient" in only:   # RMSNorm's backward, second stage: a sum down the rows
         M, N = 8192, 4096
         backward = tf.grad(K.rmsnorm).program
-        second = plan_stages(backward, lambda p: choose(p, SPEC) is not None)[1]
+        second = plan_stages(backward, lambda p: takes_stage(p, SPEC))[1]
         stage = types.SimpleNamespace(program=second.program, fn=None,
                                       name=second.program.name)
         x = (torch.randn(M, N, generator=generator) * 2).to("cuda", torch.bfloat16)
@@ -95,7 +95,7 @@ def _cases(generator, only):
     if "max_pool" in only:   # the pool stage: the max over S, the tokens strided by D
         B, S, D = 64, 512, 4096
         x = (torch.randn(B, S, D, generator=generator) * 3).to("cuda", torch.bfloat16)
-        first = plan_stages(max_pool_l2.program, lambda p: choose(p, SPEC) is not None)[0]
+        first = plan_stages(max_pool_l2.program, lambda p: takes_stage(p, SPEC))[0]
         stage = types.SimpleNamespace(program=first.program, fn=None, name=first.program.name)
 
         def pooled(t):

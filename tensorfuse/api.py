@@ -84,7 +84,9 @@ def _compile(kernel, target, template, untemplated: str | None = None,
                                                       nearest=template == "hopper_attention"))
             ahead += contraction_templates(kernel, spec, template_records(
                 tuned_as, "contraction", None, spec, nearest=True), dynamic)
-            return AutoKernel(made, fallback, ahead=ahead, floor=_gemm_floor(kernel, spec, dynamic))
+            return AutoKernel(made, fallback, ahead=ahead,
+                              floor=_gemm_floor(kernel, spec, dynamic) or
+                              _sums_floor(kernel, spec, fusion, dynamic))
         gemms = contraction_templates(kernel, spec, template_records(
             program, "contraction", None, spec, nearest=True), dynamic) \
             if _triton_available() else ()
@@ -159,6 +161,18 @@ def _gemm_floor(kernel, spec, dynamic: "bool | None"):
     program = kernel.program
     if not spec.is_gpu or not gemm_shaped(program) or \
             any(c.monoid.name != "sum" for c in program.computes if c.is_reduction):
+        return None
+    return lambda why: _staged(kernel, spec, why, dynamic=dynamic)
+
+
+def _sums_floor(kernel, spec, fusion, dynamic: "bool | None"):
+    """For a chain whose row kernel adds sums down the rows up in its pass (a norm's backward
+    with its weight gradient: ``schedule_templates.column_sums``): where it does not fit a
+    call's sizes (rows wider than a block holds), its stages — the sums then a kernel of their
+    own — rather than TVM's untiled schedule; None for other programs."""
+    from .schedule_templates.auto import sums_down_rows
+
+    if not sums_down_rows(kernel.program, fusion):
         return None
     return lambda why: _staged(kernel, spec, why, dynamic=dynamic)
 

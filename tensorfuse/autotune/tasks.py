@@ -35,7 +35,8 @@ KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits", "reload
               "stages", "consumers", "overlap", "pingpong", "schedule",     # hopper_attention
               "ctas_per_sm", "chunk", "rows",                               # … / cpu_fused
               "cluster", "warps", "copy",                                   # cluster_decode
-              "block_k", "group_m", "stage_sides")                          # contraction
+              "block_k", "group_m", "stage_sides",                          # contraction
+              "row_tiles")                                                  # row sums
 
 
 def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,

@@ -65,7 +65,17 @@ def takes_stage(program: Program, target: TargetSpec) -> bool:
     if all(c.monoid.name == "sum" for c in program.computes if c.is_reduction) and \
             gemm_shaped(program):
         return False
-    return choose(program, target) is not None
+    found = choose(program, target)
+    # a chain whose row kernel adds sums down the rows up (column_sums) is staged where that
+    # kernel does not fit: the sums then run as a stage of their own
+    return found is not None and not sums_down_rows(program, found[1])
+
+
+def sums_down_rows(program: Program, fusion: Fusion) -> bool:
+    """Whether the row-tile plan of ``program`` fused by ``fusion`` adds sums down the rows up
+    in its pass (:mod:`.column_sums`)."""
+    chain = plan_chain(program, fusion.names, fusion.axis)
+    return bool(plan_rowtile(program, chain, dict.fromkeys(program.dim_names(), 64)).column_sums)
 
 
 def contraction_templates(kernel, spec: TargetSpec, records=None,

@@ -37,6 +37,7 @@ from ..dsl.program import Compute, Program
 from ..errors import ScheduleError, TargetError
 from ..targets.triton.rowtile import MAX_FEATURE, REDUCE
 from .block_schedule import block_lists, window_lists
+from .column_sums import column_sum, output_reads
 from .token_tiling import choose_tiling, map_scalars, mask_reads_map, mask_reads_tensors
 
 
@@ -80,6 +81,7 @@ class RowTilePlan:
     key_windows: object = None
     tiling: object = None
     written_mask: Expr | None = None   # the mask as written, where the emitted one is rewritten
+    column_sums: list = field(default_factory=list)   # .column_sums.ColumnSum, the outputs' sums
 
     @property
     def map_mask(self) -> Expr | None:
@@ -143,12 +145,17 @@ class RowTilePlan:
                          "partial and full)")
         if self.tiling is not None:
             lines.append(f"  visiting order: {self.tiling.describe()}")
+        for cs in self.column_sums:
+            lines.append(f"  summed down the rows in the same pass: {cs.name} = {cs.monoid.name} "
+                         f"of {to_text(cs.body)} (a partial row per program, added up by a "
+                         "second kernel)")
         lines.append("  outputs: " + ", ".join(f"{c.name} ({kind})" for c, _, kind in
                                                self.outputs))
         if knobs is not None:
             lines.append(f"  knobs: block_m={knobs.block_m}, block_n={knobs.block_n}, "
                          f"num_warps={knobs.num_warps}, num_stages={knobs.num_stages}, "
-                         f"splits={knobs.splits}")
+                         f"splits={knobs.splits}"
+                         + (f", row_tiles={knobs.row_tiles}" if self.column_sums else ""))
         return "\n".join(lines)
 
     def _feature_sizes(self) -> list[tuple[str, int]]:
@@ -307,7 +314,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
     plan.mask = None if plan.fold else identity_mask(chain)
     if plan.mask is not None:
         _separate_congruences(plan)
-    plan.outputs = _outputs(program, chain, common, col, set(features))
+    plan.outputs = _outputs(program, plan, common, set(features))
     return plan
 
 
@@ -434,11 +441,15 @@ def _with_scalars_compiled_in(plan: RowTilePlan, values: dict) -> RowTilePlan:
     return out
 
 
-def _outputs(program: Program, chain: Chain, common: set, col: Axis, features: set) -> list:
+def _outputs(program: Program, plan: RowTilePlan, common: set, features: set) -> list:
     """Each output with its expression over the chain's values and its kind: over the rows, also
-    over the swept axis (``col``), or also over a feature axis. An output over another axis (a
-    norm over ``c`` written out over ``c`` and ``p``) is refused: no tile holds that axis."""
+    over the swept axis (``col``), also over a feature axis, or over the swept axis alone from
+    sums down the rows (``colsum``: :mod:`.column_sums`, recorded in ``plan.column_sums``). An
+    output over another axis (a norm over ``c`` written out over ``c`` and ``p``) is refused: no
+    tile holds that axis."""
+    chain, col = plan.chain, plan.col
     members = {m.name for m in chain.members}
+    sums = {cs.name: cs for cs in plan.column_sums}
     out = []
     for c in program.outputs:
         body = c.bodies[0] if not c.is_reduction else None
@@ -446,18 +457,26 @@ def _outputs(program: Program, chain: Chain, common: set, col: Axis, features: s
             expr: Expr = Ref(c, 0, c.loc)
         elif body is not None:
             expr = inline_elementwise(body)
-        else:
-            raise TargetError(f"output {c.name} is a reduction outside the chain")
-        for n in nodes(expr):
-            if isinstance(n, Ref) and n.compute.name not in members:
-                raise TargetError(f"output {c.name} reads {n.compute.name}, outside the chain")
+        else:   # a sum down the rows, itself an output
+            expr = Ref(c, 0, c.loc)
+        inside, outside = output_reads(expr, members)
         axes = {a.uid for a in c.axes}
+        if outside:
+            for name, x in outside.items():   # each a sum down the rows, or why not
+                sums.setdefault(name, column_sum(x, plan))
+            if inside or axes != {col.uid}:
+                raise TargetError(f"output {c.name} reads {', '.join(sorted(outside))}, outside "
+                                  "the chain" + (f", and {', '.join(sorted(inside))}" if inside
+                                                 else f", and is not over {col.name} alone"))
+            out.append((c, expr, "colsum"))
+            continue
         if not axes <= common | {col.uid} | features:
             other = [a.name for a in c.axes if a.uid not in common | {col.uid} | features]
             raise TargetError(f"output {c.name} is over {', '.join(other)}, which is neither a "
                               f"row axis, the swept axis {col.name} nor a feature axis")
         kind = "row" if axes <= common else ("col" if axes <= common | {col.uid} else "feature")
         out.append((c, expr, kind))
+    plan.column_sums = list(sums.values())
     return out
 
 
@@ -471,6 +490,9 @@ class Knobs:
     # 1: a row held in one block is read again for the outputs (from L2: the first read keeps it
     # there) instead of kept in registers across the reductions (row template only)
     reload: int = 0
+    # row tiles a program sweeps, one after another (a plan with sums down the rows: each
+    # program adds its tiles' contributions up and stores one partial row of each sum)
+    row_tiles: int = 1
 
 
 class TilePlanner:

@@ -13,7 +13,7 @@ from tensorfuse.api import AutoKernel, _staged
 from tensorfuse.errors import CallError, NoTemplateWarning
 from tensorfuse.flat_kernel import FlatSweepKernel
 from tensorfuse.kernels import softmax_attend
-from tensorfuse.schedule_templates.auto import choose
+from tensorfuse.schedule_templates.auto import choose, takes_stage
 from tensorfuse.schedule_templates.stages import NotStageable, plan_stages
 from tensorfuse.staged import StagedKernel
 from tensorfuse.targets import get_target
@@ -26,7 +26,7 @@ HOPPER = get_target("cuda:sm_90a")
 
 
 def stages_of(kernel):
-    return plan_stages(kernel.program, lambda sub: choose(sub, HOPPER) is not None)
+    return plan_stages(kernel.program, lambda sub: takes_stage(sub, HOPPER))
 
 
 def test_a_pooled_norm_is_cut_after_the_pool_and_each_half_gets_the_row_template():

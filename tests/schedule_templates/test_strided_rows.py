@@ -62,7 +62,7 @@ def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_ro
     import types
 
     from tensorfuse.kernels import cross_entropy, rmsnorm, softmax
-    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.auto import takes_stage
     from tensorfuse.schedule_templates.stages import plan_stages
     from tensorfuse.targets import get_target
     from tests.schedule_templates.strided_rows import channel_stats
@@ -70,7 +70,7 @@ def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_ro
     stats = knobs_of(channel_stats, N=100352, C=256)
     assert (stats.block_m, stats.block_n, stats.splits) == (64, 64, 64)
     spec = get_target("cuda:sm_90a")
-    second = plan_stages(tf.grad(rmsnorm).program, lambda p: choose(p, spec) is not None)[1]
+    second = plan_stages(tf.grad(rmsnorm).program, lambda p: takes_stage(p, spec))[1]
     weight = knobs_of(types.SimpleNamespace(program=second.program, fn=None,
                                             name=second.program.name), M=8192, N=4096)
     assert (weight.block_m, weight.block_n, weight.splits) == (64, 64, 8)

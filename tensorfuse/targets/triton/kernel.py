@@ -13,6 +13,7 @@ from .launch import compile_for, interpreting, launch_device, load_kernel, signa
 from ..signature_call import call_layout, fast_call_applies, try_fast_call
 from .launcher import FastCall, Launches, PartCounters, Step, current_stream
 from .row_grid import block_k, grid, launch_grid
+from .column_sums import finish_grid, partial_names, scratch_shapes
 from .rowtile import kernel_source
 from .size_builds import SizeBuilds, size_values, with_size_arguments
 
@@ -109,6 +110,12 @@ class TritonKernel(GraphCallable):
         source, args = kernel_source(plan, knobs, name, interpreter=interpreting())
         return source, load_kernel(source, name), args
 
+    def _sums_kernel(self, bound):
+        """The second kernel of a plan with sums down the rows, from the source that serves these
+        sizes (:meth:`build`)."""
+        _, _, source, _, _ = self.build(bound.scalars, **bound.dims)
+        return load_kernel(source, f"{self.program.name}_fused_sums")
+
     def cache_info(self) -> list:
         """The sources this kernel wrote (:class:`.size_builds.Build`: the sizes each serves,
         exactly or as arguments under its guards)."""
@@ -157,7 +164,8 @@ class TritonKernel(GraphCallable):
         mask_args = list(MASK_ARGS) if plan.mask is not None else []
         sig, divisible = with_size_arguments(signature(self.program, outs, mask_args), dims,
                                              names)
-        if knobs.splits > 1:   # the parts' states in f32, their arrival counters in i32
+        if knobs.splits > 1 or plan.column_sums:   # the parts' states and the sums' partial
+            # rows in f32, the parts' arrival counters in i32
             sig = {n: sig.get(n, "*i32" if n == "part_count" else "*fp32") for n in names}
         constexprs = {"BLOCK_M": knobs.block_m, "BLOCK_N": knobs.block_n, "BLOCK_K": block_k(plan)}
         return compile_for(fn, sig, constexprs, self.target, knobs.num_warps, knobs.num_stages,
@@ -191,27 +199,34 @@ class TritonKernel(GraphCallable):
             pointers = {p.name for p in self.program.tensor_params} | {
                 f"out_{c.name}" for c, _, _ in plan.outputs} | set(MASK_ARGS)
             split = knobs.splits > 1   # the parts on the grid's third axis, the last merging
+            pointers |= set(partial_names(plan))
             steps = [Step(fn, launch_grid(plan, knobs, *((knobs.splits,) if split else ())),
                           names, pointers | ({"part_count"} if split else set()))]
+            if plan.column_sums:   # the kernel that adds the sums' partial rows up
+                steps.append(Step(self._sums_kernel(bound), finish_grid(plan), names, pointers))
             outputs = [(f"out_{c.name}", tuple(output_shape(c, bound.dims)), c.dtypes[0])
                        for c, _, _ in plan.outputs]
             counters = PartCounters(math.prod(grid(plan, knobs))) if split else None
             made = (plan, Launches(steps, meta, knobs.num_warps, knobs.num_stages),
-                    self._scratch_layout(plan, knobs) if split else None, knobs,
+                    self._scratch_layout(plan, knobs) if split or plan.column_sums else None,
+                    knobs,
                     outputs, counters)
             self._launch_plans[key] = made
         return made
 
     def _scratch_layout(self, plan, knobs) -> tuple[list, int]:
-        """Where each split part leaves its states and references for the merge: (name, shape,
-        offset) in one f32 buffer, each at a 128-byte boundary, and the buffer's length."""
+        """Where each split part leaves its states and references for the merge, and each sum
+        down the rows its partial rows: (name, shape, offset) in one f32 buffer, each at a
+        128-byte boundary, and the buffer's length."""
         rows, batch = grid(plan, knobs)
         rows_pad = rows * knobs.block_m
-        shapes = [(f"part_{sp.member.name}_{sp.k}",
-                   (batch, knobs.splits, rows_pad, block_k(plan) if sp.contraction is not None
-                    else 1)) for sp in plan.states]
-        shapes += [(f"part_ref_{d}", (batch, knobs.splits, rows_pad, 1))
-                   for d in sorted({d for s in plan.chain.schemes.values() for d in s.deps})]
+        shapes = scratch_shapes(plan, knobs)   # the sums' partial rows, where it has sums
+        if knobs.splits > 1:
+            shapes += [(f"part_{sp.member.name}_{sp.k}",
+                        (batch, knobs.splits, rows_pad, block_k(plan) if sp.contraction is not None
+                         else 1)) for sp in plan.states]
+            shapes += [(f"part_ref_{d}", (batch, knobs.splits, rows_pad, 1))
+                       for d in sorted({d for s in plan.chain.schemes.values() for d in s.deps})]
         layout, offset = [], 0
         for name, shape in shapes:
             layout.append((name, shape, offset))

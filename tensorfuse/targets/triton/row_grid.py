@@ -15,11 +15,13 @@ def list_length(plan, knobs) -> int:
 
 
 def grid(plan, knobs) -> tuple[int, int]:
-    """``(row blocks, batch entries)``: the blocks a launch runs (:func:`launch_grid` orders them
-    on the grid)."""
+    """``(row blocks, batch entries)``: the programs a launch runs (:func:`launch_grid` orders
+    them on the grid)."""
     batch = plan.grid_batch_size
     rows = plan.row_tiling.padded if plan.row_tiling is not None else plan.rows
-    return (math.ceil(rows / knobs.block_m), batch)
+    tiles = math.ceil(rows / knobs.block_m)
+    # a plan with sums down the rows sweeps several row tiles a program (Knobs.row_tiles)
+    return (math.ceil(tiles / knobs.row_tiles) if plan.column_sums else tiles, batch)
 
 
 MAX_GRID_YZ = 65535   # CUDA's limit on a grid's second and third dimensions (the first: 2³¹ − 1)

@@ -20,6 +20,7 @@ from ...dsl.symbolic_sizes import size_arguments
 from ..index_text import IndexText as _Index
 from .expr import (HELPERS, TL_DTYPES, TileContext, fresh_memo, ieee_products, literal,
                    to_triton)
+from .column_sums import add_tile, finish_body, open_partials, partial_names, store_partials
 from .row_grid import batch_first, block_k, grid, launch_grid, list_length
 from .row_states import (REDUCE, column_operands, depended_on, initial_reference, lanewise_states,
                          output_operands, reloadable, uncorrected_states)
@@ -87,6 +88,7 @@ class _RowTileSource:
         # split: the parts' state buffers and arrival counters (the last part of a tile merges)
         self.args = self.tensors + self.scalars + self.outs + (
             self.parts + ["part_count"] if splits > 1 else self.mask_args) + \
+            partial_names(plan) + \
             size_arguments(plan.sizes)   # sizes the kernel reads as arguments (dynamic=)
         self.bk = block_k(plan)
         self.wide = needs_wide_offsets(prog, self.sizes)
@@ -146,7 +148,8 @@ class _RowTileSource:
             w(f"ax_{gname} = (pid_b // {stride}) % {extent}")
             self.ctx_base.axes[a.uid] = f"ax_{gname}"
             stride *= extent
-        w("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+        if not plan.column_sums:   # else per row tile of the program (source)
+            w("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
         w("offs_k = tl.arange(0, BLOCK_K)")
         if plan.row_tiling is not None:   # the rows of this block: a patch of the map
             token, ok = plan.row_tiling.position(_Index("offs_m"))
@@ -341,6 +344,8 @@ class _RowTileSource:
     def emit_outputs(self, finals: dict) -> None:
         w = self.w
         for (c, expr, kind), out in zip(self.plan.outputs, self.outs):
+            if kind == "colsum":   # written by the kernel that adds up the sums (column_sums)
+                continue
             if kind == "row":
                 ctx = self.ctx_r().child(refs=finals, emit=w if self.single else None,
                                          memo=self.chunk_memo)
@@ -423,6 +428,45 @@ class _RowTileSource:
         """The kernel's Python source and argument names."""
         w, plan, knobs = self.w, self.plan, self.knobs
         self.prologue()
+        if plan.column_sums:
+            return self.summing_source()
+        return self.tile_source()
+
+    def summing_source(self) -> tuple[str, list[str]]:
+        """A plan with sums down the rows (:mod:`.column_sums`): the program sweeps
+        ``row_tiles`` tiles of whole rows (its loads pipelined ``num_stages`` tiles ahead), adds
+        their contributions up per column and stores them; a second kernel adds the programs'
+        partials up and writes the outputs that read the sums."""
+        from ...errors import TargetError
+
+        w, plan, knobs = self.w, self.plan, self.knobs
+        if not self.single:
+            raise TargetError("sums down the rows are added up in the row kernel's pass only where "
+                              f"a whole row is one block ({self.N} columns, blocks of "
+                              f"{knobs.block_n}, {knobs.splits} parts)")
+        open_partials(w, plan)
+        w.sweep("row_tile", "0", str(knobs.row_tiles), "1", knobs.num_stages)
+        with w.block():
+            w(f"offs_m = (pid_m * {knobs.row_tiles} + row_tile) * BLOCK_M + "
+              "tl.arange(0, BLOCK_M)")
+            finals = self.tile_body()
+            add_tile(w, plan, self.ctx_rc().child(refs=finals, emit=w, memo=self.chunk_memo),
+                     f"{self.row_ok} & {self.col_ok}")
+        store_partials(w, plan, knobs)
+        finish = finish_body(plan, knobs, {c.name: out for (c, _, _), out in
+                                           zip(plan.outputs, self.outs)})
+        return assemble_source([(self.name, self.args, w.lines),
+                                (f"{self.name}_sums", self.args, finish)]), self.args
+
+    def tile_source(self) -> tuple[str, list[str]]:
+        """The kernel of a plan without sums down the rows: one row tile a program."""
+        self.tile_body()
+        return assemble_source([(self.name, self.args, self.w.lines)]), self.args
+
+    def tile_body(self) -> dict | None:
+        """One row tile: its states, its sweep of the axis, its finals and outputs; the finals'
+        variables (None where the split update's last part merges and writes the outputs)."""
+        w, plan, knobs = self.w, self.plan, self.knobs
         # hoisted row operands of the local contractions (q)
         self.local_axes = {}
         for xname, con in plan.locals.items():
@@ -461,7 +505,7 @@ class _RowTileSource:
             for d in self.needed:
                 w(f"tl.store({self.part_at(f'part_ref_{d}', 'pid_s')}, ref_{d})")
             self.last_part_merges()
-            return assemble_source([(self.name, self.args, w.lines)]), self.args
+            return None
         if self.single:  # the whole axis in one block: no loop, and outputs reuse the loaded values
             w("start_n = 0")
             early = output_operands(plan, self.ctx_rc()) if PREFETCH else ()
@@ -502,7 +546,7 @@ class _RowTileSource:
         finals = self.emit_finals(self.states, {d: f"ref_{d}" for d in self.needed}, {},
                                   correct=not self.single)
         self.emit_outputs(finals)
-        return assemble_source([(self.name, self.args, w.lines)]), self.args
+        return finals
 
 
 def assemble_source(functions) -> str:
