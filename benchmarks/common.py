@@ -192,12 +192,13 @@ def run_and_write(measure, out: str, part: str) -> None:
 
 def measure_candidates(bench_name: str, name: str, shape: str, calls: dict, candidates: dict,
                        warm, run, ref, alternatives: dict, moved: float, pool,
-                       log=print) -> list[Row]:
+                       log=print, error=None) -> list[Row]:
     """Rows of ``bench_name/name``: ``calls`` (label → callable, the alternatives among them run
     as they are, the others through ``run``) and ``candidates`` (label → a kernel, compiled ahead
-    on all the CPUs through ``warm``), each checked against float64 ``ref`` (a wrong or failing
-    one reported, not timed), timed from a CUDA graph; the fastest eight printed beside the
-    default and the alternatives."""
+    on all the CPUs through ``warm``), each checked against float64 ``ref`` (or by
+    ``error(result)``, for results of several tensors; a wrong or failing one reported, not
+    timed), timed from a CUDA graph; the fastest eight printed beside the default and the
+    alternatives."""
     from tensorfuse.targets.triton.compile_pool import compiled_as_ready
 
     calls = dict(calls)
@@ -208,7 +209,8 @@ def measure_candidates(bench_name: str, name: str, shape: str, calls: dict, cand
         call = f if label in alternatives else (lambda f=f: run(f))
         try:
             got = call()
-            err = float((got.double() - ref).abs().max() / ref.abs().max())
+            err = error(got) if error is not None else \
+                float((got.double() - ref).abs().max() / ref.abs().max())
             ms = bench_graph(call, 100)
         except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported
             log(f"{name} {label}: {type(exc).__name__}: {str(exc)[:200]}")

@@ -154,30 +154,25 @@ def _row_stage(kernel, spec):
 
 
 def _sweep_knobs(cols: int, sums: bool):
-    """Knobs by label: for a row kernel that adds sums down the rows up, the row tiles a
-    program sweeps, warps, pipeline stages and the row read again or held; else the rows a
+    """Knobs by label: the row tiles a program sweeps, warps, pipeline stages and the row read
+    again or held (for a row kernel that adds sums down the rows up: only these); the rows a
     program, the whole row or blocks of 4096-16384, 4-16 warps."""
     import itertools
 
-    if sums:
-        for tiles, warps, stages, reload in itertools.product((8, 16, 32, 64), (4, 8), (1, 2, 3),
-                                                              (0, 1)):
+    whole = 1 << max(4, (cols - 1).bit_length())
+    for tiles, warps, stages, reload in itertools.product((8, 16, 32, 64), (4, 8), (1, 2, 3, 4),
+                                                          (0, 1)):
+        if sums or tiles <= 32 and stages > 1 and whole <= 16384:
             yield f"t{tiles} w{warps} s{stages}" + (" reload" if reload else ""), dict(
                 row_tiles=tiles, num_warps=warps, num_stages=stages, reload=bool(reload))
+    if sums:
         return
-    whole = 1 << max(4, (cols - 1).bit_length())
     for rows, block, warps in itertools.product((1, 2), (4096, 8192, 16384), (4, 8, 16)):
         if block > whole or rows * block > 16384:
             continue
         for reload in ((0, 1) if block >= cols else (0,)):
             yield f"r{rows} b{block} w{warps}" + (" reload" if reload else ""), dict(
                 rows=rows, block=block, num_warps=warps, reload=bool(reload))
-
-
-def _scaled(gradients) -> torch.Tensor:
-    """Gradients side by side, each divided by its float64 reference's largest magnitude (one
-    error then measures each relative to its own size)."""
-    return torch.cat([g.double().flatten() for g in gradients])
 
 
 def sweep(only, log=print) -> list[Row]:
@@ -211,17 +206,17 @@ def sweep(only, log=print) -> list[Row]:
             made = {label: row_reduction(stage, fusion, spec, **knobs)
                     for label, knobs in _sweep_knobs(tensors[0].shape[-1],
                                                      sums_down_rows(program, fusion))}
-            sizes = [want[k].abs().max() for k in wrote]
-
-            def written(f, sizes=sizes):
+            def written(f):
                 made = f(**args)
-                made = made if isinstance(made, tuple) else (made,)
-                return _scaled(g.double() / size for g, size in zip(made, sizes))
-            reference = _scaled(want[k] / size for k, size in zip(wrote, sizes))
+                return made if isinstance(made, tuple) else (made,)
+
+            def error(got, wrote=wrote, want=want):   # each gradient against its own size
+                return max(relative_error(g, want[k]) for g, k in zip(got, wrote))
             rows += measure_candidates("rows_bwd_knobs", name, f"{shape} bf16",
                                        {"default": tf.compile(stage)}, made,
-                                       lambda cand: cand.warm(**args), written, reference, {},
-                                       _moved([tensors[k] for k in wrote], seed), pool, log)
+                                       lambda cand: cand.warm(**args), written, None, {},
+                                       _moved([tensors[k] for k in wrote], seed), pool, log,
+                                       error)
     finally:
         pool.close()
     return rows

@@ -155,7 +155,8 @@ class RowTilePlan:
             lines.append(f"  knobs: block_m={knobs.block_m}, block_n={knobs.block_n}, "
                          f"num_warps={knobs.num_warps}, num_stages={knobs.num_stages}, "
                          f"splits={knobs.splits}"
-                         + (f", row_tiles={knobs.row_tiles}" if self.column_sums else ""))
+                         + (f", row_tiles={knobs.row_tiles}" if self.column_sums or
+                            knobs.row_tiles > 1 else ""))
         return "\n".join(lines)
 
     def _feature_sizes(self) -> list[tuple[str, int]]:
@@ -490,8 +491,9 @@ class Knobs:
     # 1: a row held in one block is read again for the outputs (from L2: the first read keeps it
     # there) instead of kept in registers across the reductions (row template only)
     reload: int = 0
-    # row tiles a program sweeps, one after another (a plan with sums down the rows: each
-    # program adds its tiles' contributions up and stores one partial row of each sum)
+    # row tiles of whole rows a program sweeps, one after another, the next one's loads issued
+    # while one is reduced (row template only; a plan with sums down the rows: each program
+    # adds its tiles' contributions up and stores one partial row of each sum)
     row_tiles: int = 1
 
 

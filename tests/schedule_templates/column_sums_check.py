@@ -1,8 +1,8 @@
 """Row kernels that add sums down the rows up in their own pass (a norm's weight gradient:
-:mod:`tensorfuse.schedule_templates.column_sums`), generated for sm_90a and run by Triton's
-interpreter on ragged bf16 rows with large values, against torch's float64; prints each case's
-relative error as JSON. Some cases sweep several row tiles a program, the last program's
-partly past the rows.
+:mod:`tensorfuse.schedule_templates.column_sums`), and one that sweeps several row tiles a
+program without sums, generated for sm_90a and run by Triton's interpreter on ragged bf16 rows
+with large values, against torch's float64; prints each case's relative error as JSON. Most
+cases sweep several row tiles a program, the last program's partly past the rows.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.column_sums_check SEED
 """
@@ -67,6 +67,14 @@ def _norm_case(kind: str, shape: tuple):
     return case
 
 
+def _softmax_backward_case(generator):
+    x = _wide(generator, 19, 200)
+    seed = torch.randn(19, 200, generator=generator).bfloat16()
+    exact = x.double().requires_grad_()
+    want, = torch.autograd.grad(torch.softmax(exact, -1), exact, seed.double())
+    return dict(x=x, d_out=seed), want
+
+
 def _peak_case(generator):
     x = _wide(generator, 29, 160)
     y = x.double() * torch.rsqrt((x.double() ** 2).mean(-1, keepdim=True) + 1e-6)
@@ -96,6 +104,9 @@ CASES = {
     "rmsnorm_batched": (tf.grad(rmsnorm3), dict(rows=4, row_tiles=2),
                         _norm_case("rmsnorm", (3, 10, 128))),
     "column_peak": (normalised_with_column_peak, dict(rows=4, row_tiles=3), _peak_case),
+    # no sums: row tiles swept by each program all the same (the last past the rows)
+    "softmax_backward_tiles": (tf.grad(K.softmax), dict(rows=2, row_tiles=4),
+                               _softmax_backward_case),
 }
 
 if __name__ == "__main__":
@@ -104,5 +115,6 @@ if __name__ == "__main__":
     errors = {}
     for name, (kernel, knobs, case) in CASES.items():
         args, want = case(generator)
-        errors[name] = relative_error(_template(kernel, **knobs)(**args), tuple(want))
+        errors[name] = relative_error(_template(kernel, **knobs)(**args),
+                                      tuple(want) if isinstance(want, tuple) else want)
     print(json.dumps(errors))

@@ -19,9 +19,9 @@ def grid(plan, knobs) -> tuple[int, int]:
     them on the grid)."""
     batch = plan.grid_batch_size
     rows = plan.row_tiling.padded if plan.row_tiling is not None else plan.rows
-    tiles = math.ceil(rows / knobs.block_m)
-    # a plan with sums down the rows sweeps several row tiles a program (Knobs.row_tiles)
-    return (math.ceil(tiles / knobs.row_tiles) if plan.column_sums else tiles, batch)
+    # a program may sweep several row tiles (Knobs.row_tiles: whole rows, the next tile's
+    # loads issued while one is reduced; a plan with sums down the rows)
+    return (math.ceil(math.ceil(rows / knobs.block_m) / knobs.row_tiles), batch)
 
 
 MAX_GRID_YZ = 65535   # CUDA's limit on a grid's second and third dimensions (the first: 2³¹ − 1)

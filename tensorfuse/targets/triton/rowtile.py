@@ -92,6 +92,7 @@ class _RowTileSource:
             size_arguments(plan.sizes)   # sizes the kernel reads as arguments (dynamic=)
         self.bk = block_k(plan)
         self.wide = needs_wide_offsets(prog, self.sizes)
+        self.tiles_swept = bool(plan.column_sums) or knobs.row_tiles > 1
 
         self.ctx_base = TileContext(axes={}, sizes=self.sizes, interpreter=interpreter)
         self.reads_only = all(kind == "row" for _, _, kind in plan.outputs)
@@ -148,7 +149,7 @@ class _RowTileSource:
             w(f"ax_{gname} = (pid_b // {stride}) % {extent}")
             self.ctx_base.axes[a.uid] = f"ax_{gname}"
             stride *= extent
-        if not plan.column_sums:   # else per row tile of the program (source)
+        if not self.tiles_swept:   # else per row tile of the program (swept_tiles_source)
             w("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
         w("offs_k = tl.arange(0, BLOCK_K)")
         if plan.row_tiling is not None:   # the rows of this block: a patch of the map
@@ -428,22 +429,25 @@ class _RowTileSource:
         """The kernel's Python source and argument names."""
         w, plan, knobs = self.w, self.plan, self.knobs
         self.prologue()
-        if plan.column_sums:
-            return self.summing_source()
+        if self.tiles_swept:
+            return self.swept_tiles_source()
         return self.tile_source()
 
-    def summing_source(self) -> tuple[str, list[str]]:
-        """A plan with sums down the rows (:mod:`.column_sums`): the program sweeps
-        ``row_tiles`` tiles of whole rows (its loads pipelined ``num_stages`` tiles ahead), adds
-        their contributions up per column and stores them; a second kernel adds the programs'
-        partials up and writes the outputs that read the sums."""
+    def swept_tiles_source(self) -> tuple[str, list[str]]:
+        """Each program sweeps ``row_tiles`` tiles of whole rows, the next tile's loads issued
+        ``num_stages - 1`` tiles ahead while one is reduced. With sums down the rows
+        (:mod:`.column_sums`) it adds their contributions up per column and stores them; a
+        second kernel adds the programs' partials up and writes the outputs that read the
+        sums."""
         from ...errors import TargetError
 
         w, plan, knobs = self.w, self.plan, self.knobs
         if not self.single:
-            raise TargetError("sums down the rows are added up in the row kernel's pass only where "
-                              f"a whole row is one block ({self.N} columns, blocks of "
-                              f"{knobs.block_n}, {knobs.splits} parts)")
+            what = "sums down the rows are added up in the row kernel's pass" \
+                if plan.column_sums else "a program sweeps several row tiles"
+            raise TargetError(f"{what} only where a whole row is one block: {self.N} columns in "
+                              f"blocks of {knobs.block_n}"
+                              + (f", {knobs.splits} parts" if knobs.splits > 1 else ""))
         open_partials(w, plan)
         w.sweep("row_tile", "0", str(knobs.row_tiles), "1", knobs.num_stages)
         with w.block():
@@ -452,6 +456,8 @@ class _RowTileSource:
             finals = self.tile_body()
             add_tile(w, plan, self.ctx_rc().child(refs=finals, emit=w, memo=self.chunk_memo),
                      f"{self.row_ok} & {self.col_ok}")
+        if not plan.column_sums:
+            return assemble_source([(self.name, self.args, w.lines)]), self.args
         store_partials(w, plan, knobs)
         finish = finish_body(plan, knobs, {c.name: out for (c, _, _), out in
                                            zip(plan.outputs, self.outs)})
