@@ -9,7 +9,10 @@ are chosen from.
 
     python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool,group_norm,
                                                     weight_gradient]
-                                            [--out DIR]
+                                            [--tiles] [--out DIR]
+
+``--tiles``: instead, the whole row in one block with each program sweeping several row tiles,
+the next ones' loads issued while one is reduced (``Knobs.row_tiles``).
 """
 from __future__ import annotations
 
@@ -104,19 +107,26 @@ def _cases(generator, only):
                x.double().amax(1), torch.compile(pooled), (x,), x.numel() * 2 + B * D * 4)
 
 
-def _knobs(cols: int, rows_major: bool, split: bool = False):
-    """Candidate (rows, block, warps, stages, reload, splits): tiles of 2k to 32k elements, the
-    block up to the whole row, rows swept in blocks with their loads 1-4 blocks ahead (Triton's
-    pipeline); reload only where the row is one block. ``rows_major``: a flat row (a group
-    norm's), a few rows of blocks of 2k-16k. ``split``: a long sweep of few row tiles (2 stages),
-    also swept in 1-8 parts in parallel."""
+def _knobs(cols: int, rows_major: bool, split: bool = False, tiles: bool = False):
+    """Candidate (rows, block, warps, stages, reload, splits, row tiles): tiles of 2k to 32k
+    elements, the block up to the whole row, rows swept in blocks with their loads 1-4 blocks
+    ahead (Triton's pipeline); reload only where the row is one block. ``rows_major``: a flat
+    row (a group norm's), a few rows of blocks of 2k-16k. ``split``: a long sweep of few row
+    tiles (2 stages), also swept in 1-8 parts in parallel. ``tiles``: instead, the whole row in
+    one block, each program sweeping 2-8 row tiles with the next ones' loads 1-3 tiles ahead."""
+    whole = 1 << max(4, (cols - 1).bit_length())
+    if tiles:
+        for rows, warps, stages, reload, row_tiles in itertools.product(
+                (16, 32, 64), (4, 8), (2, 3, 4), (0, 1), (2, 4, 8)):
+            if 2048 <= rows * whole <= 32768:
+                yield rows, whole, warps, stages, reload, None, row_tiles
+        return
     if split:
         for rows, block, warps, stages, splits in itertools.product(
                 (32, 64, 128), (64, 128, 256, 512), (4, 8), (2,), (1, 2, 4, 8)):
             if 4096 <= rows * block <= 32768:
-                yield rows, block, warps, stages, 0, splits
+                yield rows, block, warps, stages, 0, splits, None
         return
-    whole = 1 << max(4, (cols - 1).bit_length())
     shapes = itertools.product((1, 2, 4), (2048, 4096, 8192, 16384)) if rows_major else \
         itertools.product((16, 32, 64, 128), (128, 256, 512, 1024))
     for rows, block in shapes:
@@ -124,12 +134,12 @@ def _knobs(cols: int, rows_major: bool, split: bool = False):
             continue
         for warps in ((4, 8, 16, 32) if rows_major else (4, 8)):
             for stages in ((1,) if block >= cols else (1, 2, 3, 4)):
-                yield rows, block, warps, stages, 0, None
+                yield rows, block, warps, stages, 0, None, None
                 if block >= cols:
-                    yield rows, block, warps, stages, 1, None
+                    yield rows, block, warps, stages, 1, None, None
 
 
-def run(only, log=print) -> list[Row]:
+def run(only, log=print, tiles: bool = False) -> list[Row]:
     from tensorfuse.targets.triton.compile_pool import CompilePool
 
     generator = torch.Generator().manual_seed(0)
@@ -142,10 +152,12 @@ def run(only, log=print) -> list[Row]:
             made = row_reduction(kernel, fusion, SPEC)
             plan = made.planner.plan({n: int(v) for n, v in _dims(kernel, args).items()})
             made = {f"r{k[0]} b{k[1]} w{k[2]} s{k[3]}" + (" reload" if k[4] else "") +
-                    (f" splits{k[5]}" if k[5] else ""):
+                    (f" splits{k[5]}" if k[5] else "") + (f" t{k[6]}" if k[6] else ""):
                     row_reduction(kernel, fusion, SPEC, rows=k[0], block=k[1], num_warps=k[2],
-                                  num_stages=k[3], reload=bool(k[4]), splits=k[5])
-                    for k in _knobs(plan.cols, name == "group_norm", name == "weight_gradient")}
+                                  num_stages=k[3], reload=bool(k[4]), splits=k[5],
+                                  row_tiles=k[6])
+                    for k in _knobs(plan.cols, name == "group_norm", name == "weight_gradient",
+                                    tiles)}
             alternatives = {"torch_compile": lambda c=compiled, a=eager_args: c(*a)}
             calls = {"default": tf.compile(kernel), **alternatives}
             out += measure_candidates("strided_rows_knobs", name, shape, calls, made,
@@ -166,12 +178,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(CASES))
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--tiles", action="store_true",
+                        help="whole rows, several row tiles a program (Knobs.row_tiles)")
     args = parser.parse_args(argv)
     only = args.only.split(",")
-    rows = run(only)
+    rows = run(only, tiles=args.tiles)
     device = torch.cuda.get_device_name().replace(" ", "_")
     # a run of some cases is a part of its own (``benchmarks.report`` shows it beside the whole)
     part = "" if set(only) == set(CASES) else "-" + "-".join(n.replace("_", "-") for n in only)
+    part += "-row-tiles" if args.tiles else ""
     write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-strided-rows-knobs{part}.csv")
 
 

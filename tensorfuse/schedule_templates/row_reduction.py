@@ -95,19 +95,20 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
 
 
 # A plan with sums down the rows (a norm's backward with its weight gradient): about two
-# programs an SM, each sweeping its share of the row tiles with the next tile's loads issued
-# while one is reduced (2 stages), and storing one partial row of each sum. A hand-written
-# kernel of this shape ran RMSNorm's backward at [8192, 4096] in 0.081 ms with 32 rows a program
-# (8: 0.087, 64: 0.108; torch.compile 0.089, the staged floor 0.103; H200,
-# ``tools/probe_norm_backward.py``)
-SUMMING_PROGRAMS, SUMMING_STAGES = 2 * SMS, 2
+# programs an SM, each sweeping its share of the row tiles with the loads of the next two issued
+# while one is reduced (3 stages), the row held in registers for the outputs (not read again),
+# and storing one partial row of each sum. On the H200 at [8192, 4096] bf16 (32 rows a program,
+# 4 warps; ``benchmarks.rows_backward --sweep``, from a CUDA graph): RMSNorm's backward 0.058 ms
+# (2 stages, the row read again: 0.075; 16 rows a program: 0.064; 64: 0.064), layer norm's
+# 0.075 (0.095); the staged floor had taken 0.103 and 0.132, torch.compile 0.088 and 0.113
+SUMMING_PROGRAMS, SUMMING_STAGES = 2 * SMS, 3
 
 
 def _summing(plan: RowTilePlan, knobs: Knobs) -> Knobs:
     block_n = max(knobs.block_n, _whole_row_block(plan.cols))
     block_m = knobs.block_m if block_n == knobs.block_n else 1
     tiles = math.prod(grid(plan, Knobs(block_m=block_m, block_n=block_n)))
-    return replace(knobs, block_m=block_m, block_n=block_n, splits=1,
+    return replace(knobs, block_m=block_m, block_n=block_n, splits=1, reload=0,
                    num_stages=SUMMING_STAGES, row_tiles=max(1, math.ceil(tiles / SUMMING_PROGRAMS)))
 
 
