@@ -113,13 +113,14 @@ def _knobs(cols: int, rows_major: bool, split: bool = False, tiles: bool = False
     ahead (Triton's pipeline); reload only where the row is one block. ``rows_major``: a flat
     row (a group norm's), a few rows of blocks of 2k-16k. ``split``: a long sweep of few row
     tiles (2 stages), also swept in 1-8 parts in parallel. ``tiles``: instead, the whole row in
-    one block, each program sweeping 2-8 row tiles with the next ones' loads 1-3 tiles ahead."""
+    one block, each program sweeping 2 or 4 row tiles with the next ones' loads 2-3 tiles
+    ahead."""
     whole = 1 << max(4, (cols - 1).bit_length())
-    if tiles:
-        for rows, warps, stages, reload, row_tiles in itertools.product(
-                (16, 32, 64), (4, 8), (2, 3, 4), (0, 1), (2, 4, 8)):
+    if tiles:   # the row held (read again, it needed more shared memory than an SM has)
+        for rows, warps, stages, row_tiles in itertools.product(
+                (16, 32, 64), (4, 8), (3, 4), (2, 4)):
             if 2048 <= rows * whole <= 32768:
-                yield rows, whole, warps, stages, reload, None, row_tiles
+                yield rows, whole, warps, stages, 0, None, row_tiles
         return
     if split:
         for rows, block, warps, stages, splits in itertools.product(
