@@ -54,9 +54,10 @@ def row_operands(plan: RowTilePlan) -> int:
 
 # Reducing across a strided axis: tiles of 64 contiguous rows × the whole row where the tile
 # holds up to 32k elements (a warp per 4096 elements of the tile, at least 4: 64 × 512 with 4
-# spilled 820-1074 bytes, ptxas sm_90a), the row kept in registers (not read again); wider rows
-# are swept in 32 × 512 blocks by 4 warps, each block's loads issued while the one before is
-# reduced (2 stages). On the H200 (``benchmarks.strided_rows_knobs``, GPU time, bf16): log-softmax
+# spilled 820-1074 bytes, ptxas sm_90a), the row kept in registers (not read again); rows of up
+# to 1024 in 32-row tiles, a few a program (TILED_CONTIGUOUS, below); wider rows are swept in
+# 32 × 512 blocks by 4 warps, each block's loads issued while the one before is reduced (2
+# stages). On the H200 (``benchmarks.strided_rows_knobs``, GPU time, bf16): log-softmax
 # over C=150 of [8, 150, 65536] 0.082 ms in one 64 × 256 tile with 4 warps (8 warps: 0.115; read
 # again: 0.086; torch.compile 0.156); layer norm over D=1024 of [8, 1024, 4096] 0.051 ms swept in
 # 32 × 512 blocks, 2 stages (64 × 256: 0.057, unpipelined 0.062; the whole row, 32 × 1024 with 8
@@ -77,6 +78,14 @@ TWO_OPERAND_ROW, TWO_OPERAND_WARPS = 4096, 4
 # torch.compile 0.036 (``benchmarks.strided_rows_knobs --only weight_gradient``)
 FEW_TILES_SWEPT = (64, 64, 4, 2)
 PROGRAMS_PER_SM = 4
+# A strided row of 513-1024 elements: tiles of 32 contiguous rows × the whole row on 8 warps, the
+# row held in registers, each program sweeping two tiles with the loads of the next three issued
+# while one is reduced (4 stages), where that leaves at least two programs an SM. Layer norm over
+# D=1024 of [8, 1024, 4096] on the H200: 0.045 ms against 0.051 swept in 32 × 512 blocks (3
+# stages: 0.046; four tiles a program: 0.048-0.051; 16-row tiles: 0.054; torch.compile 0.063;
+# ``benchmarks.strided_rows_knobs --tiles``); the log-softmax over C=150 and the max over S=512,
+# held whole in 64-row tiles, gained nothing from several tiles a program
+TILED_CONTIGUOUS = (32, 8, 4, 2)   # rows, warps, stages, row tiles a program
 # Rows laid out along the row (softmax, norms, a group norm's flat row) are swept without the
 # pipeline: on the H200 (``benchmarks.rows_sweep --stages``) it took softmax over 2048 × 65536
 # from 82 to 62 % of copy, cross-entropy 73 -> 67 %, layernorm 56 -> 60 %, and the [16384, 8192]
@@ -148,6 +157,12 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
                             max(2, round(PROGRAMS_PER_SM * SMS / tiles)))
                 return Knobs(block_m=rows, block_n=block, num_warps=warps, num_stages=stages,
                              reload=0, splits=parts)
+            rows, warps, stages, row_tiles = TILED_CONTIGUOUS
+            if rows * block_n <= CONTIGUOUS_TILE and \
+                    math.prod(grid(plan, Knobs(block_m=rows, block_n=block_n))) >= \
+                    2 * row_tiles * SMS:
+                return Knobs(block_m=rows, block_n=block_n, num_warps=warps, num_stages=stages,
+                             reload=0, row_tiles=row_tiles)
             rows, block, warps, stages = SWEPT_CONTIGUOUS
             return Knobs(block_m=rows, block_n=block, num_warps=warps, num_stages=stages,
                          reload=0)
@@ -197,6 +212,8 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
         tiles = default.row_tiles
         choices.update(block_n=(default.block_n,), splits=(1,), row_tiles=tuple(sorted(
             {tiles, max(1, tiles // 4), max(1, tiles // 2), tiles * 2})))
+    elif default.row_tiles > 1:   # a strided row held whole: its tiles, one or a few a program
+        choices.update(block_n=(default.block_n,), splits=(1,), row_tiles=(1, 2, 4))
     return choices
 
 

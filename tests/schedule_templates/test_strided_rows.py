@@ -23,12 +23,20 @@ def knobs_of(kernel, **dims):
 
 def test_strided_rows_are_64_contiguous_rows_by_the_whole_row_or_swept_in_32_by_512():
     whole = knobs_of(log_softmax_channels, B=8, C=150, P=65536)   # 64 × 256: 4 warps
-    assert (whole.block_m, whole.block_n, whole.num_warps, whole.num_stages, whole.reload) == \
-        (64, 256, 4, 1, 0)
+    assert (whole.block_m, whole.block_n, whole.num_warps, whole.num_stages, whole.reload,
+            whole.row_tiles) == (64, 256, 4, 1, 0, 1)
     wider = knobs_of(layernorm_channels, B=8, D=512, S=4096)      # 64 × 512: 8 warps
-    assert (wider.block_m, wider.block_n, wider.num_warps) == (64, 512, 8)
-    swept = knobs_of(layernorm_channels, B=8, D=1024, S=4096)     # 32 × 512 blocks, pipelined
-    assert (swept.block_m, swept.block_n, swept.num_warps, swept.num_stages) == (32, 512, 4, 2)
+    assert (wider.block_m, wider.block_n, wider.num_warps, wider.row_tiles) == (64, 512, 8, 1)
+    # 32 × 1024, two tiles a program, the next tiles' loads 3 ahead
+    tiled = knobs_of(layernorm_channels, B=8, D=1024, S=4096)
+    assert (tiled.block_m, tiled.block_n, tiled.num_warps, tiled.num_stages, tiled.row_tiles) \
+        == (32, 1024, 8, 4, 2)
+    # too few tiles for two programs an SM at two tiles each, and rows wider than 1024: swept in
+    # 32 × 512 blocks, pipelined
+    for swept in (knobs_of(layernorm_channels, B=1, D=1024, S=4096),
+                  knobs_of(layernorm_channels, B=8, D=2048, S=4096)):
+        assert (swept.block_m, swept.block_n, swept.num_warps, swept.num_stages,
+                swept.row_tiles) == (32, 512, 4, 2, 1)
     assert 64 * 1024 > CONTIGUOUS_TILE >= 64 * 512
 
 
