@@ -78,6 +78,11 @@ TWO_OPERAND_ROW, TWO_OPERAND_WARPS = 4096, 4
 # torch.compile 0.036 (``benchmarks.strided_rows_knobs --only weight_gradient``)
 FEW_TILES_SWEPT = (64, 64, 4, 2)
 PROGRAMS_PER_SM = 4
+# ... where the parts (at most MAX_PARTS) give about two programs an SM or more: batch-norm
+# statistics over the 100352 rows of [100352, 256] are 4 tiles of 64 channels, 256 programs in
+# 64 parts: 0.071 ms, against 0.034 in 8 tiles of 32 × 512 split in 33 parts
+# (:func:`_split_few_tiles`; ``benchmarks.user_kernels``, channel_stats)
+MAX_PARTS = 64
 # A strided row of 513-1024 elements: tiles of 32 contiguous rows × the whole row on 8 warps, the
 # row held in registers, each program sweeping two tiles with the loads of the next three issued
 # while one is reduced (4 stages), where that leaves at least two programs an SM. Layer norm over
@@ -142,7 +147,7 @@ def _split_few_tiles(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> Kno
     blocks = math.ceil(plan.cols / knobs.block_n)
     if tiles >= SPLIT_BELOW_TILES or blocks < 4:
         return knobs
-    return replace(knobs, splits=max(2, min(round(2 * SMS / tiles), blocks // 2, 64)))
+    return replace(knobs, splits=max(2, min(round(2 * SMS / tiles), blocks // 2, MAX_PARTS)))
 
 
 def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
@@ -152,9 +157,10 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
         if CONTIGUOUS_ROWS * block_n > CONTIGUOUS_TILE:
             rows, block, warps, stages = FEW_TILES_SWEPT
             tiles = math.prod(grid(plan, Knobs(block_m=rows, block_n=block)))
-            if tiles < SMS and _splittable(plan, target):
-                parts = min(64, math.ceil(plan.cols / block) // 2,
-                            max(2, round(PROGRAMS_PER_SM * SMS / tiles)))
+            parts = min(MAX_PARTS, math.ceil(plan.cols / block) // 2,
+                        max(2, round(PROGRAMS_PER_SM * SMS / tiles)))
+            if tiles < SMS and _splittable(plan, target) and \
+                    tiles * parts >= PROGRAMS_PER_SM * SMS // 2:
                 return Knobs(block_m=rows, block_n=block, num_warps=warps, num_stages=stages,
                              reload=0, splits=parts)
             rows, warps, stages, row_tiles = TILED_CONTIGUOUS

@@ -62,9 +62,10 @@ def test_strided_row_tiles_compile_for_sm_90a_without_spills(D):
 
 
 def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_row():
-    """Batch-norm statistics of [100352, 256] are 4 tiles of 64 channels: the sweep over the
-    rows is split in parts (about four programs a SM, the last of a tile merging; at most 64),
-    and so are RMSNorm's weight gradient down 8192 rows (64 tiles, 8 parts) and a cross-entropy
+    """Batch-norm statistics of [100352, 256] would be 4 tiles of 64 channels, too few for 64
+    parts: 8 tiles of 32 × 512, their sweep over the rows split in 33 parts (the last of a tile
+    merging); RMSNorm's weight gradient down 8192 rows is 64 tiles of 64 × 64 in 8 parts (about
+    four programs an SM), and a cross-entropy
     of 16 rows over a vocabulary of 131072 (two a SM); a softmax of 64 rows, whose outputs run
     along the row, and a tall matrix's statistics, with tiles enough, are not."""
     import types
@@ -75,8 +76,8 @@ def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_ro
     from tensorfuse.targets import get_target
     from tests.schedule_templates.strided_rows import channel_stats
 
-    stats = knobs_of(channel_stats, N=100352, C=256)
-    assert (stats.block_m, stats.block_n, stats.splits) == (64, 64, 64)
+    stats = knobs_of(channel_stats, N=100352, C=256)   # too few 64-row tiles for 64 parts
+    assert (stats.block_m, stats.block_n, stats.splits) == (32, 512, 33)
     spec = get_target("cuda:sm_90a")
     second = plan_stages(tf.grad(rmsnorm).program, lambda p: takes_stage(p, spec))[1]
     weight = knobs_of(types.SimpleNamespace(program=second.program, fn=None,
