@@ -245,6 +245,11 @@ SECTIONS = (
     ("user-kernels", "Kernels as users write them (their layouts, `tf.compile` defaults)",
      "bf16; each against the best torch alternative on the same tensors (SDPA on views of them)",
      "python -m benchmarks.user_kernels"),
+    ("user-kernels-rows", "Kernels as users write them: the row kernels again",
+     "as above, the suite's row kernels rerun after the row template's defaults changed (row "
+     "tiles a program across a strided axis; fewer parts for few tiles)",
+     "python -m benchmarks.user_kernels --only log_softmax_channels,qk_norm_bshd,"
+     "layernorm_channels,group_norm,max_pool_l2,segment_mean,channel_stats"),
     ("user-kernels-tuned", "Kernels as users write them, tuned",
      "as above, then `tf.tune` at each call's sizes (`tensorfuse tuned`: tf.compile reading "
      "the records; trials a task in its note)", "python -m benchmarks.user_kernels --tune 6"),
@@ -272,6 +277,11 @@ SECTIONS = (
      "bf16; GB/s of the bytes each kernel must move; every candidate checked against float64, "
      "timed from a CUDA graph; `default` is `tf.compile`'s choice",
      "python -m benchmarks.strided_rows_knobs"),
+    ("strided-rows-knobs-layernorm-log-softmax-max-pool-row-tiles",
+     "The row template's knobs across a strided axis: several row tiles a program",
+     "bf16; the whole row in one block, each program sweeping 2 or 4 row tiles with the next "
+     "ones' loads issued ahead (`t`: tiles a program); as the section above",
+     "python -m benchmarks.strided_rows_knobs --tiles --only layernorm,log_softmax,max_pool"),
     ("strided-rows-knobs-weight-gradient", "The row template's knobs on a weight gradient",
      "bf16; RMSNorm's d_weight (a sum down the rows), its sweep also split into parts; as the "
      "section above", "python -m benchmarks.strided_rows_knobs --only weight_gradient"),
