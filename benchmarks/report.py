@@ -282,6 +282,10 @@ SECTIONS = (
      "bf16; the whole row in one block, each program sweeping 2 or 4 row tiles with the next "
      "ones' loads issued ahead (`t`: tiles a program); as the section above",
      "python -m benchmarks.strided_rows_knobs --tiles --only layernorm,log_softmax,max_pool"),
+    ("strided-rows-knobs-channel-stats", "The row template's knobs on batch-norm statistics",
+     "bf16; the mean and variance of 256 channels over 100352 rows, the sweep split in 33-264 "
+     "parts (over 64 merged in a loop); as the section above",
+     "python -m benchmarks.strided_rows_knobs --only channel_stats"),
     ("strided-rows-knobs-weight-gradient", "The row template's knobs on a weight gradient",
      "bf16; RMSNorm's d_weight (a sum down the rows), its sweep also split into parts; as the "
      "section above", "python -m benchmarks.strided_rows_knobs --only weight_gradient"),

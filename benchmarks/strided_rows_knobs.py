@@ -2,13 +2,14 @@
 rows, not its columns, are neighbours in memory): the user suite's layer norm over the channels
 of ``[B, D, S]``, log-softmax over the channels of ``[B, C, P]``, the max over tokens of
 ``[B, S, D]`` (max-pool's first stage), a group norm's two reduced axes swept as one flat row, and
-RMSNorm's weight gradient (a sum down 8192 rows, its sweep also split into parts);
+RMSNorm's weight gradient (a sum down 8192 rows, its sweep also split into parts) and batch-norm
+statistics of ``[100352, 256]`` (a sweep of 100352 rows over 256 channels, in up to 264 parts);
 each candidate checked against float64 and timed from a CUDA graph beside ``tf.compile``'s default
 and torch.compile: what ``row_reduction.CONTIGUOUS_ROWS``, its block and the stages of a swept row
 are chosen from.
 
     python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool,group_norm,
-                                                    weight_gradient]
+                                                    weight_gradient,channel_stats]
                                             [--tiles] [--out DIR]
 
 ``--tiles``: instead, the whole row in one block with each program sweeping several row tiles,
@@ -25,9 +26,9 @@ import torch
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
-from benchmarks.common import Row, measure_candidates, write_csv
-from benchmarks.user_kernels import (group_norm, layernorm_channels, log_softmax_channels,
-                                     max_pool_l2)
+from benchmarks.common import Row, measure_candidates, relative_error, write_csv
+from benchmarks.user_kernels import (channel_stats, group_norm, layernorm_channels,
+                                     log_softmax_channels, max_pool_l2)
 from tensorfuse.schedule_templates.auto import choose, takes_stage
 from tensorfuse.schedule_templates.flat_sweeps import flatten_sweeps
 from tensorfuse.schedule_templates.row_reduction import row_reduction
@@ -35,7 +36,8 @@ from tensorfuse.schedule_templates.stages import plan_stages
 from tensorfuse.targets import get_target
 
 SPEC = get_target("cuda:sm_90a")
-CASES = ("layernorm", "log_softmax", "max_pool", "group_norm", "weight_gradient")
+CASES = ("layernorm", "log_softmax", "max_pool", "group_norm", "weight_gradient",
+         "channel_stats")
 
 
 def _cases(generator, only):
@@ -95,6 +97,15 @@ def _cases(generator, only):
                dict(x=x, d_out=d_out, ms_sum=ms_sum, eps=1e-5),
                d_weight(x.double(), d_out.double(), ms_sum.double()), torch.compile(d_weight),
                (x, d_out, ms_sum), 2 * x.numel() * 2)
+    if "channel_stats" in only:   # batch-norm statistics: a long sweep of 256 channels
+        N, C = 32 * 56 * 56, 256
+        x = (torch.randn(N, C, generator=generator) * 2 + 1).to("cuda", torch.bfloat16)
+
+        def stats(t):
+            var, mean = torch.var_mean(t.float(), 0, correction=0)
+            return mean, var
+        yield ("channel_stats", f"N{N} C{C} (over N)", channel_stats, dict(x=x),
+               stats(x.double()), torch.compile(stats), (x,), x.numel() * 2 + 2 * C * 4)
     if "max_pool" in only:   # the pool stage: the max over S, the tokens strided by D
         B, S, D = 64, 512, 4096
         x = (torch.randn(B, S, D, generator=generator) * 3).to("cuda", torch.bfloat16)
@@ -107,14 +118,15 @@ def _cases(generator, only):
                x.double().amax(1), torch.compile(pooled), (x,), x.numel() * 2 + B * D * 4)
 
 
-def _knobs(cols: int, rows_major: bool, split: bool = False, tiles: bool = False):
+def _knobs(cols: int, rows_major: bool, split: bool = False, tiles: bool = False,
+           parts: bool = False):
     """Candidate (rows, block, warps, stages, reload, splits, row tiles): tiles of 2k to 32k
     elements, the block up to the whole row, rows swept in blocks with their loads 1-4 blocks
     ahead (Triton's pipeline); reload only where the row is one block. ``rows_major``: a flat
     row (a group norm's), a few rows of blocks of 2k-16k. ``split``: a long sweep of few row
     tiles (2 stages), also swept in 1-8 parts in parallel. ``tiles``: instead, the whole row in
     one block, each program sweeping 2 or 4 row tiles with the next ones' loads 2-3 tiles
-    ahead."""
+    ahead. ``parts``: a very long sweep of very few tiles, split in 33-264 parts."""
     whole = 1 << max(4, (cols - 1).bit_length())
     if tiles:   # the row held (read again, it needed more shared memory than an SM has)
         for rows, warps, stages, row_tiles in itertools.product(
@@ -127,6 +139,12 @@ def _knobs(cols: int, rows_major: bool, split: bool = False, tiles: bool = False
                 (32, 64, 128), (64, 128, 256, 512), (4, 8), (2,), (1, 2, 4, 8)):
             if 4096 <= rows * block <= 32768:
                 yield rows, block, warps, stages, 0, splits, None
+        return
+    if parts:
+        for rows, block, splits in itertools.product((32, 64, 128, 256), (32, 64, 128, 512),
+                                                     (33, 66, 132, 264)):
+            if 2048 <= rows * block <= 16384:
+                yield rows, block, 4, 2, 0, splits, None
         return
     shapes = itertools.product((1, 2, 4), (2048, 4096, 8192, 16384)) if rows_major else \
         itertools.product((16, 32, 64, 128), (128, 256, 512, 1024))
@@ -158,12 +176,14 @@ def run(only, log=print, tiles: bool = False) -> list[Row]:
                                   num_stages=k[3], reload=bool(k[4]), splits=k[5],
                                   row_tiles=k[6])
                     for k in _knobs(plan.cols, name == "group_norm", name == "weight_gradient",
-                                    tiles)}
+                                    tiles, name == "channel_stats")}
             alternatives = {"torch_compile": lambda c=compiled, a=eager_args: c(*a)}
             calls = {"default": tf.compile(kernel), **alternatives}
+            error = None if not isinstance(ref, tuple) else \
+                lambda got, ref=ref: max(relative_error(g, r) for g, r in zip(got, ref))
             out += measure_candidates("strided_rows_knobs", name, shape, calls, made,
                                       lambda cand: cand.warm(**args), lambda f: f(**args), ref,
-                                      alternatives, moved, pool, log)
+                                      alternatives, moved, pool, log, error)
     finally:
         pool.close()
     return out

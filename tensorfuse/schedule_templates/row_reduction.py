@@ -81,7 +81,9 @@ PROGRAMS_PER_SM = 4
 # ... where the parts (at most MAX_PARTS) give about two programs an SM or more: batch-norm
 # statistics over the 100352 rows of [100352, 256] are 4 tiles of 64 channels, 256 programs in
 # 64 parts: 0.071 ms, against 0.034 in 8 tiles of 32 × 512 split in 33 parts
-# (:func:`_split_few_tiles`; ``benchmarks.user_kernels``, channel_stats)
+# (:func:`_split_few_tiles`; ``benchmarks.user_kernels``, channel_stats); more parts (66-264)
+# and tiles of 64-256 channels were all slower there (``benchmarks.strided_rows_knobs --only
+# channel_stats``)
 MAX_PARTS = 64
 # A strided row of 513-1024 elements: tiles of 32 contiguous rows × the whole row on 8 warps, the
 # row held in registers, each program sweeping two tiles with the loads of the next three issued

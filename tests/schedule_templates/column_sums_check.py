@@ -81,15 +81,16 @@ def _peak_case(generator):
     return dict(x=x), (y, y.max(0).values)
 
 
-def _template(kernel, **knobs):
-    """``kernel``'s row-tile template as ``tf.compile`` chooses it for sm_90a, with ``knobs``."""
+def _template(kernel, dynamic: bool = False, **knobs):
+    """``kernel``'s row-tile template as ``tf.compile`` chooses it for sm_90a (``dynamic``: its
+    sizes read as arguments), with ``knobs``."""
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.schedule_templates.row_reduction import row_reduction
     from tensorfuse.targets import get_target
 
     spec = get_target(HOPPER)
     if not knobs:
-        return tf.compile(kernel, target=HOPPER).template
+        return tf.compile(kernel, target=HOPPER, dynamic=dynamic).template
     name, fusion = choose(kernel.program, spec)
     assert name == "row_reduction", name
     return row_reduction(kernel, fusion, spec, **knobs)
@@ -97,6 +98,9 @@ def _template(kernel, **knobs):
 
 CASES = {
     "rmsnorm_defaults": (tf.grad(K.rmsnorm), {}, _norm_case("rmsnorm", (37, 256))),
+    # the sizes as arguments: the partials' count too, read by the kernel that adds them up
+    "rmsnorm_sizes_as_arguments": (tf.grad(K.rmsnorm), dict(dynamic=True),
+                                   _norm_case("rmsnorm", (45, 256))),
     "rmsnorm_tiles": (tf.grad(K.rmsnorm), dict(rows=2, row_tiles=3),
                       _norm_case("rmsnorm", (37, 256))),
     "layernorm_tiles": (tf.grad(K.layernorm), dict(row_tiles=4),

@@ -69,12 +69,13 @@ def store_partials(w, plan, knobs) -> None:
           f"mask=offs_n < {plan.cols})")
 
 
-def finish_body(plan, knobs, outs: dict) -> list[str]:
+def finish_body(plan, knobs, outs: dict, interpreter: bool) -> list[str]:
     """The lines of the kernel that adds the partial rows up and writes the outputs reading the
-    sums (``outs``: output compute name -> its argument). One program per block of columns."""
+    sums (``outs``: output compute name -> its argument). One program per block of columns.
+    ``interpreter``: for Triton's CPU interpreter (a loop bound read from an argument)."""
     from .source_writer import SourceWriter
 
-    w = SourceWriter(False)
+    w = SourceWriter(interpreter)
     cols, total = plan.cols, parts(plan, knobs)
     block = finish_columns(plan)
     w(f"offs_c = tl.program_id(0) * {block} + tl.arange(0, {block})")
@@ -84,7 +85,7 @@ def finish_body(plan, knobs, outs: dict) -> list[str]:
     for cs in plan.column_sums:
         ident = _identity(cs)
         w(f"sum_{cs.name} = tl.full([{block}], {ident}, tl.float32)")
-        w(f"for p0 in range(0, {total}, {FINISH_PARTS}):")
+        w.sweep("p0", "0", str(total), str(FINISH_PARTS))
         with w.block():
             w(f"ok_p = (p0 + offs_p[:, None]) < {total}")
             w(f"v = tl.load(colpart_{cs.name} + (p0 + offs_p[:, None]) * {cols} + "

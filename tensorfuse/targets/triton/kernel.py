@@ -106,15 +106,20 @@ class TritonKernel(GraphCallable):
     def _emit(self, plan, knobs) -> tuple:
         """(source, kernel function, argument names) of ``plan`` (made at sizes that are ints, or
         some of them symbolic: :mod:`tensorfuse.dsl.symbolic_sizes`)."""
-        name = f"{self.program.name}_fused"
-        source, args = kernel_source(plan, knobs, name, interpreter=interpreting())
-        return source, load_kernel(source, name), args
+        source, args = kernel_source(plan, knobs, self._name, interpreter=interpreting())
+        return source, load_kernel(source, self._name), args
+
+    @property
+    def _name(self) -> str:
+        """The generated kernel's name (the second kernel of a plan with sums down the rows:
+        this with ``_sums``)."""
+        return f"{self.program.name}_fused"
 
     def _sums_kernel(self, bound):
         """The second kernel of a plan with sums down the rows, from the source that serves these
         sizes (:meth:`build`)."""
         _, _, source, _, _ = self.build(bound.scalars, **bound.dims)
-        return load_kernel(source, f"{self.program.name}_fused_sums")
+        return load_kernel(source, f"{self._name}_sums")
 
     def cache_info(self) -> list:
         """The sources this kernel wrote (:class:`.size_builds.Build`: the sizes each serves,

@@ -381,7 +381,9 @@ class _RowTileSource:
                 shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else "[BLOCK_M, 1]"
                 ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
                 w(f"acc_{m.name}_{sp.k} = tl.full({shape}, {ident}, tl.float32)")
-            w(f"for s in tl.static_range({self.splits}):")
+            # up to 64 parts unrolled; more in a loop (a long sweep of very few row tiles)
+            w(f"for s in tl.static_range({self.splits}):" if self.splits <= 64 else
+              f"for s in range(0, {self.splits}):")
             with w.block():
                 sym = {}
                 for sp in mine:
@@ -460,7 +462,7 @@ class _RowTileSource:
             return assemble_source([(self.name, self.args, w.lines)]), self.args
         store_partials(w, plan, knobs)
         finish = finish_body(plan, knobs, {c.name: out for (c, _, _), out in
-                                           zip(plan.outputs, self.outs)})
+                                           zip(plan.outputs, self.outs)}, self.interpreter)
         return assemble_source([(self.name, self.args, w.lines),
                                 (f"{self.name}_sums", self.args, finish)]), self.args
 
