@@ -45,19 +45,22 @@ def templated_stages(program: Program, target: TargetSpec) -> tuple:
     (TVM's default schedule of the whole program is as good as its pieces')."""
     from .stages import NotStageable, plan_stages
 
-    try:
-        stages = plan_stages(program, lambda sub: takes_stage(sub, target))
+    try:   # the program itself swept as one over several axes was tf.compile's try before
+        stages = plan_stages(program, lambda sub: takes_stage(sub, target,
+                                                              swept_as_one=sub is not program))
     except NotStageable:
         return ()
     return stages if any(s.templated for s in stages) else ()
 
 
-def takes_stage(program: Program, target: TargetSpec) -> bool:
+def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True) -> bool:
     """Whether a template takes a stage of the floor: the contraction template its GEMMs, the
     row-tile template the rest. Sums only, of which some are GEMMs the contraction template
     refuses together (two weight gradients into differently indexed outputs), are cut further:
     the row-tile template would take them whole at a placeholder size and then run them a row at
-    a time on the CUDA cores, or not at all at the real sizes."""
+    a time on the CUDA cores, or not at all at the real sizes. ``swept_as_one``: a stage whose
+    reductions sweep several axes together counts where a template takes it swept as one axis
+    (:func:`flat_templated`: a group norm's backward, its statistics over c and p)."""
     if not target.is_gpu:
         return False
     if is_contraction(program):
@@ -66,9 +69,12 @@ def takes_stage(program: Program, target: TargetSpec) -> bool:
             gemm_shaped(program):
         return False
     found = choose(program, target)
+    if found is None:   # reductions over several axes together, a template's once swept as one
+        return swept_as_one and \
+            flat_templated(program, dict.fromkeys(program.dim_names(), 64), target) is not None
     # a chain whose row kernel adds sums down the rows up (column_sums) is staged where that
     # kernel does not fit: the sums then run as a stage of their own
-    return found is not None and not sums_down_rows(program, found[1])
+    return not sums_down_rows(program, found[1])
 
 
 def sums_down_rows(program: Program, fusion: Fusion) -> bool:

@@ -39,7 +39,7 @@ def swept_together(program: Program) -> tuple[Axis, ...] | None:
         held = {a.uid for a in c.axes + c.over} & ids
         if held and held != ids:
             return None
-        if c.is_output and held and not _adjacent(c.axes, order):
+        if c.is_output and {a.uid for a in c.axes} & ids and not _adjacent(c.axes, order):
             return None   # its flat result would not be a view of the output it writes
         if c.is_reduction and {a.uid for a in c.over} & ids and \
                 [a.uid for a in c.over if a.uid in ids] != [a.uid for a in group]:

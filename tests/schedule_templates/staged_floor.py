@@ -11,7 +11,7 @@ import torch
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse import dsl as T
-from benchmarks.user_kernels import max_pool_l2, paged_decode, segment_mean
+from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode, segment_mean
 from tests.helpers import relative_error
 
 
@@ -80,13 +80,32 @@ def layernorm_backward_case(generator, M=7, N=77, width=3.0):
     return {"x": x, "weight": weight, "bias": bias, "eps": 1e-5, "d_out": d_out}, want
 
 
+def group_norm_backward_case(generator, B=2, G=3, C=5, P=67, width=3.0):
+    """tf.grad of the suite's group norm: its statistics and input gradient sum over two axes
+    (c, p) together, its weight and bias gradients over two others (b, p); the reference is
+    torch's group_norm autograd in float64."""
+    x = (torch.randn(B, G, C, P, generator=generator) * width + width).to(torch.bfloat16)
+    w = (torch.rand(G, C, generator=generator) + 0.5).to(torch.bfloat16)
+    bias = torch.randn(G, C, generator=generator).to(torch.bfloat16)
+    d_out = torch.randn(B, G, C, P, generator=generator).to(torch.bfloat16)
+    leaves = [t.double().requires_grad_() for t in (x, w, bias)]
+    out = torch.nn.functional.group_norm(leaves[0].reshape(B, G * C, P), G,
+                                         leaves[1].reshape(-1), leaves[2].reshape(-1), 1e-5)
+    want = torch.autograd.grad(out.reshape(B, G, C, P), leaves, d_out.double())
+    return {"x": x, "w": w, "bias": bias, "eps": 1e-5, "d_out": d_out}, want
+
+
 CASES = {"max_pool_l2": (max_pool_l2, max_pool_l2_case),
          "group_norm_nested": (group_norm_nested, group_norm_case),
          "paged_decode": (paged_decode, paged_decode_case),
          "segment_mean": (segment_mean, segment_mean_case),
-         "layernorm_backward": (tf.grad(K.layernorm), layernorm_backward_case)}
+         "layernorm_backward": (tf.grad(K.layernorm), layernorm_backward_case),
+         "group_norm_backward": (tf.grad(group_norm), group_norm_backward_case)}
 # the rest a template takes whole
-STAGED = {"max_pool_l2", "group_norm_nested", "paged_decode", "layernorm_backward"}
+STAGED = {"max_pool_l2", "group_norm_nested", "paged_decode", "layernorm_backward",
+          "group_norm_backward"}
+# checked in the interpreter (a stage no template takes runs on the CPU target there)
+INTERPRETED = ("max_pool_l2", "segment_mean", "layernorm_backward", "group_norm_backward")
 
 
 def interpreted(kernel):
@@ -102,15 +121,32 @@ def interpreted(kernel):
         made = tf.compile(kernel, target="cuda:sm_90a")
     if isinstance(made, AutoKernel):
         return made.template
-    made.kernels = tuple(k.template for k in made.kernels)
+    made.kernels = tuple(_interpreted_stage(stage, k)
+                         for stage, k in zip(made.stages, made.kernels))
     return made
+
+
+def _interpreted_stage(stage, kernel):
+    """A stage's Triton template (each flat sweep's, for a stage swept over several axes as
+    one), or, for a stage no template takes, its program compiled for the CPU."""
+    import types
+
+    from tensorfuse.flat_kernel import FlatSweepKernel
+
+    if isinstance(kernel, FlatSweepKernel):
+        return FlatSweepKernel(kernel.program, kernel.target, kernel.group,
+                               lambda sizes: kernel.for_sizes(**sizes).template)
+    if hasattr(kernel, "template"):
+        return kernel.template
+    return tf.compile(types.SimpleNamespace(program=stage.program, fn=None,
+                                            name=stage.program.name), target="llvm")
 
 
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     generator = torch.Generator().manual_seed(int(sys.argv[1]))
     errors = {}
-    for name in ("max_pool_l2", "segment_mean", "layernorm_backward"):
+    for name in INTERPRETED:
         kernel, case = CASES[name]
         args, want = case(generator)
         errors[name] = relative_error(interpreted(kernel)(**args), want)
