@@ -118,13 +118,23 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
 # (2 stages, the row read again: 0.075; 16 rows a program: 0.064; 64: 0.064), layer norm's
 # 0.075 (0.095); the staged floor had taken 0.103 and 0.132, torch.compile 0.088 and 0.113
 SUMMING_PROGRAMS, SUMMING_STAGES = 2 * SMS, 3
+# ... its tile's rows halved until the tensors read along the row fit 32k elements together, and
+# a row that fills those alone read again for the outputs rather than held: a layer norm's
+# backward over D=1024 of [8, 1024, 4096] (x and the incoming gradient) in 32-row tiles on 8
+# warps spilled 1696 bytes, in 16-row tiles 36; over a row of 16384 held it spilled 1464, read
+# again 20 (ptxas sm_90a; not timed)
+SUMMING_TILE = 32768
 
 
 def _summing(plan: RowTilePlan, knobs: Knobs) -> Knobs:
     block_n = max(knobs.block_n, _whole_row_block(plan.cols))
     block_m = knobs.block_m if block_n == knobs.block_n else 1
+    held = lambda rows: rows * block_n * max(1, row_operands(plan))  # noqa: E731
+    while block_m > 1 and held(block_m) > SUMMING_TILE:
+        block_m //= 2
+    reload = int(held(1) >= SUMMING_TILE and reloadable(plan))
     tiles = math.prod(grid(plan, Knobs(block_m=block_m, block_n=block_n)))
-    return replace(knobs, block_m=block_m, block_n=block_n, splits=1, reload=0,
+    return replace(knobs, block_m=block_m, block_n=block_n, splits=1, reload=reload,
                    num_stages=SUMMING_STAGES, row_tiles=max(1, math.ceil(tiles / SUMMING_PROGRAMS)))
 
 

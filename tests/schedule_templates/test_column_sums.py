@@ -94,6 +94,20 @@ def test_default_knobs_hold_whole_rows_and_sweep_about_two_programs_an_sm():
     assert knobs.row_tiles == 4 and grid(plan, knobs) == (250, 1)
 
 
+def test_a_tile_holds_its_row_operands_within_32k_elements():
+    """x and the incoming gradient of a strided layer norm's backward (D=1024): 16-row tiles,
+    not the forward's 32 (1696 bytes spilled, ptxas); a row of 16384 read again for the
+    outputs rather than held (1464 bytes spilled)."""
+    from benchmarks.user_kernels import layernorm_channels
+
+    strided = tf.compile(tf.grad(layernorm_channels), target="cuda:sm_90a").template
+    knobs = strided.build(B=8, D=1024, S=4096)[1]
+    assert (knobs.block_m, knobs.block_n, knobs.reload) == (16, 1024, 0)
+    wide = tf.compile(tf.grad(K.layernorm), target="cuda:sm_90a").template
+    assert wide.build(M=4096, N=16384)[1].reload == 1
+    assert wide.build(M=4096, N=8192)[1].reload == 0
+
+
 def test_rows_too_wide_for_one_block_run_staged():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NoTemplateWarning)
