@@ -66,6 +66,11 @@ def _compile(kernel, target, template, untemplated: str | None = None,
         from .schedule_templates import TEMPLATES
         from .schedule_templates.auto import choose, contraction_templates, native_templates
 
+        # a one-hot sum (a gathered read's gradient) as the scatter it is, before any template
+        # takes it as a dense reduction over every output element
+        scattered = _scattered(kernel, spec) if spec.is_gpu else None
+        if scattered is not None:
+            return scattered
         choice = choose(program, spec)
         if choice is not None and _triton_available():
             name, fusion = choice
@@ -175,6 +180,19 @@ def _sums_floor(kernel, spec, fusion, dynamic: "bool | None"):
     if not sums_down_rows(kernel.program, fusion):
         return None
     return lambda why: _staged(kernel, spec, why, dynamic=dynamic)
+
+
+def _scattered(kernel, spec):
+    """A kernel whose one sum adds each term into the element an index names (a gathered read's
+    gradient: :mod:`.schedule_templates.scatter`) as the scatter-add template's atomic adds;
+    else ``None``."""
+    from .schedule_templates.auto import scatters
+    from .schedule_templates.scatter import plan_scatter
+    from .targets.triton.scatter_kernel import ScatterKernel
+
+    if not _triton_available() or not scatters(kernel.program):
+        return None
+    return ScatterKernel(plan_scatter(kernel.program), spec)
 
 
 def _flattened(kernel, spec, dynamic: "bool | None" = False):

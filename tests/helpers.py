@@ -79,6 +79,20 @@ def run_interpreted(module: str, *args, timeout: int = 900):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def check_interpreted(module: str, cases, tolerance: float = 2e-2) -> None:
+    """Run a check module under Triton's interpreter (:func:`run_interpreted`) on a fresh seed
+    and assert every one of ``cases`` came back within ``tolerance`` of its float64 reference
+    (bf16 outputs: 2e-2)."""
+    import pytest
+
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    seed = fresh_seed()
+    errors = run_interpreted(module, seed)
+    assert set(errors) == set(cases), errors
+    for name, error in errors.items():
+        assert error < tolerance, f"{name}: relative error {error:.1e} (TENSORFUSE_SEED={seed})"
+
+
 def fresh_seed() -> int:
     """A fresh seed for a random test, or ``TENSORFUSE_SEED`` to rerun a failing one."""
     import os

@@ -63,7 +63,7 @@ def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True)
     (:func:`flat_templated`: a group norm's backward, its statistics over c and p)."""
     if not target.is_gpu:
         return False
-    if is_contraction(program):
+    if is_contraction(program) or scatters(program):
         return True
     if all(c.monoid.name == "sum" for c in program.computes if c.is_reduction) and \
             gemm_shaped(program):
@@ -75,6 +75,17 @@ def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True)
     # a chain whose row kernel adds sums down the rows up (column_sums) is staged where that
     # kernel does not fit: the sums then run as a stage of their own
     return not sums_down_rows(program, found[1])
+
+
+def scatters(program: Program) -> bool:
+    """Whether ``program`` is a scatter-add (:mod:`.scatter`: a gathered read's gradient)."""
+    from .scatter import plan_scatter
+
+    try:
+        plan_scatter(program)
+    except TargetError:
+        return False
+    return True
 
 
 def sums_down_rows(program: Program, fusion: Fusion) -> bool:

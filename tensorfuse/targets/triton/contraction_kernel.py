@@ -3,9 +3,9 @@ kernel, torch or NumPy in and out, a Triton source per shape signature (sizes se
 value become arguments: :mod:`.size_builds`), launched on torch's current stream."""
 from __future__ import annotations
 
-from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
+from ...binding import CallBinder, check_named_sizes, split_scalars
 from ...errors import ScheduleError, TargetError
-from ...interop import deliver, torch_arguments, torch_dtype, torch_output
+from ...interop import deliver, output_buffers, torch_arguments, torch_dtype
 from ...torch_graph import GraphCallable
 from .contraction import contraction_source, grid_of, stage_grid, stage_name
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
@@ -145,9 +145,7 @@ class ContractionKernel(GraphCallable):
         values.update({n: v for n, v in size_values(bound.dims).items() if n not in values})
         values.update({name: torch.empty(shape, dtype=dtype, device=device)
                        for name, shape, dtype in stored})
-        given = list(bound.outs) if bound.outs is not None else [None] * len(self.outputs)
-        outs = [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
-                for c, g in zip(self.outputs, given)]
+        outs, given = output_buffers(self.outputs, bound, device)
         values.update({f"out_{c.name}": o for c, o in zip(self.outputs, outs)})
         return launches, values, outs, given, bound
 

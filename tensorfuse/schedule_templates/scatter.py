@@ -1,0 +1,97 @@
+"""Sums whose every term lands on one output element chosen by an index: the scatter-add that
+the gradient of a gathered read is (an embedding's ``emb[tokens[i], d]``, a segment's
+``x[starts[g] + r, d]``).
+
+``tf.grad`` writes such a gradient as a sum over the gather's axes of a one-hot condition on
+the output's axis, ``d_x[x, d] = Σ_{g, r} where(starts[g] + r == x, v[g, r, d], 0)``: as a dense
+reduction, every output element visits every term (a segment mean's backward over 134k rows and
+2048 segments of up to 128: 10¹⁶ terms). Read the other way round it is one pass over the terms,
+each added into the element its index names. :func:`plan_scatter` recognises that form: one sum
+whose body is ``where(index == a, value, 0)`` (under any further conditions) for an axis ``a``
+of the sum's result that neither the index nor the value reads; the program's other computes
+are elementwise, before the sum (inlined into its value) or after it (the outputs' epilogue).
+The emitter (:mod:`tensorfuse.targets.triton.scatter`) adds each term with an atomic add into
+an f32 accumulator: indices that repeat (an embedding's tokens) sum in no fixed order, so their
+last bits can differ between runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..algebra import inline_elementwise
+from ..algebra.exprs import nodes
+from ..dsl.expr import Axis, Compare, Const, Expr, Ref, Where
+from ..dsl.printer import to_text
+from ..dsl.program import Compute, Program
+from ..errors import TargetError
+
+
+@dataclass(frozen=True)
+class ScatterPlan:
+    """``total[..., a, ...] += value`` at ``a = index``, for every term of ``total``'s reduced
+    axes and its other axes where ``conditions`` hold; then ``outputs`` (compute, expression over
+    ``total``'s axes reading it as a :class:`Ref`)."""
+
+    program: Program
+    total: Compute
+    axis: Axis
+    index: Expr
+    value: Expr
+    conditions: tuple
+    outputs: tuple
+
+    @property
+    def terms(self) -> tuple[Axis, ...]:
+        """The axes a term runs over: the sum's reduced axes, then its other result axes (the
+        innermost last: a row of the value read along it)."""
+        return tuple(self.total.over) + tuple(a for a in self.total.axes
+                                              if a.uid != self.axis.uid)
+
+    def describe(self) -> str:
+        where = "".join(f" where {to_text(c)}" for c in self.conditions)
+        return (f"scatter-add plan of {self.program.name}: {self.total.name}[{self.axis.name} = "
+                f"{to_text(self.index)}] += {to_text(self.value)}{where}, over "
+                f"{', '.join(a.name for a in self.terms)} (atomic adds into f32); outputs: "
+                + ", ".join(c.name for c, _ in self.outputs))
+
+
+def plan_scatter(program: Program) -> ScatterPlan:
+    """The scatter-add plan of ``program``, or a :class:`TargetError` that says why it has none."""
+    sums = [c for c in program.computes if c.is_reduction]
+    if len(sums) != 1:
+        raise TargetError(f"{len(sums)} reductions; a scatter-add program has one")
+    total = sums[0]
+    if total.monoid.name != "sum" or total.arity != 1:
+        raise TargetError(f"{total.name} is a {total.monoid.name}, not a sum")
+    body = inline_elementwise(total.bodies[0])
+    conditions = []
+    while isinstance(body, Where) and isinstance(body.b, Const) and body.b.value == 0:
+        conditions.append(body.cond)
+        body = body.a
+    kept = {a.uid for a in total.axes}
+    found = None
+    for k, cond in enumerate(conditions):
+        if isinstance(cond, Compare) and cond.op == "eq":
+            for axis, index in ((cond.b, cond.a), (cond.a, cond.b)):
+                if isinstance(axis, Axis) and axis.uid in kept and \
+                        axis.uid not in {a.uid for a in index.axes}:
+                    found = (k, axis, index)
+                    break
+        if found:
+            break
+    if found is None:
+        raise TargetError(f"{total.name} has no condition 'index == axis' on an axis of its "
+                          "result")
+    k, axis, index = found
+    rest = tuple(c for j, c in enumerate(conditions) if j != k)
+    if any(axis.uid in {a.uid for a in e.axes} for e in (body,) + rest):
+        raise TargetError(f"the value added into {total.name} reads {axis.name} itself")
+    outputs = []
+    for c in program.outputs:
+        expr = Ref(c, 0, c.loc) if c is total else \
+            inline_elementwise(c.bodies[0]) if not c.is_reduction else None
+        reads = {n.compute.name for n in nodes(expr) if isinstance(n, Ref)}
+        if reads != {total.name} or {a.uid for a in c.axes} != kept:
+            raise TargetError(f"output {c.name} is not elementwise over {total.name}'s result")
+        outputs.append((c, expr))
+    return ScatterPlan(program, total, axis, index, body, rest, tuple(outputs))

@@ -1,0 +1,100 @@
+"""The scatter-add template's kernels as a callable (``schedule_templates.scatter``): arguments
+checked like every tensorfuse kernel, torch or NumPy in and out, one source per sizes, an f32
+accumulator zeroed per call, launched on torch's current stream."""
+from __future__ import annotations
+
+from ...binding import CallBinder, check_named_sizes, split_scalars
+from ...interop import deliver, output_buffers, torch_arguments
+from ...torch_graph import GraphCallable
+from .launch import compile_for, interpreting, launch_device, load_kernel, signature
+from .launcher import Launches, Step
+from .scatter import BLOCK, accumulator_axes, extent, grids, scatter_source
+
+ORIGIN = "scatter-add template (atomic adds into an f32 accumulator)"
+
+
+class ScatterKernel(GraphCallable):
+    """A :class:`~tensorfuse.schedule_templates.scatter.ScatterPlan` run as two Triton kernels:
+    the terms added into the accumulator, then the outputs written from it."""
+
+    def __init__(self, plan, target):
+        self.plan, self.target = plan, target
+        self.program = plan.program
+        self.outputs = [c for c, _ in plan.outputs]
+        self.description = ORIGIN
+        self.args = [p.name for p in self.program.tensor_params] + \
+            [p.name for p in self.program.scalar_params] + ["acc"] + \
+            [f"out_{c.name}" for c in self.outputs]
+        self._built: dict = {}
+        self._calls = None
+        self._device_checked = False
+
+    def __repr__(self) -> str:
+        return f"<ScatterKernel {self.program.name} for {self.target.name}>"
+
+    @property
+    def _name(self) -> str:
+        return f"{self.program.name}_scatter"
+
+    def build(self, **dims):
+        """(source, the terms kernel, the outputs kernel, launches) at these sizes, made once."""
+        key = tuple(sorted(dims.items()))
+        if key not in self._built:
+            check_named_sizes(self.program, dims, complete=True)
+            source = scatter_source(self.plan, self._name, dims, self.args)
+            fns = [load_kernel(source, f"{self._name}_{part}") for part in ("terms", "outputs")]
+            pointers = set(self.args) - {p.name for p in self.program.scalar_params}
+            steps = [Step(fn, grid, self.args, pointers)
+                     for fn, grid in zip(fns, grids(self.plan, dims))]
+            launches = Launches(steps, dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1), 4, 1)
+            self._built[key] = (source, *fns, launches)
+        return self._built[key]
+
+    def source(self, **dims) -> str:
+        dims, _ = split_scalars(self.program, dims)
+        return self.build(**dims)[0]
+
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        return self.plan.describe()
+
+    def schedule_origin(self, **dims) -> str:
+        return ORIGIN
+
+    def cache_info(self) -> list:
+        return [dict(k) for k in self._built]
+
+    def compiled(self, which: str = "terms", **dims):
+        """Compile one of the two kernels without a GPU (``.asm``: ptx/cubin or amdgcn)."""
+        dims, _ = split_scalars(self.program, dims)
+        fn = self.build(**dims)[1 if which == "terms" else 2]
+        sig = signature(self.program, self.outputs, [])
+        sig = {n: sig.get(n, "*fp32") for n in self.args}
+        return compile_for(fn, sig, dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1), self.target, 4, 1)
+
+    def ptx(self, which: str = "terms", **dims) -> str:
+        return self.compiled(which, **dims).asm["ptx"]
+
+    def _prepare(self, args, kwargs):
+        import torch
+
+        if self._calls is None:
+            self._calls = CallBinder(self.program, "cpu" if interpreting() else "cuda")
+        bound = self._calls(args, kwargs, False)
+        device = launch_device(self, bound)
+        launches = self.build(**bound.dims)[3]
+        values = torch_arguments(self.program, bound, device)
+        values["acc"] = torch.zeros([extent(a, bound.dims) for a in accumulator_axes(self.plan)],
+                                    dtype=torch.float32, device=device)
+        outs, given = output_buffers(self.outputs, bound, device)
+        values.update({f"out_{c.name}": o for c, o in zip(self.outputs, outs)})
+        return launches, values, outs, given, bound
+
+    def invoke(self, key, args: tuple, kwargs: dict):
+        launches, values, outs, given, bound = self._prepare(args, kwargs)
+        launches(values)
+        made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
+        return made[0] if len(made) == 1 else tuple(made)
+
+    def warm(self, *args, **kwargs) -> None:
+        launches, values = self._prepare(args, kwargs)[:2]
+        launches.warm(values)

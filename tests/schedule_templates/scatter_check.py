@@ -1,0 +1,63 @@
+"""Gathered reads' gradients as ``tf.compile`` makes them for sm_90a — the scatter-add template
+(:mod:`tensorfuse.schedule_templates.scatter`) — run by Triton's interpreter against float64
+references (torch's ``index_add_``, never the project's lowering), outputs poisoned first:
+an embedding's with tokens that repeat, a segment mean's with rows no segment covers. Prints
+each case's relative error as JSON.
+
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.scatter_check SEED
+"""
+import json
+import os
+import sys
+
+import torch
+
+import tensorfuse as tf
+import tensorfuse.dsl as T
+from benchmarks.user_kernels import segment_mean
+from tests.helpers import relative_error
+
+
+@tf.kernel
+def embedding(table: T.Tensor["V", "D", "bf16"], tokens: T.Tensor["M", "i32"]):
+    """Rows of a table picked by token ids."""
+    i, d = T.axes("i d")
+    return table[tokens[i], d]
+
+
+def embedding_case(generator, V=50, M=300, D=24, width=4.0):
+    """300 tokens over 50 ids: most repeat, some ids never occur."""
+    tokens = torch.randint(0, V - 5, (M,), generator=generator).to(torch.int32)
+    table = (torch.randn(V, D, generator=generator) * width).to(torch.bfloat16)
+    d_out = (torch.randn(M, D, generator=generator) * width).to(torch.bfloat16)
+    want = torch.zeros(V, D, dtype=torch.float64).index_add_(0, tokens.long(), d_out.double())
+    return dict(table=table, tokens=tokens, d_out=d_out), want
+
+
+def segment_mean_case(generator, G=20, D=40, spare=7, width=4.0):
+    """Segments of 1 to 128 rows, then ``spare`` rows no segment covers (their gradient: 0)."""
+    lengths = torch.randint(1, 129, (G,), generator=generator)
+    starts = lengths.cumsum(0) - lengths
+    x = (torch.randn(int(lengths.sum()) + spare, D, generator=generator) * width).bfloat16()
+    d_out = (torch.randn(G, D, generator=generator) * width).to(torch.bfloat16)
+    want = torch.zeros(x.shape, dtype=torch.float64)
+    for s, n, row in zip(starts.tolist(), lengths.tolist(), d_out.double()):
+        want[s:s + n] += row / n
+    return dict(x=x, starts=starts.to(torch.int32), lengths=lengths.to(torch.int32),
+                d_out=d_out), want
+
+
+CASES = {"embedding": (tf.grad(embedding), embedding_case),
+         "segment_mean": (tf.grad(segment_mean), segment_mean_case)}
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    generator = torch.Generator().manual_seed(int(sys.argv[1]))
+    errors = {}
+    for name, (kernel, case) in CASES.items():
+        args, want = case(generator)
+        out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16)
+        made = tf.compile(kernel, target="cuda:sm_90a")
+        assert made(**args, out=out) is out
+        errors[name] = relative_error(out, want)
+    print(json.dumps(errors))

@@ -1,0 +1,100 @@
+"""Gathered reads' gradients as scatter-adds (:mod:`tensorfuse.schedule_templates.scatter`):
+which sums the plan takes and why it refuses others, that ``tf.compile`` runs them so rather
+than as dense reductions over every output element, the atomics in the sm_90a code, and the
+numbers (Triton's interpreter here, the GPU where there is one)."""
+import pytest
+import torch
+
+import tensorfuse as tf
+import tensorfuse.dsl as T
+from tensorfuse.errors import TargetError
+from tensorfuse.schedule_templates.scatter import plan_scatter
+from tests.schedule_templates.scatter_check import CASES, embedding
+
+
+def test_an_embeddings_gradient_is_a_scatter_of_the_incoming_rows_by_token():
+    plan = plan_scatter(tf.grad(embedding).program)
+    assert plan.describe().startswith(
+        "scatter-add plan of embedding_backward: d_table_sum[table_0 = tokens[i]] += "
+        "d_out[i, d], over i, d")
+    assert [c.name for c, _ in plan.outputs] == ["d_table"]
+
+
+def test_a_segments_gradient_keeps_the_length_condition_beside_the_index():
+    from benchmarks.user_kernels import segment_mean
+
+    plan = plan_scatter(tf.grad(segment_mean).program)
+    assert plan.describe().startswith(
+        "scatter-add plan of segment_mean_backward: d_x_sum[x_0 = starts[g] + r] += "
+        "d_out[g, d] / max(lengths[g], 1) where r < lengths[g], over g, r, d")
+
+
+@tf.kernel
+def masked_row_sums(x: T.Tensor["M", "N", "bf16"], keep: T.Tensor["M", "i32"]):
+    """A sum down the rows under a condition that names no output element."""
+    i, j = T.axes("i j")
+    return T.sum(T.where(keep[i] == 1, x[i, j], 0.0), over=i)
+
+
+@tf.kernel
+def two_sums(x: T.Tensor["M", "N", "bf16"]):
+    i, j = T.axes("i j")
+    return T.sum(x[i, j], over=j) + T.max(x[i, j], over=j)
+
+
+@tf.kernel
+def reads_its_own_slot(x: T.Tensor["M", "N", "bf16"], at: T.Tensor["M", "i32"]):
+    """The value added reads the element's own axis: not a scatter."""
+    i, j = T.axes("i j")
+    return T.sum(T.where(at[i] == j, x[i, j], 0.0), over=i)
+
+
+@pytest.mark.parametrize("kernel, why", [
+    (masked_row_sums, "has no condition 'index == axis' on an axis of its result"),
+    (two_sums, "2 reductions; a scatter-add program has one"),
+    (reads_its_own_slot, "the value added into")])
+def test_sums_that_are_not_scatters_are_refused_with_the_reason(kernel, why):
+    with pytest.raises(TargetError, match=why):
+        plan_scatter(kernel.program)
+
+
+def test_tf_compile_runs_a_gathers_gradient_as_a_scatter_not_a_dense_row_sum():
+    """The row template takes the embedding gradient too — as a sum over every token for every
+    (id, feature), V·M·D terms; the scatter adds each token's row once."""
+    from tensorfuse.schedule_templates.auto import choose, takes_stage
+    from tensorfuse.targets import get_target
+    from tensorfuse.targets.triton.scatter_kernel import ScatterKernel
+
+    program = tf.grad(embedding).program
+    hopper = get_target("cuda:sm_90a")
+    assert choose(program, hopper) is not None
+    assert takes_stage(program, hopper)
+    made = tf.compile(tf.grad(embedding), target="cuda:sm_90a")
+    assert isinstance(made, ScatterKernel)
+    assert made.schedule_origin(V=64, M=128, D=32).startswith("scatter-add template")
+
+
+def test_sm90a_code_adds_vectors_of_f32_atomically_and_relaxed():
+    pytest.importorskip("triton", reason="the template generates Triton kernels")
+    made = tf.compile(tf.grad(embedding), target="cuda:sm_90a")
+    terms = made.ptx("terms", V=128256, M=8192, D=4096)
+    assert "atom.global.gpu.relaxed.add.v4.f32" in terms
+    assert "atom" not in made.ptx("outputs", V=128256, M=8192, D=4096)
+
+
+def test_scatters_match_float64_in_the_triton_interpreter():
+    from tests.helpers import check_interpreted
+
+    check_interpreted("tests.schedule_templates.scatter_check", CASES)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_scatters_match_float64_on_the_gpu(name):
+    from tests.helpers import gpu_case, relative_error
+
+    kernel, case = CASES[name]
+    args, want, seed = gpu_case(case)
+    out = torch.full(want.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert tf.compile(kernel)(**args, out=out) is out
+    assert relative_error(out, want.cuda()) < 2e-2, seed
