@@ -217,9 +217,17 @@ def _nested(x: T.Tensor["B", "M", "N", "f32"]):
 @tf.kernel
 def _over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
     """A sum over two axes at once, reduced in the other order than the output holds them: not
-    swept as one axis (the flat result would be no view of the output)."""
+    swept as one axis whole (the flat result would be no view of the output), but its sum is, as
+    a stage of its own."""
     b, i, j = T.axes("b i j")
     return x[b, i, j] - T.sum(x[b, i, j], over=(j, i))
+
+
+@tf.kernel
+def _product_over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
+    """As above with a product, which no template reduces: no stage has a template either."""
+    b, i, j = T.axes("b i j")
+    return x[b, i, j] - T.prod(x[b, i, j], over=(j, i))
 
 
 def _compiled_for_sm80(kernel):
@@ -239,12 +247,17 @@ def test_a_gpu_kernel_no_template_takes_says_so_once_and_why():
     compile warns once, and schedule_origin() names the path and the refusal."""
     from tensorfuse.errors import NoTemplateWarning
 
-    f, caught = _compiled_for_sm80(_over_two_axes)
+    f, caught = _compiled_for_sm80(_product_over_two_axes)
     assert [w.category for w in caught] == [NoTemplateWarning]
-    assert "no template takes _over_two_axes on cuda:sm_80" in str(caught[0].message)
+    assert "no template takes _product_over_two_axes on cuda:sm_80" in str(caught[0].message)
     origin = f.schedule_origin(B=2, M=8, N=16)
-    assert origin == ("TVM's default GPU schedule, unfused (no template takes _over_two_axes: it "
-                      "has no reductions over one axis to fuse)"), origin
+    assert origin == ("TVM's default GPU schedule, unfused (no template takes "
+                      "_product_over_two_axes: it has no reductions over one axis to fuse)"), \
+        origin
+    # the sum's stage is swept over (j, i) as one axis by the row template
+    f, caught = _compiled_for_sm80(_over_two_axes)
+    assert "no template takes _over_two_axes whole on cuda:sm_80" in str(caught[0].message)
+    assert f.schedule_origin(B=2, M=8, N=16).startswith("staged: 2 kernels")
 
 
 def test_a_gpu_kernel_no_template_takes_whole_runs_in_stages_and_says_so_once():
