@@ -238,8 +238,11 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         if fusion is not None:
             return TuningTask(kernel, dict(dims), target, "cpu_fused", fusion, scalars)
         return TuningTask(kernel, dict(dims), target, "cpu", scalars=scalars)
-    from ..schedule_templates.auto import choose, flat_templated
+    from ..schedule_templates.auto import choose, flat_templated, scatters
 
+    if scatters(kernel.program):   # tf.compile's scatter-add template, before any other
+        raise TuningError(f"{kernel.name} runs on the scatter-add template on {target.name}, "
+                          "which has no knobs to tune")
     choice = choose(kernel.program, target)
     flat = flat_templated(kernel.program, dims, target) if choice is None else None
     if flat is not None:   # tf.compile runs it swept as one axis: that program is what it tunes

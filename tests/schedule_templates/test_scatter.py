@@ -74,6 +74,17 @@ def test_tf_compile_runs_a_gathers_gradient_as_a_scatter_not_a_dense_row_sum():
     assert made.schedule_origin(V=64, M=128, D=32).startswith("scatter-add template")
 
 
+def test_tuning_a_scatter_says_it_has_nothing_to_tune():
+    """Its tasks would otherwise come from the row template's dense form, records tf.compile
+    never reads."""
+    from tensorfuse.autotune.tasks import make_task
+    from tensorfuse.errors import TuningError
+    from tensorfuse.targets import get_target
+
+    with pytest.raises(TuningError, match="scatter-add template .* no knobs to tune"):
+        make_task(tf.grad(embedding), dict(V=64, M=128, D=32), get_target("cuda:sm_90a"))
+
+
 def test_sm90a_code_adds_vectors_of_f32_atomically_and_relaxed():
     pytest.importorskip("triton", reason="the template generates Triton kernels")
     made = tf.compile(tf.grad(embedding), target="cuda:sm_90a")
