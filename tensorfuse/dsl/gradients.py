@@ -112,7 +112,7 @@ def gradient_program(program: Program, wrt: Sequence[str] | None = None,
             names[expr.uid] = f"d_{pname}" if part == 0 else f"d_{pname}_{part + 1}"
             results.append((expr, axes))
             owners.append(pname)
-    backward = _assemble(program, grads, results, names, name)
+    backward = _without_repeats(_assemble(program, grads, results, names, name))
     return backward, [GradientOutput(p, c.name) for p, c in zip(owners, backward.outputs)]
 
 
@@ -387,6 +387,34 @@ def _assemble(program: Program, grads, results, names: dict, name: str | None) -
                   key=lambda a: a.uid)
     return Program(built.name, built.params, everything, outputs, axes,
                    built.size_constraints, program.loc)
+
+
+def _without_repeats(program: Program) -> Program:
+    """``program`` with each compute that repeats an earlier one exactly (the same axes, the
+    same sums, the same body) dropped and its reads pointing at the earlier one: the product
+    rule's two halves of ``(x - mean) * (x - mean)`` give a group norm's backward two equal sums,
+    each a state of the row kernel's pass."""
+    copies: dict[str, Compute] = {}
+    first: dict[tuple, Compute] = {}
+    kept = []
+    for c in program.computes:
+        bodies = tuple(_retarget(b, copies) for b in c.bodies)
+        made = c if all(a is b for a, b in zip(bodies, c.bodies)) else replace(c, bodies=bodies)
+        key = (tuple(a.uid for a in c.axes), tuple(a.uid for a in c.over),
+               getattr(c.monoid, "name", None), tuple(c.dtypes), tuple(b.key() for b in bodies))
+        if not c.is_output and key in first:
+            copies[c.name] = first[key]
+            continue
+        first.setdefault(key, made)
+        if made is not c:
+            copies[c.name] = made
+        kept.append(made)
+    if len(kept) == len(program.computes):
+        return program
+    by_name = {c.name: c for c in kept}
+    return Program(program.name, program.params, kept,
+                   [by_name[c.name] for c in program.outputs], program.axes,
+                   program.size_constraints, program.loc)
 
 
 def _forward_needed(program: Program, computes: list[Compute]) -> list[Compute]:

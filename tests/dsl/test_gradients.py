@@ -313,3 +313,16 @@ def test_out_is_refused_while_autograd_records():
         f(x, w, eps=1e-5, out=out)
     want = x.detach() * torch.rsqrt((x.detach() ** 2).mean(-1, keepdim=True) + 1e-5) * w.detach()
     torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_backward_computes_each_repeated_sum_once():
+    """The product rule's two halves of ``(x - mean) * (x - mean)`` are one sum, read twice (a
+    group norm's backward had two equal sums, each a state of the row kernel's pass)."""
+    from benchmarks.user_kernels import group_norm
+
+    program = tf.grad(group_norm).program
+    signatures = [(tuple(a.uid for a in c.axes), tuple(a.uid for a in c.over),
+                   tuple(b.key() for b in c.bodies)) for c in program.computes]
+    assert len(set(signatures)) == len(signatures)
+    assert [c.name for c in program.computes if c.is_reduction] == [
+        "mean_sum", "var_sum", "d_var", "d_mean_sum", "d_mean_sum_2", "d_w_sum", "d_bias_sum"]
