@@ -85,6 +85,16 @@ def test_tuning_a_scatter_says_it_has_nothing_to_tune():
         make_task(tf.grad(embedding), dict(V=64, M=128, D=32), get_target("cuda:sm_90a"))
 
 
+def test_offsets_past_two_to_the_31_are_64_bit():
+    """A vocabulary of 2²⁰ rows of 4096: the accumulator's offsets (an i32 token times a row)
+    pass 2³¹, the terms' do not."""
+    made = tf.compile(tf.grad(embedding), target="cuda:sm_90a")
+    wide = made.source(V=1 << 20, M=8192, D=4096)
+    assert "idx = (tl.load(tokens + (ax_i), mask=ok, other=0)).to(tl.int64)" in wide
+    assert "lin = tl.program_id(0).to(tl.int64) * BLOCK_M" in wide
+    assert "int64" not in made.source(V=32000, M=8192, D=4096)
+
+
 def test_sm90a_code_adds_vectors_of_f32_atomically_and_relaxed():
     pytest.importorskip("triton", reason="the template generates Triton kernels")
     made = tf.compile(tf.grad(embedding), target="cuda:sm_90a")

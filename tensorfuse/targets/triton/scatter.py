@@ -37,13 +37,14 @@ def counts(plan, sizes: dict) -> tuple[int, int]:
             math.prod(extent(a, sizes) for a in accumulator_axes(plan)))
 
 
-def _flat(w, axes, sizes: dict, total: int) -> TileContext:
+def _flat(w, axes, sizes: dict, count: int, total: int) -> TileContext:
     """Lines splitting this program's flat indices over ``axes`` (row-major); the tile context
-    whose axes are those indices, every one valid where the flat index is."""
+    whose axes are those indices, every one valid where the flat index is below ``count``
+    (64-bit where ``total``, the largest offset they reach, is 2³¹ or more)."""
     wide = total >= 2**31
     w("lin = tl.program_id(0)" + (".to(tl.int64)" if wide else "") +
       " * BLOCK_M + tl.arange(0, BLOCK_M)")
-    w(f"ok = lin < {total}")
+    w(f"ok = lin < {count}")
     w("rest = lin")
     names = {}
     for a in reversed(axes):
@@ -61,8 +62,10 @@ def scatter_source(plan, name: str, sizes: dict, args: list[str]) -> str:
     terms, elements = counts(plan, sizes)
     acc_axes = accumulator_axes(plan)
     w = SourceWriter(False)
-    tile = _flat(w, term_axes(plan), sizes, terms)
-    w(f"idx = {to_triton(plan.index, tile)}")
+    tile = _flat(w, term_axes(plan), sizes, terms, max(terms, elements))
+    # 64-bit where the accumulator's offsets reach 2³¹ (an index loaded as i32, times a row)
+    wide = ".to(tl.int64)" if elements >= 2**31 else ""
+    w(f"idx = ({to_triton(plan.index, tile)}){wide}")
     keep = ["ok", f"(idx >= 0) & (idx < {extent(plan.axis, sizes)})"]
     keep += [f"({to_triton(c, tile)})" for c in plan.conditions]
     w(f"keep = {' & '.join(keep)}")
@@ -74,7 +77,7 @@ def scatter_source(plan, name: str, sizes: dict, args: list[str]) -> str:
       "sem='relaxed')")
     first = w.lines
     w = SourceWriter(False)
-    tile = _flat(w, acc_axes, sizes, elements)
+    tile = _flat(w, acc_axes, sizes, elements, elements)
     w("total = tl.load(acc + lin, mask=ok, other=0.0)")
     tile = tile.child(refs={plan.total.name: "total"})
     for c, expr in plan.outputs:
