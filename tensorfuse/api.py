@@ -68,7 +68,7 @@ def _compile(kernel, target, template, untemplated: str | None = None,
 
         # a one-hot sum (a gathered read's gradient) as the scatter it is, before any template
         # takes it as a dense reduction over every output element
-        scattered = _scattered(kernel, spec) if spec.is_gpu else None
+        scattered = _scattered(kernel, spec, dynamic) if spec.is_gpu else None
         if scattered is not None:
             return scattered
         choice = choose(program, spec)
@@ -182,7 +182,7 @@ def _sums_floor(kernel, spec, fusion, dynamic: "bool | None"):
     return lambda why: _staged(kernel, spec, why, dynamic=dynamic)
 
 
-def _scattered(kernel, spec):
+def _scattered(kernel, spec, dynamic: "bool | None" = None):
     """A kernel whose one sum adds each term into the element an index names (a gathered read's
     gradient: :mod:`.schedule_templates.scatter`) as the scatter-add template's atomic adds;
     else ``None``."""
@@ -192,7 +192,7 @@ def _scattered(kernel, spec):
 
     if not _triton_available() or not scatters(kernel.program):
         return None
-    return ScatterKernel(plan_scatter(kernel.program), spec)
+    return ScatterKernel(plan_scatter(kernel.program), spec, dynamic)
 
 
 def _flattened(kernel, spec, dynamic: "bool | None" = False):

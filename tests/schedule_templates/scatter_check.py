@@ -48,7 +48,9 @@ def segment_mean_case(generator, G=20, D=40, spare=7, width=4.0):
 
 
 CASES = {"embedding": (tf.grad(embedding), embedding_case),
-         "segment_mean": (tf.grad(segment_mean), segment_mean_case)}
+         "segment_mean": (tf.grad(segment_mean), segment_mean_case),
+         # every size an argument of the kernels from the first call (tf.compile's dynamic=True)
+         "embedding_sizes_as_arguments": (tf.grad(embedding), embedding_case)}
 
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
@@ -57,7 +59,8 @@ if __name__ == "__main__":
     for name, (kernel, case) in CASES.items():
         args, want = case(generator)
         out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16)
-        made = tf.compile(kernel, target="cuda:sm_90a")
+        made = tf.compile(kernel, target="cuda:sm_90a",
+                          dynamic=True if name.endswith("sizes_as_arguments") else None)
         assert made(**args, out=out) is out
         errors[name] = relative_error(out, want)
     print(json.dumps(errors))

@@ -85,6 +85,18 @@ def test_tuning_a_scatter_says_it_has_nothing_to_tune():
         make_task(tf.grad(embedding), dict(V=64, M=128, D=32), get_target("cuda:sm_90a"))
 
 
+def test_a_token_count_seen_twice_becomes_an_argument_of_one_build():
+    """A training loop's changing token counts: the first count exact, the second written as an
+    argument, the third served by that build (tf.compile's dynamic=None)."""
+    made = tf.compile(tf.grad(embedding), target="cuda:sm_90a")
+    for m in (300, 200, 150):
+        made.build(V=50, M=m, D=24)
+    builds = made.cache_info()
+    assert [b.exact for b in builds] == [True, False]
+    assert [s["M"] for s in builds[1].sizes] == [200, 150]
+    assert "ok = lin < (size_M * 24)" in made.source(V=50, M=150, D=24)
+
+
 def test_offsets_past_two_to_the_31_are_64_bit():
     """A vocabulary of 2²⁰ rows of 4096: the accumulator's offsets (an i32 token times a row)
     pass 2³¹, the terms' do not."""

@@ -3,21 +3,32 @@ checked like every tensorfuse kernel, torch or NumPy in and out, one source per 
 accumulator zeroed per call, launched on torch's current stream."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...binding import CallBinder, check_named_sizes, split_scalars
 from ...interop import deliver, output_buffers, torch_arguments
 from ...torch_graph import GraphCallable
+from ...dsl.symbolic_sizes import size_arguments
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
 from .launcher import Launches, Step
 from .scatter import BLOCK, accumulator_axes, extent, grids, scatter_source
+from .size_builds import SizeBuilds, size_values, with_size_arguments
 
 ORIGIN = "scatter-add template (atomic adds into an f32 accumulator)"
+
+
+@dataclass(frozen=True)
+class ScatterKnobs:
+    """The template's one setting (what a build is keyed by beside its sizes)."""
+
+    block: int = BLOCK
 
 
 class ScatterKernel(GraphCallable):
     """A :class:`~tensorfuse.schedule_templates.scatter.ScatterPlan` run as two Triton kernels:
     the terms added into the accumulator, then the outputs written from it."""
 
-    def __init__(self, plan, target):
+    def __init__(self, plan, target, dynamic: "bool | None" = None):
         self.plan, self.target = plan, target
         self.program = plan.program
         self.outputs = [c for c, _ in plan.outputs]
@@ -28,6 +39,8 @@ class ScatterKernel(GraphCallable):
         self._built: dict = {}
         self._calls = None
         self._device_checked = False
+        # sizes seen at a second value become arguments (tf.compile's dynamic=)
+        self.sizes = SizeBuilds(dynamic, {p.name for p in self.program.params})
 
     def __repr__(self) -> str:
         return f"<ScatterKernel {self.program.name} for {self.target.name}>"
@@ -37,18 +50,30 @@ class ScatterKernel(GraphCallable):
         return f"{self.program.name}_scatter"
 
     def build(self, **dims):
-        """(source, the terms kernel, the outputs kernel, launches) at these sizes, made once."""
+        """(source, the terms kernel, the outputs kernel, launches, argument names) at these
+        sizes, made once; a source written with sizes as arguments serves every size within its
+        guards (:mod:`.size_builds`)."""
         key = tuple(sorted(dims.items()))
         if key not in self._built:
             check_named_sizes(self.program, dims, complete=True)
-            source = scatter_source(self.plan, self._name, dims, self.args)
-            fns = [load_kernel(source, f"{self._name}_{part}") for part in ("terms", "outputs")]
+            varying = self.sizes.varying(dims)
+            made = self.sizes.find(dims, ScatterKnobs(), (), varying) if varying else None
+            if made is None:
+                made = self.sizes.write(dims, ScatterKnobs(), (), varying, self._emit)
+            outputs = load_kernel(made.source, f"{self._name}_outputs")
             pointers = set(self.args) - {p.name for p in self.program.scalar_params}
-            steps = [Step(fn, grid, self.args, pointers)
-                     for fn, grid in zip(fns, grids(self.plan, dims))]
+            steps = [Step(fn, grid, made.args, pointers)
+                     for fn, grid in zip((made.fn, outputs), grids(self.plan, dims))]
             launches = Launches(steps, dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1), 4, 1)
-            self._built[key] = (source, *fns, launches)
+            self._built[key] = (made.source, made.fn, outputs, launches, made.args)
         return self._built[key]
+
+    def _emit(self, sizes: dict) -> tuple:
+        """(source, the terms kernel, argument names) at ``sizes`` (ints, or some of them
+        symbolic: read as arguments)."""
+        args = self.args + size_arguments(sizes)
+        source = scatter_source(self.plan, self._name, sizes, args)
+        return source, load_kernel(source, f"{self._name}_terms"), args
 
     def source(self, **dims) -> str:
         dims, _ = split_scalars(self.program, dims)
@@ -61,15 +86,19 @@ class ScatterKernel(GraphCallable):
         return ORIGIN
 
     def cache_info(self) -> list:
-        return [dict(k) for k in self._built]
+        """The sources this kernel wrote and the sizes each serves (:class:`.size_builds.Build`)."""
+        return list(self.sizes.builds)
 
     def compiled(self, which: str = "terms", **dims):
         """Compile one of the two kernels without a GPU (``.asm``: ptx/cubin or amdgcn)."""
         dims, _ = split_scalars(self.program, dims)
-        fn = self.build(**dims)[1 if which == "terms" else 2]
+        built = self.build(**dims)
         sig = signature(self.program, self.outputs, [])
-        sig = {n: sig.get(n, "*fp32") for n in self.args}
-        return compile_for(fn, sig, dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1), self.target, 4, 1)
+        sig, divisible = with_size_arguments({n: sig.get(n, "*fp32") for n in self.args}, dims,
+                                             built[4])
+        return compile_for(built[1 if which == "terms" else 2], sig,
+                           dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1), self.target, 4, 1,
+                           divisible)
 
     def ptx(self, which: str = "terms", **dims) -> str:
         return self.compiled(which, **dims).asm["ptx"]
@@ -83,6 +112,7 @@ class ScatterKernel(GraphCallable):
         device = launch_device(self, bound)
         launches = self.build(**bound.dims)[3]
         values = torch_arguments(self.program, bound, device)
+        values.update({n: v for n, v in size_values(bound.dims).items() if n not in values})
         values["acc"] = torch.zeros([extent(a, bound.dims) for a in accumulator_axes(self.plan)],
                                     dtype=torch.float32, device=device)
         outs, given = output_buffers(self.outputs, bound, device)
