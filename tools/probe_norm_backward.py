@@ -1,18 +1,17 @@
-"""How fast RMSNorm's backward can be when its weight gradient is summed in the row kernel's own
-pass — the design the row template does not have yet (it runs the weight gradient as a second
-kernel that reads x and the incoming gradient again: ``benchmarks.rows_backward``).
+"""A hand-written Triton kernel of RMSNorm's backward with its weight gradient summed in the row
+kernel's own pass — the design the row template's sums down the rows now generate
+(``schedule_templates.column_sums``), kept as a reference point for them.
 
-A hand-written Triton kernel: each program loops over ``ROWS`` whole rows of ``[M, N]``, each
-read once — its statistics, ``dx = r·(dy·w) − x·r³·Σ(dy·w·x)/N``, and its contribution
-``dy·x·r`` added into the program's column partials, kept in registers — then stores its
-partials (``[M / ROWS, N]`` in f32) for a column sum. Checked against float64 autograd of
-``rms_norm``, timed beside the template's backward and ``torch.compile``'s (GPU time,
-``bench_queued``).
+Each program loops over ``ROWS`` whole rows of ``[M, N]``, each read once — its statistics,
+``dx = r·(dy·w) − x·r³·Σ(dy·w·x)/N``, and its contribution ``dy·x·r`` added into the program's
+column partials, kept in registers — then stores its partials (``[M / ROWS, N]`` in f32) for a
+column sum. Checked against float64 autograd of ``rms_norm``, timed beside tensorfuse's
+backward and ``torch.compile``'s (GPU time, ``bench_queued``).
 
 On the H200 at [8192, 4096] bf16: 0.081 ms at 32 rows a program on 8 warps (8 rows: 0.087; 64:
-0.108; timed whole with ``bench``, the partials' sum included), against the template's backward
-0.103 and torch.compile's 0.089 (GPU time): the design is worth 1.1× torch.compile as a plain
-loop over rows, whose loads wait on each row's reductions.
+0.108; timed whole with ``bench``, the partials' sum included), against torch.compile's 0.089.
+Its rows loop waits on each row's loads; the template's pipelines the next rows' loads and ran
+the same backward in 0.065 ms (``benchmarks.rows_backward``).
 
     python tools/probe_norm_backward.py [--m 8192 --n 4096]
     TRITON_INTERPRET=1 python tools/probe_norm_backward.py --check   # small sizes, CPU
