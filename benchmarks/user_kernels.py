@@ -189,6 +189,14 @@ def segment_mean(x: T.Tensor["R", "D", "bf16"], starts: T.Tensor["G", "i32"],
     return total / T.max(lengths[g], 1)
 
 
+@tf.kernel
+def embedding(table: T.Tensor["V", "D", "bf16"], tokens: T.Tensor["M", "i32"]):
+    """Rows of a table picked by token ids (its gradient, ``tf.grad(embedding)``, is a
+    scatter-add of the incoming rows by token)."""
+    i, d = T.axes("i d")
+    return table[tokens[i], d]
+
+
 class _Recorded:
     """``tf.compile(kernel)`` as the suite calls it, remembering the kernel and its first call's
     arguments: ``--tune`` tunes the kernel at that call's sizes and scalars."""
@@ -529,6 +537,28 @@ def _cross_attention_case(generator, B=4, H=16, M=1024, N=8192, D=128) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, M=M, N=N, D=D)})
 
 
+def _embedding_backward_case(generator, V=128256, M=8192, D=4096, device="cuda") -> Case:
+    """Llama-3's vocabulary, 8192 tokens: ``tf.grad(embedding)`` (the scatter-add template)
+    against torch's embedding backward, eager and under torch.compile."""
+    tokens = torch.randint(0, V, (M,), generator=generator).to(device, torch.int32)
+    table = torch.randn(V, D, generator=generator).to(device, torch.bfloat16)
+    d_out = torch.randn(M, D, generator=generator).to(device, torch.bfloat16)
+    index = tokens.long()
+
+    def eager(grad, ids):
+        return torch.ops.aten.embedding_dense_backward(grad, ids, V, -1, False)
+    f, compiled = _Recorded(tf.grad(embedding)), torch.compile(eager)
+    want = torch.zeros(V, D, dtype=torch.float64, device=device).index_add_(0, index,
+                                                                             d_out.double())
+    return Case("embedding_backward", f"V{V} M{M} D{D}",
+                lambda: f(table=table, tokens=tokens, d_out=d_out),
+                {TORCH_COMPILE: lambda: compiled(d_out, index),
+                 TORCH_EAGER: lambda: eager(d_out, index)},
+                want, lambda out: out,
+                bytes=(M * D + V * D) * 2 + M * 4,
+                notes={TENSORFUSE: f.schedule_origin(V=V, M=M, D=D)})
+
+
 SUITE = {
     "causal_sbhd": lambda g: _attention_case("causal_sbhd", sbhd_causal, "sbhd", 2, 16, 16, 4096,
                                              128, g),
@@ -550,6 +580,7 @@ SUITE = {
     "max_pool_l2": _max_pool_l2_case,
     "segment_mean": _segment_mean_case,
     "channel_stats": _channel_stats_case,
+    "embedding_backward": _embedding_backward_case,
 }
 
 

@@ -13,16 +13,8 @@ import sys
 import torch
 
 import tensorfuse as tf
-import tensorfuse.dsl as T
-from benchmarks.user_kernels import segment_mean
+from benchmarks.user_kernels import embedding, segment_mean
 from tests.helpers import relative_error
-
-
-@tf.kernel
-def embedding(table: T.Tensor["V", "D", "bf16"], tokens: T.Tensor["M", "i32"]):
-    """Rows of a table picked by token ids."""
-    i, d = T.axes("i d")
-    return table[tokens[i], d]
 
 
 def embedding_case(generator, V=50, M=300, D=24, width=4.0):
