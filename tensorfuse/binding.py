@@ -19,7 +19,7 @@ from .dsl.expr import user_location
 from .dsl.program import Program, ScalarParam, TensorParam
 from .errors import CallError
 from .index_checks import check_gathers, checks_indices, gathers
-from .interop import ArrayInfo, describe, is_array
+from .interop import ArrayInfo, describe, is_array, torch_output
 
 INT32_LIMIT = 2**31 - 1
 
@@ -312,3 +312,11 @@ class CallBinder:
         bound = object.__new__(BoundCall)   # a copy of the first call's binding, cheaply
         bound.__dict__.update(known.__dict__, arrays=arrays, scalars=scalars, outs=outs)
         return bound
+
+
+def output_buffers(outputs, bound, device) -> tuple[list, list]:
+    """The buffers a call's kernels write, one per output compute (:func:`torch_output`), and
+    what the caller gave for each (None where nothing)."""
+    given = list(bound.outs) if bound.outs is not None else [None] * len(outputs)
+    return [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
+            for c, g in zip(outputs, given)], given

@@ -166,16 +166,6 @@ def torch_arguments(program, bound, device) -> dict:
     return values
 
 
-def output_buffers(outputs, bound, device) -> tuple[list, list]:
-    """The buffers a call's kernels write, one per output compute (:func:`torch_output`), and
-    what the caller gave for each (None where nothing)."""
-    from .binding import output_shape
-
-    given = list(bound.outs) if bound.outs is not None else [None] * len(outputs)
-    return [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
-            for c, g in zip(outputs, given)], given
-
-
 def torch_output(shape, dtype: str, given, device):
     """The buffer a kernel writes: the caller's ``out`` when it is a contiguous, 16-byte-aligned
     torch tensor, else a new one (:func:`deliver` copies it into ``out``)."""

@@ -3,9 +3,9 @@ kernel, torch or NumPy in and out, a Triton source per shape signature (sizes se
 value become arguments: :mod:`.size_builds`), launched on torch's current stream."""
 from __future__ import annotations
 
-from ...binding import CallBinder, check_named_sizes, split_scalars
+from ...binding import CallBinder, check_named_sizes, output_buffers, split_scalars
 from ...errors import ScheduleError, TargetError
-from ...interop import deliver, output_buffers, torch_arguments, torch_dtype
+from ...interop import deliver, torch_arguments, torch_dtype
 from ...torch_graph import GraphCallable
 from .contraction import contraction_source, grid_of, stage_grid, stage_name
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...binding import CallBinder, check_named_sizes, split_scalars
-from ...interop import deliver, output_buffers, torch_arguments
+from ...binding import CallBinder, check_named_sizes, output_buffers, split_scalars
+from ...interop import deliver, torch_arguments
 from ...torch_graph import GraphCallable
 from ...dsl.symbolic_sizes import size_arguments
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
