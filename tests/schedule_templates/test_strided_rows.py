@@ -145,3 +145,20 @@ def test_a_flat_swept_group_norm_fills_out_in_its_own_shape_on_the_gpu():
     # out= is checked against the user's shape, not the flat one
     with pytest.raises(CallError, match="out= for output out must have shape"):
         made(**args, out=torch.empty(2, 3, 335, dtype=torch.bfloat16, device="cuda"))
+
+
+def test_a_record_tuned_before_row_tiles_runs_its_own_tiles_one_a_program():
+    """Layer norm over D=1024 defaults to two 32 × 1024 tiles a program; a record of 32 × 512
+    blocks (swept, which row tiles cannot be) from before row tiles were a knob still builds."""
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.row_reduction import row_reduction
+    from tensorfuse.targets import get_target
+
+    spec = get_target("cuda:sm_90a")
+    record = dict(block_m=32, block_n=512, num_warps=4, num_stages=2, splits=1, reload=0)
+    made = row_reduction(layernorm_channels, choose(layernorm_channels.program, spec)[1], spec,
+                         tuned=lambda dims, scalars: (record, "an older record", None))
+    knobs = made.build(B=8, D=1024, S=4096)[1]
+    assert (knobs.block_n, knobs.row_tiles) == (512, 1)
+    assert made.schedule_origin(B=8, D=1024, S=4096).startswith("tuned record (an older record")
+

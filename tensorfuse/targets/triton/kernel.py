@@ -71,8 +71,9 @@ class TritonKernel(GraphCallable):
             knobs = self.knobs(untiled)
             self._origin[key] = "template defaults"
             found = self.tuned(dims, scalars) if self.tuned is not None else None
-            if found is not None:
-                defaults, knobs = knobs, replace(knobs, **found[0])
+            if found is not None:   # a record without row tiles (tuned before they were a knob)
+                # ran one tile a program, whatever today's default for these sizes
+                defaults, knobs = knobs, replace(knobs, **{"row_tiles": 1, **found[0]})
                 self._origin[key] = f"tuned record ({found[1]})"
             plan = self.planner.tile(untiled, knobs, scalars, self.tiling)
             why = self._not_running(plan, knobs) if found is not None and found[2] else None
