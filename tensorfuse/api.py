@@ -90,8 +90,7 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             ahead += contraction_templates(kernel, spec, template_records(
                 tuned_as, "contraction", None, spec, nearest=True), dynamic)
             return AutoKernel(made, fallback, ahead=ahead,
-                              floor=_gemm_floor(kernel, spec, dynamic) or
-                              _sums_floor(kernel, spec, fusion, dynamic))
+                              floor=_floor(kernel, spec, fusion, dynamic))
         gemms = contraction_templates(kernel, spec, template_records(
             program, "contraction", None, spec, nearest=True), dynamic) \
             if _triton_available() else ()
@@ -155,29 +154,21 @@ def _untemplated(kernel, spec, why: str) -> CompiledKernel:
     return compiled
 
 
-def _gemm_floor(kernel, spec, dynamic: "bool | None"):
-    """For a program of sums only, some of them GEMMs (an FFN: two chained GEMMs): where the
-    row-tile template does not fit a call's sizes (a feature axis wider than a tile holds), its
-    stages (each GEMM on the contraction template) rather than TVM's untiled schedule —
-    ``floor(why)`` makes them once; None for other programs (attention's stages would store its
-    scores)."""
+def _floor(kernel, spec, fusion, dynamic: "bool | None"):
+    """Where the row-tile template does not fit a call's sizes, the program's stages rather than
+    TVM's untiled schedule — ``floor(why)`` makes them once — for two kinds of program: sums
+    only, some of them GEMMs (an FFN; a feature axis wider than a tile holds: each GEMM on the
+    contraction template), and a chain whose row kernel adds sums down the rows up in its pass
+    (a norm's backward, rows wider than a block: the sums then a kernel of their own,
+    ``schedule_templates.column_sums``); None for other programs (attention's stages would store
+    its scores)."""
+    from .schedule_templates.auto import sums_down_rows
     from .schedule_templates.contraction_plan import gemm_shaped
 
     program = kernel.program
-    if not spec.is_gpu or not gemm_shaped(program) or \
-            any(c.monoid.name != "sum" for c in program.computes if c.is_reduction):
-        return None
-    return lambda why: _staged(kernel, spec, why, dynamic=dynamic)
-
-
-def _sums_floor(kernel, spec, fusion, dynamic: "bool | None"):
-    """For a chain whose row kernel adds sums down the rows up in its pass (a norm's backward
-    with its weight gradient: ``schedule_templates.column_sums``): where it does not fit a
-    call's sizes (rows wider than a block holds), its stages — the sums then a kernel of their
-    own — rather than TVM's untiled schedule; None for other programs."""
-    from .schedule_templates.auto import sums_down_rows
-
-    if not sums_down_rows(kernel.program, fusion):
+    gemms = gemm_shaped(program) and \
+        all(c.monoid.name == "sum" for c in program.computes if c.is_reduction)
+    if not spec.is_gpu or not (gemms or sums_down_rows(program, fusion)):
         return None
     return lambda why: _staged(kernel, spec, why, dynamic=dynamic)
 
@@ -296,7 +287,7 @@ class AutoKernel(GraphCallable):
         return self._fits[key]
 
     def _floor_for(self, exc: Exception):
-        """The floor's stages (:func:`_gemm_floor`), made on the first sizes that need them."""
+        """The floor's stages (:func:`_floor`), made on the first sizes that need them."""
         if self._floor is None and self.floor is not None:
             self._floor = self.floor(f"the {self.template.description} does not fit some "
                                      f"sizes ({exc})") or False
