@@ -127,8 +127,7 @@ SUMMING_TILE = 32768
 
 
 def _summing(plan: RowTilePlan, knobs: Knobs) -> Knobs:
-    block_n = max(knobs.block_n, _whole_row_block(plan.cols))
-    block_m = knobs.block_m if block_n == knobs.block_n else 1
+    block_n, block_m = max(knobs.block_n, _whole_row_block(plan.cols)), knobs.block_m
     held = lambda rows: rows * block_n * max(1, row_operands(plan))  # noqa: E731
     while block_m > 1 and held(block_m) > SUMMING_TILE:
         block_m //= 2
