@@ -103,6 +103,9 @@ def test_a_tile_holds_its_row_operands_within_32k_elements():
     strided = tf.compile(tf.grad(layernorm_channels), target="cuda:sm_90a").template
     knobs = strided.build(B=8, D=1024, S=4096)[1]
     assert (knobs.block_m, knobs.block_n, knobs.reload) == (16, 1024, 0)
+    # over D=2048 the forward sweeps 32 × 512 blocks: the whole row in 8-row tiles, not 1
+    wider = strided.build(B=8, D=2048, S=4096)[1]
+    assert (wider.block_m, wider.block_n) == (8, 2048)
     wide = tf.compile(tf.grad(K.layernorm), target="cuda:sm_90a").template
     assert wide.build(M=4096, N=16384)[1].reload == 1
     assert wide.build(M=4096, N=8192)[1].reload == 0
