@@ -118,34 +118,39 @@ def _cases(generator, only):
                x.double().amax(1), torch.compile(pooled), (x,), x.numel() * 2 + B * D * 4)
 
 
-def _knobs(cols: int, rows_major: bool, split: bool = False, tiles: bool = False,
-           parts: bool = False):
-    """Candidate (rows, block, warps, stages, reload, splits, row tiles): tiles of 2k to 32k
-    elements, the block up to the whole row, rows swept in blocks with their loads 1-4 blocks
-    ahead (Triton's pipeline); reload only where the row is one block. ``rows_major``: a flat
-    row (a group norm's), a few rows of blocks of 2k-16k. ``split``: a long sweep of few row
-    tiles (2 stages), also swept in 1-8 parts in parallel. ``tiles``: instead, the whole row in
-    one block, each program sweeping 2 or 4 row tiles with the next ones' loads 2-3 tiles
-    ahead. ``parts``: a very long sweep of very few tiles, split in 33-264 parts."""
+# the candidates each case is swept over (:func:`_knobs`); the others: "strided"
+FAMILY = {"group_norm": "flat_row", "weight_gradient": "split", "channel_stats": "parts"}
+
+
+def _knobs(cols: int, family: str):
+    """Candidate (rows, block, warps, stages, reload, splits, row tiles) of a ``family``:
+    ``strided``: tiles of 2k to 32k elements, the block up to the whole row, rows swept in
+    blocks with their loads 1-4 blocks ahead (Triton's pipeline), reload only where the row is
+    one block; ``flat_row``: a flat row (a group norm's), a few rows of blocks of 2k-16k;
+    ``split``: a long sweep of few row tiles (2 stages), also swept in 1-8 parts in parallel;
+    ``tiles``: the whole row in one block, each program sweeping 2 or 4 row tiles with the next
+    ones' loads 2-3 tiles ahead; ``parts``: a very long sweep of very few tiles, split in 33-264
+    parts."""
     whole = 1 << max(4, (cols - 1).bit_length())
-    if tiles:   # the row held (read again, it needed more shared memory than an SM has)
+    if family == "tiles":   # the row held (read again, it needed more shared memory than an SM has)
         for rows, warps, stages, row_tiles in itertools.product(
                 (16, 32, 64), (4, 8), (3, 4), (2, 4)):
             if 2048 <= rows * whole <= 32768:
                 yield rows, whole, warps, stages, 0, None, row_tiles
         return
-    if split:
+    if family == "split":
         for rows, block, warps, stages, splits in itertools.product(
                 (32, 64, 128), (64, 128, 256, 512), (4, 8), (2,), (1, 2, 4, 8)):
             if 4096 <= rows * block <= 32768:
                 yield rows, block, warps, stages, 0, splits, None
         return
-    if parts:
+    if family == "parts":
         for rows, block, splits in itertools.product((32, 64, 128, 256), (32, 64, 128, 512),
                                                      (33, 66, 132, 264)):
             if 2048 <= rows * block <= 16384:
                 yield rows, block, 4, 2, 0, splits, None
         return
+    rows_major = family == "flat_row"
     shapes = itertools.product((1, 2, 4), (2048, 4096, 8192, 16384)) if rows_major else \
         itertools.product((16, 32, 64, 128), (128, 256, 512, 1024))
     for rows, block in shapes:
@@ -175,8 +180,8 @@ def run(only, log=print, tiles: bool = False) -> list[Row]:
                     row_reduction(kernel, fusion, SPEC, rows=k[0], block=k[1], num_warps=k[2],
                                   num_stages=k[3], reload=bool(k[4]), splits=k[5],
                                   row_tiles=k[6])
-                    for k in _knobs(plan.cols, name == "group_norm", name == "weight_gradient",
-                                    tiles, name == "channel_stats")}
+                    for k in _knobs(plan.cols, "tiles" if tiles else
+                                    FAMILY.get(name, "strided"))}
             alternatives = {"torch_compile": lambda c=compiled, a=eager_args: c(*a)}
             calls = {"default": tf.compile(kernel), **alternatives}
             error = None if not isinstance(ref, tuple) else \
