@@ -206,10 +206,30 @@ class Differentiation:
                 plan = plan_attention_backward(self.program, fusion, dims)
             except TensorfuseError:
                 return None
-            _TEMPLATES.append(AttentionBackwardKernels(
-                plan, BackwardKnobs.for_head_dim(plan.head_dim)))
+            triton = AttentionBackwardKernels(plan, BackwardKnobs.for_head_dim(plan.head_dim))
+            _TEMPLATES.append(_hopper_backward(plan, self.kernel.target, triton) or triton)
             self.templates[key] = len(_TEMPLATES) - 1
         return self.templates[key]
+
+
+def _hopper_backward(plan, target, triton, chosen: bool | None = None):
+    """The sm_90a backward kernel of ``plan`` (the Triton kernels' statistics kernel before it)
+    where it is chosen — ``TENSORFUSE_ATTENTION_BACKWARD=hopper``: it is not the default yet,
+    being 0.81–0.98× the Triton kernels on the H200 (``benchmarks.attention_backward``) — and
+    takes the plan; else None (the Triton kernels run)."""
+    import os
+
+    from .schedule_templates.hopper_attention_backward import (HopperAttentionBackward,
+                                                                plan_hopper_backward)
+
+    if chosen is None:
+        chosen = os.environ.get("TENSORFUSE_ATTENTION_BACKWARD", "triton") == "hopper"
+    if not chosen:
+        return None
+    try:
+        return HopperAttentionBackward(plan_hopper_backward(plan, target.arch), target, triton)
+    except TensorfuseError:
+        return None
 
 
 # The backward templates made so far, by index: the key the operator below takes, so that

@@ -102,7 +102,9 @@ def test_the_backward_accumulates_without_atomics():
 
 
 @pytest.mark.gpu
-def test_the_gradients_are_the_same_bits_on_every_run():
+def test_the_gradients_are_the_same_bits_on_every_run_when_asked():
+    """Under torch.use_deterministic_algorithms the gradients repeat bit for bit (the Hopper
+    kernel's dQ, added by TMA in any order, steps aside); dK and dV always do."""
     torch.manual_seed(0)
     f = tf.compile(K.gqa_causal_attention)
     q = torch.randn(2, 8, 700, 128, device="cuda").bfloat16().requires_grad_()
@@ -110,10 +112,18 @@ def test_the_gradients_are_the_same_bits_on_every_run():
             for _ in range(2))
     out = f(q, k, v, scale=128 ** -0.5)
     seed = torch.randn_like(out)
-    first = torch.autograd.grad(out, (q, k, v), seed, retain_graph=True)
-    for _ in range(3):
-        again = torch.autograd.grad(out, (q, k, v), seed, retain_graph=True)
-        assert all(torch.equal(a, b) for a, b in zip(first, again))
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first = torch.autograd.grad(out, (q, k, v), seed, retain_graph=True)
+        for _ in range(3):
+            again = torch.autograd.grad(out, (q, k, v), seed, retain_graph=True)
+            assert all(torch.equal(a, b) for a, b in zip(first, again))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    free = torch.autograd.grad(out, (q, k, v), seed, retain_graph=True)
+    for a, b in zip(free, first):
+        assert float((a.float() - b.float()).norm() / b.float().norm()) < 1e-2
 
 
 @pytest.mark.gpu

@@ -104,20 +104,24 @@ __device__ __forceinline__ void tf_bulk_load(void* dst, const void* src, unsigne
 }
 """
 
-_DATA_TYPES = {"bf16": 9, "f16": 6}       # CUtensorMapDataType
+_DATA_TYPES = {"bf16": 9, "f16": 6, "f32": 7}   # CUtensorMapDataType
+_ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 _SWIZZLE_128B, _L2_256B = 3, 3            # CUtensorMapSwizzle / L2promotion values
 
 
 def tensor_map(address: int, sizes: tuple[int, ...], box: tuple[int, ...],
                dtype: str = "bf16", strides: tuple[int, ...] | None = None) -> bytes:
     """The 128-byte map of a tensor of ``sizes`` (outermost first) at ``address``, copied in
-    boxes of ``box`` (outermost first; the innermost box dimension is 64 elements: one 128-byte
-    row of the 128-byte swizzle). ``strides``: the element strides of all dimensions but the
-    innermost (which is contiguous), outermost first, in any order of magnitude — a permuted
-    layout's; default row-major. Elements outside ``sizes`` arrive as zeros — so a box that runs
-    past the end of one dimension does not read the next slice."""
-    if box[-1] != 64:
-        raise ValueError(f"the innermost box dimension is 64 elements (128 bytes), not {box[-1]}")
+    boxes of ``box`` (outermost first; the innermost box dimension is 128 bytes: one row of the
+    128-byte swizzle — 64 bf16/fp16 elements, 32 f32). ``strides``: the element strides of all
+    dimensions but the innermost (which is contiguous), outermost first, in any order of
+    magnitude — a permuted layout's; default row-major. Elements outside ``sizes`` arrive as
+    zeros (and are not written by stores and reductions through the map) — so a box that runs
+    past the end of one dimension does not touch the next slice."""
+    element = _ELEMENT_BYTES[dtype]
+    if box[-1] * element != 128:
+        raise ValueError(f"the innermost box dimension is 128 bytes ({128 // element} {dtype} "
+                         f"elements), not {box[-1]}")
     if any(not 1 <= b <= 256 for b in box):
         raise ValueError(f"a TMA box has 1 to 256 elements per dimension, not {box}")
     rank = len(sizes)
@@ -129,10 +133,10 @@ def tensor_map(address: int, sizes: tuple[int, ...], box: tuple[int, ...],
             stride *= size
             row_major.insert(0, stride)
         strides = tuple(row_major)
-    if len(strides) != rank - 1 or any(s * 2 % 16 for s in strides):
+    if len(strides) != rank - 1 or any(s * element % 16 for s in strides):
         raise TargetError(f"a tensor map takes {rank - 1} outer strides, each a multiple of 16 "
                          f"bytes, not {list(strides)} elements")
-    stride_arr = (ctypes.c_uint64 * max(1, rank - 1))(*(2 * s for s in reversed(strides)))
+    stride_arr = (ctypes.c_uint64 * max(1, rank - 1))(*(element * s for s in reversed(strides)))
     box_arr = (ctypes.c_uint32 * rank)(*reversed(box))
     elem = (ctypes.c_uint32 * rank)(*([1] * rank))
     err = libcuda().cuTensorMapEncodeTiled(out, _DATA_TYPES[dtype], rank,

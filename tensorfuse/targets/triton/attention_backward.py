@@ -409,6 +409,26 @@ class AttentionBackwardKernels:
         its output ``out``, the incoming gradient ``d_out`` and, where the forward saved it, each
         row's log-sum-exp of the scores (natural log, float32, the batch axes flattened × rows;
         −inf for a row with no kept key)."""
+        args, _, ranges = self._arguments(tensors, scalars, out, d_out, lse)
+        options = {} if interpreting() else {"num_warps": self.knobs.num_warps,
+                                             "num_stages": self.knobs.num_stages}
+        for entry, grid, blocks in self.launches(lse is not None):
+            load_kernel(self.source, entry)[grid](*args, **blocks, RANGES=ranges, **options)
+        return tuple(args[8:11])
+
+    def row_statistics(self, tensors: dict, scalars: dict, out, d_out, lse=None):
+        """``(LSE₂, Δ)`` per query row (float32, ``[batch, M]``): the statistics kernel alone,
+        for a backward whose gradients another kernel computes (the Hopper backward)."""
+        args, _, ranges = self._arguments(tensors, scalars, out, d_out, lse)
+        entry, grid, blocks = self.launches(lse is not None)[0]
+        options = {} if interpreting() else {"num_warps": self.knobs.num_warps,
+                                             "num_stages": self.knobs.num_stages}
+        load_kernel(self.source, entry)[grid](*args, **blocks, RANGES=ranges, **options)
+        return args[6], args[7]
+
+    def _arguments(self, tensors: dict, scalars: dict, out, d_out, lse):
+        """The kernels' arguments (the gradients' buffers made), their block lists and the
+        ``RANGES`` bits."""
         import torch
 
         plan, knobs = self.plan, self.knobs
@@ -433,11 +453,7 @@ class AttentionBackwardKernels:
         saved = lse.reshape(batch, M).contiguous() if lse is not None else lse2   # not read
         args = [q, k, v, out.contiguous(), d_out.contiguous(), saved, lse2, delta, dq, dk, dv,
                 *lists, *others, *values]
-        options = {} if interpreting() else {"num_warps": knobs.num_warps,
-                                             "num_stages": knobs.num_stages}
-        for entry, grid, blocks in self.launches(lse is not None):
-            load_kernel(self.source, entry)[grid](*args, **blocks, RANGES=ranges, **options)
-        return dq, dk, dv
+        return args, lists, ranges
 
     def compiled(self, target, saved_lse: bool = True, ranges: int = 0) -> list:
         """The kernels compiled for ``target`` without launching them (no GPU needed): Triton's

@@ -1,0 +1,197 @@
+"""The Hopper attention backward's plan and launch: which plans of the attention backward
+template (:mod:`.attention_backward`) the sm_90a kernel
+(:mod:`tensorfuse.targets.cuda.hopper_attention_backward`) takes, what it needs to know of them,
+and the reason where it does not take one (the Triton kernels of the template run then);
+:class:`HopperAttentionBackward` runs it on PyTorch tensors.
+
+The kernel computes ``dK, dV`` per key block and adds ``dQ`` into a float32 accumulator, one CTA
+per (key block, key/value head), its two consumer warpgroups 64 keys each, the query blocks of
+every head of the group streamed through a two-stage ring by a producer warpgroup (TMA). It
+takes a plan whose
+
+- score, on the blocks the mask keeps, is the product times a factor of scalars and sizes
+  (``q·kᵀ · scale``, ``q·kᵀ / √d``): then ``dS_raw = factor · dS``;
+- mask, if any, is evaluated on the partial blocks of the transposed block lists (causal,
+  windows, prefixes, documents: anything the lists describe);
+- q, k, v and the output are laid out ``[batch…, tokens, D]`` (k and v indexing the head as
+  ``head // group``, the head the last batch axis), bf16 or fp16, head dim 64 or 128 (256 needs
+  more registers than a consumer has: the Triton kernels take it).
+"""
+from __future__ import annotations
+
+import math
+
+from dataclasses import dataclass
+
+from ..algebra.exprs import nodes
+from ..dsl.expr import Axis, Binary, Const, Expr, Load, Ref
+from ..errors import TargetError
+
+HEAD_DIMS = (64, 128)
+BLOCK_KEYS, BLOCK_QUERIES = 128, 64   # a CTA's keys (two warpgroups of 64); a step's queries
+
+
+@dataclass(frozen=True)
+class HopperBackwardPlan:
+    """What the sm_90a backward kernel reads of an attention backward plan (``base``): the
+    operands' dtype, the score's ``factor`` on ``q·kᵀ`` (an expression of scalars and sizes),
+    and the tensors the mask reads (by parameter name)."""
+
+    base: object
+    dtype: str
+    factor: Expr | None     # None: the score is q·kᵀ itself
+    mask_tensors: tuple[str, ...]
+
+    @property
+    def head_dim(self) -> int:
+        return self.base.head_dim
+
+    @property
+    def masked(self) -> bool:
+        return self.base.mask is not None
+
+
+def plan_hopper_backward(base, arch: str) -> HopperBackwardPlan:
+    """The Hopper backward's plan of ``base`` (an ``AttentionBackwardPlan``) on ``arch``;
+    :class:`TargetError` saying why the kernel does not take it."""
+    if arch != "sm_90a":
+        raise TargetError(f"the Hopper attention backward runs on sm_90a, not {arch or 'a CPU'}")
+    dtypes = {x.param.dtype for x in (base.q, base.k, base.v)}
+    if len(dtypes) != 1 or not dtypes <= {"bf16", "f16"}:
+        raise TargetError(f"the Hopper attention backward takes bf16 or fp16 q, k and v, not "
+                          f"{sorted(dtypes)}")
+    if base.head_dim not in HEAD_DIMS:
+        raise TargetError(f"the Hopper attention backward takes head dims {HEAD_DIMS}, not "
+                          f"{base.head_dim}")
+    _check_layout(base)
+    factor = _score_factor(base.kept(base.score), base.qk)
+    tensors = ()
+    if base.mask is not None:
+        tensors = tuple(dict.fromkeys(n.param.name for n in nodes(base.mask)
+                                      if isinstance(n, Load)))
+    return HopperBackwardPlan(base, dtypes.pop(), factor, tensors)
+
+
+def _score_factor(score: Expr, qk: str) -> Expr | None:
+    """The factor ``c`` of a score ``q·kᵀ · c`` (or ``c · q·kᵀ``, ``q·kᵀ / c``: then ``1 / c``),
+    ``c`` free of axes and tensors; None for ``q·kᵀ`` alone."""
+    def is_qk(e):
+        return isinstance(e, Ref) and e.compute.name == qk
+
+    def constant(e):
+        return all(not isinstance(n, (Axis, Load, Ref)) for n in nodes(e))
+
+    if is_qk(score):
+        return None
+    if isinstance(score, Binary) and score.op == "mul":
+        for a, b in ((score.a, score.b), (score.b, score.a)):
+            if is_qk(a) and constant(b):
+                return b
+    if isinstance(score, Binary) and score.op == "div" and is_qk(score.a) and constant(score.b):
+        return Binary("div", Const(1.0, "f32"), score.b, "f32")
+    raise TargetError("the Hopper attention backward takes scores q·kᵀ times a factor of scalars "
+                      f"and sizes, not {score}")
+
+
+def _check_layout(base) -> None:
+    """q, k, v and the output indexed ``[batch…, tokens, feature]``, the head axis (grouped
+    heads) the last batch axis; else :class:`TargetError`."""
+    batch = [a.uid for a in base.batch]
+    if base.head is not None and base.batch[-1].uid != base.head.uid:
+        raise TargetError("the Hopper attention backward needs the head axis as the last batch "
+                          "axis where heads share keys")
+
+    def leading(load: Load) -> list:
+        out = []
+        for index in load.indices[:-2]:
+            if isinstance(index, Axis):
+                out.append(index.uid)
+            elif isinstance(index, Binary) and index.op == "floordiv" and \
+                    isinstance(index.a, Axis):
+                out.append(index.a.uid)
+            else:
+                return []
+        return out
+
+    for load, tokens in ((base.q, base.row), (base.k, base.col), (base.v, base.col)):
+        last = load.indices[-2:]
+        if leading(load) != batch or len(last) != 2 or not isinstance(last[0], Axis) or \
+                last[0].uid != tokens.uid or not isinstance(last[1], Axis):
+            raise TargetError(f"the Hopper attention backward reads {load.param.name} laid out "
+                              f"[batch…, tokens, feature], not {load}")
+    out = base.program.outputs[0]
+    axes = [a.uid for a in out.axes]
+    if axes[:-1] != batch + [base.row.uid]:
+        raise TargetError("the Hopper attention backward writes the output's gradient laid out "
+                          "[batch…, tokens, feature]")
+
+
+class HopperAttentionBackward:
+    """The sm_90a backward of one plan, launched on PyTorch tensors: the template's Triton
+    statistics kernel (``LSE₂`` and ``Δ``), the Hopper kernel, dQ's conversion. ``plan`` is the
+    attention backward plan (what ``autograd`` reads), ``hplan`` the Hopper plan."""
+
+    def __init__(self, hplan, target, statistics):
+        from ..targets.cuda.hopper_attention_backward import (ENTRY, backward_source,
+                                                               kernel_arguments)
+        from ..targets.cuda.module import TENSOR_MAP, DriverLaunch
+
+        self.hplan, self.plan, self.statistics = hplan, hplan.base, statistics
+        program = self.plan.program
+        self.scalars = [(p.name, p.dtype) for p in program.scalar_params]
+        self.source = backward_source(hplan, self.scalars)
+        self.arguments = kernel_arguments(hplan, self.scalars)
+        types = tuple(TENSOR_MAP if t == "tensormap" else t for _, t, _ in self.arguments)
+        self.launch = DriverLaunch(self.source, target, ENTRY, types)
+
+    def __call__(self, tensors: dict, scalars: dict, out, d_out, lse=None):
+        """``(dq, dk, dv)``, as the Triton kernels' ``__call__``. Under
+        ``torch.use_deterministic_algorithms(True)`` the Triton kernels run instead: their dQ is
+        the same bits on every run, this kernel's is added in whatever order the CTAs finish."""
+        import ctypes
+
+        import torch
+
+        if torch.are_deterministic_algorithms_enabled():
+            return self.statistics(tensors, scalars, out, d_out, lse)
+
+        from ..targets.cuda.hopper_attention_backward import BM, BN, THREADS, shared_bytes
+        from ..targets.cuda.tma import tensor_map
+        from .attention_backward import BackwardKnobs
+
+        plan, hplan = self.plan, self.hplan
+        q, k, v = (tensors[x.param.name].contiguous() for x in (plan.q, plan.k, plan.v))
+        d_out = d_out.contiguous()
+        lse2, delta = self.statistics.row_statistics(tensors, scalars, out, d_out, lse)
+        batch = math.prod(plan.extent(a) for a in plan.batch)
+        M, N, D = plan.extent(plan.row), plan.extent(plan.col), hplan.head_dim
+        kv_batch = batch // plan.group
+        dq_acc = torch.zeros(batch * M * D, device=q.device, dtype=torch.float32)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        if hplan.masked:
+            knobs = BackwardKnobs(block_m1=BLOCK_QUERIES, block_n1=BLOCK_KEYS)
+            lists, _ = plan.block_lists(knobs, tensors, scalars, True)
+        else:
+            lists = (lse2,) * 4   # not read
+        maps = [tensor_map(t.data_ptr(), (rows_batch, rows, D), (1, box, 64), hplan.dtype)
+                for t, rows_batch, rows, box in ((q, batch, M, BM), (k, kv_batch, N, BN),
+                                                 (v, kv_batch, N, BN), (d_out, batch, M, BM))]
+        maps.append(tensor_map(dq_acc.data_ptr(), (batch, M, D), (1, BM, 32), "f32"))
+        factor = 1.0 if hplan.factor is None else _value(hplan.factor, scalars, plan.sizes)
+        handles = [ctypes.c_void_p(t.data_ptr()) for t in (lse2, delta, dk, dv, *lists)]
+        reads = [ctypes.c_void_p(tensors[n].contiguous().data_ptr()) for n in hplan.mask_tensors]
+        values = [scalars[n] for n, _ in self.scalars]
+        args = maps + handles + [factor * math.log2(math.e), factor] + reads + values
+        self.launch(args, (math.ceil(N / BN), kv_batch), THREADS, 1, shared_bytes(D), q.device)
+        return dq_acc.view(q.shape).to(q.dtype), dk, dv
+
+
+def _value(e, scalars: dict, sizes: dict) -> float:
+    """The number an expression of scalars and sizes stands for."""
+    from .mask_values import MaskEvaluator
+
+    value = MaskEvaluator({}, {}, scalars, sizes)(e)
+    try:
+        return float(value)
+    except (TypeError, ValueError) as exc:
+        raise TargetError(f"the score's factor {e} is not a number here: {value!r}") from exc

@@ -1,0 +1,438 @@
+"""The attention backward for sm_90a: ``dK``, ``dV`` and ``dQ`` on ``wgmma`` from tensor maps (the
+plan: :mod:`tensorfuse.schedule_templates.hopper_attention_backward`).
+
+One CTA per (key block of 128 keys, batch · key/value head), three warpgroups:
+
+- warpgroup 0, the producer, gives its registers back (``setmaxnreg.dec``); one thread copies the
+  CTA's keys and values once (TMA boxes of the 128-byte swizzle), then, for every query block
+  the CTA visits — every head of the group, every query block the mask keeps (the transposed
+  block lists) or all of them — the block's queries and output gradient into a slot of a
+  two-stage ring; 64 of its threads copy the rows' base-2 log-sum-exps and ``Δ`` (+∞ and 0
+  past the last row, so that ``P`` is 0 there) beside them and arrive on the slot's mbarrier;
+- each consumer warpgroup owns 64 of the keys and, per query block, computes in the transposed
+  orientation (keys along the accumulator's rows, so no register tile is transposed):
+  ``Sᵀ = K·Qᵀ`` and ``dPᵀ = V·dOᵀ`` (both operands K-major), ``Pᵀ = 2^(Sᵀ·scale₂ − LSE₂)``, the
+  mask on partial blocks, ``dSᵀ = factor · Pᵀ ∘ (dPᵀ − Δ)``; ``dV += Pᵀ·dO`` and
+  ``dK += dSᵀ·Q`` with ``Pᵀ`` and ``dSᵀ`` as register A operands (the accumulator layout of
+  ``m64nNk16`` is the A fragment layout), dO and Q read MN-major from the same tiles;
+- ``dSᵀ`` goes to shared memory as ``dS`` (queries along the rows, keys K-major: the A operand
+  of ``dQ = dS·K``), double-buffered so that one named barrier a block orders it; for head dims
+  of 128 each warpgroup computes half of dQ's columns over all 128 keys, for 64 each computes
+  all columns over its own keys; each warpgroup writes its part of dQ into a tile of shared
+  memory (the 128-byte swizzle) that one thread adds into a float32 ``dQ`` by TMA
+  (``cp.reduce.async.bulk.tensor``, rows past the last query not written), converted to the
+  output dtype afterwards. Element-wise ``red.global.add`` from registers took a third of the
+  kernel's time at S=4096 (H200: 2.11 against 1.46 ms without them).
+
+``dK`` and ``dV`` (summed over the group's heads in registers: no second kernel for grouped
+heads) are written once from registers, rows past the last key not written.
+"""
+from __future__ import annotations
+
+import math
+
+from ...dsl import dtypes as dt
+from .dsm import HELPERS as DSM_HELPERS
+from .expr import C_TYPES, to_cuda
+from .tma import HELPERS as TMA_HELPERS
+from .tma import MBARRIER_HELPERS, load_helper
+from .wgmma import HELPERS as WGMMA_HELPERS
+from .wgmma import wgmma_function
+
+ENTRY = "tf_hopper_attention_backward"
+THREADS = 384
+STAGES = 2
+PRODUCER_REGS, CONSUMER_REGS = 40, 232
+BN, BM = 128, 64
+DQ_BYTES = 2 * BM * 64 * 4   # the two warpgroups' dQ tiles (f32): 64 queries × 64 columns each
+# What the PTX of the kernel holds (checked by the tests).
+BACKWARD_PTX = ("wgmma.mma_async", "cp.async.bulk.tensor.3d",
+                "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add", "setmaxnreg.inc",
+                "ex2.approx")
+
+_PAIRS = {"bf16": ("__nv_bfloat162", "__floats2bfloat162_rn"),
+          "f16": ("__half2", "__floats2half2_rn")}
+
+
+def shared_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of the kernel at ``head_dim``: keys and values, the ring's queries
+    and output gradients, two ``dS`` buffers, the rows' statistics, the mbarriers, and 1 KB to
+    align the tiles to the swizzle's atoms."""
+    tiles = 2 * BN * head_dim * 2 + STAGES * 2 * BM * head_dim * 2 + 2 * BM * BN * 2
+    return tiles + DQ_BYTES + STAGES * 2 * BM * 4 + 8 * (1 + 2 * STAGES) + 1024
+
+
+def kernel_arguments(hplan, scalars) -> list[tuple[str, str, str]]:
+    """(C++ name, launch type, C++ type) of the kernel's arguments: four tensor maps by value
+    (q, k, v, the output's gradient), the base-2 log-sum-exps and Δ, the float32 dQ, dK, dV, the
+    transposed block lists, the score's base-2 factor and its factor on ``q·kᵀ``, the tensors
+    the mask reads, the program's scalars (``(name, dtype)`` pairs)."""
+    elem = C_TYPES[hplan.dtype]
+    maps = [(f"{n}_map", "tensormap", "const __grid_constant__ TfTensorMap")
+            for n in ("q", "k", "v", "do", "dq")]
+    lists = [(n, "handle", "const int* __restrict__") for n in ("pn", "pi", "fn", "fi")]
+    tensors = {p.name: p.dtype for p in hplan.base.program.tensor_params}
+    reads = [(f"t_{n}", "handle", f"const {C_TYPES[tensors[n]]}* __restrict__")
+             for n in hplan.mask_tensors]
+    values = [(n, "float32", "float") if dt.is_float(t) else (n, "int32", "int")
+              for n, t in scalars]
+    return maps + [("lse2", "handle", "const float* __restrict__"),
+                   ("delta", "handle", "const float* __restrict__"),
+                   ("dk", "handle", f"{elem}* __restrict__"),
+                   ("dv", "handle", f"{elem}* __restrict__")] + lists + \
+        [("scale2", "float32", "float"), ("factor", "float32", "float")] + reads + values
+
+
+def _mask_code(hplan) -> str:
+    """C++ of the mask at query ``i_``, key ``j_`` and the batch axes' values (``ax<k>``)."""
+    base = hplan.base
+    if base.mask is None:
+        return "true"
+    axes = {a.name: f"ax{k}" for k, a in enumerate(base.batch)}
+    axes.update({base.row.name: "i_", base.col.name: "j_"})
+    return to_cuda(base.mask, {}, "the mask", axes=axes, sizes=base.sizes,
+                   loads={n: f"t_{n}" for n in hplan.mask_tensors}, clamp_loads=True)
+
+
+def _batch_values(base) -> str:
+    """The batch axes' values (``ax<k>``) of the flattened query batch index ``bh``."""
+    lines, rest = [], "bh"
+    for k in reversed(range(len(base.batch))):
+        n = base.extent(base.batch[k])
+        lines.append(f"    const int ax{k} = ({rest}) % {n};\n    (void)ax{k};")
+        rest = f"({rest}) / {n}"
+    return "\n".join(lines)
+
+
+def backward_source(hplan, scalars) -> str:
+    """CUDA C++ of ``tf_hopper_attention_backward`` for ``hplan``
+    (:class:`~tensorfuse.schedule_templates.hopper_attention_backward.HopperBackwardPlan`) and the
+    program's ``scalars`` (``(name, dtype)``): grid (key blocks, batch · key/value heads),
+    :data:`THREADS` threads, :func:`shared_bytes` of dynamic shared memory. The sizes are
+    compiled in (as the Triton backward's)."""
+    base = hplan.base
+    D, dtype = hplan.head_dim, hplan.dtype
+    M, N = base.extent(base.row), base.extent(base.col)
+    pair, pack = _PAIRS[dtype]
+    f16 = "_f16" if dtype == "f16" else ""
+    # dQ = dS·K shared by the consumer warpgroups: from head dim 128 each takes half the columns
+    # over all 128 keys (a barrier of both a block, for the other's half of dS); at 64 each all
+    # columns over its own 64 keys (no barrier between them). Each over its own keys at 128 took
+    # 30 % longer (ptxas serialises its wgmmas for want of registers: H200, S=4096).
+    split_n = D >= 128
+    dqn = D // 2 if split_n else D
+    functions = (wgmma_function(BM, b_k_major=True, dtype=dtype) +
+                 wgmma_function(D, a_in_registers=True, dtype=dtype) +
+                 wgmma_function(dqn, dtype=dtype))
+    args = kernel_arguments(hplan, scalars)
+    params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
+    header = "#include <cuda_bf16.h>\n" if dtype == "bf16" else "#include <cuda_fp16.h>\n"
+    return f"""{header}#include <math.h>
+{DSM_HELPERS}
+{WGMMA_HELPERS}
+{MBARRIER_HELPERS}
+{TMA_HELPERS}
+{load_helper(3)}
+{functions}
+struct __align__(64) TfTensorMap {{ unsigned char bytes[128]; }};
+
+#define D_ {D}
+#define BN {BN}
+#define BM {BM}
+#define STAGES {STAGES}
+#define GROUP {base.group}
+#define M_ {M}
+#define N_ {N}
+#define NQB {math.ceil(M / BM)}
+#define NKB {math.ceil(N / BN)}
+#define LISTS {int(hplan.masked)}
+#define SPLIT_N {int(split_n)}
+#define DQN {dqn}
+#define KV_BYTES (BN * D_ * 2)
+#define Q_BYTES (BM * D_ * 2)
+#define DS_BYTES (BM * BN * 2)
+typedef {C_TYPES[dtype]} elem_t;
+
+__device__ __forceinline__ float tf_exp2(float x) {{
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}}
+__device__ __forceinline__ unsigned tf_pack(float lo, float hi) {{
+  {pair} v = {pack}(lo, hi);
+  return *reinterpret_cast<unsigned*>(&v);
+}}
+// dQ's tile added into the float32 dQ through its tensor map: one TMA reduction a 32-column atom
+// (rows past M are not written), tracked as a bulk group by the issuing thread.
+__device__ __forceinline__ void tf_tma_reduce_add_3d(const void* map, const void* src, int c0,
+                                                     int c1, int c2) {{
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+               " [%0, {{%1, %2, %3}}], [%4];"
+               :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(tf_smem_addr(src)) : "memory");
+}}
+__device__ __forceinline__ void tf_bulk_commit() {{
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}}
+// The bulk groups committed so far have read their shared memory (it may be written again).
+__device__ __forceinline__ void tf_bulk_wait_read() {{
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}}
+__device__ __forceinline__ void tf_bulk_wait() {{
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}}
+__device__ __forceinline__ void tf_bar_wg(int cw) {{
+  asm volatile("bar.sync %0, 128;" :: "r"(2 + cw) : "memory");
+}}
+// Before dQ's product: the dS it reads written — both warpgroups' halves (dQ split by columns)
+// or this warpgroup's own (split by keys: the warpgroups never wait for each other).
+__device__ __forceinline__ void tf_bar_ds(int cw) {{
+  if (SPLIT_N) asm volatile("bar.sync 1, 256;" ::: "memory");
+  else asm volatile("bar.sync %0, 128;" :: "r"(2 + cw) : "memory");
+}}
+// The mask at query i_, key j_ (batch values from bh).
+__device__ __forceinline__ bool tf_kept(int bh, int i_, int j_{_forward_params(args)}) {{
+{_batch_values(base)}
+  return {_mask_code(hplan)};
+}}
+
+// The query blocks a CTA visits, in order: per head of the group, the partial blocks of the
+// transposed lists (masked), then the full ones; without a mask every block. `next` moves the
+// cursor to the next visit and says whether there is one: its flattened query batch index
+// `bh`, query block `mb` and whether it is `partial`. One loop over the visits, not loops over
+// the heads around loops over the blocks: around those ptxas spilled the dK/dV accumulators.
+struct Visits {{
+  int g = 0, kind = 0, t = -1;
+  __device__ __forceinline__ bool next(int bhk, int kb, const int* __restrict__ pn,
+                                       const int* __restrict__ pi, const int* __restrict__ fn,
+                                       const int* __restrict__ fi, int& bh, int& mb,
+                                       bool& partial) {{
+    ++t;
+    for (;;) {{
+      bh = bhk * GROUP + g;
+      const int prog = bh * NKB + kb;
+      const int count = !LISTS ? NQB : kind == 0 ? pn[prog] : fn[prog];
+      if (t < count) {{
+        mb = !LISTS ? t : (kind == 0 ? pi : fi)[(long long)prog * NQB + t];
+        partial = LISTS && kind == 0;
+        return true;
+      }}
+      t = 0;
+      if (LISTS && kind == 0) {{ kind = 1; continue; }}
+      kind = 0;
+      if (++g == GROUP) return false;
+    }}
+  }}
+}};
+
+extern "C" __global__ void __launch_bounds__({THREADS}, 1) {ENTRY}(
+    {params}) {{
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = (unsigned char*)(((unsigned long)smem_raw + 1023) & ~1023ul);
+  unsigned char* k_tile = smem;
+  unsigned char* v_tile = k_tile + KV_BYTES;
+  unsigned char* q_tiles = v_tile + KV_BYTES;
+  unsigned char* do_tiles = q_tiles + STAGES * Q_BYTES;
+  unsigned char* ds_tiles = do_tiles + STAGES * Q_BYTES;
+  unsigned char* dq_tiles = ds_tiles + 2 * DS_BYTES;   // per warpgroup: DQN / 32 atoms
+  float* lse_s = (float*)(dq_tiles + {DQ_BYTES});
+  float* delta_s = lse_s + STAGES * BM;
+  unsigned long long* bars = (unsigned long long*)(delta_s + STAGES * BM);
+  unsigned long long* kv_full = bars;
+  unsigned long long* full = bars + 1;
+  unsigned long long* empty = full + STAGES;
+  const int kb = blockIdx.x, bhk = blockIdx.y, n0 = kb * BN;
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {{
+    tf_mbar_init(kv_full, 1);
+    for (int s = 0; s < STAGES; ++s) {{
+      tf_mbar_init(full + s, 1 + BM);
+      tf_mbar_init(empty + s, 256);
+    }}
+    tf_mbar_init_fence();
+  }}
+  __syncthreads();
+  if (wg == 0) {{
+    tf_setmaxnreg_dec<{PRODUCER_REGS}>();
+    const int t = threadIdx.x;
+    if (t < BM) {{
+      if (t == 0) {{
+        tf_mbar_expect(kv_full, 2 * KV_BYTES);
+        for (int a = 0; a < D_ / 64; ++a) {{
+          tf_tma_load_3d(k_tile + a * BN * 128, &k_map, a * 64, n0, bhk, kv_full);
+          tf_tma_load_3d(v_tile + a * BN * 128, &v_map, a * 64, n0, bhk, kv_full);
+        }}
+      }}
+      Visits visits;
+      int bh, mb;
+      bool partial;
+      for (int it = 0; visits.next(bhk, kb, pn, pi, fn, fi, bh, mb, partial); ++it) {{
+        const int s = it % STAGES;
+        tf_mbar_wait(empty + s, ((it / STAGES) & 1) ^ 1);
+        if (t == 0) {{
+          tf_mbar_expect(full + s, 2 * Q_BYTES);
+          for (int a = 0; a < D_ / 64; ++a) {{
+            tf_tma_load_3d(q_tiles + s * Q_BYTES + a * BM * 128, &q_map, a * 64, mb * BM, bh,
+                           full + s);
+            tf_tma_load_3d(do_tiles + s * Q_BYTES + a * BM * 128, &do_map, a * 64, mb * BM, bh,
+                           full + s);
+          }}
+        }}
+        const int row = mb * BM + t;
+        lse_s[s * BM + t] = row < M_ ? lse2[(long long)bh * M_ + row] : INFINITY;
+        delta_s[s * BM + t] = row < M_ ? delta[(long long)bh * M_ + row] : 0.0f;
+        tf_mbar_arrive(full + s);
+      }}
+    }}
+  }} else {{
+    tf_setmaxnreg_inc<{CONSUMER_REGS}>();
+    const int cw = wg - 1, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+    const unsigned k_base = tf_smem_addr(k_tile), v_base = tf_smem_addr(v_tile);
+    const unsigned q_base = tf_smem_addr(q_tiles), do_base = tf_smem_addr(do_tiles);
+    const unsigned ds_base = tf_smem_addr(ds_tiles);
+    float dv_acc[D_ / 2], dk_acc[D_ / 2];
+    #pragma unroll
+    for (int r = 0; r < D_ / 2; ++r) {{ dv_acc[r] = 0.0f; dk_acc[r] = 0.0f; }}
+    // this thread's accumulator rows (keys) and first column (queries)
+    const int row_lo = 16 * warp + lane / 4, col_lo = 2 * (lane % 4);
+    const int key_lo = n0 + 64 * cw + row_lo;
+    // a ragged last key block: its keys past N are zeros (TMA), their P must still be 0 (a dS
+    // of 2^(−LSE₂) times 0 keys would be inf · 0 in dQ)
+    const bool edge = n0 + BN > N_;
+    tf_mbar_wait(kv_full, 0);
+    Visits visits;
+    int bh, mb;
+    bool partial;
+    #pragma unroll 1
+    for (int it = 0; visits.next(bhk, kb, pn, pi, fn, fi, bh, mb, partial); ++it) {{
+      const int s = it % STAGES;
+      tf_mbar_wait(full + s, (it / STAGES) & 1);
+      const unsigned qs = q_base + s * Q_BYTES, dos = do_base + s * Q_BYTES;
+      float st[BM / 2], dp[BM / 2];
+      tf_wgmma_fence();
+      #pragma unroll
+      for (int ks = 0; ks < D_ / 16; ++ks)
+        tf_wgmma_kk_m64n{BM}k16{f16}(st, tf_kmajor_desc(k_base, BN, 64 * cw, ks * 16),
+                               tf_kmajor_desc(qs, BM, 0, ks * 16), ks > 0);
+      tf_wgmma_commit();
+      #pragma unroll
+      for (int ks = 0; ks < D_ / 16; ++ks)
+        tf_wgmma_kk_m64n{BM}k16{f16}(dp, tf_kmajor_desc(v_base, BN, 64 * cw, ks * 16),
+                               tf_kmajor_desc(dos, BM, 0, ks * 16), ks > 0);
+      tf_wgmma_commit();
+      tf_wgmma_wait<1>();
+      tf_fence_regs(st);
+      const float* ls = lse_s + s * BM;
+      const float* dl = delta_s + s * BM;
+      #pragma unroll
+      for (int r = 0; r < BM / 2; ++r) {{
+        const int c = 8 * (r / 4) + col_lo + (r % 2);
+        float p = tf_exp2(st[r] * scale2 - ls[c]);
+        if ((LISTS && partial) || edge) {{
+          const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;
+          if (j_ >= N_ || !tf_kept(bh, i_, j_{_forward_args(args)})) p = 0.0f;
+        }}
+        st[r] = p;
+      }}
+      tf_wgmma_wait<0>();
+      tf_fence_regs(dp);
+      uint4 pa[BM / 16], da[BM / 16];
+      #pragma unroll
+      for (int r = 0; r < BM / 2; ++r) {{
+        const int c = 8 * (r / 4) + col_lo + (r % 2);
+        // a masked element's P is 0; keep its dS at 0 even where Δ is not a number (a row
+        // the mask empties: its output is 0/0)
+        dp[r] = st[r] == 0.0f ? 0.0f : st[r] * (dp[r] - dl[c]) * factor;
+      }}
+      #pragma unroll
+      for (int u = 0; u < BM / 16; ++u) {{
+        pa[u] = make_uint4(tf_pack(st[8 * u], st[8 * u + 1]), tf_pack(st[8 * u + 2], st[8 * u + 3]),
+                           tf_pack(st[8 * u + 4], st[8 * u + 5]),
+                           tf_pack(st[8 * u + 6], st[8 * u + 7]));
+        da[u] = make_uint4(tf_pack(dp[8 * u], dp[8 * u + 1]), tf_pack(dp[8 * u + 2], dp[8 * u + 3]),
+                           tf_pack(dp[8 * u + 4], dp[8 * u + 5]),
+                           tf_pack(dp[8 * u + 6], dp[8 * u + 7]));
+      }}
+      tf_wgmma_fence();
+      #pragma unroll
+      for (int u = 0; u < BM / 16; ++u)
+        tf_wgmma_rs_m64n{D}k16{f16}(dv_acc, pa[u], tf_nmajor_desc(dos, BM, 0, u * 16));
+      #pragma unroll
+      for (int u = 0; u < BM / 16; ++u)
+        tf_wgmma_rs_m64n{D}k16{f16}(dk_acc, da[u], tf_nmajor_desc(qs, BM, 0, u * 16));
+      tf_wgmma_commit();
+      // dS (queries along the rows, keys K-major in 64-key atoms of the 128-byte swizzle)
+      {{
+        unsigned char* ds = ds_tiles + (it % 2) * DS_BYTES + cw * BM * 128;
+        #pragma unroll
+        for (int r = 0; r < BM / 2; ++r) {{
+          const int q = 8 * (r / 4) + col_lo + (r % 2), key = row_lo + 8 * ((r % 4) / 2);
+          const int at = q * 128 + ((((key / 8) ^ q) & 7) << 4) + (key % 8) * 2;
+          *reinterpret_cast<elem_t*>(ds + at) = (elem_t)dp[r];
+        }}
+      }}
+      tf_fence_proxy_async();
+      if (t == 0) tf_bulk_wait_read();   // the last block's dQ tile has left shared memory
+      tf_bar_ds(cw);
+      float dq[DQN / 2];
+      const unsigned dss = ds_base + (it % 2) * DS_BYTES;
+      tf_wgmma_fence();
+      #pragma unroll
+      for (int ks = 0; ks < (SPLIT_N ? BN : 64) / 16; ++ks) {{
+        const int k = (SPLIT_N ? 0 : 64 * cw) + ks * 16;
+        tf_wgmma_m64n{dqn}k16{f16}(dq, tf_kmajor_desc(dss, BM, 0, k),
+                                 tf_nmajor_desc(k_base, BN, SPLIT_N ? 64 * cw : 0, k), ks > 0);
+      }}
+      tf_wgmma_commit();
+      tf_wgmma_wait<0>();
+      tf_fence_regs(dq);
+      tf_fence_regs(dv_acc);
+      tf_fence_regs(dk_acc);
+      tf_mbar_arrive(empty + s);
+      {{
+        // dQ's fragment into this warpgroup's tile: 32-column atoms of the 128-byte swizzle
+        // (16-byte chunk k of row q at chunk k ^ q % 8), then added into dQ by TMA
+        unsigned char* tile = dq_tiles + cw * (DQN / 32) * BM * 128;
+        #pragma unroll
+        for (int r = 0; r < DQN / 2; r += 2) {{
+          const int q = row_lo + 8 * ((r % 4) / 2), c = 8 * (r / 4) + col_lo;
+          const int at = (c / 32) * BM * 128 + q * 128 + (((((c % 32) / 4) ^ q) & 7) << 4) +
+                         (c % 4) * 4;
+          *reinterpret_cast<float2*>(tile + at) = make_float2(dq[r], dq[r + 1]);
+        }}
+        tf_fence_proxy_async();
+        tf_bar_wg(cw);
+        if (t == 0) {{
+          #pragma unroll
+          for (int a = 0; a < DQN / 32; ++a)
+            tf_tma_reduce_add_3d(&dq_map, tile + a * BM * 128,
+                                 (SPLIT_N ? 64 * cw : 0) + 32 * a, mb * BM, bh);
+          tf_bulk_commit();
+        }}
+      }}
+    }}
+    if (t == 0) tf_bulk_wait();   // the last dQ tile added before the CTA's memory goes
+    // dK, dV: rows past the last key are not written
+    #pragma unroll
+    for (int r = 0; r < D_ / 2; r += 2) {{
+      const int key = key_lo + 8 * ((r % 4) / 2), c = 8 * (r / 4) + col_lo;
+      if (key < N_) {{
+        const long long at = ((long long)bhk * N_ + key) * D_ + c;
+        *reinterpret_cast<unsigned*>(dk + at) = tf_pack(dk_acc[r], dk_acc[r + 1]);
+        *reinterpret_cast<unsigned*>(dv + at) = tf_pack(dv_acc[r], dv_acc[r + 1]);
+      }}
+    }}
+  }}
+}}
+"""
+
+
+def _forward_params(args) -> str:
+    """The mask's extra parameters: the tensors and scalars after ``factor``."""
+    names = [n for n, _, _ in args]
+    return "".join(f", {c.replace('const __grid_constant__ ', '')} {n}"
+                   for n, _, c in args[names.index("factor") + 1:])
+
+
+def _forward_args(args) -> str:
+    names = [n for n, _, _ in args]
+    return "".join(f", {n}" for n in names[names.index("factor") + 1:])

@@ -1,0 +1,129 @@
+"""The sm_90a attention backward (``targets/cuda/hopper_attention_backward.py``): which plans it
+takes and why it refuses the others, the code nvcc makes of it (wgmma, TMA loads, TMA
+reductions into dQ, no spills, no serialised wgmma), and on a GPU its gradients against float64
+autograd for every variant it takes."""
+import pytest
+import torch
+
+import tensorfuse.kernels as K
+from tensorfuse.autograd import _hopper_backward
+from tensorfuse.errors import TargetError
+from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
+                                                              plan_attention_backward)
+from tensorfuse.schedule_templates.auto import choose
+from tensorfuse.schedule_templates.hopper_attention_backward import plan_hopper_backward
+from tensorfuse.targets import get_target
+from tensorfuse.targets.codegen import cuda_to_ptx
+from tensorfuse.targets.cuda.hopper_attention_backward import BACKWARD_PTX, backward_source
+from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels
+from tests.helpers import needs_nvcc
+from tests.schedule_templates.test_hopper_attention import assert_consumers_do_not_spill
+
+DIMS = dict(B=2, H=16, M=1000, N=1000, D=128)
+
+
+def _plan(kernel, dims=DIMS):
+    _, fusion = choose(kernel.program, get_target("cuda:sm_90a"))
+    return plan_attention_backward(kernel.program, fusion, dims)
+
+
+def _source(kernel, dims=DIMS):
+    plan = _plan(kernel, dims)
+    hplan = plan_hopper_backward(plan, "sm_90a")
+    return backward_source(hplan, [(p.name, p.dtype) for p in plan.program.scalar_params])
+
+
+def test_the_plans_it_takes_and_what_it_reads_of_them():
+    grouped = plan_hopper_backward(_plan(K.gqa_causal_attention, dict(DIMS, H=32, HKV=8)),
+                                   "sm_90a")
+    assert grouped.masked and grouped.base.group == 4 and grouped.dtype == "bf16"
+    assert "scale" in repr(grouped.factor)
+    window = plan_hopper_backward(_plan(K.sliding_window_attention, dict(DIMS, D=64)), "sm_90a")
+    assert window.masked and window.head_dim == 64 and window.mask_tensors == ()
+    document = plan_hopper_backward(_plan(K.document_attention, DIMS), "sm_90a")
+    assert document.mask_tensors != ()   # the mask's tensors are kernel arguments
+
+
+@pytest.mark.parametrize("kernel, dims, arch, reason", [
+    (K.causal_attention, DIMS, "sm_80", "runs on sm_90a"),
+    (K.causal_attention, dict(DIMS, D=256), "sm_90a", r"head dims \(64, 128\), not 256"),
+    (K.softcap_attention, DIMS, "sm_90a", "q·kᵀ times a factor"),
+    (K.alibi_attention, DIMS, "sm_90a", "q·kᵀ times a factor"),
+])
+def test_what_it_does_not_take_is_refused_with_the_reason(kernel, dims, arch, reason):
+    with pytest.raises(TargetError, match=reason):
+        plan_hopper_backward(_plan(kernel, dims), arch)
+
+
+def test_it_is_chosen_only_when_asked(monkeypatch):
+    plan = _plan(K.causal_attention)
+    triton = AttentionBackwardKernels(plan, BackwardKnobs())
+    target = get_target("cuda:sm_90a")
+    monkeypatch.delenv("TENSORFUSE_ATTENTION_BACKWARD", raising=False)
+    assert _hopper_backward(plan, target, triton) is None
+    monkeypatch.setenv("TENSORFUSE_ATTENTION_BACKWARD", "hopper")
+    assert _hopper_backward(plan, target, triton).plan is plan
+    refused = _plan(K.softcap_attention)   # not taken: the Triton kernels stay
+    assert _hopper_backward(refused, target, AttentionBackwardKernels(refused, BackwardKnobs())) \
+        is None
+
+
+@needs_nvcc
+@pytest.mark.parametrize("kernel, dims", [
+    (K.attention, DIMS), (K.causal_attention, dict(DIMS, D=64)),
+    (K.gqa_causal_attention, dict(DIMS, H=32, HKV=8)), (K.sliding_window_attention, DIMS),
+])
+def test_the_sm90a_code_has_the_instructions_meant_and_does_not_spill(kernel, dims):
+    source = _source(kernel, dims)
+    ptx = cuda_to_ptx(source, get_target("cuda:sm_90a"))
+    for instruction in BACKWARD_PTX:
+        assert instruction in ptx, instruction
+    assert "red.global" not in ptx   # dQ is added by TMA, not element by element
+    assert_consumers_do_not_spill(source)
+
+
+def _float64_grads(q, k, v, dout, scale, mask):
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    s = torch.einsum("bhid,bhjd->bhij", q, k.repeat_interleave(group, 1)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    out = torch.einsum("bhij,bhjd->bhid", torch.softmax(s, -1), v.repeat_interleave(group, 1))
+    return torch.autograd.grad(out, (q, k, v), dout.double())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["full", "causal", "gqa_causal", "sliding_window"])
+@pytest.mark.parametrize("D, S", [(64, 200), (128, 333)])
+def test_the_gradients_match_float64_on_the_gpu(name, D, S):
+    """Large value ranges, ragged sizes (the last key and query blocks partial)."""
+    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.schedule_templates.attention_chain import with_logsumexp
+    import tensorfuse as tf
+
+    kernel = {"full": K.attention, "causal": K.causal_attention,
+              "gqa_causal": K.gqa_causal_attention,
+              "sliding_window": K.sliding_window_attention}[name]
+    hq, hkv = (8, 2) if name == "gqa_causal" else (4, 4)
+    extra = {"window": 48} if name == "sliding_window" else {}
+    g = torch.Generator(device="cuda").manual_seed(S + D)
+    q, dout = (3 * torch.randn(2, hq, S, D, device="cuda", generator=g).bfloat16()
+               for _ in range(2))
+    k, v = (3 * torch.randn(2, hkv, S, D, device="cuda", generator=g).bfloat16()
+            for _ in range(2))
+    i, j = torch.arange(S, device="cuda").view(-1, 1), torch.arange(S, device="cuda")
+    mask = {"full": None, "causal": i >= j, "gqa_causal": i >= j,
+            "sliding_window": (i >= j) & (i - j < 48)}[name]
+    target = get_target("cuda")
+    _, fusion = choose(kernel.program, target)
+    saving = tf.compile(_ProgramKernel(with_logsumexp(kernel.program, fusion.names), None))
+    out, lse = saving(q, k, v, D ** -0.5, *extra.values())
+    dims = dict(B=2, H=hq, M=S, N=S, D=D, **({"HKV": hkv} if hkv != hq else {}))
+    plan = plan_attention_backward(kernel.program, fusion, dims)
+    hopper = _hopper_backward(plan, target, AttentionBackwardKernels(plan, BackwardKnobs()),
+                              chosen=True)
+    got = hopper({"q": q, "k": k, "v": v}, {"scale": D ** -0.5, **extra}, out, dout, lse)
+    want = _float64_grads(q, k, v, dout, D ** -0.5, mask)
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all()
+        assert float((a.double() - b).norm() / b.norm()) < 2e-2   # bf16 operands
