@@ -5,6 +5,7 @@ backward (torch.compile) and SDPA's (cuDNN and FlashAttention backends): one pro
 GPU, bf16.
 
     python -m benchmarks.attention_backward --sizes 1024,4096 [--csv PATH]
+    python -m benchmarks.attention_backward --kernels --variants full,causal --head-dim 64
 
 Every implementation's gradients are first checked against float64 autograd of the variant's
 reference at a ragged size (poisoned outputs: NaN-filled ``out=`` where the kernel takes one),
@@ -199,6 +200,71 @@ def sweep(knob_sets, sizes=(4096,), B: int = 2, H: int = 16, D: int = 128,
     return rows
 
 
+def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 16,
+            D: int = 128, log=print) -> list[Row]:
+    """The two backward kernels of the template on the same inputs and the forward's saved
+    log-sum-exp — the sm_90a kernel (``TENSORFUSE_ATTENTION_BACKWARD=hopper``) and the Triton
+    kernels — against SDPA's backward (cuDNN, flash), each checked against the Triton kernels'
+    gradients first. Rows ``attention_bwd_kernels/<variant>`` (no ceiling measured: the report
+    compares each with the best alternative)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tensorfuse.autograd import _ProgramKernel, _hopper_backward
+    from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
+                                                                  plan_attention_backward)
+    from tensorfuse.schedule_templates.attention_chain import with_logsumexp
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.targets import get_target
+    from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels
+
+    rows = []
+    target = get_target("cuda")
+    for name, S in ((n, S) for n in names for S in sizes):
+        kernel, extra, _, mask_mod, sdpa, hq, hkv = variants(S, B=B, H=H)[name]
+        q, dout = (torch.randn(B, hq, S, D, device="cuda").bfloat16() for _ in range(2))
+        k, v = (torch.randn(B, hkv, S, D, device="cuda").bfloat16() for _ in range(2))
+        scale = D ** -0.5
+        _, fusion = choose(kernel.program, target)
+        saving = tf.compile(_ProgramKernel(with_logsumexp(kernel.program, fusion.names), None))
+        out, lse = saving(q, k, v, scale, *extra.values())
+        dims = {"B": B, "H": hq, "M": S, "N": S, "D": D, **({"HKV": hkv} if hkv != hq else {})}
+        plan = plan_attention_backward(kernel.program, fusion, dims)
+        flops = 2.5 * 4 * B * hq * S * S * D * density(mask_mod, B, hq, S)
+        tensors, scalars = {"q": q, "k": k, "v": v}, {"scale": scale, **extra}
+        triton = AttentionBackwardKernels(plan, BackwardKnobs.for_head_dim(D))
+        made = {"tensorfuse triton": triton,
+                "tensorfuse hopper": _hopper_backward(plan, target, triton, chosen=True)}
+        want = triton(tensors, scalars, out, dout, lse)
+        times, notes = {}, {}
+        for label, run_ in made.items():
+            if run_ is None:
+                continue
+            got = run_(tensors, scalars, out, dout, lse)
+            notes[label] = "vs triton " + " / ".join(
+                f"{float((a.float() - b.float()).norm() / b.float().norm()):.1e}"
+                for a, b in zip(got, want))
+            times[label] = bench(lambda: run_(tensors, scalars, out, dout, lse))
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        for label, backend in (("sdpa cudnn", SDPBackend.CUDNN_ATTENTION),
+                               ("sdpa flash", SDPBackend.FLASH_ATTENTION)):
+            if sdpa is None:
+                continue
+            with sdpa_kernel([backend]):
+                o = torch.nn.functional.scaled_dot_product_attention(*leaves, scale=scale,
+                                                                     **sdpa)
+                times[label] = bench(lambda: torch.autograd.grad(o, leaves, dout,
+                                                                 retain_graph=True))
+        cudnn = times.get("sdpa cudnn")
+        shape = f"B{B} H{hq}/{hkv} S{S} D{D} bf16"
+        for label, ms in times.items():
+            ratio = cudnn / ms if cudnn else 0.0
+            log(f"{name:10} S={S:6} D={D} {label:18} {ms:8.3f} ms {flops / ms / 1e9:7.1f} "
+                f"TFLOP/s {ratio:5.2f}x cudnn {notes.get(label, '')}")
+            rows.append(Row(f"attention_bwd_kernels/{name}", shape, label, ms, flops / ms / 1e9,
+                            0.0, 0.0, notes.get(label, "")))
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1024,4096")
@@ -212,7 +278,16 @@ def main(argv=None) -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--sweep-sizes", default="4096")
     parser.add_argument("--sweep-variants", default="full,causal")
+    parser.add_argument("--kernels", action="store_true",
+                        help="only the backward kernels (sm_90a and Triton) against SDPA's, on "
+                        "--variants at --sizes and --head-dim")
     args = parser.parse_args(argv)
+    if args.kernels:
+        rows = kernels([int(s) for s in args.sizes.split(",")], args.variants.split(","),
+                       D=args.head_dim)
+        if args.csv:
+            write_csv(rows, args.csv)
+        return
     rows = sweep(args.sweep.split(";"), [int(s) for s in args.sweep_sizes.split(",")],
                  names=args.sweep_variants.split(",")) if args.sweep else []
     rows += run([int(s) for s in args.sizes.split(",")], D=args.head_dim, generic=args.generic,

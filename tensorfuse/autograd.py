@@ -214,9 +214,10 @@ class Differentiation:
 
 def _hopper_backward(plan, target, triton, chosen: bool | None = None):
     """The sm_90a backward kernel of ``plan`` (the Triton kernels' statistics kernel before it)
-    where it is chosen — ``TENSORFUSE_ATTENTION_BACKWARD=hopper``: it is not the default yet,
-    being 0.81–0.98× the Triton kernels on the H200 (``benchmarks.attention_backward``) — and
-    takes the plan; else None (the Triton kernels run)."""
+    where it is chosen — ``TENSORFUSE_ATTENTION_BACKWARD=hopper``: not the default, being
+    1.04–1.07× the Triton kernels on the H200 at S=4096 (full, grouped causal) but 0.93–0.97× on
+    causal and at S=16384, 0.83–0.86× at head dim 64 (``benchmarks.attention_backward
+    --kernels``) — and takes the plan; else None (the Triton kernels run)."""
     import os
 
     from .schedule_templates.hopper_attention_backward import (HopperAttentionBackward,

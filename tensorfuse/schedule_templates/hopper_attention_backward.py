@@ -182,7 +182,7 @@ class HopperAttentionBackward:
         reads = [ctypes.c_void_p(tensors[n].contiguous().data_ptr()) for n in hplan.mask_tensors]
         values = [scalars[n] for n, _ in self.scalars]
         args = maps + handles + [factor * math.log2(math.e), factor] + reads + values
-        self.launch(args, (math.ceil(N / BN), kv_batch), THREADS, 1, shared_bytes(D), q.device)
+        self.launch(args, (kv_batch, math.ceil(N / BN)), THREADS, 1, shared_bytes(D), q.device)
         return dq_acc.view(q.shape).to(q.dtype), dk, dv
 
 

@@ -35,7 +35,9 @@ from ...dsl import dtypes as dt
 from .dsm import HELPERS as DSM_HELPERS
 from .expr import C_TYPES, to_cuda
 from .tma import HELPERS as TMA_HELPERS
-from .tma import MBARRIER_HELPERS, load_helper
+from .parts.mainloop import attention_pack_function
+from .parts.row_state import attention_exp2
+from .tma import MBARRIER_HELPERS, REDUCE_HELPERS, load_helper
 from .wgmma import HELPERS as WGMMA_HELPERS
 from .wgmma import wgmma_function
 
@@ -107,82 +109,87 @@ def _batch_values(base) -> str:
 def backward_source(hplan, scalars) -> str:
     """CUDA C++ of ``tf_hopper_attention_backward`` for ``hplan``
     (:class:`~tensorfuse.schedule_templates.hopper_attention_backward.HopperBackwardPlan`) and the
-    program's ``scalars`` (``(name, dtype)``): grid (key blocks, batch · key/value heads),
+    program's ``scalars`` (``(name, dtype)``): grid (batch · key/value heads, key blocks),
     :data:`THREADS` threads, :func:`shared_bytes` of dynamic shared memory. The sizes are
     compiled in (as the Triton backward's)."""
-    base = hplan.base
-    D, dtype = hplan.head_dim, hplan.dtype
-    M, N = base.extent(base.row), base.extent(base.col)
-    pair, pack = _PAIRS[dtype]
-    f16 = "_f16" if dtype == "f16" else ""
-    # dQ = dS·K shared by the consumer warpgroups: from head dim 128 each takes half the columns
-    # over all 128 keys (a barrier of both a block, for the other's half of dS); at 64 each all
-    # columns over its own 64 keys (no barrier between them). Each over its own keys at 128 took
-    # 30 % longer (ptxas serialises its wgmmas for want of registers: H200, S=4096).
-    split_n = D >= 128
-    dqn = D // 2 if split_n else D
-    functions = (wgmma_function(BM, b_k_major=True, dtype=dtype) +
-                 wgmma_function(D, a_in_registers=True, dtype=dtype) +
-                 wgmma_function(dqn, dtype=dtype))
-    args = kernel_arguments(hplan, scalars)
-    params = ",\n    ".join(f"{c} {n}" for n, _, c in args)
-    header = "#include <cuda_bf16.h>\n" if dtype == "bf16" else "#include <cuda_fp16.h>\n"
+    c = _Source(hplan, scalars)
+    return "".join(part(c) for part in (_head, _defines, _device_functions, _kernel_begin,
+                                        _producer, _consumer_products, _consumer_dq,
+                                        _consumer_end))
+
+
+class _Source:
+    """What the kernel's parts read: the plan, the sizes, the element types, the arguments, and
+    how dQ is shared by the consumer warpgroups — from head dim 128 each takes half the columns
+    over all 128 keys (a barrier of both a block, for the other's half of dS); at 64 each all
+    columns over its own 64 keys (no barrier between them). Each over its own keys at 128 took
+    30 % longer (ptxas serialises its wgmmas for want of registers: H200, S=4096)."""
+
+    def __init__(self, hplan, scalars):
+        self.hplan, self.base = hplan, hplan.base
+        self.D, self.dtype = hplan.head_dim, hplan.dtype
+        self.M, self.N = self.base.extent(self.base.row), self.base.extent(self.base.col)
+        self.pair, self.pack = _PAIRS[self.dtype]
+        self.f16 = "_f16" if self.dtype == "f16" else ""
+        self.split_n = self.D >= 128
+        self.dqn = self.D // 2 if self.split_n else self.D
+        self.args = kernel_arguments(hplan, scalars)
+        self.params = ",\n    ".join(f"{t} {n}" for n, _, t in self.args)
+
+
+def _head(c: _Source) -> str:
+    """Includes, the shared helpers, the wgmma functions, the tensor map type."""
+    functions = (wgmma_function(BM, b_k_major=True, dtype=c.dtype) +
+                 wgmma_function(c.D, a_in_registers=True, dtype=c.dtype) +
+                 wgmma_function(c.dqn, dtype=c.dtype))
+    header = "#include <cuda_bf16.h>\n" if c.dtype == "bf16" else "#include <cuda_fp16.h>\n"
     return f"""{header}#include <math.h>
 {DSM_HELPERS}
 {WGMMA_HELPERS}
 {MBARRIER_HELPERS}
 {TMA_HELPERS}
+{REDUCE_HELPERS}
 {load_helper(3)}
 {functions}
+{attention_exp2(c)}
+{attention_pack_function(c)}
 struct __align__(64) TfTensorMap {{ unsigned char bytes[128]; }};
 
-#define D_ {D}
+"""
+
+
+def _defines(c: _Source) -> str:
+    """The sizes, tiles and switches the kernel is compiled with."""
+    return f"""#define D_ {c.D}
 #define BN {BN}
 #define BM {BM}
 #define STAGES {STAGES}
-#define GROUP {base.group}
-#define M_ {M}
-#define N_ {N}
-#define NQB {math.ceil(M / BM)}
-#define NKB {math.ceil(N / BN)}
-#define LISTS {int(hplan.masked)}
-#define SPLIT_N {int(split_n)}
-#define DQN {dqn}
+#define GROUP {c.base.group}
+#define M_ {c.M}
+#define N_ {c.N}
+#define NQB {math.ceil(c.M / BM)}
+#define NKB {math.ceil(c.N / BN)}
+#define LISTS {int(c.hplan.masked)}
+#define SPLIT_N {int(c.split_n)}
+#define DQN {c.dqn}
 #define KV_BYTES (BN * D_ * 2)
 #define Q_BYTES (BM * D_ * 2)
 #define DS_BYTES (BM * BN * 2)
-typedef {C_TYPES[dtype]} elem_t;
+typedef {C_TYPES[c.dtype]} elem_t;
 
-__device__ __forceinline__ float tf_exp2(float x) {{
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}}
-__device__ __forceinline__ unsigned tf_pack(float lo, float hi) {{
-  {pair} v = {pack}(lo, hi);
-  return *reinterpret_cast<unsigned*>(&v);
-}}
-// dQ's tile added into the float32 dQ through its tensor map: one TMA reduction a 32-column atom
-// (rows past M are not written), tracked as a bulk group by the issuing thread.
-__device__ __forceinline__ void tf_tma_reduce_add_3d(const void* map, const void* src, int c0,
-                                                     int c1, int c2) {{
-  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
-               " [%0, {{%1, %2, %3}}], [%4];"
-               :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(tf_smem_addr(src)) : "memory");
-}}
-__device__ __forceinline__ void tf_bulk_commit() {{
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}}
-// The bulk groups committed so far have read their shared memory (it may be written again).
-__device__ __forceinline__ void tf_bulk_wait_read() {{
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-}}
-__device__ __forceinline__ void tf_bulk_wait() {{
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-}}
-__device__ __forceinline__ void tf_bar_wg(int cw) {{
+"""
+
+
+def _device_functions(c: _Source) -> str:
+    """Barriers, stmatrix, the mask, the cursor over the visited query blocks."""
+    return f"""__device__ __forceinline__ void tf_bar_wg(int cw) {{
   asm volatile("bar.sync %0, 128;" :: "r"(2 + cw) : "memory");
 }}
+__device__ __forceinline__ void tf_stmatrix_x4_trans(unsigned addr, const uint4& r) {{
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {{%1, %2, %3, %4}};"
+               :: "r"(addr), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w) : "memory");
+}}
+
 // Before dQ's product: the dS it reads written — both warpgroups' halves (dQ split by columns)
 // or this warpgroup's own (split by keys: the warpgroups never wait for each other).
 __device__ __forceinline__ void tf_bar_ds(int cw) {{
@@ -190,9 +197,9 @@ __device__ __forceinline__ void tf_bar_ds(int cw) {{
   else asm volatile("bar.sync %0, 128;" :: "r"(2 + cw) : "memory");
 }}
 // The mask at query i_, key j_ (batch values from bh).
-__device__ __forceinline__ bool tf_kept(int bh, int i_, int j_{_forward_params(args)}) {{
-{_batch_values(base)}
-  return {_mask_code(hplan)};
+__device__ __forceinline__ bool tf_kept(int bh, int i_, int j_{_forward_params(c.args)}) {{
+{_batch_values(c.base)}
+  return {_mask_code(c.hplan)};
 }}
 
 // The query blocks a CTA visits, in order: per head of the group, the partial blocks of the
@@ -224,8 +231,13 @@ struct Visits {{
   }}
 }};
 
-extern "C" __global__ void __launch_bounds__({THREADS}, 1) {ENTRY}(
-    {params}) {{
+"""
+
+
+def _kernel_begin(c: _Source) -> str:
+    """The signature, the shared memory's tiles and mbarriers."""
+    return f"""extern "C" __global__ void __launch_bounds__({THREADS}, 1) {ENTRY}(
+    {c.params}) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = (unsigned char*)(((unsigned long)smem_raw + 1023) & ~1023ul);
   unsigned char* k_tile = smem;
@@ -240,7 +252,9 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {ENTRY}(
   unsigned long long* kv_full = bars;
   unsigned long long* full = bars + 1;
   unsigned long long* empty = full + STAGES;
-  const int kb = blockIdx.x, bhk = blockIdx.y, n0 = kb * BN;
+  // key blocks along y: every head's first key blocks start first — under a causal mask the
+  // longest (they see every later query block), so the short ones fill the last wave
+  const int kb = blockIdx.y, bhk = blockIdx.x, n0 = kb * BN;
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {{
     tf_mbar_init(kv_full, 1);
@@ -251,7 +265,13 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {ENTRY}(
     tf_mbar_init_fence();
   }}
   __syncthreads();
-  if (wg == 0) {{
+"""
+
+
+def _producer(c: _Source) -> str:
+    """Warpgroup 0: keys and values once, then each visit's queries, output gradient and
+    row statistics into the ring."""
+    return f"""  if (wg == 0) {{
     tf_setmaxnreg_dec<{PRODUCER_REGS}>();
     const int t = threadIdx.x;
     if (t < BM) {{
@@ -283,7 +303,12 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {ENTRY}(
         tf_mbar_arrive(full + s);
       }}
     }}
-  }} else {{
+"""
+
+
+def _consumer_products(c: _Source) -> str:
+    """A consumer warpgroup's first part of a visit: Sᵀ, dPᵀ, P, dS, and dV, dK issued."""
+    return f"""  }} else {{
     tf_setmaxnreg_inc<{CONSUMER_REGS}>();
     const int cw = wg - 1, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
     const unsigned k_base = tf_smem_addr(k_tile), v_base = tf_smem_addr(v_tile);
@@ -311,12 +336,12 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {ENTRY}(
       tf_wgmma_fence();
       #pragma unroll
       for (int ks = 0; ks < D_ / 16; ++ks)
-        tf_wgmma_kk_m64n{BM}k16{f16}(st, tf_kmajor_desc(k_base, BN, 64 * cw, ks * 16),
+        tf_wgmma_kk_m64n{BM}k16{c.f16}(st, tf_kmajor_desc(k_base, BN, 64 * cw, ks * 16),
                                tf_kmajor_desc(qs, BM, 0, ks * 16), ks > 0);
       tf_wgmma_commit();
       #pragma unroll
       for (int ks = 0; ks < D_ / 16; ++ks)
-        tf_wgmma_kk_m64n{BM}k16{f16}(dp, tf_kmajor_desc(v_base, BN, 64 * cw, ks * 16),
+        tf_wgmma_kk_m64n{BM}k16{c.f16}(dp, tf_kmajor_desc(v_base, BN, 64 * cw, ks * 16),
                                tf_kmajor_desc(dos, BM, 0, ks * 16), ks > 0);
       tf_wgmma_commit();
       tf_wgmma_wait<1>();
@@ -329,7 +354,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {ENTRY}(
         float p = tf_exp2(st[r] * scale2 - ls[c]);
         if ((LISTS && partial) || edge) {{
           const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;
-          if (j_ >= N_ || !tf_kept(bh, i_, j_{_forward_args(args)})) p = 0.0f;
+          if (j_ >= N_ || !tf_kept(bh, i_, j_{_forward_args(c.args)})) p = 0.0f;
         }}
         st[r] = p;
       }}
@@ -355,19 +380,27 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {ENTRY}(
       tf_wgmma_fence();
       #pragma unroll
       for (int u = 0; u < BM / 16; ++u)
-        tf_wgmma_rs_m64n{D}k16{f16}(dv_acc, pa[u], tf_nmajor_desc(dos, BM, 0, u * 16));
+        tf_wgmma_rs_m64n{c.D}k16{c.f16}(dv_acc, pa[u], tf_nmajor_desc(dos, BM, 0, u * 16));
       #pragma unroll
       for (int u = 0; u < BM / 16; ++u)
-        tf_wgmma_rs_m64n{D}k16{f16}(dk_acc, da[u], tf_nmajor_desc(qs, BM, 0, u * 16));
+        tf_wgmma_rs_m64n{c.D}k16{c.f16}(dk_acc, da[u], tf_nmajor_desc(qs, BM, 0, u * 16));
       tf_wgmma_commit();
-      // dS (queries along the rows, keys K-major in 64-key atoms of the 128-byte swizzle)
+"""
+
+
+def _consumer_dq(c: _Source) -> str:
+    """dS to shared memory, dQ = dS·K, its tile added into dQ by TMA."""
+    return f"""      // dS (queries along the rows, keys K-major in 64-key atoms of the 128-byte swizzle):
+      // dSᵀ's 8×8 blocks stored transposed by stmatrix, four a instruction — the registers of
+      // da[u] are blocks (keys 0–7 | 8–15 of the warp's 16, queries 16u… | 16u + 8…); lane l
+      // gives the address of row l % 8 (a query) of block l / 8: its 8 keys, 16 bytes
       {{
-        unsigned char* ds = ds_tiles + (it % 2) * DS_BYTES + cw * BM * 128;
+        const unsigned ds = ds_base + (it % 2) * DS_BYTES + cw * BM * 128;
+        const int m = lane / 8, key0 = 16 * warp + 8 * (m % 2);
         #pragma unroll
-        for (int r = 0; r < BM / 2; ++r) {{
-          const int q = 8 * (r / 4) + col_lo + (r % 2), key = row_lo + 8 * ((r % 4) / 2);
-          const int at = q * 128 + ((((key / 8) ^ q) & 7) << 4) + (key % 8) * 2;
-          *reinterpret_cast<elem_t*>(ds + at) = (elem_t)dp[r];
+        for (int u = 0; u < BM / 16; ++u) {{
+          const int q = 16 * u + 8 * (m / 2) + lane % 8;
+          tf_stmatrix_x4_trans(ds + q * 128 + ((((key0 / 8) ^ q) & 7) << 4), da[u]);
         }}
       }}
       tf_fence_proxy_async();
@@ -379,7 +412,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {ENTRY}(
       #pragma unroll
       for (int ks = 0; ks < (SPLIT_N ? BN : 64) / 16; ++ks) {{
         const int k = (SPLIT_N ? 0 : 64 * cw) + ks * 16;
-        tf_wgmma_m64n{dqn}k16{f16}(dq, tf_kmajor_desc(dss, BM, 0, k),
+        tf_wgmma_m64n{c.dqn}k16{c.f16}(dq, tf_kmajor_desc(dss, BM, 0, k),
                                  tf_nmajor_desc(k_base, BN, SPLIT_N ? 64 * cw : 0, k), ks > 0);
       }}
       tf_wgmma_commit();
@@ -411,18 +444,23 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {ENTRY}(
       }}
     }}
     if (t == 0) tf_bulk_wait();   // the last dQ tile added before the CTA's memory goes
-    // dK, dV: rows past the last key are not written
+"""
+
+
+def _consumer_end(c: _Source) -> str:
+    """dK and dV written from registers once every visit is done."""
+    return """    // dK, dV: rows past the last key are not written
     #pragma unroll
-    for (int r = 0; r < D_ / 2; r += 2) {{
+    for (int r = 0; r < D_ / 2; r += 2) {
       const int key = key_lo + 8 * ((r % 4) / 2), c = 8 * (r / 4) + col_lo;
-      if (key < N_) {{
+      if (key < N_) {
         const long long at = ((long long)bhk * N_ + key) * D_ + c;
         *reinterpret_cast<unsigned*>(dk + at) = tf_pack(dk_acc[r], dk_acc[r + 1]);
         *reinterpret_cast<unsigned*>(dv + at) = tf_pack(dv_acc[r], dv_acc[r + 1]);
-      }}
-    }}
-  }}
-}}
+      }
+    }
+  }
+}
 """
 
 

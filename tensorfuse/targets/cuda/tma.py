@@ -104,6 +104,27 @@ __device__ __forceinline__ void tf_bulk_load(void* dst, const void* src, unsigne
 }
 """
 
+# Shared memory added into global memory through a tensor map (TMA reductions), tracked as bulk
+# groups by the issuing thread: ``…_read`` waits until the groups have read their shared memory
+# (it may be written again), ``tf_bulk_wait`` until they are done.
+REDUCE_HELPERS = r"""
+__device__ __forceinline__ void tf_tma_reduce_add_3d(const void* map, const void* src, int c0,
+                                                     int c1, int c2) {
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+               " [%0, {%1, %2, %3}], [%4];"
+               :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(tf_smem_addr(src)) : "memory");
+}
+__device__ __forceinline__ void tf_bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void tf_bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+__device__ __forceinline__ void tf_bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+"""
+
 _DATA_TYPES = {"bf16": 9, "f16": 6, "f32": 7}   # CUtensorMapDataType
 _ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 _SWIZZLE_128B, _L2_256B = 3, 3            # CUtensorMapSwizzle / L2promotion values
