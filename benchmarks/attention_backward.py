@@ -231,7 +231,8 @@ def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 
         plan = plan_attention_backward(kernel.program, fusion, dims)
         flops = 2.5 * 4 * B * hq * S * S * D * density(mask_mod, B, hq, S)
         tensors, scalars = {"q": q, "k": k, "v": v}, {"scale": scale, **extra}
-        triton = AttentionBackwardKernels(plan, BackwardKnobs.for_head_dim(D))
+        triton = AttentionBackwardKernels(plan,
+                                          BackwardKnobs.for_head_dim(plan.widest_tile_dim))
         made = {"tensorfuse triton": triton,
                 "tensorfuse hopper": _hopper_backward(plan, target, triton, chosen=True)}
         want = triton(tensors, scalars, out, dout, lse)

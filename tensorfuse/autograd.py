@@ -206,7 +206,8 @@ class Differentiation:
                 plan = plan_attention_backward(self.program, fusion, dims)
             except TensorfuseError:
                 return None
-            triton = AttentionBackwardKernels(plan, BackwardKnobs.for_head_dim(plan.head_dim))
+            triton = AttentionBackwardKernels(plan,
+                                              BackwardKnobs.for_head_dim(plan.widest_tile_dim))
             _TEMPLATES.append(_hopper_backward(plan, self.kernel.target, triton) or triton)
             self.templates[key] = len(_TEMPLATES) - 1
         return self.templates[key]

@@ -35,6 +35,12 @@ DS = "__ds"   # the symbol the score's derivative is written in (dS, per element
 MAX_HEAD_DIM = 256   # D = 256 on the smaller tiles of ``BackwardKnobs.for_head_dim``
 
 
+def tile_dim(d: int) -> int:
+    """The width a head dim of ``d`` is computed at: the power of two from 16 (``tl.dot``'s
+    smallest K) that holds it; the columns past ``d`` are loaded as zeros and never stored."""
+    return max(16, 1 << (d - 1).bit_length())
+
+
 @dataclass
 class BackwardKnobs:
     """Tile sizes of the dK/dV kernel (``m1`` queries × ``n1`` keys) and the dQ kernel (``m2`` ×
@@ -78,14 +84,33 @@ class AttentionBackwardPlan:
     q: Load                # q[…, i, d]: the product's row operand as the program reads it
     k: Load                # k[…, j, d]
     v: Load                # v[…, j, e]
-    head_dim: int
+    head_dim: int          # q·k's head dim (q, k, dQ, dK)
     qk: str                # the name of the q·kᵀ product the score reads
     score: Expr            # S, with the mask's −inf, of ``qk`` (a Ref) and the axes
     d_score: Expr          # ∂S/∂(q·k) · dS, of ``qk``, the axes and the symbol DS
     mask: Expr | None
     empty: float | None    # what the output of a row with no kept key is (None: 0/0)
     ds_symbol: str = DS    # the name ``d_score`` reads dS by
+    value_dim: int = 0     # p·v's head dim (v, the output, dV); 0: the same as ``head_dim``
     _lists: dict = field(default_factory=dict, repr=False)   # block lists by sizes/scalars
+
+    def __post_init__(self):
+        self.value_dim = self.value_dim or self.head_dim
+
+    @property
+    def head_tile(self) -> int:
+        """q·k's head dim as the kernels compute it (:func:`tile_dim`)."""
+        return tile_dim(self.head_dim)
+
+    @property
+    def value_tile(self) -> int:
+        """p·v's head dim as the kernels compute it."""
+        return tile_dim(self.value_dim)
+
+    @property
+    def widest_tile_dim(self) -> int:
+        """The wider of the two: what the knobs' defaults are chosen for."""
+        return max(self.head_tile, self.value_tile)
 
     def extent(self, axis: Axis) -> int:
         return axis.extent if isinstance(axis.extent, int) else self.sizes[axis.extent]
@@ -171,13 +196,10 @@ def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionB
                                       if isinstance(n, Symbol) and n.name == f"__group_{axis.name}"
                                       else None)
         k, v = _plain_load(unfold(product.right), "k"), _plain_load(unfold(value), "v")
-    d = plan.feature_extent
-    if plan.two_feature_sizes:
-        raise TargetError("the attention backward holds one head dim for q·k and p·v, got "
-                          f"{sorted(set(plan.feature_extents.values()))}")
-    if d & (d - 1) or not 16 <= d <= MAX_HEAD_DIM:
-        raise TargetError(f"the attention backward holds head dims that are powers of two from "
-                          f"16 to {MAX_HEAD_DIM}, not {d}")
+    d, dv = plan.feature_size(q.indices[-1]), plan.feature_size(v.indices[-1])
+    if not (d <= MAX_HEAD_DIM and dv <= MAX_HEAD_DIM):
+        raise TargetError(f"the attention backward holds head dims up to {MAX_HEAD_DIM}, not "
+                          f"{sorted({d, dv})}")
     head, group = _grouping(plan, k, v, sizes)
     contributions = backprop(score, Symbol(DS, "f32"))
     d_score = None
@@ -191,8 +213,8 @@ def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionB
     if d_score is None:
         raise TargetError("the score does not depend on q·kᵀ")
     return AttentionBackwardPlan(program, dict(sizes), list(plan.batch), head, group, plan.row,
-                                 plan.col, q, k, v, plan.feature_extent, qk, score, d_score,
-                                 plan.mask, empty)
+                                 plan.col, q, k, v, d, qk, score, d_score, plan.mask, empty,
+                                 value_dim=dv)
 
 
 def _output_form(outputs, o: str, l_: str) -> float | None:

@@ -60,6 +60,9 @@ def plan_hopper_backward(base, arch: str) -> HopperBackwardPlan:
     if len(dtypes) != 1 or not dtypes <= {"bf16", "f16"}:
         raise TargetError(f"the Hopper attention backward takes bf16 or fp16 q, k and v, not "
                           f"{sorted(dtypes)}")
+    if base.value_dim != base.head_dim:
+        raise TargetError(f"the Hopper attention backward takes one head dim for q·k and p·v, "
+                          f"not {base.head_dim} and {base.value_dim}")
     if base.head_dim not in HEAD_DIMS:
         raise TargetError(f"the Hopper attention backward takes head dims {HEAD_DIMS}, not "
                           f"{base.head_dim}")

@@ -20,6 +20,8 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 import torch  # noqa: E402
 
 import tensorfuse as tf  # noqa: E402
+from tensorfuse import dsl as T  # noqa: E402
+from tensorfuse.kernels.attention import key_position, scores, softmax_attend  # noqa: E402
 from tensorfuse.autograd import _ProgramKernel  # noqa: E402
 from tensorfuse.kernels.layers import attention_kernel  # noqa: E402
 from tensorfuse.schedule_templates.attention_backward import (  # noqa: E402
@@ -33,6 +35,21 @@ B, H, HKV, M_RAGGED, N_RAGGED, D = 1, 4, 2, 37, 45, 16
 VARIANTS = {"full": (False, False, False), "causal": (True, False, False),
             "causal_softcap": (True, False, True), "mask_tensor": (False, True, False),
             "causal_whole_tiles": (True, False, False)}   # M, N multiples of the tiles
+
+
+# head dims that are no power of two, and another one for p·v than for q·k: (q·k's, p·v's)
+WIDTHS = {"head_dim_24": (24, 24), "head_dims_24_8": (24, 8)}
+
+
+@tf.kernel
+def two_head_dims(q: T.Tensor["B", "H", "M", "DQK", "f32"],
+                  k: T.Tensor["B", "HKV", "N", "DQK", "f32"],
+                  v: T.Tensor["B", "HKV", "N", "DV", "f32"], scale: T.f32):
+    """Causal attention over grouped heads whose q·k and p·v run over head dims of their own."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    s = T.where(key_position(i) >= j, scores(q, k, b, h, hk, i, j, d, scale), -T.inf)
+    return softmax_attend(s, v[b, hk, j, e], j)
 
 
 def float64_gradients(tensors: dict, scalars: dict, dout, causal: bool) -> tuple:
@@ -85,6 +102,21 @@ def errors(seed: int) -> dict:
         if plan.mask is not None:   # which lists the kernels visited as ranges
             found[f"{name}/ranges"] = [plan.block_lists(apart.knobs, tensors, scalars, t)[1]
                                        for t in (False, True)]
+    for name, (dqk, dv) in WIDTHS.items():   # the tiles wider than the dims: masked columns
+        dims = dict(B=B, H=H, HKV=HKV, M=M_RAGGED, N=N_RAGGED, DQK=dqk, DV=dv)
+        _, fusion = choose(two_head_dims.program, get_target("cuda"))
+        plan = plan_attention_backward(two_head_dims.program, fusion, dims)
+        kernels = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16))
+        q = torch.randn(B, H, M_RAGGED, dqk)
+        k = torch.randn(B, HKV, N_RAGGED, dqk)
+        v, dout = torch.randn(B, HKV, N_RAGGED, dv), torch.randn(B, H, M_RAGGED, dv)
+        tensors, scalars = {"q": q, "k": k, "v": v}, {"scale": dqk ** -0.5}
+        out = tf.compile(two_head_dims, target="llvm")(**tensors, **scalars)
+        want = float64_gradients(tensors, scalars, dout, True)
+        got = kernels(tensors, scalars, out, dout)
+        found[name] = max(float((a - b).norm() / b.norm()) for a, b in zip(got, want))
+        found[f"{name}/shapes"] = [list(g.shape) for g in got] == [list(t.shape) for t in
+                                                                   (q, k, v)]
     return found
 
 

@@ -65,8 +65,10 @@ class _BackwardSource:
         self.interp = interpreting()
         self.sizes = plan.sizes
         self.extents = extents = {a.uid: plan.extent(a) for a in plan.batch}
-        self.M, self.N, self.D = M, N, _ = plan.extent(plan.row), plan.extent(plan.col), \
-            plan.head_dim
+        self.M, self.N = M, N = plan.extent(plan.row), plan.extent(plan.col)
+        # q·k's and p·v's head dims and their tiles' widths (columns past a dim are masked)
+        self.dim_qk, self.dim_v = plan.head_dim, plan.value_dim
+        self.tile_qk, self.tile_v = plan.head_tile, plan.value_tile
         self.storage = storage = plan.q.param.dtype
         self.dot_type = TL_DTYPES[storage]
         self.prec = ieee_products(storage)
@@ -109,8 +111,8 @@ class _BackwardSource:
         self.key_programs, self.per_head = self.nk1 * self.heads, plan.group * self.nq2
         self.row_stats = (f"_lse = tl.load(LSE + {rows_ptr}, mask=row_ok, other=float('inf'))\n"
                           f"_delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)\n")
-        self.rows_start = ("\noffs_m = pid * BM + tl.arange(0, BM)\n"
-                           f"offs_d = tl.arange(0, {self.D})\nrow_ok = offs_m < {M}\n")
+        self.rows_start = ("\noffs_m = pid * BM + tl.arange(0, BM)\n" + self.features
+                           + f"row_ok = offs_m < {M}\n")
         # a query block
         self.row_block = "bh = tl.program_id(1)\n" + self.decompose(False) + self.rows_start
         self.query_block = self.row_block + f"_q = {self.load(plan.q, self.t2['q'])}"
@@ -145,15 +147,21 @@ class _BackwardSource:
         i, j, fq, fv = self.i, self.j, self.feature_q, self.feature_v
         pick = lambda *pairs: {a: t for a, t, on in pairs if on}  # noqa: E731
         both = lambda a, b: " & ".join(x for x in (a, b) if x) or None  # noqa: E731
+        # the head dims' columns past the dim (a dim that is not a power of two from 16)
+        wide = pick((fq, "dq_ok[None, :]", self.tile_qk != self.dim_qk),
+                    (fv, "dv_ok[None, :]", self.tile_v != self.dim_v))
         return {
-            "q": self.ctx({i: "offs_m[:, None]", j: "offs_n[None, :]", fq: "offs_d[None, :]",
-                           fv: "offs_d[None, :]"},
-                          pick((i, "row_ok[:, None]", rows), (j, "col_ok[None, :]", cols))),
-            "k": self.ctx({j: "offs_n[:, None]", i: "offs_m[None, :]", fq: "offs_d[None, :]",
-                           fv: "offs_d[None, :]"},
-                          pick((j, "col_ok[:, None]", cols), (i, "row_ok[None, :]", rows))),
-            "qt": self.ctx({i: "offs_m[None, :]", fq: "offs_d[:, None]"},
-                           pick((i, "row_ok[None, :]", rows))),
+            "q": self.ctx({i: "offs_m[:, None]", j: "offs_n[None, :]", fq: "offs_dq[None, :]",
+                           fv: "offs_dv[None, :]"},
+                          {**pick((i, "row_ok[:, None]", rows), (j, "col_ok[None, :]", cols)),
+                           **wide}),
+            "k": self.ctx({j: "offs_n[:, None]", i: "offs_m[None, :]", fq: "offs_dq[None, :]",
+                           fv: "offs_dv[None, :]"},
+                          {**pick((j, "col_ok[:, None]", cols), (i, "row_ok[None, :]", rows)),
+                           **wide}),
+            "qt": self.ctx({i: "offs_m[None, :]", fq: "offs_dq[:, None]"},
+                           {**pick((i, "row_ok[None, :]", rows),
+                                   (fq, "dq_ok[:, None]", self.tile_qk != self.dim_qk))}),
             "ok_q": both("row_ok[:, None]" if rows else "", "col_ok[None, :]" if cols else ""),
             "ok_k": both("col_ok[:, None]" if cols else "", "row_ok[None, :]" if rows else ""),
             "rows": rows, "cols": cols}
@@ -161,8 +169,25 @@ class _BackwardSource:
     def load(self, e: Load, c: TileContext, keep: bool = True) -> str:
         return to_triton(e, c.child(keep_dtype=keep))
 
+    @property
+    def features(self) -> str:
+        """The head dims' column offsets (and, where a tile is wider than its dim, their
+        validity)."""
+        text = f"offs_dq = tl.arange(0, {self.tile_qk})\noffs_dv = tl.arange(0, {self.tile_v})\n"
+        if self.tile_qk != self.dim_qk:
+            text += f"dq_ok = offs_dq < {self.dim_qk}\n"
+        if self.tile_v != self.dim_v:
+            text += f"dv_ok = offs_dv < {self.dim_v}\n"
+        return text
+
     def store(self, e: Load, value: str, c: TileContext, ok: str, ragged: bool) -> str:
-        mask = f", mask={ok}[:, None]" if ragged else ""
+        """A gradient's tile stored where its rows (``ok``, if ``ragged``) and its head dim's
+        columns are."""
+        columns = {self.feature_q.uid: ("dq_ok", self.tile_qk != self.dim_qk),
+                   self.feature_v.uid: ("dv_ok", self.tile_v != self.dim_v)}
+        column, wide = columns.get(e.indices[-1].uid, ("", False))
+        masks = ([f"{ok}[:, None]"] if ragged else []) + ([f"{column}[None, :]"] if wide else [])
+        mask = f", mask={' & '.join(masks)}" if masks else ""
         return (f"tl.store({e.param.name} + ({offset(e, c)}), ({value}).to("
                 f"{TL_DTYPES[e.param.dtype]}){mask})")
 
@@ -309,12 +334,12 @@ def _dkdv_block(pid, bh, {self.args}, BM: tl.constexpr, BN: tl.constexpr, RANGES
 {_indent(self.decompose(True), 1)}
     {self.head_first}
     offs_n = pid * BN + tl.arange(0, BN)
-    offs_d = tl.arange(0, {self.D})
+{_indent(self.features, 1)}
     col_ok = offs_n < {self.N}
     _k = {self.load(self.plan.k, self.t1["k"])}
     _v = {self.load(self.plan.v, self.t1["k"])}
-    _dk = tl.zeros([BN, {self.D}], tl.float32)
-    _dv = tl.zeros([BN, {self.D}], tl.float32)
+    _dk = tl.zeros([BN, {self.tile_qk}], tl.float32)
+    _dv = tl.zeros([BN, {self.tile_v}], tl.float32)
 {_indent(self.group + _indent(self.dkdv_loop, 1), 1)}
     {self.store(self.DK, "_dk", self.t1["k"], "col_ok", self.t1["cols"])}
     {self.store(self.DV, "_dv", self.t1["k"], "col_ok", self.t1["cols"])}
@@ -331,7 +356,7 @@ def _dq_block(pid, member, bh, {self.args}, BM: tl.constexpr, BN: tl.constexpr,
     _q = {self.load(self.plan.q, self.t2['q'])}
     _do = {self.load(self.DO, self.t2["q"])}
 {_indent(self.row_stats, 1)}
-    _dq = tl.zeros([BM, {self.D}], tl.float32)
+    _dq = tl.zeros([BM, {self.tile_qk}], tl.float32)
 {_indent(self.dq_loop, 1)}
     {self.store(self.DQ, "_dq", self.t2["q"], "row_ok", self.t2["rows"])}
 
