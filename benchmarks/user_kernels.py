@@ -559,6 +559,30 @@ def _embedding_backward_case(generator, V=128256, M=8192, D=4096, device="cuda")
                 notes={TENSORFUSE: f.schedule_origin(V=V, M=M, D=D)})
 
 
+@tf.kernel
+def global_avg_pool(x: T.Tensor["B", "C", "H", "W", "bf16"]):
+    """A CNN's global average pool: its gradient is a broadcast without reductions."""
+    b, c, h, w = T.axes("b c h w")
+    return T.sum(x[b, c, h, w], over=(h, w)) / (T.size("H") * T.size("W"))
+
+
+def _avg_pool_backward_case(generator, B=64, C=512, H=56, W=56, device="cuda") -> Case:
+    """``tf.grad(global_avg_pool)`` (the elementwise template: a broadcast of the incoming
+    gradient) against torch's ``adaptive_avg_pool2d`` backward, eager and under torch.compile."""
+    x = torch.randn(B, C, H, W, generator=generator).to(device, torch.bfloat16)
+    d_out = torch.randn(B, C, generator=generator).to(device, torch.bfloat16)
+
+    def eager(grad):
+        return torch.ops.aten._adaptive_avg_pool2d_backward(grad[:, :, None, None], x)
+    f, compiled = _Recorded(tf.grad(global_avg_pool)), torch.compile(eager)
+    want = (d_out.double() / (H * W))[:, :, None, None].expand(B, C, H, W)
+    return Case("avg_pool_backward", f"B{B} C{C} H{H} W{W}",
+                lambda: f(x=x, d_out=d_out),
+                {TORCH_COMPILE: lambda: compiled(d_out), TORCH_EAGER: lambda: eager(d_out)},
+                want, lambda out: out, bytes=(B * C * H * W + B * C) * 2,
+                notes={TENSORFUSE: f.schedule_origin(B=B, C=C, H=H, W=W)})
+
+
 SUITE = {
     "causal_sbhd": lambda g: _attention_case("causal_sbhd", sbhd_causal, "sbhd", 2, 16, 16, 4096,
                                              128, g),
@@ -581,6 +605,7 @@ SUITE = {
     "segment_mean": _segment_mean_case,
     "channel_stats": _channel_stats_case,
     "embedding_backward": _embedding_backward_case,
+    "avg_pool_backward": _avg_pool_backward_case,
 }
 
 

@@ -99,6 +99,9 @@ def _compile(kernel, target, template, untemplated: str | None = None,
         if spec.is_gpu:
             from .schedule_templates.auto import why_no_template
 
+            pointwise = _pointwise(kernel, spec, dynamic)
+            if pointwise is not None:   # no reductions: one flat pass over the outputs
+                return pointwise
             flat = _flattened(kernel, spec, dynamic)
             if flat is not None:
                 return flat
@@ -171,6 +174,21 @@ def _floor(kernel, spec, fusion, dynamic: "bool | None"):
     if not spec.is_gpu or not (gemms or sums_down_rows(program, fusion)):
         return None
     return lambda why: _staged(kernel, spec, why, dynamic=dynamic)
+
+
+def _pointwise(kernel, spec, dynamic: "bool | None" = None):
+    """A kernel without reductions (an activation, a mean's gradient) as the elementwise
+    template's one flat pass (:mod:`.schedule_templates.elementwise`); else ``None``."""
+    from .errors import TargetError
+    from .schedule_templates.elementwise import plan_elementwise
+    from .targets.triton.elementwise import ElementwiseKernel
+
+    if not _triton_available():
+        return None
+    try:
+        return ElementwiseKernel(plan_elementwise(kernel.program), spec, dynamic)
+    except TargetError:
+        return None
 
 
 def _scattered(kernel, spec, dynamic: "bool | None" = None):

@@ -60,13 +60,21 @@ class ScatterKernel(GraphCallable):
             made = self.sizes.find(dims, ScatterKnobs(), (), varying) if varying else None
             if made is None:
                 made = self.sizes.write(dims, ScatterKnobs(), (), varying, self._emit)
-            outputs = load_kernel(made.source, f"{self._name}_outputs")
-            pointers = set(self.args) - {p.name for p in self.program.scalar_params}
-            steps = [Step(fn, grid, made.args, pointers)
-                     for fn, grid in zip((made.fn, outputs), grids(self.plan, dims))]
-            launches = Launches(steps, dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1), 4, 1)
-            self._built[key] = (made.source, made.fn, outputs, launches, made.args)
+            self._built[key] = self._assembled(made, dims)
         return self._built[key]
+
+    def _assembled(self, made, dims: dict) -> tuple:
+        """:meth:`build`'s answer from the source ``made`` (a :class:`.size_builds.Build`)."""
+        outputs = load_kernel(made.source, f"{self._name}_outputs")
+        steps = [Step(fn, grid, made.args, self._pointers)
+                 for fn, grid in zip((made.fn, outputs), grids(self.plan, dims))]
+        launches = Launches(steps, dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1), 4, 1)
+        return made.source, made.fn, outputs, launches, made.args
+
+    @property
+    def _pointers(self) -> set:
+        """The arguments that are tensors."""
+        return set(self.args) - {p.name for p in self.program.scalar_params}
 
     def _emit(self, sizes: dict) -> tuple:
         """(source, the terms kernel, argument names) at ``sizes`` (ints, or some of them
@@ -83,7 +91,7 @@ class ScatterKernel(GraphCallable):
         return self.plan.describe()
 
     def schedule_origin(self, **dims) -> str:
-        return ORIGIN
+        return self.description
 
     def cache_info(self) -> list:
         """The sources this kernel wrote and the sizes each serves (:class:`.size_builds.Build`)."""
@@ -104,8 +112,6 @@ class ScatterKernel(GraphCallable):
         return self.compiled(which, **dims).asm["ptx"]
 
     def _prepare(self, args, kwargs):
-        import torch
-
         if self._calls is None:
             self._calls = CallBinder(self.program, "cpu" if interpreting() else "cuda")
         bound = self._calls(args, kwargs, False)
@@ -113,11 +119,17 @@ class ScatterKernel(GraphCallable):
         launches = self.build(**bound.dims)[3]
         values = torch_arguments(self.program, bound, device)
         values.update({n: v for n, v in size_values(bound.dims).items() if n not in values})
-        values["acc"] = torch.zeros([extent(a, bound.dims) for a in accumulator_axes(self.plan)],
-                                    dtype=torch.float32, device=device)
+        values.update(self._scratch(bound.dims, device))
         outs, given = output_buffers(self.outputs, bound, device)
         values.update({f"out_{c.name}": o for c, o in zip(self.outputs, outs)})
         return launches, values, outs, given, bound
+
+    def _scratch(self, dims: dict, device) -> dict:
+        """The call's buffers beside its arguments and outputs: the accumulator, zeroed."""
+        import torch
+
+        return {"acc": torch.zeros([extent(a, dims) for a in accumulator_axes(self.plan)],
+                                   dtype=torch.float32, device=device)}
 
     def invoke(self, key, args: tuple, kwargs: dict):
         launches, values, outs, given, bound = self._prepare(args, kwargs)

@@ -1,0 +1,132 @@
+"""The Triton emitter of the elementwise plan (``schedule_templates.elementwise``): one kernel
+whose programs take tiles of rows (the outputs' outer axes flattened) × columns (the innermost
+axis: contiguous, vectorisable loads and stores along it) and write every output at each
+element.
+Its callable is the scatter-add's (:mod:`.scatter_kernel`: arguments checked, one source per
+sizes, sizes as arguments with ``dynamic=``) with one kernel and no accumulator."""
+from __future__ import annotations
+
+import math
+
+from ...dsl.symbolic_sizes import size_arguments
+from .expr import TL_DTYPES, TileContext, to_triton
+from .launch import compile_for, interpreting, load_kernel, signature
+from .launcher import Launches, Step
+from .rowtile import assemble_source
+from .scatter import BLOCK, extent
+from .scatter_kernel import ScatterKernel
+from .size_builds import with_size_arguments
+
+ORIGIN = "elementwise template (one flat pass over the outputs)"
+
+
+ELEMENTS = 2048   # a program's elements (not measured: a memory-bound elementwise pass)
+
+
+def tile_shape(plan, sizes: dict, argument: bool = False) -> tuple[int, int]:
+    """(rows, columns) of a program's tile: the innermost axis's extent rounded up to a power of
+    two (at most :data:`ELEMENTS`; 128 where the extent is an argument of the source,
+    ``argument``) as columns — loads and stores along it contiguous —, as many rows of the other
+    axes as fill :data:`ELEMENTS`."""
+    last = extent(plan.axes[-1], sizes)
+    argument = argument or not isinstance(last, int)
+    columns = 128 if argument else min(ELEMENTS, 1 << (last - 1).bit_length())
+    return max(1, ELEMENTS // columns), columns
+
+
+def last_is_argument(plan, args: list[str]) -> bool:
+    """Whether the innermost axis's extent is an argument of a source taking ``args``."""
+    from ...dsl.symbolic_sizes import PREFIX
+
+    ext = plan.axes[-1].extent
+    return isinstance(ext, str) and PREFIX + ext in args
+
+
+def elementwise_source(plan, name: str, sizes: dict, args: list[str]) -> str:
+    """The Python source of ``name``, taking ``args``: each output at every element of the
+    plan's axes, a tile of rows (the outer axes flattened) × columns (the innermost) a
+    program."""
+    from .source_writer import SourceWriter
+
+    *outer, last = plan.axes
+    rows, columns = tile_shape(plan, sizes)
+    row_count = math.prod(extent(a, sizes) for a in outer) if outer else 1
+    n = extent(last, sizes)
+    wide = isinstance(row_count * n, int) and row_count * n >= 2**31
+    w = SourceWriter(False)
+    w("pid = tl.program_id(0)" + (".to(tl.int64)" if wide else ""))
+    w(f"blocks = (({n}) + {columns - 1}) // {columns}")
+    w(f"row = (pid // blocks) * {rows} + tl.arange(0, {rows})[:, None]")
+    w(f"ax_{last.name} = (pid % blocks) * {columns} + tl.arange(0, {columns})[None, :]")
+    w(f"ok = (row < {row_count}) & (ax_{last.name} < {n})")
+    w("rest = row")
+    names = {last.uid: f"ax_{last.name}"}
+    for a in reversed(outer):
+        names[a.uid] = f"ax_{a.name}"
+        w(f"ax_{a.name} = rest % {extent(a, sizes)}")
+        w(f"rest = rest // {extent(a, sizes)}")
+    tile = TileContext(axes=names, valid={a.uid: "ok" for a in plan.axes}, sizes=sizes,
+                       interpreter=interpreting())
+    for c, expr in plan.outputs:   # outputs are contiguous over the plan's axes
+        w(f"tl.store(out_{c.name} + (row * ({n}) + ax_{last.name}), "
+          f"({to_triton(expr, tile)}).to({TL_DTYPES[c.dtypes[0]]}), mask=ok)")
+    return assemble_source([(name, args, w.lines)])
+
+
+def grid(plan, sizes: dict, argument: bool = False) -> tuple[int]:
+    """The programs at ``sizes`` (ints) of a source whose innermost extent is an argument or
+    not."""
+    rows, columns = tile_shape(plan, sizes, argument)
+    *outer, last = plan.axes
+    row_count = math.prod(extent(a, sizes) for a in outer) if outer else 1
+    return (max(1, math.ceil(row_count / rows) * math.ceil(extent(last, sizes) / columns)),)
+
+
+class ElementwiseKernel(ScatterKernel):
+    """An :class:`~tensorfuse.schedule_templates.elementwise.ElementwisePlan` run as one Triton
+    kernel, a tile of :func:`tile_shape` a program."""
+
+    def __init__(self, plan, target, dynamic: "bool | None" = None):
+        super().__init__(plan, target, dynamic)
+        self.outputs = [c for c, _ in plan.outputs]
+        self.description = ORIGIN
+        self.args = [p.name for p in self.program.tensor_params] + \
+            [p.name for p in self.program.scalar_params] + \
+            [f"out_{c.name}" for c in self.outputs]
+
+    def __repr__(self) -> str:
+        return f"<ElementwiseKernel {self.program.name} for {self.target.name}>"
+
+    @property
+    def _name(self) -> str:
+        return f"{self.program.name}_elementwise"
+
+    def _assembled(self, made, dims: dict) -> tuple:
+        """(source, kernel, None, launches, argument names): :meth:`build`'s answer."""
+        programs = grid(self.plan, dims, last_is_argument(self.plan, made.args))
+        launches = Launches([Step(made.fn, programs, made.args, self._pointers)],
+                            dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1), 4, 1)
+        return made.source, made.fn, None, launches, made.args
+
+    def _emit(self, sizes: dict) -> tuple:
+        args = self.args + size_arguments(sizes)
+        source = elementwise_source(self.plan, self._name, sizes, args)
+        return source, load_kernel(source, self._name), args
+
+    def compiled(self, **dims):
+        """The kernel compiled without a GPU (``.asm``: ptx/cubin or amdgcn)."""
+        from ...binding import split_scalars
+
+        dims, _ = split_scalars(self.program, dims)
+        built = self.build(**dims)
+        sig = signature(self.program, self.outputs, [])
+        sig, divisible = with_size_arguments({n: sig.get(n, "*fp32") for n in self.args}, dims,
+                                             built[4])
+        return compile_for(built[1], sig, dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1),
+                           self.target, 4, 1, divisible)
+
+    def ptx(self, **dims) -> str:
+        return self.compiled(**dims).asm["ptx"]
+
+    def _scratch(self, dims: dict, device) -> dict:
+        return {}

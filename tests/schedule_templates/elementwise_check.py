@@ -1,0 +1,109 @@
+"""Programs without reductions as ``tf.compile`` makes them for sm_90a — the elementwise
+template (:mod:`tensorfuse.schedule_templates.elementwise`) — run by Triton's interpreter against
+float64 references in torch (never the project's lowering), outputs poisoned first, at ragged
+sizes and large value ranges: the gradients of a global average pool and of a mean over tokens
+(broadcasts), a tanh-GELU, a transposing scale and shift, two outputs of one pass, and sizes as
+arguments. Prints each case's relative error as JSON.
+
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.elementwise_check SEED
+"""
+import json
+import os
+import sys
+
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tests.helpers import relative_error
+
+
+@tf.kernel
+def global_avg_pool(x: T.Tensor["B", "C", "H", "W", "bf16"]):
+    b, c, h, w = T.axes("b c h w")
+    return T.sum(x[b, c, h, w], over=(h, w)) / (T.size("H") * T.size("W"))
+
+
+@tf.kernel
+def token_mean(x: T.Tensor["B", "S", "D", "bf16"]):
+    b, s, d = T.axes("b s d")
+    return T.sum(x[b, s, d], over=s) / T.size("S")
+
+
+@tf.kernel
+def gelu_tanh(x: T.Tensor["M", "N", "bf16"]):
+    i, j = T.axes("i j")
+    v = x[i, j]
+    return 0.5 * v * (1 + T.tanh(0.7978845608 * (v + 0.044715 * v * v * v)))
+
+
+@tf.kernel
+def scale_shift_transposed(x: T.Tensor["M", "N", "bf16"], w: T.Tensor["N", "bf16"],
+                           shift: T.f32):
+    j, i = T.axes("j i")   # the output's axes in their order of declaration: [N, M]
+    return x[i, j] * w[j] + shift
+
+
+@tf.kernel
+def two_outputs(x: T.Tensor["M", "N", "bf16"], bias: T.Tensor["N", "bf16"]):
+    i, j = T.axes("i j")
+    h = x[i, j] + bias[j]
+    return h * T.sigmoid(h), T.cast(h, "f32")
+
+
+def _random(generator, *shape, width=4.0):
+    return (torch.randn(*shape, generator=generator) * width).to(torch.bfloat16)
+
+
+def avg_pool_case(generator, B=3, C=5, H=7, W=9):
+    x, d_out = _random(generator, B, C, H, W), _random(generator, B, C, width=50.0)
+    want = (d_out.double() / (H * W))[:, :, None, None].expand(B, C, H, W)
+    return dict(x=x, d_out=d_out), [want]
+
+
+def token_mean_case(generator, B=2, S=37, D=19):
+    x, d_out = _random(generator, B, S, D), _random(generator, B, D, width=50.0)
+    return dict(x=x, d_out=d_out), [(d_out.double() / S)[:, None, :].expand(B, S, D)]
+
+
+def gelu_case(generator, M=33, N=70):
+    x = _random(generator, M, N)
+    v = x.double()
+    return dict(x=x), [0.5 * v * (1 + torch.tanh(0.7978845608 * (v + 0.044715 * v ** 3)))]
+
+
+def scale_shift_case(generator, M=29, N=45):
+    x, w = _random(generator, M, N), _random(generator, N)
+    return dict(x=x, w=w, shift=1.5), [(x.double() * w.double() + 1.5).T]
+
+
+def two_outputs_case(generator, M=31, N=50):
+    x, bias = _random(generator, M, N), _random(generator, N)
+    h = x.double() + bias.double()
+    return dict(x=x, bias=bias), [h * torch.sigmoid(h), h]
+
+
+CASES = {"avg_pool_backward": (tf.grad(global_avg_pool), avg_pool_case),
+         "token_mean_backward": (tf.grad(token_mean), token_mean_case),
+         "gelu_tanh": (gelu_tanh, gelu_case),
+         "scale_shift_transposed": (scale_shift_transposed, scale_shift_case),
+         "two_outputs": (two_outputs, two_outputs_case),
+         # every size an argument from the first call (tf.compile's dynamic=True)
+         "token_mean_backward_sizes_as_arguments": (tf.grad(token_mean), token_mean_case)}
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    generator = torch.Generator().manual_seed(int(sys.argv[1]))
+    errors = {}
+    for name, (kernel, case) in CASES.items():
+        args, wants = case(generator)
+        outs = [torch.full(w.shape, float("nan"), dtype=torch.float32 if k else torch.bfloat16)
+                if name == "two_outputs" else torch.full(w.shape, float("nan"),
+                                                         dtype=torch.bfloat16)
+                for k, w in enumerate(wants)]
+        made = tf.compile(kernel, target="cuda:sm_90a",
+                          dynamic=True if name.endswith("sizes_as_arguments") else None)
+        got = made(**args, out=tuple(outs) if len(outs) > 1 else outs[0])
+        assert (got if len(outs) > 1 else (got,))[0] is outs[0]
+        errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))
+    print(json.dumps(errors))
