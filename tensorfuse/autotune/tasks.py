@@ -243,6 +243,9 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
     if scatters(kernel.program):   # tf.compile's scatter-add template, before any other
         raise TuningError(f"{kernel.name} runs on the scatter-add template on {target.name}, "
                           "which has no knobs to tune")
+    if not any(c.is_reduction for c in kernel.program.computes):
+        raise TuningError(f"{kernel.name} has no reductions: it runs on the elementwise "
+                          f"template on {target.name}, which has no knobs to tune")
     choice = choose(kernel.program, target)
     flat = flat_templated(kernel.program, dims, target) if choice is None else None
     if flat is not None:   # tf.compile runs it swept as one axis: that program is what it tunes

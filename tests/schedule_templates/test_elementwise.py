@@ -71,6 +71,15 @@ def test_a_size_seen_twice_becomes_an_argument_of_one_build():
     assert any(len(b.sizes) >= 2 for b in builds), [b.describe() for b in builds]
 
 
+def test_tuning_it_says_it_has_nothing_to_tune():
+    from tensorfuse.autotune.tasks import make_task
+    from tensorfuse.errors import TuningError
+    from tensorfuse.targets import get_target
+
+    with pytest.raises(TuningError, match="no reductions: it runs on the elementwise template"):
+        make_task(gelu_tanh, dict(M=64, N=128), get_target("cuda:sm_90a"))
+
+
 def test_programs_match_float64_in_the_triton_interpreter():
     from tests.helpers import check_interpreted
 
