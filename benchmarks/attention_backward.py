@@ -77,7 +77,6 @@ def check(name: str, generic: bool, log=print) -> float:
 def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
         names=VARIANTS, log=print) -> list[Row]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.flex_attention import create_block_mask
 
     flex = compiled_flex()
     rows = []
@@ -122,11 +121,8 @@ def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
                 args = (q, k, v, scale, *extra.values(), dout)
                 impls["tensorfuse (tf.grad program)"] = (bench(lambda: backward(*args)), note)
             try:
-                bm = None if mask_mod is None else create_block_mask(mask_mod, None, None, S, S,
-                                                                     device="cuda")
-                out = flex(*leaves, score_mod=score_mod, block_mask=bm, scale=scale,
-                           enable_gqa=hq != hkv)
-                impls["flex_attention"] = (timed_backward(out), "")
+                impls["flex_attention"] = (flex_backward_ms(flex, leaves, dout, score_mod,
+                                                            mask_mod, S, scale), "")
             except Exception as exc:  # noqa: BLE001
                 log(f"  flex {name} S={S}: {type(exc).__name__}: {exc}"[:300])
             if sdpa is not None:
@@ -147,6 +143,18 @@ def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
                 rows.append(Row(f"attention_bwd/{name}", shape, label, ms, flops / ms / 1e9,
                                 0.0, ratio, note))
     return rows
+
+
+def flex_backward_ms(flex, leaves, dout, score_mod, mask_mod, S: int, scale: float) -> float:
+    """FlexAttention's backward alone (the forward run once outside the timing) on ``leaves``
+    (q, k, v that require gradients), its block mask made from ``mask_mod``."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    bm = None if mask_mod is None else create_block_mask(mask_mod, None, None, S, S,
+                                                         device="cuda")
+    out = flex(*leaves, score_mod=score_mod, block_mask=bm, scale=scale,
+               enable_gqa=leaves[0].shape[1] != leaves[1].shape[1])
+    return bench(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True))
 
 
 def sweep(knob_sets, sizes=(4096,), B: int = 2, H: int = 16, D: int = 128,
@@ -204,8 +212,8 @@ def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 
             D: int = 128, log=print) -> list[Row]:
     """The two backward kernels of the template on the same inputs and the forward's saved
     log-sum-exp — the sm_90a kernel (``TENSORFUSE_ATTENTION_BACKWARD=hopper``) and the Triton
-    kernels — against SDPA's backward (cuDNN, flash), each checked against the Triton kernels'
-    gradients first. Rows ``attention_bwd_kernels/<variant>`` (no ceiling measured: the report
+    kernels — against SDPA's backward (cuDNN, flash) or, for masks SDPA has no variant of,
+    FlexAttention's, each checked against the Triton kernels' gradients first. Rows ``attention_bwd_kernels/<variant>`` (no ceiling measured: the report
     compares each with the best alternative)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -220,7 +228,7 @@ def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 
     rows = []
     target = get_target("cuda")
     for name, S in ((n, S) for n in names for S in sizes):
-        kernel, extra, _, mask_mod, sdpa, hq, hkv = variants(S, B=B, H=H)[name]
+        kernel, extra, score_mod, mask_mod, sdpa, hq, hkv = variants(S, B=B, H=H)[name]
         q, dout = (torch.randn(B, hq, S, D, device="cuda").bfloat16() for _ in range(2))
         k, v = (torch.randn(B, hkv, S, D, device="cuda").bfloat16() for _ in range(2))
         scale = D ** -0.5
@@ -246,6 +254,9 @@ def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 
                 for a, b in zip(got, want))
             times[label] = bench(lambda: run_(tensors, scalars, out, dout, lse))
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        if sdpa is None:   # masks SDPA has no variant of: FlexAttention is the alternative
+            times["flex_attention"] = flex_backward_ms(compiled_flex(), leaves, dout, score_mod,
+                                                       mask_mod, S, scale)
         for label, backend in (("sdpa cudnn", SDPBackend.CUDNN_ATTENTION),
                                ("sdpa flash", SDPBackend.FLASH_ATTENTION)):
             if sdpa is None:
