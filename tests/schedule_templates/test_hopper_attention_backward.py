@@ -94,7 +94,7 @@ def _float64_grads(q, k, v, dout, scale, mask):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["full", "causal", "gqa_causal", "sliding_window"])
+@pytest.mark.parametrize("name", ["full", "causal", "gqa_causal", "sliding_window", "document"])
 @pytest.mark.parametrize("D, S", [(64, 200), (128, 333)])
 def test_the_gradients_match_float64_on_the_gpu(name, D, S):
     """Large value ranges, ragged sizes (the last key and query blocks partial)."""
@@ -104,26 +104,35 @@ def test_the_gradients_match_float64_on_the_gpu(name, D, S):
 
     kernel = {"full": K.attention, "causal": K.causal_attention,
               "gqa_causal": K.gqa_causal_attention,
-              "sliding_window": K.sliding_window_attention}[name]
+              "sliding_window": K.sliding_window_attention,
+              "document": K.document_attention}[name]
     hq, hkv = (8, 2) if name == "gqa_causal" else (4, 4)
-    extra = {"window": 48} if name == "sliding_window" else {}
     g = torch.Generator(device="cuda").manual_seed(S + D)
+    # a mask that reads a tensor: 3 documents of random lengths per batch row
+    cuts = torch.sort(torch.randperm(S - 1, device="cuda", generator=g)[:2] + 1).values
+    doc = torch.bucketize(torch.arange(S, device="cuda"), cuts, right=True).to(torch.int32)
+    doc = doc[None].expand(2, S).contiguous()
+    extra = {"sliding_window": {"window": 48}, "document": {"doc": doc}}.get(name, {})
     q, dout = (3 * torch.randn(2, hq, S, D, device="cuda", generator=g).bfloat16()
                for _ in range(2))
     k, v = (3 * torch.randn(2, hkv, S, D, device="cuda", generator=g).bfloat16()
             for _ in range(2))
     i, j = torch.arange(S, device="cuda").view(-1, 1), torch.arange(S, device="cuda")
     mask = {"full": None, "causal": i >= j, "gqa_causal": i >= j,
-            "sliding_window": (i >= j) & (i - j < 48)}[name]
+            "sliding_window": (i >= j) & (i - j < 48),
+            "document": doc[:, None, :, None] == doc[:, None, None, :]}[name]
     target = get_target("cuda")
     _, fusion = choose(kernel.program, target)
     saving = tf.compile(_ProgramKernel(with_logsumexp(kernel.program, fusion.names), None))
-    out, lse = saving(q, k, v, D ** -0.5, *extra.values())
+    out, lse = saving(q, k, v, *([doc] if name == "document" else []), D ** -0.5,
+                      *(v_ for n, v_ in extra.items() if n != "doc"))
     dims = dict(B=2, H=hq, M=S, N=S, D=D, **({"HKV": hkv} if hkv != hq else {}))
     plan = plan_attention_backward(kernel.program, fusion, dims)
     hopper = _hopper_backward(plan, target, AttentionBackwardKernels(plan, BackwardKnobs()),
                               chosen=True)
-    got = hopper({"q": q, "k": k, "v": v}, {"scale": D ** -0.5, **extra}, out, dout, lse)
+    tensors = {"q": q, "k": k, "v": v, **({"doc": doc} if name == "document" else {})}
+    scalars = {"scale": D ** -0.5, **{n: v_ for n, v_ in extra.items() if n != "doc"}}
+    got = hopper(tensors, scalars, out, dout, lse)
     want = _float64_grads(q, k, v, dout, D ** -0.5, mask)
     for a, b in zip(got, want):
         assert torch.isfinite(a).all()
