@@ -213,8 +213,9 @@ def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 
     """The two backward kernels of the template on the same inputs and the forward's saved
     log-sum-exp — the sm_90a kernel (``TENSORFUSE_ATTENTION_BACKWARD=hopper``) and the Triton
     kernels — against SDPA's backward (cuDNN, flash) or, for masks SDPA has no variant of,
-    FlexAttention's, each checked against the Triton kernels' gradients first. Rows ``attention_bwd_kernels/<variant>`` (no ceiling measured: the report
-    compares each with the best alternative)."""
+    FlexAttention's, each checked against the Triton kernels' gradients first. Rows
+    ``attention_bwd_kernels/<variant>`` (no ceiling measured: the report compares each with
+    the best alternative)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tensorfuse.autograd import _ProgramKernel, _hopper_backward

@@ -1,7 +1,8 @@
 """The attention backward for sm_90a: ``dK``, ``dV`` and ``dQ`` on ``wgmma`` from tensor maps (the
 plan: :mod:`tensorfuse.schedule_templates.hopper_attention_backward`).
 
-One CTA per (key block of 128 keys, batch · key/value head), three warpgroups:
+One CTA per (batch · key/value head, key block of 128 keys) — the key blocks along the grid's
+y, so that under a causal mask the longest CTAs start first —, three warpgroups:
 
 - warpgroup 0, the producer, gives its registers back (``setmaxnreg.dec``); one thread copies the
   CTA's keys and values once (TMA boxes of the 128-byte swizzle), then, for every query block
@@ -15,14 +16,16 @@ One CTA per (key block of 128 keys, batch · key/value head), three warpgroups:
   mask on partial blocks, ``dSᵀ = factor · Pᵀ ∘ (dPᵀ − Δ)``; ``dV += Pᵀ·dO`` and
   ``dK += dSᵀ·Q`` with ``Pᵀ`` and ``dSᵀ`` as register A operands (the accumulator layout of
   ``m64nNk16`` is the A fragment layout), dO and Q read MN-major from the same tiles;
-- ``dSᵀ`` goes to shared memory as ``dS`` (queries along the rows, keys K-major: the A operand
-  of ``dQ = dS·K``), double-buffered so that one named barrier a block orders it; for head dims
+- ``dSᵀ`` goes to shared memory as ``dS`` by ``stmatrix`` (transposed 8×8 blocks; queries along
+  the rows, keys K-major: the A operand of ``dQ = dS·K``), double-buffered so that one named
+  barrier a block orders it; for head dims
   of 128 each warpgroup computes half of dQ's columns over all 128 keys, for 64 each computes
   all columns over its own keys; each warpgroup writes its part of dQ into a tile of shared
   memory (the 128-byte swizzle) that one thread adds into a float32 ``dQ`` by TMA
   (``cp.reduce.async.bulk.tensor``, rows past the last query not written), converted to the
   output dtype afterwards. Element-wise ``red.global.add`` from registers took a third of the
-  kernel's time at S=4096 (H200: 2.11 against 1.46 ms without them).
+  kernel's time at S=4096 on the H200 (2.11 ms, 1.46 without them; the kernel as
+  ``benchmarks.attention_backward --kernels`` times it).
 
 ``dK`` and ``dV`` (summed over the group's heads in registers: no second kernel for grouped
 heads) are written once from registers, rows past the last key not written.
@@ -123,7 +126,8 @@ class _Source:
     how dQ is shared by the consumer warpgroups — from head dim 128 each takes half the columns
     over all 128 keys (a barrier of both a block, for the other's half of dS); at 64 each all
     columns over its own 64 keys (no barrier between them). Each over its own keys at 128 took
-    30 % longer (ptxas serialises its wgmmas for want of registers: H200, S=4096)."""
+    30 % longer (ptxas serialises its wgmmas for want of registers; H200, S=4096, as
+    ``benchmarks.attention_backward --kernels`` times the kernel)."""
 
     def __init__(self, hplan, scalars):
         self.hplan, self.base = hplan, hplan.base
@@ -390,7 +394,8 @@ def _consumer_products(c: _Source) -> str:
 
 def _consumer_dq(c: _Source) -> str:
     """dS to shared memory, dQ = dS·K, its tile added into dQ by TMA."""
-    return f"""      // dS (queries along the rows, keys K-major in 64-key atoms of the 128-byte swizzle):
+    return f"""      // dS (queries along the rows, keys K-major in 64-key atoms of the 128-byte
+      // swizzle):
       // dSᵀ's 8×8 blocks stored transposed by stmatrix, four a instruction — the registers of
       // da[u] are blocks (keys 0–7 | 8–15 of the warp's 16, queries 16u… | 16u + 8…); lane l
       // gives the address of row l % 8 (a query) of block l / 8: its 8 keys, 16 bytes
