@@ -179,16 +179,13 @@ def _floor(kernel, spec, fusion, dynamic: "bool | None"):
 def _pointwise(kernel, spec, dynamic: "bool | None" = None):
     """A kernel without reductions (an activation, a mean's gradient) as the elementwise
     template's one flat pass (:mod:`.schedule_templates.elementwise`); else ``None``."""
-    from .errors import TargetError
+    from .schedule_templates.auto import pointwise
     from .schedule_templates.elementwise import plan_elementwise
     from .targets.triton.elementwise import ElementwiseKernel
 
-    if not _triton_available():
+    if not _triton_available() or not pointwise(kernel.program):
         return None
-    try:
-        return ElementwiseKernel(plan_elementwise(kernel.program), spec, dynamic)
-    except TargetError:
-        return None
+    return ElementwiseKernel(plan_elementwise(kernel.program), spec, dynamic)
 
 
 def _scattered(kernel, spec, dynamic: "bool | None" = None):

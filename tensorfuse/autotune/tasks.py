@@ -238,12 +238,12 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         if fusion is not None:
             return TuningTask(kernel, dict(dims), target, "cpu_fused", fusion, scalars)
         return TuningTask(kernel, dict(dims), target, "cpu", scalars=scalars)
-    from ..schedule_templates.auto import choose, flat_templated, scatters
+    from ..schedule_templates.auto import choose, flat_templated, pointwise, scatters
 
     if scatters(kernel.program):   # tf.compile's scatter-add template, before any other
         raise TuningError(f"{kernel.name} runs on the scatter-add template on {target.name}, "
                           "which has no knobs to tune")
-    if not any(c.is_reduction for c in kernel.program.computes):
+    if pointwise(kernel.program):
         raise TuningError(f"{kernel.name} has no reductions: it runs on the elementwise "
                           f"template on {target.name}, which has no knobs to tune")
     choice = choose(kernel.program, target)

@@ -83,6 +83,21 @@ def test_the_sm90a_code_has_the_instructions_meant_and_does_not_spill(kernel, di
     assert_consumers_do_not_spill(source, per_tile=4)
 
 
+def test_tensor_maps_stride_by_their_element_size():
+    """The bytes a map steps per outer dimension: row-major or given strides, times the element
+    size — f32 (dQ's accumulator) as well as bf16. (A loop variable once overwrote the element
+    size here: every map got the strides of another tensor, found only on the GPU.)"""
+    from tensorfuse.targets.cuda.tma import byte_strides
+
+    assert byte_strides((32, 4096, 128), (1, 64, 64), "bf16") == (4096 * 128 * 2, 128 * 2)
+    assert byte_strides((32, 4096, 128), (1, 64, 32), "f32") == (4096 * 128 * 4, 128 * 4)
+    assert byte_strides((8, 16, 64), (1, 32, 64), "f16", strides=(64, 512)) == (128, 1024)
+    with pytest.raises(ValueError, match="128 bytes .32 f32 elements., not 64"):
+        byte_strides((32, 4096, 128), (1, 64, 64), "f32")
+    with pytest.raises(TargetError, match="multiple of 16 bytes"):
+        byte_strides((4, 3), (1, 64), "bf16", strides=(3,))
+
+
 def _float64_grads(q, k, v, dout, scale, mask):
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
     group = q.shape[1] // k.shape[1]

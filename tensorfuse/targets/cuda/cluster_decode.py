@@ -41,12 +41,11 @@ from .dsm import HELPERS
 from .split import HELPERS as SPLIT_HELPERS
 from .mma_sync import HELPERS as MMA_SYNC_HELPERS
 from .expr import size_macros, tensor_arguments, to_cuda
-from .tma import MBARRIER_HELPERS, load_helper, tensor_map
+from .tma import MBARRIER_HELPERS, TENSOR_MAP_TYPE, load_helper, tensor_map
 
 NL = "\n"   # inside the kernel's f-string (a backslash may not appear in its expressions)
-# copy="tma": the key and value tensor maps, passed by value (made on the host per call: the
-# key count changes them, and a kernel parameter needs no device buffer)
-TENSOR_MAP_TYPE = "struct __align__(64) TfTensorMap { unsigned char bytes[128]; };\n"
+# copy="tma": the key and value tensor maps, passed by value (TENSOR_MAP_TYPE: made on the host
+# per call, the key count changes them)
 MAP_PARAMS = (",\n                  const __grid_constant__ TfTensorMap k_map, "
               "const __grid_constant__ TfTensorMap v_map")
 

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import math
 
-from ...dsl import dtypes as dt
 from .dsm import HELPERS as DSM_HELPERS
-from .expr import C_TYPES, to_cuda
+from .expr import (C_TYPES, KernelArguments, scalar_arguments, tensor_arguments,
+                   to_cuda)
 from .tma import HELPERS as TMA_HELPERS
 from .parts.mainloop import attention_pack_function
 from .parts.row_state import attention_exp2
-from .tma import MBARRIER_HELPERS, REDUCE_HELPERS, load_helper
+from .tma import MBARRIER_HELPERS, REDUCE_HELPERS, TENSOR_MAP_TYPE, load_helper
 from .wgmma import HELPERS as WGMMA_HELPERS
 from .wgmma import wgmma_function
 
@@ -68,24 +68,22 @@ def shared_bytes(head_dim: int) -> int:
 
 
 def kernel_arguments(hplan, scalars) -> list[tuple[str, str, str]]:
-    """(C++ name, launch type, C++ type) of the kernel's arguments: four tensor maps by value
-    (q, k, v, the output's gradient), the base-2 log-sum-exps and Δ, the float32 dQ, dK, dV, the
+    """(C++ name, launch type, C++ type) of the kernel's arguments: five tensor maps by value
+    (q, k, v, the output's gradient, the float32 dQ), the base-2 log-sum-exps and Δ, dK, dV, the
     transposed block lists, the score's base-2 factor and its factor on ``q·kᵀ``, the tensors
     the mask reads, the program's scalars (``(name, dtype)`` pairs)."""
     elem = C_TYPES[hplan.dtype]
     maps = [(f"{n}_map", "tensormap", "const __grid_constant__ TfTensorMap")
             for n in ("q", "k", "v", "do", "dq")]
     lists = [(n, "handle", "const int* __restrict__") for n in ("pn", "pi", "fn", "fi")]
-    tensors = {p.name: p.dtype for p in hplan.base.program.tensor_params}
-    reads = [(f"t_{n}", "handle", f"const {C_TYPES[tensors[n]]}* __restrict__")
-             for n in hplan.mask_tensors]
-    values = [(n, "float32", "float") if dt.is_float(t) else (n, "int32", "int")
-              for n, t in scalars]
+    dtypes = {p.name: p.dtype for p in hplan.base.program.tensor_params}
+    reads = tensor_arguments([(n, dtypes[n]) for n in hplan.mask_tensors])
     return maps + [("lse2", "handle", "const float* __restrict__"),
                    ("delta", "handle", "const float* __restrict__"),
                    ("dk", "handle", f"{elem}* __restrict__"),
                    ("dv", "handle", f"{elem}* __restrict__")] + lists + \
-        [("scale2", "float32", "float"), ("factor", "float32", "float")] + reads + values
+        [("scale2", "float32", "float"), ("factor", "float32", "float")] + reads + \
+        scalar_arguments(scalars)
 
 
 def _mask_code(hplan) -> str:
@@ -121,7 +119,7 @@ def backward_source(hplan, scalars) -> str:
                                         _consumer_end))
 
 
-class _Source:
+class _Source(KernelArguments):
     """What the kernel's parts read: the plan, the sizes, the element types, the arguments, and
     how dQ is shared by the consumer warpgroups — from head dim 128 each takes half the columns
     over all 128 keys (a barrier of both a block, for the other's half of dS); at 64 each all
@@ -137,8 +135,10 @@ class _Source:
         self.f16 = "_f16" if self.dtype == "f16" else ""
         self.split_n = self.D >= 128
         self.dqn = self.D // 2 if self.split_n else self.D
-        self.args = kernel_arguments(hplan, scalars)
-        self.params = ",\n    ".join(f"{t} {n}" for n, _, t in self.args)
+        self.arguments = kernel_arguments(hplan, scalars)
+        # what the mask may read: the tensors and scalars after the factors
+        names = [n for n, _, _ in self.arguments]
+        self.forwarded_arguments = self.arguments[names.index("factor") + 1:]
 
 
 def _head(c: _Source) -> str:
@@ -157,8 +157,7 @@ def _head(c: _Source) -> str:
 {functions}
 {attention_exp2(c)}
 {attention_pack_function(c)}
-struct __align__(64) TfTensorMap {{ unsigned char bytes[128]; }};
-
+{TENSOR_MAP_TYPE}
 """
 
 
@@ -201,7 +200,7 @@ __device__ __forceinline__ void tf_bar_ds(int cw) {{
   else asm volatile("bar.sync %0, 128;" :: "r"(2 + cw) : "memory");
 }}
 // The mask at query i_, key j_ (batch values from bh).
-__device__ __forceinline__ bool tf_kept(int bh, int i_, int j_{_forward_params(c.args)}) {{
+__device__ __forceinline__ bool tf_kept(int bh, int i_, int j_{c.extra_params}) {{
 {_batch_values(c.base)}
   return {_mask_code(c.hplan)};
 }}
@@ -358,7 +357,7 @@ def _consumer_products(c: _Source) -> str:
         float p = tf_exp2(st[r] * scale2 - ls[c]);
         if ((LISTS && partial) || edge) {{
           const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;
-          if (j_ >= N_ || !tf_kept(bh, i_, j_{_forward_args(c.args)})) p = 0.0f;
+          if (j_ >= N_ || !tf_kept(bh, i_, j_{c.extra_args})) p = 0.0f;
         }}
         st[r] = p;
       }}
@@ -467,15 +466,3 @@ def _consumer_end(c: _Source) -> str:
   }
 }
 """
-
-
-def _forward_params(args) -> str:
-    """The mask's extra parameters: the tensors and scalars after ``factor``."""
-    names = [n for n, _, _ in args]
-    return "".join(f", {c.replace('const __grid_constant__ ', '')} {n}"
-                   for n, _, c in args[names.index("factor") + 1:])
-
-
-def _forward_args(args) -> str:
-    names = [n for n, _, _ in args]
-    return "".join(f", {n}" for n in names[names.index("factor") + 1:])

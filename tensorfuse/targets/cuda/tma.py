@@ -10,6 +10,7 @@ layout :mod:`.gemm_chain_wgmma` gives to wgmma.
 from __future__ import annotations
 
 import ctypes
+import math
 
 from ...errors import TargetError
 from ...interop import capturing, kept_empty
@@ -104,6 +105,10 @@ __device__ __forceinline__ void tf_bulk_load(void* dst, const void* src, unsigne
 }
 """
 
+# A tensor map passed by value (a ``__grid_constant__`` kernel parameter, made on the host per
+# call: no device buffer to fill).
+TENSOR_MAP_TYPE = "struct __align__(64) TfTensorMap { unsigned char bytes[128]; };\n"
+
 # Shared memory added into global memory through a tensor map (TMA reductions), tracked as bulk
 # groups by the issuing thread: ``…_read`` waits until the groups have read their shared memory
 # (it may be written again), ``tf_bulk_wait`` until they are done.
@@ -139,25 +144,11 @@ def tensor_map(address: int, sizes: tuple[int, ...], box: tuple[int, ...],
     magnitude — a permuted layout's; default row-major. Elements outside ``sizes`` arrive as
     zeros (and are not written by stores and reductions through the map) — so a box that runs
     past the end of one dimension does not touch the next slice."""
-    element = _ELEMENT_BYTES[dtype]
-    if box[-1] * element != 128:
-        raise ValueError(f"the innermost box dimension is 128 bytes ({128 // element} {dtype} "
-                         f"elements), not {box[-1]}")
-    if any(not 1 <= b <= 256 for b in box):
-        raise ValueError(f"a TMA box has 1 to 256 elements per dimension, not {box}")
     rank = len(sizes)
     out = (ctypes.c_uint8 * 128)()
     dims = (ctypes.c_uint64 * rank)(*reversed(sizes))
-    if strides is None:
-        row_major, stride = [], 1
-        for size in reversed(sizes[1:]):
-            stride *= size
-            row_major.insert(0, stride)
-        strides = tuple(row_major)
-    if len(strides) != rank - 1 or any(s * element % 16 for s in strides):
-        raise TargetError(f"a tensor map takes {rank - 1} outer strides, each a multiple of 16 "
-                         f"bytes, not {list(strides)} elements")
-    stride_arr = (ctypes.c_uint64 * max(1, rank - 1))(*(element * s for s in reversed(strides)))
+    stride_arr = (ctypes.c_uint64 * max(1, rank - 1))(*reversed(
+        byte_strides(sizes, box, dtype, strides)))
     box_arr = (ctypes.c_uint32 * rank)(*reversed(box))
     elem = (ctypes.c_uint32 * rank)(*([1] * rank))
     err = libcuda().cuTensorMapEncodeTiled(out, _DATA_TYPES[dtype], rank,
@@ -167,6 +158,25 @@ def tensor_map(address: int, sizes: tuple[int, ...], box: tuple[int, ...],
         raise TargetError(f"cuTensorMapEncodeTiled failed (CUresult {err}) for a {list(sizes)} "
                           f"{dtype} tensor at {address:#x} with {list(box)} boxes")
     return bytes(out)
+
+
+def byte_strides(sizes: tuple[int, ...], box: tuple[int, ...], dtype: str,
+                 strides: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The byte strides of a tensor map's outer dimensions, outermost first (what
+    :func:`tensor_map` encodes): ``strides`` (elements) or row-major ones of ``sizes``, times
+    the element's bytes; an error for a box or a stride TMA cannot take."""
+    element = _ELEMENT_BYTES[dtype]
+    if box[-1] * element != 128:
+        raise ValueError(f"the innermost box dimension is 128 bytes ({128 // element} {dtype} "
+                         f"elements), not {box[-1]}")
+    if any(not 1 <= b <= 256 for b in box):
+        raise ValueError(f"a TMA box has 1 to 256 elements per dimension, not {box}")
+    if strides is None:
+        strides = tuple(math.prod(sizes[k + 1:]) for k in range(len(sizes) - 1))
+    if len(strides) != len(sizes) - 1 or any(s * element % 16 for s in strides):
+        raise TargetError(f"a tensor map takes {len(sizes) - 1} outer strides, each a multiple "
+                          f"of 16 bytes, not {list(strides)} elements")
+    return tuple(element * s for s in strides)
 
 
 def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int) -> bytes:

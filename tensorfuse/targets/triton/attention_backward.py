@@ -44,6 +44,7 @@ RANGE_BITS = {"PN": 1, "FN": 2, "TPN": 4, "TFN": 8}
 # the statistics kernel recomputes it), the base-2 log-sum-exp and Δ, the gradients
 BUFFERS = ("OUT", "DO", "FWD_LSE", "LSE", "DELTA", "DQ", "DK", "DV")
 FLOAT_BUFFERS = ("FWD_LSE", "LSE", "DELTA")
+_AT = {name: 3 + k for k, name in enumerate(BUFFERS)}   # a buffer's place among the arguments
 
 
 def _indent(text: str, depth: int) -> str:
@@ -434,26 +435,30 @@ class AttentionBackwardKernels:
         its output ``out``, the incoming gradient ``d_out`` and, where the forward saved it, each
         row's log-sum-exp of the scores (natural log, float32, the batch axes flattened × rows;
         −inf for a row with no kept key)."""
-        args, _, ranges = self._arguments(tensors, scalars, out, d_out, lse)
-        options = {} if interpreting() else {"num_warps": self.knobs.num_warps,
-                                             "num_stages": self.knobs.num_stages}
+        args, ranges = self._arguments(tensors, scalars, out, d_out, lse, gradients=True)
         for entry, grid, blocks in self.launches(lse is not None):
-            load_kernel(self.source, entry)[grid](*args, **blocks, RANGES=ranges, **options)
-        return tuple(args[8:11])
+            load_kernel(self.source, entry)[grid](*args, **blocks, RANGES=ranges,
+                                                  **self._options)
+        return tuple(args[_AT[n]] for n in ("DQ", "DK", "DV"))
 
     def row_statistics(self, tensors: dict, scalars: dict, out, d_out, lse=None):
         """``(LSE₂, Δ)`` per query row (float32, ``[batch, M]``): the statistics kernel alone,
-        for a backward whose gradients another kernel computes (the Hopper backward)."""
-        args, _, ranges = self._arguments(tensors, scalars, out, d_out, lse)
+        for a backward whose gradients another kernel computes (the Hopper backward; no
+        gradient buffers are made)."""
+        args, ranges = self._arguments(tensors, scalars, out, d_out, lse, gradients=False)
         entry, grid, blocks = self.launches(lse is not None)[0]
-        options = {} if interpreting() else {"num_warps": self.knobs.num_warps,
-                                             "num_stages": self.knobs.num_stages}
-        load_kernel(self.source, entry)[grid](*args, **blocks, RANGES=ranges, **options)
-        return args[6], args[7]
+        load_kernel(self.source, entry)[grid](*args, **blocks, RANGES=ranges, **self._options)
+        return args[_AT["LSE"]], args[_AT["DELTA"]]
 
-    def _arguments(self, tensors: dict, scalars: dict, out, d_out, lse):
-        """The kernels' arguments (the gradients' buffers made), their block lists and the
-        ``RANGES`` bits."""
+    @property
+    def _options(self) -> dict:
+        return {} if interpreting() else {"num_warps": self.knobs.num_warps,
+                                          "num_stages": self.knobs.num_stages}
+
+    def _arguments(self, tensors: dict, scalars: dict, out, d_out, lse, gradients: bool):
+        """The kernels' arguments and the ``RANGES`` bits; the gradients' buffers made where
+        ``gradients`` (else the statistics' stand in: the statistics kernels do not write
+        them)."""
         import torch
 
         plan, knobs = self.plan, self.knobs
@@ -462,7 +467,8 @@ class AttentionBackwardKernels:
         M = plan.extent(plan.row)
         lse2 = torch.empty(batch, M, device=q.device, dtype=torch.float32)
         delta = torch.empty_like(lse2)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)) if gradients \
+            else (lse2,) * 3
         ranges = 0
         if plan.mask is not None:
             lists = []
@@ -476,9 +482,9 @@ class AttentionBackwardKernels:
                   if p.name not in (plan.q.param.name, plan.k.param.name, plan.v.param.name)]
         values = [scalars[p.name] for p in plan.program.scalar_params]
         saved = lse.reshape(batch, M).contiguous() if lse is not None else lse2   # not read
-        args = [q, k, v, out.contiguous(), d_out.contiguous(), saved, lse2, delta, dq, dk, dv,
+        args = [q, k, v, out.contiguous(), d_out.contiguous(), saved, lse2, delta, *grads,
                 *lists, *others, *values]
-        return args, lists, ranges
+        return args, ranges
 
     def compiled(self, target, saved_lse: bool = True, ranges: int = 0) -> list:
         """The kernels compiled for ``target`` without launching them (no GPU needed): Triton's
