@@ -13,9 +13,18 @@ are elementwise, before the sum (inlined into its value) or after it (the output
 The emitter (:mod:`tensorfuse.targets.triton.scatter`) adds each term with an atomic add into
 an f32 accumulator: indices that repeat (an embedding's tokens) sum in no fixed order, so their
 last bits can differ between runs.
+
+Where the index takes far fewer positions than the output's axis has elements (an embedding's
+8192 tokens over a vocabulary of 128256), an accumulator the output's size is mostly zeros
+written, read and converted. The plan then **compacts** (:meth:`ScatterPlan.compacts`): every
+output element the index names claims one slot (the lowest position that names it, by an atomic
+minimum), the terms are added into an accumulator of slots, and the outputs read their slot or
+zero. The accumulator shrinks from the output's size to the positions' (the embedding's: 2.1 GB
+of f32 to 134 MB).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..algebra import inline_elementwise
@@ -47,11 +56,34 @@ class ScatterPlan:
         return tuple(self.total.over) + tuple(a for a in self.total.axes
                                               if a.uid != self.axis.uid)
 
+    @property
+    def positions(self) -> tuple[Axis, ...] | None:
+        """The axes the index reads, where they are all summed over (each position of them then
+        names one output element for every value of the kept axes); ``None`` where the index reads
+        a kept axis too."""
+        over = {a.uid for a in self.total.over}
+        reads = {a.uid for a in self.index.axes}
+        if not reads <= over:
+            return None
+        return tuple(a for a in self.total.over if a.uid in reads)
+
+    def compacts(self, extent) -> bool:
+        """Whether the sums go through slots (the module's docstring): the index takes at most
+        half as many positions as the output's axis has elements. ``extent(axis)`` is an axis's
+        size: an int, or a size as a kernel argument (the comparison then guards the build)."""
+        if self.positions is None:
+            return False
+        positions = math.prod(extent(a) for a in self.positions)
+        return bool(2 * positions <= extent(self.axis)) and bool(positions < 2**31)
+
     def describe(self) -> str:
         where = "".join(f" where {to_text(c)}" for c in self.conditions)
         return (f"scatter-add plan of {self.program.name}: {self.total.name}[{self.axis.name} = "
                 f"{to_text(self.index)}] += {to_text(self.value)}{where}, over "
-                f"{', '.join(a.name for a in self.terms)} (atomic adds into f32); outputs: "
+                f"{', '.join(a.name for a in self.terms)} (atomic adds into f32"
+                + (f"; slots where {', '.join(a.name for a in self.positions)} take at most "
+                   f"half of {self.axis.name}" if self.positions is not None else "")
+                + "); outputs: "
                 + ", ".join(c.name for c, _ in self.outputs))
 
 

@@ -99,20 +99,59 @@ def test_a_token_count_seen_twice_becomes_an_argument_of_one_build():
 
 def test_offsets_past_two_to_the_31_are_64_bit():
     """A vocabulary of 2²⁰ rows of 4096: the accumulator's offsets (an i32 token times a row)
-    pass 2³¹, the terms' do not."""
+    pass 2³¹; with as many tokens, so do the terms'. With 8192 tokens the sums go through
+    slots, whose offsets stay below: only the outputs' walk is 64-bit."""
     made = tf.compile(tf.grad(embedding), target="cuda:sm_90a")
-    wide = made.source(V=1 << 20, M=8192, D=4096)
+    wide = made.source(V=1 << 20, M=1 << 20, D=4096)
     assert "idx = (tl.load(tokens + (ax_i), mask=ok, other=0)).to(tl.int64)" in wide
     assert "lin = tl.program_id(0).to(tl.int64) * BLOCK_M" in wide
-    assert "int64" not in made.source(V=32000, M=8192, D=4096)
+    assert "int64" not in made.source(V=32000, M=30000, D=4096)
+    kernels = made.source(V=1 << 20, M=8192, D=4096).split("@triton.jit")
+    assert ["int64" in k for k in kernels[-3:]] == [False, False, True]
 
 
 def test_sm90a_code_adds_vectors_of_f32_atomically_and_relaxed():
     pytest.importorskip("triton", reason="the template generates Triton kernels")
     made = tf.compile(tf.grad(embedding), target="cuda:sm_90a")
-    terms = made.ptx("terms", V=128256, M=8192, D=4096)
-    assert "atom.global.gpu.relaxed.add.v4.f32" in terms
-    assert "atom" not in made.ptx("outputs", V=128256, M=8192, D=4096)
+    for sizes in (dict(V=128256, M=8192, D=4096), dict(V=8192, M=8192, D=4096)):
+        terms = made.ptx("terms", **sizes)
+        assert "atom.global.gpu.relaxed.add.v4.f32" in terms
+        outputs = made.ptx("outputs", **sizes)
+        assert "atom" not in outputs and "st.global.v4.b32" in outputs
+    assert "atom.global.gpu.relaxed.min.s32" in made.ptx("claims", V=128256, M=8192, D=4096)
+    with pytest.raises(ValueError, match="no 'claims' kernel: terms, outputs"):
+        made.ptx("claims", V=8192, M=8192, D=4096)
+
+
+def test_a_vocabulary_far_larger_than_the_tokens_sums_into_slots():
+    """Llama-3's vocabulary and 8192 tokens: the accumulator holds a row for each token (134 MB
+    of f32), not one for each id of the vocabulary (2.1 GB); at as many ids as tokens it does
+    not."""
+    from tensorfuse.targets.triton.scatter import scratch_shapes
+
+    made = tf.compile(tf.grad(embedding), target="cuda:sm_90a")
+    llama = dict(V=128256, M=8192, D=4096)
+    assert scratch_shapes(made.plan, llama) == {"acc": [8192, 4096], "owner": [128256]}
+    assert scratch_shapes(made.plan, dict(V=16000, M=8192, D=4096)) == {"acc": [16000, 4096]}
+    assert made.schedule_origin(**llama).endswith(
+        "slots for the 8192 positions tokens[i] takes, of table_0's 128256 elements")
+    source = made.source(**llama)
+    assert "def embedding_backward_scatter_claims(" in source
+    assert "tl.atomic_add(acc + (slot * 4096 + ax_d)" in source
+    assert "claims" not in made.source(V=16000, M=8192, D=4096)
+
+
+def test_slots_are_decided_again_outside_a_builds_guards():
+    """With sizes as arguments the choice of slots is a guard of the build: a vocabulary that
+    turns it gets a build of its own."""
+    made = tf.compile(tf.grad(embedding), target="cuda:sm_90a", dynamic=True)
+    made.build(V=3000, M=200, D=24)
+    made.build(V=3000, M=300, D=24)
+    made.build(V=3000, M=2000, D=24)
+    builds = made.cache_info()
+    assert len(builds) == 2
+    assert "2 * size_M <= size_V" in builds[0].guards.describe()
+    assert [s["M"] for s in builds[0].sizes] == [200, 300]
 
 
 def test_scatters_match_float64_in_the_triton_interpreter():

@@ -103,11 +103,11 @@ class ElementwiseKernel(ScatterKernel):
         return f"{self.program.name}_elementwise"
 
     def _assembled(self, made, dims: dict) -> tuple:
-        """(source, kernel, None, launches, argument names): :meth:`build`'s answer."""
+        """(source, [kernel], launches, argument names): :meth:`build`'s answer."""
         programs = grid(self.plan, dims, last_is_argument(self.plan, made.args))
         launches = Launches([Step(made.fn, programs, made.args, self._pointers)],
                             dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1), 4, 1)
-        return made.source, made.fn, None, launches, made.args
+        return made.source, [made.fn], launches, made.args
 
     def _emit(self, sizes: dict) -> tuple:
         args = self.args + size_arguments(sizes)
@@ -119,15 +119,18 @@ class ElementwiseKernel(ScatterKernel):
         from ...binding import split_scalars
 
         dims, _ = split_scalars(self.program, dims)
-        built = self.build(**dims)
+        _, fns, _, args = self.build(**dims)
         sig = signature(self.program, self.outputs, [])
         sig, divisible = with_size_arguments({n: sig.get(n, "*fp32") for n in self.args}, dims,
-                                             built[4])
-        return compile_for(built[1], sig, dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1),
+                                             args)
+        return compile_for(fns[0], sig, dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1),
                            self.target, 4, 1, divisible)
 
     def ptx(self, **dims) -> str:
         return self.compiled(**dims).asm["ptx"]
+
+    def schedule_origin(self, **dims) -> str:
+        return self.description
 
     def _scratch(self, dims: dict, device) -> dict:
         return {}

@@ -1,6 +1,7 @@
 """The Triton emitter of the scatter-add plan (``schedule_templates.scatter``): one kernel adds
 every term into its element of an f32 accumulator with atomic adds, a second writes the outputs
-from it (their epilogue: a cast, a scale).
+from it (their epilogue: a cast, a scale). Where the plan compacts, a first kernel claims the
+slots and the accumulator holds slots, not the output's elements.
 
 Both walk a flat index over their axes, the innermost axis of the accumulator innermost, so a
 row of values is read and added along contiguous memory (an embedding gradient's rows, a
@@ -54,39 +55,106 @@ def _flat(w, axes, sizes: dict, count: int, total: int) -> TileContext:
     return TileContext(axes=names, valid={a.uid: "ok" for a in axes}, sizes=sizes)
 
 
-def scatter_source(plan, name: str, sizes: dict, args: list[str]) -> str:
-    """The Python source of the two kernels, ``{name}_terms`` and ``{name}_outputs``, both
-    taking ``args``."""
+def kept_axes(plan) -> tuple:
+    """The accumulator's axes beside the scattered one, in its order."""
+    return tuple(a for a in accumulator_axes(plan) if a.uid != plan.axis.uid)
+
+
+def compacts(plan, sizes: dict) -> bool:
+    """Whether the plan goes through slots at ``sizes`` (``ScatterPlan.compacts``)."""
+    return plan.compacts(lambda a: extent(a, sizes))
+
+
+def slots(plan, sizes: dict) -> int:
+    """The slots' count where the plan compacts: the positions the index takes."""
+    return math.prod(extent(a, sizes) for a in plan.positions)
+
+
+def scratch_shapes(plan, sizes: dict) -> dict:
+    """The call's buffers beside its arguments: the f32 accumulator (zeroed: the output's
+    shape, or a slot's row for every position), and where it compacts the slot each element
+    of the scattered axis claimed (filled with the slots' count: none)."""
+    if not compacts(plan, sizes):
+        return {"acc": [extent(a, sizes) for a in accumulator_axes(plan)]}
+    return {"acc": [slots(plan, sizes)] + [extent(a, sizes) for a in kept_axes(plan)],
+            "owner": [extent(plan.axis, sizes)]}
+
+
+def _index(w, plan, tile, sizes: dict, wide: bool) -> None:
+    """Lines computing ``idx``, the term's element of the scattered axis, and ``keep``, whether
+    it names one (out-of-range indices add nothing)."""
+    w(f"idx = ({to_triton(plan.index, tile)})" + (".to(tl.int64)" if wide else ""))
+    w(f"keep = ok & (idx >= 0) & (idx < {extent(plan.axis, sizes)})")
+
+
+def _claims(plan, sizes: dict) -> list[str]:
+    """The first kernel of a compacted plan: every position claims its element's slot, the
+    lowest position naming an element winning (any agreed choice would do: the terms read the
+    winner, not their own position)."""
     from .source_writer import SourceWriter
 
+    w = SourceWriter(False)
+    count = slots(plan, sizes)
+    tile = _flat(w, plan.positions, sizes, count, count)
+    _index(w, plan, tile, sizes, False)
+    w("tl.atomic_min(owner + idx, lin.to(tl.int32), mask=keep, sem='relaxed')")
+    return w.lines
+
+
+def _slot_offsets(plan, tile, sizes: dict, slot: str) -> str:
+    """The offset of a slot's element in the compacted accumulator."""
+    row = math.prod(extent(a, sizes) for a in kept_axes(plan))
+    wide = ".to(tl.int64)" if slots(plan, sizes) * row >= 2**31 else ""
+    kept = store_offsets(kept_axes(plan), tile, sizes) if kept_axes(plan) else "0"
+    return f"{slot}{wide} * {row} + {kept}"
+
+
+def scatter_source(plan, name: str, sizes: dict, args: list[str]) -> str:
+    """The Python source of the kernels (``{name}_claims`` where the plan compacts, then
+    ``{name}_terms`` and ``{name}_outputs``), all taking ``args``."""
+    from .source_writer import SourceWriter
+
+    compact = compacts(plan, sizes)
     terms, elements = counts(plan, sizes)
     acc_axes = accumulator_axes(plan)
     w = SourceWriter(False)
-    tile = _flat(w, term_axes(plan), sizes, terms, max(terms, elements))
-    # 64-bit where the accumulator's offsets reach 2³¹ (an index loaded as i32, times a row)
-    wide = ".to(tl.int64)" if elements >= 2**31 else ""
-    w(f"idx = ({to_triton(plan.index, tile)}){wide}")
-    keep = ["ok", f"(idx >= 0) & (idx < {extent(plan.axis, sizes)})"]
-    keep += [f"({to_triton(c, tile)})" for c in plan.conditions]
-    w(f"keep = {' & '.join(keep)}")
+    # 64-bit where the accumulator's offsets reach 2³¹ (an index loaded as i32, times a row);
+    # a slot's offsets widen on their own (_slot_offsets)
+    tile = _flat(w, term_axes(plan), sizes, terms, terms if compact else max(terms, elements))
+    _index(w, plan, tile, sizes, not compact and elements >= 2**31)
+    if plan.conditions:
+        w(f"keep = keep & {' & '.join(f'({to_triton(c, tile)})' for c in plan.conditions)}")
     w(f"value = {to_triton(plan.value, tile)}")
-    at = tile.child(axes={plan.axis.uid: "idx"})
+    if compact:
+        w("slot = tl.load(owner + idx, mask=keep, other=0)")
+        where = _slot_offsets(plan, tile, sizes, "slot")
+    else:
+        where = store_offsets(acc_axes, tile.child(axes={plan.axis.uid: "idx"}), sizes)
     # relaxed: the adds need no order among themselves, and the kernel's end orders them before
     # the outputs' kernel reads the sums
-    w(f"tl.atomic_add(acc + ({store_offsets(acc_axes, at, sizes)}), value, mask=keep, "
-      "sem='relaxed')")
-    first = w.lines
+    w(f"tl.atomic_add(acc + ({where}), value, mask=keep, sem='relaxed')")
+    kernels = [(f"{name}_claims", args, _claims(plan, sizes))] if compact else []
+    kernels.append((f"{name}_terms", args, w.lines))
     w = SourceWriter(False)
     tile = _flat(w, acc_axes, sizes, elements, elements)
-    w("total = tl.load(acc + lin, mask=ok, other=0.0)")
+    if compact:
+        # an element no position named has no slot: its sum is zero
+        w(f"slot = tl.load(owner + {tile.axes[plan.axis.uid]}, mask=ok, other=0)")
+        w(f"total = tl.load(acc + ({_slot_offsets(plan, tile, sizes, 'slot')}), "
+          f"mask=ok & (slot < {slots(plan, sizes)}), other=0.0)")
+    else:
+        w("total = tl.load(acc + lin, mask=ok, other=0.0)")
     tile = tile.child(refs={plan.total.name: "total"})
     for c, expr in plan.outputs:
         w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, tile, sizes)}), "
           f"({to_triton(expr, tile)}).to({TL_DTYPES[c.dtypes[0]]}), mask=ok)")
-    return assemble_source([(f"{name}_terms", args, first), (f"{name}_outputs", args, w.lines)])
+    kernels.append((f"{name}_outputs", args, w.lines))
+    return assemble_source(kernels)
 
 
-def grids(plan, sizes: dict) -> tuple[tuple[int], tuple[int]]:
-    """The two kernels' grids."""
+def grids(plan, sizes: dict) -> list[tuple[int]]:
+    """The kernels' grids, in the source's order."""
     terms, elements = counts(plan, sizes)
-    return (max(1, math.ceil(terms / BLOCK)),), (max(1, math.ceil(elements / BLOCK)),)
+    made = [(max(1, math.ceil(n / BLOCK)),) for n in (terms, elements)]
+    return [(max(1, math.ceil(slots(plan, sizes) / BLOCK)),)] + made \
+        if compacts(plan, sizes) else made

@@ -11,7 +11,7 @@ from ...torch_graph import GraphCallable
 from ...dsl.symbolic_sizes import size_arguments
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
 from .launcher import Launches, Step
-from .scatter import BLOCK, accumulator_axes, extent, grids, scatter_source
+from .scatter import BLOCK, compacts, extent, grids, scatter_source, scratch_shapes, slots
 from .size_builds import SizeBuilds, size_values, with_size_arguments
 
 ORIGIN = "scatter-add template (atomic adds into an f32 accumulator)"
@@ -50,8 +50,8 @@ class ScatterKernel(GraphCallable):
         return f"{self.program.name}_scatter"
 
     def build(self, **dims):
-        """(source, the terms kernel, the outputs kernel, launches, argument names) at these
-        sizes, made once; a source written with sizes as arguments serves every size within its
+        """(source, its kernels in launch order, launches, argument names) at these sizes, made
+        once; a source written with sizes as arguments serves every size within its
         guards (:mod:`.size_builds`)."""
         key = tuple(sorted(dims.items()))
         if key not in self._built:
@@ -63,23 +63,30 @@ class ScatterKernel(GraphCallable):
             self._built[key] = self._assembled(made, dims)
         return self._built[key]
 
+    def _kernel_names(self, dims: dict) -> list[str]:
+        """The kernels a build at ``dims`` has, in launch order."""
+        return [f"{self._name}_{k}" for k in
+                (("claims",) if compacts(self.plan, dims) else ()) + ("terms", "outputs")]
+
     def _assembled(self, made, dims: dict) -> tuple:
         """:meth:`build`'s answer from the source ``made`` (a :class:`.size_builds.Build`)."""
-        outputs = load_kernel(made.source, f"{self._name}_outputs")
+        fns = [made.fn if n.endswith("_terms") else load_kernel(made.source, n)
+               for n in self._kernel_names(dims)]
         steps = [Step(fn, grid, made.args, self._pointers)
-                 for fn, grid in zip((made.fn, outputs), grids(self.plan, dims))]
+                 for fn, grid in zip(fns, grids(self.plan, dims))]
         launches = Launches(steps, dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1), 4, 1)
-        return made.source, made.fn, outputs, launches, made.args
+        return made.source, fns, launches, made.args
 
     @property
     def _pointers(self) -> set:
         """The arguments that are tensors."""
-        return set(self.args) - {p.name for p in self.program.scalar_params}
+        return (set(self.args) | {"owner"}) - {p.name for p in self.program.scalar_params}
 
     def _emit(self, sizes: dict) -> tuple:
         """(source, the terms kernel, argument names) at ``sizes`` (ints, or some of them
         symbolic: read as arguments)."""
-        args = self.args + size_arguments(sizes)
+        args = self.args + (["owner"] if compacts(self.plan, sizes) else []) + \
+            size_arguments(sizes)
         source = scatter_source(self.plan, self._name, sizes, args)
         return source, load_kernel(source, f"{self._name}_terms"), args
 
@@ -91,20 +98,32 @@ class ScatterKernel(GraphCallable):
         return self.plan.describe()
 
     def schedule_origin(self, **dims) -> str:
-        return self.description
+        """The template; at given sizes also whether its sums go through slots."""
+        dims, _ = split_scalars(self.program, dims)
+        if not dims or not compacts(self.plan, dims):
+            return self.description
+        return (f"{self.description}; slots for the {slots(self.plan, dims)} positions "
+                f"{self.plan.index} takes, of {self.plan.axis.name}'s "
+                f"{extent(self.plan.axis, dims)} elements")
 
     def cache_info(self) -> list:
         """The sources this kernel wrote and the sizes each serves (:class:`.size_builds.Build`)."""
         return list(self.sizes.builds)
 
     def compiled(self, which: str = "terms", **dims):
-        """Compile one of the two kernels without a GPU (``.asm``: ptx/cubin or amdgcn)."""
+        """Compile one of the kernels (``claims``, ``terms``, ``outputs``) without a GPU
+        (``.asm``: ptx/cubin or amdgcn)."""
         dims, _ = split_scalars(self.program, dims)
-        built = self.build(**dims)
+        _, fns, _, args = self.build(**dims)
+        names = self._kernel_names(dims)
+        if f"{self._name}_{which}" not in names:
+            raise ValueError(f"{self!r} at these sizes has no {which!r} kernel: "
+                             f"{', '.join(n.rsplit('_', 1)[1] for n in names)}")
         sig = signature(self.program, self.outputs, [])
-        sig, divisible = with_size_arguments({n: sig.get(n, "*fp32") for n in self.args}, dims,
-                                             built[4])
-        return compile_for(built[1 if which == "terms" else 2], sig,
+        sig = {n: sig.get(n, "*i32" if n == "owner" else "*fp32")
+               for n in self.args + ["owner"]}
+        sig, divisible = with_size_arguments({n: sig[n] for n in args if n in sig}, dims, args)
+        return compile_for(fns[names.index(f"{self._name}_{which}")], sig,
                            dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1), self.target, 4, 1,
                            divisible)
 
@@ -116,7 +135,7 @@ class ScatterKernel(GraphCallable):
             self._calls = CallBinder(self.program, "cpu" if interpreting() else "cuda")
         bound = self._calls(args, kwargs, False)
         device = launch_device(self, bound)
-        launches = self.build(**bound.dims)[3]
+        launches = self.build(**bound.dims)[2]
         values = torch_arguments(self.program, bound, device)
         values.update({n: v for n, v in size_values(bound.dims).items() if n not in values})
         values.update(self._scratch(bound.dims, device))
@@ -125,11 +144,15 @@ class ScatterKernel(GraphCallable):
         return launches, values, outs, given, bound
 
     def _scratch(self, dims: dict, device) -> dict:
-        """The call's buffers beside its arguments and outputs: the accumulator, zeroed."""
+        """The call's buffers beside its arguments and outputs (``scatter.scratch_shapes``)."""
         import torch
 
-        return {"acc": torch.zeros([extent(a, dims) for a in accumulator_axes(self.plan)],
-                                   dtype=torch.float32, device=device)}
+        shapes = scratch_shapes(self.plan, dims)
+        made = {"acc": torch.zeros(shapes["acc"], dtype=torch.float32, device=device)}
+        if "owner" in shapes:
+            made["owner"] = torch.full(shapes["owner"], slots(self.plan, dims),
+                                       dtype=torch.int32, device=device)
+        return made
 
     def invoke(self, key, args: tuple, kwargs: dict):
         launches, values, outs, given, bound = self._prepare(args, kwargs)
