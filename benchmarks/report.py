@@ -253,6 +253,9 @@ SECTIONS = (
     ("user-kernels-tuned", "Kernels as users write them, tuned",
      "as above, then `tf.tune` at each call's sizes (`tensorfuse tuned`: tf.compile reading "
      "the records; trials a task in its note)", "python -m benchmarks.user_kernels --tune 6"),
+    ("unlisted-kernels", "Kernels no issue lists, as a new user writes them",
+     "bf16 (the router f32); each against the best torch alternative on the same tensors",
+     "python -m benchmarks.unlisted_kernels"),
     ("neighborhood", "Neighbourhood attention on 2-D and 3-D maps",
      "bf16; TFLOP/s of the kept FLOPs; `graph`: calls replayed from a CUDA graph",
      "python -m benchmarks.neighborhood --csv PATH"),

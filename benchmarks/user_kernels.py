@@ -10,20 +10,16 @@ Rows: ``benchmark`` = ``user/<name>``; CSV ``benchmarks/results/<date>-<device>-
 ``tensorfuse tuned`` of each kernel).
 """
 
-import argparse
-import datetime
 import math
-from dataclasses import dataclass, field
 
 import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from tensorfuse.binding import bind_call
 from tensorfuse.kernels import softmax_attend
-from benchmarks.attention import checked_output
 from benchmarks.common import (FLEX, SDPA, SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, TORCH_COMPILE,
-                               TORCH_EAGER, Row, measure_ceilings, write_csv)
+                               TORCH_EAGER)
+from benchmarks.kernel_suite import Case, Recorded, main, rows_case
 
 
 # ---- attention on the layouts transformers and Megatron keep ([B, S, H, D], [S, B, H, D]) ----
@@ -197,42 +193,6 @@ def embedding(table: T.Tensor["V", "D", "bf16"], tokens: T.Tensor["M", "i32"]):
     return table[tokens[i], d]
 
 
-class _Recorded:
-    """``tf.compile(kernel)`` as the suite calls it, remembering the kernel and its first call's
-    arguments: ``--tune`` tunes the kernel at that call's sizes and scalars."""
-
-    def __init__(self, kernel):
-        self.kernel, self.compiled, self.call = kernel, tf.compile(kernel), None
-        RECORDED.append(self)
-
-    def __call__(self, *args, **kwargs):
-        if self.call is None:
-            self.call = (args, kwargs)
-        return self.compiled(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.compiled, name)
-
-
-RECORDED: list[_Recorded] = []   # every suite kernel compiled, in order
-
-
-@dataclass
-class Case:
-    """One suite kernel at one size: tensorfuse's call, the alternatives' (label → call), the
-    float64 reference of the checked rows, how to pick them from an output, the work done."""
-
-    name: str
-    shape: str
-    ours: object
-    alternatives: dict
-    reference: torch.Tensor
-    pick: object
-    flops: float = 0.0
-    bytes: float = 0.0
-    notes: dict = field(default_factory=dict)
-
-
 def _attention_case(name: str, kernel, layout: str, B: int, H: int, HKV: int, S: int, D: int,
                     generator) -> Case:
     """Causal attention on tensors in ``layout`` (``"bshd"`` or ``"sbhd"``): tensorfuse on them as
@@ -248,7 +208,7 @@ def _attention_case(name: str, kernel, layout: str, B: int, H: int, HKV: int, S:
     from_bhsd = (lambda x: x.transpose(1, 2)) if layout == "bshd" else \
         (lambda x: x.permute(2, 0, 1, 3))
     scale = D ** -0.5
-    f = _Recorded(kernel)
+    f = Recorded(kernel)
     rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
     # float64 reference of the checked rows, per (batch, head)
     qr, kr, vr = (to_bhsd(x).double() for x in (q, k, v))
@@ -289,7 +249,7 @@ def _two_head_dims_case(generator, B=2, H=16, S=4096, DQK=192, DV=128) -> Case:
             for _ in range(2))
     v = torch.randn(B, H, S, DV, generator=generator).to("cuda", torch.bfloat16)
     scale = DQK ** -0.5
-    f = _Recorded(two_head_dims_causal)
+    f = Recorded(two_head_dims_causal)
     rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
     s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale
     s = s.masked_fill(rows.cuda()[:, None] < torch.arange(S, device="cuda")[None], -math.inf)
@@ -311,28 +271,9 @@ def _two_head_dims_case(generator, B=2, H=16, S=4096, DQK=192, DV=128) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, M=S, N=S, DQK=DQK, DV=DV)})
 
 
-def _rows_case(name: str, kernel, eager, x, extra: dict, shape: str) -> Case:
-    """A row kernel on ``x`` against ``eager`` (its torch function) and it under torch.compile;
-    checked on all of it, GB/s of the bytes it must move (its inputs read once, its output
-    written once)."""
-    f = _Recorded(kernel)
-    compiled = torch.compile(eager)
-    tensors = [a for a in extra.values() if isinstance(a, torch.Tensor)]
-    scalars = {n: a for n, a in extra.items() if not isinstance(a, torch.Tensor)}
-    ref = eager(x.double(), *(t.double() for t in tensors), **scalars)
-    moved = (x.numel() + ref.numel()) * x.element_size() + \
-        sum(t.numel() * t.element_size() for t in tensors)
-    return Case(name, shape, lambda: f(x, **extra),
-                {TORCH_COMPILE: lambda: compiled(x, *tensors, **scalars),
-                 TORCH_EAGER: lambda: eager(x, *tensors, **scalars)},
-                ref, lambda out: out, bytes=moved,
-                notes={TENSORFUSE: f.schedule_origin(**bind_call(
-                    kernel.program, (x,), extra, "cuda").dims)})
-
-
 def _log_softmax_case(generator, B=8, C=150, P=65536) -> Case:
     x = (torch.randn(B, C, P, generator=generator) * 4).to("cuda", torch.bfloat16)
-    return _rows_case("log_softmax_channels", log_softmax_channels,
+    return rows_case("log_softmax_channels", log_softmax_channels,
                       lambda t: torch.log_softmax(t.float(), 1).to(t.dtype), x, {},
                       f"B{B} C{C} P{P} (over C)")
 
@@ -345,7 +286,7 @@ def _qk_norm_case(generator, B=8, S=4096, H=32, D=128) -> Case:
         t32 = t.float()
         return (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + eps)
                 * weight.float()).to(t.dtype)
-    return _rows_case("qk_norm_bshd", qk_norm_bshd, eager, x, {"w": w, "eps": 1e-6},
+    return rows_case("qk_norm_bshd", qk_norm_bshd, eager, x, {"w": w, "eps": 1e-6},
                       f"B{B} S{S} H{H} D{D} [BSHD] (over D)")
 
 
@@ -357,7 +298,7 @@ def _layernorm_channels_case(generator, B=8, D=1024, S=4096) -> Case:
     def eager(t, weight, shift, eps):   # what a model does: layer_norm on a transposed view
         return torch.nn.functional.layer_norm(t.transpose(1, 2), (t.shape[1],), weight, shift,
                                               eps).transpose(1, 2)
-    return _rows_case("layernorm_channels", layernorm_channels, eager, x,
+    return rows_case("layernorm_channels", layernorm_channels, eager, x,
                       {"w": w, "bias": bias, "eps": 1e-5}, f"B{B} D{D} S{S} (over D)")
 
 
@@ -370,7 +311,7 @@ def _group_norm_case(generator, B=16, G=32, C=16, P=4096) -> Case:
         flat = t.reshape(t.shape[0], -1, t.shape[-1])
         return torch.nn.functional.group_norm(flat, t.shape[1], weight.reshape(-1),
                                               shift.reshape(-1), eps).reshape(t.shape)
-    return _rows_case("group_norm", group_norm, eager, x, {"w": w, "bias": bias, "eps": 1e-5},
+    return rows_case("group_norm", group_norm, eager, x, {"w": w, "bias": bias, "eps": 1e-5},
                       f"B{B} G{G} C/G{C} P{P} (over C/G and P)")
 
 
@@ -380,7 +321,7 @@ def _max_pool_l2_case(generator, B=64, S=512, D=4096) -> Case:
     def eager(t):
         pooled = t.float().amax(1)
         return (pooled * torch.rsqrt((pooled * pooled).sum(-1, keepdim=True) + 1e-12)).to(t.dtype)
-    return _rows_case("max_pool_l2", max_pool_l2, eager, x, {}, f"B{B} S{S} D{D} (max over S)")
+    return rows_case("max_pool_l2", max_pool_l2, eager, x, {}, f"B{B} S{S} D{D} (max over S)")
 
 
 def _channel_stats_case(generator, N=32 * 56 * 56, C=256) -> Case:
@@ -390,7 +331,7 @@ def _channel_stats_case(generator, N=32 * 56 * 56, C=256) -> Case:
     def eager(t):
         var, mean = torch.var_mean(t.float() if t.dtype != torch.float64 else t, 0, correction=0)
         return torch.stack([mean, var])
-    f, compiled = _Recorded(channel_stats), torch.compile(eager)
+    f, compiled = Recorded(channel_stats), torch.compile(eager)
     return Case("channel_stats", f"N{N} C{C} (over N)", lambda: f(x),
                 {TORCH_COMPILE: lambda: compiled(x), TORCH_EAGER: lambda: eager(x)},
                 eager(x.double()), lambda out: torch.stack(out) if isinstance(out, tuple) else out,
@@ -414,7 +355,7 @@ def _segment_mean_case(generator, G=2048, D=1024, longest=128) -> Case:
         return (total / lengths[:, None]).to(t.dtype)
 
     compiled = torch.compile(scattered)
-    f = _Recorded(segment_mean)
+    f = Recorded(segment_mean)
     starts32, lengths32 = starts.to(torch.int32), lengths.to(torch.int32)
     moved = (x.numel() + G * D) * x.element_size()
     return Case("segment_mean", f"R{x.shape[0]} D{D} G{G} (1..{longest} rows each)",
@@ -456,7 +397,7 @@ def _mqa_decode_case(generator, B=16, H=64, N=16384, D=128) -> Case:
     k, v = (torch.randn(B, N, D, generator=generator).to("cuda", torch.bfloat16)
             for _ in range(2))
     scale = D ** -0.5
-    f = _Recorded(mqa_decode)
+    f = Recorded(mqa_decode)
     ref = _decode_reference(q, k[:, None], v[:, None], scale)
     return Case("mqa_decode", f"B{B} H{H}/1 N{N} D{D}", lambda: f(q, k, v, scale=scale),
                 _decode_sdpa(q[:, :, None], k[:, None], v[:, None], scale, gqa=True),
@@ -469,7 +410,7 @@ def _gqa_decode_case(generator, B=8, H=32, HKV=8, N=32768, D=128) -> Case:
     k, v = (torch.randn(B, HKV, N, D, generator=generator).to("cuda", torch.bfloat16)
             for _ in range(2))
     scale = D ** -0.5
-    f = _Recorded(gqa_decode)
+    f = Recorded(gqa_decode)
     return Case("gqa_decode", f"B{B} H{H}/{HKV} N{N} D{D}", lambda: f(q, k, v, scale=scale),
                 _decode_sdpa(q[:, :, None], k, v, scale, gqa=True),
                 _decode_reference(q, k, v, scale), lambda out: out,
@@ -492,7 +433,7 @@ def _paged_decode_case(generator, B=8, H=32, HKV=8, N=32768, D=128, PAGE=64) -> 
 
     k, v = gathered(k_pages).contiguous(), gathered(v_pages).contiguous()
     scale = D ** -0.5
-    f = _Recorded(paged_decode)
+    f = Recorded(paged_decode)
     ref = _decode_reference(q, k, v, scale)
     alternatives = {f"{label} (contiguous cache)": call for label, call in
                     _decode_sdpa(q[:, :, None], k, v, scale, gqa=True).items()}
@@ -517,7 +458,7 @@ def _cross_attention_case(generator, B=4, H=16, M=1024, N=8192, D=128) -> Case:
             for _ in range(2))
     lengths = torch.randint(N // 2, N + 1, (B,), generator=generator).to("cuda", torch.int32)
     scale = D ** -0.5
-    f = _Recorded(cross_attention_lengths)
+    f = Recorded(cross_attention_lengths)
     valid = torch.arange(N, device="cuda")[None, :] < lengths[:, None]       # [B, N]
     rows = torch.cat([torch.arange(64), torch.arange(M - 64, M)])
     s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale
@@ -547,7 +488,7 @@ def _embedding_backward_case(generator, V=128256, M=8192, D=4096, device="cuda")
 
     def eager(grad, ids):
         return torch.ops.aten.embedding_dense_backward(grad, ids, V, -1, False)
-    f, compiled = _Recorded(tf.grad(embedding)), torch.compile(eager)
+    f, compiled = Recorded(tf.grad(embedding)), torch.compile(eager)
     want = torch.zeros(V, D, dtype=torch.float64, device=device).index_add_(0, index,
                                                                              d_out.double())
     return Case("embedding_backward", f"V{V} M{M} D{D}",
@@ -576,7 +517,7 @@ def _avg_pool_backward_case(generator, B=64, C=512, H=56, W=56, device="cuda") -
 
     def eager(grad):
         return grad[:, :, None, None].expand(B, C, H, W) / (H * W)
-    f, compiled = _Recorded(tf.grad(global_avg_pool)), torch.compile(eager)
+    f, compiled = Recorded(tf.grad(global_avg_pool)), torch.compile(eager)
     want = (d_out.double() / (H * W))[:, :, None, None].expand(B, C, H, W)
     return Case("avg_pool_backward", f"B{B} C{C} H{H} W{W}",
                 lambda: f(x=x, d_out=d_out),
@@ -611,88 +552,5 @@ SUITE = {
 }
 
 
-def run(only: list[str] | None = None, log=print, tune: int = 0,
-        csv_path: str | None = None) -> list[Row]:
-    """Each suite kernel (``only``: those named) and its alternatives, checked and timed; with
-    ``tune``, then a ``tf.tune`` job of that many trials at the call's sizes and scalars and the
-    kernel compiled again (``tensorfuse tuned``: it reads the records). ``csv_path``: the rows so
-    far written after each kernel (a run cut short keeps what it measured)."""
-    ceilings = measure_ceilings()
-    generator = torch.Generator().manual_seed(0)
-    rows: list[Row] = []
-    for name, make in SUITE.items():
-        if only and name not in only:
-            continue
-        case = make(generator)
-        calls = {TENSORFUSE: case.ours, **case.alternatives}
-        rows += _timed(case, calls, ceilings, log)
-        if tune:
-            rows += _tuned_rows(case, RECORDED[-1], tune, ceilings, log)
-        if csv_path:
-            write_csv(rows, csv_path)
-    return rows
-
-
-TUNED = f"{TENSORFUSE} tuned"
-
-
-def _timed(case: Case, calls: dict, ceilings: dict, log) -> list[Row]:
-    """A row per implementation in ``calls`` (label → call) whose output matches float64."""
-    rows = []
-    for label, call in calls.items():
-        made = checked_output(call, case.reference, f"{label} {case.name}", log, pick=case.pick)
-        if made is None:
-            continue
-        ms, err = made
-        tflops = case.flops / ms / 1e9
-        gbps = case.bytes / ms / 1e6
-        fraction = tflops / ceilings["gemm_tflops"] if case.flops else \
-            gbps / 1e3 / ceilings["copy_tbps"]
-        note = f"err {err:.1e}" + (f"; {case.notes[label]}" if label in case.notes else "")
-        rows.append(Row(f"user/{case.name}", case.shape, label, ms, tflops, gbps, fraction, note))
-        log(f"{case.name:<18} {case.shape:<32} {label:<16} {ms:8.3f} ms {tflops:7.1f} TFLOP/s "
-            f"{fraction:6.1%}")
-    return rows
-
-
-def _tuned_rows(case: Case, recorded: _Recorded, trials: int, ceilings: dict, log) -> list[Row]:
-    """A tuning job at the suite kernel's call (its sizes and scalars), then the kernel compiled
-    anew — it reads the records — timed on the same inputs; no row where there is nothing to
-    tune (said why)."""
-    from tensorfuse.errors import TuningError
-
-    args, kwargs = recorded.call
-    bound = bind_call(recorded.kernel.program, args, kwargs, "cuda")
-    try:
-        summary = tf.tune(recorded.kernel, "cuda", trials=trials, progress=False,
-                          scalars=bound.scalars, **bound.dims)
-    except TuningError as exc:
-        log(f"  not tuned: {exc}")
-        return []
-    ms = lambda secs: "?" if secs is None else f"{secs * 1e3:.4f}"   # noqa: E731
-    found = "; ".join(f"{t.name}: {t.trials} trials, {ms(t.default_secs)} -> "
-                      f"{ms(t.best_secs)} ms" + (", defaults kept" if t.kept_defaults else "")
-                      for t in summary.tasks)
-    log(f"  tuned in {summary.seconds:.0f} s: {found}")
-    fresh = tf.compile(recorded.kernel)
-    case.notes[TUNED] = f"tf.tune {trials} trials ({found}); " + fresh.schedule_origin(
-        **bound.dims, **bound.scalars)
-    return _timed(case, {TUNED: lambda: fresh(*args, **kwargs)}, ceilings, log)
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated suite names")
-    parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
-                        help="after each kernel's defaults, tune it (records in this device's "
-                        "database, which tf.compile reads) and time it again")
-    args = parser.parse_args(argv)
-    device = torch.cuda.get_device_name().replace(" ", "_")
-    tuned = "-tuned" if args.tune else ""
-    run([n for n in args.only.split(",") if n] or None, tune=args.tune,
-        csv_path=f"{args.out}/{datetime.date.today()}-{device}-user-kernels{tuned}.csv")
-
-
 if __name__ == "__main__":
-    main()
+    main(SUITE, "user-kernels", __doc__)

@@ -1,0 +1,200 @@
+"""Kernels no issue lists, written as a new user would write them — a CNN's batch-norm statistics
+and 2×2 max pool in NCHW, columns L2-normalised, a router's softmax over 8 experts, rotary
+embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors, an LM head's
+softmax — through ``tf.compile`` defaults against the best torch alternative in the same
+process, each checked against a float64 reference first (the harness of
+:mod:`benchmarks.user_kernels`).
+
+    python -m benchmarks.unlisted_kernels [--only NAME,…] [--tune TRIALS]
+
+Rows: ``benchmark`` = ``user/<name>``; CSV ``benchmarks/results/<date>-<device>-unlisted-kernels.csv``.
+"""
+import torch
+import torch.nn.functional as F
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from benchmarks.common import FLEX, SDPA, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
+from benchmarks.kernel_suite import Case, Recorded, main, rows_case
+
+
+@tf.kernel
+def batch_norm_stats_nchw(x: T.Tensor["B", "C", "H", "W", "bf16"]):
+    """Every channel's mean and variance over the batch and the pixels of NCHW activations: two
+    reduced axes on either side of the kept one."""
+    b, c, h, w = T.axes("b c h w")
+    n = T.size("B") * T.size("H") * T.size("W")
+    mean = T.sum(x[b, c, h, w], over=(b, h, w)) / n
+    var = T.sum((x[b, c, h, w] - mean) * (x[b, c, h, w] - mean), over=(b, h, w)) / n
+    return mean, var
+
+
+@tf.kernel
+def max_pool_2x2(x: T.Tensor["B", "C", "H", "P", "W", "Q", "bf16"]):
+    """A 2×2 max pool of [B, C, 2H, 2W] viewed as [B, C, H, 2, W, 2]."""
+    b, c, i, j, p, q = T.axes("b c i j p q")
+    return T.max(x[b, c, i, p, j, q], over=(p, q))
+
+
+@tf.kernel
+def l2_normalize_columns(x: T.Tensor["N", "D", "bf16"]):
+    """Each column of [N, D] divided by its L2 norm (a reduction down the outer axis)."""
+    n, d = T.axes("n d")
+    return x[n, d] * T.rsqrt(T.sum(x[n, d] * x[n, d], over=n) + 1e-12)
+
+
+@tf.kernel
+def router_softmax(logits: T.Tensor["M", "E", "f32"]):
+    """A mixture-of-experts router's probabilities: rows of 8."""
+    i, e = T.axes("i e")
+    m = T.max(logits[i, e], over=e)
+    p = T.exp(logits[i, e] - m)
+    return p / T.sum(p, over=e)
+
+
+@tf.kernel
+def rotary(x: T.Tensor["B", "S", "H", "D", "bf16"], cos: T.Tensor["S", "D", "f32"],
+           sin: T.Tensor["S", "D", "f32"]):
+    """Rotary embeddings, the rotate-half form: feature d pairs with d ± D/2 (computed in f32,
+    returned in the input's dtype)."""
+    b, s, h, d = T.axes("b s h d")
+    half = T.size("D") // 2
+    other = x[b, s, h, (d + half) % T.size("D")]
+    return T.cast(x[b, s, h, d] * cos[s, d] + T.where(d < half, -other, other) * sin[s, d],
+                  "bf16")
+
+
+@tf.kernel
+def biased_attention_bshd(q: T.Tensor["B", "S", "H", "D", "bf16"],
+                          k: T.Tensor["B", "S", "H", "D", "bf16"],
+                          v: T.Tensor["B", "S", "H", "D", "bf16"],
+                          bias: T.Tensor["H", "S", "S", "bf16"], scale: T.f32):
+    """Attention with a learned relative-position bias per head (T5, Swin) on [B, S, H, D]."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, i, h, d] * k[b, j, h, d], over=d) * scale + bias[h, i, j]
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.sum(p * v[b, j, h, e], over=j) / T.sum(p, over=j)
+
+
+@tf.kernel
+def lm_head_softmax(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["N", "K", "bf16"]):
+    """An LM head's next-token probabilities: a GEMM whose rows are then soft-maxed."""
+    i, j, k = T.axes("i j k")
+    s = T.sum(x[i, k] * w[j, k], over=k)
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return p / T.sum(p, over=j)
+
+
+def _batch_norm_stats_case(generator, B=32, C=256, H=56, W=56) -> Case:
+    """A ResNet stage's NCHW activations; torch's var_mean over (0, 2, 3)."""
+    x = (torch.randn(B, C, H, W, generator=generator) * 2 + 1).to("cuda", torch.bfloat16)
+
+    def eager(t):
+        var, mean = torch.var_mean(t.float() if t.dtype != torch.float64 else t, (0, 2, 3),
+                                   correction=0)
+        return torch.stack([mean, var])
+    f, compiled = Recorded(batch_norm_stats_nchw), torch.compile(eager)
+    return Case("batch_norm_stats_nchw", f"B{B} C{C} H{H} W{W} (over B, H, W)", lambda: f(x),
+                {TORCH_COMPILE: lambda: compiled(x), TORCH_EAGER: lambda: eager(x)},
+                eager(x.double()), lambda out: torch.stack(out),
+                bytes=x.numel() * x.element_size() + 2 * C * 2,
+                notes={TENSORFUSE: f.schedule_origin(B=B, C=C, H=H, W=W)})
+
+
+def _max_pool_case(generator, B=32, C=128, H=56, W=56) -> Case:
+    x = torch.randn(B, C, 2 * H, 2 * W, generator=generator).to("cuda", torch.bfloat16)
+    return rows_case("max_pool_2x2", max_pool_2x2,
+                      lambda t: F.max_pool2d(t.reshape(B, C, 2 * H, 2 * W), 2),
+                      x.view(B, C, H, 2, W, 2), {}, f"B{B} C{C} {2 * H}x{2 * W} -> {H}x{W}")
+
+
+def _l2_columns_case(generator, N=8192, D=4096) -> Case:
+    x = torch.randn(N, D, generator=generator).to("cuda", torch.bfloat16)
+
+    def eager(t):
+        t32 = t.float() if t.dtype != torch.float64 else t
+        return (t32 * torch.rsqrt((t32 * t32).sum(0, keepdim=True) + 1e-12)).to(t.dtype)
+    return rows_case("l2_normalize_columns", l2_normalize_columns, eager, x, {},
+                      f"N{N} D{D} (over N)")
+
+
+def _router_case(generator, M=524288, E=8) -> Case:
+    x = (torch.randn(M, E, generator=generator) * 3).to("cuda", torch.float32)
+    return rows_case("router_softmax", router_softmax, lambda t: torch.softmax(t, -1), x, {},
+                      f"M{M} E{E} f32")
+
+
+def _rotary_case(generator, B=4, S=4096, H=32, D=128) -> Case:
+    x = torch.randn(B, S, H, D, generator=generator).to("cuda", torch.bfloat16)
+    angles = torch.arange(S)[:, None] * 10000.0 ** (-torch.arange(D // 2) / (D // 2))
+    angles = torch.cat([angles, angles], -1)
+    cos, sin = angles.cos().cuda(), angles.sin().cuda()
+
+    def eager(t, c, s):   # transformers' apply_rotary_pos_emb
+        half = t.shape[-1] // 2
+        rotated = torch.cat([-t[..., half:], t[..., :half]], -1)
+        return (t * c[:, None] + rotated * s[:, None]).to(t.dtype)
+    return rows_case("rotary", rotary, eager, x, {"cos": cos, "sin": sin},
+                      f"B{B} S{S} H{H} D{D} [BSHD]")
+
+
+def _biased_attention_case(generator, B=2, S=2048, H=16, D=128) -> Case:
+    """SDPA with the bias as its float mask and FlexAttention with a score_mod reading it, on
+    [B, H, S, D] views of the same tensors."""
+    from benchmarks.attention import compiled_flex
+
+    q, k, v = (torch.randn(B, S, H, D, generator=generator).to("cuda", torch.bfloat16)
+               for _ in range(3))
+    bias = torch.randn(H, S, S, generator=generator).to("cuda", torch.bfloat16)
+    scale = D ** -0.5
+    f = Recorded(biased_attention_bshd)
+    view = (lambda x: x.transpose(1, 2))
+    rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
+    s = view(q)[:, :, rows].double() @ view(k).double().transpose(-1, -2) * scale + \
+        bias[:, rows].double()
+    ref = torch.softmax(s, -1) @ view(v).double()
+    flex = compiled_flex()
+
+    def sdpa():
+        return view(F.scaled_dot_product_attention(view(q), view(k), view(v), attn_mask=bias,
+                                                   scale=scale))
+
+    def biased(score, b, h, i, j):
+        return score + bias[h, i, j]
+    return Case("biased_attention_bshd", f"B{B} S{S} H{H} D{D} [BSHD] + bias[H, S, S]",
+                lambda: f(q, k, v, bias, scale=scale),
+                {SDPA: sdpa,
+                 FLEX: lambda: view(flex(view(q), view(k), view(v), score_mod=biased,
+                                         scale=scale))},
+                ref, lambda out: view(out)[:, :, rows], flops=4 * B * H * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, S=S, H=H, D=D)})
+
+
+def _lm_head_case(generator, M=4096, K=4096, N=32000) -> Case:
+    x = torch.randn(M, K, generator=generator).to("cuda", torch.bfloat16)
+    w = (torch.randn(N, K, generator=generator) * K ** -0.5).to("cuda", torch.bfloat16)
+
+    def eager(a, b):
+        return torch.softmax((a @ b.T).float(), -1).to(a.dtype)
+    f, compiled = Recorded(lm_head_softmax), torch.compile(eager)
+    rows = torch.arange(0, M, 97)
+    return Case("lm_head_softmax", f"M{M} K{K} N{N}", lambda: f(x, w),
+                {TORCH_COMPILE: lambda: compiled(x, w), TORCH_EAGER: lambda: eager(x, w)},
+                torch.softmax(x[rows].double() @ w.double().T, -1), lambda out: out[rows],
+                flops=2 * M * K * N, notes={TENSORFUSE: f.schedule_origin(M=M, K=K, N=N)})
+
+
+UNLISTED = {
+    "batch_norm_stats_nchw": _batch_norm_stats_case,
+    "max_pool_2x2": _max_pool_case,
+    "l2_normalize_columns": _l2_columns_case,
+    "router_softmax": _router_case,
+    "rotary": _rotary_case,
+    "biased_attention_bshd": _biased_attention_case,
+    "lm_head_softmax": _lm_head_case,
+}
+
+if __name__ == "__main__":
+    main(UNLISTED, "unlisted-kernels", __doc__)
