@@ -7,7 +7,8 @@ process, each checked against a float64 reference first (the harness of
 
     python -m benchmarks.unlisted_kernels [--only NAME,…] [--tune TRIALS]
 
-Rows: ``benchmark`` = ``user/<name>``; CSV ``benchmarks/results/<date>-<device>-unlisted-kernels.csv``.
+Rows: ``benchmark`` = ``user/<name>``; CSV
+``benchmarks/results/<date>-<device>-unlisted-kernels.csv``.
 """
 import torch
 import torch.nn.functional as F
@@ -98,7 +99,8 @@ def _batch_norm_stats_case(generator, B=32, C=256, H=56, W=56) -> Case:
     f, compiled = Recorded(batch_norm_stats_nchw), torch.compile(eager)
     return Case("batch_norm_stats_nchw", f"B{B} C{C} H{H} W{W} (over B, H, W)", lambda: f(x),
                 {TORCH_COMPILE: lambda: compiled(x), TORCH_EAGER: lambda: eager(x)},
-                eager(x.double()), lambda out: torch.stack(out),
+                eager(x.double()),
+                lambda out: torch.stack(out) if isinstance(out, tuple) else out,
                 bytes=x.numel() * x.element_size() + 2 * C * 2,
                 notes={TENSORFUSE: f.schedule_origin(B=B, C=C, H=H, W=W)})
 

@@ -176,16 +176,25 @@ def _floor(kernel, spec, fusion, dynamic: "bool | None"):
     return lambda why: _staged(kernel, spec, why, dynamic=dynamic)
 
 
-def _pointwise(kernel, spec, dynamic: "bool | None" = None):
-    """A kernel without reductions (an activation, a mean's gradient) as the elementwise
-    template's one flat pass (:mod:`.schedule_templates.elementwise`); else ``None``."""
+def _pointwise(kernel, spec, dynamic: "bool | None" = None, sizes: dict | None = None):
+    """A kernel without reductions (an activation, a mean's gradient), or whose reductions are
+    over a few elements of literal extents (or extents in ``sizes``: a pooling window), as the
+    elementwise template's one flat pass (:mod:`.schedule_templates.elementwise`, those
+    reductions written out); else ``None``."""
     from .schedule_templates.auto import pointwise
-    from .schedule_templates.elementwise import plan_elementwise
+    from .schedule_templates.elementwise import plan_elementwise, unrolled
     from .targets.triton.elementwise import ElementwiseKernel
 
-    if not _triton_available() or not pointwise(kernel.program):
+    if not _triton_available():
         return None
-    return ElementwiseKernel(plan_elementwise(kernel.program), spec, dynamic)
+    if pointwise(kernel.program):
+        return ElementwiseKernel(plan_elementwise(kernel.program), spec, dynamic)
+    written = unrolled(kernel.program, sizes)
+    if written is None or not pointwise(written[0]):
+        return None
+    made = ElementwiseKernel(plan_elementwise(written[0]), spec, dynamic)
+    made.description += f"; {written[1]}"
+    return made
 
 
 def _scattered(kernel, spec, dynamic: "bool | None" = None):
@@ -217,6 +226,10 @@ def _flattened(kernel, spec, dynamic: "bool | None" = False):
         return None
 
     def make(sizes: dict):
+        # a few elements swept together (a pooling window's rows and columns): written out
+        written = _pointwise(kernel, spec, dynamic, sizes)
+        if written is not None:
+            return written
         flat = flatten_sweeps(program, sizes)
         return _compile(types.SimpleNamespace(program=flat, fn=None, name=flat.name), spec,
                         "auto", dynamic=dynamic)

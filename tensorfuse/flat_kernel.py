@@ -78,8 +78,14 @@ class FlatSweepKernel(GraphCallable):
         return [b for k in self._kernels.values() for b in k.cache_info()]
 
     def schedule_origin(self, **dims) -> str:
-        """How the axes are swept, and the flat kernel's schedule at these sizes."""
-        return f"{self.description}: {self.for_sizes(**dims).schedule_origin(**dims)}"
+        """How the axes are swept, and the flat kernel's schedule at these sizes (or, where they
+        are a few elements written out, that kernel's alone)."""
+        from .targets.triton.elementwise import ElementwiseKernel
+
+        chosen = self.for_sizes(**dims)
+        if isinstance(chosen, ElementwiseKernel):
+            return chosen.schedule_origin(**dims)
+        return f"{self.description}: {chosen.schedule_origin(**dims)}"
 
     def source(self, **dims) -> str:
         return self.for_sizes(**dims).source(**dims)

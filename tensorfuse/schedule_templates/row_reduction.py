@@ -195,7 +195,10 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     if target.kind == "cuda" and SWEPT_BLOCK < cols <= SWEPT_IN_L2 and \
             uncorrected_states(plan) and reloadable(plan):
         return Knobs(block_m=1, block_n=SWEPT_BLOCK, num_warps=16, num_stages=1, reload=0)
-    rows_per_program = max(1, min(16, 2048 // block_n))
+    # about 2048 elements a program (the measured wide rows' tile: 16 × 128 … 2 × 1024); rows
+    # narrower than 128 take more rows, up to the rows there are, not 16 (a router's softmax over
+    # 8 experts of 524288 rows had 32768 programs of 16 rows × 16 columns)
+    rows_per_program = max(1, min(2048 // block_n, 1 << max(0, (plan.rows - 1).bit_length())))
     # 8 warps for a row of 4097-8192 columns in one block: on the H200 (4.25 TB/s) 16 warps held
     # the rows with extra operands to 79-87 % of a copy of their bytes against 91-96 % with 8
     # (the library softmax: 97 % either way); on the H100 16 had measured 0.2-0.8 % ahead

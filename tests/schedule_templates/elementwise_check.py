@@ -2,8 +2,10 @@
 template (:mod:`tensorfuse.schedule_templates.elementwise`) — run by Triton's interpreter against
 float64 references in torch (never the project's lowering), outputs poisoned first, at ragged
 sizes and large value ranges: the gradients of a global average pool and of a mean over tokens
-(broadcasts), a tanh-GELU, a transposing scale and shift, two outputs of one pass, and sizes as
-arguments. Prints each case's relative error as JSON.
+(broadcasts), a tanh-GELU, a transposing scale and shift, two outputs of one pass, sizes as
+arguments, rotary embeddings (a feature read at (d + D/2) % D), and pooling windows written out
+(a 2×2 max of named sizes, a 3×3 mean of literal ones). Prints each case's relative error as
+JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.elementwise_check SEED
 """
@@ -15,6 +17,7 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
+from benchmarks.unlisted_kernels import max_pool_2x2, rotary
 from tests.helpers import relative_error
 
 
@@ -51,6 +54,13 @@ def two_outputs(x: T.Tensor["M", "N", "bf16"], bias: T.Tensor["N", "bf16"]):
     return h * T.sigmoid(h), T.cast(h, "f32")
 
 
+@tf.kernel
+def avg_pool_3x3(x: T.Tensor["B", "C", "H", 3, "W", 3, "bf16"]):
+    """A 3×3 average pool (stride 3) with the window's extents written as literals."""
+    b, c, i, j, p, q = T.axes("b c i j p q")
+    return T.sum(x[b, c, i, p, j, q], over=(p, q)) / 9.0
+
+
 def _random(generator, *shape, width=4.0):
     return (torch.randn(*shape, generator=generator) * width).to(torch.bfloat16)
 
@@ -83,11 +93,33 @@ def two_outputs_case(generator, M=31, N=50):
     return dict(x=x, bias=bias), [h * torch.sigmoid(h), h]
 
 
+def max_pool_case(generator, B=2, C=3, H=5, W=7):
+    x = _random(generator, B, C, 2 * H, 2 * W)
+    return dict(x=x.view(B, C, H, 2, W, 2)), [torch.nn.functional.max_pool2d(x.double(), 2)]
+
+
+def avg_pool_3x3_case(generator, B=2, C=3, H=4, W=5):
+    x = _random(generator, B, C, 3 * H, 3 * W, width=50.0)
+    return dict(x=x.view(B, C, H, 3, W, 3)), [torch.nn.functional.avg_pool2d(x.double(), 3)]
+
+
+def rotary_case(generator, B=2, S=5, H=3, D=12):
+    x = _random(generator, B, S, H, D)
+    cos, sin = torch.rand(S, D, generator=generator), torch.rand(S, D, generator=generator)
+    xd, half = x.double(), D // 2
+    rotated = torch.cat([-xd[..., half:], xd[..., :half]], -1)
+    return dict(x=x, cos=cos, sin=sin), [xd * cos.double()[:, None] +
+                                         rotated * sin.double()[:, None]]
+
+
 CASES = {"avg_pool_backward": (tf.grad(global_avg_pool), avg_pool_case),
          "token_mean_backward": (tf.grad(token_mean), token_mean_case),
          "gelu_tanh": (gelu_tanh, gelu_case),
          "scale_shift_transposed": (scale_shift_transposed, scale_shift_case),
          "two_outputs": (two_outputs, two_outputs_case),
+         "max_pool_2x2": (max_pool_2x2, max_pool_case),
+         "avg_pool_3x3": (avg_pool_3x3, avg_pool_3x3_case),
+         "rotary": (rotary, rotary_case),
          # every size an argument from the first call (tf.compile's dynamic=True)
          "token_mean_backward_sizes_as_arguments": (tf.grad(token_mean), token_mean_case)}
 

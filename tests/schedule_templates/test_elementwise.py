@@ -12,7 +12,9 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.errors import NoTemplateWarning, TargetError
 from tensorfuse.schedule_templates.elementwise import plan_elementwise
-from tests.schedule_templates.elementwise_check import (CASES, gelu_tanh, global_avg_pool,
+from tensorfuse.schedule_templates.elementwise import unrolled
+from tests.schedule_templates.elementwise_check import (CASES, avg_pool_3x3, gelu_tanh,
+                                                        global_avg_pool, max_pool_2x2, rotary,
                                                         token_mean, two_outputs)
 
 
@@ -59,6 +61,51 @@ def test_sm90a_code_loads_and_stores_vectors_along_the_innermost_axis():
     # a broadcast's gradient: its stores are vectors even where its rows are 56 wide
     backward = tf.compile(tf.grad(global_avg_pool), target="cuda:sm_90a")
     assert "st.global.v4" in backward.ptx(B=64, C=256, H=56, W=56)
+
+
+def test_a_feature_read_at_d_plus_half_modulo_d_is_loaded_by_vectors():
+    """Rotary embeddings' partner feature: x[…, (d + D/2) % D] is a remainder of non-negative
+    values, written as Triton's % (its floor-modulo helper hid the contiguity: a load a lane)
+    and loaded once for both branches of its where."""
+    pytest.importorskip("triton", reason="the template generates Triton kernels")
+    made = tf.compile(rotary, target="cuda:sm_90a")
+    sizes = dict(B=4, S=4096, H=32, D=128)
+    assert "_floormod" not in made.source(**sizes).split("def rotary_elementwise")[1]
+    assert made.source(**sizes).count("tl.load(x + ") == 2
+    loads = set(re.findall(r"ld\.global[.\w]*", made.ptx(**sizes)))
+    assert loads == {"ld.global.v4.b32"}
+
+
+@tf.kernel
+def _softmax_of_8(x: T.Tensor["M", 8, "f32"]):
+    i, e = T.axes("i e")
+    m = T.max(x[i, e], over=e)
+    return T.exp(x[i, e] - m) / T.sum(T.exp(x[i, e] - m), over=e)
+
+
+@tf.kernel
+def _window_of_25(x: T.Tensor["M", 25, "f32"]):
+    i, k = T.axes("i k")
+    return T.max(x[i, k], over=k)
+
+
+def test_reductions_over_a_few_elements_are_written_out():
+    """A 3×3 window of literal extents at compile time, a 2×2 one of named sizes at the call's
+    sizes; not a reduction whose terms read another (a softmax of 8) nor one of 25 terms."""
+    pytest.importorskip("triton", reason="the template generates Triton kernels")
+    made = tf.compile(avg_pool_3x3, target="cuda:sm_90a")
+    assert made.schedule_origin(B=2, C=3, H=4, W=5).endswith(
+        "out_sum over p, q written out (9 terms)")
+    pooled = tf.compile(max_pool_2x2, target="cuda:sm_90a")
+    assert pooled.schedule_origin(B=32, C=128, H=56, P=2, W=56, Q=2) == (
+        "elementwise template (one flat pass over the outputs); out_max over p, q written out "
+        "(4 terms)")
+    assert pooled.schedule_origin(B=2, C=3, H=4, P=5, W=6, Q=5).startswith(
+        "p, q swept as one axis")
+    assert unrolled(_softmax_of_8.program) is None
+    assert unrolled(_window_of_25.program) is None
+    program, note = unrolled(max_pool_2x2.program, dict(P=2, Q=2))
+    assert not any(c.is_reduction for c in program.computes) and "4 terms" in note
 
 
 def test_a_size_seen_twice_becomes_an_argument_of_one_build():

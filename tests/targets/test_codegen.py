@@ -51,3 +51,20 @@ def test_rocm_assembly(arch):
     assert f"amdgcn-amd-amdhsa--{arch}" in asm or arch in asm
     assert "v_exp_f32" in asm
     assert "s_endpgm" in asm
+
+
+def test_triton_floor_division_is_plain_only_where_both_sides_are_non_negative():
+    """Triton's // and % truncate; the DSL's floor. Axes, sizes and non-negative literals (and
+    their sums, products, quotients) are ≥ 0, where the two agree: plain operators, which keep
+    the contiguity Triton vectorises by. A difference may be negative: the floor's helper."""
+    from tensorfuse.dsl.expr import Axis, Const, DimSize, binary
+    from tensorfuse.targets.triton.expr import TileContext, nonnegative, to_triton
+
+    d = Axis("d", 128)
+    tile = TileContext(axes={d.uid: "ax_d"}, sizes={"D": 128})
+    half = binary("floordiv", DimSize("D"), Const(2, "i32"))
+    assert to_triton(binary("mod", binary("add", d, half), DimSize("D")), tile) == \
+        "((ax_d + 64) % 128)"
+    shifted = binary("sub", d, Const(64, "i32"))
+    assert not nonnegative(shifted) and not nonnegative(Const(-1, "i32"))
+    assert to_triton(binary("mod", shifted, Const(128, "i32")), tile).startswith("_floormod(")

@@ -66,8 +66,10 @@ def elementwise_source(plan, name: str, sizes: dict, args: list[str]) -> str:
         names[a.uid] = f"ax_{a.name}"
         w(f"ax_{a.name} = rest % {extent(a, sizes)}")
         w(f"rest = rest // {extent(a, sizes)}")
+    # each load and operation bound to a variable once: a value read twice (rotary's partner
+    # feature, in both branches of its where) is loaded once
     tile = TileContext(axes=names, valid={a.uid: "ok" for a in plan.axes}, sizes=sizes,
-                       interpreter=interpreting())
+                       interpreter=interpreting(), emit=w, memo={})
     for c, expr in plan.outputs:   # outputs are contiguous over the plan's axes
         w(f"tl.store(out_{c.name} + (row * ({n}) + ax_{last.name}), "
           f"({to_triton(expr, tile)}).to({TL_DTYPES[c.dtypes[0]]}), mask=ok)")

@@ -124,6 +124,19 @@ def fresh_memo(memo: dict, keep: frozenset = frozenset()) -> dict:
     return {key if key[0] in keep else ("spent", key): name for key, name in memo.items()}
 
 
+def nonnegative(e: Expr) -> bool:
+    """Whether an integer expression is at least 0 at every call: axes, sizes, non-negative
+    integer literals, and their sums, products, minima, maxima, quotients and remainders."""
+    if isinstance(e, (Axis, DimSize)):
+        return True
+    if isinstance(e, Const):
+        return isinstance(e.value, int) and not isinstance(e.value, bool) and e.value >= 0
+    if isinstance(e, Cast):
+        return dt.is_int(dt.resolve(e.dtype)) and nonnegative(e.a)
+    return isinstance(e, Binary) and e.op in ("add", "mul", "floordiv", "mod", "min", "max") \
+        and nonnegative(e.a) and nonnegative(e.b)
+
+
 def to_triton(e: Expr, ctx: TileContext) -> str:
     """Triton source computing ``e`` in ``ctx`` (floating values in f32 unless ``keep_dtype``).
     With ``ctx.emit``, each tile-valued load or operation is bound to a variable once and reused
@@ -173,6 +186,10 @@ def _to_triton(e: Expr, ctx: TileContext) -> str:
         a, b = to_triton(e.a, ctx), to_triton(e.b, ctx)
         if e.op in ("floordiv", "mod") and _is_int_literal(a) and _is_int_literal(b):
             return str(int(a) // int(b) if e.op == "floordiv" else int(a) % int(b))
+        if e.op in ("floordiv", "mod") and nonnegative(e.a) and nonnegative(e.b):
+            # Triton's truncating // and % are the floor's here, and keep the contiguity its
+            # vectoriser reads (rotary's x[…, (d + D/2) % D]: vector loads, not one a lane)
+            return f"({a} {'//' if e.op == 'floordiv' else '%'} {b})"
         if e.op == "div" and dt.is_float(dt.resolve(e.dtype)) and \
                 {x.uid for x in e.b.axes} < {x.uid for x in e.a.axes}:
             # a divisor broadcast over some of the dividend's axes (x[i, j] / t[i], o / l):
