@@ -2,14 +2,16 @@
 rows, not its columns, are neighbours in memory): the user suite's layer norm over the channels
 of ``[B, D, S]``, log-softmax over the channels of ``[B, C, P]``, the max over tokens of
 ``[B, S, D]`` (max-pool's first stage), a group norm's two reduced axes swept as one flat row, and
-RMSNorm's weight gradient (a sum down 8192 rows, its sweep also split into parts) and batch-norm
-statistics of ``[100352, 256]`` (a sweep of 100352 rows over 256 channels, in up to 264 parts);
+RMSNorm's weight gradient (a sum down 8192 rows, its sweep also split into parts), batch-norm
+statistics of ``[100352, 256]`` (a sweep of 100352 rows over 256 channels, in up to 264 parts)
+and the columns of ``[8192, 4096]`` L2-normalised (the outputs along the strided sweep);
 each candidate checked against float64 and timed from a CUDA graph beside ``tf.compile``'s default
 and torch.compile: what ``row_reduction.CONTIGUOUS_ROWS``, its block and the stages of a swept row
 are chosen from.
 
     python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool,group_norm,
-                                                    weight_gradient,channel_stats]
+                                                    weight_gradient,channel_stats,
+                                                    column_norm]
                                             [--tiles] [--out DIR]
 
 ``--tiles``: instead, the whole row in one block with each program sweeping several row tiles,
@@ -27,6 +29,7 @@ import torch
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.common import Row, measure_candidates, relative_error, write_csv
+from benchmarks.unlisted_kernels import l2_normalize_columns
 from benchmarks.user_kernels import (channel_stats, group_norm, layernorm_channels,
                                      log_softmax_channels, max_pool_l2)
 from tensorfuse.schedule_templates.auto import choose, takes_stage
@@ -37,7 +40,7 @@ from tensorfuse.targets import get_target
 
 SPEC = get_target("cuda:sm_90a")
 CASES = ("layernorm", "log_softmax", "max_pool", "group_norm", "weight_gradient",
-         "channel_stats")
+         "channel_stats", "column_norm")
 
 
 def _cases(generator, only):
@@ -106,6 +109,15 @@ def _cases(generator, only):
             return mean, var
         yield ("channel_stats", f"N{N} C{C} (over N)", channel_stats, dict(x=x),
                stats(x.double()), torch.compile(stats), (x,), x.numel() * 2 + 2 * C * 4)
+    if "column_norm" in only:   # columns L2-normalised: the outputs along the strided sweep
+        N, D = 8192, 4096
+        x = torch.randn(N, D, generator=generator).to("cuda", torch.bfloat16)
+
+        def normalised(t):
+            t32 = t.float() if t.dtype != torch.float64 else t
+            return (t32 * torch.rsqrt((t32 * t32).sum(0, keepdim=True) + 1e-12)).to(t.dtype)
+        yield ("column_norm", f"N{N} D{D} (over N)", l2_normalize_columns, dict(x=x),
+               normalised(x.double()), torch.compile(normalised), (x,), 2 * x.numel() * 2)
     if "max_pool" in only:   # the pool stage: the max over S, the tokens strided by D
         B, S, D = 64, 512, 4096
         x = (torch.randn(B, S, D, generator=generator) * 3).to("cuda", torch.bfloat16)

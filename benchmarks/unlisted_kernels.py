@@ -71,7 +71,7 @@ def biased_attention_bshd(q: T.Tensor["B", "S", "H", "D", "bf16"],
                           v: T.Tensor["B", "S", "H", "D", "bf16"],
                           bias: T.Tensor["H", "S", "S", "bf16"], scale: T.f32):
     """Attention with a learned relative-position bias per head (T5, Swin) on [B, S, H, D]."""
-    b, h, i, j, d, e = T.axes("b h i j d e")
+    b, i, h, j, d, e = T.axes("b i h j d e")   # the output's axes in this order: [B, S, H, D]
     s = T.sum(q[b, i, h, d] * k[b, j, h, d], over=d) * scale + bias[h, i, j]
     m = T.max(s, over=j)
     p = T.exp(s - m)

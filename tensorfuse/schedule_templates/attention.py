@@ -48,7 +48,12 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
         return Knobs(block_m=64, block_n=64, num_warps=4, num_stages=3)
     if target.kind == "rocm":
         return Knobs(block_m=128, block_n=64, num_warps=4, num_stages=1)
-    return Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3)
+    knobs = Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3)
+    if target.kind == "cuda" and shared_bytes(plan, knobs) > target.max_shared_memory:
+        # a score reading a tensor by query and key (a bias [H, S, S]) pipelines its tiles too:
+        # three stages of them do not fit an SM at D=128
+        return Knobs(block_m=128, block_n=128, num_warps=8, num_stages=2)
+    return knobs
 
 
 # float32 operands multiply on the FMA units (``input_precision='ieee'``, products as written), not
@@ -128,7 +133,24 @@ def shared_bytes(plan: RowTilePlan, knobs: Knobs) -> int:
     bound with 1. The split (decode) kernels keep one slot fewer and use at least
     :func:`decode_shared_floor`."""
     width, size = _tile_width(plan), _element_size(plan)
-    return knobs.num_stages * knobs.block_n * 2 * width * size + knobs.block_m * width * size
+    return knobs.num_stages * knobs.block_n * 2 * width * size + knobs.block_m * width * size + \
+        max(0, knobs.num_stages - 1) * knobs.block_m * knobs.block_n * _score_tile_bytes(plan)
+
+
+def _score_tile_bytes(plan: RowTilePlan) -> int:
+    """Bytes an element of the tensors the score reads by query and key together (a bias
+    ``[H, S, S]``): Triton pipelines each as a block_m × block_n tile in ``stages - 1`` slots
+    (Triton 3.6, sm_90a, D=128, 128 × 128, 3 stages: 294912 bytes, 65536 over the key, value and
+    query tiles)."""
+    both = {plan.row.uid, plan.col.uid}
+    seen, total = set(), 0
+    for body in (b for m in plan.chain.members for b in plan.chain.bodies[m.name]):
+        for n in nodes(body):
+            if isinstance(n, Load) and both <= {a.uid for a in n.axes} and \
+                    n.param.name not in seen:
+                seen.add(n.param.name)
+                total += 4 if n.param.dtype == "f32" else 2
+    return total
 
 
 def decode_shared_floor(plan: RowTilePlan, knobs: Knobs) -> int:

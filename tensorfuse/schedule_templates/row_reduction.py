@@ -93,6 +93,12 @@ MAX_PARTS = 64
 # ``benchmarks.strided_rows_knobs --tiles``); the log-softmax over C=150 and the max over S=512,
 # held whole in 64-row tiles, gained nothing from several tiles a program
 TILED_CONTIGUOUS = (32, 8, 4, 2)   # rows, warps, stages, row tiles a program
+# A strided sweep of 4096 elements or more (16+ blocks): blocks of 256 with the loads of three
+# ahead. The columns of [8192, 4096] L2-normalised (the sweep down 8192 rows, then the outputs
+# along it): 0.056 ms against 0.069 in 32 × 512 blocks, 2 stages; 8 warps or 512-wide blocks
+# with 4 stages 0.056-0.058; torch.compile 0.054 (``benchmarks.strided_rows_knobs --only
+# column_norm``)
+LONG_SWEEP, LONG_SWEPT_CONTIGUOUS = 4096, (32, 256, 4, 4)
 # Rows laid out along the row (softmax, norms, a group norm's flat row) are swept without the
 # pipeline: on the H200 (``benchmarks.rows_sweep --stages``) it took softmax over 2048 × 65536
 # from 82 to 62 % of copy, cross-entropy 73 -> 67 %, layernorm 56 -> 60 %, and the [16384, 8192]
@@ -180,7 +186,8 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
                     2 * row_tiles * SMS:
                 return Knobs(block_m=rows, block_n=block_n, num_warps=warps, num_stages=stages,
                              reload=0, row_tiles=row_tiles)
-            rows, block, warps, stages = SWEPT_CONTIGUOUS
+            rows, block, warps, stages = LONG_SWEPT_CONTIGUOUS if cols >= LONG_SWEEP else \
+                SWEPT_CONTIGUOUS
             return Knobs(block_m=rows, block_n=block, num_warps=warps, num_stages=stages,
                          reload=0)
         return Knobs(block_m=CONTIGUOUS_ROWS, block_n=block_n,

@@ -2,6 +2,8 @@
 those that do not (a softcap, a scale); lookups at other values take the nearest record or the
 defaults, and ``schedule_origin`` says which. The records are committed through the database API
 with times we choose (no GPU here); on the GPU, ``test_tuning_with_the_call_s_scalars`` tunes."""
+from dataclasses import replace
+
 import pytest
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.database import TuningRecord
@@ -344,3 +346,20 @@ def test_a_size_range_is_tuned_at_one_size_per_bucket(monkeypatch):
     (kernels, options), = asked
     assert [(k.name, s) for k, s in kernels] == [
         (name, {"M": 64, "N": n}) for name in ("softmax", "rmsnorm") for n in (4096, 8192)]
+
+
+def test_a_score_tile_read_by_query_and_key_counts_in_the_shared_memory():
+    """A bias [H, S, S] in the score: Triton pipelines its 128 × 128 tiles beside the keys and
+    values, so three stages (294912 bytes: Triton 3.6, sm_90a) do not fit; the template's
+    default takes two, which compile within the SM's shared memory."""
+    pytest.importorskip("triton", reason="the template generates Triton kernels")
+    from benchmarks.unlisted_kernels import biased_attention_bshd
+    from tensorfuse.schedule_templates.attention import shared_bytes
+
+    made = tf.schedule(biased_attention_bshd, "cuda:sm_90a").rolling_update(
+        "m", "out_sum", "out_sum_2", axis="j").apply_template("attention").compile()
+    sizes = dict(B=2, S=2048, H=16, D=128)
+    plan, knobs = made.build({}, **sizes)[:2]
+    assert knobs.num_stages == 2
+    assert shared_bytes(plan, replace(knobs, num_stages=3)) == 294912
+    assert made.compiled(**sizes).metadata.shared == shared_bytes(plan, knobs) == 196608
