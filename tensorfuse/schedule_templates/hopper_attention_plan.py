@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..algebra.exprs import add, const, has_axis, is_const, linear_in, neg, nodes, sub
-from ..dsl.expr import Binary, Const, DimSize, Expr, Load, Ref, Scalar, Unary, Where
+from ..dsl.expr import Axis, Binary, Const, DimSize, Expr, Load, Ref, Scalar, Unary, Where
 from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
@@ -171,6 +171,23 @@ def _refuse(message: str, loc=None) -> ScheduleError:
     return ScheduleError(f"{WHO}: {message}", loc)
 
 
+def _refuse_score_tiles(used: list, chain) -> None:
+    """A score or mask reading a floating tensor indexed by the query and the key axes as they
+    are (a bias [H, S, S]: a tile of it per score tile): this kernel's consumers load it element
+    by element beside the score, where the attention template pipelines its tiles — on the H200
+    at B2 H16 D128, S 2048/4096: 0.346/1.333 ms here, 0.222/0.828 there (FlexAttention
+    0.186/0.730; ``benchmarks.unlisted_kernels``, biased_attention_bshd). A small table read
+    through an expression of both (``table[h, i - j]``) is not refused (not measured)."""
+    both = {chain.axes[2].uid, chain.axes[3].uid}
+    for e in used:
+        for n in nodes(e):
+            plain = {i.uid for i in n.indices if isinstance(i, Axis)} if isinstance(n, Load) \
+                else set()
+            if isinstance(n, Load) and n.param.dtype.startswith(("f", "bf")) and both <= plain:
+                raise _refuse(f"the score reads {n.param.name} by query and key: loaded one "
+                              "element at a time here, as tiles by the attention template")
+
+
 def _reads_dot(e: Expr, dot: str) -> bool:
     return any(isinstance(n, Ref) and n.compute.name == dot for n in nodes(e))
 
@@ -243,6 +260,7 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
     if scale is None:
         scale, key_bias = _key_linear_score(score, chain)
     used = [score] + ([mask] if mask is not None else [])
+    _refuse_score_tiles(used, chain)
     tensors = sorted({(n.param.name, n.param.dtype) for e in used for n in nodes(e)
                       if isinstance(n, Load)})
     extra = sorted({d for e in used for n in nodes(e)

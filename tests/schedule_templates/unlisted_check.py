@@ -1,0 +1,68 @@
+"""Kernels no issue lists (``benchmarks.unlisted_kernels``) as ``tf.compile`` makes them for
+sm_90a, run by Triton's interpreter against float64 references in torch (never the project's
+lowering), at ragged sizes and large value ranges: attention with a bias [H, S, S] on
+[B, S, H, D] (the attention template: the Hopper kernel refuses it), a router's softmax over 8
+experts (many narrow rows a program), the columns of a matrix L2-normalised and NCHW batch-norm
+statistics. Prints each case's relative error as JSON.
+
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.unlisted_check SEED
+"""
+import json
+import os
+import sys
+
+import torch
+
+from benchmarks.unlisted_kernels import (batch_norm_stats_nchw, biased_attention_bshd,
+                                         l2_normalize_columns, router_softmax)
+from tests.helpers import relative_error
+from tests.schedule_templates.staged_floor import _interpreted_stage, interpreted
+
+
+def biased_attention_case(generator, B=2, S=37, H=3, D=16, width=3.0):
+    q, k, v = ((torch.randn(B, S, H, D, generator=generator) * width).bfloat16()
+               for _ in range(3))
+    bias = (torch.randn(H, S, S, generator=generator) * width).bfloat16()
+    qd, kd, vd = (t.double().transpose(1, 2) for t in (q, k, v))
+    s = qd @ kd.transpose(-1, -2) * 0.25 + bias.double()
+    want = (torch.softmax(s, -1) @ vd).transpose(1, 2)
+    return dict(q=q, k=k, v=v, bias=bias, scale=0.25), want
+
+
+def router_case(generator, M=333, E=8):
+    x = torch.randn(M, E, generator=generator) * 20
+    return dict(logits=x), torch.softmax(x.double(), -1)
+
+
+def columns_case(generator, N=300, D=45):
+    x = (torch.randn(N, D, generator=generator) * 4).bfloat16()
+    xd = x.double()
+    return dict(x=x), xd * torch.rsqrt((xd * xd).sum(0, keepdim=True) + 1e-12)
+
+
+def batch_norm_case(generator, B=3, C=5, H=7, W=9):
+    x = (torch.randn(B, C, H, W, generator=generator) * 3 + 2).bfloat16()
+    var, mean = torch.var_mean(x.double(), (0, 2, 3), correction=0)
+    return dict(x=x), torch.stack([mean, var])
+
+
+CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case),
+         "router_softmax": (router_softmax, router_case),
+         "l2_normalize_columns": (l2_normalize_columns, columns_case),
+         "batch_norm_stats_nchw": (batch_norm_stats_nchw, batch_norm_case)}
+
+if __name__ == "__main__":
+    import tensorfuse as tf
+    from tensorfuse.flat_kernel import FlatSweepKernel
+
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    generator = torch.Generator().manual_seed(int(sys.argv[1]))
+    errors = {}
+    for name, (kernel, case) in CASES.items():
+        args, want = case(generator)
+        made = tf.compile(kernel, target="cuda:sm_90a")
+        made = _interpreted_stage(None, made) if isinstance(made, FlatSweepKernel) else \
+            interpreted(kernel)
+        got = made(**args)
+        errors[name] = relative_error(torch.stack(got) if isinstance(got, tuple) else got, want)
+    print(json.dumps(errors))
