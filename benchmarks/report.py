@@ -245,11 +245,6 @@ SECTIONS = (
     ("user-kernels", "Kernels as users write them (their layouts, `tf.compile` defaults)",
      "bf16; each against the best torch alternative on the same tensors (SDPA on views of them)",
      "python -m benchmarks.user_kernels"),
-    ("user-kernels-rows", "Kernels as users write them: the row kernels again",
-     "as above, the suite's row kernels rerun after the row template's defaults changed (row "
-     "tiles a program across a strided axis; fewer parts for few tiles)",
-     "python -m benchmarks.user_kernels --only log_softmax_channels,qk_norm_bshd,"
-     "layernorm_channels,group_norm,max_pool_l2,segment_mean,channel_stats"),
     ("user-kernels-tuned", "Kernels as users write them, tuned",
      "as above, then `tf.tune` at each call's sizes (`tensorfuse tuned`: tf.compile reading "
      "the records; trials a task in its note)", "python -m benchmarks.user_kernels --tune 6"),
@@ -292,6 +287,10 @@ SECTIONS = (
      "bf16; the mean and variance of 256 channels over 100352 rows, the sweep split in 33-264 "
      "parts (over 64 merged in a loop); as the section above",
      "python -m benchmarks.strided_rows_knobs --only channel_stats"),
+    ("strided-rows-knobs-column-norm", "The row template's knobs on column norms",
+     "bf16; the columns of [8192, 4096] L2-normalised (a sweep down the rows, then the outputs "
+     "along it); as the section above", "python -m benchmarks.strided_rows_knobs --only "
+     "column_norm"),
     ("strided-rows-knobs-weight-gradient", "The row template's knobs on a weight gradient",
      "bf16; RMSNorm's d_weight (a sum down the rows), its sweep also split into parts; as the "
      "section above", "python -m benchmarks.strided_rows_knobs --only weight_gradient"),
