@@ -93,8 +93,8 @@ MAX_PARTS = 64
 # ``benchmarks.strided_rows_knobs --tiles``); the log-softmax over C=150 and the max over S=512,
 # held whole in 64-row tiles, gained nothing from several tiles a program
 TILED_CONTIGUOUS = (32, 8, 4, 2)   # rows, warps, stages, row tiles a program
-# A strided sweep of 4096 elements or more (16+ blocks): blocks of 256 with the loads of three
-# ahead. The columns of [8192, 4096] L2-normalised (the sweep down 8192 rows, then the outputs
+# A strided sweep of 4096 elements or more (16+ blocks) whose outputs run along it (so it is not
+# split into parts): blocks of 256 with the loads of three ahead. The columns of [8192, 4096] L2-normalised (the sweep down 8192 rows, then the outputs
 # along it): 0.056 ms against 0.069 in 32 × 512 blocks, 2 stages; 8 warps or 512-wide blocks
 # with 4 stages 0.056-0.058; torch.compile 0.054 (``benchmarks.strided_rows_knobs --only
 # column_norm``)
@@ -186,8 +186,8 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
                     2 * row_tiles * SMS:
                 return Knobs(block_m=rows, block_n=block_n, num_warps=warps, num_stages=stages,
                              reload=0, row_tiles=row_tiles)
-            rows, block, warps, stages = LONG_SWEPT_CONTIGUOUS if cols >= LONG_SWEEP else \
-                SWEPT_CONTIGUOUS
+            long = cols >= LONG_SWEEP and not _splittable(plan, target)
+            rows, block, warps, stages = LONG_SWEPT_CONTIGUOUS if long else SWEPT_CONTIGUOUS
             return Knobs(block_m=rows, block_n=block, num_warps=warps, num_stages=stages,
                          reload=0)
         return Knobs(block_m=CONTIGUOUS_ROWS, block_n=block_n,

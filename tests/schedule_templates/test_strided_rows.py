@@ -88,6 +88,17 @@ def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_ro
     assert knobs_of(channel_stats, N=512, C=4096).splits == 1
 
 
+def test_a_long_strided_sweep_with_outputs_along_it_loads_three_blocks_ahead():
+    """Columns of [8192, 4096] L2-normalised (outputs along the sweep, so not split): blocks of
+    256, 4 stages; a sweep whose outputs are per row keeps the split 32 × 512 tiles."""
+    from benchmarks.unlisted_kernels import l2_normalize_columns
+
+    knobs = knobs_of(l2_normalize_columns, N=8192, D=4096)
+    assert (knobs.block_m, knobs.block_n, knobs.num_stages, knobs.splits) == (32, 256, 4, 1)
+    short = knobs_of(l2_normalize_columns, N=2048, D=4096)
+    assert (short.block_n, short.num_stages) == (512, 2)
+
+
 def test_a_swept_strided_row_loads_its_next_block_while_reducing_one():
     """The 2 stages of a strided row's sweep are Triton's pipeline (asynchronous copies into
     shared memory); a row-major sweep keeps its loads synchronous (the pipeline measured slower
