@@ -89,6 +89,20 @@ def _window_of_25(x: T.Tensor["M", 25, "f32"]):
     return T.max(x[i, k], over=k)
 
 
+def test_a_program_takes_fewer_elements_the_more_tensors_an_element_reads():
+    """One load an element (a pooled gradient's broadcast): 4096 a program; four (rotary, a
+    2×2 window written out): 1024 (the H200 measurements in ``targets.triton.elementwise``)."""
+    from tensorfuse.targets.triton.elementwise import tile_shape
+
+    pooled = tf.compile(tf.grad(global_avg_pool), target="cuda:sm_90a")
+    assert tile_shape(pooled.plan, dict(B=64, C=512, H=56, W=56)) == (64, 64)
+    turned = tf.compile(rotary, target="cuda:sm_90a")
+    assert tile_shape(turned.plan, dict(B=4, S=4096, H=32, D=128)) == (8, 128)
+    sizes = dict(B=32, C=128, H=56, P=2, W=56, Q=2)
+    window = tf.compile(max_pool_2x2, target="cuda:sm_90a").for_sizes(**sizes)
+    assert tile_shape(window.plan, sizes) == (16, 64)
+
+
 def test_reductions_over_a_few_elements_are_written_out():
     """A 3×3 window of literal extents at compile time, a 2×2 one of named sizes at the call's
     sizes; not a reduction whose terms read another (a softmax of 8) nor one of 25 terms."""

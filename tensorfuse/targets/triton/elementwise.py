@@ -20,18 +20,34 @@ from .size_builds import with_size_arguments
 ORIGIN = "elementwise template (one flat pass over the outputs)"
 
 
-ELEMENTS = 2048   # a program's elements (not measured: a memory-bound elementwise pass)
+# A program's elements: 4096 where an element reads one tensor, halved for each doubling of the
+# distinct loads an element makes, at least 1024. On the H200 (bf16; 4 warps; elements 1024 /
+# 2048 / 4096 a program, ms): a global average pool's gradient [64, 512, 56, 56] (one load)
+# 0.076 / 0.063 / 0.058; rotary embeddings [4, 4096, 32, 128] (four) 0.073 / 0.076 / 0.080; a
+# 2×2 max pool written out of [32, 128, 112, 112] (four) 0.072 / 0.120 / 0.123; 8 warps no better
+# (``benchmarks.unlisted_kernels`` and ``user_kernels``, the kernels' tiles varied by hand)
+ELEMENTS, MIN_ELEMENTS = 4096, 1024
+
+
+def distinct_loads(plan) -> int:
+    """The distinct tensor reads an element of the outputs makes."""
+    from ...algebra.exprs import nodes
+    from ...dsl.expr import Load
+
+    return len({n.key() for _, expr in plan.outputs for n in nodes(expr)
+                if isinstance(n, Load)})
 
 
 def tile_shape(plan, sizes: dict, argument: bool = False) -> tuple[int, int]:
     """(rows, columns) of a program's tile: the innermost axis's extent rounded up to a power of
-    two (at most :data:`ELEMENTS`; 128 where the extent is an argument of the source,
-    ``argument``) as columns — loads and stores along it contiguous —, as many rows of the other
-    axes as fill :data:`ELEMENTS`."""
+    two (128 where the extent is an argument of the source, ``argument``) as columns — loads and
+    stores along it contiguous —, as many rows of the other axes as fill the program's elements
+    (:data:`ELEMENTS`, fewer for elements that read several tensors)."""
+    elements = max(MIN_ELEMENTS, ELEMENTS >> (max(1, distinct_loads(plan)) - 1).bit_length())
     last = extent(plan.axes[-1], sizes)
     argument = argument or not isinstance(last, int)
-    columns = 128 if argument else min(ELEMENTS, 1 << (last - 1).bit_length())
-    return max(1, ELEMENTS // columns), columns
+    columns = 128 if argument else min(elements, 1 << (last - 1).bit_length())
+    return max(1, elements // columns), columns
 
 
 def last_is_argument(plan, args: list[str]) -> bool:
