@@ -187,15 +187,17 @@ def _job(kernels, spec, trials, database, trials_per_iter, seed, scalars, dims, 
                 say(f"  {r.name}: {r.settings[1] - r.settings[0]} of {r.settings[1]} knob "
                     "settings need more shared memory or registers than the GPU has: left out")
         stop = threading.Event()
-        with Measurer(tasks, spec, remote, say) as measurer:
+        # Ctrl-C is caught over the timing of the defaults and the best records too: there a
+        # KeyboardInterrupt raised inside a TVM pass comes out as a RuntimeError, a traceback
+        # instead of the interrupted job's status
+        with Measurer(tasks, spec, remote, say) as measurer, _stop_on_ctrl_c(stop, say):
             if remaining > 0:
-                with _stop_on_ctrl_c(stop, say):
-                    try:
-                        _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter,
-                             seed, say, stop, measurer)
-                    except Exception:  # noqa: BLE001 - MetaSchedule re-raises our stop
-                        if not stop.is_set():
-                            raise
+                try:
+                    _run(tasks, results, db, spec, path, remaining, trials, trials_per_iter,
+                         seed, say, stop, measurer)
+                except Exception:  # noqa: BLE001 - MetaSchedule re-raises our stop
+                    if not stop.is_set():
+                        raise
                 if stop.is_set():
                     say("interrupted: what was measured is in the database; run the job again "
                         "to go on from there")
@@ -221,13 +223,14 @@ def _job(kernels, spec, trials, database, trials_per_iter, seed, scalars, dims, 
 
 @contextlib.contextmanager
 def _stop_on_ctrl_c(stop: threading.Event, say):
-    """Ctrl-C asks the job to stop after the batch in flight (its records are then complete);
-    a second Ctrl-C stops at once. Outside the main thread, Ctrl-C is left alone."""
+    """Ctrl-C asks the job to stop after the batch in flight (its records are then complete),
+    or, once the batches are done, after the timing in flight; a second Ctrl-C stops at once.
+    Outside the main thread, Ctrl-C is left alone."""
     def handler(signum, frame):
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        say("stopping after the batch in flight (Ctrl-C again to stop now)")
+        say("stopping after the work in flight (Ctrl-C again to stop now)")
 
     try:
         previous = signal.signal(signal.SIGINT, handler)

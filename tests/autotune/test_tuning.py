@@ -107,7 +107,9 @@ def test_an_interrupted_job_resumes_with_nothing_lost(tmp_path, how):
     job.send_signal(how)
     output = job.communicate(timeout=120)[0]
     if how == signal.SIGINT:
-        assert job.returncode in (130, 0), output
+        # 130 (stopped), 0 (it had finished), or ended by the signal itself where it lands as
+        # the interpreter exits, its handlers gone (what a shell reports as 130 too)
+        assert job.returncode in (130, 0, -signal.SIGINT), output
     kept = _records(db)
     assert 4 <= len(kept) <= TRIALS
     resumed = _job(db, TRIALS)
