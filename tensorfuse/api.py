@@ -179,21 +179,17 @@ def _floor(kernel, spec, fusion, dynamic: "bool | None"):
 def _pointwise(kernel, spec, dynamic: "bool | None" = None, sizes: dict | None = None):
     """A kernel without reductions (an activation, a mean's gradient), or whose reductions are
     over a few elements of literal extents (or extents in ``sizes``: a pooling window), as the
-    elementwise template's one flat pass (:mod:`.schedule_templates.elementwise`, those
-    reductions written out); else ``None``."""
-    from .schedule_templates.auto import pointwise
-    from .schedule_templates.elementwise import plan_elementwise, unrolled
+    elementwise template's one flat pass (:func:`.schedule_templates.elementwise.
+    elementwise_form`, those reductions written out); else ``None``."""
+    from .schedule_templates.elementwise import elementwise_form
     from .targets.triton.elementwise import ElementwiseKernel
 
-    if not _triton_available():
+    form = elementwise_form(kernel.program, sizes) if _triton_available() else None
+    if form is None:
         return None
-    if pointwise(kernel.program):
-        return ElementwiseKernel(plan_elementwise(kernel.program), spec, dynamic)
-    written = unrolled(kernel.program, sizes)
-    if written is None or not pointwise(written[0]):
-        return None
-    made = ElementwiseKernel(plan_elementwise(written[0]), spec, dynamic)
-    made.description += f"; {written[1]}"
+    made = ElementwiseKernel(form[0], spec, dynamic)
+    if form[1]:
+        made.description += f"; {form[1]}"
     return made
 
 

@@ -224,6 +224,15 @@ def make_tasks(kernel, dims: dict, target: TargetSpec,
     return tasks
 
 
+def _refuse_elementwise(kernel, form, target: TargetSpec) -> None:
+    """A :class:`TuningError` where ``tf.compile`` runs ``kernel`` on the elementwise template
+    (``form``: :func:`~tensorfuse.schedule_templates.elementwise.elementwise_form`'s answer)."""
+    if form is not None:
+        how = form[1] or "no reductions"
+        raise TuningError(f"{kernel.name} runs on the elementwise template on {target.name} "
+                          f"({how}), which has no knobs to tune")
+
+
 def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = None) -> TuningTask:
     """The task for ``kernel`` at ``dims`` (and the scalar values ``scalars``, measured with and
     keyed by where they change the plan): the template ``compile`` would use on ``target``."""
@@ -238,17 +247,18 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         if fusion is not None:
             return TuningTask(kernel, dict(dims), target, "cpu_fused", fusion, scalars)
         return TuningTask(kernel, dict(dims), target, "cpu", scalars=scalars)
-    from ..schedule_templates.auto import choose, flat_templated, pointwise, scatters
+    from ..schedule_templates.auto import choose, flat_templated, scatters
+    from ..schedule_templates.elementwise import elementwise_form
 
     if scatters(kernel.program):   # tf.compile's scatter-add template, before any other
         raise TuningError(f"{kernel.name} runs on the scatter-add template on {target.name}, "
                           "which has no knobs to tune")
-    if pointwise(kernel.program):
-        raise TuningError(f"{kernel.name} has no reductions: it runs on the elementwise "
-                          f"template on {target.name}, which has no knobs to tune")
+    _refuse_elementwise(kernel, elementwise_form(kernel.program), target)
     choice = choose(kernel.program, target)
     flat = flat_templated(kernel.program, dims, target) if choice is None else None
     if flat is not None:   # tf.compile runs it swept as one axis: that program is what it tunes
+        # (or, a few elements swept together — a pooling window —, written out)
+        _refuse_elementwise(kernel, elementwise_form(kernel.program, dims), target)
         # (same name and sizes: its records are the ones the flat kernel looks up)
         return make_task(types.SimpleNamespace(program=flat, fn=None, name=flat.name), dims,
                          target, scalars)

@@ -88,18 +88,6 @@ def scatters(program: Program) -> bool:
     return True
 
 
-def pointwise(program: Program) -> bool:
-    """Whether ``program`` runs on the elementwise template (:mod:`.elementwise`: no
-    reductions, outputs over one list of axes)."""
-    from .elementwise import plan_elementwise
-
-    try:
-        plan_elementwise(program)
-    except TargetError:
-        return False
-    return True
-
-
 def sums_down_rows(program: Program, fusion: Fusion) -> bool:
     """Whether the row-tile plan of ``program`` fused by ``fusion`` adds sums down the rows up
     in its pass (:mod:`.column_sums`)."""

@@ -110,3 +110,18 @@ def unrolled(program: Program, sizes: dict | None = None) -> tuple[Program, str]
     return Program(program.name, list(program.params), outputs, outputs,
                    [a for a in program.axes if a.uid not in reduced],
                    list(program.size_constraints), program.loc), "; ".join(notes)
+
+
+def elementwise_form(program: Program, sizes: dict | None = None) -> \
+        tuple[ElementwisePlan, str] | None:
+    """The elementwise plan ``tf.compile`` runs ``program`` by, and a note of the reductions
+    written out for it (empty where it has none; :func:`unrolled`, with ``sizes`` for extents
+    that are not literals); ``None`` where it has no such plan."""
+    written = unrolled(program, sizes) if any(c.is_reduction for c in program.computes) \
+        else (program, "")
+    if written is None:
+        return None
+    try:
+        return plan_elementwise(written[0]), written[1]
+    except TargetError:
+        return None

@@ -121,6 +121,8 @@ def interpreted(kernel):
         made = tf.compile(kernel, target="cuda:sm_90a")
     if isinstance(made, AutoKernel):
         return made.template
+    if not hasattr(made, "stages"):   # one kernel that the interpreter runs as it is
+        return _interpreted_stage(None, made)
     made.kernels = tuple(_interpreted_stage(stage, k)
                          for stage, k in zip(made.stages, made.kernels))
     return made
@@ -138,6 +140,8 @@ def _interpreted_stage(stage, kernel):
                                lambda sizes: kernel.for_sizes(**sizes).template)
     if hasattr(kernel, "template"):
         return kernel.template
+    if stage is None:   # a whole kernel: a flat sweep's or the elementwise template's
+        return kernel
     return tf.compile(types.SimpleNamespace(program=stage.program, fn=None,
                                             name=stage.program.name), target="llvm")
 

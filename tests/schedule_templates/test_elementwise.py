@@ -137,8 +137,16 @@ def test_tuning_it_says_it_has_nothing_to_tune():
     from tensorfuse.errors import TuningError
     from tensorfuse.targets import get_target
 
-    with pytest.raises(TuningError, match="no reductions: it runs on the elementwise template"):
-        make_task(gelu_tanh, dict(M=64, N=128), get_target("cuda:sm_90a"))
+    hopper = get_target("cuda:sm_90a")
+    with pytest.raises(TuningError, match="elementwise template on cuda:sm_90a .no reductions."):
+        make_task(gelu_tanh, dict(M=64, N=128), hopper)
+    # reductions written out: at compile time (literal extents), at the call's sizes (named)
+    with pytest.raises(TuningError, match=r"\(out_sum over p, q written out \(9 terms\)\)"):
+        make_task(avg_pool_3x3, dict(B=2, C=3, H=4, W=5), hopper)
+    with pytest.raises(TuningError, match="out_max over p, q written out .4 terms"):
+        make_task(max_pool_2x2, dict(B=2, C=3, H=4, P=2, W=5, Q=2), hopper)
+    # a 5×5 window is a sweep: tf.compile's flat row kernel, which has knobs
+    assert make_task(max_pool_2x2, dict(B=2, C=3, H=4, P=5, W=5, Q=5), hopper).template
 
 
 def test_programs_match_float64_in_the_triton_interpreter():

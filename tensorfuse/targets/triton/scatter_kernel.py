@@ -37,6 +37,7 @@ class ScatterKernel(GraphCallable):
             [p.name for p in self.program.scalar_params] + ["acc"] + \
             [f"out_{c.name}" for c in self.outputs]
         self._built: dict = {}
+        self._scratch_shapes: dict = {}
         self._calls = None
         self._device_checked = False
         # sizes seen at a second value become arguments (tf.compile's dynamic=)
@@ -147,11 +148,14 @@ class ScatterKernel(GraphCallable):
         """The call's buffers beside its arguments and outputs (``scatter.scratch_shapes``)."""
         import torch
 
-        shapes = scratch_shapes(self.plan, dims)
+        key = tuple(sorted(dims.items()))
+        if key not in self._scratch_shapes:   # decided once per sizes, not on every call
+            self._scratch_shapes[key] = scratch_shapes(self.plan, dims)
+        shapes = self._scratch_shapes[key]
         made = {"acc": torch.zeros(shapes["acc"], dtype=torch.float32, device=device)}
-        if "owner" in shapes:
-            made["owner"] = torch.full(shapes["owner"], slots(self.plan, dims),
-                                       dtype=torch.int32, device=device)
+        if "owner" in shapes:   # no slot claimed: the slots' count, the accumulator's rows
+            made["owner"] = torch.full(shapes["owner"], shapes["acc"][0], dtype=torch.int32,
+                                       device=device)
         return made
 
     def invoke(self, key, args: tuple, kwargs: dict):
