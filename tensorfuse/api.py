@@ -89,6 +89,7 @@ def _compile(kernel, target, template, untemplated: str | None = None,
                                                       nearest=template == "hopper_attention"))
             ahead += contraction_templates(kernel, spec, template_records(
                 tuned_as, "contraction", None, spec, nearest=True), dynamic)
+            ahead = _written_out(kernel, spec, dynamic) + ahead
             return AutoKernel(made, fallback, ahead=ahead,
                               floor=_floor(kernel, spec, fusion, dynamic))
         gemms = contraction_templates(kernel, spec, template_records(
@@ -191,6 +192,18 @@ def _pointwise(kernel, spec, dynamic: "bool | None" = None, sizes: dict | None =
     if form[1]:
         made.description += f"; {form[1]}"
     return made
+
+
+def _written_out(kernel, spec, dynamic: "bool | None" = None) -> tuple:
+    """The route ahead of the templates for a kernel whose reductions may be a few elements (a
+    window: :mod:`.written_out`), or nothing."""
+    from .schedule_templates.elementwise import foldable
+    from .written_out import WrittenOutRoute
+
+    if not foldable(kernel.program):
+        return ()
+    return (WrittenOutRoute(kernel.program, spec,
+                            lambda sizes: _pointwise(kernel, spec, dynamic, sizes)),)
 
 
 def _scattered(kernel, spec, dynamic: "bool | None" = None):
@@ -299,6 +312,8 @@ class AutoKernel(GraphCallable):
             from .errors import TargetError
 
             found = next((k for k in self.ahead if k.fits(scalars or None, **dims)), None)
+            if hasattr(found, "kernel_at"):   # a route holding a kernel per sizes
+                found = found.kernel_at(**dims)
             if found is None:
                 try:
                     self.template.build(**dims)

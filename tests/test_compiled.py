@@ -238,7 +238,7 @@ def _compiled_for_sm80(kernel):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         f = tf.compile(kernel, "cuda:sm_80")
-        f.schedule_origin(B=2, M=8, N=16)
+        f.schedule_origin(B=2, M=32, N=64)
     return f, caught
 
 
@@ -250,14 +250,14 @@ def test_a_gpu_kernel_no_template_takes_says_so_once_and_why():
     f, caught = _compiled_for_sm80(_product_over_two_axes)
     assert [w.category for w in caught] == [NoTemplateWarning]
     assert "no template takes _product_over_two_axes on cuda:sm_80" in str(caught[0].message)
-    origin = f.schedule_origin(B=2, M=8, N=16)
+    origin = f.schedule_origin(B=2, M=32, N=64)
     assert origin == ("TVM's default GPU schedule, unfused (no template takes "
                       "_product_over_two_axes: it has no reductions over one axis to fuse)"), \
         origin
     # the sum's stage is swept over (j, i) as one axis by the row template
     f, caught = _compiled_for_sm80(_over_two_axes)
     assert "no template takes _over_two_axes whole on cuda:sm_80" in str(caught[0].message)
-    assert f.schedule_origin(B=2, M=8, N=16).startswith("staged: 2 kernels")
+    assert f.schedule_origin(B=2, M=32, N=64).startswith("staged: 2 kernels")
 
 
 def test_a_gpu_kernel_no_template_takes_whole_runs_in_stages_and_says_so_once():
@@ -268,7 +268,7 @@ def test_a_gpu_kernel_no_template_takes_whole_runs_in_stages_and_says_so_once():
     f, caught = _compiled_for_sm80(_nested)
     assert [w.category for w in caught] == [NoTemplateWarning]
     assert "no template takes _nested whole on cuda:sm_80" in str(caught[0].message)
-    origin = f.schedule_origin(B=2, M=8, N=16)
+    origin = f.schedule_origin(B=2, M=32, N=64)
     assert origin.startswith("staged: 2 kernels"), origin
     assert "out_sum over j" in origin and "[1] out_sum from x: template defaults" in origin and \
         "[2] out from out_sum: template defaults" in origin

@@ -81,15 +81,13 @@ def unrolled(program: Program, sizes: dict | None = None) -> tuple[Program, str]
         return None
     folds: dict[str, Expr] = {}
     notes = []
+    if not all(_foldable(c) for c in reductions):
+        return None
     for c in reductions:
         extents = [a.extent if isinstance(a.extent, int) else sizes.get(a.extent) for a in c.over]
-        if c.arity != 1 or c.monoid.name not in _FOLDS or \
-                any(not isinstance(e, int) for e in extents) or \
-                math.prod(extents) > UNROLL_TERMS:
+        if any(not isinstance(e, int) for e in extents) or math.prod(extents) > UNROLL_TERMS:
             return None
         body = inline_elementwise(c.bodies[0])
-        if any(isinstance(n, Ref) for n in nodes(body)):
-            return None
         terms = []
         for values in itertools.product(*(range(e) for e in extents)):
             at = {a.uid: Const(v, "i32", c.loc) for a, v in zip(c.over, values)}
@@ -110,6 +108,20 @@ def unrolled(program: Program, sizes: dict | None = None) -> tuple[Program, str]
     return Program(program.name, list(program.params), outputs, outputs,
                    [a for a in program.axes if a.uid not in reduced],
                    list(program.size_constraints), program.loc), "; ".join(notes)
+
+
+def _foldable(c: Compute) -> bool:
+    """Whether reduction ``c`` can be written out as a fold of its terms (at small extents): a
+    sum, product, maximum or minimum of one value whose terms read no other reduction."""
+    return c.arity == 1 and c.monoid.name in _FOLDS and \
+        not any(isinstance(n, Ref) for n in nodes(inline_elementwise(c.bodies[0])))
+
+
+def foldable(program: Program) -> bool:
+    """Whether :func:`unrolled` may write ``program``'s reductions out (at sizes where they are
+    few elements): it has some, and each is foldable."""
+    reductions = [c for c in program.computes if c.is_reduction]
+    return bool(reductions) and all(_foldable(c) for c in reductions)
 
 
 def elementwise_form(program: Program, sizes: dict | None = None) -> \

@@ -4,7 +4,8 @@ float64 references in torch (never the project's lowering), outputs poisoned fir
 sizes and large value ranges: the gradients of a global average pool and of a mean over tokens
 (broadcasts), a tanh-GELU, a transposing scale and shift, two outputs of one pass, sizes as
 arguments, rotary embeddings (a feature read at (d + D/2) % D), and pooling windows written out
-(a 2×2 max of named sizes, a 3×3 mean of literal ones). Prints each case's relative error as
+(a 2×2 max of named sizes, a 3×3 mean of literal ones, maxout over 4 consecutive features and a
+complex magnitude over (real, imaginary) pairs: terms read as one contiguous load). Prints each case's relative error as
 JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.elementwise_check SEED
@@ -17,6 +18,8 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
+from tensorfuse.api import AutoKernel
+from tensorfuse.binding import bind_call
 from benchmarks.unlisted_kernels import max_pool_2x2, rotary
 from tests.helpers import relative_error
 
@@ -61,6 +64,21 @@ def avg_pool_3x3(x: T.Tensor["B", "C", "H", 3, "W", 3, "bf16"]):
     return T.sum(x[b, c, i, p, j, q], over=(p, q)) / 9.0
 
 
+@tf.kernel
+def maxout(x: T.Tensor["M", "N", "K", "bf16"]):
+    """Maxout: the largest of each K consecutive features of [M, N·K] (K=4: the window's four
+    terms read as one contiguous load and split twice)."""
+    i, j, k = T.axes("i j k")
+    return T.max(x[i, j, k], over=k)
+
+
+@tf.kernel
+def complex_magnitude(z: T.Tensor["M", "N", 2, "f32"]):
+    """|z| of complex numbers stored as (real, imaginary) pairs, the torch.view_as_real layout."""
+    i, j, c = T.axes("i j c")
+    return T.sqrt(T.sum(z[i, j, c] * z[i, j, c], over=c))
+
+
 def _random(generator, *shape, width=4.0):
     return (torch.randn(*shape, generator=generator) * width).to(torch.bfloat16)
 
@@ -103,6 +121,16 @@ def avg_pool_3x3_case(generator, B=2, C=3, H=4, W=5):
     return dict(x=x.view(B, C, H, 3, W, 3)), [torch.nn.functional.avg_pool2d(x.double(), 3)]
 
 
+def maxout_case(generator, M=6, N=37, K=4):
+    x = _random(generator, M, N * K, width=30.0)
+    return dict(x=x.view(M, N, K)), [x.double().view(M, N, K).amax(-1)]
+
+
+def complex_magnitude_case(generator, M=5, N=43):
+    z = torch.randn(M, N, 2, generator=generator) * 1e3
+    return dict(z=z), [torch.view_as_complex(z.double()).abs()]
+
+
 def rotary_case(generator, B=2, S=5, H=3, D=12):
     x = _random(generator, B, S, H, D)
     cos, sin = torch.rand(S, D, generator=generator), torch.rand(S, D, generator=generator)
@@ -119,9 +147,13 @@ CASES = {"avg_pool_backward": (tf.grad(global_avg_pool), avg_pool_case),
          "two_outputs": (two_outputs, two_outputs_case),
          "max_pool_2x2": (max_pool_2x2, max_pool_case),
          "avg_pool_3x3": (avg_pool_3x3, avg_pool_3x3_case),
+         "maxout": (maxout, maxout_case),
+         "complex_magnitude": (complex_magnitude, complex_magnitude_case),
          "rotary": (rotary, rotary_case),
          # every size an argument from the first call (tf.compile's dynamic=True)
          "token_mean_backward_sizes_as_arguments": (tf.grad(token_mean), token_mean_case)}
+
+OUT_DTYPES = {"complex_magnitude": torch.float32}
 
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
@@ -131,10 +163,12 @@ if __name__ == "__main__":
         args, wants = case(generator)
         outs = [torch.full(w.shape, float("nan"), dtype=torch.float32 if k else torch.bfloat16)
                 if name == "two_outputs" else torch.full(w.shape, float("nan"),
-                                                         dtype=torch.bfloat16)
+                                                         dtype=OUT_DTYPES.get(name, torch.bfloat16))
                 for k, w in enumerate(wants)]
         made = tf.compile(kernel, target="cuda:sm_90a",
                           dynamic=True if name.endswith("sizes_as_arguments") else None)
+        if isinstance(made, AutoKernel):   # picking among templates needs a GPU: the pick at
+            made = made.for_sizes(**bind_call(kernel.program, (), args, "cpu").dims)   # sizes
         got = made(**args, out=tuple(outs) if len(outs) > 1 else outs[0])
         assert (got if len(outs) > 1 else (got,))[0] is outs[0]
         errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))

@@ -13,9 +13,9 @@ from tensorfuse import dsl as T
 from tensorfuse.errors import NoTemplateWarning, TargetError
 from tensorfuse.schedule_templates.elementwise import plan_elementwise
 from tensorfuse.schedule_templates.elementwise import unrolled
-from tests.schedule_templates.elementwise_check import (CASES, avg_pool_3x3, gelu_tanh,
-                                                        global_avg_pool, max_pool_2x2, rotary,
-                                                        token_mean, two_outputs)
+from tests.schedule_templates.elementwise_check import (CASES, avg_pool_3x3, complex_magnitude,
+                                                        gelu_tanh, global_avg_pool, max_pool_2x2,
+                                                        maxout, rotary, token_mean, two_outputs)
 
 
 def test_the_plan_inlines_intermediates_and_keeps_the_outputs_axes():
@@ -120,6 +120,40 @@ def test_reductions_over_a_few_elements_are_written_out():
     assert unrolled(_window_of_25.program) is None
     program, note = unrolled(max_pool_2x2.program, dict(P=2, Q=2))
     assert not any(c.is_reduction for c in program.computes) and "4 terms" in note
+
+
+def test_one_small_reduction_of_a_named_extent_is_written_out_at_the_sizes_that_allow_it():
+    """Maxout (the max of each K consecutive features): K=4 written out, K=64 the row template's
+    sweep — both from one tf.compile; a literal pair (|z| of (real, imaginary)) too, ahead of
+    the row template that also takes it."""
+    pytest.importorskip("triton", reason="the template generates Triton kernels")
+    made = tf.compile(maxout, target="cuda:sm_90a")
+    assert made.schedule_origin(M=64, N=128, K=4).endswith("out_max over k written out (4 terms)")
+    assert made.schedule_origin(M=64, N=128, K=64) == "template defaults"
+    assert "tl.split" not in made.source(M=64, N=128, K=64)
+    pairs = tf.compile(complex_magnitude, target="cuda:sm_90a")
+    assert pairs.schedule_origin(M=64, N=4096).endswith("out_sum over c written out (2 terms)")
+
+
+def test_a_windows_terms_along_the_innermost_axis_are_one_contiguous_load_split_in_registers():
+    """A 2×2 window's columns x[…, j, 0] and x[…, j, 1] (each alone a load every other element,
+    one element a lane): one load of the tile's 2·columns elements, split in two; maxout's four
+    terms: one load split twice. Vector loads on sm_90a and gfx942."""
+    pytest.importorskip("triton", reason="the template generates Triton kernels")
+    sizes = dict(B=32, C=128, H=56, P=2, W=56, Q=2)
+    pooled = tf.compile(max_pool_2x2, target="cuda:sm_90a").for_sizes(**sizes)
+    source = pooled.source(**sizes)
+    assert source.count("tl.load(") == 2 and source.count("tl.split(") == 2   # one a row pair
+    loads = set(re.findall(r"ld\.global[.\w]*", pooled.ptx(**sizes)))
+    assert loads == {"ld.global.v4.b32"}, loads
+    window = tf.compile(maxout, target="cuda:sm_90a").for_sizes(M=64, N=1024, K=4)
+    source = window.source(M=64, N=1024, K=4)
+    assert source.count("tl.load(") == 1 and source.count("tl.split(") == 3
+    assert set(re.findall(r"ld\.global[.\w]*", window.ptx(M=64, N=1024, K=4))) == \
+        {"ld.global.v4.b32"}
+    amd = tf.compile(max_pool_2x2, target="rocm:gfx942").for_sizes(**sizes)
+    assembly = amd.compiled(**sizes).asm["amdgcn"]
+    assert "global_load_dwordx4" in assembly and "global_load_ushort" not in assembly
 
 
 def test_a_size_seen_twice_becomes_an_argument_of_one_build():
