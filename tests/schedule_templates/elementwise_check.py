@@ -4,7 +4,7 @@ float64 references in torch (never the project's lowering), outputs poisoned fir
 sizes and large value ranges: the gradients of a global average pool and of a mean over tokens
 (broadcasts), a tanh-GELU, a transposing scale and shift, two outputs of one pass, sizes as
 arguments, rotary embeddings (a feature read at (d + D/2) % D), and pooling windows written out
-(a 2×2 max of named sizes, a 3×3 mean of literal ones, maxout over 4 consecutive features and a
+(a 2×2 max of named sizes, a 3×3 mean of literal ones, maxout over 4 and 16 consecutive features and a
 complex magnitude over (real, imaginary) pairs: terms read as one contiguous load). Prints each case's relative error as
 JSON.
 
@@ -148,6 +148,7 @@ CASES = {"avg_pool_backward": (tf.grad(global_avg_pool), avg_pool_case),
          "max_pool_2x2": (max_pool_2x2, max_pool_case),
          "avg_pool_3x3": (avg_pool_3x3, avg_pool_3x3_case),
          "maxout": (maxout, maxout_case),
+         "maxout_of_16": (maxout, lambda generator: maxout_case(generator, M=3, N=21, K=16)),
          "complex_magnitude": (complex_magnitude, complex_magnitude_case),
          "rotary": (rotary, rotary_case),
          # every size an argument from the first call (tf.compile's dynamic=True)

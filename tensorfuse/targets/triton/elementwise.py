@@ -37,7 +37,7 @@ ELEMENTS, MIN_ELEMENTS = 4096, 1024
 # columns × extent elements split into the terms in registers: each term alone strides by the
 # extent, one element a lane (a 2×2 max pool of [32, 128, 112, 112] on the H200: 0.072 → 0.037
 # ms; torch.compile 0.044 — ``benchmarks.unlisted_kernels``)
-INTERLEAVED_MAX = 8
+INTERLEAVED_MAX = 16
 
 
 def interleaved_loads(plan, sizes: dict) -> list[tuple[Load, int, dict]]:
