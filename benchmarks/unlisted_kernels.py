@@ -1,5 +1,5 @@
 """Kernels no issue lists, written as a new user would write them — a CNN's batch-norm statistics
-and 2×2 max pool in NCHW, columns L2-normalised, a router's softmax over 8 experts, rotary
+and 2×2 max pool in NCHW, maxout over 4 features, columns L2-normalised, a router's softmax over 8 experts, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors, an LM head's
 softmax — through ``tf.compile`` defaults against the best torch alternative in the same
 process, each checked against a float64 reference first (the harness of
@@ -35,6 +35,13 @@ def max_pool_2x2(x: T.Tensor["B", "C", "H", "P", "W", "Q", "bf16"]):
     """A 2×2 max pool of [B, C, 2H, 2W] viewed as [B, C, H, 2, W, 2]."""
     b, c, i, j, p, q = T.axes("b c i j p q")
     return T.max(x[b, c, i, p, j, q], over=(p, q))
+
+
+@tf.kernel
+def maxout(x: T.Tensor["M", "N", "K", "bf16"]):
+    """Maxout: the largest of each K consecutive features of [M, N·K], viewed as [M, N, K]."""
+    i, j, k = T.axes("i j k")
+    return T.max(x[i, j, k], over=k)
 
 
 @tf.kernel
@@ -110,6 +117,12 @@ def _max_pool_case(generator, B=32, C=128, H=56, W=56) -> Case:
     return rows_case("max_pool_2x2", max_pool_2x2,
                       lambda t: F.max_pool2d(t.reshape(B, C, 2 * H, 2 * W), 2),
                       x.view(B, C, H, 2, W, 2), {}, f"B{B} C{C} {2 * H}x{2 * W} -> {H}x{W}")
+
+
+def _maxout_case(generator, M=8192, N=3584, K=4) -> Case:
+    x = torch.randn(M, N * K, generator=generator).to("cuda", torch.bfloat16)
+    return rows_case("maxout", maxout, lambda t: t.amax(-1),
+                     x.view(M, N, K), {}, f"M{M} N{N} K{K} (max of each {K} features)")
 
 
 def _l2_columns_case(generator, N=8192, D=4096) -> Case:
@@ -191,6 +204,7 @@ def _lm_head_case(generator, M=4096, K=4096, N=32000) -> Case:
 UNLISTED = {
     "batch_norm_stats_nchw": _batch_norm_stats_case,
     "max_pool_2x2": _max_pool_case,
+    "maxout": _maxout_case,
     "l2_normalize_columns": _l2_columns_case,
     "router_softmax": _router_case,
     "rotary": _rotary_case,

@@ -20,7 +20,7 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.api import AutoKernel
 from tensorfuse.binding import bind_call
-from benchmarks.unlisted_kernels import max_pool_2x2, rotary
+from benchmarks.unlisted_kernels import max_pool_2x2, maxout, rotary
 from tests.helpers import relative_error
 
 
@@ -62,14 +62,6 @@ def avg_pool_3x3(x: T.Tensor["B", "C", "H", 3, "W", 3, "bf16"]):
     """A 3×3 average pool (stride 3) with the window's extents written as literals."""
     b, c, i, j, p, q = T.axes("b c i j p q")
     return T.sum(x[b, c, i, p, j, q], over=(p, q)) / 9.0
-
-
-@tf.kernel
-def maxout(x: T.Tensor["M", "N", "K", "bf16"]):
-    """Maxout: the largest of each K consecutive features of [M, N·K] (K=4: the window's four
-    terms read as one contiguous load and split twice)."""
-    i, j, k = T.axes("i j k")
-    return T.max(x[i, j, k], over=k)
 
 
 @tf.kernel
