@@ -4,14 +4,15 @@ of ``[B, D, S]``, log-softmax over the channels of ``[B, C, P]``, the max over t
 ``[B, S, D]`` (max-pool's first stage), a group norm's two reduced axes swept as one flat row, and
 RMSNorm's weight gradient (a sum down 8192 rows, its sweep also split into parts), batch-norm
 statistics of ``[100352, 256]`` (a sweep of 100352 rows over 256 channels, in up to 264 parts)
-and the columns of ``[8192, 4096]`` L2-normalised (the outputs along the strided sweep);
+the columns of ``[8192, 4096]`` L2-normalised (the outputs along the strided sweep) and a masked
+mean over the 2048 tokens of ``[32, 2048, 1024]`` (rows (b, d), its count recomputed per row);
 each candidate checked against float64 and timed from a CUDA graph beside ``tf.compile``'s default
 and torch.compile: what ``row_reduction.CONTIGUOUS_ROWS``, its block and the stages of a swept row
 are chosen from.
 
     python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool,group_norm,
                                                     weight_gradient,channel_stats,
-                                                    column_norm]
+                                                    column_norm,masked_mean]
                                             [--tiles] [--out DIR]
 
 ``--tiles``: instead, the whole row in one block with each program sweeping several row tiles,
@@ -29,7 +30,8 @@ import torch
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.common import Row, measure_candidates, relative_error, write_csv
-from benchmarks.unlisted_kernels import l2_normalize_columns
+from benchmarks.unlisted_kernels import l2_normalize_columns, masked_mean_pool
+from tensorfuse.schedule_templates.widened_rows import widened
 from benchmarks.user_kernels import (channel_stats, group_norm, layernorm_channels,
                                      log_softmax_channels, max_pool_l2)
 from tensorfuse.schedule_templates.auto import choose, takes_stage
@@ -40,7 +42,7 @@ from tensorfuse.targets import get_target
 
 SPEC = get_target("cuda:sm_90a")
 CASES = ("layernorm", "log_softmax", "max_pool", "group_norm", "weight_gradient",
-         "channel_stats", "column_norm")
+         "channel_stats", "column_norm", "masked_mean")
 
 
 def _cases(generator, only):
@@ -118,6 +120,20 @@ def _cases(generator, only):
             return (t32 * torch.rsqrt((t32 * t32).sum(0, keepdim=True) + 1e-12)).to(t.dtype)
         yield ("column_norm", f"N{N} D{D} (over N)", l2_normalize_columns, dict(x=x),
                normalised(x.double()), torch.compile(normalised), (x,), 2 * x.numel() * 2)
+    if "masked_mean" in only:   # a sweep of 2048 tokens for rows (b, d): the widened program
+        B, S, D = 32, 2048, 1024
+        x = torch.randn(B, S, D, generator=generator).to("cuda", torch.bfloat16)
+        lengths = torch.randint(S // 4, S + 1, (B,), generator=generator)
+        mask = (torch.arange(S)[None, :] < lengths[:, None]).to("cuda", torch.bfloat16)
+        rows = widened(masked_mean_pool.program)[0]
+        stage = types.SimpleNamespace(program=rows, fn=None, name=rows.name)
+
+        def mean(t, m):
+            t32 = t.float() if t.dtype != torch.float64 else t
+            return ((t32 * m.to(t32.dtype)[..., None]).sum(1) / m.to(t32.dtype).sum(1, True))
+        yield ("masked_mean", f"B{B} S{S} D{D} (over S)", stage, dict(x=x, mask=mask),
+               mean(x.double(), mask.double()), torch.compile(mean), (x, mask),
+               x.numel() * 2 + B * D * 2)
     if "max_pool" in only:   # the pool stage: the max over S, the tokens strided by D
         B, S, D = 64, 512, 4096
         x = (torch.randn(B, S, D, generator=generator) * 3).to("cuda", torch.bfloat16)

@@ -1,5 +1,6 @@
 """Kernels no issue lists, written as a new user would write them — a CNN's batch-norm statistics
-and 2×2 max pool in NCHW, maxout over 4 features, columns L2-normalised, a router's softmax over 8 experts, rotary
+and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens, columns
+L2-normalised, a router's softmax over 8 experts, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors, an LM head's
 softmax — through ``tf.compile`` defaults against the best torch alternative in the same
 process, each checked against a float64 reference first (the harness of
@@ -42,6 +43,13 @@ def maxout(x: T.Tensor["M", "N", "K", "bf16"]):
     """Maxout: the largest of each K consecutive features of [M, N·K], viewed as [M, N, K]."""
     i, j, k = T.axes("i j k")
     return T.max(x[i, j, k], over=k)
+
+
+@tf.kernel
+def masked_mean_pool(x: T.Tensor["B", "S", "D", "bf16"], mask: T.Tensor["B", "S", "bf16"]):
+    """A sentence embedding: the mean of the tokens' features where the attention mask is 1."""
+    b, s, d = T.axes("b s d")
+    return T.sum(x[b, s, d] * mask[b, s], over=s) / T.sum(mask[b, s], over=s)
 
 
 @tf.kernel
@@ -125,6 +133,19 @@ def _maxout_case(generator, M=8192, N=3584, K=4) -> Case:
                      x.view(M, N, K), {}, f"M{M} N{N} K{K} (max of each {K} features)")
 
 
+def _masked_mean_case(generator, B=32, S=2048, D=1024) -> Case:
+    x = torch.randn(B, S, D, generator=generator).to("cuda", torch.bfloat16)
+    lengths = torch.randint(S // 4, S + 1, (B,), generator=generator)
+    mask = (torch.arange(S)[None, :] < lengths[:, None]).to("cuda", torch.bfloat16)
+
+    def eager(t, m):
+        t32 = t.float() if t.dtype != torch.float64 else t
+        m32 = m.to(t32.dtype)
+        return ((t32 * m32[..., None]).sum(1) / m32.sum(1, keepdim=True)).to(t.dtype)
+    return rows_case("masked_mean_pool", masked_mean_pool, eager, x, {"mask": mask},
+                     f"B{B} S{S} D{D} (over S, ragged lengths)")
+
+
 def _l2_columns_case(generator, N=8192, D=4096) -> Case:
     x = torch.randn(N, D, generator=generator).to("cuda", torch.bfloat16)
 
@@ -205,6 +226,7 @@ UNLISTED = {
     "batch_norm_stats_nchw": _batch_norm_stats_case,
     "max_pool_2x2": _max_pool_case,
     "maxout": _maxout_case,
+    "masked_mean_pool": _masked_mean_case,
     "l2_normalize_columns": _l2_columns_case,
     "router_softmax": _router_case,
     "rotary": _rotary_case,

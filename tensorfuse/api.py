@@ -71,6 +71,9 @@ def _compile(kernel, target, template, untemplated: str | None = None,
         scattered = _scattered(kernel, spec, dynamic) if spec.is_gpu else None
         if scattered is not None:
             return scattered
+        rows = _widened(kernel, spec, dynamic) if spec.is_gpu else None
+        if rows is not None:
+            return rows
         choice = choose(program, spec)
         if choice is not None and _triton_available():
             name, fusion = choice
@@ -192,6 +195,24 @@ def _pointwise(kernel, spec, dynamic: "bool | None" = None, sizes: dict | None =
     if form[1]:
         made.description += f"; {form[1]}"
     return made
+
+
+def _widened(kernel, spec, dynamic: "bool | None" = None):
+    """A kernel whose chain reads tensors alone for the axes only some members have (a masked
+    mean: :mod:`.schedule_templates.widened_rows`) compiled with those axes as rows; else
+    ``None``."""
+    import types
+
+    from .schedule_templates.widened_rows import widened
+    from .widened_kernel import RewrittenKernel
+
+    found = widened(kernel.program) if _triton_available() else None
+    if found is None:
+        return None
+    program, note = found
+    inner = _compile(types.SimpleNamespace(program=program, fn=None, name=program.name), spec,
+                     "auto", dynamic=dynamic)
+    return RewrittenKernel(kernel.program, inner, note)
 
 
 def _written_out(kernel, spec, dynamic: "bool | None" = None) -> tuple:

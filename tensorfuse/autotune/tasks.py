@@ -249,11 +249,17 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         return TuningTask(kernel, dict(dims), target, "cpu", scalars=scalars)
     from ..schedule_templates.auto import choose, flat_templated, scatters
     from ..schedule_templates.elementwise import elementwise_form
+    from ..schedule_templates.widened_rows import widened
 
     if scatters(kernel.program):   # tf.compile's scatter-add template, before any other
         raise TuningError(f"{kernel.name} runs on the scatter-add template on {target.name}, "
                           "which has no knobs to tune")
-    _refuse_elementwise(kernel, elementwise_form(kernel.program), target)
+    # reductions written out at these sizes (literal extents, or a window's named ones)
+    _refuse_elementwise(kernel, elementwise_form(kernel.program, dims), target)
+    rows = widened(kernel.program)
+    if rows is not None:   # tf.compile runs the chain as rows of that program (same name)
+        return make_task(types.SimpleNamespace(program=rows[0], fn=None, name=rows[0].name),
+                         dims, target, scalars)
     choice = choose(kernel.program, target)
     flat = flat_templated(kernel.program, dims, target) if choice is None else None
     if flat is not None:   # tf.compile runs it swept as one axis: that program is what it tunes

@@ -99,6 +99,12 @@ TILED_CONTIGUOUS = (32, 8, 4, 2)   # rows, warps, stages, row tiles a program
 # with 4 stages 0.056-0.058; torch.compile 0.054 (``benchmarks.strided_rows_knobs --only
 # column_norm``)
 LONG_SWEEP, LONG_SWEPT_CONTIGUOUS = 4096, (32, 256, 4, 4)
+# A strided sweep too long to hold whose outputs are one value a row (a masked mean over 2048
+# tokens of [32, 2048, 1024], rows (b, d)): blocks of 128 by 8 warps, unpipelined — 0.041 ms
+# against 0.069 in the 32 × 512 blocks of 2 stages above, 0.044 with 3-4 stages, 64-row tiles
+# 0.044-0.047; torch.compile 0.056 (``benchmarks.strided_rows_knobs --only masked_mean``). Rows
+# whose outputs run along them lost with it (layer norm over D=1024: 0.104 against 0.051)
+SWEPT_PER_ROW = (32, 128, 8, 1)
 # Rows laid out along the row (softmax, norms, a group norm's flat row) are swept without the
 # pipeline: on the H200 (``benchmarks.rows_sweep --stages``) it took softmax over 2048 × 65536
 # from 82 to 62 % of copy, cross-entropy 73 -> 67 %, layernorm 56 -> 60 %, and the [16384, 8192]
@@ -187,7 +193,12 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
                 return Knobs(block_m=rows, block_n=block_n, num_warps=warps, num_stages=stages,
                              reload=0, row_tiles=row_tiles)
             long = cols >= LONG_SWEEP and not _splittable(plan, target)
-            rows, block, warps, stages = LONG_SWEPT_CONTIGUOUS if long else SWEPT_CONTIGUOUS
+            # (not a sweep of so few tiles that it is split into parts: batch-norm statistics'
+            # 32 × 512 blocks in 33 parts were measured, below)
+            per_row = all(kind == "row" for _, _, kind in plan.outputs) and math.prod(grid(
+                plan, Knobs(block_m=SWEPT_PER_ROW[0], block_n=SWEPT_PER_ROW[1]))) >= SMS
+            rows, block, warps, stages = LONG_SWEPT_CONTIGUOUS if long else \
+                SWEPT_PER_ROW if per_row else SWEPT_CONTIGUOUS
             return Knobs(block_m=rows, block_n=block, num_warps=warps, num_stages=stages,
                          reload=0)
         return Knobs(block_m=CONTIGUOUS_ROWS, block_n=block_n,

@@ -201,3 +201,14 @@ def test_programs_match_float64_on_the_gpu(name):
     got = got if isinstance(got, tuple) else (got,)
     for g, w in zip(got, wants):
         assert relative_error(g, w.cuda()) < 2e-2, seed
+
+
+def test_tuning_refuses_a_window_written_out_at_the_jobs_sizes_and_tunes_a_wide_one():
+    from tensorfuse.autotune.tasks import make_task
+    from tensorfuse.errors import TuningError
+    from tensorfuse.targets import get_target
+
+    hopper = get_target("cuda:sm_90a")
+    with pytest.raises(TuningError, match="out_max over k written out .4 terms"):
+        make_task(maxout, dict(M=64, N=128, K=4), hopper)
+    assert make_task(maxout, dict(M=64, N=128, K=64), hopper).template == "row_reduction"

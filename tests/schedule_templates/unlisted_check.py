@@ -3,7 +3,8 @@ sm_90a, run by Triton's interpreter against float64 references in torch (never t
 lowering), at ragged sizes and large value ranges: attention with a bias [H, S, S] on
 [B, S, H, D] (the attention template: the Hopper kernel refuses it), a router's softmax over 8
 experts (many narrow rows a program), the columns of a matrix L2-normalised and NCHW batch-norm
-statistics. Outputs are poisoned (NaN) before each run. Prints each case's relative error as JSON.
+statistics, a masked mean over tokens (its count recomputed along the features: rows, not a
+carried feature axis). Outputs are poisoned (NaN) before each run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.unlisted_check SEED
 """
@@ -14,7 +15,7 @@ import sys
 import torch
 
 from benchmarks.unlisted_kernels import (batch_norm_stats_nchw, biased_attention_bshd,
-                                         l2_normalize_columns, router_softmax)
+                                         l2_normalize_columns, masked_mean_pool, router_softmax)
 from tests.helpers import relative_error
 from tests.schedule_templates.staged_floor import interpreted
 
@@ -46,10 +47,20 @@ def batch_norm_case(generator, B=3, C=5, H=7, W=9):
     return dict(x=x), torch.stack([mean, var])
 
 
+def masked_mean_case(generator, B=3, S=37, D=300):
+    """D=300: the rows (b, d) in ragged tiles; lengths 1 to S."""
+    x = (torch.randn(B, S, D, generator=generator) * 4 + 2).bfloat16()
+    lengths = torch.randint(1, S + 1, (B,), generator=generator)
+    mask = (torch.arange(S)[None, :] < lengths[:, None]).bfloat16()
+    xd, md = x.double(), mask.double()
+    return dict(x=x, mask=mask), (xd * md[..., None]).sum(1) / md.sum(1, keepdim=True)
+
+
 CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case),
          "router_softmax": (router_softmax, router_case),
          "l2_normalize_columns": (l2_normalize_columns, columns_case),
-         "batch_norm_stats_nchw": (batch_norm_stats_nchw, batch_norm_case)}
+         "batch_norm_stats_nchw": (batch_norm_stats_nchw, batch_norm_case),
+         "masked_mean_pool": (masked_mean_pool, masked_mean_case)}
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
