@@ -1,6 +1,6 @@
 """Kernels no issue lists, written as a new user would write them — a CNN's batch-norm statistics
-and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens, columns
-L2-normalised, a router's softmax over 8 experts, rotary
+and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens, Mamba's causal
+depthwise convolution, columns L2-normalised, a router's softmax over 8 experts, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors, an LM head's
 softmax — through ``tf.compile`` defaults against the best torch alternative in the same
 process, each checked against a float64 reference first (the harness of
@@ -50,6 +50,15 @@ def masked_mean_pool(x: T.Tensor["B", "S", "D", "bf16"], mask: T.Tensor["B", "S"
     """A sentence embedding: the mean of the tokens' features where the attention mask is 1."""
     b, s, d = T.axes("b s d")
     return T.sum(x[b, s, d] * mask[b, s], over=s) / T.sum(mask[b, s], over=s)
+
+
+@tf.kernel
+def causal_conv1d(x: T.Tensor["B", "C", "L", "bf16"], w: T.Tensor["C", "K", "bf16"]):
+    """Mamba's short convolution: each channel of [B, C, L] convolved causally with its own K
+    taps (the taps before the sequence's start are zeros)."""
+    b, c, k = T.axes("b c k")
+    t = T.axis("t", "L")
+    return T.sum(T.where(t >= k, x[b, c, t - k], 0.0) * w[c, k], over=k)
 
 
 @tf.kernel
@@ -146,6 +155,16 @@ def _masked_mean_case(generator, B=32, S=2048, D=1024) -> Case:
                      f"B{B} S{S} D{D} (over S, ragged lengths)")
 
 
+def _causal_conv_case(generator, B=8, C=4096, L=2048, K=4) -> Case:
+    x = torch.randn(B, C, L, generator=generator).to("cuda", torch.bfloat16)
+    w = torch.randn(C, K, generator=generator).to("cuda", torch.bfloat16)
+
+    def eager(t, taps):   # out[t] = Σ_k w[k]·x[t − k]: conv1d's correlation with flipped taps
+        return F.conv1d(F.pad(t, (K - 1, 0)), taps.flip(-1)[:, None, :], groups=C)
+    return rows_case("causal_conv1d", causal_conv1d, eager, x, {"w": w},
+                     f"B{B} C{C} L{L} K{K} (depthwise, causal)")
+
+
 def _l2_columns_case(generator, N=8192, D=4096) -> Case:
     x = torch.randn(N, D, generator=generator).to("cuda", torch.bfloat16)
 
@@ -227,6 +246,7 @@ UNLISTED = {
     "max_pool_2x2": _max_pool_case,
     "maxout": _maxout_case,
     "masked_mean_pool": _masked_mean_case,
+    "causal_conv1d": _causal_conv_case,
     "l2_normalize_columns": _l2_columns_case,
     "router_softmax": _router_case,
     "rotary": _rotary_case,

@@ -212,3 +212,28 @@ def test_tuning_refuses_a_window_written_out_at_the_jobs_sizes_and_tunes_a_wide_
     with pytest.raises(TuningError, match="out_max over k written out .4 terms"):
         make_task(maxout, dict(M=64, N=128, K=4), hopper)
     assert make_task(maxout, dict(M=64, N=128, K=64), hopper).template == "row_reduction"
+
+
+def test_a_shifted_read_under_a_where_is_masked_inside_its_tensor():
+    """Mamba's causal convolution reads x[b, c, t - k] where t >= k selects it: at t < k that
+    element is outside the tensor (before its start, for the first channel), so the loads with
+    k > 0 are masked by the index's range, not only discarded by the where."""
+    from benchmarks.unlisted_kernels import causal_conv1d
+
+    pytest.importorskip("triton", reason="the template generates Triton kernels")
+    sizes = dict(B=8, C=64, L=2048, K=4)
+    made = tf.compile(causal_conv1d, target="cuda:sm_90a").for_sizes(**sizes)
+    loads = [line for line in made.source(**sizes).splitlines() if "tl.load(x +" in line]
+    assert len(loads) == 4 and sum(">= 0)" in line for line in loads) == 3, loads
+
+
+def test_index_ranges_over_axes_and_literals():
+    from tensorfuse.dsl.expr import Axis, Const, binary
+    from tensorfuse.targets.triton.expr import index_range
+
+    t, k = Axis("t", "L"), Axis("k", 4)
+    assert index_range(binary("sub", t, k), {"L": 100}) == (-3, 99)
+    assert index_range(binary("add", t, Const(2, "i32")), {"L": 100}) == (2, 101)
+    assert index_range(binary("mod", binary("add", t, Const(50, "i32")), Const(100, "i32")),
+                       {"L": 100}) == (0, 99)
+    assert index_range(binary("sub", t, k), {}) == (-3, None)   # L an argument: its top unknown

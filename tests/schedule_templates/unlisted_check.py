@@ -4,7 +4,8 @@ lowering), at ragged sizes and large value ranges: attention with a bias [H, S, 
 [B, S, H, D] (the attention template: the Hopper kernel refuses it), a router's softmax over 8
 experts (many narrow rows a program), the columns of a matrix L2-normalised and NCHW batch-norm
 statistics, a masked mean over tokens (its count recomputed along the features: rows, not a
-carried feature axis). Outputs are poisoned (NaN) before each run. Prints each case's relative error as JSON.
+carried feature axis), Mamba's causal depthwise convolution (written out, its taps before the
+start masked). Outputs are poisoned (NaN) before each run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.unlisted_check SEED
 """
@@ -15,7 +16,8 @@ import sys
 import torch
 
 from benchmarks.unlisted_kernels import (batch_norm_stats_nchw, biased_attention_bshd,
-                                         l2_normalize_columns, masked_mean_pool, router_softmax)
+                                         causal_conv1d, l2_normalize_columns, masked_mean_pool,
+                                         router_softmax)
 from tests.helpers import relative_error
 from tests.schedule_templates.staged_floor import interpreted
 
@@ -56,11 +58,22 @@ def masked_mean_case(generator, B=3, S=37, D=300):
     return dict(x=x, mask=mask), (xd * md[..., None]).sum(1) / md.sum(1, keepdim=True)
 
 
+def causal_conv_case(generator, B=2, C=5, L=77, K=4):
+    """Mamba's short convolution: the first K−1 positions read taps before the start (zeros; the
+    loads masked, not read outside the tensor)."""
+    x = (torch.randn(B, C, L, generator=generator) * 4).bfloat16()
+    w = torch.randn(C, K, generator=generator).bfloat16()
+    padded = torch.nn.functional.pad(x.double(), (K - 1, 0))
+    want = torch.nn.functional.conv1d(padded, w.double().flip(-1)[:, None, :], groups=C)
+    return dict(x=x, w=w), want
+
+
 CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case),
          "router_softmax": (router_softmax, router_case),
          "l2_normalize_columns": (l2_normalize_columns, columns_case),
          "batch_norm_stats_nchw": (batch_norm_stats_nchw, batch_norm_case),
-         "masked_mean_pool": (masked_mean_pool, masked_mean_case)}
+         "masked_mean_pool": (masked_mean_pool, masked_mean_case),
+         "causal_conv1d": (causal_conv1d, causal_conv_case)}
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 

@@ -245,9 +245,66 @@ def offset(e: Load, ctx: TileContext) -> str:
     return " + ".join(terms) or "0"
 
 
+def index_range(e: Expr, sizes: dict) -> tuple:
+    """``(lowest, highest)`` an integer index expression takes over its axes (each bound ``None``
+    where it is not known at ``sizes``): axes, literals, sizes and their sums, differences,
+    products and quotients by literals, remainders, minima and maxima."""
+    if isinstance(e, Axis):
+        extent = e.extent if isinstance(e.extent, int) else sizes.get(e.extent)
+        return 0, extent - 1 if isinstance(extent, int) else None
+    if isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
+        return e.value, e.value
+    if isinstance(e, DimSize):
+        size = sizes.get(e.name)
+        return (size, size) if isinstance(size, int) else (None, None)
+    if isinstance(e, Cast) and dt.is_int(dt.resolve(e.dtype)):
+        return index_range(e.a, sizes)
+    if not isinstance(e, Binary):
+        return None, None
+    (alo, ahi), (blo, bhi) = index_range(e.a, sizes), index_range(e.b, sizes)
+    known = lambda *v: all(x is not None for x in v)  # noqa: E731
+    if e.op == "add":
+        return (alo + blo if known(alo, blo) else None, ahi + bhi if known(ahi, bhi) else None)
+    if e.op == "sub":
+        return (alo - bhi if known(alo, bhi) else None, ahi - blo if known(ahi, blo) else None)
+    if e.op in ("min", "max"):
+        pick = min if e.op == "min" else max
+        return (pick(alo, blo) if known(alo, blo) else None,
+                pick(ahi, bhi) if known(ahi, bhi) else None)
+    if e.op == "mod" and known(blo, bhi) and blo > 0 and known(alo) and alo >= 0:
+        return 0, bhi - 1
+    if e.op in ("mul", "floordiv") and known(blo, bhi) and blo == bhi and \
+            (blo > 0 or e.op == "mul" and blo >= 0):
+        f = (lambda v: v * blo) if e.op == "mul" else (lambda v: v // blo)  # noqa: E731
+        return (f(alo) if known(alo) else None, f(ahi) if known(ahi) else None)
+    return None, None
+
+
+def _bounds(e: Load, ctx: TileContext) -> list[str]:
+    """Masks keeping a load inside its tensor where an index of axes and literals can leave its
+    dimension (``x[b, c, t - k]`` at t < k, under a ``T.where`` that discards those lanes: the
+    read itself would be outside the tensor). Gathered indices are clamped instead
+    (:func:`offset`)."""
+    masks = []
+    for index, size in zip(e.indices, dim_sizes(e.param, ctx.sizes)):
+        if isinstance(index, Axis) or is_gathered(index):
+            continue
+        lo, hi = index_range(index, ctx.sizes)
+        if lo is None and hi is None:
+            continue
+        text = None
+        if lo is not None and lo < 0 or hi is not None and isinstance(size, int) and hi >= size:
+            text = to_triton(index, ctx.child(keep_dtype=False))
+        if lo is not None and lo < 0:
+            masks.append(f"({text} >= 0)")
+        if hi is not None and isinstance(size, int) and hi >= size:
+            masks.append(f"({text} < {size})")
+    return masks
+
+
 def load(e: Load, ctx: TileContext) -> str:
     offset_ = offset(e, ctx)
-    masks = sorted({ctx.valid[a] for a in axes_in(e) if a in ctx.valid})
+    masks = sorted({ctx.valid[a] for a in axes_in(e) if a in ctx.valid}) + _bounds(e, ctx)
     ptr = f"{e.param.name} + ({offset_})"
     hint = _eviction(e, ctx.streaming)
     text = f"tl.load({ptr}, mask={' & '.join(masks)}, other=0{hint})" if masks else \
