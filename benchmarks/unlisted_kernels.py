@@ -1,6 +1,7 @@
 """Kernels no issue lists, written as a new user would write them — a CNN's batch-norm statistics
 and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens, Mamba's causal
-depthwise convolution, columns L2-normalised, a router's softmax over 8 experts, rotary
+depthwise convolution, a mixture of experts' gated combine, cosine similarities, columns
+L2-normalised, a router's softmax over 8 experts, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors, an LM head's
 softmax — through ``tf.compile`` defaults against the best torch alternative in the same
 process, each checked against a float64 reference first (the harness of
@@ -59,6 +60,22 @@ def causal_conv1d(x: T.Tensor["B", "C", "L", "bf16"], w: T.Tensor["C", "K", "bf1
     b, c, k = T.axes("b c k")
     t = T.axis("t", "L")
     return T.sum(T.where(t >= k, x[b, c, t - k], 0.0) * w[c, k], over=k)
+
+
+@tf.kernel
+def moe_combine(y: T.Tensor["T", "E", "D", "bf16"], gate: T.Tensor["T", "E", "f32"]):
+    """A mixture of experts' combine: each token's E expert outputs weighted by its gates."""
+    t, e, d = T.axes("t e d")
+    return T.cast(T.sum(gate[t, e] * y[t, e, d], over=e), "bf16")
+
+
+@tf.kernel
+def cosine_similarity(x: T.Tensor["M", "D", "bf16"], y: T.Tensor["N", "D", "bf16"]):
+    """Every pair's cosine similarity of two sets of embeddings (retrieval, CLIP's logits)."""
+    i, j, d = T.axes("i j d")
+    dot = T.sum(x[i, d] * y[j, d], over=d)
+    return dot * T.rsqrt(T.sum(x[i, d] * x[i, d], over=d)) * \
+        T.rsqrt(T.sum(y[j, d] * y[j, d], over=d))
 
 
 @tf.kernel
@@ -165,6 +182,32 @@ def _causal_conv_case(generator, B=8, C=4096, L=2048, K=4) -> Case:
                      f"B{B} C{C} L{L} K{K} (depthwise, causal)")
 
 
+def _moe_combine_case(generator, T_=8192, E=8, D=4096) -> Case:
+    y = torch.randn(T_, E, D, generator=generator).to("cuda", torch.bfloat16)
+    gate = torch.softmax(torch.randn(T_, E, generator=generator), -1).to("cuda")
+
+    def eager(t, g):
+        return (t.to(g.dtype) * g[..., None]).sum(1).to(t.dtype)
+    return rows_case("moe_combine", moe_combine, eager, y, {"gate": gate},
+                     f"T{T_} E{E} D{D} (over E)")
+
+
+def _cosine_case(generator, M=8192, N=8192, D=1024) -> Case:
+    x = torch.randn(M, D, generator=generator).to("cuda", torch.bfloat16)
+    y = torch.randn(N, D, generator=generator).to("cuda", torch.bfloat16)
+
+    def eager(a, b):
+        return F.normalize(a.float(), dim=-1).to(a.dtype) @ F.normalize(b.float(), dim=-1).to(
+            b.dtype).T
+    f, compiled = Recorded(cosine_similarity), torch.compile(eager)
+    rows = torch.arange(0, M, 97)
+    ref = F.normalize(x[rows].double(), dim=-1) @ F.normalize(y.double(), dim=-1).T
+    return Case("cosine_similarity", f"M{M} N{N} D{D}", lambda: f(x, y),
+                {TORCH_COMPILE: lambda: compiled(x, y), TORCH_EAGER: lambda: eager(x, y)},
+                ref, lambda out: out[rows], flops=2 * M * N * D,
+                notes={TENSORFUSE: f.schedule_origin(M=M, N=N, D=D)})
+
+
 def _l2_columns_case(generator, N=8192, D=4096) -> Case:
     x = torch.randn(N, D, generator=generator).to("cuda", torch.bfloat16)
 
@@ -247,6 +290,8 @@ UNLISTED = {
     "maxout": _maxout_case,
     "masked_mean_pool": _masked_mean_case,
     "causal_conv1d": _causal_conv_case,
+    "moe_combine": _moe_combine_case,
+    "cosine_similarity": _cosine_case,
     "l2_normalize_columns": _l2_columns_case,
     "router_softmax": _router_case,
     "rotary": _rotary_case,

@@ -10,15 +10,7 @@ import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse import dsl as T
 from tensorfuse.schedule_templates.widened_rows import widened
-from benchmarks.unlisted_kernels import masked_mean_pool
-
-
-@tf.kernel
-def _cosine_similarity(x: T.Tensor["M", "D", "bf16"], y: T.Tensor["N", "D", "bf16"]):
-    i, j, d = T.axes("i j d")
-    dot = T.sum(x[i, d] * y[j, d], over=d)
-    return dot * T.rsqrt(T.sum(x[i, d] * x[i, d], over=d)) * \
-        T.rsqrt(T.sum(y[j, d] * y[j, d], over=d))
+from benchmarks.unlisted_kernels import cosine_similarity, masked_mean_pool
 
 
 @tf.kernel
@@ -42,7 +34,7 @@ def test_a_masked_mean_is_planned_as_rows_of_batch_and_features():
         "offs_m[:, None])" in source   # rows d (contiguous), the sweep over s
 
 
-@pytest.mark.parametrize("kernel", [_cosine_similarity, _mean_and_count, K.attention,
+@pytest.mark.parametrize("kernel", [cosine_similarity, _mean_and_count, K.attention,
                                     K.causal_attention, K.gqa_attention, K.softmax])
 def test_gemms_attention_and_outputs_narrower_than_their_chain_are_left_as_they_are(kernel):
     assert widened(kernel.program) is None

@@ -5,7 +5,8 @@ lowering), at ragged sizes and large value ranges: attention with a bias [H, S, 
 experts (many narrow rows a program), the columns of a matrix L2-normalised and NCHW batch-norm
 statistics, a masked mean over tokens (its count recomputed along the features: rows, not a
 carried feature axis), Mamba's causal depthwise convolution (written out, its taps before the
-start masked). Outputs are poisoned (NaN) before each run. Prints each case's relative error as JSON.
+start masked), a mixture of experts' combine (written out over 8 experts) and cosine similarities
+(stages: a GEMM and the norms). Outputs are poisoned (NaN) before each run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.unlisted_check SEED
 """
@@ -16,8 +17,8 @@ import sys
 import torch
 
 from benchmarks.unlisted_kernels import (batch_norm_stats_nchw, biased_attention_bshd,
-                                         causal_conv1d, l2_normalize_columns, masked_mean_pool,
-                                         router_softmax)
+                                         causal_conv1d, cosine_similarity, l2_normalize_columns,
+                                         masked_mean_pool, moe_combine, router_softmax)
 from tests.helpers import relative_error
 from tests.schedule_templates.staged_floor import interpreted
 
@@ -68,12 +69,28 @@ def causal_conv_case(generator, B=2, C=5, L=77, K=4):
     return dict(x=x, w=w), want
 
 
+def moe_combine_case(generator, T=37, E=8, D=50):
+    y = (torch.randn(T, E, D, generator=generator) * 4).bfloat16()
+    gate = torch.softmax(torch.randn(T, E, generator=generator) * 3, -1)
+    return dict(y=y, gate=gate), (y.double() * gate.double()[..., None]).sum(1)
+
+
+def cosine_case(generator, M=37, N=29, D=48):
+    x = (torch.randn(M, D, generator=generator) * 4 + 1).bfloat16()
+    y = (torch.randn(N, D, generator=generator) * 4 - 1).bfloat16()
+    xd, yd = x.double(), y.double()
+    return dict(x=x, y=y), (xd / xd.norm(dim=-1, keepdim=True)) @ (yd / yd.norm(dim=-1,
+                                                                              keepdim=True)).T
+
+
 CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case),
          "router_softmax": (router_softmax, router_case),
          "l2_normalize_columns": (l2_normalize_columns, columns_case),
          "batch_norm_stats_nchw": (batch_norm_stats_nchw, batch_norm_case),
          "masked_mean_pool": (masked_mean_pool, masked_mean_case),
-         "causal_conv1d": (causal_conv1d, causal_conv_case)}
+         "causal_conv1d": (causal_conv1d, causal_conv_case),
+         "moe_combine": (moe_combine, moe_combine_case),
+         "cosine_similarity": (cosine_similarity, cosine_case)}
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
