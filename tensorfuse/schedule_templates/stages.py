@@ -115,7 +115,12 @@ def _ready_groups(ready: list[Compute], depends: dict, stored: set[str]):
                     group.append(r)
                     grew = True
         if not any({g.name for g in group} == {h.name for h in other} for other in groups):
-            groups.append([r for r in ready if r in group])
+            # the narrowest first: a stage stores the reductions it does not finish, and a
+            # narrow one (a norm per row) is cheap to store where a wide one (a GEMM's product
+            # per pair) is not — taken last, its stage writes the outputs instead (cosine
+            # similarities of [8192, 1024] × [8192, 1024]: the GEMM stored its 268 MB of float32
+            # products and ran at 0.46× torch.compile, ``benchmarks.unlisted_kernels``)
+            groups.append(sorted((r for r in ready if r in group), key=lambda r: len(r.axes)))
     return sorted(groups, key=len, reverse=True)
 
 
