@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..algebra.chain import chain_candidates, plan_chain
 from ..algebra.exprs import nodes, substitute
-from ..dsl.expr import Ref
+from ..dsl.expr import Load, Ref
 from ..dsl.program import Compute, Program
 from ..errors import RollingUpdateError
 
@@ -72,8 +72,6 @@ def _outer_product(member: Compute, extra: set[int]) -> bool:
     (``x[i, d]·y[j, d]``: a GEMM, which the contraction template takes — not rows to sweep),
     rather than weighting one tensor's extra axes by values without them (a GEMV: ``Σ_s
     x[b, s, d]·mask[b, s]``)."""
-    from ..dsl.expr import Load
-
     carried = {frozenset(a.uid for a in n.axes) & extra for body in member.bodies
                for n in nodes(body) if isinstance(n, Load)} - {frozenset()}
     return len(carried) > 1

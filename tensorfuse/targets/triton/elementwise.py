@@ -53,9 +53,12 @@ def interleaved_loads(plan, sizes: dict) -> list[tuple[Load, int, dict]]:
                 continue
             *rest, column, inner = n.indices
             extents = dim_sizes(n.param, sizes)
+            # (the other indices neither gathered nor reading the column axis: the group's
+            # base offset is one per row)
             if not (isinstance(column, Axis) and column.uid == last.uid and
                     isinstance(inner, Const) and isinstance(extents[-1], int)) or \
-                    any(isinstance(i, Load) for index in rest for i in nodes(index)):
+                    any(isinstance(i, Load) or isinstance(i, Axis) and i.uid == last.uid
+                        for index in rest for i in nodes(index)):
                 continue
             key = (n.param.name, tuple(i.key() for i in rest))
             groups.setdefault(key, (n, extents[-1], {}))[2][int(inner.value)] = n
