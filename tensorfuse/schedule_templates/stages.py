@@ -55,24 +55,25 @@ def plan_stages(program: Program, fits: Callable[[Program], bool]) -> tuple[Stag
     stages, or where a reduction of several components would have to be stored between them."""
     if fits(program):
         raise NotStageable(f"a template takes {program.name} whole")
+    program, hoisted = _hoisted(program)
     reductions = [c for c in program.computes if c.is_reduction]
     depends = {c.name: _reductions_read(c) for c in program.computes}
     stored: set[str] = set()
     left_outputs = list(program.outputs)
     stages: list[Stage] = []
-    while len(stored) < len(reductions):
+    while any(r.name not in stored for r in reductions):
         ready = [r for r in reductions if r.name not in stored]
         stage = None
         for group in _ready_groups(ready, depends, stored):
-            stage = _first_fitting(program, group, depends, stored, left_outputs, fits)
+            stage = _first_fitting(program, group, depends, stored, left_outputs, fits, hoisted)
             if stage is not None:
                 break
         if stage is None:   # nothing fits: the first ready reduction alone, on any schedule
             first = next(iter(_ready_groups(ready, depends, stored)))[:1]
             stage = _asked(_stage(program, first, depends, stored, left_outputs,
-                                  with_outputs=False), fits)
+                                  with_outputs=False, hoisted=hoisted), fits)
         stages.append(stage)
-        stored |= set(stage.reduces)
+        stored |= set(stage.reduces) | (set(stage.produces) & hoisted)
         left_outputs = [c for c in left_outputs if c.name not in stage.produces]
     if left_outputs:
         stages.append(_asked(_stage(program, [], depends, stored, left_outputs,
@@ -80,6 +81,66 @@ def plan_stages(program: Program, fits: Callable[[Program], bool]) -> tuple[Stag
     if len(stages) < 2:
         raise NotStageable(f"{program.name} is one stage already")
     return tuple(stages)
+
+
+def _hoisted(program: Program) -> tuple[Program, set[str]]:
+    """``program`` with each function of reductions over fewer axes than the value reading it
+    (``rsqrt(out_sum[i])`` in ``out[i, j]``) made an elementwise compute of its own over those
+    axes, and their names: the stage of those reductions stores it (:func:`_stage`), so a later
+    stage reads one value a row instead of computing it again for every element (cosine
+    similarities' GEMM epilogue took two reciprocal square roots an element)."""
+    made: dict[tuple, Compute] = {}
+    rebuilt: dict[str, Compute] = {}
+    order: list[Compute] = []
+
+    def candidate(e: Expr, around: set[int]) -> bool:
+        refs = [n for n in _nodes(e) if isinstance(n, Ref)]
+        if isinstance(e, Ref) or not refs or any(isinstance(n, Load) for n in _nodes(e)) or \
+                any(not r.compute.is_reduction for r in refs):
+            return False
+        axes = {a.uid for a in refs[0].compute.axes}
+        return all({a.uid for a in r.compute.axes} == axes for r in refs) and \
+            {a.uid for a in e.axes} <= axes < around
+
+    for c in program.computes:
+        around = {a.uid for a in c.axes + c.over}
+
+        def hoist(n, around=around, c=c):
+            if isinstance(n, Ref) and n.compute.name in rebuilt:
+                return Ref(rebuilt[n.compute.name], n.component, n.loc)
+            if not isinstance(n, Expr) or isinstance(n, Ref) or not candidate(n, around):
+                return None
+            key = n.key()
+            if key not in made:
+                first = next(r for r in _nodes(n) if isinstance(r, Ref)).compute
+                body = substitute(n, lambda m: Ref(rebuilt[m.compute.name], m.component, m.loc)
+                                  if isinstance(m, Ref) else None)
+                made[key] = Compute(f"{first.name}_{len(made)}", first.axes, (body,),
+                                    (dt.resolve(n.dtype),), loc=c.loc)
+                order.append(made[key])
+            return Ref(made[key], 0, n.loc)
+
+        new = replace_bodies(c, hoist)
+        rebuilt[c.name] = new
+        order.append(new)
+    if not made:
+        return program, set()
+    return (Program(program.name, list(program.params), order,
+                    [rebuilt[o.name] for o in program.outputs], list(program.axes),
+                    list(program.size_constraints), program.loc),
+            {c.name for c in made.values()})
+
+
+def replace_bodies(c: Compute, rebuild) -> Compute:
+    """``c`` with its bodies rebuilt by :func:`substitute` with ``rebuild``."""
+    return Compute(c.name, c.axes, tuple(substitute(b, rebuild) for b in c.bodies), c.dtypes,
+                   c.monoid, c.over, c.loc, c.is_output)
+
+
+def _nodes(e: Expr) -> list:
+    found: list = []
+    walk(e, found.append)
+    return found
 
 
 def _reductions_read(c: Compute) -> set[str]:
@@ -124,14 +185,15 @@ def _ready_groups(ready: list[Compute], depends: dict, stored: set[str]):
     return sorted(groups, key=len, reverse=True)
 
 
-def _first_fitting(program, group, depends, stored, left_outputs, fits) -> Stage | None:
+def _first_fitting(program, group, depends, stored, left_outputs, fits,
+                   hoisted: set[str]) -> Stage | None:
     """The stage of ``group`` (with the outputs it makes computable, else without) that ``fits``
     takes, trying the group's prefixes from the longest; ``None`` where none fits."""
     for size in range(len(group), 0, -1):
         for with_outputs in (True, False):
             try:
                 stage = _stage(program, group[:size], depends, stored, left_outputs,
-                               with_outputs)
+                               with_outputs, hoisted)
             except NotStageable:
                 continue
             if fits(stage.program):
@@ -144,9 +206,11 @@ def _asked(stage: Stage, fits) -> Stage:
     return replace(stage, templated=fits(stage.program))
 
 
-def _stage(program, group, depends, stored, left_outputs, with_outputs: bool) -> Stage:
+def _stage(program, group, depends, stored, left_outputs, with_outputs: bool,
+           hoisted: set[str] = frozenset()) -> Stage:
     """The stage computing ``group`` (and, ``with_outputs``, the program outputs that need only
-    stored values and the group), reading stored reductions as tensors."""
+    stored values and the group; the ``hoisted`` values of the group that later stages read),
+    reading stored reductions and values as tensors."""
     names = {g.name for g in group}
     finished = [c for c in left_outputs if c.name not in names
                 and depends[c.name] <= stored | names] if with_outputs else []
@@ -156,13 +220,26 @@ def _stage(program, group, depends, stored, left_outputs, with_outputs: bool) ->
     needed_later = {d for c in program.computes if c.name not in here | stored
                     and (c.is_reduction or c.is_output)
                     for d in depends[c.name]} | {c.name for c in program.outputs}
-    outputs = [g for g in group if g.name in needed_later] + finished
+    # values computed from the group alone that later stages read (:func:`_hoisted`)
+    read_later = {r.compute.name for c in program.computes if c.name not in here | stored
+                  for b in c.bodies for r in _nodes(b) if isinstance(r, Ref)}
+    kept = [c for c in program.computes if c.name in hoisted and
+            c.name in read_later and c.name not in stored and
+            depends[c.name] <= names | stored and
+            any(isinstance(r, Ref) and r.compute.name in names
+                for b in c.bodies for r in _nodes(b)) and _one_row_each(c, group)]
+    outputs = [g for g in group if g.name in needed_later] + kept + finished
     if not outputs:
         raise NotStageable("a stage with nothing to store")
     sub = _sub_program(program, outputs, stored,
                        f"{program.name}_{'_'.join(c.name for c in outputs)}")
     return Stage(sub, tuple(p.name for p in sub.params), tuple(c.name for c in outputs),
                  tuple(g.name for g in group))
+
+
+def _one_row_each(c: Compute, group) -> bool:
+    """Whether ``c`` runs over the axes of a reduction of ``group`` (a value a row of it)."""
+    return any({a.uid for a in c.axes} == {a.uid for a in g.axes} for g in group)
 
 
 def _sub_program(program: Program, outputs: list[Compute], stored: set[str], name: str) -> Program:

@@ -200,3 +200,24 @@ def test_an_output_summed_over_the_axes_swept_together_is_swept_as_one():
 
     assert [a.name for a in swept_together(group_means.program)] == ["c", "p"]
     assert flat_templated(group_means.program, dict(B=2, G=4, C=8, P=64), HOPPER) is not None
+
+
+def test_a_gemm_between_two_norms_is_cut_last_and_reads_each_rows_scale_once():
+    """Cosine similarities: the norms first (a stage stores what it does not finish, and a norm
+    per row is small where the GEMM's products are not), each storing its reciprocal square
+    root, so the GEMM's epilogue multiplies by stored scales rather than computing two square
+    roots an element."""
+    from benchmarks.unlisted_kernels import cosine_similarity
+    from tensorfuse.schedule_templates.auto import templated_stages
+
+    stages = templated_stages(cosine_similarity.program, HOPPER)
+    assert [s.describe() for s in stages] == [
+        "out_sum, out_sum_0 from x", "out_sum_2, out_sum_2_1 from y",
+        "out from x, y, out_sum_0, out_sum_2_1"]
+    last = stages[-1].program
+    assert "rsqrt" not in repr(last) and "out_sum_0[i]" in repr(last)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = tf.compile(cosine_similarity, target="cuda:sm_90a")
+    assert "hopper_gemm" in made.schedule_origin(M=8192, N=8192, D=1024)
+    assert "rsqrtf" not in made.kernels[-1].source(M=8192, N=8192, D=1024)
