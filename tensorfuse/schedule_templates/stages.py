@@ -143,15 +143,16 @@ def _nodes(e: Expr) -> list:
     return found
 
 
-def _reductions_read(c: Compute) -> set[str]:
-    """The reductions ``c`` reads, directly or through elementwise computes."""
+def _reductions_read(c: Compute, stop: set[str] = frozenset()) -> set[str]:
+    """The reductions ``c`` reads, directly or through elementwise computes (not through those
+    named in ``stop``: values stored themselves)."""
     found: set[str] = set()
     pending = list(c.inputs())
     while pending:
         d = pending.pop()
         if d.is_reduction:
             found.add(d.name)
-        else:
+        elif d.name not in stop:
             pending.extend(d.inputs())
     return found
 
@@ -217,9 +218,6 @@ def _stage(program, group, depends, stored, left_outputs, with_outputs: bool,
     # what a later stage's reductions and outputs read (through elementwise computes): a sum
     # only the outputs made here read is not stored for them
     here = names | {c.name for c in finished}
-    needed_later = {d for c in program.computes if c.name not in here | stored
-                    and (c.is_reduction or c.is_output)
-                    for d in depends[c.name]} | {c.name for c in program.outputs}
     # values computed from the group alone that later stages read (:func:`_hoisted`)
     read_later = {r.compute.name for c in program.computes if c.name not in here | stored
                   for b in c.bodies for r in _nodes(b) if isinstance(r, Ref)}
@@ -228,6 +226,11 @@ def _stage(program, group, depends, stored, left_outputs, with_outputs: bool,
             depends[c.name] <= names | stored and
             any(isinstance(r, Ref) and r.compute.name in names
                 for b in c.bodies for r in _nodes(b)) and _one_row_each(c, group)]
+    # the reductions later stages read other than through the values kept here
+    through = stored | {c.name for c in kept}
+    needed_later = {d for c in program.computes if c.name not in here | stored
+                    and (c.is_reduction or c.is_output)
+                    for d in _reductions_read(c, through)} | {c.name for c in program.outputs}
     outputs = [g for g in group if g.name in needed_later] + kept + finished
     if not outputs:
         raise NotStageable("a stage with nothing to store")
