@@ -18,10 +18,11 @@ a single reduction well. The stages are data; :class:`tensorfuse.staged.StagedKe
 """
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ..algebra.exprs import substitute
+from ..algebra.exprs import nodes, rewrite_computes, substitute
 from ..dsl import dtypes as dt
 from ..dsl.expr import DimSize, Expr, Load, Ref, Scalar, walk
 from ..dsl.program import Compute, Program, TensorParam
@@ -90,12 +91,12 @@ def _hoisted(program: Program) -> tuple[Program, set[str]]:
     stage reads one value a row instead of computing it again for every element (cosine
     similarities' GEMM epilogue took two reciprocal square roots an element)."""
     made: dict[tuple, Compute] = {}
-    rebuilt: dict[str, Compute] = {}
     order: list[Compute] = []
 
     def candidate(e: Expr, around: set[int]) -> bool:
-        refs = [n for n in _nodes(e) if isinstance(n, Ref)]
-        if isinstance(e, Ref) or not refs or any(isinstance(n, Load) for n in _nodes(e)) or \
+        inside = nodes(e)
+        refs = [n for n in inside if isinstance(n, Ref)]
+        if isinstance(e, Ref) or not refs or any(isinstance(n, Load) for n in inside) or \
                 any(not r.compute.is_reduction for r in refs):
             return False
         axes = {a.uid for a in refs[0].compute.axes}
@@ -105,42 +106,24 @@ def _hoisted(program: Program) -> tuple[Program, set[str]]:
     for c in program.computes:
         around = {a.uid for a in c.axes + c.over}
 
-        def hoist(n, around=around, c=c):
-            if isinstance(n, Ref) and n.compute.name in rebuilt:
-                return Ref(rebuilt[n.compute.name], n.component, n.loc)
-            if not isinstance(n, Expr) or isinstance(n, Ref) or not candidate(n, around):
+        def hoist(n: Expr, around=around, c=c):
+            if not candidate(n, around):
                 return None
-            key = n.key()
-            if key not in made:
-                first = next(r for r in _nodes(n) if isinstance(r, Ref)).compute
-                body = substitute(n, lambda m: Ref(rebuilt[m.compute.name], m.component, m.loc)
-                                  if isinstance(m, Ref) else None)
-                made[key] = Compute(f"{first.name}_{len(made)}", first.axes, (body,),
-                                    (dt.resolve(n.dtype),), loc=c.loc)
-                order.append(made[key])
-            return Ref(made[key], 0, n.loc)
+            if n.key() not in made:   # its reads point at the rebuilt computes below
+                first = next(r for r in nodes(n) if isinstance(r, Ref)).compute
+                made[n.key()] = Compute(f"{first.name}_{len(made)}", first.axes, (n,),
+                                        (dt.resolve(n.dtype),), loc=c.loc)
+                order.append(made[n.key()])
+            return Ref(made[n.key()], 0, n.loc)
 
-        new = replace_bodies(c, hoist)
-        rebuilt[c.name] = new
-        order.append(new)
+        order.append(replace(c, bodies=tuple(substitute(b, hoist) for b in c.bodies)))
     if not made:
         return program, set()
-    return (Program(program.name, list(program.params), order,
+    rebuilt = rewrite_computes(types.SimpleNamespace(computes=order), lambda n: None)
+    return (Program(program.name, list(program.params), list(rebuilt.values()),
                     [rebuilt[o.name] for o in program.outputs], list(program.axes),
                     list(program.size_constraints), program.loc),
             {c.name for c in made.values()})
-
-
-def replace_bodies(c: Compute, rebuild) -> Compute:
-    """``c`` with its bodies rebuilt by :func:`substitute` with ``rebuild``."""
-    return Compute(c.name, c.axes, tuple(substitute(b, rebuild) for b in c.bodies), c.dtypes,
-                   c.monoid, c.over, c.loc, c.is_output)
-
-
-def _nodes(e: Expr) -> list:
-    found: list = []
-    walk(e, found.append)
-    return found
 
 
 def _reductions_read(c: Compute, stop: set[str] = frozenset()) -> set[str]:
@@ -219,13 +202,12 @@ def _stage(program, group, depends, stored, left_outputs, with_outputs: bool,
     # only the outputs made here read is not stored for them
     here = names | {c.name for c in finished}
     # values computed from the group alone that later stages read (:func:`_hoisted`)
-    read_later = {r.compute.name for c in program.computes if c.name not in here | stored
-                  for b in c.bodies for r in _nodes(b) if isinstance(r, Ref)}
+    read_later = {d.name for c in program.computes if c.name not in here | stored
+                  for d in c.inputs()}
     kept = [c for c in program.computes if c.name in hoisted and
             c.name in read_later and c.name not in stored and
             depends[c.name] <= names | stored and
-            any(isinstance(r, Ref) and r.compute.name in names
-                for b in c.bodies for r in _nodes(b)) and _one_row_each(c, group)]
+            any(d.name in names for d in c.inputs()) and _one_row_each(c, group)]
     # the reductions later stages read other than through the values kept here
     through = stored | {c.name for c in kept}
     needed_later = {d for c in program.computes if c.name not in here | stored

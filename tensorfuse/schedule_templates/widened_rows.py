@@ -13,8 +13,8 @@ strided rows, as a max over tokens is.
 from __future__ import annotations
 
 from ..algebra.chain import chain_candidates, plan_chain
-from ..algebra.exprs import nodes, substitute
-from ..dsl.expr import Load, Ref
+from ..algebra.exprs import nodes, rewrite_computes
+from ..dsl.expr import Load
 from ..dsl.program import Compute, Program
 from ..errors import RollingUpdateError
 
@@ -45,26 +45,16 @@ def widened(program: Program) -> tuple[Program, str] | None:
     if _outer_product(widest, extra):
         return None
     for c in program.computes:
-        reads = {n.compute.name for body in c.bodies for n in _refs(body)}
-        if reads & narrower and not wide <= {a.uid for a in c.axes}:
+        if {d.name for d in c.inputs()} & narrower and not wide <= {a.uid for a in c.axes}:
             return None
-    rebuilt: dict[str, Compute] = {}
-
-    def remapped(n):
-        return Ref(rebuilt[n.compute.name], n.component, n.loc) \
-            if isinstance(n, Ref) and n.compute.name in rebuilt else None
-
-    for c in program.computes:
-        rebuilt[c.name] = Compute(
-            c.name, widest.axes if c.name in narrower else c.axes,
-            tuple(substitute(body, remapped) for body in c.bodies), c.dtypes, c.monoid, c.over,
-            c.loc, c.is_output)
-    outputs = [rebuilt[c.name] for c in program.outputs]
+    rebuilt = rewrite_computes(program, lambda n: None,
+                               axes=lambda c: widest.axes if c.name in narrower else c.axes)
     note = (f"{', '.join(sorted(narrower))} recomputed along "
             f"{', '.join(a.name for a in widest.axes if a.uid not in _axes_of(chain, narrower))}"
             " (the chain reads tensors alone: rows, not a feature carried in a tile)")
-    return Program(program.name, list(program.params), list(rebuilt.values()), outputs,
-                   list(program.axes), list(program.size_constraints), program.loc), note
+    return Program(program.name, list(program.params), list(rebuilt.values()),
+                   [rebuilt[c.name] for c in program.outputs], list(program.axes),
+                   list(program.size_constraints), program.loc), note
 
 
 def _outer_product(member: Compute, extra: set[int]) -> bool:
@@ -75,10 +65,6 @@ def _outer_product(member: Compute, extra: set[int]) -> bool:
     carried = {frozenset(a.uid for a in n.axes) & extra for body in member.bodies
                for n in nodes(body) if isinstance(n, Load)} - {frozenset()}
     return len(carried) > 1
-
-
-def _refs(e) -> list:
-    return [n for n in nodes(e) if isinstance(n, Ref)]
 
 
 def _axes_of(chain, names: set[str]) -> set[int]:
