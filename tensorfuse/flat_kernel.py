@@ -14,6 +14,18 @@ from .targets import TargetSpec
 from .torch_graph import GraphCallable
 
 
+def made_per_extents(kernels: dict, program: Program, axes, make: Callable[[dict], object],
+                     dims: dict):
+    """``make(sizes)`` at the sizes of ``dims`` (scalars among them set aside), made once per
+    the extents of ``axes`` there and kept in ``kernels``: a kernel that depends on those
+    extents alone serves every other size itself."""
+    sizes, _ = split_scalars(program, dims)
+    at = tuple(a.extent if isinstance(a.extent, int) else sizes.get(a.extent) for a in axes)
+    if at not in kernels:
+        kernels[at] = make(sizes)
+    return kernels[at]
+
+
 class FlatSweepKernel(GraphCallable):
     """``program`` run by ``make(sizes)``: the kernel of its flat program at the sizes of the
     axes ``group`` reduces over together (made once per their values)."""
@@ -35,12 +47,7 @@ class FlatSweepKernel(GraphCallable):
 
     def for_sizes(self, **dims):
         """The flat program's kernel at these sizes (made on first use of their group extents)."""
-        sizes, _ = split_scalars(self.program, dims)
-        at = tuple(a.extent if isinstance(a.extent, int) else sizes[a.extent]
-                   for a in self.group)
-        if at not in self._kernels:
-            self._kernels[at] = self._make(sizes)
-        return self._kernels[at]
+        return made_per_extents(self._kernels, self.program, self.group, self._make, dims)
 
     def invoke(self, key, args: tuple, kwargs: dict):
         if "out" in kwargs:   # checked against the user's shapes, filled from the flat results

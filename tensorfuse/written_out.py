@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .binding import split_scalars
 from .dsl.program import Program
+from .flat_kernel import made_per_extents
 
 
 class WrittenOutRoute:
@@ -30,12 +30,7 @@ class WrittenOutRoute:
     def kernel_at(self, **dims):
         """The elementwise kernel at these sizes, or ``None`` where the reductions are not
         written out there."""
-        sizes, _ = split_scalars(self.program, dims)
-        at = tuple(a.extent if isinstance(a.extent, int) else sizes.get(a.extent)
-                   for a in self.reduced)
-        if at not in self._kernels:
-            self._kernels[at] = self._make(sizes)
-        return self._kernels[at]
+        return made_per_extents(self._kernels, self.program, self.reduced, self._make, dims)
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         return self.kernel_at(**dims) is not None

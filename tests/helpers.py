@@ -130,6 +130,35 @@ def interpreter_main(cases: dict, made) -> None:
     print(json.dumps(errors))
 
 
+def poisoned_main(cases: dict, made) -> None:
+    """The ``__main__`` of a check module that :func:`run_interpreted` runs, outputs poisoned:
+    for each of ``cases`` (name → (kernel, case(generator) → (arguments, float64 reference: a
+    tensor, or one per output))), the kernel ``made(name, kernel)`` makes, called on fresh
+    inputs (seed: the first argument) into NaN-filled outputs of the program's dtypes, which it
+    must return; prints each case's relative error (its worst output's) as JSON."""
+    import json
+    import os
+    import sys
+
+    import torch
+
+    from tensorfuse.interop import torch_dtype
+
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    generator = torch.Generator().manual_seed(int(sys.argv[1]))
+    errors = {}
+    for name, (kernel, case) in cases.items():
+        args, want = case(generator)
+        wants = list(want) if isinstance(want, (tuple, list)) else [want]
+        outs = tuple(torch.full(w.shape, float("nan"), dtype=torch_dtype(c.dtypes[0]))
+                     for w, c in zip(wants, kernel.program.outputs))
+        got = made(name, kernel)(**args, out=outs if len(outs) > 1 else outs[0])
+        got = got if isinstance(got, tuple) else (got,)
+        assert len(got) == len(outs) and all(g is o for g, o in zip(got, outs)), name
+        errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))
+    print(json.dumps(errors))
+
+
 def templated(kernel):
     """``kernel`` as ``tf.compile`` makes it for sm_90a with its Triton template called (run by
     Triton's interpreter on the CPU: what picks between a template and TVM's CUDA needs a GPU);

@@ -263,8 +263,6 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
     choice = choose(kernel.program, target)
     flat = flat_templated(kernel.program, dims, target) if choice is None else None
     if flat is not None:   # tf.compile runs it swept as one axis: that program is what it tunes
-        # (or, a few elements swept together — a pooling window —, written out)
-        _refuse_elementwise(kernel, elementwise_form(kernel.program, dims), target)
         # (same name and sizes: its records are the ones the flat kernel looks up)
         return make_task(types.SimpleNamespace(program=flat, fn=None, name=flat.name), dims,
                          target, scalars)

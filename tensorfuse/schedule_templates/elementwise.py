@@ -75,14 +75,12 @@ def unrolled(program: Program, sizes: dict | None = None) -> tuple[Program, str]
     so, where each is a sum, product, maximum or minimum of one value over axes of at most
     :data:`UNROLL_TERMS` elements in all (their extents literals or in ``sizes``) whose terms
     read no other reduction; else ``None``."""
+    if not foldable(program):
+        return None
     sizes = sizes or {}
     reductions = [c for c in program.computes if c.is_reduction]
-    if not reductions:
-        return None
     folds: dict[str, Expr] = {}
     notes = []
-    if not all(_foldable(c) for c in reductions):
-        return None
     for c in reductions:
         extents = [a.extent if isinstance(a.extent, int) else sizes.get(a.extent) for a in c.over]
         if any(not isinstance(e, int) for e in extents) or math.prod(extents) > UNROLL_TERMS:

@@ -10,18 +10,13 @@ JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.elementwise_check SEED
 """
-import json
-import os
-import sys
-
 import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from tensorfuse.api import AutoKernel
-from tensorfuse.binding import bind_call
 from benchmarks.unlisted_kernels import max_pool_2x2, maxout, rotary
-from tests.helpers import relative_error
+from tests.helpers import poisoned_main
+from tests.schedule_templates.staged_floor import interpreted
 
 
 @tf.kernel
@@ -146,23 +141,6 @@ CASES = {"avg_pool_backward": (tf.grad(global_avg_pool), avg_pool_case),
          # every size an argument from the first call (tf.compile's dynamic=True)
          "token_mean_backward_sizes_as_arguments": (tf.grad(token_mean), token_mean_case)}
 
-OUT_DTYPES = {"complex_magnitude": torch.float32}
-
 if __name__ == "__main__":
-    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    generator = torch.Generator().manual_seed(int(sys.argv[1]))
-    errors = {}
-    for name, (kernel, case) in CASES.items():
-        args, wants = case(generator)
-        outs = [torch.full(w.shape, float("nan"), dtype=torch.float32 if k else torch.bfloat16)
-                if name == "two_outputs" else torch.full(w.shape, float("nan"),
-                                                         dtype=OUT_DTYPES.get(name, torch.bfloat16))
-                for k, w in enumerate(wants)]
-        made = tf.compile(kernel, target="cuda:sm_90a",
-                          dynamic=True if name.endswith("sizes_as_arguments") else None)
-        if isinstance(made, AutoKernel):   # picking among templates needs a GPU: the pick at
-            made = made.for_sizes(**bind_call(kernel.program, (), args, "cpu").dims)   # sizes
-        got = made(**args, out=tuple(outs) if len(outs) > 1 else outs[0])
-        assert (got if len(outs) > 1 else (got,))[0] is outs[0]
-        errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))
-    print(json.dumps(errors))
+    poisoned_main(CASES, lambda name, kernel: interpreted(
+        kernel, dynamic=True if name.endswith("sizes_as_arguments") else None))

@@ -7,15 +7,11 @@ each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.scatter_check SEED
 """
-import json
-import os
-import sys
-
 import torch
 
 import tensorfuse as tf
 from benchmarks.user_kernels import embedding, segment_mean
-from tests.helpers import relative_error
+from tests.helpers import poisoned_main
 
 
 def embedding_case(generator, V=50, M=300, D=24, width=4.0):
@@ -62,14 +58,7 @@ CASES = {"embedding": (tf.grad(embedding), embedding_case),
          "embedding_sizes_as_arguments": (tf.grad(embedding), embedding_case)}
 
 if __name__ == "__main__":
-    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    generator = torch.Generator().manual_seed(int(sys.argv[1]))
-    errors = {}
-    for name, (kernel, case) in CASES.items():
-        args, want = case(generator)
-        out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16)
-        made = tf.compile(kernel, target="cuda:sm_90a",
-                          dynamic=True if name.endswith("sizes_as_arguments") else None)
-        assert made(**args, out=out) is out
-        errors[name] = relative_error(out, want)
-    print(json.dumps(errors))
+    # every size an argument of the kernels from the first call where the case's name says so
+    poisoned_main(CASES, lambda name, kernel: tf.compile(
+        kernel, target="cuda:sm_90a",
+        dynamic=True if name.endswith("sizes_as_arguments") else None))

@@ -11,6 +11,7 @@ import torch
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse import dsl as T
+from tensorfuse.torch_graph import GraphCallable
 from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode, segment_mean
 from tests.helpers import relative_error
 
@@ -108,22 +109,21 @@ STAGED = {"max_pool_l2", "group_norm_nested", "paged_decode", "layernorm_backwar
 INTERPRETED = ("max_pool_l2", "segment_mean", "layernorm_backward", "group_norm_backward")
 
 
-def interpreted(kernel):
-    """``kernel`` as ``tf.compile`` makes it for sm_90a, each stage's Triton template run by the
-    interpreter (what picks between a template and TVM's CUDA needs a GPU)."""
+def interpreted(kernel, dynamic=None):
+    """``kernel`` as ``tf.compile`` makes it for sm_90a (with ``dynamic``), each kernel run by
+    the interpreter: the one it picks at a call's sizes where that is a Triton kernel (a route
+    ahead of the template: reductions written out), else its Triton template; each stage's
+    likewise (what picks between a template and TVM's CUDA otherwise needs a GPU)."""
     import warnings
 
-    from tensorfuse.api import AutoKernel
     from tensorfuse.errors import NoTemplateWarning
     from tensorfuse.widened_kernel import RewrittenKernel
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NoTemplateWarning)
-        made = tf.compile(kernel, target="cuda:sm_90a")
+        made = tf.compile(kernel, target="cuda:sm_90a", dynamic=dynamic)
     if isinstance(made, RewrittenKernel):   # an equivalent program's kernel runs the calls
         made = made.inner
-    if isinstance(made, AutoKernel):
-        return made.template
     if not hasattr(made, "stages"):   # one kernel that the interpreter runs as it is
         return _interpreted_stage(None, made)
     made.kernels = tuple(_interpreted_stage(stage, k)
@@ -131,18 +131,40 @@ def interpreted(kernel):
     return made
 
 
+class _PickedPerCall(GraphCallable):
+    """An :class:`~tensorfuse.api.AutoKernel` choosing at each call's sizes as it does on a GPU,
+    among the kernels Triton's interpreter runs: its pick where that is a Triton kernel (the
+    elementwise template's, through a route ahead of the template), else its Triton
+    template."""
+
+    def __init__(self, made):
+        self.made, self.program = made, made.program
+
+    def invoke(self, key, args: tuple, kwargs: dict):
+        from tensorfuse.binding import bind_call
+        from tensorfuse.targets.triton.kernel import TritonKernel
+        from tensorfuse.targets.triton.scatter_kernel import ScatterKernel
+
+        shaped = {n: v for n, v in kwargs.items() if n != "out"}
+        chosen = self.made.for_sizes(**bind_call(self.program, args, shaped, "cpu").dims)
+        if not isinstance(chosen, (TritonKernel, ScatterKernel)):
+            chosen = self.made.template
+        return chosen.invoke(False, args, kwargs)
+
+
 def _interpreted_stage(stage, kernel):
     """A stage's Triton template (each flat sweep's, for a stage swept over several axes as
     one), or, for a stage no template takes, its program compiled for the CPU."""
     import types
 
+    from tensorfuse.api import AutoKernel
     from tensorfuse.flat_kernel import FlatSweepKernel
 
     if isinstance(kernel, FlatSweepKernel):
         return FlatSweepKernel(kernel.program, kernel.target, kernel.group,
-                               lambda sizes: kernel.for_sizes(**sizes).template)
-    if hasattr(kernel, "template"):
-        return kernel.template
+                               lambda sizes: _interpreted_stage(None, kernel.for_sizes(**sizes)))
+    if isinstance(kernel, AutoKernel):
+        return _PickedPerCall(kernel)
     if stage is None:   # a whole kernel: a flat sweep's or the elementwise template's
         return kernel
     return tf.compile(types.SimpleNamespace(program=stage.program, fn=None,

@@ -10,16 +10,12 @@ start masked), a mixture of experts' combine (written out over 8 experts) and co
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.unlisted_check SEED
 """
-import json
-import os
-import sys
-
 import torch
 
 from benchmarks.unlisted_kernels import (batch_norm_stats_nchw, biased_attention_bshd,
                                          causal_conv1d, cosine_similarity, l2_normalize_columns,
                                          masked_mean_pool, moe_combine, router_softmax)
-from tests.helpers import relative_error
+from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 
 
@@ -47,7 +43,7 @@ def columns_case(generator, N=300, D=45):
 def batch_norm_case(generator, B=3, C=5, H=7, W=9):
     x = (torch.randn(B, C, H, W, generator=generator) * 3 + 2).bfloat16()
     var, mean = torch.var_mean(x.double(), (0, 2, 3), correction=0)
-    return dict(x=x), torch.stack([mean, var])
+    return dict(x=x), (mean, var)
 
 
 def masked_mean_case(generator, B=3, S=37, D=300):
@@ -92,19 +88,5 @@ CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case)
          "moe_combine": (moe_combine, moe_combine_case),
          "cosine_similarity": (cosine_similarity, cosine_case)}
 
-TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
-
 if __name__ == "__main__":
-    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    generator = torch.Generator().manual_seed(int(sys.argv[1]))
-    errors = {}
-    for name, (kernel, case) in CASES.items():
-        args, want = case(generator)
-        several = len(kernel.program.outputs) > 1   # stacked in the reference
-        outs = tuple(torch.full(want.shape[1:] if several else want.shape, float("nan"),
-                                dtype=TORCH_DTYPES[c.dtypes[0]]) for c in kernel.program.outputs)
-        got = interpreted(kernel)(**args, out=outs if len(outs) > 1 else outs[0])
-        got = got if isinstance(got, tuple) else (got,)
-        assert all(g is o for g, o in zip(got, outs)), name   # written into the poisoned outputs
-        errors[name] = relative_error(torch.stack(outs) if several else outs[0], want)
-    print(json.dumps(errors))
+    poisoned_main(CASES, lambda name, kernel: interpreted(kernel))

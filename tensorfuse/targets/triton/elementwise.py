@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 
+from ...algebra.exprs import nodes
 from ...dsl.expr import Axis, Const, Load
 from ...dsl.symbolic_sizes import size_arguments
-from ...dsl import dtypes as dt
-from .expr import TL_DTYPES, TileContext, dim_sizes, offset, to_triton
+from .expr import TL_DTYPES, TileContext, computed, dim_sizes, offset, to_triton
 from .launch import compile_for, interpreting, load_kernel, signature
 from .launcher import Launches, Step
 from .rowtile import assemble_source
@@ -43,8 +43,6 @@ INTERLEAVED_MAX = 16
 def interleaved_loads(plan, sizes: dict) -> list[tuple[Load, int, dict]]:
     """Groups of the plan's loads that :data:`INTERLEAVED_MAX` describes: (the group's load at
     innermost index 0, the innermost extent, innermost index → load of the group)."""
-    from ...algebra.exprs import nodes
-
     last = plan.axes[-1]
     groups: dict = {}
     for _, expr in plan.outputs:
@@ -92,19 +90,14 @@ def emit_interleaved(plan, sizes: dict, tile: TileContext, rows: int, columns: i
             w(f"{index} = (pid % blocks) * {columns * q} + tl.arange(0, {columns * q})[None, :]")
             w(f"{mask} = (row < {row_count}) & ({index} < ({n}) * {q})")
         base = offset(Load(first.param, first.indices[:-2] + (Const(0, "i32"),) * 2), tile)
-        text = f"tl.load({first.param.name} + ({base} + {index}), mask={mask}, other=0)"
-        if dt.is_float(first.param.dtype) and first.param.dtype != "f32":
-            text += ".to(tl.float32)"
-        w(f"_w{k} = {text}")
+        w(f"_w{k} = " + computed(f"tl.load({first.param.name} + ({base} + {index}), "
+                                 f"mask={mask}, other=0)", first.param.dtype))
         for at, term in enumerate(_split_interleaved(w, f"_w{k}", rows, columns, q)):
             tile.memo[(members[at].key(), False)] = term
 
 
 def distinct_loads(plan) -> int:
     """The distinct tensor reads an element of the outputs makes."""
-    from ...algebra.exprs import nodes
-    from ...dsl.expr import Load
-
     return len({n.key() for _, expr in plan.outputs for n in nodes(expr)
                 if isinstance(n, Load)})
 

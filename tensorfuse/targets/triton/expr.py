@@ -8,6 +8,7 @@ computes and symbols read (tile variables of the kernel being written). Loads be
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 from ...dsl import dtypes as dt
@@ -125,16 +126,10 @@ def fresh_memo(memo: dict, keep: frozenset = frozenset()) -> dict:
 
 
 def nonnegative(e: Expr) -> bool:
-    """Whether an integer expression is at least 0 at every call: axes, sizes, non-negative
-    integer literals, and their sums, products, minima, maxima, quotients and remainders."""
-    if isinstance(e, (Axis, DimSize)):
-        return True
-    if isinstance(e, Const):
-        return isinstance(e.value, int) and not isinstance(e.value, bool) and e.value >= 0
-    if isinstance(e, Cast):
-        return dt.is_int(dt.resolve(e.dtype)) and nonnegative(e.a)
-    return isinstance(e, Binary) and e.op in ("add", "mul", "floordiv", "mod", "min", "max") \
-        and nonnegative(e.a) and nonnegative(e.b)
+    """Whether an integer expression is at least 0 at every call, whatever the sizes
+    (:func:`index_range`'s lowest value)."""
+    lowest = index_range(e, {})[0]
+    return lowest is not None and lowest >= 0
 
 
 def to_triton(e: Expr, ctx: TileContext) -> str:
@@ -247,36 +242,40 @@ def offset(e: Load, ctx: TileContext) -> str:
 
 def index_range(e: Expr, sizes: dict) -> tuple:
     """``(lowest, highest)`` an integer index expression takes over its axes (each bound ``None``
-    where it is not known at ``sizes``): axes, literals, sizes and their sums, differences,
-    products and quotients by literals, remainders, minima and maxima."""
-    if isinstance(e, Axis):
-        extent = e.extent if isinstance(e.extent, int) else sizes.get(e.extent)
-        return 0, extent - 1 if isinstance(extent, int) else None
+    where it is not known at ``sizes``; a size not in ``sizes`` is at least 0): axes, literals,
+    sizes and their sums, differences, products and quotients, remainders, minima and maxima."""
+    if isinstance(e, (Axis, DimSize)):
+        name = e.extent if isinstance(e, Axis) else e.name
+        size = name if isinstance(name, int) else sizes.get(name)
+        if not isinstance(size, int):
+            return 0, None
+        return (0, size - 1) if isinstance(e, Axis) else (size, size)
     if isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
         return e.value, e.value
-    if isinstance(e, DimSize):
-        size = sizes.get(e.name)
-        return (size, size) if isinstance(size, int) else (None, None)
     if isinstance(e, Cast) and dt.is_int(dt.resolve(e.dtype)):
         return index_range(e.a, sizes)
     if not isinstance(e, Binary):
         return None, None
     (alo, ahi), (blo, bhi) = index_range(e.a, sizes), index_range(e.b, sizes)
-    known = lambda *v: all(x is not None for x in v)  # noqa: E731
+
+    def both(f, x, y):
+        return f(x, y) if x is not None and y is not None else None
+
     if e.op == "add":
-        return (alo + blo if known(alo, blo) else None, ahi + bhi if known(ahi, bhi) else None)
+        return both(operator.add, alo, blo), both(operator.add, ahi, bhi)
     if e.op == "sub":
-        return (alo - bhi if known(alo, bhi) else None, ahi - blo if known(ahi, blo) else None)
+        return both(operator.sub, alo, bhi), both(operator.sub, ahi, blo)
     if e.op in ("min", "max"):
         pick = min if e.op == "min" else max
-        return (pick(alo, blo) if known(alo, blo) else None,
-                pick(ahi, bhi) if known(ahi, bhi) else None)
-    if e.op == "mod" and known(blo, bhi) and blo > 0 and known(alo) and alo >= 0:
-        return 0, bhi - 1
-    if e.op in ("mul", "floordiv") and known(blo, bhi) and blo == bhi and \
-            (blo > 0 or e.op == "mul" and blo >= 0):
-        f = (lambda v: v * blo) if e.op == "mul" else (lambda v: v // blo)  # noqa: E731
-        return (f(alo) if known(alo) else None, f(ahi) if known(ahi) else None)
+        return both(pick, alo, blo), both(pick, ahi, bhi)
+    if alo is None or blo is None or alo < 0 or blo < 0:   # below: of non-negative operands
+        return None, None
+    if e.op == "mul":
+        return alo * blo, both(operator.mul, ahi, bhi)
+    if e.op == "floordiv":
+        return (alo // bhi if bhi else 0), (ahi // blo if ahi is not None and blo else ahi)
+    if e.op == "mod":
+        return 0, (bhi - 1 if bhi else ahi)
     return None, None
 
 
@@ -290,15 +289,11 @@ def _bounds(e: Load, ctx: TileContext) -> list[str]:
         if isinstance(index, Axis) or is_gathered(index):
             continue
         lo, hi = index_range(index, ctx.sizes)
-        if lo is None and hi is None:
-            continue
-        text = None
-        if lo is not None and lo < 0 or hi is not None and isinstance(size, int) and hi >= size:
+        below = lo is not None and lo < 0
+        above = hi is not None and isinstance(size, int) and hi >= size
+        if below or above:
             text = to_triton(index, ctx.child(keep_dtype=False))
-        if lo is not None and lo < 0:
-            masks.append(f"({text} >= 0)")
-        if hi is not None and isinstance(size, int) and hi >= size:
-            masks.append(f"({text} < {size})")
+            masks += [f"({text} >= 0)"] * below + [f"({text} < {size})"] * above
     return masks
 
 
@@ -309,6 +304,10 @@ def load(e: Load, ctx: TileContext) -> str:
     hint = _eviction(e, ctx.streaming)
     text = f"tl.load({ptr}, mask={' & '.join(masks)}, other=0{hint})" if masks else \
         f"tl.load({ptr}{', ' + hint[2:] if hint else ''})"
-    if ctx.keep_dtype or not dt.is_float(e.param.dtype) or e.param.dtype == "f32":
-        return text
-    return f"{text}.to(tl.float32)"
+    return text if ctx.keep_dtype else computed(text, e.param.dtype)
+
+
+def computed(loaded: str, dtype: str) -> str:
+    """A tile ``loaded`` from a tensor of ``dtype`` in the type the template computes in: 16-bit
+    floats widened to f32, other types as they are."""
+    return loaded if not dt.is_float(dtype) or dtype == "f32" else f"{loaded}.to(tl.float32)"
