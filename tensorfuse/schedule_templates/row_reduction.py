@@ -94,10 +94,10 @@ MAX_PARTS = 64
 # held whole in 64-row tiles, gained nothing from several tiles a program
 TILED_CONTIGUOUS = (32, 8, 4, 2)   # rows, warps, stages, row tiles a program
 # A strided sweep of 4096 elements or more (16+ blocks) whose outputs run along it (so it is not
-# split into parts): blocks of 256 with the loads of three ahead. The columns of [8192, 4096] L2-normalised (the sweep down 8192 rows, then the outputs
-# along it): 0.056 ms against 0.069 in 32 × 512 blocks, 2 stages; 8 warps or 512-wide blocks
-# with 4 stages 0.056-0.058; torch.compile 0.054 (``benchmarks.strided_rows_knobs --only
-# column_norm``)
+# split into parts): blocks of 256 with the loads of three ahead. The columns of [8192, 4096]
+# L2-normalised (the sweep down 8192 rows, then the outputs along it): 0.056 ms against 0.069 in
+# 32 × 512 blocks, 2 stages; 8 warps or 512-wide blocks with 4 stages 0.056-0.058;
+# torch.compile 0.054 (``benchmarks.strided_rows_knobs --only column_norm``)
 LONG_SWEEP, LONG_SWEPT_CONTIGUOUS = 4096, (32, 256, 4, 4)
 # A strided sweep too long to hold whose outputs are one value a row (a masked mean over 2048
 # tokens of [32, 2048, 1024], rows (b, d)): blocks of 128 by 8 warps, unpipelined — 0.041 ms
