@@ -122,6 +122,21 @@ def measure_ceilings() -> dict:
     return {"copy_tbps": copy, "gemm_tflops": gemm}
 
 
+def measure_f32_gemm() -> float:
+    """The CUDA cores' rate in TFLOP/s, measured now: cuBLAS's f32 GEMM at 8192³ with TF32 off
+    (its FMAs counted as 2 operations each) — the ceiling of work that cannot use the tensor
+    cores."""
+    a = torch.randn(8192, 8192, device="cuda")
+    b = torch.randn(8192, 8192, device="cuda")
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        ms = bench(lambda: a @ b)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return 2 * 8192**3 / ms / 1e9
+
+
 def relative_error(out, ref) -> float:
     out, ref = out.float(), ref.float()
     finite = torch.isfinite(ref)

@@ -10,9 +10,11 @@ contraction template directly (on sm_90a ``tf.compile`` gives the Hopper GEMM th
 ``tensorfuse`` rows are ``tf.compile``'s choice.
 
     python -m benchmarks.contraction [--out DIR] [--only linear,weight_gradient,...] [--sweep]
+                                     [--pairs]
 
 ``--sweep``: the template's tiles, warps and stages around its defaults on each case (CSV
-``…-contraction-knobs.csv``).
+``…-contraction-knobs.csv``); ``--pairs``: pairwise reductions' tiles (CSV
+``…-contraction-pairs-knobs.csv``).
 """
 from __future__ import annotations
 
@@ -146,6 +148,21 @@ def measure(rows: list, only: set | None = None, log=print) -> None:
         swiglu_backward_rows(rows, ceiling, log=log)
 
 
+def _checked_time(call, pick, want, tolerance: float, what: str, log):
+    """``(ms, error)`` of ``call`` where ``pick`` of its output is within ``tolerance`` of
+    ``want`` (float64); None, said why, where it is wrong or fails (a candidate's failure is
+    reported, not raised)."""
+    try:
+        error = relative_error(pick(call()), want)
+        if error > tolerance:
+            log(f"{what}: WRONG (error {error:.2e}); not timed")
+            return None
+        return bench(call), error
+    except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported
+        log(f"{what}: {type(exc).__name__}: {str(exc)[:160]}")
+        return None
+
+
 # tiles, warps and stages a sweep tries around the defaults (128 × 128 / 128 × 256, 8 warps, 3
 # stages): what the defaults are checked against
 SWEPT = tuple((m, n, w, st) for m, n in ((128, 128), (128, 256), (256, 128), (64, 256))
@@ -173,15 +190,11 @@ def sweep(rows: list, only: set | None = None, log=print) -> None:
             for m, n, w, st in SWEPT})
         timed = []
         for label, kernel_ in made.items():
-            try:
-                error = relative_error(kernel_(**args), want)
-                ms = bench(functools.partial(kernel_, **args)) if error <= TOLERANCE else None
-            except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported
-                log(f"{name} {label}: {type(exc).__name__}: {str(exc)[:160]}")
+            found = _checked_time(functools.partial(kernel_, **args), lambda out: out, want,
+                                  TOLERANCE, f"{name} {label}", log)
+            if found is None:
                 continue
-            if ms is None:
-                log(f"{name} {label}: WRONG (error {error:.2e}); not timed")
-                continue
+            ms, error = found
             rate = flops / ms / 1e9
             rows.append(Row(f"contraction_knobs/{name}", shape, label, ms, rate, 0.0,
                             rate / ceiling, f"err {error:.1e}"))
@@ -190,15 +203,73 @@ def sweep(rows: list, only: set | None = None, log=print) -> None:
             log(f"{name} {label}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
 
 
+# pairwise reductions' tiles (block_m, block_n, block_k, warps, stages) a sweep tries around
+# their defaults (64 × 64 pairs, blocks of 4 indices, 4 warps, 2 stages)
+PAIRS_SWEPT = ((64, 64, 8, 4, 2), (64, 64, 2, 4, 2), (64, 64, 4, 4, 3), (64, 64, 4, 2, 2),
+               (128, 64, 4, 4, 2), (64, 128, 4, 4, 2), (128, 128, 4, 8, 2), (128, 128, 8, 8, 2),
+               (128, 128, 4, 4, 2), (32, 64, 4, 2, 2), (32, 32, 4, 1, 2))
+
+
+def pairs_sweep(rows: list, only: set | None = None, log=print) -> None:
+    """Pairwise reductions' tiles (``benchmarks.unlisted_kernels``' distances) around their
+    defaults, and at D=16, where ``tf.compile`` writes the sum out in one flat pass, that
+    against the tiles: each candidate checked against float64 on every 97th row, then timed;
+    operations 3 per pair and index, against cuBLAS's f32 GEMM on the CUDA cores (2 an
+    instruction there, 1.5 here: 75 % is the instructions' limit)."""
+    from benchmarks.common import measure_f32_gemm
+    from benchmarks.unlisted_kernels import manhattan_distances, squared_distances
+
+    target = get_target("cuda")
+    ceiling = measure_f32_gemm()
+    for name, kernel, dtype, M, N, D, tolerance in (
+            ("squared_distances", squared_distances, torch.float32, 4096, 4096, 128, 1e-5),
+            ("manhattan_distances", manhattan_distances, torch.bfloat16, 4096, 4096, 128, 8e-3),
+            ("squared_distances", squared_distances, torch.float32, 16384, 16384, 128, 1e-5),
+            ("squared_distances", squared_distances, torch.float32, 16384, 16384, 16, 1e-5)):
+        if only and name not in only:
+            continue
+        x, y = (_randn(n, D, scale=2.0, dtype=dtype) for n in (M, N))
+        picked = torch.arange(0, M, 97, device="cuda")
+        p = 2 if name == "squared_distances" else 1
+        want = torch.cdist(x[picked].double(), y.double(), p=p) ** p
+        made = {"tf.compile": tf.compile(kernel),
+                "default": triton_contraction(kernel, target)}
+        made.update({f"{m}x{n} k{k} w{w} s{st}": triton_contraction(
+            kernel, target, block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st)
+            for m, n, k, w, st in PAIRS_SWEPT})
+        shape = f"M{M} N{N} D{D} {'f32' if dtype == torch.float32 else 'bf16'}"
+        flops, timed = 3 * M * N * D, []
+        for label, kernel_ in made.items():
+            found = _checked_time(functools.partial(kernel_, x, y), lambda out: out[picked], want,
+                                  tolerance, f"{name} {shape} {label}", log)
+            if found is None:
+                continue
+            ms, error = found
+            rate = flops / ms / 1e9
+            note = f"err {error:.1e}" + (f"; {kernel_.schedule_origin(M=M, N=N, D=D)}"
+                                         if label == "tf.compile" else "")
+            rows.append(Row(f"contraction_pairs/{name}", shape, label, ms, rate, 0.0,
+                            rate / ceiling, note))
+            timed.append((ms, label))
+        for ms, label in sorted(timed)[:4] + [t for t in timed if t[1] in ("default",
+                                                                             "tf.compile")]:
+            log(f"{name} {shape} {label}: {ms:.3f} ms, {flops / ms / 1e9:.1f} TFLOP/s "
+                f"({flops / ms / 1e9 / ceiling:.0%} of f32 GEMM)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--only", default="", help="comma-separated case names")
     parser.add_argument("--sweep", action="store_true",
                         help="the template's knobs around its defaults, per case")
+    parser.add_argument("--pairs", action="store_true",
+                        help="pairwise reductions' tiles around their defaults")
     args = parser.parse_args(argv)
     only = {n for n in args.only.split(",") if n} or None
-    if args.sweep:
+    if args.pairs:
+        run_and_write(lambda rows: pairs_sweep(rows, only), args.out, "contraction-pairs-knobs")
+    elif args.sweep:
         run_and_write(lambda rows: sweep(rows, only), args.out, "contraction-knobs")
     else:
         run_and_write(lambda rows: measure(rows, only), args.out, "contraction")

@@ -249,8 +249,10 @@ SECTIONS = (
      "as above, then `tf.tune` at each call's sizes (`tensorfuse tuned`: tf.compile reading "
      "the records; trials a task in its note)", "python -m benchmarks.user_kernels --tune 6"),
     ("unlisted-kernels", "Kernels no issue lists, as a new user writes them",
-     "bf16 (the router f32); each against the best torch alternative on the same tensors",
-     "python -m benchmarks.unlisted_kernels"),
+     "bf16 (the router, the squared distances and the Gaussian sum f32); each against the best "
+     "torch alternative on the same tensors; the distances in TFLOP/s (3 operations a pair and "
+     "dimension) against cuBLAS's f32 GEMM on the CUDA cores, whose fused multiply-adds make "
+     "75 % the limit here", "python -m benchmarks.unlisted_kernels"),
     ("neighborhood", "Neighbourhood attention on 2-D and 3-D maps",
      "bf16; TFLOP/s of the kept FLOPs; `graph`: calls replayed from a CUDA graph",
      "python -m benchmarks.neighborhood --csv PATH"),
@@ -302,6 +304,11 @@ SECTIONS = (
     ("contraction-knobs", "The contraction template's knobs",
      "bf16; TFLOP/s and the fraction of cuBLAS's 8192³ rate; every candidate checked against "
      "float64; `default`: the template's own choice", "python -m benchmarks.contraction --sweep"),
+    ("contraction-pairs-knobs", "The contraction template's pairwise tiles",
+     "f32 (L1 distances bf16); TFLOP/s (3 operations a pair and dimension) and the fraction of "
+     "cuBLAS's f32 GEMM on the CUDA cores (75 % the instructions' limit); every candidate "
+     "checked against float64; `default`: the template's own choice, `tf.compile`: its pick",
+     "python -m benchmarks.contraction --pairs"),
     ("gemm-ffn", "FFN blocks (two Hopper GEMMs, the activation fused)",
      "bf16, K=4096, N=14336, O=4096", "python -m benchmarks.gemm --ffn"),
     ("rows", "Row reductions", "bf16; GB/s of the bytes each kernel must move",

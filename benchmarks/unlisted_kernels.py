@@ -1,6 +1,7 @@
 """Kernels no issue lists, written as a new user would write them — a CNN's batch-norm statistics
 and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens, Mamba's causal
-depthwise convolution, a mixture of experts' gated combine, cosine similarities, columns
+depthwise convolution, a mixture of experts' gated combine, cosine similarities, squared and L1
+distances between point sets and a Gaussian kernel's sum over one, columns
 L2-normalised, a router's softmax over 8 experts, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors, an LM head's
 softmax — through ``tf.compile`` defaults against the best torch alternative in the same
@@ -76,6 +77,31 @@ def cosine_similarity(x: T.Tensor["M", "D", "bf16"], y: T.Tensor["N", "D", "bf16
     dot = T.sum(x[i, d] * y[j, d], over=d)
     return dot * T.rsqrt(T.sum(x[i, d] * x[i, d], over=d)) * \
         T.rsqrt(T.sum(y[j, d] * y[j, d], over=d))
+
+
+@tf.kernel
+def squared_distances(x: T.Tensor["M", "D", "f32"], y: T.Tensor["N", "D", "f32"]):
+    """Every pair's squared Euclidean distance of two point sets (k-means, kernel methods),
+    written as the difference it is, not expanded into norms and a GEMM."""
+    i, j, d = T.axes("i j d")
+    return T.sum((x[i, d] - y[j, d]) * (x[i, d] - y[j, d]), over=d)
+
+
+@tf.kernel
+def manhattan_distances(x: T.Tensor["M", "D", "bf16"], y: T.Tensor["N", "D", "bf16"]):
+    """Every pair's L1 distance (``torch.cdist(x, y, p=1)``), in f32 from bf16 points."""
+    i, j, d = T.axes("i j d")
+    return T.sum(T.abs(x[i, d] - y[j, d]), over=d)
+
+
+@tf.kernel
+def gaussian_kernel_sum(x: T.Tensor["M", "D", "f32"], y: T.Tensor["N", "D", "f32"],
+                        b: T.Tensor["N", "f32"]):
+    """A Gaussian kernel's sum over a point set, ``Σ_j exp(−‖x_i − y_j‖²) b_j`` (kernel density,
+    Gaussian processes, KeOps' first example): a reduction over the pairs' distances."""
+    i, j, d = T.axes("i j d")
+    d2 = T.sum((x[i, d] - y[j, d]) * (x[i, d] - y[j, d]), over=d)
+    return T.sum(T.exp(-d2) * b[j], over=j)
 
 
 @tf.kernel
@@ -208,6 +234,61 @@ def _cosine_case(generator, M=8192, N=8192, D=1024) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(M=M, N=N, D=D)})
 
 
+def _pairwise_case(name, kernel, eager, reference, dtype, M, N, D, generator) -> Case:
+    """A pairwise-distance case: ``eager`` is torch's own (``torch.cdist``), then what
+    torch.compile makes of the broadcast form of the same math (``reference``). Operations: 3
+    per pair and index (a subtraction, a square or an absolute value, an addition), against an
+    f32 GEMM's measured rate on the CUDA cores — which fuses its 2 operations an index into one
+    instruction where these take 2 for 3: 75 % of it is the limit of the instructions issued."""
+    x = (torch.randn(M, D, generator=generator) * 2).to("cuda", dtype)
+    y = (torch.randn(N, D, generator=generator) * 2 + 0.5).to("cuda", dtype)
+    f, compiled = Recorded(kernel), torch.compile(reference)
+    rows = torch.arange(0, M, 97)
+    return Case(name, f"M{M} N{N} D{D} {'f32' if dtype == torch.float32 else 'bf16'}",
+                lambda: f(x, y),
+                {"torch cdist": lambda: eager(x, y), TORCH_COMPILE: lambda: compiled(x, y)},
+                reference(x[rows].double(), y.double()), lambda out: out[rows],
+                flops=3 * M * N * D, ceiling="f32_gemm_tflops",
+                notes={TENSORFUSE: f.schedule_origin(M=M, N=N, D=D)})
+
+
+def _squared_distances_case(generator, M=4096, N=4096, D=128) -> Case:
+    return _pairwise_case("squared_distances", squared_distances,
+                          lambda a, b: torch.cdist(a, b) ** 2,
+                          lambda a, b: ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1),
+                          torch.float32, M, N, D, generator)
+
+
+def _manhattan_case(generator, M=4096, N=4096, D=128) -> Case:
+    return _pairwise_case("manhattan_distances", manhattan_distances,
+                          lambda a, b: torch.cdist(a.float(), b.float(), p=1),
+                          lambda a, b: (a[:, None, :].to(torch.float32 if a.dtype != torch.float64
+                                                         else a.dtype) - b[None, :, :]).abs()
+                          .sum(-1),
+                          torch.bfloat16, M, N, D, generator)
+
+
+def _gaussian_sum_case(generator, M=16384, N=16384, D=3) -> Case:
+    """3-D points (a point cloud's density); torch materialises the [M, N] kernel matrix
+    (``cdist``, ``exp``, a GEMV), torch.compile gets the broadcast form. Operations: 3 a pair
+    and dimension, and an exponential, a product and a sum a pair."""
+    x, y = (torch.rand(n, D, generator=generator).to("cuda") * 4 for n in (M, N))
+    b = torch.randn(N, generator=generator).to("cuda")
+
+    def eager(p, q, w):
+        return torch.exp(-torch.cdist(p, q) ** 2) @ w
+
+    def broadcast(p, q, w):
+        return (torch.exp(-((p[:, None, :] - q[None, :, :]) ** 2).sum(-1)) * w).sum(-1)
+    f, compiled = Recorded(gaussian_kernel_sum), torch.compile(broadcast)
+    rows = torch.arange(0, M, 97)
+    return Case("gaussian_kernel_sum", f"M{M} N{N} D{D} f32", lambda: f(x, y, b),
+                {TORCH_EAGER: lambda: eager(x, y, b), TORCH_COMPILE: lambda: compiled(x, y, b)},
+                broadcast(x[rows].double(), y.double(), b.double()), lambda out: out[rows],
+                flops=M * N * (3 * D + 3), ceiling="f32_gemm_tflops",
+                notes={TENSORFUSE: f.schedule_origin(M=M, N=N, D=D)})
+
+
 def _l2_columns_case(generator, N=8192, D=4096) -> Case:
     x = torch.randn(N, D, generator=generator).to("cuda", torch.bfloat16)
 
@@ -292,6 +373,9 @@ UNLISTED = {
     "causal_conv1d": _causal_conv_case,
     "moe_combine": _moe_combine_case,
     "cosine_similarity": _cosine_case,
+    "squared_distances": _squared_distances_case,
+    "manhattan_distances": _manhattan_case,
+    "gaussian_kernel_sum": _gaussian_sum_case,
     "l2_normalize_columns": _l2_columns_case,
     "router_softmax": _router_case,
     "rotary": _rotary_case,

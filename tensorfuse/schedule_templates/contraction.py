@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..algebra.exprs import nodes
+from ..algebra.exprs import has_axis, nodes
 from ..dsl import dtypes as dt
 from ..dsl.expr import Load
 from ..errors import ScheduleError, TargetError
@@ -47,8 +47,9 @@ def _pow2_at_least(n: int, low: int) -> int:
 
 
 def operand_bytes(plan: ContractionPlan) -> int:
-    """Bytes of one element of the widest operand the tensor cores read."""
-    return max(4 if p.dtype == "f32" else 2 for p in plan.products)
+    """Bytes of one element of the widest operand the tensor cores read (4 where only pairwise
+    reductions, computed in f32, read them)."""
+    return max((4 if p.dtype == "f32" else 2 for p in plan.products), default=4)
 
 
 def _loads(side) -> dict:
@@ -64,6 +65,10 @@ def shared_bytes(plan: ContractionPlan, knobs: ContractionKnobs) -> int:
     for p in plan.products:
         rows.update(_loads(p.rows_side))
         cols.update(_loads(p.cols_side))
+    for p in plan.pairwise:   # each load a tile of the side whose free axis it reads
+        for key, n in _loads(p.body).items():
+            if any(has_axis(n, k) for k in plan.ks):
+                (rows if has_axis(n, plan.rows) else cols)[key] = n
     per_stage = sum(knobs.block_m * knobs.block_k * dt.to_numpy(n.param.dtype).itemsize
                     for n in rows.values())
     per_stage += sum(knobs.block_k * knobs.block_n * dt.to_numpy(n.param.dtype).itemsize
@@ -84,7 +89,13 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict, target: Target
     and stages around them for ``nn.Linear``, SwiGLU's gate-weight gradient and its gated pair
     at 8192 × 4096 × 14336 (``python -m benchmarks.contraction --sweep``)."""
     rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
-    if operand_bytes(plan) == 4:
+    if not plan.products:
+        depth = 1
+        for axis in plan.ks:
+            depth *= int(plan.extent(axis, sizes))
+        knobs = ContractionKnobs(*(PAIRWISE_TILE if depth >= PAIRWISE_LONG
+                                   else PAIRWISE_SHORT_TILE))
+    elif operand_bytes(plan) == 4:
         knobs = ContractionKnobs(64, 64, 32, 4, 2)
     else:
         wide = target.kind == "cuda" and target.compute_capability >= (9, 0)
@@ -93,7 +104,7 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict, target: Target
                                  128 if sums == 2 else 64)
     knobs = replace(knobs, block_m=min(knobs.block_m, _pow2_at_least(int(rows), 16)),
                     block_n=min(knobs.block_n, _pow2_at_least(int(cols), 16)))
-    if knobs.block_m * knobs.block_n <= 64 * 64:
+    if knobs.block_m * knobs.block_n <= 64 * 64 and plan.products:
         knobs = replace(knobs, num_warps=4)
     knobs = replace(knobs, stage_sides=int(_reread(plan, knobs, sizes)) if stage_sides is None
                     else stage_sides)
@@ -109,6 +120,17 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict, target: Target
     while shared_bytes(plan, knobs) > room and knobs.block_n > 16:
         knobs = replace(knobs, block_n=knobs.block_n // 2)
     return knobs
+
+
+# Pairwise reductions alone: blocks of 4 contracted indices, 2 stages; 128 × 128 pairs a tile on
+# 4 warps over a long contracted axis (64 indices or more), 64 × 64 on 2 warps over a short one.
+# On the H200 these were the best of 13 tiles, warps, depths and stages for squared and L1
+# distances of 4096² and 16384² pairs over 128 dimensions (within 5 % of each other there) and
+# over 16 dimensions (where 128 × 128 was 15 % slower); blocks of 8 and 8 warps were 10-40 %
+# slower (``python -m benchmarks.contraction --pairs``).
+PAIRWISE_TILE = (128, 128, 4, 4, 2)
+PAIRWISE_SHORT_TILE = (64, 64, 4, 2, 2)
+PAIRWISE_LONG = 64
 
 
 def _reread(plan: ContractionPlan, knobs: ContractionKnobs, sizes: dict) -> bool:
@@ -140,6 +162,11 @@ def contraction_choices(plan: ContractionPlan, sizes: dict, target: TargetSpec) 
         return tuple(sorted({v for v in values if v <= cap} | {default}))
 
     rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
+    if not plan.products:   # pairwise reductions: narrower tiles and blocks (PAIRWISE_TILE)
+        return {"block_m": upto(rows, (32, 64, 128), defaults.block_m),
+                "block_n": upto(cols, (32, 64, 128), defaults.block_n),
+                "block_k": (2, 4, 8), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3),
+                "group_m": (4, 8, 16), "stage_sides": (0,)}
     return {"block_m": upto(rows, (64, 128, 256), defaults.block_m),
             "block_n": upto(cols, (64, 128, 256), defaults.block_n),
             "block_k": tuple(sorted({32, 64, defaults.block_k})),
@@ -153,9 +180,14 @@ def check_contraction(plan: ContractionPlan, knobs: ContractionKnobs, target: Ta
     """A :class:`TargetError` where ``knobs`` cannot run on ``target``."""
     for name in ("block_m", "block_n", "block_k"):
         value = getattr(knobs, name)
-        if value < 16 or value & (value - 1):
-            raise TargetError(f"{name}={value}: tiles are powers of two of at least 16 "
-                              "(tl.dot's smallest)")
+        if value < 1 or value & (value - 1):
+            raise TargetError(f"{name}={value}: tiles are powers of two")
+        if value < 16 and (plan.products or name != "block_k"):
+            raise TargetError(f"{name}={value}: tiles are at least 16 "
+                              "(tl.dot's smallest; the pairs' rows and columns too)")
+    if not plan.products and knobs.block_k > 16:
+        raise TargetError(f"block_k={knobs.block_k}: pairwise reductions take blocks of at "
+                          "most 16 indices (each index of a block is unrolled)")
     if knobs.stage_sides not in (0, 1):
         raise TargetError(f"stage_sides={knobs.stage_sides}: 0 or 1")
     if knobs.stage_sides and plan.staging is None:

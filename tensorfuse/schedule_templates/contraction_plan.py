@@ -16,6 +16,14 @@ H100's native template, and a weight gradient of SwiGLU's backward on TVM's defa
   the stores run along memory;
 - **batch** axes: the output's others (the grid's second dimension), read by either side.
 
+A sum, maximum or minimum whose body is no such product but whose loads each read the rows or
+the columns, never both — ``Σ_d (x[i, d] − y[j, d])²``, ``max_d |x[i, d] − y[j, d]|``, a
+max-plus product ``max_k a[i, k] + b[k, j]`` — is a **pairwise** reduction
+(:class:`PairwiseReduction`): the same tiles, each block of the contracted axis loaded once per
+tile and the body computed on the CUDA cores for every (row, column) pair, in f32. A row kernel
+would read both rows' operands again for every output element (squared distances of 4096 × 4096
+points in 128 dimensions: 0.86 ms as rows, ``benchmarks.unlisted_kernels``).
+
 Each side is any elementwise expression of loads (a stored activation's derivative, a scale), with
 the tensors indexed through their own strides — ``x[i, k]`` as the rows side of ``out[k, n]`` is
 read transposed, without a copy. Several sums over the same axes share the tile loop, each its own
@@ -51,6 +59,7 @@ from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
 
 WHO = "contraction template"
+PAIRWISE_MONOIDS = ("sum", "max", "min")
 SIXTEEN_BIT = ("bf16", "f16")
 
 
@@ -68,6 +77,18 @@ class Product:
     dtype: str
     rounded: tuple[str, ...] = ()
     outer: Expr | None = None
+
+
+@dataclass(frozen=True)
+class PairwiseReduction:
+    """One reduction of the plan that is no product: ``name = monoid_k body``, ``monoid``
+    ``"sum"``, ``"max"`` or ``"min"``, ``body`` an elementwise expression whose loads each read
+    the rows axis or the columns axis (or neither), never both, computed in f32 for every pair
+    of a tile's rows and columns."""
+
+    name: str
+    body: Expr
+    monoid: str
 
 
 @dataclass(frozen=True)
@@ -99,6 +120,7 @@ class ContractionPlan:
     outputs: tuple[Compute, ...]
     staged: tuple[StagedSide, ...] = ()
     staging: "ContractionPlan | None" = None
+    pairwise: tuple[PairwiseReduction, ...] = ()
 
     def for_knobs(self, knobs) -> "ContractionPlan":
         """The plan the tiles run with ``knobs``: the staged one where they stage sides."""
@@ -124,6 +146,8 @@ class ContractionPlan:
             lines.append(f"  {p.name} = {scaled}Σ_{self.k_names} ({to_text(p.rows_side)}) · "
                          f"({to_text(p.cols_side)})  [tensor cores in {p.dtype}{rounded}, "
                          "f32 accumulation]")
+        lines += [f"  {p.name} = {p.monoid}_{self.k_names} {to_text(p.body)}  [every (row, column) "
+                  "pair on the CUDA cores, f32]" for p in self.pairwise]
         lines += [f"  {s.param.name}[{', '.join(a.name for a in s.axes)}] = {to_text(s.value)}  "
                   f"[stored as {s.param.dtype} before the tiles]" for s in self.staged]
         lines.append("  outputs computed on the accumulators: " + ", ".join(
@@ -175,8 +199,9 @@ def plan_contraction(program: Program) -> ContractionPlan:
     if not sums:
         raise _refuse(f"{program.name} has no sums")
     for c in sums:
-        if c.monoid.name != "sum" or c.arity != 1:
-            raise _refuse(f"{c.name} is not a sum (it takes sums of products)", c.loc)
+        if c.monoid.name not in PAIRWISE_MONOIDS or c.arity != 1:
+            raise _refuse(f"{c.name} is not a sum, maximum or minimum (it takes sums of products "
+                          "and reductions of pairs)", c.loc)
     ks = tuple(sums[0].over)
     axes = [a.uid for a in sums[0].axes]
     for c in sums[1:]:
@@ -198,15 +223,23 @@ def plan_contraction(program: Program) -> ContractionPlan:
         raise _refuse("a sum reads another reduction: one contraction at a time (the stages "
                       "of the floor store the first)")
     out_axes = list(outputs[0].axes) if outputs else list(sums[0].axes)
-    found = _roles(bodies, out_axes, ks)
+    found = _roles(bodies, [c.monoid.name for c in sums], out_axes, ks)
     if found is None:
         raise _refuse("no rows and columns axes: each sum must be a product of a factor reading "
                       "one output axis and the contracted one, and a factor reading another "
-                      f"output axis and the contracted one ({', '.join(to_text(b) for b in bodies)})",
-                      sums[0].loc)
+                      "output axis and the contracted one, or each reduction's loads read one "
+                      "of two output axes, never both "
+                      f"({', '.join(to_text(b) for b in bodies)})", sums[0].loc)
     rows, cols, sides = found
-    products = []
-    for c, (rows_side, cols_side, outer) in zip(sums, sides):
+    products, pairwise = [], []
+    for c, body, split in zip(sums, bodies, sides):
+        if split is None:
+            if not dt.is_float(dt.resolve(c.dtypes[0])):
+                raise _refuse(f"{c.name} reduces integers: its pairs are computed in f32, "
+                              "which would round large integers", c.loc)
+            pairwise.append(PairwiseReduction(c.name, body, c.monoid.name))
+            continue
+        rows_side, cols_side, outer = split
         if not all(dt.is_float(dt.resolve(side.dtype)) for side in (rows_side, cols_side)) or \
                 not dt.is_float(dt.resolve(c.dtypes[0])):
             raise _refuse(f"{c.name} sums integers: the tensor cores multiply floats, which "
@@ -214,7 +247,8 @@ def plan_contraction(program: Program) -> ContractionPlan:
         dtype, rounded = _operand_dtypes(rows_side, cols_side)
         products.append(Product(c.name, rows_side, cols_side, dtype, rounded, outer))
     batch = tuple(a for a in out_axes if a.uid not in (rows.uid, cols.uid))
-    plan = ContractionPlan(program, tuple(products), ks, rows, cols, batch, outputs)
+    plan = ContractionPlan(program, tuple(products), ks, rows, cols, batch, outputs,
+                           pairwise=tuple(pairwise))
     return replace(plan, staging=_staged(plan))
 
 
@@ -251,18 +285,31 @@ def _staged(plan: ContractionPlan) -> ContractionPlan | None:
     return replace(plan, program=program, products=tuple(products), staged=tuple(staged))
 
 
-def _roles(bodies: list[Expr], out_axes: list[Axis], ks: tuple):
-    """``(rows, cols, [(rows side, cols side, outer) per sum])``: the columns are the innermost output
-    axis with which every sum splits, the rows the innermost other one (a tile's stores then run
-    along memory); None where no pair splits them all."""
+def _roles(bodies: list[Expr], monoids: list[str], out_axes: list[Axis], ks: tuple,
+           pairs: bool = True):
+    """``(rows, cols, [(rows side, cols side, outer), or None for a pairwise reduction, per
+    reduction])``: the columns are the innermost output axis with which every sum splits as a
+    product or every reduction reads its operands in pairs (:func:`_pairwise`), the rows the
+    innermost other one (a tile's stores then run along memory); None where no pair of axes
+    takes them all. ``pairs``: whether pairwise reductions count (else products only)."""
     for cols in reversed(out_axes):
         for rows in reversed(out_axes):
             if rows.uid == cols.uid:
                 continue
-            sides = [_split(b, rows, cols, ks) for b in bodies]
-            if all(s is not None for s in sides):
+            sides = [_split(b, rows, cols, ks) if m == "sum" else None
+                     for b, m in zip(bodies, monoids)]
+            if all(s is not None or (pairs and _pairwise(b, rows, cols))
+                   for b, s in zip(bodies, sides)):
                 return rows, cols, sides
     return None
+
+
+def _pairwise(body: Expr, rows: Axis, cols: Axis) -> bool:
+    """Whether ``body`` reads both axes, but no load of it reads both (each then loaded once
+    per tile and paired on the CUDA cores)."""
+    loads = [n for n in nodes(body) if isinstance(n, Load)]
+    return has_axis(body, rows) and has_axis(body, cols) and \
+        not any(has_axis(n, rows) and has_axis(n, cols) for n in loads)
 
 
 def is_contraction(program: Program) -> bool:
@@ -282,6 +329,6 @@ def gemm_shaped(program: Program) -> bool:
         if not (c.is_reduction and c.monoid.name == "sum" and c.arity == 1):
             continue
         body = inline_elementwise(c.bodies[0])
-        if _roles([body], list(c.axes), tuple(c.over)) is not None:
+        if _roles([body], ["sum"], list(c.axes), tuple(c.over), pairs=False) is not None:
             return True
     return False

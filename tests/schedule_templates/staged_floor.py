@@ -134,20 +134,21 @@ def interpreted(kernel, dynamic=None):
 class _PickedPerCall(GraphCallable):
     """An :class:`~tensorfuse.api.AutoKernel` choosing at each call's sizes as it does on a GPU,
     among the kernels Triton's interpreter runs: its pick where that is a Triton kernel (the
-    elementwise template's, through a route ahead of the template), else its Triton
-    template."""
+    elementwise template's, through a route ahead of the template; the contraction template's),
+    else its Triton template."""
 
     def __init__(self, made):
         self.made, self.program = made, made.program
 
     def invoke(self, key, args: tuple, kwargs: dict):
         from tensorfuse.binding import bind_call
+        from tensorfuse.targets.triton.contraction_kernel import ContractionKernel
         from tensorfuse.targets.triton.kernel import TritonKernel
         from tensorfuse.targets.triton.scatter_kernel import ScatterKernel
 
         shaped = {n: v for n, v in kwargs.items() if n != "out"}
         chosen = self.made.for_sizes(**bind_call(self.program, args, shaped, "cpu").dims)
-        if not isinstance(chosen, (TritonKernel, ScatterKernel)):
+        if not isinstance(chosen, (TritonKernel, ScatterKernel, ContractionKernel)):
             chosen = self.made.template
         return chosen.invoke(False, args, kwargs)
 

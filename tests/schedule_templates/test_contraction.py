@@ -69,9 +69,16 @@ def test_gated_sums_share_the_tile_loop_and_rounding_is_said():
         ["Load", "Load"] and not scaled.rounded and scaled.outer is not None
 
 
+@tf.kernel
+def pairwise_product(x: T.Tensor["M", "D", "f32"], y: T.Tensor["N", "D", "f32"]):
+    i, j, d = T.axes("i j d")
+    return T.prod(x[i, d] - y[j, d], over=d)
+
+
 @pytest.mark.parametrize("kernel, message", [
-    (K.attention, "m is not a sum"),
-    (K.softmax, "m is not a sum"),
+    (K.attention, "m and s_sum sum over other axes"),
+    (K.softmax, "the output out is not indexed like the sums"),
+    (pairwise_product, "is not a sum, maximum or minimum"),
     (K.ffn_gelu, "other axes"),
 ])
 def test_programs_that_are_not_one_contraction_are_refused_with_the_reason(kernel, message):

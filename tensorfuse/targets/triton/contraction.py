@@ -14,10 +14,12 @@ runs the loads ``num_stages`` blocks ahead (asynchronous copies into shared memo
 from __future__ import annotations
 
 from ...algebra import inline_elementwise
+from ...algebra.exprs import has_axis, nodes
 from ...dsl.expr import Load
 from ...dsl.program import Program
 from ...dsl.symbolic_sizes import size_arguments
 from .expr import TL_DTYPES, TileContext, fresh_memo, ieee_products, to_triton
+from .elementwise import split_interleaved
 from .rowtile import assemble_source, dot_operand, needs_wide_offsets, store_offsets
 from .source_writer import SourceWriter
 
@@ -162,6 +164,8 @@ def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
         batch[axis.uid] = f"ax_{axis.name}"
     for k, _ in enumerate(plan.products):
         w(f"acc_{k} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+    for k, pair in enumerate(plan.pairwise):
+        w(f"pair_{k} = tl.full([BLOCK_M, BLOCK_N], {_IDENTITY[pair.monoid]}, tl.float32)")
     # bounds only where a size is not a multiple of its block (Triton's loads are then
     # unpredicated and vectorised; with a size as an argument, which it is is a guard)
     rows_at, cols_at = "offs_m[:, None]", "offs_n[None, :]"
@@ -195,7 +199,11 @@ def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
                     value = f"({value}).to({TL_DTYPES[dtype]})"
                 operands.append(f"tl.broadcast_to({value}, ({shape}))")
             w(f"acc_{k} = tl.dot({operands[0]}, {operands[1]}, acc_{k}{ieee_products(dtype)})")
+        bounds = {plan.rows.uid: (ragged_m, rows_ok), plan.cols.uid: (ragged_n, cols_ok),
+                  **{a.uid: (ragged_k, f"(offs_k[None, :] < {K})") for a in plan.ks}}
+        _pairs(plan, knobs, w, batch, bounds, base, K)
     refs = {p.name: f"acc_{k}" for k, p in enumerate(plan.products)}
+    refs.update({p.name: f"pair_{k}" for k, p in enumerate(plan.pairwise)})
     out_ctx = TileContext({**batch, plan.rows.uid: rows_at, plan.cols.uid: cols_at},
                           _bounds({plan.rows.uid: (ragged_m, rows_ok),
                                    plan.cols.uid: (ragged_n, cols_ok)}), refs=refs,
@@ -213,3 +221,57 @@ def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
         w(f"tl.store(out_{c.name} + ({offsets}), tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))"
           f".to({TL_DTYPES[c.dtypes[0]]}){', mask=' + bounds if bounds else ''})")
     return w.lines
+
+
+_IDENTITY = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
+_COMBINE = {"sum": "{} + {}", "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})"}
+
+
+def _pairs(plan, knobs, w, batch: dict, bounds: dict, base: dict, K) -> None:
+    """One block of the contracted axis for the plan's pairwise reductions: each load of their
+    bodies that reads the contracted axis is one ``[BLOCK_M | BLOCK_N | 1, BLOCK_K]`` tile (the
+    contracted index innermost, as most tensors lie), split in registers into its ``BLOCK_K``
+    columns (``tl.split``: the index stays inside each thread, where a ``[BLOCK_M, BLOCK_K,
+    BLOCK_N]`` broadcast reduced along its middle axis had Triton spread it over two lanes and
+    shuffle every pair — 64 ``SHFL`` a block against none, ptxas for sm_90a); then, for each
+    index of the block, every body on the ``[BLOCK_M, BLOCK_N]`` pairs, folded into its
+    accumulator (indices past the last one fold in the identity)."""
+    if not plan.pairwise:
+        return
+    k_tile = _digits(plan, plan.ks, base["sizes"], "offs_k[None, :]")
+    loads = {n.key(): n for p in plan.pairwise for n in nodes(p.body) if isinstance(n, Load)}
+    per_index: dict = {}   # a tiled load's key → its column at each index of the block
+    fixed = TileContext({**batch, plan.rows.uid: "offs_m[:, None]",
+                         plan.cols.uid: "offs_n[None, :]"},
+                        _bounds({plan.rows.uid: bounds[plan.rows.uid],
+                                 plan.cols.uid: bounds[plan.cols.uid]}), **base)
+    for t, (key, n) in enumerate(loads.items()):
+        if not any(has_axis(n, a) for a in plan.ks):   # a row's or a column's factor: once
+            per_index[key] = [to_triton(n, fixed)] * knobs.block_k
+            continue
+        free = next((a for a in (plan.rows, plan.cols) if has_axis(n, a)), None)
+        axes, valid = {**batch, **k_tile}, {a.uid: bounds[a.uid] for a in plan.ks}
+        if free is not None:   # its index down the tile's first axis, whichever side it is
+            at = f"offs_{'m' if free is plan.rows else 'n'}[:, None]"
+            axes[free.uid] = at
+            valid[free.uid] = (bounds[free.uid][0], f"({at} < {plan.extent(free, base['sizes'])})")
+        tile = TileContext(axes, _bounds(valid), sizes=base["sizes"],
+                           interpreter=base["interpreter"])
+        width = knobs.block_m if free is plan.rows else knobs.block_n if free is not None else 1
+        w(f"_pw{t} = {to_triton(n, tile)}")
+        columns = split_interleaved(w, f"_pw{t}", width, 1, knobs.block_k)
+        if free is plan.cols:   # [BLOCK_N, 1] → [1, BLOCK_N]
+            columns = [f"tl.reshape({c}, [1, {width}])" for c in columns]
+        per_index[key] = columns
+    ragged_k = bounds[plan.ks[0].uid][0]
+    memo = base["memo"]
+    for kk in range(knobs.block_k):
+        memo = fresh_memo(memo)
+        memo.update({(key, False): columns[kk] for key, columns in per_index.items()})
+        ctx = fixed.child(axes=_digits(plan, plan.ks, base["sizes"], f"(k0 + {kk})"), memo=memo)
+        for k, pair in enumerate(plan.pairwise):
+            value = to_triton(pair.body, ctx)
+            if ragged_k:
+                value = f"tl.where(k0 + {kk} < {K}, {value}, {_IDENTITY[pair.monoid]})"
+            w(f"pair_{k} = {_COMBINE[pair.monoid].format(f'pair_{k}', value)}")
+    base["memo"].update({("pairwise", key): name for key, name in memo.items()})

@@ -65,15 +65,15 @@ def interleaved_loads(plan, sizes: dict) -> list[tuple[Load, int, dict]]:
             if 2 <= q <= INTERLEAVED_MAX and q & (q - 1) == 0 and sorted(members) == list(range(q))]
 
 
-def _split_interleaved(w, name: str, rows: int, columns: int, q: int) -> list[str]:
+def split_interleaved(w, name: str, rows: int, columns: int, q: int) -> list[str]:
     """Emit the split of ``name`` ([rows, columns · q], the innermost index fastest) into its q
     terms, each [rows, columns]; their names by innermost index."""
     if q == 1:
         return [name]
     shape = [rows, columns] + ([q // 2] if q > 2 else []) + [2]
     w(f"{name}_e, {name}_o = tl.split(tl.reshape({name}, {shape}))")
-    even = _split_interleaved(w, f"{name}_e", rows, columns, q // 2)
-    odd = _split_interleaved(w, f"{name}_o", rows, columns, q // 2)
+    even = split_interleaved(w, f"{name}_e", rows, columns, q // 2)
+    odd = split_interleaved(w, f"{name}_o", rows, columns, q // 2)
     return [t for pair in zip(even, odd) for t in pair]
 
 
@@ -92,7 +92,7 @@ def emit_interleaved(plan, sizes: dict, tile: TileContext, rows: int, columns: i
         base = offset(Load(first.param, first.indices[:-2] + (Const(0, "i32"),) * 2), tile)
         w(f"_w{k} = " + computed(f"tl.load({first.param.name} + ({base} + {index}), "
                                  f"mask={mask}, other=0)", first.param.dtype))
-        for at, term in enumerate(_split_interleaved(w, f"_w{k}", rows, columns, q)):
+        for at, term in enumerate(split_interleaved(w, f"_w{k}", rows, columns, q)):
             tile.memo[(members[at].key(), False)] = term
 
 

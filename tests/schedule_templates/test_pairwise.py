@@ -1,0 +1,115 @@
+"""Pairwise reductions on the contraction template's tiles: ``Σ_d f(x[i, d], y[j, d])`` and its
+maxima and minima — distances between point sets, a max-plus product — planned by the roles of
+their loads, compiled for sm_90a and gfx942, and checked against float64 in Triton's interpreter
+(the cases: :mod:`tests.schedule_templates.pairwise_check`)."""
+import warnings
+
+import pytest
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.errors import NoTemplateWarning, ScheduleError, TargetError
+from tensorfuse.schedule_templates.contraction import (ContractionKnobs, check_contraction,
+                                                       default_contraction_knobs,
+                                                       triton_contraction)
+from tensorfuse.schedule_templates.contraction_plan import gemm_shaped, plan_contraction
+from tensorfuse.targets import get_target
+from tests.helpers import fresh_seed, run_interpreted
+from tests.schedule_templates.pairwise_check import (CASES, TOLERANCE, chebyshev_distances,
+                                                     max_plus, squared_distances,
+                                                     weighted_distances)
+
+pytest.importorskip("triton", reason="the contraction template generates Triton kernels")
+HOPPER, MI300 = get_target("cuda:sm_90a"), get_target("rocm:gfx942")
+
+
+@tf.kernel
+def shared_operand(x: T.Tensor["M", "D", "f32"], y: T.Tensor["N", "D", "f32"],
+                   t: T.Tensor["M", "N", "D", "f32"]):
+    i, j, d = T.axes("i j d")
+    return T.sum((x[i, d] - y[j, d]) * t[i, j, d], over=d)
+
+
+@tf.kernel
+def hamming(x: T.Tensor["M", "D", "i32"], y: T.Tensor["N", "D", "i32"]):
+    i, j, d = T.axes("i j d")
+    return T.sum(T.where(x[i, d] != y[j, d], 1, 0), over=d)
+
+
+def test_reductions_whose_loads_read_one_side_each_are_planned_as_pairs():
+    plan = plan_contraction(squared_distances.program)
+    assert not plan.products and [(p.name, p.monoid) for p in plan.pairwise] == [("out", "sum")]
+    assert (plan.rows.name, plan.cols.name, plan.k_names) == ("i", "j", "d")
+    assert "every (row, column) pair on the CUDA cores" in plan.describe()
+    assert [p.monoid for p in plan_contraction(chebyshev_distances.program).pairwise] == ["max"]
+    # b[k, j]: the columns' operand read down its outer axis, by its roles, not its place
+    tropical = plan_contraction(max_plus.program)
+    assert tropical.pairwise[0].monoid == "max" and tropical.cols.name == "j"
+    assert not gemm_shaped(squared_distances.program)   # the floor keeps GEMMs, not pairs
+    # a load of both sides has no tile of its own; integers would be rounded in f32
+    with pytest.raises(ScheduleError, match="no rows and columns axes"):
+        plan_contraction(shared_operand.program)
+    with pytest.raises(ScheduleError, match="integers"):
+        plan_contraction(hamming.program)
+
+
+def test_tf_compile_tiles_pairs_however_few_their_terms():
+    """A few terms a pair are not written out in one flat pass (which reads both operands'
+    rows again for every pair): the tiles take them, narrower over a short contracted axis."""
+    made = tf.compile(squared_distances, "cuda:sm_90a")
+    assert made.schedule_origin(M=4096, N=4096, D=128).startswith(
+        "contraction template defaults (block_m=128, block_n=128, block_k=4, warps=4")
+    assert made.schedule_origin(M=4096, N=4096, D=8).startswith(
+        "contraction template defaults (block_m=64, block_n=64, block_k=4, warps=2")
+
+
+@pytest.mark.parametrize("target", [HOPPER, MI300], ids=["sm_90a", "gfx942"])
+def test_pairs_compile_at_ragged_sizes_without_shuffles(target):
+    """Each block's indices stay inside a thread: no warp shuffles (a [M, K, N] broadcast
+    reduced along K had 64 a block on sm_90a)."""
+    for kernel, sizes in ((squared_distances, dict(M=4096, N=4096, D=128)),
+                          (weighted_distances, dict(M=1000, N=999, D=77))):
+        compiled = triton_contraction(kernel, target).compiled(**sizes)
+        code = compiled.asm.get("ptx") or compiled.asm["amdgcn"]
+        assert "shfl" not in code and "ds_swizzle" not in code and "dpp" not in code, kernel.name
+        if target is HOPPER:
+            assert "sub.f32" in code or "add.f32" in code
+
+
+def test_pairwise_knobs_and_their_limits():
+    plan = plan_contraction(squared_distances.program)
+    sizes = dict(M=4096, N=4096, D=128)
+    knobs = default_contraction_knobs(plan, sizes, HOPPER)
+    assert (knobs.block_m, knobs.block_n, knobs.block_k, knobs.num_warps) == (128, 128, 4, 4)
+    few = default_contraction_knobs(plan, dict(M=5, N=4096, D=128), HOPPER)
+    assert (few.block_m, few.block_n) == (16, 128)
+    check_contraction(plan, knobs, HOPPER)
+    check_contraction(plan, ContractionKnobs(64, 64, 1, 4, 2), HOPPER)
+    with pytest.raises(TargetError, match="at most 16"):
+        check_contraction(plan, ContractionKnobs(64, 64, 32, 4, 2), HOPPER)
+    with pytest.raises(TargetError, match="at least 16"):
+        check_contraction(plan, ContractionKnobs(8, 64, 4, 4, 2), HOPPER)
+    with pytest.raises(TargetError, match="powers of two"):
+        check_contraction(plan, ContractionKnobs(64, 64, 3, 4, 2), HOPPER)
+    # GEMM tiles keep tl.dot's depth of 16 at least
+    gemm = plan_contraction(tf.kernels.linear.program)
+    with pytest.raises(TargetError, match="at least 16"):
+        check_contraction(gemm, ContractionKnobs(64, 64, 4, 4, 2), HOPPER)
+
+
+def test_source_splits_each_block_into_its_indices():
+    source = triton_contraction(squared_distances, HOPPER).source(M=37, N=45, D=21)
+    assert source.count("tl.split(") == 6   # x's and y's tiles of 4 indices, in two halvings
+    assert "tl.dot" not in source
+    # the last block's indices past D fold in the sum's identity
+    assert "tl.where(k0 + 3 < 21" in source
+
+
+def test_every_pairwise_case_agrees_with_float64_under_the_interpreter():
+    seed = fresh_seed()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        errors = run_interpreted("tests.schedule_templates.pairwise_check", seed)
+    assert set(errors) == set(CASES)
+    for name, error in errors.items():
+        assert error <= TOLERANCE[name], f"{name}: {error:.1e} (TENSORFUSE_SEED={seed})"
