@@ -205,48 +205,73 @@ def sweep(rows: list, only: set | None = None, log=print) -> None:
 
 # pairwise reductions' tiles (block_m, block_n, block_k, warps, stages) a sweep tries around
 # their defaults (64 × 64 pairs, blocks of 4 indices, 4 warps, 2 stages)
+# pairwise reductions' tiles (block_m, block_n, block_k, warps, stages) a sweep tries around
+# their defaults (128 × 128 or 64 × 64 pairs, blocks of 4 indices, 2 stages)
 PAIRS_SWEPT = ((64, 64, 8, 4, 2), (64, 64, 2, 4, 2), (64, 64, 4, 4, 3), (64, 64, 4, 2, 2),
                (128, 64, 4, 4, 2), (64, 128, 4, 4, 2), (128, 128, 4, 8, 2), (128, 128, 8, 8, 2),
                (128, 128, 4, 4, 2), (32, 64, 4, 2, 2), (32, 32, 4, 1, 2))
+# a program a row block sweeping the columns (a reduction over them): its rows and columns
+ROW_BLOCKS_SWEPT = ((16, 128, 4, 4, 2), (32, 128, 4, 4, 2), (64, 128, 4, 4, 2),
+                    (16, 256, 4, 4, 2), (64, 128, 4, 8, 2))
 
 
-def pairs_sweep(rows: list, only: set | None = None, log=print) -> None:
-    """Pairwise reductions' tiles (``benchmarks.unlisted_kernels``' distances) around their
-    defaults, and at D=16, where ``tf.compile`` writes the sum out in one flat pass, that
-    against the tiles: each candidate checked against float64 on every 97th row, then timed;
-    operations 3 per pair and index, against cuBLAS's f32 GEMM on the CUDA cores (2 an
-    instruction there, 1.5 here: 75 % is the instructions' limit)."""
-    from benchmarks.common import measure_f32_gemm
-    from benchmarks.unlisted_kernels import manhattan_distances, squared_distances
+def _pair_cases():
+    """(name, kernel, arguments, float64 reference of the picked rows, picked rows, sizes,
+    operations, tolerance, candidates) of the pairs swept."""
+    from benchmarks.unlisted_kernels import (gaussian_kernel_sum, manhattan_distances,
+                                             squared_distances)
 
-    target = get_target("cuda")
-    ceiling = measure_f32_gemm()
     for name, kernel, dtype, M, N, D, tolerance in (
             ("squared_distances", squared_distances, torch.float32, 4096, 4096, 128, 1e-5),
             ("manhattan_distances", manhattan_distances, torch.bfloat16, 4096, 4096, 128, 8e-3),
             ("squared_distances", squared_distances, torch.float32, 16384, 16384, 128, 1e-5),
-            ("squared_distances", squared_distances, torch.float32, 16384, 16384, 16, 1e-5)):
-        if only and name not in only:
-            continue
+            ("squared_distances", squared_distances, torch.float32, 16384, 16384, 16, 1e-5),
+            ("squared_distances", squared_distances, torch.float32, 16384, 16384, 3, 1e-5)):
         x, y = (_randn(n, D, scale=2.0, dtype=dtype) for n in (M, N))
         picked = torch.arange(0, M, 97, device="cuda")
         p = 2 if name == "squared_distances" else 1
-        want = torch.cdist(x[picked].double(), y.double(), p=p) ** p
+        yield (name, kernel, (x, y), torch.cdist(x[picked].double(), y.double(), p=p) ** p,
+               picked, dict(M=M, N=N, D=D), 3 * M * N * D, tolerance, PAIRS_SWEPT)
+    for M, D in ((16384, 3), (4096, 3), (16384, 64)):
+        # spread so that distances are a few units whatever D (exp(−d2) far from f32's underflow)
+        x, y = (torch.rand(M, D, device="cuda") * 4 * (3 / D) ** 0.5 for _ in range(2))
+        b = torch.randn(M, device="cuda")
+        picked = torch.arange(0, M, 97, device="cuda")
+        d2 = torch.cdist(x[picked].double(), y.double()) ** 2
+        yield ("gaussian_kernel_sum", gaussian_kernel_sum, (x, y, b),
+               torch.exp(-d2) @ b.double(), picked, dict(M=M, N=M, D=D), M * M * (3 * D + 3),
+               1e-5, ROW_BLOCKS_SWEPT)
+
+
+def pairs_sweep(rows: list, only: set | None = None, log=print) -> None:
+    """Pairwise reductions' tiles (``benchmarks.unlisted_kernels``' distances, and a Gaussian
+    kernel's sum over them, whose programs each sweep a row block's columns) around their
+    defaults: each candidate checked against float64 on every 97th row, then timed; operations
+    3 per pair and index (and 3 a pair for the sum), against cuBLAS's f32 GEMM on the CUDA
+    cores (2 an instruction there, 1.5 here: 75 % is the instructions' limit)."""
+    from benchmarks.common import measure_f32_gemm
+
+    target = get_target("cuda")
+    ceiling = measure_f32_gemm()
+    for name, kernel, args, want, picked, sizes, flops, tolerance, swept in _pair_cases():
+        if only and name not in only:
+            continue
         made = {"tf.compile": tf.compile(kernel),
                 "default": triton_contraction(kernel, target)}
         made.update({f"{m}x{n} k{k} w{w} s{st}": triton_contraction(
             kernel, target, block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st)
-            for m, n, k, w, st in PAIRS_SWEPT})
-        shape = f"M{M} N{N} D{D} {'f32' if dtype == torch.float32 else 'bf16'}"
-        flops, timed = 3 * M * N * D, []
+            for m, n, k, w, st in swept})
+        shape = " ".join(f"{n}{v}" for n, v in sizes.items()) + \
+            (" bf16" if args[0].dtype == torch.bfloat16 else " f32")
+        timed = []
         for label, kernel_ in made.items():
-            found = _checked_time(functools.partial(kernel_, x, y), lambda out: out[picked], want,
-                                  tolerance, f"{name} {shape} {label}", log)
+            found = _checked_time(functools.partial(kernel_, *args), lambda out: out[picked],
+                                  want, tolerance, f"{name} {shape} {label}", log)
             if found is None:
                 continue
             ms, error = found
             rate = flops / ms / 1e9
-            note = f"err {error:.1e}" + (f"; {kernel_.schedule_origin(M=M, N=N, D=D)}"
+            note = f"err {error:.1e}" + (f"; {kernel_.schedule_origin(**sizes)}"
                                          if label == "tf.compile" else "")
             rows.append(Row(f"contraction_pairs/{name}", shape, label, ms, rate, 0.0,
                             rate / ceiling, note))

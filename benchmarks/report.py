@@ -305,7 +305,8 @@ SECTIONS = (
      "bf16; TFLOP/s and the fraction of cuBLAS's 8192³ rate; every candidate checked against "
      "float64; `default`: the template's own choice", "python -m benchmarks.contraction --sweep"),
     ("contraction-pairs-knobs", "The contraction template's pairwise tiles",
-     "f32 (L1 distances bf16); TFLOP/s (3 operations a pair and dimension) and the fraction of "
+     "f32 (L1 distances bf16); TFLOP/s (3 operations a pair and dimension, and 3 more a pair "
+     "for the Gaussian kernel's sum) and the fraction of "
      "cuBLAS's f32 GEMM on the CUDA cores (75 % the instructions' limit); every candidate "
      "checked against float64; `default`: the template's own choice, `tf.compile`: its pick",
      "python -m benchmarks.contraction --pairs"),

@@ -121,6 +121,9 @@ class ContractionPlan:
     staged: tuple[StagedSide, ...] = ()
     staging: "ContractionPlan | None" = None
     pairwise: tuple[PairwiseReduction, ...] = ()
+    # reductions over the columns of the sums' values (a kernel's sum over a point set): the
+    # outputs are then indexed by the rows and batch axes, and read these
+    over_columns: tuple[PairwiseReduction, ...] = ()
 
     def for_knobs(self, knobs) -> "ContractionPlan":
         """The plan the tiles run with ``knobs``: the staged one where they stage sides."""
@@ -148,10 +151,13 @@ class ContractionPlan:
                          "f32 accumulation]")
         lines += [f"  {p.name} = {p.monoid}_{self.k_names} {to_text(p.body)}  [every (row, column) "
                   "pair on the CUDA cores, f32]" for p in self.pairwise]
+        lines += [f"  {p.name} = {p.monoid}_{self.cols.name} {to_text(p.body)}  [over each row's "
+                  "columns, block by block, in the same program]" for p in self.over_columns]
         lines += [f"  {s.param.name}[{', '.join(a.name for a in s.axes)}] = {to_text(s.value)}  "
                   f"[stored as {s.param.dtype} before the tiles]" for s in self.staged]
         lines.append("  outputs computed on the accumulators: " + ", ".join(
-            f"{c.name} = {to_text(c.bodies[0])}" for c in self.outputs))
+            c.name if c.is_reduction else f"{c.name} = {to_text(c.bodies[0])}"
+            for c in self.outputs))
         return "\n".join(lines)
 
 
@@ -202,6 +208,7 @@ def plan_contraction(program: Program) -> ContractionPlan:
         if c.monoid.name not in PAIRWISE_MONOIDS or c.arity != 1:
             raise _refuse(f"{c.name} is not a sum, maximum or minimum (it takes sums of products "
                           "and reductions of pairs)", c.loc)
+    sums, columns = _over_columns(sums)
     ks = tuple(sums[0].over)
     axes = [a.uid for a in sums[0].axes]
     for c in sums[1:]:
@@ -210,20 +217,27 @@ def plan_contraction(program: Program) -> ContractionPlan:
             raise _refuse(f"{c.name} and {sums[0].name} sum over other axes or into others (one "
                           "kernel's tiles share the contracted axis and the output's)", c.loc)
     outputs = tuple(c for c in program.computes if c.is_output)
+    kept = columns or sums   # what the outputs are indexed like and read
     for c in outputs:
-        if c.arity != 1 or sorted(a.uid for a in c.axes) != sorted(axes):
-            raise _refuse(f"the output {c.name} is not indexed like the sums {sums[0].name} "
-                          f"[{', '.join(a.name for a in sums[0].axes)}]", c.loc)
-        for n in nodes(inline_elementwise(c.bodies[0])):
-            if isinstance(n, Ref) and n.compute not in sums:
-                raise _refuse(f"the output {c.name} reads {n.compute.name}, not a sum of this "
+        if c.arity != 1 or sorted(a.uid for a in c.axes) != sorted(a.uid for a in kept[0].axes):
+            raise _refuse(f"the output {c.name} is not indexed like the sums {kept[0].name} "
+                          f"[{', '.join(a.name for a in kept[0].axes)}]", c.loc)
+        for n in () if c in kept else nodes(inline_elementwise(c.bodies[0])):
+            if isinstance(n, Ref) and n.compute not in kept:
+                raise _refuse(f"the output {c.name} reads {n.compute.name}, not a "
+                              f"{'reduction over the columns' if columns else 'sum'} of this "
                               "kernel", c.loc)
+    if columns and sorted(axes) != sorted([a.uid for a in columns[0].axes] +
+                                          [columns[0].over[0].uid]):
+        raise _refuse(f"{columns[0].name} reduces {sums[0].name} into other axes than its own "
+                      "less the columns", columns[0].loc)
     bodies = [inline_elementwise(c.bodies[0]) for c in sums]
     if any(isinstance(n, Ref) for b in bodies for n in nodes(b)):
         raise _refuse("a sum reads another reduction: one contraction at a time (the stages "
                       "of the floor store the first)")
-    out_axes = list(outputs[0].axes) if outputs else list(sums[0].axes)
-    found = _roles(bodies, [c.monoid.name for c in sums], out_axes, ks)
+    out_axes = list(sums[0].axes) if columns or not outputs else list(outputs[0].axes)
+    found = _roles(bodies, [c.monoid.name for c in sums], out_axes, ks,
+                   cols=columns[0].over[0] if columns else None)
     if found is None:
         raise _refuse("no rows and columns axes: each sum must be a product of a factor reading "
                       "one output axis and the contracted one, and a factor reading another "
@@ -248,8 +262,37 @@ def plan_contraction(program: Program) -> ContractionPlan:
         products.append(Product(c.name, rows_side, cols_side, dtype, rounded, outer))
     batch = tuple(a for a in out_axes if a.uid not in (rows.uid, cols.uid))
     plan = ContractionPlan(program, tuple(products), ks, rows, cols, batch, outputs,
-                           pairwise=tuple(pairwise))
+                           pairwise=tuple(pairwise), over_columns=tuple(
+                               PairwiseReduction(c.name, inline_elementwise(c.bodies[0]),
+                                                 c.monoid.name) for c in columns))
     return replace(plan, staging=_staged(plan))
+
+
+def _over_columns(reductions: list) -> tuple[list, list]:
+    """``(the contractions, the reductions over the columns of their values)``: the second
+    those whose bodies read another reduction (``Σ_j exp(−d2[i, j]) · b[j]`` over the pairs'
+    distances ``d2``), all over one axis, each reading the contractions only — a reduction of
+    the columns read by another (softmax's maximum, read by its sum) would need its running
+    corrections, which the attention templates' rolling update makes."""
+    def reads(c):
+        return {n.compute.name for n in nodes(inline_elementwise(c.bodies[0]))
+                if isinstance(n, Ref)}
+    columns = [c for c in reductions if reads(c)]
+    inner = [c for c in reductions if not reads(c)]
+    if not columns:
+        return reductions, []
+    if not inner:
+        raise _refuse("every reduction reads another: nothing to contract")
+    names = {c.name for c in inner}
+    for c in columns:
+        if len(c.over) != 1 or c.over[0].uid != columns[0].over[0].uid:
+            raise _refuse(f"{c.name} and {columns[0].name}: the reductions of the contractions' "
+                          "values run over one axis, the same one (the columns)", c.loc)
+        if not reads(c) <= names:
+            raise _refuse(f"{c.name} reads {', '.join(sorted(reads(c) - names))}, a reduction "
+                          "over the columns: one pass over them cannot correct it as it grows "
+                          "(the attention templates' rolling update does)", c.loc)
+    return inner, columns
 
 
 def _staged(plan: ContractionPlan) -> ContractionPlan | None:
@@ -286,13 +329,14 @@ def _staged(plan: ContractionPlan) -> ContractionPlan | None:
 
 
 def _roles(bodies: list[Expr], monoids: list[str], out_axes: list[Axis], ks: tuple,
-           pairs: bool = True):
+           pairs: bool = True, cols: Axis | None = None):
     """``(rows, cols, [(rows side, cols side, outer), or None for a pairwise reduction, per
     reduction])``: the columns are the innermost output axis with which every sum splits as a
     product or every reduction reads its operands in pairs (:func:`_pairwise`), the rows the
     innermost other one (a tile's stores then run along memory); None where no pair of axes
-    takes them all. ``pairs``: whether pairwise reductions count (else products only)."""
-    for cols in reversed(out_axes):
+    takes them all. ``pairs``: whether pairwise reductions count (else products only);
+    ``cols``: the columns axis where it is given (the axis reduced over the columns after)."""
+    for cols in reversed(out_axes) if cols is None else (cols,):
         for rows in reversed(out_axes):
             if rows.uid == cols.uid:
                 continue

@@ -1,6 +1,7 @@
 """Pairwise reductions on the contraction template's tiles: ``Σ_d f(x[i, d], y[j, d])`` and its
-maxima and minima — distances between point sets, a max-plus product — planned by the roles of
-their loads, compiled for sm_90a and gfx942, and checked against float64 in Triton's interpreter
+maxima and minima — distances between point sets, a max-plus product — and reductions of them
+over the columns (a Gaussian kernel's sum, nearest neighbours), planned by the roles of their
+loads, compiled for sm_90a and gfx942, and checked against float64 in Triton's interpreter
 (the cases: :mod:`tests.schedule_templates.pairwise_check`)."""
 import warnings
 
@@ -15,8 +16,10 @@ from tensorfuse.schedule_templates.contraction import (ContractionKnobs, check_c
 from tensorfuse.schedule_templates.contraction_plan import gemm_shaped, plan_contraction
 from tensorfuse.targets import get_target
 from tests.helpers import fresh_seed, run_interpreted
+from benchmarks.unlisted_kernels import gaussian_kernel_sum
 from tests.schedule_templates.pairwise_check import (CASES, TOLERANCE, chebyshev_distances,
-                                                     max_plus, squared_distances,
+                                                     kernel_regression, max_plus,
+                                                     nearest_neighbour, squared_distances,
                                                      weighted_distances)
 
 pytest.importorskip("triton", reason="the contraction template generates Triton kernels")
@@ -53,6 +56,40 @@ def test_reductions_whose_loads_read_one_side_each_are_planned_as_pairs():
         plan_contraction(hamming.program)
 
 
+@tf.kernel
+def soft_nearest(x: T.Tensor["M", "D", "f32"], y: T.Tensor["N", "D", "f32"]):
+    i, j, d = T.axes("i j d")
+    d2 = T.sum((x[i, d] - y[j, d]) * (x[i, d] - y[j, d]), over=d)
+    m = T.min(d2, over=j)
+    return T.sum(T.exp(m - d2), over=j)
+
+
+def test_reductions_of_the_pairs_over_the_columns_are_one_kernel():
+    """A Gaussian kernel's sum, nearest neighbours, kernel regression: a program a row block
+    sweeps the columns, nothing [rows, columns] stored; a reduction over the columns read by
+    another (a soft minimum's) is left to the stages, with the reason."""
+    plan = plan_contraction(gaussian_kernel_sum.program)
+    assert [p.name for p in plan.pairwise] == ["d2"] and plan.cols.name == "j"
+    assert [(p.name, p.monoid) for p in plan.over_columns] == [("out", "sum")]
+    assert "over each row's columns" in plan.describe()
+    regression = plan_contraction(kernel_regression.program)
+    assert sorted(p.monoid for p in regression.over_columns) == ["sum", "sum"]
+    assert [p.monoid for p in plan_contraction(nearest_neighbour.program).over_columns] == \
+        ["min"]
+    with pytest.raises(ScheduleError, match="rolling update"):
+        plan_contraction(soft_nearest.program)
+    made = tf.compile(gaussian_kernel_sum, "cuda:sm_90a")
+    origin = made.schedule_origin(M=16384, N=16384, D=3)
+    assert origin.startswith("contraction template") and "staged" not in origin
+    source = made.source(M=16384, N=16384, D=3)
+    assert "for n0 in range(" in source and source.count("tl.store(") == 1
+    # 16 rows × 256 columns a block over a short contracted axis, 32 × 128 over a long one,
+    # narrowed for two programs on each SM
+    assert "block_m=16, block_n=256" in origin
+    assert "block_m=32, block_n=128" in made.schedule_origin(M=16384, N=16384, D=64)
+    assert "block_m=16, block_n=128" in made.schedule_origin(M=4096, N=4096, D=64)
+
+
 def test_tf_compile_tiles_pairs_however_few_their_terms():
     """A few terms a pair are not written out in one flat pass (which reads both operands'
     rows again for every pair): the tiles take them, narrower over a short contracted axis."""
@@ -74,6 +111,10 @@ def test_pairs_compile_at_ragged_sizes_without_shuffles(target):
         assert "shfl" not in code and "ds_swizzle" not in code and "dpp" not in code, kernel.name
         if target is HOPPER:
             assert "sub.f32" in code or "add.f32" in code
+    # reductions over the columns: one fold across the lanes a block of columns
+    compiled = triton_contraction(kernel_regression, target).compiled(M=1000, N=999, D=5)
+    code = compiled.asm.get("ptx") or compiled.asm["amdgcn"]
+    assert ("ex2.approx" in code) if target is HOPPER else ("v_exp_f32" in code)
 
 
 def test_pairwise_knobs_and_their_limits():

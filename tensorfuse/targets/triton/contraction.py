@@ -71,10 +71,11 @@ def stage_grid(plan, staged, knobs, sizes: dict) -> tuple[int, int]:
 
 
 def grid_of(plan, knobs, sizes: dict) -> tuple[int, int]:
-    """(output tiles, batch indices): the launch grid at ``sizes``."""
+    """(output tiles, batch indices): the launch grid at ``sizes`` (row blocks, where each
+    program sweeps the columns: reductions over them)."""
     rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
-    return -(-rows // knobs.block_m) * -(-cols // knobs.block_n), \
-        _extent_of(plan, plan.batch, sizes)
+    tiles = 1 if plan.over_columns else -(-cols // knobs.block_n)
+    return -(-rows // knobs.block_m) * tiles, _extent_of(plan, plan.batch, sizes)
 
 
 def kernel_arguments(program: Program, sizes: dict) -> list[str]:
@@ -141,14 +142,11 @@ def _stage_lines(plan, staged, knobs, sizes: dict, interpreter: bool) -> list[st
 
 
 def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
-    """The GEMM tiles' kernel body (module docstring)."""
-    w = SourceWriter(interpreter)
-    wide = needs_wide_offsets(plan.program, sizes)
-    M, N = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
-    K = _extent_of(plan, plan.ks, sizes)
-    as_index = ".to(tl.int64)" if wide else ""
-    w("pid = tl.program_id(0)")
-    w(f"pid_b = tl.program_id(1){as_index}")
+    """The GEMM tiles' kernel body (module docstring); with reductions over the columns, the
+    row blocks' (:func:`_row_block_lines`)."""
+    if plan.over_columns:
+        return _row_block_lines(plan, knobs, sizes, interpreter)
+    w, M, N, as_index = _kernel_start(plan, sizes, interpreter)
     w(f"blocks_m = tl.cdiv({M}, BLOCK_M)")
     w(f"blocks_n = tl.cdiv({N}, BLOCK_N)")
     w(f"in_group = {knobs.group_m} * blocks_n   # tiles of a group of {knobs.group_m} row blocks")
@@ -158,10 +156,46 @@ def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     w("pid_n = (pid % in_group) // group_rows")
     w(f"offs_m = pid_m{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
     w(f"offs_n = pid_n{as_index} * BLOCK_N + tl.arange(0, BLOCK_N)")
+    batch = _batch_digits(plan, w, sizes)
+    refs, out_ctx, bounds = _contracted(plan, knobs, w, sizes, interpreter, batch)
+    for c in plan.outputs:
+        value = refs[c.name] if c.name in refs else to_triton(inline_elementwise(c.bodies[0]),
+                                                              out_ctx)
+        offsets = store_offsets(c.axes, out_ctx, sizes)
+        masks = " & ".join(ok for ragged, ok in (bounds[plan.rows.uid], bounds[plan.cols.uid])
+                           if ragged)
+        w(f"tl.store(out_{c.name} + ({offsets}), tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))"
+          f".to({TL_DTYPES[c.dtypes[0]]}){', mask=' + masks if masks else ''})")
+    return w.lines
+
+
+def _kernel_start(plan, sizes: dict, interpreter: bool) -> tuple:
+    """``(writer, rows, columns, the index cast)`` of a kernel whose first lines, written, name
+    its program ids (``pid``; ``pid_b``: the batch index)."""
+    w = SourceWriter(interpreter)
+    M, N = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
+    as_index = ".to(tl.int64)" if needs_wide_offsets(plan.program, sizes) else ""
+    w("pid = tl.program_id(0)")
+    w(f"pid_b = tl.program_id(1){as_index}")
+    return w, M, N, as_index
+
+
+def _batch_digits(plan, w, sizes: dict) -> dict:
+    """Each batch axis (uid → its variable) as a digit of the grid's second index."""
     batch = {}
-    for axis in plan.batch:   # the grid's second index, a digit per batch axis
+    for axis in plan.batch:
         w(f"ax_{axis.name} = {_digits(plan, plan.batch, sizes, 'pid_b')[axis.uid]}")
         batch[axis.uid] = f"ax_{axis.name}"
+    return batch
+
+
+def _contracted(plan, knobs, w, sizes: dict, interpreter: bool, batch: dict) -> tuple:
+    """The ``[BLOCK_M, BLOCK_N]`` tile of every sum at ``offs_m`` × ``offs_n``, over the whole
+    contracted axis: ``(compute name → its accumulator, the context of the tile's outputs, axis
+    uid → (ragged, bound) of the rows and the columns)``."""
+    M, N = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
+    K = _extent_of(plan, plan.ks, sizes)
+    as_index = ".to(tl.int64)" if needs_wide_offsets(plan.program, sizes) else ""
     for k, _ in enumerate(plan.products):
         w(f"acc_{k} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
     for k, pair in enumerate(plan.pairwise):
@@ -212,19 +246,49 @@ def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     for k, product in enumerate(plan.products):   # factors of no contracted axis, applied once
         if product.outer is not None:
             w(f"acc_{k} = acc_{k} * {to_triton(product.outer, out_ctx)}")
+    return refs, out_ctx, {plan.rows.uid: (ragged_m, rows_ok), plan.cols.uid: (ragged_n, cols_ok)}
+
+
+def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
+    """A program per block of ``BLOCK_M`` rows (and batch index) that sweeps the columns in
+    blocks of ``BLOCK_N``: each block's tile of the sums (:func:`_contracted`), then every
+    reduction over the columns folded over the block's columns into its ``[BLOCK_M]`` state
+    (columns past the last fold in the identity); the outputs from the states. Nothing of the
+    ``[rows, columns]`` sums is stored (a Gaussian kernel's sum over 16384² pairs had stored
+    1 GiB between two kernels)."""
+    w, M, N, as_index = _kernel_start(plan, sizes, interpreter)
+    w(f"offs_m = pid{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
+    batch = _batch_digits(plan, w, sizes)
+    for k, r in enumerate(plan.over_columns):
+        w(f"row_{k} = tl.full([BLOCK_M], {_IDENTITY[r.monoid]}, tl.float32)")
+    w.sweep("n0", "0", str(N), "BLOCK_N")
+    with w.block():
+        w(f"offs_n = (n0 + tl.arange(0, BLOCK_N)){as_index}")
+        refs, ctx, bounds = _contracted(plan, knobs, w, sizes, interpreter, batch)
+        ragged_n, cols_ok = bounds[plan.cols.uid]
+        for k, r in enumerate(plan.over_columns):
+            value = to_triton(r.body, ctx)
+            if ragged_n:
+                value = f"tl.where({cols_ok}, {value}, {_IDENTITY[r.monoid]})"
+            folded = _FOLD[r.monoid].format(f"tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))")
+            w(f"row_{k} = {_COMBINE[r.monoid].format(f'row_{k}', folded)}")
+    ragged_m, _ = bounds[plan.rows.uid]
+    rows_ok = f"(offs_m < {M})"
+    out_ctx = TileContext({**batch, plan.rows.uid: "offs_m"},
+                          _bounds({plan.rows.uid: (ragged_m, rows_ok)}),
+                          refs={r.name: f"row_{k}" for k, r in enumerate(plan.over_columns)},
+                          sizes=sizes, emit=w, interpreter=interpreter)
     for c in plan.outputs:
-        value = refs[c.name] if c.name in refs else to_triton(inline_elementwise(c.bodies[0]),
-                                                              out_ctx)
-        offsets = store_offsets(c.axes, out_ctx, sizes)
-        bounds = " & ".join(ok for ragged, ok in ((ragged_m, rows_ok), (ragged_n, cols_ok))
-                            if ragged)
-        w(f"tl.store(out_{c.name} + ({offsets}), tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))"
-          f".to({TL_DTYPES[c.dtypes[0]]}){', mask=' + bounds if bounds else ''})")
+        value = out_ctx.refs.get(c.name) or to_triton(inline_elementwise(c.bodies[0]), out_ctx)
+        w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out_ctx, sizes)}), "
+          f"tl.broadcast_to({value}, (BLOCK_M,)).to({TL_DTYPES[c.dtypes[0]]})"
+          f"{', mask=' + rows_ok if ragged_m else ''})")
     return w.lines
 
 
 _IDENTITY = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 _COMBINE = {"sum": "{} + {}", "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})"}
+_FOLD = {"sum": "tl.sum({}, 1)", "max": "tl.max({}, 1)", "min": "tl.min({}, 1)"}
 
 
 def _pairs(plan, knobs, w, batch: dict, bounds: dict, base: dict, K) -> None:
@@ -235,7 +299,8 @@ def _pairs(plan, knobs, w, batch: dict, bounds: dict, base: dict, K) -> None:
     BLOCK_N]`` broadcast reduced along its middle axis had Triton spread it over two lanes and
     shuffle every pair — 64 ``SHFL`` a block against none, ptxas for sm_90a); then, for each
     index of the block, every body on the ``[BLOCK_M, BLOCK_N]`` pairs, folded into its
-    accumulator (indices past the last one fold in the identity)."""
+    accumulator (indices past the last one fold in the identity; where the whole axis is one
+    block, they are not computed)."""
     if not plan.pairwise:
         return
     k_tile = _digits(plan, plan.ks, base["sizes"], "offs_k[None, :]")
@@ -264,8 +329,11 @@ def _pairs(plan, knobs, w, batch: dict, bounds: dict, base: dict, K) -> None:
             columns = [f"tl.reshape({c}, [1, {width}])" for c in columns]
         per_index[key] = columns
     ragged_k = bounds[plan.ks[0].uid][0]
+    indices = knobs.block_k
+    if isinstance(K, int) and K <= knobs.block_k:   # one block: the indices past K are dropped
+        indices, ragged_k = K, False
     memo = base["memo"]
-    for kk in range(knobs.block_k):
+    for kk in range(indices):
         memo = fresh_memo(memo)
         memo.update({(key, False): columns[kk] for key, columns in per_index.items()})
         ctx = fixed.child(axes=_digits(plan, plan.ks, base["sizes"], f"(k0 + {kk})"), memo=memo)
