@@ -249,7 +249,8 @@ SECTIONS = (
      "as above, then `tf.tune` at each call's sizes (`tensorfuse tuned`: tf.compile reading "
      "the records; trials a task in its note)", "python -m benchmarks.user_kernels --tune 6"),
     ("unlisted-kernels", "Kernels no issue lists, as a new user writes them",
-     "bf16 (the router, the squared distances and the Gaussian sum f32); each against the best "
+     "bf16 (the router, the squared distances, the Gaussian sum and the nearest neighbours "
+     "f32); each against the best "
      "torch alternative on the same tensors; the distances in TFLOP/s (3 operations a pair and "
      "dimension) against cuBLAS's f32 GEMM on the CUDA cores, whose fused multiply-adds make "
      "75 % the limit here", "python -m benchmarks.unlisted_kernels"),

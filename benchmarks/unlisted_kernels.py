@@ -1,7 +1,7 @@
 """Kernels no issue lists, written as a new user would write them — a CNN's batch-norm statistics
 and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens, Mamba's causal
 depthwise convolution, a mixture of experts' gated combine, cosine similarities, squared and L1
-distances between point sets and a Gaussian kernel's sum over one, columns
+distances between point sets, a Gaussian kernel's sum over one and nearest neighbours, columns
 L2-normalised, a router's softmax over 8 experts, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors, an LM head's
 softmax — through ``tf.compile`` defaults against the best torch alternative in the same
@@ -102,6 +102,15 @@ def gaussian_kernel_sum(x: T.Tensor["M", "D", "f32"], y: T.Tensor["N", "D", "f32
     i, j, d = T.axes("i j d")
     d2 = T.sum((x[i, d] - y[j, d]) * (x[i, d] - y[j, d]), over=d)
     return T.sum(T.exp(-d2) * b[j], over=j)
+
+
+@tf.kernel
+def nearest_neighbour(x: T.Tensor["M", "D", "f32"], y: T.Tensor["N", "D", "f32"]):
+    """Each point's squared distance to its nearest neighbour in another set (a Chamfer
+    distance's half, ICP's matching): a minimum over the pairs' distances."""
+    i, j, d = T.axes("i j d")
+    d2 = T.sum((x[i, d] - y[j, d]) * (x[i, d] - y[j, d]), over=d)
+    return T.min(d2, over=j)
 
 
 @tf.kernel
@@ -289,6 +298,25 @@ def _gaussian_sum_case(generator, M=16384, N=16384, D=3) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(M=M, N=N, D=D)})
 
 
+def _nearest_neighbour_case(generator, M=16384, N=16384, D=3) -> Case:
+    """3-D point clouds; torch materialises the distances (``cdist``, then ``amin``),
+    torch.compile gets the broadcast form. Operations: 3 a pair and dimension, 1 a pair."""
+    x, y = (torch.rand(n, D, generator=generator).to("cuda") * 4 for n in (M, N))
+
+    def eager(p, q):
+        return (torch.cdist(p, q) ** 2).amin(-1)
+
+    def broadcast(p, q):
+        return ((p[:, None, :] - q[None, :, :]) ** 2).sum(-1).amin(-1)
+    f, compiled = Recorded(nearest_neighbour), torch.compile(broadcast)
+    rows = torch.arange(0, M, 97)
+    return Case("nearest_neighbour", f"M{M} N{N} D{D} f32", lambda: f(x, y),
+                {TORCH_EAGER: lambda: eager(x, y), TORCH_COMPILE: lambda: compiled(x, y)},
+                broadcast(x[rows].double(), y.double()), lambda out: out[rows],
+                flops=M * N * (3 * D + 1), ceiling="f32_gemm_tflops",
+                notes={TENSORFUSE: f.schedule_origin(M=M, N=N, D=D)})
+
+
 def _l2_columns_case(generator, N=8192, D=4096) -> Case:
     x = torch.randn(N, D, generator=generator).to("cuda", torch.bfloat16)
 
@@ -376,6 +404,7 @@ UNLISTED = {
     "squared_distances": _squared_distances_case,
     "manhattan_distances": _manhattan_case,
     "gaussian_kernel_sum": _gaussian_sum_case,
+    "nearest_neighbour": _nearest_neighbour_case,
     "l2_normalize_columns": _l2_columns_case,
     "router_softmax": _router_case,
     "rotary": _rotary_case,

@@ -139,8 +139,8 @@ PAIRWISE_SHORT_TILE = (64, 64, 4, 2, 2)
 PAIRWISE_LONG = 64
 # A program sweeping a row block's columns (a reduction over them) takes 16 × 256 pairs a block
 # over a short contracted axis and 32 × 128 over a long one, 4 warps: for a Gaussian kernel's sum
-# over 16384² and 4096² points the best of the row blocks tried in 3 dimensions (16 × 128 1.6×
-# slower, 32 × 128 1.9×) and within 3 % of the best (64 × 128 on 8 warps) in 64
+# over 16384² and 4096² points the best of 6 row blocks in 3 dimensions (the next 1.3× and 1.5×
+# slower) and within 2 % of the best (64 × 128) in 64, where 16 × 256 took 1.3× as long
 # (``python -m benchmarks.contraction --pairs``).
 
 

@@ -14,7 +14,7 @@ import torch
 import tensorfuse as tf
 from tensorfuse import dsl as T
 from benchmarks.unlisted_kernels import (gaussian_kernel_sum, manhattan_distances,
-                                         squared_distances)
+                                         nearest_neighbour, squared_distances)
 from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 
@@ -60,7 +60,8 @@ def batched_distances(x: T.Tensor["B", "M", "D", "f32"], y: T.Tensor["B", "N", "
 
 
 @tf.kernel
-def nearest_neighbour(x: T.Tensor["B", "M", "D", "f32"], y: T.Tensor["B", "N", "D", "f32"]):
+def batched_nearest_neighbour(x: T.Tensor["B", "M", "D", "f32"],
+                              y: T.Tensor["B", "N", "D", "f32"]):
     """Each point's squared distance to its nearest neighbour in another set, per batch item
     (a Chamfer distance's half): a minimum over the columns of the pairs' sums."""
     b, i, j, d = T.axes("b i j d")
@@ -142,9 +143,14 @@ def gaussian_case(generator, M=37, N=45, D=3):
     return dict(x=x, y=y, b=b), torch.exp(-d2) @ b.double()
 
 
-def nearest_case(generator, B=2, M=37, N=300, D=21):
+def batched_nearest_case(generator, B=2, M=37, N=300, D=21):
     """N=300: several blocks of columns, the last ragged; D=21: several blocks of indices."""
     x, y = _points(generator, B, M, D), _points(generator, B, N, D)
+    return dict(x=x, y=y), (torch.cdist(x.double(), y.double()) ** 2).amin(-1)
+
+
+def nearest_case(generator, M=37, N=600, D=3):
+    x, y = (torch.rand(n, D, generator=generator) * 4 for n in (M, N))
     return dict(x=x, y=y), (torch.cdist(x.double(), y.double()) ** 2).amin(-1)
 
 
@@ -170,6 +176,7 @@ CASES = {"squared_distances": (squared_distances, squared_case),
          "weighted_distances": (weighted_distances, weighted_case),
          "batched_distances": (batched_distances, batched_case),
          "gaussian_kernel_sum": (gaussian_kernel_sum, gaussian_case),
+         "batched_nearest_neighbour": (batched_nearest_neighbour, batched_nearest_case),
          "nearest_neighbour": (nearest_neighbour, nearest_case),
          "kernel_regression": (kernel_regression, regression_case),
          "exp_kernel_sum": (exp_kernel_sum, exp_sum_case)}

@@ -17,9 +17,9 @@ from tensorfuse.schedule_templates.contraction_plan import gemm_shaped, plan_con
 from tensorfuse.targets import get_target
 from tests.helpers import fresh_seed, run_interpreted
 from benchmarks.unlisted_kernels import gaussian_kernel_sum
-from tests.schedule_templates.pairwise_check import (CASES, TOLERANCE, chebyshev_distances,
-                                                     kernel_regression, max_plus,
-                                                     nearest_neighbour, squared_distances,
+from tests.schedule_templates.pairwise_check import (CASES, TOLERANCE, batched_nearest_neighbour,
+                                                     chebyshev_distances, kernel_regression,
+                                                     max_plus, squared_distances,
                                                      weighted_distances)
 
 pytest.importorskip("triton", reason="the contraction template generates Triton kernels")
@@ -74,8 +74,8 @@ def test_reductions_of_the_pairs_over_the_columns_are_one_kernel():
     assert "over each row's columns" in plan.describe()
     regression = plan_contraction(kernel_regression.program)
     assert sorted(p.monoid for p in regression.over_columns) == ["sum", "sum"]
-    assert [p.monoid for p in plan_contraction(nearest_neighbour.program).over_columns] == \
-        ["min"]
+    assert [p.monoid for p in
+            plan_contraction(batched_nearest_neighbour.program).over_columns] == ["min"]
     with pytest.raises(ScheduleError, match="rolling update"):
         plan_contraction(soft_nearest.program)
     made = tf.compile(gaussian_kernel_sum, "cuda:sm_90a")

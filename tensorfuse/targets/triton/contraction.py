@@ -252,15 +252,17 @@ def _contracted(plan, knobs, w, sizes: dict, interpreter: bool, batch: dict) -> 
 def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     """A program per block of ``BLOCK_M`` rows (and batch index) that sweeps the columns in
     blocks of ``BLOCK_N``: each block's tile of the sums (:func:`_contracted`), then every
-    reduction over the columns folded over the block's columns into its ``[BLOCK_M]`` state
-    (columns past the last fold in the identity); the outputs from the states. Nothing of the
+    reduction over the columns combined elementwise into its ``[BLOCK_M, BLOCK_N]`` state
+    (columns past the last combine the identity), folded across the columns once after the
+    sweep (a fold every block had cost 82 warp shuffles a block of 16 × 256 pairs, 2.5 a pair
+    on each thread, on sm_90a); the outputs from the folded states. Nothing of the
     ``[rows, columns]`` sums is stored (a Gaussian kernel's sum over 16384² pairs had stored
     1 GiB between two kernels)."""
     w, M, N, as_index = _kernel_start(plan, sizes, interpreter)
     w(f"offs_m = pid{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
     batch = _batch_digits(plan, w, sizes)
-    for k, r in enumerate(plan.over_columns):
-        w(f"row_{k} = tl.full([BLOCK_M], {_IDENTITY[r.monoid]}, tl.float32)")
+    for k, r in enumerate(plan.over_columns):   # folded across the columns once, at the end
+        w(f"row_{k} = tl.full([BLOCK_M, BLOCK_N], {_IDENTITY[r.monoid]}, tl.float32)")
     w.sweep("n0", "0", str(N), "BLOCK_N")
     with w.block():
         w(f"offs_n = (n0 + tl.arange(0, BLOCK_N)){as_index}")
@@ -270,8 +272,9 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
             value = to_triton(r.body, ctx)
             if ragged_n:
                 value = f"tl.where({cols_ok}, {value}, {_IDENTITY[r.monoid]})"
-            folded = _FOLD[r.monoid].format(f"tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))")
-            w(f"row_{k} = {_COMBINE[r.monoid].format(f'row_{k}', folded)}")
+            w(f"row_{k} = {_COMBINE[r.monoid].format(f'row_{k}', value)}")
+    for k, r in enumerate(plan.over_columns):
+        w(f"row_{k} = {_FOLD[r.monoid].format(f'row_{k}')}")
     ragged_m, _ = bounds[plan.rows.uid]
     rows_ok = f"(offs_m < {M})"
     out_ctx = TileContext({**batch, plan.rows.uid: "offs_m"},
