@@ -7,7 +7,7 @@ columns and the contracted axis masked; up to 8 indices each loaded where it is 
 tiles split in registers) and large value ranges, outputs poisoned (NaN) before each run.
 Prints each case's relative error as JSON.
 
-    TRITON_INTERPRET=1 python -m tests.schedule_templates.pairwise_check SEED
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.pairwise_check SEED [dynamic]
 """
 import torch
 
@@ -90,6 +90,15 @@ def exp_kernel_sum(x: T.Tensor["M", "D", "bf16"], y: T.Tensor["N", "D", "bf16"],
     return T.sum(T.exp(s * scale) * v[j], over=j)
 
 
+@tf.kernel
+def nearest_other(x: T.Tensor["N", "D", "f32"]):
+    """Each point's squared distance to its nearest other point of the same set: one tensor on
+    both sides, the diagonal excluded by the axes' indices."""
+    i, j, d = T.axes("i j d")
+    d2 = T.sum((x[i, d] - x[j, d]) * (x[i, d] - x[j, d]), over=d)
+    return T.min(T.where(i == j, float("inf"), d2), over=j)
+
+
 def _points(generator, *shape, width=30.0, dtype=torch.float32):
     return (torch.randn(*shape, generator=generator) * width + width / 3).to(dtype)
 
@@ -154,6 +163,13 @@ def nearest_case(generator, M=37, N=600, D=3):
     return dict(x=x, y=y), (torch.cdist(x.double(), y.double()) ** 2).amin(-1)
 
 
+def nearest_other_case(generator, N=300, D=7):
+    x = torch.rand(N, D, generator=generator) * 4
+    d2 = torch.cdist(x.double(), x.double()) ** 2
+    return dict(x=x), (d2 + torch.diag(torch.full((N,), float("inf"), dtype=torch.float64))
+                       ).amin(-1)
+
+
 def regression_case(generator, M=37, N=300, D=5):
     x, y = (torch.rand(n, D, generator=generator) * 3 for n in (M, N))
     v = torch.randn(N, generator=generator) * 100
@@ -178,10 +194,14 @@ CASES = {"squared_distances": (squared_distances, squared_case),
          "gaussian_kernel_sum": (gaussian_kernel_sum, gaussian_case),
          "batched_nearest_neighbour": (batched_nearest_neighbour, batched_nearest_case),
          "nearest_neighbour": (nearest_neighbour, nearest_case),
+         "nearest_other": (nearest_other, nearest_other_case),
          "kernel_regression": (kernel_regression, regression_case),
          "exp_kernel_sum": (exp_kernel_sum, exp_sum_case)}
 # f32: sums of up to 23 f32 terms (their rounding, 2⁻²⁴ each); bf16: one rounding (2⁻⁹)
 TOLERANCE = dict.fromkeys(CASES, 1e-5) | {"manhattan_distances": 8e-3}
 
-if __name__ == "__main__":
-    poisoned_main(CASES, lambda name, kernel: interpreted(kernel))
+if __name__ == "__main__":   # a second argument "dynamic": every size a kernel argument
+    import sys
+
+    dynamic = True if sys.argv[2:] == ["dynamic"] else None
+    poisoned_main(CASES, lambda name, kernel: interpreted(kernel, dynamic=dynamic))

@@ -146,11 +146,15 @@ def test_source_splits_each_block_into_its_indices():
     assert "tl.where(k0 + 3 < 21" in source
 
 
-def test_every_pairwise_case_agrees_with_float64_under_the_interpreter():
+@pytest.mark.parametrize("sizes", ["exact", "dynamic"])
+def test_every_pairwise_case_agrees_with_float64_under_the_interpreter(sizes):
+    """Sizes written into the source, and every size a kernel argument (``dynamic=True``: the
+    bounds of every loop and mask read from arguments)."""
     seed = fresh_seed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NoTemplateWarning)
-        errors = run_interpreted("tests.schedule_templates.pairwise_check", seed)
+        errors = run_interpreted("tests.schedule_templates.pairwise_check", seed,
+                                 *(["dynamic"] if sizes == "dynamic" else []))
     assert set(errors) == set(CASES)
     for name, error in errors.items():
         assert error <= TOLERANCE[name], f"{name}: {error:.1e} (TENSORFUSE_SEED={seed})"
