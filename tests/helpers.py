@@ -110,26 +110,6 @@ def relative_error(out, want) -> float:
     return float((out.double().cpu() - want.cpu()).abs().max() / want.abs().max())
 
 
-def interpreter_main(cases: dict, made) -> None:
-    """The ``__main__`` of a check module that :func:`run_interpreted` runs: for each of
-    ``cases`` (name → (kernel, case(generator) → (arguments, float64 reference))), the kernel
-    ``made(kernel)`` makes, called on fresh inputs (seed: the first argument); prints each
-    one's relative error as JSON."""
-    import json
-    import os
-    import sys
-
-    import torch
-
-    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    generator = torch.Generator().manual_seed(int(sys.argv[1]))
-    errors = {}
-    for name, (kernel, case) in cases.items():
-        args, want = case(generator)
-        errors[name] = relative_error(made(kernel)(**args), want)
-    print(json.dumps(errors))
-
-
 def poisoned_main(cases: dict, made) -> None:
     """The ``__main__`` of a check module that :func:`run_interpreted` runs, outputs poisoned:
     for each of ``cases`` (name → (kernel, case(generator) → (arguments, float64 reference: a

@@ -6,16 +6,12 @@ cases sweep several row tiles a program, the last program's partly past the rows
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.column_sums_check SEED
 """
-import json
-import os
-import sys
-
 import torch
 
 import tensorfuse as tf
 import tensorfuse.dsl as T
 import tensorfuse.kernels as K
-from tests.helpers import relative_error
+from tests.helpers import poisoned_main
 
 HOPPER = "cuda:sm_90a"
 
@@ -114,11 +110,5 @@ CASES = {
 }
 
 if __name__ == "__main__":
-    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    generator = torch.Generator().manual_seed(int(sys.argv[1]))
-    errors = {}
-    for name, (kernel, knobs, case) in CASES.items():
-        args, want = case(generator)
-        errors[name] = relative_error(_template(kernel, **knobs)(**args),
-                                      tuple(want) if isinstance(want, tuple) else want)
-    print(json.dumps(errors))
+    poisoned_main({name: (kernel, case) for name, (kernel, _, case) in CASES.items()},
+                  lambda name, kernel: _template(kernel, **CASES[name][1]))

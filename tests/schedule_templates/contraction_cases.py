@@ -192,11 +192,11 @@ if __name__ == "__main__":
 
     from tensorfuse.autograd import grad
     from tensorfuse.kernels.layers import swiglu_mlp_kernel
-    from tests.helpers import interpreter_main, relative_error
+    from tests.helpers import poisoned_main, relative_error
 
     if sys.argv[2:] == ["swiglu_backward"]:
         args, want = swiglu_backward_case(torch.Generator().manual_seed(int(sys.argv[1])))
         got = on_contraction(grad(swiglu_mlp_kernel("bf16")))(**args)
         print(json.dumps([relative_error(o, w) for o, w in zip(got, want, strict=True)]))
     else:
-        interpreter_main(CASES, contraction)
+        poisoned_main(CASES, lambda name, kernel: contraction(kernel))

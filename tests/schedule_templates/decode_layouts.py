@@ -8,7 +8,7 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.kernels import softmax_attend, static_cache_attention
 from benchmarks.user_kernels import gqa_decode, mqa_decode, paged_decode
-from tests.helpers import interpreter_main, templated
+from tests.helpers import poisoned_main, templated
 
 
 @tf.kernel
@@ -118,4 +118,4 @@ CASES = {"gqa_decode": (gqa_decode, gqa_case), "mha_decode": (mha_decode, mha_ca
 
 
 if __name__ == "__main__":
-    interpreter_main(CASES, templated)
+    poisoned_main(CASES, lambda name, kernel: templated(kernel))

@@ -2,10 +2,6 @@
 never the project's lowering): shared by the staged floor's tests and their check under
 Triton's interpreter (``python -m tests.schedule_templates.staged_floor SEED`` with
 ``TRITON_INTERPRET=1``)."""
-import json
-import os
-import sys
-
 import torch
 
 import tensorfuse as tf
@@ -13,7 +9,7 @@ import tensorfuse.kernels as K
 from tensorfuse import dsl as T
 from tensorfuse.torch_graph import GraphCallable
 from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode, segment_mean
-from tests.helpers import relative_error
+from tests.helpers import poisoned_main
 
 
 @tf.kernel
@@ -173,11 +169,5 @@ def _interpreted_stage(stage, kernel):
 
 
 if __name__ == "__main__":
-    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    generator = torch.Generator().manual_seed(int(sys.argv[1]))
-    errors = {}
-    for name in INTERPRETED:
-        kernel, case = CASES[name]
-        args, want = case(generator)
-        errors[name] = relative_error(interpreted(kernel)(**args), want)
-    print(json.dumps(errors))
+    poisoned_main({name: CASES[name] for name in INTERPRETED},
+                  lambda name, kernel: interpreted(kernel))

@@ -8,7 +8,7 @@ import torch
 
 from benchmarks.user_kernels import (channel_stats, group_norm, layernorm_channels,
                                      log_softmax_channels, qk_norm_bshd)
-from tests.helpers import interpreter_main, templated
+from tests.helpers import poisoned_main, templated
 
 
 def log_softmax_case(generator, B=2, C=37, P=150, width=6.0):
@@ -64,4 +64,4 @@ CASES = {"log_softmax_channels": (log_softmax_channels, log_softmax_case),
 
 
 if __name__ == "__main__":
-    interpreter_main(CASES, templated)
+    poisoned_main(CASES, lambda name, kernel: templated(kernel))

@@ -18,10 +18,9 @@ from tensorfuse.schedule_templates.stages import NotStageable, plan_stages
 from tensorfuse.staged import StagedKernel
 from tensorfuse.targets import get_target
 from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode
-from tests.helpers import fresh_seed, gpu_case, run_interpreted
+from tests.helpers import fresh_seed, gpu_case, relative_error, run_interpreted
 from tests.schedule_templates.staged_floor import (CASES, INTERPRETED, STAGED,
-                                                   group_norm_nested, max_pool_l2_case,
-                                                   relative_error)
+                                                   group_norm_nested, max_pool_l2_case)
 
 HOPPER = get_target("cuda:sm_90a")
 
