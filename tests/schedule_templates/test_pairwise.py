@@ -158,3 +158,29 @@ def test_every_pairwise_case_agrees_with_float64_under_the_interpreter(sizes):
     assert set(errors) == set(CASES)
     for name, error in errors.items():
         assert error <= TOLERANCE[name], f"{name}: {error:.1e} (TENSORFUSE_SEED={seed})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pairwise_cases_on_the_gpu_through_the_fast_call(name):
+    """On the GPU, through ``tf.compile``: three calls of one signature on fresh inputs, the
+    later two on the contraction kernel's fast call (no binding, straight to the launch), each
+    against float64."""
+    import torch
+
+    from tensorfuse.api import AutoKernel
+    from tests.helpers import gpu_case, relative_error
+
+    kernel, case = CASES[name]
+    made = tf.compile(kernel)
+    for call in range(3):
+        args, want, seed = gpu_case(case)
+        got = made(**args)
+        wants = want if isinstance(want, tuple) else (want,)
+        gots = got if isinstance(got, tuple) else (got,)
+        error = max(relative_error(g, w) for g, w in zip(gots, wants))
+        assert error <= TOLERANCE[name], (call, error, seed)
+    torch.cuda.synchronize()
+    if isinstance(made, AutoKernel):
+        chosen = next(iter(made._by_shapes.values()))
+        assert chosen._fast, f"{name}: no fast call kept"
