@@ -6,8 +6,9 @@ Each implementation runs its forward once with autograd recording; what is timed
 alone, ``torch.autograd.grad`` of the output against a fixed incoming gradient (the graph kept),
 by its GPU time with the host's issuing kept off the GPU's clock (``bench_queued``: a training
 step's host runs ahead of its GPU; the wall clock of a lone call is in the note):
-for tensorfuse, the compiled kernel's backward kernel (``tf.grad``'s program, which recomputes
-the forward's row statistics from the inputs); for ``torch.compile``, the backward graph
+for tensorfuse, the compiled kernel's backward kernel (its gradient program: from the saved
+output for softmax and log-softmax, the row statistics recomputed from the inputs for the
+others); for ``torch.compile``, the backward graph
 Inductor generated. Every gradient is checked against float64 autograd of the math first (a
 wrong one is reported and not timed).
 

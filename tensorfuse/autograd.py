@@ -25,14 +25,18 @@ from .torch_graph import DIFFERENTIATION
 class GradientKernel:
     """The backward pass of a traced kernel, itself a traced kernel (``tf.compile`` takes it)."""
 
-    def __init__(self, forward, wrt: Sequence[str] | None = None):
+    def __init__(self, forward, wrt: Sequence[str] | None = None, saved_outputs: bool = False):
         if not is_kernel(forward):
             raise TypeError(f"tf.grad takes a @tensorfuse.kernel, got {type(forward).__name__}")
         self.forward = forward
         self.fn = forward.fn
         self.name = f"{forward.name}_backward"
         self.program: Program
-        self.program, self.outputs = gradient_program(forward.program, wrt, self.name)
+        # saved_outputs: the forward's outputs at hand (autograd's): the indices of those the
+        # program reads, after the gradients (a softmax's backward from its output)
+        self.saved: list[int] | None = [] if saved_outputs else None
+        self.program, self.outputs = gradient_program(forward.program, wrt, self.name,
+                                                      saved=self.saved)
         self.wrt = list(dict.fromkeys(o.param for o in self.outputs))
         self._compiled: dict = {}
 
@@ -136,7 +140,7 @@ class Differentiation:
 
             forward = _ProgramKernel(self.program, getattr(self.kernel, "fn", None))
             try:
-                self.gradients = GradientKernel(forward)
+                self.gradients = GradientKernel(forward, saved_outputs=True)
             except TensorfuseError as exc:
                 raise RuntimeError(f"tensorfuse cannot differentiate {self.program.name}: "
                                    f"{exc.message}") from None
@@ -180,6 +184,7 @@ class Differentiation:
         backward = self.backward_kernel()
         # autograd hands zeros for outputs the loss does not use (materialised gradients)
         args += [grads[k].contiguous() for k in self.float_outputs]
+        args += [outputs[k].contiguous() for k in self.gradients.saved]
         parts = backward(*args)
         parts = parts if isinstance(parts, tuple) else (parts,)
         summed = sum_parts(self.gradients.outputs, parts)

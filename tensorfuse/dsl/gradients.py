@@ -57,12 +57,22 @@ class GradientOutput:
 
 
 def gradient_program(program: Program, wrt: Sequence[str] | None = None,
-                     name: str | None = None) -> tuple[Program, list[GradientOutput]]:
+                     name: str | None = None, saved: list | None = None
+                     ) -> tuple[Program, list[GradientOutput]]:
     """The backward program of ``program`` and what each of its outputs is the gradient of.
 
     ``wrt``: the tensor parameters to differentiate with respect to (default: every
     floating-point tensor parameter). Its parameters: ``program``'s, then ``d_<output>`` for each
-    floating-point output (the incoming gradient, shaped like the output)."""
+    floating-point output (the incoming gradient, shaped like the output).
+
+    ``saved``: a list, where the caller has the forward's outputs (autograd saved them): an
+    output that normalises exponentials over an axis — softmax ``p / Σ_j p`` and log-softmax
+    ``u − log Σ_j exp(u)``, ``p = exp(u)`` — then passes its adjoint to ``u`` from the saved
+    value ``y`` (``y · (dy − Σ_j dy · y)``; ``dy − exp(y) · Σ_j dy``), as PyTorch's own backward
+    does, instead of recomputing the row's statistics and ``exp`` from the inputs (twice an
+    element: 0.88× ``torch.compile``'s backward, ``benchmarks.rows_backward``). Each such
+    output's value becomes a parameter after the gradients', and its index in
+    ``program.outputs`` is appended to ``saved``."""
     params = {p.name: p for p in program.tensor_params}
     targets = _targets(program, params, wrt)
     taken = {p.name for p in program.params} | {c.name for c in program.computes}
@@ -91,7 +101,11 @@ def gradient_program(program: Program, wrt: Sequence[str] | None = None,
         total = _sum(adjoints.pop(c.name))
         if not isinstance(total, Load):
             names[total.uid] = _fresh(f"d_{c.name}", taken)
-        for body, seed in _seeds(c, total, names, taken):
+        seeds = _from_saved(program, c, total, names, taken, grads) if saved is not None \
+            and c.is_output else None
+        if seeds is not None:
+            saved.append(program.outputs.index(c))
+        for body, seed in seeds or _seeds(c, total, names, taken):
             for leaf, contribution in backprop(body, seed):
                 if isinstance(leaf, Ref):
                     _check_differentiable(leaf.compute)
@@ -178,6 +192,63 @@ def _seeds(c: Compute, adjoint: Expr, names: dict, taken: set):
     ties = ops.sum(where(hit, one, Const(0.0, one.dtype)), over=c.over)
     names[ties.uid] = _fresh(f"ties_{c.name}", taken)
     return [(body, where(hit, adjoint / ties, 0.0))]
+
+
+def _elementwise(e: Expr) -> Expr:
+    """``e`` with its reads of elementwise computes replaced by their bodies."""
+    if isinstance(e, Ref) and not e.compute.is_reduction and e.compute.arity == 1:
+        return _elementwise(e.compute.bodies[0])
+    if isinstance(e, Unary):
+        return unary(e.op, _elementwise(e.a))
+    if isinstance(e, Binary):
+        return binary(e.op, _elementwise(e.a), _elementwise(e.b))
+    return e
+
+
+def _normaliser(e: Expr, numerator: Expr) -> Compute | None:
+    """The compute ``e`` reads where it is a sum of ``numerator`` (by value) over axes, else
+    None."""
+    if not isinstance(e, Ref) or not e.compute.is_reduction or e.compute.arity != 1 or \
+            e.compute.monoid.name != "sum":
+        return None
+    c = e.compute
+    return c if _elementwise(c.bodies[0]).key() == numerator.key() else None
+
+
+def _from_saved(program: Program, c: Compute, adjoint: Expr, names: dict, taken: set,
+                params: list) -> list | None:
+    """``[(u, its adjoint)]`` of an output ``c`` that normalises ``exp(u)`` over axes (softmax
+    or log-softmax: :func:`gradient_program`'s ``saved``), its saved value a new parameter
+    appended to ``params``; None for any other compute."""
+    body = c.bodies[0]
+    if not isinstance(body, Binary):
+        return None
+    if body.op == "div":   # softmax: exp(u) / Σ exp(u)
+        numerator = _elementwise(body.a)
+        total = _normaliser(body.b, numerator)
+        if total is None or not (isinstance(numerator, Unary) and numerator.op == "exp"):
+            return None
+        argument = numerator.a
+    elif body.op == "sub" and isinstance(body.b, Unary) and body.b.op == "log":
+        argument = _elementwise(body.a)   # log-softmax: u − log Σ exp(u)
+        total = _normaliser(body.b.a, unary("exp", argument))
+        if total is None:
+            return None
+    else:
+        return None
+    if {a.uid for a in c.axes} != {a.uid for a in total.axes + total.over}:
+        return None
+    param = TensorParam(_fresh(f"{c.name}_saved", taken), tuple(a.extent for a in c.axes),
+                        c.dtypes[0], c.loc)
+    params.append(param)
+    y = param[tuple(c.axes)]
+    if body.op == "div":
+        dot = ops.sum(adjoint * y, over=total.over)
+        names[dot.uid] = _fresh(f"d_{c.name}_dot_saved", taken)
+        return [(argument, y * (adjoint - dot))]
+    summed = ops.sum(adjoint, over=total.over)
+    names[summed.uid] = _fresh(f"d_{c.name}_sum", taken)
+    return [(argument, adjoint - unary("exp", y) * summed)]
 
 
 def _summed(contribution: Expr, axes: Sequence[Axis]) -> Expr:

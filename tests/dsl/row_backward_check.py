@@ -1,5 +1,6 @@
 """The backward of softmax, log-softmax and cross-entropy as ``tf.compile`` makes it for sm_90a
-(one row-template kernel: their maxima only stabilise them, :mod:`tensorfuse.dsl.stabilisers`),
+(one row-template kernel: their maxima only stabilise them, :mod:`tensorfuse.dsl.stabilisers`;
+softmax's and log-softmax's also from their saved outputs, as autograd runs them),
 run by Triton's interpreter on ragged bf16 rows with large values and tied maxima, against
 torch's float64 autograd; prints each one's relative error as JSON.
 
@@ -9,6 +10,7 @@ import torch
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
+from tensorfuse.autograd import GradientKernel
 from tests.helpers import poisoned_main, templated
 
 M, N = 7, 333
@@ -32,15 +34,22 @@ def _case(kind: str):
             seed = torch.randn(M, generator=generator)
             out.backward(seed.double())
             return dict(logits=x, target=target, d_out=seed), exact.grad
-        out = (torch.softmax if kind == "softmax" else torch.log_softmax)(exact, -1)
+        normalise = torch.softmax if kind.startswith("softmax") else torch.log_softmax
+        out = normalise(exact, -1)
         seed = torch.randn(M, N, generator=generator).bfloat16()
         out.backward(seed.double())
+        if kind.endswith("_saved"):   # the forward's output as autograd saved it, in bf16
+            return dict(x=x, d_out=seed, out_saved=normalise(x.float(), -1).bfloat16()), \
+                exact.grad
         return dict(x=x, d_out=seed), exact.grad
     return case
 
 
 CASES = {name: (tf.grad(getattr(K, name)), _case(name))
          for name in ("softmax", "log_softmax", "cross_entropy")}
+# the backward autograd runs: from the saved output (y · (dy − Σ y·dy); dy − exp(y) · Σ dy)
+CASES.update({f"{name}_saved": (GradientKernel(getattr(K, name), saved_outputs=True),
+                                _case(f"{name}_saved")) for name in ("softmax", "log_softmax")})
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: templated(kernel))

@@ -178,6 +178,47 @@ def test_the_backward_program_recomputes_and_reads_the_incoming_gradient():
     assert [c.name for c in backward.outputs] == ["d_x"]
 
 
+def test_softmaxes_differentiate_from_their_saved_outputs_where_autograd_has_them(rng):
+    """With the forward's outputs at hand (autograd saved them), softmax's backward reads its
+    output, not x (no statistics, no exp: y·(dy − Σ dy·y)), log-softmax's one exp of its output;
+    other programs are unchanged; the gradients those give on the CPU match torch's float64
+    (temperature and all: the chain continues past the normalised argument)."""
+    import tensorfuse.kernels as K
+    from tensorfuse.algebra.exprs import nodes
+    from tensorfuse.autograd import GradientKernel
+    from tensorfuse.dsl.expr import Load, Unary
+
+    for kernel, exps in ((K.softmax, 0), (K.log_softmax, 1)):
+        saved: list = []
+        backward, _ = gradient_program(kernel.program, saved=saved)
+        assert saved == [0] and backward.params[-1].name == "out_saved"
+        read = {n.param.name for c in backward.computes for b in c.bodies for n in nodes(b)
+                if isinstance(n, Load)}
+        assert read == {"d_out", "out_saved"}, read
+        assert sum(isinstance(n, Unary) and n.op == "exp" for c in backward.computes
+                   for b in c.bodies for n in nodes(b)) == exps
+    saved = []
+    assert [p.name for p in gradient_program(K.layernorm.program, saved=saved)[0].params] == \
+        ["x", "weight", "bias", "eps", "d_out"] and saved == []
+
+    @tf.kernel
+    def tempered(x: X, t: T.f32):
+        i, j = T.axes("i j")
+        m = T.max(x[i, j], over=j)
+        p = T.exp((x[i, j] - m) / t)
+        return p / T.sum(p, over=j)
+
+    x = rng.standard_normal((4, 9)) * 3
+    seed = rng.standard_normal((4, 9))
+    xt = torch.tensor(x, requires_grad=True)
+    y = torch.softmax(xt / 0.7, -1)
+    y.backward(torch.tensor(seed))
+    got = GradientKernel(tempered, saved_outputs=True)(x, 0.7, seed, y.detach().numpy(),
+                                                       target="llvm")
+    # the temperature is an f32 scalar: its division rounds to f32 (2⁻²⁴)
+    np.testing.assert_allclose(got, xt.grad.numpy(), rtol=1e-6, atol=1e-9)
+
+
 def test_an_unused_input_gets_a_zero_gradient(rng):
     @tf.kernel
     def first(x: X, y: X):
