@@ -10,6 +10,11 @@ their product to the sum's f32 accumulator; the outputs are then computed on the
 row blocks (the columns' blocks then stay in L2 across a group). Triton's software pipeliner
 runs the loads ``num_stages`` blocks ahead (asynchronous copies into shared memory; on sm_90
 ``tl.dot`` becomes ``wgmma``, on sm_80 ``mma.sync``, on CDNA ``v_mfma``).
+
+A pairwise reduction's block is computed on the CUDA cores instead, index by index over the
+pairs (:func:`_pairs`). Where reductions over the columns follow, a program takes a block of rows
+and sweeps the columns itself, each block's tile folded into per-row states
+(:func:`_row_block_lines`).
 """
 from __future__ import annotations
 
