@@ -110,31 +110,42 @@ def relative_error(out, want) -> float:
     return float((out.double().cpu() - want.cpu()).abs().max() / want.abs().max())
 
 
+def poisoned_call(made, program, args: dict, want) -> tuple:
+    """``made(**args)`` into NaN-filled outputs of ``program``'s dtypes shaped like ``want`` (a
+    tensor, or one per output), asserting it returned those very tensors: what it wrote there
+    (an element it left alone stays NaN and fails any comparison)."""
+    import torch
+
+    from tensorfuse.interop import torch_dtype
+
+    wants = list(want) if isinstance(want, (tuple, list)) else [want]
+    outs = tuple(torch.full(w.shape, float("nan"), dtype=torch_dtype(c.dtypes[0]))
+                 for w, c in zip(wants, program.outputs))
+    got = made(**args, out=outs if len(outs) > 1 else outs[0])
+    got = got if isinstance(got, tuple) else (got,)
+    assert len(got) == len(outs) and all(g is o for g, o in zip(got, outs)), program.name
+    return outs
+
+
 def poisoned_main(cases: dict, made) -> None:
     """The ``__main__`` of a check module that :func:`run_interpreted` runs, outputs poisoned:
     for each of ``cases`` (name → (kernel, case(generator) → (arguments, float64 reference: a
     tensor, or one per output))), the kernel ``made(name, kernel)`` makes, called on fresh
-    inputs (seed: the first argument) into NaN-filled outputs of the program's dtypes, which it
-    must return; prints each case's relative error (its worst output's) as JSON."""
+    inputs (seed: the first argument) into NaN-filled outputs of the program's dtypes
+    (:func:`poisoned_call`); prints each case's relative error (its worst output's) as JSON."""
     import json
     import os
     import sys
 
     import torch
 
-    from tensorfuse.interop import torch_dtype
-
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     generator = torch.Generator().manual_seed(int(sys.argv[1]))
     errors = {}
     for name, (kernel, case) in cases.items():
         args, want = case(generator)
+        outs = poisoned_call(made(name, kernel), kernel.program, args, want)
         wants = list(want) if isinstance(want, (tuple, list)) else [want]
-        outs = tuple(torch.full(w.shape, float("nan"), dtype=torch_dtype(c.dtypes[0]))
-                     for w, c in zip(wants, kernel.program.outputs))
-        got = made(name, kernel)(**args, out=outs if len(outs) > 1 else outs[0])
-        got = got if isinstance(got, tuple) else (got,)
-        assert len(got) == len(outs) and all(g is o for g, o in zip(got, outs)), name
         errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))
     print(json.dumps(errors))
 

@@ -1,5 +1,6 @@
 """The block-sparse and strided-neighbourhood kernels (their tests' own programs) through the
-Triton attention template in Triton's CPU interpreter, against float64; prints their errors as
+Triton attention template in Triton's CPU interpreter, against float64, outputs poisoned (NaN)
+first; prints their errors as
 JSON. Triton decides at import whether to interpret, so this runs in its own process:
     TRITON_INTERPRET=1 python -m tests.schedule_templates.sparse_check SEED
 """
@@ -12,13 +13,14 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 import torch  # noqa: E402
 
 import tensorfuse as tf  # noqa: E402
+from tests.helpers import poisoned_call  # noqa: E402
 from tests.schedule_templates.sparse_references import block_sparse_case, strided_case  # noqa
 
 
 def run(kernel, inputs: dict, scalars: dict, want) -> float:
     sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update("m", "l", "o", axis="j")
     sch.apply_template("attention", tile_m=16, tile_n=16)
-    out = sch.compile()(**inputs, **scalars)
+    (out,) = poisoned_call(sch.compile(), kernel.program, {**inputs, **scalars}, want)
     return float((out.double() - want).abs().max() / want.abs().max())
 
 
