@@ -1,5 +1,5 @@
-"""Run the attention template with tiled visiting orders in Triton's CPU interpreter; print, as
-JSON, each case's error against float64 and the order it ran in.
+"""Run the attention template with tiled visiting orders in Triton's CPU interpreter (outputs
+poisoned first); print, as JSON, each case's error against float64 and the order it ran in.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.tiling_check SEED
 """
@@ -10,11 +10,13 @@ import sys
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 import tensorfuse as tf  # noqa: E402
 import tensorfuse.kernels as K  # noqa: E402
 from tensorfuse.interop import torch_from_numpy  # noqa: E402
 from tensorfuse.kernels.reference import random_inputs, reference, relative_error  # noqa: E402
+from tests.helpers import poisoned_call  # noqa: E402
 
 # (name, kernel, sizes, scalars, tile_as request or None for the automatic choice)
 CASES = [
@@ -40,8 +42,11 @@ def run(seed: int) -> dict:
             sch.tile_as(**request)
         f = sch.compile()
         tensors, values = random_inputs(kernel, sizes, rng, scalars)
-        out = f(**{n: torch_from_numpy(x, "cpu") for n, x in tensors.items()}, **values)
-        err = relative_error(out.float().numpy(), reference(kernel, tensors, values))
+        want = reference(kernel, tensors, values)
+        (out,) = poisoned_call(f, kernel.program, {
+            **{n: torch_from_numpy(x, "cpu") for n, x in tensors.items()}, **values},
+            torch.from_numpy(np.asarray(want)))
+        err = relative_error(out.float().numpy(), want)
         plan = f.build(values, **sizes)[0]
         results[name] = {"error": err, "order": plan.tiling.describe(),
                          "tiled": plan.row_tiling is not None}
