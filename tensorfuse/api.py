@@ -221,24 +221,10 @@ def _written_out(kernel, spec, dynamic: "bool | None" = None) -> tuple:
     from .schedule_templates.elementwise import foldable
     from .written_out import WrittenOutRoute
 
-    if not foldable(kernel.program) or _pairwise(kernel.program):
+    if not foldable(kernel.program):
         return ()
     return (WrittenOutRoute(kernel.program, spec,
                             lambda sizes: _pointwise(kernel, spec, dynamic, sizes)),)
-
-
-def _pairwise(program) -> bool:
-    """Whether ``program`` is a pairwise reduction the contraction template tiles: written out
-    instead, each output element reads its two operands' rows again (squared distances of 16384²
-    pairs over 16 dimensions: 3.09 ms written out, 0.55 ms tiled, ``python -m
-    benchmarks.contraction --pairs``)."""
-    from .errors import ScheduleError
-    from .schedule_templates.contraction_plan import plan_contraction
-
-    try:
-        return bool(plan_contraction(program).pairwise)
-    except ScheduleError:
-        return False
 
 
 def _scattered(kernel, spec, dynamic: "bool | None" = None):

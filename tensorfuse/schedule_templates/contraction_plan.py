@@ -227,10 +227,10 @@ def plan_contraction(program: Program) -> ContractionPlan:
                 raise _refuse(f"the output {c.name} reads {n.compute.name}, not a "
                               f"{'reduction over the columns' if columns else 'sum'} of this "
                               "kernel", c.loc)
-    if columns and sorted(axes) != sorted([a.uid for a in columns[0].axes] +
-                                          [columns[0].over[0].uid]):
-        raise _refuse(f"{columns[0].name} reduces {sums[0].name} into other axes than its own "
-                      "less the columns", columns[0].loc)
+    for c in columns:   # each a row's state: the sums' axes less the columns, no other
+        if sorted(axes) != sorted([a.uid for a in c.axes] + [c.over[0].uid]):
+            raise _refuse(f"{c.name} reduces {sums[0].name} into other axes than its own less "
+                          "the columns", c.loc)
     bodies = [inline_elementwise(c.bodies[0]) for c in sums]
     if any(isinstance(n, Ref) for b in bodies for n in nodes(b)):
         raise _refuse("a sum reads another reduction: one contraction at a time (the stages "

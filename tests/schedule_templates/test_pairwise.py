@@ -92,12 +92,18 @@ def test_reductions_of_the_pairs_over_the_columns_are_one_kernel():
 
 def test_tf_compile_tiles_pairs_however_few_their_terms():
     """A few terms a pair are not written out in one flat pass (which reads both operands'
-    rows again for every pair): the tiles take them, narrower over a short contracted axis."""
+    rows again for every pair): the tiles take them, narrower over a short contracted axis, and
+    tuning tunes those."""
     made = tf.compile(squared_distances, "cuda:sm_90a")
     assert made.schedule_origin(M=4096, N=4096, D=128).startswith(
         "contraction template defaults (block_m=128, block_n=128, block_k=4, warps=4")
     assert made.schedule_origin(M=4096, N=4096, D=8).startswith(
         "contraction template defaults (block_m=64, block_n=64, block_k=4, warps=2")
+    # tuning agrees: it tunes the tiles, and does not refuse them as written out
+    from tensorfuse.autotune.tasks import make_task
+
+    assert make_task(squared_distances, dict(M=4096, N=4096, D=8), HOPPER).template == \
+        "contraction"
 
 
 @pytest.mark.parametrize("target", [HOPPER, MI300], ids=["sm_90a", "gfx942"])
@@ -184,3 +190,23 @@ def test_pairwise_cases_on_the_gpu_through_the_fast_call(name):
     if isinstance(made, AutoKernel):
         chosen = next(iter(made._by_shapes.values()))
         assert chosen._fast, f"{name}: no fast call kept"
+
+
+def test_a_reduction_over_the_columns_into_another_axis_is_refused():
+    """Kernel regression of vector values: a row state per value index (``[rows, e]``) is
+    not what a row block keeps, whichever of its two reductions comes first."""
+    for first_the_vector in (True, False):
+        @tf.kernel
+        def vector_regression(x: T.Tensor["M", "D", "f32"], y: T.Tensor["N", "D", "f32"],
+                              v: T.Tensor["N", "E", "f32"]):
+            i, j, d, e = T.axes("i j d e")
+            d2 = T.sum((x[i, d] - y[j, d]) * (x[i, d] - y[j, d]), over=d)
+            weight = T.exp(-d2)
+            if first_the_vector:
+                top = T.sum(weight * v[j, e], over=j)
+                return top / T.sum(weight, over=j)
+            bottom = T.sum(weight, over=j)
+            return T.sum(weight * v[j, e], over=j) / bottom
+
+        with pytest.raises(ScheduleError, match="not indexed like|other axes"):
+            plan_contraction(vector_regression.program)
