@@ -350,4 +350,6 @@ def _pairs(plan, knobs, w, batch: dict, bounds: dict, base: dict, K) -> None:
             if ragged_k:
                 value = f"tl.where(k0 + {kk} < {K}, {value}, {_IDENTITY[pair.monoid]})"
             w(f"pair_{k} = {_COMBINE[pair.monoid].format(f'pair_{k}', value)}")
+    # the names taken here, kept under keys no expression has: later temporaries (the tile's
+    # outputs) are numbered after them
     base["memo"].update({("pairwise", key): name for key, name in memo.items()})
