@@ -3,10 +3,22 @@ makespans simulated exactly, and the choice the H100 measurements (``benchmarks.
 agree with."""
 from __future__ import annotations
 
+import heapq
+
+import numpy as np
 import pytest
 
-from tensorfuse.schedule_templates.tile_order import (SIMULATED, greedy_makespan,
+from tensorfuse.schedule_templates.tile_order import (MARGIN, SIMULATED, TILE_COST,
+                                                      greedy_bounds, greedy_makespan,
                                                       pick_persistent, snake_makespan)
+
+
+def one_tile_at_a_time(costs, ctas: int) -> float:
+    """Greedy claiming simulated the plain way: a heap of the CTAs' free times."""
+    free = [0.0] * ctas
+    for cost in costs:
+        heapq.heapreplace(free, free[0] + cost)
+    return max(free)
 
 
 def attention_blocks(row_blocks: int, heads: int, blocks) -> list[int]:
@@ -43,3 +55,21 @@ def test_the_choice_agrees_with_the_h100(row_blocks, heads, blocks, expected):
 def test_too_many_tiles_or_one_cta_is_not_simulated():
     assert pick_persistent([1] * (SIMULATED + 1), 132) == "dynamic"
     assert pick_persistent(attention_blocks(32, 32, lambda rb: rb + 1), 1) == "dynamic"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rounds_of_tiles_match_a_tile_at_a_time(seed):
+    """The round-at-a-time simulation against the heap, on costs with ties, zeros and long tails;
+    the bounds that skip it hold around it, and the choice is the one the heap would make."""
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        tiles, ctas = int(rng.integers(1, 3000)), int(rng.integers(2, 200))
+        costs = rng.integers(0, int(rng.choice([2, 9, 130])), tiles) + TILE_COST
+        if seed % 2:   # attention's shape: costs falling within each head
+            costs = np.sort(costs)[::-1]
+        exact = one_tile_at_a_time(costs.tolist(), ctas)
+        assert greedy_makespan(costs, ctas) == exact
+        least, most = greedy_bounds(costs, ctas)
+        assert least <= exact <= most
+        wanted = "snake" if exact > MARGIN * snake_makespan(costs, ctas) else "dynamic"
+        assert pick_persistent((costs - TILE_COST).astype(int).tolist(), ctas) == wanted
