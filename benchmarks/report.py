@@ -324,6 +324,9 @@ SECTIONS = (
     ("rows-backward-knobs", "The row template's knobs on backward kernels",
      "bf16; every candidate checked against float64, timed from a CUDA graph (L2 warm between "
      "replays); `default` is `tf.compile`'s choice", "python -m benchmarks.rows_backward --sweep"),
+    ("rows-vocab", "Softmax and cross-entropy over a vocabulary",
+     "bf16; GB/s of the logits read (and the softmax written); widths not a multiple of 8 start "
+     "rows off 16-byte boundaries", "python -m benchmarks.rows_vocab"),
     ("rows-sweep", "The row template's settings", "bf16; the defaults against other knob sets",
      "python -m benchmarks.rows_sweep --csv PATH"),
     ("model-prefill", "A Llama-3-8B-shaped model: prefill", "bf16, random weights; tokens/s",
@@ -401,6 +404,8 @@ HEADLINES = (("hopper-attention", "attention/full", "S4096", "tensorfuse"),
              ("decode-masks", "decode_masks/static_cache", "N32768", "tensorfuse"),
              ("gemm", "gemm", "8192x4096x14336/nk", "tensorfuse"),
              ("rows-operands", "rows/", "", "tensorfuse"),
+             ("rows-vocab", "rows_vocab/cross_entropy", "4096x151936", "tensorfuse"),
+             ("rows-vocab", "rows_vocab/softmax", "8192x50257", "tensorfuse"),
              ("cpu", "cpu/causal_attention", "S4096 D64 bf16", "tensorfuse"))
 
 

@@ -362,8 +362,15 @@ class _RowTileSource:
             store = (f"tl.store({out} + ({offsets}), ({to_triton(expr, ctx)})"
                      f".to({TL_DTYPES[c.dtypes[0]]}), mask={' & '.join(valid_) or 'None'})")
             if kind == "col" and not self.single:
-                w.sweep("start_n", "0", str(self.N), "BLOCK_N", self.stages)
+                # backwards: the blocks the statistics pass read last are read again first,
+                # while L2 still holds them (read forwards, the first blocks are the oldest, and
+                # each block read again from memory may evict one the pass needs next): softmax
+                # over 128k-word vocabularies 6-7 % faster on the H200, rows of 32k-64k the same
+                # (``benchmarks.rows_vocab``)
+                w.sweep("back_n", "0", str(self.N), "BLOCK_N", self.stages)
                 with w.block():
+                    w(f"start_n = (({self.N}) + BLOCK_N - 1) // BLOCK_N * BLOCK_N - BLOCK_N - "
+                      "back_n")
                     w("offs_n = start_n + tl.arange(0, BLOCK_N)")
                     w(store)
             else:
