@@ -364,9 +364,9 @@ class _RowTileSource:
             if kind == "col" and not self.single:
                 # backwards: the blocks the statistics pass read last are read again first,
                 # while L2 still holds them (read forwards, the first blocks are the oldest, and
-                # each block read again from memory may evict one the pass needs next): softmax
-                # over 128k-word vocabularies 6-7 % faster on the H200, rows of 32k-64k the same
-                # (``benchmarks.rows_vocab``)
+                # each block read again from memory may evict one the pass needs next): a
+                # softmax over a 128k-word vocabulary 6-7 % faster on the H200
+                # (``benchmarks.rows_vocab``); over 32k-64k columns no change
                 w.sweep("back_n", "0", str(self.N), "BLOCK_N", self.stages)
                 with w.block():
                     w(f"start_n = (({self.N}) + BLOCK_N - 1) // BLOCK_N * BLOCK_N - BLOCK_N - "
