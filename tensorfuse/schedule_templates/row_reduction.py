@@ -13,6 +13,7 @@ from ..targets import TargetSpec
 from ..targets.triton.kernel import TritonKernel, Tuned
 from ..targets.triton.row_states import reloadable, uncorrected_states
 from ..targets.triton.row_grid import grid
+from ..targets.triton.row_realign import realignment
 from ..targets.triton.rowtile import SWEPT_IN_L2
 from .attention import SMS
 from .fusion import Fusion
@@ -113,13 +114,28 @@ SWEPT_PER_ROW = (32, 128, 8, 1)
 ROW_MAJOR_STAGES = 1
 
 
+# Rows off 16-byte boundaries swept through aligned windows (:mod:`..targets.triton.row_realign`):
+# blocks of 4096, so that all but a row's first and last blocks lie inside every row and test
+# nothing. On the H200, 8192 rows of 50257: softmax 1.16 ms in blocks of 16384, 0.81 in 4096
+# (1.27 before the windows; torch.compile 1.09), cross-entropy 0.57 / 0.36 (0.70; 0.63);
+# 4096 rows of 151937 cross-entropy 0.65 / 0.50 (``benchmarks.rows_vocab``)
+REALIGNED_BLOCK = 4096
+
+
 def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     """The knobs by the row's layout and width (:func:`_tile_knobs`), its sweep split into parts
     where too few row tiles would leave most of a GPU idle (:func:`_split_few_tiles`); a plan
     with sums down the rows holds whole rows and sweeps several tiles a program
-    (:func:`_summing`)."""
+    (:func:`_summing`); rows off 16-byte boundaries that the kernel reads through aligned
+    windows take blocks of :data:`REALIGNED_BLOCK`."""
     knobs = _tile_knobs(plan, target)
-    return _summing(plan, knobs) if plan.column_sums else _split_few_tiles(plan, knobs, target)
+    if plan.column_sums:
+        return _summing(plan, knobs)
+    if knobs.block_n > REALIGNED_BLOCK and plan.cols > REALIGNED_BLOCK:
+        narrow = _split_few_tiles(plan, replace(knobs, block_n=REALIGNED_BLOCK), target)
+        if narrow.splits == 1 and realignment(plan, narrow, False, False) is not None:
+            return narrow
+    return _split_few_tiles(plan, knobs, target)
 
 
 # A plan with sums down the rows (a norm's backward with its weight gradient): about two

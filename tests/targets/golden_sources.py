@@ -252,12 +252,12 @@ def _triton_cases() -> Iterator[Case]:
     rows = dict(M=4096, N=4096, V=32000)
     for name in sorted(K.ROW_KERNELS):
         kernel = K.ALL[name]
-        for N in (1000, 4096, 8192, 16384, 65536):
+        for N in (1000, 4096, 8192, 16384, 50257, 65536):   # 50257: rows off 16-byte bounds
             sizes = _sizes(kernel, dict(rows, N=N, V=N))
             for target in ("cuda:sm_90a", "rocm:gfx942"):
                 yield f"compile:{target}:{name}:N={N}", \
                     lambda k=kernel, t=target, s=sizes: compiled(k, t).source(**s)
-        for N in (1000, 4096, 65536):   # sizes as arguments: the bucket's source
+        for N in (1000, 4096, 50257, 65536):   # sizes as arguments: the bucket's source
             sizes = _sizes(kernel, dict(rows, N=N, V=N))
             yield f"compile:cuda:sm_90a:{name}:dynamic:N={N}", \
                 lambda k=kernel, s=sizes: compiled(k, "cuda:sm_90a", True).source(**s)

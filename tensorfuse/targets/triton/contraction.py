@@ -25,7 +25,7 @@ from ...dsl.program import Program
 from ...dsl.symbolic_sizes import size_arguments
 from .expr import TL_DTYPES, TileContext, fresh_memo, ieee_products, to_triton
 from .elementwise import split_interleaved
-from .rowtile import assemble_source, dot_operand, needs_wide_offsets, store_offsets
+from .tile_text import assemble_source, dot_operand, needs_wide_offsets, store_offsets
 from .source_writer import SourceWriter
 
 

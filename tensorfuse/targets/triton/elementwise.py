@@ -14,7 +14,7 @@ from ...dsl.symbolic_sizes import size_arguments
 from .expr import TL_DTYPES, TileContext, computed, dim_sizes, offset, to_triton
 from .launch import compile_for, interpreting, load_kernel, signature
 from .launcher import Launches, Step
-from .rowtile import assemble_source
+from .tile_text import assemble_source
 from .scatter import BLOCK, extent
 from .scatter_kernel import ScatterKernel
 from .size_builds import with_size_arguments

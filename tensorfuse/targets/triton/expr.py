@@ -89,11 +89,15 @@ class TileContext:
     # reads it again), loads along the columns alone are reused by every row (a norm's weight:
     # evict_last); empty: no hints
     streaming: tuple = ()
+    # tensors a row kernel reads through 16-byte aligned windows (:mod:`.row_realign`): name →
+    # (the column axis' uid, the window's offset text, the mask of its loads or None); a read of
+    # one with the columns innermost takes them in place of its offset and its columns' mask
+    realigned: dict = field(default_factory=dict)
 
     def child(self, **changes) -> "TileContext":
         new = TileContext(dict(self.axes), dict(self.valid), dict(self.refs), dict(self.symbols),
                           self.sizes, self.keep_dtype, self.emit, self.memo, self.interpreter,
-                          self.streaming)
+                          self.streaming, self.realigned)
         for key, value in changes.items():
             if isinstance(value, dict) and key != "memo":
                 getattr(new, key).update(value)
@@ -298,8 +302,15 @@ def _bounds(e: Load, ctx: TileContext) -> list[str]:
 
 
 def load(e: Load, ctx: TileContext) -> str:
-    offset_ = offset(e, ctx)
-    masks = sorted({ctx.valid[a] for a in axes_in(e) if a in ctx.valid}) + _bounds(e, ctx)
+    window = ctx.realigned.get(e.param.name)
+    if window is not None and isinstance(e.indices[-1], Axis) and \
+            e.indices[-1].uid == window[0]:   # whole aligned vectors, its row's columns or not
+        offset_ = window[1]
+        masks = sorted({ctx.valid[a] for a in axes_in(e) if a in ctx.valid and a != window[0]}
+                       | ({window[2]} if window[2] else set()))
+    else:
+        offset_ = offset(e, ctx)
+        masks = sorted({ctx.valid[a] for a in axes_in(e) if a in ctx.valid}) + _bounds(e, ctx)
     ptr = f"{e.param.name} + ({offset_})"
     hint = _eviction(e, ctx.streaming)
     text = f"tl.load({ptr}, mask={' & '.join(masks)}, other=0{hint})" if masks else \

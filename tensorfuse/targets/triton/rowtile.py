@@ -12,20 +12,25 @@ full ones skip it).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 from ...algebra.exprs import substitute
 from ...algebra.schemes import EXTRAPOLATION
-from ...dsl.expr import Axis, Expr, Load, Symbol, Where
+from ...dsl.expr import Axis, Symbol, Where
 from ...dsl.symbolic_sizes import size_arguments
 from ..index_text import IndexText as _Index
-from .expr import (HELPERS, TL_DTYPES, TileContext, fresh_memo, ieee_products, literal,
+from .expr import (TL_DTYPES, TileContext, fresh_memo, ieee_products, literal,
                    to_triton)
+from .expr import offset as load_offset
 from .column_sums import add_tile, finish_body, open_partials, partial_names, store_partials
+from .row_merge import SplitMerge
+from .row_realign import Realignment, emit_sweep, realignment
 from .row_grid import batch_first, block_k, grid, launch_grid, list_length
 from .row_states import (REDUCE, column_operands, depended_on, initial_reference, lanewise_states,
                          output_operands, reloadable, uncorrected_states)
 from .size_builds import size_alignments
-from .source_writer import INTERPRETER_HELPERS, SourceWriter, host_int
+from .tile_text import assemble_source, dot_operand, needs_wide_offsets, store_offsets
+from .source_writer import SourceWriter, host_int
 
 MAX_FEATURE = 256  # head dims up to 256 fit a tile in registers
 # issue the outputs' per-row operand loads before a whole-row block's reductions (chunk_body)
@@ -45,8 +50,6 @@ LANEWISE = True
 # 8192: 0.997-1.0004x torch.compile against 0.996-0.998x in one block; of 16384: 96 % of copy
 # against 98.7 % in one block read again — ``benchmarks.rows_sweep``)
 SWEPT_IN_L2 = 8192
-# the split merge's loads of the parts' states go to L2 (``.cg``): never a line an SM's L1 kept
-FROM_L2 = ", cache_modifier='.cg'"
 
 
 def kernel_source(plan, knobs, name: str,
@@ -60,7 +63,7 @@ def kernel_source(plan, knobs, name: str,
     return _RowTileSource(plan, knobs, name, interpreter).source()
 
 
-class _RowTileSource:
+class _RowTileSource(SplitMerge):
     """One row-tile kernel's emission (:func:`kernel_source`): what the plan and knobs decide
     about its rows, columns and states, and the pieces of the kernel (prologue, a block of the
     swept axis, the finals and outputs, the split update's merge), written in order to ``w``."""
@@ -130,6 +133,12 @@ class _RowTileSource:
         if windows is not None:   # keys past the map's edge (set per block in chunk_body)
             self.col_ok, self.col_ok_t = "ok_n[None, :]", "ok_n[:, None]"
             self.col_index, self.col_index_t = "tok_n[None, :]", "tok_n[:, None]"
+        # rows off 16-byte boundaries: swept in aligned windows, columns shifted per row
+        self.realign = realignment(plan, knobs, self.single, self.wide)
+        if self.realign is not None:
+            self.col_ok, self.col_index, self.ragged_cols = "col_ok", Realignment.column(), True
+            self.ctx_base.realigned = {name: (plan.col.uid, "flat_n", "in_n")
+                                       for name in self.realign.params}
         self.lanes = lanewise_states(plan) if LANEWISE and not self.single and \
             plan.mask is None and splits == 1 else frozenset()
         self.chunk_memo: dict = {}
@@ -151,6 +160,11 @@ class _RowTileSource:
             stride *= extent
         if not self.tiles_swept:   # else per row tile of the program (swept_tiles_source)
             w("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+        if self.realign is not None:
+            start = load_offset(self.realign.sample,
+                                self._tile([self._row(), (plan.col, "0", None, False)]))
+            for line in self.realign.prologue(start, self.N):
+                w(line)
         w("offs_k = tl.arange(0, BLOCK_K)")
         if plan.row_tiling is not None:   # the rows of this block: a patch of the map
             token, ok = plan.row_tiling.position(_Index("offs_m"))
@@ -204,13 +218,17 @@ class _RowTileSource:
         size = self.plan.feature_size(feature)
         return feature, "offs_k[None, :]", f"(offs_k[None, :] < {size})", size != self.bk
 
-    def chunk_body(self, with_mask: bool, prefetch: tuple = ()):
+    def chunk_body(self, with_mask: bool, prefetch: tuple = (), tail: bool = False):
         """One block of the axis: its loads, the chain's partial reductions and the rolling
         update of the states. ``prefetch``: loads of the outputs to issue first (their latency
-        then overlaps the row's load and reductions instead of following them)."""
+        then overlaps the row's load and reductions instead of following them). ``tail``: the
+        realigned rows' block of the tensor's elements past its whole 16-byte vectors."""
         w, plan = self.w, self.plan
         w("offs_n = start_n + tl.arange(0, BLOCK_N)")
-        if self.windows is None:
+        if self.realign is not None:
+            for line in self.realign.block(self.N, tail, not self.ragged_cols):
+                w(line)
+        elif self.windows is None:
             w(f"col_ok = {self.col_ok}")
         if self.windows is not None:   # only a partial window may hold keys past the map's edge
             self.ragged_cols = with_mask
@@ -231,7 +249,9 @@ class _RowTileSource:
             ieee = ieee_products(self.dot_type(con))
             w(f"t_{xname} = tl.dot(lhs_{xname}, tl.trans(rhs_{xname}){ieee})")
             rc_refs[xname] = f"t_{xname}"
-        if self.splits > 1:  # positions of this program's part covered so far (the last is short)
+        if self.realign is not None:
+            w(f"seen_next = {self.realign.seen_next(self.N, tail)}")
+        elif self.splits > 1:  # positions of this program's part covered so far (the last is short)
             w(f"seen_next = tl.minimum(seen + BLOCK_N, "
               f"tl.minimum(lo + {self.per_split}, {self.N}) - lo)")
         elif self.N % self.knobs.block_n:
@@ -312,15 +332,6 @@ class _RowTileSource:
         w("seen = seen_next")
         return memo
 
-    def part_at(self, sp_or_ref, split: str) -> str:
-        """Address of this program's rows of a split's saved state in its buffer."""
-        wide_state = not isinstance(sp_or_ref, str) and sp_or_ref.contraction is not None
-        base = f"((pid_b * {self.splits} + {split}) * {self.rows_pad} + offs_m[:, None])"
-        name_ = sp_or_ref if isinstance(sp_or_ref, str) else \
-            f"part_{sp_or_ref.member.name}_{sp_or_ref.k}"
-        return f"{name_} + {base} * BLOCK_K + offs_k[None, :]" if wide_state else \
-            f"{name_} + {base}"
-
     def emit_finals(self, kept: dict, refs: dict, values: dict, correct: bool) -> dict:
         """Each member's final value from ``kept`` states relative to ``refs`` (corrected to the
         true ``values`` of its dependencies first, unless ``correct`` is false)."""
@@ -357,11 +368,16 @@ class _RowTileSource:
             else:
                 ctx = self.ctx_rc().child(refs=finals, emit=w if self.single else None,
                                           memo=self.chunk_memo)
-            offsets = store_offsets(c.axes, ctx, self.sizes)
-            valid_ = sorted({ctx.valid[a.uid] for a in c.axes if a.uid in ctx.valid})
-            store = (f"tl.store({out} + ({offsets}), ({to_triton(expr, ctx)})"
-                     f".to({TL_DTYPES[c.dtypes[0]]}), mask={' & '.join(valid_) or 'None'})")
-            if kind == "col" and not self.single:
+            store = self.store_text(c, expr, out, ctx)
+            if kind == "col" and self.realign is not None:
+                def block(tail: bool, inside: bool, c=c, expr=expr, out=out):
+                    with self.inside_rows(inside):
+                        w("offs_n = start_n + tl.arange(0, BLOCK_N)")
+                        for line in self.realign.block(self.N, tail, inside):
+                            w(line)
+                        w(self.store_text(c, expr, out, self.ctx_rc().child(refs=finals)))
+                emit_sweep(w, self.realign, self.N, self.stages, block, backwards=True)
+            elif kind == "col" and not self.single:
                 # backwards: the blocks the statistics pass read last are read again first,
                 # while L2 still holds them (read forwards, the first blocks are the oldest, and
                 # each block read again from memory may evict one the pass needs next): a
@@ -376,63 +392,40 @@ class _RowTileSource:
             else:
                 w(store)
 
-    def emit_merge(self) -> None:
-        """Fold the splits' saved states, each corrected from its split's references to the final
-        ones (the split update's merge, in registers), then write the outputs."""
-        w = self.w
-        finals = {}
-        for m in self.members:
-            scheme = self.plan.chain.schemes[m.name]
-            mine = [sp for sp in self.plan.states if sp.member is m]
-            for sp in mine:
-                shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else "[BLOCK_M, 1]"
-                ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
-                w(f"acc_{m.name}_{sp.k} = tl.full({shape}, {ident}, tl.float32)")
-            # up to 64 parts unrolled; more in a loop (a long sweep of very few row tiles)
-            w(f"for s in tl.static_range({self.splits}):" if self.splits <= 64 else
-              f"for s in range(0, {self.splits}):")
-            with w.block():
-                sym = {}
-                for sp in mine:
-                    w(f"sv_{m.name}_{sp.k} = tl.load({self.part_at(sp, 's')}{FROM_L2})")
-                    sym[f"{m.name}#{sp.k}"] = f"sv_{m.name}_{sp.k}"
-                for d in scheme.deps:
-                    w(f"sref_{d} = tl.load({self.part_at(f'part_ref_{d}', 's')}{FROM_L2})")
-                    sym[f"{d}.old"], sym[f"{d}.new"] = f"sref_{d}", f"finref_{d}"
-                for sp in mine:
-                    corrected = to_triton(scheme.corrections(settled=True)[sp.k],
-                                          self.ctx_r().child(symbols=sym))
-                    combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
-                                                       [Symbol("__b", sp.dtype)])[0]
-                    w(f"acc_{m.name}_{sp.k} = " + to_triton(combined, TileContext(
-                        axes={}, symbols={"__a": f"acc_{m.name}_{sp.k}", "__b": f"({corrected})"},
-                        sizes=self.sizes)))
-            acc = {f"{m.name}#{sp.k}": f"acc_{m.name}_{sp.k}" for sp in mine}
-            acc.update({f"{d}.old": f"finref_{d}" for d in scheme.deps})
-            acc.update({f"{d}.new": f"fin_{d}" for d in scheme.deps})
-            value = to_triton(scheme.true_value(0, settled=True), self.ctx_r().child(symbols=acc))
-            w(f"fin_{m.name} = {value}")
-            finals[m.name] = f"fin_{m.name}"
-            if m.name in self.needed:
-                usable = scheme.usable(Symbol("__fin", m.dtypes[0]))
-                w(f"finref_{m.name} = "
-                  f"{to_triton(usable, self.ctx_r().child(symbols={'__fin': f'fin_{m.name}'}))}")
-        self.emit_outputs(finals)
+    def fold_lanes(self) -> None:
+        """After a sweep: the states kept per lane folded across the row, and the output pass's
+        loads marked as the row's last reads."""
+        for sp in self.plan.states:
+            if (sp.member.name, sp.k) in self.lanes:
+                state = f"st_{sp.member.name}_{sp.k}"
+                self.w(f"{state} = {REDUCE[sp.monoid.name]}({state}, axis=1, keep_dims=True)")
+        if self.ctx_base.streaming:   # the output pass reads each row a last time
+            self.ctx_base.streaming = self.ctx_base.streaming[:2] + ("evict_first",)
 
-    def last_part_merges(self) -> None:
-        """After a part stored its states: a CTA barrier, then one thread's acquire-release
-        increment of the row tile's counter (the other parts' stores are visible to whoever sees
-        their increments); the tile's last part to arrive sets the counter back to zero for the
-        next call and merges — one launch, not a merge kernel after the parts (MQA decode on the
-        H200: 0.062 -> 0.054 ms, ``benchmarks.user_kernels``)."""
-        w = self.w
-        count = f"part_count + pid_b * {grid(self.plan, self.knobs)[0]} + pid_m"
-        w("tl.debug_barrier()")
-        w(f"arrived = tl.atomic_add({count}, 1, sem='acq_rel', scope='gpu')")
-        w(f"if arrived == {self.splits - 1}:")
-        with w.block():
-            w(f"tl.store({count}, 0)")
-            self.emit_merge()
+    def store_text(self, c, expr, out: str, ctx) -> str:
+        """The store of output ``c`` at the tile's indices (a realigned row's output of the
+        rows' shape at its aligned window positions)."""
+        same = self.realign is not None and tuple(a.extent for a in c.axes) == \
+            tuple(self.realign.sample.param.dims)
+        offsets = "flat_n" if same else store_offsets(c.axes, ctx, self.sizes)
+        valid_ = sorted({ctx.valid[a.uid] for a in c.axes if a.uid in ctx.valid})
+        return (f"tl.store({out} + ({offsets}), ({to_triton(expr, ctx)})"
+                f".to({TL_DTYPES[c.dtypes[0]]}), mask={' & '.join(valid_) or 'None'})")
+
+    @contextmanager
+    def inside_rows(self, inside: bool):
+        """Emit a realigned block that lies inside every row (``inside``): no column tests, no
+        load masks but the rows'."""
+        if not inside:
+            yield
+            return
+        kept = self.ragged_cols, dict(self.ctx_base.realigned)
+        self.ragged_cols = False
+        self.ctx_base.realigned = {n: (uid, at, None) for n, (uid, at, _) in kept[1].items()}
+        try:
+            yield
+        finally:
+            self.ragged_cols, self.ctx_base.realigned = kept
 
     def source(self) -> tuple[str, list[str]]:
         """The kernel's Python source and argument names."""
@@ -495,7 +488,8 @@ class _RowTileSource:
                 "[BLOCK_M, BLOCK_N]" if (sp.member.name, sp.k) in self.lanes else "[BLOCK_M, 1]"
             ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
             w(f"st_{sp.member.name}_{sp.k} = tl.full({shape}, {ident}, tl.float32)")
-        w("seen = tl.full([], 0, tl.int32)")
+        w("seen = tl.full([], 0, tl.int32)" if self.realign is None else
+          "seen = tl.zeros([BLOCK_M, 1], tl.int32)")
         self.initial: dict = {}
         for d in self.needed:
             self.initial[d] = initial_reference(plan, d, self.initial, self.N)
@@ -529,16 +523,17 @@ class _RowTileSource:
                 #                 loads)
                 self.chunk_memo = fresh_memo(self.chunk_memo, frozenset(e.key() for e in early))
                 self.ctx_base.streaming = self.ctx_base.streaming[:2] + ("evict_first",)
+        elif plan.mask is None and self.realign is not None:
+            def block(tail: bool, inside: bool):
+                with self.inside_rows(inside):
+                    self.chunk_body(True, tail=tail)
+            emit_sweep(w, self.realign, self.N, self.stages, block)
+            self.fold_lanes()
         elif plan.mask is None:
             w.sweep("start_n", "0", str(self.N), "BLOCK_N", self.stages)
             with w.block():
                 self.chunk_body(True)
-            for sp in plan.states:
-                if (sp.member.name, sp.k) in self.lanes:
-                    state = f"st_{sp.member.name}_{sp.k}"
-                    w(f"{state} = {REDUCE[sp.monoid.name]}({state}, axis=1, keep_dims=True)")
-            if self.ctx_base.streaming:   # the output pass reads each row a last time
-                self.ctx_base.streaming = self.ctx_base.streaming[:2] + ("evict_first",)
+            self.fold_lanes()
         else:
             for kind, flag in (("partial", True), ("full", False)):
                 w(f"base_{kind} = pid_b * {grid(plan, knobs)[0]} + pid_m")
@@ -562,46 +557,3 @@ class _RowTileSource:
                                   correct=not self.single)
         self.emit_outputs(finals)
         return finals
-
-
-def assemble_source(functions) -> str:
-    parts = ["import triton", "import triton.language as tl",
-             "from triton.language.extra import libdevice", HELPERS]
-    if any("_host_int(" in line for _, _, body in functions for line in body):
-        parts.append(INTERPRETER_HELPERS)
-    for fname, fargs, body in functions:
-        parts += ["", "@triton.jit",
-                  f"def {fname}(" + ", ".join(fargs) + ", BLOCK_M: tl.constexpr, "
-                  "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):"] + body
-    return "\n".join(parts) + "\n"
-
-
-def dot_operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
-    """A tl.dot operand: a single load keeps its storage type; anything else is computed in f32
-    and converted."""
-    if isinstance(e, Load) and e.param.dtype == dot_dtype:
-        return to_triton(e, ctx.child(keep_dtype=True))
-    return f"({to_triton(e, ctx)}).to({TL_DTYPES[dot_dtype]})"
-
-
-def store_offsets(axes, ctx: TileContext, sizes: dict) -> str:
-    """The offset of a contiguous tensor over ``axes`` (outermost first) at the tile's indices."""
-    dims = [a.extent if isinstance(a.extent, int) else sizes[a.extent] for a in axes]
-    strides, acc = [], 1
-    for n in reversed(dims):
-        strides.append(acc)
-        acc *= n
-    strides.reverse()
-    return " + ".join(f"{ctx.axes[a.uid]} * {s}" if s != 1 else ctx.axes[a.uid]
-                      for a, s in zip(axes, strides))
-
-
-def needs_wide_offsets(prog, sizes: dict) -> bool:
-    """Whether some tensor the kernel reads or writes has 2³¹ elements or more (its offsets then
-    need 64 bits). Each tensor is asked on its own: a size as an argument is then guarded by
-    each staying below, not by which of them is the largest."""
-    counts = [math.prod(d if isinstance(d, int) else sizes[d] for d in p.dims)
-              for p in prog.tensor_params]
-    counts += [math.prod(a.extent if isinstance(a.extent, int) else sizes[a.extent]
-                         for a in c.axes) for c in prog.outputs]
-    return any(count >= 2**31 for count in counts)

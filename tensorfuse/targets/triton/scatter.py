@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .expr import TL_DTYPES, TileContext, to_triton
-from .rowtile import assemble_source, store_offsets
+from .tile_text import assemble_source, store_offsets
 
 BLOCK = 1024   # elements a program takes (not measured: a memory-bound elementwise pass)
 

@@ -1,0 +1,90 @@
+"""Row kernels whose rows start off 16-byte boundaries (widths not a multiple of a 16-byte vector,
+:mod:`tensorfuse.targets.triton.row_realign`), swept in blocks through aligned windows, generated
+for sm_90a and run by Triton's interpreter against torch's float64: ragged rows, every width
+class modulo 8, a tensor that ends inside a vector (its tail block) and one that does not,
+batched rows, f32 rows (4 a vector), values far from zero, and blocks that lie inside every row
+(read and written without tests) between those that hold the rows' ends. Prints
+each case's relative error as JSON.
+
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.realigned_rows_check SEED
+"""
+import torch
+
+import tensorfuse as tf
+import tensorfuse.dsl as T
+import tensorfuse.kernels as K
+from tests.helpers import poisoned_main
+
+HOPPER = "cuda:sm_90a"
+
+
+@tf.kernel
+def softmax3(x: T.Tensor["B", "S", "N", "bf16"]):
+    """Softmax over the last axis of ``[B, S, N]``: rows of two axes, one offset per row."""
+    b, s, j = T.axes("b s j")
+    m = T.max(x[b, s, j], over=j)
+    p = T.exp(x[b, s, j] - m)
+    return p / T.sum(p, over=j)
+
+
+@tf.kernel
+def softmax_f32(x: T.Tensor["M", "N", "f32"]):
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    p = T.exp(x[i, j] - m)
+    return p / T.sum(p, over=j)
+
+
+def _rows(generator, *shape, scale=6.0, offset=0.0, dtype=torch.bfloat16):
+    return (offset + scale * torch.randn(*shape, generator=generator)).to(dtype)
+
+
+def _softmax_case(shape, dtype=torch.bfloat16, scale=6.0):
+    def case(generator):
+        x = _rows(generator, *shape, scale=scale, dtype=dtype)
+        return dict(x=x), torch.softmax(x.double(), -1)
+    return case
+
+
+def _log_softmax_case(generator):
+    x = _rows(generator, 5, 1003, scale=20.0)
+    return dict(x=x), torch.log_softmax(x.double(), -1)
+
+
+def _cross_entropy_case(generator):
+    logits = _rows(generator, 7, 1001, scale=10.0)
+    target = torch.randint(0, 1001, (7,), generator=generator, dtype=torch.int32)
+    want = torch.nn.functional.cross_entropy(logits.double(), target.long(), reduction="none")
+    return dict(logits=logits, target=target), want
+
+
+# name → (kernel, block of the sweep, case); widths cover 1 … 7 modulo 8, tensors ending inside
+# a vector (7·301, 6·777, 7·1001) and on one (8·301, 2·3·301 with its batch)
+CASES = {
+    "softmax_tail": (K.softmax, 128, _softmax_case((7, 301))),
+    "softmax_whole": (K.softmax, 128, _softmax_case((8, 301), scale=40.0)),
+    "softmax_width_2_mod_8": (K.softmax, 64, _softmax_case((3, 258))),
+    "softmax_width_6_mod_8": (K.softmax, 64, _softmax_case((5, 134))),
+    "softmax_batched": (softmax3, 128, _softmax_case((2, 3, 301))),
+    "softmax_f32": (softmax_f32, 64, _softmax_case((5, 301), dtype=torch.float32)),
+    "log_softmax": (K.log_softmax, 256, _log_softmax_case),
+    "cross_entropy": (K.cross_entropy, 256, _cross_entropy_case),
+}
+
+
+def template(kernel, block: int, rows: int = 4, num_warps: int = 1):
+    """``kernel``'s row-tile template for sm_90a, swept in blocks of ``block`` (``rows`` rows a
+    program on ``num_warps`` warps: a thread holds whole vectors of each block)."""
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.row_reduction import row_reduction
+    from tensorfuse.targets import get_target
+
+    spec = get_target(HOPPER)
+    name, fusion = choose(kernel.program, spec)
+    assert name == "row_reduction", name
+    return row_reduction(kernel, fusion, spec, block=block, rows=rows, num_warps=num_warps)
+
+
+if __name__ == "__main__":
+    poisoned_main({name: (kernel, case) for name, (kernel, _, case) in CASES.items()},
+                  lambda name, kernel: template(kernel, CASES[name][1]))
