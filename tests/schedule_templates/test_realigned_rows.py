@@ -69,6 +69,20 @@ def test_sm90a_reads_the_windows_in_16_byte_vectors():
     assert re.search(r"st\.global[\w.:]*\.b16", ptx) and re.search(r"st\.global\.v4", ptx)
 
 
+def test_gfx942_reads_the_windows_in_16_byte_vectors():
+    """ROCm's code for the same windows: the logits in ``global_load_dwordx4`` (the one 2-byte
+    load is the gathered target logit)."""
+    import tensorfuse as tf
+    from tests.targets.golden_sources import pinned
+
+    with pinned():
+        made = tf.compile(K.cross_entropy, "rocm:gfx942").for_sizes(M=8192, V=50257)
+        assert "al_m = row_at" in made.source(M=8192, V=50257)
+        assembly = made.compiled(M=8192, V=50257).asm["amdgcn"]
+    assert "global_load_dwordx4" in assembly
+    assert len(re.findall(r"global_load_ushort", assembly)) == 1
+
+
 def test_realigned_rows_interpreted():
     check_interpreted("tests.schedule_templates.realigned_rows_check", CASES)
 
