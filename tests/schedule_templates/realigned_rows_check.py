@@ -2,9 +2,9 @@
 :mod:`tensorfuse.targets.triton.row_realign`), swept in blocks through aligned windows, generated
 for sm_90a and run by Triton's interpreter against torch's float64: ragged rows, every width
 class modulo 8, a tensor that ends inside a vector (its tail block) and one that does not,
-batched rows, f32 rows (4 a vector), values far from zero, and blocks that lie inside every row
-(read and written without tests) between those that hold the rows' ends. Prints
-each case's relative error as JSON.
+batched rows, f32 rows (4 a vector), large values, backward kernels, and blocks that lie inside
+every row (read and written without tests) between those that hold the rows' ends. Prints each
+case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.realigned_rows_check SEED
 """
@@ -58,6 +58,27 @@ def _cross_entropy_case(generator):
     return dict(logits=logits, target=target), want
 
 
+def _backward_case(forward):
+    """The gradient of ``forward`` (softmax or log-softmax) over rows of 301, a tail included."""
+    def case(generator):
+        x = _rows(generator, 7, 301, scale=6.0)
+        seed = torch.randn(7, 301, generator=generator).bfloat16()
+        exact = x.double().requires_grad_()
+        want, = torch.autograd.grad(forward(exact, -1), exact, seed.double())
+        return dict(x=x, d_out=seed), want
+    return case
+
+
+def _cross_entropy_backward_case(generator):
+    logits = _rows(generator, 7, 1001, scale=10.0)
+    target = torch.randint(0, 1001, (7,), generator=generator, dtype=torch.int32)
+    seed = torch.randn(7, generator=generator)
+    exact = logits.double().requires_grad_()
+    loss = torch.nn.functional.cross_entropy(exact, target.long(), reduction="none")
+    want, = torch.autograd.grad(loss, exact, seed.double())
+    return dict(logits=logits, target=target, d_out=seed), want
+
+
 # name → (kernel, block of the sweep, case); widths cover 1 … 7 modulo 8, tensors ending inside
 # a vector (7·301, 6·777, 7·1001) and on one (8·301, 2·3·301 with its batch)
 CASES = {
@@ -69,6 +90,10 @@ CASES = {
     "softmax_f32": (softmax_f32, 64, _softmax_case((5, 301), dtype=torch.float32)),
     "log_softmax": (K.log_softmax, 256, _log_softmax_case),
     "cross_entropy": (K.cross_entropy, 256, _cross_entropy_case),
+    # backward kernels: rows of the output and its gradient, the input's gradient written
+    "softmax_backward": (tf.grad(K.softmax), 128, _backward_case(torch.softmax)),
+    "log_softmax_backward": (tf.grad(K.log_softmax), 128, _backward_case(torch.log_softmax)),
+    "cross_entropy_backward": (tf.grad(K.cross_entropy), 256, _cross_entropy_backward_case),
 }
 
 
