@@ -94,12 +94,16 @@ CASES = {
     "softmax_backward": (tf.grad(K.softmax), 128, _backward_case(torch.softmax)),
     "log_softmax_backward": (tf.grad(K.log_softmax), 128, _backward_case(torch.log_softmax)),
     "cross_entropy_backward": (tf.grad(K.cross_entropy), 256, _cross_entropy_backward_case),
+    # the sizes read as arguments: the windows' bounds, the tail's presence a guard of the build
+    "softmax_sizes_as_arguments": (K.softmax, 128, _softmax_case((9, 299))),
 }
+SIZES_AS_ARGUMENTS = {"softmax_sizes_as_arguments"}
 
 
-def template(kernel, block: int, rows: int = 4, num_warps: int = 1):
+def template(kernel, block: int, rows: int = 4, num_warps: int = 1, dynamic: bool = False):
     """``kernel``'s row-tile template for sm_90a, swept in blocks of ``block`` (``rows`` rows a
-    program on ``num_warps`` warps: a thread holds whole vectors of each block)."""
+    program on ``num_warps`` warps: a thread holds whole vectors of each block; ``dynamic``: the
+    sizes read as arguments)."""
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.schedule_templates.row_reduction import row_reduction
     from tensorfuse.targets import get_target
@@ -107,9 +111,11 @@ def template(kernel, block: int, rows: int = 4, num_warps: int = 1):
     spec = get_target(HOPPER)
     name, fusion = choose(kernel.program, spec)
     assert name == "row_reduction", name
-    return row_reduction(kernel, fusion, spec, block=block, rows=rows, num_warps=num_warps)
+    return row_reduction(kernel, fusion, spec, block=block, rows=rows, num_warps=num_warps,
+                         dynamic=dynamic)
 
 
 if __name__ == "__main__":
     poisoned_main({name: (kernel, case) for name, (kernel, _, case) in CASES.items()},
-                  lambda name, kernel: template(kernel, CASES[name][1]))
+                  lambda name, kernel: template(kernel, CASES[name][1],
+                                                dynamic=name in SIZES_AS_ARGUMENTS))
