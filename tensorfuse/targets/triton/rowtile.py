@@ -368,8 +368,7 @@ class _RowTileSource(SplitMerge):
             else:
                 ctx = self.ctx_rc().child(refs=finals, emit=w if self.single else None,
                                           memo=self.chunk_memo)
-            store = self.store_text(c, expr, out, ctx)
-            if kind == "col" and self.realign is not None:
+            if kind == "col" and self.realign is not None:   # a store per block and part
                 def block(tail: bool, inside: bool, c=c, expr=expr, out=out):
                     with self.inside_rows(inside):
                         w("offs_n = start_n + tl.arange(0, BLOCK_N)")
@@ -377,7 +376,9 @@ class _RowTileSource(SplitMerge):
                             w(line)
                         w(self.store_text(c, expr, out, self.ctx_rc().child(refs=finals)))
                 emit_sweep(w, self.realign, self.N, self.stages, block, backwards=True)
-            elif kind == "col" and not self.single:
+                continue
+            store = self.store_text(c, expr, out, ctx)
+            if kind == "col" and not self.single:
                 # backwards: the blocks the statistics pass read last are read again first,
                 # while L2 still holds them (read forwards, the first blocks are the oldest, and
                 # each block read again from memory may evict one the pass needs next): a
@@ -405,8 +406,12 @@ class _RowTileSource(SplitMerge):
     def store_text(self, c, expr, out: str, ctx) -> str:
         """The store of output ``c`` at the tile's indices (a realigned row's output of the
         rows' shape at its aligned window positions)."""
-        same = self.realign is not None and tuple(a.extent for a in c.axes) == \
-            tuple(self.realign.sample.param.dims)
+        sample = self.realign.sample if self.realign is not None else None
+        # the same axes in the same order over the same sizes: the output's offsets are the
+        # realigned reads' (a square output over its axes transposed is not)
+        same = sample is not None and [a.uid for a in c.axes] == \
+            [i.uid for i in sample.indices] and \
+            tuple(a.extent for a in c.axes) == tuple(sample.param.dims)
         offsets = "flat_n" if same else store_offsets(c.axes, ctx, self.sizes)
         valid_ = sorted({ctx.valid[a.uid] for a in c.axes if a.uid in ctx.valid})
         return (f"tl.store({out} + ({offsets}), ({to_triton(expr, ctx)})"
