@@ -14,6 +14,7 @@ from ..targets.triton.kernel import TritonKernel, Tuned
 from ..targets.triton.row_states import reloadable, uncorrected_states
 from ..targets.triton.row_grid import grid
 from ..targets.triton.row_realign import realignment
+from ..targets.triton.tile_text import needs_wide_offsets
 from ..targets.triton.rowtile import SWEPT_IN_L2
 from .attention import SMS
 from .fusion import Fusion
@@ -133,7 +134,8 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
         return _summing(plan, knobs)
     if knobs.block_n > REALIGNED_BLOCK and plan.cols > REALIGNED_BLOCK:
         narrow = _split_few_tiles(plan, replace(knobs, block_n=REALIGNED_BLOCK), target)
-        if narrow.splits == 1 and realignment(plan, narrow, False, False) is not None:
+        wide = needs_wide_offsets(plan.program, plan.sizes)   # as the emitter asks it
+        if narrow.splits == 1 and realignment(plan, narrow, False, wide) is not None:
             return narrow
     return _split_few_tiles(plan, knobs, target)
 
