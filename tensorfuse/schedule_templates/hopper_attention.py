@@ -85,7 +85,7 @@ class _Lists:
                 pn, _, fn = kept[:3]
                 visited = (pn + fn).cpu().numpy()
             # key blocks per tile in the kernel's order: batch·head-major, last row block first
-            blocks = visited.reshape(-1, row_blocks)[:, ::-1].reshape(-1).tolist()
+            blocks = visited.reshape(-1, row_blocks)[:, ::-1].reshape(-1)
             favoured = pick_persistent(blocks, self.pick_among)
         self.cache = {key: (kept, favoured)}
         return self.cache[key]
