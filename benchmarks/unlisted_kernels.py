@@ -3,7 +3,8 @@ and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens, Ma
 depthwise convolution, a mixture of experts' gated combine, cosine similarities, squared and L1
 distances between point sets, a Gaussian kernel's sum over one and nearest neighbours, columns
 L2-normalised, a router's softmax over 8 experts, rotary
-embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors, an LM head's
+embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors and with
+transformers' additive float mask, an LM head's
 softmax — through ``tf.compile`` defaults against the best torch alternative in the same
 process, each checked against a float64 reference first (the harness of
 :mod:`benchmarks.user_kernels`).
@@ -152,6 +153,20 @@ def biased_attention_bshd(q: T.Tensor["B", "S", "H", "D", "bf16"],
     m = T.max(s, over=j)
     p = T.exp(s - m)
     return T.sum(p * v[b, j, h, e], over=j) / T.sum(p, over=j)
+
+
+@tf.kernel
+def float_masked_attention(q: T.Tensor["B", "H", "S", "D", "bf16"],
+                           k: T.Tensor["B", "H", "S", "D", "bf16"],
+                           v: T.Tensor["B", "H", "S", "D", "bf16"],
+                           mask: T.Tensor["B", 1, "S", "S", "bf16"], scale: T.f32):
+    """Attention with the additive float mask ``[B, 1, S, S]`` transformers hands SDPA (padding
+    and causal folded into one tensor of 0 and the dtype's lowest value)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale + mask[b, 0, i, j]
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.sum(p * v[b, h, j, e], over=j) / T.sum(p, over=j)
 
 
 @tf.kernel
@@ -379,6 +394,37 @@ def _biased_attention_case(generator, B=2, S=2048, H=16, D=128) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, S=S, H=H, D=D)})
 
 
+def _float_mask_case(generator, B=2, S=4096, H=16, D=128) -> Case:
+    """Left padding (each sequence's first tokens masked) and causal in one float mask, as
+    transformers builds it; SDPA with it as ``attn_mask``, FlexAttention with a score_mod
+    reading it."""
+    from benchmarks.attention import compiled_flex
+
+    q, k, v = (torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
+               for _ in range(3))
+    pad = torch.tensor([0, S // 8])[:B]
+    j = torch.arange(S)
+    hidden = (j[None, None, :] > j[None, :, None]) | (j[None, None, :] < pad[:, None, None])
+    mask = torch.zeros(B, 1, S, S).masked_fill(hidden[:, None], torch.finfo(torch.bfloat16).min)
+    mask = mask.to("cuda", torch.bfloat16)
+    scale = D ** -0.5
+    f = Recorded(float_masked_attention)
+    rows = torch.cat([torch.arange(S // 8, S // 8 + 64), torch.arange(S - 64, S)])
+    s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale + mask[:, :, rows].double()
+    ref = torch.softmax(s, -1) @ v.double()
+    flex = compiled_flex()
+
+    def masked(score, b, h, i, j):
+        return score + mask[b, 0, i, j]
+    return Case("float_masked_attention", f"B{B} S{S} H{H} D{D} + mask[B, 1, S, S]",
+                lambda: f(q, k, v, mask, scale=scale),
+                {SDPA: lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                              scale=scale),
+                 FLEX: lambda: flex(q, k, v, score_mod=masked, scale=scale)},
+                ref, lambda out: out[:, :, rows], flops=4 * B * H * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, S=S, H=H, D=D)})
+
+
 def _lm_head_case(generator, M=4096, K=4096, N=32000) -> Case:
     x = torch.randn(M, K, generator=generator).to("cuda", torch.bfloat16)
     w = (torch.randn(N, K, generator=generator) * K ** -0.5).to("cuda", torch.bfloat16)
@@ -409,6 +455,7 @@ UNLISTED = {
     "router_softmax": _router_case,
     "rotary": _rotary_case,
     "biased_attention_bshd": _biased_attention_case,
+    "float_masked_attention": _float_mask_case,
     "lm_head_softmax": _lm_head_case,
 }
 

@@ -188,6 +188,9 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                 f"this kernel would visit it in the flat order ({order}); the "
                                 "attention template gathers its patches instead")
         check_hopper(plan, knobs, dims, target.max_shared_memory, tiled is not None)
+        why = plan.score_tile.why_not(dims) if plan.score_tile is not None else None
+        if why:
+            raise ScheduleError(f"hopper attention: {why}; the attention template takes it")
         last_n = last_block_keys(plan, N, knobs.block_n) if tiled is None else None
         # the source depends on no size but these: written once for them (a new prompt length
         # in a known bucket then costs no assembly: ``tools/profile_new_sizes.py``)
@@ -198,7 +201,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                              last_n, DV)
             if written is not None:
                 sources[written] = source
-        smem = shared_bytes(knobs, D, tiled is not None, DV)
+        smem = shared_bytes(knobs, D, tiled is not None, DV, plan.score_tile is not None)
         entries = [KernelEntry(ENTRY, tuple(arguments))]
         maps = DeviceMaps()
         row_blocks = tiled.rows.padded // knobs.block_m if tiled is not None else \
@@ -238,12 +241,20 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                                          (B * HKV, N, knobs.block_n, D),
                                                          (B * HKV, N, knobs.block_n, DV))]
 
-        def tensor_maps(q, k, v, device):
-            """TMA maps of q, k and v in one device buffer, made once per set of addresses."""
-            key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+        tile = plan.score_tile
+        if tile is not None:   # the score's tiles: boxes of the row block's queries × 64 keys
+            shapes.append(tile.map_shape(dims, knobs.block_m))
+
+        def tensor_maps(values, device):
+            """TMA maps of q, k and v (and the score tile's tensor) in one device buffer, made
+            once per set of addresses."""
+            c = plan.chain
+            key = tuple(values[t].data_ptr() for t in (c.q, c.k, c.v) +
+                        ((tile.name,) if tile is not None else ()))
+            dtypes = (plan.dtype,) * 3 + ((tile.dtype,) if tile is not None else ())
             return maps.get(key, lambda: b"".join(
-                tensor_map(address, sizes, box, plan.dtype, strides)
-                for address, (sizes, box, strides) in zip(key, shapes)), device)
+                tensor_map(address, sizes, box, dtype, strides)
+                for address, dtype, (sizes, box, strides) in zip(key, dtypes, shapes)), device)
 
         def run(module, values, out, device):
             c = plan.chain
@@ -258,7 +269,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
             now = favoured or how
             grid = (row_blocks, B * H) if now == "grid" else (ctas, 1)
             counters, work = scratch(device) if now in ("dynamic", "split") else (pn, pn)
-            module[ENTRY](pointer(tensor_maps(values[c.q], values[c.k], values[c.v], device)),
+            module[ENTRY](pointer(tensor_maps(values, device)),
                           pointer(out), pointer(lse), pointer(pn), pointer(pi), pointer(fn),
                           pointer(fi), pointer(bits), pointer(bits_at),
                           pointer(counters), pointer(work), MODES[now], *tensors, B, H, HKV, M, N,

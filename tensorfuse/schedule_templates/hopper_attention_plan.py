@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..algebra.exprs import add, const, has_axis, is_const, linear_in, neg, nodes, sub
-from ..dsl.expr import Axis, Binary, Const, DimSize, Expr, Load, Ref, Scalar, Unary, Where
+from ..dsl.expr import Binary, Const, DimSize, Expr, Load, Ref, Scalar, Unary, Where
 from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
@@ -30,6 +30,7 @@ from ..targets.cuda.expr import to_cuda
 from ..targets.cuda.parts.scheduler import MIN_PIECE
 from ..targets.cuda.wgmma import fragment_bit_words, launch_registers, setmaxnreg_share
 from .attention_chain import AttentionChain, check_head_map, recognise_attention
+from .score_tiles import ScoreTile, find_score_tile, tile_bytes
 from .token_tiling import map_scalars, mask_reads_map
 
 WHO = "hopper attention"
@@ -119,6 +120,9 @@ class HopperAttentionPlan:
         ("scheduler", "attention_tiles"), ("load", "tma_boxes"),
         ("pipeline", "warp_specialized_ring"), ("mainloop", "wgmma_qk_then_pv"),
         ("row_state", "online_softmax_base2"), ("epilogue", "deferred_register_store"))
+    # a tensor the score reads by query and key (a bias [H, S, S]), copied as tiles of the
+    # scores with each key block's values (:mod:`.score_tiles`)
+    score_tile: ScoreTile | None = None
 
     @property
     def dtype(self) -> str:
@@ -160,6 +164,7 @@ class HopperAttentionPlan:
                     "not see a row's shift)" if self.key_bias is not None else ""),
                  "  mask: " + (f"{to_text(self.mask)} (blocks sorted per call into skipped, "
                                "partial and full)" if self.mask is not None else "none"),
+                 *([f"  {self.score_tile.describe()}"] if self.score_tile else []),
                  "  warp-specialised: a TMA producer warp, consumer warpgroups on wgmma "
                  "(q·kᵀ from shared memory, p·v with p in registers)"]
         if knobs is not None:
@@ -169,23 +174,6 @@ class HopperAttentionPlan:
 
 def _refuse(message: str, loc=None) -> ScheduleError:
     return ScheduleError(f"{WHO}: {message}", loc)
-
-
-def _refuse_score_tiles(used: list, chain) -> None:
-    """A score or mask reading a floating tensor indexed by the query and the key axes as they
-    are (a bias [H, S, S]: a tile of it per score tile): this kernel's consumers load it element
-    by element beside the score, where the attention template pipelines its tiles — on the H200
-    at B2 H16 D128, S 2048/4096: 0.346/1.333 ms here, 0.222/0.828 there (FlexAttention
-    0.186/0.730; ``benchmarks.unlisted_kernels``, biased_attention_bshd). A small table read
-    through an expression of both (``table[h, i - j]``) is not refused (not measured)."""
-    both = {chain.axes[2].uid, chain.axes[3].uid}
-    for e in used:
-        for n in nodes(e):
-            plain = {i.uid for i in n.indices if isinstance(i, Axis)} if isinstance(n, Load) \
-                else set()
-            if isinstance(n, Load) and n.param.dtype.startswith(("f", "bf")) and both <= plain:
-                raise _refuse(f"the score reads {n.param.name} by query and key: loaded one "
-                              "element at a time here, as tiles by the attention template")
 
 
 def _reads_dot(e: Expr, dot: str) -> bool:
@@ -260,7 +248,7 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
     if scale is None:
         scale, key_bias = _key_linear_score(score, chain)
     used = [score] + ([mask] if mask is not None else [])
-    _refuse_score_tiles(used, chain)
+    tile = find_score_tile(used, chain)
     tensors = sorted({(n.param.name, n.param.dtype) for e in used for n in nodes(e)
                       if isinstance(n, Load)})
     extra = sorted({d for e in used for n in nodes(e)
@@ -268,7 +256,11 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
                               (n.name,) if isinstance(n, DimSize) else ())
                     if isinstance(d, str) and d not in chain.dims})
     plan = HopperAttentionPlan(chain, score, mask, scale, tuple(tensors), tuple(extra),
-                               key_bias)
+                               key_bias, score_tile=tile)
+    if tile is not None and plan.reads_map:
+        raise _refuse(f"the score reads {tile.name} by query and key and the mask reads the "
+                      "sequence as a map: the map's patches and the tiles are not copied "
+                      "together; the attention template takes it")
     if chain.permuted:
         if any(layout[-1] != "d" for layout in chain.layouts[:4]):
             raise _refuse("TMA copies rows of the head dim: it must be the innermost axis of q, k, "
@@ -285,16 +277,20 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
     return plan
 
 
-def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False, DV: int | None = None) -> int:
+def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False, DV: int | None = None,
+                 score_tile: bool = False) -> int:
     """Dynamic shared memory: the queries, ``stages`` key and value slots (the values ``DV``
     wide where p·v runs over another head dim than q·k; ``tiled``: and the
-    slots of the partial blocks' mask bits, one bit per score), the mbarriers (the queries', four
+    slots of the partial blocks' mask bits, one bit per score; ``score_tile``: and the slots of
+    a tensor the score reads by query and key, 16 bits a score), the mbarriers (the queries', four
     per slot, the queries' release, two tile slots' full and free), the two claimed items (tile,
     first key block, key blocks) and the consumers' merge flags, plus 1 KiB for aligning the
     128-byte-swizzled tiles."""
     tiles = knobs.block_m * D * 2 + knobs.stages * knobs.block_n * (D + (DV or D)) * 2
     if tiled:
         tiles += knobs.stages * knobs.consumers * fragment_bit_words(knobs.block_n) * 128 * 4
+    if score_tile:
+        tiles += knobs.stages * tile_bytes(knobs.block_m, knobs.block_n)
     return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 48 + 1024
 
 
@@ -305,11 +301,11 @@ def split_workspace(knobs: HopperKnobs, ctas: int, DV: int) -> int:
     return 2 * ctas * knobs.consumers * 128 * (DV // 8 + 1) * 4
 
 
-def narrow_blocks(D: int, DV: int) -> bool:
+def narrow_blocks(D: int, DV: int, score_tile: bool = False) -> bool:
     """Whether key blocks narrower than 128 are needed: the value accumulator past 128 (128
-    registers a thread at 256), or two slots of 128 keys and values past the shared memory
-    (256/128)."""
-    return DV > 128 or shared_bytes(HopperKnobs(), D, DV=DV) > SM90_SHARED
+    registers a thread at 256), or two slots of 128 keys and values (and of a score tile) past
+    the shared memory (256/128; 192/128 with a score tile)."""
+    return DV > 128 or shared_bytes(HopperKnobs(), D, DV=DV, score_tile=score_tile) > SM90_SHARED
 
 
 def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None = None,
@@ -324,9 +320,9 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict |
     value accumulator's (``DV``) sets the registers and both the shared memory: 192/128 keeps
     128-key blocks (208 KiB in two slots), 256/128 takes 64."""
     D, DV = sizes[plan.chain.dims[5]], sizes[plan.chain.dv]
-    if narrow_blocks(D, DV):
+    if narrow_blocks(D, DV, plan.score_tile is not None):
         return HopperKnobs(block_n=64, stages=2)
-    if D != DV:
+    if D != DV or plan.score_tile is not None:   # a score tile's boxes are 64 keys wide
         return HopperKnobs()
     # at head dim 64 only where the score is the scaled dot product (and a key-linear bias): a
     # score function of its own (soft-cap's tanh) spills the consumers at 192 keys (ptxas)
@@ -435,7 +431,9 @@ def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
     # the defaults are a point of the space (a tuning job measures them first, and keeps them
     # where nothing beats them): 192 keys at head dim 64 where the score is the scaled product
     wide = (WIDE_BLOCK_N_D64,) if max(D, DV) == 64 and plan.scale is not None else ()
-    return {"block_n": (64, 80) if narrow_blocks(D, DV) else (64, 128) if plan.reads_map or D > 128
+    tile = plan.score_tile is not None   # its boxes are 64 keys wide
+    return {"block_n": ((64,) if tile else (64, 80)) if narrow_blocks(D, DV, tile) else (64, 128)
+            if plan.reads_map or D > 128 or tile
             else (64, 128, 176) + wide,   # a map's windows are 2ᵏ keys; 176 at 192/128 overflow
             "stages": (2, 3), "consumers": (1, 2, 3) if max(D, DV) <= 64 else (1, 2),
             "overlap": (True, False), "pingpong": (True, False), "ctas_per_sm": (1, 2),
@@ -473,7 +471,10 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
         raise _refuse(f"stages={knobs.stages}: 2, 3 or 4 key/value slots")
     if knobs.ctas_per_sm not in (1, 2):
         raise _refuse(f"ctas_per_sm={knobs.ctas_per_sm}: 1 or 2 CTAs resident on an SM")
-    need = shared_bytes(knobs, D, tiled, DV)
+    if plan.score_tile is not None and knobs.block_n % 64:
+        raise _refuse(f"block_n={knobs.block_n}: the score's tiles of {plan.score_tile.name} are "
+                      "copied in boxes of 64 keys, so key blocks are multiples of 64")
+    need = shared_bytes(knobs, D, tiled, DV, plan.score_tile is not None)
     dims = f"{D}" if D == DV else f"{D}/{DV}"
     if need * knobs.ctas_per_sm > max_shared:
         per = f" × {knobs.ctas_per_sm} CTAs per SM" if knobs.ctas_per_sm > 1 else ""
@@ -520,7 +521,7 @@ def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict,
     knobs = replace(default_hopper_knobs(plan, sizes, scalars, "block_n" not in given), **given)
     D, DV = sizes[plan.chain.dims[5]], sizes[plan.chain.dv]
     if "block_n" not in given and knobs.block_n == WIDE_BLOCK_N and \
-            shared_bytes(knobs, D, DV=DV) > SM90_SHARED:
+            shared_bytes(knobs, D, DV=DV, score_tile=plan.score_tile is not None) > SM90_SHARED:
         knobs = replace(knobs, block_n=HopperKnobs().block_n)
     return knobs
 

@@ -206,19 +206,6 @@ def test_plan_refuses_other_chains():
         plan_hopper_attention(K.softmax.program, ("m", "l"), "j")
 
 
-def test_a_bias_read_by_query_and_key_goes_to_the_attention_template():
-    """A bias [H, S, S] in the score: this kernel would load it element by element; the
-    attention template pipelines its tiles (1.6x faster on the H200), in two stages."""
-    from benchmarks.unlisted_kernels import biased_attention_bshd
-    from tensorfuse.targets.triton.kernel import TritonKernel
-
-    with pytest.raises(ScheduleError, match="the score reads bias by query and key"):
-        plan_hopper_attention(biased_attention_bshd.program, ("m", "out_sum", "out_sum_2"), "j")
-    made = tf.compile(biased_attention_bshd, target="cuda:sm_90a")
-    assert isinstance(made.template, TritonKernel)
-    assert "num_stages=2" in made.template.describe_plan(B=2, S=2048, H=16, D=128)
-
-
 def test_check_refuses_what_the_kernel_cannot_run():
     plan = plan_of(K.attention)
     with pytest.raises(ScheduleError, match="head dim D=96"):

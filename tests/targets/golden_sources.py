@@ -143,6 +143,12 @@ def _hopper_cases() -> Iterator[Case]:
     for dqk, dv in ((192, 128), (256, 128), (128, 256)):
         sizes = dict(B=2, H=16, M=4096, N=4096, DQK=dqk, DV=dv)
         yield f"hopper:two_head_dims:{dqk}/{dv}", source(two_head_dims_causal, {}, sizes)
+    from tests.schedule_templates import test_score_tiles as tiles   # scores' tensors as tiles
+    for kernel, sizes in ((tiles.bias_per_head, dict(B=2, H=16, M=2048, N=2048, D=128)),
+                          (tiles.float_mask, dict(B=2, H=16, M=2048, N=2048, D=64)),
+                          (tiles.causal_bias_gqa, dict(B=2, H=32, G=8, M=4096, N=4096, D=128))):
+        yield f"hopper:score_tile:{kernel.name}", \
+            lambda k=kernel, s=sizes: compiled(k, "cuda:sm_90a").source(**s)
     yield from _lse_and_sparse_cases()
     for name in sorted(K.ATTENTION_VARIANTS):   # as tf.compile picks: prefill, decode, few rows
         kernel = K.ALL[name]

@@ -164,6 +164,12 @@ class AttentionSource(KernelArguments):
         return 4 if self.strided else 3
 
     @property
+    def score_tile(self):
+        """The tensor the score reads as tiles (``schedule_templates.score_tiles.ScoreTile``),
+        or None."""
+        return self.plan.score_tile
+
+    @property
     def elem(self) -> str:
         return _TYPES[self.plan.dtype][0]
 
@@ -177,8 +183,9 @@ class AttentionSource(KernelArguments):
 
     @property
     def header(self) -> str:
-        return "#include <cuda_bf16.h>\n" if self.plan.dtype == "bf16" else \
-            "#include <cuda_fp16.h>\n"
+        dtypes = {self.plan.dtype} | ({self.score_tile.dtype} if self.score_tile else set())
+        return "".join("#include <cuda_bf16.h>\n" if d == "bf16" else "#include <cuda_fp16.h>\n"
+                       for d in sorted(dtypes))
 
     def _mma(self, kind: str, n: int) -> str:
         return f"tf_wgmma_{kind}_m64n{n}k16" + ("_f16" if self.plan.dtype == "f16" else "")
@@ -243,19 +250,27 @@ def _head(c: AttentionSource) -> str:
 {MBARRIER_HELPERS}
 {TMA_HELPERS}
 {SPLIT_HELPERS}
-{load_helper(c.rank)}
+{load_helper(c.rank)}{_tile_load_helper(c)}
 {BULK_HELPERS if c.tiled else ""}
 {c.functions}
 {_tiled_functions(c.tiling)}
 """
 
 
+def _tile_load_helper(c: AttentionSource) -> str:
+    """The TMA copy of the score tile's map, where its rank is not the others'."""
+    tile = c.score_tile
+    return load_helper(tile.rank) if tile is not None and tile.rank != c.rank else ""
+
+
 def _score_defines(c: AttentionSource) -> str:
     """The score's folded factors, the sizes' aliases, the element type."""
+    tile = "" if c.score_tile is None else \
+        f"typedef {_TYPES[c.score_tile.dtype][1]} tile_pair_t;   // two elements of a score tile\n"
     return f"""{c.folds}
 {c.sizes}
 typedef {c.elem} elem_t;
-
+{tile}
 """
 
 

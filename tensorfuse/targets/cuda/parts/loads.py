@@ -22,12 +22,14 @@ def attention_policy_defines(c) -> str:
 def attention_tile_bytes(c) -> str:
     """The swizzle atoms along the head dims (q·k's, p·v's) and the bytes of a query tile, a
     key block and a value block."""
+    tile = "" if c.score_tile is None else \
+        "#define T_BYTES (BM * BN * 2)           // a key block's tile of the score's tensor\n"
     return """#define ATOMS (D_ / 64)                 // 128-byte swizzle atoms along q·k's head dim
 #define V_ATOMS (DV_ / 64)              // and along the values'
 #define Q_BYTES (BM * D_ * 2)
 #define K_BYTES (BN * D_ * 2)
 #define V_BYTES (BN * DV_ * 2)
-"""
+""" + tile
 
 
 def attention_producer_loads(c) -> str:
@@ -86,7 +88,7 @@ def attention_producer_loads(c) -> str:
                          "k_tiles + s * K_BYTES + a * BN * 128", "full_k + s")};
 #endif
             if (u >= STAGES) tf_mbar_wait(empty_v + s, ((u / STAGES) - 1) & 1);
-            tf_mbar_expect(full_v + s, V_BYTES);
+            tf_mbar_expect(full_v + s, V_BYTES{" + T_BYTES" if c.score_tile else ""});
             #pragma unroll
             for (int a = 0; a < V_ATOMS; ++a)
 #if TILED
@@ -96,8 +98,22 @@ def attention_producer_loads(c) -> str:
               {_flat_box(c, "load", "v_map", "n0", "w.kv", "HKV_",
                          "v_tiles + s * V_BYTES + a * BN * 128", "full_v + s")};
 #endif
-          }}
+{_score_tile_loads(c)}          }}
           use += w.count;
+"""
+
+
+def _score_tile_loads(c) -> str:
+    """The key block's tile of the tensor the score reads by query and key: boxes of the row
+    block's queries × 64 keys, counted with the values — whose slot the consumers release only
+    after the block's score, so the tile lives as long as they read it."""
+    if c.score_tile is None:
+        return ""
+    at = c.score_tile.coordinates("n0 + a * 64", "w.rb * BM", "w.bh / H_", "w.bh % H_")
+    return f"""            #pragma unroll
+            for (int a = 0; a < BN / 64; ++a)   // the score's tile: 64 keys × BM rows a box
+              tf_tma_load_{c.score_tile.rank}d(score_tiles + s * T_BYTES + a * BM * 128, t_map,
+                             {at}, full_v + s);
 """
 
 

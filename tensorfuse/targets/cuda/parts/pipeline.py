@@ -42,7 +42,7 @@ def attention_kernel_begin(c) -> str:
   unsigned char* k_tiles = smem + Q_BYTES;
   unsigned char* v_tiles = k_tiles + STAGES * K_BYTES;
   unsigned char* mask_tiles = v_tiles + STAGES * V_BYTES;   // TILED: the partial blocks' bits
-  unsigned long long* bars = (unsigned long long*)(mask_tiles + STAGES * MASK_BYTES);
+{_score_tiles(c)}  unsigned long long* bars = (unsigned long long*)({_after_tiles(c)});
   unsigned long long* bar_q = bars;
   unsigned long long* full_k = bars + 1;
   unsigned long long* full_v = full_k + STAGES;
@@ -56,7 +56,7 @@ def attention_kernel_begin(c) -> str:
   const void* q_map = (const char*)maps;
   const void* k_map = (const char*)maps + 128;
   const void* v_map = (const char*)maps + 256;
-
+{"  const void* t_map = (const char*)maps + 384;   // the score's tensor" + chr(10) if c.score_tile else ""}
   const int row_blocks = TILED ? TILED_ROW_BLOCKS : (M_ + BM - 1) / BM;
   const int tiles = row_blocks * B_ * H_;
   // key blocks of an unmasked tile, and the split tiles (computed where used: the consumers
@@ -84,15 +84,30 @@ def attention_kernel_begin(c) -> str:
 """
 
 
+def _score_tiles(c) -> str:
+    """The slots of the score's tiles (after the mask bits: 1024-byte aligned, as the 128-byte
+    swizzle needs), where the score reads a tensor by query and key."""
+    if c.score_tile is None:
+        return ""
+    return ("  unsigned char* score_tiles = mask_tiles + STAGES * MASK_BYTES;   // the score's "
+            "tensor\n")
+
+
+def _after_tiles(c) -> str:
+    """Where the mbarriers start: after the score tiles' slots, or the mask bits'."""
+    return "score_tiles + STAGES * T_BYTES" if c.score_tile else "mask_tiles + STAGES * MASK_BYTES"
+
+
 def attention_producer_begin(c) -> str:
     """The producer warpgroup gives its registers back; its one thread acquires the tensor maps."""
+    tile = "      tf_tensormap_acquire(t_map);\n" if c.score_tile else ""
     return """  if (wg == 0) {   // the producer
     tf_setmaxnreg_dec<PRODUCER_REGS>();
     if (threadIdx.x == 0) {
       tf_tensormap_acquire(q_map);
       tf_tensormap_acquire(k_map);
       tf_tensormap_acquire(v_map);
-"""
+""" + tile
 
 
 def attention_turns_open(c) -> str:

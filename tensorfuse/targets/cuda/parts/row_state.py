@@ -12,17 +12,25 @@ def attention_defines(c) -> str:
 
 
 def attention_softmax_macro(c) -> str:
-    """A block's score and online softmax, once its ``q·kᵀ`` has landed."""
-    return """  // the score and softmax of block `it` (`keys` wide), whose q·kᵀ has landed in `acc`
+    """A block's score and online softmax, once its ``q·kᵀ`` has landed (and, where the score
+    reads a tensor as tiles, once the block's tile has: it comes with the values). The lines
+    below end in Python's line continuation: the macro is one line of C++."""
+    tile, arg = "", ""
+    if c.score_tile is not None:
+        tile = ("    const unsigned tt_ = tf_smem_addr(score_tiles) + SLOT(it) * T_BYTES + "
+                "(cw * 64 + warp * 16 + lane / 4) * 128 + (lane % 4) * 4;   "
+                "tf_mbar_wait(full_v + SLOT(it), PHASE(it));   ")
+        arg = ", tt_"
+    return f"""  // the score and softmax of block `it` (`keys` wide), whose q·kᵀ has landed in `acc`
 #define SOFTMAX_INTO(acc, it, keys)                                                         \
-  {                                                                                          \
+  {{                                                                                          \
     const int n0 = key_block(w, it, pi, fi) * BN;                                             \
-    if ((it) < w.n_partial || (!TILED && n0 + (keys) > N_))                                   \
-      score_block<true>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);             \
+{tile}    if ((it) < w.n_partial || (!TILED && n0 + (keys) > N_))                                   \
+      score_block<true>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS{arg});             \
     else                                                                                      \
-      score_block<false>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS);            \
+      score_block<false>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS{arg});            \
     softmax_block(acc, m, l, corr, scale2);                                                   \
-  }
+  }}
 """
 
 
@@ -39,15 +47,18 @@ def attention_exp2(c) -> str:
 def attention_score_function(c) -> str:
     """A block's score: the program's expression on the accumulator fragments, masked where the
     block is partial."""
-    return f"""// S of one key block (R = its keys / 2 registers: BN, or LAST_N for the sequence's last): the
+    tile = c.score_tile is not None
+    reader = _score_tile_reader() if tile else ""
+    return f"""{reader}// S of one key block (R = its keys / 2 registers: BN, or LAST_N for the sequence's last): the
 // program's score on the fragment before its base-2 factor `scale2` (applied by softmax_block),
 // masked (−∞) where `MASKED`.
 // Fragment register r of warp w, lane l: row 16w + l/4 + 8·((r%4)/2),
 // column 8·(r/4) + 2·(l%4) + r%2.
 template <bool MASKED, int R>
 __device__ __forceinline__ void score_block(float (&s)[R], int row_lo, int n0, int b, int h,
-    int lane, const unsigned (&mw)[MASK_WORDS], float scale2, float kc_{c.extra_params}) {{
-  const int i0_ = row_lo, j0_ = n0 + 2 * (lane % 4);   // the fragment's first row and column
+    int lane, const unsigned (&mw)[MASK_WORDS], float scale2, float kc_{c.extra_params}{
+        ", unsigned tt_" if tile else ""}) {{
+{"  tile_pair_t tb2_;" + chr(10) if tile else ""}  const int i0_ = row_lo, j0_ = n0 + 2 * (lane % 4);   // the fragment's first row and column
 {c.begin}
   #pragma unroll
   for (int r = 0; r < R; ++r) {{
@@ -55,7 +66,7 @@ __device__ __forceinline__ void score_block(float (&s)[R], int row_lo, int n0, i
     const int i_ = i0_ + di_;
     const int j_ = j0_ + dj_;
     const float qk = s[r];
-    float v = {c.score};
+{_tile_element() if tile else ""}    float v = {c.score};
 #if TILED
     if (MASKED) v = ((mw[r / 32] >> (r % 32)) & 1u) ? v : -INFINITY;
 #else
@@ -64,6 +75,30 @@ __device__ __forceinline__ void score_block(float (&s)[R], int row_lo, int n0, i
     s[r] = v;
   }}
 }}
+
+"""
+
+
+def _tile_element() -> str:
+    """The score tile's element at register ``r`` (its pair loaded at even ``r``)."""
+    return ("    if (r % 2 == 0) tb2_ = tf_score_tile_pair(tt_, r, lane);\n"
+            "    const float tb_ = r % 2 ? __high2float(tb2_) : __low2float(tb2_);\n")
+
+
+def _score_tile_reader() -> str:
+    """The score tile's element at a fragment register, from shared memory."""
+    return """// Two elements of the score tile at fragment register r (even: r and r + 1 — row
+// 16w + l/4 + 8·((r%4)/2), columns 8·(r/4) + 2·(l%4) and the next — of the slot): rows of 64
+// keys (128 bytes; a box each 64 keys) in TMA's 128-byte swizzle, a row's 16-byte chunk c at
+// c ^ (row % 8), and row % 8 = l/4 here. `tt` is the slot's shared-memory address plus this
+// thread's row · 128 and its pair's 4 bytes: one 32-bit load, a warp's in 32 distinct banks.
+__device__ __forceinline__ tile_pair_t tf_score_tile_pair(unsigned tt, int r, int lane) {
+  const int chunk = ((r / 4) % 8) ^ (lane / 4);
+  unsigned bits;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(bits)
+               : "r"(tt + (r / 32) * (BM * 128) + ((r % 4) / 2) * 1024 + chunk * 16));
+  return *reinterpret_cast<const tile_pair_t*>(&bits);
+}
 
 """
 
