@@ -3,7 +3,7 @@ errors against float64 gradients (torch autograd) as JSON.
 
 Triton decides at import whether to interpret, so this runs in its own process:
     TRITON_INTERPRET=1 python -m tests.schedule_templates.attention_backward_check SEED
-float32 kernels (the interpreter has no bfloat16 products): grouped heads (2 per key/value
+float32 kernels (the interpreter has no bfloat16 products): grouped heads (2 on one key/value
 head), ragged sizes (M=37 queries, N=45 keys, bottom-right aligned), full, causal, causal with
 soft-cap, a boolean mask tensor that empties some rows, and sizes the tiles divide (no element
 masked for being out of range). Each twice: recomputing the forward's statistics and launching
@@ -31,7 +31,7 @@ from tensorfuse.schedule_templates.auto import choose  # noqa: E402
 from tensorfuse.targets import get_target  # noqa: E402
 from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels  # noqa: E402
 
-B, H, HKV, M_RAGGED, N_RAGGED, D = 1, 4, 2, 37, 45, 16
+B, H, HKV, M_RAGGED, N_RAGGED, D = 1, 2, 1, 37, 45, 16
 VARIANTS = {"full": (False, False, False), "causal": (True, False, False),
             "causal_softcap": (True, False, True), "mask_tensor": (False, True, False),
             "causal_whole_tiles": (True, False, False)}   # M, N multiples of the tiles
