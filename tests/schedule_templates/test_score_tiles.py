@@ -1,5 +1,5 @@
 """A tensor the attention score reads by query and key (a bias ``[H, S, S]``, a float mask
-``[B, 1, S, S]``) in the Hopper attention kernel: copied as tiles of the scores by TMA with each
+``[B, 1, S, S]``, rows of it at the dtype's lowest value) in the Hopper attention kernel: copied as tiles of the scores by TMA with each
 key block's values (``schedule_templates/score_tiles.py``). On the CPU: the plan by the roles of
 its indices, the refusals and their reasons, the choice ``tf.compile`` makes, the sm_90a code
 (TMA copies of the tiles, their elements read from shared memory in 32-bit pairs, no spills
@@ -161,22 +161,30 @@ def test_the_tiles_are_copied_by_tma_and_read_from_shared_memory(kernel, sizes):
     assert_consumers_do_not_spill(source, per_tile=8)
 
 
-def _case(kernel, sizes: dict, generator, wide: bool):
-    """Arguments (bf16/f16 on the GPU) and the float64 reference of ``kernel`` at ``sizes``."""
+def _case(kernel, sizes: dict, generator, regime: str):
+    """Arguments (bf16/f16 on the GPU) and the float64 reference of ``kernel`` at ``sizes``:
+    ``regime`` "normal", "wide" (values 8× larger) or "lowest" (the score's tensor at its dtype's
+    lowest value in a quarter of its elements and in every element of its first 40 query rows,
+    as transformers writes masks: those rows weigh their keys equally)."""
     import torch
 
     program = kernel.program
     shapes = {p.name: tuple(d if isinstance(d, int) else sizes[d] for d in p.dims)
               for p in program.params if hasattr(p, "dims")}
     dtype = torch.float16 if program.params[0].dtype == "f16" else torch.bfloat16
-    spread = 8.0 if wide else 1.0
+    spread = 8.0 if regime == "wide" else 1.0
     args = {n: (torch.randn(s, generator=generator) * spread).to(dtype)
             for n, s in shapes.items()}
+    tile = next(n for n in shapes if n not in ("q", "k", "v"))
+    if regime == "lowest":
+        lowest = torch.finfo(dtype).min
+        hidden = torch.rand(shapes[tile], generator=generator) < 0.25
+        args[tile] = args[tile].masked_fill(hidden, lowest)
+        args[tile][..., :40, :] = lowest
     scale = sizes["D"] ** -0.5
     q, k, v = (args[n].double() for n in ("q", "k", "v"))
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    tile = next(n for n in shapes if n not in ("q", "k", "v"))
     extra = args[tile].double()
     extra = extra if extra.dim() == 4 else extra[None]
     s = q @ k.transpose(-1, -2) * scale + extra
@@ -195,13 +203,13 @@ def _case(kernel, sizes: dict, generator, wide: bool):
     (causal_bias_gqa, dict(B=2, H=8, G=2, M=1016, N=1016, D=128)),
     (bias_dqk192, dict(B=2, H=4, M=1016, N=1016, D=192, E=128)),
 ])
-@pytest.mark.parametrize("wide", [False, True])
-def test_the_tiles_match_float64_on_the_gpu(kernel, sizes, wide):
+@pytest.mark.parametrize("regime", ["normal", "wide", "lowest"])
+def test_the_tiles_match_float64_on_the_gpu(kernel, sizes, regime):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
     seed = fresh_seed()
-    args, want, dtype = _case(kernel, sizes, torch.Generator().manual_seed(seed), wide)
+    args, want, dtype = _case(kernel, sizes, torch.Generator().manual_seed(seed), regime)
     made = tf.compile(kernel)
     assert "hopper_attention" in made.schedule_origin(**sizes)
     out = torch.full(want.shape, float("nan"), dtype=dtype, device="cuda")

@@ -82,7 +82,7 @@ __device__ __forceinline__ void score_block(float (&s)[R], int row_lo, int n0, i
 def _tile_element() -> str:
     """The score tile's element at register ``r`` (its pair loaded at even ``r``)."""
     return ("    if (r % 2 == 0) tb2_ = tf_score_tile_pair(tt_, r, lane);\n"
-            "    const float tb_ = r % 2 ? __high2float(tb2_) : __low2float(tb2_);\n")
+            "    const float tb_ = tf_finite_floor(r % 2 ? __high2float(tb2_) : __low2float(tb2_));\n")
 
 
 def _score_tile_reader() -> str:
@@ -99,13 +99,30 @@ __device__ __forceinline__ tile_pair_t tf_score_tile_pair(unsigned tt, int r, in
                : "r"(tt + (r / 32) * (BM * 128) + ((r % 4) / 2) * 1024 + chunk * 16));
   return *reinterpret_cast<const tile_pair_t*>(&bits);
 }
+// A tile's finite element below −1e38 (a bf16 mask's lowest value, −3.39e38, as transformers
+// writes masks) raised to −1e38: times log2 e it would overflow to −∞ in the base-2 softmax, and
+// a row of nothing else would give 0/0 where the math as written weighs its keys equally. −∞
+// stays −∞ (a row of nothing else gives 0/0, as the unfused program does).
+__device__ __forceinline__ float tf_finite_floor(float x) {
+  return x == -INFINITY ? x : fmaxf(x, -1e38f);
+}
 
 """
 
 
 def attention_softmax_functions(c) -> str:
-    """A block's online softmax in base 2, and the branch that ends its basic block."""
-    return """// Online softmax of one block in base 2: new row maxima (two rows per thread), the correction of
+    """A block's online softmax in base 2, and the branch that ends its basic block. Where the
+    score reads a tensor as tiles, scores are scaled to base 2 first: a mask's lowest values
+    (−1e38 after :func:`_score_tile_reader`'s floor) would leave the fold's FFMA a residual of
+    half an ulp of 1e38 against the rounded maximum (2^(±10^30): inf), where a subtraction of
+    base-2 scores of one magnitude is exact."""
+    text = _SOFTMAX_FUNCTIONS
+    if c is not None and c.score_tile is not None:
+        text = text.replace("  if (!(scale2 > 0.0f)) {", "  {   // scaled first (see the emitter)")
+    return text
+
+
+_SOFTMAX_FUNCTIONS = """// Online softmax of one block in base 2: new row maxima (two rows per thread), the correction of
 // the old state, P = 2^(S·scale2 - m) in place, the thread's share of the row sums. With a
 // positive factor the largest score times it is the largest base-2 score, and each element costs
 // one FFMA and one ex2 (FlashAttention-3's fold); any other factor (never 1/√d) scales first.
