@@ -117,7 +117,7 @@ def attention_softmax_functions(c) -> str:
     half an ulp of 1e38 against the rounded maximum (2^(±10^30): inf), where a subtraction of
     base-2 scores of one magnitude is exact."""
     text = _SOFTMAX_FUNCTIONS
-    if c is not None and c.score_tile is not None:
+    if c.score_tile is not None:
         text = text.replace("  if (!(scale2 > 0.0f)) {", "  {   // scaled first (see the emitter)")
     return text
 
