@@ -174,10 +174,11 @@ def _to_triton(e: Expr, ctx: TileContext) -> str:
         return load(e, ctx)
     if isinstance(e, Unary):
         if e.op == "exp" and isinstance(e.a, Binary) and e.a.op == "sub":
-            # exp(a − b) = 2^(a·log2e − b·log2e): one fused multiply-add and ex2 per element
-            # (tl.exp would subtract, then multiply by log2e, then ex2)
+            # exp(a − b) = 2^((a − b)·log2e): the difference first, so that a and b near the
+            # largest floats (a mask's lowest value, −3.39e38) give exp(0) = 1 as the math does;
+            # a·log2e − b·log2e overflowed to −∞ − −∞ there (NaN)
             a, b = to_triton(e.a.a, ctx), to_triton(e.a.b, ctx)
-            return f"tl.exp2({a} * {LOG2E} - {b} * {LOG2E})"
+            return f"tl.exp2(({a} - {b}) * {LOG2E})"
         if e.op == "tanh" and ctx.interpreter:
             return "(2.0 * tl.sigmoid(2.0 * {}) - 1.0)".format(to_triton(e.a, ctx))
         return _UNARY[e.op].format(to_triton(e.a, ctx))
