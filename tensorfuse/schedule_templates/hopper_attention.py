@@ -241,17 +241,17 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                                          (B * HKV, N, knobs.block_n, D),
                                                          (B * HKV, N, knobs.block_n, DV))]
 
+        mapped = [(t, plan.dtype) for t in (plan.chain.q, plan.chain.k, plan.chain.v)]
         tile = plan.score_tile
         if tile is not None:   # the score's tiles: boxes of the row block's queries × 64 keys
             shapes.append(tile.map_shape(dims, knobs.block_m))
+            mapped.append((tile.name, tile.dtype))
+        dtypes = [dtype for _, dtype in mapped]
 
         def tensor_maps(values, device):
             """TMA maps of q, k and v (and the score tile's tensor) in one device buffer, made
             once per set of addresses."""
-            c = plan.chain
-            key = tuple(values[t].data_ptr() for t in (c.q, c.k, c.v) +
-                        ((tile.name,) if tile is not None else ()))
-            dtypes = (plan.dtype,) * 3 + ((tile.dtype,) if tile is not None else ())
+            key = tuple(values[t].data_ptr() for t, _ in mapped)
             return maps.get(key, lambda: b"".join(
                 tensor_map(address, sizes, box, dtype, strides)
                 for address, dtype, (sizes, box, strides) in zip(key, dtypes, shapes)), device)

@@ -430,16 +430,25 @@ def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
     D, DV = sizes[plan.chain.dims[5]], sizes[plan.chain.dv]
     # the defaults are a point of the space (a tuning job measures them first, and keeps them
     # where nothing beats them): 192 keys at head dim 64 where the score is the scaled product
-    wide = (WIDE_BLOCK_N_D64,) if max(D, DV) == 64 and plan.scale is not None else ()
-    tile = plan.score_tile is not None   # its boxes are 64 keys wide
-    return {"block_n": ((64,) if tile else (64, 80)) if narrow_blocks(D, DV, tile) else (64, 128)
-            if plan.reads_map or D > 128 or tile
-            else (64, 128, 176) + wide,   # a map's windows are 2ᵏ keys; 176 at 192/128 overflow
+    return {"block_n": _block_choices(plan, D, DV),
             "stages": (2, 3), "consumers": (1, 2, 3) if max(D, DV) <= 64 else (1, 2),
             "overlap": (True, False), "pingpong": (True, False), "ctas_per_sm": (1, 2),
             # "auto" is what tf.compile runs; "split" needs tiles of equal length (no mask)
             "schedule": tuple(i for i, name in enumerate(SCHEDULES)
                               if name != "split" or plan.mask is None)}
+
+
+def _block_choices(plan: HopperAttentionPlan, D: int, DV: int) -> tuple[int, ...]:
+    """Key-block widths tuning tries: narrow ones where 128 keys do not fit; 2ᵏ for a map's
+    windows and a score tile's 64-key boxes; 176 too otherwise (it overflows at 192/128), and
+    at head dim 64 with the scaled dot product 192, the default there."""
+    tile = plan.score_tile is not None
+    if narrow_blocks(D, DV, tile):
+        return (64,) if tile else (64, 80)
+    if plan.reads_map or D > 128 or tile:
+        return (64, 128)
+    wide = (WIDE_BLOCK_N_D64,) if max(D, DV) == 64 and plan.scale is not None else ()
+    return (64, 128, 176) + wide
 
 
 def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,

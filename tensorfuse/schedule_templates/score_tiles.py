@@ -74,7 +74,7 @@ def find_score_tile(used: list[Expr], chain) -> ScoreTile | None:
     both = {chain.axes[2].uid, chain.axes[3].uid}
     found: dict = {}
     for e in used:
-        for n in _loads(e):
+        for n in (n for n in nodes(e) if isinstance(n, Load)):
             plain = {i.uid for i in n.indices if isinstance(i, Axis)}
             if n.param.dtype.startswith(("f", "bf")) and both <= plain:
                 found.setdefault((n.param.name, n.key()), n)
@@ -119,10 +119,6 @@ def find_score_tile(used: list[Expr], chain) -> ScoreTile | None:
 def tile_bytes(block_m: int, block_n: int) -> int:
     """Shared memory a slot's tile takes (16-bit elements)."""
     return block_m * block_n * 2
-
-
-def _loads(e: Expr):
-    return (n for n in nodes(e) if isinstance(n, Load))
 
 
 def _refuse(message: str) -> ScheduleError:

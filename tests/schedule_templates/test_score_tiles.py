@@ -156,6 +156,10 @@ def test_the_tiles_are_copied_by_tma_and_read_from_shared_memory(kernel, sizes):
     rank = len(_plan(kernel).score_tile.roles)
     assert re.search(rf"tf_tma_load_{rank}d\(score_tiles \+ s \* T_BYTES", source)
     assert "tf_mbar_expect(full_v + s, V_BYTES + T_BYTES)" in source
+    # a mask's lowest values: floored, and the scores scaled to base 2 before the row maximum
+    # (the GPU check's "lowest" regime fails without either)
+    assert "tf_finite_floor(" in source and "{   // scaled first" in source
+    assert "if (!(scale2 > 0.0f))" not in source
     ptx = made.ptx(**sizes)
     assert f"cp.async.bulk.tensor.{rank}d" in ptx and "ld.shared.b32" in ptx
     assert_consumers_do_not_spill(source, per_tile=8)

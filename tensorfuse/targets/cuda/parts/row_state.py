@@ -116,10 +116,9 @@ def attention_softmax_functions(c) -> str:
     (−1e38 after :func:`_score_tile_reader`'s floor) would leave the fold's FFMA a residual of
     half an ulp of 1e38 against the rounded maximum (2^(±10^30): inf), where a subtraction of
     base-2 scores of one magnitude is exact."""
-    text = _SOFTMAX_FUNCTIONS
-    if c.score_tile is not None:
-        text = text.replace("  if (!(scale2 > 0.0f)) {", "  {   // scaled first (see the emitter)")
-    return text
+    scaled_first = "{   // scaled first (see the emitter)" if c.score_tile is not None else \
+        "if (!(scale2 > 0.0f)) {"
+    return _SOFTMAX_FUNCTIONS.replace("@SCALED_FIRST@", scaled_first)
 
 
 _SOFTMAX_FUNCTIONS = """// Online softmax of one block in base 2: new row maxima (two rows per thread), the correction of
@@ -135,7 +134,7 @@ template <int R>
 __device__ __forceinline__ void softmax_block(float (&s)[R], float (&m)[2], float (&l)[2],
                                               float (&corr)[2], float scale2) {
   float k = scale2;
-  if (!(scale2 > 0.0f)) {
+  @SCALED_FIRST@
     #pragma unroll
     for (int r = 0; r < R; ++r) s[r] = s[r] == -INFINITY ? -INFINITY : s[r] * scale2;
     k = 1.0f;
