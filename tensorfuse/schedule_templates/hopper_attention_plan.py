@@ -282,7 +282,7 @@ def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False, DV: int | None
     """Dynamic shared memory: the queries, ``stages`` key and value slots (the values ``DV``
     wide where p·v runs over another head dim than q·k; ``tiled``: and the
     slots of the partial blocks' mask bits, one bit per score; ``score_tile``: and the slots of
-    a tensor the score reads by query and key, 16 bits a score), the mbarriers (the queries', four
+    a tensor the score reads by query and key, 16 bits a score, in a ring of their own), the mbarriers (the queries', four
     per slot, the queries' release, two tile slots' full and free), the two claimed items (tile,
     first key block, key blocks) and the consumers' merge flags, plus 1 KiB for aligning the
     128-byte-swizzled tiles."""
@@ -290,7 +290,7 @@ def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False, DV: int | None
     if tiled:
         tiles += knobs.stages * knobs.consumers * fragment_bit_words(knobs.block_n) * 128 * 4
     if score_tile:
-        tiles += knobs.stages * tile_bytes(knobs.block_m, knobs.block_n)
+        tiles += knobs.stages * (tile_bytes(knobs.block_m, knobs.block_n) + 16)   # and 2 mbarriers
     return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 48 + 1024
 
 

@@ -123,7 +123,8 @@ def test_the_tiles_take_their_shared_memory_and_64_key_boxes():
     knobs = with_knobs(plan, sizes, {})
     assert knobs.block_n == 128   # not the 176 of the plain score: a tile's boxes are 64 keys
     need = shared_bytes(knobs, 128, score_tile=True)
-    assert need == shared_bytes(knobs, 128) + 2 * 128 * 128 * 2 and need <= SM90_SHARED
+    # two slots of 128 × 128 16-bit scores, each with a full and a free mbarrier
+    assert need == shared_bytes(knobs, 128) + 2 * (128 * 128 * 2 + 16) and need <= SM90_SHARED
     with pytest.raises(ScheduleError, match="multiples of 64"):
         check_hopper(plan, HopperKnobs(block_n=80), sizes, SM90_SHARED)
     with pytest.raises(ScheduleError, match="shared memory"):
@@ -155,11 +156,15 @@ def test_the_tiles_are_copied_by_tma_and_read_from_shared_memory(kernel, sizes):
     source = made.source(**sizes)
     rank = len(_plan(kernel).score_tile.roles)
     assert re.search(rf"tf_tma_load_{rank}d\(score_tiles \+ s \* T_BYTES", source)
-    assert "tf_mbar_expect(full_v + s, V_BYTES + T_BYTES)" in source
-    # a mask's lowest values: floored, and the scores scaled to base 2 before the row maximum
-    # (the GPU check's "lowest" regime fails without either)
-    assert "tf_finite_floor(" in source and "{   // scaled first" in source
-    assert "if (!(scale2 > 0.0f))" not in source
+    # in a ring of their own, filled after the keys and freed after the score
+    assert "tf_mbar_expect(full_t + s, T_BYTES)" in source
+    assert "tf_mbar_expect(full_v + s, V_BYTES)" in source
+    assert source.index("tf_mbar_wait(full_t + SLOT(it)") < \
+        source.index("tf_mbar_arrive(empty_t + SLOT(it))") < source.index("softmax_block(acc")
+    # a mask's lowest values: a block of huge rows is scaled to base 2 first, bounded (the GPU
+    # check's "lowest" regime fails without it); other blocks keep the fold
+    assert "fminf(fmaxf(s[r], -1e38f), 1e38f) * k" in source
+    assert "tf_exp2(fmaf(s[r], k, -mx[(r % 4) / 2]))" in source
     ptx = made.ptx(**sizes)
     assert f"cp.async.bulk.tensor.{rank}d" in ptx and "ld.shared.b32" in ptx
     assert_consumers_do_not_spill(source, per_tile=8)

@@ -71,7 +71,7 @@ def attention_kernel_begin(c) -> str:
       tf_mbar_init(full_v + s, 1);
       tf_mbar_init(empty_k + s, 128 * CONSUMERS);
       tf_mbar_init(empty_v + s, 128 * CONSUMERS);
-    }}
+{_score_tile_barriers(c)}    }}
     tf_mbar_init(q_free, 128 * CONSUMERS);
     for (int s = 0; s < 2; ++s) {{
       tf_mbar_init(tile_full + s, 1);
@@ -90,12 +90,22 @@ def _score_tiles(c) -> str:
     if c.score_tile is None:
         return ""
     return ("  unsigned char* score_tiles = mask_tiles + STAGES * MASK_BYTES;   // the score's "
-            "tensor\n")
+            "tensor\n"
+            "  unsigned long long* full_t = (unsigned long long*)(score_tiles + STAGES * T_BYTES);\n"
+            "  unsigned long long* empty_t = full_t + STAGES;   // the tiles' ring: read by the score\n")
+
+
+def _score_tile_barriers(c) -> str:
+    """The tiles' ring: one arrival (and the bytes) fills a slot, every consumer thread's frees it."""
+    if c.score_tile is None:
+        return ""
+    return ("      tf_mbar_init(full_t + s, 1);\n"
+            "      tf_mbar_init(empty_t + s, 128 * CONSUMERS);\n")
 
 
 def _after_tiles(c) -> str:
-    """Where the mbarriers start: after the score tiles' slots, or the mask bits'."""
-    return "score_tiles + STAGES * T_BYTES" if c.score_tile else "mask_tiles + STAGES * MASK_BYTES"
+    """Where the other mbarriers start: after the score tiles' ring, or the mask bits'."""
+    return "empty_t + STAGES" if c.score_tile else "mask_tiles + STAGES * MASK_BYTES"
 
 
 def attention_producer_begin(c) -> str:

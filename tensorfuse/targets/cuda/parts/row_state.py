@@ -13,14 +13,16 @@ def attention_defines(c) -> str:
 
 def attention_softmax_macro(c) -> str:
     """A block's score and online softmax, once its ``q·kᵀ`` has landed (and, where the score
-    reads a tensor as tiles, once the block's tile has: it comes with the values). The lines
-    below end in Python's line continuation: the macro is one line of C++."""
-    tile, arg = "", ""
+    reads a tensor as tiles, once the block's tile has; the tile is released after the score).
+    The lines below end in Python's line continuation: the macro is one line of C++."""
+    tile, arg, free = "", "", ""
     if c.score_tile is not None:
         tile = ("    const unsigned tt_ = tf_smem_addr(score_tiles) + SLOT(it) * T_BYTES + "
                 "(cw * 64 + warp * 16 + lane / 4) * 128 + (lane % 4) * 4;   "
-                "tf_mbar_wait(full_v + SLOT(it), PHASE(it));   ")
+                "tf_mbar_wait(full_t + SLOT(it), PHASE(it));   ")
         arg = ", tt_"
+        free = ("    tf_mbar_arrive(empty_t + SLOT(it));   /* the tile is read: free to refill */"
+                "   \\\n")
     return f"""  // the score and softmax of block `it` (`keys` wide), whose q·kᵀ has landed in `acc`
 #define SOFTMAX_INTO(acc, it, keys)                                                         \
   {{                                                                                          \
@@ -29,7 +31,7 @@ def attention_softmax_macro(c) -> str:
       score_block<true>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS{arg});             \
     else                                                                                      \
       score_block<false>(acc, row_lo, n0, w.bh / H_, w.bh % H_, lane, SCORE_ARGS{arg});            \
-    softmax_block(acc, m, l, corr, scale2);                                                   \
+{free}    softmax_block(acc, m, l, corr, scale2);                                                   \
   }}
 """
 
@@ -82,7 +84,7 @@ __device__ __forceinline__ void score_block(float (&s)[R], int row_lo, int n0, i
 def _tile_element() -> str:
     """The score tile's element at register ``r`` (its pair loaded at even ``r``)."""
     return ("    if (r % 2 == 0) tb2_ = tf_score_tile_pair(tt_, r, lane);\n"
-            "    const float tb_ = tf_finite_floor(r % 2 ? __high2float(tb2_) : __low2float(tb2_));\n")
+            "    const float tb_ = r % 2 ? __high2float(tb2_) : __low2float(tb2_);\n")
 
 
 def _score_tile_reader() -> str:
@@ -99,26 +101,34 @@ __device__ __forceinline__ tile_pair_t tf_score_tile_pair(unsigned tt, int r, in
                : "r"(tt + (r / 32) * (BM * 128) + ((r % 4) / 2) * 1024 + chunk * 16));
   return *reinterpret_cast<const tile_pair_t*>(&bits);
 }
-// A tile's finite element below −1e38 (a bf16 mask's lowest value, −3.39e38, as transformers
-// writes masks) raised to −1e38: times log2 e it would overflow to −∞ in the base-2 softmax, and
-// a row of nothing else would give 0/0 where the math as written weighs its keys equally. −∞
-// stays −∞ (a row of nothing else gives 0/0, as the unfused program does).
-__device__ __forceinline__ float tf_finite_floor(float x) {
-  return x == -INFINITY ? x : fmaxf(x, -1e38f);
-}
-
 """
 
 
 def attention_softmax_functions(c) -> str:
     """A block's online softmax in base 2, and the branch that ends its basic block. Where the
-    score reads a tensor as tiles, scores are scaled to base 2 first: a mask's lowest values
-    (−1e38 after :func:`_score_tile_reader`'s floor) would leave the fold's FFMA a residual of
-    half an ulp of 1e38 against the rounded maximum (2^(±10^30): inf), where a subtraction of
-    base-2 scores of one magnitude is exact."""
-    scaled_first = "{   // scaled first (see the emitter)" if c.score_tile is not None else \
-        "if (!(scale2 > 0.0f)) {"
-    return _SOFTMAX_FUNCTIONS.replace("@SCALED_FIRST@", scaled_first)
+    score reads a tensor as tiles (a mask may hold its dtype's lowest value), a block whose rows'
+    scores are huge takes them to base 2 first, bounded: see :data:`_HUGE_ROWS`."""
+    return _SOFTMAX_FUNCTIONS.replace("@HUGE_ROWS@", _HUGE_ROWS if c.score_tile else "")
+
+
+# A warp's rows whose base-2 scores pass 2^20 (a mask's lowest values, −3.39e38 in bf16 as
+# transformers writes masks): FlashAttention-3's fold (one FFMA s·k − m against the rounded
+# maximum m) leaves a residual of half an ulp of m (2^(10^30) at 1e38: inf), and s·k itself
+# overflows past 2.4e38 (a row of nothing else: 0/0 where the math weighs its keys equally). In
+# such a block the scores are scaled first, the finite ones bounded by ±1e38: subtractions of
+# base-2 scores of one magnitude are exact. ±∞ stay (a row of −∞ gives 0/0, as the unfused
+# program does). Other blocks keep the fold: the check is a vote per block, not work per score
+# (benchmarks.unlisted_kernels, biased_attention_bshd: bounding every score cost 14 %).
+_HUGE_ROWS = """  if (__any_sync(0xffffffffu, !(fabsf(mx[0] * k) <= 0x1p20f && fabsf(mx[1] * k) <= 0x1p20f))) {
+    #pragma unroll
+    for (int r = 0; r < R; ++r)
+      s[r] = fabsf(s[r]) == INFINITY ? s[r] : fminf(fmaxf(s[r], -1e38f), 1e38f) * k;
+    #pragma unroll
+    for (int x = 0; x < 2; ++x)
+      mx[x] = fabsf(mx[x]) == INFINITY ? mx[x] : fminf(fmaxf(mx[x], -1e38f), 1e38f) * k;
+    k = 1.0f;
+  }
+"""
 
 
 _SOFTMAX_FUNCTIONS = """// Online softmax of one block in base 2: new row maxima (two rows per thread), the correction of
@@ -134,7 +144,7 @@ template <int R>
 __device__ __forceinline__ void softmax_block(float (&s)[R], float (&m)[2], float (&l)[2],
                                               float (&corr)[2], float scale2) {
   float k = scale2;
-  @SCALED_FIRST@
+  if (!(scale2 > 0.0f)) {
     #pragma unroll
     for (int r = 0; r < R; ++r) s[r] = s[r] == -INFINITY ? -INFINITY : s[r] * scale2;
     k = 1.0f;
@@ -142,7 +152,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[R], float (&m)[2], floa
   float mx[2] = {s[0], s[2]};
   #pragma unroll
   for (int r = 0; r < R; ++r) mx[(r % 4) / 2] = fmaxf(mx[(r % 4) / 2], s[r]);
-  #pragma unroll
+@HUGE_ROWS@  #pragma unroll
   for (int x = 0; x < 2; ++x) mx[x] = fmaxf(m[x], mx[x] * k);
   #pragma unroll
   for (int x = 0; x < 2; ++x) {
