@@ -58,17 +58,62 @@ def test_padded_batch_uses_the_mask_and_matches_sdpa():
     assert relative(got[keep], want[keep]) <= TOLERANCE[torch.float32]
 
 
-def test_a_float_mask_is_a_bias_and_goes_to_sdpa():
-    """A prepared 4D float mask adds its values to the scores: tensorfuse's boolean-mask kernel
-    cannot take it, so transformers' SDPA path computes that attention (same logits)."""
-    model = tiny_llama(torch.float32)
+def _float_mask(batch: int, length: int, seed: int, dtype=torch.bfloat16):
+    """A bias per sequence with causality and left padding as transformers writes them (the
+    dtype's lowest value): the padded sequence's first rows are masked whole, and weigh their
+    keys equally in the math as written (SDPA's too)."""
+    generator = torch.Generator().manual_seed(seed)
+    lowest = torch.finfo(dtype).min
+    bias = torch.randn(batch, 1, length, length, generator=generator)
+    bias = bias.masked_fill(~torch.ones(length, length, dtype=torch.bool).tril(), lowest)
+    bias[0, :, :, :4] = lowest
+    return bias.to(dtype)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_16_bit_float_mask_is_added_to_the_scores_on_tensorfuse(device, only_tensorfuse):
+    """A prepared 16-bit float mask ``[B, 1, M, N]`` (or one ``[1, 1, M, N]`` for every
+    sequence) is added to the scores by tensorfuse's kernel, SDPA never called, with the SDPA
+    model's logits on every row — the rows masked whole included. On the GPU 304 tokens (rows
+    of whole 16 bytes): on an H100/H200 the Hopper template reads the mask as score tiles."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    length = 304 if device == "cuda" else 11
+    model = tiny_llama(torch.bfloat16, device, **(ON_GPU if device == "cuda" else {}))
+    ids = torch.randint(0, 100, (2, length), device=device)
+    biases = [_float_mask(b, length, fresh_seed()).to(device) for b in (2, 1)]
+    with torch.no_grad():
+        wants = [model(ids, attention_mask=bias).logits for bias in biases]
+        tfh.use_tensorfuse(model)
+        only_tensorfuse()
+        gots = [model(ids, attention_mask=bias).logits for bias in biases]
+    for got, want in zip(gots, wants):
+        assert torch.isfinite(got).all()
+        assert relative(got, want) <= TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype, shape", [(torch.float32, (2, 1, 11, 11)),
+                                          (torch.bfloat16, (2, 4, 11, 11)),
+                                          (torch.bfloat16, (2, 1, 1, 11))])
+def test_float_masks_in_float32_per_head_or_broadcast_go_to_sdpa(dtype, shape, monkeypatch):
+    """A float32 mask (its lowest value is the rolled maximum's identity), one per head, or one
+    row broadcast over the queries runs on transformers' SDPA path: the same logits, the rows
+    masked whole included."""
+    from transformers.integrations import sdpa_attention
+
+    model = tiny_llama(dtype)
     ids = torch.randint(0, 100, (2, 11))
-    bias = torch.randn(2, 1, 11, 11).masked_fill(~torch.ones(11, 11, dtype=torch.bool).tril(),
-                                                 torch.finfo(torch.float32).min)
+    bias = _float_mask(2, 11, fresh_seed(), dtype)[:, :, :shape[2]].expand(shape).contiguous()
     with torch.no_grad():
         want = model(ids, attention_mask=bias).logits
+        handed_back = []
+        own = sdpa_attention.sdpa_attention_forward
+        monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward",
+                            lambda *args, **kwargs: handed_back.append(1) or own(*args, **kwargs))
         got = tfh.use_tensorfuse(model, norms=False, mlp=False)(ids, attention_mask=bias).logits
-    assert relative(got, want) <= TOLERANCE[torch.float32]
+    assert len(handed_back) == TINY["num_hidden_layers"]
+    assert torch.isfinite(got).all()
+    assert relative(got, want) <= TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])

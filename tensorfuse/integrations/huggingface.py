@@ -21,8 +21,10 @@ as tensor-core tiles (the contraction template, computed operands stored once: 7
 eager autograd's 6.73 at M 4096, 4096 → 14336 → 4096, ``benchmarks.contraction``), and the MLP
 stays on transformers' code until it is at least as fast. What
 tensorfuse does not compute is handed back to transformers, never approximated: attention with
-dropout, with a float (additive) mask or asking for the weights runs transformers' own code;
-attention sinks are refused with a message.
+dropout or asking for the weights runs transformers' own code, and so does a float (additive)
+mask per head, broadcast, in float32, with a soft-cap or while autograd records (a 16-bit float
+mask ``[B or 1, 1, M, N]`` otherwise runs on tensorfuse, added to the scores: on an H100/H200
+read as tiles of the scores); attention sinks are refused with a message.
 
 A cache that grows every step (``DynamicCache``, the default) is a new shape every step: the
 attention kernels read their sizes as arguments, so a new cache length reuses the kernel built
@@ -35,7 +37,8 @@ from __future__ import annotations
 import types
 
 from tensorfuse.dsl import dtypes as dt
-from tensorfuse.kernels.layers import attention_kernel, rmsnorm_kernel, swiglu_mlp_kernel
+from tensorfuse.kernels.layers import (additive_mask_attention_kernel, attention_kernel,
+                                       rmsnorm_kernel, swiglu_mlp_kernel)
 
 NAME = "tensorfuse"
 
@@ -62,15 +65,19 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         raise NotImplementedError("tensorfuse attention: attention sinks (s_aux) are not "
                                   "supported; use attn_implementation='eager'")
     additive = attention_mask is not None and attention_mask.dtype.is_floating_point
-    if dropout > 0.0 or additive or kwargs.get("output_attentions"):
-        # dropout, a float mask (a bias: its values matter, not only where it is -inf) or the
-        # weights: transformers' SDPA path computes those
+    if dropout > 0.0 or kwargs.get("output_attentions") or additive and (
+            softcap is not None or _recording(query, key, value, attention_mask) or
+            not _one_mask_per_sequence(attention_mask, query)):
+        # dropout, the weights, or a float mask broadcast or per head, with a soft-cap or while
+        # autograd records: transformers' SDPA path computes those
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    if additive:
+        return _additive_mask_attention(query, key, value, attention_mask, float(scaling))
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     m, n = query.shape[2], key.shape[2]
     if attention_mask is None and causal and 1 < m < n:
@@ -85,6 +92,27 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     kernel = attention_kernel(dtype, bool(causal) and not masked, masked, softcap is not None)
     extra = {"cap": float(softcap)} if softcap is not None else {}
     out = kernel(*args, scale=float(scaling), target=_target(query.device), **extra)
+    return out.transpose(1, 2), None
+
+
+def _one_mask_per_sequence(mask, query) -> bool:
+    """Whether a float mask is 16-bit ``[B or 1, 1, M, ≥N]``: one row of scores' terms per
+    query for every head (broadcasts over queries or batches bigger than 1 would be copied out).
+    A float32 mask's lowest value (``finfo.min``, as transformers masks) is the identity the
+    rolled templates' running maximum starts from, so a row masked whole would give 0/0 there
+    where the math as written weighs its keys equally: SDPA keeps those."""
+    return mask.ndim == 4 and mask.dtype.itemsize == 2 and \
+        mask.shape[0] in (1, query.shape[0]) and mask.shape[1] == 1 and \
+        mask.shape[2] == query.shape[2]
+
+
+def _additive_mask_attention(query, key, value, mask, scaling: float):
+    """Attention with a float mask ``[B or 1, 1, M, ≥N]`` added to the scores, cut to the keys
+    as transformers' SDPA path cuts it (no causal flag: the mask holds it)."""
+    mask = mask[:, :, :, :key.shape[2]]
+    one = mask.shape[0] == 1
+    kernel = additive_mask_attention_kernel(dt.from_any(query.dtype), dt.from_any(mask.dtype), one)
+    out = kernel(query, key, value, mask, scale=scaling, target=_target(query.device))
     return out.transpose(1, 2), None
 
 

@@ -1,5 +1,5 @@
 """The layers of a transformer block as DSL kernels, for any storage dtype: attention (causal or
-not, grouped heads, a boolean mask, a logit soft-cap), RMSNorm, and the SwiGLU MLP with
+not, grouped heads, a boolean or an additive mask, a logit soft-cap), RMSNorm, and the SwiGLU MLP with
 ``nn.Linear`` weights. The model integrations (:mod:`tensorfuse.integrations`) compile these for
 the tensors they meet; each variant is made once per dtype.
 
@@ -56,6 +56,28 @@ def attention_kernel(dtype: str, causal: bool, masked: bool, softcap: bool):
     else:
         def fn(q: Q, k: KV, v: KV, scale: T.f32):
             return body(q, k, v, None, scale, None)
+    return tf.kernel(fn, name=name)
+
+
+@functools.lru_cache(maxsize=None)
+def additive_mask_attention_kernel(dtype: str, mask_dtype: str, one_mask: bool):
+    """Softmax attention over grouped heads for ``dtype`` tensors with an additive (float) mask
+    ``mask[B, 1, M, N]`` of ``mask_dtype`` added to the scores — its values matter, not only
+    where it is −∞: a relative bias, or padding and causality as transformers writes them (0
+    and the dtype's lowest value). ``one_mask``: one ``[1, 1, M, N]`` mask serves every sequence
+    (read at batch 0, not expanded). On sm_90a a 16-bit mask is read by the Hopper template as
+    tiles of the scores (``schedule_templates.score_tiles``)."""
+    Q = T.Tensor["B", "H", "M", "D", dtype]
+    KV = T.Tensor["B", "HKV", "N", "D", dtype]
+    MASK = T.Tensor[1 if one_mask else "B", 1, "M", "N", mask_dtype]
+
+    def fn(q: Q, k: KV, v: KV, mask: MASK, scale: T.f32):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        hk = h // (T.size("H") // T.size("HKV"))
+        s = scores(q, k, b, h, hk, i, j, d, scale) + mask[0 if one_mask else b, 0, i, j]
+        return softmax_attend(s, v[b, hk, j, e], j)
+
+    name = f"attention_additive{'_one' * one_mask}_{mask_dtype}_mask_{dtype}"
     return tf.kernel(fn, name=name)
 
 
