@@ -3,12 +3,15 @@ lengths: ``tf.compile``'s default beside every SDPA backend that runs the shape 
 in the same process on the same GPU.
 
     python -m benchmarks.decode_grid [--dtypes bf16,fp16] [--batches 1,4,8,64]
-                                     [--lengths 1024,4096,16384,32768,131072] [--out DIR]
+                                     [--lengths 1024,4096,16384,32768,131072] [--routes]
+                                     [--out DIR]
 
 Rows ``decode/<heads>`` (``mha`` 32/32, ``gqa`` 32/8 and 64/8, ``mqa`` 8/1 query/KV heads), one
 per (shape, implementation): milliseconds (``bench``: L2 flushed between calls, so a small cache
 is read from memory as a large one is), GB/s of the cache, query and output moved, and the
-fraction of the copy bandwidth measured in the same run. Each output is checked against a float64
+fraction of the copy bandwidth measured in the same run; with ``--routes`` also the cluster decode
+kernel and the split update forced (bf16), what ``tf.compile``'s choice between them is made from.
+Each output is checked against a float64
 reference (per sequence, so that the reference fits in memory); a wrong one is reported and not
 timed. Caches over ``--max-gb`` are left out; a run stopped early (Ctrl-C, ``timeout``) writes the
 rows it has.
@@ -63,6 +66,24 @@ def fp16_attention():
     return gqa_attention_f16
 
 
+def forced_routes(scale: float) -> dict:
+    """The library's GQA attention (bf16) on the cluster decode kernel and on the split update
+    (the Triton decode kernel), each forced: which ``tf.compile`` should take where
+    (``decode_plan.cluster_decode_pays``)."""
+    from benchmarks.cluster import cluster_decode, split_update_decode
+
+    made = {f"{TENSORFUSE} cluster": cluster_decode(),
+            f"{TENSORFUSE} split update": split_update_decode()}
+
+    def forced(kernel):
+        def run(q, k, v):
+            if q.dtype != torch.bfloat16:
+                raise TypeError("the forced routes are made for bf16")
+            return kernel(q, k, v, scale=scale)
+        return run
+    return {label: forced(kernel) for label, kernel in made.items()}
+
+
 def implementations(scale: float) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -91,12 +112,16 @@ def implementations(scale: float) -> dict:
             FLEX: lambda q, k, v: flex(q, k, v, scale=scale, enable_gqa=True)}, made
 
 
-def run(dtypes, batches, lengths, max_gb: float, rows: list, log=print) -> None:
-    """Appends the grid's rows to ``rows`` (kept by the caller if a shape fails)."""
+def run(dtypes, batches, lengths, max_gb: float, rows: list, log=print,
+        routes: bool = False) -> None:
+    """Appends the grid's rows to ``rows`` (kept by the caller if a shape fails); ``routes``:
+    with the cluster kernel and the split update forced beside ``tf.compile``'s choice."""
     D = 128
     scale = D ** -0.5
     copy = measure_ceilings()["copy_tbps"]
     impls, made = implementations(scale)
+    if routes:
+        impls.update(forced_routes(scale))
     grid = sorted(((name, dtype, variant, hq, hkv, B, N) for (name, dtype), (variant, heads), B, N
                    in itertools.product(dtypes.items(), HEADS.items(), batches, lengths)
                    for hq, hkv in heads), key=lambda c: c[5] * c[4] * c[6])   # smallest first
@@ -136,9 +161,10 @@ def run(dtypes, batches, lengths, max_gb: float, rows: list, log=print) -> None:
             kept = torch.cuda.memory_allocated() - before
             if kept > 1e8:   # memory an implementation holds on to after its calls
                 log(f"  {shape} {label}: {kept / 1e9:.2f} GB more allocated after its calls")
-        others = [ms for label, ms in timed.items() if label != TENSORFUSE]
+        others = [ms for label, ms in timed.items() if not label.startswith(TENSORFUSE)]
         if TENSORFUSE in timed and others:
-            best = min((ms, label) for label, ms in timed.items() if label != TENSORFUSE)
+            best = min((ms, label) for label, ms in timed.items()
+                       if not label.startswith(TENSORFUSE))
             log(f"{shape}: tensorfuse {timed[TENSORFUSE] * 1e3:7.1f} us, "
                 f"{best[0] / timed[TENSORFUSE]:.2f}x {best[1]} (best of {len(others)}), "
                 f"{moved / timed[TENSORFUSE] / 1e9 / copy:.0%} of copy")
@@ -157,11 +183,14 @@ def main() -> None:
     parser.add_argument("--lengths", default="1024,4096,16384,32768,131072")
     parser.add_argument("--max-gb", type=float, default=40.0)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--routes", action="store_true",
+                        help="time the cluster kernel and the split update forced too (bf16)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*(kernel not used|runtime disabled|same num_heads)")
     dtypes = {n: DTYPES[n] for n in args.dtypes.split(",")}
     run_and_write(lambda rows: run(dtypes, [int(b) for b in args.batches.split(",")],
-                                   [int(n) for n in args.lengths.split(",")], args.max_gb, rows),
+                                   [int(n) for n in args.lengths.split(",")], args.max_gb, rows,
+                                   routes=args.routes),
                   args.out, "decode-grid")
 
 

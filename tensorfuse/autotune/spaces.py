@@ -11,7 +11,8 @@ candidate kernel of a setting.
   builds run in parallel on the CPUs.
 - ``contraction`` (GEMM-shaped programs, any GPU): tile rows, columns and depth, warps, stages,
   the rasterisation group; a Triton kernel like the first.
-- ``cluster_decode`` (``tf.compile``'s choice for one query token on sm_90a): CTAs per cluster,
+- ``cluster_decode`` (``tf.compile``'s choice for one query token on sm_90a where it beats the
+  split update: ``decode_plan.cluster_decode_pays``): CTAs per cluster,
   warps per CTA, blocks of keys per warp in shared memory, and how a warp copies them (0: bulk
   tensor copies, 1: ``cp.async``); built by nvcc ahead of the measurement like the above.
 """

@@ -170,8 +170,9 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) 
     template (the intermediate kept in the cluster's shared memory); softmax attention gets the
     warp-specialised Hopper template for prefill (more than 64 query rows) and, for one query
     token (decode), the cluster decode kernel (the keys of each (batch, kv-head) split over a
-    thread-block cluster, states merged in distributed shared memory: 1.01–1.2× the split update
-    over batches 1–128, 1k–128k keys, 32/8 and 32/32 heads: ``benchmarks.cluster``); other
+    thread-block cluster, states merged in distributed shared memory) where it beats the split
+    update: few (batch, kv-head) pairs over caches under 256 MB, and 256–512 pairs
+    (:func:`.decode_plan.cluster_decode_pays`, from ``benchmarks.decode_grid --routes``); other
     few-row calls, and decode chains it refuses, go to the Triton template's split update — a
     mask that reads the sequence as a 2-D/3-D map in patches copied as TMA boxes where the call's
     map allows it (``hopper_tiling``), else on the Triton template, which gathers the patches —
@@ -190,7 +191,7 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) 
         made += _made(attention_decode, kernel, fusion, spec, fusion.axis,
                       description=f"cluster_decode (the keys {fusion.axis} split over a cluster "
                                   "per (batch, kv-head))",
-                      tuned=records("cluster_decode") if records else None)
+                      tuned=records("cluster_decode") if records else None, routed=True)
     return tuple(made)
 
 

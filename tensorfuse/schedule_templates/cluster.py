@@ -34,8 +34,8 @@ from ..targets.cuda.module import (TENSOR_MAP, DriverLaunch, KernelEntry, cubin_
                                    local_gpu, max_active_clusters)
 from ..targets.cuda.tma import DeviceMaps
 from .attention import SMS
-from .decode_plan import (DecodeKnobs, check_decode, knobs_of_setting, plan_decode,
-                          splits_for)
+from .decode_plan import (DecodeKnobs, check_decode, cluster_decode_pays, knobs_of_setting,
+                          plan_decode, splits_for)
 from .gemm_chain_plan import ClusterKnobs, check_sizes, plan_gemm_chain, shared_bytes, wgmma_layout
 
 
@@ -353,11 +353,13 @@ def decode_launches(plan, dims: dict, given: dict, target: TargetSpec, n_axis: i
 
 
 def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int | None = None,
-                     description: str | None = None, tuned=None, **knobs) -> ClusterKernel:
+                     description: str | None = None, tuned=None, routed: bool = False,
+                     **knobs) -> ClusterKernel:
     """The rolled attention chain of ``kernel`` with its keys split over one cluster per
     (batch, kv-head) (``description``: how the kernel names itself; default the schedule step).
     ``tuned``: ``tf.compile``'s lookup of ``cluster_decode`` tuning records, used where no knob
-    is given."""
+    is given. ``routed``: ``tf.compile``'s choice, preferred only at the sizes where it beats
+    the split update (:func:`.decode_plan.cluster_decode_pays`)."""
     _check_target(target)
     if fusion.axis != axis:
         raise ScheduleError(f"cluster_distribute(axis={axis!r}) after a rolling update over "
@@ -385,6 +387,12 @@ def attention_decode(kernel, fusion, target: TargetSpec, axis: str, cluster: int
                                        else None)
         return made[at]
 
+    def preferred(dims: dict) -> bool:
+        size = lambda name: dims[name] if name in dims else int(name)   # noqa: E731
+        b, _, hkv, _, n, d = (size(name) for name in plan.dims)
+        return cluster_decode_pays(b * hkv, 2 * b * hkv * n * d * 2)   # bf16/f16 keys, values
+
     return ClusterKernel(program, target, layout,
                          description or f"cluster_distribute(axis={axis!r})",
-                         origin="cluster_decode template defaults")
+                         origin="cluster_decode template defaults",
+                         preferred=preferred if routed else None)

@@ -530,8 +530,10 @@ def test_new_lengths_share_the_kept_scratch(monkeypatch):
 def test_compile_prefers_it_for_prefill_on_sm90a():
     f = tf.compile(K.causal_attention, "cuda:sm_90a")
     assert f.schedule_origin(**PREFILL).startswith("hopper_attention template defaults")
-    decode = dict(PREFILL, M=1)   # one query token: the cluster decode kernel
+    decode = dict(PREFILL, M=1, H=8)   # one query token, 16 (batch, head) pairs: the cluster
     assert f.schedule_origin(**decode).startswith("cluster_decode template defaults (")
+    # 32 pairs: the split update (decode_plan.cluster_decode_pays)
+    assert f.schedule_origin(**dict(PREFILL, M=1)) == "template defaults"
     few = dict(PREFILL, M=4)      # a few: the Triton split update
     assert f.schedule_origin(**few) == "template defaults"
     assert "wgmma" not in f.source(**{**PREFILL, "D": 96})      # a head dim it does not take

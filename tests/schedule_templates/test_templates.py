@@ -123,19 +123,21 @@ def test_template_errors():
 
 
 def test_decode_gets_the_cluster_kernel_and_few_rows_the_split_update():
-    """One query token on sm_90a: the cluster decode kernel (faster than the split update at every
-    shape measured: ``benchmarks.cluster``), also where the mask reads a tensor (document ids,
-    evaluated per key); a few query rows (speculative decoding), other GPUs and sizes the cluster
-    kernel refuses (a head dim of 96): the Triton split update."""
+    """One query token on sm_90a: the cluster decode kernel where it was measured ahead of the
+    split update (``decode_plan.cluster_decode_pays``), also where the mask reads a tensor
+    (document ids, evaluated per key); other decodes, a few query rows (speculative decoding),
+    other GPUs and sizes the cluster kernel refuses (a head dim of 96): the Triton split
+    update."""
     from tensorfuse.targets.cuda.kernel import ClusterKernel
 
     f = tf.compile(K.gqa_attention, "cuda:sm_90a")
-    sizes = dict(B=8, H=32, HKV=8, M=1, N=32768, D=128)
+    sizes = dict(B=32, H=32, HKV=8, M=1, N=4096, D=128)
     decode = f.for_sizes(**sizes)
     assert isinstance(decode, ClusterKernel)
-    # 64 (batch, kv-head) pairs: every lane's cp.async; 8 pairs: bulk tensor copies
+    # 256 (batch, kv-head) pairs: every lane's cp.async; 8 pairs: bulk tensor copies
     assert "copy=cp.async" in decode.schedule_origin(**sizes)
     assert "cp.async.cg.shared.global" in decode.ptx(**sizes)
+    assert not isinstance(f.for_sizes(**{**sizes, "B": 8}), ClusterKernel)   # 64 pairs
     few = {**sizes, "B": 1}
     assert "copy=tma" in f.for_sizes(**few).schedule_origin(**few)
     assert "cp.async.bulk.tensor.3d" in f.for_sizes(**few).ptx(**few)
