@@ -351,8 +351,10 @@ SECTIONS = (
      "python -m benchmarks.tuning --gpus-compare --together --cases decode,softmax"),
     ("decode-grid", "Decode over batch sizes, head layouts and cache lengths",
      "one query token, D=128; GB/s of the cache, query and output moved; against every SDPA "
-     "backend that runs the shape and FlexAttention (torch.compile, dynamic shapes)",
-     "python -m benchmarks.decode_grid --dtypes bf16"),
+     "backend that runs the shape and FlexAttention (torch.compile, dynamic shapes); "
+     "`tensorfuse cluster` and `tensorfuse split update`: the two decode kernels forced, "
+     "which tf.compile's route between them is made from",
+     "python -m benchmarks.decode_grid --dtypes bf16 --routes"),
     ("decode-splits", "Decode: clusters per (batch, kv-head) pair",
      "one query token, D=128, bf16; every cluster size × splits of about one wave "
      "(`tensorfuse cluster=C splits=S`: the splits the launch takes at that key count) beside "
