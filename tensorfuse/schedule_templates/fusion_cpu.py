@@ -25,7 +25,7 @@ import functools
 
 from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
-from tvm.sym import Analyzer
+from tvm.sym import Analyzer, detect_linear_equation
 from tvm.tirx.script.builder import ir as T
 
 from ..algebra.exprs import nodes, substitute, symbols_in
@@ -175,6 +175,23 @@ class CpuChunkLayout:
         return (None if lo is None else tirx.floordiv(lo, self.tc),
                 None if hi is None else tirx.floordiv(hi, self.tc) + 1)
 
+    def _linear_in_the_row(self, uid) -> bool:
+        """Whether the mask's key range is linear in the row (causal, windows, neighbourhoods
+        along the sequence): over a block's rows — consecutive, the last repeated where the
+        block is short — its lowest start and highest stop are then the first row's and the
+        last row's, and the chunk loop's bounds need two rows, not one term per row of the
+        block (the nested minima made TVM's simplifier passes take 20 s of a 1-D
+        neighbourhood's 22 s first call on the CPU)."""
+        row = tirx.Var("row", self.fb.index_dtype)
+        iters = self._block_of[0]
+        axes = {lp.axis.uid: value for lp, value in iters if lp.axis is not None}
+        bounds = chain_key_range(self.chain, self.fb.scope.child(axes={**axes, uid: row}))
+        for bound in (b for b in bounds if b is not None):
+            coeffs = detect_linear_equation(bound, [row])
+            if len(coeffs) != 2 or not isinstance(coeffs[0], tirx.IntImm):
+                return False
+        return any(b is not None for b in bounds)
+
     @contextlib.contextmanager
     def _chunk_range(self):
         """The loop over a part's chunks; yields its variable. On the CPU, a chain whose mask
@@ -188,7 +205,10 @@ class CpuChunkLayout:
                 bounds = [self._chunk_bounds({})]
             else:
                 uid = self._block_of[1].axis.uid
-                bounds = [self._chunk_bounds({uid: row}) for row in self._block_rows()]
+                rows = self._block_rows()
+                if self._linear_in_the_row(uid):   # extremes at the block's first and last rows
+                    rows = [rows[0], rows[-1]]
+                bounds = [self._chunk_bounds({uid: row}) for row in rows]
             starts, stops = [b[0] for b in bounds], [b[1] for b in bounds]
             if all(s is not None for s in starts):
                 start = tirx.max(start, functools.reduce(tirx.min, starts))
