@@ -242,16 +242,17 @@ def _ptxas_and_sass(source: str) -> tuple[str, str]:
     front end runs once), as nvcc -cubin would run it."""
     import triton
 
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                            "nvdisasm")
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    ptxas = shutil.which("ptxas") or os.path.join(tools, "ptxas")   # the toolkit's, else Triton's
     with tempfile.TemporaryDirectory() as d:
         ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
         with open(ptx, "w") as f:
             f.write(cuda_to_ptx(source, HOPPER))
-        done = subprocess.run([shutil.which("ptxas") or "ptxas", "-arch=sm_90a", "-O3", "-v",
-                               "-o", cubin, ptx], capture_output=True, text=True)
+        done = subprocess.run([ptxas, "-arch=sm_90a", "-O3", "-v", "-o", cubin, ptx],
+                              capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
-        sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True).stdout
+        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin], capture_output=True,
+                              text=True).stdout
     return done.stderr, sass
 
 
