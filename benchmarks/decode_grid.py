@@ -75,13 +75,8 @@ def forced_routes(scale: float) -> dict:
     made = {f"{TENSORFUSE} cluster": cluster_decode(),
             f"{TENSORFUSE} split update": split_update_decode()}
 
-    def forced(kernel):
-        def run(q, k, v):
-            if q.dtype != torch.bfloat16:
-                raise TypeError("the forced routes are made for bf16")
-            return kernel(q, k, v, scale=scale)
-        return run
-    return {label: forced(kernel) for label, kernel in made.items()}
+    return {label: lambda q, k, v, f=kernel: f(q, k, v, scale=scale)
+            for label, kernel in made.items()}
 
 
 def implementations(scale: float) -> dict:
@@ -120,12 +115,13 @@ def run(dtypes, batches, lengths, max_gb: float, rows: list, log=print,
     scale = D ** -0.5
     copy = measure_ceilings()["copy_tbps"]
     impls, made = implementations(scale)
-    if routes:
-        impls.update(forced_routes(scale))
+    forced = forced_routes(scale) if routes else {}
+    impls_of = {dtype: {**impls, **(forced if dtype == torch.bfloat16 else {})}   # routes: bf16
+                for dtype in dtypes.values()}
     grid = sorted(((name, dtype, variant, hq, hkv, B, N) for (name, dtype), (variant, heads), B, N
                    in itertools.product(dtypes.items(), HEADS.items(), batches, lengths)
                    for hq, hkv in heads), key=lambda c: c[5] * c[4] * c[6])   # smallest first
-    _warm_up(impls, grid, min(lengths), D, log)
+    _warm_up(impls_of, grid, min(lengths), D)
     for name, dtype, variant, hq, hkv, B, N in grid:
         cache = 2 * B * hkv * N * D * dtype.itemsize
         if cache > max_gb * 1e9:
@@ -137,7 +133,7 @@ def run(dtypes, batches, lengths, max_gb: float, rows: list, log=print,
         moved = cache + 2 * q.numel() * dtype.itemsize
         shape = f"B{B} Hq{hq} Hkv{hkv} N{N} D{D} {name}"
         timed = {}
-        for label, fn in impls.items():
+        for label, fn in impls_of[dtype].items():
             before = torch.cuda.memory_allocated()
             try:
                 err = relative_error(fn(q, k, v), want)
@@ -177,23 +173,20 @@ def run(dtypes, batches, lengths, max_gb: float, rows: list, log=print,
             log(f"  {held:.1f} GB still allocated after {shape}")
 
 
-def _warm_up(impls: dict, grid: list, keys: int, D: int, log=print) -> None:
-    """Every implementation called once at each (dtype, heads, batch) of the grid before any is
-    timed. The first shapes of a run — the smallest, whose calls are bound by the host — had
-    SDPA rows 1.5–6× slower than other runs had; FlexAttention (dynamic shapes) compiling again
-    for each new batch size is the likely cause, and its compiles now come first."""
-    seen = set()
-    for _, dtype, _, hq, hkv, B, _ in grid:
-        if (dtype, hq, hkv, B) in seen:
-            continue
-        seen.add((dtype, hq, hkv, B))
+def _warm_up(impls_of: dict, grid: list, keys: int, D: int) -> None:
+    """Every implementation (``impls_of[dtype]``) called once at each (dtype, heads, batch) of
+    the grid before any is timed. The first shapes of a run — the smallest, whose calls are
+    bound by the host — had SDPA rows 1.5–6× slower than other runs had; FlexAttention (dynamic
+    shapes) compiling again for each new batch size is the likely cause, and its compiles now
+    come first. What fails here is reported where the grid checks it."""
+    for dtype, hq, hkv, B in {(c[1], c[3], c[4], c[5]) for c in grid}:
         q = torch.randn(B, hq, 1, D, device="cuda", dtype=dtype)
         k, v = (torch.randn(B, hkv, keys, D, device="cuda", dtype=dtype) for _ in range(2))
-        for label, fn in impls.items():
+        for fn in impls_of[dtype].values():
             try:
                 fn(q, k, v)
-            except Exception as exc:  # noqa: BLE001 - reported where the grid times it
-                log(f"  warm-up B{B} Hq{hq} Hkv{hkv}: {label}: {type(exc).__name__}")
+            except Exception:  # noqa: BLE001, S110 - reported where the grid times it
+                pass
     torch.cuda.synchronize()
 
 
@@ -205,7 +198,8 @@ def main() -> None:
     parser.add_argument("--max-gb", type=float, default=40.0)
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--routes", action="store_true",
-                        help="time the cluster kernel and the split update forced too (bf16)")
+                        help="time the cluster kernel and the split update forced too (on the "
+                             "bf16 shapes)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*(kernel not used|runtime disabled|same num_heads)")
     dtypes = {n: DTYPES[n] for n in args.dtypes.split(",")}

@@ -67,7 +67,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     additive = attention_mask is not None and attention_mask.dtype.is_floating_point
     if dropout > 0.0 or kwargs.get("output_attentions") or additive and (
             softcap is not None or _recording(query, key, value, attention_mask) or
-            not _one_mask_per_sequence(attention_mask, query)):
+            not _tensorfuse_takes(attention_mask, query)):
         # dropout, the weights, or a float mask broadcast or per head, with a soft-cap or while
         # autograd records: transformers' SDPA path computes those
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -95,12 +95,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     return out.transpose(1, 2), None
 
 
-def _one_mask_per_sequence(mask, query) -> bool:
-    """Whether a float mask is 16-bit ``[B or 1, 1, M, ≥N]``: one row of scores' terms per
-    query for every head (broadcasts over queries or batches bigger than 1 would be copied out).
-    A float32 mask's lowest value (``finfo.min``, as transformers masks) is the identity the
-    rolled templates' running maximum starts from, so a row masked whole would give 0/0 there
-    where the math as written weighs its keys equally: SDPA keeps those."""
+def _tensorfuse_takes(mask, query) -> bool:
+    """Whether tensorfuse's kernel takes this float mask: 16-bit ``[B or 1, 1, M, ≥N]``, one
+    row of scores' terms per query for every head (broadcasts over queries or over batches
+    bigger than 1 would be copied out). A float32 mask's lowest value (``finfo.min``, as
+    transformers masks) is the identity the rolled templates' running maximum starts from, so
+    a row masked whole would give 0/0 there where the math as written weighs its keys equally:
+    SDPA keeps those."""
     return mask.ndim == 4 and mask.dtype.itemsize == 2 and \
         mask.shape[0] in (1, query.shape[0]) and mask.shape[1] == 1 and \
         mask.shape[2] == query.shape[2]

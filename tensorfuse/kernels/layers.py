@@ -1,6 +1,6 @@
 """The layers of a transformer block as DSL kernels, for any storage dtype: attention (causal or
-not, grouped heads, a boolean or an additive mask, a logit soft-cap), RMSNorm, and the SwiGLU MLP with
-``nn.Linear`` weights. The model integrations (:mod:`tensorfuse.integrations`) compile these for
+not, grouped heads, a boolean or an additive mask, a logit soft-cap), RMSNorm, and the SwiGLU
+MLP with ``nn.Linear`` weights. The model integrations (:mod:`tensorfuse.integrations`) compile these for
 the tensors they meet; each variant is made once per dtype.
 
 Layout as transformers hands it to an attention function: ``q[B, H, M, D]``,

@@ -282,8 +282,9 @@ def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False, DV: int | None
     """Dynamic shared memory: the queries, ``stages`` key and value slots (the values ``DV``
     wide where p·v runs over another head dim than q·k; ``tiled``: and the
     slots of the partial blocks' mask bits, one bit per score; ``score_tile``: and the slots of
-    a tensor the score reads by query and key, 16 bits a score, in a ring of their own), the mbarriers (the queries', four
-    per slot, the queries' release, two tile slots' full and free), the two claimed items (tile,
+    a tensor the score reads by query and key, 16 bits a score, with a full and a free mbarrier
+    each), the mbarriers (the queries', four per slot, the queries' release, two tile slots'
+    full and free), the two claimed items (tile,
     first key block, key blocks) and the consumers' merge flags, plus 1 KiB for aligning the
     128-byte-swizzled tiles."""
     tiles = knobs.block_m * D * 2 + knobs.stages * knobs.block_n * (D + (DV or D)) * 2

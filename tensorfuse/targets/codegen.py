@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import hashlib
 import os
 import shutil
 import subprocess
@@ -24,20 +23,12 @@ from ..errors import TargetError
 from . import TargetSpec
 
 
-_PTX: dict = {}     # (arch, the source's digest) -> PTX, the most recent few
-_PTX_KEPT = 16
-
-
+@functools.lru_cache(maxsize=16)
 def cuda_to_ptx(source: str, target: TargetSpec) -> str:
     """Compile CUDA C++ to PTX with nvcc for ``target``'s architecture. The last few are kept:
     a kernel inspected twice (its PTX, then ptxas's report on it) runs nvcc's front end — 2.5 s
     for an attention kernel — once."""
-    key = (target.arch, hashlib.sha256(source.encode()).hexdigest())
-    if key not in _PTX:
-        if len(_PTX) >= _PTX_KEPT:
-            _PTX.pop(next(iter(_PTX)))
-        _PTX[key] = _nvcc(source, target, "ptx").decode()
-    return _PTX[key]
+    return _nvcc(source, target, "ptx").decode()
 
 
 def cuda_to_cubin(source: str, target: TargetSpec) -> bytes:

@@ -22,6 +22,9 @@ CACHE = 2 * 128 * 2   # bytes of a key and its value, head dim 128, bf16
 ])
 def test_the_cluster_kernel_is_preferred_where_it_was_measured_ahead(pairs, keys, cluster):
     assert cluster_decode_pays(pairs, pairs * keys * CACHE) is cluster
+
+
+def test_few_pairs_leave_the_cluster_kernel_at_a_large_cache():
     assert cluster_decode_pays(16, LARGE_CACHE - 1) and not cluster_decode_pays(16, LARGE_CACHE)
 
 

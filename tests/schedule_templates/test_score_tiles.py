@@ -1,9 +1,10 @@
 """A tensor the attention score reads by query and key (a bias ``[H, S, S]``, a float mask
-``[B, 1, S, S]``, rows of it at the dtype's lowest value) in the Hopper attention kernel: copied as tiles of the scores by TMA with each
-key block's values (``schedule_templates/score_tiles.py``). On the CPU: the plan by the roles of
-its indices, the refusals and their reasons, the choice ``tf.compile`` makes, the sm_90a code
-(TMA copies of the tiles, their elements read from shared memory in 32-bit pairs, no spills
-among the consumers' products); on an sm_90 GPU, every case against float64, outputs poisoned."""
+``[B, 1, S, S]``, rows of it at the dtype's lowest value) in the Hopper attention kernel: copied
+as tiles of the scores by TMA into a ring of their own after each key block's keys
+(``schedule_templates/score_tiles.py``). On the CPU: the plan by the roles of its indices, the
+refusals and their reasons, the choice ``tf.compile`` makes, the sm_90a code (TMA copies of the
+tiles, their elements read from shared memory in 32-bit pairs, no spills among the consumers'
+products); on an sm_90 GPU, every case against float64, outputs poisoned."""
 from __future__ import annotations
 
 import math

@@ -176,7 +176,9 @@ def _to_triton(e: Expr, ctx: TileContext) -> str:
         if e.op == "exp" and isinstance(e.a, Binary) and e.a.op == "sub":
             # exp(a − b) = 2^((a − b)·log2e): the difference first, so that a and b near the
             # largest floats (a mask's lowest value, −3.39e38) give exp(0) = 1 as the math does;
-            # a·log2e − b·log2e overflowed to −∞ − −∞ there (NaN)
+            # a·log2e − b·log2e overflowed to −∞ − −∞ there (NaN). tl.exp would compute the same
+            # but with ex2's denormal-preserving form (ex2.approx.f32, not .ftz; sm_90a PTX):
+            # this is the form the softmax and attention rows were timed with.
             a, b = to_triton(e.a.a, ctx), to_triton(e.a.b, ctx)
             return f"tl.exp2(({a} - {b}) * {LOG2E})"
         if e.op == "tanh" and ctx.interpreter:

@@ -91,12 +91,15 @@ def _score_tiles(c) -> str:
         return ""
     return ("  unsigned char* score_tiles = mask_tiles + STAGES * MASK_BYTES;   // the score's "
             "tensor\n"
-            "  unsigned long long* full_t = (unsigned long long*)(score_tiles + STAGES * T_BYTES);\n"
-            "  unsigned long long* empty_t = full_t + STAGES;   // the tiles' ring: read by the score\n")
+            "  unsigned long long* full_t = "
+            "(unsigned long long*)(score_tiles + STAGES * T_BYTES);\n"
+            "  unsigned long long* empty_t = full_t + STAGES;   "
+            "// the tiles' ring: read by the score\n")
 
 
 def _score_tile_barriers(c) -> str:
-    """The tiles' ring: one arrival (and the bytes) fills a slot, every consumer thread's frees it."""
+    """The tiles' ring: one arrival (and the bytes) fills a slot, every consumer thread's frees
+    it."""
     if c.score_tile is None:
         return ""
     return ("      tf_mbar_init(full_t + s, 1);\n"
