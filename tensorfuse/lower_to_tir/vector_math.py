@@ -24,12 +24,30 @@ _HIGHEST, _LOWEST = 88.3762626647949, -87.33654
 
 
 def fast_exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
-    """``exp(x)`` for an f32 ``x`` in arithmetic and bit operations only."""
+    """``exp(x)`` for an f32 ``x`` in arithmetic and bit operations only. ``x``, its clamped
+    value, ``n`` and ``r`` are bound once each (``Let``): written out, the polynomial repeats
+    ``x`` about thirty times, and ``x`` is often a whole score (a mask, a product, a running
+    maximum made usable) — a masked attention's TensorIR grew to statements of 48 KB, and TVM's
+    simplifier passes spent 14 of its 17 s of CPU build there (``neighborhood_attention`` on
+    the CPU, B2 H2 S130 D16: 17 s → 3 s, the same output bit for bit). Where ``x`` reads a
+    16-bit float it is written out instead: TVM's bf16 legalisation does not enter a ``Let``'s
+    value, so a bf16 load bound there would be read as its integer bits."""
     f32 = "float32"
     c = (lambda v: tirx.const(v, f32))
-    clamped = tirx.max(tirx.min(x, c(_HIGHEST)), c(_LOWEST))
-    n = tirx.floor(clamped * c(_LOG2E) + c(0.5))
-    r = clamped - n * c(_LN2_HI) - n * c(_LN2_LO)
+    written_out = _reads_narrow_floats(x)
+    bound = []   # (variable, value), outermost first
+
+    def once(name: str, value: tirx.PrimExpr) -> tirx.PrimExpr:
+        if written_out:
+            return value
+        var = tirx.Var(name, f32)
+        bound.append((var, value))
+        return var
+
+    arg = once("exp_x", x)
+    clamped = once("exp_c", tirx.max(tirx.min(arg, c(_HIGHEST)), c(_LOWEST)))
+    n = once("exp_n", tirx.floor(clamped * c(_LOG2E) + c(0.5)))
+    r = once("exp_r", clamped - n * c(_LN2_HI) - n * c(_LN2_LO))
     poly = c(_POLY[0])
     for coefficient in _POLY[1:]:
         poly = poly * r + c(coefficient)
@@ -37,6 +55,40 @@ def fast_exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
     bits = tirx.shift_left(tirx.Cast("int32", n) + tirx.const(127, "int32"),
                            tirx.const(23, "int32"))
     value = e_r * tirx.reinterpret(f32, bits)
-    value = tirx.Select(x < c(_LOWEST), c(0.0), value)
-    value = tirx.Select(x > c(_HIGHEST), tirx.infinity(f32), value)
-    return tirx.Select(tirx.isnan(x), x, value)   # NaN in, NaN out
+    value = tirx.Select(arg < c(_LOWEST), c(0.0), value)
+    value = tirx.Select(arg > c(_HIGHEST), tirx.infinity(f32), value)
+    value = tirx.Select(tirx.isnan(arg), arg, value)   # NaN in, NaN out
+    for var, bound_value in reversed(bound):
+        value = tirx.Let(var, bound_value, value)
+    return value
+
+
+_NARROW = ("bfloat16", "float16", "float8")
+_LEAVES = ("Var", "SizeVar", "IntImm", "FloatImm", "StringImm", "Op", "Buffer")
+_CHILDREN = ("a", "b", "value", "condition", "true_value", "false_value", "body", "indices",
+             "args")
+
+
+def _reads_narrow_floats(e) -> bool:
+    """Whether ``e`` has a 16- or 8-bit float anywhere in it (a node of an unknown kind counts
+    as one)."""
+    seen: set[int] = set()
+    kept = []   # the visited wrappers, alive: a freed one's id could come back for another node
+    todo = [e]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        kept.append(node)
+        if str(getattr(node, "ty", "")).startswith(_NARROW):   # a PrimExpr's type
+            return True
+        kind = type(node).__name__
+        if kind in _LEAVES:
+            continue
+        children = [getattr(node, name) for name in _CHILDREN if hasattr(node, name)]
+        if not children:
+            return True
+        for child in children:   # lists of expressions (indices, arguments) arrive as Arrays
+            todo.extend(child if type(child).__name__ in ("Array", "list", "tuple") else [child])
+    return False

@@ -67,6 +67,33 @@ def test_exp_polynomial_is_within_an_ulp_and_keeps_the_special_values():
     assert got[-4] == 1.0 and got[-3] == 0.0 and got[-2] == np.inf and got[-1] == 1.0
 
 
+@tf.kernel
+def nested_exponentials(x: T.Tensor["N", "f32"], y: T.Tensor["N", "bf16"]):
+    i = T.axes("i")
+    return T.exp(T.exp(x[i] - 1.0) * 0.5 + T.where(x[i] > 0.0, x[i], -x[i])), T.exp(y[i] * 2.0)
+
+
+def test_an_exp_argument_is_computed_once_unless_it_reads_a_16_bit_float(rng):
+    """An f32 argument is bound once (``Let``), so nested exponentials stay linear in size
+    (written out, each polynomial repeats its argument ~30 times: an inner exp inside an outer
+    one would be there ~900 times); an argument that reads bf16 is written out (TVM's bf16
+    legalisation does not enter a Let's value: bound there, the load would be read as its
+    integer bits). Both match float64."""
+    script = lower_program(nested_exponentials.program, (), dict(N=64), vector_math=True).script()
+    assert "T.Let" in script and len(script) < 12_000, len(script)
+    bf16_line = next(line for line in script.splitlines() if "y[" in line and "=" in line)
+    assert "T.Let" not in bf16_line
+    x = rng.standard_normal(1000).astype(np.float32)
+    y = rng.standard_normal(1000).astype(np.float32)
+    import torch
+    yb = torch.from_numpy(y).bfloat16()
+    got_x, got_y = tf.compile(nested_exponentials, target="llvm")(x, yb)
+    x64, y64 = x.astype(np.float64), yb.double().numpy()
+    want_x = np.exp(np.exp(x64 - 1.0) * 0.5 + np.abs(x64))
+    assert np.max(np.abs(np.asarray(got_x) - want_x) / want_x) < 1e-6
+    assert np.max(np.abs(got_y.double().numpy() - np.exp(2.0 * y64)) / np.exp(2.0 * y64)) < 1e-2
+
+
 def _cpu_flags() -> set:
     try:
         with open("/proc/cpuinfo") as f:
