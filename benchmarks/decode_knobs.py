@@ -4,8 +4,13 @@ against float64 and timed from a CUDA graph beside ``tf.compile``'s default and 
 decode defaults of :mod:`tensorfuse.schedule_templates.attention` are chosen from.
 
     python -m benchmarks.decode_knobs [--only mqa,mqa128,gqa,paged] [--defaults] [--out DIR]
+    python -m benchmarks.decode_knobs --only grid --grid 64:32/8:4096,4:8/1:131072
 
-``--defaults``: ``tf.compile``'s default and SDPA only (no candidates).
+``--defaults``: ``tf.compile``'s default and SDPA only (no candidates). ``grid``: shapes of
+``benchmarks.decode_grid`` (``batch:query heads/kv heads:keys``, the library's GQA attention on
+``[B, H, 1, D]`` queries) with the cluster decode's knobs as candidates beside the split
+update's (``cluster w… s… copy``; their cubins can be built ahead on a machine without a GPU:
+``tools/precompile_cubins.py decode``).
 """
 from __future__ import annotations
 
@@ -18,19 +23,28 @@ import types
 import torch
 
 import tensorfuse as tf
+import tensorfuse.kernels as K
 from benchmarks.common import Row, measure_candidates, write_csv
 from benchmarks.user_kernels import (_decode_reference, _decode_sdpa, gqa_decode, mqa_decode,
                                      paged_decode)
 from tensorfuse.schedule_templates.attention import SMS, attention
+from tensorfuse.schedule_templates.decode_plan import COPIES
 from tensorfuse.schedule_templates.fusion import Fusion
 from tensorfuse.schedule_templates.flat_sweeps import flatten_sweeps
 from tensorfuse.schedule_templates.rolling_update import DEFAULT_CHUNK
 from tensorfuse.targets import get_target
 
 
-def _cases(generator, only):
+def _cases(generator, only, grid=()):
     """(name, shape, kernel whose program the candidates take, axis, args, sizes, rows per
     batch entry, reference, SDPA calls, bytes of the cache)."""
+    for B, H, HKV, N in grid if "grid" in only else ():
+        D = 128
+        q, k, v = grid_inputs(B, H, HKV, N, D, "cuda")
+        yield (f"grid{H}_{HKV}", f"B{B} Hq{H} Hkv{HKV} N{N} D{D} bf16", K.gqa_attention, "j",
+               (q, k, v), dict(B=B, H=H, HKV=HKV, M=1, N=N, D=D), H // HKV, B * HKV,
+               _decode_reference(q[:, :, 0], k, v, D ** -0.5),
+               _decode_sdpa(q, k, v, D ** -0.5, gqa=True), 4 * k.numel())
     for H in [h for h, name in ((64, "mqa"), (128, "mqa128")) if name in only]:
         B, N, D = 16, 16384, 128
         q = torch.randn(B, H, D, generator=generator).to("cuda", torch.bfloat16)
@@ -65,6 +79,43 @@ def _cases(generator, only):
                (q, *pool, table), sizes, H // HKV, B * HKV, ref, sdpa, 4 * k.numel())
 
 
+def parse_grid(text: str) -> list[tuple[int, int, int, int]]:
+    """``"64:32/8:4096,…"`` as (batch, query heads, kv heads, keys) tuples."""
+    out = []
+    for item in filter(None, text.split(",")):
+        batch, heads, keys = item.split(":")
+        hq, hkv = heads.split("/")
+        out.append((int(batch), int(hq), int(hkv), int(keys)))
+    return out
+
+
+def grid_inputs(B: int, H: int, HKV: int, N: int, D: int, device: str):
+    """bf16 ``q [B, H, 1, D]``, ``k, v [B, HKV, N, D]`` of normal numbers on ``device``."""
+    generator = torch.Generator(device=device).manual_seed(B * 7 + N)
+    return tuple(torch.randn(B, h, n, D, generator=generator, device=device).to(torch.bfloat16)
+                 for h, n in ((H, 1), (HKV, N), (HKV, N)))
+
+
+def cluster_knobs(group: int):
+    """Cluster-decode candidates for a group of ``group`` heads a kv-head: warps × stages ×
+    copy, at the template's cluster size and splits (which the pairs decide)."""
+    for warps, stages, copy in itertools.product((2, 4, 8), (2, 3, 4), COPIES):
+        if group > 16 and copy != "tma":
+            continue   # a team of warps shares each block by TMA alone
+        yield dict(warps=warps, stages=stages, copy=copy)
+
+
+def cluster_candidates(kernel, group: int) -> dict:
+    """Label → the compiled cluster decode of ``kernel`` at each of :func:`cluster_knobs`."""
+    from benchmarks.attention import CHAIN
+
+    def made(knobs):   # a schedule takes one template: one schedule each
+        rolled = tf.schedule(kernel, "cuda").rolling_update(*CHAIN, axis="j")
+        return rolled.cluster_distribute("j", **knobs).compile()
+    return {f"cluster w{c['warps']} s{c['stages']} {c['copy']}": made(c)
+            for c in cluster_knobs(group)}
+
+
 def _knobs(rows: int, batch: int, keys: int):
     """Candidate (tile_m, tile_n, warps, stages, splits): row tiles up to the rows sharing the
     cache, parts of the keys for about 1, 2 and 4 programs per SM."""
@@ -77,7 +128,7 @@ def _knobs(rows: int, batch: int, keys: int):
             yield tile_m, tile_n, warps, stages, s
 
 
-def run(only, log=print, defaults: bool = False) -> list[Row]:
+def run(only, log=print, defaults: bool = False, grid=()) -> list[Row]:
     from tensorfuse.targets.triton.compile_pool import CompilePool
 
     spec = get_target("cuda:sm_90a")
@@ -86,7 +137,7 @@ def run(only, log=print, defaults: bool = False) -> list[Row]:
     pool = CompilePool()
     try:
         for name, shape, kernel, axis, args, sizes, rows, batch, ref, sdpa, moved in \
-                _cases(generator, only):
+                _cases(generator, only, grid):
             scale = sizes["D"] ** -0.5
             fusion = Fusion(("m", "o", "l"), axis, DEFAULT_CHUNK)
             keys = math.prod(v for k, v in sizes.items() if k in ("N", "NP", "PAGE"))
@@ -95,9 +146,16 @@ def run(only, log=print, defaults: bool = False) -> list[Row]:
                     attention(kernel, fusion, spec, tile_m=k[0], tile_n=k[1], num_warps=k[2],
                               num_stages=k[3], splits=k[4]) for k in knobs}
             calls = {"default": tf.compile(paged_decode if name == "paged" else kernel), **sdpa}
+            squeeze = name.startswith("grid")   # [B, H, 1, D] queries: compared as [B, H, D]
+            if squeeze and not defaults:
+                calls.update(cluster_candidates(kernel, rows))
+
+            def call(f, args=args, scale=scale, squeeze=squeeze):
+                got = f(*args, scale=scale)
+                return got[:, :, 0] if squeeze else got
             out += measure_candidates("decode_knobs", name, shape, calls, made,
-                                      lambda cand: cand.warm(*args, scale=scale),
-                                      lambda f: f(*args, scale=scale), ref, sdpa, moved, pool, log)
+                                      lambda cand: cand.warm(*args, scale=scale), call, ref,
+                                      sdpa, moved, pool, log)
     finally:
         pool.close()
     return out
@@ -107,11 +165,14 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="mqa,gqa,paged")
     parser.add_argument("--defaults", action="store_true", help="no candidates")
+    parser.add_argument("--grid", default="64:32/8:4096,64:64/8:4096,4:32/32:4096,"
+                        "8:32/32:4096,4:8/1:131072", help="the shapes of --only grid")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
-    rows = run(args.only.split(","), defaults=args.defaults)
+    rows = run(args.only.split(","), defaults=args.defaults, grid=parse_grid(args.grid))
     device = torch.cuda.get_device_name().replace(" ", "_")
-    write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-decode-knobs.csv")
+    name = "decode-knobs-grid" if args.only == "grid" else "decode-knobs"
+    write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-{name}.csv")
 
 
 if __name__ == "__main__":

@@ -277,6 +277,11 @@ SECTIONS = (
     ("decode-knobs", "The split update's knobs on the suite's decodes",
      "bf16; GB/s of the cache read; every candidate checked against float64, timed from a CUDA "
      "graph; `default` is `tf.compile`'s choice", "python -m benchmarks.decode_knobs"),
+    ("decode-knobs-grid", "The decode kernels' knobs on the decode grid's shapes",
+     "bf16, one query token, D=128; GB/s of the cache read; the split update's candidates "
+     "(`m… n… w… s… splits…`) and the cluster decode's (`cluster w… s… copy`), each checked "
+     "against float64, timed from a CUDA graph; `default` is `tf.compile`'s choice",
+     "python -m benchmarks.decode_knobs --only grid"),
     ("strided-rows-knobs", "The row template's knobs across a strided axis",
      "bf16; GB/s of the bytes each kernel must move; every candidate checked against float64, "
      "timed from a CUDA graph; `default` is `tf.compile`'s choice",
@@ -352,9 +357,10 @@ SECTIONS = (
     ("decode-grid", "Decode over batch sizes, head layouts and cache lengths",
      "one query token, D=128; GB/s of the cache, query and output moved; against every SDPA "
      "backend that runs the shape and FlexAttention (torch.compile, dynamic shapes); "
-     "`tensorfuse cluster` and `tensorfuse split update`: the two decode kernels forced, "
-     "which tf.compile's route between them is made from",
-     "python -m benchmarks.decode_grid --dtypes bf16 --routes"),
+     "`tensorfuse cluster` and `tensorfuse split update`, where present (`--routes`): the two "
+     "decode kernels forced, which tf.compile's route between them is made from",
+     "python -m benchmarks.decode_grid --dtypes bf16 && python -m benchmarks.decode_grid "
+     "--dtypes fp16"),
     ("decode-splits", "Decode: clusters per (batch, kv-head) pair",
      "one query token, D=128, bf16; every cluster size × splits of about one wave "
      "(`tensorfuse cluster=C splits=S`: the splits the launch takes at that key count) beside "

@@ -87,8 +87,13 @@ def decode_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     (``tl.dot`` needs at least 16; the heads of an MQA cache or a GQA group: the keys are read
     once per tile), the keys split into parts for about one program per SM — two where the keys
     are gathered (a page table), whose loads need more in flight — each part of at least two
-    key blocks, 128-key blocks while there are fewer (batch × head-group) rows than half the SMs,
+    key blocks, and not split once the row tiles alone give a program per SM; 128-key blocks
+    (64 for gathered keys once there are more (batch × head-group) rows than half the SMs),
     4 warps and a 3-stage pipeline.
+    Measured on the H200 (``benchmarks.decode_knobs --only grid``, bf16, 4k keys): unsplit
+    128-key blocks at 128–512 (batch, kv-head) pairs took 0.064, 0.122 and 0.241 ms (B4 and B8
+    32/32, B64 32/8; SDPA cuDNN 0.064, 0.125, 0.242), where two parts of 64-key blocks took
+    0.067, 0.145 and 0.269 and unsplit 64-key blocks 0.068, 0.125 and 0.278.
     Measured on the H200 (2026-11-29, GPU time, ``benchmarks.decode_knobs``): MQA 64 heads on one
     cache, B16 N16k, 0.102 → 0.051 ms (16-row tiles, 8 warps, 8 parts: four tiles read every
     key); GQA 32/8 without a query axis, B8 N32k, 0.244 either way (SDPA cuDNN 0.244); the same
@@ -98,10 +103,12 @@ def decode_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     block_m = min(DECODE_ROWS, max(16, 1 << max(0, plan.rows - 1).bit_length()))
     batch = plan.grid_batch_size
     programs = batch * math.ceil(plan.rows / block_m)
-    block_n = F32_KNOBS.block_n if float32_products(plan) else 128 if 2 * batch <= SMS else 64
+    gathered = gathers_columns(plan)
+    block_n = F32_KNOBS.block_n if float32_products(plan) else \
+        64 if gathered and 2 * batch > SMS else 128
     blocks = math.ceil(plan.cols / block_n)
-    per_sm = 2 if gathers_columns(plan) else 1
-    splits = max(1, min(max(2, round(per_sm * SMS / programs)), blocks // 2, 64))
+    per_sm = 2 if gathered else 1
+    splits = max(1, min(round(per_sm * SMS / programs), blocks // 2, 64))
     warps, stages = (4, 3) if target.kind == "cuda" else (4, 2)   # ROCm: not measured
     return Knobs(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages,
                  splits=splits)

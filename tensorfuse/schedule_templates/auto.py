@@ -171,7 +171,7 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) 
     warp-specialised Hopper template for prefill (more than 64 query rows) and, for one query
     token (decode), the cluster decode kernel (the keys of each (batch, kv-head) split over a
     thread-block cluster, states merged in distributed shared memory) where it beats the split
-    update: few (batch, kv-head) pairs over caches under 256 MB, and 256–512 pairs
+    update: under 32 (batch, kv-head) pairs over caches under 256 MB
     (:func:`.decode_plan.cluster_decode_pays`, from ``benchmarks.decode_grid --routes``); other
     few-row calls, and decode chains it refuses, go to the Triton template's split update — a
     mask that reads the sequence as a 2-D/3-D map in patches copied as TMA boxes where the call's

@@ -78,24 +78,20 @@ class DecodeKnobs:
 # Where ``tf.compile`` runs a decode on the cluster kernel rather than the split update (the
 # Triton decode kernel), by (batch × kv-head) pairs and the bytes of the cache, from the H200's
 # dense grid (``benchmarks.decode_grid --routes``, bf16, 1k–131k keys, 1–2048 pairs, both forced
-# side by side): the split update 1.00–1.10× the cluster kernel at 32–128 pairs and at 2048 (at
-# 1–2 GB caches there it matches cuDNN, where the cluster kernel reached 0.91–0.96×), and with few
-# pairs over a cache past 256 MB (B1 H32/8 at 131k keys: 135 µs against 150); the cluster
-# kernel ahead with few pairs over smaller caches (B1 H8/1 at 131k keys: 35 µs against 51) and
-# at 256–512 pairs (B8 H32/32 at 32k keys: 0.999 ms against 1.105), where the split update
-# merges two parts of every pair.
-SPLIT_UPDATE_PAIRS = (32, 128)
-MANY_PAIRS = 1024
+# side by side): the split update 1.00–1.10× the cluster kernel from 32 pairs on, and with few
+# pairs over a cache past 256 MB (B1 H32/8 at 131k keys: 135 µs against 150); the cluster kernel
+# ahead with few pairs over smaller caches (B1 H8/1 at 131k keys: 35 µs against 51). At 128–512
+# pairs the split update runs its row tiles unsplit over 128-key blocks
+# (``benchmarks.decode_knobs --only grid``: B8 32/32 at 4k keys 0.122 ms, the cluster kernel's
+# best knobs 0.129; B64 32/8 0.241 against 0.260).
+SPLIT_UPDATE_PAIRS = 32
 LARGE_CACHE = 256 << 20   # bytes
 
 
 def cluster_decode_pays(pairs: int, cache_bytes: int) -> bool:
     """Whether the cluster decode is ``tf.compile``'s choice over the split update for
     ``pairs`` (batch × kv-head) sweeps of a cache of ``cache_bytes`` (keys and values)."""
-    low, high = SPLIT_UPDATE_PAIRS
-    if pairs < low:
-        return cache_bytes < LARGE_CACHE
-    return high < pairs < MANY_PAIRS
+    return pairs < SPLIT_UPDATE_PAIRS and cache_bytes < LARGE_CACHE
 
 
 def splits_for(knobs: DecodeKnobs, keys: int) -> int:
