@@ -57,7 +57,9 @@ class Scope:
     dims: dict[str, tirx.PrimExpr] = field(default_factory=dict)
     symbols: dict[str, tirx.PrimExpr] = field(default_factory=dict)
     index_dtype: str = "int32"
-    vector_math: bool = False   # f32 exp as arithmetic the CPU vectorises (vector_math.py)
+    # f32 exp as arithmetic the CPU vectorises (vector_math.py); "bound": its argument and
+    # intermediates bound once each (Let), which MetaSchedule's analyses do not read
+    vector_math: bool | str = False
 
     def child(self, **updates) -> "Scope":
         """A copy with some maps extended (the originals are left alone)."""
@@ -107,7 +109,7 @@ def _lower(e: Expr, scope: Scope, own: str) -> tirx.PrimExpr:
     if isinstance(e, Unary):
         arg_type = own if e.op != "not" else "bool"
         if e.op == "exp" and scope.vector_math and arg_type == "f32":
-            return fast_exp(lower(e.a, scope, arg_type))
+            return fast_exp(lower(e.a, scope, arg_type), bound=scope.vector_math == "bound")
         return _UNARY[e.op](lower(e.a, scope, arg_type))
     if isinstance(e, Binary):
         operand = "bool" if e.op in ("and", "or") else own

@@ -23,25 +23,27 @@ _POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6
 _HIGHEST, _LOWEST = 88.3762626647949, -87.33654
 
 
-def fast_exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
-    """``exp(x)`` for an f32 ``x`` in arithmetic and bit operations only. ``x``, its clamped
-    value, ``n`` and ``r`` are bound once each (``Let``): written out, the polynomial repeats
-    ``x`` about thirty times, and ``x`` is often a whole score (a mask, a product, a running
-    maximum made usable) — a masked attention's TensorIR grew to statements of 48 KB, and TVM's
-    simplifier passes spent 14 of its 17 s of CPU build there (``neighborhood_attention`` on
-    the CPU, B2 H2 S130 D16: 17 s → 3 s, the same output bit for bit). Where ``x`` reads a
-    16-bit float it is written out instead: TVM's bf16 legalisation does not enter a ``Let``'s
-    value, so a bf16 load bound there would be read as its integer bits."""
+def fast_exp(x: tirx.PrimExpr, bound: bool = False) -> tirx.PrimExpr:
+    """``exp(x)`` for an f32 ``x`` in arithmetic and bit operations only. With ``bound``,
+    ``x``, its clamped value, ``n`` and ``r`` are bound once each (``Let``): written out, the
+    polynomial repeats ``x`` about thirty times, and ``x`` is often a whole score (a mask, a
+    product, a running maximum made usable) — a masked attention's TensorIR grew to statements
+    of 48 KB, and TVM's simplifier passes spent 14 of its 17 s of CPU build there
+    (``neighborhood_attention`` on the CPU, B2 H2 S130 D16: 17 s → 3 s, the same output bit for
+    bit). Where ``x`` reads a 16-bit float it is written out all the same: TVM's bf16
+    legalisation does not enter a ``Let``'s value, so a bf16 load bound there would be read as
+    its integer bits. MetaSchedule's flop count and cost-model features do not read a ``Let``
+    either (tuning lowers without ``bound``)."""
     f32 = "float32"
     c = (lambda v: tirx.const(v, f32))
-    written_out = _reads_narrow_floats(x)
-    bound = []   # (variable, value), outermost first
+    written_out = not bound or _reads_narrow_floats(x)
+    lets = []   # (variable, value), outermost first
 
     def once(name: str, value: tirx.PrimExpr) -> tirx.PrimExpr:
         if written_out:
             return value
         var = tirx.Var(name, f32)
-        bound.append((var, value))
+        lets.append((var, value))
         return var
 
     arg = once("exp_x", x)
@@ -58,7 +60,7 @@ def fast_exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
     value = tirx.Select(arg < c(_LOWEST), c(0.0), value)
     value = tirx.Select(arg > c(_HIGHEST), tirx.infinity(f32), value)
     value = tirx.Select(tirx.isnan(arg), arg, value)   # NaN in, NaN out
-    for var, bound_value in reversed(bound):
+    for var, bound_value in reversed(lets):
         value = tirx.Let(var, bound_value, value)
     return value
 

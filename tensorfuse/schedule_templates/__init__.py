@@ -13,10 +13,12 @@ from ..lower_to_tir import lower_naive
 
 def lower_program(program: Program, fusions: tuple = (), dims: dict | None = None,
                   index_dtype: str = "int32", parallel: str | None = None,
-                  accumulate: str | None = None, vector_math: bool = False) -> tvm.IRModule:
+                  accumulate: str | None = None,
+                  vector_math: bool | str = False) -> tvm.IRModule:
     """TensorIR for ``program`` with ``fusions`` applied (none: the naive lowering); float sums
     narrower than ``accumulate`` accumulate in it (``TargetSpec.accumulate``); ``vector_math``:
-    elementary functions the CPU vectorises (``TargetSpec.vector_math``)."""
+    elementary functions the CPU vectorises (``TargetSpec.vector_math``; ``"bound"``: their
+    arguments bound once each, :func:`~tensorfuse.lower_to_tir.vector_math.fast_exp`)."""
     if not fusions:
         return lower_naive(program, dims, index_dtype, parallel, accumulate, vector_math)
     from .fusion import lower_with_fusions

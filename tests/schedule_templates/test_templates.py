@@ -131,16 +131,18 @@ def test_decode_gets_the_cluster_kernel_and_few_rows_the_split_update():
     from tensorfuse.targets.cuda.kernel import ClusterKernel
 
     f = tf.compile(K.gqa_attention, "cuda:sm_90a")
-    sizes = dict(B=32, H=32, HKV=8, M=1, N=4096, D=128)
+    sizes = dict(B=2, H=32, HKV=8, M=1, N=4096, D=128)
     decode = f.for_sizes(**sizes)
     assert isinstance(decode, ClusterKernel)
-    # 256 (batch, kv-head) pairs: every lane's cp.async; 8 pairs: bulk tensor copies
-    assert "copy=cp.async" in decode.schedule_origin(**sizes)
-    assert "cp.async.cg.shared.global" in decode.ptx(**sizes)
-    assert not isinstance(f.for_sizes(**{**sizes, "B": 8}), ClusterKernel)   # 64 pairs
-    few = {**sizes, "B": 1}
-    assert "copy=tma" in f.for_sizes(**few).schedule_origin(**few)
-    assert "cp.async.bulk.tensor.3d" in f.for_sizes(**few).ptx(**few)
+    # 16 (batch, kv-head) pairs: bulk tensor copies
+    assert "copy=tma" in decode.schedule_origin(**sizes)
+    assert "cp.async.bulk.tensor.3d" in decode.ptx(**sizes)
+    for many in (4, 32):   # 32 and 256 pairs: the split update, unsplit at 256
+        assert not isinstance(f.for_sizes(**{**sizes, "B": many}), ClusterKernel)
+    # every lane's cp.async, where a schedule asks the cluster kernel for it
+    lanes = tf.schedule(K.gqa_attention, "cuda:sm_90a").rolling_update("m", "l", "o", axis="j")
+    lanes = lanes.cluster_distribute("j", copy="cp.async").compile()
+    assert "cp.async.cg.shared.global" in lanes.ptx(**sizes)
     documents = dict(B=2, H=8, M=1, N=4096, D=128)
     assert isinstance(tf.compile(K.document_attention, "cuda:sm_90a").for_sizes(**documents),
                       ClusterKernel)
