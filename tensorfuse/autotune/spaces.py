@@ -236,14 +236,13 @@ class CpuFusedSpace:
 
     def candidate(self, knobs: dict | None) -> tvm.IRModule:
         """The function ``tf.compile`` builds with these knobs, its scalars bound as the
-        workload's (one function ``main``, the workload's signature), its exponentials written
-        out (:func:`..schedule_templates.default.cpu_fused`)."""
+        workload's (one function ``main``, the workload's signature)."""
         from ..schedule_templates.default import cpu_fused
         from .scalars import bind_scalars_of
 
         task, program = self.task, self.task.kernel.program
         fusion = replace(task.fusion, **{**self.defaults(), **(knobs or {})})
-        mod = cpu_fused(program, (fusion,), task.dims, "int32", task.target, bound_exp=False)
+        mod = cpu_fused(program, (fusion,), task.dims, "int32", task.target)
         func = bind_scalars_of(next(iter(mod.functions.values())), program, task.dims,
                                task.scalars)
         return tvm.IRModule({"main": func})

@@ -49,8 +49,8 @@ def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,
     tuned trace replays on the unbound function as well, since the loops and blocks are the same.
     The function carries the task's name and its plan scalars' values as attributes, which is how
     a lookup finds the records of other values (:func:`.lookup.tuned`)."""
-    if template in ("cpu", "cpu_fused"):   # lowered as tf.compile lowers it for the CPU
-        cpu = get_target("llvm")
+    if template in ("cpu", "cpu_fused"):   # lowered as tf.compile lowers it for the CPU, but
+        cpu = get_target("llvm")          # exponentials written out: MetaSchedule counts flops
         mod = lower_program(program, () if template == "cpu" else (fusion,), dims, "int32",
                             None if template == "cpu" else "cpu", accumulate=cpu.accumulate,
                             vector_math=cpu.vector_math)

@@ -58,7 +58,7 @@ class Scope:
     symbols: dict[str, tirx.PrimExpr] = field(default_factory=dict)
     index_dtype: str = "int32"
     # f32 exp as arithmetic the CPU vectorises (vector_math.py); "bound": its argument and
-    # intermediates bound once each (Let), which MetaSchedule's analyses do not read
+    # intermediates bound once each (Let), which MetaSchedule's flop count does not read
     vector_math: bool | str = False
 
     def child(self, **updates) -> "Scope":

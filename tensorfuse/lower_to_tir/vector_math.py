@@ -32,8 +32,8 @@ def fast_exp(x: tirx.PrimExpr, bound: bool = False) -> tirx.PrimExpr:
     (``neighborhood_attention`` on the CPU, B2 H2 S130 D16: 17 s → 3 s, the same output bit for
     bit). Where ``x`` reads a 16-bit float it is written out all the same: TVM's bf16
     legalisation does not enter a ``Let``'s value, so a bf16 load bound there would be read as
-    its integer bits. MetaSchedule's flop count and cost-model features do not read a ``Let``
-    either (tuning lowers without ``bound``)."""
+    its integer bits. MetaSchedule's flop count does not read a ``Let`` either (a tuning task's
+    workload is lowered without ``bound``)."""
     f32 = "float32"
     c = (lambda v: tirx.const(v, f32))
     written_out = not bound or _reads_narrow_floats(x)

@@ -40,19 +40,19 @@ def cpu_defaults(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def cpu_fused(program, fusions: tuple, dims: dict, index_dtype: str,
-              target: TargetSpec, bound_exp: bool = True) -> tvm.IRModule:
+              target: TargetSpec) -> tvm.IRModule:
     """``program`` with its rolling or split updates ``fusions`` lowered for the CPU (rows on
     every core, :mod:`.fusion_cpu`'s chunk layout) and the CPU template's schedule of them
-    (:func:`.cpu.rolled_schedule`). ``bound_exp``: each ``exp``'s argument bound once
+    (:func:`.cpu.rolled_schedule`), each ``exp``'s argument bound once
     (:func:`~tensorfuse.lower_to_tir.vector_math.fast_exp`: a fused chain's scores and
-    corrections would otherwise be written out dozens of times); tuning measures them written
-    out, since MetaSchedule's flop count and features do not read a ``Let``."""
+    corrections would otherwise be written out dozens of times). A tuning task's workload keeps
+    them written out (:func:`~tensorfuse.autotune.tasks.workload`: MetaSchedule's flop count
+    does not read a ``Let``); its candidates are these."""
     from . import lower_program, tvm_schedule
     from .cpu import rolled_schedule
 
     sch = tvm_schedule(lower_program(program, fusions, dims, index_dtype, "cpu",
                                      accumulate=target.accumulate,
-                                     vector_math="bound" if bound_exp and target.vector_math
-                                     else target.vector_math))
+                                     vector_math="bound" if target.vector_math else False))
     rolled_schedule(sch)
     return sch.mod
