@@ -4,7 +4,7 @@ in the same process on the same GPU.
 
     python -m benchmarks.decode_grid [--dtypes bf16,fp16] [--batches 1,4,8,64]
                                      [--lengths 1024,4096,16384,32768,131072] [--routes]
-                                     [--out DIR]
+                                     [--replayed] [--out DIR]
 
 Rows ``decode/<heads>`` (``mha`` 32/32, ``gqa`` 32/8 and 64/8, ``mqa`` 8/1 query/KV heads), one
 per (shape, implementation): milliseconds (``bench``: L2 flushed between calls, so a small cache
@@ -15,7 +15,10 @@ Each output is checked against a float64
 reference (per sequence, so that the reference fits in memory); a wrong one is reported and not
 timed. Caches over ``--max-gb`` are left out; a run stopped early (Ctrl-C, ``timeout``) writes the
 rows it has.
-CSV ``benchmarks/results/<date>-<device>-decode-grid.csv``.
+``--replayed``: each call's GPU time, captured in a CUDA graph and replayed with L2 flushed
+(``bench_replayed``) — on small caches ``do_bench`` times the host path of every implementation
+as much as its kernel. CSV ``benchmarks/results/<date>-<device>-decode-grid.csv``
+(``…-decode-grid-replayed.csv``).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import warnings
 import torch
 
 from benchmarks.common import (FLEX, SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, Row, bench,
-                               measure_ceilings, relative_error, run_and_write)
+                               bench_replayed, measure_ceilings, relative_error, run_and_write)
 
 HEADS = {"gqa": [(32, 8), (64, 8)], "mha": [(32, 32)], "mqa": [(8, 1)]}
 SDPA_EFFICIENT = "sdpa efficient"
@@ -108,9 +111,12 @@ def implementations(scale: float) -> dict:
 
 
 def run(dtypes, batches, lengths, max_gb: float, rows: list, log=print,
-        routes: bool = False) -> None:
+        routes: bool = False, replayed: bool = False) -> None:
     """Appends the grid's rows to ``rows`` (kept by the caller if a shape fails); ``routes``:
-    with the cluster kernel and the split update forced beside ``tf.compile``'s choice."""
+    with the cluster kernel and the split update forced beside ``tf.compile``'s choice;
+    ``replayed``: GPU time of each call captured in a CUDA graph (``bench_replayed``, L2 flushed
+    before each replay), where ``bench`` times small caches' host paths as much as their
+    kernels."""
     D = 128
     scale = D ** -0.5
     copy = measure_ceilings()["copy_tbps"]
@@ -145,7 +151,12 @@ def run(dtypes, batches, lengths, max_gb: float, rows: list, log=print,
                 rows.append(Row(f"decode/{variant}", shape, label, math.nan, 0.0, 0.0, 0.0,
                                 f"wrong: error {err:.1e}"))
                 continue
-            ms = bench(functools.partial(fn, q, k, v), rep_ms=60)
+            timer = bench_replayed if replayed else bench
+            try:
+                ms = timer(functools.partial(fn, q, k, v), rep_ms=60)
+            except Exception as exc:  # noqa: BLE001 - a call that cannot be captured
+                log(f"  {shape} {label}: not timed: {type(exc).__name__}: {str(exc)[:120]}")
+                continue
             timed[label] = ms
             note = f"err {err:.1e}"
             if label == TENSORFUSE:
@@ -200,13 +211,15 @@ def main() -> None:
     parser.add_argument("--routes", action="store_true",
                         help="time the cluster kernel and the split update forced too (on the "
                              "bf16 shapes)")
+    parser.add_argument("--replayed", action="store_true",
+                        help="GPU time of captured calls (bench_replayed), not do_bench's")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*(kernel not used|runtime disabled|same num_heads)")
     dtypes = {n: DTYPES[n] for n in args.dtypes.split(",")}
     run_and_write(lambda rows: run(dtypes, [int(b) for b in args.batches.split(",")],
                                    [int(n) for n in args.lengths.split(",")], args.max_gb, rows,
-                                   routes=args.routes),
-                  args.out, "decode-grid")
+                                   routes=args.routes, replayed=args.replayed),
+                  args.out, "decode-grid-replayed" if args.replayed else "decode-grid")
 
 
 if __name__ == "__main__":

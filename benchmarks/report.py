@@ -361,6 +361,11 @@ SECTIONS = (
      "decode kernels forced, which tf.compile's route between them is made from",
      "python -m benchmarks.decode_grid --dtypes bf16 && python -m benchmarks.decode_grid "
      "--dtypes fp16"),
+    ("decode-grid-replayed", "Decode over batch sizes, head layouts and cache lengths, GPU time",
+     "one query token, D=128; each call captured in a CUDA graph and replayed with L2 flushed "
+     "(`bench_replayed`): the kernels' time without the host's; GB/s of the cache, query and "
+     "output moved", "python -m benchmarks.decode_grid --dtypes bf16 --replayed "
+     "--batches 1,4,8 --lengths 1024,4096,16384,32768"),
     ("decode-splits", "Decode: clusters per (batch, kv-head) pair",
      "one query token, D=128, bf16; every cluster size × splits of about one wave "
      "(`tensorfuse cluster=C splits=S`: the splits the launch takes at that key count) beside "
