@@ -70,6 +70,23 @@ def test_a_paged_cache_is_swept_as_one_axis_of_pages_times_slots():
     assert (plan.fold[1], knobs.block_m, knobs.splits) == (4, 16, round(2 * SMS / 64))
 
 
+def test_row_tiles_that_fill_the_gpu_alone_sweep_their_keys_unsplit_in_128_key_blocks():
+    """``benchmarks.decode_knobs --only grid`` on the H200: from about one row tile per SM the
+    keys are not split and blocks are 128 keys (B64 32/8: 0.241 ms unsplit against 0.269 in two
+    parts of 64-key blocks); fewer tiles keep about one program per SM; a paged cache's gathered
+    keys keep 64-key blocks at many rows (where they were measured)."""
+    gqa = CASES["gqa_decode"][0]
+    many = default_knobs(plan_of(gqa, B=64, H=32, HKV=8, N=4096, D=128), HOPPER)
+    assert (many.splits, many.block_n) == (1, 128)
+    mha = default_knobs(plan_of(CASES["mha_decode"][0], B=4, H=32, N=4096, D=128), HOPPER)
+    assert (mha.splits, mha.block_n) == (1, 128)   # 128 programs
+    few = default_knobs(plan_of(gqa, B=8, H=32, HKV=8, N=32768, D=128), HOPPER)
+    assert (few.splits, few.block_n) == (round(SMS / 64), 128)
+    paged = {**PAGED, "B": 64, "PAGES": 64 * 512}
+    knobs = default_knobs(plan_of(paged_decode, axis="pt", **paged), HOPPER)
+    assert (knobs.block_n, knobs.splits) == (64, round(2 * SMS / 512))
+
+
 def test_axes_reduced_apart_or_alone_or_written_out_of_order_are_not_flattened():
     @tf.kernel
     def apart(x: T.Tensor["B", "P", "Q", "f32"]):
