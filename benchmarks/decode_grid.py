@@ -128,6 +128,7 @@ def run(dtypes, batches, lengths, max_gb: float, rows: list, log=print,
                    in itertools.product(dtypes.items(), HEADS.items(), batches, lengths)
                    for hq, hkv in heads), key=lambda c: c[5] * c[4] * c[6])   # smallest first
     _warm_up(impls_of, grid, min(lengths), D)
+    timer = bench_replayed if replayed else bench
     for name, dtype, variant, hq, hkv, B, N in grid:
         cache = 2 * B * hkv * N * D * dtype.itemsize
         if cache > max_gb * 1e9:
@@ -151,7 +152,6 @@ def run(dtypes, batches, lengths, max_gb: float, rows: list, log=print,
                 rows.append(Row(f"decode/{variant}", shape, label, math.nan, 0.0, 0.0, 0.0,
                                 f"wrong: error {err:.1e}"))
                 continue
-            timer = bench_replayed if replayed else bench
             try:
                 ms = timer(functools.partial(fn, q, k, v), rep_ms=60)
             except Exception as exc:  # noqa: BLE001 - a call that cannot be captured

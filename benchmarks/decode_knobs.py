@@ -79,6 +79,11 @@ def _cases(generator, only, grid=()):
                (q, *pool, table), sizes, H // HKV, B * HKV, ref, sdpa, 4 * k.numel())
 
 
+# the decode grid's shapes that were behind cuDNN (``benchmarks.decode_grid``), as
+# ``batch:query heads/kv heads:keys``
+GRID = "64:32/8:4096,64:64/8:4096,4:32/32:4096,8:32/32:4096,4:8/1:131072"
+
+
 def parse_grid(text: str) -> list[tuple[int, int, int, int]]:
     """``"64:32/8:4096,…"`` as (batch, query heads, kv heads, keys) tuples."""
     out = []
@@ -105,14 +110,12 @@ def cluster_knobs(group: int):
         yield dict(warps=warps, stages=stages, copy=copy)
 
 
-def cluster_candidates(kernel, group: int) -> dict:
-    """Label → the compiled cluster decode of ``kernel`` at each of :func:`cluster_knobs`."""
-    from benchmarks.attention import CHAIN
+def cluster_candidates(group: int) -> dict:
+    """Label → the library's GQA attention on the cluster decode at each of
+    :func:`cluster_knobs`."""
+    from benchmarks.cluster import cluster_decode
 
-    def made(knobs):   # a schedule takes one template: one schedule each
-        rolled = tf.schedule(kernel, "cuda").rolling_update(*CHAIN, axis="j")
-        return rolled.cluster_distribute("j", **knobs).compile()
-    return {f"cluster w{c['warps']} s{c['stages']} {c['copy']}": made(c)
+    return {f"cluster w{c['warps']} s{c['stages']} {c['copy']}": cluster_decode(**c)
             for c in cluster_knobs(group)}
 
 
@@ -148,7 +151,7 @@ def run(only, log=print, defaults: bool = False, grid=()) -> list[Row]:
             calls = {"default": tf.compile(paged_decode if name == "paged" else kernel), **sdpa}
             squeeze = name.startswith("grid")   # [B, H, 1, D] queries: compared as [B, H, D]
             if squeeze and not defaults:
-                calls.update(cluster_candidates(kernel, rows))
+                calls.update(cluster_candidates(rows))
 
             def call(f, args=args, scale=scale, squeeze=squeeze):
                 got = f(*args, scale=scale)
@@ -165,8 +168,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="mqa,gqa,paged")
     parser.add_argument("--defaults", action="store_true", help="no candidates")
-    parser.add_argument("--grid", default="64:32/8:4096,64:64/8:4096,4:32/32:4096,"
-                        "8:32/32:4096,4:8/1:131072", help="the shapes of --only grid")
+    parser.add_argument("--grid", default=GRID, help="the shapes of --only grid")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
     rows = run(args.only.split(","), defaults=args.defaults, grid=parse_grid(args.grid))

@@ -74,15 +74,13 @@ _CHILDREN = ("a", "b", "value", "condition", "true_value", "false_value", "body"
 def _reads_narrow_floats(e) -> bool:
     """Whether ``e`` has a 16- or 8-bit float anywhere in it (a node of an unknown kind counts
     as one)."""
-    seen: set[int] = set()
-    kept = []   # the visited wrappers, alive: a freed one's id could come back for another node
+    seen: set[int] = set()   # nodes by their handles (a TVM object's hash): shared ones once
     todo = [e]
     while todo:
         node = todo.pop()
-        if id(node) in seen:
+        if hash(node) in seen:
             continue
-        seen.add(id(node))
-        kept.append(node)
+        seen.add(hash(node))
         if str(getattr(node, "ty", "")).startswith(_NARROW):   # a PrimExpr's type
             return True
         kind = type(node).__name__

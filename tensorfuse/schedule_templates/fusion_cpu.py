@@ -25,7 +25,7 @@ import functools
 
 from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
-from tvm.sym import Analyzer, detect_linear_equation
+from tvm.sym import Analyzer
 from tvm.tirx.script.builder import ir as T
 
 from ..algebra.exprs import nodes, substitute, symbols_in
@@ -34,7 +34,7 @@ from ..dsl.expr import Binary, Expr, Load, Ref, Symbol, Unary, Where
 from ..dsl.program import Compute
 from ..lower_to_tir import LoopAxis, Scope, lower_expr
 from ..lower_to_tir.expr_to_tir import constant
-from .mask_bounds import chain_key_range, substituted
+from .mask_bounds import chain_key_range
 
 LANES = 16   # partial results of a chunk's sums: an AVX-512 register of f32
 ACCUMULATOR_LANES = 16 * LANES   # a block of rows' partial results held in registers
@@ -175,23 +175,6 @@ class CpuChunkLayout:
         return (None if lo is None else tirx.floordiv(lo, self.tc),
                 None if hi is None else tirx.floordiv(hi, self.tc) + 1)
 
-    def _block_chunk_bounds(self) -> list:
-        """:meth:`_chunk_bounds` of the rows of a block that decide its chunk loop, made once
-        for a symbolic row and then put at those rows. Where the chunk bounds are the floor of a
-        key range linear in the row (causal, windows, neighbourhoods along the sequence), the
-        block's rows — consecutive, the last repeated where the block is short — have their
-        lowest start and highest stop at its first and last row: two terms, not one a row (the
-        nested minima made TVM's simplifier passes take 20 s of a 1-D neighbourhood's 22 s
-        first call on the CPU)."""
-        row = tirx.Var("row", self.fb.index_dtype)
-        at_row = self._chunk_bounds({self._block_of[1].axis.uid: row})
-        rows = self._block_rows()
-        if any(b is not None for b in at_row) and all(
-                b is None or _floor_of_linear(b, row) for b in at_row):
-            rows = [rows[0], rows[-1]]
-        return [tuple(None if b is None else substituted(b, [(row, r)]) for b in at_row)
-                for r in rows]
-
     @contextlib.contextmanager
     def _chunk_range(self):
         """The loop over a part's chunks; yields its variable. On the CPU, a chain whose mask
@@ -201,8 +184,11 @@ class CpuChunkLayout:
         hence every correction — unchanged."""
         start, stop = tirx.IntImm(self.fb.index_dtype, 0), self.cps
         if self._cpu and self.splits == 1:
-            bounds = [self._chunk_bounds({})] if self._block_of is None else \
-                self._block_chunk_bounds()
+            if self._block_of is None:
+                bounds = [self._chunk_bounds({})]
+            else:
+                uid = self._block_of[1].axis.uid
+                bounds = [self._chunk_bounds({uid: row}) for row in self._block_rows()]
             starts, stops = [b[0] for b in bounds], [b[1] for b in bounds]
             if all(s is not None for s in starts):
                 start = tirx.max(start, functools.reduce(tirx.min, starts))
@@ -375,14 +361,3 @@ class CpuChunkLayout:
 
 def _divides(rows: int, extent) -> bool:
     return isinstance(extent, tirx.IntImm) and extent.value % rows == 0
-
-
-def _floor_of_linear(bound, row) -> bool:
-    """Whether ``bound`` is ``floordiv(a·row + b, c)`` (``+ 1``) with a constant ``a``: monotone
-    in ``row``, so its extremes over consecutive rows are at the ends."""
-    if isinstance(bound, tirx.Add) and isinstance(bound.b, tirx.IntImm):
-        bound = bound.a
-    if not isinstance(bound, tirx.FloorDiv):
-        return False
-    coeffs = detect_linear_equation(bound.a, [row])
-    return len(coeffs) == 2 and isinstance(coeffs[0], tirx.IntImm)

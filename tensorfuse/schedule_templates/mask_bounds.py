@@ -151,7 +151,7 @@ def _cuts(blocks: list[_Block], mask: KeyMask, func) -> dict:
             for axis, rng in zip(axes, region.region):
                 if not _is_one(rng.extent):
                     raise _Unsupported(f"{block.name_hint} reads a region")
-                index = substituted(rng.min, bind)
+                index = _substituted(rng.min, bind)
                 if axis.uid == mask.key.uid:
                     keys.append(index)
                 else:
@@ -347,9 +347,8 @@ def _rebuild(stmt, cuts: dict):
     return stmt
 
 
-def substituted(expr, bind) -> tirx.PrimExpr:
-    """``expr`` with each variable of ``bind`` (pairs of a variable and its value) replaced by
-    its value, simplified."""
+def _substituted(expr, bind) -> tirx.PrimExpr:
+    """``expr`` with each block variable replaced by its binding (simplified)."""
     analyzer = Analyzer()
     for var, value in bind:
         analyzer.bind(var, value)
