@@ -9,7 +9,10 @@ suite's float64 check compiles a kernel per variant, head dim, block size and la
 
 ``trace``: the stamped kernels ``tools/probe_trace.py`` runs (``--only``, ``--sizes``).
 ``decode``: the cluster-decode candidates of ``benchmarks.decode_knobs --only grid``
-(``--grid``).
+(``--grid``). ``kernel``: the CUDA C++ kernels ``tf.compile`` makes of one DSL kernel at given
+sizes (every stage of a staged program), e.g.
+``kernel benchmarks/unlisted_kernels.py:cosine_similarity --size M=8192 --size N=8192
+--size D=1024``.
 ``check``: runs ``benchmarks.hopper_attention.check`` with its inputs on the CPU and every
 launch stopped after its module is built (results are not computed). ``ab``: the sources
 ``benchmarks.hopper_ab`` times, this emitter's and the other's, at B=2, H=16 (GQA 32/8), D=128.
@@ -86,6 +89,25 @@ def precompile_decode(grid: str) -> list:
     return pending
 
 
+def precompile_kernel(spec: str, sizes: list[str]) -> list:
+    """The CUDA C++ sources ``tf.compile(kernel, target="cuda")`` launches at ``sizes``
+    (NAME=INTEGER): here the plans are sized for the H200's and the H100's 132 SMs."""
+    import tensorfuse as tf
+    from tensorfuse.cli import _load_kernel, _sizes
+
+    dims = _sizes(sizes)
+    compiled = tf.compile(_load_kernel(spec), target="cuda")
+    pending = []
+    for stage, kernel in zip(getattr(compiled, "stages", [None]),
+                             getattr(compiled, "kernels", [compiled])):
+        own = dims if stage is None else {n: v for n, v in dims.items()
+                                          if n in stage.program.dim_names()}
+        chosen = kernel.for_sizes({}, **own) if hasattr(kernel, "for_sizes") else kernel
+        if isinstance(chosen, ClusterKernel):   # CUDA C++; Triton kernels build on the GPU
+            pending += [(source, chosen.target) for source in chosen.launches({}, **own).sources]
+    return pending
+
+
 def _inputs_on_cpu() -> None:
     """Tensors the benchmarks make on ``"cuda"`` made on the CPU instead."""
     for name in ("randn", "rand", "randint", "full", "empty", "zeros", "ones", "arange",
@@ -136,7 +158,9 @@ def precompile_ab(other: str | None, only: list[str], sizes: list[int],
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("check", "ab", "trace", "decode"))
+    parser.add_argument("what", choices=("check", "ab", "trace", "decode", "kernel"))
+    parser.add_argument("spec", nargs="?", help="kernel: FILE.py:KERNEL")
+    parser.add_argument("--size", action="append", default=[], help="kernel: NAME=INTEGER")
     parser.add_argument("--grid", default=None, help="decode: benchmarks.decode_knobs's GRID")
     parser.add_argument("--other")
     parser.add_argument("--only", default="full")
@@ -149,6 +173,10 @@ def main(argv=None) -> int:
         from benchmarks.decode_knobs import GRID
 
         pending = precompile_decode(args.grid or GRID)
+    elif args.what == "kernel":
+        if not args.spec:
+            parser.error("kernel needs FILE.py:KERNEL")
+        pending = precompile_kernel(args.spec, args.size)
     elif args.what == "ab" and args.other is None:
         parser.error("ab needs --other OLD_EMITTER.py")
     else:

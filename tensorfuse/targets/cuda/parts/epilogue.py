@@ -288,11 +288,29 @@ def gemm_split_combine(c) -> str:
 
 
 def gemm_store(c) -> str:
-    """The output from the fragments: 4-byte stores, or 64 columns at a time through shared
-    memory and 16-byte stores (``STAGED``)."""
+    """The output from the fragments: its values first, in place of the accumulators, then 4-byte
+    stores, or 64 columns at a time through shared memory and 16-byte stores (``STAGED``)."""
     return f"""      // the epilogue, from the fragments: register 4·jj + 2·x + e holds row r0 + 8·x,
       // column n0 + 8·jj + 2·(lane % 4) + e
       const int r0 = m0 + cw * 64 + warp * 16 + lane / 4;
+      // the output's values in place of the first accumulator, all of them before any store,
+      // at coordinates clamped into the output (what lies past its edge is not stored): with no
+      // store (an asm with a memory clobber) and no bounds check between them, what the
+      // epilogue reads per row or per column is loaded once — a 128 × 256 tile scaled by a row
+      // and a column vector loaded 238 values a thread, each at its use
+      #pragma unroll
+      for (int x = 0; x < 2; ++x) {{
+        const int row = min(r0 + 8 * x, M_ - 1);
+        #pragma unroll
+        for (int jj = 0; jj < BN / 8; ++jj) {{
+          const int r = 4 * jj + 2 * x, c0 = n0 + 8 * jj + 2 * (lane % 4);
+          const int col = min(c0, N_ - 1), col1 = min(c0 + 1, N_ - 1);
+          const float v0 = epilogue_value({c.gate_args("r")}, row, col{c.extra_args});
+          const float v1 = epilogue_value({c.gate_args("r + 1")}, row, col1{c.extra_args});
+          acc[0][r] = v0;
+          acc[0][r + 1] = v1;
+        }}
+      }}
 #if STAGED
       // 64 columns at a time through this warpgroup's 64 × 64 buffer (128-byte rows, swizzled
       // like the operand tiles: conflict-free both ways), then 16-byte coalesced stores; a tile
@@ -302,17 +320,11 @@ def gemm_store(c) -> str:
       for (int a = 0; a < (BN + 63) / 64; ++a) {{
         #pragma unroll
         for (int x = 0; x < 2; ++x) {{
-          const int row = r0 + 8 * x, lr = warp * 16 + lane / 4 + 8 * x;
+          const int lr = warp * 16 + lane / 4 + 8 * x;
           #pragma unroll
           for (int j8 = 0; j8 < 8 && 8 * a + j8 < BN / 8; ++j8) {{
-            const int jj = 8 * a + j8, r = 4 * jj + 2 * x;
-            const int col = n0 + 8 * jj + 2 * (lane % 4);
-            float v0 = 0.0f, v1 = 0.0f;
-            if (row < M_ && col < N_) {{   // the epilogue may read tensors at (row, col)
-              v0 = epilogue_value({c.gate_args("r")}, row, col{c.extra_args});
-              v1 = epilogue_value({c.gate_args("r + 1")}, row, col + 1{c.extra_args});
-            }}
-            out_pair_t v = {c.make_pair.format("v0", "v1")};
+            const int r = 4 * (8 * a + j8) + 2 * x;
+            out_pair_t v = {c.make_pair.format("acc[0][r]", "acc[0][r + 1]")};
             tf_st_smem_b32(buf + lr * 128 + ((j8 ^ (lr % 8)) * 16) + (lane % 4) * 4,
                            *reinterpret_cast<unsigned*>(&v));
           }}
@@ -336,13 +348,8 @@ def gemm_store(c) -> str:
           out_pair_t* dst = (out_pair_t*)out + ((long)row * N_ + n0 + 2 * (lane % 4)) / 2;
           #pragma unroll
           for (int jj = 0; jj < BN / 8; ++jj) {{
-            const int col = n0 + 8 * jj + 2 * (lane % 4);
-            if (col < N_) {{
-              const int r = 4 * jj + 2 * x;
-              const float v0 = epilogue_value({c.gate_args("r")}, row, col{c.extra_args});
-              const float v1 = epilogue_value({c.gate_args("r + 1")}, row, col + 1{c.extra_args});
-              dst[4 * jj] = {c.make_pair.format("v0", "v1")};
-            }}
+            const int col = n0 + 8 * jj + 2 * (lane % 4), r = 4 * jj + 2 * x;
+            if (col < N_) dst[4 * jj] = {c.make_pair.format("acc[0][r]", "acc[0][r + 1]")};
           }}
         }}
       }}
