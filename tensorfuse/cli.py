@@ -116,7 +116,11 @@ def _what_compile_runs(kernel, compiled, sizes: dict, scalars: dict, parts: bool
     if missing:
         raise TensorfuseError(f"{kernel.program.name}: the kernel tf.compile runs is made for "
                               f"given sizes: add --size for {', '.join(missing)}")
-    chosen = compiled.for_sizes(scalars, **sizes) if hasattr(compiled, "for_sizes") else compiled
+    from .api import AutoKernel
+
+    # tf.compile's choice among kernels at these sizes; other callables (a flat sweep over several
+    # reduced axes, a staged program) describe and print their own parts
+    chosen = compiled.for_sizes(scalars, **sizes) if isinstance(compiled, AutoKernel) else compiled
     named = {**sizes, **scalars}
     lines = [f"// {kernel.program.name} on {compiled.target.name}: {chosen.description}",
              f"// knobs: {chosen.schedule_origin(**named)}"]

@@ -118,6 +118,26 @@ def test_show_prints_what_compile_runs_on_hopper_and_its_parts():
     assert proc.returncode == 2 and "add --size for H, M, D, N" in proc.stderr, proc.stderr
 
 
+def test_show_prints_a_chain_reduced_over_two_axes(tmp_path):
+    """A chain over two reduced axes runs as a flat sweep (no template choice per size of its
+    own): ``show --cuda`` describes it and prints its source instead of failing."""
+    path = tmp_path / "norms.py"
+    path.write_text(textwrap.dedent("""
+        import tensorfuse as tf
+        from tensorfuse import dsl as T
+
+        @tf.kernel
+        def frobenius(x: T.Tensor["B", "M", "N", "bf16"]):
+            b, i, j = T.axes("b i j")
+            return T.sqrt(T.sum(x[b, i, j] * x[b, i, j], over=(i, j)))
+    """))
+    proc = show(f"{path}:frobenius", "--target", "cuda:sm_90a", "--cuda", "--size", "B=4",
+                "--size", "M=64", "--size", "N=32")
+    assert proc.returncode == 0, proc.stderr
+    assert "swept as one axis" in proc.stdout.splitlines()[1]
+    assert "@triton.jit" in proc.stdout
+
+
 def test_ctrl_c_outside_a_tuning_batch_exits_130_without_a_traceback(monkeypatch, capsys):
     """A Ctrl-C that lands after the batches (the job timing its defaults and best records, where
     the job's own handler is no longer installed) ends the command as a shell expects."""

@@ -93,6 +93,7 @@ def precompile_kernel(spec: str, sizes: list[str]) -> list:
     """The CUDA C++ sources ``tf.compile(kernel, target="cuda")`` launches at ``sizes``
     (NAME=INTEGER): here the plans are sized for the H200's and the H100's 132 SMs."""
     import tensorfuse as tf
+    from tensorfuse.api import AutoKernel
     from tensorfuse.cli import _load_kernel, _sizes
 
     dims = _sizes(sizes)
@@ -102,7 +103,7 @@ def precompile_kernel(spec: str, sizes: list[str]) -> list:
                              getattr(compiled, "kernels", [compiled])):
         own = dims if stage is None else {n: v for n, v in dims.items()
                                           if n in stage.program.dim_names()}
-        chosen = kernel.for_sizes({}, **own) if hasattr(kernel, "for_sizes") else kernel
+        chosen = kernel.for_sizes({}, **own) if isinstance(kernel, AutoKernel) else kernel
         if isinstance(chosen, ClusterKernel):   # CUDA C++; Triton kernels build on the GPU
             pending += [(source, chosen.target) for source in chosen.launches({}, **own).sources]
     return pending
