@@ -10,11 +10,13 @@ contraction template directly (on sm_90a ``tf.compile`` gives the Hopper GEMM th
 ``tensorfuse`` rows are ``tf.compile``'s choice.
 
     python -m benchmarks.contraction [--out DIR] [--only linear,weight_gradient,...] [--sweep]
-                                     [--pairs]
+                                     [--pairs] [--splits]
 
 ``--sweep``: the template's tiles, warps and stages around its defaults on each case (CSV
 ``…-contraction-knobs.csv``); ``--pairs``: pairwise reductions' tiles (CSV
-``…-contraction-pairs-knobs.csv``).
+``…-contraction-pairs-knobs.csv``); ``--splits``: outputs of few tiles over a long contracted
+axis (a Gram matrix, small layers' weight gradients) split into 1 to 32 parts, against cuBLAS
+(CSV ``…-contraction-splits.csv``).
 """
 from __future__ import annotations
 
@@ -282,6 +284,51 @@ def pairs_sweep(rows: list, only: set | None = None, log=print) -> None:
                 f"({flops / ms / 1e9 / ceiling:.0%} of f32 GEMM)")
 
 
+@tf.kernel
+def transposed_product(a: T.Tensor["R", "M", "bf16"], b: T.Tensor["R", "N", "bf16"]):
+    """``aᵀb`` over the rows ``R``: a Gram matrix (``b`` = ``a``), a weight gradient."""
+    r, i, j = T.axes("r i j")
+    return T.sum(a[r, i] * b[r, j], over=r)
+
+
+# (name, R, M, N): a Gram matrix of 1024 features, a router's (8 experts) and a LoRA adapter's
+# (rank 16) weight gradients over a batch's tokens, a 4096² weight gradient over few tokens
+SPLIT_CASES = (("gram", 65536, 1024, 1024), ("router_gradient", 16384, 8, 4096),
+               ("lora_gradient", 16384, 16, 4096), ("square_gradient", 2048, 4096, 4096))
+SPLITS = (1, 2, 4, 8, 16, 32)
+
+
+def splits_sweep(rows: list, only: set | None = None, log=print) -> None:
+    """:data:`SPLIT_CASES` with the contracted axis in each of :data:`SPLITS` parts and at the
+    template's default, each checked against float64 first, against cuBLAS (``aᵀ @ b``)."""
+    target = get_target("cuda")
+    ceiling = measure_ceilings()["gemm_tflops"]
+    for name, R, M, N in SPLIT_CASES:
+        if only and name not in only:
+            continue
+        a = _randn(R, M)
+        b = a if name == "gram" else _randn(R, N)
+        want = a.double().T @ b.double()
+        flops, shape = 2 * R * M * N, f"R{R} M{M} N{N}"
+        made = {"default": triton_contraction(transposed_product, target)}
+        made.update({f"splits={n}": triton_contraction(transposed_product, target, splits=n)
+                     for n in SPLITS})
+        made[TORCH_EAGER] = lambda a, b: a.T @ b
+        for label, kernel_ in made.items():
+            found = _checked_time(functools.partial(kernel_, a, b), lambda out: out, want,
+                                  TOLERANCE, f"{name} {label}", log)
+            if found is None:
+                continue
+            ms, error = found
+            rate = flops / ms / 1e9
+            note = f"err {error:.1e}"
+            if label == "default":
+                note += "; " + kernel_.schedule_origin(R=R, M=M, N=N)
+            rows.append(Row(f"contraction_splits/{name}", shape, label, ms, rate, 0.0,
+                            rate / ceiling, note))
+            log(f"{name:16s} {label:12s} {ms:.4f} ms {rate:6.0f} TFLOP/s")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
@@ -290,9 +337,13 @@ def main(argv=None) -> int:
                         help="the template's knobs around its defaults, per case")
     parser.add_argument("--pairs", action="store_true",
                         help="pairwise reductions' tiles around their defaults")
+    parser.add_argument("--splits", action="store_true",
+                        help="outputs of few tiles, the contracted axis split into parts")
     args = parser.parse_args(argv)
     only = {n for n in args.only.split(",") if n} or None
-    if args.pairs:
+    if args.splits:
+        run_and_write(lambda rows: splits_sweep(rows, only), args.out, "contraction-splits")
+    elif args.pairs:
         run_and_write(lambda rows: pairs_sweep(rows, only), args.out, "contraction-pairs-knobs")
     elif args.sweep:
         run_and_write(lambda rows: sweep(rows, only), args.out, "contraction-knobs")

@@ -316,6 +316,10 @@ SECTIONS = (
      "cuBLAS's f32 GEMM on the CUDA cores (75 % the instructions' limit); every candidate "
      "checked against float64; `default`: the template's own choice, `tf.compile`: its pick",
      "python -m benchmarks.contraction --pairs"),
+    ("contraction-splits", "Outputs of few tiles: the contracted axis split into parts",
+     "bf16 ``aᵀb`` over R rows; TFLOP/s and the fraction of cuBLAS's 8192³ rate; every "
+     "candidate checked against float64; `default`: the template's own choice, "
+     "`torch_eager`: cuBLAS", "python -m benchmarks.contraction --splits"),
     ("gemm-ffn", "FFN blocks (two Hopper GEMMs, the activation fused)",
      "bf16, K=4096, N=14336, O=4096", "python -m benchmarks.gemm --ffn"),
     ("rows", "Row reductions", "bf16; GB/s of the bytes each kernel must move",

@@ -5,7 +5,8 @@ distances between point sets, a Gaussian kernel's sum over one and nearest neigh
 L2-normalised, a router's softmax over 8 experts, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors and with
 transformers' additive float mask, an LM head's
-softmax — through ``tf.compile`` defaults against the best torch alternative in the same
+softmax, a Gram matrix and a router's weight gradient (outputs of few tiles over a long
+contracted axis) — through ``tf.compile`` defaults against the best torch alternative in the same
 process, each checked against a float64 reference first (the harness of
 :mod:`benchmarks.user_kernels`).
 
@@ -177,6 +178,22 @@ def lm_head_softmax(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["N", "K", "bf16"]
     m = T.max(s, over=j)
     p = T.exp(s - m)
     return p / T.sum(p, over=j)
+
+
+@tf.kernel
+def gram_matrix(x: T.Tensor["N", "D", "bf16"]):
+    """``xᵀx`` of a batch of embeddings (a covariance, Shampoo's statistics): few output tiles
+    over a long contracted axis."""
+    n, i, j = T.axes("n i j")
+    return T.sum(x[n, i] * x[n, j], over=n)
+
+
+@tf.kernel
+def router_weight_gradient(dlogits: T.Tensor["T", "E", "bf16"], x: T.Tensor["T", "D", "bf16"]):
+    """A mixture of experts' router weight gradient, ``dlogitsᵀ x`` over every token of a
+    batch: 8 rows of output."""
+    t, e, d = T.axes("t e d")
+    return T.sum(dlogits[t, e] * x[t, d], over=t)
 
 
 def _batch_norm_stats_case(generator, B=32, C=256, H=56, W=56) -> Case:
@@ -442,6 +459,32 @@ def _lm_head_case(generator, M=4096, K=4096, N=32000) -> Case:
                 flops=2 * M * K * N, notes={TENSORFUSE: f.schedule_origin(M=M, K=K, N=N)})
 
 
+def _gram_case(generator, N=65536, D=1024) -> Case:
+    x = torch.randn(N, D, generator=generator).to("cuda", torch.bfloat16)
+
+    def eager(a):
+        return a.T @ a
+    f, compiled = Recorded(gram_matrix), torch.compile(eager)
+    rows = torch.arange(0, D, 37)
+    return Case("gram_matrix", f"N{N} D{D}", lambda: f(x),
+                {TORCH_COMPILE: lambda: compiled(x), TORCH_EAGER: lambda: eager(x)},
+                x[:, rows].double().T @ x.double(), lambda out: out[rows],
+                flops=2 * N * D * D, notes={TENSORFUSE: f.schedule_origin(N=N, D=D)})
+
+
+def _router_gradient_case(generator, T_=16384, E=8, D=4096) -> Case:
+    g = torch.randn(T_, E, generator=generator).to("cuda", torch.bfloat16)
+    x = torch.randn(T_, D, generator=generator).to("cuda", torch.bfloat16)
+
+    def eager(a, b):
+        return a.T @ b
+    f, compiled = Recorded(router_weight_gradient), torch.compile(eager)
+    return Case("router_weight_gradient", f"T{T_} E{E} D{D}", lambda: f(g, x),
+                {TORCH_COMPILE: lambda: compiled(g, x), TORCH_EAGER: lambda: eager(g, x)},
+                g.double().T @ x.double(), lambda out: out, bytes=(T_ * (E + D) + E * D) * 2,
+                notes={TENSORFUSE: f.schedule_origin(T=T_, E=E, D=D)})
+
+
 UNLISTED = {
     "batch_norm_stats_nchw": _batch_norm_stats_case,
     "max_pool_2x2": _max_pool_case,
@@ -460,6 +503,8 @@ UNLISTED = {
     "biased_attention_bshd": _biased_attention_case,
     "float_masked_attention": _float_mask_case,
     "lm_head_softmax": _lm_head_case,
+    "gram_matrix": _gram_case,
+    "router_weight_gradient": _router_gradient_case,
 }
 
 if __name__ == "__main__":

@@ -27,7 +27,10 @@ class ContractionKnobs:
     """Output tiles of ``block_m × block_n`` over blocks of ``block_k`` contracted indices,
     ``num_warps`` warps, ``num_stages`` blocks of loads in flight (Triton's pipeliner), tiles
     visited in groups of ``group_m`` row blocks; ``stage_sides``: computed sides stored once
-    before the tiles (1) or computed in every tile that reads them (0)."""
+    before the tiles (1) or computed in every tile that reads them (0); ``splits``: the
+    contracted axis split into this many parts, a program each per tile, their f32 tiles added
+    by a second kernel in the parts' order (deterministic) — for outputs of too few tiles to
+    fill the GPU (a Gram matrix, a small layer's weight gradient)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -36,11 +39,14 @@ class ContractionKnobs:
     num_stages: int = 3
     group_m: int = 8
     stage_sides: int = 0
+    splits: int = 1
 
     def __str__(self) -> str:
         return (f"block_m={self.block_m}, block_n={self.block_n}, block_k={self.block_k}, "
                 f"warps={self.num_warps}, stages={self.num_stages}, group_m={self.group_m}"
-                + (", computed sides staged" if self.stage_sides else ""))
+                + (", computed sides staged" if self.stage_sides else "")
+                + (f", split along the contracted axis in {self.splits}" if self.splits > 1
+                   else ""))
 
 
 def _pow2_at_least(n: int, low: int) -> int:
@@ -119,13 +125,50 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict, target: Target
     room = shared_room(target)
     for stages in range(knobs.num_stages, 1, -1):
         if shared_bytes(plan, replace(knobs, num_stages=stages)) <= room:
-            return replace(knobs, num_stages=stages)
-    knobs = replace(knobs, num_stages=2)   # then narrower blocks of k, then of columns
-    while shared_bytes(plan, knobs) > room and knobs.block_k > 16:
-        knobs = replace(knobs, block_k=knobs.block_k // 2)
-    while shared_bytes(plan, knobs) > room and knobs.block_n > 16:
-        knobs = replace(knobs, block_n=knobs.block_n // 2)
-    return knobs
+            knobs = replace(knobs, num_stages=stages)
+            break
+    else:
+        knobs = replace(knobs, num_stages=2)   # then narrower blocks of k, then of columns
+        while shared_bytes(plan, knobs) > room and knobs.block_k > 16:
+            knobs = replace(knobs, block_k=knobs.block_k // 2)
+        while shared_bytes(plan, knobs) > room and knobs.block_n > 16:
+            knobs = replace(knobs, block_n=knobs.block_n // 2)
+    return replace(knobs, splits=default_splits(plan, knobs, sizes))
+
+
+# A part of a split contraction sums at least this many blocks of the contracted axis: its tile
+# is stored and read back once (32-64 KB a tile), against that many blocks of operands loaded
+MIN_PART_BLOCKS = 8
+MAX_SPLITS = 16
+
+
+def splittable(plan: ContractionPlan) -> bool:
+    """Whether the contracted axis can be split: sums on the tensor cores alone (pairwise
+    reductions and reductions over the columns finish inside one program)."""
+    return bool(plan.products) and not plan.pairwise and not plan.over_columns
+
+
+def default_splits(plan: ContractionPlan, knobs: ContractionKnobs, sizes: dict) -> int:
+    """Parts of the contracted axis: 1 where the tiles (and batch indices) give half the SMs a
+    program or more; else about a program per SM, each part :data:`MIN_PART_BLOCKS` blocks
+    deep at least. On the H200 (``python -m benchmarks.contraction --splits``) this picked the
+    fastest of 1–32 parts each time: a Gram matrix of 1024 columns over 65536 rows (32 tiles)
+    0.593 ms unsplit → 0.198 in 4 parts (cuBLAS 0.189), 8 and 16 rows of a weight gradient
+    over 16384 tokens (16 tiles) 0.147 → 0.050 in 8 (cuBLAS 0.046); a 4096² gradient over 2048
+    tokens (512 tiles) is not split, and 2 parts took it from 0.103 to 0.188 ms."""
+    if not splittable(plan):
+        return 1
+    rows, cols = (int(plan.extent(a, sizes)) for a in (plan.rows, plan.cols))
+    depth = 1
+    for axis in plan.ks:
+        depth *= int(plan.extent(axis, sizes))
+    programs = -(-rows // knobs.block_m) * -(-cols // knobs.block_n)
+    for axis in plan.batch:
+        programs *= int(plan.extent(axis, sizes))
+    if 2 * programs > SMS:
+        return 1
+    blocks = -(-depth // knobs.block_k)
+    return max(1, min(round(SMS / programs), blocks // MIN_PART_BLOCKS, MAX_SPLITS))
 
 
 # Pairwise reductions alone: blocks of 4 contracted indices, 2 stages; 128 × 128 pairs a tile on
@@ -192,13 +235,17 @@ def contraction_choices(plan: ContractionPlan, sizes: dict, target: TargetSpec) 
                 "block_n": upto(cols, (32, 64, 128), defaults.block_n),
                 "block_k": (2, 4, 8), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3),
                 "group_m": (4, 8, 16), "stage_sides": (0,)}
+    splits = (defaults.splits,) if defaults.splits == 1 else \
+        tuple(sorted({max(2, defaults.splits // 2), defaults.splits,
+                      min(MAX_SPLITS * 2, defaults.splits * 2)}))
     return {"block_m": upto(rows, (64, 128, 256), defaults.block_m),
             "block_n": upto(cols, (64, 128, 256), defaults.block_n),
             "block_k": tuple(sorted({32, 64, defaults.block_k})),
             "num_warps": tuple(sorted({4, 8, defaults.num_warps})),
             "num_stages": tuple(sorted({2, 3, 4, defaults.num_stages})),
             "group_m": (4, 8, 16),
-            "stage_sides": (0, 1) if plan.staging is not None else (0,)}
+            "stage_sides": (0, 1) if plan.staging is not None else (0,),
+            "splits": splits}
 
 
 def check_contraction(plan: ContractionPlan, knobs: ContractionKnobs, target: TargetSpec) -> None:
@@ -213,6 +260,12 @@ def check_contraction(plan: ContractionPlan, knobs: ContractionKnobs, target: Ta
     if not plan.products and knobs.block_k > 16:
         raise TargetError(f"block_k={knobs.block_k}: pairwise reductions take blocks of at "
                           "most 16 indices (each index of a block is unrolled)")
+    if not 1 <= knobs.splits <= 64:
+        raise TargetError(f"splits={knobs.splits}: the contracted axis splits into 1 to 64 parts")
+    if knobs.splits > 1 and not splittable(plan):
+        raise TargetError(f"splits={knobs.splits}: only sums on the tensor cores split along the "
+                          "contracted axis (pairwise reductions and reductions over the columns "
+                          "finish in one program)")
     if knobs.stage_sides not in (0, 1):
         raise TargetError(f"stage_sides={knobs.stage_sides}: 0 or 1")
     if knobs.stage_sides and plan.staging is None:

@@ -118,6 +118,14 @@ def _matmul_f32(g, M=20, K=33, N=18):
 # the gated gradient's computed side in every tile that reads it (its default at these sizes:
 # stored once before the tiles, ``ContractionKnobs.stage_sides``)
 IN_TILES = types.SimpleNamespace(program=gated_gradient.program, knobs=dict(stage_sides=0))
+
+
+def split(kernel, parts: int) -> types.SimpleNamespace:
+    """``kernel`` with its contracted axis split into ``parts`` (``ContractionKnobs.splits``;
+    with the interpreter's blocks of 16, the last part ragged or empty)."""
+    return types.SimpleNamespace(program=kernel.program, knobs=dict(splits=parts))
+
+
 CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate),
          "weight_gradient": (weight_gradient, _weight_gradient),
          "gated_gradient": (gated_gradient, _gated_gradient),
@@ -126,7 +134,12 @@ CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate)
          "gathered_linear": (gathered_linear, _gathered_linear),
          "scores_bshd": (scores_bshd, _scores_bshd),
          "scaled_linear": (scaled_linear, _scaled_linear),
-         "matmul_f32": (matmul_f32, _matmul_f32)}
+         "matmul_f32": (matmul_f32, _matmul_f32),
+         "weight_gradient_split": (split(weight_gradient, 3), _weight_gradient),
+         "swiglu_gate_split": (split(swiglu_gate, 4), _swiglu_gate),
+         "scaled_linear_split": (split(scaled_linear, 2), _scaled_linear),
+         "gathered_linear_split": (split(gathered_linear, 2), _gathered_linear),
+         "matmul_f32_split": (split(matmul_f32, 2), _matmul_f32)}
 # relative to the output's largest magnitude, the project's bf16 tolerance: bf16 outputs round at
 # 2⁻⁹ — under Triton's interpreter, which truncates f32 to bf16 instead of rounding to nearest
 # (1.0049 becomes 1.0, not 1.0078) and multiplies in f32, up to 2⁻⁸ (measured 0.003–0.006); f32
@@ -138,7 +151,9 @@ TOLERANCE = {"linear": BF16_INTERPRETED, "swiglu_gate": BF16_INTERPRETED,
              "gated_gradient_in_tiles": BF16_INTERPRETED,
              "token_weight_gradient": BF16_INTERPRETED, "gathered_linear": BF16_INTERPRETED,
              "scores_bshd": BF16_INTERPRETED, "scaled_linear": BF16_INTERPRETED,
-             "matmul_f32": 1e-5}
+             "matmul_f32": 1e-5, "weight_gradient_split": BF16_INTERPRETED,
+             "swiglu_gate_split": BF16_INTERPRETED, "scaled_linear_split": BF16_INTERPRETED,
+             "gathered_linear_split": BF16_INTERPRETED, "matmul_f32_split": 1e-5}
 
 
 def swiglu_backward_case(g, M=40, K=24, N=56, O=20):

@@ -7,6 +7,7 @@ import pytest
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
+from benchmarks import unlisted_kernels as unlisted
 from tensorfuse import dsl as T
 from tensorfuse.autograd import grad
 from tensorfuse.errors import NoTemplateWarning, ScheduleError, TargetError
@@ -219,6 +220,36 @@ def test_knobs_fit_the_gpu_and_bad_knobs_are_refused():
         check_contraction(plan, ContractionKnobs(block_n=256, num_stages=6), HOPPER)
     with pytest.raises(ScheduleError, match="no knob"):
         triton_contraction(K.matmul, HOPPER, tile=3)
+
+
+def test_outputs_of_few_tiles_split_the_contracted_axis():
+    """Too few tiles for half the SMs split the contracted axis into about a program per SM
+    (a Gram matrix of 1024 columns over 65536 rows: 32 tiles in 4 parts; 8 experts' gradient
+    over 8192 tokens: 16 tiles in 8), each part 8 blocks deep at least; many tiles, a short
+    contracted axis and pairwise reductions (which finish in one program) are not split, and
+    asking them to be is refused; both kernels of a split compile for sm_90a."""
+    gram, router_gradient, manhattan = (unlisted.gram_matrix, unlisted.router_weight_gradient,
+                                        unlisted.manhattan_distances)
+    knobs = default_contraction_knobs(plan_contraction(gram.program), dict(N=65536, D=1024),
+                                      HOPPER)
+    assert (knobs.block_m, knobs.block_n, knobs.splits) == (128, 256, 4)
+    knobs = default_contraction_knobs(plan_contraction(router_gradient.program),
+                                      dict(T=8192, E=8, D=4096), HOPPER)
+    assert (knobs.block_m, knobs.splits) == (16, 8)
+    for kernel, sizes in ((gram, dict(N=256, D=1024)), (K.linear, dict(M=4096, K=4096, N=4096)),
+                          (manhattan, dict(M=64, N=64, D=65536))):
+        assert default_contraction_knobs(plan_contraction(kernel.program), sizes,
+                                         HOPPER).splits == 1, kernel.name
+    with pytest.raises(TargetError, match="only sums on the tensor cores split"):
+        check_contraction(plan_contraction(manhattan.program),
+                          ContractionKnobs(block_k=4, splits=2), HOPPER)
+    with pytest.raises(TargetError, match="1 to 64 parts"):
+        check_contraction(plan_contraction(gram.program), ContractionKnobs(splits=0), HOPPER)
+    made = triton_contraction(gram, HOPPER)
+    assert "split along the contracted axis in 4" in made.schedule_origin(N=65536, D=1024)
+    source = made.source(N=65536, D=1024)
+    assert "def gram_matrix_gemm_tiles_combine(" in source and "partials" in source
+    assert "wgmma.mma_async" in made.ptx(N=65536, D=1024)
 
 
 def test_tf_compile_gives_gemms_tensor_core_tiles_on_every_gpu():

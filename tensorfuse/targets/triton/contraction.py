@@ -83,11 +83,36 @@ def grid_of(plan, knobs, sizes: dict) -> tuple[int, int]:
     return -(-rows // knobs.block_m) * tiles, _extent_of(plan, plan.batch, sizes)
 
 
-def kernel_arguments(program: Program, sizes: dict) -> list[str]:
+def kernel_arguments(program: Program, sizes: dict, extra: tuple = ()) -> list[str]:
     """The kernel's arguments in order: the program's parameters, one pointer per output
-    (``out_<name>``), and the sizes written as arguments."""
+    (``out_<name>``), ``extra`` pointers (:data:`PARTIALS`), and the sizes written as
+    arguments."""
     return [p.name for p in program.params] + [f"out_{c.name}" for c in program.outputs] + \
-        size_arguments(sizes)
+        list(extra) + size_arguments(sizes)
+
+
+# The f32 partial tiles of a contraction split along its contracted axis (``knobs.splits`` > 1):
+# every part's tile of every sum, in the order the combine kernel adds them
+PARTIALS = "partials"
+
+
+def split_arguments(knobs) -> tuple[str, ...]:
+    """The pointers a launch with ``knobs`` takes besides the program's: the partial tiles
+    where the contracted axis is split."""
+    return (PARTIALS,) if knobs.splits > 1 else ()
+
+
+def partial_floats(plan, knobs, sizes: dict) -> int:
+    """The f32 values of the partial tiles at ``sizes``: a padded tile per sum, part, output tile
+    and batch index."""
+    tiles, batch = grid_of(plan, knobs, sizes)
+    return len(plan.products) * knobs.splits * tiles * batch * knobs.block_m * knobs.block_n
+
+
+def combine_name(name: str) -> str:
+    """The name of the kernel that adds the parts of the tiles ``name`` (split along the
+    contracted axis) and computes the outputs."""
+    return f"{name}_combine"
 
 
 def stage_name(name: str, k: int) -> str:
@@ -102,11 +127,15 @@ def contraction_source(plan, knobs, name: str, sizes: dict,
     (:class:`~tensorfuse.schedule_templates.contraction.ContractionKnobs`): the tiles' kernel
     ``name``, after a kernel per side the plan stages (:func:`stage_name`), all taking the
     same arguments."""
-    args = kernel_arguments(plan.program, sizes)
+    args = kernel_arguments(plan.program, sizes, split_arguments(knobs))
     functions = [(stage_name(name, k), args, _stage_lines(plan, staged, knobs, sizes,
                                                           interpreter))
                  for k, staged in enumerate(plan.staged)]
-    functions.append((name, args, _tile_lines(plan, knobs, sizes, interpreter)))
+    if knobs.splits > 1:
+        functions += [(name, args, _part_lines(plan, knobs, sizes, interpreter)),
+                      (combine_name(name), args, _combine_lines(plan, knobs, sizes, interpreter))]
+    else:
+        functions.append((name, args, _tile_lines(plan, knobs, sizes, interpreter)))
     return assemble_source(functions), args
 
 
@@ -152,6 +181,15 @@ def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     if plan.over_columns:
         return _row_block_lines(plan, knobs, sizes, interpreter)
     w, M, N, as_index = _kernel_start(plan, sizes, interpreter)
+    _tile_position(knobs, w, M, N, as_index)
+    batch = _batch_digits(plan, w, sizes)
+    refs, out_ctx, bounds = _contracted(plan, knobs, w, sizes, interpreter, batch)
+    _store_outputs(plan, w, refs, out_ctx, bounds, sizes)
+    return w.lines
+
+
+def _tile_position(knobs, w, M, N, as_index: str) -> None:
+    """``offs_m``, ``offs_n`` of the tile ``pid``: tiles in groups of ``group_m`` row blocks."""
     w(f"blocks_m = tl.cdiv({M}, BLOCK_M)")
     w(f"blocks_n = tl.cdiv({N}, BLOCK_N)")
     w(f"in_group = {knobs.group_m} * blocks_n   # tiles of a group of {knobs.group_m} row blocks")
@@ -161,8 +199,10 @@ def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     w("pid_n = (pid % in_group) // group_rows")
     w(f"offs_m = pid_m{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
     w(f"offs_n = pid_n{as_index} * BLOCK_N + tl.arange(0, BLOCK_N)")
-    batch = _batch_digits(plan, w, sizes)
-    refs, out_ctx, bounds = _contracted(plan, knobs, w, sizes, interpreter, batch)
+
+
+def _store_outputs(plan, w, refs: dict, out_ctx, bounds: dict, sizes: dict) -> None:
+    """Every output of the tile, computed on the sums (``refs``) and stored."""
     for c in plan.outputs:
         value = refs[c.name] if c.name in refs else to_triton(inline_elementwise(c.bodies[0]),
                                                               out_ctx)
@@ -171,6 +211,50 @@ def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
                            if ragged)
         w(f"tl.store(out_{c.name} + ({offsets}), tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))"
           f".to({TL_DTYPES[c.dtypes[0]]}){', mask=' + masks if masks else ''})")
+
+
+def _part_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
+    """A contraction split along its contracted axis: program ``part · tiles + tile`` sums the
+    tile's ``part``-th range of the contracted indices (whole blocks of them) and stores its
+    accumulators, padded tiles, into :data:`PARTIALS`; :func:`_combine_lines` finishes."""
+    w, M, N, as_index = _kernel_start(plan, sizes, interpreter)
+    K = _extent_of(plan, plan.ks, sizes)
+    w(f"tiles = tl.cdiv({M}, BLOCK_M) * tl.cdiv({N}, BLOCK_N)")
+    w("part = pid // tiles")
+    w("pid = pid % tiles")
+    _tile_position(knobs, w, M, N, as_index)
+    batch = _batch_digits(plan, w, sizes)
+    w(f"k_part = tl.cdiv(tl.cdiv({K}, {knobs.splits}), BLOCK_K) * BLOCK_K")
+    w("k_begin = part * k_part")
+    w(f"k_end = tl.minimum(k_begin + k_part, {K})")
+    _contracted(plan, knobs, w, sizes, interpreter, batch, ("k_begin", "k_end"))
+    w("tile_at = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
+    for k, _ in enumerate(plan.products):
+        w(f"slot = (((pid_b * {len(plan.products)} + {k}) * {knobs.splits} + part) * tiles + "
+          "pid).to(tl.int64)")
+        w(f"tl.store({PARTIALS} + slot * (BLOCK_M * BLOCK_N) + tile_at, acc_{k})")
+    return w.lines
+
+
+def _combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
+    """The tile ``pid`` of a split contraction: its parts' accumulators added in the parts'
+    order (the same sums whichever part finished last), then the outputs as one program's tile
+    (:func:`_tile_lines`)."""
+    w, M, N, as_index = _kernel_start(plan, sizes, interpreter)
+    w(f"tiles = tl.cdiv({M}, BLOCK_M) * tl.cdiv({N}, BLOCK_N)")
+    _tile_position(knobs, w, M, N, as_index)
+    batch = _batch_digits(plan, w, sizes)
+    w("tile_at = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
+    for k, _ in enumerate(plan.products):
+        w(f"acc_{k} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+        w(f"first = ((pid_b * {len(plan.products)} + {k}) * {knobs.splits}) * tiles + pid")
+        w.sweep("part", "0", str(knobs.splits), "1")
+        with w.block():
+            w(f"acc_{k} += tl.load({PARTIALS} + (first + part * tiles).to(tl.int64) * "
+              "(BLOCK_M * BLOCK_N) + tile_at)")
+    bounds = _tile_bounds(plan, knobs, sizes)[0]
+    refs, out_ctx = _finished(plan, w, sizes, interpreter, batch, bounds, {})
+    _store_outputs(plan, w, refs, out_ctx, bounds, sizes)
     return w.lines
 
 
@@ -194,24 +278,50 @@ def _batch_digits(plan, w, sizes: dict) -> dict:
     return batch
 
 
-def _contracted(plan, knobs, w, sizes: dict, interpreter: bool, batch: dict) -> tuple:
+def _tile_bounds(plan, knobs, sizes: dict) -> tuple[dict, bool]:
+    """``({rows and columns uid: (ragged, their bound)}, whether the contracted axis is ragged)``:
+    bounds only where a size is not a multiple of its block (Triton's loads are then
+    unpredicated and vectorised; with a size as an argument, which it is is a guard)."""
+    M, N = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
+    K = _extent_of(plan, plan.ks, sizes)
+    ragged_m, ragged_n, ragged_k = (size % block != 0 for size, block in (
+        (M, knobs.block_m), (N, knobs.block_n), (K, knobs.block_k)))
+    return {plan.rows.uid: (ragged_m, f"(offs_m[:, None] < {M})"),
+            plan.cols.uid: (ragged_n, f"(offs_n[None, :] < {N})")}, ragged_k
+
+
+def _finished(plan, w, sizes: dict, interpreter: bool, batch: dict, bounds: dict,
+              memo: dict) -> tuple:
+    """``(compute name → its accumulator, the context of the tile's outputs)`` once the sums
+    are whole, their factors of no contracted axis applied."""
+    refs = {p.name: f"acc_{k}" for k, p in enumerate(plan.products)}
+    refs.update({p.name: f"pair_{k}" for k, p in enumerate(plan.pairwise)})
+    out_ctx = TileContext({**batch, plan.rows.uid: "offs_m[:, None]",
+                           plan.cols.uid: "offs_n[None, :]"}, _bounds(bounds), refs=refs,
+                          sizes=sizes, emit=w, memo=memo, interpreter=interpreter)
+    for k, product in enumerate(plan.products):   # factors of no contracted axis, applied once
+        if product.outer is not None:
+            w(f"acc_{k} = acc_{k} * {to_triton(product.outer, out_ctx)}")
+    return refs, out_ctx
+
+
+def _contracted(plan, knobs, w, sizes: dict, interpreter: bool, batch: dict,
+                k_range: tuple | None = None) -> tuple:
     """The ``[BLOCK_M, BLOCK_N]`` tile of every sum at ``offs_m`` × ``offs_n``, over the whole
     contracted axis: ``(compute name → its accumulator, the context of the tile's outputs, axis
-    uid → (ragged, bound) of the rows and the columns)``."""
-    M, N = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
+    uid → (ragged, bound) of the rows and the columns)``. ``k_range``: (first, end) of the
+    contracted indices instead (a part of a split contraction: its sums are not finished)."""
     K = _extent_of(plan, plan.ks, sizes)
     as_index = ".to(tl.int64)" if needs_wide_offsets(plan.program, sizes) else ""
     for k, _ in enumerate(plan.products):
         w(f"acc_{k} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
     for k, pair in enumerate(plan.pairwise):
         w(f"pair_{k} = tl.full([BLOCK_M, BLOCK_N], {_IDENTITY[pair.monoid]}, tl.float32)")
-    # bounds only where a size is not a multiple of its block (Triton's loads are then
-    # unpredicated and vectorised; with a size as an argument, which it is is a guard)
+    tile_bounds, ragged_k = _tile_bounds(plan, knobs, sizes)
+    (ragged_m, rows_ok), (ragged_n, cols_ok) = (tile_bounds[a.uid] for a in (plan.rows,
+                                                                            plan.cols))
     rows_at, cols_at = "offs_m[:, None]", "offs_n[None, :]"
-    rows_ok, cols_ok = f"({rows_at} < {M})", f"({cols_at} < {N})"
-    ragged_m, ragged_n, ragged_k = (size % block != 0 for size, block in (
-        (M, knobs.block_m), (N, knobs.block_n), (K, knobs.block_k)))
-    w.sweep("k0", "0", str(K), "BLOCK_K")
+    w.sweep("k0", *(k_range or ("0", str(K))), "BLOCK_K")
     loop_memo: dict = {}
     with w.block():
         w(f"offs_k = (k0 + tl.arange(0, BLOCK_K)){as_index}")
@@ -241,17 +351,11 @@ def _contracted(plan, knobs, w, sizes: dict, interpreter: bool, batch: dict) -> 
         bounds = {plan.rows.uid: (ragged_m, rows_ok), plan.cols.uid: (ragged_n, cols_ok),
                   **{a.uid: (ragged_k, f"(offs_k[None, :] < {K})") for a in plan.ks}}
         _pairs(plan, knobs, w, batch, bounds, base, K)
-    refs = {p.name: f"acc_{k}" for k, p in enumerate(plan.products)}
-    refs.update({p.name: f"pair_{k}" for k, p in enumerate(plan.pairwise)})
-    out_ctx = TileContext({**batch, plan.rows.uid: rows_at, plan.cols.uid: cols_at},
-                          _bounds({plan.rows.uid: (ragged_m, rows_ok),
-                                   plan.cols.uid: (ragged_n, cols_ok)}), refs=refs,
-                          sizes=sizes, emit=w, memo=fresh_memo(loop_memo),
-                          interpreter=interpreter)
-    for k, product in enumerate(plan.products):   # factors of no contracted axis, applied once
-        if product.outer is not None:
-            w(f"acc_{k} = acc_{k} * {to_triton(product.outer, out_ctx)}")
-    return refs, out_ctx, {plan.rows.uid: (ragged_m, rows_ok), plan.cols.uid: (ragged_n, cols_ok)}
+    if k_range is not None:
+        return None
+    refs, out_ctx = _finished(plan, w, sizes, interpreter, batch, tile_bounds,
+                              fresh_memo(loop_memo))
+    return refs, out_ctx, tile_bounds
 
 
 def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:

@@ -8,7 +8,8 @@ from ...errors import ScheduleError, TargetError
 from ...interop import deliver, torch_arguments, torch_dtype
 from ..signature_call import call_layout, fast_call_applies, try_fast_call
 from ...torch_graph import GraphCallable
-from .contraction import contraction_source, grid_of, stage_grid, stage_name
+from .contraction import (PARTIALS, combine_name, contraction_source, grid_of, partial_floats,
+                          split_arguments, stage_grid, stage_name)
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
 from .launcher import FastCall, Launches, Step
 from .size_builds import SizeBuilds, size_values, with_size_arguments
@@ -108,8 +109,9 @@ class ContractionKernel(GraphCallable):
         """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm)."""
         dims, _ = split_scalars(self.program, dims)
         knobs, made = self.build(**dims)
-        sig, divisible = with_size_arguments(
-            signature(self.plan.for_knobs(knobs).program, self.outputs, []), dims, made.args)
+        sig = signature(self.plan.for_knobs(knobs).program, self.outputs, [])
+        sig.update(dict.fromkeys(split_arguments(knobs), "*fp32"))   # before the sizes, as
+        sig, divisible = with_size_arguments(sig, dims, made.args)   # the kernel takes them
         return compile_for(made.fn, sig, _meta(knobs), self.target, knobs.num_warps,
                            knobs.num_stages, divisible)
 
@@ -119,18 +121,25 @@ class ContractionKernel(GraphCallable):
     def _launch_for(self, dims: dict) -> tuple[Launches, list]:
         """The launches at these sizes, and the tensors its staged sides are stored in
         (name, shape, dtype), made once per sizes."""
+        import torch
+
         key = tuple(sorted(dims.items()))
         if key not in self._launches:
             knobs, made = self.build(**dims)
             plan = self.plan.for_knobs(knobs)
             pointers = {p.name for p in plan.program.tensor_params} | {
-                f"out_{c.name}" for c in self.outputs}
+                f"out_{c.name}" for c in self.outputs} | set(split_arguments(knobs))
             steps = [Step(load_kernel(made.source, stage_name(self._name, k)),
                           stage_grid(plan, staged, knobs, dims), made.args, pointers)
                      for k, staged in enumerate(plan.staged)]
-            steps.append(Step(made.fn, grid_of(plan, knobs, dims), made.args, pointers))
+            tiles, batch = grid_of(plan, knobs, dims)
+            steps.append(Step(made.fn, (tiles * knobs.splits, batch), made.args, pointers))
             stored = [(s.param.name, [plan.extent(a, dims) for a in s.axes],
                        torch_dtype(s.param.dtype)) for s in plan.staged]
+            if knobs.splits > 1:   # the parts' tiles, added by a second kernel
+                steps.append(Step(load_kernel(made.source, combine_name(self._name)),
+                                  (tiles, batch), made.args, pointers))
+                stored.append((PARTIALS, [partial_floats(plan, knobs, dims)], torch.float32))
             self._launches[key] = (Launches(steps, _meta(knobs), knobs.num_warps,
                                             knobs.num_stages), stored)
         return self._launches[key]
