@@ -291,11 +291,47 @@ def transposed_product(a: T.Tensor["R", "M", "bf16"], b: T.Tensor["R", "N", "bf1
     return T.sum(a[r, i] * b[r, j], over=r)
 
 
+@tf.kernel
+def bilinear_form(x: T.Tensor["B", "I", "bf16"], W: T.Tensor["I", "J", "bf16"],
+                  y: T.Tensor["B", "J", "bf16"]):
+    """``xᵀ W y`` per batch row: a GEMM whose columns are then summed against ``y``."""
+    b, i, j = T.axes("b i j")
+    return T.sum(T.sum(x[b, i] * W[i, j], over=i) * y[b, j], over=j)
+
+
+@tf.kernel
+def best_match(x: T.Tensor["M", "D", "bf16"], y: T.Tensor["N", "D", "bf16"]):
+    """Each row's highest inner product over a set (retrieval's best score): a GEMM's row
+    maxima."""
+    i, j, d = T.axes("i j d")
+    return T.max(T.sum(x[i, d] * y[j, d], over=d), over=j)
+
+
 # (name, R, M, N): a Gram matrix of 1024 features, a router's (8 experts) and a LoRA adapter's
 # (rank 16) weight gradients over a batch's tokens, a 4096² weight gradient over few tokens
 SPLIT_CASES = (("gram", 65536, 1024, 1024), ("router_gradient", 16384, 8, 4096),
                ("lora_gradient", 16384, 16, 4096), ("square_gradient", 2048, 4096, 4096))
 SPLITS = (1, 2, 4, 8, 16, 32)
+
+
+# (name, kernel, sizes, inputs, float64 reference, torch): reductions over a GEMM's columns —
+# a bilinear form per row (a GEMM's 4096 rows in blocks of 16 had left the tensor cores idle:
+# 0.27× torch.compile), each row's best match over a set of embeddings
+def _row_reduced_cases():
+    x, W, y = _randn(4096, 4096), _randn(4096, 4096, scale=0.02), _randn(4096, 4096)
+    yield ("bilinear_form", bilinear_form, dict(B=4096, I=4096, J=4096), (x, W, y),
+           lambda: ((x.double() @ W.double()) * y.double()).sum(-1),
+           lambda x, W, y: ((x @ W).float() * y.float()).sum(-1).to(x.dtype),
+           2 * 4096 ** 3)
+    q, keys = _randn(8192, 256), _randn(65536, 256)
+    yield ("best_match", best_match, dict(M=8192, N=65536, D=256), (q, keys),
+           lambda: (q.double() @ keys.double().T).max(-1).values,
+           lambda q, keys: (q @ keys.T).max(-1).values, 2 * 8192 * 65536 * 256)
+
+
+# the tiles (rows, columns, warps) and parts a row-reduced case tries
+ROW_REDUCED_SWEPT = tuple((m, n, w, p) for m, n, w in ((64, 256, 8), (128, 128, 8), (64, 128, 4))
+                          for p in (1, 2, 4, 8))
 
 
 def splits_sweep(rows: list, only: set | None = None, log=print) -> None:
@@ -314,19 +350,40 @@ def splits_sweep(rows: list, only: set | None = None, log=print) -> None:
         made.update({f"splits={n}": triton_contraction(transposed_product, target, splits=n)
                      for n in SPLITS})
         made[TORCH_EAGER] = lambda a, b: a.T @ b
-        for label, kernel_ in made.items():
-            found = _checked_time(functools.partial(kernel_, a, b), lambda out: out, want,
-                                  TOLERANCE, f"{name} {label}", log)
-            if found is None:
-                continue
-            ms, error = found
-            rate = flops / ms / 1e9
-            note = f"err {error:.1e}"
-            if label == "default":
-                note += "; " + kernel_.schedule_origin(R=R, M=M, N=N)
-            rows.append(Row(f"contraction_splits/{name}", shape, label, ms, rate, 0.0,
-                            rate / ceiling, note))
-            log(f"{name:16s} {label:12s} {ms:.4f} ms {rate:6.0f} TFLOP/s")
+        _time_candidates(rows, name, shape, made, (a, b), want, flops, ceiling,
+                         dict(R=R, M=M, N=N), log)
+    for name, kernel, sizes, args, reference, eager, flops in _row_reduced_cases():
+        if only and name not in only:
+            continue
+        made = {"default": triton_contraction(kernel, target),
+                "16 rows, one part": triton_contraction(kernel, target, block_m=16, block_n=256,
+                                                        num_warps=4, splits=1)}
+        made.update({f"{m}x{n} w{w} parts={p}": triton_contraction(
+            kernel, target, block_m=m, block_n=n, num_warps=w, splits=p)
+            for m, n, w, p in ROW_REDUCED_SWEPT})
+        made[TORCH_EAGER] = eager
+        made[TORCH_COMPILE] = torch.compile(eager)
+        _time_candidates(rows, name, " ".join(f"{n}{v}" for n, v in sizes.items()), made, args,
+                         reference(), flops, ceiling, sizes, log)
+
+
+def _time_candidates(rows: list, name: str, shape: str, made: dict, args: tuple, want,
+                     flops: float, ceiling: float, sizes: dict, log) -> None:
+    """Each of ``made`` (label → callable) checked against ``want`` and timed into ``rows``
+    (``contraction_splits/<name>``; the default's note says its knobs)."""
+    for label, kernel_ in made.items():
+        found = _checked_time(functools.partial(kernel_, *args), lambda out: out, want,
+                              TOLERANCE, f"{name} {label}", log)
+        if found is None:
+            continue
+        ms, error = found
+        rate = flops / ms / 1e9
+        note = f"err {error:.1e}"
+        if label == "default":
+            note += "; " + kernel_.schedule_origin(**sizes)
+        rows.append(Row(f"contraction_splits/{name}", shape, label, ms, rate, 0.0,
+                        rate / ceiling, note))
+        log(f"{name:16s} {label:22s} {ms:.4f} ms {rate:6.0f} TFLOP/s")
 
 
 def main(argv=None) -> int:

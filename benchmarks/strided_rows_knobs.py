@@ -4,15 +4,18 @@ of ``[B, D, S]``, log-softmax over the channels of ``[B, C, P]``, the max over t
 ``[B, S, D]`` (max-pool's first stage), a group norm's two reduced axes swept as one flat row, and
 RMSNorm's weight gradient (a sum down 8192 rows, its sweep also split into parts), batch-norm
 statistics of ``[100352, 256]`` (a sweep of 100352 rows over 256 channels, in up to 264 parts)
-the columns of ``[8192, 4096]`` L2-normalised (the outputs along the strided sweep) and a masked
-mean over the 2048 tokens of ``[32, 2048, 1024]`` (rows (b, d), its count recomputed per row);
+the columns of ``[8192, 4096]`` L2-normalised (the outputs along the strided sweep), a masked
+mean over the 2048 tokens of ``[32, 2048, 1024]`` (rows (b, d), its count recomputed per row), a
+mean down the 65536 rows of ``[65536, 1024]`` and tokens summed with weights over ``[64, 4096,
+1024]``;
 each candidate checked against float64 and timed from a CUDA graph beside ``tf.compile``'s default
 and torch.compile: what ``row_reduction.CONTIGUOUS_ROWS``, its block and the stages of a swept row
 are chosen from.
 
     python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool,group_norm,
                                                     weight_gradient,channel_stats,
-                                                    column_norm,masked_mean]
+                                                    column_norm,masked_mean,column_mean,
+                                                    weighted_pool]
                                             [--tiles] [--out DIR]
 
 ``--tiles``: instead, the whole row in one block with each program sweeping several row tiles,
@@ -30,7 +33,8 @@ import torch
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.common import Row, measure_candidates, relative_error, write_csv
-from benchmarks.unlisted_kernels import l2_normalize_columns, masked_mean_pool
+from benchmarks.unlisted_kernels import (column_mean, l2_normalize_columns, masked_mean_pool,
+                                         weighted_token_pool)
 from tensorfuse.schedule_templates.widened_rows import widened
 from benchmarks.user_kernels import (channel_stats, group_norm, layernorm_channels,
                                      log_softmax_channels, max_pool_l2)
@@ -42,7 +46,7 @@ from tensorfuse.targets import get_target
 
 SPEC = get_target("cuda:sm_90a")
 CASES = ("layernorm", "log_softmax", "max_pool", "group_norm", "weight_gradient",
-         "channel_stats", "column_norm", "masked_mean")
+         "channel_stats", "column_norm", "masked_mean", "column_mean", "weighted_pool")
 
 
 def _cases(generator, only):
@@ -134,6 +138,24 @@ def _cases(generator, only):
         yield ("masked_mean", f"B{B} S{S} D{D} (over S)", stage, dict(x=x, mask=mask),
                mean(x.double(), mask.double()), torch.compile(mean), (x, mask),
                x.numel() * 2 + B * D * 2)
+    if "column_mean" in only:   # a mean down 65536 rows of 1024 columns
+        B, D = 65536, 1024
+        x = (torch.randn(B, D, generator=generator) + 0.5).to("cuda", torch.bfloat16)
+
+        def mean0(t):
+            return (t.float() if t.dtype != torch.float64 else t).mean(0)
+        yield ("column_mean", f"B{B} D{D} (over B)", column_mean, dict(x=x),
+               mean0(x.double()), torch.compile(mean0), (x,), x.numel() * 2 + D * 2)
+    if "weighted_pool" in only:   # tokens summed with weights: 4096 tokens strided by 1024
+        B, S, D = 64, 4096, 1024
+        w = torch.rand(B, S, generator=generator).to("cuda", torch.bfloat16)
+        x = torch.randn(B, S, D, generator=generator).to("cuda", torch.bfloat16)
+
+        def pool(a, t):
+            return torch.einsum("bs,bsd->bd", a, t)
+        yield ("weighted_pool", f"B{B} S{S} D{D} (over S)", weighted_token_pool, dict(w=w, x=x),
+               pool(w.double(), x.double()), torch.compile(pool), (w, x),
+               x.numel() * 2 + w.numel() * 2 + B * D * 2)
     if "max_pool" in only:   # the pool stage: the max over S, the tokens strided by D
         B, S, D = 64, 512, 4096
         x = (torch.randn(B, S, D, generator=generator) * 3).to("cuda", torch.bfloat16)
@@ -147,7 +169,8 @@ def _cases(generator, only):
 
 
 # the candidates each case is swept over (:func:`_knobs`); the others: "strided"
-FAMILY = {"group_norm": "flat_row", "weight_gradient": "split", "channel_stats": "parts"}
+FAMILY = {"group_norm": "flat_row", "weight_gradient": "split", "channel_stats": "parts",
+          "column_mean": "split", "weighted_pool": "split"}
 
 
 def _knobs(cols: int, family: str):

@@ -6,7 +6,8 @@ L2-normalised, a router's softmax over 8 experts, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors and with
 transformers' additive float mask, an LM head's
 softmax, a Gram matrix and a router's weight gradient (outputs of few tiles over a long
-contracted axis) — through ``tf.compile`` defaults against the best torch alternative in the same
+contracted axis), a bilinear form per row, a mean over the batch axis and an attention-weighted
+pool over tokens — through ``tf.compile`` defaults against the best torch alternative in the same
 process, each checked against a float64 reference first (the harness of
 :mod:`benchmarks.user_kernels`).
 
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 import tensorfuse as tf
 from tensorfuse import dsl as T
 from benchmarks.common import FLEX, SDPA, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
+from benchmarks.contraction import bilinear_form
 from benchmarks.kernel_suite import Case, Recorded, main, rows_case
 
 
@@ -194,6 +196,20 @@ def router_weight_gradient(dlogits: T.Tensor["T", "E", "bf16"], x: T.Tensor["T",
     batch: 8 rows of output."""
     t, e, d = T.axes("t e d")
     return T.sum(dlogits[t, e] * x[t, d], over=t)
+
+
+@tf.kernel
+def column_mean(x: T.Tensor["B", "D", "bf16"]):
+    """The mean over the batch (the first) axis of ``[B, D]`` rows."""
+    b, d = T.axes("b d")
+    return T.sum(x[b, d], over=b) / T.size("B")
+
+
+@tf.kernel
+def weighted_token_pool(w: T.Tensor["B", "S", "bf16"], x: T.Tensor["B", "S", "D", "bf16"]):
+    """Attention pooling's last step: each sequence's tokens summed with their weights."""
+    b, s, d = T.axes("b s d")
+    return T.sum(w[b, s] * x[b, s, d], over=s)
 
 
 def _batch_norm_stats_case(generator, B=32, C=256, H=56, W=56) -> Case:
@@ -485,6 +501,46 @@ def _router_gradient_case(generator, T_=16384, E=8, D=4096) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(T=T_, E=E, D=D)})
 
 
+def _bilinear_case(generator, B=4096, I_=4096, J=4096) -> Case:
+    x = torch.randn(B, I_, generator=generator).to("cuda", torch.bfloat16)
+    W = (torch.randn(I_, J, generator=generator) * I_ ** -0.5).to("cuda", torch.bfloat16)
+    y = torch.randn(B, J, generator=generator).to("cuda", torch.bfloat16)
+
+    def eager(a, m, b):
+        return ((a @ m).float() * b.float()).sum(-1).to(a.dtype)
+    f, compiled = Recorded(bilinear_form), torch.compile(eager)
+    return Case("bilinear_form", f"B{B} I{I_} J{J}", lambda: f(x, W, y),
+                {TORCH_COMPILE: lambda: compiled(x, W, y), TORCH_EAGER: lambda: eager(x, W, y)},
+                ((x.double() @ W.double()) * y.double()).sum(-1), lambda out: out,
+                flops=2 * B * I_ * J, notes={TENSORFUSE: f.schedule_origin(B=B, I=I_, J=J)})
+
+
+def _column_mean_case(generator, B=65536, D=1024) -> Case:
+    x = (torch.randn(B, D, generator=generator) + 0.5).to("cuda", torch.bfloat16)
+
+    def eager(t):
+        return t.float().mean(0).to(t.dtype)
+    f, compiled = Recorded(column_mean), torch.compile(eager)
+    return Case("column_mean", f"B{B} D{D} (over B)", lambda: f(x),
+                {TORCH_COMPILE: lambda: compiled(x), TORCH_EAGER: lambda: eager(x)},
+                x.double().mean(0), lambda out: out, bytes=x.numel() * 2 + D * 2,
+                notes={TENSORFUSE: f.schedule_origin(B=B, D=D)})
+
+
+def _weighted_pool_case(generator, B=64, S=4096, D=1024) -> Case:
+    w = torch.softmax(torch.randn(B, S, generator=generator), -1).to("cuda", torch.bfloat16)
+    x = torch.randn(B, S, D, generator=generator).to("cuda", torch.bfloat16)
+
+    def eager(a, t):
+        return torch.einsum("bs,bsd->bd", a, t)
+    f, compiled = Recorded(weighted_token_pool), torch.compile(eager)
+    return Case("weighted_token_pool", f"B{B} S{S} D{D} (over S)", lambda: f(w, x),
+                {TORCH_COMPILE: lambda: compiled(w, x), TORCH_EAGER: lambda: eager(w, x)},
+                torch.einsum("bs,bsd->bd", w.double(), x.double()), lambda out: out,
+                bytes=x.numel() * 2 + w.numel() * 2 + B * D * 2,
+                notes={TENSORFUSE: f.schedule_origin(B=B, S=S, D=D)})
+
+
 UNLISTED = {
     "batch_norm_stats_nchw": _batch_norm_stats_case,
     "max_pool_2x2": _max_pool_case,
@@ -505,6 +561,9 @@ UNLISTED = {
     "lm_head_softmax": _lm_head_case,
     "gram_matrix": _gram_case,
     "router_weight_gradient": _router_gradient_case,
+    "bilinear_form": _bilinear_case,
+    "column_mean": _column_mean_case,
+    "weighted_token_pool": _weighted_pool_case,
 }
 
 if __name__ == "__main__":

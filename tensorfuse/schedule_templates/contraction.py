@@ -30,7 +30,8 @@ class ContractionKnobs:
     before the tiles (1) or computed in every tile that reads them (0); ``splits``: the
     contracted axis split into this many parts, a program each per tile, their f32 tiles added
     by a second kernel in the parts' order (deterministic) — for outputs of too few tiles to
-    fill the GPU (a Gram matrix, a small layer's weight gradient)."""
+    fill the GPU (a Gram matrix, a small layer's weight gradient); where reductions over the
+    columns follow (a bilinear form), the columns split so, each part's row states combined."""
 
     block_m: int = 128
     block_n: int = 128
@@ -45,8 +46,7 @@ class ContractionKnobs:
         return (f"block_m={self.block_m}, block_n={self.block_n}, block_k={self.block_k}, "
                 f"warps={self.num_warps}, stages={self.num_stages}, group_m={self.group_m}"
                 + (", computed sides staged" if self.stage_sides else "")
-                + (f", split along the contracted axis in {self.splits}" if self.splits > 1
-                   else ""))
+                + (f", in {self.splits} parts" if self.splits > 1 else ""))
 
 
 def _pow2_at_least(n: int, low: int) -> int:
@@ -109,11 +109,12 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict, target: Target
         sums = len(plan.products)
         knobs = ContractionKnobs(128, (256 if wide else 128) if sums == 1 else
                                  128 if sums == 2 else 64)
-    if plan.over_columns:   # a program a row block, sweeping the columns
-        if not plan.products:
-            knobs = replace(knobs, num_warps=4, **(dict(block_n=128) if depth >= PAIRWISE_LONG
-                                                   else dict(block_m=16, block_n=256)))
+    if plan.over_columns and not plan.products:   # a program a row block, sweeping the columns
+        knobs = replace(knobs, num_warps=4, **(dict(block_n=128) if depth >= PAIRWISE_LONG
+                                               else dict(block_m=16, block_n=256)))
         knobs = replace(knobs, block_m=_rows_a_program(plan, sizes, knobs.block_m))
+    elif plan.over_columns:   # tensor-core tiles of 64 rows; the columns split to fill the GPU
+        knobs = replace(knobs, block_m=OVER_COLUMNS_ROWS)
     knobs = replace(knobs, block_m=min(knobs.block_m, _pow2_at_least(int(rows), 16)),
                     block_n=min(knobs.block_n, _pow2_at_least(int(cols), 16)))
     if knobs.block_m * knobs.block_n <= 64 * 64 and plan.products:
@@ -142,23 +143,46 @@ MIN_PART_BLOCKS = 8
 MAX_SPLITS = 16
 
 
+# A tensor-core program that reduces over the columns (a bilinear form, a GEMM's row maxima)
+# takes 64 rows × 256 columns, and the columns are split into parts for about 8 programs an SM,
+# each part 4 column blocks at least, rather than its rows narrowed to 16 for the SMs. On the H200
+# (``python -m benchmarks.contraction --splits``): a bilinear form over 4096 rows, 4096² weights,
+# 0.751 ms in 16-row programs → 0.284 in 4 parts (2–8 parts 0.283–0.286; 128 × 128 tiles in 8
+# parts 0.267; torch.compile 0.223); each of 8192 rows' best match over 65536 keys of 256
+# dimensions 1.84 → 0.628 ms in 8 parts (1 part 0.731; torch.compile 0.757)
+OVER_COLUMNS_ROWS = 64
+COLUMN_PROGRAMS_PER_SM = 8
+MIN_COLUMN_BLOCKS = 4
+
+
 def splittable(plan: ContractionPlan) -> bool:
-    """Whether the contracted axis can be split: sums on the tensor cores alone (pairwise
-    reductions and reductions over the columns finish inside one program)."""
-    return bool(plan.products) and not plan.pairwise and not plan.over_columns
+    """Whether a launch can be split into parts: the columns where reductions over them follow
+    (each part's states are combined after), else the contracted axis of sums on the tensor
+    cores alone (pairwise reductions finish inside one program)."""
+    return bool(plan.over_columns) or bool(plan.products) and not plan.pairwise
 
 
 def default_splits(plan: ContractionPlan, knobs: ContractionKnobs, sizes: dict) -> int:
-    """Parts of the contracted axis: 1 where the tiles (and batch indices) give half the SMs a
-    program or more; else about a program per SM, each part :data:`MIN_PART_BLOCKS` blocks
-    deep at least. On the H200 (``python -m benchmarks.contraction --splits``) this picked the
-    fastest of 1–32 parts each time: a Gram matrix of 1024 columns over 65536 rows (32 tiles)
-    0.593 ms unsplit → 0.198 in 4 parts (cuBLAS 0.189), 8 and 16 rows of a weight gradient
-    over 16384 tokens (16 tiles) 0.147 → 0.050 in 8 (cuBLAS 0.046); a 4096² gradient over 2048
-    tokens (512 tiles) is not split, and 2 parts took it from 0.103 to 0.188 ms."""
-    if not splittable(plan):
+    """Parts of the columns of tensor-core sums reduced over them: about
+    :data:`COLUMN_PROGRAMS_PER_SM` programs an SM, each part :data:`MIN_COLUMN_BLOCKS` column
+    blocks at least (pairwise reductions over the columns narrow their rows instead:
+    :func:`_rows_a_program`). Parts of the contracted axis elsewhere: 1 where the tiles
+    (and batch indices) give half the SMs a program or more; else about a program per SM, each
+    part :data:`MIN_PART_BLOCKS` blocks deep at least. On the H200 (``python -m
+    benchmarks.contraction --splits``) this picked the fastest of 1–32 parts each time: a Gram
+    matrix of 1024 columns over 65536 rows (32 tiles) 0.593 ms unsplit → 0.198 in 4 parts
+    (cuBLAS 0.189), 8 and 16 rows of a weight gradient over 16384 tokens (16 tiles) 0.147 →
+    0.050 in 8 (cuBLAS 0.046); a 4096² gradient over 2048 tokens (512 tiles) is not split, and
+    2 parts took it from 0.103 to 0.188 ms."""
+    if not splittable(plan) or plan.over_columns and not plan.products:
         return 1
     rows, cols = (int(plan.extent(a, sizes)) for a in (plan.rows, plan.cols))
+    if plan.over_columns:
+        programs = -(-rows // knobs.block_m)
+        for axis in plan.batch:
+            programs *= int(plan.extent(axis, sizes))
+        return max(1, min(round(COLUMN_PROGRAMS_PER_SM * SMS / programs),
+                          -(-cols // knobs.block_n) // MIN_COLUMN_BLOCKS, MAX_SPLITS))
     depth = 1
     for axis in plan.ks:
         depth *= int(plan.extent(axis, sizes))
@@ -264,8 +288,8 @@ def check_contraction(plan: ContractionPlan, knobs: ContractionKnobs, target: Ta
         raise TargetError(f"splits={knobs.splits}: the contracted axis splits into 1 to 64 parts")
     if knobs.splits > 1 and not splittable(plan):
         raise TargetError(f"splits={knobs.splits}: only sums on the tensor cores split along the "
-                          "contracted axis (pairwise reductions and reductions over the columns "
-                          "finish in one program)")
+                          "contracted axis (pairwise reductions finish in one program), and the "
+                          "columns where reductions over them follow")
     if knobs.stage_sides not in (0, 1):
         raise TargetError(f"stage_sides={knobs.stage_sides}: 0 or 1")
     if knobs.stage_sides and plan.staging is None:

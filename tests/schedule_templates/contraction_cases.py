@@ -8,7 +8,8 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from benchmarks.contraction import gated_gradient, weight_gradient
+from benchmarks.contraction import (best_match, bilinear_form, gated_gradient,
+                                    weight_gradient)
 from tensorfuse.kernels.gemm import linear, swiglu_gate
 
 
@@ -53,6 +54,17 @@ def matmul_f32(a: T.Tensor["M", "K", "f32"], b: T.Tensor["K", "N", "f32"], scale
     """f32 operands: IEEE products (what torch's f32 matmul computes by default)."""
     i, j, k = T.axes("i j k")
     return T.sum(a[i, k] * b[k, j], over=k) * scale
+
+
+def _bilinear_form(g, B=37, I=40, J=100):
+    x, W, y = ((torch.randn(*s, generator=g) * w).to(torch.bfloat16)
+               for s, w in (((B, I), 2), ((I, J), 0.5), ((B, J), 1)))
+    return dict(x=x, W=W, y=y), ((x.double() @ W.double()) * y.double()).sum(-1)
+
+
+def _best_match(g, M=29, N=130, D=24):
+    x, y = ((torch.randn(*s, generator=g) * 2).to(torch.bfloat16) for s in ((M, D), (N, D)))
+    return dict(x=x, y=y), (x.double() @ y.double().T).max(-1).values
 
 
 def _linear(g, M=37, K=75, N=50, width=3.0):
@@ -139,7 +151,11 @@ CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate)
          "swiglu_gate_split": (split(swiglu_gate, 4), _swiglu_gate),
          "scaled_linear_split": (split(scaled_linear, 2), _scaled_linear),
          "gathered_linear_split": (split(gathered_linear, 2), _gathered_linear),
-         "matmul_f32_split": (split(matmul_f32, 2), _matmul_f32)}
+         "matmul_f32_split": (split(matmul_f32, 2), _matmul_f32),
+         "bilinear_form": (bilinear_form, _bilinear_form),
+         "bilinear_form_split": (split(bilinear_form, 3), _bilinear_form),
+         "best_match": (best_match, _best_match),
+         "best_match_split": (split(best_match, 2), _best_match)}
 # relative to the output's largest magnitude, the project's bf16 tolerance: bf16 outputs round at
 # 2⁻⁹ — under Triton's interpreter, which truncates f32 to bf16 instead of rounding to nearest
 # (1.0049 becomes 1.0, not 1.0078) and multiplies in f32, up to 2⁻⁸ (measured 0.003–0.006); f32
@@ -153,7 +169,9 @@ TOLERANCE = {"linear": BF16_INTERPRETED, "swiglu_gate": BF16_INTERPRETED,
              "scores_bshd": BF16_INTERPRETED, "scaled_linear": BF16_INTERPRETED,
              "matmul_f32": 1e-5, "weight_gradient_split": BF16_INTERPRETED,
              "swiglu_gate_split": BF16_INTERPRETED, "scaled_linear_split": BF16_INTERPRETED,
-             "gathered_linear_split": BF16_INTERPRETED, "matmul_f32_split": 1e-5}
+             "gathered_linear_split": BF16_INTERPRETED, "matmul_f32_split": 1e-5,
+             "bilinear_form": BF16_INTERPRETED, "bilinear_form_split": BF16_INTERPRETED,
+             "best_match": BF16_INTERPRETED, "best_match_split": BF16_INTERPRETED}
 
 
 def swiglu_backward_case(g, M=40, K=24, N=56, O=20):

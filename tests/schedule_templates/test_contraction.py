@@ -22,7 +22,7 @@ from tensorfuse.targets import get_target
 from tests.helpers import (assert_gpu_template_matches, fresh_seed, gpu_case, relative_error,
                            run_interpreted)
 from tests.schedule_templates.contraction_cases import (BF16_INTERPRETED, CASES, TOLERANCE,
-                                                        contraction,
+                                                        best_match, bilinear_form, contraction,
                                                         gated_gradient, matmul_f32,
                                                         scaled_linear, scores_bshd,
                                                         swiglu_backward_case,
@@ -227,7 +227,9 @@ def test_outputs_of_few_tiles_split_the_contracted_axis():
     (a Gram matrix of 1024 columns over 65536 rows: 32 tiles in 4 parts; 8 experts' gradient
     over 8192 tokens: 16 tiles in 8), each part 8 blocks deep at least; many tiles, a short
     contracted axis and pairwise reductions (which finish in one program) are not split, and
-    asking them to be is refused; both kernels of a split compile for sm_90a."""
+    asking them to be is refused; a GEMM reduced over its columns splits its columns instead of
+    narrowing its rows to 16 (a bilinear form's 4096 rows had left the tensor cores idle);
+    both kernels of a split compile for sm_90a."""
     gram, router_gradient, manhattan = (unlisted.gram_matrix, unlisted.router_weight_gradient,
                                         unlisted.manhattan_distances)
     knobs = default_contraction_knobs(plan_contraction(gram.program), dict(N=65536, D=1024),
@@ -245,8 +247,17 @@ def test_outputs_of_few_tiles_split_the_contracted_axis():
                           ContractionKnobs(block_k=4, splits=2), HOPPER)
     with pytest.raises(TargetError, match="1 to 64 parts"):
         check_contraction(plan_contraction(gram.program), ContractionKnobs(splits=0), HOPPER)
+    # reductions over the columns: 64-row tiles, the columns in parts for ~8 programs an SM
+    knobs = default_contraction_knobs(plan_contraction(bilinear_form.program),
+                                      dict(B=4096, I=4096, J=4096), HOPPER)
+    assert (knobs.block_m, knobs.block_n, knobs.splits) == (64, 256, 4)
+    knobs = default_contraction_knobs(plan_contraction(best_match.program),
+                                      dict(M=8192, N=65536, D=256), HOPPER)
+    assert (knobs.block_m, knobs.splits) == (64, 8)
+    assert default_contraction_knobs(plan_contraction(best_match.program),
+                                     dict(M=65536, N=4096, D=256), HOPPER).splits == 1
     made = triton_contraction(gram, HOPPER)
-    assert "split along the contracted axis in 4" in made.schedule_origin(N=65536, D=1024)
+    assert "in 4 parts" in made.schedule_origin(N=65536, D=1024)
     source = made.source(N=65536, D=1024)
     assert "def gram_matrix_gemm_tiles_combine(" in source and "partials" in source
     assert "wgmma.mma_async" in made.ptx(N=65536, D=1024)

@@ -104,8 +104,11 @@ def split_arguments(knobs) -> tuple[str, ...]:
 
 def partial_floats(plan, knobs, sizes: dict) -> int:
     """The f32 values of the partial tiles at ``sizes``: a padded tile per sum, part, output tile
-    and batch index."""
+    and batch index — or, where the columns are split, a padded row block's states per
+    reduction over them, part, row block and batch index."""
     tiles, batch = grid_of(plan, knobs, sizes)
+    if plan.over_columns:
+        return len(plan.over_columns) * knobs.splits * tiles * batch * knobs.block_m
     return len(plan.products) * knobs.splits * tiles * batch * knobs.block_m * knobs.block_n
 
 
@@ -131,7 +134,11 @@ def contraction_source(plan, knobs, name: str, sizes: dict,
     functions = [(stage_name(name, k), args, _stage_lines(plan, staged, knobs, sizes,
                                                           interpreter))
                  for k, staged in enumerate(plan.staged)]
-    if knobs.splits > 1:
+    if knobs.splits > 1 and plan.over_columns:   # the columns split: the rows' partial states
+        functions += [(name, args, _row_block_lines(plan, knobs, sizes, interpreter)),
+                      (combine_name(name), args, _row_combine_lines(plan, knobs, sizes,
+                                                                    interpreter))]
+    elif knobs.splits > 1:
         functions += [(name, args, _part_lines(plan, knobs, sizes, interpreter)),
                       (combine_name(name), args, _combine_lines(plan, knobs, sizes, interpreter))]
     else:
@@ -366,13 +373,24 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     sweep (a fold every block had cost 82 warp shuffles a block of 16 × 256 pairs, 2.5 a pair
     on each thread, on sm_90a); the outputs from the folded states. Nothing of the
     ``[rows, columns]`` sums is stored (a Gaussian kernel's sum over 16384² pairs had stored
-    1 GiB between two kernels)."""
+    1 GiB between two kernels). With ``knobs.splits`` > 1, program ``part · row blocks + row
+    block`` sweeps the ``part``-th range of the columns (whole blocks) and stores its folded
+    states into :data:`PARTIALS`; :func:`_row_combine_lines` finishes."""
     w, M, N, as_index = _kernel_start(plan, sizes, interpreter)
+    columns = ("0", str(N))
+    if knobs.splits > 1:
+        w(f"row_blocks = tl.cdiv({M}, BLOCK_M)")
+        w("part = pid // row_blocks")
+        w("pid = pid % row_blocks")
+        w(f"n_part = tl.cdiv(tl.cdiv({N}, {knobs.splits}), BLOCK_N) * BLOCK_N")
+        w("n_begin = part * n_part")
+        w(f"n_end = tl.minimum(n_begin + n_part, {N})")
+        columns = ("n_begin", "n_end")
     w(f"offs_m = pid{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
     batch = _batch_digits(plan, w, sizes)
     for k, r in enumerate(plan.over_columns):   # folded across the columns once, at the end
         w(f"row_{k} = tl.full([BLOCK_M, BLOCK_N], {_IDENTITY[r.monoid]}, tl.float32)")
-    w.sweep("n0", "0", str(N), "BLOCK_N")
+    w.sweep("n0", *columns, "BLOCK_N")
     with w.block():
         w(f"offs_n = (n0 + tl.arange(0, BLOCK_N)){as_index}")
         refs, ctx, bounds = _contracted(plan, knobs, w, sizes, interpreter, batch)
@@ -384,7 +402,39 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
             w(f"row_{k} = {_COMBINE[r.monoid].format(f'row_{k}', value)}")
     for k, r in enumerate(plan.over_columns):
         w(f"row_{k} = {_FOLD[r.monoid].format(f'row_{k}')}")
-    ragged_m, _ = bounds[plan.rows.uid]
+        if knobs.splits > 1:
+            w(f"slot = (((pid_b * {len(plan.over_columns)} + {k}) * {knobs.splits} + part) * "
+              "row_blocks + pid).to(tl.int64)")
+            w(f"tl.store({PARTIALS} + slot * BLOCK_M + tl.arange(0, BLOCK_M), row_{k})")
+    if knobs.splits == 1:
+        _store_row_outputs(plan, knobs, w, batch, sizes, interpreter)
+    return w.lines
+
+
+def _row_combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
+    """The row block ``pid`` of a contraction whose columns are split: each reduction's states
+    of the parts combined in the parts' order, then the outputs (:func:`_row_block_lines`)."""
+    w, M, _, as_index = _kernel_start(plan, sizes, interpreter)
+    w(f"row_blocks = tl.cdiv({M}, BLOCK_M)")
+    w(f"offs_m = pid{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
+    batch = _batch_digits(plan, w, sizes)
+    for k, r in enumerate(plan.over_columns):
+        w(f"row_{k} = tl.full([BLOCK_M], {_IDENTITY[r.monoid]}, tl.float32)")
+        w(f"first = ((pid_b * {len(plan.over_columns)} + {k}) * {knobs.splits}) * row_blocks + "
+          "pid")
+        w.sweep("part", "0", str(knobs.splits), "1")
+        with w.block():
+            w(f"state = tl.load({PARTIALS} + (first + part * row_blocks).to(tl.int64) * BLOCK_M "
+              "+ tl.arange(0, BLOCK_M))")
+            w(f"row_{k} = {_COMBINE[r.monoid].format(f'row_{k}', 'state')}")
+    _store_row_outputs(plan, knobs, w, batch, sizes, interpreter)
+    return w.lines
+
+
+def _store_row_outputs(plan, knobs, w, batch: dict, sizes: dict, interpreter: bool) -> None:
+    """The outputs of the row block ``offs_m`` from its folded states ``row_<k>``, stored."""
+    M = plan.extent(plan.rows, sizes)
+    ragged_m, _ = _tile_bounds(plan, knobs, sizes)[0][plan.rows.uid]
     rows_ok = f"(offs_m < {M})"
     out_ctx = TileContext({**batch, plan.rows.uid: "offs_m"},
                           _bounds({plan.rows.uid: (ragged_m, rows_ok)}),
@@ -395,7 +445,6 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
         w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out_ctx, sizes)}), "
           f"tl.broadcast_to({value}, (BLOCK_M,)).to({TL_DTYPES[c.dtypes[0]]})"
           f"{', mask=' + rows_ok if ragged_m else ''})")
-    return w.lines
 
 
 _IDENTITY = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
