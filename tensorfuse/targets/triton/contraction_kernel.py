@@ -177,21 +177,27 @@ class ContractionKernel(GraphCallable):
 
     def _remember_fast(self, key, args: tuple, bound, launches) -> None:
         """Keep a fast call for this signature where one applies: torch tensors on the GPU in,
-        new outputs out, no staged sides (their tensors are made per call), kernels Triton lets
-        us launch directly. The checked path's host work per call had exceeded a 21 µs kernel:
-        a Gaussian kernel's sum at 4096² points took 0.032 ms a call through ``tf.compile``
-        against 0.021 launched alone, and takes 0.022 with this (``python -m
-        benchmarks.contraction --pairs``)."""
+        new outputs out, no staged sides (their tensors are made per call; a split's partial
+        tiles are the fast call's scratch), kernels Triton lets us launch directly. The checked
+        path's host work per call had exceeded a 21 µs kernel: a Gaussian kernel's sum at 4096²
+        points took 0.032 ms a call through ``tf.compile`` against 0.021 launched alone, and
+        takes 0.022 with this (``python -m benchmarks.contraction --pairs``); a router's weight
+        gradient split in 8 parts took 0.050–0.075 ms through the checked path
+        (``benchmarks.unlisted_kernels``)."""
+        stored = self._launch_for(bound.dims)[1]
         if not fast_call_applies(bound, self._calls.target_device) or \
-                self._launch_for(bound.dims)[1] or \
+                any(name != PARTIALS for name, _, _ in stored) or \
                 any(step.raw is None for step in launches.steps):
             return
+        # the split's partial tiles: the fast call's f32 scratch, allocated per call as here
+        scratch = ([(PARTIALS, shape, 0) for _, shape, _ in stored], stored[0][1][0]) \
+            if stored else None
         outputs = [(f"out_{c.name}", tuple(output_shape(c, bound.dims)), c.dtypes[0])
                    for c in self.outputs]
         params, likes, guards = call_layout(self.program, args, bound, self._calls.scalar_kinds,
                                             outputs)
         taken = {p.name for p in self.program.params}
-        self._fast[key] = FastCall(params, outputs, None, launches, bound.torch_device, likes,
+        self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes,
                                    guards, None, {n: v for n, v in size_values(bound.dims).items()
                                                   if n not in taken})
 
