@@ -295,6 +295,17 @@ SECTIONS = (
      "bf16; the mean and variance of 256 channels over 100352 rows, the sweep split in 33-264 "
      "parts (over 64 merged in a loop); as the section above",
      "python -m benchmarks.strided_rows_knobs --only channel_stats"),
+    ("strided-rows-knobs-column-mean-weighted-pool",
+     "The row template's knobs on a column mean and a weighted token pool",
+     "bf16; a mean down the 65536 rows of [65536, 1024] and tokens summed with weights over "
+     "[64, 4096, 1024]; as the section above",
+     "python -m benchmarks.strided_rows_knobs --only column_mean,weighted_pool"),
+    ("strided-rows-knobs-column-mean-weight-gradient-channel-stats-parts",
+     "The row template's knobs on long sweeps of few tiles, split in parts",
+     "bf16; a column mean, RMSNorm's weight gradient and batch-norm statistics over one family "
+     "of candidates (32-256 rows, blocks of 32-512, 8-264 parts); as the section above",
+     "python -m benchmarks.strided_rows_knobs --only column_mean,weight_gradient,channel_stats "
+     "--family parts"),
     ("strided-rows-knobs-column-norm", "The row template's knobs on column norms",
      "bf16; the columns of [8192, 4096] L2-normalised (a sweep down the rows, then the outputs "
      "along it); as the section above", "python -m benchmarks.strided_rows_knobs --only "

@@ -16,10 +16,11 @@ are chosen from.
                                                     weight_gradient,channel_stats,
                                                     column_norm,masked_mean,column_mean,
                                                     weighted_pool]
-                                            [--tiles] [--out DIR]
+                                            [--tiles | --family NAME] [--out DIR]
 
 ``--tiles``: instead, the whole row in one block with each program sweeping several row tiles,
-the next ones' loads issued while one is reduced (``Knobs.row_tiles``).
+the next ones' loads issued while one is reduced (``Knobs.row_tiles``); ``--family``: every case
+over one family of candidates (``_knobs``: ``strided``, ``flat_row``, ``split``, ``parts``).
 """
 from __future__ import annotations
 
@@ -180,7 +181,7 @@ def _knobs(cols: int, family: str):
     one block; ``flat_row``: a flat row (a group norm's), a few rows of blocks of 2k-16k;
     ``split``: a long sweep of few row tiles (2 stages), also swept in 1-8 parts in parallel;
     ``tiles``: the whole row in one block, each program sweeping 2 or 4 row tiles with the next
-    ones' loads 2-3 tiles ahead; ``parts``: a very long sweep of very few tiles, split in 33-264
+    ones' loads 2-3 tiles ahead; ``parts``: a very long sweep of very few tiles, split in 8-264
     parts."""
     whole = 1 << max(4, (cols - 1).bit_length())
     if family == "tiles":   # the row held (read again, it needed more shared memory than an SM has)
@@ -197,7 +198,7 @@ def _knobs(cols: int, family: str):
         return
     if family == "parts":
         for rows, block, splits in itertools.product((32, 64, 128, 256), (32, 64, 128, 512),
-                                                     (33, 66, 132, 264)):
+                                                     (8, 16, 33, 66, 132, 264)):
             if 2048 <= rows * block <= 16384:
                 yield rows, block, 4, 2, 0, splits, None
         return
@@ -214,7 +215,7 @@ def _knobs(cols: int, family: str):
                     yield rows, block, warps, stages, 1, None, None
 
 
-def run(only, log=print, tiles: bool = False) -> list[Row]:
+def run(only, log=print, tiles: bool = False, family: str | None = None) -> list[Row]:
     from tensorfuse.targets.triton.compile_pool import CompilePool
 
     generator = torch.Generator().manual_seed(0)
@@ -232,7 +233,7 @@ def run(only, log=print, tiles: bool = False) -> list[Row]:
                                   num_stages=k[3], reload=bool(k[4]), splits=k[5],
                                   row_tiles=k[6])
                     for k in _knobs(plan.cols, "tiles" if tiles else
-                                    FAMILY.get(name, "strided"))}
+                                    family or FAMILY.get(name, "strided"))}
             alternatives = {"torch_compile": lambda c=compiled, a=eager_args: c(*a)}
             calls = {"default": tf.compile(kernel), **alternatives}
             error = None if not isinstance(ref, tuple) else \
@@ -257,13 +258,16 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tiles", action="store_true",
                         help="whole rows, several row tiles a program (Knobs.row_tiles)")
+    parser.add_argument("--family", choices=("strided", "flat_row", "split", "parts"),
+                        help="sweep every case over this family of candidates (_knobs)")
     args = parser.parse_args(argv)
     only = args.only.split(",")
-    rows = run(only, tiles=args.tiles)
+    rows = run(only, tiles=args.tiles, family=args.family)
     device = torch.cuda.get_device_name().replace(" ", "_")
     # a run of some cases is a part of its own (``benchmarks.report`` shows it beside the whole)
     part = "" if set(only) == set(CASES) else "-" + "-".join(n.replace("_", "-") for n in only)
-    part += "-row-tiles" if args.tiles else ""
+    part += "-row-tiles" if args.tiles else f"-{args.family.replace('_', '-')}" \
+        if args.family else ""
     write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-strided-rows-knobs{part}.csv")
 
 

@@ -79,6 +79,12 @@ TWO_OPERAND_ROW, TWO_OPERAND_WARPS = 4096, 4
 # (r64 b64 w4, 8 parts) against 0.069 in the 32 × 512 tiles above, 0.051 in 4 parts;
 # torch.compile 0.036 (``benchmarks.strided_rows_knobs --only weight_gradient``)
 FEW_TILES_SWEPT = (64, 64, 4, 2)
+# ... blocks of 128 where one tensor is read along the sweep (the same bytes a block in flight as
+# the two of a weight gradient): a mean down the 65536 rows of [65536, 1024], 16 tiles in 33
+# parts, 0.058 ms in blocks of 64 → 0.038 in 128 (torch.compile 0.035), where the weight
+# gradient's two tensors took 0.039 in 64 and 0.086 in 128 (``benchmarks.strided_rows_knobs
+# --family parts``)
+FEW_TILES_ONE_OPERAND_BLOCK = 128
 PROGRAMS_PER_SM = 4
 # ... where the parts (at most MAX_PARTS) give about two programs an SM or more: batch-norm
 # statistics over the 100352 rows of [100352, 256] are 4 tiles of 64 channels, 256 programs in
@@ -197,6 +203,8 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     if target.kind == "cuda" and rows_contiguous(plan):
         if CONTIGUOUS_ROWS * block_n > CONTIGUOUS_TILE:
             rows, block, warps, stages = FEW_TILES_SWEPT
+            if row_operands(plan) == 1:
+                block = FEW_TILES_ONE_OPERAND_BLOCK
             tiles = math.prod(grid(plan, Knobs(block_m=rows, block_n=block)))
             parts = min(MAX_PARTS, math.ceil(plan.cols / block) // 2,
                         max(2, round(PROGRAMS_PER_SM * SMS / tiles)))

@@ -65,7 +65,7 @@ def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_ro
     """Batch-norm statistics of [100352, 256] would be 4 tiles of 64 channels, too few for 64
     parts: 8 tiles of 32 × 512, their sweep over the rows split in 33 parts (the last of a tile
     merging); RMSNorm's weight gradient down 8192 rows is 64 tiles of 64 × 64 in 8 parts (about
-    four programs an SM), and a cross-entropy
+    four programs an SM; a mean down one tensor's rows takes blocks of 128), and a cross-entropy
     of 16 rows over a vocabulary of 131072 (two a SM); a softmax of 64 rows, whose outputs run
     along the row, and a tall matrix's statistics, with tiles enough, are not."""
     import types
@@ -74,6 +74,7 @@ def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_ro
     from tensorfuse.schedule_templates.auto import takes_stage
     from tensorfuse.schedule_templates.stages import plan_stages
     from tensorfuse.targets import get_target
+    from benchmarks.unlisted_kernels import column_mean
     from tests.schedule_templates.strided_rows import channel_stats
 
     stats = knobs_of(channel_stats, N=100352, C=256)   # too few 64-row tiles for 64 parts
@@ -83,6 +84,9 @@ def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_ro
     weight = knobs_of(types.SimpleNamespace(program=second.program, fn=None,
                                             name=second.program.name), M=8192, N=4096)
     assert (weight.block_m, weight.block_n, weight.splits) == (64, 64, 8)
+    # one tensor down the rows: blocks of 128 (a mean of [65536, 1024]: 16 tiles in 33 parts)
+    mean = knobs_of(column_mean, B=65536, D=1024)
+    assert (mean.block_m, mean.block_n, mean.splits) == (64, 128, 33)
     assert knobs_of(cross_entropy, M=16, V=131072).splits == 4
     assert knobs_of(softmax, M=64, N=65536).splits == 1
     assert knobs_of(channel_stats, N=512, C=4096).splits == 1
