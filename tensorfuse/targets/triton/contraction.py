@@ -113,8 +113,8 @@ def partial_floats(plan, knobs, sizes: dict) -> int:
 
 
 def combine_name(name: str) -> str:
-    """The name of the kernel that adds the parts of the tiles ``name`` (split along the
-    contracted axis) and computes the outputs."""
+    """The name of the kernel that combines the parts of a launch ``name`` split into parts (of
+    the contracted axis, or of the columns) and computes the outputs."""
     return f"{name}_combine"
 
 
@@ -245,7 +245,7 @@ def _part_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
 
 def _combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     """The tile ``pid`` of a split contraction: its parts' accumulators added in the parts'
-    order (the same sums whichever part finished last), then the outputs as one program's tile
+    order (the same sums on every run, unlike atomics), then the outputs as one program's tile
     (:func:`_tile_lines`)."""
     w, M, N, as_index = _kernel_start(plan, sizes, interpreter)
     w(f"tiles = tl.cdiv({M}, BLOCK_M) * tl.cdiv({N}, BLOCK_N)")
