@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import tensorfuse as tf
 from tensorfuse import dsl as T
 from benchmarks.common import FLEX, SDPA, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
-from benchmarks.contraction import bilinear_form
+from benchmarks.contraction import bilinear_form, transposed_product
 from benchmarks.kernel_suite import Case, Recorded, main, rows_case
 
 
@@ -188,14 +188,6 @@ def gram_matrix(x: T.Tensor["N", "D", "bf16"]):
     over a long contracted axis."""
     n, i, j = T.axes("n i j")
     return T.sum(x[n, i] * x[n, j], over=n)
-
-
-@tf.kernel
-def router_weight_gradient(dlogits: T.Tensor["T", "E", "bf16"], x: T.Tensor["T", "D", "bf16"]):
-    """A mixture of experts' router weight gradient, ``dlogitsᵀ x`` over every token of a
-    batch: 8 rows of output."""
-    t, e, d = T.axes("t e d")
-    return T.sum(dlogits[t, e] * x[t, d], over=t)
 
 
 @tf.kernel
@@ -494,11 +486,12 @@ def _router_gradient_case(generator, T_=16384, E=8, D=4096) -> Case:
 
     def eager(a, b):
         return a.T @ b
-    f, compiled = Recorded(router_weight_gradient), torch.compile(eager)
+    # ``dlogitsᵀ x`` over the tokens: the transposed product a user writes for it
+    f, compiled = Recorded(transposed_product), torch.compile(eager)
     return Case("router_weight_gradient", f"T{T_} E{E} D{D}", lambda: f(g, x),
                 {TORCH_COMPILE: lambda: compiled(g, x), TORCH_EAGER: lambda: eager(g, x)},
                 g.double().T @ x.double(), lambda out: out, bytes=(T_ * (E + D) + E * D) * 2,
-                notes={TENSORFUSE: f.schedule_origin(T=T_, E=E, D=D)})
+                notes={TENSORFUSE: f.schedule_origin(R=T_, M=E, N=D)})
 
 
 def _bilinear_case(generator, B=4096, I_=4096, J=4096) -> Case:

@@ -11,6 +11,7 @@ not build again).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from ..algebra.exprs import has_axis, nodes
@@ -18,6 +19,7 @@ from ..dsl import dtypes as dt
 from ..dsl.expr import Load
 from ..errors import ScheduleError, TargetError
 from ..targets import TargetSpec
+from ..targets.triton.contraction import grid_of
 from .attention import SMS
 from .contraction_plan import ContractionPlan, plan_contraction
 
@@ -176,22 +178,15 @@ def default_splits(plan: ContractionPlan, knobs: ContractionKnobs, sizes: dict) 
     2 parts took it from 0.103 to 0.188 ms."""
     if not splittable(plan) or plan.over_columns and not plan.products:
         return 1
-    rows, cols = (int(plan.extent(a, sizes)) for a in (plan.rows, plan.cols))
+    tiles, batch = grid_of(plan, knobs, sizes)   # the launch's programs unsplit
+    programs = int(tiles) * int(batch)
     if plan.over_columns:
-        programs = -(-rows // knobs.block_m)
-        for axis in plan.batch:
-            programs *= int(plan.extent(axis, sizes))
+        column_blocks = -(-int(plan.extent(plan.cols, sizes)) // knobs.block_n)
         return max(1, min(round(COLUMN_PROGRAMS_PER_SM * SMS / programs),
-                          -(-cols // knobs.block_n) // MIN_COLUMN_BLOCKS, MAX_SPLITS))
-    depth = 1
-    for axis in plan.ks:
-        depth *= int(plan.extent(axis, sizes))
-    programs = -(-rows // knobs.block_m) * -(-cols // knobs.block_n)
-    for axis in plan.batch:
-        programs *= int(plan.extent(axis, sizes))
+                          column_blocks // MIN_COLUMN_BLOCKS, MAX_SPLITS))
     if 2 * programs > SMS:
         return 1
-    blocks = -(-depth // knobs.block_k)
+    blocks = -(-math.prod(int(plan.extent(a, sizes)) for a in plan.ks) // knobs.block_k)
     return max(1, min(round(SMS / programs), blocks // MIN_PART_BLOCKS, MAX_SPLITS))
 
 

@@ -8,6 +8,7 @@ import pytest
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks import unlisted_kernels as unlisted
+from benchmarks.contraction import transposed_product
 from tensorfuse import dsl as T
 from tensorfuse.autograd import grad
 from tensorfuse.errors import NoTemplateWarning, ScheduleError, TargetError
@@ -230,13 +231,12 @@ def test_outputs_of_few_tiles_split_the_contracted_axis():
     asking them to be is refused; a GEMM reduced over its columns splits its columns instead of
     narrowing its rows to 16 (a bilinear form's 4096 rows had left the tensor cores idle);
     both kernels of a split compile for sm_90a."""
-    gram, router_gradient, manhattan = (unlisted.gram_matrix, unlisted.router_weight_gradient,
-                                        unlisted.manhattan_distances)
+    gram, manhattan = unlisted.gram_matrix, unlisted.manhattan_distances
     knobs = default_contraction_knobs(plan_contraction(gram.program), dict(N=65536, D=1024),
                                       HOPPER)
     assert (knobs.block_m, knobs.block_n, knobs.splits) == (128, 256, 4)
-    knobs = default_contraction_knobs(plan_contraction(router_gradient.program),
-                                      dict(T=8192, E=8, D=4096), HOPPER)
+    knobs = default_contraction_knobs(plan_contraction(transposed_product.program),
+                                      dict(R=8192, M=8, N=4096), HOPPER)
     assert (knobs.block_m, knobs.splits) == (16, 8)
     for kernel, sizes in ((gram, dict(N=256, D=1024)), (K.linear, dict(M=4096, K=4096, N=4096)),
                           (manhattan, dict(M=64, N=64, D=65536))):

@@ -112,6 +112,13 @@ def partial_floats(plan, knobs, sizes: dict) -> int:
     return len(plan.products) * knobs.splits * tiles * batch * knobs.block_m * knobs.block_n
 
 
+def _slot(count: int, k: int, knobs, part: str, blocks: str) -> str:
+    """The index (64-bit) of the ``k``-th of ``count`` partial tiles or row states of part
+    ``part`` of block ``pid`` among ``blocks`` at batch index ``pid_b``: where a part stores it
+    and the combine kernel reads it."""
+    return f"(((pid_b * {count} + {k}) * {knobs.splits} + {part}) * {blocks} + pid).to(tl.int64)"
+
+
 def combine_name(name: str) -> str:
     """The name of the kernel that combines the parts of a launch ``name`` split into parts (of
     the contracted axis, or of the columns) and computes the outputs."""
@@ -237,9 +244,8 @@ def _part_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     _contracted(plan, knobs, w, sizes, interpreter, batch, ("k_begin", "k_end"))
     w("tile_at = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
     for k, _ in enumerate(plan.products):
-        w(f"slot = (((pid_b * {len(plan.products)} + {k}) * {knobs.splits} + part) * tiles + "
-          "pid).to(tl.int64)")
-        w(f"tl.store({PARTIALS} + slot * (BLOCK_M * BLOCK_N) + tile_at, acc_{k})")
+        w(f"tl.store({PARTIALS} + {_slot(len(plan.products), k, knobs, 'part', 'tiles')} * "
+          f"(BLOCK_M * BLOCK_N) + tile_at, acc_{k})")
     return w.lines
 
 
@@ -254,11 +260,11 @@ def _combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     w("tile_at = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
     for k, _ in enumerate(plan.products):
         w(f"acc_{k} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
-        w(f"first = ((pid_b * {len(plan.products)} + {k}) * {knobs.splits}) * tiles + pid")
         w.sweep("part", "0", str(knobs.splits), "1")
         with w.block():
-            w(f"acc_{k} += tl.load({PARTIALS} + (first + part * tiles).to(tl.int64) * "
-              "(BLOCK_M * BLOCK_N) + tile_at)")
+            w(f"acc_{k} += tl.load({PARTIALS} + "
+              f"{_slot(len(plan.products), k, knobs, 'part', 'tiles')} * (BLOCK_M * BLOCK_N) + "
+              "tile_at)")
     bounds = _tile_bounds(plan, knobs, sizes)[0]
     refs, out_ctx = _finished(plan, w, sizes, interpreter, batch, bounds, {})
     _store_outputs(plan, w, refs, out_ctx, bounds, sizes)
@@ -403,9 +409,9 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     for k, r in enumerate(plan.over_columns):
         w(f"row_{k} = {_FOLD[r.monoid].format(f'row_{k}')}")
         if knobs.splits > 1:
-            w(f"slot = (((pid_b * {len(plan.over_columns)} + {k}) * {knobs.splits} + part) * "
-              "row_blocks + pid).to(tl.int64)")
-            w(f"tl.store({PARTIALS} + slot * BLOCK_M + tl.arange(0, BLOCK_M), row_{k})")
+            w(f"tl.store({PARTIALS} + "
+              f"{_slot(len(plan.over_columns), k, knobs, 'part', 'row_blocks')} * BLOCK_M + "
+              f"tl.arange(0, BLOCK_M), row_{k})")
     if knobs.splits == 1:
         _store_row_outputs(plan, knobs, w, batch, sizes, interpreter)
     return w.lines
@@ -420,12 +426,11 @@ def _row_combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]
     batch = _batch_digits(plan, w, sizes)
     for k, r in enumerate(plan.over_columns):
         w(f"row_{k} = tl.full([BLOCK_M], {_IDENTITY[r.monoid]}, tl.float32)")
-        w(f"first = ((pid_b * {len(plan.over_columns)} + {k}) * {knobs.splits}) * row_blocks + "
-          "pid")
         w.sweep("part", "0", str(knobs.splits), "1")
         with w.block():
-            w(f"state = tl.load({PARTIALS} + (first + part * row_blocks).to(tl.int64) * BLOCK_M "
-              "+ tl.arange(0, BLOCK_M))")
+            w(f"state = tl.load({PARTIALS} + "
+              f"{_slot(len(plan.over_columns), k, knobs, 'part', 'row_blocks')} * BLOCK_M + "
+              "tl.arange(0, BLOCK_M))")
             w(f"row_{k} = {_COMBINE[r.monoid].format(f'row_{k}', 'state')}")
     _store_row_outputs(plan, knobs, w, batch, sizes, interpreter)
     return w.lines

@@ -189,9 +189,9 @@ class ContractionKernel(GraphCallable):
                 any(name != PARTIALS for name, _, _ in stored) or \
                 any(step.raw is None for step in launches.steps):
             return
-        # the split's partial tiles: the fast call's f32 scratch, allocated per call as here
-        scratch = ([(PARTIALS, shape, 0) for _, shape, _ in stored], stored[0][1][0]) \
-            if stored else None
+        # the split's partial tiles (the one tensor left in ``stored``): the fast call's f32
+        # scratch, allocated per call as here
+        scratch = ([(PARTIALS, stored[0][1], 0)], stored[0][1][0]) if stored else None
         outputs = [(f"out_{c.name}", tuple(output_shape(c, bound.dims)), c.dtypes[0])
                    for c in self.outputs]
         params, likes, guards = call_layout(self.program, args, bound, self._calls.scalar_kinds,
