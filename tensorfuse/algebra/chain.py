@@ -20,7 +20,7 @@ from ..errors import RollingUpdateError, RollingUpdateWarning
 from .exprs import nodes, refs_to, substitute
 from .conditioning import Conditioning, check_conditioning, measure
 from .exponent_bounds import check_exponent_bounds
-from .schemes import Scheme, derive_scheme, independent_scheme
+from .schemes import Scheme, derive_scheme, identity_keepable, independent_scheme
 from .transfer import USER_RULES, Context, NoCorrection, is_nonnegative, is_positive
 from .verify import verify_scheme
 
@@ -169,9 +169,23 @@ def _plan(program: Program, names: Sequence[str], axis: "str | Axis") -> Chain:
             schemes[m.name] = scheme
         if _value_positive(m, body, ctx):
             positive.add(m.name)
+    _keep_identities(members, bodies, schemes)
     common = order_axes([a for a in members[0].axes
                          if all(any(a.uid == b.uid for b in m.axes) for m in members)])
     return Chain(ax, members, bodies, schemes, common, local)
+
+
+def _keep_identities(members, bodies, schemes) -> None:
+    """Marks the maxima and minima whose identity can stay their members' reference
+    (:func:`~.schemes.identity_keepable`)."""
+    for m in members:
+        if m.monoid.name not in ("max", "min") or m.arity > 1 or \
+                not m.monoid.identity_is_sentinel(m.dtypes[0]):
+            continue
+        dependents = [d for d in members if m.name in schemes[d.name].deps]
+        schemes[m.name].keeps_identity = bool(dependents) and identity_keepable(
+            m.name, m.monoid.name, bodies[m.name][0],
+            [st.body for d in dependents for st in schemes[d.name].states])
 
 
 def _value_positive(m: Compute, body: Expr, ctx: Context) -> bool:

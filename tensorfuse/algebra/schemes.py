@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass, field
 
 from ..dsl import dtypes as dt
-from ..dsl.expr import Const, Expr, Symbol, binary, compare, unary, where
+from ..dsl.expr import (Binary, Const, Expr, Ref, Symbol, Unary, binary, compare, unary,
+                        where)
 from ..dsl.monoid import SUM, Monoid
 from ..dsl.printer import to_text
 from .exprs import ONE_KEY, add, const, is_const, mul, refs_to, simplify, substitute
@@ -60,6 +61,9 @@ class Scheme:
     correct: list[Expr] = field(default_factory=list)
     value: list[Expr] = field(default_factory=list)   # one per component of the reduction
     settle: list[Expr] = field(default_factory=list)  # empty: the same as ``correct``
+    # a max or min whose identity (±FLT_MAX) is kept as a reference: every member relative to it
+    # reads it only through exp(±(its own elements − it)) (:func:`identity_keepable`)
+    keeps_identity: bool = False
 
     def state_symbol(self, k: int) -> Symbol:
         return Symbol(f"{self.compute.name}#{k}", self.states[k].dtype)
@@ -120,13 +124,16 @@ class Scheme:
                 and math.isfinite(monoid.identity_value(0, dtype))):
             return where(compare("lt", unary("abs", e), Const(bound, dtype)), e, const(0.0))
         bound = abs(float(monoid.identity_value(0, dtype)))
+        # kept: a row whose real values all sit at the identity (a float32 mask's finfo.min)
+        # weighs them equally, as unfused; against 0 their exp(x − v) underflowed to 0/0
+        below = "le" if self.keeps_identity else "lt"
         # a maximum or minimum that overflowed to ±inf is replaced by ±FLT_MAX, not by 0: members
         # such as exp(τ(x − v)) are 0 against it, as against the true +inf (against 0 they
         # overflowed, and a minimum of them could not tell inf from "nothing seen")
         overflow = where(compare("eq", unary("abs", e), Const(math.inf, dtype)),
                          where(compare("gt", e, const(0.0)), Const(bound, dtype),
                                Const(-bound, dtype)), const(0.0))
-        return where(compare("lt", unary("abs", e), Const(bound, dtype)), e, overflow)
+        return where(compare(below, unary("abs", e), Const(bound, dtype)), e, overflow)
 
     def describe(self) -> str:
         """The corrections in readable form (for show() and tutorials)."""
@@ -138,6 +145,33 @@ class Scheme:
                              f"{to_text(self.correct[k])}")
         lines.append(f"  value: {self.name} = " + ", ".join(to_text(v) for v in self.value))
         return "\n".join(lines)
+
+
+def identity_keepable(dependency: str, monoid: str, own: Expr, bodies: list[Expr]) -> bool:
+    """Whether a running max (``monoid`` ``"max"``; ``"min"`` mirrored) of the elements ``own`` can
+    stay the reference of the member ``bodies`` while it is still its identity (−FLT_MAX): true
+    when each body reads it only as ``exp(own − dependency)`` (``exp2`` too). Such a term is at
+    most 1 for every element the maximum has seen, whatever its value, and its correction is a
+    scale by ``exp(old − new)`` ≤ 1: a row whose real values are all −FLT_MAX gets them weighed as
+    unfused. Anything else (``(y − v)²``, ``exp(y − v)`` of another ``y``) could overflow against
+    −FLT_MAX, so those members keep 0 as their reference."""
+    sign = 1 if monoid == "max" else -1
+
+    def gap(e: Expr) -> bool:   # own − dependency (max) or dependency − own (min)
+        if not (isinstance(e, Binary) and e.op == "sub"):
+            return False
+        high, low = (e.a, e.b) if sign > 0 else (e.b, e.a)
+        return isinstance(low, Ref) and low.compute.name == dependency and \
+            high.key() == own.key()
+
+    def reads_only_gaps(e: Expr) -> bool:
+        if isinstance(e, Unary) and e.op in ("exp", "exp2") and gap(e.a):
+            return True
+        if isinstance(e, Ref) and e.compute.name == dependency:
+            return False
+        return all(reads_only_gaps(c) for c in e.children())
+
+    return all(reads_only_gaps(b) for b in bodies)
 
 
 def _guarded_scale(coef: Expr, state: Symbol) -> Expr:

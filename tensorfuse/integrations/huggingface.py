@@ -98,10 +98,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 def _tensorfuse_takes(mask, query) -> bool:
     """Whether tensorfuse's kernel takes this float mask: 16-bit ``[B or 1, 1, M, ≥N]``, one
     row of scores' terms per query for every head (broadcasts over queries or over batches
-    bigger than 1 would be copied out). A float32 mask's lowest value (``finfo.min``, as
-    transformers masks) is the identity the rolled templates' running maximum starts from, so
-    a row masked whole would give 0/0 there where the math as written weighs its keys equally:
-    SDPA keeps those."""
+    bigger than 1 would be copied out). A float32 mask comes with a float32 model, whose
+    attention tensorfuse has not measured against SDPA's float32 kernels: SDPA keeps those (the
+    templates compute them right, rows masked whole included: tests/schedule_templates/
+    test_lowest_rows.py)."""
     return mask.ndim == 4 and mask.dtype.itemsize == 2 and \
         mask.shape[0] in (1, query.shape[0]) and mask.shape[1] == 1 and \
         mask.shape[2] == query.shape[2]
