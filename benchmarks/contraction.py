@@ -13,7 +13,7 @@ contraction template directly (on sm_90a ``tf.compile`` gives the Hopper GEMM th
                                      [--pairs] [--splits]
 
 ``--sweep``: the template's tiles, warps and stages around its defaults on each case (CSV
-``…-contraction-knobs.csv``); ``--pairs``: pairwise reductions' tiles (CSV
+``…-contraction-knobs.csv``, ``…-contraction-knobs-<cases>.csv`` with ``--only``); ``--pairs``: pairwise reductions' tiles (CSV
 ``…-contraction-pairs-knobs.csv``); ``--splits``: outputs of few tiles over a long contracted
 axis (a Gram matrix, small layers' weight gradients) split into 1 to 32 parts, against cuBLAS
 (CSV ``…-contraction-splits.csv``).
@@ -57,6 +57,13 @@ def gated_gradient(x: T.Tensor["M", "K", "bf16"], d_h: T.Tensor["M", "N", "f32"]
     return T.sum(d_h[i, n] * s * (1.0 + gate[i, n] * (1.0 - s)) * x[i, k], over=i)
 
 
+@tf.kernel
+def batched_product(a: T.Tensor["Z", "M", "K", "bf16"], b: T.Tensor["Z", "K", "N", "bf16"]):
+    """``torch.bmm``: a product per batch, each with its own operands."""
+    z, i, k, j = T.axes("z i k j")
+    return T.sum(a[z, i, k] * b[z, k, j], over=k)
+
+
 def _randn(*shape, scale=1.0, dtype=torch.bfloat16):
     return (torch.randn(*shape, device="cuda") * scale).to(dtype)
 
@@ -73,6 +80,12 @@ def cases():
     yield ("weight_gradient", f"B{B} {S}x{D}x{D} (xᵀ·dy)", weight_gradient, dict(x=xs, dy=dy),
            lambda: torch.einsum("bik,bin->bkn", xs.double(), dy.double()),
            lambda x, dy: torch.einsum("bik,bin->bkn", x, dy), 2 * B * S * D * D)
+    # a short contracted axis (attention-like scores written as a bmm): the output's stores
+    # bound it, not the tensor cores
+    Z, Ms, Ks, Ns = 16, 2048, 128, 2048
+    a, bb = _randn(Z, Ms, Ks), _randn(Z, Ks, Ns)
+    yield ("batched_product", f"Z{Z} {Ms}x{Ks}x{Ns}", batched_product, dict(a=a, b=bb),
+           lambda: a.double() @ bb.double(), lambda a, b: torch.bmm(a, b), 2 * Z * Ms * Ks * Ns)
     xg, d_h, gate = _randn(M, K_), torch.randn(M, N, device="cuda"), \
         torch.randn(M, N, device="cuda") * 3
 
@@ -168,7 +181,9 @@ def _checked_time(call, pick, want, tolerance: float, what: str, log):
 # tiles, warps and stages a sweep tries around the defaults (128 × 128 / 128 × 256, 8 warps, 3
 # stages): what the defaults are checked against
 SWEPT = tuple((m, n, w, st) for m, n in ((128, 128), (128, 256), (256, 128), (64, 256))
-              for w in (4, 8) for st in (3, 4) if not (m * n >= 32768 and w == 4))
+              for w in (4, 8) for st in (3, 4) if not (m * n >= 32768 and w == 4)) + \
+    tuple((m, n, w, 2) for m, n, w in ((128, 256, 8), (128, 128, 8), (128, 128, 4), (64, 128, 4),
+                                       (128, 64, 4), (64, 64, 4)))   # short contracted axes
 
 
 def sweep(rows: list, only: set | None = None, log=print) -> None:
@@ -403,7 +418,8 @@ def main(argv=None) -> int:
     elif args.pairs:
         run_and_write(lambda rows: pairs_sweep(rows, only), args.out, "contraction-pairs-knobs")
     elif args.sweep:
-        run_and_write(lambda rows: sweep(rows, only), args.out, "contraction-knobs")
+        run_and_write(lambda rows: sweep(rows, only), args.out, "contraction-knobs" + "".join(
+            f"-{n.replace('_', '-')}" for n in sorted(only or ())))
     else:
         run_and_write(lambda rows: measure(rows, only), args.out, "contraction")
     return 0

@@ -96,12 +96,11 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict, target: Target
     sides staged where several tiles would compute them again (:func:`_reread`; or as
     ``stage_sides`` says). On the H200 these were within 0.6 % of the best of 12 tiles, warps
     and stages around them for ``nn.Linear``, SwiGLU's gate-weight gradient and its gated pair
-    at 8192 × 4096 × 14336 (``python -m benchmarks.contraction --sweep``)."""
+    at 8192 × 4096 × 14336 (``python -m benchmarks.contraction --sweep``). A contracted axis of
+    :data:`SHORT_BLOCKS` blocks or fewer takes 128 × 128 tiles, 4 warps, 2 stages."""
     rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
     if not plan.products:
-        depth = 1
-        for axis in plan.ks:
-            depth *= int(plan.extent(axis, sizes))
+        depth = contracted_depth(plan, sizes)
         knobs = ContractionKnobs(*(PAIRWISE_TILE if depth >= PAIRWISE_LONG
                                    else PAIRWISE_SHORT_TILE))
     elif operand_bytes(plan) == 4:
@@ -121,6 +120,10 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict, target: Target
                     block_n=min(knobs.block_n, _pow2_at_least(int(cols), 16)))
     if knobs.block_m * knobs.block_n <= 64 * 64 and plan.products:
         knobs = replace(knobs, num_warps=4)
+    short = -(-contracted_depth(plan, sizes) // knobs.block_k) <= SHORT_BLOCKS
+    if short and plan.products and not plan.over_columns and knobs.block_m == 128 and \
+            knobs.block_n >= 128:
+        knobs = replace(knobs, block_n=128, num_warps=4, num_stages=2)
     knobs = replace(knobs, stage_sides=int(_reread(plan, knobs, sizes)) if stage_sides is None
                     else stage_sides)
     if target.kind == "rocm":
@@ -137,6 +140,19 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict, target: Target
         while shared_bytes(plan, knobs) > room and knobs.block_n > 16:
             knobs = replace(knobs, block_n=knobs.block_n // 2)
     return replace(knobs, splits=default_splits(plan, knobs, sizes))
+
+
+# A contracted axis of at most this many blocks (k ≤ 128) bounds a product by its output's
+# stores, not by the tensor cores: 128 × 128 tiles, 4 warps, 2 stages, so that several programs
+# an SM overlap one tile's stores with the next one's loads. A bmm of 16 × 2048 × 128 × 2048 on
+# the H200: 0.068 ms against 0.081 in 128 × 256 tiles of 8 warps, 3 stages (64 × 128: 0.076;
+# ``python -m benchmarks.contraction --sweep --only batched_product``)
+SHORT_BLOCKS = 2
+
+
+def contracted_depth(plan: ContractionPlan, sizes: dict) -> int:
+    """Elements each output sums over: the contracted axes' extents multiplied."""
+    return math.prod(int(plan.extent(a, sizes)) for a in plan.ks)
 
 
 # A part of a split contraction sums at least this many blocks of the contracted axis: its tile
@@ -186,7 +202,7 @@ def default_splits(plan: ContractionPlan, knobs: ContractionKnobs, sizes: dict) 
                           column_blocks // MIN_COLUMN_BLOCKS, MAX_SPLITS))
     if 2 * programs > SMS:
         return 1
-    blocks = -(-math.prod(int(plan.extent(a, sizes)) for a in plan.ks) // knobs.block_k)
+    blocks = -(-contracted_depth(plan, sizes) // knobs.block_k)
     return max(1, min(round(SMS / programs), blocks // MIN_PART_BLOCKS, MAX_SPLITS))
 
 

@@ -111,8 +111,14 @@ LONG_SWEEP, LONG_SWEPT_CONTIGUOUS = 4096, (32, 256, 4, 4)
 # tokens of [32, 2048, 1024], rows (b, d)): blocks of 128 by 8 warps, unpipelined — 0.041 ms
 # against 0.069 in the 32 × 512 blocks of 2 stages above, 0.044 with 3-4 stages, 64-row tiles
 # 0.044-0.047; torch.compile 0.056 (``benchmarks.strided_rows_knobs --only masked_mean``). Rows
-# whose outputs run along them lost with it (layer norm over D=1024: 0.104 against 0.051)
+# whose outputs run along them lost with it (layer norm over D=1024: 0.104 against 0.051).
+# Tiles of twice the rows where 32-row tiles would give more than PER_ROW_PROGRAMS_PER_SM
+# programs an SM: tokens summed with weights over [64, 4096, 1024] (2048 tiles of 32 rows) took
+# 0.151 ms in 32-row tiles, 0.126 in 64 (torch.compile 0.120), the masked mean (1024 tiles)
+# 0.041 in 32 and 0.049 in 64 (``benchmarks.strided_rows_knobs --only masked_mean,weighted_pool
+# --family strided``)
 SWEPT_PER_ROW = (32, 128, 8, 1)
+PER_ROW_PROGRAMS_PER_SM = 8
 # Rows laid out along the row (softmax, norms, a group norm's flat row) are swept without the
 # pipeline: on the H200 (``benchmarks.rows_sweep --stages``) it took softmax over 2048 × 65536
 # from 82 to 62 % of copy, cross-entropy 73 -> 67 %, layernorm 56 -> 60 %, and the [16384, 8192]
@@ -225,6 +231,9 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
                 plan, Knobs(block_m=SWEPT_PER_ROW[0], block_n=SWEPT_PER_ROW[1]))) >= SMS
             rows, block, warps, stages = LONG_SWEPT_CONTIGUOUS if long else \
                 SWEPT_PER_ROW if per_row else SWEPT_CONTIGUOUS
+            if per_row and not long and math.prod(grid(plan, Knobs(block_m=rows, block_n=block))) \
+                    > PER_ROW_PROGRAMS_PER_SM * SMS:
+                rows *= 2
             return Knobs(block_m=rows, block_n=block, num_warps=warps, num_stages=stages,
                          reload=0)
         return Knobs(block_m=CONTIGUOUS_ROWS, block_n=block_n,

@@ -8,7 +8,7 @@ import pytest
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks import unlisted_kernels as unlisted
-from benchmarks.contraction import transposed_product
+from benchmarks.contraction import batched_product, transposed_product
 from tensorfuse import dsl as T
 from tensorfuse.autograd import grad
 from tensorfuse.errors import NoTemplateWarning, ScheduleError, TargetError
@@ -215,6 +215,12 @@ def test_knobs_fit_the_gpu_and_bad_knobs_are_refused():
     assert shared_bytes(plan, default_contraction_knobs(plan, sizes, MI300)) <= 56 * 1024
     few = default_contraction_knobs(plan, dict(M=5, K=64, N=4096), HOPPER)
     assert few.block_m == 16   # tl.dot's smallest
+    # a short contracted axis: its stores bound it, several smaller programs an SM
+    bmm = plan_contraction(batched_product.program)
+    short = default_contraction_knobs(bmm, dict(Z=16, M=2048, K=128, N=2048), HOPPER)
+    assert (short.block_m, short.block_n, short.num_warps, short.num_stages) == (128, 128, 4, 2)
+    deep = default_contraction_knobs(bmm, dict(Z=16, M=2048, K=256, N=2048), HOPPER)
+    assert (deep.block_n, deep.num_warps, deep.num_stages) == (256, 8, 3)
     with pytest.raises(TargetError, match="powers of two"):
         check_contraction(plan, ContractionKnobs(block_n=48), HOPPER)
     with pytest.raises(TargetError, match="shared memory"):

@@ -74,7 +74,7 @@ def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_ro
     from tensorfuse.schedule_templates.auto import takes_stage
     from tensorfuse.schedule_templates.stages import plan_stages
     from tensorfuse.targets import get_target
-    from benchmarks.unlisted_kernels import column_mean
+    from benchmarks.unlisted_kernels import column_mean, weighted_token_pool
     from tests.schedule_templates.strided_rows import channel_stats
 
     stats = knobs_of(channel_stats, N=100352, C=256)   # too few 64-row tiles for 64 parts
@@ -88,6 +88,9 @@ def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_ro
     mean = knobs_of(column_mean, B=65536, D=1024)
     assert (mean.block_m, mean.block_n, mean.splits) == (64, 128, 33)
     assert knobs_of(cross_entropy, M=16, V=131072).splits == 4
+    # a long sweep, outputs per row: 32-row tiles up to about 8 programs an SM, else 64
+    assert knobs_of(weighted_token_pool, B=32, S=2048, D=1024).block_m == 32   # 1024 tiles
+    assert knobs_of(weighted_token_pool, B=64, S=4096, D=1024).block_m == 64
     assert knobs_of(softmax, M=64, N=65536).splits == 1
     assert knobs_of(channel_stats, N=512, C=4096).splits == 1
 
