@@ -13,7 +13,8 @@ contraction template directly (on sm_90a ``tf.compile`` gives the Hopper GEMM th
                                      [--pairs] [--splits]
 
 ``--sweep``: the template's tiles, warps and stages around its defaults on each case (CSV
-``…-contraction-knobs.csv``, ``…-contraction-knobs-<cases>.csv`` with ``--only``); ``--pairs``: pairwise reductions' tiles (CSV
+``…-contraction-knobs.csv``, ``…-contraction-knobs-<cases>.csv`` with ``--only``); ``--pairs``:
+pairwise reductions' tiles (CSV
 ``…-contraction-pairs-knobs.csv``); ``--splits``: outputs of few tiles over a long contracted
 axis (a Gram matrix, small layers' weight gradients) split into 1 to 32 parts, against cuBLAS
 (CSV ``…-contraction-splits.csv``).
