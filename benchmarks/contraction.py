@@ -12,9 +12,9 @@ contraction template directly (on sm_90a ``tf.compile`` gives the Hopper GEMM th
     python -m benchmarks.contraction [--out DIR] [--only linear,weight_gradient,...] [--sweep]
                                      [--pairs] [--splits]
 
-``--sweep``: the template's tiles, warps and stages around its defaults on each case (CSV
-``…-contraction-knobs.csv``, ``…-contraction-knobs-<cases>.csv`` with ``--only``); ``--pairs``:
-pairwise reductions' tiles (CSV
+The CSV: ``…-contraction.csv``, ``…-contraction-<cases>.csv`` with ``--only`` (the others
+likewise). ``--sweep``: the template's tiles, warps and stages around its defaults on each case
+(CSV ``…-contraction-knobs.csv``); ``--pairs``: pairwise reductions' tiles (CSV
 ``…-contraction-pairs-knobs.csv``); ``--splits``: outputs of few tiles over a long contracted
 axis (a Gram matrix, small layers' weight gradients) split into 1 to 32 parts, against cuBLAS
 (CSV ``…-contraction-splits.csv``).
@@ -414,15 +414,17 @@ def main(argv=None) -> int:
                         help="outputs of few tiles, the contracted axis split into parts")
     args = parser.parse_args(argv)
     only = {n for n in args.only.split(",") if n} or None
+    cases = "".join(f"-{n.replace('_', '-')}" for n in sorted(only or ()))   # the CSV's name
     if args.splits:
-        run_and_write(lambda rows: splits_sweep(rows, only), args.out, "contraction-splits")
+        run_and_write(lambda rows: splits_sweep(rows, only), args.out,
+                      "contraction-splits" + cases)
     elif args.pairs:
-        run_and_write(lambda rows: pairs_sweep(rows, only), args.out, "contraction-pairs-knobs")
+        run_and_write(lambda rows: pairs_sweep(rows, only), args.out,
+                      "contraction-pairs-knobs" + cases)
     elif args.sweep:
-        run_and_write(lambda rows: sweep(rows, only), args.out, "contraction-knobs" + "".join(
-            f"-{n.replace('_', '-')}" for n in sorted(only or ())))
+        run_and_write(lambda rows: sweep(rows, only), args.out, "contraction-knobs" + cases)
     else:
-        run_and_write(lambda rows: measure(rows, only), args.out, "contraction")
+        run_and_write(lambda rows: measure(rows, only), args.out, "contraction" + cases)
     return 0
 
 

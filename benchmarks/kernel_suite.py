@@ -148,7 +148,8 @@ def _tuned_rows(case: Case, recorded: Recorded, trials: int, ceilings: dict, log
 
 
 def main(suite: dict, name: str, description: str, argv=None) -> None:
-    """The command line of :func:`run` over ``suite``, its CSV named ``<date>-<device>-<name>``."""
+    """The command line of :func:`run` over ``suite``, its CSV named ``<date>-<device>-<name>``
+    (``…-<name>-<kernels>`` for the kernels of ``--only``)."""
     parser = argparse.ArgumentParser(description=description.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated suite names")
     parser.add_argument("--out", default="benchmarks/results")
@@ -158,6 +159,9 @@ def main(suite: dict, name: str, description: str, argv=None) -> None:
     args = parser.parse_args(argv)
     device = torch.cuda.get_device_name().replace(" ", "_")
     tuned = "-tuned" if args.tune else ""
-    run(suite, [n for n in args.only.split(",") if n] or None, tune=args.tune,
-        csv_path=f"{args.out}/{datetime.date.today()}-{device}-{name}{tuned}.csv")
+    only = [n for n in args.only.split(",") if n]
+    # a run of some kernels is named for them: it must not stand for the whole suite's newest
+    cases = "".join(f"-{n.replace('_', '-')}" for n in sorted(only))
+    run(suite, only or None, tune=args.tune,
+        csv_path=f"{args.out}/{datetime.date.today()}-{device}-{name}{cases}{tuned}.csv")
 

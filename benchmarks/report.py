@@ -254,6 +254,9 @@ SECTIONS = (
      "torch alternative on the same tensors; the distances in TFLOP/s (3 operations a pair and "
      "dimension) against cuBLAS's f32 GEMM on the CUDA cores, whose fused multiply-adds make "
      "75 % the limit here", "python -m benchmarks.unlisted_kernels"),
+    ("unlisted-kernels-weighted-token-pool", "Tokens summed with weights, again",
+     "bf16; the weighted token pool of the section above, run alone after its defaults changed",
+     "python -m benchmarks.unlisted_kernels --only weighted_token_pool"),
     ("neighborhood", "Neighbourhood attention on 2-D and 3-D maps",
      "bf16; TFLOP/s of the kept FLOPs; `graph`: calls replayed from a CUDA graph",
      "python -m benchmarks.neighborhood --csv PATH"),
@@ -318,6 +321,14 @@ SECTIONS = (
      "bf16; TFLOP/s and the fraction of cuBLAS's 8192³ rate; `tensorfuse template`: the "
      "template called directly, `tensorfuse`: `tf.compile`'s choice",
      "python -m benchmarks.contraction"),
+    ("contraction-batched-product", "A batched product (`torch.bmm`)",
+     "bf16, a short contracted axis (the output's stores bound it); TFLOP/s and the fraction of "
+     "cuBLAS's 8192³ rate; `tensorfuse`: `tf.compile`'s choice (the Hopper GEMM, its batch axis "
+     "on 3-D tensor maps), `tensorfuse template`: the contraction template",
+     "python -m benchmarks.contraction --only batched_product"),
+    ("contraction-knobs-batched-product", "The contraction template's knobs on a batched product",
+     "bf16; as the section above", "python -m benchmarks.contraction --sweep --only "
+     "batched_product"),
     ("contraction-knobs", "The contraction template's knobs",
      "bf16; TFLOP/s and the fraction of cuBLAS's 8192³ rate; every candidate checked against "
      "float64; `default`: the template's own choice", "python -m benchmarks.contraction --sweep"),

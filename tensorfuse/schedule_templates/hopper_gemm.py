@@ -22,27 +22,33 @@ from ..targets.cuda.module import (DriverLaunch, KernelEntry, cubin_for, local_g
                                    max_active_clusters)
 from ..targets.cuda.parts import named_parts
 from ..targets.cuda.tma import DeviceMaps, tensor_map
-from .hopper_gemm_plan import (BLOCK_K, HopperGemmPlan, check_gemm, plan_hopper_gemm,
+from .hopper_gemm_plan import (BLOCK_K, HopperGemmPlan, batches, check_gemm, plan_hopper_gemm,
                                shared_bytes, split_tail, tile_units, with_knobs)
 
 
-def operand_maps(plan: HopperGemmPlan, knobs, sizes: tuple[int, int, int]):
+def operand_maps(plan: HopperGemmPlan, knobs, sizes: tuple[int, int, int], batches: int = 1):
     """``maps(values, device)``: the TMA maps of the rows operand and the weights in one device
-    buffer, made once per set of addresses (:class:`DeviceMaps`)."""
+    buffer, made once per set of addresses (:class:`DeviceMaps`); an operand with the batch axis
+    as a 3-D map (``batches`` slices, boxes of one)."""
     M, K, N = sizes
     cache = DeviceMaps()
+
+    def mapped(address: int, shape: tuple, box: tuple, batched: bool) -> bytes:
+        if batched:
+            shape, box = (batches, *shape), (1, *box)
+        return tensor_map(address, shape, box, plan.dtype)
 
     def maps(values: dict, device):
         tensors = [values[plan.a]] + [values[w] for w in plan.weights]
         key = tuple(t.data_ptr() for t in tensors)
 
         def blob() -> bytes:
-            made = tensor_map(key[0], (M, K), (knobs.block_m, BLOCK_K), plan.dtype)
+            made = mapped(key[0], (M, K), (knobs.block_m, BLOCK_K), plan.a_batched)
             part = knobs.block_n // (knobs.cluster if knobs.multicast == "split" else 1)
             for address in key[1:]:
-                made += (tensor_map(address, (N, K), (part, BLOCK_K), plan.dtype)
+                made += (mapped(address, (N, K), (part, BLOCK_K), plan.weights_batched)
                          if plan.b_k_major else
-                         tensor_map(address, (K, N), (BLOCK_K, 64), plan.dtype))
+                         mapped(address, (K, N), (BLOCK_K, 64), plan.weights_batched))
             return made
 
         return cache.get(key, blob, device)
@@ -84,15 +90,16 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     knobs, why = with_knobs(plan, dims, given, gpu[1] if gpu else 132, target.max_shared_memory)
     check_gemm(plan, knobs, dims, target.max_shared_memory)
     M, K, N = (dims[d] for d in plan.dims)
+    Z = batches(plan, dims)
     source = hopper_gemm_source(plan, knobs, dependent)
     smem = shared_bytes(plan, knobs)
     ctas, fit = resident_ctas(source, knobs, smem, target)
-    units = tile_units(M, N, knobs.block_m, knobs.block_n, knobs.cluster)
+    units = Z * tile_units(M, N, knobs.block_m, knobs.block_n, knobs.cluster)
     full_items, tail, pieces = split_tail(units, ctas // knobs.cluster,
                                           math.ceil(K / BLOCK_K)) if knobs.split_tail else \
         (units, 0, 1)
     grid = min((full_items + tail * pieces) * knobs.cluster, ctas)
-    maps = operand_maps(plan, knobs, (M, K, N))
+    maps = operand_maps(plan, knobs, (M, K, N), Z)
     entries = [KernelEntry(ENTRY, tuple(t for _, t, _ in kernel_arguments(plan)))]
     launch = DriverLaunch(source, target, ENTRY, entries[0].arg_types, dependent=True) \
         if dependent else None
@@ -110,7 +117,8 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
         tensors = [pointer(values[t]) for t, _ in plan.tensors]
         scalars = [values[n] for n, _ in plan.scalars]
         partials, counters = split_buffers(device)
-        args = [pointer(maps(values, device)), pointer(out), *tensors, M, N, K, *scalars,
+        args = [pointer(maps(values, device)), pointer(out), *tensors, M, N, K,
+                *([Z] if plan.batch else []), *scalars,
                 pointer(partials), pointer(counters), full_items, tail, pieces, knobs.group_m]
         if launch is None:
             module[ENTRY](*args, grid, 1, knobs.threads, knobs.cluster, smem)

@@ -1,5 +1,7 @@
 """The Hopper GEMM plan: ``out[i, j] = epilogue(Σ_k a[i, k] · w_g[k, j], …)`` as one persistent,
-warp-specialised sm_90a kernel (the CUDA C++: :mod:`tensorfuse.targets.cuda.hopper_gemm`).
+warp-specialised sm_90a kernel (the CUDA C++: :mod:`tensorfuse.targets.cuda.hopper_gemm`), or one
+per index of a batch axis ``z`` (``out[z, i, j]``, ``torch.bmm``): either operand may carry it
+(``a[z, i, k]``, ``w[z, k, j]``), the other is shared by every batch.
 
 :func:`plan_hopper_gemm` reads the pattern from a program: one or two sums over the same axis
 ``k`` into ``[i, j]``, each the product of the shared rows ``a[i, k]`` and a weight indexed
@@ -103,6 +105,11 @@ class HopperGemmPlan:
     axes: tuple[str, str]
     tensors: tuple[tuple[str, str], ...]
     scalars: tuple[tuple[str, str], ...]
+    # a batch axis (a product per batch index, ``torch.bmm``): its name and size name, and
+    # which operands it indexes (the other one is shared by every batch)
+    batch: tuple[str, str] | None = None
+    a_batched: bool = False
+    weights_batched: bool = False
     # the emitter's parts by role (``targets/cuda/parts``)
     parts: tuple[tuple[str, str], ...] = (
         ("scheduler", "grouped_persistent_tiles"), ("load", "tma_multicast"),
@@ -111,9 +118,13 @@ class HopperGemmPlan:
 
     def describe(self, knobs: GemmKnobs | None = None) -> str:
         m, k, n = self.dims
-        layout = f"[{n}, {k}] (K-major, as nn.Linear)" if self.b_k_major else f"[{k}, {n}]"
-        lines = [f"hopper GEMM plan: {self.output}[{m}, {n}] ({self.out_dtype}) from "
-                 f"{self.a}[{m}, {k}] and {', '.join(self.weights)} {layout} ({self.dtype})",
+        z = f"{self.batch[1]}, " if self.batch else ""
+        zw = z if self.weights_batched else ""
+        layout = f"[{zw}{n}, {k}] (K-major, as nn.Linear)" if self.b_k_major else \
+            f"[{zw}{k}, {n}]"
+        lines = [f"hopper GEMM plan: {self.output}[{z}{m}, {n}] ({self.out_dtype}) from "
+                 f"{self.a}[{z if self.a_batched else ''}{m}, {k}] and "
+                 f"{', '.join(self.weights)} {layout} ({self.dtype})",
                  f"  sums: {', '.join(self.sums)} over {k} (wgmma, f32 accumulators)",
                  f"  epilogue: {to_text(self.epilogue)}",
                  "  persistent CTAs: a TMA producer warp, consumer warpgroups of 64 rows"]
@@ -131,6 +142,14 @@ def _is_axis(e: Expr, axis: Axis) -> bool:
     return isinstance(e, Axis) and e.uid == axis.uid
 
 
+def _indexed(load: Load, batch: Axis | None, axes: tuple[Axis, Axis]) -> bool:
+    """Whether ``load`` is indexed ``[axes]``, or ``[batch, axes]``."""
+    if len(load.indices) == 3:
+        return batch is not None and _is_axis(load.indices[0], batch) and \
+            all(_is_axis(x, y) for x, y in zip(load.indices[1:], axes))
+    return len(load.indices) == 2 and all(_is_axis(x, y) for x, y in zip(load.indices, axes))
+
+
 def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
     """The GEMM's pieces, or a :class:`ScheduleError` saying what does not fit the pattern."""
     outputs = [c for c in program.computes if c.is_output]
@@ -146,36 +165,37 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
         if c.monoid.name != "sum":
             raise _refuse(f"{c.name} is a {c.monoid.name} reduction; the GEMM template takes "
                           "sums of products", c)
-        if len(c.over) != 1 or len(c.axes) != 2:
-            raise _refuse(f"{c.name} is not a sum over one axis into [rows, columns] (batched "
-                          "products: fold the batch into the rows, or use the attention "
-                          "template)", c)
+        if len(c.over) != 1 or len(c.axes) not in (2, 3):
+            raise _refuse(f"{c.name} is not a sum over one axis into [rows, columns] or "
+                          "[batch, rows, columns]", c)
     k_axis = first.over[0]
-    i_axis, j_axis = first.axes
-    a_name, weights, k_major = None, [], set()
+    z_axis = first.axes[0] if len(first.axes) == 3 else None
+    i_axis, j_axis = first.axes[-2:]
+    a_name, weights, k_major, batched = None, [], set(), set()
     for c in sums:
-        if c.over[0].uid != k_axis.uid or not all(_is_axis(x, y) for x, y in
-                                                    zip(c.axes, (i_axis, j_axis))):
+        if c.over[0].uid != k_axis.uid or len(c.axes) != len(first.axes) or \
+                not all(_is_axis(x, y) for x, y in zip(c.axes, first.axes)):
             raise _refuse(f"{c.name} sums over another axis or into other axes than "
                           f"{first.name}", c)
         loads = factors(c.bodies[0])
-        if len(loads) != 2 or not all(isinstance(f, Load) and len(f.indices) == 2
-                                      for f in loads):
-            raise _refuse(f"{c.name} must be sum(a[{i_axis.name}, {k_axis.name}] * "
-                          f"w[{k_axis.name}, {j_axis.name}], over={k_axis.name})", c)
-        rows = [f for f in loads if _is_axis(f.indices[0], i_axis)
-                and _is_axis(f.indices[1], k_axis)]
+        z = f"{z_axis.name}, " if z_axis is not None else ""
+        if len(loads) != 2 or not all(isinstance(f, Load) for f in loads):
+            raise _refuse(f"{c.name} must be sum(a[{z}{i_axis.name}, {k_axis.name}] * "
+                          f"w[{z}{k_axis.name}, {j_axis.name}], over={k_axis.name})", c)
+        rows = [f for f in loads if _indexed(f, z_axis, (i_axis, k_axis))]
         if len(rows) != 1:
-            raise _refuse(f"{c.name}: one factor must be indexed [{i_axis.name}, {k_axis.name}] "
-                          "(the rows, K contiguous)", c)
+            raise _refuse(f"{c.name}: one factor must be indexed [{z}{i_axis.name}, "
+                          f"{k_axis.name}] (the rows, K contiguous)", c)
         w = next(f for f in loads if f is not rows[0])
-        if _is_axis(w.indices[0], k_axis) and _is_axis(w.indices[1], j_axis):
+        if _indexed(w, z_axis, (k_axis, j_axis)):
             k_major.add(False)
-        elif _is_axis(w.indices[0], j_axis) and _is_axis(w.indices[1], k_axis):
+        elif _indexed(w, z_axis, (j_axis, k_axis)):
             k_major.add(True)
         else:
             raise _refuse(f"{c.name}: the weight {w.param.name} must be indexed "
-                          f"[{k_axis.name}, {j_axis.name}] or [{j_axis.name}, {k_axis.name}]", c)
+                          f"[{z}{k_axis.name}, {j_axis.name}] or [{z}{j_axis.name}, "
+                          f"{k_axis.name}]", c)
+        batched.add((len(rows[0].indices) == 3, len(w.indices) == 3))
         if a_name not in (None, rows[0].param.name):
             raise _refuse(f"{c.name} reads {rows[0].param.name}, {first.name} reads {a_name}; "
                           "the sums must share their rows operand", c)
@@ -185,6 +205,10 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
         raise _refuse("the weights are stored in different layouts ([K, N] and [N, K]); store "
                       "them alike", out)
     b_k_major = k_major.pop()
+    a_batched, weights_batched = batched.pop() if len(batched) == 1 else (None, None)
+    if a_batched is None:
+        raise _refuse("the weights differ in whether they have the batch axis; index them alike",
+                      out)
     params = {p.name: p for p in program.tensor_params}
     dtypes = {params[n].dtype for n in [a_name, *weights]}
     if len(dtypes) != 1 or not dtypes <= {"bf16", "f16"}:
@@ -193,9 +217,10 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
     if out.dtypes[0] not in ("bf16", "f16", "f32"):
         raise _refuse(f"the output {out.name} is {out.dtypes[0]}; it can be bf16, f16 or f32",
                       out)
-    if len(out.axes) != 2 or not all(_is_axis(x, y) for x, y in zip(out.axes, (i_axis, j_axis))):
-        raise _refuse(f"the output {out.name} must be indexed [{i_axis.name}, {j_axis.name}] like "
-                      "the sums", out)
+    if len(out.axes) != len(first.axes) or \
+            not all(_is_axis(x, y) for x, y in zip(out.axes, first.axes)):
+        raise _refuse(f"the output {out.name} must be indexed "
+                      f"[{', '.join(a.name for a in first.axes)}] like the sums", out)
     epilogue = inline_elementwise(out.bodies[0]) if out not in sums else Ref(out)
     names = tuple(c.name for c in sums)
     for e in nodes(epilogue):
@@ -207,11 +232,15 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
                           "tensors, scalars and indices", out)
     tensors = tuple(sorted({(e.param.name, e.param.dtype) for e in nodes(epilogue)
                             if isinstance(e, Load)}))
-    dims = (str(params[a_name].dims[0]), str(params[a_name].dims[1]),
-            str(params[weights[0]].dims[0 if b_k_major else 1]))
+    a_dims, w_dims = params[a_name].dims[-2:], params[weights[0]].dims[-2:]
+    dims = (str(a_dims[0]), str(a_dims[1]), str(w_dims[0 if b_k_major else 1]))
+    batch = None
+    if z_axis is not None:
+        batch = (z_axis.name, str((params[a_name] if a_batched else params[weights[0]]).dims[0]))
     plan = HopperGemmPlan(a_name, tuple(weights), b_k_major, names, epilogue, out.name,
                           out.dtypes[0], dtypes.pop(), dims, (i_axis.name, j_axis.name), tensors,
-                          tuple((p.name, p.dtype) for p in program.scalar_params))
+                          tuple((p.name, p.dtype) for p in program.scalar_params), batch,
+                          a_batched, weights_batched)
     epilogue_code(plan)   # refused now if the emitter cannot write it
     return plan
 
@@ -228,6 +257,11 @@ def deepest_stages(plan: HopperGemmPlan, knobs: GemmKnobs, max_shared: int = MAX
     """The most ring slots that fit shared memory (at most 6)."""
     return max(s for s in range(2, 7)
                if s == 2 or shared_bytes(plan, replace(knobs, stages=s)) <= max_shared)
+
+
+def batches(plan: HopperGemmPlan, sizes: dict) -> int:
+    """The batch's extent (1 without a batch axis): the kernel walks that many GEMMs' tiles."""
+    return int(sizes[plan.batch[1]]) if plan.batch else 1
 
 
 def wave_efficiency(tiles: int, sms: int) -> float:
@@ -344,15 +378,17 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     copies take the L2 evict-first policy (:func:`_weight_policy`); one wave of whole tiles on one
     row of them has its CTAs paced (:func:`_default_pace`)."""
     M, K, N = (sizes[d] for d in plan.dims)
-    cluster = 2 if M > 128 else 1
-    bn = _default_width(plan, M, N, K, cluster, sms)
+    rows = batches(plan, sizes) * M   # every batch's rows: what the tile models count
+    # a cluster multicasts 2-D weight tiles: weights of their own per batch take none
+    cluster = 2 if M > 128 and not plan.weights_batched else 1
+    bn = _default_width(plan, rows, N, K, cluster, sms)
     epilogue = "direct" if plan.out_dtype == "f32" else "staged"
     if M <= 64:
         knobs = GemmKnobs(bn, consumers=1, cluster=1, group_m=16, epilogue=epilogue)
         why = f"M={M}: one warpgroup of 64 rows"
     else:
         knobs = GemmKnobs(bn, cluster=cluster, group_m=16, epilogue=epilogue)
-        units = tile_units(M, N, 128, bn, cluster)
+        units = batches(plan, sizes) * tile_units(M, N, 128, bn, cluster)
         why = (f"{units} tiles of {128 * cluster} × {bn} (cluster of {cluster}) on {sms} SMs: "
                f"{wave_efficiency(units * cluster, sms):.0%} of the last wave busy")
     knobs = _with_derived(plan, sizes, knobs, sms)
@@ -368,9 +404,12 @@ def _with_derived(plan: HopperGemmPlan, sizes: dict, knobs: GemmKnobs, sms: int,
     """``knobs`` with the knobs that follow from the tiles and the cluster — the weights' L2
     policy and the pacing — derived for them, but those in ``given``."""
     M, K, N = (sizes[d] for d in plan.dims)
-    derived = {"weights_l2": _weight_policy(plan, M, knobs),
-               "pace": _default_pace(M, N, K, knobs, sms),
-               "group_m": group_rows(M, N, knobs.block_m, knobs.block_n, knobs.cluster,
+    rows = batches(plan, sizes) * M
+    # (a batch's own weights: the 2-D L2 hint does not copy them; pacing measured unbatched)
+    derived = {"weights_l2": "normal" if plan.weights_batched else
+               _weight_policy(plan, rows, knobs),
+               "pace": 0 if plan.batch else _default_pace(M, N, K, knobs, sms),
+               "group_m": group_rows(rows, N, knobs.block_m, knobs.block_n, knobs.cluster,
                                      len(plan.weights), sms)}
     return replace(knobs, **{k: v for k, v in derived.items() if k not in given})
 
@@ -495,10 +534,16 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
                       "average would hold its peer's multicast copies; use cluster=1")
     if knobs.weights_l2 not in ("normal", "evict_first"):
         raise _refuse(f"weights_l2={knobs.weights_l2!r}: 'normal' or 'evict_first'")
+    if plan.weights_batched and (knobs.cluster > 1 or knobs.weights_l2 != "normal"):
+        raise _refuse(f"{knobs}: weights with the batch axis are copied as 3-D boxes, without "
+                      "multicast or an L2 policy: use cluster=1, weights_l2='normal'")
     need = shared_bytes(plan, knobs)
     if need > max_shared:
         raise _refuse(f"{knobs} needs {need} bytes of shared memory; the GPU has {max_shared}: "
                       "use fewer stages or a smaller block_n")
+    Z = batches(plan, sizes)
+    if not 1 <= Z < 2 ** 31:
+        raise _refuse(f"{plan.batch[1]}={Z} is outside what the kernel indexes")
     for name, value in (("M", M), ("N", N), ("K", K)):
         if not 1 <= value < 2 ** 31:
             raise _refuse(f"{name}={value} is outside what the kernel indexes")

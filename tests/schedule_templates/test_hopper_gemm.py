@@ -11,6 +11,7 @@ import pytest
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
+from benchmarks.contraction import batched_product
 from benchmarks.gemm import KERNELS, matmul_f16_f32, matmul_nk
 from tests.helpers import needs_nvcc
 from tensorfuse import dsl as T
@@ -42,10 +43,59 @@ def test_plan_reads_layouts_epilogues_and_gated_pairs():
     assert (mixed.dtype, mixed.out_dtype) == ("f16", "f32")
 
 
+def test_plan_reads_a_batch_axis_on_either_operand():
+    """``torch.bmm`` and its kin: a batch axis on the rows, the weights, or both (the other
+    operand shared by every batch), read as 3-D tensor maps; the epilogue may read it too."""
+    for kernel, a_batched, weights_batched, k_major in (
+            (batched_product, True, True, False), (batched, True, False, False),
+            (shared_rows, False, True, True), (batched_nk_residual, True, True, True)):
+        plan = plan_hopper_gemm(kernel.program)
+        assert (plan.a_batched, plan.weights_batched, plan.b_k_major) == \
+            (a_batched, weights_batched, k_major), kernel.name
+        assert plan.batch[1] in ("Z", "B") and plan.dims[1] == "K"
+    assert "r[z, i, j]" in plan.describe()
+    # weights of their own per batch: 3-D boxes, no cluster (multicast copies 2-D tiles)
+    sizes = dict(Z=4, M=4096, K=1024, N=4096)
+    assert with_knobs(plan, sizes, {})[0].cluster == 1
+    with pytest.raises(ScheduleError, match="3-D boxes"):
+        check_gemm(plan, GemmKnobs(cluster=2), sizes)
+    shared_weights = plan_hopper_gemm(batched.program)
+    assert with_knobs(shared_weights, dict(B=4, M=4096, K=1024, N=4096), {})[0].cluster == 2
+
+
 @tf.kernel
 def batched(x: T.Tensor["B", "M", "K", "bf16"], w: T.Tensor["K", "N", "bf16"]):
     b, i, j, k = T.axes("b i j k")
     return T.sum(x[b, i, k] * w[k, j], over=k)
+
+
+@tf.kernel
+def batched_nk_residual(a: T.Tensor["Z", "M", "K", "bf16"], b: T.Tensor["Z", "N", "K", "bf16"],
+                        r: T.Tensor["Z", "M", "N", "bf16"], s: T.f32):
+    """A product per batch, its weights stored [Z, N, K], scaled, plus a residual of the batch."""
+    z, i, k, j = T.axes("z i k j")
+    return T.sum(a[z, i, k] * b[z, j, k], over=k) * s + r[z, i, j]
+
+
+@tf.kernel
+def shared_rows(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["Z", "N", "K", "bf16"]):
+    """The same rows against each batch's weights (several adapters' projections)."""
+    z, i, k, j = T.axes("z i k j")
+    return T.sum(x[i, k] * w[z, j, k], over=k)
+
+
+@tf.kernel
+def gated_batched_apart(x: T.Tensor["Z", "M", "K", "bf16"], w1: T.Tensor["Z", "K", "N", "bf16"],
+                        w3: T.Tensor["K", "N", "bf16"]):
+    z, i, j, k = T.axes("z i j k")
+    return T.sum(x[z, i, k] * w1[z, k, j], over=k) * T.sum(x[z, i, k] * w3[k, j], over=k)
+
+
+@tf.kernel
+def two_batch_axes(q: T.Tensor["B", "H", "M", "D", "bf16"],
+                   k: T.Tensor["B", "H", "N", "D", "bf16"]):
+    b, h, i, j, d = T.axes("b h i j d")
+    return T.sum(q[b, h, i, d] * k[b, h, j, d], over=d)
 
 
 @tf.kernel
@@ -68,7 +118,8 @@ def max_product(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["K", "N", "bf16"]):
 
 
 @pytest.mark.parametrize("kernel, words", [
-    (batched, "not a sum over one axis into [rows, columns]"),
+    (two_batch_axes, "not a sum over one axis into [rows, columns] or [batch, rows"),
+    (gated_batched_apart, "differ in whether they have the batch axis"),
     (mixed_layouts, "different layouts"),
     (float32_gemm, "bf16 or f16"),
     (max_product, "max reduction"),
@@ -301,6 +352,25 @@ def test_the_epilogue_loads_what_it_reads_per_row_or_column_once(epilogue):
     assert len(re.findall(r"ld\.global\.nc\.u16", ptx)) == 2 + 64
 
 
+@needs_nvcc
+@pytest.mark.parametrize("kernel", [batched_product, batched, shared_rows, batched_nk_residual])
+def test_batched_operands_are_copied_as_3d_boxes(kernel):
+    """An operand with the batch axis is copied by 3-D bulk tensor copies at the tile's batch,
+    a shared one by 2-D copies as unbatched; ptxas spills nothing."""
+    plan = plan_hopper_gemm(kernel.program)
+    f = hopper(kernel)
+    sizes = {plan.batch[1]: 3, "M": 300, "K": 136, "N": 264}
+    source = f.source(**sizes)
+    assert ("tf_tma_load_3d(a_tiles" in source) == plan.a_batched
+    assert ("tf_tma_load_2d(a_tiles" in source) != plan.a_batched
+    assert ("tf_tma_load_3d(b" in source) == plan.weights_batched
+    assert ("copy_weight_box(b" in source) != plan.weights_batched
+    ptx = f.ptx(**sizes)
+    assert "cp.async.bulk.tensor.3d" in ptx and "wgmma.mma_async" in ptx
+    report = _ptxas_report(source)
+    assert int(re.search(r"(\d+) bytes spill stores", report).group(1)) == 0, report
+
+
 def test_one_source_serves_every_size_with_these_knobs():
     f = hopper(K.matmul, block_n=256, cluster=2, stages=4)
     assert f.source(**SIZES) == f.source(M=8192, K=8192, N=8192)
@@ -408,6 +478,46 @@ def test_every_layout_epilogue_and_knob_matches_float64_on_the_gpu():
     from benchmarks.gemm import check
 
     assert check(log=lambda line: None) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel, sizes, knobs", [
+    (batched_product, dict(Z=3, M=300, K=136, N=264), {}),
+    (batched_product, dict(Z=16, M=2048, K=128, N=2048), {}),
+    (batched_product, dict(Z=2, M=40, K=72, N=200), {"epilogue": "direct"}),   # one warpgroup
+    (batched_product, dict(Z=2, M=128, K=4096, N=256), {}),   # a last wave split along K
+    (batched, dict(B=3, M=520, K=264, N=392), {}),            # shared weights: a cluster of two
+    (shared_rows, dict(Z=5, M=200, K=136, N=136), {}),
+    (batched_nk_residual, dict(Z=3, M=300, K=136, N=264), {"block_n": 128}),
+])
+def test_batched_products_match_float64_on_the_gpu(kernel, sizes, knobs):
+    """Each batch's product against float64 (torch.matmul in float64 on the same inputs), ragged
+    sizes, values up to ±30, the output poisoned with NaN first."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    args = {}
+    for p in kernel.program.tensor_params:
+        shape = [sizes[str(d)] for d in p.dims]
+        args[p.name] = (torch.randn(shape, device="cuda", generator=gen) *
+                        (30.0 if p.name in ("a", "x") else 1.0)).to(torch.bfloat16)
+    f = hopper(kernel, **knobs)
+    scalars = {"s": 0.5} if kernel is batched_nk_residual else {}
+    d = {n: t.double() for n, t in args.items()}
+    if kernel is batched_nk_residual:
+        want = d["a"] @ d["b"].transpose(-1, -2) * 0.5 + d["r"]
+    elif kernel is shared_rows:
+        want = d["x"] @ d["w"].transpose(-1, -2)
+    else:
+        first, second = list(d.values())
+        want = first @ second
+    out = torch.full(want.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):   # twice: a split tile's counters are reset by the first call
+        got = f(**args, **scalars, out=out)
+        assert got is out
+        error = float((out.double() - want).abs().max() / want.abs().max())
+        assert error < 1e-2, f"{kernel.name} {sizes} {knobs}: relative error {error:.2e}"
 
 
 def test_driver_launch_packs_the_arguments_as_the_kernel_takes_them():

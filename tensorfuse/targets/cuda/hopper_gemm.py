@@ -48,7 +48,7 @@ from .parts import (Part, assemble, epilogue, loads, mainloop, named_parts, pipe
                     scheduler)
 from .split import HELPERS as SPLIT_HELPERS
 from .tma import HELPERS as TMA_HELPERS
-from .tma import MBARRIER_HELPERS
+from .tma import MBARRIER_HELPERS, load_helper
 from .wgmma import HELPERS as WGMMA_HELPERS
 from .wgmma import wgmma_function
 
@@ -132,10 +132,12 @@ __device__ __forceinline__ void tf_mbar_arrive_cluster(unsigned long long* bar, 
 
 def kernel_arguments(plan) -> list[tuple[str, str, str]]:
     """(C++ name, TVM argument type, C++ type) of the kernel's arguments, in order: the tensor
-    maps (a, then each weight), the output, the tensors the epilogue reads, the sizes, the
-    scalars, then :data:`SPLIT_ARGUMENTS` and :data:`ORDER_ARGUMENTS`."""
+    maps (a, then each weight), the output, the tensors the epilogue reads, the sizes (the
+    batch's last, where there is one), the scalars, then :data:`SPLIT_ARGUMENTS` and
+    :data:`ORDER_ARGUMENTS`."""
+    sizes = ("M_", "N_", "K_") + (("Z_",) if plan.batch else ())
     return [("maps", "handle", "const void*"), ("out", "handle", "void*")] + \
-        tensor_arguments(plan.tensors) + [(d, "int32", "int") for d in ("M_", "N_", "K_")] + \
+        tensor_arguments(plan.tensors) + [(d, "int32", "int") for d in sizes] + \
         scalar_arguments(plan.scalars) + list(SPLIT_ARGUMENTS) + list(ORDER_ARGUMENTS)
 
 
@@ -152,8 +154,9 @@ ORDER_ARGUMENTS = (("group_m", "int32", "int"),)
 def epilogue_code(plan) -> str:
     """C++ of the output element from the accumulators ``g0, g1, …`` at ``row``, ``col``."""
     i, j = plan.axes
+    axes = {i: "row", j: "col", **({plan.batch[0]: "z"} if plan.batch else {})}
     return to_cuda(plan.epilogue, {name: f"g{x}" for x, name in enumerate(plan.sums)},
-                   f"the output {plan.output}", axes={i: "row", j: "col"},
+                   f"the output {plan.output}", axes=axes,
                    loads={t: f"t_{t}" for t, _ in plan.tensors})
 
 
@@ -207,7 +210,32 @@ class GemmSource(KernelArguments):
 
     @property
     def sizes(self) -> str:
-        return size_aliases(zip(self.plan.dims, ("M_", "K_", "N_")))
+        batch = ((self.plan.batch[1], "Z_"),) if self.plan.batch else ()
+        return size_aliases((*zip(self.plan.dims, ("M_", "K_", "N_")), *batch))
+
+    @property
+    def batched(self) -> bool:
+        return self.plan.batch is not None
+
+    @property
+    def z(self) -> str:
+        """``", z"``: the batch index passed on (after a tile's origin, into the epilogue) where
+        there is a batch axis; nothing otherwise."""
+        return ", z" if self.batched else ""
+
+    @property
+    def z_param(self) -> str:
+        return ", int z" if self.batched else ""
+
+    @property
+    def batch_output(self) -> str:
+        """The tile's batch of the output (``[batch, M, N]``, contiguous), where there is one."""
+        return "\n      out_t* out_z = (out_t*)out + (long)z * M_ * N_;" if self.batched else ""
+
+    @property
+    def out(self) -> str:
+        """The output's first element of the tile's batch (``out_z``, declared by the store)."""
+        return "out_z" if self.batched else "out"
 
     @property
     def forwarded_arguments(self) -> list:
@@ -233,7 +261,7 @@ def _head(c: GemmSource) -> str:
 {DSM_HELPERS}
 {WGMMA_HELPERS}
 {MBARRIER_HELPERS}
-{TMA_HELPERS}
+{TMA_HELPERS}{load_helper(3) if c.batched else ""}
 {MULTICAST_HELPERS}
 {SPLIT_HELPERS}
 {c.functions}

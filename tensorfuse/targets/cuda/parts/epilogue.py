@@ -241,7 +241,7 @@ def gemm_value_function(c) -> str:
     """The program's output element from the accumulators."""
     return f"""
 // The program's output element from the accumulators at (row, col).
-__device__ __forceinline__ float epilogue_value({c.gate_params}, int row, int col{c.extra_params}) {{
+__device__ __forceinline__ float epilogue_value({c.gate_params}, int row, int col{c.z_param}{c.extra_params}) {{
   return {c.epilogue};
 }}
 
@@ -292,7 +292,7 @@ def gemm_store(c) -> str:
     stores, or 64 columns at a time through shared memory and 16-byte stores (``STAGED``)."""
     return f"""      // the epilogue, from the fragments: register 4·jj + 2·x + e holds row r0 + 8·x,
       // column n0 + 8·jj + 2·(lane % 4) + e
-      const int r0 = m0 + cw * 64 + warp * 16 + lane / 4;
+      const int r0 = m0 + cw * 64 + warp * 16 + lane / 4;{c.batch_output}
       // the output's values in place of the first accumulator, all of them before any store,
       // at coordinates clamped into the output (what lies past its edge is not stored): with no
       // store (an asm with a memory clobber) and no bounds check between them, what the
@@ -305,8 +305,8 @@ def gemm_store(c) -> str:
         for (int jj = 0; jj < BN / 8; ++jj) {{
           const int r = 4 * jj + 2 * x, c0 = n0 + 8 * jj + 2 * (lane % 4);
           const int col = min(c0, N_ - 1), col1 = min(c0 + 1, N_ - 1);
-          const float v0 = epilogue_value({c.gate_args("r")}, row, col{c.extra_args});
-          const float v1 = epilogue_value({c.gate_args("r + 1")}, row, col1{c.extra_args});
+          const float v0 = epilogue_value({c.gate_args("r")}, row, col{c.z}{c.extra_args});
+          const float v1 = epilogue_value({c.gate_args("r + 1")}, row, col1{c.z}{c.extra_args});
           acc[0][r] = v0;
           acc[0][r + 1] = v1;
         }}
@@ -336,7 +336,7 @@ def gemm_store(c) -> str:
           const int row = m0 + cw * 64 + lr, col = n0 + 64 * a + 8 * ch;
           if (64 * a + 8 * ch >= BN) continue;   // past a narrower last chunk
           const uint4 v = tf_ld_smem_v4(buf + lr * 128 + ((ch ^ (lr % 8)) * 16));
-          if (row < M_ && col < N_) *(uint4*)((out_t*)out + (long)row * N_ + col) = v;
+          if (row < M_ && col < N_) *(uint4*)((out_t*){c.out} + (long)row * N_ + col) = v;
         }}
         tf_bar_sync_wg(cw);   // read out before the next 64 columns overwrite it
       }}
@@ -345,7 +345,7 @@ def gemm_store(c) -> str:
       for (int x = 0; x < 2; ++x) {{
         const int row = r0 + 8 * x;
         if (row < M_) {{
-          out_pair_t* dst = (out_pair_t*)out + ((long)row * N_ + n0 + 2 * (lane % 4)) / 2;
+          out_pair_t* dst = (out_pair_t*){c.out} + ((long)row * N_ + n0 + 2 * (lane % 4)) / 2;
           #pragma unroll
           for (int jj = 0; jj < BN / 8; ++jj) {{
             const int col = n0 + 8 * jj + 2 * (lane % 4), r = 4 * jj + 2 * x;

@@ -167,7 +167,29 @@ def gemm_producer_defines(c) -> str:
 
 def gemm_weight_loads(c) -> str:
     """A k-block of every weight into a ring slot: this CTA's share, multicast, with the L2
-    policy."""
+    policy; weights with the batch axis as 3-D boxes of the tile's batch (no cluster, no
+    policy: the plan refuses those knobs for them)."""
+    if c.plan.weights_batched:
+        return """
+// Ring slot `s` gets k-block `kb` of every weight's tile at column n0 of batch z, counted on
+// `bar` (3-D maps: [batch, N, K] or [batch, K, N]).
+__device__ __forceinline__ void load_weights(unsigned char* b_tiles, const void* maps, int s,
+                                             int kb, int n0, unsigned long long* bar,
+                                             unsigned rank, unsigned long long policy, int z) {
+  #pragma unroll
+  for (int x = 0; x < G; ++x) {
+    const void* b_map = (const char*)maps + 128 * (1 + x);
+    unsigned char* b = b_tiles + (s * G + x) * B_BYTES;
+#if B_KMAJOR    // [N, K]: BN rows of 64 k
+    tf_tma_load_3d(b, b_map, kb * BK, n0, z, bar);
+#else           // [K, N]: atoms of 64 columns × 64 k-rows
+    #pragma unroll
+    for (int a = 0; a < BN / 64; ++a)
+      tf_tma_load_3d(b + a * BK * 128, b_map, n0 + a * 64, kb * BK, z, bar);
+#endif
+  }
+}
+"""
     return """
 // One box of a weight at (c0, c1): multicast to the cluster, with the L2 policy where
 // EVICT_WEIGHTS.
@@ -215,39 +237,42 @@ __device__ __forceinline__ void load_weights(unsigned char* b_tiles, const void*
 
 def gemm_producer_loop(c) -> str:
     """The producer's copies: each work item's k-blocks of the rows operand and of the weights
-    into the ring, paced where ``PACE``."""
-    return """      int it = 0;
-      for (int item = first_unit; item < items; item += unit_step) {
-        int m0, n0;
+    into the ring, paced where ``PACE``; with a batch axis, of the tile's batch."""
+    a_copy = (f"tf_tma_load_{'3' if c.plan.a_batched else '2'}d(a_tiles + s * A_BYTES, a_map, "
+              f"kb * BK, m0{', z' if c.plan.a_batched else ''}, full + s)")
+    weights_z = ", z" if c.plan.weights_batched else ""
+    return f"""      int it = 0;
+      for (int item = first_unit; item < items; item += unit_step) {{
+        int m0, n0{c.z};
         const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, group_m,
-                               rank, m0, n0);
-        for (int kb = w.k0; kb < w.k1; ++kb, ++it) {
+                               rank, m0, n0{c.z});
+        for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
           const int s = it % STAGES;
 #if PACE
           // CTAs that read the same k-blocks at once share DRAM pages: one that ran ahead waits
           // a while (the slowest never does: it is at or below the average)
-          if (it > 0 && it % PACE_EVERY == 0) {
+          if (it > 0 && it % PACE_EVERY == 0) {{
             tf_pace_add(PACE_COUNTER, PACE_EVERY);
             for (int n = 0; n < PACE_SPINS && it > PACE &&
                  (unsigned)(it - PACE) * gridDim.x > tf_pace_read(PACE_COUNTER); ++n)
               __nanosleep(128);
-          }
+          }}
 #endif
           if (it >= STAGES) tf_mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
           tf_mbar_expect(full + s, STAGE_BYTES);
-          tf_tma_load_2d(a_tiles + s * A_BYTES, a_map, kb * BK, m0, full + s);
-          load_weights(b_tiles, maps, s, kb, n0, full + s, rank, policy);
-        }
-      }
+          {a_copy};
+          load_weights(b_tiles, maps, s, kb, n0, full + s, rank, policy{weights_z});
+        }}
+      }}
 #if PACE
       tf_pace_add(PACE_COUNTER, it % PACE_EVERY + PACE_DONE);   // the rest, and: done
       __threadfence();
-      if (atomicAdd(PACE_COUNTER + 1, 1u) == gridDim.x - 1) {   // the last producer resets
+      if (atomicAdd(PACE_COUNTER + 1, 1u) == gridDim.x - 1) {{   // the last producer resets
         atomicExch(PACE_COUNTER, 0u);
         atomicExch(PACE_COUNTER + 1, 0u);
-      }
+      }}
 #endif
-    }
+    }}
 """
 
 

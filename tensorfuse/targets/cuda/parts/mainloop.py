@@ -243,9 +243,9 @@ def gemm_k_loop(c) -> str:
     """Each work item's k-blocks: four ``wgmma`` m64nBNk16 a weight, one k-block in flight while
     the previous slot is released."""
     return f"""    for (int item = first_unit; item < items; item += unit_step) {{
-      int m0, n0;
+      int m0, n0{c.z};
       const Work w = tile_at(item, full_items, pieces, kblocks, row_units, tiles_n, group_m,
-                             rank, m0, n0);
+                             rank, m0, n0{c.z});
       for (int kb = w.k0; kb < w.k1; ++kb, ++it) {{
         const int s = it % STAGES;
         tf_mbar_wait(full + s, (it / STAGES) & 1);

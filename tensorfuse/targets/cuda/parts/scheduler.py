@@ -223,12 +223,20 @@ __device__ __forceinline__ Work work_of(int item, int full_items, int pieces, in
 
 def gemm_tile_order(c) -> str:
     """Tiles in grouped order (``group_m`` row units a group), a cluster's CTAs on neighbouring
-    row tiles."""
-    return """
+    row tiles; with a batch axis, each batch's tiles so, one batch after another."""
+    if c.batched:
+        what, z_param = "the origin (m0, n0) of its tile in this CTA and its batch z", \
+            ",\n                                        int& z"
+        unit = """  z = w.unit / (row_units * tiles_n);   // the batch; its tiles as unbatched
+  tile_of(w.unit - z * row_units * tiles_n, row_units, tiles_n, group_m, mu, nt);"""
+    else:
+        what, z_param = "the origin (m0, n0) of its tile in this CTA", ""
+        unit = "  tile_of(w.unit, row_units, tiles_n, group_m, mu, nt);"
+    return f"""
 // Tile `u` of the grouped order over (row units, column tiles): group_m row units per group, the
 // column tiles of a group in order, the row units of a column tile next to each other.
 __device__ __forceinline__ void tile_of(int u, int row_units, int tiles_n, int group_m, int& mu,
-                                        int& nt) {
+                                        int& nt) {{
   const int per_group = group_m * tiles_n;
   const int group = u / per_group;
   const int first = group * group_m;
@@ -236,17 +244,17 @@ __device__ __forceinline__ void tile_of(int u, int row_units, int tiles_n, int g
   const int in = u - group * per_group;
   mu = first + in % rows;
   nt = in / rows;
-}
+}}
 
-// Work item `item`'s k-blocks and the origin (m0, n0) of its tile in this CTA.
+// Work item `item`'s k-blocks and {what}.
 __device__ __forceinline__ Work tile_at(int item, int full_items, int pieces, int kblocks,
                                         int row_units, int tiles_n, int group_m, unsigned rank,
-                                        int& m0, int& n0) {
+                                        int& m0, int& n0{z_param}) {{
   const Work w = work_of(item, full_items, pieces, kblocks);
   int mu, nt;
-  tile_of(w.unit, row_units, tiles_n, group_m, mu, nt);
+{unit}
   m0 = (mu * CLUSTER + (int)rank) * BM;
   n0 = nt * BN;
   return w;
-}
+}}
 """
