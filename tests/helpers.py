@@ -93,6 +93,29 @@ def check_interpreted(module: str, cases, tolerance: float = 2e-2) -> None:
         assert error < tolerance, f"{name}: relative error {error:.1e} (TENSORFUSE_SEED={seed})"
 
 
+def ptxas_spills(ptx: str) -> list[int]:
+    """The bytes of spill stores ptxas reports for each kernel of ``ptx`` (sm_90a; the ptxas
+    of Triton's wheel, which this machine has without a GPU)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        done = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                              capture_output=True, text=True, check=True)
+    finally:
+        os.unlink(f.name)
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", done.stderr)]
+    assert spills, done.stderr
+    return spills
+
+
 def fresh_seed() -> int:
     """A fresh seed for a random test, or ``TENSORFUSE_SEED`` to rerun a failing one."""
     import os

@@ -115,7 +115,8 @@ def default_contraction_knobs(plan: ContractionPlan, sizes: dict, target: Target
                                                else dict(block_m=16, block_n=256)))
         knobs = replace(knobs, block_m=_rows_a_program(plan, sizes, knobs.block_m))
     elif plan.over_columns:   # tensor-core tiles of 64 rows; the columns split to fill the GPU
-        knobs = replace(knobs, block_m=OVER_COLUMNS_ROWS)
+        knobs = replace(knobs, block_m=OVER_COLUMNS_ROWS, **(
+            dict(block_n=128) if len(plan.over_columns) > WIDE_COLUMN_STATES else {}))
     knobs = replace(knobs, block_m=min(knobs.block_m, _pow2_at_least(int(rows), 16)),
                     block_n=min(knobs.block_n, _pow2_at_least(int(cols), 16)))
     if knobs.block_m * knobs.block_n <= 64 * 64 and plan.products:
@@ -169,6 +170,10 @@ MAX_SPLITS = 16
 # parts 0.267; torch.compile 0.223); each of 8192 rows' best match over 65536 keys of 256
 # dimensions 1.84 → 0.628 ms in 8 parts (1 part 0.731; torch.compile 0.757)
 OVER_COLUMNS_ROWS = 64
+# Each reduction over the columns keeps a tile-sized state beside the accumulator: in 64 × 256
+# tiles three of them (a max, a sum and a min of x·yᵀ) spilled 332 bytes (255 registers;
+# ptxas -v on the sm_90a code), 128 columns none (186); two (a kernel regression's) fit in 248
+WIDE_COLUMN_STATES = 2
 COLUMN_PROGRAMS_PER_SM = 8
 MIN_COLUMN_BLOCKS = 4
 

@@ -91,6 +91,16 @@ def exp_kernel_sum(x: T.Tensor["M", "D", "bf16"], y: T.Tensor["N", "D", "bf16"],
 
 
 @tf.kernel
+def product_statistics(x: T.Tensor["M", "D", "bf16"], y: T.Tensor["N", "D", "bf16"],
+                       v: T.Tensor["N", "f32"]):
+    """Three reductions over the columns of the tensor cores' products: each a state of the
+    tile's size beside the accumulator (the widest tiles would spill them)."""
+    i, j, d = T.axes("i j d")
+    s = T.sum(x[i, d] * y[j, d], over=d)
+    return T.max(s, over=j), T.sum(s * v[j], over=j), T.min(s, over=j)
+
+
+@tf.kernel
 def nearest_other(x: T.Tensor["N", "D", "f32"]):
     """Each point's squared distance to its nearest other point of the same set: one tensor on
     both sides, the diagonal excluded by the axes' indices."""
@@ -184,6 +194,13 @@ def exp_sum_case(generator, M=37, N=300, D=40):
         torch.exp(x.double() @ y.double().T * 0.05) @ v.double()
 
 
+def statistics_case(generator, M=37, N=300, D=40):
+    x, y = ((torch.randn(n, D, generator=generator) * 2).bfloat16() for n in (M, N))
+    v = torch.randn(N, generator=generator)
+    s = x.double() @ y.double().T
+    return dict(x=x, y=y, v=v), (s.amax(-1), s @ v.double(), s.amin(-1))
+
+
 CASES = {"squared_distances": (squared_distances, squared_case),
          "manhattan_distances": (manhattan_distances, manhattan_case),
          "chebyshev_distances": (chebyshev_distances, chebyshev_case),
@@ -196,9 +213,11 @@ CASES = {"squared_distances": (squared_distances, squared_case),
          "nearest_neighbour": (nearest_neighbour, nearest_case),
          "nearest_other": (nearest_other, nearest_other_case),
          "kernel_regression": (kernel_regression, regression_case),
-         "exp_kernel_sum": (exp_kernel_sum, exp_sum_case)}
+         "exp_kernel_sum": (exp_kernel_sum, exp_sum_case),
+         "product_statistics": (product_statistics, statistics_case)}
 # f32: sums of up to 23 f32 terms (their rounding, 2⁻²⁴ each); bf16: one rounding (2⁻⁹)
-TOLERANCE = dict.fromkeys(CASES, 1e-5) | {"manhattan_distances": 8e-3}
+TOLERANCE = dict.fromkeys(CASES, 1e-5) | {"manhattan_distances": 8e-3,
+                                          "product_statistics": 8e-3}   # bf16 outputs
 
 if __name__ == "__main__":   # a second argument "dynamic": every size a kernel argument
     import sys

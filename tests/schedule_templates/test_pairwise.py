@@ -15,11 +15,12 @@ from tensorfuse.schedule_templates.contraction import (ContractionKnobs, check_c
                                                        triton_contraction)
 from tensorfuse.schedule_templates.contraction_plan import gemm_shaped, plan_contraction
 from tensorfuse.targets import get_target
-from tests.helpers import fresh_seed, run_interpreted
+from tests.helpers import fresh_seed, ptxas_spills, run_interpreted
 from benchmarks.unlisted_kernels import gaussian_kernel_sum
 from tests.schedule_templates.pairwise_check import (CASES, TOLERANCE, batched_nearest_neighbour,
-                                                     chebyshev_distances, kernel_regression,
-                                                     max_plus, squared_distances,
+                                                     chebyshev_distances, exp_kernel_sum,
+                                                     kernel_regression, max_plus,
+                                                     product_statistics, squared_distances,
                                                      weighted_distances)
 
 pytest.importorskip("triton", reason="the contraction template generates Triton kernels")
@@ -121,6 +122,18 @@ def test_pairs_compile_at_ragged_sizes_without_shuffles(target):
     compiled = triton_contraction(kernel_regression, target).compiled(M=1000, N=999, D=5)
     code = compiled.asm.get("ptx") or compiled.asm["amdgcn"]
     assert ("ex2.approx" in code) if target is HOPPER else ("v_exp_f32" in code)
+
+
+def test_three_reductions_over_the_columns_take_narrower_tiles_without_spills():
+    """Each keeps a tile-sized state: 64 × 256 tiles spilled three of them (332 bytes), 128
+    columns hold them; fewer keep the wide tiles."""
+    sizes = dict(M=8192, N=65536, D=256)
+    knobs = default_contraction_knobs(plan_contraction(product_statistics.program), sizes, HOPPER)
+    assert (knobs.block_m, knobs.block_n) == (64, 128)
+    one = default_contraction_knobs(plan_contraction(exp_kernel_sum.program), sizes, HOPPER)
+    assert (one.block_m, one.block_n) == (64, 256)
+    ptx = triton_contraction(product_statistics, HOPPER).compiled(**sizes).asm["ptx"]
+    assert not any(ptxas_spills(ptx))
 
 
 def test_pairwise_knobs_and_their_limits():

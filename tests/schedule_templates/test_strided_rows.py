@@ -2,17 +2,14 @@
 swept as one (a group norm): tiles and warps, sm_90a code without spills, the flat output given
 its shape back, and float64 checks on the CPU target, under Triton's interpreter and on the
 GPU."""
-import os
-import re
-import subprocess
 
 import pytest
 import torch
 
 import tensorfuse as tf
 from tensorfuse.schedule_templates.row_reduction import CONTIGUOUS_TILE
-from tests.helpers import (assert_gpu_template_matches, fresh_seed, gpu_case, relative_error,
-                           run_interpreted, templated)
+from tests.helpers import (assert_gpu_template_matches, fresh_seed, gpu_case, ptxas_spills,
+                           relative_error, run_interpreted, templated)
 from tests.schedule_templates.strided_rows import (CASES, group_norm, group_norm_case,
                                                    layernorm_channels, log_softmax_channels)
 
@@ -44,21 +41,8 @@ def test_strided_rows_are_64_contiguous_rows_by_the_whole_row_or_swept_in_32_by_
 def test_strided_row_tiles_compile_for_sm_90a_without_spills(D):
     """64 × 512 tiles with 4 warps spilled 820 bytes (ptxas); the default warps keep them in
     registers."""
-    import tempfile
-
-    import triton
-
     ptx = tf.compile(layernorm_channels, target="cuda:sm_90a").template.ptx(B=8, D=D, S=4096)
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    try:
-        done = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
-                              capture_output=True, text=True, check=True)
-    finally:
-        os.unlink(f.name)
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", done.stderr)]
-    assert spills and not any(spills), done.stderr
+    assert not any(ptxas_spills(ptx))
 
 
 def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_row():
