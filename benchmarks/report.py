@@ -257,6 +257,10 @@ SECTIONS = (
     ("unlisted-kernels-weighted-token-pool", "Tokens summed with weights, again",
      "bf16; the weighted token pool of the section above, run alone after its defaults changed",
      "python -m benchmarks.unlisted_kernels --only weighted_token_pool"),
+    ("unlisted-kernels-rmsnorm-linear", "RMSNorm written into a linear layer",
+     "bf16; one sum `Σ_k x[i, k] · rsqrt(mean x²) · g[k] · w[j, k]`: the norm's sum, the "
+     "normalised rows stored, the Hopper GEMM with the row scale in its epilogue; against "
+     "`F.linear(F.rms_norm(x))`", "python -m benchmarks.unlisted_kernels --only rmsnorm_linear"),
     ("neighborhood", "Neighbourhood attention on 2-D and 3-D maps",
      "bf16; TFLOP/s of the kept FLOPs; `graph`: calls replayed from a CUDA graph",
      "python -m benchmarks.neighborhood --csv PATH"),

@@ -6,10 +6,10 @@ L2-normalised, a router's softmax over 8 experts, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors and with
 transformers' additive float mask, an LM head's
 softmax, a Gram matrix and a router's weight gradient (outputs of few tiles over a long
-contracted axis), a bilinear form per row, a mean over the batch axis and an attention-weighted
-pool over tokens — through ``tf.compile`` defaults against the best torch alternative in the same
-process, each checked against a float64 reference first (the harness of
-:mod:`benchmarks.user_kernels`).
+contracted axis), a bilinear form per row, a mean over the batch axis, an attention-weighted
+pool over tokens and RMSNorm written into the linear layer after it — through ``tf.compile``
+defaults against the best torch alternative in the same process, each checked against a float64
+reference first (the harness of :mod:`benchmarks.user_kernels`).
 
     python -m benchmarks.unlisted_kernels [--only NAME,…] [--tune TRIALS]
 
@@ -202,6 +202,16 @@ def weighted_token_pool(w: T.Tensor["B", "S", "bf16"], x: T.Tensor["B", "S", "D"
     """Attention pooling's last step: each sequence's tokens summed with their weights."""
     b, s, d = T.axes("b s d")
     return T.sum(w[b, s] * x[b, s, d], over=s)
+
+
+@tf.kernel
+def rmsnorm_linear(x: T.Tensor["M", "K", "bf16"], g: T.Tensor["K", "bf16"],
+                   w: T.Tensor["N", "K", "bf16"]):
+    """RMSNorm written into the linear layer after it, one sum:
+    ``Σ_k x[i, k] · rsqrt(mean_k x² + ε) · g[k] · w[j, k]``."""
+    i, j, k = T.axes("i j k")
+    r = T.rsqrt(T.sum(x[i, k] * x[i, k], over=k) / T.size("K") + 1e-6)
+    return T.sum(x[i, k] * r * g[k] * w[j, k], over=k)
 
 
 def _batch_norm_stats_case(generator, B=32, C=256, H=56, W=56) -> Case:
@@ -467,6 +477,23 @@ def _lm_head_case(generator, M=4096, K=4096, N=32000) -> Case:
                 flops=2 * M * K * N, notes={TENSORFUSE: f.schedule_origin(M=M, K=K, N=N)})
 
 
+def _rmsnorm_linear_case(generator, M=8192, K=4096, N=4096) -> Case:
+    x = (torch.randn(M, K, generator=generator) * 3).to("cuda", torch.bfloat16)
+    g = (torch.rand(K, generator=generator) + 0.5).to("cuda", torch.bfloat16)
+    w = (torch.randn(N, K, generator=generator) * K ** -0.5).to("cuda", torch.bfloat16)
+
+    def eager(a, gain, weight):
+        return F.linear(F.rms_norm(a, (a.shape[-1],), gain, 1e-6), weight)
+    f, compiled = Recorded(rmsnorm_linear), torch.compile(eager)
+    rows = torch.arange(0, M, 97)
+    x64 = x[rows].double()
+    normed = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6) * g.double()
+    return Case("rmsnorm_linear", f"M{M} K{K} N{N}", lambda: f(x, g, w),
+                {TORCH_COMPILE: lambda: compiled(x, g, w), TORCH_EAGER: lambda: eager(x, g, w)},
+                normed @ w.double().T, lambda out: out[rows], flops=2 * M * K * N,
+                notes={TENSORFUSE: f.schedule_origin(M=M, K=K, N=N)})
+
+
 def _gram_case(generator, N=65536, D=1024) -> Case:
     x = torch.randn(N, D, generator=generator).to("cuda", torch.bfloat16)
 
@@ -557,6 +584,7 @@ UNLISTED = {
     "bilinear_form": _bilinear_case,
     "column_mean": _column_mean_case,
     "weighted_token_pool": _weighted_pool_case,
+    "rmsnorm_linear": _rmsnorm_linear_case,
 }
 
 if __name__ == "__main__":

@@ -90,6 +90,7 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             ahead = native_templates(kernel, name, fusion, spec, records=lambda template:
                                      template_records(tuned_as, template, fusion, spec,
                                                       nearest=template == "hopper_attention"))
+            ahead += _hopper_gemm_staged(kernel, spec, dynamic)
             ahead += contraction_templates(kernel, spec, template_records(
                 tuned_as, "contraction", None, spec, nearest=True), dynamic)
             ahead = _written_out(kernel, spec, dynamic) + ahead
@@ -99,7 +100,8 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             program, "contraction", None, spec, nearest=True), dynamic) \
             if _triton_available() else ()
         if gemms:   # sums that are GEMMs and no chain the row-tile template takes
-            return AutoKernel(gemms[0], _compile(kernel, spec, template=None))
+            return AutoKernel(gemms[0], _compile(kernel, spec, template=None),
+                              ahead=_hopper_gemm_staged(kernel, spec, dynamic))
         if spec.is_gpu:
             from .schedule_templates.auto import why_no_template
 
@@ -264,6 +266,31 @@ def _flattened(kernel, spec, dynamic: "bool | None" = False):
         return _compile(types.SimpleNamespace(program=flat, fn=None, name=flat.name), spec,
                         "auto", dynamic=dynamic)
     return FlatSweepKernel(program, spec, swept_together(program), make)
+
+
+def _hopper_gemm_staged(kernel, spec, dynamic: "bool | None" = False) -> tuple:
+    """On sm_90a, a GEMM whose sides are computed or scaled as its stages — the computed sides
+    stored (``tf.compile``'s choice for them), then the Hopper GEMM with the scales in its
+    epilogue (:mod:`tensorfuse.schedule_templates.gemm_stages`) —, as a one-kernel tuple for
+    ``AutoKernel``'s ``ahead``; else ``()``."""
+    import types
+
+    from .schedule_templates import TEMPLATES
+    from .schedule_templates.gemm_stages import hopper_gemm_stages
+    from .staged import GemmStages
+
+    if spec.kind != "cuda" or spec.arch != "sm_90a" or not _triton_available():
+        return ()
+    stages = hopper_gemm_stages(kernel.program)
+    if stages is None:
+        return ()
+    parts = [types.SimpleNamespace(program=s.program, fn=None, name=s.program.name)
+             for s in stages]
+    kernels = tuple(_compile(part, spec, "auto", dynamic=dynamic) for part in parts[:-1]) + \
+        (TEMPLATES["hopper_gemm"](parts[-1], None, spec),)
+    return (GemmStages(kernel.program, spec, stages, kernels,
+                       "its GEMM reads computed or scaled sides: those stored first, for the "
+                       "Hopper GEMM"),)
 
 
 def _staged(kernel, spec, why: str, planned_for=None, dynamic: "bool | None" = False):

@@ -65,3 +65,15 @@ class StagedKernel(GraphCallable):
     def cache_info(self) -> list:
         """The stage kernels' builds, in stage order (each stage's own ``cache_info()``)."""
         return [b for k in self.kernels for b in k.cache_info()]
+
+
+class GemmStages(StagedKernel):
+    """A GEMM whose sides are computed or scaled, as its stages: the computed sides stored, then
+    the Hopper GEMM (:mod:`tensorfuse.schedule_templates.gemm_stages`); it fits the sizes where
+    that GEMM runs them (``tf.compile`` tries it before the contraction template)."""
+
+    def fits(self, scalars: dict | None = None, **dims) -> bool:
+        from .schedule_templates.gemm_stages import stores_pay
+
+        return stores_pay(self.program, dims) and \
+            self.kernels[-1].fits(scalars, **self._own(self.stages[-1], dims))

@@ -1,0 +1,130 @@
+"""GEMMs with computed sides or outer factors, handed to the Hopper GEMM as two stages.
+
+The Hopper GEMM copies its operands from memory with TMA and multiplies them as stored, so it
+takes a sum of two loads (:mod:`.hopper_gemm_plan`). A GEMM a user writes often multiplies more:
+a normalised row (``Σ_k x[i, k] · rsqrt(ms[i]) · g[k] · w[j, k]``: RMSNorm written into the
+linear layer), a scaled operand, an activation's derivative. The contraction template takes
+those (:mod:`.contraction_plan`): the factors that read no contracted axis leave the sum (an
+outer factor: one multiply of the accumulator), and a computed side is stored once before the
+tiles, rounded to the tensor cores' type (its staged plan) — then runs its own Triton tiles,
+which trail the Hopper GEMM on sm_90a (a norm then a linear layer of 8192 × 4096 × 4096 in one
+sum: 0.85× ``torch.compile``, ``benchmarks.unlisted_kernels``).
+
+:func:`hopper_gemm_stages` makes that staged plan two programs instead: one writing the
+computed sides (an elementwise kernel), and the GEMM of the stored sides with the outer factors
+and the outputs' expressions in its epilogue — a program :func:`.hopper_gemm_plan.plan_hopper_gemm`
+takes. Both are stages (:class:`.stages.Stage`) that ``tf.compile`` runs in turn, each with its
+own template; the same rounding as the contraction template's staged sides.
+"""
+from __future__ import annotations
+
+from ..algebra import inline_elementwise
+from ..algebra.exprs import mul, substitute
+from ..dsl.expr import DimSize, Expr, Load, Ref, Scalar, walk
+from ..dsl.monoid import SUM
+from ..dsl.program import Compute, Program
+from ..errors import ScheduleError
+from .contraction_plan import ContractionPlan, plan_contraction
+from .hopper_gemm_plan import plan_hopper_gemm
+from .stages import Stage
+
+
+def hopper_gemm_stages(program: Program) -> tuple[Stage, ...] | None:
+    """The stages (computed sides, then the GEMM on the Hopper GEMM) of a GEMM-shaped
+    ``program`` with computed sides or outer factors, or None where the contraction plan has
+    pairwise reductions or reductions over the columns, where the program needs neither stage
+    (the Hopper GEMM takes it whole), or where the Hopper GEMM does not take the GEMM stage."""
+    try:
+        plan = plan_contraction(program)
+    except ScheduleError:
+        return None
+    if plan.pairwise or plan.over_columns:
+        return None
+    staged = plan.staging or plan
+    if not plan.staged and not plan.staging and all(p.outer is None for p in plan.products):
+        return None   # sums of two loads: the Hopper GEMM plans the program itself
+    try:
+        gemm = _gemm_program(program, staged)
+        plan_hopper_gemm(gemm)
+        sides = _sides_program(program, staged) if staged.staged else None
+    except ScheduleError:
+        return None
+    stages = []
+    if sides is not None:
+        stages.append(Stage(sides, tuple(p.name for p in sides.params),
+                            tuple(c.name for c in sides.outputs), templated=True))
+    stages.append(Stage(gemm, tuple(p.name for p in gemm.params),
+                        tuple(c.name for c in gemm.outputs), templated=True))
+    return tuple(stages)
+
+
+# the Hopper GEMM's widest tile (rows × columns): a stored side is read again by each tile
+# along the other side's free axis
+TILE = {"rows": 256, "cols": 128}
+
+
+def stores_pay(program: Program, sizes: dict) -> bool:
+    """Whether storing the computed sides pays at ``sizes``: each is read by several tiles along
+    the other side's free axis (a side read by one — a GEMM of a few columns — is cheaper
+    computed in the contraction template's tiles, as it chooses there); true where nothing is
+    stored (outer factors only)."""
+    plan = plan_contraction(program)
+    if plan.staging is None:
+        return True
+    rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
+    other = {"rows": cols, "cols": rows}
+    return all(other[s.side] > TILE[s.side] for s in plan.staging.staged)
+
+
+def _sides_program(program: Program, plan: ContractionPlan) -> Program:
+    """The computed sides as outputs of one elementwise program, each in its tensor-core type
+    and its tile's layout (:class:`.contraction_plan.StagedSide`)."""
+    outputs = [Compute(s.param.name, s.axes, (s.value,), (s.param.dtype,), is_output=True)
+               for s in plan.staged]
+    return _program(f"{program.name}_sides", program, outputs, outputs)
+
+
+def _gemm_program(program: Program, plan: ContractionPlan) -> Program:
+    """Each product's sum of its two stored sides (f32), and the program's outputs computed
+    from them: a sum that was an output becomes ``outer · sum`` under its own name; outputs
+    that read sums read ``outer · sum`` in their place."""
+    sums = {p.name: Compute(f"{p.name}_product", c.axes, (mul(p.rows_side, p.cols_side),),
+                            ("f32",), SUM, c.over, c.loc)
+            for p in plan.products for c in [program.compute(p.name)]}
+    scaled = {p.name: mul(p.outer, Ref(sums[p.name])) if p.outer is not None
+              else Ref(sums[p.name]) for p in plan.products}
+
+    def read(node: Expr):
+        return scaled.get(node.compute.name) if isinstance(node, Ref) else None
+
+    outputs = []
+    for out in program.outputs:
+        body = Ref(out) if out.name in scaled else inline_elementwise(out.bodies[0])
+        outputs.append(Compute(out.name, out.axes, (substitute(body, read),), out.dtypes,
+                               loc=out.loc, is_output=True))
+    return _program(f"{program.name}_gemm", plan.program, [*sums.values(), *outputs], outputs)
+
+
+def _program(name: str, source: Program, computes: list, outputs: list) -> Program:
+    """A program of ``computes`` reading the parameters of ``source`` they load (in its order)."""
+    read, sizes = set(), set()
+
+    def visit(node: Expr):
+        if isinstance(node, (Load, Scalar)):
+            read.add(node.param.name if isinstance(node, Load) else node.name)
+        elif isinstance(node, DimSize):
+            sizes.add(node.name)
+
+    for c in computes:
+        for b in c.bodies:
+            walk(b, visit)
+    params = [p for p in source.params if p.name in read]
+    sizes |= {a.extent for c in computes for a in c.axes + c.over if isinstance(a.extent, str)}
+    unbound = sizes - {d for p in params if hasattr(p, "dims") for d in p.dims}
+    if unbound:
+        raise ScheduleError(f"sizes {', '.join(sorted(unbound))} would be bound by no tensor of "
+                            f"{name}")
+    axes = sorted({a.uid: a for c in computes for a in c.axes + c.over}.values(),
+                  key=lambda a: a.uid)
+    return Program(name, params, list(computes), list(outputs), axes,
+                   list(source.size_constraints), source.loc)

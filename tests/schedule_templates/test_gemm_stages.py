@@ -1,0 +1,147 @@
+"""GEMMs with computed sides or outer factors on sm_90a: the computed sides stored by a kernel
+of their own, then the Hopper GEMM with the outer factors in its epilogue
+(:mod:`tensorfuse.schedule_templates.gemm_stages`). The stages' programs run on the CPU target
+against float64 (the rewrite's math and rounding); ``tf.compile``'s choice; the H200 run is
+marked ``gpu``."""
+import types
+
+import pytest
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from benchmarks.unlisted_kernels import rmsnorm_linear
+from tensorfuse import dsl as T
+from tensorfuse.interop import torch_dtype
+from tensorfuse.schedule_templates.auto import takes_stage
+from tensorfuse.schedule_templates.gemm_stages import hopper_gemm_stages, stores_pay
+from tensorfuse.schedule_templates.hopper_gemm_plan import plan_hopper_gemm
+from tensorfuse.schedule_templates.stages import plan_stages
+from tensorfuse.targets import get_target
+from tests.schedule_templates.pairwise_check import squared_distances
+
+HOPPER = get_target("cuda:sm_90a")
+
+
+@tf.kernel
+def scaled_gated(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["N", "K", "bf16"],
+                 s: T.Tensor["M", "f32"], c: T.Tensor["N", "bf16"], t: T.f32):
+    """Outer factors only (a row scale, a column scale, a scalar): no side to store."""
+    i, j, k = T.axes("i j k")
+    return T.sum(x[i, k] * w[j, k] * s[i] * c[j] * t, over=k) + 1.0
+
+
+@tf.kernel
+def silu_rows(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["K", "N", "bf16"]):
+    """A computed rows side (an activation of the operand), weights stored [K, N]."""
+    i, j, k = T.axes("i j k")
+    return T.sum(T.sigmoid(x[i, k]) * x[i, k] * w[k, j], over=k)
+
+
+def _gemm_stage_program():
+    """rmsnorm_linear's second stage (its norm's sum first): what the floor hands on."""
+    return plan_stages(rmsnorm_linear.program, lambda p: takes_stage(p, HOPPER))[1].program
+
+
+def test_a_computed_side_is_stored_then_the_hopper_gemm_scales_its_accumulators():
+    sides, gemm = hopper_gemm_stages(_gemm_stage_program())
+    assert sides.produces == ("staged_out_sum_rows",) and sides.inputs == ("x", "g")
+    plan = plan_hopper_gemm(gemm.program)
+    assert (plan.a, plan.weights, plan.b_k_major) == ("staged_out_sum_rows", ("w",), True)
+    assert "rsqrt(r_sum[i]" in plan.describe()          # the outer factor, in the epilogue
+    assert gemm.produces == ("out",)
+    only_outer = hopper_gemm_stages(scaled_gated.program)
+    assert len(only_outer) == 1 and plan_hopper_gemm(only_outer[0].program).tensors == \
+        (("c", "bf16"), ("s", "f32"))
+    # the Hopper GEMM takes a sum of two loads itself; a pairwise sum is no GEMM for it
+    for kernel in (K.matmul, squared_distances):
+        assert hopper_gemm_stages(kernel.program) is None
+
+
+def test_stores_pay_where_several_tiles_read_them():
+    program = _gemm_stage_program()
+    assert stores_pay(program, dict(M=8192, K=4096, N=4096))
+    assert not stores_pay(program, dict(M=8192, K=4096, N=256))   # one column tile reads it
+    assert stores_pay(scaled_gated.program, dict(M=64, K=64, N=64))   # nothing stored
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm_linear", "scaled_gated", "silu_rows"])
+def test_the_stages_compute_the_program_on_the_cpu(kernel):
+    """Each stage's program on the CPU target, in turn, against float64 of the math as written:
+    the rewrite keeps the sums, factors and outputs (the stored side rounded to bf16, as the
+    tensor cores would take it)."""
+    generator = torch.Generator().manual_seed(3)
+    M, K, N = 70, 96, 48
+    x = (torch.randn(M, K, generator=generator) * 3).bfloat16()
+    if kernel == "rmsnorm_linear":
+        program = _gemm_stage_program()
+        g = (torch.rand(K, generator=generator) + 0.5).bfloat16()
+        w = (torch.randn(N, K, generator=generator) / 8).bfloat16()
+        r = (x.double() ** 2).mean(-1)
+        values = dict(x=x, g=g, w=w, r_sum=(x.double() ** 2).sum(-1).float())
+        want = (x.double() * torch.rsqrt(r + 1e-6)[:, None] * g.double()) @ w.double().T
+    elif kernel == "scaled_gated":
+        program = scaled_gated.program
+        w = (torch.randn(N, K, generator=generator) / 8).bfloat16()
+        s, c = torch.rand(M, generator=generator), (torch.rand(N, generator=generator)).bfloat16()
+        values = dict(x=x, w=w, s=s, c=c, t=0.5)
+        want = (x.double() @ w.double().T) * s.double()[:, None] * c.double() * 0.5 + 1.0
+    else:
+        program = silu_rows.program
+        w = (torch.randn(K, N, generator=generator) / 8).bfloat16()
+        values = dict(x=x, w=w)
+        want = (torch.sigmoid(x.double()) * x.double()) @ w.double()
+    for stage in hopper_gemm_stages(program):
+        part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
+        made = tf.compile(part, target="llvm")(**{n: values[n] for n in stage.inputs})
+        made = made if isinstance(made, tuple) else (made,)
+        values.update(zip(stage.produces, made))
+    error = float((values["out"].double() - want).abs().max() / want.abs().max())
+    assert error < 2e-2, error   # bf16 output and a bf16 stored side: 2⁻⁹ each
+
+
+def test_tf_compile_runs_them_on_sm90a_where_storing_pays():
+    made = tf.compile(rmsnorm_linear, target="cuda:sm_90a")
+    origin = made.schedule_origin(M=8192, K=4096, N=4096)
+    assert "staged_out_sum_rows from x, g: elementwise template" in origin
+    assert "hopper_gemm template defaults" in origin
+    stage = types.SimpleNamespace(program=_gemm_stage_program(), fn=None, name="stage")
+    narrow = tf.compile(stage, target="cuda:sm_90a").schedule_origin(M=8192, K=4096, N=256)
+    assert "hopper_gemm" not in narrow and "contraction template" in narrow   # one column tile
+    assert "hopper_gemm" in tf.compile(scaled_gated, target="cuda:sm_90a").schedule_origin(
+        M=4096, K=4096, N=4096)
+    # other GPUs keep the contraction template's own staged sides
+    assert "hopper_gemm" not in tf.compile(rmsnorm_linear, target="cuda:sm_80").schedule_origin(
+        M=8192, K=4096, N=4096)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["rmsnorm_linear", "scaled_gated", "silu_rows"])
+def test_the_stages_match_float64_on_the_gpu(kernel):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    M, K, N = 1000, 1032, 776   # ragged tiles
+    x = (torch.randn(M, K, device="cuda", generator=generator) * 3).bfloat16()
+    if kernel == "rmsnorm_linear":
+        g = (torch.rand(K, device="cuda", generator=generator) + 0.5).bfloat16()
+        w = (torch.randn(N, K, device="cuda", generator=generator) / 8).bfloat16()
+        args, made = dict(x=x, g=g, w=w), tf.compile(rmsnorm_linear)
+        r = (x.double() ** 2).mean(-1, keepdim=True)
+        want = (x.double() * torch.rsqrt(r + 1e-6) * g.double()) @ w.double().T
+    elif kernel == "scaled_gated":
+        w = (torch.randn(N, K, device="cuda", generator=generator) / 8).bfloat16()
+        s = torch.rand(M, device="cuda", generator=generator)
+        c = torch.rand(N, device="cuda", generator=generator).bfloat16()
+        args, made = dict(x=x, w=w, s=s, c=c, t=0.5), tf.compile(scaled_gated)
+        want = (x.double() @ w.double().T) * s.double()[:, None] * c.double() * 0.5 + 1.0
+    else:
+        w = (torch.randn(K, N, device="cuda", generator=generator) / 8).bfloat16()
+        args, made = dict(x=x, w=w), tf.compile(silu_rows)
+        want = (torch.sigmoid(x.double()) * x.double()) @ w.double()
+    assert "hopper_gemm" in made.schedule_origin(M=M, K=K, N=N)
+    dtype = torch_dtype(made.program.outputs[0].dtypes[0])   # f32 where an f32 scale reads in
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    assert made(**args, out=out) is out
+    error = float((out.double() - want).abs().max() / want.abs().max())
+    assert error < 2e-2, error
