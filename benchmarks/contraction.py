@@ -65,6 +65,14 @@ def batched_product(a: T.Tensor["Z", "M", "K", "bf16"], b: T.Tensor["Z", "K", "N
     return T.sum(a[z, i, k] * b[z, k, j], over=k)
 
 
+@tf.kernel
+def attention_scores(q: T.Tensor["B", "H", "M", "D", "bf16"],
+                     k: T.Tensor["B", "H", "N", "D", "bf16"]):
+    """Attention's scores ``q·kᵀ`` materialised (two batch axes; the head dim contracted)."""
+    b, h, i, j, d = T.axes("b h i j d")
+    return T.sum(q[b, h, i, d] * k[b, h, j, d], over=d)
+
+
 def _randn(*shape, scale=1.0, dtype=torch.bfloat16):
     return (torch.randn(*shape, device="cuda") * scale).to(dtype)
 
@@ -87,6 +95,11 @@ def cases():
     a, bb = _randn(Z, Ms, Ks), _randn(Z, Ks, Ns)
     yield ("batched_product", f"Z{Z} {Ms}x{Ks}x{Ns}", batched_product, dict(a=a, b=bb),
            lambda: a.double() @ bb.double(), lambda a, b: torch.bmm(a, b), 2 * Z * Ms * Ks * Ns)
+    B_, H_, S_, D_ = 4, 16, 2048, 128
+    q, kk = _randn(B_, H_, S_, D_), _randn(B_, H_, S_, D_)
+    yield ("attention_scores", f"B{B_} H{H_} {S_}x{D_}x{S_}", attention_scores, dict(q=q, k=kk),
+           lambda: q.double() @ kk.double().transpose(-1, -2),
+           lambda q, k: q @ k.transpose(-1, -2), 2 * B_ * H_ * S_ * S_ * D_)
     xg, d_h, gate = _randn(M, K_), torch.randn(M, N, device="cuda"), \
         torch.randn(M, N, device="cuda") * 3
 

@@ -330,6 +330,9 @@ SECTIONS = (
      "cuBLAS's 8192³ rate; `tensorfuse`: `tf.compile`'s choice (the Hopper GEMM, its batch axis "
      "on 3-D tensor maps), `tensorfuse template`: the contraction template",
      "python -m benchmarks.contraction --only batched_product"),
+    ("contraction-attention-scores", "Attention's scores materialised (`q·kᵀ`)",
+     "bf16, two batch axes walked as one, the head dim contracted; as the section above",
+     "python -m benchmarks.contraction --only attention_scores"),
     ("contraction-knobs-batched-product", "The contraction template's knobs on a batched product",
      "bf16; as the section above", "python -m benchmarks.contraction --sweep --only "
      "batched_product"),

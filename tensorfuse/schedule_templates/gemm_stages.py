@@ -41,7 +41,7 @@ def hopper_gemm_stages(program: Program) -> tuple[Stage, ...] | None:
     if plan.pairwise or plan.over_columns:
         return None
     staged = plan.staging or plan
-    if not plan.staged and not plan.staging and all(p.outer is None for p in plan.products):
+    if plan.staging is None and all(p.outer is None for p in plan.products):
         return None   # sums of two loads: the Hopper GEMM plans the program itself
     try:
         gemm = _gemm_program(program, staged)
@@ -58,8 +58,9 @@ def hopper_gemm_stages(program: Program) -> tuple[Stage, ...] | None:
     return tuple(stages)
 
 
-# the Hopper GEMM's widest tile (rows × columns): a stored side is read again by each tile
-# along the other side's free axis
+# the Hopper GEMM's tiles are 128 rows × 256 columns (its defaults at these sizes): a stored
+# rows side is read again by each column tile, a columns side by each row tile — by side, the
+# extent of a tile along the other side's free axis
 TILE = {"rows": 256, "cols": 128}
 
 

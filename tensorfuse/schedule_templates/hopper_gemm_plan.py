@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from ..algebra import inline_elementwise
 from ..algebra.exprs import factors, nodes
-from ..dsl.expr import Axis, Expr, Load, Ref
+from ..dsl.expr import Axis, Expr, Load, Ref, Scalar
 from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
@@ -105,9 +105,10 @@ class HopperGemmPlan:
     axes: tuple[str, str]
     tensors: tuple[tuple[str, str], ...]
     scalars: tuple[tuple[str, str], ...]
-    # a batch axis (a product per batch index, ``torch.bmm``): its name and size name, and
-    # which operands it indexes (the other one is shared by every batch)
-    batch: tuple[str, str] | None = None
+    # batch axes (a product per batch index, ``torch.bmm``; several — ``[B, H, ·, ·]`` — walked
+    # as one, row-major): (name, size name) each, outermost first, and which operands they index
+    # (the other one is shared by every batch)
+    batch: tuple[tuple[str, str], ...] = ()
     a_batched: bool = False
     weights_batched: bool = False
     # the emitter's parts by role (``targets/cuda/parts``)
@@ -118,7 +119,7 @@ class HopperGemmPlan:
 
     def describe(self, knobs: GemmKnobs | None = None) -> str:
         m, k, n = self.dims
-        z = f"{self.batch[1]}, " if self.batch else ""
+        z = "".join(f"{size}, " for _, size in self.batch)
         zw = z if self.weights_batched else ""
         layout = f"[{zw}{n}, {k}] (K-major, as nn.Linear)" if self.b_k_major else \
             f"[{zw}{k}, {n}]"
@@ -142,12 +143,11 @@ def _is_axis(e: Expr, axis: Axis) -> bool:
     return isinstance(e, Axis) and e.uid == axis.uid
 
 
-def _indexed(load: Load, batch: Axis | None, axes: tuple[Axis, Axis]) -> bool:
-    """Whether ``load`` is indexed ``[axes]``, or ``[batch, axes]``."""
-    if len(load.indices) == 3:
-        return batch is not None and _is_axis(load.indices[0], batch) and \
-            all(_is_axis(x, y) for x, y in zip(load.indices[1:], axes))
-    return len(load.indices) == 2 and all(_is_axis(x, y) for x, y in zip(load.indices, axes))
+def _indexed(load: Load, batch: tuple[Axis, ...], axes: tuple[Axis, Axis]) -> bool:
+    """Whether ``load`` is indexed ``[axes]``, or ``[*batch, axes]``."""
+    wanted = [batch + axes, axes] if batch else [axes]
+    return any(len(load.indices) == len(w) and all(_is_axis(x, y) for x, y in
+                                                   zip(load.indices, w)) for w in wanted)
 
 
 def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
@@ -165,11 +165,11 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
         if c.monoid.name != "sum":
             raise _refuse(f"{c.name} is a {c.monoid.name} reduction; the GEMM template takes "
                           "sums of products", c)
-        if len(c.over) != 1 or len(c.axes) not in (2, 3):
+        if len(c.over) != 1 or len(c.axes) < 2:
             raise _refuse(f"{c.name} is not a sum over one axis into [rows, columns] or "
-                          "[batch, rows, columns]", c)
+                          "[batch…, rows, columns]", c)
     k_axis = first.over[0]
-    z_axis = first.axes[0] if len(first.axes) == 3 else None
+    z_axes = tuple(first.axes[:-2])
     i_axis, j_axis = first.axes[-2:]
     a_name, weights, k_major, batched = None, [], set(), set()
     for c in sums:
@@ -178,24 +178,24 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
             raise _refuse(f"{c.name} sums over another axis or into other axes than "
                           f"{first.name}", c)
         loads = factors(c.bodies[0])
-        z = f"{z_axis.name}, " if z_axis is not None else ""
+        z = "".join(f"{a.name}, " for a in z_axes)
         if len(loads) != 2 or not all(isinstance(f, Load) for f in loads):
             raise _refuse(f"{c.name} must be sum(a[{z}{i_axis.name}, {k_axis.name}] * "
                           f"w[{z}{k_axis.name}, {j_axis.name}], over={k_axis.name})", c)
-        rows = [f for f in loads if _indexed(f, z_axis, (i_axis, k_axis))]
+        rows = [f for f in loads if _indexed(f, z_axes, (i_axis, k_axis))]
         if len(rows) != 1:
             raise _refuse(f"{c.name}: one factor must be indexed [{z}{i_axis.name}, "
                           f"{k_axis.name}] (the rows, K contiguous)", c)
         w = next(f for f in loads if f is not rows[0])
-        if _indexed(w, z_axis, (k_axis, j_axis)):
+        if _indexed(w, z_axes, (k_axis, j_axis)):
             k_major.add(False)
-        elif _indexed(w, z_axis, (j_axis, k_axis)):
+        elif _indexed(w, z_axes, (j_axis, k_axis)):
             k_major.add(True)
         else:
             raise _refuse(f"{c.name}: the weight {w.param.name} must be indexed "
                           f"[{z}{k_axis.name}, {j_axis.name}] or [{z}{j_axis.name}, "
                           f"{k_axis.name}]", c)
-        batched.add((len(rows[0].indices) == 3, len(w.indices) == 3))
+        batched.add((len(rows[0].indices) > 2, len(w.indices) > 2))
         if a_name not in (None, rows[0].param.name):
             raise _refuse(f"{c.name} reads {rows[0].param.name}, {first.name} reads {a_name}; "
                           "the sums must share their rows operand", c)
@@ -230,18 +230,30 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
         if isinstance(e, Load) and e.param.name in [a_name, *weights]:
             raise _refuse(f"the output reads {e.param.name} elementwise; only the sums, other "
                           "tensors, scalars and indices", out)
+    scalars_read = sorted({e.name for e in nodes(epilogue) if isinstance(e, Scalar)})
+    if scalars_read:
+        # x·wᵀ times a scalar came out wrong on the H200 (relative error 195; per column as if
+        # the scalar were 0 or 1), while the same epilogue with a constant was right: refused
+        # until the cause is found
+        raise _refuse(f"the output reads the scalar argument {', '.join(scalars_read)}: scalar "
+                      "arguments are not passed to this kernel's epilogue correctly yet; the "
+                      "contraction template takes the program", out)
     tensors = tuple(sorted({(e.param.name, e.param.dtype) for e in nodes(epilogue)
                             if isinstance(e, Load)}))
     a_dims, w_dims = params[a_name].dims[-2:], params[weights[0]].dims[-2:]
     dims = (str(a_dims[0]), str(a_dims[1]), str(w_dims[0 if b_k_major else 1]))
-    batch = None
-    if z_axis is not None:
-        batch = (z_axis.name, str((params[a_name] if a_batched else params[weights[0]]).dims[0]))
+    batched_operand = params[a_name] if a_batched else params[weights[0]]
+    batch = tuple((a.name, str(d)) for a, d in zip(z_axes, batched_operand.dims))
     plan = HopperGemmPlan(a_name, tuple(weights), b_k_major, names, epilogue, out.name,
                           out.dtypes[0], dtypes.pop(), dims, (i_axis.name, j_axis.name), tensors,
                           tuple((p.name, p.dtype) for p in program.scalar_params), batch,
                           a_batched, weights_batched)
-    epilogue_code(plan)   # refused now if the emitter cannot write it
+    try:
+        epilogue_code(plan)   # refused now if the emitter cannot write it
+    except ScheduleError as exc:
+        several = "; several batch axes are walked as one index, which the output cannot read " \
+            "apart" if len(batch) > 1 else ""
+        raise _refuse(f"{exc.message}{several}", out) from None
     return plan
 
 
@@ -261,7 +273,7 @@ def deepest_stages(plan: HopperGemmPlan, knobs: GemmKnobs, max_shared: int = MAX
 
 def batches(plan: HopperGemmPlan, sizes: dict) -> int:
     """The batch's extent (1 without a batch axis): the kernel walks that many GEMMs' tiles."""
-    return int(sizes[plan.batch[1]]) if plan.batch else 1
+    return math.prod(int(sizes[size]) for _, size in plan.batch)
 
 
 def wave_efficiency(tiles: int, sms: int) -> float:
@@ -543,7 +555,8 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
                       "use fewer stages or a smaller block_n")
     Z = batches(plan, sizes)
     if not 1 <= Z < 2 ** 31:
-        raise _refuse(f"{plan.batch[1]}={Z} is outside what the kernel indexes")
+        raise _refuse(f"{' × '.join(s for _, s in plan.batch)} = {Z} batches: outside what the "
+                      "kernel indexes")
     for name, value in (("M", M), ("N", N), ("K", K)):
         if not 1 <= value < 2 ** 31:
             raise _refuse(f"{name}={value} is outside what the kernel indexes")

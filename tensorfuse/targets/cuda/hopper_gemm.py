@@ -154,7 +154,8 @@ ORDER_ARGUMENTS = (("group_m", "int32", "int"),)
 def epilogue_code(plan) -> str:
     """C++ of the output element from the accumulators ``g0, g1, …`` at ``row``, ``col``."""
     i, j = plan.axes
-    axes = {i: "row", j: "col", **({plan.batch[0]: "z"} if plan.batch else {})}
+    # one batch axis is the tile's batch z; several are walked as one and not read apart
+    axes = {i: "row", j: "col", **({plan.batch[0][0]: "z"} if len(plan.batch) == 1 else {})}
     return to_cuda(plan.epilogue, {name: f"g{x}" for x, name in enumerate(plan.sums)},
                    f"the output {plan.output}", axes=axes,
                    loads={t: f"t_{t}" for t, _ in plan.tensors})
@@ -210,12 +211,12 @@ class GemmSource(KernelArguments):
 
     @property
     def sizes(self) -> str:
-        batch = ((self.plan.batch[1], "Z_"),) if self.plan.batch else ()
+        batch = ((self.plan.batch[0][1], "Z_"),) if len(self.plan.batch) == 1 else ()
         return size_aliases((*zip(self.plan.dims, ("M_", "K_", "N_")), *batch))
 
     @property
     def batched(self) -> bool:
-        return self.plan.batch is not None
+        return bool(self.plan.batch)
 
     @property
     def z(self) -> str:
