@@ -33,8 +33,7 @@ def scaled_gated(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["N", "K", "bf16"],
 
 @tf.kernel
 def scalar_scaled(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["N", "K", "bf16"], t: T.f32):
-    """A scalar argument in the epilogue: refused by the Hopper GEMM (its value reached the
-    kernel wrong on the H200), so the contraction template keeps it."""
+    """A scalar argument as an outer factor: the Hopper GEMM's epilogue reads it."""
     i, j, k = T.axes("i j k")
     return T.sum(x[i, k] * w[j, k] * t, over=k)
 
@@ -118,9 +117,8 @@ def test_tf_compile_runs_them_on_sm90a_where_storing_pays():
     assert "hopper_gemm" not in narrow and "contraction template" in narrow   # one column tile
     assert "hopper_gemm" in tf.compile(scaled_gated, target="cuda:sm_90a").schedule_origin(
         M=4096, K=4096, N=4096)
-    scalar = tf.compile(scalar_scaled, target="cuda:sm_90a").schedule_origin(M=4096, K=4096,
-                                                                             N=4096)
-    assert "hopper_gemm" not in scalar and "contraction template" in scalar
+    assert "hopper_gemm" in tf.compile(scalar_scaled, target="cuda:sm_90a").schedule_origin(
+        M=4096, K=4096, N=4096)
     # other GPUs keep the contraction template's own staged sides
     assert "hopper_gemm" not in tf.compile(rmsnorm_linear, target="cuda:sm_80").schedule_origin(
         M=8192, K=4096, N=4096)

@@ -198,7 +198,7 @@ def test_a_key_linear_bias_is_one_ffma_an_element_and_its_coefficient_once_a_til
     assert "fmaf(qk, fold_a_, fmaf(kc_, (float)(dj_), kc0_))" in block_score
     assert "exp2f" not in block_score
     assert "const float kc_ = tf_key_bias(w.bh / H_, w.bh % H_" in source
-    assert "1.0f / (scale)" in source   # the scale folded where positive
+    assert "1.0f / (s_scale)" in source   # the scale folded where positive
     # the tile's coefficient takes a register the consumers of the 176-key kernel do not have
     # to spare through a tile: ptxas keeps two words per tile in local memory (3 loads, 1 store
     # a tile), none among the block loop's wgmma code

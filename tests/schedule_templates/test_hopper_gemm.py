@@ -20,7 +20,7 @@ from tensorfuse.schedule_templates.hopper_gemm_plan import (GemmKnobs, check_gem
                                                             default_gemm_knobs, group_rows,
                                                             plan_hopper_gemm, shared_bytes,
                                                             wave_operand_rows, with_knobs)
-from tensorfuse.targets.cuda.hopper_gemm import GEMM_PTX, MULTICAST_PTX
+from tensorfuse.targets.cuda.hopper_gemm import GEMM_PTX, MULTICAST_PTX, kernel_arguments
 from tests.schedule_templates.test_hopper_attention import _ptxas_report
 
 SIZES = dict(M=1000, K=520, N=776)
@@ -133,7 +133,6 @@ def max_product(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["K", "N", "bf16"]):
 
 @pytest.mark.parametrize("kernel, words", [
     (head_bias, "several batch axes are walked as one index"),
-    (scalar_epilogue, "reads the scalar argument t"),
     (gated_batched_apart, "differ in whether they have the batch axis"),
     (mixed_layouts, "different layouts"),
     (float32_gemm, "bf16 or f16"),
@@ -390,6 +389,18 @@ def test_batched_operands_are_copied_as_3d_boxes(kernel):
     assert int(re.search(r"(\d+) bytes spill stores", report).group(1)) <= allowed, report
 
 
+@needs_nvcc
+def test_a_scalar_named_like_a_kernel_variable_is_read_from_its_argument():
+    """The scalar ``t`` is the kernel's ``s_t``: named ``t`` in the C++, the consumers' thread
+    index ``t`` shadowed it and the H200 multiplied each output by its thread's index (relative
+    error 195). PTX: the argument is loaded (it was never read)."""
+    f = hopper(scalar_epilogue)
+    ptx = f.ptx(M=1000, K=1032, N=776)
+    index = [name for name, _, _ in kernel_arguments(plan_hopper_gemm(
+        scalar_epilogue.program))].index("s_t")
+    assert re.search(rf"ld\.param\.f32\s+\S+,\s*\[\w+_param_{index}\]", ptx)
+
+
 def test_one_source_serves_every_size_with_these_knobs():
     f = hopper(K.matmul, block_n=256, cluster=2, stages=4)
     assert f.source(**SIZES) == f.source(M=8192, K=8192, N=8192)
@@ -509,6 +520,7 @@ def test_every_layout_epilogue_and_knob_matches_float64_on_the_gpu():
     (shared_rows, dict(Z=5, M=200, K=136, N=136), {}),
     (batched_nk_residual, dict(Z=3, M=300, K=136, N=264), {"block_n": 128}),
     (two_batch_axes, dict(B=2, H=3, M=300, D=136, N=264), {}),   # attention's scores, q·kᵀ
+    (scalar_epilogue, dict(M=1000, K=1032, N=776), {}),   # a scalar named t (a thread's index)
 ])
 def test_batched_products_match_float64_on_the_gpu(kernel, sizes, knobs):
     """Each batch's product against float64 (torch.matmul in float64 on the same inputs), ragged
@@ -528,6 +540,8 @@ def test_batched_products_match_float64_on_the_gpu(kernel, sizes, knobs):
         want = d["a"] @ d["b"].transpose(-1, -2) * 0.5 + d["r"]
     elif kernel is two_batch_axes:
         want = d["q"] @ d["k"].transpose(-1, -2)
+    elif kernel is scalar_epilogue:
+        want = d["x"] @ d["w"] * 0.5
     elif kernel is shared_rows:
         want = d["x"] @ d["w"].transpose(-1, -2)
     else:
@@ -535,7 +549,7 @@ def test_batched_products_match_float64_on_the_gpu(kernel, sizes, knobs):
         want = first @ second
     out = torch.full(want.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
     for _ in range(2):   # twice: a split tile's counters are reset by the first call
-        got = f(**args, out=out)
+        got = f(**args, **({"t": 0.5} if kernel is scalar_epilogue else {}), out=out)
         assert got is out
         error = float((out.double() - want).abs().max() / want.abs().max())
         assert error < 1e-2, f"{kernel.name} {sizes} {knobs}: relative error {error:.2e}"

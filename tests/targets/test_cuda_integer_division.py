@@ -10,7 +10,7 @@ import pytest
 
 from tensorfuse import dsl as T
 from tensorfuse.dsl.expr import Scalar
-from tensorfuse.targets.cuda.expr import to_cuda
+from tensorfuse.targets.cuda.expr import scalar_name, to_cuda
 
 COMPILER = shutil.which("c++") or shutil.which("g++")
 
@@ -37,7 +37,8 @@ def test_integer_division_floors_as_the_dsl_does(tmp_path):
     points = [(i, j, w) for i in range(0, 13) for j in range(0, 13) for w in (1, 3, 4)]
     body = "\n".join(
         f'  for (int n = 0; n < {len(points)}; ++n) {{ const int i = P[n][0], j = P[n][1], '
-        f'w = P[n][2]; printf("%d ", (int)({to_cuda(e, {}, name, axes={"i": "i", "j": "j"})})); '
+        f'{scalar_name("w")} = P[n][2]; printf("%d ", '
+        f'(int)({to_cuda(e, {}, name, axes={"i": "i", "j": "j"})})); '
         f'}}\n  printf("\\n");' for name, e, _ in cases)
     table = ", ".join(f"{{{i}, {j}, {w}}}" for i, j, w in points)
     program = tmp_path / "division.cc"

@@ -40,7 +40,7 @@ from .decode_sweeps import fma_sweep, mma_sweep
 from .dsm import HELPERS
 from .split import HELPERS as SPLIT_HELPERS
 from .mma_sync import HELPERS as MMA_SYNC_HELPERS
-from .expr import size_macros, tensor_arguments, to_cuda
+from .expr import scalar_arguments, size_macros, tensor_arguments, to_cuda
 from .tma import MBARRIER_HELPERS, TENSOR_MAP_TYPE, load_helper, tensor_map
 
 NL = "\n"   # inside the kernel's f-string (a backslash may not appear in its expressions)
@@ -118,8 +118,7 @@ def decode_source(plan, knobs, sizes: dict) -> str:
     team = tiles > 1   # warps share blocks: "sweeper" indexes buffers and states, not "warp"
     sw, SW = ("sweeper", "SWEEPERS") if team else ("warp", "WARPS")
     aliased = states_over_buffers(knobs, G)
-    scalar_args = "".join(f", {'float' if t.startswith('f') else 'int'} {n}"
-                          for n, t in plan.scalars)
+    scalar_args = "".join(f", {c} {n}" for n, _, c in scalar_arguments(plan.scalars))
     tensor_args = "".join(f", {c} {n}" for n, _, c in tensor_arguments(plan.tensors))
     sweep = mma_sweep(score_code(plan), D, tiles) if tensor_cores else \
         fma_sweep(score_code(plan), G, D)

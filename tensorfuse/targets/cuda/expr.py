@@ -88,7 +88,7 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
             return "(INFINITY)" if value > 0 else "(-INFINITY)"
         return f"{value!r}f"
     if isinstance(e, Scalar):
-        return e.name
+        return scalar_name(e.name)
     if isinstance(e, Ref):
         if e.compute.name not in refs:
             raise ScheduleError(f"{what} reads {e.compute.name}, which this kernel does not keep",
@@ -158,10 +158,18 @@ def tensor_arguments(tensors) -> list[tuple[str, str, str]]:
             for name, dtype in tensors]
 
 
+def scalar_name(name: str) -> str:
+    """The C++ name of the scalar parameter ``name``: ``s_<name>``, so that a user's scalar never
+    takes the name of a kernel's own variable (a scale named ``t`` multiplied the Hopper GEMM's
+    output by its thread index ``t``)."""
+    return f"s_{name}"
+
+
 def scalar_arguments(scalars) -> list[tuple[str, str, str]]:
-    """The same for scalar parameters (``(name, dtype)`` pairs): float or int by value."""
-    return [(name, "float32", "float") if dtype.startswith(("f", "bf")) else
-            (name, "int32", "int") for name, dtype in scalars]
+    """The same for scalar parameters (``(name, dtype)`` pairs): float or int by value, named
+    by :func:`scalar_name`."""
+    return [(scalar_name(name), "float32", "float") if dtype.startswith(("f", "bf")) else
+            (scalar_name(name), "int32", "int") for name, dtype in scalars]
 
 
 def size_aliases(pairs) -> str:

@@ -22,7 +22,7 @@ weight slices in L2.
 from __future__ import annotations
 
 from .dsm import HELPERS
-from .expr import size_macros, to_cuda
+from .expr import scalar_name, size_macros, to_cuda
 from .gemm_chain_wgmma import wgmma_body
 from .mma_sync import HELPERS as MMA_SYNC_HELPERS
 
@@ -59,7 +59,7 @@ def gemm_chain_source(plan, knobs, layout, M: int, K: int, N: int, O: int) -> st
         body = _mma_sync_body(plan, knobs) + _MAIN
     return _header(plan, knobs, M, K, N, O) + body.replace("@GATE_ARGS@", "".join(
         f"const __nv_bfloat16* __restrict__ w{j}, " for j in range(len(plan.gates)))).replace(
-        "@SCALAR_ARGS@", "".join(f", float {s}" for s in plan.scalars)).replace(
+        "@SCALAR_ARGS@", "".join(f", float {scalar_name(s)}" for s in plan.scalars)).replace(
         "@GATES@", ", ".join(f"w{j}" for j in range(len(plan.gates)))).replace(
         "@MAPS_ARG@", ", const char* __restrict__ maps" if knobs.copy == "tma" else "").replace(
         "@BOUNDS@", f"__launch_bounds__({knobs.threads}, {knobs.ctas_per_sm})")
@@ -68,7 +68,7 @@ def gemm_chain_source(plan, knobs, layout, M: int, K: int, N: int, O: int) -> st
 def _header(plan, knobs, M: int, K: int, N: int, O: int) -> str:
     """Sizes and knobs as macros, the DSM helpers, the f32 epilogue kernel and the rasterization
     both tensor-core paths share."""
-    scalar_args = "".join(f", float {s}" for s in plan.scalars)
+    scalar_args = "".join(f", float {scalar_name(s)}" for s in plan.scalars)
     epilogue = epilogue_code(plan)
     return f"""#include <cuda_bf16.h>
 {HELPERS}
