@@ -1,7 +1,8 @@
 """The Hopper GEMM plan: ``out[i, j] = epilogue(Σ_k a[i, k] · w_g[k, j], …)`` as one persistent,
 warp-specialised sm_90a kernel (the CUDA C++: :mod:`tensorfuse.targets.cuda.hopper_gemm`), or one
-per index of a batch axis ``z`` (``out[z, i, j]``, ``torch.bmm``): either operand may carry it
-(``a[z, i, k]``, ``w[z, k, j]``), the other is shared by every batch.
+per index of a batch axis ``z`` (``out[z, i, j]``, ``torch.bmm``; several, ``[B, H, ·, ·]``,
+walked as one index): either operand may carry it (``a[z, i, k]``, ``w[z, k, j]``), the other is
+shared by every batch.
 
 :func:`plan_hopper_gemm` reads the pattern from a program: one or two sums over the same axis
 ``k`` into ``[i, j]``, each the product of the shared rows ``a[i, k]`` and a weight indexed
