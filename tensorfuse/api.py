@@ -281,16 +281,17 @@ def _hopper_gemm_staged(kernel, spec, dynamic: "bool | None" = False) -> tuple:
 
     if spec.kind != "cuda" or spec.arch != "sm_90a" or not _triton_available():
         return ()
-    stages = hopper_gemm_stages(kernel.program)
-    if stages is None:
+    found = hopper_gemm_stages(kernel.program)
+    if found is None:
         return ()
+    stages, pays = found
     parts = [types.SimpleNamespace(program=s.program, fn=None, name=s.program.name)
              for s in stages]
     kernels = tuple(_compile(part, spec, "auto", dynamic=dynamic) for part in parts[:-1]) + \
         (TEMPLATES["hopper_gemm"](parts[-1], None, spec),)
     return (GemmStages(kernel.program, spec, stages, kernels,
                        "its GEMM reads computed or scaled sides: those stored first, for the "
-                       "Hopper GEMM"),)
+                       "Hopper GEMM", pays),)
 
 
 def _staged(kernel, spec, why: str, planned_for=None, dynamic: "bool | None" = False):

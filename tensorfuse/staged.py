@@ -70,10 +70,14 @@ class StagedKernel(GraphCallable):
 class GemmStages(StagedKernel):
     """A GEMM whose sides are computed or scaled, as its stages: the computed sides stored, then
     the Hopper GEMM (:mod:`tensorfuse.schedule_templates.gemm_stages`); it fits the sizes where
-    that GEMM runs them (``tf.compile`` tries it before the contraction template)."""
+    storing the sides pays (``pays(sizes)``) and that GEMM runs them (``tf.compile`` tries it
+    before the contraction template)."""
+
+    def __init__(self, program: Program, target: TargetSpec, stages: tuple[Stage, ...],
+                 kernels: tuple, why: str, pays):
+        super().__init__(program, target, stages, kernels, why)
+        self.pays = pays
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
-        from .schedule_templates.gemm_stages import stores_pay
-
-        return stores_pay(self.program, dims) and \
+        return self.pays(dims) and \
             self.kernels[-1].fits(scalars, **self._own(self.stages[-1], dims))

@@ -18,20 +18,24 @@ own template; the same rounding as the contraction template's staged sides.
 """
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 from ..algebra import inline_elementwise
 from ..algebra.exprs import mul, substitute
-from ..dsl.expr import DimSize, Expr, Load, Ref, Scalar, walk
+from ..dsl.expr import Expr, Ref
 from ..dsl.monoid import SUM
 from ..dsl.program import Compute, Program
 from ..errors import ScheduleError
 from .contraction_plan import ContractionPlan, plan_contraction
 from .hopper_gemm_plan import plan_hopper_gemm
-from .stages import Stage
+from .stages import NotStageable, Stage, program_of
 
 
-def hopper_gemm_stages(program: Program) -> tuple[Stage, ...] | None:
+def hopper_gemm_stages(program: Program) -> tuple[tuple[Stage, ...], Callable] | None:
     """The stages (computed sides, then the GEMM on the Hopper GEMM) of a GEMM-shaped
-    ``program`` with computed sides or outer factors, or None where the contraction plan has
+    ``program`` with computed sides or outer factors, and ``pays(sizes)``: whether storing the
+    sides pays at those sizes (:func:`stores_pay`); None where the contraction plan has
     pairwise reductions or reductions over the columns, where the program needs neither stage
     (the Hopper GEMM takes it whole), or where the Hopper GEMM does not take the GEMM stage."""
     try:
@@ -47,7 +51,7 @@ def hopper_gemm_stages(program: Program) -> tuple[Stage, ...] | None:
         gemm = _gemm_program(program, staged)
         plan_hopper_gemm(gemm)
         sides = _sides_program(program, staged) if staged.staged else None
-    except ScheduleError:
+    except (ScheduleError, NotStageable):
         return None
     stages = []
     if sides is not None:
@@ -55,7 +59,7 @@ def hopper_gemm_stages(program: Program) -> tuple[Stage, ...] | None:
                             tuple(c.name for c in sides.outputs), templated=True))
     stages.append(Stage(gemm, tuple(p.name for p in gemm.params),
                         tuple(c.name for c in gemm.outputs), templated=True))
-    return tuple(stages)
+    return tuple(stages), functools.partial(stores_pay, plan)
 
 
 # the Hopper GEMM's tiles are 128 rows × 256 columns (its defaults at these sizes): a stored
@@ -64,12 +68,11 @@ def hopper_gemm_stages(program: Program) -> tuple[Stage, ...] | None:
 TILE = {"rows": 256, "cols": 128}
 
 
-def stores_pay(program: Program, sizes: dict) -> bool:
+def stores_pay(plan: ContractionPlan, sizes: dict) -> bool:
     """Whether storing the computed sides pays at ``sizes``: each is read by several tiles along
     the other side's free axis (a side read by one — a GEMM of a few columns — is cheaper
     computed in the contraction template's tiles, as it chooses there); true where nothing is
     stored (outer factors only)."""
-    plan = plan_contraction(program)
     if plan.staging is None:
         return True
     rows, cols = (plan.extent(a, sizes) for a in (plan.rows, plan.cols))
@@ -82,7 +85,7 @@ def _sides_program(program: Program, plan: ContractionPlan) -> Program:
     and its tile's layout (:class:`.contraction_plan.StagedSide`)."""
     outputs = [Compute(s.param.name, s.axes, (s.value,), (s.param.dtype,), is_output=True)
                for s in plan.staged]
-    return _program(f"{program.name}_sides", program, outputs, outputs)
+    return program_of(f"{program.name}_sides", program, outputs, outputs)
 
 
 def _gemm_program(program: Program, plan: ContractionPlan) -> Program:
@@ -103,29 +106,5 @@ def _gemm_program(program: Program, plan: ContractionPlan) -> Program:
         body = Ref(out) if out.name in scaled else inline_elementwise(out.bodies[0])
         outputs.append(Compute(out.name, out.axes, (substitute(body, read),), out.dtypes,
                                loc=out.loc, is_output=True))
-    return _program(f"{program.name}_gemm", plan.program, [*sums.values(), *outputs], outputs)
-
-
-def _program(name: str, source: Program, computes: list, outputs: list) -> Program:
-    """A program of ``computes`` reading the parameters of ``source`` they load (in its order)."""
-    read, sizes = set(), set()
-
-    def visit(node: Expr):
-        if isinstance(node, (Load, Scalar)):
-            read.add(node.param.name if isinstance(node, Load) else node.name)
-        elif isinstance(node, DimSize):
-            sizes.add(node.name)
-
-    for c in computes:
-        for b in c.bodies:
-            walk(b, visit)
-    params = [p for p in source.params if p.name in read]
-    sizes |= {a.extent for c in computes for a in c.axes + c.over if isinstance(a.extent, str)}
-    unbound = sizes - {d for p in params if hasattr(p, "dims") for d in p.dims}
-    if unbound:
-        raise ScheduleError(f"sizes {', '.join(sorted(unbound))} would be bound by no tensor of "
-                            f"{name}")
-    axes = sorted({a.uid: a for c in computes for a in c.axes + c.over}.values(),
-                  key=lambda a: a.uid)
-    return Program(name, params, list(computes), list(outputs), axes,
-                   list(source.size_constraints), source.loc)
+    return program_of(f"{program.name}_gemm", plan.program, [*sums.values(), *outputs],
+                      outputs)

@@ -265,6 +265,18 @@ def _sub_program(program: Program, outputs: list[Compute], stored: set[str], nam
 
     for o in outputs:
         copy(o)
+    order = {c.name: k for k, c in enumerate(program.computes)}
+    made.sort(key=lambda c: order[c.name])
+    # stored values become parameters only where read: all of them are used
+    return program_of(name, program, made, [copies[o.name] for o in outputs],
+                      list(stored_params.values()))
+
+
+def program_of(name: str, source: Program, computes: list, outputs: list,
+               extra_params: list = ()) -> Program:
+    """A program of ``computes`` (in order) whose parameters are those of ``source`` they read
+    (in its order), then ``extra_params``; :class:`NotStageable` where a size they use is bound
+    by none of its tensors."""
     used_params, used_sizes = set(), set()
 
     def visit(node: Expr):
@@ -275,20 +287,17 @@ def _sub_program(program: Program, outputs: list[Compute], stored: set[str], nam
         elif isinstance(node, DimSize):
             used_sizes.add(node.name)
 
-    for c in made:
+    for c in computes:
         for b in c.bodies:
             walk(b, visit)
         used_sizes |= {a.extent for a in c.axes + c.over if isinstance(a.extent, str)}
-    # stored values become parameters only where read: all of them are used
-    params = [p for p in program.params if p.name in used_params] + list(stored_params.values())
+    params = [p for p in source.params if p.name in used_params] + list(extra_params)
     bound = {d for p in params if isinstance(p, TensorParam) for d in p.dims}
     if used_sizes - bound:
         raise NotStageable(f"sizes {', '.join(sorted(used_sizes - bound))} would be bound by no "
                            "tensor of the stage")
-    axes = sorted({a.uid: a for c in made for a in c.axes + c.over}.values(),
+    axes = sorted({a.uid: a for c in computes for a in c.axes + c.over}.values(),
                   key=lambda a: a.uid)
-    order = {c.name: k for k, c in enumerate(program.computes)}
-    made.sort(key=lambda c: order[c.name])
-    return Program(name, params, made, [copies[o.name] for o in outputs], axes,
-                   list(program.size_constraints), program.loc)
+    return Program(name, params, list(computes), list(outputs), axes,
+                   list(source.size_constraints), source.loc)
 

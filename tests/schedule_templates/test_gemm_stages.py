@@ -14,7 +14,7 @@ from benchmarks.unlisted_kernels import rmsnorm_linear
 from tensorfuse import dsl as T
 from tensorfuse.interop import torch_dtype
 from tensorfuse.schedule_templates.auto import takes_stage
-from tensorfuse.schedule_templates.gemm_stages import hopper_gemm_stages, stores_pay
+from tensorfuse.schedule_templates.gemm_stages import hopper_gemm_stages
 from tensorfuse.schedule_templates.hopper_gemm_plan import plan_hopper_gemm
 from tensorfuse.schedule_templates.stages import plan_stages
 from tensorfuse.targets import get_target
@@ -51,13 +51,13 @@ def _gemm_stage_program():
 
 
 def test_a_computed_side_is_stored_then_the_hopper_gemm_scales_its_accumulators():
-    sides, gemm = hopper_gemm_stages(_gemm_stage_program())
+    (sides, gemm), _ = hopper_gemm_stages(_gemm_stage_program())
     assert sides.produces == ("staged_out_sum_rows",) and sides.inputs == ("x", "g")
     plan = plan_hopper_gemm(gemm.program)
     assert (plan.a, plan.weights, plan.b_k_major) == ("staged_out_sum_rows", ("w",), True)
     assert "rsqrt(r_sum[i]" in plan.describe()          # the outer factor, in the epilogue
     assert gemm.produces == ("out",)
-    only_outer = hopper_gemm_stages(scaled_gated.program)
+    only_outer, _ = hopper_gemm_stages(scaled_gated.program)
     assert len(only_outer) == 1 and plan_hopper_gemm(only_outer[0].program).tensors == \
         (("c", "bf16"), ("s", "f32"))
     # the Hopper GEMM takes a sum of two loads itself; a pairwise sum is no GEMM for it
@@ -66,10 +66,10 @@ def test_a_computed_side_is_stored_then_the_hopper_gemm_scales_its_accumulators(
 
 
 def test_stores_pay_where_several_tiles_read_them():
-    program = _gemm_stage_program()
-    assert stores_pay(program, dict(M=8192, K=4096, N=4096))
-    assert not stores_pay(program, dict(M=8192, K=4096, N=256))   # one column tile reads it
-    assert stores_pay(scaled_gated.program, dict(M=64, K=64, N=64))   # nothing stored
+    pays = hopper_gemm_stages(_gemm_stage_program())[1]
+    assert pays(dict(M=8192, K=4096, N=4096))
+    assert not pays(dict(M=8192, K=4096, N=256))   # one column tile reads it
+    assert hopper_gemm_stages(scaled_gated.program)[1](dict(M=64, K=64, N=64))   # none stored
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_linear", "scaled_gated", "silu_rows"])
@@ -98,7 +98,7 @@ def test_the_stages_compute_the_program_on_the_cpu(kernel):
         w = (torch.randn(K, N, generator=generator) / 8).bfloat16()
         values = dict(x=x, w=w)
         want = (torch.sigmoid(x.double()) * x.double()) @ w.double()
-    for stage in hopper_gemm_stages(program):
+    for stage in hopper_gemm_stages(program)[0]:
         part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
         made = tf.compile(part, target="llvm")(**{n: values[n] for n in stage.inputs})
         made = made if isinstance(made, tuple) else (made,)
