@@ -183,9 +183,13 @@ def _keep_identities(members, bodies, schemes) -> None:
                 not m.monoid.identity_is_sentinel(m.dtypes[0]):
             continue
         dependents = [d for d in members if m.name in schemes[d.name].deps]
+        # a dependent's value formula is its own reference for the members after it
+        referenced = [schemes[d.name] for d in dependents
+                      if any(d.name in schemes[e.name].deps for e in members)]
         schemes[m.name].keeps_identity = bool(dependents) and identity_keepable(
             m.name, m.monoid.name, bodies[m.name][0],
-            [st.body for d in dependents for st in schemes[d.name].states])
+            [st.body for d in dependents for st in schemes[d.name].states],
+            [v for sc in referenced for v in sc.value])
 
 
 def _value_positive(m: Compute, body: Expr, ctx: Context) -> bool:

@@ -27,6 +27,7 @@ correction is the algebra's central check:
 from __future__ import annotations
 
 import math
+from typing import Sequence
 from dataclasses import dataclass, field
 
 from ..dsl import dtypes as dt
@@ -34,7 +35,8 @@ from ..dsl.expr import (Binary, Const, Expr, Ref, Symbol, Unary, binary, compare
                         where)
 from ..dsl.monoid import SUM, Monoid
 from ..dsl.printer import to_text
-from .exprs import ONE_KEY, add, const, is_const, mul, refs_to, simplify, substitute
+from .exprs import (ONE_KEY, add, const, is_const, mul, refs_to, simplify, substitute,
+                    symbols_in)
 from .transfer import (Context, NoCorrection, Reset, Terms, is_positive, linear, new_symbol,
                        old_symbol, old_to_new, rebased, transfer)
 
@@ -147,14 +149,22 @@ class Scheme:
         return "\n".join(lines)
 
 
-def identity_keepable(dependency: str, monoid: str, own: Expr, bodies: list[Expr]) -> bool:
+def identity_keepable(dependency: str, monoid: str, own: Expr, bodies: list[Expr],
+                      references: Sequence[Expr] = ()) -> bool:
     """Whether a running max (``monoid`` ``"max"``; ``"min"`` mirrored) of the elements ``own`` can
     stay the reference of the member ``bodies`` while it is still its identity (−FLT_MAX): true
     when each body reads it only as ``exp(own − dependency)`` (``exp2`` too). Such a term is at
     most 1 for every element the maximum has seen, whatever its value, and its correction is a
     scale by ``exp(old − new)`` ≤ 1: a row whose real values are all −FLT_MAX gets them weighed as
     unfused. Anything else (``(y − v)²``, ``exp(y − v)`` of another ``y``) could overflow against
-    −FLT_MAX, so those members keep 0 as their reference."""
+    −FLT_MAX, so those members keep 0 as their reference. ``references``: the value formulas of
+    dependents that later members are kept relative to; one that reads the maximum itself
+    (``max(y) − v/2`` as the reference of a ``Σ (y − w)``) would put that reference near
+    ±FLT_MAX/2 in a split part that saw none of the maximum's elements, and the later member's
+    terms would cancel against it: not keepable either."""
+    reads = {f"{dependency}.new", f"{dependency}.old"}
+    if any(reads & symbols_in(v) for v in references):
+        return False
     sign = 1 if monoid == "max" else -1
 
     def gap(e: Expr) -> bool:   # own − dependency (max) or dependency − own (min)

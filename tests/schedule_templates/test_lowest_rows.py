@@ -87,3 +87,32 @@ def test_members_the_identity_does_not_bound_still_match_the_unfused_program():
     want = torch.exp(y.double() - x.double().max(-1, keepdim=True).values).sum(-1)
     assert torch.isinf(out[0]) and torch.isinf(want[0])
     np.testing.assert_allclose(out[1:].numpy(), want[1:].numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("fuse", ["rolling", "split"])
+def test_a_reference_that_reads_the_maximum_keeps_zero(fuse):
+    """``w = max(x − v/2)`` keeps its elements apart from ``v`` (its value formula reads ``v``),
+    and is itself the reference of ``Σ (x − w/2)``. While ``v`` has seen none of its elements (a
+    masked prefix, a split part of masked elements) that reference must not be built from
+    −FLT_MAX: ``max(x) + FLT_MAX/2`` would swallow every term of the later sum (found by the
+    generated chains, 0.1 off on rows of two elements)."""
+    @tf.kernel
+    def two_levels(x: T.Tensor["M", "N", "f64"]):
+        i, j = T.axes("i j")
+        v = T.max(T.where(j >= 3, x[i, j], -T.inf), over=j)
+        w = T.max(x[i, j] - 0.5 * v, over=j)
+        return v, w, T.sum(x[i, j] - 0.5 * w, over=j)
+
+    names = [c.name for c in two_levels.program.outputs]
+    assert not plan_chain(two_levels.program, names, "j").schemes[names[0]].keeps_identity
+    sch = tf.schedule(two_levels, "llvm")
+    if fuse == "rolling":
+        sch.rolling_update(*names, axis="j", chunk=1)
+    else:
+        sch.split_update(*names, axis="j", splits=3, chunk=1)
+    x = torch.randn((5, 7), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    outs = sch.compile()(x)
+    v = torch.where(torch.arange(7) >= 3, x, -torch.inf).max(-1).values
+    w = (x - 0.5 * v[:, None]).max(-1).values
+    want = (x - 0.5 * w[:, None]).sum(-1)
+    torch.testing.assert_close(outs[2], want, rtol=1e-12, atol=1e-12)
