@@ -218,19 +218,29 @@ class Differentiation:
         return self.templates[key]
 
 
+BACKWARDS = ("auto", "hopper", "triton")   # TENSORFUSE_ATTENTION_BACKWARD's values
+
+
 def _hopper_backward(plan, target, triton, chosen: bool | None = None):
     """The sm_90a backward kernel of ``plan`` (the Triton kernels' statistics kernel before it)
-    where it is chosen — ``TENSORFUSE_ATTENTION_BACKWARD=hopper``: not the default, being
-    1.04–1.07× the Triton kernels on the H200 at S=4096 (full, grouped causal) but 0.93–0.97× on
-    causal and at S=16384, 0.83–0.86× at head dim 64 (``benchmarks.attention_backward
-    --kernels``) — and takes the plan; else None (the Triton kernels run)."""
+    where it is chosen and takes the plan; else None (the Triton kernels run). ``chosen``
+    True/False decides; None reads ``TENSORFUSE_ATTENTION_BACKWARD``: ``hopper`` wherever it
+    takes the plan, ``triton`` never, ``auto`` (the default) where it measured faster — scores
+    without a mask at head dim 128, 0.91–0.92× the Triton kernels' time at S=4096 and 16384 on
+    the H200; under causal and grouped causal masks it is 0.96–1.04×, at head dim 64
+    1.14–1.20× (``benchmarks.attention_backward --kernels``)."""
     import os
 
     from .schedule_templates.hopper_attention_backward import (HopperAttentionBackward,
                                                                 plan_hopper_backward)
 
     if chosen is None:
-        chosen = os.environ.get("TENSORFUSE_ATTENTION_BACKWARD", "triton") == "hopper"
+        choice = os.environ.get("TENSORFUSE_ATTENTION_BACKWARD", "auto")
+        if choice not in BACKWARDS:
+            raise TensorfuseError(f"TENSORFUSE_ATTENTION_BACKWARD={choice!r}: one of "
+                                  f"{', '.join(BACKWARDS)}")
+        chosen = choice == "hopper" or choice == "auto" and plan.mask is None and \
+            plan.head_dim == 128
     if not chosen:
         return None
     try:

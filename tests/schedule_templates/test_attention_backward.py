@@ -107,13 +107,16 @@ def test_the_backward_accumulates_without_atomics():
 
 
 @pytest.mark.gpu
-def test_the_gradients_are_the_same_bits_on_every_run_when_asked():
+@pytest.mark.parametrize("kernel", [K.gqa_causal_attention, K.attention])
+def test_the_gradients_are_the_same_bits_on_every_run_when_asked(kernel):
     """Under torch.use_deterministic_algorithms the gradients repeat bit for bit (the Hopper
-    kernel's dQ, added by TMA in any order, steps aside); dK and dV always do."""
+    kernel's dQ, added by TMA in any order — by default for scores without a mask —, steps
+    aside); dK and dV always do."""
     torch.manual_seed(0)
-    f = tf.compile(K.gqa_causal_attention)
+    f = tf.compile(kernel)
+    heads = 2 if kernel is K.gqa_causal_attention else 8
     q = torch.randn(2, 8, 700, 128, device="cuda").bfloat16().requires_grad_()
-    k, v = (torch.randn(2, 2, 700, 128, device="cuda").bfloat16().requires_grad_()
+    k, v = (torch.randn(2, heads, 700, 128, device="cuda").bfloat16().requires_grad_()
             for _ in range(2))
     out = f(q, k, v, scale=128 ** -0.5)
     seed = torch.randn_like(out)
@@ -132,11 +135,15 @@ def test_the_gradients_are_the_same_bits_on_every_run_when_asked():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 96, 256])
-def test_autograd_runs_the_template_on_the_gpu(D):
+@pytest.mark.parametrize("D, causal", [(64, True), (96, True), (256, True), (128, False)])
+def test_autograd_runs_the_template_on_the_gpu(D, causal):
+    """The Triton kernels, or on an H100/H200 by default for scores without a mask at head dim
+    128 the Hopper kernel (:func:`tensorfuse.autograd._hopper_backward`)."""
+    from tensorfuse.schedule_templates.hopper_attention_backward import HopperAttentionBackward
+
     torch.manual_seed(0)
-    f = tf.compile(K.causal_attention)
-    q, k, v = (torch.randn(1, 2, 150, D, device="cuda").bfloat16().requires_grad_()
+    f = tf.compile(K.causal_attention if causal else K.attention)
+    q, k, v = ((3 * torch.randn(1, 2, 150, D, device="cuda")).bfloat16().requires_grad_()
                for _ in range(3))
     out = f(q, k, v, scale=D ** -0.5)
     seed = torch.randn_like(out)
@@ -144,13 +151,15 @@ def test_autograd_runs_the_template_on_the_gpu(D):
     assert f.torch_op is not None
     exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
     want = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
-        *exact, is_causal=True, scale=D ** -0.5), exact, seed.double())
+        *exact, is_causal=causal, scale=D ** -0.5), exact, seed.double())
     for g, w in zip(got, want):
         assert float((g.double() - w).norm() / w.norm()) < 2e-2
     from tensorfuse.autograd import _TEMPLATES   # the template ran, not the program
 
     used = f.torch_op.differentiation.templates
-    assert [type(_TEMPLATES[key]) for key in used.values()] == [AttentionBackwardKernels]
+    hopper = not causal and torch.cuda.get_device_capability() == (9, 0)
+    assert [type(_TEMPLATES[key]) for key in used.values()] == \
+        [HopperAttentionBackward if hopper else AttentionBackwardKernels]
     assert f.torch_op.training is not None   # the forward saved the log-sum-exp for it
 
 

@@ -7,7 +7,7 @@ import torch
 
 import tensorfuse.kernels as K
 from tensorfuse.autograd import _hopper_backward
-from tensorfuse.errors import TargetError
+from tensorfuse.errors import TargetError, TensorfuseError
 from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
                                                               plan_attention_backward)
 from tensorfuse.schedule_templates.auto import choose
@@ -44,6 +44,30 @@ def test_the_plans_it_takes_and_what_it_reads_of_them():
     assert document.mask_tensors != ()   # the mask's tensors are kernel arguments
 
 
+@pytest.mark.parametrize("kernel, dims, side_by_side", [
+    (K.attention, dict(DIMS, M=4096, N=4096), True),       # 32 heads' dQ: 64 MiB
+    (K.attention, dict(DIMS, M=1024, N=1024), False),      # 16 MiB stay in L2
+    (K.attention, dict(DIMS, M=4096, N=4096, D=64), False),
+    (K.causal_attention, dict(DIMS, M=16384, N=16384), True),
+    (K.causal_attention, dict(DIMS, M=4096, N=4096), False),   # 1024 uneven CTAs: the tail
+    (K.gqa_causal_attention, dict(DIMS, H=32, HKV=8, M=16384, N=16384), True),
+    (K.gqa_causal_attention, dict(DIMS, H=32, HKV=8, M=4096, N=4096), False),
+    (K.attention, dict(DIMS, B=4096, H=32, M=4096, N=4096), False),   # past the grid's y
+])
+def test_a_heads_key_blocks_run_side_by_side_where_its_dq_would_leave_l2(kernel, dims,
+                                                                          side_by_side):
+    """The grid walks a head's key blocks side by side (the CTAs running at once add into one
+    head's dQ) where the heads side by side would add into more float32 dQ than L2 holds —
+    under a mask only where there are enough CTAs that the longest starting late costs little —
+    and never past the bound of a grid's y."""
+    hplan = plan_hopper_backward(_plan(kernel, dims), "sm_90a")
+    assert hplan.keys_fastest == side_by_side
+    order = "kb = blockIdx.x, bhk = blockIdx.y" if side_by_side else \
+        "kb = blockIdx.y, bhk = blockIdx.x"
+    assert order in backward_source(hplan, [(p.name, p.dtype)
+                                            for p in hplan.base.program.scalar_params])
+
+
 @pytest.mark.parametrize("kernel, dims, arch, reason", [
     (K.causal_attention, DIMS, "sm_80", "runs on sm_90a"),
     (K.causal_attention, dict(DIMS, D=256), "sm_90a", r"head dims \(64, 128\), not 256"),
@@ -55,17 +79,28 @@ def test_what_it_does_not_take_is_refused_with_the_reason(kernel, dims, arch, re
         plan_hopper_backward(_plan(kernel, dims), arch)
 
 
-def test_it_is_chosen_only_when_asked(monkeypatch):
-    plan = _plan(K.causal_attention)
-    triton = AttentionBackwardKernels(plan, BackwardKnobs())
+def test_it_is_chosen_where_it_measured_faster_or_when_asked(monkeypatch):
+    """By default for scores without a mask at head dim 128; ``hopper`` wherever it takes the
+    plan, ``triton`` never; another value is an error naming the ones there are."""
     target = get_target("cuda:sm_90a")
+
+    def chosen(kernel, dims=DIMS):
+        plan = _plan(kernel, dims)
+        made = _hopper_backward(plan, target, AttentionBackwardKernels(plan, BackwardKnobs()))
+        assert made is None or made.plan is plan
+        return made is not None
+
     monkeypatch.delenv("TENSORFUSE_ATTENTION_BACKWARD", raising=False)
-    assert _hopper_backward(plan, target, triton) is None
+    assert chosen(K.attention)
+    assert not chosen(K.causal_attention) and not chosen(K.attention, dict(DIMS, D=64))
     monkeypatch.setenv("TENSORFUSE_ATTENTION_BACKWARD", "hopper")
-    assert _hopper_backward(plan, target, triton).plan is plan
-    refused = _plan(K.softcap_attention)   # not taken: the Triton kernels stay
-    assert _hopper_backward(refused, target, AttentionBackwardKernels(refused, BackwardKnobs())) \
-        is None
+    assert chosen(K.causal_attention) and chosen(K.attention, dict(DIMS, D=64))
+    assert not chosen(K.softcap_attention)   # not taken: the Triton kernels stay
+    monkeypatch.setenv("TENSORFUSE_ATTENTION_BACKWARD", "triton")
+    assert not chosen(K.attention)
+    monkeypatch.setenv("TENSORFUSE_ATTENTION_BACKWARD", "cudnn")
+    with pytest.raises(TensorfuseError, match="one of auto, hopper, triton"):
+        chosen(K.attention)
 
 
 @needs_nvcc

@@ -1,8 +1,10 @@
 """The attention backward for sm_90a: ``dK``, ``dV`` and ``dQ`` on ``wgmma`` from tensor maps (the
 plan: :mod:`tensorfuse.schedule_templates.hopper_attention_backward`).
 
-One CTA per (batch · key/value head, key block of 128 keys) — the key blocks along the grid's
-y, so that under a causal mask the longest CTAs start first —, three warpgroups:
+One CTA per (batch · key/value head, key block of 128 keys) — the heads side by side along the
+grid's x, so that under a causal mask every head's longest CTAs (its first key blocks) start
+first; or, where the dQ of the heads running at once would not stay in L2, a head's key blocks
+side by side (the plan's ``keys_fastest``) —, three warpgroups:
 
 - warpgroup 0, the producer, gives its registers back (``setmaxnreg.dec``); one thread copies the
   CTA's keys and values once (TMA boxes of the 128-byte swizzle), then, for every query block
@@ -110,7 +112,8 @@ def _batch_values(base) -> str:
 def backward_source(hplan, scalars) -> str:
     """CUDA C++ of ``tf_hopper_attention_backward`` for ``hplan``
     (:class:`~tensorfuse.schedule_templates.hopper_attention_backward.HopperBackwardPlan`) and the
-    program's ``scalars`` (``(name, dtype)``): grid (batch · key/value heads, key blocks),
+    program's ``scalars`` (``(name, dtype)``): grid (batch · key/value heads, key blocks), or
+    (key blocks, batch · key/value heads) where the plan says (``keys_fastest``),
     :data:`THREADS` threads, :func:`shared_bytes` of dynamic shared memory. The sizes are
     compiled in (as the Triton backward's)."""
     c = _Source(hplan, scalars)
@@ -134,6 +137,12 @@ class _Source(KernelArguments):
         self.pair, self.pack = _PAIRS[self.dtype]
         self.f16 = "_f16" if self.dtype == "f16" else ""
         self.split_n = self.D >= 128
+        self.keys_along, self.heads_along = ("x", "y") if hplan.keys_fastest else ("y", "x")
+        self.grid_comment = (
+            "// key blocks along x: the CTAs running at once add into one head's dQ, in L2"
+            if hplan.keys_fastest else
+            "// key blocks along y: every head's first key blocks (under a causal mask the\n"
+            "  // longest) start first, so the short ones fill the last wave")
         self.dqn = self.D // 2 if self.split_n else self.D
         self.arguments = kernel_arguments(hplan, scalars)
         # what the mask may read: the tensors and scalars after the factors
@@ -255,9 +264,8 @@ def _kernel_begin(c: _Source) -> str:
   unsigned long long* kv_full = bars;
   unsigned long long* full = bars + 1;
   unsigned long long* empty = full + STAGES;
-  // key blocks along y: every head's first key blocks start first — under a causal mask the
-  // longest (they see every later query block), so the short ones fill the last wave
-  const int kb = blockIdx.y, bhk = blockIdx.x, n0 = kb * BN;
+  {c.grid_comment}
+  const int kb = blockIdx.{c.keys_along}, bhk = blockIdx.{c.heads_along}, n0 = kb * BN;
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {{
     tf_mbar_init(kv_full, 1);
