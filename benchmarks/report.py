@@ -261,6 +261,10 @@ SECTIONS = (
      "bf16; one sum `Σ_k x[i, k] · rsqrt(mean x²) · g[k] · w[j, k]`: the norm's sum, the "
      "normalised rows stored, the Hopper GEMM with the row scale in its epilogue; against "
      "`F.linear(F.rms_norm(x))`", "python -m benchmarks.unlisted_kernels --only rmsnorm_linear"),
+    ("unlisted-kernels-bilinear-form", "A bilinear form per row",
+     "bf16; `Σ_j (Σ_i x[b, i] · W[i, j]) · y[b, j]`: the GEMM stored in f32 by the Hopper GEMM, "
+     "then the row template's sum over its columns; against `((x @ W) * y).sum(-1)`",
+     "python -m benchmarks.unlisted_kernels --only bilinear_form"),
     ("neighborhood", "Neighbourhood attention on 2-D and 3-D maps",
      "bf16; TFLOP/s of the kept FLOPs; `graph`: calls replayed from a CUDA graph",
      "python -m benchmarks.neighborhood --csv PATH"),

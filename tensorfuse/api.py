@@ -271,27 +271,32 @@ def _flattened(kernel, spec, dynamic: "bool | None" = False):
 def _hopper_gemm_staged(kernel, spec, dynamic: "bool | None" = False) -> tuple:
     """On sm_90a, a GEMM whose sides are computed or scaled as its stages — the computed sides
     stored (``tf.compile``'s choice for them), then the Hopper GEMM with the scales in its
-    epilogue (:mod:`tensorfuse.schedule_templates.gemm_stages`) —, as a one-kernel tuple for
-    ``AutoKernel``'s ``ahead``; else ``()``."""
+    epilogue — or a GEMM whose columns are reduced after it as its stages — the Hopper GEMM's
+    values stored, then the reductions (:mod:`tensorfuse.schedule_templates.gemm_stages`) —, as
+    a one-kernel tuple for ``AutoKernel``'s ``ahead``; else ``()``."""
     import types
 
     from .schedule_templates import TEMPLATES
-    from .schedule_templates.gemm_stages import hopper_gemm_stages
+    from .schedule_templates.gemm_stages import hopper_gemm_stages, hopper_gemm_then_columns
     from .staged import GemmStages
 
     if spec.kind != "cuda" or spec.arch != "sm_90a" or not _triton_available():
         return ()
-    found = hopper_gemm_stages(kernel.program)
+    found, gemm = hopper_gemm_stages(kernel.program), -1
+    why = "its GEMM reads computed or scaled sides: those stored first, for the Hopper GEMM"
+    if found is None:
+        found, gemm = hopper_gemm_then_columns(kernel.program, spec), 0
+        why = "its GEMM's columns are reduced after it: the GEMM stored by the Hopper GEMM first"
     if found is None:
         return ()
     stages, pays = found
     parts = [types.SimpleNamespace(program=s.program, fn=None, name=s.program.name)
              for s in stages]
-    kernels = tuple(_compile(part, spec, "auto", dynamic=dynamic) for part in parts[:-1]) + \
-        (TEMPLATES["hopper_gemm"](parts[-1], None, spec),)
-    return (GemmStages(kernel.program, spec, stages, kernels,
-                       "its GEMM reads computed or scaled sides: those stored first, for the "
-                       "Hopper GEMM", pays),)
+    gemm %= len(parts)
+    kernels = tuple(TEMPLATES["hopper_gemm"](part, None, spec) if k == gemm else
+                    _compile(part, spec, "auto", dynamic=dynamic)
+                    for k, part in enumerate(parts))
+    return (GemmStages(kernel.program, spec, stages, kernels, why, pays, gemm),)
 
 
 def _staged(kernel, spec, why: str, planned_for=None, dynamic: "bool | None" = False):

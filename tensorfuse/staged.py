@@ -20,8 +20,11 @@ class StagedKernel(GraphCallable):
                  kernels: tuple, why: str):
         self.program, self.target = program, target
         self.stages, self.kernels, self.why = tuple(stages), tuple(kernels), why
-        self.description = (f"{len(stages)} stage kernels (no template takes {program.name} "
-                            f"whole): " + "; ".join(s.describe() for s in stages))
+        self.description = (f"{len(stages)} stage kernels ({self._staged_because()}): "
+                            + "; ".join(s.describe() for s in stages))
+
+    def _staged_because(self) -> str:
+        return f"no template takes {self.program.name} whole"
 
     def __repr__(self) -> str:
         return f"<StagedKernel {self.program.name} for {self.target.name}: {self.description}>"
@@ -43,8 +46,8 @@ class StagedKernel(GraphCallable):
         parts = [f"[{k}] {stage.describe()}: "
                  f"{kernel.schedule_origin(**self._own(stage, dims))}"
                  for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels), 1)]
-        return (f"staged: {len(self.stages)} kernels, their results between them stored (no "
-                f"template takes {self.program.name} whole: {self.why}); " + "; ".join(parts))
+        return (f"staged: {len(self.stages)} kernels, their results between them stored "
+                f"({self._staged_because()}: {self.why}); " + "; ".join(parts))
 
     def source(self, **dims) -> str:
         """Each stage kernel's generated source at these sizes, in stage order."""
@@ -68,16 +71,20 @@ class StagedKernel(GraphCallable):
 
 
 class GemmStages(StagedKernel):
-    """A GEMM whose sides are computed or scaled, as its stages: the computed sides stored, then
-    the Hopper GEMM (:mod:`tensorfuse.schedule_templates.gemm_stages`); it fits the sizes where
-    storing the sides pays (``pays(sizes)``) and that GEMM runs them (``tf.compile`` tries it
-    before the contraction template)."""
+    """A GEMM as stages around the Hopper GEMM (:mod:`tensorfuse.schedule_templates.gemm_stages`):
+    its computed sides stored, then the GEMM (``gemm`` −1, the last stage); or the GEMM stored,
+    then the reductions over its columns (``gemm`` 0). It fits the sizes where storing pays
+    (``pays(sizes)``) and that GEMM runs them (``tf.compile`` tries it before the contraction
+    template)."""
 
     def __init__(self, program: Program, target: TargetSpec, stages: tuple[Stage, ...],
-                 kernels: tuple, why: str, pays):
+                 kernels: tuple, why: str, pays, gemm: int = -1):
         super().__init__(program, target, stages, kernels, why)
-        self.pays = pays
+        self.pays, self.gemm = pays, gemm
+
+    def _staged_because(self) -> str:
+        return "the Hopper GEMM's stages, before the contraction template"
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         return self.pays(dims) and \
-            self.kernels[-1].fits(scalars, **self._own(self.stages[-1], dims))
+            self.kernels[self.gemm].fits(scalars, **self._own(self.stages[self.gemm], dims))

@@ -19,6 +19,7 @@ own template; the same rounding as the contraction template's staged sides.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 from ..algebra import inline_elementwise
@@ -29,7 +30,7 @@ from ..dsl.program import Compute, Program
 from ..errors import ScheduleError
 from .contraction_plan import ContractionPlan, plan_contraction
 from .hopper_gemm_plan import plan_hopper_gemm
-from .stages import NotStageable, Stage, program_of
+from .stages import NotStageable, Stage, plan_stages, program_of
 
 
 def hopper_gemm_stages(program: Program) -> tuple[tuple[Stage, ...], Callable] | None:
@@ -60,6 +61,42 @@ def hopper_gemm_stages(program: Program) -> tuple[tuple[Stage, ...], Callable] |
     stages.append(Stage(gemm, tuple(p.name for p in gemm.params),
                         tuple(c.name for c in gemm.outputs), templated=True))
     return tuple(stages), functools.partial(stores_pay, plan)
+
+
+# The contraction template runs a GEMM whose columns it then reduces at ~0.7× the Hopper GEMM's
+# rate (a bilinear form of 4096 rows, 4096² weights: 482 TFLOP/s, cuBLAS's GEMM 681 on the H200,
+# ``benchmarks.unlisted_kernels``). Storing the GEMM's f32 columns instead costs 8 bytes an
+# element (written, read) against its 2·K flops: at 4 TB/s and 680 TFLOP/s it pays from K ≈ 1600.
+COLUMNS_STORED_FROM = 2048
+
+
+def hopper_gemm_then_columns(program: Program, target) -> tuple[tuple[Stage, ...], Callable] | None:
+    """The stages of a GEMM whose columns are then reduced (``Σ_j (Σ_k x[i, k] · w[k, j]) ·
+    y[i, j]``: a bilinear form per row) — the GEMM as a stage of its own, its f32 values stored
+    (the Hopper GEMM takes it), then the reductions over its columns (the floor's cut,
+    :func:`.stages.plan_stages`: the row template takes them) — and ``pays(sizes)``: the
+    contracted extent is at least :data:`COLUMNS_STORED_FROM`. None where the contraction plan
+    reduces no columns, or the Hopper GEMM does not take the first stage."""
+    from .auto import takes_stage
+
+    try:
+        plan = plan_contraction(program)
+    except ScheduleError:
+        return None
+    if not plan.over_columns or plan.pairwise:
+        return None
+    try:
+        stages = plan_stages(program, lambda sub: sub is not program and takes_stage(sub, target))
+        plan_hopper_gemm(stages[0].program)
+    except (ScheduleError, NotStageable):
+        return None
+    if not all(s.templated for s in stages):
+        return None
+    return stages, functools.partial(_deep_enough, plan)
+
+
+def _deep_enough(plan: ContractionPlan, sizes: dict) -> bool:
+    return math.prod(int(plan.extent(a, sizes)) for a in plan.ks) >= COLUMNS_STORED_FROM
 
 
 # the Hopper GEMM's tiles are 128 rows × 256 columns (its defaults at these sizes): a stored

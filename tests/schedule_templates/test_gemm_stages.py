@@ -10,11 +10,13 @@ import torch
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
+from benchmarks.contraction import best_match, bilinear_form
 from benchmarks.unlisted_kernels import rmsnorm_linear
 from tensorfuse import dsl as T
 from tensorfuse.interop import torch_dtype
 from tensorfuse.schedule_templates.auto import takes_stage
-from tensorfuse.schedule_templates.gemm_stages import hopper_gemm_stages
+from tensorfuse.schedule_templates.gemm_stages import (COLUMNS_STORED_FROM, hopper_gemm_stages,
+                                                       hopper_gemm_then_columns)
 from tensorfuse.schedule_templates.hopper_gemm_plan import plan_hopper_gemm
 from tensorfuse.schedule_templates.stages import plan_stages
 from tensorfuse.targets import get_target
@@ -122,6 +124,72 @@ def test_tf_compile_runs_them_on_sm90a_where_storing_pays():
     # other GPUs keep the contraction template's own staged sides
     assert "hopper_gemm" not in tf.compile(rmsnorm_linear, target="cuda:sm_80").schedule_origin(
         M=8192, K=4096, N=4096)
+
+
+@pytest.mark.parametrize("kernel", [bilinear_form, best_match])
+def test_a_gemm_whose_columns_are_reduced_is_stored_first_where_it_is_deep(kernel):
+    """A bilinear form (``Σ_j (x·W)[b, j] · y[b, j]``) or a GEMM's row maxima: the GEMM a stage
+    of its own that the Hopper GEMM takes (its f32 values stored), then the reductions over its
+    columns; computed on the CPU target in turn against float64. Stored from a contracted
+    extent of COLUMNS_STORED_FROM (below it the contraction template's one pass is cheaper)."""
+    (gemm, rows), pays = hopper_gemm_then_columns(kernel.program, HOPPER)
+    plan = plan_hopper_gemm(gemm.program)
+    assert plan.out_dtype == "f32" and gemm.produces == rows.inputs[-1:]
+    assert rows.produces == tuple(c.name for c in kernel.program.outputs)
+    generator = torch.Generator().manual_seed(4)
+    B, I_, J = 37, 80, 51
+    x = (torch.randn(B, I_, generator=generator) * 3).bfloat16()
+    if kernel is bilinear_form:
+        W, y = (torch.randn(I_, J, generator=generator) / 8).bfloat16(), \
+            torch.randn(B, J, generator=generator).bfloat16()
+        values, sizes = dict(x=x, W=W, y=y), dict(B=B, I=I_, J=J)
+        want = ((x.double() @ W.double()) * y.double()).sum(-1)
+    else:
+        y = torch.randn(J, I_, generator=generator).bfloat16()
+        values, sizes = dict(x=x, y=y), dict(M=B, D=I_, N=J)
+        want = (x.double() @ y.double().T).max(-1).values
+    for stage in (gemm, rows):
+        part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
+        made = tf.compile(part, target="llvm")(**{n: values[n] for n in stage.inputs})
+        values.update(zip(stage.produces, made if isinstance(made, tuple) else (made,)))
+    out = values[kernel.program.outputs[0].name]
+    error = float((out.double() - want).abs().max() / want.abs().max())
+    assert error < 1e-2, error   # the bf16 output: 2⁻⁹
+    contracted = "I" if kernel is bilinear_form else "D"
+    assert pays({**sizes, contracted: COLUMNS_STORED_FROM})
+    assert not pays({**sizes, contracted: COLUMNS_STORED_FROM // 2})
+    made = tf.compile(kernel, target="cuda:sm_90a")
+    large = dict.fromkeys(sizes, 4096)
+    assert "hopper_gemm" in made.schedule_origin(**large)
+    assert "hopper_gemm" not in made.schedule_origin(**{**large, contracted: 1024})
+    for other in (K.matmul, scaled_gated):   # no reduction over the columns
+        assert hopper_gemm_then_columns(other.program, HOPPER) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", [bilinear_form, best_match])
+def test_a_gemm_whose_columns_are_reduced_matches_float64_on_the_gpu(kernel):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    generator = torch.Generator(device="cuda").manual_seed(6)
+    B, I_, J = 1000, 2056, 776   # ragged tiles, deep enough to be stored
+    x = (torch.randn(B, I_, device="cuda", generator=generator) * 3).bfloat16()
+    made = tf.compile(kernel)
+    if kernel is bilinear_form:
+        W = (torch.randn(I_, J, device="cuda", generator=generator) / 8).bfloat16()
+        y = torch.randn(B, J, device="cuda", generator=generator).bfloat16()
+        args, sizes = dict(x=x, W=W, y=y), dict(B=B, I=I_, J=J)
+        want = ((x.double() @ W.double()) * y.double()).sum(-1)
+    else:
+        y = torch.randn(J, I_, device="cuda", generator=generator).bfloat16()
+        args, sizes = dict(x=x, y=y), dict(M=B, D=I_, N=J)
+        want = (x.double() @ y.double().T).max(-1).values
+    assert "hopper_gemm" in made.schedule_origin(**sizes)
+    out = torch.full((B,), float("nan"), device="cuda",
+                     dtype=torch_dtype(made.program.outputs[0].dtypes[0]))
+    assert made(**args, out=out) is out
+    error = float((out.double() - want).abs().max() / want.abs().max())
+    assert error < 1e-2, error
 
 
 @pytest.mark.gpu
