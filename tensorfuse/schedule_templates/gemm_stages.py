@@ -19,7 +19,6 @@ own template; the same rounding as the contraction template's staged sides.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Callable
 
 from ..algebra import inline_elementwise
@@ -28,6 +27,7 @@ from ..dsl.expr import Expr, Ref
 from ..dsl.monoid import SUM
 from ..dsl.program import Compute, Program
 from ..errors import ScheduleError
+from .contraction import contracted_depth
 from .contraction_plan import ContractionPlan, plan_contraction
 from .hopper_gemm_plan import plan_hopper_gemm
 from .stages import NotStageable, Stage, plan_stages, program_of
@@ -64,9 +64,10 @@ def hopper_gemm_stages(program: Program) -> tuple[tuple[Stage, ...], Callable] |
 
 
 # The contraction template runs a GEMM whose columns it then reduces at ~0.7× the Hopper GEMM's
-# rate (a bilinear form of 4096 rows, 4096² weights: 482 TFLOP/s, cuBLAS's GEMM 681 on the H200,
-# ``benchmarks.unlisted_kernels``). Storing the GEMM's f32 columns instead costs 8 bytes an
-# element (written, read) against its 2·K flops: at 4 TB/s and 680 TFLOP/s it pays from K ≈ 1600.
+# rate (a bilinear form of 4096 rows, 4096² weights: 482 TFLOP/s, torch.compile's cuBLAS GEMM
+# 681 on the H200, ``benchmarks.unlisted_kernels``). Storing the GEMM's f32 columns instead costs
+# 8 bytes an element (written, read) against its 2·K flops: at 4 TB/s and 680 TFLOP/s it pays
+# from K ≈ 1600.
 COLUMNS_STORED_FROM = 2048
 
 
@@ -92,11 +93,7 @@ def hopper_gemm_then_columns(program: Program, target) -> tuple[tuple[Stage, ...
         return None
     if not all(s.templated for s in stages):
         return None
-    return stages, functools.partial(_deep_enough, plan)
-
-
-def _deep_enough(plan: ContractionPlan, sizes: dict) -> bool:
-    return math.prod(int(plan.extent(a, sizes)) for a in plan.ks) >= COLUMNS_STORED_FROM
+    return stages, lambda sizes: contracted_depth(plan, sizes) >= COLUMNS_STORED_FROM
 
 
 # the Hopper GEMM's tiles are 128 rows × 256 columns (its defaults at these sizes): a stored
