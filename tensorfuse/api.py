@@ -74,6 +74,9 @@ def _compile(kernel, target, template, untemplated: str | None = None,
         rows = _widened(kernel, spec, dynamic) if spec.is_gpu else None
         if rows is not None:
             return rows
+        stable = _stable_logsumexp(kernel, spec, dynamic) if spec.is_gpu else None
+        if stable is not None:
+            return stable
         choice = choose(program, spec)
         if choice is not None and _triton_available():
             name, fusion = choice
@@ -203,12 +206,27 @@ def _widened(kernel, spec, dynamic: "bool | None" = None):
     """A kernel whose chain reads tensors alone for the axes only some members have (a masked
     mean: :mod:`.schedule_templates.widened_rows`) compiled with those axes as rows; else
     ``None``."""
+    from .schedule_templates.widened_rows import widened
+
+    return _rewritten(kernel, spec, widened, dynamic)
+
+
+def _stable_logsumexp(kernel, spec, dynamic: "bool | None" = None):
+    """A kernel reducing with ``T.logsumexp`` compiled as its maximum and a sum of exponentials
+    (:mod:`.schedule_templates.stable_logsumexp`: a chain the templates fuse); else ``None``."""
+    from .schedule_templates.stable_logsumexp import written_stably
+
+    return _rewritten(kernel, spec, written_stably, dynamic)
+
+
+def _rewritten(kernel, spec, rewrite, dynamic: "bool | None"):
+    """The kernel of the equivalent program ``rewrite(program)`` gives (with a note saying what it
+    rewrote), compiled as ``tf.compile`` compiles any, behind the user's program; else ``None``."""
     import types
 
-    from .schedule_templates.widened_rows import widened
     from .widened_kernel import RewrittenKernel
 
-    found = widened(kernel.program) if _triton_available() else None
+    found = rewrite(kernel.program) if _triton_available() else None
     if found is None:
         return None
     program, note = found

@@ -1,0 +1,96 @@
+"""Kernels reducing with ``T.logsumexp`` as ``tf.compile`` makes them for sm_90a (its maximum
+and a sum of exponentials: :mod:`tensorfuse.schedule_templates.stable_logsumexp`), run by
+Triton's interpreter against torch's ``logsumexp`` in float64 at ragged sizes and large value
+ranges: over a row (some rows −∞ throughout: −∞ out, as the math gives), down the columns of
+bf16 data far from zero, under a mask with a temperature, beside a sum of the same row.
+Outputs are poisoned (NaN) before each run; prints each case's relative error over the finite
+values as JSON (infinite where a −∞ is not where the reference has it).
+
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.logsumexp_check SEED
+"""
+import json
+import os
+import sys
+
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tests.helpers import poisoned_call
+from tests.schedule_templates.staged_floor import interpreted
+
+
+@tf.kernel
+def lse_rows(x: T.Tensor["M", "N", "f32"]):
+    i, j = T.axes("i j")
+    return T.logsumexp(x[i, j], over=j)
+
+
+@tf.kernel
+def lse_columns(x: T.Tensor["M", "N", "bf16"]):
+    i, j = T.axes("i j")
+    return T.logsumexp(x[i, j], over=i)
+
+
+@tf.kernel
+def lse_masked(x: T.Tensor["M", "N", "bf16"], lengths: T.Tensor["M", "i32"], t: T.f32):
+    i, j = T.axes("i j")
+    return T.logsumexp(T.where(j < lengths[i], x[i, j] * t, -T.inf), over=j)
+
+
+@tf.kernel
+def lse_and_sum(x: T.Tensor["M", "N", "f32"]):
+    i, j = T.axes("i j")
+    return T.logsumexp(x[i, j], over=j), T.sum(x[i, j], over=j)
+
+
+def rows_case(generator, M=37, N=1001):
+    x = torch.randn(M, N, generator=generator) * 50
+    x[3] = -torch.inf   # a row of nothing
+    return dict(x=x), torch.logsumexp(x.double(), -1)
+
+
+def columns_case(generator, M=333, N=45):
+    x = (torch.randn(M, N, generator=generator) * 20 + 300).bfloat16()
+    return dict(x=x), torch.logsumexp(x.double(), 0)
+
+
+def masked_case(generator, M=29, N=515):
+    x = (torch.randn(M, N, generator=generator) * 8).bfloat16()
+    lengths = torch.randint(0, N + 1, (M,), generator=generator, dtype=torch.int32)
+    lengths[0] = 0   # nothing kept: −∞
+    keep = torch.arange(N)[None, :] < lengths[:, None].long()
+    want = torch.logsumexp(torch.where(keep, x.double() * 0.3, -torch.inf), -1)
+    return dict(x=x, lengths=lengths, t=0.3), want
+
+
+def both_case(generator, M=21, N=700):
+    x = torch.randn(M, N, generator=generator) * 10 - 40
+    return dict(x=x), (torch.logsumexp(x.double(), -1), x.double().sum(-1))
+
+
+CASES = {"lse_rows": (lse_rows, rows_case), "lse_columns": (lse_columns, columns_case),
+         "lse_masked": (lse_masked, masked_case), "lse_and_sum": (lse_and_sum, both_case)}
+
+
+def error(out, want) -> float:
+    """The largest error over the finite values relative to their largest magnitude; infinite
+    where ``out`` is not infinite exactly where ``want`` is."""
+    out = out.double()
+    finite = torch.isfinite(want)
+    if not torch.equal(torch.isfinite(out), finite) or not torch.equal(out[~finite],
+                                                                       want[~finite]):
+        return float("inf")
+    return float((out[finite] - want[finite]).abs().max() / want[finite].abs().max())
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    generator = torch.Generator().manual_seed(int(sys.argv[1]))
+    errors = {}
+    for name, (kernel, case) in CASES.items():
+        args, want = case(generator)
+        outs = poisoned_call(interpreted(kernel), kernel.program, args, want)
+        wants = list(want) if isinstance(want, tuple) else [want]
+        errors[name] = max(error(o, w) for o, w in zip(outs, wants))
+    print(json.dumps(errors))
