@@ -74,9 +74,9 @@ def _compile(kernel, target, template, untemplated: str | None = None,
         rows = _widened(kernel, spec, dynamic) if spec.is_gpu else None
         if rows is not None:
             return rows
-        stable = _stable_logsumexp(kernel, spec, dynamic) if spec.is_gpu else None
-        if stable is not None:
-            return stable
+        rewritten = _monoids_rewritten(kernel, spec, dynamic) if spec.is_gpu else None
+        if rewritten is not None:
+            return rewritten
         choice = choose(program, spec)
         if choice is not None and _triton_available():
             name, fusion = choice
@@ -211,12 +211,12 @@ def _widened(kernel, spec, dynamic: "bool | None" = None):
     return _rewritten(kernel, spec, widened, dynamic)
 
 
-def _stable_logsumexp(kernel, spec, dynamic: "bool | None" = None):
-    """A kernel reducing with ``T.logsumexp`` compiled as its maximum and a sum of exponentials
-    (:mod:`.schedule_templates.stable_logsumexp`: a chain the templates fuse); else ``None``."""
-    from .schedule_templates.stable_logsumexp import written_stably
+def _monoids_rewritten(kernel, spec, dynamic: "bool | None" = None):
+    """A kernel reducing with ``T.logsumexp`` or an arg reduction compiled as reductions the
+    templates keep (:mod:`.schedule_templates.monoid_rewrites`); else ``None``."""
+    from .schedule_templates.monoid_rewrites import rewritten_monoids
 
-    return _rewritten(kernel, spec, written_stably, dynamic)
+    return _rewritten(kernel, spec, rewritten_monoids, dynamic)
 
 
 def _rewritten(kernel, spec, rewrite, dynamic: "bool | None"):

@@ -135,15 +135,16 @@ def relative_error(out, want) -> float:
 
 def poisoned_call(made, program, args: dict, want) -> tuple:
     """``made(**args)`` into NaN-filled outputs of ``program``'s dtypes shaped like ``want`` (a
-    tensor, or one per output), asserting it returned those very tensors: what it wrote there
-    (an element it left alone stays NaN and fails any comparison)."""
+    tensor, or one per output; −1 in integer ones), asserting it returned those very tensors:
+    what it wrote there (an element it left alone stays NaN or −1 and fails any comparison)."""
     import torch
 
     from tensorfuse.interop import torch_dtype
 
     wants = list(want) if isinstance(want, (tuple, list)) else [want]
-    outs = tuple(torch.full(w.shape, float("nan"), dtype=torch_dtype(c.dtypes[0]))
-                 for w, c in zip(wants, program.outputs))
+    dtypes = [torch_dtype(c.dtypes[0]) for c in program.outputs]
+    outs = tuple(torch.full(w.shape, float("nan") if d.is_floating_point else -1, dtype=d)
+                 for w, d in zip(wants, dtypes))
     got = made(**args, out=outs if len(outs) > 1 else outs[0])
     got = got if isinstance(got, tuple) else (got,)
     assert len(got) == len(outs) and all(g is o for g, o in zip(got, outs)), program.name

@@ -1,12 +1,14 @@
-"""Kernels reducing with ``T.logsumexp`` as ``tf.compile`` makes them for sm_90a (its maximum
-and a sum of exponentials: :mod:`tensorfuse.schedule_templates.stable_logsumexp`), run by
-Triton's interpreter against torch's ``logsumexp`` in float64 at ragged sizes and large value
-ranges: over a row (some rows −∞ throughout: −∞ out, as the math gives), down the columns of
-bf16 data far from zero, under a mask with a temperature, beside a sum of the same row.
-Outputs are poisoned (NaN) before each run; prints each case's relative error over the finite
-values as JSON (infinite where a −∞ is not where the reference has it).
+"""Kernels reducing with ``T.logsumexp`` or an arg reduction as ``tf.compile`` makes them for
+sm_90a (reductions the templates keep: :mod:`tensorfuse.schedule_templates.monoid_rewrites`),
+run by Triton's interpreter against torch in float64 at ragged sizes and large value ranges:
+logsumexp over a row (some rows −∞ throughout: −∞ out, as the math gives), down the columns of
+bf16 data far from zero, under a mask with a temperature, beside a sum of the same row; argmax
+over a vocabulary-wide row with ties (the first index wins), argmin down the columns, and the
+largest value with its index. Outputs are poisoned (NaN, or −1 for indices) before each run;
+prints each case's relative error over the finite values as JSON (infinite where a −∞ is not
+where the reference has it, or an index differs).
 
-    TRITON_INTERPRET=1 python -m tests.schedule_templates.logsumexp_check SEED
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.monoid_rewrites_check SEED
 """
 import json
 import os
@@ -69,13 +71,53 @@ def both_case(generator, M=21, N=700):
     return dict(x=x), (torch.logsumexp(x.double(), -1), x.double().sum(-1))
 
 
+@tf.kernel
+def argmax_rows(logits: T.Tensor["M", "V", "bf16"]):
+    i, v = T.axes("i v")
+    return T.argmax(logits[i, v], over=v)
+
+
+@tf.kernel
+def argmin_columns(x: T.Tensor["M", "N", "f32"]):
+    i, j = T.axes("i j")
+    return T.argmin(x[i, j] * x[i, j], over=i)
+
+
+@tf.kernel
+def best_and_where(x: T.Tensor["M", "N", "f32"]):
+    i, j = T.axes("i j")
+    return T.max_argmax(x[i, j] - 0.5 * j, over=j)
+
+
+def argmax_case(generator, M=13, V=5003):
+    x = (torch.randn(M, V, generator=generator) * 4).round().bfloat16()   # many ties
+    return dict(logits=x), torch.argmax(x.double(), -1)   # torch's first index of the max
+
+
+def argmin_case(generator, M=333, N=45):
+    x = torch.randn(M, N, generator=generator) * 100
+    return dict(x=x), torch.argmin(x.double() ** 2, 0)
+
+
+def best_case(generator, M=21, N=700):
+    x = torch.randn(M, N, generator=generator) * 30
+    scores = x.double() - 0.5 * torch.arange(N, dtype=torch.float64)
+    best = scores.max(-1)
+    return dict(x=x), (best.values, best.indices)
+
+
 CASES = {"lse_rows": (lse_rows, rows_case), "lse_columns": (lse_columns, columns_case),
-         "lse_masked": (lse_masked, masked_case), "lse_and_sum": (lse_and_sum, both_case)}
+         "lse_masked": (lse_masked, masked_case), "lse_and_sum": (lse_and_sum, both_case),
+         "argmax_rows": (argmax_rows, argmax_case),
+         "argmin_columns": (argmin_columns, argmin_case),
+         "best_and_where": (best_and_where, best_case)}
 
 
 def error(out, want) -> float:
     """The largest error over the finite values relative to their largest magnitude; infinite
     where ``out`` is not infinite exactly where ``want`` is."""
+    if not want.dtype.is_floating_point:   # indices: each the same
+        return 0.0 if torch.equal(out.long(), want.long()) else float("inf")
     out = out.double()
     finite = torch.isfinite(want)
     if not torch.equal(torch.isfinite(out), finite) or not torch.equal(out[~finite],

@@ -1,0 +1,106 @@
+"""Reductions whose monoid no GPU template keeps as a running state, written as ones they do.
+
+- ``T.logsumexp`` (one monoid, ``log(eᵃ + eᵇ)`` folded element by element) becomes its maximum
+  ``m``, ``Σ exp(x − m)`` and ``log(Σ) + m`` — the chain softmax, cross-entropy and attention
+  write themselves, which the row template fuses into one pass. Where ``m`` is ±∞ (a row of
+  −∞, an infinite element) the sum is taken relative to 0: −∞ or +∞ as logsumexp gives them,
+  never the NaN of ``x − m``.
+- ``T.argmax`` / ``T.argmin`` and ``T.max_argmax`` (a (value, index) pair) become the extremum
+  of the values (NaN left out, as the pair's comparisons leave it) and the smallest index
+  holding it: two row reductions (the index's reads the extremum's final value: the floor's
+  stages run them), where the pair ran on TVM's untiled default schedule.
+
+Each keeps the original's value: the CPU lowering computes the monoids as written, and the
+rewritten programs are checked against it and against float64 (``tests/schedule_templates/
+test_monoid_rewrites.py``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..algebra.exprs import substitute
+from ..dsl import dtypes as dt
+from ..dsl.expr import Const, Ref, binary, compare, unary, where
+from ..dsl.monoid import MAX, MIN, SUM
+from ..dsl.program import Compute, Program
+
+EXTREMA = {"argmax": MAX, "argmin": MIN}
+
+
+def rewritten_monoids(program: Program) -> tuple[Program, str] | None:
+    """``program`` with each logsumexp and arg reduction written as above (the reductions it
+    adds named after the original), and a note naming them; ``None`` where it has none (or an
+    arg reduction is itself an output)."""
+    logsumexps = [c.name for c in program.computes if c.is_reduction and
+                  c.monoid.name == "logsumexp" and c.arity == 1]
+    args = [c.name for c in program.computes if c.is_reduction and c.monoid.name in EXTREMA]
+    if not logsumexps and not args or any(c.name in args for c in program.outputs):
+        return None
+    taken = {c.name for c in program.computes} | {p.name for p in program.params}
+    made: dict[tuple[str, int], Compute] = {}   # (name, component) -> (compute, its component)
+    computes: list[Compute] = []
+
+    def fresh(name: str) -> str:
+        k, found = 0, name
+        while found in taken:
+            k += 1
+            found = f"{name}_{k}"
+        taken.add(found)
+        return found
+
+    def read(n):
+        if not isinstance(n, Ref):
+            return None
+        compute, component = made[(n.compute.name, n.component)]
+        return Ref(compute, component, n.loc)
+
+    for c in program.computes:
+        bodies = tuple(substitute(b, read) for b in c.bodies)
+        if c.name in logsumexps:
+            added = _logsumexp(c, bodies[0], fresh)
+            made[(c.name, 0)] = (added[-1], 0)
+        elif c.name in args:
+            added = _arg(c, bodies, fresh)
+            made[(c.name, 0)], made[(c.name, 1)] = (added[0], 0), (added[1], 0)
+        else:
+            added = [Compute(c.name, c.axes, bodies, c.dtypes, c.monoid, c.over, c.loc,
+                             c.is_output)]
+            made.update({(c.name, k): (added[0], k) for k in range(c.arity)})
+        computes += added
+    parts = [f"{', '.join(logsumexps)} written as max + log Σ exp(· − max)"] if logsumexps else []
+    parts += [f"{', '.join(args)} written as the extremum, then the first index holding it"] \
+        if args else []
+    note = "; ".join(parts) + " (monoids no GPU template keeps as a running state)"
+    outputs = [made[(c.name, 0)][0] for c in program.outputs]
+    return Program(program.name, list(program.params), computes, outputs, list(program.axes),
+                   list(program.size_constraints), program.loc), note
+
+
+def _logsumexp(c: Compute, body, fresh) -> list[Compute]:
+    acc = "f64" if "f64" in (dt.resolve(body.dtype), c.dtypes[0]) else "f32"
+    top = Compute(fresh(f"{c.name}_max"), c.axes, (body,), (acc,), MAX, c.over, c.loc)
+    shift = where(compare("lt", unary("abs", Ref(top, 0, c.loc)), Const(math.inf, acc)),
+                  Ref(top, 0, c.loc), Const(0.0, acc))
+    sum_exp = Compute(fresh(f"{c.name}_sum_exp"), c.axes,
+                      (unary("exp", binary("sub", body, shift)),), (acc,), SUM, c.over, c.loc)
+    value = binary("add", unary("log", Ref(sum_exp, 0, c.loc)), shift)
+    return [top, sum_exp, Compute(c.name, c.axes, (value,), c.dtypes, None, (), c.loc,
+                                  c.is_output)]
+
+
+def _arg(c: Compute, bodies, fresh) -> list[Compute]:
+    values, index = bodies
+    extremum = EXTREMA[c.monoid.name]
+    # NaN never wins a comparison of the pair's: left out of the extremum too (|v| ≤ ∞ is false
+    # for NaN alone; v == v would be simplified away as always true)
+    beyond = -math.inf if extremum is MAX else math.inf
+    kept = where(compare("le", unary("abs", values), Const(math.inf, c.dtypes[0])), values,
+                 Const(beyond, c.dtypes[0]))
+    top = Compute(fresh(f"{c.name}_value"), c.axes, (kept,), (c.dtypes[0],), extremum, c.over,
+                  c.loc)
+    none = Const(int(np.iinfo(np.int32).max), c.dtypes[1])   # the pair's identity: no index
+    first = where(compare("eq", values, Ref(top, 0, c.loc)), index, none)
+    at = Compute(fresh(f"{c.name}_index"), c.axes, (first,), (c.dtypes[1],), MIN, c.over, c.loc)
+    return [top, at]

@@ -1,0 +1,108 @@
+"""``T.logsumexp`` and the arg reductions on the GPU templates: written as reductions they keep
+(:mod:`tensorfuse.schedule_templates.monoid_rewrites`); before, a program reducing with them ran
+on TVM's default GPU schedule. The rewrites' math on the CPU target against the monoids as the
+CPU lowering computes them (unfused, rolled and split; rows of −∞, +∞ and NaN included),
+``tf.compile``'s routes, and the Triton kernels in the interpreter against float64
+(:mod:`.monoid_rewrites_check`)."""
+import numpy as np
+import pytest
+import torch
+import tvm
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.schedule_templates import lower_program
+from tensorfuse.schedule_templates.fusion import Fusion
+from tensorfuse.schedule_templates.monoid_rewrites import rewritten_monoids
+from tensorfuse.widened_kernel import RewrittenKernel
+from tests.helpers import check_interpreted
+from tests.schedule_templates.monoid_rewrites_check import (CASES, argmax_rows, best_and_where,
+                                                            lse_and_sum, lse_rows)
+
+LLVM = tvm.target.Target({"kind": "llvm"})
+
+
+def test_each_logsumexp_becomes_a_maximum_a_sum_and_their_value():
+    program, note = rewritten_monoids(lse_and_sum.program)
+    kinds = [(c.name, c.monoid.name if c.monoid else None) for c in program.computes]
+    assert kinds == [("out0_max", "max"), ("out0_sum_exp", "sum"), ("out0", None),
+                     ("out1", "sum")]
+    assert [c.name for c in program.outputs] == ["out0", "out1"] and "out0 written as" in note
+    assert rewritten_monoids(tf.kernel(_no_rewrite).program) is None
+
+    @tf.kernel
+    def taken_names(x: T.Tensor["M", "N", "f32"]):
+        i, j = T.axes("i j")
+        out_max = T.max(x[i, j], over=j)
+        return T.logsumexp(x[i, j] - out_max, over=j)
+
+    names = [c.name for c in rewritten_monoids(taken_names.program)[0].computes]
+    assert len(set(names)) == len(names) and "out_max_1" in names   # no name taken twice
+
+
+def test_an_arg_reduction_becomes_its_extremum_and_the_first_index_holding_it():
+    program, note = rewritten_monoids(best_and_where.program)
+    kinds = [(c.name, c.monoid.name if c.monoid else None) for c in program.computes]
+    assert kinds == [("out0_argmax_value", "max"), ("out0_argmax_index", "min"), ("out0", None),
+                     ("out1", None)]
+    assert "out0_argmax written as the extremum" in note
+
+
+def _no_rewrite(x: T.Tensor["M", "N", "f32"]):
+    i, j = T.axes("i j")
+    return T.sum(x[i, j], over=j)
+
+
+def _run(program, x, fusion=()):
+    fn = tvm.compile(lower_program(program, fusion, None, "int32"), target=LLVM)[program.name]
+    dtypes = [np.int32 if c.dtypes[0] == "i32" else np.float32 for c in program.outputs]
+    outs = [tvm.runtime.tensor(np.full(x.shape[0], -1 if d is np.int32 else np.nan, d))
+            for d in dtypes]
+    fn(tvm.runtime.tensor(x), *outs)
+    return [o.numpy() for o in outs]
+
+
+@pytest.mark.parametrize("fused", [None, (8, 1), (8, 3)])
+def test_the_logsumexp_rewrite_is_the_logsumexp_unfused_rolled_and_split(fused):
+    """On the CPU target, as written and fused: rows of −∞ give −∞ (an empty sum's log), a row
+    holding +∞ gives +∞ — never NaN — and finite rows their logsumexp to float32 rounding."""
+    program, _ = rewritten_monoids(lse_rows.program)
+    names = tuple(c.name for c in program.computes if c.is_reduction)
+    x = (np.random.default_rng(5).standard_normal((6, 77)) * 50).astype(np.float32)
+    x[2], x[4, 5] = -np.inf, np.inf
+    (got,) = _run(program, x, () if fused is None else (Fusion(names, "j", *fused),))
+    want = torch.logsumexp(torch.tensor(x, dtype=torch.float64), -1).numpy()
+    assert got[2] == -np.inf and got[4] == np.inf
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6)
+
+
+def test_the_arg_rewrite_gives_what_the_pair_gives():
+    """The pair's value and index as the CPU lowering computes the monoid — ties to the first
+    index, NaN never taken, a row of −∞ (nothing above the identity) left at the identity —
+    and the rewritten program's, on the same rows."""
+    x = np.random.default_rng(6).integers(-3, 4, (7, 41)).astype(np.float32)   # ties
+    x[2] = -np.inf
+    x[3, :5] = np.nan
+    x[4] = np.nan
+    want = _run(best_and_where.program, x)
+    got = _run(rewritten_monoids(best_and_where.program)[0], x)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert want[1][4] == np.iinfo(np.int32).max   # a row of NaN: no index, as the pair says
+
+
+def test_tf_compile_takes_them_to_the_templates_on_gpus_and_leaves_the_cpu_its_own():
+    made = tf.compile(lse_rows, target="cuda:sm_90a")
+    assert isinstance(made, RewrittenKernel)
+    assert made.schedule_origin(M=4096, N=8192).startswith("out written as max + log Σ exp")
+    assert "row-reduction template (rolling_update(out_max, out_sum_exp" in made.description
+    assert "row-reduction template" in tf.compile(lse_rows, target="cuda:sm_80").description
+    assert not isinstance(tf.compile(lse_rows, target="llvm"), RewrittenKernel)
+    arg = tf.compile(argmax_rows, target="cuda:sm_90a")
+    assert isinstance(arg, RewrittenKernel) and "2 stage kernels" in arg.description
+    assert "default GPU schedule" not in arg.schedule_origin(M=64, V=128256)
+
+
+def test_the_triton_kernels_match_float64_in_the_interpreter():
+    check_interpreted("tests.schedule_templates.monoid_rewrites_check", CASES)
