@@ -35,7 +35,8 @@ from ..dsl.expr import (Axis, Binary, Compare, Const, Expr, Load, Ref, Scalar, S
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from ..errors import ScheduleError, TargetError
-from ..targets.triton.rowtile import MAX_FEATURE, REDUCE
+from ..targets.triton.row_states import REDUCE
+from ..targets.triton.rowtile import MAX_FEATURE
 from .block_schedule import block_lists, window_lists
 from .column_sums import column_sum, output_reads
 from .token_tiling import choose_tiling, map_scalars, mask_reads_map, mask_reads_tensors

@@ -1,14 +1,16 @@
-"""Kernels reducing with ``T.logsumexp`` or an arg reduction as ``tf.compile`` makes them for
-sm_90a (reductions the templates keep: :mod:`tensorfuse.schedule_templates.monoid_rewrites`),
+"""Kernels reducing with ``T.logsumexp``, an arg reduction or ``T.prod`` as ``tf.compile`` makes
+them for sm_90a (the first two written as reductions the templates keep:
+:mod:`tensorfuse.schedule_templates.monoid_rewrites`; products kept by the row template itself),
 run by Triton's interpreter against torch in float64 at ragged sizes and large value ranges:
 logsumexp over a row (some rows −∞ throughout: −∞ out, as the math gives), down the columns of
 bf16 data far from zero, under a mask with a temperature, beside a sum of the same row; argmax
 over a vocabulary-wide row with ties (the first index wins), argmin down the columns, and the
-largest value with its index. Outputs are poisoned (NaN, or −1 for indices) before each run;
+largest value with its index; products of rows (a zero and negative factors among them) and
+down columns. Outputs are poisoned (NaN, or −1 for indices) before each run;
 prints each case's relative error over the finite values as JSON (infinite where a −∞ is not
 where the reference has it, or an index differs).
 
-    TRITON_INTERPRET=1 python -m tests.schedule_templates.monoid_rewrites_check SEED
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.gpu_monoids_check SEED
 """
 import json
 import os
@@ -106,11 +108,37 @@ def best_case(generator, M=21, N=700):
     return dict(x=x), (best.values, best.indices)
 
 
+@tf.kernel
+def prod_rows(x: T.Tensor["M", "N", "f32"]):
+    i, j = T.axes("i j")
+    return T.prod(x[i, j], over=j)
+
+
+@tf.kernel
+def prod_columns(x: T.Tensor["M", "N", "bf16"]):
+    i, j = T.axes("i j")
+    return T.prod(1.0 + 0.01 * x[i, j], over=i)
+
+
+def prod_rows_case(generator, M=19, N=1003):
+    x = 1.0 + 0.02 * torch.randn(M, N, generator=generator)
+    x[2, 7] = 0.0
+    x[3, :3] = -1.5   # an odd count of negative factors
+    return dict(x=x), torch.prod(x.double(), -1)
+
+
+def prod_columns_case(generator, M=301, N=37):
+    x = (torch.randn(M, N, generator=generator) * 3).bfloat16()
+    return dict(x=x), torch.prod(1.0 + 0.01 * x.double(), 0)
+
+
 CASES = {"lse_rows": (lse_rows, rows_case), "lse_columns": (lse_columns, columns_case),
          "lse_masked": (lse_masked, masked_case), "lse_and_sum": (lse_and_sum, both_case),
          "argmax_rows": (argmax_rows, argmax_case),
          "argmin_columns": (argmin_columns, argmin_case),
-         "best_and_where": (best_and_where, best_case)}
+         "best_and_where": (best_and_where, best_case),
+         "prod_rows": (prod_rows, prod_rows_case),
+         "prod_columns": (prod_columns, prod_columns_case)}
 
 
 def error(out, want) -> float:
