@@ -8,7 +8,8 @@
 - ``T.argmax`` / ``T.argmin`` and ``T.max_argmax`` (a (value, index) pair) become the extremum
   of the values (NaN left out, as the pair's comparisons leave it) and the smallest index
   holding it: two row reductions (the index's reads the extremum's final value: the floor's
-  stages run them), where the pair ran on TVM's untiled default schedule.
+  stages run them), where the pair ran on TVM's untiled default schedule. Not where the values
+  add to a product (:func:`_contractible`): the two kernels might round them differently.
 
 Each keeps the original's value: the CPU lowering computes the monoids as written, and the
 rewritten programs are checked against it and against float64 (``tests/schedule_templates/
@@ -20,9 +21,10 @@ import math
 
 import numpy as np
 
+from ..algebra import inline_elementwise
 from ..algebra.exprs import substitute
 from ..dsl import dtypes as dt
-from ..dsl.expr import Const, Ref, binary, compare, unary, where
+from ..dsl.expr import Binary, Const, Ref, binary, compare, unary, where
 from ..dsl.monoid import MAX, MIN, SUM
 from ..dsl.program import Compute, Program
 
@@ -35,7 +37,8 @@ def rewritten_monoids(program: Program) -> tuple[Program, str] | None:
     arg reduction is itself an output)."""
     logsumexps = [c.name for c in program.computes if c.is_reduction and
                   c.monoid.name == "logsumexp" and c.arity == 1]
-    args = [c.name for c in program.computes if c.is_reduction and c.monoid.name in EXTREMA]
+    args = [c.name for c in program.computes if c.is_reduction and c.monoid.name in EXTREMA
+            and not _contractible(inline_elementwise(c.bodies[0]))]
     if not logsumexps and not args or any(c.name in args for c in program.outputs):
         return None
     taken = {c.name for c in program.computes} | {p.name for p in program.params}
@@ -76,6 +79,16 @@ def rewritten_monoids(program: Program) -> tuple[Program, str] | None:
     outputs = [made[(c.name, 0)][0] for c in program.outputs]
     return Program(program.name, list(program.params), computes, outputs, list(program.axes),
                    list(program.size_constraints), program.loc), note
+
+
+def _contractible(e) -> bool:
+    """Whether ``e`` adds to a product: a compiler may fuse them into one multiply-add in one
+    kernel and not in another, and the index's kernel must compute every value to the bits the
+    extremum's kernel did (its comparison is equality)."""
+    if isinstance(e, Binary) and e.op in ("add", "sub") and any(
+            isinstance(x, Binary) and x.op == "mul" for x in (e.a, e.b)):
+        return True
+    return any(_contractible(x) for x in e.children())
 
 
 def _logsumexp(c: Compute, body, fresh) -> list[Compute]:

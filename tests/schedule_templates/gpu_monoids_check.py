@@ -88,7 +88,7 @@ def argmin_columns(x: T.Tensor["M", "N", "f32"]):
 @tf.kernel
 def best_and_where(x: T.Tensor["M", "N", "f32"]):
     i, j = T.axes("i j")
-    return T.max_argmax(x[i, j] - 0.5 * j, over=j)
+    return T.max_argmax(T.abs(x[i, j]) - j, over=j)
 
 
 def argmax_case(generator, M=13, V=5003):
@@ -103,7 +103,7 @@ def argmin_case(generator, M=333, N=45):
 
 def best_case(generator, M=21, N=700):
     x = torch.randn(M, N, generator=generator) * 30
-    scores = x.double() - 0.5 * torch.arange(N, dtype=torch.float64)
+    scores = x.double().abs() - torch.arange(N, dtype=torch.float64)
     best = scores.max(-1)
     return dict(x=x), (best.values, best.indices)
 
