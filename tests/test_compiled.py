@@ -223,11 +223,16 @@ def _over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
     return x[b, i, j] - T.sum(x[b, i, j], over=(j, i))
 
 
+# a user's monoid (compound growth: (1 + a)(1 + b) − 1), which no GPU template reduces
+_COMPOUND = T.Monoid("compound", lambda a, b: a + b + a * b, (0.0,))
+
+
 @tf.kernel
-def _product_over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
-    """As above with a product, which no template reduces: no stage has a template either."""
+def _user_monoid_over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
+    """As above with a user's monoid, which no template reduces: no stage has a template
+    either."""
     b, i, j = T.axes("b i j")
-    return x[b, i, j] - T.prod(x[b, i, j], over=(j, i))
+    return x[b, i, j] - T.reduce(x[b, i, j], over=(j, i), monoid=_COMPOUND)
 
 
 def _compiled_for_sm80(kernel):
@@ -247,12 +252,13 @@ def test_a_gpu_kernel_no_template_takes_says_so_once_and_why():
     compile warns once, and schedule_origin() names the path and the refusal."""
     from tensorfuse.errors import NoTemplateWarning
 
-    f, caught = _compiled_for_sm80(_product_over_two_axes)
+    f, caught = _compiled_for_sm80(_user_monoid_over_two_axes)
     assert [w.category for w in caught] == [NoTemplateWarning]
-    assert "no template takes _product_over_two_axes on cuda:sm_80" in str(caught[0].message)
+    assert "no template takes _user_monoid_over_two_axes on cuda:sm_80" in \
+        str(caught[0].message)
     origin = f.schedule_origin(B=2, M=32, N=64)
     assert origin == ("TVM's default GPU schedule, unfused (no template takes "
-                      "_product_over_two_axes: it has no reductions over one axis to fuse)"), \
+                      "_user_monoid_over_two_axes: it has no reductions over one axis to fuse)"), \
         origin
     # the sum's stage is swept over (j, i) as one axis by the row template
     f, caught = _compiled_for_sm80(_over_two_axes)
