@@ -223,16 +223,17 @@ def _over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
     return x[b, i, j] - T.sum(x[b, i, j], over=(j, i))
 
 
-# a user's monoid (compound growth: (1 + a)(1 + b) − 1), which no GPU template reduces
-_COMPOUND = T.Monoid("compound", lambda a, b: a + b + a * b, (0.0,))
+# a user's monoid of two components (a sum and a count), which no GPU template reduces
+_SUM_COUNT = T.Monoid("sum_count", lambda s, n, t, m: (s + t, n + m), (0.0, 0.0), arity=2)
 
 
 @tf.kernel
 def _user_monoid_over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
-    """As above with a user's monoid, which no template reduces: no stage has a template
+    """As above with a user's pair monoid, which no template reduces: no stage has a template
     either."""
     b, i, j = T.axes("b i j")
-    return x[b, i, j] - T.reduce(x[b, i, j], over=(j, i), monoid=_COMPOUND)
+    total = T.reduce((x[b, i, j], 1.0), over=(j, i), monoid=_SUM_COUNT)
+    return x[b, i, j] - total[0] / total[1]
 
 
 def _compiled_for_sm80(kernel):

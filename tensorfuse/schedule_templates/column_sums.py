@@ -20,7 +20,7 @@ from ..algebra.exprs import nodes
 from ..dsl.expr import Expr, Ref
 from ..dsl.program import Compute
 from ..errors import TargetError
-from ..targets.triton.row_states import REDUCE
+from ..targets.triton.reductions import reducible
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def column_sum(x: Compute, plan) -> ColumnSum:
 def _why_not(x: Compute, plan) -> str | None:
     members = {m.name for m in plan.chain.members}
     rows = {plan.row.uid} | {a.uid for a in plan.batch}
-    if x.arity != 1 or x.monoid.name not in REDUCE:
+    if x.arity != 1 or not reducible(x.monoid):
         return f"{x.monoid.name} reductions are not added up per column"
     if plan.locals or any(sp.contraction for sp in plan.states) or plan.mask is not None \
             or plan.fold is not None:

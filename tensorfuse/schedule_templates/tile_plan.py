@@ -35,7 +35,7 @@ from ..dsl.expr import (Axis, Binary, Compare, Const, Expr, Load, Ref, Scalar, S
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from ..errors import ScheduleError, TargetError
-from ..targets.triton.row_states import REDUCE
+from ..targets.triton.reductions import reducible
 from ..targets.triton.rowtile import MAX_FEATURE
 from .block_schedule import block_lists, window_lists
 from .column_sums import column_sum, output_reads
@@ -291,7 +291,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
         for k, st in enumerate(scheme.states):
             body = _deps_as_symbols(st.body, members)
             if not extra:
-                if st.monoid.name not in REDUCE:
+                if not reducible(st.monoid):
                     raise TargetError(f"{m.name}: {st.monoid.name} is not in the row-tile template")
                 plan.states.append(StatePlan(m, k, body, st.monoid, st.dtype))
                 continue

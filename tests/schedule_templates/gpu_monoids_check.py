@@ -5,10 +5,10 @@ run by Triton's interpreter against torch in float64 at ragged sizes and large v
 logsumexp over a row (some rows −∞ throughout: −∞ out, as the math gives), down the columns of
 bf16 data far from zero, under a mask with a temperature, beside a sum of the same row; argmax
 over a vocabulary-wide row with ties (the first index wins), argmin down the columns, and the
-largest value with its index; products of rows (a zero and negative factors among them) and
-down columns. Outputs are poisoned (NaN, or −1 for indices) before each run;
-prints each case's relative error over the finite values as JSON (infinite where a −∞ is not
-where the reference has it, or an index differs).
+largest value with its index; products of rows (a zero and negative factors among them) and down
+columns; a user's monoid (compound growth) over rows. Outputs are poisoned (NaN, or −1 for
+indices) before each run; prints each case's relative error over the finite values as JSON
+(infinite where a −∞ is not where the reference has it, or an index differs).
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.gpu_monoids_check SEED
 """
@@ -120,6 +120,21 @@ def prod_columns(x: T.Tensor["M", "N", "bf16"]):
     return T.prod(1.0 + 0.01 * x[i, j], over=i)
 
 
+# a user's monoid: compound growth, (1 + a)(1 + b) − 1
+COMPOUND = T.Monoid("compound", lambda a, b: a + b + a * b, (0.0,))
+
+
+@tf.kernel
+def compound_rows(x: T.Tensor["M", "N", "f32"]):
+    i, j = T.axes("i j")
+    return T.reduce(0.01 * x[i, j], over=j, monoid=COMPOUND)
+
+
+def compound_case(generator, M=23, N=777):
+    x = torch.randn(M, N, generator=generator)
+    return dict(x=x), torch.prod(1.0 + 0.01 * x.double(), -1) - 1.0
+
+
 def prod_rows_case(generator, M=19, N=1003):
     x = 1.0 + 0.02 * torch.randn(M, N, generator=generator)
     x[2, 7] = 0.0
@@ -138,7 +153,8 @@ CASES = {"lse_rows": (lse_rows, rows_case), "lse_columns": (lse_columns, columns
          "argmin_columns": (argmin_columns, argmin_case),
          "best_and_where": (best_and_where, best_case),
          "prod_rows": (prod_rows, prod_rows_case),
-         "prod_columns": (prod_columns, prod_columns_case)}
+         "prod_columns": (prod_columns, prod_columns_case),
+         "compound_rows": (compound_rows, compound_case)}
 
 
 def error(out, want) -> float:

@@ -1,10 +1,11 @@
-"""The DSL's other monoids on the GPU templates — ``T.logsumexp`` and the arg reductions written
-as reductions they keep (:mod:`tensorfuse.schedule_templates.monoid_rewrites`), ``T.prod`` kept
-by the row template itself (``tl.reduce`` with a product); before, a program reducing with them
-ran on TVM's default GPU schedule. The rewrites' math on the CPU target against the monoids as
-the CPU lowering computes them (unfused, rolled and split; rows of −∞, +∞ and NaN included),
-``tf.compile``'s routes, the sm_90a code of a product, and the Triton kernels in the interpreter
-against float64 (:mod:`.gpu_monoids_check`)."""
+"""The DSL's other monoids on the GPU templates — ``T.logsumexp`` and the arg reductions written as
+reductions they keep (:mod:`tensorfuse.schedule_templates.monoid_rewrites`), ``T.prod`` and a
+user's one-component ``T.Monoid`` kept by the row template itself (``tl.reduce`` with a combine
+function written from the monoid: :mod:`tensorfuse.targets.triton.reductions`); before, a
+program reducing with them ran on TVM's default GPU schedule. The rewrites' math on the CPU
+target against the monoids as the CPU lowering computes them (unfused, rolled and split; rows of
+−∞, +∞ and NaN included), ``tf.compile``'s routes, the sm_90a code of a product, and the Triton
+kernels in the interpreter against float64 (:mod:`.gpu_monoids_check`)."""
 import numpy as np
 import pytest
 import torch
@@ -18,7 +19,8 @@ from tensorfuse.schedule_templates.monoid_rewrites import rewritten_monoids
 from tensorfuse.widened_kernel import RewrittenKernel
 from tests.helpers import check_interpreted
 from tests.schedule_templates.gpu_monoids_check import (CASES, argmax_rows, best_and_where,
-                                                        lse_and_sum, lse_rows, prod_rows)
+                                                        compound_rows, lse_and_sum, lse_rows,
+                                                        prod_rows)
 
 LLVM = tvm.target.Target({"kind": "llvm"})
 
@@ -113,13 +115,25 @@ def test_tf_compile_takes_them_to_the_templates_on_gpus_and_leaves_the_cpu_its_o
     assert "default GPU schedule" not in arg.schedule_origin(M=64, V=128256)
 
 
-def test_a_product_is_a_state_of_the_row_template():
-    made = tf.compile(prod_rows, target="cuda:sm_90a")
-    assert "row-reduction template (rolling_update(out, axis=j" in made.description
+@pytest.mark.parametrize("kernel", [prod_rows, compound_rows])
+def test_a_product_or_a_users_monoid_is_a_state_of_the_row_template(kernel):
+    """``tl.reduce`` with a combine function written from the monoid's own combine expression,
+    defined once in the source that calls it; Triton compiles it for sm_90a."""
+    made = tf.compile(kernel, target="cuda:sm_90a")
+    assert "row-reduction template (rolling_update(out" in made.description
     source = made.source(M=4096, N=8192)
-    assert "tl.reduce(" in source and "def _tf_multiply(a, b):" in source
-    assert "_tf_multiply" not in tf.compile(lse_rows, target="cuda:sm_90a").source(M=64, N=64)
-    assert "mul.f32" in made.ptx(M=4096, N=8192)   # Triton's sm_90a code of it
+    name = f"_tf_combine_{kernel.program.computes[0].monoid.name}_"
+    assert "tl.reduce(" in source and source.count(f"def {name}") == 1
+    assert "_tf_combine_" not in tf.compile(lse_rows, target="cuda:sm_90a").source(M=64, N=64)
+    assert "mul.f32" in made.ptx(M=4096, N=8192)
+
+
+def test_two_user_monoids_of_one_name_keep_their_own_combines():
+    from tensorfuse.targets.triton.reductions import combine_function
+
+    plus = T.Monoid("mine", lambda a, b: a + b, (0.0,))
+    times = T.Monoid("mine", lambda a, b: a * b, (1.0,))
+    assert combine_function(plus) != combine_function(times)
 
 
 def test_the_triton_kernels_match_float64_in_the_interpreter():

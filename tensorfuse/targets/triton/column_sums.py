@@ -12,7 +12,7 @@ import math
 from ...dsl.expr import Symbol
 from .expr import TL_DTYPES, TileContext, literal, to_triton
 from .row_grid import grid
-from .row_states import reduced
+from .reductions import reduced
 
 # parts (rows of partials) the finishing kernel adds per step, the most columns a program of it
 # takes, and the programs it aims at (about one an SM): not measured apart, a few microseconds
@@ -56,7 +56,7 @@ def add_tile(w, plan, tile: TileContext, valid: str) -> None:
     for cs in plan.column_sums:
         body = f"tl.where({valid}, {to_triton(cs.body, tile)}, {_identity(cs)})"
         w(f"cs_{cs.name} = " + _combined(cs, f"cs_{cs.name}",
-                                         reduced(cs.monoid.name, body, 0), plan.sizes))
+                                         reduced(cs.monoid, body, 0), plan.sizes))
 
 
 def store_partials(w, plan, knobs) -> None:
@@ -91,7 +91,7 @@ def finish_body(plan, knobs, outs: dict, interpreter: bool) -> list[str]:
             w(f"v = tl.load(colpart_{cs.name} + (p0 + offs_p[:, None]) * {cols} + "
               f"offs_c[None, :], mask=ok_p & ok_c[None, :], other={ident})")
             w(f"sum_{cs.name} = " + _combined(cs, f"sum_{cs.name}",
-                                              reduced(cs.monoid.name, "v", 0), plan.sizes))
+                                              reduced(cs.monoid, "v", 0), plan.sizes))
         refs[cs.name] = f"sum_{cs.name}"
     tile = TileContext(axes={plan.col.uid: "offs_c"}, valid={plan.col.uid: "ok_c"}, refs=refs,
                        sizes=plan.sizes)

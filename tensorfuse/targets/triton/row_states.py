@@ -9,25 +9,7 @@ from ...algebra.schemes import EXTRAPOLATION
 from ...dsl.evaluate import evaluate_plain
 from ...dsl.expr import Load, Ref, walk
 from .expr import TileContext
-
-REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "prod": "tl.reduce"}
-# Triton has no product reduction: tl.reduce with this combine function (assemble_source adds it
-# to a source that calls it)
-PRODUCT_COMBINE = "_tf_multiply"
-PRODUCT_HELPER = f'''
-@triton.jit
-def {PRODUCT_COMBINE}(a, b):
-    return a * b
-'''
-
-
-def reduced(monoid: str, body: str, axis: int, keep_dims: bool = False) -> str:
-    """Triton text reducing the tile ``body`` along ``axis`` with the monoid named ``monoid``
-    (one of :data:`REDUCE`)."""
-    keep = ", keep_dims=True" if keep_dims else ""
-    if monoid == "prod":
-        return f"tl.reduce({body}, {axis}, {PRODUCT_COMBINE}{keep})"
-    return f"{REDUCE[monoid]}({body}, axis={axis}{keep})"
+from .reductions import reducible
 
 
 def depended_on(plan) -> set[str]:
@@ -46,7 +28,7 @@ def lanewise_states(plan) -> frozenset:
     read = depended_on(plan)
     return frozenset((sp.member.name, sp.k) for sp in plan.states
                      if sp.contraction is None and not plan.chain.schemes[sp.member.name].deps
-                     and sp.member.name not in read and sp.monoid.name in REDUCE
+                     and sp.member.name not in read and reducible(sp.monoid)
                      and plan.col.uid in {a.uid for a in sp.body.axes})
 
 

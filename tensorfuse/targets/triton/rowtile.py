@@ -27,7 +27,8 @@ from .row_merge import SplitMerge
 from .row_realign import Realignment, emit_sweep, realignment
 from .row_grid import batch_first, block_k, grid, launch_grid, list_length
 from .row_states import (column_operands, depended_on, initial_reference, lanewise_states,
-                         output_operands, reduced, reloadable, uncorrected_states)
+                         output_operands, reloadable, uncorrected_states)
+from .reductions import reduced
 from .size_builds import size_alignments
 from .tile_text import assemble_source, dot_operand, needs_wide_offsets, store_offsets
 from .source_writer import SourceWriter, host_int
@@ -286,7 +287,7 @@ class _RowTileSource(SplitMerge):
                     if (m.name, sp.k) in self.lanes:   # combined per lane, reduced after the loop
                         w(f"c_{m.name}_{sp.k} = {body}")
                     else:
-                        w(f"c_{m.name}_{sp.k} = {reduced(sp.monoid.name, body, 1, True)}")
+                        w(f"c_{m.name}_{sp.k} = {reduced(sp.monoid, body, 1, True)}")
                 else:
                     con = sp.contraction
                     feat = next(a for a in m.axes if a.uid not in {x.uid for x in
@@ -398,7 +399,7 @@ class _RowTileSource(SplitMerge):
         for sp in self.plan.states:
             if (sp.member.name, sp.k) in self.lanes:
                 state = f"st_{sp.member.name}_{sp.k}"
-                self.w(f"{state} = {reduced(sp.monoid.name, state, 1, True)}")
+                self.w(f"{state} = {reduced(sp.monoid, state, 1, True)}")
         if self.ctx_base.streaming:   # the output pass reads each row a last time
             self.ctx_base.streaming = self.ctx_base.streaming[:2] + ("evict_first",)
 

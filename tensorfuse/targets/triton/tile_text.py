@@ -6,7 +6,7 @@ import math
 
 from ...dsl.expr import Expr, Load
 from .expr import HELPERS, TL_DTYPES, TileContext, to_triton
-from .row_states import PRODUCT_COMBINE, PRODUCT_HELPER
+from .reductions import combine_helpers
 from .source_writer import INTERPRETER_HELPERS
 
 
@@ -15,9 +15,7 @@ def assemble_source(functions) -> str:
              "from triton.language.extra import libdevice", HELPERS]
     if any("_host_int(" in line for _, _, body in functions for line in body):
         parts.append(INTERPRETER_HELPERS)
-    if any(f"{PRODUCT_COMBINE})" in line or f"{PRODUCT_COMBINE}," in line
-           for _, _, body in functions for line in body):
-        parts.append(PRODUCT_HELPER)
+    parts += combine_helpers(line for _, _, body in functions for line in body)
     for fname, fargs, body in functions:
         parts += ["", "@triton.jit",
                   f"def {fname}(" + ", ".join(fargs) + ", BLOCK_M: tl.constexpr, "

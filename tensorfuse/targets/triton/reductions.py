@@ -1,0 +1,60 @@
+"""How a Triton tile is reduced along an axis with a monoid: ``tl.sum``/``tl.max``/``tl.min`` for
+the monoids Triton has, else ``tl.reduce`` with a combine function written from the monoid's own
+combine expression (a product, a user's ``T.Monoid``) — so any one-component monoid is a state of
+the row template, not only the three Triton names.
+
+The combine functions are named after the monoid and a digest of their text (two user monoids
+of one name stay apart) and kept here by name; :func:`combine_helpers` gives a source the ones
+it calls.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+
+from ...dsl.expr import Symbol
+from .expr import TileContext, to_triton
+
+BUILTIN = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+_COMBINES: dict[str, str] = {}   # function name -> its source
+_CALLED = re.compile(r"\b(_tf_combine_\w+)\b")
+
+
+def reducible(monoid) -> bool:
+    """Whether a tile can be reduced with ``monoid``: one of Triton's, or one component whose
+    combine expression Triton can write."""
+    if monoid.name in BUILTIN:
+        return True
+    if monoid.arity != 1:
+        return False
+    try:
+        combine_function(monoid)
+    except Exception:   # an operation the Triton writer has no text for
+        return False
+    return True
+
+
+def reduced(monoid, body: str, axis: int, keep_dims: bool = False) -> str:
+    """Triton text reducing the tile ``body`` along ``axis`` with ``monoid``."""
+    keep = ", keep_dims=True" if keep_dims else ""
+    if monoid.name in BUILTIN:
+        return f"{BUILTIN[monoid.name]}({body}, axis={axis}{keep})"
+    return f"tl.reduce({body}, {axis}, {combine_function(monoid)}{keep})"
+
+
+def combine_function(monoid) -> str:
+    """The name of the ``@triton.jit`` function combining two values with ``monoid`` (kept for
+    :func:`combine_helpers`)."""
+    a, b = Symbol("__a", "f32"), Symbol("__b", "f32")
+    text = to_triton(monoid.combine_exprs([a], [b])[0],
+                     TileContext(axes={}, symbols={"__a": "a", "__b": "b"}))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    name = f"_tf_combine_{re.sub(r'[^0-9A-Za-z_]', '_', monoid.name)}_{digest}"
+    _COMBINES[name] = f"\n@triton.jit\ndef {name}(a, b):\n    return {text}\n"
+    return name
+
+
+def combine_helpers(lines) -> list[str]:
+    """The combine functions the source ``lines`` call, each once, in the order first called."""
+    called = dict.fromkeys(m for line in lines for m in _CALLED.findall(line))
+    return [_COMBINES[name] for name in called]
