@@ -300,21 +300,16 @@ def _hopper_gemm_staged(kernel, spec, dynamic: "bool | None" = False) -> tuple:
 
     if spec.kind != "cuda" or spec.arch != "sm_90a" or not _triton_available():
         return ()
-    found, gemm = hopper_gemm_stages(kernel.program), -1
-    why = "its GEMM reads computed or scaled sides: those stored first, for the Hopper GEMM"
-    if found is None:
-        found, gemm = hopper_gemm_then_columns(kernel.program, spec), 0
-        why = "its GEMM's columns are reduced after it: the GEMM stored by the Hopper GEMM first"
+    found = hopper_gemm_stages(kernel.program) or \
+        hopper_gemm_then_columns(kernel.program, spec)
     if found is None:
         return ()
-    stages, pays = found
     parts = [types.SimpleNamespace(program=s.program, fn=None, name=s.program.name)
-             for s in stages]
-    gemm %= len(parts)
-    kernels = tuple(TEMPLATES["hopper_gemm"](part, None, spec) if k == gemm else
+             for s in found.stages]
+    kernels = tuple(TEMPLATES["hopper_gemm"](part, None, spec) if k == found.gemm else
                     _compile(part, spec, "auto", dynamic=dynamic)
                     for k, part in enumerate(parts))
-    return (GemmStages(kernel.program, spec, stages, kernels, why, pays, gemm),)
+    return (GemmStages(kernel.program, spec, kernels, found),)
 
 
 def _staged(kernel, spec, why: str, planned_for=None, dynamic: "bool | None" = False):

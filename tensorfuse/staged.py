@@ -71,16 +71,15 @@ class StagedKernel(GraphCallable):
 
 
 class GemmStages(StagedKernel):
-    """A GEMM as stages around the Hopper GEMM (:mod:`tensorfuse.schedule_templates.gemm_stages`):
-    its computed sides stored, then the GEMM (``gemm`` −1, the last stage); or the GEMM stored,
-    then the reductions over its columns (``gemm`` 0). It fits the sizes where storing pays
-    (``pays(sizes)``) and that GEMM runs them (``tf.compile`` tries it before the contraction
-    template)."""
+    """A GEMM as stages around the Hopper GEMM (``plan``: a
+    :class:`~tensorfuse.schedule_templates.gemm_stages.GemmStagePlan`): its computed sides
+    stored, then the GEMM; or the GEMM stored, then the reductions over its columns. It fits the
+    sizes where storing pays (``plan.pays``) and that GEMM runs them (``tf.compile`` tries it
+    before the contraction template)."""
 
-    def __init__(self, program: Program, target: TargetSpec, stages: tuple[Stage, ...],
-                 kernels: tuple, why: str, pays, gemm: int = -1):
-        super().__init__(program, target, stages, kernels, why)
-        self.pays, self.gemm = pays, gemm
+    def __init__(self, program: Program, target: TargetSpec, kernels: tuple, plan):
+        super().__init__(program, target, plan.stages, kernels, plan.why)
+        self.pays, self.gemm = plan.pays, plan.gemm
 
     def _staged_because(self) -> str:
         return "the Hopper GEMM's stages, before the contraction template"

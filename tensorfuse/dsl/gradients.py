@@ -39,7 +39,7 @@ from . import dtypes as dt
 from . import ops
 from .expr import (Axis, Binary, Cast, Const, DimSize, Expr, Load, Reduce, Ref, Scalar, Unary,
                    Where, as_expr, binary, compare, unary, where, walk)
-from .program import Compute, Program, TensorParam
+from .program import Compute, Program, TensorParam, fresh_name
 from .stabilisers import stabilising_maxima
 from ..errors import DSLError
 
@@ -81,7 +81,7 @@ def gradient_program(program: Program, wrt: Sequence[str] | None = None,
     for out in program.outputs:
         if not dt.is_float(out.dtypes[0]):
             continue
-        p = TensorParam(_fresh(f"d_{out.name}", taken), tuple(a.extent for a in out.axes),
+        p = TensorParam(fresh_name(f"d_{out.name}", taken), tuple(a.extent for a in out.axes),
                         out.dtypes[0], out.loc)
         grads.append(p)
         adjoints.setdefault(out.name, []).append(p[tuple(out.axes)] if out.axes else p[()])
@@ -100,7 +100,7 @@ def gradient_program(program: Program, wrt: Sequence[str] | None = None,
             continue
         total = _sum(adjoints.pop(c.name))
         if not isinstance(total, Load):
-            names[total.uid] = _fresh(f"d_{c.name}", taken)
+            names[total.uid] = fresh_name(f"d_{c.name}", taken)
         seeds = _from_saved(program, c, total, names, taken, grads) if saved is not None \
             and c.is_output else None
         if seeds is not None:
@@ -151,15 +151,6 @@ def _targets(program: Program, params: dict, wrt) -> list[str]:
     return wrt
 
 
-def _fresh(hint: str, taken: set) -> str:
-    name, k = hint, 1
-    while name in taken:
-        k += 1
-        name = f"{hint}_{k}"
-    taken.add(name)
-    return name
-
-
 def _sum(values: list[Expr]) -> Expr:
     total = values[0]
     for v in values[1:]:
@@ -190,7 +181,7 @@ def _seeds(c: Compute, adjoint: Expr, names: dict, taken: set):
     hit = compare("eq", body, value)
     one = Const(1.0, dt.resolve(value.dtype))
     ties = ops.sum(where(hit, one, Const(0.0, one.dtype)), over=c.over)
-    names[ties.uid] = _fresh(f"ties_{c.name}", taken)
+    names[ties.uid] = fresh_name(f"ties_{c.name}", taken)
     return [(body, where(hit, adjoint / ties, 0.0))]
 
 
@@ -238,16 +229,16 @@ def _from_saved(program: Program, c: Compute, adjoint: Expr, names: dict, taken:
         return None
     if {a.uid for a in c.axes} != {a.uid for a in total.axes + total.over}:
         return None
-    param = TensorParam(_fresh(f"{c.name}_saved", taken), tuple(a.extent for a in c.axes),
+    param = TensorParam(fresh_name(f"{c.name}_saved", taken), tuple(a.extent for a in c.axes),
                         c.dtypes[0], c.loc)
     params.append(param)
     y = param[tuple(c.axes)]
     if body.op == "div":
         dot = ops.sum(adjoint * y, over=total.over)
-        names[dot.uid] = _fresh(f"d_{c.name}_dot_saved", taken)
+        names[dot.uid] = fresh_name(f"d_{c.name}_dot_saved", taken)
         return [(argument, y * (adjoint - dot))]
     summed = ops.sum(adjoint, over=total.over)
-    names[summed.uid] = _fresh(f"d_{c.name}_sum", taken)
+    names[summed.uid] = fresh_name(f"d_{c.name}_sum", taken)
     return [(argument, adjoint - unary("exp", y) * summed)]
 
 
@@ -342,7 +333,8 @@ def _parameter_gradient(param: TensorParam, group, taken: set) -> tuple[Expr, li
     other positions get a fresh axis and an equality mask — and the fresh axes' uids."""
     load = group[0][0]
     if load is None:   # not read on any differentiable path
-        axes = [Axis(_fresh(f"{param.name}_{k}", taken), dim) for k, dim in enumerate(param.dims)]
+        axes = [Axis(fresh_name(f"{param.name}_{k}", taken), dim)
+                for k, dim in enumerate(param.dims)]
         return (_broadcast(Const(0.0, dt.compute_dtype(param.dtype)), axes), axes,
                 {a.uid for a in axes})
     axes, conditions, seen = [], [], set()
@@ -351,7 +343,7 @@ def _parameter_gradient(param: TensorParam, group, taken: set) -> tuple[Expr, li
             axes.append(ix)
             seen.add(ix.uid)
         else:
-            fresh = Axis(_fresh(f"{param.name}_{k}", taken), param.dims[k])
+            fresh = Axis(fresh_name(f"{param.name}_{k}", taken), param.dims[k])
             axes.append(fresh)
             conditions.append(compare("eq", ix, fresh))
     mask = None

@@ -231,6 +231,17 @@ class TracedKernel(Protocol):
     program: Program
 
 
+def fresh_name(hint: str, taken: set) -> str:
+    """``hint``, or ``hint_2``, ``hint_3``, … — the first not in ``taken`` (which it joins): a
+    name for a compute or parameter a rewrite adds to a program."""
+    name, k = hint, 1
+    while name in taken:
+        k += 1
+        name = f"{hint}_{k}"
+    taken.add(name)
+    return name
+
+
 def is_kernel(obj) -> bool:
     """Whether ``obj`` is a traced kernel (``@tensorfuse.kernel``): anything that carries its
     :class:`Program`. The compiler's entry points check this instead of importing the decorator's

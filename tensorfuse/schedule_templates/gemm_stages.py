@@ -19,7 +19,7 @@ own template; the same rounding as the contraction template's staged sides.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from ..algebra import inline_elementwise
 from ..algebra.exprs import mul, substitute
@@ -33,12 +33,23 @@ from .hopper_gemm_plan import plan_hopper_gemm
 from .stages import NotStageable, Stage, plan_stages, program_of
 
 
-def hopper_gemm_stages(program: Program) -> tuple[tuple[Stage, ...], Callable] | None:
+class GemmStagePlan(NamedTuple):
+    """Stages around the Hopper GEMM: the ``stages`` in order, ``gemm`` the index of the one the
+    Hopper GEMM runs, ``pays(sizes)``: whether storing between them pays at those sizes, and
+    ``why`` the program is staged (for ``schedule_origin()``)."""
+
+    stages: tuple[Stage, ...]
+    gemm: int
+    pays: Callable[[dict], bool]
+    why: str
+
+
+def hopper_gemm_stages(program: Program) -> GemmStagePlan | None:
     """The stages (computed sides, then the GEMM on the Hopper GEMM) of a GEMM-shaped
-    ``program`` with computed sides or outer factors, and ``pays(sizes)``: whether storing the
-    sides pays at those sizes (:func:`stores_pay`); None where the contraction plan has
-    pairwise reductions or reductions over the columns, where the program needs neither stage
-    (the Hopper GEMM takes it whole), or where the Hopper GEMM does not take the GEMM stage."""
+    ``program`` with computed sides or outer factors (storing pays where :func:`stores_pay`
+    says); None where the contraction plan has pairwise reductions or reductions over the
+    columns, where the program needs neither stage (the Hopper GEMM takes it whole), or where
+    the Hopper GEMM does not take the GEMM stage."""
     try:
         plan = plan_contraction(program)
     except ScheduleError:
@@ -60,7 +71,9 @@ def hopper_gemm_stages(program: Program) -> tuple[tuple[Stage, ...], Callable] |
                             tuple(c.name for c in sides.outputs), templated=True))
     stages.append(Stage(gemm, tuple(p.name for p in gemm.params),
                         tuple(c.name for c in gemm.outputs), templated=True))
-    return tuple(stages), functools.partial(stores_pay, plan)
+    return GemmStagePlan(tuple(stages), len(stages) - 1, functools.partial(stores_pay, plan),
+                         "its GEMM reads computed or scaled sides: those stored first, for the "
+                         "Hopper GEMM")
 
 
 # The contraction template runs a GEMM whose columns it then reduces at ~0.7× the Hopper GEMM's
@@ -71,7 +84,7 @@ def hopper_gemm_stages(program: Program) -> tuple[tuple[Stage, ...], Callable] |
 COLUMNS_STORED_FROM = 2048
 
 
-def hopper_gemm_then_columns(program: Program, target) -> tuple[tuple[Stage, ...], Callable] | None:
+def hopper_gemm_then_columns(program: Program, target) -> GemmStagePlan | None:
     """The stages of a GEMM whose columns are then reduced (``Σ_j (Σ_k x[i, k] · w[k, j]) ·
     y[i, j]``: a bilinear form per row) — the GEMM as a stage of its own, its f32 values stored
     (the Hopper GEMM takes it), then the reductions over its columns (the floor's cut,
@@ -93,7 +106,9 @@ def hopper_gemm_then_columns(program: Program, target) -> tuple[tuple[Stage, ...
         return None
     if not all(s.templated for s in stages):
         return None
-    return stages, lambda sizes: contracted_depth(plan, sizes) >= COLUMNS_STORED_FROM
+    return GemmStagePlan(stages, 0, lambda sizes: contracted_depth(plan, sizes) >=
+                         COLUMNS_STORED_FROM, "its GEMM's columns are reduced after it: the GEMM "
+                         "stored by the Hopper GEMM first")
 
 
 # the Hopper GEMM's tiles are 128 rows × 256 columns (its defaults at these sizes): a stored

@@ -26,7 +26,7 @@ from ..algebra.exprs import substitute
 from ..dsl import dtypes as dt
 from ..dsl.expr import Binary, Const, Ref, binary, compare, unary, where
 from ..dsl.monoid import MAX, MIN, SUM
-from ..dsl.program import Compute, Program
+from ..dsl.program import Compute, Program, fresh_name
 
 EXTREMA = {"argmax": MAX, "argmin": MIN}
 
@@ -45,14 +45,6 @@ def rewritten_monoids(program: Program) -> tuple[Program, str] | None:
     made: dict[tuple[str, int], Compute] = {}   # (name, component) -> (compute, its component)
     computes: list[Compute] = []
 
-    def fresh(name: str) -> str:
-        k, found = 0, name
-        while found in taken:
-            k += 1
-            found = f"{name}_{k}"
-        taken.add(found)
-        return found
-
     def read(n):
         if not isinstance(n, Ref):
             return None
@@ -62,10 +54,10 @@ def rewritten_monoids(program: Program) -> tuple[Program, str] | None:
     for c in program.computes:
         bodies = tuple(substitute(b, read) for b in c.bodies)
         if c.name in logsumexps:
-            added = _logsumexp(c, bodies[0], fresh)
+            added = _logsumexp(c, bodies[0], taken)
             made[(c.name, 0)] = (added[-1], 0)
         elif c.name in args:
-            added = _arg(c, bodies, fresh)
+            added = _arg(c, bodies, taken)
             made[(c.name, 0)], made[(c.name, 1)] = (added[0], 0), (added[1], 0)
         else:
             added = [Compute(c.name, c.axes, bodies, c.dtypes, c.monoid, c.over, c.loc,
@@ -91,19 +83,20 @@ def _contractible(e) -> bool:
     return any(_contractible(x) for x in e.children())
 
 
-def _logsumexp(c: Compute, body, fresh) -> list[Compute]:
+def _logsumexp(c: Compute, body, taken: set) -> list[Compute]:
     acc = "f64" if "f64" in (dt.resolve(body.dtype), c.dtypes[0]) else "f32"
-    top = Compute(fresh(f"{c.name}_max"), c.axes, (body,), (acc,), MAX, c.over, c.loc)
+    top = Compute(fresh_name(f"{c.name}_max", taken), c.axes, (body,), (acc,), MAX, c.over,
+                  c.loc)
     shift = where(compare("lt", unary("abs", Ref(top, 0, c.loc)), Const(math.inf, acc)),
                   Ref(top, 0, c.loc), Const(0.0, acc))
-    sum_exp = Compute(fresh(f"{c.name}_sum_exp"), c.axes,
+    sum_exp = Compute(fresh_name(f"{c.name}_sum_exp", taken), c.axes,
                       (unary("exp", binary("sub", body, shift)),), (acc,), SUM, c.over, c.loc)
     value = binary("add", unary("log", Ref(sum_exp, 0, c.loc)), shift)
     return [top, sum_exp, Compute(c.name, c.axes, (value,), c.dtypes, None, (), c.loc,
                                   c.is_output)]
 
 
-def _arg(c: Compute, bodies, fresh) -> list[Compute]:
+def _arg(c: Compute, bodies, taken: set) -> list[Compute]:
     values, index = bodies
     extremum = EXTREMA[c.monoid.name]
     # NaN never wins a comparison of the pair's: left out of the extremum too (|v| ≤ ∞ is false
@@ -111,9 +104,10 @@ def _arg(c: Compute, bodies, fresh) -> list[Compute]:
     beyond = -math.inf if extremum is MAX else math.inf
     kept = where(compare("le", unary("abs", values), Const(math.inf, c.dtypes[0])), values,
                  Const(beyond, c.dtypes[0]))
-    top = Compute(fresh(f"{c.name}_value"), c.axes, (kept,), (c.dtypes[0],), extremum, c.over,
-                  c.loc)
+    top = Compute(fresh_name(f"{c.name}_value", taken), c.axes, (kept,), (c.dtypes[0],),
+                  extremum, c.over, c.loc)
     none = Const(int(np.iinfo(np.int32).max), c.dtypes[1])   # the pair's identity: no index
     first = where(compare("eq", values, Ref(top, 0, c.loc)), index, none)
-    at = Compute(fresh(f"{c.name}_index"), c.axes, (first,), (c.dtypes[1],), MIN, c.over, c.loc)
+    at = Compute(fresh_name(f"{c.name}_index", taken), c.axes, (first,), (c.dtypes[1],), MIN,
+                 c.over, c.loc)
     return [top, at]

@@ -53,13 +53,14 @@ def _gemm_stage_program():
 
 
 def test_a_computed_side_is_stored_then_the_hopper_gemm_scales_its_accumulators():
-    (sides, gemm), _ = hopper_gemm_stages(_gemm_stage_program())
+    (sides, gemm), at = hopper_gemm_stages(_gemm_stage_program())[:2]
+    assert at == 1
     assert sides.produces == ("staged_out_sum_rows",) and sides.inputs == ("x", "g")
     plan = plan_hopper_gemm(gemm.program)
     assert (plan.a, plan.weights, plan.b_k_major) == ("staged_out_sum_rows", ("w",), True)
     assert "rsqrt(r_sum[i]" in plan.describe()          # the outer factor, in the epilogue
     assert gemm.produces == ("out",)
-    only_outer, _ = hopper_gemm_stages(scaled_gated.program)
+    only_outer = hopper_gemm_stages(scaled_gated.program).stages
     assert len(only_outer) == 1 and plan_hopper_gemm(only_outer[0].program).tensors == \
         (("c", "bf16"), ("s", "f32"))
     # the Hopper GEMM takes a sum of two loads itself; a pairwise sum is no GEMM for it
@@ -68,10 +69,10 @@ def test_a_computed_side_is_stored_then_the_hopper_gemm_scales_its_accumulators(
 
 
 def test_stores_pay_where_several_tiles_read_them():
-    pays = hopper_gemm_stages(_gemm_stage_program())[1]
+    pays = hopper_gemm_stages(_gemm_stage_program()).pays
     assert pays(dict(M=8192, K=4096, N=4096))
     assert not pays(dict(M=8192, K=4096, N=256))   # one column tile reads it
-    assert hopper_gemm_stages(scaled_gated.program)[1](dict(M=64, K=64, N=64))   # none stored
+    assert hopper_gemm_stages(scaled_gated.program).pays(dict(M=64, K=64, N=64))   # none stored
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_linear", "scaled_gated", "silu_rows"])
@@ -100,7 +101,7 @@ def test_the_stages_compute_the_program_on_the_cpu(kernel):
         w = (torch.randn(K, N, generator=generator) / 8).bfloat16()
         values = dict(x=x, w=w)
         want = (torch.sigmoid(x.double()) * x.double()) @ w.double()
-    for stage in hopper_gemm_stages(program)[0]:
+    for stage in hopper_gemm_stages(program).stages:
         part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
         made = tf.compile(part, target="llvm")(**{n: values[n] for n in stage.inputs})
         made = made if isinstance(made, tuple) else (made,)
@@ -132,7 +133,8 @@ def test_a_gemm_whose_columns_are_reduced_is_stored_first_where_it_is_deep(kerne
     of its own that the Hopper GEMM takes (its f32 values stored), then the reductions over its
     columns; computed on the CPU target in turn against float64. Stored from a contracted
     extent of COLUMNS_STORED_FROM (below it the contraction template's one pass is cheaper)."""
-    (gemm, rows), pays = hopper_gemm_then_columns(kernel.program, HOPPER)
+    (gemm, rows), at, pays, _ = hopper_gemm_then_columns(kernel.program, HOPPER)
+    assert at == 0
     plan = plan_hopper_gemm(gemm.program)
     assert plan.out_dtype == "f32" and gemm.produces == rows.inputs[-1:]
     assert rows.produces == tuple(c.name for c in kernel.program.outputs)

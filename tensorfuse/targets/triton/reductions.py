@@ -13,6 +13,7 @@ import hashlib
 import re
 
 from ...dsl.expr import Symbol
+from ...errors import TargetError
 from .expr import TileContext, to_triton
 
 BUILTIN = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
@@ -29,7 +30,7 @@ def reducible(monoid) -> bool:
         return False
     try:
         combine_function(monoid)
-    except Exception:   # an operation the Triton writer has no text for
+    except TargetError:   # an operation the Triton writer has no text for
         return False
     return True
 
