@@ -59,16 +59,21 @@ def gemm_chain_source(plan, knobs, layout, M: int, K: int, N: int, O: int) -> st
         body = _mma_sync_body(plan, knobs) + _MAIN
     return _header(plan, knobs, M, K, N, O) + body.replace("@GATE_ARGS@", "".join(
         f"const __nv_bfloat16* __restrict__ w{j}, " for j in range(len(plan.gates)))).replace(
-        "@SCALAR_ARGS@", "".join(f", float {scalar_name(s)}" for s in plan.scalars)).replace(
+        "@SCALAR_ARGS@", _scalar_parameters(plan)).replace(
         "@GATES@", ", ".join(f"w{j}" for j in range(len(plan.gates)))).replace(
         "@MAPS_ARG@", ", const char* __restrict__ maps" if knobs.copy == "tma" else "").replace(
         "@BOUNDS@", f"__launch_bounds__({knobs.threads}, {knobs.ctas_per_sm})")
 
 
+def _scalar_parameters(plan) -> str:
+    """The kernels' scalar parameters (floats), after their other parameters."""
+    return "".join(f", float {scalar_name(s)}" for s in plan.scalars)
+
+
 def _header(plan, knobs, M: int, K: int, N: int, O: int) -> str:
     """Sizes and knobs as macros, the DSM helpers, the f32 epilogue kernel and the rasterization
     both tensor-core paths share."""
-    scalar_args = "".join(f", float {scalar_name(s)}" for s in plan.scalars)
+    scalar_args = _scalar_parameters(plan)
     epilogue = epilogue_code(plan)
     return f"""#include <cuda_bf16.h>
 {HELPERS}
