@@ -151,12 +151,13 @@ def poisoned_call(made, program, args: dict, want) -> tuple:
     return outs
 
 
-def poisoned_main(cases: dict, made) -> None:
+def poisoned_main(cases: dict, made, error=None) -> None:
     """The ``__main__`` of a check module that :func:`run_interpreted` runs, outputs poisoned:
     for each of ``cases`` (name → (kernel, case(generator) → (arguments, float64 reference: a
     tensor, or one per output))), the kernel ``made(name, kernel)`` makes, called on fresh
     inputs (seed: the first argument) into NaN-filled outputs of the program's dtypes
-    (:func:`poisoned_call`); prints each case's relative error (its worst output's) as JSON."""
+    (:func:`poisoned_call`); prints each case's error (its worst output's) as JSON: ``error(out,
+    want)``, by default :func:`relative_error`."""
     import json
     import os
     import sys
@@ -170,7 +171,7 @@ def poisoned_main(cases: dict, made) -> None:
         args, want = case(generator)
         outs = poisoned_call(made(name, kernel), kernel.program, args, want)
         wants = list(want) if isinstance(want, (tuple, list)) else [want]
-        errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))
+        errors[name] = max((error or relative_error)(o, w) for o, w in zip(outs, wants))
     print(json.dumps(errors))
 
 

@@ -12,15 +12,12 @@ indices) before each run; prints each case's relative error over the finite valu
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.gpu_monoids_check SEED
 """
-import json
-import os
-import sys
 
 import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from tests.helpers import poisoned_call
+from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 
 
@@ -171,12 +168,4 @@ def error(out, want) -> float:
 
 
 if __name__ == "__main__":
-    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    generator = torch.Generator().manual_seed(int(sys.argv[1]))
-    errors = {}
-    for name, (kernel, case) in CASES.items():
-        args, want = case(generator)
-        outs = poisoned_call(interpreted(kernel), kernel.program, args, want)
-        wants = list(want) if isinstance(want, tuple) else [want]
-        errors[name] = max(error(o, w) for o, w in zip(outs, wants))
-    print(json.dumps(errors))
+    poisoned_main(CASES, lambda name, kernel: interpreted(kernel), error)
