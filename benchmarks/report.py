@@ -265,6 +265,10 @@ SECTIONS = (
      "bf16; `Σ_j (Σ_i x[b, i] · W[i, j]) · y[b, j]`: the GEMM stored in f32 by the Hopper GEMM, "
      "then the row template's sum over its columns; against `((x @ W) * y).sum(-1)`",
      "python -m benchmarks.unlisted_kernels --only bilinear_form"),
+    ("monoid-kernels", "Reductions by the DSL's other monoids",
+     "greedy decoding's argmax over a vocabulary (bf16), a row's logsumexp (f32), a KL "
+     "divergence written with two logsumexps (bf16), a product of survival factors (f32); each "
+     "against torch eager and torch.compile", "python -m benchmarks.monoid_kernels"),
     ("neighborhood", "Neighbourhood attention on 2-D and 3-D maps",
      "bf16; TFLOP/s of the kept FLOPs; `graph`: calls replayed from a CUDA graph",
      "python -m benchmarks.neighborhood --csv PATH"),

@@ -135,16 +135,18 @@ def relative_error(out, want) -> float:
 
 def poisoned_call(made, program, args: dict, want) -> tuple:
     """``made(**args)`` into NaN-filled outputs of ``program``'s dtypes shaped like ``want`` (a
-    tensor, or one per output; −1 in integer ones), asserting it returned those very tensors:
-    what it wrote there (an element it left alone stays NaN or −1 and fails any comparison)."""
+    tensor, or one per output; −1 in integer ones; on the arguments' device), asserting it
+    returned those very tensors: what it wrote there (an element it left alone stays NaN or −1
+    and fails any comparison)."""
     import torch
 
     from tensorfuse.interop import torch_dtype
 
     wants = list(want) if isinstance(want, (tuple, list)) else [want]
     dtypes = [torch_dtype(c.dtypes[0]) for c in program.outputs]
-    outs = tuple(torch.full(w.shape, float("nan") if d.is_floating_point else -1, dtype=d)
-                 for w, d in zip(wants, dtypes))
+    device = next((a.device for a in args.values() if isinstance(a, torch.Tensor)), "cpu")
+    outs = tuple(torch.full(w.shape, float("nan") if d.is_floating_point else -1, dtype=d,
+                            device=device) for w, d in zip(wants, dtypes))
     got = made(**args, out=outs if len(outs) > 1 else outs[0])
     got = got if isinstance(got, tuple) else (got,)
     assert len(got) == len(outs) and all(g is o for g, o in zip(got, outs)), program.name

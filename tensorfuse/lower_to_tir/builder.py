@@ -225,11 +225,16 @@ class FunctionBuilder:
         olds = [Symbol(f"__old{k}", d) for k, d in enumerate(dtypes)]
         news = [Symbol(f"__new{k}", d) for k, d in enumerate(dtypes)]
         combined = monoid.combine_exprs(olds, news)
-        symbols = {s.name: tirx.BufferLoad(b, list(indices)) for s, b in zip(olds, bufs)}
+        # every component must see the old values: bound before the stores (the old values, not
+        # the results: TVM's bf16 legalisation leaves a bf16 load cast inside a bound value as its
+        # integer bits, which made an argmax over bf16 rows on the CPU pick by bit pattern)
+        bind_olds = len(bufs) > 1 and not any(dt.is_half(d) for d in dtypes)
+        symbols = {s.name: T.Bind(tirx.BufferLoad(b, list(indices))) if bind_olds else
+                   tirx.BufferLoad(b, list(indices)) for s, b in zip(olds, bufs)}
         symbols.update({s.name: v for s, v in zip(news, new_values)})
         inner = scope.child(symbols=symbols)
         results = [lower(c, inner, d) for c, d in zip(combined, dtypes)]
-        if len(results) > 1:  # every component must see the old values: bind first, then store
+        if len(results) > 1 and not bind_olds:
             results = [T.Bind(r) for r in results]
         for buf, r in zip(bufs, results):
             self.store(buf, r, indices)

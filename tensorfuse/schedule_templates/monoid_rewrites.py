@@ -7,9 +7,11 @@
   never the NaN of ``x − m``.
 - ``T.argmax`` / ``T.argmin`` and ``T.max_argmax`` (a (value, index) pair) become the extremum
   of the values (NaN left out, as the pair's comparisons leave it) and the smallest index
-  holding it: two row reductions (the index's reads the extremum's final value: the floor's
-  stages run them), where the pair ran on TVM's untiled default schedule. Not where the values
-  add to a product (:func:`_contractible`): the two kernels might round them differently.
+  holding it, where the pair ran on TVM's untiled default schedule: one pass of the row
+  template, the index reset where the extremum moves (a ``reset`` scheme, compared with the
+  extremum's running value itself: ``tile_plan.EXACT``); where no template takes it whole, two
+  row reductions (the floor's stages). Not where the values add to a product
+  (:func:`_contractible`): two kernels might round them differently.
 
 Each keeps the original's value: the CPU lowering computes the monoids as written, and the
 rewritten programs are checked against it and against float64 (``tests/schedule_templates/
@@ -107,7 +109,10 @@ def _arg(c: Compute, bodies, taken: set) -> list[Compute]:
     top = Compute(fresh_name(f"{c.name}_value", taken), c.axes, (kept,), (c.dtypes[0],),
                   extremum, c.over, c.loc)
     none = Const(int(np.iinfo(np.int32).max), c.dtypes[1])   # the pair's identity: no index
-    first = where(compare("eq", values, Ref(top, 0, c.loc)), index, none)
+    # the extremum's own body compared (a reduction's reset when its extremum moves is derived
+    # from that), a NaN's index left out again where the extremum is ±∞
+    first = where(compare("eq", kept, Ref(top, 0, c.loc)), where(
+        compare("le", unary("abs", values), Const(math.inf, c.dtypes[0])), index, none), none)
     at = Compute(fresh_name(f"{c.name}_index", taken), c.axes, (first,), (c.dtypes[1],), MIN,
                  c.over, c.loc)
     return [top, at]

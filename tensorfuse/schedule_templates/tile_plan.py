@@ -286,10 +286,12 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
     for m in chain.members:
         scheme = chain.schemes[m.name]
         extra = [a for a in m.axes if a.uid not in common]
-        if scheme.kind not in ("independent", "linear", "affine") or m.arity != 1:
+        if scheme.kind not in ("independent", "linear", "affine", "reset") or m.arity != 1:
             raise TargetError(f"{m.name}: {scheme.kind} schemes are not in the row-tile template")
+        if scheme.kind == "reset":
+            _check_exact_dependencies(chain, m.name)
         for k, st in enumerate(scheme.states):
-            body = _deps_as_symbols(st.body, members)
+            body = _deps_as_symbols(st.body, members, EXACT if scheme.kind == "reset" else "ref")
             if not extra:
                 if not reducible(st.monoid):
                     raise TargetError(f"{m.name}: {st.monoid.name} is not in the row-tile template")
@@ -382,9 +384,30 @@ def _grouped(e: Expr, fold) -> Expr:
                       g == 1 and isinstance(n, Axis) and n.uid == axis.uid else None)
 
 
-def _deps_as_symbols(e: Expr, members: set) -> Expr:
-    return substitute(e, lambda n: Symbol(f"{n.compute.name}.ref", n.dtype)
+# A state that resets where a maximum moves (an argmax's index: ``where(x == max, j, ∞)``,
+# ``transfer.Reset``) compares with the maximum's running value itself, ``<name>.exact``: a
+# reference may stand in for a value that a comparison by equality would not find (an infinite
+# maximum is referred to as the largest finite number)
+EXACT = "exact"
+
+
+def _deps_as_symbols(e: Expr, members: set, kind: str) -> Expr:
+    return substitute(e, lambda n: Symbol(f"{n.compute.name}.{kind}", n.dtype)
                       if isinstance(n, Ref) and n.compute.name in members else None)
+
+
+def _check_exact_dependencies(chain: Chain, name: str) -> None:
+    """A reset state's dependencies must be extrema whose running states are their values (not
+    kept relative to another member), so that the emitter compares with the values themselves.
+    (``transfer.Reset`` compares with an extremum whose body reads no changing member, so it
+    holds for every chain the algebra derives today; checked here, where the emitter relies on
+    it.)"""
+    for d in chain.schemes[name].deps:
+        dep = chain.schemes[d]
+        if dep.kind != "independent" or len(dep.states) != 1:
+            raise TargetError(f"{name} resets where {d} moves, and {d}'s running state is kept "
+                              f"relative to another member ({dep.kind}), not its value: a reset "
+                              "compares with the value itself")
 
 
 def _separate_congruences(plan: RowTilePlan) -> None:

@@ -59,3 +59,21 @@ def test_lowered_module_runs_on_llvm(rng):
     # a sum that cancels to near 0 keeps f32's error relative to its terms, not to itself
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5,
                                atol=1e-6 * np.abs(terms).sum(1).max())
+
+
+def test_a_pair_reduction_over_bf16_compares_values_not_bit_patterns():
+    """``T.max_argmax`` over bf16 rows on the CPU: the pair's old values are bound before its
+    stores, not its results (TVM's bf16 legalisation left a bf16 load cast inside a bound value
+    as its integer bits: negative rows then picked their smallest value, NaN won)."""
+    import torch
+
+    @tf.kernel
+    def best(x: T.Tensor["M", "N", "bf16"]):
+        i, j = T.axes("i j")
+        return T.max_argmax(x[i, j], over=j)
+
+    x = torch.tensor([[-1.0, -5.0, -2.0, 0.5], [-7.0, -2.0, -9.0, -4.0],
+                      [float("nan"), 1.0, float("nan"), 3.0], [-3e38, float("-inf"), -3e38, -1e38]])
+    value, index = tf.compile(best, target="llvm")(x=x.bfloat16())
+    assert index.tolist() == [3, 1, 3, 3]
+    assert value.float().tolist() == x.bfloat16().float()[range(4), [3, 1, 3, 3]].tolist()

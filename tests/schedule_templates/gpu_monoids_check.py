@@ -4,8 +4,9 @@ them for sm_90a (the first two written as reductions the templates keep:
 run by Triton's interpreter against torch in float64 at ragged sizes and large value ranges:
 logsumexp over a row (some rows −∞ throughout: −∞ out, as the math gives), down the columns of
 bf16 data far from zero, under a mask with a temperature, beside a sum of the same row; argmax
-over a vocabulary-wide row with ties (the first index wins), argmin down the columns, and the
-largest value with its index; products of rows (a zero and negative factors among them) and down
+over a vocabulary-wide row with ties (the first index wins) and over rows of −∞, NaN and +∞
+(one pass: the index resets where the maximum moves), argmin down the columns, and the largest
+value with its index; products of rows (a zero and negative factors among them) and down
 columns; a user's monoid (compound growth) over rows. Outputs are poisoned (NaN, or −1 for
 indices) before each run; prints each case's relative error over the finite values as JSON
 (infinite where a −∞ is not where the reference has it, or an index differs).
@@ -93,6 +94,30 @@ def argmax_case(generator, M=13, V=5003):
     return dict(logits=x), torch.argmax(x.double(), -1)   # torch's first index of the max
 
 
+def first_largest(x: torch.Tensor) -> torch.Tensor:
+    """The pair's argmax, written apart in float64: the first index of a row's largest value,
+    NaN never chosen, and no index (2**31 − 1) where nothing beats the identity −FLT_MAX (a row
+    of −∞ or NaN)."""
+    values = x.double().nan_to_num(nan=-torch.inf, posinf=torch.inf, neginf=-torch.inf)
+    best = values.max(-1, keepdim=True).values
+    first = torch.where(values == best, torch.arange(x.shape[-1]), x.shape[-1]).min(-1).values
+    return torch.where(best[:, 0] >= -torch.finfo(torch.float32).max, first, 2 ** 31 - 1)
+
+
+def argmax_specials_case(generator, M=9, V=3000):
+    """Rows of −∞, of NaN, NaN before the values, +∞ twice, ties a block apart."""
+    x = (torch.randn(M, V, generator=generator) * 4).round()
+    x[0] = -torch.inf
+    x[1, 300], x[1, 2900] = torch.inf, torch.inf
+    x[2] = torch.nan
+    x[3, :1500] = torch.nan
+    x[4], x[4, 192], x[4, 2999] = 1.0, 5.0, 5.0
+    x[5], x[5, 600] = -3.0e38, -torch.inf
+    x[6], x[6, 900] = torch.nan, -torch.inf
+    x = x.bfloat16()
+    return dict(logits=x), first_largest(x)
+
+
 def argmin_case(generator, M=333, N=45):
     x = torch.randn(M, N, generator=generator) * 100
     return dict(x=x), torch.argmin(x.double() ** 2, 0)
@@ -147,6 +172,7 @@ def prod_columns_case(generator, M=301, N=37):
 CASES = {"lse_rows": (lse_rows, rows_case), "lse_columns": (lse_columns, columns_case),
          "lse_masked": (lse_masked, masked_case), "lse_and_sum": (lse_and_sum, both_case),
          "argmax_rows": (argmax_rows, argmax_case),
+         "argmax_specials": (argmax_rows, argmax_specials_case),
          "argmin_columns": (argmin_columns, argmin_case),
          "best_and_where": (best_and_where, best_case),
          "prod_rows": (prod_rows, prod_rows_case),

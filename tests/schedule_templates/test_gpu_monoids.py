@@ -13,14 +13,15 @@ import tvm
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
+from tensorfuse.binding import bind_call
 from tensorfuse.schedule_templates import lower_program
 from tensorfuse.schedule_templates.fusion import Fusion
 from tensorfuse.schedule_templates.monoid_rewrites import rewritten_monoids
 from tensorfuse.widened_kernel import RewrittenKernel
-from tests.helpers import check_interpreted
+from tests.helpers import check_interpreted, gpu_case, poisoned_call, runs_a_template
 from tests.schedule_templates.gpu_monoids_check import (CASES, argmax_rows, best_and_where,
-                                                        compound_rows, lse_and_sum, lse_rows,
-                                                        prod_rows)
+                                                        compound_rows, error, lse_and_sum,
+                                                        lse_rows, prod_rows)
 
 LLVM = tvm.target.Target({"kind": "llvm"})
 
@@ -91,11 +92,13 @@ def test_the_logsumexp_rewrite_is_the_logsumexp_unfused_rolled_and_split(fused):
 def test_the_arg_rewrite_gives_what_the_pair_gives():
     """The pair's value and index as the CPU lowering computes the monoid — ties to the first
     index, NaN never taken, a row of infinities, a row of NaN left at the identity —
-    and the rewritten program's, on the same rows."""
+    and the rewritten program's on the same rows (fused into one pass, the index reset where the
+    maximum moves, by the row template: the interpreter's cases)."""
     x = np.random.default_rng(6).integers(-3, 4, (7, 41)).astype(np.float32)   # ties
     x[2] = -np.inf
     x[3, :5] = np.nan
     x[4] = np.nan
+    x[5, 30] = np.inf
     want = _run(best_and_where.program, x)
     got = _run(rewritten_monoids(best_and_where.program)[0], x)
     for g, w in zip(got, want):
@@ -111,8 +114,18 @@ def test_tf_compile_takes_them_to_the_templates_on_gpus_and_leaves_the_cpu_its_o
     assert "row-reduction template" in tf.compile(lse_rows, target="cuda:sm_80").description
     assert not isinstance(tf.compile(lse_rows, target="llvm"), RewrittenKernel)
     arg = tf.compile(argmax_rows, target="cuda:sm_90a")
-    assert isinstance(arg, RewrittenKernel) and "2 stage kernels" in arg.description
+    assert isinstance(arg, RewrittenKernel)
+    assert "row-reduction template (rolling_update(out_argmax_value, out_argmax_index" in \
+        arg.description   # one pass: the index resets where the maximum moves
     assert "default GPU schedule" not in arg.schedule_origin(M=64, V=128256)
+
+
+def test_a_reset_compares_with_the_maximums_value_itself():
+    """The index's state reads the maximum's running state (exact: +∞ too), never its reference
+    (the largest finite number where the maximum is infinite), and is kept as an integer."""
+    source = tf.compile(argmax_rows, target="cuda:sm_90a").source(M=64, V=128256)
+    assert "== st_out_argmax_value_0)" in source and "(old_out_argmax_value == " in source
+    assert "tl.full([BLOCK_M, 1], 2147483647, tl.int32)" in source   # an index kept as one
 
 
 @pytest.mark.parametrize("kernel", [prod_rows, compound_rows])
@@ -138,3 +151,22 @@ def test_two_user_monoids_of_one_name_keep_their_own_combines():
 
 def test_the_triton_kernels_match_float64_in_the_interpreter():
     check_interpreted("tests.schedule_templates.gpu_monoids_check", CASES)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_case_on_the_gpu_matches_float64(name):
+    """The interpreter's cases on the GPU: each stage a template, outputs poisoned, infinities
+    where the reference has them and every index the reference's."""
+    kernel, case = CASES[name]
+    args, want, seed = gpu_case(case)
+    made = tf.compile(kernel)
+    origin = made.schedule_origin(**bind_call(kernel.program, (), args, "cuda").dims)
+    assert "default GPU schedule" not in origin, origin
+    inner = made.inner if isinstance(made, RewrittenKernel) else made
+    if not hasattr(inner, "kernels"):   # one kernel: the template runs these sizes
+        assert runs_a_template(inner, args), inner
+    outs = poisoned_call(made, kernel.program, args, want)
+    wants = list(want) if isinstance(want, (tuple, list)) else [want]
+    worst = max(error(o.cpu(), w) for o, w in zip(outs, wants))
+    assert worst < 2e-2, f"{name}: {worst:.1e} (TENSORFUSE_SEED={seed})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ...dsl.expr import Symbol
 from .expr import TileContext, literal, to_triton
+from .row_states import exact_symbols, loaded_state, state_type
 from .row_grid import grid
 
 # the merge's loads of the parts' states go to L2 (``.cg``): never a line an SM's L1 kept
@@ -37,18 +38,25 @@ class SplitMerge:
             for sp in mine:
                 shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else "[BLOCK_M, 1]"
                 ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
-                w(f"acc_{m.name}_{sp.k} = tl.full({shape}, {ident}, tl.float32)")
+                w(f"acc_{m.name}_{sp.k} = tl.full({shape}, {ident}, {state_type(sp)})")
             # up to 64 parts unrolled; more in a loop (a long sweep of very few row tiles)
             w(f"for s in tl.static_range({self.splits}):" if self.splits <= 64 else
               f"for s in range(0, {self.splits}):")
             with w.block():
                 sym = {}
                 for sp in mine:
-                    w(f"sv_{m.name}_{sp.k} = tl.load({self.part_at(sp, 's')}{FROM_L2})")
+                    loaded = loaded_state(sp, f"tl.load({self.part_at(sp, 's')}{FROM_L2})")
+                    w(f"sv_{m.name}_{sp.k} = {loaded}")
                     sym[f"{m.name}#{sp.k}"] = f"sv_{m.name}_{sp.k}"
                 for d in scheme.deps:
                     w(f"sref_{d} = tl.load({self.part_at(f'part_ref_{d}', 's')}{FROM_L2})")
                     sym[f"{d}.old"], sym[f"{d}.new"] = f"sref_{d}", f"finref_{d}"
+                if scheme.kind == "reset":   # the part's exact running values, and the final
+                    for d in scheme.deps:
+                        state = next(sp for sp in self.plan.states if sp.member.name == d)
+                        at = self.part_at(state, "s")
+                        w(f"sval_{d} = {loaded_state(state, f'tl.load({at}{FROM_L2})')}")
+                    sym.update(exact_symbols(scheme, "sval_{}", "fin_{}"))
                 for sp in mine:
                     corrected = to_triton(scheme.corrections(settled=True)[sp.k],
                                           self.ctx_r().child(symbols=sym))
@@ -60,7 +68,9 @@ class SplitMerge:
             acc = {f"{m.name}#{sp.k}": f"acc_{m.name}_{sp.k}" for sp in mine}
             acc.update({f"{d}.old": f"finref_{d}" for d in scheme.deps})
             acc.update({f"{d}.new": f"fin_{d}" for d in scheme.deps})
-            value = to_triton(scheme.true_value(0, settled=True), self.ctx_r().child(symbols=acc))
+            final = scheme.value[0] if scheme.kind == "reset" else \
+                scheme.true_value(0, settled=True)   # a reset: merged at the exact values
+            value = to_triton(final, self.ctx_r().child(symbols=acc))
             w(f"fin_{m.name} = {value}")
             finals[m.name] = f"fin_{m.name}"
             if m.name in self.needed:

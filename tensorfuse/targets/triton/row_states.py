@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...algebra.schemes import EXTRAPOLATION
+from ...dsl import dtypes as dt
 from ...dsl.evaluate import evaluate_plain
 from ...dsl.expr import Load, Ref, walk
 from .expr import TileContext
@@ -15,6 +16,39 @@ from .reductions import reducible
 def depended_on(plan) -> set[str]:
     """The members whose references other members' corrections read."""
     return {d for scheme in plan.chain.schemes.values() for d in scheme.deps}
+
+
+def state_type(sp) -> str:
+    """The Triton type a state is kept in: f32, or i32 for an integer one (an argmax's index,
+    exact past 2**24 and its identity 2**31 - 1 kept as itself)."""
+    return "tl.int32" if dt.is_int(sp.dtype) else "tl.float32"
+
+
+def stored_state(sp, value: str) -> str:
+    """``value`` of state ``sp`` as the f32 scratch buffer of the split update holds it (an
+    integer state's bits), and :func:`loaded_state` back."""
+    return f"({value}).to(tl.float32, bitcast=True)" if dt.is_int(sp.dtype) else value
+
+
+def loaded_state(sp, value: str) -> str:
+    return f"({value}).to(tl.int32, bitcast=True)" if dt.is_int(sp.dtype) else value
+
+
+def exactly_read(plan) -> set[str]:
+    """The members whose running values themselves (not their references) a resetting state
+    compares with, block by block (``tile_plan.EXACT``)."""
+    return {d for scheme in plan.chain.schemes.values() if scheme.kind == "reset"
+            for d in scheme.deps}
+
+
+def exact_symbols(scheme, old: str, new: str) -> dict:
+    """The symbols of a resetting ``scheme``'s dependencies: each one's value before this block
+    (``old`` formatted with its name) and after it, which its state body reads too (``new``)."""
+    if scheme.kind != "reset":
+        return {}
+    return {k: v for d in scheme.deps for k, v in ((f"{d}.old", old.format(d)),
+                                                   (f"{d}.new", new.format(d)),
+                                                   (f"{d}.exact", new.format(d)))}
 
 
 def lanewise_states(plan) -> frozenset:

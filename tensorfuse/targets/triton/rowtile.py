@@ -26,8 +26,9 @@ from .column_sums import add_tile, finish_body, open_partials, partial_names, st
 from .row_merge import SplitMerge
 from .row_realign import Realignment, emit_sweep, realignment
 from .row_grid import batch_first, block_k, grid, launch_grid, list_length
-from .row_states import (column_operands, depended_on, initial_reference, lanewise_states,
-                         output_operands, reloadable, uncorrected_states)
+from .row_states import (column_operands, depended_on, exact_symbols, exactly_read,
+                         initial_reference, lanewise_states, output_operands, reloadable,
+                         state_type, stored_state, uncorrected_states)
 from .reductions import reduced
 from .size_builds import size_alignments
 from .tile_text import assemble_source, dot_operand, needs_wide_offsets, store_offsets
@@ -260,9 +261,13 @@ class _RowTileSource(SplitMerge):
         else:
             w("seen_next = seen + BLOCK_N")
         symbols: dict = {}
+        exact = exactly_read(plan)
         for m in self.members:
             scheme = plan.chain.schemes[m.name]
-            tile = self.ctx_rc().child(refs=rc_refs, symbols=symbols, emit=w, memo=memo)
+            # a resetting state: the dependencies' running values before and after this block
+            resets = exact_symbols(scheme, "old_{}", "st_{}_0")
+            tile = self.ctx_rc().child(refs=rc_refs, symbols={**symbols, **resets}, emit=w,
+                                       memo=memo)
             if not with_mask and plan.mask is not None:
                 mask_key = plan.mask.key()
                 strip = lambda e: substitute(e, lambda n: n.a  # noqa: E731
@@ -304,6 +309,7 @@ class _RowTileSource(SplitMerge):
             for d in scheme.deps:
                 sym[f"{d}.old"] = f"ref_{d}"
                 sym[f"{d}.new"] = f"newref_{d}"
+            sym.update(resets)
             corr = self.ctx_r().child(symbols=sym)
             new_values = []
             for sp in chunk_vars:
@@ -319,6 +325,8 @@ class _RowTileSource(SplitMerge):
                 new_values.append((sp, text))
             for sp, text in new_values:
                 w(f"nst_{m.name}_{sp.k} = {text}")
+            if m.name in exact:
+                w(f"old_{m.name} = st_{m.name}_0")
             for sp, _ in new_values:
                 w(f"st_{m.name}_{sp.k} = nst_{m.name}_{sp.k}")
             if m.name in self.needed:  # its reference: the value at the references, extrapolated
@@ -340,7 +348,10 @@ class _RowTileSource(SplitMerge):
             scheme = self.plan.chain.schemes[m.name]
             sym = {f"{m.name}#{sp.k}": kept[(m.name, sp.k)] for sp in self.plan.states
                    if sp.member is m}
-            if not correct:  # the references are the true values: no correction is needed
+            if scheme.kind == "reset":   # reset against the exact values block by block: settled
+                value = to_triton(scheme.value[0], self.ctx_r().child(symbols=sym))
+                self.w(f"fin_{m.name} = {value}")
+            elif not correct:  # the references are the true values: no correction is needed
                 sym.update({f"{d}.new": refs[d] for d in scheme.deps})
                 value = to_triton(scheme.value[0], self.ctx_r().child(symbols=sym))
                 self.w(f"fin_{m.name} = {value}")
@@ -492,7 +503,7 @@ class _RowTileSource(SplitMerge):
             shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else \
                 "[BLOCK_M, BLOCK_N]" if (sp.member.name, sp.k) in self.lanes else "[BLOCK_M, 1]"
             ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
-            w(f"st_{sp.member.name}_{sp.k} = tl.full({shape}, {ident}, tl.float32)")
+            w(f"st_{sp.member.name}_{sp.k} = tl.full({shape}, {ident}, {state_type(sp)})")
         w("seen = tl.full([], 0, tl.int32)" if self.realign is None else
           "seen = tl.zeros([BLOCK_M, 1], tl.int32)")
         self.initial: dict = {}
@@ -515,7 +526,8 @@ class _RowTileSource(SplitMerge):
                 with w.block():
                     self.chunk_body(True)
             for sp in plan.states:
-                w(f"tl.store({self.part_at(sp, 'pid_s')}, {self.states[(sp.member.name, sp.k)]})")
+                w(f"tl.store({self.part_at(sp, 'pid_s')}, "
+                  f"{stored_state(sp, self.states[(sp.member.name, sp.k)])})")
             for d in self.needed:
                 w(f"tl.store({self.part_at(f'part_ref_{d}', 'pid_s')}, ref_{d})")
             self.last_part_merges()

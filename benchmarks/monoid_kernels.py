@@ -1,0 +1,110 @@
+"""Kernels reducing with the DSL's other monoids, as a user writes them: greedy decoding's next
+token (``T.argmax`` over a vocabulary, one pass: the index resets where the maximum moves), a
+row's ``T.logsumexp``, a KL divergence between two distributions given as logits (two
+logsumexps and a sum that reads them, one pass), a survival probability (``T.prod`` of
+``1 − hazard``) — through ``tf.compile`` defaults against torch eager and ``torch.compile`` in
+the same process, each checked against a float64 reference first (the harness of
+:mod:`benchmarks.user_kernels`).
+
+    python -m benchmarks.monoid_kernels [--only NAME,…]
+
+Rows: ``benchmark`` = ``user/<name>``; CSV
+``benchmarks/results/<date>-<device>-monoid-kernels.csv``.
+"""
+import torch
+import torch.nn.functional as F
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.binding import bind_call
+from benchmarks.common import TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
+from benchmarks.kernel_suite import Case, Recorded, main
+
+
+@tf.kernel
+def greedy_token(logits: T.Tensor["B", "V", "bf16"]):
+    """Greedy decoding: the first index of each row's largest logit."""
+    b, v = T.axes("b v")
+    return T.argmax(logits[b, v], over=v)
+
+
+@tf.kernel
+def row_logsumexp(x: T.Tensor["M", "V", "f32"]):
+    """A row's log-partition function."""
+    i, v = T.axes("i v")
+    return T.logsumexp(x[i, v], over=v)
+
+
+@tf.kernel
+def kl_divergence(p: T.Tensor["M", "V", "bf16"], q: T.Tensor["M", "V", "bf16"]):
+    """KL(softmax(p) ‖ softmax(q)) per row, written with the log-partition functions."""
+    i, v = T.axes("i v")
+    log_p = p[i, v] - T.logsumexp(p[i, v], over=v)
+    log_q = q[i, v] - T.logsumexp(q[i, v], over=v)
+    return T.sum(T.exp(log_p) * (log_p - log_q), over=v)
+
+
+@tf.kernel
+def survival(hazard: T.Tensor["M", "N", "f32"]):
+    """The probability of surviving every step: Π (1 − hazard)."""
+    i, t = T.axes("i t")
+    return T.prod(1.0 - hazard[i, t], over=t)
+
+
+def _case(name, kernel, eager, args: dict, reference, shape: str, out_bytes: int,
+          pick=lambda out: out) -> Case:
+    f, compiled = Recorded(kernel), torch.compile(eager)
+    tensors = list(args.values())
+    moved = sum(t.numel() * t.element_size() for t in tensors) + out_bytes
+    dims = bind_call(kernel.program, (), args, "cuda").dims
+    return Case(name, shape, lambda: f(**args),
+                {TORCH_COMPILE: lambda: compiled(*tensors), TORCH_EAGER: lambda: eager(*tensors)},
+                reference, pick, bytes=moved,
+                notes={TENSORFUSE: f.schedule_origin(**dims)})
+
+
+def _greedy_case(B: int, generator, V=128256) -> Case:
+    logits = (torch.randn(B, V, generator=generator) * 3).to("cuda", torch.bfloat16)
+    want = torch.argmax(logits.double(), -1).cpu()   # the first index of the maximum
+
+    def exact(out):   # an index off by one must fail, not pass as a small relative error
+        return want.double() + (out.long().cpu() != want).double() * 1e9
+    return _case(f"greedy_token_b{B}", greedy_token, lambda t: torch.argmax(t, -1).int(),
+                 {"logits": logits}, want.double(), f"B{B} V{V}", B * 4, exact)
+
+
+def _logsumexp_case(generator, M=4096, V=32000) -> Case:
+    x = (torch.randn(M, V, generator=generator) * 5).cuda()
+    return _case("row_logsumexp", row_logsumexp, lambda t: torch.logsumexp(t, -1), {"x": x},
+                 torch.logsumexp(x.double(), -1), f"M{M} V{V} f32", M * 4)
+
+
+def _kl_case(generator, M=4096, V=32000) -> Case:
+    p, q = ((torch.randn(M, V, generator=generator) * 2).to("cuda", torch.bfloat16)
+            for _ in range(2))
+
+    def eager(a, b):
+        return F.kl_div(F.log_softmax(b.float(), -1), F.log_softmax(a.float(), -1),
+                        reduction="none", log_target=True).sum(-1).to(a.dtype)
+    want = eager(p.double(), q.double())
+    return _case("kl_divergence", kl_divergence, eager, {"p": p, "q": q}, want,
+                 f"M{M} V{V}", M * 2)
+
+
+def _survival_case(generator, M=65536, N=1024) -> Case:
+    hazard = (torch.rand(M, N, generator=generator) * 2e-3).cuda()
+    return _case("survival", survival, lambda h: torch.prod(1.0 - h, -1), {"hazard": hazard},
+                 torch.prod(1.0 - hazard.double(), -1), f"M{M} N{N} f32", M * 4)
+
+
+MONOID_KERNELS = {
+    "greedy_token_b1": lambda g: _greedy_case(1, g),
+    "greedy_token_b64": lambda g: _greedy_case(64, g),
+    "greedy_token_b512": lambda g: _greedy_case(512, g),
+    "row_logsumexp": _logsumexp_case,
+    "kl_divergence": _kl_case,
+    "survival": _survival_case,
+}
+
+if __name__ == "__main__":
+    main(MONOID_KERNELS, "monoid-kernels", __doc__)
