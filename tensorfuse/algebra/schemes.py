@@ -350,6 +350,20 @@ def _power_scheme(compute, body, top: Terms, ctx, deps) -> Scheme:
     return scheme
 
 
+def inexact_reset(schemes: dict, name: str) -> str | None:
+    """Why member ``name``'s reset cannot compare with its dependencies' running values
+    themselves (a dependency kept relative to another member, not as its value), or None.
+    ``transfer.Reset`` compares with an extremum whose body reads no changing member, so every
+    reset derived today passes; the emitters, which compare with those values, check it."""
+    for d in schemes[name].deps:
+        dep = schemes[d]
+        if dep.kind != "independent" or len(dep.states) != 1:
+            return (f"{name} resets where {d} moves, and {d}'s running state is kept relative to "
+                    f"another member ({dep.kind}), not its value: a reset compares with the value "
+                    "itself")
+    return None
+
+
 def _reset_scheme(compute, body, reset: Reset, monoid, ctx) -> Scheme:
     dtype = compute.dtypes[0]
     scheme = Scheme(compute, "reset", reset.deps, [State("", body, monoid, dtype)])

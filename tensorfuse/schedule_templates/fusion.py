@@ -25,7 +25,7 @@ from tvm import tirx
 from tvm.sym import Analyzer
 
 from ..algebra import Chain, inline_elementwise, plan_chain
-from ..algebra.schemes import EXTRAPOLATION
+from ..algebra.schemes import EXTRAPOLATION, inexact_reset
 from ..algebra.exprs import substitute
 from ..dsl.expr import Axis, Expr, Ref, Symbol
 from ..dsl.program import Compute, Program
@@ -73,6 +73,10 @@ def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32"
     loops, ``accumulate`` widens float sums, running states included (see
     :class:`~tensorfuse.lower_to_tir.FunctionBuilder`)."""
     chains = [plan_chain(program, f.names, f.axis) for f in fusions]
+    for ch in chains:   # a reset compares with its dependencies' values (_deps_as_references)
+        for m in ch.members:
+            if ch.schemes[m.name].kind == "reset" and (why := inexact_reset(ch.schemes, m.name)):
+                raise RollingUpdateError(why, m.loc)
     if parallel == "gpu" and any(f.rows != 1 for f in fusions):
         raise RollingUpdateError("a block of rows (rows=…) is how the CPU sweeps a fused chain; "
                                  "GPU templates tile rows with their own knobs")
@@ -361,7 +365,8 @@ class _ChainEmitter(CpuChunkLayout):
             bufs = [self.part[m.name][k] for k in group]
             dtypes = [scheme.states[k].dtype for k in group]
             self._emit_identities(f"{name}_init", extra, bufs, monoid, dtypes, self.state_axes(m))
-            bodies = [self._deps_as_references(scheme.states[k].body) for k in group]
+            bodies = [self._deps_as_references(scheme.states[k].body, scheme.kind == "reset")
+                      for k in group]
             if self._cpu:
                 bodies = [self._hoist(b, m) for b in bodies]
             if self._cpu and not extra and len(group) == 1 and self._fits_lanes(monoid):
@@ -441,10 +446,21 @@ class _ChainEmitter(CpuChunkLayout):
         return lower_expr(self._wide(d, self.chain.schemes[d].reference()),
                           scope.child(symbols=symbols), dtype)
 
-    def _deps_as_references(self, e: Expr) -> Expr:
+    def _deps_as_references(self, e: Expr, exact: bool = False) -> Expr:
+        """``e`` reading the members it depends on as their references (``d.ref``), or with
+        ``exact`` as their running values themselves (``d.exact``: a state that resets where a
+        maximum moves compares with it by equality, and a reference stands for an infinite
+        maximum by the largest finite number)."""
         deps = {m.name: m for m in self.chain.members}
-        return substitute(e, lambda n: Symbol(f"{n.compute.name}.ref", n.dtype)
+        kind = "exact" if exact else "ref"
+        return substitute(e, lambda n: Symbol(f"{n.compute.name}.{kind}", n.dtype)
                           if isinstance(n, Ref) and n.compute.name in deps else None)
+
+    def _exact(self, bufs: dict):
+        """Loader of a dependency's running value itself from ``bufs`` (``_prev``: after the
+        previous chunk, or at the end of a part; ``_new``: after this chunk) — a reset's
+        dependencies are extrema whose value is their state (``tile_plan``'s check)."""
+        return lambda d, sc: self._load(bufs[d], d, sc)
 
     def _emit_update(self, m: Compute) -> None:
         scheme = self.chain.schemes[m.name]
@@ -455,8 +471,10 @@ class _ChainEmitter(CpuChunkLayout):
         with self._stage_loops(extra) as lv:
             with self._block(f"{m.name}_update", extra, lv, [self._chunk_iter("R")]) as sc:
                 idx = self._index(self.state_axes(m), sc)
-                symbols = self._symbols(m, sc, self.run[m.name], True, self._running(self.prev, 0),
-                                        self._running(self.new, 1))
+                old, new = (self._exact(self.prev), self._exact(self.new)) \
+                    if scheme.kind == "reset" else \
+                    (self._running(self.prev, 0), self._running(self.new, 1))
+                symbols = self._symbols(m, sc, self.run[m.name], True, old, new)
                 inner = sc.child(symbols={**symbols, **self._row_symbols(sc)})
                 results = []
                 if scheme.kind == "independent" and m.arity > 1:
@@ -525,7 +543,10 @@ class _ChainEmitter(CpuChunkLayout):
             return
         loops = self._loops(self._extra_axes(m))
         out = self.fb.scope.computes[m.name]
-        values = [self._wide(m.name, scheme.true_value(k, settled=True)) for k in range(len(out))]
+        # a reset state was corrected with the exact values chunk by chunk (and merged at the
+        # final ones): it is the value
+        values = [self._wide(m.name, scheme.value[k] if scheme.kind == "reset" else
+                             scheme.true_value(k, settled=True)) for k in range(len(out))]
         self.row_values = {}
         if self._cpu and loops and self.splits == 1:   # per-row factors once per row
             values = [self._hoist_row(v, m, references, self._final, final=True) for v in values]
@@ -550,8 +571,9 @@ class _ChainEmitter(CpuChunkLayout):
         with self.fb.loops(split) as lv:
             with self._block(f"{m.name}_merge", split, lv) as sc:
                 idx = self._index(self.state_axes(m), sc, with_split=False)
-                symbols = self._symbols(m, sc, self.run[m.name], True, self._part_reference,
-                                        self._final_reference)
+                old, new = (self._exact(self.prev), self._final) if scheme.kind == "reset" \
+                    else (self._part_reference, self._final_reference)
+                symbols = self._symbols(m, sc, self.run[m.name], True, old, new)
                 inner = sc.child(symbols=symbols)
                 if scheme.kind == "independent":
                     bodies = [Symbol(f"{m.name}#{k}", self.dtype_of(st))

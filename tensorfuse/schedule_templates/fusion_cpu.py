@@ -241,8 +241,8 @@ class CpuChunkLayout:
         buf = self.fb.alloc(f"{self.chain.axis.name}_value{k}_local", self._shape(axes),
                             dtt.resolve(e.dtype))
         t_loop = LoopAxis(self.t_axis, self.tc, self.names["t"])
-        deps = {n.name[:-len(".ref")] for n in nodes(e) if isinstance(n, Symbol)
-                and n.name.endswith(".ref")}
+        deps = {n.name.rsplit(".", 1)[0] for n in nodes(e) if isinstance(n, Symbol)
+                and n.name.endswith((".ref", ".exact"))}
         self._emit_row_references(deps)
         with self._stage_loops([t_loop]) as lv:
             with self._block(f"{self.chain.axis.name}_value{k}", [t_loop], lv,
@@ -300,9 +300,11 @@ class CpuChunkLayout:
     def _position_symbols(self, sc: Scope, deps) -> dict:
         """What a block over a chunk's positions reads by name: the dependencies ``deps`` at
         their references after this chunk (``d.ref``; on the CPU from the row's buffer of
-        :meth:`_emit_row_references`), and the per-position values hoisted so far."""
+        :meth:`_emit_row_references`) and at their values (``d.exact``, which a resetting
+        state compares with), and the per-position values hoisted so far."""
         symbols = {f"{d}.ref": tirx.BufferLoad(self.row_refs[d], self._index(self.common, sc))
                    if d in self.row_refs else self._running(self.new, 1)(d, sc) for d in deps}
+        symbols.update({f"{d}.exact": self._exact(self.new)(d, sc) for d in deps})
         symbols.update({h.name: tirx.BufferLoad(buf, self._position_index(sc))
                         for h, buf in self.hoisted.values()})
         return symbols

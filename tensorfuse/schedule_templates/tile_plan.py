@@ -28,6 +28,7 @@ from functools import cached_property
 from ..algebra import Chain, inline_elementwise
 from ..algebra.exprs import factors, nodes, substitute
 from ..algebra.masking import identity_mask
+from ..algebra.schemes import inexact_reset
 from ..dsl import dtypes as dt
 from ..dsl.evaluate import evaluate_plain
 from ..dsl.expr import (Axis, Binary, Compare, Const, Expr, Load, Ref, Scalar, Symbol, binary,
@@ -288,8 +289,8 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
         extra = [a for a in m.axes if a.uid not in common]
         if scheme.kind not in ("independent", "linear", "affine", "reset") or m.arity != 1:
             raise TargetError(f"{m.name}: {scheme.kind} schemes are not in the row-tile template")
-        if scheme.kind == "reset":
-            _check_exact_dependencies(chain, m.name)
+        if scheme.kind == "reset" and (why := inexact_reset(chain.schemes, m.name)):
+            raise TargetError(why)
         for k, st in enumerate(scheme.states):
             body = _deps_as_symbols(st.body, members, EXACT if scheme.kind == "reset" else "ref")
             if not extra:
@@ -394,20 +395,6 @@ EXACT = "exact"
 def _deps_as_symbols(e: Expr, members: set, kind: str) -> Expr:
     return substitute(e, lambda n: Symbol(f"{n.compute.name}.{kind}", n.dtype)
                       if isinstance(n, Ref) and n.compute.name in members else None)
-
-
-def _check_exact_dependencies(chain: Chain, name: str) -> None:
-    """A reset state's dependencies must be extrema whose running states are their values (not
-    kept relative to another member), so that the emitter compares with the values themselves.
-    (``transfer.Reset`` compares with an extremum whose body reads no changing member, so it
-    holds for every chain the algebra derives today; checked here, where the emitter relies on
-    it.)"""
-    for d in chain.schemes[name].deps:
-        dep = chain.schemes[d]
-        if dep.kind != "independent" or len(dep.states) != 1:
-            raise TargetError(f"{name} resets where {d} moves, and {d}'s running state is kept "
-                              f"relative to another member ({dep.kind}), not its value: a reset "
-                              "compares with the value itself")
 
 
 def _separate_congruences(plan: RowTilePlan) -> None:

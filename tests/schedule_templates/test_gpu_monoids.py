@@ -89,18 +89,22 @@ def test_the_logsumexp_rewrite_is_the_logsumexp_unfused_rolled_and_split(fused):
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6)
 
 
-def test_the_arg_rewrite_gives_what_the_pair_gives():
+@pytest.mark.parametrize("fused", [None, (8, 1), (8, 3)])
+def test_the_arg_rewrite_gives_what_the_pair_gives(fused):
     """The pair's value and index as the CPU lowering computes the monoid — ties to the first
     index, NaN never taken, a row of infinities, a row of NaN left at the identity —
-    and the rewritten program's on the same rows (fused into one pass, the index reset where the
-    maximum moves, by the row template: the interpreter's cases)."""
+    and the rewritten program's on the same rows, as written and fused into one pass by TensorIR
+    (the index reset where the maximum moves, compared with its running value itself — a row
+    of +∞ too: rolled, and split in three parts)."""
     x = np.random.default_rng(6).integers(-3, 4, (7, 41)).astype(np.float32)   # ties
     x[2] = -np.inf
     x[3, :5] = np.nan
     x[4] = np.nan
     x[5, 30] = np.inf
     want = _run(best_and_where.program, x)
-    got = _run(rewritten_monoids(best_and_where.program)[0], x)
+    program, _ = rewritten_monoids(best_and_where.program)
+    names = tuple(c.name for c in program.computes if c.is_reduction)
+    got = _run(program, x, () if fused is None else (Fusion(names, "j", *fused),))
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
     assert want[1][4] == np.iinfo(np.int32).max   # a row of NaN: no index, as the pair says

@@ -67,6 +67,9 @@ def test_argmax_written_as_a_dependent_chain(rng):
         return first
 
     x = rng.integers(-3, 3, size=(6, 41)).astype("f4")  # many ties: the first one must win
+    # a maximum of +∞ (its reference is the largest finite number: the index compares with the
+    # value itself) and −∞ beside finite values
+    x[2, 17], x[2, 30], x[3, :20] = np.inf, np.inf, -np.inf
     for fuse in (lambda s: s.rolling_update("m", "first", axis="j", chunk=4),
                  lambda s: s.split_update("m", "first", axis="j", splits=3, chunk=4)):
         sch = tf.schedule(first_argmax, "llvm")
