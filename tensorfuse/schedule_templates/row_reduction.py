@@ -133,6 +133,7 @@ ROW_MAJOR_STAGES = 1
 # (1.27 before the windows; torch.compile 1.09), cross-entropy 0.57 / 0.36 (0.70; 0.63);
 # 4096 rows of 151937 cross-entropy 0.65 / 0.50 (``benchmarks.rows_vocab``)
 REALIGNED_BLOCK = 4096
+NARROW_ROW, NARROW_ROWS = 8, 128   # a row this narrow: its block, and the rows a program (below)
 
 
 def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
@@ -248,6 +249,16 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     if target.kind == "cuda" and SWEPT_BLOCK < cols <= SWEPT_IN_L2 and \
             uncorrected_states(plan) and reloadable(plan):
         return Knobs(block_m=1, block_n=SWEPT_BLOCK, num_warps=16, num_stages=1, reload=0)
+    # rows of at most 8 columns and no tensor-core products (a router's softmax over 8 experts):
+    # blocks of the row's 8 (not 16, half of them masked), 128 rows on 4 warps a program, the
+    # row held in registers rather than read again — 524288 × 8 f32 softmax 13.8 -> 11.2 µs on
+    # the H200 (torch.compile 12.8; 64 rows on one warp 11.3, 256 rows 12.0-12.5; read again
+    # 12.1-12.8). Measured with ``benchmarks.rows_sweep.made`` and ``benchmarks.unlisted_kernels``
+    contracts = bool(plan.locals) or any(sp.contraction for sp in plan.states)
+    if target.kind == "cuda" and cols <= NARROW_ROW and not contracts:
+        rows = min(NARROW_ROWS, 1 << max(0, (plan.rows - 1).bit_length()))
+        return Knobs(block_m=rows, block_n=NARROW_ROW, num_warps=4, num_stages=ROW_MAJOR_STAGES,
+                     reload=0)
     # about 2048 elements a program (the measured wide rows' tile: 16 × 128 … 2 × 1024); rows
     # narrower than 128 take more rows, up to the rows there are, not 16 (a router's softmax over
     # 8 experts of 524288 rows had 32768 programs of 16 rows × 16 columns)

@@ -48,7 +48,7 @@ class SplitMerge:
                     loaded = loaded_state(sp, f"tl.load({self.part_at(sp, 's')}{FROM_L2})")
                     w(f"sv_{m.name}_{sp.k} = {loaded}")
                     sym[f"{m.name}#{sp.k}"] = f"sv_{m.name}_{sp.k}"
-                for d in scheme.deps:
+                for d in scheme.deps if scheme.kind != "reset" else ():
                     w(f"sref_{d} = tl.load({self.part_at(f'part_ref_{d}', 's')}{FROM_L2})")
                     sym[f"{d}.old"], sym[f"{d}.new"] = f"sref_{d}", f"finref_{d}"
                 if scheme.kind == "reset":   # the part's exact running values, and the final

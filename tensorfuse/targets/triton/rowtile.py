@@ -407,10 +407,19 @@ class _RowTileSource(SplitMerge):
     def fold_lanes(self) -> None:
         """After a sweep: the states kept per lane folded across the row, and the output pass's
         loads marked as the row's last reads."""
-        for sp in self.plan.states:
-            if (sp.member.name, sp.k) in self.lanes:
-                state = f"st_{sp.member.name}_{sp.k}"
-                self.w(f"{state} = {reduced(sp.monoid, state, 1, True)}")
+        exact = exactly_read(self.plan)
+        for sp in self.plan.states:   # in the chain's order: a dependency before its readers
+            if (sp.member.name, sp.k) not in self.lanes:
+                continue
+            state, scheme = f"st_{sp.member.name}_{sp.k}", self.plan.chain.schemes[sp.member.name]
+            if sp.member.name in exact:   # its lanes' values, which resetting states compare with
+                self.w(f"lane_{sp.member.name} = {state}")
+            lanes = state
+            if scheme.deps:   # reset: each lane's state corrected from its lane's values to the row's
+                symbols = {f"{sp.member.name}#{sp.k}": state,
+                           **exact_symbols(scheme, "lane_{}", "st_{}_0")}
+                lanes = to_triton(scheme.correct[sp.k], self.ctx_r().child(symbols=symbols))
+            self.w(f"{state} = {reduced(sp.monoid, lanes, 1, True)}")
         if self.ctx_base.streaming:   # the output pass reads each row a last time
             self.ctx_base.streaming = self.ctx_base.streaming[:2] + ("evict_first",)
 
