@@ -415,7 +415,7 @@ class _RowTileSource(SplitMerge):
             if sp.member.name in exact:   # its lanes' values, which resetting states compare with
                 self.w(f"lane_{sp.member.name} = {state}")
             lanes = state
-            if scheme.deps:   # reset: each lane's state corrected from its lane's values to the row's
+            if scheme.deps:   # a reset: each lane's state corrected from its lane's values
                 symbols = {f"{sp.member.name}#{sp.k}": state,
                            **exact_symbols(scheme, "lane_{}", "st_{}_0")}
                 lanes = to_triton(scheme.correct[sp.k], self.ctx_r().child(symbols=symbols))
