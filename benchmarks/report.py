@@ -265,6 +265,10 @@ SECTIONS = (
      "bf16; `Σ_j (Σ_i x[b, i] · W[i, j]) · y[b, j]`: the GEMM stored in f32 by the Hopper GEMM, "
      "then the row template's sum over its columns; against `((x @ W) * y).sum(-1)`",
      "python -m benchmarks.unlisted_kernels --only bilinear_form"),
+    ("unlisted-kernels-router-softmax", "A router's softmax over 8 experts, again",
+     "f32; the router softmax of the section above after rows of at most 8 columns took blocks "
+     "of their width, 128 rows a program, held in registers",
+     "python -m benchmarks.unlisted_kernels --only router_softmax"),
     ("monoid-kernels", "Reductions by the DSL's other monoids",
      "greedy decoding's argmax over a vocabulary (bf16), a row's logsumexp (f32), a KL "
      "divergence written with two logsumexps (bf16), a product of survival factors (f32); each "
