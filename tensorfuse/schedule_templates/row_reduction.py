@@ -11,7 +11,7 @@ from ..algebra.exprs import nodes
 from ..dsl.expr import Axis, Load
 from ..targets import TargetSpec
 from ..targets.triton.kernel import TritonKernel, Tuned
-from ..targets.triton.row_states import reloadable, uncorrected_states
+from ..targets.triton.row_states import lanewise_states, reloadable, uncorrected_states
 from ..targets.triton.row_grid import grid
 from ..targets.triton.row_realign import realignment
 from ..targets.triton.tile_text import needs_wide_offsets
@@ -272,6 +272,8 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     warps = widest if block_n >= 16384 else 8 if block_n >= 4096 else 4 if block_n >= 1024 else 2
     if target.kind == "cuda" and block_n == TWO_OPERAND_ROW and row_operands(plan) >= 2:
         warps = TWO_OPERAND_WARPS
+    if target.kind == "cuda" and cols > block_n and not contracts:
+        block_n, warps = _swept_block(plan, block_n, warps)
     # a row in one block read again for the outputs: +0.3-1.4 % on the H100 for softmax, norms
     # and rows with extra operands, layernorm over 16384 columns 74 -> 98 % of copy (the row no
     # longer held in registers across the reductions; benchmarks/rows_sweep.py --reload,
@@ -279,6 +281,29 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     reload = int(target.kind == "cuda" and cols <= block_n and reloadable(plan))
     return Knobs(block_m=rows_per_program, block_n=block_n, num_warps=warps,
                  num_stages=ROW_MAJOR_STAGES, reload=reload)
+
+
+# A row swept in blocks whose states are reduced across the warps every block (each a barrier
+# and a round through shared memory), more than 3 of them: 4 warps on blocks of 8192 — a KL
+# divergence written with two logsumexps (6 states) over 4096 × 32000 bf16 took 347 µs on 16
+# warps, 210 on 4 (4096-column blocks 227; 8 warps 284). Where states are kept per lane, more
+# than one of them (an argmax's value and index): blocks of 8192 on 16 warps, 64 registers a
+# thread against 126 for 16384 — 512 × 128256 65 -> 56 µs. The H200, knob grids through
+# ``row_reduction`` on ``benchmarks.monoid_kernels``' kernels; a log-sum-exp's 2 states per
+# block stay on 16 warps (93 % of copy). The library's layer norm over 2048 × 65536 (its 4
+# states) moves too: 233 -> 217 µs (torch.compile 240; blocks of 4096 on 8 warps 210).
+BLOCK_REDUCED_STATES, SWEPT_FEW_WARPS = 3, (8192, 4)
+LANE_STATES_BLOCK = 8192
+
+
+def _swept_block(plan: RowTilePlan, block_n: int, warps: int) -> tuple[int, int]:
+    lanes = lanewise_states(plan)
+    if len(plan.states) - len(lanes) > BLOCK_REDUCED_STATES:
+        block, few = SWEPT_FEW_WARPS
+        return min(block_n, block), few
+    if len(lanes) > 1:
+        return min(block_n, LANE_STATES_BLOCK), warps
+    return block_n, warps
 
 
 def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, ...]]:
