@@ -230,8 +230,12 @@ def derive_scheme(compute, body: Expr, ctx: Context) -> Scheme:
     deps = tuple(sorted(n for n in ctx.deps if n in _dep_names(body, ctx)))
     top = transfer(body, ctx)
     if isinstance(top, Reset):
-        if "reset" not in homs:
-            raise NoCorrection(body, f"{monoid.name} does not allow resetting when a maximum moves")
+        # back to the identity any monoid allows (a count of the elements equal to the maximum:
+        # 0 when it moves); to another value, only those that declare it
+        if "reset" not in homs and not _resets_to_identity(top, monoid, compute.dtypes[0]):
+            raise NoCorrection(body, f"{monoid.name} does not allow resetting when a maximum "
+                                     f"moves to {to_text(top.fallback)}, which is not its "
+                                     "identity")
         scheme = _reset_scheme(compute, body, top, monoid, ctx)
     elif "linear" in homs:
         scheme = _linear_scheme(compute, body, top, ctx, deps)
@@ -362,6 +366,12 @@ def inexact_reset(schemes: dict, name: str) -> str | None:
                     f"another member ({dep.kind}), not its value: a reset compares with the value "
                     "itself")
     return None
+
+
+def _resets_to_identity(reset: Reset, monoid, dtype: str) -> bool:
+    """Whether the elements seen before a maximum moved contribute the monoid's identity."""
+    return isinstance(reset.fallback, Const) and \
+        reset.fallback.value == monoid.identity_value(0, dtype)
 
 
 def _reset_scheme(compute, body, reset: Reset, monoid, ctx) -> Scheme:

@@ -149,6 +149,27 @@ def test_argmax_as_a_dependent_reduction_uses_a_reset():
     assert chain_of(k, ["m", "first"]).schemes["first"].kind == "reset"
 
 
+def test_a_sum_resets_to_its_identity_where_the_maximum_moves():
+    """Counting the elements equal to the maximum: 0 for those seen before it moved, which any
+    monoid allows; a reset to another value only where the monoid declares it."""
+    def count(x: X):
+        i, j = T.axes("i j")
+        m = T.max(x[i, j], over=j)
+        c = T.sum(T.where(x[i, j] == m, 1.0, 0.0), over=j)
+        return c
+
+    assert chain_of(count, ["m", "c"]).schemes["c"].kind == "reset"
+
+    def shifted(x: X):
+        i, j = T.axes("i j")
+        m = T.max(x[i, j], over=j)
+        c = T.sum(T.where(x[i, j] == m, 1.0, 2.0), over=j)   # 2 for every other element
+        return c
+
+    with pytest.raises(RollingUpdateError, match="2.0, which is not its identity"):
+        chain_of(shifted, ["m", "c"])
+
+
 def test_product_of_rescaled_values_is_corrected_by_a_power_of_the_count():
     def k(x: X):
         i, j = T.axes("i j")

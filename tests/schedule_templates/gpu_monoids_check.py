@@ -6,7 +6,8 @@ logsumexp over a row (some rows −∞ throughout: −∞ out, as the math gives
 bf16 data far from zero, under a mask with a temperature, beside a sum of the same row; argmax
 over a vocabulary-wide row with ties (the first index wins) and over rows of −∞, NaN and +∞
 (one pass: the index resets where the maximum moves), argmin down the columns, and the largest
-value with its index; products of rows (a zero and negative factors among them) and down
+value with its index; the count of elements equal to a row's maximum and the weight there
+(sums reset where the maximum moves); products of rows (a zero and negative factors among them) and down
 columns; a user's monoid (compound growth) over rows. Outputs are poisoned (NaN, or −1 for
 indices) before each run; prints each case's relative error over the finite values as JSON
 (infinite where a −∞ is not where the reference has it, or an index differs).
@@ -131,6 +132,27 @@ def best_case(generator, M=21, N=700):
 
 
 @tf.kernel
+def at_the_maximum(x: T.Tensor["M", "N", "bf16"], w: T.Tensor["M", "N", "f32"]):
+    """How many elements equal each row's maximum, and the weight there: sums that reset to 0
+    where the maximum moves."""
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    ties = T.sum(T.where(x[i, j] == m, 1.0, 0.0), over=j)
+    return ties, T.sum(T.where(x[i, j] == m, w[i, j], 0.0), over=j)
+
+
+def at_the_maximum_case(generator, M=70, N=17003):
+    """Rows swept in blocks, enough of them not to be split: states kept per lane."""
+    x = (torch.randn(M, N, generator=generator) * 3).round()
+    x[1, 10], x[1, 16999] = torch.inf, torch.inf
+    x[2], x[2, 17001] = -2.0, 7.0   # the maximum moves in the last block
+    x = x.bfloat16()
+    w = torch.rand(M, N, generator=generator) + 0.5
+    top = x.double() == x.double().max(-1, keepdim=True).values
+    return dict(x=x, w=w), (top.sum(-1).double(), (w.double() * top).sum(-1))
+
+
+@tf.kernel
 def prod_rows(x: T.Tensor["M", "N", "f32"]):
     i, j = T.axes("i j")
     return T.prod(x[i, j], over=j)
@@ -175,6 +197,7 @@ CASES = {"lse_rows": (lse_rows, rows_case), "lse_columns": (lse_columns, columns
          "argmax_specials": (argmax_rows, argmax_specials_case),
          "argmin_columns": (argmin_columns, argmin_case),
          "best_and_where": (best_and_where, best_case),
+         "at_the_maximum": (at_the_maximum, at_the_maximum_case),
          "prod_rows": (prod_rows, prod_rows_case),
          "prod_columns": (prod_columns, prod_columns_case),
          "compound_rows": (compound_rows, compound_case)}

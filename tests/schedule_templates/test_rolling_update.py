@@ -77,6 +77,30 @@ def test_argmax_written_as_a_dependent_chain(rng):
         np.testing.assert_array_equal(sch.compile()(x), x.argmax(1))
 
 
+def test_a_count_of_the_maxima_resets_where_the_maximum_moves(rng):
+    """How many elements equal the row's maximum and the sum of the weights there, rolled and
+    split (0 for what was seen before the maximum moved); rows of +∞ and ties included."""
+    @tf.kernel
+    def at_max(x: T.Tensor["M", "N", "f32"], w: T.Tensor["M", "N", "f32"]):
+        i, j = T.axes("i j")
+        m = T.max(x[i, j], over=j)
+        ties = T.sum(T.where(x[i, j] == m, 1.0, 0.0), over=j)
+        mass = T.sum(T.where(x[i, j] == m, w[i, j], 0.0), over=j)
+        return ties, mass
+
+    x = rng.integers(-3, 3, size=(6, 41)).astype("f4")
+    x[2, 17], x[2, 30] = np.inf, np.inf
+    w = rng.standard_normal((6, 41)).astype("f4")
+    top = x == x.max(1, keepdims=True)
+    for fuse in (lambda s: s.rolling_update("m", "ties", "mass", axis="j", chunk=4),
+                 lambda s: s.split_update("m", "ties", "mass", axis="j", splits=3, chunk=4)):
+        sch = tf.schedule(at_max, "llvm")
+        fuse(sch)
+        ties, mass = sch.compile()(x, w)
+        np.testing.assert_array_equal(ties, top.sum(1))
+        np.testing.assert_allclose(mass, (w * top).sum(1), rtol=1e-5, atol=1e-6)
+
+
 def test_rolled_ir_has_running_states_and_corrections_as_blocks():
     sch = tf.schedule(K.attention, "llvm", B=1, H=2, M=16, N=64, D=16)
     sch.rolling_update("m", "l", "o", axis="j", chunk=16)
