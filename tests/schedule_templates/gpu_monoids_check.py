@@ -7,8 +7,8 @@ bf16 data far from zero, under a mask with a temperature, beside a sum of the sa
 over a vocabulary-wide row with ties (the first index wins) and over rows of −∞, NaN and +∞
 (one pass: the index resets where the maximum moves), argmin down the columns, and the largest
 value with its index; the count of elements equal to a row's maximum and the weight there
-(sums reset where the maximum moves); products of rows (a zero and negative factors among them) and down
-columns; a user's monoid (compound growth) over rows. Outputs are poisoned (NaN, or −1 for
+(sums reset where the maximum moves); products of rows (a zero and negative factors among
+them) and down columns; a user's monoid (compound growth) over rows. Outputs are poisoned (NaN, or −1 for
 indices) before each run; prints each case's relative error over the finite values as JSON
 (infinite where a −∞ is not where the reference has it, or an index differs).
 
