@@ -1,7 +1,8 @@
 """Kernels reducing with the DSL's other monoids, as a user writes them: greedy decoding's next
 token (``T.argmax`` over a vocabulary, one pass: the index resets where the maximum moves), a
 row's ``T.logsumexp``, a KL divergence between two distributions given as logits (two
-logsumexps and a sum that reads them, one pass), a survival probability (``T.prod`` of
+logsumexps and a sum that reads them, one pass), the count of a row's maxima (one pass: it
+resets to 0 where the maximum moves), a survival probability (``T.prod`` of
 ``1 − hazard``) — through ``tf.compile`` defaults against torch eager and ``torch.compile`` in
 the same process, each checked against a float64 reference first (the harness of
 :mod:`benchmarks.user_kernels`).
@@ -42,6 +43,15 @@ def kl_divergence(p: T.Tensor["M", "V", "bf16"], q: T.Tensor["M", "V", "bf16"]):
     log_p = p[i, v] - T.logsumexp(p[i, v], over=v)
     log_q = q[i, v] - T.logsumexp(q[i, v], over=v)
     return T.sum(T.exp(log_p) * (log_p - log_q), over=v)
+
+
+@tf.kernel
+def maxima_count(x: T.Tensor["M", "V", "bf16"]):
+    """How many logits tie for each row's largest (one pass: the count resets to 0 where the
+    maximum moves)."""
+    i, v = T.axes("i v")
+    m = T.max(x[i, v], over=v)
+    return T.sum(T.where(x[i, v] == m, 1.0, 0.0), over=v)
 
 
 @tf.kernel
@@ -91,6 +101,15 @@ def _kl_case(generator, M=4096, V=32000) -> Case:
                  f"M{M} V{V}", M * 2)
 
 
+def _maxima_count_case(generator, M=4096, V=32000) -> Case:
+    x = (torch.randn(M, V, generator=generator) * 2).round().to("cuda", torch.bfloat16)
+
+    def eager(t):
+        return (t == t.amax(-1, keepdim=True)).sum(-1).float()
+    return _case("maxima_count", maxima_count, eager, {"x": x}, eager(x.double()).double(),
+                 f"M{M} V{V}", M * 4)
+
+
 def _survival_case(generator, M=65536, N=1024) -> Case:
     hazard = (torch.rand(M, N, generator=generator) * 2e-3).cuda()
     return _case("survival", survival, lambda h: torch.prod(1.0 - h, -1), {"hazard": hazard},
@@ -103,6 +122,7 @@ MONOID_KERNELS = {
     "greedy_token_b512": lambda g: _greedy_case(512, g),
     "row_logsumexp": _logsumexp_case,
     "kl_divergence": _kl_case,
+    "maxima_count": _maxima_count_case,
     "survival": _survival_case,
 }
 
