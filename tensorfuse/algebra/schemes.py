@@ -356,10 +356,11 @@ def _power_scheme(compute, body, top: Terms, ctx, deps) -> Scheme:
 
 def inexact_reset(schemes: dict, name: str) -> str | None:
     """Why member ``name``'s reset cannot compare with its dependencies' running values
-    themselves (a dependency kept relative to another member, not as its value), or None.
+    themselves (a dependency kept relative to another member, not as its value), or None (also
+    where ``name`` is no reset).
     ``transfer.Reset`` compares with an extremum whose body reads no changing member, so every
     reset derived today passes; the emitters, which compare with those values, check it."""
-    for d in schemes[name].deps:
+    for d in schemes[name].deps if schemes[name].kind == "reset" else ():
         dep = schemes[d]
         if dep.kind != "independent" or len(dep.states) != 1:
             return (f"{name} resets where {d} moves, and {d}'s running state is kept relative to "

@@ -73,10 +73,6 @@ def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32"
     loops, ``accumulate`` widens float sums, running states included (see
     :class:`~tensorfuse.lower_to_tir.FunctionBuilder`)."""
     chains = [plan_chain(program, f.names, f.axis) for f in fusions]
-    for ch in chains:   # a reset compares with its dependencies' values (_deps_as_references)
-        for m in ch.members:
-            if ch.schemes[m.name].kind == "reset" and (why := inexact_reset(ch.schemes, m.name)):
-                raise RollingUpdateError(why, m.loc)
     if parallel == "gpu" and any(f.rows != 1 for f in fusions):
         raise RollingUpdateError("a block of rows (rows=…) is how the CPU sweeps a fused chain; "
                                  "GPU templates tile rows with their own knobs")
@@ -85,6 +81,8 @@ def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32"
         for m in ch.members:
             if m.name in owner:
                 raise RollingUpdateError(f"{m.name} is fused twice")
+            if why := inexact_reset(ch.schemes, m.name):   # a reset compares with values
+                raise RollingUpdateError(why, m.loc)
             owner[m.name] = k
     analyses = [ChainInputs(ch) for ch in chains]
     order = emission_order(program, chains, analyses, owner)
@@ -447,19 +445,16 @@ class _ChainEmitter(CpuChunkLayout):
                           scope.child(symbols=symbols), dtype)
 
     def _deps_as_references(self, e: Expr, exact: bool = False) -> Expr:
-        """``e`` reading the members it depends on as their references (``d.ref``), or with
-        ``exact`` as their running values themselves (``d.exact``: a state that resets where a
-        maximum moves compares with it by equality, and a reference stands for an infinite
-        maximum by the largest finite number)."""
+        """``e`` reading its dependencies as references (``d.ref``), or as their running values
+        (``d.exact``: a reset compares by equality; a reference stands for +∞ by FLT_MAX)."""
         deps = {m.name: m for m in self.chain.members}
         kind = "exact" if exact else "ref"
         return substitute(e, lambda n: Symbol(f"{n.compute.name}.{kind}", n.dtype)
                           if isinstance(n, Ref) and n.compute.name in deps else None)
 
     def _exact(self, bufs: dict):
-        """Loader of a dependency's running value itself from ``bufs`` (``_prev``: after the
-        previous chunk, or at the end of a part; ``_new``: after this chunk) — a reset's
-        dependencies are extrema whose value is their state (``tile_plan``'s check)."""
+        """Loader of a reset's dependency's running value from ``bufs`` (``_prev``: before this
+        chunk, or a part's; ``_new``: after it): its state (``inexact_reset``)."""
         return lambda d, sc: self._load(bufs[d], d, sc)
 
     def _emit_update(self, m: Compute) -> None:

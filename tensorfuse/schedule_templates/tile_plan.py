@@ -289,7 +289,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
         extra = [a for a in m.axes if a.uid not in common]
         if scheme.kind not in ("independent", "linear", "affine", "reset") or m.arity != 1:
             raise TargetError(f"{m.name}: {scheme.kind} schemes are not in the row-tile template")
-        if scheme.kind == "reset" and (why := inexact_reset(chain.schemes, m.name)):
+        if why := inexact_reset(chain.schemes, m.name):
             raise TargetError(why)
         for k, st in enumerate(scheme.states):
             body = _deps_as_symbols(st.body, members, EXACT if scheme.kind == "reset" else "ref")
