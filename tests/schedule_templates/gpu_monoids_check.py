@@ -5,12 +5,13 @@ run by Triton's interpreter against torch in float64 at ragged sizes and large v
 logsumexp over a row (some rows −∞ throughout: −∞ out, as the math gives), down the columns of
 bf16 data far from zero, under a mask with a temperature, beside a sum of the same row; argmax
 over a vocabulary-wide row with ties (the first index wins) and over rows of −∞, NaN and +∞
-(one pass: the index resets where the maximum moves), argmin down the columns, and the largest
-value with its index; the count of elements equal to a row's maximum and the weight there
-(sums reset where the maximum moves); products of rows (a zero and negative factors among
-them) and down columns; a user's monoid (compound growth) over rows. Outputs are poisoned (NaN, or −1 for
-indices) before each run; prints each case's relative error over the finite values as JSON
-(infinite where a −∞ is not where the reference has it, or an index differs).
+(one pass: the index resets where the maximum moves), and written by hand; argmin down the
+columns, and the largest value with its index; the count of elements equal to a row's maximum
+and the weight there (sums reset where the maximum moves); products of rows (a zero and
+negative factors among them) and down columns; a user's monoid (compound growth) over rows.
+Outputs are poisoned (NaN, or −1 for indices) before each run; prints each case's relative
+error over the finite values as JSON (infinite where a −∞ is not where the reference has it, or
+an index differs).
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.gpu_monoids_check SEED
 """
@@ -119,6 +120,22 @@ def argmax_specials_case(generator, M=9, V=3000):
     return dict(logits=x), first_largest(x)
 
 
+@tf.kernel
+def first_of_the_largest(x: T.Tensor["M", "N", "f32"]):
+    """An argmax written by hand: N where nothing was found (the fallback a reset keeps only
+    where something was seen before the maximum moved)."""
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    return T.min(T.where(x[i, j] == m, j, T.size("N")), over=j)
+
+
+def first_of_the_largest_case(generator, M=70, N=17003):
+    x = (torch.randn(M, N, generator=generator) * 4).round()
+    x[1, 10], x[1, 16000] = torch.inf, torch.inf
+    x[2, 16990] = 50.0   # the maximum moves in the last block
+    return dict(x=x), first_largest(x).clamp(max=N)
+
+
 def argmin_case(generator, M=333, N=45):
     x = torch.randn(M, N, generator=generator) * 100
     return dict(x=x), torch.argmin(x.double() ** 2, 0)
@@ -195,6 +212,7 @@ CASES = {"lse_rows": (lse_rows, rows_case), "lse_columns": (lse_columns, columns
          "lse_masked": (lse_masked, masked_case), "lse_and_sum": (lse_and_sum, both_case),
          "argmax_rows": (argmax_rows, argmax_case),
          "argmax_specials": (argmax_rows, argmax_specials_case),
+         "first_of_the_largest": (first_of_the_largest, first_of_the_largest_case),
          "argmin_columns": (argmin_columns, argmin_case),
          "best_and_where": (best_and_where, best_case),
          "at_the_maximum": (at_the_maximum, at_the_maximum_case),
