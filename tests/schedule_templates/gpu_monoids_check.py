@@ -5,9 +5,10 @@ run by Triton's interpreter against torch in float64 at ragged sizes and large v
 logsumexp over a row (some rows −∞ throughout: −∞ out, as the math gives), down the columns of
 bf16 data far from zero, under a mask with a temperature, beside a sum of the same row; argmax
 over a vocabulary-wide row with ties (the first index wins) and over rows of −∞, NaN and +∞
-(one pass: the index resets where the maximum moves), and written by hand; argmin down the
-columns, and the largest value with its index; the count of elements equal to a row's maximum
-and the weight there (sums reset where the maximum moves); products of rows (a zero and
+(one pass: the index resets where the maximum moves), written by hand, and over the channels of
+NCHW logits; argmin down the columns, and the largest value with its index; the count of
+elements equal to a row's maximum and the weight there, and down columns (sums reset where the
+maximum moves); products of rows (a zero and
 negative factors among them) and down columns; a user's monoid (compound growth) over rows.
 Outputs are poisoned (NaN, or −1 for indices) before each run; prints each case's relative
 error over the finite values as JSON (infinite where a −∞ is not where the reference has it, or
@@ -136,6 +137,33 @@ def first_of_the_largest_case(generator, M=70, N=17003):
     return dict(x=x), first_largest(x).clamp(max=N)
 
 
+@tf.kernel
+def class_per_pixel(logits: T.Tensor["B", "C", "H", "W", "bf16"]):
+    """A segmentation's prediction: the argmax over the channels of NCHW logits (a strided
+    axis: the pixels are the contiguous rows)."""
+    b, c, h, w = T.axes("b c h w")
+    return T.argmax(logits[b, c, h, w], over=c)
+
+
+def class_per_pixel_case(generator, B=2, C=19, H=33, W=35):
+    x = (torch.randn(B, C, H, W, generator=generator) * 3).round().bfloat16()   # ties
+    return dict(logits=x), first_largest(x.movedim(1, -1).reshape(-1, C)).reshape(B, H, W)
+
+
+@tf.kernel
+def maxima_down_columns(x: T.Tensor["N", "D", "f32"]):
+    """How many rows hold each column's maximum (a sum reset where it moves, down a strided
+    axis)."""
+    n, d = T.axes("n d")
+    m = T.max(x[n, d], over=n)
+    return T.sum(T.where(x[n, d] == m, 1.0, 0.0), over=n)
+
+
+def maxima_down_columns_case(generator, N=5000, D=48):
+    x = (torch.randn(N, D, generator=generator) * 2).round()
+    return dict(x=x), (x == x.max(0, keepdim=True).values).sum(0).double()
+
+
 def argmin_case(generator, M=333, N=45):
     x = torch.randn(M, N, generator=generator) * 100
     return dict(x=x), torch.argmin(x.double() ** 2, 0)
@@ -213,6 +241,8 @@ CASES = {"lse_rows": (lse_rows, rows_case), "lse_columns": (lse_columns, columns
          "argmax_rows": (argmax_rows, argmax_case),
          "argmax_specials": (argmax_rows, argmax_specials_case),
          "first_of_the_largest": (first_of_the_largest, first_of_the_largest_case),
+         "class_per_pixel": (class_per_pixel, class_per_pixel_case),
+         "maxima_down_columns": (maxima_down_columns, maxima_down_columns_case),
          "argmin_columns": (argmin_columns, argmin_case),
          "best_and_where": (best_and_where, best_case),
          "at_the_maximum": (at_the_maximum, at_the_maximum_case),
