@@ -223,14 +223,13 @@ def _over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
     return x[b, i, j] - T.sum(x[b, i, j], over=(j, i))
 
 
-# a user's monoid of two components (a sum and a count), which no GPU template reduces
+# a user's monoid of two components (a sum and a count)
 _SUM_COUNT = T.Monoid("sum_count", lambda s, n, t, m: (s + t, n + m), (0.0, 0.0), arity=2)
 
 
 @tf.kernel
 def _user_monoid_over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
-    """As above with a user's pair monoid, which no template reduces: no stage has a template
-    either."""
+    """As above with a user's pair monoid."""
     b, i, j = T.axes("b i j")
     total = T.reduce((x[b, i, j], 1.0), over=(j, i), monoid=_SUM_COUNT)
     return x[b, i, j] - total[0] / total[1]
@@ -248,11 +247,21 @@ def _compiled_for_sm80(kernel):
     return f, caught
 
 
-def test_a_gpu_kernel_no_template_takes_says_so_once_and_why():
+def test_a_gpu_kernel_no_template_takes_says_so_once_and_why(monkeypatch):
     """The fallback where no stage has a template either is TVM's default schedule, unfused:
-    compile warns once, and schedule_origin() names the path and the refusal."""
+    compile warns once, and schedule_origin() names the path and the refusal. (A user's monoid
+    is a state of the row template wherever Triton can write its combine expressions; here the
+    template is told it cannot, as for an operation the Triton writer lacks.)"""
     from tensorfuse.errors import NoTemplateWarning
+    from tensorfuse.schedule_templates import tile_plan
+    from tensorfuse.targets.triton import row_states
 
+    f, caught = _compiled_for_sm80(_user_monoid_over_two_axes)   # the pair on the row template
+    assert "it runs as 2 kernels, each with its own template" in str(caught[0].message)
+    assert "j, i swept as one axis of N × M elements: template defaults" in \
+        f.schedule_origin(B=2, M=32, N=64)
+    for module in (tile_plan, row_states):
+        monkeypatch.setattr(module, "reducible", lambda monoid: monoid.arity == 1)
     f, caught = _compiled_for_sm80(_user_monoid_over_two_axes)
     assert [w.category for w in caught] == [NoTemplateWarning]
     assert "no template takes _user_monoid_over_two_axes on cuda:sm_80" in \

@@ -287,8 +287,14 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
     for m in chain.members:
         scheme = chain.schemes[m.name]
         extra = [a for a in m.axes if a.uid not in common]
-        if scheme.kind not in ("independent", "linear", "affine", "reset") or m.arity != 1:
+        if scheme.kind not in ("independent", "linear", "affine", "reset") or \
+                m.arity != 1 and scheme.kind != "independent":
             raise TargetError(f"{m.name}: {scheme.kind} schemes are not in the row-tile template")
+        if m.arity != 1 and (any(m.name in s.deps for s in chain.schemes.values()) or
+                             any(a.uid not in common for a in m.axes)):
+            raise TargetError(f"{m.name}: a monoid of {m.arity} components is a state of the "
+                              "row-tile template where no other member depends on it and it has "
+                              "no feature axis")
         if why := inexact_reset(chain.schemes, m.name):
             raise TargetError(why)
         for k, st in enumerate(scheme.states):

@@ -9,7 +9,8 @@ over a vocabulary-wide row with ties (the first index wins) and over rows of −
 NCHW logits; argmin down the columns, and the largest value with its index; the count of
 elements equal to a row's maximum and the weight there, and down columns (sums reset where the
 maximum moves); products of rows (a zero and
-negative factors among them) and down columns; a user's monoid (compound growth) over rows.
+negative factors among them) and down columns; users' monoids over rows: compound growth, and
+two of two components (the two largest values; a sum with its count).
 Outputs are poisoned (NaN, or −1 for indices) before each run; prints each case's relative
 error over the finite values as JSON (infinite where a −∞ is not where the reference has it, or
 an index differs).
@@ -219,6 +220,52 @@ def compound_rows(x: T.Tensor["M", "N", "f32"]):
     return T.reduce(0.01 * x[i, j], over=j, monoid=COMPOUND)
 
 
+def _larger(a, b):
+    return T.where(a > b, a, b)
+
+
+def _smaller(a, b):
+    return T.where(a < b, a, b)
+
+
+# a user's monoid of two components: the two largest values seen
+TOP_TWO = T.Monoid("top_two", lambda a1, a2, b1, b2: (
+    _larger(a1, b1), _larger(_smaller(a1, b1), _larger(a2, b2))), (-T.inf, -T.inf), arity=2)
+# ... and a sum with its count
+SUM_COUNT = T.Monoid("sum_count", lambda s, n, t, m: (s + t, n + m), (0.0, 0.0), arity=2)
+
+
+@tf.kernel
+def top_two_margin(x: T.Tensor["M", "N", "bf16"]):
+    """How far each row's largest value stands above its second."""
+    i, j = T.axes("i j")
+    best = T.reduce((x[i, j], -T.inf), over=j, monoid=TOP_TWO)
+    return best[0] - best[1]
+
+
+@tf.kernel
+def mean_of_the_positive(x: T.Tensor["M", "N", "f32"]):
+    i, j = T.axes("i j")
+    kept = x[i, j] > 0.0
+    total = T.reduce((T.where(kept, x[i, j], 0.0), T.where(kept, 1.0, 0.0)), over=j,
+                     monoid=SUM_COUNT)
+    return total[0] / total[1]
+
+
+def top_two_case(generator, M=2, N=17003):
+    """Swept in blocks per lane (two blocks a row: not split)."""
+    x = (torch.randn(M, N, generator=generator) * 8).bfloat16()
+    top = x.double().topk(2, -1).values
+    return dict(x=x), top[:, 0] - top[:, 1]
+
+
+def mean_of_the_positive_case(generator, M=2, N=65536):
+    """Few rows: the sweep split into parts, merged as the monoid combines."""
+    x = torch.randn(M, N, generator=generator) * 5
+    kept = x > 0
+    return dict(x=x), (x.double() * kept).sum(-1) / kept.sum(-1)
+
+
 def compound_case(generator, M=23, N=777):
     x = torch.randn(M, N, generator=generator)
     return dict(x=x), torch.prod(1.0 + 0.01 * x.double(), -1) - 1.0
@@ -248,7 +295,9 @@ CASES = {"lse_rows": (lse_rows, rows_case), "lse_columns": (lse_columns, columns
          "at_the_maximum": (at_the_maximum, at_the_maximum_case),
          "prod_rows": (prod_rows, prod_rows_case),
          "prod_columns": (prod_columns, prod_columns_case),
-         "compound_rows": (compound_rows, compound_case)}
+         "compound_rows": (compound_rows, compound_case),
+         "top_two_margin": (top_two_margin, top_two_case),
+         "mean_of_the_positive": (mean_of_the_positive, mean_of_the_positive_case)}
 
 
 def error(out, want) -> float:

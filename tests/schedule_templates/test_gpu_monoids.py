@@ -19,9 +19,10 @@ from tensorfuse.schedule_templates.fusion import Fusion
 from tensorfuse.schedule_templates.monoid_rewrites import rewritten_monoids
 from tensorfuse.widened_kernel import RewrittenKernel
 from tests.helpers import check_interpreted, gpu_case, poisoned_call, runs_a_template
-from tests.schedule_templates.gpu_monoids_check import (CASES, argmax_rows, best_and_where,
-                                                        compound_rows, error, lse_and_sum,
-                                                        lse_rows, prod_rows)
+from tests.schedule_templates.gpu_monoids_check import (CASES, SUM_COUNT, argmax_rows,
+                                                        best_and_where, compound_rows, error,
+                                                        lse_and_sum, lse_rows, prod_rows,
+                                                        top_two_margin)
 
 LLVM = tvm.target.Target({"kind": "llvm"})
 
@@ -143,6 +144,41 @@ def test_a_product_or_a_users_monoid_is_a_state_of_the_row_template(kernel):
     assert "tl.reduce(" in source and source.count(f"def {name}") == 1
     assert "_tf_combine_" not in tf.compile(lse_rows, target="cuda:sm_90a").source(M=64, N=64)
     assert "mul.f32" in made.ptx(M=4096, N=8192)
+
+
+def test_a_users_monoid_of_two_components_is_reduced_as_a_tuple():
+    """Both components in one ``tl.reduce`` and combined with the running ones by one function
+    (a tuple back), which Triton compiles for sm_90a; a member others depend on is refused."""
+    made = tf.compile(top_two_margin, target="cuda:sm_90a")
+    assert "row-reduction template (rolling_update(out_top_two" in made.description
+    source = made.source(M=64, N=17003)
+    assert source.count("def _tf_combine_top_two_") == 1 and "tl.reduce((" in source
+    assert "ex2" not in made.ptx(M=64, N=17003)   # compiled: maxima alone, no exponentials
+
+    @tf.kernel
+    def centred(x: T.Tensor["M", "N", "f32"]):
+        i, j = T.axes("i j")
+        total = T.reduce((x[i, j], 1.0), over=j, monoid=SUM_COUNT)
+        return T.sum(x[i, j] - total[0] / total[1], over=j)
+
+    from tensorfuse.algebra import plan_chain
+    from tensorfuse.errors import TargetError
+    from tensorfuse.schedule_templates.tile_plan import plan_rowtile
+
+    names = [c.name for c in centred.program.computes if c.is_reduction]
+    with pytest.raises(TargetError, match="where no other member depends on it"):
+        plan_rowtile(centred.program, plan_chain(centred.program, names, "j"), dict(M=8, N=64))
+
+
+@pytest.mark.parametrize("name", ["at_the_maximum", "first_of_the_largest", "class_per_pixel",
+                                  "mean_of_the_positive", "argmax_rows"])
+def test_resets_and_tuples_compile_for_sm90a_at_the_interpreters_sizes(name):
+    """Triton's interpreter does not check the types a loop carries: each path the interpreter
+    runs (states per lane, split parts, strided rows) is compiled for sm_90a too."""
+    kernel, case = CASES[name]
+    args, _ = case(torch.Generator().manual_seed(0))
+    dims = bind_call(kernel.program, (), args, "cpu").dims
+    assert ".visible .entry" in tf.compile(kernel, target="cuda:sm_90a").ptx(**dims)
 
 
 def test_two_user_monoids_of_one_name_keep_their_own_combines():

@@ -22,12 +22,10 @@ _CALLED = re.compile(r"\b(_tf_combine_\w+)\b")
 
 
 def reducible(monoid) -> bool:
-    """Whether a tile can be reduced with ``monoid``: one of Triton's, or one component whose
-    combine expression Triton can write."""
+    """Whether a tile can be reduced with ``monoid``: one of Triton's, or one whose combine
+    expressions (one per component) Triton can write."""
     if monoid.name in BUILTIN:
         return True
-    if monoid.arity != 1:
-        return False
     try:
         combine_function(monoid)
     except TargetError:   # an operation the Triton writer has no text for
@@ -43,15 +41,28 @@ def reduced(monoid, body: str, axis: int, keep_dims: bool = False) -> str:
     return f"tl.reduce({body}, {axis}, {combine_function(monoid)}{keep})"
 
 
+def reduced_together(monoid, bodies: list[str], axis: int) -> str:
+    """Triton text reducing the tiles ``bodies`` (one per component of ``monoid``) along
+    ``axis`` together: a tuple of reduced tiles, dimensions kept."""
+    return f"tl.reduce(({', '.join(bodies)},), {axis}, {combine_function(monoid)}, keep_dims=True)"
+
+
 def combine_function(monoid) -> str:
     """The name of the ``@triton.jit`` function combining two values with ``monoid`` (kept for
-    :func:`combine_helpers`)."""
-    a, b = Symbol("__a", "f32"), Symbol("__b", "f32")
-    text = to_triton(monoid.combine_exprs([a], [b])[0],
-                     TileContext(axes={}, symbols={"__a": "a", "__b": "b"}))
+    :func:`combine_helpers`): ``(a, b)`` for one component; ``(a0, a1, …, b0, b1, …)``, returning
+    a tuple, for several — what ``tl.reduce`` of a tuple calls, and what combines running states
+    with a block's."""
+    k = monoid.arity
+    names = ["a", "b"] if k == 1 else [f"a{c}" for c in range(k)] + [f"b{c}" for c in range(k)]
+    a = [Symbol(f"__a{c}", "f32") for c in range(k)]
+    b = [Symbol(f"__b{c}", "f32") for c in range(k)]
+    symbols = dict(zip([x.name for x in a + b], names))
+    texts = [to_triton(e, TileContext(axes={}, symbols=symbols))
+             for e in monoid.combine_exprs(a, b)]
+    text = texts[0] if k == 1 else f"({', '.join(texts)})"
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     name = f"_tf_combine_{re.sub(r'[^0-9A-Za-z_]', '_', monoid.name)}_{digest}"
-    _COMBINES[name] = f"\n@triton.jit\ndef {name}(a, b):\n    return {text}\n"
+    _COMBINES[name] = f"\n@triton.jit\ndef {name}({', '.join(names)}):\n    return {text}\n"
     return name
 
 

@@ -1,12 +1,14 @@
-"""The split update's merge in a row kernel: each part of a row tile's sweep stores its states and
-references, and the part that arrives last folds them, each corrected from its part's references
-to the final ones, then writes the outputs (a mixin of the row-tile emitter,
+"""Partial states folded in a row kernel: the split update's merge — each part of a row tile's
+sweep stores its states and references, and the part that arrives last folds them, each
+corrected from its part's references to the final ones, then writes the outputs — and the fold
+of the states a swept row keeps per lane (a mixin of the row-tile emitter,
 :class:`.rowtile._RowTileSource`)."""
 from __future__ import annotations
 
 from ...dsl.expr import Symbol
-from .expr import TileContext, literal, to_triton
-from .row_states import exact_symbols, loaded_state, state_type
+from .expr import TileContext, to_triton
+from .reductions import combine_function, reduced, reduced_together
+from .row_states import exact_symbols, exactly_read, loaded_state, state_identity, state_type
 from .row_grid import grid
 
 # the merge's loads of the parts' states go to L2 (``.cg``): never a line an SM's L1 kept
@@ -14,9 +16,9 @@ FROM_L2 = ", cache_modifier='.cg'"
 
 
 class SplitMerge:
-    """What a row kernel's parts write and its last part merges; the emitter provides ``w``,
-    ``plan``, ``knobs``, ``splits``, ``rows_pad``, ``members``, ``needed``, ``sizes``,
-    ``ctx_r()`` and ``emit_outputs()``."""
+    """What a row kernel's parts write and its last part merges, and its lanes' fold; the
+    emitter provides ``w``, ``plan``, ``knobs``, ``splits``, ``rows_pad``, ``members``,
+    ``needed``, ``sizes``, ``lanes``, ``ctx_base``, ``ctx_r()`` and ``emit_outputs()``."""
 
     def part_at(self, sp_or_ref, split: str) -> str:
         """Address of this program's rows of a split's saved state in its buffer."""
@@ -37,8 +39,8 @@ class SplitMerge:
             mine = [sp for sp in self.plan.states if sp.member is m]
             for sp in mine:
                 shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else "[BLOCK_M, 1]"
-                ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
-                w(f"acc_{m.name}_{sp.k} = tl.full({shape}, {ident}, {state_type(sp)})")
+                w(f"acc_{m.name}_{sp.k} = tl.full({shape}, {state_identity(sp)}, "
+                  f"{state_type(sp)})")
             # up to 64 parts unrolled; more in a loop (a long sweep of very few row tiles)
             w(f"for s in tl.static_range({self.splits}):" if self.splits <= 64 else
               f"for s in range(0, {self.splits}):")
@@ -57,7 +59,12 @@ class SplitMerge:
                         at = self.part_at(state, "s")
                         w(f"sval_{d} = {loaded_state(state, f'tl.load({at}{FROM_L2})')}")
                     sym.update(exact_symbols(scheme, "sval_{}", "fin_{}"))
-                for sp in mine:
+                if m.arity > 1:   # independent: the parts' states combined as the monoid does
+                    accs = [f"acc_{m.name}_{sp.k}" for sp in mine]
+                    parts = [f"sv_{m.name}_{sp.k}" for sp in mine]
+                    w(f"{', '.join(accs)} = "
+                      f"{combine_function(m.monoid)}({', '.join(accs + parts)})")
+                for sp in mine if m.arity == 1 else ():
                     corrected = to_triton(scheme.corrections(settled=True)[sp.k],
                                           self.ctx_r().child(symbols=sym))
                     combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
@@ -65,6 +72,11 @@ class SplitMerge:
                     w(f"acc_{m.name}_{sp.k} = " + to_triton(combined, TileContext(
                         axes={}, symbols={"__a": f"acc_{m.name}_{sp.k}", "__b": f"({corrected})"},
                         sizes=self.sizes)))
+            if m.arity > 1:
+                for sp in mine:
+                    w(f"fin_{m.name}_{sp.k} = acc_{m.name}_{sp.k}")
+                    finals[f"{m.name}#{sp.k}"] = f"fin_{m.name}_{sp.k}"
+                continue
             acc = {f"{m.name}#{sp.k}": f"acc_{m.name}_{sp.k}" for sp in mine}
             acc.update({f"{d}.old": f"finref_{d}" for d in scheme.deps})
             acc.update({f"{d}.new": f"fin_{d}" for d in scheme.deps})
@@ -78,6 +90,32 @@ class SplitMerge:
                 w(f"finref_{m.name} = "
                   f"{to_triton(usable, self.ctx_r().child(symbols={'__fin': f'fin_{m.name}'}))}")
         self.emit_outputs(finals)
+
+    def fold_lanes(self) -> None:
+        """After a sweep: the states kept per lane folded across the row (the lanes as parts of
+        the row, each folded with its correction like a split's part), and the output pass's
+        loads marked as the row's last reads."""
+        exact = exactly_read(self.plan)
+        for sp in self.plan.states:   # in the chain's order: a dependency before its readers
+            if (sp.member.name, sp.k) not in self.lanes:
+                continue
+            state, scheme = f"st_{sp.member.name}_{sp.k}", self.plan.chain.schemes[sp.member.name]
+            if sp.member.arity > 1:   # its components folded together, once, at the first
+                if sp.k == 0:
+                    states = [f"st_{sp.member.name}_{k}" for k in range(sp.member.arity)]
+                    self.w(f"{', '.join(states)} = "
+                           f"{reduced_together(sp.member.monoid, states, 1)}")
+                continue
+            if sp.member.name in exact:   # its lanes' values, which resetting states compare with
+                self.w(f"lane_{sp.member.name} = {state}")
+            lanes = state
+            if scheme.deps:   # a reset: each lane's state corrected from its lane's values
+                symbols = {f"{sp.member.name}#{sp.k}": state,
+                           **exact_symbols(scheme, "lane_{}", "st_{}_0")}
+                lanes = to_triton(scheme.correct[sp.k], self.ctx_r().child(symbols=symbols))
+            self.w(f"{state} = {reduced(sp.monoid, lanes, 1, True)}")
+        if self.ctx_base.streaming:   # the output pass reads each row a last time
+            self.ctx_base.streaming = self.ctx_base.streaming[:2] + ("evict_first",)
 
     def last_part_merges(self) -> None:
         """After a part stored its states: a CTA barrier, then one thread's acquire-release

@@ -9,7 +9,7 @@ from ...algebra.schemes import EXTRAPOLATION
 from ...dsl import dtypes as dt
 from ...dsl.evaluate import evaluate_plain
 from ...dsl.expr import Load, Ref, walk
-from .expr import TileContext
+from .expr import TileContext, literal
 from .reductions import reducible
 
 
@@ -24,6 +24,13 @@ def state_type(sp) -> str:
     """The Triton type a state is kept in: f32, or i32 for an integer one (an argmax's index,
     exact past 2**24 and its identity 2**31 - 1 kept as itself)."""
     return "tl.int32" if dt.is_int(sp.dtype) else "tl.float32"
+
+
+def state_identity(sp) -> str:
+    """The literal a state starts from: its monoid's identity (its component's, for a monoid of
+    several)."""
+    component = sp.k if sp.monoid.arity > 1 else 0
+    return literal(sp.monoid.identity_value(component, sp.dtype), sp.dtype)
 
 
 def stored_state(sp, value: str) -> str:
@@ -69,9 +76,10 @@ def lanewise_states(plan) -> frozenset:
     read = depended_on(plan)
     schemes = plan.chain.schemes
 
-    def along(sp) -> bool:
-        return sp.contraction is None and reducible(sp.monoid) and \
-            plan.col.uid in {a.uid for a in sp.body.axes}
+    def along(sp) -> bool:   # a monoid of several components: all lanewise or none
+        return sp.contraction is None and reducible(sp.monoid) and any(
+            plan.col.uid in {a.uid for a in other.body.axes} for other in plan.states
+            if other.member is sp.member and (sp.member.arity > 1 or other is sp))
 
     alone = {(sp.member.name, sp.k) for sp in plan.states if along(sp) and
              not schemes[sp.member.name].deps and sp.member.name not in read}

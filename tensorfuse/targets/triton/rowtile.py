@@ -28,8 +28,8 @@ from .row_realign import Realignment, emit_sweep, realignment
 from .row_grid import batch_first, block_k, grid, launch_grid, list_length
 from .row_states import (column_operands, depended_on, exact_symbols, exactly_read,
                          initial_reference, lanewise_states, output_operands, reloadable,
-                         state_type, stored_state, uncorrected_states)
-from .reductions import reduced
+                         state_identity, state_type, stored_state, uncorrected_states)
+from .reductions import combine_function, reduced, reduced_together
 from .size_builds import size_alignments
 from .tile_text import assemble_source, dot_operand, needs_wide_offsets, store_offsets
 from .source_writer import SourceWriter, host_int
@@ -276,8 +276,9 @@ class _RowTileSource(SplitMerge):
             else:
                 strip = lambda e: e  # noqa: E731
             chunk_vars = []
+            together = m.arity > 1   # a monoid of several components: reduced as one tuple
             for sp in [s for s in plan.states if s.member is m]:
-                ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
+                ident = state_identity(sp)
                 if sp.contraction is None:
                     body = to_triton(strip(sp.body), tile)
                     constant_along = plan.col.uid not in {a.uid for a in sp.body.axes}
@@ -289,8 +290,8 @@ class _RowTileSource(SplitMerge):
                         body = f"(({body}) + tl.zeros([BLOCK_M, BLOCK_N], tl.float32))"
                     if self.ragged_cols:
                         body = f"tl.where(col_ok, {body}, {ident})"
-                    if (m.name, sp.k) in self.lanes:   # combined per lane, reduced after the loop
-                        w(f"c_{m.name}_{sp.k} = {body}")
+                    if (m.name, sp.k) in self.lanes or together:   # (lanes: reduced after the
+                        w(f"c_{m.name}_{sp.k} = {body}")                 # loop; several: below)
                     else:
                         w(f"c_{m.name}_{sp.k} = {reduced(sp.monoid, body, 1, True)}")
                 else:
@@ -304,41 +305,57 @@ class _RowTileSource(SplitMerge):
                     v = dot_operand(con.right, self.ctx_cf(feat), self.dot_type(con))
                     w(f"v_{m.name}_{sp.k} = {v}")
                 chunk_vars.append(sp)
-            # correct and combine
-            sym = {f"{m.name}#{sp.k}": f"st_{m.name}_{sp.k}" for sp in chunk_vars}
-            for d in scheme.deps:
-                sym[f"{d}.old"] = f"ref_{d}"
-                sym[f"{d}.new"] = f"newref_{d}"
-            sym.update(resets)
-            corr = self.ctx_r().child(symbols=sym)
-            new_values = []
-            for sp in chunk_vars:
-                corrected = to_triton(scheme.correct[sp.k], corr)
-                if sp.contraction is not None:  # accumulate on the tensor cores: acc = p·v + acc
-                    text = (f"tl.dot(p_{m.name}_{sp.k}, v_{m.name}_{sp.k}, {corrected}"
-                            f"{ieee_products(self.dot_type(sp.contraction))})")
-                else:
-                    combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
-                                                       [Symbol("__b", sp.dtype)])[0]
-                    text = to_triton(combined, TileContext(axes={}, symbols={
-                        "__a": f"({corrected})", "__b": f"c_{m.name}_{sp.k}"}, sizes=self.sizes))
-                new_values.append((sp, text))
-            for sp, text in new_values:
-                w(f"nst_{m.name}_{sp.k} = {text}")
-            if m.name in exact:
-                w(f"old_{m.name} = st_{m.name}_0")
-            for sp, _ in new_values:
-                w(f"st_{m.name}_{sp.k} = nst_{m.name}_{sp.k}")
-            if m.name in self.needed:  # its reference: the value at the references, extrapolated
-                at_refs = {**sym, **{f"{d}.new": f"newref_{d}" for d in scheme.deps},
-                           EXTRAPOLATION.name: f"({self.N} / tl.maximum(seen_next, 1))"}
-                w(f"newref_{m.name} = "
-                  f"{to_triton(scheme.reference(), self.ctx_r().child(symbols=at_refs))}")
-                symbols[f"{m.name}.ref"] = f"newref_{m.name}"
+            self.update_states(m, chunk_vars, resets, symbols, exact)
         for d in self.needed:
             w(f"ref_{d} = newref_{d}")
         w("seen = seen_next")
         return memo
+
+    def update_states(self, m, chunk_vars, resets: dict, symbols: dict, exact: set) -> None:
+        """The block's rolling update of member ``m``'s running states: each corrected to the
+        new references (``resets``: a reset's dependencies' values) and combined with the
+        block's ``c_`` values; its new reference into ``symbols`` where others read it, its
+        running value before the block kept where a reset reads it (``exact``)."""
+        w, scheme = self.w, self.plan.chain.schemes[m.name]
+        if m.arity > 1:   # an independent member: its states combined as the monoid does
+            chunk = [f"c_{m.name}_{sp.k}" for sp in chunk_vars]
+            running = [f"st_{m.name}_{sp.k}" for sp in chunk_vars]
+            if (m.name, 0) not in self.lanes:
+                w(f"{', '.join(chunk)} = {reduced_together(m.monoid, chunk, 1)}")
+            w(f"{', '.join(running)} = "
+              f"{combine_function(m.monoid)}({', '.join(running + chunk)})")
+            return
+        # correct and combine
+        sym = {f"{m.name}#{sp.k}": f"st_{m.name}_{sp.k}" for sp in chunk_vars}
+        for d in scheme.deps:
+            sym[f"{d}.old"] = f"ref_{d}"
+            sym[f"{d}.new"] = f"newref_{d}"
+        sym.update(resets)
+        corr = self.ctx_r().child(symbols=sym)
+        new_values = []
+        for sp in chunk_vars:
+            corrected = to_triton(scheme.correct[sp.k], corr)
+            if sp.contraction is not None:  # accumulate on the tensor cores: acc = p·v + acc
+                text = (f"tl.dot(p_{m.name}_{sp.k}, v_{m.name}_{sp.k}, {corrected}"
+                        f"{ieee_products(self.dot_type(sp.contraction))})")
+            else:
+                combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
+                                                   [Symbol("__b", sp.dtype)])[0]
+                text = to_triton(combined, TileContext(axes={}, symbols={
+                    "__a": f"({corrected})", "__b": f"c_{m.name}_{sp.k}"}, sizes=self.sizes))
+            new_values.append((sp, text))
+        for sp, text in new_values:
+            w(f"nst_{m.name}_{sp.k} = {text}")
+        if m.name in exact:
+            w(f"old_{m.name} = st_{m.name}_0")
+        for sp, _ in new_values:
+            w(f"st_{m.name}_{sp.k} = nst_{m.name}_{sp.k}")
+        if m.name in self.needed:  # its reference: the value at the references, extrapolated
+            at_refs = {**sym, **{f"{d}.new": f"newref_{d}" for d in scheme.deps},
+                       EXTRAPOLATION.name: f"({self.N} / tl.maximum(seen_next, 1))"}
+            w(f"newref_{m.name} = "
+              f"{to_triton(scheme.reference(), self.ctx_r().child(symbols=at_refs))}")
+            symbols[f"{m.name}.ref"] = f"newref_{m.name}"
 
     def emit_finals(self, kept: dict, refs: dict, values: dict, correct: bool) -> dict:
         """Each member's final value from ``kept`` states relative to ``refs`` (corrected to the
@@ -348,6 +365,11 @@ class _RowTileSource(SplitMerge):
             scheme = self.plan.chain.schemes[m.name]
             sym = {f"{m.name}#{sp.k}": kept[(m.name, sp.k)] for sp in self.plan.states
                    if sp.member is m}
+            if m.arity > 1:   # independent: each component is its state
+                for k in range(m.arity):
+                    self.w(f"fin_{m.name}_{k} = {kept[(m.name, k)]}")
+                    finals[f"{m.name}#{k}"] = f"fin_{m.name}_{k}"
+                continue
             if scheme.kind == "reset":   # reset against the exact values block by block: settled
                 value = to_triton(scheme.value[0], self.ctx_r().child(symbols=sym))
                 self.w(f"fin_{m.name} = {value}")
@@ -404,25 +426,6 @@ class _RowTileSource(SplitMerge):
             else:
                 w(store)
 
-    def fold_lanes(self) -> None:
-        """After a sweep: the states kept per lane folded across the row, and the output pass's
-        loads marked as the row's last reads."""
-        exact = exactly_read(self.plan)
-        for sp in self.plan.states:   # in the chain's order: a dependency before its readers
-            if (sp.member.name, sp.k) not in self.lanes:
-                continue
-            state, scheme = f"st_{sp.member.name}_{sp.k}", self.plan.chain.schemes[sp.member.name]
-            if sp.member.name in exact:   # its lanes' values, which resetting states compare with
-                self.w(f"lane_{sp.member.name} = {state}")
-            lanes = state
-            if scheme.deps:   # a reset: each lane's state corrected from its lane's values
-                symbols = {f"{sp.member.name}#{sp.k}": state,
-                           **exact_symbols(scheme, "lane_{}", "st_{}_0")}
-                lanes = to_triton(scheme.correct[sp.k], self.ctx_r().child(symbols=symbols))
-            self.w(f"{state} = {reduced(sp.monoid, lanes, 1, True)}")
-        if self.ctx_base.streaming:   # the output pass reads each row a last time
-            self.ctx_base.streaming = self.ctx_base.streaming[:2] + ("evict_first",)
-
     def store_text(self, c, expr, out: str, ctx) -> str:
         """The store of output ``c`` at the tile's indices (a realigned row's output of the
         rows' shape at its aligned window positions)."""
@@ -454,7 +457,6 @@ class _RowTileSource(SplitMerge):
 
     def source(self) -> tuple[str, list[str]]:
         """The kernel's Python source and argument names."""
-        w, plan, knobs = self.w, self.plan, self.knobs
         self.prologue()
         if self.tiles_swept:
             return self.swept_tiles_source()
@@ -511,8 +513,8 @@ class _RowTileSource(SplitMerge):
         for sp in plan.states:
             shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else \
                 "[BLOCK_M, BLOCK_N]" if (sp.member.name, sp.k) in self.lanes else "[BLOCK_M, 1]"
-            ident = literal(sp.monoid.identity_value(0, sp.dtype), sp.dtype)
-            w(f"st_{sp.member.name}_{sp.k} = tl.full({shape}, {ident}, {state_type(sp)})")
+            w(f"st_{sp.member.name}_{sp.k} = tl.full({shape}, {state_identity(sp)}, "
+              f"{state_type(sp)})")
         w("seen = tl.full([], 0, tl.int32)" if self.realign is None else
           "seen = tl.zeros([BLOCK_M, 1], tl.int32)")
         self.initial: dict = {}
