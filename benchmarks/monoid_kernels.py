@@ -2,7 +2,8 @@
 token (``T.argmax`` over a vocabulary, one pass: the index resets where the maximum moves), a
 row's ``T.logsumexp``, a KL divergence between two distributions given as logits (two
 logsumexps and a sum that reads them, one pass), the count of a row's maxima (one pass: it
-resets to 0 where the maximum moves), a survival probability (``T.prod`` of
+resets to 0 where the maximum moves), the margin between a row's two largest logits (a user's
+monoid of two components), a survival probability (``T.prod`` of
 ``1 − hazard``) — through ``tf.compile`` defaults against torch eager and ``torch.compile`` in
 the same process, each checked against a float64 reference first (the harness of
 :mod:`benchmarks.user_kernels`).
@@ -52,6 +53,25 @@ def maxima_count(x: T.Tensor["M", "V", "bf16"]):
     i, v = T.axes("i v")
     m = T.max(x[i, v], over=v)
     return T.sum(T.where(x[i, v] == m, 1.0, 0.0), over=v)
+
+
+def _larger(a, b):
+    return T.where(a > b, a, b)
+
+
+# a user's monoid of two components: the two largest values seen
+TOP_TWO = T.Monoid("top_two", lambda a1, a2, b1, b2: (
+    _larger(a1, b1), _larger(T.where(a1 < b1, a1, b1), _larger(a2, b2))), (-T.inf, -T.inf),
+    arity=2)
+
+
+@tf.kernel
+def top_two_margin(logits: T.Tensor["M", "V", "bf16"]):
+    """How far each row's largest logit stands above its second (a confidence margin), with a
+    user's monoid of two components."""
+    i, v = T.axes("i v")
+    best = T.reduce((logits[i, v], -T.inf), over=v, monoid=TOP_TWO)
+    return best[0] - best[1]
 
 
 @tf.kernel
@@ -110,6 +130,16 @@ def _maxima_count_case(generator, M=4096, V=32000) -> Case:
                  f"M{M} V{V}", M * 4)
 
 
+def _top_two_case(generator, M=4096, V=32000) -> Case:
+    x = (torch.randn(M, V, generator=generator) * 3).to("cuda", torch.bfloat16)
+
+    def eager(t):
+        top = t.topk(2, -1).values
+        return (top[:, 0].float() - top[:, 1].float()).to(t.dtype)
+    return _case("top_two_margin", top_two_margin, eager, {"logits": x},
+                 eager(x.double()).double(), f"M{M} V{V}", M * 2)
+
+
 def _survival_case(generator, M=65536, N=1024) -> Case:
     hazard = (torch.rand(M, N, generator=generator) * 2e-3).cuda()
     return _case("survival", survival, lambda h: torch.prod(1.0 - h, -1), {"hazard": hazard},
@@ -123,6 +153,7 @@ MONOID_KERNELS = {
     "row_logsumexp": _logsumexp_case,
     "kl_divergence": _kl_case,
     "maxima_count": _maxima_count_case,
+    "top_two_margin": _top_two_case,
     "survival": _survival_case,
 }
 
