@@ -101,18 +101,21 @@ def _logsumexp(c: Compute, body, taken: set) -> list[Compute]:
 def _arg(c: Compute, bodies, taken: set) -> list[Compute]:
     values, index = bodies
     extremum = EXTREMA[c.monoid.name]
-    # NaN never wins a comparison of the pair's: left out of the extremum too (|v| ≤ ∞ is false
-    # for NaN alone; v == v would be simplified away as always true)
-    beyond = -math.inf if extremum is MAX else math.inf
-    kept = where(compare("le", unary("abs", values), Const(math.inf, c.dtypes[0])), values,
-                 Const(beyond, c.dtypes[0]))
+    none = Const(int(np.iinfo(np.int32).max), c.dtypes[1])   # the pair's identity: no index
+    kept, found = values, index
+    if not dt.is_int(dt.resolve(c.dtypes[0])):
+        # NaN never wins a comparison of the pair's: left out of the extremum too (|v| ≤ ∞ is
+        # false for NaN alone; v == v would be simplified away as always true), and its index
+        # left out again where the extremum is ±∞ (integers have no NaN)
+        finite_or_infinite = compare("le", unary("abs", values), Const(math.inf, c.dtypes[0]))
+        beyond = -math.inf if extremum is MAX else math.inf
+        kept = where(finite_or_infinite, values, Const(beyond, c.dtypes[0]))
+        found = where(finite_or_infinite, index, none)
     top = Compute(fresh_name(f"{c.name}_value", taken), c.axes, (kept,), (c.dtypes[0],),
                   extremum, c.over, c.loc)
-    none = Const(int(np.iinfo(np.int32).max), c.dtypes[1])   # the pair's identity: no index
-    # the extremum's own body compared (a reduction's reset when its extremum moves is derived
-    # from that), a NaN's index left out again where the extremum is ±∞
-    first = where(compare("eq", kept, Ref(top, 0, c.loc)), where(
-        compare("le", unary("abs", values), Const(math.inf, c.dtypes[0])), index, none), none)
+    # the extremum's own body compared: a reduction's reset where its extremum moves is derived
+    # from that
+    first = where(compare("eq", kept, Ref(top, 0, c.loc)), found, none)
     at = Compute(fresh_name(f"{c.name}_index", taken), c.axes, (first,), (c.dtypes[1],), MIN,
                  c.over, c.loc)
     return [top, at]

@@ -5,15 +5,14 @@ run by Triton's interpreter against torch in float64 at ragged sizes and large v
 logsumexp over a row (some rows −∞ throughout: −∞ out, as the math gives), down the columns of
 bf16 data far from zero, under a mask with a temperature, beside a sum of the same row; argmax
 over a vocabulary-wide row with ties (the first index wins) and over rows of −∞, NaN and +∞
-(one pass: the index resets where the maximum moves), written by hand, and over the channels of
-NCHW logits; argmin down the columns, and the largest value with its index; the count of
-elements equal to a row's maximum and the weight there, and down columns (sums reset where the
-maximum moves); products of rows (a zero and
-negative factors among them) and down columns; users' monoids over rows: compound growth, and
-two of two components (the two largest values; a sum with its count).
-Outputs are poisoned (NaN, or −1 for indices) before each run; prints each case's relative
-error over the finite values as JSON (infinite where a −∞ is not where the reference has it, or
-an index differs).
+(one pass: the index resets where the maximum moves), written by hand, over integers, and over
+the channels of NCHW logits; argmin down the columns, and the largest value with its index;
+the count of elements equal to a row's maximum and the weight there, and down columns (sums
+reset where the maximum moves); products of rows (a zero and negative factors among them) and
+down columns; users' monoids over rows: compound growth, and two of two components (the two
+largest values; a sum with its count). Outputs are poisoned (NaN, or −1 for indices) before
+each run; prints each case's relative error over the finite values as JSON (infinite where a
+−∞ is not where the reference has it, or an index differs).
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.gpu_monoids_check SEED
 """
@@ -120,6 +119,18 @@ def argmax_specials_case(generator, M=9, V=3000):
     x[6], x[6, 900] = torch.nan, -torch.inf
     x = x.bfloat16()
     return dict(logits=x), first_largest(x)
+
+
+@tf.kernel
+def most_counted(counts: T.Tensor["M", "N", "i32"]):
+    """An argmax over integers (no NaN to leave out)."""
+    i, j = T.axes("i j")
+    return T.argmax(counts[i, j], over=j)
+
+
+def most_counted_case(generator, M=13, N=5003):
+    counts = torch.randint(-50, 50, (M, N), generator=generator, dtype=torch.int32)   # ties
+    return dict(counts=counts), torch.argmax(counts, -1)   # the first index of the maximum
 
 
 @tf.kernel
@@ -288,6 +299,7 @@ CASES = {"lse_rows": (lse_rows, rows_case), "lse_columns": (lse_columns, columns
          "argmax_rows": (argmax_rows, argmax_case),
          "argmax_specials": (argmax_rows, argmax_specials_case),
          "first_of_the_largest": (first_of_the_largest, first_of_the_largest_case),
+         "most_counted": (most_counted, most_counted_case),
          "class_per_pixel": (class_per_pixel, class_per_pixel_case),
          "maxima_down_columns": (maxima_down_columns, maxima_down_columns_case),
          "argmin_columns": (argmin_columns, argmin_case),

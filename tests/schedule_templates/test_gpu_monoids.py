@@ -171,7 +171,7 @@ def test_a_users_monoid_of_two_components_is_reduced_as_a_tuple():
 
 
 @pytest.mark.parametrize("name", ["at_the_maximum", "first_of_the_largest", "class_per_pixel",
-                                  "mean_of_the_positive", "argmax_rows"])
+                                  "mean_of_the_positive", "argmax_rows", "most_counted"])
 def test_resets_and_tuples_compile_for_sm90a_at_the_interpreters_sizes(name):
     """Triton's interpreter does not check the types a loop carries: each path the interpreter
     runs (states per lane, split parts, strided rows) is compiled for sm_90a too."""
