@@ -263,14 +263,14 @@ def mean_of_the_positive(x: T.Tensor["M", "N", "f32"]):
     return total[0] / total[1]
 
 
-def top_two_case(generator, M=2, N=17003):
+def top_two_case(generator, M=1, N=17003):
     """Swept in blocks per lane (two blocks a row: not split)."""
     x = (torch.randn(M, N, generator=generator) * 8).bfloat16()
     top = x.double().topk(2, -1).values
     return dict(x=x), top[:, 0] - top[:, 1]
 
 
-def mean_of_the_positive_case(generator, M=2, N=65536):
+def mean_of_the_positive_case(generator, M=1, N=65536):
     """Few rows: the sweep split into parts, merged as the monoid combines."""
     x = torch.randn(M, N, generator=generator) * 5
     kept = x > 0
