@@ -42,6 +42,8 @@ from .transfer import (Context, NoCorrection, Reset, Terms, is_positive, linear,
 
 
 EXTRAPOLATION = Symbol("__extrapolation", "f32")  # N / seen, in Scheme.reference
+# how a state body reads a member it depends on (``d.ref`` / ``d.exact``): dependency_symbols
+REFERENCE, EXACT = "ref", "exact"
 
 
 @dataclass
@@ -352,6 +354,17 @@ def _power_scheme(compute, body, top: Terms, ctx, deps) -> Scheme:
     scheme.correct = [mul(p, binary("pow", own[1], n)), n]
     scheme.value = [mul(binary("pow", old_to_new(kappa), n), p)]
     return scheme
+
+
+def dependency_symbols(body: Expr, members, scheme: "Scheme") -> Expr:
+    """A state ``body`` of ``scheme`` with its reads of the chain's ``members`` (names) as the
+    symbols an emitter binds block by block: ``d.ref``, the reference the states are kept
+    relative to; in a reset's state ``d.exact``, the running value itself — a comparison by
+    equality would not find a value in a reference that stands for an infinite maximum by the
+    largest finite number."""
+    kind = EXACT if scheme.kind == "reset" else REFERENCE
+    return substitute(body, lambda n: Symbol(f"{n.compute.name}.{kind}", n.dtype)
+                      if isinstance(n, Ref) and n.compute.name in members else None)
 
 
 def inexact_reset(schemes: dict, name: str) -> str | None:

@@ -25,9 +25,9 @@ from tvm import tirx
 from tvm.sym import Analyzer
 
 from ..algebra import Chain, inline_elementwise, plan_chain
-from ..algebra.schemes import EXTRAPOLATION, inexact_reset
+from ..algebra.schemes import EXTRAPOLATION, dependency_symbols, inexact_reset
 from ..algebra.exprs import substitute
-from ..dsl.expr import Axis, Expr, Ref, Symbol
+from ..dsl.expr import Axis, Expr, Symbol
 from ..dsl.program import Compute, Program
 from ..errors import RollingUpdateError
 from ..lower_to_tir import FunctionBuilder, LoopAxis, Scope, emit_compute, lower_expr
@@ -363,7 +363,8 @@ class _ChainEmitter(CpuChunkLayout):
             bufs = [self.part[m.name][k] for k in group]
             dtypes = [scheme.states[k].dtype for k in group]
             self._emit_identities(f"{name}_init", extra, bufs, monoid, dtypes, self.state_axes(m))
-            bodies = [self._deps_as_references(scheme.states[k].body, scheme.kind == "reset")
+            bodies = [dependency_symbols(scheme.states[k].body,
+                                         {c.name for c in self.chain.members}, scheme)
                       for k in group]
             if self._cpu:
                 bodies = [self._hoist(b, m) for b in bodies]
@@ -443,14 +444,6 @@ class _ChainEmitter(CpuChunkLayout):
         symbols = {**states, **deps, EXTRAPOLATION.name: scale}
         return lower_expr(self._wide(d, self.chain.schemes[d].reference()),
                           scope.child(symbols=symbols), dtype)
-
-    def _deps_as_references(self, e: Expr, exact: bool = False) -> Expr:
-        """``e`` reading its dependencies as references (``d.ref``), or as their running values
-        (``d.exact``: a reset compares by equality; a reference stands for +∞ by FLT_MAX)."""
-        deps = {m.name: m for m in self.chain.members}
-        kind = "exact" if exact else "ref"
-        return substitute(e, lambda n: Symbol(f"{n.compute.name}.{kind}", n.dtype)
-                          if isinstance(n, Ref) and n.compute.name in deps else None)
 
     def _exact(self, bufs: dict):
         """Loader of a reset's dependency's running value from ``bufs`` (``_prev``: before this

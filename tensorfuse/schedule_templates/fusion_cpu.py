@@ -29,6 +29,7 @@ from tvm.sym import Analyzer
 from tvm.tirx.script.builder import ir as T
 
 from ..algebra.exprs import nodes, substitute, symbols_in
+from ..algebra.schemes import EXACT, REFERENCE
 from ..dsl import dtypes as dtt
 from ..dsl.expr import Binary, Expr, Load, Ref, Symbol, Unary, Where
 from ..dsl.program import Compute
@@ -242,7 +243,7 @@ class CpuChunkLayout:
                             dtt.resolve(e.dtype))
         t_loop = LoopAxis(self.t_axis, self.tc, self.names["t"])
         deps = {n.name.rsplit(".", 1)[0] for n in nodes(e) if isinstance(n, Symbol)
-                and n.name.endswith((".ref", ".exact"))}
+                and n.name.endswith((f".{REFERENCE}", f".{EXACT}"))}
         self._emit_row_references(deps)
         with self._stage_loops([t_loop]) as lv:
             with self._block(f"{self.chain.axis.name}_value{k}", [t_loop], lv,
@@ -302,9 +303,10 @@ class CpuChunkLayout:
         their references after this chunk (``d.ref``; on the CPU from the row's buffer of
         :meth:`_emit_row_references`) and at their values (``d.exact``, which a resetting
         state compares with), and the per-position values hoisted so far."""
-        symbols = {f"{d}.ref": tirx.BufferLoad(self.row_refs[d], self._index(self.common, sc))
+        row = self._index(self.common, sc)
+        symbols = {f"{d}.{REFERENCE}": tirx.BufferLoad(self.row_refs[d], row)
                    if d in self.row_refs else self._running(self.new, 1)(d, sc) for d in deps}
-        symbols.update({f"{d}.exact": self._exact(self.new)(d, sc) for d in deps})
+        symbols.update({f"{d}.{EXACT}": self._exact(self.new)(d, sc) for d in deps})
         symbols.update({h.name: tirx.BufferLoad(buf, self._position_index(sc))
                         for h, buf in self.hoisted.values()})
         return symbols

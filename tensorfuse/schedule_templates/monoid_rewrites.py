@@ -9,7 +9,7 @@
   of the values (NaN left out, as the pair's comparisons leave it) and the smallest index
   holding it, where the pair ran on TVM's untiled default schedule: one pass of the row
   template, the index reset where the extremum moves (a ``reset`` scheme, compared with the
-  extremum's running value itself: ``tile_plan.EXACT``); where no template takes it whole, two
+  extremum's running value itself: ``schemes.dependency_symbols``); where no template takes it whole, two
   row reductions (the floor's stages). Not where the values add to a product
   (:func:`_contractible`): two kernels might round them differently.
 

@@ -28,7 +28,7 @@ from functools import cached_property
 from ..algebra import Chain, inline_elementwise
 from ..algebra.exprs import factors, nodes, substitute
 from ..algebra.masking import identity_mask
-from ..algebra.schemes import inexact_reset
+from ..algebra.schemes import dependency_symbols, inexact_reset
 from ..dsl import dtypes as dt
 from ..dsl.evaluate import evaluate_plain
 from ..dsl.expr import (Axis, Binary, Compare, Const, Expr, Load, Ref, Scalar, Symbol, binary,
@@ -298,7 +298,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
         if why := inexact_reset(chain.schemes, m.name):
             raise TargetError(why)
         for k, st in enumerate(scheme.states):
-            body = _deps_as_symbols(st.body, members, EXACT if scheme.kind == "reset" else "ref")
+            body = dependency_symbols(st.body, members, scheme)
             if not extra:
                 if not reducible(st.monoid):
                     raise TargetError(f"{m.name}: {st.monoid.name} is not in the row-tile template")
@@ -389,18 +389,6 @@ def _grouped(e: Expr, fold) -> Expr:
     return substitute(e, lambda n: group if g > 1 and isinstance(n, Binary) and
                       n.op == "floordiv" and isinstance(n.a, Axis) and n.a.uid == axis.uid or
                       g == 1 and isinstance(n, Axis) and n.uid == axis.uid else None)
-
-
-# A state that resets where a maximum moves (an argmax's index: ``where(x == max, j, ∞)``,
-# ``transfer.Reset``) compares with the maximum's running value itself, ``<name>.exact``: a
-# reference may stand in for a value that a comparison by equality would not find (an infinite
-# maximum is referred to as the largest finite number)
-EXACT = "exact"
-
-
-def _deps_as_symbols(e: Expr, members: set, kind: str) -> Expr:
-    return substitute(e, lambda n: Symbol(f"{n.compute.name}.{kind}", n.dtype)
-                      if isinstance(n, Ref) and n.compute.name in members else None)
 
 
 def _separate_congruences(plan: RowTilePlan) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...algebra.schemes import EXTRAPOLATION
+from ...algebra.schemes import EXACT, EXTRAPOLATION
 from ...dsl import dtypes as dt
 from ...dsl.evaluate import evaluate_plain
 from ...dsl.expr import Load, Ref, walk
@@ -45,7 +45,7 @@ def loaded_state(sp, value: str) -> str:
 
 def exactly_read(plan) -> set[str]:
     """The members whose running values themselves (not their references) a resetting state
-    compares with, block by block (``tile_plan.EXACT``)."""
+    compares with, block by block (``schemes.dependency_symbols``)."""
     return {d for scheme in plan.chain.schemes.values() if scheme.kind == "reset"
             for d in scheme.deps}
 
@@ -57,7 +57,7 @@ def exact_symbols(scheme, old: str, new: str) -> dict:
         return {}
     return {k: v for d in scheme.deps for k, v in ((f"{d}.old", old.format(d)),
                                                    (f"{d}.new", new.format(d)),
-                                                   (f"{d}.exact", new.format(d)))}
+                                                   (f"{d}.{EXACT}", new.format(d)))}
 
 
 def lanewise_states(plan) -> frozenset:
