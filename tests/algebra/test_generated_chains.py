@@ -325,15 +325,17 @@ def compare_fused_f32(data, spec: ChainSpec, chunks, counts: dict, draws: int, s
 
 
 def _read_scale(values, k: int, rows) -> float:
-    """How much larger the earlier members (which the ``k``-th may read) are than it, norm-wise,
-    at least 1: an ulp of what a member reads reaches its value through any form of the math.
-    A member that cancels to 0 (``logsumexp(1 − v₂)`` with ``v₂ = (|x| + ¼) / Σ(|x| + ¼) = 1``
-    on rows of one element) has no relative error of its own; its fused form was 1 ulp of
-    ``v₂`` off, the unfused one exactly 0."""
+    """1, or where the ``k``-th member cancels to the rounding level of the smallest earlier
+    member (which it may read; norm-wise), how much larger that member is: an ulp of what a
+    member reads reaches its value through any form of the math, and a value at that level has
+    no relative error of its own. Seen: ``logsumexp(1 − v₂)`` with ``v₂ = (|x| + ¼) / Σ(|x| +
+    ¼) = 1`` on rows of one element — the fused form 1 ulp of ``v₂`` off, the unfused exactly 0
+    (a "relative" error of 6e22)."""
     own = float(np.linalg.norm(np.where(rows, values[k], 0.0)))
-    read = max((float(np.linalg.norm(np.where(rows & in_f32_range(e), e, 0.0)))
-                for e in values[:k]), default=0.0)
-    return max(1.0, read / max(own, 1e-30))
+    earlier = [float(np.linalg.norm(np.where(rows & in_f32_range(e), e, 0.0)))
+               for e in values[:k]]
+    read = min((n for n in earlier if n > 0.0), default=0.0)
+    return read / max(own, 1e-30) if own <= ULPS * EPS32 * read else 1.0
 
 
 def _earlier_in_range(values, k: int):
