@@ -1,7 +1,8 @@
 """How a Triton tile is reduced along an axis with a monoid: ``tl.sum``/``tl.max``/``tl.min`` for
 the monoids Triton has, else ``tl.reduce`` with a combine function written from the monoid's own
-combine expression (a product, a user's ``T.Monoid``) — so any one-component monoid is a state of
-the row template, not only the three Triton names.
+combine expression (a product, a user's ``T.Monoid``) — so any monoid whose combine Triton can
+write is a state of the row template, not only the three Triton names; one of several components
+is reduced as a tuple (:func:`reduced_together`).
 
 The combine functions are named after the monoid and a digest of their text (two user monoids
 of one name stay apart) and kept here by name; :func:`combine_helpers` gives a source the ones
