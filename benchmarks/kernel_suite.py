@@ -55,10 +55,11 @@ class Case:
     ceiling: str = ""
 
 
-def rows_case(name: str, kernel, eager, x, extra: dict, shape: str) -> Case:
+def rows_case(name: str, kernel, eager, x, extra: dict, shape: str,
+              pick=lambda out: out) -> Case:
     """A row kernel on ``x`` against ``eager`` (its torch function) and it under torch.compile;
-    checked on all of it, GB/s of the bytes it must move (its inputs read once, its output
-    written once)."""
+    checked on all of it (``pick``: what of an output is compared with the float64 reference),
+    GB/s of the bytes it must move (its inputs read once, its output written once)."""
     f = Recorded(kernel)
     compiled = torch.compile(eager)
     tensors = [a for a in extra.values() if isinstance(a, torch.Tensor)]
@@ -69,7 +70,7 @@ def rows_case(name: str, kernel, eager, x, extra: dict, shape: str) -> Case:
     return Case(name, shape, lambda: f(x, **extra),
                 {TORCH_COMPILE: lambda: compiled(x, *tensors, **scalars),
                  TORCH_EAGER: lambda: eager(x, *tensors, **scalars)},
-                ref, lambda out: out, bytes=moved,
+                ref, pick, bytes=moved,
                 notes={TENSORFUSE: f.schedule_origin(**bind_call(
                     kernel.program, (x,), extra, "cuda").dims)})
 

@@ -18,9 +18,7 @@ import torch.nn.functional as F
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from tensorfuse.binding import bind_call
-from benchmarks.common import TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
-from benchmarks.kernel_suite import Case, Recorded, main
+from benchmarks.kernel_suite import Case, main, rows_case
 
 
 @tf.kernel
@@ -81,32 +79,20 @@ def survival(hazard: T.Tensor["M", "N", "f32"]):
     return T.prod(1.0 - hazard[i, t], over=t)
 
 
-def _case(name, kernel, eager, args: dict, reference, shape: str, out_bytes: int,
-          pick=lambda out: out) -> Case:
-    f, compiled = Recorded(kernel), torch.compile(eager)
-    tensors = list(args.values())
-    moved = sum(t.numel() * t.element_size() for t in tensors) + out_bytes
-    dims = bind_call(kernel.program, (), args, "cuda").dims
-    return Case(name, shape, lambda: f(**args),
-                {TORCH_COMPILE: lambda: compiled(*tensors), TORCH_EAGER: lambda: eager(*tensors)},
-                reference, pick, bytes=moved,
-                notes={TENSORFUSE: f.schedule_origin(**dims)})
-
-
 def _greedy_case(B: int, generator, V=128256) -> Case:
     logits = (torch.randn(B, V, generator=generator) * 3).to("cuda", torch.bfloat16)
     want = torch.argmax(logits.double(), -1).cpu()   # the first index of the maximum
 
     def exact(out):   # an index off by one must fail, not pass as a small relative error
         return want.double() + (out.long().cpu() != want).double() * 1e9
-    return _case(f"greedy_token_b{B}", greedy_token, lambda t: torch.argmax(t, -1).int(),
-                 {"logits": logits}, want.double(), f"B{B} V{V}", B * 4, exact)
+    return rows_case(f"greedy_token_b{B}", greedy_token, lambda t: torch.argmax(t, -1).int(),
+                     logits, {}, f"B{B} V{V}", exact)
 
 
 def _logsumexp_case(generator, M=4096, V=32000) -> Case:
     x = (torch.randn(M, V, generator=generator) * 5).cuda()
-    return _case("row_logsumexp", row_logsumexp, lambda t: torch.logsumexp(t, -1), {"x": x},
-                 torch.logsumexp(x.double(), -1), f"M{M} V{V} f32", M * 4)
+    return rows_case("row_logsumexp", row_logsumexp, lambda t: torch.logsumexp(t, -1), x, {},
+                     f"M{M} V{V} f32")
 
 
 def _kl_case(generator, M=4096, V=32000) -> Case:
@@ -116,9 +102,7 @@ def _kl_case(generator, M=4096, V=32000) -> Case:
     def eager(a, b):
         return F.kl_div(F.log_softmax(b.float(), -1), F.log_softmax(a.float(), -1),
                         reduction="none", log_target=True).sum(-1).to(a.dtype)
-    want = eager(p.double(), q.double())
-    return _case("kl_divergence", kl_divergence, eager, {"p": p, "q": q}, want,
-                 f"M{M} V{V}", M * 2)
+    return rows_case("kl_divergence", kl_divergence, eager, p, {"q": q}, f"M{M} V{V}")
 
 
 def _maxima_count_case(generator, M=4096, V=32000) -> Case:
@@ -126,8 +110,7 @@ def _maxima_count_case(generator, M=4096, V=32000) -> Case:
 
     def eager(t):
         return (t == t.amax(-1, keepdim=True)).sum(-1).float()
-    return _case("maxima_count", maxima_count, eager, {"x": x}, eager(x.double()).double(),
-                 f"M{M} V{V}", M * 4)
+    return rows_case("maxima_count", maxima_count, eager, x, {}, f"M{M} V{V}")
 
 
 def _top_two_case(generator, M=4096, V=32000) -> Case:
@@ -136,14 +119,13 @@ def _top_two_case(generator, M=4096, V=32000) -> Case:
     def eager(t):
         top = t.topk(2, -1).values
         return (top[:, 0].float() - top[:, 1].float()).to(t.dtype)
-    return _case("top_two_margin", top_two_margin, eager, {"logits": x},
-                 eager(x.double()).double(), f"M{M} V{V}", M * 2)
+    return rows_case("top_two_margin", top_two_margin, eager, x, {}, f"M{M} V{V}")
 
 
 def _survival_case(generator, M=65536, N=1024) -> Case:
     hazard = (torch.rand(M, N, generator=generator) * 2e-3).cuda()
-    return _case("survival", survival, lambda h: torch.prod(1.0 - h, -1), {"hazard": hazard},
-                 torch.prod(1.0 - hazard.double(), -1), f"M{M} N{N} f32", M * 4)
+    return rows_case("survival", survival, lambda h: torch.prod(1.0 - h, -1), hazard, {},
+                     f"M{M} N{N} f32")
 
 
 MONOID_KERNELS = {
