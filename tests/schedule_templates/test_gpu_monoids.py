@@ -1,8 +1,9 @@
 """The DSL's other monoids on the GPU templates — ``T.logsumexp`` and the arg reductions written as
-reductions they keep (:mod:`tensorfuse.schedule_templates.monoid_rewrites`), ``T.prod`` and a
-user's one-component ``T.Monoid`` kept by the row template itself (``tl.reduce`` with a combine
-function written from the monoid: :mod:`tensorfuse.targets.triton.reductions`); before, a
-program reducing with them ran on TVM's default GPU schedule. The rewrites' math on the CPU
+reductions they keep (:mod:`tensorfuse.schedule_templates.monoid_rewrites`; an arg reduction's
+index a state that resets where its extremum moves), ``T.prod`` and a user's ``T.Monoid`` of one
+or several components kept by the row template itself (``tl.reduce`` with a combine function
+written from the monoid: :mod:`tensorfuse.targets.triton.reductions`); before, a program
+reducing with them ran on TVM's default GPU schedule. The rewrites' math on the CPU
 target against the monoids as the CPU lowering computes them (unfused, rolled and split; rows of
 −∞, +∞ and NaN included), ``tf.compile``'s routes, the sm_90a code of a product, and the Triton
 kernels in the interpreter against float64 (:mod:`.gpu_monoids_check`)."""
@@ -147,13 +148,19 @@ def test_a_product_or_a_users_monoid_is_a_state_of_the_row_template(kernel):
 
 
 def test_a_users_monoid_of_two_components_is_reduced_as_a_tuple():
-    """Both components in one ``tl.reduce`` and combined with the running ones by one function
-    (a tuple back), which Triton compiles for sm_90a; a member others depend on is refused."""
+    """One function (a tuple back) combines the running components with a block's, per lane
+    in a row swept in blocks, and folds the lanes together after the sweep in one ``tl.reduce``
+    of the tuple; Triton compiles it for sm_90a; a member others depend on is refused."""
+    import re
+
     made = tf.compile(top_two_margin, target="cuda:sm_90a")
     assert "row-reduction template (rolling_update(out_top_two" in made.description
     source = made.source(M=64, N=17003)
-    assert source.count("def _tf_combine_top_two_") == 1 and "tl.reduce((" in source
-    assert "ex2" not in made.ptx(M=64, N=17003)   # compiled: maxima alone, no exponentials
+    (name,) = re.findall(r"def (_tf_combine_top_two_\w+)\(a0, a1, b0, b1\):", source)
+    states = "st_out_top_two_0, st_out_top_two_1"
+    assert f"{states} = {name}({states}, c_out_top_two_0, c_out_top_two_1)" in source
+    assert f"{states} = tl.reduce(({states},), 1, {name}, keep_dims=True)" in source
+    assert ".visible .entry" in made.ptx(M=64, N=17003)
 
     @tf.kernel
     def centred(x: T.Tensor["M", "N", "f32"]):

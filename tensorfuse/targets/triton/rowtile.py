@@ -363,13 +363,13 @@ class _RowTileSource(SplitMerge):
         finals = {}
         for m in self.members:
             scheme = self.plan.chain.schemes[m.name]
-            sym = {f"{m.name}#{sp.k}": kept[(m.name, sp.k)] for sp in self.plan.states
-                   if sp.member is m}
             if m.arity > 1:   # independent: each component is its state
                 for k in range(m.arity):
                     self.w(f"fin_{m.name}_{k} = {kept[(m.name, k)]}")
                     finals[f"{m.name}#{k}"] = f"fin_{m.name}_{k}"
                 continue
+            sym = {f"{m.name}#{sp.k}": kept[(m.name, sp.k)] for sp in self.plan.states
+                   if sp.member is m}
             if scheme.kind == "reset":   # reset against the exact values block by block: settled
                 value = to_triton(scheme.value[0], self.ctx_r().child(symbols=sym))
                 self.w(f"fin_{m.name} = {value}")
