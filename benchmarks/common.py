@@ -9,7 +9,7 @@ import signal
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -182,10 +182,13 @@ def is_alternative(label: str) -> bool:
 def write_csv(rows: list[Row], path: str) -> None:
     """The rows as CSV (labels in the agreed spelling). Name it
     ``benchmarks/results/<date>-<device>-<benchmark>[-<what>].csv`` for ``benchmarks.report``
-    (the device with ``_`` for spaces: ``NVIDIA_H200``, ``cpu_2core``)."""
+    (the device with ``_`` for spaces: ``NVIDIA_H200``, ``cpu_2core``). No rows (every
+    implementation of a run's first kernel failed its check): the header alone, so that a run
+    goes on to its next kernel and the file says nothing was measured."""
+    names = [f.name for f in fields(Row)]
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
+        writer = csv.DictWriter(f, fieldnames=names)
         writer.writeheader()
         for r in rows:
             writer.writerow({**asdict(r), "implementation": canonical_label(r.implementation)})

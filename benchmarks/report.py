@@ -469,15 +469,23 @@ HEADLINES = (("hopper-attention", "attention/full", "S4096", "tensorfuse"),
 
 
 def _results(folder: str = RESULTS_DIR) -> dict:
-    """benchmark → {device: the newest CSV's path} (``<date>-<device>-<benchmark>.csv``)."""
+    """benchmark → {device: the newest CSV's path} (``<date>-<device>-<benchmark>.csv``) of
+    those with rows: a run whose every implementation failed its check writes the header alone
+    (``common.write_csv``), and the run before it stays the current one."""
     found: dict = {}
     for name in sorted(os.listdir(folder)):
-        if not name.endswith(".csv") or len(name) < 12:
+        if not name.endswith(".csv") or len(name) < 12 or not _has_rows(os.path.join(folder,
+                                                                                      name)):
             continue
         benchmark = name[11:-4].partition("-")[2]
         if benchmark:   # sorted by name: the newest date last
             found.setdefault(benchmark, {})[_device_of(name)] = os.path.join(folder, name)
     return found
+
+
+def _has_rows(path: str) -> bool:
+    with open(path, newline="") as f:
+        return sum(1 for _ in zip(range(2), csv.reader(f))) > 1
 
 
 def _device_of(path: str) -> str:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import canonical_label, is_alternative
+from benchmarks.common import Row, canonical_label, is_alternative, write_csv
 from benchmarks.report import _results, readme_table, results_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +61,16 @@ def test_the_newest_run_of_each_benchmark_and_device_is_reported(tmp_path):
     assert "| attention/full | S4096 | GPU A | 600 TFLOP/s | sdpa cudnn (480 TFLOP/s) | 1.25× |" \
         in table
     assert "GPU B" not in table   # its run timed no alternative: nothing to compare
+
+
+def test_a_run_that_measured_nothing_leaves_the_run_before_it_current(tmp_path):
+    rows = [Row("attention/full", "S4096", "tensorfuse", 1.0, 600.0, 0.0, 0.9)]
+    write_csv(rows, str(tmp_path / "2026-01-01-GPU_A-hopper-attention.csv"))
+    write_csv([], str(tmp_path / "2026-02-01-GPU_A-hopper-attention.csv"))
+    assert (tmp_path / "2026-02-01-GPU_A-hopper-attention.csv").read_text().strip() == \
+        ",".join(FIELDS)   # the header alone: the run says it measured nothing
+    found = _results(str(tmp_path))
+    assert found["hopper-attention"]["GPU_A"].endswith("2026-01-01-GPU_A-hopper-attention.csv")
 
 
 def test_labels_have_one_spelling():
