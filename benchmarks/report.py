@@ -273,7 +273,8 @@ SECTIONS = (
      "greedy decoding's argmax over a vocabulary (bf16), a row's logsumexp (f32), a KL "
      "divergence written with two logsumexps (bf16), the count of a row's maxima (bf16), the "
      "margin between a row's two largest logits as a user's monoid of two components (bf16), "
-     "a product of survival factors (f32); each against torch eager and torch.compile", "python -m benchmarks.monoid_kernels"),
+     "a product of survival factors (f32); each against torch eager and torch.compile",
+     "python -m benchmarks.monoid_kernels"),
     ("neighborhood", "Neighbourhood attention on 2-D and 3-D maps",
      "bf16; TFLOP/s of the kept FLOPs; `graph`: calls replayed from a CUDA graph",
      "python -m benchmarks.neighborhood --csv PATH"),

@@ -86,6 +86,8 @@ CASES = {
     "softmax_whole": (K.softmax, 128, _softmax_case((8, 301), scale=40.0)),
     "softmax_width_2_mod_8": (K.softmax, 64, _softmax_case((3, 258))),
     "softmax_width_6_mod_8": (K.softmax, 64, _softmax_case((5, 134))),
+    # two blocks, both at the rows' ends: the first and last vectors' stores overlap the blocks'
+    "softmax_two_edge_blocks": (K.softmax, 64, _softmax_case((6, 67))),
     "softmax_batched": (softmax3, 128, _softmax_case((2, 3, 301))),
     "softmax_f32": (softmax_f32, 64, _softmax_case((5, 301), dtype=torch.float32)),
     "log_softmax": (K.log_softmax, 256, _log_softmax_case),

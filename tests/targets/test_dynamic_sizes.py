@@ -130,7 +130,8 @@ def _global_accesses(ptx: str) -> set:
 def test_a_width_as_an_argument_is_read_in_16_byte_vectors(N, ends):
     """Every width class reads 16-byte vectors: rows off 16-byte boundaries through aligned
     windows (targets.triton.row_realign), whose stores at the rows' ends take the class's own
-    width (``ends``) and 16-byte vectors inside the rows."""
+    width (``ends``: the first and last vectors alone where that is one element) and 16-byte
+    vectors inside the rows."""
     made = tf.compile(K.softmax, "cuda:sm_90a", dynamic=True)
     accesses = _global_accesses(made.ptx(M=4096, N=N))
     loads = {a for a in accesses if a.startswith("ld.")}

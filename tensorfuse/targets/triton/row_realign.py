@@ -43,6 +43,9 @@ class Realignment:
     count: object
     whole: object
     sample: Load = field(compare=False)   # one of the reads: its offset at column 0 starts a row
+    # rows of an odd width start at every element: stores at the rows' ends go element by element
+    # (rows of an even width: two elements or more a store)
+    odd: bool = False
 
     def window_columns(self, N) -> str:
         """The positions a window sweeps to cover any row's shift and its ``N`` columns."""
@@ -68,6 +71,30 @@ class Realignment:
             f"(flat_n < {self.whole}) & (offs_n[None, :] < end_m)"
         return ["flat_n = al_m + offs_n[None, :]", f"in_n = {inside}",
                 f"col_ok = (offs_n[None, :] >= sh_m) & (offs_n[None, :] - sh_m < {N}) & in_n"]
+
+    def inner_stores(self) -> str | None:
+        """The mask of an edge block's store where the row's first and last vectors are stored
+        apart (:meth:`edge_vectors`): its whole vectors between them. Rows of an odd width only:
+        ``col_ok`` tests each element against the row's shifted ends, and Triton writes a block
+        stored under it element by element (32 two-byte stores a thread in blocks of 4096 where 2
+        would do: a softmax over 4096 × 6623 bf16 0.122 → 0.062 ms, odd widths from 5000 to
+        32000 20-35 % faster); rows of an even width are stored two elements or more at a time,
+        and the vectors apart, a load and a store more a row, cost them 5-12 %
+        (``benchmarks.dynamic --only row_widths``). None: ``col_ok`` stays."""
+        if not self.odd:
+            return None
+        v = self.vector
+        return f"in_n & (offs_n[None, :] >= {v}) & (offs_n[None, :] < end_m - {v})"
+
+    def edge_vectors(self, N) -> list[tuple[str, str]]:
+        """``(window positions, which of them)`` of the row's first vector and of its last: the
+        last vector ends at ``end_m``, between the ``roundup(N)`` of a row that starts on a
+        boundary and a vector past it, so two vectors from ``roundup(N) - v`` hold it for every
+        shift. Stored element by element under ``col_ok`` and this test."""
+        v = self.vector
+        return [(f"tl.arange(0, {v})", f"offs_n[None, :] < {v}"),
+                (f"({N} - 1) // {v} * {v} + tl.arange(0, {2 * v})",
+                 f"offs_n[None, :] >= end_m - {v}")]
 
     def tail_start(self, N) -> str | None:
         """Where the tail block starts in the last row's window, or None where the tensor ends on
@@ -141,7 +168,7 @@ def realignment(plan, knobs, single: bool, wide: bool) -> Realignment | None:
         return None
     count = math.prod(dims)
     return Realignment(vector, frozenset(load.param.name for load in along), count,
-                       count // vector * vector, along[0])
+                       count // vector * vector, along[0], bool(dims[-1] % 2))
 
 
 def sweep_parts(real: Realignment, N) -> list[tuple[str, str, bool]]:
@@ -181,3 +208,18 @@ def emit_sweep(w, real: Realignment, N, stages: int, body, backwards: bool = Fal
                 body(False, inside)
     if not backwards:
         tail_block()
+
+
+def emit_stores(w, real: Realignment, N, stages: int, store) -> None:
+    """A realigned row's output, backwards (:func:`emit_sweep`): ``store(positions, tail, inside,
+    mask)`` writes the lines of one store at those window positions (``mask``: the test that
+    replaces ``col_ok``, or None). Where the rows' ends are stored apart
+    (:meth:`Realignment.inner_stores`), the edge blocks store their whole vectors between the
+    row's first and last, then those two element by element."""
+    inner = real.inner_stores()
+    emit_sweep(w, real, N, stages, lambda tail, inside: store(
+        "start_n + tl.arange(0, BLOCK_N)", tail, inside, None if tail or inside else inner),
+        backwards=True)
+    if inner is not None:
+        for positions, which in real.edge_vectors(N):
+            store(positions, False, False, f"col_ok & ({which})")

@@ -24,7 +24,7 @@ from .expr import (TL_DTYPES, TileContext, fresh_memo, ieee_products, literal,
 from .expr import offset as load_offset
 from .column_sums import add_tile, finish_body, open_partials, partial_names, store_partials
 from .row_merge import SplitMerge
-from .row_realign import Realignment, emit_sweep, realignment
+from .row_realign import Realignment, emit_stores, emit_sweep, realignment
 from .row_grid import batch_first, block_k, grid, launch_grid, list_length
 from .row_states import (column_operands, depended_on, exact_symbols, exactly_read,
                          initial_reference, lanewise_states, output_operands, reloadable,
@@ -402,13 +402,16 @@ class _RowTileSource(SplitMerge):
                 ctx = self.ctx_rc().child(refs=finals, emit=w if self.single else None,
                                           memo=self.chunk_memo)
             if kind == "col" and self.realign is not None:   # a store per block and part
-                def block(tail: bool, inside: bool, c=c, expr=expr, out=out):
+                def store(positions: str, tail: bool, inside: bool, mask: str | None, c=c,
+                          expr=expr, out=out):
                     with self.inside_rows(inside):
-                        w("offs_n = start_n + tl.arange(0, BLOCK_N)")
+                        w(f"offs_n = {positions}")
                         for line in self.realign.block(self.N, tail, inside):
                             w(line)
+                        if mask is not None:
+                            w(f"col_ok = {mask}")
                         w(self.store_text(c, expr, out, self.ctx_rc().child(refs=finals)))
-                emit_sweep(w, self.realign, self.N, self.stages, block, backwards=True)
+                emit_stores(w, self.realign, self.N, self.stages, store)
                 continue
             store = self.store_text(c, expr, out, ctx)
             if kind == "col" and not self.single:
