@@ -435,6 +435,9 @@ SECTIONS = (
      "`tf.compile` defaults; `ms` the steady call, the note the first call's wall time at that "
      "size and the builds so far; the `all` rows sum up the first calls' cost over steady",
      "python -m benchmarks.dynamic"),
+    ("dynamic-row-widths", "New row widths",
+     "a softmax over 4096 rows, bf16, at random widths, as the `dynamic` section",
+     "python -m benchmarks.dynamic --only row_widths"),
     ("dynamic-prefill-lengths", "New prompt lengths",
      "causal attention B1 H16 D128 bf16 at random lengths, as the `dynamic` section",
      "python -m benchmarks.dynamic --only prefill_lengths"),
@@ -594,9 +597,11 @@ def plain_table(rows: list) -> str:
 
 def _table(path: str, superseded: set = frozenset()) -> str:
     """The CSV's table, without the cases in ``superseded`` (run again since, on their own)."""
-    rows = [r for r in load(path) if r.get("benchmark") not in superseded]
+    every = load(path)
+    rows = [r for r in every if r.get("benchmark") not in superseded]
     if not rows:
-        return "(no rows)"
+        return "(every case was run again since, on its own: the sections below)" if every \
+            else "(no rows)"
     return standard_table(rows) if "implementation" in rows[0] else plain_table(rows)
 
 
