@@ -84,6 +84,25 @@ def chain_candidates(program: Program) -> list[tuple[list[Compute], Axis]]:
     return [(members, members[0].over[0]) for members in groups]
 
 
+# the members a correction-can-grow warning was given for, by the kernel's first parameter (the
+# same object in the programs rewritten from it: its monoids' states written out, a template's
+# own grouping, which plan the member again) — kept so that its id is not reused
+_WARNED: dict = {}
+
+
+def _warn_once_a_member(program: Program, caught: list) -> None:
+    """Give the warnings a plan raised again, a :class:`RollingUpdateWarning` once per member
+    of the user's kernel (the user's filters apply as they are given)."""
+    first = program.params[0] if program.params else program
+    for w in caught:
+        member = getattr(w.message, "member", None)
+        if member is not None:
+            if (id(first), member) in _WARNED:
+                continue
+            _WARNED[(id(first), member)] = first
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis",
                strict: bool = False, checked: bool = True) -> Chain:
     """The plan of fusing the reductions ``names`` of ``program`` into one pass over ``axis``.
@@ -99,11 +118,11 @@ def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis",
            sum(len(v) for v in USER_RULES.values()), checked)
     plans = _PLANS.setdefault(program, {})
     if key not in plans:
-        with warnings.catch_warnings():
-            if not checked:   # the scheme checks' own warning (a correction that can grow)
-                warnings.simplefilter("ignore", RollingUpdateWarning)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RollingUpdateWarning)
             chain = _plan(program, names, axis)
-        if checked:
+        if checked:   # else without the scheme checks' own warning (a correction that can grow)
+            _warn_once_a_member(program, caught)
             chain.conditioning = measure(chain)
             check_conditioning(chain)
             check_exponent_bounds(chain)

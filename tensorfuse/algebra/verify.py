@@ -91,6 +91,16 @@ def _close(a, b) -> bool | None:
     return abs(a - b) <= 1e-7 * max(1.0, abs(a), abs(b))
 
 
+SHORT = 160   # characters of a correction a warning quotes
+
+
+def _short(expr) -> str:
+    """``expr`` as text, cut at :data:`SHORT` characters: a correction of a member that reads
+    logsumexps runs to kilobytes once they are written out in maxima and sums."""
+    text = repr(expr)
+    return text if len(text) <= SHORT else text[:SHORT] + " …"
+
+
 def verify_scheme(scheme: Scheme, body: Expr, ctx: Context, seed: int = 0) -> None:
     """Raise :class:`NoCorrection` if the scheme's corrections or value are numerically wrong."""
     if not scheme.deps or scheme.kind == "reset":
@@ -138,13 +148,16 @@ def verify_scheme(scheme: Scheme, body: Expr, ctx: Context, seed: int = 0) -> No
 
         deps = ", ".join(scheme.deps)
         where_ = user_location()
-        warnings.warn_explicit(RollingUpdateWarning(
-            f"{scheme.name}: the correction {scheme.correct[min(grows)]!r} can exceed 1 when "
-            f"{deps} move the way they can here (e.g. a sum of signed values that decreases); "
-            "elements reduced earlier may have been rounded to zero and cannot be recovered. The "
-            "fused result is exact in exact arithmetic; check its precision, or fuse against a "
-            "running maximum instead"), RollingUpdateWarning,
-            where_.filename if where_ else "<tensorfuse>", where_.lineno if where_ else 0)
+        warning = RollingUpdateWarning(
+            f"{scheme.name}: the correction {_short(scheme.correct[min(grows)])} can exceed 1 "
+            f"when {deps} move the way they can here (e.g. a sum of signed values that "
+            "decreases); elements reduced earlier may have been rounded to zero and cannot be "
+            "recovered. The fused result is exact in exact arithmetic; check its precision, or "
+            "fuse against a running maximum instead")
+        warning.member = scheme.name   # one warning a member of a program (chain.plan_chain)
+        warnings.warn_explicit(warning, RollingUpdateWarning,
+                               where_.filename if where_ else "<tensorfuse>",
+                               where_.lineno if where_ else 0)
     if checked < 8:
         raise NoCorrection(body, "the derived correction could not be checked numerically: its "
                                  "functions are undefined on almost every random sample")

@@ -102,6 +102,27 @@ def test_a_correction_that_can_grow_is_warned_about_once_per_fusion(rng):
     assert len(grows) == 1, [str(w.message) for w in caught]
 
 
+def test_a_member_planned_in_several_programs_is_warned_about_once_and_briefly():
+    """An entropy's sum reads a logsumexp: planned for the row template on the kernel's program
+    and on it with the logsumexp written out as a maximum and a sum (the monoid rewrite), each
+    plan finds the same correction that can grow. One warning, quoting the correction cut
+    short (written out it runs to kilobytes)."""
+    @tf.kernel
+    def entropy(x: T.Tensor["M", "V", "bf16"]):
+        i, v = T.axes("i v")
+        lp = x[i, v] - T.logsumexp(x[i, v], over=v)
+        return -T.sum(T.exp(lp) * lp, over=v)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        made = tf.compile(entropy, "cuda:sm_90a")
+        made.for_sizes(M=64, V=1000).source(M=64, V=1000)
+    grows = [str(w.message) for w in caught if issubclass(w.category, RollingUpdateWarning)
+             and "can exceed 1" in str(w.message)]
+    assert len(grows) == 1, grows
+    assert grows[0].startswith("out_sum: the correction ") and len(grows[0]) < 700, grows[0]
+
+
 @tf.kernel
 def random_walk_square(x: T.Tensor["M", "N", "f32"], y: T.Tensor["M", "N", "f32"]):
     i, j = T.axes("i j")
