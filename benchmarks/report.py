@@ -275,6 +275,11 @@ SECTIONS = (
      "margin between a row's two largest logits as a user's monoid of two components (bf16), "
      "a product of survival factors (f32); each against torch eager and torch.compile",
      "python -m benchmarks.monoid_kernels"),
+    ("full-reductions", "Values reduced over every axis",
+     "the largest magnitude of 8192 × 8192 bf16 (an fp8 scale), the sum of squares of 64M f32 "
+     "(a gradient norm's square), a cross-entropy averaged over 8192 tokens of a 32000-word "
+     "vocabulary (bf16 logits); each against torch eager and torch.compile",
+     "python -m benchmarks.full_reductions"),
     ("neighborhood", "Neighbourhood attention on 2-D and 3-D maps",
      "bf16; TFLOP/s of the kept FLOPs; `graph`: calls replayed from a CUDA graph",
      "python -m benchmarks.neighborhood --csv PATH"),

@@ -68,6 +68,9 @@ def _compile(kernel, target, template, untemplated: str | None = None,
 
         # a one-hot sum (a gathered read's gradient) as the scatter it is, before any template
         # takes it as a dense reduction over every output element
+        one_row = _unit_rows(kernel, spec, dynamic) if spec.is_gpu else None
+        if one_row is not None:   # values over no axis: the templates plan rows
+            return one_row
         scattered = _scattered(kernel, spec, dynamic) if spec.is_gpu else None
         if scattered is not None:
             return scattered
@@ -209,6 +212,14 @@ def _widened(kernel, spec, dynamic: "bool | None" = None):
     from .schedule_templates.widened_rows import widened
 
     return _rewritten(kernel, spec, widened, dynamic)
+
+
+def _unit_rows(kernel, spec, dynamic: "bool | None" = None):
+    """A kernel with values reduced over every axis compiled with an axis of one element on them
+    (:mod:`.schedule_templates.unit_rows`); else ``None``."""
+    from .schedule_templates.unit_rows import with_unit_row
+
+    return _rewritten(kernel, spec, with_unit_row, dynamic)
 
 
 def _monoids_rewritten(kernel, spec, dynamic: "bool | None" = None):

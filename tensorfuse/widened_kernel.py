@@ -10,18 +10,33 @@ from .torch_graph import GraphCallable
 
 class RewrittenKernel(GraphCallable):
     """``program`` (the user's: its parameters are the rewritten program's) run by ``inner``,
-    the compiled kernel of the rewritten program; ``note`` says what was rewritten."""
+    the compiled kernel of the rewritten program; ``note`` says what was rewritten. Outputs of
+    the user's program over no axis, which the rewritten one writes over an axis of one element
+    (:mod:`.schedule_templates.unit_rows`), are given back with no axis."""
 
     def __init__(self, program: Program, inner, note: str):
         self.program, self.inner, self.note = program, inner, note
         self.target = inner.target
         self.description = f"{note}: {inner.description}"
+        self._scalars = [k for k, c in enumerate(program.outputs) if not c.axes]
 
     def __repr__(self) -> str:
         return f"<RewrittenKernel {self.program.name} for {self.target.name}: {self.description}>"
 
     def invoke(self, key, args: tuple, kwargs: dict):
-        return self.inner.invoke(key, args, kwargs)
+        if not self._scalars:
+            return self.inner.invoke(key, args, kwargs)
+        if "out" in kwargs:   # the user's arrays over no axis, as views over one element
+            many = isinstance(kwargs["out"], (tuple, list))
+            outs = list(kwargs["out"]) if many else [kwargs["out"]]
+            views = [o.reshape(1) if k in self._scalars else o for k, o in enumerate(outs)]
+            self.inner.invoke(key, args, {**kwargs, "out": tuple(views) if many else views[0]})
+            return tuple(outs) if many else outs[0]
+        made = self.inner.invoke(key, args, kwargs)
+        many = isinstance(made, tuple)
+        made = [m.reshape(()) if k in self._scalars else m
+                for k, m in enumerate(made if many else (made,))]
+        return tuple(made) if many else made[0]
 
     def for_sizes(self, *args, **dims):
         return self.inner.for_sizes(*args, **dims)

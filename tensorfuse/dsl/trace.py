@@ -167,9 +167,11 @@ class _ProgramBuilder:
             if not isinstance(value, Expr):
                 raise DSLError(f"output {k} is a {type(value).__name__}, not a tensor expression",
                                self.loc)
-            if not value.axes:
-                raise DSLError(f"output {k} has no axes (a single number); outputs must be tensors "
-                               "indexed by at least one axis", value.loc)
+            if not value.axes and not _reduces(value):
+                raise DSLError(f"output {k} has no axes and reduces nothing (a number made of "
+                               "scalars alone); an output is indexed by axes, or reduces over "
+                               "them (T.sum(x[i, j], over=(i, j)): a tensor of shape [])",
+                               value.loc)
         storages = [_output_dtype(v) for v in outs]
         for k, (value, storage) in enumerate(zip(outs, storages)):
             if value.uid not in self.names and not (isinstance(value, Reduce) and (
@@ -288,6 +290,14 @@ class _ProgramBuilder:
         if not top:
             self.rewritten[expr.uid] = out
         return out
+
+
+def _reduces(expr: Expr) -> bool:
+    """Whether ``expr`` holds a reduction (an output over no axis is one: a loss's mean, a
+    tensor's largest magnitude)."""
+    found = []
+    walk(expr, lambda n: found.append(n) if isinstance(n, Reduce) else None)
+    return bool(found)
 
 
 def _is_index_like(expr: Expr) -> bool:

@@ -187,6 +187,11 @@ def _summing(plan: RowTilePlan, knobs: Knobs) -> Knobs:
 # launch). Outputs along the row (a softmax's) are written by the merging program alone, so
 # only their statistics would run in parallel: not split (not measured).
 SPLIT_BELOW_TILES = SMS // 2
+# ... and a sweep that is one tile alone (a value over every axis: :mod:`.unit_rows`) in two parts
+# an SM: the largest magnitude of 8192 × 8192 bf16 (an fp8 scale) took 78 µs in 64 parts of 16
+# warps, 51 in 264, 55-58 in 528 (torch.compile 46); its merge reads a value a part
+# (``benchmarks.unlisted_kernels --only amax``: the default)
+ONE_TILE_PARTS = 2 * SMS
 
 
 def _splittable(plan: RowTilePlan, target: TargetSpec) -> bool:
@@ -201,7 +206,8 @@ def _split_few_tiles(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> Kno
     blocks = math.ceil(plan.cols / knobs.block_n)
     if tiles >= SPLIT_BELOW_TILES or blocks < 4:
         return knobs
-    return replace(knobs, splits=max(2, min(round(2 * SMS / tiles), blocks // 2, MAX_PARTS)))
+    most = ONE_TILE_PARTS if tiles == 1 else MAX_PARTS
+    return replace(knobs, splits=max(2, min(round(2 * SMS / tiles), blocks // 2, most)))
 
 
 def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:

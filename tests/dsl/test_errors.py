@@ -210,12 +210,13 @@ def test_returning_nothing():
     expect_error(bad, DSLError, "# <- here", "returns nothing")
 
 
-def test_output_without_axes():
-    def bad(x: T.Tensor["N", "f32"]):
+def test_output_without_axes_that_reduces_nothing():
+    def bad(x: T.Tensor["N", "f32"], scale: T.f32):
         i = T.axes("i")
-        return T.sum(x[i], over=i)  # <- here
+        T.sum(x[i], over=i)
+        return scale * 2.0  # <- here
 
-    expect_error(bad, DSLError, "# <- here", "no axes")
+    expect_error(bad, DSLError, "# <- here", "no axes and reduces nothing")
 
 
 def test_bad_tensor_annotation():

@@ -118,7 +118,7 @@ def interpreted(kernel, dynamic=None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NoTemplateWarning)
         made = tf.compile(kernel, target="cuda:sm_90a", dynamic=dynamic)
-    if isinstance(made, RewrittenKernel):   # an equivalent program's kernel runs the calls
+    while isinstance(made, RewrittenKernel):   # an equivalent program's kernel runs the calls
         made = made.inner
     if not hasattr(made, "stages"):   # one kernel that the interpreter runs as it is
         return _interpreted_stage(None, made)
@@ -134,7 +134,8 @@ class _PickedPerCall(GraphCallable):
     else its Triton template."""
 
     def __init__(self, made):
-        self.made, self.program = made, made.program
+        self.made, self.program, self.target = made, made.program, made.target
+        self.description = made.description
 
     def invoke(self, key, args: tuple, kwargs: dict):
         from tensorfuse.binding import bind_call

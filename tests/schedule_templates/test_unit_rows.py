@@ -1,0 +1,84 @@
+"""Values reduced over every axis (outputs of shape []): the CPU's TVM lowering takes them as they
+are; on GPUs (schedule_templates.unit_rows) they are one row of an axis of one element, swept in
+parts by the row template — checked against float64 on the CPU target, through Triton's
+interpreter, in sm_90a code and on a GPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tensorfuse as tf
+from benchmarks.full_reductions import amax, mean_cross_entropy, sum_of_squares
+from tensorfuse import dsl as T
+from tensorfuse.schedule_templates.unit_rows import with_unit_row
+
+
+def _inputs(generator, M=37, N=301, V=1003):
+    x = (torch.randn(M, N, generator=generator) * 50).bfloat16()
+    x[M // 2, N // 3] = -3000.0   # the largest magnitude a negative value, far from the rest
+    g = torch.randn(M * N + 5, generator=generator) * 1e3
+    logits = (torch.randn(M, V, generator=generator) * 8).bfloat16()
+    target = torch.randint(0, V, (M,), generator=generator, dtype=torch.int32)
+    return {
+        "amax": (amax, (x,), x.double().abs().max()),
+        "sum_of_squares": (sum_of_squares, (g,), (g.double() ** 2).sum()),
+        "mean_cross_entropy": (mean_cross_entropy, (logits, target), torch.nn.functional
+                               .cross_entropy(logits.double(), target.long())),
+    }
+
+
+TOLERANCE = {"amax": 0.0, "sum_of_squares": 1e-5, "mean_cross_entropy": 1e-5}
+
+
+@pytest.mark.parametrize("name", sorted(TOLERANCE))
+def test_on_the_cpu_they_match_float64_with_shape_nothing(name):
+    kernel, args, want = _inputs(torch.Generator().manual_seed(3))[name]
+    made = tf.compile(kernel, "cpu")
+    got = made(*args)
+    assert got.shape == () and float(abs(got.double() - want) / abs(want)) <= TOLERANCE[name]
+    out = torch.full((), float("nan"), dtype=got.dtype)   # poisoned, then filled in place
+    made(*args, out=out)
+    assert float(abs(out.double() - want) / abs(want)) <= TOLERANCE[name]
+
+
+def test_the_triton_kernels_match_float64_in_the_interpreter():
+    from tests.helpers import check_interpreted
+    from tests.schedule_templates.unit_rows_check import CASES
+
+    check_interpreted("tests.schedule_templates.unit_rows_check", CASES, tolerance=1e-5)
+
+
+def test_on_gpus_one_row_swept_in_two_parts_an_sm():
+    made = tf.compile(amax, "cuda:sm_90a")
+    assert "(over every axis) as one row" in made.schedule_origin(M=8192, N=8192)
+    flat = made.for_sizes(M=8192, N=8192)
+    plan = flat.for_sizes(M=8192, N=8192).describe_plan(M=8192, N=8192)
+    assert "rows one (1)" in plan and "splits=264" in plan, plan
+    ptx = made.ptx(M=8192, N=8192)   # the parts' merge compiles for sm_90a
+    assert "atom.global" in ptx and "ld.global.cg" in ptx
+
+
+def test_a_value_over_axes_reading_one_over_none_keeps_the_default_schedule():
+    @tf.kernel
+    def normalised(x: T.Tensor["M", "N", "f32"]):
+        i, j = T.axes("i j")
+        return x[i, j] / T.sum(x[i, j], over=(i, j))
+
+    assert with_unit_row(normalised.program) is None
+    x = np.random.default_rng(0).random((7, 11)) + 0.5
+    got = tf.compile(normalised, "cpu")(x.astype(np.float32))
+    np.testing.assert_allclose(got, x / x.sum(), rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(TOLERANCE))
+def test_on_the_gpu_they_match_float64(name):
+    kernel, args, want = _inputs(torch.Generator().manual_seed(7), M=333, N=4099,
+                                 V=32000)[name]
+    args = tuple(a.cuda() for a in args)
+    made = tf.compile(kernel, "cuda")
+    out = torch.full((), float("nan"), dtype=made(*args).dtype, device="cuda")
+    made(*args, out=out)
+    assert out.shape == () and float(abs(out.double().cpu() - want) / abs(want)) <= \
+        max(TOLERANCE[name], 1e-6)
