@@ -235,6 +235,14 @@ def _user_monoid_over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
     return x[b, i, j] - total[0] / total[1]
 
 
+@tf.kernel
+def _user_monoid_mean_over_two_axes(x: T.Tensor["B", "M", "N", "f32"]):
+    """The pair's mean alone: one stage (no elementwise pass after it for a template to take)."""
+    b, i, j = T.axes("b i j")
+    total = T.reduce((x[b, i, j], 1.0), over=(j, i), monoid=_SUM_COUNT)
+    return total[0] / total[1]
+
+
 def _compiled_for_sm80(kernel):
     """``tf.compile(kernel, "cuda:sm_80")`` and its schedule_origin at one size, with the warnings
     they gave."""
@@ -262,14 +270,19 @@ def test_a_gpu_kernel_no_template_takes_says_so_once_and_why(monkeypatch):
         f.schedule_origin(B=2, M=32, N=64)
     for module in (tile_plan, row_states):
         monkeypatch.setattr(module, "reducible", lambda monoid: monoid.arity == 1)
-    f, caught = _compiled_for_sm80(_user_monoid_over_two_axes)
+    f, caught = _compiled_for_sm80(_user_monoid_mean_over_two_axes)
     assert [w.category for w in caught] == [NoTemplateWarning]
-    assert "no template takes _user_monoid_over_two_axes on cuda:sm_80" in \
+    assert "no template takes _user_monoid_mean_over_two_axes on cuda:sm_80" in \
         str(caught[0].message)
     origin = f.schedule_origin(B=2, M=32, N=64)
     assert origin == ("TVM's default GPU schedule, unfused (no template takes "
-                      "_user_monoid_over_two_axes: it has no reductions over one axis to fuse)"), \
-        origin
+                      "_user_monoid_mean_over_two_axes: it has no reductions over one axis to "
+                      "fuse)"), origin
+    # with an elementwise pass after the pair: that stage on the elementwise template
+    f, caught = _compiled_for_sm80(_user_monoid_over_two_axes)
+    origin = f.schedule_origin(B=2, M=32, N=64)
+    assert origin.startswith("staged: 2 kernels") and "[1] out_sum_count_0 from x: TVM's " \
+        "default" in origin and "elementwise template" in origin, origin
     # the sum's stage is swept over (j, i) as one axis by the row template
     f, caught = _compiled_for_sm80(_over_two_axes)
     assert "no template takes _over_two_axes whole on cuda:sm_80" in str(caught[0].message)

@@ -18,6 +18,7 @@ from .hopper_ffn import hopper_ffn
 from .hopper_gemm import hopper_gemm
 from .rolling_update import CPU_CHUNK, DEFAULT_CHUNK
 from .tile_plan import plan_rowtile
+from .unit_rows import with_unit_row
 
 
 def choose(program: Program, target: TargetSpec):
@@ -65,11 +66,19 @@ def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True)
         return False
     if is_contraction(program) or scatters(program):
         return True
+    if not any(c.is_reduction for c in program.computes):   # the elementwise template's
+        from .elementwise import elementwise_form
+
+        return elementwise_form(program) is not None
     if all(c.monoid.name == "sum" for c in program.computes if c.is_reduction) and \
             gemm_shaped(program):
         return False
     found = choose(program, target)
-    if found is None:   # reductions over several axes together, a template's once swept as one
+    if found is None:
+        one_row = with_unit_row(program)
+        if one_row is not None:   # a value over no axis: one row (tf.compile rewrites it so)
+            return takes_stage(one_row[0], target, swept_as_one)
+        # reductions over several axes together, a template's once swept as one
         return swept_as_one and \
             flat_templated(program, dict.fromkeys(program.dim_names(), 64), target) is not None
     # a chain whose row kernel adds sums down the rows up (column_sums) is staged where that

@@ -157,12 +157,19 @@ def _interpreted_stage(stage, kernel):
 
     from tensorfuse.api import AutoKernel
     from tensorfuse.flat_kernel import FlatSweepKernel
+    from tensorfuse.targets.triton.elementwise import ElementwiseKernel
+    from tensorfuse.widened_kernel import RewrittenKernel
 
+    if isinstance(kernel, RewrittenKernel):   # a value over no axis as one row: its shape []
+        return RewrittenKernel(kernel.program, _interpreted_stage(None, kernel.inner),
+                               kernel.note)
     if isinstance(kernel, FlatSweepKernel):
         return FlatSweepKernel(kernel.program, kernel.target, kernel.group,
                                lambda sizes: _interpreted_stage(None, kernel.for_sizes(**sizes)))
     if isinstance(kernel, AutoKernel):
         return _PickedPerCall(kernel)
+    if isinstance(kernel, ElementwiseKernel):   # a stage's elementwise pass: Triton's as it is
+        return kernel
     if stage is None:   # a whole kernel: a flat sweep's or the elementwise template's
         return kernel
     return tf.compile(types.SimpleNamespace(program=stage.program, fn=None,

@@ -11,6 +11,7 @@ import torch
 import tensorfuse as tf
 from benchmarks.full_reductions import amax, mean_cross_entropy, sum_of_squares
 from tensorfuse import dsl as T
+from tensorfuse.errors import NoTemplateWarning
 from tensorfuse.schedule_templates.unit_rows import with_unit_row
 
 
@@ -59,13 +60,20 @@ def test_on_gpus_one_row_swept_in_two_parts_an_sm():
     assert "atom.global" in ptx and "ld.global.cg" in ptx
 
 
-def test_a_value_over_axes_reading_one_over_none_keeps_the_default_schedule():
+def test_a_value_over_axes_reading_one_over_none_runs_in_two_stages():
+    """``x / Σx``: the sum over every axis (one row) stored, then the elementwise template's
+    pass reading it — no rewrite of the whole program (its division reads the sum along axes
+    the unit axis is not one of)."""
     @tf.kernel
     def normalised(x: T.Tensor["M", "N", "f32"]):
         i, j = T.axes("i j")
         return x[i, j] / T.sum(x[i, j], over=(i, j))
 
     assert with_unit_row(normalised.program) is None
+    with pytest.warns(NoTemplateWarning, match="runs as 2 kernels"):
+        origin = tf.compile(normalised, "cuda:sm_90a").schedule_origin(M=4096, N=4096)
+    assert "[1] out_sum from x: out_sum (over every axis) as one row" in origin, origin
+    assert "[2] out from x, out_sum: elementwise template" in origin, origin
     x = np.random.default_rng(0).random((7, 11)) + 0.5
     got = tf.compile(normalised, "cpu")(x.astype(np.float32))
     np.testing.assert_allclose(got, x / x.sum(), rtol=1e-5)
