@@ -124,6 +124,10 @@ class Expr:
             "combine conditions", user_location())
 
     def __iter__(self):
+        if isinstance(self, Axis):   # `j, = T.axes("j")`: one name gives the axis itself
+            raise UnsupportedConstructError(
+                f"cannot unpack axis {self.name}: T.axes with one name returns the axis itself; "
+                f"write {self.name} = T.axes({self.name!r})", user_location())
         raise UnsupportedConstructError(
             "cannot iterate over a tensor expression; loops are written with axes and reductions "
             "(T.sum(x[i, j], over=j))", user_location())

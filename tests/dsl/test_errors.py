@@ -145,6 +145,14 @@ def test_iterating_over_a_tensor_is_rejected():
     expect_error(bad, UnsupportedConstructError, "# <- here", "iterate")
 
 
+def test_unpacking_the_one_axis_of_t_axes_says_it_is_the_axis_itself():
+    def bad(x: T.Tensor["N", "f32"]):
+        j, = T.axes("j")  # <- here
+        return x[j] * 2.0
+
+    expect_error(bad, UnsupportedConstructError, "# <- here", "write j = T.axes('j')")
+
+
 def test_python_max_of_a_tensor_value_points_to_where_and_relu():
     def bad(x: T.Tensor["N", "f32"]):
         i = T.axes("i")
