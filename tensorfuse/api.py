@@ -66,11 +66,11 @@ def _compile(kernel, target, template, untemplated: str | None = None,
         from .schedule_templates import TEMPLATES
         from .schedule_templates.auto import choose, contraction_templates, native_templates
 
-        # a one-hot sum (a gathered read's gradient) as the scatter it is, before any template
-        # takes it as a dense reduction over every output element
         one_row = _unit_rows(kernel, spec, dynamic) if spec.is_gpu else None
         if one_row is not None:   # values over no axis: the templates plan rows
             return one_row
+        # a one-hot sum (a gathered read's gradient) as the scatter it is, before any template
+        # takes it as a dense reduction over every output element
         scattered = _scattered(kernel, spec, dynamic) if spec.is_gpu else None
         if scattered is not None:
             return scattered

@@ -26,7 +26,8 @@ def over_nothing(program: Program) -> set[str]:
 def with_unit_row(program: Program) -> tuple[Program, str] | None:
     """``program`` with an axis of one element on each value over no axis, and a note saying
     so; ``None`` where it has none, or where a value over axes reads one (``x / Σ x``: it would
-    read it along axes the unit axis is not one of — the default schedule takes it)."""
+    read it along axes the unit axis is not one of — the floor's stages take that program, the
+    value over no axis a stage of its own, rewritten here)."""
     empty = over_nothing(program)
     if not empty:
         return None
