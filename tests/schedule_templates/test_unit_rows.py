@@ -80,7 +80,8 @@ def test_a_value_over_axes_reading_one_over_none_runs_in_two_stages():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["amax", "sum_of_squares", "mean_cross_entropy", "normalised"])
+@pytest.mark.parametrize("name", ["amax", "sum_of_squares", "mean_cross_entropy",
+                                  "logsumexp_all", "normalised"])
 def test_on_the_gpu_they_match_float64(name):
     """The interpreter check's cases (unit_rows_check: ragged, outliers, poisoned outputs of
     shape []) as tf.compile runs them on the GPU."""

@@ -41,6 +41,19 @@ def normalised(x: T.Tensor["M", "N", "f32"]):
     return x[i, j] / T.sum(x[i, j], over=(i, j))
 
 
+@tf.kernel
+def logsumexp_all(x: T.Tensor["N", "f32"]):
+    """A rolled state over every axis: the parts' maxima differ, merged with their corrections."""
+    j = T.axes("j")
+    return T.logsumexp(x[j], over=j)
+
+
+def logsumexp_all_case(generator, N=300007):
+    x = torch.randn(N, generator=generator) * 30
+    x[N - 3] = 400.0   # the largest in the last part: every other part's sum is rescaled
+    return dict(x=x), torch.logsumexp(x.double(), 0)
+
+
 def normalised_case(generator, M=37, N=3001):
     x = torch.rand(M, N, generator=generator) * 100 + 0.5
     return dict(x=x), x.double() / x.double().sum()
@@ -48,6 +61,7 @@ def normalised_case(generator, M=37, N=3001):
 
 CASES = {"amax": (amax, amax_case), "sum_of_squares": (sum_of_squares, sum_of_squares_case),
          "mean_cross_entropy": (mean_cross_entropy, mean_cross_entropy_case),
+         "logsumexp_all": (logsumexp_all, logsumexp_all_case),
          "normalised": (normalised, normalised_case)}
 
 
