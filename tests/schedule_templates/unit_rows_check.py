@@ -35,6 +35,59 @@ def mean_cross_entropy_case(generator, M=37, V=1003):
 
 
 @tf.kernel
+def extremes(x: T.Tensor["M", "N", "bf16"]):
+    """Two outputs over no axis."""
+    i, j = T.axes("i j")
+    return T.max(x[i, j], over=(i, j)), T.min(x[i, j], over=(i, j))
+
+
+def extremes_case(generator, M=37, N=3001):
+    x = (torch.randn(M, N, generator=generator) * 5).bfloat16()
+    return dict(x=x), (x.double().max(), x.double().min())
+
+
+@tf.kernel
+def lse_and_mean(x: T.Tensor["M", "V", "f32"]):
+    """An output per row and their mean over none: outputs over different axes, in stages."""
+    i, v = T.axes("i v")
+    lse = T.logsumexp(x[i, v], over=v)
+    return lse, T.sum(lse, over=i) / T.size("M")
+
+
+def lse_and_mean_case(generator, M=37, V=1003):
+    x = torch.randn(M, V, generator=generator) * 10 + 100
+    lse = torch.logsumexp(x.double(), 1)
+    return dict(x=x), (lse, lse.mean())
+
+
+@tf.kernel
+def variance_all(x: T.Tensor["M", "N", "f32"]):
+    """A sum over every axis that reads another's final value (rolled: a running mean)."""
+    i, j = T.axes("i j")
+    n = T.size("M") * T.size("N")
+    mean = T.sum(x[i, j], over=(i, j)) / n
+    return T.sum((x[i, j] - mean) * (x[i, j] - mean), over=(i, j)) / n
+
+
+def variance_all_case(generator, M=37, N=3001):
+    x = torch.randn(M, N, generator=generator) * 10 + 1000   # far from zero: a shifted sum
+    return dict(x=x), x.double().var(unbiased=False)
+
+
+@tf.kernel
+def argmax_vector(x: T.Tensor["N", "f32"]):
+    """An index over every axis: ties in different parts go to the first."""
+    j = T.axes("j")
+    return T.argmax(x[j], over=j)
+
+
+def argmax_vector_case(generator, N=100003):
+    x = torch.randn(N, generator=generator) * 3
+    x[77777] = x[88888] = 50.0
+    return dict(x=x), torch.tensor(77777.0, dtype=torch.float64)
+
+
+@tf.kernel
 def normalised(x: T.Tensor["M", "N", "f32"]):
     """A value over axes that reads one over none: two stages, the sum stored between them."""
     i, j = T.axes("i j")
@@ -62,6 +115,9 @@ def normalised_case(generator, M=37, N=3001):
 CASES = {"amax": (amax, amax_case), "sum_of_squares": (sum_of_squares, sum_of_squares_case),
          "mean_cross_entropy": (mean_cross_entropy, mean_cross_entropy_case),
          "logsumexp_all": (logsumexp_all, logsumexp_all_case),
+         "extremes": (extremes, extremes_case), "lse_and_mean": (lse_and_mean, lse_and_mean_case),
+         "variance_all": (variance_all, variance_all_case),
+         "argmax_vector": (argmax_vector, argmax_vector_case),
          "normalised": (normalised, normalised_case)}
 
 
