@@ -90,14 +90,15 @@ def chain_candidates(program: Program) -> list[tuple[list[Compute], Axis]]:
 _WARNED: dict = {}
 
 
-def _warn_once_a_member(program: Program, caught: list) -> None:
-    """Give the warnings a plan raised again, a :class:`RollingUpdateWarning` once per member
-    of the user's kernel (the user's filters apply as they are given)."""
+def _warn_again(program: Program, caught: list, checked: bool) -> None:
+    """Give the warnings a plan raised again (the user's filters apply as they are given): a
+    correction that can grow once per member of the user's kernel, and only where the plan is
+    ``checked``."""
     first = program.params[0] if program.params else program
     for w in caught:
         member = getattr(w.message, "member", None)
         if member is not None:
-            if (id(first), member) in _WARNED:
+            if not checked or (id(first), member) in _WARNED:
                 continue
             _WARNED[(id(first), member)] = first
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -121,8 +122,8 @@ def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis",
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RollingUpdateWarning)
             chain = _plan(program, names, axis)
-        if checked:   # else without the scheme checks' own warning (a correction that can grow)
-            _warn_once_a_member(program, caught)
+        _warn_again(program, caught, checked)
+        if checked:
             chain.conditioning = measure(chain)
             check_conditioning(chain)
             check_exponent_bounds(chain)

@@ -12,6 +12,7 @@ from ..targets import TargetSpec
 from .cluster import attention_decode
 from .contraction import triton_contraction
 from .contraction_plan import gemm_shaped, is_contraction
+from .elementwise import elementwise_form
 from .fusion import Fusion
 from .hopper_attention import hopper_attention
 from .hopper_ffn import hopper_ffn
@@ -67,8 +68,6 @@ def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True)
     if is_contraction(program) or scatters(program):
         return True
     if not any(c.is_reduction for c in program.computes):   # the elementwise template's
-        from .elementwise import elementwise_form
-
         return elementwise_form(program) is not None
     if all(c.monoid.name == "sum" for c in program.computes if c.is_reduction) and \
             gemm_shaped(program):
