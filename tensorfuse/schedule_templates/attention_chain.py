@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..algebra import inline_elementwise, plan_chain
-from ..algebra.exprs import factors, substitute
+from ..algebra.exprs import factors, nodes, substitute
 from ..dsl.evaluate import evaluate_plain
 from ..dsl.expr import Axis, Binary, Const, DimSize, Expr, Load, Ref, Symbol, Unary, binary, unary
 from ..dsl.program import Compute, Program
@@ -275,7 +275,22 @@ def with_logsumexp(program: Program, names: tuple[str, ...]) -> Program:
 
 def check_head_map(chain: AttentionChain, sizes: dict, H: int, G: int, who: str) -> None:
     """The kernels give query heads ``hk·G … hk·G + G - 1`` to kv-head ``hk``; the program's
-    kv-head expression must say the same for every query head."""
+    kv-head expression must say the same for every query head (answered once per expression,
+    head counts and the sizes it reads: a first call at a new prompt length asks again)."""
+    reads = tuple(sorted({n.name for n in nodes(chain.kv_head) if isinstance(n, DimSize)}))
+    key = (chain.kv_head.key(), chain.head_axis, H, G, tuple(sizes.get(n) for n in reads))
+    if key in _HEAD_MAPS_CHECKED:
+        return
+    _check_head_map(chain, sizes, H, G, who)
+    if len(_HEAD_MAPS_CHECKED) > 4096:
+        _HEAD_MAPS_CHECKED.clear()
+    _HEAD_MAPS_CHECKED.add(key)
+
+
+_HEAD_MAPS_CHECKED: set = set()   # keys of check_head_map's questions answered yes
+
+
+def _check_head_map(chain: AttentionChain, sizes: dict, H: int, G: int, who: str) -> None:
     def replace(n):
         if isinstance(n, Axis) and n.name == chain.head_axis:
             return Symbol(n.name, "i64")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
+
 from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
 from ..interop import StreamScratch, kept_copies, kept_empty
@@ -70,8 +72,9 @@ class _Lists:
                                self.knobs.block_n, device)
             row_blocks = self.tiling.rows.padded // self.knobs.block_m
             visited = None
-        else:
-            made, visited = block_lists_and_counts(self.plan.mask, [b, h], i, j, sizes, tensors,
+        else:   # shared: one batch·head's lists, which the kernel reads for every one
+            batch = [] if self.plan.lists_shared else [b, h]
+            made, visited = block_lists_and_counts(self.plan.mask, batch, i, j, sizes, tensors,
                                                    scalars, self.knobs.block_m,
                                                    self.knobs.block_n, device, keep=True)
             made = (*made, made[0], made[0])
@@ -86,6 +89,9 @@ class _Lists:
                 visited = (pn + fn).cpu().numpy()
             # key blocks per tile in the kernel's order: batch·head-major, last row block first
             blocks = visited.reshape(-1, row_blocks)[:, ::-1].reshape(-1)
+            if self.plan.lists_shared:   # every batch·head's tiles alike
+                B, H = (sizes[d] for d in self.plan.chain.dims[:2])
+                blocks = np.tile(blocks, B * H)
             favoured = pick_persistent(blocks, self.pick_among)
         self.cache = {key: (kept, favoured)}
         return self.cache[key]

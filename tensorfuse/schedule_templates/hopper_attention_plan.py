@@ -135,6 +135,16 @@ class HopperAttentionPlan:
         return ("load", "tma_strided_boxes") in self.parts
 
     @property
+    def lists_shared(self) -> bool:
+        """Whether every batch position and head has the same block lists: the mask reads the
+        query and key positions alone (causal, a window, a prefix — sizes and scalars besides),
+        so the lists are made for one and read by all (the kernel's ``SHARED_LISTS``): a new
+        prompt length then sorts B·H times fewer blocks on the host."""
+        if self.mask is None or self.tensors:
+            return False
+        return {a.uid for a in self.mask.axes} <= {a.uid for a in self.chain.axes[2:]}
+
+    @property
     def reads_map(self) -> bool:
         """Whether the mask reads the queries or keys as a 2-D/3-D map: the kernel may visit it
         in patches (:mod:`.hopper_tiling`)."""

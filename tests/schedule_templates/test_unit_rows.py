@@ -14,6 +14,7 @@ from tensorfuse import dsl as T
 from tensorfuse.errors import NoTemplateWarning
 from tensorfuse.schedule_templates.unit_rows import with_unit_row
 from tests.helpers import check_interpreted, poisoned_call, relative_error
+from tests.schedule_templates import unit_rows_check
 from tests.schedule_templates.unit_rows_check import CASES
 
 
@@ -77,3 +78,15 @@ def test_on_the_gpu_they_match_float64(name):
     outs = poisoned_call(tf.compile(kernel, "cuda"), kernel.program, args, wants)
     for out, w in zip(outs, wants):
         assert out.shape == w.shape and relative_error(out, w) <= 1e-5, name
+
+
+def test_each_part_sums_per_lane_and_reads_its_stretch_once():
+    """A part of a long sum keeps a sum per lane, folded once before it stores its state (a sum of
+    16M terms added in per-lane runs, not a tree per block), and its loads are marked read once
+    (one row in all: nothing is read again by another row)."""
+    made = tf.compile(unit_rows_check.sum_of_squares, "cuda:sm_90a")
+    source = made.for_sizes(N=1 << 24).source(N=1 << 24)
+    assert "st_out_0 = tl.full([BLOCK_M, BLOCK_N]" in source
+    folded = source.index("st_out_0 = tl.sum(st_out_0, axis=1")
+    assert folded < source.index("tl.store(part_out_0")
+    assert "eviction_policy='evict_first'" in source and "evict_last" not in source

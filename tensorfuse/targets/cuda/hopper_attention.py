@@ -147,6 +147,11 @@ class AttentionSource(KernelArguments):
         return self.knobs.block_n
 
     @property
+    def shared_lists(self) -> bool:
+        """Whether the lists are one batch·head's, read by all (``plan.lists_shared``)."""
+        return self.lists and self.tiling is None and self.plan.lists_shared
+
+    @property
     def tiled(self) -> bool:
         return self.tiling is not None
 

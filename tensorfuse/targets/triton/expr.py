@@ -224,7 +224,7 @@ def _eviction(e: Load, streaming: tuple) -> str:
         return ""
     rows, col, policy = streaming
     used = {a.uid for a in e.axes}
-    if col in used and used & rows:
+    if col in used and (used & rows or not rows):   # no rows: one row in all
         return f", eviction_policy='{policy}'"
     if col in used:
         return ", eviction_policy='evict_last'"

@@ -118,9 +118,11 @@ class _RowTileSource(SplitMerge):
         if self.reload or ((self.hinted if EVICTION is None else EVICTION) and not contracts):
             # a row reduction (no contraction): its rows stream through L2, kept there for a second
             # pass (switched to evict_first for that pass below)
-            self.ctx_base.streaming = (
-                frozenset({plan.row.uid} | {a.uid for a in plan.batch}), plan.col.uid,
-                "evict_last" if self.reads_twice or self.reload else "evict_first")
+            # one row in all (a value over every axis): a tensor no row indexes is read once too
+            rows = frozenset() if M == 1 and not plan.batch else \
+                frozenset({plan.row.uid} | {a.uid for a in plan.batch})
+            self.ctx_base.streaming = (rows, plan.col.uid, "evict_last"
+                                       if self.reads_twice or self.reload else "evict_first")
 
         self.row_index = "offs_m[:, None]"
         self.row_ok = f"(offs_m[:, None] < {M})"
@@ -142,7 +144,7 @@ class _RowTileSource(SplitMerge):
             self.ctx_base.realigned = {name: (plan.col.uid, "flat_n", "in_n")
                                        for name in self.realign.params}
         self.lanes = lanewise_states(plan) if LANEWISE and not self.single and \
-            plan.mask is None and splits == 1 else frozenset()
+            plan.mask is None else frozenset()
         self.chunk_memo: dict = {}
         self.rows_pad = math.ceil(M / knobs.block_m) * knobs.block_m
         self.per_split = math.ceil(math.ceil(N / knobs.block_n) / splits) * knobs.block_n
@@ -539,6 +541,7 @@ class _RowTileSource(SplitMerge):
                         "BLOCK_N", self.stages)
                 with w.block():
                     self.chunk_body(True)
+            self.fold_lanes()   # a part's lanes folded before its states are stored
             for sp in plan.states:
                 w(f"tl.store({self.part_at(sp, 'pid_s')}, "
                   f"{stored_state(sp, self.states[(sp.member.name, sp.k)])})")

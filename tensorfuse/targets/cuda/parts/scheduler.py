@@ -144,7 +144,8 @@ def attention_consumer_tile(c) -> str:
 
 
 def attention_tile_functions(c) -> str:
-    """A tile's row block, heads and key-block schedule."""
+    """A tile's row block, heads and key-block schedule (a mask over the positions alone: one
+    batch·head's lists, read by all)."""
     return f"""// Tile `t` (batch·head-major, longest row block first): its row block, batch·head, kv-head and
 // key-block schedule — `count` blocks, the first `n_partial` of them partial (from the lists at
 // `base`). Kept small: the producer runs on 32 registers, and a consumer at block_n = 176 on
@@ -160,7 +161,7 @@ __device__ __forceinline__ Tile tile_at(int t, int row_blocks, const int* pn, co
   w.rb = row_blocks - 1 - t % row_blocks;
   w.kv = (w.bh / H_) * HKV_ + (w.bh % H_) / (H_ / HKV_);
 #if LISTS
-  const int at = w.bh * row_blocks + w.rb;
+  const int at = {"" if c.shared_lists else "w.bh * row_blocks + "}w.rb;
   w.base = (unsigned)at * (unsigned)(TILED ? WINDOWS : (N_ + BN - 1) / BN);
   w.n_partial = pn[at];
   w.count = pn[at] + fn[at];
