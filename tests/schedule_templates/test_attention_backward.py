@@ -132,6 +132,29 @@ def test_the_gradients_are_the_same_bits_on_every_run_when_asked(kernel):
     free = torch.autograd.grad(out, (q, k, v), seed, retain_graph=True)
     for a, b in zip(free, first):
         assert float((a.float() - b.float()).norm() / b.float().norm()) < 1e-2
+    # the repeats went straight to the compiled kernels' launchers (the first through the JIT),
+    # and gave the first's bits
+    from tensorfuse.autograd import _TEMPLATES
+
+    made = [_TEMPLATES[key] for key in f.torch_op.differentiation.templates.values()]
+    triton = [t if isinstance(t, AttentionBackwardKernels) else t.statistics for t in made]
+    assert sum(launch.direct for t in triton for launch in t.kernels.values()) >= 3
+
+
+def test_launches_are_specialised_as_tritons_jit_specialises_them():
+    """The compiled kernel a backward launch reuses is keyed by what the JIT specialises on:
+    tensors' dtypes and 16-byte alignment, ints' width, ones and multiples of 16."""
+    from tensorfuse.targets.triton.launcher import specialisation
+
+    x = torch.zeros(64, dtype=torch.bfloat16)
+    same = specialisation([x, 4096, 0.5]) == specialisation([torch.ones(8, dtype=x.dtype),
+                                                              32, 0.25])
+    assert same
+    assert specialisation([x[1:], 4096, 0.5]) != specialisation([x, 4096, 0.5])   # misaligned
+    assert specialisation([x, 4097, 0.5]) != specialisation([x, 4096, 0.5])
+    assert specialisation([x, 1, 0.5]) != specialisation([x, 17, 0.5])
+    assert specialisation([x, 2 ** 40, 0.5]) != specialisation([x, 16, 0.5])
+    assert specialisation([x.float(), 16, 0.5]) != specialisation([x, 16, 0.5])
 
 
 @pytest.mark.gpu

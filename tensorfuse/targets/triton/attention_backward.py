@@ -34,6 +34,7 @@ from ...dsl.expr import Load
 from ...dsl.program import TensorParam
 from .expr import HELPERS, LOG2E, TL_DTYPES, TileContext, ieee_products, offset, to_triton
 from .launch import TL_SIGNATURE, compile_for, interpreting, load_kernel
+from .launcher import JitOnce
 
 ENTRIES = ("_tf_bwd_stats", "_tf_bwd_delta", "_tf_bwd_dkdv", "_tf_bwd_dq", "_tf_bwd_dkdv_dq")
 NEG_INF = "float('-inf')"
@@ -411,6 +412,17 @@ class AttentionBackwardKernels:
     def __init__(self, plan, knobs):
         self.plan, self.knobs = plan, knobs
         self.source = backward_source(plan, knobs)
+        self.kernels: dict = {}   # entry -> its JitOnce
+
+    def _launch(self, entry: str, grid: tuple, args: list, constexprs: dict) -> None:
+        """One kernel of the backward: through Triton's JIT the first time per specialisation,
+        straight to its launcher after (autograd calls the backward with arguments it does not
+        bind once per signature, as a forward's fast call does)."""
+        launch = self.kernels.get(entry)
+        if launch is None:
+            launch = self.kernels[entry] = JitOnce(load_kernel(self.source, entry),
+                                                   self._options)
+        launch(grid, args, constexprs)
 
     def launches(self, saved_lse: bool) -> list[tuple[str, tuple, dict]]:
         """``(entry, (grid over the blocks, grid over batch × heads), block sizes)`` in launch
@@ -437,8 +449,7 @@ class AttentionBackwardKernels:
         −inf for a row with no kept key)."""
         args, ranges = self._arguments(tensors, scalars, out, d_out, lse, gradients=True)
         for entry, grid, blocks in self.launches(lse is not None):
-            load_kernel(self.source, entry)[grid](*args, **blocks, RANGES=ranges,
-                                                  **self._options)
+            self._launch(entry, grid, args, {**blocks, "RANGES": ranges})
         return tuple(args[_AT[n]] for n in ("DQ", "DK", "DV"))
 
     def row_statistics(self, tensors: dict, scalars: dict, out, d_out, lse=None):
@@ -447,7 +458,7 @@ class AttentionBackwardKernels:
         gradient buffers are made)."""
         args, ranges = self._arguments(tensors, scalars, out, d_out, lse, gradients=False)
         entry, grid, blocks = self.launches(lse is not None)[0]
-        load_kernel(self.source, entry)[grid](*args, **blocks, RANGES=ranges, **self._options)
+        self._launch(entry, grid, args, {**blocks, "RANGES": ranges})
         return args[_AT["LSE"]], args[_AT["DELTA"]]
 
     @property

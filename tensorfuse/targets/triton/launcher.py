@@ -207,3 +207,58 @@ class FastCall(SignatureCall):
                        enter, leave)
         del keep   # freed after the launches are queued: the caching allocator orders its reuse
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def specialisation(args) -> tuple:
+    """What Triton's JIT specialises a kernel on among ``args`` (tensors, ints, floats): each
+    tensor's dtype and whether its address is 16-byte aligned, each int's type width, whether it
+    is 1 and whether 16 divides it. Launches with the same specialisation run one compiled
+    kernel."""
+    key = []
+    for a in args:
+        if hasattr(a, "data_ptr"):
+            key.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif isinstance(a, bool) or not isinstance(a, int):
+            key.append(type(a))
+        else:
+            key.append((-2 ** 31 <= a < 2 ** 31, a == 1, a % 16 == 0))
+    return tuple(key)
+
+
+class JitOnce:
+    """A jitted function launched through Triton's JIT the first time per specialisation of its
+    arguments (:func:`specialisation`), grid and constexprs — which compiles it — and through the
+    compiled kernel's launcher after that: launches whose arguments are not bound once per
+    signature (a backward's, from autograd) without the JIT's binding, specialising and lookup
+    on every call (tens of µs each)."""
+
+    def __init__(self, fn, options: dict):
+        self.fn, self.options = fn, options
+        self.compiled: dict = {}
+        self.direct = 0   # launches that bypassed Triton's JIT (tests read it)
+
+    def __call__(self, grid: tuple, args: list, constexprs: dict) -> None:
+        if interpreting():
+            self.fn[grid](*args, **constexprs, **self.options)
+            return
+        key = (grid, tuple(constexprs.items()), specialisation(args))
+        step = self.compiled.get(key)
+        if step is None:
+            step = Step(self.fn, grid, [], set())
+            step.compiled_from(self.fn[grid](*args, **constexprs, **self.options))
+            self.compiled[key] = step
+            return
+        values = [a.data_ptr() if hasattr(a, "data_ptr") else a for a in args]
+        values += list(constexprs.values())
+        runtime, active = _triton()
+        stream = active.get_current_stream(active.get_current_device())
+        enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
+        kernel = step.compiled
+        if step.raw is not None:
+            launch_raw(step.raw, kernel, step.grid, stream, values, enter, leave)
+        else:
+            meta = kernel.launch_metadata(step.grid, stream, *values) if enter is not None \
+                else None
+            kernel.run(*step.grid, stream, kernel.function, kernel.packed_metadata, meta, enter,
+                       leave, *values)
+        self.direct += 1
