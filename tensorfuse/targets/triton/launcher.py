@@ -51,13 +51,24 @@ class Launches:
         self.direct = 0   # launches that bypassed Triton's JIT (tests read it)
 
     def __call__(self, values: dict) -> None:
-        """Launch every step with ``values`` (tensors and scalars by argument name)."""
+        """Launch every step with ``values`` (tensors and scalars by argument name). A step's
+        first launch takes the kernel another launches compiled for the same specialisation
+        (a new size of a kernel that reads its sizes as arguments), else goes through the JIT."""
         for step in self.steps:
+            if step.compiled is None and not self.interpreted:
+                args = [values[n] for n in step.names]
+                key = (step.fn, _triton()[1].get_current_device(), specialisation(args),
+                       tuple(self.constexprs), tuple(self.options.values()))
+                found = _COMPILED.get(key)
+                if found is None:
+                    found = _COMPILED[key] = step.fn[step.grid](*args, **self.meta,
+                                                                **self.options)
+                    step.compiled_from(found)
+                    continue
+                step.compiled_from(found)
             if step.compiled is None or self.interpreted:
                 args = [values[n] for n in step.names]
-                kernel = step.fn[step.grid](*args, **self.meta, **self.options)
-                if not self.interpreted:
-                    step.compiled_from(kernel)
+                step.fn[step.grid](*args, **self.meta, **self.options)
                 continue
             self._launch(step, values)
 
@@ -99,6 +110,10 @@ def launch_raw(raw, kernel, grid, stream, args, enter, leave) -> None:
 
 
 _TRITON: list = []
+# compiled kernels by (jitted function, device, specialisation, constexprs, options): the
+# launches of a new size find the kernel the JIT compiled for another, without the JIT's binding
+# and specialising of every argument again
+_COMPILED: dict = {}
 
 
 def _triton():
@@ -220,8 +235,8 @@ def specialisation(args) -> tuple:
             key.append((a.dtype, a.data_ptr() % 16 == 0))
         elif isinstance(a, bool) or not isinstance(a, int):
             key.append(type(a))
-        else:
-            key.append((-2 ** 31 <= a < 2 ** 31, a == 1, a % 16 == 0))
+        else:   # Triton's int widths: i32, i64, u64
+            key.append((-2 ** 31 <= a < 2 ** 31, a >= 2 ** 63, a == 1, a % 16 == 0))
     return tuple(key)
 
 
@@ -241,7 +256,9 @@ class JitOnce:
         if interpreting():
             self.fn[grid](*args, **constexprs, **self.options)
             return
-        key = (grid, tuple(constexprs.items()), specialisation(args))
+        runtime, active = _triton()
+        key = (grid, active.get_current_device(), tuple(constexprs.items()),
+               specialisation(args))
         step = self.compiled.get(key)
         if step is None:
             step = Step(self.fn, grid, [], set())
@@ -250,8 +267,7 @@ class JitOnce:
             return
         values = [a.data_ptr() if hasattr(a, "data_ptr") else a for a in args]
         values += list(constexprs.values())
-        runtime, active = _triton()
-        stream = active.get_current_stream(active.get_current_device())
+        stream = active.get_current_stream(key[1])
         enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
         kernel = step.compiled
         if step.raw is not None:
