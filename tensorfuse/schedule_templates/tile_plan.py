@@ -31,8 +31,8 @@ from ..algebra.masking import identity_mask
 from ..algebra.schemes import dependency_symbols, inexact_reset
 from ..dsl import dtypes as dt
 from ..dsl.evaluate import evaluate_plain
-from ..dsl.expr import (Axis, Binary, Compare, Const, Expr, Load, Ref, Scalar, Symbol, binary,
-                        compare)
+from ..dsl.expr import (Axis, Binary, Compare, Const, DimSize, Expr, Load, Ref, Scalar, Symbol,
+                        binary, compare)
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from ..errors import ScheduleError, TargetError
@@ -508,9 +508,42 @@ class TilePlanner:
 
     def __init__(self, program: Program, chain: Chain):
         self.program, self.chain = program, chain
+        self._plans: dict = {}   # the sizes planning reads -> the plan made at them
 
     def plan(self, dims: dict) -> RowTilePlan:
-        return plan_rowtile(self.program, self.chain, dims)
+        """The plan at ``dims``: made once per the sizes planning reads — every size but the
+        swept axis' own (a decode's key count: :func:`plan_rowtile` reads the feature, row and
+        batch extents and the heads' group divisors, never the swept extent) — and given the
+        call's sizes after: a decode's first call at a new cache length (1.2–1.6 ms over the
+        steady call on the H200, ``tools/profile_new_sizes.py``) planned its chain again, about
+        half of that call's Python under cProfile with the GPU's parts stubbed out."""
+        key = tuple(sorted((n, v) for n, v in dims.items() if n not in self._swept_only))
+        found = self._plans.get(key)
+        if found is None:
+            found = plan_rowtile(self.program, self.chain, dims)
+            if len(self._plans) > 256:
+                self._plans.clear()
+            self._plans[key] = found
+            return found
+        return replace(found, sizes=dims)
+
+    @cached_property
+    def _swept_only(self) -> frozenset:
+        """The swept axis' size name where nothing planning reads uses it (no other axis has it
+        as its extent, no group divisor reads it); else nothing."""
+        col = self.chain.axis
+        if col is None or not isinstance(col.extent, str):
+            return frozenset()
+        name = col.extent
+        if any(a.extent == name for a in self.program.axes if a.uid != col.uid):
+            return frozenset()
+        for c in self.program.computes:
+            for body in c.bodies:
+                for n in nodes(body):
+                    if isinstance(n, Binary) and n.op == "floordiv" and \
+                            any(isinstance(d, DimSize) and d.name == name for d in nodes(n.b)):
+                        return frozenset()
+        return frozenset({name})
 
     @cached_property
     def reads_map(self) -> bool:
