@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .binding import bind_call, signature_key, split_scalars
+from .binding import CallBinder, bind_call, signature_key, split_scalars
 from .compiled import CompiledKernel
 from .dsl.expr import user_location
 from .dsl.program import TracedKernel, is_kernel
@@ -423,6 +423,12 @@ class AutoKernel(GraphCallable):
             chosen = self.for_sizes(bound.scalars, **bound.dims)
             if key is not None:
                 self._by_shapes[key] = chosen
+                # the chosen kernel's binding of this call copies this one
+                binder = chosen._binder() if hasattr(chosen, "_binder") else \
+                    getattr(chosen, "_calls", None)
+                if isinstance(binder, CallBinder) and binder.program is self.program and \
+                        binder.target_device == kind:
+                    binder.remember(key, bound)
         return chosen, key
 
     def _key(self, args: tuple, kwargs: dict) -> tuple | None:

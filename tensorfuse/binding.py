@@ -279,6 +279,19 @@ class CallBinder:
             check_gathers(self.program, self.gathers, bound.arrays, bound.dims, bound.scalars)
         return bound
 
+    def remember(self, key, bound: BoundCall) -> None:
+        """Keep what signature ``key`` decides, from ``bound`` (a call of this kernel's program
+        bound in full for this device kind — here, or by ``AutoKernel`` picking the kernel, so
+        that a new signature is bound once, not twice), without its arguments: a kept reference
+        would keep the tensors alive (a growing decode cache: every step's K and V)."""
+        if key is None or key in self._seen:
+            return
+        seen = object.__new__(BoundCall)
+        seen.__dict__.update(bound.__dict__, arrays={}, scalars={}, outs=None)
+        self._seen[key] = seen
+        if len(self._seen) > self.LIMIT:
+            self._seen.popitem(last=False)
+
     def _bind(self, args: tuple, kwargs: dict, key) -> BoundCall:
         if key is False:
             key = signature_key(args, kwargs)
@@ -286,14 +299,7 @@ class CallBinder:
         if known is None:
             bound = bind_call(self.program, args, kwargs, self.target_device)
             self.checks += 1
-            if key is not None:
-                # what the signature decides, without this call's arguments: a kept reference
-                # would keep the tensors alive (a growing decode cache: every step's K and V)
-                seen = object.__new__(BoundCall)
-                seen.__dict__.update(bound.__dict__, arrays={}, scalars={}, outs=None)
-                self._seen[key] = seen
-                if len(self._seen) > self.LIMIT:
-                    self._seen.popitem(last=False)
+            self.remember(key, bound)
             return bound
         arrays, scalars = {}, {}
         outs = None

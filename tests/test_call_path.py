@@ -36,6 +36,22 @@ def test_a_repeated_call_is_checked_once_per_signature(rng):
         f(x, rng.standard_normal(32).astype("f4"), eps=1e-5)
 
 
+def test_a_binding_handed_over_is_not_checked_again(rng):
+    """``AutoKernel`` binds a new signature to pick its kernel and hands the binding to the
+    kernel it picked, which then copies it rather than checking the call a second time."""
+    from tensorfuse.binding import bind_call, signature_key
+
+    f = tf.compile(rms, "llvm")
+    x = rng.standard_normal((8, 64)).astype("f4")
+    w = rng.standard_normal(64).astype("f4")
+    key = signature_key((x, w), {"eps": 1e-5})
+    f._calls.remember(key, bind_call(f.program, (x, w), {"eps": 1e-5}, "cpu"))
+    got = f(x, w, eps=1e-5)
+    assert f._calls.checks == 0
+    want = x / np.sqrt((x.astype("f8") ** 2).mean(-1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_kernel_keeps_no_argument_of_its_calls_alive(rng):
     """What a kernel remembers of a signature holds none of the call's tensors: a decode loop
     whose cache grows a key a step (a new signature each step) would keep every step's cache."""

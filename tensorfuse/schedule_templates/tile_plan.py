@@ -511,12 +511,11 @@ class TilePlanner:
         self._plans: dict = {}   # the sizes planning reads -> the plan made at them
 
     def plan(self, dims: dict) -> RowTilePlan:
-        """The plan at ``dims``: made once per the sizes planning reads — every size but the
-        swept axis' own (a decode's key count: :func:`plan_rowtile` reads the feature, row and
-        batch extents and the heads' group divisors, never the swept extent) — and given the
-        call's sizes after: a decode's first call at a new cache length (1.2–1.6 ms over the
-        steady call on the H200, ``tools/profile_new_sizes.py``) planned its chain again, about
-        half of that call's Python under cProfile with the GPU's parts stubbed out."""
+        """The plan at ``dims``, made once per the sizes planning reads (:func:`plan_rowtile`
+        reads the feature, row and batch extents and group divisors, not the swept extent) and
+        given the call's sizes: a decode's first call at a new cache length (1.2–1.6 ms over the
+        steady call on the H200, ``tools/profile_new_sizes.py``) spent about half its Python
+        planning its chain again (cProfile, the GPU's parts stubbed out)."""
         key = tuple(sorted((n, v) for n, v in dims.items() if n not in self._swept_only))
         found = self._plans.get(key)
         if found is None:
@@ -529,21 +528,15 @@ class TilePlanner:
 
     @cached_property
     def _swept_only(self) -> frozenset:
-        """The swept axis' size name where nothing planning reads uses it (no other axis has it
-        as its extent, no group divisor reads it); else nothing."""
+        """The swept axis' size name where no other axis has it and no divisor reads it."""
         col = self.chain.axis
-        if col is None or not isinstance(col.extent, str):
-            return frozenset()
-        name = col.extent
-        if any(a.extent == name for a in self.program.axes if a.uid != col.uid):
-            return frozenset()
-        for c in self.program.computes:
-            for body in c.bodies:
-                for n in nodes(body):
-                    if isinstance(n, Binary) and n.op == "floordiv" and \
-                            any(isinstance(d, DimSize) and d.name == name for d in nodes(n.b)):
-                        return frozenset()
-        return frozenset({name})
+        name = col.extent if col is not None and isinstance(col.extent, str) else None
+        shared = name is None or any(a.extent == name for a in self.program.axes
+                                     if a.uid != col.uid)
+        divides = any(isinstance(n, Binary) and n.op == "floordiv" and
+                      any(isinstance(d, DimSize) and d.name == name for d in nodes(n.b))
+                      for c in self.program.computes for body in c.bodies for n in nodes(body))
+        return frozenset() if shared or divides else frozenset({name})
 
     @cached_property
     def reads_map(self) -> bool:
