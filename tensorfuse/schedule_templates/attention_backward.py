@@ -21,6 +21,7 @@ plain load of ``v``, outputs other than the attention's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..algebra import plan_chain
 from ..algebra.exprs import nodes, substitute
@@ -123,6 +124,11 @@ class AttentionBackwardPlan:
         return substitute(e, lambda n: n.a if isinstance(n, Where) and n.cond.key() == key
                           else None)
 
+    @cached_property
+    def mask_reads_data(self) -> bool:
+        """Whether the mask reads tensors (its block lists then change with their data)."""
+        return any(isinstance(n, Load) for n in nodes(self.mask))
+
     def block_lists(self, knobs: BackwardKnobs, tensors: dict, scalars: dict,
                     transposed: bool):
         """The mask's block lists (:func:`.block_schedule.block_lists`): per query block its key
@@ -134,7 +140,7 @@ class AttentionBackwardPlan:
         from .block_schedule import block_lists
 
         device = next(iter(tensors.values())).device
-        reads_data = any(isinstance(n, Load) for n in nodes(self.mask))
+        reads_data = self.mask_reads_data
         key = (transposed, knobs.block_m1, knobs.block_n1, knobs.block_m2, knobs.block_n2,
                str(device), tuple(sorted(scalars.items())))
         if not reads_data and key in self._lists:
