@@ -10,6 +10,7 @@ keeps two jobs from writing one database at once.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import platform
@@ -33,17 +34,25 @@ def device_name(target: TargetSpec) -> str:
     """The device records are kept for: the GPU's name and compute capability, else the CPU model
     (ROCm targets, which cannot run here, by architecture)."""
     if target.kind == "cuda":
-        import tvm
-
-        dev = tvm.cuda(0)
-        if dev.exist:
-            return f"{dev.device_name}-cc{dev.compute_version.replace('.', '')}"
-        return f"cuda-{target.arch}"
+        return _cuda_name(target.arch)
     if target.kind == "rocm":
         return f"rocm-{target.arch}"
     return _cpu_model()
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_name(arch: str) -> str:
+    """GPU 0's name and compute capability (asked of the driver once: every tuning-record lookup
+    — each first call at a new size — names the database by it)."""
+    import tvm
+
+    dev = tvm.cuda(0)
+    if dev.exist:
+        return f"{dev.device_name}-cc{dev.compute_version.replace('.', '')}"
+    return f"cuda-{arch}"
+
+
+@functools.lru_cache(maxsize=None)
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
