@@ -516,6 +516,8 @@ class TilePlanner:
         given the call's sizes: a decode's first call at a new cache length (1.2–1.6 ms over the
         steady call on the H200, ``tools/profile_new_sizes.py``) spent about half its Python
         planning its chain again (cProfile, the GPU's parts stubbed out)."""
+        if not all(type(v) is int for v in dims.values()):   # symbolic sizes: a comparison
+            return plan_rowtile(self.program, self.chain, dims)  # would record a guard
         key = tuple(sorted((n, v) for n, v in dims.items() if n not in self._swept_only))
         found = self._plans.get(key)
         if found is None:
