@@ -84,20 +84,26 @@ class Launches:
                                **self.options)
 
     def _launch(self, step: Step, values: dict) -> None:
-        kernel = step.compiled
         args = [values[n].data_ptr() if tensor else values[n] for n, tensor in step.kinds]
-        args += self.constexprs
-        runtime, active = _triton()
-        stream = active.get_current_stream(active.get_current_device())
-        g0, g1, g2 = step.grid
-        enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
-        if step.raw is not None:
-            launch_raw(step.raw, kernel, step.grid, stream, args, enter, leave)
-        else:
-            meta = kernel.launch_metadata(step.grid, stream, *args) if enter is not None else None
-            kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, meta,
-                       enter, leave, *args)
+        _, active = _triton()
+        launch_compiled(step, active.get_current_stream(active.get_current_device()),
+                        args + self.constexprs)
         self.direct += 1
+
+
+def launch_compiled(step: Step, stream: int, args: list) -> None:
+    """One launch of a step's compiled kernel on ``stream`` with ``args`` (addresses, scalars,
+    then the constexprs): through its C launch function where Triton allows it, else through the
+    compiled kernel's ``run``; Triton's launch hooks where a profiler set them."""
+    runtime, _ = _triton()
+    kernel = step.compiled
+    enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
+    if step.raw is not None:
+        launch_raw(step.raw, kernel, step.grid, stream, args, enter, leave)
+        return
+    meta = kernel.launch_metadata(step.grid, stream, *args) if enter is not None else None
+    kernel.run(*step.grid, stream, kernel.function, kernel.packed_metadata, meta, enter, leave,
+               *args)
 
 
 def launch_raw(raw, kernel, grid, stream, args, enter, leave) -> None:
@@ -256,7 +262,7 @@ class JitOnce:
         if interpreting():
             self.fn[grid](*args, **constexprs, **self.options)
             return
-        runtime, active = _triton()
+        _, active = _triton()
         key = (grid, active.get_current_device(), tuple(constexprs.items()),
                specialisation(args))
         step = self.compiled.get(key)
@@ -266,15 +272,6 @@ class JitOnce:
             self.compiled[key] = step
             return
         values = [a.data_ptr() if hasattr(a, "data_ptr") else a for a in args]
-        values += list(constexprs.values())
-        stream = active.get_current_stream(key[1])
-        enter, leave = hook(runtime.launch_enter_hook), hook(runtime.launch_exit_hook)
-        kernel = step.compiled
-        if step.raw is not None:
-            launch_raw(step.raw, kernel, step.grid, stream, values, enter, leave)
-        else:
-            meta = kernel.launch_metadata(step.grid, stream, *values) if enter is not None \
-                else None
-            kernel.run(*step.grid, stream, kernel.function, kernel.packed_metadata, meta, enter,
-                       leave, *values)
+        launch_compiled(step, active.get_current_stream(key[1]),
+                        values + list(constexprs.values()))
         self.direct += 1
