@@ -155,6 +155,10 @@ def test_launches_are_specialised_as_tritons_jit_specialises_them():
     assert specialisation([x, 1, 0.5]) != specialisation([x, 17, 0.5])
     assert specialisation([x, 2 ** 40, 0.5]) != specialisation([x, 16, 0.5])
     assert specialisation([x.float(), 16, 0.5]) != specialisation([x, 16, 0.5])
+    import numpy as np   # NumPy's ints are told apart by value as Python's are
+
+    assert specialisation([x, np.int64(17), 0.5]) == specialisation([x, 17, 0.5]) != \
+        specialisation([x, np.int64(16), 0.5])
 
 
 @pytest.mark.gpu

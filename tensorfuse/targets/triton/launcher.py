@@ -239,9 +239,10 @@ def specialisation(args) -> tuple:
     for a in args:
         if hasattr(a, "data_ptr"):
             key.append((a.dtype, a.data_ptr() % 16 == 0))
-        elif isinstance(a, bool) or not isinstance(a, int):
+        elif isinstance(a, bool) or not hasattr(a, "__index__"):   # floats, bools, None
             key.append(type(a))
-        else:   # Triton's int widths: i32, i64, u64
+        else:   # Python's or NumPy's ints; Triton's widths: i32, i64, u64
+            a = a.__index__()
             key.append((-2 ** 31 <= a < 2 ** 31, a >= 2 ** 63, a == 1, a % 16 == 0))
     return tuple(key)
 
