@@ -159,6 +159,17 @@ def test_launches_are_specialised_as_tritons_jit_specialises_them():
 
     assert specialisation([x, np.int64(17), 0.5]) == specialisation([x, 17, 0.5]) != \
         specialisation([x, np.int64(16), 0.5])
+    # two arguments share a key exactly where Triton's own specialisation gives them one
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    values = [0, 1, 2, 16, 17, 48, -5, -16, 2 ** 31, 2 ** 31 + 16, 2 ** 63, 0.5, 2.0, True,
+              x, x[1:], x[8:], x.float(), torch.zeros(3, dtype=torch.int32)]
+    triton_key = [native_specialize_impl(BaseBackend, a, False, True, True) for a in values]
+    for a, ka in zip(values, triton_key):
+        for b, kb in zip(values, triton_key):
+            same = ka == kb and (ka[0] != "constexpr" or a == b)
+            assert (specialisation([a]) == specialisation([b])) == same, (a, b, ka, kb)
 
 
 @pytest.mark.gpu
