@@ -501,6 +501,27 @@ class AutoKernel(GraphCallable):
             f"TVM's schedule from a {origin}"
         return f"{tvm}: the {self.template.description} does not fit these sizes ({why})"
 
+    def describe_plan(self, **dims) -> str:
+        """Which kernel runs these sizes (scalar values given by name among them), why each one
+        before it in the order of choice does not — a head dim the Hopper attention does not take
+        runs on the Triton template, and this says so —, and its plan."""
+        sizes, named = split_scalars(self.program, dims)
+        chosen = self.for_sizes(**dims)
+        lines = [f"{self.program.name} at " + ", ".join(f"{n}={v}" for n, v in sizes.items())
+                 + f": {getattr(chosen, 'description', type(chosen).__name__)}"]
+        for k in self.ahead:
+            if k.fits(named or None, **sizes):
+                break
+            lines.append(f"  not {k.description}: {_why_not_native(k, named, sizes)}")
+        else:
+            if chosen is not self.template:
+                why = self._why_not.get(self._fits_key(sizes, named or {}))
+                lines.append(f"  not the {self.template.description}"
+                             + (f": {why}" if why else ""))
+        if hasattr(chosen, "describe_plan"):
+            lines.append(chosen.describe_plan(named, **sizes))
+        return "\n".join(lines)
+
     def benchmark(self, *args, **kwargs) -> float:
         return self._pick(args, kwargs)[0].benchmark(*args, **kwargs)
 
@@ -511,6 +532,20 @@ class AutoKernel(GraphCallable):
         by TVM per sizes, and not listed."""
         return [b for k in (*self.ahead, self.template) if hasattr(k, "cache_info")
                 for b in k.cache_info()]
+
+
+def _why_not_native(kernel, scalars: dict | None, sizes: dict) -> str:
+    """Why a native template's kernel does not run these sizes: its refusal, or that another
+    kernel is preferred for them."""
+    from .errors import ScheduleError, TargetError
+
+    if not kernel.preferred(sizes):
+        return "another kernel is preferred at these sizes"
+    try:
+        kernel.launches(scalars, **sizes)
+    except (ScheduleError, TargetError) as exc:
+        return str(exc)
+    return "it does not take these sizes"
 
 
 def _triton_available() -> bool:

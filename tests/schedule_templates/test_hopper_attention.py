@@ -543,6 +543,24 @@ def test_compile_prefers_it_for_prefill_on_sm90a():
     assert "hopper" not in tf.compile(K.softmax, "cuda:sm_90a").description
 
 
+def test_the_compiled_kernel_says_which_template_runs_and_why_not_the_others():
+    """``tf.compile``'s kernel names the kernel at each sizes and each one passed over with its
+    reason: a head dim the Hopper template does not take, a prefill shape for the decode kernel,
+    a feature axis too wide for the Triton template."""
+    f = tf.compile(K.causal_attention, "cuda:sm_90a")
+    odd = f.describe_plan(**{**PREFILL, "D": 100})
+    first, *passed = odd.splitlines()
+    assert first.endswith(f.template.description) and "D=100" in first
+    assert any(line.startswith("  not hopper_attention") and "head dim D=100" in line
+               for line in passed)
+    assert "row-tile plan of causal_attention" in odd
+    native = f.describe_plan(**PREFILL)
+    assert native.splitlines()[0].endswith(f.ahead[0].description)
+    assert "  not " not in native and "hopper attention plan" in native
+    wide = f.describe_plan(**{**PREFILL, "D": 300})
+    assert f"  not the {f.template.description}: the feature axis has 300" in wide
+
+
 def test_plan_is_printable_from_a_schedule():
     sch = tf.schedule(K.document_attention, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
     sch.apply_template("hopper_attention", block_n=64)
