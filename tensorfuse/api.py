@@ -501,11 +501,13 @@ class AutoKernel(GraphCallable):
             f"TVM's schedule from a {origin}"
         return f"{tvm}: the {self.template.description} does not fit these sizes ({why})"
 
-    def describe_plan(self, **dims) -> str:
-        """Which kernel runs these sizes (scalar values given by name among them), why each one
-        before it in the order of choice does not — a head dim the Hopper attention does not take
-        runs on the Triton template, and this says so —, and its plan."""
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        """Which kernel runs these sizes (scalar values given as ``scalars`` or by name among
+        them), why each one before it in the order of choice does not — a head dim the Hopper
+        attention does not take runs on the Triton template, and this says so —, and its plan."""
         sizes, named = split_scalars(self.program, dims)
+        named = {**(named or {}), **(scalars or {})} or None
+        dims = {**sizes, **(named or {})}
         chosen = self.for_sizes(**dims)
         lines = [f"{self.program.name} at " + ", ".join(f"{n}={v}" for n, v in sizes.items())
                  + f": {getattr(chosen, 'description', type(chosen).__name__)}"]
@@ -518,8 +520,7 @@ class AutoKernel(GraphCallable):
                 why = self._why_not.get(self._fits_key(sizes, named or {}))
                 lines.append(f"  not the {self.template.description}"
                              + (f": {why}" if why else ""))
-        if hasattr(chosen, "describe_plan"):
-            lines.append(chosen.describe_plan(named, **sizes))
+        lines.append(chosen.describe_plan(named, **sizes))
         return "\n".join(lines)
 
     def benchmark(self, *args, **kwargs) -> float:
@@ -539,10 +540,12 @@ def _why_not_native(kernel, scalars: dict | None, sizes: dict) -> str:
     kernel is preferred for them."""
     from .errors import ScheduleError, TargetError
 
-    if not kernel.preferred(sizes):
+    preferred = getattr(kernel, "preferred", None)
+    if preferred is not None and not preferred(sizes):
         return "another kernel is preferred at these sizes"
     try:
-        kernel.launches(scalars, **sizes)
+        if hasattr(kernel, "launches"):
+            kernel.launches(scalars, **sizes)
     except (ScheduleError, TargetError) as exc:
         return str(exc)
     return "it does not take these sizes"

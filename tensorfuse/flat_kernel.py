@@ -94,6 +94,10 @@ class FlatSweepKernel(GraphCallable):
             return chosen.schedule_origin(**dims)
         return f"{self.description}: {chosen.schedule_origin(**dims)}"
 
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        """How the axes are swept, then the flat kernel's plan at these sizes."""
+        return f"{self.description}\n{self.for_sizes(**dims).describe_plan(scalars, **dims)}"
+
     def source(self, **dims) -> str:
         return self.for_sizes(**dims).source(**dims)
 

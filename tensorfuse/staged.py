@@ -49,6 +49,15 @@ class StagedKernel(GraphCallable):
         return (f"staged: {len(self.stages)} kernels, their results between them stored "
                 f"({self._staged_because()}: {self.why}); " + "; ".join(parts))
 
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        """Each stage, its kernel and plan at these sizes, in stage order."""
+        dims = {**dims, **(scalars or {})}
+        parts = []
+        for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels), 1):
+            parts.append(f"[{k}] {stage.describe()}\n"
+                         f"{kernel.describe_plan(**self._own(stage, dims))}")
+        return "\n".join(parts)
+
     def source(self, **dims) -> str:
         """Each stage kernel's generated source at these sizes, in stage order."""
         return "\n".join(f"# ---- stage {k}: {stage.describe()} ----\n"

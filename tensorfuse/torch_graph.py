@@ -143,6 +143,11 @@ class GraphCallable:
             return op(args, kwargs)
         return self.invoke(False, args, kwargs)
 
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        """The kernel's plan at these sizes (scalar values as ``scalars`` or by name among
+        them); a kernel with no template plan to show says where its schedule comes from."""
+        return self.schedule_origin(**dims, **(scalars or {}))
+
     def invoke(self, key, args: tuple, kwargs: dict):   # pragma: no cover - each class has one
         raise NotImplementedError
 

@@ -44,6 +44,10 @@ class RewrittenKernel(GraphCallable):
     def schedule_origin(self, **dims) -> str:
         return f"{self.note}: {self.inner.schedule_origin(**dims)}"
 
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        """The rewrite, then the rewritten program's kernel and plan at these sizes."""
+        return f"{self.note}\n{self.inner.describe_plan(scalars, **dims)}"
+
     def source(self, **dims) -> str:
         return self.inner.source(**dims)
 

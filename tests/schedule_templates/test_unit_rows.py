@@ -90,3 +90,16 @@ def test_each_part_sums_per_lane_and_reads_its_stretch_once():
     folded = source.index("st_out_0 = tl.sum(st_out_0, axis=1")
     assert folded < source.index("tl.store(part_out_0")
     assert "eviction_policy='evict_first'" in source and "evict_last" not in source
+
+
+def test_the_plan_shows_the_rewrite_and_each_stage():
+    """``describe_plan`` of a value over every axis says how it was rewritten and shows the row
+    plan; a mean cross-entropy, two stages: each with its kernel and plan."""
+    made = tf.compile(amax, "cuda:sm_90a")
+    plan = made.describe_plan(M=8192, N=8192)
+    assert plan.startswith("out, out_max (over every axis) as one row") and \
+        "rows one (1)" in plan and "splits=264" in plan
+    staged = tf.compile(unit_rows_check.mean_cross_entropy, "cuda:sm_90a")
+    plan = staged.describe_plan(M=37, V=1003)
+    assert "[1] lse_max, lse_sum_exp from logits" in plan and "[2] out from" in plan
+    assert plan.count("row-tile plan of") == 2
