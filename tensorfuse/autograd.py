@@ -203,7 +203,8 @@ class Differentiation:
         if fusion is None:
             return None
         # the sizes come from the tensors' shapes alone (the forward checked them): a backward of
-        # shapes seen before skips the binding (0.15-0.3 ms of a short backward's host time)
+        # shapes seen before skips binding every argument again (``tools/profile_host_paths.py``'s
+        # backward case times the call's Python)
         shapes = tuple(tuple(a.shape) if hasattr(a, "shape") else None for a in args)
         if shapes in self.templates_by_shapes:
             return self.templates_by_shapes[shapes]
