@@ -138,8 +138,9 @@ class HopperAttentionPlan:
     def lists_shared(self) -> bool:
         """Whether every batch position and head has the same block lists: the mask reads the
         query and key positions alone (causal, a window, a prefix — sizes and scalars besides),
-        so the lists are made for one and read by all (the kernel's ``SHARED_LISTS``): a new
-        prompt length then sorts B·H times fewer blocks on the host."""
+        so the lists are made for one and read by all (the kernel's tile indexes them by its
+        row block alone: ``parts/scheduler.py``): a new prompt length then sorts B·H times
+        fewer blocks on the host."""
         if self.mask is None or self.tensors:
             return False
         return {a.uid for a in self.mask.axes} <= {a.uid for a in self.chain.axes[2:]}

@@ -55,21 +55,16 @@ class Launches:
         first launch takes the kernel another launches compiled for the same specialisation
         (a new size of a kernel that reads its sizes as arguments), else goes through the JIT."""
         for step in self.steps:
-            if step.compiled is None and not self.interpreted:
-                args = [values[n] for n in step.names]
-                key = (step.fn, _triton()[1].get_current_device(), specialisation(args),
-                       tuple(self.constexprs), tuple(self.options.values()))
-                found = _COMPILED.get(key)
-                if found is None:
-                    found = _COMPILED[key] = step.fn[step.grid](*args, **self.meta,
-                                                                **self.options)
-                    step.compiled_from(found)
-                    continue
-                step.compiled_from(found)
-            if step.compiled is None or self.interpreted:
-                args = [values[n] for n in step.names]
-                step.fn[step.grid](*args, **self.meta, **self.options)
+            if self.interpreted:
+                step.fn[step.grid](*[values[n] for n in step.names], **self.meta, **self.options)
                 continue
+            if step.compiled is None:
+                kernel, launched = compiled_or_jit(step.fn, step.grid,
+                                                   [values[n] for n in step.names], self.meta,
+                                                   self.options)
+                step.compiled_from(kernel)
+                if launched:
+                    continue
             self._launch(step, values)
 
     def warm(self, values: dict) -> None:
@@ -247,32 +242,45 @@ def specialisation(args) -> tuple:
     return tuple(key)
 
 
+def compiled_or_jit(fn, grid: tuple, args: list, constexprs: dict, options: dict):
+    """``(kernel, launched)``: the kernel compiled for this specialisation of ``args``
+    (:func:`specialisation`), ``constexprs`` and ``options`` on the current device — kept in
+    :data:`_COMPILED` from an earlier launch, ``launched`` False: the caller launches it —, or,
+    the first time, the one Triton's JIT compiled as it launched it (``launched`` True)."""
+    key = (fn, _triton()[1].get_current_device(), specialisation(args),
+           tuple(constexprs.items()), tuple(options.items()))
+    found = _COMPILED.get(key)
+    if found is not None:
+        return found, False
+    found = _COMPILED[key] = fn[grid](*args, **constexprs, **options)
+    return found, True
+
+
 class JitOnce:
     """A jitted function launched through Triton's JIT the first time per specialisation of its
-    arguments (:func:`specialisation`), grid and constexprs — which compiles it — and through the
-    compiled kernel's launcher after that: launches whose arguments are not bound once per
-    signature (a backward's, from autograd) without the JIT's binding, specialising and lookup
-    on every call (tens of µs each)."""
+    arguments, constexprs and options (:func:`compiled_or_jit`) — which compiles it — and
+    through the compiled kernel's launcher after that: launches whose arguments are not bound
+    once per signature (a backward's, from autograd) without the JIT's binding, specialising and
+    lookup on every call (tens of µs each)."""
 
     def __init__(self, fn, options: dict):
         self.fn, self.options = fn, options
-        self.compiled: dict = {}
+        self.steps: dict = {}   # (grid, compiled kernel) -> its Step
         self.direct = 0   # launches that bypassed Triton's JIT (tests read it)
 
     def __call__(self, grid: tuple, args: list, constexprs: dict) -> None:
         if interpreting():
             self.fn[grid](*args, **constexprs, **self.options)
             return
-        _, active = _triton()
-        key = (grid, active.get_current_device(), tuple(constexprs.items()),
-               specialisation(args))
-        step = self.compiled.get(key)
-        if step is None:
-            step = Step(self.fn, grid, [], set())
-            step.compiled_from(self.fn[grid](*args, **constexprs, **self.options))
-            self.compiled[key] = step
+        kernel, launched = compiled_or_jit(self.fn, grid, args, constexprs, self.options)
+        if launched:
             return
+        step = self.steps.get((grid, id(kernel)))   # kept in _COMPILED: its id is not reused
+        if step is None:
+            step = self.steps[(grid, id(kernel))] = Step(self.fn, grid, [], set())
+            step.compiled_from(kernel)
         values = [a.data_ptr() if hasattr(a, "data_ptr") else a for a in args]
-        launch_compiled(step, active.get_current_stream(key[1]),
+        _, active = _triton()
+        launch_compiled(step, active.get_current_stream(active.get_current_device()),
                         values + list(constexprs.values()))
         self.direct += 1
