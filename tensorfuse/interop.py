@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -238,14 +239,58 @@ def kept_empty(shape, dtype, device):
     allocator: buffers a kernel keeps between calls (workspaces, counters, tensor maps, block
     lists) must never sit in a CUDA-graph memory pool — torch.compile's CUDA graphs
     (``mode="reduce-overhead"``) refuse a recording after which pool memory is alive that is not
-    one of its outputs. Not to be called while a stream captures (see :func:`capturing`)."""
+    one of its outputs. Small buffers are cut from shared slabs (:class:`KeptSlabs`). Not to be
+    called while a stream captures (see :func:`capturing`)."""
     import torch
 
     dtype = dtype if isinstance(dtype, torch.dtype) else torch_dtype(dtype)
     index = torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
-    name = str(dtype).removeprefix("torch.")
-    return torch.from_dlpack(tvm.runtime.empty(tuple(shape), name, tvm.cuda(index)))
+    return _KEPT.take(tuple(shape), dtype, index)
+
+
+def _tvm_cuda_bytes(nbytes: int, index: int):
+    """``nbytes`` of TVM's memory on CUDA device ``index``, as a torch uint8 tensor (a
+    ``cudaMalloc`` of its own; ``cudaFree``'d when the last tensor viewing it goes)."""
+    import torch
+
+    return torch.from_dlpack(tvm.runtime.empty((nbytes,), "uint8", tvm.cuda(index)))
+
+
+class KeptSlabs:
+    """Kept memory cut from slabs: each small buffer a view of the current slab of its device,
+    the slab's next ``ALIGN``-byte boundary on; a full slab is let go, and lives as long as any
+    view of it does (torch's views hold their base's storage), so its memory is freed exactly
+    when the last buffer cut from it is — as each buffer's own allocation was. What it saves: a
+    ``cudaMalloc`` per buffer (~0.2 ms of a causal attention's first call at a new length on the
+    H200 host, ``tools/profile_new_sizes.py --phases``'s "kept memory"). What it costs: a slab
+    stays while any one of its buffers does. Buffers over a quarter of a slab get their own
+    allocation."""
+
+    SLAB = 4 << 20
+    ALIGN = 256   # tensor maps want 64 bytes, TMA's global addresses 16; 256 as cudaMalloc
+
+    def __init__(self, allocate=_tvm_cuda_bytes):
+        self.allocate = allocate
+        self.current: dict = {}   # device index -> [slab, bytes used]
+        self.lock = threading.Lock()
+
+    def take(self, shape: tuple, dtype, index: int):
+        nbytes = max(1, math.prod(shape)) * dtype.itemsize
+        if nbytes > self.SLAB // 4:
+            memory = self.allocate(nbytes, index)
+        else:
+            with self.lock:
+                slab = self.current.get(index)
+                if slab is None or slab[1] + nbytes > self.SLAB:
+                    slab = self.current[index] = [self.allocate(self.SLAB, index), 0]
+                at = slab[1]
+                slab[1] = -(-(at + nbytes) // self.ALIGN) * self.ALIGN
+                memory = slab[0][at:at + nbytes]
+        return memory.view(dtype)[:math.prod(shape)].view(shape)
+
+
+_KEPT = KeptSlabs()
 
 
 class StreamScratch:
