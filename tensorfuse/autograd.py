@@ -183,8 +183,10 @@ class Differentiation:
                     if not dt.is_float(p.dtype)]
             floats = [float(named[p.name]) for p in self.program.scalar_params
                       if dt.is_float(p.dtype)]
-            dq, dk, dv = _template_backward_op()(key, *qkv, outputs[0], grads[0], lse, others,
-                                                 ints, floats)
+            op = _template_backward_op()
+            direct = _runs_directly([*qkv, outputs[0], grads[0], lse, *others])
+            dq, dk, dv = (_OP[1] if direct else op)(key, *qkv, outputs[0], grads[0], lse,
+                                                    others, ints, floats)
             found = {plan.q.param.name: dq, plan.k.param.name: dk, plan.v.param.name: dv}
             return tuple(found.get(p.name) for p in self.params)
         backward = self.backward_kernel()
@@ -228,6 +230,23 @@ class Differentiation:
             self.templates[key] = len(_TEMPLATES) - 1
         self.templates_by_shapes[shapes] = self.templates[key]
         return self.templates[key]
+
+
+def _runs_directly(tensors: list) -> bool:
+    """Whether an eager backward may run the attention backward template without going through
+    ``torch.ops.tensorfuse.attention_backward``: plain tensors, nothing tracing or compiling, no
+    dispatch mode, gradients not recorded (a double backward goes through the operator, which
+    says it has no derivative) and no profiler (whose traces name the operator). The
+    dispatcher's path to the Python implementation (its alias check among it) was the largest
+    piece of a short backward's host time under cProfile on the H200 host (a sliding window at
+    S=4096, ``benchmarks.attention_backward``'s shapes: host- rather than GPU-bound there)."""
+    import torch
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return not torch.is_grad_enabled() and not torch.compiler.is_compiling() and \
+        _get_current_dispatch_mode() is None and \
+        not torch._C._autograd._profiler_enabled() and \
+        all(t is None or type(t) is torch.Tensor for t in tensors)
 
 
 def _zeros_like(x):
@@ -305,7 +324,7 @@ def _template_backward_op():
     def _(key, q, k, v, out, d_out, lse, others, ints, floats):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
-    _OP.append(op)
+    _OP.extend((op, run))   # the operator, and its implementation for eager calls
     return op
 
 

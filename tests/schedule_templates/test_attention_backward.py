@@ -311,6 +311,25 @@ def test_the_template_operator_gives_shapes_to_fake_tensors():
     assert [tuple(g.shape) for g in grads] == [(2, 8, 33, 64), (2, 4, 40, 64), (2, 4, 40, 64)]
 
 
+def test_an_eager_backward_runs_the_template_directly_and_anything_tracing_the_operator():
+    """Eager backwards skip the dispatcher; fake tensors, a dispatch mode, recorded gradients (a
+    double backward) and a profiler (its traces name the operator) keep the operator."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tensorfuse.autograd import _runs_directly
+
+    plain = [torch.randn(2, 3), None]
+    with torch.no_grad():
+        assert _runs_directly(plain)
+        with torch.profiler.profile():
+            assert not _runs_directly(plain)
+        with FakeTensorMode() as mode:
+            assert not _runs_directly(plain)
+        assert not _runs_directly([mode.from_tensor(plain[0])])
+    with torch.enable_grad():
+        assert not _runs_directly(plain)
+
+
 def test_the_forward_that_saves_the_log_sum_exp_uses_the_plain_forwards_tuning(monkeypatch):
     """Autograd's forward (the program with the log-sum-exp output) looks its tuning records up
     as the user's kernel: the same loops and knobs, one more store per row."""
