@@ -26,6 +26,7 @@ def stub_the_gpu() -> None:
     from tensorfuse.schedule_templates import block_bounds
     from tensorfuse.targets import TargetSpec, signature_call
     from tensorfuse.targets.cuda import cluster_decode, kernel as cuda_kernel, tma
+    from tensorfuse.targets.cuda import module as cuda_module
     from tensorfuse.targets.triton import attention_backward, kernel as triton_kernel, launcher
 
     attention = importlib.import_module("tensorfuse.schedule_templates.hopper_attention")
@@ -54,7 +55,9 @@ def stub_the_gpu() -> None:
         if hasattr(module, "kept_empty"):
             module.kept_empty = kept
     tma.DeviceMaps.get = lambda self, key, make, device: torch.empty(384, dtype=torch.uint8)
-    cluster_decode.decode_tensor_maps = lambda *args, **kwargs: (bytes(128), bytes(128))
+    cluster = importlib.import_module("tensorfuse.schedule_templates.cluster")
+    for module in (cluster_decode, cluster):
+        module.decode_tensor_maps = lambda *args, **kwargs: (bytes(128), bytes(128))
     TargetSpec.device = lambda self: None
     for module in (interop, cuda_kernel, signature_call):
         if hasattr(module, "device_index"):
@@ -64,6 +67,14 @@ def stub_the_gpu() -> None:
     for module in (interop, binding):
         if hasattr(module, "describe"):
             module.describe = describe
+    class Driver:   # the CUDA driver's launches, launching nothing
+        def cuLaunchKernelEx(self, *args):
+            return 0
+
+    cuda_module.libcuda = lambda: Driver()
+    cuda_module._load_function = lambda cubin, name, shared_bytes, cluster: (None, None)
+    cuda_module.cubin_for = lambda source, target: b""
+    torch.cuda.current_device = lambda: 0
     launcher.Launches.__call__ = lambda self, values: None
     launcher.JitOnce.__call__ = lambda self, grid, args, constexprs: None
     triton_kernel.launch_device = lambda kernel, bound: torch.device("cpu")

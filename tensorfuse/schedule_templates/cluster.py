@@ -343,9 +343,10 @@ def decode_launches(plan, dims: dict, given: dict, target: TargetSpec, n_axis: i
         maps = decode_tensor_maps(*(t.data_ptr() for t in kv), B * HKV, n, D, plan.dtype) \
             if tma else ()
         splits = splits_for(k, n)
-        buffers = [pointer(t) for t in workspace(device)] if splits > 1 else [0, 0]
-        launch([pointer(values[plan.q]), *(pointer(t) for t in kv), pointer(out), *maps, n,
-                *buffers, *(pointer(values[name]) for name, _ in plan.tensors),
+        # addresses as ints: the driver launch packs them without a ctypes object each
+        buffers = [t.data_ptr() for t in workspace(device)] if splits > 1 else [0, 0]
+        launch([values[plan.q].data_ptr(), *(t.data_ptr() for t in kv), out.data_ptr(), *maps,
+                n, *buffers, *(values[name].data_ptr() for name, _ in plan.tensors),
                 *(values[name] for name, _ in plan.scalars)], (B * HKV * k.cluster, splits),
                threads, k.cluster, smem, device)
 

@@ -559,8 +559,9 @@ def test_batched_products_match_float64_on_the_gpu(kernel, sizes, knobs):
 
 def test_driver_launch_packs_the_arguments_as_the_kernel_takes_them():
     """The driver launch's parameter buffer (refilled per call) holds each argument as its
-    type: pointers, 32-bit ints, floats, tensor maps by value (their 128 bytes) — and a wrong
-    count is refused before any launch."""
+    type: pointers (ints or ``c_void_p``), 32-bit ints, floats, tensor maps by value (their 128
+    bytes, at a 64-byte boundary) — and a wrong count, a value its type cannot hold or an
+    unknown type are refused before any launch."""
     import ctypes
 
     from tensorfuse.errors import TargetError
@@ -569,14 +570,20 @@ def test_driver_launch_packs_the_arguments_as_the_kernel_takes_them():
     launch = DriverLaunch("", tf.get_target("cuda:sm_90a"), "k",
                           ("handle", "int32", "float32", TENSOR_MAP))
     for args in ([ctypes.c_void_p(0xDEAD0), 7, 0.5, bytes(range(128))],
-                 [ctypes.c_void_p(0xBEEF0), -3, 2.25, bytes(range(255, 127, -1))]):
+                 [0xBEEF0, -3, 2.25, bytes(range(255, 127, -1))],
+                 [ctypes.c_void_p(0), 2 ** 31 - 1, -1e30, bytes(128)]):
         params = launch.parameters(args)
         read = [ctypes.cast(params[i], ctypes.POINTER(t)).contents.value
                 for i, t in enumerate((ctypes.c_void_p, ctypes.c_int, ctypes.c_float))]
-        assert read == [args[0].value, args[1], args[2]]
-        assert ctypes.string_at(params[3], 128) == args[3]
+        address = args[0].value if isinstance(args[0], ctypes.c_void_p) else args[0]
+        assert read == [address, args[1], pytest.approx(args[2], rel=1e-7)]
+        assert ctypes.string_at(params[3], 128) == args[3] and params[3] % 64 == 0
     with pytest.raises(TargetError, match="takes 4 arguments"):
         launch.parameters([1, 2])
+    with pytest.raises(TargetError, match="do not fit"):
+        launch.parameters([0, 2 ** 31, 0.0, bytes(128)])
+    with pytest.raises(TargetError, match="no driver launch argument type 'int64'"):
+        DriverLaunch("", tf.get_target("cuda:sm_90a"), "k", ("handle", "int64"))
 
 
 @pytest.mark.gpu

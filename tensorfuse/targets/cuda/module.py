@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import os
+import struct
 import threading
 from dataclasses import dataclass
 
@@ -101,8 +102,22 @@ class _LaunchConfig(ctypes.Structure):
 _FUNC_MAX_DYNAMIC_SHARED, _FUNC_NON_PORTABLE_CLUSTER, _LAUNCH_CLUSTER_DIMENSION = 8, 14, 4
 _LAUNCH_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 TENSOR_MAP = "tensormap"   # an argument type of driver launches: a 128-byte tensor map by value
-_C_TYPES = {"handle": ctypes.c_void_p, "int32": ctypes.c_int,   # TVM's argument types
-            "float32": ctypes.c_float, TENSOR_MAP: ctypes.c_ubyte * 128}
+# each argument type's struct code and alignment in a driver launch's parameter buffer (a tensor
+# map's 64 bytes: what a __grid_constant__ CUtensorMap asks of its address)
+_PACKED = {"handle": ("Q", 8), "int32": ("i", 4), "float32": ("f", 4), TENSOR_MAP: ("128s", 64)}
+
+
+def _parameter_layout(arg_types: tuple[str, ...]) -> tuple[struct.Struct, list[int]]:
+    """The struct that packs arguments of ``arg_types`` into one buffer, each at its alignment,
+    and each one's offset there."""
+    code, offsets, at = "=", [], 0
+    for kind in arg_types:
+        letter, align = _PACKED[kind]
+        pad = -at % align
+        code += (f"{pad}x" if pad else "") + letter
+        offsets.append(at + pad)
+        at += pad + struct.calcsize("=" + letter)
+    return struct.Struct(code), offsets
 
 
 def _check(err: int, what: str) -> None:
@@ -167,25 +182,38 @@ class DriverLaunch:
         self.source, self.target, self.name, self.arg_types = source, target, name, arg_types
         self.dependent = dependent
         self.functions: dict = {}   # (device, shared bytes, cluster) -> (module, function)
-        self._values = self._params = None   # the parameters' memory, refilled per launch
+        unknown = sorted(set(arg_types) - set(_PACKED))
+        if unknown:
+            raise TargetError(f"{name}: no driver launch argument type {unknown[0]!r} (one of "
+                              f"{', '.join(_PACKED)})")
+        self._packer, self._offsets = _parameter_layout(tuple(arg_types))
+        self._handles = [k for k, t in enumerate(arg_types) if t == "handle"]
+        self._memory = self._params = None   # the parameters' memory, refilled per launch
         self._configs: dict = {}             # (grid, threads, cluster, smem) -> configuration
         self._lock = threading.Lock()
 
     def parameters(self, args: list):
-        """The driver's ``void**`` kernel parameters holding ``args`` (kept memory, refilled;
-        a tensor map given as its 128 bytes)."""
+        """The driver's ``void**`` kernel parameters holding ``args`` (kept memory, refilled by
+        one ``struct`` pack per launch; addresses as ints or ``ctypes.c_void_p``, a tensor map
+        as its 128 bytes)."""
         if len(args) != len(self.arg_types):
             raise TargetError(f"{self.name} takes {len(self.arg_types)} arguments, not "
                               f"{len(args)}")
-        if self._values is None:
-            self._values = [_C_TYPES[t]() for t in self.arg_types]
-            self._params = (ctypes.c_void_p * len(self._values))(
-                *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in self._values])
-        for slot, value in zip(self._values, args):
-            if isinstance(slot, ctypes.Array):
-                ctypes.memmove(slot, value, len(slot))
-            else:
-                slot.value = value.value if isinstance(value, ctypes.c_void_p) else value
+        if self._memory is None:
+            self._memory = ctypes.create_string_buffer(self._packer.size + 64)
+            base = ctypes.addressof(self._memory)
+            self._shift = -base % 64
+            self._params = (ctypes.c_void_p * len(args))(
+                *[base + self._shift + offset for offset in self._offsets])
+        values = list(args)
+        for k in self._handles:
+            if type(values[k]) is ctypes.c_void_p:
+                values[k] = values[k].value or 0
+        try:
+            self._packer.pack_into(self._memory, self._shift, *values)
+        except struct.error as exc:
+            raise TargetError(f"{self.name}: arguments {args!r} do not fit its parameter types "
+                              f"{self.arg_types}: {exc}") from exc
         return self._params
 
     def __call__(self, args: list, grid: int | tuple[int, int], threads: int, cluster: int,
