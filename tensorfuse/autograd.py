@@ -235,7 +235,8 @@ class Differentiation:
 def _runs_directly(tensors: list) -> bool:
     """Whether an eager backward may run the attention backward template without going through
     ``torch.ops.tensorfuse.attention_backward``: plain tensors, nothing tracing or compiling, no
-    dispatch mode, gradients not recorded (a double backward goes through the operator, which
+    dispatch mode or functorch transform (``vmap``'s batched tensors pass for plain ones),
+    gradients not recorded (a double backward goes through the operator, which
     says it has no derivative) and no profiler (whose traces name the operator). The
     dispatcher's path to the Python implementation (its alias check among it) was the largest
     piece of a short backward's host time under cProfile on the H200 host (a sliding window at
@@ -245,6 +246,7 @@ def _runs_directly(tensors: list) -> bool:
 
     return not torch.is_grad_enabled() and not torch.compiler.is_compiling() and \
         _get_current_dispatch_mode() is None and \
+        not torch._C._are_functorch_transforms_active() and \
         not torch._C._autograd._profiler_enabled() and \
         all(t is None or type(t) is torch.Tensor for t in tensors)
 

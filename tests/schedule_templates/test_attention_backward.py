@@ -312,8 +312,9 @@ def test_the_template_operator_gives_shapes_to_fake_tensors():
 
 
 def test_an_eager_backward_runs_the_template_directly_and_anything_tracing_the_operator():
-    """Eager backwards skip the dispatcher; fake tensors, a dispatch mode, recorded gradients (a
-    double backward) and a profiler (its traces name the operator) keep the operator."""
+    """Eager backwards skip the dispatcher; fake tensors, a dispatch mode, a functorch transform,
+    recorded gradients (a double backward) and a profiler (its traces name the operator) keep
+    the operator."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tensorfuse.autograd import _runs_directly
@@ -326,6 +327,9 @@ def test_an_eager_backward_runs_the_template_directly_and_anything_tracing_the_o
         with FakeTensorMode() as mode:
             assert not _runs_directly(plain)
         assert not _runs_directly([mode.from_tensor(plain[0])])
+        seen = []
+        torch.vmap(lambda x: seen.append(_runs_directly([x])) or x)(plain[0])
+        assert seen == [False]
     with torch.enable_grad():
         assert not _runs_directly(plain)
 
