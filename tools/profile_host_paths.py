@@ -1,6 +1,7 @@
 """The Python of ``tf.compile``'s call paths on a machine without a GPU: first calls at new sizes
 (a causal prompt length on the Hopper attention, a row width on the row template, a decode's cache
-length) and the attention backward through autograd, with the GPU's parts stubbed out — module
+length), a small decode's steady call (the cluster decode's fast path) and the attention backward
+through autograd, with the GPU's parts stubbed out — module
 loads and launches, kept device memory, tensor maps, streams, Triton's launches — and CPU tensors
 standing in for CUDA ones. What is left is tensorfuse's own host work: binding, choosing the
 kernel, planning, the block lists, the launches' arguments.
@@ -102,6 +103,10 @@ def cases(calls: int):
            lambda n: (torch.randn(8, 32, 1, 128, **bf16),
                       *(torch.randn(8, 8, n, 128, **bf16) for _ in range(2))),
            lambda q, k, v: decode(q, k, v, 0.088))
+    small = (torch.randn(4, 8, 1, 128, **bf16), *(torch.randn(4, 1, 1024, 128, **bf16)
+                                                  for _ in range(2)))
+    yield ("steady", "a small decode's steady call, B4 8/1 heads, 1024 keys (the same call)",
+           [0, 0], [0] * (2 * calls), lambda n: (), lambda: decode(*small, 0.088))
     window = tf.compile(K.sliding_window_attention, "cuda:sm_90a")
     leaves = [torch.randn(2, 16, 4096, 128, **bf16).requires_grad_() for _ in range(3)]
     grad = torch.randn(2, 16, 4096, 128, **bf16)
@@ -114,7 +119,7 @@ def cases(calls: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=8)
-    parser.add_argument("--only", default="", help="cases by name: causal, rows, decode, backward")
+    parser.add_argument("--only", default="", help="cases by name: causal, rows, decode, steady, backward")
     parser.add_argument("--profile", action="store_true", help="cProfile's top functions too")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
@@ -136,7 +141,7 @@ def main() -> None:
                 pair.append((time.perf_counter() - start) * 1e3)
             walls.append(pair)
         print(f"== {title}: first/second call ms "
-              + " ".join(f"{first:.2f}/{second:.2f}" for first, second in walls))
+              + " ".join(f"{first:.3f}/{second:.3f}" for first, second in walls))
         if args.profile:
             profile = cProfile.Profile()
             profile.enable()
