@@ -189,6 +189,7 @@ class DriverLaunch:
         self._packer, self._offsets = _parameter_layout(tuple(arg_types))
         self._handles = [k for k, t in enumerate(arg_types) if t == "handle"]
         self._memory = self._params = None   # the parameters' memory, refilled per launch
+        self._shift = 0                      # from the memory's start to a 64-byte boundary
         self._configs: dict = {}             # (grid, threads, cluster, smem) -> configuration
         self._lock = threading.Lock()
 
