@@ -171,21 +171,28 @@ def _untemplated(kernel, spec, why: str) -> CompiledKernel:
 
 def _floor(kernel, spec, fusion, dynamic: "bool | None"):
     """Where the row-tile template does not fit a call's sizes, the program's stages rather than
-    TVM's untiled schedule — ``floor(why)`` makes them once — for two kinds of program: sums
-    only, some of them GEMMs (an FFN; a feature axis wider than a tile holds: each GEMM on the
-    contraction template), and a chain whose row kernel adds sums down the rows up in its pass
-    (a norm's backward, rows wider than a block: the sums then a kernel of their own,
-    ``schedule_templates.column_sums``); None for other programs (attention's stages would store
-    its scores)."""
+    TVM's untiled schedule — ``floor(why, sizes)`` makes them once, at the first sizes that need
+    them. Sums only, some of them GEMMs (an FFN; a feature axis wider than a tile holds: each
+    GEMM on the contraction template), and a chain whose row kernel adds sums down the rows up
+    in its pass (a norm's backward, rows wider than a block: the sums then a kernel of their own,
+    ``schedule_templates.column_sums``) are cut as at any sizes; any other chain is cut where its
+    row tile does not plan at those sizes — attention over head dims past a tile (DeepSeek's
+    latent 576 / 512), a softmax over a GEMM's wide contraction (a language model head's
+    log-sum-exp over 4096 features): the scores are stored between the stages, as the unfused
+    torch sequence stores them, where TVM's default schedule kept the chain in one untiled
+    kernel (``benchmarks.user_kernels``' table in issue 55's terms: 2–1,000× slower than
+    torch)."""
     from .schedule_templates.auto import sums_down_rows
     from .schedule_templates.contraction_plan import gemm_shaped
 
     program = kernel.program
+    if not spec.is_gpu:
+        return None
     gemms = gemm_shaped(program) and \
         all(c.monoid.name == "sum" for c in program.computes if c.is_reduction)
-    if not spec.is_gpu or not (gemms or sums_down_rows(program, fusion)):
-        return None
-    return lambda why: _staged(kernel, spec, why, dynamic=dynamic)
+    if gemms or sums_down_rows(program, fusion):
+        return lambda why, sizes: _staged(kernel, spec, why, dynamic=dynamic)
+    return lambda why, sizes: _staged(kernel, spec, why, dynamic=dynamic, sizes=sizes)
 
 
 def _pointwise(kernel, spec, dynamic: "bool | None" = None, sizes: dict | None = None):
@@ -323,12 +330,14 @@ def _hopper_gemm_staged(kernel, spec, dynamic: "bool | None" = False) -> tuple:
     return (GemmStages(kernel.program, spec, kernels, found),)
 
 
-def _staged(kernel, spec, why: str, planned_for=None, dynamic: "bool | None" = False):
+def _staged(kernel, spec, why: str, planned_for=None, dynamic: "bool | None" = False,
+            sizes: dict | None = None):
     """The floor for a kernel no template takes whole: its stages (each a kernel of its own, cut
     where a reduction needs another's final value), where a template takes at least one of
     them; else ``None``. Said once (a :class:`~tensorfuse.errors.NoTemplateWarning`).
     ``planned_for``: the GPU target whose templates decide the cuts (default ``spec``; the CPU
-    tests run a GPU's stages on the CPU target)."""
+    tests run a GPU's stages on the CPU target); ``sizes``: the call's, where the templates'
+    row tiles decide at them (:func:`.schedule_templates.auto.templated_stages`)."""
     import types
     import warnings
 
@@ -337,7 +346,7 @@ def _staged(kernel, spec, why: str, planned_for=None, dynamic: "bool | None" = F
     from .staged import StagedKernel
 
     planned_for = planned_for or spec
-    stages = templated_stages(kernel.program, planned_for) if _triton_available() else ()
+    stages = templated_stages(kernel.program, planned_for, sizes) if _triton_available() else ()
     if not stages:
         return None
     kernels = []
@@ -397,17 +406,18 @@ class AutoKernel(GraphCallable):
                     self.template.build(**dims)
                     found = self.template
                 except TargetError as exc:
-                    found = self._floor_for(exc) or self.fallback
+                    found = self._floor_for(exc, dims) or self.fallback
                     if found is self.fallback:
                         self._why_not[key] = self._said_why_not(exc, dims)
             self._fits[key] = found
         return self._fits[key]
 
-    def _floor_for(self, exc: Exception):
+    def _floor_for(self, exc: Exception, dims: dict):
         """The floor's stages (:func:`_floor`), made on the first sizes that need them."""
         if self._floor is None and self.floor is not None:
+            sizes, _ = split_scalars(self.program, dims)
             self._floor = self.floor(f"the {self.template.description} does not fit some "
-                                     f"sizes ({exc})") or False
+                                     f"sizes ({exc})", sizes) or False
         return self._floor or None
 
     def _pick(self, args, kwargs, key=False):

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import tvm
 
-from .binding import BoundCall, CallBinder, check_named_sizes, output_shape
+from .binding import BoundCall, CallBinder, check_named_sizes, output_shape, split_scalars
 from .dsl.program import Program, ScalarParam
 from .errors import TargetError
 from .interop import empty, is_torch, to_tvm, to_tvm_shared, to_user
@@ -65,7 +65,9 @@ class CompiledKernel(GraphCallable):
         return [Build("", None, [], [dict(dims)]) for dims, _ in self._modules]
 
     def schedule_origin(self, **dims: int) -> str:
-        """Where the schedule at these sizes comes from (template defaults or a tuned record)."""
+        """Where the schedule at these sizes comes from (template defaults or a tuned record);
+        scalar values given by name among the sizes are passed over (they do not change it)."""
+        dims, _ = split_scalars(self.program, dims)
         self.module(**dims)
         return self._origins.get((tuple(sorted(dims.items())), "int32"), self.description)
 

@@ -301,3 +301,11 @@ def test_a_gpu_kernel_no_template_takes_whole_runs_in_stages_and_says_so_once():
     assert origin.startswith("staged: 2 kernels"), origin
     assert "out_sum over j" in origin and "[1] out_sum from x: template defaults" in origin and \
         "[2] out from out_sum: template defaults" in origin
+
+
+def test_a_compiled_kernels_plan_and_origin_take_scalar_values_by_name_among_the_sizes():
+    """``describe_plan(M=…, eps=…)`` as on every other kernel: a scalar given by name is passed
+    over by TVM's schedule (it used to be refused as a size named ``eps``)."""
+    made = tf.compile(rmsnorm, "cpu")
+    assert made.describe_plan(M=4, N=8, eps=1e-5) == made.schedule_origin(M=4, N=8)
+    assert made.schedule_origin(M=4, N=8, eps=1e-5) == made.schedule_origin(M=4, N=8)

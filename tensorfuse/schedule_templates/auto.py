@@ -41,28 +41,33 @@ def flat_templated(program: Program, sizes: dict, target: TargetSpec) -> Program
     return flat if flat is not None and choose(flat, target) is not None else None
 
 
-def templated_stages(program: Program, target: TargetSpec) -> tuple:
+def templated_stages(program: Program, target: TargetSpec, sizes: dict | None = None) -> tuple:
     """The stages ``tf.compile``'s floor cuts ``program`` into (:func:`.stages.plan_stages`, by
-    what a template on ``target`` takes), where a template takes at least one of them; else ``()``
-    (TVM's default schedule of the whole program is as good as its pieces')."""
+    what a template on ``target`` takes — at ``sizes`` where given: a chain whose feature axis
+    is wider than a row tile at the call's sizes is cut there), where a template takes at least
+    one of them; else ``()`` (TVM's default schedule of the whole program is as good as its
+    pieces')."""
     from .stages import NotStageable, plan_stages
 
     try:   # the program itself swept as one over several axes was tf.compile's try before
         stages = plan_stages(program, lambda sub: takes_stage(sub, target,
-                                                              swept_as_one=sub is not program))
+                                                              swept_as_one=sub is not program,
+                                                              sizes=sizes))
     except NotStageable:
         return ()
     return stages if any(s.templated for s in stages) else ()
 
 
-def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True) -> bool:
+def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True,
+                sizes: dict | None = None) -> bool:
     """Whether a template takes a stage of the floor: the contraction template its GEMMs, the
     row-tile template the rest. Sums only, of which some are GEMMs the contraction template
     refuses together (two weight gradients into differently indexed outputs), are cut further:
     the row-tile template would take them whole at a placeholder size and then run them a row at
     a time on the CUDA cores, or not at all at the real sizes. ``swept_as_one``: a stage whose
     reductions sweep several axes together counts where a template takes it swept as one axis
-    (:func:`flat_templated`: a group norm's backward, its statistics over c and p)."""
+    (:func:`flat_templated`: a group norm's backward, its statistics over c and p). ``sizes``:
+    a chain counts only where its row tile plans at them (its feature axis held whole)."""
     if not target.is_gpu:
         return False
     if is_contraction(program) or scatters(program):
@@ -80,9 +85,22 @@ def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True)
         # reductions over several axes together, a template's once swept as one
         return swept_as_one and \
             flat_templated(program, dict.fromkeys(program.dim_names(), 64), target) is not None
+    if sizes is not None and not _plans_at(program, found[1], sizes):
+        return False
     # a chain whose row kernel adds sums down the rows up (column_sums) is staged where that
     # kernel does not fit: the sums then run as a stage of their own
     return not sums_down_rows(program, found[1])
+
+
+def _plans_at(program: Program, fusion: Fusion, sizes: dict) -> bool:
+    """Whether the row-tile plan of ``program`` (fused by ``fusion``) takes these sizes (names
+    ``sizes`` lacks: at the placeholder 64)."""
+    at = {n: sizes.get(n, 64) for n in program.dim_names()}
+    try:
+        plan_rowtile(program, plan_chain(program, fusion.names, fusion.axis), at)
+    except TargetError:
+        return False
+    return True
 
 
 def scatters(program: Program) -> bool:

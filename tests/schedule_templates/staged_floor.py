@@ -92,17 +92,59 @@ def group_norm_backward_case(generator, B=2, G=3, C=5, P=67, width=3.0):
     return {"x": x, "w": w, "bias": bias, "eps": 1e-5, "d_out": d_out}, want
 
 
+@tf.kernel
+def latent_attention(q: T.Tensor["B", "H", "M", "DQ", "bf16"], k: T.Tensor["B", "N", "DQ", "bf16"],
+                     v: T.Tensor["B", "N", "DV", "bf16"], scale: T.f32):
+    """Every head over one latent cache, q·k over DQ and p·v over DV (DeepSeek's 576 / 512)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, j, d], over=d) * scale
+    return K.softmax_attend(s, v[b, j, e], j)
+
+
+@tf.kernel
+def head_logsumexp(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["V", "K", "bf16"]):
+    """A language model head's log-sum-exp over the vocabulary (a fused cross-entropy's first
+    half), its logits a GEMM over K features."""
+    i, j, k = T.axes("i j k")
+    s = T.sum(x[i, k] * w[j, k], over=k)
+    m = T.max(s, over=j)
+    return T.cast(m + T.log(T.sum(T.exp(s - m), over=j)), "f32")
+
+
+def latent_attention_case(generator, B=1, H=2, M=3, N=37, DQ=576, DV=512):
+    """Past the row tile's head dims: the floor cuts it at these sizes (scores stored)."""
+    q = (torch.randn(B, H, M, DQ, generator=generator) * 0.2).to(torch.bfloat16)
+    k = (torch.randn(B, N, DQ, generator=generator) * 0.2).to(torch.bfloat16)
+    v = (torch.randn(B, N, DV, generator=generator) * 3).to(torch.bfloat16)
+    s = torch.einsum("bhid,bjd->bhij", q.double(), k.double()) * 0.05
+    return ({"q": q, "k": k, "v": v, "scale": 0.05},
+            torch.einsum("bhij,bje->bhie", torch.softmax(s, -1), v.double()))
+
+
+def head_logsumexp_case(generator, M=5, K=300, V=70):
+    """Logits over 300 features: past the row tile's, so the floor stores them."""
+    x, w = ((torch.randn(n, K, generator=generator) * 0.3).to(torch.bfloat16) for n in (M, V))
+    return {"x": x, "w": w}, torch.logsumexp(x.double() @ w.double().T, -1)
+
+
+# chains a template takes whole at small feature widths, cut by the floor at these cases' sizes
+WIDE = {"latent_attention": (latent_attention, latent_attention_case,
+                             dict(B=1, H=2, M=3, N=37, DQ=576, DV=512)),
+        "head_logsumexp": (head_logsumexp, head_logsumexp_case, dict(M=5, K=300, V=70))}
+
 CASES = {"max_pool_l2": (max_pool_l2, max_pool_l2_case),
          "group_norm_nested": (group_norm_nested, group_norm_case),
          "paged_decode": (paged_decode, paged_decode_case),
          "segment_mean": (segment_mean, segment_mean_case),
          "layernorm_backward": (tf.grad(K.layernorm), layernorm_backward_case),
-         "group_norm_backward": (tf.grad(group_norm), group_norm_backward_case)}
+         "group_norm_backward": (tf.grad(group_norm), group_norm_backward_case),
+         **{name: (kernel, case) for name, (kernel, case, _) in WIDE.items()}}
 # the rest a template takes whole
 STAGED = {"max_pool_l2", "group_norm_nested", "paged_decode", "layernorm_backward",
           "group_norm_backward"}
 # checked in the interpreter (a stage no template takes runs on the CPU target there)
-INTERPRETED = ("max_pool_l2", "segment_mean", "layernorm_backward", "group_norm_backward")
+INTERPRETED = ("max_pool_l2", "segment_mean", "layernorm_backward", "group_norm_backward",
+               *WIDE)
 
 
 def interpreted(kernel, dynamic=None):
@@ -139,13 +181,19 @@ class _PickedPerCall(GraphCallable):
 
     def invoke(self, key, args: tuple, kwargs: dict):
         from tensorfuse.binding import bind_call
+        from tensorfuse.staged import StagedKernel
         from tensorfuse.targets.triton.contraction_kernel import ContractionKernel
         from tensorfuse.targets.triton.kernel import TritonKernel
         from tensorfuse.targets.triton.scatter_kernel import ScatterKernel
 
         shaped = {n: v for n, v in kwargs.items() if n != "out"}
         chosen = self.made.for_sizes(**bind_call(self.program, args, shaped, "cpu").dims)
-        if not isinstance(chosen, (TritonKernel, ScatterKernel, ContractionKernel)):
+        if isinstance(chosen, StagedKernel):   # the floor, cut at these sizes: its stages'
+            if not getattr(chosen, "interpreted", False):
+                chosen.kernels = tuple(_interpreted_stage(stage, k)
+                                       for stage, k in zip(chosen.stages, chosen.kernels))
+                chosen.interpreted = True
+        elif not isinstance(chosen, (TritonKernel, ScatterKernel, ContractionKernel)):
             chosen = self.made.template
         return chosen.invoke(False, args, kwargs)
 

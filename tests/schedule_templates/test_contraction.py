@@ -329,9 +329,15 @@ def test_an_ffn_too_wide_for_the_row_tile_runs_as_contraction_stages_not_tvms_sc
         assert "TVM" not in origin
         assert made.schedule_origin(M=64, K=64, N=128, O=64) == "template defaults"
         assert "gemm_tiles" in made.source(**sizes)
-    # programs with other reductions keep TVM's schedule where the template does not fit (an
-    # attention's stages would store its scores)
-    assert tf.compile(K.attention, AMPERE).floor is None
+    # an attention past the row tile's head dims: its scores stored between three stages, each
+    # on a template (scores and p·v on the contraction template, the softmax's statistics on the
+    # row template), as the unfused torch sequence stores them
+    made = tf.compile(K.attention, AMPERE)
+    with pytest.warns(NoTemplateWarning, match="runs as 3 kernels"):
+        origin = made.schedule_origin(B=1, H=2, M=512, N=512, D=512)
+    assert origin.startswith("staged: 3 kernels") and "TVM" not in origin, origin
+    assert origin.count("contraction template") == 2 and \
+        "[2] m, l from scale, s_sum: template defaults" in origin, origin
 
 
 @pytest.mark.gpu

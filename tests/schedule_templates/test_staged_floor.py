@@ -12,15 +12,15 @@ from tensorfuse import dsl as T
 from tensorfuse.api import AutoKernel, _staged
 from tensorfuse.errors import CallError, NoTemplateWarning
 from tensorfuse.flat_kernel import FlatSweepKernel
-from tensorfuse.kernels import softmax_attend
 from tensorfuse.schedule_templates.auto import choose, takes_stage
 from tensorfuse.schedule_templates.stages import NotStageable, plan_stages
 from tensorfuse.staged import StagedKernel
 from tensorfuse.targets import get_target
 from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode
 from tests.helpers import fresh_seed, gpu_case, relative_error, run_interpreted
-from tests.schedule_templates.staged_floor import (CASES, INTERPRETED, STAGED,
-                                                   group_norm_nested, max_pool_l2_case)
+from tests.schedule_templates.staged_floor import (CASES, INTERPRETED, STAGED, WIDE,
+                                                   group_norm_nested, latent_attention,
+                                                   max_pool_l2_case)
 
 HOPPER = get_target("cuda:sm_90a")
 
@@ -139,29 +139,43 @@ def test_a_row_kernel_with_more_batch_entries_than_a_grid_row_puts_them_first():
     assert launch_grid(plan, knobs)[0] == 8 * 32 * 512 > MAX_GRID_YZ
 
 
-@tf.kernel
-def latent_attention(q: T.Tensor["B", "H", "M", "DQ", "bf16"], k: T.Tensor["B", "N", "DQ", "bf16"],
-                     v: T.Tensor["B", "N", "DV", "bf16"], scale: T.f32):
-    """Every head over one latent cache, q·k over DQ and p·v over DV (DeepSeek's 576 / 512)."""
-    b, h, i, j, d, e = T.axes("b h i j d e")
-    s = T.sum(q[b, h, i, d] * k[b, j, d], over=d) * scale
-    return softmax_attend(s, v[b, j, e], j)
-
-
-def test_sizes_a_template_does_not_fit_say_so_and_why_once():
-    """Head dims of 576 / 512 are past the row-tile template's registers: those sizes run on
-    TVM's default schedule, which ``schedule_origin()`` names with the template's reason, and a
-    NoTemplateWarning says so once per kernel; sizes the template fits keep it, unwarned."""
+def test_sizes_a_template_does_not_fit_run_as_templated_stages_said_once():
+    """Head dims of 576 / 512 are past the row-tile template's registers: those sizes run as
+    the floor's stages cut at them — the scores and p·v on the contraction template, the
+    softmax's statistics on the row template, none on TVM's default schedule —, which
+    ``schedule_origin()`` names, and a NoTemplateWarning says so once per kernel, with the
+    template's reason; sizes the template fits keep it, unwarned."""
     made = tf.compile(latent_attention, target="cuda:sm_90a")
     wide = dict(B=2, H=16, M=1, N=4096, DQ=576, DV=512)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         origin = made.schedule_origin(**wide)
-        made.schedule_origin(**{**wide, "N": 2048})
+        assert made.schedule_origin(**{**wide, "N": 2048}).startswith("staged: 3 kernels")
         assert made.schedule_origin(**{**wide, "DQ": 128, "DV": 128}) == "template defaults"
-    assert origin.startswith("TVM's default GPU schedule") and "576" in origin, origin
+    assert origin.startswith("staged: 3 kernels") and "TVM" not in origin, origin
+    plan = made.describe_plan(scale=0.04, **wide)
+    assert [ln.split(": ", 1)[1].split(" (")[0] for ln in plan.splitlines()
+            if ln.startswith("latent_attention_")] == \
+        ["contraction template", "row-reduction template", "contraction template"], plan
     said = [w for w in caught if issubclass(w.category, NoTemplateWarning)]
-    assert len(said) == 1 and "DQ=576" in str(said[0].message)
+    assert len(said) == 1 and "576" in str(said[0].message), [str(w.message) for w in said]
+
+
+def test_chains_past_the_row_tile_are_cut_at_the_calls_sizes_and_match_float64_on_the_cpu():
+    """The floor cut at sizes where the row tile does not hold the feature axis: every stage on
+    a template of sm_90a (the chain whole at small sizes, so not cut without the sizes), each
+    stage compiled for the CPU against float64."""
+    seed = fresh_seed()
+    for name, (kernel, case, sizes) in WIDE.items():
+        args, want = case(torch.Generator().manual_seed(seed))
+        with pytest.raises(NotStageable):
+            stages_of(kernel)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NoTemplateWarning)
+            made = _staged(kernel, get_target("cpu"), "checked", planned_for=HOPPER,
+                           sizes=sizes)
+        assert isinstance(made, StagedKernel) and all(s.templated for s in made.stages), made
+        assert relative_error(made(**args), want) < 2e-2, (name, seed)
 
 
 
