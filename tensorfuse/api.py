@@ -93,15 +93,17 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             made = TEMPLATES[name](kernel, fusion, spec, tuned=records, dynamic=dynamic)
             # the Hopper attention checks a record of other sizes of the bucket runs (the
             # cluster decode keeps records of its own sizes only)
+            refused: list = []   # (native template, why it refuses the program at any sizes)
             ahead = native_templates(kernel, name, fusion, spec, records=lambda template:
                                      template_records(tuned_as, template, fusion, spec,
-                                                      nearest=template == "hopper_attention"))
+                                                      nearest=template == "hopper_attention"),
+                                     refused=refused)
             ahead += _hopper_gemm_staged(kernel, spec, dynamic)
             ahead += contraction_templates(kernel, spec, template_records(
                 tuned_as, "contraction", None, spec, nearest=True), dynamic)
             ahead = _written_out(kernel, spec, dynamic) + ahead
             return AutoKernel(made, fallback, ahead=ahead,
-                              floor=_floor(kernel, spec, fusion, dynamic))
+                              floor=_floor(kernel, spec, fusion, dynamic), refused=refused)
         gemms = contraction_templates(kernel, spec, template_records(
             program, "contraction", None, spec, nearest=True), dynamic) \
             if _triton_available() else ()
@@ -368,8 +370,11 @@ class AutoKernel(GraphCallable):
     """A template kernel where it fits the call's sizes, the default schedule where it does not
     (e.g. a feature axis too wide for one tile). Decided once per shape signature."""
 
-    def __init__(self, template, fallback: CompiledKernel, ahead: tuple = (), floor=None):
+    def __init__(self, template, fallback: CompiledKernel, ahead: tuple = (), floor=None,
+                 refused: list | None = None):
         self.template, self.fallback, self.ahead = template, fallback, tuple(ahead)
+        # (name, reason) of native templates that refused the program at any sizes
+        self.refused = list(refused or [])
         # floor(why): the stages to run where the template does not fit (made once), or None
         self.floor, self._floor = floor, None
         self.program, self.target = fallback.program, fallback.target
@@ -514,13 +519,15 @@ class AutoKernel(GraphCallable):
     def describe_plan(self, scalars: dict | None = None, **dims) -> str:
         """Which kernel runs these sizes (scalar values given as ``scalars`` or by name among
         them), why each one before it in the order of choice does not — a head dim the Hopper
-        attention does not take runs on the Triton template, and this says so —, and its plan."""
+        attention does not take runs on the Triton template, and this says so; a native template
+        that refused the program whatever its sizes, with its reason —, and its plan."""
         sizes, named = split_scalars(self.program, dims)
         named = {**(named or {}), **(scalars or {})} or None
         dims = {**sizes, **(named or {})}
         chosen = self.for_sizes(**dims)
         lines = [f"{self.program.name} at " + ", ".join(f"{n}={v}" for n, v in sizes.items())
                  + f": {getattr(chosen, 'description', type(chosen).__name__)}"]
+        lines += [f"  not {name} (at any sizes): {why}" for name, why in self.refused]
         for k in self.ahead:
             if k.fits(named or None, **sizes):
                 break

@@ -20,7 +20,7 @@ import numpy as np
 from ..algebra import inline_elementwise, plan_chain
 from ..algebra.exprs import factors, nodes, substitute
 from ..dsl.evaluate import evaluate_plain
-from ..dsl.expr import Axis, Binary, Const, DimSize, Expr, Load, Ref, Symbol, Unary, binary, unary
+from ..dsl.expr import Axis, Binary, Cast, Const, DimSize, Expr, Load, Ref, Symbol, Unary, binary, unary
 from ..dsl.program import Compute, Program
 from ..errors import ScheduleError
 
@@ -113,14 +113,19 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     outputs = [c for c in program.computes if c.is_output]
     out = outputs[0]
     body = out.bodies[0]
+    if isinstance(body, Cast) and body.dtype in dtypes:   # the float32 ratio cast, as stored
+        body = body.a
     lse = outputs[1] if len(outputs) == 2 and _is_logsumexp(outputs[1], m, plain) else None
     if lse is not None and not logsumexp:
         raise refuse(f"this kernel does not write the log-sum-exp output {lse.name} (the Hopper "
                      "and Triton attention templates do)", lse.loc)
-    if len(outputs) != 1 + (lse is not None) or not (
-            isinstance(body, Binary) and body.op == "div" and isinstance(body.a, Ref)
-            and body.a.compute is weighted and isinstance(body.b, Ref)
-            and body.b.compute is plain) or out.dtypes[0] not in dtypes:
+    shaped = len(outputs) == 1 + (lse is not None) and \
+        isinstance(body, Binary) and body.op == "div" and isinstance(body.a, Ref) and \
+        body.a.compute is weighted and isinstance(body.b, Ref) and body.b.compute is plain
+    if shaped and out.dtypes[0] not in dtypes:   # a float32 score term makes a float32 output
+        raise refuse(f"the output {out.name} is {out.dtypes[0]}; this template writes "
+                     f"{' or '.join(dtypes)}: cast it (T.cast(..., {dtypes[0]!r}))", out.loc)
+    if not shaped:
         also = f" (and optionally {LSE_FORM})" if logsumexp else ""
         raise refuse(f"the output must be the weighted sum divided by the sum of weights, in "
                      f"{' or '.join(dtypes)}{also}", out.loc)

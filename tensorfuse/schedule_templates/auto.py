@@ -188,7 +188,8 @@ def _contracts(chain) -> bool:
                                                for m in chain.members)
 
 
-def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) -> tuple:
+def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
+                     refused: list | None = None) -> tuple:
     """Templates generated as CUDA C++ for this GPU that ``tf.compile`` tries before the Triton
     one, on sm_90a: GEMM-shaped programs (one or two sums of products sharing their rows operand,
     with an elementwise output) get the persistent Hopper GEMM, GEMM chains (FFN) with more than
@@ -206,13 +207,16 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None) 
     ``benchmarks.cluster``, ``benchmarks.neighborhood``). Sizes a native template refuses go to
     the Triton one.
     ``records(template name)``: the compile entry point's lookup of tuning records for a template
-    with a tuning space (``hopper_attention``)."""
+    with a tuning space (``hopper_attention``). ``refused``: where given, gets ``(template,
+    reason)`` for each attention template that refuses the program at any sizes (a user asking
+    why the Triton template runs an attention: its output in float32, say)."""
     if spec.kind != "cuda" or spec.arch != "sm_90a":
         return ()
     made = _made(hopper_gemm, kernel, fusion, spec) + _ffn_templates(kernel, fusion, spec)
     if name == "attention":
         made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True,
-                      tuned=records("hopper_attention") if records else None)
+                      tuned=records("hopper_attention") if records else None,
+                      refused=("hopper_attention", refused))
         made += _packed_decodes(kernel, fusion, spec)
         made += _made(attention_decode, kernel, fusion, spec, fusion.axis,
                       description=f"cluster_decode (the keys {fusion.axis} split over a cluster "
@@ -248,11 +252,14 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
             for low, high, consumers, pairs in PACKED_DECODES]
 
 
-def _made(template, *args, **knobs) -> list:
-    """``[template(*args, **knobs)]``, or ``[]`` where the program is not its pattern."""
+def _made(template, *args, refused: tuple | None = None, **knobs) -> list:
+    """``[template(*args, **knobs)]``, or ``[]`` where the program is not its pattern (``refused``:
+    ``(name, list)``, the list getting ``(name, the template's reason)`` then)."""
     try:
         return [template(*args, **knobs)]
-    except ScheduleError:
+    except ScheduleError as exc:
+        if refused is not None and refused[1] is not None:
+            refused[1].append((refused[0], str(exc.message)))
         return []
 
 

@@ -568,6 +568,61 @@ def test_plan_is_printable_from_a_schedule():
     assert "hopper attention plan" in text and "doc[b, " in text and "block_n=64" in text
 
 
+@tf.kernel
+def alibi_f32_slopes(q: Q, k: KV, v: KV, slopes: T.Tensor["H", "f32"], scale: T.f32):
+    """ALiBi with float32 slopes as a user writes it: the score and so the output are float32."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale - slopes[h] * T.cast(i - j, "f32")
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
+@tf.kernel
+def alibi_f32_slopes_cast(q: Q, k: KV, v: KV, slopes: T.Tensor["H", "f32"], scale: T.f32):
+    """The same, its output cast to the inputs' bf16 — what the Hopper template stores."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale - slopes[h] * T.cast(i - j, "f32")
+    return T.cast(softmax_attend(s, v[b, h, j, e], j), "bf16")
+
+
+def test_a_float32_output_is_refused_with_the_cast_to_write_and_the_cast_one_taken():
+    """A float32 term in the score makes the output float32, which the Hopper template does not
+    store: tf.compile's plan says so and how to cast it, the Triton template runs it; the
+    output cast to bf16 is the Hopper template's own (its sm_90a code compiles, on wgmma)."""
+    with pytest.raises(ScheduleError, match=r"output .* is f32; .* cast it \(T.cast\(\.\.\., 'bf16'\)\)"):
+        plan_hopper_attention(alibi_f32_slopes.program, CHAIN, "j")
+    plan = tf.compile(alibi_f32_slopes, "cuda:sm_90a").describe_plan(**PREFILL, scale=0.1)
+    assert plan.splitlines()[0].endswith("attention template (rolling_update(m, o, l, axis=j, "
+                                         "chunk=32))"), plan
+    assert "  not hopper_attention (at any sizes): hopper attention: the output out is f32" in plan
+    made = tf.compile(alibi_f32_slopes_cast, "cuda:sm_90a")
+    assert made.describe_plan(**PREFILL, scale=0.1).splitlines()[0].split(": ")[1] \
+        .startswith("hopper_attention"), made.describe_plan(**PREFILL, scale=0.1)
+    if shutil.which("nvcc"):
+        assert "wgmma.mma_async" in made.ptx(**PREFILL, scale=0.1)
+
+
+@pytest.mark.gpu
+def test_an_attention_output_cast_to_bf16_matches_float64_on_the_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    from tests.helpers import fresh_seed, relative_error
+
+    seed = fresh_seed()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = ((torch.randn(2, 4, 300, 128, device="cuda", generator=g) * 2).bfloat16()
+               for _ in range(3))
+    slopes = torch.rand(4, device="cuda", generator=g) * 0.1
+    made = tf.compile(alibi_f32_slopes_cast)
+    out = torch.full_like(q, float("nan"))
+    made(q, k, v, slopes, 0.09, out=out)
+    pos = torch.arange(300, device="cuda", dtype=torch.float64)
+    s = q.double() @ k.double().transpose(-1, -2) * 0.09 - \
+        slopes.double()[:, None, None] * (pos[:, None] - pos[None, :])
+    want = torch.softmax(s, -1) @ v.double()
+    assert relative_error(out, want) < 2e-2, seed
+
+
 @pytest.mark.gpu
 def test_every_variant_matches_float64_on_the_gpu():
     """Every library variant, ragged sizes (M ≠ N), GQA, f16, head dims 64 and 128, normal and
