@@ -20,7 +20,8 @@ import numpy as np
 from ..algebra import inline_elementwise, plan_chain
 from ..algebra.exprs import factors, nodes, substitute
 from ..dsl.evaluate import evaluate_plain
-from ..dsl.expr import Axis, Binary, Cast, Const, DimSize, Expr, Load, Ref, Symbol, Unary, binary, unary
+from ..dsl.expr import (Axis, Binary, Cast, Const, DimSize, Expr, Load, Ref, Symbol, Unary, binary,
+                        unary)
 from ..dsl.program import Compute, Program
 from ..errors import ScheduleError
 
