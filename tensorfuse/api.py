@@ -382,6 +382,7 @@ class AutoKernel(GraphCallable):
                                           + [template.description, fallback.description])
         self._fits: dict = {}
         self._why_not: dict = {}   # per key of _fits: why the template did not fit those sizes
+        self._why_staged: dict = {}   # the same where the floor's stages run them
         self._by_shapes: dict = {}
         self._fast: dict = {}   # signature key -> the chosen kernel's FastCall, where it has one
         # scalars whose values decide whether a native template runs a call (a map's width,
@@ -414,6 +415,8 @@ class AutoKernel(GraphCallable):
                     found = self._floor_for(exc, dims) or self.fallback
                     if found is self.fallback:
                         self._why_not[key] = self._said_why_not(exc, dims)
+                    else:   # the floor's stages run them (they said so themselves)
+                        self._why_staged[key] = str(exc)
             self._fits[key] = found
         return self._fits[key]
 
@@ -534,7 +537,8 @@ class AutoKernel(GraphCallable):
             lines.append(f"  not {k.description}: {_why_not_native(k, named, sizes)}")
         else:
             if chosen is not self.template:
-                why = self._why_not.get(self._fits_key(sizes, named or {}))
+                at = self._fits_key(sizes, named or {})
+                why = self._why_not.get(at) or self._why_staged.get(at)
                 lines.append(f"  not the {self.template.description}"
                              + (f": {why}" if why else ""))
         lines.append(chosen.describe_plan(named, **sizes))
