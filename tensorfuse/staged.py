@@ -11,6 +11,11 @@ from .targets import TargetSpec
 from .torch_graph import GraphCallable
 
 
+def _out_of_memory(exc: Exception) -> bool:
+    """Whether ``exc`` says memory ran out (torch's ``OutOfMemoryError`` is a ``RuntimeError``)."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+
+
 class StagedKernel(GraphCallable):
     """``program`` computed by ``kernels`` in order, one per stage: each takes the user's
     arguments and the earlier stages' results it reads, by name; the results later stages read
@@ -32,10 +37,24 @@ class StagedKernel(GraphCallable):
     def invoke(self, key, args: tuple, kwargs: dict):
         bound = bind_call(self.program, args, kwargs, call_device(self.target))
         values = {**bound.arrays, **bound.scalars}
-        for stage, kernel in zip(self.stages, self.kernels):
-            made = kernel.invoke(False, (), {n: values[n] for n in stage.inputs})
+        outputs = {c.name for c in self.program.outputs}
+        last_read = {n: k for k, stage in enumerate(self.stages) for n in stage.inputs}
+        for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels)):
+            try:
+                made = kernel.invoke(False, (), {n: values[n] for n in stage.inputs})
+            except Exception as exc:
+                if not _out_of_memory(exc):
+                    raise
+                raise type(exc)(f"{self.program.name}: stage {k + 1} of {len(self.stages)} "
+                                f"({stage.describe()}) ran out of memory; the stages store "
+                                f"what they pass on ({self._staged_because()}), as the unfused "
+                                f"sequence does: {exc}") from exc
             made = made if isinstance(made, tuple) else (made,)
             values.update(zip(stage.produces, made))
+            # what no later stage reads goes now (a floor's attention scores: B·H·M·N floats)
+            for name in [n for n in stage.inputs if last_read[n] == k and n not in outputs
+                         and n not in bound.arrays and n not in bound.scalars]:
+                del values[name]
         results = [values[c.name] for c in self.program.outputs]
         if bound.outs is not None:
             return filled(bound.outs, results)

@@ -235,3 +235,49 @@ def test_a_gemm_between_two_norms_is_cut_last_and_reads_each_rows_scale_once():
         made = tf.compile(cosine_similarity, target="cuda:sm_90a")
     assert "hopper_gemm" in made.schedule_origin(M=8192, N=8192, D=1024)
     assert "rsqrtf" not in made.kernels[-1].source(M=8192, N=8192, D=1024)
+
+
+def test_a_staged_call_lets_go_of_what_no_later_stage_reads_and_says_which_stage_ran_out():
+    """The nested group norm's five stages on the CPU target: each stored value is dropped once
+    its last reader has run (a floor's attention scores are B·H·M·N floats), the results still
+    float64's; a stage that runs out of device memory is named in the error."""
+    import gc
+    import weakref
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = _staged(group_norm_nested, get_target("cpu"), "checked", planned_for=HOPPER)
+    produced, alive_at = {}, []
+    last_read = {n: k for k, s in enumerate(made.stages) for n in s.inputs}
+
+    class Spy:
+        def __init__(self, k, kernel):
+            self.k, self.kernel = k, kernel
+
+        def invoke(self, key, args, kwargs):
+            gc.collect()
+            alive_at.append({n for n, ref in produced.items() if ref() is not None})
+            out = self.kernel.invoke(key, args, kwargs)
+            for name, x in zip(made.stages[self.k].produces,
+                               out if isinstance(out, tuple) else (out,)):
+                produced[name] = weakref.ref(x)
+            return out
+
+    kernels = made.kernels
+    made.kernels = tuple(Spy(k, kernel) for k, kernel in enumerate(kernels))
+    args, want = CASES["group_norm_nested"][1](torch.Generator().manual_seed(fresh_seed()))
+    assert relative_error(made(**args), want) < 2e-2
+    for k, alive in enumerate(alive_at):
+        assert not {n for n in alive if last_read.get(n, len(made.stages)) < k}, (k, alive)
+    assert any(alive_at), "some value is passed on"
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    class Short:
+        def invoke(self, key, args, kwargs):
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 34.00 GiB")
+
+    made.kernels = (*kernels[:2], Short(), *kernels[3:])
+    with pytest.raises(OutOfMemoryError, match=r"stage 3 of 5 .* ran out of memory.*34\.00 GiB"):
+        made(**args)
