@@ -3,7 +3,7 @@
 own, with a template where one takes it)."""
 from __future__ import annotations
 
-from .binding import bind_call
+from .binding import bind_call, split_scalars
 from .composed import call_device, filled
 from .dsl.program import Program
 from .schedule_templates.stages import Stage
@@ -73,8 +73,8 @@ class StagedKernel(GraphCallable):
         dims = {**dims, **(scalars or {})}
         parts = []
         for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels), 1):
-            parts.append(f"[{k}] {stage.describe()}\n"
-                         f"{kernel.describe_plan(**self._own(stage, dims))}")
+            sizes, named = split_scalars(stage.program, self._own(stage, dims))
+            parts.append(f"[{k}] {stage.describe()}\n{kernel.describe_plan(named, **sizes)}")
         return "\n".join(parts)
 
     def source(self, **dims) -> str:

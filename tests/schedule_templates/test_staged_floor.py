@@ -281,3 +281,14 @@ def test_a_staged_call_lets_go_of_what_no_later_stage_reads_and_says_which_stage
     made.kernels = (*kernels[:2], Short(), *kernels[3:])
     with pytest.raises(OutOfMemoryError, match=r"stage 3 of 5 .* ran out of memory.*34\.00 GiB"):
         made(**args)
+
+
+def test_every_stage_kernel_takes_the_scalars_by_name_in_describe_plan():
+    """The attention's gradient program at a head dim of 576: a stage cut again by its own floor
+    (a stage kernel on the Hopper GEMM among them) — ``describe_plan(scale=…)`` hands each stage
+    its scalars apart from its sizes (a stage kernel refused ``scale`` as a size named so)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = tf.compile(tf.grad(K.attention), target="cuda:sm_90a")
+        plan = made.describe_plan(B=1, H=4, M=1024, N=1024, D=576, scale=0.05)
+    assert plan.count("\n[1] ") >= 1 and "hopper GEMM plan" in plan, plan

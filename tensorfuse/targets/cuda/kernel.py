@@ -215,7 +215,10 @@ class ClusterKernel(GraphCallable):
         return "\n// ---- the next module ----\n".join(self.launches(scalars, **dims).sources)
 
     def describe_plan(self, scalars: dict | None = None, **dims) -> str:
-        """The template plan at these sizes and the knobs chosen for them (and why)."""
+        """The template plan at these sizes and the knobs chosen for them (and why); scalar
+        values given as ``scalars`` or by name among the sizes."""
+        dims, named = split_scalars(self.program, dims)
+        scalars = {**(named or {}), **(scalars or {})} or None
         made = self.launches(scalars, **dims)   # a map's scalars: its visiting order
         return f"{made.plan.describe()}\n  knobs: {made.knobs}" + (
             f" ({made.why})" if made.why else "")

@@ -86,6 +86,7 @@ class ContractionKernel(GraphCallable):
         return self.build(**dims)[1].source
 
     def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        dims, _ = split_scalars(self.program, dims)
         knobs, made = self.build(**dims)
         return f"{self.plan.for_knobs(knobs).describe()}\n  knobs: {knobs}\n  built: " \
                f"{made.describe()}"
