@@ -7,7 +7,9 @@ embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors 
 transformers' additive float mask, an LM head's
 softmax, a Gram matrix and a router's weight gradient (outputs of few tiles over a long
 contracted axis), a bilinear form per row, a mean over the batch axis, an attention-weighted
-pool over tokens and RMSNorm written into the linear layer after it — through ``tf.compile``
+pool over tokens, RMSNorm written into the linear layer after it, DeepSeek's latent attention at
+decode (q·k over 576, p·v over 512) and a model head's log-sum-exp over 4096 features (both past
+a row tile's widths: the floor's stages) — through ``tf.compile``
 defaults against the best torch alternative in the same process, each checked against a float64
 reference first (the harness of :mod:`benchmarks.user_kernels`).
 
@@ -561,6 +563,63 @@ def _weighted_pool_case(generator, B=64, S=4096, D=1024) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, S=S, D=D)})
 
 
+@tf.kernel
+def latent_attention_decode(q: T.Tensor["B", "H", "DQ", "bf16"],
+                            k: T.Tensor["B", "N", "DQ", "bf16"],
+                            v: T.Tensor["B", "N", "DV", "bf16"], scale: T.f32):
+    """DeepSeek's absorbed latent attention at decode: every head over one latent cache, q·k
+    over 576 and p·v over 512 (past a row tile's head dims: the floor's stages)."""
+    b, h, j, d, e = T.axes("b h j d e")
+    s = T.sum(q[b, h, d] * k[b, j, d], over=d) * scale
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.cast(T.sum(p * v[b, j, e], over=j) / T.sum(p, over=j), "bf16")
+
+
+@tf.kernel
+def head_logsumexp(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["V", "K", "bf16"]):
+    """A language model head's log-sum-exp over the vocabulary (a fused cross-entropy's first
+    half) over 4096 features (past a row tile's: the floor's stages)."""
+    i, j, k = T.axes("i j k")
+    s = T.sum(x[i, k] * w[j, k], over=k)
+    m = T.max(s, over=j)
+    return T.cast(m + T.log(T.sum(T.exp(s - m), over=j)), "f32")
+
+
+def _latent_decode_case(generator, B=8, H=128, N=4096, DQ=576, DV=512) -> Case:
+    q = torch.randn(B, H, DQ, generator=generator).to("cuda", torch.bfloat16)
+    k = torch.randn(B, N, DQ, generator=generator).to("cuda", torch.bfloat16)
+    v = torch.randn(B, N, DV, generator=generator).to("cuda", torch.bfloat16)
+    scale = DQ ** -0.5
+
+    def eager(q, k, v):   # the unfused sequence in bf16, softmax in float32
+        s = torch.einsum("bhd,bnd->bhn", q, k).float() * scale
+        return torch.einsum("bhn,bne->bhe", torch.softmax(s, -1).to(v.dtype), v)
+    f, compiled = Recorded(latent_attention_decode), torch.compile(eager)
+    s = torch.einsum("bhd,bnd->bhn", q.double(), k.double()) * scale
+    ref = torch.einsum("bhn,bne->bhe", torch.softmax(s, -1), v.double())
+    return Case("latent_attention_decode", f"B{B} H{H} N{N} DQ{DQ} DV{DV}",
+                lambda: f(q, k, v, scale), {TORCH_COMPILE: lambda: compiled(q, k, v),
+                                            TORCH_EAGER: lambda: eager(q, k, v)},
+                ref, lambda out: out, bytes=(k.numel() + v.numel()) * 2,
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, N=N, DQ=DQ, DV=DV)})
+
+
+def _head_logsumexp_case(generator, M=4096, K=4096, V=32000) -> Case:
+    x = (torch.randn(M, K, generator=generator) / 8).to("cuda", torch.bfloat16)
+    w = (torch.randn(V, K, generator=generator) / 8).to("cuda", torch.bfloat16)
+
+    def eager(x, w):
+        return (x @ w.T).float().logsumexp(-1)
+    f, compiled = Recorded(head_logsumexp), torch.compile(eager)
+    rows = torch.arange(0, M, 61)
+    ref = torch.logsumexp(x[rows].double() @ w.double().T, -1)
+    return Case("head_logsumexp", f"M{M} K{K} V{V}", lambda: f(x, w),
+                {TORCH_COMPILE: lambda: compiled(x, w), TORCH_EAGER: lambda: eager(x, w)},
+                ref, lambda out: out[rows], flops=2 * M * K * V,
+                notes={TENSORFUSE: f.schedule_origin(M=M, K=K, V=V)})
+
+
 UNLISTED = {
     "batch_norm_stats_nchw": _batch_norm_stats_case,
     "max_pool_2x2": _max_pool_case,
@@ -585,6 +644,8 @@ UNLISTED = {
     "column_mean": _column_mean_case,
     "weighted_token_pool": _weighted_pool_case,
     "rmsnorm_linear": _rmsnorm_linear_case,
+    "latent_attention_decode": _latent_decode_case,
+    "head_logsumexp": _head_logsumexp_case,
 }
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse import dsl as T
 from tensorfuse.torch_graph import GraphCallable
+from benchmarks.unlisted_kernels import head_logsumexp
 from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode, segment_mean
 from tests.helpers import poisoned_main
 
@@ -99,16 +100,6 @@ def latent_attention(q: T.Tensor["B", "H", "M", "DQ", "bf16"], k: T.Tensor["B", 
     b, h, i, j, d, e = T.axes("b h i j d e")
     s = T.sum(q[b, h, i, d] * k[b, j, d], over=d) * scale
     return K.softmax_attend(s, v[b, j, e], j)
-
-
-@tf.kernel
-def head_logsumexp(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["V", "K", "bf16"]):
-    """A language model head's log-sum-exp over the vocabulary (a fused cross-entropy's first
-    half), its logits a GEMM over K features."""
-    i, j, k = T.axes("i j k")
-    s = T.sum(x[i, k] * w[j, k], over=k)
-    m = T.max(s, over=j)
-    return T.cast(m + T.log(T.sum(T.exp(s - m), over=j)), "f32")
 
 
 def latent_attention_case(generator, B=1, H=2, M=3, N=37, DQ=576, DV=512):
