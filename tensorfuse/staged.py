@@ -3,12 +3,23 @@
 own, with a template where one takes it)."""
 from __future__ import annotations
 
-from .binding import bind_call, split_scalars
+import math
+
+from .binding import bind_call, output_shape, split_scalars
 from .composed import call_device, filled
+from .dsl.dtypes import to_numpy
 from .dsl.program import Program
 from .schedule_templates.stages import Stage
 from .targets import TargetSpec
 from .torch_graph import GraphCallable
+
+
+def _amount(nbytes: int) -> str:
+    """Bytes as a reader wants them: KiB, MiB or GiB past a thousand of the unit below."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes} B"
 
 
 def _out_of_memory(exc: Exception) -> bool:
@@ -60,6 +71,21 @@ class StagedKernel(GraphCallable):
             return filled(bound.outs, results)
         return results[0] if len(results) == 1 else tuple(results)
 
+    def stored(self, **dims) -> list[tuple[str, tuple[int, ...], str, int]]:
+        """``(name, shape, dtype, bytes)`` of each value a stage stores for a later one at these
+        sizes (the floor's price: an attention's scores are B·H·M·N floats)."""
+        read_later = {n for stage in self.stages[1:] for n in stage.inputs}
+        outputs = {c.name for c in self.program.outputs}
+        found = []
+        for stage in self.stages:
+            for name, compute in zip(stage.produces, stage.program.outputs):
+                if name in read_later and name not in outputs:
+                    shape = tuple(output_shape(compute, dims))
+                    dtype = compute.dtypes[0]
+                    found.append((name, shape, dtype,
+                                  math.prod(shape) * to_numpy(dtype).itemsize))
+        return found
+
     def schedule_origin(self, **dims) -> str:
         """Which kernels run the program, and each one's schedule at these sizes."""
         parts = [f"[{k}] {stage.describe()}: "
@@ -68,6 +94,15 @@ class StagedKernel(GraphCallable):
         return (f"staged: {len(self.stages)} kernels, their results between them stored "
                 f"({self._staged_because()}: {self.why}); " + "; ".join(parts))
 
+    def _stored_line(self, dims: dict) -> str:
+        sizes = {n: v for n, v in dims.items() if n in set(self.program.dim_names())}
+        found = self.stored(**sizes)
+        if not found:
+            return ""
+        total = sum(b for *_, b in found)
+        return (f"stored between the stages: {_amount(total)} ("
+                + ", ".join(f"{n} {d} {list(shape)}" for n, shape, d, _ in found) + ")\n")
+
     def describe_plan(self, scalars: dict | None = None, **dims) -> str:
         """Each stage, its kernel and plan at these sizes, in stage order."""
         dims = {**dims, **(scalars or {})}
@@ -75,7 +110,7 @@ class StagedKernel(GraphCallable):
         for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels), 1):
             sizes, named = split_scalars(stage.program, self._own(stage, dims))
             parts.append(f"[{k}] {stage.describe()}\n{kernel.describe_plan(named, **sizes)}")
-        return "\n".join(parts)
+        return self._stored_line(dims) + "\n".join(parts)
 
     def source(self, **dims) -> str:
         """Each stage kernel's generated source at these sizes, in stage order."""

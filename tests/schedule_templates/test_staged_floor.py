@@ -154,6 +154,10 @@ def test_sizes_a_template_does_not_fit_run_as_templated_stages_said_once():
         assert made.schedule_origin(**{**wide, "DQ": 128, "DV": 128}) == "template defaults"
     assert origin.startswith("staged: 3 kernels") and "TVM" not in origin, origin
     plan = made.describe_plan(scale=0.04, **wide)
+    assert "\nstored between the stages: 512.2 KiB (s_sum f32 [2, 16, 1, 4096], m f32 [2, 16, 1]" \
+        in plan, plan
+    staged = made.for_sizes(**wide)
+    assert sum(b for *_, b in staged.stored(**wide)) == 4 * (2 * 16 * 4096 + 2 * 2 * 16)
     assert [ln.split(": ", 1)[1].split(" (")[0] for ln in plan.splitlines()
             if ln.startswith("latent_attention_")] == \
         ["contraction template", "row-reduction template", "contraction template"], plan
