@@ -192,9 +192,9 @@ def _floor(kernel, spec, fusion, dynamic: "bool | None"):
         return None
     gemms = gemm_shaped(program) and \
         all(c.monoid.name == "sum" for c in program.computes if c.is_reduction)
-    if gemms or sums_down_rows(program, fusion):
-        return lambda why, sizes: _staged(kernel, spec, why, dynamic=dynamic)
-    return lambda why, sizes: _staged(kernel, spec, why, dynamic=dynamic, sizes=sizes)
+    at_sizes = not (gemms or sums_down_rows(program, fusion))
+    return lambda why, sizes: _staged(kernel, spec, why, dynamic=dynamic,
+                                      sizes=sizes if at_sizes else None)
 
 
 def _pointwise(kernel, spec, dynamic: "bool | None" = None, sizes: dict | None = None):
@@ -381,8 +381,10 @@ class AutoKernel(GraphCallable):
         self.description = ", else ".join([k.description for k in self.ahead]
                                           + [template.description, fallback.description])
         self._fits: dict = {}
-        self._why_not: dict = {}   # per key of _fits: why the template did not fit those sizes
-        self._why_staged: dict = {}   # the same where the floor's stages run them
+        # per key of _fits: why the template did not fit those sizes (the floor's stages or TVM's
+        # schedule run them: schedule_origin tells which by the kernel chosen)
+        self._why_not: dict = {}
+        self._warned = False   # that TVM's schedule runs some sizes (said once)
         self._by_shapes: dict = {}
         self._fast: dict = {}   # signature key -> the chosen kernel's FastCall, where it has one
         # scalars whose values decide whether a native template runs a call (a map's width,
@@ -413,10 +415,9 @@ class AutoKernel(GraphCallable):
                     found = self.template
                 except TargetError as exc:
                     found = self._floor_for(exc, dims) or self.fallback
-                    if found is self.fallback:
-                        self._why_not[key] = self._said_why_not(exc, dims)
-                    else:   # the floor's stages run them (they said so themselves)
-                        self._why_staged[key] = str(exc)
+                    self._why_not[key] = str(exc)
+                    if found is self.fallback:   # the floor's stages say so themselves
+                        self._warn_untemplated(exc, dims)
             self._fits[key] = found
         return self._fits[key]
 
@@ -486,22 +487,20 @@ class AutoKernel(GraphCallable):
         """What :meth:`for_sizes` decides by: the sizes and the scalars that choose a kernel."""
         return tuple(sorted(sizes.items())) + tuple((n, scalars.get(n)) for n, _ in self._choice_at)
 
-    def _said_why_not(self, exc: Exception, dims: dict) -> str:
-        """Why the template does not run at these sizes, warned once per kernel (a
-        :class:`~tensorfuse.errors.NoTemplateWarning`: TVM's default schedule can be far slower
-        than torch)."""
+    def _warn_untemplated(self, exc: Exception, dims: dict) -> None:
+        """That TVM's default schedule runs these sizes and why, warned once per kernel (a
+        :class:`~tensorfuse.errors.NoTemplateWarning`: it can be far slower than torch)."""
         import warnings
 
         from .errors import NoTemplateWarning
 
-        why = str(exc)
-        if not self._why_not:
+        if not self._warned:
+            self._warned = True
             sizes = ", ".join(f"{n}={v}" for n, v in dims.items())
             warnings.warn(f"tensorfuse.compile: {self.template.description} does not take "
-                          f"{self.program.name} at {sizes} ({why}); those sizes run on TVM's "
+                          f"{self.program.name} at {sizes} ({exc}); those sizes run on TVM's "
                           "default GPU schedule, which can be far slower than torch",
                           NoTemplateWarning, stacklevel=4)
-        return why
 
     def schedule_origin(self, **dims) -> str:
         """Whether these sizes run on template defaults or a tuned record — or, where the
@@ -538,7 +537,7 @@ class AutoKernel(GraphCallable):
         else:
             if chosen is not self.template:
                 at = self._fits_key(sizes, named or {})
-                why = self._why_not.get(at) or self._why_staged.get(at)
+                why = self._why_not.get(at)
                 lines.append(f"  not the {self.template.description}"
                              + (f": {why}" if why else ""))
         lines.append(chosen.describe_plan(named, **sizes))

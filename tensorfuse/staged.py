@@ -36,6 +36,14 @@ class StagedKernel(GraphCallable):
                  kernels: tuple, why: str):
         self.program, self.target = program, target
         self.stages, self.kernels, self.why = tuple(stages), tuple(kernels), why
+        # what a stage stores for a later one (not an output), and after which stage each such
+        # value has had its last reader
+        outputs = {c.name for c in program.outputs}
+        last_read = {n: k for k, stage in enumerate(self.stages) for n in stage.inputs}
+        self.passed_on = [n for stage in self.stages for n in stage.produces
+                          if n in last_read and n not in outputs]
+        self._done_after = [[n for n in self.passed_on if last_read[n] == k]
+                            for k in range(len(self.stages))]
         self.description = (f"{len(stages)} stage kernels ({self._staged_because()}): "
                             + "; ".join(s.describe() for s in stages))
 
@@ -48,8 +56,6 @@ class StagedKernel(GraphCallable):
     def invoke(self, key, args: tuple, kwargs: dict):
         bound = bind_call(self.program, args, kwargs, call_device(self.target))
         values = {**bound.arrays, **bound.scalars}
-        outputs = {c.name for c in self.program.outputs}
-        last_read = {n: k for k, stage in enumerate(self.stages) for n in stage.inputs}
         for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels)):
             try:
                 made = kernel.invoke(False, (), {n: values[n] for n in stage.inputs})
@@ -62,9 +68,7 @@ class StagedKernel(GraphCallable):
                                 f"sequence does: {exc}") from exc
             made = made if isinstance(made, tuple) else (made,)
             values.update(zip(stage.produces, made))
-            # what no later stage reads goes now (a floor's attention scores: B·H·M·N floats)
-            for name in [n for n in stage.inputs if last_read[n] == k and n not in outputs
-                         and n not in bound.arrays and n not in bound.scalars]:
+            for name in self._done_after[k]:   # a floor's scores are B·H·M·N floats
                 del values[name]
         results = [values[c.name] for c in self.program.outputs]
         if bound.outs is not None:
@@ -74,12 +78,10 @@ class StagedKernel(GraphCallable):
     def stored(self, **dims) -> list[tuple[str, tuple[int, ...], str, int]]:
         """``(name, shape, dtype, bytes)`` of each value a stage stores for a later one at these
         sizes (the floor's price: an attention's scores are B·H·M·N floats)."""
-        read_later = {n for stage in self.stages[1:] for n in stage.inputs}
-        outputs = {c.name for c in self.program.outputs}
         found = []
         for stage in self.stages:
             for name, compute in zip(stage.produces, stage.program.outputs):
-                if name in read_later and name not in outputs:
+                if name in self.passed_on:
                     shape = tuple(output_shape(compute, dims))
                     dtype = compute.dtypes[0]
                     found.append((name, shape, dtype,

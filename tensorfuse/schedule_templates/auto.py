@@ -216,7 +216,7 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
     if name == "attention":
         made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True,
                       tuned=records("hopper_attention") if records else None,
-                      refused=("hopper_attention", refused))
+                      refused=refused)
         made += _packed_decodes(kernel, fusion, spec)
         made += _made(attention_decode, kernel, fusion, spec, fusion.axis,
                       description=f"cluster_decode (the keys {fusion.axis} split over a cluster "
@@ -252,14 +252,14 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
             for low, high, consumers, pairs in PACKED_DECODES]
 
 
-def _made(template, *args, refused: tuple | None = None, **knobs) -> list:
-    """``[template(*args, **knobs)]``, or ``[]`` where the program is not its pattern (``refused``:
-    ``(name, list)``, the list getting ``(name, the template's reason)`` then)."""
+def _made(template, *args, refused: list | None = None, **knobs) -> list:
+    """``[template(*args, **knobs)]``, or ``[]`` where the program is not its pattern (and
+    ``(the template's name, its reason)`` appended to ``refused`` where given)."""
     try:
         return [template(*args, **knobs)]
     except ScheduleError as exc:
-        if refused is not None and refused[1] is not None:
-            refused[1].append((refused[0], str(exc.message)))
+        if refused is not None:
+            refused.append((template.__name__, exc.message))
         return []
 
 

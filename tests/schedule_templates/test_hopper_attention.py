@@ -590,7 +590,7 @@ def alibi_f32_slopes_cast(q: Q, k: KV, v: KV, slopes: T.Tensor["H", "f32"], scal
 def test_a_float32_output_is_refused_with_the_cast_to_write_and_the_cast_one_taken():
     """A float32 term in the score makes the output float32, which the Hopper template does not
     store: tf.compile's plan says so and how to cast it, the Triton template runs it; the
-    output cast to bf16 is the Hopper template's own (its sm_90a code compiles, on wgmma)."""
+    output cast to bf16 is the Hopper template's own."""
     with pytest.raises(ScheduleError, match=r"output .* is f32; .* cast it \(T.cast\(\.\.\., 'bf16'\)\)"):
         plan_hopper_attention(alibi_f32_slopes.program, CHAIN, "j")
     plan = tf.compile(alibi_f32_slopes, "cuda:sm_90a").describe_plan(**PREFILL, scale=0.1)
@@ -600,8 +600,12 @@ def test_a_float32_output_is_refused_with_the_cast_to_write_and_the_cast_one_tak
     made = tf.compile(alibi_f32_slopes_cast, "cuda:sm_90a")
     assert made.describe_plan(**PREFILL, scale=0.1).splitlines()[0].split(": ")[1] \
         .startswith("hopper_attention"), made.describe_plan(**PREFILL, scale=0.1)
-    if shutil.which("nvcc"):
-        assert "wgmma.mma_async" in made.ptx(**PREFILL, scale=0.1)
+
+
+@needs_nvcc
+def test_an_attention_output_cast_to_bf16_compiles_for_sm90a_on_wgmma():
+    made = tf.compile(alibi_f32_slopes_cast, "cuda:sm_90a")
+    assert "wgmma.mma_async" in made.ptx(**PREFILL, scale=0.1)
 
 
 @pytest.mark.gpu

@@ -107,6 +107,7 @@ class ClusterFastCall(SignatureCall):
                  likes: list | None = None, guards: list | None = None):
         super().__init__(params, outputs, device, likes, guards)
         self.run, self.module = launches.run, launches.module
+        self.driver = launches.module == ()   # driver launches take torch's stream themselves
         self.index = device_index(device)
         self.single = len(outputs) == 1
 
@@ -118,7 +119,7 @@ class ClusterFastCall(SignatureCall):
         outs = self.new_outputs(tensors)
         out = outs[0] if self.single else tuple(outs)
         values = dict(zip(self.names, values))
-        if self.module == ():   # driver launches: they go on torch's stream themselves
+        if self.driver:
             self.run(self.module, values, out, self.device)
         else:
             on_torch_stream(self.index, self.run, self.module, values, out, self.device)
