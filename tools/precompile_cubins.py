@@ -91,21 +91,28 @@ def precompile_decode(grid: str) -> list:
 
 def precompile_kernel(spec: str, sizes: list[str]) -> list:
     """The CUDA C++ sources ``tf.compile(kernel, target="cuda")`` launches at ``sizes``
-    (NAME=INTEGER): here the plans are sized for the H200's and the H100's 132 SMs."""
+    (NAME=INTEGER): here the plans are sized for the H200's and the H100's 132 SMs. A kernel that
+    runs as stages (the program's own, or the floor's at these sizes) gives every stage's."""
     import tensorfuse as tf
-    from tensorfuse.api import AutoKernel
     from tensorfuse.cli import _load_kernel, _sizes
 
-    dims = _sizes(sizes)
-    compiled = tf.compile(_load_kernel(spec), target="cuda")
+    return _cuda_sources(tf.compile(_load_kernel(spec), target="cuda"), _sizes(sizes))
+
+
+def _cuda_sources(kernel, dims: dict) -> list:
+    """``(source, target)`` of every CUDA C++ module ``kernel`` launches at ``dims``, through
+    the kernel a compiled one chooses at them and the stages of a staged one (Triton kernels
+    build on the GPU)."""
+    from tensorfuse.api import AutoKernel
+
+    if isinstance(kernel, AutoKernel):
+        kernel = kernel.for_sizes({}, **dims)
+    if isinstance(kernel, ClusterKernel):
+        return [(source, kernel.target) for source in kernel.launches({}, **dims).sources]
     pending = []
-    for stage, kernel in zip(getattr(compiled, "stages", [None]),
-                             getattr(compiled, "kernels", [compiled])):
-        own = dims if stage is None else {n: v for n, v in dims.items()
-                                          if n in stage.program.dim_names()}
-        chosen = kernel.for_sizes({}, **own) if isinstance(kernel, AutoKernel) else kernel
-        if isinstance(chosen, ClusterKernel):   # CUDA C++; Triton kernels build on the GPU
-            pending += [(source, chosen.target) for source in chosen.launches({}, **own).sources]
+    for stage, inner in zip(getattr(kernel, "stages", ()), getattr(kernel, "kernels", ())):
+        names = stage.program.dim_names()
+        pending += _cuda_sources(inner, {n: v for n, v in dims.items() if n in names})
     return pending
 
 

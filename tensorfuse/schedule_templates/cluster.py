@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..dsl import dtypes as dt
 from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
 from ..interop import StreamScratch
@@ -328,7 +329,7 @@ def decode_launches(plan, dims: dict, given: dict, target: TargetSpec, n_axis: i
                             f"{H // HKV} heads per kv-head need {smem} bytes of shared memory "
                             f"per CTA; {target.name} has {target.max_shared_memory}: use "
                             "fewer warps or stages", user_location())
-    scalars = tuple("float32" if t.startswith("f") else "int32" for _, t in plan.scalars)
+    scalars = tuple("float32" if dt.is_float(t) else "int32" for _, t in plan.scalars)
     tma = k.copy == "tma"
     launch = DriverLaunch(source, target, "tf_decode_cluster",
                           ("handle",) * 4 + (TENSOR_MAP,) * (2 * tma) + ("int32",) +

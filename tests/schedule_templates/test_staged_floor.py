@@ -16,6 +16,7 @@ from tensorfuse.schedule_templates.auto import choose, takes_stage
 from tensorfuse.schedule_templates.stages import NotStageable, plan_stages
 from tensorfuse.staged import StagedKernel
 from tensorfuse.targets import get_target
+from benchmarks.unlisted_kernels import latent_attention_decode
 from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode
 from tests.helpers import fresh_seed, gpu_case, relative_error, run_interpreted
 from tests.schedule_templates.staged_floor import (CASES, INTERPRETED, STAGED, WIDE,
@@ -119,6 +120,29 @@ def test_staged_and_gathering_kernels_match_float64_on_the_gpu(name):
             tf.compile(kernel)
     assert isinstance(made, StagedKernel if name in STAGED else AutoKernel), made
     assert relative_error(made(**args), want) < 2e-2, seed
+
+
+@pytest.mark.gpu
+def test_a_latent_decode_whose_stages_run_on_the_hopper_gemm_matches_float64_on_the_gpu():
+    """Heads as the GEMMs' rows (q[b, h, d]): both products run on the Hopper GEMM, the second
+    with its division and cast to bf16 in the epilogue (a cast it once emitted as an integer
+    conversion: every output 0 or ±1)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    B, H, N, DQ, DV = 2, 128, 600, 576, 512
+    gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
+    q, k, v = (torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16) * scale
+               for shape, scale in (((B, H, DQ), 1), ((B, N, DQ), 1), ((B, N, DV), 4)))
+    s = torch.einsum("bhd,bnd->bhn", q.double(), k.double()) * DQ ** -0.5
+    want = torch.einsum("bhn,bne->bhe", torch.softmax(s, -1), v.double())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = tf.compile(latent_attention_decode)
+        plan = made.describe_plan(scale=0.1, B=B, H=H, N=N, DQ=DQ, DV=DV)
+        assert plan.count("hopper GEMM plan") == 2, plan
+        out = torch.full((B, H, DV), float("nan"), device="cuda", dtype=torch.bfloat16)
+        made(q, k, v, DQ ** -0.5, out=out)
+    assert relative_error(out, want) < 2e-2
 
 
 def test_a_row_kernel_with_more_batch_entries_than_a_grid_row_puts_them_first():

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 
+from ...errors import ScheduleError
 from .decode_copies import TEAM_SYNC, cp_async_copy, tma_copy, zero_tail
 from .decode_sweeps import fma_sweep, mma_sweep
 from .dsm import HELPERS
@@ -63,6 +64,8 @@ def _in_dtype(source: str, dtype: str) -> str:
     """``source`` (written for bf16) for ``dtype``."""
     if dtype == "bf16":
         return source
+    if "__float2bfloat16_rn(" in source:   # the template's bf16 names are swapped, not a cast's
+        raise ScheduleError("a cast to bf16 in a decode of f16 tensors: cast to f16 or f32")
     for bf16, other in _FP16_NAMES:
         source = source.replace(bf16, other)
     return source

@@ -30,6 +30,11 @@ _UNARY = {"exp": "__expf({})", "exp2": "exp2f({})", "log": "__logf({})", "log2":
 _BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
            "max": "fmaxf({}, {})", "min": "fminf({}, {})", "pow": "powf({}, {})",
            "and": "({} && {})", "or": "({} || {})"}
+# A cast to a 16-bit float rounds as storing would (to nearest even) and the math goes on in f32.
+# cuda_bf16.h's functions, not the bits rounded by hand or by inline PTX: either of those in a
+# Hopper GEMM's epilogue made ptxas serialise its wgmma (warning C7520), these do not
+_ROUNDED = {"bf16": "__bfloat162float(__float2bfloat16_rn({}))",
+            "f16": "__half2float(__float2half_rn({}))"}
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
@@ -103,7 +108,9 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
     if isinstance(e, Where):
         return f"({sub(e.cond)} ? {sub(e.a)} : {sub(e.b)})"
     if isinstance(e, Cast):
-        return f"((float){sub(e.a)})" if e.dtype.startswith("f") else f"((int){sub(e.a)})"
+        if e.dtype in _ROUNDED:
+            return _ROUNDED[e.dtype].format(sub(e.a))
+        return f"((float){sub(e.a)})" if dt.is_float(e.dtype) else f"((int){sub(e.a)})"
     raise ScheduleError(f"{what} must be elementwise math on the reduced values; "
                         f"{type(e).__name__.lower()} {e!s} is not supported by cluster kernels",
                         getattr(e, "loc", None))
