@@ -226,11 +226,14 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
 
 
 # Decodes whose kv-heads each serve a large group of query heads, as (smallest group, largest
-# group, consumer warpgroups, fewest (batch, kv-head) pairs): packed as the rows of the Hopper
-# attention kernel, split along the keys over every CTA. benchmarks.packed_decode, B16 at 16k
-# keys: 64 heads on one cache 57 µs against the cluster decode's 82, 128 heads 63 against 145;
-# but one pair at 131k keys 86 against 46, and 8 pairs of 32 heads even (62 against 64).
-PACKED_DECODES = ((64, 64, 1, 16), (65, 128, 2, 16))
+# group, consumer warpgroups, fewest (batch, kv-head) pairs, knobs): packed as the rows of the
+# Hopper attention kernel, split along the keys over every CTA. benchmarks.packed_decode, B16 at
+# 16k keys: 64 heads on one cache 57 µs against the cluster decode's 82, 128 heads 63 against
+# 145; but one pair at 131k keys 86 against 46, and 8 pairs of 32 heads even (62 against 64). A
+# third key slot where shared memory holds it (head dims to 128): 64 heads 57 → 53 µs, 128 heads
+# (blocks of 64 keys) 63 → 57; at 64k keys within 1 % (H200, the packed decode's knobs probed).
+PACKED_DECODES = ((64, 64, 1, 16, dict(stages=3)), (64, 64, 1, 16, {}),
+                  (65, 128, 2, 16, dict(stages=3, block_n=64)), (65, 128, 2, 16, {}))
 
 
 def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
@@ -248,8 +251,8 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
     if plan.mask is not None:
         return []
     return [PackedDecodeRoute(kernel, fusion, spec, plan.chain.dims[:4], (low, high), pairs,
-                              consumers=consumers, schedule="split")
-            for low, high, consumers, pairs in PACKED_DECODES]
+                              consumers=consumers, schedule="split", **knobs)
+            for low, high, consumers, pairs, knobs in PACKED_DECODES]
 
 
 def _made(template, *args, refused: list | None = None, **knobs) -> list:

@@ -155,7 +155,11 @@ def test_tf_compile_routes_large_groups_on_one_cache_to_packed_rows():
     sizes = dict(B=16, H=64, HKV=1, M=1, N=16384, D=128)
     origin = made.schedule_origin(**sizes)
     assert origin.startswith("packed group rows") and "consumers=1" in origin, origin
+    assert "stages=3" in origin, origin
     assert "consumers=2" in made.schedule_origin(**{**sizes, "H": 128})
+    # a third key slot does not fit beside 128 rows of head dim 256: packed on two
+    wide = made.schedule_origin(**{**sizes, "H": 128, "D": 256})
+    assert wide.startswith("packed group rows") and "stages=2" in wide, wide
     for other in (dict(B=1, N=131072), dict(H=32)):
         assert made.schedule_origin(**{**sizes, **other}).startswith("cluster_decode"), other
     # 64 (batch, kv-head) pairs of 4 heads: the split update (decode_plan.cluster_decode_pays)
@@ -167,9 +171,9 @@ def test_tf_compile_routes_large_groups_on_one_cache_to_packed_rows():
         B=16, H=64, N=16384, D=128)
     # nothing is packed until a call at routed sizes: sizes alone turn the others away
     routes = _packed_decodes(K.gqa_attention, Fusion(CHAIN, "j", 32), HOPPER)
-    assert [r.groups for r in routes] == [(64, 64), (65, 128)]
+    assert [r.groups for r in routes] == [(64, 64), (64, 64), (65, 128), (65, 128)]
     assert not routes[0].fits(**{**sizes, "B": 1, "N": 131072}) and routes[0]._made is None
-    assert routes[0].fits(**sizes) and routes[0]._made and routes[1]._made is None
+    assert routes[0].fits(**sizes) and routes[0]._made and routes[2]._made is None
 
 
 @pytest.mark.gpu
