@@ -46,6 +46,7 @@ def test_casts_emit_a_rounding_to_the_type_not_an_integer_conversion():
     assert "__float2half_rn" in to_cuda(Cast(x, "f16"), {}, "t")
     assert to_cuda(Cast(x, "f32"), {}, "t").startswith("((float)")
     assert to_cuda(Cast(x, "i32"), {}, "t").startswith("((int)")
+    assert to_cuda(Cast(x, "bool"), {}, "t") == f"((int)({scalar_name('x')} != 0))"   # 0.5: true
 
 
 def test_a_gemm_output_cast_to_bf16_rounds_in_the_epilogue():

@@ -110,6 +110,8 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
     if isinstance(e, Cast):
         if e.dtype in _ROUNDED:
             return _ROUNDED[e.dtype].format(sub(e.a))
+        if e.dtype == "bool":   # any nonzero value, not what truncating to an integer leaves
+            return f"((int)({sub(e.a)} != 0))"
         return f"((float){sub(e.a)})" if dt.is_float(e.dtype) else f"((int){sub(e.a)})"
     raise ScheduleError(f"{what} must be elementwise math on the reduced values; "
                         f"{type(e).__name__.lower()} {e!s} is not supported by cluster kernels",
