@@ -269,6 +269,12 @@ SECTIONS = (
      "f32; the router softmax of the section above after rows of at most 8 columns took blocks "
      "of their width, 128 rows a program, held in registers",
      "python -m benchmarks.unlisted_kernels --only router_softmax"),
+    ("unlisted-kernels-head-logsumexp-latent-attention-decode",
+     "Chains past the row tile, cut at the call's sizes",
+     "bf16; DeepSeek's absorbed latent attention at decode (q·k over 576, p·v over 512, every "
+     "head over one cache) and a language model head's log-sum-exp over 4096 features: the "
+     "floor's stages, each on a template (the Hopper GEMM for the products)",
+     "python -m benchmarks.unlisted_kernels --only latent_attention_decode,head_logsumexp"),
     ("monoid-kernels", "Reductions by the DSL's other monoids",
      "greedy decoding's argmax over a vocabulary (bf16), a row's logsumexp (f32), a KL "
      "divergence written with two logsumexps (bf16), the count of a row's maxima (bf16), the "
@@ -406,6 +412,10 @@ SECTIONS = (
     ("tuning-gpus-together", "One tuning job of two kernels on one and two GPUs",
      "wall clock of a job of every fitting setting of a GQA decode and a softmax",
      "python -m benchmarks.tuning --gpus-compare --together --cases decode,softmax"),
+    ("decode-grid-small", "Decode at small batches and caches, again",
+     "bf16; the grid's batches 1, 4, 8 and caches of 1k, 4k and 32k keys, run alone after "
+     "the cluster decode's launches were packed once (host time a call)",
+     "python -m benchmarks.decode_grid --dtypes bf16 --batches 1,4,8 --lengths 1024,4096,32768"),
     ("decode-grid", "Decode over batch sizes, head layouts and cache lengths",
      "one query token, D=128; GB/s of the cache, query and output moved; against every SDPA "
      "backend that runs the shape and FlexAttention (torch.compile, dynamic shapes); "
