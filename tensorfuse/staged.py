@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .binding import bind_call, output_shape, split_scalars
+from .binding import CallBinder, output_shape, split_scalars
 from .composed import call_device, filled
 from .dsl.dtypes import to_numpy
 from .dsl.program import Program
@@ -46,6 +46,10 @@ class StagedKernel(GraphCallable):
                             for k in range(len(self.stages))]
         self.description = (f"{len(stages)} stage kernels ({self._staged_because()}): "
                             + "; ".join(s.describe() for s in stages))
+        # a signature checked in full once (a staged call's host time is the sum of its
+        # stages' and its own: tools/profile_host_paths.py --only staged); made on the first
+        # call, which is where a missing GPU is reported
+        self._calls = None
 
     def _staged_because(self) -> str:
         return f"no template takes {self.program.name} whole"
@@ -54,7 +58,9 @@ class StagedKernel(GraphCallable):
         return f"<StagedKernel {self.program.name} for {self.target.name}: {self.description}>"
 
     def invoke(self, key, args: tuple, kwargs: dict):
-        bound = bind_call(self.program, args, kwargs, call_device(self.target))
+        if self._calls is None:
+            self._calls = CallBinder(self.program, call_device(self.target))
+        bound = self._calls(args, kwargs, key)
         values = {**bound.arrays, **bound.scalars}
         for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels)):
             try:

@@ -107,6 +107,12 @@ def cases(calls: int):
                                                   for _ in range(2)))
     yield ("steady", "a small decode's steady call, B4 8/1 heads, 1024 keys (the same call)",
            [0, 0], [0] * (2 * calls), lambda n: (), lambda: decode(*small, 0.088))
+    from benchmarks.unlisted_kernels import latent_attention_decode
+    latent = tf.compile(latent_attention_decode, "cuda:sm_90a")
+    mla = (torch.randn(8, 128, 576, **bf16), torch.randn(8, 4096, 576, **bf16),
+           torch.randn(8, 4096, 512, **bf16))
+    yield ("staged", "the floor's stages: a latent decode, B8 H128 4096 keys (the same call)",
+           [0, 0], [0] * (2 * calls), lambda n: (), lambda: latent(*mla, 0.04))
     window = tf.compile(K.sliding_window_attention, "cuda:sm_90a")
     leaves = [torch.randn(2, 16, 4096, 128, **bf16).requires_grad_() for _ in range(3)]
     grad = torch.randn(2, 16, 4096, 128, **bf16)
@@ -119,7 +125,7 @@ def cases(calls: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=8)
-    parser.add_argument("--only", default="", help="cases by name: causal, rows, decode, steady, backward")
+    parser.add_argument("--only", default="", help="cases by name: causal, rows, decode, steady, staged, backward")
     parser.add_argument("--profile", action="store_true", help="cProfile's top functions too")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
