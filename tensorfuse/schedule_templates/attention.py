@@ -12,6 +12,7 @@ import math
 
 from ..algebra import plan_chain
 from ..algebra.exprs import nodes
+from ..dsl import dtypes as dt
 from ..dsl.expr import Load, is_gathered
 from ..targets import TargetSpec
 from ..targets.triton.kernel import TritonKernel, Tuned
@@ -156,7 +157,7 @@ def _score_tile_bytes(plan: RowTilePlan) -> int:
             if isinstance(n, Load) and both <= {a.uid for a in n.axes} and \
                     n.param.name not in seen:
                 seen.add(n.param.name)
-                total += 4 if n.param.dtype == "f32" else 2
+                total += _stored_bytes(n.param.dtype)
     return total
 
 
@@ -173,6 +174,13 @@ def _tile_width(plan: RowTilePlan) -> int:
 def _element_size(plan: RowTilePlan) -> int:
     return max(4 if p.dtype == "f32" else 2 for p in plan.program.tensor_params
                if p.dtype.startswith(("f", "bf")))
+
+
+def _stored_bytes(dtype: str) -> int:
+    """Bytes of a score tile's element as the bound counts it: its own, two at least (a 1-byte
+    mask as a 16-bit one: the bound was measured with those); never fewer, which would let a
+    tile of 32- or 64-bit elements past the shared memory it needs."""
+    return max(2, dt.to_numpy(dtype).itemsize)
 
 
 def unfit(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> str | None:

@@ -9,6 +9,7 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.database import TuningRecord
 
 import tensorfuse as tf
+from tensorfuse import dsl as T
 from tensorfuse import kernels as K
 from tensorfuse.autotune import open_database
 from tensorfuse.autotune.database import default_database_dir
@@ -363,3 +364,30 @@ def test_a_score_tile_read_by_query_and_key_counts_in_the_shared_memory():
     assert knobs.num_stages == 2
     assert shared_bytes(plan, replace(knobs, num_stages=3)) == 294912
     assert made.compiled(**sizes).metadata.shared == shared_bytes(plan, knobs) == 196608
+
+
+@tf.kernel
+def bucketed_attention(q: T.Tensor["B", "S", "H", "D", "bf16"],
+                       k: T.Tensor["B", "S", "H", "D", "bf16"],
+                       v: T.Tensor["B", "S", "H", "D", "bf16"],
+                       bias: T.Tensor["H", "S", "S", "f64"], scale: T.f32):
+    """The bias of ``biased_attention_bshd`` kept in float64."""
+    b, i, h, j, d, e = T.axes("b i h j d e")
+    s = T.sum(q[b, i, h, d] * k[b, j, h, d], over=d) * scale + T.cast(bias[h, i, j], "f32")
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.sum(p * v[b, j, h, e], over=j) / T.sum(p, over=j)
+
+
+def test_a_score_tile_of_wide_elements_counts_them_whole():
+    """A float64 bias pipelines 8 bytes an element, not the 2 a 16-bit one takes: counted short,
+    a tile past the shared memory would be planned."""
+    from tensorfuse.schedule_templates.attention import shared_bytes
+
+    made = tf.schedule(bucketed_attention, "cuda:sm_90a").rolling_update(
+        "m", "out_sum", "out_sum_2", axis="j").apply_template("attention").compile()
+    plan, knobs = made.build({}, B=2, S=2048, H=16, D=128)[:2]
+    knobs = replace(knobs, num_stages=2)
+    # two key and value slots and the queries (bf16, D=128), one slot of the bias's tile
+    assert shared_bytes(plan, knobs) == 2 * knobs.block_n * 2 * 128 * 2 + \
+        knobs.block_m * 128 * 2 + knobs.block_m * knobs.block_n * 8
