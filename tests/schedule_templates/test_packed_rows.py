@@ -149,8 +149,8 @@ def test_the_hopper_kernel_on_packed_rows_is_split_over_every_sm():
 
 
 def test_tf_compile_routes_large_groups_on_one_cache_to_packed_rows():
-    """Where ``benchmarks.packed_decode`` measured packing faster than the cluster decode (16+
-    (batch, kv-head) pairs of 64 or 128 heads, no mask), and only there."""
+    """Where packing measured faster than the cluster decode (16+ (batch, kv-head) pairs of 64
+    or 128 heads, 4+ pairs of 32–63, no mask), and only there."""
     made = tf.compile(K.gqa_attention, "cuda:sm_90a")
     sizes = dict(B=16, H=64, HKV=1, M=1, N=16384, D=128)
     origin = made.schedule_origin(**sizes)
@@ -160,8 +160,9 @@ def test_tf_compile_routes_large_groups_on_one_cache_to_packed_rows():
     # a third key slot does not fit beside 128 rows of head dim 256: packed on two
     wide = made.schedule_origin(**{**sizes, "H": 128, "D": 256})
     assert wide.startswith("packed group rows") and "stages=2" in wide, wide
-    for other in (dict(B=1, N=131072), dict(H=32)):
+    for other in (dict(B=1, N=131072), dict(B=2, H=32, N=65536), dict(H=16)):
         assert made.schedule_origin(**{**sizes, **other}).startswith("cluster_decode"), other
+    assert made.schedule_origin(**{**sizes, "B": 4, "H": 32}).startswith("packed group rows")
     # 64 (batch, kv-head) pairs of 4 heads: the split update (decode_plan.cluster_decode_pays)
     assert made.schedule_origin(**{**sizes, "B": 8, "H": 32, "HKV": 8}) == "template defaults"
     assert "packed" not in made.schedule_origin(**{**sizes, "H": 256})   # not measured
@@ -171,15 +172,17 @@ def test_tf_compile_routes_large_groups_on_one_cache_to_packed_rows():
         B=16, H=64, N=16384, D=128)
     # nothing is packed until a call at routed sizes: sizes alone turn the others away
     routes = _packed_decodes(K.gqa_attention, Fusion(CHAIN, "j", 32), HOPPER)
-    assert [r.groups for r in routes] == [(64, 64), (64, 64), (65, 128), (65, 128)]
-    assert not routes[0].fits(**{**sizes, "B": 1, "N": 131072}) and routes[0]._made is None
-    assert routes[0].fits(**sizes) and routes[0]._made and routes[2]._made is None
+    assert [r.groups for r in routes] == [(32, 63)] * 2 + [(64, 64)] * 2 + [(65, 128)] * 2
+    assert not routes[2].fits(**{**sizes, "B": 1, "N": 131072}) and routes[2]._made is None
+    assert routes[2].fits(**sizes) and routes[2]._made and routes[4]._made is None
 
 
 @pytest.mark.gpu
-def test_a_routed_packed_decode_on_the_gpu_against_float64():
+@pytest.mark.parametrize("sizes", [dict(B=16, H=64, HKV=1, M=1, N=2049, D=128),
+                                   dict(B=4, H=96, HKV=2, M=1, N=3001, D=128),
+                                   dict(B=5, H=40, HKV=1, M=1, N=1111, D=64)])
+def test_a_routed_packed_decode_on_the_gpu_against_float64(sizes):
     seed = fresh_seed()
-    sizes = dict(B=16, H=64, HKV=1, M=1, N=2049, D=128)
     q, k, v = (t.cuda() for t in tensors(torch.Generator().manual_seed(seed), **sizes))
     made = tf.compile(K.gqa_attention)
     assert made.schedule_origin(**sizes).startswith("packed group rows")
