@@ -183,6 +183,52 @@ def test_softcap_and_sliding_window_of_gemma2_match_eager():
     assert relative(got, want) <= TOLERANCE[torch.float32]
 
 
+def tiny_gpt_oss():
+    """Two layers of gpt-oss's shape (a sliding-window layer, then a full one; grouped heads,
+    per-head sinks drawn large so that they matter) on transformers' eager attention."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(0)
+    config = GptOssConfig(hidden_size=64, intermediate_size=64, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, num_hidden_layers=2,
+                          num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                          layer_types=["sliding_attention", "full_attention"], vocab_size=100,
+                          attn_implementation="eager")
+    model = GptOssForCausalLM(config).eval()
+    for module in model.modules():
+        if hasattr(module, "sinks"):
+            torch.nn.init.normal_(module.sinks, std=2.0)
+    return model
+
+
+def test_attention_sinks_of_gpt_oss_run_on_tensorfuse_and_match_eager(monkeypatch):
+    """gpt-oss passes its sinks as ``s_aux``: tensorfuse's sink kernel takes them (its eager
+    code is not called), on both layers' masks, and gives eager's logits."""
+    from transformers.models.gpt_oss import modeling_gpt_oss
+
+    model = tiny_gpt_oss()
+    ids = torch.randint(0, 100, (2, 19))
+    with torch.no_grad():
+        want = model(ids).logits
+        tfh.use_tensorfuse(model, norms=False, mlp=False)
+
+        def refused(*args, **kwargs):
+            raise AssertionError("gpt-oss's eager attention ran")
+        monkeypatch.setattr(modeling_gpt_oss, "eager_attention_forward", refused)
+        got = model(ids).logits
+    assert relative(got, want) <= TOLERANCE[torch.float32]
+
+
+def test_attention_sinks_while_autograd_records_run_gpt_oss_eager_code():
+    """The sink kernel has no backward: while autograd records, gpt-oss's eager code computes
+    the attention, and the sinks get their gradient."""
+    model = tiny_gpt_oss()
+    tfh.use_tensorfuse(model, norms=False, mlp=False)
+    model(torch.randint(0, 100, (2, 11))).logits.square().mean().backward()
+    sinks = [m.sinks.grad for m in model.modules() if hasattr(m, "sinks")]
+    assert sinks and all(g is not None and bool(g.abs().sum() > 0) for g in sinks)
+
+
 @pytest.fixture
 def only_tensorfuse(monkeypatch):
     """Fail any call of SDPA or of Llama's own RMSNorm forward (the swapped model's way back to

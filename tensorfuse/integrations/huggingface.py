@@ -24,7 +24,9 @@ tensorfuse does not compute is handed back to transformers, never approximated: 
 dropout or asking for the weights runs transformers' own code, and so does a float (additive)
 mask per head, broadcast, in float32, with a soft-cap or while autograd records (a 16-bit float
 mask ``[B or 1, 1, M, N]`` otherwise runs on tensorfuse, added to the scores: on an H100/H200
-read as tiles of the scores); attention sinks are refused with a message.
+read as tiles of the scores). Attention sinks (gpt-oss's ``s_aux``: a score per head that shares
+the softmax and attends to nothing) run on tensorfuse too, except with dropout, a float mask or a
+soft-cap or while autograd records, where gpt-oss's own eager code runs them (SDPA has no sinks).
 
 A cache that grows every step (``DynamicCache``, the default) is a new shape every step: the
 attention kernels read their sizes as arguments, so a new cache length reuses the kernel built
@@ -61,10 +63,17 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     """An attention function for transformers' registry: ``query[B, H, M, D]``,
     ``key, value[B, HKV, N, D]``, the mask made by the mask function registered beside it;
     returns ``(output[B, M, H, D], None)`` as SDPA's does."""
-    if s_aux is not None:
-        raise NotImplementedError("tensorfuse attention: attention sinks (s_aux) are not "
-                                  "supported; use attn_implementation='eager'")
     additive = attention_mask is not None and attention_mask.dtype.is_floating_point
+    if s_aux is not None and (dropout > 0.0 or kwargs.get("output_attentions") or additive or
+                              softcap is not None or
+                              _recording(query, key, value, attention_mask, s_aux)):
+        # sinks with what tensorfuse's sink kernel does not take (its backward among them):
+        # transformers' own code for them, gpt-oss's (SDPA has no sinks)
+        from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+        return eager_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout,
+            scaling=query.shape[-1] ** -0.5 if scaling is None else scaling, **kwargs)
     if dropout > 0.0 or kwargs.get("output_attentions") or additive and (
             softcap is not None or _recording(query, key, value, attention_mask) or
             not _tensorfuse_takes(attention_mask, query)):
@@ -89,7 +98,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     masked = attention_mask is not None
     if masked:
         args.append(attention_mask.bool().expand(query.shape[0], 1, m, n))
-    kernel = attention_kernel(dtype, bool(causal) and not masked, masked, softcap is not None)
+    if s_aux is not None:
+        args.append(s_aux)
+    kernel = attention_kernel(dtype, bool(causal) and not masked, masked, softcap is not None,
+                              None if s_aux is None else dt.from_any(s_aux.dtype))
     extra = {"cap": float(softcap)} if softcap is not None else {}
     out = kernel(*args, scale=float(scaling), target=_target(query.device), **extra)
     return out.transpose(1, 2), None

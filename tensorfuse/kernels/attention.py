@@ -14,15 +14,17 @@ KV = T.Tensor["B", "H", "N", "D", "bf16"]
 KV_GROUPED = T.Tensor["B", "HKV", "N", "D", "bf16"]
 
 
-def softmax_attend(s, value, j, empty=None):
+def softmax_attend(s, value, j, empty=None, sink=None):
     """softmax of the scores ``s`` over ``j``, applied to ``value``: the chain max → sum → sum.
     ``empty``: what a row whose scores are all ``-inf`` gives (default: 0/0, NaN, as the math
-    says)."""
+    says). ``sink``: a score outside the keys that takes a share of the softmax and attends to
+    nothing (gpt-oss's per-head sinks): ``o / (l + exp(sink - m))``, the weights summing below 1."""
     m = T.max(s, over=j)
     p = T.exp(s - m)
     l = T.sum(p, over=j)  # noqa: E741 - the name used in the attention literature
     o = T.sum(p * value, over=j)
-    return o / l if empty is None else T.where(l > 0.0, o / l, empty)
+    total = l if sink is None else l + T.exp(sink - m)
+    return o / total if empty is None else T.where(l > 0.0, o / total, empty)
 
 
 def scores(q, k, b, h, hk, i, j, d, scale):

@@ -20,16 +20,21 @@ from .rows import rms_normalize
 
 
 @functools.lru_cache(maxsize=None)
-def attention_kernel(dtype: str, causal: bool, masked: bool, softcap: bool):
+def attention_kernel(dtype: str, causal: bool, masked: bool, softcap: bool,
+                     sinks: str | None = None):
     """Softmax attention over grouped heads for ``dtype`` tensors: ``causal`` keeps keys up to
     the query's position, ``masked`` takes a ``mask[B, 1, M, N]`` (bool) argument too (a row it
     empties gives 0), ``softcap`` bounds the scores as ``cap * tanh(s / cap)`` (Gemma 2) before
-    masking."""
+    masking, ``sinks`` (their dtype) takes a ``sinks[H]`` argument: a score per head outside the
+    keys that shares the softmax and attends to nothing (gpt-oss; not with ``softcap``)."""
+    if sinks and softcap:
+        raise ValueError("attention_kernel: sinks with a soft-cap are not a variant this makes")
     Q = T.Tensor["B", "H", "M", "D", dtype]
     KV = T.Tensor["B", "HKV", "N", "D", dtype]
     MASK = T.Tensor["B", 1, "M", "N", "bool"]
+    SINKS = T.Tensor["H", sinks or "f32"]
 
-    def body(q, k, v, mask, scale, cap):
+    def body(q, k, v, mask, scale, cap, sink=None):
         b, h, i, j, d, e = T.axes("b h i j d e")
         hk = h // (T.size("H") // T.size("HKV"))
         s = scores(q, k, b, h, hk, i, j, d, scale)
@@ -37,14 +42,21 @@ def attention_kernel(dtype: str, causal: bool, masked: bool, softcap: bool):
             s = cap * T.tanh(s / cap)
         if causal:
             s = T.where(key_position(i) >= j, s, -T.inf)
+        sink = None if sink is None else sink[h]
         if not masked:
-            return softmax_attend(s, v[b, hk, j, e], j)
+            return softmax_attend(s, v[b, hk, j, e], j, sink=sink)
         s = T.where(mask[b, 0, i, j], s, -T.inf)   # a row the mask empties: 0, as SDPA's kernels
-        return softmax_attend(s, v[b, hk, j, e], j, empty=0.0)
+        return softmax_attend(s, v[b, hk, j, e], j, empty=0.0, sink=sink)
 
     name = "attention" + "_causal" * causal + "_masked" * masked + \
-        "_softcap" * softcap + f"_{dtype}"
-    if masked and softcap:
+        "_softcap" * softcap + (f"_sinks_{sinks}" if sinks else "") + f"_{dtype}"
+    if sinks and masked:
+        def fn(q: Q, k: KV, v: KV, mask: MASK, sinks: SINKS, scale: T.f32):
+            return body(q, k, v, mask, scale, None, sinks)
+    elif sinks:
+        def fn(q: Q, k: KV, v: KV, sinks: SINKS, scale: T.f32):
+            return body(q, k, v, None, scale, None, sinks)
+    elif masked and softcap:
         def fn(q: Q, k: KV, v: KV, mask: MASK, scale: T.f32, cap: T.f32):
             return body(q, k, v, mask, scale, cap)
     elif masked:
