@@ -412,6 +412,11 @@ SECTIONS = (
     ("tuning-gpus-together", "One tuning job of two kernels on one and two GPUs",
      "wall clock of a job of every fitting setting of a GQA decode and a softmax",
      "python -m benchmarks.tuning --gpus-compare --together --cases decode,softmax"),
+    ("attention-sinks", "Attention with sinks (gpt-oss)",
+     "bf16, gpt-oss-120b's heads (64 over 8 kv-heads of 64); a score per head outside the keys "
+     "shares the softmax: the sink kernel the transformers integration runs (the Triton "
+     "template) against gpt-oss's eager attention in transformers (SDPA and FlashAttention have "
+     "no sinks); TFLOP/s of the keys each query keeps", "python -m benchmarks.attention_sinks"),
     ("decode-grid-small", "Decode at small batches and caches, again",
      "bf16; the grid's batches 1, 4, 8 and caches of 1k, 4k and 32k keys, run alone after "
      "the cluster decode's launches were packed once (host time a call)",
