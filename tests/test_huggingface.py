@@ -185,13 +185,14 @@ def test_softcap_and_sliding_window_of_gemma2_match_eager():
 
 def tiny_gpt_oss():
     """Two layers of gpt-oss's shape (a sliding-window layer, then a full one; grouped heads,
-    per-head sinks drawn large so that they matter) on transformers' eager attention."""
+    per-head sinks drawn large so that they matter) on transformers' eager attention; every
+    expert taken (a rounding cannot flip a discrete routing choice, so bf16 logits compare)."""
     from transformers import GptOssConfig, GptOssForCausalLM
 
     torch.manual_seed(0)
     config = GptOssConfig(hidden_size=64, intermediate_size=64, num_attention_heads=4,
                           num_key_value_heads=2, head_dim=16, num_hidden_layers=2,
-                          num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                          num_local_experts=2, num_experts_per_tok=2, sliding_window=8,
                           layer_types=["sliding_attention", "full_attention"], vocab_size=100,
                           attn_implementation="eager")
     model = GptOssForCausalLM(config).eval()
@@ -201,12 +202,19 @@ def tiny_gpt_oss():
     return model
 
 
-def test_attention_sinks_of_gpt_oss_run_on_tensorfuse_and_match_eager(monkeypatch):
+@pytest.mark.parametrize("dtype, sinks", [(torch.float32, torch.float32),
+                                          (torch.bfloat16, torch.bfloat16),
+                                          (torch.bfloat16, torch.float32)])
+def test_attention_sinks_of_gpt_oss_run_on_tensorfuse_and_match_eager(monkeypatch, dtype, sinks):
     """gpt-oss passes its sinks as ``s_aux``: tensorfuse's sink kernel takes them (its eager
-    code is not called), on both layers' masks, and gives eager's logits."""
+    code is not called), on both layers' masks, and gives eager's logits — in bf16 too, with
+    sinks kept in float32 (the output stays the activations' dtype)."""
     from transformers.models.gpt_oss import modeling_gpt_oss
 
-    model = tiny_gpt_oss()
+    model = tiny_gpt_oss().to(dtype)
+    for module in model.modules():
+        if hasattr(module, "sinks"):
+            module.sinks.data = module.sinks.data.to(sinks)
     ids = torch.randint(0, 100, (2, 19))
     with torch.no_grad():
         want = model(ids).logits
@@ -216,7 +224,7 @@ def test_attention_sinks_of_gpt_oss_run_on_tensorfuse_and_match_eager(monkeypatc
             raise AssertionError("gpt-oss's eager attention ran")
         monkeypatch.setattr(modeling_gpt_oss, "eager_attention_forward", refused)
         got = model(ids).logits
-    assert relative(got, want) <= TOLERANCE[torch.float32]
+    assert got.dtype == want.dtype and relative(got, want) <= TOLERANCE[dtype]
 
 
 def test_attention_sinks_while_autograd_records_run_gpt_oss_eager_code():

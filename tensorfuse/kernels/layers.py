@@ -42,11 +42,14 @@ def attention_kernel(dtype: str, causal: bool, masked: bool, softcap: bool,
             s = cap * T.tanh(s / cap)
         if causal:
             s = T.where(key_position(i) >= j, s, -T.inf)
-        sink = None if sink is None else sink[h]
         if not masked:
-            return softmax_attend(s, v[b, hk, j, e], j, sink=sink)
-        s = T.where(mask[b, 0, i, j], s, -T.inf)   # a row the mask empties: 0, as SDPA's kernels
-        return softmax_attend(s, v[b, hk, j, e], j, empty=0.0, sink=sink)
+            out = softmax_attend(s, v[b, hk, j, e], j, sink=sink if sink is None else sink[h])
+        else:   # a row the mask empties: 0, as SDPA's kernels
+            s = T.where(mask[b, 0, i, j], s, -T.inf)
+            out = softmax_attend(s, v[b, hk, j, e], j, empty=0.0,
+                                 sink=sink if sink is None else sink[h])
+        # sinks of another dtype (float32 beside bf16 activations) would widen the output
+        return out if sink is None else T.cast(out, dtype)
 
     name = "attention" + "_causal" * causal + "_masked" * masked + \
         "_softcap" * softcap + (f"_sinks_{sinks}" if sinks else "") + f"_{dtype}"
