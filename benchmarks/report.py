@@ -415,8 +415,10 @@ SECTIONS = (
     ("attention-sinks", "Attention with sinks (gpt-oss)",
      "bf16, gpt-oss-120b's heads (64 over 8 kv-heads of 64); a score per head outside the keys "
      "shares the softmax: the sink kernel the transformers integration runs (the Triton "
-     "template) against gpt-oss's eager attention in transformers (SDPA and FlashAttention have "
-     "no sinks); TFLOP/s of the keys each query keeps", "python -m benchmarks.attention_sinks"),
+     "template) against gpt-oss's eager attention in transformers (what transformers runs for "
+     "sinks) and, where the CSV has them, SDPA's kernels with the sinks' share applied through "
+     "their log-sum-exp (`sdpa with log-sum-exp`); TFLOP/s of the keys each query keeps",
+     "python -m benchmarks.attention_sinks"),
     ("decode-grid-small", "Decode at small batches and caches, again",
      "bf16; the grid's batches 1, 4, 8 and caches of 1k, 4k and 32k keys, run alone after "
      "the cluster decode's launches were packed once (host time a call)",
