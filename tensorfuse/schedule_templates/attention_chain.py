@@ -56,6 +56,9 @@ class AttentionChain:
     # the size name of v's and the output's head dim where p·v runs over another one than q·k
     # (DeepSeek's 192 and 128); "" where both are dims[5]
     value_dim: str = ""
+    # attention sinks, ``o / (l + exp(sink - m))`` (gpt-oss): (the tensor, its dtype, its axes
+    # by role — "h" or "bh"), where the caller takes them (``sinks=True``)
+    sink: tuple[str, str, str] | None = None
 
     @property
     def dv(self) -> str:
@@ -91,12 +94,14 @@ def _is_axis(e, axis) -> bool:
 
 def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who: str,
                         dtypes: tuple[str, ...] = ("bf16",),
-                        logsumexp: bool = False, value_dims: bool = False) -> AttentionChain:
+                        logsumexp: bool = False, value_dims: bool = False,
+                        sinks: bool = False) -> AttentionChain:
     """The pieces of the rolled chain ``names`` over ``axis`` when it is softmax-weighted
     attention (module docstring) with q, k, v and the output in one of ``dtypes`` (and, where the
     kernel writes it, ``logsumexp``, the second output :func:`with_logsumexp` adds; with
-    ``value_dims``, v's head dim may differ from q's and k's); otherwise a
-    :class:`ScheduleError` starting with ``who`` that says what differs."""
+    ``value_dims``, v's head dim may differ from q's and k's; with ``sinks``, the output may be
+    ``o / (l + exp(sink[h] - m))``); otherwise a :class:`ScheduleError` starting with ``who``
+    that says what differs."""
     def refuse(message: str, loc=None) -> ScheduleError:
         return ScheduleError(f"{who}: {message}", loc)
 
@@ -123,6 +128,11 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     shaped = len(outputs) == 1 + (lse is not None) and \
         isinstance(body, Binary) and body.op == "div" and isinstance(body.a, Ref) and \
         body.a.compute is weighted and isinstance(body.b, Ref) and body.b.compute is plain
+    sink = None if shaped or len(outputs) != 1 else _sink_of(body, weighted, plain, m)
+    if sink is not None and not sinks:
+        raise refuse("attention sinks (o / (l + exp(sink - m))) are not taken here (the "
+                     "attention template takes them)", out.loc)
+    shaped = shaped or sink is not None
     if shaped and out.dtypes[0] not in dtypes:   # a float32 score term makes a float32 output
         raise refuse(f"the output {out.name} is {out.dtypes[0]}; this template writes "
                      f"{' or '.join(dtypes)}: cast it (T.cast(..., {dtypes[0]!r}))", out.loc)
@@ -160,6 +170,13 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     if lse is not None:
         lse_roles = {b_axis.uid: "b", h_axis.uid: "h", i_axis.uid: "i"}
         layouts = (*layouts, "".join(lse_roles[a.uid] for a in lse.axes))
+    sink_roles = None
+    if sink is not None:
+        roles_of = {b_axis.uid: "b", h_axis.uid: "h"}
+        sink_roles = "".join(roles_of.get(getattr(x, "uid", None), "?") for x in sink.indices)
+        if sink_roles not in ("h", "bh") or not all(isinstance(x, Axis) for x in sink.indices):
+            raise refuse(f"a sink must be read per head, {sink.param.name}[h] or [b, h]; got "
+                         f"{sink}", out.loc)
     q_at, k_at = layouts[0].index, layouts[1].index
     return AttentionChain(qp.name, kp.name, vp.name, scores, out.name,
                           tuple((x.name, x.dtype) for x in program.scalar_params),
@@ -168,7 +185,28 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
                            str(kp.dims[k_at("j")]), str(qp.dims[q_at("d")])), kv_head,
                           h_axis.name, dot.name, tuple(axes.items()), out.dtypes[0],
                           (b_axis, h_axis, i_axis, j_axis), lse.name if lse is not None else "",
-                          layouts, str(v_dim) if v_dim != q_dim else "")
+                          layouts, str(v_dim) if v_dim != q_dim else "",
+                          None if sink is None else (sink.param.name, sink.param.dtype,
+                                                     sink_roles))
+
+
+def _sink_of(body: Expr, weighted: Compute, plain: Compute, m: Compute) -> Load | None:
+    """The load ``g`` where the output is ``o / (l + exp(g - m))`` (attention sinks: a score
+    outside the keys that takes a share of the softmax and attends to nothing; the elementwise
+    computes between inlined), else None."""
+    def ref(e, compute) -> bool:
+        return isinstance(e, Ref) and e.compute is compute
+
+    e = inline_elementwise(body)
+    if not (isinstance(e, Binary) and e.op == "div" and ref(e.a, weighted) and
+            isinstance(e.b, Binary) and e.b.op == "add"):
+        return None
+    for total, extra in ((e.b.a, e.b.b), (e.b.b, e.b.a)):
+        if ref(total, plain) and isinstance(extra, Unary) and extra.op == "exp" and \
+                isinstance(extra.a, Binary) and extra.a.op == "sub" and \
+                isinstance(extra.a.a, Load) and ref(extra.a.b, m):
+            return extra.a.a
+    return None
 
 
 def _axis_roles(q_load: Load, k_load: Load, v_load: Load, out: Compute, d_axis: Axis,

@@ -136,6 +136,12 @@ def map_tile_knobs(plan, knobs: HopperKnobs, given: dict, sizes: dict, scalars: 
                    overlap=overlap), tiled
 
 
+# Whether tf.compile (``prefill_only``) runs attention sinks here: not until the epilogue's sink
+# term has been checked against float64 on a GPU (tests/kernels/test_attention_sinks.py); the
+# template applied by hand takes them, and tf.compile runs them on the attention template
+ROUTES_SINKS = False
+
+
 def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,
                      stages: int | None = None, consumers: int | None = None,
                      overlap: bool | None = None, pingpong: bool | None = None,
@@ -161,7 +167,8 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         raise ScheduleError(f"the hopper_attention template generates sm_90a code (wgmma, TMA); "
                             f"the target is {target.name}", user_location())
     program = kernel.program if hasattr(kernel, "program") else kernel
-    plan = plan_hopper_attention(program, fusion.names, fusion.axis)
+    plan = plan_hopper_attention(program, fusion.names, fusion.axis,
+                                 sinks=ROUTES_SINKS or not prefill_only)
     given = {k: v for k, v in (("block_n", block_n), ("stages", stages),
                                ("consumers", consumers), ("overlap", overlap),
                                ("pingpong", pingpong), ("schedule", schedule),
@@ -270,7 +277,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                   "pieces: the output must start at a 16-byte aligned address "
                                   "(pass a contiguous tensor, not an offset view)")
             (pn, pi, fn, fi, bits, bits_at), favoured = lists(values, dims, device)
-            tensors = [pointer(values[t]) for t, _ in plan.tensors]
+            tensors = [pointer(values[t]) for t, _ in plan.arguments]
             scalars = [values[n] for n, _ in c.scalars]
             now = favoured or how
             grid = (row_blocks, B * H) if now == "grid" else (ctas, 1)

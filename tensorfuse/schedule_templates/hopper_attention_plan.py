@@ -129,6 +129,12 @@ class HopperAttentionPlan:
         return self.chain.dtype
 
     @property
+    def arguments(self) -> tuple[tuple[str, str], ...]:
+        """(name, dtype) of the tensors besides q, k, v and the outputs: the score's and the
+        mask's, then the sinks (the epilogue's)."""
+        return self.tensors + ((self.chain.sink[:2],) if self.chain.sink else ())
+
+    @property
     def strided(self) -> bool:
         """Whether q, k, v and the output are addressed by their own strides (a layout other
         than the library's ``[b, h, tokens, d]``: the load and epilogue parts say so)."""
@@ -244,11 +250,12 @@ def _key_linear_score(score: Expr, chain: AttentionChain) -> tuple[Expr | None, 
     return (scale if sign > 0 else neg(scale)), key_bias
 
 
-def plan_hopper_attention(program: Program, names: tuple[str, ...],
-                          axis: str) -> HopperAttentionPlan:
-    """Recognise the chain (softmax-weighted attention in bf16 or f16) and split its score."""
+def plan_hopper_attention(program: Program, names: tuple[str, ...], axis: str,
+                          sinks: bool = False) -> HopperAttentionPlan:
+    """Recognise the chain (softmax-weighted attention in bf16 or f16; with ``sinks``, attention
+    sinks too: the epilogue adds ``exp(sink - m)`` to each row's sum) and split its score."""
     chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"),
-                                logsumexp=True, value_dims=True)
+                                logsumexp=True, value_dims=True, sinks=sinks)
     score, mask = chain.score, None
     if isinstance(score, Where) and isinstance(score.b, Const) and score.b.value == -math.inf \
             and not _reads_dot(score.cond, chain.dot) and not any(

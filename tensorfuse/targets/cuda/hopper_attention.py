@@ -103,7 +103,7 @@ def kernel_arguments(plan) -> list[tuple[str, str, str]]:
             ("mbits", "handle", "const unsigned* __restrict__"), ("mbits_off", "handle", lists),
             ("counters", "handle", "int* __restrict__"),
             ("work", "handle", "float4* __restrict__"), ("mode", "int32", "int")]
-    return args + tensor_arguments(plan.tensors) + \
+    return args + tensor_arguments(plan.arguments) + \
         [(d, "int32", "int") for d in ("B_", "H_", "HKV_", "M_", "N_")] + \
         [(f"TF_SIZE_{d}", "int32", "int") for d in plan.extra_sizes] + \
         scalar_arguments(plan.chain.scalars)

@@ -87,11 +87,21 @@ _DEFERRED_STORE = """  // A tile's output, written once the next tile's first qÂ
 
 def attention_store(c) -> str:
     """``o / l`` packed to 16-bit pairs and traded between a row's lanes for 16-byte stores, the
-    split pieces merged by the last, the log-sum-exps; the last tile's stores."""
+    split pieces merged by the last, the log-sum-exps; the last tile's stores. With attention
+    sinks, ``o / (l + exp(sink - m))``: each row's sum takes the sink's share once the pieces
+    are merged (m and l are in base 2 of the score)."""
+    store = _STORE if not c.chain.sink else _swap(_STORE, _INVERSE, _SINK.format(
+        sink=f"t_{c.chain.sink[0]}", at="w.bh" if c.chain.sink[2] == "bh" else "w.bh % H_")
+        + _INVERSE)
     if c.strided:
-        return _swap(_swap(_STORE, _FLAT_ROW, _STRIDED_ROW), _LSE_VALUE,
+        return _swap(_swap(store, _FLAT_ROW, _STRIDED_ROW), _LSE_VALUE,
                      _LSE_VALUE + (_LSE_AT if c.chain.lse else ""))
-    return _STORE
+    return store
+
+
+_INVERSE = "      const float inv = 1.0f / l[x];\n"
+_SINK = ("      l[x] += exp2f((float){sink}[{at}] * 1.4426950408889634f - m[x]);"
+         "   // the sink's share\n")
 
 
 _STORE = """    // o / l from the fragments, rows row_lo (registers r % 4 < 2) and row_lo + 8, packed to
