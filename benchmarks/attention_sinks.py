@@ -6,8 +6,9 @@ there: SDPA and FlashAttention take no sinks) and against SDPA's kernels with th
 and the sinks' share applied after them, ``o · σ(lse − sink)`` (what a port by hand would do:
 flash for the causal prefill and the decode over kv-heads repeated to the query heads, the
 memory-efficient kernel with the window as a bias), all on the same tensors: a causal prefill, a
-sliding-window prefill (a boolean mask of 128 keys), a decode step. Every result is checked
-against float64 first, on the first eight heads.
+sliding-window prefill (a boolean mask of 128 keys), a decode step; for the causal prefill also
+the Hopper template applied by hand (``tensorfuse hopper``: its epilogue adds the sinks' share).
+Every result is checked against float64 first, on the first eight heads.
 
     python -m benchmarks.attention_sinks [--out DIR]
 """
@@ -18,6 +19,7 @@ import types
 
 import torch
 
+import tensorfuse as tf
 from benchmarks.common import TENSORFUSE, TORCH_EAGER, Row, bench, relative_error, run_and_write
 from tensorfuse.kernels.layers import attention_kernel
 
@@ -62,6 +64,10 @@ def measure(rows: list, log=print) -> None:
         flops = 4 * B * H * M * N * D * (keep.float().mean().item())
         calls = {TENSORFUSE: ours, TORCH_EAGER: lambda: theirs()[0].transpose(1, 2),
                  SDPA_WITH_LSE: _sdpa_with_lse(q, k, v, sinks, additive, masked, M > 1, scale)}
+        if name == "causal":   # the Hopper template applied by hand (tf.compile's once checked)
+            by_hand = tf.schedule(kernel, "cuda:sm_90a").rolling_update(
+                "m", "o", "l", axis="j").apply_template("hopper_attention").compile()
+            calls[f"{TENSORFUSE} hopper"] = lambda: by_hand(*args, scale=scale, out=out)
         for label, call in calls.items():
             try:
                 error = relative_error(call()[:, :H // HKV],
