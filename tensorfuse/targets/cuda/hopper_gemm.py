@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from ...dsl.expr import Cast
 from .dsm import HELPERS as DSM_HELPERS
 from .expr import (C_TYPES, KernelArguments, scalar_arguments, size_aliases, tensor_arguments,
                    to_cuda)
@@ -156,7 +157,12 @@ def epilogue_code(plan) -> str:
     i, j = plan.axes
     # one batch axis is the tile's batch z; several are walked as one and not read apart
     axes = {i: "row", j: "col", **({plan.batch[0][0]: "z"} if len(plan.batch) == 1 else {})}
-    return to_cuda(plan.epilogue, {name: f"g{x}" for x, name in enumerate(plan.sums)},
+    value = plan.epilogue
+    if isinstance(value, Cast) and value.dtype == plan.out_dtype:
+        # the store rounds to the output's type: rounding here as well made ptxas spill a GELU
+        # epilogue's registers (52 bytes; none without)
+        value = value.a
+    return to_cuda(value, {name: f"g{x}" for x, name in enumerate(plan.sums)},
                    f"the output {plan.output}", axes=axes,
                    loads={t: f"t_{t}" for t, _ in plan.tensors})
 
