@@ -11,6 +11,30 @@ def line_of(func, marker: str) -> int:
     raise AssertionError(f"marker {marker!r} not found")
 
 
+def host_compiler() -> str | None:
+    """The host's C++ compiler (``c++`` or ``g++``), or None."""
+    import shutil
+
+    return shutil.which("c++") or shutil.which("g++")
+
+
+def run_host_program(source: str, folder, compiler: str | None = None) -> list[str]:
+    """Compile ``source`` — a ``main`` printing the values of expressions the CUDA templates
+    write, checked as host code — with ``compiler`` (default :func:`host_compiler`; ``"nvcc"``
+    where it needs the CUDA headers) in ``folder``, run it and return the lines it prints."""
+    import os
+    import subprocess
+
+    compiler = compiler or host_compiler()
+    program = os.path.join(folder, "program.cu" if compiler == "nvcc" else "program.cc")
+    binary = os.path.join(folder, "program")
+    with open(program, "w") as f:
+        f.write(source)
+    subprocess.run([compiler, "-O1", "-o", binary, program], check=True, capture_output=True)
+    return subprocess.run([binary], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+
+
 def nvcc_found() -> bool:
     """Whether nvcc (the CUDA toolkit, 13.0 checked) is on PATH."""
     import shutil

@@ -5,8 +5,6 @@ numbers. The emitted expressions are compiled as host code by nvcc (cuda_bf16.h'
 run on the host too) and compared with torch's rounding of the same floats."""
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 
@@ -16,7 +14,7 @@ from tensorfuse.dsl.expr import Cast, Scalar
 from tensorfuse.errors import ScheduleError
 from tensorfuse.targets.cuda.cluster_decode import _in_dtype
 from tensorfuse.targets.cuda.expr import scalar_name, to_cuda
-from tests.helpers import needs_nvcc
+from tests.helpers import needs_nvcc, run_host_program
 
 # ties at bf16's and f16's last bit, values past f16's range, below its normals, negative
 VALUES = (1.0, 1.00390625, 1.01171875, -3.14159265, 65504.0, 65520.0, 1e5, 3e38, 1e-6, 6e-8,
@@ -83,17 +81,13 @@ def test_a_bf16_cast_in_a_decode_of_f16_tensors_is_refused_not_renamed():
 def test_16_bit_casts_round_as_torch_does(tmp_path):
     x = Scalar("x", "f32")
     casts = {dtype: to_cuda(Cast(x * 1.0, dtype), {}, "t") for dtype in ("bf16", "f16")}
-    program = tmp_path / "casts.cu"
     values = ", ".join(f"{v!r}f" for v in VALUES)
-    program.write_text(
+    printed = run_host_program(
         "#include <cstdio>\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n"
         f"int main() {{ const float V[] = {{{values}}};\n"
         f"  for (float {scalar_name('x')} : V) printf(\"%.9g %.9g\\n\", "
-        f"{casts['bf16']}, {casts['f16']});\n  return 0; }}\n")
-    binary = tmp_path / "casts"
-    subprocess.run(["nvcc", "-o", str(binary), str(program)], check=True, capture_output=True)
-    printed = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout
-    got = torch.tensor([[float(t) for t in line.split()] for line in printed.splitlines()])
+        f"{casts['bf16']}, {casts['f16']});\n  return 0; }}\n", tmp_path, "nvcc")
+    got = torch.tensor([[float(t) for t in line.split()] for line in printed])
     v = torch.tensor(VALUES, dtype=torch.float32)
     want = torch.stack([v.to(torch.bfloat16).float(), v.to(torch.float16).float()], 1)
     assert torch.equal(got, want), (got, want)

@@ -8,15 +8,14 @@ cuda_bf16.h (``test_cuda_casts``)."""
 from __future__ import annotations
 
 import math
-import shutil
-import subprocess
 
 import pytest
 
 from tensorfuse.dsl.expr import Cast, Scalar, binary, compare, unary, where
 from tensorfuse.targets.cuda.expr import scalar_name, to_cuda
+from tests.helpers import host_compiler, run_host_program
 
-COMPILER = shutil.which("c++") or shutil.which("g++")
+COMPILER = host_compiler()
 HOST = ("#include <cmath>\n#include <cstdio>\n#define __expf expf\n#define __logf logf\n"
         "#define __sinf sinf\n#define __cosf cosf\n#define __fdividef(a, b) ((a) / (b))\n"
         "#define rsqrtf(a) (1.0f / sqrtf(a))\n")
@@ -73,19 +72,14 @@ def _expressions():
 def test_float_math_computes_what_the_dsl_means(tmp_path):
     cases = _expressions()
     x, y = scalar_name("x"), scalar_name("y")
-    body = "\n".join(
-        f"  for (int n = 0; n < {len(PAIRS)}; ++n) {{ const float {x} = P[n][0] < 0 && "
-        f"{int(positive)} ? -P[n][0] : P[n][0], {y} = P[n][1]; "
+    body = "\n".join(   # x of both signs, or its magnitude where the operation wants one
+        f"  for (int n = 0; n < {len(PAIRS)}; ++n) {{ const float {x} = "
+        f"{'fabsf(P[n][0])' if positive else 'P[n][0]'}, {y} = P[n][1]; "
         f'printf("%.9g ", (double)({to_cuda(e, {}, name)})); }}\n  printf("\\n");'
         for name, e, _, positive in cases)
     table = ", ".join(f"{{{a!r}f, {b!r}f}}" for a, b in PAIRS)
-    program = tmp_path / "math.cc"
-    program.write_text(f"{HOST}static const float P[][2] = {{{table}}};\n"
-                       f"int main() {{\n{body}\n  return 0;\n}}\n")
-    binary_path = tmp_path / "math"
-    subprocess.run([COMPILER, "-O1", "-o", str(binary_path), str(program)], check=True)
-    lines = subprocess.run([str(binary_path)], capture_output=True, text=True,
-                           check=True).stdout.splitlines()
+    lines = run_host_program(f"{HOST}static const float P[][2] = {{{table}}};\n"
+                             f"int main() {{\n{body}\n  return 0;\n}}\n", tmp_path)
     assert len(lines) == len(cases)
     for (name, _, python, positive), line in zip(cases, lines):
         for (a, b), text in zip(PAIRS, line.split()):

@@ -3,16 +3,15 @@
 over negative and positive operands, against Python's own floor division and modulo."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import pytest
 
 from tensorfuse import dsl as T
 from tensorfuse.dsl.expr import Scalar
 from tensorfuse.targets.cuda.expr import scalar_name, to_cuda
 
-COMPILER = shutil.which("c++") or shutil.which("g++")
+from tests.helpers import host_compiler, run_host_program
+
+COMPILER = host_compiler()
 
 
 def _expressions():
@@ -41,13 +40,8 @@ def test_integer_division_floors_as_the_dsl_does(tmp_path):
         f'(int)({to_cuda(e, {}, name, axes={"i": "i", "j": "j"})})); '
         f'}}\n  printf("\\n");' for name, e, _ in cases)
     table = ", ".join(f"{{{i}, {j}, {w}}}" for i, j, w in points)
-    program = tmp_path / "division.cc"
-    program.write_text(f"#include <cstdio>\nstatic const int P[][3] = {{{table}}};\n"
-                       f"int main() {{\n{body}\n  return 0;\n}}\n")
-    binary = tmp_path / "division"
-    subprocess.run([COMPILER, "-O1", "-o", str(binary), str(program)], check=True)
-    lines = subprocess.run([str(binary)], capture_output=True, text=True,
-                           check=True).stdout.splitlines()
+    lines = run_host_program(f"#include <cstdio>\nstatic const int P[][3] = {{{table}}};\n"
+                             f"int main() {{\n{body}\n  return 0;\n}}\n", tmp_path)
     for (name, _, python), line in zip(cases, lines):
         got = [int(x) for x in line.split()]
         want = [int(python(i, j, w)) for i, j, w in points]
