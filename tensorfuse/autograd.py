@@ -183,10 +183,9 @@ class Differentiation:
                     if not dt.is_float(p.dtype)]
             floats = [float(named[p.name]) for p in self.program.scalar_params
                       if dt.is_float(p.dtype)]
-            op = _template_backward_op()
             direct = _runs_directly([*qkv, outputs[0], grads[0], lse, *others])
-            dq, dk, dv = (_OP[1] if direct else op)(key, *qkv, outputs[0], grads[0], lse,
-                                                    others, ints, floats)
+            run = _run_backward_template if direct else _template_backward_op()
+            dq, dk, dv = run(key, *qkv, outputs[0], grads[0], lse, others, ints, floats)
             found = {plan.q.param.name: dq, plan.k.param.name: dk, plan.v.param.name: dv}
             return tuple(found.get(p.name) for p in self.params)
         backward = self.backward_kernel()
@@ -295,30 +294,32 @@ _TEMPLATES: list = []
 _OP: list = []
 
 
+def _run_backward_template(key, q, k, v, out, d_out, lse, others, ints, floats):
+    """``_TEMPLATES[key]`` on its tensors (``others``: the forward's other tensor parameters in
+    order, its scalar parameters split into ``ints`` and ``floats`` in order; ``lse``: the
+    forward's log-sum-exp where it saved it): the operator's implementation, which an eager
+    backward calls directly (:func:`_runs_directly`)."""
+    template = _TEMPLATES[key]
+    plan = template.plan
+    program = plan.program
+    names = [x.param.name for x in (plan.q, plan.k, plan.v)]
+    tensors = dict(zip(names, (q, k, v)))
+    tensors.update(zip([p.name for p in program.tensor_params if p.name not in names], others))
+    ints_, floats_ = iter(ints), iter(floats)
+    scalars = {p.name: next(floats_) if dt.is_float(p.dtype) else next(ints_)
+               for p in program.scalar_params}
+    return template(tensors, scalars, out, d_out, lse)
+
+
 def _template_backward_op():
-    """``torch.ops.tensorfuse.attention_backward``: runs ``_TEMPLATES[key]`` on its tensors
-    (``others``: the forward's other tensor parameters in order, its scalar parameters split into
-    ``ints`` and ``floats`` in order; ``lse``: the forward's log-sum-exp where it saved it); its
-    fake implementation gives the gradients' shapes."""
+    """``torch.ops.tensorfuse.attention_backward``: :func:`_run_backward_template` as an operator
+    (made once); its fake implementation gives the gradients' shapes."""
     if _OP:
         return _OP[0]
     import torch
 
-    def run(key, q, k, v, out, d_out, lse, others, ints, floats):
-        template = _TEMPLATES[key]
-        plan = template.plan
-        program = plan.program
-        names = [x.param.name for x in (plan.q, plan.k, plan.v)]
-        tensors = dict(zip(names, (q, k, v)))
-        tensors.update(zip([p.name for p in program.tensor_params if p.name not in names],
-                           others))
-        ints_, floats_ = iter(ints), iter(floats)
-        scalars = {p.name: next(floats_) if dt.is_float(p.dtype) else next(ints_)
-                   for p in program.scalar_params}
-        return template(tensors, scalars, out, d_out, lse)
-
     op = torch.library.custom_op(
-        "tensorfuse::attention_backward", run, mutates_args=(),
+        "tensorfuse::attention_backward", _run_backward_template, mutates_args=(),
         schema="(int key, Tensor q, Tensor k, Tensor v, Tensor out, Tensor d_out, Tensor? lse, "
                "Tensor[] others, int[] ints, float[] floats) -> (Tensor, Tensor, Tensor)")
 
@@ -326,7 +327,7 @@ def _template_backward_op():
     def _(key, q, k, v, out, d_out, lse, others, ints, floats):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
-    _OP.extend((op, run))   # the operator, and its implementation for eager calls
+    _OP.append(op)
     return op
 
 
