@@ -21,9 +21,8 @@ weight slices in L2.
 """
 from __future__ import annotations
 
-from ...dsl.expr import Cast
 from .dsm import HELPERS
-from .expr import scalar_name, size_macros, to_cuda
+from .expr import scalar_name, size_macros, stored_value, to_cuda
 from .gemm_chain_wgmma import wgmma_body
 from .mma_sync import HELPERS as MMA_SYNC_HELPERS
 
@@ -39,12 +38,9 @@ def activation_code(plan) -> str:
 
 
 def epilogue_code(plan) -> str:
-    """The epilogue as C++ over the second sum ``y``; a cast to bf16 around it, the output's
-    type, is the store's own rounding (done twice, it only costs registers: ``hopper_gemm``)."""
-    value = plan.epilogue
-    if isinstance(value, Cast) and value.dtype == "bf16":
-        value = value.a
-    return to_cuda(value, {plan.second: "y"}, f"the output {plan.output}")
+    """The epilogue as C++ over the second sum ``y`` (stored as bf16)."""
+    return to_cuda(stored_value(plan.epilogue, "bf16"), {plan.second: "y"},
+                   f"the output {plan.output}")
 
 
 def gemm_chain_source(plan, knobs, layout, M: int, K: int, N: int, O: int) -> str:

@@ -41,10 +41,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from ...dsl.expr import Cast
 from .dsm import HELPERS as DSM_HELPERS
-from .expr import (C_TYPES, KernelArguments, scalar_arguments, size_aliases, tensor_arguments,
-                   to_cuda)
+from .expr import (C_TYPES, KernelArguments, scalar_arguments, size_aliases, stored_value,
+                   tensor_arguments, to_cuda)
 from .parts import (Part, assemble, epilogue, loads, mainloop, named_parts, pipeline,
                     scheduler)
 from .split import HELPERS as SPLIT_HELPERS
@@ -157,12 +156,8 @@ def epilogue_code(plan) -> str:
     i, j = plan.axes
     # one batch axis is the tile's batch z; several are walked as one and not read apart
     axes = {i: "row", j: "col", **({plan.batch[0][0]: "z"} if len(plan.batch) == 1 else {})}
-    value = plan.epilogue
-    if isinstance(value, Cast) and value.dtype == plan.out_dtype:
-        # the store rounds to the output's type: rounding here as well made ptxas spill a GELU
-        # epilogue's registers (52 bytes; none without)
-        value = value.a
-    return to_cuda(value, {name: f"g{x}" for x, name in enumerate(plan.sums)},
+    return to_cuda(stored_value(plan.epilogue, plan.out_dtype),
+                   {name: f"g{x}" for x, name in enumerate(plan.sums)},
                    f"the output {plan.output}", axes=axes,
                    loads={t: f"t_{t}" for t, _ in plan.tensors})
 
