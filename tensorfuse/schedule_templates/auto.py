@@ -226,17 +226,17 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
 
 
 # Decodes whose kv-heads each serve a large group of query heads, as (smallest group, largest
-# group, consumer warpgroups, fewest (batch, kv-head) pairs, knobs): packed as the rows of the
-# Hopper attention kernel, split along the keys over every CTA. benchmarks.packed_decode, B16 at
+# group, consumer warpgroups, fewest (batch, kv-head) pairs, knobs — where shared memory does not
+# hold them, the template's defaults): packed as the rows of the Hopper attention kernel, split
+# along the keys over every CTA. benchmarks.packed_decode, B16 at
 # 16k keys: 64 heads on one cache 57 µs against the cluster decode's 82, 128 heads 63 against
 # 145; but one pair at 131k keys 86 against 46. A third key slot where shared memory holds it
 # (head dims to 128): 64 heads 57 → 53 µs, 128 heads (blocks of 64 keys) 63 → 57; at 64k keys
 # within 1 %. Groups of 32–63 from 4 pairs (H200, graph-replayed, against the cluster decode):
 # 32 heads B4 at 32k keys 48 µs against 57, B8 at 4k 22 against 30, B16 at 8k 37 against 61, 48
 # heads B8 at 16k 41 against 49; two pairs at 64k keys lose (61 against 46).
-PACKED_DECODES = ((32, 63, 1, 4, dict(stages=3)), (32, 63, 1, 4, {}),
-                  (64, 64, 1, 16, dict(stages=3)), (64, 64, 1, 16, {}),
-                  (65, 128, 2, 16, dict(stages=3, block_n=64)), (65, 128, 2, 16, {}))
+PACKED_DECODES = ((32, 63, 1, 4, dict(stages=3)), (64, 64, 1, 16, dict(stages=3)),
+                  (65, 128, 2, 16, dict(stages=3, block_n=64)))
 
 
 def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
@@ -254,8 +254,8 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
     if plan.mask is not None:
         return []
     return [PackedDecodeRoute(kernel, fusion, spec, plan.chain.dims[:4], (low, high), pairs,
-                              consumers=consumers, schedule="split", **knobs)
-            for low, high, consumers, pairs, knobs in PACKED_DECODES]
+                              consumers=consumers, schedule="split", **chosen)
+            for low, high, consumers, pairs, knobs in PACKED_DECODES for chosen in (knobs, {})]
 
 
 def _made(template, *args, refused: list | None = None, **knobs) -> list:
