@@ -64,6 +64,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     ``key, value[B, HKV, N, D]``, the mask made by the mask function registered beside it;
     returns ``(output[B, M, H, D], None)`` as SDPA's does."""
     additive = attention_mask is not None and attention_mask.dtype.is_floating_point
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     if s_aux is not None and (dropout > 0.0 or kwargs.get("output_attentions") or additive or
                               softcap is not None or
                               _recording(query, key, value, attention_mask, s_aux)):
@@ -71,9 +72,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         # transformers' own code for them, gpt-oss's (SDPA has no sinks)
         from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
-        return eager_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout,
-            scaling=query.shape[-1] ** -0.5 if scaling is None else scaling, **kwargs)
+        return eager_attention_forward(module, query, key, value, attention_mask,
+                                       dropout=dropout, scaling=scaling, **kwargs)
     if dropout > 0.0 or kwargs.get("output_attentions") or additive and (
             softcap is not None or _recording(query, key, value, attention_mask) or
             not _tensorfuse_takes(attention_mask, query)):
@@ -83,8 +83,6 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
     if additive:
         return _additive_mask_attention(query, key, value, attention_mask, float(scaling))
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)

@@ -42,12 +42,12 @@ def attention_kernel(dtype: str, causal: bool, masked: bool, softcap: bool,
             s = cap * T.tanh(s / cap)
         if causal:
             s = T.where(key_position(i) >= j, s, -T.inf)
+        sink = None if sink is None else sink[h]
         if not masked:
-            out = softmax_attend(s, v[b, hk, j, e], j, sink=sink if sink is None else sink[h])
+            out = softmax_attend(s, v[b, hk, j, e], j, sink=sink)
         else:   # a row the mask empties: 0, as SDPA's kernels
             s = T.where(mask[b, 0, i, j], s, -T.inf)
-            out = softmax_attend(s, v[b, hk, j, e], j, empty=0.0,
-                                 sink=sink if sink is None else sink[h])
+            out = softmax_attend(s, v[b, hk, j, e], j, empty=0.0, sink=sink)
         # sinks of a wider dtype (float32 beside bf16 activations) would widen the output; the
         # cast only there (a decode with it took another template: 64 µs against 30 on the H200,
         # benchmarks.attention_sinks)
