@@ -63,8 +63,7 @@ def test_sinks_match_float64_on_the_cpu(masked):
 def test_tf_compile_keeps_sinks_on_the_attention_template_and_says_why():
     made = tf.compile(attention_kernel("bf16", True, False, False, "bf16"), "cuda:sm_90a")
     plan = made.describe_plan(**SIZES)
-    assert "attention template" in made.schedule_origin(**SIZES) or \
-        made.schedule_origin(**SIZES) == "template defaults"
+    assert made.schedule_origin(**SIZES) == "template defaults"   # the Triton template's
     assert "attention sinks (o / (l + exp(sink - m))) are not taken here" in plan, plan
 
 
@@ -85,12 +84,12 @@ def test_the_hopper_epilogue_adds_each_rows_sink_share_after_the_merge(kernel, a
 def test_the_hopper_sink_kernel_compiles_with_the_plain_kernels_registers():
     from tests.schedule_templates.test_hopper_attention import _ptxas_report
 
-    def registers(kernel):
+    def registers(kernel):   # registers, and the bytes spilled (ptxas says 0 where none)
         report = _ptxas_report(hopper(kernel).source(**SIZES))
-        return re.search(r"Used (\d+) registers", report).group(1), "spill" in report and \
-            re.search(r"(\d+) bytes spill stores", report).group(1)
-    assert registers(attention_kernel("bf16", True, False, False, "bf16")) == \
-        registers(attention_kernel("bf16", True, False, False))
+        return re.findall(r"Used (\d+) registers|(\d+) bytes spill stores", report)
+    plain = registers(attention_kernel("bf16", True, False, False))
+    assert len(plain) == 2 and registers(attention_kernel("bf16", True, False, False, "bf16")) \
+        == plain, plain
 
 
 def test_sinks_with_a_soft_cap_are_refused_with_the_reason():
