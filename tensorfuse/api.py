@@ -536,8 +536,7 @@ class AutoKernel(GraphCallable):
             lines.append(f"  not {k.description}: {_why_not_native(k, named, sizes)}")
         else:
             if chosen is not self.template:
-                at = self._fits_key(sizes, named or {})
-                why = self._why_not.get(at)
+                why = self._why_not.get(self._fits_key(sizes, named or {}))
                 lines.append(f"  not the {self.template.description}"
                              + (f": {why}" if why else ""))
         lines.append(chosen.describe_plan(named, **sizes))

@@ -103,8 +103,7 @@ class StagedKernel(GraphCallable):
                 f"({self._staged_because()}: {self.why}); " + "; ".join(parts))
 
     def _stored_line(self, dims: dict) -> str:
-        sizes = {n: v for n, v in dims.items() if n in set(self.program.dim_names())}
-        found = self.stored(**sizes)
+        found = self.stored(**split_scalars(self.program, dims)[0])
         if not found:
             return ""
         total = sum(b for *_, b in found)
