@@ -125,8 +125,8 @@ def test_staged_and_gathering_kernels_match_float64_on_the_gpu(name):
 @pytest.mark.gpu
 def test_a_latent_decode_whose_stages_run_on_the_hopper_gemm_matches_float64_on_the_gpu():
     """Heads as the GEMMs' rows (q[b, h, d]): both products run on the Hopper GEMM, the second
-    with its division and cast to bf16 in the epilogue (a cast it once emitted as an integer
-    conversion: every output 0 or ±1)."""
+    with its division in the epilogue and the cast to bf16 left to the store (a cast there
+    rounds; converted to an integer, every output would be 0 or ±1)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
     B, H, N, DQ, DV = 2, 128, 600, 576, 512

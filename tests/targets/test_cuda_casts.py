@@ -1,7 +1,7 @@
 """Casts in the CUDA C++ the templates write from the DSL: a cast to bf16 or f16 rounds to that
-type (to nearest even, as a store and as torch do) and the math goes on in f32 — not a C++ cast
-to int, which truncated every Hopper GEMM output written ``T.cast(..., "bf16")`` to whole
-numbers. The emitted expressions are compiled as host code by nvcc (cuda_bf16.h's conversions
+type (to nearest even, as a store and as torch do) and the math goes on in f32 — a C++ cast to
+int there would truncate a GEMM output written ``T.cast(..., "bf16")`` to whole numbers; the
+output's own cast is left to the store. The emitted expressions are compiled as host code by nvcc (cuda_bf16.h's conversions
 run on the host too) and compared with torch's rounding of the same floats."""
 from __future__ import annotations
 
