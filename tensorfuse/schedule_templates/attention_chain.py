@@ -20,8 +20,8 @@ import numpy as np
 from ..algebra import inline_elementwise, plan_chain
 from ..algebra.exprs import factors, nodes, substitute
 from ..dsl.evaluate import evaluate_plain
-from ..dsl.expr import (Axis, Binary, Cast, Const, DimSize, Expr, Load, Ref, Symbol, Unary, binary,
-                        unary)
+from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Symbol, Unary,
+                        Where, binary, unary)
 from ..dsl.program import Compute, Program
 from ..errors import ScheduleError
 
@@ -59,6 +59,9 @@ class AttentionChain:
     # attention sinks, ``o / (l + exp(sink - m))`` (gpt-oss): (the tensor, its dtype, its axes
     # by role — "h" or "bh"), where the caller takes them (``sinks=True``)
     sink: tuple[str, str, str] | None = None
+    # the output is ``where(l > 0, o / l, 0)``: a row whose scores are all -inf gives 0 (as
+    # SDPA's kernels), where the caller takes it (``empty_rows=True``)
+    empty_rows: bool = False
 
     @property
     def dv(self) -> str:
@@ -95,13 +98,14 @@ def _is_axis(e, axis) -> bool:
 def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who: str,
                         dtypes: tuple[str, ...] = ("bf16",),
                         logsumexp: bool = False, value_dims: bool = False,
-                        sinks: bool = False) -> AttentionChain:
+                        sinks: bool = False, empty_rows: bool = False) -> AttentionChain:
     """The pieces of the rolled chain ``names`` over ``axis`` when it is softmax-weighted
     attention (module docstring) with q, k, v and the output in one of ``dtypes`` (and, where the
     kernel writes it, ``logsumexp``, the second output :func:`with_logsumexp` adds; with
     ``value_dims``, v's head dim may differ from q's and k's; with ``sinks``, the output may be
-    ``o / (l + exp(sink[h] - m))``); otherwise a :class:`ScheduleError` starting with ``who``
-    that says what differs."""
+    ``o / (l + exp(sink[h] - m))``; with ``empty_rows``, ``where(l > 0, …, 0)`` around it: rows
+    with no key give 0); otherwise a :class:`ScheduleError` starting with ``who`` that says what
+    differs."""
     def refuse(message: str, loc=None) -> ScheduleError:
         return ScheduleError(f"{who}: {message}", loc)
 
@@ -121,6 +125,9 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     body = out.bodies[0]
     if isinstance(body, Cast) and body.dtype in dtypes:   # the float32 ratio cast, as stored
         body = body.a
+    guarded = _guarded_ratio(body, plain)
+    if guarded is not None and empty_rows:
+        body = guarded
     lse = outputs[1] if len(outputs) == 2 and _is_logsumexp(outputs[1], m, plain) else None
     if lse is not None and not logsumexp:
         raise refuse(f"this kernel does not write the log-sum-exp output {lse.name} (the Hopper "
@@ -187,7 +194,27 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
                           (b_axis, h_axis, i_axis, j_axis), lse.name if lse is not None else "",
                           layouts, str(v_dim) if v_dim != q_dim else "",
                           None if sink is None else (sink.param.name, sink.param.dtype,
-                                                     sink_roles))
+                                                     sink_roles), guarded is not None)
+
+
+def _guarded_ratio(body: Expr, plain: Compute) -> Expr | None:
+    """``r`` where the output is ``where(l > 0, r, 0)`` (or ``l != 0``, or ``where(l == 0, 0, r)``)
+    with ``l`` the plain sum of weights — a row whose scores are all -inf gives 0, not 0/0 —
+    else None."""
+    if not isinstance(body, Where) or not isinstance(body.cond, Compare):
+        return None
+    cond = body.cond
+
+    def is_zero(e) -> bool:
+        return isinstance(e, Const) and e.value == 0
+
+    if not (isinstance(cond.a, Ref) and cond.a.compute is plain and is_zero(cond.b)):
+        return None
+    if cond.op in ("gt", "ne") and is_zero(body.b):
+        return body.a
+    if cond.op in ("eq", "le") and is_zero(body.a):
+        return body.b
+    return None
 
 
 def _sink_of(body: Expr, weighted: Compute, plain: Compute, m: Compute) -> Load | None:

@@ -251,7 +251,7 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
         plan = plan_hopper_attention(kernel.program, fusion.names, fusion.axis)
     except ScheduleError:
         return []
-    if plan.mask is not None:
+    if plan.mask is not None or plan.chain.sink is not None:   # packing refuses sinks
         return []
     return [PackedDecodeRoute(kernel, fusion, spec, plan.chain.dims[:4], (low, high), pairs,
                               consumers=consumers, schedule="split", **chosen)

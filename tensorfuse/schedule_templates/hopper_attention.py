@@ -136,12 +136,6 @@ def map_tile_knobs(plan, knobs: HopperKnobs, given: dict, sizes: dict, scalars: 
                    overlap=overlap), tiled
 
 
-# Whether tf.compile (``prefill_only``) runs attention sinks here: not until the epilogue's sink
-# term has been checked against float64 on a GPU (tests/kernels/test_attention_sinks.py); the
-# template applied by hand takes them, and tf.compile runs them on the attention template
-ROUTES_SINKS = False
-
-
 def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | None = None,
                      stages: int | None = None, consumers: int | None = None,
                      overlap: bool | None = None, pingpong: bool | None = None,
@@ -167,8 +161,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         raise ScheduleError(f"the hopper_attention template generates sm_90a code (wgmma, TMA); "
                             f"the target is {target.name}", user_location())
     program = kernel.program if hasattr(kernel, "program") else kernel
-    plan = plan_hopper_attention(program, fusion.names, fusion.axis,
-                                 sinks=ROUTES_SINKS or not prefill_only)
+    plan = plan_hopper_attention(program, fusion.names, fusion.axis)
     given = {k: v for k, v in (("block_n", block_n), ("stages", stages),
                                ("consumers", consumers), ("overlap", overlap),
                                ("pingpong", pingpong), ("schedule", schedule),

@@ -250,12 +250,13 @@ def _key_linear_score(score: Expr, chain: AttentionChain) -> tuple[Expr | None, 
     return (scale if sign > 0 else neg(scale)), key_bias
 
 
-def plan_hopper_attention(program: Program, names: tuple[str, ...], axis: str,
-                          sinks: bool = False) -> HopperAttentionPlan:
-    """Recognise the chain (softmax-weighted attention in bf16 or f16; with ``sinks``, attention
-    sinks too: the epilogue adds ``exp(sink - m)`` to each row's sum) and split its score."""
+def plan_hopper_attention(program: Program, names: tuple[str, ...], axis: str
+                          ) -> HopperAttentionPlan:
+    """Recognise the chain (softmax-weighted attention in bf16 or f16; attention sinks too —
+    the epilogue adds ``exp(sink - m)`` to each row's sum — and rows a mask empties given 0)
+    and split its score."""
     chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"),
-                                logsumexp=True, value_dims=True, sinks=sinks)
+                                logsumexp=True, value_dims=True, sinks=True, empty_rows=True)
     score, mask = chain.score, None
     if isinstance(score, Where) and isinstance(score.b, Const) and score.b.value == -math.inf \
             and not _reads_dot(score.cond, chain.dot) and not any(

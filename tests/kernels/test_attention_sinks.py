@@ -60,11 +60,15 @@ def test_sinks_match_float64_on_the_cpu(masked):
     assert relative_error(kernel(*args, scale=64 ** -0.5, target="llvm"), want) < 2e-2, seed
 
 
-def test_tf_compile_keeps_sinks_on_the_attention_template_and_says_why():
-    made = tf.compile(attention_kernel("bf16", True, False, False, "bf16"), "cuda:sm_90a")
-    plan = made.describe_plan(**SIZES)
-    assert made.schedule_origin(**SIZES) == "template defaults"   # the Triton template's
-    assert "attention sinks (o / (l + exp(sink - m))) are not taken here" in plan, plan
+@pytest.mark.parametrize("masked", [False, True])
+def test_tf_compile_runs_sink_prefill_on_the_hopper_template_and_says_why_not_packing(masked):
+    """Prefill with sinks (causal, or gpt-oss's sliding layers as a boolean mask) on the Hopper
+    template; a decode with them off the packed routes, which say why."""
+    made = tf.compile(attention_kernel("bf16", not masked, masked, False, "bf16"), "cuda:sm_90a")
+    assert made.schedule_origin(**SIZES).startswith("hopper_attention template defaults")
+    decode = {**SIZES, "B": 8, "M": 1}
+    plan = made.describe_plan(**decode)
+    assert not plan.splitlines()[0].split(": ")[1].startswith("packed"), plan
 
 
 @pytest.mark.parametrize("kernel, at", [(attention_kernel("bf16", True, False, False, "bf16"),
@@ -115,11 +119,13 @@ def test_sinks_match_float64_on_the_gpu(masked, sizes):
 @pytest.mark.parametrize("kernel, knobs", [
     (attention_kernel("bf16", True, False, False, "bf16"), {}),
     (attention_kernel("bf16", False, False, False, "bf16"), {"schedule": "split"}),
+    (attention_kernel("bf16", False, True, False, "bf16"), {}),
     (batch_sinks, {})])
 def test_the_hopper_sink_kernel_matches_float64_on_the_gpu(kernel, knobs):
-    """The template applied by hand (tf.compile routes sinks to it once this passes:
-    ``hopper_attention.ROUTES_SINKS``); causal with ragged lengths, and every key with the
-    tiles split along the keys (the sink's share added once the pieces are merged)."""
+    """The template applied by hand with its knobs (tf.compile's route); causal with ragged
+    lengths, and every key with the
+    tiles split along the keys (the sink's share added once the pieces are merged); a boolean
+    mask emptying rows whole (gpt-oss's sliding layers: those rows give 0)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
     seed = fresh_seed()
@@ -133,7 +139,8 @@ def test_the_hopper_sink_kernel_matches_float64_on_the_gpu(kernel, knobs):
         want = torch.softmax(logits, -1)[..., :-1] @ v.double()
         args = [q, k, v, sinks]
     else:
-        args, want = sink_case(g, False, B=2, H=8, HKV=2, M=1000, N=1000,
+        masked = "masked" in kernel.program.name
+        args, want = sink_case(g, masked, B=2, H=8, HKV=2, M=1000, N=1000,
                                causal="schedule" not in knobs)
     out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     hopper(kernel, **knobs)(*(a.cuda() for a in args), scale=0.125, out=out)

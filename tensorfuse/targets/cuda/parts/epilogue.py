@@ -89,10 +89,12 @@ def attention_store(c) -> str:
     """``o / l`` packed to 16-bit pairs and traded between a row's lanes for 16-byte stores, the
     split pieces merged by the last, the log-sum-exps; the last tile's stores. With attention
     sinks, ``o / (l + exp(sink - m))``: each row's sum takes the sink's share once the pieces
-    are merged (m and l are in base 2 of the score)."""
-    store = _STORE if not c.chain.sink else _swap(_STORE, _INVERSE, _SINK.format(
+    are merged (m and l are in base 2 of the score); where the program writes
+    ``where(l > 0, …, 0)``, rows that saw no key give 0."""
+    sink = "" if not c.chain.sink else _SINK.format(
         sink=f"t_{c.chain.sink[0]}", at="w.bh" if c.chain.sink[2] == "bh" else "w.bh % H_")
-        + _INVERSE)
+    inverse = _EMPTY + sink + _INVERSE_OR_ZERO if c.chain.empty_rows else sink + _INVERSE
+    store = _swap(_STORE, _INVERSE, inverse)
     if c.strided:
         return _swap(_swap(store, _FLAT_ROW, _STRIDED_ROW), _LSE_VALUE,
                      _LSE_VALUE + (_LSE_AT if c.chain.lse else ""))
@@ -100,6 +102,10 @@ def attention_store(c) -> str:
 
 
 _INVERSE = "      const float inv = 1.0f / l[x];\n"
+# where(l > 0, o / l, 0): a row that saw no key (every score -inf: l = 0, o = 0) gives 0; the
+# sum is tested before a sink's share is added to it
+_EMPTY = "      const bool seen = l[x] > 0.0f;   // where(l > 0, …, 0)\n"
+_INVERSE_OR_ZERO = "      const float inv = seen ? 1.0f / l[x] : 0.0f;\n"
 _SINK = ("      l[x] += exp2f((float){sink}[{at}] * 1.4426950408889634f - m[x]);"
          "   // the sink's share\n")
 
