@@ -181,14 +181,21 @@ def _knobs(cols: int, family: str):
     one block; ``flat_row``: a flat row (a group norm's), a few rows of blocks of 2k-16k;
     ``split``: a long sweep of few row tiles (2 stages), also swept in 1-8 parts in parallel;
     ``tiles``: the whole row in one block, each program sweeping 2 or 4 row tiles with the next
-    ones' loads 2-3 tiles ahead; ``parts``: a very long sweep of very few tiles, split in 8-264
-    parts."""
+    ones' loads 2-3 tiles ahead; ``swept_tiles``: a row swept in blocks of 4k-16k, each program
+    taking 1-4 row tiles in turn (fewer rows held between their two passes, for L2); ``parts``:
+    a very long sweep of very few tiles, split in 8-264 parts."""
     whole = 1 << max(4, (cols - 1).bit_length())
     if family == "tiles":   # the row held (read again, it needed more shared memory than an SM has)
         for rows, warps, stages, row_tiles in itertools.product(
                 (16, 32, 64), (4, 8), (3, 4), (2, 4)):
             if 2048 <= rows * whole <= 32768:
                 yield rows, whole, warps, stages, 0, None, row_tiles
+        return
+    if family == "swept_tiles":   # rows swept in blocks, several row tiles a program in turn
+        for block, warps, row_tiles in itertools.product((4096, 8192, 16384), (4, 8, 16),
+                                                         (1, 2, 4)):
+            if block < cols:
+                yield 1, block, warps, 1, 0, None, row_tiles
         return
     if family == "split":
         for rows, block, warps, stages, splits in itertools.product(
@@ -258,7 +265,8 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tiles", action="store_true",
                         help="whole rows, several row tiles a program (Knobs.row_tiles)")
-    parser.add_argument("--family", choices=("strided", "flat_row", "split", "parts"),
+    parser.add_argument("--family", choices=("strided", "flat_row", "split", "parts",
+                                             "swept_tiles"),
                         help="sweep every case over this family of candidates (_knobs)")
     args = parser.parse_args(argv)
     only = args.only.split(",")

@@ -469,21 +469,24 @@ class _RowTileSource(SplitMerge):
 
     def swept_tiles_source(self) -> tuple[str, list[str]]:
         """Each program sweeps ``row_tiles`` tiles of whole rows, the next tile's loads issued
-        ``num_stages - 1`` tiles ahead while one is reduced. With sums down the rows
+        ``num_stages - 1`` tiles ahead while one is reduced — or tiles of rows swept in blocks,
+        one after the other. With sums down the rows
         (:mod:`.column_sums`) it adds their contributions up per column and stores them; a
         second kernel adds the programs' partials up and writes the outputs that read the
         sums."""
         from ...errors import TargetError
 
         w, plan, knobs = self.w, self.plan, self.knobs
-        if not self.single:
+        if not self.single and (plan.column_sums or knobs.splits > 1):
             what = "sums down the rows are added up in the row kernel's pass" \
-                if plan.column_sums else "a program sweeps several row tiles"
+                if plan.column_sums else "a program sweeps several row tiles of a split sweep"
             raise TargetError(f"{what} only where a whole row is one block: {self.N} columns in "
                               f"blocks of {knobs.block_n}"
                               + (f", {knobs.splits} parts" if knobs.splits > 1 else ""))
         open_partials(w, plan)
-        w.sweep("row_tile", "0", str(knobs.row_tiles), "1", knobs.num_stages)
+        # rows swept in blocks: one tile after the other (the sweep inside pipelines its loads),
+        # so that the rows a GPU holds between their passes stay few enough for L2
+        w.sweep("row_tile", "0", str(knobs.row_tiles), "1", knobs.num_stages if self.single else 1)
         with w.block():
             w(f"offs_m = (pid_m * {knobs.row_tiles} + row_tile) * BLOCK_M + "
               "tl.arange(0, BLOCK_M)")
