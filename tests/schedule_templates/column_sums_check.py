@@ -99,6 +99,10 @@ CASES = {
                                    _norm_case("rmsnorm", (45, 256))),
     "rmsnorm_tiles": (tf.grad(K.rmsnorm), dict(rows=2, row_tiles=3),
                       _norm_case("rmsnorm", (37, 256))),
+    # whole tiles (32 rows, 16 tiles of 2) that the programs' 3 tiles each overrun: the last
+    # program's last two tiles lie past the rows
+    "rmsnorm_tiles_past_the_rows": (tf.grad(K.rmsnorm), dict(rows=2, row_tiles=3),
+                                    _norm_case("rmsnorm", (32, 256))),
     "layernorm_tiles": (tf.grad(K.layernorm), dict(row_tiles=4),
                         _norm_case("layernorm", (45, 96))),
     "rmsnorm_batched": (tf.grad(rmsnorm3), dict(rows=4, row_tiles=2),

@@ -128,7 +128,8 @@ class _RowTileSource(SplitMerge):
         self.row_ok = f"(offs_m[:, None] < {M})"
         self.col_ok = f"(offs_n[None, :] < {N})"
         self.col_ok_t = f"(offs_n[:, None] < {N})"
-        self.ragged_rows = M % knobs.block_m != 0
+        # a program's row tiles may run past the rows (the last program's), not only its tile
+        self.ragged_rows = M % (knobs.block_m * (knobs.row_tiles if self.tiles_swept else 1)) != 0
         self.ragged_cols = N % knobs.block_n != 0
         self.col_index, self.col_index_t = "offs_n[None, :]", "offs_n[:, None]"
         if plan.row_tiling is not None:
