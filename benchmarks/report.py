@@ -323,6 +323,12 @@ SECTIONS = (
      "bf16; the whole row in one block, each program sweeping 2 or 4 row tiles with the next "
      "ones' loads issued ahead (`t`: tiles a program); as the section above",
      "python -m benchmarks.strided_rows_knobs --tiles --only layernorm,log_softmax,max_pool"),
+    ("strided-rows-knobs-group-norm-swept-tiles",
+     "The row template's knobs on a group norm: several swept row tiles a program",
+     "bf16; each 65536-element row swept in blocks of 4k-16k, each program taking 1-4 row tiles "
+     "in turn (`t`: tiles a program; fewer rows held between a row's two passes); as the "
+     "section above",
+     "python -m benchmarks.strided_rows_knobs --only group_norm --family swept_tiles"),
     ("strided-rows-knobs-channel-stats", "The row template's knobs on batch-norm statistics",
      "bf16; the mean and variance of 256 channels over 100352 rows, the sweep split in 33-264 "
      "parts (over 64 merged in a loop); as the section above",
@@ -414,11 +420,18 @@ SECTIONS = (
      "python -m benchmarks.tuning --gpus-compare --together --cases decode,softmax"),
     ("attention-sinks", "Attention with sinks (gpt-oss)",
      "bf16, gpt-oss-120b's heads (64 over 8 kv-heads of 64); a score per head outside the keys "
-     "shares the softmax: the sink kernel the transformers integration runs (the Triton "
-     "template) against gpt-oss's eager attention in transformers (what transformers runs for "
-     "sinks) and, where the CSV has them, SDPA's kernels with the sinks' share applied through "
-     "their log-sum-exp (`sdpa with log-sum-exp`); TFLOP/s of the keys each query keeps",
+     "shares the softmax: the sink kernel the transformers integration runs (`tf.compile`'s "
+     "choice) against gpt-oss's eager attention in transformers (what transformers runs for "
+     "sinks) and SDPA's kernels with the sinks' share applied through their log-sum-exp "
+     "(`sdpa with log-sum-exp`); `tensorfuse hopper`: the Hopper template applied by hand; "
+     "TFLOP/s of the keys each query keeps",
      "python -m benchmarks.attention_sinks"),
+    ("masked-attention", "Attention under a boolean mask (the transformers integration's)",
+     "bf16, Llama-3-8B's heads (32 over 8 kv-heads of 128); rows the mask empties give 0; "
+     "`tf.compile`'s choice and the Triton template applied by hand (`tensorfuse triton`) "
+     "against SDPA with the same mask and FlexAttention with a block mask made from it; "
+     "TFLOP/s of the keys each query keeps",
+     "python -m benchmarks.masked_attention"),
     ("decode-grid-small", "Decode at small batches and caches, again",
      "bf16; the grid's batches 1, 4, 8 and caches of 1k, 4k and 32k keys, run alone after "
      "the cluster decode's launches were packed once (host time a call)",

@@ -19,14 +19,20 @@ from .ffn import swiglu_linear_output
 from .rows import rms_normalize
 
 
-@functools.lru_cache(maxsize=None)
 def attention_kernel(dtype: str, causal: bool, masked: bool, softcap: bool,
                      sinks: str | None = None):
     """Softmax attention over grouped heads for ``dtype`` tensors: ``causal`` keeps keys up to
     the query's position, ``masked`` takes a ``mask[B, 1, M, N]`` (bool) argument too (a row it
     empties gives 0), ``softcap`` bounds the scores as ``cap * tanh(s / cap)`` (Gemma 2) before
     masking, ``sinks`` (their dtype) takes a ``sinks[H]`` argument: a score per head outside the
-    keys that shares the softmax and attends to nothing (gpt-oss; not with ``softcap``)."""
+    keys that shares the softmax and attends to nothing (gpt-oss; not with ``softcap``). One
+    kernel per variant however it is asked for (``sinks`` given or left out), so that its builds
+    are shared and its ``cache_info()`` found."""
+    return _attention_kernel(dtype, bool(causal), bool(masked), bool(softcap), sinks or None)
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_kernel(dtype: str, causal: bool, masked: bool, softcap: bool, sinks):
     if sinks and softcap:
         raise ValueError("attention_kernel: sinks with a soft-cap are not a variant this makes")
     Q = T.Tensor["B", "H", "M", "D", dtype]

@@ -145,3 +145,13 @@ def test_the_hopper_sink_kernel_matches_float64_on_the_gpu(kernel, knobs):
     out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     hopper(kernel, **knobs)(*(a.cuda() for a in args), scale=0.125, out=out)
     assert relative_error(out, want) < 2e-2, seed
+
+
+def test_one_kernel_per_variant_however_it_is_asked_for():
+    """The integration passes ``sinks=None`` where a caller leaves it out: one kernel (its builds
+    and ``cache_info()`` shared), not two."""
+    assert attention_kernel("bf16", True, False, False) is \
+        attention_kernel("bf16", 1, False, False, None) is \
+        attention_kernel(dtype="bf16", causal=True, masked=False, softcap=False)
+    assert attention_kernel("bf16", True, False, False, "bf16") is not \
+        attention_kernel("bf16", True, False, False)
