@@ -261,6 +261,40 @@ def test_a_generated_cuda_fast_call_runs_the_launches_with_the_calls_values(monk
     assert len(ran) == 1 and fast.calls == 1
 
 
+def test_a_fast_call_writes_the_callers_out_in_place(monkeypatch):
+    """``out=`` on the fast path: the launches write the caller's tensors and the call returns
+    those very tensors (no buffer, no copy); an out that is strided or off a 16-byte boundary is
+    left to the checked path (which writes a buffer and copies it in)."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from tensorfuse.targets.cuda import kernel
+    from tensorfuse.targets.signature_call import fast_call_applies
+
+    monkeypatch.setattr(kernel, "on_torch_stream", lambda index, launch, *args: launch(*args))
+    ran = []
+    launches = SimpleNamespace(run=lambda module, values, out, device: ran.append(out),
+                               module="built module")
+    fast = kernel.ClusterFastCall([("q", 0, True)], [("o", (4,), "f32")], launches,
+                                  torch.device("cuda", 0))
+    fast.device = "cpu"
+    q, out = torch.ones(4), torch.full((4,), float("nan"))
+    assert fast((q,), {"out": out}) is out and ran == [out]
+    assert fast((q,), {"out": torch.ones(8)[1:5]}) is None          # 4 bytes off
+    assert fast((q,), {"out": torch.ones(4, 2).t()[0]}) is None      # strided
+    assert fast.declined == 2 and len(ran) == 1
+    two = kernel.ClusterFastCall([("q", 0, True)], [("o", (4,), "f32"), ("lse", (2,), "f32")],
+                                 launches, torch.device("cuda", 0))
+    two.device = "cpu"
+    pair = (torch.empty(4), torch.empty(2))
+    got = two((q,), {"out": pair})
+    assert got[0] is pair[0] and got[1] is pair[1]
+    bound = SimpleNamespace(framework="torch", arrays={"q": q}, outs=[out])
+    assert fast_call_applies(bound, "cuda")
+    assert not fast_call_applies(SimpleNamespace(**{**vars(bound), "outs": [out.numpy()]}),
+                                 "cuda")
+
+
 def test_tvm_launches_go_on_torch_stream_and_the_previous_one_comes_back(monkeypatch):
     """``on_torch_stream`` sets TVM's current stream of the device to torch's current one for the
     launch and puts the previous one back, also when the launch raises."""
@@ -361,3 +395,30 @@ def test_the_capture_query_asks_for_cuda_once_it_is_there(monkeypatch):
     assert not interop.capturing() and not interop.capturing() and len(asked) == 2
     present[0] = True
     assert interop.capturing() and interop.capturing() and len(asked) == 3
+
+
+@pytest.mark.gpu
+def test_repeated_calls_with_out_run_on_the_fast_path_into_out():
+    """A Triton row kernel and the Hopper attention called again with ``out=``: the fast call
+    runs (counted), writes the given tensor in place (poisoned first) and returns it."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    import tensorfuse.kernels as K
+    from tensorfuse.targets.signature_call import SignatureCall
+
+    x = torch.randn(64, 1000, device="cuda").to(torch.bfloat16)
+    cases = [(tf.compile(K.softmax), (x,), torch.softmax(x.double(), -1))]
+    if torch.cuda.get_device_capability() == (9, 0):
+        q, k, v = (torch.randn(1, 2, 300, 128, device="cuda").to(torch.bfloat16)
+                   for _ in range(3))
+        s = (q.double() @ k.double().transpose(-1, -2)) * 0.1
+        cases.append((tf.compile(K.attention), (q, k, v, 0.1), torch.softmax(s, -1) @ v.double()))
+    for f, args, want in cases:
+        out = torch.empty(want.shape, device="cuda", dtype=torch.bfloat16)
+        f(*args, out=out)
+        fast = [c for c in f._fast.values() if isinstance(c, SignatureCall)]
+        assert len(fast) == 1, f._fast
+        out.fill_(float("nan"))
+        assert f(*args, out=out) is out and fast[0].calls == 1
+        assert (out.double() - want).abs().max() / want.abs().max() < 2e-2

@@ -27,9 +27,11 @@ def try_fast_call(calls: dict, key, args: tuple, kwargs: dict) -> tuple:
 
 def fast_call_applies(bound, target_device: str) -> bool:
     """Whether calls of this bound call's signature may take a fast path: torch tensors on the GPU
-    in (NumPy arrays are copied per call), new outputs out (an ``out=`` is filled by a copy)."""
-    return target_device == "cuda" and bound.outs is None and bound.framework == "torch" and \
-        all(is_torch(x) for x in bound.arrays.values())
+    in (NumPy arrays are copied per call), new outputs or the caller's torch tensors out (written
+    in place where launchable: :meth:`SignatureCall.outputs_for`)."""
+    return target_device == "cuda" and bound.framework == "torch" and \
+        all(is_torch(x) for x in bound.arrays.values()) and \
+        (bound.outs is None or all(is_torch(o) for o in bound.outs))
 
 
 def call_layout(program, args: tuple, bound, scalar_kinds: dict, outputs: list,
@@ -105,6 +107,21 @@ class SignatureCall:
                 values.append(kind(x))
         self.calls += 1
         return values, tensors
+
+    def outputs_for(self, tensors: list, kwargs: dict) -> list | None:
+        """The call's outputs: the caller's ``out=`` tensors where the signature has them (its
+        key holds their shapes, dtypes and device; None, the checked path, where one is not
+        contiguous or not 16-byte aligned: that path writes a buffer and copies it in), else
+        new ones (:meth:`new_outputs`)."""
+        given = kwargs.get("out") if kwargs else None
+        if given is None:
+            return self.new_outputs(tensors)
+        given = list(given) if isinstance(given, (tuple, list)) else [given]
+        for out in given:
+            if out.data_ptr() % ALIGNMENT or not out.is_contiguous():
+                self.declined += 1
+                return None
+        return given
 
     def new_outputs(self, tensors: list) -> list:
         """The call's outputs, new (``empty_like`` of a tensor argument of the same shape and

@@ -116,7 +116,9 @@ class ClusterFastCall(SignatureCall):
         if read is None:
             return None
         values, tensors = read
-        outs = self.new_outputs(tensors)
+        outs = self.outputs_for(tensors, kwargs)
+        if outs is None:
+            return None
         out = outs[0] if self.single else tuple(outs)
         values = dict(zip(self.names, values))
         if self.driver:

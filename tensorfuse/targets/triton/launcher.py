@@ -205,8 +205,10 @@ class FastCall(SignatureCall):
         if read is None:
             return None
         slots, tensors = read
+        outs = self.outputs_for(tensors, kwargs)
+        if outs is None:
+            return None
         runtime, active = _triton()
-        outs = self.new_outputs(tensors)
         slots += [o.data_ptr() for o in outs]
         keep = None
         if self.scratch_total:
