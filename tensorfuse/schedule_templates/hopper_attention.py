@@ -21,6 +21,7 @@ from ..interop import StreamScratch, kept_copies, kept_empty
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_attention import (ENTRY, MODES, PARTS, hopper_attention_source,
                                              kernel_arguments)
+from ..targets.cuda.expr import wide_tensors
 from ..targets.cuda.parts import named_parts
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.module import KernelEntry
@@ -173,6 +174,8 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
     sources: dict = {}   # (knobs, D, DV, last_n) -> the source (the flat order's)
     scratches: dict = {}   # the scratch's layout -> its kept buffers (StreamScratch)
 
+    read = {t for t, _ in plan.tensors}
+
     def layout(dims: dict, scalars: dict | None = None) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
         DV = dims[plan.chain.dv]
@@ -198,13 +201,16 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         if why:
             raise ScheduleError(f"hopper attention: {why}; the attention template takes it")
         last_n = last_block_keys(plan, N, knobs.block_n) if tiled is None else None
+        # tensors the score or mask read element by element past 2^31 elements (a boolean mask
+        # [B, 1, S, S] at B2 S32k): their offsets in 64 bits, in a source of their own
+        wide = wide_tensors([p for p in program.tensor_params if p.name in read], dims)
         # the source depends on no size but these: written once for them (a new prompt length
         # in a known bucket then costs no assembly: ``tools/profile_new_sizes.py``)
-        written = (knobs, D, DV, last_n) if tiled is None else None
+        written = (knobs, D, DV, last_n, wide) if tiled is None else None
         source = sources.get(written) if written is not None else None
         if source is None:
-            source = hopper_attention_source(plan, knobs, D, plan.mask is not None, tiled,
-                                             last_n, DV)
+            source = hopper_attention_source(replace(plan, wide=wide), knobs, D,
+                                             plan.mask is not None, tiled, last_n, DV)
             if written is not None:
                 sources[written] = source
         smem = shared_bytes(knobs, D, tiled is not None, DV, plan.score_tile is not None)

@@ -123,6 +123,7 @@ class HopperAttentionPlan:
     # a tensor the score reads by query and key (a bias [H, S, S]), copied as tiles of the
     # scores with each key block's values (:mod:`.score_tiles`)
     score_tile: ScoreTile | None = None
+    wide: frozenset = frozenset()   # tensors read at 64-bit offsets at the call's sizes
 
     @property
     def dtype(self) -> str:

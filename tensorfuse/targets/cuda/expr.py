@@ -38,22 +38,38 @@ _ROUNDED = {"bf16": "__bfloat162float(__float2bfloat16_rn({}))",
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
+# the most elements 32-bit int offsets reach (0 … 2^31 − 1)
+INT32_ELEMENTS = 2 ** 31
+
+
+def wide_tensors(params, dims: dict) -> frozenset:
+    """The names of the tensors among ``params`` with more elements at sizes ``dims`` than a
+    32-bit offset reaches (a boolean mask ``[B, 1, S, S]`` of 32k tokens at B=3): what
+    :func:`to_cuda`'s ``wide`` takes, so that their offsets are 64-bit — only theirs, and only at
+    such sizes (elsewhere 32-bit arithmetic, the same source as before)."""
+    def elements(p) -> int:
+        return math.prod(d if isinstance(d, int) else int(dims.get(d, 1)) for d in p.dims)
+    return frozenset(p.name for p in params if elements(p) > INT32_ELEMENTS)
+
+
 def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
             sizes: dict | None = None, loads: dict | None = None,
-            written: dict | None = None, clamp_loads: bool = False) -> str:
+            written: dict | None = None, clamp_loads: bool = False,
+            wide: frozenset = frozenset()) -> str:
     """C++ for ``e``; ``what`` names the place in errors ("the activation of h"). ``axes`` (axis
     name → C++ int expression) and ``sizes`` (size name → int) allow index arithmetic, ``loads``
     (tensor parameter name → C++ pointer) reading tensor elements. ``written``: C++ already
     chosen for some subexpressions (by ``id``), used as given. ``clamp_loads``: every index of a
     tensor read is clamped into the tensor — for kernels that evaluate an expression at padding
     positions (past the last row or key) whose results they discard, where the index arithmetic
-    can leave the tensor (a bias table read at ``i - j + N - 1`` for a key ``j ≥ N``)."""
+    can leave the tensor (a bias table read at ``i - j + N - 1`` for a key ``j ≥ N``).
+    ``wide``: tensors whose offsets are computed in 64 bits (:func:`wide_tensors`)."""
     axes, sizes, loads, written = axes or {}, sizes or {}, loads or {}, written or {}
     if id(e) in written:
         return written[id(e)]
 
     def sub(x: Expr) -> str:
-        return to_cuda(x, refs, what, axes, sizes, loads, written, clamp_loads)
+        return to_cuda(x, refs, what, axes, sizes, loads, written, clamp_loads, wide)
 
     if isinstance(e, Load) and e.param.name in loads:
         offset = ""
@@ -61,6 +77,8 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
             extent = str(dim) if isinstance(dim, int) else \
                 (str(sizes[dim]) if dim in sizes else f"TF_SIZE_{dim}")
             at = f"min(max({sub(index)}, 0), {extent} - 1)" if clamp_loads else sub(index)
+            if not offset and e.param.name in wide:   # the rest of the offset follows in 64 bits
+                at = f"(long long)({at})"
             offset = f"({offset}) * {extent} + {at}" if offset else at
         value = f"{loads[e.param.name]}[{offset}]"
         return f"((float){value})" if dt.is_float(e.param.dtype) else f"({value})"

@@ -38,7 +38,7 @@ import math
 
 from .dsm import HELPERS as DSM_HELPERS
 from .expr import (C_TYPES, KernelArguments, scalar_arguments, tensor_arguments,
-                   to_cuda)
+                   to_cuda, wide_tensors)
 from .tma import HELPERS as TMA_HELPERS
 from .parts.mainloop import attention_pack_function
 from .parts.row_state import attention_exp2
@@ -95,8 +95,10 @@ def _mask_code(hplan) -> str:
         return "true"
     axes = {a.name: f"ax{k}" for k, a in enumerate(base.batch)}
     axes.update({base.row.name: "i_", base.col.name: "j_"})
+    read = [p for p in base.program.tensor_params if p.name in hplan.mask_tensors]
     return to_cuda(base.mask, {}, "the mask", axes=axes, sizes=base.sizes,
-                   loads={n: f"t_{n}" for n in hplan.mask_tensors}, clamp_loads=True)
+                   loads={n: f"t_{n}" for n in hplan.mask_tensors}, clamp_loads=True,
+                   wide=wide_tensors(read, base.sizes))
 
 
 def _batch_values(base) -> str:

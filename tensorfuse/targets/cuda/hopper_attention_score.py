@@ -20,7 +20,7 @@ def _names(plan) -> tuple[dict, dict]:
 def _factor(plan) -> str:
     """C++ of the scale the plan folds into exp2."""
     axes, loads = _names(plan)
-    return to_cuda(plan.scale, {}, "the scale", axes=axes, loads=loads)
+    return to_cuda(plan.scale, {}, "the scale", axes=axes, loads=loads, wide=plan.wide)
 
 
 def score_expressions(plan) -> tuple[str, str, str, str, str]:
@@ -54,17 +54,18 @@ def score_expressions(plan) -> tuple[str, str, str, str, str]:
             converted.update({id(n): "tb_" for n in nodes(plan.score) if isinstance(n, Load)
                               and n.param.name == plan.score_tile.name})
         written = to_cuda(plan.score, {chain.dot: "qk"}, "the score", axes, loads=loads,
-                          written=converted, clamp_loads=True)
+                          written=converted, clamp_loads=True, wide=plan.wide)
         score = f"({written})"
     if plan.mask is not None and any(isinstance(n, Load) for n in nodes(plan.mask)):
         # a mask reading tensors (document ids) at indices clamped into them (``clamp_loads``),
         # and evaluated for every element — not behind `j_ < N_`, which kept the compiler from
         # sharing the loads of one row's or one column's ids between the fragment's elements
-        mask = to_cuda(plan.mask, {}, "the mask", axes, loads=loads, clamp_loads=True)
+        mask = to_cuda(plan.mask, {}, "the mask", axes, loads=loads, clamp_loads=True,
+                       wide=plan.wide)
         masked = f"    if (MASKED) v = ((j_ < N_) & ({mask})) ? v : -INFINITY;"
     else:
         mask = "true" if plan.mask is None else to_cuda(plan.mask, {}, "the mask", axes,
-                                                         loads=loads)
+                                                         loads=loads, wide=plan.wide)
         masked = f"    if (MASKED) v = (j_ < N_ && ({mask})) ? v : -INFINITY;"
     return score, masked, scale, begin, _fold_factors(plan)
 
@@ -75,7 +76,7 @@ def key_bias_function(plan, extra_params: str) -> str:
     held up every block's score); 0 without one."""
     axes, loads = _names(plan)
     kappa = "0.0f" if plan.key_bias is None else to_cuda(plan.key_bias, {}, "the score",
-                                                         axes=axes, loads=loads)
+                                                         axes=axes, loads=loads, wide=plan.wide)
     return (f"__device__ __forceinline__ float tf_key_bias(int b, int h{extra_params}) {{\n"
             f"  return ({kappa}) * FOLD_C;\n}}\n")
 
