@@ -174,7 +174,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
     sources: dict = {}   # (knobs, D, DV, last_n) -> the source (the flat order's)
     scratches: dict = {}   # the scratch's layout -> its kept buffers (StreamScratch)
 
-    read = {t for t, _ in plan.tensors}
+    read = [(p.name, p.dims) for p in program.tensor_params if p.name in dict(plan.tensors)]
 
     def layout(dims: dict, scalars: dict | None = None) -> Launches:
         B, H, HKV, M, N, D = (dims[d] for d in plan.chain.dims)
@@ -203,7 +203,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         last_n = last_block_keys(plan, N, knobs.block_n) if tiled is None else None
         # tensors the score or mask read element by element past 2^31 elements (a boolean mask
         # [B, 1, S, S] at B2 S32k): their offsets in 64 bits, in a source of their own
-        wide = wide_tensors([p for p in program.tensor_params if p.name in read], dims)
+        wide = wide_tensors(read, dims)
         # the source depends on no size but these: written once for them (a new prompt length
         # in a known bucket then costs no assembly: ``tools/profile_new_sizes.py``)
         written = (knobs, D, DV, last_n, wide) if tiled is None else None

@@ -11,11 +11,13 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from dataclasses import replace
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
 from ..interop import StreamScratch
 from ..targets import TargetSpec
+from ..targets.cuda.expr import wide_tensors
 from ..targets.cuda.hopper_gemm import ENTRY, PARTS, hopper_gemm_source, kernel_arguments
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
 from ..targets.cuda.module import (DriverLaunch, KernelEntry, cubin_for, local_gpu,
@@ -91,7 +93,10 @@ def gemm_launches(plan: HopperGemmPlan, target: TargetSpec, dims: dict, given: d
     check_gemm(plan, knobs, dims, target.max_shared_memory)
     M, K, N = (dims[d] for d in plan.dims)
     Z = batches(plan, dims)
-    source = hopper_gemm_source(plan, knobs, dependent)
+    # an epilogue tensor past 2^31 elements (a residual [M, N] of a vocabulary's logits) read
+    # at 64-bit offsets, in a source of its own
+    wide = wide_tensors(zip((t for t, _ in plan.tensors), plan.tensor_dims), dims)
+    source = hopper_gemm_source(replace(plan, wide=wide) if wide else plan, knobs, dependent)
     smem = shared_bytes(plan, knobs)
     ctas, fit = resident_ctas(source, knobs, smem, target)
     units = Z * tile_units(M, N, knobs.block_m, knobs.block_n, knobs.cluster)

@@ -112,6 +112,8 @@ class HopperGemmPlan:
     batch: tuple[tuple[str, str], ...] = ()
     a_batched: bool = False
     weights_batched: bool = False
+    tensor_dims: tuple = ()           # the dims of each of ``tensors``
+    wide: frozenset = frozenset()     # of those, the ones read at 64-bit offsets at the sizes
     # the emitter's parts by role (``targets/cuda/parts``)
     parts: tuple[tuple[str, str], ...] = (
         ("scheduler", "grouped_persistent_tiles"), ("load", "tma_multicast"),
@@ -240,7 +242,7 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
     plan = HopperGemmPlan(a_name, tuple(weights), b_k_major, names, epilogue, out.name,
                           out.dtypes[0], dtypes.pop(), dims, (i_axis.name, j_axis.name), tensors,
                           tuple((p.name, p.dtype) for p in program.scalar_params), batch,
-                          a_batched, weights_batched)
+                          a_batched, weights_batched, tuple(params[t].dims for t, _ in tensors))
     try:
         epilogue_code(plan)   # refused now if the emitter cannot write it
     except ScheduleError as exc:

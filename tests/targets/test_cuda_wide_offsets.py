@@ -25,7 +25,7 @@ def _mask_load():
 
 
 def test_only_tensors_past_32_bit_offsets_are_wide():
-    params = _read.program.tensor_params
+    params = [(p.name, p.dims) for p in _read.program.tensor_params]
     assert wide_tensors(params, dict(B=3, M=32768, N=32768)) == {"mask"}
     # 2^31 elements: the last offset, 2^31 − 1, is an int's
     assert wide_tensors(params, dict(B=2, M=32768, N=32768)) == frozenset()
@@ -84,3 +84,23 @@ def test_a_boolean_mask_past_2_31_elements_on_the_gpu():
     want = torch.softmax(s, -1) @ v.double()
     error = (out[:, :, rows].double() - want).abs().max() / want.abs().max()
     assert error < 2e-2, seed
+
+
+@tf.kernel
+def _linear_plus_residual(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["N", "K", "bf16"],
+                          r: T.Tensor["M", "N", "bf16"]):
+    i, j, k = T.axes("i j k")
+    return T.cast(T.sum(x[i, k] * w[j, k], over=k) + r[i, j], "bf16")
+
+
+def test_a_hopper_gemm_epilogue_reads_a_vocabularys_residual_at_64_bit_offsets():
+    """Logits over a 151936-word vocabulary plus a residual ``[M, N]``: 2.5 · 10^9 elements at
+    M=16384 (64-bit offsets), 6.2 · 10^8 at M=4096 (the GEMM's one source)."""
+    made = tf.compile(_linear_plus_residual, "cuda:sm_90a")
+
+    def read(M):
+        source = made.source(M=M, K=4096, N=151936)
+        assert made.describe_plan(M=M, K=4096, N=151936).splitlines()[0].split(": ")[1] \
+            .startswith("hopper_gemm")
+        return next(line for line in source.splitlines() if "t_r[" in line)
+    assert "(long long)" in read(16384) and "(long long)" not in read(4096)

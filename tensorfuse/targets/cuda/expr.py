@@ -42,14 +42,15 @@ _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="
 INT32_ELEMENTS = 2 ** 31
 
 
-def wide_tensors(params, dims: dict) -> frozenset:
-    """The names of the tensors among ``params`` with more elements at sizes ``dims`` than a
-    32-bit offset reaches (a boolean mask ``[B, 1, S, S]`` of 32k tokens at B=3): what
-    :func:`to_cuda`'s ``wide`` takes, so that their offsets are 64-bit — only theirs, and only at
-    such sizes (elsewhere 32-bit arithmetic, the same source as before)."""
-    def elements(p) -> int:
-        return math.prod(d if isinstance(d, int) else int(dims.get(d, 1)) for d in p.dims)
-    return frozenset(p.name for p in params if elements(p) > INT32_ELEMENTS)
+def wide_tensors(shapes, dims: dict) -> frozenset:
+    """The names among ``shapes`` (``(name, its dims)`` pairs: ints and size names) of tensors
+    with more elements at sizes ``dims`` than 32-bit offsets reach (a boolean mask
+    ``[B, 1, S, S]`` of 32k tokens at B=3): what :func:`to_cuda`'s ``wide`` takes, so that their
+    offsets are 64-bit — only theirs, and only at such sizes (elsewhere 32-bit arithmetic, the
+    same source as before)."""
+    def elements(shape) -> int:
+        return math.prod(d if isinstance(d, int) else int(dims.get(d, 1)) for d in shape)
+    return frozenset(name for name, shape in shapes if elements(shape) > INT32_ELEMENTS)
 
 
 def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,

@@ -95,7 +95,7 @@ def _mask_code(hplan) -> str:
         return "true"
     axes = {a.name: f"ax{k}" for k, a in enumerate(base.batch)}
     axes.update({base.row.name: "i_", base.col.name: "j_"})
-    read = [p for p in base.program.tensor_params if p.name in hplan.mask_tensors]
+    read = [(p.name, p.dims) for p in base.program.tensor_params if p.name in hplan.mask_tensors]
     return to_cuda(base.mask, {}, "the mask", axes=axes, sizes=base.sizes,
                    loads={n: f"t_{n}" for n in hplan.mask_tensors}, clamp_loads=True,
                    wide=wide_tensors(read, base.sizes))

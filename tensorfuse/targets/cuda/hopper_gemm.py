@@ -159,7 +159,7 @@ def epilogue_code(plan) -> str:
     return to_cuda(stored_value(plan.epilogue, plan.out_dtype),
                    {name: f"g{x}" for x, name in enumerate(plan.sums)},
                    f"the output {plan.output}", axes=axes,
-                   loads={t: f"t_{t}" for t, _ in plan.tensors})
+                   loads={t: f"t_{t}" for t, _ in plan.tensors}, wide=plan.wide)
 
 
 @dataclass(frozen=True)
