@@ -120,9 +120,8 @@ class HopperAttentionPlan:
         ("scheduler", "attention_tiles"), ("load", "tma_boxes"),
         ("pipeline", "warp_specialized_ring"), ("mainloop", "wgmma_qk_then_pv"),
         ("row_state", "online_softmax_base2"), ("epilogue", "deferred_register_store"))
-    # a tensor the score reads by query and key (a bias [H, S, S]), copied as tiles of the
-    # scores with each key block's values (:mod:`.score_tiles`)
-    score_tile: ScoreTile | None = None
+    # a tensor the score reads by query and key (a bias [H, S, S]), copied as score tiles
+    score_tile: ScoreTile | None = None   # with each key block's values (:mod:`.score_tiles`)
     wide: frozenset = frozenset()   # tensors read at 64-bit offsets at the call's sizes
 
     @property
@@ -251,11 +250,10 @@ def _key_linear_score(score: Expr, chain: AttentionChain) -> tuple[Expr | None, 
     return (scale if sign > 0 else neg(scale)), key_bias
 
 
-def plan_hopper_attention(program: Program, names: tuple[str, ...], axis: str
-                          ) -> HopperAttentionPlan:
-    """Recognise the chain (softmax-weighted attention in bf16 or f16; attention sinks too —
-    the epilogue adds ``exp(sink - m)`` to each row's sum — and rows a mask empties given 0)
-    and split its score."""
+def plan_hopper_attention(program: Program, names: tuple[str, ...],
+                          axis: str) -> HopperAttentionPlan:
+    """Recognise the chain (softmax-weighted attention in bf16 or f16, with sinks — the epilogue
+    adds ``exp(sink - m)`` to each row's sum — and rows a mask empties given 0); split its score."""
     chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"),
                                 logsumexp=True, value_dims=True, sinks=True, empty_rows=True)
     score, mask = chain.score, None
