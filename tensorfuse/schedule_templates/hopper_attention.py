@@ -202,7 +202,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
             raise ScheduleError(f"hopper attention: {why}; the attention template takes it")
         last_n = last_block_keys(plan, N, knobs.block_n) if tiled is None else None
         # tensors the score or mask read element by element past 2^31 elements (a boolean mask
-        # [B, 1, S, S] at B2 S32k): their offsets in 64 bits, in a source of their own
+        # [B, 1, S, S] at B3 S32k): their offsets in 64 bits, in a source of their own
         wide = wide_tensors(read, dims)
         # the source depends on no size but these: written once for them (a new prompt length
         # in a known bucket then costs no assembly: ``tools/profile_new_sizes.py``)
