@@ -343,7 +343,9 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
     ``splits``: parts of the sweep run in parallel, the last of a row tile's merging (default:
     split where the row tiles are few, :func:`default_knobs`; 1: never).
     ``row_tiles``: row tiles a program sweeps, where the kernel adds sums down the rows up in
-    its pass (a norm's weight gradient; default: about two programs an SM).
+    its pass (a norm's weight gradient; default: about two programs an SM), or, given, one
+    after the other where each row is swept in blocks (a group norm's 65536-element rows: no
+    faster than one a program on the H200, ``strided_rows_knobs --family swept_tiles``).
     ``tuned``: the compile entry point's lookup of tuning records (used unless knobs are given).
     ``dynamic``: which sizes the kernel reads as arguments (:mod:`~tensorfuse.targets.triton.
     size_builds`: ``True`` all, ``False`` none, ``None`` those seen at a second value)."""
