@@ -14,13 +14,12 @@ Every result is checked against float64 first, on the first eight heads.
 """
 from __future__ import annotations
 
-import argparse
 import types
 
 import torch
 
 import tensorfuse as tf
-from benchmarks.common import TENSORFUSE, TORCH_EAGER, Row, bench, relative_error, run_and_write
+from benchmarks.common import TENSORFUSE, TORCH_EAGER, checked_row, relative_error, writing_main
 from tensorfuse.kernels.layers import attention_kernel
 
 SDPA_WITH_LSE = "sdpa with log-sum-exp"
@@ -68,20 +67,12 @@ def measure(rows: list, log=print) -> None:
             by_hand = tf.schedule(kernel, "cuda:sm_90a").rolling_update(
                 "m", "o", "l", axis="j").apply_template("hopper_attention").compile()
             calls[f"{TENSORFUSE} hopper"] = lambda: by_hand(*args, scale=scale, out=out)
+        want = _want(q, k, v, sinks, keep, scale)
         for label, call in calls.items():
-            try:
-                error = relative_error(call()[:, :H // HKV],
-                                       _want(q, k, v, sinks, keep, scale))
-            except RuntimeError as exc:   # a kernel that does not take the shape
-                log(f"{shape} {name} {label}: {str(exc)[:120]}")
-                continue
-            if error > 2e-2:
-                log(f"{shape} {name} {label}: WRONG (error {error:.1e}); not timed")
-                continue
-            ms = bench(call)
-            rows.append(Row(f"attention_sinks/{name}", shape, label, ms, flops / ms / 1e9, 0.0,
-                            0.0, f"err {error:.1e}"))
-            log(f"{shape} {name} {label}: {ms:.3f} ms")
+            row = checked_row(f"attention_sinks/{name}", shape, label, call,
+                              lambda got: relative_error(got[:, :H // HKV], want), flops, log,
+                              poison=lambda: out.fill_(float("nan")))
+            rows.extend([row] if row else [])
 
 
 def _sdpa_with_lse(q, k, v, sinks, additive, masked: bool, causal: bool, scale: float):
@@ -103,11 +94,7 @@ def _sdpa_with_lse(q, k, v, sinks, additive, masked: bool, causal: bool, scale: 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results")
-    args = parser.parse_args(argv)
-    run_and_write(measure, args.out, "attention-sinks")
-    return 0
+    return writing_main(measure, "attention-sinks", __doc__, argv)
 
 
 if __name__ == "__main__":

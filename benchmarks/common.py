@@ -208,6 +208,39 @@ def run_and_write(measure, out: str, part: str) -> None:
             write_csv(rows, f"{out}/{datetime.date.today()}-{device}-{part}.csv")
 
 
+def checked_row(benchmark: str, shape: str, label: str, call, error_of, flops: float,
+                log=print, poison=None) -> Row | None:
+    """One implementation's row of ``benchmark``: ``call`` run once — after ``poison()``, which
+    fills the output it writes with NaN, so that a kernel that leaves it alone fails — and its
+    result checked (``error_of(result)``: the relative error against float64; over 2e-2 it is
+    reported WRONG and not timed, and one that raises is reported), then timed (:func:`bench`),
+    TFLOP/s of ``flops``; None where it was not timed."""
+    try:
+        if poison is not None:
+            poison()
+        error = error_of(call())
+    except Exception as exc:   # noqa: BLE001 - a kernel or backend that does not take the case
+        log(f"{shape} {benchmark} {label}: {type(exc).__name__}: {str(exc)[:120]}")
+        return None
+    if error > 2e-2:
+        log(f"{shape} {benchmark} {label}: WRONG (error {error:.1e}); not timed")
+        return None
+    ms = bench(call)
+    log(f"{shape} {benchmark} {label}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s")
+    return Row(benchmark, shape, label, ms, flops / ms / 1e9, 0.0, 0.0, f"err {error:.1e}")
+
+
+def writing_main(measure, part: str, doc: str, argv=None) -> int:
+    """The command line of a benchmark whose ``measure(rows)`` is all it runs: ``--out DIR``
+    (:func:`run_and_write`'s ``<out>/<date>-<device>-<part>.csv``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results")
+    run_and_write(measure, parser.parse_args(argv).out, part)
+    return 0
+
+
 def measure_candidates(bench_name: str, name: str, shape: str, calls: dict, candidates: dict,
                        warm, run, ref, alternatives: dict, moved: float, pool,
                        log=print, error=None) -> list[Row]:

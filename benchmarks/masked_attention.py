@@ -15,14 +15,14 @@ Every result is checked against float64 first (the first kv-head's group of ever
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 
 import torch
 
 import tensorfuse as tf
 from benchmarks.attention import compiled_flex
-from benchmarks.common import (FLEX, SDPA, SDPA_CUDNN, TENSORFUSE, Row, bench, relative_error,
-                               run_and_write)
+from benchmarks.common import (FLEX, SDPA, SDPA_CUDNN, TENSORFUSE, checked_row, relative_error,
+                               writing_main)
 from tensorfuse.kernels.layers import attention_kernel
 
 H, HKV, D = 32, 8, 128
@@ -77,10 +77,7 @@ def measure(rows: list, log=print) -> None:
 
         def sdpa(backend=None):
             def call():
-                if backend is None:
-                    return torch.nn.functional.scaled_dot_product_attention(
-                        q, k, v, keep, scale=scale, enable_gqa=True)
-                with sdpa_kernel(backend):
+                with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
                     return torch.nn.functional.scaled_dot_product_attention(
                         q, k, v, keep, scale=scale, enable_gqa=True)
             return call
@@ -95,30 +92,17 @@ def measure(rows: list, log=print) -> None:
         # the other rows
         seen_any = keep.any(-1, keepdim=True)
         for label, call in calls.items():
-            try:
-                out.fill_(float("nan"))
-                got = call()[:, :H // HKV]
-                torch.cuda.synchronize()
-            except Exception as exc:   # noqa: BLE001 - a backend that does not take the mask
-                log(f"{shape} {name} {label}: {type(exc).__name__}: {str(exc)[:120]}")
-                continue
-            error = relative_error(got if label.startswith(TENSORFUSE) else
-                                   got.nan_to_num(0.0) * seen_any, want)
-            if error > 2e-2:
-                log(f"{shape} {name} {label}: WRONG (error {error:.1e}); not timed")
-                continue
-            ms = bench(call)
-            rows.append(Row(f"masked_attention/{name}", shape, label, ms, flops / ms / 1e9, 0.0,
-                            0.0, f"err {error:.1e}"))
-            log(f"{shape} {name} {label}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s")
+            ours = label.startswith(TENSORFUSE)
+            row = checked_row(
+                f"masked_attention/{name}", shape, label, call,
+                lambda got, ours=ours: relative_error(
+                    got[:, :H // HKV] if ours else got[:, :H // HKV].nan_to_num(0.0) * seen_any,
+                    want), flops, log, poison=lambda: out.fill_(float("nan")))
+            rows.extend([row] if row else [])
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results")
-    args = parser.parse_args(argv)
-    run_and_write(measure, args.out, "masked-attention")
-    return 0
+    return writing_main(measure, "masked-attention", __doc__, argv)
 
 
 if __name__ == "__main__":
