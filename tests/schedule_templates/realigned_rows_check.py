@@ -35,33 +35,38 @@ def softmax_f32(x: T.Tensor["M", "N", "f32"]):
     return p / T.sum(p, over=j)
 
 
-def _rows(generator, *shape, scale=6.0, offset=0.0, dtype=torch.bfloat16):
+def rows(generator, *shape, scale=6.0, offset=0.0, dtype=torch.bfloat16):
+    """Random rows of ``shape``: normal, times ``scale``, plus ``offset``, in ``dtype``."""
     return (offset + scale * torch.randn(*shape, generator=generator)).to(dtype)
 
 
-def _softmax_case(shape, dtype=torch.bfloat16, scale=6.0):
+def softmax_case(shape, dtype=torch.bfloat16, scale=6.0):
     def case(generator):
-        x = _rows(generator, *shape, scale=scale, dtype=dtype)
+        x = rows(generator, *shape, scale=scale, dtype=dtype)
         return dict(x=x), torch.softmax(x.double(), -1)
     return case
 
 
 def _log_softmax_case(generator):
-    x = _rows(generator, 5, 1003, scale=20.0)
+    x = rows(generator, 5, 1003, scale=20.0)
     return dict(x=x), torch.log_softmax(x.double(), -1)
 
 
-def _cross_entropy_case(generator):
-    logits = _rows(generator, 7, 1001, scale=10.0)
-    target = torch.randint(0, 1001, (7,), generator=generator, dtype=torch.int32)
-    want = torch.nn.functional.cross_entropy(logits.double(), target.long(), reduction="none")
-    return dict(logits=logits, target=target), want
+def cross_entropy_case(M: int, V: int):
+    """Per-row cross-entropy over ``M`` rows of ``V`` logits, against float64."""
+    def case(generator):
+        logits = rows(generator, M, V, scale=10.0)
+        target = torch.randint(0, V, (M,), generator=generator, dtype=torch.int32)
+        want = torch.nn.functional.cross_entropy(logits.double(), target.long(),
+                                                 reduction="none")
+        return dict(logits=logits, target=target), want
+    return case
 
 
 def _backward_case(forward):
     """The gradient of ``forward`` (softmax or log-softmax) over rows of 301, a tail included."""
     def case(generator):
-        x = _rows(generator, 7, 301, scale=6.0)
+        x = rows(generator, 7, 301, scale=6.0)
         seed = torch.randn(7, 301, generator=generator).bfloat16()
         exact = x.double().requires_grad_()
         want, = torch.autograd.grad(forward(exact, -1), exact, seed.double())
@@ -70,7 +75,7 @@ def _backward_case(forward):
 
 
 def _cross_entropy_backward_case(generator):
-    logits = _rows(generator, 7, 1001, scale=10.0)
+    logits = rows(generator, 7, 1001, scale=10.0)
     target = torch.randint(0, 1001, (7,), generator=generator, dtype=torch.int32)
     seed = torch.randn(7, generator=generator)
     exact = logits.double().requires_grad_()
@@ -82,22 +87,22 @@ def _cross_entropy_backward_case(generator):
 # name → (kernel, block of the sweep, case); widths cover 1 … 7 modulo 8, tensors ending inside
 # a vector (7·301, 6·777, 7·1001) and on one (8·301, 2·3·301 with its batch)
 CASES = {
-    "softmax_tail": (K.softmax, 128, _softmax_case((7, 301))),
-    "softmax_whole": (K.softmax, 128, _softmax_case((8, 301), scale=40.0)),
-    "softmax_width_2_mod_8": (K.softmax, 64, _softmax_case((3, 258))),
-    "softmax_width_6_mod_8": (K.softmax, 64, _softmax_case((5, 134))),
+    "softmax_tail": (K.softmax, 128, softmax_case((7, 301))),
+    "softmax_whole": (K.softmax, 128, softmax_case((8, 301), scale=40.0)),
+    "softmax_width_2_mod_8": (K.softmax, 64, softmax_case((3, 258))),
+    "softmax_width_6_mod_8": (K.softmax, 64, softmax_case((5, 134))),
     # two blocks, both at the rows' ends: the first and last vectors' stores overlap the blocks'
-    "softmax_two_edge_blocks": (K.softmax, 64, _softmax_case((6, 67))),
-    "softmax_batched": (softmax3, 128, _softmax_case((2, 3, 301))),
-    "softmax_f32": (softmax_f32, 64, _softmax_case((5, 301), dtype=torch.float32)),
+    "softmax_two_edge_blocks": (K.softmax, 64, softmax_case((6, 67))),
+    "softmax_batched": (softmax3, 128, softmax_case((2, 3, 301))),
+    "softmax_f32": (softmax_f32, 64, softmax_case((5, 301), dtype=torch.float32)),
     "log_softmax": (K.log_softmax, 256, _log_softmax_case),
-    "cross_entropy": (K.cross_entropy, 256, _cross_entropy_case),
+    "cross_entropy": (K.cross_entropy, 256, cross_entropy_case(7, 1001)),
     # backward kernels: rows of the output and its gradient, the input's gradient written
     "softmax_backward": (tf.grad(K.softmax), 128, _backward_case(torch.softmax)),
     "log_softmax_backward": (tf.grad(K.log_softmax), 128, _backward_case(torch.log_softmax)),
     "cross_entropy_backward": (tf.grad(K.cross_entropy), 256, _cross_entropy_backward_case),
     # the sizes read as arguments: the windows' bounds, the tail's presence a guard of the build
-    "softmax_sizes_as_arguments": (K.softmax, 128, _softmax_case((9, 299))),
+    "softmax_sizes_as_arguments": (K.softmax, 128, softmax_case((9, 299))),
 }
 SIZES_AS_ARGUMENTS = {"softmax_sizes_as_arguments"}
 

@@ -12,6 +12,7 @@ import tensorfuse as tf
 import tensorfuse.dsl as T
 import tensorfuse.kernels as K
 from tests.helpers import poisoned_main
+from tests.schedule_templates.realigned_rows_check import cross_entropy_case, rows, softmax_case
 
 HOPPER = "cuda:sm_90a"
 
@@ -25,31 +26,15 @@ def group_norm_flat(x: T.Tensor["B", "G", "N", "bf16"], eps: T.f32):
     return (x[b, g, j] - mean) * T.rsqrt(var + eps)
 
 
-def _rows(generator, *shape, scale=4.0, offset=0.0):
-    return (offset + scale * torch.randn(*shape, generator=generator)).to(torch.bfloat16)
-
-
-def _softmax(generator):
-    x = _rows(generator, 7, 512, scale=20.0)
-    return dict(x=x), torch.softmax(x.double(), -1)
-
-
 def _layernorm(generator):
-    x = _rows(generator, 5, 384, offset=30.0)
-    w, b = _rows(generator, 384, scale=1.0), _rows(generator, 384, scale=1.0)
+    x = rows(generator, 5, 384, offset=30.0)
+    w, b = rows(generator, 384, scale=1.0), rows(generator, 384, scale=1.0)
     want = torch.nn.functional.layer_norm(x.double(), (384,), w.double(), b.double(), 1e-5)
     return dict(x=x, weight=w, bias=b, eps=1e-5), want
 
 
-def _cross_entropy(generator):
-    logits = _rows(generator, 9, 1024, scale=10.0)
-    target = torch.randint(0, 1024, (9,), generator=generator, dtype=torch.int32)
-    want = torch.nn.functional.cross_entropy(logits.double(), target.long(), reduction="none")
-    return dict(logits=logits, target=target), want
-
-
 def _group_norm(generator):
-    x = _rows(generator, 2, 3, 640, offset=-7.0)
+    x = rows(generator, 2, 3, 640, offset=-7.0)
     flat = x.double()
     mean = flat.mean(-1, keepdim=True)
     var = flat.var(-1, unbiased=False, keepdim=True)
@@ -59,9 +44,9 @@ def _group_norm(generator):
 # name → (kernel, block of the sweep, row tiles a program, case); the rows (7, 5, 9, 3 per
 # batch) are not a multiple of the tiles a program takes, every row is several blocks
 CASES = {
-    "softmax": (K.softmax, 128, 2, _softmax),
+    "softmax": (K.softmax, 128, 2, softmax_case((7, 512), scale=20.0)),
     "layernorm": (K.layernorm, 128, 4, _layernorm),
-    "cross_entropy": (K.cross_entropy, 256, 2, _cross_entropy),
+    "cross_entropy": (K.cross_entropy, 256, 2, cross_entropy_case(9, 1024)),
     "group_norm": (group_norm_flat, 128, 2, _group_norm),
 }
 
