@@ -146,7 +146,7 @@ def numpy_from_torch(buf) -> np.ndarray:
 ALIGNMENT = 16   # bytes: generated kernels copy and store 16-byte vectors (cp.async, TMA, uint4)
 
 
-def _launchable(x) -> bool:
+def launchable(x) -> bool:
     """Whether a torch tensor can be handed to a generated kernel as it is: contiguous, and
     starting on a 16-byte boundary (a view into its storage, e.g. ``flat[1:].view(m, n)``, may
     not)."""
@@ -163,7 +163,7 @@ def torch_arguments(program, bound, device) -> dict:
         else:
             x = bound.arrays[p.name]
             x = x if is_torch(x) else torch_from_numpy(x, device)
-            values[p.name] = x if _launchable(x) else x.clone(memory_format=_contiguous())
+            values[p.name] = x if launchable(x) else x.clone(memory_format=_contiguous())
     return values
 
 
@@ -172,7 +172,7 @@ def torch_output(shape, dtype: str, given, device):
     torch tensor, else a new one (:func:`deliver` copies it into ``out``)."""
     import torch
 
-    if given is not None and is_torch(given) and _launchable(given):
+    if given is not None and is_torch(given) and launchable(given):
         return given
     return torch.empty(shape, dtype=torch_dtype(dtype), device=device)
 

@@ -282,7 +282,7 @@ def test_a_fast_call_writes_the_callers_out_in_place(monkeypatch):
     assert fast((q,), {"out": out}) is out and ran == [out]
     assert fast((q,), {"out": torch.ones(8)[1:5]}) is None          # 4 bytes off
     assert fast((q,), {"out": torch.ones(4, 2).t()[0]}) is None      # strided
-    assert fast.declined == 2 and len(ran) == 1
+    assert fast.declined == 2 and fast.calls == 1 and len(ran) == 1
     two = kernel.ClusterFastCall([("q", 0, True)], [("o", (4,), "f32"), ("lse", (2,), "f32")],
                                  launches, torch.device("cuda", 0))
     two.device = "cpu"

@@ -12,7 +12,13 @@ CUDA kernels' :class:`~tensorfuse.targets.cuda.kernel.ClusterFastCall`) builds o
 from __future__ import annotations
 
 from ..binding import signature_key
-from ..interop import ALIGNMENT, is_torch, torch_dtype
+from ..interop import ALIGNMENT, launchable, is_torch, torch_dtype
+
+
+def _given(kwargs: dict) -> list:
+    """The call's ``out=`` tensors as a list."""
+    given = kwargs["out"]
+    return list(given) if isinstance(given, (tuple, list)) else [given]
 
 
 def try_fast_call(calls: dict, key, args: tuple, kwargs: dict) -> tuple:
@@ -86,8 +92,9 @@ class SignatureCall:
     def arguments(self, args: tuple, kwargs: dict, addresses: bool = True):
         """``(values, tensors)``: each parameter's value in order — a tensor's address (or, not
         ``addresses``, the tensor), a scalar as its kind — and the tensors; None where this call
-        needs the checked path (a guarded scalar's other value, a tensor that is not contiguous
-        or not 16-byte aligned, as the compiled kernels assume)."""
+        needs the checked path (a guarded scalar's other value, a tensor — an argument or a
+        given ``out=`` — that is not contiguous or not 16-byte aligned, as the compiled kernels
+        assume: that path writes a buffer and copies it into such an ``out``)."""
         for place, value in self.guards:
             if (args[place] if type(place) is int else kwargs[place]) != value:
                 self.declined += 1
@@ -105,23 +112,17 @@ class SignatureCall:
                 tensors.append(x)
             else:
                 values.append(kind(x))
+        if kwargs and "out" in kwargs and not all(launchable(o) for o in _given(kwargs)):
+            self.declined += 1
+            return None
         self.calls += 1
         return values, tensors
 
-    def outputs_for(self, tensors: list, kwargs: dict) -> list | None:
+    def outputs_for(self, tensors: list, kwargs: dict) -> list:
         """The call's outputs: the caller's ``out=`` tensors where the signature has them (its
-        key holds their shapes, dtypes and device; None, the checked path, where one is not
-        contiguous or not 16-byte aligned: that path writes a buffer and copies it in), else
-        new ones (:meth:`new_outputs`)."""
-        given = kwargs.get("out") if kwargs else None
-        if given is None:
-            return self.new_outputs(tensors)
-        given = list(given) if isinstance(given, (tuple, list)) else [given]
-        for out in given:
-            if out.data_ptr() % ALIGNMENT or not out.is_contiguous():
-                self.declined += 1
-                return None
-        return given
+        key holds their shapes, dtypes and device; :meth:`arguments` checked they are
+        launchable), else new ones (:meth:`new_outputs`)."""
+        return _given(kwargs) if kwargs and "out" in kwargs else self.new_outputs(tensors)
 
     def new_outputs(self, tensors: list) -> list:
         """The call's outputs, new (``empty_like`` of a tensor argument of the same shape and

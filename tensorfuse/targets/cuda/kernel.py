@@ -117,8 +117,6 @@ class ClusterFastCall(SignatureCall):
             return None
         values, tensors = read
         outs = self.outputs_for(tensors, kwargs)
-        if outs is None:
-            return None
         out = outs[0] if self.single else tuple(outs)
         values = dict(zip(self.names, values))
         if self.driver:

@@ -206,8 +206,6 @@ class FastCall(SignatureCall):
             return None
         slots, tensors = read
         outs = self.outputs_for(tensors, kwargs)
-        if outs is None:
-            return None
         runtime, active = _triton()
         slots += [o.data_ptr() for o in outs]
         keep = None
