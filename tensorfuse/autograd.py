@@ -185,8 +185,9 @@ class Differentiation:
                       if dt.is_float(p.dtype)]
             direct = _runs_directly([*qkv, outputs[0], grads[0], lse, *others])
             run = _run_backward_template if direct else _template_backward_op()
-            dq, dk, dv = run(key, *qkv, outputs[0], grads[0], lse, others, ints, floats)
-            found = {plan.q.param.name: dq, plan.k.param.name: dk, plan.v.param.name: dv}
+            made = run(key, *qkv, outputs[0], grads[0], lse, others, ints, floats)
+            wrt = [plan.q, plan.k, plan.v] + ([plan.sink] if plan.sink is not None else [])
+            found = {x.param.name: g for x, g in zip(wrt, made)}
             return tuple(found.get(p.name) for p in self.params)
         backward = self.backward_kernel()
         args += [grads[k].contiguous() for k in self.float_outputs]
@@ -297,18 +298,25 @@ _OP: list = []
 def _run_backward_template(key, q, k, v, out, d_out, lse, others, ints, floats):
     """``_TEMPLATES[key]`` on its tensors (``others``: the forward's other tensor parameters in
     order, its scalar parameters split into ``ints`` and ``floats`` in order; ``lse``: the
-    forward's log-sum-exp where it saved it): the operator's implementation, which an eager
-    backward calls directly (:func:`_runs_directly`)."""
+    forward's log-sum-exp where it saved it): ``[dq, dk, dv]``, and the sink's gradient where the
+    output has sinks; the operator's implementation, which an eager backward calls directly
+    (:func:`_runs_directly`)."""
     template = _TEMPLATES[key]
-    plan = template.plan
-    program = plan.program
-    names = [x.param.name for x in (plan.q, plan.k, plan.v)]
-    tensors = dict(zip(names, (q, k, v)))
-    tensors.update(zip([p.name for p in program.tensor_params if p.name not in names], others))
+    program = template.plan.program
+    tensors = _named_tensors(template.plan, q, k, v, others)
     ints_, floats_ = iter(ints), iter(floats)
     scalars = {p.name: next(floats_) if dt.is_float(p.dtype) else next(ints_)
                for p in program.scalar_params}
-    return template(tensors, scalars, out, d_out, lse)
+    return list(template(tensors, scalars, out, d_out, lse))
+
+
+def _named_tensors(plan, q, k, v, others) -> dict:
+    """The forward's tensor arguments by parameter name: q, k, v, and ``others`` in order."""
+    names = [x.param.name for x in (plan.q, plan.k, plan.v)]
+    tensors = dict(zip(names, (q, k, v)))
+    tensors.update(zip([p.name for p in plan.program.tensor_params if p.name not in names],
+                       others))
+    return tensors
 
 
 def _template_backward_op():
@@ -321,11 +329,16 @@ def _template_backward_op():
     op = torch.library.custom_op(
         "tensorfuse::attention_backward", _run_backward_template, mutates_args=(),
         schema="(int key, Tensor q, Tensor k, Tensor v, Tensor out, Tensor d_out, Tensor? lse, "
-               "Tensor[] others, int[] ints, float[] floats) -> (Tensor, Tensor, Tensor)")
+               "Tensor[] others, int[] ints, float[] floats) -> Tensor[]")
 
     @op.register_fake
     def _(key, q, k, v, out, d_out, lse, others, ints, floats):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        plan = _TEMPLATES[key].plan
+        made = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+        if plan.sink is not None:
+            sink = _named_tensors(plan, q, k, v, others)[plan.sink.param.name]
+            made.append(torch.empty_like(sink))
+        return made
 
     _OP.append(op)
     return op

@@ -183,18 +183,18 @@ def test_softcap_and_sliding_window_of_gemma2_match_eager():
     assert relative(got, want) <= TOLERANCE[torch.float32]
 
 
-def tiny_gpt_oss():
+def tiny_gpt_oss(**overrides):
     """Two layers of gpt-oss's shape (a sliding-window layer, then a full one; grouped heads,
     per-head sinks drawn large so that they matter) on transformers' eager attention; every
     expert taken (a rounding cannot flip a discrete routing choice, so bf16 logits compare)."""
     from transformers import GptOssConfig, GptOssForCausalLM
 
     torch.manual_seed(0)
-    config = GptOssConfig(hidden_size=64, intermediate_size=64, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=16, num_hidden_layers=2,
-                          num_local_experts=2, num_experts_per_tok=2, sliding_window=8,
-                          layer_types=["sliding_attention", "full_attention"], vocab_size=100,
-                          attn_implementation="eager")
+    config = GptOssConfig(**{**dict(
+        hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, num_hidden_layers=2, num_local_experts=2, num_experts_per_tok=2,
+        sliding_window=8, layer_types=["sliding_attention", "full_attention"], vocab_size=100,
+        attn_implementation="eager"), **overrides})
     model = GptOssForCausalLM(config).eval()
     for module in model.modules():
         if hasattr(module, "sinks"):
@@ -227,14 +227,32 @@ def test_attention_sinks_of_gpt_oss_run_on_tensorfuse_and_match_eager(monkeypatc
     assert got.dtype == want.dtype and relative(got, want) <= TOLERANCE[dtype]
 
 
-def test_attention_sinks_while_autograd_records_run_gpt_oss_eager_code():
-    """The sink kernel has no backward: while autograd records, gpt-oss's eager code computes
-    the attention, and the sinks get their gradient."""
-    model = tiny_gpt_oss()
-    tfh.use_tensorfuse(model, norms=False, mlp=False)
-    model(torch.randint(0, 100, (2, 11))).logits.square().mean().backward()
-    sinks = [m.sinks.grad for m in model.modules() if hasattr(m, "sinks")]
-    assert sinks and all(g is not None and bool(g.abs().sum() > 0) for g in sinks)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_gpt_oss_trains_on_tensorfuse_with_eagers_loss_and_gradients(monkeypatch, device):
+    """A training step of gpt-oss — sinks on a sliding-window layer (a boolean mask) and a full
+    one — runs its attention on tensorfuse's sink kernels while autograd records (gpt-oss's
+    eager attention is not called) and gives the eager model's loss and every parameter's
+    gradient, the sinks' among them, by value (float32; on the GPU bf16 with head dim 64 and
+    300 tokens: the Hopper forward saving its log-sum-exp, the attention backward template)."""
+    from transformers.models.gpt_oss import modeling_gpt_oss
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    config = dict(head_dim=64) if device == "cuda" else {}
+    shape = (2, 300) if device == "cuda" else IDS
+    ids = torch.randint(0, 100, shape, generator=torch.Generator().manual_seed(fresh_seed()))
+    ids = ids.to(device)
+    want = _training_step(tiny_gpt_oss(**config).to(device, dtype), ids)
+    swapped = tfh.use_tensorfuse(tiny_gpt_oss(**config).to(device, dtype), norms=False,
+                                 mlp=False)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("gpt-oss's eager attention ran")
+    monkeypatch.setattr(modeling_gpt_oss, "eager_attention_forward", refused)
+    got = _training_step(swapped, ids)
+    assert any("sinks" in name for name in got[1])
+    _same_step(got, want, dtype)
 
 
 @pytest.fixture

@@ -25,8 +25,9 @@ dropout or asking for the weights runs transformers' own code, and so does a flo
 mask per head, broadcast, in float32, with a soft-cap or while autograd records (a 16-bit float
 mask ``[B or 1, 1, M, N]`` otherwise runs on tensorfuse, added to the scores: on an H100/H200
 read as tiles of the scores). Attention sinks (gpt-oss's ``s_aux``: a score per head that shares
-the softmax and attends to nothing) run on tensorfuse too, except with dropout, a float mask or a
-soft-cap or while autograd records, where gpt-oss's own eager code runs them (SDPA has no sinks).
+the softmax and attends to nothing) run on tensorfuse too, training included (the attention
+backward template gives the sinks their gradient), except with dropout, a float mask or a
+soft-cap, where gpt-oss's own eager code runs them (SDPA has no sinks).
 
 A cache that grows every step (``DynamicCache``, the default) is a new shape every step: the
 attention kernels read their sizes as arguments, so a new cache length reuses the kernel built
@@ -66,10 +67,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     additive = attention_mask is not None and attention_mask.dtype.is_floating_point
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     if s_aux is not None and (dropout > 0.0 or kwargs.get("output_attentions") or additive or
-                              softcap is not None or
-                              _recording(query, key, value, attention_mask, s_aux)):
-        # sinks with what tensorfuse's sink kernel does not take (its backward among them):
-        # transformers' own code for them, gpt-oss's (SDPA has no sinks)
+                              softcap is not None):
+        # sinks with what tensorfuse's sink kernel does not take: transformers' own code for
+        # them, gpt-oss's (SDPA has no sinks)
         from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
         return eager_attention_forward(module, query, key, value, attention_mask,

@@ -20,16 +20,19 @@ plain load of ``v``, outputs other than the attention's.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..algebra import plan_chain
 from ..algebra.exprs import nodes, substitute
 from ..dsl import dtypes as dt
-from ..dsl.expr import Axis, Binary, Compare, Const, Expr, Load, Ref, Symbol, Where, binary, unary
+from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, Expr, Load, Ref, Symbol, Where,
+                        binary, unary)
 from ..dsl.gradients import backprop
 from ..dsl.program import Program
 from ..errors import TargetError
+from .attention_chain import sink_term
 from .tile_plan import _group_of, plan_rowtile
 
 DS = "__ds"   # the symbol the score's derivative is written in (dS, per element)
@@ -93,6 +96,7 @@ class AttentionBackwardPlan:
     empty: float | None    # what the output of a row with no kept key is (None: 0/0)
     ds_symbol: str = DS    # the name ``d_score`` reads dS by
     value_dim: int = 0     # p·v's head dim (v, the output, dV); 0: the same as ``head_dim``
+    sink: Load | None = None   # g where the output is o / (l + exp(g − m)) (attention sinks)
     _lists: dict = field(default_factory=dict, repr=False)   # block lists by sizes/scalars
 
     def __post_init__(self):
@@ -123,6 +127,55 @@ class AttentionBackwardPlan:
         key = self.mask.key()
         return substitute(e, lambda n: n.a if isinstance(n, Where) and n.cond.key() == key
                           else None)
+
+    def sink_into_logsumexp(self, lse2, tensors: dict) -> None:
+        """Each row's base-2 log-sum-exp of the scores alone (``[batch, M]``, what the statistics
+        kernel recomputes) made in place that of the scores and the sink, ``log2(2^lse₂ +
+        2^(g·log₂e))``: the denominator the forward divided by (a row with no kept key: the
+        sink's alone). A log-sum-exp the forward saved has the sink's term already."""
+        import torch
+
+        shaped = lse2.view(*self._batch_extents, -1)
+        torch.logaddexp2(shaped, self._sink_by_batch(tensors) * math.log2(math.e), out=shaped)
+
+    def sink_gradient(self, tensors: dict, lse2, delta):
+        """``d g = −Σ e^(g − lse) · Δ`` over the rows and the batch axes ``g`` is not read by, in
+        the sink tensor's shape and dtype: the sink takes the share ``e^(g − lse)`` of every row's
+        softmax and gives the output nothing, so it moves the output by ``−share · O`` (``lse``:
+        with the sink's term; ``Δ = rowsum(dO ∘ O)``, as the statistics kernel writes it)."""
+        import torch
+
+        extents = self._batch_extents
+        g = self._sink_by_batch(tensors)
+        share = torch.exp2(g * math.log2(math.e) - lse2.view(*extents, -1))
+        summed = -(share * delta.view(*extents, -1)).sum(-1)
+        read = [k for k, a in enumerate(self.batch) if self._sink_axes.count(a.uid)]
+        unread = [k for k in range(len(extents)) if k not in read]
+        summed = summed.sum(unread) if unread else summed   # sum([]) would sum every axis
+        order = [sorted(self._sink_axes, key=self._batch_position).index(u)
+                 for u in self._sink_axes]
+        sink = tensors[self.sink.param.name]
+        return summed.permute(order).to(sink.dtype).reshape(sink.shape)
+
+    @property
+    def _batch_extents(self) -> list[int]:
+        return [self.extent(a) for a in self.batch]
+
+    @property
+    def _sink_axes(self) -> list[int]:
+        return [x.uid for x in self.sink.indices]
+
+    def _batch_position(self, uid: int) -> int:
+        return next(k for k, a in enumerate(self.batch) if a.uid == uid)
+
+    def _sink_by_batch(self, tensors: dict):
+        """The sink tensor as float32 ``[*batch extents, 1]``: its axes in the batch axes' order,
+        1 along those it is not read by, and along the rows."""
+        g = tensors[self.sink.param.name].float()
+        order = sorted(range(len(self._sink_axes)),
+                       key=lambda k: self._batch_position(self._sink_axes[k]))
+        shape = [self.extent(a) if a.uid in self._sink_axes else 1 for a in self.batch]
+        return g.permute(order).reshape(*shape, 1)
 
     @cached_property
     def mask_reads_data(self) -> bool:
@@ -193,7 +246,10 @@ def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionB
     if l_.body.key() != exp_weight.key() or o.contraction.left.key() != exp_weight.key():
         raise TargetError("the sums are not exp(score − max) (softmax attention)")
     value = o.contraction.right
-    empty = _output_form(plan.outputs, o.member.name, l_.member.name)
+    empty, sink = _output_form(plan.outputs, o.member.name, l_.member.name, m.member.name)
+    if sink is not None and not _reads_batch_axes(sink, plan.batch):
+        raise TargetError(f"the attention backward reads a sink by batch axes of q, each once; "
+                          f"got {sink}")
     q, k = _plain_load(product.left, "q"), _plain_load(product.right, "k")
     v = _plain_load(value, "v")
     if plan.fold is not None:   # decode shapes fold grouped heads into rows: read them back
@@ -220,26 +276,39 @@ def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionB
         raise TargetError("the score does not depend on q·kᵀ")
     return AttentionBackwardPlan(program, dict(sizes), list(plan.batch), head, group, plan.row,
                                  plan.col, q, k, v, d, qk, score, d_score, plan.mask, empty,
-                                 value_dim=dv)
+                                 value_dim=dv, sink=sink)
 
 
-def _output_form(outputs, o: str, l_: str) -> float | None:
+def _output_form(outputs, o: str, l_: str, m: str) -> tuple[float | None, Load | None]:
+    """What a row with no kept key gives (None: 0/0) and the sink's load (None: no sink) of an
+    output ``o / l``, ``o / (l + exp(g − m))``, either in ``where(l > 0, …, c)``, cast or not."""
     if len(outputs) != 1:
         raise TargetError("the attention backward handles one output")
     _, e, _ = outputs[0]
-    if _is_ratio(e, o, l_):
-        return None
+    e = e.a if isinstance(e, Cast) and dt.is_float(e.dtype) else e
+    empty = None
     if isinstance(e, Where) and isinstance(e.cond, Compare) and e.cond.op == "gt" and \
-            isinstance(e.cond.a, Ref) and e.cond.a.compute.name == l_ and \
-            isinstance(e.cond.b, Const) and e.cond.b.value == 0 and _is_ratio(e.a, o, l_) and \
+            _is_ref(e.cond.a, l_) and isinstance(e.cond.b, Const) and e.cond.b.value == 0 and \
             isinstance(e.b, Const):
-        return float(e.b.value)
-    raise TargetError("the output is not o / l (softmax attention)")
+        e, empty = e.a, float(e.b.value)
+    if isinstance(e, Binary) and e.op == "div" and _is_ref(e.a, o):
+        if _is_ref(e.b, l_):
+            return empty, None
+        sink = sink_term(e.b, l_, m)
+        if sink is not None:
+            return empty, sink
+    raise TargetError("the output is not o / l (softmax attention) or o / (l + exp(g − m)) "
+                      "(with sinks)")
 
 
-def _is_ratio(e: Expr, o: str, l_: str) -> bool:
-    return isinstance(e, Binary) and e.op == "div" and isinstance(e.a, Ref) and \
-        e.a.compute.name == o and isinstance(e.b, Ref) and e.b.compute.name == l_
+def _is_ref(e: Expr, name: str) -> bool:
+    return isinstance(e, Ref) and e.compute.name == name
+
+
+def _reads_batch_axes(load: Load, batch: list) -> bool:
+    uids = [getattr(x, "uid", None) for x in load.indices]
+    return all(isinstance(x, Axis) for x in load.indices) and len(set(uids)) == len(uids) and \
+        set(uids) <= {a.uid for a in batch}
 
 
 def _plain_load(e: Expr, role: str) -> Load:

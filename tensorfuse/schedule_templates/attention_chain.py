@@ -128,18 +128,18 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     guarded = _guarded_ratio(body, plain)
     if guarded is not None and empty_rows:
         body = guarded
-    lse = outputs[1] if len(outputs) == 2 and _is_logsumexp(outputs[1], m, plain) else None
+    ratio = isinstance(body, Binary) and body.op == "div" and isinstance(body.a, Ref) and \
+        body.a.compute is weighted and isinstance(body.b, Ref) and body.b.compute is plain
+    sink = None if ratio else _sink_of(body, weighted, plain, m)
+    lse = outputs[1] if len(outputs) == 2 and _is_logsumexp(
+        outputs[1], m, plain, None if sink is None else body) else None
     if lse is not None and not logsumexp:
         raise refuse(f"this kernel does not write the log-sum-exp output {lse.name} (the Hopper "
                      "and Triton attention templates do)", lse.loc)
-    shaped = len(outputs) == 1 + (lse is not None) and \
-        isinstance(body, Binary) and body.op == "div" and isinstance(body.a, Ref) and \
-        body.a.compute is weighted and isinstance(body.b, Ref) and body.b.compute is plain
-    sink = None if shaped or len(outputs) != 1 else _sink_of(body, weighted, plain, m)
-    if sink is not None and not sinks:
+    shaped = len(outputs) == 1 + (lse is not None) and (ratio or sink is not None)
+    if shaped and sink is not None and not sinks:
         raise refuse("attention sinks (o / (l + exp(sink - m))) are not taken here (the "
                      "attention template takes them)", out.loc)
-    shaped = shaped or sink is not None
     if shaped and out.dtypes[0] not in dtypes:   # a float32 score term makes a float32 output
         raise refuse(f"the output {out.name} is {out.dtypes[0]}; this template writes "
                      f"{' or '.join(dtypes)}: cast it (T.cast(..., {dtypes[0]!r}))", out.loc)
@@ -221,15 +221,23 @@ def _sink_of(body: Expr, weighted: Compute, plain: Compute, m: Compute) -> Load 
     """The load ``g`` where the output is ``o / (l + exp(g - m))`` (attention sinks: a score
     outside the keys that takes a share of the softmax and attends to nothing; the elementwise
     computes between inlined), else None."""
-    def ref(e, compute) -> bool:
-        return isinstance(e, Ref) and e.compute is compute
-
     e = inline_elementwise(body)
-    if not (isinstance(e, Binary) and e.op == "div" and ref(e.a, weighted) and
-            isinstance(e.b, Binary) and e.b.op == "add"):
+    if not (isinstance(e, Binary) and e.op == "div" and isinstance(e.a, Ref) and
+            e.a.compute is weighted):
         return None
-    for total, extra in ((e.b.a, e.b.b), (e.b.b, e.b.a)):
-        if ref(total, plain) and isinstance(extra, Unary) and extra.op == "exp" and \
+    return sink_term(e.b, plain.name, m.name)
+
+
+def sink_term(denominator: Expr, l_: str, m: str) -> Load | None:
+    """The load ``g`` where ``denominator`` is ``l + exp(g - m)`` (either order; ``l_`` and
+    ``m``: the computes' names), else None."""
+    def ref(e, name) -> bool:
+        return isinstance(e, Ref) and e.compute.name == name
+
+    if not (isinstance(denominator, Binary) and denominator.op == "add"):
+        return None
+    for total, extra in ((denominator.a, denominator.b), (denominator.b, denominator.a)):
+        if ref(total, l_) and isinstance(extra, Unary) and extra.op == "exp" and \
                 isinstance(extra.a, Binary) and extra.a.op == "sub" and \
                 isinstance(extra.a.a, Load) and ref(extra.a.b, m):
             return extra.a.a
@@ -288,7 +296,8 @@ def _axis_roles(q_load: Load, k_load: Load, v_load: Load, out: Compute, d_axis: 
             (layout(q_ix), layout(k_ix, kv_head), layout(v_ix, kv_head), layout(out.axes)))
 
 
-LSE_FORM = "a second output m + log(l), float32 [b, h, i]: the log-sum-exp"
+LSE_FORM = ("a second output m + log(l), float32 [b, h, i]: the log-sum-exp (with sinks, "
+            "where(l > 0, m + log(l + exp(sink - m)), sink))")
 
 
 def softmax_states(program: Program, names: tuple[str, ...]):
@@ -319,26 +328,50 @@ def softmax_states(program: Program, names: tuple[str, ...]):
     return m, plain[0], weighted[0], scores, p
 
 
-def _logsumexp_body(m: Compute, l_: Compute) -> Expr:
-    return binary("add", m.ref(), unary("log", l_.ref()))
+def _logsumexp_body(m: Compute, l_: Compute, sink_ratio: Expr | None = None) -> Expr:
+    """``m + log(l)``; where the output is ``o / (l + exp(g - m))`` (``sink_ratio``, attention
+    sinks), the log-sum-exp of the softmax's whole denominator, the sink's term in it:
+    ``where(l > 0, m + log(l + exp(g - m)), g)`` — a row with no kept key has only the sink's
+    term (m is -inf there: the first branch would be -inf + inf)."""
+    if sink_ratio is None:
+        return binary("add", m.ref(), unary("log", l_.ref()))
+    denominator = inline_elementwise(sink_ratio).b
+    g = sink_term(denominator, l_.name, m.name)
+    return Where(Compare("gt", l_.ref(), Const(0.0, "f32")),
+                 binary("add", m.ref(), unary("log", denominator)), Cast(g, "f32"), "f32")
 
 
-def _is_logsumexp(c: Compute, m: Compute, l_: Compute) -> bool:
-    return c.dtypes == ("f32",) and c.bodies[0].key() == _logsumexp_body(m, l_).key() and \
+def _is_logsumexp(c: Compute, m: Compute, l_: Compute, sink_ratio: Expr | None = None) -> bool:
+    return c.dtypes == ("f32",) and \
+        c.bodies[0].key() == _logsumexp_body(m, l_, sink_ratio).key() and \
         [a.uid for a in c.axes] == [a.uid for a in m.axes]
+
+
+def sink_ratio(program: Program, names: tuple[str, ...]) -> Expr | None:
+    """The output's ``o / (l + exp(g - m))`` where the chain ``names`` is attention with sinks
+    (the output's cast to its dtype and a ``where(l > 0, …, 0)`` around it looked through),
+    else None."""
+    m, l_, o, _, _ = softmax_states(program, names)
+    body = program.outputs[0].bodies[0]
+    body = body.a if isinstance(body, Cast) else body
+    guarded = _guarded_ratio(body, l_)
+    body = body if guarded is None else guarded
+    return body if _sink_of(body, o, l_, m) is not None else None
 
 
 def with_logsumexp(program: Program, names: tuple[str, ...]) -> Program:
     """``program`` (softmax attention fused over ``names``) with a second output: each row's
     log-sum-exp of the scores, ``m + log(l)`` in float32 over the maximum's axes (−inf for a row
-    the mask empties) — what the backward pass reads instead of recomputing q·kᵀ. Its templates
-    write it in their epilogues (one float per row)."""
+    the mask empties; with attention sinks, of the scores and the sink: the sink's value for a
+    row the mask empties) — what the backward pass reads instead of recomputing q·kᵀ. Its
+    templates write it in their epilogues (one float per row)."""
     m, l_, _, _, _ = softmax_states(program, names)
-    if any(_is_logsumexp(c, m, l_) for c in program.outputs):
+    ratio = sink_ratio(program, names)
+    if any(_is_logsumexp(c, m, l_, ratio) for c in program.outputs):
         raise ScheduleError(f"{program.name} already writes the log-sum-exp")
     taken = {c.name for c in program.computes} | {p.name for p in program.params}
     name = next(n for n in ("lse", *(f"lse_{k}" for k in range(1, 100))) if n not in taken)
-    lse = Compute(name, m.axes, (_logsumexp_body(m, l_),), ("f32",), loc=program.loc,
+    lse = Compute(name, m.axes, (_logsumexp_body(m, l_, ratio),), ("f32",), loc=program.loc,
                   is_output=True)
     return replace(program, name=f"{program.name}_with_lse", computes=[*program.computes, lse],
                    outputs=[*program.outputs, lse])

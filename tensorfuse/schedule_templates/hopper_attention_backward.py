@@ -173,7 +173,7 @@ class HopperAttentionBackward:
         self.launch = DriverLaunch(self.source, target, ENTRY, types)
 
     def __call__(self, tensors: dict, scalars: dict, out, d_out, lse=None):
-        """``(dq, dk, dv)``, as the Triton kernels' ``__call__``. Under
+        """``(dq, dk, dv)`` (and the sink's gradient), as the Triton kernels' ``__call__``. Under
         ``torch.use_deterministic_algorithms(True)`` the Triton kernels run instead: their dQ is
         the same bits on every run, this kernel's is added in whatever order the CTAs finish."""
         import ctypes
@@ -213,7 +213,9 @@ class HopperAttentionBackward:
         grid = (math.ceil(N / BN), kv_batch)
         self.launch(args, grid if hplan.keys_fastest else grid[::-1], THREADS, 1,
                     shared_bytes(D), q.device)
-        return dq_acc.view(q.shape).to(q.dtype), dk, dv
+        grads = (dq_acc.view(q.shape).to(q.dtype), dk, dv)
+        return grads if plan.sink is None else \
+            (*grads, plan.sink_gradient(tensors, lse2, delta))
 
 
 def _value(e, scalars: dict, sizes: dict) -> float:

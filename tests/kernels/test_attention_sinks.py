@@ -44,12 +44,22 @@ def sink_case(generator, masked: bool, B=2, H=8, HKV=2, M=37, N=53, D=64, causal
         keep[1, 0, :3] = False
     else:   # bottom-right causal, or every key
         keep = torch.ones(M, N, dtype=torch.bool).tril(N - M if causal else N)
-    s = q.double() @ k.double().repeat_interleave(H // HKV, 1).transpose(-1, -2) * D ** -0.5
-    s = s.masked_fill(~keep, float("-inf"))
-    logits = torch.cat([s, sinks.double().view(1, H, 1, 1).expand(B, H, M, 1)], -1)
-    want = torch.softmax(logits, -1)[..., :-1] @ v.double().repeat_interleave(H // HKV, 1)
+    want = sink_attention64(q.double(), k.double(), v.double(), sinks.double(), keep, D ** -0.5)
     args = [q, k, v] + ([keep] if masked else []) + [sinks]
     return args, want
+
+
+def sink_attention64(q, k, v, sinks, keep, scale: float):
+    """Attention with sinks as gpt-oss's eager code writes it, in the inputs' dtype (float64
+    here, differentiable): each row's scores where ``keep`` (broadcast to ``[B, H, M, N]``) with
+    the sink appended, the softmax over both, the sink's column dropped; grouped heads; sinks
+    ``[H]`` or ``[B, H]``."""
+    B, H, M, _ = q.shape
+    group = H // k.shape[1]
+    s = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * scale
+    sink = sinks.view(1, H, 1, 1) if sinks.dim() == 1 else sinks.view(B, H, 1, 1)
+    logits = torch.cat([s.masked_fill(~keep, float("-inf")), sink.expand(B, H, M, 1)], -1)
+    return torch.softmax(logits, -1)[..., :-1] @ v.repeat_interleave(group, 1)
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -155,3 +165,136 @@ def test_one_kernel_per_variant_however_it_is_asked_for():
         attention_kernel(dtype="bf16", causal=True, masked=False, softcap=False)
     assert attention_kernel("bf16", True, False, False, "bf16") is not \
         attention_kernel("bf16", True, False, False)
+
+
+def _saving(kernel):
+    """``kernel``'s program with the log-sum-exp as a second output, as autograd's forward
+    compiles it (:meth:`tensorfuse.autograd.Differentiation.training_op`)."""
+    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.schedule_templates.attention_chain import with_logsumexp
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.targets import get_target
+
+    _, fusion = choose(kernel.program, get_target("cuda"))
+    return _ProgramKernel(with_logsumexp(kernel.program, fusion.names), None)
+
+
+def _float64_logsumexp(q, k, sinks, keep, scale: float):
+    """Each row's log-sum-exp of its kept scores and the sink, float64."""
+    H = q.shape[1]
+    s = q.double() @ k.double().repeat_interleave(H // k.shape[1], 1).transpose(-1, -2) * scale
+    s = s.masked_fill(~keep, float("-inf"))
+    sink = sinks.double().view(1, H, 1, 1).expand(*s.shape[:3], 1)
+    return torch.logsumexp(torch.cat([s, sink], -1), -1)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_saved_log_sum_exp_has_the_sinks_term_on_the_cpu(masked):
+    """What the backward reads as each row's log-sum-exp is that of the softmax's whole
+    denominator, the sink's term in it; a row the mask empties has the sink's alone (not
+    −inf + inf). The program with it still takes the Hopper template."""
+    kernel = attention_kernel("bf16", not masked, masked, False, "bf16")
+    saving = _saving(kernel)
+    text = repr(saving.program.outputs[1].bodies[0])
+    assert text == "where(l > 0.0, m + log(l + exp(sinks[h] - m)), sinks[h].astype('f32'))"
+    assert tf.compile(saving, "cuda:sm_90a").schedule_origin(**SIZES) \
+        .startswith("hopper_attention template defaults")
+    seed = fresh_seed()
+    args, want = sink_case(torch.Generator().manual_seed(seed), masked)
+    out, lse = tf.compile(saving, target="llvm")(*args, scale=64 ** -0.5)
+    keep = args[3] if masked else torch.ones(37, 53, dtype=torch.bool).tril(53 - 37)
+    want_lse = _float64_logsumexp(args[0], args[1], args[-1], keep, 64 ** -0.5)
+    assert float((lse.double() - want_lse).abs().max()) < 1e-4, seed
+    assert relative_error(out, want) < 2e-2, seed
+
+
+def test_the_hopper_epilogue_writes_the_log_sum_exp_with_the_sinks_term():
+    """m and l in base 2: (m + log2 l)·ln 2 with the sink's share in l, or the sink where the
+    row kept no key."""
+    source = hopper(_saving(attention_kernel("bf16", False, True, False, "bf16"))) \
+        .source(**SIZES)
+    lines = [line.strip() for line in source.splitlines()]
+    share = lines.index("l[x] += exp2f(g2 - m[x]);   // the sink's share")
+    kept = lines.index("const bool kept = l[x] > 0.0f;")
+    lse = lines.index("pending_lse[x] = (kept ? m[x] + log2f(l[x]) : g2) * 0.6931471805599453f;")
+    assert kept < share < lse
+
+
+def test_the_backward_plan_takes_the_sink_and_refuses_one_read_by_the_rows():
+    from tensorfuse.errors import TargetError
+    from tensorfuse.schedule_templates.attention_backward import plan_attention_backward
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.targets import get_target
+
+    def plan(kernel, dims):
+        _, fusion = choose(kernel.program, get_target("cuda:sm_90a"))
+        return plan_attention_backward(kernel.program, fusion, dims)
+
+    made = plan(attention_kernel("bf16", True, False, False, "bf16"), SIZES)
+    assert made.sink.param.name == "sinks" and made.group == 8
+
+    @tf.kernel
+    def row_sinks(q: T.Tensor["B", "H", "M", "D", "bf16"], k: T.Tensor["B", "H", "N", "D", "bf16"],
+                  v: T.Tensor["B", "H", "N", "D", "bf16"], sinks: T.Tensor["M", "bf16"],
+                  scale: T.f32):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        return softmax_attend(scores(q, k, b, h, h, i, j, d, scale), v[b, h, j, e], j,
+                              sink=sinks[i])
+
+    with pytest.raises(TargetError, match="sink by batch axes"):
+        plan(row_sinks, {n: v for n, v in SIZES.items() if n != "HKV"})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masked, backward", [(False, "auto"), (True, "auto"),
+                                              (False, "hopper")])
+def test_autograd_through_the_sink_kernel_matches_float64_on_the_gpu(monkeypatch, masked,
+                                                                     backward):
+    """tf.compile's sink kernel under autograd: its forward saves the log-sum-exp with the
+    sink's term (the Hopper template on an H100/H200), the attention backward template gives dq,
+    dk, dv and the sinks' gradient — causal, and a boolean mask emptying rows (gpt-oss's sliding
+    layers); the Triton kernels, or the Hopper backward kernel where asked."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from tensorfuse.autograd import _TEMPLATES
+    from tensorfuse.schedule_templates.hopper_attention_backward import HopperAttentionBackward
+
+    monkeypatch.setenv("TENSORFUSE_ATTENTION_BACKWARD", backward)
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    D = 128 if backward == "hopper" else 64
+    args, _ = sink_case(g, masked, B=2, H=8, HKV=2, M=300, N=300, D=D)
+    f = tf.compile(attention_kernel("bf16", not masked, masked, False, "bf16"))
+    leaves = [a.cuda().requires_grad_(a.is_floating_point()) for a in args]
+    out = f(*leaves, scale=D ** -0.5)
+    d_out = torch.randn(out.shape, generator=g).to(out)
+    wrt = [x for x in leaves if x.requires_grad]
+    got = torch.autograd.grad(out, wrt, d_out)
+    exact = [x.detach().double().requires_grad_() for x in wrt]
+    keep = leaves[3] if masked else torch.ones(300, 300, dtype=torch.bool, device="cuda").tril()
+    want = torch.autograd.grad(sink_attention64(*exact[:3], exact[3], keep, D ** -0.5), exact,
+                               d_out.double())
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        assert relative_error(a, b) < 2e-2, (name, seed)
+    kinds = [type(_TEMPLATES[key]) for key in f.torch_op.differentiation.templates.values()]
+    hopper = backward == "hopper" and torch.cuda.get_device_capability() == (9, 0)
+    assert kinds and all((k is HopperAttentionBackward) == hopper for k in kinds), kinds
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_saved_log_sum_exp_has_the_sinks_term_on_the_gpu(masked):
+    """The forward autograd runs (the Hopper template on an H100/H200), outputs poisoned."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    seed = fresh_seed()
+    args, want = sink_case(torch.Generator().manual_seed(seed), masked, M=300, N=300)
+    args = [a.cuda() for a in args]
+    out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full(want.shape[:3], float("nan"), device="cuda")
+    tf.compile(_saving(attention_kernel("bf16", not masked, masked, False, "bf16")))(
+        *args, scale=0.125, out=(out, lse))
+    keep = args[3] if masked else torch.ones(300, 300, dtype=torch.bool, device="cuda").tril()
+    want_lse = _float64_logsumexp(args[0], args[1], args[-1], keep, 0.125)
+    assert float((lse.double() - want_lse).abs().max()) < 2e-2, seed   # bf16 inputs
+    assert relative_error(out, want) < 2e-2, seed

@@ -30,6 +30,7 @@ from tensorfuse.schedule_templates.attention_chain import with_logsumexp  # noqa
 from tensorfuse.schedule_templates.auto import choose  # noqa: E402
 from tensorfuse.targets import get_target  # noqa: E402
 from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels  # noqa: E402
+from tests.kernels.test_attention_sinks import sink_attention64  # noqa: E402
 
 B, H, HKV, M_RAGGED, N_RAGGED, D = 1, 2, 1, 37, 45, 16
 VARIANTS = {"full": (False, False, False), "causal": (True, False, False),
@@ -75,6 +76,69 @@ def float64_gradients(tensors: dict, scalars: dict, dout, causal: bool) -> tuple
     return torch.autograd.grad(out, (q, k, v), dout.double())
 
 
+@tf.kernel
+def sinks_by_head_and_batch(q: T.Tensor["B", "H", "M", "D", "f32"],
+                            k: T.Tensor["B", "H", "N", "D", "f32"],
+                            v: T.Tensor["B", "H", "N", "D", "f32"],
+                            sinks: T.Tensor["H", "B", "f32"], scale: T.f32):
+    """Attention with a sink per head and sequence, held head-major (its gradient summed over
+    nothing, permuted back to the tensor's order)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    return softmax_attend(scores(q, k, b, h, h, i, j, d, scale), v[b, h, j, e], j,
+                          sink=sinks[h, b])
+
+
+# attention sinks (gpt-oss): the sink per head (summed over the batch) with a causal mask, under
+# a mask tensor that empties rows (their log-sum-exp is the sink's alone), per head and sequence
+SINKS = {"sinks_causal": (attention_kernel("f32", True, False, False, "f32"), False),
+         "sinks_mask_tensor": (attention_kernel("f32", False, True, False, "f32"), True),
+         "sinks_by_head_and_batch": (sinks_by_head_and_batch, False)}
+
+
+def float64_sink_gradients(tensors: dict, scale: float, dout, causal: bool) -> tuple:
+    """dq, dk, dv and d sinks in float64 autograd (sinks ``[H]``, or ``[H, B]``: head-major)."""
+    q, k, v, g = (tensors[n].double().requires_grad_() for n in ("q", "k", "v", "sinks"))
+    M, N = q.shape[2], k.shape[2]
+    keep = torch.ones(M, N, dtype=torch.bool)
+    if causal:
+        keep = torch.arange(M)[:, None] + N - M >= torch.arange(N)[None]
+    if "mask" in tensors:
+        keep = keep & tensors["mask"]
+    out = sink_attention64(q, k, v, g if g.dim() == 1 else g.t(), keep, scale)
+    return torch.autograd.grad(out, (q, k, v, g), dout.double())
+
+
+def sink_errors(found: dict) -> None:
+    """The sink variants' errors (ragged sizes, two sequences, grouped heads but for the last
+    variant; sinks large enough to take most of some rows), recomputed and saved statistics."""
+    for name, (kernel, masked) in SINKS.items():
+        hkv = H if kernel is sinks_by_head_and_batch else HKV
+        dims = dict(B=2, H=H, HKV=hkv, M=M_RAGGED, N=N_RAGGED, D=D)
+        _, fusion = choose(kernel.program, get_target("cuda"))
+        plan = plan_attention_backward(kernel.program, fusion, dims)
+        apart = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16))
+        merged = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16, merged=True))
+        q, dout = torch.randn(2, H, M_RAGGED, D), torch.randn(2, H, M_RAGGED, D)
+        k, v = torch.randn(2, hkv, N_RAGGED, D), torch.randn(2, hkv, N_RAGGED, D)
+        sinks = torch.randn(H) * 4 if kernel is not sinks_by_head_and_batch else \
+            torch.randn(H, 2) * 4
+        tensors = {"q": q, "k": k, "v": v, "sinks": sinks}
+        if masked:
+            tensors["mask"] = torch.rand(2, 1, M_RAGGED, N_RAGGED) < 0.6
+            tensors["mask"][1, :, 3] = False   # an empty row: only the sink's share
+        scalars = {"scale": D ** -0.5}
+        saving = _ProgramKernel(with_logsumexp(kernel.program, fusion.names), None)
+        out, lse = tf.compile(saving, target="llvm")(**tensors, **scalars)
+        want = float64_sink_gradients(tensors, scalars["scale"], dout,
+                                      kernel is not sinks_by_head_and_batch and not masked)
+        for label, got in ((name, apart(tensors, scalars, out, dout)),
+                           (f"{name}/saved", merged(tensors, scalars, out, dout, lse))):
+            found[label] = max(float((a - b).norm() / b.norm()) for a, b in zip(got, want))
+            found[f"{label}/count"] = len(got)
+        if masked:   # the empty row's saved log-sum-exp: the sink's value
+            found[f"{name}/empty_row_lse"] = float((lse[1, :, 3] - sinks).abs().max())
+
+
 def errors(seed: int) -> dict:
     torch.manual_seed(seed)
     found = {}
@@ -117,6 +181,7 @@ def errors(seed: int) -> dict:
         found[name] = max(float((a - b).norm() / b.norm()) for a, b in zip(got, want))
         found[f"{name}/shapes"] = [list(g.shape) for g in got] == [list(t.shape) for t in
                                                                    (q, k, v)]
+    sink_errors(found)
     return found
 
 

@@ -61,7 +61,12 @@ def test_interpreted_kernels_match_the_backward_program():
     ranges = {n: errors.pop(f"{n}/ranges", None) for n in names}   # plans with block lists
     widths = {"head_dim_24", "head_dims_24_8"}   # tiles wider than the head dims
     assert all(errors.pop(f"{n}/shapes") for n in widths)
-    assert set(errors) == names | {f"{n}/saved" for n in names} | widths
+    sinks = {"sinks_causal", "sinks_mask_tensor", "sinks_by_head_and_batch"}
+    sinks |= {f"{n}/saved" for n in sinks}
+    assert all(errors.pop(f"{n}/count") == 4 for n in sinks)   # dq, dk, dv, d sinks
+    # a row the mask empties keeps only the sink's term: its log-sum-exp is the sink
+    assert errors.pop("sinks_mask_tensor/empty_row_lse") <= 1e-6
+    assert set(errors) == names | {f"{n}/saved" for n in names} | widths | sinks
     for name, err in errors.items():   # float32, against the backward program on the CPU
         assert err <= 1e-5, f"{name}: {err:.1e} (TENSORFUSE_SEED={seed})"
     # causal masks' blocks are consecutive (loops over ranges); a mask tensor's are listed
@@ -300,15 +305,29 @@ def test_torch_compile_traces_the_template_backward():
 
 
 def test_the_template_operator_gives_shapes_to_fake_tensors():
-    """What AOT autograd sees of the template while it traces a graph's backward."""
+    """What AOT autograd sees of the template while it traces a graph's backward: dq, dk, dv,
+    and with attention sinks their gradient, in the sinks' shape and dtype."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tensorfuse.autograd import _template_backward_op
+    from tensorfuse.autograd import _TEMPLATES, _template_backward_op
+    from tensorfuse.kernels.layers import attention_kernel
 
+    dims = dict(B=2, H=8, HKV=4, M=33, N=40, D=64)
+    keys = []
+    for kernel in (attention_kernel("bf16", True, False, False),
+                   attention_kernel("bf16", True, False, False, "f32")):
+        _TEMPLATES.append(AttentionBackwardKernels(_plan(kernel, dims), BackwardKnobs()))
+        keys.append(len(_TEMPLATES) - 1)
     with FakeTensorMode():
         q, kv = torch.empty(2, 8, 33, 64), torch.empty(2, 4, 40, 64)
-        grads = _template_backward_op()(0, q, kv, kv, q, q, None, [], [], [0.125])
-    assert [tuple(g.shape) for g in grads] == [(2, 8, 33, 64), (2, 4, 40, 64), (2, 4, 40, 64)]
+        plain = _template_backward_op()(keys[0], q, kv, kv, q, q, None, [], [], [0.125])
+        sinks = torch.empty(8, dtype=torch.float32)
+        with_sinks = _template_backward_op()(keys[1], q, kv, kv, q, q, None, [sinks], [],
+                                             [0.125])
+    shapes = [(2, 8, 33, 64), (2, 4, 40, 64), (2, 4, 40, 64)]
+    assert [tuple(g.shape) for g in plain] == shapes
+    assert [tuple(g.shape) for g in with_sinks] == shapes + [(8,)]
+    assert with_sinks[3].dtype == torch.float32
 
 
 def test_an_eager_backward_runs_the_template_directly_and_anything_tracing_the_operator():

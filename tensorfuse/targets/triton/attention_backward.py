@@ -446,20 +446,33 @@ class AttentionBackwardKernels:
         """``(dq, dk, dv)`` for the forward's ``tensors`` (by parameter name) and ``scalars``,
         its output ``out``, the incoming gradient ``d_out`` and, where the forward saved it, each
         row's log-sum-exp of the scores (natural log, float32, the batch axes flattened × rows;
-        −inf for a row with no kept key)."""
+        −inf for a row with no kept key; with sinks, the sink's term in it); with sinks, the
+        sink's gradient after them."""
         args, ranges = self._arguments(tensors, scalars, out, d_out, lse, gradients=True)
-        for entry, grid, blocks in self.launches(lse is not None):
+        first, *rest = self.launches(lse is not None)
+        self._statistics(first, args, ranges, tensors, lse)
+        for entry, grid, blocks in rest:
             self._launch(entry, grid, args, {**blocks, "RANGES": ranges})
-        return tuple(args[_AT[n]] for n in ("DQ", "DK", "DV"))
+        grads = tuple(args[_AT[n]] for n in ("DQ", "DK", "DV"))
+        if self.plan.sink is None:
+            return grads
+        return (*grads, self.plan.sink_gradient(tensors, args[_AT["LSE"]], args[_AT["DELTA"]]))
 
     def row_statistics(self, tensors: dict, scalars: dict, out, d_out, lse=None):
-        """``(LSE₂, Δ)`` per query row (float32, ``[batch, M]``): the statistics kernel alone,
-        for a backward whose gradients another kernel computes (the Hopper backward; no
-        gradient buffers are made)."""
+        """``(LSE₂, Δ)`` per query row (float32, ``[batch, M]``; with sinks, the sink's term in
+        LSE₂): the statistics kernel alone, for a backward whose gradients another kernel
+        computes (the Hopper backward; no gradient buffers are made)."""
         args, ranges = self._arguments(tensors, scalars, out, d_out, lse, gradients=False)
-        entry, grid, blocks = self.launches(lse is not None)[0]
-        self._launch(entry, grid, args, {**blocks, "RANGES": ranges})
+        self._statistics(self.launches(lse is not None)[0], args, ranges, tensors, lse)
         return args[_AT["LSE"]], args[_AT["DELTA"]]
+
+    def _statistics(self, launch, args: list, ranges: int, tensors: dict, lse) -> None:
+        """The statistics kernel; where it recomputed the log-sum-exps of a program with sinks
+        (no saved one), the sink's term added to them."""
+        entry, grid, blocks = launch
+        self._launch(entry, grid, args, {**blocks, "RANGES": ranges})
+        if self.plan.sink is not None and lse is None:
+            self.plan.sink_into_logsumexp(args[_AT["LSE"]], tensors)
 
     @property
     def _options(self) -> dict:

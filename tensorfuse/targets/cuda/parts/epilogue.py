@@ -91,13 +91,15 @@ def attention_store(c) -> str:
     sinks, ``o / (l + exp(sink - m))``: each row's sum takes the sink's share once the pieces
     are merged (m and l are in base 2 of the score); where the program writes
     ``where(l > 0, …, 0)``, rows that saw no key give 0."""
-    sink = "" if not c.chain.sink else _SINK.format(
+    sink = "" if not c.chain.sink else (_SINK_KEPT if c.chain.lse else _SINK).format(
         sink=f"t_{c.chain.sink[0]}", at="w.bh" if c.chain.sink[2] == "bh" else "w.bh % H_")
     inverse = _EMPTY + sink + _INVERSE_OR_ZERO if c.chain.empty_rows else sink + _INVERSE
     store = _swap(_STORE, _INVERSE, inverse)
     if c.strided:
-        return _swap(_swap(store, _FLAT_ROW, _STRIDED_ROW), _LSE_VALUE,
-                     _LSE_VALUE + (_LSE_AT if c.chain.lse else ""))
+        store = _swap(_swap(store, _FLAT_ROW, _STRIDED_ROW), _LSE_VALUE,
+                      _LSE_VALUE + (_LSE_AT if c.chain.lse else ""))
+    if c.chain.sink and c.chain.lse:
+        store = _swap(store, _LSE_VALUE, _SINK_LSE_VALUE)
     return store
 
 
@@ -108,6 +110,13 @@ _EMPTY = "      const bool seen = l[x] > 0.0f;   // where(l > 0, …, 0)\n"
 _INVERSE_OR_ZERO = "      const float inv = seen ? 1.0f / l[x] : 0.0f;\n"
 _SINK = ("      l[x] += exp2f((float){sink}[{at}] * 1.4426950408889634f - m[x]);"
          "   // the sink's share\n")
+# with the log-sum-exp written: the sink's term is in it (what the backward's P = exp(S − lse)
+# needs); a row that saw no key has only that term (m is −inf there)
+_SINK_KEPT = ("      const float g2 = (float){sink}[{at}] * 1.4426950408889634f;   // base 2\n"
+              "      const bool kept = l[x] > 0.0f;\n"
+              "      l[x] += exp2f(g2 - m[x]);   // the sink's share\n")
+_SINK_LSE_VALUE = ("      pending_lse[x] = (kept ? m[x] + log2f(l[x]) : g2) * "
+                   "0.6931471805599453f;\n")
 
 
 _STORE = """    // o / l from the fragments, rows row_lo (registers r % 4 < 2) and row_lo + 8, packed to
