@@ -130,3 +130,47 @@ def test_masks_the_host_cannot_sort_take_the_device_path(monkeypatch):
     assert visited is None
     want = block_lists(plan.mask, [b, h], i, j, sizes, {}, {"window": 4}, 128, 128, "cpu")
     assert all(torch.equal(a, b) for a, b in zip(lists, want))
+
+
+@tf.kernel
+def mask_tensor_attention(q: Q, k: KV, v: KV, mask: T.Tensor["B", 1, "M", "N", "bool"],
+                          scale: T.f32):
+    """Attention under a boolean mask tensor, read as transformers passes it."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.where(mask[b, 0, i, j], scores(q, k, b, h, h, i, j, d, scale), -T.inf)
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("M, N, block_m, block_n", [(640, 640, 128, 128), (129, 1000, 64, 176),
+                                                    (1, 300, 128, 64)])
+def test_a_mask_tensor_is_read_as_a_view_and_gives_the_evaluated_lists(M, N, block_m, block_n,
+                                                                      transposed, monkeypatch):
+    """``mask[b, 0, i, j]`` is sorted into blocks from a view of the tensor (no element
+    gathered): the same lists as evaluating it element by element, rows and keys either way
+    round (the backward's per-key lists), at ragged sizes, for a batch expanded from one
+    sequence (stride 0) and one whose sequences differ; a mask that reads anything else is
+    evaluated."""
+    from tensorfuse.schedule_templates import block_schedule
+
+    plan = plan_hopper_attention(mask_tensor_attention.program, CHAIN, "j")
+    b, h, i, j = plan.chain.axes
+    row, col = (j, i) if transposed else (i, j)
+    sizes = dict(B=3, H=2, HKV=2, M=M, N=N, D=64)
+    g = torch.Generator().manual_seed(0)
+    per_sequence = torch.rand(3, 1, M, N, generator=g).lt(0.02)
+    per_sequence[1, :, : M // 3] = True   # whole blocks kept: full ones
+    original = block_schedule._mask_tensor_view
+    for mask in (torch.rand(1, 1, M, N, generator=g).lt(0.3).expand(3, 1, M, N), per_sequence):
+        tensors = {"mask": mask}
+        args = (plan.mask, [b, h], row, col, sizes, tensors, {}, block_m, block_n, "cpu")
+        assert original(plan.mask, [b], row, col, tensors,
+                        [3, sizes[row.extent], sizes[col.extent]]) is not None
+        viewed = _evaluated_lists(*args, None, None)
+        with monkeypatch.context() as patch:   # element by element
+            patch.setattr(block_schedule, "_mask_tensor_view", lambda *a: None)
+            evaluated = _evaluated_lists(*args, None, None)
+        for got, want in zip(viewed, evaluated):
+            assert got.dtype == want.dtype and torch.equal(got, want), (M, N, transposed)
+    shifted = plan_hopper_attention(masked(lambda i, j, w: i >= j + w).program, CHAIN, "j")
+    assert block_schedule._mask_tensor_view(shifted.mask, [], i, j, {}, [M, N]) is None
