@@ -84,8 +84,8 @@ def _evaluated_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict,
     view = None if row_tiling is not None or row_blocks is not None else \
         _mask_tensor_view(cond, dep_batch, row, col, tensors, shape_b + [rows, cols])
     if view is not None:   # a boolean mask tensor (transformers' padding and windows)
-        any_blocks, all_blocks = _tensor_block_flags(view.reshape(nb, rows, cols), block_m,
-                                                     block_n, n_rb * block_m, cols_pad)
+        any_blocks, all_blocks = _tensor_block_flags(*view, len(dep_batch), block_m, block_n)
+        any_blocks, all_blocks = (f.reshape(nb, n_rb, n_cb) for f in (any_blocks, all_blocks))
     else:
         any_blocks, all_blocks = _evaluated_block_flags(
             cond, dep_batch, row, col, sizes, tensors, scalars, block_m, block_n, device,
@@ -121,47 +121,63 @@ def _evaluated_lists(cond: Expr, batch: list, row: Axis, col: Axis, sizes: dict,
 def _mask_tensor_view(cond: Expr, dep_batch: list, row: Axis, col: Axis, tensors: dict,
                       shape: list):
     """Where the mask is a boolean tensor read as it is — ``mask[b, 0, i, j]``: plain axes (the
-    rows', the columns' and batch axes', each once) and constants —, the tensor as a view of
-    ``shape``, ``[*dep_batch, rows, cols]`` (no element gathered; a mask that holds more rows or
-    columns cut to them); else None. The element by element evaluation gathered the mask
-    through index tensors: 0.9 ms of a 3.4 ms backward of gpt-oss's sliding window at S=4096
-    (the H200; ``benchmarks.attention_sinks``' training rows)."""
+    rows', the columns' and batch axes', each once) and constants —, ``(view, order)``: the
+    tensor's elements as a view in its own order (no element gathered; a mask that holds more
+    rows or columns cut to them) and where ``[*dep_batch, rows, cols]`` (``shape``) are in it;
+    else None. Evaluated element by element, the mask was gathered through index tensors: 0.9
+    ms of a 3.4 ms backward of gpt-oss's sliding window at S=4096 (the H200;
+    ``benchmarks.attention_sinks``' training rows)."""
     if not (isinstance(cond, Load) and cond.param.dtype == "bool"):
         return None
     tensor = tensors[cond.param.name]
-    order = [a.uid for a in dep_batch] + [row.uid, col.uid]
+    wanted = [a.uid for a in dep_batch] + [row.uid, col.uid]
     held, index = [], []
     for x in cond.indices:
-        if isinstance(x, Axis) and x.uid in order and x.uid not in held:
+        if isinstance(x, Axis) and x.uid in wanted and x.uid not in held:
             held.append(x.uid)
             index.append(slice(None))
         elif isinstance(x, Const) and isinstance(x.value, int):
             index.append(int(x.value))
         else:
             return None
-    if sorted(held) != sorted(order):
+    if sorted(held) != sorted(wanted):
         return None
-    view = tensor[tuple(index)].permute([held.index(u) for u in order])
-    view = view[tuple(slice(0, n) for n in shape)]
-    return view if list(view.shape) == list(shape) else None
+    order = [wanted.index(u) for u in held]   # the role of each of the view's dims
+    view = tensor[tuple(index)]
+    view = view[tuple(slice(0, shape[k]) for k in order)]
+    if [view.shape[d] for d in range(view.dim())] != [shape[k] for k in order]:
+        return None
+    return view, order
 
 
-def _tensor_block_flags(value, block_m: int, block_n: int, rows_pad: int, cols_pad: int):
-    """Per (batch position, row block, column block) whether the boolean ``value[nb, rows,
-    cols]`` holds somewhere and everywhere (past the edges: nowhere, and no matter)."""
+def _tensor_block_flags(view, order: list, batch_dims: int, block_m: int, block_n: int):
+    """Per (batch position, row block, column block) whether the boolean ``view`` (its dims'
+    roles in ``order``: the batch axes' ``0 … batch_dims - 1``, then the rows', the columns')
+    holds somewhere and everywhere, ``[*batch, row blocks, column blocks]``: its elements
+    counted block by block in one integer sum in the tensor's own order (so a per-key list
+    transposes the counts, not the mask), past the edges nowhere and no matter."""
     import torch
 
-    nb, rows, cols = value.shape
-    if (rows, cols) == (rows_pad, cols_pad):
-        somewhere = everywhere = value
-    else:
-        somewhere = torch.zeros((nb, rows_pad, cols_pad), dtype=torch.bool, device=value.device)
-        everywhere = torch.ones_like(somewhere)
-        somewhere[:, :rows, :cols] = value
-        everywhere[:, :rows, :cols] = value
-    shape = (nb, rows_pad // block_m, block_m, cols_pad // block_n, block_n)
-    return (somewhere.reshape(shape).any(dim=4).any(dim=2),
-            everywhere.reshape(shape).all(dim=4).all(dim=2))
+    blocks = {batch_dims: block_m, batch_dims + 1: block_n}
+    values = view.view(torch.uint8)
+    pads = [(-n) % blocks.get(k, 1) for n, k in zip(values.shape, order)]
+    if any(pads):
+        padded = torch.zeros([n + p for n, p in zip(values.shape, pads)], dtype=torch.uint8,
+                             device=view.device)
+        padded[tuple(slice(0, n) for n in values.shape)] = values
+        values = padded
+    split = []
+    for n, k in zip(values.shape, order):
+        split += [n // blocks.get(k, 1), blocks.get(k, 1)]
+    counts = values.reshape(split).sum(dim=tuple(range(1, 2 * len(order), 2)))
+    counts = counts.permute([order.index(k) for k in range(len(order))])
+    extent = dict(zip(order, view.shape))
+
+    def inside(k):   # elements of each block along the rows (k = batch_dims) or the columns
+        starts = torch.arange(0, extent[k], blocks[k], device=view.device)
+        return torch.clamp(extent[k] - starts, max=blocks[k])
+    within = inside(batch_dims).view(-1, 1) * inside(batch_dims + 1).view(1, -1)
+    return counts > 0, counts == within
 
 
 def _evaluated_block_flags(cond: Expr, dep_batch: list, row: Axis, col: Axis, sizes: dict,
