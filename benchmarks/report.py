@@ -424,7 +424,10 @@ SECTIONS = (
      "choice) against gpt-oss's eager attention in transformers (what transformers runs for "
      "sinks) and SDPA's kernels with the sinks' share applied through their log-sum-exp "
      "(`sdpa with log-sum-exp`); `tensorfuse hopper`: the Hopper template applied by hand; "
-     "TFLOP/s of the keys each query keeps",
+     "TFLOP/s of the keys each query keeps. `attention_sinks_train`: forward and backward "
+     "through autograd (dq, dk, dv and the sinks' gradient, checked against float64) against "
+     "gpt-oss's eager code and FlexAttention with the sinks' share applied through its "
+     "log-sum-exp; TFLOP/s counting the backward as 2.5 forwards",
      "python -m benchmarks.attention_sinks"),
     ("masked-attention", "Attention under a boolean mask (the transformers integration's)",
      "bf16, Llama-3-8B's heads (32 over 8 kv-heads of 128); rows the mask empties give 0; "
@@ -492,6 +495,8 @@ HEADLINES = (("hopper-attention", "attention/full", "S4096", "tensorfuse"),
              ("hopper-attention", "attention/sliding_window", "", "tensorfuse"),
              ("masked-attention", "masked_attention/padded_causal", "", "tensorfuse"),
              ("attention-sinks", "attention_sinks/causal", "", "tensorfuse"),
+             ("attention-sinks", "attention_sinks_train/causal", "", "tensorfuse"),
+             ("attention-sinks", "attention_sinks_train/sliding_window", "", "tensorfuse"),
              ("user-kernels", "user/causal_sbhd", "", "tensorfuse"),
              ("user-kernels", "user/causal_dqk192_dv128", "", "tensorfuse"),
              ("user-kernels", "user/max_pool_l2", "", "tensorfuse"),

@@ -340,3 +340,12 @@ def kept_copies(tensors) -> tuple | None:
     copied = {key: memory[group][at:at + unique[key].numel()].view(unique[key].shape)
               .copy_(unique[key]) for key, (group, at) in places.items()}
     return tuple(copied.get(id(x), x) for x in tensors)
+
+
+def data_key(tensors) -> tuple:
+    """What identifies the data of ``tensors`` a mask reads, for lists made from them: address,
+    torch's version counter (bumped by every in-place write torch sees), shape and strides. Only
+    while the tensors are held (the lists' cache keeps them): a tensor freed, its memory handed
+    by the caching allocator to a new mask of other data with a version of 0, would else find
+    the old lists."""
+    return tuple((t.data_ptr(), t._version, tuple(t.shape), t.stride()) for t in tensors)

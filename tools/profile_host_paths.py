@@ -120,12 +120,25 @@ def cases(calls: int):
     yield ("backward", "sliding-window attention backward, B2 H16 S4096 (the same call)", [0, 0],
            [0] * (2 * calls), lambda n: (), lambda: torch.autograd.grad(out, leaves, grad,
                                                                        retain_graph=True))
+    from tensorfuse.kernels.layers import attention_kernel
+    sinks = tf.compile(attention_kernel("bf16", False, True, False, "bf16"), "cuda:sm_90a")
+    S = 1024   # the mask's blocks are counted on this CPU: host work is what is compared
+    window = torch.ones(S, S, dtype=torch.bool).tril().triu(-127).expand(1, 1, S, S)
+    q, (k, v) = torch.randn(1, 64, S, 64, **bf16), (torch.randn(1, 8, S, 64, **bf16)
+                                                     for _ in range(2))
+    leaves = [t.requires_grad_() for t in (q, k, v, torch.randn(64, **bf16))]
+    grad = torch.randn(1, 64, S, 64, **bf16)
+    yield ("sink_step", f"gpt-oss's sliding layer under a mask tensor: forward and backward, "
+           f"B1 H64/8 S{S} (the same call)", [0, 0], [0] * (2 * calls), lambda n: (),
+           lambda: torch.autograd.grad(sinks(*leaves[:3], window, leaves[3], 0.125), leaves,
+                                       grad))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=8)
-    parser.add_argument("--only", default="", help="cases by name: causal, rows, decode, steady, staged, backward")
+    parser.add_argument("--only", default="", help="cases by name: causal, rows, decode, "
+                        "steady, staged, backward, sink_step")
     parser.add_argument("--profile", action="store_true", help="cProfile's top functions too")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()

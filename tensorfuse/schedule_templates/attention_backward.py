@@ -180,7 +180,11 @@ class AttentionBackwardPlan:
     @cached_property
     def mask_reads_data(self) -> bool:
         """Whether the mask reads tensors (its block lists then change with their data)."""
-        return any(isinstance(n, Load) for n in nodes(self.mask))
+        return bool(self._mask_reads)
+
+    @cached_property
+    def _mask_reads(self) -> list[str]:
+        return sorted({n.param.name for n in nodes(self.mask) if isinstance(n, Load)})
 
     def block_lists(self, knobs: BackwardKnobs, tensors: dict, scalars: dict,
                     transposed: bool):
@@ -189,7 +193,10 @@ class AttentionBackwardPlan:
         dK/dV kernel's); and whether every program's partial and full blocks are consecutive
         (a causal mask's, a window's whole blocks: the kernels then loop over a range). That is
         read once for lists made once (masks of sizes and scalars); lists of masks that read
-        tensors are made on every call and taken as lists."""
+        tensors (a boolean mask, document ids) are taken as lists, kept with those tensors while
+        they are the same memory, not written since (:func:`tensorfuse.interop.data_key`: a
+        training step's backward after another with the same mask finds them)."""
+        from ..interop import data_key
         from .block_schedule import block_lists
 
         device = next(iter(tensors.values())).device
@@ -198,6 +205,11 @@ class AttentionBackwardPlan:
                str(device), tuple(sorted(scalars.items())))
         if not reads_data and key in self._lists:
             return self._lists[key]
+        if reads_data:
+            read = [tensors[n] for n in self._mask_reads]
+            found = self._lists.get(key)
+            if found is not None and found[0] == data_key(read):
+                return found[1]
         if transposed:
             made = block_lists(self.mask, self.batch, self.col, self.row, self.sizes, tensors,
                                scalars, knobs.block_n1, knobs.block_m1, device)
@@ -206,8 +218,8 @@ class AttentionBackwardPlan:
                                scalars, knobs.block_m2, knobs.block_n2, device)
         made = (made, (False, False)) if reads_data else \
             (made, (_consecutive(*made[:2]), _consecutive(*made[2:])))
-        if not reads_data:   # sizes and scalars decide them: made once
-            self._lists[key] = made
+        # sizes and scalars decide them: made once; else the last, with the tensors they read
+        self._lists[key] = (data_key(read), made, read) if reads_data else made
         return made
 
 

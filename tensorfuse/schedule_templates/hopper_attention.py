@@ -17,7 +17,7 @@ import numpy as np
 
 from ..dsl.expr import user_location
 from ..errors import ScheduleError, TargetError
-from ..interop import StreamScratch, kept_copies, kept_empty
+from ..interop import StreamScratch, data_key, kept_copies, kept_empty
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_attention import (ENTRY, MODES, PARTS, hopper_attention_source,
                                              kernel_arguments)
@@ -39,16 +39,18 @@ from .tile_order import pick_persistent
 class _Lists:
     """The block lists of one launches' sizes at the last (scalars, device, mask tensors) seen
     (one per :class:`Launches`, so the sizes need no key of their own): tensors the mask reads
-    (document ids) are recognised by address and torch's version counter, so that lists are made
-    again when their data may have changed. With ``pick_among`` (CTAs: the call runs persistent
-    and may take either schedule) each kept set also carries the persistent schedule its costs
-    favour (:func:`.tile_order.pick_persistent`) — only for masks of sizes and scalars, whose
-    lists are kept: reading them back costs a synchronisation."""
+    (document ids, boolean masks) are recognised by :func:`tensorfuse.interop.data_key` and held
+    with the lists, so that lists are made again when their data may have changed. With
+    ``pick_among`` (CTAs: the call runs persistent and may take either schedule) each kept set
+    also carries the persistent schedule its costs favour (:func:`.tile_order.pick_persistent`)
+    — only for masks of sizes and scalars, whose lists are kept: reading them back costs a
+    synchronisation."""
 
     def __init__(self, plan, knobs, pick_among: int | None, tiling=None):
         self.plan, self.knobs, self.tiling = plan, knobs, tiling
         self.pick_among = pick_among if plan.mask is not None and not plan.tensors else None
         self.cache: dict = {}
+        self.held: tuple = ()   # the tensors the cached lists were made from
         self.empty = None
 
     def __call__(self, values: dict, sizes: dict, device) -> tuple[tuple, str | None]:
@@ -61,7 +63,7 @@ class _Lists:
                 self.empty = kept_empty((1,), torch.int32, device).zero_()
             return (self.empty,) * 6, None
         key = (tuple([values[n] for n, _ in self.plan.chain.scalars]), device,
-               tuple([(values[t].data_ptr(), values[t]._version) for t, _ in self.plan.tensors]))
+               data_key([values[t] for t, _ in self.plan.tensors]))
         found = self.cache.get(key)
         if found is not None:   # tensors the mask reads: the same memory, not written since
             return found
@@ -95,6 +97,7 @@ class _Lists:
                 blocks = np.tile(blocks, B * H)
             favoured = pick_persistent(blocks, self.pick_among)
         self.cache = {key: (kept, favoured)}
+        self.held = tuple(tensors.values())
         return self.cache[key]
 
 

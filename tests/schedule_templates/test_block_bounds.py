@@ -174,3 +174,49 @@ def test_a_mask_tensor_is_read_as_a_view_and_gives_the_evaluated_lists(M, N, blo
             assert got.dtype == want.dtype and torch.equal(got, want), (M, N, transposed)
     shifted = plan_hopper_attention(masked(lambda i, j, w: i >= j + w).program, CHAIN, "j")
     assert block_schedule._mask_tensor_view(shifted.mask, [], i, j, {}, [M, N]) is None
+
+
+def test_lists_of_a_mask_tensor_are_kept_with_it_and_made_again_when_it_may_differ():
+    """The forward's and the backward's lists of a mask tensor are found again for the same
+    tensor, unwritten (a training step after another with one mask), made again after an
+    in-place write (torch's version counter) or for another tensor; the cache holds the tensor
+    it was made from, so that its memory cannot go to a new mask of other data with a version
+    of 0 (which the caching allocator would hand out at the same address) while they are
+    kept."""
+    import gc
+    import importlib
+    import weakref
+
+    from tensorfuse.kernels.layers import attention_kernel
+    from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
+                                                                  plan_attention_backward)
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.targets import get_target
+
+    kernel = attention_kernel("bf16", False, True, False)
+    sizes = dict(B=2, H=4, HKV=2, M=200, N=300, D=64)
+    _, fusion = choose(kernel.program, get_target("cuda:sm_90a"))
+    backward = plan_attention_backward(kernel.program, fusion, sizes)
+    launches = tf.schedule(kernel, "cuda:sm_90a").rolling_update(*CHAIN, axis="j") \
+        .apply_template("hopper_attention").compile().launches(**sizes)
+    forward = importlib.import_module("tensorfuse.schedule_templates.hopper_attention")._Lists(
+        launches.plan, launches.knobs, None)
+    makers = {"forward": lambda mask: forward({"mask": mask, "scale": 0.1}, sizes, "cpu")[0],
+              "backward": lambda mask: backward.block_lists(BackwardKnobs(), {"mask": mask},
+                                                            {}, True)[0]}
+    g = torch.Generator().manual_seed(1)
+    for name, make in makers.items():
+        mask = torch.rand(2, 1, 200, 300, generator=g) < 0.5
+        first = make(mask)
+        assert make(mask)[0] is first[0], name    # found again
+        mask[..., :128] = False                  # written in place: made again, from the data
+        again = make(mask)
+        assert again[0] is not first[0] and not torch.equal(again[0], first[0]), name
+        held = weakref.ref(mask)
+        del mask
+        gc.collect()
+        assert held() is not None, name          # kept with its lists
+        other = torch.rand(2, 1, 200, 300, generator=g) < 0.5
+        assert make(other)[0] is not again[0]
+        gc.collect()
+        assert held() is None, name              # released with them

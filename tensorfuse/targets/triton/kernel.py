@@ -7,7 +7,7 @@ from typing import Callable
 
 from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
 from ...dsl import dtypes as dt
-from ...interop import deliver, kept_copies, torch_arguments, torch_output
+from ...interop import data_key, deliver, kept_copies, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
 from ..signature_call import call_layout, fast_call_applies, try_fast_call
@@ -47,6 +47,7 @@ class TritonKernel(GraphCallable):
         self._built: dict = {}
         self._serving: dict = {}   # build key -> the Build that serves those sizes
         self._masks: dict = {}
+        self._masks_held: tuple = ()   # the tensors the kept lists were made from
         self._launch_plans: dict = {}
         self._fast: dict = {}
         self._calls: CallBinder | None = None
@@ -285,14 +286,16 @@ class TritonKernel(GraphCallable):
         int_tensors = {p.name: values[p.name] for p in self.program.tensor_params
                        if not dt.is_float(p.dtype)}
         key = (tuple(sorted(bound.dims.items())), tuple(sorted(bound.scalars.items())),
-               tuple((n, t.data_ptr(), t._version) for n, t in int_tensors.items()))
+               tuple(int_tensors), data_key(int_tensors.values()))
         if key not in self._masks:
             lists = self.planner.block_lists(plan, knobs, bound.dims, int_tensors, bound.scalars,
                                              device)
             kept = kept_copies(lists)
             if kept is None:
                 return dict(zip(MASK_ARGS, lists))
+            # held with the lists: their memory cannot go to a new mask meanwhile (data_key)
             self._masks = {key: dict(zip(MASK_ARGS, kept))}
+            self._masks_held = tuple(int_tensors.values())
         return self._masks[key]
 
     def invoke(self, key, args: tuple, kwargs: dict):
