@@ -231,9 +231,12 @@ def test_attention_sinks_of_gpt_oss_run_on_tensorfuse_and_match_eager(monkeypatc
 def test_gpt_oss_trains_on_tensorfuse_with_eagers_loss_and_gradients(monkeypatch, device):
     """A training step of gpt-oss — sinks on a sliding-window layer (a boolean mask) and a full
     one — runs its attention on tensorfuse's sink kernels while autograd records (gpt-oss's
-    eager attention is not called) and gives the eager model's loss and every parameter's
-    gradient, the sinks' among them, by value (float32; on the GPU bf16 with head dim 64 and
-    300 tokens: the Hopper forward saving its log-sum-exp, the attention backward template)."""
+    eager attention is not called) and gives the loss and every parameter's gradient, the
+    sinks' among them, by value: float32 against the eager model; on the GPU bf16 (head dim 64,
+    300 tokens: the Hopper forward saving its log-sum-exp, the attention backward template)
+    against the same model in float32, each gradient within 2e-2 of it or no further than
+    twice the eager bf16 model's (both are bf16 models: a router's bias is 1–2e-2 off in either,
+    and tensorfuse's 2.2e-2 from eager's, on the CPU and the H200)."""
     from transformers.models.gpt_oss import modeling_gpt_oss
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -243,16 +246,25 @@ def test_gpt_oss_trains_on_tensorfuse_with_eagers_loss_and_gradients(monkeypatch
     shape = (2, 300) if device == "cuda" else IDS
     ids = torch.randint(0, 100, shape, generator=torch.Generator().manual_seed(fresh_seed()))
     ids = ids.to(device)
-    want = _training_step(tiny_gpt_oss(**config).to(device, dtype), ids)
+    eager = _training_step(tiny_gpt_oss(**config).to(device, dtype), ids)
     swapped = tfh.use_tensorfuse(tiny_gpt_oss(**config).to(device, dtype), norms=False,
                                  mlp=False)
 
     def refused(*args, **kwargs):
         raise AssertionError("gpt-oss's eager attention ran")
-    monkeypatch.setattr(modeling_gpt_oss, "eager_attention_forward", refused)
-    got = _training_step(swapped, ids)
+    with monkeypatch.context() as patch:
+        patch.setattr(modeling_gpt_oss, "eager_attention_forward", refused)
+        got = _training_step(swapped, ids)
     assert any("sinks" in name for name in got[1])
-    _same_step(got, want, dtype)
+    if dtype == torch.float32:
+        _same_step(got, eager, dtype)
+        return
+    exact = _training_step(tiny_gpt_oss(**config).to(device, dtype).float(), ids)
+    assert abs(float(got[0] - exact[0])) <= 2e-2 * abs(float(exact[0]))
+    for name, want in exact[1].items():
+        if want.abs().max() > 0:
+            ours, theirs = (_norm_relative(step[1][name], want) for step in (got, eager))
+            assert ours <= max(2e-2, 2 * theirs), (name, ours, theirs)
 
 
 @pytest.fixture
