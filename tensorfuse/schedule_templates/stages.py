@@ -275,8 +275,10 @@ def _sub_program(program: Program, outputs: list[Compute], stored: set[str], nam
 def program_of(name: str, source: Program, computes: list, outputs: list,
                extra_params: list = ()) -> Program:
     """A program of ``computes`` (in order) whose parameters are those of ``source`` they read
-    (in its order), then ``extra_params``; :class:`NotStageable` where a size they use is bound
-    by none of its tensors."""
+    (in its order), then ``extra_params``, then tensors of ``source`` they do not read that bind
+    a size their expressions use (a grouped head's ``h // (H // HKV)`` in a stage that reads
+    neither k nor v: ``k`` comes along for its shape); :class:`NotStageable` where a size they
+    use is bound by no tensor."""
     used_params, used_sizes = set(), set()
 
     def visit(node: Expr):
@@ -293,6 +295,10 @@ def program_of(name: str, source: Program, computes: list, outputs: list,
         used_sizes |= {a.extent for a in c.axes + c.over if isinstance(a.extent, str)}
     params = [p for p in source.params if p.name in used_params] + list(extra_params)
     bound = {d for p in params if isinstance(p, TensorParam) for d in p.dims}
+    for p in source.params:
+        if isinstance(p, TensorParam) and p not in params and used_sizes - bound & set(p.dims):
+            params.append(p)
+            bound |= set(p.dims)
     if used_sizes - bound:
         raise NotStageable(f"sizes {', '.join(sorted(used_sizes - bound))} would be bound by no "
                            "tensor of the stage")

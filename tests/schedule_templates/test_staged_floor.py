@@ -320,3 +320,57 @@ def test_every_stage_kernel_takes_the_scalars_by_name_in_describe_plan():
         made = tf.compile(tf.grad(K.attention), target="cuda:sm_90a")
         plan = made.describe_plan(B=1, H=4, M=1024, N=1024, D=576, scale=0.05)
     assert plan.count("\n[1] ") >= 1 and "hopper GEMM plan" in plan, plan
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("sinks", [None, "f32"])
+def test_the_backward_of_grouped_heads_is_staged_and_matches_float64(sinks, device):
+    """``tf.grad`` of causal attention over grouped heads (and with gpt-oss's sinks): a stage
+    that reads neither k nor v still computes the kv-head ``h // (H // HKV)``; k comes along
+    for its shape (such a stage was refused, and the whole backward ran on TVM's default
+    schedule, unfused). Each stage compiled for the CPU, cut as for sm_90a, or tf.compile's on
+    the GPU (TF32 products: 1e-2); every gradient against float64 autograd."""
+    from tensorfuse.kernels.layers import attention_kernel
+    from tests.kernels.test_attention_sinks import sink_attention64
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    B, H, HKV, M, N, D = 2, 4, 2, 37, 53, 16
+    grad = tf.grad(attention_kernel("f32", True, False, False, sinks))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        if device == "cpu":
+            made = _staged(grad, get_target("cpu"), "checked", planned_for=HOPPER)
+            assert isinstance(made, StagedKernel), made
+            assert any("k" in stage.inputs and not any(
+                n.param.name == "k" for c in stage.program.computes for b in c.bodies
+                for n in _loads(b)) for stage in made.stages)   # given k for its shape alone
+        else:
+            made = tf.compile(grad)
+            assert made.schedule_origin(B=B, H=H, HKV=HKV, M=M, N=N, D=D).startswith("staged")
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    q, d_out = torch.randn(B, H, M, D, generator=g), torch.randn(B, H, M, D, generator=g)
+    k, v = torch.randn(B, HKV, N, D, generator=g), torch.randn(B, HKV, N, D, generator=g)
+    args = dict(q=q, k=k, v=v, scale=D ** -0.5, d_out=d_out)
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    keep = torch.ones(M, N, dtype=torch.bool).tril(N - M)
+    if sinks:
+        args["sinks"] = torch.randn(H, generator=g) * 4
+        exact.append(args["sinks"].double().requires_grad_())
+        out = sink_attention64(*exact, keep, D ** -0.5)
+    else:
+        s = exact[0] @ exact[1].repeat_interleave(H // HKV, 1).transpose(-1, -2) * D ** -0.5
+        out = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ \
+            exact[2].repeat_interleave(H // HKV, 1)
+    want = torch.autograd.grad(out, exact, d_out.double())
+    on = {n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in args.items()}
+    for got, expected in zip(made(**on), want):
+        assert relative_error(got.cpu(), expected) < (1e-4 if device == "cpu" else 1e-2), seed
+
+
+def _loads(expr):
+    from tensorfuse.algebra.exprs import nodes
+    from tensorfuse.dsl.expr import Load
+
+    return [n for n in nodes(expr) if isinstance(n, Load)]
