@@ -10,7 +10,10 @@ has the backward
     dS = P ∘ (dP − Δ)       dSraw = dS · ∂S/∂(q·k)       dQ = dSraw·K       dK = dSrawᵀ·Q
 
 where ``∂S/∂(q·k)`` is the score's derivative, taken by :mod:`tensorfuse.dsl.gradients` (the
-mask's ``where`` keeps it to the kept elements). The plan holds the expressions; the Triton emitter
+mask's ``where`` keeps it to the kept elements). With attention sinks, output
+``o / (l + exp(g − m))`` (a score ``g`` per batch position outside the keys that attends to
+nothing), the same with the sink's term in LSE, and ``dg = −Σ e^(g − LSE) · Δ`` over the rows
+(and the batch axes ``g`` is not read by). The plan holds the expressions; the Triton emitter
 (:mod:`tensorfuse.targets.triton.attention_backward`) writes the three kernels (statistics and
 Δ per query block, dK/dV per key block over every query head of its group, dQ per query block).
 
@@ -149,7 +152,7 @@ class AttentionBackwardPlan:
         g = self._sink_by_batch(tensors)
         share = torch.exp2(g * math.log2(math.e) - lse2.view(*extents, -1))
         summed = -(share * delta.view(*extents, -1)).sum(-1)
-        read = [k for k, a in enumerate(self.batch) if self._sink_axes.count(a.uid)]
+        read = [k for k, a in enumerate(self.batch) if a.uid in self._sink_axes]
         unread = [k for k in range(len(extents)) if k not in read]
         summed = summed.sum(unread) if unread else summed   # sum([]) would sum every axis
         order = [sorted(self._sink_axes, key=self._batch_position).index(u)
