@@ -120,8 +120,13 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             if flat is not None:
                 return flat
             why = why_no_template(program, spec)
-            return _staged(kernel, spec, why, dynamic=dynamic) or \
-                _untemplated(kernel, spec, why)
+            from .attention_gradient import attention_gradient
+
+            def floor():
+                return _staged(kernel, spec, why, dynamic=dynamic) or \
+                    _untemplated(kernel, spec, why)
+            # tf.grad of attention: FlashAttention-2's backward, not stages storing the scores
+            return attention_gradient(kernel, spec, floor) or floor()
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"

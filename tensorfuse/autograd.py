@@ -216,20 +216,28 @@ class Differentiation:
         key = tuple(sorted(dims.items()))
         if key not in self.templates:
             self.templates[key] = None
-            from .schedule_templates.attention_backward import (BackwardKnobs,
-                                                                plan_attention_backward)
-            from .targets.triton.attention_backward import AttentionBackwardKernels
-
-            try:
-                plan = plan_attention_backward(self.program, fusion, dims)
-            except TensorfuseError:
+            made = backward_template(self.program, fusion, dims, self.kernel.target)
+            if isinstance(made, str):
                 return None
-            triton = AttentionBackwardKernels(plan,
-                                              BackwardKnobs.for_head_dim(plan.widest_tile_dim))
-            _TEMPLATES.append(_hopper_backward(plan, self.kernel.target, triton) or triton)
+            _TEMPLATES.append(made)
             self.templates[key] = len(_TEMPLATES) - 1
         self.templates_by_shapes[shapes] = self.templates[key]
         return self.templates[key]
+
+
+def backward_template(program: Program, fusion, dims: dict, target):
+    """The attention backward template of ``program`` (softmax attention fused by ``fusion``)
+    at ``dims`` on ``target``: the Hopper kernel where :func:`_hopper_backward` chooses it, else
+    the Triton kernels; or, where the template refuses the program, the reason (a string)."""
+    from .schedule_templates.attention_backward import BackwardKnobs, plan_attention_backward
+    from .targets.triton.attention_backward import AttentionBackwardKernels
+
+    try:
+        plan = plan_attention_backward(program, fusion, dims)
+    except TensorfuseError as exc:
+        return exc.message
+    triton = AttentionBackwardKernels(plan, BackwardKnobs.for_head_dim(plan.widest_tile_dim))
+    return _hopper_backward(plan, target, triton) or triton
 
 
 def _runs_directly(tensors: list) -> bool:

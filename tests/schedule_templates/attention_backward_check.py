@@ -139,6 +139,30 @@ def sink_errors(found: dict) -> None:
             found[f"{name}/empty_row_lse"] = float((lse[1, :, 3] - sinks).abs().max())
 
 
+def gradient_kernel_errors(found: dict) -> None:
+    """``tf.grad`` of attention compiled for a GPU (grouped heads, causal, with and without
+    sinks; then with respect to q alone): its gradients through the backward template, its
+    forward with the log-sum-exp compiled for the CPU (the interpreter runs no Hopper kernel)."""
+    for name, sinks, wrt in (("grad", None, None), ("grad_sinks", "f32", None),
+                             ("grad_q", None, "q")):
+        kernel = attention_kernel("f32", True, False, False, sinks)
+        made = tf.compile(tf.grad(kernel, wrt), "cuda")
+        dims = dict(B=2, H=H, HKV=HKV, M=M_RAGGED, N=N_RAGGED, D=D)
+        found[f"{name}/origin"] = made.schedule_origin(**dims)
+        _, fusion = choose(kernel.program, get_target("cuda"))
+        made._saving = tf.compile(_ProgramKernel(with_logsumexp(kernel.program, fusion.names),
+                                                 None), target="llvm")
+        q, dout = torch.randn(2, H, M_RAGGED, D), torch.randn(2, H, M_RAGGED, D)
+        k, v = torch.randn(2, HKV, N_RAGGED, D), torch.randn(2, HKV, N_RAGGED, D)
+        tensors = {"q": q, "k": k, "v": v, **({"sinks": torch.randn(H) * 4} if sinks else {})}
+        got = made(**tensors, scale=D ** -0.5, d_out=dout)
+        got = got if isinstance(got, tuple) else (got,)
+        want = float64_sink_gradients({**tensors, "sinks": tensors.get(
+            "sinks", torch.full((H,), -torch.inf))}, D ** -0.5, dout, True)
+        found[name] = max(float((a - b).norm() / b.norm()) for a, b in zip(got, want))
+        found[f"{name}/count"] = len(got)
+
+
 def errors(seed: int) -> dict:
     torch.manual_seed(seed)
     found = {}
@@ -182,6 +206,7 @@ def errors(seed: int) -> dict:
         found[f"{name}/shapes"] = [list(g.shape) for g in got] == [list(t.shape) for t in
                                                                    (q, k, v)]
     sink_errors(found)
+    gradient_kernel_errors(found)
     return found
 
 

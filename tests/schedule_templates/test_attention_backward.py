@@ -66,7 +66,11 @@ def test_interpreted_kernels_match_the_backward_program():
     assert all(errors.pop(f"{n}/count") == 4 for n in sinks)   # dq, dk, dv, d sinks
     # a row the mask empties keeps only the sink's term: its log-sum-exp is the sink
     assert errors.pop("sinks_mask_tensor/empty_row_lse") <= 1e-6
-    assert set(errors) == names | {f"{n}/saved" for n in names} | widths | sinks
+    gradients = {"grad", "grad_sinks", "grad_q"}   # tf.grad kernels through the template
+    assert [errors.pop(f"{n}/count") for n in ("grad", "grad_sinks", "grad_q")] == [3, 4, 1]
+    assert all(errors.pop(f"{n}/origin").startswith("attention backward template")
+               for n in gradients)
+    assert set(errors) == names | {f"{n}/saved" for n in names} | widths | sinks | gradients
     for name, err in errors.items():   # float32, against the backward program on the CPU
         assert err <= 1e-5, f"{name}: {err:.1e} (TENSORFUSE_SEED={seed})"
     # causal masks' blocks are consecutive (loops over ranges); a mask tensor's are listed
@@ -371,3 +375,54 @@ def test_the_forward_that_saves_the_log_sum_exp_uses_the_plain_forwards_tuning(m
     saving = differentiation._saving()
     assert [c.name for c in saving.program.outputs] == ["out", "lse"]
     assert asked and set(asked) == {K.causal_attention.program.name}, asked
+
+
+def test_tf_grad_of_attention_runs_the_template_and_the_floor_where_it_refuses():
+    """``tf.grad`` of attention compiled for a GPU runs the forward with its log-sum-exp and the
+    backward template (checked in the interpreter above); at a head dim the template refuses,
+    the floor's stages, saying why; the CPU and other programs' gradients as before."""
+    from tensorfuse.attention_gradient import AttentionGradientKernel
+
+    made = tf.compile(tf.grad(K.gqa_causal_attention), "cuda:sm_90a")
+    assert isinstance(made, AttentionGradientKernel)
+    assert made.schedule_origin(**dict(DIMS, H=32, HKV=8)).startswith(
+        "attention backward template")
+    assert "_tf_bwd_dkdv" in made.source(**dict(DIMS, H=32, HKV=8))
+    with pytest.warns(tf.errors.NoTemplateWarning):
+        refused = made.schedule_origin(**dict(DIMS, H=32, HKV=8, D=512))
+    assert refused.startswith("staged") and \
+        "the attention backward template refuses these sizes: the feature axis has 512" in refused
+    assert not isinstance(tf.compile(tf.grad(K.causal_attention), "llvm"),
+                          AttentionGradientKernel)
+    assert not isinstance(tf.compile(tf.grad(K.softmax), "cuda:sm_90a"), AttentionGradientKernel)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sinks", [None, "bf16"])
+def test_tf_grad_of_attention_matches_float64_on_the_gpu(sinks):
+    """``tf.grad`` of causal attention over grouped heads (with gpt-oss's sinks or not), bf16,
+    ragged sizes: the forward (the Hopper template on an H100/H200) and the backward template,
+    every gradient against float64 autograd, the results poisoned first."""
+    from tensorfuse.kernels.layers import attention_kernel
+    from tests.kernels.test_attention_sinks import sink_attention64
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    made = tf.compile(tf.grad(attention_kernel("bf16", True, False, False, sinks)))
+    g = torch.Generator().manual_seed(0)
+    B, H, HKV, M, N, D = 2, 8, 2, 300, 333, 64
+    q, d_out = (torch.randn(B, H, M, D, generator=g).bfloat16().cuda() for _ in range(2))
+    k, v = (torch.randn(B, HKV, N, D, generator=g).bfloat16().cuda() for _ in range(2))
+    tensors = dict(q=q, k=k, v=v)
+    if sinks:
+        tensors["sinks"] = (torch.randn(H, generator=g) * 4).bfloat16().cuda()
+    outs = tuple(torch.full_like(t, float("nan")) for t in tensors.values())
+    got = made(**tensors, scale=D ** -0.5, d_out=d_out, out=outs)
+    exact = [t.double().requires_grad_() for t in tensors.values()]
+    keep = torch.ones(M, N, dtype=torch.bool, device="cuda").tril(N - M)
+    sink = exact[3] if sinks else torch.full((H,), -torch.inf, device="cuda",
+                                             dtype=torch.float64)
+    want = torch.autograd.grad(sink_attention64(*exact[:3], sink, keep, D ** -0.5), exact,
+                               d_out.double())
+    for a, b in zip(got, want):
+        assert float((a.double() - b).norm() / b.norm()) < 2e-2

@@ -1,0 +1,146 @@
+"""``tf.grad`` of softmax attention on a GPU through the attention backward template.
+
+The gradient program of attention is no chain a template takes whole (dQ needs Δ = rowsum(dO ∘ O)
+before its pass), so ``tf.compile`` would cut it into the floor's stages, which store the scores
+— B·H·M·N floats — between them. What autograd runs instead is FlashAttention-2's backward,
+memory linear in the sequence: the forward with each row's log-sum-exp saved, then the attention
+backward template (:mod:`.schedule_templates.attention_backward`; the Hopper kernel where
+:func:`.autograd._hopper_backward` chooses it). A ``tf.grad`` kernel of attention runs the same
+two, called as any ``tf.grad`` kernel is (the forward's arguments and ``d_<output>``), and the
+floor at sizes the template refuses.
+"""
+from __future__ import annotations
+
+from .binding import CallBinder
+from .composed import call_device, filled
+from .dsl import dtypes as dt
+from .targets import TargetSpec
+from .torch_graph import GraphCallable
+
+
+def attention_gradient(gradient, target: TargetSpec, floor):
+    """An :class:`AttentionGradientKernel` for ``gradient`` (a ``tf.grad`` kernel) on a CUDA
+    ``target`` where its forward is softmax attention (the attention template's choice) and
+    each parameter's gradient is one output; else None. ``floor``: what runs at sizes the
+    backward template refuses (a factory, made on first use)."""
+    from .schedule_templates.auto import choose
+
+    forward = getattr(gradient, "forward", None)
+    if target.kind != "cuda" or forward is None or getattr(gradient, "saved", None) is not None:
+        return None
+    params = [o.param for o in gradient.outputs]
+    if len(params) != len(set(params)):
+        return None
+    choice = choose(forward.program, target)
+    if choice is None or choice[0] != "attention":
+        return None
+    return AttentionGradientKernel(gradient, target, choice[1], floor)
+
+
+class AttentionGradientKernel(GraphCallable):
+    """A ``tf.grad`` kernel of attention: the forward with its log-sum-exp, then the attention
+    backward template, per call's sizes; the floor where the template refuses them."""
+
+    def __init__(self, gradient, target: TargetSpec, fusion, floor):
+        self.gradient, self.target, self.fusion = gradient, target, fusion
+        self.program = gradient.program
+        self.forward = gradient.forward.program
+        self._floor_factory, self._floor = floor, None
+        self._saving = None
+        self._templates: dict = {}   # sizes -> the backward template, or why it refused them
+        self._calls = None
+        forward_names = {p.name for p in self.forward.params}
+        grads = [p for p in self.program.tensor_params if p.name not in forward_names]
+        self.d_out = grads[0].name   # the attention's one output's gradient
+
+    def __repr__(self) -> str:
+        return f"<AttentionGradientKernel {self.program.name} for {self.target.name}>"
+
+    def template(self, **dims):
+        """The backward template at these sizes, or the reason it refuses them (a string)."""
+        key = tuple(sorted(dims.items()))
+        if key not in self._templates:
+            from .autograd import backward_template
+
+            made = backward_template(self.forward, self.fusion, dict(dims), self.target)
+            if not isinstance(made, str):
+                wrt = [made.plan.q, made.plan.k, made.plan.v] + \
+                    ([made.plan.sink] if made.plan.sink is not None else [])
+                names = [x.param.name for x in wrt]
+                if any(o.param not in names for o in self.gradient.outputs):
+                    made = "a gradient the backward template does not compute is asked for"
+            self._templates[key] = made
+        return self._templates[key]
+
+    def invoke(self, key, args: tuple, kwargs: dict):
+        if self._calls is None:
+            self._calls = CallBinder(self.program, call_device(self.target))
+        bound = self._calls(args, kwargs, key)
+        made = self.template(**bound.dims)
+        if isinstance(made, str):
+            return self.floor().invoke(key, args, kwargs)
+        values = {**bound.arrays, **bound.scalars}
+        forward_args = {p.name: values[p.name] for p in self.forward.params}
+        out, lse = self.saving().invoke(False, (), forward_args)
+        tensors = {p.name: values[p.name] for p in self.forward.tensor_params}
+        scalars = {p.name: values[p.name] for p in self.forward.scalar_params}
+        plan = made.plan
+        gradients = made(tensors, scalars, out, values[self.d_out], lse)
+        wrt = [plan.q, plan.k, plan.v] + ([plan.sink] if plan.sink is not None else [])
+        by_param = {x.param.name: g for x, g in zip(wrt, gradients)}
+        results = [by_param[o.param].to(_torch_dtype(c.dtypes[0]))
+                   for o, c in zip(self.gradient.outputs, self.program.outputs)]
+        if bound.outs is not None:
+            return filled(bound.outs, results)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def saving(self):
+        """The forward that also writes each row's log-sum-exp (compiled on first use)."""
+        if self._saving is None:
+            from .api import compile as compile_kernel
+            from .autograd import _ProgramKernel
+            from .schedule_templates.attention_chain import with_logsumexp
+
+            saving = _ProgramKernel(with_logsumexp(self.forward, self.fusion.names),
+                                    getattr(self.gradient, "fn", None))
+            saving.tuned_as = self.forward   # the plain forward's tuning records apply
+            self._saving = compile_kernel(saving, target=self.target)
+        return self._saving
+
+    def floor(self):
+        if self._floor is None:
+            self._floor = self._floor_factory()
+        return self._floor
+
+    def _at(self, dims: dict):
+        return self.template(**{n: v for n, v in dims.items() if n in self.program.dim_names()})
+
+    def schedule_origin(self, **dims) -> str:
+        made = self._at(dims)
+        if isinstance(made, str):
+            return f"{self.floor().schedule_origin(**dims)} (the attention backward template " \
+                   f"refuses these sizes: {made})"
+        return (f"attention backward template ({type(made).__name__}): the forward again with "
+                f"its log-sum-exp saved, then FlashAttention-2's backward, nothing of B·H·M·N "
+                f"stored")
+
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        """The floor's stages and their plans where the template refuses these sizes."""
+        if isinstance(self._at(dims), str):
+            return self.floor().describe_plan(scalars, **dims)
+        return self.schedule_origin(**dims)
+
+    def source(self, **dims) -> str:
+        """The backward template's source at these sizes (the floor's where it refuses them)."""
+        made = self._at(dims)
+        return self.floor().source(**dims) if isinstance(made, str) else made.source
+
+    def cache_info(self) -> list:
+        return (self._saving.cache_info() if self._saving is not None else []) + \
+            (self._floor.cache_info() if self._floor is not None else [])
+
+
+def _torch_dtype(dtype: str):
+    from .interop import torch_dtype
+
+    return torch_dtype(dt.resolve(dtype))
