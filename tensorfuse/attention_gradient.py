@@ -64,9 +64,7 @@ class AttentionGradientKernel(GraphCallable):
 
             made = backward_template(self.forward, self.fusion, dict(dims), self.target)
             if not isinstance(made, str):
-                wrt = [made.plan.q, made.plan.k, made.plan.v] + \
-                    ([made.plan.sink] if made.plan.sink is not None else [])
-                names = [x.param.name for x in wrt]
+                names = [x.param.name for x in made.plan.differentiated]
                 if any(o.param not in names for o in self.gradient.outputs):
                     made = "a gradient the backward template does not compute is asked for"
             self._templates[key] = made
@@ -84,10 +82,8 @@ class AttentionGradientKernel(GraphCallable):
         out, lse = self.saving().invoke(False, (), forward_args)
         tensors = {p.name: values[p.name] for p in self.forward.tensor_params}
         scalars = {p.name: values[p.name] for p in self.forward.scalar_params}
-        plan = made.plan
         gradients = made(tensors, scalars, out, values[self.d_out], lse)
-        wrt = [plan.q, plan.k, plan.v] + ([plan.sink] if plan.sink is not None else [])
-        by_param = {x.param.name: g for x, g in zip(wrt, gradients)}
+        by_param = {x.param.name: g for x, g in zip(made.plan.differentiated, gradients)}
         results = [by_param[o.param].to(_torch_dtype(c.dtypes[0]))
                    for o, c in zip(self.gradient.outputs, self.program.outputs)]
         if bound.outs is not None:

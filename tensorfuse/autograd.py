@@ -186,8 +186,7 @@ class Differentiation:
             direct = _runs_directly([*qkv, outputs[0], grads[0], lse, *others])
             run = _run_backward_template if direct else _template_backward_op()
             made = run(key, *qkv, outputs[0], grads[0], lse, others, ints, floats)
-            wrt = [plan.q, plan.k, plan.v] + ([plan.sink] if plan.sink is not None else [])
-            found = {x.param.name: g for x, g in zip(wrt, made)}
+            found = {x.param.name: g for x, g in zip(plan.differentiated, made)}
             return tuple(found.get(p.name) for p in self.params)
         backward = self.backward_kernel()
         args += [grads[k].contiguous() for k in self.float_outputs]

@@ -106,6 +106,11 @@ class AttentionBackwardPlan:
         self.value_dim = self.value_dim or self.head_dim
 
     @property
+    def differentiated(self) -> list[Load]:
+        """The loads whose gradients the template gives, in its order: q, k, v, and the sink."""
+        return [self.q, self.k, self.v] + ([self.sink] if self.sink is not None else [])
+
+    @property
     def head_tile(self) -> int:
         """q·k's head dim as the kernels compute it (:func:`tile_dim`)."""
         return tile_dim(self.head_dim)

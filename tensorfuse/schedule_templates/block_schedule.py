@@ -124,9 +124,10 @@ def _mask_tensor_view(cond: Expr, dep_batch: list, row: Axis, col: Axis, tensors
     rows', the columns' and batch axes', each once) and constants —, ``(view, order)``: the
     tensor's elements as a view in its own order (no element gathered; a mask that holds more
     rows or columns cut to them) and where ``[*dep_batch, rows, cols]`` (``shape``) are in it;
-    else None. Evaluated element by element, the mask was gathered through index tensors: 0.9
-    ms of a 3.4 ms backward of gpt-oss's sliding window at S=4096 (the H200;
-    ``benchmarks.attention_sinks``' training rows)."""
+    else None. Evaluated element by element (gathered through index tensors, copied, reduced
+    four times) it took about 1.2 ms of GPU time of a training step of gpt-oss's sliding window
+    at S=4096 whose backward took 3.4 ms (the H200, torch.profiler of
+    ``benchmarks.attention_sinks``' training case)."""
     if not (isinstance(cond, Load) and cond.param.dtype == "bool"):
         return None
     tensor = tensors[cond.param.name]
@@ -145,7 +146,7 @@ def _mask_tensor_view(cond: Expr, dep_batch: list, row: Axis, col: Axis, tensors
     order = [wanted.index(u) for u in held]   # the role of each of the view's dims
     view = tensor[tuple(index)]
     view = view[tuple(slice(0, shape[k]) for k in order)]
-    if [view.shape[d] for d in range(view.dim())] != [shape[k] for k in order]:
+    if list(view.shape) != [shape[k] for k in order]:
         return None
     return view, order
 
