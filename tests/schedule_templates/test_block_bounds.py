@@ -220,3 +220,16 @@ def test_lists_of_a_mask_tensor_are_kept_with_it_and_made_again_when_it_may_diff
         assert make(other)[0] is not again[0]
         gc.collect()
         assert held() is None, name              # released with them
+
+
+def test_the_triton_templates_lists_of_a_mask_tensor_are_kept_with_it():
+    """The same for the Triton attention template, run in Triton's interpreter
+    (``mask_lists_check``): its lists hold the mask while kept, let it go for another's, and
+    each call's output matches float64."""
+    from tests.helpers import fresh_seed, run_interpreted
+
+    pytest.importorskip("triton")
+    seed = fresh_seed()
+    found = run_interpreted("tests.schedule_templates.mask_lists_check", seed)
+    assert found["kept"] and found["alive"] and found["released"], found
+    assert max(found["first"], found["other"]) < 1e-5, (found, seed)
