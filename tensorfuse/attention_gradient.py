@@ -14,15 +14,18 @@ from __future__ import annotations
 from .binding import CallBinder
 from .composed import call_device, filled
 from .dsl import dtypes as dt
+from .errors import TensorfuseError
 from .targets import TargetSpec
 from .torch_graph import GraphCallable
 
 
 def attention_gradient(gradient, target: TargetSpec, floor):
     """An :class:`AttentionGradientKernel` for ``gradient`` (a ``tf.grad`` kernel) on a CUDA
-    ``target`` where its forward is softmax attention (the attention template's choice) and
-    each parameter's gradient is one output; else None. ``floor``: what runs at sizes the
-    backward template refuses (a factory, made on first use)."""
+    ``target`` where its forward is softmax attention (the attention template's choice, a
+    max → sum(exp) → weighted-sum chain) and each parameter's gradient is one output; else
+    None. ``floor``: what runs at sizes the backward template refuses (a factory, made on first
+    use)."""
+    from .schedule_templates.attention_chain import softmax_states
     from .schedule_templates.auto import choose
 
     forward = getattr(gradient, "forward", None)
@@ -33,6 +36,10 @@ def attention_gradient(gradient, target: TargetSpec, floor):
         return None
     choice = choose(forward.program, target)
     if choice is None or choice[0] != "attention":
+        return None
+    try:   # the rolled chain is softmax attention's (the template also rolls other chains)
+        softmax_states(forward.program, choice[1].names)
+    except TensorfuseError:
         return None
     return AttentionGradientKernel(gradient, target, choice[1], floor)
 

@@ -395,6 +395,11 @@ def test_tf_grad_of_attention_runs_the_template_and_the_floor_where_it_refuses()
     assert not isinstance(tf.compile(tf.grad(K.causal_attention), "llvm"),
                           AttentionGradientKernel)
     assert not isinstance(tf.compile(tf.grad(K.softmax), "cuda:sm_90a"), AttentionGradientKernel)
+    # a chain the attention template rolls that is no softmax attention (SwiGLU's MLP)
+    from tensorfuse.kernels.layers import swiglu_mlp_kernel
+
+    assert not isinstance(tf.compile(tf.grad(swiglu_mlp_kernel("bf16")), "cuda:sm_90a"),
+                          AttentionGradientKernel)
 
 
 @pytest.mark.gpu
