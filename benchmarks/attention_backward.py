@@ -218,7 +218,8 @@ def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 
     the best alternative)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tensorfuse.autograd import _ProgramKernel, _hopper_backward
+    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.schedule_templates.hopper_attention_backward import hopper_backward
     from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
                                                                   plan_attention_backward)
     from tensorfuse.schedule_templates.attention_chain import with_logsumexp
@@ -243,7 +244,7 @@ def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 
         triton = AttentionBackwardKernels(plan,
                                           BackwardKnobs.for_head_dim(plan.widest_tile_dim))
         made = {"tensorfuse triton": triton,
-                "tensorfuse hopper": _hopper_backward(plan, target, triton, chosen=True)}
+                "tensorfuse hopper": hopper_backward(plan, target, triton, chosen=True)}
         want = triton(tensors, scalars, out, dout, lse)
         times, notes = {}, {}
         for label, run_ in made.items():

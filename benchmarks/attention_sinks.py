@@ -36,48 +36,62 @@ H, HKV, D, WINDOW = 64, 8, 64, 128
 CASES = (("causal", 1, 4096, 4096), ("sliding_window", 1, 4096, 4096), ("decode", 8, 1, 4096))
 
 
-def _want(q, k, v, sinks, keep, scale):
-    """float64 output of the first eight heads (one kv-head's group)."""
+def _group64(q, k, v, sinks, keep, scale: float):
+    """The first kv-head's group (its eight query heads) in float64, ``(q, k, v, sinks)`` as new
+    leaves, and its output, the sinks appended to each row's logits as gpt-oss writes it."""
     g = H // HKV
-    s = q[:, :g].double() @ k[:, :1].double().transpose(-1, -2) * scale
-    s = s.masked_fill(~keep, float("-inf"))
+    leaves = [t.detach()[:, :g].double().requires_grad_() for t in (q, k[:, :1], v[:, :1])]
+    leaves.append(sinks.detach()[:g].double().requires_grad_())
+    s = (leaves[0] @ leaves[1].transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
     B, _, M, _ = s.shape
-    logits = torch.cat([s, sinks[:g].double().view(1, g, 1, 1).expand(B, g, M, 1)], -1)
-    return torch.softmax(logits, -1)[..., :-1] @ v[:, :1].double()
+    logits = torch.cat([s, leaves[3].view(1, g, 1, 1).expand(B, g, M, 1)], -1)
+    return leaves, torch.softmax(logits, -1)[..., :-1] @ leaves[2]
+
+
+def _case(name: str, B: int, M: int, N: int, training: bool) -> types.SimpleNamespace:
+    """A case's tensors (bf16, random), its keys kept (causal from the bottom right, a window
+    of ``WINDOW`` keys for the sliding one), tensorfuse's kernel and arguments, and what gpt-oss's
+    eager attention takes (its module's sinks, the mask as an additive one)."""
+    q = torch.randn(B, H, M, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, HKV, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    sinks = torch.randn(H, device="cuda", dtype=torch.bfloat16) * 2
+    masked = name == "sliding_window"
+    i, j = torch.arange(M, device="cuda")[:, None] + N - M, torch.arange(N, device="cuda")
+    keep = (j <= i) & ((j > i - WINDOW) if masked else True)
+    kernel = attention_kernel("bf16", not masked, masked, False, "bf16")
+    args = (q, k, v, keep.expand(B, 1, M, N), sinks) if masked else (q, k, v, sinks)
+    module = types.SimpleNamespace(sinks=sinks, num_key_value_groups=H // HKV,
+                                   training=training)
+    additive = torch.zeros(B, 1, M, N, device="cuda", dtype=torch.bfloat16).masked_fill(
+        ~keep, float("-inf"))
+    return types.SimpleNamespace(q=q, k=k, v=v, sinks=sinks, masked=masked, keep=keep,
+                                 kernel=kernel, args=args, module=module, additive=additive,
+                                 scale=D ** -0.5, shape=f"B{B} H{H}/{HKV} M{M} N{N} D{D}",
+                                 density=keep.float().mean().item())
 
 
 def measure(rows: list, log=print) -> None:
     from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
     for name, B, M, N in CASES:
-        q = torch.randn(B, H, M, D, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(B, HKV, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        sinks = torch.randn(H, device="cuda", dtype=torch.bfloat16) * 2
-        scale = D ** -0.5
-        i, j = torch.arange(M, device="cuda")[:, None] + N - M, torch.arange(N, device="cuda")
-        keep = (j <= i) & ((j > i - WINDOW) if name == "sliding_window" else True)
-        masked = name == "sliding_window"
-        kernel = attention_kernel("bf16", not masked, masked, False, "bf16")
-        mask = keep.expand(B, 1, M, N)
-        args = (q, k, v, mask, sinks) if masked else (q, k, v, sinks)
+        c = _case(name, B, M, N, training=False)
+        q, k, v, sinks, args, scale = c.q, c.k, c.v, c.sinks, c.args, c.scale
         out = torch.full((B, H, M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
-        ours = lambda: kernel(*args, scale=scale, out=out)   # noqa: E731
-        module = types.SimpleNamespace(sinks=sinks, num_key_value_groups=H // HKV,
-                                       training=False)
-        additive = torch.zeros(B, 1, M, N, device="cuda", dtype=torch.bfloat16).masked_fill(
-            ~keep, float("-inf"))
-        theirs = lambda: eager_attention_forward(module, q, k, v, additive, scale)  # noqa: E731
-        shape = f"B{B} H{H}/{HKV} M{M} N{N} D{D}"
-        flops = 4 * B * H * M * N * D * (keep.float().mean().item())
+        ours = lambda: c.kernel(*args, scale=scale, out=out)   # noqa: E731
+        theirs = lambda: eager_attention_forward(  # noqa: E731
+            c.module, q, k, v, c.additive, scale)
+        flops = 4 * B * H * M * N * D * c.density
         calls = {TENSORFUSE: ours, TORCH_EAGER: lambda: theirs()[0].transpose(1, 2),
-                 SDPA_WITH_LSE: _sdpa_with_lse(q, k, v, sinks, additive, masked, M > 1, scale)}
+                 SDPA_WITH_LSE: _sdpa_with_lse(q, k, v, sinks, c.additive, c.masked, M > 1,
+                                               scale)}
         if name == "causal":   # the Hopper template applied by hand (tf.compile's once checked)
-            by_hand = tf.schedule(kernel, "cuda:sm_90a").rolling_update(
+            by_hand = tf.schedule(c.kernel, "cuda:sm_90a").rolling_update(
                 "m", "o", "l", axis="j").apply_template("hopper_attention").compile()
             calls[f"{TENSORFUSE} hopper"] = lambda: by_hand(*args, scale=scale, out=out)
-        want = _want(q, k, v, sinks, keep, scale)
+        with torch.no_grad():
+            want = _group64(q, k, v, sinks, c.keep, scale)[1]
         for label, call in calls.items():
-            row = checked_row(f"attention_sinks/{name}", shape, label, call,
+            row = checked_row(f"attention_sinks/{name}", c.shape, label, call,
                               lambda got: relative_error(got[:, :H // HKV], want), flops, log,
                               poison=lambda: out.fill_(float("nan")))
             rows.extend([row] if row else [])
@@ -91,31 +105,21 @@ def measure_training(rows: list, log=print) -> None:
 
     flex = compiled_flex()
     for name, B, M, N in CASES[:2]:
-        q = torch.randn(B, H, M, D, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(B, HKV, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        sinks = torch.randn(H, device="cuda", dtype=torch.bfloat16) * 2
+        c = _case(name, B, M, N, training=True)
+        q, k, v, sinks, scale = c.q, c.k, c.v, c.sinks, c.scale
         leaves = [t.requires_grad_() for t in (q, k, v, sinks)]
         dout = torch.randn(B, H, M, D, device="cuda", dtype=torch.bfloat16)
-        scale, masked = D ** -0.5, name == "sliding_window"
-        i, j = torch.arange(M, device="cuda")[:, None] + N - M, torch.arange(N, device="cuda")
-        keep = (j <= i) & ((j > i - WINDOW) if masked else True)
-        kernel = attention_kernel("bf16", not masked, masked, False, "bf16")
-        args = (q, k, v, keep.expand(B, 1, M, N), sinks) if masked else (q, k, v, sinks)
-        module = types.SimpleNamespace(sinks=sinks, num_key_value_groups=H // HKV,
-                                       training=True)
-        additive = torch.zeros(B, 1, M, N, device="cuda", dtype=torch.bfloat16).masked_fill(
-            ~keep, float("-inf"))
-        forwards = {TENSORFUSE: lambda: kernel(*args, scale=scale),
+        forwards = {TENSORFUSE: lambda: c.kernel(*c.args, scale=scale),
                     TORCH_EAGER: lambda: eager_attention_forward(
-                        module, q, k, v, additive, scale)[0].transpose(1, 2),
-                    FLEX: _flex_with_lse(flex, q, k, v, sinks, masked, scale)}
-        want = _float64_gradients(q, k, v, sinks, keep, scale, dout)
-        flops = 3.5 * 4 * B * H * M * N * D * keep.float().mean().item()   # backward: 2.5×
+                        c.module, q, k, v, c.additive, scale)[0].transpose(1, 2),
+                    FLEX: _flex_with_lse(flex, q, k, v, sinks, c.masked, scale)}
+        exact, out = _group64(q, k, v, sinks, c.keep, scale)
+        want = torch.autograd.grad(out, exact, dout[:, :H // HKV].double())
+        flops = 3.5 * 4 * B * H * M * N * D * c.density   # the backward: 2.5 forwards
         for label, forward in forwards.items():
             step = lambda f=forward: torch.autograd.grad(f(), leaves, dout)  # noqa: E731
-            row = checked_row(f"attention_sinks_train/{name}", f"B{B} H{H}/{HKV} M{M} N{N} "
-                              f"D{D}", label, step, lambda got: _gradient_error(got, want),
-                              flops, log)
+            row = checked_row(f"attention_sinks_train/{name}", c.shape, label, step,
+                              lambda got: _gradient_error(got, want), flops, log)
             rows.extend([row] if row else [])
 
 
@@ -137,20 +141,6 @@ def _flex_with_lse(flex, q, k, v, sinks, masked: bool, scale: float):
                         return_aux=AuxRequest(lse=True))
         return out * torch.sigmoid(aux.lse - share.float()).unsqueeze(-1).to(out.dtype)
     return call
-
-
-def _float64_gradients(q, k, v, sinks, keep, scale: float, dout) -> list:
-    """float64 gradients of the first kv-head's group (its query heads' dq and sinks, its dk and
-    dv), the sinks appended to each row's logits as gpt-oss writes it."""
-    g = H // HKV
-    exact = [t.detach()[:, :g].double().requires_grad_() for t in (q, k[:, :1], v[:, :1])]
-    sink = sinks.detach()[:g].double().requires_grad_()
-    s = exact[0] @ exact[1].transpose(-1, -2) * scale
-    s = s.masked_fill(~keep, float("-inf"))
-    B, _, M, _ = s.shape
-    logits = torch.cat([s, sink.view(1, g, 1, 1).expand(B, g, M, 1)], -1)
-    out = torch.softmax(logits, -1)[..., :-1] @ exact[2]
-    return torch.autograd.grad(out, (*exact, sink), dout[:, :g].double())
 
 
 def _gradient_error(got, want) -> float:

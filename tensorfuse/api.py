@@ -126,7 +126,7 @@ def _compile(kernel, target, template, untemplated: str | None = None,
                 return _staged(kernel, spec, why, dynamic=dynamic) or \
                     _untemplated(kernel, spec, why)
             # tf.grad of attention: FlashAttention-2's backward, not stages storing the scores
-            return attention_gradient(kernel, spec, floor) or floor()
+            return attention_gradient(kernel, spec, floor, compile) or floor()
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"

@@ -5,8 +5,8 @@ before its pass), so ``tf.compile`` would cut it into the floor's stages, which 
 — B·H·M·N floats — between them. What autograd runs instead is FlashAttention-2's backward,
 memory linear in the sequence: the forward with each row's log-sum-exp saved, then the attention
 backward template (:mod:`.schedule_templates.attention_backward`; the Hopper kernel where
-:func:`.autograd._hopper_backward` chooses it). A ``tf.grad`` kernel of attention runs the same
-two, called as any ``tf.grad`` kernel is (the forward's arguments and ``d_<output>``), and the
+:func:`.schedule_templates.hopper_attention_backward.hopper_backward` chooses it). A
+``tf.grad`` kernel of attention runs the same two, called as any ``tf.grad`` kernel is (the forward's arguments and ``d_<output>``), and the
 floor at sizes the template refuses.
 """
 from __future__ import annotations
@@ -19,12 +19,12 @@ from .targets import TargetSpec
 from .torch_graph import GraphCallable
 
 
-def attention_gradient(gradient, target: TargetSpec, floor):
+def attention_gradient(gradient, target: TargetSpec, floor, compile_kernel):
     """An :class:`AttentionGradientKernel` for ``gradient`` (a ``tf.grad`` kernel) on a CUDA
     ``target`` where its forward is softmax attention (the attention template's choice, a
     max → sum(exp) → weighted-sum chain) and each parameter's gradient is one output; else
     None. ``floor``: what runs at sizes the backward template refuses (a factory, made on first
-    use)."""
+    use); ``compile_kernel``: ``tf.compile``, for the forward that saves the log-sum-exp."""
     from .schedule_templates.attention_chain import softmax_states
     from .schedule_templates.auto import choose
 
@@ -41,15 +41,16 @@ def attention_gradient(gradient, target: TargetSpec, floor):
         softmax_states(forward.program, choice[1].names)
     except TensorfuseError:
         return None
-    return AttentionGradientKernel(gradient, target, choice[1], floor)
+    return AttentionGradientKernel(gradient, target, choice[1], floor, compile_kernel)
 
 
 class AttentionGradientKernel(GraphCallable):
     """A ``tf.grad`` kernel of attention: the forward with its log-sum-exp, then the attention
     backward template, per call's sizes; the floor where the template refuses them."""
 
-    def __init__(self, gradient, target: TargetSpec, fusion, floor):
+    def __init__(self, gradient, target: TargetSpec, fusion, floor, compile_kernel):
         self.gradient, self.target, self.fusion = gradient, target, fusion
+        self._compile = compile_kernel
         self.program = gradient.program
         self.forward = gradient.forward.program
         self._floor_factory, self._floor = floor, None
@@ -67,7 +68,7 @@ class AttentionGradientKernel(GraphCallable):
         """The backward template at these sizes, or the reason it refuses them (a string)."""
         key = tuple(sorted(dims.items()))
         if key not in self._templates:
-            from .autograd import backward_template
+            from .schedule_templates.hopper_attention_backward import backward_template
 
             made = backward_template(self.forward, self.fusion, dict(dims), self.target)
             if not isinstance(made, str):
@@ -100,14 +101,15 @@ class AttentionGradientKernel(GraphCallable):
     def saving(self):
         """The forward that also writes each row's log-sum-exp (compiled on first use)."""
         if self._saving is None:
-            from .api import compile as compile_kernel
-            from .autograd import _ProgramKernel
+            import types
+
             from .schedule_templates.attention_chain import with_logsumexp
 
-            saving = _ProgramKernel(with_logsumexp(self.forward, self.fusion.names),
-                                    getattr(self.gradient, "fn", None))
-            saving.tuned_as = self.forward   # the plain forward's tuning records apply
-            self._saving = compile_kernel(saving, target=self.target)
+            program = with_logsumexp(self.forward, self.fusion.names)
+            # the plain forward's tuning records apply (tuned_as)
+            saving = types.SimpleNamespace(program=program, fn=None, name=program.name,
+                                           tuned_as=self.forward)
+            self._saving = self._compile(saving, target=self.target)
         return self._saving
 
     def floor(self):

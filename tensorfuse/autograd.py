@@ -215,6 +215,8 @@ class Differentiation:
         key = tuple(sorted(dims.items()))
         if key not in self.templates:
             self.templates[key] = None
+            from .schedule_templates.hopper_attention_backward import backward_template
+
             made = backward_template(self.program, fusion, dims, self.kernel.target)
             if isinstance(made, str):
                 return None
@@ -222,21 +224,6 @@ class Differentiation:
             self.templates[key] = len(_TEMPLATES) - 1
         self.templates_by_shapes[shapes] = self.templates[key]
         return self.templates[key]
-
-
-def backward_template(program: Program, fusion, dims: dict, target):
-    """The attention backward template of ``program`` (softmax attention fused by ``fusion``)
-    at ``dims`` on ``target``: the Hopper kernel where :func:`_hopper_backward` chooses it, else
-    the Triton kernels; or, where the template refuses the program, the reason (a string)."""
-    from .schedule_templates.attention_backward import BackwardKnobs, plan_attention_backward
-    from .targets.triton.attention_backward import AttentionBackwardKernels
-
-    try:
-        plan = plan_attention_backward(program, fusion, dims)
-    except TensorfuseError as exc:
-        return exc.message
-    triton = AttentionBackwardKernels(plan, BackwardKnobs.for_head_dim(plan.widest_tile_dim))
-    return _hopper_backward(plan, target, triton) or triton
 
 
 def _runs_directly(tensors: list) -> bool:
@@ -262,37 +249,6 @@ def _zeros_like(x):
     import torch
 
     return torch.zeros_like(x)
-
-
-BACKWARDS = ("auto", "hopper", "triton")   # TENSORFUSE_ATTENTION_BACKWARD's values
-
-
-def _hopper_backward(plan, target, triton, chosen: bool | None = None):
-    """The sm_90a backward kernel of ``plan`` (the Triton kernels' statistics kernel before it)
-    where it is chosen and takes the plan; else None (the Triton kernels run). ``chosen``
-    True/False decides; None reads ``TENSORFUSE_ATTENTION_BACKWARD``: ``hopper`` wherever it
-    takes the plan, ``triton`` never, ``auto`` (the default) where it measured faster — scores
-    without a mask at head dim 128, 0.91–0.92× the Triton kernels' time at S=4096 and 16384 on
-    the H200; under causal and grouped causal masks it is 0.96–1.04×, at head dim 64
-    1.14–1.20× (``benchmarks.attention_backward --kernels``)."""
-    import os
-
-    from .schedule_templates.hopper_attention_backward import (HopperAttentionBackward,
-                                                                plan_hopper_backward)
-
-    if chosen is None:
-        choice = os.environ.get("TENSORFUSE_ATTENTION_BACKWARD", "auto")
-        if choice not in BACKWARDS:
-            raise TensorfuseError(f"TENSORFUSE_ATTENTION_BACKWARD={choice!r}: one of "
-                                  f"{', '.join(BACKWARDS)}")
-        chosen = choice == "hopper" or choice == "auto" and plan.mask is None and \
-            plan.head_dim == 128
-    if not chosen:
-        return None
-    try:
-        return HopperAttentionBackward(plan_hopper_backward(plan, target.arch), target, triton)
-    except TensorfuseError:
-        return None
 
 
 # The backward templates made so far, by index: the key the operator below takes, so that

@@ -215,8 +215,9 @@ class AttentionBackwardPlan:
             return self._lists[key]
         if reads_data:
             read = [tensors[n] for n in self._mask_reads]
+            identity = data_key(read)
             found = self._lists.get(key)
-            if found is not None and found[0] == data_key(read):
+            if found is not None and found[0] == identity:
                 return found[1]
         if transposed:
             made = block_lists(self.mask, self.batch, self.col, self.row, self.sizes, tensors,
@@ -227,7 +228,7 @@ class AttentionBackwardPlan:
         made = (made, (False, False)) if reads_data else \
             (made, (_consecutive(*made[:2]), _consecutive(*made[2:])))
         # sizes and scalars decide them: made once; else the last, with the tensors they read
-        self._lists[key] = (data_key(read), made, read) if reads_data else made
+        self._lists[key] = (identity, made, read) if reads_data else made
         return made
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ..algebra.exprs import nodes
 from ..dsl.expr import Axis, Binary, Const, Expr, Load, Ref
-from ..errors import TargetError
+from ..errors import TargetError, TensorfuseError
 from .attention import SMS
 
 HEAD_DIMS = (64, 128)
@@ -227,3 +227,46 @@ def _value(e, scalars: dict, sizes: dict) -> float:
         return float(value)
     except (TypeError, ValueError) as exc:
         raise TargetError(f"the score's factor {e} is not a number here: {value!r}") from exc
+
+
+BACKWARDS = ("auto", "hopper", "triton")   # TENSORFUSE_ATTENTION_BACKWARD's values
+
+
+def hopper_backward(plan, target, triton, chosen: bool | None = None):
+    """The sm_90a backward kernel of ``plan`` (the Triton kernels' statistics kernel before it)
+    where it is chosen and takes the plan; else None (the Triton kernels run). ``chosen``
+    True/False decides; None reads ``TENSORFUSE_ATTENTION_BACKWARD``: ``hopper`` wherever it
+    takes the plan, ``triton`` never, ``auto`` (the default) where it measured faster — scores
+    without a mask at head dim 128, 0.91–0.92× the Triton kernels' time at S=4096 and 16384 on
+    the H200; under causal and grouped causal masks it is 0.96–1.04×, at head dim 64
+    1.14–1.20× (``benchmarks.attention_backward --kernels``)."""
+    import os
+
+    if chosen is None:
+        choice = os.environ.get("TENSORFUSE_ATTENTION_BACKWARD", "auto")
+        if choice not in BACKWARDS:
+            raise TensorfuseError(f"TENSORFUSE_ATTENTION_BACKWARD={choice!r}: one of "
+                                  f"{', '.join(BACKWARDS)}")
+        chosen = choice == "hopper" or choice == "auto" and plan.mask is None and \
+            plan.head_dim == 128
+    if not chosen:
+        return None
+    try:
+        return HopperAttentionBackward(plan_hopper_backward(plan, target.arch), target, triton)
+    except TensorfuseError:
+        return None
+
+
+def backward_template(program, fusion, dims: dict, target):
+    """The attention backward template of ``program`` (softmax attention fused by ``fusion``)
+    at ``dims`` on ``target``: the Hopper kernel where :func:`hopper_backward` chooses it, else
+    the Triton kernels; or, where the template refuses the program, the reason (a string)."""
+    from ..targets.triton.attention_backward import AttentionBackwardKernels
+    from .attention_backward import BackwardKnobs, plan_attention_backward
+
+    try:
+        plan = plan_attention_backward(program, fusion, dims)
+    except TensorfuseError as exc:
+        return exc.message
+    triton = AttentionBackwardKernels(plan, BackwardKnobs.for_head_dim(plan.widest_tile_dim))
+    return hopper_backward(plan, target, triton) or triton

@@ -185,7 +185,8 @@ def test_launches_are_specialised_as_tritons_jit_specialises_them():
 @pytest.mark.parametrize("D, causal", [(64, True), (96, True), (256, True), (128, False)])
 def test_autograd_runs_the_template_on_the_gpu(D, causal):
     """The Triton kernels, or on an H100/H200 by default for scores without a mask at head dim
-    128 the Hopper kernel (:func:`tensorfuse.autograd._hopper_backward`)."""
+    128 the Hopper kernel
+    (:func:`tensorfuse.schedule_templates.hopper_attention_backward.hopper_backward`)."""
     from tensorfuse.schedule_templates.hopper_attention_backward import HopperAttentionBackward
 
     torch.manual_seed(0)

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import tensorfuse.kernels as K
-from tensorfuse.autograd import _hopper_backward
 from tensorfuse.errors import TargetError, TensorfuseError
 from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
                                                               plan_attention_backward)
 from tensorfuse.schedule_templates.auto import choose
-from tensorfuse.schedule_templates.hopper_attention_backward import plan_hopper_backward
+from tensorfuse.schedule_templates.hopper_attention_backward import (hopper_backward,
+                                                                    plan_hopper_backward)
 from tensorfuse.targets import get_target
 from tensorfuse.targets.codegen import cuda_to_ptx
 from tensorfuse.targets.cuda.hopper_attention_backward import BACKWARD_PTX, backward_source
@@ -86,7 +86,7 @@ def test_it_is_chosen_where_it_measured_faster_or_when_asked(monkeypatch):
 
     def chosen(kernel, dims=DIMS):
         plan = _plan(kernel, dims)
-        made = _hopper_backward(plan, target, AttentionBackwardKernels(plan, BackwardKnobs()))
+        made = hopper_backward(plan, target, AttentionBackwardKernels(plan, BackwardKnobs()))
         assert made is None or made.plan is plan
         return made is not None
 
@@ -178,7 +178,7 @@ def test_the_gradients_match_float64_on_the_gpu(name, D, S):
                       *(v_ for n, v_ in extra.items() if n != "doc"))
     dims = dict(B=2, H=hq, M=S, N=S, D=D, **({"HKV": hkv} if hkv != hq else {}))
     plan = plan_attention_backward(kernel.program, fusion, dims)
-    hopper = _hopper_backward(plan, target, AttentionBackwardKernels(plan, BackwardKnobs()),
+    hopper = hopper_backward(plan, target, AttentionBackwardKernels(plan, BackwardKnobs()),
                               chosen=True)
     tensors = {"q": q, "k": k, "v": v, **({"doc": doc} if name == "document" else {})}
     scalars = {"scale": D ** -0.5, **{n: v_ for n, v_ in extra.items() if n != "doc"}}
