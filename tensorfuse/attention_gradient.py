@@ -6,8 +6,8 @@ before its pass), so ``tf.compile`` would cut it into the floor's stages, which 
 memory linear in the sequence: the forward with each row's log-sum-exp saved, then the attention
 backward template (:mod:`.schedule_templates.attention_backward`; the Hopper kernel where
 :func:`.schedule_templates.hopper_attention_backward.hopper_backward` chooses it). A
-``tf.grad`` kernel of attention runs the same two, called as any ``tf.grad`` kernel is (the forward's arguments and ``d_<output>``), and the
-floor at sizes the template refuses.
+``tf.grad`` kernel of attention runs the same two, called as any ``tf.grad`` kernel is (the
+forward's arguments and ``d_<output>``), and the floor at sizes the template refuses.
 """
 from __future__ import annotations
 
