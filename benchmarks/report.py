@@ -245,6 +245,12 @@ SECTIONS = (
     ("user-kernels", "Kernels as users write them (their layouts, `tf.compile` defaults)",
      "bf16; each against the best torch alternative on the same tensors (SDPA on views of them)",
      "python -m benchmarks.user_kernels"),
+    ("user-kernels-causal-bshd-d64-causal-bshd-d80-causal-bshd-d96",
+     "Head dims between swizzle atoms",
+     "bf16, causal, [B, S, H, D] tensors; head dims 96 and 80 on the Hopper template in tiles "
+     "of 128 (TMA's zeros past the rows), the Triton template beside them (`tensorfuse "
+     "triton`, what ran them before), 64 for reference",
+     "python -m benchmarks.user_kernels --only causal_bshd_d64,causal_bshd_d80,causal_bshd_d96"),
     ("user-kernels-tuned", "Kernels as users write them, tuned",
      "as above, then `tf.tune` at each call's sizes (`tensorfuse tuned`: tf.compile reading "
      "the records; trials a task in its note)", "python -m benchmarks.user_kernels --tune 6"),
@@ -499,6 +505,8 @@ HEADLINES = (("hopper-attention", "attention/full", "S4096", "tensorfuse"),
              ("attention-sinks", "attention_sinks_train/sliding_window", "", "tensorfuse"),
              ("user-kernels", "user/causal_sbhd", "", "tensorfuse"),
              ("user-kernels", "user/causal_dqk192_dv128", "", "tensorfuse"),
+             ("user-kernels-causal-bshd-d64-causal-bshd-d80-causal-bshd-d96",
+              "user/causal_bshd_d96", "", "tensorfuse"),
              ("user-kernels", "user/max_pool_l2", "", "tensorfuse"),
              ("user-kernels", "user/paged_decode", "", "tensorfuse"),
              ("attention-backward-kernels", "attention_bwd_kernels/causal", "S4096 D128",

@@ -231,10 +231,13 @@ def _attention_case(name: str, kernel, layout: str, B: int, H: int, HKV: int, S:
 
     from torch.nn.attention import SDPBackend
 
+    alternatives = {SDPA_CUDNN: sdpa(SDPBackend.CUDNN_ATTENTION),
+                    SDPA_FLASH: sdpa(SDPBackend.FLASH_ATTENTION)}
+    if D % 64:   # a head dim the Hopper template pads: the Triton template beside it
+        triton = tf.compile(kernel).template
+        alternatives[f"{TENSORFUSE} triton"] = lambda: triton(q, k, v, scale=scale)
     return Case(name, f"B{B} S{S} H{H}/{HKV} D{D} [{layout.upper()}]",
-                lambda: f(q, k, v, scale=scale),
-                {SDPA_CUDNN: sdpa(SDPBackend.CUDNN_ATTENTION),
-                 SDPA_FLASH: sdpa(SDPBackend.FLASH_ATTENTION)},
+                lambda: f(q, k, v, scale=scale), alternatives,
                 ref, pick, flops=2 * B * H * S * S * D,    # causal: half of 4·B·H·S²·D
                 notes={TENSORFUSE: f.schedule_origin(B=B, M=S, N=S, H=H, D=D,
                                                      **({"HKV": HKV} if HKV != H else {}))})
@@ -535,6 +538,11 @@ SUITE = {
                                                  32, 8, 4096, 128, g),
     "causal_bshd_d256": lambda g: _attention_case("causal_bshd_d256", bshd_causal, "bshd", 2,
                                                   16, 16, 4096, 256, g),
+    # head dims between 128-byte swizzle atoms: the Hopper template's tiles padded to 128
+    "causal_bshd_d96": lambda g: _attention_case("causal_bshd_d96", bshd_causal, "bshd", 2, 16,
+                                                 16, 4096, 96, g),
+    "causal_bshd_d80": lambda g: _attention_case("causal_bshd_d80", bshd_causal, "bshd", 2, 16,
+                                                 16, 4096, 80, g),
     "causal_dqk192_dv128": _two_head_dims_case,
     "cross_attention_lengths": _cross_attention_case,
     "mqa_decode": _mqa_decode_case,

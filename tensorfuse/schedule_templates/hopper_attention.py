@@ -30,8 +30,8 @@ from ..targets.cuda.tma import DeviceMaps, tensor_map
 from .block_schedule import block_lists_and_counts
 from .fusion import Fusion
 from .hopper_attention_plan import (HopperKnobs, check_hopper, last_block_keys,
-                                    plan_hopper_attention,
-                                    planned_schedule, shared_bytes, split_workspace, with_knobs)
+                                    plan_hopper_attention, planned_schedule, shared_bytes,
+                                    split_workspace, tile_head_dims, with_knobs)
 from .hopper_tiling import HopperTiling, choose_hopper_tiling, tile_shape_for_map, tiled_lists
 from .tile_order import pick_persistent
 
@@ -211,12 +211,17 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         # in a known bucket then costs no assembly: ``tools/profile_new_sizes.py``)
         written = (knobs, D, DV, last_n, wide) if tiled is None else None
         source = sources.get(written) if written is not None else None
+        TD, TDV = tile_head_dims(plan, dims)   # the tiles' (96 runs as 128: zeros past the row)
         if source is None:
-            source = hopper_attention_source(replace(plan, wide=wide), knobs, D,
-                                             plan.mask is not None, tiled, last_n, DV)
+            source = hopper_attention_source(replace(plan, wide=wide), knobs, TD,
+                                             plan.mask is not None, tiled, last_n, TDV,
+                                             rows=(D, DV))
             if written is not None:
                 sources[written] = source
-        smem = shared_bytes(knobs, D, tiled is not None, DV, plan.score_tile is not None)
+        smem = shared_bytes(knobs, TD, tiled is not None, TDV, plan.score_tile is not None)
+        padding = "" if (TD, TDV) == (D, DV) else \
+            (f"head dims {D}/{DV} held as {TD}/{TDV} (whole 128-byte swizzle atoms: TMA's zeros "
+             "past the rows); ")
         entries = [KernelEntry(ENTRY, tuple(arguments))]
         maps = DeviceMaps()
         row_blocks = tiled.rows.padded // knobs.block_m if tiled is not None else \
@@ -225,7 +230,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         # (claimed, finished CTAs, then a count of merged pieces per split tile and consumer
         # warpgroup); the split tiles' partial states: 2 slots a piece, at most one piece a CTA
         layout_of_scratch = (((2 + ctas * knobs.consumers,), "i32", True),
-                             ((split_workspace(knobs, ctas, DV) if how == "split" else 4,),
+                             ((split_workspace(knobs, ctas, TDV) if how == "split" else 4,),
                               "f32", False))
         # one set per layout, whatever the sizes: launches on a stream run one after another,
         # and the counters are left at zero (a new prompt length allocates no kept memory)
@@ -295,7 +300,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                       if lists.pick_among is not None else "")
         return Launches(source, entries, knobs, run, plan=plan,
                         parts=named_parts(PARTS, plan.parts),
-                        why=(f"visiting order: {tiled.describe()}; " if tiled else
+                        why=padding + (f"visiting order: {tiled.describe()}; " if tiled else
                              f"flat order ({order}); " if order else "")
                         + f"{tiles} tiles: {how} schedule"
                         + (f" on {ctas} persistent CTAs" if how != "grid" else "") + persistent,

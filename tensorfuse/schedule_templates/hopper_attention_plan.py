@@ -320,6 +320,20 @@ def split_workspace(knobs: HopperKnobs, ctas: int, DV: int) -> int:
     return 2 * ctas * knobs.consumers * 128 * (DV // 8 + 1) * 4
 
 
+def tile_head_dim(dim: int) -> int:
+    """The head dim the kernel's tiles hold for a tensor's ``dim`` (a multiple of 8 from 32 to
+    256): whole 128-byte swizzle atoms (:data:`HEAD_DIMS`), the next one up where ``dim`` is not
+    one — TMA's boxes fill the columns past a row with zeros, which add nothing to q·kᵀ and make
+    columns of the output that are not stored (96 runs as 128: the Triton template's tile pads it
+    to a power of two alike)."""
+    return -(-dim // 64) * 64
+
+
+def tile_head_dims(plan: "HopperAttentionPlan", sizes: dict) -> tuple[int, int]:
+    """``(D, DV)`` of the kernel's tiles at ``sizes`` (:func:`tile_head_dim`)."""
+    return tile_head_dim(sizes[plan.chain.dims[5]]), tile_head_dim(sizes[plan.chain.dv])
+
+
 def narrow_blocks(D: int, DV: int, score_tile: bool = False) -> bool:
     """Whether key blocks narrower than 128 are needed: the value accumulator past 128 (128
     registers a thread at 256), or two slots of 128 keys and values (and of a score tile) past
@@ -337,8 +351,9 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict |
     16384 (``benchmarks.hopper_attention``). ``choose_block=False``: the block size is given
     (the mask's schedule is not sampled). Where q·k and p·v run over different head dims, the
     value accumulator's (``DV``) sets the registers and both the shared memory: 192/128 keeps
-    128-key blocks (208 KiB in two slots), 256/128 takes 64."""
-    D, DV = sizes[plan.chain.dims[5]], sizes[plan.chain.dv]
+    128-key blocks (208 KiB in two slots), 256/128 takes 64. Head dims are the tiles'
+    (:func:`tile_head_dim`)."""
+    D, DV = tile_head_dims(plan, sizes)
     if narrow_blocks(D, DV, plan.score_tile is not None):
         return HopperKnobs(block_n=64, stages=2)
     if D != DV or plan.score_tile is not None:   # a score tile's boxes are 64 keys wide
@@ -421,7 +436,7 @@ def _sampled_costs_favour(plan: HopperAttentionPlan, sizes: dict, scalars: dict 
     block_m, narrow = HopperKnobs().block_m, HopperKnobs().block_n
     # a block's fixed costs in keys of its products, which take half as long at head dim 64: the
     # overhead doubles there (causal S4096 at D64 on the H200: 192-key blocks 6 % ahead of 128)
-    overhead = BLOCK_OVERHEAD_KEYS * 128 / sizes[plan.chain.dims[5]]
+    overhead = BLOCK_OVERHEAD_KEYS * 128 / tile_head_dims(plan, sizes)[0]
     rows = math.ceil(sizes[plan.chain.dims[3]] / block_m)
     sample = sorted({round(k * (rows - 1) / max(1, SAMPLED_ROW_BLOCKS - 1))
                      for k in range(min(rows, SAMPLED_ROW_BLOCKS))})
@@ -446,7 +461,7 @@ def last_block_keys(plan: HopperAttentionPlan, N: int, block_n: int) -> int:
 def knob_choices(plan: HopperAttentionPlan, sizes: dict) -> dict[str, tuple]:
     """The values tuning tries for each knob (integers: a schedule by its index in
     ``SCHEDULES``)."""
-    D, DV = sizes[plan.chain.dims[5]], sizes[plan.chain.dv]
+    D, DV = tile_head_dims(plan, sizes)
     # the defaults are a point of the space (a tuning job measures them first, and keeps them
     # where nothing beats them): 192 keys at head dim 64 where the score is the scaled product
     return {"block_n": _block_choices(plan, D, DV),
@@ -476,10 +491,11 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
     B, H, HKV, M, N, D = (sizes[d] for d in plan.chain.dims)
     DV = sizes[plan.chain.dv]
     for name, dim in ((plan.chain.dims[5], D), (plan.chain.dv, DV)):
-        if dim not in HEAD_DIMS:
-            raise _refuse(f"head dim {name}={dim}: the Hopper template handles "
-                          f"{', '.join(map(str, HEAD_DIMS))} (rows of 128-byte swizzle atoms); "
-                          "the attention template takes the others")
+        if dim % 8 or not 32 <= dim <= 256:
+            raise _refuse(f"head dim {name}={dim}: the Hopper template handles multiples of 8 "
+                          f"from 32 to 256 (rows of 16-byte pieces for TMA, padded to whole "
+                          "128-byte swizzle atoms); the attention template takes the others")
+    D, DV = tile_head_dims(plan, sizes)
     if H % HKV:
         raise _refuse(f"H={H} query heads do not share HKV={HKV} kv-heads evenly")
     check_head_map(plan.chain, sizes, H, H // HKV, WHO)
@@ -547,7 +563,7 @@ def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict,
     given = {n: bool(v) if n in ("overlap", "pingpong") else _schedule_name(v)
              if n == "schedule" else int(v) for n, v in given.items()}
     knobs = replace(default_hopper_knobs(plan, sizes, scalars, "block_n" not in given), **given)
-    D, DV = sizes[plan.chain.dims[5]], sizes[plan.chain.dv]
+    D, DV = tile_head_dims(plan, sizes)
     if "block_n" not in given and knobs.block_n == WIDE_BLOCK_N and \
             shared_bytes(knobs, D, DV=DV, score_tile=plan.score_tile is not None) > SM90_SHARED:
         knobs = replace(knobs, block_n=HopperKnobs().block_n)

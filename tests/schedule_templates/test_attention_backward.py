@@ -212,7 +212,8 @@ def test_autograd_runs_the_template_on_the_gpu(D, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M, N, D", [(150, 150, 64), (40, 300, 128), (150, 200, 256)])
+@pytest.mark.parametrize("M, N, D", [(150, 150, 64), (40, 300, 128), (150, 200, 256),
+                                     (150, 200, 96), (130, 130, 80)])
 def test_the_forward_saves_its_log_sum_exp_on_the_gpu(M, N, D):
     """The program with the log-sum-exp output on each path tf.compile takes — the Hopper
     template (prefill, D ≤ 256), the Triton template's split update (40 query rows) — against

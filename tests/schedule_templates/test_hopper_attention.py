@@ -212,8 +212,10 @@ def test_plan_refuses_other_chains():
 
 def test_check_refuses_what_the_kernel_cannot_run():
     plan = plan_of(K.attention)
-    with pytest.raises(ScheduleError, match="head dim D=96"):
-        check_hopper(plan, HopperKnobs(), {**PREFILL, "D": 96}, H100_SHARED)
+    with pytest.raises(ScheduleError, match="head dim D=100: .*multiples of 8"):
+        check_hopper(plan, HopperKnobs(), {**PREFILL, "D": 100}, H100_SHARED)
+    with pytest.raises(ScheduleError, match="head dim D=264"):
+        check_hopper(plan, HopperKnobs(), {**PREFILL, "D": 264}, H100_SHARED)
     with pytest.raises(ScheduleError, match="block_n=200"):
         check_hopper(plan, HopperKnobs(block_n=200), PREFILL, H100_SHARED)
     with pytest.raises(ScheduleError, match="shared memory"):
@@ -537,7 +539,7 @@ def test_compile_prefers_it_for_prefill_on_sm90a():
     assert f.schedule_origin(**dict(PREFILL, M=1)) == "template defaults"
     few = dict(PREFILL, M=4)      # a few: the Triton split update
     assert f.schedule_origin(**few) == "template defaults"
-    assert "wgmma" not in f.source(**{**PREFILL, "D": 96})      # a head dim it does not take
+    assert "wgmma" not in f.source(**{**PREFILL, "D": 100})     # a head dim it does not take
     other = tf.compile(K.causal_attention, "cuda:sm_80")
     assert "hopper" not in other.description
     assert "hopper" not in tf.compile(K.softmax, "cuda:sm_90a").description

@@ -97,10 +97,10 @@ def test_defaults_fit_both_head_dims(dims, block_n):
 
 def test_head_dims_the_template_does_not_take_are_refused_by_name():
     plan = _plan(two_head_dims)
-    with pytest.raises(ScheduleError, match=r"head dim DV=96: .*64, 128, 192, 256"):
-        check_hopper(plan, HopperKnobs(), dict(SIZES, DV=96), 227 * 1024)
-    with pytest.raises(ScheduleError, match=r"head dim DQK=48"):
-        check_hopper(plan, HopperKnobs(), dict(SIZES, DQK=48), 227 * 1024)
+    with pytest.raises(ScheduleError, match=r"head dim DV=100: .*multiples of 8 from 32 to 256"):
+        check_hopper(plan, HopperKnobs(), dict(SIZES, DV=100), 227 * 1024)
+    with pytest.raises(ScheduleError, match=r"head dim DQK=24"):
+        check_hopper(plan, HopperKnobs(), dict(SIZES, DQK=24), 227 * 1024)
     with pytest.raises(ScheduleError, match=r"at head dim 256/128 needs \d+ bytes"):
         check_hopper(plan, HopperKnobs(block_n=128), dict(SIZES, DQK=256), 227 * 1024)
 
@@ -122,6 +122,46 @@ def test_the_sm90a_code_multiplies_each_product_at_its_own_dim(name, dims):
     assert_consumers_do_not_spill(source)
 
 
+@tf.kernel
+def sized_scale(q: T.Tensor["B", "H", "M", "D", "bf16"], k: T.Tensor["B", "H", "N", "D", "bf16"],
+                v: T.Tensor["B", "H", "N", "D", "bf16"]):
+    """Full attention scaled by the head dim's size read in the score (D^-½)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * T.rsqrt(T.cast(T.size("D"), "f32"))
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name, dims, tiles", [("bhsd", (96, 96), (128, 128)),
+                                               ("bshd", (80, 80), (128, 128)),
+                                               ("bhsd", (160, 96), (192, 128)),
+                                               ("bshd", (40, 72), (64, 128))])
+def test_head_dims_between_swizzle_atoms_are_held_padded(name, dims, tiles):
+    """A head dim that is a multiple of 8 but not of 64 runs on the Hopper template in tiles of
+    the next 128-byte swizzle atom: the tiles' dims in the code, the tensors' rows beside them
+    (the sizes an expression reads, the output's row stride, its 16-byte pieces past the row
+    not stored, the log-sum-exp's row), the plan saying so; the consumers do not spill."""
+    f = tf.compile(KERNELS[name][0], "cuda:sm_90a")
+    sizes = dict(SIZES, M=1000, N=1000, DQK=dims[0], DV=dims[1])
+    assert f.schedule_origin(**sizes).startswith("hopper_attention")
+    assert f"head dims {dims[0]}/{dims[1]} held as {tiles[0]}/{tiles[1]}" in \
+        f.describe_plan(**sizes)
+    source = f.source(**sizes)
+    assert f"#define D_ {tiles[0]}\n#define DV_ {tiles[1]}" in source
+    assert f"#define ROW_D_ {dims[0]}\n#define OUT_DV_ {dims[1]}" in source
+    assert "#define TF_SIZE_DQK ROW_D_" in source and "#define TF_SIZE_DV OUT_DV_" in source
+    assert "if (32 * g + 8 * (lane % 4) < OUT_DV_) dst[4 * g] = pending[x][g];" in source
+    if name == "bshd":   # rows and heads of the output by its strides, OUT_DV_ elements apart
+        assert "OUT_AT(w.bh / H_, w.bh % H_, row)" in source and "(long)OUT_DV_" in source
+    else:
+        assert "((long)w.bh * M_ + row) * OUT_DV_" in source
+    assert f"tf_wgmma_rs_m64n{tiles[1]}k16(o, p[ks]" in source
+    assert_consumers_do_not_spill(source)
+    # the same tiles without padding keep their source (a whole atom is the tensor's row)
+    whole = f.source(**dict(sizes, DQK=tiles[0], DV=tiles[1]))
+    assert "ROW_D_" not in whole and "OUT_DV_" not in whole
+
+
 def test_tf_compile_takes_the_hopper_template_for_192_and_128():
     f = tf.compile(two_head_dims, "cuda:sm_90a")
     assert f.schedule_origin(**SIZES).startswith("hopper_attention")
@@ -133,9 +173,9 @@ def test_dims_the_hopper_template_does_not_take_run_on_the_row_tiles_and_the_cpu
     seed = fresh_seed()
     x, want = two_head_dims_case(torch.Generator().manual_seed(seed))
     assert relative_error(tf.compile(two_head_dims, "llvm")(**x, scale=0.2), want) < 1e-2, seed
-    small = dict(SIZES, DQK=48, DV=32)
+    small = dict(SIZES, DQK=20, DV=12)
     sch = tf.schedule(two_head_dims, "cuda:sm_90a").rolling_update(*CHAIN, axis="j")
-    assert "feature held whole: e 32 and d 48" in sch.apply_template("attention").plan(**small)
+    assert "feature held whole: e 12 and d 20" in sch.apply_template("attention").plan(**small)
     chosen = tf.compile(two_head_dims, "cuda:sm_90a").for_sizes(**small)
     assert type(chosen).__name__ == "TritonKernel"     # not TVM's default schedule
 
@@ -144,7 +184,10 @@ def test_dims_the_hopper_template_does_not_take_run_on_the_row_tiles_and_the_cpu
 @pytest.mark.parametrize("name, M, N, dims", [
     ("bhsd", 1000, 1000, (192, 128)), ("bhsd", 333, 2048, (192, 128)),
     ("bshd", 777, 777, (192, 128)), ("bhsd", 517, 517, (256, 128)),
-    ("bhsd", 300, 700, (128, 256)), ("bshd", 4096, 4096, (192, 128))])
+    ("bhsd", 300, 700, (128, 256)), ("bshd", 4096, 4096, (192, 128)),
+    ("bhsd", 1000, 1000, (96, 96)), ("bshd", 777, 777, (80, 80)),
+    ("bhsd", 333, 2048, (160, 96)), ("bshd", 517, 517, (40, 72)),
+    ("bhsd", 300, 700, (224, 32))])
 def test_two_head_dims_match_float64_on_the_gpu(name, M, N, dims):
     """tf.compile as a user calls it (the Hopper template on sm_90a), fresh inputs at two value
     ranges, the output poisoned first: within bf16 tolerance (2e-2 of the largest output)."""
@@ -161,3 +204,22 @@ def test_two_head_dims_match_float64_on_the_gpu(name, M, N, dims):
         assert f.schedule_origin(**{**dict(B=2, H=4, M=M, N=N), "DQK": dims[0],
                                     "DV": dims[1]}).startswith("hopper_attention")
         assert relative_error(out, want) < 2e-2, (name, width, relative_error(out, want), seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [96, 48])
+def test_a_size_read_in_the_score_is_the_tensors_not_the_tiles_on_the_gpu(D):
+    """D^-½ read from the head dim's size in the score is the tensor's (96), not the tiles'
+    (128): against float64, outputs poisoned."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 3, 450, D, generator=g).bfloat16() for _ in range(3))
+    s = torch.einsum("bhid,bhjd->bhij", q.double(), k.double()) * D ** -0.5
+    want = torch.einsum("bhij,bhjd->bhid", torch.softmax(s, -1), v.double())
+    f = tf.compile(sized_scale)
+    out = torch.full(want.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+    f(q.cuda(), k.cuda(), v.cuda(), out=out)
+    assert f.schedule_origin(B=2, H=3, M=450, N=450, D=D).startswith("hopper_attention")
+    assert relative_error(out, want) < 2e-2, (relative_error(out, want), seed)

@@ -126,6 +126,8 @@ class AttentionSource(KernelArguments):
     tiling: object = None
     last_n: int | None = None
     DV: int | None = None
+    # (D, DV) of the tensors where the tiles' are wider (padded to 128-byte swizzle atoms)
+    rows: tuple[int, int] | None = None
 
     def __post_init__(self):
         if self.DV is None:
@@ -241,10 +243,16 @@ class AttentionSource(KernelArguments):
     folds = property(lambda self: self._score[4])
 
     @property
+    def padded(self) -> bool:
+        """Whether the tiles' head dims are wider than the tensors' rows (:attr:`rows`)."""
+        return self.rows is not None and self.rows != (self.D, self.DV)
+
+    @property
     def sizes(self) -> str:
+        dims = ("ROW_D_", "OUT_DV_") if self.padded else ("D_", "DV_")
         return size_aliases(zip(self.chain.dims + ((self.chain.value_dim,) if
                                                    self.chain.value_dim else ()),
-                                ("B_", "H_", "HKV_", "M_", "N_", "D_", "DV_")))
+                                ("B_", "H_", "HKV_", "M_", "N_") + dims))
 
 
 def _head(c: AttentionSource) -> str:
@@ -351,7 +359,8 @@ KERNEL = (
 
 
 def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
-                            last_n: int | None = None, DV: int | None = None) -> str:
+                            last_n: int | None = None, DV: int | None = None,
+                            rows: tuple[int, int] | None = None) -> str:
     """CUDA C++ for ``tf_hopper_attention``: grid (row blocks, B·H) in ``GRID`` mode, else
     (persistent CTAs, 1), ``knobs.threads`` threads, dynamic shared memory
     ``hopper_attention_plan.shared_bytes``. ``lists``: the row blocks' key blocks come from the
@@ -365,6 +374,8 @@ def hopper_attention_source(plan, knobs, D: int, lists: bool, tiling=None,
     ``block_n``; plans without a mask): the width of the sequence's last key block's ``Q·Kᵀ`` —
     what is left of N after whole blocks, not a whole block mostly past the end
     (``hopper_attention_plan.last_block_keys``). ``DV``: the values' and the output's head dim,
-    where p·v runs over another one than q·k (``D``). Assembled from :data:`PARTS`."""
+    where p·v runs over another one than q·k (``D``). ``rows``: the tensors' ``(D, DV)`` where
+    the tiles' (``D``, ``DV``: whole 128-byte swizzle atoms) are wider — TMA fills the columns
+    past a row with zeros, and the output's are not stored. Assembled from :data:`PARTS`."""
     named_parts(PARTS, plan.parts)
-    return assemble(KERNEL, AttentionSource(plan, knobs, D, lists, tiling, last_n, DV))
+    return assemble(KERNEL, AttentionSource(plan, knobs, D, lists, tiling, last_n, DV, rows))

@@ -17,13 +17,15 @@ def attention_defines(c) -> str:
 _EXTENTS = {"b": "B_", "h": "H_", "i": "M_", "d": "DV_"}
 
 
-def _offset_macro(name: str, layout: str) -> str:
+def _offset_macro(name: str, layout: str, padded: bool = False) -> str:
     """``name(b, h, i)``: the element offset of row ``i`` of (batch ``b``, head ``h``) in a
-    tensor contiguous in ``layout`` (its axes by role, outermost first)."""
+    tensor contiguous in ``layout`` (its axes by role, outermost first); ``padded``: its rows
+    are ``OUT_DV_`` wide, narrower than the tiles."""
+    extents = {**_EXTENTS, "d": "OUT_DV_"} if padded else _EXTENTS
     terms, stride = {}, []
     for role in reversed(layout):
         terms[role] = " * ".join(stride) or "1"
-        stride.insert(0, _EXTENTS[role] if len(stride) else f"(long){_EXTENTS[role]}")
+        stride.insert(0, extents[role] if len(stride) else f"(long){extents[role]}")
     return (f"#define {name}(b, h, i) ((long)(b) * {terms['b']} + (long)(h) * {terms['h']} + "
             f"(long)(i) * {terms['i']})\n")
 
@@ -31,8 +33,8 @@ def _offset_macro(name: str, layout: str) -> str:
 def _strided_offsets(c) -> str:
     lse = _offset_macro("LSE_AT", c.chain.layouts[4]) if c.chain.lse else ""
     return ("// the output and log-sum-exps in the layout the program writes (axes by role: "
-            f"{', '.join(c.chain.layouts[3:])})\n" + _offset_macro("OUT_AT", c.chain.layouts[3])
-            + lse)
+            f"{', '.join(c.chain.layouts[3:])})\n"
+            + _offset_macro("OUT_AT", c.chain.layouts[3], c.padded) + lse)
 
 
 # where a row's output and log-sum-exp go: the library layout, or by the layout's strides
@@ -56,10 +58,23 @@ def _swap(text: str, old: str, new: str) -> str:
 def attention_deferred_store(c) -> str:
     """A tile's output kept in registers until the next tile's first product is issued, then
     stored 16 bytes a lane (with the log-sum-exps)."""
+    store = _padded_pieces(_DEFERRED_STORE) if c.padded else _DEFERRED_STORE
     if c.strided:
-        return _swap(_swap(_DEFERRED_STORE, _FLAT_LSE, _STRIDED_LSE), _PENDING_LSE,
+        return _swap(_swap(store, _FLAT_LSE, _STRIDED_LSE), _PENDING_LSE,
                      _PENDING_LSE + _PENDING_LSE_AT)
-    return _DEFERRED_STORE
+    return _swap(store, _FLAT_LSE, _PADDED_LSE) if c.padded else store
+
+
+_PIECES = "        for (int g = 0; g < DV_ / 32; ++g) dst[4 * g] = pending[x][g];\n"
+# a row narrower than the tile (OUT_DV_ < DV_): a lane's 16-byte pieces past it are not stored
+_PADDED_PIECES = ("        for (int g = 0; g < DV_ / 32; ++g)\n"
+                  "          if (32 * g + 8 * (lane % 4) < OUT_DV_) dst[4 * g] = pending[x][g];\n")
+_PADDED_LSE = "lse_out[pending_at[x] / OUT_DV_]"
+_TOKEN_ROW = "((long)w.bh * M_ + token) * DV_"
+
+
+def _padded_pieces(text: str) -> str:
+    return _swap(text, _PIECES, _PADDED_PIECES)
 
 
 _DEFERRED_STORE = """  // A tile's output, written once the next tile's first q·kᵀ is on the tensor cores (DEFER), so
@@ -95,6 +110,10 @@ def attention_store(c) -> str:
         sink=f"t_{c.chain.sink[0]}", at="w.bh" if c.chain.sink[2] == "bh" else "w.bh % H_")
     inverse = _EMPTY + sink + _INVERSE_OR_ZERO if c.chain.empty_rows else sink + _INVERSE
     store = _swap(_STORE, _INVERSE, inverse)
+    if c.padded:   # rows OUT_DV_ wide in the output (the strided layout's macro has it)
+        store = _swap(store, _TOKEN_ROW, _TOKEN_ROW.replace("DV_", "OUT_DV_"))
+        if not c.strided:
+            store = _swap(store, _FLAT_ROW, _FLAT_ROW.replace("DV_", "OUT_DV_"))
     if c.strided:
         store = _swap(_swap(store, _FLAT_ROW, _STRIDED_ROW), _LSE_VALUE,
                       _LSE_VALUE + (_LSE_AT if c.chain.lse else ""))

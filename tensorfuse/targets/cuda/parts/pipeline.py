@@ -6,9 +6,12 @@ from __future__ import annotations
 def attention_config(c) -> str:
     """The pipeline's shape: tiles, ring slots, warpgroups, their registers, overlap and the
     consumers' turns."""
+    rows = "" if not c.padded else (
+        f"// the tensors' rows, narrower than the tiles (TMA fills the rest with zeros)\n"
+        f"#define ROW_D_ {c.rows[0]}\n#define OUT_DV_ {c.rows[1]}\n")
     return f"""#define D_ {c.D}
 #define DV_ {c.DV}   // the values' and the output's head dim
-#define BM {c.knobs.block_m}
+{rows}#define BM {c.knobs.block_m}
 #define BN {c.bn}
 // the sequence's last key block: LAST_N keys (what is left of N after whole blocks, to 16)
 #define LAST_N {c.last_n}
