@@ -271,6 +271,11 @@ SECTIONS = (
      "bf16; `Σ_j (Σ_i x[b, i] · W[i, j]) · y[b, j]`: the GEMM stored in f32 by the Hopper GEMM, "
      "then the row template's sum over its columns; against `((x @ W) * y).sum(-1)`",
      "python -m benchmarks.unlisted_kernels --only bilinear_form"),
+    ("unlisted-kernels-strided-matvec", "A matrix-vector product over the strided axis",
+     "bf16; `Σ_k a[k, i] · x[k]` (`a.T @ x`, the rows i contiguous) on the row template: 128 "
+     "contiguous rows a tile in blocks of 64, the sweep in parts for about four programs an SM; "
+     "against cuBLAS's gemv on the transposed view and torch.compile",
+     "python -m benchmarks.unlisted_kernels --only strided_matvec"),
     ("unlisted-kernels-router-softmax", "A router's softmax over 8 experts, again",
      "f32; the router softmax of the section above after rows of at most 8 columns took blocks "
      "of their width, 128 rows a program, held in registers",

@@ -6,9 +6,9 @@ L2-normalised, a router's softmax over 8 experts, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors and with
 transformers' additive float mask, an LM head's
 softmax, a Gram matrix and a router's weight gradient (outputs of few tiles over a long
-contracted axis), a bilinear form per row, a mean over the batch axis, an attention-weighted
-pool over tokens, RMSNorm written into the linear layer after it, DeepSeek's latent attention at
-decode (q·k over 576, p·v over 512) and a model head's log-sum-exp over 4096 features (both past
+contracted axis), a bilinear form per row, a mean over the batch axis, a matrix-vector product
+over the matrix's strided axis (``a.T @ x``), an attention-weighted pool over tokens, RMSNorm
+written into the linear layer after it, DeepSeek's latent attention at decode (q·k over 576, p·v over 512) and a model head's log-sum-exp over 4096 features (both past
 a row tile's widths: the floor's stages) — through ``tf.compile``
 defaults against the best torch alternative in the same process, each checked against a float64
 reference first (the harness of :mod:`benchmarks.user_kernels`).
@@ -197,6 +197,14 @@ def column_mean(x: T.Tensor["B", "D", "bf16"]):
     """The mean over the batch (the first) axis of ``[B, D]`` rows."""
     b, d = T.axes("b d")
     return T.sum(x[b, d], over=b) / T.size("B")
+
+
+@tf.kernel
+def strided_matvec(a: T.Tensor["K", "M", "bf16"], x: T.Tensor["K", "bf16"]):
+    """A matrix-vector product over the matrix's strided axis, ``Σ_k a[k, i] · x[k]`` (its rows
+    ``i`` contiguous: ``a.T @ x``): one tensor down the sweep, weighed by a vector along it."""
+    i, k = T.axes("i k")
+    return T.cast(T.sum(a[k, i] * x[k], over=k), "bf16")
 
 
 @tf.kernel
@@ -549,6 +557,20 @@ def _column_mean_case(generator, B=65536, D=1024) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, D=D)})
 
 
+def _strided_matvec_case(generator, K=8192, M=8192) -> Case:
+    a = torch.randn(K, M, generator=generator).to("cuda", torch.bfloat16)
+    x = torch.randn(K, generator=generator).to("cuda", torch.bfloat16)
+
+    def eager(m, v):   # cuBLAS's gemv on the transposed view
+        return m.t() @ v
+    f, compiled = Recorded(strided_matvec), torch.compile(eager)
+    return Case("strided_matvec", f"K{K} M{M} (a.T @ x)", lambda: f(a, x),
+                {TORCH_COMPILE: lambda: compiled(a, x), TORCH_EAGER: lambda: eager(a, x)},
+                a.double().t() @ x.double(), lambda out: out,
+                bytes=a.numel() * 2 + K * 2 + M * 2,
+                notes={TENSORFUSE: f.schedule_origin(K=K, M=M)})
+
+
 def _weighted_pool_case(generator, B=64, S=4096, D=1024) -> Case:
     w = torch.softmax(torch.randn(B, S, generator=generator), -1).to("cuda", torch.bfloat16)
     x = torch.randn(B, S, D, generator=generator).to("cuda", torch.bfloat16)
@@ -643,6 +665,7 @@ UNLISTED = {
     "bilinear_form": _bilinear_case,
     "column_mean": _column_mean_case,
     "weighted_token_pool": _weighted_pool_case,
+    "strided_matvec": _strided_matvec_case,
     "rmsnorm_linear": _rmsnorm_linear_case,
     "latent_attention_decode": _latent_decode_case,
     "head_logsumexp": _head_logsumexp_case,

@@ -26,6 +26,17 @@ def made_per_extents(kernels: dict, program: Program, axes, make: Callable[[dict
     return kernels[at]
 
 
+def _shaped(made, shapes: list):
+    """The flat kernel's results ``made`` with the outputs at ``shapes`` (index, shape) given
+    their shapes back; None (a fast call that left the call to the checked path) stays None."""
+    if made is None or not shapes:
+        return made
+    made = list(made) if isinstance(made, tuple) else [made]
+    for k, shape in shapes:
+        made[k] = made[k].reshape(shape)
+    return made[0] if len(made) == 1 else tuple(made)
+
+
 class FlatSweepKernel(GraphCallable):
     """``program`` run by ``make(sizes)``: the kernel of its flat program at the sizes of the
     axes ``group`` reduces over together (made once per their values)."""
@@ -37,6 +48,9 @@ class FlatSweepKernel(GraphCallable):
                             f"{' × '.join(str(a.extent) for a in self.group)} elements")
         self._kernels: dict = {}   # the group's extents -> the flat program's kernel
         self._by_key: dict = {}    # a call's signature key -> (that kernel, output shapes)
+        # a signature key -> the flat kernel's fast call, its outputs given their shapes back
+        # (``tf.compile``'s kernel keeps it: a repeated call skips this wrapper)
+        self._fast: dict = {}
         ids = {a.uid for a in self.group}
         # outputs over the group's axes: written over the one axis, given their shape back
         self._reshaped = [k for k, c in enumerate(program.outputs)
@@ -62,12 +76,11 @@ class FlatSweepKernel(GraphCallable):
                 self._by_key[key] = found
         chosen, shapes = found
         made = chosen.invoke(key, args, kwargs)
-        if not shapes:
-            return made
-        made = list(made) if isinstance(made, tuple) else [made]
-        for k, shape in shapes:
-            made[k] = made[k].reshape(shape)
-        return made[0] if len(made) == 1 else tuple(made)
+        inner = getattr(chosen, "_fast", {}).get(key) if key is not None else None
+        if inner is not None and key not in self._fast:
+            self._fast[key] = inner if not shapes else \
+                lambda args, kwargs: _shaped(inner(args, kwargs), shapes)
+        return _shaped(made, shapes)
 
     def _shapes(self, dims: dict) -> list[tuple[int, tuple[int, ...]]]:
         """(output index, its shape at ``dims``) of the outputs written over the one axis."""

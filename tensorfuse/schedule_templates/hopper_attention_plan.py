@@ -30,6 +30,7 @@ from ..targets.cuda.expr import to_cuda
 from ..targets.cuda.parts.scheduler import MIN_PIECE
 from ..targets.cuda.wgmma import fragment_bit_words, launch_registers, setmaxnreg_share
 from .attention_chain import AttentionChain, check_head_map, recognise_attention
+from .hopper_block_costs import length_bucket, wide_costs_less
 from .score_tiles import ScoreTile, find_score_tile, tile_bytes
 from .token_tiling import map_scalars, mask_reads_map
 
@@ -366,11 +367,6 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict |
     return HopperKnobs()
 
 
-# A key block's cost beyond its keys' products, in keys (the softmax correction, the O rescale,
-# the barriers): fitted to the H100's block_n 128 → 176 changes (``benchmarks.hopper_attention``),
-# which
-# this model predicts within a point for causal at S = 4096 and 16384 and the sliding window.
-BLOCK_OVERHEAD_KEYS = 18.6
 WIDE_BLOCK_N = 176
 # At head dim 64 the registers allow 192-key blocks: causal, B2 H16 S4096, on the H200 0.196 ms
 # at 128 keys, 0.188 at 176, 0.183 at 192 (cuDNN 0.184), in the library layout and in
@@ -379,19 +375,20 @@ WIDE_BLOCK_N = 176
 WIDE_BLOCK_N_D64 = 192
 SM90_SHARED = 227 * 1024   # dynamic shared memory a CTA may have on sm_90
 HEAD_DIMS = (64, 128, 192, 256)   # of q·k and of p·v, each: whole 128-byte swizzle atoms
-SAMPLED_ROW_BLOCKS = 8
 
 
 def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None,
                     wide: int = WIDE_BLOCK_N) -> bool:
     """Whether ``wide``-key blocks cost less than 128-key ones: always without a mask; with a mask of
     indices and scalars, where its block schedule — sampled on a few row blocks of the default
-    128 rows — costs less that way (blocks visited × (keys + :data:`BLOCK_OVERHEAD_KEYS`)). A
+    128 rows — costs less that way (:func:`.hopper_block_costs.wide_costs_less`: blocks visited ×
+    (keys + a block's overhead)). A
     mask that leaves long runs of whole blocks (causal at long sequences) gains from the wider
     blocks; one whose blocks are mostly cut (a sliding window, a neighbourhood) visits more keys
     in them. Masks reading tensors (document ids: the lists change per call), masks whose
     scalars are not known here and masks over a 2-D/3-D map (its patches and key windows are
-    powers of two) keep the narrower blocks. Decided per bucket of lengths (:func:`_length_bucket`)."""
+    powers of two) keep the narrower blocks. Decided per bucket of lengths
+    (:func:`.hopper_block_costs.length_bucket`)."""
     if plan.mask is None:
         return True
     if plan.reads_map:   # a map's patches and key windows are powers of two
@@ -399,12 +396,15 @@ def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None
     needed = {x.name for x in nodes(plan.mask) if isinstance(x, Scalar)}
     if plan.tensors or not needed <= set(scalars or {}):
         return False
-    key = (plan.mask.key(), plan.chain.dims, _length_bucket(plan, sizes),
+    key = (plan.mask.key(), plan.chain.dims, length_bucket(plan.chain, sizes),
            tuple(sorted((scalars or {}).items())), wide)
     if key not in _WIDE_PAYS:
         if len(_WIDE_PAYS) > 4096:
             _WIDE_PAYS.clear()
-        _WIDE_PAYS[key] = _sampled_costs_favour(plan, dict(key[2]), scalars, wide)
+        at = dict(key[2])
+        _WIDE_PAYS[key] = wide_costs_less(plan.mask, plan.chain, at, scalars, wide,
+                                          HopperKnobs().block_m, HopperKnobs().block_n,
+                                          tile_head_dims(plan, at)[0])
     return _WIDE_PAYS[key]
 
 
@@ -412,40 +412,6 @@ def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None
 # bucket decides without sampling its block schedule again (8191 tokens causal: 105 ms of host
 # time at each new length, on the CPU of the CI machine)
 _WIDE_PAYS: dict = {}
-
-
-def _length_bucket(plan: HopperAttentionPlan, sizes: dict) -> tuple:
-    """Self-attention's sizes with its length (queries and keys alike) rounded up to a power of
-    two: the block schedule is sampled there, so every length of a bucket gets the same block
-    size (as PyTorch's own kernels bucket by powers of two; the lengths measured, 4096 and 16384,
-    are their own). Other query and key lengths are their own bucket: a mask may depend on their
-    difference (causal from the bottom right), which rounding each would change."""
-    rows, cols = plan.chain.dims[3], plan.chain.dims[4]
-    if sizes[rows] != sizes[cols]:
-        return tuple(sorted(sizes.items()))
-    top = 1 << max(0, sizes[rows] - 1).bit_length()
-    return tuple(sorted({**sizes, rows: top, cols: top}.items()))
-
-
-def _sampled_costs_favour(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None,
-                          wide: int) -> bool:
-    """The block-cost model of :func:`wide_blocks_pay` on a sample of row blocks at ``sizes``."""
-    from .block_schedule import block_lists
-
-    b, h, i, j = plan.chain.axes
-    block_m, narrow = HopperKnobs().block_m, HopperKnobs().block_n
-    # a block's fixed costs in keys of its products, which take half as long at head dim 64: the
-    # overhead doubles there (causal S4096 at D64 on the H200: 192-key blocks 6 % ahead of 128)
-    overhead = BLOCK_OVERHEAD_KEYS * 128 / tile_head_dims(plan, sizes)[0]
-    rows = math.ceil(sizes[plan.chain.dims[3]] / block_m)
-    sample = sorted({round(k * (rows - 1) / max(1, SAMPLED_ROW_BLOCKS - 1))
-                     for k in range(min(rows, SAMPLED_ROW_BLOCKS))})
-    cost = {}
-    for block_n in (narrow, wide):
-        partial, full = block_lists(plan.mask, [b, h], i, j, sizes, {}, dict(scalars or {}),
-                                    block_m, block_n, "cpu", row_blocks=sample)
-        cost[block_n] = int((partial | full).sum()) * (block_n + overhead)
-    return cost[wide] < cost[narrow]
 
 
 def last_block_keys(plan: HopperAttentionPlan, N: int, block_n: int) -> int:

@@ -47,6 +47,12 @@ def rows_contiguous(plan: RowTilePlan) -> bool:
                n.indices[-1].uid == plan.row.uid for n in _swept_loads(plan))
 
 
+def weighs_the_sweep(plan: RowTilePlan) -> bool:
+    """Whether the chain reads a tensor along the swept axis alone (a weight per swept element:
+    the vector of a matrix-vector product over a strided axis, ``a[k, i] · x[k]``)."""
+    return any({a.uid for a in n.axes} == {plan.col.uid} for n in _swept_loads(plan))
+
+
 def row_operands(plan: RowTilePlan) -> int:
     """How many tensors the chain and its outputs read along the row (indexed by both the row
     and the swept axis): a backward's input and incoming gradient are two."""
@@ -85,6 +91,12 @@ FEW_TILES_SWEPT = (64, 64, 4, 2)
 # gradient's two tensors took 0.039 in 64 and 0.086 in 128 (``benchmarks.strided_rows_knobs
 # --family parts``)
 FEW_TILES_ONE_OPERAND_BLOCK = 128
+# ... and where that one tensor is weighed by a vector along the sweep (``a[k, i] · x[k]`` over
+# k: a matrix-vector product with the matrix's rows contiguous), tiles of 128 rows (256-byte
+# pieces) × blocks of 64: on the H200 from a CUDA graph, [8192, 8192] 58.9 → 36.1 µs (8 parts),
+# [16384, 4096] 59.4 → 36.0 (16 parts), [4096, 16384] 35.3 → 36.1 (4 parts); cuBLAS's gemv
+# 33.4, 34.2 and 32.9 (probe of the row template's knobs, 2026-12-02)
+WEIGHED_FEW_TILES = (128, 64, 4, 2)
 PROGRAMS_PER_SM = 4
 # ... where the parts (at most MAX_PARTS) give about two programs an SM or more: batch-norm
 # statistics over the 100352 rows of [100352, 256] are 4 tiles of 64 channels, 256 programs in
@@ -218,6 +230,8 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
             rows, block, warps, stages = FEW_TILES_SWEPT
             if row_operands(plan) == 1:
                 block = FEW_TILES_ONE_OPERAND_BLOCK
+                if weighs_the_sweep(plan):
+                    rows, block, warps, stages = WEIGHED_FEW_TILES
             tiles = math.prod(grid(plan, Knobs(block_m=rows, block_n=block)))
             parts = min(MAX_PARTS, math.ceil(plan.cols / block) // 2,
                         max(2, round(PROGRAMS_PER_SM * SMS / tiles)))

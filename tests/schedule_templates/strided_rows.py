@@ -6,6 +6,8 @@ shared by their tests and the check under Triton's interpreter
 (``python -m tests.schedule_templates.strided_rows SEED`` with ``TRITON_INTERPRET=1``)."""
 import torch
 
+import tensorfuse as tf
+from benchmarks.unlisted_kernels import strided_matvec as strided_gemv
 from benchmarks.user_kernels import (channel_stats, group_norm, layernorm_channels,
                                      log_softmax_channels, qk_norm_bshd)
 from tests.helpers import poisoned_main, templated
@@ -56,12 +58,34 @@ def channel_stats_case(generator, N=4096, C=40, width=3.0):
     return {"x": x}, (mean, var)
 
 
+def strided_gemv_case(generator, K=1000, M=300, width=3.0):
+    a = (torch.randn(K, M, generator=generator) * width).to(torch.bfloat16)
+    x = torch.randn(K, generator=generator).to(torch.bfloat16)
+    return {"a": a, "x": x}, a.double().t() @ x.double()
+
+
+def weighed_in_parts(kernel):
+    """``kernel`` on the row template with the knobs of a few row tiles weighed along their
+    sweep (``row_reduction.WEIGHED_FEW_TILES``), in 4 parts: the sizes of a test are too small
+    for the defaults to take them."""
+    from tensorfuse.schedule_templates.row_reduction import WEIGHED_FEW_TILES
+
+    rows, block, warps, stages = WEIGHED_FEW_TILES
+    sch = tf.schedule(kernel, "cuda:sm_90a").rolling_update("out_sum", axis="k")
+    return sch.apply_template("row_reduction", rows=rows, block=block, num_warps=warps,
+                              num_stages=stages, splits=4).compile()
+
+
 CASES = {"log_softmax_channels": (log_softmax_channels, log_softmax_case),
          "channel_stats": (channel_stats, channel_stats_case),
          "layernorm_channels": (layernorm_channels, layernorm_case),
          "qk_norm_bshd": (qk_norm_bshd, qk_norm_case),
-         "group_norm": (group_norm, group_norm_case)}
+         "group_norm": (group_norm, group_norm_case),
+         "strided_gemv": (strided_gemv, strided_gemv_case)}
+# run by the interpreter beside CASES: what a case's knobs are, by name
+INTERPRETED = {**CASES, "strided_gemv_in_parts": (strided_gemv, strided_gemv_case)}
 
 
 if __name__ == "__main__":
-    poisoned_main(CASES, lambda name, kernel: templated(kernel))
+    poisoned_main(INTERPRETED, lambda name, kernel: weighed_in_parts(kernel)
+                  if name == "strided_gemv_in_parts" else templated(kernel))

@@ -180,7 +180,8 @@ def test_tf_compile_routes_large_groups_on_one_cache_to_packed_rows():
 @pytest.mark.gpu
 @pytest.mark.parametrize("sizes", [dict(B=16, H=64, HKV=1, M=1, N=2049, D=128),
                                    dict(B=4, H=96, HKV=2, M=1, N=3001, D=128),
-                                   dict(B=5, H=40, HKV=1, M=1, N=1111, D=64)])
+                                   dict(B=5, H=40, HKV=1, M=1, N=1111, D=64),
+                                   dict(B=16, H=64, HKV=1, M=1, N=2049, D=96)])
 def test_a_routed_packed_decode_on_the_gpu_against_float64(sizes):
     seed = fresh_seed()
     q, k, v = (t.cuda() for t in tensors(torch.Generator().manual_seed(seed), **sizes))
