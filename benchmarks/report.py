@@ -309,6 +309,11 @@ SECTIONS = (
     ("attention-backward-kernels", "Attention backward kernels: sm_90a and Triton",
      "bf16; both on the same inputs and the forward's saved log-sum-exp",
      "python -m benchmarks.attention_backward --kernels --sizes 4096,16384 --csv PATH"),
+    ("attention-backward-kernels-d96", "Attention backward kernels at head dim 96",
+     "bf16; the sm_90a kernel in tiles of 128 (TMA's zeros past the rows) and the Triton "
+     "kernels (a block of 128 columns, 32 masked) on the same inputs and saved log-sum-exp",
+     "python -m benchmarks.attention_backward --kernels --variants full,causal --sizes 4096 "
+     "--head-dim 96 --csv PATH"),
     ("attention-backward-masks", "Attention backward: masks and knobs",
      "the backward template's knobs per mask", "python -m benchmarks.attention_backward_masks"),
     ("cluster-decode", "Decode (one query token)",

@@ -15,7 +15,9 @@ takes a plan whose
   windows, prefixes, documents: anything the lists describe);
 - q, k, v and the output are laid out ``[batch…, tokens, D]`` (k and v indexing the head as
   ``head // group``, the head the last batch axis), bf16 or fp16, head dim 64 or 128 (256 needs
-  more registers than a consumer has: the Triton kernels take it).
+  more registers than a consumer has: the Triton kernels take it) — or a multiple of 8 from 32
+  to 128 held in tiles of the next (96 as 128: TMA fills the columns past a row with zeros, dQ's
+  are not added and dK's and dV's not stored).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from ..algebra.exprs import nodes
 from ..dsl.expr import Axis, Binary, Const, Expr, Load, Ref
 from ..errors import TargetError, TensorfuseError
 from .attention import SMS
+from .hopper_attention_plan import tile_head_dim
 
 HEAD_DIMS = (64, 128)
 BLOCK_KEYS, BLOCK_QUERIES = 128, 64   # a CTA's keys (two warpgroups of 64); a step's queries
@@ -50,7 +53,13 @@ class HopperBackwardPlan:
 
     @property
     def head_dim(self) -> int:
+        """The tensors' head dim."""
         return self.base.head_dim
+
+    @property
+    def tile_dim(self) -> int:
+        """The kernel's tiles' head dim (:func:`.hopper_attention_plan.tile_head_dim`)."""
+        return tile_head_dim(self.base.head_dim)
 
     @property
     def masked(self) -> bool:
@@ -69,8 +78,9 @@ def plan_hopper_backward(base, arch: str) -> HopperBackwardPlan:
     if base.value_dim != base.head_dim:
         raise TargetError(f"the Hopper attention backward takes one head dim for q·k and p·v, "
                           f"not {base.head_dim} and {base.value_dim}")
-    if base.head_dim not in HEAD_DIMS:
-        raise TargetError(f"the Hopper attention backward takes head dims {HEAD_DIMS}, not "
+    if base.head_dim % 8 or tile_head_dim(base.head_dim) not in HEAD_DIMS:
+        raise TargetError(f"the Hopper attention backward takes head dims {HEAD_DIMS} and the "
+                          f"multiples of 8 below them (held in their tiles), not "
                           f"{base.head_dim}")
     _check_layout(base)
     factor = _score_factor(base.kept(base.score), base.qk)
@@ -212,7 +222,7 @@ class HopperAttentionBackward:
         args = maps + handles + [factor * math.log2(math.e), factor] + reads + values
         grid = (math.ceil(N / BN), kv_batch)
         self.launch(args, grid if hplan.keys_fastest else grid[::-1], THREADS, 1,
-                    shared_bytes(D), q.device)
+                    shared_bytes(hplan.tile_dim), q.device)
         grads = (dq_acc.view(q.shape).to(q.dtype), dk, dv)
         return grads if plan.sink is None else \
             (*grads, plan.sink_gradient(tensors, lse2, delta))
@@ -237,7 +247,8 @@ def hopper_backward(plan, target, triton, chosen: bool | None = None):
     where it is chosen and takes the plan; else None (the Triton kernels run). ``chosen``
     True/False decides; None reads ``TENSORFUSE_ATTENTION_BACKWARD``: ``hopper`` wherever it
     takes the plan, ``triton`` never, ``auto`` (the default) where it measured faster — scores
-    without a mask at head dim 128, 0.91–0.92× the Triton kernels' time at S=4096 and 16384 on
+    without a mask at head dim 128 (and those held in its tiles: 72–120, as the Triton kernels
+    pad them to 128 too), 0.91–0.92× the Triton kernels' time at S=4096 and 16384 on
     the H200; under causal and grouped causal masks it is 0.96–1.04×, at head dim 64
     1.14–1.20× (``benchmarks.attention_backward --kernels``)."""
     import os
@@ -248,7 +259,7 @@ def hopper_backward(plan, target, triton, chosen: bool | None = None):
             raise TensorfuseError(f"TENSORFUSE_ATTENTION_BACKWARD={choice!r}: one of "
                                   f"{', '.join(BACKWARDS)}")
         chosen = choice == "hopper" or choice == "auto" and plan.mask is None and \
-            plan.head_dim == 128
+            plan.head_dim % 8 == 0 and tile_head_dim(plan.head_dim) == 128
     if not chosen:
         return None
     try:

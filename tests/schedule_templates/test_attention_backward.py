@@ -182,10 +182,11 @@ def test_launches_are_specialised_as_tritons_jit_specialises_them():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D, causal", [(64, True), (96, True), (256, True), (128, False)])
+@pytest.mark.parametrize("D, causal", [(64, True), (96, True), (256, True), (128, False),
+                                       (96, False)])
 def test_autograd_runs_the_template_on_the_gpu(D, causal):
     """The Triton kernels, or on an H100/H200 by default for scores without a mask at head dim
-    128 the Hopper kernel
+    128 (or 96, in its tiles) the Hopper kernel
     (:func:`tensorfuse.schedule_templates.hopper_attention_backward.hopper_backward`)."""
     from tensorfuse.schedule_templates.hopper_attention_backward import HopperAttentionBackward
 
@@ -205,7 +206,7 @@ def test_autograd_runs_the_template_on_the_gpu(D, causal):
     from tensorfuse.autograd import _TEMPLATES   # the template ran, not the program
 
     used = f.torch_op.differentiation.templates
-    hopper = not causal and torch.cuda.get_device_capability() == (9, 0)
+    hopper = not causal and torch.cuda.get_device_capability() == (9, 0)   # 96: tiles of 128
     assert [type(_TEMPLATES[key]) for key in used.values()] == \
         [HopperAttentionBackward if hopper else AttentionBackwardKernels]
     assert f.torch_op.training is not None   # the forward saved the log-sum-exp for it

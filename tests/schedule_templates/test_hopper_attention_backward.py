@@ -70,7 +70,8 @@ def test_a_heads_key_blocks_run_side_by_side_where_its_dq_would_leave_l2(kernel,
 
 @pytest.mark.parametrize("kernel, dims, arch, reason", [
     (K.causal_attention, DIMS, "sm_80", "runs on sm_90a"),
-    (K.causal_attention, dict(DIMS, D=256), "sm_90a", r"head dims \(64, 128\), not 256"),
+    (K.causal_attention, dict(DIMS, D=256), "sm_90a", r"head dims \(64, 128\) and .*, not 256"),
+    (K.causal_attention, dict(DIMS, D=100), "sm_90a", r"multiples of 8 .*, not 100"),
     (K.softcap_attention, DIMS, "sm_90a", "q·kᵀ times a factor"),
     (K.alibi_attention, DIMS, "sm_90a", "q·kᵀ times a factor"),
 ])
@@ -91,7 +92,7 @@ def test_it_is_chosen_where_it_measured_faster_or_when_asked(monkeypatch):
         return made is not None
 
     monkeypatch.delenv("TENSORFUSE_ATTENTION_BACKWARD", raising=False)
-    assert chosen(K.attention)
+    assert chosen(K.attention) and chosen(K.attention, dict(DIMS, D=96))   # tiles of 128
     assert not chosen(K.causal_attention) and not chosen(K.attention, dict(DIMS, D=64))
     monkeypatch.setenv("TENSORFUSE_ATTENTION_BACKWARD", "hopper")
     assert chosen(K.causal_attention) and chosen(K.attention, dict(DIMS, D=64))
@@ -143,9 +144,27 @@ def _float64_grads(q, k, v, dout, scale, mask):
     return torch.autograd.grad(out, (q, k, v), dout.double())
 
 
+@needs_nvcc
+@pytest.mark.parametrize("kernel, D, tile", [(K.attention, 96, 128),
+                                             (K.causal_attention, 40, 64)])
+def test_head_dims_below_a_tile_are_held_in_it(kernel, D, tile):
+    """A head dim between the tiles' (96, 40) runs in tiles of the next (128, 64): the tensors'
+    rows beside the tiles' dims, dK and dV not stored past a row (dQ is added by TMA through a
+    map of the tensor's rows); the same instructions, no spill in the consumers."""
+    source = _source(kernel, dict(DIMS, D=D))
+    assert f"#define D_ {tile}\n#define ROW_D_ {D}" in source
+    assert "if (key < N_ && c < ROW_D_) {" in source and "* N_ + key) * ROW_D_ + c" in source
+    whole = _source(kernel, dict(DIMS, D=tile))
+    assert "ROW_D_" not in whole
+    ptx = cuda_to_ptx(source, get_target("cuda:sm_90a"))
+    for instruction in BACKWARD_PTX:
+        assert instruction in ptx, instruction
+    assert_consumers_do_not_spill(source, per_tile=4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["full", "causal", "gqa_causal", "sliding_window", "document"])
-@pytest.mark.parametrize("D, S", [(64, 200), (128, 333)])
+@pytest.mark.parametrize("D, S", [(64, 200), (128, 333), (96, 300), (40, 177)])
 def test_the_gradients_match_float64_on_the_gpu(name, D, S):
     """Large value ranges, ragged sizes (the last key and query blocks partial)."""
     from tensorfuse.autograd import _ProgramKernel

@@ -134,7 +134,8 @@ class _Source(KernelArguments):
 
     def __init__(self, hplan, scalars):
         self.hplan, self.base = hplan, hplan.base
-        self.D, self.dtype = hplan.head_dim, hplan.dtype
+        self.D, self.dtype = hplan.tile_dim, hplan.dtype
+        self.row_d = hplan.head_dim   # the tensors' rows (narrower than the tiles: padded)
         self.M, self.N = self.base.extent(self.base.row), self.base.extent(self.base.col)
         self.pair, self.pack = _PAIRS[self.dtype]
         self.f16 = "_f16" if self.dtype == "f16" else ""
@@ -174,8 +175,10 @@ def _head(c: _Source) -> str:
 
 def _defines(c: _Source) -> str:
     """The sizes, tiles and switches the kernel is compiled with."""
+    rows = f"#define ROW_D_ {c.row_d}   // the tensors' rows (the tiles past them: zeros)\n" \
+        if c.row_d != c.D else ""
     return f"""#define D_ {c.D}
-#define BN {BN}
+{rows}#define BN {BN}
 #define BM {BM}
 #define STAGES {STAGES}
 #define GROUP {c.base.group}
@@ -462,8 +465,15 @@ def _consumer_dq(c: _Source) -> str:
 
 
 def _consumer_end(c: _Source) -> str:
-    """dK and dV written from registers once every visit is done."""
-    return """    // dK, dV: rows past the last key are not written
+    """dK and dV written from registers once every visit is done (the columns past a padded
+    row not written)."""
+    if c.row_d != c.D:
+        return _END.replace("if (key < N_) {", "if (key < N_ && c < ROW_D_) {") \
+            .replace("* N_ + key) * D_ + c", "* N_ + key) * ROW_D_ + c")
+    return _END
+
+
+_END = """    // dK, dV: rows past the last key are not written
     #pragma unroll
     for (int r = 0; r < D_ / 2; r += 2) {
       const int key = key_lo + 8 * ((r % 4) / 2), c = 8 * (r / 4) + col_lo;
