@@ -176,6 +176,25 @@ def _extremum(op, monoid, x, y, over):
     return binary(op, x, y)
 
 
+def maximum(a, b) -> Expr:
+    """Elementwise maximum, ``T.max(a, b)`` (spelled as torch and NumPy spell it)."""
+    return _extremum("max", monoids.MAX, a, b, None)
+
+
+def minimum(a, b) -> Expr:
+    """Elementwise minimum, ``T.min(a, b)`` (spelled as torch and NumPy spell it)."""
+    return _extremum("min", monoids.MIN, a, b, None)
+
+
+def clamp(x, low=None, high=None) -> Expr:
+    """``x`` kept between ``low`` and ``high`` (either may be None: no bound on that side), as
+    ``torch.clamp``: ``min(max(x, low), high)`` — ``high`` wins where ``low > high``."""
+    if low is None and high is None:
+        raise DSLError("T.clamp needs low=, high= or both", user_location())
+    x = x if low is None else maximum(x, low)
+    return x if high is None else minimum(x, high)
+
+
 def argmax(x, over) -> Expr:
     """Index along ``over`` (one axis) of the largest value; ties go to the smallest index."""
     return _arg(x, over, monoids.ARGMAX)[1]

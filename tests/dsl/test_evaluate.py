@@ -59,3 +59,29 @@ def test_which_monoid_identities_are_no_usable_reference():
     assert not MAX.identity_is_sentinel("i32")   # integer maxima are exact references
     user = Monoid("first", lambda a, b: a, (lambda d: np.float32(-np.inf),), check=False)
     assert user.identity_is_sentinel("f32") and user.identity_is_sentinel("bf16")
+
+
+def test_maximum_minimum_and_clamp_as_torch_spells_them(rng):
+    """``T.maximum``/``T.minimum`` are the elementwise ``T.max``/``T.min``; ``T.clamp`` bounds on
+    either side or both, the upper bound winning where they cross (as ``torch.clamp``): the CPU
+    target against NumPy, and a clamp without bounds is refused where it is written."""
+    import pytest
+
+    from tensorfuse.errors import DSLError
+
+    @tf.kernel
+    def k(x: T.Tensor["M", "N", "f32"], y: T.Tensor["M", "N", "f32"], lo: T.f32, hi: T.f32):
+        i, j = T.axes("i j")
+        return (T.maximum(x[i, j], y[i, j]) + 10 * T.minimum(x[i, j], 0.5)
+                + 100 * T.clamp(y[i, j], lo, hi) + 1000 * T.clamp(x[i, j], high=hi))
+
+    x, y = (rng.standard_normal((5, 7)) * 3 for _ in range(2))
+    for lo, hi in ((-1.0, 2.0), (1.0, -1.0)):
+        want = np.maximum(x, y) + 10 * np.minimum(x, 0.5) + 100 * np.minimum(
+            np.maximum(y, lo), hi) + 1000 * np.minimum(x, hi)
+        got = tf.compile(k, target="llvm")(x.astype(np.float32), y.astype(np.float32), lo, hi)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)
+    with pytest.raises(DSLError, match="T.clamp needs low=, high= or both"):
+        @tf.kernel
+        def unbounded(x: T.Tensor["M", "f32"]):
+            return T.clamp(x[T.axes("i")])
