@@ -364,6 +364,11 @@ SECTIONS = (
      "bf16; the columns of [8192, 4096] L2-normalised (a sweep down the rows, then the outputs "
      "along it); as the section above", "python -m benchmarks.strided_rows_knobs --only "
      "column_norm"),
+    ("strided-rows-knobs-strided-matvec",
+     "The row template's knobs on a matrix-vector product over the strided axis",
+     "bf16 `a.T @ x` over `[8192, 8192]`: tiles of 64-256 rows by 64 or 128, 4-16 parts, "
+     "beside the default and torch.compile, from a CUDA graph",
+     "python -m benchmarks.strided_rows_knobs --only strided_matvec"),
     ("strided-rows-knobs-weight-gradient", "The row template's knobs on a weight gradient",
      "bf16; RMSNorm's d_weight (a sum down the rows), its sweep also split into parts; as the "
      "section above", "python -m benchmarks.strided_rows_knobs --only weight_gradient"),

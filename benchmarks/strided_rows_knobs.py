@@ -6,8 +6,8 @@ RMSNorm's weight gradient (a sum down 8192 rows, its sweep also split into parts
 statistics of ``[100352, 256]`` (a sweep of 100352 rows over 256 channels, in up to 264 parts)
 the columns of ``[8192, 4096]`` L2-normalised (the outputs along the strided sweep), a masked
 mean over the 2048 tokens of ``[32, 2048, 1024]`` (rows (b, d), its count recomputed per row), a
-mean down the 65536 rows of ``[65536, 1024]`` and tokens summed with weights over ``[64, 4096,
-1024]``;
+mean down the 65536 rows of ``[65536, 1024]``, tokens summed with weights over ``[64, 4096,
+1024]`` and a matrix-vector product over the strided axis of ``[8192, 8192]`` (``a.T @ x``);
 each candidate checked against float64 and timed from a CUDA graph beside ``tf.compile``'s default
 and torch.compile: what ``row_reduction.CONTIGUOUS_ROWS``, its block and the stages of a swept row
 are chosen from.
@@ -15,12 +15,13 @@ are chosen from.
     python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool,group_norm,
                                                     weight_gradient,channel_stats,
                                                     column_norm,masked_mean,column_mean,
-                                                    weighted_pool]
+                                                    weighted_pool,strided_matvec]
                                             [--tiles | --family NAME] [--out DIR]
 
 ``--tiles``: instead, the whole row in one block with each program sweeping several row tiles,
 the next ones' loads issued while one is reduced (``Knobs.row_tiles``); ``--family``: every case
-over one family of candidates (``_knobs``: ``strided``, ``flat_row``, ``split``, ``parts``).
+over one family of candidates (``_knobs``: ``strided``, ``flat_row``, ``split``, ``parts``,
+``weighed``).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.common import Row, measure_candidates, relative_error, write_csv
 from benchmarks.unlisted_kernels import (column_mean, l2_normalize_columns, masked_mean_pool,
-                                         weighted_token_pool)
+                                         strided_matvec, weighted_token_pool)
 from tensorfuse.schedule_templates.widened_rows import widened
 from benchmarks.user_kernels import (channel_stats, group_norm, layernorm_channels,
                                      log_softmax_channels, max_pool_l2)
@@ -47,7 +48,8 @@ from tensorfuse.targets import get_target
 
 SPEC = get_target("cuda:sm_90a")
 CASES = ("layernorm", "log_softmax", "max_pool", "group_norm", "weight_gradient",
-         "channel_stats", "column_norm", "masked_mean", "column_mean", "weighted_pool")
+         "channel_stats", "column_norm", "masked_mean", "column_mean", "weighted_pool",
+         "strided_matvec")
 
 
 def _cases(generator, only):
@@ -157,6 +159,16 @@ def _cases(generator, only):
         yield ("weighted_pool", f"B{B} S{S} D{D} (over S)", weighted_token_pool, dict(w=w, x=x),
                pool(w.double(), x.double()), torch.compile(pool), (w, x),
                x.numel() * 2 + w.numel() * 2 + B * D * 2)
+    if "strided_matvec" in only:   # a.T @ x: one tensor down 8192 rows weighed by a vector
+        K_, M = 8192, 8192
+        a = torch.randn(K_, M, generator=generator).to("cuda", torch.bfloat16)
+        x = torch.randn(K_, generator=generator).to("cuda", torch.bfloat16)
+
+        def matvec(m, v):
+            return m.t() @ v
+        yield ("strided_matvec", f"K{K_} M{M} (a.T @ x)", strided_matvec, dict(a=a, x=x),
+               matvec(a.double(), x.double()), torch.compile(matvec), (a, x),
+               a.numel() * 2 + K_ * 2 + M * 2)
     if "max_pool" in only:   # the pool stage: the max over S, the tokens strided by D
         B, S, D = 64, 512, 4096
         x = (torch.randn(B, S, D, generator=generator) * 3).to("cuda", torch.bfloat16)
@@ -171,7 +183,7 @@ def _cases(generator, only):
 
 # the candidates each case is swept over (:func:`_knobs`); the others: "strided"
 FAMILY = {"group_norm": "flat_row", "weight_gradient": "split", "channel_stats": "parts",
-          "column_mean": "split", "weighted_pool": "split"}
+          "column_mean": "split", "weighted_pool": "split", "strided_matvec": "weighed"}
 
 
 def _knobs(cols: int, family: str):
@@ -183,7 +195,8 @@ def _knobs(cols: int, family: str):
     ``tiles``: the whole row in one block, each program sweeping 2 or 4 row tiles with the next
     ones' loads 2-3 tiles ahead; ``swept_tiles``: a row swept in blocks of 4k-16k, each program
     taking 1-4 row tiles in turn (fewer rows held between their two passes, for L2); ``parts``:
-    a very long sweep of very few tiles, split in 8-264 parts."""
+    a very long sweep of very few tiles, split in 8-264 parts; ``weighed``: tiles of 64-256 rows
+    by 64 or 128, 4-16 parts (a matrix-vector product over the strided axis)."""
     whole = 1 << max(4, (cols - 1).bit_length())
     if family == "tiles":   # the row held (read again, it needed more shared memory than an SM has)
         for rows, warps, stages, row_tiles in itertools.product(
@@ -202,6 +215,11 @@ def _knobs(cols: int, family: str):
                 (32, 64, 128), (64, 128, 256, 512), (4, 8), (2,), (1, 2, 4, 8)):
             if 4096 <= rows * block <= 32768:
                 yield rows, block, warps, stages, 0, splits, None
+        return
+    if family == "weighed":   # a few tiles weighed along a long sweep: wider tiles, more parts
+        for rows, block, warps, stages, splits in itertools.product(
+                (64, 128, 256), (64, 128), (4, 8), (2, 3), (4, 8, 16)):
+            yield rows, block, warps, stages, 0, splits, None
         return
     if family == "parts":
         for rows, block, splits in itertools.product((32, 64, 128, 256), (32, 64, 128, 512),
@@ -266,7 +284,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tiles", action="store_true",
                         help="whole rows, several row tiles a program (Knobs.row_tiles)")
     parser.add_argument("--family", choices=("strided", "flat_row", "split", "parts",
-                                             "swept_tiles"),
+                                             "swept_tiles", "weighed"),
                         help="sweep every case over this family of candidates (_knobs)")
     args = parser.parse_args(argv)
     only = args.only.split(",")

@@ -93,9 +93,10 @@ FEW_TILES_SWEPT = (64, 64, 4, 2)
 FEW_TILES_ONE_OPERAND_BLOCK = 128
 # ... and where that one tensor is weighed by a vector along the sweep (``a[k, i] · x[k]`` over
 # k: a matrix-vector product with the matrix's rows contiguous), tiles of 128 rows (256-byte
-# pieces) × blocks of 64: on the H200 from a CUDA graph, [8192, 8192] 58.9 → 36.1 µs (8 parts),
-# [16384, 4096] 59.4 → 36.0 (16 parts), [4096, 16384] 35.3 → 36.1 (4 parts); cuBLAS's gemv
-# 33.4, 34.2 and 32.9 (probe of the row template's knobs, 2026-12-02)
+# pieces) × blocks of 64: on the H200 from a CUDA graph, [8192, 8192] 58.9 → 35.5 µs in 8 parts,
+# the best of 72 tilings and part counts (``benchmarks.strided_rows_knobs --only
+# strided_matvec``; torch.compile 44.7, cuBLAS's gemv 33.4); [16384, 4096] 59.4 → 36.0 in 16
+# parts and [4096, 16384] 35.3 → 36.1 in 4 by the same sweep at those shapes
 WEIGHED_FEW_TILES = (128, 64, 4, 2)
 PROGRAMS_PER_SM = 4
 # ... where the parts (at most MAX_PARTS) give about two programs an SM or more: batch-norm
