@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .binding import CallBinder, output_shape, split_scalars
+from .binding import CallBinder, output_shape, signature_key, split_scalars
 from .composed import call_device, filled
 from .dsl.dtypes import to_numpy
 from .dsl.program import Program
@@ -50,6 +50,10 @@ class StagedKernel(GraphCallable):
         # stages' and its own: tools/profile_host_paths.py --only staged); made on the first
         # call, which is where a missing GPU is reported
         self._calls = None
+        # a signature key -> the stages' fast calls in order (:class:`StagedFastCall`), where
+        # every stage has one: ``tf.compile``'s kernel keeps it, and a repeated call binds
+        # nothing and looks up no stage's kernel
+        self._fast: dict = {}
 
     def _staged_because(self) -> str:
         return f"no template takes {self.program.name} whole"
@@ -62,9 +66,16 @@ class StagedKernel(GraphCallable):
             self._calls = CallBinder(self.program, call_device(self.target))
         bound = self._calls(args, kwargs, key)
         values = {**bound.arrays, **bound.scalars}
+        given = dict(zip((p.name for p in self.program.params), args), **kwargs)
+        # the stages' fast calls, while every stage has one and the call's tensors are the
+        # user's own (not copies made by the binding: NumPy arrays, other frameworks')
+        fasts = [] if key not in (None, False) and key not in self._fast and \
+            bound.outs is None and all(given.get(n) is t for n, t in bound.arrays.items()) \
+            else None
         for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels)):
+            named = {n: values[n] for n in stage.inputs}
             try:
-                made = kernel.invoke(False, (), {n: values[n] for n in stage.inputs})
+                made = kernel.invoke(False, (), named)
             except Exception as exc:
                 if not _out_of_memory(exc):
                     raise
@@ -76,6 +87,12 @@ class StagedKernel(GraphCallable):
             values.update(zip(stage.produces, made))
             for name in self._done_after[k]:   # a floor's scores are B·H·M·N floats
                 del values[name]
+            if fasts is not None:
+                stage_key = signature_key((), named)
+                fast = getattr(kernel, "_fast", {}).get(stage_key) if stage_key else None
+                fasts = fasts + [fast] if fast is not None else None
+        if fasts is not None:
+            self._fast[key] = StagedFastCall(self, fasts)
         results = [values[c.name] for c in self.program.outputs]
         if bound.outs is not None:
             return filled(bound.outs, results)
@@ -138,6 +155,33 @@ class StagedKernel(GraphCallable):
     def cache_info(self) -> list:
         """The stage kernels' builds, in stage order (each stage's own ``cache_info()``)."""
         return [b for k in self.kernels for b in k.cache_info()]
+
+
+class StagedFastCall:
+    """A staged kernel's repeated call of one signature: each stage's fast call in turn on the
+    values by name (the call's arguments, the earlier stages' results), those the later stages no
+    longer read dropped; None — the checked path redoes the whole call — where the call gives
+    ``out=`` or a stage's fast call leaves its call to the checked path."""
+
+    def __init__(self, staged: StagedKernel, fasts: list):
+        self.names = [p.name for p in staged.program.params]
+        self.steps = [(stage.inputs, stage.produces, done, fast) for stage, done, fast in
+                      zip(staged.stages, staged._done_after, fasts)]
+        self.outputs = [c.name for c in staged.program.outputs]
+
+    def __call__(self, args: tuple, kwargs: dict):
+        if "out" in kwargs:
+            return None
+        values = dict(zip(self.names, args), **kwargs)
+        for inputs, produces, done, fast in self.steps:
+            made = fast((), {n: values[n] for n in inputs})
+            if made is None:
+                return None
+            values.update(zip(produces, made if isinstance(made, tuple) else (made,)))
+            for name in done:
+                del values[name]
+        results = [values[n] for n in self.outputs]
+        return results[0] if len(results) == 1 else tuple(results)
 
 
 class GemmStages(StagedKernel):

@@ -192,6 +192,8 @@ def test_programs_match_float64_in_the_triton_interpreter():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_programs_match_float64_on_the_gpu(name):
+    import torch
+
     from tests.helpers import gpu_case, relative_error
 
     kernel, case = CASES[name]
@@ -201,6 +203,11 @@ def test_programs_match_float64_on_the_gpu(name):
     got = got if isinstance(got, tuple) else (got,)
     for g, w in zip(got, wants):
         assert relative_error(g, w.cuda()) < 2e-2, seed
+    again = made(**args)   # a repeated call: the fast call the first one kept
+    again = again if isinstance(again, tuple) else (again,)
+    assert made._fast, "no fast call kept"
+    for g, w in zip(again, got):
+        assert torch.equal(g, w), seed
 
 
 def test_tuning_refuses_a_window_written_out_at_the_jobs_sizes_and_tunes_a_wide_one():

@@ -142,7 +142,10 @@ def test_a_latent_decode_whose_stages_run_on_the_hopper_gemm_matches_float64_on_
         assert plan.count("hopper GEMM plan") == 2, plan
         out = torch.full((B, H, DV), float("nan"), device="cuda", dtype=torch.bfloat16)
         made(q, k, v, DQ ** -0.5, out=out)
+        first = made(q, k, v, DQ ** -0.5)
+        again = made(q, k, v, DQ ** -0.5)   # the stages' fast calls, in turn
     assert relative_error(out, want) < 2e-2
+    assert made._fast and torch.equal(first, again) and torch.equal(first, out)
 
 
 def test_a_row_kernel_with_more_batch_entries_than_a_grid_row_puts_them_first():
@@ -375,3 +378,39 @@ def _loads(expr):
     from tensorfuse.dsl.expr import Load
 
     return [n for n in nodes(expr) if isinstance(n, Load)]
+
+
+def test_a_staged_kernels_repeated_call_is_its_stages_fast_calls():
+    """Where every stage keeps a fast call for its signature (the GPU kernels do; counted CPU
+    stand-ins here), the staged kernel keeps one for the call's: a repeated call runs the
+    stages' in turn, with the same result; a call with ``out=``, or a stage's fast call that
+    leaves its call to the checked path, takes the checked path."""
+    from tensorfuse.binding import signature_key
+
+    class Counted:   # a stage kernel keeping a fast call per signature, counting its calls
+        def __init__(self, kernel):
+            self.kernel, self._fast, self.fast_calls, self.declines = kernel, {}, 0, False
+
+        def invoke(self, key, args, kwargs):
+            self._fast[signature_key(args, kwargs)] = self.fast
+            return self.kernel.invoke(key, args, kwargs)
+
+        def fast(self, args, kwargs):
+            self.fast_calls += 1
+            return None if self.declines else self.kernel.invoke(False, args, kwargs)
+
+    args, want = max_pool_l2_case(torch.Generator().manual_seed(fresh_seed()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = _staged(max_pool_l2, get_target("cpu"), "checked", planned_for=HOPPER)
+    made.kernels = tuple(Counted(k) for k in made.kernels)
+    key = signature_key((), args)
+    first = made.invoke(key, (), args)
+    fast = made._fast[key]
+    again = fast((), args)
+    assert [k.fast_calls for k in made.kernels] == [1] * len(made.kernels)
+    assert relative_error(torch.as_tensor(again), want) < 2e-2
+    assert (torch.as_tensor(again) == torch.as_tensor(first)).all()
+    assert fast((), {**args, "out": first}) is None
+    made.kernels[-1].declines = True
+    assert fast((), args) is None
