@@ -168,7 +168,7 @@ def sweep(knob_sets, sizes=(4096,), B: int = 2, H: int = 16, D: int = 128,
     from tensorfuse.targets import get_target
     from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels
 
-    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.dsl.program import ProgramKernel
     from tensorfuse.schedule_templates.attention_chain import with_logsumexp
 
     rows = []
@@ -178,7 +178,7 @@ def sweep(knob_sets, sizes=(4096,), B: int = 2, H: int = 16, D: int = 128,
         k, v = (torch.randn(B, hkv, S, D, device="cuda").bfloat16() for _ in range(2))
         scale = D ** -0.5
         _, fusion = choose(kernel.program, get_target("cuda"))
-        saving = tf.compile(_ProgramKernel(with_logsumexp(kernel.program, fusion.names), None))
+        saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names)))
         out, lse = saving(q, k, v, scale, *extra.values())
         dims = {"B": B, "H": hq, "M": S, "N": S, "D": D}
         if hkv != hq:
@@ -218,7 +218,7 @@ def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 
     the best alternative)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.dsl.program import ProgramKernel
     from tensorfuse.schedule_templates.hopper_attention_backward import hopper_backward
     from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
                                                                   plan_attention_backward)
@@ -235,7 +235,7 @@ def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 
         k, v = (torch.randn(B, hkv, S, D, device="cuda").bfloat16() for _ in range(2))
         scale = D ** -0.5
         _, fusion = choose(kernel.program, target)
-        saving = tf.compile(_ProgramKernel(with_logsumexp(kernel.program, fusion.names), None))
+        saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names)))
         out, lse = saving(q, k, v, scale, *extra.values())
         dims = {"B": B, "H": hq, "M": S, "N": S, "D": D, **({"HKV": hkv} if hkv != hq else {})}
         plan = plan_attention_backward(kernel.program, fusion, dims)

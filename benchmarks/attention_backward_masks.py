@@ -17,7 +17,7 @@ from benchmarks.common import Row, bench, write_csv
 
 
 def run(S: int = 4096, B: int = 2, H: int = 16, D: int = 128, log=print) -> list[Row]:
-    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.dsl.program import ProgramKernel
     from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
                                                                   plan_attention_backward)
     from tensorfuse.schedule_templates.attention_chain import with_logsumexp
@@ -39,7 +39,7 @@ def run(S: int = 4096, B: int = 2, H: int = 16, D: int = 128, log=print) -> list
         kernel = variants(S, B=B, H=H)[name][0]
         values = {"scale": scale, **scalars}
         _, fusion = choose(kernel.program, get_target("cuda"))
-        saving = tf.compile(_ProgramKernel(with_logsumexp(kernel.program, fusion.names), None))
+        saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names)))
         out, lse = saving(q, k, v, *values.values())
         plan = plan_attention_backward(kernel.program, fusion, dict(B=B, H=H, M=S, N=S, D=D))
         try:

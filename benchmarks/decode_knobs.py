@@ -18,7 +18,7 @@ import argparse
 import datetime
 import itertools
 import math
-import types
+from tensorfuse.dsl.program import ProgramKernel
 
 import torch
 
@@ -75,7 +75,7 @@ def _cases(generator, only, grid=()):
         sizes = dict(B=B, H=H, HKV=HKV, D=D, PAGES=pages, PAGE=PAGE, NP=N // PAGE)
         flat = flatten_sweeps(paged_decode.program, sizes)
         yield ("paged", f"B{B} H{H}/{HKV} N{N} D{D} pages of {PAGE}",
-               types.SimpleNamespace(program=flat, fn=None, name=flat.name), "pt",
+               ProgramKernel(flat), "pt",
                (q, *pool, table), sizes, H // HKV, B * HKV, ref, sdpa, 4 * k.numel())
 
 

@@ -179,7 +179,7 @@ def _sweep_knobs(cols: int, sums: bool):
 def sweep(only, log=print) -> list[Row]:
     """Rows ``rows_bwd_knobs/<kernel>``: the backward program's row kernel at each knob set,
     checked on every gradient it writes (a norm staged: its first stage, by its d_x)."""
-    import types
+    from tensorfuse.dsl.program import ProgramKernel
 
     from benchmarks.common import measure_candidates
     from tensorfuse.schedule_templates.auto import choose, sums_down_rows
@@ -198,7 +198,7 @@ def sweep(only, log=print) -> list[Row]:
             tensors = make()
             seed, want = _reference(torch_fn, tensors)
             program, inputs, wrote = _row_stage(kernel, spec)
-            stage = types.SimpleNamespace(program=program, fn=None, name=program.name)
+            stage = ProgramKernel(program)
             given = {p.name: t.detach() for p, t in zip(kernel.program.tensor_params, tensors)}
             d_out = next(p for p in tf.grad(kernel).program.params if p.name == "d_out")
             given.update(others, d_out=seed.to(torch_dtype(d_out.dtype)))

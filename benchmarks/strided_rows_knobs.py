@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
-import types
+from tensorfuse.dsl.program import ProgramKernel
 
 import torch
 
@@ -87,7 +87,7 @@ def _cases(generator, only):
                                                   shift.reshape(-1), 1e-5).reshape(
                                                       t.shape[0], t.shape[1], -1)
         flat = flatten_sweeps(group_norm.program, dict(B=B, G=G, C=C, P=P))
-        stage = types.SimpleNamespace(program=flat, fn=None, name=flat.name)
+        stage = ProgramKernel(flat)
         yield ("group_norm", f"B{B} G{G} C/G{C} P{P} (over C/G and P)", stage,
                dict(x=x, w=w, bias=bias, eps=1e-5),
                group(x.double(), w.double(), bias.double()),
@@ -96,8 +96,7 @@ def _cases(generator, only):
         M, N = 8192, 4096
         backward = tf.grad(K.rmsnorm).program
         second = plan_stages(backward, lambda p: takes_stage(p, SPEC))[1]
-        stage = types.SimpleNamespace(program=second.program, fn=None,
-                                      name=second.program.name)
+        stage = ProgramKernel(second.program)
         x = (torch.randn(M, N, generator=generator) * 2).to("cuda", torch.bfloat16)
         d_out = torch.randn(M, N, generator=generator).to("cuda", torch.bfloat16)
         ms_sum = (x.float() ** 2).sum(1)
@@ -133,7 +132,7 @@ def _cases(generator, only):
         lengths = torch.randint(S // 4, S + 1, (B,), generator=generator)
         mask = (torch.arange(S)[None, :] < lengths[:, None]).to("cuda", torch.bfloat16)
         rows = widened(masked_mean_pool.program)[0]
-        stage = types.SimpleNamespace(program=rows, fn=None, name=rows.name)
+        stage = ProgramKernel(rows)
 
         def mean(t, m):
             t32 = t.float() if t.dtype != torch.float64 else t
@@ -173,7 +172,7 @@ def _cases(generator, only):
         B, S, D = 64, 512, 4096
         x = (torch.randn(B, S, D, generator=generator) * 3).to("cuda", torch.bfloat16)
         first = plan_stages(max_pool_l2.program, lambda p: takes_stage(p, SPEC))[0]
-        stage = types.SimpleNamespace(program=first.program, fn=None, name=first.program.name)
+        stage = ProgramKernel(first.program)
 
         def pooled(t):
             return t.float().amax(1)

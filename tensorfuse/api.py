@@ -247,7 +247,7 @@ def _monoids_rewritten(kernel, spec, dynamic: "bool | None" = None):
 def _rewritten(kernel, spec, rewrite, dynamic: "bool | None"):
     """The kernel of the equivalent program ``rewrite(program)`` gives (with a note saying what it
     rewrote), compiled as ``tf.compile`` compiles any, behind the user's program; else ``None``."""
-    import types
+    from .dsl.program import ProgramKernel
 
     from .widened_kernel import RewrittenKernel
 
@@ -255,7 +255,7 @@ def _rewritten(kernel, spec, rewrite, dynamic: "bool | None"):
     if found is None:
         return None
     program, note = found
-    inner = _compile(types.SimpleNamespace(program=program, fn=None, name=program.name), spec,
+    inner = _compile(ProgramKernel(program), spec,
                      "auto", dynamic=dynamic)
     return RewrittenKernel(kernel.program, inner, note)
 
@@ -289,7 +289,7 @@ def _flattened(kernel, spec, dynamic: "bool | None" = False):
     """A kernel whose chain reduces over several axes together (a paged cache's pages and slots)
     where a template takes it swept as one axis (:mod:`.schedule_templates.flat_sweeps`): that
     template, made per the sizes of those axes; else ``None``."""
-    import types
+    from .dsl.program import ProgramKernel
 
     from .flat_kernel import FlatSweepKernel
     from .schedule_templates.auto import flat_templated
@@ -306,7 +306,7 @@ def _flattened(kernel, spec, dynamic: "bool | None" = False):
         if written is not None:
             return written
         flat = flatten_sweeps(program, sizes)
-        return _compile(types.SimpleNamespace(program=flat, fn=None, name=flat.name), spec,
+        return _compile(ProgramKernel(flat), spec,
                         "auto", dynamic=dynamic)
     return FlatSweepKernel(program, spec, swept_together(program), make)
 
@@ -317,7 +317,7 @@ def _hopper_gemm_staged(kernel, spec, dynamic: "bool | None" = False) -> tuple:
     epilogue — or a GEMM whose columns are reduced after it as its stages — the Hopper GEMM's
     values stored, then the reductions (:mod:`tensorfuse.schedule_templates.gemm_stages`) —, as
     a one-kernel tuple for ``AutoKernel``'s ``ahead``; else ``()``."""
-    import types
+    from .dsl.program import ProgramKernel
 
     from .schedule_templates import TEMPLATES
     from .schedule_templates.gemm_stages import hopper_gemm_stages, hopper_gemm_then_columns
@@ -329,7 +329,7 @@ def _hopper_gemm_staged(kernel, spec, dynamic: "bool | None" = False) -> tuple:
         hopper_gemm_then_columns(kernel.program, spec)
     if found is None:
         return ()
-    parts = [types.SimpleNamespace(program=s.program, fn=None, name=s.program.name)
+    parts = [ProgramKernel(s.program)
              for s in found.stages]
     kernels = tuple(TEMPLATES["hopper_gemm"](part, None, spec) if k == found.gemm else
                     _compile(part, spec, "auto", dynamic=dynamic)
@@ -345,7 +345,7 @@ def _staged(kernel, spec, why: str, planned_for=None, dynamic: "bool | None" = F
     ``planned_for``: the GPU target whose templates decide the cuts (default ``spec``; the CPU
     tests run a GPU's stages on the CPU target); ``sizes``: the call's, where the templates'
     row tiles decide at them (:func:`.schedule_templates.auto.templated_stages`)."""
-    import types
+    from .dsl.program import ProgramKernel
     import warnings
 
     from .errors import NoTemplateWarning
@@ -358,7 +358,7 @@ def _staged(kernel, spec, why: str, planned_for=None, dynamic: "bool | None" = F
         return None
     kernels = []
     for stage in stages:
-        part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
+        part = ProgramKernel(stage.program)
         kind = "one reduction" if stage.reduces else "elementwise"
         kernels.append(_compile(part, spec, "auto", dynamic=dynamic) if stage.templated else
                        _compile(part, spec, None,

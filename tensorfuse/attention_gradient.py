@@ -101,14 +101,12 @@ class AttentionGradientKernel(GraphCallable):
     def saving(self):
         """The forward that also writes each row's log-sum-exp (compiled on first use)."""
         if self._saving is None:
-            import types
-
+            from .dsl.program import ProgramKernel
             from .schedule_templates.attention_chain import with_logsumexp
 
-            program = with_logsumexp(self.forward, self.fusion.names)
-            # the plain forward's tuning records apply (tuned_as)
-            saving = types.SimpleNamespace(program=program, fn=None, name=program.name,
-                                           tuned_as=self.forward)
+            # the plain forward's tuning records apply
+            saving = ProgramKernel(with_logsumexp(self.forward, self.fusion.names),
+                                   tuned_as=self.forward)
             self._saving = self._compile(saving, target=self.target)
         return self._saving
 

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from .dsl import dtypes as dt
 from .dsl.gradients import GradientOutput, gradient_program
-from .dsl.program import Program, ScalarParam, is_kernel
+from .dsl.program import Program, ProgramKernel, ScalarParam, is_kernel
 from .errors import TensorfuseError
 from .torch_graph import DIFFERENTIATION
 
@@ -130,8 +130,9 @@ class Differentiation:
         if self._saving_kernel is None:
             from .api import compile as compile_kernel
 
-            saving = _ProgramKernel(self.saving, getattr(self.kernel, "fn", None))
-            saving.tuned_as = self.program   # the plain forward's tuning records apply
+            # the plain forward's tuning records apply
+            saving = ProgramKernel(self.saving, getattr(self.kernel, "fn", None),
+                                   tuned_as=self.program)
             self._saving_kernel = compile_kernel(saving, target=self.kernel.target)
         return self._saving_kernel
 
@@ -139,7 +140,7 @@ class Differentiation:
         if self._backward is None:
             from .api import compile as compile_kernel
 
-            forward = _ProgramKernel(self.program, getattr(self.kernel, "fn", None))
+            forward = ProgramKernel(self.program, getattr(self.kernel, "fn", None))
             try:
                 self.gradients = GradientKernel(forward, saved_outputs=True)
             except TensorfuseError as exc:
@@ -305,15 +306,6 @@ def _template_backward_op():
 
     _OP.append(op)
     return op
-
-
-class _ProgramKernel:
-    """A traced program standing for its kernel (what :class:`GradientKernel` needs of one);
-    ``tuned_as``: the program whose tuning records it uses, where it is derived from another."""
-
-    def __init__(self, program: Program, fn):
-        self.program, self.fn, self.name = program, fn, program.name
-        self.tuned_as: Program | None = None
 
 
 DIFFERENTIATION.append(Differentiation)   # every kernel's custom operator gets a backward

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import functools
 import math
-import types
 from dataclasses import dataclass, field
 
 import tvm
 
-from ..dsl.program import Program
+from ..dsl.program import Program, ProgramKernel
 from ..errors import TuningError
 from ..schedule_templates import lower_program
 from ..schedule_templates.annotations import KNOB_PREFIX, TEMPLATE_ATTR
@@ -213,7 +212,7 @@ def make_tasks(kernel, dims: dict, target: TargetSpec,
     for stage in (s for s in stages if s.templated):
         own = set(stage.program.dim_names())
         named = {p.name for p in stage.program.scalar_params}
-        part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
+        part = ProgramKernel(stage.program)
         try:
             tasks.append(make_task(part, {n: v for n, v in dims.items() if n in own}, target,
                                    {n: v for n, v in scalars.items() if n in named}))
@@ -258,13 +257,13 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
     _refuse_elementwise(kernel, elementwise_form(kernel.program, dims), target)
     rows = widened(kernel.program)
     if rows is not None:   # tf.compile runs the chain as rows of that program (same name)
-        return make_task(types.SimpleNamespace(program=rows[0], fn=None, name=rows[0].name),
+        return make_task(ProgramKernel(rows[0]),
                          dims, target, scalars)
     choice = choose(kernel.program, target)
     flat = flat_templated(kernel.program, dims, target) if choice is None else None
     if flat is not None:   # tf.compile runs it swept as one axis: that program is what it tunes
         # (same name and sizes: its records are the ones the flat kernel looks up)
-        return make_task(types.SimpleNamespace(program=flat, fn=None, name=flat.name), dims,
+        return make_task(ProgramKernel(flat), dims,
                          target, scalars)
     if choice is None and _on_contraction(kernel, dims, target):
         return TuningTask(kernel, dict(dims), target, "contraction", None, scalars)

@@ -247,3 +247,14 @@ def is_kernel(obj) -> bool:
     :class:`Program`. The compiler's entry points check this instead of importing the decorator's
     class, which itself calls them (``kernel(...)`` compiles on first use)."""
     return isinstance(getattr(obj, "program", None), Program) and hasattr(obj, "fn")
+
+
+class ProgramKernel:
+    """A program standing for its kernel where no function was traced — a stage of the floor, a
+    flat sweep's program, a program derived from another (autograd's forward with its
+    log-sum-exp): what ``tf.compile``, tuning and autograd read of a kernel (:func:`is_kernel`).
+    ``tuned_as``: the program whose tuning records it uses, where it is derived from another."""
+
+    def __init__(self, program: Program, fn=None, tuned_as: "Program | None" = None):
+        self.program, self.fn, self.name = program, fn, program.name
+        self.tuned_as = tuned_as

@@ -170,13 +170,13 @@ def test_one_kernel_per_variant_however_it_is_asked_for():
 def _saving(kernel):
     """``kernel``'s program with the log-sum-exp as a second output, as autograd's forward
     compiles it (:meth:`tensorfuse.autograd.Differentiation.training_op`)."""
-    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.dsl.program import ProgramKernel
     from tensorfuse.schedule_templates.attention_chain import with_logsumexp
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.targets import get_target
 
     _, fusion = choose(kernel.program, get_target("cuda"))
-    return _ProgramKernel(with_logsumexp(kernel.program, fusion.names), None)
+    return ProgramKernel(with_logsumexp(kernel.program, fusion.names))
 
 
 def _float64_logsumexp(q, k, sinks, keep, scale: float):

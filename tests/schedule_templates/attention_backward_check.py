@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import tensorfuse as tf  # noqa: E402
 from tensorfuse import dsl as T  # noqa: E402
 from tensorfuse.kernels.attention import key_position, scores, softmax_attend  # noqa: E402
-from tensorfuse.autograd import _ProgramKernel  # noqa: E402
+from tensorfuse.dsl.program import ProgramKernel  # noqa: E402
 from tensorfuse.kernels.layers import attention_kernel  # noqa: E402
 from tensorfuse.schedule_templates.attention_backward import (  # noqa: E402
     BackwardKnobs, plan_attention_backward)
@@ -127,7 +127,7 @@ def sink_errors(found: dict) -> None:
             tensors["mask"] = torch.rand(2, 1, M_RAGGED, N_RAGGED) < 0.6
             tensors["mask"][1, :, 3] = False   # an empty row: only the sink's share
         scalars = {"scale": D ** -0.5}
-        saving = _ProgramKernel(with_logsumexp(kernel.program, fusion.names), None)
+        saving = ProgramKernel(with_logsumexp(kernel.program, fusion.names))
         out, lse = tf.compile(saving, target="llvm")(**tensors, **scalars)
         want = float64_sink_gradients(tensors, scalars["scale"], dout,
                                       kernel is not sinks_by_head_and_batch and not masked)
@@ -150,7 +150,7 @@ def gradient_kernel_errors(found: dict) -> None:
         dims = dict(B=2, H=H, HKV=HKV, M=M_RAGGED, N=N_RAGGED, D=D)
         found[f"{name}/origin"] = made.schedule_origin(**dims)
         _, fusion = choose(kernel.program, get_target("cuda"))
-        made._saving = tf.compile(_ProgramKernel(with_logsumexp(kernel.program, fusion.names),
+        made._saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names),
                                                  None), target="llvm")
         q, dout = torch.randn(2, H, M_RAGGED, D), torch.randn(2, H, M_RAGGED, D)
         k, v = torch.randn(2, HKV, N_RAGGED, D), torch.randn(2, HKV, N_RAGGED, D)
@@ -181,7 +181,7 @@ def errors(seed: int) -> dict:
             tensors["mask"] = torch.rand(B, 1, M, N) < 0.6
             tensors["mask"][:, :, 3] = False   # an empty row: output 0, gradients 0
         scalars = {"scale": D ** -0.5, **({"cap": 1.5} if softcap else {})}
-        saving = _ProgramKernel(with_logsumexp(kernel.program, fusion.names), None)
+        saving = ProgramKernel(with_logsumexp(kernel.program, fusion.names))
         out, lse = tf.compile(saving, target="llvm")(**tensors, **scalars)
         want = float64_gradients(tensors, scalars, dout, causal)
         for label, got in ((name, apart(tensors, scalars, out, dout)),

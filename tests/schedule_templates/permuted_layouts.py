@@ -90,7 +90,7 @@ def reference_gradients(name: str, q, k, v, scale: float, d_out) -> tuple:
 def backward_errors(generator) -> list[float]:
     """The attention backward template's dq, dk, dv (from the log-sum-exp the forward writes)
     for ``bshd_gqa_causal`` against float64, on ragged sizes."""
-    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.dsl.program import ProgramKernel
     from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
                                                                   plan_attention_backward)
     from tensorfuse.schedule_templates.attention_chain import with_logsumexp
@@ -104,7 +104,7 @@ def backward_errors(generator) -> list[float]:
     x = {n: t.float() for n, t in inputs("bshd_gqa_causal", 1, 4, 2, 37, 45, 16, generator,
                                           width=3.0).items()}
     d_out = torch.randn(1, 37, 4, 16, generator=generator)
-    saving = _ProgramKernel(with_logsumexp(program, fusion.names), None)
+    saving = ProgramKernel(with_logsumexp(program, fusion.names))
     out, lse = tf.compile(saving, target="llvm")(**x, scale=0.25)
     got = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16, merged=True))(
         x, {"scale": 0.25}, out, d_out, lse)

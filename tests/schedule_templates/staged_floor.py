@@ -192,7 +192,7 @@ class _PickedPerCall(GraphCallable):
 def _interpreted_stage(stage, kernel):
     """A stage's Triton template (each flat sweep's, for a stage swept over several axes as
     one), or, for a stage no template takes, its program compiled for the CPU."""
-    import types
+    from tensorfuse.dsl.program import ProgramKernel
 
     from tensorfuse.api import AutoKernel
     from tensorfuse.flat_kernel import FlatSweepKernel
@@ -211,8 +211,7 @@ def _interpreted_stage(stage, kernel):
         return kernel
     if stage is None:   # a whole kernel: a flat sweep's or the elementwise template's
         return kernel
-    return tf.compile(types.SimpleNamespace(program=stage.program, fn=None,
-                                            name=stage.program.name), target="llvm")
+    return tf.compile(ProgramKernel(stage.program), target="llvm")
 
 
 if __name__ == "__main__":

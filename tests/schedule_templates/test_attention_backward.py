@@ -237,11 +237,11 @@ def test_the_forward_saves_its_log_sum_exp_on_the_gpu(M, N, D):
 
 def _saving(kernel, target="cuda"):
     """``kernel`` compiled with the log-sum-exp as its second output."""
-    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.dsl.program import ProgramKernel
     from tensorfuse.schedule_templates.attention_chain import with_logsumexp
 
     _, fusion = choose(kernel.program, get_target("cuda"))
-    return tf.compile(_ProgramKernel(with_logsumexp(kernel.program, fusion.names), None),
+    return tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names)),
                       target=target)
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tensorfuse as tf
+from tensorfuse.dsl.program import ProgramKernel
 import tensorfuse.kernels as K
 from benchmarks.contraction import best_match, bilinear_form
 from benchmarks.unlisted_kernels import rmsnorm_linear
@@ -102,7 +103,7 @@ def test_the_stages_compute_the_program_on_the_cpu(kernel):
         values = dict(x=x, w=w)
         want = (torch.sigmoid(x.double()) * x.double()) @ w.double()
     for stage in hopper_gemm_stages(program).stages:
-        part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
+        part = ProgramKernel(stage.program)
         made = tf.compile(part, target="llvm")(**{n: values[n] for n in stage.inputs})
         made = made if isinstance(made, tuple) else (made,)
         values.update(zip(stage.produces, made))
@@ -151,7 +152,7 @@ def test_a_gemm_whose_columns_are_reduced_is_stored_first_where_it_is_deep(kerne
         values, sizes = dict(x=x, y=y), dict(M=B, D=I_, N=J)
         want = (x.double() @ y.double().T).max(-1).values
     for stage in (gemm, rows):
-        part = types.SimpleNamespace(program=stage.program, fn=None, name=stage.program.name)
+        part = ProgramKernel(stage.program)
         made = tf.compile(part, target="llvm")(**{n: values[n] for n in stage.inputs})
         values.update(zip(stage.produces, made if isinstance(made, tuple) else (made,)))
     out = values[kernel.program.outputs[0].name]

@@ -167,7 +167,7 @@ def test_head_dims_below_a_tile_are_held_in_it(kernel, D, tile):
 @pytest.mark.parametrize("D, S", [(64, 200), (128, 333), (96, 300), (40, 177)])
 def test_the_gradients_match_float64_on_the_gpu(name, D, S):
     """Large value ranges, ragged sizes (the last key and query blocks partial)."""
-    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.dsl.program import ProgramKernel
     from tensorfuse.schedule_templates.attention_chain import with_logsumexp
     import tensorfuse as tf
 
@@ -192,7 +192,7 @@ def test_the_gradients_match_float64_on_the_gpu(name, D, S):
             "document": doc[:, None, :, None] == doc[:, None, None, :]}[name]
     target = get_target("cuda")
     _, fusion = choose(kernel.program, target)
-    saving = tf.compile(_ProgramKernel(with_logsumexp(kernel.program, fusion.names), None))
+    saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names)))
     out, lse = saving(q, k, v, *([doc] if name == "document" else []), D ** -0.5,
                       *(v_ for n, v_ in extra.items() if n != "doc"))
     dims = dict(B=2, H=hq, M=S, N=S, D=D, **({"HKV": hkv} if hkv != hq else {}))

@@ -2,12 +2,12 @@
 rewritten program checked against float64 through the CPU target (the rewrite is the math, on
 any kernel of it), the views of the caller's tensors, the refusals, the sm_90a kernel's code;
 on the GPU, the Hopper attention kernel on packed rows against float64."""
-import types
 
 import pytest
 import torch
 
 import tensorfuse as tf
+from tensorfuse.dsl.program import ProgramKernel
 import tensorfuse.kernels as K
 from tensorfuse import dsl as T
 from tensorfuse.errors import CallError, ScheduleError
@@ -26,8 +26,7 @@ HOPPER = get_target("cuda:sm_90a")
 def on_the_cpu(kernel, one_query=False):
     """The packed program compiled for the CPU target, called with the original's tensors."""
     packed = pack_group_rows(kernel.program, CHAIN, "j", one_query)
-    inner = tf.compile(types.SimpleNamespace(program=packed.program, fn=None,
-                                             name=packed.program.name), "llvm")
+    inner = tf.compile(ProgramKernel(packed.program), "llvm")
     return PackedRowsKernel(kernel.program, packed, inner, get_target("llvm"))
 
 

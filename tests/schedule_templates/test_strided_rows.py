@@ -53,7 +53,7 @@ def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_ro
     four programs an SM; a mean down one tensor's rows takes blocks of 128), and a cross-entropy
     of 16 rows over a vocabulary of 131072 (two a SM); a softmax of 64 rows, whose outputs run
     along the row, and a tall matrix's statistics, with tiles enough, are not."""
-    import types
+    from tensorfuse.dsl.program import ProgramKernel
 
     from tensorfuse.kernels import cross_entropy, rmsnorm, softmax
     from tensorfuse.schedule_templates.auto import takes_stage
@@ -66,8 +66,7 @@ def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_ro
     assert (stats.block_m, stats.block_n, stats.splits) == (32, 512, 33)
     spec = get_target("cuda:sm_90a")
     second = plan_stages(tf.grad(rmsnorm).program, lambda p: takes_stage(p, spec))[1]
-    weight = knobs_of(types.SimpleNamespace(program=second.program, fn=None,
-                                            name=second.program.name), M=8192, N=4096)
+    weight = knobs_of(ProgramKernel(second.program), M=8192, N=4096)
     assert (weight.block_m, weight.block_n, weight.splits) == (64, 64, 8)
     # one tensor down the rows: blocks of 128 (a mean of [65536, 1024]: 16 tiles in 33 parts)
     mean = knobs_of(column_mean, B=65536, D=1024)

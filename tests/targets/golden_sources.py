@@ -164,7 +164,7 @@ def _lse_and_sparse_cases() -> Iterator[Case]:
     """The forward that saves the log-sum-exp (autograd's), a block-sparse lookup mask, a strided
     neighbourhood (the map tiles with a stride)."""
     import tensorfuse.kernels as K
-    from tensorfuse.autograd import _ProgramKernel
+    from tensorfuse.dsl.program import ProgramKernel
     from tensorfuse.schedule_templates.attention_chain import with_logsumexp
     from tensorfuse.schedule_templates.auto import choose
     from tensorfuse.targets import get_target
@@ -174,7 +174,7 @@ def _lse_and_sparse_cases() -> Iterator[Case]:
     for name in ("causal_attention", "gqa_attention"):
         program = K.ALL[name].program
         _, fusion = choose(program, get_target("cuda:sm_90a"))
-        saving = _ProgramKernel(with_logsumexp(program, fusion.names), None)
+        saving = ProgramKernel(with_logsumexp(program, fusion.names))
         sizes = _sizes(K.ALL[name], dict(PREFILL, M=2048, N=2048))
         yield f"compile:sm_90a:lse:{name}", \
             lambda k=saving, s=sizes: compiled(k, "cuda:sm_90a").source(**s)
