@@ -259,7 +259,7 @@ def hopper_backward(plan, target, triton, chosen: bool | None = None):
             raise TensorfuseError(f"TENSORFUSE_ATTENTION_BACKWARD={choice!r}: one of "
                                   f"{', '.join(BACKWARDS)}")
         chosen = choice == "hopper" or choice == "auto" and plan.mask is None and \
-            plan.head_dim % 8 == 0 and tile_head_dim(plan.head_dim) == 128
+            tile_head_dim(plan.head_dim) == 128   # (a dim the kernel refuses: None below)
     if not chosen:
         return None
     try:

@@ -40,6 +40,7 @@ from .dsm import HELPERS as DSM_HELPERS
 from .expr import (C_TYPES, KernelArguments, scalar_arguments, tensor_arguments,
                    to_cuda, wide_tensors)
 from .tma import HELPERS as TMA_HELPERS
+from .parts import swap
 from .parts.mainloop import attention_pack_function
 from .parts.row_state import attention_exp2
 from .tma import MBARRIER_HELPERS, REDUCE_HELPERS, TENSOR_MAP_TYPE, load_helper
@@ -468,8 +469,8 @@ def _consumer_end(c: _Source) -> str:
     """dK and dV written from registers once every visit is done (the columns past a padded
     row not written)."""
     if c.row_d != c.D:
-        return _END.replace("if (key < N_) {", "if (key < N_ && c < ROW_D_) {") \
-            .replace("* N_ + key) * D_ + c", "* N_ + key) * ROW_D_ + c")
+        return swap(swap(_END, "if (key < N_) {", "if (key < N_ && c < ROW_D_) {"),
+                    "* N_ + key) * D_ + c", "* N_ + key) * ROW_D_ + c")
     return _END
 
 

@@ -62,3 +62,12 @@ def named_parts(available: tuple[Part, ...],
 def assemble(fragments, context) -> str:
     """The source of ``fragments`` (in order) for an emitter's ``context``."""
     return "".join(fragment(context) for fragment in fragments)
+
+
+def swap(text: str, old: str, new: str) -> str:
+    """``text`` with its one ``old`` piece replaced by ``new`` — a variant of a fragment (a
+    permuted layout's addresses, a padded row's stores); an error where ``old`` is not there
+    exactly once, so that a fragment edited elsewhere cannot leave a variant silently unmade."""
+    if text.count(old) != 1:
+        raise AssertionError(f"the fragment has {text.count(old)} of {old!r}")
+    return text.replace(old, new)

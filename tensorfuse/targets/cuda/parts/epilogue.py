@@ -3,6 +3,8 @@ lane, deferred behind the next tile's first product), the log-sum-exps, and the 
 tile's pieces."""
 from __future__ import annotations
 
+from . import swap
+
 
 def attention_defines(c) -> str:
     """Whether a tile's stores wait for the next tile's first product, and whether the log-sum-
@@ -48,21 +50,14 @@ _LSE_VALUE = "      pending_lse[x] = (m[x] + log2f(l[x])) * 0.6931471805599453f;
 _LSE_AT = "      pending_lse_at[x] = LSE_AT(w.bh / H_, w.bh % H_, row);\n"
 
 
-def _swap(text: str, old: str, new: str) -> str:
-    """``text`` with its one ``old`` line replaced (the strided epilogue's addresses)."""
-    if text.count(old) != 1:
-        raise AssertionError(f"the epilogue's text has {text.count(old)} of {old!r}")
-    return text.replace(old, new)
-
-
 def attention_deferred_store(c) -> str:
     """A tile's output kept in registers until the next tile's first product is issued, then
     stored 16 bytes a lane (with the log-sum-exps)."""
-    store = _padded_pieces(_DEFERRED_STORE) if c.padded else _DEFERRED_STORE
+    store = swap(_DEFERRED_STORE, _PIECES, _PADDED_PIECES) if c.padded else _DEFERRED_STORE
     if c.strided:
-        return _swap(_swap(store, _FLAT_LSE, _STRIDED_LSE), _PENDING_LSE,
+        return swap(swap(store, _FLAT_LSE, _STRIDED_LSE), _PENDING_LSE,
                      _PENDING_LSE + _PENDING_LSE_AT)
-    return _swap(store, _FLAT_LSE, _PADDED_LSE) if c.padded else store
+    return swap(store, _FLAT_LSE, _PADDED_LSE) if c.padded else store
 
 
 _PIECES = "        for (int g = 0; g < DV_ / 32; ++g) dst[4 * g] = pending[x][g];\n"
@@ -71,10 +66,6 @@ _PADDED_PIECES = ("        for (int g = 0; g < DV_ / 32; ++g)\n"
                   "          if (32 * g + 8 * (lane % 4) < OUT_DV_) dst[4 * g] = pending[x][g];\n")
 _PADDED_LSE = "lse_out[pending_at[x] / OUT_DV_]"
 _TOKEN_ROW = "((long)w.bh * M_ + token) * DV_"
-
-
-def _padded_pieces(text: str) -> str:
-    return _swap(text, _PIECES, _PADDED_PIECES)
 
 
 _DEFERRED_STORE = """  // A tile's output, written once the next tile's first q·kᵀ is on the tensor cores (DEFER), so
@@ -109,16 +100,16 @@ def attention_store(c) -> str:
     sink = "" if not c.chain.sink else (_SINK_KEPT if c.chain.lse else _SINK).format(
         sink=f"t_{c.chain.sink[0]}", at="w.bh" if c.chain.sink[2] == "bh" else "w.bh % H_")
     inverse = _EMPTY + sink + _INVERSE_OR_ZERO if c.chain.empty_rows else sink + _INVERSE
-    store = _swap(_STORE, _INVERSE, inverse)
+    store = swap(_STORE, _INVERSE, inverse)
     if c.padded:   # rows OUT_DV_ wide in the output (the strided layout's macro has it)
-        store = _swap(store, _TOKEN_ROW, _TOKEN_ROW.replace("DV_", "OUT_DV_"))
+        store = swap(store, _TOKEN_ROW, _TOKEN_ROW.replace("DV_", "OUT_DV_"))
         if not c.strided:
-            store = _swap(store, _FLAT_ROW, _FLAT_ROW.replace("DV_", "OUT_DV_"))
+            store = swap(store, _FLAT_ROW, _FLAT_ROW.replace("DV_", "OUT_DV_"))
     if c.strided:
-        store = _swap(_swap(store, _FLAT_ROW, _STRIDED_ROW), _LSE_VALUE,
+        store = swap(swap(store, _FLAT_ROW, _STRIDED_ROW), _LSE_VALUE,
                       _LSE_VALUE + (_LSE_AT if c.chain.lse else ""))
     if c.chain.sink and c.chain.lse:
-        store = _swap(store, _LSE_VALUE, _SINK_LSE_VALUE)
+        store = swap(store, _LSE_VALUE, _SINK_LSE_VALUE)
     return store
 
 
