@@ -422,3 +422,50 @@ def test_repeated_calls_with_out_run_on_the_fast_path_into_out():
         out.fill_(float("nan"))
         assert f(*args, out=out) is out and fast[0].calls == 1
         assert (out.double() - want).abs().max() / want.abs().max() < 2e-2
+
+
+def test_a_kept_fast_call_launches_the_arguments_outputs_and_sizes_in_the_kernels_order(
+        monkeypatch):
+    """``launcher.remember_fast_call`` (every Triton template's fast call): a repeated call hands
+    the launch the tensors' addresses, the new outputs' and the sizes the kernel reads as
+    arguments, each where the kernel's argument names put them, the scalars by value; none is
+    kept where a kernel has no direct launch (or the call is not torch on the GPU)."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from tensorfuse.targets.triton import launcher
+
+    @tf.kernel
+    def scaled(x: T.Tensor["M", "N", "f32"], w: T.Tensor["N", "f32"], s: T.f32):
+        i, j = T.axes("i j")
+        return x[i, j] * w[j] * s
+
+    x, w = torch.randn(3, 4), torch.randn(4)
+    bound = SimpleNamespace(framework="torch", arrays={"x": x, "w": w}, scalars={"s": 2.0},
+                            outs=None, dims={"M": 3, "N": 4}, torch_device=torch.device("cpu"))
+    binder = SimpleNamespace(target_device="cuda", scalar_kinds={"s": float})
+    from tensorfuse.dsl.symbolic_sizes import PREFIX
+
+    names = ["w", "s", "out_out", PREFIX + "N", "x"]   # the kernel's arguments, in its order
+    step = SimpleNamespace(raw="raw launch", compiled="compiled", grid=(1, 1, 1), names=names)
+    launches = SimpleNamespace(steps=[step], constexprs=[8])
+    outputs = [("out_out", (3, 4), "f32")]
+    calls: dict = {}
+    launcher.remember_fast_call(calls, "key", scaled.program, (x, w, 2.0), bound, binder,
+                                outputs, launches)
+    fast = calls["key"]
+    launched = []
+    monkeypatch.setattr(launcher, "launch_raw", lambda raw, kernel, grid, stream, args, *_:
+                        launched.append((raw, kernel, args)))
+    active = SimpleNamespace(get_current_stream=lambda device: "stream")
+    monkeypatch.setattr(launcher, "_triton", lambda: (SimpleNamespace(
+        launch_enter_hook=None, launch_exit_hook=None), active))
+    fast.current_device = lambda: 0
+    out = fast((x, w, 3.0), {})
+    assert out.shape == (3, 4)
+    assert launched == [("raw launch", "compiled",
+                         [w.data_ptr(), 3.0, out.data_ptr(), 4, x.data_ptr(), 8])]
+    step.raw, kept = None, {}
+    launcher.remember_fast_call(kept, "key", scaled.program, (x, w, 2.0), bound, binder,
+                                outputs, launches)
+    assert kept == {}

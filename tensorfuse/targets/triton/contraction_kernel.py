@@ -3,15 +3,15 @@ kernel, torch or NumPy in and out, a Triton source per shape signature (sizes se
 value become arguments: :mod:`.size_builds`), launched on torch's current stream."""
 from __future__ import annotations
 
-from ...binding import CallBinder, check_named_sizes, output_buffers, output_shape, split_scalars
+from ...binding import CallBinder, check_named_sizes, output_buffers, split_scalars
 from ...errors import ScheduleError, TargetError
 from ...interop import deliver, torch_arguments, torch_dtype
-from ..signature_call import call_layout, fast_call_applies, try_fast_call
+from ..signature_call import try_fast_call
 from ...torch_graph import GraphCallable
 from .contraction import (PARTIALS, combine_name, contraction_source, grid_of, partial_floats,
                           split_arguments, stage_grid, stage_name)
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
-from .launcher import FastCall, Launches, Step
+from .launcher import Launches, Step, output_specs, remember_fast_call
 from .size_builds import SizeBuilds, size_values, with_size_arguments
 
 ORIGIN = "contraction template defaults"
@@ -186,21 +186,13 @@ class ContractionKernel(GraphCallable):
         gradient split in 8 parts took 0.050–0.075 ms through the checked path
         (``benchmarks.unlisted_kernels``)."""
         stored = self._launch_for(bound.dims)[1]
-        if not fast_call_applies(bound, self._calls.target_device) or \
-                any(name != PARTIALS for name, _, _ in stored) or \
-                any(step.raw is None for step in launches.steps):
+        if any(name != PARTIALS for name, _, _ in stored):
             return
         # the split's partial tiles (the one tensor left in ``stored``): the fast call's f32
         # scratch, allocated per call as here
         scratch = ([(PARTIALS, stored[0][1], 0)], stored[0][1][0]) if stored else None
-        outputs = [(f"out_{c.name}", tuple(output_shape(c, bound.dims)), c.dtypes[0])
-                   for c in self.outputs]
-        params, likes, guards = call_layout(self.program, args, bound, self._calls.scalar_kinds,
-                                            outputs)
-        taken = {p.name for p in self.program.params}
-        self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes,
-                                   guards, None, {n: v for n, v in size_values(bound.dims).items()
-                                                  if n not in taken})
+        remember_fast_call(self._fast, key, self.program, args, bound, self._calls,
+                           output_specs(self.outputs, bound.dims), launches, scratch)
 
     def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
         import triton

@@ -13,14 +13,13 @@ from ...dsl.expr import Axis, Const, Load
 from ...dsl.symbolic_sizes import size_arguments
 from .expr import TL_DTYPES, TileContext, computed, dim_sizes, offset, to_triton
 from .launch import compile_for, interpreting, load_kernel, signature
-from ...binding import output_shape
 from ...interop import deliver
-from ..signature_call import call_layout, fast_call_applies, try_fast_call
-from .launcher import FastCall, Launches, Step
+from ..signature_call import try_fast_call
+from .launcher import Launches, Step, output_specs, remember_fast_call
 from .tile_text import assemble_source
 from .scatter import BLOCK, extent
 from .scatter_kernel import ScatterKernel
-from .size_builds import size_values, with_size_arguments
+from .size_builds import with_size_arguments
 
 ORIGIN = "elementwise template (one flat pass over the outputs)"
 
@@ -195,24 +194,10 @@ class ElementwiseKernel(ScatterKernel):
         launches, values, outs, given, bound = self._prepare(args, kwargs)
         launches(values)
         if key is not None and fast is None:
-            self._remember_fast(key, args, bound, launches)
+            remember_fast_call(self._fast, key, self.program, args, bound, self._calls,
+                               output_specs(self.outputs, bound.dims), launches)
         made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
         return made[0] if len(made) == 1 else tuple(made)
-
-    def _remember_fast(self, key, args: tuple, bound, launches) -> None:
-        """A fast call for this signature where one applies (torch tensors on the GPU, a kernel
-        Triton lets us launch directly); the sizes it reads as arguments fixed by the key."""
-        if not fast_call_applies(bound, self._calls.target_device) or \
-                any(step.raw is None for step in launches.steps):
-            return
-        outputs = [(f"out_{c.name}", tuple(output_shape(c, bound.dims)), c.dtypes[0])
-                   for c in self.outputs]
-        params, likes, guards = call_layout(self.program, args, bound, self._calls.scalar_kinds,
-                                            outputs)
-        sizes = {n: v for n, v in size_values(bound.dims).items()
-                 if n not in bound.arrays and n not in bound.scalars}
-        self._fast[key] = FastCall(params, outputs, None, launches, bound.torch_device, likes,
-                                   guards, None, sizes)
 
     @property
     def _name(self) -> str:

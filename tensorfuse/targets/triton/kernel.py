@@ -5,13 +5,14 @@ import math
 from dataclasses import replace
 from typing import Callable
 
-from ...binding import CallBinder, check_named_sizes, output_shape, split_scalars
+from ...binding import CallBinder, check_named_sizes, split_scalars
 from ...dsl import dtypes as dt
 from ...interop import data_key, deliver, kept_copies, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
-from ..signature_call import call_layout, fast_call_applies, try_fast_call
-from .launcher import FastCall, Launches, PartCounters, Step, current_stream
+from ..signature_call import try_fast_call
+from .launcher import (Launches, PartCounters, Step, current_stream, output_specs,
+                       remember_fast_call)
 from .row_grid import block_k, grid, launch_grid
 from .column_sums import finish_grid, partial_names, scratch_shapes
 from .rowtile import kernel_source
@@ -211,8 +212,7 @@ class TritonKernel(GraphCallable):
                           names, pointers | ({"part_count"} if split else set()))]
             if plan.column_sums:   # the kernel that adds the sums' partial rows up
                 steps.append(Step(self._sums_kernel(bound), finish_grid(plan), names, pointers))
-            outputs = [(f"out_{c.name}", tuple(output_shape(c, bound.dims)), c.dtypes[0])
-                       for c, _, _ in plan.outputs]
+            outputs = output_specs([c for c, _, _ in plan.outputs], bound.dims)
             counters = PartCounters(math.prod(grid(plan, knobs))) if split else None
             made = (plan, Launches(steps, meta, knobs.num_warps, knobs.num_stages),
                     self._scratch_layout(plan, knobs) if split or plan.column_sums else None,
@@ -319,18 +319,12 @@ class TritonKernel(GraphCallable):
         new outputs out, compiled kernels Triton lets us launch directly, no per-call block
         lists."""
         plan, _, scratch, _, outputs, counters = self._launches(bound)
-        if not fast_call_applies(bound, self._calls.target_device) or \
-                plan.mask is not None and scratch is None or \
-                any(step.raw is None for step in launches.steps):
+        if plan.mask is not None and scratch is None:   # block lists made per call
             return
         # the scalars tuning records are kept per (a window) are guarded: another value may have
         # other knobs, so it takes the checked path
-        params, likes, guards = call_layout(self.program, args, bound, self._calls.scalar_kinds,
-                                            outputs, self._keyed_scalars())
-        self._fast[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes,
-                                   guards, counters, {
-                                       n: v for n, v in size_values(bound.dims).items()
-                                       if n not in self._int_scalar and n not in bound.arrays})
+        remember_fast_call(self._fast, key, self.program, args, bound, self._calls, outputs,
+                           launches, scratch, counters, self._keyed_scalars())
 
     def warm(self, *args, **kwargs) -> None:
         """Compile for these arguments without launching (a tuning batch compiles its

@@ -11,8 +11,9 @@ compiled kernel stays the right one.
 """
 from __future__ import annotations
 
-from ..signature_call import SignatureCall
+from ..signature_call import SignatureCall, call_layout, fast_call_applies
 from .launch import interpreting
+from .size_builds import size_values
 
 META = ("BLOCK_M", "BLOCK_N", "BLOCK_K")   # the generated kernels' constexpr parameters, in order
 
@@ -284,3 +285,29 @@ class JitOnce:
         launch_compiled(step, active.get_current_stream(active.get_current_device()),
                         values + list(constexprs.values()))
         self.direct += 1
+
+
+def output_specs(computes, dims: dict) -> list:
+    """``(argument name, shape, DSL dtype)`` of each output a kernel writes, at ``dims``."""
+    from ...binding import output_shape
+
+    return [(f"out_{c.name}", tuple(output_shape(c, dims)), c.dtypes[0]) for c in computes]
+
+
+def remember_fast_call(calls: dict, key, program, args: tuple, bound, binder, outputs: list,
+                       launches: Launches, scratch=None, counters: "PartCounters | None" = None,
+                       guarded: tuple = ()) -> None:
+    """Keep in ``calls`` a :class:`FastCall` for this signature where one applies — torch
+    tensors on the GPU, kernels Triton lets us launch directly — read off its first call
+    (``bound`` by ``binder``; ``outputs``: ``(argument name, shape, DSL dtype)``); the sizes the
+    kernels read as arguments are fixed by the key; ``guarded``: the scalars the launches were
+    made for (other values take the checked path)."""
+    if not fast_call_applies(bound, binder.target_device) or \
+            any(step.raw is None for step in launches.steps):
+        return
+    params, likes, guards = call_layout(program, args, bound, binder.scalar_kinds, outputs,
+                                        guarded)
+    sizes = {n: v for n, v in size_values(bound.dims).items()
+             if n not in bound.arrays and n not in bound.scalars}
+    calls[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes, guards,
+                          counters, sizes)
