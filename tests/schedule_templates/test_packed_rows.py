@@ -175,6 +175,25 @@ def test_two_consumers_can_split_the_keys_of_one_tile():
                          split_keys=True).schedule_origin(**dims)
 
 
+def test_the_decode_timeline_probe_still_finds_its_spots():
+    """``tools/probe_decode_timeline.py`` patches the emitted source: each of its timer reads
+    lands once in the packed decode's kernel, with one consumer and with split keys."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[2] / "tools" / "probe_decode_timeline.py"
+    spec = importlib.util.spec_from_file_location("probe_decode_timeline", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    dims = dict(B=16, H=64, HKV=1, M=1, N=16384, D=128)
+    for knobs in (dict(consumers=1), dict(consumers=2, split_keys=True)):
+        made = packed_attention(K.gqa_attention, Fusion(CHAIN, "j", 32), HOPPER, **knobs)
+        traced = probe.traced(made.source(**dims))
+        for read in ("tr_q = tf_gtime()", "tr_first = tf_gtime()", "tr_loop = tf_gtime()",
+                     "tr_merge = tf_gtime()", 'printf("TR '):
+            assert traced.count(read) == 1, (knobs, read)
+
+
 def test_tf_compile_routes_large_groups_on_one_cache_to_packed_rows():
     """Where packing measured faster than the cluster decode (16+ (batch, kv-head) pairs of 64
     or 128 heads, 4+ pairs of 32–63, no mask), and only there."""
