@@ -14,20 +14,13 @@ generated source, so it measures this checkout's kernel; printf makes it a littl
 """
 import argparse
 import importlib
+import os
 import statistics
 import sys
 
-CLOCK = """__device__ __forceinline__ unsigned long long tf_gtime() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ unsigned tf_smid() {
-  unsigned s;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-  return s;
-}
-"""
+sys.path.insert(0, os.path.dirname(__file__))
+from timeline_clock import CLOCK, print_quantiles  # noqa: E402
+
 # in the statement that merges a split tile's pieces (its line's end: with split keys it closes
 # one more parenthesis)
 MERGED = "work, counters, flags)"
@@ -120,10 +113,7 @@ def summarise(lines) -> None:
     print(f"{len(rows)} CTAs, key blocks each: {sorted({r[2] for r in rows})} "
           "(µs from the first CTA's start)")
     for k, name in enumerate(EVENTS):
-        us = sorted((r[3 + k] - t0) / 1e3 for r in rows if r[3 + k])
-        if us:
-            print(f"  {name:11s} min {us[0]:7.2f}  median {statistics.median(us):7.2f}  "
-                  f"max {us[-1]:7.2f}")
+        print_quantiles(name, [r[3 + k] for r in rows], t0, 11)
     per = [(r[6] - r[5]) / 1e3 / (r[2] - 1) for r in rows if r[5] and r[2] > 1]
     if per:
         print(f"  key loop per block: median {statistics.median(per):.3f} µs, "

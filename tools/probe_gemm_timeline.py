@@ -11,7 +11,7 @@ the kernels makes them a little slower than the real ones.
 """
 import argparse
 import importlib
-import statistics
+import os
 import sys
 
 import torch
@@ -21,17 +21,9 @@ from benchmarks.gemm import inputs
 from tensorfuse.schedule_templates.hopper_ffn import hopper_ffn
 from tensorfuse.targets import get_target
 
-CLOCK = """__device__ __forceinline__ unsigned long long tf_gtime() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ unsigned tf_smid() {
-  unsigned s;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-  return s;
-}
-"""
+sys.path.insert(0, os.path.dirname(__file__))
+from timeline_clock import CLOCK, print_quantiles  # noqa: E402
+
 EDITS = (
     ('extern "C" __global__', CLOCK + 'extern "C" __global__'),
     ("  const void* a_map = maps;\n",
@@ -108,10 +100,7 @@ def summarise(lines) -> None:
         print("  slowest k-loops (tile@SM: µs): " + ", ".join(
             f"{r[1]}@{r[6] if len(r) > 6 else '?'}: {(r[4] - t0) / 1e3:.1f}" for r in late))
         for name, values in events.items():
-            us = sorted((v - t0) / 1e3 for v in values if v)
-            if us:
-                print(f"  {name:14s} min {us[0]:7.2f}  median {statistics.median(us):7.2f}  "
-                      f"max {us[-1]:7.2f}")
+            print_quantiles(name, values, t0)
 
 
 if __name__ == "__main__":
