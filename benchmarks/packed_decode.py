@@ -101,11 +101,9 @@ def measure(rows: list, log=print) -> None:
 
 def variants() -> dict:
     """The packed kernels timed: one consumer warpgroup (64 rows: groups up to 64 heads), two
-    consumers alternating the key blocks of those 64 rows (``split_keys``; 128-key blocks in two
-    slots, or 64-key blocks in four), two consumers of 64 rows each (128 rows)."""
+    CTAs an SM of it (64-key blocks fit twice), two consumers (128 rows)."""
     return {"packed c1": packed(consumers=1),
-            "packed split keys": packed(consumers=2, split_keys=True),
-            "packed split keys n64": packed(consumers=2, split_keys=True, block_n=64, stages=4),
+            "packed c1 2/SM": packed(consumers=1, ctas_per_sm=2, block_n=64),
             "packed c2": packed(consumers=2)}
 
 

@@ -8,7 +8,7 @@ cache past L2 it is the pace of the slower of them and the memory. The probe pat
 generated source, so it measures this checkout's kernel; printf makes it a little slower.
 
     PYTHONPATH=. python tools/probe_decode_timeline.py --batch 16 --keys 16384 \\
-        --knobs consumers=2,split_keys=True | python tools/probe_decode_timeline.py --summarise
+        --knobs consumers=1,block_n=64 | python tools/probe_decode_timeline.py --summarise
     ... --batch 1 --keys 32768 --knobs ctas=16,consumers=1 --no-flush   # the consumers' pace
     ... --build-only   # the patched kernel's cubin into $TENSORFUSE_CACHE (no GPU needed)
 """
@@ -21,8 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 from timeline_clock import CLOCK, print_quantiles  # noqa: E402
 
-# in the statement that merges a split tile's pieces (its line's end: with split keys it closes
-# one more parenthesis)
+# in the statement that merges a split tile's pieces (the read goes after its line)
 MERGED = "work, counters, flags)"
 EVENTS = ("start", "queries", "first slot", "loop end", "merged", "end")
 EDITS = (

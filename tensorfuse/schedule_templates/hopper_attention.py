@@ -144,16 +144,14 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                      stages: int | None = None, consumers: int | None = None,
                      overlap: bool | None = None, pingpong: bool | None = None,
                      schedule: str | None = None, ctas: int | None = None,
-                     ctas_per_sm: int | None = None, split_keys: bool | None = None,
-                     tiling: "dict | bool" = True, tuned=None,
+                     ctas_per_sm: int | None = None, tiling: "dict | bool" = True, tuned=None,
                      prefill_only: bool = False) -> ClusterKernel:
     """A callable warp-specialised attention kernel for ``kernel`` after a rolling update over the
     keys. Knobs (defaults from the plan): ``block_n`` keys per block, ``stages`` key/value slots,
     ``consumers`` warpgroups of 64 query rows, ``overlap`` (FlashAttention-3's intra-warpgroup
     pipeline), ``pingpong`` (consumers take turns on the tensor cores), ``schedule`` (``"grid"``,
     ``"dynamic"``, ``"snake"`` or ``"auto"``: how CTAs take tiles), ``ctas`` (persistent CTAs,
-    0: one per resident slot), ``ctas_per_sm`` (1 or 2 CTAs resident on an SM) and
-    ``split_keys`` (two consumers alternating the key blocks of one 64-row tile). ``tiling``:
+    0: one per resident slot) and ``ctas_per_sm`` (1 or 2 CTAs resident on an SM). ``tiling``:
     the visiting order of a mask that reads the sequence as a 2-D/3-D map — ``True`` chooses
     (query patches and key windows copied as TMA boxes, or the flat order:
     :mod:`.hopper_tiling`), ``False`` keeps the flat order, a dict (``Schedule.tile_as``) fixes
@@ -171,8 +169,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
     given = {k: v for k, v in (("block_n", block_n), ("stages", stages),
                                ("consumers", consumers), ("overlap", overlap),
                                ("pingpong", pingpong), ("schedule", schedule),
-                               ("ctas", ctas), ("ctas_per_sm", ctas_per_sm),
-                               ("split_keys", split_keys)) if v is not None}
+                               ("ctas", ctas), ("ctas_per_sm", ctas_per_sm)) if v is not None}
     arguments = [t for _, t, _ in kernel_arguments(plan)]
     # a mask over a map: kernels are made per the values of its scalars (its width, radius…)
     map_scalars = plan.map_scalars if tiling is not False else ()

@@ -36,7 +36,7 @@ from .token_tiling import map_scalars, mask_reads_map
 
 WHO = "hopper attention"
 KNOBS = ("block_n", "stages", "consumers", "overlap", "pingpong", "schedule", "ctas",
-         "ctas_per_sm", "split_keys")
+         "ctas_per_sm")
 SCHEDULES = ("auto", "grid", "dynamic", "snake", "split")
 PRODUCER_REGISTERS = 24      # the producer warpgroup keeps the fewest setmaxnreg allows
 
@@ -54,11 +54,7 @@ class HopperKnobs:
     every schedule runs the same cubin. ``ctas_per_sm``: CTAs resident on an SM at once (1 or 2;
     2 halves each CTA's registers and needs its shared memory twice over): where tiles are short
     (a few key blocks each) one CTA's fixed costs per tile — the queries' copy, the pipeline's
-    fill, the output — run beside the other's blocks. ``split_keys``: two consumer warpgroups
-    take the same 64 rows and alternate key blocks, each with its own running maximum, sum and
-    ``o``, the second's merged into the first's at the tile's end — for tiles of 64 rows or
-    fewer (a decode's packed group of heads), where one warpgroup's chain of products and
-    softmax, not the memory, sets the pace (``benchmarks.packed_decode``)."""
+    fill, the output — run beside the other's blocks."""
 
     block_n: int = 128
     stages: int = 2
@@ -68,11 +64,10 @@ class HopperKnobs:
     schedule: str = "auto"
     ctas: int = 0
     ctas_per_sm: int = 1
-    split_keys: bool = False
 
     @property
     def block_m(self) -> int:
-        return 64 if self.split_keys else 64 * self.consumers
+        return 64 * self.consumers
 
     @property
     def producer_registers(self) -> int:
@@ -102,8 +97,7 @@ class HopperKnobs:
         return (f"block_m={self.block_m}, block_n={self.block_n}, stages={self.stages}, "
                 f"consumers={self.consumers}, overlap={self.overlap}, pingpong={self.pingpong}, "
                 f"schedule={self.schedule}" + (f", ctas={self.ctas}" if self.ctas else "")
-                + (f", ctas_per_sm={self.ctas_per_sm}" if self.ctas_per_sm != 1 else "")
-                + (", split_keys=True" if self.split_keys else ""))
+                + (f", ctas_per_sm={self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""))
 
 
 @dataclass(frozen=True)
@@ -311,15 +305,13 @@ def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False, DV: int | None
     each), the mbarriers (the queries', four per slot, the queries' release, two tile slots'
     full and free), the two claimed items (tile,
     first key block, key blocks) and the consumers' merge flags, plus 1 KiB for aligning the
-    128-byte-swizzled tiles; with ``split_keys``, and the second consumer's partial state (its
-    ``o``, maxima and sums: 16-byte pieces per thread) handed to the first."""
+    128-byte-swizzled tiles."""
     tiles = knobs.block_m * D * 2 + knobs.stages * knobs.block_n * (D + (DV or D)) * 2
     if tiled:
         tiles += knobs.stages * knobs.consumers * fragment_bit_words(knobs.block_n) * 128 * 4
     if score_tile:
         tiles += knobs.stages * (tile_bytes(knobs.block_m, knobs.block_n) + 16)   # and 2 mbarriers
-    handed = 128 * ((DV or D) // 8 + 1) * 16 if knobs.split_keys else 0
-    return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 48 + handed + 1024
+    return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 48 + 1024
 
 
 def split_workspace(knobs: HopperKnobs, ctas: int, DV: int) -> int:
@@ -487,11 +479,6 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
         raise _refuse(f"ctas={knobs.ctas}: a count of persistent CTAs (0: ctas_per_sm per SM)")
     if knobs.stages not in (2, 3, 4):
         raise _refuse(f"stages={knobs.stages}: 2, 3 or 4 key/value slots")
-    if knobs.split_keys and (knobs.consumers != 2 or plan.mask is not None or tiled or
-                             plan.score_tile is not None):
-        raise _refuse("split_keys: two consumer warpgroups (consumers=2) alternating the key "
-                      "blocks of the same 64 rows, in a plan without a mask or a score tile "
-                      "(every block the same for both)")
     if knobs.ctas_per_sm not in (1, 2):
         raise _refuse(f"ctas_per_sm={knobs.ctas_per_sm}: 1 or 2 CTAs resident on an SM")
     if plan.score_tile is not None and knobs.block_n % 64:
@@ -539,7 +526,7 @@ def with_knobs(plan: HopperAttentionPlan, sizes: dict, given: dict,
     unknown = set(given) - set(KNOBS)
     if unknown:
         raise _refuse(f"no knob {', '.join(sorted(unknown))}; knobs: {', '.join(KNOBS)}")
-    given = {n: bool(v) if n in ("overlap", "pingpong", "split_keys") else _schedule_name(v)
+    given = {n: bool(v) if n in ("overlap", "pingpong") else _schedule_name(v)
              if n == "schedule" else int(v) for n, v in given.items()}
     knobs = replace(default_hopper_knobs(plan, sizes, scalars, "block_n" not in given), **given)
     D, DV = tile_head_dims(plan, sizes)

@@ -147,37 +147,9 @@ def test_the_hopper_kernel_on_packed_rows_is_split_over_every_sm():
                          schedule="split").schedule_origin(**dims)
 
 
-def test_two_consumers_can_split_the_keys_of_one_tile():
-    """``split_keys``: both consumer warpgroups read the same 64 packed rows (no ``cw * 64``
-    offset into the query tile), take every other key block from their own index, free a slot
-    alone (one reader), and the second hands its state to the first through shared memory; the
-    knob is refused where the blocks differ by row (a mask) or with one consumer."""
-    made = packed_attention(K.gqa_attention, Fusion(CHAIN, "j", 32), HOPPER, consumers=2,
-                            split_keys=True)
-    dims = dict(B=16, H=64, HKV=1, M=1, N=16384, D=128)
-    origin = made.schedule_origin(**dims)
-    assert "block_m=64" in origin and "split_keys=True" in origin, origin
-    assert "16 tiles: split schedule on 132 persistent CTAs" in origin, origin
-    source = made.source(**dims)
-    assert "#define SPLIT_KEYS 1" in source and "#define PINGPONG 0" in source
-    assert "tf_kmajor_desc(q_base, BM, 0, 0)" in source and "cw * 64" not in source
-    assert "tf_mbar_init(empty_k + s, 128);" in source
-    assert "for (int it = cw + 2; it < mine; it += 2)" in source
-    assert "const bool keep = cw == 0 && (" in source and source.count("HAND_BARRIER") == 3
-    assert "wgmma.mma_async" in made.inner.ptx(B=16, HKV=1, R=64, N=16384, D=128)
-    plain = packed_attention(K.gqa_attention, Fusion(CHAIN, "j", 32), HOPPER, consumers=2)
-    assert "SPLIT_KEYS" not in plain.source(**dims)
-    with pytest.raises(ScheduleError, match="split_keys"):
-        packed_attention(K.gqa_attention, Fusion(CHAIN, "j", 32), HOPPER, consumers=1,
-                         split_keys=True).schedule_origin(**dims)
-    with pytest.raises(ScheduleError, match="split_keys"):
-        packed_attention(K.gqa_causal_attention, Fusion(CHAIN, "j", 32), HOPPER, consumers=2,
-                         split_keys=True).schedule_origin(**dims)
-
-
 def test_the_decode_timeline_probe_still_finds_its_spots():
     """``tools/probe_decode_timeline.py`` patches the emitted source: each of its timer reads
-    lands once in the packed decode's kernel, with one consumer and with split keys."""
+    lands once in the packed decode's kernel, with one consumer warpgroup and with two."""
     import importlib.util
     import pathlib
 
@@ -186,7 +158,7 @@ def test_the_decode_timeline_probe_still_finds_its_spots():
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     dims = dict(B=16, H=64, HKV=1, M=1, N=16384, D=128)
-    for knobs in (dict(consumers=1), dict(consumers=2, split_keys=True)):
+    for knobs in (dict(consumers=1), dict(consumers=2)):
         made = packed_attention(K.gqa_attention, Fusion(CHAIN, "j", 32), HOPPER, **knobs)
         traced = probe.traced(made.source(**dims))
         for read in ("tr_q = tf_gtime()", "tr_first = tf_gtime()", "tr_loop = tf_gtime()",
@@ -267,34 +239,3 @@ def test_packed_rows_on_the_gpu_against_float64(kernel, sizes, knobs):
     out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     assert made(q, k, v, 0.125, out=out) is out
     assert relative_error(out, reference(q.cpu(), k.cpu(), v.cpu(), 0.125)) < 1e-2, seed
-
-
-# (kernel, sizes, knobs) with split keys: ragged last blocks, a piece whose second consumer has
-# no block (one key block), a padded head dim, several query tokens, persistent CTAs taking
-# several tiles (the hand-over buffer reused), the split schedule's pieces merged across CTAs
-SPLIT_KEY_CASES = [
-    (dict(B=3, H=32, HKV=1, M=1, N=3001, D=128), {}),
-    (dict(B=16, H=64, HKV=1, M=1, N=2049, D=128), dict(block_n=64, stages=4)),
-    (dict(B=2, H=16, HKV=2, M=1, N=100, D=64), dict(schedule="grid")),
-    (dict(B=2, H=64, HKV=1, M=1, N=257, D=128), dict(schedule="grid", block_n=64)),
-    (dict(B=1, H=64, HKV=1, M=1, N=20000, D=96), {}),
-    (dict(B=1, H=16, HKV=2, M=4, N=5000, D=128), {}),
-    (dict(B=40, H=48, HKV=6, M=1, N=700, D=128), dict(schedule="dynamic")),
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("sizes, knobs", SPLIT_KEY_CASES)
-def test_split_keys_on_the_gpu_against_float64(sizes, knobs):
-    seed = fresh_seed()
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (t.cuda() for t in tensors(g, sizes["B"], sizes["H"], sizes["HKV"], sizes["M"],
-                                           sizes["N"], sizes["D"]))
-    made = packed_attention(K.gqa_attention, Fusion(CHAIN, "j", 32), get_target("cuda"),
-                            one_query=sizes["M"] == 1, consumers=2, split_keys=True, **knobs)
-    assert "split_keys=True" in made.schedule_origin(**sizes)
-    out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-    for _ in range(2):   # again: the split pieces' counters and the hand-over left reusable
-        assert made(q, k, v, 0.125, out=out) is out
-        assert relative_error(out, reference(q.cpu(), k.cpu(), v.cpu(), 0.125)) < 1e-2, seed
-        out.fill_(float("nan"))

@@ -145,11 +145,6 @@ class AttentionSource(KernelArguments):
         return self.plan.chain
 
     @property
-    def split_keys(self) -> bool:
-        """Two consumer warpgroups on the same rows, alternating key blocks (the knob)."""
-        return self.knobs.split_keys
-
-    @property
     def bn(self) -> int:
         return self.knobs.block_n
 

@@ -110,31 +110,7 @@ def attention_store(c) -> str:
                       _LSE_VALUE + (_LSE_AT if c.chain.lse else ""))
     if c.chain.sink and c.chain.lse:
         store = swap(store, _LSE_VALUE, _SINK_LSE_VALUE)
-    if c.split_keys:   # the second consumer's state into the first's, which alone goes on
-        store = _HAND_OVER + swap(store, _KEEP, _KEEP.replace("const bool keep = (",
-                                                               "const bool keep = cw == 0 && ("))
     return store
-
-
-_KEEP = """    const bool keep = (w.first == 0 && w.count == C_) ||
-                      merge_piece(o, m, l, TAIL, tile, w.first, cw, t, work, counters, flags);
-"""
-# SPLIT_KEYS: the two consumers saw alternate key blocks of the same rows; the second hands its
-# fragment (16-byte pieces, thread by thread) to the first through shared memory, which merges it
-# and writes the rows; the second barrier frees the buffer for the next tile's.
-_HAND_OVER = """    {
-      float4* piece = handed + t;
-      if (cw == 1) {
-        #pragma unroll
-        for (int r = 0; r < DV_ / 8; ++r)
-          piece[r * 128] = make_float4(o[4 * r], o[4 * r + 1], o[4 * r + 2], o[4 * r + 3]);
-        piece[(DV_ / 8) * 128] = make_float4(m[0], m[1], l[0], l[1]);
-      }
-      asm volatile("bar.sync %0, 256;" :: "r"(HAND_BARRIER) : "memory");
-      if (cw == 0) merge_state(o, m, l, [&](int r) { return piece[r * 128]; });
-      asm volatile("bar.sync %0, 256;" :: "r"(HAND_BARRIER) : "memory");
-    }
-"""
 
 
 _INVERSE = "      const float inv = 1.0f / l[x];\n"
@@ -221,10 +197,8 @@ __device__ __forceinline__ uint4 tf_quad_transpose(const unsigned (&a)[4], int l
 
 
 def attention_merge_piece(c) -> str:
-    """The split pieces' partial states merged by the last to finish (and, with split keys, the
-    second consumer's into the first's: both through :data:`_MERGE_STATE`)."""
-    return _MERGE_STATE + """\
-// A piece of a split tile (MODE_SPLIT): the warpgroup's partial state of its 64 rows -- o
+    """The split pieces' partial states merged by the last to finish."""
+    return """// A piece of a split tile (MODE_SPLIT): the warpgroup's partial state of its 64 rows -- o
 // unscaled, each row's base-2 maximum and sum (summed over the row's lanes) -- goes to the
 // workspace in fragment order; the warpgroup that completes the rows' pieces last (a counter per
 // tile and warpgroup, which it resets) merges the others' into its own and returns true: it
@@ -247,41 +221,28 @@ __device__ __forceinline__ bool merge_piece(float (&o)[DV_ / 2], float (&m)[2], 
   for (int q = lo; q <= hi; ++q) {
     if (q == p) continue;
     const float4* theirs = work + ((long)piece_slot(s, tl, q) * CONSUMERS + cw) * stride + t;
-    merge_state(o, m, l, [&](int r) { return __ldcg(theirs + r * 128); });
+    const float4 ml = __ldcg(theirs + (DV_ / 8) * 128);
+    const float mq[2] = {ml.x, ml.y}, lq[2] = {ml.z, ml.w};
+    float a[2], b[2];
+    #pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      const float mx = fmaxf(m[x], mq[x]);
+      const float use = mx == -INFINITY ? 0.0f : mx;
+      a[x] = tf_exp2(m[x] - use);
+      b[x] = tf_exp2(mq[x] - use);
+      m[x] = mx;
+      l[x] = l[x] * a[x] + lq[x] * b[x];
+    }
+    #pragma unroll
+    for (int r = 0; r < DV_ / 8; ++r) {
+      const float4 v = __ldcg(theirs + r * 128);
+      o[4 * r] = o[4 * r] * a[0] + v.x * b[0];
+      o[4 * r + 1] = o[4 * r + 1] * a[0] + v.y * b[0];
+      o[4 * r + 2] = o[4 * r + 2] * a[1] + v.z * b[1];
+      o[4 * r + 3] = o[4 * r + 3] * a[1] + v.w * b[1];
+    }
   }
   return true;
-}
-"""
-
-
-# Another part's state (`theirs(r)`: its r-th 16-byte piece of this thread's fragment, o's
-# DV_ / 8 then the maxima and sums) merged into this thread's.
-_MERGE_STATE = """\
-// This thread's o, m and l (o unscaled; m and l in base 2) merged with another part's of the
-// same rows: `theirs(r)` is its r-th 16-byte piece of the fragment -- o's DV_ / 8, then (m, l).
-template <class Theirs>
-__device__ __forceinline__ void merge_state(float (&o)[DV_ / 2], float (&m)[2], float (&l)[2],
-                                            Theirs theirs) {
-  const float4 ml = theirs(DV_ / 8);
-  const float mq[2] = {ml.x, ml.y}, lq[2] = {ml.z, ml.w};
-  float a[2], b[2];
-  #pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    const float mx = fmaxf(m[x], mq[x]);
-    const float use = mx == -INFINITY ? 0.0f : mx;
-    a[x] = tf_exp2(m[x] - use);
-    b[x] = tf_exp2(mq[x] - use);
-    m[x] = mx;
-    l[x] = l[x] * a[x] + lq[x] * b[x];
-  }
-  #pragma unroll
-  for (int r = 0; r < DV_ / 8; ++r) {
-    const float4 v = theirs(r);
-    o[4 * r] = o[4 * r] * a[0] + v.x * b[0];
-    o[4 * r + 1] = o[4 * r + 1] * a[0] + v.y * b[0];
-    o[4 * r + 2] = o[4 * r + 2] * a[1] + v.z * b[1];
-    o[4 * r + 3] = o[4 * r + 3] * a[1] + v.w * b[1];
-  }
 }
 """
 

@@ -3,8 +3,6 @@
 which a block's products are issued and waited for."""
 from __future__ import annotations
 
-from . import swap
-
 
 def attention_consumer_begin(c) -> str:
     """A consumer warpgroup takes its registers; its fragments (``o``, ``s``, ``p``) and the
@@ -32,16 +30,7 @@ def attention_consumer_begin(c) -> str:
 
 def attention_issue_macros(c) -> str:
     """``q·kᵀ`` and ``p·v`` issued on ``wgmma`` (K-major keys, values from shared memory, P from
-    registers), and the last block's 16-key steps that hold keys; with split keys both consumers
-    read the tile's 64 query rows."""
-    made = _issue_macros(c)
-    return swap(made, _Q_ROWS, _Q_ROWS.replace("cw * 64", "0")) if c.split_keys else made
-
-
-_Q_ROWS = "tf_kmajor_desc(q_base, BM, cw * 64, 0)"
-
-
-def _issue_macros(c) -> str:
+    registers), and the last block's 16-key steps that hold keys."""
     return f"""  // q·kᵀ of block `it` into the accumulators `acc` by `mma` (issued, not waited for)
 #define ISSUE_S_INTO(acc, mma, it)                                                          \
   {{                                                                                          \
@@ -79,20 +68,8 @@ def _issue_macros(c) -> str:
 def attention_step_macros(c) -> str:
     """A tile's first block and each block after it: the products issued (the next block's
     ``q·kᵀ`` before this block's ``p·v`` with ``OVERLAP``), waited for, and the softmax between
-    them. With split keys a consumer's blocks are every other one, from its index ``cw``."""
-    if not c.split_keys:
-        return _STEP_MACROS
-    made = swap(_STEP_MACROS, "if ((it) == w.count - 1) tf_mbar_arrive(q_free);",
-                "if ((it) + 2 >= w.count) tf_mbar_arrive(q_free);")
-    for first in ("ISSUE_S_INTO(acc, mma, 0);", "S_LANDED_INTO(acc, 0);",
-                  "SOFTMAX_INTO(acc, 0, keys);"):
-        made = swap(made, first, first.replace("0", "cw"))
-    assert made.count("(it) - 1") == 4   # the previous block's p·v and its slot, in both orders
-    return made.replace("(it) - 1", "(it) - 2")
-
-
-_STEP_MACROS = """\
-  // block `it`'s q·kᵀ has landed: after the tile's last one the query tile may be reloaded
+    them."""
+    return """  // block `it`'s q·kᵀ has landed: after the tile's last one the query tile may be reloaded
   // (a partial block's mask bits are read before its slot is released)
 #define S_LANDED_INTO(acc, it)                                                              \
   {                                                                                          \
@@ -158,34 +135,7 @@ _STEP_MACROS = """\
 
 def attention_tile_blocks(c) -> str:
     """A tile's rows' state reset, then its key blocks: the first, the steps (the sequence's
-    last block at its own width), the last ``p·v``. With split keys, consumer ``cw`` takes
-    blocks ``cw``, ``cw + 2``, … up to ``mine`` (one with no block frees the queries at once)."""
-    made = _tile_blocks(c)
-    if not c.split_keys:
-        return made
-    for old, new in _SPLIT_KEY_BLOCKS:
-        made = swap(made, old, new)
-    return made
-
-
-_SPLIT_KEY_BLOCKS = (
-    ("w.rb * BM + cw * 64 + warp * 16", "w.rb * BM + warp * 16"),
-    ("    if (w.count > 0) {\n",
-     "    const int mine = w.count - 1 - (w.count - 1 - cw) % 2;   // this consumer's last block\n"
-     "    if (w.count > cw) {\n"),
-    ("w.first + w.count == C_, 0);", "w.first + w.count == C_, 0) && mine == w.count - 1;"),
-    ("if (ends && w.count == 1)", "if (ends && mine == cw)"),
-    ("for (int it = 1; it < w.count - 1; ++it)", "for (int it = cw + 2; it < mine; it += 2)"),
-    ("if (w.count > 1) {", "if (mine > cw) {"),
-    ("STEP(w.count - 1, sn,", "STEP(mine, sn,"),
-    ("STEP(w.count - 1, s,", "STEP(mine, s,"),
-    ("for (int it = 1; it < w.count; ++it)", "for (int it = cw + 2; it <= mine; it += 2)"),
-    ("ISSUE_O(w.count - 1, LAST_STEPS(w.count - 1));", "ISSUE_O(mine, LAST_STEPS(mine));"),
-    ("tf_mbar_arrive(empty_v + SLOT(w.count - 1));", "tf_mbar_arrive(empty_v + SLOT(mine));"),
-)
-
-
-def _tile_blocks(c) -> str:
+    last block at its own width), the last ``p·v``."""
     return f"""    const int row_lo = w.rb * BM + cw * 64 + warp * 16 + lane / 4;
     const float kc_ = tf_key_bias(w.bh / H_, w.bh % H_{c.extra_args});
     #pragma unroll

@@ -2,16 +2,10 @@
 the shared-memory ring with its mbarriers, and the register reallocation between roles."""
 from __future__ import annotations
 
-from . import swap
-
 
 def attention_config(c) -> str:
     """The pipeline's shape: tiles, ring slots, warpgroups, their registers, overlap and the
     consumers' turns."""
-    split = "" if not c.split_keys else (
-        "// two consumers on the same 64 rows, alternating key blocks (merged at a tile's end)\n"
-        "#define SPLIT_KEYS 1\n"
-        "#define HAND_BARRIER (1 + 2 * CONSUMERS)   // past the turns' and the merges' barriers\n")
     rows = "" if not c.padded else (
         f"// the tensors' rows, narrower than the tiles (TMA fills the rest with zeros)\n"
         f"#define ROW_D_ {c.rows[0]}\n#define OUT_DV_ {c.rows[1]}\n")
@@ -28,8 +22,8 @@ def attention_config(c) -> str:
 #define CONSUMER_REGS {c.knobs.consumer_registers}
 #define PRODUCER_REGS {c.knobs.producer_registers}
 #define OVERLAP {int(c.knobs.overlap)}
-{split}// consumers take turns issuing MMAs
-#define PINGPONG {int(c.knobs.pingpong and c.knobs.consumers > 1 and not c.split_keys)}
+// consumers take turns issuing MMAs
+#define PINGPONG {int(c.knobs.pingpong and c.knobs.consumers > 1)}
 #if PINGPONG
 #define TURN_BEGIN tf_turn_wait(cw);
 #define TURN_END tf_turn_pass(cw);
@@ -42,26 +36,7 @@ def attention_config(c) -> str:
 
 def attention_kernel_begin(c) -> str:
     """The kernel's signature, its shared memory (query tile, key/value ring, mask bits,
-    mbarriers, the claimed tiles' slots) and the barriers' initialisation. With split keys a
-    slot's one reader frees it, and the second consumer's partial state is handed over after
-    the flags."""
-    begin = _kernel_begin(c)
-    if not c.split_keys:
-        return begin
-    begin = swap(begin, _SLOT_READERS, _SLOT_READERS.replace("128 * CONSUMERS", "128"))
-    return swap(begin, _FLAGS, _FLAGS + _HANDED)
-
-
-_SLOT_READERS = """      tf_mbar_init(empty_k + s, 128 * CONSUMERS);
-      tf_mbar_init(empty_v + s, 128 * CONSUMERS);
-"""
-_FLAGS = """\
-  volatile int* flags = tile_ids + 8;                         // a warpgroup's "merged last"
-"""
-_HANDED = """\
-  float4* handed = (float4*)(flags + 4);   // SPLIT_KEYS: the second consumer's o, m and l
-"""
-def _kernel_begin(c) -> str:
+    mbarriers, the claimed tiles' slots) and the barriers' initialisation."""
     return f"""extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) {c.entry}(
     {c.params}) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
