@@ -6,11 +6,12 @@ A decode's ``q[B, H, 1, D]`` over ``k, v[B, HKV, N, D]`` is, as data, attention 
 heads of ``G = H / HKV`` query rows each over their own keys: ``q.view(B, HKV, G, D)``
 (``schedule_templates/packed_rows.py``). The Hopper attention kernel then computes a group's
 scores with one ``wgmma`` tile (heads as M), reading the cache once per group; its few tiles (one
-per (batch, kv-head)) are cut along the keys over every CTA (``schedule="split"``). This times that against ``tf.compile``'s decode (the cluster kernel;
-for a cache with no kv-head axis, ``k[b, j, d]``, the Triton split update) and SDPA, each
-tensorfuse result checked against float64 first.
+per (batch, kv-head)) are cut along the keys over every CTA (``schedule="split"``). This times
+that against ``tf.compile``'s decode (whichever route it takes: packed, the cluster kernel, the
+Triton split update; also for the decode written without the kv-head axis, ``k[b, j, d]``) and
+SDPA, each tensorfuse result checked against float64 first.
 
-    python -m benchmarks.packed_decode [--build-only] [--out DIR]
+    python -m benchmarks.packed_decode [--build-only] [--only B/H/HKV/N,...] [--out DIR]
 """
 from __future__ import annotations
 
@@ -30,9 +31,12 @@ from tensorfuse.targets import get_target
 
 CHAIN = ("m", "l", "o")
 # (B, H, HKV, N): large groups on one cache (where the cluster kernel's teams are compute-bound
-# on mma.sync), MQA at few pairs, and a GQA group of 4 for comparison
+# on mma.sync), MQA at few pairs (a tile or two cut over every SM), and a GQA group of 4 for
+# comparison
 CASES = ((16, 64, 1, 16384), (16, 128, 1, 16384), (1, 64, 1, 131072), (8, 32, 1, 32768),
-         (1, 8, 1, 131072), (4, 8, 1, 131072), (8, 32, 8, 32768), (64, 32, 8, 1024))
+         (1, 128, 1, 131072), (4, 128, 1, 32768), (1, 128, 1, 8192), (2, 64, 1, 65536),
+         (1, 64, 1, 8192), (2, 32, 1, 65536), (1, 32, 1, 32768), (1, 8, 1, 131072),
+         (4, 8, 1, 131072), (8, 32, 8, 32768), (64, 32, 8, 1024))
 D = 128
 TOLERANCE = 1e-2   # bf16 outputs
 
@@ -44,10 +48,10 @@ def packed(**knobs):
                             **knobs)
 
 
-def measure(rows: list, log=print) -> None:
+def measure(rows: list, log=print, cases=CASES) -> None:
     copy = measure_ceilings()["copy_tbps"] * 1e3   # GB/s
     made = variants()
-    for B, H, HKV, N in CASES:
+    for B, H, HKV, N in cases:
         G = H // HKV
         q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(B, HKV, N, D, device="cuda", dtype=torch.bfloat16)
@@ -107,13 +111,13 @@ def variants() -> dict:
             "packed c2": packed(consumers=2)}
 
 
-def build_only() -> None:
+def build_only(cases=CASES) -> None:
     """Every packed kernel's cubin into the build cache (``$TENSORFUSE_CACHE``; no GPU needed),
     so that a GPU run spends its time measuring."""
     from tensorfuse.targets.cuda.module import cubin_for
 
     for label, kernel in variants().items():
-        for B, H, HKV, N in CASES:
+        for B, H, HKV, N in cases:
             if H // HKV > 64 and "c1" in label:
                 continue
             cubin_for(kernel.source(B=B, H=H, HKV=HKV, M=1, N=N, D=D), kernel.target)
@@ -124,11 +128,18 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--build-only", action="store_true",
                         help="compile the packed kernels into the build cache and stop")
+    parser.add_argument("--only", default="",
+                        help="cases as B/H/HKV/N, comma-separated (default: every case)")
     args = parser.parse_args(argv)
+    cases = CASES
+    if args.only:
+        cases = tuple(tuple(int(x) for x in case.split("/")) for case in args.only.split(","))
+        if any(len(case) != 4 for case in cases):
+            parser.error("--only takes cases as B/H/HKV/N, e.g. 1/64/1/131072")
     if args.build_only:
-        build_only()
+        build_only(cases)
         return 0
-    run_and_write(measure, args.out, "packed-decode")
+    run_and_write(lambda rows, log=print: measure(rows, log, cases), args.out, "packed-decode")
     return 0
 
 

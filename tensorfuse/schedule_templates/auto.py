@@ -228,34 +228,54 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
 # Decodes whose kv-heads each serve a large group of query heads, as (smallest group, largest
 # group, consumer warpgroups, fewest (batch, kv-head) pairs, knobs — where shared memory does not
 # hold them, the template's defaults): packed as the rows of the Hopper attention kernel, split
-# along the keys over every CTA. benchmarks.packed_decode, B16 at
-# 16k keys: 64 heads on one cache 57 µs against the cluster decode's 82, 128 heads 63 against
-# 145; but one pair at 131k keys 86 against 46. A third key slot where shared memory holds it
-# (head dims to 128): 64 heads 57 → 53 µs, 128 heads (blocks of 64 keys) 63 → 57; at 64k keys
-# within 1 %. Groups of 32–63 from 4 pairs (H200, graph-replayed, against the cluster decode):
-# 32 heads B4 at 32k keys 48 µs against 57, B8 at 4k 22 against 30, B16 at 8k 37 against 61, 48
-# heads B8 at 16k 41 against 49; two pairs at 64k keys lose (61 against 46).
-PACKED_DECODES = ((32, 63, 1, 4, dict(stages=3)), (64, 64, 1, 16, dict(stages=3)),
-                  (65, 128, 2, 16, dict(stages=3, block_n=64)))
+# along the keys over every CTA. benchmarks.packed_decode, B16 at 16k keys: 64 heads on one
+# cache 57 µs against the cluster decode's 82, 128 heads 63 against 145; a third key slot where
+# shared memory holds it (head dims to 128): 64 heads 57 → 53 µs, 128 heads (blocks of 64 keys)
+# 63 → 57; at 64k keys within 1 %. Groups of 32–63 (H200, graph-replayed, against the cluster
+# decode): 32 heads B4 at 32k keys 48 µs against 57, B8 at 4k 22 against 30, B16 at 8k 37 against
+# 61, 48 heads B8 at 16k 41 against 49. With few pairs a tile is cut over every SM and its pieces
+# merged in two rounds (parts/scheduler.TREE_FROM): one pair of 128 heads at 131k keys 51 µs
+# against 75, two pairs of 64 heads at 64k 45 against 50, of 32 heads 44 against 46; one pair of
+# 64 heads at 131k ties (47.5 against 46.4), one of 32 at 32k loses (27 against 25).
+PACKED_DECODES = ((32, 63, 1, 2, dict(stages=3)), (64, 64, 1, 2, dict(stages=3)),
+                  (65, 128, 2, 1, dict(stages=3, block_n=64)))
+
+
+# A decode written without its query axis, every head on one cache (``q[b, h, d]``,
+# ``k[b, j, d]``: lifted to four axes) packs at every pair count: the Triton split update that
+# takes it otherwise splits few (batch) rows poorly — benchmarks.packed_decode, one or two
+# batches of 32–64 heads at 32k–131k keys: 143–259 µs against the packed kernel's 27–46.
+LIFTED_PACKED_DECODES = tuple((low, high, consumers, 1, knobs)
+                              for low, high, consumers, _, knobs in PACKED_DECODES)
 
 
 def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
-    """The packed decode routes (:data:`PACKED_DECODES`) for a decode written with a kv-head
-    axis (the Hopper attention plans it) and no mask (a mask keeps the Hopper kernel off its
-    split schedule); a decode written without one (``k[b, j, d]``) runs as fast on the Triton
-    split update (57 µs at B16, 64 heads, 16k keys: ``benchmarks.packed_decode``)."""
+    """The packed decode routes (:data:`PACKED_DECODES`) for a decode with no mask (a mask
+    keeps the Hopper kernel off its split schedule) written with a kv-head axis (the Hopper
+    attention plans it), or without one and its query axis (:data:`LIFTED_PACKED_DECODES`)."""
     from .hopper_attention_plan import plan_hopper_attention
     from .packed_kernel import PackedDecodeRoute
+    from .packed_lift import UNIT_KV, UNIT_Q, lift_to_four_axes
 
+    routes, program = PACKED_DECODES, kernel.program
     try:
-        plan = plan_hopper_attention(kernel.program, fusion.names, fusion.axis)
+        plan = plan_hopper_attention(program, fusion.names, fusion.axis)
     except ScheduleError:
-        return []
+        lifted = lift_to_four_axes(program, fusion.names, fusion.axis)
+        if lifted is None:
+            return []
+        try:
+            plan = plan_hopper_attention(lifted[0], fusion.names, fusion.axis)
+        except ScheduleError:
+            return []
+        routes = LIFTED_PACKED_DECODES
     if plan.mask is not None or plan.chain.sink is not None:   # packing refuses sinks
         return []
-    return [PackedDecodeRoute(kernel, fusion, spec, plan.chain.dims[:4], (low, high), pairs,
+    # the lifted axes' sizes are 1 at every call (the caller's sizes do not name them)
+    dims = tuple({UNIT_KV: "", UNIT_Q: ""}.get(d, d) for d in plan.chain.dims[:4])
+    return [PackedDecodeRoute(kernel, fusion, spec, dims, (low, high), pairs,
                               consumers=consumers, schedule="split", **chosen)
-            for low, high, consumers, pairs, knobs in PACKED_DECODES for chosen in (knobs, {})]
+            for low, high, consumers, pairs, knobs in routes for chosen in (knobs, {})]
 
 
 def _made(template, *args, refused: list | None = None, **knobs) -> list:

@@ -20,7 +20,7 @@ from ..errors import ScheduleError, TargetError
 from ..interop import StreamScratch, data_key, kept_copies, kept_empty
 from ..targets import TargetSpec
 from ..targets.cuda.hopper_attention import (ENTRY, MODES, PARTS, hopper_attention_source,
-                                             kernel_arguments)
+                                             kernel_arguments, merge_rounds)
 from ..targets.cuda.expr import wide_tensors
 from ..targets.cuda.parts import named_parts
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
@@ -228,8 +228,10 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
             math.ceil(M / knobs.block_m)
         how, ctas, tiles = planned_schedule(plan, knobs, dims, row_blocks)
         # (claimed, finished CTAs, then a count of merged pieces per split tile and consumer
-        # warpgroup); the split tiles' partial states: 2 slots a piece, at most one piece a CTA
-        layout_of_scratch = (((2 + ctas * knobs.consumers,), "i32", True),
+        # warpgroup, then per merge round, group's first slot and warpgroup: 2 slots a piece, at
+        # most one piece a CTA); the split tiles' partial states, a workspace slot each
+        counts = 2 + ctas * knobs.consumers * (1 + 2 * merge_rounds(ctas))
+        layout_of_scratch = (((counts,), "i32", True),
                              ((split_workspace(knobs, ctas, TDV) if how == "split" else 4,),
                               "f32", False))
         # one set per layout, whatever the sizes: launches on a stream run one after another,

@@ -128,7 +128,8 @@ class PackedDecodeRoute(GraphCallable):
     pairs or more — told from the sizes alone, before anything is packed — on
     :func:`packed_attention` with ``knobs``, made on the first such call (packing plans the
     chain again: about 0.2 s, which every ``tf.compile`` of an attention would pay otherwise).
-    ``dims``: the names of the original program's batch, head, kv-head and query counts."""
+    ``dims``: the names of the original program's batch, head, kv-head and query counts ("" for
+    an axis the program is written without: one kv-head, one query token)."""
 
     def __init__(self, kernel, fusion, target, dims: tuple[str, ...], groups: tuple[int, int],
                  min_pairs: int, **knobs):
@@ -145,7 +146,7 @@ class PackedDecodeRoute(GraphCallable):
 
     def routed(self, dims: dict) -> bool:
         """Whether these sizes are the ones this route takes (from the sizes alone)."""
-        B, H, HKV, M = (dims[n] for n in self.dims)
+        B, H, HKV, M = (dims[n] if n else 1 for n in self.dims)
         return M == 1 and H % HKV == 0 and self.groups[0] <= H // HKV <= self.groups[1] and \
             B * HKV >= self.min_pairs
 

@@ -30,7 +30,8 @@ from tensorfuse.schedule_templates.hopper_attention_plan import (SCHEDULES, Hopp
                                                                  shared_bytes, with_knobs)
 from tensorfuse.targets import get_target
 from tensorfuse.targets.codegen import cuda_to_ptx
-from tensorfuse.targets.cuda.hopper_attention import HOPPER_PTX, MIN_PIECE
+from tensorfuse.targets.cuda.hopper_attention import (HOPPER_PTX, MIN_PIECE, TREE_FAN,
+                                                       TREE_FROM, merge_rounds)
 from tensorfuse.targets.cuda.hopper_attention_device import TAIL_HELPERS
 
 CHAIN = ("m", "l", "o")
@@ -409,9 +410,56 @@ def test_auto_schedule_is_persistent_from_two_tiles_per_sm():
 
 TAIL_CHECK = r"""
 #include <cstdio>
+#include <algorithm>
 #include <vector>
 #define MIN_PIECE %d
+#define TREE_FROM %d
+#define TREE_FAN %d
+static const int ROUNDS[] = {%s};   // merge_rounds(ctas), ctas = 0 … 140
 %s
+// Split tile tl's pieces arriving in a shuffled order, merged as merge_piece does (each slot's
+// contents as the pieces summed into it; the counters as merge_piece indexes them): 1 unless
+// exactly one merger ends with every piece once, no counter is used twice at once, and the
+// counters stay within the ctas · (1 + 2 · merge_rounds) the host allocates past the first two.
+int merge_all(const Tail& s, int tl, int ctas, int rounds, unsigned seed) {
+  const int lo = first_piece(s, tl), hi = last_piece(s, tl), n = hi - lo + 1;
+  const int fan = merge_fan(s, tl);
+  if (fan < 2 || (n < TREE_FROM && fan != n)) return 1;
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = lo + i;
+  for (int i = n - 1; i > 0; --i) {
+    seed = seed * 1103515245u + 12345u;
+    std::swap(order[i], order[(seed >> 8) %% (i + 1)]);
+  }
+  std::vector<std::vector<int>> slot(2 * ctas + 2, std::vector<int>(n, 0));
+  std::vector<int> count(ctas * (1 + 2 * rounds), 0);
+  int mergers = 0;
+  for (int p : order) {
+    std::vector<int> mine(n, 0);
+    mine[p - lo] = 1;
+    slot[piece_slot(s, tl, p)] = mine;
+    for (int span = 1, round = 0;; span *= fan, ++round) {
+      const bool last = span * fan > hi - lo;
+      const int g0 = last ? lo : lo + (p - lo) / (span * fan) * (span * fan);
+      const int g1 = last ? hi : std::min(hi, g0 + span * fan - 1);
+      const int at = last ? tl : ctas * (1 + 2 * round) + piece_slot(s, tl, g0);
+      if (at < 0 || at >= (int)count.size() || (!last && round >= rounds)) return 1;
+      if (++count[at] < (g1 - g0) / span + 1) break;
+      count[at] = 0;
+      const int own = lo + (p - lo) / span * span;
+      for (int q = g0; q <= g1; q += span)
+        if (q != own) for (int i = 0; i < n; ++i) mine[i] += slot[piece_slot(s, tl, q)][i];
+      if (last) {
+        ++mergers;
+        for (int i = 0; i < n; ++i) if (mine[i] != 1) return 1;
+        break;
+      }
+      slot[piece_slot(s, tl, g0)] = mine;
+    }
+  }
+  for (int c : count) if (c) return 1;   // every counter left at 0
+  return mergers != 1;
+}
 // every (tiles, CTAs, key blocks per tile): 1 on the first failure, printing it
 int main() {
   for (int tiles = 1; tiles <= 300; tiles += 7)
@@ -441,8 +489,11 @@ int main() {
       if (x == 0) FAIL("a claim with no item");
     }
     for (int u = 0; u < tiles * C; ++u) if (seen[u] != 1) FAIL("a key block not covered once");
-    for (int tl = 0; tl < r; ++tl)
+    for (int tl = 0; tl < r; ++tl) {
       if (arrived[tl] != last_piece(s, tl) - first_piece(s, tl) + 1) FAIL("arrivals miscounted");
+      if (merge_all(s, tl, ctas, ROUNDS[ctas], (unsigned)(tiles * 131 + ctas * 7 + C)))
+        FAIL("a bad merge");
+    }
   }
   printf("ok\n");
   return 0;
@@ -451,16 +502,20 @@ int main() {
 
 
 @needs_nvcc
-def test_split_tiles_cover_every_key_block_once_and_merge_every_piece():
+@pytest.mark.parametrize("fan", [TREE_FAN, 2, 3])
+def test_split_tiles_cover_every_key_block_once_and_merge_every_piece(fan):
     """The ``split`` schedule's tail, run on the CPU from the kernel's own helpers: for many
     (tiles, CTAs, key blocks per tile) the claims' items cover each tile's key blocks exactly
     once, a claim is one or two items, pieces are MIN_PIECE or more blocks and no more than the
     CTAs, a split tile is never one piece (its merge would be skipped), and each split tile's
-    arrivals are exactly its pieces, each in a workspace slot of its own."""
+    arrivals are exactly its pieces, each in a workspace slot of its own — and, merged in a
+    shuffled order as ``merge_piece`` merges them (in groups from ``TREE_FROM`` pieces), exactly
+    one merger ends with every piece once, for the emitted fan of a merge round and others."""
     with tempfile.TemporaryDirectory() as d:
         path, exe = os.path.join(d, "tail.cu"), os.path.join(d, "tail")
         with open(path, "w") as f:
-            f.write(TAIL_CHECK % (MIN_PIECE, TAIL_HELPERS))
+            rounds = ", ".join(str(merge_rounds(c)) for c in range(141))   # the host's counts
+            f.write(TAIL_CHECK % (MIN_PIECE, TREE_FROM, fan, rounds, TAIL_HELPERS))
         built = subprocess.run(["nvcc", "-O1", "-o", exe, path], capture_output=True, text=True)
         assert built.returncode == 0, built.stderr[-2000:]
         ran = subprocess.run([exe], capture_output=True, text=True)
@@ -703,6 +758,31 @@ def test_persistent_schedules_replay_in_a_cuda_graph(schedule):
         torch.cuda.synchronize()
         ref = reference(q, k, v, D ** -0.5, None, (lambda b, h, i, j: i >= j) if causal else None)
         assert relative_error(out.double(), ref) <= 2e-2
+
+
+@pytest.mark.gpu
+def test_few_tiles_over_many_keys_split_over_every_sm_merge_in_two_rounds():
+    """Two 128-row tiles of 70k keys on the split schedule: each cut into ~57 pieces, merged in
+    groups and then the groups (``TREE_FROM``), by each consumer warpgroup's own counters;
+    called twice with fresh inputs (the counters left at zero), outputs poisoned."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    from benchmarks.attention import reference
+    from tests.helpers import fresh_seed, relative_error
+
+    seed = fresh_seed()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    f = hopper(K.attention, schedule="split")
+    B, H, M, N, D = 1, 2, 100, 70001, 128
+    assert "split schedule" in f.schedule_origin(B=B, H=H, M=M, N=N, D=D)
+    for _ in range(2):
+        q = (torch.randn(B, H, M, D, device="cuda", generator=g) * 3).bfloat16()
+        k, v = ((torch.randn(B, H, N, D, device="cuda", generator=g) * 3).bfloat16()
+                for _ in range(2))
+        out = torch.full_like(q, float("nan"))
+        f(q, k, v, scale=D ** -0.5, out=out)
+        assert relative_error(out, reference(q, k, v, D ** -0.5, None, None)) <= 2e-2, seed
 
 
 def test_index_terms_used_as_floats_are_converted_once_per_fragment():

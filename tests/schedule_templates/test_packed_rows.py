@@ -167,8 +167,9 @@ def test_the_decode_timeline_probe_still_finds_its_spots():
 
 
 def test_tf_compile_routes_large_groups_on_one_cache_to_packed_rows():
-    """Where packing measured faster than the cluster decode (16+ (batch, kv-head) pairs of 64
-    or 128 heads, 4+ pairs of 32–63, no mask), and only there."""
+    """Where packing measured faster than the cluster decode (2+ (batch, kv-head) pairs of
+    32–64 heads, any of 65–128, no mask; a decode written without kv-head and query axes at
+    any), and only there."""
     made = tf.compile(K.gqa_attention, "cuda:sm_90a")
     sizes = dict(B=16, H=64, HKV=1, M=1, N=16384, D=128)
     origin = made.schedule_origin(**sizes)
@@ -178,20 +179,27 @@ def test_tf_compile_routes_large_groups_on_one_cache_to_packed_rows():
     # a third key slot does not fit beside 128 rows of head dim 256: packed on two
     wide = made.schedule_origin(**{**sizes, "H": 128, "D": 256})
     assert wide.startswith("packed group rows") and "stages=2" in wide, wide
-    for other in (dict(B=1, N=131072), dict(B=2, H=32, N=65536), dict(H=16)):
+    for other in (dict(B=1, N=131072), dict(B=1, H=32, N=32768), dict(H=16)):
         assert made.schedule_origin(**{**sizes, **other}).startswith("cluster_decode"), other
-    assert made.schedule_origin(**{**sizes, "B": 4, "H": 32}).startswith("packed group rows")
+    for other in (dict(B=2, H=32, N=65536), dict(B=2, N=65536), dict(B=1, H=128, N=131072)):
+        assert made.schedule_origin(**{**sizes, **other}).startswith("packed group rows"), other
     # 64 (batch, kv-head) pairs of 4 heads: the split update (decode_plan.cluster_decode_pays)
     assert made.schedule_origin(**{**sizes, "B": 8, "H": 32, "HKV": 8}) == "template defaults"
     assert "packed" not in made.schedule_origin(**{**sizes, "H": 256})   # not measured
     assert "packed" not in tf.compile(K.gqa_causal_attention, "cuda:sm_90a").schedule_origin(
         **sizes)
-    assert "packed" not in tf.compile(mqa_decode, "cuda:sm_90a").schedule_origin(
-        B=16, H=64, N=16384, D=128)
+    # written without the kv-head and query axes: packed at one batch too (the Triton split
+    # update read the cache once per 16-row tile there), small groups not
+    three = tf.compile(mqa_decode, "cuda:sm_90a")
+    for B in (1, 16):
+        assert three.schedule_origin(B=B, H=64, N=16384, D=128).startswith("packed group rows")
+    assert "packed" not in three.schedule_origin(B=1, H=16, N=16384, D=128)
     # nothing is packed until a call at routed sizes: sizes alone turn the others away
     routes = _packed_decodes(K.gqa_attention, Fusion(CHAIN, "j", 32), HOPPER)
     assert [r.groups for r in routes] == [(32, 63)] * 2 + [(64, 64)] * 2 + [(65, 128)] * 2
     assert not routes[2].fits(**{**sizes, "B": 1, "N": 131072}) and routes[2]._made is None
+    assert [r.min_pairs for r in _packed_decodes(mqa_decode, Fusion(CHAIN, "j", 32),
+                                                 HOPPER)] == [1] * 6
     assert routes[2].fits(**sizes) and routes[2]._made and routes[4]._made is None
 
 
@@ -214,7 +222,12 @@ GPU_CASES = [(K.gqa_attention, dict(B=3, H=32, HKV=1, M=1, N=3001, D=128), {}),
              (K.gqa_attention, dict(B=2, H=32, HKV=8, M=1, N=2777, D=64), {}),
              (K.gqa_causal_attention, dict(B=2, H=128, HKV=1, M=1, N=1500, D=128),
               dict(consumers=2)),
-             (K.gqa_attention, dict(B=1, H=16, HKV=2, M=4, N=5000, D=128), {})]
+             (K.gqa_attention, dict(B=1, H=16, HKV=2, M=4, N=5000, D=128), {}),
+             # one or two tiles cut into ~130 pieces: merged in two rounds (groups of 8–12)
+             (K.gqa_attention, dict(B=1, H=64, HKV=1, M=1, N=131071, D=128), {}),
+             (K.gqa_causal_attention, dict(B=1, H=128, HKV=1, M=1, N=20011, D=128),
+              dict(consumers=2, block_n=64)),
+             (K.gqa_attention, dict(B=2, H=48, HKV=1, M=1, N=40000, D=64), {})]
 
 
 @pytest.mark.gpu
@@ -225,6 +238,22 @@ def test_a_three_axis_mqa_decode_on_the_gpu_against_float64():
     made = packed_attention(mqa_decode, Fusion(CHAIN, "j", 32), get_target("cuda"), consumers=1)
     out = made(q[:, :, 0], k[:, 0], v[:, 0], 0.125)
     assert relative_error(out, reference(q.cpu(), k.cpu(), v.cpu(), 0.125)[:, :, 0]) < 1e-2, seed
+
+
+@pytest.mark.gpu
+def test_a_routed_three_axis_mqa_decode_of_one_batch_on_the_gpu_against_float64():
+    """``tf.compile`` of a decode written ``q[b, h, d]`` over ``k[b, j, d]``, one batch: packed
+    (one tile cut over every SM, its pieces merged in two rounds), called twice."""
+    made = tf.compile(mqa_decode)
+    assert made.schedule_origin(B=1, H=64, N=30001, D=128).startswith("packed group rows")
+    for _ in range(2):
+        seed = fresh_seed()
+        q, k, v = (t.cuda() for t in tensors(torch.Generator().manual_seed(seed), B=1, H=64,
+                                               HKV=1, N=30001, D=128))
+        out = torch.full((1, 64, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+        made(q[:, :, 0], k[:, 0], v[:, 0], 0.125, out=out)
+        want = reference(q.cpu(), k.cpu(), v.cpu(), 0.125)[:, :, 0]
+        assert relative_error(out, want) < 1e-2, seed
 
 
 @pytest.mark.gpu

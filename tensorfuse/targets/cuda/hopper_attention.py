@@ -70,7 +70,8 @@ from .hopper_attention_score import key_bias_function, score_expressions
 from .map_tiles import corner_function, position_function, view_rank
 from .parts import (Part, assemble, epilogue, loads, mainloop, named_parts, pipeline,
                     row_state, scheduler)
-from .parts.scheduler import DYNAMIC, GRID, MIN_PIECE, MODES, SNAKE, SPLIT  # noqa: F401
+from .parts.scheduler import (DYNAMIC, GRID, MIN_PIECE, MODES, SNAKE, SPLIT,  # noqa: F401
+                              TREE_FAN, TREE_FROM, merge_rounds)
 from .split import HELPERS as SPLIT_HELPERS
 from .tma import HELPERS as TMA_HELPERS
 from .tma import BULK_HELPERS, MBARRIER_HELPERS, load_helper

@@ -197,51 +197,74 @@ __device__ __forceinline__ uint4 tf_quad_transpose(const unsigned (&a)[4], int l
 
 
 def attention_merge_piece(c) -> str:
-    """The split pieces' partial states merged by the last to finish."""
-    return """// A piece of a split tile (MODE_SPLIT): the warpgroup's partial state of its 64 rows -- o
-// unscaled, each row's base-2 maximum and sum (summed over the row's lanes) -- goes to the
-// workspace in fragment order; the warpgroup that completes the rows' pieces last (a counter per
-// tile and warpgroup, which it resets) merges the others' into its own and returns true: it
-// writes the output. Every thread writes and reads its own fragment's 16-byte pieces.
+    """The split pieces' partial states merged by the last to finish (in rounds where a tile has
+    many pieces)."""
+    return """// One warpgroup's partial state of a split tile's 64 rows in the workspace: per thread,
+// its fragment's o (unscaled) in 16-byte pieces, then each row's base-2 maximum and sum.
+#define PARTIAL_VEC4 ((DV_ / 8 + 1) * 128)
+__device__ __forceinline__ void store_partial(const float (&o)[DV_ / 2], const float (&m)[2],
+                                              const float (&l)[2], float4* at) {
+  #pragma unroll
+  for (int r = 0; r < DV_ / 8; ++r)
+    __stcg(at + r * 128, make_float4(o[4 * r], o[4 * r + 1], o[4 * r + 2], o[4 * r + 3]));
+  __stcg(at + (DV_ / 8) * 128, make_float4(m[0], m[1], l[0], l[1]));
+}
+// The partial state at `theirs` merged into (o, m, l).
+__device__ __forceinline__ void merge_partial(float (&o)[DV_ / 2], float (&m)[2], float (&l)[2],
+                                              const float4* theirs) {
+  const float4 ml = __ldcg(theirs + (DV_ / 8) * 128);
+  const float mq[2] = {ml.x, ml.y}, lq[2] = {ml.z, ml.w};
+  float a[2], b[2];
+  #pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    const float mx = fmaxf(m[x], mq[x]);
+    const float use = mx == -INFINITY ? 0.0f : mx;
+    a[x] = tf_exp2(m[x] - use);
+    b[x] = tf_exp2(mq[x] - use);
+    m[x] = mx;
+    l[x] = l[x] * a[x] + lq[x] * b[x];
+  }
+  #pragma unroll
+  for (int r = 0; r < DV_ / 8; ++r) {
+    const float4 v = __ldcg(theirs + r * 128);
+    o[4 * r] = o[4 * r] * a[0] + v.x * b[0];
+    o[4 * r + 1] = o[4 * r + 1] * a[0] + v.y * b[0];
+    o[4 * r + 2] = o[4 * r + 2] * a[1] + v.z * b[1];
+    o[4 * r + 3] = o[4 * r + 3] * a[1] + v.w * b[1];
+  }
+}
+// A piece of a split tile (MODE_SPLIT): the warpgroup's partial state goes to the workspace
+// slot of its part; the warpgroup that completes the tile's pieces last merges the others' into
+// its own and returns true: it writes the output. Many pieces merge in rounds (merge_fan): the
+// last of a group of runs merges them into the slot of the group's first piece — a run of the
+// next round — and the last round's merger the whole tile. Counters per (tile, warpgroup) for
+// the last round, per (round, group's first slot, warpgroup) before it; each left at 0 by the
+// arrival that completes it. Every thread writes and reads its own fragment's 16-byte pieces.
 __device__ __forceinline__ bool merge_piece(float (&o)[DV_ / 2], float (&m)[2], float (&l)[2],
     const Tail& s, int tile, int first, int cw, int t, float4* work, int* counters,
     volatile int* flags) {
   const int tl = tile - s.tile0, p = (tl * s.C + first) / s.L;
-  const int lo = first_piece(s, tl), hi = last_piece(s, tl);
-  const long stride = (DV_ / 8 + 1) * 128;   // float4s of one warpgroup's partial
-  float4* mine = work + ((long)piece_slot(s, tl, p) * CONSUMERS + cw) * stride + t;
-  #pragma unroll
-  for (int r = 0; r < DV_ / 8; ++r)
-    __stcg(mine + r * 128, make_float4(o[4 * r], o[4 * r + 1], o[4 * r + 2], o[4 * r + 3]));
-  __stcg(mine + (DV_ / 8) * 128, make_float4(m[0], m[1], l[0], l[1]));
+  const int lo = first_piece(s, tl), hi = last_piece(s, tl), fan = merge_fan(s, tl);
+  // the slot of piece q's part in this tile: this thread's 16-byte pieces
+  #define TF_PARTIAL(q) (work + ((long)piece_slot(s, tl, q) * CONSUMERS + cw) * PARTIAL_VEC4 + t)
+  store_partial(o, m, l, TF_PARTIAL(p));
   // the warpgroup's own named barrier: ids past the consumers' turns
-  if (!tf_arrived_last(counters + 2 + tl * CONSUMERS + cw, hi - lo + 1, 1 + CONSUMERS + cw, 128,
-                       t == 0, flags + cw))
-    return false;
-  for (int q = lo; q <= hi; ++q) {
-    if (q == p) continue;
-    const float4* theirs = work + ((long)piece_slot(s, tl, q) * CONSUMERS + cw) * stride + t;
-    const float4 ml = __ldcg(theirs + (DV_ / 8) * 128);
-    const float mq[2] = {ml.x, ml.y}, lq[2] = {ml.z, ml.w};
-    float a[2], b[2];
-    #pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      const float mx = fmaxf(m[x], mq[x]);
-      const float use = mx == -INFINITY ? 0.0f : mx;
-      a[x] = tf_exp2(m[x] - use);
-      b[x] = tf_exp2(mq[x] - use);
-      m[x] = mx;
-      l[x] = l[x] * a[x] + lq[x] * b[x];
-    }
-    #pragma unroll
-    for (int r = 0; r < DV_ / 8; ++r) {
-      const float4 v = __ldcg(theirs + r * 128);
-      o[4 * r] = o[4 * r] * a[0] + v.x * b[0];
-      o[4 * r + 1] = o[4 * r + 1] * a[0] + v.y * b[0];
-      o[4 * r + 2] = o[4 * r + 2] * a[1] + v.z * b[1];
-      o[4 * r + 3] = o[4 * r + 3] * a[1] + v.w * b[1];
-    }
+  const int bar = 1 + CONSUMERS + cw;
+  for (int span = 1, round = 0;; span *= fan, ++round) {   // span: pieces in a run
+    const bool last = span * fan > hi - lo;
+    const int g0 = last ? lo : lo + (p - lo) / (span * fan) * (span * fan);
+    const int g1 = last ? hi : min(hi, g0 + span * fan - 1);
+    int* counter = counters + 2 + (last ? tl : gridDim.x * (1 + 2 * round) +
+                                              piece_slot(s, tl, g0)) * CONSUMERS + cw;
+    if (!tf_arrived_last(counter, (g1 - g0) / span + 1, bar, 128, t == 0, flags + cw))
+      return false;
+    const int mine = lo + (p - lo) / span * span;   // this warpgroup's run
+    for (int q = g0; q <= g1; q += span)
+      if (q != mine) merge_partial(o, m, l, TF_PARTIAL(q));
+    if (last) break;
+    store_partial(o, m, l, TF_PARTIAL(g0));   // the run the next round reads
   }
+  #undef TF_PARTIAL
   return true;
 }
 """

@@ -3,12 +3,32 @@ tiles from a counter or in alternating rounds, and the last round's tiles cut al
 pieces every CTA takes."""
 from __future__ import annotations
 
+import math
+
 # how CTAs take tiles (the attention kernel's ``mode`` argument)
 GRID, DYNAMIC, SNAKE, SPLIT = 0, 1, 2, 3
 MODES = {"grid": GRID, "dynamic": DYNAMIC, "snake": SNAKE, "split": SPLIT}
 # split tiles: pieces of at least this many key blocks (each piece's partial costs its merger a
 # read of 34 KB a warpgroup at D = 128, about a third of a 176-key block's products)
 MIN_PIECE = 4
+# a split tile of this many pieces or more is merged in rounds (TREE_FAN pieces, or merged
+# runs, a group): the one merger's serial reads of its pieces' partials otherwise set the
+# kernel's end — one (batch, kv-head) pair of a packed decode cut over 132 CTAs read 131
+# partials in turn (benchmarks.packed_decode, B1 64 heads at 131k keys: 86 µs, 46 on the cluster
+# decode; 47.5 in two rounds of about √n); below it a round's fence and arrival cost about what
+# the reads it saves do
+TREE_FROM = 9
+# pieces (or runs) a merge round takes: 0 for ⌈√n⌉ (two rounds). Measured on five few-pair
+# packed decodes (B1–2, 32–128 heads, 8k–131k keys): fans 3, 4 and 6 within −4 … +5 % of it, 2
+# (seven rounds at 128 pieces) 5–11 % slower — a round's fence and arrival cost about three
+# partials' reads
+TREE_FAN = 0
+
+
+def merge_rounds(ctas: int) -> int:
+    """The most merge rounds before a split tile's last (each with its own counters): a tile has
+    at most ``ctas`` pieces and a round merges two or more."""
+    return max(1, math.ceil(math.log2(max(ctas, 2))))
 
 # MODE_SPLIT's tail (host and device code: the tests run it on the CPU).
 TAIL_HELPERS = r"""
@@ -65,6 +85,18 @@ __host__ __device__ __forceinline__ int last_piece(const Tail& s, int tl) {
 __host__ __device__ __forceinline__ int piece_slot(const Tail& s, int tl, int p) {
   return 2 * p + (p * s.L < tl * s.C ? 1 : 0);
 }
+// How split tile tl's pieces are merged: in rounds, each merging groups of merge_fan runs (a
+// run: consecutive pieces whose states are merged into the slot of its first piece; a piece is a
+// run of one) by the group's last arrival — the last round the whole tile, by its last arrival,
+// which writes the rows. Under TREE_FROM pieces one round: the last piece merges every other.
+__host__ __device__ __forceinline__ int merge_fan(const Tail& s, int tl) {
+  const int n = last_piece(s, tl) - first_piece(s, tl) + 1;
+  if (n < TREE_FROM) return n;
+  if (TREE_FAN > 1) return TREE_FAN;
+  int g = 2;
+  while (g * g < n) ++g;
+  return g;
+}
 """
 
 
@@ -75,6 +107,8 @@ def attention_defines(c) -> str:
 #define MODE_SPLIT {SPLIT}
 #define MODE_SNAKE {SNAKE}
 #define MIN_PIECE {MIN_PIECE}
+#define TREE_FROM {TREE_FROM}
+#define TREE_FAN {TREE_FAN}
 """
 
 
