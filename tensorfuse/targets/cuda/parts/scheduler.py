@@ -19,7 +19,7 @@ MIN_PIECE = 4
 # the reads it saves do
 TREE_FROM = 9
 # pieces (or runs) a merge round takes: 0 for ⌈√n⌉ (two rounds). Measured on five few-pair
-# packed decodes (B1–2, 32–128 heads, 8k–131k keys): fans 3, 4 and 6 within −4 … +5 % of it, 2
+# packed decodes (B1–2, 32–128 heads, 8k–131k keys): fans 3, 4 and 6 within −4 … +6 % of it, 2
 # (seven rounds at 128 pieces) 5–11 % slower — a round's fence and arrival cost about three
 # partials' reads
 TREE_FAN = 0
