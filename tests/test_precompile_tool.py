@@ -34,3 +34,16 @@ def test_the_kernel_mode_finds_the_sources_tf_compile_launches():
         found = tool.precompile_kernel(os.path.join(ROOT, "benchmarks", "unlisted_kernels.py") +
                                        ":cosine_similarity", ["M=256", "N=512", "D=128"])
     assert len(found) == 1 and "tf_hopper_gemm" in found[0][0]
+
+
+def test_the_kernel_mode_finds_a_packed_decodes_source():
+    """A decode of 64 heads on one cache, 16 pairs: ``tf.compile`` runs packed rows (a route made
+    at its first call, its inner Hopper attention kernel at the packed sizes) — that source."""
+    tool = _tool()
+    sizes = dict(B=16, H=64, HKV=1, M=1, N=16384, D=128)
+    found = tool.precompile_kernel("tensorfuse.kernels:gqa_attention",
+                                   [f"{n}={v}" for n, v in sizes.items()])
+    made = tf.compile(tf.kernels.gqa_attention, target="cuda:sm_90a")
+    assert made.schedule_origin(**sizes).startswith("packed group rows")
+    assert [source for source, _ in found] == [made.source(**sizes)]
+    assert "tf_hopper_attention" in found[0][0]
