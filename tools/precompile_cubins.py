@@ -26,7 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from tensorfuse.binding import bind_call
-from tensorfuse.schedule_templates.packed_kernel import PackedDecodeRoute, PackedRowsKernel
+from tensorfuse.schedule_templates.lifted_kernel import LiftedKernel
+from tensorfuse.schedule_templates.packed_kernel import PackedDecodeRoute
 from tensorfuse.targets.cuda.kernel import ClusterKernel
 from tensorfuse.targets.cuda.module import cubin_for
 
@@ -102,15 +103,16 @@ def precompile_kernel(spec: str, sizes: list[str]) -> list:
 
 def _cuda_sources(kernel, dims: dict) -> list:
     """``(source, target)`` of every CUDA C++ module ``kernel`` launches at ``dims``, through
-    the kernel a compiled one chooses at them, the inner kernel of packed rows and the stages of
-    a staged one (Triton kernels build on the GPU)."""
+    the kernel a compiled one chooses at them, the inner kernel of one that views the caller's
+    tensors (packed rows, a decode lifted to four axes) and the stages of a staged one (Triton
+    kernels build on the GPU)."""
     from tensorfuse.api import AutoKernel
 
     if isinstance(kernel, AutoKernel):
         kernel = kernel.for_sizes({}, **dims)
     if isinstance(kernel, PackedDecodeRoute):   # made at its first call
         kernel = kernel.made()
-    if isinstance(kernel, PackedRowsKernel):   # the caller's tensors viewed for its inner kernel
+    if isinstance(kernel, LiftedKernel):   # packed rows, or a decode lifted to four axes
         return _cuda_sources(kernel.inner, kernel._inner_dims(dims))
     if isinstance(kernel, ClusterKernel):
         return [(source, kernel.target) for source in kernel.launches({}, **dims).sources]

@@ -3,25 +3,23 @@ outputs viewed as ``[B, HKV, G·M, ·]`` (nothing copied), the sizes of the pack
 from the call's, and :func:`packed_attention`, the Hopper attention kernel on it."""
 from __future__ import annotations
 
-from ..binding import CallBinder, output_shape, split_scalars
+from ..binding import split_scalars
 from ..errors import CallError, ScheduleError, TargetError
-from ..interop import deliver, torch_output
 from ..torch_graph import GraphCallable
-from .packed_lift import UNIT_KV, UNIT_Q
+from .lifted_kernel import LiftedKernel, with_unit_sizes
 from .packed_rows import ROWS, PackedRows, pack_group_rows
 
 
-class PackedRowsKernel(GraphCallable):
+class PackedRowsKernel(LiftedKernel):
     """``inner``, a kernel of ``packed.program``, as a kernel of the original program: a call's q
     and outputs are viewed with each kv-head's query heads as rows (they must be laid out so that
     a head's rows follow each other — any layout at one query token — and be contiguous; a
     :class:`CallError` says so otherwise)."""
 
     def __init__(self, program, packed: PackedRows, inner, target):
-        self.program, self.packed, self.inner, self.target = program, packed, inner, target
-        self.outputs = list(program.outputs)
+        super().__init__(program, dict(packed.lifted), inner, target)
+        self.packed = packed
         self.description = f"packed group rows ({packed.describe()}) on {inner.description}"
-        self._calls = None
 
     def __repr__(self) -> str:
         return f"<PackedRowsKernel {self.program.name} for {self.target.name}>"
@@ -40,7 +38,7 @@ class PackedRowsKernel(GraphCallable):
 
     def _with_units(self, dims: dict) -> dict:
         """``dims`` with the unit axes a lift added (a decode written with three axes)."""
-        return {**dims, UNIT_Q: 1, UNIT_KV: 1} if self.packed.lifted else dims
+        return with_unit_sizes(dims) if self.packed.lifted else dims
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         try:
@@ -56,20 +54,6 @@ class PackedRowsKernel(GraphCallable):
     def schedule_origin(self, **dims) -> str:
         return f"packed group rows; {self.inner.schedule_origin(**self._inner_dims(dims))}"
 
-    def source(self, **dims) -> str:
-        return self.inner.source(**self._inner_dims(dims))
-
-    def ptx(self, **dims) -> str:
-        return self.inner.ptx(**self._inner_dims(dims))
-
-    def cache_info(self) -> list:
-        return self.inner.cache_info()
-
-    def _lifted(self, tensor, name: str):
-        """``tensor`` with the unit axis a lift added to ``name`` (itself where none)."""
-        at = dict(self.packed.lifted).get(name)
-        return tensor if at is None else tensor.unsqueeze(at)
-
     def _view(self, tensor, layout: str, dims: dict, name: str):
         """``tensor`` (lifted; laid out by roles ``layout``) as ``[B, HKV, R, …]``."""
         dims = self._with_units(dims)
@@ -82,26 +66,13 @@ class PackedRowsKernel(GraphCallable):
         rest = [tensor.shape[k] for k, r in enumerate(layout) if r not in "bhi"]
         return tensor.view(B, HKV, H // HKV * M, *rest)
 
-    def invoke(self, key, args: tuple, kwargs: dict):
-        import torch
-
-        if self._calls is None:
-            self._calls = CallBinder(self.program, "cuda" if self.target.is_gpu else "cpu")
-        bound = self._calls(args, kwargs, False)
-        self.packed_sizes(bound.dims)   # refuses sizes it cannot pack
+    def _views(self, values: dict, outs: list, dims: dict) -> list:
+        """q and the outputs with each kv-head's query heads as rows."""
+        self.packed_sizes(dims)   # refuses sizes it cannot pack
         chain = self.packed.chain
-        given = list(bound.outs) if bound.outs is not None else [None] * len(self.outputs)
-        device = bound.torch_device or torch.device("cpu")
-        outs = [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
-                for c, g in zip(self.outputs, given)]
-        values = {**bound.scalars, **{n: self._lifted(torch.as_tensor(t), n)
-                                      for n, t in bound.arrays.items()}}
-        values[chain.q] = self._view(values[chain.q], chain.layouts[0], bound.dims, chain.q)
-        views = [self._view(self._lifted(o, c.name), chain.layouts[3 + k], bound.dims, c.name)
-                 for k, (c, o) in enumerate(zip(self.outputs, outs))]
-        self.inner(**values, out=views[0] if len(views) == 1 else tuple(views))
-        made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
-        return made[0] if len(made) == 1 else tuple(made)
+        values[chain.q] = self._view(values[chain.q], chain.layouts[0], dims, chain.q)
+        return [self._view(o, chain.layouts[3 + k], dims, c.name)
+                for k, (c, o) in enumerate(zip(self.outputs, outs))]
 
 
 def packed_attention(kernel, fusion, target, one_query: bool = True, **knobs):

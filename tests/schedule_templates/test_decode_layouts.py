@@ -202,22 +202,23 @@ def test_a_split_decode_replays_from_a_cuda_graph_and_runs_on_a_second_stream():
         pytest.skip("needs an NVIDIA GPU")
     generator = torch.Generator().manual_seed(fresh_seed())
     f = tf.compile(mqa_decode)
-    # 16 heads: the Triton split update (32 or more on one cache are packed rows)
-    args, _ = mqa_case(generator, B=2, H=16, N=4096, D=128)
+    # 32 batches of 16 heads: the Triton split update (32 or more heads on one cache are packed
+    # rows; fewer (batch, kv-head) pairs take the cluster decode)
+    args, _ = mqa_case(generator, B=32, H=16, N=4096, D=128)
     live = {n: v.cuda() if isinstance(v, torch.Tensor) else v for n, v in args.items()}
-    assert f.for_sizes(B=2, H=16, N=4096, D=128).build(B=2, H=16, N=4096, D=128)[1].splits > 1
+    assert f.for_sizes(B=32, H=16, N=4096, D=128).build(B=32, H=16, N=4096, D=128)[1].splits > 1
     f(**live)   # compiled outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = f(**live)
     for _ in range(3):
-        fresh, want = mqa_case(generator, B=2, H=16, N=4096, D=128)
+        fresh, want = mqa_case(generator, B=32, H=16, N=4096, D=128)
         for n in ("q", "k", "v"):
             live[n].copy_(fresh[n])
         out.fill_(float("nan"))
         graph.replay()
         assert relative_error(out.cpu(), want) <= 2e-2
-    fresh, want = mqa_case(generator, B=2, H=16, N=4096, D=128)
+    fresh, want = mqa_case(generator, B=32, H=16, N=4096, D=128)
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         got = f(**{n: v.cuda() if isinstance(v, torch.Tensor) else v for n, v in fresh.items()})
