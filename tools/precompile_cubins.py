@@ -113,7 +113,7 @@ def _cuda_sources(kernel, dims: dict) -> list:
     if isinstance(kernel, PackedDecodeRoute):   # made at its first call
         kernel = kernel.made()
     if isinstance(kernel, LiftedKernel):   # packed rows, or a decode lifted to four axes
-        return _cuda_sources(kernel.inner, kernel._inner_dims(dims))
+        return _cuda_sources(kernel.inner, kernel.inner_dims(dims))
     if isinstance(kernel, ClusterKernel):
         return [(source, kernel.target) for source in kernel.launches({}, **dims).sources]
     pending = []

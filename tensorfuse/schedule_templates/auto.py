@@ -274,7 +274,7 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
     attention plans it), or without one and its query axis (:data:`LIFTED_PACKED_DECODES`)."""
     from .hopper_attention_plan import plan_hopper_attention
     from .packed_kernel import PackedDecodeRoute
-    from .packed_lift import UNIT_KV, UNIT_Q, lift_to_four_axes
+    from .packed_lift import lift_to_four_axes
 
     routes, program = PACKED_DECODES, kernel.program
     try:
@@ -290,9 +290,7 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
         routes = LIFTED_PACKED_DECODES
     if plan.mask is not None or plan.chain.sink is not None:   # packing refuses sinks
         return []
-    # the lifted axes' sizes are 1 at every call (the caller's sizes do not name them)
-    dims = tuple({UNIT_KV: "", UNIT_Q: ""}.get(d, d) for d in plan.chain.dims[:4])
-    return [PackedDecodeRoute(kernel, fusion, spec, dims, (low, high), pairs,
+    return [PackedDecodeRoute(kernel, fusion, spec, plan.chain.dims[:4], (low, high), pairs,
                               consumers=consumers, schedule="split", **chosen)
             for low, high, consumers, pairs, knobs in routes for chosen in (knobs, {})]
 

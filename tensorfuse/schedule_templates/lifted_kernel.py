@@ -6,12 +6,10 @@ unit axes (``unsqueeze``: nothing copied). The templates that plan decodes by fo
 from __future__ import annotations
 
 from ..binding import CallBinder, output_shape, split_scalars
+from ..errors import ScheduleError, TargetError
 from ..interop import deliver, torch_output
 from ..torch_graph import GraphCallable
 from .packed_lift import UNIT_KV, UNIT_Q
-
-WHO = "lifted to four axes"
-
 
 def with_unit_sizes(dims: dict, units=(UNIT_Q, UNIT_KV)) -> dict:
     """A call's sizes with those of the axes a lift added (``units``: 1 at every call)."""
@@ -27,34 +25,46 @@ def with_unit_axis(tensor, inserts: dict, name: str):
 
 class LiftedKernel(GraphCallable):
     """``inner``, a kernel of the lifted program, as a kernel of ``program`` (as written):
-    ``inserts`` says where each tensor's unit axis goes, ``units`` the sizes the lift added."""
+    ``inserts`` says where each tensor's unit axis goes, ``units`` the sizes the lift added.
+    Subclasses that view the tensors further (:class:`.packed_kernel.PackedRowsKernel`) change
+    :meth:`inner_sizes`, :meth:`_views` and ``who``."""
+
+    who = "lifted to four axes"
 
     def __init__(self, program, inserts: dict, inner, target, units=(UNIT_Q, UNIT_KV)):
         self.program, self.inserts, self.inner, self.target = program, inserts, inner, target
         self.units = tuple(units)
         self.outputs = list(program.outputs)
-        self.description = f"{WHO}; {inner.description}"
+        self.description = f"{self.who}; {inner.description}"
         self._calls = None
 
     def __repr__(self) -> str:
-        return f"<LiftedKernel {self.program.name} for {self.target.name}>"
+        return f"<{type(self).__name__} {self.program.name} for {self.target.name}>"
 
-    def _inner_dims(self, dims: dict) -> dict:
-        """The lifted program's sizes, and the scalars given by name among ``dims``."""
+    def inner_sizes(self, sizes: dict) -> dict:
+        """The inner program's sizes at the caller's ``sizes`` (a :class:`TargetError` where it
+        cannot take them)."""
+        return with_unit_sizes(sizes, self.units)
+
+    def inner_dims(self, dims: dict) -> dict:
+        """The inner program's sizes, and the scalars given by name among ``dims``."""
         sizes, scalars = split_scalars(self.program, dims)
-        return {**with_unit_sizes(sizes, self.units), **(scalars or {})}
+        return {**self.inner_sizes(sizes), **(scalars or {})}
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
-        return self.inner.fits(scalars, **with_unit_sizes(dims, self.units))
+        try:
+            return self.inner.fits(scalars, **self.inner_sizes(dims))
+        except (ScheduleError, TargetError):
+            return False
 
     def schedule_origin(self, **dims) -> str:
-        return f"{WHO}; {self.inner.schedule_origin(**self._inner_dims(dims))}"
+        return f"{self.who}; {self.inner.schedule_origin(**self.inner_dims(dims))}"
 
     def source(self, **dims) -> str:
-        return self.inner.source(**self._inner_dims(dims))
+        return self.inner.source(**self.inner_dims(dims))
 
     def ptx(self, **dims) -> str:
-        return self.inner.ptx(**self._inner_dims(dims))
+        return self.inner.ptx(**self.inner_dims(dims))
 
     def cache_info(self) -> list:
         return self.inner.cache_info()

@@ -3,10 +3,10 @@ outputs viewed as ``[B, HKV, G·M, ·]`` (nothing copied), the sizes of the pack
 from the call's, and :func:`packed_attention`, the Hopper attention kernel on it."""
 from __future__ import annotations
 
-from ..binding import split_scalars
 from ..errors import CallError, ScheduleError, TargetError
 from ..torch_graph import GraphCallable
 from .lifted_kernel import LiftedKernel, with_unit_sizes
+from .packed_lift import UNIT_KV, UNIT_Q
 from .packed_rows import ROWS, PackedRows, pack_group_rows
 
 
@@ -16,47 +16,29 @@ class PackedRowsKernel(LiftedKernel):
     a head's rows follow each other — any layout at one query token — and be contiguous; a
     :class:`CallError` says so otherwise)."""
 
+    who = "packed group rows"
+
     def __init__(self, program, packed: PackedRows, inner, target):
-        super().__init__(program, dict(packed.lifted), inner, target)
+        super().__init__(program, dict(packed.lifted), inner, target,
+                         (UNIT_Q, UNIT_KV) if packed.lifted else ())
         self.packed = packed
-        self.description = f"packed group rows ({packed.describe()}) on {inner.description}"
+        self.description = f"{self.who} ({packed.describe()}) on {inner.description}"
 
-    def __repr__(self) -> str:
-        return f"<PackedRowsKernel {self.program.name} for {self.target.name}>"
-
-    def packed_sizes(self, dims: dict) -> dict:
-        """The packed program's sizes at the original's ``dims``; a :class:`TargetError` where the
-        heads do not split into groups or, for one query token, there are several."""
-        dims = self._with_units(dims)
-        B, H, HKV, M = (dims[n] for n in self.packed.chain.dims[:4])
+    def inner_sizes(self, sizes: dict) -> dict:
+        """The packed program's sizes at the original's; a :class:`TargetError` where the heads
+        do not split into groups or, for one query token, there are several."""
+        sizes = with_unit_sizes(sizes, self.units)
+        B, H, HKV, M = (sizes[n] for n in self.packed.chain.dims[:4])
         if H % HKV:
             raise TargetError(f"{H} query heads do not split into groups of {HKV} kv-heads")
         if self.packed.one_query and M != 1:
             raise TargetError(f"packed for one query token, called with {M}")
         names = set(self.packed.program.dim_names())
-        return {**{n: v for n, v in dims.items() if n in names}, ROWS: H // HKV * M}
-
-    def _with_units(self, dims: dict) -> dict:
-        """``dims`` with the unit axes a lift added (a decode written with three axes)."""
-        return with_unit_sizes(dims) if self.packed.lifted else dims
-
-    def fits(self, scalars: dict | None = None, **dims) -> bool:
-        try:
-            return self.inner.fits(scalars, **self.packed_sizes(dims))
-        except (ScheduleError, TargetError):
-            return False
-
-    def _inner_dims(self, dims: dict) -> dict:
-        """The packed program's sizes, and the scalars given by name among ``dims``."""
-        sizes, scalars = split_scalars(self.program, dims)
-        return {**self.packed_sizes(sizes), **(scalars or {})}
-
-    def schedule_origin(self, **dims) -> str:
-        return f"packed group rows; {self.inner.schedule_origin(**self._inner_dims(dims))}"
+        return {**{n: v for n, v in sizes.items() if n in names}, ROWS: H // HKV * M}
 
     def _view(self, tensor, layout: str, dims: dict, name: str):
         """``tensor`` (lifted; laid out by roles ``layout``) as ``[B, HKV, R, …]``."""
-        dims = self._with_units(dims)
+        dims = with_unit_sizes(dims, self.units)
         B, H, HKV, M = (dims[n] for n in self.packed.chain.dims[:4])
         rows = [r for r in layout if r in "hi"]
         if rows != ["h", "i"] and M != 1 or not tensor.is_contiguous():
@@ -68,7 +50,7 @@ class PackedRowsKernel(LiftedKernel):
 
     def _views(self, values: dict, outs: list, dims: dict) -> list:
         """q and the outputs with each kv-head's query heads as rows."""
-        self.packed_sizes(dims)   # refuses sizes it cannot pack
+        self.inner_sizes(dims)   # refuses sizes it cannot pack
         chain = self.packed.chain
         values[chain.q] = self._view(values[chain.q], chain.layouts[0], dims, chain.q)
         return [self._view(o, chain.layouts[3 + k], dims, c.name)
@@ -99,8 +81,8 @@ class PackedDecodeRoute(GraphCallable):
     pairs or more — told from the sizes alone, before anything is packed — on
     :func:`packed_attention` with ``knobs``, made on the first such call (packing plans the
     chain again: about 0.2 s, which every ``tf.compile`` of an attention would pay otherwise).
-    ``dims``: the names of the original program's batch, head, kv-head and query counts ("" for
-    an axis the program is written without: one kv-head, one query token)."""
+    ``dims``: the names of the batch, head, kv-head and query counts (those of the unit axes
+    where the program is lifted to four: 1 at every call)."""
 
     def __init__(self, kernel, fusion, target, dims: tuple[str, ...], groups: tuple[int, int],
                  min_pairs: int, **knobs):
@@ -117,7 +99,8 @@ class PackedDecodeRoute(GraphCallable):
 
     def routed(self, dims: dict) -> bool:
         """Whether these sizes are the ones this route takes (from the sizes alone)."""
-        B, H, HKV, M = (dims[n] if n else 1 for n in self.dims)
+        dims = with_unit_sizes(dims)
+        B, H, HKV, M = (dims[n] for n in self.dims)
         return M == 1 and H % HKV == 0 and self.groups[0] <= H // HKV <= self.groups[1] and \
             B * HKV >= self.min_pairs
 
