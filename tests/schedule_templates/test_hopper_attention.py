@@ -417,8 +417,8 @@ TAIL_CHECK = r"""
 #define TREE_FAN %d
 static const int ROUNDS[] = {%s};   // merge_rounds(ctas), ctas = 0 … 140
 %s
-// Split tile tl's pieces arriving in a shuffled order, merged as merge_piece does (each slot's
-// contents as the pieces summed into it; the counters as merge_piece indexes them): 1 unless
+// Split tile tl's pieces arriving in a shuffled order, merged round by round as merge_piece does
+// (merge_round's groups and counters; each slot's contents as the pieces summed into it): 1 unless
 // exactly one merger ends with every piece once, no counter is used twice at once, and the
 // counters stay within the ctas · (1 + 2 · merge_rounds) the host allocates past the first two.
 int merge_all(const Tail& s, int tl, int ctas, int rounds, unsigned seed) {
@@ -439,22 +439,20 @@ int merge_all(const Tail& s, int tl, int ctas, int rounds, unsigned seed) {
     mine[p - lo] = 1;
     slot[piece_slot(s, tl, p)] = mine;
     for (int span = 1, round = 0;; span *= fan, ++round) {
-      const bool last = span * fan > hi - lo;
-      const int g0 = last ? lo : lo + (p - lo) / (span * fan) * (span * fan);
-      const int g1 = last ? hi : std::min(hi, g0 + span * fan - 1);
-      const int at = last ? tl : ctas * (1 + 2 * round) + piece_slot(s, tl, g0);
-      if (at < 0 || at >= (int)count.size() || (!last && round >= rounds)) return 1;
-      if (++count[at] < (g1 - g0) / span + 1) break;
-      count[at] = 0;
-      const int own = lo + (p - lo) / span * span;
-      for (int q = g0; q <= g1; q += span)
-        if (q != own) for (int i = 0; i < n; ++i) mine[i] += slot[piece_slot(s, tl, q)][i];
-      if (last) {
+      const MergeRound r = merge_round(s, tl, p, span, round, ctas);
+      if (r.g0 > r.own || r.own > p || r.g1 > hi || r.counter < 0 ||
+          r.counter >= (int)count.size() || (!r.last && round >= rounds))
+        return 1;
+      if (++count[r.counter] < r.arrivals) break;
+      count[r.counter] = 0;
+      for (int q = r.g0; q <= r.g1; q += span)
+        if (q != r.own) for (int i = 0; i < n; ++i) mine[i] += slot[piece_slot(s, tl, q)][i];
+      if (r.last) {
         ++mergers;
         for (int i = 0; i < n; ++i) if (mine[i] != 1) return 1;
         break;
       }
-      slot[piece_slot(s, tl, g0)] = mine;
+      slot[piece_slot(s, tl, r.g0)] = mine;
     }
   }
   for (int c : count) if (c) return 1;   // every counter left at 0

@@ -237,32 +237,26 @@ __device__ __forceinline__ void merge_partial(float (&o)[DV_ / 2], float (&m)[2]
 // slot of its part; the warpgroup that completes the tile's pieces last merges the others' into
 // its own and returns true: it writes the output. Many pieces merge in rounds (merge_fan): the
 // last of a group of runs merges them into the slot of the group's first piece — a run of the
-// next round — and the last round's merger the whole tile. Counters per (tile, warpgroup) for
-// the last round, per (round, group's first slot, warpgroup) before it; each left at 0 by the
-// arrival that completes it. Every thread writes and reads its own fragment's 16-byte pieces.
+// next round — and the last round's merger the whole tile (merge_round: the groups and their
+// counters); each counter left at 0 by the arrival that completes it. Every thread writes and reads its own fragment's 16-byte pieces.
 __device__ __forceinline__ bool merge_piece(float (&o)[DV_ / 2], float (&m)[2], float (&l)[2],
     const Tail& s, int tile, int first, int cw, int t, float4* work, int* counters,
     volatile int* flags) {
-  const int tl = tile - s.tile0, p = (tl * s.C + first) / s.L;
-  const int lo = first_piece(s, tl), hi = last_piece(s, tl), fan = merge_fan(s, tl);
+  const int tl = tile - s.tile0, p = (tl * s.C + first) / s.L, fan = merge_fan(s, tl);
   // the slot of piece q's part in this tile: this thread's 16-byte pieces
   #define TF_PARTIAL(q) (work + ((long)piece_slot(s, tl, q) * CONSUMERS + cw) * PARTIAL_VEC4 + t)
   store_partial(o, m, l, TF_PARTIAL(p));
   // the warpgroup's own named barrier: ids past the consumers' turns
   const int bar = 1 + CONSUMERS + cw;
   for (int span = 1, round = 0;; span *= fan, ++round) {   // span: pieces in a run
-    const bool last = span * fan > hi - lo;
-    const int g0 = last ? lo : lo + (p - lo) / (span * fan) * (span * fan);
-    const int g1 = last ? hi : min(hi, g0 + span * fan - 1);
-    int* counter = counters + 2 + (last ? tl : gridDim.x * (1 + 2 * round) +
-                                              piece_slot(s, tl, g0)) * CONSUMERS + cw;
-    if (!tf_arrived_last(counter, (g1 - g0) / span + 1, bar, 128, t == 0, flags + cw))
+    const MergeRound r = merge_round(s, tl, p, span, round, gridDim.x);
+    if (!tf_arrived_last(counters + 2 + r.counter * CONSUMERS + cw, r.arrivals, bar, 128, t == 0,
+                         flags + cw))
       return false;
-    const int mine = lo + (p - lo) / span * span;   // this warpgroup's run
-    for (int q = g0; q <= g1; q += span)
-      if (q != mine) merge_partial(o, m, l, TF_PARTIAL(q));
-    if (last) break;
-    store_partial(o, m, l, TF_PARTIAL(g0));   // the run the next round reads
+    for (int q = r.g0; q <= r.g1; q += span)
+      if (q != r.own) merge_partial(o, m, l, TF_PARTIAL(q));
+    if (r.last) break;
+    store_partial(o, m, l, TF_PARTIAL(r.g0));   // the run the next round reads
   }
   #undef TF_PARTIAL
   return true;
