@@ -16,6 +16,7 @@ SDPA, each tensorfuse result checked against float64 first.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -139,7 +140,7 @@ def main(argv=None) -> int:
     if args.build_only:
         build_only(cases)
         return 0
-    run_and_write(lambda rows, log=print: measure(rows, log, cases), args.out, "packed-decode")
+    run_and_write(functools.partial(measure, cases=cases), args.out, "packed-decode")
     return 0
 
 
