@@ -245,12 +245,12 @@ BACKWARDS = ("auto", "hopper", "triton")   # TENSORFUSE_ATTENTION_BACKWARD's val
 def hopper_backward(plan, target, triton, chosen: bool | None = None):
     """The sm_90a backward kernel of ``plan`` (the Triton kernels' statistics kernel before it)
     where it is chosen and takes the plan; else None (the Triton kernels run). ``chosen``
-    True/False decides; None reads ``TENSORFUSE_ATTENTION_BACKWARD``: ``hopper`` wherever it
-    takes the plan, ``triton`` never, ``auto`` (the default) where it measured faster — scores
-    without a mask at head dim 128 (and those held in its tiles: 72–120, as the Triton kernels
-    pad them to 128 too), 0.91–0.92× the Triton kernels' time at S=4096 and 16384 on
-    the H200; under causal and grouped causal masks it is 0.96–1.04×, at head dim 64
-    1.14–1.20× (``benchmarks.attention_backward --kernels``)."""
+    True/False decides; None reads ``TENSORFUSE_ATTENTION_BACKWARD``: ``hopper`` or ``auto``
+    (the default) wherever it takes the plan, ``triton`` never. ``auto`` is where it measured
+    faster, which is everywhere it was measured: 0.88–0.89× the Triton kernels' time without
+    a mask, 0.91–0.94× under causal masks, 0.85–0.91× grouped causal (S=4096 and 16384, head dim
+    128), 0.98× at head dim 64; a sliding window 1.04× at S=4096 and 0.98× at 16384 (H200,
+    ``benchmarks.attention_backward --kernels``)."""
     import os
 
     if chosen is None:
@@ -258,8 +258,7 @@ def hopper_backward(plan, target, triton, chosen: bool | None = None):
         if choice not in BACKWARDS:
             raise TensorfuseError(f"TENSORFUSE_ATTENTION_BACKWARD={choice!r}: one of "
                                   f"{', '.join(BACKWARDS)}")
-        chosen = choice == "hopper" or choice == "auto" and plan.mask is None and \
-            tile_head_dim(plan.head_dim) == 128   # (a dim the kernel refuses: None below)
+        chosen = choice != "triton"   # (a plan the kernel refuses: None below)
     if not chosen:
         return None
     try:

@@ -185,9 +185,9 @@ def test_launches_are_specialised_as_tritons_jit_specialises_them():
 @pytest.mark.parametrize("D, causal", [(64, True), (96, True), (256, True), (128, False),
                                        (96, False)])
 def test_autograd_runs_the_template_on_the_gpu(D, causal):
-    """The Triton kernels, or on an H100/H200 by default for scores without a mask at head dim
-    128 (or 96, in its tiles) the Hopper kernel
-    (:func:`tensorfuse.schedule_templates.hopper_attention_backward.hopper_backward`)."""
+    """On an H100/H200 by default the Hopper kernel wherever it takes the plan (head dims 64 and
+    128, 96 in tiles of 128; :func:`tensorfuse.schedule_templates.hopper_attention_backward.
+    hopper_backward`), the Triton kernels elsewhere (head dim 256, other GPUs)."""
     from tensorfuse.schedule_templates.hopper_attention_backward import HopperAttentionBackward
 
     torch.manual_seed(0)
@@ -206,7 +206,7 @@ def test_autograd_runs_the_template_on_the_gpu(D, causal):
     from tensorfuse.autograd import _TEMPLATES   # the template ran, not the program
 
     used = f.torch_op.differentiation.templates
-    hopper = not causal and torch.cuda.get_device_capability() == (9, 0)   # 96: tiles of 128
+    hopper = D != 256 and torch.cuda.get_device_capability() == (9, 0)   # 96: tiles of 128
     assert [type(_TEMPLATES[key]) for key in used.values()] == \
         [HopperAttentionBackward if hopper else AttentionBackwardKernels]
     assert f.torch_op.training is not None   # the forward saved the log-sum-exp for it
@@ -390,7 +390,10 @@ def test_tf_grad_of_attention_runs_the_template_and_the_floor_where_it_refuses()
     assert isinstance(made, AttentionGradientKernel)
     assert made.schedule_origin(**dict(DIMS, H=32, HKV=8)).startswith(
         "attention backward template")
-    assert "_tf_bwd_dkdv" in made.source(**dict(DIMS, H=32, HKV=8))
+    assert "tf_hopper_attention_backward" in made.source(**dict(DIMS, H=32, HKV=8))
+    on_sm80 = tf.compile(tf.grad(K.gqa_causal_attention), "cuda:sm_80")
+    assert "(AttentionBackwardKernels)" in on_sm80.schedule_origin(**dict(DIMS, H=32, HKV=8))
+    assert "_tf_bwd_dkdv" in on_sm80.source(**dict(DIMS, H=32, HKV=8))
     with pytest.warns(tf.errors.NoTemplateWarning):
         refused = made.schedule_origin(**dict(DIMS, H=32, HKV=8, D=512))
     assert refused.startswith("staged") and \

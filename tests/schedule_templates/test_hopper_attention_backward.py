@@ -80,9 +80,10 @@ def test_what_it_does_not_take_is_refused_with_the_reason(kernel, dims, arch, re
         plan_hopper_backward(_plan(kernel, dims), arch)
 
 
-def test_it_is_chosen_where_it_measured_faster_or_when_asked(monkeypatch):
-    """By default for scores without a mask at head dim 128; ``hopper`` wherever it takes the
-    plan, ``triton`` never; another value is an error naming the ones there are."""
+def test_it_is_chosen_where_it_takes_the_plan_unless_asked_not_to(monkeypatch):
+    """By default (and ``hopper``) wherever it takes the plan — it measured faster than the
+    Triton kernels under every mask and head dim it takes —, ``triton`` never; another value
+    is an error naming the ones there are."""
     target = get_target("cuda:sm_90a")
 
     def chosen(kernel, dims=DIMS):
@@ -91,12 +92,15 @@ def test_it_is_chosen_where_it_measured_faster_or_when_asked(monkeypatch):
         assert made is None or made.plan is plan
         return made is not None
 
-    monkeypatch.delenv("TENSORFUSE_ATTENTION_BACKWARD", raising=False)
-    assert chosen(K.attention) and chosen(K.attention, dict(DIMS, D=96))   # tiles of 128
-    assert not chosen(K.causal_attention) and not chosen(K.attention, dict(DIMS, D=64))
-    monkeypatch.setenv("TENSORFUSE_ATTENTION_BACKWARD", "hopper")
-    assert chosen(K.causal_attention) and chosen(K.attention, dict(DIMS, D=64))
-    assert not chosen(K.softcap_attention)   # not taken: the Triton kernels stay
+    for choice in ("auto", "hopper"):
+        monkeypatch.setenv("TENSORFUSE_ATTENTION_BACKWARD", choice)
+        assert chosen(K.attention) and chosen(K.attention, dict(DIMS, D=96))   # tiles of 128
+        assert chosen(K.causal_attention) and chosen(K.attention, dict(DIMS, D=64))
+        assert chosen(K.gqa_causal_attention, dict(DIMS, H=32, HKV=8))
+        assert not chosen(K.softcap_attention)   # not taken: the Triton kernels stay
+        assert not chosen(K.attention, dict(DIMS, D=256))
+    monkeypatch.delenv("TENSORFUSE_ATTENTION_BACKWARD")
+    assert chosen(K.sliding_window_attention)   # the default is auto
     monkeypatch.setenv("TENSORFUSE_ATTENTION_BACKWARD", "triton")
     assert not chosen(K.attention)
     monkeypatch.setenv("TENSORFUSE_ATTENTION_BACKWARD", "cudnn")

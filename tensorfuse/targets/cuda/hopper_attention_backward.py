@@ -10,14 +10,16 @@ side by side (the plan's ``keys_fastest``) —, three warpgroups:
   CTA's keys and values once (TMA boxes of the 128-byte swizzle), then, for every query block
   the CTA visits — every head of the group, every query block the mask keeps (the transposed
   block lists) or all of them — the block's queries and output gradient into a slot of a
-  two-stage ring; 64 of its threads copy the rows' base-2 log-sum-exps and ``Δ`` (+∞ and 0
+  ring (:func:`ring_stages`: three slots at head dims 64 and 128); 64 of its threads copy the rows' base-2 log-sum-exps and ``Δ`` (+∞ and 0
   past the last row, so that ``P`` is 0 there) beside them and arrive on the slot's mbarrier;
 - each consumer warpgroup owns 64 of the keys and, per query block, computes in the transposed
   orientation (keys along the accumulator's rows, so no register tile is transposed):
   ``Sᵀ = K·Qᵀ`` and ``dPᵀ = V·dOᵀ`` (both operands K-major), ``Pᵀ = 2^(Sᵀ·scale₂ − LSE₂)``, the
-  mask on partial blocks, ``dSᵀ = factor · Pᵀ ∘ (dPᵀ − Δ)``; ``dV += Pᵀ·dO`` and
-  ``dK += dSᵀ·Q`` with ``Pᵀ`` and ``dSᵀ`` as register A operands (the accumulator layout of
-  ``m64nNk16`` is the A fragment layout), dO and Q read MN-major from the same tiles;
+  mask on partial blocks, ``dSᵀ = factor · Pᵀ ∘ (dPᵀ − Δ)``; ``dV += Pᵀ·dO`` and, after
+  dQ's product below, ``dK += dSᵀ·Q``, with ``Pᵀ`` and ``dSᵀ`` as register A operands (the
+  accumulator layout of ``m64nNk16`` is the A fragment layout), dO and Q read MN-major from
+  the same tiles; dK runs on the tensor cores while the warpgroup writes and adds dQ's tile,
+  and the visit's slot is given back when the next visit starts (dK has read its queries);
 - ``dSᵀ`` goes to shared memory as ``dS`` by ``stmatrix`` (transposed 8×8 blocks; queries along
   the rows, keys K-major: the A operand of ``dQ = dS·K``), double-buffered so that one named
   barrier a block orders it; for head dims
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import math
 
+from .. import get_target
 from .dsm import HELPERS as DSM_HELPERS
 from .expr import (C_TYPES, KernelArguments, scalar_arguments, tensor_arguments,
                    to_cuda, wide_tensors)
@@ -49,7 +52,7 @@ from .wgmma import wgmma_function
 
 ENTRY = "tf_hopper_attention_backward"
 THREADS = 384
-STAGES = 2
+MAX_STAGES = 3   # the queries' ring: slots where shared memory holds them, up to this many
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 BN, BM = 128, 64
 DQ_BYTES = 2 * BM * 64 * 4   # the two warpgroups' dQ tiles (f32): 64 queries × 64 columns each
@@ -62,12 +65,24 @@ _PAIRS = {"bf16": ("__nv_bfloat162", "__floats2bfloat162_rn"),
           "f16": ("__half2", "__floats2half2_rn")}
 
 
-def shared_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of the kernel at ``head_dim``: keys and values, the ring's queries
-    and output gradients, two ``dS`` buffers, the rows' statistics, the mbarriers, and 1 KB to
-    align the tiles to the swizzle's atoms."""
-    tiles = 2 * BN * head_dim * 2 + STAGES * 2 * BM * head_dim * 2 + 2 * BM * BN * 2
-    return tiles + DQ_BYTES + STAGES * 2 * BM * 4 + 8 * (1 + 2 * STAGES) + 1024
+def shared_bytes(head_dim: int, stages: int | None = None) -> int:
+    """Dynamic shared memory of the kernel at ``head_dim`` with ``stages`` slots in the queries'
+    ring (:func:`ring_stages`' by default): keys and values, the ring's queries and output
+    gradients, two ``dS`` buffers, the rows' statistics, the mbarriers, and 1 KB to align the
+    tiles to the swizzle's atoms."""
+    n = ring_stages(head_dim) if stages is None else stages
+    tiles = 2 * BN * head_dim * 2 + n * 2 * BM * head_dim * 2 + 2 * BM * BN * 2
+    return tiles + DQ_BYTES + n * 2 * BM * 4 + 8 * (1 + 2 * n) + 1024
+
+
+def ring_stages(head_dim: int) -> int:
+    """Slots of the ring of query blocks at ``head_dim``: as many as shared memory holds, up to
+    :data:`MAX_STAGES`. A visit's slot is free only once its dK is done (the last product of
+    the visit), so with two slots the next load had under one visit to land: a third took the
+    kernel from 1.60 to 1.53 ms (full), 0.93 to 0.89 (causal) and, at head dim 64, 1.17 to 1.07
+    (H200, S=4096, ``benchmarks.attention_backward --kernels``)."""
+    room = get_target("cuda:sm_90a").max_shared_memory
+    return max(n for n in range(2, MAX_STAGES + 1) if shared_bytes(head_dim, n) <= room)
 
 
 def kernel_arguments(hplan, scalars) -> list[tuple[str, str, str]]:
@@ -181,7 +196,7 @@ def _defines(c: _Source) -> str:
     return f"""#define D_ {c.D}
 {rows}#define BN {BN}
 #define BM {BM}
-#define STAGES {STAGES}
+#define STAGES {ring_stages(c.D)}
 #define GROUP {c.base.group}
 #define M_ {c.M}
 #define N_ {c.N}
@@ -350,6 +365,10 @@ def _consumer_products(c: _Source) -> str:
       tf_mbar_wait(full + s, (it / STAGES) & 1);
       const unsigned qs = q_base + s * Q_BYTES, dos = do_base + s * Q_BYTES;
       float st[BM / 2], dp[BM / 2];
+      // the last visit's dK (it read that visit's queries): done before Sᵀ would start anyway
+      tf_wgmma_wait<0>();
+      tf_fence_regs(dk_acc);
+      if (it > 0) tf_mbar_arrive(empty + (it - 1) % STAGES);
       tf_wgmma_fence();
       #pragma unroll
       for (int ks = 0; ks < D_ / 16; ++ks)
@@ -398,9 +417,6 @@ def _consumer_products(c: _Source) -> str:
       #pragma unroll
       for (int u = 0; u < BM / 16; ++u)
         tf_wgmma_rs_m64n{c.D}k16{c.f16}(dv_acc, pa[u], tf_nmajor_desc(dos, BM, 0, u * 16));
-      #pragma unroll
-      for (int u = 0; u < BM / 16; ++u)
-        tf_wgmma_rs_m64n{c.D}k16{c.f16}(dk_acc, da[u], tf_nmajor_desc(qs, BM, 0, u * 16));
       tf_wgmma_commit();
 """
 
@@ -434,11 +450,14 @@ def _consumer_dq(c: _Source) -> str:
                                  tf_nmajor_desc(k_base, BN, SPLIT_N ? 64 * cw : 0, k), ks > 0);
       }}
       tf_wgmma_commit();
-      tf_wgmma_wait<0>();
+      // dK last: it runs on the tensor cores while dQ's tile is written and added
+      #pragma unroll
+      for (int u = 0; u < BM / 16; ++u)
+        tf_wgmma_rs_m64n{c.D}k16{c.f16}(dk_acc, da[u], tf_nmajor_desc(qs, BM, 0, u * 16));
+      tf_wgmma_commit();
+      tf_wgmma_wait<1>();   // dV and dQ
       tf_fence_regs(dq);
       tf_fence_regs(dv_acc);
-      tf_fence_regs(dk_acc);
-      tf_mbar_arrive(empty + s);
       {{
         // dQ's fragment into this warpgroup's tile: 32-column atoms of the 128-byte swizzle
         // (16-byte chunk k of row q at chunk k ^ q % 8), then added into dQ by TMA
@@ -461,6 +480,8 @@ def _consumer_dq(c: _Source) -> str:
         }}
       }}
     }}
+    tf_wgmma_wait<0>();   // the last dK
+    tf_fence_regs(dk_acc);
     if (t == 0) tf_bulk_wait();   // the last dQ tile added before the CTA's memory goes
 """
 
