@@ -247,10 +247,10 @@ def hopper_backward(plan, target, triton, chosen: bool | None = None):
     where it is chosen and takes the plan; else None (the Triton kernels run). ``chosen``
     True/False decides; None reads ``TENSORFUSE_ATTENTION_BACKWARD``: ``hopper`` or ``auto``
     (the default) wherever it takes the plan, ``triton`` never. ``auto`` is where it measured
-    faster, which is everywhere it was measured: 0.88–0.89× the Triton kernels' time without
-    a mask, 0.91–0.94× under causal masks, 0.85–0.91× grouped causal (S=4096 and 16384, head dim
-    128), 0.98× at head dim 64; a sliding window 1.04× at S=4096 and 0.98× at 16384 (H200,
-    ``benchmarks.attention_backward --kernels``)."""
+    faster or the same, which is everywhere it was measured: 0.88–0.89× the Triton kernels' time
+    without a mask, 0.91–0.94× under causal masks, 0.85–0.91× grouped causal (S=4096 and 16384,
+    head dim 128); at head dim 64 and under a sliding window about the same (0.98–1.01×; 1.04×
+    at S=4096, 0.98× at 16384) (H200, ``benchmarks.attention_backward --kernels``)."""
     import os
 
     if chosen is None:
