@@ -2,6 +2,8 @@
 takes and why it refuses the others, the code nvcc makes of it (wgmma, TMA loads, TMA
 reductions into dQ, no spills, no serialised wgmma), and on a GPU its gradients against float64
 autograd for every variant it takes."""
+import re
+
 import pytest
 import torch
 
@@ -17,7 +19,8 @@ from tensorfuse.targets.codegen import cuda_to_ptx
 from tensorfuse.targets.cuda.hopper_attention_backward import BACKWARD_PTX, backward_source
 from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels
 from tests.helpers import needs_nvcc
-from tests.schedule_templates.test_hopper_attention import assert_consumers_do_not_spill
+from tests.schedule_templates.test_hopper_attention import (_ptxas_and_sass,
+                                                            assert_consumers_do_not_spill)
 
 DIMS = dict(B=2, H=16, M=1000, N=1000, D=128)
 
@@ -121,6 +124,11 @@ def test_the_sm90a_code_has_the_instructions_meant_and_does_not_spill(kernel, di
     assert "red.global" not in ptx   # dQ is added by TMA, not element by element
     # a value kept for the last dK/dV stores may be stored once outside the block loop
     assert_consumers_do_not_spill(source, per_tile=4)
+    # shared memory read and written as shared (LDS/STS), not through generic addresses: the
+    # rows' statistics read generically stalled the consumers on the L1 path (ncu, H200)
+    sass = _ptxas_and_sass(source)[1]
+    assert not re.findall(r"\b(?:LD|ST)\.E\b", sass)
+    assert re.search(r"\bLDS\b", sass) and re.search(r"\bSTS\b", sass)
 
 
 def test_tensor_maps_stride_by_their_element_size():

@@ -272,7 +272,9 @@ def _kernel_begin(c: _Source) -> str:
     return f"""extern "C" __global__ void __launch_bounds__({THREADS}, 1) {ENTRY}(
     {c.params}) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = (unsigned char*)(((unsigned long)smem_raw + 1023) & ~1023ul);
+  // aligned by an offset from smem_raw, not through an integer: the compiler then knows every
+  // pointer below is shared memory and reads and writes it with LDS/STS, not generic LD/ST
+  unsigned char* smem = smem_raw + ((1024 - (tf_smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* k_tile = smem;
   unsigned char* v_tile = k_tile + KV_BYTES;
   unsigned char* q_tiles = v_tile + KV_BYTES;
