@@ -10,8 +10,9 @@ side by side (the plan's ``keys_fastest``) —, three warpgroups:
   CTA's keys and values once (TMA boxes of the 128-byte swizzle), then, for every query block
   the CTA visits — every head of the group, every query block the mask keeps (the transposed
   block lists) or all of them — the block's queries and output gradient into a slot of a
-  ring (:func:`ring_stages`: three slots at head dims 64 and 128); 64 of its threads copy the rows' base-2 log-sum-exps and ``Δ`` (+∞ and 0
-  past the last row, so that ``P`` is 0 there) beside them and arrive on the slot's mbarrier;
+  ring (:func:`ring_stages`: three slots at head dims 64 and 128); 64 of its threads copy the
+  rows' base-2 log-sum-exps and ``Δ`` (+∞ and 0 past the last row, so that ``P`` is 0 there)
+  beside them and arrive on the slot's mbarrier;
 - each consumer warpgroup owns 64 of the keys and, per query block, computes in the transposed
   orientation (keys along the accumulator's rows, so no register tile is transposed):
   ``Sᵀ = K·Qᵀ`` and ``dPᵀ = V·dOᵀ`` (both operands K-major), ``Pᵀ = 2^(Sᵀ·scale₂ − LSE₂)``, the
@@ -79,8 +80,9 @@ def ring_stages(head_dim: int) -> int:
     """Slots of the ring of query blocks at ``head_dim``: as many as shared memory holds, up to
     :data:`MAX_STAGES`. A visit's slot is free only once its dK is done (the last product of
     the visit), so with two slots the next load had under one visit to land: a third took the
-    kernel from 1.60 to 1.53 ms (full), 0.93 to 0.89 (causal) and, at head dim 64, 1.17 to 1.07
-    (H200, S=4096, ``benchmarks.attention_backward --kernels``)."""
+    kernel from 1.60 to 1.53 ms (full), 0.93 to 0.89 (causal) and, at head dim 64, 1.17 to 1.07;
+    four or five slots at head dim 64 gained nothing (H200, S=4096, the kernel timed as
+    ``benchmarks.attention_backward --kernels`` times it)."""
     room = get_target("cuda:sm_90a").max_shared_memory
     return max(n for n in range(2, MAX_STAGES + 1) if shared_bytes(head_dim, n) <= room)
 
