@@ -94,8 +94,8 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             # the Hopper attention checks a record of other sizes of the bucket runs (the
             # cluster decode keeps records of its own sizes only)
             refused: list = []   # (native template, why it refuses the program at any sizes)
-            ahead = native_templates(kernel, name, fusion, spec, records=lambda template:
-                                     template_records(tuned_as, template, fusion, spec,
+            ahead = native_templates(kernel, name, fusion, spec, records=lambda template, of=None:
+                                     template_records(of or tuned_as, template, fusion, spec,
                                                       nearest=template == "hopper_attention"),
                                      refused=refused)
             ahead += _hopper_gemm_staged(kernel, spec, dynamic)

@@ -278,6 +278,14 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
     from .spaces import TUNABLE, native_template
 
     native = native_template(kernel, fusion, template, dims, target, scalars)
+    if native == "lifted":   # the cluster decode of the program lifted to four axes, whose
+        # records tf.compile looks up at the lifted sizes (schedule_templates.auto._lifted_decode)
+        from ..schedule_templates.lifted_kernel import with_unit_sizes
+        from ..schedule_templates.packed_lift import added_units, lift_to_four_axes
+
+        lifted, _ = lift_to_four_axes(kernel.program, fusion.names, fusion.axis)
+        return make_task(ProgramKernel(lifted), with_unit_sizes(dims, added_units(lifted)),
+                         target, scalars)
     if native in TUNABLE:   # the contraction template tunes the program's plain sums
         return TuningTask(kernel, dict(dims), target, native,
                           None if native == "contraction" else fusion, scalars)

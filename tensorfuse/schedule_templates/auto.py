@@ -206,10 +206,11 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
     each measured faster than the Triton template (``benchmarks.hopper_attention``,
     ``benchmarks.cluster``, ``benchmarks.neighborhood``). Sizes a native template refuses go to
     the Triton one.
-    ``records(template name)``: the compile entry point's lookup of tuning records for a template
-    with a tuning space (``hopper_attention``). ``refused``: where given, gets ``(template,
-    reason)`` for each attention template that refuses the program at any sizes (a user asking
-    why the Triton template runs an attention: its output in float32, say)."""
+    ``records(template name, program=None)``: the compile entry point's lookup of tuning records
+    for a template with a tuning space (``hopper_attention``, ``cluster_decode``), of ``program``
+    where given (a lifted decode's) instead of the kernel's. ``refused``: where given, gets
+    ``(template, reason)`` for each attention template that refuses the program at any sizes (a
+    user asking why the Triton template runs an attention: its output in float32, say)."""
     if spec.kind != "cuda" or spec.arch != "sm_90a":
         return ()
     made = _made(hopper_gemm, kernel, fusion, spec) + _ffn_templates(kernel, fusion, spec)
@@ -219,29 +220,33 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
                       refused=refused)
         made += _packed_decodes(kernel, fusion, spec)
         decode = dict(description=f"cluster_decode (the keys {fusion.axis} split over a cluster "
-                                  "per (batch, kv-head))",
-                      tuned=records("cluster_decode") if records else None, routed=True)
-        made += _made(attention_decode, kernel, fusion, spec, fusion.axis, **decode) or \
-            _lifted_decode(kernel, fusion, spec, decode)
+                                  "per (batch, kv-head))", routed=True)
+        made += _made(attention_decode, kernel, fusion, spec, fusion.axis,
+                      tuned=records("cluster_decode") if records else None, **decode) or \
+            _lifted_decode(kernel, fusion, spec, decode, records)
     return tuple(made)
 
 
-def _lifted_decode(kernel, fusion, spec: TargetSpec, knobs: dict) -> list:
+def _lifted_decode(kernel, fusion, spec: TargetSpec, knobs: dict, records=None) -> list:
     """The cluster decode of a decode written without its query axis (and kv-head axis: every
     head on one cache), lifted to four axes: the split update that took it otherwise sweeps few
     (batch, head) rows poorly — benchmarks.packed_decode, one batch of 8 heads over 131k keys on
-    one cache: 55 µs, where the decode written with both axes runs the cluster kernel's 37."""
+    one cache: 55 µs, where the decode written with both axes runs the cluster kernel's 37. Its
+    tuning records are the lifted program's at the lifted sizes (what
+    :func:`~tensorfuse.autotune.tasks.make_task` tunes for such a decode):
+    ``records(template, program)``."""
     from ..dsl.program import ProgramKernel
     from .lifted_kernel import LiftedKernel
-    from .packed_lift import UNIT_KV, UNIT_Q, lift_to_four_axes
+    from .packed_lift import added_units, lift_to_four_axes
 
     lifted = lift_to_four_axes(kernel.program, fusion.names, fusion.axis)
     if lifted is None:
         return []
     program, inserts = lifted
-    units = [n for n in (UNIT_Q, UNIT_KV) if n in program.dim_names()]
-    return [LiftedKernel(kernel.program, inserts, inner, spec, units) for inner in
-            _made(attention_decode, ProgramKernel(program), fusion, spec, fusion.axis, **knobs)]
+    tuned = records("cluster_decode", program) if records else None
+    return [LiftedKernel(kernel.program, inserts, inner, spec, added_units(program))
+            for inner in _made(attention_decode, ProgramKernel(program), fusion, spec,
+                               fusion.axis, tuned=tuned, **knobs)]
 
 
 # Decodes whose kv-heads each serve a large group of query heads, as (smallest group, largest

@@ -94,6 +94,12 @@ def _lifted(program: Program, q: TensorParam, h: Axis, b: Axis, one_cache: bool,
     return lifted, inserts
 
 
+def added_units(lifted: Program) -> tuple[str, ...]:
+    """The sizes a lift added to ``lifted`` (the query axis's, and the kv-head axis's where it
+    added one): 1 at every call."""
+    return tuple(n for n in (UNIT_Q, UNIT_KV) if n in lifted.dim_names())
+
+
 def _indices_of(program: Program, name: str) -> tuple:
     """The indices of the first load of tensor ``name``."""
     for c in program.computes:

@@ -391,3 +391,29 @@ def test_a_score_tile_of_wide_elements_counts_them_whole():
     # two key and value slots and the queries (bf16, D=128), one slot of the bias's tile
     assert shared_bytes(plan, knobs) == 2 * knobs.block_n * 2 * 128 * 2 + \
         knobs.block_m * 128 * 2 + knobs.block_m * knobs.block_n * 8
+
+
+def test_a_decode_written_with_three_axes_is_tuned_as_the_lifted_cluster_decode(cache):
+    """A decode written without its query axis (``q[b, h, d]``) runs the cluster decode of the
+    program lifted to four axes (``schedule_templates/lifted_kernel.py``): its task is that
+    program's at the lifted sizes (the unit sizes added), and the record made of it is the one
+    the three-axis kernel runs at those sizes — defaults at others."""
+    from benchmarks.user_kernels import mqa_decode
+
+    target = tf.get_target("cuda:sm_90a")
+    sizes = dict(B=1, H=8, N=131072, D=128)
+    task = make_task(mqa_decode, sizes, target)
+    assert task.template == "cluster_decode" and task.kernel.name == "mqa_decode"
+    assert task.dims == dict(sizes, ONE_Q=1, ONE_KV=1)
+    assert task.kernel.program is not mqa_decode.program   # the lifted program
+    knobs = dict(task.space.defaults(), cluster=4, warps=2, stages=3, copy=1)
+    assert task.unfit(knobs) is None
+    _record(task, knobs, 3e-5)
+    compiled = tf.compile(mqa_decode, "cuda:sm_90a")
+    origin = compiled.schedule_origin(**sizes)
+    assert origin.startswith("lifted to four axes; cluster_decode tuned record (0.03 ms"), origin
+    assert "cluster=4, warps=2, stages=3, mma=mma_sync, copy=cp.async" in origin
+    assert "tf_cp_async16" in compiled.source(**sizes)
+    other = dict(sizes, N=65536)
+    assert compiled.schedule_origin(**other).startswith(
+        "lifted to four axes; cluster_decode template defaults (")
