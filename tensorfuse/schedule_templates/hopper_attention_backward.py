@@ -171,7 +171,7 @@ class HopperAttentionBackward:
 
     def __init__(self, hplan, target, statistics):
         from ..targets.cuda.hopper_attention_backward import (ENTRY, backward_source,
-                                                               kernel_arguments)
+                                                               kernel_arguments, shared_bytes)
         from ..targets.cuda.module import TENSOR_MAP, DriverLaunch
 
         self.hplan, self.plan, self.statistics = hplan, hplan.base, statistics
@@ -181,6 +181,7 @@ class HopperAttentionBackward:
         self.arguments = kernel_arguments(hplan, self.scalars)
         types = tuple(TENSOR_MAP if t == "tensormap" else t for _, t, _ in self.arguments)
         self.launch = DriverLaunch(self.source, target, ENTRY, types)
+        self.shared_bytes = shared_bytes(hplan.tile_dim)   # once: the ring's fit is not free
 
     def __call__(self, tensors: dict, scalars: dict, out, d_out, lse=None):
         """``(dq, dk, dv)`` (and the sink's gradient), as the Triton kernels' ``__call__``. Under
@@ -193,7 +194,7 @@ class HopperAttentionBackward:
         if torch.are_deterministic_algorithms_enabled():
             return self.statistics(tensors, scalars, out, d_out, lse)
 
-        from ..targets.cuda.hopper_attention_backward import BM, BN, THREADS, shared_bytes
+        from ..targets.cuda.hopper_attention_backward import BM, BN, THREADS
         from ..targets.cuda.tma import tensor_map
         from .attention_backward import BackwardKnobs
 
@@ -222,7 +223,7 @@ class HopperAttentionBackward:
         args = maps + handles + [factor * math.log2(math.e), factor] + reads + values
         grid = (math.ceil(N / BN), kv_batch)
         self.launch(args, grid if hplan.keys_fastest else grid[::-1], THREADS, 1,
-                    shared_bytes(hplan.tile_dim), q.device)
+                    self.shared_bytes, q.device)
         grads = (dq_acc.view(q.shape).to(q.dtype), dk, dv)
         return grads if plan.sink is None else \
             (*grads, plan.sink_gradient(tensors, lse2, delta))
