@@ -11,6 +11,7 @@ from ..interop import deliver, torch_output
 from ..torch_graph import GraphCallable
 from .packed_lift import UNIT_KV, UNIT_Q
 
+
 def with_unit_sizes(dims: dict, units=(UNIT_Q, UNIT_KV)) -> dict:
     """A call's sizes with those of the axes a lift added (``units``: 1 at every call)."""
     return {**dims, **{n: 1 for n in units}}

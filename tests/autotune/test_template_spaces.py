@@ -215,9 +215,11 @@ SUITE_TASKS = [("sbhd_causal", dict(B=2, M=4096, N=4096, H=16, D=128)),
                ("bshd_causal", dict(B=2, M=4096, N=4096, H=16, D=256)),
                ("two_head_dims_causal", dict(B=2, M=4096, N=4096, H=16, DQK=192, DV=128)),
                ("cross_attention_lengths", dict(B=4, M=1024, N=8192, H=16, D=128)),
-               # 64 batches of 16 heads on one cache: the split update (32 or more heads take
-               # the packed template, fewer pairs the cluster decode lifted: neither tuned yet)
+               # 64 batches of 16 heads on one cache: the split update; one batch of 8: the
+               # cluster decode of the program lifted to four axes (32 or more heads take the
+               # packed template: not tuned yet)
                ("mqa_decode", dict(B=64, H=16, N=4096, D=128)),
+               ("mqa_decode", dict(B=1, H=8, N=131072, D=128)),
                ("paged_decode", dict(B=8, H=32, HKV=8, D=128, PAGES=4096, PAGE=64, NP=512)),
                ("log_softmax_channels", dict(B=8, C=150, P=65536)),
                ("group_norm", dict(B=16, G=32, C=16, P=4096)),

@@ -199,8 +199,8 @@ __device__ __forceinline__ uint4 tf_quad_transpose(const unsigned (&a)[4], int l
 def attention_merge_piece(c) -> str:
     """The split pieces' partial states merged by the last to finish (in rounds where a tile has
     many pieces)."""
-    return """// One warpgroup's partial state of a split tile's 64 rows in the workspace: per thread,
-// its fragment's o (unscaled) in 16-byte pieces, then each row's base-2 maximum and sum.
+    return """// One warpgroup's partial state of a split tile's 64 rows in the workspace: per
+// thread, its fragment's o (unscaled) in 16-byte pieces, then each row's base-2 maximum and sum.
 #define PARTIAL_VEC4 ((DV_ / 8 + 1) * 128)
 __device__ __forceinline__ void store_partial(const float (&o)[DV_ / 2], const float (&m)[2],
                                               const float (&l)[2], float4* at) {
@@ -238,7 +238,8 @@ __device__ __forceinline__ void merge_partial(float (&o)[DV_ / 2], float (&m)[2]
 // its own and returns true: it writes the output. Many pieces merge in rounds (merge_fan): the
 // last of a group of runs merges them into the slot of the group's first piece — a run of the
 // next round — and the last round's merger the whole tile (merge_round: the groups and their
-// counters); each counter left at 0 by the arrival that completes it. Every thread writes and reads its own fragment's 16-byte pieces.
+// counters); each counter left at 0 by the arrival that completes it. Every thread writes and
+// reads its own fragment's 16-byte pieces.
 __device__ __forceinline__ bool merge_piece(float (&o)[DV_ / 2], float (&m)[2], float (&l)[2],
     const Tail& s, int tile, int first, int cw, int t, float4* work, int* counters,
     volatile int* flags) {
