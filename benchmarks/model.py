@@ -1,6 +1,7 @@
 """A Llama-architecture model end to end: tensorfuse's attention, RMSNorm and SwiGLU MLP inside
-transformers' ``LlamaForCausalLM`` against the same model with ``attn_implementation="sdpa"`` and
-``"flex_attention"`` — one process, one set of random weights (nothing downloaded).
+transformers' ``LlamaForCausalLM`` (``MistralForCausalLM`` for the configs with a sliding
+window) against the same model with ``attn_implementation="sdpa"`` and ``"flex_attention"`` — one
+process, one set of random weights (nothing downloaded).
 
     python -m benchmarks.model --csv results/DATE-DEVICE-model.csv    # Llama-3-8B's shape, GPU
     python -m benchmarks.model --config tiny                           # a few layers, CPU or GPU
@@ -45,6 +46,16 @@ CONFIGS = {
     "tiny": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
                  num_key_value_heads=2, num_hidden_layers=2, vocab_size=1000,
                  max_position_embeddings=4096),
+    # Mistral 7B's shape with every layer's keys in a window of 1024 behind the query (as
+    # Gemma 3's local layers): the model whose alternative is FlexAttention's block mask
+    "mistral-7b-4l-sw1024": dict(hidden_size=4096, intermediate_size=14336,
+                                 num_attention_heads=32, num_key_value_heads=8,
+                                 num_hidden_layers=4, vocab_size=32768,
+                                 max_position_embeddings=32768, rope_theta=1000000.0,
+                                 rms_norm_eps=1e-5, sliding_window=1024),
+    "tiny-sw": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                    num_key_value_heads=2, num_hidden_layers=2, vocab_size=1000,
+                    max_position_embeddings=4096, sliding_window=8),
 }
 IMPLEMENTATIONS = ("sdpa", "flex_attention", "tensorfuse", "tensorfuse-attention")
 # relative max error of the bf16 model's logits against SDPA's: 32 random layers in bf16 put two
@@ -53,15 +64,19 @@ LOGITS_TOLERANCE = 0.1
 
 
 def build_model(config: str, device: str, dtype=torch.bfloat16):
-    """A ``LlamaForCausalLM`` with random weights (seed 0) on ``device``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A ``LlamaForCausalLM`` (``MistralForCausalLM`` where the config has a sliding window)
+    with random weights (seed 0) on ``device``."""
+    import transformers
 
+    family = "Mistral" if "sliding_window" in CONFIGS[config] else "Llama"
+    model_class = getattr(transformers, f"{family}ForCausalLM")
+    config_class = getattr(transformers, f"{family}Config")
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(LlamaConfig(**CONFIGS[config]))
+            model = model_class(config_class(**CONFIGS[config]))
     finally:
         torch.set_default_dtype(default)
     return model.eval()
@@ -158,10 +173,7 @@ def prefill(model, config: str, batch: int, seq: int, implementations, log) -> t
     ids = torch.randint(0, c["vocab_size"], (batch, seq), device=model.device)
     run = (lambda: model(ids, use_cache=False, logits_to_keep=1).logits)
     result = compare(model, implementations, run, 2 if seq * batch >= 8192 else 5, log)
-    head = c["hidden_size"] // c["num_attention_heads"]
-    attention = 2 * 2 * batch * c["num_attention_heads"] * seq * seq * head / 2 * \
-        c["num_hidden_layers"]   # causal: half the score and value products
-    flops = model_flops_per_token(c) * batch * seq + attention
+    flops = model_flops_per_token(c) * batch * seq + attention_flops(c, batch, seq)
     return "prefill", f"B{batch}-S{seq}", batch * seq, flops, 0.0, result
 
 
@@ -226,10 +238,17 @@ def train_flops(config: str, batch: int, seq: int) -> float:
     """A training step's FLOPs: the forward's (projections, MLP, causal attention) three times
     (the backward's products are twice the forward's)."""
     c = CONFIGS[config]
-    head = c["hidden_size"] // c["num_attention_heads"]
-    attention = 2 * 2 * batch * c["num_attention_heads"] * seq * seq * head / 2 * \
-        c["num_hidden_layers"]
-    return 3 * (model_flops_per_token(c) * batch * seq + attention)
+    return 3 * (model_flops_per_token(c) * batch * seq + attention_flops(c, batch, seq))
+
+
+def attention_flops(config: dict, batch: int, seq: int) -> float:
+    """The score and value products of every layer over the keys each query keeps: causal, and
+    at most ``sliding_window`` keys where the config has one."""
+    head = config["hidden_size"] // config["num_attention_heads"]
+    window = config.get("sliding_window") or seq
+    kept = sum(min(i + 1, window) for i in range(seq))   # (query, key) pairs
+    return 2 * 2 * batch * config["num_attention_heads"] * kept * head * \
+        config["num_hidden_layers"]
 
 
 def rows(phase, shape, tokens, flops, bytes_moved, result, ceilings: dict) -> list[Row]:

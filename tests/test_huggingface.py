@@ -458,3 +458,31 @@ def test_the_model_benchmark_runs_and_checks_its_logits():
         ("model/train", "B1-S24", "sdpa"), ("model/train", "B1-S24", "tensorfuse")]
     for r in rows:
         assert r.ms > 0 and float(r.note.split("sdpa ")[1]) <= bench.LOGITS_TOLERANCE
+
+
+def test_the_model_benchmark_runs_a_sliding_window_model():
+    """benchmarks/model.py's Mistral-shaped configs (a window of keys behind each query, the model
+    whose alternative is FlexAttention's block mask): tensorfuse's logits and a training step's
+    gradient within the benchmark's tolerance of SDPA's — and the window is in force (without it
+    the same weights give other logits), so agreeing with SDPA is not the full causal model's."""
+    from benchmarks import model as bench
+
+    rows = bench.run(lambda _: None, "tiny-sw", prefill_batches=(2,), seq=24, decode_batches=(),
+                     implementations=("sdpa", "tensorfuse"), train_batches=(1,))
+    assert [(r.benchmark, r.implementation) for r in rows] == [
+        ("model/prefill", "sdpa"), ("model/prefill", "tensorfuse"),
+        ("model/train", "sdpa"), ("model/train", "tensorfuse")]
+    for r in rows:
+        assert r.ms > 0 and float(r.note.split("sdpa ")[1]) <= bench.LOGITS_TOLERANCE
+    model = bench.build_model("tiny-sw", "cpu")
+    assert type(model).__name__ == "MistralForCausalLM" and model.config.sliding_window == 8
+    ids = torch.randint(0, 1000, (2, 24))
+    with torch.no_grad():
+        windowed = model(ids).logits
+        model.config.sliding_window = None
+        full = model(ids).logits
+    assert bench.relative_error(full, windowed) > bench.LOGITS_TOLERANCE
+    # the attention FLOPs count the keys each query keeps
+    causal = bench.attention_flops(dict(bench.CONFIGS["tiny-sw"], sliding_window=None), 1, 24)
+    assert bench.attention_flops(bench.CONFIGS["tiny-sw"], 1, 24) / causal == \
+        (8 * 24 - 28) / (24 * 25 / 2)

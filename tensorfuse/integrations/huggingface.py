@@ -15,8 +15,8 @@ templates). Training stays on them where their backward is fast: while autograd 
 attention and the RMSNorms run as their PyTorch operators, whose backwards are the attention
 backward template and the norm's derived backward (:mod:`tensorfuse.autograd`); the SwiGLU MLP
 runs transformers' code then — its derived backward is a staged program whose GEMM stages took
-7.6 s of a training step of Llama-3-8B's first four layers (S=4096, on the H200; 68 ms without,
-71 ms on SDPA; ``benchmarks.model --train-batches 1``) on TVM's default schedule; they now run
+7.6 s of a training step of Llama-3-8B's first four layers (S=4096, on the H200; 66 ms without,
+72 ms on SDPA; ``benchmarks.model --train-batches 1``) on TVM's default schedule; they now run
 as tensor-core tiles (the contraction template, computed operands stored once: 7.42 ms against
 eager autograd's 6.73 at M 4096, 4096 → 14336 → 4096, ``benchmarks.contraction``), and the MLP
 stays on transformers' code until it is at least as fast. What
