@@ -174,7 +174,7 @@ def prefill(model, config: str, batch: int, seq: int, implementations, log) -> t
     run = (lambda: model(ids, use_cache=False, logits_to_keep=1).logits)
     result = compare(model, implementations, run, 2 if seq * batch >= 8192 else 5, log)
     flops = model_flops_per_token(c) * batch * seq + attention_flops(c, batch, seq)
-    return "prefill", f"B{batch}-S{seq}", batch * seq, flops, 0.0, result
+    return "prefill", f"{config} B{batch}-S{seq}", batch * seq, flops, 0.0, result
 
 
 def decode(model, config: str, batch: int, context: int, implementations, log,
@@ -196,7 +196,7 @@ def decode(model, config: str, batch: int, context: int, implementations, log,
         model.model.embed_tokens.weight.numel() * model.dtype.itemsize
     kv_bytes = 2 * c["num_hidden_layers"] * batch * c["num_key_value_heads"] * context * head * 2
     flops = model_flops_per_token(c) * batch
-    return "decode", f"B{batch}-ctx{context}", batch, flops, weights + kv_bytes, result
+    return "decode", f"{config} B{batch}-ctx{context}", batch, flops, weights + kv_bytes, result
 
 
 def train(model, config: str, batch: int, seq: int, implementations, log,
@@ -231,7 +231,8 @@ def train(model, config: str, batch: int, seq: int, implementations, log,
     finally:
         select(model, "sdpa")
         model.eval()
-    return "train", f"B{batch}-S{seq}", batch * seq, train_flops(config, batch, seq), 0.0, result
+    return ("train", f"{config} B{batch}-S{seq}", batch * seq, train_flops(config, batch, seq),
+            0.0, result)
 
 
 def train_flops(config: str, batch: int, seq: int) -> float:
@@ -271,7 +272,7 @@ def rows(phase, shape, tokens, flops, bytes_moved, result, ceilings: dict) -> li
 def summary(all_rows: list[Row]) -> str:
     """A table: tokens/s per implementation and tensorfuse's ratio to each baseline."""
     labels = list(dict.fromkeys([*IMPLEMENTATIONS, *(r.implementation for r in all_rows)]))
-    lines = [f"{'phase':8} {'shape':16} " + " ".join(f"{i:>20}" for i in labels) +
+    lines = [f"{'phase':8} {'shape':28} " + " ".join(f"{i:>20}" for i in labels) +
              "   tf/sdpa  tf/flex"]
     by = {(r.benchmark, r.shape, r.implementation): r for r in all_rows}
     for phase, shape in dict.fromkeys((r.benchmark, r.shape) for r in all_rows):
@@ -279,7 +280,7 @@ def summary(all_rows: list[Row]) -> str:
         cells = " ".join(f"{ms[i]:18.3f}ms" if i in ms else f"{'-':>20}" for i in labels)
         ratio = (lambda b: f"{ms[b] / ms['tensorfuse']:8.3f}" if b in ms and "tensorfuse" in ms
                  else f"{'-':>8}")
-        lines.append(f"{phase[6:]:8} {shape:16} {cells} {ratio('sdpa')} {ratio('flex_attention')}")
+        lines.append(f"{phase[6:]:8} {shape:28} {cells} {ratio('sdpa')} {ratio('flex_attention')}")
     return "\n".join(lines)
 
 
@@ -322,7 +323,7 @@ def run(log, config: str = "llama3-8b", prefill_batches=(1, 2, 4, 8), seq: int =
     for b in train_batches:
         log(f"train B={b} S={seq}")
         done: dict = {}
-        measured = ("train", f"B{b}-S{seq}", b * seq, train_flops(config, b, seq), 0.0)
+        measured = ("train", f"{config} B{b}-S{seq}", b * seq, train_flops(config, b, seq), 0.0)
 
         def keep(impl, ms, err):   # each implementation's row as soon as it is timed
             done[impl] = (ms, err)

@@ -428,6 +428,11 @@ SECTIONS = (
      "layer's query-projection gradient against SDPA's in the note",
      "python -m benchmarks.model --config llama3-8b-4l --prefill-batches '' --decode-batches '' "
      "--train-batches 1 --csv PATH"),
+    ("model-train-sliding-window", "A Mistral-shaped model with a sliding window: a training step",
+     "bf16, Mistral 7B's widths, four layers, every layer's keys in a window of 1024 behind the "
+     "query, random weights; forward + backward, tokens/s; FlexAttention's block mask the "
+     "alternative", "python -m benchmarks.model --config mistral-7b-4l-sw1024 --prefill-batches "
+     "'' --decode-batches '' --train-batches 1 --csv PATH"),
     ("overhead", "What a call costs the host", "small kernels, wall clock per call",
      "python -m benchmarks.overhead --csv PATH"),
     ("cpu", "CPU kernels", "2 cores; against torch on the same cores",
@@ -526,6 +531,8 @@ HEADLINES = (("hopper-attention", "attention/full", "S4096", "tensorfuse"),
              ("user-kernels", "user/paged_decode", "", "tensorfuse"),
              ("attention-backward-kernels", "attention_bwd_kernels/causal", "S4096 D128",
               "tensorfuse hopper"),
+             ("model-train", "model/train", "", "tensorfuse"),
+             ("model-train-sliding-window", "model/train", "", "tensorfuse"),
              ("decode-grid", "decode/gqa", "B8 Hq32 Hkv8 N32768 D128 bf16", "tensorfuse"),
              ("decode-grid", "decode/mqa", "B1 Hq8 Hkv1 N131072 D128 bf16", "tensorfuse"),
              ("decode-masks", "decode_masks/sliding_window", "N32768", "tensorfuse"),

@@ -453,9 +453,9 @@ def test_the_model_benchmark_runs_and_checks_its_logits():
     rows = bench.run(lambda _: None, "tiny", prefill_batches=(2,), seq=24, decode_batches=(1,),
                      context=40, implementations=("sdpa", "tensorfuse"), train_batches=(1,))
     assert [(r.benchmark, r.shape, r.implementation) for r in rows] == [
-        ("model/prefill", "B2-S24", "sdpa"), ("model/prefill", "B2-S24", "tensorfuse"),
-        ("model/decode", "B1-ctx40", "sdpa"), ("model/decode", "B1-ctx40", "tensorfuse"),
-        ("model/train", "B1-S24", "sdpa"), ("model/train", "B1-S24", "tensorfuse")]
+        ("model/prefill", "tiny B2-S24", "sdpa"), ("model/prefill", "tiny B2-S24", "tensorfuse"),
+        ("model/decode", "tiny B1-ctx40", "sdpa"), ("model/decode", "tiny B1-ctx40", "tensorfuse"),
+        ("model/train", "tiny B1-S24", "sdpa"), ("model/train", "tiny B1-S24", "tensorfuse")]
     for r in rows:
         assert r.ms > 0 and float(r.note.split("sdpa ")[1]) <= bench.LOGITS_TOLERANCE
 
