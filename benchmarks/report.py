@@ -314,6 +314,14 @@ SECTIONS = (
      "kernels (a block of 128 columns, 32 masked) on the same inputs and saved log-sum-exp",
      "python -m benchmarks.attention_backward --kernels --variants full,causal --sizes 4096 "
      "--head-dim 96 --csv PATH"),
+    ("attention-backward-kernels-alibi", "Attention backward kernels: ALiBi",
+     "bf16; the sm_90a kernel (the score's bias evaluated where P is) and the Triton kernels on "
+     "the same inputs and saved log-sum-exp, against FlexAttention's backward",
+     "python -m benchmarks.attention_backward --kernels --variants alibi --sizes 4096,16384 "
+     "--csv PATH"),
+    ("attention-backward-alibi", "Attention backward: ALiBi",
+     "bf16, D=128; through autograd (the sm_90a kernel), against FlexAttention's backward",
+     "python -m benchmarks.attention_backward --variants alibi --sizes 4096,16384 --csv PATH"),
     ("attention-backward-masks", "Attention backward: masks and knobs",
      "the backward template's knobs per mask", "python -m benchmarks.attention_backward_masks"),
     ("cluster-decode", "Decode (one query token)",

@@ -10,7 +10,8 @@ every head of the group streamed through a two-stage ring by a producer warpgrou
 takes a plan whose
 
 - score, on the blocks the mask keeps, is the product times a factor of scalars and sizes
-  (``q·kᵀ · scale``, ``q·kᵀ / √d``): then ``dS_raw = factor · dS``;
+  (``q·kᵀ · scale``, ``q·kᵀ / √d``), plus or minus a bias of the axes, scalars and sizes (ALiBi's
+  slope times the distance): then ``dS_raw = factor · dS``, the bias evaluated where ``P`` is;
 - mask, if any, is evaluated on the partial blocks of the transposed block lists (causal,
   windows, prefixes, documents: anything the lists describe);
 - q, k, v and the output are laid out ``[batch…, tokens, D]`` (k and v indexing the head as
@@ -26,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from ..algebra.exprs import nodes
-from ..dsl.expr import Axis, Binary, Const, Expr, Load, Ref
+from ..dsl.expr import Axis, Binary, Const, Expr, Load, Ref, unary
 from ..errors import TargetError, TensorfuseError
 from .attention import SMS
 from .hopper_attention_plan import tile_head_dim
@@ -42,7 +43,8 @@ UNEVEN_TAIL = 0.15                     # the longest CTA's share of a masked gri
 class HopperBackwardPlan:
     """What the sm_90a backward kernel reads of an attention backward plan (``base``): the
     operands' dtype, the score's ``factor`` on ``q·kᵀ`` (an expression of scalars and sizes),
-    and the tensors the mask reads (by parameter name)."""
+    the bias added to it (an expression of the axes, scalars and sizes; None: none), and the
+    tensors the mask reads (by parameter name)."""
 
     base: object
     dtype: str
@@ -50,6 +52,7 @@ class HopperBackwardPlan:
     mask_tensors: tuple[str, ...]
     # the grid's order (:func:`keys_fastest`): a head's key blocks side by side, or the heads
     keys_fastest: bool = False
+    bias: Expr | None = None   # the score is q·kᵀ · factor + bias
 
     @property
     def head_dim(self) -> int:
@@ -83,12 +86,12 @@ def plan_hopper_backward(base, arch: str) -> HopperBackwardPlan:
                           f"multiples of 8 below them (held in their tiles), not "
                           f"{base.head_dim}")
     _check_layout(base)
-    factor = _score_factor(base.kept(base.score), base.qk)
+    factor, bias = _score_parts(base.kept(base.score), base.qk)
     tensors = ()
     if base.mask is not None:
         tensors = tuple(dict.fromkeys(n.param.name for n in nodes(base.mask)
                                       if isinstance(n, Load)))
-    return HopperBackwardPlan(base, dtypes.pop(), factor, tensors, keys_fastest(base))
+    return HopperBackwardPlan(base, dtypes.pop(), factor, tensors, keys_fastest(base), bias)
 
 
 def keys_fastest(base) -> bool:
@@ -110,25 +113,42 @@ def keys_fastest(base) -> bool:
     return base.mask is None or 2 * SMS / ctas < UNEVEN_TAIL
 
 
-def _score_factor(score: Expr, qk: str) -> Expr | None:
-    """The factor ``c`` of a score ``q·kᵀ · c`` (or ``c · q·kᵀ``, ``q·kᵀ / c``: then ``1 / c``),
-    ``c`` free of axes and tensors; None for ``q·kᵀ`` alone."""
+def _score_parts(score: Expr, qk: str) -> tuple[Expr | None, Expr | None]:
+    """``(c, β)`` of a score ``q·kᵀ · c + β`` (``c · q·kᵀ``, ``q·kᵀ / c``: then ``1 / c``;
+    ``β + …``, ``… − β``: then ``−β``), ``c`` free of axes and tensors (None: 1), ``β`` of the
+    axes, scalars and sizes (None: no bias) — where ``dS_raw`` is ``c · dS`` and the bias is
+    evaluated with ``P``, as the kernel does; else :class:`TargetError`."""
     def is_qk(e):
         return isinstance(e, Ref) and e.compute.name == qk
 
     def constant(e):
         return all(not isinstance(n, (Axis, Load, Ref)) for n in nodes(e))
 
-    if is_qk(score):
-        return None
-    if isinstance(score, Binary) and score.op == "mul":
-        for a, b in ((score.a, score.b), (score.b, score.a)):
-            if is_qk(a) and constant(b):
-                return b
-    if isinstance(score, Binary) and score.op == "div" and is_qk(score.a) and constant(score.b):
-        return Binary("div", Const(1.0, "f32"), score.b, "f32")
+    def factor(e):
+        if is_qk(e):
+            return True, None
+        if isinstance(e, Binary) and e.op == "mul":
+            for a, b in ((e.a, e.b), (e.b, e.a)):
+                if is_qk(a) and constant(b):
+                    return True, b
+        if isinstance(e, Binary) and e.op == "div" and is_qk(e.a) and constant(e.b):
+            return True, Binary("div", Const(1.0, "f32"), e.b, "f32")
+        return False, None
+
+    def bias(e):
+        return all(not isinstance(n, (Load, Ref)) for n in nodes(e))
+
+    found, c = factor(score)
+    if found:
+        return c, None
+    if isinstance(score, Binary) and score.op in ("add", "sub"):
+        sides = [(score.a, score.b)] + ([(score.b, score.a)] if score.op == "add" else [])
+        for a, b in sides:
+            found, c = factor(a)
+            if found and bias(b):
+                return c, b if score.op == "add" else unary("neg", b)
     raise TargetError("the Hopper attention backward takes scores q·kᵀ times a factor of scalars "
-                      f"and sizes, not {score}")
+                      f"and sizes, plus a bias of the axes, scalars and sizes; not {score}")
 
 
 def _check_layout(base) -> None:
@@ -250,8 +270,9 @@ def hopper_backward(plan, target, triton, chosen: bool | None = None):
     (the default) wherever it takes the plan, ``triton`` never. ``auto`` is where it measured
     faster or the same, which is everywhere it was measured: 0.88–0.89× the Triton kernels' time
     without a mask, 0.91–0.94× under causal masks, 0.85–0.91× grouped causal (S=4096 and 16384,
-    head dim 128); at head dim 64 and under a sliding window about the same (0.98–1.01×; 1.04×
-    at S=4096, 0.98× at 16384) (H200, ``benchmarks.attention_backward --kernels``)."""
+    head dim 128), 0.84× and 0.81× with ALiBi's bias; at head dim 64 and under a sliding window
+    about the same (0.98–1.01×; 1.04× at S=4096, 0.98× at 16384) (H200,
+    ``benchmarks.attention_backward --kernels``)."""
     import os
 
     if chosen is None:

@@ -45,6 +45,13 @@ def test_the_plans_it_takes_and_what_it_reads_of_them():
     assert window.masked and window.head_dim == 64 and window.mask_tensors == ()
     document = plan_hopper_backward(_plan(K.document_attention, DIMS), "sm_90a")
     assert document.mask_tensors != ()   # the mask's tensors are kernel arguments
+    assert grouped.bias is None and document.bias is None
+    # ALiBi: q·kᵀ · scale plus the head's slope times the distance, evaluated where P is
+    alibi = plan_hopper_backward(_plan(K.alibi_attention, DIMS), "sm_90a")
+    assert "scale" in repr(alibi.factor) and "exp2" in repr(alibi.bias)
+    source = _source(K.alibi_attention)
+    assert "exp2" in source.split("tf_bias2(")[1] and "+ tf_bias2(bh, i_, j_" in source
+    assert "tf_bias2" not in _source(K.attention)
 
 
 @pytest.mark.parametrize("kernel, dims, side_by_side", [
@@ -76,7 +83,6 @@ def test_a_heads_key_blocks_run_side_by_side_where_its_dq_would_leave_l2(kernel,
     (K.causal_attention, dict(DIMS, D=256), "sm_90a", r"head dims \(64, 128\) and .*, not 256"),
     (K.causal_attention, dict(DIMS, D=100), "sm_90a", r"multiples of 8 .*, not 100"),
     (K.softcap_attention, DIMS, "sm_90a", "q·kᵀ times a factor"),
-    (K.alibi_attention, DIMS, "sm_90a", "q·kᵀ times a factor"),
 ])
 def test_what_it_does_not_take_is_refused_with_the_reason(kernel, dims, arch, reason):
     with pytest.raises(TargetError, match=reason):
@@ -100,6 +106,7 @@ def test_it_is_chosen_where_it_takes_the_plan_unless_asked_not_to(monkeypatch):
         assert chosen(K.attention) and chosen(K.attention, dict(DIMS, D=96))   # tiles of 128
         assert chosen(K.causal_attention) and chosen(K.attention, dict(DIMS, D=64))
         assert chosen(K.gqa_causal_attention, dict(DIMS, H=32, HKV=8))
+        assert chosen(K.alibi_attention)
         assert not chosen(K.softcap_attention)   # not taken: the Triton kernels stay
         assert not chosen(K.attention, dict(DIMS, D=256))
     monkeypatch.delenv("TENSORFUSE_ATTENTION_BACKWARD")
@@ -115,6 +122,7 @@ def test_it_is_chosen_where_it_takes_the_plan_unless_asked_not_to(monkeypatch):
 @pytest.mark.parametrize("kernel, dims", [
     (K.attention, DIMS), (K.causal_attention, dict(DIMS, D=64)),
     (K.gqa_causal_attention, dict(DIMS, H=32, HKV=8)), (K.sliding_window_attention, DIMS),
+    (K.alibi_attention, DIMS),
 ])
 def test_the_sm90a_code_has_the_instructions_meant_and_does_not_spill(kernel, dims):
     source = _source(kernel, dims)
@@ -146,10 +154,12 @@ def test_tensor_maps_stride_by_their_element_size():
         byte_strides((4, 3), (1, 64), "bf16", strides=(3,))
 
 
-def _float64_grads(q, k, v, dout, scale, mask):
+def _float64_grads(q, k, v, dout, scale, mask, bias=None):
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
     s = torch.einsum("bhid,bhjd->bhij", q, k.repeat_interleave(group, 1)) * scale
+    if bias is not None:
+        s = s + bias
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     out = torch.einsum("bhij,bhjd->bhid", torch.softmax(s, -1), v.repeat_interleave(group, 1))
@@ -175,7 +185,8 @@ def test_head_dims_below_a_tile_are_held_in_it(kernel, D, tile):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["full", "causal", "gqa_causal", "sliding_window", "document"])
+@pytest.mark.parametrize("name", ["full", "causal", "gqa_causal", "sliding_window", "document",
+                                  "alibi"])
 @pytest.mark.parametrize("D, S", [(64, 200), (128, 333), (96, 300), (40, 177)])
 def test_the_gradients_match_float64_on_the_gpu(name, D, S):
     """Large value ranges, ragged sizes (the last key and query blocks partial)."""
@@ -186,7 +197,7 @@ def test_the_gradients_match_float64_on_the_gpu(name, D, S):
     kernel = {"full": K.attention, "causal": K.causal_attention,
               "gqa_causal": K.gqa_causal_attention,
               "sliding_window": K.sliding_window_attention,
-              "document": K.document_attention}[name]
+              "document": K.document_attention, "alibi": K.alibi_attention}[name]
     hq, hkv = (8, 2) if name == "gqa_causal" else (4, 4)
     g = torch.Generator(device="cuda").manual_seed(S + D)
     # a mask that reads a tensor: 3 documents of random lengths per batch row
@@ -201,7 +212,7 @@ def test_the_gradients_match_float64_on_the_gpu(name, D, S):
     i, j = torch.arange(S, device="cuda").view(-1, 1), torch.arange(S, device="cuda")
     mask = {"full": None, "causal": i >= j, "gqa_causal": i >= j,
             "sliding_window": (i >= j) & (i - j < 48),
-            "document": doc[:, None, :, None] == doc[:, None, None, :]}[name]
+            "document": doc[:, None, :, None] == doc[:, None, None, :], "alibi": None}[name]
     target = get_target("cuda")
     _, fusion = choose(kernel.program, target)
     saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names)))
@@ -214,7 +225,9 @@ def test_the_gradients_match_float64_on_the_gpu(name, D, S):
     tensors = {"q": q, "k": k, "v": v, **({"doc": doc} if name == "document" else {})}
     scalars = {"scale": D ** -0.5, **{n: v_ for n, v_ in extra.items() if n != "doc"}}
     got = hopper(tensors, scalars, out, dout, lse)
-    want = _float64_grads(q, k, v, dout, D ** -0.5, mask)
+    slopes = torch.exp2(-8.0 * torch.arange(1, hq + 1, device="cuda").double() / hq)
+    bias = slopes.view(-1, 1, 1) * (j - i).double() if name == "alibi" else None
+    want = _float64_grads(q, k, v, dout, D ** -0.5, mask, bias)
     for a, b in zip(got, want):
         assert torch.isfinite(a).all()
         assert float((a.double() - b).norm() / b.norm()) < 2e-2   # bf16 operands

@@ -119,6 +119,18 @@ def _mask_code(hplan) -> str:
                    wide=wide_tensors(read, base.sizes))
 
 
+def _bias_code(hplan) -> str:
+    """C++ of the score's bias (times log2 e, as the kernel's exponent is base 2) at query
+    ``i_``, key ``j_`` and the batch axes' values; ``0.0f`` without one."""
+    base = hplan.base
+    if hplan.bias is None:
+        return "0.0f"
+    axes = {a.name: f"ax{k}" for k, a in enumerate(base.batch)}
+    axes.update({base.row.name: "i_", base.col.name: "j_"})
+    return "(" + to_cuda(hplan.bias, {}, "the score's bias", axes=axes, sizes=base.sizes) + \
+        ") * 1.4426950408889634f"
+
+
 def _batch_values(base) -> str:
     """The batch axes' values (``ax<k>``) of the flattened query batch index ``bh``."""
     lines, rest = [], "bh"
@@ -236,7 +248,7 @@ __device__ __forceinline__ bool tf_kept(int bh, int i_, int j_{c.extra_params}) 
 {_batch_values(c.base)}
   return {_mask_code(c.hplan)};
 }}
-
+{_bias_function(c)}
 // The query blocks a CTA visits, in order: per head of the group, the partial blocks of the
 // transposed lists (masked), then the full ones; without a mask every block. `next` moves the
 // cursor to the next visit and says whether there is one: its flattened query batch index
@@ -267,6 +279,36 @@ struct Visits {{
 }};
 
 """
+
+
+def _bias_function(c: _Source) -> str:
+    """``tf_bias2``: the score's bias at query ``i_``, key ``j_``, in base 2 — where the plan
+    has one (the kernel without is the same source as before there were biases)."""
+    if c.hplan.bias is None:
+        return ""
+    return f"""// The score's bias at query i_, key j_, in base 2 (the part of a head's that does not depend
+// on the element is computed once a visit: the compiler hoists it out of the fragment's loop).
+__device__ __forceinline__ float tf_bias2(int bh, int i_, int j_{c.extra_params}) {{
+{_batch_values(c.base)}
+  return {_bias_code(c.hplan)};
+}}
+"""
+
+
+def _probability(c: _Source) -> str:
+    """A fragment element's P: ``exp2(S₂ − LSE₂)``, 0 where the mask drops it or past the keys;
+    with a bias, ``S₂`` is ``q·kᵀ · scale2 + tf_bias2(…)``."""
+    if c.hplan.bias is None:
+        return f"""        float p = tf_exp2(st[r] * scale2 - ls[c]);
+        if ((LISTS && partial) || edge) {{
+          const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;
+          if (j_ >= N_ || !tf_kept(bh, i_, j_{c.extra_args})) p = 0.0f;
+        }}"""
+    return f"""        const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;
+        float p = tf_exp2(st[r] * scale2 + tf_bias2(bh, i_, j_{c.extra_args}) - ls[c]);
+        if ((LISTS && partial) || edge) {{
+          if (j_ >= N_ || !tf_kept(bh, i_, j_{c.extra_args})) p = 0.0f;
+        }}"""
 
 
 def _kernel_begin(c: _Source) -> str:
@@ -391,11 +433,7 @@ def _consumer_products(c: _Source) -> str:
       #pragma unroll
       for (int r = 0; r < BM / 2; ++r) {{
         const int c = 8 * (r / 4) + col_lo + (r % 2);
-        float p = tf_exp2(st[r] * scale2 - ls[c]);
-        if ((LISTS && partial) || edge) {{
-          const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;
-          if (j_ >= N_ || !tf_kept(bh, i_, j_{c.extra_args})) p = 0.0f;
-        }}
+{_probability(c)}
         st[r] = p;
       }}
       tf_wgmma_wait<0>();
