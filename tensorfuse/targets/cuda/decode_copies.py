@@ -100,9 +100,8 @@ __device__ __forceinline__ const __nv_bfloat16* k_at(const __nv_bfloat16* blk, i
 #define v_at k_at
 """,
         base="""  extern __shared__ __align__(1024) char dsmem_raw[];
-  // the swizzle's boxes start at 1 KB; aligned by an offset from dsmem_raw, not through an
-  // integer, so that the compiler knows the pointers below are shared memory (LDS/STS)
-  char* dsmem = dsmem_raw + ((1024 - (tf_smem_addr(dsmem_raw) & 1023)) & 1023);
+  char* dsmem = reinterpret_cast<char*>((reinterpret_cast<unsigned long>(dsmem_raw) + 1023) &
+                                        ~1023ul);   // the swizzle's boxes start at 1 KB
 """,
         load=f"""  unsigned long long* ready = kv_bars + {sw} * STAGES;   // a stage's block has landed
   if ({leader}) {{
