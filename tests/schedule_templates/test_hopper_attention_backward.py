@@ -139,6 +139,30 @@ def test_the_sm90a_code_has_the_instructions_meant_and_does_not_spill(kernel, di
     assert re.search(r"\bLDS\b", sass) and re.search(r"\bSTS\b", sass)
 
 
+@needs_nvcc
+def test_a_bias_a_user_writes_is_evaluated_where_p_is():
+    """A score written as q·kᵀ · scale minus a decay times the distance (a scalar argument): the
+    bias is ``−decay · (i + N − M − j)`` in the kernel, read from its scalar, and compiles."""
+    import tensorfuse as tf
+    from tensorfuse import dsl as T
+    from tensorfuse.kernels.attention import KV, Q, key_position, scores, softmax_attend
+
+    @tf.kernel
+    def decayed_causal(q: Q, k: KV, v: KV, scale: T.f32, decay: T.f32):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        s = scores(q, k, b, h, h, i, j, d, scale) - decay * (key_position(i) - j)
+        s = T.where(key_position(i) >= j, s, -T.inf)
+        return softmax_attend(s, v[b, h, j, e], j)
+
+    dims = dict(B=2, H=4, M=300, N=300, D=64)
+    hplan = plan_hopper_backward(_plan(decayed_causal, dims), "sm_90a")
+    assert "scale" in repr(hplan.factor) and "decay" in repr(hplan.bias) and hplan.masked
+    source = _source(decayed_causal, dims)
+    assert "return ((-(s_decay * ((((i_) + 300) - 300) - (j_))))) * 1.4426950408889634f;" in \
+        source
+    assert "ex2.approx" in cuda_to_ptx(source, get_target("cuda:sm_90a"))
+
+
 def test_tensor_maps_stride_by_their_element_size():
     """The bytes a map steps per outer dimension: row-major or given strides, times the element
     size — f32 (dQ's accumulator) as well as bf16. (A loop variable once overwrote the element
