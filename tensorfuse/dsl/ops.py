@@ -1,8 +1,8 @@
 """The functions a kernel is written with: axes, elementwise math, reductions."""
 from __future__ import annotations
 
+import functools
 import math
-from typing import Sequence
 
 from . import dtypes as dt
 from . import monoid as monoids
@@ -97,6 +97,20 @@ def silu(x) -> Expr:
 
 # -- reductions ----------------------------------------------------------------------------------
 
+def _axes_given_as_over(fn):
+    """A reduction takes the axes it folds as ``over=``: NumPy's ``axis=`` and torch's ``dim=``
+    get that said, at the user's line, rather than Python's bare "unexpected keyword"."""
+    @functools.wraps(fn)
+    def reduction(*args, **kwargs):
+        for alias in ("axis", "axes", "dim", "dims"):
+            if alias in kwargs:
+                raise DSLError(f"T.{fn.__name__} takes the axes it reduces as over= (e.g. "
+                               f"T.{fn.__name__}(x, over=(h, w))), not {alias}=",
+                               user_location())
+        return fn(*args, **kwargs)
+    return reduction
+
+
 def _over_axes(over, loc) -> tuple[Axis, ...]:
     over = over if isinstance(over, (tuple, list)) else (over,)
     if not over:
@@ -110,6 +124,7 @@ def _over_axes(over, loc) -> tuple[Axis, ...]:
     return tuple(over)
 
 
+@_axes_given_as_over
 def reduce(values, over, monoid: Monoid) -> Expr | tuple[Expr, ...]:
     """Fold ``values`` over the axes ``over`` with ``monoid``. A monoid of several components takes a
     tuple of values and returns a tuple of results."""
@@ -139,26 +154,31 @@ def reduce(values, over, monoid: Monoid) -> Expr | tuple[Expr, ...]:
     return results if monoid.arity > 1 else results[0]
 
 
+@_axes_given_as_over
 def sum(x, over) -> Expr:  # noqa: A001
     """Sum of ``x`` over the axes ``over``."""
     return reduce(x, over, monoids.SUM)
 
 
+@_axes_given_as_over
 def prod(x, over) -> Expr:
     """Product of ``x`` over the axes ``over``."""
     return reduce(x, over, monoids.PROD)
 
 
+@_axes_given_as_over
 def logsumexp(x, over) -> Expr:
     """``log(sum(exp(x)))`` over the axes ``over``, computed stably as one monoid."""
     return reduce(x, over, monoids.LOGSUMEXP)
 
 
+@_axes_given_as_over
 def max(x, y=None, *, over=None) -> Expr:  # noqa: A001
     """``T.max(x, over=j)``: maximum over axes; ``T.max(a, b)``: elementwise maximum."""
     return _extremum("max", monoids.MAX, x, y, over)
 
 
+@_axes_given_as_over
 def min(x, y=None, *, over=None) -> Expr:  # noqa: A001
     """``T.min(x, over=j)``: minimum over axes; ``T.min(a, b)``: elementwise minimum."""
     return _extremum("min", monoids.MIN, x, y, over)
@@ -195,16 +215,19 @@ def clamp(x, low=None, high=None) -> Expr:
     return x if high is None else minimum(x, high)
 
 
+@_axes_given_as_over
 def argmax(x, over) -> Expr:
     """Index along ``over`` (one axis) of the largest value; ties go to the smallest index."""
     return _arg(x, over, monoids.ARGMAX)[1]
 
 
+@_axes_given_as_over
 def argmin(x, over) -> Expr:
     """Index along ``over`` (one axis) of the smallest value; ties go to the smallest index."""
     return _arg(x, over, monoids.ARGMIN)[1]
 
 
+@_axes_given_as_over
 def max_argmax(x, over) -> tuple[Expr, Expr]:
     """Largest value and its index along one axis, found in one pass."""
     return _arg(x, over, monoids.ARGMAX)

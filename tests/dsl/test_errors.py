@@ -69,6 +69,17 @@ def test_reducing_over_an_axis_the_operand_lacks():
     expect_error(bad, AxisError, "# <- here", "cannot reduce over axis k", "i, j")
 
 
+@pytest.mark.parametrize("reduction, alias", [(T.max, "axis"), (T.sum, "dim"),
+                                              (T.logsumexp, "axes"), (T.argmax, "dim")])
+def test_axes_given_as_numpy_or_torch_name_them_are_answered_with_over(reduction, alias):
+    def bad(x: T.Tensor["M", "N", "f32"]):
+        i, j = T.axes("i j")
+        return reduction(x[i, j], **{alias: j})  # <- here
+
+    expect_error(bad, DSLError, "# <- here", f"T.{reduction.__name__} takes the axes",
+                 "over=", f"not {alias}=")
+
+
 def test_a_size_no_tensor_has_is_refused_naming_axis_size_and_how_to_bind_it():
     def bad(x: T.Tensor["M", "f32"]):
         i = T.axes("i")
