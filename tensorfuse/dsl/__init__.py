@@ -14,7 +14,7 @@ from .types import Tensor, TensorType, ScalarType, f16, bf16, f32, f64, i32, i64
 from .monoid import Monoid, SUM, PROD, MAX, MIN, LOGSUMEXP, ARGMAX, ARGMIN
 from .ops import (axes, axis, size, exp, exp2, log, log2, tanh, sqrt, rsqrt, sigmoid, erf, floor, ceil,
                   sin, cos, abs, where, cast, gelu, relu, silu, reduce, sum, prod, max, min, logsumexp,
-                  argmax, argmin, max_argmax, maximum, minimum, clamp, inf)
+                  argmax, argmin, max_argmax, maximum, minimum, clamp, inf, mean)
 from .expr import Expr, Axis
 from . import printer  # noqa: F401  (gives every Expr its DSL text as repr)
 from .program import Program, Compute, TensorParam, ScalarParam
@@ -26,6 +26,6 @@ __all__ = [
     "axes", "axis", "size", "exp", "exp2", "log", "log2", "tanh", "sqrt", "rsqrt", "sigmoid", "erf",
     "floor", "ceil", "sin", "cos", "abs", "where", "cast", "gelu", "relu", "silu", "reduce", "sum", "prod",
     "max", "min", "logsumexp", "argmax", "argmin", "max_argmax", "maximum", "minimum", "clamp",
-    "inf",
+    "inf", "mean",
     "Expr", "Axis", "Program", "Compute", "TensorParam", "ScalarParam", "trace",
 ]

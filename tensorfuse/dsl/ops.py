@@ -161,6 +161,25 @@ def sum(x, over) -> Expr:  # noqa: A001
 
 
 @_axes_given_as_over
+def mean(x, over) -> Expr:
+    """Mean of ``x`` over the axes ``over``: their sum divided by how many elements they span
+    (a size known at call time where an axis's is), in float32 for integer ``x``."""
+    loc = user_location()
+    over_axes = _over_axes(over, loc)
+    total = sum(x, over_axes)
+    count = None
+    for a in over_axes:
+        if a.extent is None:   # read as a value, never an index: nothing gives its size
+            raise AxisError(f"T.mean over axis {a.name}, whose size is not known: index a "
+                            f"tensor with it or give it one (T.axis({a.name!r}, 16))", loc)
+        n = a.extent if isinstance(a.extent, int) else DimSize(a.extent, loc)
+        count = n if count is None else binary("mul", count, n)
+    if not dt.is_float(total.dtype):
+        total = Cast(total, "f32")
+    return binary("div", total, Cast(as_expr(count, loc), "f32"))
+
+
+@_axes_given_as_over
 def prod(x, over) -> Expr:
     """Product of ``x`` over the axes ``over``."""
     return reduce(x, over, monoids.PROD)

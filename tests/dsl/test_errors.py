@@ -69,7 +69,7 @@ def test_reducing_over_an_axis_the_operand_lacks():
     expect_error(bad, AxisError, "# <- here", "cannot reduce over axis k", "i, j")
 
 
-@pytest.mark.parametrize("reduction, alias", [(T.max, "axis"), (T.sum, "dim"),
+@pytest.mark.parametrize("reduction, alias", [(T.max, "axis"), (T.sum, "dim"), (T.mean, "dim"),
                                               (T.logsumexp, "axes"), (T.argmax, "dim")])
 def test_axes_given_as_numpy_or_torch_name_them_are_answered_with_over(reduction, alias):
     def bad(x: T.Tensor["M", "N", "f32"]):
@@ -78,6 +78,14 @@ def test_axes_given_as_numpy_or_torch_name_them_are_answered_with_over(reduction
 
     expect_error(bad, DSLError, "# <- here", f"T.{reduction.__name__} takes the axes",
                  "over=", f"not {alias}=")
+
+
+def test_a_mean_over_an_axis_of_no_known_size_says_how_to_give_it_one():
+    def bad(x: T.Tensor["N", "f32"]):
+        i, j = T.axes("i j")
+        return T.mean(x[i] * j, over=j)  # <- here
+
+    expect_error(bad, AxisError, "# <- here", "T.mean over axis j", "T.axis('j', 16)")
 
 
 def test_a_size_no_tensor_has_is_refused_naming_axis_size_and_how_to_bind_it():

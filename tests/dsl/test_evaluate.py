@@ -47,6 +47,44 @@ def test_relu_on_the_cpu_target_and_in_the_interpreter(rng):
     np.testing.assert_allclose(tf.compile(relu_rows, "llvm")(x), ref, rtol=1e-5)
 
 
+def test_mean_over_one_axis_and_over_two_of_a_named_and_a_literal_size(rng):
+    """``T.mean``: the sum over the axes divided by the elements they span — a layer norm as a user
+    writes it, a mean over a literal-sized and a named axis, an integer tensor's mean in float32
+    — in the interpreter and on the CPU target, against NumPy in float64."""
+    @tf.kernel
+    def layernorm(x: T.Tensor["R", "D", "f32"], w: T.Tensor["D", "f32"]):
+        r, d = T.axes("r d")
+        mu = T.mean(x[r, d], over=d)
+        var = T.mean((x[r, d] - mu) * (x[r, d] - mu), over=d)
+        return (x[r, d] - mu) * T.rsqrt(var + 1e-5) * w[d]
+
+    @tf.kernel
+    def group_mean(x: T.Tensor["B", 16, "P", "f32"]):
+        b, g, p = T.axes("b g p")
+        return T.mean(x[b, g, p], over=(g, p))
+
+    @tf.kernel
+    def int_mean(x: T.Tensor["R", "N", "i32"]):
+        r, n = T.axes("r n")
+        return T.mean(x[r, n], over=n)
+
+    x = (rng.standard_normal((7, 33)) * 5 + 3).astype(np.float32)
+    w = rng.standard_normal(33).astype(np.float32)
+    x64 = x.astype(np.float64)
+    centred = x64 - x64.mean(1, keepdims=True)
+    ref = centred / np.sqrt((centred ** 2).mean(1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(run_program(layernorm.program, {"x": x, "w": w})[0], ref,
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(tf.compile(layernorm, "llvm")(x, w), ref, rtol=1e-4, atol=1e-4)
+    y = rng.standard_normal((3, 16, 45)).astype(np.float32)
+    np.testing.assert_allclose(tf.compile(group_mean, "llvm")(y), y.astype(np.float64).mean((1, 2)),
+                               rtol=1e-5, atol=1e-6)
+    z = rng.integers(-50, 50, (5, 7)).astype(np.int32)
+    got = tf.compile(int_mean, "llvm")(z)
+    assert got.dtype == np.float32   # not an integer division
+    np.testing.assert_allclose(got, z.mean(1), rtol=1e-6)
+
+
 def test_which_monoid_identities_are_no_usable_reference():
     """Rolling updates replace a running value still at an extreme identity (±inf, ±FLT_MAX) by 0
     as the reference later states are kept relative to; sums and products keep theirs."""

@@ -5,13 +5,16 @@ lowering), at ragged sizes and large value ranges: attention with a bias [H, S, 
 experts (many narrow rows a program), the columns of a matrix L2-normalised and NCHW batch-norm
 statistics, a masked mean over tokens (its count recomputed along the features: rows, not a
 carried feature axis), Mamba's causal depthwise convolution (written out, its taps before the
-start masked), a mixture of experts' combine (written out over 8 experts) and cosine similarities
-(stages: a GEMM and the norms). Outputs are poisoned (NaN) before each run. Prints each case's relative error as JSON.
+start masked), a mixture of experts' combine (written out over 8 experts), cosine similarities
+(stages: a GEMM and the norms) and a layer norm written with ``T.mean``. Outputs are poisoned
+(NaN) before each run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.unlisted_check SEED
 """
 import torch
 
+import tensorfuse as tf
+from tensorfuse import dsl as T
 from benchmarks.unlisted_kernels import (batch_norm_stats_nchw, biased_attention_bshd,
                                          causal_conv1d, cosine_similarity, l2_normalize_columns,
                                          masked_mean_pool, moe_combine, router_softmax)
@@ -82,6 +85,22 @@ def cosine_case(generator, M=37, N=29, D=48):
                                                                               keepdim=True)).T
 
 
+@tf.kernel
+def layernorm_with_mean(x: T.Tensor["R", "D", "bf16"], w: T.Tensor["D", "bf16"]):
+    """A layer norm as a user writes it with ``T.mean`` (over a named size)."""
+    r, d = T.axes("r d")
+    mu = T.mean(x[r, d], over=d)
+    var = T.mean((x[r, d] - mu) * (x[r, d] - mu), over=d)
+    return T.cast((x[r, d] - mu) * T.rsqrt(var + 1e-5) * w[d], "bf16")
+
+
+def layernorm_case(generator, R=333, D=300):
+    x = (torch.randn(R, D, generator=generator) * 4 + 3).bfloat16()
+    w = torch.randn(D, generator=generator).bfloat16()
+    want = torch.nn.functional.layer_norm(x.double(), (D,), eps=1e-5) * w.double()
+    return dict(x=x, w=w), want
+
+
 CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case),
          "router_softmax": (router_softmax, router_case),
          "l2_normalize_columns": (l2_normalize_columns, columns_case),
@@ -89,7 +108,8 @@ CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case)
          "masked_mean_pool": (masked_mean_pool, masked_mean_case),
          "causal_conv1d": (causal_conv1d, causal_conv_case),
          "moe_combine": (moe_combine, moe_combine_case),
-         "cosine_similarity": (cosine_similarity, cosine_case)}
+         "cosine_similarity": (cosine_similarity, cosine_case),
+         "layernorm_with_mean": (layernorm_with_mean, layernorm_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel))

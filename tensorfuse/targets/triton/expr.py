@@ -205,7 +205,10 @@ def _to_triton(e: Expr, ctx: TileContext) -> str:
     if isinstance(e, Where):
         return f"tl.where({to_triton(e.cond, ctx)}, {to_triton(e.a, ctx)}, {to_triton(e.b, ctx)})"
     if isinstance(e, Cast):
-        return f"({to_triton(e.a, ctx)}).to({TL_DTYPES[dt.resolve(e.dtype)]})"
+        inner, dtype = to_triton(e.a, ctx), dt.resolve(e.dtype)
+        if _is_int_literal(inner):   # a size compiled in (T.mean's count): a Python int
+            return f"tl.full((), {inner}, {TL_DTYPES[dtype]})"
+        return f"({inner}).to({TL_DTYPES[dtype]})"
     raise TargetError(f"{type(e).__name__} has no Triton translation")
 
 
