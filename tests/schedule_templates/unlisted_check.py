@@ -6,7 +6,7 @@ experts (many narrow rows a program), the columns of a matrix L2-normalised and 
 statistics, a masked mean over tokens (its count recomputed along the features: rows, not a
 carried feature axis), Mamba's causal depthwise convolution (written out, its taps before the
 start masked), a mixture of experts' combine (written out over 8 experts), cosine similarities
-(stages: a GEMM and the norms) and a layer norm written with ``T.mean``. Outputs are poisoned
+(stages: a GEMM and the norms) and a layer norm and a mean over two axes written with ``T.mean``. Outputs are poisoned
 (NaN) before each run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.unlisted_check SEED
@@ -101,6 +101,18 @@ def layernorm_case(generator, R=333, D=300):
     return dict(x=x, w=w), want
 
 
+@tf.kernel
+def mean_over_two_axes(x: T.Tensor["B", 16, "P", "bf16"]):
+    """A mean over a literal-sized and a named axis: its count a product of two sizes."""
+    b, g, p = T.axes("b g p")
+    return T.mean(x[b, g, p], over=(g, p))
+
+
+def two_axes_case(generator, B=5, P=45):
+    x = (torch.randn(B, 16, P, generator=generator) * 4 + 3).bfloat16()
+    return dict(x=x), x.double().mean((1, 2))
+
+
 CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case),
          "router_softmax": (router_softmax, router_case),
          "l2_normalize_columns": (l2_normalize_columns, columns_case),
@@ -109,7 +121,8 @@ CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case)
          "causal_conv1d": (causal_conv1d, causal_conv_case),
          "moe_combine": (moe_combine, moe_combine_case),
          "cosine_similarity": (cosine_similarity, cosine_case),
-         "layernorm_with_mean": (layernorm_with_mean, layernorm_case)}
+         "layernorm_with_mean": (layernorm_with_mean, layernorm_case),
+         "mean_over_two_axes": (mean_over_two_axes, two_axes_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel))

@@ -39,6 +39,9 @@ _BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "(
            "and": "({} & {})", "or": "({} | {})", "floordiv": "_floordiv({}, {})",
            "mod": "_floormod({}, {})"}
 LOG2E = "1.4426950408889634"
+# integer operations of two literals, folded as Python does (floor division and modulo)
+_INT_FOLDS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+              "floordiv": operator.floordiv, "mod": operator.mod}
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 # Helpers every generated file defines: floor division and modulo (Triton's // and % truncate).
@@ -186,8 +189,11 @@ def _to_triton(e: Expr, ctx: TileContext) -> str:
         return _UNARY[e.op].format(to_triton(e.a, ctx))
     if isinstance(e, Binary):
         a, b = to_triton(e.a, ctx), to_triton(e.b, ctx)
-        if e.op in ("floordiv", "mod") and _is_int_literal(a) and _is_int_literal(b):
-            return str(int(a) // int(b) if e.op == "floordiv" else int(a) % int(b))
+        if e.op in _INT_FOLDS and _is_int_literal(a) and _is_int_literal(b) and \
+                not dt.is_float(dt.resolve(e.dtype)):
+            # sizes compiled in (a count of elements): one literal, a Python int the kernel
+            # may cast (an int expression has no .to)
+            return str(_INT_FOLDS[e.op](int(a), int(b)))
         if e.op in ("floordiv", "mod") and nonnegative(e.a) and nonnegative(e.b):
             # Triton's truncating // and % are the floor's here, and keep the contiguity its
             # vectoriser reads (rotary's x[…, (d + D/2) % D]: vector loads, not one a lane)
@@ -206,7 +212,7 @@ def _to_triton(e: Expr, ctx: TileContext) -> str:
         return f"tl.where({to_triton(e.cond, ctx)}, {to_triton(e.a, ctx)}, {to_triton(e.b, ctx)})"
     if isinstance(e, Cast):
         inner, dtype = to_triton(e.a, ctx), dt.resolve(e.dtype)
-        if _is_int_literal(inner):   # a size compiled in (T.mean's count): a Python int
+        if _is_int_literal(inner):   # a Python int: a scalar of the type, not int.to
             return f"tl.full((), {inner}, {TL_DTYPES[dtype]})"
         return f"({inner}).to({TL_DTYPES[dtype]})"
     raise TargetError(f"{type(e).__name__} has no Triton translation")
