@@ -231,8 +231,13 @@ def train(model, config: str, batch: int, seq: int, implementations, log,
     finally:
         select(model, "sdpa")
         model.eval()
-    return ("train", f"{config} B{batch}-S{seq}", batch * seq, train_flops(config, batch, seq),
-            0.0, result)
+    return (*train_measured(config, batch, seq), result)
+
+
+def train_measured(config: str, batch: int, seq: int) -> tuple:
+    """What a training step's rows are made of but the times: phase, shape, tokens, FLOPs and
+    bytes (:func:`rows`' arguments before the result)."""
+    return "train", f"{config} B{batch}-S{seq}", batch * seq, train_flops(config, batch, seq), 0.0
 
 
 def train_flops(config: str, batch: int, seq: int) -> float:
@@ -323,7 +328,7 @@ def run(log, config: str = "llama3-8b", prefill_batches=(1, 2, 4, 8), seq: int =
     for b in train_batches:
         log(f"train B={b} S={seq}")
         done: dict = {}
-        measured = ("train", f"{config} B{b}-S{seq}", b * seq, train_flops(config, b, seq), 0.0)
+        measured = train_measured(config, b, seq)
 
         def keep(impl, ms, err):   # each implementation's row as soon as it is timed
             done[impl] = (ms, err)

@@ -111,24 +111,19 @@ def _mask_code(hplan) -> str:
     base = hplan.base
     if base.mask is None:
         return "true"
-    axes = {a.name: f"ax{k}" for k, a in enumerate(base.batch)}
-    axes.update({base.row.name: "i_", base.col.name: "j_"})
+    axes = _element_axes(base)
     read = [(p.name, p.dims) for p in base.program.tensor_params if p.name in hplan.mask_tensors]
     return to_cuda(base.mask, {}, "the mask", axes=axes, sizes=base.sizes,
                    loads={n: f"t_{n}" for n in hplan.mask_tensors}, clamp_loads=True,
                    wide=wide_tensors(read, base.sizes))
 
 
-def _bias_code(hplan) -> str:
-    """C++ of the score's bias (times log2 e, as the kernel's exponent is base 2) at query
-    ``i_``, key ``j_`` and the batch axes' values; ``0.0f`` without one."""
-    base = hplan.base
-    if hplan.bias is None:
-        return "0.0f"
+def _element_axes(base) -> dict:
+    """The C++ names of a fragment element's axes: the batch axes' values (``ax<k>``), its query
+    ``i_`` and key ``j_``."""
     axes = {a.name: f"ax{k}" for k, a in enumerate(base.batch)}
     axes.update({base.row.name: "i_", base.col.name: "j_"})
-    return "(" + to_cuda(hplan.bias, {}, "the score's bias", axes=axes, sizes=base.sizes) + \
-        ") * 1.4426950408889634f"
+    return axes
 
 
 def _batch_values(base) -> str:
@@ -286,11 +281,13 @@ def _bias_function(c: _Source) -> str:
     has one (the kernel without is the same source as before there were biases)."""
     if c.hplan.bias is None:
         return ""
+    bias = to_cuda(c.hplan.bias, {}, "the score's bias", axes=_element_axes(c.base),
+                   sizes=c.base.sizes)
     return f"""// The score's bias at query i_, key j_, in base 2 (the part of a head's that does not depend
 // on the element is computed once a visit: the compiler hoists it out of the fragment's loop).
 __device__ __forceinline__ float tf_bias2(int bh, int i_, int j_{c.extra_params}) {{
 {_batch_values(c.base)}
-  return {_bias_code(c.hplan)};
+  return ({bias}) * 1.4426950408889634f;
 }}
 """
 
@@ -298,16 +295,18 @@ __device__ __forceinline__ float tf_bias2(int bh, int i_, int j_{c.extra_params}
 def _probability(c: _Source) -> str:
     """A fragment element's P: ``exp2(S₂ − LSE₂)``, 0 where the mask drops it or past the keys;
     with a bias, ``S₂`` is ``q·kᵀ · scale2 + tf_bias2(…)``."""
-    if c.hplan.bias is None:
+    index = "const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;"
+    kept = f"if (j_ >= N_ || !tf_kept(bh, i_, j_{c.extra_args})) p = 0.0f;"
+    if c.hplan.bias is None:   # the element's indices only where the mask is evaluated
         return f"""        float p = tf_exp2(st[r] * scale2 - ls[c]);
         if ((LISTS && partial) || edge) {{
-          const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;
-          if (j_ >= N_ || !tf_kept(bh, i_, j_{c.extra_args})) p = 0.0f;
+          {index}
+          {kept}
         }}"""
-    return f"""        const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;
+    return f"""        {index}
         float p = tf_exp2(st[r] * scale2 + tf_bias2(bh, i_, j_{c.extra_args}) - ls[c]);
         if ((LISTS && partial) || edge) {{
-          if (j_ >= N_ || !tf_kept(bh, i_, j_{c.extra_args})) p = 0.0f;
+          {kept}
         }}"""
 
 
