@@ -54,6 +54,29 @@ def documents(B: int, S: int, generator) -> torch.Tensor:
     return doc
 
 
+def with_documents(extra: dict, mask_mod, B: int, S: int, gen) -> tuple[dict, object]:
+    """The variant's arguments and mask function, the ``"document"`` mask made concrete: random
+    document ids (:func:`documents`) as the kernel's ``doc`` argument, and the mask of FlexAttention
+    that compares them (per batch row)."""
+    if mask_mod != "document":
+        return dict(extra), mask_mod
+    doc = documents(B, S, gen)
+    mask_mod = lambda b, h, qq, kv, doc=doc: doc[b, qq] == doc[b, kv]  # noqa: E731
+    mask_mod.per_batch = True
+    return {**extra, "doc": doc}, mask_mod
+
+
+def mask_block(mask_mod, B: int, S: int):
+    """FlexAttention's block mask of ``mask_mod`` at S × S (one per batch row for a per-batch
+    mask such as documents'), or None without a mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if mask_mod is None:
+        return None
+    per_batch = getattr(mask_mod, "per_batch", False)
+    return create_block_mask(mask_mod, B if per_batch else None, None, S, S, device="cuda")
+
+
 def density(mask_mod, B, H, S) -> float:
     if mask_mod is None:
         return 1.0
@@ -123,12 +146,7 @@ def make_case(name: str, spec: tuple, S: int, gen, check_rows: int = 128, B: int
     k = torch.randn(B, hkv, S, D, device="cuda", dtype=dtype)
     v = torch.randn(B, hkv, S, D, device="cuda", dtype=dtype)
     scale = 1.0 / math.sqrt(D)
-    args = dict(extra)
-    if mask_mod == "document":
-        doc = documents(B, S, gen)
-        args["doc"] = doc
-        mask_mod = lambda b, h, qq, kv, doc=doc: doc[b, qq] == doc[b, kv]  # noqa: E731
-        mask_mod.per_batch = True
+    args, mask_mod = with_documents(extra, mask_mod, B, S, gen)
     dens = density(mask_mod, B, hq, S)
     rows = torch.cat([torch.arange(0, check_rows), torch.arange(S - check_rows, S)]).cuda()
     return Case(name, q, k, v, scale, args, score_mod, mask_mod, sdpa, dens,
@@ -188,14 +206,8 @@ def sdpa_call(case: Case, backend):
 def flex_call(case: Case, flex):
     """The case through FlexAttention (``flex``: :func:`compiled_flex`) with its score modification
     and block mask (made here), as a callable."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     q, k, v, scale = case.q, case.k, case.v, case.scale
-    B, S = q.shape[0], q.shape[2]
-    bm = None
-    if case.mask_mod is not None:
-        per_batch = getattr(case.mask_mod, "per_batch", False)
-        bm = create_block_mask(case.mask_mod, B if per_batch else None, None, S, S, device="cuda")
+    bm = mask_block(case.mask_mod, q.shape[0], q.shape[2])
 
     def call():
         return flex(q, k, v, score_mod=case.score_mod, block_mask=bm, scale=scale,

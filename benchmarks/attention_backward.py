@@ -20,10 +20,11 @@ import argparse
 import torch
 
 import tensorfuse as tf
-from benchmarks.attention import compiled_flex, density, variants
+from benchmarks.attention import compiled_flex, density, mask_block, variants, with_documents
 from benchmarks.common import Row, bench, write_csv
 
-VARIANTS = ("full", "causal", "alibi", "softcap", "gqa_causal", "sliding_window")
+VARIANTS = ("full", "causal", "alibi", "softcap", "gqa_causal", "sliding_window", "prefix_lm",
+            "neighborhood", "document")
 
 
 def _reference_grads(q, k, v, dout, scale, score_mod, mask_mod):
@@ -38,10 +39,20 @@ def _reference_grads(q, k, v, dout, scale, score_mod, mask_mod):
     h = torch.arange(s.shape[1], device=s.device).view(1, -1, 1, 1)
     if score_mod is not None:
         s = score_mod(s, None, h, qi, kv)
-    if mask_mod is not None:
+    if mask_mod is not None and getattr(mask_mod, "per_batch", False):
+        keep = torch.stack([mask_mod(b, None, qi, kv) for b in range(s.shape[0])])[:, None]
+        s = s.masked_fill(~keep, float("-inf"))
+    elif mask_mod is not None:
         s = s.masked_fill(~mask_mod(None, None, qi, kv), float("-inf"))
     out = torch.einsum("bhij,bhjd->bhid", torch.softmax(s, -1), vv)
     return torch.autograd.grad(out, (q, k, v), dout.double())
+
+
+def tail(kernel, scale: float, extra: dict) -> list:
+    """The kernel's arguments after q, k and v, in its parameters' order (the variant's scalars
+    and tensors, such as documents' ids, beside ``scale``)."""
+    given = {"scale": scale, **extra}
+    return [given[p.name] for p in kernel.program.params[3:]]
 
 
 def _errors(got, want) -> list[float]:
@@ -56,6 +67,7 @@ def check(name: str, generic: bool, log=print) -> float:
     """Worst relative error of tensorfuse's gradients (autograd through the compiled kernel, and
     ``tf.grad``'s program with ``generic``) at a ragged size (M=N=200, D=64)."""
     kernel, extra, score_mod, mask_mod, _, hq, hkv = variants(200, B=1, H=16, window=48)[name]
+    extra, mask_mod = with_documents(extra, mask_mod, 1, 200, torch.Generator().manual_seed(0))
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, dout = (torch.randn(1, hq, 200, 64, device="cuda", generator=gen).bfloat16()
                for _ in range(2))
@@ -64,12 +76,12 @@ def check(name: str, generic: bool, log=print) -> float:
     scale = 64 ** -0.5
     want = _reference_grads(q, k, v, dout, scale, score_mod, mask_mod)
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out = tf.compile(kernel)(*leaves, scale, *extra.values())
+    out = tf.compile(kernel)(*leaves, *tail(kernel, scale, extra))
     errors = _errors(torch.autograd.grad(out, leaves, dout), want)
     err = max(errors)
     log(f"  {name}: dq / dk / dv errors {' / '.join(f'{e:.1e}' for e in errors)}")
     if generic:
-        err = max(err, _error(tf.grad(kernel)(q, k, v, scale, *extra.values(), dout), want))
+        err = max(err, _error(tf.grad(kernel)(q, k, v, *tail(kernel, scale, extra), dout), want))
     log(f"  {name}: tensorfuse gradient error {err:.1e}{'' if err < 2e-2 else '  WRONG'}")
     return err
 
@@ -84,6 +96,8 @@ def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
         err = check(name, generic, log)
         for S in sizes:
             kernel, extra, score_mod, mask_mod, sdpa, hq, hkv = variants(S, B=B, H=H)[name]
+            extra, mask_mod = with_documents(extra, mask_mod, B, S,
+                                             torch.Generator().manual_seed(S))
             q, dout = (torch.randn(B, hq, S, D, device="cuda").bfloat16() for _ in range(2))
             k, v = (torch.randn(B, hkv, S, D, device="cuda").bfloat16() for _ in range(2))
             scale = D ** -0.5
@@ -98,7 +112,7 @@ def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
             note = f"gradient error {err:.1e} at S=200"
             try:
                 f = tf.compile(kernel)
-                out = f(*leaves, scale, *extra.values())
+                out = f(*leaves, *tail(kernel, scale, extra))
                 impls["tensorfuse (autograd)"] = (timed_backward(out), note)
                 # the forward as autograd records it (it also writes the log-sum-exp) and plain,
                 # alternated over three rounds (best of each)
@@ -107,7 +121,7 @@ def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
                 for _ in range(3):
                     for label, args in (("tensorfuse forward", (q, k, v)),
                                         ("tensorfuse forward (recorded, saves LSE)", leaves)):
-                        ms = bench(lambda: f(*args, scale, *extra.values()))
+                        ms = bench(lambda: f(*args, *tail(kernel, scale, extra)))
                         times[label] = min(times.get(label, ms), ms)
                 for label, ms in times.items():
                     log(f"{name:9} S={S:6} {label:40} {ms:9.3f} ms "
@@ -118,7 +132,7 @@ def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
                 log(f"  tensorfuse {name} S={S}: {type(exc).__name__}: {exc}"[:300])
             if generic:
                 backward = tf.compile(tf.grad(kernel))
-                args = (q, k, v, scale, *extra.values(), dout)
+                args = (q, k, v, *tail(kernel, scale, extra), dout)
                 impls["tensorfuse (tf.grad program)"] = (bench(lambda: backward(*args)), note)
             try:
                 impls["flex_attention"] = (flex_backward_ms(flex, leaves, dout, score_mod,
@@ -148,10 +162,7 @@ def run(sizes, B: int = 2, H: int = 16, D: int = 128, generic: bool = False,
 def flex_backward_ms(flex, leaves, dout, score_mod, mask_mod, S: int, scale: float) -> float:
     """FlexAttention's backward alone (the forward run once outside the timing) on ``leaves``
     (q, k, v that require gradients), its block mask made from ``mask_mod``."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    bm = None if mask_mod is None else create_block_mask(mask_mod, None, None, S, S,
-                                                         device="cuda")
+    bm = mask_block(mask_mod, leaves[0].shape[0], S)
     out = flex(*leaves, score_mod=score_mod, block_mask=bm, scale=scale,
                enable_gqa=leaves[0].shape[1] != leaves[1].shape[1])
     return bench(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True))
@@ -174,18 +185,22 @@ def sweep(knob_sets, sizes=(4096,), B: int = 2, H: int = 16, D: int = 128,
     rows = []
     for name, S in ((n, S) for n in names for S in sizes):
         kernel, extra, _, mask_mod, _, hq, hkv = variants(S, B=B, H=H)[name]
+        extra, mask_mod = with_documents(extra, mask_mod, B, S, torch.Generator().manual_seed(S))
         q, dout = (torch.randn(B, hq, S, D, device="cuda").bfloat16() for _ in range(2))
         k, v = (torch.randn(B, hkv, S, D, device="cuda").bfloat16() for _ in range(2))
         scale = D ** -0.5
         _, fusion = choose(kernel.program, get_target("cuda"))
         saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names)))
-        out, lse = saving(q, k, v, scale, *extra.values())
+        out, lse = saving(q, k, v, *tail(kernel, scale, extra))
         dims = {"B": B, "H": hq, "M": S, "N": S, "D": D}
         if hkv != hq:
             dims["HKV"] = hkv
         plan = plan_attention_backward(kernel.program, fusion, dims)
         flops = 2.5 * 4 * B * hq * S * S * D * density(mask_mod, B, hq, S)
-        tensors, scalars = {"q": q, "k": k, "v": v}, {"scale": scale, **extra}
+        tensors = {"q": q, "k": k, "v": v, **{n: t for n, t in extra.items()
+                                               if isinstance(t, torch.Tensor)}}
+        scalars = {"scale": scale, **{n: x for n, x in extra.items()
+                                      if not isinstance(x, torch.Tensor)}}
         reference = None
         for text in knob_sets:
             fields = [int(x) for x in text.split(",")]
@@ -231,16 +246,20 @@ def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 
     target = get_target("cuda")
     for name, S in ((n, S) for n in names for S in sizes):
         kernel, extra, score_mod, mask_mod, sdpa, hq, hkv = variants(S, B=B, H=H)[name]
+        extra, mask_mod = with_documents(extra, mask_mod, B, S, torch.Generator().manual_seed(S))
         q, dout = (torch.randn(B, hq, S, D, device="cuda").bfloat16() for _ in range(2))
         k, v = (torch.randn(B, hkv, S, D, device="cuda").bfloat16() for _ in range(2))
         scale = D ** -0.5
         _, fusion = choose(kernel.program, target)
         saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names)))
-        out, lse = saving(q, k, v, scale, *extra.values())
+        out, lse = saving(q, k, v, *tail(kernel, scale, extra))
         dims = {"B": B, "H": hq, "M": S, "N": S, "D": D, **({"HKV": hkv} if hkv != hq else {})}
         plan = plan_attention_backward(kernel.program, fusion, dims)
         flops = 2.5 * 4 * B * hq * S * S * D * density(mask_mod, B, hq, S)
-        tensors, scalars = {"q": q, "k": k, "v": v}, {"scale": scale, **extra}
+        tensors = {"q": q, "k": k, "v": v, **{n: t for n, t in extra.items()
+                                               if isinstance(t, torch.Tensor)}}
+        scalars = {"scale": scale, **{n: x for n, x in extra.items()
+                                      if not isinstance(x, torch.Tensor)}}
         triton = AttentionBackwardKernels(plan,
                                           BackwardKnobs.for_head_dim(plan.widest_tile_dim))
         made = {"tensorfuse triton": triton,

@@ -314,6 +314,21 @@ SECTIONS = (
      "kernels (a block of 128 columns, 32 masked) on the same inputs and saved log-sum-exp",
      "python -m benchmarks.attention_backward --kernels --variants full,causal --sizes 4096 "
      "--head-dim 96 --csv PATH"),
+    ("attention-backward-kernels-d64", "Attention backward kernels at head dim 64",
+     "bf16; the sm_90a kernel (blocks of 128 queries) and the Triton kernels on the same inputs "
+     "and saved log-sum-exp, against SDPA's backward",
+     "python -m benchmarks.attention_backward --kernels --head-dim 64 --variants "
+     "full,causal,gqa_causal --sizes 4096,16384 --csv PATH"),
+    ("attention-backward-kernels-variants", "Attention backward kernels: soft-cap and masks",
+     "bf16, D=128; the sm_90a kernel (a soft-cap's score and derivative per element; masks "
+     "through the transposed block lists) and the Triton kernels on the same inputs and saved "
+     "log-sum-exp, against FlexAttention's backward",
+     "python -m benchmarks.attention_backward --kernels --variants "
+     "softcap,prefix_lm,neighborhood,document --sizes 4096,16384 --csv PATH"),
+    ("attention-backward-variants", "Attention backward: soft-cap and masks",
+     "bf16, D=128; through autograd (the sm_90a kernel), against FlexAttention's backward",
+     "python -m benchmarks.attention_backward --variants softcap,prefix_lm,neighborhood,document "
+     "--sizes 4096,16384 --csv PATH"),
     ("attention-backward-kernels-alibi", "Attention backward kernels: ALiBi",
      "bf16; the sm_90a kernel (the score's bias evaluated where P is) and the Triton kernels on "
      "the same inputs and saved log-sum-exp, against FlexAttention's backward",

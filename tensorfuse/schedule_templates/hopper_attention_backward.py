@@ -6,12 +6,15 @@ and the reason where it does not take one (the Triton kernels of the template ru
 
 The kernel computes ``dK, dV`` per key block and adds ``dQ`` into a float32 accumulator, one CTA
 per (key block, key/value head), its two consumer warpgroups 64 keys each, the query blocks of
-every head of the group streamed through a two-stage ring by a producer warpgroup (TMA). It
+every head of the group (64 or 128 queries each: :func:`block_queries`) streamed through a
+ring by a producer warpgroup (TMA). It
 takes a plan whose
 
 - score, on the blocks the mask keeps, is the product times a factor of scalars and sizes
   (``q·kᵀ · scale``, ``q·kᵀ / √d``), plus or minus a bias of the axes, scalars and sizes (ALiBi's
   slope times the distance): then ``dS_raw = factor · dS``, the bias evaluated where ``P`` is;
+  or any other expression of the product, the axes, scalars and sizes (a soft-cap): ``S`` and
+  ``∂S/∂(q·k)`` evaluated per element, ``P · ∂S/∂(q·k)`` kept where ``P`` was;
 - mask, if any, is evaluated on the partial blocks of the transposed block lists (causal,
   windows, prefixes, documents: anything the lists describe);
 - q, k, v and the output are laid out ``[batch…, tokens, D]`` (k and v indexing the head as
@@ -26,14 +29,14 @@ import math
 
 from dataclasses import dataclass
 
-from ..algebra.exprs import nodes
-from ..dsl.expr import Axis, Binary, Const, Expr, Load, Ref, unary
+from ..algebra.exprs import nodes, substitute
+from ..dsl.expr import Axis, Binary, Const, Expr, Load, Ref, Symbol, unary
 from ..errors import TargetError, TensorfuseError
 from .attention import SMS
 from .hopper_attention_plan import tile_head_dim
 
 HEAD_DIMS = (64, 128)
-BLOCK_KEYS, BLOCK_QUERIES = 128, 64   # a CTA's keys (two warpgroups of 64); a step's queries
+BLOCK_KEYS = 128   # a CTA's keys (two warpgroups of 64)
 MAX_GRID_Y = 65535                     # CUDA's bound on a grid's y
 L2_BYTES = 50 * 2**20                  # the H100's and H200's L2
 UNEVEN_TAIL = 0.15                     # the longest CTA's share of a masked grid it may have
@@ -53,6 +56,10 @@ class HopperBackwardPlan:
     # the grid's order (:func:`keys_fastest`): a head's key blocks side by side, or the heads
     keys_fastest: bool = False
     bias: Expr | None = None   # the score is q·kᵀ · factor + bias
+    # any other score of q·kᵀ and the axes (a soft-cap): S and ∂S/∂(q·k), evaluated per element
+    score: Expr | None = None
+    derivative: Expr | None = None
+    block_queries: int = 64   # the queries of a visit (:func:`block_queries`)
 
     @property
     def head_dim(self) -> int:
@@ -86,12 +93,47 @@ def plan_hopper_backward(base, arch: str) -> HopperBackwardPlan:
                           f"multiples of 8 below them (held in their tiles), not "
                           f"{base.head_dim}")
     _check_layout(base)
-    factor, bias = _score_parts(base.kept(base.score), base.qk)
+    score = derivative = None
+    try:
+        factor, bias = _score_parts(base.kept(base.score), base.qk)
+    except TargetError:
+        factor = bias = None
+        score, derivative = _pointwise_score(base)
     tensors = ()
     if base.mask is not None:
         tensors = tuple(dict.fromkeys(n.param.name for n in nodes(base.mask)
                                       if isinstance(n, Load)))
-    return HopperBackwardPlan(base, dtypes.pop(), factor, tensors, keys_fastest(base), bias)
+    return HopperBackwardPlan(base, dtypes.pop(), factor, tensors, keys_fastest(base), bias,
+                              score, derivative,
+                              block_queries(tile_head_dim(base.head_dim), score is not None))
+
+
+def block_queries(tile_dim: int, pointwise: bool) -> int:
+    """The queries a consumer visit takes at the tiles' head dim: 128 where a consumer's
+    registers hold ``Sᵀ`` and ``dPᵀ`` of 64 keys × 128 queries beside dK and dV (head dims up
+    to 64: twice the work per visit for the same barriers, waits and statistics, and ``Sᵀ``,
+    ``dPᵀ`` as ``m64n128`` products), else 64 — and 64 for a ``pointwise`` score, whose packed
+    P lives beside ``P · ∂S/∂(q·k)`` (at 128 ptxas serialises the wgmmas for want of
+    registers). At head dim 64 128 queries took 0.83–0.88× the time of 64 (full, causal and
+    grouped causal, S=4096 and 16384; H200, the two timed in one process as
+    ``benchmarks.attention_backward --kernels`` times the kernel)."""
+    return 128 if tile_dim <= 64 and not pointwise else 64
+
+
+def _pointwise_score(base) -> tuple[Expr, Expr]:
+    """``(S, ∂S/∂(q·k))`` on the blocks the mask keeps, for a score of ``q·kᵀ``, the axes,
+    scalars and sizes that is not ``q·kᵀ · c + β`` (a soft-cap's ``cap · tanh(q·kᵀ · scale /
+    cap)``): the kernel evaluates both per element; else :class:`TargetError`."""
+    score = base.kept(base.score)
+    one = Const(1.0, "f32")
+    derivative = substitute(base.kept(base.d_score), lambda n: one if isinstance(n, Symbol)
+                            and n.name == base.ds_symbol else None)
+    for e in (score, derivative):
+        if any(isinstance(n, Load) or isinstance(n, Ref) and n.compute.name != base.qk
+               for n in nodes(e)):
+            raise TargetError("the Hopper attention backward takes scores of q·kᵀ, the axes, "
+                              f"scalars and sizes; not {score}")
+    return score, derivative
 
 
 def keys_fastest(base) -> bool:
@@ -201,7 +243,8 @@ class HopperAttentionBackward:
         self.arguments = kernel_arguments(hplan, self.scalars)
         types = tuple(TENSOR_MAP if t == "tensormap" else t for _, t, _ in self.arguments)
         self.launch = DriverLaunch(self.source, target, ENTRY, types)
-        self.shared_bytes = shared_bytes(hplan.tile_dim)   # once: the ring's fit is not free
+        # once: the ring's fit is not free
+        self.shared_bytes = shared_bytes(hplan.tile_dim, hplan.block_queries)
 
     def __call__(self, tensors: dict, scalars: dict, out, d_out, lse=None):
         """``(dq, dk, dv)`` (and the sink's gradient), as the Triton kernels' ``__call__``. Under
@@ -214,7 +257,7 @@ class HopperAttentionBackward:
         if torch.are_deterministic_algorithms_enabled():
             return self.statistics(tensors, scalars, out, d_out, lse)
 
-        from ..targets.cuda.hopper_attention_backward import BM, BN, THREADS
+        from ..targets.cuda.hopper_attention_backward import BN, DQ_ROWS, THREADS
         from ..targets.cuda.tma import tensor_map
         from .attention_backward import BackwardKnobs
 
@@ -228,14 +271,15 @@ class HopperAttentionBackward:
         dq_acc = torch.zeros(batch * M * D, device=q.device, dtype=torch.float32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         if hplan.masked:
-            knobs = BackwardKnobs(block_m1=BLOCK_QUERIES, block_n1=BLOCK_KEYS)
+            knobs = BackwardKnobs(block_m1=hplan.block_queries, block_n1=BLOCK_KEYS)
             lists, _ = plan.block_lists(knobs, tensors, scalars, True)
         else:
             lists = (lse2,) * 4   # not read
+        bm = hplan.block_queries
         maps = [tensor_map(t.data_ptr(), (rows_batch, rows, D), (1, box, 64), hplan.dtype)
-                for t, rows_batch, rows, box in ((q, batch, M, BM), (k, kv_batch, N, BN),
-                                                 (v, kv_batch, N, BN), (d_out, batch, M, BM))]
-        maps.append(tensor_map(dq_acc.data_ptr(), (batch, M, D), (1, BM, 32), "f32"))
+                for t, rows_batch, rows, box in ((q, batch, M, bm), (k, kv_batch, N, BN),
+                                                 (v, kv_batch, N, BN), (d_out, batch, M, bm))]
+        maps.append(tensor_map(dq_acc.data_ptr(), (batch, M, D), (1, DQ_ROWS, 32), "f32"))
         factor = 1.0 if hplan.factor is None else _value(hplan.factor, scalars, plan.sizes)
         handles = [ctypes.c_void_p(t.data_ptr()) for t in (lse2, delta, dk, dv, *lists)]
         reads = [ctypes.c_void_p(tensors[n].contiguous().data_ptr()) for n in hplan.mask_tensors]
@@ -268,10 +312,11 @@ def hopper_backward(plan, target, triton, chosen: bool | None = None):
     where it is chosen and takes the plan; else None (the Triton kernels run). ``chosen``
     True/False decides; None reads ``TENSORFUSE_ATTENTION_BACKWARD``: ``hopper`` or ``auto``
     (the default) wherever it takes the plan, ``triton`` never. ``auto`` is where it measured
-    faster or the same, which is everywhere it was measured: 0.88–0.89× the Triton kernels' time
-    without a mask, 0.91–0.94× under causal masks, 0.85–0.91× grouped causal (S=4096 and 16384,
-    head dim 128), 0.84× and 0.81× with ALiBi's bias; at head dim 64 and under a sliding window
-    about the same (0.98–1.01×; 1.04× at S=4096, 0.98× at 16384) (H200,
+    faster or the same within the runs' noise, which is everywhere it was measured: 0.88–0.89×
+    the Triton kernels' time without a mask, 0.91–0.94× under causal masks, 0.85–0.91× grouped
+    causal (S=4096 and 16384, head dim 128), 0.84× and 0.81× with ALiBi's bias, 0.54× with a
+    soft-cap; at head dim 64 0.79–0.83× without a mask, 0.97–1.00× causal, 0.89–1.04× grouped
+    causal; under sliding-window, prefix-LM, neighbourhood and document masks 0.90–1.04× (H200,
     ``benchmarks.attention_backward --kernels``)."""
     import os
 

@@ -52,6 +52,33 @@ def test_the_plans_it_takes_and_what_it_reads_of_them():
     source = _source(K.alibi_attention)
     assert "exp2" in source.split("tf_bias2(")[1] and "+ tf_bias2(bh, i_, j_" in source
     assert "tf_bias2" not in _source(K.attention)
+    # a soft-cap: the score and its derivative in q·kᵀ evaluated per element, P packed as made
+    capped = plan_hopper_backward(_plan(K.softcap_attention, DIMS), "sm_90a")
+    assert capped.factor is None and capped.bias is None and capped.masked
+    assert "tanh" in repr(capped.score) and "tanh" in repr(capped.derivative)
+    assert "__ds" not in repr(capped.derivative)   # ∂S/∂(q·k) alone, dS multiplied in the kernel
+    source = _source(K.softcap_attention)
+    assert "tanh" in source.split("tf_score2(")[1] and "tanh" in source.split("tf_dscore(")[1]
+    assert "p * tf_dscore(qk, bh, i_, j_" in source and "tf_score2" not in _source(K.attention)
+
+
+def test_head_dims_up_to_64_visit_128_queries_a_block():
+    """Up to head dim 64 a visit takes 128 queries (Sᵀ and dPᵀ as m64n128 products, each
+    warpgroup's dQ its 64 of the queries over both warpgroups' keys); above, and for a
+    pointwise score (its packed P beside P · ∂S/∂(q·k)), 64."""
+    def hplan(kernel, D):
+        return plan_hopper_backward(_plan(kernel, dict(DIMS, D=D)), "sm_90a")
+
+    assert hplan(K.causal_attention, 64).block_queries == 128
+    assert hplan(K.attention, 40).block_queries == 128   # held in tiles of 64
+    assert hplan(K.attention, 128).block_queries == 64
+    assert hplan(K.attention, 96).block_queries == 64
+    assert hplan(K.softcap_attention, 64).block_queries == 64
+    source = _source(K.causal_attention, dict(DIMS, D=64))
+    assert "#define BM 128" in source and "#define SPLIT_M 1" in source
+    assert "tf_wgmma_kk_m64n128k16(st" in source
+    wide = _source(K.attention)
+    assert "#define BM 64" in wide and "#define SPLIT_M 0" in wide and "#define SPLIT_N 1" in wide
 
 
 @pytest.mark.parametrize("kernel, dims, side_by_side", [
@@ -82,7 +109,6 @@ def test_a_heads_key_blocks_run_side_by_side_where_its_dq_would_leave_l2(kernel,
     (K.causal_attention, DIMS, "sm_80", "runs on sm_90a"),
     (K.causal_attention, dict(DIMS, D=256), "sm_90a", r"head dims \(64, 128\) and .*, not 256"),
     (K.causal_attention, dict(DIMS, D=100), "sm_90a", r"multiples of 8 .*, not 100"),
-    (K.softcap_attention, DIMS, "sm_90a", "q·kᵀ times a factor"),
 ])
 def test_what_it_does_not_take_is_refused_with_the_reason(kernel, dims, arch, reason):
     with pytest.raises(TargetError, match=reason):
@@ -106,8 +132,7 @@ def test_it_is_chosen_where_it_takes_the_plan_unless_asked_not_to(monkeypatch):
         assert chosen(K.attention) and chosen(K.attention, dict(DIMS, D=96))   # tiles of 128
         assert chosen(K.causal_attention) and chosen(K.attention, dict(DIMS, D=64))
         assert chosen(K.gqa_causal_attention, dict(DIMS, H=32, HKV=8))
-        assert chosen(K.alibi_attention)
-        assert not chosen(K.softcap_attention)   # not taken: the Triton kernels stay
+        assert chosen(K.alibi_attention) and chosen(K.softcap_attention)
         assert not chosen(K.attention, dict(DIMS, D=256))
     monkeypatch.delenv("TENSORFUSE_ATTENTION_BACKWARD")
     assert chosen(K.sliding_window_attention)   # the default is auto
@@ -122,7 +147,7 @@ def test_it_is_chosen_where_it_takes_the_plan_unless_asked_not_to(monkeypatch):
 @pytest.mark.parametrize("kernel, dims", [
     (K.attention, DIMS), (K.causal_attention, dict(DIMS, D=64)),
     (K.gqa_causal_attention, dict(DIMS, H=32, HKV=8)), (K.sliding_window_attention, DIMS),
-    (K.alibi_attention, DIMS),
+    (K.alibi_attention, DIMS), (K.softcap_attention, DIMS), (K.softcap_attention, dict(DIMS, D=64)),
 ])
 def test_the_sm90a_code_has_the_instructions_meant_and_does_not_spill(kernel, dims):
     source = _source(kernel, dims)
@@ -178,12 +203,14 @@ def test_tensor_maps_stride_by_their_element_size():
         byte_strides((4, 3), (1, 64), "bf16", strides=(3,))
 
 
-def _float64_grads(q, k, v, dout, scale, mask, bias=None):
+def _float64_grads(q, k, v, dout, scale, mask, bias=None, cap=None):
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
     s = torch.einsum("bhid,bhjd->bhij", q, k.repeat_interleave(group, 1)) * scale
     if bias is not None:
         s = s + bias
+    if cap is not None:
+        s = cap * torch.tanh(s / cap)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     out = torch.einsum("bhij,bhjd->bhid", torch.softmax(s, -1), v.repeat_interleave(group, 1))
@@ -210,7 +237,7 @@ def test_head_dims_below_a_tile_are_held_in_it(kernel, D, tile):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["full", "causal", "gqa_causal", "sliding_window", "document",
-                                  "alibi"])
+                                  "alibi", "softcap"])
 @pytest.mark.parametrize("D, S", [(64, 200), (128, 333), (96, 300), (40, 177)])
 def test_the_gradients_match_float64_on_the_gpu(name, D, S):
     """Large value ranges, ragged sizes (the last key and query blocks partial)."""
@@ -221,14 +248,17 @@ def test_the_gradients_match_float64_on_the_gpu(name, D, S):
     kernel = {"full": K.attention, "causal": K.causal_attention,
               "gqa_causal": K.gqa_causal_attention,
               "sliding_window": K.sliding_window_attention,
-              "document": K.document_attention, "alibi": K.alibi_attention}[name]
+              "document": K.document_attention, "alibi": K.alibi_attention,
+              "softcap": K.softcap_attention}[name]
     hq, hkv = (8, 2) if name == "gqa_causal" else (4, 4)
     g = torch.Generator(device="cuda").manual_seed(S + D)
     # a mask that reads a tensor: 3 documents of random lengths per batch row
     cuts = torch.sort(torch.randperm(S - 1, device="cuda", generator=g)[:2] + 1).values
     doc = torch.bucketize(torch.arange(S, device="cuda"), cuts, right=True).to(torch.int32)
     doc = doc[None].expand(2, S).contiguous()
-    extra = {"sliding_window": {"window": 48}, "document": {"doc": doc}}.get(name, {})
+    # a cap the scores reach (3·N(0, 1) operands): tanh's derivative far from 1
+    extra = {"sliding_window": {"window": 48}, "document": {"doc": doc},
+             "softcap": {"cap": 4.0}}.get(name, {})
     q, dout = (3 * torch.randn(2, hq, S, D, device="cuda", generator=g).bfloat16()
                for _ in range(2))
     k, v = (3 * torch.randn(2, hkv, S, D, device="cuda", generator=g).bfloat16()
@@ -236,7 +266,8 @@ def test_the_gradients_match_float64_on_the_gpu(name, D, S):
     i, j = torch.arange(S, device="cuda").view(-1, 1), torch.arange(S, device="cuda")
     mask = {"full": None, "causal": i >= j, "gqa_causal": i >= j,
             "sliding_window": (i >= j) & (i - j < 48),
-            "document": doc[:, None, :, None] == doc[:, None, None, :], "alibi": None}[name]
+            "document": doc[:, None, :, None] == doc[:, None, None, :], "alibi": None,
+            "softcap": i >= j}[name]
     target = get_target("cuda")
     _, fusion = choose(kernel.program, target)
     saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names)))
@@ -251,7 +282,7 @@ def test_the_gradients_match_float64_on_the_gpu(name, D, S):
     got = hopper(tensors, scalars, out, dout, lse)
     slopes = torch.exp2(-8.0 * torch.arange(1, hq + 1, device="cuda").double() / hq)
     bias = slopes.view(-1, 1, 1) * (j - i).double() if name == "alibi" else None
-    want = _float64_grads(q, k, v, dout, D ** -0.5, mask, bias)
+    want = _float64_grads(q, k, v, dout, D ** -0.5, mask, bias, extra.get("cap"))
     for a, b in zip(got, want):
         assert torch.isfinite(a).all()
         assert float((a.double() - b).norm() / b.norm()) < 2e-2   # bf16 operands

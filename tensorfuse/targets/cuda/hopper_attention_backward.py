@@ -13,7 +13,8 @@ side by side (the plan's ``keys_fastest``) —, three warpgroups:
   ring (:func:`ring_stages`: three slots at head dims 64 and 128); 64 of its threads copy the
   rows' base-2 log-sum-exps and ``Δ`` (+∞ and 0 past the last row, so that ``P`` is 0 there)
   beside them and arrive on the slot's mbarrier;
-- each consumer warpgroup owns 64 of the keys and, per query block, computes in the transposed
+- each consumer warpgroup owns 64 of the keys and, per query block (64 queries, or 128 where
+  the plan's ``block_queries`` says: head dims up to 64), computes in the transposed
   orientation (keys along the accumulator's rows, so no register tile is transposed):
   ``Sᵀ = K·Qᵀ`` and ``dPᵀ = V·dOᵀ`` (both operands K-major), ``Pᵀ = 2^(Sᵀ·scale₂ − LSE₂)``, the
   mask on partial blocks, ``dSᵀ = factor · Pᵀ ∘ (dPᵀ − Δ)``; ``dV += Pᵀ·dO`` and, after
@@ -24,8 +25,9 @@ side by side (the plan's ``keys_fastest``) —, three warpgroups:
 - ``dSᵀ`` goes to shared memory as ``dS`` by ``stmatrix`` (transposed 8×8 blocks; queries along
   the rows, keys K-major: the A operand of ``dQ = dS·K``), double-buffered so that one named
   barrier a block orders it; for head dims
-  of 128 each warpgroup computes half of dQ's columns over all 128 keys, for 64 each computes
-  all columns over its own keys; each warpgroup writes its part of dQ into a tile of shared
+  of 128 each warpgroup computes half of dQ's columns over all 128 keys, for 64 with blocks of
+  128 queries its 64 of the queries over all 128 keys, with blocks of 64 all columns over its
+  own keys; each warpgroup writes its part of dQ into a tile of shared
   memory (the 128-byte swizzle) that one thread adds into a float32 ``dQ`` by TMA
   (``cp.reduce.async.bulk.tensor``, rows past the last query not written), converted to the
   output dtype afterwards. Element-wise ``red.global.add`` from registers took a third of the
@@ -41,8 +43,9 @@ import math
 
 from .. import get_target
 from .dsm import HELPERS as DSM_HELPERS
-from .expr import (C_TYPES, KernelArguments, scalar_arguments, tensor_arguments,
-                   to_cuda, wide_tensors)
+from .expr import C_TYPES, KernelArguments, scalar_arguments, tensor_arguments
+from .hopper_backward_scores import (batch_values, mask_code, probabilities_and_ds,
+                                     score_functions)
 from .tma import HELPERS as TMA_HELPERS
 from .parts import swap
 from .parts.mainloop import attention_pack_function
@@ -55,8 +58,9 @@ ENTRY = "tf_hopper_attention_backward"
 THREADS = 384
 MAX_STAGES = 3   # the queries' ring: slots where shared memory holds them, up to this many
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
-BN, BM = 128, 64
-DQ_BYTES = 2 * BM * 64 * 4   # the two warpgroups' dQ tiles (f32): 64 queries × 64 columns each
+BN = 128
+DQ_ROWS = 64   # a warpgroup's dQ tile: 64 queries × 64 columns (f32)
+DQ_BYTES = 2 * DQ_ROWS * 64 * 4   # the two warpgroups' dQ tiles
 # What the PTX of the kernel holds (checked by the tests).
 BACKWARD_PTX = ("wgmma.mma_async", "cp.async.bulk.tensor.3d",
                 "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add", "setmaxnreg.inc",
@@ -66,17 +70,18 @@ _PAIRS = {"bf16": ("__nv_bfloat162", "__floats2bfloat162_rn"),
           "f16": ("__half2", "__floats2half2_rn")}
 
 
-def shared_bytes(head_dim: int, stages: int | None = None) -> int:
-    """Dynamic shared memory of the kernel at ``head_dim`` with ``stages`` slots in the queries'
-    ring (:func:`ring_stages`' by default): keys and values, the ring's queries and output
-    gradients, two ``dS`` buffers, the rows' statistics, the mbarriers, and 1 KB to align the
-    tiles to the swizzle's atoms."""
-    n = ring_stages(head_dim) if stages is None else stages
-    tiles = 2 * BN * head_dim * 2 + n * 2 * BM * head_dim * 2 + 2 * BM * BN * 2
-    return tiles + DQ_BYTES + n * 2 * BM * 4 + 8 * (1 + 2 * n) + 1024
+def shared_bytes(head_dim: int, block_queries: int, stages: int | None = None) -> int:
+    """Dynamic shared memory of the kernel at ``head_dim`` and ``block_queries`` queries a visit,
+    with ``stages`` slots in the queries' ring (:func:`ring_stages`' by default): keys and
+    values, the ring's queries and output gradients, two ``dS`` buffers, the dQ tiles, the rows'
+    statistics, the mbarriers, and 1 KB to align the tiles to the swizzle's atoms."""
+    n = ring_stages(head_dim, block_queries) if stages is None else stages
+    bm = block_queries
+    tiles = 2 * BN * head_dim * 2 + n * 2 * bm * head_dim * 2 + 2 * bm * BN * 2
+    return tiles + DQ_BYTES + n * 2 * bm * 4 + 8 * (1 + 2 * n) + 1024
 
 
-def ring_stages(head_dim: int) -> int:
+def ring_stages(head_dim: int, block_queries: int) -> int:
     """Slots of the ring of query blocks at ``head_dim``: as many as shared memory holds, up to
     :data:`MAX_STAGES`. A visit's slot is free only once its dK is done (the last product of
     the visit), so with two slots the next load had under one visit to land: a third took the
@@ -84,7 +89,8 @@ def ring_stages(head_dim: int) -> int:
     four or five slots at head dim 64 gained nothing (H200, S=4096, the kernel timed as
     ``benchmarks.attention_backward --kernels`` times it)."""
     room = get_target("cuda:sm_90a").max_shared_memory
-    return max(n for n in range(2, MAX_STAGES + 1) if shared_bytes(head_dim, n) <= room)
+    return max(n for n in range(2, MAX_STAGES + 1)
+               if shared_bytes(head_dim, block_queries, n) <= room)
 
 
 def kernel_arguments(hplan, scalars) -> list[tuple[str, str, str]]:
@@ -106,36 +112,6 @@ def kernel_arguments(hplan, scalars) -> list[tuple[str, str, str]]:
         scalar_arguments(scalars)
 
 
-def _mask_code(hplan) -> str:
-    """C++ of the mask at query ``i_``, key ``j_`` and the batch axes' values (``ax<k>``)."""
-    base = hplan.base
-    if base.mask is None:
-        return "true"
-    axes = _element_axes(base)
-    read = [(p.name, p.dims) for p in base.program.tensor_params if p.name in hplan.mask_tensors]
-    return to_cuda(base.mask, {}, "the mask", axes=axes, sizes=base.sizes,
-                   loads={n: f"t_{n}" for n in hplan.mask_tensors}, clamp_loads=True,
-                   wide=wide_tensors(read, base.sizes))
-
-
-def _element_axes(base) -> dict:
-    """The C++ names of a fragment element's axes: the batch axes' values (``ax<k>``), its query
-    ``i_`` and key ``j_``."""
-    axes = {a.name: f"ax{k}" for k, a in enumerate(base.batch)}
-    axes.update({base.row.name: "i_", base.col.name: "j_"})
-    return axes
-
-
-def _batch_values(base) -> str:
-    """The batch axes' values (``ax<k>``) of the flattened query batch index ``bh``."""
-    lines, rest = [], "bh"
-    for k in reversed(range(len(base.batch))):
-        n = base.extent(base.batch[k])
-        lines.append(f"    const int ax{k} = ({rest}) % {n};\n    (void)ax{k};")
-        rest = f"({rest}) / {n}"
-    return "\n".join(lines)
-
-
 def backward_source(hplan, scalars) -> str:
     """CUDA C++ of ``tf_hopper_attention_backward`` for ``hplan``
     (:class:`~tensorfuse.schedule_templates.hopper_attention_backward.HopperBackwardPlan`) and the
@@ -152,10 +128,12 @@ def backward_source(hplan, scalars) -> str:
 class _Source(KernelArguments):
     """What the kernel's parts read: the plan, the sizes, the element types, the arguments, and
     how dQ is shared by the consumer warpgroups — from head dim 128 each takes half the columns
-    over all 128 keys (a barrier of both a block, for the other's half of dS); at 64 each all
-    columns over its own 64 keys (no barrier between them). Each over its own keys at 128 took
-    30 % longer (ptxas serialises its wgmmas for want of registers; H200, S=4096, as
-    ``benchmarks.attention_backward --kernels`` times the kernel)."""
+    over all 128 keys (a barrier of both a block, for the other's half of dS); with 128 queries
+    a visit (the plan's ``block_queries``) each its 64 of the queries over all 128 keys (the
+    same barrier); else each all columns over its own 64 keys (no barrier between them). Each
+    over its own keys at 128 took 30 % longer (ptxas serialises its wgmmas for want of
+    registers; H200, S=4096, as ``benchmarks.attention_backward --kernels`` times the
+    kernel)."""
 
     def __init__(self, hplan, scalars):
         self.hplan, self.base = hplan, hplan.base
@@ -164,7 +142,9 @@ class _Source(KernelArguments):
         self.M, self.N = self.base.extent(self.base.row), self.base.extent(self.base.col)
         self.pair, self.pack = _PAIRS[self.dtype]
         self.f16 = "_f16" if self.dtype == "f16" else ""
+        self.bm = hplan.block_queries
         self.split_n = self.D >= 128
+        self.split_m = not self.split_n and self.bm == 2 * DQ_ROWS
         self.keys_along, self.heads_along = ("x", "y") if hplan.keys_fastest else ("y", "x")
         self.grid_comment = (
             "// key blocks along x: the CTAs running at once add into one head's dQ, in L2"
@@ -180,7 +160,7 @@ class _Source(KernelArguments):
 
 def _head(c: _Source) -> str:
     """Includes, the shared helpers, the wgmma functions, the tensor map type."""
-    functions = (wgmma_function(BM, b_k_major=True, dtype=c.dtype) +
+    functions = (wgmma_function(c.bm, b_k_major=True, dtype=c.dtype) +
                  wgmma_function(c.D, a_in_registers=True, dtype=c.dtype) +
                  wgmma_function(c.dqn, dtype=c.dtype))
     header = "#include <cuda_bf16.h>\n" if c.dtype == "bf16" else "#include <cuda_fp16.h>\n"
@@ -204,19 +184,21 @@ def _defines(c: _Source) -> str:
         if c.row_d != c.D else ""
     return f"""#define D_ {c.D}
 {rows}#define BN {BN}
-#define BM {BM}
-#define STAGES {ring_stages(c.D)}
+#define BM {c.bm}
+#define STAGES {ring_stages(c.D, c.bm)}
 #define GROUP {c.base.group}
 #define M_ {c.M}
 #define N_ {c.N}
-#define NQB {math.ceil(c.M / BM)}
+#define NQB {math.ceil(c.M / c.bm)}
 #define NKB {math.ceil(c.N / BN)}
 #define LISTS {int(c.hplan.masked)}
 #define SPLIT_N {int(c.split_n)}
+#define SPLIT_M {int(c.split_m)}
 #define DQN {c.dqn}
 #define KV_BYTES (BN * D_ * 2)
 #define Q_BYTES (BM * D_ * 2)
 #define DS_BYTES (BM * BN * 2)
+#define DQ_ROWS {DQ_ROWS}
 typedef {C_TYPES[c.dtype]} elem_t;
 
 """
@@ -232,18 +214,19 @@ __device__ __forceinline__ void tf_stmatrix_x4_trans(unsigned addr, const uint4&
                :: "r"(addr), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w) : "memory");
 }}
 
-// Before dQ's product: the dS it reads written — both warpgroups' halves (dQ split by columns)
-// or this warpgroup's own (split by keys: the warpgroups never wait for each other).
+// Before dQ's product: the dS it reads written — both warpgroups' halves (dQ split by columns
+// or by queries) or this warpgroup's own (split by keys: the warpgroups never wait for each
+// other).
 __device__ __forceinline__ void tf_bar_ds(int cw) {{
-  if (SPLIT_N) asm volatile("bar.sync 1, 256;" ::: "memory");
+  if (SPLIT_N || SPLIT_M) asm volatile("bar.sync 1, 256;" ::: "memory");
   else asm volatile("bar.sync %0, 128;" :: "r"(2 + cw) : "memory");
 }}
 // The mask at query i_, key j_ (batch values from bh).
 __device__ __forceinline__ bool tf_kept(int bh, int i_, int j_{c.extra_params}) {{
-{_batch_values(c.base)}
-  return {_mask_code(c.hplan)};
+{batch_values(c.base)}
+  return {mask_code(c.hplan)};
 }}
-{_bias_function(c)}
+{score_functions(c)}
 // The query blocks a CTA visits, in order: per head of the group, the partial blocks of the
 // transposed lists (masked), then the full ones; without a mask every block. `next` moves the
 // cursor to the next visit and says whether there is one: its flattened query batch index
@@ -274,40 +257,6 @@ struct Visits {{
 }};
 
 """
-
-
-def _bias_function(c: _Source) -> str:
-    """``tf_bias2``: the score's bias at query ``i_``, key ``j_``, in base 2 — where the plan
-    has one (the kernel without is the same source as before there were biases)."""
-    if c.hplan.bias is None:
-        return ""
-    bias = to_cuda(c.hplan.bias, {}, "the score's bias", axes=_element_axes(c.base),
-                   sizes=c.base.sizes)
-    return f"""// The score's bias at query i_, key j_, in base 2 (the part of a head's that does not depend
-// on the element is computed once a visit: the compiler hoists it out of the fragment's loop).
-__device__ __forceinline__ float tf_bias2(int bh, int i_, int j_{c.extra_params}) {{
-{_batch_values(c.base)}
-  return ({bias}) * 1.4426950408889634f;
-}}
-"""
-
-
-def _probability(c: _Source) -> str:
-    """A fragment element's P: ``exp2(S₂ − LSE₂)``, 0 where the mask drops it or past the keys;
-    with a bias, ``S₂`` is ``q·kᵀ · scale2 + tf_bias2(…)``."""
-    index = "const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;"
-    kept = f"if (j_ >= N_ || !tf_kept(bh, i_, j_{c.extra_args})) p = 0.0f;"
-    if c.hplan.bias is None:   # the element's indices only where the mask is evaluated
-        return f"""        float p = tf_exp2(st[r] * scale2 - ls[c]);
-        if ((LISTS && partial) || edge) {{
-          {index}
-          {kept}
-        }}"""
-    return f"""        {index}
-        float p = tf_exp2(st[r] * scale2 + tf_bias2(bh, i_, j_{c.extra_args}) - ls[c]);
-        if ((LISTS && partial) || edge) {{
-          {kept}
-        }}"""
 
 
 def _kernel_begin(c: _Source) -> str:
@@ -417,44 +366,17 @@ def _consumer_products(c: _Source) -> str:
       tf_wgmma_fence();
       #pragma unroll
       for (int ks = 0; ks < D_ / 16; ++ks)
-        tf_wgmma_kk_m64n{BM}k16{c.f16}(st, tf_kmajor_desc(k_base, BN, 64 * cw, ks * 16),
+        tf_wgmma_kk_m64n{c.bm}k16{c.f16}(st, tf_kmajor_desc(k_base, BN, 64 * cw, ks * 16),
                                tf_kmajor_desc(qs, BM, 0, ks * 16), ks > 0);
       tf_wgmma_commit();
       #pragma unroll
       for (int ks = 0; ks < D_ / 16; ++ks)
-        tf_wgmma_kk_m64n{BM}k16{c.f16}(dp, tf_kmajor_desc(v_base, BN, 64 * cw, ks * 16),
+        tf_wgmma_kk_m64n{c.bm}k16{c.f16}(dp, tf_kmajor_desc(v_base, BN, 64 * cw, ks * 16),
                                tf_kmajor_desc(dos, BM, 0, ks * 16), ks > 0);
       tf_wgmma_commit();
       tf_wgmma_wait<1>();
       tf_fence_regs(st);
-      const float* ls = lse_s + s * BM;
-      const float* dl = delta_s + s * BM;
-      #pragma unroll
-      for (int r = 0; r < BM / 2; ++r) {{
-        const int c = 8 * (r / 4) + col_lo + (r % 2);
-{_probability(c)}
-        st[r] = p;
-      }}
-      tf_wgmma_wait<0>();
-      tf_fence_regs(dp);
-      uint4 pa[BM / 16], da[BM / 16];
-      #pragma unroll
-      for (int r = 0; r < BM / 2; ++r) {{
-        const int c = 8 * (r / 4) + col_lo + (r % 2);
-        // a masked element's P is 0; keep its dS at 0 even where Δ is not a number (a row
-        // the mask empties: its output is 0/0)
-        dp[r] = st[r] == 0.0f ? 0.0f : st[r] * (dp[r] - dl[c]) * factor;
-      }}
-      #pragma unroll
-      for (int u = 0; u < BM / 16; ++u) {{
-        pa[u] = make_uint4(tf_pack(st[8 * u], st[8 * u + 1]), tf_pack(st[8 * u + 2], st[8 * u + 3]),
-                           tf_pack(st[8 * u + 4], st[8 * u + 5]),
-                           tf_pack(st[8 * u + 6], st[8 * u + 7]));
-        da[u] = make_uint4(tf_pack(dp[8 * u], dp[8 * u + 1]), tf_pack(dp[8 * u + 2], dp[8 * u + 3]),
-                           tf_pack(dp[8 * u + 4], dp[8 * u + 5]),
-                           tf_pack(dp[8 * u + 6], dp[8 * u + 7]));
-      }}
-      tf_wgmma_fence();
+{probabilities_and_ds(c)}      tf_wgmma_fence();
       #pragma unroll
       for (int u = 0; u < BM / 16; ++u)
         tf_wgmma_rs_m64n{c.D}k16{c.f16}(dv_acc, pa[u], tf_nmajor_desc(dos, BM, 0, u * 16));
@@ -485,9 +407,9 @@ def _consumer_dq(c: _Source) -> str:
       const unsigned dss = ds_base + (it % 2) * DS_BYTES;
       tf_wgmma_fence();
       #pragma unroll
-      for (int ks = 0; ks < (SPLIT_N ? BN : 64) / 16; ++ks) {{
-        const int k = (SPLIT_N ? 0 : 64 * cw) + ks * 16;
-        tf_wgmma_m64n{c.dqn}k16{c.f16}(dq, tf_kmajor_desc(dss, BM, 0, k),
+      for (int ks = 0; ks < (SPLIT_N || SPLIT_M ? BN : 64) / 16; ++ks) {{
+        const int k = (SPLIT_N || SPLIT_M ? 0 : 64 * cw) + ks * 16;
+        tf_wgmma_m64n{c.dqn}k16{c.f16}(dq, tf_kmajor_desc(dss, BM, SPLIT_M ? 64 * cw : 0, k),
                                  tf_nmajor_desc(k_base, BN, SPLIT_N ? 64 * cw : 0, k), ks > 0);
       }}
       tf_wgmma_commit();
@@ -502,11 +424,11 @@ def _consumer_dq(c: _Source) -> str:
       {{
         // dQ's fragment into this warpgroup's tile: 32-column atoms of the 128-byte swizzle
         // (16-byte chunk k of row q at chunk k ^ q % 8), then added into dQ by TMA
-        unsigned char* tile = dq_tiles + cw * (DQN / 32) * BM * 128;
+        unsigned char* tile = dq_tiles + cw * (DQN / 32) * DQ_ROWS * 128;
         #pragma unroll
         for (int r = 0; r < DQN / 2; r += 2) {{
           const int q = row_lo + 8 * ((r % 4) / 2), c = 8 * (r / 4) + col_lo;
-          const int at = (c / 32) * BM * 128 + q * 128 + (((((c % 32) / 4) ^ q) & 7) << 4) +
+          const int at = (c / 32) * DQ_ROWS * 128 + q * 128 + (((((c % 32) / 4) ^ q) & 7) << 4) +
                          (c % 4) * 4;
           *reinterpret_cast<float2*>(tile + at) = make_float2(dq[r], dq[r + 1]);
         }}
@@ -515,8 +437,8 @@ def _consumer_dq(c: _Source) -> str:
         if (t == 0) {{
           #pragma unroll
           for (int a = 0; a < DQN / 32; ++a)
-            tf_tma_reduce_add_3d(&dq_map, tile + a * BM * 128,
-                                 (SPLIT_N ? 64 * cw : 0) + 32 * a, mb * BM, bh);
+            tf_tma_reduce_add_3d(&dq_map, tile + a * DQ_ROWS * 128, (SPLIT_N ? 64 * cw : 0) +
+                                 32 * a, mb * BM + (SPLIT_M ? 64 * cw : 0), bh);
           tf_bulk_commit();
         }}
       }}
