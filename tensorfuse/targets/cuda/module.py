@@ -80,9 +80,10 @@ def local_gpu() -> tuple[int, int] | None:
 
 
 @functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)
 def libcuda() -> ctypes.CDLL:
     """The CUDA driver library, for the few driver calls TVM's runtime does not expose (tensor
-    maps, cluster occupancy)."""
+    maps, cluster occupancy); opened once (a fresh handle looks every function up again)."""
     try:
         return ctypes.CDLL("libcuda.so.1")
     except OSError as exc:
