@@ -46,7 +46,7 @@ class AttentionChain:
     head_axis: str     # that axis's name
     dot: str = ""                               # the q·k reduction the score reads
     score_axes: tuple[tuple[str, str], ...] = ()  # axis name -> the kernel's index (b, h, 0, j)
-    dtype: str = "bf16"                         # of q, k, v and the output
+    dtype: str = "bf16"                         # of q, k, v (and the output: out_dtype)
     axes: tuple = ()                            # the Axis objects b, h, i (queries), j (keys)
     lse: str = ""                               # the log-sum-exp output's name (with_logsumexp)
     # each tensor's axes by role, outermost first: q, k, v, the output (and the log-sum-exp) —
@@ -62,6 +62,8 @@ class AttentionChain:
     # the output is ``where(l > 0, o / l, 0)``: a row whose scores are all -inf gives 0 (as
     # SDPA's kernels), where the caller takes it (``empty_rows=True``)
     empty_rows: bool = False
+    # the output's dtype where it is not q's, k's and v's (float32: ``float32_output``)
+    out_dtype: str = ""
 
     @property
     def dv(self) -> str:
@@ -98,14 +100,16 @@ def _is_axis(e, axis) -> bool:
 def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who: str,
                         dtypes: tuple[str, ...] = ("bf16",),
                         logsumexp: bool = False, value_dims: bool = False,
-                        sinks: bool = False, empty_rows: bool = False) -> AttentionChain:
+                        sinks: bool = False, empty_rows: bool = False,
+                        float32_output: bool = False) -> AttentionChain:
     """The pieces of the rolled chain ``names`` over ``axis`` when it is softmax-weighted
     attention (module docstring) with q, k, v and the output in one of ``dtypes`` (and, where the
     kernel writes it, ``logsumexp``, the second output :func:`with_logsumexp` adds; with
     ``value_dims``, v's head dim may differ from q's and k's; with ``sinks``, the output may be
     ``o / (l + exp(sink[h] - m))``; with ``empty_rows``, ``where(l > 0, …, 0)`` around it: rows
-    with no key give 0); otherwise a :class:`ScheduleError` starting with ``who`` that says what
-    differs."""
+    with no key give 0; with ``float32_output``, the output may also be float32 — as a float32
+    term of the score, a temperature or a bias table, makes it); otherwise a
+    :class:`ScheduleError` starting with ``who`` that says what differs."""
     def refuse(message: str, loc=None) -> ScheduleError:
         return ScheduleError(f"{who}: {message}", loc)
 
@@ -123,7 +127,8 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     outputs = [c for c in program.computes if c.is_output]
     out = outputs[0]
     body = out.bodies[0]
-    if isinstance(body, Cast) and body.dtype in dtypes:   # the float32 ratio cast, as stored
+    # the float32 ratio cast, as stored (to float32 too, where that output is taken)
+    if isinstance(body, Cast) and (body.dtype in dtypes or float32_output and body.dtype == "f32"):
         body = body.a
     guarded = _guarded_ratio(body, plain)
     if guarded is not None and empty_rows:
@@ -140,7 +145,9 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     if shaped and sink is not None and not sinks:
         raise refuse("attention sinks (o / (l + exp(sink - m))) are not taken here (the "
                      "attention template takes them)", out.loc)
-    if shaped and out.dtypes[0] not in dtypes:   # a float32 score term makes a float32 output
+    wide_out = float32_output and out.dtypes[0] == "f32"
+    # a float32 score term makes a float32 output
+    if shaped and out.dtypes[0] not in dtypes and not wide_out:
         raise refuse(f"the output {out.name} is {out.dtypes[0]}; this template writes "
                      f"{' or '.join(dtypes)}: cast it (T.cast(..., {dtypes[0]!r}))", out.loc)
     if not shaped:
@@ -170,9 +177,13 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     if q_dim != v_dim and not value_dims:
         raise refuse(f"q·k runs over {q_dim} and p·v over {v_dim}: this kernel keeps one head dim "
                      "for both (the attention template takes different ones)", dot.loc)
-    kinds = {qp.dtype, kp.dtype, vp.dtype, out.dtypes[0]}
+    kinds = {qp.dtype, kp.dtype, vp.dtype} | (set() if wide_out else {out.dtypes[0]})
     if len(kinds) != 1:
-        raise refuse(f"q, k, v and the output must share one dtype, got {sorted(kinds)}", dot.loc)
+        also = "" if wide_out else " and the output"
+        raise refuse(f"q, k, v{also} must share one dtype, got {sorted(kinds)}", dot.loc)
+    if wide_out and qp.dtype not in dtypes:
+        raise refuse(f"q, k and v are {qp.dtype}; this template reads {' or '.join(dtypes)}",
+                     dot.loc)
     axes = {b_axis.name: "b", h_axis.name: "h", i_axis.name: "0", j_axis.name: "j"}
     if lse is not None:
         lse_roles = {b_axis.uid: "b", h_axis.uid: "h", i_axis.uid: "i"}
@@ -190,11 +201,12 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
                           (str(qp.dims[q_at("b")]), str(qp.dims[q_at("h")]),
                            str(kp.dims[k_at("h")]), str(qp.dims[q_at("i")]),
                            str(kp.dims[k_at("j")]), str(qp.dims[q_at("d")])), kv_head,
-                          h_axis.name, dot.name, tuple(axes.items()), out.dtypes[0],
+                          h_axis.name, dot.name, tuple(axes.items()), qp.dtype,
                           (b_axis, h_axis, i_axis, j_axis), lse.name if lse is not None else "",
                           layouts, str(v_dim) if v_dim != q_dim else "",
                           None if sink is None else (sink.param.name, sink.param.dtype,
-                                                     sink_roles), guarded is not None)
+                                                     sink_roles), guarded is not None,
+                          out.dtypes[0] if out.dtypes[0] != qp.dtype else "")
 
 
 def _guarded_ratio(body: Expr, plain: Compute) -> Expr | None:

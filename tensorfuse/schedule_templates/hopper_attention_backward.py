@@ -265,6 +265,9 @@ class HopperAttentionBackward:
         q, k, v = (tensors[x.param.name].contiguous() for x in (plan.q, plan.k, plan.v))
         d_out = d_out.contiguous()
         lse2, delta = self.statistics.row_statistics(tensors, scalars, out, d_out, lse)
+        # the kernel's dO tiles are of q's dtype: a float32 output's gradient (Δ above read it
+        # whole) rounded as the products take it — read as it is, its bytes were other numbers
+        d_out = d_out if d_out.dtype == q.dtype else d_out.to(q.dtype)
         batch = math.prod(plan.extent(a) for a in plan.batch)
         M, N, D = plan.extent(plan.row), plan.extent(plan.col), hplan.head_dim
         kv_batch = batch // plan.group

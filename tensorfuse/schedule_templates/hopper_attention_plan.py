@@ -168,7 +168,8 @@ class HopperAttentionPlan:
         b, h, hkv, m, n, d = c.dims
         lines = [f"hopper attention plan: {c.out}[{b}, {h}, {m}, {c.dv}] from {c.q}, {c.k}, {c.v} "
                  f"({hkv} kv-heads, {c.dtype}"
-                 + (f"; q·k over {d}, p·v over {c.dv}" if c.value_dim else "") + ")",
+                 + (f"; q·k over {d}, p·v over {c.dv}" if c.value_dim else "")
+                 + (f"; the output {c.out_dtype}" if c.out_dtype else "") + ")",
                  *(["  layouts by role (b batch, h head, i queries, j keys, d head dim): "
                     + ", ".join(f"{t} {lay}" for t, lay in
                                 zip((c.q, c.k, c.v, c.out, c.lse), c.layouts))
@@ -253,10 +254,12 @@ def _key_linear_score(score: Expr, chain: AttentionChain) -> tuple[Expr | None, 
 
 def plan_hopper_attention(program: Program, names: tuple[str, ...],
                           axis: str) -> HopperAttentionPlan:
-    """Recognise the chain (softmax-weighted attention in bf16 or f16, with sinks — the epilogue
+    """Recognise the chain (softmax-weighted attention in bf16 or f16 — the output also float32,
+    stored from the float32 accumulators —, with sinks — the epilogue
     adds ``exp(sink - m)`` to each row's sum — and rows a mask empties given 0); split its score."""
     chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"),
-                                logsumexp=True, value_dims=True, sinks=True, empty_rows=True)
+                                logsumexp=True, value_dims=True, sinks=True, empty_rows=True,
+                                float32_output=True)
     score, mask = chain.score, None
     if isinstance(score, Where) and isinstance(score.b, Const) and score.b.value == -math.inf \
             and not _reads_dot(score.cond, chain.dot) and not any(

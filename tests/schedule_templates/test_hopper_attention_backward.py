@@ -7,7 +7,9 @@ import re
 import pytest
 import torch
 
+import tensorfuse as tf
 import tensorfuse.kernels as K
+from tensorfuse import dsl as T
 from tensorfuse.errors import TargetError, TensorfuseError
 from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
                                                               plan_attention_backward)
@@ -286,3 +288,36 @@ def test_the_gradients_match_float64_on_the_gpu(name, D, S):
     for a, b in zip(got, want):
         assert torch.isfinite(a).all()
         assert float((a.double() - b).norm() / b.norm()) < 2e-2   # bf16 operands
+
+
+@tf.kernel
+def float32_output_attention(q: T.Tensor["B", "H", "M", "D", "bf16"],
+                             k: T.Tensor["B", "H", "N", "D", "bf16"],
+                             v: T.Tensor["B", "H", "N", "D", "bf16"], scale: T.f32):
+    """Attention whose output a user asks in float32: its gradient dO is float32."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.cast(T.sum(p * v[b, h, j, e], over=j) / T.sum(p, over=j), "f32")
+
+
+@pytest.mark.gpu
+def test_a_float32_outputs_gradient_is_read_as_float32_on_the_gpu():
+    """The sm_90a backward of a float32 output: dO arrives float32 and goes to the kernel's bf16
+    tiles converted (its bytes read as bf16 were other numbers); the forward stores float32
+    from the Hopper template. Autograd through tf.compile against float64."""
+    from tensorfuse.schedule_templates.hopper_attention_plan import plan_hopper_attention
+
+    assert plan_hopper_attention(float32_output_attention.program, ("m", "out_sum", "out_sum_2"),
+                                 "j").chain.out_dtype == "f32"
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = (3 * torch.randn(2, 4, 333, 64, device="cuda", generator=g).bfloat16()
+               .requires_grad_() for _ in range(3))
+    dout = torch.randn(2, 4, 333, 64, device="cuda", generator=g)
+    out = tf.compile(float32_output_attention)(q, k, v, 0.125)
+    assert out.dtype == torch.float32
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    want = _float64_grads(q, k, v, dout, 0.125, None)
+    for a, b in zip(got, want):
+        assert float((a.double() - b).norm() / b.norm()) < 2e-2

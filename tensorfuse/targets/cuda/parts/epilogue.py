@@ -52,8 +52,13 @@ _LSE_AT = "      pending_lse_at[x] = LSE_AT(w.bh / H_, w.bh % H_, row);\n"
 
 def attention_deferred_store(c) -> str:
     """A tile's output kept in registers until the next tile's first product is issued, then
-    stored 16 bytes a lane (with the log-sum-exps)."""
+    stored 16 bytes a lane (with the log-sum-exps); a float32 output is stored as it is made
+    (:func:`attention_store`), only its log-sum-exps wait."""
     store = swap(_DEFERRED_STORE, _PIECES, _PADDED_PIECES) if c.padded else _DEFERRED_STORE
+    if c.chain.out_dtype == "f32":
+        for piece in (_PADDED_PIECES if c.padded else _PIECES, _OUT_E, _PENDING, _DST):
+            store = swap(store, piece, "")
+        store = swap(store, _UNROLL_LSE, "#if LSE")
     if c.strided:
         return swap(swap(store, _FLAT_LSE, _STRIDED_LSE), _PENDING_LSE,
                      _PENDING_LSE + _PENDING_LSE_AT)
@@ -66,6 +71,10 @@ _PADDED_PIECES = ("        for (int g = 0; g < DV_ / 32; ++g)\n"
                   "          if (32 * g + 8 * (lane % 4) < OUT_DV_) dst[4 * g] = pending[x][g];\n")
 _PADDED_LSE = "lse_out[pending_at[x] / OUT_DV_]"
 _TOKEN_ROW = "((long)w.bh * M_ + token) * DV_"
+_OUT_E = "  elem_t* out_e = (elem_t*)out;\n"
+_PENDING = "  uint4 pending[2][DV_ / 32];\n"
+_DST = "        uint4* dst = (uint4*)(out_e + pending_at[x]) + lane % 4;\n"
+_UNROLL_LSE = "        #pragma unroll\n#if LSE"   # the pieces' loop gone
 
 
 _DEFERRED_STORE = """  // A tile's output, written once the next tile's first q·kᵀ is on the tensor cores (DEFER), so
@@ -110,9 +119,38 @@ def attention_store(c) -> str:
                       _LSE_VALUE + (_LSE_AT if c.chain.lse else ""))
     if c.chain.sink and c.chain.lse:
         store = swap(store, _LSE_VALUE, _SINK_LSE_VALUE)
+    if c.chain.out_dtype == "f32":
+        written = _FLOAT32_STORE.replace("(lane % 4) < DV_", "(lane % 4) < OUT_DV_") \
+            if c.padded else _FLOAT32_STORE
+        store = swap(swap(store, _PACKED, ""), _TILE_LOOP_END, written + _TILE_LOOP_END)
     return store
 
 
+_TILE_LOOP_END = "    }\n#if !DEFER\n"
+# a float32 output from the accumulators' fragments as they are: two neighbouring outputs a
+# lane (8 bytes; a row's four lanes write 32 contiguous bytes), no 16-bit packing and no trade
+# between the lanes; stored at once (held for the next tile, they would take twice the
+# registers of a packed tile)
+_FLOAT32_STORE = """      if (pending_at[x] >= 0) {
+        float* dst = (float*)out + pending_at[x] + 2 * (lane % 4);
+        #pragma unroll
+        for (int n = 0; n < DV_ / 8; ++n)
+          if (8 * n + 2 * (lane % 4) < DV_)
+            *reinterpret_cast<float2*>(dst + 8 * n) =
+                make_float2(o[4 * n + 2 * x] * inv, o[4 * n + 2 * x + 1] * inv);
+      }
+"""
+
+
+_PACKED = """      #pragma unroll
+      for (int g = 0; g < DV_ / 32; ++g) {
+        unsigned a[4];
+        #pragma unroll
+        for (int j = 0; j < 4; ++j)
+          a[j] = tf_pack(o[4 * (4 * g + j) + 2 * x] * inv, o[4 * (4 * g + j) + 2 * x + 1] * inv);
+        pending[x][g] = tf_quad_transpose(a, lane);
+      }
+"""
 _INVERSE = "      const float inv = 1.0f / l[x];\n"
 # where(l > 0, o / l, 0): a row that saw no key (every score -inf: l = 0, o = 0) gives 0; the
 # sum is tested before a sink's share is added to it
