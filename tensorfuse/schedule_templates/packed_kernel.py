@@ -93,6 +93,7 @@ class PackedDecodeRoute(GraphCallable):
         self.description = (f"packed group rows (groups of {sizes} heads, {min_pairs}+ (batch, "
                             "kv-head) pairs, one query token) on hopper_attention")
         self._made = None   # the PackedRowsKernel, or False where the program does not pack
+        self._refusal = ""   # then why not
 
     def __repr__(self) -> str:
         return f"<PackedDecodeRoute {self.program.name} for {self.target.name}>"
@@ -109,9 +110,20 @@ class PackedDecodeRoute(GraphCallable):
             try:
                 self._made = packed_attention(self.kernel, self.fusion, self.target,
                                               **self.knobs)
-            except ScheduleError:
-                self._made = False
+            except ScheduleError as exc:
+                self._made, self._refusal = False, exc.message
         return self._made
+
+    def why_not(self, scalars: dict | None = None, **dims) -> str | None:
+        """Why this route does not take these sizes (None where it takes them): not one query
+        token of a group in its range with enough (batch, kv-head) pairs, or the program's
+        refusal to be packed."""
+        if not self.routed(dims):
+            return (f"these sizes are not one query token in groups of {self.groups[0]}–"
+                    f"{self.groups[1]} heads over {self.min_pairs}+ (batch, kv-head) pairs")
+        if not self.made():
+            return f"the program does not pack: {self._refusal}"
+        return None if self.made().fits(scalars, **dims) else "it does not take these sizes"
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         return self.routed(dims) and bool(self.made()) and self.made().fits(scalars, **dims)

@@ -268,3 +268,28 @@ def test_packed_rows_on_the_gpu_against_float64(kernel, sizes, knobs):
     out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     assert made(q, k, v, 0.125, out=out) is out
     assert relative_error(out, reference(q.cpu(), k.cpu(), v.cpu(), 0.125)) < 1e-2, seed
+
+
+@tf.kernel
+def mqa_decode_temperature(q: T.Tensor["B", "H", "D", "bf16"], k: T.Tensor["B", "N", "D", "bf16"],
+                           v: T.Tensor["B", "N", "D", "bf16"], temp: T.Tensor["H", "f32"]):
+    """Multi-query decode with a float32 temperature per head: its output is float32, and the
+    score reads the head apart from q·k."""
+    b, h, j, d, e = T.axes("b h j d e")
+    s = T.sum(q[b, h, d] * k[b, j, d], over=d) / temp[h]
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.sum(p * v[b, j, e], over=j) / T.sum(p, over=j)
+
+
+def test_a_decode_route_says_why_it_does_not_take_a_call():
+    """The plan names each packed route's own reason: sizes outside its groups, or the
+    program's refusal to pack — not a bare "it does not take these sizes"."""
+    plan = tf.compile(mqa_decode_temperature, "cuda:sm_90a").describe_plan(B=16, H=64, N=16384,
+                                                                           D=128)
+    reasons = [line for line in plan.splitlines() if line.startswith("  not packed group rows")]
+    assert reasons and not any(r.endswith("it does not take these sizes") for r in reasons)
+    assert any("these sizes are not one query token in groups of 65–128 heads" in r
+               for r in reasons)
+    assert any("groups of 64 heads" in r and "the program does not pack: packed group rows: "
+               "the output out is f32" in r for r in reasons)
