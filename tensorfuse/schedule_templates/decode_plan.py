@@ -118,11 +118,13 @@ def _refuse(message: str, loc=None) -> ScheduleError:
 
 def plan_decode(program: Program, names: tuple[str, ...], axis: str) -> DecodePlan:
     """Check that the rolled chain is exactly softmax-weighted attention
-    (:func:`.attention_chain.recognise_attention`) in bf16 or fp16 with a score the kernel can
+    (:func:`.attention_chain.recognise_attention`) in bf16 or fp16 (the output also float32)
+    with a score the kernel can
     write, and read its pieces: the mask's bounds on the keys (:mod:`.key_range`) apart from
     the rest of the score. Anything else is refused: the kernel's merge hard-codes this chain's
     correction ``exp(m_part - m)``."""
-    chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"))
+    chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"),
+                                float32_output=True)
     q, k, v, out = chain.layouts[:4]
     if (k, v) != ("bhjd", "bhjd") or {q.replace("i", ""), out.replace("i", "")} != {"bhd"}:
         # one query token: where the query axis sits in q and the output does not move them

@@ -8,6 +8,7 @@ import torch
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
+from tensorfuse import dsl as T
 from benchmarks.user_kernels import gqa_decode, mqa_decode
 from tests.helpers import fresh_seed, needs_nvcc, relative_error
 
@@ -99,3 +100,41 @@ def test_a_lifted_decode_on_the_gpu_against_float64(kernel, B, H, HKV, N, D):
         cache = (k[:, 0], v[:, 0]) if kernel is mqa_decode else (k, v)
         assert made(q, *cache, 0.125, out=out) is out
         assert relative_error(out, _reference(q.cpu(), k.cpu(), v.cpu(), 0.125)) < 1e-2, seed
+
+
+@tf.kernel
+def mqa_decode_temperature(q: T.Tensor["B", "H", "D", "bf16"], k: T.Tensor["B", "N", "D", "bf16"],
+                           v: T.Tensor["B", "N", "D", "bf16"], temp: T.Tensor["H", "f32"]):
+    """Multi-query decode with a float32 temperature per head: its output is float32."""
+    b, h, j, d, e = T.axes("b h j d e")
+    s = T.sum(q[b, h, d] * k[b, j, d], over=d) / temp[h]
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.sum(p * v[b, j, e], over=j) / T.sum(p, over=j)
+
+
+def test_a_float32_output_decode_takes_the_cluster_decode_and_stores_float32():
+    """A float32 output (a float32 term of the score) no longer sends a decode to a program per
+    head (each reading the whole cache): the cluster decode stores it unrounded."""
+    made = tf.compile(mqa_decode_temperature, HOPPER)
+    sizes = dict(B=16, H=64, N=16384, D=128)
+    assert made.describe_plan(**sizes).splitlines()[0].endswith(
+        "lifted to four axes; cluster_decode (the keys j split over a cluster per (batch, "
+        "kv-head))")
+    source = made.source(**sizes)
+    assert "float* __restrict__ out" in source and "__float2bfloat16(oo" not in source
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, H, N", [(1, 8, 50001), (16, 64, 4099)])
+def test_a_float32_output_decode_on_the_gpu_against_float64(B, H, N):
+    made = tf.compile(mqa_decode_temperature)
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(B, H, 128, generator=g) * 3).bfloat16().cuda()
+    k, v = ((torch.randn(B, 1, N, 128, generator=g) * 3).bfloat16().cuda() for _ in "kv")
+    temp = (torch.rand(H, generator=g) * 4 + 0.5).cuda()
+    out = torch.full((B, H, 128), float("nan"), dtype=torch.float32, device="cuda")
+    assert made(q, k[:, 0], v[:, 0], temp, out=out) is out
+    q64 = q.cpu().double() / temp.cpu().double()[None, :, None]
+    assert relative_error(out, _reference(q64, k.cpu(), v.cpu(), 1.0)) < 1e-2, seed

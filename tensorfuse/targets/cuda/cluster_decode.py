@@ -103,8 +103,8 @@ def bound_code(plan) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def decode_source(plan, knobs, sizes: dict) -> str:
     """CUDA C++ for ``tf_decode_cluster``: grid (B·HKV·cluster, splits), cluster (cluster),
-    dynamic shared memory :func:`decode_shared_bytes`. Its arguments: q, k, v, out (bf16 or
-    fp16: the plan's dtype); with ``copy="tma"`` the key and value tensor maps by value
+    dynamic shared memory :func:`decode_shared_bytes`. Its arguments: q, k, v (bf16 or fp16:
+    the plan's dtype), out (the same, or float32: the plan's ``out_dtype``); with ``copy="tma"`` the key and value tensor maps by value
     (:func:`decode_tensor_maps`, ``__grid_constant__``); the key count; the workspace of the
     splits, the grid's second dimension (:func:`split_workspace`; null pointers for one);
     the tensors the score and the key bounds read (``t_<name>``); the program's scalars. The
@@ -126,7 +126,7 @@ def decode_source(plan, knobs, sizes: dict) -> str:
     sweep = mma_sweep(score_code(plan), D, tiles) if tensor_cores else \
         fma_sweep(score_code(plan), G, D)
     copy = tma_copy(team) if tma else cp_async_copy(D, tensor_cores)
-    return _in_dtype(f"""#include <cuda_bf16.h>
+    return _in_dtype(_float32_output(f"""#include <cuda_bf16.h>
 {HELPERS}{SPLIT_HELPERS}
 {MMA_SYNC_HELPERS if tensor_cores else ""}
 {MBARRIER_HELPERS + load_helper(3) if tma else ""}
@@ -192,7 +192,25 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
   __syncthreads();
 {_merge_cluster(SW)}  tf_cluster_sync();  // peers may still read this CTA's state
 {_merge_splits()}}}
-""", plan.dtype)
+""", plan.out_dtype), plan.dtype)
+
+
+# a float32 output (a float32 term of the score makes one): stored as the merged value is, not
+# rounded to 16 bits — the output pointer and its two stores (the cluster's merge, the splits')
+_OUTPUT_16 = ("__nv_bfloat16* __restrict__ out", "= __float2bfloat16(oo / ll);",
+              "= __float2bfloat16(oo[t] / ll[t]);")
+_OUTPUT_32 = ("float* __restrict__ out", "= oo / ll;", "= oo[t] / ll[t];")
+
+
+def _float32_output(source: str, out_dtype: str) -> str:
+    """``source`` storing a float32 output where ``out_dtype`` says (else as it is)."""
+    if out_dtype != "f32":
+        return source
+    for narrow, wide in zip(_OUTPUT_16, _OUTPUT_32):
+        if source.count(narrow) != 1:
+            raise AssertionError(f"the decode source has {source.count(narrow)} of {narrow!r}")
+        source = source.replace(narrow, wide)
+    return source
 
 
 def _merge_cluster(SW: str) -> str:
