@@ -270,21 +270,11 @@ def test_packed_rows_on_the_gpu_against_float64(kernel, sizes, knobs):
     assert relative_error(out, reference(q.cpu(), k.cpu(), v.cpu(), 0.125)) < 1e-2, seed
 
 
-@tf.kernel
-def mqa_decode_temperature(q: T.Tensor["B", "H", "D", "bf16"], k: T.Tensor["B", "N", "D", "bf16"],
-                           v: T.Tensor["B", "N", "D", "bf16"], temp: T.Tensor["H", "f32"]):
-    """Multi-query decode with a float32 temperature per head: its output is float32, and the
-    score reads the head apart from q·k."""
-    b, h, j, d, e = T.axes("b h j d e")
-    s = T.sum(q[b, h, d] * k[b, j, d], over=d) / temp[h]
-    m = T.max(s, over=j)
-    p = T.exp(s - m)
-    return T.sum(p * v[b, j, e], over=j) / T.sum(p, over=j)
-
-
 def test_a_decode_route_says_why_it_does_not_take_a_call():
     """The plan names each packed route's own reason: sizes outside its groups, or the
     program's refusal to pack — not a bare "it does not take these sizes"."""
+    from tests.schedule_templates.test_lifted_kernel import mqa_decode_temperature
+
     plan = tf.compile(mqa_decode_temperature, "cuda:sm_90a").describe_plan(B=16, H=64, N=16384,
                                                                            D=128)
     reasons = [line for line in plan.splitlines() if line.startswith("  not packed group rows")]

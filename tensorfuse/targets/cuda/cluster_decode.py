@@ -104,8 +104,9 @@ def bound_code(plan) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def decode_source(plan, knobs, sizes: dict) -> str:
     """CUDA C++ for ``tf_decode_cluster``: grid (B·HKV·cluster, splits), cluster (cluster),
     dynamic shared memory :func:`decode_shared_bytes`. Its arguments: q, k, v (bf16 or fp16:
-    the plan's dtype), out (the same, or float32: the plan's ``out_dtype``); with ``copy="tma"`` the key and value tensor maps by value
-    (:func:`decode_tensor_maps`, ``__grid_constant__``); the key count; the workspace of the
+    the plan's dtype), out (the same, or float32: the plan's ``out_dtype``); with
+    ``copy="tma"`` the key and value tensor maps by value (:func:`decode_tensor_maps`,
+    ``__grid_constant__``); the key count; the workspace of the
     splits, the grid's second dimension (:func:`split_workspace`; null pointers for one);
     the tensors the score and the key bounds read (``t_<name>``); the program's scalars. The
     key count and the splits are arguments, not part of the source, so that one kernel serves
