@@ -55,6 +55,16 @@ def tail(kernel, scale: float, extra: dict) -> list:
     return [given[p.name] for p in kernel.program.params[3:]]
 
 
+def _by_kind(q, k, v, scale: float, extra: dict) -> tuple[dict, dict]:
+    """The template kernels' ``(tensors, scalars)`` by name: q, k, v and the variant's tensors
+    (documents' ids); ``scale`` and the variant's scalars."""
+    tensors = {"q": q, "k": k, "v": v}
+    scalars = {"scale": scale}
+    for name, value in extra.items():
+        (tensors if isinstance(value, torch.Tensor) else scalars)[name] = value
+    return tensors, scalars
+
+
 def _errors(got, want) -> list[float]:
     return [float((g.double() - w).norm() / w.norm()) for g, w in zip(got, want)]
 
@@ -197,10 +207,7 @@ def sweep(knob_sets, sizes=(4096,), B: int = 2, H: int = 16, D: int = 128,
             dims["HKV"] = hkv
         plan = plan_attention_backward(kernel.program, fusion, dims)
         flops = 2.5 * 4 * B * hq * S * S * D * density(mask_mod, B, hq, S)
-        tensors = {"q": q, "k": k, "v": v, **{n: t for n, t in extra.items()
-                                               if isinstance(t, torch.Tensor)}}
-        scalars = {"scale": scale, **{n: x for n, x in extra.items()
-                                      if not isinstance(x, torch.Tensor)}}
+        tensors, scalars = _by_kind(q, k, v, scale, extra)
         reference = None
         for text in knob_sets:
             fields = [int(x) for x in text.split(",")]
@@ -256,10 +263,7 @@ def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 
         dims = {"B": B, "H": hq, "M": S, "N": S, "D": D, **({"HKV": hkv} if hkv != hq else {})}
         plan = plan_attention_backward(kernel.program, fusion, dims)
         flops = 2.5 * 4 * B * hq * S * S * D * density(mask_mod, B, hq, S)
-        tensors = {"q": q, "k": k, "v": v, **{n: t for n, t in extra.items()
-                                               if isinstance(t, torch.Tensor)}}
-        scalars = {"scale": scale, **{n: x for n, x in extra.items()
-                                      if not isinstance(x, torch.Tensor)}}
+        tensors, scalars = _by_kind(q, k, v, scale, extra)
         triton = AttentionBackwardKernels(plan,
                                           BackwardKnobs.for_head_dim(plan.widest_tile_dim))
         made = {"tensorfuse triton": triton,

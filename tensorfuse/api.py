@@ -567,8 +567,9 @@ def _why_not_native(kernel, scalars: dict | None, sizes: dict) -> str:
     preferred = getattr(kernel, "preferred", None)
     if preferred is not None and not preferred(sizes):
         return "another kernel is preferred at these sizes"
-    if hasattr(kernel, "why_not"):   # a route that knows its own reason
-        return kernel.why_not(scalars, **sizes) or "it does not take these sizes"
+    reason = kernel.why_not(scalars, **sizes) if hasattr(kernel, "why_not") else None
+    if reason:   # a route that knows its own reason
+        return reason
     try:
         if hasattr(kernel, "launches"):
             kernel.launches(scalars, **sizes)

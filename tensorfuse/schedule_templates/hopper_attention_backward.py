@@ -273,12 +273,12 @@ class HopperAttentionBackward:
         kv_batch = batch // plan.group
         dq_acc = torch.zeros(batch * M * D, device=q.device, dtype=torch.float32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
+        bm = hplan.block_queries
         if hplan.masked:
-            knobs = BackwardKnobs(block_m1=hplan.block_queries, block_n1=BLOCK_KEYS)
+            knobs = BackwardKnobs(block_m1=bm, block_n1=BLOCK_KEYS)
             lists, _ = plan.block_lists(knobs, tensors, scalars, True)
         else:
             lists = (lse2,) * 4   # not read
-        bm = hplan.block_queries
         maps = [tensor_map(t.data_ptr(), (rows_batch, rows, D), (1, box, 64), hplan.dtype)
                 for t, rows_batch, rows, box in ((q, batch, M, bm), (k, kv_batch, N, BN),
                                                  (v, kv_batch, N, BN), (d_out, batch, M, bm))]

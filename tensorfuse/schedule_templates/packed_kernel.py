@@ -115,15 +115,13 @@ class PackedDecodeRoute(GraphCallable):
         return self._made
 
     def why_not(self, scalars: dict | None = None, **dims) -> str | None:
-        """Why this route does not take these sizes (None where it takes them): not one query
-        token of a group in its range with enough (batch, kv-head) pairs, or the program's
-        refusal to be packed."""
+        """Why this route does not take these sizes, where it knows before building anything:
+        not one query token of a group in its range with enough (batch, kv-head) pairs, or the
+        program's refusal to be packed; else None."""
         if not self.routed(dims):
             return (f"these sizes are not one query token in groups of {self.groups[0]}–"
                     f"{self.groups[1]} heads over {self.min_pairs}+ (batch, kv-head) pairs")
-        if not self.made():
-            return f"the program does not pack: {self._refusal}"
-        return None if self.made().fits(scalars, **dims) else "it does not take these sizes"
+        return None if self.made() else f"the program does not pack: {self._refusal}"
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         return self.routed(dims) and bool(self.made()) and self.made().fits(scalars, **dims)

@@ -33,14 +33,13 @@ waits). With one split no state goes to global memory.
 """
 from __future__ import annotations
 
-import functools
-
 from ...errors import ScheduleError
 from .decode_copies import TEAM_SYNC, cp_async_copy, tma_copy, zero_tail
 from .decode_sweeps import fma_sweep, mma_sweep
 from .dsm import HELPERS
 from .split import HELPERS as SPLIT_HELPERS
 from .mma_sync import HELPERS as MMA_SYNC_HELPERS
+from .parts import swap
 from .expr import scalar_arguments, size_macros, tensor_arguments, to_cuda
 from .tma import MBARRIER_HELPERS, TENSOR_MAP_TYPE, load_helper, tensor_map
 
@@ -71,13 +70,12 @@ def _in_dtype(source: str, dtype: str) -> str:
     return source
 
 
-@functools.lru_cache(maxsize=16)   # a call's maps, again for the same tensors (pure: addresses)
 def decode_tensor_maps(k_address: int, v_address: int, pairs: int, keys: int,
                        head_dim: int, dtype: str = "bf16") -> tuple[bytes, bytes]:
     """The key and value tensor maps of ``copy="tma"`` (128 bytes each): each tensor
     ``[pairs, keys, head_dim]`` of ``dtype`` — (batch, kv-head) pairs, contiguous — copied in
     boxes of 32 rows × 64 columns in the 128-byte swizzle. A box past a pair's last key reads
-    zeros, not the next pair's keys."""
+    zeros, not the next pair's keys. (:func:`.tma.tensor_map` keeps each map encoded once.)"""
     return tuple(tensor_map(address, (pairs, keys, head_dim), (1, 32, 64), dtype)
                  for address in (k_address, v_address))
 
@@ -208,9 +206,7 @@ def _float32_output(source: str, out_dtype: str) -> str:
     if out_dtype != "f32":
         return source
     for narrow, wide in zip(_OUTPUT_16, _OUTPUT_32):
-        if source.count(narrow) != 1:
-            raise AssertionError(f"the decode source has {source.count(narrow)} of {narrow!r}")
-        source = source.replace(narrow, wide)
+        source = swap(source, narrow, wide)
     return source
 
 

@@ -71,11 +71,19 @@ __device__ __forceinline__ float tf_bias2(int bh, int i_, int j_{c.extra_params}
 """
 
 
+# a fragment element's key and query (of its register r and query column c)
+_INDEX = "const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;"
+
+
+def _dropped(c) -> str:
+    """P made 0 where the mask drops the element or it is past the keys."""
+    return f"if (j_ >= N_ || !tf_kept(bh, i_, j_{c.extra_args})) p = 0.0f;"
+
+
 def probability(c) -> str:
     """A fragment element's P: ``exp2(S₂ − LSE₂)``, 0 where the mask drops it or past the keys;
     with a bias, ``S₂`` is ``q·kᵀ · scale2 + tf_bias2(…)``."""
-    index = "const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;"
-    kept = f"if (j_ >= N_ || !tf_kept(bh, i_, j_{c.extra_args})) p = 0.0f;"
+    index, kept = _INDEX, _dropped(c)
     if c.hplan.bias is None:   # the element's indices only where the mask is evaluated
         return f"""        float p = tf_exp2(st[r] * scale2 - ls[c]);
         if ((LISTS && partial) || edge) {{
@@ -110,11 +118,11 @@ def probabilities_and_ds(c) -> str:
         #pragma unroll
         for (int e = 0; e < 8; ++e) {{
           const int r = 8 * u + e, c = 8 * (r / 4) + col_lo + (r % 2);
-          const int j_ = key_lo + 8 * ((r % 4) / 2), i_ = mb * BM + c;
+          {_INDEX}
           const float qk = st[r];
           float p = tf_exp2(tf_score2(qk, bh, i_, j_{c.extra_args}) - ls[c]);
           if ((LISTS && partial) || edge) {{
-            if (j_ >= N_ || !tf_kept(bh, i_, j_{c.extra_args})) p = 0.0f;
+            {_dropped(c)}
           }}
           pr[e] = p;
           st[r] = p == 0.0f ? 0.0f : p * tf_dscore(qk, bh, i_, j_{c.extra_args});

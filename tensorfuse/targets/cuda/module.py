@@ -80,10 +80,9 @@ def local_gpu() -> tuple[int, int] | None:
 
 
 @functools.lru_cache(maxsize=1)
-@functools.lru_cache(maxsize=1)
 def libcuda() -> ctypes.CDLL:
     """The CUDA driver library, for the few driver calls TVM's runtime does not expose (tensor
-    maps, cluster occupancy); opened once (a fresh handle looks every function up again)."""
+    maps, cluster occupancy)."""
     try:
         return ctypes.CDLL("libcuda.so.1")
     except OSError as exc:

@@ -120,28 +120,30 @@ def attention_store(c) -> str:
     if c.chain.sink and c.chain.lse:
         store = swap(store, _LSE_VALUE, _SINK_LSE_VALUE)
     if c.chain.out_dtype == "f32":
-        written = _FLOAT32_STORE.replace("(lane % 4) < DV_", "(lane % 4) < OUT_DV_") \
-            if c.padded else _FLOAT32_STORE
-        store = swap(swap(store, _PACKED, ""), _TILE_LOOP_END, written + _TILE_LOOP_END)
+        store = swap(swap(store, _PACKED, ""), _TILE_LOOP_END,
+                     _float32_store(c.padded) + _TILE_LOOP_END)
     return store
 
 
 _TILE_LOOP_END = "    }\n#if !DEFER\n"
-# a float32 output from the accumulators' fragments as they are: two neighbouring outputs a
-# lane (8 bytes; a row's four lanes write 32 contiguous bytes), no 16-bit packing and no trade
-# between the lanes; stored at once (held for the next tile, they would take twice the
-# registers of a packed tile)
-_FLOAT32_STORE = """      if (pending_at[x] >= 0) {
-        float* dst = (float*)out + pending_at[x] + 2 * (lane % 4);
-        #pragma unroll
-        for (int n = 0; n < DV_ / 8; ++n)
-          if (8 * n + 2 * (lane % 4) < DV_)
-            *reinterpret_cast<float2*>(dst + 8 * n) =
-                make_float2(o[4 * n + 2 * x] * inv, o[4 * n + 2 * x + 1] * inv);
-      }
-"""
+def _float32_store(padded: bool) -> str:
+    """A float32 output from the accumulators' fragments as they are: two neighbouring outputs
+    a lane (8 bytes; a row's four lanes write 32 contiguous bytes), no 16-bit packing and no
+    trade between the lanes; stored at once (held for the next tile, they would take twice the
+    registers of a packed tile). ``padded``: the columns past a row narrower than the tile
+    (``OUT_DV_``) not stored."""
+    guard = "          if (8 * n + 2 * (lane % 4) < OUT_DV_)\n  " if padded else ""
+    return ("      if (pending_at[x] >= 0) {\n"
+            "        float* dst = (float*)out + pending_at[x] + 2 * (lane % 4);\n"
+            "        #pragma unroll\n"
+            "        for (int n = 0; n < DV_ / 8; ++n)\n"
+            f"{guard}          *reinterpret_cast<float2*>(dst + 8 * n) =\n"
+            f"{'  ' if padded else ''}              make_float2(o[4 * n + 2 * x] * inv, "
+            "o[4 * n + 2 * x + 1] * inv);\n"
+            "      }\n")
 
 
+# o / l packed to 16-bit pairs and traded between a row's four lanes (:data:`_STORE`'s)
 _PACKED = """      #pragma unroll
       for (int g = 0; g < DV_ / 32; ++g) {
         unsigned a[4];
@@ -188,15 +190,7 @@ _STORE = """    // o / l from the fragments, rows row_lo (registers r % 4 < 2) a
     for (int x = 0; x < 2; ++x) {
       const float inv = 1.0f / l[x];
       const int row = row_lo + 8 * x;
-      #pragma unroll
-      for (int g = 0; g < DV_ / 32; ++g) {
-        unsigned a[4];
-        #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          a[j] = tf_pack(o[4 * (4 * g + j) + 2 * x] * inv, o[4 * (4 * g + j) + 2 * x + 1] * inv);
-        pending[x][g] = tf_quad_transpose(a, lane);
-      }
-#if TILED
+""" + _PACKED + """#if TILED
       bool ok;
       const int token = tf_row_token(row, ok);   // row: a position of the tiled order
       pending_at[x] = keep && ok ? ((long)w.bh * M_ + token) * DV_ : -1;
