@@ -280,6 +280,7 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
     from .hopper_attention_plan import plan_hopper_attention
     from .packed_kernel import PackedDecodeRoute
     from .packed_lift import lift_to_four_axes
+    from .packed_rows import reads_query_head
 
     routes, program = PACKED_DECODES, kernel.program
     try:
@@ -295,8 +296,16 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
         routes = LIFTED_PACKED_DECODES
     if plan.mask is not None or plan.chain.sink is not None:   # packing refuses sinks
         return []
+    # a term per query head (a temperature, an ALiBi slope) packs, but is then read and applied
+    # per score element: 64 heads on one cache at 16k keys, B16, with a temperature per head
+    # took 170 µs packed against the cluster decode's 86 (H200; ALiBi over 32-head groups, B8:
+    # 132 against 78)
+    refusal = "it reads the query head apart from q·k, which packed rows apply per score " \
+        "element (measured twice the cluster decode's time; packed_attention() runs it)" \
+        if reads_query_head(program if routes is PACKED_DECODES else lifted[0], plan.chain) \
+        else ""
     return [PackedDecodeRoute(kernel, fusion, spec, plan.chain.dims[:4], (low, high), pairs,
-                              consumers=consumers, schedule="split", **chosen)
+                              refusal=refusal, consumers=consumers, schedule="split", **chosen)
             for low, high, consumers, pairs, knobs in routes for chosen in (knobs, {})]
 
 

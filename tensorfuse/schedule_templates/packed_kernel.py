@@ -85,15 +85,17 @@ class PackedDecodeRoute(GraphCallable):
     where the program is lifted to four: 1 at every call)."""
 
     def __init__(self, kernel, fusion, target, dims: tuple[str, ...], groups: tuple[int, int],
-                 min_pairs: int, **knobs):
+                 min_pairs: int, refusal: str = "", **knobs):
         self.kernel, self.fusion, self.target, self.knobs = kernel, fusion, target, knobs
         self.program = kernel.program
         self.dims, self.groups, self.min_pairs = dims, groups, min_pairs
         sizes = str(groups[0]) if groups[0] == groups[1] else f"{groups[0]}–{groups[1]}"
         self.description = (f"packed group rows (groups of {sizes} heads, {min_pairs}+ (batch, "
                             "kv-head) pairs, one query token) on hopper_attention")
-        self._made = None   # the PackedRowsKernel, or False where the program does not pack
-        self._refusal = ""   # then why not
+        # the PackedRowsKernel, or False where the program does not pack (or ``refusal``, the
+        # router's reason not to route it here, is given)
+        self._made = False if refusal else None
+        self._refusal = refusal   # then why not
 
     def __repr__(self) -> str:
         return f"<PackedDecodeRoute {self.program.name} for {self.target.name}>"

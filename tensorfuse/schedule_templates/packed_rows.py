@@ -10,9 +10,10 @@ GEMM-shaped sweep of each cache by all the heads that read it, as FlashInfer and
 arrange it; several query tokens over one cache (speculative decoding) pack the same way.
 
 :func:`pack_group_rows` makes that program (the score, mask and chain as written; k and v read
-by the kv-head directly) or refuses with the reason: the score or mask reads the query head or
-the query index apart from ``q·k`` (ALiBi's slope, a causal mask among the query rows), which
-the packed row would have to unpick. :class:`PackedRowsKernel` calls a kernel of the packed
+by the kv-head directly; a read of the query head apart from ``q·k`` — a temperature or ALiBi
+slope per head — a read at each packed row's own head ``hk·G + r // M``) or refuses with the
+reason: the score or mask reads the query index apart from ``q·k`` (a causal mask among the
+query rows), which the packed row would have to unpick. :class:`PackedRowsKernel` calls a kernel of the packed
 program with views of the caller's tensors: nothing is copied.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..algebra.exprs import nodes, rewrite_computes, substitute
-from ..dsl.expr import Axis, Const, DimSize, Load
+from ..dsl.expr import Axis, Const, DimSize, Load, binary
 from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
 from .attention_chain import AttentionChain, recognise_attention
@@ -94,11 +95,31 @@ def pack_group_rows(program: Program, names: tuple[str, ...], axis: str,
     for c in program.computes:
         for body in c.bodies:
             stripped = substitute(body, lambda n: _placeholder(n, chain, kv, kv_head))
-            if any(isinstance(n, Axis) and n.uid in (h.uid, i.uid) for n in nodes(stripped)):
-                raise _refuse(f"{c.name} reads the query head {h.name} or the query index "
-                              f"{i.name} apart from q·k (a per-head bias, a mask among the "
-                              "query rows): a packed row would have to unpick them", c.loc)
-    return PackedRows(_packed_program(program, chain), chain, one_query, lifted)
+            if any(isinstance(n, Axis) and n.uid == i.uid for n in nodes(stripped)):
+                raise _refuse(f"{c.name} reads the query index {i.name} apart from q·k (a mask "
+                              "among the query rows): a packed row would have to unpick it",
+                              c.loc)
+    packed = _packed_program(program, chain, one_query)
+    bound = {d for p in packed.tensor_params for d in p.dims if isinstance(d, str)}
+    for c in packed.computes:
+        for body in c.bodies:
+            unbound = sorted({n.name for n in nodes(body) if isinstance(n, DimSize)} - bound)
+            if unbound:
+                raise _refuse(f"{c.name} reads the size {unbound[0]}, which no tensor of the "
+                              "packed program has (its rows are the query heads and rows "
+                              f"together: {ROWS} = {chain.dims[1]} / {chain.dims[2]} · "
+                              f"{chain.dims[3]})", c.loc)
+    return PackedRows(packed, chain, one_query, lifted)
+
+
+def reads_query_head(program: Program, chain: AttentionChain) -> bool:
+    """Whether ``program`` reads the query head apart from q·k (a temperature or slope per
+    head): packed, such a term is read per score element (its row's head), not once a tile."""
+    h = chain.axes[1]
+    kv, kv_head = {chain.k, chain.v}, chain.kv_head.key()
+    return any(isinstance(n, Axis) and n.uid == h.uid
+               for c in program.computes for body in c.bodies
+               for n in nodes(substitute(body, lambda x: _placeholder(x, chain, kv, kv_head))))
 
 
 def _at_one_query(program: Program, chain: AttentionChain) -> Program:
@@ -137,7 +158,7 @@ def _opaque(node):
     return Const(0, node.dtype)
 
 
-def _packed_program(program: Program, chain: AttentionChain) -> Program:
+def _packed_program(program: Program, chain: AttentionChain, one_query: bool) -> Program:
     """The rewrite itself: new axes for the kv-head and the packed rows, q and the output (and
     the log-sum-exp) over them, k and v read by the kv-head."""
     b, h, i, j = chain.axes
@@ -151,7 +172,23 @@ def _packed_program(program: Program, chain: AttentionChain) -> Program:
     axes_map = {h.uid: kv_axis, i.uid: row_axis}
     kv_head = chain.kv_head.key()
 
+    # a read of the query head apart from q (a temperature or ALiBi slope per head): the head of
+    # packed row r of kv-head hk is hk·G + r // M (G heads a kv-head, M query rows a head) —
+    # in sizes the packed program binds: R = G·M from q, G = H // HKV where M is not 1 (H from
+    # the tensor the head reads)
+    rows = DimSize(ROWS)
+    if one_query:
+        head = kv_axis * rows + row_axis
+    else:
+        group = binary("floordiv", DimSize(chain.dims[1]), DimSize(hkv_size))
+        head = kv_axis * group + binary("floordiv", row_axis, binary("floordiv", rows, group))
+
     def rewrite(node):
+        if isinstance(node, Axis) and node.uid == h.uid:
+            return head
+        if one_query and isinstance(node, DimSize) and node.name == chain.dims[1] and \
+                chain.dims[1] != hkv_size:   # the head count, R heads a kv-head
+            return rows * DimSize(hkv_size)
         if isinstance(node, Load) and node.param.name == chain.q:
             d = node.indices[chain.layouts[0].index("d")]
             return Load(packed_q, [b, kv_axis, row_axis, d], node.loc)

@@ -117,9 +117,66 @@ def test_a_decode_written_with_three_axes_is_lifted_then_packed(kernel):
     assert relative_error(out, reference(q, k, v, 0.25)[:, :, 0]) < 1e-2
 
 
-def test_what_reads_the_head_or_a_strided_query_is_refused():
-    with pytest.raises(ScheduleError, match="query head"):
-        pack_group_rows(K.alibi_attention.program, CHAIN, "j", one_query=True)
+@tf.kernel
+def gqa_temperature(q: T.Tensor["B", "H", "M", "D", "bf16"],
+                    k: T.Tensor["B", "HKV", "N", "D", "bf16"],
+                    v: T.Tensor["B", "HKV", "N", "D", "bf16"], temp: T.Tensor["H", "f32"]):
+    """Grouped attention with a temperature per query head: a read of the head apart from q."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    s = T.sum(q[b, h, i, d] * k[b, hk, j, d], over=d) / temp[h]
+    return T.cast(K.softmax_attend(s, v[b, hk, j, e], j), "bf16")
+
+
+@pytest.mark.parametrize("H, HKV, M", [(8, 2, 1), (12, 1, 3), (6, 3, 2)])
+def test_a_term_per_query_head_reads_the_head_of_each_packed_row(H, HKV, M):
+    """Packed row r of kv-head hk is query head hk·G + r // M: a temperature per head (and
+    several query tokens a head) comes out as written."""
+    g = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = tensors(g, H=H, HKV=HKV, M=M)
+    temp = torch.rand(H, generator=g) * 4 + 0.25
+    out = on_the_cpu(gqa_temperature)(q, k, v, temp)
+    want = reference(q.double() / temp.double()[None, :, None, None], k, v, 1.0)
+    assert relative_error(out, want) < 1e-2
+
+
+def test_an_alibi_decode_packs_its_slope_per_head():
+    g = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = tensors(g, H=4, HKV=4)
+    out = on_the_cpu(K.alibi_attention, one_query=True)(q, k, v, 0.25)
+    slopes = torch.exp2(-8.0 * torch.arange(1, 5, dtype=torch.float64) / 4)
+    bias = slopes[None, :, None, None] * (torch.arange(37) - 36).double()
+    s = q.double() @ k.double().transpose(-1, -2) * 0.25 + bias
+    assert relative_error(out, torch.softmax(s, -1) @ v.double()) < 1e-2
+
+
+@tf.kernel
+def gqa_alibi(q: T.Tensor["B", "H", "M", "D", "bf16"], k: T.Tensor["B", "HKV", "N", "D", "bf16"],
+              v: T.Tensor["B", "HKV", "N", "D", "bf16"], scale: T.f32):
+    """ALiBi over grouped heads: the slope is a function of the head and the head count."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    slope = T.exp2(-8.0 * (h + 1) / T.size("H"))
+    s = T.sum(q[b, h, i, d] * k[b, hk, j, d], over=d) * scale + slope * (j - T.size("N") + 1)
+    return K.softmax_attend(s, v[b, hk, j, e], j)
+
+
+def test_a_head_term_packs_where_its_sizes_are_bound():
+    """At one query token the head of a packed row needs no size but the rows; with several,
+    the group's size H // HKV, and H here is no packed tensor's: refused with the reason."""
+    g = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = tensors(g, H=8, HKV=2)
+    out = on_the_cpu(gqa_alibi, one_query=True)(q, k, v, 0.25)
+    slopes = torch.exp2(-8.0 * torch.arange(1, 9, dtype=torch.float64) / 8)
+    bias = slopes[None, :, None, None] * (torch.arange(37) - 36).double()
+    keys, values = (t.double().repeat_interleave(4, 1) for t in (k, v))
+    s = q.double() @ keys.transpose(-1, -2) * 0.25 + bias
+    assert relative_error(out, torch.softmax(s, -1) @ values) < 1e-2
+    with pytest.raises(ScheduleError, match="size H, which no tensor"):
+        pack_group_rows(gqa_alibi.program, CHAIN, "j")
+
+
+def test_what_reads_a_strided_query_is_refused():
     g = torch.Generator().manual_seed(fresh_seed())
     q, k, v = tensors(g, M=2)
     with pytest.raises(CallError, match="contiguous"):
@@ -281,5 +338,51 @@ def test_a_decode_route_says_why_it_does_not_take_a_call():
     assert reasons and not any(r.endswith("it does not take these sizes") for r in reasons)
     assert any("these sizes are not one query token in groups of 65–128 heads" in r
                for r in reasons)
-    assert any("groups of 64 heads" in r and "the program does not pack: packed group rows: "
-               "the output out is f32" in r for r in reasons)
+    assert any("groups of 64 heads" in r and "the program does not pack: it reads the query "
+               "head apart from q·k" in r for r in reasons)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sizes", [dict(B=16, H=64, HKV=1, M=1, N=4099, D=128),
+                                   dict(B=2, H=96, HKV=2, M=1, N=20011, D=128),
+                                   dict(B=1, H=16, HKV=2, M=4, N=5000, D=128)])
+def test_a_temperature_per_head_on_packed_rows_on_the_gpu_against_float64(sizes):
+    """``tf.compile``'s packed route with a read of the query head (each row's own head's
+    temperature), on the Hopper kernel: one query token and several."""
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (t.cuda() for t in tensors(g, **sizes))
+    temp = (torch.rand(sizes["H"], generator=g) * 4 + 0.25).cuda()
+    made = packed_attention(gqa_temperature, Fusion(CHAIN, "j", 32), get_target("cuda"),
+                            one_query=sizes["M"] == 1,
+                            consumers=1 if sizes["H"] // sizes["HKV"] * sizes["M"] <= 64 else 2)
+    out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    made(q, k, v, temp, out=out)
+    want = reference(q.cpu().double() / temp.cpu().double()[None, :, None, None], k.cpu(),
+                     v.cpu(), 1.0)
+    assert relative_error(out, want) < 1e-2, seed
+
+
+def test_tf_compile_keeps_a_head_term_decode_off_the_packed_route():
+    """Packed, a term per head is applied per score element (the cluster decode's per tile was
+    twice as fast): ``tf.compile`` leaves such decodes to the cluster decode."""
+    sizes = dict(B=8, H=64, HKV=2, M=1, N=9001, D=128)
+    made = tf.compile(gqa_alibi, "cuda:sm_90a")
+    assert made.schedule_origin(**sizes).startswith("cluster_decode")
+    assert tf.compile(K.gqa_attention, "cuda:sm_90a").schedule_origin(**sizes).startswith(
+        "packed group rows")
+
+
+@pytest.mark.gpu
+def test_an_alibi_decode_over_grouped_heads_on_packed_rows_on_the_gpu_against_float64():
+    sizes = dict(B=8, H=64, HKV=2, M=1, N=9001, D=128)
+    made = packed_attention(gqa_alibi, Fusion(CHAIN, "j", 32), get_target("cuda"), consumers=1)
+    seed = fresh_seed()
+    q, k, v = (t.cuda() for t in tensors(torch.Generator().manual_seed(seed), **sizes))
+    out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    made(q, k, v, 0.125, out=out)
+    slopes = torch.exp2(-8.0 * torch.arange(1, 65, dtype=torch.float64) / 64)
+    bias = slopes[None, :, None, None] * (torch.arange(9001) - 9000).double()
+    keys, values = (t.cpu().double().repeat_interleave(32, 1) for t in (k, v))
+    s = q.cpu().double() @ keys.transpose(-1, -2) * 0.125 + bias
+    assert relative_error(out, torch.softmax(s, -1) @ values) < 1e-2, seed
