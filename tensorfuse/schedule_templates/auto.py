@@ -289,8 +289,9 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
         lifted = lift_to_four_axes(program, fusion.names, fusion.axis)
         if lifted is None:
             return []
+        program = lifted[0]
         try:
-            plan = plan_hopper_attention(lifted[0], fusion.names, fusion.axis)
+            plan = plan_hopper_attention(program, fusion.names, fusion.axis)
         except ScheduleError:
             return []
         routes = LIFTED_PACKED_DECODES
@@ -300,10 +301,11 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
     # per score element: 64 heads on one cache at 16k keys, B16, with a temperature per head
     # took 170 µs packed against the cluster decode's 86 (H200; ALiBi over 32-head groups, B8:
     # 132 against 78)
-    refusal = "it reads the query head apart from q·k, which packed rows apply per score " \
-        "element (measured twice the cluster decode's time; packed_attention() runs it)" \
-        if reads_query_head(program if routes is PACKED_DECODES else lifted[0], plan.chain) \
-        else ""
+    refusal = ""
+    if reads_query_head(program, plan.chain):
+        refusal = ("it reads the query head apart from q·k, which packed rows apply per score "
+                   "element (measured twice the cluster decode's time; packed_attention() runs "
+                   "it)")
     return [PackedDecodeRoute(kernel, fusion, spec, plan.chain.dims[:4], (low, high), pairs,
                               refusal=refusal, consumers=consumers, schedule="split", **chosen)
             for low, high, consumers, pairs, knobs in routes for chosen in (knobs, {})]

@@ -13,8 +13,8 @@ arrange it; several query tokens over one cache (speculative decoding) pack the 
 by the kv-head directly; a read of the query head apart from ``q·k`` — a temperature or ALiBi
 slope per head — a read at each packed row's own head ``hk·G + r // M``) or refuses with the
 reason: the score or mask reads the query index apart from ``q·k`` (a causal mask among the
-query rows), which the packed row would have to unpick. :class:`PackedRowsKernel` calls a kernel of the packed
-program with views of the caller's tensors: nothing is copied.
+query rows), which the packed row would have to unpick. :class:`PackedRowsKernel` calls a
+kernel of the packed program with views of the caller's tensors: nothing is copied.
 """
 from __future__ import annotations
 
@@ -90,15 +90,10 @@ def pack_group_rows(program: Program, names: tuple[str, ...], axis: str,
                         for r, a in (("b", b), ("h", h), ("i", i))):
                     raise _refuse(f"{c.name} reads {chain.q} at other indices than its batch, "
                                   "head and query axes", c.loc)
-    kv = {chain.k, chain.v}
-    kv_head = chain.kv_head.key()
     for c in program.computes:
-        for body in c.bodies:
-            stripped = substitute(body, lambda n: _placeholder(n, chain, kv, kv_head))
-            if any(isinstance(n, Axis) and n.uid == i.uid for n in nodes(stripped)):
-                raise _refuse(f"{c.name} reads the query index {i.name} apart from q·k (a mask "
-                              "among the query rows): a packed row would have to unpick it",
-                              c.loc)
+        if i.uid in _read_apart(c, chain):
+            raise _refuse(f"{c.name} reads the query index {i.name} apart from q·k (a mask "
+                          "among the query rows): a packed row would have to unpick it", c.loc)
     packed = _packed_program(program, chain, one_query)
     bound = {d for p in packed.tensor_params for d in p.dims if isinstance(d, str)}
     for c in packed.computes:
@@ -115,11 +110,16 @@ def pack_group_rows(program: Program, names: tuple[str, ...], axis: str,
 def reads_query_head(program: Program, chain: AttentionChain) -> bool:
     """Whether ``program`` reads the query head apart from q·k (a temperature or slope per
     head): packed, such a term is read per score element (its row's head), not once a tile."""
-    h = chain.axes[1]
+    return any(chain.axes[1].uid in _read_apart(c, chain) for c in program.computes)
+
+
+def _read_apart(c: Compute, chain: AttentionChain) -> set:
+    """The axes (their uids) ``c`` reads apart from the reads packing rewrites (q's loads, k's
+    and v's kv-head index)."""
     kv, kv_head = {chain.k, chain.v}, chain.kv_head.key()
-    return any(isinstance(n, Axis) and n.uid == h.uid
-               for c in program.computes for body in c.bodies
-               for n in nodes(substitute(body, lambda x: _placeholder(x, chain, kv, kv_head))))
+    return {n.uid for body in c.bodies
+            for n in nodes(substitute(body, lambda x: _placeholder(x, chain, kv, kv_head)))
+            if isinstance(n, Axis)}
 
 
 def _at_one_query(program: Program, chain: AttentionChain) -> Program:
