@@ -103,10 +103,18 @@ def grid_inputs(B: int, H: int, HKV: int, N: int, D: int, device: str):
 
 def cluster_knobs(group: int):
     """Cluster-decode candidates for a group of ``group`` heads a kv-head: warps × stages ×
-    copy, at the template's cluster size and splits (which the pairs decide)."""
-    for warps, stages, copy in itertools.product((2, 4, 8), (2, 3, 4), COPIES):
-        if group > 16 and copy != "tma":
-            continue   # a team of warps shares each block by TMA alone
+    copy, at the template's cluster size and splits (which the pairs decide); a team of warps
+    (more than 16 heads) by TMA alone, its warps a multiple of the team's, its buffers within
+    an SM's shared memory."""
+    from tensorfuse.schedule_templates.decode_plan import MAX_STAGES, DecodeKnobs
+    from tensorfuse.targets.cuda.cluster_decode import decode_fits, head_tiles
+
+    for warps, stages, copy in itertools.product((2, 4, 8, 16), (2, 3, 4, 6, MAX_STAGES),
+                                                 COPIES):
+        knobs = DecodeKnobs(warps=warps, stages=stages, copy=copy)
+        if group > 16 and copy != "tma" or warps % head_tiles(knobs, group) or \
+                not decode_fits(knobs, 128, group, 227 * 1024):
+            continue
         yield dict(warps=warps, stages=stages, copy=copy)
 
 

@@ -26,7 +26,8 @@ from ..errors import ScheduleError, TargetError
 from ..interop import StreamScratch
 from ..targets import TargetSpec
 from ..targets.cuda.kernel import ClusterKernel, Launches, pointer
-from ..targets.cuda.cluster_decode import (decode_shared_bytes, decode_source,
+from ..targets.cuda.cluster_decode import (STATIC_SHARED_BYTES, decode_fits,
+                                            decode_shared_bytes, decode_source,
                                             decode_tensor_maps, head_tiles, split_workspace)
 from ..targets.cuda.gemm_chain import EPILOGUE_VEC, gemm_chain_source
 from ..targets.cuda.gemm_chain_wgmma import PARTS as WGMMA_PARTS
@@ -253,9 +254,9 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
     if "warps" not in given:   # a larger group: teams of warps (2 or 1 of them)
         k = next((replace(k, warps=w) for w in ((4, 2, 1) if tiles == 1 else
                                                 (2 * tiles, tiles))
-                  if decode_shared_bytes(replace(k, warps=w), D, group)
-                  <= target.max_shared_memory), replace(k, warps=tiles))
-        if decode_shared_bytes(k, D, group) > target.max_shared_memory:
+                  if decode_fits(replace(k, warps=w), D, group, target.max_shared_memory)),
+                 replace(k, warps=tiles))
+        if not decode_fits(k, D, group, target.max_shared_memory):
             k = replace(k, stages=2)
 
     def held(c: int) -> int:
@@ -324,11 +325,12 @@ def decode_launches(plan, dims: dict, given: dict, target: TargetSpec, n_axis: i
     check_decode(plan, k, dims)
     source = decode_source(plan, k, dims)
     smem = decode_shared_bytes(k, D, H // HKV)
-    if smem > target.max_shared_memory:
+    if not decode_fits(k, D, H // HKV, target.max_shared_memory):
         raise ScheduleError(f"warps={k.warps}, stages={k.stages} at head dim {D} and "
                             f"{H // HKV} heads per kv-head need {smem} bytes of shared memory "
-                            f"per CTA; {target.name} has {target.max_shared_memory}: use "
-                            "fewer warps or stages", user_location())
+                            f"per CTA beside up to {STATIC_SHARED_BYTES} static; {target.name} "
+                            f"has {target.max_shared_memory}: use fewer warps or stages",
+                            user_location())
     scalars = tuple("float32" if dt.is_float(t) else "int32" for _, t in plan.scalars)
     tma = k.copy == "tma"
     launch = DriverLaunch(source, target, "tf_decode_cluster",

@@ -291,6 +291,60 @@ def test_a_large_group_shares_each_block_between_a_team_of_warps():
     assert states_over_buffers(DecodeKnobs(warps=8, stages=4), 128)
 
 
+def test_decode_knobs_whose_shared_memory_the_driver_refuses_are_refused_by_name():
+    """64 heads on one kv-head with two teams of 6 stages: 232,032 bytes of buffers and states
+    fit the 227 KB a CTA may ask for, but beside the kernel's static shared memory (the split
+    merge's flag, 2 KB in the bulk copies' alignment) they did not, and the driver's refusal
+    said only "CUresult 1": the plan refuses them, naming the knobs and the bytes; the defaults
+    keep within it, and 4 stages of two teams still fit."""
+    from tensorfuse.schedule_templates.decode_plan import DecodeKnobs
+    from tensorfuse.targets.cuda.cluster_decode import (STATIC_SHARED_BYTES, decode_fits,
+                                                        decode_shared_bytes)
+
+    limit = tf.get_target("cuda:sm_90a").max_shared_memory
+    too_many = DecodeKnobs(warps=8, stages=6)
+    assert decode_shared_bytes(too_many, 128, 64) <= limit < \
+        decode_shared_bytes(too_many, 128, 64) + STATIC_SHARED_BYTES
+    assert not decode_fits(too_many, 128, 64, limit)
+    assert decode_fits(DecodeKnobs(warps=8, stages=4), 128, 64, limit)
+    sizes = {**DECODE, "H": 128}
+    with pytest.raises(ScheduleError, match=r"warps=8, stages=6 .* 64 heads per kv-head need "
+                                            r"232032 bytes .* beside up to 2048 static"):
+        _decode(gqa_attention, warps=8, stages=6).launches(**sizes)
+    knobs = _decode(gqa_attention).launches(**sizes).knobs
+    assert decode_fits(knobs, 128, 64, limit)
+
+
+@pytest.mark.gpu
+def test_a_kernel_asking_more_shared_memory_than_the_gpu_gives_is_refused_with_the_bytes():
+    """A driver launch whose dynamic shared memory beside the kernel's static shared memory is
+    more than the GPU gives a block: the error names the kernel, both amounts and the most
+    this GPU allows (the driver itself says "CUresult 1")."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    from tensorfuse.errors import TargetError
+    from tensorfuse.targets.cuda.module import DriverLaunch
+
+    source = """extern "C" __global__ void tf_shared_hog(float* out) {
+  __shared__ float fixed[1024];
+  extern __shared__ float rest[];
+  fixed[threadIdx.x] = threadIdx.x; rest[threadIdx.x] = 1.f;
+  __syncthreads();
+  out[threadIdx.x] = fixed[threadIdx.x ^ 1] + rest[threadIdx.x ^ 1];
+}"""
+    launch = DriverLaunch(source, tf.get_target("cuda:sm_90a"), "tf_shared_hog", ("handle",))
+    out = torch.zeros(32, device="cuda")
+    with pytest.raises(TargetError, match=r"kernel tf_shared_hog asks 232448 bytes of dynamic "
+                                          r"shared memory beside (4096|5120) static ones "
+                                          r"\(2[0-9]+ in all\); this GPU gives a block at most "
+                                          r"232448"):
+        launch([out.data_ptr()], 1, 32, 1, 227 * 1024, out.device)
+    launch([out.data_ptr()], 1, 32, 1, 1024, out.device)
+    torch.cuda.synchronize()
+    assert out.tolist() == [float(i ^ 1) + 1.0 for i in range(32)]
+
+
 @needs_nvcc
 @pytest.mark.parametrize("D, group, knobs", [(256, 32, {"warps": 2}), (64, 20, {})])
 def test_teams_keep_their_sweep_out_of_local_memory(D, group, knobs, tmp_path):

@@ -205,6 +205,40 @@ def test_n_by_k_weights_get_narrower_tiles_where_256_columns_fit_the_waves_badly
     assert "ways along K" not in f.schedule_origin(**ffn_up)
 
 
+@tf.kernel
+def latent_scores(q: T.Tensor["B", "H", "DQ", "bf16"], k: T.Tensor["B", "N", "DQ", "bf16"]):
+    """The first GEMM of an absorbed latent decode: every head's q·k over one cache a batch."""
+    b, h, j, d = T.axes("b h j d")
+    return T.cast(T.sum(q[b, h, d] * k[b, j, d], over=d), "f32")
+
+
+@tf.kernel
+def latent_values(p: T.Tensor["B", "H", "N", "bf16"], v: T.Tensor["B", "N", "DV", "bf16"]):
+    """Its second: the weights times the values, the keys contracted."""
+    b, h, j, e = T.axes("b h j e")
+    return T.cast(T.sum(p[b, h, j] * v[b, j, e], over=j), "f32")
+
+
+def test_a_batch_of_gemms_whose_rows_fit_one_tile_streams_its_weights_as_one_gemm_does():
+    """8 batches of 128 rows: each GEMM's rows fit one tile, so the widths are those of one such
+    GEMM with the tiles counted over the batch — 64 columns where every batch's tiles fit one
+    wave (8 × [128 × 4096] · [4096 × 512]: 64 tiles, each split along K in two, not 16 of 256
+    columns split in eight), else the width that fills one wave (8 × [128 × 576] · [576 × 4096]:
+    128). One GEMM of 1024 rows keeps the 256-column tiles of rows past one tile."""
+    values = dict(B=8, H=128, N=4096, DV=512)
+    knobs, why = default_gemm_knobs(plan_hopper_gemm(latent_values.program), values)
+    assert knobs.block_n == 64 and knobs.split_tail and "64 tiles of 128 × 64" in why
+    scores = dict(B=8, H=128, N=4096, DQ=576)
+    assert default_gemm_knobs(plan_hopper_gemm(latent_scores.program), scores)[0].block_n == 128
+    # more batches than one wave holds at 64 columns: the one-wave width over all of them
+    many = dict(B=64, H=128, N=4096, DV=512)
+    assert default_gemm_knobs(plan_hopper_gemm(latent_values.program), many)[0].block_n == 128
+    # rows past one tile a batch: the tile models count every batch's rows, as before
+    tall = dict(B=8, H=1024, N=4096, DQ=576)
+    assert default_gemm_knobs(plan_hopper_gemm(latent_scores.program), tall)[0].block_n == 256
+    assert "split" in hopper(latent_values).schedule_origin(**values)
+
+
 def test_pacing_is_refused_where_a_waiting_cta_would_hold_its_peer():
     plan = plan_hopper_gemm(K.matmul.program)
     with pytest.raises(ScheduleError, match="use cluster=1"):

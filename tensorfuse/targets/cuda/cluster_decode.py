@@ -413,3 +413,16 @@ def decode_shared_bytes(knobs, head_dim: int, group: int) -> int:
                 _barrier_bytes(teams, knobs.stages))
     row_bytes = (2 * head_dim + 8 + (8 if knobs.mma == "mma_sync" else 0)) * 2
     return teams * knobs.stages * 32 * row_bytes + state_bytes
+
+
+# the kernel's static shared memory beside the dynamic, which the driver counts against a CTA's
+# most: the split merge's flag in a section aligned as the dynamic buffers (1 KB with the bulk
+# copies' boxes), and the 1 KB the GPU reserves — 1040 bytes with cp.async, 2048 with bulk copies
+# (cuobjdump --dump-resource-usage of the sm_90a cubins)
+STATIC_SHARED_BYTES = 2048
+
+
+def decode_fits(knobs, head_dim: int, group: int, limit: int) -> bool:
+    """Whether the decode kernel's dynamic and static shared memory fit ``limit`` bytes (the
+    target's most for one CTA)."""
+    return decode_shared_bytes(knobs, head_dim, group) + STATIC_SHARED_BYTES <= limit

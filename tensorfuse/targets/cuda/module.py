@@ -100,6 +100,8 @@ class _LaunchConfig(ctypes.Structure):
 
 
 _FUNC_MAX_DYNAMIC_SHARED, _FUNC_NON_PORTABLE_CLUSTER, _LAUNCH_CLUSTER_DIMENSION = 8, 14, 4
+_FUNC_STATIC_SHARED, _DEVICE_SHARED_OPTIN = 1, 97   # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, CU_DEVICE_
+                                                    # ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 _LAUNCH_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 TENSOR_MAP = "tensormap"   # an argument type of driver launches: a 128-byte tensor map by value
 # each argument type's struct code and alignment in a driver launch's parameter buffer (a tensor
@@ -135,8 +137,8 @@ def _load_function(cubin: bytes, name: str, shared_bytes: int,
     try:
         _check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()),
                "cuModuleGetFunction")
-        _check(cu.cuFuncSetAttribute(fn, _FUNC_MAX_DYNAMIC_SHARED, shared_bytes),
-               "cuFuncSetAttribute(max dynamic shared memory)")
+        if cu.cuFuncSetAttribute(fn, _FUNC_MAX_DYNAMIC_SHARED, shared_bytes):
+            raise TargetError(_shared_refusal(cu, fn, name, shared_bytes))
         if cluster > 8:
             _check(cu.cuFuncSetAttribute(fn, _FUNC_NON_PORTABLE_CLUSTER, 1),
                    "cuFuncSetAttribute(non-portable cluster size)")
@@ -144,6 +146,20 @@ def _load_function(cubin: bytes, name: str, shared_bytes: int,
         cu.cuModuleUnload(mod)
         raise
     return mod, fn
+
+
+def _shared_refusal(cu, fn, name: str, shared_bytes: int) -> str:
+    """Why the driver refused ``shared_bytes`` of dynamic shared memory to kernel ``name``: its
+    static shared memory (the compiler's, aligned as the kernel's buffers) beside it past what
+    this GPU gives a block."""
+    static, device, most = ctypes.c_int(-1), ctypes.c_int(0), ctypes.c_int(-1)
+    cu.cuFuncGetAttribute(ctypes.byref(static), _FUNC_STATIC_SHARED, fn)
+    cu.cuCtxGetDevice(ctypes.byref(device))
+    cu.cuDeviceGetAttribute(ctypes.byref(most), _DEVICE_SHARED_OPTIN, device)
+    return (f"kernel {name} asks {shared_bytes} bytes of dynamic shared memory beside "
+            f"{static.value} static ones ({shared_bytes + static.value} in all); this GPU gives a "
+            f"block at most {most.value}: choose knobs that keep fewer tiles or stages in shared "
+            "memory")
 
 
 def _launch_config(grid: int | tuple[int, int], threads: int, shared_bytes: int, cluster: int,
