@@ -393,9 +393,9 @@ def default_gemm_knobs(plan: HopperGemmPlan, sizes: dict, sms: int = 132,
     copies take the L2 evict-first policy (:func:`_weight_policy`); one wave of whole tiles on one
     row of them has its CTAs paced (:func:`_default_pace`)."""
     M, K, N = (sizes[d] for d in plan.dims)
-    rows = batches(plan, sizes) * M   # every batch's rows: what the tile models count
     # a cluster multicasts 2-D weight tiles: weights of their own per batch take none
     cluster = 2 if M > 128 and not plan.weights_batched else 1
+    # the tile models count every batch's rows (:func:`_default_width`)
     bn = _default_width(plan, M, N, K, cluster, sms, batches(plan, sizes))
     epilogue = "direct" if plan.out_dtype == "f32" else "staged"
     if M <= 64:
