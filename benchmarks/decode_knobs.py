@@ -113,7 +113,7 @@ def cluster_knobs(group: int):
                                                  COPIES):
         knobs = DecodeKnobs(warps=warps, stages=stages, copy=copy)
         if group > 16 and copy != "tma" or warps % head_tiles(knobs, group) or \
-                not decode_fits(knobs, 128, group, 227 * 1024):
+                not decode_fits(knobs, 128, group, get_target("cuda:sm_90a").max_shared_memory):
             continue
         yield dict(warps=warps, stages=stages, copy=copy)
 
