@@ -286,6 +286,12 @@ SECTIONS = (
      "head over one cache) and a language model head's log-sum-exp over 4096 features: the "
      "floor's stages, each on a template (the Hopper GEMM for the products)",
      "python -m benchmarks.unlisted_kernels --only latent_attention_decode,head_logsumexp"),
+    ("pipeline-kernels", "Kernels of training and serving pipelines, as a new user writes them",
+     "bf16; a distillation loss (KL divergence of two soft-maxed rows) and a policy's entropy "
+     "over a 128k vocabulary, sigmoid attention (no normaliser), groups of 128 features scaled "
+     "by their largest magnitude, a global average pool, a log-sum-exp down the tokens; each "
+     "against the best torch alternative on the same tensors",
+     "python -m benchmarks.pipeline_kernels"),
     ("monoid-kernels", "Reductions by the DSL's other monoids",
      "greedy decoding's argmax over a vocabulary (bf16), a row's logsumexp (f32), a KL "
      "divergence written with two logsumexps (bf16), the count of a row's maxima (bf16), the "

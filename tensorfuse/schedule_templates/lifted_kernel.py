@@ -5,9 +5,11 @@ unit axes (``unsqueeze``: nothing copied). The templates that plan decodes by fo
 (batch, head, query, kv-head) then take it as they take the decode written with all four."""
 from __future__ import annotations
 
-from ..binding import CallBinder, output_shape, split_scalars
+from ..binding import CallBinder, output_shape, signature_key, split_scalars
 from ..errors import ScheduleError, TargetError
 from ..interop import deliver, torch_output
+from ..targets.signature_call import (SignatureCall, call_layout, fast_call_applies,
+                                      try_fast_call)
 from ..torch_graph import GraphCallable
 from .packed_lift import UNIT_KV, UNIT_Q
 
@@ -38,6 +40,7 @@ class LiftedKernel(GraphCallable):
         self.outputs = list(program.outputs)
         self.description = f"{self.who}; {inner.description}"
         self._calls = None
+        self._fast: dict = {}   # signature key -> its LiftedFastCall
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.program.name} for {self.target.name}>"
@@ -76,8 +79,14 @@ class LiftedKernel(GraphCallable):
         return outs
 
     def invoke(self, key, args: tuple, kwargs: dict):
+        """A call (``key``: its signature key, ``False`` when not made). A signature seen before
+        runs on its :class:`LiftedFastCall`; otherwise the arguments are bound, viewed and
+        passed to the inner kernel, and a fast call kept for next time."""
         import torch
 
+        key, fast, done = try_fast_call(self._fast, key, args, kwargs)
+        if done is not None:
+            return done
         if self._calls is None:
             self._calls = CallBinder(self.program, "cuda" if self.target.is_gpu else "cpu")
         bound = self._calls(args, kwargs, False)
@@ -89,6 +98,53 @@ class LiftedKernel(GraphCallable):
                                       for n, t in bound.arrays.items()}}
         views = self._views(values, [with_unit_axis(o, self.inserts, c.name)
                                      for c, o in zip(self.outputs, outs)], bound.dims)
-        self.inner(**values, out=views[0] if len(views) == 1 else tuple(views))
+        inner_kwargs = {**values, "out": views[0] if len(views) == 1 else tuple(views)}
+        self.inner(**inner_kwargs)
+        if key is not None and (fast is None or fast.stale) and \
+                fast_call_applies(bound, self._calls.target_device):
+            self._keep_fast_call(key, args, bound, inner_kwargs)
         made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
         return made[0] if len(made) == 1 else tuple(made)
+
+    def _keep_fast_call(self, key, args: tuple, bound, inner_kwargs: dict) -> None:
+        """Keep this signature's :class:`LiftedFastCall`, where the inner kernel kept one for the
+        call it was given (its views of the tensors: the same signature every time)."""
+        inner_fast = getattr(self.inner, "_fast", {}).get(signature_key((), inner_kwargs))
+        if inner_fast is None:
+            return
+        outputs = [(c.name, output_shape(c, bound.dims), c.dtypes[0]) for c in self.outputs]
+        params, likes, guards = call_layout(self.program, args, bound, self._calls.scalar_kinds,
+                                            outputs)
+        shapes = {n: tuple(t.shape) for n, t in inner_kwargs.items()
+                  if n != "out" and hasattr(t, "shape")}
+        out = inner_kwargs["out"]
+        out_shapes = [tuple(o.shape) for o in (out if isinstance(out, tuple) else (out,))]
+        self._fast[key] = LiftedFastCall(params, outputs, bound.torch_device, likes, guards,
+                                         shapes, out_shapes, inner_fast)
+
+
+class LiftedFastCall(SignatureCall):
+    """A repeated call of a lifted (or packed) kernel with one signature: the caller's tensors
+    viewed at the shapes the signature's first call gave the inner kernel, straight to the inner
+    kernel's own fast call — none of the binding, the unit axes' and the views' checks (the
+    arguments' contiguity, which the views need, is checked per call: :meth:`arguments`).
+    ``None`` where a call needs the checked path (the inner fast call's too)."""
+
+    def __init__(self, params: list, outputs: list, device, likes: list, guards: list,
+                 shapes: dict, out_shapes: list, inner_fast):
+        super().__init__(params, outputs, device, likes, guards)
+        self.shapes, self.out_shapes, self.inner_fast = shapes, out_shapes, inner_fast
+
+    def __call__(self, args: tuple, kwargs: dict):
+        made = self.values_and_outputs(args, kwargs)
+        if made is None:
+            return None
+        values, outs = made
+        inner = {n: v.view(self.shapes[n]) if n in self.shapes else v
+                 for n, v in zip(self.names, values)}
+        views = [o.view(shape) for o, shape in zip(outs, self.out_shapes)]
+        inner["out"] = views[0] if self.single else tuple(views)
+        if self.inner_fast((), inner) is None:   # a stale inner fast call: this one is too
+            self.stale = self.stale or getattr(self.inner_fast, "stale", False)
+            return None
+        return outs[0] if self.single else tuple(outs)

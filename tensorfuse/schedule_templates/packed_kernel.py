@@ -131,6 +131,13 @@ class PackedDecodeRoute(GraphCallable):
     def invoke(self, key, args: tuple, kwargs: dict):
         return self.made().invoke(key, args, kwargs)
 
+    @property
+    def _fast(self) -> dict:
+        """The packed kernel's fast calls by signature (``tf.compile`` keeps the one a call
+        made and goes straight to it next time)."""
+        made = self._made
+        return made._fast if made else {}
+
     def schedule_origin(self, **dims) -> str:
         return self.made().schedule_origin(**dims)
 

@@ -41,6 +41,7 @@ from ..targets.triton.rowtile import MAX_FEATURE
 from .block_schedule import block_lists, window_lists
 from .column_sums import column_sum, output_reads
 from .token_tiling import choose_tiling, map_scalars, mask_reads_map, mask_reads_tensors
+from .value_features import with_value_features
 
 
 @dataclass
@@ -250,6 +251,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
     """Check that the chain fits the template and assign the axes their roles."""
     if chain.axis is None or len(chain.common_axes) < 1:
         raise TargetError("the row-tile template needs at least one axis shared by the chain")
+    chain = with_value_features(chain)
     batch, row = row_roles(chain)
     col = chain.axis
     common = {a.uid for a in chain.common_axes}
@@ -507,7 +509,7 @@ class TilePlanner:
     plan, made per call (the emitter's launcher asks for both, it decides neither)."""
 
     def __init__(self, program: Program, chain: Chain):
-        self.program, self.chain = program, chain
+        self.program, self.chain = program, with_value_features(chain)
         self._plans: dict = {}   # the sizes planning reads -> the plan made at them
 
     def plan(self, dims: dict) -> RowTilePlan:

@@ -88,6 +88,7 @@ class SignatureCall:
         self.guards = list(guards or [])
         self.calls = self.declined = 0
         self.stale = False
+        self.single = len(outputs) == 1
 
     def arguments(self, args: tuple, kwargs: dict, addresses: bool = True):
         """``(values, tensors)``: each parameter's value in order — a tensor's address (or, not
@@ -117,6 +118,16 @@ class SignatureCall:
             return None
         self.calls += 1
         return values, tensors
+
+    def values_and_outputs(self, args: tuple, kwargs: dict) -> tuple[list, list] | None:
+        """``(values, outputs)``: each parameter's value (tensors as given, scalars as their
+        kind) and the call's outputs (:meth:`outputs_for`); None where the call needs the
+        checked path (:meth:`arguments`)."""
+        read = self.arguments(args, kwargs, addresses=False)
+        if read is None:
+            return None
+        values, tensors = read
+        return values, self.outputs_for(tensors, kwargs)
 
     def outputs_for(self, tensors: list, kwargs: dict) -> list:
         """The call's outputs: the caller's ``out=`` tensors where the signature has them (its

@@ -109,14 +109,12 @@ class ClusterFastCall(SignatureCall):
         self.run, self.module = launches.run, launches.module
         self.driver = launches.module == ()   # driver launches take torch's stream themselves
         self.index = device_index(device)
-        self.single = len(outputs) == 1
 
     def __call__(self, args: tuple, kwargs: dict):
-        read = self.arguments(args, kwargs, addresses=False)
-        if read is None:
+        made = self.values_and_outputs(args, kwargs)
+        if made is None:
             return None
-        values, tensors = read
-        outs = self.outputs_for(tensors, kwargs)
+        values, outs = made
         out = outs[0] if self.single else tuple(outs)
         values = dict(zip(self.names, values))
         if self.driver:

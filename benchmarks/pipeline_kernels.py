@@ -1,0 +1,160 @@
+"""Kernels of training and serving pipelines no issue lists, written as a new user would write
+them — a distillation loss (KL divergence of two soft-maxed rows over a vocabulary), the entropy
+of a policy's soft-maxed logits, sigmoid attention (no normaliser: Apple's), fp8-style scaling
+of groups of 128 features by their absolute maximum (DeepSeek's), a CNN's global average pool
+and a log-sum-exp pool over tokens (a reduction down the strided axis) — through
+``tf.compile`` defaults against the best torch alternative in the same process, each checked
+against a float64 reference first (the harness of :mod:`benchmarks.kernel_suite`).
+
+    python -m benchmarks.pipeline_kernels [--only NAME,…] [--tune TRIALS]
+
+Rows: ``benchmark`` = ``user/<name>``; CSV
+``benchmarks/results/<date>-<device>-pipeline-kernels.csv``.
+"""
+import torch
+import torch.nn.functional as F
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from benchmarks.common import TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
+from benchmarks.kernel_suite import Case, Recorded, main, rows_case
+
+
+@tf.kernel
+def kl_divergence_rows(a: T.Tensor["M", "V", "bf16"], b: T.Tensor["M", "V", "bf16"]):
+    """Distillation's loss per row: ``KL(softmax(a) ‖ softmax(b))`` over the vocabulary."""
+    i, v = T.axes("i v")
+    ma = T.max(a[i, v], over=v)
+    la = T.sum(T.exp(a[i, v] - ma), over=v)
+    mb = T.max(b[i, v], over=v)
+    lb = T.sum(T.exp(b[i, v] - mb), over=v)
+    log_pa = a[i, v] - ma - T.log(la)
+    log_pb = b[i, v] - mb - T.log(lb)
+    return T.sum(T.exp(log_pa) * (log_pa - log_pb), over=v)
+
+
+@tf.kernel
+def softmax_entropy(x: T.Tensor["M", "V", "bf16"]):
+    """A policy's entropy per row, ``−Σ p log p`` of ``p = softmax(x)`` (an RL objective's
+    bonus)."""
+    i, v = T.axes("i v")
+    m = T.max(x[i, v], over=v)
+    l = T.sum(T.exp(x[i, v] - m), over=v)
+    log_p = x[i, v] - m - T.log(l)
+    return -T.sum(T.exp(log_p) * log_p, over=v)
+
+
+@tf.kernel
+def sigmoid_attention(q: T.Tensor["B", "H", "S", "D", "bf16"],
+                      k: T.Tensor["B", "H", "S", "D", "bf16"],
+                      v: T.Tensor["B", "H", "S", "D", "bf16"], scale: T.f32, bias: T.f32):
+    """Sigmoid attention: each score through a sigmoid (a bias of −log S), no normaliser."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale + bias
+    return T.cast(T.sum(T.sigmoid(s) * v[b, h, j, e], over=j), "bf16")
+
+
+@tf.kernel
+def group_quant_scale(x: T.Tensor["M", "G", "K", "bf16"]):
+    """Each group of K features (128: DeepSeek's fp8 blocks) scaled so that its largest
+    magnitude is fp8 e4m3's largest value, 448."""
+    i, g, k = T.axes("i g k")
+    amax = T.max(T.abs(x[i, g, k]), over=k)
+    return T.cast(x[i, g, k] * (448.0 / T.maximum(amax, 1e-4)), "bf16")
+
+
+@tf.kernel
+def global_avg_pool(x: T.Tensor["B", "C", "H", "W", "bf16"]):
+    """A CNN's global average pool over each channel's pixels (NCHW)."""
+    b, c, h, w = T.axes("b c h w")
+    return T.cast(T.mean(x[b, c, h, w], over=(h, w)), "bf16")
+
+
+@tf.kernel
+def logsumexp_pool(x: T.Tensor["B", "S", "D", "bf16"]):
+    """A smooth maximum over tokens: the log-sum-exp of each feature down the sequence."""
+    b, s, d = T.axes("b s d")
+    m = T.max(x[b, s, d], over=s)
+    return T.cast(m + T.log(T.sum(T.exp(x[b, s, d] - m), over=s)), "bf16")
+
+
+def _logits(generator, M, V, spread=4.0):
+    return (torch.randn(M, V, generator=generator) * spread).to("cuda", torch.bfloat16)
+
+
+def _kl_case(generator, M=2048, V=128256) -> Case:
+    a, b = _logits(generator, M, V), _logits(generator, M, V)
+
+    def eager(a, b):
+        la, lb = (F.log_softmax(t.float() if t.dtype != torch.float64 else t, -1)
+                  for t in (a, b))
+        return (la.exp() * (la - lb)).sum(-1)
+    return rows_case("kl_divergence_rows", kl_divergence_rows, eager, a, {"b": b},
+                     f"M{M} V{V} (over V)")
+
+
+def _entropy_case(generator, M=4096, V=128256) -> Case:
+    x = _logits(generator, M, V)
+
+    def eager(t):
+        log_p = F.log_softmax(t.float() if t.dtype != torch.float64 else t, -1)
+        return -(log_p.exp() * log_p).sum(-1)
+    return rows_case("softmax_entropy", softmax_entropy, eager, x, {}, f"M{M} V{V} (over V)")
+
+
+def _sigmoid_attention_case(generator, B=2, H=16, S=4096, D=128) -> Case:
+    q, k, v = (torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
+               for _ in range(3))
+    scale, bias = D ** -0.5, -float(torch.log(torch.tensor(float(S))))
+
+    def eager(q, k, v):
+        return torch.sigmoid((q @ k.transpose(-1, -2)).float() * scale + bias).to(v.dtype) @ v
+    f, compiled = Recorded(sigmoid_attention), torch.compile(eager)
+    rows = torch.arange(0, S, 37)
+    qd, kd, vd = q[:, :, rows].double(), k.double(), v.double()
+    ref = torch.sigmoid(qd @ kd.transpose(-1, -2) * scale + bias) @ vd
+    return Case("sigmoid_attention", f"B{B} H{H} S{S} D{D}",
+                lambda: f(q, k, v, scale, bias),
+                {TORCH_COMPILE: lambda: compiled(q, k, v), TORCH_EAGER: lambda: eager(q, k, v)},
+                ref, lambda out: out[:, :, rows], flops=4 * B * H * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
+
+
+def _group_quant_case(generator, M=8192, K=7168, group=128) -> Case:
+    x = (torch.randn(M, K // group, group, generator=generator) * 3).to("cuda", torch.bfloat16)
+
+    def eager(t):
+        t32 = t.float() if t.dtype != torch.float64 else t
+        return (t32 * (448.0 / t32.abs().amax(-1, keepdim=True).clamp_min(1e-4))).to(t.dtype)
+    return rows_case("group_quant_scale", group_quant_scale, eager, x, {},
+                     f"M{M} K{K} groups of {group}")
+
+
+def _global_pool_case(generator, B=64, C=512, H=28, W=28) -> Case:
+    x = (torch.randn(B, C, H, W, generator=generator) + 1).to("cuda", torch.bfloat16)
+
+    def eager(t):
+        return (t.float() if t.dtype != torch.float64 else t).mean((2, 3)).to(t.dtype)
+    return rows_case("global_avg_pool", global_avg_pool, eager, x, {},
+                     f"B{B} C{C} H{H} W{W} (over H, W)")
+
+
+def _logsumexp_pool_case(generator, B=64, S=512, D=4096) -> Case:
+    x = (torch.randn(B, S, D, generator=generator) * 4).to("cuda", torch.bfloat16)
+
+    def eager(t):
+        return (t.float() if t.dtype != torch.float64 else t).logsumexp(1).to(t.dtype)
+    return rows_case("logsumexp_pool", logsumexp_pool, eager, x, {}, f"B{B} S{S} D{D} (over S)")
+
+
+PIPELINE = {
+    "kl_divergence_rows": _kl_case,
+    "softmax_entropy": _entropy_case,
+    "sigmoid_attention": _sigmoid_attention_case,
+    "group_quant_scale": _group_quant_case,
+    "global_avg_pool": _global_pool_case,
+    "logsumexp_pool": _logsumexp_pool_case,
+}
+
+if __name__ == "__main__":
+    main(PIPELINE, "pipeline-kernels", __doc__)

@@ -1,0 +1,69 @@
+"""Kernels of training and serving pipelines no issue lists (``benchmarks.pipeline_kernels``) as
+``tf.compile`` makes them for sm_90a, run by Triton's interpreter against float64 references in
+torch (never the project's lowering), at ragged sizes and large value ranges: a KL divergence
+and an entropy of soft-maxed rows (chains of dependent reductions in one sweep), sigmoid
+attention (a weighted sum with no normaliser), groups of features scaled by their absolute
+maximum, a global average pool over two axes and a log-sum-exp down the strided axis. Outputs
+are poisoned (NaN) before each run. Prints each case's relative error as JSON.
+
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.pipeline_check SEED
+"""
+import torch
+
+from benchmarks.pipeline_kernels import (global_avg_pool, group_quant_scale, kl_divergence_rows,
+                                         logsumexp_pool, sigmoid_attention, softmax_entropy)
+from tests.helpers import poisoned_main
+from tests.schedule_templates.staged_floor import interpreted
+
+
+def _log_softmax(x):
+    return torch.log_softmax(x.double(), -1)
+
+
+def kl_case(generator, M=37, V=1000):
+    """Rows of 1000 swept in blocks; logits spread ±40 and shifted by 500 (the running maxima
+    move, the references the fusion corrects from)."""
+    a = (torch.randn(M, V, generator=generator) * 10 + 500).bfloat16()
+    b = (torch.randn(M, V, generator=generator) * 10 - 300).bfloat16()
+    la, lb = _log_softmax(a), _log_softmax(b)
+    return dict(a=a, b=b), (la.exp() * (la - lb)).sum(-1)
+
+
+def entropy_case(generator, M=37, V=1000):
+    x = (torch.randn(M, V, generator=generator) * 3 + 200).bfloat16()
+    log_p = _log_softmax(x)
+    return dict(x=x), -(log_p.exp() * log_p).sum(-1)
+
+
+def sigmoid_attention_case(generator, B=2, H=3, S=77, D=32):
+    q, k, v = ((torch.randn(B, H, S, D, generator=generator) * 2).bfloat16() for _ in range(3))
+    scale, bias = D ** -0.5, -4.3
+    s = q.double() @ k.double().transpose(-1, -2) * scale + bias
+    return dict(q=q, k=k, v=v, scale=scale, bias=bias), torch.sigmoid(s) @ v.double()
+
+
+def group_quant_case(generator, M=37, G=5, K=128):
+    x = (torch.randn(M, G, K, generator=generator) * 100).bfloat16()
+    xd = x.double()
+    return dict(x=x), xd * (448.0 / xd.abs().amax(-1, keepdim=True).clamp_min(1e-4))
+
+
+def global_pool_case(generator, B=3, C=37, H=7, W=9):
+    x = (torch.randn(B, C, H, W, generator=generator) * 4 + 3).bfloat16()
+    return dict(x=x), x.double().mean((2, 3))
+
+
+def logsumexp_pool_case(generator, B=3, S=77, D=300):
+    x = (torch.randn(B, S, D, generator=generator) * 8 + 100).bfloat16()
+    return dict(x=x), x.double().logsumexp(1)
+
+
+CASES = {"kl_divergence_rows": (kl_divergence_rows, kl_case),
+         "softmax_entropy": (softmax_entropy, entropy_case),
+         "sigmoid_attention": (sigmoid_attention, sigmoid_attention_case),
+         "group_quant_scale": (group_quant_scale, group_quant_case),
+         "global_avg_pool": (global_avg_pool, global_pool_case),
+         "logsumexp_pool": (logsumexp_pool, logsumexp_pool_case)}
+
+if __name__ == "__main__":
+    poisoned_main(CASES, lambda name, kernel: interpreted(kernel))
