@@ -1,8 +1,10 @@
 """Kernels of training and serving pipelines no issue lists, written as a new user would write
 them — a distillation loss (KL divergence of two soft-maxed rows over a vocabulary), the entropy
 of a policy's soft-maxed logits, sigmoid attention (no normaliser: Apple's), fp8-style scaling
-of groups of 128 features by their absolute maximum (DeepSeek's), a CNN's global average pool
-and a log-sum-exp pool over tokens (a reduction down the strided axis) — through
+of groups of 128 features by their absolute maximum (DeepSeek's), a CNN's global average pool,
+a log-sum-exp pool over tokens (a reduction down the strided axis), causal attention by squared
+ReLU (Primer's), Perceiver's latent queries shared by the batch and attention pooling by a
+learned query vector — through
 ``tf.compile`` defaults against the best torch alternative in the same process, each checked
 against a float64 reference first (the harness of :mod:`benchmarks.kernel_suite`).
 
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from benchmarks.common import TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
+from benchmarks.common import SDPA, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
 from benchmarks.kernel_suite import Case, Recorded, main, rows_case
 
 
@@ -76,6 +78,39 @@ def logsumexp_pool(x: T.Tensor["B", "S", "D", "bf16"]):
     b, s, d = T.axes("b s d")
     m = T.max(x[b, s, d], over=s)
     return T.cast(m + T.log(T.sum(T.exp(x[b, s, d] - m), over=s)), "bf16")
+
+
+@tf.kernel
+def relu2_causal_attention(q: T.Tensor["B", "H", "S", "D", "bf16"],
+                           k: T.Tensor["B", "H", "S", "D", "bf16"],
+                           v: T.Tensor["B", "H", "S", "D", "bf16"], scale: T.f32):
+    """Causal attention weighted by squared ReLU scores (Primer's), no normaliser."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    r = T.maximum(T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale, 0.0)
+    return T.cast(T.sum(T.where(i >= j, r * r, 0.0) * v[b, h, j, e], over=j), "bf16")
+
+
+@tf.kernel
+def latent_cross_attention(q: T.Tensor["L", "D", "bf16"], k: T.Tensor["B", "S", "D", "bf16"],
+                           v: T.Tensor["B", "S", "D", "bf16"], scale: T.f32):
+    """Perceiver's cross-attention: learned latent queries, shared by the batch, over each
+    sequence's tokens."""
+    b, l, j, d, e = T.axes("b l j d e")
+    s = T.sum(q[l, d] * k[b, j, d], over=d) * scale
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.cast(T.sum(p * v[b, j, e], over=j) / T.sum(p, over=j), "bf16")
+
+
+@tf.kernel
+def attention_pool(x: T.Tensor["B", "S", "D", "bf16"], w: T.Tensor["D", "bf16"]):
+    """Attention pooling by a learned query vector: the tokens' features averaged with the
+    softmax of their scores against ``w``."""
+    b, s, d, e = T.axes("b s d e")
+    a = T.sum(x[b, s, d] * w[d], over=d)
+    m = T.max(a, over=s)
+    p = T.exp(a - m)
+    return T.cast(T.sum(p * x[b, s, e], over=s) / T.sum(p, over=s), "bf16")
 
 
 def _logits(generator, M, V, spread=4.0):
@@ -147,6 +182,55 @@ def _logsumexp_pool_case(generator, B=64, S=512, D=4096) -> Case:
     return rows_case("logsumexp_pool", logsumexp_pool, eager, x, {}, f"B{B} S{S} D{D} (over S)")
 
 
+def _relu2_case(generator, B=2, H=16, S=4096, D=128) -> Case:
+    q, k, v = (torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
+               for _ in range(3))
+    scale = D ** -0.5
+    causal = torch.ones(S, S, dtype=torch.bool, device="cuda").tril()
+
+    def eager(q, k, v):
+        r = torch.relu((q @ k.transpose(-1, -2)).float() * scale)
+        return torch.where(causal, r * r, 0.0).to(v.dtype) @ v
+    f, compiled = Recorded(relu2_causal_attention), torch.compile(eager)
+    rows = torch.arange(0, S, 37)
+    r = torch.relu(q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale)
+    ref = torch.where(causal[rows], r * r, 0.0) @ v.double()
+    return Case("relu2_causal_attention", f"B{B} H{H} S{S} D{D} causal",
+                lambda: f(q, k, v, scale),
+                {TORCH_COMPILE: lambda: compiled(q, k, v), TORCH_EAGER: lambda: eager(q, k, v)},
+                ref, lambda out: out[:, :, rows], flops=2 * B * H * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
+
+
+def _latent_cross_case(generator, L=256, B=32, S=4096, D=128) -> Case:
+    q = torch.randn(L, D, generator=generator).to("cuda", torch.bfloat16)
+    k, v = (torch.randn(B, S, D, generator=generator).to("cuda", torch.bfloat16)
+            for _ in range(2))
+    scale = D ** -0.5
+
+    def sdpa():   # the latents broadcast over the batch (a view), one head
+        return F.scaled_dot_product_attention(q.expand(B, 1, L, D), k[:, None], v[:, None],
+                                              scale=scale)[:, 0]
+    f = Recorded(latent_cross_attention)
+    s = q.double() @ k.double().transpose(-1, -2) * scale
+    ref = torch.softmax(s, -1) @ v.double()
+    return Case("latent_cross_attention", f"L{L} B{B} S{S} D{D}", lambda: f(q, k, v, scale),
+                {SDPA: sdpa}, ref, lambda out: out, flops=4 * B * L * S * D,
+                notes={TENSORFUSE: f.schedule_origin(L=L, B=B, S=S, D=D)})
+
+
+def _attention_pool_case(generator, B=64, S=4096, D=1024) -> Case:
+    x = torch.randn(B, S, D, generator=generator).to("cuda", torch.bfloat16)
+    w = (torch.randn(D, generator=generator) / 8).to("cuda", torch.bfloat16)
+
+    def eager(t, q):
+        t32 = t.float() if t.dtype != torch.float64 else t
+        p = torch.softmax(t32 @ q.to(t32.dtype), -1)
+        return (p[..., None] * t32).sum(1).to(t.dtype)
+    return rows_case("attention_pool", attention_pool, eager, x, {"w": w},
+                     f"B{B} S{S} D{D} (over S)")
+
+
 PIPELINE = {
     "kl_divergence_rows": _kl_case,
     "softmax_entropy": _entropy_case,
@@ -154,6 +238,9 @@ PIPELINE = {
     "group_quant_scale": _group_quant_case,
     "global_avg_pool": _global_pool_case,
     "logsumexp_pool": _logsumexp_pool_case,
+    "relu2_causal_attention": _relu2_case,
+    "latent_cross_attention": _latent_cross_case,
+    "attention_pool": _attention_pool_case,
 }
 
 if __name__ == "__main__":

@@ -292,6 +292,13 @@ SECTIONS = (
      "by their largest magnitude, a global average pool, a log-sum-exp down the tokens; each "
      "against the best torch alternative on the same tensors",
      "python -m benchmarks.pipeline_kernels"),
+    ("pipeline-kernels-attention-pool-latent-cross-attention-relu2-causal-attention",
+     "Attention's kin as a new user writes them",
+     "bf16; causal attention weighted by squared ReLU scores (no normaliser), Perceiver's latent "
+     "queries shared by the batch (against SDPA on the latents broadcast), attention pooling by "
+     "a learned query vector; each against the best torch alternative on the same tensors",
+     "python -m benchmarks.pipeline_kernels --only relu2_causal_attention,"
+     "latent_cross_attention,attention_pool"),
     ("monoid-kernels", "Reductions by the DSL's other monoids",
      "greedy decoding's argmax over a vocabulary (bf16), a row's logsumexp (f32), a KL "
      "divergence written with two logsumexps (bf16), the count of a row's maxima (bf16), the "

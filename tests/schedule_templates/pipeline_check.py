@@ -3,15 +3,18 @@
 torch (never the project's lowering), at ragged sizes and large value ranges: a KL divergence
 and an entropy of soft-maxed rows (chains of dependent reductions in one sweep), sigmoid
 attention (a weighted sum with no normaliser), groups of features scaled by their absolute
-maximum, a global average pool over two axes and a log-sum-exp down the strided axis. Outputs
-are poisoned (NaN) before each run. Prints each case's relative error as JSON.
+maximum, a global average pool over two axes, a log-sum-exp down the strided axis, causal
+squared-ReLU attention (a masked weighted sum), latent queries shared by the batch and attention
+pooling by a query vector (the floor's stages). Outputs are poisoned (NaN) before each run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.pipeline_check SEED
 """
 import torch
 
-from benchmarks.pipeline_kernels import (global_avg_pool, group_quant_scale, kl_divergence_rows,
-                                         logsumexp_pool, sigmoid_attention, softmax_entropy)
+from benchmarks.pipeline_kernels import (attention_pool, global_avg_pool, group_quant_scale,
+                                         kl_divergence_rows, latent_cross_attention,
+                                         logsumexp_pool, relu2_causal_attention,
+                                         sigmoid_attention, softmax_entropy)
 from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 
@@ -58,12 +61,36 @@ def logsumexp_pool_case(generator, B=3, S=77, D=300):
     return dict(x=x), x.double().logsumexp(1)
 
 
+def relu2_case(generator, B=2, H=3, S=77, D=32):
+    q, k, v = ((torch.randn(B, H, S, D, generator=generator) * 2).bfloat16() for _ in range(3))
+    r = torch.relu(q.double() @ k.double().transpose(-1, -2) * 0.125)
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    return dict(q=q, k=k, v=v, scale=0.125), torch.where(causal, r * r, 0.0) @ v.double()
+
+
+def latent_cross_case(generator, L=37, B=3, S=77, D=32):
+    q = (torch.randn(L, D, generator=generator) * 3).bfloat16()
+    k, v = ((torch.randn(B, S, D, generator=generator) * 3).bfloat16() for _ in range(2))
+    s = q.double() @ k.double().transpose(-1, -2) * 0.25
+    return dict(q=q, k=k, v=v, scale=0.25), torch.softmax(s, -1) @ v.double()
+
+
+def attention_pool_case(generator, B=3, S=77, D=300):
+    x = (torch.randn(B, S, D, generator=generator) * 2).bfloat16()
+    w = (torch.randn(D, generator=generator) / 4).bfloat16()
+    p = torch.softmax(x.double() @ w.double(), -1)
+    return dict(x=x, w=w), (p[..., None] * x.double()).sum(1)
+
+
 CASES = {"kl_divergence_rows": (kl_divergence_rows, kl_case),
          "softmax_entropy": (softmax_entropy, entropy_case),
          "sigmoid_attention": (sigmoid_attention, sigmoid_attention_case),
          "group_quant_scale": (group_quant_scale, group_quant_case),
          "global_avg_pool": (global_avg_pool, global_pool_case),
-         "logsumexp_pool": (logsumexp_pool, logsumexp_pool_case)}
+         "logsumexp_pool": (logsumexp_pool, logsumexp_pool_case),
+         "relu2_causal_attention": (relu2_causal_attention, relu2_case),
+         "latent_cross_attention": (latent_cross_attention, latent_cross_case),
+         "attention_pool": (attention_pool, attention_pool_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel))
