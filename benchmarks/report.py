@@ -251,6 +251,9 @@ SECTIONS = (
      "of 128 (TMA's zeros past the rows), the Triton template beside them (`tensorfuse "
      "triton`, what ran them before), 64 for reference",
      "python -m benchmarks.user_kernels --only causal_bshd_d64,causal_bshd_d80,causal_bshd_d96"),
+    ("user-kernels-max-pool-l2", "Max-pool over tokens, then an L2 norm, again",
+     "bf16; the max-pool of the section above after per-row strided tiles took 4 warps",
+     "python -m benchmarks.user_kernels --only max_pool_l2"),
     ("user-kernels-tuned", "Kernels as users write them, tuned",
      "as above, then `tf.tune` at each call's sizes (`tensorfuse tuned`: tf.compile reading "
      "the records; trials a task in its note)", "python -m benchmarks.user_kernels --tune 6"),
@@ -299,6 +302,9 @@ SECTIONS = (
      "a learned query vector; each against the best torch alternative on the same tensors",
      "python -m benchmarks.pipeline_kernels --only relu2_causal_attention,"
      "latent_cross_attention,attention_pool"),
+    ("pipeline-kernels-logsumexp-pool", "A log-sum-exp down the tokens, again",
+     "bf16; the log-sum-exp pool of the section above after per-row strided tiles took 4 warps",
+     "python -m benchmarks.pipeline_kernels --only logsumexp_pool"),
     ("monoid-kernels", "Reductions by the DSL's other monoids",
      "greedy decoding's argmax over a vocabulary (bf16), a row's logsumexp (f32), a KL "
      "divergence written with two logsumexps (bf16), the count of a row's maxima (bf16), the "
@@ -375,6 +381,11 @@ SECTIONS = (
      "bf16; the whole row in one block, each program sweeping 2 or 4 row tiles with the next "
      "ones' loads issued ahead (`t`: tiles a program); as the section above",
      "python -m benchmarks.strided_rows_knobs --tiles --only layernorm,log_softmax,max_pool"),
+    ("strided-rows-knobs-logsumexp-pool",
+     "The row template's knobs on a log-sum-exp down the tokens",
+     "bf16; two states (a maximum and a sum of exponents) down the 512 strided tokens of "
+     "[64, 512, 4096]; as the section above",
+     "python -m benchmarks.strided_rows_knobs --only logsumexp_pool"),
     ("strided-rows-knobs-group-norm-swept-tiles",
      "The row template's knobs on a group norm: several swept row tiles a program",
      "bf16; each 65536-element row swept in blocks of 4k-16k, each program taking 1-4 row tiles "

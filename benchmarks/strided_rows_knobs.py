@@ -4,6 +4,7 @@ of ``[B, D, S]``, log-softmax over the channels of ``[B, C, P]``, the max over t
 ``[B, S, D]`` (max-pool's first stage), a group norm's two reduced axes swept as one flat row, and
 RMSNorm's weight gradient (a sum down 8192 rows, its sweep also split into parts), batch-norm
 statistics of ``[100352, 256]`` (a sweep of 100352 rows over 256 channels, in up to 264 parts)
+a log-sum-exp down the 512 tokens of ``[64, 512, 4096]`` (two states down the strided axis),
 the columns of ``[8192, 4096]`` L2-normalised (the outputs along the strided sweep), a masked
 mean over the 2048 tokens of ``[32, 2048, 1024]`` (rows (b, d), its count recomputed per row), a
 mean down the 65536 rows of ``[65536, 1024]``, tokens summed with weights over ``[64, 4096,
@@ -12,7 +13,8 @@ each candidate checked against float64 and timed from a CUDA graph beside ``tf.c
 and torch.compile: what ``row_reduction.CONTIGUOUS_ROWS``, its block and the stages of a swept row
 are chosen from.
 
-    python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool,group_norm,
+    python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool,logsumexp_pool,
+                                                    group_norm,
                                                     weight_gradient,channel_stats,
                                                     column_norm,masked_mean,column_mean,
                                                     weighted_pool,strided_matvec]
@@ -35,6 +37,7 @@ import torch
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.common import Row, measure_candidates, relative_error, write_csv
+from benchmarks.pipeline_kernels import logsumexp_pool
 from benchmarks.unlisted_kernels import (column_mean, l2_normalize_columns, masked_mean_pool,
                                          strided_matvec, weighted_token_pool)
 from tensorfuse.schedule_templates.widened_rows import widened
@@ -47,7 +50,7 @@ from tensorfuse.schedule_templates.stages import plan_stages
 from tensorfuse.targets import get_target
 
 SPEC = get_target("cuda:sm_90a")
-CASES = ("layernorm", "log_softmax", "max_pool", "group_norm", "weight_gradient",
+CASES = ("layernorm", "log_softmax", "max_pool", "logsumexp_pool", "group_norm", "weight_gradient",
          "channel_stats", "column_norm", "masked_mean", "column_mean", "weighted_pool",
          "strided_matvec")
 
@@ -178,6 +181,14 @@ def _cases(generator, only):
             return t.float().amax(1)
         yield ("max_pool", f"B{B} S{S} D{D} (max over S)", stage, dict(x=x),
                x.double().amax(1), torch.compile(pooled), (x,), x.numel() * 2 + B * D * 4)
+    if "logsumexp_pool" in only:   # two states (max, sum of exp) down the same strided axis
+        B, S, D = 64, 512, 4096
+        x = (torch.randn(B, S, D, generator=generator) * 4).to("cuda", torch.bfloat16)
+
+        def lse(t):
+            return t.float().logsumexp(1).to(t.dtype)
+        yield ("logsumexp_pool", f"B{B} S{S} D{D} (over S)", logsumexp_pool, dict(x=x),
+               x.double().logsumexp(1), torch.compile(lse), (x,), x.numel() * 2 + B * D * 2)
 
 
 # the candidates each case is swept over (:func:`_knobs`); the others: "strided"

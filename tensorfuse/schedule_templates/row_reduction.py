@@ -73,6 +73,11 @@ def row_operands(plan: RowTilePlan) -> int:
 # block of 512 (torch.compile 0.063). The row-major default (8 rows × 256) ran the log-softmax at
 # 988 GB/s (``benchmarks.user_kernels``).
 CONTIGUOUS_ROWS, CONTIGUOUS_TILE = 64, 32768
+# ... on 4 warps whatever the tile where the outputs are per row (the tile is not stored again):
+# a log-sum-exp over S=512 of [64, 512, 4096] 0.130 -> 0.085 ms (64 × 512; 32 × 512 0.081,
+# torch.compile 0.126; 36 bytes spilled, ptxas), the max over S 0.064 -> 0.063
+# (``benchmarks.strided_rows_knobs --only logsumexp_pool,max_pool``, H200)
+PER_ROW_TILE_WARPS = 4
 SWEPT_CONTIGUOUS = (32, 512, 4, 2)   # rows, block, warps and stages of a wider strided row
 # Rows of 4096 columns held whole that read two tensors along the row (a norm's or a softmax's
 # backward: x and the incoming gradient) run on 4 warps, not 8: on the H200 RMSNorm's backward
@@ -258,9 +263,10 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
                 rows *= 2
             return Knobs(block_m=rows, block_n=block, num_warps=warps, num_stages=stages,
                          reload=0)
+        per_row = all(kind == "row" for _, _, kind in plan.outputs)
         return Knobs(block_m=CONTIGUOUS_ROWS, block_n=block_n,
-                     num_warps=max(4, CONTIGUOUS_ROWS * block_n // 4096), num_stages=1,
-                     reload=0)
+                     num_warps=PER_ROW_TILE_WARPS if per_row else
+                     max(4, CONTIGUOUS_ROWS * block_n // 4096), num_stages=1, reload=0)
     # a row of 4097-8192 columns whose states are sums kept per lane (RMSNorm's Σx²): swept in
     # two blocks of 4096 by 16 warps, read twice (held in L2 between the passes) — Inductor's
     # shape; RMSNorm over 8192 at 1.0004x torch.compile against 0.997x in one block, the scaled

@@ -1,6 +1,8 @@
 """Kernels no issue lists (``benchmarks.unlisted_kernels``): their numbers against float64 in
 Triton's interpreter, as ``tf.compile`` makes them for sm_90a (the checks and cases:
 :mod:`tests.schedule_templates.unlisted_check`)."""
+import pytest
+
 from tests.schedule_templates.unlisted_check import CASES
 
 
@@ -14,8 +16,6 @@ def test_a_mean_over_compiled_in_sizes_compiles_for_sm90a():
     """``T.mean``'s count is sizes the Triton kernel has compiled in (Python ints): folded to one
     literal (16 · 45) and cast to float32 as a scalar of that type, not ``int.to`` (which Triton
     cannot compile)."""
-    import pytest
-
     pytest.importorskip("triton", reason="the templates generate Triton kernels")
     import tensorfuse as tf
     from tests.schedule_templates.unlisted_check import layernorm_with_mean, mean_over_two_axes
@@ -43,8 +43,6 @@ def test_sigmoid_attention_is_planned_as_attention_with_its_values_features_held
     tiles the query rows and computes ``p·v`` on the tensor cores — as softmax attention's —
     rather than a program per query row and ``e`` block (38.9 ms against torch.compile's 1.14
     on the H200 at B2 H16 S4096 D128)."""
-    import pytest
-
     pytest.importorskip("triton", reason="the templates generate Triton kernels")
     import tensorfuse as tf
     from benchmarks.pipeline_kernels import sigmoid_attention
@@ -55,3 +53,29 @@ def test_sigmoid_attention_is_planned_as_attention_with_its_values_features_held
     assert "v[b, h, j, e] on tensor cores" in plan, plan
     source = made.source(B=2, H=16, S=4096, D=128)
     assert source.count("tl.dot(") == 2, source
+
+
+@pytest.mark.gpu
+def test_weighted_sums_without_a_softmax_on_the_gpu_against_float64():
+    """Sigmoid attention and causal squared-ReLU attention through ``tf.compile`` on the GPU (the
+    attention plan: query rows in tiles, the values' feature held whole), ragged sequence
+    lengths, large score ranges, outputs poisoned, against float64 (bf16: 2e-2)."""
+    import torch
+
+    import tensorfuse as tf
+    from benchmarks.pipeline_kernels import relu2_causal_attention, sigmoid_attention
+    from tests.helpers import fresh_seed, relative_error
+
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    B, H, S, D = 2, 3, 777, 128
+    q, k, v = ((torch.randn(B, H, S, D, generator=g) * 2).bfloat16().cuda() for _ in range(3))
+    s = q.double() @ k.double().transpose(-1, -2) * 0.125
+    r = torch.relu(s)
+    causal = torch.ones(S, S, dtype=torch.bool, device="cuda").tril()
+    for kernel, args, want in (
+            (sigmoid_attention, (0.125, -3.0), torch.sigmoid(s - 3.0) @ v.double()),
+            (relu2_causal_attention, (0.125,), torch.where(causal, r * r, 0.0) @ v.double())):
+        out = torch.full((B, H, S, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+        tf.compile(kernel)(q, k, v, *args, out=out)
+        assert relative_error(out, want) < 2e-2, (kernel.program.name, seed)
