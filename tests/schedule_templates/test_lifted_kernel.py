@@ -208,3 +208,72 @@ def test_a_float32_output_decode_on_the_gpu_against_float64(B, H, N):
     assert made(q, k[:, 0], v[:, 0], temp, out=out) is out
     q64 = q.cpu().double() / temp.cpu().double()[None, :, None]
     assert relative_error(out, _reference(q64, k.cpu(), v.cpu(), 1.0)) < 1e-2, seed
+
+
+def test_attention_without_a_head_axis_takes_the_hopper_template_lifted():
+    """One head written as ``[B, S, D]`` (and Reformer's shared q·k, one tensor read as both):
+    a unit head axis added after the batch axis, the Hopper attention template's plan (the
+    Triton template took it before); decodes keep their routes."""
+    from benchmarks.pipeline_kernels import shared_qk_attention, single_head_attention
+
+    for kernel in (single_head_attention, shared_qk_attention):
+        made = tf.compile(kernel, HOPPER)
+        origin = made.schedule_origin(B=4, S=4096, D=128)
+        assert origin.startswith("lifted to four axes; hopper_attention template"), origin
+    assert tf.compile(mqa_decode, HOPPER).schedule_origin(
+        B=1, H=8, N=131072, D=128).startswith("lifted to four axes; cluster_decode")
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_attention_lifted_to_unit_heads_views_the_callers_tensors_on_the_cpu(shared):
+    """The lifted program compiled for the CPU behind the wrapper: ``[B, S, D]`` tensors, ragged
+    lengths, large values, the output poisoned, against float64."""
+    from benchmarks.pipeline_kernels import shared_qk_attention, single_head_attention
+    from tensorfuse.dsl.program import ProgramKernel
+    from tensorfuse.schedule_templates.lifted_kernel import LiftedKernel
+    from tensorfuse.schedule_templates.packed_lift import added_units, lift_unit_heads
+
+    kernel = shared_qk_attention if shared else single_head_attention
+    program, inserts = lift_unit_heads(kernel.program, ("m", "out_sum", "out_sum_2"), "j")
+    made = LiftedKernel(kernel.program, inserts, tf.compile(ProgramKernel(program), "llvm"),
+                        tf.get_target("llvm"), added_units(program))
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = ((torch.randn(2, 37, 16, generator=g) * 4).bfloat16() for _ in "qkv")
+    k = q if shared else k
+    s = q.double() @ k.double().transpose(-1, -2) * 0.25
+    want = torch.softmax(s, -1) @ v.double()
+    out = torch.full((2, 37, 16), float("nan"), dtype=torch.bfloat16)
+    args = (q, v, 0.25) if shared else (q, k, v, 0.25)
+    assert made(*args, out=out) is out
+    assert relative_error(out, want) < 1e-2, seed
+
+
+@needs_nvcc
+def test_attention_lifted_to_unit_heads_compiles_to_wgmma():
+    from benchmarks.pipeline_kernels import single_head_attention
+
+    ptx = tf.compile(single_head_attention, HOPPER).ptx(B=4, S=1000, D=128)
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shared", [False, True])
+def test_attention_lifted_to_unit_heads_on_the_gpu_against_float64(shared):
+    from benchmarks.pipeline_kernels import shared_qk_attention, single_head_attention
+
+    kernel = shared_qk_attention if shared else single_head_attention
+    made = tf.compile(kernel)
+    B, S, D = 3, 777, 128
+    assert made.schedule_origin(B=B, S=S, D=D).startswith("lifted to four axes; hopper")
+    for _ in range(2):   # the second call on the lifted fast call
+        seed = fresh_seed()
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = ((torch.randn(B, S, D, generator=g) * 3).bfloat16().cuda() for _ in "qkv")
+        k = q if shared else k
+        s = q.double() @ k.double().transpose(-1, -2) * D ** -0.5
+        want = torch.softmax(s, -1) @ v.double()
+        out = torch.full((B, S, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+        args = (q, v) if shared else (q, k, v)
+        assert made(*args, D ** -0.5, out=out) is out
+        assert relative_error(out, want) < 2e-2, seed
