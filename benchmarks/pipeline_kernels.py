@@ -3,9 +3,8 @@ them — a distillation loss (KL divergence of two soft-maxed rows over a vocabu
 of a policy's soft-maxed logits, sigmoid attention (no normaliser: Apple's), fp8-style scaling
 of groups of 128 features by their absolute maximum (DeepSeek's), a CNN's global average pool,
 a log-sum-exp pool over tokens (a reduction down the strided axis), causal attention by squared
-ReLU (Primer's), Perceiver's latent queries shared by the batch, attention pooling by a
-learned query vector, and attention of one head written without a head axis (``[B, S, D]``;
-also Reformer's, its queries its keys) — through
+ReLU (Primer's), Perceiver's latent queries shared by the batch and attention pooling by a
+learned query vector — through
 ``tf.compile`` defaults against the best torch alternative in the same process, each checked
 against a float64 reference first (the harness of :mod:`benchmarks.kernel_suite`).
 
@@ -14,16 +13,12 @@ against a float64 reference first (the harness of :mod:`benchmarks.kernel_suite`
 Rows: ``benchmark`` = ``user/<name>``; CSV
 ``benchmarks/results/<date>-<device>-pipeline-kernels.csv``.
 """
-import functools
-
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from benchmarks.common import (SDPA, SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, TORCH_COMPILE,
-                               TORCH_EAGER)
+from benchmarks.common import SDPA, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
 from benchmarks.kernel_suite import Case, Recorded, main, rows_case
 
 
@@ -116,28 +111,6 @@ def attention_pool(x: T.Tensor["B", "S", "D", "bf16"], w: T.Tensor["D", "bf16"])
     m = T.max(a, over=s)
     p = T.exp(a - m)
     return T.cast(T.sum(p * x[b, s, e], over=s) / T.sum(p, over=s), "bf16")
-
-
-@tf.kernel
-def single_head_attention(q: T.Tensor["B", "S", "D", "bf16"], k: T.Tensor["B", "S", "D", "bf16"],
-                          v: T.Tensor["B", "S", "D", "bf16"], scale: T.f32):
-    """Attention of one head, written without a head axis (``[B, S, D]``)."""
-    b, i, j, d, e = T.axes("b i j d e")
-    s = T.sum(q[b, i, d] * k[b, j, d], over=d) * scale
-    m = T.max(s, over=j)
-    p = T.exp(s - m)
-    return T.cast(T.sum(p * v[b, j, e], over=j) / T.sum(p, over=j), "bf16")
-
-
-@tf.kernel
-def shared_qk_attention(qk: T.Tensor["B", "S", "D", "bf16"], v: T.Tensor["B", "S", "D", "bf16"],
-                        scale: T.f32):
-    """Reformer's shared-QK attention: the queries are the keys (one tensor read twice)."""
-    b, i, j, d, e = T.axes("b i j d e")
-    s = T.sum(qk[b, i, d] * qk[b, j, d], over=d) * scale
-    m = T.max(s, over=j)
-    p = T.exp(s - m)
-    return T.cast(T.sum(p * v[b, j, e], over=j) / T.sum(p, over=j), "bf16")
 
 
 def _logits(generator, M, V, spread=4.0):
@@ -258,32 +231,6 @@ def _attention_pool_case(generator, B=64, S=4096, D=1024) -> Case:
                      f"B{B} S{S} D{D} (over S)")
 
 
-def _one_head_case(name, kernel, shared: bool, generator, B=16, S=4096, D=128) -> Case:
-    """SDPA (cuDNN and flash) on ``[B, 1, S, D]`` views of the same tensors."""
-    q, k, v = (torch.randn(B, S, D, generator=generator).to("cuda", torch.bfloat16)
-               for _ in range(3))
-    k = q if shared else k
-    scale = D ** -0.5
-    f = Recorded(kernel)
-    args = (q, v, scale) if shared else (q, k, v, scale)
-
-    def sdpa(backend):
-        def call():
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None],
-                                                      scale=scale)[:, 0]
-        return call
-    rows = torch.arange(0, S, 37)
-    s = q[:, rows].double() @ k.double().transpose(-1, -2) * scale
-    ref = torch.softmax(s, -1) @ v.double()
-    dims = dict(B=B, S=S, D=D)
-    return Case(name, f"B{B} S{S} D{D} [BSD]", lambda: f(*args),
-                {SDPA_CUDNN: sdpa(SDPBackend.CUDNN_ATTENTION),
-                 SDPA_FLASH: sdpa(SDPBackend.FLASH_ATTENTION)},
-                ref, lambda out: out[:, rows], flops=4 * B * S * S * D,
-                notes={TENSORFUSE: f.schedule_origin(**dims)})
-
-
 PIPELINE = {
     "kl_divergence_rows": _kl_case,
     "softmax_entropy": _entropy_case,
@@ -294,10 +241,6 @@ PIPELINE = {
     "relu2_causal_attention": _relu2_case,
     "latent_cross_attention": _latent_cross_case,
     "attention_pool": _attention_pool_case,
-    "single_head_attention": functools.partial(_one_head_case, "single_head_attention",
-                                               single_head_attention, False),
-    "shared_qk_attention": functools.partial(_one_head_case, "shared_qk_attention",
-                                             shared_qk_attention, True),
 }
 
 if __name__ == "__main__":

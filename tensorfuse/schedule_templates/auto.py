@@ -215,47 +215,16 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
         return ()
     made = _made(hopper_gemm, kernel, fusion, spec) + _ffn_templates(kernel, fusion, spec)
     if name == "attention":
-        prefill = _made(hopper_attention, kernel, fusion, spec, prefill_only=True,
-                        tuned=records("hopper_attention") if records else None,
-                        refused=refused)
-        made += prefill + _packed_decodes(kernel, fusion, spec)
+        made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True,
+                      tuned=records("hopper_attention") if records else None,
+                      refused=refused)
+        made += _packed_decodes(kernel, fusion, spec)
         decode = dict(description=f"cluster_decode (the keys {fusion.axis} split over a cluster "
                                   "per (batch, kv-head))", routed=True)
         made += _made(attention_decode, kernel, fusion, spec, fusion.axis,
                       tuned=records("cluster_decode") if records else None, **decode) or \
             _lifted_decode(kernel, fusion, spec, decode, records)
-        if not prefill:   # after the decode routes: a decode's heads are rows here too
-            made += _lifted_prefill(kernel, fusion, spec, records)
     return tuple(made)
-
-
-def _lifted_prefill(kernel, fusion, spec: TargetSpec, records=None) -> list:
-    """The Hopper attention template of attention written without a head axis (``q[b, i, d]``
-    over ``k[b, j, d]``, ``v[b, j, e]``: one head; Reformer's q·k shared in one tensor too), a
-    unit head axis added (:func:`.packed_lift.lift_unit_heads`; the caller's tensors
-    ``unsqueeze``d): the Triton template took it otherwise. Its tuning records are the lifted
-    program's."""
-    from .packed_lift import lift_unit_heads
-
-    return _lifted(kernel, lift_unit_heads(kernel.program, fusion.names, fusion.axis), spec,
-                   lambda inner, program: _made(
-                       hopper_attention, inner, fusion, spec, prefill_only=True,
-                       tuned=records("hopper_attention", program) if records else None))
-
-
-def _lifted(kernel, lifted, spec: TargetSpec, make) -> list:
-    """The kernels ``make(ProgramKernel of the lifted program, lifted program)`` gives, each
-    behind a :class:`.lifted_kernel.LiftedKernel` that views the caller's tensors; none where
-    ``lifted`` (a lift's ``(program, inserts)``) is None."""
-    from ..dsl.program import ProgramKernel
-    from .lifted_kernel import LiftedKernel
-    from .packed_lift import added_units
-
-    if lifted is None:
-        return []
-    program, inserts = lifted
-    return [LiftedKernel(kernel.program, inserts, made, spec, added_units(program))
-            for made in make(ProgramKernel(program), program)]
 
 
 def _lifted_decode(kernel, fusion, spec: TargetSpec, knobs: dict, records=None) -> list:
@@ -266,12 +235,18 @@ def _lifted_decode(kernel, fusion, spec: TargetSpec, knobs: dict, records=None) 
     tuning records are the lifted program's at the lifted sizes (what
     :func:`~tensorfuse.autotune.tasks.make_task` tunes for such a decode):
     ``records(template, program)``."""
-    from .packed_lift import lift_to_four_axes
+    from ..dsl.program import ProgramKernel
+    from .lifted_kernel import LiftedKernel
+    from .packed_lift import added_units, lift_to_four_axes
 
-    return _lifted(kernel, lift_to_four_axes(kernel.program, fusion.names, fusion.axis), spec,
-                   lambda inner, program: _made(
-                       attention_decode, inner, fusion, spec, fusion.axis,
-                       tuned=records("cluster_decode", program) if records else None, **knobs))
+    lifted = lift_to_four_axes(kernel.program, fusion.names, fusion.axis)
+    if lifted is None:
+        return []
+    program, inserts = lifted
+    tuned = records("cluster_decode", program) if records else None
+    return [LiftedKernel(kernel.program, inserts, inner, spec, added_units(program))
+            for inner in _made(attention_decode, ProgramKernel(program), fusion, spec,
+                               fusion.axis, tuned=tuned, **knobs)]
 
 
 # Decodes whose kv-heads each serve a large group of query heads, as (smallest group, largest

@@ -12,7 +12,6 @@ from ..errors import ScheduleError
 from .attention_chain import softmax_states
 
 UNIT_Q, UNIT_KV = "ONE_Q", "ONE_KV"   # sizes of the axes a lift adds: 1 at every call
-UNIT_H = "ONE_H"   # the head axis's, where attention is written without one
 
 
 def lift_to_four_axes(program: Program, names: tuple[str, ...], axis: str):
@@ -43,9 +42,8 @@ def lift_to_four_axes(program: Program, names: tuple[str, ...], axis: str):
     h, b = heads[0], batch[0]
     v_load = next((f for f in factors(inline_elementwise(weighted.bodies[0]))
                    if isinstance(f, Load)), None)
-    if v_load is None or q_load.param.name in (k_load.param.name, v_load.param.name):
-        return None   # (q read as the keys or values too, Reformer's shared q·k: one tensor
-        # cannot take a unit axis where it is q and none where it is k)
+    if v_load is None:
+        return None
     one_cache = len(k_load.indices) == 3   # every head on one cache: a unit kv-head axis too
     return _lifted(program, q_load.param, h, b, one_cache, {k_load.param.name,
                                                            v_load.param.name})
@@ -98,77 +96,8 @@ def _lifted(program: Program, q: TensorParam, h: Axis, b: Axis, one_cache: bool,
 
 def added_units(lifted: Program) -> tuple[str, ...]:
     """The sizes a lift added to ``lifted`` (the query axis's, and the kv-head axis's where it
-    added one; or the head axis's): 1 at every call."""
-    return tuple(n for n in (UNIT_Q, UNIT_KV, UNIT_H) if n in lifted.dim_names())
-
-
-def lift_unit_heads(program: Program, names: tuple[str, ...], axis: str):
-    """``(program with a unit head axis right after the batch axis of q, k, v and the outputs,
-    {tensor or output name: where its unit axis goes})`` for softmax attention written without
-    heads — ``q[b, i, d]``, ``k[b, j, d]``, ``v[b, j, e]`` (one head; q, k and v may be one
-    tensor, read with its batch axis in one place) —, which the Hopper template plans by four
-    roles; None where the program is not that."""
-    try:
-        m, plain, weighted, _, _ = softmax_states(program, names)
-    except ScheduleError:
-        return None
-    dots = [c for c in program.computes if c.is_reduction and c not in (m, plain, weighted)]
-    if len(dots) != 1 or len(dots[0].over) != 1:
-        return None
-    loads = factors(dots[0].bodies[0])
-    v_load = next((f for f in factors(inline_elementwise(weighted.bodies[0]))
-                   if isinstance(f, Load)), None)
-    if len(loads) != 2 or not all(isinstance(ld, Load) for ld in loads) or v_load is None:
-        return None
-    on_keys = [ld for ld in loads if any(a.name == axis for a in ld.axes)]
-    if len(on_keys) != 1:
-        return None
-    q_load = next(ld for ld in loads if ld is not on_keys[0])
-    reads = (q_load, on_keys[0], v_load)
-    if not all(len(ld.indices) == 3 and all(isinstance(x, Axis) for x in ld.indices)
-               for ld in reads):
-        return None
-    shared = set.intersection(*({x.uid for x in ld.indices} for ld in reads))
-    if len(shared) != 1:   # the batch axis, read by q, k and v alike
-        return None
-    b = shared.pop()
-    inserts: dict = {}
-    for ld in reads:   # each tensor's unit axis right after its batch axis, in every read
-        at = [x.uid for x in _indices_of(program, ld.param.name)].index(b) + 1 \
-            if b in {x.uid for x in _indices_of(program, ld.param.name)} else None
-        if at is None or inserts.setdefault(ld.param.name, at) != at or \
-                [x.uid for x in ld.indices].index(b) + 1 != at:
-            return None
-    return _with_unit_heads(program, b, inserts)
-
-
-def _with_unit_heads(program: Program, b: int, inserts: dict):
-    h1 = Axis("h1", UNIT_H)
-    params = {p.name: p for p in program.params}
-    lifted = {n: TensorParam(n, _with(params[n].dims, at, UNIT_H), params[n].dtype, params[n].loc)
-              for n, at in inserts.items()}
-
-    def rewrite(node):
-        if isinstance(node, Load) and node.param.name in lifted:
-            return Load(lifted[node.param.name],
-                        _with(node.indices, inserts[node.param.name], h1), node.loc)
-        return None
-
-    def after_batch(c: Compute) -> int | None:
-        uids = [a.uid for a in c.axes]
-        return uids.index(b) + 1 if b in uids else None
-
-    made = rewrite_computes(program, rewrite, axes=lambda c: c.axes if after_batch(c) is None
-                            else _with(c.axes, after_batch(c), h1))
-    outputs = {c.name: after_batch(c) for c in program.outputs}
-    if any(at is None for at in outputs.values()):
-        return None
-    computes = list(made.values())
-    used = {a.uid: a for c in computes for a in c.axes + c.over}
-    new = Program(program.name, [lifted.get(p.name, p) for p in program.params], computes,
-                  [made[c.name] for c in program.outputs],
-                  sorted(used.values(), key=lambda a: a.uid), [], program.loc)
-    return new, {**inserts, **outputs}
+    added one): 1 at every call."""
+    return tuple(n for n in (UNIT_Q, UNIT_KV) if n in lifted.dim_names())
 
 
 def _indices_of(program: Program, name: str) -> tuple:
