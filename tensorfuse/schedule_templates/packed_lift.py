@@ -42,8 +42,9 @@ def lift_to_four_axes(program: Program, names: tuple[str, ...], axis: str):
     h, b = heads[0], batch[0]
     v_load = next((f for f in factors(inline_elementwise(weighted.bodies[0]))
                    if isinstance(f, Load)), None)
-    if v_load is None:
-        return None
+    if v_load is None or q_load.param.name in (k_load.param.name, v_load.param.name):
+        return None   # (q read as the keys or values too, Reformer's shared q·k: one tensor
+        # cannot take a unit axis where it is q and none where it is k)
     one_cache = len(k_load.indices) == 3   # every head on one cache: a unit kv-head axis too
     return _lifted(program, q_load.param, h, b, one_cache, {k_load.param.name,
                                                            v_load.param.name})

@@ -208,3 +208,33 @@ def test_a_float32_output_decode_on_the_gpu_against_float64(B, H, N):
     assert made(q, k[:, 0], v[:, 0], temp, out=out) is out
     q64 = q.cpu().double() / temp.cpu().double()[None, :, None]
     assert relative_error(out, _reference(q64, k.cpu(), v.cpu(), 1.0)) < 1e-2, seed
+
+
+@tf.kernel
+def shared_qk_attention(qk: T.Tensor["B", "S", "D", "bf16"], v: T.Tensor["B", "S", "D", "bf16"],
+                        scale: T.f32):
+    """Reformer's shared-QK attention: the queries are the keys (one tensor read twice)."""
+    b, i, j, d, e = T.axes("b i j d e")
+    s = T.sum(qk[b, i, d] * qk[b, j, d], over=d) * scale
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.cast(T.sum(p * v[b, j, e], over=j) / T.sum(p, over=j), "bf16")
+
+
+def test_a_tensor_read_as_q_and_k_is_not_lifted_as_a_decode():
+    """q·k of one tensor with itself (three axes, no heads): no unit axis can go where the
+    tensor is q and not where it is k, so the decode lift declines (tf.compile crashed with a
+    bare ValueError) and the Triton template runs it, its numbers against float64 on the CPU
+    target."""
+    from tensorfuse.schedule_templates.packed_lift import lift_to_four_axes
+
+    assert lift_to_four_axes(shared_qk_attention.program, ("m", "out_sum", "out_sum_2"),
+                             "j") is None
+    plan = tf.compile(shared_qk_attention, HOPPER).describe_plan(B=2, S=4096, D=128)
+    assert "rows i (4096)" in plan and "feature held whole: 128" in plan, plan
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    x, v = ((torch.randn(2, 37, 16, generator=g) * 4).bfloat16() for _ in "xv")
+    s = x.double() @ x.double().transpose(-1, -2) * 0.25
+    got = tf.compile(shared_qk_attention, "llvm")(x, v, 0.25)
+    assert relative_error(got, torch.softmax(s, -1) @ v.double()) < 1e-2, seed
