@@ -115,7 +115,7 @@ def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis",
     hold, naming the expression and the user's line. ``checked=False``: the plan without the
     precision checks and their warnings, for code that reads the chain's algebra without fusing
     it (the CPU's mask bounds)."""
-    key = (tuple(names), axis.uid if isinstance(axis, Axis) else axis, len(USER_RULES),
+    key = (tuple(names), _axis_key(program, names, axis), len(USER_RULES),
            sum(len(v) for v in USER_RULES.values()), checked)
     plans = _PLANS.setdefault(program, {})
     if key not in plans:
@@ -133,6 +133,16 @@ def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis",
         check_conditioning(chain, strict=True)
         check_exponent_bounds(chain, strict=True)
     return chain
+
+
+def _axis_key(program: Program, names: Sequence[str], axis: "str | Axis"):
+    """The fused axis as the plans are kept by: its uid, whether it is given as an axis or by
+    name (a template names it, the chain candidates give the axis: one plan, its warnings once)."""
+    if isinstance(axis, Axis):
+        return axis.uid
+    found = next((a.uid for c in program.computes if c.name in names for a in c.over
+                  if a.name == axis), None)
+    return axis if found is None else found
 
 
 def _plan(program: Program, names: Sequence[str], axis: "str | Axis") -> Chain:

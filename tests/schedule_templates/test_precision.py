@@ -72,6 +72,19 @@ def test_a_fusion_that_loses_precision_is_warned_about_once(monkeypatch, rng):
     assert precision[0].lineno == spread.program.compute("out").loc.lineno
 
 
+def test_tf_compile_for_a_gpu_warns_about_a_chain_once():
+    """``tf.compile`` asks for the chain's plan by its axis (choosing a template) and by the
+    axis's name (building it): one plan, one warning (a softmax entropy's sum was warned twice)."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    from benchmarks.pipeline_kernels import softmax_entropy
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tf.compile(softmax_entropy, target="cuda:sm_90a")
+    precision = [w for w in caught if issubclass(w.category, FusedPrecisionWarning)]
+    assert len(precision) == 1, [str(w.message) for w in caught]
+
+
 def test_strict_refuses_a_fusion_that_loses_precision(monkeypatch):
     spread = _kernel_with_a_poor_reference(monkeypatch)
     with warnings.catch_warnings():
