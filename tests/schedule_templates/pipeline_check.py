@@ -24,7 +24,7 @@ def _log_softmax(x):
 
 
 def kl_case(generator, M=37, V=1000):
-    """Rows of 1000 swept in blocks; logits spread ±40 and shifted by 500 (the running maxima
+    """Rows of 1000; logits spread ±40 and shifted by 500 (the running maxima
     move, the references the fusion corrects from)."""
     a = (torch.randn(M, V, generator=generator) * 10 + 500).bfloat16()
     b = (torch.randn(M, V, generator=generator) * 10 - 300).bfloat16()
