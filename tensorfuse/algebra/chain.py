@@ -138,11 +138,10 @@ def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis",
 def _axis_key(program: Program, names: Sequence[str], axis: "str | Axis"):
     """The fused axis as the plans are kept by: its uid, whether it is given as an axis or by
     name (a template names it, the chain candidates give the axis: one plan, its warnings once)."""
-    if isinstance(axis, Axis):
-        return axis.uid
-    found = next((a.uid for c in program.computes if c.name in names for a in c.over
-                  if a.name == axis), None)
-    return axis if found is None else found
+    try:
+        return _find_axis(program, [c for c in program.computes if c.name in names], axis).uid
+    except RollingUpdateError:   # named nowhere: planning says so
+        return axis
 
 
 def _plan(program: Program, names: Sequence[str], axis: "str | Axis") -> Chain:

@@ -115,8 +115,8 @@ class LiftedKernel(GraphCallable):
         outputs = [(c.name, output_shape(c, bound.dims), c.dtypes[0]) for c in self.outputs]
         params, likes, guards = call_layout(self.program, args, bound, self._calls.scalar_kinds,
                                             outputs)
-        shapes = {n: tuple(t.shape) for n, t in inner_kwargs.items()
-                  if n != "out" and hasattr(t, "shape")}
+        shapes = {n: tuple(inner_kwargs[n].shape) for n, t in bound.arrays.items()
+                  if tuple(inner_kwargs[n].shape) != tuple(t.shape)}   # those viewed
         out = inner_kwargs["out"]
         out_shapes = [tuple(o.shape) for o in (out if isinstance(out, tuple) else (out,))]
         self._fast[key] = LiftedFastCall(params, outputs, bound.torch_device, likes, guards,

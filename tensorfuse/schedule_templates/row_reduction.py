@@ -213,8 +213,7 @@ ONE_TILE_PARTS = 2 * SMS
 
 
 def _splittable(plan: RowTilePlan, target: TargetSpec) -> bool:
-    return target.is_gpu and plan.mask is None and \
-        all(kind == "row" for _, _, kind in plan.outputs)
+    return target.is_gpu and plan.mask is None and plan.outputs_per_row
 
 
 def _split_few_tiles(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> Knobs:
@@ -254,7 +253,7 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
             long = cols >= LONG_SWEEP and not _splittable(plan, target)
             # (not a sweep of so few tiles that it is split into parts: batch-norm statistics'
             # 32 × 512 blocks in 33 parts were measured, below)
-            per_row = all(kind == "row" for _, _, kind in plan.outputs) and math.prod(grid(
+            per_row = plan.outputs_per_row and math.prod(grid(
                 plan, Knobs(block_m=SWEPT_PER_ROW[0], block_n=SWEPT_PER_ROW[1]))) >= SMS
             rows, block, warps, stages = LONG_SWEPT_CONTIGUOUS if long else \
                 SWEPT_PER_ROW if per_row else SWEPT_CONTIGUOUS
@@ -263,9 +262,8 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
                 rows *= 2
             return Knobs(block_m=rows, block_n=block, num_warps=warps, num_stages=stages,
                          reload=0)
-        per_row = all(kind == "row" for _, _, kind in plan.outputs)
         return Knobs(block_m=CONTIGUOUS_ROWS, block_n=block_n,
-                     num_warps=PER_ROW_TILE_WARPS if per_row else
+                     num_warps=PER_ROW_TILE_WARPS if plan.outputs_per_row else
                      max(4, CONTIGUOUS_ROWS * block_n // 4096), num_stages=1, reload=0)
     # a row of 4097-8192 columns whose states are sums kept per lane (RMSNorm's Σx²): swept in
     # two blocks of 4096 by 16 warps, read twice (held in L2 between the passes) — Inductor's

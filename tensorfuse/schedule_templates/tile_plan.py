@@ -113,6 +113,11 @@ class RowTilePlan:
         return self.sizes_of(self.col)
 
     @property
+    def outputs_per_row(self) -> bool:
+        """Whether every output is one value a row (none over the swept or a feature axis)."""
+        return all(kind == "row" for _, _, kind in self.outputs)
+
+    @property
     def column_sides(self) -> list[Expr]:
         """The column-side operands of the tensor-core products (attention's k and v reads)."""
         return [c.right for c in self.locals.values()] + \

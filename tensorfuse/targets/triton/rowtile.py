@@ -100,7 +100,7 @@ class _RowTileSource(SplitMerge):
         self.tiles_swept = bool(plan.column_sums) or knobs.row_tiles > 1
 
         self.ctx_base = TileContext(axes={}, sizes=self.sizes, interpreter=interpreter)
-        self.reads_only = all(kind == "row" for _, _, kind in plan.outputs)
+        self.reads_only = plan.outputs_per_row
         # rows wider than a block: swept once for the reductions, again for the outputs
         self.reads_twice = not self.reads_only and plan.mask is None and splits == 1 and \
             N > knobs.block_n
