@@ -36,7 +36,8 @@ from ..dsl.gradients import backprop
 from ..dsl.program import Program
 from ..errors import TargetError
 from .attention_chain import sink_term
-from .tile_plan import _group_of, plan_rowtile
+from .row_fold import group_of
+from .tile_plan import plan_rowtile
 
 DS = "__ds"   # the symbol the score's derivative is written in (dS, per element)
 MAX_HEAD_DIM = 256   # D = 256 on the smaller tiles of ``BackwardKnobs.for_head_dim``
@@ -341,7 +342,7 @@ def _plain_load(e: Expr, role: str) -> Load:
 def _grouping(plan, k: Load, v: Load, sizes: dict) -> tuple[Axis | None, int]:
     """The head axis k and v read as ``h // G``, and G (1: none)."""
     for a in plan.batch:
-        groups = _group_of(k, a, sizes) | _group_of(v, a, sizes)
+        groups = group_of(k, a, sizes) | group_of(v, a, sizes)
         groups.discard(0)
         if groups:
             if len(groups) != 1:

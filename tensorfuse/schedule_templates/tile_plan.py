@@ -30,8 +30,7 @@ from ..algebra.exprs import factors, nodes, substitute
 from ..algebra.masking import identity_mask
 from ..algebra.schemes import dependency_symbols, inexact_reset
 from ..dsl import dtypes as dt
-from ..dsl.evaluate import evaluate_plain
-from ..dsl.expr import (Axis, Binary, Compare, Const, DimSize, Expr, Load, Ref, Scalar, Symbol,
+from ..dsl.expr import (Axis, Binary, Compare, Const, DimSize, Expr, Load, Ref, Scalar,
                         binary, compare)
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
@@ -41,6 +40,7 @@ from ..targets.triton.rowtile import MAX_FEATURE
 from .block_schedule import block_lists, window_lists
 from .column_sums import column_sum, output_reads
 from .token_tiling import choose_tiling, map_scalars, mask_reads_map, mask_reads_tensors
+from .row_fold import grouped, row_fold
 from .value_features import with_value_features
 
 
@@ -242,7 +242,7 @@ def row_roles(chain: Chain) -> tuple[list[Axis], Axis]:
     if not free and read:
         # every common axis is read by the keys (a decode written without a query axis: q[b, h,
         # d] over k[b, j, h // G, d]): one query row per program, and the heads that share a
-        # kv-head folded into its tile (:func:`_row_fold`)
+        # kv-head folded into its tile (:func:`.row_fold.row_fold`)
         return common, Axis(UNIT_ROW, 1)
     row = free[-1] if free else common[-1]
     return [a for a in common if a.uid != row.uid], row
@@ -320,82 +320,20 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
                                   f"{col.name}×{e.name} value")
             plan.states.append(StatePlan(m, k, body, st.monoid, st.dtype,
                                          Contraction(parts[0], parts[1], _storage_of(parts[1]))))
-    plan.fold = _row_fold(plan)
+    plan.fold = row_fold(plan)
     if plan.fold is not None:
-        plan.locals = {k: Contraction(c.left, _grouped(c.right, plan.fold), c.dot_dtype)
+        plan.locals = {k: Contraction(c.left, grouped(c.right, plan.fold), c.dot_dtype)
                        for k, c in plan.locals.items()}
         for sp in plan.states:
             if sp.contraction is not None:
                 sp.contraction = Contraction(sp.contraction.left,
-                                             _grouped(sp.contraction.right, plan.fold),
+                                             grouped(sp.contraction.right, plan.fold),
                                              sp.contraction.dot_dtype)
     plan.mask = None if plan.fold else identity_mask(chain)
     if plan.mask is not None:
         _separate_congruences(plan)
     plan.outputs = _outputs(program, plan, common, set(features))
     return plan
-
-
-MAX_FOLDED_ROWS = 64
-
-
-def _group_of(e: Expr, axis: Axis, sizes: dict) -> set:
-    """The divisors ``g`` of every use of ``axis`` in ``e`` as ``axis // g`` (0 for a bare use)."""
-    found = set()
-
-    def visit(n: Expr):
-        if isinstance(n, Binary) and n.op == "floordiv" and isinstance(n.a, Axis) and \
-                n.a.uid == axis.uid:
-            resolved = substitute(n.b, lambda x: Const(sizes[x.name], "i32")
-                                  if x.__class__.__name__ == "DimSize" else None)
-            try:
-                found.add(int(evaluate_plain(resolved, {})))
-            except Exception:  # noqa: BLE001 - not a constant: no fold
-                found.add(0)
-            return
-        if isinstance(n, Axis) and n.uid == axis.uid:
-            found.add(0)
-            return
-        for c in n.children():
-            visit(c)
-
-    visit(e)
-    return found
-
-
-def _row_fold(plan: RowTilePlan):
-    """Few query rows and a head axis that the column operands (keys, values) read only as
-    ``h // G`` (grouped-query attention): put the G heads of a group in one row tile, so each
-    program reads its keys and values once for the whole group instead of once per head. Without
-    a query axis the group is the rows, at any size (several row tiles where it is larger than
-    one)."""
-    unit = all(a.uid != plan.row.uid for a in plan.chain.common_axes)   # row_roles' own axis
-    if not unit and plan.sizes_of(plan.row) * 2 > MAX_FOLDED_ROWS:
-        return None
-    col_side = plan.column_sides
-    if not col_side:
-        return None
-    for a in plan.batch:
-        groups = set().union(*(_group_of(e, a, plan.sizes) for e in col_side))
-        if len(groups) == 1 and (g := groups.pop()) > 1 and plan.sizes_of(a) % g == 0 and \
-                (unit or plan.sizes_of(plan.row) * g <= MAX_FOLDED_ROWS):
-            return a, g
-    # no group shares the keys (every head has its own): one row per program, the last batch
-    # axis the keys read only as itself folded with groups of one, so the tile's rows past the
-    # first are masked
-    bare = [a for a in plan.batch
-            if set().union(*(_group_of(e, a, plan.sizes) for e in col_side)) == {0}]
-    return (bare[-1], 1) if unit and bare else None
-
-
-def _grouped(e: Expr, fold) -> Expr:
-    """Column-side operand with ``h // G`` (``h`` itself for groups of one) replaced by the group
-    index (a program constant)."""
-    axis, g = fold
-    group = Symbol(f"__group_{axis.name}", "i32")
-    return substitute(e, lambda n: group if g > 1 and isinstance(n, Binary) and
-                      n.op == "floordiv" and isinstance(n.a, Axis) and n.a.uid == axis.uid or
-                      g == 1 and isinstance(n, Axis) and n.uid == axis.uid else None)
 
 
 def _separate_congruences(plan: RowTilePlan) -> None:

@@ -1,5 +1,5 @@
 """Decodes written without a query axis, with heads sharing one cache, and over a paged cache
-swept as one axis (``tile_plan.row_roles``/``_row_fold``, ``schedule_templates/flat_sweeps.py``,
+swept as one axis (``tile_plan.row_roles``/``row_fold.row_fold``, ``schedule_templates/flat_sweeps.py``,
 ``tensorfuse/flat_kernel.py``, ``attention.decode_knobs``): their plans, float64 checks on the
 CPU target, under Triton's interpreter and on the GPU, and their sm_90a code."""
 import warnings
