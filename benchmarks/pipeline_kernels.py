@@ -3,8 +3,8 @@ them — a distillation loss (KL divergence of two soft-maxed rows over a vocabu
 of a policy's soft-maxed logits, sigmoid attention (no normaliser: Apple's), fp8-style scaling
 of groups of 128 features by their absolute maximum (DeepSeek's), a CNN's global average pool,
 a log-sum-exp pool over tokens (a reduction down the strided axis), causal attention by squared
-ReLU (Primer's), Perceiver's latent queries shared by the batch and attention pooling by a
-learned query vector — through
+ReLU (Primer's), Perceiver's latent queries shared by the batch, attention pooling by a
+learned query vector and cosine-similarity attention (Swin v2's: q·k over the norms) — through
 ``tf.compile`` defaults against the best torch alternative in the same process, each checked
 against a float64 reference first (the harness of :mod:`benchmarks.kernel_suite`).
 
@@ -111,6 +111,21 @@ def attention_pool(x: T.Tensor["B", "S", "D", "bf16"], w: T.Tensor["D", "bf16"])
     m = T.max(a, over=s)
     p = T.exp(a - m)
     return T.cast(T.sum(p * x[b, s, e], over=s) / T.sum(p, over=s), "bf16")
+
+
+@tf.kernel
+def cosine_attention(q: T.Tensor["B", "H", "S", "D", "bf16"],
+                     k: T.Tensor["B", "H", "S", "D", "bf16"],
+                     v: T.Tensor["B", "H", "S", "D", "bf16"], tau: T.f32):
+    """Attention by cosine similarity (Swin Transformer v2's): ``q·k / (|q| |k|)`` times a
+    learned temperature, soft-maxed over the keys."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    nq = T.sqrt(T.sum(q[b, h, i, d] * q[b, h, i, d], over=d))
+    nk = T.sqrt(T.sum(k[b, h, j, d] * k[b, h, j, d], over=d))
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) / (nq * nk) * tau
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.cast(T.sum(p * v[b, h, j, e], over=j) / T.sum(p, over=j), "bf16")
 
 
 def _logits(generator, M, V, spread=4.0):
@@ -231,6 +246,24 @@ def _attention_pool_case(generator, B=64, S=4096, D=1024) -> Case:
                      f"B{B} S{S} D{D} (over S)")
 
 
+def _cosine_attention_case(generator, B=2, H=16, S=4096, D=128) -> Case:
+    q, k, v = (torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
+               for _ in range(3))
+    tau = 10.0
+
+    def eager(q, k, v):   # as a user writes it in torch: normalise, then SDPA (cuDNN or flash)
+        return F.scaled_dot_product_attention(F.normalize(q, dim=-1), F.normalize(k, dim=-1), v,
+                                              scale=tau)
+    f, compiled = Recorded(cosine_attention), torch.compile(eager)
+    rows = torch.arange(0, S, 37)
+    qd, kd = F.normalize(q[:, :, rows].double(), dim=-1), F.normalize(k.double(), dim=-1)
+    ref = torch.softmax(qd @ kd.transpose(-1, -2) * tau, -1) @ v.double()
+    return Case("cosine_attention", f"B{B} H{H} S{S} D{D}", lambda: f(q, k, v, tau),
+                {TORCH_COMPILE: lambda: compiled(q, k, v), SDPA: lambda: eager(q, k, v)},
+                ref, lambda out: out[:, :, rows], flops=4 * B * H * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
+
+
 PIPELINE = {
     "kl_divergence_rows": _kl_case,
     "softmax_entropy": _entropy_case,
@@ -241,6 +274,7 @@ PIPELINE = {
     "relu2_causal_attention": _relu2_case,
     "latent_cross_attention": _latent_cross_case,
     "attention_pool": _attention_pool_case,
+    "cosine_attention": _cosine_attention_case,
 }
 
 if __name__ == "__main__":

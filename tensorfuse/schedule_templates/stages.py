@@ -64,8 +64,9 @@ def plan_stages(program: Program, fits: Callable[[Program], bool]) -> tuple[Stag
     stages: list[Stage] = []
     while any(r.name not in stored for r in reductions):
         ready = [r for r in reductions if r.name not in stored]
-        stage = None
-        for group in _ready_groups(ready, depends, stored):
+        stage = _rest_fused(program, ready, depends, stored, left_outputs, fits, hoisted) \
+            if stored else None
+        for group in ([] if stage is not None else _ready_groups(ready, depends, stored)):
             stage = _first_fitting(program, group, depends, stored, left_outputs, fits, hoisted)
             if stage is not None:
                 break
@@ -117,13 +118,37 @@ def _hoisted(program: Program) -> tuple[Program, set[str]]:
             return Ref(made[n.key()], 0, n.loc)
 
         order.append(replace(c, bodies=tuple(substitute(b, hoist) for b in c.bodies)))
+    named = _named_row_values(program)
     if not made:
-        return program, set()
+        return program, named
     rebuilt = rewrite_computes(types.SimpleNamespace(computes=order), lambda n: None)
     return (Program(program.name, list(program.params), list(rebuilt.values()),
                     [rebuilt[o.name] for o in program.outputs], list(program.axes),
                     list(program.size_constraints), program.loc),
-            {c.name for c in made.values()})
+            {c.name for c in made.values()} | named)
+
+
+def _named_row_values(program: Program) -> set[str]:
+    """The elementwise computes the user named that :func:`_hoisted` would have made: a function
+    of reductions over the compute's own axes, read by a compute over more axes (``nq =
+    sqrt(nq_sum)`` in ``s / (nq * nk)``: a stage stores the norm, not the sum of squares that
+    every score would take a square root of again)."""
+    readers: dict[str, set[int]] = {}
+    for c in program.computes:
+        for d in c.inputs():
+            readers.setdefault(d.name, set()).update(a.uid for a in c.axes + c.over)
+    found = set()
+    for c in program.computes:
+        if c.is_reduction or c.arity != 1:
+            continue
+        inside = nodes(c.bodies[0])
+        refs = [n for n in inside if isinstance(n, Ref)]
+        axes = {a.uid for a in c.axes}
+        if refs and not any(isinstance(n, Load) for n in inside) and \
+                all(r.compute.is_reduction and {a.uid for a in r.compute.axes} == axes
+                    for r in refs) and axes < readers.get(c.name, set()):
+            found.add(c.name)
+    return found
 
 
 def _reductions_read(c: Compute, stop: set[str] = frozenset()) -> set[str]:
@@ -185,6 +210,21 @@ def _first_fitting(program, group, depends, stored, left_outputs, fits,
     return None
 
 
+def _rest_fused(program, ready, depends, stored, left_outputs, fits,
+                hoisted: set[str]) -> Stage | None:
+    """Everything left in one stage, where a template takes it: once the reductions that could
+    not stay in the pass are stored, the rest may be a chain a template fuses whole although
+    its first ready group alone is not. Cosine-similarity attention (``q·k / (|q| |k|)``): its
+    norms over the head dim are stored, then attention takes the rest; by groups, the q·k
+    products over the head dim would be a stage of their own, storing every score (2 GiB at
+    B2 H16 S4096)."""
+    try:
+        stage = _stage(program, ready, depends, stored, left_outputs, True, hoisted)
+    except NotStageable:
+        return None
+    return replace(stage, templated=True) if fits(stage.program) else None
+
+
 def _asked(stage: Stage, fits) -> Stage:
     """``stage``, with whether ``fits`` takes it."""
     return replace(stage, templated=fits(stage.program))
@@ -204,7 +244,7 @@ def _stage(program, group, depends, stored, left_outputs, with_outputs: bool,
     # values computed from the group alone that later stages read (:func:`_hoisted`)
     read_later = {d.name for c in program.computes if c.name not in here | stored
                   for d in c.inputs()}
-    kept = [c for c in program.computes if c.name in hoisted and
+    kept = [c for c in program.computes if c.name in hoisted and c.name not in here and
             c.name in read_later and c.name not in stored and
             depends[c.name] <= names | stored and
             any(d.name in names for d in c.inputs()) and _one_row_each(c, group)]

@@ -5,13 +5,15 @@ and an entropy of soft-maxed rows (chains of dependent reductions in one sweep),
 attention (a weighted sum with no normaliser), groups of features scaled by their absolute
 maximum, a global average pool over two axes, a log-sum-exp down the strided axis, causal
 squared-ReLU attention (a masked weighted sum), latent queries shared by the batch and attention
-pooling by a query vector (the floor's stages). Outputs are poisoned (NaN) before each run. Prints each case's relative error as JSON.
+pooling by a query vector (the floor's stages), cosine-similarity attention (norms stored, then
+attention). Outputs are poisoned (NaN) before each run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.pipeline_check SEED
 """
 import torch
 
-from benchmarks.pipeline_kernels import (attention_pool, global_avg_pool, group_quant_scale,
+from benchmarks.pipeline_kernels import (attention_pool, cosine_attention, global_avg_pool,
+                                         group_quant_scale,
                                          kl_divergence_rows, latent_cross_attention,
                                          logsumexp_pool, relu2_causal_attention,
                                          sigmoid_attention, softmax_entropy)
@@ -82,6 +84,15 @@ def attention_pool_case(generator, B=3, S=77, D=300):
     return dict(x=x, w=w), (p[..., None] * x.double()).sum(1)
 
 
+def cosine_attention_case(generator, B=2, H=3, S=77, D=32):
+    """Rows of q and k of norms from 0.05 to 500 (the scores divide by them)."""
+    q, k, v = ((torch.randn(B, H, S, D, generator=generator) *
+                torch.logspace(-2, 2, S)[:, None]).bfloat16() for _ in range(3))
+    qd, kd = (t.double() / t.double().norm(dim=-1, keepdim=True) for t in (q, k))
+    return dict(q=q, k=k, v=v, tau=12.5), \
+        torch.softmax(qd @ kd.transpose(-1, -2) * 12.5, -1) @ v.double()
+
+
 CASES = {"kl_divergence_rows": (kl_divergence_rows, kl_case),
          "softmax_entropy": (softmax_entropy, entropy_case),
          "sigmoid_attention": (sigmoid_attention, sigmoid_attention_case),
@@ -90,7 +101,8 @@ CASES = {"kl_divergence_rows": (kl_divergence_rows, kl_case),
          "logsumexp_pool": (logsumexp_pool, logsumexp_pool_case),
          "relu2_causal_attention": (relu2_causal_attention, relu2_case),
          "latent_cross_attention": (latent_cross_attention, latent_cross_case),
-         "attention_pool": (attention_pool, attention_pool_case)}
+         "attention_pool": (attention_pool, attention_pool_case),
+         "cosine_attention": (cosine_attention, cosine_attention_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel))

@@ -59,7 +59,9 @@ def test_a_computed_side_is_stored_then_the_hopper_gemm_scales_its_accumulators(
     assert sides.produces == ("staged_out_sum_rows",) and sides.inputs == ("x", "g")
     plan = plan_hopper_gemm(gemm.program)
     assert (plan.a, plan.weights, plan.b_k_major) == ("staged_out_sum_rows", ("w",), True)
-    assert "rsqrt(r_sum[i]" in plan.describe()          # the outer factor, in the epilogue
+    # the outer factor (the norm's rsqrt, stored a float a row by the floor's first stage), in
+    # the epilogue
+    assert "epilogue: r[i] * out_sum_product" in plan.describe()
     assert gemm.produces == ("out",)
     only_outer = hopper_gemm_stages(scaled_gated.program).stages
     assert len(only_outer) == 1 and plan_hopper_gemm(only_outer[0].program).tensors == \
@@ -89,7 +91,7 @@ def test_the_stages_compute_the_program_on_the_cpu(kernel):
         g = (torch.rand(K, generator=generator) + 0.5).bfloat16()
         w = (torch.randn(N, K, generator=generator) / 8).bfloat16()
         r = (x.double() ** 2).mean(-1)
-        values = dict(x=x, g=g, w=w, r_sum=(x.double() ** 2).sum(-1).float())
+        values = dict(x=x, g=g, w=w, r=torch.rsqrt(r + 1e-6).float())
         want = (x.double() * torch.rsqrt(r + 1e-6)[:, None] * g.double()) @ w.double().T
     elif kernel == "scaled_gated":
         program = scaled_gated.program

@@ -101,5 +101,6 @@ def test_the_plan_shows_the_rewrite_and_each_stage():
         "rows one (1)" in plan and "splits=264" in plan
     staged = tf.compile(unit_rows_check.mean_cross_entropy, "cuda:sm_90a")
     plan = staged.describe_plan(M=37, V=1003)
-    assert "[1] lse_max, lse_sum_exp from logits" in plan and "[2] out from" in plan
+    # the first stage stores the log-sum-exp a row, not its max and sum for the second to combine
+    assert "[1] lse from logits" in plan and "[2] out from logits, target, lse" in plan
     assert plan.count("row-tile plan of") == 2

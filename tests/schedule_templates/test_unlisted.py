@@ -3,6 +3,8 @@ Triton's interpreter, as ``tf.compile`` makes them for sm_90a (the checks and ca
 :mod:`tests.schedule_templates.unlisted_check`)."""
 import pytest
 
+from tests.helpers import needs_nvcc
+
 from tests.schedule_templates.unlisted_check import CASES
 
 
@@ -53,6 +55,26 @@ def test_sigmoid_attention_is_planned_as_attention_with_its_values_features_held
     assert "v[b, h, j, e] on tensor cores" in plan, plan
     source = made.source(B=2, H=16, S=4096, D=128)
     assert source.count("tl.dot(") == 2, source
+
+
+@needs_nvcc
+def test_cosine_attention_stores_its_norms_not_its_scores_and_runs_attention_on_wgmma():
+    """``q·k / (|q| |k|)``: the norms over the head dim cannot stay in attention's pass, so the
+    floor stores them (the user's ``sqrt``s, a float a row) and the rest is one attention kernel
+    — not the q·k products as a stage of their own, which stored every score (2 GiB at B2 H16
+    S4096)."""
+    import tensorfuse as tf
+    from benchmarks.pipeline_kernels import cosine_attention
+
+    dims = dict(B=2, H=16, S=4096, D=128)
+    made = tf.compile(cosine_attention, target="cuda:sm_90a")
+    plan = made.describe_plan(**dims)
+    assert plan.splitlines()[0] == "stored between the stages: 1.0 MiB " \
+        "(nq f32 [2, 16, 4096], nk f32 [2, 16, 4096])", plan
+    assert "[3] out from q, k, v, tau, nq, nk" in plan, plan
+    assert "cosine_attention_out at B=2, H=16, S=4096, D=128: hopper_attention" in plan, plan
+    assert "sqrt" not in plan.split("[3]")[1], plan   # each score reads the norms stored
+    assert "wgmma.mma_async" in made.kernels[2].ptx(**dims, tau=10.0)
 
 
 @pytest.mark.gpu
