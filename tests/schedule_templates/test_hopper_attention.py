@@ -421,6 +421,21 @@ static const int ROUNDS[] = {%s};   // merge_rounds(ctas), ctas = 0 … 140
 // (merge_round's groups and counters; each slot's contents as the pieces summed into it): 1 unless
 // exactly one merger ends with every piece once, no counter is used twice at once, and the
 // counters stay within the ctas · (1 + 2 · merge_rounds) the host allocates past the first two.
+// The pieces a slot holds, a bit each (pieces <= CTAs <= 140); adding a piece held twice fails.
+struct Pieces {
+  unsigned long long w[3] = {0, 0, 0};
+  bool add(const Pieces& o) {
+    for (int i = 0; i < 3; ++i) { if (w[i] & o.w[i]) return false; w[i] |= o.w[i]; }
+    return true;
+  }
+  bool all(int n) const {
+    for (int i = 0; i < 3; ++i) {
+      const int k = std::min(std::max(n - 64 * i, 0), 64);
+      if (w[i] != (k == 64 ? ~0ull : (1ull << k) - 1)) return false;
+    }
+    return true;
+  }
+};
 int merge_all(const Tail& s, int tl, int ctas, int rounds, unsigned seed) {
   const int lo = first_piece(s, tl), hi = last_piece(s, tl), n = hi - lo + 1;
   const int fan = merge_fan(s, tl);
@@ -431,12 +446,13 @@ int merge_all(const Tail& s, int tl, int ctas, int rounds, unsigned seed) {
     seed = seed * 1103515245u + 12345u;
     std::swap(order[i], order[(seed >> 8) %% (i + 1)]);
   }
-  std::vector<std::vector<int>> slot(2 * ctas + 2, std::vector<int>(n, 0));
+  if (n > 192) return 1;
+  std::vector<Pieces> slot(2 * ctas + 2);
   std::vector<int> count(ctas * (1 + 2 * rounds), 0);
   int mergers = 0;
   for (int p : order) {
-    std::vector<int> mine(n, 0);
-    mine[p - lo] = 1;
+    Pieces mine;
+    mine.w[(p - lo) / 64] = 1ull << ((p - lo) %% 64);
     slot[piece_slot(s, tl, p)] = mine;
     for (int span = 1, round = 0;; span *= fan, ++round) {
       const MergeRound r = merge_round(s, tl, p, span, round, ctas);
@@ -446,10 +462,10 @@ int merge_all(const Tail& s, int tl, int ctas, int rounds, unsigned seed) {
       if (++count[r.counter] < r.arrivals) break;
       count[r.counter] = 0;
       for (int q = r.g0; q <= r.g1; q += span)
-        if (q != r.own) for (int i = 0; i < n; ++i) mine[i] += slot[piece_slot(s, tl, q)][i];
+        if (q != r.own && !mine.add(slot[piece_slot(s, tl, q)])) return 1;
       if (r.last) {
         ++mergers;
-        for (int i = 0; i < n; ++i) if (mine[i] != 1) return 1;
+        if (!mine.all(n)) return 1;
         break;
       }
       slot[piece_slot(s, tl, r.g0)] = mine;
