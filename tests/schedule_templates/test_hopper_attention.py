@@ -936,3 +936,44 @@ def test_a_new_length_inside_a_bucket_chooses_its_key_blocks_without_sampling_th
     assert all(s["N"] == 8192 and s["M"] == 8192 for s in sampled)
     assert block_n(8000) == hp.WIDE_BLOCK_N and len(sampled) == 2
     assert block_n(4096) == 128 and len(sampled) == 4
+
+
+def test_a_log_sum_exp_output_in_bf16_is_refused_with_the_cast_that_takes_it():
+    """Written without a cast, the log-sum-exp is stored in bf16, which the Hopper template does
+    not write: the reason names the output and the cast; cast to float32 the template takes it
+    (the Triton template runs the bf16 one meanwhile; both checked in the interpreter:
+    :mod:`tests.schedule_templates.unlisted_check`)."""
+    from tests.schedule_templates.unlisted_check import attention_and_logsumexp
+
+    dims = dict(PREFILL, scale=0.1)
+    bf16 = tf.compile(attention_and_logsumexp(None), "cuda:sm_90a").describe_plan(**dims)
+    assert "log-sum-exp output lse is bf16" in bf16 and "T.cast(m + T.log(l), 'f32')" in bf16
+    assert bf16.splitlines()[0].split(": ")[1].startswith("attention template"), bf16
+    f32 = tf.compile(attention_and_logsumexp("f32"), "cuda:sm_90a").describe_plan(**dims)
+    assert f32.splitlines()[0].split(": ")[1].startswith("hopper_attention"), f32
+
+
+@pytest.mark.gpu
+def test_a_log_sum_exp_output_the_user_wrote_matches_float64_on_the_gpu():
+    """The Hopper template writing a user's float32 log-sum-exp beside the output (ragged sizes,
+    wide scores, outputs poisoned) against float64: bf16 output 2e-2, the log-sum-exp 1e-5 of
+    its largest magnitude (float32 state, bf16 operands' products exact in it)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    from tests.helpers import fresh_seed, relative_error
+    from tests.schedule_templates.unlisted_check import attention_and_logsumexp
+
+    seed = fresh_seed()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(2, 4, 300, 128, device="cuda", generator=g) * 3).bfloat16()
+    k, v = ((torch.randn(2, 4, 777, 128, device="cuda", generator=g) * 3).bfloat16()
+            for _ in range(2))
+    made = tf.compile(attention_and_logsumexp("f32"))
+    assert "hopper_attention" in made.schedule_origin(B=2, H=4, M=300, N=777, D=128, scale=0.1)
+    out = torch.full(q.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((2, 4, 300), float("nan"), device="cuda")
+    made(q, k, v, 0.1, out=(out, lse))
+    s = q.double() @ k.double().transpose(-1, -2) * 0.1
+    assert relative_error(out, torch.softmax(s, -1) @ v.double()) < 2e-2, seed
+    assert relative_error(lse, torch.logsumexp(s, -1)) < 1e-5, seed

@@ -6,7 +6,8 @@ experts (many narrow rows a program), the columns of a matrix L2-normalised and 
 statistics, a masked mean over tokens (its count recomputed along the features: rows, not a
 carried feature axis), Mamba's causal depthwise convolution (written out, its taps before the
 start masked), a mixture of experts' combine (written out over 8 experts), cosine similarities
-(stages: a GEMM and the norms) and a layer norm and a mean over two axes written with ``T.mean``. Outputs are poisoned
+(stages: a GEMM and the norms), a layer norm and a mean over two axes written with ``T.mean``,
+and attention with its log-sum-exp as a second output (float32 and bf16). Outputs are poisoned
 (NaN) before each run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.unlisted_check SEED
@@ -113,6 +114,33 @@ def two_axes_case(generator, B=5, P=45):
     return dict(x=x), x.double().mean((1, 2))
 
 
+def attention_and_logsumexp(lse_dtype):
+    """Attention written with its log-sum-exp as a second output, stored as ``lse_dtype``
+    (``None``: as written, which stores it in the inputs' dtype)."""
+    @tf.kernel
+    def attention_and_lse(q: T.Tensor["B", "H", "M", "D", "bf16"],
+                          k: T.Tensor["B", "H", "N", "D", "bf16"],
+                          v: T.Tensor["B", "H", "N", "D", "bf16"], scale: T.f32):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale
+        m = T.max(s, over=j)
+        p = T.exp(s - m)
+        l = T.sum(p, over=j)
+        lse = m + T.log(l)
+        return T.cast(T.sum(p * v[b, h, j, e], over=j) / l, "bf16"), \
+            lse if lse_dtype is None else T.cast(lse, lse_dtype)
+    return attention_and_lse
+
+
+
+def attention_logsumexp_case(generator, B=2, H=3, M=37, N=77, D=64):
+    q = (torch.randn(B, H, M, D, generator=generator) * 3).bfloat16()
+    k, v = ((torch.randn(B, H, N, D, generator=generator) * 3).bfloat16() for _ in range(2))
+    s = q.double() @ k.double().transpose(-1, -2) * 0.1
+    return dict(q=q, k=k, v=v, scale=0.1), (torch.softmax(s, -1) @ v.double(),
+                                            torch.logsumexp(s, -1))
+
+
 CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case),
          "router_softmax": (router_softmax, router_case),
          "l2_normalize_columns": (l2_normalize_columns, columns_case),
@@ -122,7 +150,10 @@ CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case)
          "moe_combine": (moe_combine, moe_combine_case),
          "cosine_similarity": (cosine_similarity, cosine_case),
          "layernorm_with_mean": (layernorm_with_mean, layernorm_case),
-         "mean_over_two_axes": (mean_over_two_axes, two_axes_case)}
+         "mean_over_two_axes": (mean_over_two_axes, two_axes_case),
+         "attention_and_f32_logsumexp": (attention_and_logsumexp("f32"), attention_logsumexp_case),
+         "attention_and_bf16_logsumexp": (attention_and_logsumexp(None),
+                                          attention_logsumexp_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel))
