@@ -113,7 +113,7 @@ def to_user(x, framework: str):
 
 
 _TORCH_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
-                "i32": "int32", "i64": "int64", "bool": "bool"}
+                "i8": "int8", "u8": "uint8", "i32": "int32", "i64": "int64", "bool": "bool"}
 
 
 def torch_dtype(dtype: str):

@@ -33,6 +33,7 @@ and of loads at the output's indices (a bias, a residual), computed on the accum
 Precision: factors that read no contracted axis (a scale, a per-row or per-column factor) leave
 the sum and multiply the accumulator once; where a side is a load of a 16-bit float it enters
 the tensor cores as it is stored;
+8-bit integers (a quantised weight) enter as the other side's type, exactly;
 a computed side, or an f32 load, multiplied with a 16-bit side is rounded to that type (as
 ``torch.autocast`` rounds an operand, and as PyTorch's own backward stores the activation
 gradients it multiplies); two f32 sides multiply in f32 (IEEE, not TF32). Products accumulate in
@@ -145,6 +146,10 @@ class ContractionPlan:
                  + (f", batch {', '.join(a.name for a in self.batch)}" if self.batch else "")]
         for p in self.products:
             rounded = f"; {' and '.join(p.rounded)} side rounded to {p.dtype}" if p.rounded else ""
+            exact = [n for n, side in (("rows", p.rows_side), ("cols", p.cols_side))
+                     if _bytes(side)]
+            rounded += f"; {' and '.join(exact)} side's bytes converted to {p.dtype} " \
+                "(exactly)" if exact else ""
             scaled = f"{to_text(p.outer)} · " if p.outer is not None else ""
             lines.append(f"  {p.name} = {scaled}Σ_{self.k_names} ({to_text(p.rows_side)}) · "
                          f"({to_text(p.cols_side)})  [tensor cores in {p.dtype}{rounded}, "
@@ -170,6 +175,12 @@ def _side_dtype(side: Expr) -> str:
     return side.param.dtype if isinstance(side, Load) else "f32"
 
 
+def _bytes(side: Expr) -> bool:
+    """Whether ``side`` is a load of 8-bit integers (quantised weights, image bytes): every value
+    of one is exact in bf16 and f16, so it enters the tensor cores as the other side's type."""
+    return isinstance(side, Load) and side.param.dtype in ("i8", "u8")
+
+
 def _operand_dtypes(rows_side: Expr, cols_side: Expr) -> tuple[str, tuple[str, ...]]:
     """(what the tensor cores multiply, the sides rounded to it): a 16-bit side sets it (both
     16-bit of different types: the rows side's), two f32 sides stay f32."""
@@ -177,7 +188,8 @@ def _operand_dtypes(rows_side: Expr, cols_side: Expr) -> tuple[str, tuple[str, .
     narrow = [d for d in kinds.values() if d in SIXTEEN_BIT]
     if not narrow:
         return "f32", ()
-    return narrow[0], tuple(side for side, d in kinds.items() if d != narrow[0])
+    return narrow[0], tuple(side for side, d in kinds.items()
+                            if d != narrow[0] and d not in ("i8", "u8"))   # those are exact
 
 
 def _split(body: Expr, rows: Axis, cols: Axis, ks: tuple) -> tuple | None:
@@ -254,7 +266,9 @@ def plan_contraction(program: Program) -> ContractionPlan:
             pairwise.append(PairwiseReduction(c.name, body, c.monoid.name))
             continue
         rows_side, cols_side, outer = split
-        if not all(dt.is_float(dt.resolve(side.dtype)) for side in (rows_side, cols_side)) or \
+        floats = [dt.is_float(dt.resolve(side.dtype)) for side in (rows_side, cols_side)]
+        if not (all(floats) or any(floats) and all(f or _bytes(side) for f, side in
+                                                   zip(floats, (rows_side, cols_side)))) or \
                 not dt.is_float(dt.resolve(c.dtypes[0])):
             raise _refuse(f"{c.name} sums integers: the tensor cores multiply floats, which "
                           "would round large integers", c.loc)

@@ -7,7 +7,8 @@ statistics, a masked mean over tokens (its count recomputed along the features: 
 carried feature axis), Mamba's causal depthwise convolution (written out, its taps before the
 start masked), a mixture of experts' combine (written out over 8 experts), cosine similarities
 (stages: a GEMM and the norms), a layer norm and a mean over two axes written with ``T.mean``,
-and attention with its log-sum-exp as a second output (float32 and bf16). Outputs are poisoned
+attention with its log-sum-exp as a second output (float32 and bf16), a linear layer of int8
+weights and the means of byte images. Outputs are poisoned
 (NaN) before each run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.unlisted_check SEED
@@ -19,6 +20,7 @@ from tensorfuse import dsl as T
 from benchmarks.unlisted_kernels import (batch_norm_stats_nchw, biased_attention_bshd,
                                          causal_conv1d, cosine_similarity, l2_normalize_columns,
                                          masked_mean_pool, moe_combine, router_softmax)
+from tests.dsl.test_byte_tensors import pixel_means, w8a16_linear
 from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 
@@ -141,6 +143,19 @@ def attention_logsumexp_case(generator, B=2, H=3, M=37, N=77, D=64):
                                             torch.logsumexp(s, -1))
 
 
+def w8a16_case(generator, B=37, N=77, K=300):
+    """The GEMM template at B=37 (a ragged tile), bytes over their whole range."""
+    w = torch.randint(-128, 128, (N, K), generator=generator, dtype=torch.int8)
+    s = torch.rand(N, generator=generator) / 64
+    x = (torch.randn(B, K, generator=generator) * 4).bfloat16()
+    return dict(w=w, s=s, x=x), (x.double() @ w.double().T) * s.double()
+
+
+def pixel_means_case(generator, B=3, C=3, P=1000):
+    img = torch.randint(0, 256, (B, C, P), generator=generator, dtype=torch.uint8)
+    return dict(img=img), (img.double() / 255).mean(-1)
+
+
 CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case),
          "router_softmax": (router_softmax, router_case),
          "l2_normalize_columns": (l2_normalize_columns, columns_case),
@@ -153,7 +168,9 @@ CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case)
          "mean_over_two_axes": (mean_over_two_axes, two_axes_case),
          "attention_and_f32_logsumexp": (attention_and_logsumexp("f32"), attention_logsumexp_case),
          "attention_and_bf16_logsumexp": (attention_and_logsumexp(None),
-                                          attention_logsumexp_case)}
+                                          attention_logsumexp_case),
+         "w8a16_linear": (w8a16_linear, w8a16_case),
+         "pixel_means": (pixel_means, pixel_means_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel))

@@ -18,7 +18,8 @@ from ...errors import TargetError
 from ..address_terms import address_terms
 
 TL_DTYPES = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f64": "tl.float64",
-             "i32": "tl.int32", "i64": "tl.int64", "bool": "tl.int1"}
+             "i8": "tl.int8", "u8": "tl.uint8", "i32": "tl.int32", "i64": "tl.int64",
+             "bool": "tl.int1"}
 
 
 def ieee_products(dot_dtype: str) -> str:

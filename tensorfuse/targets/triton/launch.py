@@ -15,7 +15,7 @@ from ...dsl import dtypes as dt
 from ...errors import TargetError
 
 TL_SIGNATURE = _TRITON_TYPES = {"f16": "fp16", "bf16": "bf16", "f32": "fp32", "f64": "fp64", "i32": "i32",
-                 "i64": "i64", "bool": "i1"}
+                 "i64": "i64", "i8": "i8", "u8": "u8", "bool": "i1"}
 
 
 def cache_root() -> str:
