@@ -4,7 +4,8 @@ of a policy's soft-maxed logits, sigmoid attention (no normaliser: Apple's), fp8
 of groups of 128 features by their absolute maximum (DeepSeek's), a CNN's global average pool,
 a log-sum-exp pool over tokens (a reduction down the strided axis), causal attention by squared
 ReLU (Primer's), Perceiver's latent queries shared by the batch, attention pooling by a
-learned query vector and cosine-similarity attention (Swin v2's: q·k over the norms) — through
+learned query vector, cosine-similarity attention (Swin v2's: q·k over the norms) and a linear
+layer of int8 weights with a scale per channel (weight-only quantisation, serving) — through
 ``tf.compile`` defaults against the best torch alternative in the same process, each checked
 against a float64 reference first (the harness of :mod:`benchmarks.kernel_suite`).
 
@@ -126,6 +127,14 @@ def cosine_attention(q: T.Tensor["B", "H", "S", "D", "bf16"],
     m = T.max(s, over=j)
     p = T.exp(s - m)
     return T.cast(T.sum(p * v[b, h, j, e], over=j) / T.sum(p, over=j), "bf16")
+
+
+@tf.kernel
+def w8a16_linear(w: T.Tensor["N", "K", "i8"], s: T.Tensor["N", "f32"],
+                 x: T.Tensor["B", "K", "bf16"]):
+    """A linear layer of int8 weights, a scale per output channel (weight-only quantisation)."""
+    b, n, k = T.axes("b n k")
+    return T.cast(T.sum(w[n, k] * x[b, k], over=k) * s[n], "bf16")
 
 
 def _logits(generator, M, V, spread=4.0):
@@ -264,6 +273,22 @@ def _cosine_attention_case(generator, B=2, H=16, S=4096, D=128) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
 
 
+def _w8a16_case(generator, B=16, N=8192, K=8192) -> Case:
+    """A decode step's batch of 16 tokens (memory-bound: the bytes are the weights); GB/s."""
+    w = torch.randint(-128, 128, (N, K), generator=generator, dtype=torch.int8).to("cuda")
+    s = (torch.rand(N, generator=generator) / 64).to("cuda")
+    x = torch.randn(B, K, generator=generator).to("cuda", torch.bfloat16)
+
+    def eager(w, s, x):   # dequantise, then cuBLAS
+        return (x @ w.to(x.dtype).T * s).to(x.dtype)
+    f, compiled = Recorded(w8a16_linear), torch.compile(eager)
+    ref = (x.double() @ w.double().T) * s.double()
+    return Case("w8a16_linear", f"B{B} N{N} K{K} int8 weights", lambda: f(w, s, x),
+                {TORCH_COMPILE: lambda: compiled(w, s, x), TORCH_EAGER: lambda: eager(w, s, x)},
+                ref, lambda out: out, bytes=N * K + 4 * N + 2 * B * (K + N),
+                notes={TENSORFUSE: f.schedule_origin(B=B, N=N, K=K)})
+
+
 PIPELINE = {
     "kl_divergence_rows": _kl_case,
     "softmax_entropy": _entropy_case,
@@ -275,6 +300,7 @@ PIPELINE = {
     "latent_cross_attention": _latent_cross_case,
     "attention_pool": _attention_pool_case,
     "cosine_attention": _cosine_attention_case,
+    "w8a16_linear": _w8a16_case,
 }
 
 if __name__ == "__main__":

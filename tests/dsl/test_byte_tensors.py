@@ -1,7 +1,7 @@
 """Tensors of 8-bit integers (``i8``: quantised weights, ``u8``: image bytes): arithmetic on them
 in i32, a product with a float in f32, on the CPU target against float64/int64 references; the
-GEMM of an ``i8`` weight and a ``bf16`` activation on the contraction template for sm_90a (its
-bytes given to the tensor cores as bf16, exactly). The interpreter's numbers:
+GEMM of an ``i8`` weight and a ``bf16`` activation (``benchmarks.pipeline_kernels``) on the
+contraction template for sm_90a (its bytes given to the tensor cores as bf16, exactly). The interpreter's numbers:
 :mod:`tests.schedule_templates.unlisted_check`."""
 import pytest
 import torch
@@ -9,17 +9,9 @@ import torch
 import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.dsl import dtypes as dt
+from benchmarks.pipeline_kernels import w8a16_linear
 from tensorfuse.errors import DSLError
 from tests.helpers import fresh_seed, relative_error
-
-
-@tf.kernel
-def w8a16_linear(w: T.Tensor["N", "K", "i8"], s: T.Tensor["N", "f32"],
-                 x: T.Tensor["B", "K", "bf16"]):
-    """A linear layer with int8 weights and a scale per output channel (weight-only
-    quantisation)."""
-    b, n, k = T.axes("b n k")
-    return T.cast(T.sum(w[n, k] * x[b, k], over=k) * s[n], "bf16")
 
 
 @tf.kernel

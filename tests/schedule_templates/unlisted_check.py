@@ -20,7 +20,8 @@ from tensorfuse import dsl as T
 from benchmarks.unlisted_kernels import (batch_norm_stats_nchw, biased_attention_bshd,
                                          causal_conv1d, cosine_similarity, l2_normalize_columns,
                                          masked_mean_pool, moe_combine, router_softmax)
-from tests.dsl.test_byte_tensors import pixel_means, w8a16_linear
+from benchmarks.pipeline_kernels import w8a16_linear
+from tests.dsl.test_byte_tensors import pixel_means
 from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 
