@@ -162,6 +162,17 @@ def paged_decode(q: T.Tensor["B", "H", "D", "bf16"],
 
 
 @tf.kernel
+def gqa_causal_grouped_axes(q: T.Tensor["B", "G", "R", "S", "D", "bf16"],
+                            k: T.Tensor["B", "G", "S", "D", "bf16"],
+                            v: T.Tensor["B", "G", "S", "D", "bf16"], scale: T.f32):
+    """Causal GQA with each kv-head's query heads as an axis of their own (einops' ``b (g r) s
+    d``, q broadcast against k)."""
+    b, g, r, i, j, d, e = T.axes("b g r i j d e")
+    s = T.where(i >= j, T.sum(q[b, g, r, i, d] * k[b, g, j, d], over=d) * scale, -T.inf)
+    return softmax_attend(s, v[b, g, j, e], j)
+
+
+@tf.kernel
 def cross_attention_lengths(q: T.Tensor["B", "H", "M", "D", "bf16"],
                             k: T.Tensor["B", "H", "N", "D", "bf16"],
                             v: T.Tensor["B", "H", "N", "D", "bf16"],
@@ -272,6 +283,36 @@ def _two_head_dims_case(generator, B=2, H=16, S=4096, DQK=192, DV=128) -> Case:
                      SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH])},
                 ref, lambda out: out[:, :, rows], flops=B * H * S * S * (DQK + DV),
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, M=S, N=S, DQK=DQK, DV=DV)})
+
+
+def _grouped_axes_case(generator, B=2, G=8, R=4, S=4096, D=128) -> Case:
+    """Causal GQA, 32 query heads as [B, G=8, R=4, S, D] over [B, G, S, D] keys; SDPA on the
+    [B, G·R, S, D] view of q (no copy) with ``enable_gqa``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(B, G, R, S, D, generator=generator).to("cuda", torch.bfloat16)
+    k, v = (torch.randn(B, G, S, D, generator=generator).to("cuda", torch.bfloat16)
+            for _ in range(2))
+    scale = D ** -0.5
+    f = Recorded(gqa_causal_grouped_axes)
+    rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
+    s = q[:, :, :, rows].double() @ k.double()[:, :, None].transpose(-1, -2) * scale
+    s = s.masked_fill(rows.cuda()[:, None] < torch.arange(S, device="cuda")[None], -math.inf)
+    ref = torch.softmax(s, -1) @ v.double()[:, :, None]
+
+    def sdpa(backend):
+        def call():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q.flatten(1, 2), k, v, is_causal=True, scale=scale,
+                    enable_gqa=True).unflatten(1, (G, R))
+        return call
+    return Case("gqa_causal_grouped_axes", f"B{B} S{S} G{G}×R{R} D{D} [BGRSD]",
+                lambda: f(q, k, v, scale=scale),
+                {SDPA_CUDNN: sdpa(SDPBackend.CUDNN_ATTENTION),
+                 SDPA_FLASH: sdpa(SDPBackend.FLASH_ATTENTION)},
+                ref, lambda out: out[:, :, :, rows], flops=2 * B * G * R * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, G=G, R=R, S=S, D=D)})
 
 
 def _log_softmax_case(generator, B=8, C=150, P=65536) -> Case:
@@ -544,6 +585,7 @@ SUITE = {
     "causal_bshd_d80": lambda g: _attention_case("causal_bshd_d80", bshd_causal, "bshd", 2, 16,
                                                  16, 4096, 80, g),
     "causal_dqk192_dv128": _two_head_dims_case,
+    "gqa_causal_grouped_axes": _grouped_axes_case,
     "cross_attention_lengths": _cross_attention_case,
     "mqa_decode": _mqa_decode_case,
     "gqa_decode": _gqa_decode_case,

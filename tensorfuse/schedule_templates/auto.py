@@ -217,7 +217,7 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
     if name == "attention":
         made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True,
                       tuned=records("hopper_attention") if records else None,
-                      refused=refused)
+                      refused=refused) or _merged_heads(kernel, fusion, spec, records)
         made += _packed_decodes(kernel, fusion, spec)
         decode = dict(description=f"cluster_decode (the keys {fusion.axis} split over a cluster "
                                   "per (batch, kv-head))", routed=True)
@@ -247,6 +247,23 @@ def _lifted_decode(kernel, fusion, spec: TargetSpec, knobs: dict, records=None) 
     return [LiftedKernel(kernel.program, inserts, inner, spec, added_units(program))
             for inner in _made(attention_decode, ProgramKernel(program), fusion, spec,
                                fusion.axis, tuned=tuned, **knobs)]
+
+
+def _merged_heads(kernel, fusion, spec: TargetSpec, records=None) -> list:
+    """The Hopper attention of grouped-query attention written with its query heads as two
+    axes (:mod:`.merged_heads`), which the Triton template took otherwise; its tuning records are
+    the merged program's."""
+    from ..dsl.program import ProgramKernel
+    from .lifted_kernel import MergedHeadsKernel
+    from .merged_heads import merge_head_axes
+
+    merged = merge_head_axes(kernel.program, fusion.names, fusion.axis)
+    if merged is None:
+        return []
+    tuned = records("hopper_attention", merged.program) if records else None
+    return [MergedHeadsKernel(kernel.program, merged, inner, spec)
+            for inner in _made(hopper_attention, ProgramKernel(merged.program), fusion, spec,
+                               prefill_only=True, tuned=tuned)]
 
 
 # Decodes whose kv-heads each serve a large group of query heads, as (smallest group, largest

@@ -6,7 +6,7 @@ unit axes (``unsqueeze``: nothing copied). The templates that plan decodes by fo
 from __future__ import annotations
 
 from ..binding import CallBinder, output_shape, signature_key, split_scalars
-from ..errors import ScheduleError, TargetError
+from ..errors import CallError, ScheduleError, TargetError
 from ..interop import deliver, torch_output
 from ..targets.signature_call import (SignatureCall, call_layout, fast_call_applies,
                                       try_fast_call)
@@ -121,6 +121,43 @@ class LiftedKernel(GraphCallable):
         out_shapes = [tuple(o.shape) for o in (out if isinstance(out, tuple) else (out,))]
         self._fast[key] = LiftedFastCall(params, outputs, bound.torch_device, likes, guards,
                                          shapes, out_shapes, inner_fast)
+
+
+class MergedHeadsKernel(LiftedKernel):
+    """``inner``, a kernel of ``merged.program`` (:mod:`.merged_heads`: the query heads' two axes
+    as one), as a kernel of the program as written: a call's q and outputs are viewed with those
+    axes merged — a view only: where their strides do not merge, a :class:`CallError` says so."""
+
+    who = "query heads merged"
+
+    def __init__(self, program, merged, inner, target):
+        super().__init__(program, {}, inner, target, ())
+        self.merged = merged
+        self.description = f"{merged.describe()}; {inner.description}"
+
+    def inner_sizes(self, sizes: dict) -> dict:
+        m, names = self.merged, set(self.merged.program.dim_names())
+        return {**{n: v for n, v in sizes.items() if n in names},
+                m.merged: sizes[m.group] * sizes[m.heads]}
+
+    def _views(self, values: dict, outs: list, dims: dict) -> list:
+        at = self.merged.at
+        for name in at.keys() & values.keys():
+            values[name] = _merged_view(values[name], at[name], name, self.merged)
+        return [_merged_view(o, at[c.name], c.name, self.merged)
+                for c, o in zip(self.outputs, outs)]
+
+
+def _merged_view(tensor, at: int, name: str, merged):
+    """``tensor`` with its axes ``at`` and ``at + 1`` as one, where that is a view."""
+    outer, inner = tensor.shape[at], tensor.shape[at + 1]
+    if outer > 1 and inner > 1 and tensor.stride(at) != tensor.stride(at + 1) * inner:
+        raise CallError(f"{name} is viewed with its {merged.group} and {merged.heads} axes as one "
+                        f"head axis ({merged.describe()}): their strides must merge (the "
+                        f"{merged.group} axis's stride {tensor.stride(at)} is "
+                        f"{tensor.stride(at + 1)} × {inner} in a tensor laid out so); make it "
+                        "contiguous")
+    return tensor.flatten(at, at + 1)
 
 
 class LiftedFastCall(SignatureCall):

@@ -1,0 +1,141 @@
+"""Grouped-query attention written with its query heads as two axes — a kv-head ``g`` and the
+heads ``r`` of its group, ``q[b, g, r, i, d]`` over ``k[b, g, j, d]`` (einops' ``b (g r) s d``,
+as code that broadcasts q against k writes it) — as the same program with one head axis
+``h = g · R + r`` whose keys and values are read at ``h // R``: the four-axis attention the
+Hopper template plans. The caller's q and output are then viewed with ``g`` and ``r`` as one
+axis (nothing copied: their strides must merge, as a contiguous tensor's do).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..algebra import inline_elementwise
+from ..algebra.exprs import factors, nodes, rewrite_computes
+from ..dsl.expr import Axis, DimSize, Load, binary
+from ..dsl.program import Program, TensorParam
+from ..errors import ScheduleError
+from .attention_chain import softmax_states
+
+
+@dataclass(frozen=True)
+class MergedHeads:
+    """``program`` with the head axes merged; ``group``, ``heads``: the size names of ``g`` and
+    ``r``; ``merged``: the new size's name (``group × heads``); ``at``: for q and each output
+    (by name), where ``g`` sits among its axes (``r`` right after it)."""
+
+    program: Program
+    group: str
+    heads: str
+    merged: str
+    at: dict
+
+    def describe(self) -> str:
+        return (f"query heads merged: {self.group} × {self.heads} as {self.merged}, keys and "
+                f"values read at the group")
+
+
+def merge_head_axes(program: Program, names: tuple[str, ...], axis: str) -> MergedHeads | None:
+    """The program with ``q``'s kv-head and group axes merged (module docstring), or None where
+    the attention is not written so: ``q`` and the outputs read ``g`` then ``r`` side by side,
+    ``k`` and ``v`` read ``g`` and not ``r``, nothing else reads either, and both are sizes of
+    their own."""
+    try:
+        m, plain, weighted, _, _ = softmax_states(program, names)
+    except ScheduleError:
+        return None
+    dots = [c for c in program.computes if c.is_reduction and c not in (m, plain, weighted)]
+    if len(dots) != 1 or len(dots[0].over) != 1:
+        return None
+    loads = factors(dots[0].bodies[0])
+    if len(loads) != 2 or not all(isinstance(x, Load) and
+                                  all(isinstance(a, Axis) for a in x.indices) for x in loads):
+        return None
+    on_keys = [x for x in loads if any(a.name == axis for a in x.indices)]
+    v_load = next((f for f in factors(inline_elementwise(weighted.bodies[0]))
+                   if isinstance(f, Load)), None)
+    if len(on_keys) != 1 or v_load is None:
+        return None
+    k_load = on_keys[0]
+    q_load = next(x for x in loads if x is not k_load)
+    if len({q_load.param.name, k_load.param.name, v_load.param.name}) != 3:
+        return None
+    q_axes = [a.uid for a in q_load.indices]
+    k_axes = {a.uid for a in k_load.indices}
+    pair = next(((g, r) for g, r in zip(q_load.indices, q_load.indices[1:])
+                 if g.uid in k_axes and r.uid not in k_axes and r.uid != dots[0].over[0].uid
+                 and isinstance(g.extent, str) and isinstance(r.extent, str)), None)
+    if pair is None:
+        return None
+    g, r = pair
+    if not _only_where_expected(program, g, r, q_load.param.name,
+                                {k_load.param.name, v_load.param.name}):
+        return None
+    for c in program.computes:   # every value over both holds them side by side
+        uids = [a.uid for a in c.axes + c.over]
+        if (g.uid in uids) != (r.uid in uids) and r.uid in uids or \
+                g.uid in uids and r.uid in uids and uids.index(r.uid) != uids.index(g.uid) + 1:
+            return None
+    merged = _fresh_size(program, f"{g.extent}{r.extent}")
+    h = Axis(f"{g.name}{r.name}", merged)
+    group_of = binary("floordiv", h, binary("floordiv", DimSize(merged), DimSize(g.extent)))
+    at = {q_load.param.name: q_axes.index(g.uid)}
+    for c in program.outputs:
+        uids = [a.uid for a in c.axes]
+        if g.uid not in uids or uids.index(r.uid) != uids.index(g.uid) + 1:
+            return None
+        at[c.name] = uids.index(g.uid)
+    q = q_load.param
+    q_at = at[q.name]
+    merged_q = TensorParam(q.name, q.dims[:q_at] + (merged,) + q.dims[q_at + 2:], q.dtype, q.loc)
+
+    def rewrite(node):
+        if isinstance(node, Load) and node.param.name == q.name:
+            return Load(merged_q, _merged(node.indices, q_at, h), node.loc)
+        if isinstance(node, Axis) and node.uid == g.uid:   # k's and v's: the group
+            return group_of
+        return None
+
+    def axes_of(c):
+        uids = [a.uid for a in c.axes]
+        return c.axes if g.uid not in uids else _merged(c.axes, uids.index(g.uid), h)
+
+    made = rewrite_computes(program, rewrite, axes=axes_of)
+    computes = list(made.values())
+    used = {a.uid: a for c in computes for a in c.axes + c.over}
+    params = [merged_q if p.name == q.name else p for p in program.params]
+    rewritten = Program(program.name, params, computes, [made[c.name] for c in program.outputs],
+                        sorted(used.values(), key=lambda a: a.uid), [], program.loc)
+    return MergedHeads(rewritten, g.extent, r.extent, merged, at)
+
+
+def _only_where_expected(program: Program, g: Axis, r: Axis, q: str, kv: set) -> bool:
+    """Whether ``r`` is read only by ``q`` and ``g`` only by ``q``, ``k`` and ``v`` (as plain
+    indices; a mask or a term per head would need the heads apart)."""
+    for c in program.computes:
+        for body in c.bodies:
+            for node in nodes(body):
+                if isinstance(node, Load):
+                    reads = {a.uid for a in node.indices if isinstance(a, Axis)}
+                    if r.uid in reads and node.param.name != q or \
+                            g.uid in reads and node.param.name not in kv | {q}:
+                        return False
+                    if any(not isinstance(x, Axis) and {a.uid for a in x.axes} & {g.uid, r.uid}
+                           for x in node.indices):
+                        return False
+                elif not isinstance(node, Axis) and not isinstance(node, Load) and \
+                        any(isinstance(a, Axis) and a.uid in (g.uid, r.uid)
+                            for a in node.children()):
+                    return False
+    return True
+
+
+def _fresh_size(program: Program, name: str) -> str:
+    taken = set(program.dim_names())
+    while name in taken:
+        name = f"{name}_"
+    return name
+
+
+def _merged(items, at: int, item) -> tuple:
+    items = tuple(items)
+    return items[:at] + (item,) + items[at + 2:]

@@ -1,0 +1,100 @@
+"""Grouped-query attention written with its query heads as two axes (``q[b, g, r, i, d]`` over
+``k[b, g, j, d]``) merged into one head axis read by the keys at ``h // R``
+(:mod:`tensorfuse.schedule_templates.merged_heads`): the rewritten program and the views on the
+CPU target against float64, the Hopper template's plan for sm_90a, what is left alone; the H200
+run is marked ``gpu``."""
+import pytest
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.dsl.program import ProgramKernel
+from tensorfuse.errors import CallError
+from tensorfuse.schedule_templates.lifted_kernel import MergedHeadsKernel
+from tensorfuse.schedule_templates.merged_heads import merge_head_axes
+from tensorfuse.targets import get_target
+from benchmarks.user_kernels import gqa_causal_grouped_axes
+from tests.helpers import fresh_seed, relative_error
+
+
+
+def _merged(kernel):
+    """:func:`merge_head_axes` of ``kernel``'s attention chain, as ``tf.compile`` fuses it."""
+    from tensorfuse.schedule_templates.auto import choose
+
+    _, fusion = choose(kernel.program, get_target("cuda:sm_90a"))
+    return merge_head_axes(kernel.program, fusion.names, fusion.axis)
+
+
+@tf.kernel
+def slopes_per_head(q: T.Tensor["B", "G", "R", "S", "D", "bf16"],
+                    k: T.Tensor["B", "G", "S", "D", "bf16"],
+                    v: T.Tensor["B", "G", "S", "D", "bf16"], slope: T.Tensor["G", "R", "f32"]):
+    """ALiBi with a slope per (g, r): a term that needs the heads apart."""
+    b, g, r, i, j, d, e = T.axes("b g r i j d e")
+    s = T.sum(q[b, g, r, i, d] * k[b, g, j, d], over=d) - slope[g, r] * (i - j)
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.cast(T.sum(p * v[b, g, j, e], over=j) / T.sum(p, over=j), "bf16")
+
+
+def _reference(q, k, v, scale):
+    B, G, R, S, D = q.shape
+    s = q.double() @ k.double()[:, :, None].transpose(-1, -2) * scale
+    s = s.masked_fill(~torch.ones(S, S, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v.double()[:, :, None]
+
+
+def test_the_merged_program_and_views_compute_the_attention_as_written_on_the_cpu():
+    """The rewritten program (compiled for the CPU) under the merging views, ragged sizes, wide
+    scores, output poisoned, against float64 of the 5-D math; a q whose strides do not merge is
+    refused by name (no copy behind the caller's back)."""
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    merged = _merged(gqa_causal_grouped_axes)
+    assert merged.describe() == ("query heads merged: G × R as GR, keys and values read at the "
+                                 "group") and merged.at == {"q": 1, "out": 1}
+    cpu = get_target("llvm")
+    inner = tf.compile(ProgramKernel(merged.program), target=cpu)
+    made = MergedHeadsKernel(gqa_causal_grouped_axes.program, merged, inner, cpu)
+    B, G, R, S, D = 2, 3, 2, 37, 16
+    q = (torch.randn(B, G, R, S, D, generator=g) * 3).bfloat16()
+    k, v = ((torch.randn(B, G, S, D, generator=g) * 3).bfloat16() for _ in range(2))
+    out = torch.full((B, G, R, S, D), float("nan"), dtype=torch.bfloat16)
+    made(q, k, v, 0.25, out=out)
+    assert relative_error(out, _reference(q, k, v, 0.25)) < 2e-2, seed
+    assert relative_error(made(q, k, v, 0.25), _reference(q, k, v, 0.25)) < 2e-2, seed
+    apart = q.transpose(1, 2).contiguous().transpose(1, 2)   # R outside G in memory
+    with pytest.raises(CallError, match="q is viewed with its G and R axes as one head axis"):
+        made(apart, k, v, 0.25)
+
+
+def test_tf_compile_plans_it_on_the_hopper_template_and_leaves_a_term_per_head_alone():
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    dims = dict(B=2, G=4, R=4, S=4096, D=128)
+    made = tf.compile(gqa_causal_grouped_axes, target="cuda:sm_90a")
+    origin = made.schedule_origin(**dims, scale=0.1)
+    assert origin.startswith("query heads merged; hopper_attention"), origin
+    plan = made.describe_plan(**dims, scale=0.1)
+    assert "query heads merged: G × R as GR" in plan.splitlines()[0], plan
+    assert _merged(slopes_per_head) is None
+
+
+@pytest.mark.gpu
+def test_the_merged_heads_match_float64_on_the_gpu():
+    """On the H200 through ``tf.compile``: the Hopper template on the merged view, ragged length,
+    outputs poisoned, against float64 (bf16: 2e-2)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    B, G, R, S, D = 2, 2, 4, 777, 128
+    q = (torch.randn(B, G, R, S, D, generator=g) * 3).bfloat16()
+    k, v = ((torch.randn(B, G, S, D, generator=g) * 3).bfloat16() for _ in range(2))
+    want = _reference(q, k, v, 0.1)
+    made = tf.compile(gqa_causal_grouped_axes)
+    assert made.schedule_origin(B=B, G=G, R=R, S=S, D=D, scale=0.1).startswith(
+        "query heads merged; hopper_attention")
+    out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    made(q.cuda(), k.cuda(), v.cuda(), 0.1, out=out)
+    assert relative_error(out, want) < 2e-2, seed
