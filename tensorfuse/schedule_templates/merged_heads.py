@@ -67,6 +67,11 @@ def merge_head_axes(program: Program, names: tuple[str, ...], axis: str) -> Merg
     if pair is None:
         return None
     g, r = pair
+    # two axes of q's own besides the head dim — the group's heads, then the queries — so the
+    # query axis is never taken for a head (a four-axis q has one: nothing to merge)
+    own = [a for a in q_load.indices if a.uid not in k_axes and a.uid != dots[0].over[0].uid]
+    if len(own) != 2 or own[0].uid != r.uid:
+        return None
     if not _only_where_expected(program, g, r, q_load.param.name,
                                 {k_load.param.name, v_load.param.name}):
         return None

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import tensorfuse as tf
+import tensorfuse.kernels as K
 from tensorfuse import dsl as T
 from tensorfuse.dsl.program import ProgramKernel
 from tensorfuse.errors import CallError
@@ -78,6 +79,8 @@ def test_tf_compile_plans_it_on_the_hopper_template_and_leaves_a_term_per_head_a
     plan = made.describe_plan(**dims, scale=0.1)
     assert "query heads merged: G × R as GR" in plan.splitlines()[0], plan
     assert _merged(slopes_per_head) is None
+    # four-axis attention has nothing to merge (its query axis is never taken for a head)
+    assert _merged(K.attention) is None and _merged(K.gqa_attention) is None
 
 
 @pytest.mark.gpu
