@@ -86,7 +86,8 @@ def test_tf_compile_plans_it_on_the_hopper_template_and_leaves_a_term_per_head_a
 @pytest.mark.gpu
 def test_the_merged_heads_match_float64_on_the_gpu():
     """On the H200 through ``tf.compile``: the Hopper template on the merged view, ragged length,
-    outputs poisoned, against float64 (bf16: 2e-2)."""
+    outputs poisoned, against float64 (bf16: 2e-2); the gradients of q, k and v through
+    autograd against float64 autograd."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
     seed = fresh_seed()
@@ -101,3 +102,10 @@ def test_the_merged_heads_match_float64_on_the_gpu():
     out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     made(q.cuda(), k.cuda(), v.cuda(), 0.1, out=out)
     assert relative_error(out, want) < 2e-2, seed
+    # training: the forward with its log-sum-exps on the merged view, then the backward
+    leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
+    made(*leaves, 0.1).float().backward(out.float())
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    _reference(*exact, 0.1).backward(out.double().cpu())
+    for got, ref in zip(leaves, exact):
+        assert relative_error(got.grad, ref.grad) < 2e-2, seed
