@@ -345,6 +345,31 @@ def softmax_states(program: Program, names: tuple[str, ...]):
     return m, plain[0], weighted[0], scores, p
 
 
+def attention_loads(program: Program, names: tuple[str, ...], axis: str):
+    """``(q, k, v, d)`` — the loads of softmax attention's scores ``Σ_d q·k`` (``k`` the one
+    over the swept ``axis``), of the values it weighs, and the head dim — where the chain
+    ``names`` is softmax attention with its scores one product of two loads; else None. What the
+    rewrites that reshape a user's attention before planning it read (:mod:`.packed_lift`,
+    :mod:`.merged_heads`)."""
+    try:
+        m, plain, weighted, _, _ = softmax_states(program, names)
+    except ScheduleError:   # not a softmax chain
+        return None
+    dots = [c for c in program.computes if c.is_reduction and c not in (m, plain, weighted)]
+    if len(dots) != 1 or len(dots[0].over) != 1:
+        return None
+    loads = factors(dots[0].bodies[0])
+    on_keys = [ld for ld in loads if isinstance(ld, Load) and any(a.name == axis for a in ld.axes)]
+    if len(loads) != 2 or len(on_keys) != 1 or not all(isinstance(ld, Load) for ld in loads):
+        return None
+    v_load = next((f for f in factors(inline_elementwise(weighted.bodies[0]))
+                   if isinstance(f, Load)), None)
+    if v_load is None:
+        return None
+    k_load = on_keys[0]
+    return next(ld for ld in loads if ld is not k_load), k_load, v_load, dots[0].over[0]
+
+
 def _logsumexp_body(m: Compute, l_: Compute, sink_ratio: Expr | None = None) -> Expr:
     """``m + log(l)``; where the output is ``o / (l + exp(g - m))`` (``sink_ratio``, attention
     sinks), the log-sum-exp of the softmax's whole denominator, the sink's term in it:

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..algebra import inline_elementwise
-from ..algebra.exprs import factors, nodes, rewrite_computes
+from ..algebra.exprs import nodes, rewrite_computes
 from ..dsl.expr import Axis, DimSize, Load, binary
 from ..dsl.program import Program, TensorParam
-from ..errors import ScheduleError
-from .attention_chain import softmax_states
+from .attention_chain import attention_loads
 
 
 @dataclass(frozen=True)
@@ -39,37 +37,23 @@ def merge_head_axes(program: Program, names: tuple[str, ...], axis: str) -> Merg
     the attention is not written so: ``q`` and the outputs read ``g`` then ``r`` side by side,
     ``k`` and ``v`` read ``g`` and not ``r``, nothing else reads either, and both are sizes of
     their own."""
-    try:
-        m, plain, weighted, _, _ = softmax_states(program, names)
-    except ScheduleError:
+    found = attention_loads(program, names, axis)
+    if found is None or not all(isinstance(a, Axis) for a in found[0].indices + found[1].indices):
         return None
-    dots = [c for c in program.computes if c.is_reduction and c not in (m, plain, weighted)]
-    if len(dots) != 1 or len(dots[0].over) != 1:
-        return None
-    loads = factors(dots[0].bodies[0])
-    if len(loads) != 2 or not all(isinstance(x, Load) and
-                                  all(isinstance(a, Axis) for a in x.indices) for x in loads):
-        return None
-    on_keys = [x for x in loads if any(a.name == axis for a in x.indices)]
-    v_load = next((f for f in factors(inline_elementwise(weighted.bodies[0]))
-                   if isinstance(f, Load)), None)
-    if len(on_keys) != 1 or v_load is None:
-        return None
-    k_load = on_keys[0]
-    q_load = next(x for x in loads if x is not k_load)
+    q_load, k_load, v_load, d = found
     if len({q_load.param.name, k_load.param.name, v_load.param.name}) != 3:
         return None
     q_axes = [a.uid for a in q_load.indices]
     k_axes = {a.uid for a in k_load.indices}
     pair = next(((g, r) for g, r in zip(q_load.indices, q_load.indices[1:])
-                 if g.uid in k_axes and r.uid not in k_axes and r.uid != dots[0].over[0].uid
+                 if g.uid in k_axes and r.uid not in k_axes and r.uid != d.uid
                  and isinstance(g.extent, str) and isinstance(r.extent, str)), None)
     if pair is None:
         return None
     g, r = pair
     # two axes of q's own besides the head dim — the group's heads, then the queries — so the
     # query axis is never taken for a head (a four-axis q has one: nothing to merge)
-    own = [a for a in q_load.indices if a.uid not in k_axes and a.uid != dots[0].over[0].uid]
+    own = [a for a in q_load.indices if a.uid not in k_axes and a.uid != d.uid]
     if len(own) != 2 or own[0].uid != r.uid:
         return None
     if not _only_where_expected(program, g, r, q_load.param.name,

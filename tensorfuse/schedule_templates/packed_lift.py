@@ -4,12 +4,10 @@ axes added: the four-axis attention :mod:`.packed_rows` packs. The caller's tens
 viewed with those axes (``unsqueeze``: nothing copied)."""
 from __future__ import annotations
 
-from ..algebra import inline_elementwise
-from ..algebra.exprs import factors, nodes, rewrite_computes
+from ..algebra.exprs import nodes, rewrite_computes
 from ..dsl.expr import Axis, Const, DimSize, Load, binary
 from ..dsl.program import Compute, Program, TensorParam
-from ..errors import ScheduleError
-from .attention_chain import softmax_states
+from .attention_chain import attention_loads
 
 UNIT_Q, UNIT_KV = "ONE_Q", "ONE_KV"   # sizes of the axes a lift adds: 1 at every call
 
@@ -18,20 +16,10 @@ def lift_to_four_axes(program: Program, names: tuple[str, ...], axis: str):
     """``(program with a unit query axis — and kv-head axis — added, {tensor or output name:
     where its unit axis goes})`` for a decode whose q has three axes, or None where q is not
     read with three plain axes (the four-axis recogniser then says what differs)."""
-    try:
-        m, plain, weighted, _, _ = softmax_states(program, names)
-    except ScheduleError:   # not a softmax chain: nothing to lift
+    found = attention_loads(program, names, axis)
+    if found is None:
         return None
-    dots = [c for c in program.computes if c.is_reduction and c not in (m, plain, weighted)]
-    if len(dots) != 1 or len(dots[0].over) != 1:
-        return None
-    loads = factors(dots[0].bodies[0])
-    on_keys = [ld for ld in loads if isinstance(ld, Load) and any(a.name == axis for a in ld.axes)]
-    if len(loads) != 2 or len(on_keys) != 1 or not all(isinstance(ld, Load) for ld in loads):
-        return None
-    k_load = on_keys[0]
-    q_load = next(ld for ld in loads if ld is not k_load)
-    d = dots[0].over[0]
+    q_load, k_load, v_load, d = found
     if len(q_load.indices) != 3 or not all(isinstance(x, Axis) for x in q_load.indices):
         return None
     k_plain = {x.uid for x in k_load.indices if isinstance(x, Axis)}
@@ -40,9 +28,7 @@ def lift_to_four_axes(program: Program, names: tuple[str, ...], axis: str):
     if len(heads) != 1 or len(batch) != 1:
         return None
     h, b = heads[0], batch[0]
-    v_load = next((f for f in factors(inline_elementwise(weighted.bodies[0]))
-                   if isinstance(f, Load)), None)
-    if v_load is None or q_load.param.name in (k_load.param.name, v_load.param.name):
+    if q_load.param.name in (k_load.param.name, v_load.param.name):
         return None   # (q read as the keys or values too, Reformer's shared q·k: one tensor
         # cannot take a unit axis where it is q and none where it is k)
     one_cache = len(k_load.indices) == 3   # every head on one cache: a unit kv-head axis too
