@@ -1,9 +1,9 @@
 """Element types of the DSL and the promotion rules between them.
 
-Storage types are what tensors hold (``bf16``, ``f16``, ``f32``, ``f64``, ``i8``, ``u8``, ``i32``,
-``i64``, ``bool``). Arithmetic on half-precision values happens in ``f32`` (mixed precision: bf16 in,
-f32 accumulate), so the *compute* type of a half-precision load is ``f32``; likewise on 8-bit
-integers (quantised weights, image bytes) in ``i32``, as C promotes them.
+Storage types are what tensors hold (``bf16``, ``f16``, ``f32``, ``f64``, ``i8``, ``u8``,
+``i32``, ``i64``, ``bool``). Arithmetic on half-precision values happens in ``f32`` (mixed
+precision: bf16 in, f32 accumulate), so the *compute* type of a half-precision load is ``f32``;
+likewise on 8-bit integers (quantised weights, image bytes) in ``i32``, as C promotes them.
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ _ALIASES = {
     "int64": "i64",
     "bool": "bool",
 }
-_TVM = {"bool": "bool", "i8": "int8", "u8": "uint8", "i32": "int32", "i64": "int64", "f16": "float16", "bf16": "bfloat16",
-        "f32": "float32", "f64": "float64"}
+_TVM = {"bool": "bool", "i8": "int8", "u8": "uint8", "i32": "int32", "i64": "int64",
+        "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
+BYTES = ("i8", "u8")   # 8-bit integers: every value exact in bf16 and f16
 _RANK = {"bool": 0, "i8": 1, "u8": 1, "i32": 2, "i64": 3, "f16": 4, "bf16": 4, "f32": 5, "f64": 6}
 
 def wider(a: str, b: str) -> bool:
@@ -51,7 +52,7 @@ def is_float(d: str) -> bool:
 
 
 def is_int(d: str) -> bool:
-    return d in ("i8", "u8", "i32", "i64", WEAK_INT)
+    return d in (*BYTES, "i32", "i64", WEAK_INT)
 
 
 def is_half(d: str) -> bool:
@@ -60,7 +61,7 @@ def is_half(d: str) -> bool:
 
 def compute_dtype(d: str) -> str:
     """The type arithmetic on a value of storage type ``d`` happens in."""
-    return "f32" if is_half(d) else "i32" if d in ("i8", "u8") else d
+    return "f32" if is_half(d) else "i32" if d in BYTES else d
 
 
 def promote(a: str, b: str) -> str:

@@ -136,13 +136,12 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     ratio = isinstance(body, Binary) and body.op == "div" and isinstance(body.a, Ref) and \
         body.a.compute is weighted and isinstance(body.b, Ref) and body.b.compute is plain
     sink = None if ratio else _sink_of(body, weighted, plain, m)
-    lse = outputs[1] if len(outputs) == 2 and _is_logsumexp(
+    lse = outputs[1] if len(outputs) == 2 and _logsumexp_shaped(
         outputs[1], m, plain, None if sink is None else body) else None
-    if lse is None and len(outputs) == 2 and outputs[1].dtypes != ("f32",) and _is_logsumexp(
-            replace(outputs[1], dtypes=("f32",)), m, plain, None if sink is None else body):
-        raise refuse(f"the log-sum-exp output {outputs[1].name} is {outputs[1].dtypes[0]}; "
-                     "the attention templates write it in float32: cast it "
-                     "(T.cast(m + T.log(l), 'f32'))", outputs[1].loc)
+    if lse is not None and lse.dtypes != ("f32",):
+        raise refuse(f"the log-sum-exp output {lse.name} is {lse.dtypes[0]}; the attention "
+                     "templates write it in float32: cast it (T.cast(m + T.log(l), 'f32'))",
+                     lse.loc)
     if lse is not None and not logsumexp:
         raise refuse(f"this kernel does not write the log-sum-exp output {lse.name} (the Hopper "
                      "and Triton attention templates do)", lse.loc)
@@ -383,15 +382,20 @@ def _logsumexp_body(m: Compute, l_: Compute, sink_ratio: Expr | None = None) -> 
                  binary("add", m.ref(), unary("log", denominator)), Cast(g, "f32"), "f32")
 
 
-def _is_logsumexp(c: Compute, m: Compute, l_: Compute, sink_ratio: Expr | None = None) -> bool:
-    """Whether ``c`` is the chain's log-sum-exp in float32, written out or through named values
-    (``lse = m + T.log(l)``, then ``T.cast(lse, "f32")``)."""
+def _logsumexp_shaped(c: Compute, m: Compute, l_: Compute,
+                      sink_ratio: Expr | None = None) -> bool:
+    """Whether ``c`` is the chain's log-sum-exp, in any dtype: written out or through named
+    values (``lse = m + T.log(l)``, then ``T.cast(lse, "f32")``)."""
     body = inline_elementwise(c.bodies[0])
-    if isinstance(body, Cast) and body.dtype == "f32" and body.a.dtype == "f32":
+    if isinstance(body, Cast) and body.a.dtype == "f32":
         body = body.a
-    return c.dtypes == ("f32",) and \
-        body.key() == inline_elementwise(_logsumexp_body(m, l_, sink_ratio)).key() and \
+    return body.key() == inline_elementwise(_logsumexp_body(m, l_, sink_ratio)).key() and \
         [a.uid for a in c.axes] == [a.uid for a in m.axes]
+
+
+def _is_logsumexp(c: Compute, m: Compute, l_: Compute, sink_ratio: Expr | None = None) -> bool:
+    """Whether ``c`` is the chain's log-sum-exp in float32 (what the templates write)."""
+    return c.dtypes == ("f32",) and _logsumexp_shaped(c, m, l_, sink_ratio)
 
 
 def sink_ratio(program: Program, names: tuple[str, ...]) -> Expr | None:

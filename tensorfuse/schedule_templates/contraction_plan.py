@@ -178,7 +178,7 @@ def _side_dtype(side: Expr) -> str:
 def _bytes(side: Expr) -> bool:
     """Whether ``side`` is a load of 8-bit integers (quantised weights, image bytes): every value
     of one is exact in bf16 and f16, so it enters the tensor cores as the other side's type."""
-    return isinstance(side, Load) and side.param.dtype in ("i8", "u8")
+    return isinstance(side, Load) and side.param.dtype in dt.BYTES
 
 
 def _operand_dtypes(rows_side: Expr, cols_side: Expr) -> tuple[str, tuple[str, ...]]:
@@ -189,7 +189,7 @@ def _operand_dtypes(rows_side: Expr, cols_side: Expr) -> tuple[str, tuple[str, .
     if not narrow:
         return "f32", ()
     return narrow[0], tuple(side for side, d in kinds.items()
-                            if d != narrow[0] and d not in ("i8", "u8"))   # those are exact
+                            if d != narrow[0] and d not in dt.BYTES)   # those are exact
 
 
 def _split(body: Expr, rows: Axis, cols: Axis, ks: tuple) -> tuple | None:
@@ -267,8 +267,9 @@ def plan_contraction(program: Program) -> ContractionPlan:
             continue
         rows_side, cols_side, outer = split
         floats = [dt.is_float(dt.resolve(side.dtype)) for side in (rows_side, cols_side)]
-        if not (all(floats) or any(floats) and all(f or _bytes(side) for f, side in
-                                                   zip(floats, (rows_side, cols_side)))) or \
+        # a side of bytes multiplies a float side: both floats on the tensor cores, exactly
+        if not any(floats) or not all(f or _bytes(side) for f, side in
+                                      zip(floats, (rows_side, cols_side))) or \
                 not dt.is_float(dt.resolve(c.dtypes[0])):
             raise _refuse(f"{c.name} sums integers: the tensor cores multiply floats, which "
                           "would round large integers", c.loc)

@@ -153,10 +153,10 @@ def _merged_view(tensor, at: int, name: str, merged):
     outer, inner = tensor.shape[at], tensor.shape[at + 1]
     if outer > 1 and inner > 1 and tensor.stride(at) != tensor.stride(at + 1) * inner:
         raise CallError(f"{name} is viewed with its {merged.group} and {merged.heads} axes as one "
-                        f"head axis ({merged.describe()}): their strides must merge (the "
-                        f"{merged.group} axis's stride {tensor.stride(at)} is "
-                        f"{tensor.stride(at + 1)} × {inner} in a tensor laid out so); make it "
-                        "contiguous")
+                        f"head axis ({merged.describe()}): its {merged.group} axis's stride must "
+                        f"be {merged.heads} × the {merged.heads} axis's, "
+                        f"{inner * tensor.stride(at + 1)}, as in a contiguous tensor; it is "
+                        f"{tensor.stride(at)}")
     return tensor.flatten(at, at + 1)
 
 

@@ -59,20 +59,17 @@ def merge_head_axes(program: Program, names: tuple[str, ...], axis: str) -> Merg
     if not _only_where_expected(program, g, r, q_load.param.name,
                                 {k_load.param.name, v_load.param.name}):
         return None
-    for c in program.computes:   # every value over both holds them side by side
-        uids = [a.uid for a in c.axes + c.over]
-        if (g.uid in uids) != (r.uid in uids) and r.uid in uids or \
-                g.uid in uids and r.uid in uids and uids.index(r.uid) != uids.index(g.uid) + 1:
+    for c in program.computes:   # a value over r holds g right before it, an output both;
+        axes = [a.uid for a in c.axes]   # none reduces over either
+        paired = g.uid in axes and axes[axes.index(g.uid) + 1:][:1] == [r.uid]
+        if {g.uid, r.uid} & {a.uid for a in c.over} or r.uid in axes and not paired or \
+                c.is_output and not paired:
             return None
     merged = _fresh_size(program, f"{g.extent}{r.extent}")
     h = Axis(f"{g.name}{r.name}", merged)
     group_of = binary("floordiv", h, binary("floordiv", DimSize(merged), DimSize(g.extent)))
-    at = {q_load.param.name: q_axes.index(g.uid)}
-    for c in program.outputs:
-        uids = [a.uid for a in c.axes]
-        if g.uid not in uids or uids.index(r.uid) != uids.index(g.uid) + 1:
-            return None
-        at[c.name] = uids.index(g.uid)
+    at = {q_load.param.name: q_axes.index(g.uid),
+          **{c.name: [a.uid for a in c.axes].index(g.uid) for c in program.outputs}}
     q = q_load.param
     q_at = at[q.name]
     merged_q = TensorParam(q.name, q.dims[:q_at] + (merged,) + q.dims[q_at + 2:], q.dtype, q.loc)
@@ -108,12 +105,9 @@ def _only_where_expected(program: Program, g: Axis, r: Axis, q: str, kv: set) ->
                     if r.uid in reads and node.param.name != q or \
                             g.uid in reads and node.param.name not in kv | {q}:
                         return False
-                    if any(not isinstance(x, Axis) and {a.uid for a in x.axes} & {g.uid, r.uid}
-                           for x in node.indices):
-                        return False
-                elif not isinstance(node, Axis) and not isinstance(node, Load) and \
-                        any(isinstance(a, Axis) and a.uid in (g.uid, r.uid)
-                            for a in node.children()):
+                # any other use (an index expression, a mask, a term): the walk reaches it
+                elif any(isinstance(a, Axis) and a.uid in (g.uid, r.uid)
+                         for a in node.children()):
                     return False
     return True
 

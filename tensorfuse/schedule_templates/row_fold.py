@@ -39,12 +39,12 @@ def group_of(e: Expr, axis: Axis, sizes: dict) -> set:
 
 
 def row_fold(plan) -> tuple[Axis, int] | None:
-    """``plan`` (a :class:`.tile_plan.RowTilePlan`, not imported: it imports this) with few query
-    rows and a head axis that the column operands (keys, values) read only as
-    ``h // G`` (grouped-query attention): put the G heads of a group in one row tile, so each
-    program reads its keys and values once for the whole group instead of once per head. Without
-    a query axis the group is the rows, at any size (several row tiles where it is larger than
-    one)."""
+    """``(head axis, G)`` to fold into ``plan``'s row tiles (a :class:`.tile_plan.RowTilePlan`,
+    which imports this module), or None: with few query rows and a head axis that the column
+    operands (keys, values) read only as ``h // G`` (grouped-query attention), the G heads of a
+    group share one row tile, so each program reads its keys and values once for the whole
+    group instead of once per head. Without a query axis the group is the rows, at any size
+    (several row tiles where it is larger than one)."""
     unit = all(a.uid != plan.row.uid for a in plan.chain.common_axes)   # row_roles' own axis
     if not unit and plan.sizes_of(plan.row) * 2 > MAX_FOLDED_ROWS:
         return None

@@ -64,12 +64,17 @@ def plan_stages(program: Program, fits: Callable[[Program], bool]) -> tuple[Stag
     stages: list[Stage] = []
     while any(r.name not in stored for r in reductions):
         ready = [r for r in reductions if r.name not in stored]
-        stage = _rest_fused(program, ready, depends, stored, left_outputs, fits, hoisted) \
+        # once what could not stay in the pass is stored, the rest may be a chain a template
+        # fuses whole although its first ready group alone is not: cosine-similarity attention
+        # (q·k / (|q| |k|)) stores its norms, then attention takes the rest — by groups, its q·k
+        # products over the head dim were a stage of their own, storing every score (2 GiB at
+        # B2 H16 S4096)
+        stage = _fitting(program, ready, depends, stored, left_outputs, True, fits, hoisted) \
             if stored else None
-        for group in ([] if stage is not None else _ready_groups(ready, depends, stored)):
-            stage = _first_fitting(program, group, depends, stored, left_outputs, fits, hoisted)
-            if stage is not None:
-                break
+        if stage is None:
+            stage = next(filter(None, (
+                _first_fitting(program, group, depends, stored, left_outputs, fits, hoisted)
+                for group in _ready_groups(ready, depends, stored))), None)
         if stage is None:   # nothing fits: the first ready reduction alone, on any schedule
             first = next(iter(_ready_groups(ready, depends, stored)))[:1]
             stage = _asked(_stage(program, first, depends, stored, left_outputs,
@@ -95,14 +100,8 @@ def _hoisted(program: Program) -> tuple[Program, set[str]]:
     order: list[Compute] = []
 
     def candidate(e: Expr, around: set[int]) -> bool:
-        inside = nodes(e)
-        refs = [n for n in inside if isinstance(n, Ref)]
-        if isinstance(e, Ref) or not refs or any(isinstance(n, Load) for n in inside) or \
-                any(not r.compute.is_reduction for r in refs):
-            return False
-        axes = {a.uid for a in refs[0].compute.axes}
-        return all({a.uid for a in r.compute.axes} == axes for r in refs) and \
-            {a.uid for a in e.axes} <= axes < around
+        axes = _reductions_axes(e)
+        return axes is not None and {a.uid for a in e.axes} <= axes < around
 
     for c in program.computes:
         around = {a.uid for a in c.axes + c.over}
@@ -137,18 +136,21 @@ def _named_row_values(program: Program) -> set[str]:
     for c in program.computes:
         for d in c.inputs():
             readers.setdefault(d.name, set()).update(a.uid for a in c.axes + c.over)
-    found = set()
-    for c in program.computes:
-        if c.is_reduction or c.arity != 1:
-            continue
-        inside = nodes(c.bodies[0])
-        refs = [n for n in inside if isinstance(n, Ref)]
-        axes = {a.uid for a in c.axes}
-        if refs and not any(isinstance(n, Load) for n in inside) and \
-                all(r.compute.is_reduction and {a.uid for a in r.compute.axes} == axes
-                    for r in refs) and axes < readers.get(c.name, set()):
-            found.add(c.name)
-    return found
+    return {c.name for c in program.computes if not c.is_reduction and c.arity == 1 and
+            _reductions_axes(c.bodies[0]) == (axes := {a.uid for a in c.axes}) and
+            axes < readers.get(c.name, set())}
+
+
+def _reductions_axes(e: Expr) -> set[int] | None:
+    """The axes (uids) of the reductions ``e`` is a function of, where it is one of reductions
+    over the same axes and nothing else (no load; not a bare read of one); else None."""
+    inside = nodes(e)
+    refs = [n for n in inside if isinstance(n, Ref)]
+    if isinstance(e, Ref) or not refs or any(isinstance(n, Load) for n in inside) or \
+            any(not r.compute.is_reduction for r in refs):
+        return None
+    axes = {a.uid for a in refs[0].compute.axes}
+    return axes if all({a.uid for a in r.compute.axes} == axes for r in refs) else None
 
 
 def _reductions_read(c: Compute, stop: set[str] = frozenset()) -> set[str]:
@@ -198,28 +200,17 @@ def _first_fitting(program, group, depends, stored, left_outputs, fits,
                    hoisted: set[str]) -> Stage | None:
     """The stage of ``group`` (with the outputs it makes computable, else without) that ``fits``
     takes, trying the group's prefixes from the longest; ``None`` where none fits."""
-    for size in range(len(group), 0, -1):
-        for with_outputs in (True, False):
-            try:
-                stage = _stage(program, group[:size], depends, stored, left_outputs,
-                               with_outputs, hoisted)
-            except NotStageable:
-                continue
-            if fits(stage.program):
-                return replace(stage, templated=True)
-    return None
+    return next(filter(None, (
+        _fitting(program, group[:size], depends, stored, left_outputs, with_outputs, fits,
+                 hoisted)
+        for size in range(len(group), 0, -1) for with_outputs in (True, False))), None)
 
 
-def _rest_fused(program, ready, depends, stored, left_outputs, fits,
-                hoisted: set[str]) -> Stage | None:
-    """Everything left in one stage, where a template takes it: once the reductions that could
-    not stay in the pass are stored, the rest may be a chain a template fuses whole although
-    its first ready group alone is not. Cosine-similarity attention (``q·k / (|q| |k|)``): its
-    norms over the head dim are stored, then attention takes the rest; by groups, the q·k
-    products over the head dim would be a stage of their own, storing every score (2 GiB at
-    B2 H16 S4096)."""
+def _fitting(program, group, depends, stored, left_outputs, with_outputs: bool, fits,
+             hoisted: set[str]) -> Stage | None:
+    """The stage of ``group`` (:func:`_stage`) where ``fits`` takes it, else ``None``."""
     try:
-        stage = _stage(program, ready, depends, stored, left_outputs, True, hoisted)
+        stage = _stage(program, group, depends, stored, left_outputs, with_outputs, hoisted)
     except NotStageable:
         return None
     return replace(stage, templated=True) if fits(stage.program) else None
