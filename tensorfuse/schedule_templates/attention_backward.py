@@ -16,6 +16,10 @@ nothing), the same with the sink's term in LSE, and ``dg = −Σ e^(g − LSE) �
 (and the batch axes ``g`` is not read by). The plan holds the expressions; the Triton emitter
 (:mod:`tensorfuse.targets.triton.attention_backward`) writes the three kernels (statistics and
 Δ per query block, dK/dV per key block over every query head of its group, dQ per query block).
+An operand broadcast over a batch axis it does not read has the sum over that axis as its
+gradient: k and v without one of q's axes (MQA written with ``k[b, j, d]``, a group's query
+heads as an axis of their own) take every index of it as a member of their group; q without
+one of k's (latent queries shared by the batch) gets a dQ term per index, summed.
 
 Refused with the reason (the generic backward program then runs): scores that read another
 differentiable tensor (a learned bias table: its gradient needs a scatter), a value that is not a
@@ -101,10 +105,21 @@ class AttentionBackwardPlan:
     ds_symbol: str = DS    # the name ``d_score`` reads dS by
     value_dim: int = 0     # p·v's head dim (v, the output, dV); 0: the same as ``head_dim``
     sink: Load | None = None   # g where the output is o / (l + exp(g − m)) (attention sinks)
+    # batch axes k and v do not read (q broadcast against them: MQA written with k[b, j, d], a
+    # group's query heads as an axis of their own): dK/dV sum over them as over a group's heads
+    shared: tuple = ()
+    # batch axes q does not read (latent queries shared by the batch): dQ summed over them
+    q_unread: tuple = ()
     _lists: dict = field(default_factory=dict, repr=False)   # block lists by sizes/scalars
 
     def __post_init__(self):
         self.value_dim = self.value_dim or self.head_dim
+
+    @property
+    def members(self) -> int:
+        """Query heads whose gradients flow into each key/value head's dK and dV: the group's
+        heads times every combination of the shared axes."""
+        return self.group * math.prod(self.extent(a) for a in self.shared)
 
     @property
     def differentiated(self) -> list[Load]:
@@ -285,6 +300,7 @@ def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionB
         raise TargetError(f"the attention backward holds head dims up to {MAX_HEAD_DIM}, not "
                           f"{sorted({d, dv})}")
     head, group = _grouping(plan, k, v, sizes)
+    shared, q_unread = _broadcast_axes(plan.batch, q, k, v)
     contributions = backprop(score, Symbol(DS, "f32"))
     d_score = None
     for leaf, c in contributions:
@@ -298,7 +314,7 @@ def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionB
         raise TargetError("the score does not depend on q·kᵀ")
     return AttentionBackwardPlan(program, dict(sizes), list(plan.batch), head, group, plan.row,
                                  plan.col, q, k, v, d, qk, score, d_score, plan.mask, empty,
-                                 value_dim=dv, sink=sink)
+                                 value_dim=dv, sink=sink, shared=shared, q_unread=q_unread)
 
 
 def _output_form(outputs, o: str, l_: str, m: str) -> tuple[float | None, Load | None]:
@@ -337,6 +353,21 @@ def _plain_load(e: Expr, role: str) -> Load:
     if not isinstance(e, Load) or not dt.is_float(e.param.dtype):
         raise TargetError(f"the attention backward needs {role} as a plain tensor read")
     return e
+
+
+def _broadcast_axes(batch: list, q: Load, k: Load, v: Load) -> tuple[tuple, tuple]:
+    """The batch axes neither k nor v reads, and those q does not read: the operands broadcast
+    over them, so their gradients are sums over them. k and v must read the same ones (a key
+    without its value's axis has no kernel here)."""
+    def read(load: Load) -> set:
+        return {n.uid for index in load.indices for n in nodes(index) if isinstance(n, Axis)}
+
+    by_k, by_v, by_q = read(k), read(v), read(q)
+    batch_uids = {a.uid for a in batch}
+    if by_k & batch_uids != by_v & batch_uids:
+        raise TargetError("the attention backward needs k and v to read the same batch axes")
+    return (tuple(a for a in batch if a.uid not in by_k),
+            tuple(a for a in batch if a.uid not in by_q))
 
 
 def _grouping(plan, k: Load, v: Load, sizes: dict) -> tuple[Axis | None, int]:

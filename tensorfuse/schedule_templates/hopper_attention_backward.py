@@ -197,6 +197,10 @@ def _check_layout(base) -> None:
     """q, k, v and the output indexed ``[batch…, tokens, feature]``, the head axis (grouped
     heads) the last batch axis; else :class:`TargetError`."""
     batch = [a.uid for a in base.batch]
+    if base.shared or base.q_unread:
+        raise TargetError("the Hopper attention backward needs q, k and v to read every batch "
+                          "axis (an operand broadcast over one sums its gradient: the Triton "
+                          "kernels)")
     if base.head is not None and base.batch[-1].uid != base.head.uid:
         raise TargetError("the Hopper attention backward needs the head axis as the last batch "
                           "axis where heads share keys")

@@ -9,7 +9,9 @@ soft-cap, a boolean mask tensor that empties some rows, and sizes the tiles divi
 masked for being out of range). Each twice: recomputing the forward's statistics and launching
 dK/dV and dQ apart, and (``<variant>/saved``) from the log-sum-exp the forward program with
 that second output gives, dK/dV and dQ in one launch. For masks, also which block lists were
-consecutive (visited as ranges: causal's) and which not (a mask tensor's: lists).
+consecutive (visited as ranges: causal's) and which not (a mask tensor's: lists). And operands
+broadcast over a batch axis they do not read (a group's query heads as an axis of their own, a
+cache without a head axis, latent queries shared by the batch), whose gradients sum over it.
 """
 import json
 import os
@@ -194,6 +196,70 @@ def gradient_kernel_errors(found: dict) -> None:
         found[f"{name}/count"] = len(got)
 
 
+@tf.kernel
+def grouped_axes(q: T.Tensor["B", "G", "R", "M", "D", "f32"],
+                 k: T.Tensor["B", "G", "N", "D", "f32"], v: T.Tensor["B", "G", "N", "D", "f32"],
+                 scale: T.f32):
+    """Causal GQA with a group's query heads as an axis k and v do not read."""
+    b, g, r, i, j, d, e = T.axes("b g r i j d e")
+    s = T.where(key_position(i) >= j, T.sum(q[b, g, r, i, d] * k[b, g, j, d], over=d) * scale,
+                -T.inf)
+    return softmax_attend(s, v[b, g, j, e], j)
+
+
+@tf.kernel
+def one_cache(q: T.Tensor["B", "H", "M", "D", "f32"], k: T.Tensor["B", "N", "D", "f32"],
+              v: T.Tensor["B", "N", "D", "f32"], scale: T.f32):
+    """Multi-query attention written with the cache's head axis left out."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    return softmax_attend(T.sum(q[b, h, i, d] * k[b, j, d], over=d) * scale, v[b, j, e], j)
+
+
+@tf.kernel
+def latent_queries(q: T.Tensor["H", "M", "D", "f32"], k: T.Tensor["B", "H", "N", "D", "f32"],
+                   v: T.Tensor["B", "H", "N", "D", "f32"], scale: T.f32):
+    """Latent queries shared by every sequence of the batch (Perceiver)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    return softmax_attend(T.sum(q[h, i, d] * k[b, h, j, d], over=d) * scale, v[b, h, j, e], j)
+
+
+# operands broadcast over a batch axis they do not read: its gradient sums over that axis
+# (einsum of the scores, of the output; the shapes of q, k and v; causal or not)
+BROADCAST = {
+    "grouped_axes": (grouped_axes, "bgrid,bgjd->bgrij", "bgrij,bgjd->bgrid", True,
+                     ((2, 2, 3, M_RAGGED, D), (2, 2, N_RAGGED, D), (2, 2, N_RAGGED, D))),
+    "one_cache": (one_cache, "bhid,bjd->bhij", "bhij,bjd->bhid", False,
+                  ((2, 3, M_RAGGED, D), (2, N_RAGGED, D), (2, N_RAGGED, D))),
+    "latent_queries": (latent_queries, "hid,bhjd->bhij", "bhij,bhjd->bhid", False,
+                       ((2, M_RAGGED, D), (2, 2, N_RAGGED, D), (2, 2, N_RAGGED, D)))}
+
+
+def broadcast_errors(found: dict) -> None:
+    """dq, dk, dv of the :data:`BROADCAST` kernels against float64 autograd of their einsums,
+    recomputed and from the saved log-sum-exp."""
+    for name, (kernel, scores_of, out_of, causal, shapes) in BROADCAST.items():
+        q, k, v = (torch.randn(s) for s in shapes)
+        dims = {n: x for p, t in zip(kernel.program.tensor_params, (q, k, v))
+                for n, x in zip(p.dims, t.shape)}
+        _, fusion = choose(kernel.program, get_target("cuda"))
+        plan = plan_attention_backward(kernel.program, fusion, dims)
+        saving = ProgramKernel(with_logsumexp(kernel.program, fusion.names))
+        out, lse = tf.compile(saving, target="llvm")(q, k, v, 0.3)
+        exact = [t.double().requires_grad_() for t in (q, k, v)]
+        s = torch.einsum(scores_of, *exact[:2]) * 0.3
+        if causal:
+            s = s.masked_fill(~(torch.arange(M_RAGGED)[:, None] + N_RAGGED - M_RAGGED >=
+                                torch.arange(N_RAGGED)[None]), float("-inf"))
+        dout = torch.randn(out.shape)
+        want = torch.autograd.grad(torch.einsum(out_of, torch.softmax(s, -1), exact[2]), exact,
+                                   dout.double())
+        tensors = {"q": q, "k": k, "v": v}
+        for label, merged, saved in ((name, False, None), (f"{name}/saved", True, lse)):
+            kernels = AttentionBackwardKernels(plan, BackwardKnobs(16, 16, 16, 16, merged=merged))
+            got = kernels(tensors, {"scale": 0.3}, out, dout, saved)
+            found[label] = max(float((a - b).norm() / b.norm()) for a, b in zip(got, want))
+
+
 def errors(seed: int) -> dict:
     torch.manual_seed(seed)
     found = {}
@@ -238,6 +304,7 @@ def errors(seed: int) -> dict:
                                                                    (q, k, v)]
     sink_errors(found)
     gradient_kernel_errors(found)
+    broadcast_errors(found)
     return found
 
 

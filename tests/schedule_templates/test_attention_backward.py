@@ -36,6 +36,29 @@ def test_the_plan_reads_the_score_and_its_derivative_off_the_forward():
     assert grouped.group == 4 and grouped.head.name == "h" and grouped.mask is not None
 
 
+def test_an_operand_broadcast_over_a_batch_axis_sums_its_gradient_over_it():
+    """q broadcast against k and v (a group's query heads as an axis of their own) makes every
+    combination of that axis a member of the key/value head's dK/dV loop; latent queries shared
+    by the batch give dQ a term per sequence, summed. The Hopper backward refuses both with the
+    reason (its kernel reads every operand at every batch index)."""
+    from benchmarks.pipeline_kernels import latent_cross_attention
+    from benchmarks.user_kernels import gqa_causal_grouped_axes
+    from tensorfuse.schedule_templates.hopper_attention_backward import plan_hopper_backward
+
+    grouped = _plan(gqa_causal_grouped_axes, dict(B=2, G=8, R=4, S=1024, D=128))
+    assert [a.name for a in grouped.shared] == ["r"] and grouped.members == 4
+    assert not grouped.q_unread and grouped.head is None
+    latent = _plan(latent_cross_attention, dict(B=2, L=256, S=1024, D=128))
+    assert [a.name for a in latent.q_unread] == ["b"] and latent.members == 1
+    for plan in (grouped, latent):
+        with pytest.raises(TargetError, match="read every batch axis"):
+            plan_hopper_backward(plan, "sm_90a")
+    kernels = AttentionBackwardKernels(grouped, BackwardKnobs.for_head_dim(128))
+    assert "for g in range(4):" in kernels.source and "ax_r = g % 4" in kernels.source
+    compiled = kernels.compiled(get_target("cuda:sm_90a"), ranges=3)   # the loop on sm_90a
+    assert all("mma" in c.asm["ptx"] for c in compiled[1:])
+
+
 def test_what_the_template_cannot_differentiate_is_refused_with_the_reason():
     @tf.kernel
     def learned_bias(q: T.Tensor["B", "H", "M", "D", "bf16"],
@@ -70,6 +93,8 @@ def test_interpreted_kernels_match_the_backward_program():
     assert [errors.pop(f"{n}/count") for n in ("grad", "grad_sinks", "grad_q")] == [3, 4, 1]
     assert all(errors.pop(f"{n}/origin").startswith("attention backward template")
                for n in gradients)
+    broadcast = {"grouped_axes", "one_cache", "latent_queries"}   # gradients summed over axes
+    names |= broadcast
     assert set(errors) == names | {f"{n}/saved" for n in names} | widths | sinks | gradients
     for name, err in errors.items():   # float32, against the backward program on the CPU
         assert err <= 1e-5, f"{name}: {err:.1e} (TENSORFUSE_SEED={seed})"

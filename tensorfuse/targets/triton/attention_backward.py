@@ -52,6 +52,22 @@ def _indent(text: str, depth: int) -> str:
     return "\n".join("    " * depth + line if line else line for line in text.split("\n"))
 
 
+def dq_buffer(plan) -> Load:
+    """dQ's buffer as the kernels index it: laid out as q, in q's dtype; where q is shared by
+    batch axes it does not read (``plan.q_unread``), those axes first and float32 — each
+    program writes its own term, summed over them after the kernels (:func:`dq_shape`)."""
+    q = plan.q
+    if not plan.q_unread:
+        return Load(TensorParam("DQ", q.param.dims, q.param.dtype), list(q.indices))
+    dims = tuple(a.extent for a in plan.q_unread) + tuple(q.param.dims)
+    return Load(TensorParam("DQ", dims, "f32"), [*plan.q_unread, *q.indices])
+
+
+def dq_shape(plan, q_shape: tuple) -> tuple:
+    """The shape of dQ's buffer (:func:`dq_buffer`) for q of ``q_shape``."""
+    return tuple(plan.extent(a) for a in plan.q_unread) + tuple(q_shape)
+
+
 def backward_source(plan, knobs) -> str:
     """Triton source of the three kernels for ``plan`` and ``knobs``."""
     return _BackwardSource(plan, knobs).source()
@@ -88,7 +104,7 @@ class _BackwardSource:
         self.OUT = Load(TensorParam("OUT", tuple(a.extent for a in out_axes), storage),
                         list(out_axes))
         self.DO = buffer("DO", self.OUT)
-        self.DQ, self.DK, self.DV = buffer("DQ", plan.q), buffer("DK", plan.k), buffer("DV", plan.v)
+        self.DQ, self.DK, self.DV = dq_buffer(plan), buffer("DK", plan.k), buffer("DV", plan.v)
         self.head = head = plan.head
         self.batch_vars = batch_vars = {a.uid: f"ax_{a.name}" for a in plan.batch}
         self.masked = plan.mask is not None
@@ -109,8 +125,9 @@ class _BackwardSource:
         self.fwd_lse_ptr = self.saved_rows(plan, batch_vars, M)
         self.nq2, self.nk2 = math.ceil(M / bm2), math.ceil(N / bn2)
         self.nk1, self.nq1 = math.ceil(N / bn1), math.ceil(M / bm1)
-        self.heads = math.prod(extents.values()) // plan.group   # (batch, key/value head) pairs
-        self.key_programs, self.per_head = self.nk1 * self.heads, plan.group * self.nq2
+        # (batch, key/value head) pairs, each summing dK/dV over its members (:meth:`member`)
+        self.heads = math.prod(extents.values()) // plan.members
+        self.key_programs, self.per_head = self.nk1 * self.heads, plan.members * self.nq2
         self.row_stats = (f"_lse = tl.load(LSE + {rows_ptr}, mask=row_ok, other=float('inf'))\n"
                           f"_delta = tl.load(DELTA + {rows_ptr}, mask=row_ok, other=0.0)\n")
         self.rows_start = ("\noffs_m = pid * BM + tl.arange(0, BM)\n" + self.features
@@ -129,8 +146,8 @@ class _BackwardSource:
                                    "offs_n", "col_ok", N)
         self.dkdv_loop = self.blocks(self.dkdv_body, "TPN,TPI,TFN,TFI", str(self.nk1), self.nq1,
                                      "BM", "offs_m", "row_ok", M)
-        self.group = (f"for g in range({plan.group}):\n    {batch_vars[head.uid]} = ax_hkv * "
-                      f"{plan.group} + g\n" if head is not None else "for g in range(1):\n")
+        self.group = f"for g in range({plan.members}):\n" + _indent(self.member("g"), 1) + "\n" \
+            if plan.members > 1 or head is not None else "for g in range(1):\n"
         self.head_first = f"{batch_vars[head.uid]} = ax_hkv * {plan.group}" \
             if head is not None else ""
 
@@ -200,14 +217,31 @@ class _BackwardSource:
         """The batch axes' values from ``bh`` (the head axis by key/value head; with ``member``
         the query head is that head of the key/value head's group)."""
         lines = ["rest = bh"]
+        shared = {a.uid for a in self.plan.shared}
         for a in reversed(self.plan.batch):
             n, name = self.extents[a.uid], self.batch_vars[a.uid]
+            if grouped and a.uid in shared:
+                continue
             if grouped and self.head is not None and a.uid == self.head.uid:
                 n, name = n // self.plan.group, "ax_hkv"
             lines += [f"{name} = rest % {n}", f"rest = rest // {n}"]
-        if member is not None and self.head is not None:
-            lines.append(f"{self.batch_vars[self.head.uid]} = ax_hkv * {self.plan.group} + "
-                         f"{member}")
+        if member is not None:
+            lines.append(self.member(member))
+        return "\n".join(x for x in lines if x)
+
+    def member(self, var: str) -> str:
+        """The batch axes of member ``var`` (``0 … plan.members − 1``) of a key/value head: the
+        group's head ``ax_hkv · G + var % G``, then the shared axes from ``var // G``."""
+        plan, lines = self.plan, []
+        rest = var
+        if self.head is not None:
+            inner = f"{var} % {plan.group}" if plan.shared else var
+            lines.append(f"{self.batch_vars[self.head.uid]} = ax_hkv * {plan.group} + {inner}")
+            rest = f"({var} // {plan.group})"
+        for a in reversed(plan.shared):
+            n = self.extents[a.uid]
+            lines.append(f"{self.batch_vars[a.uid]} = {rest} % {n}")
+            rest = f"({rest} // {n})"
         return "\n".join(lines)
 
     def blocks(self, body, lists: str, own: str, count: int, block: str, offs: str, ok: str,
@@ -402,7 +436,7 @@ def _tf_bwd_dkdv_dq({args}, BM: tl.constexpr, BN: tl.constexpr, BM2: tl.constexp
 def merged(knobs, plan) -> bool:
     """Whether dK/dV and dQ run as one launch (``knobs.merged``; by default where the heads are
     not grouped)."""
-    return plan.group == 1 if knobs.merged is None else bool(knobs.merged)
+    return plan.members == 1 if knobs.merged is None else bool(knobs.merged)
 
 
 class AttentionBackwardKernels:
@@ -435,10 +469,11 @@ class AttentionBackwardKernels:
         tiles2, tiles1 = {"BM": k.block_m2, "BN": k.block_n2}, {"BM": k.block_m1, "BN": k.block_n1}
         made = [("_tf_bwd_delta" if saved_lse else "_tf_bwd_stats", (nq2, batch), tiles2)]
         if merged(k, plan):
-            made.append(("_tf_bwd_dkdv_dq", ((nk1 + plan.group * nq2) * batch // plan.group, 1),
+            made.append(("_tf_bwd_dkdv_dq",
+                         ((nk1 + plan.members * nq2) * batch // plan.members, 1),
                          {**tiles1, "BM2": k.block_m2, "BN2": k.block_n2}))
         else:
-            made += [("_tf_bwd_dkdv", (nk1, batch // plan.group), tiles1),
+            made += [("_tf_bwd_dkdv", (nk1, batch // plan.members), tiles1),
                      ("_tf_bwd_dq", (nq2, batch), tiles2)]
         return made
 
@@ -454,6 +489,9 @@ class AttentionBackwardKernels:
         for entry, grid, blocks in rest:
             self._launch(entry, grid, args, {**blocks, "RANGES": ranges})
         grads = tuple(args[_AT[n]] for n in ("DQ", "DK", "DV"))
+        if self.plan.q_unread:   # each program's term of dQ: summed over the axes q lacks
+            dq = grads[0].sum(tuple(range(len(self.plan.q_unread))))
+            grads = (dq.to(args[0].dtype), *grads[1:])
         if self.plan.sink is None:
             return grads
         return (*grads, self.plan.sink_gradient(tensors, args[_AT["LSE"]], args[_AT["DELTA"]]))
@@ -491,8 +529,9 @@ class AttentionBackwardKernels:
         M = plan.extent(plan.row)
         lse2 = torch.empty(batch, M, device=q.device, dtype=torch.float32)
         delta = torch.empty_like(lse2)
-        grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)) if gradients \
-            else (lse2,) * 3
+        dq = torch.empty(dq_shape(plan, q.shape), device=q.device, dtype=torch.float32) \
+            if plan.q_unread else torch.empty_like(q)
+        grads = (dq, torch.empty_like(k), torch.empty_like(v)) if gradients else (lse2,) * 3
         ranges = 0
         if plan.mask is not None:
             lists = []
@@ -517,7 +556,8 @@ class AttentionBackwardKernels:
         plan = self.plan
         storage = "*" + TL_SIGNATURE[plan.q.param.dtype]
         names = [plan.q.param.name, plan.k.param.name, plan.v.param.name, *BUFFERS]
-        sig = {n: ("*fp32" if n in FLOAT_BUFFERS else storage) for n in names}
+        sig = {n: ("*fp32" if n in FLOAT_BUFFERS or n == "DQ" and plan.q_unread else storage)
+               for n in names}
         sig.update({n: "*i32" for n in LISTS})
         for p in plan.program.tensor_params:
             sig.setdefault(p.name, "*" + TL_SIGNATURE[p.dtype])
