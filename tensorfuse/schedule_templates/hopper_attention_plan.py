@@ -31,6 +31,7 @@ from ..targets.cuda.parts.scheduler import MIN_PIECE
 from ..targets.cuda.wgmma import fragment_bit_words, launch_registers, setmaxnreg_share
 from .attention_chain import AttentionChain, check_head_map, recognise_attention
 from .hopper_block_costs import length_bucket, wide_costs_less
+from .score_factors import separated_score
 from .score_tiles import ScoreTile, find_score_tile, tile_bytes
 from .token_tiling import map_scalars, mask_reads_map
 
@@ -269,6 +270,9 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
     scale, key_bias = _dot_factor(score, chain.dot), None
     if scale is None:
         scale, key_bias = _key_linear_score(score, chain)
+    if scale is None:   # divided by a row's and a column's factors: by their reciprocals
+        separated = separated_score(score, chain.dot, dict(chain.score_axes))
+        score = score if separated is None else separated
     used = [score] + ([mask] if mask is not None else [])
     tile = find_score_tile(used, chain)
     tensors = sorted({(n.param.name, n.param.dtype) for e in used for n in nodes(e)
