@@ -283,7 +283,7 @@ def decode_knobs(B: int, H: int, HKV: int, D: int, cluster: int | None, given: d
 
 def _key_axis(program, plan) -> int:
     """Where the key count is among the key tensor's dimensions (``plan_decode`` has checked that
-    keys and values are indexed ``[b, kv-head, j, d]``, as the kernel reads them)."""
+    keys and values are indexed by batch, kv-head and key in one order, the head dim last)."""
     return next(p for p in program.tensor_params if p.name == plan.k).dims.index(plan.dims[4])
 
 
@@ -343,8 +343,8 @@ def decode_launches(plan, dims: dict, given: dict, target: TargetSpec, n_axis: i
     def run(module, values, out, device):
         kv = (values[plan.k], values[plan.v])
         n = kv[0].shape[n_axis]
-        maps = decode_tensor_maps(*(t.data_ptr() for t in kv), B * HKV, n, D, plan.dtype) \
-            if tma else ()
+        maps = decode_tensor_maps(*(t.data_ptr() for t in kv), B, HKV, n, D, plan.dtype,
+                                  plan.layouts[1]) if tma else ()
         splits = splits_for(k, n)
         # addresses as ints: the driver launch packs them without a ctypes object each
         buffers = [t.data_ptr() for t in workspace(device)] if splits > 1 else [0, 0]

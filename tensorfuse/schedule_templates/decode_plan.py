@@ -126,12 +126,15 @@ def plan_decode(program: Program, names: tuple[str, ...], axis: str) -> DecodePl
     chain = recognise_attention(program, names, axis, WHO, dtypes=("bf16", "f16"),
                                 float32_output=True)
     q, k, v, out = chain.layouts[:4]
-    if (k, v) != ("bhjd", "bhjd") or {q.replace("i", ""), out.replace("i", "")} != {"bhd"}:
-        # one query token: where the query axis sits in q and the output does not move them
-        raise _refuse(f"cluster decode reads k and v as [batch, kv-head, keys, head dim] and q "
-                      f"and the output with the head dim innermost after the head (the layouts "
-                      f"by role here: q {q}, k {k}, v {v}, output {out}); the attention "
-                      "template's split update takes the others")
+    if k != v or sorted(k) != sorted("bhjd") or k[-1] != "d" or \
+            {q.replace("i", ""), out.replace("i", "")} != {"bhd"}:
+        # one query token: where the query axis sits in q and the output does not move them;
+        # the caches in any order of batch, kv-head and keys ([B, HKV, N, D] as transformers
+        # keeps them, [B, N, HKV, D] as FlashAttention's kv-cache), addressed by their strides
+        raise _refuse(f"cluster decode reads k and v in one order of batch, kv-head and keys "
+                      f"with the head dim innermost, and q and the output with the head dim "
+                      f"innermost after the head (the layouts by role here: q {q}, k {k}, v {v}, "
+                      f"output {out}); the attention template's split update takes the others")
     plan = DecodePlan(**{f.name: getattr(chain, f.name) for f in fields(chain)})
     b, _, i, j = chain.axes
     keys = key_range(chain.score, j, (b, i))

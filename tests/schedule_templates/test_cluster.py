@@ -212,8 +212,8 @@ def test_a_source_does_not_depend_on_the_order_the_sizes_come_in():
 
 def test_decode_takes_the_key_count_at_run_time():
     """A decode cache grows by a key per step: one kernel (one source, one set of launches)
-    serves every key count, which each call passes; other sizes are compiled in. Keys laid out
-    other than [b, kv-head, j, d] (as the kernel reads them) are refused."""
+    serves every key count, which each call passes; other sizes are compiled in. Keys whose
+    head dim is not innermost are refused."""
     f = _decode(gqa_attention)
     sizes = dict(DECODE)
     sources = {f.source(**{**sizes, "N": n}) for n in (1, 1000, 4097, 32768)}
@@ -230,8 +230,9 @@ def test_decode_takes_the_key_count_at_run_time():
         s = T.sum(q[b, h, i, d] * k[b, h, d, j], over=d) * scale
         return softmax_attend(s, v[b, h, j, e], j)
 
-    with pytest.raises(ScheduleError, match=r"cluster decode reads k and v as \[batch, kv-head, "
-                                            r"keys, head dim\].*k bhdj"):
+    with pytest.raises(ScheduleError, match=r"cluster decode reads k and v in one order of "
+                                            r"batch, kv-head and keys with the head dim "
+                                            r"innermost.*k bhdj"):
         _decode(keys_last)
 
 

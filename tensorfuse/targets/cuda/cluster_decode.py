@@ -70,14 +70,49 @@ def _in_dtype(source: str, dtype: str) -> str:
     return source
 
 
-def decode_tensor_maps(k_address: int, v_address: int, pairs: int, keys: int,
-                       head_dim: int, dtype: str = "bf16") -> tuple[bytes, bytes]:
-    """The key and value tensor maps of ``copy="tma"`` (128 bytes each): each tensor
-    ``[pairs, keys, head_dim]`` of ``dtype`` — (batch, kv-head) pairs, contiguous — copied in
-    boxes of 32 rows × 64 columns in the 128-byte swizzle. A box past a pair's last key reads
-    zeros, not the next pair's keys. (:func:`.tma.tensor_map` keeps each map encoded once.)"""
-    return tuple(tensor_map(address, (pairs, keys, head_dim), (1, 32, 64), dtype)
+# the layout by role of a cache whose (batch, kv-head) pairs are one axis of a 3-D tensor map
+PAIRED = "bhjd"
+
+
+def decode_tensor_maps(k_address: int, v_address: int, batch: int, kv_heads: int, keys: int,
+                       head_dim: int, dtype: str = "bf16",
+                       layout: str = PAIRED) -> tuple[bytes, bytes]:
+    """The key and value tensor maps of ``copy="tma"`` (128 bytes each) of caches of ``dtype``
+    contiguous in ``layout`` (their axes by role, outermost first: b, h the kv-head, j the keys,
+    d the head dim, innermost), copied in boxes of 32 rows × 64 columns in the 128-byte swizzle:
+    ``[pairs, keys, head_dim]`` where (batch, kv-head) pairs are one axis (:data:`PAIRED`), else
+    ``[batch, kv_heads, keys, head_dim]`` by the layout's strides (a ``[B, N, HKV, D]`` cache's
+    rows of one pair are ``HKV · D`` apart). A box past a pair's last key reads zeros, not the
+    next pair's keys. (:func:`.tma.tensor_map` keeps each map encoded once.)"""
+    if layout == PAIRED:
+        return tuple(tensor_map(address, (batch * kv_heads, keys, head_dim), (1, 32, 64), dtype)
+                     for address in (k_address, v_address))
+    extent = {"b": batch, "h": kv_heads, "j": keys, "d": head_dim}
+    stride, strides = 1, {}
+    for role in reversed(layout):
+        strides[role] = stride
+        stride *= extent[role]
+    return tuple(tensor_map(address, (batch, kv_heads, keys, head_dim), (1, 1, 32, 64), dtype,
+                            tuple(strides[r] for r in "bhj"))
                  for address in (k_address, v_address))
+
+
+def cache_addressing(layout: str, batch: int) -> tuple[str, str]:
+    """C++ of a cache contiguous in ``layout`` (as :func:`decode_tensor_maps`): the offset of
+    pair ``(b, hk)``'s first key and the distance between its keys, in elements (``N_``: the key
+    count, ``HKV_``: kv-heads, ``D``: the head dim)."""
+    size = {"b": str(batch), "h": "HKV_", "j": "N_", "d": "D"}
+    index = {"b": "b", "h": "hk", "j": ""}
+    base = ""
+    for role in layout[:-1]:
+        if not base:
+            base = f"(long){index[role]}" if index[role] else ""
+        elif index[role]:
+            base = f"({base} * {size[role]} + {index[role]})"
+        else:
+            base = f"{base} * {size[role]}"
+    row = " * ".join(size[r] for r in layout[layout.index("j") + 1:])
+    return f"{base} * {size[layout[-1]]}" if base else "0", row
 
 
 def tensor_loads(plan) -> dict:
@@ -124,11 +159,13 @@ def decode_source(plan, knobs, sizes: dict) -> str:
     tensor_args = "".join(f", {c} {n}" for n, _, c in tensor_arguments(plan.tensors))
     sweep = mma_sweep(score_code(plan), D, tiles) if tensor_cores else \
         fma_sweep(score_code(plan), G, D)
-    copy = tma_copy(team) if tma else cp_async_copy(D, tensor_cores)
+    layout = plan.layouts[1]   # k's and v's (plan_decode has checked they are the same)
+    base, row = cache_addressing(layout, B)
+    copy = tma_copy(team, layout == PAIRED) if tma else cp_async_copy(D, tensor_cores, row)
     return _in_dtype(_float32_output(f"""#include <cuda_bf16.h>
 {HELPERS}{SPLIT_HELPERS}
 {MMA_SYNC_HELPERS if tensor_cores else ""}
-{MBARRIER_HELPERS + load_helper(3) if tma else ""}
+{MBARRIER_HELPERS + load_helper(3 if layout == PAIRED else 4) if tma else ""}
 {size_macros({d: x for d, x in sizes.items() if d != keys})}#define TF_SIZE_{keys} n_keys   // the key count: an argument (kernel code only)
 #define G {G}
 #define D {D}
@@ -163,8 +200,8 @@ tf_decode_cluster(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __re
   const int b = pair / HKV_, hk = pair % HKV_;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 {"  const int tile = warp % TILES, sweeper = warp / TILES;   // its 16 heads; its team" + NL
- if team else ""}{_key_split(plan)}  const __nv_bfloat16* kb = k + ((long)b * HKV_ + hk) * N_ * D;
-  const __nv_bfloat16* vb = v + ((long)b * HKV_ + hk) * N_ * D;
+ if team else ""}{_key_split(plan)}  const __nv_bfloat16* kb = k + {base};
+  const __nv_bfloat16* vb = v + {base};
 {sweep.setup}
   __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(dsmem) +
                         {sw} * STAGES * 32 * (KST + VST);

@@ -56,10 +56,11 @@ class Copy:
     wait: str
 
 
-def cp_async_copy(D: int, tensor_cores: bool) -> Copy:
+def cp_async_copy(D: int, tensor_cores: bool, row: str = "D") -> Copy:
     """Every lane copies 16-byte pieces (``cp.async``, :func:`_copy_code`) into rows skewed by
     16 bytes (conflict-free for ``ldmatrix`` and the CUDA-core sweep's row reads; the CUDA-core
-    sweep reads value rows whole, unskewed)."""
+    sweep reads value rows whole, unskewed); ``row``: C++ of the distance between a pair's
+    keys in the cache, in elements."""
     return Copy(
         macros="#define KST (D + 8)   // key rows in shared memory: 16-byte skew, conflict-free "
                "reads\n" + ("#define VST (D + 8)   // value rows (skewed for ldmatrix)\n"
@@ -71,12 +72,12 @@ def cp_async_copy(D: int, tensor_cores: bool) -> Copy:
 #define v_at k_at
 """,
         base="  extern __shared__ __align__(16) char dsmem[];\n",
-        load=_copy_code(D), commit="    tf_cp_async_commit();\n",
+        load=_copy_code(D, row), commit="    tf_cp_async_commit();\n",
         wait="    tf_cp_async_wait<STAGES - 1>();   // this block's group is complete\n"
              "    __syncwarp();\n")
 
 
-def tma_copy(team: bool = False) -> Copy:
+def tma_copy(team: bool = False, paired: bool = True) -> Copy:
     """Lane 0 of each warp copies a block with bulk tensor copies (TMA): ``D / 64`` boxes of 32
     rows × 64 columns each of keys and values, in the 128-byte swizzle (16-byte piece ``c`` of
     row ``r`` at piece ``c ^ (r % 8)``: ``ldmatrix`` reads stay conflict-free without the skew),
@@ -85,7 +86,10 @@ def tma_copy(team: bool = False) -> Copy:
     3.0 TB/s from 64 CTAs where ``cp.async`` reached 2.3-2.7 (H100,
     ``tools/probe_decode_stream.py``). Rows past the keys arrive as zeros (their scores are
     masked). In a ``team``, the first warp (``tile`` 0) copies the team's blocks and every warp
-    of it waits on the same barriers."""
+    of it waits on the same barriers. ``paired``: the maps are 3-D with (batch, kv-head) pairs
+    as one axis, else 4-D (:func:`.cluster_decode.decode_tensor_maps`)."""
+    at = "pair" if paired else "hk, b"
+    rank = 3 if paired else 4
     leader, sw, ready = ("lane == 0 && tile == 0", "sweeper", "__syncthreads()") if team else \
         ("lane == 0", "warp", "__syncwarp()")
     return Copy(
@@ -114,10 +118,10 @@ __device__ __forceinline__ const __nv_bfloat16* k_at(const __nv_bfloat16* blk, i
       tf_mbar_expect(ready + buf, 2 * 32 * D * 2);
       #pragma unroll
       for (int a = 0; a < D / 64; ++a) {{
-        tf_tma_load_3d(reinterpret_cast<char*>(kbuf + buf * 32 * KST) + a * {SWIZZLE_ATOM},
-                       &k_map, a * 64, first, pair, ready + buf);
-        tf_tma_load_3d(reinterpret_cast<char*>(vbuf + buf * 32 * VST) + a * {SWIZZLE_ATOM},
-                       &v_map, a * 64, first, pair, ready + buf);
+        tf_tma_load_{rank}d(reinterpret_cast<char*>(kbuf + buf * 32 * KST) + a * {SWIZZLE_ATOM},
+                       &k_map, a * 64, first, {at}, ready + buf);
+        tf_tma_load_{rank}d(reinterpret_cast<char*>(vbuf + buf * 32 * VST) + a * {SWIZZLE_ATOM},
+                       &v_map, a * 64, first, {at}, ready + buf);
       }}
     }}
   }};
@@ -126,7 +130,7 @@ __device__ __forceinline__ const __nv_bfloat16* k_at(const __nv_bfloat16* blk, i
         wait="    tf_mbar_wait(ready + it % STAGES, (it / STAGES) & 1);   // this block has landed\n")
 
 
-def _copy_code(D: int) -> str:
+def _copy_code(D: int, row: str = "D") -> str:
     """``load_keys(buf, first)``: the warp copies a block of 32 key and value rows, coalesced,
     into its buffers ``buf`` (cp.async), rows past the end (a ragged last block) clamped. Up to
     D = 128 a whole block is copied at fixed offsets from one address — lane l takes the 16-byte
@@ -135,13 +139,15 @@ def _copy_code(D: int) -> str:
     index arithmetic had cost about as much as the block's MMAs (Nsight Compute,
     ``tools/ncu_decode.py``).
     A ragged block, and every block at D = 256 (where the sweep keeps 255 registers and those
-    addresses spilled), takes the loop over the pieces with the index arithmetic."""
-    pieces = """    for (int c = lane; c < 32 * D / 8; c += 32) {
+    addresses spilled), takes the loop over the pieces with the index arithmetic. ``row``: C++
+    of the distance between keys in the cache (the head dim where a pair's keys are
+    contiguous)."""
+    pieces = f"""    for (int c = lane; c < 32 * D / 8; c += 32) {{
       const int r = c / (D / 8), col = (c % (D / 8)) * 8;
       const long row = min(first + r, j_end - 1);
-      tf_cp_async16_l2(kbuf + (buf * 32 + r) * KST + col, kb + row * D + col);
-      tf_cp_async16_l2(vbuf + (buf * 32 + r) * VST + col, vb + row * D + col);
-    }
+      tf_cp_async16_l2(kbuf + (buf * 32 + r) * KST + col, kb + row * {row} + col);
+      tf_cp_async16_l2(vbuf + (buf * 32 + r) * VST + col, vb + row * {row} + col);
+    }}
 """
     if D > 128:
         return "  auto load_keys = [&](int buf, int first) {\n" + pieces + "  };\n"
@@ -153,12 +159,12 @@ def _copy_code(D: int) -> str:
     const int r0 = lane / P, col = (lane % P) * 8;
     const unsigned kd = tf_smem_addr(kbuf + (buf * 32 + r0) * KST + col),
                    vd = tf_smem_addr(vbuf + (buf * 32 + r0) * VST + col);
-    const __nv_bfloat16* ks = kb + (long)(first + r0) * D + col;
-    const __nv_bfloat16* vs = vb + (long)(first + r0) * D + col;
+    const __nv_bfloat16* ks = kb + (long)(first + r0) * """ + row + """ + col;
+    const __nv_bfloat16* vs = vb + (long)(first + r0) * """ + row + """ + col;
     #pragma unroll
     for (int i = 0; i < P; ++i) {
-      tf_cp_async16_l2_at(kd + i * STEP * KST * 2, ks + i * STEP * D);
-      tf_cp_async16_l2_at(vd + i * STEP * VST * 2, vs + i * STEP * D);
+      tf_cp_async16_l2_at(kd + i * STEP * KST * 2, ks + i * STEP * """ + row + """);
+      tf_cp_async16_l2_at(vd + i * STEP * VST * 2, vs + i * STEP * """ + row + """);
     }
   };
 """
