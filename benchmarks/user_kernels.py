@@ -150,6 +150,16 @@ def gqa_decode(q: T.Tensor["B", "H", "D", "bf16"], k: T.Tensor["B", "HKV", "N", 
 
 
 @tf.kernel
+def gqa_decode_bnhd(q: T.Tensor["B", "H", "D", "bf16"], k: T.Tensor["B", "N", "HKV", "D", "bf16"],
+                    v: T.Tensor["B", "N", "HKV", "D", "bf16"], scale: T.f32):
+    """GQA decode over a [B, N, HKV, D] cache (FlashAttention's kv-cache layout)."""
+    b, h, j, d, e = T.axes("b h j d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    s = T.sum(q[b, h, d] * k[b, j, hk, d], over=d) * scale
+    return softmax_attend(s, v[b, j, hk, e], j)
+
+
+@tf.kernel
 def paged_decode(q: T.Tensor["B", "H", "D", "bf16"],
                  k_pages: T.Tensor["PAGES", "PAGE", "HKV", "D", "bf16"],
                  v_pages: T.Tensor["PAGES", "PAGE", "HKV", "D", "bf16"],
@@ -462,6 +472,21 @@ def _gqa_decode_case(generator, B=8, H=32, HKV=8, N=32768, D=128) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, HKV=HKV, N=N, D=D)})
 
 
+def _gqa_decode_bnhd_case(generator, B=1, H=32, HKV=8, N=32768, D=128) -> Case:
+    """Batch-1 decode over a [B, N, HKV, D] cache, against SDPA on its [B, HKV, N, D] view."""
+    q = torch.randn(B, H, D, generator=generator).to("cuda", torch.bfloat16)
+    k, v = (torch.randn(B, N, HKV, D, generator=generator).to("cuda", torch.bfloat16)
+            for _ in range(2))
+    scale = D ** -0.5
+    f = Recorded(gqa_decode_bnhd)
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+    return Case("gqa_decode_bnhd", f"B{B} H{H}/{HKV} N{N} D{D} [BNHD]",
+                lambda: f(q, k, v, scale=scale), _decode_sdpa(q[:, :, None], kt, vt, scale, True),
+                _decode_reference(q, kt, vt, scale), lambda out: out,
+                bytes=2 * k.numel() * k.element_size(),
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, HKV=HKV, N=N, D=D)})
+
+
 def _paged_decode_case(generator, B=8, H=32, HKV=8, N=32768, D=128, PAGE=64) -> Case:
     """A paged cache (pages in a shuffled pool) against SDPA on the same keys in a contiguous
     [B, HKV, N, D] cache, and against gathering the pages first, then SDPA."""
@@ -589,6 +614,7 @@ SUITE = {
     "cross_attention_lengths": _cross_attention_case,
     "mqa_decode": _mqa_decode_case,
     "gqa_decode": _gqa_decode_case,
+    "gqa_decode_bnhd": _gqa_decode_bnhd_case,
     "paged_decode": _paged_decode_case,
     "log_softmax_channels": _log_softmax_case,
     "qk_norm_bshd": _qk_norm_case,

@@ -63,6 +63,25 @@ def test_a_cache_with_the_keys_before_the_heads_is_planned_for_cluster_decode():
     assert "const __nv_bfloat16* kb = k + ((long)b * N_ * HKV_ + hk) * D;" in source
 
 
+def test_the_suites_cache_of_keys_before_heads_matches_float64_on_the_cpu():
+    """``benchmarks.user_kernels.gqa_decode_bnhd`` (no query axis) through the CPU target, on a
+    ragged key count, against float64."""
+    import torch
+
+    from benchmarks.user_kernels import gqa_decode_bnhd
+    from tests.helpers import fresh_seed, relative_error
+
+    g = torch.Generator().manual_seed(fresh_seed())
+    B, H, HKV, N, D = 2, 8, 2, 37, 16
+    q = (torch.randn(B, H, D, generator=g) * 3).bfloat16()
+    k, v = ((torch.randn(B, N, HKV, D, generator=g) * 3).bfloat16() for _ in range(2))
+    out = tf.compile(gqa_decode_bnhd, target="llvm")(q, k, v, 0.25)
+    kk, vv = (x.double().permute(0, 2, 1, 3).repeat_interleave(H // HKV, 1) for x in (k, v))
+    s = torch.einsum("bhd,bhnd->bhn", q.double(), kk) * 0.25
+    want = torch.einsum("bhn,bhnd->bhd", torch.softmax(s, -1), vv)
+    assert relative_error(out, want) < 1e-2
+
+
 @needs_nvcc
 @pytest.mark.parametrize("group, knobs", [(4, {}), (4, {"copy": "cp.async"}),
                                           (64, {}), (4, {"mma": "fma"})])
