@@ -462,3 +462,41 @@ def test_tf_grad_of_attention_matches_float64_on_the_gpu(sinks):
                                d_out.double())
     for a, b in zip(got, want):
         assert float((a.double() - b).norm() / b.norm()) < 2e-2
+
+
+@pytest.mark.gpu
+def test_broadcast_operands_gradients_match_float64_on_the_gpu():
+    """Training through ``tf.compile`` where an operand lacks a batch axis: latent queries shared
+    by the batch (Perceiver) and one key/value cache under every head (MQA written with
+    ``k[b, j, d]``), bf16, ragged lengths, autograd against float64 autograd."""
+    from benchmarks.pipeline_kernels import latent_cross_attention
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+
+    @tf.kernel
+    def one_cache(q: T.Tensor["B", "H", "M", "D", "bf16"], k: T.Tensor["B", "N", "D", "bf16"],
+                  v: T.Tensor["B", "N", "D", "bf16"], scale: T.f32):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        s = T.sum(q[b, h, i, d] * k[b, j, d], over=d) * scale
+        return K.softmax_attend(s, v[b, j, e], j)
+
+    g = torch.Generator().manual_seed(1)
+    cases = {latent_cross_attention: (("L", "D"), ("B", "S", "D"), "ld,bsd->bls", "bls,bsd->bld"),
+             one_cache: (("B", "H", "M", "D"), ("B", "N", "D"), "bhid,bjd->bhij",
+                         "bhij,bjd->bhid")}
+    sizes = dict(L=77, D=64, B=3, S=1000, H=4, M=300, N=333)
+    for kernel, (q_dims, kv_dims, scores, attend) in cases.items():
+        q = torch.randn(*(sizes[d] for d in q_dims), generator=g).bfloat16().cuda()
+        k, v = (torch.randn(*(sizes[d] for d in kv_dims), generator=g).bfloat16().cuda()
+                for _ in range(2))
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = tf.compile(kernel)(*leaves, 0.125)
+        d_out = torch.randn(out.shape, generator=g).bfloat16().cuda()
+        out.float().backward(d_out.float())
+        exact = [t.double().requires_grad_() for t in (q, k, v)]
+        p = torch.softmax(torch.einsum(scores, *exact[:2]) * 0.125, -1)
+        want = torch.autograd.grad(torch.einsum(attend, p, exact[2]), exact, d_out.double())
+        for leaf, w in zip(leaves, want):
+            err = float((leaf.grad.double() - w).norm() / w.norm())
+            assert err < 2e-2, (kernel.program.name, err)
