@@ -203,22 +203,27 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
         why = plan.score_tile.why_not(dims) if plan.score_tile is not None else None
         if why:
             raise ScheduleError(f"hopper attention: {why}; the attention template takes it")
+        strip = plan.key_strip if plan.key_strip is not None and \
+            not plan.key_strip.why_not(dims) else None   # else read element by element
+        sized = replace(plan, key_strip=strip)
         last_n = last_block_keys(plan, N, knobs.block_n) if tiled is None else None
         # tensors the score or mask read element by element past 2^31 elements (a boolean mask
         # [B, 1, S, S] at B3 S32k): their offsets in 64 bits, in a source of their own
         wide = wide_tensors(read, dims)
         # the source depends on no size but these: written once for them (a new prompt length
         # in a known bucket then costs no assembly: ``tools/profile_new_sizes.py``)
-        written = (knobs, D, DV, last_n, wide) if tiled is None else None
+        written = (knobs, D, DV, last_n, wide, strip is not None) \
+            if tiled is None else None
         source = sources.get(written) if written is not None else None
         TD, TDV = tile_head_dims(plan, dims)   # the tiles' (96 runs as 128: zeros past the row)
         if source is None:
-            source = hopper_attention_source(replace(plan, wide=wide), knobs, TD,
+            source = hopper_attention_source(replace(sized, wide=wide), knobs, TD,
                                              plan.mask is not None, tiled, last_n, TDV,
                                              rows=(D, DV))
             if written is not None:
                 sources[written] = source
-        smem = shared_bytes(knobs, TD, tiled is not None, TDV, plan.score_tile is not None)
+        smem = shared_bytes(knobs, TD, tiled is not None, TDV, plan.score_tile is not None,
+                            sized.strip_bytes(knobs))
         padding = "" if (TD, TDV) == (D, DV) else \
             (f"head dims {D}/{DV} held as {TD}/{TDV} (whole 128-byte swizzle atoms: TMA's zeros "
              "past the rows); ")
@@ -264,9 +269,9 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                                          (B * HKV, N, knobs.block_n, DV))]
 
         mapped = [(t, plan.dtype) for t in (plan.chain.q, plan.chain.k, plan.chain.v)]
-        tile = plan.score_tile
+        tile = plan.score_tile or strip
         if tile is not None:   # the score's tiles: boxes of the row block's queries × 64 keys
-            shapes.append(tile.map_shape(dims, knobs.block_m))
+            shapes.append(tile.map_shape(dims, knobs.block_m, knobs.block_n))   # (or a strip)
             mapped.append((tile.name, tile.dtype))
         dtypes = [dtype for _, dtype in mapped]
 

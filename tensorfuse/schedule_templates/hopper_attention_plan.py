@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..algebra.exprs import add, const, has_axis, is_const, linear_in, neg, nodes, sub
-from ..dsl.expr import Binary, Const, DimSize, Expr, Load, Ref, Scalar, Unary, Where
+from ..algebra.exprs import nodes
+from ..dsl.expr import Const, DimSize, Expr, Load, Scalar, Where
 from ..dsl.printer import to_text
 from ..dsl.program import Program
 from ..errors import ScheduleError
@@ -31,8 +31,9 @@ from ..targets.cuda.parts.scheduler import MIN_PIECE
 from ..targets.cuda.wgmma import fragment_bit_words, launch_registers, setmaxnreg_share
 from .attention_chain import AttentionChain, check_head_map, recognise_attention
 from .hopper_block_costs import length_bucket, wide_costs_less
-from .score_factors import separated_score
-from .score_tiles import ScoreTile, find_score_tile, tile_bytes
+from .score_factors import dot_factor, key_linear_score, reads_dot, separated_score
+from .score_tiles import (ScoreTile, find_key_strip, find_score_tile, strip_bytes,
+                          tile_bytes)
 from .token_tiling import map_scalars, mask_reads_map
 
 WHO = "hopper attention"
@@ -124,11 +125,17 @@ class HopperAttentionPlan:
         ("row_state", "online_softmax_base2"), ("epilogue", "deferred_register_store"))
     # a tensor the score reads by query and key (a bias [H, S, S]), copied as score tiles
     score_tile: ScoreTile | None = None   # with each key block's values (:mod:`.score_tiles`)
+    key_strip: ScoreTile | None = None    # one it reads by key alone, copied as key strips
     wide: frozenset = frozenset()   # tensors read at 64-bit offsets at the call's sizes
 
     @property
     def dtype(self) -> str:
         return self.chain.dtype
+
+    def strip_bytes(self, knobs) -> int:
+        """Bytes a slot's key strip takes with these knobs (0: none)."""
+        strip = self.key_strip
+        return 0 if strip is None else strip_bytes(knobs.block_n, strip.dtype)
 
     @property
     def arguments(self) -> tuple[tuple[str, str], ...]:
@@ -184,7 +191,7 @@ class HopperAttentionPlan:
                     "not see a row's shift)" if self.key_bias is not None else ""),
                  "  mask: " + (f"{to_text(self.mask)} (blocks sorted per call into skipped, "
                                "partial and full)" if self.mask is not None else "none"),
-                 *([f"  {self.score_tile.describe()}"] if self.score_tile else []),
+                 *[f"  {t.describe()}" for t in (self.score_tile, self.key_strip) if t],
                  "  warp-specialised: a TMA producer warp, consumer warpgroups on wgmma "
                  "(q·kᵀ from shared memory, p·v with p in registers)"]
         if knobs is not None:
@@ -194,63 +201,6 @@ class HopperAttentionPlan:
 
 def _refuse(message: str, loc=None) -> ScheduleError:
     return ScheduleError(f"{WHO}: {message}", loc)
-
-
-def _reads_dot(e: Expr, dot: str) -> bool:
-    return any(isinstance(n, Ref) and n.compute.name == dot for n in nodes(e))
-
-
-def _dot_factor(term: Expr, dot: str) -> Expr | None:
-    """``scale`` where ``term`` is ``dot · scale`` with ``scale`` the same for every element (no
-    axes, tensors or other computes), 1 where it is the dot product alone; None otherwise."""
-    if isinstance(term, Ref) and term.compute.name == dot:
-        return const(1.0)
-    if isinstance(term, Binary) and term.op == "mul":
-        for dot_side, other in ((term.a, term.b), (term.b, term.a)):
-            if isinstance(dot_side, Ref) and dot_side.compute.name == dot and \
-                    not other.axes and not any(isinstance(n, (Load, Ref)) for n in nodes(other)):
-                return other
-    return None
-
-
-def _signed_terms(e: Expr, sign: int = 1) -> list[tuple[int, Expr]]:
-    """The terms of a sum, with their signs."""
-    if isinstance(e, Binary) and e.op in ("add", "sub"):
-        return _signed_terms(e.a, sign) + _signed_terms(e.b, sign if e.op == "add" else -sign)
-    if isinstance(e, Unary) and e.op == "neg":
-        return _signed_terms(e.a, -sign)
-    return [(sign, e)]
-
-
-def _key_linear_score(score: Expr, chain: AttentionChain) -> tuple[Expr | None, Expr | None]:
-    """``(scale, key_bias)`` where the score is ``dot · scale + key_bias · j + rest`` — one term
-    reading the dot product, ``scale`` the same everywhere, ``key_bias`` free of the query index
-    and of tensors, ``rest`` free of the key index and of tensors, dropped: it shifts each row's
-    scores by one amount, which the softmax does not see (nor a mask: it is applied apart). Not
-    where the chain writes the log-sum-exp (the shift would have to come back into it) or the
-    score has any other form: ``(None, None)``."""
-    if chain.lse:
-        return None, None
-    terms = _signed_terms(score)
-    dots = [(sign, t) for sign, t in terms if _reads_dot(t, chain.dot)]
-    if len(dots) != 1:
-        return None, None
-    sign, term = dots[0]
-    scale = _dot_factor(term, chain.dot)
-    if scale is None:
-        return None, None
-    bias = None
-    for s, t in terms:
-        if t is not term:
-            bias = (t if s > 0 else neg(t)) if bias is None else (add if s > 0 else sub)(bias, t)
-    split = linear_in(bias, chain.axes[3]) if bias is not None else None
-    if split is None:
-        return None, None
-    key_bias, rest = split
-    if is_const(key_bias, 0) or has_axis(key_bias, chain.axes[2]) or any(
-            isinstance(n, (Load, Ref)) for e in split for n in nodes(e)):
-        return None, None
-    return (scale if sign > 0 else neg(scale)), key_bias
 
 
 def plan_hopper_attention(program: Program, names: tuple[str, ...],
@@ -263,13 +213,13 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
                                 float32_output=True)
     score, mask = chain.score, None
     if isinstance(score, Where) and isinstance(score.b, Const) and score.b.value == -math.inf \
-            and not _reads_dot(score.cond, chain.dot) and not any(
+            and not reads_dot(score.cond, chain.dot) and not any(
                 isinstance(n, Load) and n.param.dtype.startswith(("f", "bf"))
                 for n in nodes(score.cond)):
         score, mask = score.a, score.cond
-    scale, key_bias = _dot_factor(score, chain.dot), None
+    scale, key_bias = dot_factor(score, chain.dot), None
     if scale is None:
-        scale, key_bias = _key_linear_score(score, chain)
+        scale, key_bias = key_linear_score(score, chain)
     if scale is None:   # divided by a row's and a column's factors: by their reciprocals
         separated = separated_score(score, chain.dot, dict(chain.score_axes))
         score = score if separated is None else separated
@@ -283,6 +233,8 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
                     if isinstance(d, str) and d not in chain.dims})
     plan = HopperAttentionPlan(chain, score, mask, scale, tuple(tensors), tuple(extra),
                                key_bias, score_tile=tile)
+    if tile is None and not plan.reads_map:   # (a map's key windows are no strips of keys)
+        plan = replace(plan, key_strip=find_key_strip(score, chain))
     if tile is not None and plan.reads_map:
         raise _refuse(f"the score reads {tile.name} by query and key and the mask reads the "
                       "sequence as a map: the map's patches and the tiles are not copied "
@@ -304,11 +256,12 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
 
 
 def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False, DV: int | None = None,
-                 score_tile: bool = False) -> int:
+                 score_tile: bool = False, strip: int = 0) -> int:
     """Dynamic shared memory: the queries, ``stages`` key and value slots (the values ``DV``
     wide where p·v runs over another head dim than q·k; ``tiled``: and the
     slots of the partial blocks' mask bits, one bit per score; ``score_tile``: and the slots of
     a tensor the score reads by query and key, 16 bits a score, with a full and a free mbarrier
+    each; ``strip``: and slots of ``strip`` bytes, a key block's strip, with two mbarriers
     each), the mbarriers (the queries', four per slot, the queries' release, two tile slots'
     full and free), the two claimed items (tile,
     first key block, key blocks) and the consumers' merge flags, plus 1 KiB for aligning the
@@ -318,6 +271,7 @@ def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False, DV: int | None
         tiles += knobs.stages * knobs.consumers * fragment_bit_words(knobs.block_n) * 128 * 4
     if score_tile:
         tiles += knobs.stages * (tile_bytes(knobs.block_m, knobs.block_n) + 16)   # and 2 mbarriers
+    tiles += knobs.stages * (strip + 16) if strip else 0
     return tiles + 8 * (1 + 4 * knobs.stages + 1 + 4) + 48 + 1024
 
 
@@ -368,7 +322,10 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict |
         return HopperKnobs()
     # at head dim 64 only where the score is the scaled dot product (and a key-linear bias): a
     # score function of its own (soft-cap's tanh) spills the consumers at 192 keys (ptxas)
+    # nor where the score reads a key strip (cosine similarity's norms: 280 bytes of spill
+    # stores at 176 keys, 72 at 128, ptxas for sm_90a)
     wide = {128: WIDE_BLOCK_N, 64: WIDE_BLOCK_N_D64 if plan.scale is not None else None}.get(D)
+    wide = None if plan.key_strip is not None else wide
     if wide is not None and choose_block and wide_blocks_pay(plan, sizes, scalars, wide):
         return HopperKnobs(block_n=wide)
     return HopperKnobs()
@@ -491,7 +448,8 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
     if plan.score_tile is not None and knobs.block_n % 64:
         raise _refuse(f"block_n={knobs.block_n}: the score's tiles of {plan.score_tile.name} are "
                       "copied in boxes of 64 keys, so key blocks are multiples of 64")
-    need = shared_bytes(knobs, D, tiled, DV, plan.score_tile is not None)
+    need = shared_bytes(knobs, D, tiled, DV, plan.score_tile is not None,
+                        plan.strip_bytes(knobs))
     dims = f"{D}" if D == DV else f"{D}/{DV}"
     if need * knobs.ctas_per_sm > max_shared:
         per = f" × {knobs.ctas_per_sm} CTAs per SM" if knobs.ctas_per_sm > 1 else ""

@@ -1,11 +1,14 @@
-"""A score that divides the dot product by factors of the query and of the key (cosine
-similarity's ``q·k / (|q_i| |k_j|)``), written as products by their reciprocals, so that a
-kernel computes each row's and each column's factor once instead of dividing every element."""
+"""The forms of an attention score the Hopper kernel writes apart from the dot product: a factor
+the same everywhere (folded into exp2), a bias linear in the key index (ALiBi's: an FFMA an
+element), and a quotient by factors of the query and of the key (cosine similarity's
+``q·k / (|q_i| |k_j|)``), written as products by their reciprocals, so that a kernel computes
+each row's and each column's factor once instead of dividing every element."""
 from __future__ import annotations
 
-from ..algebra.exprs import nodes, refs_to
+from ..algebra.exprs import (add, const, has_axis, is_const, linear_in, neg, nodes, refs_to,
+                             sub)
 from ..dsl import dtypes as dt
-from ..dsl.expr import Axis, Binary, Const, Expr, Ref, binary
+from ..dsl.expr import Axis, Binary, Const, Expr, Load, Ref, Unary, binary
 
 
 def separated_score(score: Expr, dot: str, roles: dict) -> Expr | None:
@@ -48,3 +51,60 @@ def separated_score(score: Expr, dot: str, roles: dict) -> Expr | None:
     for f in (columns, others):
         made = made if f is None else binary("mul", made, f, f.loc)
     return made
+
+
+def reads_dot(e: Expr, dot: str) -> bool:
+    return any(isinstance(n, Ref) and n.compute.name == dot for n in nodes(e))
+
+
+def dot_factor(term: Expr, dot: str) -> Expr | None:
+    """``scale`` where ``term`` is ``dot · scale`` with ``scale`` the same for every element (no
+    axes, tensors or other computes), 1 where it is the dot product alone; None otherwise."""
+    if isinstance(term, Ref) and term.compute.name == dot:
+        return const(1.0)
+    if isinstance(term, Binary) and term.op == "mul":
+        for dot_side, other in ((term.a, term.b), (term.b, term.a)):
+            if isinstance(dot_side, Ref) and dot_side.compute.name == dot and \
+                    not other.axes and not any(isinstance(n, (Load, Ref)) for n in nodes(other)):
+                return other
+    return None
+
+
+def signed_terms(e: Expr, sign: int = 1) -> list[tuple[int, Expr]]:
+    """The terms of a sum, with their signs."""
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        return signed_terms(e.a, sign) + signed_terms(e.b, sign if e.op == "add" else -sign)
+    if isinstance(e, Unary) and e.op == "neg":
+        return signed_terms(e.a, -sign)
+    return [(sign, e)]
+
+
+def key_linear_score(score: Expr, chain) -> tuple[Expr | None, Expr | None]:
+    """``(scale, key_bias)`` where the score is ``dot · scale + key_bias · j + rest`` — one term
+    reading the dot product, ``scale`` the same everywhere, ``key_bias`` free of the query index
+    and of tensors, ``rest`` free of the key index and of tensors, dropped: it shifts each row's
+    scores by one amount, which the softmax does not see (nor a mask: it is applied apart). Not
+    where the chain writes the log-sum-exp (the shift would have to come back into it) or the
+    score has any other form: ``(None, None)``."""
+    if chain.lse:
+        return None, None
+    terms = signed_terms(score)
+    dots = [(sign, t) for sign, t in terms if reads_dot(t, chain.dot)]
+    if len(dots) != 1:
+        return None, None
+    sign, term = dots[0]
+    scale = dot_factor(term, chain.dot)
+    if scale is None:
+        return None, None
+    bias = None
+    for s, t in terms:
+        if t is not term:
+            bias = (t if s > 0 else neg(t)) if bias is None else (add if s > 0 else sub)(bias, t)
+    split = linear_in(bias, chain.axes[3]) if bias is not None else None
+    if split is None:
+        return None, None
+    key_bias, rest = split
+    if is_const(key_bias, 0) or has_axis(key_bias, chain.axes[2]) or any(
+            isinstance(n, (Load, Ref)) for e in split for n in nodes(e)):
+        return None, None
+    return (scale if sign > 0 else neg(scale)), key_bias

@@ -10,6 +10,10 @@ template's pipelined tiles' 0.222/0.828 (``benchmarks.unlisted_kernels``, biased
 Recognised from the roles of the tensor's indices, not their positions: each index is the
 batch, head, query or key axis of the chain, or a constant; the key axis must be the tensor's
 innermost (TMA copies rows of contiguous elements) and the query axis must be among the others.
+
+A tensor the score reads by key and not by query — a key's norm (cosine similarity), a bias per
+key — is copied the same way as *key strips* (:func:`find_key_strip`): one box of the block's
+keys per block, in the same ring, read a pair of columns at a time.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 from ..algebra.exprs import nodes
 from ..dsl.expr import Axis, Const, Expr, Load
 from ..errors import ScheduleError
+from ..targets.cuda.tma import ELEMENT_BYTES
 
 TILE_DTYPES = ("bf16", "f16")   # two bytes an element: a 128 × 128 tile is 32 KiB a slot
 
@@ -36,8 +41,16 @@ class ScoreTile:
     def rank(self) -> int:
         return len(self.dims)
 
+    @property
+    def strip(self) -> bool:
+        """Read by key and not by query (:func:`find_key_strip`): a block's strip of keys."""
+        return "i" not in self.roles
+
     def describe(self) -> str:
         indexed = ", ".join(str(r) for r in self.roles)
+        if self.strip:
+            return (f"{self.name}[{indexed}] read as each key block's strip (copied by TMA "
+                    "beside the block's keys)")
         return (f"{self.name}[{indexed}] read as tiles of the scores (copied by TMA with each "
                 "key block's values)")
 
@@ -48,15 +61,18 @@ class ScoreTile:
         """Why a tensor map cannot be made of the tensor at ``sizes`` (its rows are not a
         multiple of 16 bytes), or None."""
         keys = self.extents(sizes)[-1]
-        if keys * 2 % 16:
+        if self.rank > 1 and keys * ELEMENT_BYTES[self.dtype] % 16:
             return (f"{self.name}'s rows of {keys} elements are not a multiple of 16 bytes, "
                     "which a TMA copy needs")
         return None
 
-    def map_shape(self, sizes: dict, block_m: int) -> tuple[tuple, tuple, None]:
+    def map_shape(self, sizes: dict, block_m: int,
+                  block_n: int = 64) -> tuple[tuple, tuple, None]:
         """(sizes, box, strides) of its tensor map: the tensor as declared (row-major), boxes of
-        ``block_m`` query rows × 64 keys (one 128-byte swizzle row)."""
-        box = tuple(block_m if r == "i" else 64 if r == "j" else 1 for r in self.roles)
+        ``block_m`` query rows × 64 keys (one 128-byte swizzle row); a strip's, the block's
+        ``block_n`` keys."""
+        keys = block_n if self.strip else 64
+        box = tuple(block_m if r == "i" else keys if r == "j" else 1 for r in self.roles)
         return self.extents(sizes), box, None
 
     def coordinates(self, key0: str, row0: str, b: str, h: str) -> str:
@@ -114,6 +130,50 @@ def find_score_tile(used: list[Expr], chain) -> ScoreTile | None:
     if len(tile_roles) > 5:
         raise _refuse(f"{name} has {len(tile_roles)} dimensions: a tensor map has at most 5")
     return ScoreTile(name, load.param.dtype, tuple(load.param.dims), tuple(tile_roles))
+
+
+STRIP_DTYPES = ("f32", "bf16", "f16")
+
+
+def find_key_strip(score: Expr, chain) -> ScoreTile | None:
+    """The floating tensor the score reads by key and not by query — a key's norm (cosine
+    similarity), a bias per key — as each key block's strip, which the producer copies beside
+    the block's keys and the consumers read from shared memory: read element by element from
+    global memory, every block's score waits on the loads (cosine-similarity attention at
+    280 TFLOP/s on the H200, ``benchmarks.pipeline_kernels``). None where the score reads no
+    such tensor, or more than one, or one whose indices are not plain axes of the chain and
+    constants with the key innermost (then it is read as it is)."""
+    roles = {a.uid: r for a, r in zip(chain.axes, "bhij") if a is not None}
+    found = {}
+    for n in (n for n in nodes(score) if isinstance(n, Load)):
+        plain = {i.uid for i in n.indices if isinstance(i, Axis)}
+        if n.param.dtype in STRIP_DTYPES and chain.axes[3].uid in plain and \
+                chain.axes[2].uid not in plain:
+            found.setdefault((n.param.name, n.key()), n)
+    if len(found) != 1:
+        return None
+    load = next(iter(found.values()))
+    strip_roles = []
+    for index in load.indices:
+        if isinstance(index, Axis) and index.uid in roles:
+            strip_roles.append(roles[index.uid])
+        elif isinstance(index, Const) and isinstance(index.value, int) and \
+                not isinstance(index.value, bool):
+            strip_roles.append(int(index.value))
+        else:
+            return None
+    named = [r for r in strip_roles if isinstance(r, str)]
+    if len(set(named)) < len(named) or strip_roles[-1] != "j" or len(strip_roles) > 5:
+        return None
+    return ScoreTile(load.param.name, load.param.dtype, tuple(load.param.dims),
+                     tuple(strip_roles))
+
+
+def strip_bytes(block_n: int, dtype: str) -> int:
+    """Shared memory a slot's strip takes: the block's keys, in 1024-byte multiples (a strip of
+    128 bytes is copied in the 128-byte swizzle, whose boxes start at 1 KiB; any other
+    unswizzled, at 128-byte aligned addresses)."""
+    return -(-block_n * ELEMENT_BYTES[dtype] // 1024) * 1024
 
 
 def tile_bytes(block_m: int, block_n: int) -> int:

@@ -2,6 +2,7 @@
 planned for the Hopper attention kernel as q·k times their reciprocals, each computed once per
 row and per column of a fragment; scores of any other form are left as written."""
 import numpy as np
+import pytest
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
@@ -11,6 +12,7 @@ from tensorfuse.dsl.expr import Load, Ref, Symbol
 from tensorfuse.dsl.printer import to_text
 from tensorfuse.kernels.attention import softmax_attend
 from tensorfuse.schedule_templates.hopper_attention_plan import plan_hopper_attention
+from tests.helpers import needs_nvcc
 
 CHAIN = ("m", "l", "o")
 
@@ -73,3 +75,75 @@ def test_a_factor_of_query_and_key_together_leaves_the_score_as_written():
 def test_the_sm90a_source_divides_no_element():
     source = tf.compile(_cosine(True), target="cuda:sm_90a").source(B=1, H=2, S=512, D=128)
     assert "qk * (1.0f / " in source and "qk / (" not in source
+
+
+@tf.kernel
+def key_bias(q: T.Tensor["B", "H", "S", "D", "bf16"], k: T.Tensor["B", "H", "S", "D", "bf16"],
+             v: T.Tensor["B", "H", "S", "D", "bf16"], bias: T.Tensor["B", "S", "bf16"],
+             scale: T.f32):
+    """A bias per key (a soft padding mask), shared by the heads."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale + bias[b, j]
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
+@needs_nvcc
+def test_a_tensor_read_by_key_alone_is_copied_as_key_strips():
+    """The keys' norms (f32) and a bias per key (bf16) are copied beside each key block's keys
+    (one unswizzled TMA box of the block's keys) and read from shared memory, a pair a column
+    for the fragment's two rows; 128-key blocks (ptxas spilled at 176). Where the tensor's rows
+    are no multiple of 16 bytes it is read element by element, as before."""
+    from tensorfuse.schedule_templates.score_tiles import strip_bytes
+    from tensorfuse.targets import get_target
+    from tensorfuse.targets.codegen import cuda_to_ptx
+
+    cosine = plan_hopper_attention(_cosine(False).program, CHAIN, "j")
+    assert cosine.key_strip.name == "nk" and cosine.key_strip.roles == ("b", "h", "j")
+    assert cosine.score_tile is None and "nk[b, h, j] read as each key block's strip" in \
+        cosine.describe()
+    assert cosine.key_strip.map_shape(dict(B=2, H=4, S=1000), 128, 128) == \
+        ((2, 4, 1000), (1, 1, 128), None)
+    assert strip_bytes(176, "f32") == 1024 and strip_bytes(512, "f16") == 1024
+    assert cosine.key_strip.why_not(dict(B=2, H=4, S=777)) is not None   # 3108-byte rows
+    made = tf.compile(_cosine(False), target="cuda:sm_90a")
+    source = made.source(B=1, H=2, S=1000, D=128)
+    assert "#define BN 128" in source and "t_nk[" not in source
+    assert "tf_tma_load_3d(score_tiles + s * T_BYTES, t_map, n0, w.bh % H_, w.bh / H_" in source
+    assert "ld.shared.v2.f32" in cuda_to_ptx(source, get_target("cuda:sm_90a"))
+    assert "t_nk[" in made.source(B=1, H=2, S=777, D=128)   # no map: element by element
+    biased = tf.compile(key_bias, target="cuda:sm_90a").source(B=1, H=2, S=1024, D=128)
+    assert "tf_key_strip_pair" in biased and "t_bias[" not in biased
+    assert "tf_tma_load_2d(score_tiles + s * T_BYTES, t_map, n0, w.bh / H_" in biased
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("S", [1000, 777])
+def test_key_strips_match_float64_on_the_gpu(S):
+    """Cosine attention over given norms (strips of f32; at S=777 read element by element) and a
+    bias per key (strips of bf16), causal and not, ragged lengths, outputs poisoned, against
+    float64."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    g = torch.Generator(device="cuda").manual_seed(S)
+    B, H, D = 2, 4, 128
+    q, k, v = ((torch.randn(B, H, S, D, device="cuda", generator=g) * 2).bfloat16()
+               for _ in range(3))
+    nq, nk = (x.float().norm(dim=-1) for x in (q, k))
+    pairs = torch.ones(S, S, device="cuda", dtype=torch.bfloat16)
+    bias = (torch.randn(B, S, device="cuda", generator=g) * 3).bfloat16()
+    keep = torch.ones(S, S, dtype=torch.bool, device="cuda").tril()
+    qd, kd, vd = (x.double() for x in (q, k, v))
+    for causal in (False, True):
+        s = qd @ kd.transpose(-1, -2) / (nq.double()[..., :, None] * nk.double()[..., None, :])
+        s = s * 7.0
+        want = torch.softmax(s.masked_fill(~keep, float("-inf")) if causal else s, -1) @ vd
+        out = torch.full_like(q, float("nan"))
+        tf.compile(_cosine(causal))(q, k, v, nq, nk, pairs, 7.0, out=out)
+        assert float((out.double() - want).norm() / want.norm()) < 1e-2, causal
+    s = qd @ kd.transpose(-1, -2) * 0.1 + bias.double()[:, None, None, :]
+    want = torch.softmax(s, -1) @ vd
+    out = torch.full_like(q, float("nan"))
+    tf.compile(key_bias)(q, k, v, bias, 0.1, out=out)
+    assert float((out.double() - want).norm() / want.norm()) < 1e-2

@@ -85,6 +85,7 @@ HOPPER_PTX = ("wgmma.mma_async", "cp.async.bulk.tensor.3d", "mbarrier.try_wait",
               "setmaxnreg.inc", "setmaxnreg.dec", "ex2.approx")
 
 
+_PAIRS = {"bf16": "__nv_bfloat162", "f16": "__half2", "f32": "float2"}   # a tile's pair
 _TYPES = {"bf16": ("__nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn"),
           "f16": ("__half", "__half2", "__floats2half2_rn")}
 
@@ -173,9 +174,9 @@ class AttentionSource(KernelArguments):
 
     @property
     def score_tile(self):
-        """The tensor the score reads as tiles (``schedule_templates.score_tiles.ScoreTile``),
-        or None."""
-        return self.plan.score_tile
+        """The tensor the score reads as tiles, or by key alone as strips
+        (``schedule_templates.score_tiles.ScoreTile``, ``.strip``), or None: one ring of them."""
+        return self.plan.score_tile or self.plan.key_strip
 
     @property
     def elem(self) -> str:
@@ -191,7 +192,8 @@ class AttentionSource(KernelArguments):
 
     @property
     def header(self) -> str:
-        dtypes = {self.plan.dtype} | ({self.score_tile.dtype} if self.score_tile else set())
+        dtypes = {self.plan.dtype} | ({self.score_tile.dtype} - {"f32"} if self.score_tile
+                                      else set())
         return "".join("#include <cuda_bf16.h>\n" if d == "bf16" else "#include <cuda_fp16.h>\n"
                        for d in sorted(dtypes))
 
@@ -280,7 +282,7 @@ def _tile_load_helper(c: AttentionSource) -> str:
 def _score_defines(c: AttentionSource) -> str:
     """The score's folded factors, the sizes' aliases, the element type."""
     tile = "" if c.score_tile is None else \
-        f"typedef {_TYPES[c.score_tile.dtype][1]} tile_pair_t;   // two elements of a score tile\n"
+        f"typedef {_PAIRS[c.score_tile.dtype]} tile_pair_t;   // two elements of a score tile\n"
     return f"""{c.folds}
 {c.sizes}
 typedef {c.elem} elem_t;

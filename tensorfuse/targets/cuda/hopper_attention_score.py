@@ -50,9 +50,10 @@ def score_expressions(plan) -> tuple[str, str, str, str, str]:
                    if v in ("i_", "j_")}
         at_base = {name: {"i_": "i0_", "j_": "j0_"}.get(v, v) for name, v in axes.items()}
         converted = converted_indices(plan.score, offsets, at_base, {}, loads)
-        if plan.score_tile is not None:   # read from the block's tile in shared memory
+        tile = plan.score_tile or plan.key_strip
+        if tile is not None:   # read from the block's tile (or strip) in shared memory
             converted.update({id(n): "tb_" for n in nodes(plan.score) if isinstance(n, Load)
-                              and n.param.name == plan.score_tile.name})
+                              and n.param.name == tile.name})
         written = to_cuda(plan.score, {chain.dot: "qk"}, "the score", axes, loads=loads,
                           written=converted, clamp_loads=True, wide=plan.wide)
         score = f"({written})"

@@ -132,15 +132,16 @@ __device__ __forceinline__ void tf_bulk_wait() {
 """
 
 _DATA_TYPES = {"bf16": 9, "f16": 6, "f32": 7}   # CUtensorMapDataType
-_ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
-_SWIZZLE_128B, _L2_256B = 3, 3            # CUtensorMapSwizzle / L2promotion values
+ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+_SWIZZLE_NONE, _SWIZZLE_128B, _L2_256B = 0, 3, 3   # CUtensorMapSwizzle / L2promotion values
 
 
 def tensor_map(address: int, sizes: tuple[int, ...], box: tuple[int, ...],
                dtype: str = "bf16", strides: tuple[int, ...] | None = None) -> bytes:
     """The 128-byte map of a tensor of ``sizes`` (outermost first) at ``address``, copied in
     boxes of ``box`` (outermost first; the innermost box dimension is 128 bytes: one row of the
-    128-byte swizzle — 64 bf16/fp16 elements, 32 f32). ``strides``: the element strides of all
+    128-byte swizzle — 64 bf16/fp16 elements, 32 f32; or a box of one row of any multiple of 16
+    bytes, copied unswizzled). ``strides``: the element strides of all
     dimensions but the innermost (which is contiguous), outermost first, in any order of
     magnitude — a permuted layout's; default row-major. Elements outside ``sizes`` arrive as
     zeros (and are not written by stores and reductions through the map) — so a box that runs
@@ -167,11 +168,20 @@ def _encoded(address: int, sizes: tuple[int, ...], box: tuple[int, ...], dtype: 
     elem = (ctypes.c_uint32 * rank)(*([1] * rank))
     err = libcuda().cuTensorMapEncodeTiled(out, _DATA_TYPES[dtype], rank,
                                            ctypes.c_void_p(address), dims, stride_arr, box_arr,
-                                           elem, 0, _SWIZZLE_128B, _L2_256B, 0)
+                                           elem, 0, _SWIZZLE_NONE if _row_box(
+                                               box, ELEMENT_BYTES[dtype]) else _SWIZZLE_128B,
+                                           _L2_256B, 0)
     if err:
         raise TargetError(f"cuTensorMapEncodeTiled failed (CUresult {err}) for a {list(sizes)} "
                           f"{dtype} tensor at {address:#x} with {list(box)} boxes")
     return bytes(out)
+
+
+def _row_box(box: tuple[int, ...], element: int) -> bool:
+    """A box of one row whose bytes are not one 128-byte swizzle row (a key block's strip of a
+    tensor read by key): copied unswizzled, its bytes a multiple of 16 as TMA needs."""
+    return all(b == 1 for b in box[:-1]) and box[-1] * element % 16 == 0 and \
+        box[-1] * element != 128
 
 
 def byte_strides(sizes: tuple[int, ...], box: tuple[int, ...], dtype: str,
@@ -179,10 +189,10 @@ def byte_strides(sizes: tuple[int, ...], box: tuple[int, ...], dtype: str,
     """The byte strides of a tensor map's outer dimensions, outermost first (what
     :func:`tensor_map` encodes): ``strides`` (elements) or row-major ones of ``sizes``, times
     the element's bytes; an error for a box or a stride TMA cannot take."""
-    element = _ELEMENT_BYTES[dtype]
-    if box[-1] * element != 128:
+    element = ELEMENT_BYTES[dtype]
+    if box[-1] * element != 128 and not _row_box(box, element):
         raise ValueError(f"the innermost box dimension is 128 bytes ({128 // element} {dtype} "
-                         f"elements), not {box[-1]}")
+                         f"elements), or a multiple of 16 in a box of one row, not {box}")
     if any(not 1 <= b <= 256 for b in box):
         raise ValueError(f"a TMA box has 1 to 256 elements per dimension, not {box}")
     if strides is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..map_tiles import tma_load_call, tma_prefetch_call
+from ..tma import ELEMENT_BYTES
 from ..wgmma import fragment_bit_words
 
 
@@ -23,7 +24,11 @@ def attention_tile_bytes(c) -> str:
     """The swizzle atoms along the head dims (q·k's, p·v's) and the bytes of a query tile, a
     key block and a value block."""
     tile = "" if c.score_tile is None else \
-        "#define T_BYTES (BM * BN * 2)           // a key block's tile of the score's tensor\n"
+        "#define T_BYTES (BM * BN * 2)           // a key block's tile of the score's tensor\n" \
+        if not c.score_tile.strip else \
+        (f"#define T_COPY (BN * {ELEMENT_BYTES[c.score_tile.dtype]})   // a key block's strip\n"
+         "#define T_BYTES ((T_COPY + 1023) / 1024 * 1024)   // its slot (aligned for a box of "
+         "128 bytes, which TMA swizzles)\n")
     return """#define ATOMS (D_ / 64)                 // 128-byte swizzle atoms along q·k's head dim
 #define V_ATOMS (DV_ / 64)              // and along the values'
 #define Q_BYTES (BM * D_ * 2)
@@ -111,6 +116,12 @@ def _score_tile_loads(c) -> str:
     ``biased_attention_bshd``: 10 % faster than counting the tiles with the values)."""
     if c.score_tile is None:
         return ""
+    if c.score_tile.strip:   # one box: the block's keys of the strip
+        at = c.score_tile.coordinates("n0", "", "w.bh / H_", "w.bh % H_")
+        return f"""            if (u >= STAGES) tf_mbar_wait(empty_t + s, ((u / STAGES) - 1) & 1);
+            tf_mbar_expect(full_t + s, T_COPY);
+            tf_tma_load_{c.score_tile.rank}d(score_tiles + s * T_BYTES, t_map, {at}, full_t + s);
+"""
     at = c.score_tile.coordinates("n0 + a * 64", "w.rb * BM", "w.bh / H_", "w.bh % H_")
     return f"""            if (u >= STAGES) tf_mbar_wait(empty_t + s, ((u / STAGES) - 1) & 1);
             tf_mbar_expect(full_t + s, T_BYTES);

@@ -17,9 +17,10 @@ def attention_softmax_macro(c) -> str:
     The lines below end in Python's line continuation: the macro is one line of C++."""
     tile, arg, free = "", "", ""
     if c.score_tile is not None:
-        tile = ("    const unsigned tt_ = tf_smem_addr(score_tiles) + SLOT(it) * T_BYTES + "
-                "(cw * 64 + warp * 16 + lane / 4) * 128 + (lane % 4) * 4;   "
-                "tf_mbar_wait(full_t + SLOT(it), PHASE(it));   ")
+        within = f"(lane % 4) * {2 * _bytes(c)}" if c.score_tile.strip else \
+            "(cw * 64 + warp * 16 + lane / 4) * 128 + (lane % 4) * 4"
+        tile = (f"    const unsigned tt_ = tf_smem_addr(score_tiles) + SLOT(it) * T_BYTES + "
+                f"{within};   tf_mbar_wait(full_t + SLOT(it), PHASE(it));   ")
         arg = ", tt_"
         free = ("    tf_mbar_arrive(empty_t + SLOT(it));   /* the tile is read: free to refill */"
                 "   \\\n")
@@ -50,7 +51,7 @@ def attention_score_function(c) -> str:
     """A block's score: the program's expression on the accumulator fragments, masked where the
     block is partial."""
     tile = c.score_tile is not None
-    reader = _score_tile_reader() if tile else ""
+    reader = "" if not tile else _strip_reader(c) if c.score_tile.strip else _score_tile_reader()
     return f"""{reader}// S of one key block (R = its keys / 2 registers: BN, or LAST_N for the sequence's last): the
 // program's score on the fragment before its base-2 factor `scale2` (applied by softmax_block),
 // masked (−∞) where `MASKED`.
@@ -68,7 +69,7 @@ __device__ __forceinline__ void score_block(float (&s)[R], int row_lo, int n0, i
     const int i_ = i0_ + di_;
     const int j_ = j0_ + dj_;
     const float qk = s[r];
-{_tile_element() if tile else ""}    float v = {c.score};
+{_tile_element(c) if tile else ""}    float v = {c.score};
 #if TILED
     if (MASKED) v = ((mw[r / 32] >> (r % 32)) & 1u) ? v : -INFINITY;
 #else
@@ -81,10 +82,38 @@ __device__ __forceinline__ void score_block(float (&s)[R], int row_lo, int n0, i
 """
 
 
-def _tile_element() -> str:
-    """The score tile's element at register ``r`` (its pair loaded at even ``r``)."""
-    return ("    if (r % 2 == 0) tb2_ = tf_score_tile_pair(tt_, r, lane);\n"
-            "    const float tb_ = r % 2 ? __high2float(tb2_) : __low2float(tb2_);\n")
+def _bytes(c) -> int:
+    return 4 if c.score_tile.dtype == "f32" else 2
+
+
+def _tile_element(c) -> str:
+    """The score tile's (or strip's) element at register ``r`` (its pair loaded at even ``r``)."""
+    pick = "r % 2 ? tb2_.y : tb2_.x" if _bytes(c) == 4 else \
+        "r % 2 ? __high2float(tb2_) : __low2float(tb2_)"
+    # a strip's pair is the same for the fragment's two rows (r and r + 2): loaded once, so
+    # that what the score computes of it (a reciprocal) is computed once too
+    read = "tf_key_strip_pair(tt_, r)" if c.score_tile.strip else \
+        "tf_score_tile_pair(tt_, r, lane)"
+    return (f"    if (r % {4 if c.score_tile.strip else 2} == 0) tb2_ = {read};\n"
+            f"    const float tb_ = {pick};\n")
+
+
+def _strip_reader(c) -> str:
+    """A key strip's two elements at fragment register r, from shared memory."""
+    wide = _bytes(c) == 4
+    load = ('asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(pair.x), "=f"(pair.y)'
+            if wide else 'asm volatile("ld.shared.b32 %0, [%1];" : "=r"(*(unsigned*)&pair)')
+    return f"""// Two elements of the key strip at fragment register r (even: r and r + 1 — columns
+// 8·(r/4) + 2·(l%4) and the next — of the slot): `tt` is the slot's shared-memory address plus
+// this thread's pair's offset; the four lanes of a row read four distinct pairs, the eight rows
+// the same ones (a broadcast).
+__device__ __forceinline__ tile_pair_t tf_key_strip_pair(unsigned tt, int r) {{
+  tile_pair_t pair;
+  {load}
+               : "r"(tt + (r / 4) * {8 * _bytes(c)}));
+  return pair;
+}}
+"""
 
 
 def _score_tile_reader() -> str:
