@@ -139,7 +139,7 @@ def test_key_strips_match_float64_on_the_gpu(S):
         s = qd @ kd.transpose(-1, -2) / (nq.double()[..., :, None] * nk.double()[..., None, :])
         s = s * 7.0
         want = torch.softmax(s.masked_fill(~keep, float("-inf")) if causal else s, -1) @ vd
-        out = torch.full_like(q, float("nan"))
+        out = torch.full(q.shape, float("nan"), device="cuda")   # float32: the norms' dtype
         tf.compile(_cosine(causal))(q, k, v, nq, nk, pairs, 7.0, out=out)
         assert float((out.double() - want).norm() / want.norm()) < 1e-2, causal
     s = qd @ kd.transpose(-1, -2) * 0.1 + bias.double()[:, None, None, :]
