@@ -183,6 +183,15 @@ def gqa_causal_grouped_axes(q: T.Tensor["B", "G", "R", "S", "D", "bf16"],
 
 
 @tf.kernel
+def mqa_causal_one_cache(q: T.Tensor["B", "H", "S", "D", "bf16"], k: T.Tensor["B", "S", "D", "bf16"],
+                         v: T.Tensor["B", "S", "D", "bf16"], scale: T.f32):
+    """Causal multi-query attention with the keys and values written without a head axis."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.where(i >= j, T.sum(q[b, h, i, d] * k[b, j, d], over=d) * scale, -T.inf)
+    return softmax_attend(s, v[b, j, e], j)
+
+
+@tf.kernel
 def cross_attention_lengths(q: T.Tensor["B", "H", "M", "D", "bf16"],
                             k: T.Tensor["B", "H", "N", "D", "bf16"],
                             v: T.Tensor["B", "H", "N", "D", "bf16"],
@@ -323,6 +332,35 @@ def _grouped_axes_case(generator, B=2, G=8, R=4, S=4096, D=128) -> Case:
                  SDPA_FLASH: sdpa(SDPBackend.FLASH_ATTENTION)},
                 ref, lambda out: out[:, :, :, rows], flops=2 * B * G * R * S * S * D,
                 notes={TENSORFUSE: f.schedule_origin(B=B, G=G, R=R, S=S, D=D)})
+
+
+def _one_cache_case(generator, B=2, H=16, S=4096, D=128) -> Case:
+    """Causal MQA, 16 query heads over one [B, S, D] cache; SDPA on its [B, 1, S, D] view
+    with ``enable_gqa``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
+    k, v = (torch.randn(B, S, D, generator=generator).to("cuda", torch.bfloat16)
+            for _ in range(2))
+    scale = D ** -0.5
+    f = Recorded(mqa_causal_one_cache)
+    rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
+    s = q[:, :, rows].double() @ k.double()[:, None].transpose(-1, -2) * scale
+    s = s.masked_fill(rows.cuda()[:, None] < torch.arange(S, device="cuda")[None], -math.inf)
+    ref = torch.softmax(s, -1) @ v.double()[:, None]
+
+    def sdpa(backend):
+        def call():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q, k[:, None], v[:, None], is_causal=True, scale=scale, enable_gqa=True)
+        return call
+    return Case("mqa_causal_one_cache", f"B{B} H{H}/1 S{S} D{D} [BSD cache]",
+                lambda: f(q, k, v, scale=scale),
+                {SDPA_CUDNN: sdpa(SDPBackend.CUDNN_ATTENTION),
+                 SDPA_FLASH: sdpa(SDPBackend.FLASH_ATTENTION)},
+                ref, lambda out: out[:, :, rows], flops=2 * B * H * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
 
 
 def _log_softmax_case(generator, B=8, C=150, P=65536) -> Case:
@@ -611,6 +649,7 @@ SUITE = {
                                                  16, 4096, 80, g),
     "causal_dqk192_dv128": _two_head_dims_case,
     "gqa_causal_grouped_axes": _grouped_axes_case,
+    "mqa_causal_one_cache": _one_cache_case,
     "cross_attention_lengths": _cross_attention_case,
     "mqa_decode": _mqa_decode_case,
     "gqa_decode": _gqa_decode_case,

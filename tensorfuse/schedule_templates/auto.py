@@ -217,7 +217,8 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
     if name == "attention":
         made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True,
                       tuned=records("hopper_attention") if records else None,
-                      refused=refused) or _merged_heads(kernel, fusion, spec, records)
+                      refused=refused) or _merged_heads(kernel, fusion, spec, records) or \
+            _one_cache_prefill(kernel, fusion, spec, records)
         made += _packed_decodes(kernel, fusion, spec)
         decode = dict(description=f"cluster_decode (the keys {fusion.axis} split over a cluster "
                                   "per (batch, kv-head))", routed=True)
@@ -235,18 +236,29 @@ def _lifted_decode(kernel, fusion, spec: TargetSpec, knobs: dict, records=None) 
     tuning records are the lifted program's at the lifted sizes (what
     :func:`~tensorfuse.autotune.tasks.make_task` tunes for such a decode):
     ``records(template, program)``."""
+    from .packed_lift import lift_to_four_axes
+
+    return _on_lifted(kernel, fusion, spec, lift_to_four_axes, attention_decode,
+                      "cluster_decode", records, fusion.axis, **knobs)
+
+
+def _on_lifted(kernel, fusion, spec: TargetSpec, lift, template, record: str, records,
+               *args, **knobs) -> list:
+    """``template`` on the program ``lift`` makes of ``kernel``'s (unit axes added), as kernels
+    of the program as written (:class:`.lifted_kernel.LiftedKernel`: the caller's tensors viewed
+    with the unit axes); the lifted program's tuning records of ``record``'s template."""
     from ..dsl.program import ProgramKernel
     from .lifted_kernel import LiftedKernel
-    from .packed_lift import added_units, lift_to_four_axes
+    from .packed_lift import added_units
 
-    lifted = lift_to_four_axes(kernel.program, fusion.names, fusion.axis)
+    lifted = lift(kernel.program, fusion.names, fusion.axis)
     if lifted is None:
         return []
     program, inserts = lifted
-    tuned = records("cluster_decode", program) if records else None
+    tuned = records(record, program) if records else None
     return [LiftedKernel(kernel.program, inserts, inner, spec, added_units(program))
-            for inner in _made(attention_decode, ProgramKernel(program), fusion, spec,
-                               fusion.axis, tuned=tuned, **knobs)]
+            for inner in _made(template, ProgramKernel(program), fusion, spec, *args,
+                               tuned=tuned, **knobs)]
 
 
 def _merged_heads(kernel, fusion, spec: TargetSpec, records=None) -> list:
@@ -264,6 +276,16 @@ def _merged_heads(kernel, fusion, spec: TargetSpec, records=None) -> list:
     return [MergedHeadsKernel(kernel.program, merged, inner, spec)
             for inner in _made(hopper_attention, ProgramKernel(merged.program), fusion, spec,
                                prefill_only=True, tuned=tuned)]
+
+
+def _one_cache_prefill(kernel, fusion, spec: TargetSpec, records=None) -> list:
+    """The Hopper attention of multi-query attention written with no head axis on its keys and
+    values (:func:`.packed_lift.lift_one_cache`: a unit kv-head axis added, the caller's k and
+    v viewed with it), which the Triton template took otherwise."""
+    from .packed_lift import lift_one_cache
+
+    return _on_lifted(kernel, fusion, spec, lift_one_cache, hopper_attention,
+                      "hopper_attention", records, prefill_only=True)
 
 
 # Decodes whose kv-heads each serve a large group of query heads, as (smallest group, largest
