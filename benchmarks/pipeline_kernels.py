@@ -14,6 +14,8 @@ against a float64 reference first (the harness of :mod:`benchmarks.kernel_suite`
 Rows: ``benchmark`` = ``user/<name>``; CSV
 ``benchmarks/results/<date>-<device>-pipeline-kernels.csv``.
 """
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -127,6 +129,21 @@ def cosine_attention(q: T.Tensor["B", "H", "S", "D", "bf16"],
     m = T.max(s, over=j)
     p = T.exp(s - m)
     return T.cast(T.sum(p * v[b, h, j, e], over=j) / T.sum(p, over=j), "bf16")
+
+
+@tf.kernel
+def gated_attention(q: T.Tensor["B", "H", "S", "D", "bf16"],
+                    k: T.Tensor["B", "H", "S", "D", "bf16"],
+                    v: T.Tensor["B", "H", "S", "D", "bf16"],
+                    gate: T.Tensor["B", "H", "S", "D", "bf16"], scale: T.f32):
+    """Causal attention whose output is gated by a sigmoid of the query's own projection
+    (Qwen3-Next's gated attention)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.where(i >= j, T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale, -T.inf)
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    o = T.sum(p * v[b, h, j, e], over=j) / T.sum(p, over=j)
+    return T.cast(o * T.sigmoid(gate[b, h, i, e]), "bf16")
 
 
 @tf.kernel
@@ -273,6 +290,26 @@ def _cosine_attention_case(generator, B=2, H=16, S=4096, D=128) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
 
 
+def _gated_attention_case(generator, B=2, H=16, S=4096, D=128) -> Case:
+    q, k, v, gate = (torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
+                     for _ in range(4))
+    scale = D ** -0.5
+
+    def eager(q, k, v, gate):   # as a user writes it in torch: SDPA, then the gate
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale) * \
+            torch.sigmoid(gate)
+    f, compiled = Recorded(gated_attention), torch.compile(eager)
+    rows = torch.arange(0, S, 37)
+    s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale
+    s = s.masked_fill(rows.cuda()[:, None] < torch.arange(S, device="cuda")[None], -math.inf)
+    ref = (torch.softmax(s, -1) @ v.double()) * torch.sigmoid(gate[:, :, rows].double())
+    return Case("gated_attention", f"B{B} H{H} S{S} D{D} causal", lambda: f(q, k, v, gate, scale),
+                {TORCH_COMPILE: lambda: compiled(q, k, v, gate),
+                 SDPA: lambda: eager(q, k, v, gate)},
+                ref, lambda out: out[:, :, rows], flops=2 * B * H * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
+
+
 def _w8a16_case(generator, B=16, N=8192, K=8192) -> Case:
     """A decode step's batch of 16 tokens (memory-bound: the bytes are the weights); GB/s."""
     w = torch.randint(-128, 128, (N, K), generator=generator, dtype=torch.int8).to("cuda")
@@ -301,6 +338,7 @@ PIPELINE = {
     "attention_pool": _attention_pool_case,
     "cosine_attention": _cosine_attention_case,
     "w8a16_linear": _w8a16_case,
+    "gated_attention": _gated_attention_case,
 }
 
 if __name__ == "__main__":

@@ -99,6 +99,11 @@ def _compile(kernel, target, template, untemplated: str | None = None,
                                                       nearest=template == "hopper_attention"),
                                      refused=refused)
             ahead += _hopper_gemm_staged(kernel, spec, dynamic)
+            if any(t == "hopper_attention" for t, _ in refused) and _triton_available():
+                from .staged import AttentionEpilogueStages
+
+                ahead += AttentionEpilogueStages.made(kernel, fusion, spec, lambda part: _compile(
+                    part, spec, "auto", dynamic=dynamic), AutoKernel)
             ahead += contraction_templates(kernel, spec, template_records(
                 tuned_as, "contraction", None, spec, nearest=True), dynamic)
             ahead = _written_out(kernel, spec, dynamic) + ahead

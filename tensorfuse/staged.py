@@ -201,3 +201,36 @@ class GemmStages(StagedKernel):
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         return self.pays(dims) and \
             self.kernels[self.gemm].fits(scalars, **self._own(self.stages[self.gemm], dims))
+
+
+class AttentionEpilogueStages(StagedKernel):
+    """Attention whose output is a function of ``o / l`` as two stages
+    (:mod:`tensorfuse.schedule_templates.attention_epilogue`): the attention, then the function.
+    It fits the sizes where a native template (the Hopper attention) runs the first stage: at
+    others the Triton template takes the program whole, its function fused."""
+
+    @classmethod
+    def made(cls, kernel, fusion, target: TargetSpec, compile_stage, routed: type) -> tuple:
+        """The stages of ``kernel`` (fused by ``fusion``), each compiled by
+        ``compile_stage(ProgramKernel)``, as a one-kernel tuple for ``AutoKernel``'s ``ahead``
+        where the first stage's kernel has native templates to route to (``routed``: the
+        class of such a kernel); else ``()``."""
+        from .dsl.program import ProgramKernel
+        from .schedule_templates.attention_epilogue import attention_epilogue_stages
+
+        stages = attention_epilogue_stages(kernel.program, fusion.names)
+        if not stages:
+            return ()
+        kernels = tuple(compile_stage(ProgramKernel(s.program)) for s in stages)
+        if not isinstance(kernels[0], routed) or not kernels[0].ahead:
+            return ()
+        return (cls(kernel.program, target, stages, kernels,
+                    "the Hopper template writes o / l alone"),)
+
+    def _staged_because(self) -> str:
+        return "the Hopper attention, then the function of its output"
+
+    def fits(self, scalars: dict | None = None, **dims) -> bool:
+        first = self.kernels[0]
+        chosen = first.for_sizes(scalars, **self._own(self.stages[0], dims))
+        return chosen is not first.template and chosen is not first.fallback
