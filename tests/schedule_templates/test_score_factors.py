@@ -114,6 +114,7 @@ def test_a_tensor_read_by_key_alone_is_copied_as_key_strips():
     biased = tf.compile(key_bias, target="cuda:sm_90a").source(B=1, H=2, S=1024, D=128)
     assert "tf_key_strip_pair" in biased and "t_bias[" not in biased
     assert "tf_tma_load_2d(score_tiles + s * T_BYTES, t_map, n0, w.bh / H_" in biased
+    assert "ld.shared.b32" in cuda_to_ptx(biased, get_target("cuda:sm_90a"))   # one 2-D copy
 
 
 @pytest.mark.gpu

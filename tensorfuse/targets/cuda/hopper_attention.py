@@ -274,9 +274,10 @@ def _head(c: AttentionSource) -> str:
 
 
 def _tile_load_helper(c: AttentionSource) -> str:
-    """The TMA copy of the score tile's map, where its rank is not the others'."""
+    """The TMA copy of the score tile's map, where its rank is not the others' (nor 2: the TMA
+    helpers always have the 2-D copy)."""
     tile = c.score_tile
-    return load_helper(tile.rank) if tile is not None and tile.rank != c.rank else ""
+    return load_helper(tile.rank) if tile is not None and tile.rank not in (c.rank, 2) else ""
 
 
 def _score_defines(c: AttentionSource) -> str:
