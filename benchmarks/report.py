@@ -245,15 +245,6 @@ SECTIONS = (
     ("user-kernels", "Kernels as users write them (their layouts, `tf.compile` defaults)",
      "bf16; each against the best torch alternative on the same tensors (SDPA on views of them)",
      "python -m benchmarks.user_kernels"),
-    ("user-kernels-causal-bshd-d64-causal-bshd-d80-causal-bshd-d96",
-     "Head dims between swizzle atoms",
-     "bf16, causal, [B, S, H, D] tensors; head dims 96 and 80 on the Hopper template in tiles "
-     "of 128 (TMA's zeros past the rows), the Triton template beside them (`tensorfuse "
-     "triton`, what ran them before), 64 for reference",
-     "python -m benchmarks.user_kernels --only causal_bshd_d64,causal_bshd_d80,causal_bshd_d96"),
-    ("user-kernels-max-pool-l2", "Max-pool over tokens, then an L2 norm, again",
-     "bf16; the max-pool of the section above after per-row strided tiles took 4 warps",
-     "python -m benchmarks.user_kernels --only max_pool_l2"),
     ("user-kernels-tuned", "Kernels as users write them, tuned",
      "as above, then `tf.tune` at each call's sizes (`tensorfuse tuned`: tf.compile reading "
      "the records; trials a task in its note)", "python -m benchmarks.user_kernels --tune 6"),
@@ -302,6 +293,15 @@ SECTIONS = (
      "a learned query vector; each against the best torch alternative on the same tensors",
      "python -m benchmarks.pipeline_kernels --only relu2_causal_attention,"
      "latent_cross_attention,attention_pool"),
+    ("pipeline-kernels-cosine-attention-gated-attention-w8a16-linear",
+     "Attention by cosine similarity, gated attention, int8 weights",
+     "bf16; Swin v2's attention by cosine similarity with a learned temperature (the norms "
+     "stored, then the Hopper template reading the keys' norms as strips), Qwen3-Next's "
+     "causal attention gated by a sigmoid of the query's projection (the Hopper attention, "
+     "then the gate), a linear layer of int8 weights scaled per output channel (GB/s of the "
+     "weights); each against the best torch alternative on the same tensors",
+     "python -m benchmarks.pipeline_kernels --only cosine_attention,w8a16_linear,"
+     "gated_attention"),
     ("pipeline-kernels-logsumexp-pool", "A log-sum-exp down the tokens, again",
      "bf16; the log-sum-exp pool of the section above after per-row strided tiles took 4 warps",
      "python -m benchmarks.pipeline_kernels --only logsumexp_pool"),
@@ -572,8 +572,10 @@ HEADLINES = (("hopper-attention", "attention/full", "S4096", "tensorfuse"),
              ("attention-sinks", "attention_sinks_train/sliding_window", "", "tensorfuse"),
              ("user-kernels", "user/causal_sbhd", "", "tensorfuse"),
              ("user-kernels", "user/causal_dqk192_dv128", "", "tensorfuse"),
-             ("user-kernels-causal-bshd-d64-causal-bshd-d80-causal-bshd-d96",
-              "user/causal_bshd_d96", "", "tensorfuse"),
+             ("user-kernels", "user/causal_bshd_d96", "", "tensorfuse"),
+             ("user-kernels", "user/mqa_causal_one_cache", "", "tensorfuse"),
+             ("pipeline-kernels-cosine-attention-gated-attention-w8a16-linear",
+              "user/gated_attention", "", "tensorfuse"),
              ("user-kernels", "user/max_pool_l2", "", "tensorfuse"),
              ("user-kernels", "user/paged_decode", "", "tensorfuse"),
              ("attention-backward-kernels", "attention_bwd_kernels/causal", "S4096 D128",

@@ -201,6 +201,10 @@ def test_tensor_maps_stride_by_their_element_size():
     assert byte_strides((8, 16, 64), (1, 32, 64), "f16", strides=(64, 512)) == (128, 1024)
     with pytest.raises(ValueError, match="128 bytes .32 f32 elements., not 64"):
         byte_strides((32, 4096, 128), (1, 64, 64), "f32")
+    # a box of one row (a key strip): any multiple of 16 bytes, unswizzled
+    assert byte_strides((2, 4, 1000), (1, 1, 176), "f32") == (4 * 1000 * 4, 1000 * 4)
+    with pytest.raises(ValueError, match="not 6 "):
+        byte_strides((2, 1000), (1, 6), "bf16")
     with pytest.raises(TargetError, match="multiple of 16 bytes"):
         byte_strides((4, 3), (1, 64), "bf16", strides=(3,))
 

@@ -192,7 +192,8 @@ def byte_strides(sizes: tuple[int, ...], box: tuple[int, ...], dtype: str,
     element = ELEMENT_BYTES[dtype]
     if box[-1] * element != 128 and not _row_box(box, element):
         raise ValueError(f"the innermost box dimension is 128 bytes ({128 // element} {dtype} "
-                         f"elements), or a multiple of 16 in a box of one row, not {box}")
+                         f"elements), not {box[-1]} (in a box of one row: any multiple of 16 "
+                         "bytes)")
     if any(not 1 <= b <= 256 for b in box):
         raise ValueError(f"a TMA box has 1 to 256 elements per dimension, not {box}")
     if strides is None:
