@@ -82,7 +82,8 @@ def signed_terms(e: Expr, sign: int = 1) -> list[tuple[int, Expr]]:
 def key_linear_score(score: Expr, chain) -> tuple[Expr | None, Expr | None]:
     """``(scale, key_bias)`` where the score is ``dot · scale + key_bias · j + rest`` — one term
     reading the dot product, ``scale`` the same everywhere, ``key_bias`` free of the query index
-    and of tensors, ``rest`` free of the key index and of tensors, dropped: it shifts each row's
+    and of tensors but those read by batch and head alone (ALiBi's slopes ``[H]``: the
+    coefficient is computed once a tile), ``rest`` free of the key index, dropped: it shifts each row's
     scores by one amount, which the softmax does not see (nor a mask: it is applied apart). Not
     where the chain writes the log-sum-exp (the shift would have to come back into it) or the
     score has any other form: ``(None, None)``."""
@@ -104,7 +105,14 @@ def key_linear_score(score: Expr, chain) -> tuple[Expr | None, Expr | None]:
     if split is None:
         return None, None
     key_bias, rest = split
+    per_tile = {a.uid for a in chain.axes[:2] if a is not None}   # batch and head
+
+    def constant_in_a_tile(n) -> bool:   # a tensor read by batch and head only (ALiBi's slopes)
+        return isinstance(n, Load) and all(
+            isinstance(x, Const) or isinstance(x, Axis) and x.uid in per_tile for x in n.indices)
+
     if is_const(key_bias, 0) or has_axis(key_bias, chain.axes[2]) or any(
-            isinstance(n, (Load, Ref)) for e in split for n in nodes(e)):
+            isinstance(n, Ref) or isinstance(n, Load) and not constant_in_a_tile(n)
+            for e in split for n in nodes(e)):
         return None, None
     return (scale if sign > 0 else neg(scale)), key_bias

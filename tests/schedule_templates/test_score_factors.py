@@ -148,3 +148,53 @@ def test_key_strips_match_float64_on_the_gpu(S):
     out = torch.full_like(q, float("nan"))
     tf.compile(key_bias)(q, k, v, bias, 0.1, out=out)
     assert float((out.double() - want).norm() / want.norm()) < 1e-2
+
+
+@tf.kernel
+def alibi_slopes_tensor(q: T.Tensor["B", "H", "S", "D", "bf16"],
+                        k: T.Tensor["B", "H", "S", "D", "bf16"],
+                        v: T.Tensor["B", "H", "S", "D", "bf16"], slopes: T.Tensor["H", "f32"],
+                        scale: T.f32):
+    """ALiBi as users write it, its slopes a tensor per head."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale - slopes[h] * (i - j)
+    return softmax_attend(T.where(i >= j, s, -T.inf), v[b, h, j, e], j)
+
+
+def test_a_key_linear_bias_may_read_a_tensor_by_head():
+    """Its coefficient (the slope) is computed once a tile, the scale folded into exp2; a
+    coefficient read by key is no such bias (the score is then written as it is)."""
+    plan = plan_hopper_attention(alibi_slopes_tensor.program, CHAIN, "j")
+    assert to_text(plan.key_bias) == "slopes[h]" and plan.scale is not None
+    source = tf.compile(alibi_slopes_tensor, target="cuda:sm_90a").source(B=1, H=2, S=512,
+                                                                           D=128)
+    assert "return (((float)t_slopes[(h)])) * FOLD_C;" in source
+
+    @tf.kernel
+    def slope_per_key(q: T.Tensor["B", "H", "S", "D", "bf16"],
+                      k: T.Tensor["B", "H", "S", "D", "bf16"],
+                      v: T.Tensor["B", "H", "S", "D", "bf16"], slopes: T.Tensor["S", "f32"]):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) - slopes[j] * (i - j)
+        return softmax_attend(s, v[b, h, j, e], j)
+
+    assert plan_hopper_attention(slope_per_key.program, CHAIN, "j").key_bias is None
+
+
+@pytest.mark.gpu
+def test_alibi_with_a_slopes_tensor_matches_float64_on_the_gpu():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    g = torch.Generator(device="cuda").manual_seed(3)
+    B, H, S, D = 2, 4, 777, 128
+    q, k, v = ((torch.randn(B, H, S, D, device="cuda", generator=g) * 2).bfloat16()
+               for _ in range(3))
+    slopes = 2.0 ** -torch.arange(1, H + 1, device="cuda", dtype=torch.float32)
+    i = torch.arange(S, device="cuda")
+    s = q.double() @ k.double().transpose(-1, -2) * 0.1 - \
+        slopes.double()[:, None, None] * (i[:, None] - i[None]).double()
+    s = s.masked_fill(i[:, None] < i[None], float("-inf"))
+    want = torch.softmax(s, -1) @ v.double()
+    out = torch.full(q.shape, float("nan"), device="cuda")
+    tf.compile(alibi_slopes_tensor)(q, k, v, slopes, 0.1, out=out)
+    assert float((out.double() - want).norm() / want.norm()) < 1e-2
