@@ -183,6 +183,8 @@ def test_a_key_linear_bias_may_read_a_tensor_by_head():
 
 @pytest.mark.gpu
 def test_alibi_with_a_slopes_tensor_matches_float64_on_the_gpu():
+    import torch
+
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
     g = torch.Generator(device="cuda").manual_seed(3)
