@@ -543,7 +543,8 @@ class AutoKernel(GraphCallable):
         for k in self.ahead:
             if k.fits(named or None, **sizes):
                 break
-            lines.append(f"  not {k.description}: {_why_not_native(k, named, sizes)}")
+            line = f"  not {k.description}: {_why_not_native(k, named, sizes)}"
+            lines += [line] if line not in lines else []   # (routes of one kind say it once)
         else:
             if chosen is not self.template:
                 why = self._why_not.get(self._fits_key(sizes, named or {}))
