@@ -15,6 +15,7 @@ from ..algebra import inline_elementwise
 from ..algebra.exprs import nodes, substitute
 from ..dsl.expr import Binary, Cast, Load, Ref
 from ..dsl.program import Compute, Program, TensorParam
+from ..errors import ScheduleError
 from .attention_chain import softmax_states
 from .stages import Stage, program_of
 
@@ -27,7 +28,7 @@ def attention_epilogue_stages(program: Program, names: tuple[str, ...]) -> tuple
     any other program."""
     try:
         _, plain, weighted, _, _ = softmax_states(program, names)
-    except Exception:   # noqa: BLE001 - not softmax attention: nothing to split
+    except ScheduleError:   # not softmax attention: nothing to split
         return ()
     if len(program.outputs) != 1 or program.outputs[0].is_reduction:
         return ()
@@ -35,23 +36,20 @@ def attention_epilogue_stages(program: Program, names: tuple[str, ...]) -> tuple
     body = inline_elementwise(out.bodies[0])
     ratios = [n for n in nodes(body) if _is_ratio(n, weighted, plain)]
     bare = body.a if isinstance(body, Cast) else body
-    if not ratios or _is_ratio(bare, weighted, plain):
-        return ()
-    chain = {c.name for c in program.computes if c is not out and c.is_reduction}
-    reads = {n.compute.name for n in nodes(substitute(
-        body, lambda n: Load(_placeholder(out), list(out.axes)) if _is_ratio(n, weighted, plain)
-        else None)) if isinstance(n, Ref)}
-    if reads & chain or tuple(weighted.axes) != tuple(out.axes):
-        return ()   # the output reads a state of its own, or o's axes are not the output's
+    if not ratios or _is_ratio(bare, weighted, plain) or \
+            tuple(weighted.axes) != tuple(out.axes):
+        return ()   # nothing after o / l, or o's axes are not the output's
     taken = {c.name for c in program.computes} | {p.name for p in program.params}
     name = next(n for n in (RATIO, *(f"{RATIO}_{k}" for k in range(1, 100))) if n not in taken)
+    stored = TensorParam(name, tuple(a.extent for a in out.axes), "f32", out.loc)
+    epilogue = replace(out, bodies=(substitute(body, lambda n: Load(stored, list(out.axes))
+                                               if _is_ratio(n, weighted, plain) else None),))
+    if any(isinstance(n, Ref) for n in nodes(epilogue.bodies[0])):
+        return ()   # the output reads a state of the chain besides o / l
     ratio = Compute(name, out.axes, (ratios[0],), ("f32",), loc=out.loc, is_output=True)
     computes = [c for c in program.computes if c.is_reduction or c.name in _read_by(
         [weighted, plain], program)] + [ratio]
     first = program_of(f"{program.name}_attention", program, computes, [ratio])
-    stored = TensorParam(name, tuple(a.extent for a in out.axes), "f32", out.loc)
-    epilogue = replace(out, bodies=(substitute(body, lambda n: Load(stored, list(out.axes))
-                                               if _is_ratio(n, weighted, plain) else None),))
     second = program_of(f"{program.name}_epilogue", program, [epilogue], [epilogue],
                         [stored])
     return (Stage(first, tuple(p.name for p in first.params), (name,), names),
@@ -73,7 +71,3 @@ def _read_by(computes: list, program: Program) -> set:
                 found.add(n.compute.name)
                 todo.append(n.compute)
     return {n for n in found if not next(c for c in program.computes if c.name == n).is_reduction}
-
-
-def _placeholder(out: Compute) -> TensorParam:
-    return TensorParam("__ratio", tuple(a.extent for a in out.axes), "f32", out.loc)

@@ -108,17 +108,11 @@ def find_score_tile(used: list[Expr], chain) -> ScoreTile | None:
                       f"are copied as {' or '.join(TILE_DTYPES)} (a {load.param.dtype} tile "
                       "would take the key/value ring's shared memory); the attention template "
                       "takes it")
-    tile_roles = []
-    for index in load.indices:
-        if isinstance(index, Axis) and index.uid in roles:
-            tile_roles.append(roles[index.uid])
-        elif isinstance(index, Const) and isinstance(index.value, int) and \
-                not isinstance(index.value, bool):
-            tile_roles.append(int(index.value))
-        else:
-            raise _refuse(f"the score reads {name} by query and key with an index that is "
-                          "neither an axis of the chain nor a constant: its tiles are copied "
-                          "by the roles of plain indices; the attention template takes it")
+    tile_roles = _index_roles(load, roles)
+    if tile_roles is None:
+        raise _refuse(f"the score reads {name} by query and key with an index that is "
+                      "neither an axis of the chain nor a constant: its tiles are copied "
+                      "by the roles of plain indices; the attention template takes it")
     if len(set(r for r in tile_roles if isinstance(r, str))) < sum(
             isinstance(r, str) for r in tile_roles):
         raise _refuse(f"the score reads {name} with an axis at two of its indices (a diagonal): "
@@ -130,6 +124,21 @@ def find_score_tile(used: list[Expr], chain) -> ScoreTile | None:
     if len(tile_roles) > 5:
         raise _refuse(f"{name} has {len(tile_roles)} dimensions: a tensor map has at most 5")
     return ScoreTile(name, load.param.dtype, tuple(load.param.dims), tuple(tile_roles))
+
+
+def _index_roles(load: Load, roles: dict) -> list | None:
+    """The role of each index of ``load`` (an axis of the chain by ``roles``, or an integer
+    constant as itself), or None where an index is neither."""
+    found = []
+    for index in load.indices:
+        if isinstance(index, Axis) and index.uid in roles:
+            found.append(roles[index.uid])
+        elif isinstance(index, Const) and isinstance(index.value, int) and \
+                not isinstance(index.value, bool):
+            found.append(int(index.value))
+        else:
+            return None
+    return found
 
 
 STRIP_DTYPES = ("f32", "bf16", "f16")
@@ -153,15 +162,9 @@ def find_key_strip(score: Expr, chain) -> ScoreTile | None:
     if len(found) != 1:
         return None
     load = next(iter(found.values()))
-    strip_roles = []
-    for index in load.indices:
-        if isinstance(index, Axis) and index.uid in roles:
-            strip_roles.append(roles[index.uid])
-        elif isinstance(index, Const) and isinstance(index.value, int) and \
-                not isinstance(index.value, bool):
-            strip_roles.append(int(index.value))
-        else:
-            return None
+    strip_roles = _index_roles(load, roles)
+    if strip_roles is None:
+        return None
     named = [r for r in strip_roles if isinstance(r, str)]
     if len(set(named)) < len(named) or strip_roles[-1] != "j" or len(strip_roles) > 5:
         return None
