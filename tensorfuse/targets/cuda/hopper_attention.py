@@ -251,6 +251,13 @@ class AttentionSource(KernelArguments):
         return self.rows is not None and self.rows != (self.D, self.DV)
 
     @property
+    def qk_steps(self) -> str:
+        """The 16-column steps of ``q·kᵀ``: the tile's, or only those holding a padded tile's
+        columns of the tensors (past them TMA filled zeros, which add nothing — a head dim of 96
+        held as 128 runs 6 steps, not 8)."""
+        return "(ROW_D_ + 15) / 16" if self.padded else "D_ / 16"
+
+    @property
     def sizes(self) -> str:
         dims = ("ROW_D_", "OUT_DV_") if self.padded else ("D_", "DV_")
         return size_aliases(zip(self.chain.dims + ((self.chain.value_dim,) if

@@ -38,7 +38,7 @@ def attention_issue_macros(c) -> str:
                              dk = tf_kmajor_desc(k_base + SLOT(it) * K_BYTES, BN, 0, 0);    \
     tf_mbar_wait(full_k + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
-    _Pragma("unroll") for (int ks = 0; ks < D_ / 16; ++ks)                                   \
+    _Pragma("unroll") for (int ks = 0; ks < {c.qk_steps}; ++ks)                                   \
       mma(acc, tf_desc_plus(dq, kmajor_step(BM, ks)), tf_desc_plus(dk, kmajor_step(BN, ks)), \
           ks > 0);                                                                            \
     tf_wgmma_commit();                                                                        \
