@@ -243,13 +243,14 @@ def writing_main(measure, part: str, doc: str, argv=None) -> int:
 
 def measure_candidates(bench_name: str, name: str, shape: str, calls: dict, candidates: dict,
                        warm, run, ref, alternatives: dict, moved: float, pool,
-                       log=print, error=None) -> list[Row]:
+                       log=print, error=None, timing=None) -> list[Row]:
     """Rows of ``bench_name/name``: ``calls`` (label → callable, the alternatives among them run
     as they are, the others through ``run``) and ``candidates`` (label → a kernel, compiled ahead
     on all the CPUs through ``warm``), each checked against float64 ``ref`` (or by
     ``error(result)``, for results of several tensors; a wrong or failing one reported, not
-    timed), timed from a CUDA graph; the fastest eight printed beside the default and the
-    alternatives."""
+    timed), timed from a CUDA graph (by ``timing``: ``bench_graph``, calls back to back, unless
+    given — ``bench_replayed`` flushes L2 before each); the fastest eight printed beside the
+    default and the alternatives."""
     from tensorfuse.targets.triton.compile_pool import compiled_as_ready
 
     calls = dict(calls)
@@ -262,7 +263,7 @@ def measure_candidates(bench_name: str, name: str, shape: str, calls: dict, cand
             got = call()
             err = error(got) if error is not None else \
                 float((got.double() - ref).abs().max() / ref.abs().max())
-            ms = bench_graph(call, 100)
+            ms = (timing or bench_graph)(call, 100)
         except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported
             log(f"{name} {label}: {type(exc).__name__}: {str(exc)[:200]}")
             continue

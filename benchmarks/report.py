@@ -392,6 +392,22 @@ SECTIONS = (
      "in turn (`t`: tiles a program; fewer rows held between a row's two passes); as the "
      "section above",
      "python -m benchmarks.strided_rows_knobs --only group_norm --family swept_tiles"),
+    ("strided-rows-knobs-group-norm-pipelined-tiles-cold",
+     "The row template's knobs on a group norm, L2 flushed: swept row tiles pipelined",
+     "bf16; each program taking 2-8 row tiles in turn, the sweep's loads 2-3 blocks ahead in "
+     "8-16 warps; each call timed with L2 flushed before it (`bench_replayed`), beside the "
+     "default and torch.compile timed alike",
+     "python -m benchmarks.strided_rows_knobs --only group_norm --family pipelined_tiles --cold"),
+    ("strided-rows-knobs-layernorm-wide-tiles-cold",
+     "The row template's knobs on a layer norm over channels, L2 flushed: the row in 8-16 warps",
+     "bf16; the whole 1024-channel row of 32 or 64 positions in 8-16 warps, 1-4 row tiles a "
+     "program; L2 flushed before each call, as the section above",
+     "python -m benchmarks.strided_rows_knobs --only layernorm --family wide_tiles --cold"),
+    ("strided-rows-knobs-channel-stats-wide-parts-cold",
+     "The row template's knobs on batch-norm statistics, L2 flushed: parts in 8 warps",
+     "bf16; tiles of 32-64 channels by 256-512 rows in 8 warps, 33 or 66 parts; L2 flushed "
+     "before each call, as the section above",
+     "python -m benchmarks.strided_rows_knobs --only channel_stats --family wide_parts --cold"),
     ("strided-rows-knobs-channel-stats", "The row template's knobs on batch-norm statistics",
      "bf16; the mean and variance of 256 channels over 100352 rows, the sweep split in 33-264 "
      "parts (over 64 merged in a loop); as the section above",

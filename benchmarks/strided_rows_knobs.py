@@ -36,7 +36,8 @@ import torch
 
 import tensorfuse as tf
 import tensorfuse.kernels as K
-from benchmarks.common import Row, measure_candidates, relative_error, write_csv
+from benchmarks.common import (Row, bench_replayed, measure_candidates, relative_error,
+                               write_csv)
 from benchmarks.pipeline_kernels import logsumexp_pool
 from benchmarks.unlisted_kernels import (column_mean, l2_normalize_columns, masked_mean_pool,
                                          strided_matvec, weighted_token_pool)
@@ -205,7 +206,10 @@ def _knobs(cols: int, family: str):
     ``tiles``: the whole row in one block, each program sweeping 2 or 4 row tiles with the next
     ones' loads 2-3 tiles ahead; ``swept_tiles``: a row swept in blocks of 4k-16k, each program
     taking 1-4 row tiles in turn (fewer rows held between their two passes, for L2); ``parts``:
-    a very long sweep of very few tiles, split in 8-264 parts; ``weighed``: tiles of 64-256 rows
+    a very long sweep of very few tiles, split in 8-264 parts; ``pipelined_tiles``:
+    ``swept_tiles`` with the sweep's loads 2-3 blocks ahead in 8-16 warps, 2-8 row tiles a
+    program; ``wide_tiles``: the whole row in 8-16 warps (at most 128 floats a thread), 1-4 row
+    tiles; ``wide_parts``: ``parts`` in 8 warps (33 or 66 parts); ``weighed``: tiles of 64-256 rows
     by 64 or 128, 4-16 parts (a matrix-vector product over the strided axis)."""
     whole = 1 << max(4, (cols - 1).bit_length())
     if family == "tiles":   # the row held (read again, it needed more shared memory than an SM has)
@@ -219,6 +223,23 @@ def _knobs(cols: int, family: str):
                                                          (1, 2, 4)):
             if block < cols:
                 yield 1, block, warps, 1, 0, None, row_tiles
+        return
+    if family == "pipelined_tiles":   # swept_tiles with the sweep's loads pipelined, 8-16 warps
+        for block, warps, stages, row_tiles in itertools.product((4096, 8192), (8, 16), (2, 3),
+                                                                 (2, 4, 8)):
+            if block < cols:
+                yield 1, block, warps, stages, 0, None, row_tiles
+        return
+    if family == "wide_tiles":   # the row held in 8-16 warps: fewer registers a thread
+        for rows, warps, stages, row_tiles in itertools.product((32, 64), (8, 16), (2, 3),
+                                                                (1, 2, 4)):
+            if rows * whole <= 65536 and rows * whole // (32 * warps) <= 128:
+                yield rows, whole, warps, stages, 0, None, row_tiles
+        return
+    if family == "wide_parts":   # a long sweep in parts, 8 warps a part
+        for rows, block, stages, splits in itertools.product((32, 64), (256, 512), (2, 3),
+                                                             (33, 66)):
+            yield rows, block, 8, stages, 0, splits, None
         return
     if family == "split":
         for rows, block, warps, stages, splits in itertools.product(
@@ -250,7 +271,8 @@ def _knobs(cols: int, family: str):
                     yield rows, block, warps, stages, 1, None, None
 
 
-def run(only, log=print, tiles: bool = False, family: str | None = None) -> list[Row]:
+def run(only, log=print, tiles: bool = False, family: str | None = None,
+        cold: bool = False) -> list[Row]:
     from tensorfuse.targets.triton.compile_pool import CompilePool
 
     generator = torch.Generator().manual_seed(0)
@@ -273,9 +295,11 @@ def run(only, log=print, tiles: bool = False, family: str | None = None) -> list
             calls = {"default": tf.compile(kernel), **alternatives}
             error = None if not isinstance(ref, tuple) else \
                 lambda got, ref=ref: max(relative_error(g, r) for g, r in zip(got, ref))
-            out += measure_candidates("strided_rows_knobs", name, shape, calls, made,
+            out += measure_candidates("strided_rows_knobs_cold" if cold else "strided_rows_knobs",
+                                      name, shape, calls, made,
                                       lambda cand: cand.warm(**args), lambda f: f(**args), ref,
-                                      alternatives, moved, pool, log, error)
+                                      alternatives, moved, pool, log, error,
+                                      bench_replayed if cold else None)
     finally:
         pool.close()
     return out
@@ -294,16 +318,21 @@ def main(argv=None) -> None:
     parser.add_argument("--tiles", action="store_true",
                         help="whole rows, several row tiles a program (Knobs.row_tiles)")
     parser.add_argument("--family", choices=("strided", "flat_row", "split", "parts",
-                                             "swept_tiles", "weighed"),
+                                             "swept_tiles", "pipelined_tiles", "wide_tiles",
+                                             "wide_parts", "weighed"),
                         help="sweep every case over this family of candidates (_knobs)")
+    parser.add_argument("--cold", action="store_true",
+                        help="time each call with L2 flushed before it (bench_replayed), not "
+                        "back to back from a graph (L2 warm with what the last call read)")
     args = parser.parse_args(argv)
     only = args.only.split(",")
-    rows = run(only, tiles=args.tiles, family=args.family)
+    rows = run(only, tiles=args.tiles, family=args.family, cold=args.cold)
     device = torch.cuda.get_device_name().replace(" ", "_")
     # a run of some cases is a part of its own (``benchmarks.report`` shows it beside the whole)
     part = "" if set(only) == set(CASES) else "-" + "-".join(n.replace("_", "-") for n in only)
     part += "-row-tiles" if args.tiles else f"-{args.family.replace('_', '-')}" \
         if args.family else ""
+    part += "-cold" if args.cold else ""
     write_csv(rows, f"{args.out}/{datetime.date.today()}-{device}-strided-rows-knobs{part}.csv")
 
 
