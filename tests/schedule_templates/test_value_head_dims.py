@@ -155,7 +155,10 @@ def test_head_dims_between_swizzle_atoms_are_held_padded(name, dims, tiles):
         assert "OUT_AT(w.bh / H_, w.bh % H_, row)" in source and "(long)OUT_DV_" in source
     else:
         assert "((long)w.bh * M_ + row) * OUT_DV_" in source
-    assert f"tf_wgmma_rs_m64n{tiles[1]}k16(o, p[ks]" in source
+    # p·v multiplies the values' columns alone (wgmma's N the tensor's dim, not the tile's):
+    # the accumulator's first registers
+    assert f"tf_wgmma_rs_m64n{dims[1]}k16(*reinterpret_cast<float (*)[{dims[1] // 2}]>(o), " \
+        "p[ks]" in source
     # q·kᵀ runs only the 16-column steps that hold the tensors' columns (TMA's zeros past them)
     assert "for (int ks = 0; ks < (ROW_D_ + 15) / 16; ++ks)" in source
     assert_consumers_do_not_spill(source)
@@ -163,6 +166,7 @@ def test_head_dims_between_swizzle_atoms_are_held_padded(name, dims, tiles):
     whole = f.source(**dict(sizes, DQK=tiles[0], DV=tiles[1]))
     assert "ROW_D_" not in whole and "OUT_DV_" not in whole
     assert "for (int ks = 0; ks < D_ / 16; ++ks)" in whole
+    assert f"tf_wgmma_rs_m64n{tiles[1]}k16(o, p[ks]" in whole
 
 
 def test_tf_compile_takes_the_hopper_template_for_192_and_128():

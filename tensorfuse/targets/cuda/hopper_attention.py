@@ -211,16 +211,29 @@ class AttentionSource(KernelArguments):
         return self._mma("kk", self.last_n)
 
     @property
+    def pv_n(self) -> int:
+        """The columns ``p·v`` computes: the tile's, or a padded tile's columns that hold the
+        values' (to a multiple of 8, wgmma's N step): DV = 96 held as 128 multiplies 96 columns
+        of the values' tile, the accumulator's last 16 registers a thread left at zero."""
+        return -(-self.rows[1] // 8) * 8 if self.padded else self.DV
+
+    @property
     def o_mma(self) -> str:
         """p·v, P from registers."""
-        return self._mma("rs", self.DV)
+        return self._mma("rs", self.pv_n)
+
+    @property
+    def o_acc(self) -> str:
+        """The accumulator ``p·v`` adds to: ``o``, or its first ``pv_n / 2`` registers."""
+        return "o" if self.pv_n == self.DV else \
+            f"*reinterpret_cast<float (*)[{self.pv_n // 2}]>(o)"
 
     @property
     def functions(self) -> str:
         """The kernel's ``wgmma`` functions."""
         dtype = self.plan.dtype
         made = wgmma_function(self.bn, b_k_major=True, dtype=dtype) + \
-            wgmma_function(self.DV, a_in_registers=True, dtype=dtype)
+            wgmma_function(self.pv_n, a_in_registers=True, dtype=dtype)
         if self.last_n != self.bn:
             made += wgmma_function(self.last_n, b_k_major=True, dtype=dtype)
         return made

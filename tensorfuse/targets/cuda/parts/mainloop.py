@@ -50,7 +50,7 @@ def attention_issue_macros(c) -> str:
     tf_mbar_wait(full_v + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
     _Pragma("unroll") for (int ks = 0; ks < BN / 16; ++ks)                                   \
-      if (ks < (steps)) {c.o_mma}(o, p[ks], tf_nmajor_desc(vt, BN, 0, ks * 16), 1);        \
+      if (ks < (steps)) {c.o_mma}({c.o_acc}, p[ks], tf_nmajor_desc(vt, BN, 0, ks * 16), 1);        \
     tf_wgmma_commit();                                                                        \
   }}
   // the 16-key steps of a tile's last block that hold keys: all but where it is the ragged end
