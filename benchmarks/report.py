@@ -751,7 +751,9 @@ def _superseded(found: dict, benchmark: str, device: str) -> tuple[set, list]:
         newer = devices.get(device)
         if other.startswith(benchmark + "-") and newer and \
                 os.path.basename(newer)[:10] > os.path.basename(path)[:10]:
-            again = {r["benchmark"] for r in load(newer)} & {r["benchmark"] for r in load(path)}
+            # (plain tables — a tuning job's — have no benchmark column: nothing to supersede)
+            again = ({r.get("benchmark") for r in load(newer)} &
+                     {r.get("benchmark") for r in load(path)}) - {None}
             if again:
                 cases |= again
                 parts.append(other)

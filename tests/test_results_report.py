@@ -97,3 +97,17 @@ def test_a_table_of_three_cases_or_more_gives_the_geometric_mean_and_the_slowest
     assert geomean_line(_groups(tuned)).splitlines()[1] == (
         "Geometric mean of `tensorfuse tuned` against the best alternative over 3 cases: 2.00× "
         "(lowest: user/b, 1.00×).")
+
+
+def test_a_newer_plain_table_part_leaves_an_older_plain_table_whole(tmp_path):
+    """A tuning job's tables have their own columns (no ``benchmark``): a newer CSV whose name
+    extends an older one's (``…-tuning-gpus-together`` beside ``…-tuning-gpus``) supersedes
+    none of its rows, and the report still writes both."""
+    for name, job in (("2026-01-01-GPU_A-tuning-gpus.csv", "softmax"),
+                      ("2026-02-01-GPU_A-tuning-gpus-together.csv", "decode + softmax")):
+        with open(tmp_path / name, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["job", "job_s", "gpus"])
+            writer.writeheader()
+            writer.writerow({"job": job, "job_s": "20.0", "gpus": "2"})
+    text = results_markdown(_results(str(tmp_path)))
+    assert "| softmax | 20.0 | 2 |" in text and "| decode + softmax | 20.0 | 2 |" in text
