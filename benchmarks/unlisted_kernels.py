@@ -2,7 +2,8 @@
 and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens, Mamba's causal
 depthwise convolution, a mixture of experts' gated combine, cosine similarities, squared and L1
 distances between point sets, a Gaussian kernel's sum over one and nearest neighbours, columns
-L2-normalised, a router's softmax over 8 experts, rotary
+L2-normalised, a router's softmax over 8 experts, a log-softmax down the vocabulary axis of
+vocabulary-major logits, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors and with
 transformers' additive float mask, an LM head's
 softmax, a Gram matrix and a router's weight gradient (outputs of few tiles over a long
@@ -133,6 +134,15 @@ def router_softmax(logits: T.Tensor["M", "E", "f32"]):
     m = T.max(logits[i, e], over=e)
     p = T.exp(logits[i, e] - m)
     return p / T.sum(p, over=e)
+
+
+@tf.kernel
+def log_softmax_vocab_major(x: T.Tensor["V", "B", "f32"]):
+    """A log-softmax down the first axis of vocabulary-major logits ``[V, B]`` (``W @ Xᵀ``): few
+    columns, each a long sweep with outputs along it."""
+    v, b = T.axes("v b")
+    mx = T.max(x[v, b], over=v)
+    return x[v, b] - mx - T.log(T.sum(T.exp(x[v, b] - mx), over=v))
 
 
 @tf.kernel
@@ -391,6 +401,12 @@ def _router_case(generator, M=524288, E=8) -> Case:
     x = (torch.randn(M, E, generator=generator) * 3).to("cuda", torch.float32)
     return rows_case("router_softmax", router_softmax, lambda t: torch.softmax(t, -1), x, {},
                       f"M{M} E{E} f32")
+
+
+def _vocab_major_case(generator, V=32000, B=64) -> Case:
+    x = (torch.randn(V, B, generator=generator) * 3).to("cuda", torch.float32)
+    return rows_case("log_softmax_vocab_major", log_softmax_vocab_major,
+                     lambda t: torch.log_softmax(t, 0), x, {}, f"V{V} B{B} f32 (over V)")
 
 
 def _rotary_case(generator, B=4, S=4096, H=32, D=128) -> Case:
@@ -656,6 +672,7 @@ UNLISTED = {
     "nearest_neighbour": _nearest_neighbour_case,
     "l2_normalize_columns": _l2_columns_case,
     "router_softmax": _router_case,
+    "log_softmax_vocab_major": _vocab_major_case,
     "rotary": _rotary_case,
     "biased_attention_bshd": _biased_attention_case,
     "float_masked_attention": _float_mask_case,

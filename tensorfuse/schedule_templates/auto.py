@@ -85,22 +85,25 @@ def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True,
         # reductions over several axes together, a template's once swept as one
         return swept_as_one and \
             flat_templated(program, dict.fromkeys(program.dim_names(), 64), target) is not None
-    if sizes is not None and not _plans_at(program, found[1], sizes):
+    if sizes is not None and not _plans_at(program, found[1], sizes, target):
         return False
     # a chain whose row kernel adds sums down the rows up (column_sums) is staged where that
     # kernel does not fit: the sums then run as a stage of their own
     return not sums_down_rows(program, found[1])
 
 
-def _plans_at(program: Program, fusion: Fusion, sizes: dict) -> bool:
+def _plans_at(program: Program, fusion: Fusion, sizes: dict, target: TargetSpec) -> bool:
     """Whether the row-tile plan of ``program`` (fused by ``fusion``) takes these sizes (names
-    ``sizes`` lacks: at the placeholder 64)."""
+    ``sizes`` lacks: at the placeholder 64), at its default knobs one kernel for them
+    (:func:`.row_reduction.few_tiles_for_outputs`)."""
+    from .row_reduction import default_knobs, few_tiles_for_outputs
+
     at = {n: sizes.get(n, 64) for n in program.dim_names()}
     try:
-        plan_rowtile(program, plan_chain(program, fusion.names, fusion.axis), at)
+        plan = plan_rowtile(program, plan_chain(program, fusion.names, fusion.axis), at)
     except TargetError:
         return False
-    return True
+    return few_tiles_for_outputs(plan, default_knobs(plan, target), target) is None
 
 
 def scatters(program: Program) -> bool:

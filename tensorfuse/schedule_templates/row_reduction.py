@@ -212,6 +212,32 @@ SPLIT_BELOW_TILES = SMS // 2
 ONE_TILE_PARTS = 2 * SMS
 
 
+# ... but a sweep whose outputs run along it (a softmax's) is not split: only the program that
+# merges the parts would hold the statistics to write them. Where its row tiles are as few and
+# its sweep at least this many blocks long, one kernel leaves most of the GPU idle, so
+# tf.compile runs the statistics as a stage of their own (outputs per row: split over the GPU)
+# and the outputs as another (its floor, :func:`.auto.templated_stages`). A log-softmax down the
+# first axis of [V, B] f32 on the H200, one kernel → two stages (torch.compile): [32000, 64]
+# 215 → 32 µs (37), [128256, 16] 803 → 22 (28), [32000, 8] 195 → 15 (34), [4096, 64] 31 → 13
+# (35), [32000, 1024] 214 → 109 (145) (``benchmarks.unlisted_kernels --only
+# log_softmax_vocab_major``; the others a probe's). Knobs given or tuned keep the one kernel.
+OUTPUTS_ALONG_FEW_TILES_BLOCKS = 16
+
+
+def few_tiles_for_outputs(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> str | None:
+    """Why ``plan`` at ``knobs`` should not run as one kernel (:data:`OUTPUTS_ALONG_FEW_TILES_
+    BLOCKS`), or None."""
+    if not target.is_gpu or plan.outputs_per_row or plan.mask is not None or plan.column_sums:
+        return None
+    tiles = math.prod(grid(plan, knobs))
+    blocks = math.ceil(plan.cols / knobs.block_n)
+    if tiles >= SPLIT_BELOW_TILES or blocks < OUTPUTS_ALONG_FEW_TILES_BLOCKS:
+        return None
+    return (f"{tiles} row tile(s) of {plan.program.name} would each sweep {plan.cols} elements "
+            f"({blocks} blocks) with outputs along the sweep, which one kernel cannot split "
+            "over the GPU: the statistics and the outputs run as stages of their own")
+
+
 def _splittable(plan: RowTilePlan, target: TargetSpec) -> bool:
     return target.is_gpu and plan.mask is None and plan.outputs_per_row
 
@@ -382,4 +408,6 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
                                             row_tiles))
     return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"row-reduction template ({fusion.describe()})", fusion,
-                        tuned=None if explicit else tuned, dynamic=dynamic)
+                        tuned=None if explicit else tuned, dynamic=dynamic,
+                        refuse=None if explicit else
+                        (lambda plan, k: few_tiles_for_outputs(plan, k, target)))

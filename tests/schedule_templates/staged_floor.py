@@ -8,7 +8,7 @@ import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse import dsl as T
 from tensorfuse.torch_graph import GraphCallable
-from benchmarks.unlisted_kernels import head_logsumexp
+from benchmarks.unlisted_kernels import head_logsumexp, log_softmax_vocab_major
 from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode, segment_mean
 from tests.helpers import poisoned_main
 
@@ -118,10 +118,21 @@ def head_logsumexp_case(generator, M=5, K=300, V=70):
     return {"x": x, "w": w}, torch.logsumexp(x.double() @ w.double().T, -1)
 
 
-# chains a template takes whole at small feature widths, cut by the floor at these cases' sizes
+def vocab_major_case(generator, V=9000, B=5, width=6.0):
+    """Few columns each swept down 9000 rows (over 16 blocks) with outputs along the sweep: the
+    row template's defaults refuse them (the statistics would not split over the GPU), so the
+    floor runs the statistics and the outputs as two stages."""
+    x = torch.randn(V, B, generator=generator) * width + width
+    return {"x": x}, torch.log_softmax(x.double(), 0)
+
+
+# chains a template takes whole at small sizes, cut by the floor at these cases' (a feature axis
+# past a row tile; few row tiles, each a long sweep with outputs along it)
 WIDE = {"latent_attention": (latent_attention, latent_attention_case,
                              dict(B=1, H=2, M=3, N=37, DQ=576, DV=512)),
-        "head_logsumexp": (head_logsumexp, head_logsumexp_case, dict(M=5, K=300, V=70))}
+        "head_logsumexp": (head_logsumexp, head_logsumexp_case, dict(M=5, K=300, V=70)),
+        "log_softmax_vocab_major": (log_softmax_vocab_major, vocab_major_case,
+                                    dict(V=9000, B=5))}
 
 CASES = {"max_pool_l2": (max_pool_l2, max_pool_l2_case),
          "group_norm_nested": (group_norm_nested, group_norm_case),

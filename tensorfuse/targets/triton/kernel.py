@@ -36,13 +36,16 @@ class TritonKernel(GraphCallable):
 
     def __init__(self, planner, target, knobs: Callable, description: str, fusion=None,
                  tuned: Tuned | None = None, tiling: "dict | bool" = True,
-                 dynamic: "bool | None" = False):
+                 dynamic: "bool | None" = False, refuse: Callable | None = None):
         self.planner, self.target = planner, target
         self.tiling = tiling   # the visiting order: True chooses, False keeps the flat one
         self.program, self.chain = planner.program, planner.chain
         self.fusion = fusion
         self.knobs = knobs
         self.tuned = tuned
+        # (plan, default knobs) -> why the template's defaults should not run those sizes (a
+        # TargetError: tf.compile's floor takes them), or None
+        self.refuse = refuse
         self._origin: dict = {}
         self.description = description
         self._built: dict = {}
@@ -77,6 +80,11 @@ class TritonKernel(GraphCallable):
                 # ran one tile a program, whatever today's default for these sizes
                 defaults, knobs = knobs, replace(knobs, **{"row_tiles": 1, **found[0]})
                 self._origin[key] = f"tuned record ({found[1]})"
+            refused = self.refuse(untiled, knobs) if found is None and self.refuse else None
+            if refused:
+                from ...errors import TargetError
+
+                raise TargetError(refused)
             plan = self.planner.tile(untiled, knobs, scalars, self.tiling)
             why = self._not_running(plan, knobs) if found is not None and found[2] else None
             if why:   # a record of other sizes of the bucket whose knobs cannot run these
