@@ -4,7 +4,8 @@ depthwise convolution, a mixture of experts' gated combine, cosine similarities,
 distances between point sets, a Gaussian kernel's sum over one and nearest neighbours, columns
 L2-normalised, a router's softmax over 8 experts, a log-softmax down the vocabulary axis of
 vocabulary-major logits, rotary
-embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors and with
+embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors, with its keys kept
+transposed and with
 transformers' additive float mask, an LM head's
 softmax, a Gram matrix and a router's weight gradient (outputs of few tiles over a long
 contracted axis), a bilinear form per row, a mean over the batch axis, a matrix-vector product
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
+from tensorfuse.kernels import softmax_attend
 from benchmarks.common import FLEX, SDPA, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
 from benchmarks.contraction import bilinear_form, transposed_product
 from benchmarks.kernel_suite import Case, Recorded, main, rows_case
@@ -143,6 +145,18 @@ def log_softmax_vocab_major(x: T.Tensor["V", "B", "f32"]):
     v, b = T.axes("v b")
     mx = T.max(x[v, b], over=v)
     return x[v, b] - mx - T.log(T.sum(T.exp(x[v, b] - mx), over=v))
+
+
+@tf.kernel
+def attention_keys_transposed(q: T.Tensor["B", "H", "S", "D", "bf16"],
+                              kt: T.Tensor["B", "H", "D", "S", "bf16"],
+                              v: T.Tensor["B", "H", "S", "D", "bf16"], scale: T.f32):
+    """Causal attention with the keys kept transposed, ``[B, H, D, S]`` (``q @ kt`` as code
+    that stores ``k.transpose(-1, -2)`` writes it)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * kt[b, h, d, j], over=d) * scale
+    s = T.where(i >= j, s, -T.inf)
+    return softmax_attend(s, v[b, h, j, e], j)
 
 
 @tf.kernel
@@ -455,6 +469,29 @@ def _biased_attention_case(generator, B=2, S=2048, H=16, D=128) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, S=S, H=H, D=D)})
 
 
+def _keys_transposed_case(generator, B=2, S=4096, H=16, D=128) -> Case:
+    """SDPA on the transposed view as it is, and on a contiguous copy of it (the copy timed too):
+    SDPA's fused kernels want the head dim innermost."""
+    q, v = (torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
+            for _ in range(2))
+    kt = torch.randn(B, H, D, S, generator=generator).to("cuda", torch.bfloat16)
+    scale = D ** -0.5
+    f = Recorded(attention_keys_transposed)
+    rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
+    s = q[:, :, rows].double() @ kt.double() * scale
+    s = s.masked_fill(rows[:, None].cuda() < torch.arange(S, device="cuda")[None], float("-inf"))
+    ref = torch.softmax(s, -1) @ v.double()
+
+    def sdpa(keys):
+        return F.scaled_dot_product_attention(q, keys, v, is_causal=True, scale=scale)
+    return Case("attention_keys_transposed", f"B{B} H{H} S{S} D{D} causal [k: BHDS]",
+                lambda: f(q, kt, v, scale=scale),
+                {SDPA: lambda: sdpa(kt.transpose(-1, -2)),
+                 SDPA + " (k copied contiguous)": lambda: sdpa(kt.transpose(-1, -2).contiguous())},
+                ref, lambda out: out[:, :, rows], flops=2 * B * H * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
+
+
 def _float_mask_case(generator, B=2, S=4096, H=16, D=128) -> Case:
     """Left padding (each sequence's first tokens masked) and causal in one float mask, as
     transformers builds it; SDPA with it as ``attn_mask``, FlexAttention with a score_mod
@@ -675,6 +712,7 @@ UNLISTED = {
     "log_softmax_vocab_major": _vocab_major_case,
     "rotary": _rotary_case,
     "biased_attention_bshd": _biased_attention_case,
+    "attention_keys_transposed": _keys_transposed_case,
     "float_masked_attention": _float_mask_case,
     "lm_head_softmax": _lm_head_case,
     "gram_matrix": _gram_case,

@@ -339,6 +339,8 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
         routes = LIFTED_PACKED_DECODES
     if plan.mask is not None or plan.chain.sink is not None:   # packing refuses sinks
         return []
+    if plan.keys_innermost:   # keys kept transposed: checked on the GPU unpacked only
+        return []
     # a term per query head (a temperature, an ALiBi slope) packs, but is then read and applied
     # per score element: 64 heads on one cache at 16k keys, B16, with a temperature per head
     # took 170 µs packed against the cluster decode's 86 (H200; ALiBi over 32-head groups, B8:

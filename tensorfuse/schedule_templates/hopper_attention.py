@@ -262,6 +262,9 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                       for t, heads, tokens, token, rows, width in (
                           (0, H, M, "i", knobs.block_m, D), (1, HKV, N, "j", knobs.block_n, D),
                           (2, HKV, N, "j", knobs.block_n, DV))]
+            if plan.keys_innermost:   # k's [batch, head, D, keys]: boxes of 64 keys × TD rows
+                shapes[1] = ((B, HKV, D, N), (1, 1, TD, 64),
+                             tuple(plan.chain.strides(1, dims)[r] for r in ("b", "h", "d")))
         else:
             shapes = [((heads, tokens, width), (1, rows, 64), None)
                       for heads, tokens, rows, width in ((B * H, M, knobs.block_m, D),

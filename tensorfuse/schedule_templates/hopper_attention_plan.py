@@ -127,6 +127,9 @@ class HopperAttentionPlan:
     score_tile: ScoreTile | None = None   # with each key block's values (:mod:`.score_tiles`)
     key_strip: ScoreTile | None = None    # one it reads by key alone, copied as key strips
     wide: frozenset = frozenset()   # tensors read at 64-bit offsets at the call's sizes
+    # k stored with the keys innermost and the head dim outside them (``[B, H, D, N]``, a cache
+    # kept transposed): its tiles are the MN-major B operand of q·kᵀ, in boxes of 64 keys
+    keys_innermost: bool = False
 
     @property
     def dtype(self) -> str:
@@ -181,7 +184,9 @@ class HopperAttentionPlan:
                  *(["  layouts by role (b batch, h head, i queries, j keys, d head dim): "
                     + ", ".join(f"{t} {lay}" for t, lay in
                                 zip((c.q, c.k, c.v, c.out, c.lse), c.layouts))
-                    + "; each read through a 4-D tensor map of its strides"]
+                    + "; each read through a 4-D tensor map of its strides"
+                    + (f"; {c.k}'s keys innermost: boxes of 64 keys, the MN-major operand of "
+                       "q·kᵀ" if self.keys_innermost else "")]
                    if self.strided else []),
                  f"  score: {to_text(self.score)}"
                  + (f" (the factor {to_text(self.scale)} folded into exp2)"
@@ -240,10 +245,15 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
                       "sequence as a map: the map's patches and the tiles are not copied "
                       "together; the attention template takes it")
     if chain.permuted:
-        if any(layout[-1] != "d" for layout in chain.layouts[:4]):
-            raise _refuse("TMA copies rows of the head dim: it must be the innermost axis of q, k, "
-                          f"v and the output (their axes by role: {', '.join(chain.layouts)}); "
-                          "the attention template takes other layouts")
+        # k may hold its keys innermost with the head dim just outside them ([B, H, D, N])
+        keys_innermost = chain.layouts[1].endswith("dj") and not plan.reads_map
+        if any(layout[-1] != "d" for i, layout in enumerate(chain.layouts[:4])
+               if not (i == 1 and keys_innermost)):
+            raise _refuse("TMA copies rows of the head dim: it must be the innermost axis of q, "
+                          "v and the output, and of k or next to its innermost keys (their axes "
+                          f"by role: {', '.join(chain.layouts)}); the attention template takes "
+                          "other layouts")
+        plan = replace(plan, keys_innermost=keys_innermost)
         # each tensor through a 4-D tensor map of its own strides, the output by its strides
         parts = dict(plan.parts)
         parts.update(load="tma_strided_boxes", epilogue="deferred_strided_store")
@@ -326,6 +336,8 @@ def default_hopper_knobs(plan: HopperAttentionPlan, sizes: dict, scalars: dict |
     # stores at 176 keys, 72 at 128, ptxas for sm_90a)
     wide = {128: WIDE_BLOCK_N, 64: WIDE_BLOCK_N_D64 if plan.scale is not None else None}.get(D)
     wide = None if plan.key_strip is not None else wide
+    if plan.keys_innermost and wide is not None and wide % 64:   # keys in boxes of 64
+        wide = None
     if wide is not None and choose_block and wide_blocks_pay(plan, sizes, scalars, wide):
         return HopperKnobs(block_n=wide)
     return HopperKnobs()
@@ -409,7 +421,7 @@ def _block_choices(plan: HopperAttentionPlan, D: int, DV: int) -> tuple[int, ...
     tile = plan.score_tile is not None
     if narrow_blocks(D, DV, tile):
         return (64,) if tile else (64, 80)
-    if plan.reads_map or D > 128 or tile:
+    if plan.reads_map or D > 128 or tile or plan.keys_innermost:
         return (64, 128)
     wide = (WIDE_BLOCK_N_D64,) if max(D, DV) == 64 and plan.scale is not None else ()
     return (64, 128, 176) + wide
@@ -426,6 +438,9 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
                           f"from 32 to 256 (rows of 16-byte pieces for TMA, padded to whole "
                           "128-byte swizzle atoms); the attention template takes the others")
     D, DV = tile_head_dims(plan, sizes)
+    if plan.keys_innermost and plan.chain.strides(1, sizes)["d"] * 2 % 16:
+        raise _refuse(f"{plan.chain.k}'s rows of N={N} keys are not a multiple of 16 bytes, which "
+                      "a tensor map's stride must be; the attention template takes it")
     if H % HKV:
         raise _refuse(f"H={H} query heads do not share HKV={HKV} kv-heads evenly")
     check_head_map(plan.chain, sizes, H, H // HKV, WHO)
@@ -445,6 +460,9 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
         raise _refuse(f"stages={knobs.stages}: 2, 3 or 4 key/value slots")
     if knobs.ctas_per_sm not in (1, 2):
         raise _refuse(f"ctas_per_sm={knobs.ctas_per_sm}: 1 or 2 CTAs resident on an SM")
+    if plan.keys_innermost and knobs.block_n % 64:
+        raise _refuse(f"block_n={knobs.block_n}: {plan.chain.k} holds its keys innermost, copied "
+                      "in boxes of 64 keys, so key blocks are multiples of 64")
     if plan.score_tile is not None and knobs.block_n % 64:
         raise _refuse(f"block_n={knobs.block_n}: the score's tiles of {plan.score_tile.name} are "
                       "copied in boxes of 64 keys, so key blocks are multiples of 64")

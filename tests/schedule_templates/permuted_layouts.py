@@ -30,6 +30,17 @@ def sbhd_attention(q: T.Tensor["M", "B", "H", "D", "bf16"],
     return softmax_attend(s, v[j, b, h, e], j)
 
 
+@tf.kernel
+def keys_innermost_causal(q: T.Tensor["B", "H", "M", "D", "bf16"],
+                          k: T.Tensor["B", "H", "D", "N", "bf16"],
+                          v: T.Tensor["B", "H", "N", "D", "bf16"], scale: T.f32):
+    """Causal attention with k kept transposed, ``[B, H, D, N]`` (its keys innermost)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, d, j], over=d) * scale
+    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
 def two_head_dims_case(generator, B=1, H=2, M=37, N=53, DQK=48, DV=32, width=3.0):
     """Inputs of ``two_head_dims`` (causal, q·k over DQK, p·v over DV: the suite's kernel) and the
     float64 reference of its output."""
@@ -46,7 +57,10 @@ def two_head_dims_case(generator, B=1, H=2, M=37, N=53, DQK=48, DV=32, width=3.0
 # i queries, j keys, d head dim; the library's layout is "bhid" / "bhjd" — and causal or not)
 KERNELS = {"bshd_causal": (bshd_causal, "bihd", "bjhd", "bihd", True),
            "sbhd_attention": (sbhd_attention, "ibhd", "jbhd", "ibhd", False),
-           "bshd_gqa_causal": (bshd_gqa_causal, "bihd", "bjhd", "bihd", True)}
+           "bshd_gqa_causal": (bshd_gqa_causal, "bihd", "bjhd", "bihd", True),
+           "keys_innermost_causal": (keys_innermost_causal, "bhid", "bhdj", "bhid", True)}
+# v's axes where they are not k's
+V_AXES = {"keys_innermost_causal": "bhjd"}
 
 
 def inputs(name: str, B: int, H: int, HKV: int, M: int, N: int, D: int, generator,
@@ -56,24 +70,26 @@ def inputs(name: str, B: int, H: int, HKV: int, M: int, N: int, D: int, generato
     extent = {"b": B, "h": H, "i": M, "j": N, "d": D}
     q = torch.randn(*(extent[a] for a in q_axes), generator=generator) * width
     kv_extent = dict(extent, h=HKV)
-    k, v = (torch.randn(*(kv_extent[a] for a in k_axes), generator=generator) * width
-            for _ in range(2))
+    k, v = (torch.randn(*(kv_extent[a] for a in axes), generator=generator) * width
+            for axes in (k_axes, V_AXES.get(name, k_axes)))
     return {"q": q.bfloat16(), "k": k.bfloat16(), "v": v.bfloat16()}
 
 
 def reference(name: str, q, k, v, scale: float) -> torch.Tensor:
     """float64 softmax(q·kᵀ · scale [causal, bottom-right]) · v in the kernel's layouts."""
     _, q_axes, k_axes, out_axes, causal = KERNELS[name]
+    v_axes = V_AXES.get(name, k_axes)
     q, k, v = (x.double().cpu() for x in (q, k, v))
     H, HKV = q.shape[q_axes.index("h")], k.shape[k_axes.index("h")]
     if HKV != H:   # each kv-head serves H / HKV consecutive query heads
-        k, v = (x.repeat_interleave(H // HKV, dim=k_axes.index("h")) for x in (k, v))
+        k, v = (x.repeat_interleave(H // HKV, dim=axes.index("h"))
+                for x, axes in ((k, k_axes), (v, v_axes)))
     s = torch.einsum(f"{q_axes},{k_axes}->bhij", q, k) * scale
     M, N = s.shape[-2:]
     if causal:
         keep = torch.arange(M)[:, None] + N - M >= torch.arange(N)[None]
         s = s.masked_fill(~keep, float("-inf"))
-    return torch.einsum(f"bhij,{k_axes}->{out_axes}", torch.softmax(s, -1), v)
+    return torch.einsum(f"bhij,{v_axes}->{out_axes}", torch.softmax(s, -1), v)
 
 
 # the interpreter has no bfloat16 products: the suite's kernel in float32 for the backward check

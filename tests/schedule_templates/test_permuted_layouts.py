@@ -24,7 +24,8 @@ from tests.schedule_templates.permuted_layouts import (KERNELS, inputs, referenc
 CHAIN = ("m", "l", "o")
 SIZES = dict(B=2, H=16, M=4096, N=4096, D=128)
 LIBRARY = {"bshd_causal": K.causal_attention, "sbhd_attention": K.attention,
-           "bshd_gqa_causal": K.gqa_causal_attention}
+           "bshd_gqa_causal": K.gqa_causal_attention,
+           "keys_innermost_causal": K.causal_attention}
 
 
 def _sizes(name: str, **over) -> dict:
@@ -83,7 +84,7 @@ def test_a_layout_with_the_head_dim_outside_is_refused_by_hopper_and_run_by_trit
         s = T.sum(q[d, b, h, i] * k[d, b, h, j], over=d) * scale
         return K.softmax_attend(s, v[b, h, j, e], j)
 
-    with pytest.raises(ScheduleError, match="innermost axis of q, k, v and the output"):
+    with pytest.raises(ScheduleError, match="innermost axis of q, v and the output"):
         _plan(head_dim_first, "hopper_attention", B=1, H=2, M=256, N=256, D=64)
     assert "rows i" in _plan(head_dim_first, "attention", B=1, H=2, M=256, N=256, D=64)
 
@@ -100,6 +101,27 @@ def test_tf_compile_takes_the_hopper_template_with_4d_tensor_maps(name):
     ptx = f.ptx(**sizes)
     assert "cp.async.bulk.tensor.4d" in ptx and "cp.async.bulk.tensor.3d" not in ptx
     assert "wgmma.mma_async" in ptx
+
+
+@needs_nvcc
+def test_keys_kept_innermost_are_the_mn_major_operand_of_q_k():
+    """k stored ``[B, H, D, N]`` (a transposed cache): the Hopper template copies it in boxes of
+    64 keys × the head dim's rows and multiplies them as q·kᵀ's MN-major operand (wgmma's
+    transposed B), in key blocks that are multiples of 64; keys whose rows are no multiple of 16
+    bytes (N = 777) run on the Triton template, which says why."""
+    f = tf.compile(KERNELS["keys_innermost_causal"][0], "cuda:sm_90a")
+    sizes = _sizes("keys_innermost_causal")
+    assert f.schedule_origin(**sizes).startswith("hopper_attention")
+    assert "k's keys innermost: boxes of 64 keys" in f.describe_plan(**sizes)
+    source = f.source(**sizes)
+    assert "tf_tma_load_4d(k_tiles + s * K_BYTES + a * D_ * 128, k_map" in source
+    assert "tf_nmajor_desc(k_base + SLOT(it) * K_BYTES, D_, 0, ks * 16)" in source
+    assert "#define BN 128" in source   # not 176: keys in boxes of 64
+    assert_consumers_do_not_spill(source)
+    assert "cp.async.bulk.tensor.4d" in f.ptx(**sizes)
+    odd = _sizes("keys_innermost_causal", M=777, N=777)
+    assert not f.schedule_origin(**odd).startswith("hopper_attention")
+    assert "not a multiple of 16 bytes" in f.describe_plan(**odd)
 
 
 def test_the_cpu_target_matches_float64():

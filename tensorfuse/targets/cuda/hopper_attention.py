@@ -201,14 +201,31 @@ class AttentionSource(KernelArguments):
         return f"tf_wgmma_{kind}_m64n{n}k16" + ("_f16" if self.plan.dtype == "f16" else "")
 
     @property
+    def keys_innermost(self) -> bool:
+        """Whether k holds its keys innermost (``[B, H, D, N]``): its tiles the MN-major B of
+        q·kᵀ, in atoms of 64 keys × ``D_`` rows."""
+        return self.plan.keys_innermost
+
+    @property
+    def key_step(self) -> str:
+        """The keys' descriptor of q·kᵀ's 16-column step ``ks``."""
+        return "tf_nmajor_desc(k_base + SLOT(it) * K_BYTES, D_, 0, ks * 16)" \
+            if self.keys_innermost else "tf_desc_plus(dk, kmajor_step(BN, ks))"
+
+    def _qk_mma(self, n: int) -> str:
+        if not self.keys_innermost:
+            return self._mma("kk", n)
+        return f"tf_wgmma_m64n{n}k16" + ("_f16" if self.plan.dtype == "f16" else "")
+
+    @property
     def s_mma(self) -> str:
         """q·kᵀ of a whole key block."""
-        return self._mma("kk", self.bn)
+        return self._qk_mma(self.bn)
 
     @property
     def sn_mma(self) -> str:
         """q·kᵀ of the sequence's last key block."""
-        return self._mma("kk", self.last_n)
+        return self._qk_mma(self.last_n)
 
     @property
     def pv_n(self) -> int:
@@ -232,10 +249,11 @@ class AttentionSource(KernelArguments):
     def functions(self) -> str:
         """The kernel's ``wgmma`` functions."""
         dtype = self.plan.dtype
-        made = wgmma_function(self.bn, b_k_major=True, dtype=dtype) + \
+        keys = not self.keys_innermost   # K-major keys, else MN-major
+        made = wgmma_function(self.bn, b_k_major=keys, dtype=dtype) + \
             wgmma_function(self.pv_n, a_in_registers=True, dtype=dtype)
         if self.last_n != self.bn:
-            made += wgmma_function(self.last_n, b_k_major=True, dtype=dtype)
+            made += wgmma_function(self.last_n, b_k_major=keys, dtype=dtype)
         return made
 
     @cached_property

@@ -80,7 +80,7 @@ def attention_producer_loads(c) -> str:
             if (u >= STAGES) tf_mbar_wait(empty_k + s, ((u / STAGES) - 1) & 1);
             tf_mbar_expect(full_k + s, K_BYTES + (bits ? MASK_BYTES : 0));
             #pragma unroll
-            for (int a = 0; a < ATOMS; ++a)
+            for (int a = 0; a < {"BN / 64" if c.keys_innermost else "ATOMS"}; ++a)
 #if TILED
               {tma_load_call(c.rank, "k_tiles + s * K_BYTES + a * BN * 128", "k_map", "a * 64",
                              "kc", "full_k + s")};
@@ -89,8 +89,7 @@ def attention_producer_loads(c) -> str:
                            mbits + (size_t)(mbits_off[w.rb] + it) * (MASK_BYTES / 4), MASK_BYTES,
                            full_k + s);
 #else
-              {_flat_box(c, "load", "k_map", "n0", "w.kv", "HKV_",
-                         "k_tiles + s * K_BYTES + a * BN * 128", "full_k + s")};
+              {_key_box(c)};
 #endif
 {_score_tile_loads(c)}            if (u >= STAGES) tf_mbar_wait(empty_v + s, ((u / STAGES) - 1) & 1);
             tf_mbar_expect(full_v + s, V_BYTES);
@@ -106,6 +105,17 @@ def attention_producer_loads(c) -> str:
           }}
           use += w.count;
 """
+
+
+def _key_box(c) -> str:
+    """One TMA box of a key block's keys: 64 head-dim elements of its rows (:func:`_flat_box`),
+    or, where k holds its keys innermost (``[B, H, D, N]``), 64 keys of every head-dim row — an
+    atom of the MN-major operand of q·kᵀ, ``D_`` rows of 128 bytes."""
+    if not c.keys_innermost:
+        return _flat_box(c, "load", "k_map", "n0", "w.kv", "HKV_",
+                         "k_tiles + s * K_BYTES + a * BN * 128", "full_k + s")
+    return (f"tf_tma_load_4d(k_tiles + s * K_BYTES + a * D_ * 128, k_map,\n{' ' * 29}"
+            "n0 + a * 64, 0, w.kv % HKV_, w.kv / HKV_, full_k + s)")
 
 
 def _score_tile_loads(c) -> str:

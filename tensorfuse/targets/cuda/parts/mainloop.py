@@ -39,7 +39,7 @@ def attention_issue_macros(c) -> str:
     tf_mbar_wait(full_k + SLOT(it), PHASE(it));                                               \
     tf_wgmma_fence();                                                                         \
     _Pragma("unroll") for (int ks = 0; ks < {c.qk_steps}; ++ks)                                   \
-      mma(acc, tf_desc_plus(dq, kmajor_step(BM, ks)), tf_desc_plus(dk, kmajor_step(BN, ks)), \
+      mma(acc, tf_desc_plus(dq, kmajor_step(BM, ks)), {c.key_step}, \
           ks > 0);                                                                            \
     tf_wgmma_commit();                                                                        \
   }}
