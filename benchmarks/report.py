@@ -280,6 +280,15 @@ SECTIONS = (
      "head over one cache) and a language model head's log-sum-exp over 4096 features: the "
      "floor's stages, each on a template (the Hopper GEMM for the products)",
      "python -m benchmarks.unlisted_kernels --only latent_attention_decode,head_logsumexp"),
+    ("unlisted-kernels-log-softmax-vocab-major",
+     "A log-softmax down the vocabulary axis of vocabulary-major logits",
+     "f32 `[V, B]`, reduced over V (the first axis): few columns, each a long sweep with outputs "
+     "along it — the floor's two stages; against torch.compile and eager",
+     "python -m benchmarks.unlisted_kernels --only log_softmax_vocab_major"),
+    ("unlisted-kernels-attention-keys-transposed", "Attention with its keys kept transposed",
+     "bf16, causal, k stored `[B, H, D, S]`; against SDPA on the transposed view and on a "
+     "contiguous copy of it (the copy timed too)",
+     "python -m benchmarks.unlisted_kernels --only attention_keys_transposed"),
     ("pipeline-kernels", "Kernels of training and serving pipelines, as a new user writes them",
      "bf16; a distillation loss (KL divergence of two soft-maxed rows) and a policy's entropy "
      "over a 128k vocabulary, sigmoid attention (no normaliser), groups of 128 features scaled "
