@@ -90,7 +90,9 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             # the Triton template takes a record of the nearest sizes in a bucket where its own
             # sizes have none (falling back to its defaults where those knobs do not fit)
             records = template_records(tuned_as, name, fusion, spec, nearest=True)
-            made = TEMPLATES[name](kernel, fusion, spec, tuned=records, dynamic=dynamic)
+            made = TEMPLATES[name](kernel, fusion, spec, tuned=records, dynamic=dynamic,
+                                   **({"staged_few_tiles": True} if name == "row_reduction"
+                                      else {}))
             # the Hopper attention checks a record of other sizes of the bucket runs (the
             # cluster decode keeps records of its own sizes only)
             refused: list = []   # (native template, why it refuses the program at any sizes)

@@ -381,7 +381,8 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
                   block: int | None = None, num_warps: int | None = None,
                   num_stages: int | None = None, reload: bool | None = None,
                   splits: int | None = None, row_tiles: int | None = None,
-                  tuned: Tuned | None = None, dynamic: "bool | None" = False) -> TritonKernel:
+                  tuned: Tuned | None = None, dynamic: "bool | None" = False,
+                  staged_few_tiles: bool = False) -> TritonKernel:
     """A callable Triton kernel for ``kernel`` with ``fusion`` applied along its rows.
     ``reload``: a row held in one block is read again (from L2) for the outputs instead of kept
     in registers (``Knobs.reload``; ignored where the outputs do not run along the row).
@@ -393,7 +394,10 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
     faster than one a program on the H200, ``strided_rows_knobs --family swept_tiles``).
     ``tuned``: the compile entry point's lookup of tuning records (used unless knobs are given).
     ``dynamic``: which sizes the kernel reads as arguments (:mod:`~tensorfuse.targets.triton.
-    size_builds`: ``True`` all, ``False`` none, ``None`` those seen at a second value)."""
+    size_builds`: ``True`` all, ``False`` none, ``None`` those seen at a second value).
+    ``staged_few_tiles`` (``tf.compile``'s own choice): at its defaults the kernel refuses sizes
+    it would run on a few programs (:func:`few_tiles_for_outputs`), which tf.compile's floor then
+    runs as stages; a template applied by hand runs them."""
     program = kernel.program if hasattr(kernel, "program") else kernel
     chain = plan_chain(program, fusion.names, fusion.axis)
 
@@ -409,5 +413,5 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
     return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"row-reduction template ({fusion.describe()})", fusion,
                         tuned=None if explicit else tuned, dynamic=dynamic,
-                        refuse=None if explicit else
+                        refuse=None if explicit or not staged_few_tiles else
                         (lambda plan, k: few_tiles_for_outputs(plan, k, target)))

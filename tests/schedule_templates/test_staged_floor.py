@@ -414,3 +414,27 @@ def test_a_staged_kernels_repeated_call_is_its_stages_fast_calls():
     assert fast((), {**args, "out": first}) is None
     made.kernels[-1].declines = True
     assert fast((), args) is None
+
+
+def test_few_row_tiles_over_a_long_sweep_are_staged_by_tf_compile_not_by_hand():
+    """A log-softmax down the 32000 rows of [32000, 64]: two row tiles of columns, each a long
+    sweep with outputs along it. tf.compile runs the statistics (split over the GPU) and the
+    outputs as two stages, saying why the row template did not take it whole; the row template
+    applied by hand still runs it as one kernel; at a short sweep tf.compile keeps the one
+    kernel."""
+    from benchmarks.unlisted_kernels import log_softmax_vocab_major
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        f = tf.compile(log_softmax_vocab_major, "cuda:sm_90a")
+        plan = f.describe_plan(V=32000, B=64)
+    assert plan.splitlines()[0].endswith("2 stage kernels (no template takes "
+                                         "log_softmax_vocab_major whole): mx, out_sum_0 from x; "
+                                         "out from x, mx, out_sum_0"), plan
+    assert "outputs along the sweep, which one kernel cannot split over the GPU" in plan
+    assert "splits=" in plan and "splits=1" not in plan   # the statistics' stage in parts
+    assert "row-reduction template" in f.describe_plan(V=64, B=64).splitlines()[0]
+    sch = tf.schedule(log_softmax_vocab_major, "cuda:sm_90a").rolling_update("mx", "out_sum",
+                                                                             axis="v")
+    sch.apply_template("row_reduction")
+    assert "splits=1" in sch.plan(V=32000, B=64)
