@@ -161,16 +161,18 @@ def test_permuted_layouts_match_float64_on_the_gpu(name, M, N, D):
 
 
 @pytest.mark.gpu
-def test_training_on_a_permuted_layout_matches_float64_on_the_gpu():
+@pytest.mark.parametrize("name, M, N", [("bshd_gqa_causal", 700, 700),
+                                        ("keys_innermost_causal", 640, 704)])
+def test_training_on_a_permuted_layout_matches_float64_on_the_gpu(name, M, N):
     """autograd through tf.compile: the forward (Hopper, writing its log-sum-exps at the
-    ``[B, S, H]`` offsets) and the backward template, gradients within bf16 tolerance."""
+    ``[B, S, H]`` offsets; keys kept transposed read as the MN-major operand) and the backward
+    template, gradients within bf16 tolerance."""
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU")
-    name = "bshd_gqa_causal"
     generator = torch.Generator().manual_seed(3)
     f = tf.compile(KERNELS[name][0])
     x = {k: t.cuda().requires_grad_() for k, t in
-         inputs(name, 2, 8, 2, 700, 700, 128, generator).items()}
+         inputs(name, 2, 8, 2 if "gqa" in name else 8, M, N, 128, generator).items()}
     out = f(**x, scale=128 ** -0.5)
     d_out = torch.randn(out.shape, generator=generator).to(out)
     got = torch.autograd.grad(out, tuple(x.values()), d_out)
