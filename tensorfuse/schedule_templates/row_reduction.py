@@ -220,7 +220,8 @@ ONE_TILE_PARTS = 2 * SMS
 # first axis of [V, B] f32 on the H200, one kernel → two stages (torch.compile): [32000, 64]
 # 215 → 32 µs (37), [128256, 16] 803 → 22 (28), [32000, 8] 195 → 15 (34), [4096, 64] 31 → 13
 # (35), [32000, 1024] 214 → 109 (145) (``benchmarks.unlisted_kernels --only
-# log_softmax_vocab_major``; the others a probe's). Knobs given or tuned keep the one kernel.
+# log_softmax_vocab_major``; the others a probe's). Knobs given or tuned, and the template
+# applied by hand, keep the one kernel.
 OUTPUTS_ALONG_FEW_TILES_BLOCKS = 16
 
 
