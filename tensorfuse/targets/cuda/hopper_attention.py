@@ -207,6 +207,11 @@ class AttentionSource(KernelArguments):
         return self.plan.keys_innermost
 
     @property
+    def key_boxes(self) -> str:
+        """TMA boxes of a key block's keys: one per 64 head-dim columns, or per 64 keys."""
+        return "BN / 64" if self.keys_innermost else "ATOMS"
+
+    @property
     def key_step(self) -> str:
         """The keys' descriptor of q·kᵀ's 16-column step ``ks``."""
         return "tf_nmajor_desc(k_base + SLOT(it) * K_BYTES, D_, 0, ks * 16)" \

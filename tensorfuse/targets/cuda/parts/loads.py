@@ -80,7 +80,7 @@ def attention_producer_loads(c) -> str:
             if (u >= STAGES) tf_mbar_wait(empty_k + s, ((u / STAGES) - 1) & 1);
             tf_mbar_expect(full_k + s, K_BYTES + (bits ? MASK_BYTES : 0));
             #pragma unroll
-            for (int a = 0; a < {"BN / 64" if c.keys_innermost else "ATOMS"}; ++a)
+            for (int a = 0; a < {c.key_boxes}; ++a)
 #if TILED
               {tma_load_call(c.rank, "k_tiles + s * K_BYTES + a * BN * 128", "k_map", "a * 64",
                              "kc", "full_k + s")};
