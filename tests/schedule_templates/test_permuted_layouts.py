@@ -180,3 +180,74 @@ def test_training_on_a_permuted_layout_matches_float64_on_the_gpu(name, M, N):
     for g, w in zip(got, want):
         assert float((g.double().cpu() - w).norm() / w.norm()) < 2e-2
     assert f.torch_op.training is not None   # the forward saved the log-sum-exp
+
+
+@tf.kernel
+def _gqa_keys_innermost(q: T.Tensor["B", "H", "M", "D", "bf16"],
+                        kt: T.Tensor["B", "HKV", "D", "N", "bf16"],
+                        v: T.Tensor["B", "HKV", "N", "D", "bf16"], scale: T.f32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    s = T.sum(q[b, h, i, d] * kt[b, hk, d, j], over=d) * scale
+    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
+    return K.softmax_attend(s, v[b, hk, j, e], j)
+
+
+@tf.kernel
+def _biased_keys_innermost(q: T.Tensor["B", "H", "S", "D", "bf16"],
+                           kt: T.Tensor["B", "H", "D", "S", "bf16"],
+                           v: T.Tensor["B", "H", "S", "D", "bf16"],
+                           bias: T.Tensor["H", "S", "S", "bf16"], scale: T.f32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * kt[b, h, d, j], over=d) * scale + bias[h, i, j]
+    return K.softmax_attend(s, v[b, h, j, e], j)
+
+
+@tf.kernel
+def _bshd_keys_innermost(q: T.Tensor["B", "S", "H", "D", "bf16"],
+                         kt: T.Tensor["B", "H", "D", "S", "bf16"],
+                         v: T.Tensor["B", "S", "H", "D", "bf16"], scale: T.f32):
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, i, h, d] * kt[b, h, d, j], over=d) * scale
+    return K.softmax_attend(s, v[b, j, h, e], j)
+
+
+@pytest.mark.gpu
+def test_keys_kept_innermost_with_grouped_heads_a_score_tile_and_bshd_on_the_gpu():
+    """Keys kept transposed beside the Hopper template's other readings — grouped heads (32 on
+    8), a bias read by query and key (score tiles), q and v on [B, S, H, D] —: each on the
+    Hopper template, against float64 at two value ranges."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    g = torch.Generator().manual_seed(5)
+    B, S, D, scale = 2, 1024, 128, 128 ** -0.5
+
+    def r(*shape, w):
+        return (torch.randn(*shape, generator=g) * w).to(torch.bfloat16)
+
+    for w in (1.0, 6.0):
+        q, kt, v = r(B, 32, S, D, w=w), r(B, 8, D, S, w=w), r(B, 8, S, D, w=w)
+        f = tf.compile(_gqa_keys_innermost)
+        assert f.schedule_origin(B=B, H=32, HKV=8, M=S, N=S, D=D).startswith("hopper_attention")
+        k = kt.double().transpose(-1, -2).repeat_interleave(4, 1)
+        s = q.double() @ k.transpose(-1, -2) * scale
+        s = s.masked_fill(~(torch.arange(S)[:, None] >= torch.arange(S)[None]), float("-inf"))
+        want = torch.softmax(s, -1) @ v.double().repeat_interleave(4, 1)
+        out = f(q.cuda(), kt.cuda(), v.cuda(), scale=scale)
+        assert relative_error(out, want) < 2e-2, ("grouped", w)
+
+        q, kt, v, bias = (r(B, 16, S, D, w=w), r(B, 16, D, S, w=w), r(B, 16, S, D, w=w),
+                          r(16, S, S, w=w))
+        f = tf.compile(_biased_keys_innermost)
+        assert f.schedule_origin(B=B, H=16, S=S, D=D).startswith("hopper_attention")
+        s = q.double() @ kt.double() * scale + bias.double()
+        out = f(q.cuda(), kt.cuda(), v.cuda(), bias.cuda(), scale=scale)
+        assert relative_error(out, torch.softmax(s, -1) @ v.double()) < 2e-2, ("bias", w)
+
+        q, kt, v = r(B, S, 16, D, w=w), r(B, 16, D, S, w=w), r(B, S, 16, D, w=w)
+        f = tf.compile(_bshd_keys_innermost)
+        assert f.schedule_origin(B=B, H=16, S=S, D=D).startswith("hopper_attention")
+        s = q.double().transpose(1, 2) @ kt.double() * scale
+        want = torch.softmax(s, -1) @ v.double().transpose(1, 2)   # out[b, h, i, e]
+        out = f(q.cuda(), kt.cuda(), v.cuda(), scale=scale)
+        assert relative_error(out, want) < 2e-2, ("bshd", w)
