@@ -230,13 +230,17 @@ def few_tiles_for_outputs(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -
     BLOCKS`), or None."""
     if not target.is_gpu or plan.outputs_per_row or plan.mask is not None or plan.column_sums:
         return None
-    tiles = math.prod(grid(plan, knobs))
-    blocks = math.ceil(plan.cols / knobs.block_n)
+    tiles, blocks = _tiles_and_blocks(plan, knobs)
     if tiles >= SPLIT_BELOW_TILES or blocks < OUTPUTS_ALONG_FEW_TILES_BLOCKS:
         return None
     return (f"{tiles} row tile(s) of {plan.program.name} would each sweep {plan.cols} elements "
             f"({blocks} blocks) with outputs along the sweep, which one kernel cannot split "
             "over the GPU: the statistics and the outputs run as stages of their own")
+
+
+def _tiles_and_blocks(plan: RowTilePlan, knobs: Knobs) -> tuple[int, int]:
+    """The row tiles of the launch's grid at ``knobs``, and the blocks each sweeps."""
+    return math.prod(grid(plan, knobs)), math.ceil(plan.cols / knobs.block_n)
 
 
 def _splittable(plan: RowTilePlan, target: TargetSpec) -> bool:
@@ -246,8 +250,7 @@ def _splittable(plan: RowTilePlan, target: TargetSpec) -> bool:
 def _split_few_tiles(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> Knobs:
     if knobs.splits > 1 or not _splittable(plan, target):
         return knobs
-    tiles = math.prod(grid(plan, knobs))
-    blocks = math.ceil(plan.cols / knobs.block_n)
+    tiles, blocks = _tiles_and_blocks(plan, knobs)
     if tiles >= SPLIT_BELOW_TILES or blocks < 4:
         return knobs
     most = ONE_TILE_PARTS if tiles == 1 else MAX_PARTS

@@ -83,8 +83,9 @@ def key_linear_score(score: Expr, chain) -> tuple[Expr | None, Expr | None]:
     """``(scale, key_bias)`` where the score is ``dot · scale + key_bias · j + rest`` — one term
     reading the dot product, ``scale`` the same everywhere, ``key_bias`` free of the query index
     and of tensors but those read by batch and head alone (ALiBi's slopes ``[H]``: the
-    coefficient is computed once a tile), ``rest`` free of the key index, dropped: it shifts each row's
-    scores by one amount, which the softmax does not see (nor a mask: it is applied apart). Not
+    coefficient is computed once a tile), ``rest`` free of the key index, dropped: it shifts
+    each row's scores by one amount, which the softmax does not see (nor a mask: it is applied
+    apart). Not
     where the chain writes the log-sum-exp (the shift would have to come back into it) or the
     score has any other form: ``(None, None)``."""
     if chain.lse:

@@ -41,6 +41,28 @@ def keys_innermost_causal(q: T.Tensor["B", "H", "M", "D", "bf16"],
     return softmax_attend(s, v[b, h, j, e], j)
 
 
+@tf.kernel
+def gqa_keys_innermost_causal(q: T.Tensor["B", "H", "M", "D", "bf16"],
+                              k: T.Tensor["B", "HKV", "D", "N", "bf16"],
+                              v: T.Tensor["B", "HKV", "N", "D", "bf16"], scale: T.f32):
+    """Grouped heads over keys kept transposed."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    hk = h // (T.size("H") // T.size("HKV"))
+    s = T.sum(q[b, h, i, d] * k[b, hk, d, j], over=d) * scale
+    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
+    return softmax_attend(s, v[b, hk, j, e], j)
+
+
+@tf.kernel
+def bshd_keys_innermost(q: T.Tensor["B", "M", "H", "D", "bf16"],
+                        k: T.Tensor["B", "H", "D", "N", "bf16"],
+                        v: T.Tensor["B", "N", "H", "D", "bf16"], scale: T.f32):
+    """q and v on [B, S, H, D], k kept [B, H, D, N]: every tensor in a layout of its own."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, i, h, d] * k[b, h, d, j], over=d) * scale
+    return softmax_attend(s, v[b, j, h, e], j)
+
+
 def two_head_dims_case(generator, B=1, H=2, M=37, N=53, DQK=48, DV=32, width=3.0):
     """Inputs of ``two_head_dims`` (causal, q·k over DQK, p·v over DV: the suite's kernel) and the
     float64 reference of its output."""
@@ -58,9 +80,13 @@ def two_head_dims_case(generator, B=1, H=2, M=37, N=53, DQK=48, DV=32, width=3.0
 KERNELS = {"bshd_causal": (bshd_causal, "bihd", "bjhd", "bihd", True),
            "sbhd_attention": (sbhd_attention, "ibhd", "jbhd", "ibhd", False),
            "bshd_gqa_causal": (bshd_gqa_causal, "bihd", "bjhd", "bihd", True),
-           "keys_innermost_causal": (keys_innermost_causal, "bhid", "bhdj", "bhid", True)}
+           "keys_innermost_causal": (keys_innermost_causal, "bhid", "bhdj", "bhid", True),
+           "gqa_keys_innermost_causal": (gqa_keys_innermost_causal, "bhid", "bhdj", "bhid",
+                                         True),
+           "bshd_keys_innermost": (bshd_keys_innermost, "bihd", "bhdj", "bhid", False)}
 # v's axes where they are not k's
-V_AXES = {"keys_innermost_causal": "bhjd"}
+V_AXES = {"keys_innermost_causal": "bhjd", "gqa_keys_innermost_causal": "bhjd",
+          "bshd_keys_innermost": "bjhd"}
 
 
 def inputs(name: str, B: int, H: int, HKV: int, M: int, N: int, D: int, generator,

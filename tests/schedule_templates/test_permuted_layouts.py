@@ -25,7 +25,9 @@ CHAIN = ("m", "l", "o")
 SIZES = dict(B=2, H=16, M=4096, N=4096, D=128)
 LIBRARY = {"bshd_causal": K.causal_attention, "sbhd_attention": K.attention,
            "bshd_gqa_causal": K.gqa_causal_attention,
-           "keys_innermost_causal": K.causal_attention}
+           "keys_innermost_causal": K.causal_attention,
+           "gqa_keys_innermost_causal": K.gqa_causal_attention,
+           "bshd_keys_innermost": K.attention}
 
 
 def _sizes(name: str, **over) -> dict:
@@ -104,22 +106,25 @@ def test_tf_compile_takes_the_hopper_template_with_4d_tensor_maps(name):
 
 
 @needs_nvcc
-def test_keys_kept_innermost_are_the_mn_major_operand_of_q_k():
+@pytest.mark.parametrize("name", [n for n in KERNELS if "keys_innermost" in n])
+def test_keys_kept_innermost_are_the_mn_major_operand_of_q_k(name):
     """k stored ``[B, H, D, N]`` (a transposed cache): the Hopper template copies it in boxes of
     64 keys × the head dim's rows and multiplies them as q·kᵀ's MN-major operand (wgmma's
     transposed B), in key blocks that are multiples of 64; keys whose rows are no multiple of 16
     bytes (N = 777) run on the Triton template, which says why."""
-    f = tf.compile(KERNELS["keys_innermost_causal"][0], "cuda:sm_90a")
-    sizes = _sizes("keys_innermost_causal")
+    f = tf.compile(KERNELS[name][0], "cuda:sm_90a")
+    sizes = _sizes(name)
     assert f.schedule_origin(**sizes).startswith("hopper_attention")
     assert "k's keys innermost: boxes of 64 keys" in f.describe_plan(**sizes)
     source = f.source(**sizes)
     assert "tf_tma_load_4d(k_tiles + s * K_BYTES + a * D_ * 128, k_map" in source
     assert "tf_nmajor_desc(k_base + SLOT(it) * K_BYTES, D_, 0, ks * 16)" in source
     assert "#define BN 128" in source   # not 176: keys in boxes of 64
+    # q·kᵀ on the transposed-B wgmma (A and B from shared memory), no K-major one left
+    assert "void tf_wgmma_m64n128k16(" in source and "tf_wgmma_kk_" not in source
     assert_consumers_do_not_spill(source)
     assert "cp.async.bulk.tensor.4d" in f.ptx(**sizes)
-    odd = _sizes("keys_innermost_causal", M=777, N=777)
+    odd = _sizes(name, M=777, N=777)
     assert not f.schedule_origin(**odd).startswith("hopper_attention")
     assert "not a multiple of 16 bytes" in f.describe_plan(**odd)
 
@@ -183,17 +188,6 @@ def test_training_on_a_permuted_layout_matches_float64_on_the_gpu(name, M, N):
 
 
 @tf.kernel
-def _gqa_keys_innermost(q: T.Tensor["B", "H", "M", "D", "bf16"],
-                        kt: T.Tensor["B", "HKV", "D", "N", "bf16"],
-                        v: T.Tensor["B", "HKV", "N", "D", "bf16"], scale: T.f32):
-    b, h, i, j, d, e = T.axes("b h i j d e")
-    hk = h // (T.size("H") // T.size("HKV"))
-    s = T.sum(q[b, h, i, d] * kt[b, hk, d, j], over=d) * scale
-    s = T.where(i + T.size("N") - T.size("M") >= j, s, -T.inf)
-    return K.softmax_attend(s, v[b, hk, j, e], j)
-
-
-@tf.kernel
 def _biased_keys_innermost(q: T.Tensor["B", "H", "S", "D", "bf16"],
                            kt: T.Tensor["B", "H", "D", "S", "bf16"],
                            v: T.Tensor["B", "H", "S", "D", "bf16"],
@@ -203,51 +197,21 @@ def _biased_keys_innermost(q: T.Tensor["B", "H", "S", "D", "bf16"],
     return K.softmax_attend(s, v[b, h, j, e], j)
 
 
-@tf.kernel
-def _bshd_keys_innermost(q: T.Tensor["B", "S", "H", "D", "bf16"],
-                         kt: T.Tensor["B", "H", "D", "S", "bf16"],
-                         v: T.Tensor["B", "S", "H", "D", "bf16"], scale: T.f32):
-    b, h, i, j, d, e = T.axes("b h i j d e")
-    s = T.sum(q[b, i, h, d] * kt[b, h, d, j], over=d) * scale
-    return K.softmax_attend(s, v[b, j, h, e], j)
-
-
 @pytest.mark.gpu
-def test_keys_kept_innermost_with_grouped_heads_a_score_tile_and_bshd_on_the_gpu():
-    """Keys kept transposed beside the Hopper template's other readings — grouped heads (32 on
-    8), a bias read by query and key (score tiles), q and v on [B, S, H, D] —: each on the
-    Hopper template, against float64 at two value ranges."""
+def test_keys_kept_innermost_beside_score_tiles_match_float64_on_the_gpu():
+    """Keys kept transposed and a bias read by query and key (copied as score tiles beside the
+    keys): the Hopper template against float64 at two value ranges (grouped heads and other
+    layouts with such keys: the parametrized test above)."""
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU")
-    g = torch.Generator().manual_seed(5)
-    B, S, D, scale = 2, 1024, 128, 128 ** -0.5
-
-    def r(*shape, w):
-        return (torch.randn(*shape, generator=g) * w).to(torch.bfloat16)
-
-    for w in (1.0, 6.0):
-        q, kt, v = r(B, 32, S, D, w=w), r(B, 8, D, S, w=w), r(B, 8, S, D, w=w)
-        f = tf.compile(_gqa_keys_innermost)
-        assert f.schedule_origin(B=B, H=32, HKV=8, M=S, N=S, D=D).startswith("hopper_attention")
-        k = kt.double().transpose(-1, -2).repeat_interleave(4, 1)
-        s = q.double() @ k.transpose(-1, -2) * scale
-        s = s.masked_fill(~(torch.arange(S)[:, None] >= torch.arange(S)[None]), float("-inf"))
-        want = torch.softmax(s, -1) @ v.double().repeat_interleave(4, 1)
-        out = f(q.cuda(), kt.cuda(), v.cuda(), scale=scale)
-        assert relative_error(out, want) < 2e-2, ("grouped", w)
-
-        q, kt, v, bias = (r(B, 16, S, D, w=w), r(B, 16, D, S, w=w), r(B, 16, S, D, w=w),
-                          r(16, S, S, w=w))
-        f = tf.compile(_biased_keys_innermost)
-        assert f.schedule_origin(B=B, H=16, S=S, D=D).startswith("hopper_attention")
-        s = q.double() @ kt.double() * scale + bias.double()
-        out = f(q.cuda(), kt.cuda(), v.cuda(), bias.cuda(), scale=scale)
-        assert relative_error(out, torch.softmax(s, -1) @ v.double()) < 2e-2, ("bias", w)
-
-        q, kt, v = r(B, S, 16, D, w=w), r(B, 16, D, S, w=w), r(B, S, 16, D, w=w)
-        f = tf.compile(_bshd_keys_innermost)
-        assert f.schedule_origin(B=B, H=16, S=S, D=D).startswith("hopper_attention")
-        s = q.double().transpose(1, 2) @ kt.double() * scale
-        want = torch.softmax(s, -1) @ v.double().transpose(1, 2)   # out[b, h, i, e]
-        out = f(q.cuda(), kt.cuda(), v.cuda(), scale=scale)
-        assert relative_error(out, want) < 2e-2, ("bshd", w)
+    generator = torch.Generator().manual_seed(5)
+    B, H, S, D, scale = 2, 16, 1024, 128, 128 ** -0.5
+    f = tf.compile(_biased_keys_innermost)
+    assert f.schedule_origin(B=B, H=H, S=S, D=D).startswith("hopper_attention")
+    for width in (1.0, 6.0):
+        q, kt, v, bias = ((torch.randn(*shape, generator=generator) * width).to(torch.bfloat16)
+                          for shape in ((B, H, S, D), (B, H, D, S), (B, H, S, D), (H, S, S)))
+        want = torch.softmax(q.double() @ kt.double() * scale + bias.double(), -1) @ v.double()
+        out = torch.full(want.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+        f(q.cuda(), kt.cuda(), v.cuda(), bias.cuda(), scale=scale, out=out)
+        assert relative_error(out, want) < 2e-2, width

@@ -198,7 +198,10 @@ class AttentionSource(KernelArguments):
                        for d in sorted(dtypes))
 
     def _mma(self, kind: str, n: int) -> str:
-        return f"tf_wgmma_{kind}_m64n{n}k16" + ("_f16" if self.plan.dtype == "f16" else "")
+        """The name :func:`.wgmma.wgmma_function` gives a product: ``kind`` "kk" (B K-major),
+        "rs" (A from registers) or "" (A from shared memory, B MN-major)."""
+        return f"tf_wgmma_{kind + '_' if kind else ''}m64n{n}k16" + \
+            ("_f16" if self.plan.dtype == "f16" else "")
 
     @property
     def keys_innermost(self) -> bool:
@@ -217,20 +220,15 @@ class AttentionSource(KernelArguments):
         return "tf_nmajor_desc(k_base + SLOT(it) * K_BYTES, D_, 0, ks * 16)" \
             if self.keys_innermost else "tf_desc_plus(dk, kmajor_step(BN, ks))"
 
-    def _qk_mma(self, n: int) -> str:
-        if not self.keys_innermost:
-            return self._mma("kk", n)
-        return f"tf_wgmma_m64n{n}k16" + ("_f16" if self.plan.dtype == "f16" else "")
-
     @property
     def s_mma(self) -> str:
-        """q·kᵀ of a whole key block."""
-        return self._qk_mma(self.bn)
+        """q·kᵀ of a whole key block (keys K-major, or MN-major where kept innermost)."""
+        return self._mma("" if self.keys_innermost else "kk", self.bn)
 
     @property
     def sn_mma(self) -> str:
         """q·kᵀ of the sequence's last key block."""
-        return self._qk_mma(self.last_n)
+        return self._mma("" if self.keys_innermost else "kk", self.last_n)
 
     @property
     def pv_n(self) -> int:
