@@ -8,7 +8,8 @@ a log-sum-exp down the 512 tokens of ``[64, 512, 4096]`` (two states down the st
 the columns of ``[8192, 4096]`` L2-normalised (the outputs along the strided sweep), a masked
 mean over the 2048 tokens of ``[32, 2048, 1024]`` (rows (b, d), its count recomputed per row), a
 mean down the 65536 rows of ``[65536, 1024]``, tokens summed with weights over ``[64, 4096,
-1024]`` and a matrix-vector product over the strided axis of ``[8192, 8192]`` (``a.T @ x``);
+1024]``, a matrix-vector product over the strided axis of ``[8192, 8192]`` (``a.T @ x``) and
+the means of 2048 segments of 1 to 128 rows of 1024 columns (a sweep bounded per program);
 each candidate checked against float64 and timed from a CUDA graph beside ``tf.compile``'s default
 and torch.compile: what ``row_reduction.CONTIGUOUS_ROWS``, its block and the stages of a swept row
 are chosen from.
@@ -17,13 +18,13 @@ are chosen from.
                                                     group_norm,
                                                     weight_gradient,channel_stats,
                                                     column_norm,masked_mean,column_mean,
-                                                    weighted_pool,strided_matvec]
+                                                    weighted_pool,strided_matvec,segment_mean]
                                             [--tiles | --family NAME] [--out DIR]
 
 ``--tiles``: instead, the whole row in one block with each program sweeping several row tiles,
 the next ones' loads issued while one is reduced (``Knobs.row_tiles``); ``--family``: every case
 over one family of candidates (``_knobs``: ``strided``, ``flat_row``, ``split``, ``parts``,
-``weighed``).
+``weighed``, ``ragged``, ...).
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ from benchmarks.unlisted_kernels import (column_mean, l2_normalize_columns, mask
                                          strided_matvec, weighted_token_pool)
 from tensorfuse.schedule_templates.widened_rows import widened
 from benchmarks.user_kernels import (channel_stats, group_norm, layernorm_channels,
-                                     log_softmax_channels, max_pool_l2)
+                                     log_softmax_channels, max_pool_l2, segment_mean)
 from tensorfuse.schedule_templates.auto import choose, takes_stage
 from tensorfuse.schedule_templates.flat_sweeps import flatten_sweeps
 from tensorfuse.schedule_templates.row_reduction import row_reduction
@@ -53,7 +54,7 @@ from tensorfuse.targets import get_target
 SPEC = get_target("cuda:sm_90a")
 CASES = ("layernorm", "log_softmax", "max_pool", "logsumexp_pool", "group_norm", "weight_gradient",
          "channel_stats", "column_norm", "masked_mean", "column_mean", "weighted_pool",
-         "strided_matvec")
+         "strided_matvec", "segment_mean")
 
 
 def _cases(generator, only):
@@ -182,6 +183,21 @@ def _cases(generator, only):
             return t.float().amax(1)
         yield ("max_pool", f"B{B} S{S} D{D} (max over S)", stage, dict(x=x),
                x.double().amax(1), torch.compile(pooled), (x,), x.numel() * 2 + B * D * 4)
+    if "segment_mean" in only:   # ragged segments of 1-128 rows: the sweep bounded per program
+        G, D, longest = 2048, 1024, 128
+        lengths = torch.randint(1, longest + 1, (G,), generator=generator)
+        starts = lengths.cumsum(0) - lengths
+        x = torch.randn(int(lengths.sum()), D, generator=generator).to("cuda", torch.bfloat16)
+        ids = torch.repeat_interleave(torch.arange(G), lengths).cuda()
+        lengths, starts = lengths.to("cuda", torch.int32), starts.to("cuda", torch.int32)
+
+        def means(t, at):
+            acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+            total = torch.zeros(G, D, device=t.device, dtype=acc).index_add_(0, at, t.to(acc))
+            return (total / lengths[:, None]).to(t.dtype)
+        yield ("segment_mean", f"R{x.shape[0]} D{D} G{G} (1..{longest} rows each)",
+               segment_mean, dict(x=x, starts=starts, lengths=lengths), means(x.double(), ids),
+               torch.compile(means), (x, ids), (x.numel() + G * D) * 2)
     if "logsumexp_pool" in only:   # two states (max, sum of exp) down the same strided axis
         B, S, D = 64, 512, 4096
         x = (torch.randn(B, S, D, generator=generator) * 4).to("cuda", torch.bfloat16)
@@ -194,6 +210,7 @@ def _cases(generator, only):
 
 # the candidates each case is swept over (:func:`_knobs`); the others: "strided"
 FAMILY = {"group_norm": "flat_row", "weight_gradient": "split", "channel_stats": "parts",
+          "segment_mean": "ragged",
           "column_mean": "split", "weighted_pool": "split", "strided_matvec": "weighed"}
 
 
@@ -210,7 +227,8 @@ def _knobs(cols: int, family: str):
     ``swept_tiles`` with the sweep's loads 2-3 blocks ahead in 8-16 warps, 2-8 row tiles a
     program; ``wide_tiles``: the whole row in 8-16 warps (at most 128 floats a thread), 1-4 row
     tiles; ``wide_parts``: ``parts`` in 8 warps (33 or 66 parts); ``weighed``: tiles of 64-256 rows
-    by 64 or 128, 4-16 parts (a matrix-vector product over the strided axis)."""
+    by 64 or 128, 4-16 parts (a matrix-vector product over the strided axis); ``ragged``: tiles
+    of 32-1024 rows by blocks of 16-128 (segments of 1-128 rows), loads 1 or 3 blocks ahead."""
     whole = 1 << max(4, (cols - 1).bit_length())
     if family == "tiles":   # the row held (read again, it needed more shared memory than an SM has)
         for rows, warps, stages, row_tiles in itertools.product(
@@ -246,6 +264,12 @@ def _knobs(cols: int, family: str):
                 (32, 64, 128), (64, 128, 256, 512), (4, 8), (2,), (1, 2, 4, 8)):
             if 4096 <= rows * block <= 32768:
                 yield rows, block, warps, stages, 0, splits, None
+        return
+    if family == "ragged":   # a sweep of 1-128 rows a program: blocks near the short ones' size
+        for rows, block, warps, stages in itertools.product((32, 64, 128, 256, 512, 1024),
+                                                            (16, 32, 64, 128), (4, 8), (1, 3)):
+            if 4096 <= rows * block <= 16384 and (stages == 1 or block < cols):
+                yield rows, block, warps, stages, 0, None, None
         return
     if family == "weighed":   # a few tiles weighed along a long sweep: wider tiles, more parts
         for rows, block, warps, stages, splits in itertools.product(
@@ -319,7 +343,7 @@ def main(argv=None) -> None:
                         help="whole rows, several row tiles a program (Knobs.row_tiles)")
     parser.add_argument("--family", choices=("strided", "flat_row", "split", "parts",
                                              "swept_tiles", "pipelined_tiles", "wide_tiles",
-                                             "wide_parts", "weighed"),
+                                             "wide_parts", "weighed", "ragged"),
                         help="sweep every case over this family of candidates (_knobs)")
     parser.add_argument("--cold", action="store_true",
                         help="time each call with L2 flushed before it (bench_replayed), not "

@@ -143,6 +143,13 @@ PER_ROW_PROGRAMS_PER_SM = 8
 # rows in blocks of 4096 10-25 % lower; a group norm's 65536-element rows 0.054 -> 0.062 ms
 # (``benchmarks.strided_rows_knobs``)
 ROW_MAJOR_STAGES = 1
+# A sweep bounded per program (ragged segments, :mod:`.sweep_bounds`) across contiguous rows:
+# tiles of the rows whole (up to 1024) by blocks of 16, the loads three blocks ahead. The means
+# of 2048 segments of 1-128 rows of 1024 on the H200: 0.0815 ms against 0.112 in 64 × 128 blocks
+# (the whole sweep one block, 16 programs a segment), 0.096 unpipelined, 0.101 in 512 × 32;
+# torch.compile 0.238 (``benchmarks.strided_rows_knobs --only segment_mean --family ragged
+# --cold``)
+BOUNDED_ROWS, BOUNDED_BLOCK, BOUNDED_WARPS, BOUNDED_STAGES = 1024, 16, 4, 3
 
 
 # Rows off 16-byte boundaries swept through aligned windows (:mod:`..targets.triton.row_realign`):
@@ -261,6 +268,10 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     cols = plan.cols
     block_n = _whole_row_block(cols)
     if target.kind == "cuda" and rows_contiguous(plan):
+        if plan.bounds is not None and plan.outputs_per_row:
+            return Knobs(block_m=min(BOUNDED_ROWS, _whole_row_block(plan.rows)),
+                         block_n=min(BOUNDED_BLOCK, block_n), num_warps=BOUNDED_WARPS,
+                         num_stages=BOUNDED_STAGES, reload=0)
         if CONTIGUOUS_ROWS * block_n > CONTIGUOUS_TILE:
             rows, block, warps, stages = FEW_TILES_SWEPT
             if row_operands(plan) == 1:

@@ -39,6 +39,7 @@ from ..targets.triton.reductions import reducible
 from ..targets.triton.rowtile import MAX_FEATURE
 from .block_schedule import block_lists, window_lists
 from .column_sums import column_sum, output_reads
+from .sweep_bounds import SweepBounds, sweep_bounds
 from .token_tiling import choose_tiling, map_scalars, mask_reads_map, mask_reads_tensors
 from .row_fold import grouped, row_fold
 from .value_features import with_value_features
@@ -91,6 +92,18 @@ class RowTilePlan:
         """The mask as the program writes it: what a map is recognised from (the rewritten
         ``a % d == b % d`` reads like another level of the map)."""
         return self.written_mask if self.written_mask is not None else self.mask
+
+    @property
+    def bounds(self) -> SweepBounds | None:
+        """The mask's bounds on the swept axis where it is only that (:mod:`.sweep_bounds`):
+        each program sweeps the blocks between them, no block lists; None with a visiting
+        order of the plan's own (its lists say which keys a window holds), or with products on
+        the tensor cores (attention: its lists spare the blocks wholly inside the bounds the
+        mask's compare and select, which its scores pay for and a row of loads does not)."""
+        if self.key_windows is not None or self.row_tiling is not None or self.locals or \
+                any(sp.contraction is not None for sp in self.states):
+            return None
+        return sweep_bounds(self.mask, self.col, [*self.batch, self.row])
 
     @property
     def rows(self) -> int:
@@ -148,7 +161,10 @@ class RowTilePlan:
                    f"tensor cores" if sp.contraction is not None else "")
             lines.append(f"  state {sp.member.name}#{sp.k} = {sp.monoid.name} of "
                          f"{to_text(sp.body)}{how}")
-        if self.mask is not None:
+        if self.bounds is not None:
+            lines.append(f"  mask: {to_text(self.mask)} (each program sweeps only the blocks of "
+                         f"{self.bounds.describe(to_text, self.col.name)}: no block lists)")
+        elif self.mask is not None:
             lines.append(f"  mask: {to_text(self.mask)} (blocks sorted per call into skipped, "
                          "partial and full)")
         if self.tiling is not None:

@@ -97,11 +97,14 @@ class TileContext:
     # (the column axis' uid, the window's offset text, the mask of its loads or None); a read of
     # one with the columns innermost takes them in place of its offset and its columns' mask
     realigned: dict = field(default_factory=dict)
+    # conditions of the ``T.where`` branches being written: ((mask text, its axes' uids), ...);
+    # loads in a branch read only where it is taken (:func:`load`)
+    guard: tuple = ()
 
     def child(self, **changes) -> "TileContext":
         new = TileContext(dict(self.axes), dict(self.valid), dict(self.refs), dict(self.symbols),
                           self.sizes, self.keep_dtype, self.emit, self.memo, self.interpreter,
-                          self.streaming, self.realigned)
+                          self.streaming, self.realigned, self.guard)
         for key, value in changes.items():
             if isinstance(value, dict) and key != "memo":
                 getattr(new, key).update(value)
@@ -147,7 +150,7 @@ def to_triton(e: Expr, ctx: TileContext) -> str:
     if ctx.emit is None or not isinstance(e, (Load, Unary, Binary, Compare, Where, Cast)) or \
             not any(a.uid in ctx.axes for a in e.axes):
         return _to_triton(e, ctx)
-    key = (e.key(), ctx.keep_dtype)
+    key = (e.key(), ctx.keep_dtype) + ((_guards_taken(e, ctx),) if ctx.guard else ())
     if key not in ctx.memo:
         text = _to_triton(e, ctx)
         name = f"_t{len(ctx.memo)}"
@@ -210,13 +213,50 @@ def _to_triton(e: Expr, ctx: TileContext) -> str:
     if isinstance(e, Compare):
         return f"({to_triton(e.a, ctx)} {_COMPARE[e.op]} {to_triton(e.b, ctx)})"
     if isinstance(e, Where):
-        return f"tl.where({to_triton(e.cond, ctx)}, {to_triton(e.a, ctx)}, {to_triton(e.b, ctx)})"
+        cond = to_triton(e.cond, ctx)
+        taken, other = (_guarded(branch, ctx, cond, e.cond, flip)
+                        for branch, flip in ((e.a, False), (e.b, True)))
+        return f"tl.where({cond}, {to_triton(e.a, taken)}, {to_triton(e.b, other)})"
     if isinstance(e, Cast):
         inner, dtype = to_triton(e.a, ctx), dt.resolve(e.dtype)
         if _is_int_literal(inner):   # a Python int: a scalar of the type, not int.to
             return f"tl.full((), {inner}, {TL_DTYPES[dtype]})"
         return f"({inner}).to({TL_DTYPES[dtype]})"
     raise TargetError(f"{type(e).__name__} has no Triton translation")
+
+
+def _guarded(branch: Expr, ctx: TileContext, cond: str, cond_expr: Expr, flip: bool):
+    """The context of a ``T.where`` branch: its loads masked by the condition that takes it
+    (a segment's rows past its length, a sequence's padding are then never fetched: unmasked,
+    the segment mean of ``benchmarks.user_kernels`` read about twice its bytes); ``ctx``
+    itself where the branch reads no tensor."""
+    if cond_expr.dtype != "bool" or not any(isinstance(n, Load) for n in _walk(branch)):
+        return ctx
+    text = f"(~{cond})" if flip else cond
+    return ctx.child(guard=ctx.guard + ((text, frozenset(axes_in(cond_expr))),))
+
+
+def _guards_of(e: Load, guard: tuple) -> list[str]:
+    """The branch conditions (``guard``) that mask the load ``e``: those whose axes its tile
+    holds (a load over fewer is not masked by a tile it does not span) and that are constant
+    along its tensor's innermost index (one varying along it, a causal ``j <= i``, would cut
+    the vector loads to one element a lane)."""
+    innermost = axes_in(e.indices[-1]) if e.indices else set()
+    return [text for text, uids in guard if uids <= axes_in(e) and not uids & innermost]
+
+
+def _guards_taken(e: Expr, ctx: TileContext) -> tuple:
+    """The masks the loads in ``e`` take in ``ctx``: part of its memo key, so that a value
+    computed from masked loads is never reused where the branch is not taken, and one whose
+    loads no branch masks is shared (rotary's x read once for both branches of its where)."""
+    return tuple(sorted({text for n in _walk(e) if isinstance(n, Load)
+                         for text in _guards_of(n, ctx.guard)}))
+
+
+def _walk(e: Expr):
+    yield e
+    for child in e.children():
+        yield from _walk(child)
 
 
 def _is_int_literal(text: str) -> bool:
@@ -324,6 +364,7 @@ def load(e: Load, ctx: TileContext) -> str:
     else:
         offset_ = offset(e, ctx)
         masks = sorted({ctx.valid[a] for a in axes_in(e) if a in ctx.valid}) + _bounds(e, ctx)
+    masks += [text for text in _guards_of(e, ctx.guard) if text not in masks]
     ptr = f"{e.param.name} + ({offset_})"
     hint = _eviction(e, ctx.streaming)
     text = f"tl.load({ptr}, mask={' & '.join(masks)}, other=0{hint})" if masks else \

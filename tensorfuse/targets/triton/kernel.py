@@ -13,6 +13,7 @@ from .launch import compile_for, interpreting, launch_device, load_kernel, signa
 from ..signature_call import try_fast_call
 from .launcher import (Launches, PartCounters, Step, current_stream, output_specs,
                        remember_fast_call)
+from .row_bounds import MASK_ARGS
 from .row_grid import block_k, grid, launch_grid
 from .column_sums import finish_grid, partial_names, scratch_shapes
 from .rowtile import kernel_source
@@ -21,7 +22,6 @@ from .size_builds import SizeBuilds, size_values, with_size_arguments
 # a lookup of tuning records (records.template_records): knobs, where from, and the sizes they
 # were tuned at where those are not the call's (another size of its bucket)
 Tuned = Callable[[dict], "tuple[dict, str, dict | None] | None"]
-MASK_ARGS = ("bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx")  # block lists
 
 
 class TritonKernel(GraphCallable):
@@ -177,7 +177,7 @@ class TritonKernel(GraphCallable):
         dims, scalars = split_scalars(self.program, dims)
         plan, knobs, _, fn, names = self.build(scalars, **dims)
         outs = [c for c, _, _ in plan.outputs]
-        mask_args = list(MASK_ARGS) if plan.mask is not None else []
+        mask_args = list(MASK_ARGS) if plan.mask is not None and plan.bounds is None else []
         sig, divisible = with_size_arguments(signature(self.program, outs, mask_args), dims,
                                              names)
         if knobs.splits > 1 or plan.column_sums:   # the parts' states and the sums' partial
@@ -286,7 +286,7 @@ class TritonKernel(GraphCallable):
             values.update(places)
             if counters is not None:
                 values["part_count"] = counters.on(device, current_stream(device))
-        elif plan.mask is not None:
+        elif plan.mask is not None and plan.bounds is None:
             values.update(self._block_lists(plan, knobs, values, bound, device))
         return launches, values, outs, results, bound, keep
 
@@ -327,7 +327,7 @@ class TritonKernel(GraphCallable):
         new outputs out, compiled kernels Triton lets us launch directly, no per-call block
         lists."""
         plan, _, scratch, _, outputs, counters = self._launches(bound)
-        if plan.mask is not None and scratch is None:   # block lists made per call
+        if plan.mask is not None and plan.bounds is None and scratch is None:   # lists per call
             return
         # the scalars tuning records are kept per (a window) are guarded: another value may have
         # other knobs, so it takes the checked path

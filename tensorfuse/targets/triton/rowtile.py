@@ -23,6 +23,7 @@ from .expr import (TL_DTYPES, TileContext, fresh_memo, ieee_products, literal,
                    to_triton)
 from .expr import offset as load_offset
 from .column_sums import add_tile, finish_body, open_partials, partial_names, store_partials
+from .row_bounds import MASK_ARGS, bounded_sweep
 from .row_merge import SplitMerge
 from .row_realign import Realignment, emit_stores, emit_sweep, realignment
 from .row_grid import batch_first, block_k, grid, launch_grid, list_length
@@ -88,8 +89,8 @@ class _RowTileSource(SplitMerge):
         self.needed = [m.name for m in self.members if m.name in self.depended_on]
         self.parts = [f"part_{sp.member.name}_{sp.k}" for sp in plan.states] + \
             [f"part_ref_{d}" for d in self.needed]
-        self.mask_args = [] if plan.mask is None or splits > 1 else \
-            ["bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx"]
+        self.bounds = plan.bounds if splits == 1 else None   # the sweep bounded: no lists
+        self.mask_args = [] if plan.mask is None or splits > 1 or self.bounds else list(MASK_ARGS)
         # split: the parts' state buffers and arrival counters (the last part of a tile merges)
         self.args = self.tensors + self.scalars + self.outs + (
             self.parts + ["part_count"] if splits > 1 else self.mask_args) + \
@@ -572,6 +573,8 @@ class _RowTileSource(SplitMerge):
             with w.block():
                 self.chunk_body(True)
             self.fold_lanes()
+        elif self.bounds is not None:
+            bounded_sweep(self)
         else:
             for kind, flag in (("partial", True), ("full", False)):
                 w(f"base_{kind} = pid_b * {grid(plan, knobs)[0]} + pid_m")

@@ -1,0 +1,73 @@
+"""Row chains whose mask only bounds the swept axis per program (``lo[g] <= r < hi[g]``), as
+users write ragged sweeps, and their float64 references (torch, never the project's lowering):
+shared by ``test_sweep_bounds`` and its check under Triton's interpreter
+(``python -m tests.schedule_templates.sweep_bounds_check SEED`` with ``TRITON_INTERPRET=1``)."""
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tests.helpers import poisoned_main, templated
+
+
+@tf.kernel
+def window_sum(x: T.Tensor["G", "R", "D", "bf16"], lo: T.Tensor["G", "i32"],
+               hi: T.Tensor["G", "i32"]):
+    """The sum of rows lo[g] .. hi[g] - 1 of each group: both bounds read from tensors (empty,
+    negative and past-the-end windows included)."""
+    g, r, d = T.axes("g r d")
+    return T.sum(T.where((r >= lo[g]) & (hi[g] > r), x[g, r, d], 0.0), over=r)
+
+
+@tf.kernel
+def ragged_pool_logsumexp(x: T.Tensor["G", "R", "D", "bf16"], lengths: T.Tensor["G", "i32"]):
+    """log Σ exp over each group's first lengths[g] rows, per column: a state that reads
+    another (the maximum), so the rolling update's corrections run across the bounded blocks."""
+    g, r, d = T.axes("g r d")
+    kept = T.where(r < lengths[g], x[g, r, d], float("-inf"))
+    top = T.max(kept, over=r)
+    return T.log(T.sum(T.exp(kept - top), over=r)) + top
+
+
+@tf.kernel
+def ragged_logsumexp(x: T.Tensor["B", "S", "bf16"], lengths: T.Tensor["B", "i32"]):
+    """log Σ exp over each row's first lengths[b] columns: the bound on the contiguous axis
+    (its loads keep their vectors: the mask is not put on them)."""
+    b, s = T.axes("b s")
+    kept = T.where(s <= lengths[b] - 1, x[b, s], float("-inf"))
+    top = T.max(kept, over=s)
+    return T.log(T.sum(T.exp(kept - top), over=s)) + top
+
+
+def window_sum_case(generator, G=9, R=700, D=40, width=3.0):
+    x = (torch.randn(G, R, D, generator=generator) * width + width).to(torch.bfloat16)
+    lo = torch.randint(-50, R, (G,), generator=generator)
+    hi = lo + torch.randint(-20, R, (G,), generator=generator)
+    lo[0], hi[0] = 5, 5           # empty
+    lo[1], hi[1] = -30, R + 40    # the whole axis
+    want = torch.stack([x[k, max(int(a), 0):max(int(b), 0)].double().sum(0)
+                        for k, (a, b) in enumerate(zip(lo, hi))])
+    return {"x": x, "lo": lo.to(torch.int32), "hi": hi.to(torch.int32)}, want
+
+
+def ragged_pool_logsumexp_case(generator, G=9, R=700, D=40, width=4.0):
+    x = (torch.randn(G, R, D, generator=generator) * width).to(torch.bfloat16)
+    lengths = torch.randint(1, R + 1, (G,), generator=generator)
+    lengths[0] = R
+    want = torch.stack([x[k, :int(n)].double().logsumexp(0) for k, n in enumerate(lengths)])
+    return {"x": x, "lengths": lengths.to(torch.int32)}, want
+
+
+def ragged_logsumexp_case(generator, B=7, S=3000, width=4.0):
+    x = (torch.randn(B, S, generator=generator) * width).to(torch.bfloat16)
+    lengths = torch.randint(1, S + 1, (B,), generator=generator)
+    want = torch.stack([x[k, :int(n)].double().logsumexp(0) for k, n in enumerate(lengths)])
+    return {"x": x, "lengths": lengths.to(torch.int32)}, want
+
+
+CASES = {"window_sum": (window_sum, window_sum_case),
+         "ragged_pool_logsumexp": (ragged_pool_logsumexp, ragged_pool_logsumexp_case),
+         "ragged_logsumexp": (ragged_logsumexp, ragged_logsumexp_case)}
+
+
+if __name__ == "__main__":
+    poisoned_main(CASES, lambda name, kernel: templated(kernel))

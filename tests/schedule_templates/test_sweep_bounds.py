@@ -1,0 +1,98 @@
+"""Masks that only bound the swept axis (``lo[g] <= r < hi[g]``): each program sweeps the blocks
+between its bounds, read in the kernel, with no block lists made per call; loads under a
+``T.where`` branch fetch only where it is taken. Plans and sources on the CPU, numbers against
+float64 on the CPU target, under Triton's interpreter and on the GPU (also replayed from a CUDA
+graph after the lengths change)."""
+import pytest
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.schedule_templates.sweep_bounds import sweep_bounds
+from benchmarks.user_kernels import segment_mean
+from tests.helpers import fresh_seed, gpu_case, relative_error, run_interpreted, templated
+from tests.schedule_templates.sweep_bounds_check import (CASES, ragged_logsumexp,
+                                                         ragged_pool_logsumexp, window_sum)
+
+
+def test_comparisons_of_the_swept_axis_with_values_over_the_other_axes_are_bounds():
+    g, r, i = T.axes("g r i")
+    ln = ragged_pool_logsumexp.program.tensor_params[1][g]
+    both = sweep_bounds((r >= ln) & (ln + 5 > r), r, [g])
+    assert [len(both.lo), len(both.hi)] == [1, 1]
+    assert sweep_bounds(r <= ln - 1, r, [g]).hi[0] is ln   # r <= n - 1: r < n
+    assert sweep_bounds(r < i, r, [g]) is None             # i is neither a batch axis nor a row
+    assert sweep_bounds(r < i, r, [g, i]) is not None
+    assert sweep_bounds((r < ln) | (r > 3), r, [g]) is None   # not a conjunction
+    assert sweep_bounds(r + 1 < ln, r, [g]) is None        # not the axis itself
+    assert sweep_bounds(None, r, [g]) is None
+
+
+@pytest.mark.parametrize("kernel, sizes, bounded", [
+    (segment_mean, dict(R=5000, D=1024, G=64), True),
+    (window_sum, dict(G=9, R=700, D=40), True),
+    (ragged_pool_logsumexp, dict(G=9, R=700, D=40), True),
+    (ragged_logsumexp, dict(B=7, S=3000), True)])
+def test_a_bounded_sweep_has_no_block_lists_and_says_so(kernel, sizes, bounded):
+    made = templated(kernel)
+    plan, source = made.describe_plan(**sizes), made.source(**sizes)
+    assert ("no block lists" in plan) == bounded, plan
+    assert "bm_partial_num" not in source and "hi_n = " in source, source
+
+
+def test_loads_under_a_branch_fetch_only_where_it_is_taken_unless_it_varies_along_them():
+    """The segment's rows are masked by the segment's length (the mask is constant along the
+    columns, the loads' vectors); the row log-sum-exp's mask runs along its contiguous columns:
+    its loads keep only their edge mask (vectors, not one element a lane)."""
+    rows = templated(segment_mean).source(R=5000, D=1024, G=64)
+    load = next(line for line in rows.splitlines() if "tl.load(x +" in line)
+    cond = next(line.split(" = ")[0].strip() for line in rows.splitlines()
+                if "< _t" in line and "offs_n" in line)
+    assert f"mask={cond}" in load, rows
+    along = templated(ragged_logsumexp).source(B=7, S=3000)
+    load = next(line for line in along.splitlines() if "tl.load(x +" in line)
+    assert "mask=(offs_n[None, :] < 3000)," in load, along
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bounded_sweeps_match_float64_on_the_cpu_target(name):
+    kernel, case = CASES[name]
+    seed = fresh_seed()
+    args, want = case(torch.Generator().manual_seed(seed))
+    assert relative_error(tf.compile(kernel, target="cpu")(**args), want) < 2e-2, seed
+
+
+def test_bounded_sweeps_match_float64_in_the_interpreter():
+    seed = fresh_seed()
+    errors = run_interpreted("tests.schedule_templates.sweep_bounds_check", seed)
+    assert set(errors) == set(CASES), errors
+    assert max(errors.values()) < 2e-2, (errors, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_bounded_sweeps_match_float64_on_the_gpu(name):
+    kernel, case = CASES[name]
+    args, want, seed = gpu_case(case)
+    assert relative_error(tf.compile(kernel)(**args), want) < 2e-2, seed
+
+
+@pytest.mark.gpu
+def test_a_graph_replayed_after_the_lengths_change_sums_the_new_segments():
+    """The bounds are read by the kernel at each replay: a captured call sums the windows the
+    tensors hold when it is replayed (block lists made at capture would keep the old ones)."""
+    args, _, seed = gpu_case(CASES["window_sum"][1])
+    made = tf.compile(window_sum)
+    made(**args)
+    graph, out = torch.cuda.CUDAGraph(), None
+    with torch.cuda.graph(graph):
+        out = made(**args)
+    x, lo, hi = args["x"], args["lo"], args["hi"]
+    for shift in (0, 37, -300):
+        lo.copy_((lo.long() + shift).to(torch.int32))
+        hi.copy_((hi.long() - shift).to(torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        want = torch.stack([x[k, max(int(a), 0):max(int(b), 0)].double().sum(0)
+                            for k, (a, b) in enumerate(zip(lo.cpu(), hi.cpu()))])
+        assert relative_error(out, want) < 2e-2, (shift, seed)
