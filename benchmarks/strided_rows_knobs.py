@@ -228,7 +228,9 @@ def _knobs(cols: int, family: str):
     program; ``wide_tiles``: the whole row in 8-16 warps (at most 128 floats a thread), 1-4 row
     tiles; ``wide_parts``: ``parts`` in 8 warps (33 or 66 parts); ``weighed``: tiles of 64-256 rows
     by 64 or 128, 4-16 parts (a matrix-vector product over the strided axis); ``ragged``: tiles
-    of 32-1024 rows by blocks of 16-128 (segments of 1-128 rows), loads 1 or 3 blocks ahead."""
+    of 32-1024 rows by blocks of 16-128 (segments of 1-128 rows), loads 1 or 3 blocks ahead;
+    ``few_warps``: ``parts`` on 1-2 warps, tiles of 64-256 rows by blocks of 8-64, 66-264 parts;
+    ``whole_row``: one row in one block of 16-32 warps, its outputs from registers or read again."""
     whole = 1 << max(4, (cols - 1).bit_length())
     if family == "tiles":   # the row held (read again, it needed more shared memory than an SM has)
         for rows, warps, stages, row_tiles in itertools.product(
@@ -270,6 +272,18 @@ def _knobs(cols: int, family: str):
                                                             (16, 32, 64, 128), (4, 8), (1, 3)):
             if 4096 <= rows * block <= 16384 and (stages == 1 or block < cols):
                 yield rows, block, warps, stages, 0, None, None
+        return
+    if family == "whole_row":   # a flat row of up to 65536 in one block of 16-32 warps
+        for warps, reload in itertools.product((16, 32), (0, 1)):
+            if whole <= 65536:
+                yield 1, whole, warps, 1, reload, None, None
+        return
+    if family == "few_warps":   # a long sweep in parts, 1-2 warps a part: each block's sum
+        #                            down the strided axis inside each thread, not across warps
+        for rows, block, warps, stages, splits in itertools.product(
+                (64, 128, 256), (8, 16, 32, 64), (1, 2), (2, 3), (66, 132, 264)):
+            if 512 <= rows * block and rows * block // (32 * warps) <= 64:
+                yield rows, block, warps, stages, 0, splits, None
         return
     if family == "weighed":   # a few tiles weighed along a long sweep: wider tiles, more parts
         for rows, block, warps, stages, splits in itertools.product(
@@ -343,7 +357,8 @@ def main(argv=None) -> None:
                         help="whole rows, several row tiles a program (Knobs.row_tiles)")
     parser.add_argument("--family", choices=("strided", "flat_row", "split", "parts",
                                              "swept_tiles", "pipelined_tiles", "wide_tiles",
-                                             "wide_parts", "weighed", "ragged"),
+                                             "wide_parts", "weighed", "ragged",
+                                             "few_warps", "whole_row"),
                         help="sweep every case over this family of candidates (_knobs)")
     parser.add_argument("--cold", action="store_true",
                         help="time each call with L2 flushed before it (bench_replayed), not "

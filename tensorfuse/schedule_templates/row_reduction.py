@@ -378,6 +378,9 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
     blocks = sorted({default.block_n, whole} | {b for b in (1024, 2048, 4096, 8192) if b < whole})
     rows = sorted({default.block_m} | {r for r in (1, 2, 4, 8) if r * default.block_n <= 16384}
                   | ({16, 32, 128} if rows_contiguous(plan) else set()))
+    if plan.bounds is not None:   # a ragged sweep: blocks near its short rows' length
+        blocks = sorted(set(blocks) | {b for b in (16, 32, 64) if b < whole})
+        rows = sorted(set(rows) | {r for r in (256, 512) if r < default.block_m})
     splits = {1, default.splits} | ({default.splits // 2, min(64, default.splits * 2)}
                                      if default.splits > 1 else set())
     choices = {"block_m": tuple(rows), "block_n": tuple(blocks), "num_warps": (2, 4, 8, 16),

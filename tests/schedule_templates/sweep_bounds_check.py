@@ -38,6 +38,27 @@ def ragged_logsumexp(x: T.Tensor["B", "S", "bf16"], lengths: T.Tensor["B", "i32"
     return T.log(T.sum(T.exp(kept - top), over=s)) + top
 
 
+@tf.kernel
+def varlen_softmax(x: T.Tensor["B", "M", "S", "bf16"], lengths: T.Tensor["B", "i32"]):
+    """Softmax over each sequence's first lengths[b] keys, zeros past them: outputs along the
+    bounded sweep (written over the whole axis)."""
+    b, i, s = T.axes("b i s")
+    kept = T.where(s < lengths[b], x[b, i, s], float("-inf"))
+    top = T.max(kept, over=s)
+    e = T.exp(kept - top)
+    return e / T.sum(e, over=s)
+
+
+@tf.kernel
+def varlen_rms_scale(x: T.Tensor["B", "S", "D", "bf16"], lengths: T.Tensor["B", "i32"]):
+    """Every token of [B, S, D] scaled by the RMS of the first lengths[b] tokens, per feature:
+    a bounded sweep across the strided axis, outputs along it."""
+    b, s, d = T.axes("b s d")
+    ms = T.sum(T.where(s < lengths[b], x[b, s, d] * x[b, s, d], 0.0), over=s) / \
+        T.max(lengths[b], 1)
+    return x[b, s, d] * T.rsqrt(ms + 1e-6)
+
+
 def window_sum_case(generator, G=9, R=700, D=40, width=3.0):
     x = (torch.randn(G, R, D, generator=generator) * width + width).to(torch.bfloat16)
     lo = torch.randint(-50, R, (G,), generator=generator)
@@ -64,9 +85,29 @@ def ragged_logsumexp_case(generator, B=7, S=3000, width=4.0):
     return {"x": x, "lengths": lengths.to(torch.int32)}, want
 
 
+def varlen_softmax_case(generator, B=3, M=5, S=3000, width=4.0):
+    x = (torch.randn(B, M, S, generator=generator) * width).to(torch.bfloat16)
+    lengths = torch.randint(1, S + 1, (B,), generator=generator)
+    lengths[0] = 1
+    kept = torch.arange(S)[None, None, :] < lengths[:, None, None]
+    want = torch.softmax(x.double().masked_fill(~kept, float("-inf")), -1)
+    return {"x": x, "lengths": lengths.to(torch.int32)}, want
+
+
+def varlen_rms_scale_case(generator, B=3, S=700, D=40, width=3.0):
+    x = (torch.randn(B, S, D, generator=generator) * width).to(torch.bfloat16)
+    lengths = torch.randint(1, S + 1, (B,), generator=generator)
+    lengths[0] = 1
+    kept = (torch.arange(S)[None, :, None] < lengths[:, None, None]).double()
+    ms = (x.double() ** 2 * kept).sum(1, keepdim=True) / lengths[:, None, None].double()
+    return {"x": x, "lengths": lengths.to(torch.int32)}, x.double() * torch.rsqrt(ms + 1e-6)
+
+
 CASES = {"window_sum": (window_sum, window_sum_case),
          "ragged_pool_logsumexp": (ragged_pool_logsumexp, ragged_pool_logsumexp_case),
-         "ragged_logsumexp": (ragged_logsumexp, ragged_logsumexp_case)}
+         "ragged_logsumexp": (ragged_logsumexp, ragged_logsumexp_case),
+         "varlen_softmax": (varlen_softmax, varlen_softmax_case),
+         "varlen_rms_scale": (varlen_rms_scale, varlen_rms_scale_case)}
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from tensorfuse.schedule_templates.sweep_bounds import sweep_bounds
 from benchmarks.user_kernels import segment_mean
 from tests.helpers import fresh_seed, gpu_case, relative_error, run_interpreted, templated
 from tests.schedule_templates.sweep_bounds_check import (CASES, ragged_logsumexp,
-                                                         ragged_pool_logsumexp, window_sum)
+                                                         ragged_pool_logsumexp, varlen_rms_scale,
+                                                         varlen_softmax, window_sum)
 
 
 def test_comparisons_of_the_swept_axis_with_values_over_the_other_axes_are_bounds():
@@ -32,7 +33,9 @@ def test_comparisons_of_the_swept_axis_with_values_over_the_other_axes_are_bound
     (segment_mean, dict(R=5000, D=1024, G=64), True),
     (window_sum, dict(G=9, R=700, D=40), True),
     (ragged_pool_logsumexp, dict(G=9, R=700, D=40), True),
-    (ragged_logsumexp, dict(B=7, S=3000), True)])
+    (ragged_logsumexp, dict(B=7, S=3000), True),
+    (varlen_softmax, dict(B=3, M=5, S=3000), True),
+    (varlen_rms_scale, dict(B=3, S=700, D=40), True)])
 def test_a_bounded_sweep_has_no_block_lists_and_says_so(kernel, sizes, bounded):
     made = templated(kernel)
     plan, source = made.describe_plan(**sizes), made.source(**sizes)
@@ -96,3 +99,18 @@ def test_a_graph_replayed_after_the_lengths_change_sums_the_new_segments():
         want = torch.stack([x[k, max(int(a), 0):max(int(b), 0)].double().sum(0)
                             for k, (a, b) in enumerate(zip(lo.cpu(), hi.cpu()))])
         assert relative_error(out, want) < 2e-2, (shift, seed)
+
+
+def test_a_ragged_sweep_defaults_to_whole_rows_by_short_blocks_and_tunes_around_them():
+    """Segments of 1-128 rows of 1024: tiles of the whole row by 16-row blocks, three ahead
+    (``row_reduction.BOUNDED_ROWS``); tuning tries blocks of 16-64 and narrower tiles too."""
+    from tensorfuse.schedule_templates.row_reduction import default_knobs, knob_choices
+    from tensorfuse.targets import get_target
+
+    hopper = get_target("cuda:sm_90a")
+    plan = templated(segment_mean).planner.plan(dict(R=5000, D=1024, G=64))
+    knobs = default_knobs(plan, hopper)
+    assert (knobs.block_m, knobs.block_n, knobs.num_stages) == (1024, 16, 3), knobs
+    choices = knob_choices(plan, hopper)
+    assert {16, 32, 64, 128} <= set(choices["block_n"]), choices
+    assert {256, 512, 1024} <= set(choices["block_m"]), choices
