@@ -177,6 +177,14 @@ def _measure(case: str, shape: str, impls: dict, want, moved: int, rows: list, l
     return timed
 
 
+def _default_knobs(default, sizes: dict):
+    """The cluster decode's knobs ``tf.compile`` takes at ``sizes``, or a word for the kernel
+    it runs instead (the split update from 32 pairs on)."""
+    chosen = default.for_sizes(**sizes)
+    return chosen.launches(**sizes).knobs if hasattr(chosen, "launches") else \
+        type(chosen).__name__
+
+
 def run(lengths, rows: list, log=print) -> None:
     """Rows ``decode_splits/<heads>``: the candidates of :func:`candidates` per shape and key
     count, beside ``tf.compile``'s default and SDPA."""
@@ -188,7 +196,7 @@ def run(lengths, rows: list, log=print) -> None:
     for (B, hq, hkv), N in ((s, n) for s in SHAPES for n in lengths):
         (q, k, v), want, moved, shape, sdpa = _case(B, hq, hkv, N)
         sizes = dict(B=B, H=hq, HKV=hkv, M=1, N=N, D=128)
-        knobs = default.for_sizes(**sizes).launches(**sizes).knobs
+        knobs = _default_knobs(default, sizes)
         impls = {TENSORFUSE: lambda: default(q, k, v, scale=128 ** -0.5), **sdpa}
         for c, s in candidates(B * hkv, N):
             impls[f"{TENSORFUSE} cluster={c} splits={s}"] = functools.partial(
@@ -198,7 +206,7 @@ def run(lengths, rows: list, log=print) -> None:
         ours = {label: ms for label, ms in timed.items() if label.startswith(TENSORFUSE + " ")}
         best = min(ours.items(), key=lambda x: x[1]) if ours else ("-", float("nan"))
         sdpa_best = min(ms for label, ms in timed.items() if label.startswith("sdpa"))
-        log(f"{shape}: default ({knobs.cluster}, {knobs.splits}) "
+        log(f"{shape}: default {knobs} "
             f"{timed.get(TENSORFUSE, float('nan')) * 1e3:6.1f} us; best {best[0][11:]} "
             f"{best[1] * 1e3:6.1f} us; sdpa {sdpa_best * 1e3:6.1f} us")
 
@@ -235,7 +243,7 @@ def run_pipelines(rows: list, log=print) -> None:
     for B, hq, hkv, N in LARGE:
         (q, k, v), want, moved, shape, sdpa = _case(B, hq, hkv, N)
         sizes = dict(B=B, H=hq, HKV=hkv, M=1, N=N, D=128)
-        knobs = default.for_sizes(**sizes).launches(**sizes).knobs
+        knobs = _default_knobs(default, sizes)
         impls = {TENSORFUSE: lambda: default(q, k, v, scale=128 ** -0.5), **sdpa}
         for warps, stages, copy in PIPELINES:
             impls[f"{TENSORFUSE} warps={warps} stages={stages} copy={copy}"] = \

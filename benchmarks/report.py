@@ -554,6 +554,11 @@ SECTIONS = (
      "(`tensorfuse cluster=C splits=S`: the splits the launch takes at that key count) beside "
      "the default of the day (its knobs in the note) and SDPA",
      "python -m benchmarks.decode_splits"),
+    ("decode-splits32k", "Decode: clusters per (batch, kv-head) pair at 32k keys",
+     "as above, at 32768 keys (the run stopped after five of its shapes): one pair of 8 heads "
+     "took 4 clusters of 16 faster than the 7 the GPU holds (that run's default; the defaults "
+     "now take 4 there: `decode_plan.FEW_SPLITS`)",
+     "python -m benchmarks.decode_splits --lengths 32768"),
     ("decode-groups", "Decode: many query heads on one cache",
      "one query token, D=128, bf16; teams of warps sharing each block (warps, stages) and the "
      "CUDA-core sweep beside the default and SDPA",

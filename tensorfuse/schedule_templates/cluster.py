@@ -337,6 +337,7 @@ def decode_launches(plan, dims: dict, given: dict, target: TargetSpec, n_axis: i
                           ("handle",) * 4 + (TENSOR_MAP,) * (2 * tma) + ("int32",) +
                           ("handle",) * (2 + len(plan.tensors)) + scalars)
     threads = 32 * k.warps
+    chosen = "splits" not in given   # the defaults' splits: fewer on a mid-length cache
     workspace = StreamScratch(split_workspace(B * HKV, k.splits, H // HKV, D, k.cluster)) \
         if k.splits > 1 else None
 
@@ -345,7 +346,7 @@ def decode_launches(plan, dims: dict, given: dict, target: TargetSpec, n_axis: i
         n = kv[0].shape[n_axis]
         maps = decode_tensor_maps(*(t.data_ptr() for t in kv), B, HKV, n, D, plan.dtype,
                                   plan.layouts[1]) if tma else ()
-        splits = splits_for(k, n)
+        splits = splits_for(k, n, chosen)
         # addresses as ints: the driver launch packs them without a ctypes object each
         buffers = [t.data_ptr() for t in workspace(device)] if splits > 1 else [0, 0]
         launch([values[plan.q].data_ptr(), *(t.data_ptr() for t in kv), out.data_ptr(), *maps,

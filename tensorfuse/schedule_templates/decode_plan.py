@@ -94,12 +94,25 @@ def cluster_decode_pays(pairs: int, cache_bytes: int) -> bool:
     return pairs < SPLIT_UPDATE_PAIRS and cache_bytes < LARGE_CACHE
 
 
-def splits_for(knobs: DecodeKnobs, keys: int) -> int:
+# Clusters per pair past which another one must give every warp of it LONG_SHARE blocks of 32
+# keys: one pair of 8 query heads on the H200 (``benchmarks.decode_splits``, clusters of 16 of
+# 4 warps): 16k keys 14.0 µs in 4 clusters, 14.9 in 2; 32k keys 17.3 µs in 4, 18.3 in the 7
+# the GPU holds (cuDNN 18.1); 131k keys 34.9 in 7, 35.9 in 4 (cuDNN 64.8)
+FEW_SPLITS, LONG_SHARE = 4, 8
+
+
+def splits_for(knobs: DecodeKnobs, keys: int, chosen: bool = False) -> int:
     """The clusters per pair a launch over ``keys`` keys takes: ``knobs.splits`` at most, and no
     more than give every warp of every CTA two blocks of 32 keys — a few keys gain less from
     another cluster than its merge through L2 costs (one pair, 16k keys: 4 clusters of 16
-    beat 8; ``benchmarks.decode_splits``)."""
-    return max(1, min(knobs.splits, keys // (knobs.cluster * knobs.warps * 64)))
+    beat 8; ``benchmarks.decode_splits``) —; where the defaults ``chosen`` the splits (the
+    clusters the GPU holds), no more than :data:`FEW_SPLITS` unless each warp then gets
+    :data:`LONG_SHARE` blocks (splits given or tuned are taken up to the two blocks)."""
+    warp_blocks = keys // (knobs.cluster * knobs.warps * 32)
+    most = warp_blocks // 2
+    if chosen and knobs.splits > FEW_SPLITS:
+        most = max(min(most, FEW_SPLITS), warp_blocks // LONG_SHARE)
+    return max(1, min(knobs.splits, most))
 
 
 WHO = "cluster_distribute (attention)"

@@ -598,6 +598,18 @@ def test_a_launch_takes_the_splits_that_give_every_warp_keys():
         [1, 1, 1, 2, 2, 3, 3]
 
 
+def test_the_defaults_split_a_mid_length_cache_over_at_most_four_clusters():
+    """One pair's cache over the seven clusters of 16 the H200 holds: 16k-65k keys in four
+    clusters (each warp's share too short for more to pay), 131k keys in all seven; splits
+    given (or tuned) are taken up to the two-block rule alone."""
+    from tensorfuse.schedule_templates.decode_plan import DecodeKnobs, splits_for
+
+    k = DecodeKnobs(cluster=16, warps=4, splits=7)
+    assert [splits_for(k, n, chosen=True) for n in (4096, 16384, 32768, 65536, 131072)] == \
+        [1, 4, 4, 4, 7]
+    assert [splits_for(k, n) for n in (4096, 16384, 32768, 65536, 131072)] == [1, 4, 7, 7, 7]
+
+
 def test_decode_asks_the_driver_when_a_gpu_is_present(monkeypatch):
     """The layout's wiring, with the driver stood in for: the query sees the kernel's threads and
     shared memory, the choice is explained by schedule_origin, and a failing query warns and
