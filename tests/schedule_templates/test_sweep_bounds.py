@@ -57,6 +57,15 @@ def test_loads_under_a_branch_fetch_only_where_it_is_taken_unless_it_varies_alon
     assert "mask=(offs_n[None, :] < 3000)," in load, along
 
 
+def test_a_value_read_by_a_branch_and_its_condition_is_loaded_once():
+    """``where(x > 0, x, 0)``: the condition varies along x's vectors, so no branch masks the
+    load, and the branch shares the condition's (a second load of x read every byte twice)."""
+    from tests.schedule_templates.gpu_monoids_check import mean_of_the_positive
+
+    source = tf.compile(mean_of_the_positive, target="cuda:sm_90a").source(M=64, N=64)
+    assert source.count("tl.load(x + ") == 1, source
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_bounded_sweeps_match_float64_on_the_cpu_target(name):
     kernel, case = CASES[name]

@@ -150,7 +150,8 @@ def to_triton(e: Expr, ctx: TileContext) -> str:
     if ctx.emit is None or not isinstance(e, (Load, Unary, Binary, Compare, Where, Cast)) or \
             not any(a.uid in ctx.axes for a in e.axes):
         return _to_triton(e, ctx)
-    key = (e.key(), ctx.keep_dtype) + ((_guards_taken(e, ctx),) if ctx.guard else ())
+    taken = _guards_taken(e, ctx) if ctx.guard else ()
+    key = (e.key(), ctx.keep_dtype) + ((taken,) if taken else ())
     if key not in ctx.memo:
         text = _to_triton(e, ctx)
         name = f"_t{len(ctx.memo)}"
