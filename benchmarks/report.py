@@ -280,6 +280,12 @@ SECTIONS = (
      "head over one cache) and a language model head's log-sum-exp over 4096 features: the "
      "floor's stages, each on a template (the Hopper GEMM for the products)",
      "python -m benchmarks.unlisted_kernels --only latent_attention_decode,head_logsumexp"),
+    ("unlisted-kernels-lengths-mean-pool-masked-mean-pool",
+     "A mean over tokens, from a mask and from the sequences' lengths",
+     "bf16 `[32, 2048, 1024]`, 512-2048 tokens kept a sequence: the mask read whole, or the "
+     "lengths bounding each program's sweep (the padding never read: GB/s of the kept tokens); "
+     "timed with the ragged sweep's blocks of 256, before its default became 128",
+     "python -m benchmarks.unlisted_kernels --only lengths_mean_pool,masked_mean_pool"),
     ("unlisted-kernels-log-softmax-vocab-major",
      "A log-softmax down the vocabulary axis of vocabulary-major logits",
      "f32 `[V, B]`, reduced over V (the first axis): few columns, each a long sweep with outputs "

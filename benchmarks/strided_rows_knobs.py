@@ -9,7 +9,8 @@ the columns of ``[8192, 4096]`` L2-normalised (the outputs along the strided swe
 mean over the 2048 tokens of ``[32, 2048, 1024]`` (rows (b, d), its count recomputed per row), a
 mean down the 65536 rows of ``[65536, 1024]``, tokens summed with weights over ``[64, 4096,
 1024]``, a matrix-vector product over the strided axis of ``[8192, 8192]`` (``a.T @ x``) and
-the means of 2048 segments of 1 to 128 rows of 1024 columns (a sweep bounded per program);
+the means of 2048 segments of 1 to 128 rows of 1024 columns and of 32 sequences' first 512 to
+2048 tokens (sweeps bounded per program);
 each candidate checked against float64 and timed from a CUDA graph beside ``tf.compile``'s default
 and torch.compile: what ``row_reduction.CONTIGUOUS_ROWS``, its block and the stages of a swept row
 are chosen from.
@@ -18,7 +19,8 @@ are chosen from.
                                                     group_norm,
                                                     weight_gradient,channel_stats,
                                                     column_norm,masked_mean,column_mean,
-                                                    weighted_pool,strided_matvec,segment_mean]
+                                                    weighted_pool,strided_matvec,segment_mean,
+                                                    lengths_mean]
                                             [--tiles | --family NAME] [--out DIR]
 
 ``--tiles``: instead, the whole row in one block with each program sweeping several row tiles,
@@ -40,8 +42,8 @@ import tensorfuse.kernels as K
 from benchmarks.common import (Row, bench_replayed, measure_candidates, relative_error,
                                write_csv)
 from benchmarks.pipeline_kernels import logsumexp_pool
-from benchmarks.unlisted_kernels import (column_mean, l2_normalize_columns, masked_mean_pool,
-                                         strided_matvec, weighted_token_pool)
+from benchmarks.unlisted_kernels import (column_mean, l2_normalize_columns, lengths_mean_pool,
+                                         masked_mean_pool, strided_matvec, weighted_token_pool)
 from tensorfuse.schedule_templates.widened_rows import widened
 from benchmarks.user_kernels import (channel_stats, group_norm, layernorm_channels,
                                      log_softmax_channels, max_pool_l2, segment_mean)
@@ -54,7 +56,7 @@ from tensorfuse.targets import get_target
 SPEC = get_target("cuda:sm_90a")
 CASES = ("layernorm", "log_softmax", "max_pool", "logsumexp_pool", "group_norm", "weight_gradient",
          "channel_stats", "column_norm", "masked_mean", "column_mean", "weighted_pool",
-         "strided_matvec", "segment_mean")
+         "strided_matvec", "segment_mean", "lengths_mean")
 
 
 def _cases(generator, only):
@@ -145,6 +147,18 @@ def _cases(generator, only):
         yield ("masked_mean", f"B{B} S{S} D{D} (over S)", stage, dict(x=x, mask=mask),
                mean(x.double(), mask.double()), torch.compile(mean), (x, mask),
                x.numel() * 2 + B * D * 2)
+    if "lengths_mean" in only:   # the masked mean's tokens, the sweep bounded by the lengths
+        B, S, D = 32, 2048, 1024
+        x = torch.randn(B, S, D, generator=generator).to("cuda", torch.bfloat16)
+        lengths = torch.randint(S // 4, S + 1, (B,), generator=generator).to("cuda", torch.int32)
+
+        def first_mean(t, n):
+            t32 = t.float() if t.dtype != torch.float64 else t
+            kept = (torch.arange(S, device=t.device)[None, :] < n[:, None]).to(t32.dtype)
+            return (t32 * kept[..., None]).sum(1) / n[:, None].to(t32.dtype)
+        yield ("lengths_mean", f"B{B} S{S} D{D} (over each sequence's first lengths[b])",
+               lengths_mean_pool, dict(x=x, lengths=lengths), first_mean(x.double(), lengths),
+               torch.compile(first_mean), (x, lengths), (int(lengths.sum()) + B) * D * 2)
     if "column_mean" in only:   # a mean down 65536 rows of 1024 columns
         B, D = 65536, 1024
         x = (torch.randn(B, D, generator=generator) + 0.5).to("cuda", torch.bfloat16)
@@ -210,7 +224,7 @@ def _cases(generator, only):
 
 # the candidates each case is swept over (:func:`_knobs`); the others: "strided"
 FAMILY = {"group_norm": "flat_row", "weight_gradient": "split", "channel_stats": "parts",
-          "segment_mean": "ragged",
+          "segment_mean": "ragged", "lengths_mean": "ragged",
           "column_mean": "split", "weighted_pool": "split", "strided_matvec": "weighed"}
 
 
@@ -228,7 +242,8 @@ def _knobs(cols: int, family: str):
     program; ``wide_tiles``: the whole row in 8-16 warps (at most 128 floats a thread), 1-4 row
     tiles; ``wide_parts``: ``parts`` in 8 warps (33 or 66 parts); ``weighed``: tiles of 64-256 rows
     by 64 or 128, 4-16 parts (a matrix-vector product over the strided axis); ``ragged``: tiles
-    of 32-1024 rows by blocks of 16-128 (segments of 1-128 rows), loads 1 or 3 blocks ahead;
+    of 32-1024 rows by blocks of 16-256 (segments of 1-128 rows, sequences' first tokens), loads
+    1 or 3 blocks ahead;
     ``few_warps``: ``parts`` on 1-2 warps, tiles of 64-256 rows by blocks of 8-64, 66-264 parts;
     ``whole_row``: one row in one block of 16-32 warps, its outputs from registers or read again."""
     whole = 1 << max(4, (cols - 1).bit_length())
@@ -269,7 +284,8 @@ def _knobs(cols: int, family: str):
         return
     if family == "ragged":   # a sweep of 1-128 rows a program: blocks near the short ones' size
         for rows, block, warps, stages in itertools.product((32, 64, 128, 256, 512, 1024),
-                                                            (16, 32, 64, 128), (4, 8), (1, 3)):
+                                                            (16, 32, 64, 128, 256), (4, 8),
+                                                            (1, 3)):
             if 4096 <= rows * block <= 16384 and (stages == 1 or block < cols):
                 yield rows, block, warps, stages, 0, None, None
         return

@@ -1,5 +1,6 @@
 """Kernels no issue lists, written as a new user would write them — a CNN's batch-norm statistics
-and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens, Mamba's causal
+and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens (from a mask, and
+from the sequences' lengths: the padding never read), Mamba's causal
 depthwise convolution, a mixture of experts' gated combine, cosine similarities, squared and L1
 distances between point sets, a Gaussian kernel's sum over one and nearest neighbours, columns
 L2-normalised, a router's softmax over 8 experts, a log-softmax down the vocabulary axis of
@@ -61,6 +62,14 @@ def masked_mean_pool(x: T.Tensor["B", "S", "D", "bf16"], mask: T.Tensor["B", "S"
     """A sentence embedding: the mean of the tokens' features where the attention mask is 1."""
     b, s, d = T.axes("b s d")
     return T.sum(x[b, s, d] * mask[b, s], over=s) / T.sum(mask[b, s], over=s)
+
+
+@tf.kernel
+def lengths_mean_pool(x: T.Tensor["B", "S", "D", "bf16"], lengths: T.Tensor["B", "i32"]):
+    """A sentence embedding from each sequence's length: the mean of its first lengths[b]
+    tokens' features (the padding past them never read)."""
+    b, s, d = T.axes("b s d")
+    return T.sum(T.where(s < lengths[b], x[b, s, d], 0.0), over=s) / T.max(lengths[b], 1)
 
 
 @tf.kernel
@@ -289,6 +298,27 @@ def _masked_mean_case(generator, B=32, S=2048, D=1024) -> Case:
         return ((t32 * m32[..., None]).sum(1) / m32.sum(1, keepdim=True)).to(t.dtype)
     return rows_case("masked_mean_pool", masked_mean_pool, eager, x, {"mask": mask},
                      f"B{B} S{S} D{D} (over S, ragged lengths)")
+
+
+def _lengths_mean_case(generator, B=32, S=2048, D=1024) -> Case:
+    """The masked mean's tokens and lengths, the lengths given as such; torch masks the padding
+    (a mask made from the lengths in the call, as a user's code does). GB/s of the kept tokens."""
+    x = torch.randn(B, S, D, generator=generator).to("cuda", torch.bfloat16)
+    lengths = torch.randint(S // 4, S + 1, (B,), generator=generator).to("cuda", torch.int32)
+
+    def eager(t, n):
+        t32 = t.float() if t.dtype != torch.float64 else t
+        kept = (torch.arange(t.shape[1], device=t.device)[None, :] < n[:, None]).to(t32.dtype)
+        return ((t32 * kept[..., None]).sum(1) / n[:, None].clamp(min=1).to(t32.dtype)).to(
+            t.dtype)
+    f, compiled = Recorded(lengths_mean_pool), torch.compile(eager)
+    moved = (int(lengths.sum()) * D + B * D) * x.element_size()
+    return Case("lengths_mean_pool", f"B{B} S{S} D{D} (over each sequence's first lengths[b])",
+                lambda: f(x, lengths),
+                {TORCH_COMPILE: lambda: compiled(x, lengths),
+                 TORCH_EAGER: lambda: eager(x, lengths)},
+                eager(x.double(), lengths), lambda out: out, bytes=moved,
+                notes={TENSORFUSE: f.schedule_origin(B=B, S=S, D=D)})
 
 
 def _causal_conv_case(generator, B=8, C=4096, L=2048, K=4) -> Case:
@@ -700,6 +730,7 @@ UNLISTED = {
     "max_pool_2x2": _max_pool_case,
     "maxout": _maxout_case,
     "masked_mean_pool": _masked_mean_case,
+    "lengths_mean_pool": _lengths_mean_case,
     "causal_conv1d": _causal_conv_case,
     "moe_combine": _moe_combine_case,
     "cosine_similarity": _cosine_case,

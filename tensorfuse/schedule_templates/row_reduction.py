@@ -148,8 +148,11 @@ ROW_MAJOR_STAGES = 1
 # of 2048 segments of 1-128 rows of 1024 on the H200: 0.0815 ms against 0.112 in 64 × 128 blocks
 # (the whole sweep one block, 16 programs a segment), 0.096 unpipelined, 0.101 in 512 × 32;
 # torch.compile 0.238 (``benchmarks.strided_rows_knobs --only segment_mean --family ragged
-# --cold``)
+# --cold``). Where whole rows leave few programs, narrower tiles by longer blocks: the means of
+# 32 sequences' first 512-2048 tokens of 1024 took 0.0369 ms in 64 × 128 blocks, 0.0394 in
+# 64 × 256, 0.0426 in 32 × 128 (torch.compile 0.0646; ``--only lengths_mean``)
 BOUNDED_ROWS, BOUNDED_BLOCK, BOUNDED_WARPS, BOUNDED_STAGES = 1024, 16, 4, 3
+BOUNDED_TILE, BOUNDED_PROGRAMS, BOUNDED_NARROWEST = 8192, 4, 64
 
 
 # Rows off 16-byte boundaries swept through aligned windows (:mod:`..targets.triton.row_realign`):
@@ -264,14 +267,27 @@ def _split_few_tiles(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> Kno
     return replace(knobs, splits=max(2, min(round(2 * SMS / tiles), blocks // 2, most)))
 
 
+def _bounded_knobs(plan: RowTilePlan, whole: int) -> Knobs:
+    """A sweep bounded per program across contiguous rows: the rows whole (up to
+    :data:`BOUNDED_ROWS`), narrower where that leaves fewer than :data:`BOUNDED_PROGRAMS` an SM
+    (a mean over each of 32 sequences' tokens: 32 tiles of 1024), the block then as long as
+    keeps the tile's elements (:data:`BOUNDED_TILE`)."""
+    rows = min(BOUNDED_ROWS, _whole_row_block(plan.rows))
+    while rows > BOUNDED_NARROWEST and \
+            math.prod(grid(plan, Knobs(block_m=rows, block_n=BOUNDED_BLOCK))) < \
+            BOUNDED_PROGRAMS * SMS:
+        rows //= 2
+    block = min(max(BOUNDED_BLOCK, BOUNDED_TILE // rows), whole)
+    return Knobs(block_m=rows, block_n=block, num_warps=BOUNDED_WARPS,
+                 num_stages=BOUNDED_STAGES, reload=0)
+
+
 def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     cols = plan.cols
     block_n = _whole_row_block(cols)
     if target.kind == "cuda" and rows_contiguous(plan):
         if plan.bounds is not None and plan.outputs_per_row:
-            return Knobs(block_m=min(BOUNDED_ROWS, _whole_row_block(plan.rows)),
-                         block_n=min(BOUNDED_BLOCK, block_n), num_warps=BOUNDED_WARPS,
-                         num_stages=BOUNDED_STAGES, reload=0)
+            return _bounded_knobs(plan, block_n)
         if CONTIGUOUS_ROWS * block_n > CONTIGUOUS_TILE:
             rows, block, warps, stages = FEW_TILES_SWEPT
             if row_operands(plan) == 1:

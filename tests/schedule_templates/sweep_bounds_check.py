@@ -6,6 +6,7 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
+from benchmarks.unlisted_kernels import lengths_mean_pool
 from tests.helpers import poisoned_main, templated
 
 
@@ -103,11 +104,22 @@ def varlen_rms_scale_case(generator, B=3, S=700, D=40, width=3.0):
     return {"x": x, "lengths": lengths.to(torch.int32)}, x.double() * torch.rsqrt(ms + 1e-6)
 
 
+def lengths_mean_case(generator, B=5, S=300, D=70, width=3.0):
+    """Lengths of 0 (its mean 0: the kernel divides by at least 1), S and past S."""
+    x = (torch.randn(B, S, D, generator=generator) * width + width).to(torch.bfloat16)
+    lengths = torch.randint(1, S + 1, (B,), generator=generator)
+    lengths[0], lengths[1], lengths[2] = 0, S, S + 9
+    want = torch.stack([x[k, :int(n)].double().sum(0) / max(int(n), 1)
+                        for k, n in enumerate(lengths)])
+    return {"x": x, "lengths": lengths.to(torch.int32)}, want
+
+
 CASES = {"window_sum": (window_sum, window_sum_case),
          "ragged_pool_logsumexp": (ragged_pool_logsumexp, ragged_pool_logsumexp_case),
          "ragged_logsumexp": (ragged_logsumexp, ragged_logsumexp_case),
          "varlen_softmax": (varlen_softmax, varlen_softmax_case),
-         "varlen_rms_scale": (varlen_rms_scale, varlen_rms_scale_case)}
+         "varlen_rms_scale": (varlen_rms_scale, varlen_rms_scale_case),
+         "lengths_mean_pool": (lengths_mean_pool, lengths_mean_case)}
 
 
 if __name__ == "__main__":

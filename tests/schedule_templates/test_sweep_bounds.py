@@ -9,6 +9,7 @@ import torch
 import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.schedule_templates.sweep_bounds import sweep_bounds
+from benchmarks.unlisted_kernels import lengths_mean_pool
 from benchmarks.user_kernels import segment_mean
 from tests.helpers import fresh_seed, gpu_case, relative_error, run_interpreted, templated
 from tests.schedule_templates.sweep_bounds_check import (CASES, ragged_logsumexp,
@@ -112,14 +113,18 @@ def test_a_graph_replayed_after_the_lengths_change_sums_the_new_segments():
 
 def test_a_ragged_sweep_defaults_to_whole_rows_by_short_blocks_and_tunes_around_them():
     """Segments of 1-128 rows of 1024: tiles of the whole row by 16-row blocks, three ahead
-    (``row_reduction.BOUNDED_ROWS``); tuning tries blocks of 16-64 and narrower tiles too."""
+    (``row_reduction.BOUNDED_ROWS``); 32 sequences' tokens (32 whole-row tiles would leave most
+    SMs idle): 64-row tiles by blocks of 128. Tuning tries blocks of 16-64 and narrower tiles."""
     from tensorfuse.schedule_templates.row_reduction import default_knobs, knob_choices
     from tensorfuse.targets import get_target
 
     hopper = get_target("cuda:sm_90a")
-    plan = templated(segment_mean).planner.plan(dict(R=5000, D=1024, G=64))
+    plan = templated(segment_mean).planner.plan(dict(R=140000, D=1024, G=2048))
     knobs = default_knobs(plan, hopper)
     assert (knobs.block_m, knobs.block_n, knobs.num_stages) == (1024, 16, 3), knobs
     choices = knob_choices(plan, hopper)
     assert {16, 32, 64, 128} <= set(choices["block_n"]), choices
     assert {256, 512, 1024} <= set(choices["block_m"]), choices
+    few = templated(lengths_mean_pool).planner.plan(dict(B=32, S=2048, D=1024))
+    knobs = default_knobs(few, hopper)
+    assert (knobs.block_m, knobs.block_n, knobs.num_stages) == (64, 128, 3), knobs
