@@ -284,7 +284,7 @@ SECTIONS = (
      "A mean over tokens, from a mask and from the sequences' lengths",
      "bf16 `[32, 2048, 1024]`, 512-2048 tokens kept a sequence: the mask read whole, or the "
      "lengths bounding each program's sweep (the padding never read: GB/s of the kept tokens); "
-     "timed with the ragged sweep's blocks of 256, before its default became 128",
+     "torch.compile's time varied 45-97 µs between runs of the same day",
      "python -m benchmarks.unlisted_kernels --only lengths_mean_pool,masked_mean_pool"),
     ("unlisted-kernels-log-softmax-vocab-major",
      "A log-softmax down the vocabulary axis of vocabulary-major logits",
