@@ -89,13 +89,13 @@ def test_a_table_of_three_cases_or_more_gives_the_geometric_mean_and_the_slowest
                                        ("c", "1.0", "4.0"))
             for label, ms in (("tensorfuse", ours), ("torch_compile", theirs))]
     assert geomean_line(_groups(rows)) == ("Geometric mean of `tensorfuse` against the best "
-                                           "alternative over 3 cases: 1.59× (lowest: user/b, "
+                                           "alternative over 3 cases: 1.587× (lowest: user/b, "
                                            "0.50×).")
     assert geomean_line(_groups(rows[:4])) == ""   # two cases: no mean
     tuned = rows + [{"benchmark": f"user/{case}", "shape": "s", "implementation":
                      "tensorfuse tuned", "ms": "1.0"} for case in "abc"]
     assert geomean_line(_groups(tuned)).splitlines()[1] == (
-        "Geometric mean of `tensorfuse tuned` against the best alternative over 3 cases: 2.00× "
+        "Geometric mean of `tensorfuse tuned` against the best alternative over 3 cases: 2.000× "
         "(lowest: user/b, 1.00×).")
 
 
