@@ -11,6 +11,7 @@ import math
 import operator
 from dataclasses import dataclass, field
 
+from ...algebra.exprs import nodes
 from ...dsl import dtypes as dt
 from ...dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar,
                          Symbol, Unary, Where, is_gathered)
@@ -231,7 +232,7 @@ def _guarded(branch: Expr, ctx: TileContext, cond: str, cond_expr: Expr, flip: b
     (a segment's rows past its length, a sequence's padding are then never fetched: unmasked,
     the segment mean of ``benchmarks.user_kernels`` read about twice its bytes); ``ctx``
     itself where the branch reads no tensor."""
-    if cond_expr.dtype != "bool" or not any(isinstance(n, Load) for n in _walk(branch)):
+    if cond_expr.dtype != "bool" or not any(isinstance(n, Load) for n in nodes(branch)):
         return ctx
     text = f"(~{cond})" if flip else cond
     return ctx.child(guard=ctx.guard + ((text, frozenset(axes_in(cond_expr))),))
@@ -250,14 +251,8 @@ def _guards_taken(e: Expr, ctx: TileContext) -> tuple:
     """The masks the loads in ``e`` take in ``ctx``: part of its memo key, so that a value
     computed from masked loads is never reused where the branch is not taken, and one whose
     loads no branch masks is shared (rotary's x read once for both branches of its where)."""
-    return tuple(sorted({text for n in _walk(e) if isinstance(n, Load)
+    return tuple(sorted({text for n in nodes(e) if isinstance(n, Load)
                          for text in _guards_of(n, ctx.guard)}))
-
-
-def _walk(e: Expr):
-    yield e
-    for child in e.children():
-        yield from _walk(child)
 
 
 def _is_int_literal(text: str) -> bool:
