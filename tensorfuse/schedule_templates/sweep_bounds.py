@@ -1,4 +1,4 @@
-"""Masks that bound the swept axis: ``lo <= j < hi`` with the bounds constant over a program.
+"""Masks that bound the swept axis: ``lo <= j < hi`` with bounds each program reads.
 
 A ragged sweep — a segment's rows ``r < lengths[g]``, a sequence's keys ``j < kv_len[b]``, a
 window starting at ``starts[b]`` — is a mask whose every term compares the swept axis with an
@@ -19,8 +19,8 @@ from ..dsl.expr import Axis, Binary, Compare, Const, Expr
 
 @dataclass(frozen=True)
 class SweepBounds:
-    """The swept positions a program visits: ``lo <= j < hi`` (``None``: 0, or the axis' end).
-    Several lower (upper) bounds are kept as a tuple: their maximum (minimum) holds."""
+    """The swept positions a program visits: ``lo <= j < hi``, each side a tuple of bounds whose
+    maximum (minimum) holds (empty: from 0, or to the axis' end)."""
 
     lo: tuple[Expr, ...]
     hi: tuple[Expr, ...]

@@ -122,5 +122,21 @@ CASES = {"window_sum": (window_sum, window_sum_case),
          "lengths_mean_pool": (lengths_mean_pool, lengths_mean_case)}
 
 
+# (the default takes a row a program): tiles of 4 rows, the last past the rows, each sweeping
+# from its rows' loosest bounds
+ROW_TILES = {"ragged_logsumexp_row_tiles": (ragged_logsumexp, ragged_logsumexp_case)}
+
+
+def in_row_tiles(kernel, rows: int = 4):
+    """``kernel``'s row template with ``rows`` rows a program, blocks of 512."""
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.row_reduction import row_reduction
+    from tensorfuse.targets import get_target
+
+    hopper = get_target("cuda:sm_90a")
+    return row_reduction(kernel, choose(kernel.program, hopper)[1], hopper, rows=rows, block=512)
+
+
 if __name__ == "__main__":
-    poisoned_main(CASES, lambda name, kernel: templated(kernel))
+    poisoned_main({**CASES, **ROW_TILES}, lambda name, kernel: in_row_tiles(kernel)
+                  if name in ROW_TILES else templated(kernel))

@@ -12,7 +12,7 @@ from tensorfuse.schedule_templates.sweep_bounds import sweep_bounds
 from benchmarks.unlisted_kernels import lengths_mean_pool
 from benchmarks.user_kernels import segment_mean
 from tests.helpers import fresh_seed, gpu_case, relative_error, run_interpreted, templated
-from tests.schedule_templates.sweep_bounds_check import (CASES, ragged_logsumexp,
+from tests.schedule_templates.sweep_bounds_check import (CASES, ROW_TILES, ragged_logsumexp,
                                                          ragged_pool_logsumexp, varlen_rms_scale,
                                                          varlen_softmax, window_sum)
 
@@ -78,7 +78,7 @@ def test_bounded_sweeps_match_float64_on_the_cpu_target(name):
 def test_bounded_sweeps_match_float64_in_the_interpreter():
     seed = fresh_seed()
     errors = run_interpreted("tests.schedule_templates.sweep_bounds_check", seed)
-    assert set(errors) == set(CASES), errors
+    assert set(errors) == set(CASES) | set(ROW_TILES), errors
     assert max(errors.values()) < 2e-2, (errors, seed)
 
 
