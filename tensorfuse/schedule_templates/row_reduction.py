@@ -274,8 +274,7 @@ def _bounded_knobs(plan: RowTilePlan, whole: int) -> Knobs:
     keeps the tile's elements (:data:`BOUNDED_TILE`)."""
     rows = min(BOUNDED_ROWS, _whole_row_block(plan.rows))
     while rows > BOUNDED_NARROWEST and \
-            math.prod(grid(plan, Knobs(block_m=rows, block_n=BOUNDED_BLOCK))) < \
-            BOUNDED_PROGRAMS * SMS:
+            _tiles_and_blocks(plan, Knobs(block_m=rows))[0] < BOUNDED_PROGRAMS * SMS:
         rows //= 2
     block = min(max(BOUNDED_BLOCK, BOUNDED_TILE // rows), whole)
     return Knobs(block_m=rows, block_n=block, num_warps=BOUNDED_WARPS,

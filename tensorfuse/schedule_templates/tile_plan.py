@@ -106,6 +106,12 @@ class RowTilePlan:
         return sweep_bounds(self.mask, self.col, [*self.batch, self.row])
 
     @property
+    def block_listed(self) -> bool:
+        """Whether the kernel walks block lists made per call: a mask that is not only bounds
+        (:attr:`bounds`)."""
+        return self.mask is not None and self.bounds is None
+
+    @property
     def rows(self) -> int:
         rows = self.sizes_of(self.row)
         return rows * self.fold[1] if self.fold else rows

@@ -10,7 +10,7 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.schedule_templates.sweep_bounds import sweep_bounds
 from benchmarks.unlisted_kernels import lengths_mean_pool
-from benchmarks.user_kernels import segment_mean
+from benchmarks.user_kernels import cross_attention_lengths, segment_mean
 from tests.helpers import fresh_seed, gpu_case, relative_error, run_interpreted, templated
 from tests.schedule_templates.sweep_bounds_check import (CASES, ROW_TILES, ragged_logsumexp,
                                                          ragged_pool_logsumexp, varlen_rms_scale,
@@ -30,18 +30,28 @@ def test_comparisons_of_the_swept_axis_with_values_over_the_other_axes_are_bound
     assert sweep_bounds(None, r, [g]) is None
 
 
+@tf.kernel
+def _even_keys_softmax_sum(x: T.Tensor["B", "S", "bf16"], lengths: T.Tensor["B", "i32"]):
+    """A bound and a parity on the swept axis: not only bounds."""
+    b, s = T.axes("b s")
+    return T.sum(T.where((s < lengths[b]) & (s % 2 == 0), x[b, s], 0.0), over=s)
+
+
 @pytest.mark.parametrize("kernel, sizes, bounded", [
     (segment_mean, dict(R=5000, D=1024, G=64), True),
     (window_sum, dict(G=9, R=700, D=40), True),
     (ragged_pool_logsumexp, dict(G=9, R=700, D=40), True),
     (ragged_logsumexp, dict(B=7, S=3000), True),
     (varlen_softmax, dict(B=3, M=5, S=3000), True),
-    (varlen_rms_scale, dict(B=3, S=700, D=40), True)])
-def test_a_bounded_sweep_has_no_block_lists_and_says_so(kernel, sizes, bounded):
+    (varlen_rms_scale, dict(B=3, S=700, D=40), True),
+    (_even_keys_softmax_sum, dict(B=7, S=3000), False),
+    # the Triton attention template: its lists spare full blocks the scores' compare and select
+    (cross_attention_lengths, dict(B=2, H=8, M=2048, N=3000, D=64), False)])
+def test_only_a_bounded_sweep_goes_without_block_lists_and_says_so(kernel, sizes, bounded):
     made = templated(kernel)
     plan, source = made.describe_plan(**sizes), made.source(**sizes)
     assert ("no block lists" in plan) == bounded, plan
-    assert "bm_partial_num" not in source and "hi_n = " in source, source
+    assert ("bm_partial_num" in source) != bounded and ("hi_n = " in source) == bounded, source
 
 
 def test_loads_under_a_branch_fetch_only_where_it_is_taken_unless_it_varies_along_them():

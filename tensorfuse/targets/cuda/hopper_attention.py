@@ -223,12 +223,16 @@ class AttentionSource(KernelArguments):
     @property
     def s_mma(self) -> str:
         """q·kᵀ of a whole key block (keys K-major, or MN-major where kept innermost)."""
-        return self._mma("" if self.keys_innermost else "kk", self.bn)
+        return self._mma(self._qk_kind, self.bn)
 
     @property
     def sn_mma(self) -> str:
         """q·kᵀ of the sequence's last key block."""
-        return self._mma("" if self.keys_innermost else "kk", self.last_n)
+        return self._mma(self._qk_kind, self.last_n)
+
+    @property
+    def _qk_kind(self) -> str:
+        return "" if self.keys_innermost else "kk"
 
     @property
     def pv_n(self) -> int:

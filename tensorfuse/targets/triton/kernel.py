@@ -13,8 +13,7 @@ from .launch import compile_for, interpreting, launch_device, load_kernel, signa
 from ..signature_call import try_fast_call
 from .launcher import (Launches, PartCounters, Step, current_stream, output_specs,
                        remember_fast_call)
-from .row_bounds import MASK_ARGS
-from .row_grid import block_k, grid, launch_grid
+from .row_grid import MASK_ARGS, block_k, grid, launch_grid
 from .column_sums import finish_grid, partial_names, scratch_shapes
 from .rowtile import kernel_source
 from .size_builds import SizeBuilds, size_values, with_size_arguments
@@ -177,7 +176,7 @@ class TritonKernel(GraphCallable):
         dims, scalars = split_scalars(self.program, dims)
         plan, knobs, _, fn, names = self.build(scalars, **dims)
         outs = [c for c, _, _ in plan.outputs]
-        mask_args = list(MASK_ARGS) if plan.mask is not None and plan.bounds is None else []
+        mask_args = list(MASK_ARGS) if plan.block_listed else []
         sig, divisible = with_size_arguments(signature(self.program, outs, mask_args), dims,
                                              names)
         if knobs.splits > 1 or plan.column_sums:   # the parts' states and the sums' partial
@@ -286,7 +285,7 @@ class TritonKernel(GraphCallable):
             values.update(places)
             if counters is not None:
                 values["part_count"] = counters.on(device, current_stream(device))
-        elif plan.mask is not None and plan.bounds is None:
+        elif plan.block_listed:
             values.update(self._block_lists(plan, knobs, values, bound, device))
         return launches, values, outs, results, bound, keep
 
@@ -327,7 +326,7 @@ class TritonKernel(GraphCallable):
         new outputs out, compiled kernels Triton lets us launch directly, no per-call block
         lists."""
         plan, _, scratch, _, outputs, counters = self._launches(bound)
-        if plan.mask is not None and plan.bounds is None and scratch is None:   # lists per call
+        if plan.block_listed and scratch is None:   # block lists made per call
             return
         # the scalars tuning records are kept per (a window) are guarded: another value may have
         # other knobs, so it takes the checked path

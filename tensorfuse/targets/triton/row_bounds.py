@@ -5,9 +5,6 @@ from __future__ import annotations
 from .expr import to_triton
 from .source_writer import host_int
 
-# the arguments of the block lists a masked sweep that is not bounded walks (made per call)
-MASK_ARGS = ("bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx")
-
 
 def bounded_sweep(emitter) -> None:
     """Write the row kernel ``emitter``'s loop over the blocks between each program's bounds

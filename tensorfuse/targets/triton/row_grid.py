@@ -7,6 +7,11 @@ import math
 from ...errors import TargetError
 
 
+# the arguments of the block lists a masked sweep walks (made per call; not where the mask only
+# bounds the sweep: :mod:`.row_bounds`)
+MASK_ARGS = ("bm_partial_num", "bm_partial_idx", "bm_full_num", "bm_full_idx")
+
+
 def list_length(plan, knobs) -> int:
     """Entries per row block of the block lists."""
     if plan.key_windows is not None:

@@ -23,10 +23,10 @@ from .expr import (TL_DTYPES, TileContext, fresh_memo, ieee_products, literal,
                    to_triton)
 from .expr import offset as load_offset
 from .column_sums import add_tile, finish_body, open_partials, partial_names, store_partials
-from .row_bounds import MASK_ARGS, bounded_sweep
+from .row_bounds import bounded_sweep
 from .row_merge import SplitMerge
 from .row_realign import Realignment, emit_stores, emit_sweep, realignment
-from .row_grid import batch_first, block_k, grid, launch_grid, list_length
+from .row_grid import MASK_ARGS, batch_first, block_k, grid, launch_grid, list_length
 from .row_states import (column_operands, depended_on, exact_symbols, exactly_read,
                          initial_reference, lanewise_states, output_operands, reloadable,
                          state_identity, state_type, stored_state, uncorrected_states)
@@ -90,7 +90,7 @@ class _RowTileSource(SplitMerge):
         self.parts = [f"part_{sp.member.name}_{sp.k}" for sp in plan.states] + \
             [f"part_ref_{d}" for d in self.needed]
         self.bounds = plan.bounds if splits == 1 else None   # the sweep bounded: no lists
-        self.mask_args = [] if plan.mask is None or splits > 1 or self.bounds else list(MASK_ARGS)
+        self.mask_args = list(MASK_ARGS) if plan.block_listed and splits == 1 else []
         # split: the parts' state buffers and arrival counters (the last part of a tile merges)
         self.args = self.tensors + self.scalars + self.outs + (
             self.parts + ["part_count"] if splits > 1 else self.mask_args) + \
