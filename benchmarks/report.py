@@ -320,6 +320,13 @@ SECTIONS = (
     ("pipeline-kernels-logsumexp-pool", "A log-sum-exp down the tokens, again",
      "bf16; the log-sum-exp pool of the section above after per-row strided tiles took 4 warps",
      "python -m benchmarks.pipeline_kernels --only logsumexp_pool"),
+    ("variant-kernels", "Kernels of model variants, as a new user writes them",
+     "bf16; GQA decode over an int8 cache with a scale per key (GB/s of the cache), the DIFF "
+     "Transformer's differential attention (two causal softmaxes over one value tensor), "
+     "RetNet's retention (a causal decay, no softmax), cross-entropy with label smoothing and "
+     "with ignored targets, a Dice loss per row; each against the best torch alternative on the "
+     "same tensors",
+     "python -m benchmarks.variant_kernels"),
     ("monoid-kernels", "Reductions by the DSL's other monoids",
      "greedy decoding's argmax over a vocabulary (bf16), a row's logsumexp (f32), a KL "
      "divergence written with two logsumexps (bf16), the count of a row's maxima (bf16), the "

@@ -49,12 +49,21 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
         return Knobs(block_m=64, block_n=64, num_warps=4, num_stages=3)
     if target.kind == "rocm":
         return Knobs(block_m=128, block_n=64, num_warps=4, num_stages=1)
-    knobs = Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3)
-    if target.kind == "cuda" and shared_bytes(plan, knobs) > target.max_shared_memory:
-        # a score reading a tensor by query and key (a bias [H, S, S]) pipelines its tiles too:
-        # three stages of them do not fit an SM at D=128
-        return Knobs(block_m=128, block_n=128, num_warps=8, num_stages=2)
-    return knobs
+    if target.kind != "cuda":
+        return PREFILL_KNOBS[0]
+    # a score reading a tensor by query and key (a bias [H, S, S]) pipelines its tiles too: three
+    # stages of them do not fit an SM at D=128; nor do those of two scores' queries and keys
+    # beside the values (differential attention's), two stages of 128 keys neither
+    return next((k for k in PREFILL_KNOBS if shared_bytes(plan, k) <= target.max_shared_memory),
+                PREFILL_KNOBS[-1])
+
+
+# the prefill tiles, the first that fits shared memory (:func:`shared_bytes`) taken
+PREFILL_KNOBS = (Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3),
+                 Knobs(block_m=128, block_n=128, num_warps=8, num_stages=2),
+                 Knobs(block_m=128, block_n=64, num_warps=8, num_stages=3),
+                 Knobs(block_m=128, block_n=64, num_warps=8, num_stages=2),
+                 Knobs(block_m=64, block_n=64, num_warps=4, num_stages=2))
 
 
 # float32 operands multiply on the FMA units (``input_precision='ieee'``, products as written), not
@@ -108,11 +117,20 @@ def decode_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     block_n = F32_KNOBS.block_n if float32_products(plan) else \
         64 if gathered and 2 * batch > SMS else 128
     blocks = math.ceil(plan.cols / block_n)
-    per_sm = 2 if gathered else 1
+    per_sm = 2 if gathered or narrow_keys(plan) else 1
     splits = max(1, min(round(per_sm * SMS / programs), blocks // 2, 64))
     warps, stages = (4, 3) if target.kind == "cuda" else (4, 2)   # ROCm: not measured
     return Knobs(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages,
                  splits=splits)
+
+
+def narrow_keys(plan: RowTilePlan) -> bool:
+    """Whether the products read a key or value tensor of 1-byte elements (an int8 cache): its
+    blocks carry half a bf16 block's bytes, so twice the parts keep as many in flight — GQA 32/8
+    decode over an int8 cache with a scale per key, B8 N16k, 0.122 → 0.106 ms on the H200 (2 → 4
+    parts; 8 parts 0.111, 8 warps slower; ``benchmarks.variant_kernels``' kernel)."""
+    return any(isinstance(n, Load) and dt.to_numpy(n.param.dtype).itemsize == 1
+               for side in plan.column_sides for n in nodes(side))
 
 
 def gathers_columns(plan: RowTilePlan) -> bool:
@@ -138,11 +156,24 @@ def shared_bytes(plan: RowTilePlan, knobs: Knobs) -> int:
     """Shared memory Triton's pipeline gives a prefill kernel: the key and value tiles (one slot
     per stage) and the query tile — Triton 3.6's ``metadata.shared`` on sm_90a exactly, for head
     dims 64 and 128 over this template's whole tuning space with 2–4 stages (2026-11-24); an upper
-    bound with 1. The split (decode) kernels keep one slot fewer and use at least
+    bound with 1 — each tensor the products read once: two scores' queries and keys and one
+    value tensor (differential attention's) took 360448 bytes at 128 × 128, 3 stages, D=64, 128
+    (sm_90a). The split (decode) kernels keep one slot fewer and use at least
     :func:`decode_shared_floor`."""
     width, size = _tile_width(plan), _element_size(plan)
-    return knobs.num_stages * knobs.block_n * 2 * width * size + knobs.block_m * width * size + \
+    rows, columns = _product_operands(plan)
+    return knobs.num_stages * knobs.block_n * columns * width * size + \
+        rows * knobs.block_m * width * size + \
         max(0, knobs.num_stages - 1) * knobs.block_m * knobs.block_n * _score_tile_bytes(plan)
+
+
+def _product_operands(plan: RowTilePlan) -> tuple[int, int]:
+    """The tensors the tensor-core products read along the rows (queries) and along the swept
+    axis (keys, values), each counted once (a value tensor two products read is one tile)."""
+    def tensors(sides) -> int:
+        return len({n.param.name for side in sides for n in nodes(side) if isinstance(n, Load)})
+    return max(1, tensors(c.left for c in plan.locals.values())), \
+        max(2, tensors(plan.column_sides))
 
 
 def _score_tile_bytes(plan: RowTilePlan) -> int:
@@ -164,7 +195,8 @@ def _score_tile_bytes(plan: RowTilePlan) -> int:
 def decode_shared_floor(plan: RowTilePlan, knobs: Knobs) -> int:
     """A lower bound of a split (decode) kernel's shared memory: ``stages - 1`` key and value
     slots (Triton 3.6, sm_90a: 196608 of 204800 bytes at 128 keys, 4 stages, D=128)."""
-    return (knobs.num_stages - 1) * knobs.block_n * 2 * _tile_width(plan) * _element_size(plan)
+    return (knobs.num_stages - 1) * knobs.block_n * _product_operands(plan)[1] * \
+        _tile_width(plan) * _element_size(plan)
 
 
 def _tile_width(plan: RowTilePlan) -> int:
