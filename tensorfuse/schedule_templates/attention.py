@@ -247,6 +247,12 @@ def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = N
                      num_stages if num_stages is not None else k.num_stages, splits or k.splits)
 
     explicit = any(v is not None for v in (tile_m, tile_n, num_warps, num_stages, splits))
+
+    def refuse(plan: RowTilePlan, k: Knobs) -> str | None:   # given tiles: said, not Triton's
+        why = unfit(plan, k, target)                        # out-of-resources at the launch
+        return why and (f"attention template: tiles of {k.block_m} × {k.block_n} in "
+                        f"{k.num_stages} stage(s) {why}: use smaller tiles or fewer stages")
     return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"attention template ({fusion.describe()})", fusion,
-                        tuned=None if explicit else tuned, tiling=tiling, dynamic=dynamic)
+                        tuned=None if explicit else tuned, tiling=tiling, dynamic=dynamic,
+                        refuse=refuse if explicit else None)

@@ -29,6 +29,28 @@ def test_each_is_one_fused_kernel_of_a_template(name, sizes, template):
     assert template in made.description, made.description
 
 
+def test_tiles_past_shared_memory_are_refused_before_triton_runs_out_of_it():
+    """Differential attention's two scores read two query and two key tiles beside the values:
+    the defaults take the first tiles whose pipeline fits an SM, and given tiles that do not
+    fit are refused with the bytes they need (Triton's OutOfResources at the first launch
+    before: 360448 bytes at 128 × 128 in 3 stages, which the bound now gives exactly)."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    from tensorfuse.errors import TargetError
+    from tensorfuse.schedule_templates.attention import attention, shared_bytes
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.targets import get_target
+
+    hopper, sizes = get_target("cuda:sm_90a"), dict(B=2, H=16, S=4096, D=64, E=128)
+    kernel = CASES["diff_attention"][0]
+    made = tf.compile(kernel, target="cuda:sm_90a").for_sizes(**sizes)
+    plan, knobs = made.build(None, **sizes)[:2]
+    assert shared_bytes(plan, knobs) <= hopper.max_shared_memory, knobs
+    given = attention(kernel, choose(kernel.program, hopper)[1], hopper, tile_m=128, tile_n=128,
+                      num_warps=8, num_stages=3)
+    with pytest.raises(TargetError, match="360448 bytes of shared memory"):
+        given.source(**sizes)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_variant_kernels_match_float64_on_the_gpu(name):
