@@ -19,7 +19,7 @@ _UNARY = {
     "neg": np.negative, "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2,
     "tanh": np.tanh, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "abs": np.abs, "floor": np.floor,
-    "ceil": np.ceil, "not": np.logical_not, "sin": np.sin, "cos": np.cos,
+    "ceil": np.ceil, "round": np.rint, "not": np.logical_not, "sin": np.sin, "cos": np.cos,
 }
 _BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,

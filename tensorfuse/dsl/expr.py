@@ -272,9 +272,9 @@ class Ref(Expr):
 
 
 UNARY_OPS = ("neg", "exp", "exp2", "log", "log2", "tanh", "sqrt", "rsqrt", "sigmoid", "abs", "erf",
-             "floor", "ceil", "not", "sin", "cos")
+             "floor", "ceil", "round", "not", "sin", "cos")
 FLOAT_ONLY_UNARY = ("exp", "exp2", "log", "log2", "tanh", "sqrt", "rsqrt", "sigmoid", "erf", "floor",
-                    "ceil", "sin", "cos")
+                    "ceil", "round", "sin", "cos")
 
 
 class Unary(Expr):

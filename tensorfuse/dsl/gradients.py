@@ -301,7 +301,7 @@ def _unary_derivative(e: Unary):
         "sin": lambda s: s * unary("cos", a),
         "cos": lambda s: -s * unary("sin", a),
     }
-    return rules.get(e.op)   # floor, ceil: zero almost everywhere
+    return rules.get(e.op)   # floor, ceil, round: zero almost everywhere
 
 
 def _binary_parts(e: Binary, s: Expr) -> list[tuple[Expr, Expr]]:

@@ -59,6 +59,8 @@ def sigmoid(x) -> Expr: return unary("sigmoid", x)
 def erf(x) -> Expr: return unary("erf", x)
 def floor(x) -> Expr: return unary("floor", x)
 def ceil(x) -> Expr: return unary("ceil", x)
+def round(x) -> Expr:   # noqa: A001 - T.round, as torch.round: to the nearest, halves to even
+    return unary("round", x)
 def sin(x) -> Expr: return unary("sin", x)
 def cos(x) -> Expr: return unary("cos", x)
 

@@ -21,7 +21,8 @@ from .vector_math import fast_exp
 _UNARY: dict[str, Callable] = {
     "neg": lambda x: -x, "exp": tirx.exp, "exp2": tirx.exp2, "log": tirx.log, "log2": tirx.log2,
     "tanh": tirx.tanh, "sqrt": tirx.sqrt, "rsqrt": tirx.rsqrt, "sigmoid": tirx.sigmoid,
-    "abs": tirx.abs, "erf": tirx.erf, "floor": tirx.floor, "ceil": tirx.ceil, "not": tirx.Not,
+    "abs": tirx.abs, "erf": tirx.erf, "floor": tirx.floor, "ceil": tirx.ceil,
+    "round": tirx.nearbyint, "not": tirx.Not,
     "sin": tirx.sin, "cos": tirx.cos,
 }
 _BINARY: dict[str, Callable] = {

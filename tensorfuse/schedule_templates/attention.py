@@ -66,9 +66,9 @@ PREFILL_KNOBS = (Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3),
                  Knobs(block_m=64, block_n=64, num_warps=4, num_stages=2))
 
 
-# float32 operands multiply on the FMA units (``input_precision='ieee'``, products as written), not
-# the tensor cores: small tiles — 128×128 with 8 warps and 3 stages took 28 s to compile at D=64
-# (Triton 3.6, sm_90a) and did not fit shared memory at D=128
+# float32 operands multiply at float32's accuracy (``ieee_products``: three TF32 products of their
+# halves): small tiles — 128×128 with 8 warps and 3 stages took 28 s to compile at D=64 with
+# IEEE products on the FMA units (Triton 3.6, sm_90a) and did not fit shared memory at D=128
 F32_KNOBS = Knobs(block_m=64, block_n=32, num_warps=4, num_stages=2)
 
 
@@ -247,12 +247,6 @@ def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = N
                      num_stages if num_stages is not None else k.num_stages, splits or k.splits)
 
     explicit = any(v is not None for v in (tile_m, tile_n, num_warps, num_stages, splits))
-
-    def refuse(plan: RowTilePlan, k: Knobs) -> str | None:   # given tiles: said, not Triton's
-        why = unfit(plan, k, target)                        # out-of-resources at the launch
-        return why and (f"attention template: tiles of {k.block_m} × {k.block_n} in "
-                        f"{k.num_stages} stage(s) {why}: use smaller tiles or fewer stages")
     return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"attention template ({fusion.describe()})", fusion,
-                        tuned=None if explicit else tuned, tiling=tiling, dynamic=dynamic,
-                        refuse=refuse if explicit else None)
+                        tuned=None if explicit else tuned, tiling=tiling, dynamic=dynamic)

@@ -194,8 +194,9 @@ def test_long_float32_sums_on_the_cpu_keep_their_digits(how, rng):
 
 @pytest.mark.parametrize("M", [300, 1])
 def test_float32_attention_multiplies_in_float32_on_the_gpu_templates(M):
-    """Float32 q, k and v go to ``tl.dot`` as float32 with IEEE products (never rounded to bf16,
-    never TF32), in small tiles that fit shared memory at head dim 128."""
+    """Float32 q, k and v go to ``tl.dot`` as float32 with products at float32's accuracy (three
+    TF32 products of their halves; never rounded to bf16, never one TF32 product), in small
+    tiles that fit shared memory at head dim 128."""
     import re
 
     from tensorfuse.kernels.layers import attention_kernel
@@ -203,7 +204,7 @@ def test_float32_attention_multiplies_in_float32_on_the_gpu_templates(M):
     sizes = dict(B=2, H=4, HKV=4, M=M, N=300, D=128)
     f32 = tf.compile(attention_kernel("f32", True, False, False), target="cuda:sm_90a").template
     dots = re.findall(r"tl\.dot\((.*)", f32.source(**sizes))
-    assert dots and all("input_precision='ieee'" in d for d in dots)
+    assert dots and all("input_precision='tf32x3'" in d for d in dots)
     assert ".to(tl.bfloat16)" not in f32.source(**sizes)
     knobs = f32.build(**sizes)[1]
     assert knobs.block_n == 32 and (M == 1 or (knobs.block_m, knobs.num_stages) == (64, 2))

@@ -42,6 +42,7 @@ def _expressions():
         ("sigmoid", unary("sigmoid", x), lambda a, b: _sigmoid(a), False),
         ("floor", unary("floor", x), lambda a, b: math.floor(a), False),
         ("ceil", unary("ceil", x), lambda a, b: math.ceil(a), False),
+        ("round", unary("round", x), lambda a, b: float(round(a)), False),   # halves to even
         ("sin", unary("sin", x), lambda a, b: math.sin(a), False),
         ("cos", unary("cos", x), lambda a, b: math.cos(a), False),
         ("neg", -x, lambda a, b: -a, False),

@@ -24,17 +24,23 @@ TL_DTYPES = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f
 
 
 def ieee_products(dot_dtype: str) -> str:
-    """``tl.dot``'s argument that keeps a float32 contraction's products in float32, as written
+    """``tl.dot``'s argument that keeps a float32 contraction's products at float32's accuracy
     (Triton's default for f32 operands is TF32, 10-bit mantissas: a tiny Llama's f32 attention
     gradients on the H200, its forward's products in TF32, were 3e-3 from SDPA's where f32 asks
-    1e-5); nothing for 16-bit operands."""
-    return ", input_precision='ieee'" if dot_dtype in ("f32", "f64") else ""
+    1e-5): three TF32 products of each operand's high and low halves on the tensor cores
+    (``tf32x3``: the dropped low × low term is 2⁻²² of a product, float32's own rounding), where
+    IEEE products on the FMA units ran causal attention with float32 rotary tables at 8
+    TFLOP/s (``benchmarks.serving_kernels``); float64 operands keep IEEE products; nothing for
+    16-bit operands."""
+    return ", input_precision='tf32x3'" if dot_dtype == "f32" else \
+        ", input_precision='ieee'" if dot_dtype == "f64" else ""
 
 
 _UNARY = {"exp": "tl.exp({})", "exp2": "tl.exp2({})", "log": "tl.log({})", "log2": "tl.log2({})",
           "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})", "abs": "tl.abs({})",
           "sigmoid": "tl.sigmoid({})", "erf": "tl.erf({})", "floor": "tl.floor({})",
-          "ceil": "tl.ceil({})", "sin": "tl.sin({})", "cos": "tl.cos({})",
+          "ceil": "tl.ceil({})", "round": "_rint({})", "sin": "tl.sin({})",
+          "cos": "tl.cos({})",
           "tanh": "libdevice.tanh({})", "neg": "(-{})", "not": "(~{})"}
 _BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
            "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})", "pow": "libdevice.pow({}, {})",
@@ -58,6 +64,18 @@ def _floordiv(a, b):
 def _floormod(a, b):
     r = a % b
     return r + ((r != 0) & ((r < 0) != (b < 0))).to(r.dtype) * b
+'''
+
+# ``T.round`` (to the nearest, halves to even, as torch.round) from floor and compares, written
+# into a source that calls it: Triton's interpreter runs no libdevice function (its rint came
+# back None), and in a memory-bound kernel the few extra instructions cost nothing measurable
+ROUND_HELPER = '''
+@triton.jit
+def _rint(x):
+    f = tl.floor(x)
+    d = x - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
+    return tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
 '''
 
 

@@ -39,6 +39,22 @@ class Step:
             self.raw = (launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl)
 
 
+def _first_launch(step, values: dict, meta: dict, options: dict):
+    """:func:`compiled_or_jit` of a step, Triton's out-of-resources said as tensorfuse's error
+    with what to change (the tiles' knobs), not left as Triton's exception mid-call."""
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        return compiled_or_jit(step.fn, step.grid, [values[n] for n in step.names], meta, options)
+    except OutOfResources as exc:
+        from ...errors import TargetError
+
+        raise TargetError(f"{step.fn.__name__}: {exc} (block_m={meta.get('BLOCK_M')}, "
+                          f"block_n={meta.get('BLOCK_N')}, {options['num_stages']} stage(s), "
+                          f"{options['num_warps']} warps): use smaller tiles or fewer "
+                          "stages") from None
+
+
 class Launches:
     """The launches of one shape signature, in order (one kernel: the split update's parts merge
     in the same launch), with their constexprs and launch options."""
@@ -60,9 +76,7 @@ class Launches:
                 step.fn[step.grid](*[values[n] for n in step.names], **self.meta, **self.options)
                 continue
             if step.compiled is None:
-                kernel, launched = compiled_or_jit(step.fn, step.grid,
-                                                   [values[n] for n in step.names], self.meta,
-                                                   self.options)
+                kernel, launched = _first_launch(step, values, self.meta, self.options)
                 step.compiled_from(kernel)
                 if launched:
                     continue

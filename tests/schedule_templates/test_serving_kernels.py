@@ -1,0 +1,56 @@
+"""Kernels of inference serving (``benchmarks.serving_kernels``): attention over a packed QKV
+tensor, speculative decoding's draft tokens, rotary embeddings inside attention, a residual add
+with RMSNorm, int8 quantisation by the rows' largest magnitude — their numbers against float64
+in Triton's interpreter and on the GPU (cases: :mod:`.serving_kernels_check`); and ``T.round``
+itself, halves to even, on every target."""
+import pytest
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tests.helpers import check_interpreted, gpu_case, relative_error
+from tests.schedule_templates.serving_kernels_check import CASES
+
+
+def test_serving_kernels_match_float64_in_the_triton_interpreter():
+    check_interpreted("tests.schedule_templates.serving_kernels_check", CASES)
+
+
+@tf.kernel
+def _rounded_scaled(x: T.Tensor["M", "K", "f32"]):
+    """A row's values over its largest magnitude, rounded: halves and values near them."""
+    i, k = T.axes("i k")
+    return T.round(x[i, k] * 4.0 / T.max(T.abs(x[i, k]), over=k))
+
+
+def _halves() -> torch.Tensor:
+    """Rows whose largest magnitude is 4, so that x·4/4 is x: halves of both parities and signs,
+    their neighbours, and integers past 2**23 (whose halves do not exist)."""
+    x = torch.tensor([[0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, -4.0],
+                      [2.4999998, 2.5000002, -3.4999998, 0.49999997, 4.0, 1.0, -0.0, 0.0]])
+    return x
+
+
+@pytest.mark.parametrize("where", ["interpreter", "llvm"])
+def test_round_takes_halves_to_even_as_torch_does(where):
+    x = _halves()
+    if where == "interpreter":
+        pytest.importorskip("triton", reason="the templates generate Triton kernels")
+        from tests.helpers import run_interpreted
+        got = torch.tensor(run_interpreted("tests.schedule_templates.serving_kernels_check",
+                                           "round"))
+    else:
+        got = torch.as_tensor(tf.compile(_rounded_scaled, target="llvm")(x))
+    assert torch.equal(got, torch.round(x)), (got, torch.round(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_serving_kernels_match_float64_on_the_gpu(name):
+    kernel, case = CASES[name]
+    args, want, seed = gpu_case(case)
+    got = tf.compile(kernel)(**args)
+    wants = want if isinstance(want, tuple) else (want,)
+    gots = got if isinstance(got, tuple) else (got,)
+    for g, w in zip(gots, wants):
+        assert relative_error(g, w.cuda()) < 2e-2, seed
