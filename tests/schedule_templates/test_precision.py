@@ -208,3 +208,18 @@ def test_float32_attention_multiplies_in_float32_on_the_gpu_templates(M):
     assert ".to(tl.bfloat16)" not in f32.source(**sizes)
     knobs = f32.build(**sizes)[1]
     assert knobs.block_n == 32 and (M == 1 or (knobs.block_m, knobs.num_stages) == (64, 2))
+
+
+@pytest.mark.parametrize("target, precision", [("cuda:sm_90a", "tf32x3"),
+                                               ("rocm:gfx942", "ieee")])
+def test_float32_products_compile_on_each_gpu_at_float32_accuracy(target, precision):
+    """Float32 attention's products: three TF32 products of their halves on NVIDIA's tensor
+    cores, IEEE products on AMD's GPUs — Triton compiles ``tf32x3`` for no AMD target (gfx942's
+    kernel failed to compile when it was asked for everywhere)."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    from tensorfuse.kernels.layers import attention_kernel
+
+    sizes = dict(B=2, H=4, HKV=4, M=300, N=300, D=128)
+    made = tf.compile(attention_kernel("f32", True, False, False), target=target).template
+    assert f"input_precision='{precision}'" in made.source(**sizes)
+    assert ("amdgcn" if target.startswith("rocm") else "ptx") in made.compiled(**sizes).asm

@@ -23,17 +23,19 @@ TL_DTYPES = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f
              "bool": "tl.int1"}
 
 
-def ieee_products(dot_dtype: str) -> str:
+def ieee_products(dot_dtype: str, split_tf32: bool = False) -> str:
     """``tl.dot``'s argument that keeps a float32 contraction's products at float32's accuracy
     (Triton's default for f32 operands is TF32, 10-bit mantissas: a tiny Llama's f32 attention
     gradients on the H200, its forward's products in TF32, were 3e-3 from SDPA's where f32 asks
-    1e-5): three TF32 products of each operand's high and low halves on the tensor cores
-    (``tf32x3``: the dropped low × low term is 2⁻²² of a product, float32's own rounding), where
-    IEEE products on the FMA units ran causal attention with float32 rotary tables at 8
-    TFLOP/s (``benchmarks.serving_kernels``); float64 operands keep IEEE products; nothing for
-    16-bit operands."""
-    return ", input_precision='tf32x3'" if dot_dtype == "f32" else \
-        ", input_precision='ieee'" if dot_dtype == "f64" else ""
+    1e-5): IEEE products on the FMA units, or with ``split_tf32`` (NVIDIA's tensor cores: Triton
+    compiles it for no AMD GPU) three TF32 products of each operand's high and low halves
+    (``tf32x3``: the dropped low × low term is 2⁻²² of a product, float32's own rounding) —
+    causal attention with float32 rotary tables 16.8 → 3.2 ms on the H200
+    (``benchmarks.serving_kernels``); float64 operands keep IEEE products; nothing for 16-bit
+    operands."""
+    if dot_dtype == "f32" and split_tf32:
+        return ", input_precision='tf32x3'"
+    return ", input_precision='ieee'" if dot_dtype in ("f32", "f64") else ""
 
 
 _UNARY = {"exp": "tl.exp({})", "exp2": "tl.exp2({})", "log": "tl.log({})", "log2": "tl.log2({})",

@@ -116,7 +116,8 @@ class TritonKernel(GraphCallable):
     def _emit(self, plan, knobs) -> tuple:
         """(source, kernel function, argument names) of ``plan`` (made at sizes that are ints, or
         some of them symbolic: :mod:`tensorfuse.dsl.symbolic_sizes`)."""
-        source, args = kernel_source(plan, knobs, self._name, interpreter=interpreting())
+        source, args = kernel_source(plan, knobs, self._name, interpreter=interpreting(),
+                                     nvidia=self.target.kind == "cuda")
         return source, load_kernel(source, self._name), args
 
     @property

@@ -19,8 +19,7 @@ from ...algebra.schemes import EXTRAPOLATION
 from ...dsl.expr import Axis, Symbol, Where
 from ...dsl.symbolic_sizes import size_arguments
 from ..index_text import IndexText as _Index
-from .expr import (TL_DTYPES, TileContext, fresh_memo, ieee_products, literal,
-                   to_triton)
+from .expr import TL_DTYPES, TileContext, fresh_memo, ieee_products, literal, to_triton
 from .expr import offset as load_offset
 from .column_sums import add_tile, finish_body, open_partials, partial_names, store_partials
 from .row_bounds import bounded_sweep
@@ -55,15 +54,15 @@ LANEWISE = True
 SWEPT_IN_L2 = 8192
 
 
-def kernel_source(plan, knobs, name: str,
-                  interpreter: bool = False) -> tuple[str, list[str]]:
+def kernel_source(plan, knobs, name: str, interpreter: bool = False,
+                  nvidia: bool = True) -> tuple[str, list[str]]:
     """Python source of a Triton kernel for ``plan`` (a ``tile_plan.RowTilePlan``) with ``knobs``
-    (its ``Knobs``) and the names of its arguments, in order.
-    ``interpreter``: source for Triton's CPU interpreter, which has no bf16 tensor-core operands
-    (they become f32) and no loop bounds loaded from memory (block lists are walked to their
-    static length, skipping past the count)."""
+    (its ``Knobs``) and the names of its arguments, in order. ``interpreter``: source for Triton's
+    CPU interpreter, which has no bf16 tensor-core operands (they become f32) and no loop bounds
+    loaded from memory (block lists are walked to their static length, skipping past the count).
+    ``nvidia``: float32 products on its tensor cores (:func:`.expr.ieee_products`)."""
     launch_grid(plan, knobs)   # a grid CUDA cannot launch is refused here, where a fit is asked
-    return _RowTileSource(plan, knobs, name, interpreter).source()
+    return _RowTileSource(plan, knobs, name, interpreter, nvidia).source()
 
 
 class _RowTileSource(SplitMerge):
@@ -71,8 +70,9 @@ class _RowTileSource(SplitMerge):
     about its rows, columns and states, and the pieces of the kernel (prologue, a block of the
     swept axis, the finals and outputs, the split update's merge), written in order to ``w``."""
 
-    def __init__(self, plan, knobs, name: str, interpreter: bool):
+    def __init__(self, plan, knobs, name: str, interpreter: bool, nvidia: bool = True):
         self.plan, self.knobs, self.name, self.interpreter = plan, knobs, name, interpreter
+        self.products = lambda dtype: ieee_products(dtype, nvidia)  # noqa: E731
         self.dot_type = (lambda con: "f32") if interpreter else \
             (lambda con: con.dot_dtype)  # noqa: E731
         self.prog = prog = plan.program
@@ -252,7 +252,7 @@ class _RowTileSource(SplitMerge):
         for xname, con in plan.locals.items():
             feat = self.local_axes[xname]
             w(f"rhs_{xname} = {dot_operand(con.right, self.ctx_cf(feat), self.dot_type(con))}")
-            ieee = ieee_products(self.dot_type(con))
+            ieee = self.products(self.dot_type(con))
             w(f"t_{xname} = tl.dot(lhs_{xname}, tl.trans(rhs_{xname}){ieee})")
             rc_refs[xname] = f"t_{xname}"
         if self.realign is not None:
@@ -341,7 +341,7 @@ class _RowTileSource(SplitMerge):
             corrected = to_triton(scheme.correct[sp.k], corr)
             if sp.contraction is not None:  # accumulate on the tensor cores: acc = p·v + acc
                 text = (f"tl.dot(p_{m.name}_{sp.k}, v_{m.name}_{sp.k}, {corrected}"
-                        f"{ieee_products(self.dot_type(sp.contraction))})")
+                        f"{self.products(self.dot_type(sp.contraction))})")
             else:
                 combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
                                                    [Symbol("__b", sp.dtype)])[0]
