@@ -335,10 +335,6 @@ SECTIONS = (
      "RMSNorm, int8 quantisation of rows by their largest magnitude; each against the best "
      "torch alternative on the same tensors",
      "python -m benchmarks.serving_kernels"),
-    ("serving-kernels-rope-attention", "Rotary embeddings inside attention, again",
-     "bf16 q, k, v and float32 rotary tables; the scores' float32 products as three TF32 "
-     "products of their halves on the tensor cores (IEEE products on the FMA units before)",
-     "python -m benchmarks.serving_kernels --only rope_attention"),
     ("monoid-kernels", "Reductions by the DSL's other monoids",
      "greedy decoding's argmax over a vocabulary (bf16), a row's logsumexp (f32), a KL "
      "divergence written with two logsumexps (bf16), the count of a row's maxima (bf16), the "
