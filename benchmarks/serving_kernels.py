@@ -11,7 +11,6 @@ harness of :mod:`benchmarks.kernel_suite`).
 Rows: ``benchmark`` = ``user/<name>``; CSV
 ``benchmarks/results/<date>-<device>-serving-kernels.csv``.
 """
-import math
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.kernels import softmax_attend
+from benchmarks.attention import reference
 from benchmarks.common import SDPA, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
 from benchmarks.kernel_suite import Case, Recorded, main
 
@@ -80,14 +80,10 @@ def absmax_quant(x: T.Tensor["M", "K", "bf16"]):
 
 # ---- float64 references and torch alternatives (shared with the tests) ----
 
-def causal_attention_reference(q, k, v, scale, rows, offset: int = 0):
-    """Softmax attention in float64 at query ``rows`` of ``[B, H, M, D]`` tensors, key j seen
-    by query i where ``j <= i + offset`` (grouped heads: k, v repeated)."""
-    group = q.shape[1] // k.shape[1]
-    k, v = (t.double().repeat_interleave(group, 1) for t in (k, v))
-    s = q[:, :, rows].double() @ k.transpose(-1, -2) * scale
-    seen = torch.arange(k.shape[2], device=q.device)[None] <= rows.to(q.device)[:, None] + offset
-    return torch.softmax(s.masked_fill(~seen, -math.inf), -1) @ v
+def causal(b, h, query, key):
+    """The causal mask of :func:`benchmarks.attention.reference` (queries aligned to the last
+    keys: speculative decoding's draft tokens see the cache up to their own key)."""
+    return key <= query
 
 
 def rotated(t, cos, sin):
@@ -126,7 +122,7 @@ def _packed_qkv_case(generator, B=2, S=4096, H=16, D=128) -> Case:
     f = Recorded(packed_qkv_causal)
     rows = torch.arange(0, S, 37)
     views = [qkv[:, :, n].transpose(1, 2) for n in range(3)]
-    ref = causal_attention_reference(*views, scale, rows).transpose(1, 2)
+    ref = reference(*views, scale, None, causal, rows).transpose(1, 2)
     return Case("packed_qkv_causal", f"B{B} S{S} H{H} D{D} [B, S, 3, H, D]",
                 lambda: f(qkv, scale), {SDPA: sdpa}, ref, lambda out: out[:, rows],
                 flops=2 * B * H * S * S * D,
@@ -144,7 +140,7 @@ def _speculative_case(generator, B=8, H=32, HKV=8, M=4, N=16384, D=128) -> Case:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, scale=scale,
                                               enable_gqa=True)
     f = Recorded(speculative_decode)
-    ref = causal_attention_reference(q, k, v, scale, torch.arange(M), N - M)
+    ref = reference(q, k, v, scale, None, causal)
     return Case("speculative_decode", f"B{B} H{H}/{HKV} M{M} N{N} D{D}",
                 lambda: f(q, k, v, scale), {SDPA: sdpa}, ref, lambda out: out,
                 bytes=2 * k.numel() * 2 + 2 * q.numel() * 2,
@@ -162,9 +158,8 @@ def _rope_attention_case(generator, B=2, H=16, S=4096, D=128) -> Case:
         return F.scaled_dot_product_attention(qr, kr, v, is_causal=True, scale=scale)
     f, compiled = Recorded(rope_attention), torch.compile(eager)
     rows = torch.arange(0, S, 37)
-    ref = causal_attention_reference(rotated(q.double(), cos.double(), sin.double()),
-                                     rotated(k.double(), cos.double(), sin.double()), v, scale,
-                                     rows)
+    ref = reference(rotated(q.double(), cos.double(), sin.double()),
+                    rotated(k.double(), cos.double(), sin.double()), v, scale, None, causal, rows)
     return Case("rope_attention", f"B{B} H{H} S{S} D{D} causal",
                 lambda: f(q, k, v, cos, sin, scale),
                 {TORCH_COMPILE: lambda: compiled(q, k, v), SDPA: lambda: eager(q, k, v)},

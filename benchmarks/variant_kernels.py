@@ -11,15 +11,16 @@ harness of :mod:`benchmarks.kernel_suite`).
 Rows: ``benchmark`` = ``user/<name>``; CSV
 ``benchmarks/results/<date>-<device>-variant-kernels.csv``.
 """
-import math
 
 import torch
 import torch.nn.functional as F
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
+from benchmarks.attention import reference
 from benchmarks.common import SDPA, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
 from benchmarks.kernel_suite import Case, Recorded, main, rows_case
+from benchmarks.serving_kernels import causal
 
 
 @tf.kernel
@@ -115,14 +116,8 @@ def int8_kv_dequantised(q, k, ks, v, vs, scale, dtype=torch.float64):
 
 def diff_reference(q1, k1, q2, k2, v, lam, scale, rows):
     """Differential attention in float64 at query ``rows``."""
-    S = k1.shape[2]
-    causal = rows.to(q1.device)[:, None] >= torch.arange(S, device=q1.device)[None]
-    out = []
-    for q, k in ((q1, k1), (q2, k2)):
-        s = (q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale).masked_fill(
-            ~causal, -math.inf)
-        out.append(torch.softmax(s, -1) @ v.double())
-    return out[0] - lam * out[1]
+    return reference(q1, k1, v, scale, None, causal, rows) - \
+        lam * reference(q2, k2, v, scale, None, causal, rows)
 
 
 def retention_reference(q, k, v, gamma, rows):

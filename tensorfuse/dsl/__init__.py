@@ -13,8 +13,8 @@ folds. :func:`trace` turns such a function into a :class:`Program`.
 from .types import Tensor, TensorType, ScalarType, f16, bf16, f32, f64, i32, i64, boolean
 from .monoid import Monoid, SUM, PROD, MAX, MIN, LOGSUMEXP, ARGMAX, ARGMIN
 from .ops import (axes, axis, size, exp, exp2, log, log2, tanh, sqrt, rsqrt, sigmoid, erf, floor, ceil,
-                  round, sin, cos, abs, where, cast, gelu, relu, silu, reduce, sum, prod, max, min, logsumexp,
-                  argmax, argmin, max_argmax, maximum, minimum, clamp, inf, mean)
+                  round, sin, cos, abs, where, cast, gelu, relu, silu, reduce, sum, prod, max, min,
+                  logsumexp, argmax, argmin, max_argmax, maximum, minimum, clamp, inf, mean)
 from .expr import Expr, Axis
 from . import printer  # noqa: F401  (gives every Expr its DSL text as repr)
 from .program import Program, Compute, TensorParam, ScalarParam
@@ -24,7 +24,8 @@ __all__ = [
     "Tensor", "TensorType", "ScalarType", "f16", "bf16", "f32", "f64", "i32", "i64", "boolean",
     "Monoid", "SUM", "PROD", "MAX", "MIN", "LOGSUMEXP", "ARGMAX", "ARGMIN",
     "axes", "axis", "size", "exp", "exp2", "log", "log2", "tanh", "sqrt", "rsqrt", "sigmoid", "erf",
-    "floor", "ceil", "round", "sin", "cos", "abs", "where", "cast", "gelu", "relu", "silu", "reduce", "sum", "prod",
+    "floor", "ceil", "round", "sin", "cos", "abs", "where", "cast", "gelu", "relu", "silu", "reduce",
+    "sum", "prod",
     "max", "min", "logsumexp", "argmax", "argmin", "max_argmax", "maximum", "minimum", "clamp",
     "inf", "mean",
     "Expr", "Axis", "Program", "Compute", "TensorParam", "ScalarParam", "trace",

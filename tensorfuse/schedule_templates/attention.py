@@ -66,7 +66,7 @@ PREFILL_KNOBS = (Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3),
                  Knobs(block_m=64, block_n=64, num_warps=4, num_stages=2))
 
 
-# float32 operands multiply at float32's accuracy (``ieee_products``: three TF32 products of their
+# float32 operands multiply at float32's accuracy (``dot_precision``: three TF32 products of their
 # halves): small tiles — 128×128 with 8 warps and 3 stages took 28 s to compile at D=64 with
 # IEEE products on the FMA units (Triton 3.6, sm_90a) and did not fit shared memory at D=128
 F32_KNOBS = Knobs(block_m=64, block_n=32, num_warps=4, num_stages=2)
@@ -128,7 +128,8 @@ def narrow_keys(plan: RowTilePlan) -> bool:
     """Whether the products read a key or value tensor of 1-byte elements (an int8 cache): its
     blocks carry half a bf16 block's bytes, so twice the parts keep as many in flight — GQA 32/8
     decode over an int8 cache with a scale per key, B8 N16k, 0.122 → 0.106 ms on the H200 (2 → 4
-    parts; 8 parts 0.111, 8 warps slower; ``benchmarks.variant_kernels``' kernel)."""
+    parts; 8 parts 0.111, 8 warps slower: ``benchmarks.variant_kernels``' kernel through
+    :func:`attention`'s knobs; the default is the suite's row)."""
     return any(isinstance(n, Load) and dt.to_numpy(n.param.dtype).itemsize == 1
                for side in plan.column_sides for n in nodes(side))
 
@@ -158,8 +159,10 @@ def shared_bytes(plan: RowTilePlan, knobs: Knobs) -> int:
     dims 64 and 128 over this template's whole tuning space with 2–4 stages (2026-11-24); an upper
     bound with 1 — each tensor the products read once: two scores' queries and keys and one
     value tensor (differential attention's) took 360448 bytes at 128 × 128, 3 stages, D=64, 128
-    (sm_90a). The split (decode) kernels keep one slot fewer and use at least
-    :func:`decode_shared_floor`."""
+    (sm_90a). Operands computed from several tensors count each, which over-counts: rotary
+    tables applied to q and k in the scores gave 327680 at 128 × 32, 2 stages, where Triton took
+    229376 — the defaults are then smaller than need be, and tuning leaves such tiles out. The
+    split (decode) kernels keep one slot fewer and use at least :func:`decode_shared_floor`."""
     width, size = _tile_width(plan), _element_size(plan)
     rows, columns = _product_operands(plan)
     return knobs.num_stages * knobs.block_n * columns * width * size + \

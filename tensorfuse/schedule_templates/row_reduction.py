@@ -381,7 +381,8 @@ LANE_STATES_BLOCK = 8192
 # 0.219; its 16384-blocks took 102 registers a thread, one CTA an SM); the same row without the
 # mean took 0.172 in 16384-blocks. Rows of lane states alone keep their blocks (a row sum over
 # 32768 the same in every block; an RMS scale over 65536 0.087 ms, 0.100 in 4096-blocks)
-# (``benchmarks.variant_kernels``' kernels under the knobs given to ``row_reduction``)
+# (``benchmarks.variant_kernels``' kernels through ``row_reduction``'s knobs; the defaults are
+# the suite's rows)
 MIXED_STATES_SWEEP = (4096, 8)
 
 

@@ -3,33 +3,31 @@ float64 references: shared by ``test_serving_kernels`` and its check under Trito
 (``python -m tests.schedule_templates.serving_kernels_check SEED`` with ``TRITON_INTERPRET=1``)."""
 import torch
 
-from benchmarks.serving_kernels import (absmax_quant, add_rmsnorm, added_rmsnorm,
-                                        causal_attention_reference, packed_qkv_causal,
-                                        quantised, rope_angles, rope_attention, rotated,
-                                        speculative_decode)
+from benchmarks.attention import reference
+from benchmarks.serving_kernels import (absmax_quant, add_rmsnorm, added_rmsnorm, causal,
+                                        packed_qkv_causal, quantised, rope_angles,
+                                        rope_attention, rotated, speculative_decode)
 from tests.helpers import poisoned_main, templated
 
 
 def packed_case(generator, B=1, S=150, H=2, D=32):
     qkv = torch.randn(B, S, 3, H, D, generator=generator).to(torch.bfloat16)
     views = [qkv[:, :, n].transpose(1, 2) for n in range(3)]
-    want = causal_attention_reference(*views, D ** -0.5, torch.arange(S)).transpose(1, 2)
+    want = reference(*views, D ** -0.5, None, causal).transpose(1, 2)
     return dict(qkv=qkv, scale=D ** -0.5), want
 
 
 def speculative_case(generator, B=2, H=8, HKV=2, M=3, N=300, D=64):
     q = torch.randn(B, H, M, D, generator=generator).to(torch.bfloat16)
     k, v = (torch.randn(B, HKV, N, D, generator=generator).to(torch.bfloat16) for _ in range(2))
-    return dict(q=q, k=k, v=v, scale=D ** -0.5), \
-        causal_attention_reference(q, k, v, D ** -0.5, torch.arange(M), N - M)
+    return dict(q=q, k=k, v=v, scale=D ** -0.5), reference(q, k, v, D ** -0.5, None, causal)
 
 
 def rope_case(generator, B=1, H=2, S=150, D=32):
     q, k, v = (torch.randn(B, H, S, D, generator=generator).to(torch.bfloat16) for _ in range(3))
     cos, sin = rope_angles(S, D)
-    want = causal_attention_reference(rotated(q.double(), cos.double(), sin.double()),
-                                      rotated(k.double(), cos.double(), sin.double()), v,
-                                      D ** -0.5, torch.arange(S))
+    want = reference(rotated(q.double(), cos.double(), sin.double()),
+                     rotated(k.double(), cos.double(), sin.double()), v, D ** -0.5, None, causal)
     return dict(q=q, k=k, v=v, cos=cos, sin=sin, scale=D ** -0.5), want
 
 

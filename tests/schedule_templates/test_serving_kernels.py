@@ -44,6 +44,20 @@ def test_round_takes_halves_to_even_as_torch_does(where):
     assert torch.equal(got, torch.round(x)), (got, torch.round(x))
 
 
+def test_every_generated_module_that_rounds_gets_the_helper_once():
+    """``_rint`` is written into any whole generated module that calls it — the row template's
+    and the attention backward's, which assembles its own — once, after the imports."""
+    from tensorfuse.targets.triton.expr import HELPERS, with_called_helpers
+
+    module = ("import triton\nimport triton.language as tl\n" + HELPERS +
+              "\n@triton.jit\ndef k(x):\n    return _rint(x)\n")
+    made = with_called_helpers(module)
+    assert made.count("def _rint(") == 1 and made.index("def _rint(") < made.index("def k(")
+    compile(made, "<generated>", "exec")
+    assert with_called_helpers(made) == made
+    assert with_called_helpers(module.replace("_rint(x)", "x")) == module.replace("_rint(x)", "x")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_serving_kernels_match_float64_on_the_gpu(name):

@@ -58,3 +58,25 @@ def test_variant_kernels_match_float64_on_the_gpu(name):
     kernel, case = CASES[name]
     args, want, seed = gpu_case(case)
     assert relative_error(tf.compile(kernel)(**args), want.cuda()) < 2e-2, seed
+
+
+def test_out_of_shared_memory_at_the_first_launch_names_the_tiles(monkeypatch):
+    """Triton's OutOfResources (raised where a kernel is loaded on the GPU) reaches the user as a
+    TargetError naming the kernel's tiles, stages and warps and what to change."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    from types import SimpleNamespace
+
+    from triton.runtime.errors import OutOfResources
+
+    from tensorfuse.errors import TargetError
+    from tensorfuse.targets.triton import launcher
+
+    def runs_out(*args):
+        raise OutOfResources(360448, 232448, "shared memory")
+    monkeypatch.setattr(launcher, "compiled_or_jit", runs_out)
+    step = SimpleNamespace(fn=SimpleNamespace(__name__="diff_attention_fused"), grid=(1,),
+                           names=[])
+    with pytest.raises(TargetError, match=r"diff_attention_fused: .*shared memory.*block_m=128, "
+                                          r"block_n=128, 3 stage\(s\), 8 warps\): use smaller"):
+        launcher._first_launch(step, {}, {"BLOCK_M": 128, "BLOCK_N": 128},
+                               {"num_stages": 3, "num_warps": 8})

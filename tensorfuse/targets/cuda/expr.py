@@ -25,7 +25,8 @@ _UNARY = {"exp": "__expf({})", "exp2": "exp2f({})", "log": "__logf({})", "log2":
           # busy); GELU's tanh in the Hopper GEMM's epilogue had cost ~8 % of a tile with tanhf
           "tanh": "({{ float tf_tanh_; asm(\"tanh.approx.f32 %0, %1;\" : \"=f\"(tf_tanh_) "
                   ": \"f\"((float)({}))); tf_tanh_; }})",
-          "floor": "floorf({})", "ceil": "ceilf({})", "round": "rintf({})", "sin": "__sinf({})", "cos": "__cosf({})",
+          "floor": "floorf({})", "ceil": "ceilf({})", "round": "rintf({})",
+          "sin": "__sinf({})", "cos": "__cosf({})",
           "neg": "(-{})", "not": "(!{})"}
 _BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
            "max": "fmaxf({}, {})", "min": "fminf({}, {})", "pow": "powf({}, {})",

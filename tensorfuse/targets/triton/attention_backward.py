@@ -32,7 +32,8 @@ import math
 
 from ...dsl.expr import Load
 from ...dsl.program import TensorParam
-from .expr import HELPERS, LOG2E, TL_DTYPES, TileContext, ieee_products, offset, to_triton
+from .expr import (HELPERS, LOG2E, TL_DTYPES, TileContext, dot_precision, offset, to_triton,
+                   with_called_helpers)
 from .launch import TL_SIGNATURE, compile_for, interpreting, load_kernel
 from .launcher import JitOnce
 
@@ -89,7 +90,7 @@ class _BackwardSource:
         self.tile_qk, self.tile_v = plan.head_tile, plan.value_tile
         self.storage = storage = plan.q.param.dtype
         self.dot_type = TL_DTYPES[storage]
-        self.prec = ieee_products(storage)
+        self.prec = dot_precision(storage)
         self.qkv = (plan.q.param.name, plan.k.param.name, plan.v.param.name)
         self.others = [p.name for p in plan.program.tensor_params if p.name not in self.qkv]
         self.scalars = [p.name for p in plan.program.scalar_params]
@@ -430,7 +431,8 @@ def _tf_bwd_dkdv_dq({args}, BM: tl.constexpr, BN: tl.constexpr, BM2: tl.constexp
 """
 
     def source(self) -> str:
-        return self.statistics_kernels() + self.gradient_blocks() + self.entries()
+        return with_called_helpers(self.statistics_kernels() + self.gradient_blocks() +
+                                   self.entries())
 
 
 def merged(knobs, plan) -> bool:

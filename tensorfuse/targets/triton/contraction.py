@@ -23,7 +23,7 @@ from ...algebra.exprs import has_axis, nodes
 from ...dsl.expr import Load
 from ...dsl.program import Program
 from ...dsl.symbolic_sizes import size_arguments
-from .expr import TL_DTYPES, TileContext, fresh_memo, ieee_products, to_triton
+from .expr import TL_DTYPES, TileContext, fresh_memo, dot_precision, to_triton
 from .elementwise import split_interleaved
 from .tile_text import assemble_source, dot_operand, needs_wide_offsets, store_offsets
 from .source_writer import SourceWriter
@@ -360,7 +360,7 @@ def _contracted(plan, knobs, w, sizes: dict, interpreter: bool, batch: dict,
                         to_triton(side, ctx)
                     value = f"({value}).to({TL_DTYPES[dtype]})"
                 operands.append(f"tl.broadcast_to({value}, ({shape}))")
-            w(f"acc_{k} = tl.dot({operands[0]}, {operands[1]}, acc_{k}{ieee_products(dtype)})")
+            w(f"acc_{k} = tl.dot({operands[0]}, {operands[1]}, acc_{k}{dot_precision(dtype)})")
         bounds = {plan.rows.uid: (ragged_m, rows_ok), plan.cols.uid: (ragged_n, cols_ok),
                   **{a.uid: (ragged_k, f"(offs_k[None, :] < {K})") for a in plan.ks}}
         _pairs(plan, knobs, w, batch, bounds, base, K)

@@ -23,7 +23,7 @@ TL_DTYPES = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f
              "bool": "tl.int1"}
 
 
-def ieee_products(dot_dtype: str, split_tf32: bool = False) -> str:
+def dot_precision(dot_dtype: str, split_tf32: bool = False) -> str:
     """``tl.dot``'s argument that keeps a float32 contraction's products at float32's accuracy
     (Triton's default for f32 operands is TF32, 10-bit mantissas: a tiny Llama's f32 attention
     gradients on the H200, its forward's products in TF32, were 3e-3 from SDPA's where f32 asks
@@ -69,8 +69,9 @@ def _floormod(a, b):
 '''
 
 # ``T.round`` (to the nearest, halves to even, as torch.round) from floor and compares, written
-# into a source that calls it: Triton's interpreter runs no libdevice function (its rint came
-# back None), and in a memory-bound kernel the few extra instructions cost nothing measurable
+# into a source that calls it (:func:`with_called_helpers`): Triton's interpreter gave None for
+# libdevice's rint, nearbyint, round and trunc alike, and in a memory-bound kernel the few
+# extra instructions cost nothing measurable
 ROUND_HELPER = '''
 @triton.jit
 def _rint(x):
@@ -79,6 +80,15 @@ def _rint(x):
     odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
     return tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
 '''
+
+
+def with_called_helpers(source: str) -> str:
+    """``source`` (a whole generated module) with the helpers written only where they are
+    called (:data:`ROUND_HELPER`) put after its imports."""
+    if "_rint(" not in source or "def _rint(" in source:
+        return source
+    head, sep, rest = source.partition("\n\n")
+    return head + "\n" + ROUND_HELPER + sep + rest
 
 
 def literal(value, dtype: str) -> str:

@@ -19,7 +19,7 @@ from ...algebra.schemes import EXTRAPOLATION
 from ...dsl.expr import Axis, Symbol, Where
 from ...dsl.symbolic_sizes import size_arguments
 from ..index_text import IndexText as _Index
-from .expr import TL_DTYPES, TileContext, fresh_memo, ieee_products, literal, to_triton
+from .expr import TL_DTYPES, TileContext, fresh_memo, dot_precision, literal, to_triton
 from .expr import offset as load_offset
 from .column_sums import add_tile, finish_body, open_partials, partial_names, store_partials
 from .row_bounds import bounded_sweep
@@ -55,12 +55,12 @@ SWEPT_IN_L2 = 8192
 
 
 def kernel_source(plan, knobs, name: str, interpreter: bool = False,
-                  nvidia: bool = True) -> tuple[str, list[str]]:
+                  nvidia: bool = False) -> tuple[str, list[str]]:
     """Python source of a Triton kernel for ``plan`` (a ``tile_plan.RowTilePlan``) with ``knobs``
     (its ``Knobs``) and the names of its arguments, in order. ``interpreter``: source for Triton's
     CPU interpreter, which has no bf16 tensor-core operands (they become f32) and no loop bounds
     loaded from memory (block lists are walked to their static length, skipping past the count).
-    ``nvidia``: float32 products on its tensor cores (:func:`.expr.ieee_products`)."""
+    ``nvidia``: float32 products on its tensor cores (:func:`.expr.dot_precision`)."""
     launch_grid(plan, knobs)   # a grid CUDA cannot launch is refused here, where a fit is asked
     return _RowTileSource(plan, knobs, name, interpreter, nvidia).source()
 
@@ -70,9 +70,9 @@ class _RowTileSource(SplitMerge):
     about its rows, columns and states, and the pieces of the kernel (prologue, a block of the
     swept axis, the finals and outputs, the split update's merge), written in order to ``w``."""
 
-    def __init__(self, plan, knobs, name: str, interpreter: bool, nvidia: bool = True):
+    def __init__(self, plan, knobs, name: str, interpreter: bool, nvidia: bool):
         self.plan, self.knobs, self.name, self.interpreter = plan, knobs, name, interpreter
-        self.products = lambda dtype: ieee_products(dtype, nvidia)  # noqa: E731
+        self.products = lambda dtype: dot_precision(dtype, nvidia)  # noqa: E731
         self.dot_type = (lambda con: "f32") if interpreter else \
             (lambda con: con.dot_dtype)  # noqa: E731
         self.prog = prog = plan.program

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ...dsl.expr import Expr, Load
-from .expr import HELPERS, ROUND_HELPER, TL_DTYPES, TileContext, to_triton
+from .expr import HELPERS, TL_DTYPES, TileContext, to_triton, with_called_helpers
 from .reductions import combine_helpers
 from .source_writer import INTERPRETER_HELPERS
 
@@ -15,14 +15,12 @@ def assemble_source(functions) -> str:
              "from triton.language.extra import libdevice", HELPERS]
     if any("_host_int(" in line for _, _, body in functions for line in body):
         parts.append(INTERPRETER_HELPERS)
-    if any("_rint(" in line for _, _, body in functions for line in body):
-        parts.append(ROUND_HELPER)
     parts += combine_helpers(line for _, _, body in functions for line in body)
     for fname, fargs, body in functions:
         parts += ["", "@triton.jit",
                   f"def {fname}(" + ", ".join(fargs) + ", BLOCK_M: tl.constexpr, "
                   "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):"] + body
-    return "\n".join(parts) + "\n"
+    return with_called_helpers("\n".join(parts) + "\n")
 
 
 def dot_operand(e: Expr, ctx: TileContext, dot_dtype: str) -> str:
