@@ -141,11 +141,14 @@ def ptxas_spills(ptx: str) -> list[int]:
 
 
 def fresh_seed() -> int:
-    """A fresh seed for a random test, or ``TENSORFUSE_SEED`` to rerun a failing one."""
+    """A fresh seed for a random test, or ``TENSORFUSE_SEED`` to rerun a failing one (printed:
+    pytest shows a failing test's output)."""
     import os
     import secrets
 
-    return int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
+    seed = int(os.environ.get("TENSORFUSE_SEED", secrets.randbits(32)))
+    print(f"random seed: {seed} (rerun with TENSORFUSE_SEED={seed})")
+    return seed
 
 
 def relative_error(out, want) -> float:

@@ -236,7 +236,8 @@ def test_gpt_oss_trains_on_tensorfuse_with_eagers_loss_and_gradients(monkeypatch
     300 tokens: the Hopper forward saving its log-sum-exp, the attention backward template)
     against the same model in float32, each gradient within 2e-2 of it or no further than
     twice the eager bf16 model's (both are bf16 models: a router's bias is 1–2e-2 off in either,
-    and tensorfuse's 2.2e-2 from eager's, on the CPU and the H200)."""
+    and tensorfuse's 2.2e-2 from eager's, on the CPU and the H200). A gradient that cancels to
+    below ``CANCELLED`` of the largest (the router's bias) is compared at that scale."""
     from transformers.models.gpt_oss import modeling_gpt_oss
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -261,9 +262,10 @@ def test_gpt_oss_trains_on_tensorfuse_with_eagers_loss_and_gradients(monkeypatch
         return
     exact = _training_step(tiny_gpt_oss(**config).to(device, dtype).float(), ids)
     assert abs(float(got[0] - exact[0])) <= 2e-2 * abs(float(exact[0]))
+    floor = _cancelled_floor(exact[1])
     for name, want in exact[1].items():
         if want.abs().max() > 0:
-            ours, theirs = (_norm_relative(step[1][name], want) for step in (got, eager))
+            ours, theirs = (_norm_relative(step[1][name], want, floor) for step in (got, eager))
             assert ours <= max(2e-2, 2 * theirs), (name, ours, theirs)
 
 
@@ -295,8 +297,22 @@ def only_tensorfuse(monkeypatch):
     return swap
 
 
-def _norm_relative(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
+def _norm_relative(a, b, floor: float = 0.0) -> float:
+    """‖a − b‖ / ‖b‖, or relative to ``floor`` where ``b`` is smaller (:func:`_cancelled_floor`)."""
+    return float((a.double() - b.double()).norm() / max(float(b.double().norm()), floor))
+
+
+# A gradient that is a sum cancelling to a small remainder carries the rounding of its terms,
+# not of the remainder: gpt-oss's router bias (two experts, both taken: each token's two logit
+# gradients cancel) sums to 1e-4 of the largest gradient, with the same 2–6e-9 absolute error
+# in eager's f32 model and in tensorfuse's against float64 — 2–9e-5 relative to itself, past
+# 1e-5 for about 1 seed in 12. Such a gradient is compared at this fraction of the largest
+# parameter gradient's norm instead (an error of any kernel is orders of magnitude over it).
+CANCELLED = 1e-3
+
+
+def _cancelled_floor(grads: dict) -> float:
+    return CANCELLED * max(float(g.double().norm()) for g in grads.values())
 
 
 # ‖g − g_SDPA‖ / ‖g_SDPA‖ per parameter: f32 up to the order of summation; bf16 rounds every
@@ -317,7 +333,9 @@ def _same_step(got, want, dtype=torch.float32) -> None:
     (got_loss, got), (want_loss, want) = got, want
     assert abs(float(got_loss - want_loss)) <= GRADIENT_TOLERANCE[dtype] * abs(float(want_loss))
     assert got.keys() == want.keys() and all(g is not None for g in got.values())
-    worst = max((_norm_relative(got[n], want[n]), n) for n in want if want[n].abs().max() > 0)
+    floor = _cancelled_floor(want)
+    worst = max((_norm_relative(got[n], want[n], floor), n)
+                for n in want if want[n].abs().max() > 0)
     assert worst[0] <= GRADIENT_TOLERANCE[dtype], worst
 
 
