@@ -153,9 +153,26 @@ def launchable(x) -> bool:
     return x.is_contiguous() and x.data_ptr() % ALIGNMENT == 0
 
 
-def torch_arguments(program, bound, device) -> dict:
+def tma_servable(x) -> bool:
+    """Whether a kernel that reads torch tensor ``x`` through a TMA tensor map of its own strides
+    can take it as it is (a slice ``qkv[:, :, 0]`` of a packed projection, a transposed view):
+    its innermost axis contiguous, its start on a 16-byte boundary and each other axis's stride
+    a positive multiple of 16 bytes (``cuTensorMapEncodeTiled``'s rule). Axes of one element
+    are not read along, whatever their stride."""
+    if x.data_ptr() % ALIGNMENT:
+        return False
+    size = x.element_size()
+    axes = [(n, s) for n, s in zip(x.shape, x.stride()) if n > 1]
+    if not axes or axes[-1] != (x.shape[-1], 1):
+        return x.is_contiguous()
+    return all(s > 0 and s * size % ALIGNMENT == 0 for _, s in axes[:-1])
+
+
+def torch_arguments(program, bound, device, strided=()) -> dict:
     """Every parameter of a bound call by name: scalars as given, arrays as contiguous,
-    16-byte-aligned torch tensors on ``device`` (NumPy arrays copied there, other views cloned)."""
+    16-byte-aligned torch tensors on ``device`` (NumPy arrays copied there, other views cloned)
+    — but the tensors named in ``strided``, which the kernel reads by their own strides, as
+    given where TMA can read them (:func:`tma_servable`)."""
     values = {}
     for p in program.params:
         if p.name in bound.scalars:
@@ -163,7 +180,8 @@ def torch_arguments(program, bound, device) -> dict:
         else:
             x = bound.arrays[p.name]
             x = x if is_torch(x) else torch_from_numpy(x, device)
-            values[p.name] = x if launchable(x) else x.clone(memory_format=_contiguous())
+            kept = tma_servable(x) if p.name in strided else launchable(x)
+            values[p.name] = x if kept else x.clone(memory_format=_contiguous())
     return values
 
 

@@ -469,3 +469,58 @@ def test_a_kept_fast_call_launches_the_arguments_outputs_and_sizes_in_the_kernel
     launcher.remember_fast_call(kept, "key", scaled.program, (x, w, 2.0), bound, binder,
                                 outputs, launches)
     assert kept == {}
+
+
+def test_tensors_read_by_their_strides_are_taken_as_given_where_tma_reads_them():
+    """``tma_servable``: TMA reads a view whose innermost axis is contiguous, whose start is
+    16-byte aligned and whose other strides are positive multiples of 16 bytes (a packed
+    projection's slice, a transposed view; an axis of one element whatever its stride).
+    ``torch_arguments`` keeps such a tensor as given only where the kernel reads it by its
+    strides; every other one arrives contiguous, as before."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from tensorfuse.interop import tma_servable, torch_arguments
+
+    qkv = torch.zeros(2, 5, 3, 4, 64, dtype=torch.bfloat16)
+    assert all(tma_servable(qkv[:, :, c]) for c in range(3))
+    assert tma_servable(qkv[:, :, 0].transpose(1, 2))          # [B, H, S, D] by strides
+    flat = torch.zeros(2 * 4 * 64 + 1, dtype=torch.bfloat16)
+    assert tma_servable(flat[:-1].as_strided((2, 1, 4, 64), (256, 3, 64, 1)))   # one element
+    assert not tma_servable(flat[1:].view(2, 4, 64))            # 2 bytes in
+    assert not tma_servable(qkv[:, :, 0].transpose(2, 3))       # head dim not innermost
+    assert not tma_servable(torch.zeros(8, 12, dtype=torch.bfloat16)[:, :4])   # 24-byte rows
+    assert not tma_servable(torch.zeros(1, 64, dtype=torch.bfloat16).expand(8, 64))
+    program = SimpleNamespace(params=[SimpleNamespace(name=n) for n in ("q", "k")])
+    view = qkv[:, :, 1]
+    bound = SimpleNamespace(scalars={}, arrays={"q": view, "k": view})
+    values = torch_arguments(program, bound, "cpu", strided=("q",))
+    assert values["q"] is view
+    assert values["k"] is not view and values["k"].is_contiguous()
+    assert torch.equal(values["k"], view)
+
+
+def test_a_generated_cuda_fast_call_takes_strided_views_where_the_kernel_reads_strides(
+        monkeypatch):
+    """A fast call of launches that read q by its strides hands a TMA-readable view of q on as
+    it is (a view TMA cannot read, and any strided k, are left to the checked path), and makes
+    no output like such a q (``empty_like`` keeps a dense view's order)."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from tensorfuse.targets.cuda import kernel
+
+    monkeypatch.setattr(kernel, "on_torch_stream", lambda index, launch, *args: launch(*args))
+    ran = []
+    launches = SimpleNamespace(run=lambda module, values, out, device: ran.append(values),
+                               module="built module")
+    fast = kernel.ClusterFastCall([("q", 0, True), ("k", 1, True)], [("o", (4, 2, 64), "bf16")],
+                                  launches, torch.device("cuda", 0), likes=[0], strided=("q",))
+    fast.device = "cpu"
+    packed = torch.randn(2, 4, 3, 64).bfloat16()
+    q, k = packed[:, :, 0].transpose(0, 1), torch.ones(6).bfloat16()
+    out = fast((q, k), {})
+    assert ran[-1]["q"] is q and out.is_contiguous() and out.shape == (4, 2, 64)
+    assert fast((packed[..., 1:33].transpose(0, 1)[:, :, 0], k), {}) is None   # 2 bytes in
+    assert fast((q, torch.ones(6, 2).bfloat16()[:, 0]), {}) is None            # k strided
+    assert fast.declined == 2 and len(ran) == 1

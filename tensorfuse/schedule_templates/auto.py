@@ -221,7 +221,8 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
         made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True,
                       tuned=records("hopper_attention") if records else None,
                       refused=refused) or _merged_heads(kernel, fusion, spec, records) or \
-            _one_cache_prefill(kernel, fusion, spec, records)
+            _one_cache_prefill(kernel, fusion, spec, records) or \
+            _selected_prefill(kernel, fusion, spec, records)
         made += _packed_decodes(kernel, fusion, spec)
         decode = dict(description=f"cluster_decode (the keys {fusion.axis} split over a cluster "
                                   "per (batch, kv-head))", routed=True)
@@ -268,17 +269,24 @@ def _merged_heads(kernel, fusion, spec: TargetSpec, records=None) -> list:
     """The Hopper attention of grouped-query attention written with its query heads as two
     axes (:mod:`.merged_heads`), which the Triton template took otherwise; its tuning records are
     the merged program's."""
-    from ..dsl.program import ProgramKernel
     from .lifted_kernel import MergedHeadsKernel
     from .merged_heads import merge_head_axes
 
     merged = merge_head_axes(kernel.program, fusion.names, fusion.axis)
     if merged is None:
         return []
-    tuned = records("hopper_attention", merged.program) if records else None
-    return [MergedHeadsKernel(kernel.program, merged, inner, spec)
-            for inner in _made(hopper_attention, ProgramKernel(merged.program), fusion, spec,
-                               prefill_only=True, tuned=tuned)]
+    return _hopper_prefill_of(merged.program, fusion, spec, records,
+                              lambda inner: MergedHeadsKernel(kernel.program, merged, inner, spec))
+
+
+def _hopper_prefill_of(program, fusion, spec: TargetSpec, records, wrap) -> list:
+    """The Hopper attention (prefill) of ``program``, a rewrite of a kernel's, each kernel
+    wrapped by ``wrap`` as a kernel of the program as written; tuned by ``program``'s records."""
+    from ..dsl.program import ProgramKernel
+
+    tuned = records("hopper_attention", program) if records else None
+    return [wrap(inner) for inner in _made(hopper_attention, ProgramKernel(program), fusion,
+                                           spec, prefill_only=True, tuned=tuned)]
 
 
 def _one_cache_prefill(kernel, fusion, spec: TargetSpec, records=None) -> list:
@@ -289,6 +297,20 @@ def _one_cache_prefill(kernel, fusion, spec: TargetSpec, records=None) -> list:
 
     return _on_lifted(kernel, fusion, spec, lift_one_cache, hopper_attention,
                       "hopper_attention", records, prefill_only=True)
+
+
+def _selected_prefill(kernel, fusion, spec: TargetSpec, records=None) -> list:
+    """The Hopper attention of attention whose tensors are read at constant indices (q, k and v
+    the slices of one packed ``qkv``: :mod:`.selected_views`), run on the caller's slices (views,
+    read by their strides), which the Triton template took otherwise; its tuning records are the
+    selected program's."""
+    from .selected_views import SelectedKernel, select_constant_indices
+
+    selected = select_constant_indices(kernel.program)
+    if selected is None:
+        return []
+    return _hopper_prefill_of(selected.program, fusion, spec, records,
+                              lambda inner: SelectedKernel(kernel.program, selected, inner, spec))
 
 
 # Decodes whose kv-heads each serve a large group of query heads, as (smallest group, largest

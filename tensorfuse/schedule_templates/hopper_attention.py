@@ -257,14 +257,14 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                                                   (B * HKV, tiled.cols.patch, D),
                                                   (B * HKV, tiled.cols.patch, DV))]
         elif plan.strided:   # (batch, head, tokens, D) by each tensor's own strides
-            shapes = [((B, heads, tokens, width), (1, 1, rows, 64),
-                       tuple(plan.chain.strides(t, dims)[r] for r in ("b", "h", token)))
-                      for t, heads, tokens, token, rows, width in (
-                          (0, H, M, "i", knobs.block_m, D), (1, HKV, N, "j", knobs.block_n, D),
-                          (2, HKV, N, "j", knobs.block_n, DV))]
+            outer = [("b", "h", "i"), ("b", "h", "j"), ("b", "h", "j")]
+            shapes = [((B, heads, tokens, width), (1, 1, rows, 64), None)
+                      for heads, tokens, rows, width in (
+                          (H, M, knobs.block_m, D), (HKV, N, knobs.block_n, D),
+                          (HKV, N, knobs.block_n, DV))]
             if plan.keys_innermost:   # k's [batch, head, D, keys]: boxes of 64 keys × TD rows
-                shapes[1] = ((B, HKV, D, N), (1, 1, TD, 64),
-                             tuple(plan.chain.strides(1, dims)[r] for r in ("b", "h", "d")))
+                outer[1] = ("b", "h", "d")
+                shapes[1] = ((B, HKV, D, N), (1, 1, TD, 64), None)
         else:
             shapes = [((heads, tokens, width), (1, rows, 64), None)
                       for heads, tokens, rows, width in ((B * H, M, knobs.block_m, D),
@@ -280,11 +280,21 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
 
         def tensor_maps(values, device):
             """TMA maps of q, k and v (and the score tile's tensor) in one device buffer, made
-            once per set of addresses."""
+            once per set of addresses (and, read by their own strides, of q's, k's and v's
+            strides: the caller's views are taken as they are)."""
             key = tuple(values[t].data_ptr() for t, _ in mapped)
+            if plan.strided and tiled is None:
+                key += tuple(values[t].stride() for t, _ in mapped[:3])
+                strides = [role_strides(values[t], layout, roles, plan.chain.strides(k, dims))
+                           for k, ((t, _), layout, roles) in enumerate(
+                               zip(mapped, plan.chain.layouts, outer))]
+                made = [(sizes, box, given) for (sizes, box, _), given in zip(shapes, strides)]
+                made += shapes[3:]
+            else:
+                made = shapes
             return maps.get(key, lambda: b"".join(
                 tensor_map(address, sizes, box, dtype, strides)
-                for address, dtype, (sizes, box, strides) in zip(key, dtypes, shapes)), device)
+                for address, dtype, (sizes, box, strides) in zip(key, dtypes, made)), device)
 
         def run(module, values, out, device):
             c = plan.chain
@@ -310,6 +320,8 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                       if lists.pick_among is not None else "")
         return Launches(source, entries, knobs, run, plan=plan,
                         parts=named_parts(PARTS, plan.parts),
+                        strided=(plan.chain.q, plan.chain.k, plan.chain.v)
+                        if plan.strided and tiled is None else (),
                         why=padding + (f"visiting order: {tiled.describe()}; " if tiled else
                              f"flat order ({order}); " if order else "")
                         + f"{tiles} tiles: {how} schedule"
@@ -324,3 +336,12 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                              (getattr(tuned, "scalar_names", ()) if not given else ())
                              + map_scalars)),
                          choice_scalars=map_scalars if prefill_only else ())
+
+
+def role_strides(tensor, layout: str, roles: tuple[str, ...], declared: dict) -> tuple:
+    """The element strides of ``tensor`` (its axes by role ``layout``) for the roles ``roles``,
+    as a tensor map takes them: its own, or ``declared`` (contiguous ones) on an axis of one
+    element, whose stride torch leaves arbitrary and no copy moves along."""
+    at = {role: k for k, role in enumerate(layout)}
+    return tuple(tensor.stride(at[r]) if tensor.shape[at[r]] > 1 else declared[r]
+                 for r in roles)

@@ -38,7 +38,8 @@ class LiftedKernel(GraphCallable):
         self.program, self.inserts, self.inner, self.target = program, inserts, inner, target
         self.units = tuple(units)
         self.outputs = list(program.outputs)
-        self.description = f"{self.who}; {inner.description}"
+        self.lift = self.who   # what was done to the program as written
+        self.description = f"{self.lift}; {inner.description}"
         self._calls = None
         self._fast: dict = {}   # signature key -> its LiftedFastCall
 
@@ -63,6 +64,12 @@ class LiftedKernel(GraphCallable):
 
     def schedule_origin(self, **dims) -> str:
         return f"{self.who}; {self.inner.schedule_origin(**self.inner_dims(dims))}"
+
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        """How the program as written became the inner kernel's, and the inner kernel's plan at
+        the sizes it gets."""
+        inner = self.inner_dims({**dims, **(scalars or {})})
+        return f"{self.lift}\n{self.inner.describe_plan(**inner)}"
 
     def source(self, **dims) -> str:
         return self.inner.source(**self.inner_dims(dims))
@@ -115,12 +122,18 @@ class LiftedKernel(GraphCallable):
         outputs = [(c.name, output_shape(c, bound.dims), c.dtypes[0]) for c in self.outputs]
         params, likes, guards = call_layout(self.program, args, bound, self._calls.scalar_kinds,
                                             outputs)
+        self._fast[key] = self._fast_call(params, outputs, likes, guards, bound, inner_kwargs,
+                                          inner_fast)
+
+    def _fast_call(self, params, outputs, likes, guards, bound, inner_kwargs: dict, inner_fast):
+        """The fast call of a signature (:func:`call_layout`'s ``params``, ``likes``, ``guards``)
+        whose first call gave the inner kernel ``inner_kwargs``."""
         shapes = {n: tuple(inner_kwargs[n].shape) for n, t in bound.arrays.items()
                   if tuple(inner_kwargs[n].shape) != tuple(t.shape)}   # those viewed
         out = inner_kwargs["out"]
         out_shapes = [tuple(o.shape) for o in (out if isinstance(out, tuple) else (out,))]
-        self._fast[key] = LiftedFastCall(params, outputs, bound.torch_device, likes, guards,
-                                         shapes, out_shapes, inner_fast)
+        return LiftedFastCall(params, outputs, bound.torch_device, likes, guards, shapes,
+                              out_shapes, inner_fast)
 
 
 class MergedHeadsKernel(LiftedKernel):
@@ -133,7 +146,8 @@ class MergedHeadsKernel(LiftedKernel):
     def __init__(self, program, merged, inner, target):
         super().__init__(program, {}, inner, target, ())
         self.merged = merged
-        self.description = f"{merged.describe()}; {inner.description}"
+        self.lift = merged.describe()
+        self.description = f"{self.lift}; {inner.description}"
 
     def inner_sizes(self, sizes: dict) -> dict:
         m, names = self.merged, set(self.merged.program.dim_names())

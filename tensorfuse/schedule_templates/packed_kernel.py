@@ -22,7 +22,8 @@ class PackedRowsKernel(LiftedKernel):
         super().__init__(program, dict(packed.lifted), inner, target,
                          (UNIT_Q, UNIT_KV) if packed.lifted else ())
         self.packed = packed
-        self.description = f"{self.who} ({packed.describe()}) on {inner.description}"
+        self.lift = f"{self.who} ({packed.describe()})"
+        self.description = f"{self.lift} on {inner.description}"
 
     def inner_sizes(self, sizes: dict) -> dict:
         """The packed program's sizes at the original's; a :class:`TargetError` where the heads

@@ -12,7 +12,10 @@ CUDA kernels' :class:`~tensorfuse.targets.cuda.kernel.ClusterFastCall`) builds o
 from __future__ import annotations
 
 from ..binding import signature_key
-from ..interop import ALIGNMENT, launchable, is_torch, torch_dtype
+from ..interop import ALIGNMENT, launchable, is_torch, tma_servable, torch_dtype
+
+# the kind of a tensor parameter the kernel reads by its own strides (:func:`tma_servable`)
+STRIDED = "strided"
 
 
 def _given(kwargs: dict) -> list:
@@ -75,12 +78,17 @@ class SignatureCall:
     guard declined one (the caller makes a fast call for the new value)."""
 
     def __init__(self, params: list, outputs: list, device, likes: list | None = None,
-                 guards: list | None = None):
+                 guards: list | None = None, strided=()):
         import torch
 
         self.names = [name for name, _, _ in params]
-        self.sources = [(place, kind) for _, place, kind in params]
-        likes = likes or [None] * len(outputs)
+        # ``strided``: the tensors the kernel reads by their own strides (any TMA can read)
+        self.sources = [(place, STRIDED if kind is True and name in strided else kind)
+                        for name, place, kind in params]
+        tensors = [name for name, _, kind in params if kind is True]
+        # an output is made like a contiguous tensor only (empty_like keeps a dense view's order)
+        likes = [like if like is None or tensors[like] not in strided else None
+                 for like in likes or [None] * len(outputs)]
         self.outputs = [(shape, torch_dtype(dtype), like)
                         for (_, shape, dtype), like in zip(outputs, likes)]
         self.empty, self.empty_like = torch.empty, torch.empty_like
@@ -110,6 +118,12 @@ class SignatureCall:
                     self.declined += 1
                     return None
                 values.append(ptr if addresses else x)
+                tensors.append(x)
+            elif kind is STRIDED:
+                if not tma_servable(x):
+                    self.declined += 1
+                    return None
+                values.append(x.data_ptr() if addresses else x)
                 tensors.append(x)
             else:
                 values.append(kind(x))

@@ -62,11 +62,16 @@ class Launches:
     sources cannot share one translation unit); ``run`` then gets the tuple of all modules.
     Launches with no ``entries`` (and no ``more``) launch through the driver themselves
     (:class:`~.module.DriverLaunch`): no TVM module is built and ``run`` gets ``()``.
-    ``parts``: the :class:`~.parts.Part` s the source was assembled from (none: written whole)."""
+    ``parts``: the :class:`~.parts.Part` s the source was assembled from (none: written whole).
+    ``strided``: the tensors ``run`` reads through tensor maps of their own strides, taken as
+    the caller gives them where TMA can read them (:func:`~tensorfuse.interop.tma_servable`);
+    every other tensor reaches ``run`` contiguous."""
 
     def __init__(self, source: str, entries: list[KernelEntry], knobs, run, why: str = "",
-                 plan=None, more: tuple = (), origin: str | None = None, parts: tuple = ()):
+                 plan=None, more: tuple = (), origin: str | None = None, parts: tuple = (),
+                 strided: tuple[str, ...] = ()):
         self.source, self.entries, self.knobs, self.run = source, entries, knobs, run
+        self.strided = tuple(strided)   # tensors ``run`` reads by their own strides
         self.parts = tuple(parts)
         self.why = why   # how a default was chosen, where that depends on the GPU
         self.origin = origin   # where the knobs come from, when not the template defaults
@@ -104,8 +109,8 @@ class ClusterFastCall(SignatureCall):
     launches are the ones made for the signature (and the guarded scalars' values), built."""
 
     def __init__(self, params: list, outputs: list, launches: Launches, device,
-                 likes: list | None = None, guards: list | None = None):
-        super().__init__(params, outputs, device, likes, guards)
+                 likes: list | None = None, guards: list | None = None, strided=()):
+        super().__init__(params, outputs, device, likes, guards, strided)
         self.run, self.module = launches.run, launches.module
         self.driver = launches.module == ()   # driver launches take torch's stream themselves
         self.index = device_index(device)
@@ -252,7 +257,7 @@ class ClusterKernel(GraphCallable):
         device = bound.torch_device or torch.device("cuda", torch.cuda.current_device())
         launches = self.launches(bound.scalars, **bound.dims)
         launches.build(self.target, self._modules)
-        values = torch_arguments(self.program, bound, device)
+        values = torch_arguments(self.program, bound, device, launches.strided)
         given = list(bound.outs) if bound.outs is not None else [None] * len(self.outputs)
         outs = [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
                 for c, g in zip(self.outputs, given)]
@@ -280,7 +285,7 @@ class ClusterKernel(GraphCallable):
                                                 self._calls.scalar_kinds, outputs,
                                                 self.keyed_scalars)
             self._fast[key] = ClusterFastCall(params, outputs, launches, bound.torch_device,
-                                              likes, guards)
+                                              likes, guards, launches.strided)
         made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
         return made[0] if len(made) == 1 else tuple(made)
 
