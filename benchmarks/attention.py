@@ -94,7 +94,7 @@ def reference(q, k, v, scale, score_mod, mask_mod, rows=None) -> torch.Tensor:
     """float64 attention of the query rows ``rows`` (default all; all heads) from the same mods,
     masks aligned to the bottom right (query i sits at key i + N - M, as in the library)."""
     M, N = q.shape[2], k.shape[2]
-    rows = torch.arange(M, device=q.device) if rows is None else rows
+    rows = torch.arange(M, device=q.device) if rows is None else rows.to(q.device)
     groups = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(groups, dim=1).double()
     v = v.repeat_interleave(groups, dim=1).double()

@@ -204,17 +204,18 @@ class GemmStages(StagedKernel):
 
 
 class AttentionEpilogueStages(StagedKernel):
-    """Attention whose output is a function of ``o / l`` as two stages
-    (:mod:`tensorfuse.schedule_templates.attention_epilogue`): the attention, then the function.
-    It fits the sizes where a native template (the Hopper attention) runs the first stage: at
-    others the Triton template takes the program whole, its function fused."""
+    """Attention whose output is a function of ``o / l`` — of one chain, or of several over the
+    same keys (differential attention) — as stages
+    (:mod:`tensorfuse.schedule_templates.attention_epilogue`): each chain's attention, then the
+    function. It fits the sizes where a native template (the Hopper attention) runs every
+    chain's stage: at others the Triton template takes the program whole, its function fused."""
 
     @classmethod
     def made(cls, kernel, fusion, target: TargetSpec, compile_stage, routed: type) -> tuple:
         """The stages of ``kernel`` (fused by ``fusion``), each compiled by
         ``compile_stage(ProgramKernel)``, as a one-kernel tuple for ``AutoKernel``'s ``ahead``
-        where the first stage's kernel has native templates to route to (``routed``: the
-        class of such a kernel); else ``()``."""
+        where every chain's stage has native templates to route to (``routed``: the class of
+        such a kernel); else ``()``."""
         from .dsl.program import ProgramKernel
         from .schedule_templates.attention_epilogue import attention_epilogue_stages
 
@@ -222,15 +223,20 @@ class AttentionEpilogueStages(StagedKernel):
         if not stages:
             return ()
         kernels = tuple(compile_stage(ProgramKernel(s.program)) for s in stages)
-        if not isinstance(kernels[0], routed) or not kernels[0].ahead:
+        if not all(isinstance(k, routed) and k.ahead for k in kernels[:-1]):
             return ()
         return (cls(kernel.program, target, stages, kernels,
                     "the Hopper template writes o / l alone"),)
 
     def _staged_because(self) -> str:
-        return "the Hopper attention, then the function of its output"
+        chains = len(self.stages) - 1
+        return ("the Hopper attention, then the function of its output" if chains == 1 else
+                f"the Hopper attention of each of {chains} chains, then the function of their "
+                "outputs")
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
-        first = self.kernels[0]
-        chosen = first.for_sizes(scalars, **self._own(self.stages[0], dims))
-        return chosen is not first.template and chosen is not first.fallback
+        for stage, kernel in zip(self.stages[:-1], self.kernels):
+            chosen = kernel.for_sizes(scalars, **self._own(stage, dims))
+            if chosen is kernel.template or chosen is kernel.fallback:
+                return False
+        return True

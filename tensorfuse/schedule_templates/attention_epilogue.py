@@ -23,37 +23,68 @@ RATIO = "attention"   # the first stage's output (a name the program does not us
 
 
 def attention_epilogue_stages(program: Program, names: tuple[str, ...]) -> tuple[Stage, ...]:
-    """The two stages of ``program`` (softmax attention fused over ``names``, one output that
-    reads the chain only through ``o / l`` and is not ``o / l`` itself, cast or not); ``()`` for
-    any other program."""
-    try:
-        _, plain, weighted, _, _ = softmax_states(program, names)
-    except ScheduleError:   # not softmax attention: nothing to split
-        return ()
-    if len(program.outputs) != 1 or program.outputs[0].is_reduction:
+    """The stages of ``program`` (softmax attention fused over ``names``: one chain, or several
+    over the same keys — differential attention's two — one output that reads each chain only
+    through its ``o / l`` and is not one ``o / l`` itself, cast or not): each chain's attention
+    with its ``o / l`` as the output, then the function of them; ``()`` for any other program."""
+    chains = _chains(program, names)
+    states = []
+    for chain in chains:
+        try:
+            _, plain, weighted, _, _ = softmax_states(program, chain)
+        except ScheduleError:   # not softmax attention: nothing to split
+            return ()
+        states.append((chain, plain, weighted))
+    if not states or len(program.outputs) != 1 or program.outputs[0].is_reduction:
         return ()
     out = program.outputs[0]
     body = inline_elementwise(out.bodies[0])
-    ratios = [n for n in nodes(body) if _is_ratio(n, weighted, plain)]
     bare = body.a if isinstance(body, Cast) else body
-    if not ratios or _is_ratio(bare, weighted, plain) or \
-            tuple(weighted.axes) != tuple(out.axes):
+    ratios = [[n for n in nodes(body) if _is_ratio(n, weighted, plain)]
+              for _, plain, weighted in states]
+    alone = states[0] if len(states) == 1 else None
+    if not all(ratios) or alone and _is_ratio(bare, alone[2], alone[1]) or \
+            any(tuple(weighted.axes) != tuple(out.axes) for _, _, weighted in states):
         return ()   # nothing after o / l, or o's axes are not the output's
     taken = {c.name for c in program.computes} | {p.name for p in program.params}
-    name = next(n for n in (RATIO, *(f"{RATIO}_{k}" for k in range(1, 100))) if n not in taken)
-    stored = TensorParam(name, tuple(a.extent for a in out.axes), "f32", out.loc)
-    epilogue = replace(out, bodies=(substitute(body, lambda n: Load(stored, list(out.axes))
-                                               if _is_ratio(n, weighted, plain) else None),))
+    free = (n for n in (RATIO, *(f"{RATIO}_{k}" for k in range(1, 100))) if n not in taken)
+    stored = [TensorParam(next(free), tuple(a.extent for a in out.axes), "f32", out.loc)
+              for _ in states]
+
+    def read_stored(n):
+        return next((Load(param, list(out.axes)) for param, (_, plain, weighted)
+                     in zip(stored, states) if _is_ratio(n, weighted, plain)), None)
+    epilogue = replace(out, bodies=(substitute(body, read_stored),))
     if any(isinstance(n, Ref) for n in nodes(epilogue.bodies[0])):
-        return ()   # the output reads a state of the chain besides o / l
-    ratio = Compute(name, out.axes, (ratios[0],), ("f32",), loc=out.loc, is_output=True)
-    computes = [c for c in program.computes if c.is_reduction or c.name in _read_by(
-        [weighted, plain], program)] + [ratio]
-    first = program_of(f"{program.name}_attention", program, computes, [ratio])
-    second = program_of(f"{program.name}_epilogue", program, [epilogue], [epilogue],
-                        [stored])
-    return (Stage(first, tuple(p.name for p in first.params), (name,), names),
-            Stage(second, tuple(p.name for p in second.params), (out.name,)))
+        return ()   # the output reads a state of a chain besides o / l
+    stages = []
+    for param, found, (chain, plain, weighted) in zip(stored, ratios, states):
+        ratio = Compute(param.name, out.axes, (found[0],), ("f32",), loc=out.loc, is_output=True)
+        needed = _read_by([weighted, plain])
+        computes = [c for c in program.computes if c.name in needed] + [ratio]
+        first = program_of(f"{program.name}_{param.name}" if len(states) > 1 else
+                           f"{program.name}_attention", program, computes, [ratio])
+        stages.append(Stage(first, tuple(p.name for p in first.params), (param.name,), chain))
+    second = program_of(f"{program.name}_epilogue", program, [epilogue], [epilogue], stored)
+    return (*stages, Stage(second, tuple(p.name for p in second.params), (out.name,)))
+
+
+def _chains(program: Program, names: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The fused reductions ``names`` as chains: each maximum with the sums whose bodies read it
+    (in ``names``' order); one chain where there is no maximum or a sum reads none or several."""
+    by_name = {c.name: c for c in program.computes}
+    maxes = [n for n in names if by_name[n].monoid.name == "max"]
+    owner = {}
+    for n in names:
+        if n not in maxes:
+            read = {r.compute.name for r in nodes(inline_elementwise(by_name[n].bodies[0]))
+                    if isinstance(r, Ref)} & set(maxes)
+            if len(read) != 1:
+                return [names]
+            owner[n] = read.pop()
+    if len(maxes) < 2:
+        return [names]
+    return [tuple(n for n in names if n == m or owner.get(n) == m) for m in maxes]
 
 
 def _is_ratio(e, weighted: Compute, plain: Compute) -> bool:
@@ -61,13 +92,14 @@ def _is_ratio(e, weighted: Compute, plain: Compute) -> bool:
         e.a.compute is weighted and isinstance(e.b, Ref) and e.b.compute is plain
 
 
-def _read_by(computes: list, program: Program) -> set:
-    """The elementwise computes ``computes`` read, directly or through others (the scores)."""
-    found, todo = set(), list(computes)
+def _read_by(computes: list) -> set:
+    """``computes`` and every compute they read, directly or through others (the scores, the
+    maximum, the q·k products)."""
+    found, todo = {c.name for c in computes}, list(computes)
     while todo:
         c = todo.pop()
         for n in (n for b in c.bodies for n in nodes(b) if isinstance(n, Ref)):
             if n.compute.name not in found:
                 found.add(n.compute.name)
                 todo.append(n.compute)
-    return {n for n in found if not next(c for c in program.computes if c.name == n).is_reduction}
+    return found

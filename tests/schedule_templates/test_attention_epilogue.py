@@ -1,6 +1,6 @@
-"""Attention whose output is a function of ``o / l`` (a sigmoid gate, a residual) as two stages —
-the attention with ``o / l`` as its output, then the function — so that the Hopper template
-takes the attention (:mod:`tensorfuse.schedule_templates.attention_epilogue`): the stages and
+"""Attention whose output is a function of ``o / l`` (a sigmoid gate, a residual; or of several
+chains' — differential attention's two softmaxes) as stages — each attention with ``o / l`` as
+its output, then the function — so that the Hopper template takes the attention (:mod:`tensorfuse.schedule_templates.attention_epilogue`): the stages and
 their results against float64 on the CPU, the sm_90a plan, and the H200 run marked ``gpu``."""
 import pytest
 import torch
@@ -12,6 +12,7 @@ from tensorfuse.dsl.program import ProgramKernel
 from tensorfuse.schedule_templates.attention_epilogue import attention_epilogue_stages
 from tensorfuse.staged import StagedKernel
 from benchmarks.pipeline_kernels import gated_attention
+from benchmarks.variant_kernels import diff_attention, diff_reference
 from tests.helpers import fresh_seed, relative_error
 
 
@@ -86,3 +87,57 @@ def test_gated_attention_matches_float64_on_the_gpu():
     out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     made(*(t.cuda() for t in (q, k, v, gate)), 0.1, out=out)
     assert relative_error(out, _reference(q, k, v, gate, 0.1)) < 2e-2
+
+
+def test_each_chain_of_differential_attention_is_a_stage():
+    """Two softmax chains over one value cache: a stage each (its own q, k and the shared v; its
+    o / l in float32), then their difference, elementwise."""
+    first, second, last = _stages(diff_attention)
+    assert (first.produces, second.produces, last.produces) == (
+        ("attention",), ("attention_1",), ("out",))
+    assert first.inputs == ("q1", "k1", "v", "scale") and \
+        second.inputs == ("q2", "k2", "v", "scale")
+    assert set(first.reduces) == {"p1_max", "o1_sum", "o1_sum_2"}
+    assert last.inputs == ("lam", "attention", "attention_1")
+    assert all(s.program.outputs[0].dtypes == ("f32",) for s in (first, second))
+    made = tf.compile(diff_attention, "cuda:sm_90a")
+    plan = made.describe_plan(B=2, H=16, S=4096, D=64, E=128)
+    assert plan.splitlines()[0].endswith(
+        "3 stage kernels (the Hopper attention of each of 2 chains, then the function of their "
+        "outputs): attention from q1, k1, v, scale; attention_1 from q2, k2, v, scale; out from "
+        "lam, attention, attention_1"), plan
+    assert plan.count("hopper attention plan:") == 2
+    # a decode's few rows: the Triton template takes the program whole
+    assert made.schedule_origin(B=2, H=16, S=64, D=64, E=128) == "template defaults"
+
+
+def test_differential_attention_stages_match_float64_on_the_cpu():
+    stages = _stages(diff_attention)
+    made = StagedKernel(diff_attention.program, tf.get_target("llvm"), stages,
+                        tuple(tf.compile(ProgramKernel(s.program), "llvm") for s in stages), "")
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    q1, k1, q2, k2 = ((torch.randn(2, 3, 37, 16, generator=g) * 3).bfloat16() for _ in range(4))
+    v = (torch.randn(2, 3, 37, 24, generator=g) * 3).bfloat16()
+    rows = torch.arange(37)
+    out = torch.full((2, 3, 37, 24), float("nan"), dtype=torch.bfloat16)
+    assert made(q1, k1, q2, k2, v, 0.6, 0.25, out=out) is out
+    want = diff_reference(q1, k1, q2, k2, v, 0.6, 0.25, rows)
+    assert relative_error(out, want) < 1e-2, seed
+
+
+@pytest.mark.gpu
+def test_differential_attention_matches_float64_on_the_gpu():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    B, H, S, D, E = 2, 4, 777, 64, 128
+    q1, k1, q2, k2 = ((torch.randn(B, H, S, D, generator=g) * 2).bfloat16() for _ in range(4))
+    v = (torch.randn(B, H, S, E, generator=g) * 2).bfloat16()
+    made = tf.compile(diff_attention)
+    assert made.schedule_origin(B=B, H=H, S=S, D=D, E=E).startswith("staged: 3 kernels")
+    out = torch.full((B, H, S, E), float("nan"), dtype=torch.bfloat16, device="cuda")
+    made(*(t.cuda() for t in (q1, k1, q2, k2, v)), 0.6, 0.125, out=out)
+    want = diff_reference(q1, k1, q2, k2, v, 0.6, 0.125, torch.arange(S))
+    assert relative_error(out, want) < 2e-2, seed

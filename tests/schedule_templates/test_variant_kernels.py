@@ -15,7 +15,9 @@ def test_variant_kernels_match_float64_in_the_triton_interpreter():
 
 @pytest.mark.parametrize("name, sizes, template", [
     ("int8_kv_decode", dict(B=8, H=32, HKV=8, N=16384, D=128), "attention template"),
-    ("diff_attention", dict(B=2, H=16, S=4096, D=64, E=128), "attention template"),
+    ("diff_attention", dict(B=2, H=16, S=64, D=64, E=128), "attention template"),
+    ("diff_attention", dict(B=2, H=16, S=4096, D=64, E=128),
+     "the Hopper attention of each of 2 chains"),
     ("retention_causal", dict(B=2, H=16, S=4096, D=128), "attention template"),
     ("label_smoothed_ce", dict(M=8192, V=32768), "row-reduction template"),
     ("ce_ignore_index", dict(M=8192, V=32768), "row-reduction template"),
@@ -23,7 +25,9 @@ def test_variant_kernels_match_float64_in_the_triton_interpreter():
 def test_each_is_one_fused_kernel_of_a_template(name, sizes, template):
     """Every chain is fused whole — both softmaxes of differential attention in one sweep of the
     keys, the decay and the int8 cache's scales read where the scores are —, none a floor of
-    stages or TVM's default schedule."""
+    stages or TVM's default schedule; but differential attention past 64 query rows runs each
+    softmax on the Hopper attention, then their difference (``benchmarks.variant_kernels``:
+    0.72 ms fused, 0.50 ms so, B2 H16 S4096 on the H200)."""
     pytest.importorskip("triton", reason="the templates generate Triton kernels")
     made = tf.compile(CASES[name][0], target="cuda:sm_90a").for_sizes(**sizes)
     assert template in made.description, made.description
@@ -42,7 +46,7 @@ def test_differential_attentions_defaults_fit_shared_memory_as_its_bound_says():
 
     hopper, sizes = get_target("cuda:sm_90a"), dict(B=2, H=16, S=4096, D=64, E=128)
     kernel = CASES["diff_attention"][0]
-    made = tf.compile(kernel, target="cuda:sm_90a").for_sizes(**sizes)
+    made = tf.compile(kernel, target="cuda:sm_90a").template   # where Hopper's stages do not run
     plan, knobs = made.build(None, **sizes)[:2]
     assert shared_bytes(plan, knobs) == made.compiled(**sizes).metadata.shared <= \
         hopper.max_shared_memory, knobs
