@@ -394,6 +394,10 @@ SECTIONS = (
     ("packed-decode", "Decode with a group's heads as the Hopper attention kernel's rows",
      "bf16, D=128; GB/s of the cache read; `tensorfuse packed …` is the plan measured before "
      "`tf.compile` takes it, `tensorfuse` what it runs now", "python -m benchmarks.packed_decode"),
+    ("packed-decode-same-bytes", "Decode on one shared cache against a copy of the same bytes",
+     "bf16, D=128; GB/s of the cache read; the note gives what a device copy moving the same "
+     "bytes reaches when timed alike (the ceiling's 2 GiB copy hides fixed costs a 134 MB cache "
+     "does not)", "python -m benchmarks.packed_decode --only 16/64/1/16384,8/64/1/65536"),
     ("decode-knobs", "The split update's knobs on the suite's decodes",
      "bf16; GB/s of the cache read; every candidate checked against float64, timed from a CUDA "
      "graph; `default` is `tf.compile`'s choice", "python -m benchmarks.decode_knobs"),
