@@ -1,7 +1,8 @@
 """Kernels of inference serving no issue lists, written as a new user would write them —
 attention over a packed QKV tensor (a fused projection's ``[B, S, 3, H, D]``), speculative
 decoding's few query tokens over a GQA cache (causal among themselves), rotary embeddings
-applied inside causal attention, a residual add fused with RMSNorm (both written), and int8
+applied inside causal attention (from float32 tables, and from bf16 ones as transformers casts
+them), a residual add fused with RMSNorm (both written), and int8
 quantisation of rows by their absolute maximum — through ``tf.compile`` defaults against the
 best torch alternative in the same process, each checked against a float64 reference first (the
 harness of :mod:`benchmarks.kernel_suite`).
@@ -11,6 +12,8 @@ harness of :mod:`benchmarks.kernel_suite`).
 Rows: ``benchmark`` = ``user/<name>``; CSV
 ``benchmarks/results/<date>-<device>-serving-kernels.csv``.
 """
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -45,19 +48,27 @@ def speculative_decode(q: T.Tensor["B", "H", "M", "D", "bf16"],
     return softmax_attend(s, v[b, hk, j, e], j)
 
 
-@tf.kernel
-def rope_attention(q: T.Tensor["B", "H", "S", "D", "bf16"], k: T.Tensor["B", "H", "S", "D", "bf16"],
-                   v: T.Tensor["B", "H", "S", "D", "bf16"], cos: T.Tensor["S", "D", "f32"],
-                   sin: T.Tensor["S", "D", "f32"], scale: T.f32):
+def rope_attention_kernel(tables: str, name: str):
     """Causal attention with rotary embeddings (rotate-half) applied to q and k where the scores
-    are made."""
-    b, h, i, j, d, e = T.axes("b h i j d e")
-    half = T.size("D") // 2
-    sign = T.where(d < half, -1.0, 1.0)
-    qr = q[b, h, i, d] * cos[i, d] + sign * q[b, h, i, (d + half) % T.size("D")] * sin[i, d]
-    kr = k[b, h, j, d] * cos[j, d] + sign * k[b, h, j, (d + half) % T.size("D")] * sin[j, d]
-    s = T.where(j <= i, T.sum(qr * kr, over=d) * scale, float("-inf"))
-    return softmax_attend(s, v[b, h, j, e], j)
+    are made, from ``cos``/``sin`` tables in ``tables`` (float32: the products are float32;
+    bf16, as transformers casts them to q's dtype: bf16 products, the operands stored first on
+    sm_90a)."""
+    Q, TABLE = T.Tensor["B", "H", "S", "D", "bf16"], T.Tensor["S", "D", tables]
+
+    def rope(q: Q, k: Q, v: Q, cos: TABLE, sin: TABLE, scale: T.f32):
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        half = T.size("D") // 2
+        sign = T.where(d < half, -1.0, 1.0)
+        qr = q[b, h, i, d] * cos[i, d] + sign * q[b, h, i, (d + half) % T.size("D")] * sin[i, d]
+        kr = k[b, h, j, d] * cos[j, d] + sign * k[b, h, j, (d + half) % T.size("D")] * sin[j, d]
+        s = T.where(j <= i, T.sum(qr * kr, over=d) * scale, float("-inf"))
+        return softmax_attend(s, v[b, h, j, e], j)
+    rope.__name__ = rope.__qualname__ = name
+    return tf.kernel(rope)
+
+
+rope_attention = rope_attention_kernel("f32", "rope_attention")
+rope_attention_bf16_tables = rope_attention_kernel("bf16", "rope_attention_bf16_tables")
 
 
 @tf.kernel
@@ -147,20 +158,21 @@ def _speculative_case(generator, B=8, H=32, HKV=8, M=4, N=16384, D=128) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, HKV=HKV, M=M, N=N, D=D)})
 
 
-def _rope_attention_case(generator, B=2, H=16, S=4096, D=128) -> Case:
+def _rope_attention_case(generator, B=2, H=16, S=4096, D=128, tables=torch.float32) -> Case:
     q, k, v = (torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
                for _ in range(3))
-    cos, sin = rope_angles(S, D, "cuda")
+    cos, sin = (t.to(tables) for t in rope_angles(S, D, "cuda"))
     scale = D ** -0.5
 
     def eager(q, k, v):   # transformers' rotary, then SDPA (cuDNN or flash)
         qr, kr = (rotated(t, cos, sin).to(t.dtype) for t in (q, k))
         return F.scaled_dot_product_attention(qr, kr, v, is_causal=True, scale=scale)
-    f, compiled = Recorded(rope_attention), torch.compile(eager)
+    kernel = rope_attention if tables == torch.float32 else rope_attention_bf16_tables
+    f, compiled = Recorded(kernel), torch.compile(eager)
     rows = torch.arange(0, S, 37)
     ref = reference(rotated(q.double(), cos.double(), sin.double()),
                     rotated(k.double(), cos.double(), sin.double()), v, scale, None, causal, rows)
-    return Case("rope_attention", f"B{B} H{H} S{S} D{D} causal",
+    return Case(kernel.program.name, f"B{B} H{H} S{S} D{D} causal",
                 lambda: f(q, k, v, cos, sin, scale),
                 {TORCH_COMPILE: lambda: compiled(q, k, v), SDPA: lambda: eager(q, k, v)},
                 ref, lambda out: out[:, :, rows], flops=2 * B * H * S * S * D,
@@ -199,6 +211,7 @@ SERVING = {
     "packed_qkv_causal": _packed_qkv_case,
     "speculative_decode": _speculative_case,
     "rope_attention": _rope_attention_case,
+    "rope_attention_bf16_tables": functools.partial(_rope_attention_case, tables=torch.bfloat16),
     "add_rmsnorm": _add_rmsnorm_case,
     "absmax_quant": _absmax_quant_case,
 }

@@ -102,10 +102,12 @@ def _compile(kernel, target, template, untemplated: str | None = None,
                                      refused=refused)
             ahead += _hopper_gemm_staged(kernel, spec, dynamic)
             if any(t == "hopper_attention" for t, _ in refused) and _triton_available():
-                from .staged import AttentionEpilogueStages
+                from .staged import AttentionEpilogueStages, ComputedOperandStages
 
-                ahead += AttentionEpilogueStages.made(kernel, fusion, spec, lambda part: _compile(
-                    part, spec, "auto", dynamic=dynamic), AutoKernel)
+                def compile_stage(part):
+                    return _compile(part, spec, "auto", dynamic=dynamic)
+                for stages in (AttentionEpilogueStages, ComputedOperandStages):
+                    ahead += stages.made(kernel, fusion, spec, compile_stage, AutoKernel)
             ahead += contraction_templates(kernel, spec, template_records(
                 tuned_as, "contraction", None, spec, nearest=True), dynamic)
             ahead = _written_out(kernel, spec, dynamic) + ahead

@@ -203,30 +203,65 @@ class GemmStages(StagedKernel):
             self.kernels[self.gemm].fits(scalars, **self._own(self.stages[self.gemm], dims))
 
 
-class AttentionEpilogueStages(StagedKernel):
-    """Attention whose output is a function of ``o / l`` — of one chain, or of several over the
-    same keys (differential attention) — as stages
-    (:mod:`tensorfuse.schedule_templates.attention_epilogue`): each chain's attention, then the
-    function. It fits the sizes where a native template (the Hopper attention) runs every
-    chain's stage: at others the Triton template takes the program whole, its function fused."""
+class NativeStages(StagedKernel):
+    """A program as stages some of which a native template (the Hopper attention) runs where it
+    refuses the whole: :meth:`stages_of` cuts it, :meth:`native_of` says which stages must run
+    natively. It fits the sizes where each of those routes to a native kernel: at others the
+    Triton template takes the program whole."""
+
+    why = ""
+
+    @staticmethod
+    def stages_of(program, fusion) -> tuple:   # pragma: no cover - each subclass has one
+        raise NotImplementedError
+
+    @staticmethod
+    def native_of(stages: tuple) -> range:   # pragma: no cover - each subclass has one
+        raise NotImplementedError
 
     @classmethod
     def made(cls, kernel, fusion, target: TargetSpec, compile_stage, routed: type) -> tuple:
         """The stages of ``kernel`` (fused by ``fusion``), each compiled by
         ``compile_stage(ProgramKernel)``, as a one-kernel tuple for ``AutoKernel``'s ``ahead``
-        where every chain's stage has native templates to route to (``routed``: the class of
-        such a kernel); else ``()``."""
+        where each stage that must run natively has native templates to route to (``routed``:
+        the class of such a kernel); else ``()``."""
         from .dsl.program import ProgramKernel
-        from .schedule_templates.attention_epilogue import attention_epilogue_stages
 
-        stages = attention_epilogue_stages(kernel.program, fusion.names)
+        stages = cls.stages_of(kernel.program, fusion)
         if not stages:
             return ()
         kernels = tuple(compile_stage(ProgramKernel(s.program)) for s in stages)
-        if not all(isinstance(k, routed) and k.ahead for k in kernels[:-1]):
+        if not all(isinstance(kernels[k], routed) and kernels[k].ahead
+                   for k in cls.native_of(stages)):
             return ()
-        return (cls(kernel.program, target, stages, kernels,
-                    "the Hopper template writes o / l alone"),)
+        return (cls(kernel.program, target, stages, kernels, cls.why),)
+
+    def fits(self, scalars: dict | None = None, **dims) -> bool:
+        for k in self.native_of(self.stages):
+            kernel = self.kernels[k]
+            chosen = kernel.for_sizes(scalars, **self._own(self.stages[k], dims))
+            if chosen is kernel.template or chosen is kernel.fallback:
+                return False
+        return True
+
+
+class AttentionEpilogueStages(NativeStages):
+    """Attention whose output is a function of ``o / l`` — of one chain, or of several over the
+    same keys (differential attention) — as stages
+    (:mod:`tensorfuse.schedule_templates.attention_epilogue`): each chain's attention on the
+    Hopper template, then the function."""
+
+    why = "the Hopper template writes o / l alone"
+
+    @staticmethod
+    def stages_of(program, fusion) -> tuple:
+        from .schedule_templates.attention_epilogue import attention_epilogue_stages
+
+        return attention_epilogue_stages(program, fusion.names)
+
+    @staticmethod
+    def native_of(stages: tuple) -> range:
+        return range(len(stages) - 1)
 
     def _staged_because(self) -> str:
         chains = len(self.stages) - 1
@@ -234,9 +269,23 @@ class AttentionEpilogueStages(StagedKernel):
                 f"the Hopper attention of each of {chains} chains, then the function of their "
                 "outputs")
 
-    def fits(self, scalars: dict | None = None, **dims) -> bool:
-        for stage, kernel in zip(self.stages[:-1], self.kernels):
-            chosen = kernel.for_sizes(scalars, **self._own(stage, dims))
-            if chosen is kernel.template or chosen is kernel.fallback:
-                return False
-        return True
+
+class ComputedOperandStages(NativeStages):
+    """Attention whose q·k operands are computed where the scores are made (rotary embeddings)
+    as stages (:mod:`tensorfuse.schedule_templates.operand_stages`): each computed operand stored
+    as the tensor cores take it, then the Hopper attention over them."""
+
+    why = "the Hopper template copies its operands, computing nothing on the way"
+
+    @staticmethod
+    def stages_of(program, fusion) -> tuple:
+        from .schedule_templates.operand_stages import computed_operand_stages
+
+        return computed_operand_stages(program, fusion.names, fusion.axis)
+
+    @staticmethod
+    def native_of(stages: tuple) -> range:
+        return range(len(stages) - 1, len(stages))
+
+    def _staged_because(self) -> str:
+        return "the computed q·k operands stored, then the Hopper attention over them"

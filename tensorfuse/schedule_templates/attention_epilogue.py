@@ -60,7 +60,7 @@ def attention_epilogue_stages(program: Program, names: tuple[str, ...]) -> tuple
     stages = []
     for param, found, (chain, plain, weighted) in zip(stored, ratios, states):
         ratio = Compute(param.name, out.axes, (found[0],), ("f32",), loc=out.loc, is_output=True)
-        needed = _read_by([weighted, plain])
+        needed = computes_read_by([weighted, plain])
         computes = [c for c in program.computes if c.name in needed] + [ratio]
         first = program_of(f"{program.name}_{param.name}" if len(states) > 1 else
                            f"{program.name}_attention", program, computes, [ratio])
@@ -92,7 +92,7 @@ def _is_ratio(e, weighted: Compute, plain: Compute) -> bool:
         e.a.compute is weighted and isinstance(e.b, Ref) and e.b.compute is plain
 
 
-def _read_by(computes: list) -> set:
+def computes_read_by(computes: list) -> set:
     """``computes`` and every compute they read, directly or through others (the scores, the
     maximum, the q·k products)."""
     found, todo = {c.name for c in computes}, list(computes)

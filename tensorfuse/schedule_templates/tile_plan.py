@@ -231,7 +231,7 @@ def _split_product(e: Expr, left_axes: set, right_axes: set, shared: set) -> tup
     return _product(left), _product(right)
 
 
-def _storage_of(e: Expr) -> str:
+def storage_of(e: Expr) -> str:
     """The type a contraction's operands go to the tensor cores in: their storage type where
     they share a 16-bit one, else float32 (products as written: f32 tensors rounded to bf16 put
     a tiny Llama's f32 attention gradients 3e-3 from SDPA's)."""
@@ -312,7 +312,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
         parts = _split_product(body, common | {k.uid}, batch_ids | {col.uid, k.uid}, batch_ids)
         if parts is None:
             raise TargetError(f"{x.name} is not a product of a row value and a column value")
-        plan.locals[x.name] = Contraction(parts[0], parts[1], _storage_of(body))
+        plan.locals[x.name] = Contraction(parts[0], parts[1], storage_of(body))
     for m in chain.members:
         scheme = chain.schemes[m.name]
         extra = [a for a in m.axes if a.uid not in common]
@@ -341,7 +341,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
                 raise TargetError(f"{m.name}: not a product of a row×{col.name} value and a "
                                   f"{col.name}×{e.name} value")
             plan.states.append(StatePlan(m, k, body, st.monoid, st.dtype,
-                                         Contraction(parts[0], parts[1], _storage_of(parts[1]))))
+                                         Contraction(parts[0], parts[1], storage_of(parts[1]))))
     plan.fold = row_fold(plan)
     if plan.fold is not None:
         plan.locals = {k: Contraction(c.left, grouped(c.right, plan.fold), c.dot_dtype)

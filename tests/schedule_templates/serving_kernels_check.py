@@ -1,12 +1,15 @@
 """The serving kernels of :mod:`benchmarks.serving_kernels` at small, ragged sizes with their
 float64 references: shared by ``test_serving_kernels`` and its check under Triton's interpreter
 (``python -m tests.schedule_templates.serving_kernels_check SEED`` with ``TRITON_INTERPRET=1``)."""
+import functools
+
 import torch
 
 from benchmarks.attention import reference
 from benchmarks.serving_kernels import (absmax_quant, add_rmsnorm, added_rmsnorm, causal,
                                         packed_qkv_causal, quantised, rope_angles,
-                                        rope_attention, rotated, speculative_decode)
+                                        rope_attention, rope_attention_bf16_tables, rotated,
+                                        speculative_decode)
 from tests.helpers import poisoned_main, templated
 
 
@@ -23,9 +26,9 @@ def speculative_case(generator, B=2, H=8, HKV=2, M=3, N=300, D=64):
     return dict(q=q, k=k, v=v, scale=D ** -0.5), reference(q, k, v, D ** -0.5, None, causal)
 
 
-def rope_case(generator, B=1, H=2, S=150, D=32):
+def rope_case(generator, B=1, H=2, S=150, D=32, tables=torch.float32):
     q, k, v = (torch.randn(B, H, S, D, generator=generator).to(torch.bfloat16) for _ in range(3))
-    cos, sin = rope_angles(S, D)
+    cos, sin = (t.to(tables) for t in rope_angles(S, D))
     want = reference(rotated(q.double(), cos.double(), sin.double()),
                      rotated(k.double(), cos.double(), sin.double()), v, D ** -0.5, None, causal)
     return dict(q=q, k=k, v=v, cos=cos, sin=sin, scale=D ** -0.5), want
@@ -47,6 +50,8 @@ def absmax_case(generator, M=37, K=300):
 CASES = {"packed_qkv_causal": (packed_qkv_causal, packed_case),
          "speculative_decode": (speculative_decode, speculative_case),
          "rope_attention": (rope_attention, rope_case),
+         "rope_attention_bf16_tables": (rope_attention_bf16_tables,
+                                        functools.partial(rope_case, tables=torch.bfloat16)),
          "add_rmsnorm": (add_rmsnorm, add_rmsnorm_case),
          "absmax_quant": (absmax_quant, absmax_case)}
 
