@@ -1,9 +1,9 @@
 """Attention whose q·k operands are computed where the scores are made — rotary embeddings
 applied to q and k (``q[b, h, i, d] · cos[i, d] + sign · q[b, h, i, (d + D/2) % D] · sin[i, d]``),
-a scale or a norm's weight folded into q — as stages: each computed operand stored in the type the
-tensor cores take it in (the row-tile template's rule, ``tile_plan.storage_of``: the loads'
-16-bit type where they share one, else float32 — the same rounding the fused kernel does), then
-the attention over the stored operands, which the Hopper template takes where it refuses the
+a weight on the head dim folded into q — as stages: each computed operand stored in the type
+the tensor cores take it in (the row-tile template's rule for its products' operands,
+``tile_plan.storage_of``: the loads' 16-bit type where they share one, else float32), then the
+attention over the stored operands, which the Hopper template takes where it refuses the
 computed ones (its producer copies tensors, it computes nothing on the way). The Triton template
 that took the whole otherwise recomputes each key block's operand for every query block (and
 holds the tables' tiles beside the keys'); the stages read and write each operand once more."""
