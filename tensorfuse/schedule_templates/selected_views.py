@@ -101,9 +101,13 @@ def select_constant_indices(program: Program) -> SelectedViews | None:
         params += [new_params[s.name] for s in mine] if mine else [p]
     computes = rewrite_computes(program, rewrite)
     selected = Program(program.name, params, list(computes.values()),
-                       [computes[c.name] for c in program.outputs], list(program.axes), [],
-                       program.loc)
+                       [computes[c.name] for c in program.outputs], list(program.axes),
+                       list(program.size_constraints), program.loc)
     kept = set(selected.dim_names())
+    bound = {d for p in selected.tensor_params for d in p.dims}
+    if any(isinstance(d, str) and d in kept and d not in bound
+           for s in made.values() for k, d in enumerate(by_param[s.param].dims) if k in s.axes):
+        return None   # a size only the selected axes bound is still read (T.size of it)
     gone = tuple(n for n in program.dim_names() if n not in kept)
     order = {p.name: k for k, p in enumerate(program.params)}
     return SelectedViews(selected, tuple(sorted(made.values(), key=lambda s: (

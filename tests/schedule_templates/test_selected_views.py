@@ -61,11 +61,20 @@ def test_only_tensors_a_hopper_kernel_reads_by_their_strides_are_taken_as_given(
     assert library.launches(None, B=2, H=16, M=4096, N=4096, D=128).strided == ()
 
 
+@tf.kernel
+def reads_the_slices_count(x: T.Tensor["M", "TWO", "N", "f32"]):
+    """x read at constants on an axis whose size the program also reads: its slices would leave
+    that size bound by nothing."""
+    i, j = T.axes("i j")
+    return T.sum(x[i, 0, j] - x[i, 1, j] * T.size("TWO"), over=j)
+
+
 def test_tensors_read_otherwise_are_left_as_written():
     import tensorfuse.kernels as K
 
     assert select_constant_indices(K.gqa_attention.program) is None
     assert select_constant_indices(mixed_reads.program) is None
+    assert select_constant_indices(reads_the_slices_count.program) is None
 
 
 def _selected_on_the_cpu():
