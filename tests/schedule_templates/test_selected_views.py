@@ -170,3 +170,32 @@ def test_packed_qkv_runs_on_the_hopper_attention_without_copies(monkeypatch):
         assert made.schedule_origin(B=2, S=S, THREE=3, H=4, D=128).startswith(
             "constant indices as views; hopper_attention")
     assert clones == []
+
+
+@pytest.mark.gpu
+def test_views_of_other_strides_reach_the_hopper_kernel_uncopied(monkeypatch):
+    """On an H100/H200: attention over three [B, S, H, D] tensors called with a packed tensor's
+    ``unbind`` slices and with transposed views of [B, H, S, D] tensors — neither contiguous —
+    reads them as they are (no clone) and matches float64; a view whose head dim is not
+    contiguous is copied, and still right."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a Hopper GPU")
+    made = tf.compile(three_tensors)
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(2, 700, 3, 4, 128, generator=g) * 3).to("cuda", torch.bfloat16)
+    heads_first = [(torch.randn(2, 4, 700, 128, generator=g) * 3).to("cuda", torch.bfloat16)
+                   for _ in range(3)]
+    real_clone, clones = torch.Tensor.clone, []
+    for views in (qkv.unbind(2), [t.transpose(1, 2) for t in heads_first]):
+        want = _reference(torch.stack([t.cpu() for t in views], 2), 128 ** -0.5)
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.Tensor, "clone", lambda self, *a, **k: clones.append(
+                tuple(self.shape)) or real_clone(self, *a, **k))
+            for _ in range(2):   # the checked path, then the fast call
+                out = made(*views, 128 ** -0.5)
+        assert relative_error(out, want) < 2e-2, seed
+    assert clones == []
+    swapped = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in qkv.unbind(2)]
+    want = _reference(torch.stack([t.cpu() for t in swapped], 2), 128 ** -0.5)
+    assert relative_error(made(*swapped, 128 ** -0.5), want) < 2e-2, seed
