@@ -66,7 +66,7 @@ def select_constant_indices(program: Program) -> SelectedViews | None:
             for n in nodes(body):
                 if isinstance(n, Load):
                     loads.setdefault(n.param.name, []).append(n)
-    taken = {p.name for p in program.params}
+    taken = {p.name for p in program.params} | {c.name for c in program.computes}
     made: dict[tuple, Selection] = {}   # (param, constants) -> its selection
     for param in program.tensor_params:
         axes = {_constant_axes(load) for load in loads.get(param.name, [])}
