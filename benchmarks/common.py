@@ -122,6 +122,16 @@ def measure_ceilings() -> dict:
     return {"copy_tbps": copy, "gemm_tflops": gemm}
 
 
+def same_bytes_copy(moved: float, timing=bench) -> float:
+    """GB/s of a device copy that reads and writes ``moved`` bytes in all, timed by ``timing`` as
+    the kernel it is set beside: what streaming this many bytes reaches — the ceiling's 2 GiB
+    copy spreads the fixed costs of a launch, of the stream's start and end, over far more bytes
+    than a kernel of 50–150 MB moves (``benchmarks.packed_decode``: 86 % of it at 134 MB)."""
+    src = torch.empty(int(moved) // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return moved / timing(lambda: dst.copy_(src)) / 1e6
+
+
 def measure_f32_gemm() -> float:
     """The CUDA cores' rate in TFLOP/s, measured now: cuBLAS's f32 GEMM at 8192³ with TF32 off
     (its FMAs counted as 2 operations each) — the ceiling of work that cannot use the tensor

@@ -13,7 +13,7 @@ import tensorfuse as tf
 from tensorfuse.binding import bind_call
 from benchmarks.attention import checked_output
 from benchmarks.common import (TENSORFUSE, TORCH_COMPILE, TORCH_EAGER, Row, measure_ceilings,
-                               measure_f32_gemm, write_csv)
+                               measure_f32_gemm, same_bytes_copy, write_csv)
 
 
 class Recorded:
@@ -105,6 +105,8 @@ TUNED = f"{TENSORFUSE} tuned"
 def _timed(case: Case, calls: dict, ceilings: dict, log) -> list[Row]:
     """A row per implementation in ``calls`` (label → call) whose output matches float64."""
     rows = []
+    # a bandwidth-bound kernel's rate beside what a copy of the same bytes reaches
+    same = same_bytes_copy(case.bytes) if case.bytes and not case.flops else None
     for label, call in calls.items():
         made = checked_output(call, case.reference, f"{label} {case.name}", log, pick=case.pick)
         if made is None:
@@ -117,6 +119,8 @@ def _timed(case: Case, calls: dict, ceilings: dict, log) -> list[Row]:
         fraction = tflops / ceilings[case.ceiling or "gemm_tflops"] if case.flops else \
             gbps / 1e3 / ceilings["copy_tbps"]
         note = f"err {err:.1e}" + (f"; {case.notes[label]}" if label in case.notes else "")
+        if same and label == TENSORFUSE:
+            note += f"; a copy of the same bytes: {same:.0f} GB/s ({gbps / same:.0%} of it)"
         rows.append(Row(f"user/{case.name}", case.shape, label, ms, tflops, gbps, fraction, note))
         log(f"{case.name:<18} {case.shape:<32} {label:<16} {ms:8.3f} ms {tflops:7.1f} TFLOP/s "
             f"{fraction:6.1%}")

@@ -24,7 +24,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.common import (SDPA_CUDNN, SDPA_FLASH, TENSORFUSE, Row, bench_replayed,
-                               measure_ceilings, relative_error, run_and_write)
+                               measure_ceilings, relative_error, run_and_write,
+                               same_bytes_copy)
 from benchmarks.user_kernels import mqa_decode
 from tensorfuse.schedule_templates.fusion import Fusion
 from tensorfuse.schedule_templates.packed_kernel import packed_attention
@@ -93,7 +94,7 @@ def measure(rows: list, log=print, cases=CASES) -> None:
                     return torch.nn.functional.scaled_dot_product_attention(
                         q, k, v, scale=scale, enable_gqa=True)
             calls[label] = sdpa
-        same = same_bytes_copy(moved)
+        same = same_bytes_copy(moved, bench_replayed)
         for label, call in calls.items():
             try:
                 ms = bench_replayed(call)
@@ -105,16 +106,6 @@ def measure(rows: list, log=print, cases=CASES) -> None:
             rows.append(Row(name, shape, label, ms, 0.0, gbps, gbps / copy, note))
             log(f"{shape} {label}: {ms * 1e3:.1f} µs, {gbps:.0f} GB/s ({gbps / copy:.0%}; "
                 f"{gbps / same:.0%} of a copy of the same bytes)")
-
-
-def same_bytes_copy(moved: int) -> float:
-    """GB/s of a device copy that reads and writes ``moved`` bytes in all, timed as the decodes
-    are (graph-replayed, L2 flushed): what streaming this many bytes reaches — the ceiling's 2 GiB
-    copy spreads the fixed costs of a launch, of the stream's start and end, over far more
-    bytes than a 134 MB cache."""
-    src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return moved / bench_replayed(lambda: dst.copy_(src)) / 1e6
 
 
 def variants(sms: int = 132) -> dict:

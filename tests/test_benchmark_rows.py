@@ -35,3 +35,27 @@ def test_a_row_only_for_a_checked_result(monkeypatch):
                               lines.append) is None
     assert [line.split(": ")[1].split()[0] for line in lines[1:]] == \
         ["WRONG", "WRONG", "ZeroDivisionError"], lines
+
+
+def test_a_bandwidth_rows_note_sets_it_beside_a_copy_of_the_same_bytes(monkeypatch):
+    """The kernel suites' rows (``kernel_suite._timed``): a bandwidth-bound case's tensorfuse row
+    says what a copy moving the same bytes reaches, timed alike; a case timed in TFLOP/s and the
+    alternatives' rows do not."""
+    pytest.importorskip("torch")
+    from benchmarks import kernel_suite
+
+    copies = []
+    monkeypatch.setattr(kernel_suite, "checked_output", lambda call, ref, label, log, pick:
+                        (call(), 1e-3))
+    monkeypatch.setattr(kernel_suite, "same_bytes_copy",
+                        lambda moved: copies.append(moved) or 4000.0)
+    ceilings = {"copy_tbps": 4.0, "gemm_tflops": 700.0}
+    calls = {"tensorfuse": lambda: 0.05, "torch_compile": lambda: 0.1}
+    rows = kernel_suite._timed(kernel_suite.Case("rows", "4", None, {}, None, None, bytes=1.6e8),
+                               calls, ceilings, lambda line: None)
+    assert copies == [1.6e8]
+    assert rows[0].note.endswith("a copy of the same bytes: 4000 GB/s (80% of it)"), rows[0].note
+    assert "copy" not in rows[1].note
+    rows = kernel_suite._timed(kernel_suite.Case("gemm", "4", None, {}, None, None, flops=1e12),
+                               calls, ceilings, lambda line: None)
+    assert copies == [1.6e8] and "copy" not in rows[0].note
