@@ -199,3 +199,17 @@ def test_views_of_other_strides_reach_the_hopper_kernel_uncopied(monkeypatch):
     swapped = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in qkv.unbind(2)]
     want = _reference(torch.stack([t.cpu() for t in swapped], 2), 128 ** -0.5)
     assert relative_error(made(*swapped, 128 ** -0.5), want) < 2e-2, seed
+
+
+def test_tensor_maps_take_a_views_own_strides_by_role():
+    """``role_strides``: the element strides a strided plan's tensor map gets for a view — the
+    view's own, by the roles of its axes; the declared (contiguous) stride on an axis of one
+    element, whose stride torch leaves arbitrary."""
+    from tensorfuse.schedule_templates.hopper_attention import role_strides
+
+    qkv = torch.zeros(2, 5, 3, 4, 64)
+    q = qkv[:, :, 0]                                      # [B, S, H, D] by roles "bihd"
+    declared = {"b": 5 * 4 * 64, "h": 64, "i": 4 * 64, "d": 1}
+    assert role_strides(q, "bihd", ("b", "h", "i"), declared) == (5 * 3 * 4 * 64, 64, 3 * 4 * 64)
+    one = qkv[:1, :, 0].as_strided((1, 5, 4, 64), (7, 3 * 4 * 64, 64, 1))
+    assert role_strides(one, "bihd", ("b", "h", "i"), declared)[0] == declared["b"]
