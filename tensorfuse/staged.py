@@ -204,10 +204,11 @@ class GemmStages(StagedKernel):
 
 
 class NativeStages(StagedKernel):
-    """A program as stages some of which a native template (the Hopper attention) runs where it
-    refuses the whole: :meth:`stages_of` cuts it, :meth:`native_of` says which stages must run
-    natively. It fits the sizes where each of those routes to a native kernel: at others the
-    Triton template takes the program whole."""
+    """A program as stages, cut by :meth:`stages_of` where a native template (the Hopper
+    attention) refuses the whole: the stages that compute the fused chain's reductions must run
+    natively (the others store what they read, or finish what they leave). It fits the sizes
+    where each of those routes to a native kernel: at others the Triton template takes the
+    program whole."""
 
     why = ""
 
@@ -216,8 +217,9 @@ class NativeStages(StagedKernel):
         raise NotImplementedError
 
     @staticmethod
-    def native_of(stages: tuple) -> range:   # pragma: no cover - each subclass has one
-        raise NotImplementedError
+    def native_of(stages: tuple) -> list[int]:
+        """The stages that must run natively: those reducing the fused chain."""
+        return [k for k, stage in enumerate(stages) if stage.reduces]
 
     @classmethod
     def made(cls, kernel, fusion, target: TargetSpec, compile_stage, routed: type) -> tuple:
@@ -259,10 +261,6 @@ class AttentionEpilogueStages(NativeStages):
 
         return attention_epilogue_stages(program, fusion.names)
 
-    @staticmethod
-    def native_of(stages: tuple) -> range:
-        return range(len(stages) - 1)
-
     def _staged_because(self) -> str:
         chains = len(self.stages) - 1
         return ("the Hopper attention, then the function of its output" if chains == 1 else
@@ -282,10 +280,6 @@ class ComputedOperandStages(NativeStages):
         from .schedule_templates.operand_stages import computed_operand_stages
 
         return computed_operand_stages(program, fusion.names, fusion.axis)
-
-    @staticmethod
-    def native_of(stages: tuple) -> range:
-        return range(len(stages) - 1, len(stages))
 
     def _staged_because(self) -> str:
         return "the computed q·k operands stored, then the Hopper attention over them"

@@ -20,7 +20,7 @@ from ..dsl.expr import Binary, Cast, Load, Ref
 from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
 from .attention_chain import softmax_states
-from .stages import Stage, program_of
+from .stages import Stage, fresh_names, program_of
 
 RATIO = "attention"   # the first stage's output (a name the program does not use is taken)
 
@@ -49,8 +49,7 @@ def attention_epilogue_stages(program: Program, names: tuple[str, ...]) -> tuple
     if not all(ratios) or alone and _is_ratio(bare, alone[2], alone[1]) or \
             any(tuple(weighted.axes) != tuple(out.axes) for _, _, weighted in states):
         return ()   # nothing after o / l, or o's axes are not the output's
-    taken = {c.name for c in program.computes} | {p.name for p in program.params}
-    free = (n for n in (RATIO, *(f"{RATIO}_{k}" for k in range(1, 100))) if n not in taken)
+    free = fresh_names(program, RATIO)
     stored = [TensorParam(next(free), tuple(a.extent for a in out.axes), "f32", out.loc)
               for _ in states]
 

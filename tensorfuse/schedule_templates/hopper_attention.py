@@ -278,23 +278,26 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
             mapped.append((tile.name, tile.dtype))
         dtypes = [dtype for _, dtype in mapped]
 
+        own = plan.strided and tiled is None   # q, k, v through maps of the views' own strides
+
         def tensor_maps(values, device):
             """TMA maps of q, k and v (and the score tile's tensor) in one device buffer, made
             once per set of addresses (and, read by their own strides, of q's, k's and v's
             strides: the caller's views are taken as they are)."""
-            key = tuple(values[t].data_ptr() for t, _ in mapped)
-            if plan.strided and tiled is None:
-                key += tuple(values[t].stride() for t, _ in mapped[:3])
-                strides = [role_strides(values[t], layout, roles, plan.chain.strides(k, dims))
-                           for k, ((t, _), layout, roles) in enumerate(
-                               zip(mapped, plan.chain.layouts, outer))]
-                made = [(sizes, box, given) for (sizes, box, _), given in zip(shapes, strides)]
-                made += shapes[3:]
-            else:
+            addresses = tuple(values[t].data_ptr() for t, _ in mapped)
+            key = addresses + (tuple(values[t].stride() for t, _ in mapped[:3]) if own else ())
+
+            def encoded() -> bytes:   # on a miss only: a repeated call looks its key up
                 made = shapes
-            return maps.get(key, lambda: b"".join(
-                tensor_map(address, sizes, box, dtype, strides)
-                for address, dtype, (sizes, box, strides) in zip(key, dtypes, made)), device)
+                if own:
+                    made = [(sizes, box, role_strides(values[t], layout, roles,
+                                                      plan.chain.strides(k, dims)))
+                            for k, ((sizes, box, _), (t, _), layout, roles) in enumerate(
+                                zip(shapes, mapped, plan.chain.layouts, outer))] + shapes[3:]
+                return b"".join(tensor_map(address, sizes, box, dtype, strides)
+                                for address, dtype, (sizes, box, strides)
+                                in zip(addresses, dtypes, made))
+            return maps.get(key, encoded, device)
 
         def run(module, values, out, device):
             c = plan.chain
@@ -320,8 +323,7 @@ def hopper_attention(kernel, fusion: Fusion, target: TargetSpec, block_n: int | 
                       if lists.pick_among is not None else "")
         return Launches(source, entries, knobs, run, plan=plan,
                         parts=named_parts(PARTS, plan.parts),
-                        strided=(plan.chain.q, plan.chain.k, plan.chain.v)
-                        if plan.strided and tiled is None else (),
+                        strided=(plan.chain.q, plan.chain.k, plan.chain.v) if own else (),
                         why=padding + (f"visiting order: {tiled.describe()}; " if tiled else
                              f"flat order ({order}); " if order else "")
                         + f"{tiles} tiles: {how} schedule"

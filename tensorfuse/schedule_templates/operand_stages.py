@@ -10,14 +10,14 @@ holds the tables' tiles beside the keys'); the stages read and write each operan
 from __future__ import annotations
 
 from ..algebra import inline_elementwise
-from ..algebra.exprs import factors, nodes, rewrite_computes
+from ..algebra.exprs import nodes, rewrite_computes
 from ..dsl.expr import Axis, Cast, Load, Ref, binary
 from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
 from .attention_chain import softmax_states
 from .attention_epilogue import computes_read_by
-from .stages import Stage, program_of
-from .tile_plan import storage_of
+from .stages import Stage, fresh_names, program_of
+from .tile_plan import split_product, storage_of
 
 OPERAND = "operand"   # the stored operands' names (numbered where the program uses the name)
 
@@ -39,20 +39,18 @@ def computed_operand_stages(program: Program, names: tuple[str, ...],
         return ()
     dot = dots[0]
     body = inline_elementwise(dot.bodies[0])
-    found = factors(body)
-    keyed = [any(isinstance(a, Axis) and a.name == axis for a in f.axes) for f in found]
-    # the operands: the factors free of the keys (the query side: a weight or a scale on the
-    # head dim goes with it), and the factors reading the keys
-    sides = [_product([f for f, k in zip(found, keyed) if k is key]) for key in (False, True)]
-    if any(f is None for f in sides) or \
-            not all(any(isinstance(n, Load) for n in nodes(f)) for f in sides):
+    # the operands as the fused kernel splits the product: the factors free of the keys (the
+    # query side: a weight or a scale on the head dim goes with it), and those reading them
+    every = {a.uid for a in dot.axes + dot.over}
+    keys = {a.uid for a in dot.axes if a.name == axis}
+    sides = split_product(body, every - keys, every, set())
+    if sides is None or not all(any(isinstance(n, Load) for n in nodes(f)) for f in sides):
         return ()
     computed = [f for f in sides if not _plain(f)]
     if not computed or not all(_no_larger(f, dot.over[0]) for f in computed):
         return ()
     dtype = storage_of(body)
-    taken = {c.name for c in program.computes} | {p.name for p in program.params}
-    free = (n for n in (OPERAND, *(f"{OPERAND}_{k}" for k in range(1, 100))) if n not in taken)
+    free = fresh_names(program, OPERAND)
     stages, loads = [], {}
     reduced = dot.over[0]
     for side in computed:
@@ -76,14 +74,6 @@ def computed_operand_stages(program: Program, names: tuple[str, ...],
     attention = program_of(f"{program.name}_attention", program, computes, outputs, params)
     return (*stages, Stage(attention, tuple(p.name for p in attention.params),
                            tuple(c.name for c in outputs), names))
-
-
-def _product(found: list):
-    """The product of ``found`` (None where it is empty)."""
-    made = None
-    for f in found:
-        made = f if made is None else binary("mul", made, f, f.loc)
-    return made
 
 
 def _no_larger(side, reduced: Axis) -> bool:

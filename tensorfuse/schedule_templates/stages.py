@@ -303,6 +303,13 @@ def _sub_program(program: Program, outputs: list[Compute], stored: set[str], nam
                       list(stored_params.values()))
 
 
+def fresh_names(program: Program, base: str):
+    """Names for values a rewrite of ``program`` adds: ``base``, then ``base_1``, ``base_2``… —
+    each one no compute or parameter of the program has."""
+    taken = {c.name for c in program.computes} | {p.name for p in program.params}
+    return (n for n in (base, *(f"{base}_{k}" for k in range(1, 100))) if n not in taken)
+
+
 def program_of(name: str, source: Program, computes: list, outputs: list,
                extra_params: list = ()) -> Program:
     """A program of ``computes`` (in order) whose parameters are those of ``source`` they read

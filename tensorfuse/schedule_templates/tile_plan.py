@@ -213,7 +213,7 @@ def _product(factors: list[Expr]) -> Expr:
     return out
 
 
-def _split_product(e: Expr, left_axes: set, right_axes: set, shared: set) -> tuple | None:
+def split_product(e: Expr, left_axes: set, right_axes: set, shared: set) -> tuple | None:
     """Split a product into a left part (axes ⊆ left_axes) and a right part (⊆ right_axes)."""
     left, right = [], []
     for f in factors(e):
@@ -309,7 +309,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
                               "column value become tensor-core products")
         k = x.over[0]
         body = inline_elementwise(x.bodies[0])
-        parts = _split_product(body, common | {k.uid}, batch_ids | {col.uid, k.uid}, batch_ids)
+        parts = split_product(body, common | {k.uid}, batch_ids | {col.uid, k.uid}, batch_ids)
         if parts is None:
             raise TargetError(f"{x.name} is not a product of a row value and a column value")
         plan.locals[x.name] = Contraction(parts[0], parts[1], storage_of(body))
@@ -336,7 +336,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
             if st.monoid.name != "sum" or len(extra) != 1:
                 raise TargetError(f"{m.name}: a state over {extra[0].name} must be a sum")
             e = extra[0]
-            parts = _split_product(body, common | {col.uid}, batch_ids | {col.uid, e.uid}, batch_ids)
+            parts = split_product(body, common | {col.uid}, batch_ids | {col.uid, e.uid}, batch_ids)
             if parts is None:
                 raise TargetError(f"{m.name}: not a product of a row×{col.name} value and a "
                                   f"{col.name}×{e.name} value")

@@ -13,7 +13,7 @@ from tensorfuse.schedule_templates.attention_epilogue import attention_epilogue_
 from tensorfuse.staged import StagedKernel
 from benchmarks.pipeline_kernels import gated_attention
 from benchmarks.variant_kernels import diff_attention, diff_reference
-from tests.helpers import fresh_seed, relative_error
+from tests.helpers import fresh_seed, poisoned_call, relative_error
 
 
 
@@ -119,10 +119,9 @@ def test_differential_attention_stages_match_float64_on_the_cpu():
     g = torch.Generator().manual_seed(seed)
     q1, k1, q2, k2 = ((torch.randn(2, 3, 37, 16, generator=g) * 3).bfloat16() for _ in range(4))
     v = (torch.randn(2, 3, 37, 24, generator=g) * 3).bfloat16()
-    rows = torch.arange(37)
-    out = torch.full((2, 3, 37, 24), float("nan"), dtype=torch.bfloat16)
-    assert made(q1, k1, q2, k2, v, 0.6, 0.25, out=out) is out
-    want = diff_reference(q1, k1, q2, k2, v, 0.6, 0.25, rows)
+    want = diff_reference(q1, k1, q2, k2, v, 0.6, 0.25, torch.arange(37))
+    (out,) = poisoned_call(made, diff_attention.program,
+                           dict(q1=q1, k1=k1, q2=q2, k2=k2, v=v, lam=0.6, scale=0.25), want)
     assert relative_error(out, want) < 1e-2, seed
 
 
@@ -137,7 +136,8 @@ def test_differential_attention_matches_float64_on_the_gpu():
     v = (torch.randn(B, H, S, E, generator=g) * 2).bfloat16()
     made = tf.compile(diff_attention)
     assert made.schedule_origin(B=B, H=H, S=S, D=D, E=E).startswith("staged: 3 kernels")
-    out = torch.full((B, H, S, E), float("nan"), dtype=torch.bfloat16, device="cuda")
-    made(*(t.cuda() for t in (q1, k1, q2, k2, v)), 0.6, 0.125, out=out)
     want = diff_reference(q1, k1, q2, k2, v, 0.6, 0.125, torch.arange(S))
+    tensors = dict(q1=q1, k1=k1, q2=q2, k2=k2, v=v)
+    (out,) = poisoned_call(made, diff_attention.program, {
+        **{n: t.cuda() for n, t in tensors.items()}, "lam": 0.6, "scale": 0.125}, want)
     assert relative_error(out, want) < 2e-2, seed

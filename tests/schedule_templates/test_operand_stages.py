@@ -15,7 +15,7 @@ from tensorfuse.staged import StagedKernel
 from benchmarks.attention import reference
 from benchmarks.serving_kernels import (causal, rope_angles, rope_attention,
                                         rope_attention_bf16_tables, rotated)
-from tests.helpers import fresh_seed, relative_error
+from tests.helpers import fresh_seed, poisoned_call, relative_error
 
 HOPPER = "cuda:sm_90a"
 SIZES = dict(B=2, H=16, S=4096, D=128)
@@ -96,10 +96,10 @@ def test_the_stages_match_float64_on_the_cpu():
     # against float64 in 10 seeds, at 2·randn 0.9e-2 (this test's tolerance: 2e-2)
     q, k, v = ((torch.randn(2, 3, 37, 16, generator=g) * 2).bfloat16() for _ in range(3))
     cos, sin = (t.bfloat16() for t in rope_angles(37, 16))
-    out = torch.full((2, 3, 37, 16), float("nan"), dtype=torch.bfloat16)
-    assert made(q, k, v, cos, sin, 0.25, out=out) is out
     want = reference(rotated(q.double(), cos.double(), sin.double()),
                      rotated(k.double(), cos.double(), sin.double()), v, 0.25, None, causal)
+    (out,) = poisoned_call(made, rope_attention_bf16_tables.program,
+                           dict(q=q, k=k, v=v, cos=cos, sin=sin, scale=0.25), want)
     assert relative_error(out, want) < 2e-2, seed
 
 
@@ -114,8 +114,9 @@ def test_rotary_attention_matches_float64_on_the_gpu():
     cos, sin = (t.bfloat16() for t in rope_angles(S, D))
     made = tf.compile(rope_attention_bf16_tables)
     assert made.schedule_origin(B=B, H=H, S=S, D=D).startswith("staged: 3 kernels")
-    out = torch.full((B, H, S, D), float("nan"), dtype=torch.bfloat16, device="cuda")
-    made(*(t.cuda() for t in (q, k, v, cos, sin)), D ** -0.5, out=out)
     want = reference(rotated(q.double(), cos.double(), sin.double()),
                      rotated(k.double(), cos.double(), sin.double()), v, D ** -0.5, None, causal)
+    args = dict(q=q, k=k, v=v, cos=cos, sin=sin)
+    (out,) = poisoned_call(made, rope_attention_bf16_tables.program,
+                           {**{n: t.cuda() for n, t in args.items()}, "scale": D ** -0.5}, want)
     assert relative_error(out, want) < 2e-2, seed

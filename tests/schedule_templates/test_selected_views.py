@@ -13,7 +13,7 @@ from benchmarks.serving_kernels import packed_qkv_causal
 from tensorfuse import dsl as T
 from tensorfuse.kernels import softmax_attend
 from tensorfuse.schedule_templates.selected_views import select_constant_indices
-from tests.helpers import fresh_seed, relative_error
+from tests.helpers import fresh_seed, poisoned_call, relative_error
 
 HOPPER = "cuda:sm_90a"
 SIZES = dict(B=2, S=4096, H=16, D=128)
@@ -69,6 +69,53 @@ def reads_the_slices_count(x: T.Tensor["M", "TWO", "N", "f32"]):
     return T.sum(x[i, 0, j] - x[i, 1, j] * T.size("TWO"), over=j)
 
 
+# run in a process of its own: tools/profile_host_paths.py stubs the GPU's parts for good
+_MAPS_OF_A_CALL = """
+import importlib.util, json, torch
+spec = importlib.util.spec_from_file_location("tool", "tools/profile_host_paths.py")
+tool = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tool)
+tool.stub_the_gpu()
+from tensorfuse.targets.cuda import tma
+encoded, made = [], []
+tma._encoded = lambda address, sizes, box, dtype, strides: encoded.append(
+    (address, sizes, strides)) or bytes(128)
+def get(self, key, make, device):
+    if key not in self.entries:
+        made.append(key)
+        self.entries[key] = make()
+    return torch.empty(384, dtype=torch.uint8)
+tma.DeviceMaps.get = get
+import tensorfuse as tf
+from benchmarks.serving_kernels import packed_qkv_causal
+f = tf.compile(packed_qkv_causal, "cuda:sm_90a")
+qkv = torch.zeros(2, 300, 3, 4, 128, dtype=torch.bfloat16)
+for _ in range(3):
+    f(qkv, 0.088)
+print(json.dumps({"made": len(made), "maps": [[a - qkv.data_ptr(), list(s), list(st)]
+                                              for a, s, st in encoded]}))
+"""
+
+
+def test_the_hopper_kernels_tensor_maps_read_the_slices_where_they_lie():
+    """The host side of a packed call, the GPU's parts stubbed (``tools/profile_host_paths``):
+    each slice's map starts at its offset in the packed tensor with its strides by role (batch,
+    head, token; elements) — no copy between — and repeated calls encode no map again."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", _MAPS_OF_A_CALL], cwd=root, check=True,
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": root})
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["made"] == 1
+    strides = [300 * 3 * 4 * 128, 128, 3 * 4 * 128]
+    assert found["maps"] == [[c * 4 * 128 * 2, [2, 4, 300, 128], strides] for c in range(3)]
+
+
 def test_tensors_read_otherwise_are_left_as_written():
     import tensorfuse.kernels as K
 
@@ -107,8 +154,7 @@ def test_a_selected_kernel_runs_on_the_callers_slices_on_the_cpu():
     g = torch.Generator().manual_seed(seed)
     qkv = (torch.randn(2, 37, 3, 3, 16, generator=g) * 4).bfloat16()
     want = _reference(qkv, 0.25)
-    out = torch.full((2, 37, 3, 16), float("nan"), dtype=torch.bfloat16)
-    assert made(qkv, 0.25, out=out) is out
+    (out,) = poisoned_call(made, packed_qkv_causal.program, dict(qkv=qkv, scale=0.25), want)
     assert relative_error(out, want) < 1e-2, seed
     assert relative_error(made(qkv, 0.25), want) < 1e-2, seed
     assert made.schedule_origin(B=2, S=37, THREE=3, H=3, D=16).startswith(

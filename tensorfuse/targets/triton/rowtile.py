@@ -252,8 +252,8 @@ class _RowTileSource(SplitMerge):
         for xname, con in plan.locals.items():
             feat = self.local_axes[xname]
             w(f"rhs_{xname} = {dot_operand(con.right, self.ctx_cf(feat), self.dot_type(con))}")
-            ieee = self.products(self.dot_type(con))
-            w(f"t_{xname} = tl.dot(lhs_{xname}, tl.trans(rhs_{xname}){ieee})")
+            precision = self.products(self.dot_type(con))
+            w(f"t_{xname} = tl.dot(lhs_{xname}, tl.trans(rhs_{xname}){precision})")
             rc_refs[xname] = f"t_{xname}"
         if self.realign is not None:
             w(f"seen_next = {self.realign.seen_next(self.N, tail)}")
