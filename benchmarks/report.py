@@ -1,8 +1,8 @@
-"""The results as current tables: ``benchmarks/RESULTS.md`` and the README's results table,
-written from the newest CSV of each benchmark on each device in ``benchmarks/results/``; and the
+"""The results as current tables: ``benchmarks/RESULTS.md`` and the README's results table and
+its cases furthest behind, written from the newest CSV of each benchmark on each device in ``benchmarks/results/``; and the
 plots the benchmarks draw of their CSVs.
 
-    python -m benchmarks.report            # write RESULTS.md and the README's table
+    python -m benchmarks.report            # write RESULTS.md and the README's tables
     python -m benchmarks.report --check    # exit 1 where either differs from what it would write
 
 A CSV is named ``<date>-<device>-<benchmark>.csv`` (``common.write_csv``); the output depends on
@@ -231,6 +231,7 @@ RESULTS_DIR = os.path.join(HERE, "results")
 RESULTS_MD = os.path.join(HERE, "RESULTS.md")
 README = os.path.join(os.path.dirname(HERE), "README.md")
 README_BEGIN, README_END = "<!-- results table: benchmarks/report.py -->", "<!-- end of results -->"
+BEHIND_BEGIN, BEHIND_END = "<!-- behind table: benchmarks/report.py -->", "<!-- end of behind -->"
 
 # The benchmarks in the order RESULTS.md shows them: the CSV's name after the device, a title,
 # what the numbers are and the command that makes them (each run checks against float64 first).
@@ -815,6 +816,14 @@ def results_markdown(found: dict) -> str:
              "alternatives in the same process on the same GPU (medians; L2 flushed between "
              "runs). `× best alternative`: the fastest alternative's time over tensorfuse's "
              "(above 1: tensorfuse is faster). Earlier runs are in git's history.", ""]
+    late = behind(found)
+    if late:
+        lines += ["## Where tensorfuse is behind", "",
+                  f"Every case of the newest runs on the device measured last where "
+                  f"`tf.compile`'s defaults reach less than {BEHIND:.2f}× the fastest "
+                  f"alternative's speed (a case in several runs: its newest), the furthest "
+                  f"behind first; each run's section below has its plans and ceilings.", "",
+                  behind_table(late), ""]
     for benchmark, title, what, command in sections:
         if benchmark not in found:
             continue
@@ -861,8 +870,62 @@ def readme_table(found: dict) -> str:
     return "\n".join(lines)
 
 
-def _with_readme_table(readme: str, table: str) -> str:
-    begin, end = readme.index(README_BEGIN) + len(README_BEGIN), readme.index(README_END)
+# a case is "behind" below this fraction of the fastest alternative's speed: closer than 3 % is
+# within the spread of repeated runs of the same kernel (the suites' reruns of unchanged cases)
+BEHIND = 0.97
+README_BEHIND_ROWS = 15   # the README lists the furthest behind; RESULTS.md every one
+
+
+def behind(found: dict) -> list:
+    """Every case of the newest runs on the device measured last (:func:`readme_table`'s) where
+    ``tensorfuse`` (``tf.compile``'s defaults) is below :data:`BEHIND` of the fastest
+    alternative's speed: ``(ratio, case, shape, ours, theirs, alternative, date, benchmark)``,
+    the furthest behind first; a case and shape in several benchmarks (a knob sweep's
+    defaults, a suite's row) as its newest run says, cases run again on their own since as
+    that run says (:func:`_superseded`)."""
+    paths = [p for runs in found.values() for p in runs.values()]
+    if not paths:
+        return []
+    device = _device_of(max(paths, key=os.path.basename))
+    newest: dict = {}
+    for benchmark, runs in found.items():
+        if device not in runs:
+            continue
+        path = runs[device]
+        superseded, _ = _superseded(found, benchmark, device)
+        rows = [r for r in load(path) if r.get("benchmark") not in superseded]
+        if not rows or "implementation" not in rows[0]:
+            continue   # a plain table (a tuning job's) compares nothing
+        date = os.path.basename(path)[:10]
+        for (case, shape), entries in _groups(rows).items():
+            mine = [r for r in entries if r["implementation"] == "tensorfuse"
+                    and _number(r["ms"]) > 0]
+            best = _best_alternative(entries)
+            if case.startswith("ceiling") or not (mine and best):
+                continue
+            known = newest.get((case, shape))
+            if known is None or known[6] <= date:
+                ratio = _number(best["ms"]) / _number(mine[0]["ms"])
+                newest[(case, shape)] = (ratio, case, shape, _rate(mine[0]) or
+                                         f"{_number(mine[0]['ms']):.3f} ms", _rate(best) or
+                                         f"{_number(best['ms']):.3f} ms",
+                                         best["implementation"], date, benchmark)
+    return sorted(e for e in newest.values() if e[0] < BEHIND)
+
+
+def behind_table(entries: list) -> str:
+    """:func:`behind`'s entries as a table (the run: its date and CSV's benchmark name)."""
+    lines = ["| kernel | shape | tensorfuse | fastest alternative | × | run |",
+             "| --- | --- | ---: | --- | ---: | --- |"]
+    lines += [f"| {case} | {shape} | {ours} | {label} ({theirs}) | {ratio:.2f}× | "
+              f"{date} {benchmark} |"
+              for ratio, case, shape, ours, theirs, label, date, benchmark in entries]
+    return "\n".join(lines)
+
+
+def _with_readme_table(readme: str, table: str, markers=(README_BEGIN, README_END)) -> str:
+    """``readme`` with ``table`` between the ``markers`` (begin, end)."""
+    begin, end = readme.index(markers[0]) + len(markers[0]), readme.index(markers[1])
     return readme[:begin] + "\n" + table + "\n" + readme[end:]
 
 
@@ -872,7 +935,11 @@ def main(argv: list[str]) -> int:
     with open(README) as f:
         readme = f.read()
     if README_BEGIN in readme:
-        want[README] = _with_readme_table(readme, readme_table(found))
+        readme = _with_readme_table(readme, readme_table(found))
+    if BEHIND_BEGIN in readme:
+        readme = _with_readme_table(readme, behind_table(behind(found)[:README_BEHIND_ROWS]),
+                                    (BEHIND_BEGIN, BEHIND_END))
+    want[README] = readme
     stale = []
     for path, text in want.items():
         with open(path) as f:

@@ -111,3 +111,33 @@ def test_a_newer_plain_table_part_leaves_an_older_plain_table_whole(tmp_path):
             writer.writerow({"job": job, "job_s": "20.0", "gpus": "2"})
     text = results_markdown(_results(str(tmp_path)))
     assert "| softmax | 20.0 | 2 |" in text and "| decode + softmax | 20.0 | 2 |" in text
+
+
+def test_the_cases_behind_are_listed_from_the_newest_runs_furthest_behind_first(tmp_path):
+    """A case slower than 0.97× its fastest alternative is listed, one at 0.98× is not; a case
+    and shape in two benchmarks counts as the newer run says (here: no longer behind); a case an
+    older run has but a newer part run again (``<benchmark>-<part>``) as the part says; cases of
+    a device not measured last are not listed."""
+    from benchmarks.report import behind, behind_table
+
+    def case(name, ours, theirs, shape="s"):
+        return [{"benchmark": name, "shape": shape, "implementation": "tensorfuse", "ms": ours,
+                 "gbps": "100"},
+                {"benchmark": name, "shape": shape, "implementation": "torch_compile",
+                 "ms": theirs, "gbps": "200"}]
+
+    _write(tmp_path / "2026-01-01-GPU_A-suite.csv",
+           case("user/far", "2.0", "1.0") + case("user/near", "1.02", "1.0") +
+           case("user/rerun", "2.0", "1.0") + case("user/shared", "4.0", "1.0"))
+    _write(tmp_path / "2026-01-02-GPU_A-suite-rerun.csv", case("user/rerun", "1.0", "1.0"))
+    _write(tmp_path / "2026-01-03-GPU_A-sweep.csv", case("user/shared", "1.0", "1.0") +
+           case("user/mid", "1.25", "1.0"))
+    _write(tmp_path / "2025-12-01-GPU_B-suite.csv", case("user/other", "9.0", "1.0"))
+    found = _results(str(tmp_path))
+    listed = behind(found)
+    assert [(e[1], round(e[0], 2), e[6]) for e in listed] == [
+        ("user/far", 0.5, "2026-01-01"), ("user/mid", 0.8, "2026-01-03")]
+    table = behind_table(listed)
+    assert "| user/far | s | 100 GB/s | torch_compile (200 GB/s) | 0.50× | 2026-01-01 suite |" \
+        in table.splitlines()
+    assert "Where tensorfuse is behind" in results_markdown(found)
