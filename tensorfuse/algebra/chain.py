@@ -180,7 +180,8 @@ def _plan(program: Program, names: Sequence[str], axis: "str | Axis") -> Chain:
         earlier = {p.name: p for p in members[:k]}
         body = bodies[m.name][0]
         ctx = Context(ax, earlier, positive=set(positive), rules={},
-                      independent={n for n, sc in schemes.items() if not sc.deps})
+                      independent={n for n, sc in schemes.items() if not sc.deps},
+                      schemes=dict(schemes))
         if not refs_to(body, earlier) or m.arity > 1:
             if m.arity > 1 and refs_to(body, earlier):
                 raise RollingUpdateError(f"{m.name} reduces several values at once and depends "

@@ -108,6 +108,8 @@ class Context:
     deps: dict                       # name -> Compute of each changing earlier reduction
     positive: set = field(default_factory=set)   # deps whose values are provably positive
     independent: set = field(default_factory=set)  # deps that depend on no other member
+    # the deps' own schemes (name -> Scheme): what their values may do when theirs move
+    schemes: dict = field(default_factory=dict)
     rules: dict = field(default_factory=dict)     # user rules: op -> [fn]
     memo: dict = field(default_factory=dict)
 

@@ -43,6 +43,8 @@ class _Leaves:
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.by_key: dict = {}
+        self.carried = {name: self.symbolic(sc.correct[0], "new")
+                        for name, sc in ctx.schemes.items() if _rescaled_sum(name, sc, ctx)}
 
     def symbolic(self, e: Expr, deps_as: str) -> Expr:
         def replace(n: Expr):
@@ -72,15 +74,31 @@ class _Leaves:
             old = rng.uniform(0.3, 4.0) if positive else rng.normal() * 2.0
             step = 0.0 if rng.random() < 0.2 else abs(rng.normal())
             kind = dep.monoid.name if dep.monoid is not None else ""
-            # running values of a max, or of a sum of non-negative terms, only rise (a min only
-            # falls) — unless they depend on other members, which can move them either way
+            # running values of a max or a log-sum-exp, or of a sum of non-negative terms, only
+            # rise (a min only falls) — unless they depend on other members, which can move
+            # them either way
             monotone = name in self.ctx.independent
-            grows = monotone and (kind == "max" or (kind == "sum" and positive))
+            grows = monotone and (kind in ("max", "logsumexp") or (kind == "sum" and positive))
             new = old + step if grows else old + rng.normal() * 2.0
             if monotone and kind == "min":
                 new = old - step
+            if name in self.carried:   # what the old terms come to at the new references, and more
+                state = {f"{name}#0": np.asarray(old)}
+                new = float(evaluate_plain(self.carried[name], {**env, **state})) + step
             env[f"{name}.old"], env[f"{name}.new"] = np.asarray(old), np.asarray(new)
         return env
+
+
+def _rescaled_sum(name: str, scheme: Scheme, ctx: Context) -> bool:
+    """Whether ``name`` is a sum of non-negative terms kept relative to other members (``Σ
+    exp(x − m)``: a softmax's normaliser): its one state is its value, so the terms seen so far,
+    read at new references, come to its own correction of the old value — and the terms seen
+    since add to that. Drawn so (:meth:`_Leaves.draw`), ``log l + m`` only rises, as it does on
+    any data, and a correction through it is not taken for one that can grow."""
+    return (scheme.kind == "linear" and bool(scheme.deps) and len(scheme.states) == 1
+            and scheme.compute.monoid.name == "sum" and name in ctx.positive
+            and len(scheme.value) == 1 and isinstance(scheme.value[0], Symbol)
+            and scheme.value[0].name == f"{name}#0")
 
 
 def _close(a, b) -> bool | None:

@@ -116,19 +116,20 @@ def test_a_correction_that_can_grow_is_warned_about_once_per_fusion(rng):
 
 
 def test_a_member_planned_in_several_programs_is_warned_about_once_and_briefly():
-    """An entropy's sum reads a logsumexp: planned for the row template on the kernel's program
-    and on it with the logsumexp written out as a maximum and a sum (the monoid rewrite), each
-    plan finds the same correction that can grow. One warning, quoting the correction cut
-    short (written out it runs to kilobytes)."""
+    """A sum reads a logsumexp and a signed sum (which can fall, so its correction can grow):
+    planned for the row template on the kernel's program and on it with the logsumexp written
+    out as a maximum and a sum (the monoid rewrite), each plan finds the same correction that
+    can grow. One warning, quoting the correction cut short (written out it runs to
+    kilobytes)."""
     @tf.kernel
-    def entropy(x: T.Tensor["M", "V", "bf16"]):
+    def tilted(x: T.Tensor["M", "V", "bf16"]):
         i, v = T.axes("i v")
-        lp = x[i, v] - T.logsumexp(x[i, v], over=v)
+        lp = x[i, v] - T.logsumexp(x[i, v], over=v) - 0.01 * T.sum(x[i, v], over=v)
         return -T.sum(T.exp(lp) * lp, over=v)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        made = tf.compile(entropy, "cuda:sm_90a")
+        made = tf.compile(tilted, "cuda:sm_90a")
         made.for_sizes(M=64, V=1000).source(M=64, V=1000)
     grows = [str(w.message) for w in caught if issubclass(w.category, RollingUpdateWarning)
              and "can exceed 1" in str(w.message)]
@@ -223,3 +224,34 @@ def test_float32_products_compile_on_each_gpu_at_float32_accuracy(target, precis
     made = tf.compile(attention_kernel("f32", True, False, False), target=target).template
     assert f"input_precision='{precision}'" in made.source(**sizes)
     assert ("amdgcn" if target.startswith("rocm") else "ptx") in made.compiled(**sizes).asm
+
+
+@pytest.mark.parametrize("written", ["logsumexp", "max and sum"])
+def test_a_softmax_normalised_inside_the_sum_is_not_taken_for_a_correction_that_grows(written):
+    """An entropy and a KL divergence as users write them: ``log p = x − logsumexp(x)`` (or its
+    maximum and sum written out) inside the sum. The correction through ``log p`` is
+    ``exp(lse.old − lse.new)``, and a log-sum-exp only rises as terms come in — as does
+    ``m + log l`` of a sum ``l`` of ``exp(x − m)`` — so no correction can exceed 1: planned for
+    the row template (the logsumexp also written out), nothing warns that one can."""
+    @tf.kernel
+    def entropy_lse(x: T.Tensor["M", "V", "bf16"]):
+        i, v = T.axes("i v")
+        lp = x[i, v] - T.logsumexp(x[i, v], over=v)
+        return -T.sum(T.exp(lp) * lp, over=v)
+
+    @tf.kernel
+    def kl_written_out(a: T.Tensor["M", "V", "bf16"], b: T.Tensor["M", "V", "bf16"]):
+        i, v = T.axes("i v")
+        ma, mb = T.max(a[i, v], over=v), T.max(b[i, v], over=v)
+        la = a[i, v] - ma - T.log(T.sum(T.exp(a[i, v] - ma), over=v))
+        lb = b[i, v] - mb - T.log(T.sum(T.exp(b[i, v] - mb), over=v))
+        return T.sum(T.exp(la) * (la - lb), over=v)
+
+    kernel = entropy_lse if written == "logsumexp" else kl_written_out
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        made = tf.compile(kernel, "cuda:sm_90a").for_sizes(M=64, V=1000)
+        assert "rolling_update(" in made.description   # planned as one fused sweep
+        made.source(M=64, V=1000)
+    assert not [str(w.message) for w in caught if issubclass(w.category, RollingUpdateWarning)
+                and "can exceed 1" in str(w.message)]
