@@ -819,10 +819,10 @@ def results_markdown(found: dict) -> str:
     late = behind(found)
     if late:
         lines += ["## Where tensorfuse is behind", "",
-                  f"Every case of the newest runs on the device measured last where "
-                  f"`tf.compile`'s defaults reach less than {BEHIND:.2f}× the fastest "
-                  f"alternative's speed (a case in several runs: its newest), the furthest "
-                  f"behind first; each run's section below has its plans and ceilings.", "",
+                  f"Every case of the newest runs on each device where `tf.compile`'s "
+                  f"defaults reach less than {BEHIND:.2f}× the fastest alternative's speed (a "
+                  f"case in several runs: its newest), the furthest behind first; each run's "
+                  f"section below has its plans and ceilings.", "",
                   behind_table(late), ""]
     for benchmark, title, what, command in sections:
         if benchmark not in found:
@@ -877,49 +877,44 @@ README_BEHIND_ROWS = 15   # the README lists the furthest behind; RESULTS.md eve
 
 
 def behind(found: dict) -> list:
-    """Every case of the newest runs on the device measured last (:func:`readme_table`'s) where
-    ``tensorfuse`` (``tf.compile``'s defaults) is below :data:`BEHIND` of the fastest
-    alternative's speed: ``(ratio, case, shape, ours, theirs, alternative, date, benchmark)``,
-    the furthest behind first; a case and shape in several benchmarks (a knob sweep's
-    defaults, a suite's row) as its newest run says, cases run again on their own since as
-    that run says (:func:`_superseded`)."""
-    paths = [p for runs in found.values() for p in runs.values()]
-    if not paths:
-        return []
-    device = _device_of(max(paths, key=os.path.basename))
+    """Every case of the newest runs, on every device, where ``tensorfuse`` (``tf.compile``'s
+    defaults) is below :data:`BEHIND` of the fastest alternative's speed: ``(ratio, case, shape,
+    device, ours, theirs, alternative, date, benchmark)``, the furthest behind first; a case and
+    shape on one device in several benchmarks (a knob sweep's defaults, a suite's row) as its
+    newest run says, cases run again on their own since as that run says
+    (:func:`_superseded`)."""
     newest: dict = {}
     for benchmark, runs in found.items():
-        if device not in runs:
-            continue
-        path = runs[device]
-        superseded, _ = _superseded(found, benchmark, device)
-        rows = [r for r in load(path) if r.get("benchmark") not in superseded]
-        if not rows or "implementation" not in rows[0]:
-            continue   # a plain table (a tuning job's) compares nothing
-        date = os.path.basename(path)[:10]
-        for (case, shape), entries in _groups(rows).items():
-            mine = [r for r in entries if r["implementation"] == "tensorfuse"
-                    and _number(r["ms"]) > 0]
-            best = _best_alternative(entries)
-            if case.startswith("ceiling") or not (mine and best):
-                continue
-            known = newest.get((case, shape))
-            if known is None or known[6] <= date:
-                ratio = _number(best["ms"]) / _number(mine[0]["ms"])
-                newest[(case, shape)] = (ratio, case, shape, _rate(mine[0]) or
-                                         f"{_number(mine[0]['ms']):.3f} ms", _rate(best) or
-                                         f"{_number(best['ms']):.3f} ms",
-                                         best["implementation"], date, benchmark)
+        for device, path in runs.items():
+            superseded, _ = _superseded(found, benchmark, device)
+            rows = [r for r in load(path) if r.get("benchmark") not in superseded]
+            if not rows or "implementation" not in rows[0]:
+                continue   # a plain table (a tuning job's) compares nothing
+            date = os.path.basename(path)[:10]
+            for (case, shape), entries in _groups(rows).items():
+                mine = [r for r in entries if r["implementation"] == "tensorfuse"
+                        and _number(r["ms"]) > 0]
+                best = _best_alternative(entries)
+                if case.startswith("ceiling") or not (mine and best):
+                    continue
+                known = newest.get((device, case, shape))
+                if known is None or known[7] <= date:
+                    newest[(device, case, shape)] = (
+                        _number(best["ms"]) / _number(mine[0]["ms"]), case, shape,
+                        device.replace("_", " "),
+                        _rate(mine[0]) or f"{_number(mine[0]['ms']):.3f} ms",
+                        _rate(best) or f"{_number(best['ms']):.3f} ms",
+                        best["implementation"], date, benchmark)
     return sorted(e for e in newest.values() if e[0] < BEHIND)
 
 
 def behind_table(entries: list) -> str:
     """:func:`behind`'s entries as a table (the run: its date and CSV's benchmark name)."""
-    lines = ["| kernel | shape | tensorfuse | fastest alternative | × | run |",
-             "| --- | --- | ---: | --- | ---: | --- |"]
-    lines += [f"| {case} | {shape} | {ours} | {label} ({theirs}) | {ratio:.2f}× | "
+    lines = ["| kernel | shape | device | tensorfuse | fastest alternative | × | run |",
+             "| --- | --- | --- | ---: | --- | ---: | --- |"]
+    lines += [f"| {case} | {shape} | {device} | {ours} | {label} ({theirs}) | {ratio:.2f}× | "
               f"{date} {benchmark} |"
-              for ratio, case, shape, ours, theirs, label, date, benchmark in entries]
+              for ratio, case, shape, device, ours, theirs, label, date, benchmark in entries]
     return "\n".join(lines)
 
 

@@ -116,8 +116,8 @@ def test_a_newer_plain_table_part_leaves_an_older_plain_table_whole(tmp_path):
 def test_the_cases_behind_are_listed_from_the_newest_runs_furthest_behind_first(tmp_path):
     """A case slower than 0.97× its fastest alternative is listed, one at 0.98× is not; a case
     and shape in two benchmarks counts as the newer run says (here: no longer behind); a case an
-    older run has but a newer part run again (``<benchmark>-<part>``) as the part says; cases of
-    a device not measured last are not listed."""
+    older run has but a newer part run again (``<benchmark>-<part>``) as the part says; another
+    device's runs on their own."""
     from benchmarks.report import behind, behind_table
 
     def case(name, ours, theirs, shape="s"):
@@ -135,9 +135,10 @@ def test_the_cases_behind_are_listed_from_the_newest_runs_furthest_behind_first(
     _write(tmp_path / "2025-12-01-GPU_B-suite.csv", case("user/other", "9.0", "1.0"))
     found = _results(str(tmp_path))
     listed = behind(found)
-    assert [(e[1], round(e[0], 2), e[6]) for e in listed] == [
-        ("user/far", 0.5, "2026-01-01"), ("user/mid", 0.8, "2026-01-03")]
+    assert [(e[1], e[3], round(e[0], 2), e[7]) for e in listed] == [
+        ("user/other", "GPU B", 0.11, "2025-12-01"), ("user/far", "GPU A", 0.5, "2026-01-01"),
+        ("user/mid", "GPU A", 0.8, "2026-01-03")]
     table = behind_table(listed)
-    assert "| user/far | s | 100 GB/s | torch_compile (200 GB/s) | 0.50× | 2026-01-01 suite |" \
-        in table.splitlines()
+    assert ("| user/far | s | GPU A | 100 GB/s | torch_compile (200 GB/s) | 0.50× | "
+            "2026-01-01 suite |") in table.splitlines()
     assert "Where tensorfuse is behind" in results_markdown(found)
