@@ -117,6 +117,45 @@ def check_interpreted(module: str, cases, tolerance: float = 2e-2) -> None:
         assert error < tolerance, f"{name}: relative error {error:.1e} (TENSORFUSE_SEED={seed})"
 
 
+# the start of a script run_with_the_gpu_stubbed runs: the GPU's parts stubbed for good
+# (tools/profile_host_paths.py), every tensor map encoded kept in ``encoded`` as (address, sizes,
+# strides), every set of device maps made in ``made`` (by key)
+_GPU_STUBBED = """
+import importlib.util, json, torch
+spec = importlib.util.spec_from_file_location("tool", "tools/profile_host_paths.py")
+tool = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tool)
+tool.stub_the_gpu()
+from tensorfuse.targets.cuda import tma
+encoded, made = [], []
+tma._encoded = lambda address, sizes, box, dtype, strides: encoded.append(
+    (address, sizes, strides)) or bytes(128)
+def get(self, key, make, device):
+    if key not in self.entries:
+        made.append(key)
+        self.entries[key] = make()
+    return torch.empty(384, dtype=torch.uint8)
+tma.DeviceMaps.get = get
+"""
+
+
+def run_with_the_gpu_stubbed(script: str):
+    """The JSON the last line of ``script``'s output holds, ``script`` run in a process of its
+    own after the GPU's parts are stubbed (:data:`_GPU_STUBBED`: CPU tensors stand in for CUDA
+    ones, launches do nothing, the maps encoded are kept in ``encoded``, the sets of device maps
+    made in ``made``): the host side of a GPU kernel's calls, on a machine without a GPU."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", _GPU_STUBBED + script], cwd=root,
+                          check=True, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": root})
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def ptxas_spills(ptx: str) -> list[int]:
     """The bytes of spill stores ptxas reports for each kernel of ``ptx`` (sm_90a; the ptxas
     of Triton's wheel, which this machine has without a GPU)."""

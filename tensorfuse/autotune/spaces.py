@@ -309,15 +309,16 @@ def space_of(task):
 
 
 def native_template(kernel, fusion, name: str, dims: dict, target: TargetSpec,
-                    scalars: dict | None = None) -> str | None:
-    """The CUDA C++ template ``tf.compile`` runs ``kernel`` on at ``dims`` (and the scalar
-    values ``scalars``, with the defaults for the others: a map's width decides whether its
-    patches fit TMA boxes) ahead of the Triton one (sm_90a), or None where it runs the Triton
-    template."""
+                    scalars: dict | None = None):
+    """The kernel of the CUDA C++ template ``tf.compile`` runs ``kernel`` on at ``dims`` (and
+    the scalar values ``scalars``, with the defaults for the others: a map's width decides
+    whether its patches fit TMA boxes) ahead of the Triton one (sm_90a) — its ``description``
+    names the template first, or the rewrite of the program as written that it runs (a
+    :class:`~tensorfuse.schedule_templates.lifted_kernel.LiftedKernel`'s) —, or None where it
+    runs the Triton template."""
     from ..schedule_templates.auto import contraction_templates, native_templates
     from .scalars import keyed_scalars
 
     values = keyed_scalars(kernel.program, dims, scalars)
-    found = next((k for k in native_templates(kernel, name, fusion, target)
-                  + contraction_templates(kernel, target) if k.fits(values, **dims)), None)
-    return None if found is None else found.description.split(" ")[0]
+    return next((k for k in native_templates(kernel, name, fusion, target)
+                 + contraction_templates(kernel, target) if k.fits(values, **dims)), None)

@@ -275,17 +275,16 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
     from ..algebra import plan_chain
     from ..errors import TargetError
     from ..schedule_templates.tile_plan import plan_rowtile
+    from ..schedule_templates.lifted_kernel import LiftedKernel
     from .spaces import TUNABLE, native_template
 
-    native = native_template(kernel, fusion, template, dims, target, scalars)
-    if native == "lifted":   # the cluster decode of the program lifted to four axes, whose
-        # records tf.compile looks up at the lifted sizes (schedule_templates.auto._lifted_decode)
-        from ..schedule_templates.lifted_kernel import with_unit_sizes
-        from ..schedule_templates.packed_lift import added_units, lift_to_four_axes
-
-        lifted, _ = lift_to_four_axes(kernel.program, fusion.names, fusion.axis)
-        return make_task(ProgramKernel(lifted), with_unit_sizes(dims, added_units(lifted)),
+    found = native_template(kernel, fusion, template, dims, target, scalars)
+    if isinstance(found, LiftedKernel):   # a rewrite of the program (unit axes, merged heads,
+        # views, shared queries) on a template: tf.compile looks up the rewritten program's
+        # records at its sizes (schedule_templates.auto), so that program is what is tuned
+        return make_task(ProgramKernel(found.inner.program), found.inner_sizes(dict(dims)),
                          target, scalars)
+    native = None if found is None else found.description.split(" ")[0]
     if native in TUNABLE:   # the contraction template tunes the program's plain sums
         return TuningTask(kernel, dict(dims), target, native,
                           None if native == "contraction" else fusion, scalars)

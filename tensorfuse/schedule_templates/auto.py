@@ -222,7 +222,8 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
                       tuned=records("hopper_attention") if records else None,
                       refused=refused) or _merged_heads(kernel, fusion, spec, records) or \
             _one_cache_prefill(kernel, fusion, spec, records) or \
-            _selected_prefill(kernel, fusion, spec, records)
+            _selected_prefill(kernel, fusion, spec, records) or \
+            _shared_queries_prefill(kernel, fusion, spec, records)
         made += _packed_decodes(kernel, fusion, spec)
         decode = dict(description=f"cluster_decode (the keys {fusion.axis} split over a cluster "
                                   "per (batch, kv-head))", routed=True)
@@ -311,6 +312,20 @@ def _selected_prefill(kernel, fusion, spec: TargetSpec, records=None) -> list:
         return []
     return _hopper_prefill_of(selected.program, fusion, spec, records,
                               lambda inner: SelectedKernel(kernel.program, selected, inner, spec))
+
+
+def _shared_queries_prefill(kernel, fusion, spec: TargetSpec, records=None) -> list:
+    """The Hopper attention of attention whose queries are shared by the batch (learned latent
+    queries: :mod:`.shared_queries`, q copied once per sequence), which the Triton template
+    took otherwise; its tuning records are the rewritten program's."""
+    from .shared_queries import SharedQueriesKernel, lift_shared_queries
+
+    shared = lift_shared_queries(kernel.program, fusion.names, fusion.axis)
+    if shared is None:
+        return []
+    return _hopper_prefill_of(shared.program, fusion, spec, records,
+                              lambda inner: SharedQueriesKernel(kernel.program, shared, inner,
+                                                                spec))
 
 
 # Decodes whose kv-heads each serve a large group of query heads, as (smallest group, largest

@@ -185,6 +185,7 @@ class LiftedFastCall(SignatureCall):
                  shapes: dict, out_shapes: list, inner_fast):
         super().__init__(params, outputs, device, likes, guards)
         self.shapes, self.out_shapes, self.inner_fast = shapes, out_shapes, inner_fast
+        self.copied: dict = {}   # name -> what the inner kernel gets of it, where not a view
 
     def __call__(self, args: tuple, kwargs: dict):
         made = self.values_and_outputs(args, kwargs)
@@ -193,6 +194,8 @@ class LiftedFastCall(SignatureCall):
         values, outs = made
         inner = {n: v.view(self.shapes[n]) if n in self.shapes else v
                  for n, v in zip(self.names, values)}
+        for name, made in self.copied.items():
+            inner[name] = made(inner[name])
         views = [o.view(shape) for o, shape in zip(outs, self.out_shapes)]
         inner["out"] = views[0] if self.single else tuple(views)
         if self.inner_fast((), inner) is None:   # a stale inner fast call: this one is too

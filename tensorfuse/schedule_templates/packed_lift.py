@@ -10,6 +10,7 @@ from ..dsl.program import Compute, Program, TensorParam
 from .attention_chain import attention_loads
 
 UNIT_Q, UNIT_KV = "ONE_Q", "ONE_KV"   # sizes of the axes a lift adds: 1 at every call
+UNIT_H = "ONE_H"   # a head axis added to every tensor (:mod:`.shared_queries`): 1 too
 
 
 def lift_to_four_axes(program: Program, names: tuple[str, ...], axis: str):
@@ -128,9 +129,9 @@ def _lifted(program: Program, q: TensorParam, h: Axis, b: Axis, one_cache: bool,
 
 
 def added_units(lifted: Program) -> tuple[str, ...]:
-    """The sizes a lift added to ``lifted`` (the query axis's, and the kv-head axis's where it
-    added one): 1 at every call."""
-    return tuple(n for n in (UNIT_Q, UNIT_KV) if n in lifted.dim_names())
+    """The sizes a lift added to ``lifted`` (the query axis's, the kv-head axis's or a head
+    axis's where it added one): 1 at every call."""
+    return tuple(n for n in (UNIT_Q, UNIT_KV, UNIT_H) if n in lifted.dim_names())
 
 
 def _indices_of(program: Program, name: str) -> tuple:

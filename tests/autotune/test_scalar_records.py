@@ -417,3 +417,32 @@ def test_a_decode_written_with_three_axes_is_tuned_as_the_lifted_cluster_decode(
     other = dict(sizes, N=65536)
     assert compiled.schedule_origin(**other).startswith(
         "lifted to four axes; cluster_decode template defaults (")
+
+
+@pytest.mark.parametrize("case", ["shared queries", "merged heads", "one cache"])
+def test_attention_rewritten_for_the_hopper_template_is_tuned_as_the_rewritten_program(cache,
+                                                                                        case):
+    """Attention the Hopper template takes once rewritten (queries shared by the batch copied
+    per sequence, query heads written as two axes merged, keys without a head axis given a unit
+    one) is tuned as the rewritten program at its sizes — where ``tf.compile`` looks its records
+    up: a record made of the task is what the kernel as written runs at those sizes."""
+    from benchmarks.pipeline_kernels import latent_cross_attention
+    from benchmarks.user_kernels import gqa_causal_grouped_axes, mqa_causal_one_cache
+
+    kernel, sizes, added = {
+        "shared queries": (latent_cross_attention, dict(L=256, B=32, S=4096, D=128),
+                           dict(ONE_H=1)),
+        "merged heads": (gqa_causal_grouped_axes, dict(B=2, G=8, R=4, S=4096, D=128),
+                         dict(GR=32)),
+        "one cache": (mqa_causal_one_cache, dict(B=2, H=16, S=4096, D=128), dict(ONE_KV=1))}[case]
+    target = tf.get_target("cuda:sm_90a")
+    task = make_task(kernel, sizes, target, {"scale": 0.088})
+    assert task.template == "hopper_attention" and task.kernel.name == kernel.name
+    assert task.kernel.program is not kernel.program   # the rewritten program
+    assert {**sizes, **added}.items() >= task.dims.items() and added.items() <= task.dims.items()
+    knobs = dict(task.space.defaults(), block_n=64, stages=3)
+    assert task.unfit(knobs) is None
+    _record(task, knobs, 3e-5)
+    origin = tf.compile(kernel, "cuda:sm_90a").schedule_origin(**sizes, scale=0.088)
+    assert "hopper_attention tuned record (0.03 ms" in origin, origin
+    assert "block_n=64, stages=3" in origin, origin

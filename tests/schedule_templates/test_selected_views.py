@@ -69,23 +69,7 @@ def reads_the_slices_count(x: T.Tensor["M", "TWO", "N", "f32"]):
     return T.sum(x[i, 0, j] - x[i, 1, j] * T.size("TWO"), over=j)
 
 
-# run in a process of its own: tools/profile_host_paths.py stubs the GPU's parts for good
 _MAPS_OF_A_CALL = """
-import importlib.util, json, torch
-spec = importlib.util.spec_from_file_location("tool", "tools/profile_host_paths.py")
-tool = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tool)
-tool.stub_the_gpu()
-from tensorfuse.targets.cuda import tma
-encoded, made = [], []
-tma._encoded = lambda address, sizes, box, dtype, strides: encoded.append(
-    (address, sizes, strides)) or bytes(128)
-def get(self, key, make, device):
-    if key not in self.entries:
-        made.append(key)
-        self.entries[key] = make()
-    return torch.empty(384, dtype=torch.uint8)
-tma.DeviceMaps.get = get
 import tensorfuse as tf
 from benchmarks.serving_kernels import packed_qkv_causal
 f = tf.compile(packed_qkv_causal, "cuda:sm_90a")
@@ -101,16 +85,9 @@ def test_the_hopper_kernels_tensor_maps_read_the_slices_where_they_lie():
     """The host side of a packed call, the GPU's parts stubbed (``tools/profile_host_paths``):
     each slice's map starts at its offset in the packed tensor with its strides by role (batch,
     head, token; elements) — no copy between — and repeated calls encode no map again."""
-    import json
-    import os
-    import subprocess
-    import sys
+    from tests.helpers import run_with_the_gpu_stubbed
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, "-c", _MAPS_OF_A_CALL], cwd=root, check=True,
-                          capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": root})
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = run_with_the_gpu_stubbed(_MAPS_OF_A_CALL)
     assert found["made"] == 1
     strides = [300 * 3 * 4 * 128, 128, 3 * 4 * 128]
     assert found["maps"] == [[c * 4 * 128 * 2, [2, 4, 300, 128], strides] for c in range(3)]
