@@ -535,10 +535,18 @@ def schedule_for(knobs: HopperKnobs, tiles: int, sms: int, masked: bool = True,
     the last round of 132) +1.7/+2.4 % full, +3.4/+4.1 % ALiBi; S=4096 (1024 tiles, 100 in the
     last round) −0.5…+0.2 % — a part-full round seems to run that much faster. ``"split"``
     asked for with fewer tiles than resident CTAs cuts every tile (``key_blocks`` each) along
-    the keys."""
+    the keys — and so does ``"auto"`` without a mask where the tiles are at most half the
+    resident CTAs and each has two pieces' worth of key blocks or more."""
     slots = sms * knobs.ctas_per_sm   # CTAs resident at once
     ctas = min(tiles, knobs.ctas or slots)
     schedule = knobs.schedule
+    if schedule == "auto" and not masked and 2 * tiles <= slots and \
+            key_blocks >= 2 * MIN_PIECE:
+        # one CTA per tile would leave half the GPU idle or more (latent queries over each
+        # sequence's keys: 64 tiles); cut every tile along the keys over the CTAs, as the packed
+        # decodes' few tiles are (benchmarks.packed_decode), a piece's merge a read costing
+        # about a third of one key block's products (scheduler.MIN_PIECE)
+        schedule = "split"
     if schedule == "auto":
         last = tiles % ctas   # tiles of the last, partial round
         schedule = "grid" if tiles < 2 * slots else "dynamic" if masked or not last or \

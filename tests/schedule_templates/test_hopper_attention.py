@@ -550,7 +550,13 @@ def test_split_is_the_unmasked_persistent_schedule():
     split = HopperKnobs(schedule="split", consumers=1)
     assert schedule_for(split, 16, 132, False, 128) == ("split", 132)
     assert schedule_for(split, 4, 132, False, 20) == ("split", 20)   # pieces of MIN_PIECE
-    assert schedule_for(HopperKnobs(), 16, 132, False, 128) == ("grid", 16)   # auto: unchanged
+    # auto, without a mask, where one CTA a tile would leave half the SMs idle or more: every
+    # tile cut too — where a tile has two pieces of MIN_PIECE key blocks at least
+    assert schedule_for(HopperKnobs(), 16, 132, False, 128) == ("split", 132)
+    assert schedule_for(HopperKnobs(), 66, 132, False, 24) == ("split", 132)
+    assert schedule_for(HopperKnobs(), 16, 132, False, 7) == ("grid", 16)   # too few keys
+    assert schedule_for(HopperKnobs(), 67, 132, False, 128) == ("grid", 67)   # most SMs busy
+    assert schedule_for(HopperKnobs(), 16, 132, True, 128) == ("grid", 16)   # masked
     full = hopper(K.attention)
     assert "split schedule on 132" in full.schedule_origin(B=2, H=16, M=16384, N=16384, D=128)
     with pytest.raises(ScheduleError, match="split.*mask"):
