@@ -253,11 +253,29 @@ def _latent_cross_case(generator, L=256, B=32, S=4096, D=128) -> Case:
         return F.scaled_dot_product_attention(q.expand(B, 1, L, D), k[:, None], v[:, None],
                                               scale=scale)[:, 0]
     f = Recorded(latent_cross_attention)
+    grid = _latent_on_one_cta_a_tile()
     s = q.double() @ k.double().transpose(-1, -2) * scale
     ref = torch.softmax(s, -1) @ v.double()
     return Case("latent_cross_attention", f"L{L} B{B} S{S} D{D}", lambda: f(q, k, v, scale),
-                {SDPA: sdpa}, ref, lambda out: out, flops=4 * B * L * S * D,
+                {SDPA: sdpa, "tensorfuse grid": lambda: grid(q, k, v, scale)}, ref,
+                lambda out: out, flops=4 * B * L * S * D,
                 notes={TENSORFUSE: f.schedule_origin(L=L, B=B, S=S, D=D)})
+
+
+def _latent_on_one_cta_a_tile():
+    """The latent cross-attention as ``tf.compile`` runs it (queries copied per sequence, the
+    Hopper template) but on one CTA a tile (``schedule="grid"``) instead of the split schedule
+    its few tiles get: what that choice gains."""
+    from tensorfuse.dsl.program import ProgramKernel
+    from tensorfuse.schedule_templates.shared_queries import (SharedQueriesKernel,
+                                                              lift_shared_queries)
+
+    chain = ("m", "out_sum", "out_sum_2")
+    shared = lift_shared_queries(latent_cross_attention.program, chain, "j")
+    inner = tf.schedule(ProgramKernel(shared.program), "cuda:sm_90a").rolling_update(
+        *chain, axis="j").apply_template("hopper_attention", schedule="grid").compile()
+    return SharedQueriesKernel(latent_cross_attention.program, shared, inner,
+                               tf.get_target("cuda:sm_90a"))
 
 
 def _attention_pool_case(generator, B=64, S=4096, D=1024) -> Case:
