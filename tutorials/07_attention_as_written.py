@@ -1,13 +1,14 @@
 # %% [markdown]
-# # 7. Attention as you write it: packed projections, rotary embeddings, two softmaxes
+# # 7. Attention as you write it: packed projections, rotary embeddings, two softmaxes, latents
 #
 # The templates plan attention from the roles of its axes, not from the library's layout. This
-# notebook writes three attentions the way a model's code holds its tensors — one packed
-# `[B, S, 3, H, D]` projection, GPT-J's interleaved rotary applied where the scores are made, and
-# differential attention's two softmaxes over one value tensor — checks each against float64 on
-# this machine, and prints what `tf.compile` runs for an H100/H200 (`describe_plan` plans for a
-# target without its GPU): the Hopper attention kernel in each case, by three different rewrites.
-# (`python -m benchmarks.serving_kernels` and `benchmarks.variant_kernels` time them on a GPU.)
+# notebook writes four attentions the way a model's code holds its tensors — one packed
+# `[B, S, 3, H, D]` projection, GPT-J's interleaved rotary applied where the scores are made,
+# differential attention's two softmaxes over one value tensor, and learned latent queries shared
+# by the batch — checks each against float64 on this machine, and prints what `tf.compile` runs
+# for an H100/H200 (`describe_plan` plans for a target without its GPU): the Hopper attention
+# kernel in each case, by four different rewrites. (`python -m benchmarks.serving_kernels`,
+# `benchmarks.variant_kernels` and `benchmarks.pipeline_kernels` time them on a GPU.)
 
 # %%
 import torch
@@ -131,3 +132,33 @@ print(hopper.schedule_origin(B=2, H=16, S=4096, D=64, E=128)[:160])
 assert "the Hopper attention of each of 2 chains" in hopper.describe_plan(B=2, H=16, S=4096,
                                                                           D=64, E=128)
 assert hopper.schedule_origin(B=2, H=16, S=64, D=64, E=128) == "template defaults"
+
+# %% [markdown]
+# ## Latent queries shared by the batch
+# Perceiver's cross-attention reads a learned array of latent queries `q[l, d]`, the same for
+# every sequence, over each sequence's tokens. The Hopper kernel plans q by its batch, head,
+# query and head-dim axes; this q has neither a batch nor a head axis. So the call copies q once
+# per sequence (`B × L × D` elements, small beside the keys and values) and views every tensor
+# with a unit head axis: the kernel is then the library's attention, byte for byte. Its few
+# tiles (32 sequences × 2 blocks of 128 latents) are cut along the keys over every SM.
+
+# %%
+@tf.kernel
+def latent_cross(q: T.Tensor["L", "D", "bf16"], k: T.Tensor["B", "S", "D", "bf16"],
+                 v: T.Tensor["B", "S", "D", "bf16"], scale: T.f32):
+    b, l, j, d, e = T.axes("b l j d e")
+    s = T.sum(q[l, d] * k[b, j, d], over=d) * scale
+    return softmax_attend(s, v[b, j, e], j)
+
+
+q = (torch.randn(24, 32, generator=g) * 2).bfloat16()
+k, v = ((torch.randn(3, S, 32, generator=g) * 2).bfloat16() for _ in range(2))
+want = torch.softmax(q.double() @ k.double().transpose(-1, -2) * 0.2, -1) @ v.double()
+err = relative(tf.compile(latent_cross)(q, k, v, 0.2), want)
+print(f"relative error against float64: {err:.1e}")
+assert err < 2e-2
+plan = tf.compile(latent_cross, HOPPER).describe_plan(L=256, B=32, S=4096, D=128, scale=0.088)
+print(plan)
+assert "queries shared by the batch: q copied once per sequence" in plan
+assert "hopper attention plan: out[B, ONE_H, L, D] from q, k, v" in plan
+assert "split schedule on 132 persistent CTAs" in plan
