@@ -61,6 +61,9 @@ from ..errors import ScheduleError
 
 WHO = "contraction template"
 PAIRWISE_MONOIDS = ("sum", "max", "min")
+# reductions over the columns may also keep the index of the extremum (a nearest centroid, a
+# codebook entry, the best-scoring key): (value, index) states, ties to the smallest index
+ARG_MONOIDS = ("argmax", "argmin")
 SIXTEEN_BIT = ("bf16", "f16")
 
 
@@ -85,11 +88,17 @@ class PairwiseReduction:
     """One reduction of the plan that is no product: ``name = monoid_k body``, ``monoid``
     ``"sum"``, ``"max"`` or ``"min"``, ``body`` an elementwise expression whose loads each read
     the rows axis or the columns axis (or neither), never both, computed in f32 for every pair
-    of a tile's rows and columns."""
+    of a tile's rows and columns. A reduction over the columns may be ``"argmax"`` or
+    ``"argmin"`` of ``body``, the column index its second component (two states)."""
 
     name: str
     body: Expr
     monoid: str
+
+    @property
+    def states(self) -> int:
+        """The values a row keeps of it: the extremum and its index for an arg reduction."""
+        return 2 if self.monoid in ARG_MONOIDS else 1
 
 
 @dataclass(frozen=True)
@@ -157,7 +166,9 @@ class ContractionPlan:
         lines += [f"  {p.name} = {p.monoid}_{self.k_names} {to_text(p.body)}  [every (row, column) "
                   "pair on the CUDA cores, f32]" for p in self.pairwise]
         lines += [f"  {p.name} = {p.monoid}_{self.cols.name} {to_text(p.body)}  [over each row's "
-                  "columns, block by block, in the same program]" for p in self.over_columns]
+                  "columns, block by block, in the same program"
+                  f"{'; the extremum and its first column' if p.states == 2 else ''}]"
+                  for p in self.over_columns]
         lines += [f"  {s.param.name}[{', '.join(a.name for a in s.axes)}] = {to_text(s.value)}  "
                   f"[stored as {s.param.dtype} before the tiles]" for s in self.staged]
         lines.append("  outputs computed on the accumulators: " + ", ".join(
@@ -217,10 +228,19 @@ def plan_contraction(program: Program) -> ContractionPlan:
     if not sums:
         raise _refuse(f"{program.name} has no sums")
     for c in sums:
-        if c.monoid.name not in PAIRWISE_MONOIDS or c.arity != 1:
+        if (c.monoid.name not in PAIRWISE_MONOIDS or c.arity != 1) and \
+                c.monoid.name not in ARG_MONOIDS:
             raise _refuse(f"{c.name} is not a sum, maximum or minimum (it takes sums of products "
                           "and reductions of pairs)", c.loc)
     sums, columns = _over_columns(sums)
+    for c in sums:
+        if c.monoid.name in ARG_MONOIDS:
+            raise _refuse(f"{c.name} is an arg reduction over the contracted axis: it takes them "
+                          "over the columns of the sums' values only", c.loc)
+    for c in columns:
+        if c.monoid.name in ARG_MONOIDS and not (isinstance(c.bodies[1], Axis) and
+                                                c.bodies[1].uid == c.over[0].uid):
+            raise _refuse(f"{c.name}'s index is not the column it reduces over", c.loc)
     ks = tuple(sums[0].over)
     axes = [a.uid for a in sums[0].axes]
     for c in sums[1:]:

@@ -11,7 +11,8 @@
   template, the index reset where the extremum moves (a ``reset`` scheme, compared with the
   extremum's running value itself: ``schemes.dependency_symbols``); where no template takes it whole, two
   row reductions (the floor's stages). Not where the values add to a product
-  (:func:`_contractible`): two kernels might round them differently.
+  (:func:`_contractible`): two kernels might round them differently; nor over the columns of
+  a contraction's sums, which the contraction template keeps as pairs in one pass.
 
 Each keeps the original's value: the CPU lowering computes the monoids as written, and the
 rewritten programs are checked against it and against float64 (``tests/schedule_templates/
@@ -29,6 +30,7 @@ from ..dsl import dtypes as dt
 from ..dsl.expr import Binary, Const, Ref, binary, compare, unary, where
 from ..dsl.monoid import MAX, MIN, SUM
 from ..dsl.program import Compute, Program, fresh_name
+from ..errors import ScheduleError
 
 EXTREMA = {"argmax": MAX, "argmin": MIN}
 
@@ -39,8 +41,9 @@ def rewritten_monoids(program: Program) -> tuple[Program, str] | None:
     arg reduction is itself an output)."""
     logsumexps = [c.name for c in program.computes if c.is_reduction and
                   c.monoid.name == "logsumexp" and c.arity == 1]
+    kept = _over_contraction_columns(program)
     args = [c.name for c in program.computes if c.is_reduction and c.monoid.name in EXTREMA
-            and not _contractible(inline_elementwise(c.bodies[0]))]
+            and not _contractible(inline_elementwise(c.bodies[0])) and c.name not in kept]
     if not logsumexps and not args or any(c.name in args for c in program.outputs):
         return None
     taken = {c.name for c in program.computes} | {p.name for p in program.params}
@@ -73,6 +76,20 @@ def rewritten_monoids(program: Program) -> tuple[Program, str] | None:
     outputs = [made[(c.name, 0)][0] for c in program.outputs]
     return Program(program.name, list(program.params), computes, outputs, list(program.axes),
                    list(program.size_constraints), program.loc), note
+
+
+def _over_contraction_columns(program: Program) -> set:
+    """The arg reductions the contraction template keeps as (value, index) states over the
+    columns of its sums (a nearest centroid: ``argmin_j Σ_d (x − c)²``), where it plans the
+    program: written out, the index would read the extremum — two passes over the columns, the
+    sums stored between them."""
+    from .contraction_plan import plan_contraction
+
+    try:
+        plan = plan_contraction(program)
+    except ScheduleError:
+        return set()
+    return {r.name for r in plan.over_columns if r.monoid in EXTREMA}
 
 
 def _contractible(e) -> bool:

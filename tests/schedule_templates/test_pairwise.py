@@ -223,3 +223,77 @@ def test_a_reduction_over_the_columns_into_another_axis_is_refused():
 
         with pytest.raises(ScheduleError, match="not indexed like|other axes"):
             plan_contraction(vector_regression.program)
+
+
+def test_an_arg_reduction_over_the_columns_is_kept_as_pairs_in_one_pass():
+    """A nearest centroid (``argmin_j Σ_d (x − c)²``) and a greedy token (``argmax_v h·Wᵀ``)
+    keep (value, index) states over the columns in the contraction's one kernel — written out
+    as an extremum and the first index holding it, the index would read the extremum: two
+    passes, the ``[rows, columns]`` scores stored between (256 MiB for 65536 points and 1024
+    centroids) —; split over parts of the columns, an index crosses the partials as its bits."""
+    from tests.schedule_templates.arg_columns_check import greedy_token, nearest_centroid
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = tf.compile(nearest_centroid, HOPPER)
+        text = made.describe_plan(M=65536, K=1024, D=128)
+    assert text.splitlines()[0].endswith("contraction template (GEMM tiles: rows i, columns j, "
+                                         "contracted d)"), text
+    assert "out_argmin = argmin_j out_sum  [over each row's columns, block by block, in the " \
+           "same program; the extremum and its first column]" in text
+    assert "stored between" not in text
+    plan = plan_contraction(greedy_token.program)
+    assert [(r.monoid, r.states) for r in plan.over_columns] == [("argmax", 2)]
+    split = triton_contraction(greedy_token, HOPPER)
+    knobs = default_contraction_knobs(plan, dict(M=37, V=3000, D=64), HOPPER)
+    assert knobs.splits > 1
+    source = split.source(M=37, V=3000, D=64)
+    assert ".to(tl.float32, bitcast=True)" in source and ".to(tl.int32, bitcast=True)" in source
+    ptx = split.compiled(M=37, V=3000, D=64).asm["ptx"]
+    assert "wgmma" in ptx and not any(ptxas_spills(ptx))
+
+
+def test_arg_reductions_over_the_columns_pick_as_float64_under_the_interpreter():
+    """Each index picks a column whose float64 score is the row's best (no worse by a relative
+    1e-6: rounding may only choose among near ties), and exactly equal scores give the first
+    column — repeated centroids within a lane, across lanes, and across parts of split columns
+    (:mod:`tests.schedule_templates.arg_columns_check`)."""
+    seed = fresh_seed()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        found = run_interpreted("tests.schedule_templates.arg_columns_check", seed)
+    assert set(found) == {"nearest_centroid", "greedy_token", "best_match"}
+    for name, got in found.items():
+        assert got["worse"] <= 1e-6 and got["ties_missed"] == 0, (name, got, seed)
+    assert found["best_match"]["score"] < 2e-2, seed   # the best score, stored in bf16
+
+
+def test_an_arg_reduction_over_the_contracted_axis_is_refused():
+    @tf.kernel
+    def argmin_coordinate(x: T.Tensor["M", "D", "f32"], y: T.Tensor["N", "D", "f32"]):
+        i, j, d = T.axes("i j d")
+        return T.argmin(T.abs(x[i, d] - y[j, d]), over=d)
+
+    with pytest.raises(ScheduleError, match="argmin.*over the contracted axis|not a sum"):
+        plan_contraction(argmin_coordinate.program)
+
+
+@pytest.mark.gpu
+def test_arg_reductions_over_the_columns_pick_as_float64_on_the_gpu():
+    """Through ``tf.compile`` on the GPU, twice (the checked call, then the fast one): the
+    same picks and ties as under the interpreter."""
+    import torch
+
+    from tests.schedule_templates.arg_columns_check import CASES as ARG_CASES
+    from tests.schedule_templates.arg_columns_check import first_of_ties, picked
+
+    seed = fresh_seed()
+    generator = torch.Generator().manual_seed(seed)
+    for name, (kernel, case) in ARG_CASES.items():
+        args, scores = case(generator)
+        args = {n: a.cuda() for n, a in args.items()}
+        made = tf.compile(kernel)
+        for _ in range(2):
+            got = made(**args)
+            at = (got[-1] if isinstance(got, tuple) else got).cpu()
+            assert picked(at, scores) <= 1e-6 and first_of_ties(at, scores) == 0, (name, seed)

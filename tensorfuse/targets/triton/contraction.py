@@ -108,8 +108,14 @@ def partial_floats(plan, knobs, sizes: dict) -> int:
     reduction over them, part, row block and batch index."""
     tiles, batch = grid_of(plan, knobs, sizes)
     if plan.over_columns:
-        return len(plan.over_columns) * knobs.splits * tiles * batch * knobs.block_m
+        return column_states(plan) * knobs.splits * tiles * batch * knobs.block_m
     return len(plan.products) * knobs.splits * tiles * batch * knobs.block_m * knobs.block_n
+
+
+def column_states(plan) -> int:
+    """The states a row keeps of the reductions over the columns (an arg reduction two: the
+    extremum and its index)."""
+    return sum(r.states for r in plan.over_columns)
 
 
 def _slot(count: int, k: int, knobs, part: str, blocks: str) -> str:
@@ -396,6 +402,8 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     batch = _batch_digits(plan, w, sizes)
     for k, r in enumerate(plan.over_columns):   # folded across the columns once, at the end
         w(f"row_{k} = tl.full([BLOCK_M, BLOCK_N], {_IDENTITY[r.monoid]}, tl.float32)")
+        if r.states == 2:
+            w(f"at_{k} = tl.full([BLOCK_M, BLOCK_N], {NO_INDEX}, tl.int32)")
     w.sweep("n0", *columns, "BLOCK_N")
     with w.block():
         w(f"offs_n = (n0 + tl.arange(0, BLOCK_N)){as_index}")
@@ -403,15 +411,35 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
         ragged_n, cols_ok = bounds[plan.cols.uid]
         for k, r in enumerate(plan.over_columns):
             value = to_triton(r.body, ctx)
+            if r.states == 2:   # the pair's combine: better, or as good at an earlier column
+                w(f"value = tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))")
+                w("column = tl.broadcast_to((n0 + tl.arange(0, BLOCK_N))[None, :], "
+                  "(BLOCK_M, BLOCK_N))")
+                take = (f"({_BETTER[r.monoid].format('value', f'row_{k}')}) | ((value == row_{k})"
+                        f" & (column < at_{k}))")
+                w(f"take = {f'{cols_ok} & ({take})' if ragged_n else take}")
+                w(f"row_{k} = tl.where(take, value, row_{k})")
+                w(f"at_{k} = tl.where(take, column, at_{k})")
+                continue
             if ragged_n:
                 value = f"tl.where({cols_ok}, {value}, {_IDENTITY[r.monoid]})"
             w(f"row_{k} = {_COMBINE[r.monoid].format(f'row_{k}', value)}")
+    slot = 0
     for k, r in enumerate(plan.over_columns):
-        w(f"row_{k} = {_FOLD[r.monoid].format(f'row_{k}')}")
+        if r.states == 2:   # the extremum, then the first column holding it
+            w(f"best = {_FOLD[EXTREMUM[r.monoid]].format(f'row_{k}')}")
+            w(f"at_{k} = tl.min(tl.where(row_{k} == best[:, None], at_{k}, {NO_INDEX}), 1)")
+            w(f"row_{k} = best")
+        else:
+            w(f"row_{k} = {_FOLD[r.monoid].format(f'row_{k}')}")
         if knobs.splits > 1:
-            w(f"tl.store({PARTIALS} + "
-              f"{_slot(len(plan.over_columns), k, knobs, 'part', 'row_blocks')} * BLOCK_M + "
-              f"tl.arange(0, BLOCK_M), row_{k})")
+            for state in _states(k, r):
+                stored = state if state.startswith("row_") else \
+                    f"{state}.to(tl.float32, bitcast=True)"   # an index's bits, kept exactly
+                w(f"tl.store({PARTIALS} + "
+                  f"{_slot(column_states(plan), slot, knobs, 'part', 'row_blocks')} * BLOCK_M + "
+                  f"tl.arange(0, BLOCK_M), {stored})")
+                slot += 1
     if knobs.splits == 1:
         _store_row_outputs(plan, knobs, w, batch, sizes, interpreter)
     return w.lines
@@ -424,14 +452,26 @@ def _row_combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]
     w(f"row_blocks = tl.cdiv({M}, BLOCK_M)")
     w(f"offs_m = pid{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
     batch = _batch_digits(plan, w, sizes)
+    slot = 0
     for k, r in enumerate(plan.over_columns):
         w(f"row_{k} = tl.full([BLOCK_M], {_IDENTITY[r.monoid]}, tl.float32)")
+        if r.states == 2:
+            w(f"at_{k} = tl.full([BLOCK_M], {NO_INDEX}, tl.int32)")
         w.sweep("part", "0", str(knobs.splits), "1")
         with w.block():
-            w(f"state = tl.load({PARTIALS} + "
-              f"{_slot(len(plan.over_columns), k, knobs, 'part', 'row_blocks')} * BLOCK_M + "
-              "tl.arange(0, BLOCK_M))")
-            w(f"row_{k} = {_COMBINE[r.monoid].format(f'row_{k}', 'state')}")
+            loads = [f"tl.load({PARTIALS} + "
+                     f"{_slot(column_states(plan), slot + c, knobs, 'part', 'row_blocks')} * "
+                     "BLOCK_M + tl.arange(0, BLOCK_M))" for c in range(r.states)]
+            w(f"state = {loads[0]}")
+            if r.states == 2:   # parts in the columns' order: a later one wins only if better
+                w(f"column = {loads[1]}.to(tl.int32, bitcast=True)")
+                w(f"take = ({_BETTER[r.monoid].format('state', f'row_{k}')}) | "
+                  f"((state == row_{k}) & (column < at_{k}))")
+                w(f"row_{k} = tl.where(take, state, row_{k})")
+                w(f"at_{k} = tl.where(take, column, at_{k})")
+            else:
+                w(f"row_{k} = {_COMBINE[r.monoid].format(f'row_{k}', 'state')}")
+        slot += r.states
     _store_row_outputs(plan, knobs, w, batch, sizes, interpreter)
     return w.lines
 
@@ -443,7 +483,7 @@ def _store_row_outputs(plan, knobs, w, batch: dict, sizes: dict, interpreter: bo
     rows_ok = f"(offs_m < {M})"
     out_ctx = TileContext({**batch, plan.rows.uid: "offs_m"},
                           _bounds({plan.rows.uid: (ragged_m, rows_ok)}),
-                          refs={r.name: f"row_{k}" for k, r in enumerate(plan.over_columns)},
+                          refs=_column_refs(plan),
                           sizes=sizes, emit=w, interpreter=interpreter)
     for c in plan.outputs:
         value = out_ctx.refs.get(c.name) or to_triton(inline_elementwise(c.bodies[0]), out_ctx)
@@ -452,7 +492,30 @@ def _store_row_outputs(plan, knobs, w, batch: dict, sizes: dict, interpreter: bo
           f"{', mask=' + rows_ok if ragged_m else ''})")
 
 
-_IDENTITY = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
+def _states(k: int, r) -> list[str]:
+    """The names of reduction ``k``'s folded states (an arg reduction's extremum, then index)."""
+    return [f"row_{k}", f"at_{k}"] if r.states == 2 else [f"row_{k}"]
+
+
+def _column_refs(plan) -> dict:
+    """What the outputs read of each reduction over the columns: its folded state, or an arg
+    reduction's two components (``name#0``, ``name#1``)."""
+    refs = {}
+    for k, r in enumerate(plan.over_columns):
+        if r.states == 2:
+            refs.update({f"{r.name}#0": f"row_{k}", f"{r.name}#1": f"at_{k}"})
+        else:
+            refs[r.name] = f"row_{k}"
+    return refs
+
+
+NO_INDEX = 2**31 - 1   # an arg reduction's index before any column (the DSL monoid's identity)
+EXTREMUM = {"argmax": "max", "argmin": "min"}
+_BETTER = {"argmax": "{} > {}", "argmin": "{} < {}"}   # NaN never better: it is never taken
+# an arg reduction's value before any column: the DSL monoid's (the f32 extremes, so that a
+# column of ±inf is never taken — as the monoid never takes one)
+_IDENTITY = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')",
+             "argmax": "-3.4028234663852886e+38", "argmin": "3.4028234663852886e+38"}
 _COMBINE = {"sum": "{} + {}", "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})"}
 _FOLD = {"sum": "tl.sum({}, 1)", "max": "tl.max({}, 1)", "min": "tl.min({}, 1)"}
 
