@@ -2,7 +2,8 @@
 and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens (from a mask, and
 from the sequences' lengths: the padding never read), Mamba's causal
 depthwise convolution, a mixture of experts' gated combine, cosine similarities, squared and L1
-distances between point sets, a Gaussian kernel's sum over one and nearest neighbours, columns
+distances between point sets, a Gaussian kernel's sum over one and nearest neighbours, k-means'
+assignment of points to their nearest centroid, columns
 L2-normalised, a router's softmax over 8 experts, a log-softmax down the vocabulary axis of
 vocabulary-major logits, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors, with its keys kept
@@ -129,6 +130,14 @@ def nearest_neighbour(x: T.Tensor["M", "D", "f32"], y: T.Tensor["N", "D", "f32"]
     i, j, d = T.axes("i j d")
     d2 = T.sum((x[i, d] - y[j, d]) * (x[i, d] - y[j, d]), over=d)
     return T.min(d2, over=j)
+
+
+@tf.kernel
+def nearest_centroid(x: T.Tensor["M", "D", "f32"], c: T.Tensor["K", "D", "f32"]):
+    """k-means' assignment (a codebook's lookup): each point's nearest centroid, ties to the
+    first."""
+    i, j, d = T.axes("i j d")
+    return T.argmin(T.sum((x[i, d] - c[j, d]) * (x[i, d] - c[j, d]), over=d), over=j)
 
 
 @tf.kernel
@@ -429,6 +438,30 @@ def _nearest_neighbour_case(generator, M=16384, N=16384, D=3) -> Case:
                 broadcast(x[rows].double(), y.double()), lambda out: out[rows],
                 flops=M * N * (3 * D + 1), ceiling="f32_gemm_tflops",
                 notes={TENSORFUSE: f.schedule_origin(M=M, N=N, D=D)})
+
+
+def _kmeans_assign_case(generator, M=65536, K=1024, D=128) -> Case:
+    """k-means' assignment step: each point's nearest centroid (``argmin_j Σ_d (x − c)²``); torch
+    materialises the distances (``cdist``, then ``argmin``), torch.compile gets the broadcast
+    form. Checked by what it picks: the float64 distance at the chosen centroid against the
+    nearest one (rounding may choose among near ties, never a farther centroid)."""
+    x = torch.randn(M, D, generator=generator).to("cuda") * 4
+    c = torch.randn(K, D, generator=generator).to("cuda") * 4
+
+    def eager(p, q):
+        return torch.cdist(p, q).argmin(-1)
+
+    def broadcast(p, q):
+        return ((p[:, None, :] - q[None, :, :]) ** 2).sum(-1).argmin(-1)
+    f, compiled = Recorded(nearest_centroid), torch.compile(broadcast)
+    rows = torch.arange(0, M, 97, device="cuda")
+    distances = torch.cdist(x[rows].double(), c.double()) ** 2
+    return Case("kmeans_assign", f"M{M} K{K} D{D} f32", lambda: f(x, c),
+                {TORCH_EAGER: lambda: eager(x, c), TORCH_COMPILE: lambda: compiled(x, c)},
+                distances.min(-1).values,
+                lambda out: distances.gather(1, out[rows].long()[:, None])[:, 0],
+                flops=M * K * (3 * D + 1), ceiling="f32_gemm_tflops",
+                notes={TENSORFUSE: f.schedule_origin(M=M, K=K, D=D)})
 
 
 def _l2_columns_case(generator, N=8192, D=4096) -> Case:
@@ -738,6 +771,7 @@ UNLISTED = {
     "manhattan_distances": _manhattan_case,
     "gaussian_kernel_sum": _gaussian_sum_case,
     "nearest_neighbour": _nearest_neighbour_case,
+    "kmeans_assign": _kmeans_assign_case,
     "l2_normalize_columns": _l2_columns_case,
     "router_softmax": _router_case,
     "log_softmax_vocab_major": _vocab_major_case,

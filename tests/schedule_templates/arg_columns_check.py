@@ -20,14 +20,9 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
+from benchmarks.unlisted_kernels import nearest_centroid
 from tests.helpers import poisoned_call
 from tests.schedule_templates.staged_floor import interpreted
-
-
-@tf.kernel
-def nearest_centroid(x: T.Tensor["M", "D", "f32"], c: T.Tensor["K", "D", "f32"]):
-    i, j, d = T.axes("i j d")
-    return T.argmin(T.sum((x[i, d] - c[j, d]) * (x[i, d] - c[j, d]), over=d), over=j)
 
 
 @tf.kernel
