@@ -3,7 +3,7 @@ and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens (fr
 from the sequences' lengths: the padding never read), Mamba's causal
 depthwise convolution, a mixture of experts' gated combine, cosine similarities, squared and L1
 distances between point sets, a Gaussian kernel's sum over one and nearest neighbours, k-means'
-assignment of points to their nearest centroid, columns
+assignment of points to their nearest centroid, retrieval's top-1 key, columns
 L2-normalised, a router's softmax over 8 experts, a log-softmax down the vocabulary axis of
 vocabulary-major logits, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors, with its keys kept
@@ -464,6 +464,32 @@ def _kmeans_assign_case(generator, M=65536, K=1024, D=128) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(M=M, K=K, D=D)})
 
 
+@tf.kernel
+def best_match_index(x: T.Tensor["M", "D", "bf16"], y: T.Tensor["N", "D", "bf16"]):
+    """Retrieval's top-1: each query's highest-scoring key (``argmax_j x·yᵀ``), ties to the
+    first."""
+    i, j, d = T.axes("i j d")
+    return T.argmax(T.sum(x[i, d] * y[j, d], over=d), over=j)
+
+
+def _best_match_index_case(generator, M=8192, N=65536, D=256) -> Case:
+    """8192 queries over 65536 keys of 256 dimensions; torch computes the scores (``x @ yᵀ``,
+    bf16 as SDPA would) and then ``argmax``. Checked by what it picks: the float64 score at the
+    chosen key against the best one (rounding may choose among near ties, never a worse key)."""
+    x, y = (torch.randn(n, D, generator=generator).to("cuda", torch.bfloat16) for n in (M, N))
+
+    def eager(p, q):
+        return (p @ q.T).argmax(-1)
+    f, compiled = Recorded(best_match_index), torch.compile(eager)
+    rows = torch.arange(0, M, 97, device="cuda")
+    scores = x[rows].double() @ y.double().T
+    return Case("best_match_index", f"M{M} N{N} D{D} bf16", lambda: f(x, y),
+                {TORCH_EAGER: lambda: eager(x, y), TORCH_COMPILE: lambda: compiled(x, y)},
+                scores.max(-1).values,
+                lambda out: scores.gather(1, out[rows].long()[:, None])[:, 0],
+                flops=2 * M * N * D, notes={TENSORFUSE: f.schedule_origin(M=M, N=N, D=D)})
+
+
 def _l2_columns_case(generator, N=8192, D=4096) -> Case:
     x = torch.randn(N, D, generator=generator).to("cuda", torch.bfloat16)
 
@@ -772,6 +798,7 @@ UNLISTED = {
     "gaussian_kernel_sum": _gaussian_sum_case,
     "nearest_neighbour": _nearest_neighbour_case,
     "kmeans_assign": _kmeans_assign_case,
+    "best_match_index": _best_match_index_case,
     "l2_normalize_columns": _l2_columns_case,
     "router_softmax": _router_case,
     "log_softmax_vocab_major": _vocab_major_case,
