@@ -251,6 +251,9 @@ def test_an_arg_reduction_over_the_columns_is_kept_as_pairs_in_one_pass():
     assert ".to(tl.float32, bitcast=True)" in source and ".to(tl.int32, bitcast=True)" in source
     ptx = split.compiled(M=37, V=3000, D=64).asm["ptx"]
     assert "wgmma" in ptx and not any(ptxas_spills(ptx))
+    for kernel, sizes in ((greedy_token, dict(M=37, V=3000, D=64)),
+                          (nearest_centroid, dict(M=333, K=300, D=20))):   # and for gfx942
+        assert "v_cmp" in triton_contraction(kernel, MI300).compiled(**sizes).asm["amdgcn"]
 
 
 def test_arg_reductions_over_the_columns_pick_as_float64_under_the_interpreter():
