@@ -194,8 +194,8 @@ class LiftedFastCall(SignatureCall):
         values, outs = made
         inner = {n: v.view(self.shapes[n]) if n in self.shapes else v
                  for n, v in zip(self.names, values)}
-        for name, made in self.copied.items():
-            inner[name] = made(inner[name])
+        for name, copy in self.copied.items():
+            inner[name] = copy(inner[name])
         views = [o.view(shape) for o, shape in zip(outs, self.out_shapes)]
         inner["out"] = views[0] if self.single else tuple(views)
         if self.inner_fast((), inner) is None:   # a stale inner fast call: this one is too

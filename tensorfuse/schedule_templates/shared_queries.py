@@ -16,7 +16,7 @@ from ..dsl.program import Program, TensorParam
 from ..algebra.exprs import rewrite_computes
 from .attention_chain import attention_loads
 from .lifted_kernel import LiftedKernel
-from .packed_lift import UNIT_H, _with
+from .packed_lift import UNIT_H, _indices_of, _with
 
 # the Hopper template's tensors are [batch, head, rows, head dim] in some order: q with its
 # batch (and a head) added has four axes, the keys and values with a head three or four
@@ -122,8 +122,6 @@ def _lifted(program: Program, q: TensorParam, b: Axis, size, unit_head: bool,
 
 def _after_batch(program: Program, name: str, b: Axis) -> int:
     """Where a unit head axis goes among the indices of tensor ``name``: right inside ``b``."""
-    from .packed_lift import _indices_of
-
     return [x.uid if isinstance(x, Axis) else None
             for x in _indices_of(program, name)].index(b.uid) + 1
 
