@@ -3,7 +3,8 @@ and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens (fr
 from the sequences' lengths: the padding never read), Mamba's causal
 depthwise convolution, a mixture of experts' gated combine, cosine similarities, squared and L1
 distances between point sets, a Gaussian kernel's sum over one and nearest neighbours, k-means'
-assignment of points to their nearest centroid, retrieval's top-1 key, columns
+assignment of points to their nearest centroid, retrieval's top-1 key, a contrastive loss's
+normaliser over 768-dimensional embeddings, columns
 L2-normalised, a router's softmax over 8 experts, a log-softmax down the vocabulary axis of
 vocabulary-major logits, rotary
 embeddings, attention with a relative-position bias on ``[B, S, H, D]`` tensors, with its keys kept
@@ -490,6 +491,33 @@ def _best_match_index_case(generator, M=8192, N=65536, D=256) -> Case:
                 flops=2 * M * N * D, notes={TENSORFUSE: f.schedule_origin(M=M, N=N, D=D)})
 
 
+@tf.kernel
+def contrastive_normaliser(x: T.Tensor["M", "D", "bf16"], y: T.Tensor["N", "D", "bf16"],
+                           tau: T.f32):
+    """The log of a contrastive loss's normaliser (InfoNCE's, CLIP's): ``log Σ_j exp(x_i·y_j/τ)``
+    over a batch of embeddings."""
+    i, j, d = T.axes("i j d")
+    return T.logsumexp(T.sum(x[i, d] * y[j, d], over=d) / tau, over=j)
+
+
+def _contrastive_case(generator, M=16384, N=16384, D=768) -> Case:
+    """CLIP ViT-L's 768-dimensional embeddings, a batch of 16384 pairs: torch materialises the
+    scores (1 GiB in f32) and takes their ``logsumexp``; tensorfuse keeps the normaliser per
+    lane beside the GEMM's tiles."""
+    x, y = ((torch.randn(n, D, generator=generator) / D ** 0.25).to("cuda", torch.bfloat16)
+            for n in (M, N))
+
+    def eager(p, q):
+        return ((p @ q.T).float() / 0.07).logsumexp(-1).to(p.dtype)
+    f, compiled = Recorded(contrastive_normaliser), torch.compile(eager)
+    rows = torch.arange(0, M, 97, device="cuda")
+    return Case("contrastive_normaliser", f"M{M} N{N} D{D} bf16", lambda: f(x, y, 0.07),
+                {TORCH_EAGER: lambda: eager(x, y), TORCH_COMPILE: lambda: compiled(x, y)},
+                (x[rows].double() @ y.double().T / 0.07).logsumexp(-1), lambda out: out[rows],
+                flops=2 * M * N * D, notes={TENSORFUSE: f.schedule_origin(M=M, N=N, D=D,
+                                                                          tau=0.07)})
+
+
 def _l2_columns_case(generator, N=8192, D=4096) -> Case:
     x = torch.randn(N, D, generator=generator).to("cuda", torch.bfloat16)
 
@@ -799,6 +827,7 @@ UNLISTED = {
     "nearest_neighbour": _nearest_neighbour_case,
     "kmeans_assign": _kmeans_assign_case,
     "best_match_index": _best_match_index_case,
+    "contrastive_normaliser": _contrastive_case,
     "l2_normalize_columns": _l2_columns_case,
     "router_softmax": _router_case,
     "log_softmax_vocab_major": _vocab_major_case,

@@ -133,7 +133,8 @@ def contraction_templates(kernel, spec: TargetSpec, records=None,
     entry point's lookup of its tuning records; ``dynamic``: ``tf.compile``'s."""
     if not spec.is_gpu or not spec.has_tensor_cores:
         return ()
-    return tuple(_made(triton_contraction, kernel, spec, tuned=records, dynamic=dynamic))
+    return tuple(_made(triton_contraction, kernel, spec, tuned=records, dynamic=dynamic,
+                       routed=True))
 
 
 def why_no_template(program: Program, target: TargetSpec) -> str:

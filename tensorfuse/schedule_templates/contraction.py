@@ -20,6 +20,7 @@ from ..dsl.expr import Load
 from ..errors import ScheduleError, TargetError
 from ..targets import TargetSpec
 from ..targets.triton.contraction import grid_of
+from ..targets.triton.rowtile import MAX_FEATURE
 from .attention import SMS
 from .contraction_plan import ContractionPlan, plan_contraction
 
@@ -317,12 +318,15 @@ def check_contraction(plan: ContractionPlan, knobs: ContractionKnobs, target: Ta
 
 
 def triton_contraction(kernel, target: TargetSpec, tuned=None, dynamic: "bool | None" = None,
-                       **given):
+                       routed: bool = False, **given):
     """A callable GEMM-tile kernel for ``kernel`` on ``target`` (a GPU), with knobs
     :class:`ContractionKnobs` fields given here fixed (the rest the defaults at each call's
     sizes, or where ``tuned`` — the compile entry point's lookup of tuning records — has a
     record for them, its knobs); ``dynamic``: when sizes become kernel arguments, as
-    ``tf.compile`` says; a :class:`ScheduleError` where the program is not a contraction."""
+    ``tf.compile`` says; a :class:`ScheduleError` where the program is not a contraction.
+    ``routed``: ``tf.compile``'s choice, which leaves a softmax normaliser over the columns
+    (:func:`.contraction_plan.normaliser_of`) to the row-tile template up to the features that
+    template holds (its rolling update fuses the same pass there, as it has been measured to)."""
     from ..targets.triton.contraction_kernel import ContractionKernel
 
     if not target.is_gpu:
@@ -337,6 +341,11 @@ def triton_contraction(kernel, target: TargetSpec, tuned=None, dynamic: "bool | 
 
     def knobs_at(sizes: dict) -> tuple[ContractionKnobs, str | None]:
         """The knobs at ``sizes`` and, where a tuning record gave them, where it is from."""
+        if routed and any(r.of for r in plan.over_columns) and \
+                contracted_depth(plan, sizes) <= MAX_FEATURE:
+            raise TargetError(f"the row-tile template takes a softmax normaliser over these "
+                              f"columns in one pass up to {MAX_FEATURE} features; this one sums "
+                              f"{contracted_depth(plan, sizes)}")
         defaults = replace(default_contraction_knobs(plan, sizes, target,
                                                      given.get("stage_sides")), **given)
         if given and "stage_sides" not in given:   # decided again on the tiles given

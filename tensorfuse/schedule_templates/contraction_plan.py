@@ -48,13 +48,16 @@ autograd stores the activation gradient, and rounded exactly as the tile rounds 
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from functools import reduce
 
 from ..algebra import inline_elementwise
 from ..algebra.exprs import factors, has_axis, mul, nodes
 from ..dsl import dtypes as dt
-from ..dsl.expr import Axis, Expr, Load, Ref
+from ..dsl.expr import (Axis, Binary, Const, Expr, Load, Ref, Unary, Where, compare,
+                        unary)
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
@@ -94,6 +97,10 @@ class PairwiseReduction:
     name: str
     body: Expr
     monoid: str
+    # a softmax's normaliser ``Σ_j exp(body − m)`` of the maximum ``m = max_j body`` named here
+    # (as ``T.logsumexp`` is written for the templates: m guarded where it is infinite), kept
+    # per lane relative to the lane's maximum (``monoid`` "normaliser")
+    of: str | None = None
 
     @property
     def states(self) -> int:
@@ -167,7 +174,8 @@ class ContractionPlan:
                   "pair on the CUDA cores, f32]" for p in self.pairwise]
         lines += [f"  {p.name} = {p.monoid}_{self.cols.name} {to_text(p.body)}  [over each row's "
                   "columns, block by block, in the same program"
-                  f"{'; the extremum and its first column' if p.states == 2 else ''}]"
+                  f"{'; the extremum and its first column' if p.states == 2 else ''}"
+                  f"{f'; relative to {p.of} lane by lane' if p.of else ''}]"
                   for p in self.over_columns]
         lines += [f"  {s.param.name}[{', '.join(a.name for a in s.axes)}] = {to_text(s.value)}  "
                   f"[stored as {s.param.dtype} before the tiles]" for s in self.staged]
@@ -296,11 +304,36 @@ def plan_contraction(program: Program) -> ContractionPlan:
         dtype, rounded = _operand_dtypes(rows_side, cols_side)
         products.append(Product(c.name, rows_side, cols_side, dtype, rounded, outer))
     batch = tuple(a for a in out_axes if a.uid not in (rows.uid, cols.uid))
+    by_name = {c.name: c for c in columns}
+    over = []
+    for c in columns:
+        of = normaliser_of(c, by_name)
+        over.append(PairwiseReduction(c.name, inline_elementwise(by_name[of].bodies[0]),
+                                      "normaliser", of) if of else
+                    PairwiseReduction(c.name, inline_elementwise(c.bodies[0]), c.monoid.name))
     plan = ContractionPlan(program, tuple(products), ks, rows, cols, batch, outputs,
-                           pairwise=tuple(pairwise), over_columns=tuple(
-                               PairwiseReduction(c.name, inline_elementwise(c.bodies[0]),
-                                                 c.monoid.name) for c in columns))
+                           pairwise=tuple(pairwise), over_columns=tuple(over))
     return replace(plan, staging=_staged(plan))
+
+
+def normaliser_of(c: Compute, columns: dict) -> str | None:
+    """The maximum (by name, among ``columns``) of which ``c`` is the softmax normaliser —
+    ``Σ_j exp(u − where(|m| < ∞, m, 0))`` with ``m = max_j u``, as ``T.logsumexp`` is written
+    for the templates (:mod:`.monoid_rewrites`) —, else None."""
+    body = inline_elementwise(c.bodies[0])
+    if c.monoid.name != "sum" or not (isinstance(body, Unary) and body.op == "exp" and
+                                      isinstance(body.a, Binary) and body.a.op == "sub"):
+        return None
+    shift = body.a.b
+    if not (isinstance(shift, Where) and isinstance(shift.a, Ref) and
+            isinstance(shift.b, Const) and shift.b.value == 0):
+        return None
+    top = columns.get(shift.a.compute.name)
+    guard = compare("lt", unary("abs", shift.a), Const(math.inf, shift.a.dtype))
+    if top is None or top.monoid.name != "max" or shift.cond.key() != guard.key() or \
+            body.a.a.key() != inline_elementwise(top.bodies[0]).key():
+        return None
+    return top.name
 
 
 def _over_columns(reductions: list) -> tuple[list, list]:
@@ -323,7 +356,8 @@ def _over_columns(reductions: list) -> tuple[list, list]:
         if len(c.over) != 1 or c.over[0].uid != columns[0].over[0].uid:
             raise _refuse(f"{c.name} and {columns[0].name}: the reductions of the contractions' "
                           "values run over one axis, the same one (the columns)", c.loc)
-        if not reads(c) <= names:
+        if not reads(c) <= names | ({normaliser_of(c, {t.name: t for t in columns})} -
+                                    {None}):
             raise _refuse(f"{c.name} reads {', '.join(sorted(reads(c) - names))}, a reduction "
                           "over the columns: one pass over them cannot correct it as it grows "
                           "(the attention templates' rolling update does)", c.loc)

@@ -26,6 +26,9 @@ from ...dsl.symbolic_sizes import size_arguments
 from .expr import TL_DTYPES, TileContext, fresh_memo, dot_precision, to_triton
 from .elementwise import split_interleaved
 from .tile_text import assemble_source, dot_operand, needs_wide_offsets, store_offsets
+from .column_states import (BETTER, COMBINE, EXTREMUM, FOLD, IDENTITY, NO_INDEX,
+                            column_refs, column_states, lane_update, lanes_folded,
+                            normalisers_of, part_combined, states)
 from .source_writer import SourceWriter
 
 
@@ -110,12 +113,6 @@ def partial_floats(plan, knobs, sizes: dict) -> int:
     if plan.over_columns:
         return column_states(plan) * knobs.splits * tiles * batch * knobs.block_m
     return len(plan.products) * knobs.splits * tiles * batch * knobs.block_m * knobs.block_n
-
-
-def column_states(plan) -> int:
-    """The states a row keeps of the reductions over the columns (an arg reduction two: the
-    extremum and its index)."""
-    return sum(r.states for r in plan.over_columns)
 
 
 def _slot(count: int, k: int, knobs, part: str, blocks: str) -> str:
@@ -335,7 +332,7 @@ def _contracted(plan, knobs, w, sizes: dict, interpreter: bool, batch: dict,
     for k, _ in enumerate(plan.products):
         w(f"acc_{k} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
     for k, pair in enumerate(plan.pairwise):
-        w(f"pair_{k} = tl.full([BLOCK_M, BLOCK_N], {_IDENTITY[pair.monoid]}, tl.float32)")
+        w(f"pair_{k} = tl.full([BLOCK_M, BLOCK_N], {IDENTITY[pair.monoid]}, tl.float32)")
     tile_bounds, ragged_k = _tile_bounds(plan, knobs, sizes)
     (ragged_m, rows_ok), (ragged_n, cols_ok) = (tile_bounds[a.uid] for a in (plan.rows,
                                                                             plan.cols))
@@ -401,7 +398,7 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     w(f"offs_m = pid{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
     batch = _batch_digits(plan, w, sizes)
     for k, r in enumerate(plan.over_columns):   # folded across the columns once, at the end
-        w(f"row_{k} = tl.full([BLOCK_M, BLOCK_N], {_IDENTITY[r.monoid]}, tl.float32)")
+        w(f"row_{k} = tl.full([BLOCK_M, BLOCK_N], {IDENTITY[r.monoid]}, tl.float32)")
         if r.states == 2:
             w(f"at_{k} = tl.full([BLOCK_M, BLOCK_N], {NO_INDEX}, tl.int32)")
     w.sweep("n0", *columns, "BLOCK_N")
@@ -410,30 +407,43 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
         refs, ctx, bounds = _contracted(plan, knobs, w, sizes, interpreter, batch)
         ragged_n, cols_ok = bounds[plan.cols.uid]
         for k, r in enumerate(plan.over_columns):
+            if r.of:   # a normaliser: taken with its maximum, before the maximum moves
+                continue
             value = to_triton(r.body, ctx)
+            for n in normalisers_of(plan, r):
+                for line in lane_update(f"row_{n}", f"row_{k}", value,
+                                                   cols_ok if ragged_n else None):
+                    w(line)
             if r.states == 2:   # the pair's combine: better, or as good at an earlier column
                 w(f"value = tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))")
                 w("column = tl.broadcast_to((n0 + tl.arange(0, BLOCK_N))[None, :], "
                   "(BLOCK_M, BLOCK_N))")
-                take = (f"({_BETTER[r.monoid].format('value', f'row_{k}')}) | ((value == row_{k})"
+                take = (f"({BETTER[r.monoid].format('value', f'row_{k}')}) | ((value == row_{k})"
                         f" & (column < at_{k}))")
                 w(f"take = {f'{cols_ok} & ({take})' if ragged_n else take}")
                 w(f"row_{k} = tl.where(take, value, row_{k})")
                 w(f"at_{k} = tl.where(take, column, at_{k})")
                 continue
             if ragged_n:
-                value = f"tl.where({cols_ok}, {value}, {_IDENTITY[r.monoid]})"
-            w(f"row_{k} = {_COMBINE[r.monoid].format(f'row_{k}', value)}")
+                value = f"tl.where({cols_ok}, {value}, {IDENTITY[r.monoid]})"
+            w(f"row_{k} = {COMBINE[r.monoid].format(f'row_{k}', value)}")
+    at = {r.name: k for k, r in enumerate(plan.over_columns)}
+    for k, r in enumerate(plan.over_columns):   # normalisers first: their maxima still by lane
+        if r.of:
+            for line in lanes_folded(f"row_{k}", f"row_{at[r.of]}"):
+                w(line)
     slot = 0
     for k, r in enumerate(plan.over_columns):
-        if r.states == 2:   # the extremum, then the first column holding it
-            w(f"best = {_FOLD[EXTREMUM[r.monoid]].format(f'row_{k}')}")
+        if r.of:
+            pass
+        elif r.states == 2:   # the extremum, then the first column holding it
+            w(f"best = {FOLD[EXTREMUM[r.monoid]].format(f'row_{k}')}")
             w(f"at_{k} = tl.min(tl.where(row_{k} == best[:, None], at_{k}, {NO_INDEX}), 1)")
             w(f"row_{k} = best")
         else:
-            w(f"row_{k} = {_FOLD[r.monoid].format(f'row_{k}')}")
+            w(f"row_{k} = {FOLD[r.monoid].format(f'row_{k}')}")
         if knobs.splits > 1:
-            for state in _states(k, r):
+            for state in states(k, r):
                 stored = state if state.startswith("row_") else \
                     f"{state}.to(tl.float32, bitcast=True)"   # an index's bits, kept exactly
                 w(f"tl.store({PARTIALS} + "
@@ -452,25 +462,36 @@ def _row_combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]
     w(f"row_blocks = tl.cdiv({M}, BLOCK_M)")
     w(f"offs_m = pid{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
     batch = _batch_digits(plan, w, sizes)
+    slots, slot = {}, 0
+    for r in plan.over_columns:
+        slots[r.name], slot = slot, slot + r.states
     slot = 0
     for k, r in enumerate(plan.over_columns):
-        w(f"row_{k} = tl.full([BLOCK_M], {_IDENTITY[r.monoid]}, tl.float32)")
+        w(f"row_{k} = tl.full([BLOCK_M], {IDENTITY[r.monoid]}, tl.float32)")
         if r.states == 2:
             w(f"at_{k} = tl.full([BLOCK_M], {NO_INDEX}, tl.int32)")
+        if r.of:
+            w("top = tl.full([BLOCK_M], float('-inf'), tl.float32)")
         w.sweep("part", "0", str(knobs.splits), "1")
         with w.block():
             loads = [f"tl.load({PARTIALS} + "
                      f"{_slot(column_states(plan), slot + c, knobs, 'part', 'row_blocks')} * "
                      "BLOCK_M + tl.arange(0, BLOCK_M))" for c in range(r.states)]
             w(f"state = {loads[0]}")
-            if r.states == 2:   # parts in the columns' order: a later one wins only if better
+            if r.of:   # its maximum's part, which this part's sum is relative to
+                w(f"m_part = tl.load({PARTIALS} + "
+                  f"{_slot(column_states(plan), slots[r.of], knobs, 'part', 'row_blocks')} * "
+                  "BLOCK_M + tl.arange(0, BLOCK_M))")
+                for line in part_combined(f"row_{k}", "top", "m_part", "state"):
+                    w(line)
+            elif r.states == 2:   # parts in the columns' order: a later one wins only if better
                 w(f"column = {loads[1]}.to(tl.int32, bitcast=True)")
-                w(f"take = ({_BETTER[r.monoid].format('state', f'row_{k}')}) | "
+                w(f"take = ({BETTER[r.monoid].format('state', f'row_{k}')}) | "
                   f"((state == row_{k}) & (column < at_{k}))")
                 w(f"row_{k} = tl.where(take, state, row_{k})")
                 w(f"at_{k} = tl.where(take, column, at_{k})")
             else:
-                w(f"row_{k} = {_COMBINE[r.monoid].format(f'row_{k}', 'state')}")
+                w(f"row_{k} = {COMBINE[r.monoid].format(f'row_{k}', 'state')}")
         slot += r.states
     _store_row_outputs(plan, knobs, w, batch, sizes, interpreter)
     return w.lines
@@ -483,7 +504,7 @@ def _store_row_outputs(plan, knobs, w, batch: dict, sizes: dict, interpreter: bo
     rows_ok = f"(offs_m < {M})"
     out_ctx = TileContext({**batch, plan.rows.uid: "offs_m"},
                           _bounds({plan.rows.uid: (ragged_m, rows_ok)}),
-                          refs=_column_refs(plan),
+                          refs=column_refs(plan),
                           sizes=sizes, emit=w, interpreter=interpreter)
     for c in plan.outputs:
         value = out_ctx.refs.get(c.name) or to_triton(inline_elementwise(c.bodies[0]), out_ctx)
@@ -492,32 +513,6 @@ def _store_row_outputs(plan, knobs, w, batch: dict, sizes: dict, interpreter: bo
           f"{', mask=' + rows_ok if ragged_m else ''})")
 
 
-def _states(k: int, r) -> list[str]:
-    """The names of reduction ``k``'s folded states (an arg reduction's extremum, then index)."""
-    return [f"row_{k}", f"at_{k}"] if r.states == 2 else [f"row_{k}"]
-
-
-def _column_refs(plan) -> dict:
-    """What the outputs read of each reduction over the columns: its folded state, or an arg
-    reduction's two components (``name#0``, ``name#1``)."""
-    refs = {}
-    for k, r in enumerate(plan.over_columns):
-        if r.states == 2:
-            refs.update({f"{r.name}#0": f"row_{k}", f"{r.name}#1": f"at_{k}"})
-        else:
-            refs[r.name] = f"row_{k}"
-    return refs
-
-
-NO_INDEX = 2**31 - 1   # an arg reduction's index before any column (the DSL monoid's identity)
-EXTREMUM = {"argmax": "max", "argmin": "min"}
-_BETTER = {"argmax": "{} > {}", "argmin": "{} < {}"}   # NaN never better: it is never taken
-# an arg reduction's value before any column: the DSL monoid's (the f32 extremes, so that a
-# column of ±inf is never taken — as the monoid never takes one)
-_IDENTITY = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')",
-             "argmax": "-3.4028234663852886e+38", "argmin": "3.4028234663852886e+38"}
-_COMBINE = {"sum": "{} + {}", "max": "tl.maximum({}, {})", "min": "tl.minimum({}, {})"}
-_FOLD = {"sum": "tl.sum({}, 1)", "max": "tl.max({}, 1)", "min": "tl.min({}, 1)"}
 
 
 def _pairs(plan, knobs, w, batch: dict, bounds: dict, base: dict, K) -> None:
@@ -569,8 +564,8 @@ def _pairs(plan, knobs, w, batch: dict, bounds: dict, base: dict, K) -> None:
         for k, pair in enumerate(plan.pairwise):
             value = to_triton(pair.body, ctx)
             if ragged_k:
-                value = f"tl.where(k0 + {kk} < {K}, {value}, {_IDENTITY[pair.monoid]})"
-            w(f"pair_{k} = {_COMBINE[pair.monoid].format(f'pair_{k}', value)}")
+                value = f"tl.where(k0 + {kk} < {K}, {value}, {IDENTITY[pair.monoid]})"
+            w(f"pair_{k} = {COMBINE[pair.monoid].format(f'pair_{k}', value)}")
     # the names taken here, kept under keys no expression has: later temporaries (the tile's
     # outputs) are numbered after them
     base["memo"].update({("pairwise", key): name for key, name in memo.items()})
