@@ -248,6 +248,7 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         return TuningTask(kernel, dict(dims), target, "cpu", scalars=scalars)
     from ..schedule_templates.auto import choose, flat_templated, scatters
     from ..schedule_templates.elementwise import elementwise_form
+    from ..schedule_templates.monoid_rewrites import rewritten_monoids
     from ..schedule_templates.widened_rows import widened
 
     if scatters(kernel.program):   # tf.compile's scatter-add template, before any other
@@ -259,6 +260,9 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
     if rows is not None:   # tf.compile runs the chain as rows of that program (same name)
         return make_task(ProgramKernel(rows[0]),
                          dims, target, scalars)
+    monoids = rewritten_monoids(kernel.program)
+    if monoids is not None:   # and a logsumexp or arg reduction as the reductions it writes
+        return make_task(ProgramKernel(monoids[0]), dims, target, scalars)
     choice = choose(kernel.program, target)
     flat = flat_templated(kernel.program, dims, target) if choice is None else None
     if flat is not None:   # tf.compile runs it swept as one axis: that program is what it tunes

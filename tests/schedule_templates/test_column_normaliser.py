@@ -95,3 +95,16 @@ def test_the_normaliser_on_the_gpu_matches_float64():
         made = tf.compile(kernel)
         for _ in range(2):   # the checked call, then the fast one
             assert relative_error(made(**args), want) < 2e-2, (kernel.name, seed)
+
+
+def test_it_is_tuned_as_the_program_tf_compile_runs():
+    """``T.logsumexp`` is written as a maximum and a sum before any template plans it; a tuning
+    task is that program's, on the template ``tf.compile`` picks at its sizes (it was the
+    program as written, which no GPU template plans past 256 features: refused)."""
+    from tensorfuse.autotune.tasks import make_task
+
+    hopper = get_target("cuda:sm_90a")
+    wide = make_task(lse_scores, dict(M=8192, N=8192, D=512), hopper, {"tau": 0.07})
+    narrow = make_task(lse_scores, dict(M=8192, N=8192, D=128), hopper, {"tau": 0.07})
+    assert (wide.template, narrow.template) == ("contraction", "attention")
+    assert wide.kernel.name == lse_scores.name and wide.kernel.program is not lse_scores.program
