@@ -324,9 +324,10 @@ def triton_contraction(kernel, target: TargetSpec, tuned=None, dynamic: "bool | 
     sizes, or where ``tuned`` — the compile entry point's lookup of tuning records — has a
     record for them, its knobs); ``dynamic``: when sizes become kernel arguments, as
     ``tf.compile`` says; a :class:`ScheduleError` where the program is not a contraction.
-    ``routed``: ``tf.compile``'s choice, which leaves a softmax normaliser over the columns
-    (:func:`.contraction_plan.normaliser_of`) to the row-tile template up to the features that
-    template holds (its rolling update fuses the same pass there, as it has been measured to)."""
+    ``routed``: ``tf.compile``'s choice, which leaves a softmax normaliser over the columns of
+    tensor-core sums (:func:`.contraction_plan.normaliser_of`) to the row-tile template up to the
+    features that template holds (its rolling update fuses the same pass there, as it has been
+    measured to); over pairwise values no other template fuses it."""
     from ..targets.triton.contraction_kernel import ContractionKernel
 
     if not target.is_gpu:
@@ -341,7 +342,7 @@ def triton_contraction(kernel, target: TargetSpec, tuned=None, dynamic: "bool | 
 
     def knobs_at(sizes: dict) -> tuple[ContractionKnobs, str | None]:
         """The knobs at ``sizes`` and, where a tuning record gave them, where it is from."""
-        if routed and any(r.of for r in plan.over_columns) and \
+        if routed and any(r.of for r in plan.over_columns) and plan.products and \
                 contracted_depth(plan, sizes) <= MAX_FEATURE:
             raise TargetError(f"the row-tile template takes a softmax normaliser over these "
                               f"columns in one pass up to {MAX_FEATURE} features; this one sums "

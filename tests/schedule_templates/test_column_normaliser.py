@@ -56,6 +56,14 @@ def test_tf_compile_runs_it_where_the_row_tile_template_cannot_hold_the_features
     assert "contraction template (GEMM tiles" in chosen(512)
     assert "contraction template (GEMM tiles" in chosen(1024)
     assert "the Hopper GEMM's stages" in chosen(4096)
+    # over pairwise values (a Gaussian kernel's log-sum) at any depth: no other template fuses it
+    from tests.schedule_templates.normaliser_check import log_gaussian_sum
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        pairs = tf.compile(log_gaussian_sum, "cuda:sm_90a")
+    assert "contraction template (GEMM tiles" in pairs.describe_plan(M=16384, N=16384,
+                                                                     D=3).splitlines()[1]
 
 
 @pytest.mark.parametrize("target", ["cuda:sm_90a", "rocm:gfx942"])
