@@ -101,6 +101,8 @@ class PairwiseReduction:
     # (as ``T.logsumexp`` is written for the templates: m guarded where it is infinite), kept
     # per lane relative to the lane's maximum (``monoid`` "normaliser")
     of: str | None = None
+    # the normaliser's maximum guarded where infinite (else, as written, NaN where it is)
+    guarded: bool = True
 
     @property
     def states(self) -> int:
@@ -309,7 +311,8 @@ def plan_contraction(program: Program) -> ContractionPlan:
     for c in columns:
         of = normaliser_of(c, by_name)
         over.append(PairwiseReduction(c.name, inline_elementwise(by_name[of].bodies[0]),
-                                      "normaliser", of) if of else
+                                      "normaliser", of, _guarded(inline_elementwise(
+                                          c.bodies[0]).a.b)) if of else
                     PairwiseReduction(c.name, inline_elementwise(c.bodies[0]), c.monoid.name))
     plan = ContractionPlan(program, tuple(products), ks, rows, cols, batch, outputs,
                            pairwise=tuple(pairwise), over_columns=tuple(over))
@@ -318,22 +321,29 @@ def plan_contraction(program: Program) -> ContractionPlan:
 
 def normaliser_of(c: Compute, columns: dict) -> str | None:
     """The maximum (by name, among ``columns``) of which ``c`` is the softmax normaliser —
-    ``Σ_j exp(u − where(|m| < ∞, m, 0))`` with ``m = max_j u``, as ``T.logsumexp`` is written
-    for the templates (:mod:`.monoid_rewrites`) —, else None."""
+    ``Σ_j exp(u − m)`` with ``m = max_j u``, as users write it, or with ``m`` guarded,
+    ``where(|m| < ∞, m, 0)``, as ``T.logsumexp`` is written for the templates
+    (:mod:`.monoid_rewrites`) —, else None."""
     body = inline_elementwise(c.bodies[0])
     if c.monoid.name != "sum" or not (isinstance(body, Unary) and body.op == "exp" and
                                       isinstance(body.a, Binary) and body.a.op == "sub"):
         return None
     shift = body.a.b
-    if not (isinstance(shift, Where) and isinstance(shift.a, Ref) and
-            isinstance(shift.b, Const) and shift.b.value == 0):
-        return None
-    top = columns.get(shift.a.compute.name)
-    guard = compare("lt", unary("abs", shift.a), Const(math.inf, shift.a.dtype))
-    if top is None or top.monoid.name != "max" or shift.cond.key() != guard.key() or \
+    ref = shift.a if _guarded(shift) else shift
+    top = columns.get(ref.compute.name) if isinstance(ref, Ref) else None
+    if top is None or top.monoid.name != "max" or \
             body.a.a.key() != inline_elementwise(top.bodies[0]).key():
         return None
     return top.name
+
+
+def _guarded(shift: Expr) -> bool:
+    """Whether ``shift`` is ``where(|m| < ∞, m, 0)`` of a maximum ``m``."""
+    if not (isinstance(shift, Where) and isinstance(shift.a, Ref) and
+            isinstance(shift.b, Const) and shift.b.value == 0):
+        return False
+    guard = compare("lt", unary("abs", shift.a), Const(math.inf, shift.a.dtype))
+    return shift.cond.key() == guard.key()
 
 
 def _over_columns(reductions: list) -> tuple[list, list]:

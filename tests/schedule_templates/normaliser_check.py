@@ -1,10 +1,11 @@
 """A softmax's normaliser over the columns of the contraction template's sums — ``T.logsumexp``
 of a GEMM's values past the 256 features the row-tile template holds (InfoNCE's and CLIP's
 normaliser at D=300, the columns split into parts), of pairwise values (a Gaussian kernel's
-log-sum), with masked columns (all of them: −∞) — run through the contraction template for
+log-sum), with masked columns (all of them: −∞), and as users write it by hand (``m`` unguarded:
+NaN where every column is masked) — run through the contraction template for
 sm_90a by Triton's interpreter at ragged sizes and wide value ranges, outputs poisoned, against
 float64 in torch (never the project's lowering). Prints each case's error as JSON (for the
-all-masked case: the number of outputs that are not −∞).
+all-masked cases: the number of outputs that are not −∞, or not NaN by hand).
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.normaliser_check SEED
 """
@@ -62,15 +63,27 @@ def _masked(generator, M=37, N=700, D=64):
     return dict(x=x, y=y, keep=keep), s.logsumexp(-1)
 
 
+@tf.kernel
+def by_hand(x: T.Tensor["M", "D", "bf16"], y: T.Tensor["N", "D", "bf16"],
+            keep: T.Tensor["N", "i32"]):
+    """The same as users write it: ``m + log Σ exp(s − m)``, ``m`` unguarded (a row of −∞ is
+    NaN, as ``exp(−∞ − (−∞))`` makes it)."""
+    i, j, d = T.axes("i j d")
+    s = T.where(keep[j] != 0, T.sum(x[i, d] * y[j, d], over=d), -T.inf)
+    m = T.max(s, over=j)
+    return m + T.log(T.sum(T.exp(s - m), over=j))
+
+
 CASES = {"lse_scores": (lse_scores, _scores), "log_gaussian_sum": (log_gaussian_sum, _gaussian),
-         "masked_lse": (masked_lse, _masked)}
+         "masked_lse": (masked_lse, _masked), "by_hand": (by_hand, _masked)}
 
 
 def on_the_contraction_template(kernel, target=None):
-    """``kernel`` (a ``T.logsumexp`` of a contraction's values) as ``tf.compile`` writes it for
-    the templates, on the contraction template for ``target`` (sm_90a by default) whatever its
+    """``kernel`` (a log-sum-exp of a contraction's values) as ``tf.compile`` writes it for the
+    templates, on the contraction template for ``target`` (sm_90a by default) whatever its
     depth."""
-    program, _ = rewritten_monoids(kernel.program)
+    rewritten = rewritten_monoids(kernel.program)
+    program = rewritten[0] if rewritten else kernel.program
     return triton_contraction(ProgramKernel(program), target or tf.get_target("cuda:sm_90a"))
 
 
@@ -87,6 +100,9 @@ def main() -> None:
     (out,) = poisoned_call(on_the_contraction_template(masked_lse), masked_lse.program, args,
                            torch.empty(37))
     found["all_masked_not_minus_inf"] = int((out != float("-inf")).sum())
+    (out,) = poisoned_call(on_the_contraction_template(by_hand), by_hand.program, args,
+                           torch.empty(37))
+    found["all_masked_by_hand_not_nan"] = int((out == out).sum())
     print(json.dumps(found))
 
 

@@ -499,6 +499,11 @@ def _row_combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]
 
 def _store_row_outputs(plan, knobs, w, batch: dict, sizes: dict, interpreter: bool) -> None:
     """The outputs of the row block ``offs_m`` from its folded states ``row_<k>``, stored."""
+    at = {r.name: k for k, r in enumerate(plan.over_columns)}
+    for k, r in enumerate(plan.over_columns):   # exp(u − m) as written: NaN where m is infinite
+        if r.of and not r.guarded:
+            w(f"row_{k} = tl.where(tl.abs(row_{at[r.of]}) == float('inf'), float('nan'), "
+              f"row_{k})")
     M = plan.extent(plan.rows, sizes)
     ragged_m, _ = _tile_bounds(plan, knobs, sizes)[0][plan.rows.uid]
     rows_ok = f"(offs_m < {M})"
