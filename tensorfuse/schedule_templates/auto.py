@@ -70,7 +70,7 @@ def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True,
     a chain counts only where its row tile plans at them (its feature axis held whole)."""
     if not target.is_gpu:
         return False
-    if is_contraction(program) or scatters(program):
+    if scatters(program) or is_contraction(program) and not _left_to_rows(program, sizes):
         return True
     if not any(c.is_reduction for c in program.computes):   # the elementwise template's
         return elementwise_form(program) is not None
@@ -90,6 +90,16 @@ def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True,
     # a chain whose row kernel adds sums down the rows up (column_sums) is staged where that
     # kernel does not fit: the sums then run as a stage of their own
     return not sums_down_rows(program, found[1])
+
+
+def _left_to_rows(program: Program, sizes: dict | None) -> bool:
+    """Whether the contraction template leaves ``program`` to the row-tile template at ``sizes``
+    (:func:`.contraction.left_to_row_tiles`; names ``sizes`` lacks: at the placeholder 64)."""
+    from .contraction import left_to_row_tiles
+    from .contraction_plan import plan_contraction
+
+    plan = plan_contraction(program)
+    return left_to_row_tiles(plan, {n: (sizes or {}).get(n, 64) for n in program.dim_names()})
 
 
 def _plans_at(program: Program, fusion: Fusion, sizes: dict, target: TargetSpec) -> bool:

@@ -317,6 +317,15 @@ def check_contraction(plan: ContractionPlan, knobs: ContractionKnobs, target: Ta
                           f"{target.name} has {room}")
 
 
+def left_to_row_tiles(plan: ContractionPlan, sizes: dict) -> bool:
+    """Whether ``tf.compile`` leaves ``plan`` at ``sizes`` to the row-tile template: a softmax
+    normaliser over the columns of tensor-core sums whose contracted depth the row tile holds
+    (up to :data:`MAX_FEATURE`; its rolling update fuses the same pass there, as measured), not
+    over pairwise values (no other template fuses those)."""
+    return any(r.of for r in plan.over_columns) and bool(plan.products) and \
+        contracted_depth(plan, sizes) <= MAX_FEATURE
+
+
 def triton_contraction(kernel, target: TargetSpec, tuned=None, dynamic: "bool | None" = None,
                        routed: bool = False, **given):
     """A callable GEMM-tile kernel for ``kernel`` on ``target`` (a GPU), with knobs
@@ -342,8 +351,7 @@ def triton_contraction(kernel, target: TargetSpec, tuned=None, dynamic: "bool | 
 
     def knobs_at(sizes: dict) -> tuple[ContractionKnobs, str | None]:
         """The knobs at ``sizes`` and, where a tuning record gave them, where it is from."""
-        if routed and any(r.of for r in plan.over_columns) and plan.products and \
-                contracted_depth(plan, sizes) <= MAX_FEATURE:
+        if routed and left_to_row_tiles(plan, sizes):
             raise TargetError(f"the row-tile template takes a softmax normaliser over these "
                               f"columns in one pass up to {MAX_FEATURE} features; this one sums "
                               f"{contracted_depth(plan, sizes)}")
