@@ -112,3 +112,22 @@ def test_it_is_tuned_as_the_program_tf_compile_runs():
     narrow = make_task(lse_scores, dict(M=8192, N=8192, D=128), hopper, {"tau": 0.07})
     assert (wide.template, narrow.template) == ("contraction", "attention")
     assert wide.kernel.name == lse_scores.name and wide.kernel.program is not lse_scores.program
+
+
+def test_the_rule_the_routed_kernel_and_the_floor_share():
+    """Left to the row-tile template: tensor-core sums up to 256 features; never pairwise
+    values. The floor asks the same rule (a size the row tile then refuses is cut, not run
+    whole on TVM's default schedule)."""
+    from tensorfuse.schedule_templates.auto import takes_stage
+    from tensorfuse.schedule_templates.contraction import left_to_row_tiles
+    from tensorfuse.schedule_templates.monoid_rewrites import rewritten_monoids
+    from tests.schedule_templates.normaliser_check import by_hand, log_gaussian_sum
+
+    gemm = plan_contraction(by_hand.program)
+    pairs = plan_contraction(rewritten_monoids(log_gaussian_sum.program)[0])
+    assert left_to_row_tiles(gemm, dict(M=64, N=64, D=256))
+    assert not left_to_row_tiles(gemm, dict(M=64, N=64, D=257))
+    assert not left_to_row_tiles(pairs, dict(M=64, N=64, D=3))
+    hopper = get_target("cuda:sm_90a")
+    for D in (128, 300):   # the row tile's at 128, the contraction template's at 300
+        assert takes_stage(by_hand.program, hopper, sizes=dict(M=5, N=70, D=D))
