@@ -18,6 +18,15 @@ def column_states(plan) -> int:
     return sum(r.states for r in plan.over_columns)
 
 
+def slots(plan) -> dict:
+    """Each reduction's first partial slot (by name): the states in order, an arg reduction's
+    two side by side."""
+    found, slot = {}, 0
+    for r in plan.over_columns:
+        found[r.name], slot = slot, slot + r.states
+    return found
+
+
 def normalisers_of(plan, top) -> list[int]:
     """The positions among the reductions over the columns of the normalisers of ``top``."""
     return [n for n, r in enumerate(plan.over_columns) if r.of == top.name]

@@ -28,7 +28,7 @@ from .elementwise import split_interleaved
 from .tile_text import assemble_source, dot_operand, needs_wide_offsets, store_offsets
 from .column_states import (BETTER, COMBINE, EXTREMUM, FOLD, IDENTITY, NO_INDEX,
                             column_refs, column_states, lane_update, lanes_folded,
-                            normalisers_of, part_combined, states)
+                            normalisers_of, part_combined, slots, states)
 from .source_writer import SourceWriter
 
 
@@ -412,7 +412,7 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
             value = to_triton(r.body, ctx)
             for n in normalisers_of(plan, r):
                 for line in lane_update(f"row_{n}", f"row_{k}", value,
-                                                   cols_ok if ragged_n else None):
+                                        cols_ok if ragged_n else None):
                     w(line)
             if r.states == 2:   # the pair's combine: better, or as good at an earlier column
                 w(f"value = tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))")
@@ -432,24 +432,21 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
         if r.of:
             for line in lanes_folded(f"row_{k}", f"row_{at[r.of]}"):
                 w(line)
-    slot = 0
+    slot = slots(plan)
     for k, r in enumerate(plan.over_columns):
-        if r.of:
-            pass
-        elif r.states == 2:   # the extremum, then the first column holding it
+        if r.states == 2:   # the extremum, then the first column holding it
             w(f"best = {FOLD[EXTREMUM[r.monoid]].format(f'row_{k}')}")
             w(f"at_{k} = tl.min(tl.where(row_{k} == best[:, None], at_{k}, {NO_INDEX}), 1)")
             w(f"row_{k} = best")
-        else:
+        elif not r.of:   # (a normaliser is folded above)
             w(f"row_{k} = {FOLD[r.monoid].format(f'row_{k}')}")
         if knobs.splits > 1:
-            for state in states(k, r):
+            for c, state in enumerate(states(k, r)):
                 stored = state if state.startswith("row_") else \
                     f"{state}.to(tl.float32, bitcast=True)"   # an index's bits, kept exactly
-                w(f"tl.store({PARTIALS} + "
-                  f"{_slot(column_states(plan), slot, knobs, 'part', 'row_blocks')} * BLOCK_M + "
-                  f"tl.arange(0, BLOCK_M), {stored})")
-                slot += 1
+                at_slot = _slot(column_states(plan), slot[r.name] + c, knobs, "part",
+                                "row_blocks")
+                w(f"tl.store({PARTIALS} + {at_slot} * BLOCK_M + tl.arange(0, BLOCK_M), {stored})")
     if knobs.splits == 1:
         _store_row_outputs(plan, knobs, w, batch, sizes, interpreter)
     return w.lines
@@ -462,10 +459,7 @@ def _row_combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]
     w(f"row_blocks = tl.cdiv({M}, BLOCK_M)")
     w(f"offs_m = pid{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
     batch = _batch_digits(plan, w, sizes)
-    slots, slot = {}, 0
-    for r in plan.over_columns:
-        slots[r.name], slot = slot, slot + r.states
-    slot = 0
+    slot = slots(plan)
     for k, r in enumerate(plan.over_columns):
         w(f"row_{k} = tl.full([BLOCK_M], {IDENTITY[r.monoid]}, tl.float32)")
         if r.states == 2:
@@ -475,12 +469,12 @@ def _row_combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]
         w.sweep("part", "0", str(knobs.splits), "1")
         with w.block():
             loads = [f"tl.load({PARTIALS} + "
-                     f"{_slot(column_states(plan), slot + c, knobs, 'part', 'row_blocks')} * "
-                     "BLOCK_M + tl.arange(0, BLOCK_M))" for c in range(r.states)]
+                     f"{_slot(column_states(plan), slot[r.name] + c, knobs, 'part', 'row_blocks')}"
+                     " * BLOCK_M + tl.arange(0, BLOCK_M))" for c in range(r.states)]
             w(f"state = {loads[0]}")
             if r.of:   # its maximum's part, which this part's sum is relative to
                 w(f"m_part = tl.load({PARTIALS} + "
-                  f"{_slot(column_states(plan), slots[r.of], knobs, 'part', 'row_blocks')} * "
+                  f"{_slot(column_states(plan), slot[r.of], knobs, 'part', 'row_blocks')} * "
                   "BLOCK_M + tl.arange(0, BLOCK_M))")
                 for line in part_combined(f"row_{k}", "top", "m_part", "state"):
                     w(line)
@@ -492,7 +486,6 @@ def _row_combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]
                 w(f"at_{k} = tl.where(take, column, at_{k})")
             else:
                 w(f"row_{k} = {COMBINE[r.monoid].format(f'row_{k}', 'state')}")
-        slot += r.states
     _store_row_outputs(plan, knobs, w, batch, sizes, interpreter)
     return w.lines
 
