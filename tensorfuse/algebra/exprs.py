@@ -5,10 +5,12 @@ NumPy and lower to TensorIR like any kernel code.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable
 
 from ..dsl import dtypes as dt
-from ..dsl.expr import (Axis, Binary, Const, Expr, Ref, Symbol, Unary, binary, unary, walk)
+from ..dsl.expr import (Axis, Binary, Const, Expr, Ref, Symbol, Unary, binary, compare, unary,
+                        walk, where)
 
 ONE_KEY = ("one",)
 
@@ -153,6 +155,26 @@ def rewrite_computes(program, replace: Callable[[Expr], Expr | None], axes=None,
                                tuple(substitute(b, node) for b in c.bodies), c.dtypes, c.monoid,
                                over(c) if over else c.over, c.loc, c.is_output)
     return made
+
+
+def finite_shift(top: Expr, acc: str) -> Expr:
+    """``where(|top| < ∞, top, 0)``: what a logsumexp written for the templates takes its sum
+    relative to (:mod:`tensorfuse.schedule_templates.monoid_rewrites`) — its maximum ``top``,
+    or 0 where that is infinite, never the NaN of ``x − ∞``."""
+    return where(compare("lt", unary("abs", top), Const(math.inf, acc)), top, Const(0.0, acc))
+
+
+def rewritten_program(program, params: list, made: dict, name: str | None = None):
+    """The program of ``made`` (:func:`rewrite_computes`' computes, in order) reading ``params``:
+    its outputs those of ``program`` rebuilt, its axes the ones the computes use; named ``name``
+    (default ``program``'s) — what a rewrite of a whole program returns."""
+    from ..dsl.program import Program
+
+    computes = list(made.values())
+    used = {a.uid: a for c in computes for a in c.axes + c.over}
+    return Program(name or program.name, params, computes,
+                   [made[c.name] for c in program.outputs],
+                   sorted(used.values(), key=lambda a: a.uid), [], program.loc)
 
 
 def nodes(e: Expr) -> list[Expr]:

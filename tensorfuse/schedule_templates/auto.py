@@ -11,7 +11,7 @@ from ..errors import RollingUpdateError, ScheduleError, TargetError
 from ..targets import TargetSpec
 from .cluster import attention_decode
 from .contraction import triton_contraction
-from .contraction_plan import gemm_shaped, is_contraction
+from .contraction_plan import gemm_shaped, plan_contraction
 from .elementwise import elementwise_form
 from .fusion import Fusion
 from .hopper_attention import hopper_attention
@@ -70,7 +70,7 @@ def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True,
     a chain counts only where its row tile plans at them (its feature axis held whole)."""
     if not target.is_gpu:
         return False
-    if scatters(program) or is_contraction(program) and not _left_to_rows(program, sizes):
+    if scatters(program) or _contraction_takes(program, sizes):
         return True
     if not any(c.is_reduction for c in program.computes):   # the elementwise template's
         return elementwise_form(program) is not None
@@ -92,14 +92,18 @@ def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True,
     return not sums_down_rows(program, found[1])
 
 
-def _left_to_rows(program: Program, sizes: dict | None) -> bool:
-    """Whether the contraction template leaves ``program`` to the row-tile template at ``sizes``
-    (:func:`.contraction.left_to_row_tiles`; names ``sizes`` lacks: at the placeholder 64)."""
+def _contraction_takes(program: Program, sizes: dict | None) -> bool:
+    """Whether the contraction template plans ``program`` and does not leave it to the row-tile
+    template at ``sizes`` (:func:`.contraction.left_to_row_tiles`; names ``sizes`` lacks: at the
+    placeholder 64)."""
     from .contraction import left_to_row_tiles
-    from .contraction_plan import plan_contraction
 
-    plan = plan_contraction(program)
-    return left_to_row_tiles(plan, {n: (sizes or {}).get(n, 64) for n in program.dim_names()})
+    try:
+        plan = plan_contraction(program)
+    except ScheduleError:
+        return False
+    return not left_to_row_tiles(plan, {n: (sizes or {}).get(n, 64)
+                                        for n in program.dim_names()})
 
 
 def _plans_at(program: Program, fusion: Fusion, sizes: dict, target: TargetSpec) -> bool:

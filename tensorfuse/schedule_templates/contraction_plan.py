@@ -48,16 +48,13 @@ autograd stores the activation gradient, and rounded exactly as the tile rounds 
 """
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass, replace
 from functools import reduce
 
 from ..algebra import inline_elementwise
-from ..algebra.exprs import factors, has_axis, mul, nodes
+from ..algebra.exprs import factors, finite_shift, has_axis, mul, nodes
 from ..dsl import dtypes as dt
-from ..dsl.expr import (Axis, Binary, Const, Expr, Load, Ref, Unary, Where, compare,
-                        unary)
+from ..dsl.expr import Axis, Binary, Expr, Load, Ref, Unary, Where
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
@@ -243,6 +240,9 @@ def plan_contraction(program: Program) -> ContractionPlan:
             raise _refuse(f"{c.name} is not a sum, maximum or minimum (it takes sums of products "
                           "and reductions of pairs)", c.loc)
     sums, columns = _over_columns(sums)
+    by_name = {c.name: c for c in columns}
+    normalisers = {c.name: found for c in columns
+                   if (found := normaliser_of(c, by_name)) is not None}
     for c in sums:
         if c.monoid.name in ARG_MONOIDS:
             raise _refuse(f"{c.name} is an arg reduction over the contracted axis: it takes them "
@@ -306,44 +306,35 @@ def plan_contraction(program: Program) -> ContractionPlan:
         dtype, rounded = _operand_dtypes(rows_side, cols_side)
         products.append(Product(c.name, rows_side, cols_side, dtype, rounded, outer))
     batch = tuple(a for a in out_axes if a.uid not in (rows.uid, cols.uid))
-    by_name = {c.name: c for c in columns}
     over = []
     for c in columns:
-        of = normaliser_of(c, by_name)
-        over.append(PairwiseReduction(c.name, inline_elementwise(by_name[of].bodies[0]),
-                                      "normaliser", of, _guarded(inline_elementwise(
-                                          c.bodies[0]).a.b)) if of else
+        found = normalisers.get(c.name)
+        over.append(PairwiseReduction(c.name, inline_elementwise(by_name[found[0]].bodies[0]),
+                                      "normaliser", *found) if found else
                     PairwiseReduction(c.name, inline_elementwise(c.bodies[0]), c.monoid.name))
     plan = ContractionPlan(program, tuple(products), ks, rows, cols, batch, outputs,
                            pairwise=tuple(pairwise), over_columns=tuple(over))
     return replace(plan, staging=_staged(plan))
 
 
-def normaliser_of(c: Compute, columns: dict) -> str | None:
-    """The maximum (by name, among ``columns``) of which ``c`` is the softmax normaliser —
-    ``Σ_j exp(u − m)`` with ``m = max_j u``, as users write it, or with ``m`` guarded,
-    ``where(|m| < ∞, m, 0)``, as ``T.logsumexp`` is written for the templates
-    (:mod:`.monoid_rewrites`) —, else None."""
+def normaliser_of(c: Compute, columns: dict) -> tuple[str, bool] | None:
+    """``(the maximum's name among columns, guarded)`` where ``c`` is the softmax normaliser
+    ``Σ_j exp(u − m)`` of ``m = max_j u`` — as users write it, or ``guarded`` with ``m`` read as
+    :func:`~tensorfuse.algebra.exprs.finite_shift` of it, as ``T.logsumexp`` is written for the
+    templates —, else None."""
     body = inline_elementwise(c.bodies[0])
     if c.monoid.name != "sum" or not (isinstance(body, Unary) and body.op == "exp" and
                                       isinstance(body.a, Binary) and body.a.op == "sub"):
         return None
     shift = body.a.b
-    ref = shift.a if _guarded(shift) else shift
+    guarded = isinstance(shift, Where) and isinstance(shift.a, Ref) and \
+        shift.key() == finite_shift(shift.a, shift.a.dtype).key()
+    ref = shift.a if guarded else shift
     top = columns.get(ref.compute.name) if isinstance(ref, Ref) else None
     if top is None or top.monoid.name != "max" or \
             body.a.a.key() != inline_elementwise(top.bodies[0]).key():
         return None
-    return top.name
-
-
-def _guarded(shift: Expr) -> bool:
-    """Whether ``shift`` is ``where(|m| < ∞, m, 0)`` of a maximum ``m``."""
-    if not (isinstance(shift, Where) and isinstance(shift.a, Ref) and
-            isinstance(shift.b, Const) and shift.b.value == 0):
-        return False
-    guard = compare("lt", unary("abs", shift.a), Const(math.inf, shift.a.dtype))
-    return shift.cond.key() == guard.key()
+    return top.name, guarded
 
 
 def _over_columns(reductions: list) -> tuple[list, list]:
@@ -366,8 +357,8 @@ def _over_columns(reductions: list) -> tuple[list, list]:
         if len(c.over) != 1 or c.over[0].uid != columns[0].over[0].uid:
             raise _refuse(f"{c.name} and {columns[0].name}: the reductions of the contractions' "
                           "values run over one axis, the same one (the columns)", c.loc)
-        if not reads(c) <= names | ({normaliser_of(c, {t.name: t for t in columns})} -
-                                    {None}):
+        of = normaliser_of(c, {t.name: t for t in columns})
+        if not reads(c) <= names | ({of[0]} if of else set()):
             raise _refuse(f"{c.name} reads {', '.join(sorted(reads(c) - names))}, a reduction "
                           "over the columns: one pass over them cannot correct it as it grows "
                           "(the attention templates' rolling update does)", c.loc)
@@ -433,15 +424,6 @@ def _pairwise(body: Expr, rows: Axis, cols: Axis) -> bool:
     loads = [n for n in nodes(body) if isinstance(n, Load)]
     return has_axis(body, rows) and has_axis(body, cols) and \
         not any(has_axis(n, rows) and has_axis(n, cols) for n in loads)
-
-
-def is_contraction(program: Program) -> bool:
-    """Whether :func:`plan_contraction` takes ``program``."""
-    try:
-        plan_contraction(program)
-    except ScheduleError:
-        return False
-    return True
 
 
 def gemm_shaped(program: Program) -> bool:

@@ -128,12 +128,18 @@ class LiftedKernel(GraphCallable):
     def _fast_call(self, params, outputs, likes, guards, bound, inner_kwargs: dict, inner_fast):
         """The fast call of a signature (:func:`call_layout`'s ``params``, ``likes``, ``guards``)
         whose first call gave the inner kernel ``inner_kwargs``."""
+        copied = self._copied(inner_kwargs)
         shapes = {n: tuple(inner_kwargs[n].shape) for n, t in bound.arrays.items()
-                  if tuple(inner_kwargs[n].shape) != tuple(t.shape)}   # those viewed
+                  if tuple(inner_kwargs[n].shape) != tuple(t.shape) and n not in copied}
         out = inner_kwargs["out"]
         out_shapes = [tuple(o.shape) for o in (out if isinstance(out, tuple) else (out,))]
         return LiftedFastCall(params, outputs, bound.torch_device, likes, guards, shapes,
-                              out_shapes, inner_fast)
+                              out_shapes, inner_fast, copied)
+
+    def _copied(self, inner_kwargs: dict) -> dict:
+        """The tensors the inner kernel gets as new ones, not views: name → what makes it of
+        the caller's (at the signature ``inner_kwargs`` gave the inner kernel); none here."""
+        return {}
 
 
 class MergedHeadsKernel(LiftedKernel):
@@ -182,10 +188,10 @@ class LiftedFastCall(SignatureCall):
     ``None`` where a call needs the checked path (the inner fast call's too)."""
 
     def __init__(self, params: list, outputs: list, device, likes: list, guards: list,
-                 shapes: dict, out_shapes: list, inner_fast):
+                 shapes: dict, out_shapes: list, inner_fast, copied: dict | None = None):
         super().__init__(params, outputs, device, likes, guards)
         self.shapes, self.out_shapes, self.inner_fast = shapes, out_shapes, inner_fast
-        self.copied: dict = {}   # name -> what the inner kernel gets of it, where not a view
+        self.copied = dict(copied or {})   # name -> what the inner kernel gets, not a view
 
     def __call__(self, args: tuple, kwargs: dict):
         made = self.values_and_outputs(args, kwargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..algebra.exprs import nodes, rewrite_computes
+from ..algebra.exprs import nodes, rewrite_computes, rewritten_program
 from ..dsl.expr import Axis, DimSize, Load, binary
 from ..dsl.program import Program, TensorParam
 from .attention_chain import attention_loads
@@ -86,12 +86,8 @@ def merge_head_axes(program: Program, names: tuple[str, ...], axis: str) -> Merg
         return c.axes if g.uid not in uids else _merged(c.axes, uids.index(g.uid), h)
 
     made = rewrite_computes(program, rewrite, axes=axes_of)
-    computes = list(made.values())
-    used = {a.uid: a for c in computes for a in c.axes + c.over}
     params = [merged_q if p.name == q.name else p for p in program.params]
-    rewritten = Program(program.name, params, computes, [made[c.name] for c in program.outputs],
-                        sorted(used.values(), key=lambda a: a.uid), [], program.loc)
-    return MergedHeads(rewritten, g.extent, r.extent, merged, at)
+    return MergedHeads(rewritten_program(program, params, made), g.extent, r.extent, merged, at)
 
 
 def _only_where_expected(program: Program, g: Axis, r: Axis, q: str, kv: set) -> bool:

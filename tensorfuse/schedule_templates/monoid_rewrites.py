@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from ..algebra import inline_elementwise
-from ..algebra.exprs import substitute
+from ..algebra.exprs import finite_shift, substitute
 from ..dsl import dtypes as dt
 from ..dsl.expr import Binary, Const, Ref, binary, compare, unary, where
 from ..dsl.monoid import MAX, MIN, SUM
@@ -41,9 +41,10 @@ def rewritten_monoids(program: Program) -> tuple[Program, str] | None:
     arg reduction is itself an output)."""
     logsumexps = [c.name for c in program.computes if c.is_reduction and
                   c.monoid.name == "logsumexp" and c.arity == 1]
-    kept = _over_contraction_columns(program)
     args = [c.name for c in program.computes if c.is_reduction and c.monoid.name in EXTREMA
-            and not _contractible(inline_elementwise(c.bodies[0])) and c.name not in kept]
+            and not _contractible(inline_elementwise(c.bodies[0]))]
+    if args:   # those the contraction template keeps as they are
+        args = [n for n in args if n not in _over_contraction_columns(program)]
     if not logsumexps and not args or any(c.name in args for c in program.outputs):
         return None
     taken = {c.name for c in program.computes} | {p.name for p in program.params}
@@ -106,8 +107,7 @@ def _logsumexp(c: Compute, body, taken: set) -> list[Compute]:
     acc = "f64" if "f64" in (dt.resolve(body.dtype), c.dtypes[0]) else "f32"
     top = Compute(fresh_name(f"{c.name}_max", taken), c.axes, (body,), (acc,), MAX, c.over,
                   c.loc)
-    shift = where(compare("lt", unary("abs", Ref(top, 0, c.loc)), Const(math.inf, acc)),
-                  Ref(top, 0, c.loc), Const(0.0, acc))
+    shift = finite_shift(Ref(top, 0, c.loc), acc)
     sum_exp = Compute(fresh_name(f"{c.name}_sum_exp", taken), c.axes,
                       (unary("exp", binary("sub", body, shift)),), (acc,), SUM, c.over, c.loc)
     value = binary("add", unary("log", Ref(sum_exp, 0, c.loc)), shift)

@@ -4,7 +4,7 @@ axes added: the four-axis attention :mod:`.packed_rows` packs. The caller's tens
 viewed with those axes (``unsqueeze``: nothing copied)."""
 from __future__ import annotations
 
-from ..algebra.exprs import nodes, rewrite_computes
+from ..algebra.exprs import nodes, rewrite_computes, rewritten_program
 from ..dsl.expr import Axis, Compare, Const, DimSize, Load, binary
 from ..dsl.program import Compute, Program, TensorParam
 from .attention_chain import attention_loads
@@ -121,11 +121,7 @@ def _lifted(program: Program, q: TensorParam, h: Axis, b: Axis, one_cache: bool,
                     if after_head(c) is not None})
     made = rewrite_computes(program, rewrite, axes=lambda c: c.axes if after_head(c) is None
                             else _with(c.axes, after_head(c), i1))
-    computes = list(made.values())
-    used = {a.uid: a for c in computes for a in c.axes + c.over}
-    lifted = Program(program.name, params, computes, [made[c.name] for c in program.outputs],
-                     sorted(used.values(), key=lambda a: a.uid), [], program.loc)
-    return lifted, inserts
+    return rewritten_program(program, params, made), inserts
 
 
 def added_units(lifted: Program) -> tuple[str, ...]:

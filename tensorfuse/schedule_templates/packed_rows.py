@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..algebra.exprs import nodes, rewrite_computes, substitute
+from ..algebra.exprs import nodes, rewrite_computes, rewritten_program, substitute
 from ..dsl.expr import Axis, Const, DimSize, Load, binary
 from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
@@ -206,9 +206,5 @@ def _packed_program(program: Program, chain: AttentionChain, one_query: bool) ->
                 *(a for a in axes if a.uid not in (b.uid, kv_axis.uid, row_axis.uid)))
 
     made = rewrite_computes(program, rewrite, axes=packed_axes)
-    computes = list(made.values())
     params = [packed_q if p is q_param else p for p in program.params]
-    used = {a.uid: a for c in computes for a in c.axes + c.over}
-    return Program(f"{program.name}_packed_rows", params, computes,
-                   [made[c.name] for c in program.outputs],
-                   sorted(used.values(), key=lambda a: a.uid), [], program.loc)
+    return rewritten_program(program, params, made, f"{program.name}_packed_rows")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..dsl.expr import Axis, Load
 from ..dsl.program import Program, TensorParam
-from ..algebra.exprs import rewrite_computes
+from ..algebra.exprs import rewrite_computes, rewritten_program
 from .attention_chain import attention_loads
 from .lifted_kernel import LiftedKernel
 from .packed_lift import UNIT_H, _indices_of, _with
@@ -113,11 +113,8 @@ def _lifted(program: Program, q: TensorParam, b: Axis, size, unit_head: bool,
         inserts.update({c.name: [a.uid for a in c.axes].index(b.uid) + 1
                         for c in program.outputs})
     made = rewrite_computes(program, rewrite, axes=axes)
-    computes = list(made.values())
-    used = {a.uid: a for c in computes for a in c.axes + c.over}
-    lifted = Program(program.name, params, computes, [made[c.name] for c in program.outputs],
-                     sorted(used.values(), key=lambda a: a.uid), [], program.loc)
-    return SharedQueries(lifted, q.name, size, unit_head, inserts)
+    return SharedQueries(rewritten_program(program, params, made), q.name, size, unit_head,
+                         inserts)
 
 
 def _after_batch(program: Program, name: str, b: Axis) -> int:
@@ -148,13 +145,9 @@ class SharedQueriesKernel(LiftedKernel):
         values[name] = per_sequence(values[name], count, self.shared.unit_head)
         return outs
 
-    def _fast_call(self, params, outputs, likes, guards, bound, inner_kwargs: dict, inner_fast):
-        made = super()._fast_call(params, outputs, likes, guards, bound, inner_kwargs,
-                                  inner_fast)
-        made.shapes.pop(self.shared.q, None)   # not a view: a copy per call
+    def _copied(self, inner_kwargs: dict) -> dict:
         count, unit_head = int(inner_kwargs[self.shared.q].shape[0]), self.shared.unit_head
-        made.copied = {self.shared.q: lambda q: per_sequence(q, count, unit_head)}
-        return made
+        return {self.shared.q: lambda q: per_sequence(q, count, unit_head)}
 
 
 def per_sequence(q, count: int, unit_head: bool):
