@@ -118,7 +118,7 @@ def test_the_rule_the_routed_kernel_and_the_floor_share():
     """Left to the row-tile template: tensor-core sums up to 256 features; never pairwise
     values. The floor asks the same rule (a size the row tile then refuses is cut, not run
     whole on TVM's default schedule)."""
-    from tensorfuse.schedule_templates.auto import takes_stage
+    from tensorfuse.schedule_templates.auto import _contraction_takes, takes_stage
     from tensorfuse.schedule_templates.contraction import left_to_row_tiles
     from tensorfuse.schedule_templates.monoid_rewrites import rewritten_monoids
     from tests.schedule_templates.normaliser_check import by_hand, log_gaussian_sum
@@ -128,6 +128,8 @@ def test_the_rule_the_routed_kernel_and_the_floor_share():
     assert left_to_row_tiles(gemm, dict(M=64, N=64, D=256))
     assert not left_to_row_tiles(gemm, dict(M=64, N=64, D=257))
     assert not left_to_row_tiles(pairs, dict(M=64, N=64, D=3))
-    hopper = get_target("cuda:sm_90a")
-    for D in (128, 300):   # the row tile's at 128, the contraction template's at 300
-        assert takes_stage(by_hand.program, hopper, sizes=dict(M=5, N=70, D=D))
+    # the floor's view: the contraction template takes the program whole at 300 features, not
+    # at 128 (where the row tile's plan decides whether the floor cuts it)
+    assert _contraction_takes(by_hand.program, dict(M=5, N=70, D=300))
+    assert not _contraction_takes(by_hand.program, dict(M=5, N=70, D=128))
+    assert takes_stage(by_hand.program, get_target("cuda:sm_90a"), sizes=dict(M=5, N=70, D=128))

@@ -277,7 +277,7 @@ def test_an_arg_reduction_over_the_contracted_axis_is_refused():
         i, j, d = T.axes("i j d")
         return T.argmin(T.abs(x[i, d] - y[j, d]), over=d)
 
-    with pytest.raises(ScheduleError, match="argmin.*over the contracted axis|not a sum"):
+    with pytest.raises(ScheduleError, match="out_argmin is an arg reduction over the contracted"):
         plan_contraction(argmin_coordinate.program)
 
 

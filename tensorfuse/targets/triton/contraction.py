@@ -442,7 +442,7 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
             w(f"row_{k} = {FOLD[r.monoid].format(f'row_{k}')}")
         if knobs.splits > 1:
             for c, state in enumerate(states(k, r)):
-                stored = state if state.startswith("row_") else \
+                stored = state if c == 0 else \
                     f"{state}.to(tl.float32, bitcast=True)"   # an index's bits, kept exactly
                 at_slot = _slot(column_states(plan), slot[r.name] + c, knobs, "part",
                                 "row_blocks")
