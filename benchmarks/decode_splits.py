@@ -6,10 +6,11 @@ timed beside ``tf.compile``'s default and SDPA (cuDNN and flash) — what the de
 instead, groups of 32 to 128 query heads on one cache (teams of warps sharing each block on
 tensor cores) at one or two teams and 2 or 3 stages, beside the CUDA-core sweep.
 ``--pipeline``: instead, the warps per CTA, the blocks each warp keeps in flight (stages) and how
-they are copied, on caches of 0.3 to 4 GB.
+they are copied, on caches of 0.3 to 4 GB. ``--defaults``: only ``tf.compile``'s defaults and SDPA
+on each sweep's shapes (no candidates): the current standing, in a fraction of the time.
 
     python -m benchmarks.decode_splits [--lengths 1024,4096,16384,131072] [--groups | --pipeline]
-                                       [--build-only] [--out DIR]
+                                       [--defaults] [--build-only] [--out DIR]
 
 Rows ``decode_splits/<heads>`` (``mqa`` 8/1, ``gqa`` 32/8 and 64/8, ``mha`` 32/32), one per
 (shape, implementation); ``tensorfuse cluster=C splits=S`` for a candidate (``S``: the splits
@@ -185,7 +186,7 @@ def _default_knobs(default, sizes: dict):
         type(chosen).__name__
 
 
-def run(lengths, rows: list, log=print) -> None:
+def run(lengths, rows: list, log=print, sweep: bool = True) -> None:
     """Rows ``decode_splits/<heads>``: the candidates of :func:`candidates` per shape and key
     count, beside ``tf.compile``'s default and SDPA."""
     import tensorfuse as tf
@@ -198,7 +199,7 @@ def run(lengths, rows: list, log=print) -> None:
         sizes = dict(B=B, H=hq, HKV=hkv, M=1, N=N, D=128)
         knobs = _default_knobs(default, sizes)
         impls = {TENSORFUSE: lambda: default(q, k, v, scale=128 ** -0.5), **sdpa}
-        for c, s in candidates(B * hkv, N):
+        for c, s in candidates(B * hkv, N) if sweep else ():
             impls[f"{TENSORFUSE} cluster={c} splits={s}"] = functools.partial(
                 _kernel(c, s, warps=WARPS), q, k, v, scale=128 ** -0.5)
         timed = _measure(f"decode_splits/{_variant(hq, hkv)}", shape, impls, want, moved, rows,
@@ -211,7 +212,7 @@ def run(lengths, rows: list, log=print) -> None:
             f"{best[1] * 1e3:6.1f} us; sdpa {sdpa_best * 1e3:6.1f} us")
 
 
-def run_groups(rows: list, log=print) -> None:
+def run_groups(rows: list, log=print, sweep: bool = True) -> None:
     """Rows ``decode_groups/mqa``: large groups on one cache, each candidate of
     :func:`group_candidates` (its cluster and splits the defaults) beside the default and SDPA."""
     import tensorfuse as tf
@@ -222,7 +223,7 @@ def run_groups(rows: list, log=print) -> None:
     for B, hq, hkv, N in GROUPS:
         (q, k, v), want, moved, shape, sdpa = _case(B, hq, hkv, N)
         impls = {TENSORFUSE: lambda: default(q, k, v, scale=128 ** -0.5), **sdpa}
-        for knobs in group_candidates(hq // hkv):
+        for knobs in group_candidates(hq // hkv) if sweep else ():
             label = " ".join(f"{n}={x}" for n, x in knobs.items() if n != "copy")
             impls[f"{TENSORFUSE} {label}"] = functools.partial(_kernel(None, None, **knobs),
                                                                q, k, v, scale=128 ** -0.5)
@@ -231,7 +232,7 @@ def run_groups(rows: list, log=print) -> None:
                                      for label, ms in timed.items()) + " us")
 
 
-def run_pipelines(rows: list, log=print) -> None:
+def run_pipelines(rows: list, log=print, sweep: bool = True) -> None:
     """Rows ``decode_pipeline/<heads>``: each (warps, stages) of :data:`PIPELINES` on the
     large caches of :data:`LARGE` (cluster and splits chosen as ``tf.compile`` chooses them),
     beside the default and SDPA."""
@@ -245,7 +246,7 @@ def run_pipelines(rows: list, log=print) -> None:
         sizes = dict(B=B, H=hq, HKV=hkv, M=1, N=N, D=128)
         knobs = _default_knobs(default, sizes)
         impls = {TENSORFUSE: lambda: default(q, k, v, scale=128 ** -0.5), **sdpa}
-        for warps, stages, copy in PIPELINES:
+        for warps, stages, copy in PIPELINES if sweep else ():
             impls[f"{TENSORFUSE} warps={warps} stages={stages} copy={copy}"] = \
                 functools.partial(_kernel(None, None, warps=warps, stages=stages, copy=copy),
                                   q, k, v, scale=128 ** -0.5)
@@ -266,6 +267,8 @@ def main() -> None:
     parser.add_argument("--build-only", action="store_true")
     parser.add_argument("--groups", action="store_true")
     parser.add_argument("--pipeline", action="store_true")
+    parser.add_argument("--defaults", action="store_true",
+                        help="only tf.compile's defaults and SDPA, no candidates")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
@@ -273,12 +276,13 @@ def main() -> None:
         build_pipelines() if args.pipeline else build_only(lengths)
         return
     warnings.filterwarnings("ignore", message=".*(kernel not used|runtime disabled|same num_heads)")
+    sweep = not args.defaults
     if args.groups:
-        run_and_write(run_groups, args.out, "decode-groups")
+        run_and_write(lambda rows: run_groups(rows, sweep=sweep), args.out, "decode-groups")
     elif args.pipeline:
-        run_and_write(run_pipelines, args.out, "decode-pipeline")
+        run_and_write(lambda rows: run_pipelines(rows, sweep=sweep), args.out, "decode-pipeline")
     else:
-        run_and_write(lambda rows: run(lengths, rows), args.out, "decode-splits")
+        run_and_write(lambda rows: run(lengths, rows, sweep=sweep), args.out, "decode-splits")
 
 
 if __name__ == "__main__":
