@@ -107,7 +107,8 @@ def _compile(kernel, target, template, untemplated: str | None = None,
                 def compile_stage(part):
                     return _compile(part, spec, "auto", dynamic=dynamic)
                 for stages in (AttentionEpilogueStages, ComputedOperandStages):
-                    ahead += stages.made(kernel, fusion, spec, compile_stage, AutoKernel)
+                    ahead += stages.made(kernel, fusion, spec, compile_stage, AutoKernel,
+                                         refused)
             ahead += contraction_templates(kernel, spec, template_records(
                 tuned_as, "contraction", None, spec, nearest=True), dynamic)
             ahead = _written_out(kernel, spec, dynamic) + ahead

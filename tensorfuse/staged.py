@@ -222,21 +222,36 @@ class NativeStages(StagedKernel):
         return [k for k, stage in enumerate(stages) if stage.reduces]
 
     @classmethod
-    def made(cls, kernel, fusion, target: TargetSpec, compile_stage, routed: type) -> tuple:
+    def made(cls, kernel, fusion, target: TargetSpec, compile_stage, routed: type,
+             refused: list | None = None) -> tuple:
         """The stages of ``kernel`` (fused by ``fusion``), each compiled by
         ``compile_stage(ProgramKernel)``, as a one-kernel tuple for ``AutoKernel``'s ``ahead``
         where each stage that must run natively has native templates to route to (``routed``:
-        the class of such a kernel); else ``()``."""
+        the class of such a kernel); else ``()``, and ``refused`` (where given) gets ``(what
+        these stages are, why the stage that must run natively cannot)`` — the native
+        templates' own reasons, e.g. that computed operands would be stored in float32."""
         from .dsl.program import ProgramKernel
 
         stages = cls.stages_of(kernel.program, fusion)
         if not stages:
             return ()
         kernels = tuple(compile_stage(ProgramKernel(s.program)) for s in stages)
-        if not all(isinstance(kernels[k], routed) and kernels[k].ahead
-                   for k in cls.native_of(stages)):
-            return ()
+        for k in cls.native_of(stages):
+            if not (isinstance(kernels[k], routed) and kernels[k].ahead):
+                if refused is not None:
+                    refused.append((f"{cls._what} as stages", cls._not_native(
+                        stages[k], kernels[k])))
+                return ()
         return (cls(kernel.program, target, stages, kernels, cls.why),)
+
+    _what = "the program"
+
+    @staticmethod
+    def _not_native(stage, kernel) -> str:
+        """Why ``stage`` (compiled as ``kernel``) has no native template to run on."""
+        why = "; ".join(f"{name}: {reason}" for name, reason in getattr(kernel, "refused", ()))
+        return f"its stage {stage.program.name} runs on no native template" + \
+            (f" ({why})" if why else "")
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         for k in self.native_of(self.stages):
@@ -254,6 +269,7 @@ class AttentionEpilogueStages(NativeStages):
     Hopper template, then the function."""
 
     why = "the Hopper template writes o / l alone"
+    _what = "each chain's attention, then the function of o / l"
 
     @staticmethod
     def stages_of(program, fusion) -> tuple:
@@ -274,6 +290,21 @@ class ComputedOperandStages(NativeStages):
     as the tensor cores take it, then the Hopper attention over them."""
 
     why = "the Hopper template copies its operands, computing nothing on the way"
+    _what = "the computed q·k operands stored"
+
+    @staticmethod
+    def _not_native(stage, kernel) -> str:
+        why = NativeStages._not_native(stage, kernel)
+        scalars = {p.name for p in stage.program.scalar_params}
+        wide = sorted(p.name for p in stage.program.params if p.name not in scalars and
+                      getattr(p, "dtype", "") in ("f32", "f64"))
+        if not wide:
+            return why
+        return (f"{why}. The computed operands {', '.join(wide)} are stored as float32, the "
+                "dtype their products take (a float32 table times a 16-bit q gives float32); "
+                "the Hopper template's tensor cores take 16-bit operands: cast the table or the "
+                "product to q's dtype (as transformers' rotary embedding casts its cos and sin) "
+                "to run there")
 
     @staticmethod
     def stages_of(program, fusion) -> tuple:

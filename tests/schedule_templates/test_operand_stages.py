@@ -74,7 +74,18 @@ def test_float32_operands_keep_the_fused_kernel():
     *_, last = _stages(rope_attention)
     assert [p.dtype for p in last.program.tensor_params if p.name.startswith("operand")] == \
         ["f32", "f32"]
-    assert tf.compile(rope_attention, HOPPER).schedule_origin(**SIZES) == "template defaults"
+    made = tf.compile(rope_attention, HOPPER)
+    assert made.schedule_origin(**SIZES) == "template defaults"
+    # the plan says why the stages are not taken, and what the user can change
+    said = made.describe_plan(**SIZES).splitlines()[2]
+    assert said.startswith("  not the computed q·k operands stored as stages (at any sizes): "
+                           "its stage rope_attention_attention runs on no native template "
+                           "(hopper_attention: "), said
+    assert "operand, operand_1 are stored as float32" in said and \
+        "cast the table or the product to q's dtype" in said, said
+    # 16-bit tables: the stages run, and nothing is said of them
+    assert "not the computed" not in tf.compile(rope_attention_bf16_tables,
+                                                HOPPER).describe_plan(**SIZES)
 
 
 def test_other_scores_are_left_whole():
