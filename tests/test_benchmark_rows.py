@@ -59,3 +59,36 @@ def test_a_bandwidth_rows_note_sets_it_beside_a_copy_of_the_same_bytes(monkeypat
     rows = kernel_suite._timed(kernel_suite.Case("gemm", "4", None, {}, None, None, flops=1e12),
                                calls, ceilings, lambda line: None)
     assert copies == [1.6e8] and "copy" not in rows[0].note
+
+
+def test_decode_sweeps_time_every_checked_implementation_in_alternated_rounds(monkeypatch):
+    """``benchmarks.decode_splits``: each implementation checked first (a wrong one is not
+    timed), then all timed taking turns, each reported at its best round."""
+    torch = pytest.importorskip("torch")
+    from benchmarks import decode_splits
+
+    monkeypatch.setattr(decode_splits, "_copy_tbps", lambda: 4.0)
+    order, checks = [], []
+    turns = iter([5.0, 9.0, 3.0, 8.0, 4.0, 7.0])   # a, b, a, b, a, b
+    want = torch.ones(3, dtype=torch.float64)
+
+    def implementation(label, result):
+        def call():
+            checks.append(label)
+            return result
+        call.label = label
+        return call
+
+    def timing(fn, rep_ms):
+        order.append((fn.label, len(checks)))   # every check made before any timing
+        return next(turns)
+    monkeypatch.setattr(common.alternated, "__defaults__", (timing, 100))
+    impls = {label: implementation(label, result)
+             for label, result in (("a", want), ("b", want), ("wrong", 2 * want))}
+    rows, lines = [], []
+    timed = decode_splits._measure("decode_splits/mqa", "B1", impls, want, 4_000_000, rows,
+                                   lines.append)
+    assert order == [("a", 3), ("b", 3)] * decode_splits.ROUNDS
+    assert timed == {"a": 3.0, "b": 7.0}
+    assert [(r.implementation, r.ms) for r in rows] == [("a", 3.0), ("b", 7.0)]
+    assert "WRONG" in lines[0]
