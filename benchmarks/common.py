@@ -108,6 +108,28 @@ def alternated(calls: dict, rounds: int, timing=bench, rep_ms: int = 100) -> dic
     return times
 
 
+def best_alternated(calls: dict, rounds: int, timing=bench, rep_ms: int = 100,
+                    failed=None) -> dict:
+    """label → the best of ``rounds`` timings of ``calls[label]`` by ``timing``, the labels
+    taking turns (:func:`alternated`): on a small input the GPU's state when a timing starts
+    decides as much as the call. A call whose timing raises (one ``bench_replayed`` cannot
+    capture) is left out, ``failed(label, why)`` told."""
+    best: dict = {}
+    for _ in range(rounds):
+        for label, fn in calls.items():
+            if label in best and best[label] is None:
+                continue
+            try:
+                ms = timing(fn, rep_ms=rep_ms)
+            except Exception as exc:  # noqa: BLE001 - reported through ``failed``
+                if failed is not None:
+                    failed(label, f"{type(exc).__name__}: {str(exc)[:120]}")
+                best[label] = None
+                continue
+            best[label] = ms if label not in best else min(ms, best[label])
+    return {label: ms for label, ms in best.items() if ms is not None}
+
+
 def measure_ceilings() -> dict:
     """The device's copy bandwidth (bytes read + written) and bf16 GEMM rate, measured now."""
     n = 1 << 30

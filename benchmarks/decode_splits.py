@@ -166,7 +166,7 @@ def _measure(case: str, shape: str, impls: dict, want, moved: int, rows: list, l
     """Each implementation checked against ``want`` (bf16 tolerance), then all timed in
     :data:`ROUNDS` alternated rounds (each its best round): a row each in ``rows``; returns
     label → ms of those that ran correctly."""
-    from benchmarks.common import Row, alternated, relative_error
+    from benchmarks.common import Row, best_alternated, relative_error
 
     copy = _copy_tbps()
     checked = {}
@@ -180,10 +180,10 @@ def _measure(case: str, shape: str, impls: dict, want, moved: int, rows: list, l
             log(f"  {shape} {label}: WRONG (error {err:.1e})")
             continue
         checked[label] = err
-    rounds = alternated({label: impls[label] for label in checked}, ROUNDS, rep_ms=rep_ms)
-    timed = {}
-    for label, err in checked.items():
-        timed[label] = ms = min(rounds[label])
+    timed = best_alternated({label: impls[label] for label in checked}, ROUNDS, rep_ms=rep_ms,
+                            failed=lambda label, why: log(f"  {shape} {label}: not timed: {why}"))
+    for label, ms in timed.items():
+        err = checked[label]
         gbps = moved / ms / 1e6
         rows.append(Row(case, shape, label, ms, 0.0, gbps, gbps / 1e3 / copy,
                         f"err {err:.1e}; best of {ROUNDS} alternated rounds"

@@ -82,7 +82,7 @@ def test_decode_sweeps_time_every_checked_implementation_in_alternated_rounds(mo
     def timing(fn, rep_ms):
         order.append((fn.label, len(checks)))   # every check made before any timing
         return next(turns)
-    monkeypatch.setattr(common.alternated, "__defaults__", (timing, 100))
+    monkeypatch.setattr(common.best_alternated, "__defaults__", (timing, 100, None))
     impls = {label: implementation(label, result)
              for label, result in (("a", want), ("b", want), ("wrong", 2 * want))}
     rows, lines = [], []
@@ -92,3 +92,19 @@ def test_decode_sweeps_time_every_checked_implementation_in_alternated_rounds(mo
     assert timed == {"a": 3.0, "b": 7.0}
     assert [(r.implementation, r.ms) for r in rows] == [("a", 3.0), ("b", 7.0)]
     assert "WRONG" in lines[0]
+
+
+def test_best_alternated_takes_turns_and_leaves_out_a_call_that_cannot_be_timed():
+    turns, told = [], []
+
+    def timing(fn, rep_ms):
+        turns.append(fn())
+        if turns[-1] == "uncapturable" and len(turns) > 3:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return {"a": [4.0, 2.0, 3.0], "uncapturable": [1.0]}[turns[-1]][turns.count(turns[-1]) - 1]
+    best = common.best_alternated({"a": lambda: "a", "uncapturable": lambda: "uncapturable"}, 3,
+                                  timing, 10, lambda label, why: told.append((label, why)))
+    assert best == {"a": 2.0}
+    assert turns == ["a", "uncapturable", "a", "uncapturable", "a"]
+    assert told == [("uncapturable", "RuntimeError: operation not permitted when stream is "
+                                     "capturing")]
