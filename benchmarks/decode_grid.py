@@ -8,8 +8,9 @@ in the same process on the same GPU.
 
 Rows ``decode/<heads>`` (``mha`` 32/32, ``gqa`` 32/8 and 64/8, ``mqa`` 8/1 query/KV heads), one
 per (shape, implementation): milliseconds (``bench``: L2 flushed between calls, so a small cache
-is read from memory as a large one is; the best of three rounds, the implementations taking turns), GB/s of the cache, query and output moved, and the
-fraction of the copy bandwidth measured in the same run; with ``--routes`` also the cluster decode
+is read from memory as a large one is; the best of three rounds, the implementations taking
+turns), GB/s of the cache, query and output moved, and the fraction of the copy bandwidth
+measured in the same run; with ``--routes`` also the cluster decode
 kernel and the split update forced (bf16), what ``tf.compile``'s choice between them is made from.
 Each output is checked against a float64
 reference (per sequence, so that the reference fits in memory); a wrong one is reported and not
