@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .binding import CallBinder, bind_call, signature_key, split_scalars
+from .binding import CallBinder, bind_call, check_named_sizes, signature_key, split_scalars
 from .compiled import CompiledKernel
 from .dsl.expr import user_location
 from .dsl.program import TracedKernel, is_kernel
@@ -421,6 +421,8 @@ class AutoKernel(GraphCallable):
         if key not in self._fits:
             from .errors import TargetError
 
+            # a size misspelt or left out: said here, not as a template's KeyError
+            check_named_sizes(self.program, dims, complete=True)
             found = next((k for k in self.ahead if k.fits(scalars or None, **dims)), None)
             if hasattr(found, "kernel_at"):   # a route holding a kernel per sizes
                 found = found.kernel_at(**dims)

@@ -136,6 +136,9 @@ def test_fixed_dimension_is_checked():
     ("cluster_source", dict(M=128, K=4096), "sizes N, O not given"),   # was a bare KeyError
     ("cluster_source", dict(m=128, K=4096, N=14336, O=4096), "no size named m; size M not given"),
     ("triton_source", dict(M=0, N=128), "positive integers, got M=0"),
+    # tf.compile's choice among its templates, asked by the plan: was a template's KeyError 'M'
+    ("describe_plan", dict(B=2, H=16, S=4096, D=128), "no size named S; sizes M, N not given"),
+    ("schedule_origin", dict(B=2, H=16, M=64, D=128), "size N not given"),
 ])
 def test_sizes_given_by_name_are_checked(inspect, sizes, message):
     """Generated code is inspected at sizes given by name (no arrays to take them from): each
@@ -147,6 +150,8 @@ def test_sizes_given_by_name_are_checked(inspect, sizes, message):
     elif inspect == "cluster_source":
         sch = tf.schedule(tf.kernels.ffn_gelu, target="cuda:sm_90a")
         get = sch.cluster_distribute("n").compile().source
+    elif inspect in ("describe_plan", "schedule_origin"):
+        get = getattr(tf.compile(tf.kernels.causal_attention, "cuda:sm_90a"), inspect)
     else:
         get = tf.compile(softmax, "cuda:sm_90a").source
     with pytest.raises(CallError) as refused:
