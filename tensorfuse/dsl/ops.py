@@ -238,25 +238,34 @@ def clamp(x, low=None, high=None) -> Expr:
 
 @_axes_given_as_over
 def argmax(x, over) -> Expr:
-    """Index along ``over`` (one axis) of the largest value; ties go to the smallest index."""
+    """Index along ``over`` of the largest value; ties go to the smallest index. Over several
+    axes, the index of the element in the block they span read row-major (the first axis
+    outermost): ``torch.argmax`` of the block flattened, e.g. a heatmap's peak ``h · W + w``."""
     return _arg(x, over, monoids.ARGMAX)[1]
 
 
 @_axes_given_as_over
 def argmin(x, over) -> Expr:
-    """Index along ``over`` (one axis) of the smallest value; ties go to the smallest index."""
+    """Index along ``over`` of the smallest value; ties go to the smallest index (several axes:
+    as :func:`argmax`)."""
     return _arg(x, over, monoids.ARGMIN)[1]
 
 
 @_axes_given_as_over
 def max_argmax(x, over) -> tuple[Expr, Expr]:
-    """Largest value and its index along one axis, found in one pass."""
+    """Largest value and its index along ``over`` (several axes: as :func:`argmax`), found in
+    one pass."""
     return _arg(x, over, monoids.ARGMAX)
 
 
 def _arg(x, over, monoid):
     loc = user_location()
     over_axes = _over_axes(over, loc)
-    if len(over_axes) != 1:
-        raise AxisError(f"{monoid.name} reduces over exactly one axis", loc)
-    return reduce((x, over_axes[0]), over_axes, monoid)
+    index = over_axes[0]
+    for a in over_axes[1:]:   # row-major: each later axis varies faster
+        if a.extent is None:
+            raise AxisError(f"{monoid.name} over several axes numbers the elements row-major, "
+                            f"so axis {a.name}'s size must be known: index a tensor with it "
+                            f"before reducing", loc)
+        index = index * (size(a.extent) if isinstance(a.extent, str) else a.extent) + a
+    return reduce((x, index), over_axes, monoid)

@@ -163,6 +163,33 @@ def class_per_pixel_case(generator, B=2, C=19, H=33, W=35):
 
 
 @tf.kernel
+def heatmap_peak(heatmaps: T.Tensor["B", "K", "H", "W", "bf16"]):
+    """A pose model's keypoints: each heatmap's peak over two axes, as its row-major index
+    ``h · W + w`` (torch's argmax of the flattened map)."""
+    b, k, h, w = T.axes("b k h w")
+    return T.argmax(heatmaps[b, k, h, w], over=(h, w))
+
+
+def heatmap_peak_case(generator, B=3, K=5, H=37, W=29):
+    x = (torch.randn(B, K, H, W, generator=generator) * 2).round().bfloat16()   # ties
+    return dict(heatmaps=x), first_largest(x.reshape(-1, H * W)).reshape(B, K)
+
+
+@tf.kernel
+def nearest_cell(cost: T.Tensor["H", "W", "C", "f32"]):
+    """The cheapest (h, w) cell per channel: an argmin over two outer axes, and its cost."""
+    h, w, c = T.axes("h w c")
+    best = T.min(cost[h, w, c], over=(h, w))
+    return T.argmin(cost[h, w, c], over=(h, w)), best
+
+
+def nearest_cell_case(generator, H=23, W=41, C=19):
+    x = (torch.randn(H, W, C, generator=generator) * 3).round()   # ties
+    flat = x.double().reshape(H * W, C)
+    return dict(cost=x), (first_largest(-flat.T), flat.min(0).values)
+
+
+@tf.kernel
 def maxima_down_columns(x: T.Tensor["N", "D", "f32"]):
     """How many rows hold each column's maximum (a sum reset where it moves, down a strided
     axis)."""
@@ -304,6 +331,8 @@ CASES = {"lse_rows": (lse_rows, rows_case), "lse_columns": (lse_columns, columns
          "first_of_the_largest": (first_of_the_largest, first_of_the_largest_case),
          "most_counted": (most_counted, most_counted_case),
          "class_per_pixel": (class_per_pixel, class_per_pixel_case),
+         "heatmap_peak": (heatmap_peak, heatmap_peak_case),
+         "nearest_cell": (nearest_cell, nearest_cell_case),
          "maxima_down_columns": (maxima_down_columns, maxima_down_columns_case),
          "argmin_columns": (argmin_columns, argmin_case),
          "best_and_where": (best_and_where, best_case),

@@ -19,7 +19,8 @@ from tensorfuse.schedule_templates import lower_program
 from tensorfuse.schedule_templates.fusion import Fusion
 from tensorfuse.schedule_templates.monoid_rewrites import rewritten_monoids
 from tensorfuse.widened_kernel import RewrittenKernel
-from tests.helpers import check_interpreted, gpu_case, poisoned_call, runs_a_template
+from tests.helpers import (check_interpreted, fresh_seed, gpu_case, poisoned_call,
+                           runs_a_template)
 from tests.schedule_templates.gpu_monoids_check import (CASES, SUM_COUNT, argmax_rows,
                                                         best_and_where, compound_rows, error,
                                                         lse_and_sum, lse_rows, prod_rows,
@@ -178,7 +179,8 @@ def test_a_users_monoid_of_two_components_is_reduced_as_a_tuple():
 
 
 @pytest.mark.parametrize("name", ["at_the_maximum", "first_of_the_largest", "class_per_pixel",
-                                  "mean_of_the_positive", "argmax_rows", "most_counted"])
+                                  "mean_of_the_positive", "argmax_rows", "most_counted",
+                                  "heatmap_peak", "nearest_cell"])
 def test_resets_and_tuples_compile_for_sm90a_at_the_interpreters_sizes(name):
     """Triton's interpreter does not check the types a loop carries: each path the interpreter
     runs (states per lane, split parts, strided rows) is compiled for sm_90a too."""
@@ -186,6 +188,26 @@ def test_resets_and_tuples_compile_for_sm90a_at_the_interpreters_sizes(name):
     args, _ = case(torch.Generator().manual_seed(0))
     dims = bind_call(kernel.program, (), args, "cpu").dims
     assert ".visible .entry" in tf.compile(kernel, target="cuda:sm_90a").ptx(**dims)
+
+
+@pytest.mark.parametrize("name", ["heatmap_peak", "nearest_cell"])
+def test_an_arg_reduction_over_two_axes_is_the_row_major_index_on_the_cpu(name):
+    """The CPU target folds the (value, index) pair itself over both axes — the index the
+    element's row-major place in the block, ties to the first — as the GPU's rewrite does in
+    the interpreter (:mod:`.gpu_monoids_check`)."""
+    kernel, case = CASES[name]
+    args, want = case(torch.Generator().manual_seed(fresh_seed()))
+    outs = poisoned_call(tf.compile(kernel, target="llvm"), kernel.program, args, want)
+    wants = list(want) if isinstance(want, (tuple, list)) else [want]
+    assert max(error(o, w) for o, w in zip(outs, wants)) < 1e-6
+
+
+def test_an_arg_reduction_needs_the_sizes_of_the_axes_it_numbers():
+    with pytest.raises(tf.errors.AxisError, match="axis k's size must be known"):
+        @tf.kernel
+        def unsized(x: T.Tensor["M", "f32"]):
+            i, k = T.axes("i k")
+            return T.argmax(x[i] + 0.0 * k, over=(i, k))
 
 
 def test_two_user_monoids_of_one_name_keep_their_own_combines():
