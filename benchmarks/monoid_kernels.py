@@ -4,7 +4,7 @@ row's ``T.logsumexp``, a KL divergence between two distributions given as logits
 logsumexps and a sum that reads them, one pass), the count of a row's maxima (one pass: it
 resets to 0 where the maximum moves), the margin between a row's two largest logits (a user's
 monoid of two components), a survival probability (``T.prod`` of
-``1 − hazard``) — through ``tf.compile`` defaults against torch eager and ``torch.compile`` in
+``1 − hazard``), a pose model's keypoints (``T.argmax`` over a heatmap's two axes) — through ``tf.compile`` defaults against torch eager and ``torch.compile`` in
 the same process, each checked against a float64 reference first (the harness of
 :mod:`benchmarks.user_kernels`).
 
@@ -79,6 +79,14 @@ def survival(hazard: T.Tensor["M", "N", "f32"]):
     return T.prod(1.0 - hazard[i, t], over=t)
 
 
+@tf.kernel
+def heatmap_peak(heatmaps: T.Tensor["B", "K", "H", "W", "bf16"]):
+    """A pose model's keypoints: each heatmap's peak over both of its axes, as the row-major
+    index ``h · W + w``."""
+    b, k, h, w = T.axes("b k h w")
+    return T.argmax(heatmaps[b, k, h, w], over=(h, w))
+
+
 def _greedy_case(B: int, generator, V=128256) -> Case:
     logits = (torch.randn(B, V, generator=generator) * 3).to("cuda", torch.bfloat16)
     want = torch.argmax(logits.double(), -1)   # the first index of the maximum
@@ -128,6 +136,17 @@ def _survival_case(generator, M=65536, N=1024) -> Case:
                      f"M{M} N{N} f32")
 
 
+def _heatmap_case(generator, B=64, K=17, H=64, W=48) -> Case:
+    """COCO's 17 keypoints on 64 × 48 heatmaps (a 256 × 192 input), a batch of 64."""
+    maps = (torch.randn(B, K, H, W, generator=generator) * 3).to("cuda", torch.bfloat16)
+    want = maps.double().flatten(2).argmax(-1)
+
+    def exact(out):   # an index off by one must fail, not pass as a small relative error
+        return want.double() + (out.long() != want).double() * 1e9
+    return rows_case("heatmap_peak", heatmap_peak, lambda t: t.flatten(2).argmax(-1).int(),
+                     maps, {}, f"B{B} K{K} H{H} W{W}", exact)
+
+
 MONOID_KERNELS = {
     "greedy_token_b1": lambda g: _greedy_case(1, g),
     "greedy_token_b64": lambda g: _greedy_case(64, g),
@@ -137,6 +156,7 @@ MONOID_KERNELS = {
     "maxima_count": _maxima_count_case,
     "top_two_margin": _top_two_case,
     "survival": _survival_case,
+    "heatmap_peak": _heatmap_case,
 }
 
 if __name__ == "__main__":
