@@ -4,7 +4,7 @@ in the same process on the same GPU.
 
     python -m benchmarks.decode_grid [--dtypes bf16,fp16] [--batches 1,4,8,64]
                                      [--lengths 1024,4096,16384,32768,131072] [--routes]
-                                     [--replayed] [--out DIR]
+                                     [--replayed] [--part NAME] [--out DIR]
 
 Rows ``decode/<heads>`` (``mha`` 32/32, ``gqa`` 32/8 and 64/8, ``mqa`` 8/1 query/KV heads), one
 per (shape, implementation): milliseconds (``bench``: L2 flushed between calls, so a small cache
@@ -220,13 +220,17 @@ def main() -> None:
                              "bf16 shapes)")
     parser.add_argument("--replayed", action="store_true",
                         help="GPU time of captured calls (bench_replayed), not do_bench's")
+    parser.add_argument("--part", default="",
+                        help="a run of part of the grid: its CSV is decode-grid-PART, and the "
+                             "report keeps the whole grid's other cases")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*(kernel not used|runtime disabled|same num_heads)")
     dtypes = {n: DTYPES[n] for n in args.dtypes.split(",")}
     run_and_write(lambda rows: run(dtypes, [int(b) for b in args.batches.split(",")],
                                    [int(n) for n in args.lengths.split(",")], args.max_gb, rows,
                                    routes=args.routes, replayed=args.replayed),
-                  args.out, "decode-grid-replayed" if args.replayed else "decode-grid")
+                  args.out, "decode-grid" + ("-replayed" if args.replayed else "")
+                  + (f"-{args.part}" if args.part else ""))
 
 
 if __name__ == "__main__":

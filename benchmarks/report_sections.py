@@ -331,7 +331,8 @@ SECTIONS = (
     ("decode-grid-small", "Decode at small batches and caches, again",
      "bf16; the grid's batches 1, 4, 8 and caches of 1k, 4k and 32k keys, run alone after "
      "the cluster decode's launches were packed once (host time a call)",
-     "python -m benchmarks.decode_grid --dtypes bf16 --batches 1,4,8 --lengths 1024,4096,32768"),
+     "python -m benchmarks.decode_grid --dtypes bf16 --batches 1,4,8 --lengths 1024,4096,32768 "
+     "--part small"),
     ("decode-grid", "Decode over batch sizes, head layouts and cache lengths",
      "one query token, D=128; GB/s of the cache, query and output moved; against every SDPA "
      "backend that runs the shape and FlexAttention (torch.compile, dynamic shapes); "
