@@ -45,7 +45,9 @@ def split_scalars(program: Program, named: dict) -> tuple[dict, dict | None]:
     window=2048)``: tuning records are kept per value of some scalars)."""
     own = {p.name for p in program.scalar_params}
     scalars = {n: v for n, v in named.items() if n in own}
-    return {n: v for n, v in named.items() if n not in own}, scalars or None
+    # sizes the kernel derives from the given ones are computed, as a call computes them
+    return program.with_derived_sizes({n: v for n, v in named.items() if n not in own}), \
+        scalars or None
 
 
 def check_named_sizes(program: Program, dims: dict, complete: bool) -> None:
@@ -93,6 +95,7 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
         _check_tensor(p, info, dims, origin)
         arrays[p.name], infos[p.name] = value, info
 
+    dims = program.with_derived_sizes(dims)
     conflicts = program.fixed_size_conflicts(dims)
     if conflicts:
         raise CallError(conflicts[0], user_location())

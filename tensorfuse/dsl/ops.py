@@ -28,14 +28,24 @@ def axes(names: str) -> tuple[Axis, ...] | Axis:
     return made if len(made) > 1 else made[0]
 
 
-def axis(name: str, extent: int | str) -> Axis:
-    """Declare one index variable with an explicit size (an integer or a dimension name), for axes
-    that never index a tensor dimension directly."""
+def axis(name: str, extent: "int | str | Expr") -> Axis:
+    """Declare one index variable with an explicit size, for axes that never index a tensor
+    dimension directly: an integer, a dimension name, or an integer expression of named sizes
+    — a size the kernel derives, named as the axis upper-cased: ``T.axis("o", (T.size("L") - 3)
+    // 2 + 1)`` is a pooled length ``O`` (a window of 3, stride 2), computed at each call from
+    the tensors' sizes (a tensor dimension named ``O`` must then have that size)."""
     loc = user_location()
+    if isinstance(extent, Expr) and not isinstance(extent, Axis):
+        from .program import derive_size
+
+        if not name.isidentifier():
+            raise AxisError(f"axis {name!r}: a derived size is named after its axis, which must "
+                            "be an identifier", loc)
+        return Axis(name, derive_size(name.upper(), extent, loc), loc)
     if isinstance(extent, bool) or not isinstance(extent, (int, str)) or (
             isinstance(extent, int) and extent <= 0):
-        raise AxisError(f"axis {name}: size must be a positive integer or a dimension name, got "
-                        f"{extent!r}", loc)
+        raise AxisError(f"axis {name}: size must be a positive integer, a dimension name or an "
+                        f"integer expression of T.size(...), got {extent!r}", loc)
     return Axis(name, extent, loc)
 
 

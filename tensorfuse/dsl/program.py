@@ -86,6 +86,67 @@ def _bind_extent(axis: Axis, dim, where: str, loc) -> None:
 axis_binding_sites: dict[int, tuple[str, SourceLocation | None]] = {}
 axis_size_constraints: list[tuple] = []
 
+# the integer operations a derived size may use, as Python computes them on the sizes' values
+SIZE_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+            "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
+            "max": max, "min": min}
+
+
+def derive_size(name: str, expr: Expr, loc) -> str:
+    """Record that size ``name`` is ``expr``, an integer expression of other sizes and integer
+    constants (a pooled length ``(L − 3) // 2 + 1``): the call computes it from the sizes its
+    tensors bind, and where a tensor has a dimension of that name too, its size must equal it
+    (``Program.fixed_size_conflicts``). Returns ``name``."""
+    from .expr import Binary, Const
+
+    def check(e):
+        if isinstance(e, DimSize) or (isinstance(e, Const) and isinstance(e.value, int)
+                                      and not isinstance(e.value, bool)):
+            return
+        if isinstance(e, Binary) and e.op in SIZE_OPS:
+            check(e.a)
+            check(e.b)
+            return
+        raise AxisError(f"the size of axis {name.lower()} must be an integer expression of "
+                        f"T.size(...) and integers (+, -, *, //, %, T.maximum, T.minimum); "
+                        f"{type(e).__name__} is not one", loc)
+    check(expr)
+    if not isinstance(expr, DimSize) and not any(isinstance(n, DimSize) for n in _nodes(expr)):
+        raise AxisError(f"the size of axis {name.lower()} reads no T.size(...): give the number "
+                        "itself", loc)
+    axis_size_constraints.append((name, expr, loc))
+    return name
+
+
+def _nodes(e):
+    found = []
+    walk(e, found.append)
+    return found
+
+
+def _size_names(expr: Expr) -> list[str]:
+    return list(dict.fromkeys(n.name for n in _nodes(expr) if isinstance(n, DimSize)))
+
+
+def size_value(expr: Expr, dims: dict) -> int | None:
+    """``expr`` (a derived size's expression) computed from ``dims``; None where it reads a
+    size ``dims`` lacks."""
+    from .expr import Binary, Const
+
+    if isinstance(expr, DimSize):
+        value = dims.get(expr.name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(expr, Const):
+        return int(expr.value)
+    if isinstance(expr, Binary):
+        a, b = size_value(expr.a, dims), size_value(expr.b, dims)
+        if a is None or b is None:
+            return None
+        if expr.op in ("floordiv", "mod") and b == 0:
+            return None
+        return SIZE_OPS[expr.op](a, b)
+    return None
+
 
 @dataclass(eq=False)
 class Compute:
@@ -171,12 +232,48 @@ class Program:
         for c in self.computes:
             for b in c.bodies:
                 walk(b, lambda n: names.setdefault(n.name) if isinstance(n, DimSize) else None)
+        for name in self.derived_sizes():   # after the sizes they are computed from
+            names.setdefault(name)
         return list(names)
 
+    def derived_sizes(self) -> dict[str, Expr]:
+        """Sizes the kernel computes from others (``T.axis("o", (T.size("L") - 3) // 2 + 1)``):
+        name → its expression, in the order they were declared."""
+        return {name: expr for name, expr, _ in self.size_constraints if isinstance(expr, Expr)}
+
+    def with_derived_sizes(self, dims: dict) -> dict:
+        """``dims`` and every derived size it lacks whose inputs it has, computed."""
+        derived = self.derived_sizes()
+        if not derived:
+            return dims
+        dims = dict(dims)
+        for name, expr in derived.items():
+            if name not in dims:
+                value = size_value(expr, dims)
+                if value is not None:
+                    dims[name] = value
+        return dims
+
     def fixed_size_conflicts(self, dims: dict) -> list[str]:
-        """Sizes in ``dims`` that differ from a size the kernel fixes by how it uses them."""
+        """Sizes in ``dims`` that differ from a size the kernel fixes by how it uses them, or
+        from a size it derives from the others (or a derived size that is not positive)."""
+        from .printer import to_text
+
         conflicts = []
         for name, fixed, where_ in self.size_constraints:
+            if isinstance(fixed, Expr):   # derived: from the other sizes
+                value = size_value(fixed, dims)
+                if value is None:
+                    continue
+                text = f"{to_text(fixed)} = {value}"
+                if value < 1:
+                    conflicts.append(f"size {name} = {text} at " + ", ".join(
+                        f"{n}={dims[n]}" for n in _size_names(fixed) if n in dims)
+                        + f": it must be positive (declared at {where_})")
+                elif name in dims and dims[name] != value:
+                    conflicts.append(f"size {name} is {dims[name]} here, but the kernel derives "
+                                     f"it as {text} (at {where_})")
+                continue
             if isinstance(name, int):
                 name, fixed = fixed, name
             if name in dims and dims[name] != fixed:
@@ -190,6 +287,8 @@ class Program:
         typo would otherwise be ignored), missing names when ``complete``, values that are not
         positive integers, and values the kernel fixes otherwise."""
         names = self.dim_names()
+        given = set(dims)
+        dims = self.with_derived_sizes(dims)   # derived ones need not be given
         problems = []
         unknown = [d for d in dims if d not in names]
         if unknown:
@@ -198,8 +297,8 @@ class Program:
         if missing:
             plural = "s" if len(missing) > 1 else ""
             problems.append(f"size{plural} {', '.join(missing)} not given")
-        bad = [f"{d}={v!r}" for d, v in dims.items()
-               if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        bad = [f"{d}={v!r}" for d, v in dims.items() if d in given and (
+            isinstance(v, bool) or not isinstance(v, int) or v < 1)]
         if bad:
             problems.append(f"sizes must be positive integers, got {', '.join(bad)}")
         problems += self.fixed_size_conflicts(dims)

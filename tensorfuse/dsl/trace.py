@@ -197,6 +197,15 @@ class _ProgramBuilder:
         first call."""
         known = {d for p in self.params if isinstance(p, TensorParam) for d in p.dims
                  if isinstance(d, str)}
+        for name, expr, loc in prog.axis_size_constraints:   # derived sizes, in order
+            if isinstance(expr, Expr):
+                unbound = [n.name for n in _size_reads(expr) if n.name not in known]
+                if unbound:
+                    raise AxisError(
+                        f"size {name} reads T.size({unbound[0]!r}), which no tensor parameter "
+                        f"has as a dimension (the named ones here: "
+                        f"{', '.join(sorted(known)) or 'none'})", loc)
+                known.add(name)
         where = ", ".join(sorted(known)) or "none"
         for a in axes:
             if isinstance(a.extent, str) and a.extent not in known:
@@ -327,3 +336,9 @@ def _output_dtype(value: Expr) -> str:
 
     walk(value, visit)
     return dt.widest_storage(storages) or dt.resolve(value.dtype)
+
+
+def _size_reads(expr: Expr) -> list[DimSize]:
+    found: list = []
+    walk(expr, lambda n: found.append(n) if isinstance(n, DimSize) else None)
+    return found

@@ -37,6 +37,12 @@ class LoopAxis:
     kind: str = "S"  # block iteration variable: "S" spatial, "R" reduce, "O" opaque
 
 
+def lower_size(expr: Expr, scope: Scope) -> tirx.PrimExpr:
+    """A derived size (``Program.derived_sizes``) as an expression of the sizes it reads, in the
+    index type: a buffer shaped by it matches the arrays the call passes."""
+    return cast_to(lower(expr, scope), "i64" if scope.index_dtype == "int64" else "i32")
+
+
 class FunctionBuilder:
     """Open a PrimFunc for ``program``; emit its body with the methods below, then :meth:`finish`."""
 
@@ -67,8 +73,12 @@ class FunctionBuilder:
         self._stack.enter_context(T.prim_func(s_tir=True))
         T.func_name(self.name)
         T.func_attr({"tirx.noalias": True})
+        derived = self.program.derived_sizes()
         for d in self.program.dim_names():
             value = self.dim_values.get(d)
+            if value is None and d in derived:   # after its inputs (dim_names' order)
+                self.scope.dims[d] = lower_size(derived[d], self.scope)
+                continue
             self.scope.dims[d] = (tirx.Var(d, self.index_dtype) if value is None
                                   else tirx.IntImm(self.index_dtype, int(value)))
         for p in self.program.params:
