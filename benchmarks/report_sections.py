@@ -24,6 +24,10 @@ SECTIONS = (
      "torch alternative on the same tensors; the distances in TFLOP/s (3 operations a pair and "
      "dimension) against cuBLAS's f32 GEMM on the CUDA cores, whose fused multiply-adds make "
      "75 % the limit here", "python -m benchmarks.unlisted_kernels"),
+    ("window-kernels", "Windows whose count the kernel derives (pooling with a stride)",
+     "each against torch eager (`F.max_pool1d`, `F.avg_pool2d`, `F.conv1d`) and "
+     "`torch.compile`; GB/s of the input read and the output written",
+     "python -m benchmarks.window_kernels"),
     ("unlisted-kernels-weighted-token-pool", "Tokens summed with weights, again",
      "bf16; the weighted token pool of the section above, run alone after its defaults changed",
      "python -m benchmarks.unlisted_kernels --only weighted_token_pool"),

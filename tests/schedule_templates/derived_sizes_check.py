@@ -1,46 +1,19 @@
 """Kernels over axes whose sizes they derive from the tensors' (``T.axis("o", (T.size("L") −
-3) // 2 + 1)``): a max pool of window 3 and stride 2 over a ragged length, a 3 × 3 average pool of
-stride 2 over both spatial axes, and a depthwise convolution without padding (``L − K + 1``
-outputs), as ``tf.compile`` makes them for sm_90a, run by Triton's interpreter against torch in
-float64, outputs poisoned; prints each case's relative error as JSON.
+3) // 2 + 1)``; the kernels of :mod:`benchmarks.window_kernels`): a max pool of window 3 and
+stride 2 over a ragged length, a 3 × 3 average pool of stride 2 over both spatial axes, and a
+depthwise convolution without padding (``L − K + 1`` outputs), as ``tf.compile`` makes them for
+sm_90a, run by Triton's interpreter against torch in float64, outputs poisoned; prints each
+case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.derived_sizes_check SEED
 """
 import torch
 import torch.nn.functional as F
 
-import tensorfuse as tf
-from tensorfuse import dsl as T
+from benchmarks.window_kernels import (avg_pool_3x3_stride_2, depthwise_conv_valid,
+                                       max_pool_stride_2)
 from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
-
-
-@tf.kernel
-def max_pool_stride_2(x: T.Tensor["B", "C", "L", "bf16"]):
-    """``F.max_pool1d(x, 3, 2)``: windows of 3 that overlap, ``(L − 3) // 2 + 1`` of them."""
-    b, c = T.axes("b c")
-    o = T.axis("o", (T.size("L") - 3) // 2 + 1)
-    k = T.axis("k", 3)
-    return T.max(x[b, c, o * 2 + k], over=k)
-
-
-@tf.kernel
-def avg_pool_3x3_stride_2(x: T.Tensor["B", "C", "H", "W", "f32"]):
-    """``F.avg_pool2d(x, 3, 2)``: the mean of each 3 × 3 window, every second row and column."""
-    b, c = T.axes("b c")
-    p = T.axis("p", (T.size("H") - 3) // 2 + 1)
-    q = T.axis("q", (T.size("W") - 3) // 2 + 1)
-    r, s = T.axis("r", 3), T.axis("s", 3)
-    return T.mean(x[b, c, p * 2 + r, q * 2 + s], over=(r, s))
-
-
-@tf.kernel
-def depthwise_conv_valid(x: T.Tensor["B", "C", "L", "f32"], w: T.Tensor["C", "K", "f32"]):
-    """A depthwise convolution without padding: ``L − K + 1`` outputs a channel."""
-    b, c = T.axes("b c")
-    o = T.axis("o", T.size("L") - T.size("K") + 1)
-    k = T.axis("k", "K")
-    return T.sum(x[b, c, o + k] * w[c, k], over=k)
 
 
 def max_pool_case(generator, B=3, C=5, L=1000):
