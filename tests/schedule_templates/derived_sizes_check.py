@@ -1,7 +1,8 @@
 """Kernels over axes whose sizes they derive from the tensors' (``T.axis("o", (T.size("L") −
 3) // 2 + 1)``; the kernels of :mod:`benchmarks.window_kernels`): a max pool of window 3 and
-stride 2 over a ragged length, a 3 × 3 average pool of stride 2 over both spatial axes, and a
-depthwise convolution without padding (``L − K + 1`` outputs), as ``tf.compile`` makes them for
+stride 2 over a ragged length, a 3 × 3 average pool of stride 2 over both spatial axes, a
+depthwise convolution without padding (``L − K + 1`` outputs) and a softmax over a row's even
+positions (the row template sweeping a derived axis), as ``tf.compile`` makes them for
 sm_90a, run by Triton's interpreter against torch in float64, outputs poisoned; prints each
 case's relative error as JSON.
 
@@ -10,6 +11,8 @@ case's relative error as JSON.
 import torch
 import torch.nn.functional as F
 
+import tensorfuse as tf
+from tensorfuse import dsl as T
 from benchmarks.window_kernels import (avg_pool_3x3_stride_2, depthwise_conv_valid,
                                        max_pool_stride_2)
 from tests.helpers import poisoned_main
@@ -32,9 +35,25 @@ def conv_case(generator, B=2, C=6, L=777, K=5):
     return dict(x=x, w=w), F.conv1d(x.double(), w.double()[:, None], groups=C)
 
 
+@tf.kernel
+def softmax_of_every_second(x: T.Tensor["B", "L", "f32"]):
+    """A softmax over the even positions of each row: the row template sweeps a derived axis."""
+    b = T.axis("b", "B")
+    o = T.axis("o", (T.size("L") + 1) // 2)
+    m = T.max(x[b, o * 2], over=o)
+    e = T.exp(x[b, o * 2] - m)
+    return e / T.sum(e, over=o)
+
+
+def every_second_case(generator, B=7, L=3001):
+    x = torch.randn(B, L, generator=generator) * 30
+    return dict(x=x), torch.softmax(x[:, ::2].double(), -1)
+
+
 CASES = {"max_pool_stride_2": (max_pool_stride_2, max_pool_case),
          "avg_pool_3x3_stride_2": (avg_pool_3x3_stride_2, avg_pool_case),
-         "depthwise_conv_valid": (depthwise_conv_valid, conv_case)}
+         "depthwise_conv_valid": (depthwise_conv_valid, conv_case),
+         "softmax_of_every_second": (softmax_of_every_second, every_second_case)}
 
 
 if __name__ == "__main__":
