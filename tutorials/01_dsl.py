@@ -95,6 +95,29 @@ print("difference to torch SDPA:", (result - expected).abs().max().item())
 assert torch.allclose(result, expected, atol=1e-5)
 
 # %% [markdown]
+# ## Sizes the kernel derives
+# An axis can have a size computed from the tensors' sizes: a max pool of window 3 and stride 2
+# has `(L - 3) // 2 + 1` outputs, named `O` after its axis and computed at every call. The window
+# is an axis of fixed size, and the input is read at `o * 2 + k`.
+
+# %%
+import torch.nn.functional as F
+
+
+@tf.kernel
+def max_pool(x: T.Tensor["B", "C", "L", "f32"]):
+    b, c = T.axes("b c")
+    o = T.axis("o", (T.size("L") - 3) // 2 + 1)
+    w = T.axis("w", 3)
+    return T.max(x[b, c, o * 2 + w], over=w)
+
+
+signal = torch.randn(2, 3, 101)
+pooled = tf.compile(max_pool, target="llvm")(signal)
+print(pooled.shape, max_pool.program.dim_names())
+assert pooled.shape == (2, 3, 50) and torch.equal(pooled, F.max_pool1d(signal, 3, 2))
+
+# %% [markdown]
 # ## The same kernel for the GPU
 # Code generation needs no GPU. For a GPU target, `tf.compile` fuses the kernel's chain of
 # reductions (see tutorial 2) and generates one Triton kernel — tensor cores for q·kᵀ and p·v, the
