@@ -166,15 +166,17 @@ def finite_shift(top: Expr, acc: str) -> Expr:
 
 def rewritten_program(program, params: list, made: dict, name: str | None = None):
     """The program of ``made`` (:func:`rewrite_computes`' computes, in order) reading ``params``:
-    its outputs those of ``program`` rebuilt, its axes the ones the computes use; named ``name``
-    (default ``program``'s) — what a rewrite of a whole program returns."""
+    its outputs those of ``program`` rebuilt, its axes the ones the computes use, its sizes'
+    constraints and derived sizes ``program``'s; named ``name`` (default ``program``'s) — what a
+    rewrite of a whole program returns."""
     from ..dsl.program import Program
 
     computes = list(made.values())
     used = {a.uid: a for c in computes for a in c.axes + c.over}
     return Program(name or program.name, params, computes,
                    [made[c.name] for c in program.outputs],
-                   sorted(used.values(), key=lambda a: a.uid), [], program.loc)
+                   sorted(used.values(), key=lambda a: a.uid), list(program.size_constraints),
+                   program.loc)
 
 
 def nodes(e: Expr) -> list[Expr]:

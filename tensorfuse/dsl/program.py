@@ -111,21 +111,18 @@ def derive_size(name: str, expr: Expr, loc) -> str:
                         f"T.size(...) and integers (+, -, *, //, %, T.maximum, T.minimum); "
                         f"{type(e).__name__} is not one", loc)
     check(expr)
-    if not isinstance(expr, DimSize) and not any(isinstance(n, DimSize) for n in _nodes(expr)):
+    if not size_names(expr):
         raise AxisError(f"the size of axis {name.lower()} reads no T.size(...): give the number "
                         "itself", loc)
     axis_size_constraints.append((name, expr, loc))
     return name
 
 
-def _nodes(e):
-    found = []
-    walk(e, found.append)
-    return found
-
-
-def _size_names(expr: Expr) -> list[str]:
-    return list(dict.fromkeys(n.name for n in _nodes(expr) if isinstance(n, DimSize)))
+def size_names(expr: Expr) -> list[str]:
+    """The named sizes ``expr`` reads (``T.size(...)``), each once, in order."""
+    names: dict[str, None] = {}
+    walk(expr, lambda n: names.setdefault(n.name) if isinstance(n, DimSize) else None)
+    return list(names)
 
 
 def size_value(expr: Expr, dims: dict) -> int | None:
@@ -268,7 +265,7 @@ class Program:
                 text = f"{to_text(fixed)} = {value}"
                 if value < 1:
                     conflicts.append(f"size {name} = {text} at " + ", ".join(
-                        f"{n}={dims[n]}" for n in _size_names(fixed) if n in dims)
+                        f"{n}={dims[n]}" for n in size_names(fixed) if n in dims)
                         + f": it must be positive (declared at {where_})")
                 elif name in dims and dims[name] != value:
                     conflicts.append(f"size {name} is {dims[name]} here, but the kernel derives "

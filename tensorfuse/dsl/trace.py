@@ -187,19 +187,20 @@ class _ProgramBuilder:
                                 a.loc)
         axes = sorted({a.uid: a for c in self.computes for a in c.axes + c.over}.values(),
                       key=lambda a: a.uid)
-        self._check_sizes_are_bound(axes)
+        self._check_sizes_are_bound(axes, constraints)
         return Program(name, self.params, self.computes, outputs, axes, constraints, self.loc)
 
-    def _check_sizes_are_bound(self, axes: list[Axis]) -> None:
+    def _check_sizes_are_bound(self, axes: list[Axis], constraints: list) -> None:
         """Every named size an axis or ``T.size`` uses must be a dimension of a tensor parameter
-        (sizes are bound from the call's tensors' shapes): else an error naming the axis or
+        (sizes are bound from the call's tensors' shapes) or a size derived from those (the
+        expressions among ``constraints``, each reading earlier ones): else an error naming the axis or
         expression, the size, and how to bind it — at definition, not as a bare KeyError at the
         first call."""
         known = {d for p in self.params if isinstance(p, TensorParam) for d in p.dims
                  if isinstance(d, str)}
-        for name, expr, loc in prog.axis_size_constraints:   # derived sizes, in order
+        for name, expr, loc in constraints:   # derived sizes, in order
             if isinstance(expr, Expr):
-                unbound = [n.name for n in _size_reads(expr) if n.name not in known]
+                unbound = [n for n in prog.size_names(expr) if n not in known]
                 if unbound:
                     raise AxisError(
                         f"size {name} reads T.size({unbound[0]!r}), which no tensor parameter "
@@ -336,9 +337,3 @@ def _output_dtype(value: Expr) -> str:
 
     walk(value, visit)
     return dt.widest_storage(storages) or dt.resolve(value.dtype)
-
-
-def _size_reads(expr: Expr) -> list[DimSize]:
-    found: list = []
-    walk(expr, lambda n: found.append(n) if isinstance(n, DimSize) else None)
-    return found

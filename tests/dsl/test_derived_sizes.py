@@ -84,3 +84,15 @@ def test_each_matches_float64_on_the_gpu(name):
     args, want, seed = gpu_case(case)
     (out,) = poisoned_call(tf.compile(kernel), kernel.program, args, want)
     assert relative_error(out.cpu(), want) < 2e-2, f"{name} (TENSORFUSE_SEED={seed})"
+
+
+def test_a_program_rewritten_whole_keeps_its_derived_sizes():
+    """The rewrites that lift or merge a program's axes (merged heads, packed rows, shared
+    queries) rebuild it through one helper: the sizes it derives go with it."""
+    from tensorfuse.algebra.exprs import rewrite_computes, rewritten_program
+
+    program = max_pool_stride_2.program
+    rebuilt = rewritten_program(program, program.params, rewrite_computes(program, lambda n: None))
+    assert rebuilt.dim_names() == ["B", "C", "L", "O"]
+    assert {n: str(e.key()) for n, e in rebuilt.derived_sizes().items()} == \
+        {n: str(e.key()) for n, e in program.derived_sizes().items()}
