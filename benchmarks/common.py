@@ -97,37 +97,34 @@ def host_us(fn, calls: int = 50, warm: int = 1) -> float:
     return spent / calls * 1e6
 
 
-def alternated(calls: dict, rounds: int, timing=bench, rep_ms: int = 100) -> dict:
-    """``calls`` (label → callable) timed by ``timing`` once per round, taking turns over
-    ``rounds`` rounds, so that drift of the GPU's clocks over a run hits every label alike:
-    label → the rounds' milliseconds."""
+def alternated(calls: dict, rounds: int, timing=None, rep_ms: int = 100,
+               failed=None) -> dict:
+    """``calls`` (label → callable) timed by ``timing`` (default :func:`bench`) once per round,
+    taking turns over ``rounds`` rounds, so that drift of the GPU's clocks over a run hits every
+    label alike: label → the rounds' milliseconds. With ``failed``, a call whose timing raises
+    (one ``bench_replayed`` cannot capture) is told to ``failed(label, why)`` and left out."""
+    timing = timing or bench
     times: dict = {label: [] for label in calls}
     for _ in range(rounds):
         for label, fn in calls.items():
-            times[label].append(timing(fn, rep_ms=rep_ms))
+            if label not in times:
+                continue
+            try:
+                times[label].append(timing(fn, rep_ms=rep_ms))
+            except Exception as exc:  # noqa: BLE001 - reported through ``failed``
+                if failed is None:
+                    raise
+                failed(label, f"{type(exc).__name__}: {str(exc)[:120]}")
+                del times[label]
     return times
 
 
-def best_alternated(calls: dict, rounds: int, timing=bench, rep_ms: int = 100,
+def best_alternated(calls: dict, rounds: int, timing=None, rep_ms: int = 100,
                     failed=None) -> dict:
-    """label → the best of ``rounds`` timings of ``calls[label]`` by ``timing``, the labels
-    taking turns (:func:`alternated`): on a small input the GPU's state when a timing starts
-    decides as much as the call. A call whose timing raises (one ``bench_replayed`` cannot
-    capture) is left out, ``failed(label, why)`` told."""
-    best: dict = {}
-    for _ in range(rounds):
-        for label, fn in calls.items():
-            if label in best and best[label] is None:
-                continue
-            try:
-                ms = timing(fn, rep_ms=rep_ms)
-            except Exception as exc:  # noqa: BLE001 - reported through ``failed``
-                if failed is not None:
-                    failed(label, f"{type(exc).__name__}: {str(exc)[:120]}")
-                best[label] = None
-                continue
-            best[label] = ms if label not in best else min(ms, best[label])
-    return {label: ms for label, ms in best.items() if ms is not None}
+    """label → the best of :func:`alternated`'s rounds: on a small input the GPU's state when a
+    timing starts decides as much as the call."""
+    return {label: min(ms) for label, ms in
+            alternated(calls, rounds, timing, rep_ms, failed).items()}
 
 
 def measure_ceilings() -> dict:

@@ -82,7 +82,7 @@ def test_decode_sweeps_time_every_checked_implementation_in_alternated_rounds(mo
     def timing(fn, rep_ms):
         order.append((fn.label, len(checks)))   # every check made before any timing
         return next(turns)
-    monkeypatch.setattr(common.best_alternated, "__defaults__", (timing, 100, None))
+    monkeypatch.setattr(common, "bench", timing)
     impls = {label: implementation(label, result)
              for label, result in (("a", want), ("b", want), ("wrong", 2 * want))}
     rows, lines = [], []
