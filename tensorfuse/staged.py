@@ -240,17 +240,17 @@ class NativeStages(StagedKernel):
             if not (isinstance(kernels[k], routed) and kernels[k].ahead):
                 if refused is not None:
                     refused.append((f"{cls._what} as stages", cls._not_native(
-                        stages[k], kernels[k])))
+                        stages, k, kernels[k])))
                 return ()
         return (cls(kernel.program, target, stages, kernels, cls.why),)
 
     _what = "the program"
 
     @staticmethod
-    def _not_native(stage, kernel) -> str:
-        """Why ``stage`` (compiled as ``kernel``) has no native template to run on."""
+    def _not_native(stages: tuple, k: int, kernel) -> str:
+        """Why stage ``k`` (compiled as ``kernel``) has no native template to run on."""
         why = "; ".join(f"{name}: {reason}" for name, reason in getattr(kernel, "refused", ()))
-        return f"its stage {stage.program.name} runs on no native template" + \
+        return f"its stage {stages[k].program.name} runs on no native template" + \
             (f" ({why})" if why else "")
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
@@ -293,11 +293,11 @@ class ComputedOperandStages(NativeStages):
     _what = "the computed q·k operands stored"
 
     @staticmethod
-    def _not_native(stage, kernel) -> str:
-        why = NativeStages._not_native(stage, kernel)
-        scalars = {p.name for p in stage.program.scalar_params}
-        wide = sorted(p.name for p in stage.program.params if p.name not in scalars and
-                      getattr(p, "dtype", "") in ("f32", "f64"))
+    def _not_native(stages: tuple, k: int, kernel) -> str:
+        why = NativeStages._not_native(stages, k, kernel)
+        computed = {n for stage in stages[:k] for n in stage.produces}   # the stored operands
+        wide = [p.name for p in stages[k].program.tensor_params
+                if p.name in computed and p.dtype in ("f32", "f64")]
         if not wide:
             return why
         return (f"{why}. The computed operands {', '.join(wide)} are stored as float32, the "
