@@ -87,14 +87,20 @@ def heatmap_peak(heatmaps: T.Tensor["B", "K", "H", "W", "bf16"]):
     return T.argmax(heatmaps[b, k, h, w], over=(h, w))
 
 
+def _exactly(want: torch.Tensor):
+    """What of an output of indices the harness compares with the reference: each index as
+    it is where it equals ``want``'s, far off where not — an index off by one must fail, not
+    pass as a small relative error."""
+    def pick(out):
+        return want.double() + (out.long() != want).double() * 1e9
+    return pick
+
+
 def _greedy_case(B: int, generator, V=128256) -> Case:
     logits = (torch.randn(B, V, generator=generator) * 3).to("cuda", torch.bfloat16)
     want = torch.argmax(logits.double(), -1)   # the first index of the maximum
-
-    def exact(out):   # an index off by one must fail, not pass as a small relative error
-        return want.double() + (out.long() != want).double() * 1e9
     return rows_case(f"greedy_token_b{B}", greedy_token, lambda t: torch.argmax(t, -1).int(),
-                     logits, {}, f"B{B} V{V}", exact)
+                     logits, {}, f"B{B} V{V}", _exactly(want))
 
 
 def _logsumexp_case(generator, M=4096, V=32000) -> Case:
@@ -140,11 +146,8 @@ def _heatmap_case(generator, B=64, K=17, H=64, W=48) -> Case:
     """COCO's 17 keypoints on 64 × 48 heatmaps (a 256 × 192 input), a batch of 64."""
     maps = (torch.randn(B, K, H, W, generator=generator) * 3).to("cuda", torch.bfloat16)
     want = maps.double().flatten(2).argmax(-1)
-
-    def exact(out):   # an index off by one must fail, not pass as a small relative error
-        return want.double() + (out.long() != want).double() * 1e9
     return rows_case("heatmap_peak", heatmap_peak, lambda t: t.flatten(2).argmax(-1).int(),
-                     maps, {}, f"B{B} K{K} H{H} W{W}", exact)
+                     maps, {}, f"B{B} K{K} H{H} W{W}", _exactly(want))
 
 
 MONOID_KERNELS = {
