@@ -17,8 +17,10 @@ takes a plan whose
   ``∂S/∂(q·k)`` evaluated per element, ``P · ∂S/∂(q·k)`` kept where ``P`` was;
 - mask, if any, is evaluated on the partial blocks of the transposed block lists (causal,
   windows, prefixes, documents: anything the lists describe);
-- q, k, v and the output are laid out ``[batch…, tokens, D]`` (k and v indexing the head as
-  ``head // group``, the head the last batch axis), bf16 or fp16, head dim 64 or 128 (256 needs
+- q, k, v and the output have their axes in any order, the head dim innermost (k and v
+  indexing the head as ``head // group``, the head the last batch axis): ``[batch…, tokens,
+  D]`` read through 3-D maps, others (``[B, S, H, D]``) through 4-D maps of the tensors' own
+  strides, no copy (:func:`map_shapes`); bf16 or fp16, head dim 64 or 128 (256 needs
   more registers than a consumer has: the Triton kernels take it) — or a multiple of 8 from 32
   to 128 held in tiles of the next (96 as 128: TMA fills the columns past a row with zeros, dQ's
   are not added and dK's and dV's not stored).
@@ -60,6 +62,15 @@ class HopperBackwardPlan:
     score: Expr | None = None
     derivative: Expr | None = None
     block_queries: int = 64   # the queries of a visit (:func:`block_queries`)
+    # q's, k's, v's and the output's dimensions by role (:func:`_role_orders`)
+    orders: tuple = ()
+
+    @property
+    def strided(self) -> bool:
+        """Whether a tensor's axes are not in the roles' order (``[B, S, H, D]`` tensors): the
+        kernel reads q, k, v and dO through 4-D maps of their own strides (batch, head, tokens,
+        head dim), else through 3-D maps of ``[batch·heads, tokens, D]``."""
+        return any(o != tuple(range(len(o))) for o in self.orders)
 
     @property
     def head_dim(self) -> int:
@@ -92,7 +103,7 @@ def plan_hopper_backward(base, arch: str) -> HopperBackwardPlan:
         raise TargetError(f"the Hopper attention backward takes head dims {HEAD_DIMS} and the "
                           f"multiples of 8 below them (held in their tiles), not "
                           f"{base.head_dim}")
-    _check_layout(base)
+    orders = _role_orders(base)
     score = derivative = None
     try:
         factor, bias = _score_parts(base.kept(base.score), base.qk)
@@ -105,7 +116,8 @@ def plan_hopper_backward(base, arch: str) -> HopperBackwardPlan:
                                       if isinstance(n, Load)))
     return HopperBackwardPlan(base, dtypes.pop(), factor, tensors, keys_fastest(base), bias,
                               score, derivative,
-                              block_queries(tile_head_dim(base.head_dim), score is not None))
+                              block_queries(tile_head_dim(base.head_dim), score is not None),
+                              orders)
 
 
 def block_queries(tile_dim: int, pointwise: bool) -> int:
@@ -193,9 +205,13 @@ def _score_parts(score: Expr, qk: str) -> tuple[Expr | None, Expr | None]:
                       f"and sizes, plus a bias of the axes, scalars and sizes; not {score}")
 
 
-def _check_layout(base) -> None:
-    """q, k, v and the output indexed ``[batch…, tokens, feature]``, the head axis (grouped
-    heads) the last batch axis; else :class:`TargetError`."""
+def _role_orders(base) -> tuple[tuple[int, ...], ...]:
+    """For q, k, v and the output, the tensor's dimensions in the order of their axes' roles —
+    the batch axes (in ``base.batch``'s order), the tokens, the feature (the head dim) — so that
+    ``tensor.permute(order)`` is ``[batch…, tokens, feature]`` whatever order the program
+    indexes them in (``[B, S, H, D]`` as well as ``[B, H, S, D]``); k and v may read the head
+    as ``head // group``, the head the last batch axis. The feature is innermost in every one
+    (TMA reads rows of it); else :class:`TargetError`."""
     batch = [a.uid for a in base.batch]
     if base.shared or base.q_unread:
         raise TargetError("the Hopper attention backward needs q, k and v to read every batch "
@@ -205,29 +221,29 @@ def _check_layout(base) -> None:
         raise TargetError("the Hopper attention backward needs the head axis as the last batch "
                           "axis where heads share keys")
 
-    def leading(load: Load) -> list:
-        out = []
-        for index in load.indices[:-2]:
-            if isinstance(index, Axis):
-                out.append(index.uid)
-            elif isinstance(index, Binary) and index.op == "floordiv" and \
-                    isinstance(index.a, Axis):
-                out.append(index.a.uid)
-            else:
-                return []
-        return out
+    def uid(index):
+        if isinstance(index, Axis):
+            return index.uid
+        if isinstance(index, Binary) and index.op == "floordiv" and base.head is not None and \
+                isinstance(index.a, Axis) and index.a.uid == base.head.uid:
+            return index.a.uid
+        return None
 
-    for load, tokens in ((base.q, base.row), (base.k, base.col), (base.v, base.col)):
-        last = load.indices[-2:]
-        if leading(load) != batch or len(last) != 2 or not isinstance(last[0], Axis) or \
-                last[0].uid != tokens.uid or not isinstance(last[1], Axis):
-            raise TargetError(f"the Hopper attention backward reads {load.param.name} laid out "
-                              f"[batch…, tokens, feature], not {load}")
+    def order(what: str, uids: list, tokens: Axis) -> tuple[int, ...]:
+        features = [u for u in uids if u not in batch and u != tokens.uid]
+        roles = batch + [tokens.uid] + features
+        if None in uids or len(features) != 1 or sorted(roles) != sorted(uids):
+            raise TargetError(f"the Hopper attention backward reads {what} by the batch axes, "
+                              f"the tokens and one feature axis, not {what} indexed {uids}")
+        if uids[-1] != features[0]:
+            raise TargetError(f"the Hopper attention backward reads {what} with its head dim "
+                              "innermost (TMA's rows); the Triton kernels take other layouts")
+        return tuple(uids.index(u) for u in roles)
+
+    made = [order(load.param.name, [uid(x) for x in load.indices], tokens)
+            for load, tokens in ((base.q, base.row), (base.k, base.col), (base.v, base.col))]
     out = base.program.outputs[0]
-    axes = [a.uid for a in out.axes]
-    if axes[:-1] != batch + [base.row.uid]:
-        raise TargetError("the Hopper attention backward writes the output's gradient laid out "
-                          "[batch…, tokens, feature]")
+    return (*made, order("the output's gradient", [a.uid for a in out.axes], base.row))
 
 
 class HopperAttentionBackward:
@@ -266,38 +282,102 @@ class HopperAttentionBackward:
         from .attention_backward import BackwardKnobs
 
         plan, hplan = self.plan, self.hplan
-        q, k, v = (tensors[x.param.name].contiguous() for x in (plan.q, plan.k, plan.v))
-        d_out = d_out.contiguous()
+        q, k, v = (tensors[x.param.name] for x in (plan.q, plan.k, plan.v))
         lse2, delta = self.statistics.row_statistics(tensors, scalars, out, d_out, lse)
         # the kernel's dO tiles are of q's dtype: a float32 output's gradient (Δ above read it
         # whole) rounded as the products take it — read as it is, its bytes were other numbers
         d_out = d_out if d_out.dtype == q.dtype else d_out.to(q.dtype)
-        batch = math.prod(plan.extent(a) for a in plan.batch)
         M, N, D = plan.extent(plan.row), plan.extent(plan.col), hplan.head_dim
-        kv_batch = batch // plan.group
-        dq_acc = torch.zeros(batch * M * D, device=q.device, dtype=torch.float32)
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
-        bm = hplan.block_queries
+        batch, kv_batch = role_extents(hplan)
+        dq_acc = torch.zeros(math.prod(batch) * M * D, device=q.device, dtype=torch.float32)
+        # dK and dV [batch…, keys, D] as the kernel writes them, given back in k's and v's order
+        dk, dv = (torch.empty(*kv_batch, N, D, device=q.device, dtype=t.dtype) for t in (k, v))
         if hplan.masked:
-            knobs = BackwardKnobs(block_m1=bm, block_n1=BLOCK_KEYS)
+            knobs = BackwardKnobs(block_m1=hplan.block_queries, block_n1=BLOCK_KEYS)
             lists, _ = plan.block_lists(knobs, tensors, scalars, True)
         else:
             lists = (lse2,) * 4   # not read
-        maps = [tensor_map(t.data_ptr(), (rows_batch, rows, D), (1, box, 64), hplan.dtype)
-                for t, rows_batch, rows, box in ((q, batch, M, bm), (k, kv_batch, N, BN),
-                                                 (v, kv_batch, N, BN), (d_out, batch, M, bm))]
-        maps.append(tensor_map(dq_acc.data_ptr(), (batch, M, D), (1, DQ_ROWS, 32), "f32"))
+        shapes = map_shapes(hplan, (q, k, v, d_out))
+        maps = [tensor_map(t.data_ptr(), sizes, box, hplan.dtype, strides)
+                for t, sizes, box, strides in shapes]
+        maps.append(tensor_map(dq_acc.data_ptr(), (math.prod(batch), M, D), (1, DQ_ROWS, 32),
+                               "f32"))
         factor = 1.0 if hplan.factor is None else _value(hplan.factor, scalars, plan.sizes)
         handles = [ctypes.c_void_p(t.data_ptr()) for t in (lse2, delta, dk, dv, *lists)]
         reads = [ctypes.c_void_p(tensors[n].contiguous().data_ptr()) for n in hplan.mask_tensors]
         values = [scalars[n] for n, _ in self.scalars]
         args = maps + handles + [factor * math.log2(math.e), factor] + reads + values
-        grid = (math.ceil(N / BN), kv_batch)
+        grid = (math.ceil(N / BN), math.prod(kv_batch))
         self.launch(args, grid if hplan.keys_fastest else grid[::-1], THREADS, 1,
                     self.shared_bytes, q.device)
-        grads = (dq_acc.view(q.shape).to(q.dtype), dk, dv)
+        del shapes   # (the views the maps read, copies among them, lived until the launch)
+        q_order, k_order, v_order, _ = hplan.orders
+        grads = (in_order(dq_acc.view(*batch, M, D), q_order).to(q.dtype),
+                 in_order(dk, k_order), in_order(dv, v_order))
         return grads if plan.sink is None else \
             (*grads, plan.sink_gradient(tensors, lse2, delta))
+
+
+def role_extents(hplan) -> tuple[list[int], list[int]]:
+    """The extents of the batch axes as q reads them, and as k and v do (the head's divided by
+    the group)."""
+    plan = hplan.base
+    batch = [plan.extent(a) for a in plan.batch]
+    kv = batch[:-1] + [batch[-1] // plan.group] if batch else []
+    return batch, kv
+
+
+def map_shapes(hplan, tensors: tuple) -> list[tuple]:
+    """``(tensor, sizes, box, strides)`` of the tensor maps of q, k, v and dO (``tensors``, in
+    the layouts the program indexes them in): the tensor the map reads (its address), the
+    map's sizes and box (outermost first) and element strides (None: row-major).
+
+    In the roles' order (``[batch…, tokens, D]``), 3-D maps of ``[batch·heads, tokens, D]`` of
+    the tensors made contiguous; else (:attr:`HopperBackwardPlan.strided`) 4-D maps of
+    ``[batch…, head, tokens, D]`` — the batch axes before the last merged into one — by the
+    tensors' own strides, where TMA can take them (head dim contiguous, 16-byte strides and
+    address), else of a contiguous copy of that view."""
+    plan = hplan.base
+    M, N, D = plan.extent(plan.row), plan.extent(plan.col), hplan.head_dim
+    batch, kv = role_extents(hplan)
+    boxes = (hplan.block_queries, BLOCK_KEYS, BLOCK_KEYS, hplan.block_queries)
+    extents = ((batch, M), (kv, N), (kv, N), (batch, M))
+    if not hplan.strided:
+        return [(t.contiguous(), (math.prod(b), rows, D), (1, box, 64), None)
+                for t, (b, rows), box in zip(tensors, extents, boxes)]
+    made = []
+    for t, order, (b, rows), box in zip(tensors, hplan.orders, extents, boxes):
+        view = t.permute(order)
+        if len(b) < 2:
+            view = view.reshape(*([1] * (2 - len(b))), *view.shape)
+        else:
+            view = view.flatten(0, len(b) - 2)   # a view where the strides allow, else a copy
+        if not _tma_readable(view):
+            view = view.contiguous()
+        sizes = tuple(view.shape)
+        # an axis of one element: torch leaves its stride arbitrary; TMA wants 16-byte ones
+        strides = tuple(s if n > 1 else math.prod(sizes[k + 1:])
+                        for k, (s, n) in enumerate(zip(view.stride()[:3], sizes)))
+        made.append((view, sizes, (1, 1, box, 64), strides))
+    return made
+
+
+def _tma_readable(view) -> bool:
+    """Whether TMA reads ``view`` by its strides: the innermost contiguous, the others and the
+    address multiples of 16 bytes (axes of one element aside)."""
+    size = view.element_size()
+    return view.stride(-1) == 1 and view.data_ptr() % 16 == 0 and all(
+        s * size % 16 == 0 for s, n in zip(view.stride()[:-1], view.shape[:-1]) if n > 1)
+
+
+def in_order(role_tensor, order: tuple[int, ...]):
+    """A tensor ``[batch…, tokens, D]`` (in the roles' order) as the view of it whose
+    dimensions are in a tensor's own order, ``order`` being that tensor's dimensions by role
+    (``tensor.permute(order)`` is in the roles' order)."""
+    back = [0] * len(order)
+    for role, dim in enumerate(order):
+        back[dim] = role
+    return role_tensor.permute(back)
 
 
 def _value(e, scalars: dict, sizes: dict) -> float:

@@ -1,7 +1,7 @@
 """The sm_90a attention backward (``targets/cuda/hopper_attention_backward.py``): which plans it
 takes and why it refuses the others, the code nvcc makes of it (wgmma, TMA loads, TMA
-reductions into dQ, no spills, no serialised wgmma), and on a GPU its gradients against float64
-autograd for every variant it takes."""
+reductions into dQ, no spills, no serialised wgmma), the tensor maps of permuted layouts, and
+on a GPU its gradients against float64 autograd for every variant it takes."""
 import re
 
 import pytest
@@ -19,8 +19,11 @@ from tensorfuse.schedule_templates.hopper_attention_backward import (hopper_back
 from tensorfuse.targets import get_target
 from tensorfuse.targets.codegen import cuda_to_ptx
 from tensorfuse.targets.cuda.hopper_attention_backward import BACKWARD_PTX, backward_source
+from tensorfuse.targets.cuda.tma import load_helper
 from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels
 from tests.helpers import needs_nvcc
+from benchmarks.unlisted_kernels import attention_keys_transposed
+from benchmarks.user_kernels import bshd_gqa_causal, sbhd_causal
 from tests.schedule_templates.test_hopper_attention import (_ptxas_and_sass,
                                                             assert_consumers_do_not_spill)
 
@@ -111,6 +114,8 @@ def test_a_heads_key_blocks_run_side_by_side_where_its_dq_would_leave_l2(kernel,
     (K.causal_attention, DIMS, "sm_80", "runs on sm_90a"),
     (K.causal_attention, dict(DIMS, D=256), "sm_90a", r"head dims \(64, 128\) and .*, not 256"),
     (K.causal_attention, dict(DIMS, D=100), "sm_90a", r"multiples of 8 .*, not 100"),
+    (attention_keys_transposed, dict(B=2, H=4, S=1000, D=128), "sm_90a",
+     "reads kt with its head dim innermost"),
 ])
 def test_what_it_does_not_take_is_refused_with_the_reason(kernel, dims, arch, reason):
     with pytest.raises(TargetError, match=reason):
@@ -150,11 +155,15 @@ def test_it_is_chosen_where_it_takes_the_plan_unless_asked_not_to(monkeypatch):
     (K.attention, DIMS), (K.causal_attention, dict(DIMS, D=64)),
     (K.gqa_causal_attention, dict(DIMS, H=32, HKV=8)), (K.sliding_window_attention, DIMS),
     (K.alibi_attention, DIMS), (K.softcap_attention, DIMS), (K.softcap_attention, dict(DIMS, D=64)),
+    (bshd_gqa_causal, dict(B=2, M=1000, N=1000, H=32, HKV=8, D=128)),
 ])
 def test_the_sm90a_code_has_the_instructions_meant_and_does_not_spill(kernel, dims):
     source = _source(kernel, dims)
     ptx = cuda_to_ptx(source, get_target("cuda:sm_90a"))
+    permuted = kernel is bshd_gqa_causal   # loads from 4-D maps
     for instruction in BACKWARD_PTX:
+        if permuted and instruction == "cp.async.bulk.tensor.3d":
+            instruction = "cp.async.bulk.tensor.4d"
         assert instruction in ptx, instruction
     assert "red.global" not in ptx   # dQ is added by TMA, not element by element
     # a value kept for the last dK/dV stores may be stored once outside the block loop
@@ -207,6 +216,87 @@ def test_tensor_maps_stride_by_their_element_size():
         byte_strides((2, 1000), (1, 6), "bf16")
     with pytest.raises(TargetError, match="multiple of 16 bytes"):
         byte_strides((4, 3), (1, 64), "bf16", strides=(3,))
+
+
+def test_permuted_layouts_are_read_through_their_own_strides():
+    """``[B, S, H, D]`` and ``[S, B, H, D]`` programs get the kernel of the ``[B, H, S, D]``
+    one: the same source but for the loads of q, k, v and dO, which read boxes of 4-D maps
+    (head dim, tokens, head, batch) at the head and batch of the flattened index."""
+    dims = dict(B=2, M=1000, N=1000, H=32, HKV=8, D=128)
+    library = plan_hopper_backward(_plan(K.gqa_causal_attention, dims), "sm_90a")
+    permuted = plan_hopper_backward(_plan(bshd_gqa_causal, dims), "sm_90a")
+    assert not library.strided and permuted.strided
+    assert permuted.orders == ((0, 2, 1, 3),) * 4   # [b, s, h, d] by role: b, h, s, d
+    sequence_first = plan_hopper_backward(_plan(sbhd_causal, dict(dims, H=8, HKV=8)), "sm_90a")
+    assert sequence_first.orders == ((1, 2, 0, 3),) * 4
+    lines = _source(K.gqa_causal_attention, dims).splitlines()
+    other = _source(bshd_gqa_causal, dims)
+    changed = [line for line in other.splitlines() if line not in lines]
+    loads = [line for line in changed if "tf_tma_load_4d(" in line]
+    assert len(loads) == 5   # the helper, k, v, q, dO
+    assert "#define H_ 32" in changed and "#define HKV_ 8" in changed
+    coordinates = [line.strip() for line in changed if "a * 64," in line]
+    assert coordinates == ["a * 64, n0, bhk % HKV_, bhk / HKV_, kv_full);"] * 2 + \
+        ["a * 64, mb * BM, bh % H_, bh / H_, full + s);"] * 2
+    helper = set(load_helper(4).splitlines())
+    assert len([line for line in changed if line not in helper]) == 2 + 4 * 2   # nothing else
+
+
+def _mapped(view, sizes, strides):
+    """What a tensor map of ``sizes`` and element ``strides`` (None: row-major; the innermost
+    contiguous) reads from ``view``'s address."""
+    import math
+
+    if strides is None:
+        strides = tuple(math.prod(sizes[k + 1:]) for k in range(len(sizes) - 1))
+    return view.as_strided(sizes, (*strides, 1))
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd"])
+def test_the_maps_read_each_tensor_in_the_roles_order(layout):
+    """Emulated on the CPU: every element a map reads at (batch, head, token, d) — 4-D maps of
+    permuted tensors, 3-D ones of ``[batch·heads, tokens, D]`` — is the tensor's element of those
+    roles; k and v at their key/value head. Views TMA can read are read in place (no copy);
+    those it cannot (a head dim that is not contiguous) are copied first. dK and dV, written in
+    the roles' order, are given back as views in k's and v's own."""
+    from tensorfuse.schedule_templates.hopper_attention_backward import (in_order,
+                                                                        map_shapes,
+                                                                        role_extents)
+
+    B, S, H, HKV, D = 2, 40, 8, 2, 64
+    kernel = {"bshd": bshd_gqa_causal, "bhsd": K.gqa_causal_attention}.get(layout, sbhd_causal)
+    heads = H if layout == "sbhd" else HKV
+    dims = dict(B=B, M=S, N=S, H=H, HKV=heads, D=D)
+    hplan = plan_hopper_backward(_plan(kernel, dims), "sm_90a")
+    shape = {"bshd": lambda h: (B, S, h, D), "sbhd": lambda h: (S, B, h, D),
+             "bhsd": lambda h: (B, h, S, D)}[layout]
+    # by role [b, h, s, d], from each layout
+    to_roles = {"bshd": lambda t: t.permute(0, 2, 1, 3), "sbhd": lambda t: t.permute(1, 2, 0, 3),
+                "bhsd": lambda t: t}[layout]
+    g = torch.Generator().manual_seed(0)
+    q, do = (torch.randn(*shape(H), generator=g).bfloat16() for _ in range(2))
+    k, v = (torch.randn(*shape(heads), generator=g).bfloat16() for _ in range(2))
+    v = torch.randn(*shape(heads)[:-1], 2 * D, generator=g).bfloat16()[..., :D]   # a slice
+    batch, kv = role_extents(hplan)
+    assert batch == [B, H] and kv == [B, heads]
+    shapes = map_shapes(hplan, (q, k, v, do))
+    for t, (view, sizes, box, strides), n in zip((q, k, v, do), shapes, (H, heads, heads, H)):
+        want = to_roles(t)
+        read = _mapped(view, sizes, strides)
+        assert torch.equal(read.reshape(want.shape), want)
+        rank = 3 if layout == "bhsd" else 4
+        assert len(sizes) == rank and box[:-2] == (1,) * (rank - 2) and box[-1] == 64
+        if rank == 4:
+            assert sizes == (B, n, S, D)
+            assert view.data_ptr() == t.data_ptr()   # in place, the slice of v too
+    dk = torch.randn(*kv, S, D, generator=g)
+    back = in_order(dk, hplan.orders[1])
+    assert back.shape == k.shape and torch.equal(to_roles(back), dk)
+    # a head dim TMA cannot read by its strides: a copy of the view the map reads
+    strided_d = torch.randn(*shape(H)[:-1], 2 * D, generator=g).bfloat16()[..., ::2]
+    view, sizes, _, strides = map_shapes(hplan, (strided_d, k, v, do))[0]
+    assert view.data_ptr() != strided_d.data_ptr() or layout == "bhsd"
+    assert torch.equal(_mapped(view, sizes, strides).reshape(B, H, S, D), to_roles(strided_d))
 
 
 def _float64_grads(q, k, v, dout, scale, mask, bias=None, cap=None):
@@ -325,3 +415,40 @@ def test_a_float32_outputs_gradient_is_read_as_float32_on_the_gpu():
     want = _float64_grads(q, k, v, dout, 0.125, None)
     for a, b in zip(got, want):
         assert float((a.double() - b).norm() / b.norm()) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+def test_permuted_layouts_gradients_match_float64_on_the_gpu(layout, monkeypatch):
+    """``[B, S, H, D]`` q, k, v sliced out of one fused projection (read in place through their
+    strides) and ``[S, B, H, D]`` ones: autograd through ``tf.compile`` runs the Hopper backward
+    and its gradients match float64 (ragged length, large values)."""
+    from tensorfuse.schedule_templates import hopper_attention_backward as backward
+
+    ran = []
+    call = backward.HopperAttentionBackward.__call__
+    monkeypatch.setattr(backward.HopperAttentionBackward, "__call__",
+                        lambda self, *a, **kw: ran.append(self) or call(self, *a, **kw))
+    B, S, D = 2, 333, 128
+    H, HKV = (8, 2) if layout == "bshd" else (4, 4)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    if layout == "bshd":
+        qkv = 3 * torch.randn(B, S, H + 2 * HKV, D, device="cuda", generator=g).bfloat16()
+        q, k, v = (qkv[:, :, a:b].detach().requires_grad_()
+                   for a, b in ((0, H), (H, H + HKV), (H + HKV, H + 2 * HKV)))
+        roles = (lambda t: t.transpose(1, 2))
+        kernel = bshd_gqa_causal
+    else:
+        q, k, v = (3 * torch.randn(S, B, H, D, device="cuda", generator=g).bfloat16()
+                   .requires_grad_() for _ in range(3))
+        roles = (lambda t: t.permute(1, 2, 0, 3))
+        kernel = sbhd_causal
+    dout = torch.randn(*q.shape, device="cuda", generator=g).bfloat16()
+    out = tf.compile(kernel)(q, k, v, D ** -0.5)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    assert ran and ran[0].hplan.strided
+    i, j = torch.arange(S, device="cuda").view(-1, 1), torch.arange(S, device="cuda")
+    want = _float64_grads(*(roles(t) for t in (q, k, v, dout)), D ** -0.5, i >= j)
+    for a, b, t in zip(got, want, (q, k, v)):
+        assert a.shape == t.shape and torch.isfinite(a).all()
+        assert float((roles(a).double() - b).norm() / b.norm()) < 2e-2   # bf16 operands

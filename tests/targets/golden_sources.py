@@ -5,7 +5,8 @@ functions); a restructuring that claims to change no kernel must leave every gen
 byte-identical. :func:`cases` lists the configurations — attention variants × head dims ×
 dtypes × classes of ``N mod block_n`` × knobs on the Hopper template, the tiled (map) and
 block-sparse masks, GEMM, FFN and cluster kernels, cluster decode, row tiles at several widths,
-the Triton attention forward (sm_80), decode's split update and backward, and the ROCm sources —
+the Triton attention forward (sm_80), decode's split update and backward, the Hopper backward
+(by variant, head dim and layout), and the ROCm sources —
 with everything that could move them pinned: no tuning database, 132 SMs.
 
     python -m tests.targets.golden_sources            # print "name sha" lines (on all cores)
@@ -338,12 +339,47 @@ def _interpreter_cases() -> Iterator[Case]:
         yield f"interpreter:backward:{name}", backward
 
 
+def _hopper_backward_cases() -> Iterator[Case]:
+    """The sm_90a attention backward: its variants (a factor, a bias, a pointwise score; masks
+    of the block lists, one reading a tensor), head dims 64, 128 and 96 (in tiles of 128),
+    grouped heads, a length whose dQ leaves L2 (key blocks side by side), ``[B, S, H, D]``
+    tensors (4-D maps)."""
+    import tensorfuse.kernels as K
+    from benchmarks.user_kernels import bshd_gqa_causal
+    from tensorfuse.schedule_templates.attention_backward import plan_attention_backward
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.hopper_attention_backward import plan_hopper_backward
+    from tensorfuse.targets import get_target
+    from tensorfuse.targets.cuda.hopper_attention_backward import backward_source
+
+    def source(kernel, dims):
+        plan = plan_attention_backward(
+            kernel.program, choose(kernel.program, get_target("cuda:sm_90a"))[1], dims)
+        return backward_source(plan_hopper_backward(plan, "sm_90a"),
+                               [(p.name, p.dtype) for p in plan.program.scalar_params])
+
+    every = dict(B=2, H=16, HKV=4, M=1000, N=1000, D=128)
+    for name in ("attention", "causal_attention", "gqa_causal_attention",
+                 "sliding_window_attention", "alibi_attention", "softcap_attention",
+                 "document_attention"):
+        for D in (64, 128):
+            dims = _sizes(K.ALL[name], dict(every, D=D))
+            yield f"hopper_backward:{name}:D={D}", lambda k=K.ALL[name], d=dims: source(k, d)
+    yield "hopper_backward:attention:D=96", \
+        lambda: source(K.attention, _sizes(K.attention, dict(every, D=96)))
+    yield "hopper_backward:causal_attention:M=16384", lambda: source(
+        K.causal_attention, _sizes(K.causal_attention, dict(every, M=16384, N=16384)))
+    yield "hopper_backward:bshd_gqa_causal:D=128", \
+        lambda: source(bshd_gqa_causal, _sizes(bshd_gqa_causal, every))
+
+
 def cases() -> Iterator[Case]:
     """(name, a function that generates its source), in a fixed order."""
     yield from _hopper_cases()
     yield from _gemm_cases()
     yield from _triton_cases()
     yield from _interpreter_cases()
+    yield from _hopper_backward_cases()
 
 
 def hashes(part: int = 0, parts: int = 1) -> Iterator[tuple[str, str]]:

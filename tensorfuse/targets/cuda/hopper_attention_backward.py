@@ -48,6 +48,7 @@ from .hopper_backward_scores import (batch_values, mask_code, probabilities_and_
                                      score_functions)
 from .tma import HELPERS as TMA_HELPERS
 from .parts import swap
+from .parts.loads import flat_box
 from .parts.mainloop import attention_pack_function
 from .parts.row_state import attention_exp2
 from .tma import MBARRIER_HELPERS, REDUCE_HELPERS, TENSOR_MAP_TYPE, load_helper
@@ -143,6 +144,7 @@ class _Source(KernelArguments):
         self.pair, self.pack = _PAIRS[self.dtype]
         self.f16 = "_f16" if self.dtype == "f16" else ""
         self.bm = hplan.block_queries
+        self.strided = hplan.strided   # q, k, v, dO through 4-D maps of their own strides
         self.split_n = self.D >= 128
         self.split_m = not self.split_n and self.bm == 2 * DQ_ROWS
         self.keys_along, self.heads_along = ("x", "y") if hplan.keys_fastest else ("y", "x")
@@ -170,7 +172,7 @@ def _head(c: _Source) -> str:
 {MBARRIER_HELPERS}
 {TMA_HELPERS}
 {REDUCE_HELPERS}
-{load_helper(3)}
+{load_helper(4 if c.strided else 3)}
 {functions}
 {attention_exp2(c)}
 {attention_pack_function(c)}
@@ -182,6 +184,9 @@ def _defines(c: _Source) -> str:
     """The sizes, tiles and switches the kernel is compiled with."""
     rows = f"#define ROW_D_ {c.row_d}   // the tensors' rows (the tiles past them: zeros)\n" \
         if c.row_d != c.D else ""
+    if c.strided:   # the 4-D maps' (batch, head) of a flattened batch index
+        heads = c.base.extent(c.base.batch[-1]) if c.base.batch else 1
+        rows += f"#define H_ {heads}\n#define HKV_ {heads // c.base.group}\n"
     return f"""#define D_ {c.D}
 {rows}#define BN {BN}
 #define BM {c.bm}
@@ -304,8 +309,10 @@ def _producer(c: _Source) -> str:
       if (t == 0) {{
         tf_mbar_expect(kv_full, 2 * KV_BYTES);
         for (int a = 0; a < D_ / 64; ++a) {{
-          tf_tma_load_3d(k_tile + a * BN * 128, &k_map, a * 64, n0, bhk, kv_full);
-          tf_tma_load_3d(v_tile + a * BN * 128, &v_map, a * 64, n0, bhk, kv_full);
+          {flat_box(c, "load", "&k_map", "n0", "bhk", "HKV_", "k_tile + a * BN * 128",
+                    "kv_full")};
+          {flat_box(c, "load", "&v_map", "n0", "bhk", "HKV_", "v_tile + a * BN * 128",
+                    "kv_full")};
         }}
       }}
       Visits visits;
@@ -317,10 +324,10 @@ def _producer(c: _Source) -> str:
         if (t == 0) {{
           tf_mbar_expect(full + s, 2 * Q_BYTES);
           for (int a = 0; a < D_ / 64; ++a) {{
-            tf_tma_load_3d(q_tiles + s * Q_BYTES + a * BM * 128, &q_map, a * 64, mb * BM, bh,
-                           full + s);
-            tf_tma_load_3d(do_tiles + s * Q_BYTES + a * BM * 128, &do_map, a * 64, mb * BM, bh,
-                           full + s);
+            {flat_box(c, "load", "&q_map", "mb * BM", "bh", "H_",
+                      "q_tiles + s * Q_BYTES + a * BM * 128", "full + s")};
+            {flat_box(c, "load", "&do_map", "mb * BM", "bh", "H_",
+                      "do_tiles + s * Q_BYTES + a * BM * 128", "full + s")};
           }}
         }}
         const int row = mb * BM + t;

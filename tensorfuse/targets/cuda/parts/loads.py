@@ -54,7 +54,7 @@ def attention_producer_loads(c) -> str:
 #if TILED
               {tma_prefetch_call(c.rank, "q_map", "a * 64", "qc")};
 #else
-              {_flat_box(c, "prefetch", "q_map", "w.rb * BM", "w.bh", "H_")};
+              {flat_box(c, "prefetch", "q_map", "w.rb * BM", "w.bh", "H_")};
 #endif
             tf_mbar_wait(q_free, (k - 1) & 1);
           }}
@@ -64,7 +64,7 @@ def attention_producer_loads(c) -> str:
 #if TILED
             {tma_load_call(c.rank, "q_tile + a * BM * 128", "q_map", "a * 64", "qc", "bar_q")};
 #else
-            {_flat_box(c, "load", "q_map", "w.rb * BM", "w.bh", "H_", "q_tile + a * BM * 128",
+            {flat_box(c, "load", "q_map", "w.rb * BM", "w.bh", "H_", "q_tile + a * BM * 128",
                        "bar_q")};
 #endif
           for (int it = 0; it < w.count; ++it) {{
@@ -99,7 +99,7 @@ def attention_producer_loads(c) -> str:
               {tma_load_call(c.rank, "v_tiles + s * V_BYTES + a * BN * 128", "v_map", "a * 64",
                              "kc", "full_v + s")};
 #else
-              {_flat_box(c, "load", "v_map", "n0", "w.kv", "HKV_",
+              {flat_box(c, "load", "v_map", "n0", "w.kv", "HKV_",
                          "v_tiles + s * V_BYTES + a * BN * 128", "full_v + s")};
 #endif
           }}
@@ -108,11 +108,11 @@ def attention_producer_loads(c) -> str:
 
 
 def _key_box(c) -> str:
-    """One TMA box of a key block's keys: 64 head-dim elements of its rows (:func:`_flat_box`),
+    """One TMA box of a key block's keys: 64 head-dim elements of its rows (:func:`flat_box`),
     or, where k holds its keys innermost (``[B, H, D, N]``), 64 keys of every head-dim row — an
     atom of the MN-major operand of q·kᵀ, ``D_`` rows of 128 bytes."""
     if not c.keys_innermost:
-        return _flat_box(c, "load", "k_map", "n0", "w.kv", "HKV_",
+        return flat_box(c, "load", "k_map", "n0", "w.kv", "HKV_",
                          "k_tiles + s * K_BYTES + a * BN * 128", "full_k + s")
     return (f"tf_tma_load_4d(k_tiles + s * K_BYTES + a * D_ * 128, k_map,\n{' ' * 29}"
             "n0 + a * 64, 0, w.kv % HKV_, w.kv / HKV_, full_k + s)")
@@ -142,7 +142,7 @@ def _score_tile_loads(c) -> str:
 """
 
 
-def _flat_box(c, kind: str, tensor_map: str, token: str, head: str, heads: str, dst: str = "",
+def flat_box(c, kind: str, tensor_map: str, token: str, head: str, heads: str, dst: str = "",
               bar: str = "") -> str:
     """One TMA box of the flat order: 64 head-dim elements of rows ``token …`` of the tile's
     (batch, head) ``head`` (``batch · heads + head``) — a 3-D box of the ``[batch·heads, tokens,
