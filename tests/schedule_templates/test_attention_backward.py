@@ -59,6 +59,26 @@ def test_an_operand_broadcast_over_a_batch_axis_sums_its_gradient_over_it():
     assert all("mma" in c.asm["ptx"] for c in compiled[1:])
 
 
+def test_the_statistics_from_a_saved_log_sum_exp_copy_no_operand():
+    """Δ and the base-2 log-sum-exp from the forward's saved one read the output and its
+    gradient only: q, k and v go to that kernel as the caller's views (a permuted layout's
+    are not copied for the Hopper backward, which reads them by their strides); recomputing the
+    log-sum-exp, or the gradients, reads them laid out as the program indexes them."""
+    from benchmarks.user_kernels import bshd_causal
+
+    plan = _plan(bshd_causal, dict(B=2, M=64, N=64, H=4, D=64))
+    kernels = AttentionBackwardKernels(plan, BackwardKnobs())
+    fused = torch.randn(2, 64, 12, 64).bfloat16()   # q, k, v sliced out of one projection
+    tensors = dict(q=fused[:, :, :4], k=fused[:, :, 4:8], v=fused[:, :, 8:])
+    out, d_out, lse = torch.randn(2, 64, 4, 64), torch.randn(2, 64, 4, 64), torch.randn(2, 4, 64)
+    scalars = {"scale": 0.125}
+    args, _ = kernels._arguments(tensors, scalars, out, d_out, lse, gradients=False)
+    assert all(a is tensors[n] for a, n in zip(args, "qkv"))
+    for lse_, gradients in ((None, False), (lse, True)):
+        args, _ = kernels._arguments(tensors, scalars, out, d_out, lse_, gradients)
+        assert all(a.is_contiguous() and torch.equal(a, tensors[n]) for a, n in zip(args, "qkv"))
+
+
 def test_what_the_template_cannot_differentiate_is_refused_with_the_reason():
     @tf.kernel
     def learned_bias(q: T.Tensor["B", "H", "M", "D", "bf16"],

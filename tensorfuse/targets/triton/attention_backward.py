@@ -526,7 +526,9 @@ class AttentionBackwardKernels:
         import torch
 
         plan, knobs = self.plan, self.knobs
-        q, k, v = (tensors[x.param.name].contiguous() for x in (plan.q, plan.k, plan.v))
+        q, k, v = (tensors[x.param.name] for x in (plan.q, plan.k, plan.v))
+        if gradients or lse is None:   # (Δ from a saved log-sum-exp reads neither: no copies)
+            q, k, v = (t.contiguous() for t in (q, k, v))
         batch = math.prod(plan.extent(a) for a in plan.batch)
         M = plan.extent(plan.row)
         lse2 = torch.empty(batch, M, device=q.device, dtype=torch.float32)
