@@ -6,6 +6,7 @@ GPU, bf16.
 
     python -m benchmarks.attention_backward --sizes 1024,4096 [--csv PATH]
     python -m benchmarks.attention_backward --kernels --variants full,causal --head-dim 64
+    python -m benchmarks.attention_backward --layouts --sizes 4096,16384
 
 Every implementation's gradients are first checked against float64 autograd of the variant's
 reference at a ragged size (poisoned outputs: NaN-filled ``out=`` where the kernel takes one),
@@ -302,6 +303,74 @@ def kernels(sizes, names=("full", "causal", "gqa_causal"), B: int = 2, H: int = 
     return rows
 
 
+def _causal(b, h, i, j):
+    return i >= j
+
+
+def _layout_runs(B: int, S: int, H: int, HKV: int, D: int) -> tuple[dict, object]:
+    """``{label: (leaves, forward)}`` of :func:`layouts` at ``S`` keys, and the output's
+    gradient (``[B, H, S, D]``)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import tensorfuse.kernels as K
+    from benchmarks.user_kernels import bshd_gqa_causal
+
+    scale = D ** -0.5
+    fused = 3 * torch.randn(B, S, H + 2 * HKV, D, device="cuda").bfloat16()
+    bshd = [fused[:, :, a:b].detach().requires_grad_()
+            for a, b in ((0, H), (H, H + HKV), (H + HKV, H + 2 * HKV))]
+    bhsd = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in bshd]
+    runs = {"tensorfuse [B, S, H, D]": (bshd, lambda ts: tf.compile(bshd_gqa_causal)(
+                *ts, scale).transpose(1, 2)),
+            "tensorfuse [B, H, S, D]": (bhsd, lambda ts: tf.compile(K.gqa_causal_attention)(
+                *ts, scale))}
+    for label, backend in (("sdpa cudnn", SDPBackend.CUDNN_ATTENTION),
+                           ("sdpa flash", SDPBackend.FLASH_ATTENTION)):
+        def sdpa(ts, backend=backend):
+            with sdpa_kernel([backend]):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    *(t.transpose(1, 2) for t in ts), is_causal=True, scale=scale,
+                    enable_gqa=True)
+        runs[label] = (bshd, sdpa)
+    return runs, torch.randn(B, H, S, D, device="cuda").bfloat16()
+
+
+def _by_role(t, S: int):
+    """A ``[B, S, H, D]`` tensor as ``[B, H, S, D]``; a ``[B, H, S, D]`` one as it is."""
+    return t.transpose(1, 2) if t.shape[1] == S and t.shape[2] != S else t
+
+
+def layouts(sizes, B: int = 2, H: int = 32, HKV: int = 8, D: int = 128, log=print) -> list[Row]:
+    """GQA-causal attention's backward (autograd through ``tf.compile``) on ``[B, S, H, D]``
+    q, k and v sliced out of one fused projection, as transformers keeps them
+    (``benchmarks.user_kernels.bshd_gqa_causal``: read in place through their strides), against
+    the same attention on contiguous ``[B, H, S, D]`` tensors and SDPA's backward (cuDNN,
+    flash) on the transposed views — each checked against float64 at a ragged length first.
+    Rows ``attention_bwd_layouts/gqa_causal``."""
+    S0 = 333
+    runs, dout = _layout_runs(1, S0, H, HKV, D)
+    errors = {}
+    for label, (leaves, forward) in runs.items():
+        grads = torch.autograd.grad(forward(leaves), leaves, dout)
+        want = _reference_grads(*(_by_role(t, S0) for t in leaves), dout, D ** -0.5, None,
+                                _causal)
+        errors[label] = _error([_by_role(g, S0) for g in grads], want)
+    rows = []
+    for S in sizes:
+        runs, dout = _layout_runs(B, S, H, HKV, D)
+        flops = 2.5 * 4 * B * H * S * S * D * density(_causal, B, H, S)
+        for label, (leaves, forward) in runs.items():
+            out = forward(leaves)
+            ms = bench(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True))
+            note = f"gradient error {errors[label]:.1e} at S={S0}" + \
+                ("" if errors[label] < 2e-2 else " WRONG")
+            log(f"gqa_causal S={S:6} {label:24} {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s "
+                f"{note}")
+            rows.append(Row("attention_bwd_layouts/gqa_causal", f"B{B} H{H}/{HKV} S{S} D{D} bf16",
+                            label, ms, flops / ms / 1e9, 0.0, 0.0, note))
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1024,4096")
@@ -318,7 +387,15 @@ def main(argv=None) -> None:
     parser.add_argument("--kernels", action="store_true",
                         help="only the backward kernels (sm_90a and Triton) against SDPA's, on "
                         "--variants at --sizes and --head-dim")
+    parser.add_argument("--layouts", action="store_true",
+                        help="only GQA-causal's backward on [B, S, H, D] against [B, H, S, D] "
+                        "and SDPA's, at --sizes")
     args = parser.parse_args(argv)
+    if args.layouts:
+        rows = layouts([int(s) for s in args.sizes.split(",")])
+        if args.csv:
+            write_csv(rows, args.csv)
+        return
     if args.kernels:
         rows = kernels([int(s) for s in args.sizes.split(",")], args.variants.split(","),
                        D=args.head_dim)

@@ -47,3 +47,28 @@ def test_the_kernel_mode_finds_a_packed_decodes_source():
     assert made.schedule_origin(**sizes).startswith("packed group rows")
     assert [source for source, _ in found] == [made.source(**sizes)]
     assert "tf_hopper_attention" in found[0][0]
+
+
+def test_the_training_mode_finds_the_forward_saving_its_log_sum_exp_and_the_backward():
+    """Grouped causal attention on ``[B, S, H, D]`` tensors: the forward autograd records (the
+    Hopper template writing each row's log-sum-exp) and the sm_90a backward — the source the
+    backward template autograd picks at these sizes makes."""
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.hopper_attention_backward import backward_template
+    from tensorfuse.targets import get_target
+    from benchmarks.user_kernels import bshd_gqa_causal
+
+    tool = _tool()
+    sizes = dict(B=2, M=333, N=333, H=8, HKV=2, D=128)
+    found = tool.precompile_training(os.path.join(ROOT, "benchmarks", "user_kernels.py") +
+                                     ":bshd_gqa_causal", [f"{n}={v}" for n, v in sizes.items()])
+    target = get_target("cuda:sm_90a")
+    made = backward_template(bshd_gqa_causal.program, choose(bshd_gqa_causal.program,
+                                                             target)[1], sizes, target)
+    assert [source for source, _ in found[1:]] == [made.source]
+    assert "tf_hopper_attention_backward" in made.source
+    forward = found[0][0]
+    assert "tf_hopper_attention(" in forward and forward != made.source
+    assert forward != tool.precompile_kernel(os.path.join(ROOT, "benchmarks", "user_kernels.py") +
+                                             ":bshd_gqa_causal",
+                                             [f"{n}={v}" for n, v in sizes.items()])[0][0]

@@ -13,6 +13,9 @@ suite's float64 check compiles a kernel per variant, head dim, block size and la
 sizes (every stage of a staged program), e.g.
 ``kernel benchmarks/unlisted_kernels.py:cosine_similarity --size M=8192 --size N=8192
 --size D=1024``.
+``training``: what autograd through ``tf.compile`` of an attention kernel launches at those sizes
+— the forward that also writes each row's log-sum-exp, and the sm_90a backward where it takes
+the plan (``training benchmarks/user_kernels.py:bshd_gqa_causal --size B=2 …``).
 ``check``: runs ``benchmarks.hopper_attention.check`` with its inputs on the CPU and every
 launch stopped after its module is built (results are not computed). ``ab``: the sources
 ``benchmarks.hopper_ab`` times, this emitter's and the other's, at B=2, H=16 (GQA 32/8), D=128.
@@ -101,6 +104,32 @@ def precompile_kernel(spec: str, sizes: list[str]) -> list:
     return _cuda_sources(tf.compile(_load_kernel(spec), target="cuda"), _sizes(sizes))
 
 
+def precompile_training(spec: str, sizes: list[str]) -> list:
+    """The CUDA C++ sources a training step through ``tf.compile`` of the attention ``spec``
+    launches at ``sizes``: the forward autograd records (the program with each row's
+    log-sum-exp, :mod:`tensorfuse.autograd`) and the sm_90a backward, where it takes the plan
+    (the Triton kernels build on the GPU)."""
+    import tensorfuse as tf
+    from tensorfuse.cli import _load_kernel, _sizes
+    from tensorfuse.dsl.program import ProgramKernel
+    from tensorfuse.schedule_templates.attention_backward import plan_attention_backward
+    from tensorfuse.schedule_templates.attention_chain import with_logsumexp
+    from tensorfuse.schedule_templates.auto import choose
+    from tensorfuse.schedule_templates.hopper_attention_backward import plan_hopper_backward
+    from tensorfuse.targets.cuda.hopper_attention_backward import backward_source
+
+    kernel, dims = _load_kernel(spec), _sizes(sizes)
+    target = tf.compile(kernel, target="cuda").target
+    _, fusion = choose(kernel.program, target)
+    saving = ProgramKernel(with_logsumexp(kernel.program, fusion.names),
+                           getattr(kernel, "fn", None), tuned_as=kernel.program)
+    pending = _cuda_sources(tf.compile(saving, target=target), dims)
+    plan = plan_attention_backward(kernel.program, fusion, dims)
+    source = backward_source(plan_hopper_backward(plan, target.arch),
+                             [(p.name, p.dtype) for p in plan.program.scalar_params])
+    return pending + [(source, target)]
+
+
 def _cuda_sources(kernel, dims: dict) -> list:
     """``(source, target)`` of every CUDA C++ module ``kernel`` launches at ``dims``, through
     the kernel a compiled one chooses at them, the inner kernel of one that views the caller's
@@ -173,7 +202,8 @@ def precompile_ab(other: str | None, only: list[str], sizes: list[int],
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("check", "ab", "trace", "decode", "kernel"))
+    parser.add_argument("what", choices=("check", "ab", "trace", "decode", "kernel",
+                                         "training"))
     parser.add_argument("spec", nargs="?", help="kernel: FILE.py:KERNEL")
     parser.add_argument("--size", action="append", default=[], help="kernel: NAME=INTEGER")
     parser.add_argument("--grid", default=None, help="decode: benchmarks.decode_knobs's GRID")
@@ -188,10 +218,11 @@ def main(argv=None) -> int:
         from benchmarks.decode_knobs import GRID
 
         pending = precompile_decode(args.grid or GRID)
-    elif args.what == "kernel":
+    elif args.what in ("kernel", "training"):
         if not args.spec:
-            parser.error("kernel needs FILE.py:KERNEL")
-        pending = precompile_kernel(args.spec, args.size)
+            parser.error(f"{args.what} needs FILE.py:KERNEL")
+        pending = (precompile_kernel if args.what == "kernel" else precompile_training)(
+            args.spec, args.size)
     elif args.what == "ab" and args.other is None:
         parser.error("ab needs --other OLD_EMITTER.py")
     else:
