@@ -8,6 +8,7 @@ from .compiled import CompiledKernel
 from .dsl.expr import user_location
 from .dsl.program import TracedKernel, is_kernel
 from .errors import ScheduleError
+from .read_other_ways import read_other_way
 from .records import cpu_record, template_records
 from .schedule import Schedule
 from .schedule_templates import lower_program
@@ -69,11 +70,13 @@ def _compile(kernel, target, template, untemplated: str | None = None,
         one_row = _unit_rows(kernel, spec, dynamic) if spec.is_gpu else None
         if one_row is not None:   # values over no axis: the templates plan rows
             return one_row
-        # a one-hot sum (a gathered read's gradient) as the scatter it is, before any template
-        # takes it as a dense reduction over every output element
-        scattered = _scattered(kernel, spec, dynamic) if spec.is_gpu else None
-        if scattered is not None:
-            return scattered
+        # a one-hot sum (a gathered read's gradient) as the scatter it is, a reduction up to
+        # each output's own position (a cumulative sum) as the scan it is, before a template
+        # takes either as a dense reduction over every output element
+        read_otherwise = read_other_way(kernel, spec, dynamic) \
+            if spec.is_gpu and _triton_available() else None
+        if read_otherwise is not None:
+            return read_otherwise
         rows = _widened(kernel, spec, dynamic) if spec.is_gpu else None
         if rows is not None:
             return rows
@@ -280,19 +283,6 @@ def _written_out(kernel, spec, dynamic: "bool | None" = None) -> tuple:
         return ()
     return (WrittenOutRoute(kernel.program, spec,
                             lambda sizes: _pointwise(kernel, spec, dynamic, sizes)),)
-
-
-def _scattered(kernel, spec, dynamic: "bool | None" = None):
-    """A kernel whose one sum adds each term into the element an index names (a gathered read's
-    gradient: :mod:`.schedule_templates.scatter`) as the scatter-add template's atomic adds;
-    else ``None``."""
-    from .schedule_templates.auto import scatters
-    from .schedule_templates.scatter import plan_scatter
-    from .targets.triton.scatter_kernel import ScatterKernel
-
-    if not _triton_available() or not scatters(kernel.program):
-        return None
-    return ScatterKernel(plan_scatter(kernel.program), spec, dynamic)
 
 
 def _flattened(kernel, spec, dynamic: "bool | None" = False):

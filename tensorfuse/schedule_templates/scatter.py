@@ -118,6 +118,14 @@ def plan_scatter(program: Program) -> ScatterPlan:
     rest = tuple(c for j, c in enumerate(conditions) if j != k)
     if any(axis.uid in {a.uid for a in e.axes} for e in (body,) + rest):
         raise TargetError(f"the value added into {total.name} reads {axis.name} itself")
+    return ScatterPlan(program, total, axis, index, body, rest, outputs_over(program, total))
+
+
+def outputs_over(program: Program, total: Compute) -> tuple:
+    """``(compute, expression)`` of each of ``program``'s outputs, where every one is
+    elementwise over ``total``'s result (``total`` itself, or an expression of it as a
+    :class:`Ref` and of reads at its axes: a cast, a scale); else :class:`TargetError`."""
+    kept = {a.uid for a in total.axes}
     outputs = []
     for c in program.outputs:
         expr = Ref(c, 0, c.loc) if c is total else \
@@ -126,4 +134,4 @@ def plan_scatter(program: Program) -> ScatterPlan:
         if reads != {total.name} or {a.uid for a in c.axes} != kept:
             raise TargetError(f"output {c.name} is not elementwise over {total.name}'s result")
         outputs.append((c, expr))
-    return ScatterPlan(program, total, axis, index, body, rest, tuple(outputs))
+    return tuple(outputs)

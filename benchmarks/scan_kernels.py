@@ -1,0 +1,115 @@
+"""Scans as a user writes them — a reduction over the positions up to each output's own
+(``T.sum(T.where(j <= i, x[b, j], 0.0), over=j)``): a cumulative sum along rows and along one
+long sequence (its rows cut into parts), a running maximum down the sequence axis of ``[B, S,
+D]``, a log-cumulative-sum-exp, a segment's offsets from its lengths (an exclusive integer
+prefix sum) and a sum to the end (rewards-to-go) — through ``tf.compile`` defaults (the scan
+template, :mod:`tensorfuse.schedule_templates.scan`) against torch eager (``cumsum``,
+``cummax``, ``logcumsumexp``) and ``torch.compile`` in the same process, each checked against a
+float64 reference first (the harness of :mod:`benchmarks.user_kernels`).
+
+    python -m benchmarks.scan_kernels [--only NAME,…]
+
+Rows: ``benchmark`` = ``user/<name>``; GB/s of the input read and the output written; CSV
+``benchmarks/results/<date>-<device>-scan-kernels.csv``.
+"""
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from benchmarks.kernel_suite import Case, main, rows_case
+
+
+@tf.kernel
+def cumulative_sum(x: T.Tensor["B", "N", "bf16"]):
+    """``torch.cumsum(x, -1)``: each position's sum of the row up to it (in f32, stored bf16)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.cast(T.sum(T.where(j <= i, x[b, j], 0.0), over=j), "bf16")
+
+
+@tf.kernel
+def long_cumulative_sum(x: T.Tensor["N", "f32"]):
+    """A cumulative sum of one long sequence: no rows to spread over the GPU."""
+    j = T.axis("j", "N")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j <= i, x[j], 0.0), over=j)
+
+
+@tf.kernel
+def running_max(x: T.Tensor["B", "S", "D", "f32"]):
+    """``torch.cummax(x, 1).values``: each feature's largest value so far along the sequence,
+    which is not the innermost axis."""
+    b = T.axis("b", "B")
+    t = T.axis("t", "S")   # declared before d: the output is [B, S, D]
+    s, d = T.axes("s d")
+    return T.max(T.where(s <= t, x[b, s, d], -T.inf), over=s)
+
+
+@tf.kernel
+def log_cumulative_sum_exp(x: T.Tensor["B", "N", "f32"]):
+    """``torch.logcumsumexp(x, -1)``."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.logsumexp(T.where(j <= i, x[b, j], -T.inf), over=j)
+
+
+@tf.kernel
+def segment_offsets(lengths: T.Tensor["G", "i32"]):
+    """Where each segment starts in a packed batch: the sum of the lengths before it."""
+    g = T.axis("g", "G")
+    h = T.axis("h", "G")
+    return T.sum(T.where(g < h, lengths[g], 0), over=g)
+
+
+@tf.kernel
+def sum_to_the_end(r: T.Tensor["B", "N", "f32"]):
+    """Rewards-to-go: each step's sum of the rewards from it to the episode's end."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j >= i, r[b, j], 0.0), over=j)
+
+
+def _cumsum_case(generator, B=256, N=32768) -> Case:
+    x = torch.randn(B, N, generator=generator).to("cuda", torch.bfloat16)
+    return rows_case("cumulative_sum", cumulative_sum, lambda t: torch.cumsum(t, -1), x, {},
+                     f"B{B} N{N} bf16")
+
+
+def _long_case(generator, N=2**26) -> Case:
+    x = torch.randn(N, generator=generator).cuda()
+    return rows_case("long_cumulative_sum", long_cumulative_sum, lambda t: torch.cumsum(t, 0),
+                     x, {}, f"N{N} f32")
+
+
+def _running_max_case(generator, B=16, S=4096, D=1024) -> Case:
+    x = torch.randn(B, S, D, generator=generator).cuda()
+    return rows_case("running_max", running_max, lambda t: torch.cummax(t, 1).values, x, {},
+                     f"B{B} S{S} D{D} f32 (over S)")
+
+
+def _logcumsumexp_case(generator, B=64, N=16384) -> Case:
+    x = 4 * torch.randn(B, N, generator=generator).cuda()
+    return rows_case("log_cumulative_sum_exp", log_cumulative_sum_exp,
+                     lambda t: torch.logcumsumexp(t, -1), x, {}, f"B{B} N{N} f32")
+
+
+def _offsets_case(generator, G=2**22) -> Case:
+    lengths = torch.randint(1, 4096, (G,), generator=generator, dtype=torch.int32).cuda()
+    return rows_case("segment_offsets", segment_offsets,
+                     lambda t: (torch.cumsum(t, 0) - t).to(t.dtype), lengths, {},
+                     f"G{G} i32 (exclusive)")
+
+
+def _to_the_end_case(generator, B=1024, N=4096) -> Case:
+    r = torch.randn(B, N, generator=generator).cuda()
+    return rows_case("sum_to_the_end", sum_to_the_end,
+                     lambda t: torch.flip(torch.cumsum(torch.flip(t, (-1,)), -1), (-1,)), r, {},
+                     f"B{B} N{N} f32 (suffix)")
+
+
+SCAN_KERNELS = {"cumulative_sum": _cumsum_case, "long_cumulative_sum": _long_case,
+                "running_max": _running_max_case, "log_cumulative_sum_exp": _logcumsumexp_case,
+                "segment_offsets": _offsets_case, "sum_to_the_end": _to_the_end_case}
+
+if __name__ == "__main__":
+    main(SCAN_KERNELS, "scan-kernels", __doc__)

@@ -1,0 +1,28 @@
+"""Programs whose one reduction a template reads another way than as it is written, ahead of
+every template that would take it as written: a one-hot sum — a gathered read's gradient — as
+the scatter-add it is (:mod:`.schedule_templates.scatter`: each term added into the element its
+index names, not every element visiting every term), a reduction over the positions up to each
+output's own — a cumulative sum — as a scan (:mod:`.schedule_templates.scan`: N terms, not
+N²)."""
+from __future__ import annotations
+
+from .errors import TargetError
+
+
+def read_other_way(kernel, spec, dynamic: "bool | None" = None):
+    """The scatter-add or scan template's kernel of ``kernel`` on the GPU ``spec`` where its
+    program is one of those forms (Triton importable: the caller's to know), else ``None``."""
+    from .schedule_templates.auto import scatters
+    from .schedule_templates.scan import plan_scan
+    from .schedule_templates.scatter import plan_scatter
+    from .targets.triton.reductions import reducible
+    from .targets.triton.scan_kernel import ScanKernel
+    from .targets.triton.scatter_kernel import ScatterKernel
+
+    if scatters(kernel.program):
+        return ScatterKernel(plan_scatter(kernel.program), spec, dynamic)
+    try:
+        plan = plan_scan(kernel.program)
+    except TargetError:
+        return None
+    return ScanKernel(plan, spec, dynamic) if reducible(plan.monoid) else None

@@ -1,0 +1,176 @@
+"""Reductions over the positions up to an output's own: scans (cumulative sums, running maxima,
+suffix products), written as the math a user writes them.
+
+The DSL has no scan of its own: a cumulative sum is ``T.sum(T.where(j <= i, x[b, j], 0.0),
+over=j)`` — every output element ``i`` reduces the terms at or before it. As a dense reduction
+each of ``N`` outputs visits ``N`` terms: ``N²`` work where a scan does ``N`` (a row of 4096:
+4096× the arithmetic; the contraction template took it as a GEMM against the mask).
+:func:`plan_scan` recognises the form: one reduction over one axis ``j``, its body
+``where(j ⋚ i, value, identity)`` (under any further conditions, and for sums also ``value ·
+where(j ⋚ i, 1, 0)``) for an axis ``i`` of the result with ``j``'s extent that neither the value
+nor the other conditions read; the program's other computes elementwise, before the reduction
+(inlined into its value) or after it (the outputs' epilogue, which may read ``i``: a cumulative
+sum's normalised row, ``x[b, i] / cumsum``). ``j <= i`` is an inclusive prefix, ``j < i`` an
+exclusive one (the value read one position back), ``j >= i`` and ``j > i`` suffixes (swept from
+the end). Any monoid of one component Triton can combine scans: sum, product, max, min, a
+user's ``T.Monoid``.
+
+The emitter (:mod:`tensorfuse.targets.triton.scan`) sweeps each row's blocks in order, scanning
+a block with ``tl.associative_scan`` and carrying the combined total of the blocks before it.
+Where the rows alone would not fill the GPU (one long sequence), each row is cut into
+:func:`parts`: a first kernel reduces every part, the scan kernel starts each part from the
+combination of the parts before it — the value is read twice, but every SM has work.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..algebra import inline_elementwise
+from ..dsl.expr import Axis, Binary, Compare, Const, Expr, Where
+from ..dsl.printer import to_text
+from ..dsl.program import Compute, Program
+from ..errors import TargetError
+from .attention import SMS
+from .scatter import outputs_over
+
+# j ⋚ i read as (direction, shift): the term at j = i + shift is the last one in
+_RELATIONS = {"le": ("prefix", 0), "lt": ("prefix", -1), "ge": ("suffix", 0),
+              "gt": ("suffix", 1)}
+_FLIPPED = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt"}
+MAX_PARTS = 64     # parts of a row at most (the scan kernel combines their totals in one tile)
+PROGRAMS = 2 * SMS  # programs the parts aim at: two an SM (not measured apart)
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    """``total[..., i] = ⊕ value[..., j]`` over ``j`` up to ``i`` (``direction`` ``prefix``:
+    ``j ≤ i + shift``; ``suffix``: ``j ≥ i + shift``) where ``conditions`` hold; then
+    ``outputs`` (compute, expression over ``total``'s axes reading it as a :class:`Ref`)."""
+
+    program: Program
+    total: Compute
+    axis: Axis          # j, the axis reduced
+    out_axis: Axis      # i, the result's axis the reduction runs up to
+    direction: str
+    shift: int
+    value: Expr
+    conditions: tuple
+    outputs: tuple
+
+    @property
+    def monoid(self):
+        return self.total.monoid
+
+    @property
+    def rows(self) -> tuple[Axis, ...]:
+        """The result's other axes, in the first output's order (the innermost last)."""
+        return tuple(a for a in self.outputs[0][0].axes if a.uid != self.out_axis.uid)
+
+    @property
+    def along_rows(self) -> bool:
+        """Whether the output's innermost axis is ``i`` (a tile then reads along the scan)."""
+        return self.outputs[0][0].axes[-1].uid == self.out_axis.uid
+
+    max_parts = MAX_PARTS
+
+    def parts(self, rows: int, length: int, block_m: int, block_n: int) -> int:
+        """The parts each of ``rows`` rows of ``length`` positions is cut into, in tiles of
+        ``block_m`` rows × ``block_n`` positions: one where the rows' programs already make
+        :data:`PROGRAMS`, else enough to, each at least four blocks long and at most
+        :data:`MAX_PARTS`."""
+        programs = math.ceil(rows / block_m)
+        blocks = math.ceil(length / block_n)
+        if programs >= PROGRAMS:
+            return 1
+        return max(1, min(MAX_PARTS, math.ceil(PROGRAMS / programs), blocks // 4))
+
+    def describe(self) -> str:
+        where = "".join(f" where {to_text(c)}" for c in self.conditions)
+        relation = {("prefix", 0): "<=", ("prefix", -1): "<", ("suffix", 0): ">=",
+                    ("suffix", 1): ">"}[(self.direction, self.shift)]
+        return (f"scan plan of {self.program.name}: {self.total.name}[{self.out_axis.name}] = "
+                f"{self.monoid.name} of {to_text(self.value)}{where} over "
+                f"{self.axis.name} {relation} {self.out_axis.name} ({self.direction} scan, "
+                f"rows {', '.join(a.name for a in self.rows) or '(one)'}); outputs: "
+                + ", ".join(c.name for c, _ in self.outputs))
+
+
+def plan_scan(program: Program) -> ScanPlan:
+    """The scan plan of ``program``, or a :class:`TargetError` that says why it has none."""
+    reductions = [c for c in program.computes if c.is_reduction]
+    if len(reductions) != 1:
+        raise TargetError(f"{len(reductions)} reductions; a scan program has one")
+    total = reductions[0]
+    if total.arity != 1 or len(total.over) != 1:
+        raise TargetError(f"{total.name} reduces {len(total.over)} axes into {total.arity} "
+                          "values; a scan reduces one axis into one")
+    j = total.over[0]
+    body, conditions = _peeled(inline_elementwise(total.bodies[0]), total)
+    found = _relation(conditions, j, total)
+    if found is None:
+        raise TargetError(f"{total.name} has no condition comparing {j.name} with an axis of "
+                          "its result of the same extent")
+    k, i, (direction, shift) = found
+    rest = tuple(c for n, c in enumerate(conditions) if n != k)
+    if any(i.uid in {a.uid for a in e.axes} for e in (body,) + rest):
+        raise TargetError(f"the terms of {total.name} read {i.name} beside comparing it")
+    return ScanPlan(program, total, j, i, direction, shift, body, rest,
+                    outputs_over(program, total))
+
+
+def _peeled(body: Expr, total: Compute) -> tuple[Expr, list]:
+    """``body`` without the conditions around it — ``where(c, v, identity)``, and for sums
+    ``v · where(c, 1, 0)`` — and those conditions, conjunctions split."""
+    conditions = []
+    while True:
+        if isinstance(body, Where) and _absorbed(body.b, total):
+            conditions.append(body.cond)
+            body = body.a
+            continue
+        if total.monoid.name == "sum" and isinstance(body, Binary) and body.op == "mul":
+            mask = next(((v, m) for v, m in ((body.a, body.b), (body.b, body.a))
+                         if isinstance(m, Where) and _is(m.a, 1) and _is(m.b, 0)), None)
+            if mask is not None:
+                conditions.append(mask[1].cond)
+                body = mask[0]
+                continue
+        break
+    split = []
+    while conditions:
+        c = conditions.pop()
+        if isinstance(c, Binary) and c.op == "and":
+            conditions += [c.a, c.b]
+        else:
+            split.append(c)
+    return body, split[::-1]
+
+
+def _is(e: Expr, value: float) -> bool:
+    return isinstance(e, Const) and e.value == value
+
+
+def _absorbed(e: Expr, total: Compute) -> bool:
+    """Whether a term ``e`` leaves every value as it is under ``total``'s monoid: its identity
+    (−∞ for a max, +∞ for a min as well)."""
+    if not isinstance(e, Const):
+        return False
+    name = total.monoid.name
+    return e.value == total.monoid.identity_value(0, total.dtypes[0]) or \
+        name == "max" and e.value == -math.inf or name == "min" and e.value == math.inf
+
+
+def _relation(conditions: list, j: Axis, total: Compute):
+    """``(index of the condition, i, (direction, shift))`` of the first condition ``j ⋚ i`` (or
+    ``i ⋚ j``) for an axis ``i`` of ``total``'s result of ``j``'s extent; else None."""
+    kept = {a.uid: a for a in total.axes}
+    for k, c in enumerate(conditions):
+        if not isinstance(c, Compare) or c.op not in _FLIPPED:
+            continue
+        for a, b, op in ((c.a, c.b, c.op), (c.b, c.a, _FLIPPED[c.op])):
+            if isinstance(a, Axis) and a.uid == j.uid and isinstance(b, Axis) and \
+                    b.uid in kept and b.extent == j.extent:
+                return k, kept[b.uid], _RELATIONS[op]
+    return None
+
+

@@ -1,0 +1,84 @@
+"""The scan template's kernels as a callable (``schedule_templates.scan``): the parts' totals
+where a call cuts its rows into parts, then the scan."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...binding import split_scalars
+from .launch import interpreting
+from .plan_kernel import PlanKernel
+from .scan import NUM_WARPS, accumulator, blocks, layout, scan_source
+
+# the carry's Triton type as torch names it, and as a Triton signature does
+TORCH_ACCUMULATORS = {"tl.float32": "float32", "tl.int32": "int32", "tl.int64": "int64"}
+TRITON_ACCUMULATORS = {"tl.float32": "fp32", "tl.int32": "i32", "tl.int64": "i64"}
+
+ORIGIN = "scan template (blocks scanned in order, the carry of the blocks before them)"
+
+
+@dataclass(frozen=True)
+class ScanKnobs:
+    """The tile (what a build is keyed by beside its sizes)."""
+
+    block_m: int
+    block_n: int
+
+
+class ScanKernel(PlanKernel):
+    """A :class:`~tensorfuse.schedule_templates.scan.ScanPlan` as one or two Triton kernels."""
+
+    scratch_names = ("totals", "scan_parts", "scan_part_len")
+    scalar_scratch = ("scan_parts", "scan_part_len")
+    suffix, main_kernel, num_warps = "scan", "scan", NUM_WARPS
+
+    def __init__(self, plan, target, dynamic: "bool | None" = None):
+        super().__init__(plan, target, dynamic)
+        self.description = ORIGIN
+
+    def _knobs(self, dims: dict) -> ScanKnobs:
+        return ScanKnobs(*blocks(self.plan, dims))
+
+    def _kernels(self, dims: dict) -> list[str]:
+        return (["totals"] if layout(self.plan, dims)[0] > 1 else []) + ["scan"]
+
+    def _grids(self, dims: dict) -> list[tuple]:
+        cut, _, programs = layout(self.plan, dims)
+        return [(programs, cut)] * len(self._kernels(dims))
+
+    def _meta(self, dims: dict) -> dict:
+        block_m, block_n = blocks(self.plan, dims)
+        return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=1)
+
+    def _write(self, sizes: dict, args: list[str]) -> str:
+        return scan_source(self.plan, self._name, sizes, args, interpreting())
+
+    def _scratch(self, dims: dict, device) -> dict:
+        """The parts' totals (a row of the plan's ``max_parts`` per row of the result; one
+        element where the rows are not cut: not read), the parts and their length."""
+        import torch
+
+        cut, length, programs = layout(self.plan, dims)
+        rows = programs * blocks(self.plan, dims)[0] if cut > 1 else 0
+        dtype = getattr(torch, TORCH_ACCUMULATORS[accumulator(self.plan)])
+        return {"totals": torch.empty(max(1, rows * self.plan.max_parts), dtype=dtype, device=device),
+                "scan_parts": cut, "scan_part_len": length}
+
+    def _signature(self) -> dict:
+        return {"totals": "*" + TRITON_ACCUMULATORS[accumulator(self.plan)],
+                "scan_parts": "i32", "scan_part_len": "i32"}
+
+    def schedule_origin(self, **dims) -> str:
+        """The template; at given sizes also how its rows are cut."""
+        dims, _ = split_scalars(self.program, dims)
+        if not dims:
+            return self.description
+        cut, length, programs = layout(self.plan, dims)
+        block_m, block_n = blocks(self.plan, dims)
+        return (f"{self.description}; tiles of {block_m} rows × {block_n} positions, "
+                f"{programs} programs along the rows" +
+                (f", each row cut into {cut} parts of {length} positions (their totals first)"
+                 if cut > 1 else ""))
+
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        dims, _ = split_scalars(self.program, {**dims, **(scalars or {})})
+        return self.plan.describe() + (f"\n  {self.schedule_origin(**dims)}" if dims else "")

@@ -1,0 +1,147 @@
+"""Reductions up to each output's position as scans (``schedule_templates/scan.py``): what the
+plan reads off the math and why it refuses the rest, the kernels' numbers on the CPU target and
+in Triton's interpreter (:mod:`tests.schedule_templates.scan_check`) against float64, rows cut
+into parts where they are few, one build for every size with ``dynamic=True``, code for sm_90a
+and gfx942, and on a GPU against torch."""
+import pytest
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.errors import TargetError
+from tensorfuse.schedule_templates.scan import MAX_PARTS, PROGRAMS, plan_scan
+from tensorfuse.targets.triton.scan_kernel import ScanKernel
+from benchmarks.scan_kernels import (cumulative_sum, long_cumulative_sum, running_max,
+                                     segment_offsets, sum_to_the_end)
+from tests.helpers import (fresh_seed, gpu_case, poisoned_call, relative_error,
+                           run_interpreted)
+from tests.schedule_templates.scan_check import CASES, running_mean, survival
+
+
+@pytest.mark.parametrize("name", sorted(set(CASES) - {"long_cumulative_sum"}))
+def test_each_matches_float64_on_the_cpu(name):
+    """The kernels as written (N² terms on the CPU target: the long one is left to the GPU
+    paths) against torch's scans in float64."""
+    kernel, case = CASES[name]
+    args, want = case(torch.Generator().manual_seed(fresh_seed()))
+    (out,) = poisoned_call(tf.compile(kernel, target="llvm"), kernel.program, args, want)
+    tolerance = 2e-2 if out.dtype == torch.bfloat16 else 1e-6
+    assert relative_error(out, want) < tolerance
+
+
+def test_the_triton_kernels_match_float64_in_the_interpreter():
+    """f32 and integer results to 1e-6 (the integers exactly: 0); the bf16 one to its rounding
+    (the interpreter truncates to bf16 where a GPU rounds)."""
+    seed = fresh_seed()
+    errors = run_interpreted("tests.schedule_templates.scan_check", seed)
+    assert set(errors) == set(CASES)
+    for name, error in errors.items():
+        bf16 = CASES[name][0].program.outputs[0].dtypes[0] == "bf16"
+        assert error < (1e-2 if bf16 else 1e-6), f"{name}: {error:.1e} (TENSORFUSE_SEED={seed})"
+    assert errors["segment_offsets"] == 0 and errors["running_max"] == 0
+
+
+def test_the_plan_reads_the_scan_off_the_math():
+    plan = plan_scan(cumulative_sum.program)
+    assert (plan.direction, plan.shift, plan.axis.name, plan.out_axis.name) == \
+        ("prefix", 0, "j", "i")
+    assert [a.name for a in plan.rows] == ["b"] and plan.along_rows
+    assert plan.monoid.name == "sum" and plan.conditions == ()
+    # the other axis the output keeps is innermost: tiles of rows side by side
+    down = plan_scan(running_max.program)
+    assert [a.name for a in down.rows] == ["b", "d"] and not down.along_rows
+    assert down.monoid.name == "max"
+    exclusive = plan_scan(segment_offsets.program)   # g < h: the value read one position back
+    assert (exclusive.direction, exclusive.shift, exclusive.rows) == ("prefix", -1, ())
+    suffix = plan_scan(sum_to_the_end.program)       # j >= i: swept from the end
+    assert (suffix.direction, suffix.shift) == ("suffix", 0)
+    assert plan_scan(survival.program).monoid.name == "prod"
+    mean = plan_scan(running_mean.program)   # the epilogue reads the position
+    assert "i" in repr(mean.outputs[0][1])
+    lengths = plan_scan(CASES["cumulative_sum_within_lengths"][0].program)
+    assert len(lengths.conditions) == 1 and "n[b]" in repr(lengths.conditions[0])
+    assert "over j <= i (prefix scan, rows b)" in plan.describe()
+
+
+@tf.kernel
+def discounted_return(r: T.Tensor["B", "N", "f32"], gamma: T.f32):
+    """Each step's discounted sum to the end: the terms read i (γ^(j − i))."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j >= i, r[b, j] * T.exp(T.log(gamma) * (j - i)), 0.0), over=j)
+
+
+@tf.kernel
+def row_sum(x: T.Tensor["B", "N", "f32"]):
+    b, j = T.axes("b j")
+    return T.sum(x[b, j], over=j)
+
+
+@tf.kernel
+def other_extent(x: T.Tensor["B", "N", "f32"], y: T.Tensor["M", "f32"]):
+    b, j, i = T.axes("b j i")
+    return T.sum(T.where(j <= i, x[b, j], 0.0), over=j) + y[i]
+
+
+@pytest.mark.parametrize("kernel, reason", [
+    (discounted_return, "the terms of out read i beside comparing it"),
+    (tf.kernels.softmax, "2 reductions; a scan program has one"),
+    (row_sum, "no condition comparing j with an axis of its result of the same extent"),
+    (other_extent, "no condition comparing j"),
+])
+def test_what_is_not_a_scan_is_refused_with_the_reason(kernel, reason):
+    with pytest.raises(TargetError, match=reason):
+        plan_scan(kernel.program)
+    assert not isinstance(tf.compile(kernel, target="cuda:sm_90a"), ScanKernel)
+
+
+def test_the_scan_template_takes_scans_on_gpus_and_the_cpu_keeps_its_own():
+    made = tf.compile(cumulative_sum, target="cuda:sm_90a")
+    assert isinstance(made, ScanKernel)
+    assert made.schedule_origin().startswith("scan template")
+    assert not isinstance(tf.compile(cumulative_sum, target="llvm"), ScanKernel)
+
+
+def test_rows_too_few_for_the_gpu_are_cut_into_parts():
+    """One long sequence: parts of whole blocks, enough programs, their totals first; many rows:
+    no parts, one kernel."""
+    parts = plan_scan(cumulative_sum.program).parts
+    assert parts(1, 2**26, 1, 1024) == MAX_PARTS
+    assert parts(4096, 4096, 2, 1024) == 1
+    assert parts(2, 10 * 1024, 2, 1024) == 2   # at least four blocks a part
+    assert parts(32, 2**20, 2, 1024) == -(-PROGRAMS // 16)   # 16 programs along the rows
+    long_ = tf.compile(long_cumulative_sum, target="cuda:sm_90a")
+    assert "cut into 64 parts of 1048576 positions" in long_.describe_plan(N=2**26)
+    assert long_._kernels(dict(N=2**26)) == ["totals", "scan"]
+    many = tf.compile(cumulative_sum, target="cuda:sm_90a")
+    assert "parts" not in many.schedule_origin(B=4096, N=4096)
+    assert many._kernels(dict(B=4096, N=4096)) == ["scan"]
+
+
+def test_one_build_serves_every_size_and_the_gradient_is_a_scan_from_the_end():
+    """``dynamic=True``: one source for three lengths (one cut into parts); autograd's backward
+    of a running mean (``Σ_i where(j <= i, g[i] / (i + 1))``) is planned as a suffix scan."""
+    found = run_interpreted("tests.schedule_templates.scan_calls_check")
+    assert found["builds"] == 1 and found["error"] < 1e-6
+    assert found["gradient_error"] < 1e-6 and found["backward"].startswith("scan template")
+
+
+@pytest.mark.parametrize("kernel, dims", [(cumulative_sum, dict(B=64, N=4096)),
+                                          (running_max, dict(B=2, S=4096, D=16)),
+                                          (segment_offsets, dict(G=2**20))])
+def test_the_kernels_compile_for_sm90a_and_gfx942(kernel, dims):
+    made = tf.compile(kernel, target="cuda:sm_90a")
+    for which in made._kernels(dims):
+        assert ".visible .entry" in made.ptx(which, **dims)
+    amd = tf.compile(kernel, target="rocm:gfx942")
+    assert "amdgcn" in amd.compiled("scan", **dims).asm
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_matches_float64_on_the_gpu(name):
+    kernel, case = CASES[name]
+    args, want, _ = gpu_case(case)
+    (out,) = poisoned_call(tf.compile(kernel), kernel.program, args, want)
+    tolerance = 2e-2 if out.dtype == torch.bfloat16 else 1e-5
+    assert relative_error(out, want) < tolerance
