@@ -58,6 +58,7 @@ from ..dsl.expr import Axis, Binary, Expr, Load, Ref, Unary, Where
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
+from .scan import is_scan
 
 WHO = "contraction template"
 PAIRWISE_MONOIDS = ("sum", "max", "min")
@@ -239,6 +240,10 @@ def plan_contraction(program: Program) -> ContractionPlan:
                 c.monoid.name not in ARG_MONOIDS:
             raise _refuse(f"{c.name} is not a sum, maximum or minimum (it takes sums of products "
                           "and reductions of pairs)", c.loc)
+    for c in sums:
+        if is_scan(c):   # N terms on the scan template (a stage of its own), not N²
+            raise _refuse(f"{c.name} reduces over the positions up to each of its own: a scan, "
+                          "not a contraction", c.loc)
     sums, columns = _over_columns(sums)
     by_name = {c.name: c for c in columns}
     normalisers = {c.name: found for c in columns

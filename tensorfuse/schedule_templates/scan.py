@@ -102,6 +102,24 @@ def plan_scan(program: Program) -> ScanPlan:
     if len(reductions) != 1:
         raise TargetError(f"{len(reductions)} reductions; a scan program has one")
     total = reductions[0]
+    i, direction, shift, body, rest = _scanned(total)
+    return ScanPlan(program, total, total.over[0], i, direction, shift, body, rest,
+                    outputs_over(program, total))
+
+
+def is_scan(total: Compute) -> bool:
+    """Whether the reduction ``total`` runs over the positions up to each of its own (the form
+    :func:`plan_scan` takes, whatever else its program computes)."""
+    try:
+        _scanned(total)
+    except TargetError:
+        return False
+    return True
+
+
+def _scanned(total: Compute) -> tuple:
+    """``(i, direction, shift, value, other conditions)`` of a reduction in the scan form; else
+    :class:`TargetError` saying why not."""
     if total.arity != 1 or len(total.over) != 1:
         raise TargetError(f"{total.name} reduces {len(total.over)} axes into {total.arity} "
                           "values; a scan reduces one axis into one")
@@ -115,8 +133,7 @@ def plan_scan(program: Program) -> ScanPlan:
     rest = tuple(c for n, c in enumerate(conditions) if n != k)
     if any(i.uid in {a.uid for a in e.axes} for e in (body,) + rest):
         raise TargetError(f"the terms of {total.name} read {i.name} beside comparing it")
-    return ScanPlan(program, total, j, i, direction, shift, body, rest,
-                    outputs_over(program, total))
+    return i, direction, shift, body, rest
 
 
 def _peeled(body: Expr, total: Compute) -> tuple[Expr, list]:

@@ -1,6 +1,7 @@
 """Scans written as reductions up to each output's position (the kernels of
 :mod:`benchmarks.scan_kernels` and more: an epilogue that reads the position, a condition beside
-the position's, the mask written as a 0/1 factor, a product, a long row cut into parts), as
+the position's, the mask written as a 0/1 factor, a product, a long row cut into parts, a scan
+stage before the row template's), as
 ``tf.compile`` makes them for sm_90a, run by Triton's interpreter against torch in float64,
 outputs poisoned; prints each case's relative error as JSON.
 
@@ -13,6 +14,7 @@ from tensorfuse import dsl as T
 from benchmarks.scan_kernels import (cumulative_sum, log_cumulative_sum_exp, long_cumulative_sum,
                                      running_max, segment_offsets, sum_to_the_end)
 from tests.helpers import poisoned_main
+from tests.schedule_templates.staged_floor import interpreted
 
 
 @tf.kernel
@@ -38,6 +40,26 @@ def survival(p: T.Tensor["B", "N", "f32"]):
     b, j = T.axes("b j")
     i = T.axis("i", "N")
     return T.prod(T.where(j <= i, 1.0 - p[b, j], 1.0), over=j)
+
+
+@tf.kernel
+def max_drawdown(x: T.Tensor["B", "N", "f32"]):
+    """The largest fall from a running peak: a scan, then a reduction of it (two stages)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    peak = T.max(T.where(j <= i, x[b, j], -T.inf), over=j)
+    return T.max(peak - x[b, i], over=i)
+
+
+@tf.kernel
+def softmax_of_cumulative_sums(x: T.Tensor["B", "N", "f32"]):
+    """A softmax over a row's cumulative sums: a scan, then the row template."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    c = T.sum(T.where(j <= i, x[b, j], 0.0), over=j)
+    m = T.max(c, over=i)
+    e = T.exp(c - m)
+    return e / T.sum(e, over=i)
 
 
 def cumsum_case(generator, B=3, N=1000):
@@ -87,6 +109,16 @@ def survival_case(generator, B=3, N=400):
     return dict(p=p), torch.cumprod(1 - p.double(), -1)
 
 
+def drawdown_case(generator, B=3, N=2000):
+    x = torch.cumsum(torch.randn(B, N, generator=generator), -1)   # a random walk
+    return dict(x=x), (torch.cummax(x.double(), -1).values - x.double()).max(-1).values
+
+
+def softmax_of_sums_case(generator, B=3, N=900):
+    x = torch.randn(B, N, generator=generator) * 0.3
+    return dict(x=x), torch.softmax(torch.cumsum(x.double(), -1), -1)
+
+
 CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "long_cumulative_sum": (long_cumulative_sum, long_case),
          "running_max": (running_max, running_max_case),
@@ -95,10 +127,18 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "sum_to_the_end": (sum_to_the_end, to_the_end_case),
          "running_mean": (running_mean, running_mean_case),
          "cumulative_sum_within_lengths": (cumulative_sum_within_lengths, lengths_case),
-         "survival": (survival, survival_case)}
+         "survival": (survival, survival_case),
+         "max_drawdown": (max_drawdown, drawdown_case),
+         "softmax_of_cumulative_sums": (softmax_of_cumulative_sums, softmax_of_sums_case)}
+STAGED = ("max_drawdown", "softmax_of_cumulative_sums")   # a scan stage, then the row template
+# float32 cumulative sums (up to ~30) exponentiated: their rounding, ~1e-7 of them, is the
+# softmax's relative error (on the CPU target as in the stages)
+TOLERANCES = {"softmax_of_cumulative_sums": 1e-5}
 
 
 def _compiled(name, kernel):
+    if name in STAGED:
+        return interpreted(kernel)
     made = tf.compile(kernel, target="cuda:sm_90a")
     assert made.schedule_origin().startswith("scan template"), made.schedule_origin()
     return made

@@ -210,7 +210,7 @@ def _interpreted_stage(stage, kernel):
 
     from tensorfuse.api import AutoKernel
     from tensorfuse.flat_kernel import FlatSweepKernel
-    from tensorfuse.targets.triton.elementwise import ElementwiseKernel
+    from tensorfuse.targets.triton.plan_kernel import PlanKernel
     from tensorfuse.widened_kernel import RewrittenKernel
 
     if isinstance(kernel, RewrittenKernel):   # a value over no axis as one row: its shape []
@@ -221,7 +221,7 @@ def _interpreted_stage(stage, kernel):
                                lambda sizes: _interpreted_stage(None, kernel.for_sizes(**sizes)))
     if isinstance(kernel, AutoKernel):
         return _PickedPerCall(kernel)
-    if isinstance(kernel, ElementwiseKernel):   # a stage's elementwise pass: Triton's as it is
+    if isinstance(kernel, PlanKernel):   # an elementwise pass, a scatter-add, a scan: as it is
         return kernel
     if stage is None:   # a whole kernel: a flat sweep's or the elementwise template's
         return kernel

@@ -15,7 +15,8 @@ from benchmarks.scan_kernels import (cumulative_sum, long_cumulative_sum, runnin
                                      segment_offsets, sum_to_the_end)
 from tests.helpers import (fresh_seed, gpu_case, poisoned_call, relative_error,
                            run_interpreted)
-from tests.schedule_templates.scan_check import CASES, running_mean, survival
+from tests.schedule_templates.scan_check import (CASES, TOLERANCES, max_drawdown, running_mean,
+                                                 survival)
 
 
 @pytest.mark.parametrize("name", sorted(set(CASES) - {"long_cumulative_sum"}))
@@ -25,7 +26,7 @@ def test_each_matches_float64_on_the_cpu(name):
     kernel, case = CASES[name]
     args, want = case(torch.Generator().manual_seed(fresh_seed()))
     (out,) = poisoned_call(tf.compile(kernel, target="llvm"), kernel.program, args, want)
-    tolerance = 2e-2 if out.dtype == torch.bfloat16 else 1e-6
+    tolerance = 2e-2 if out.dtype == torch.bfloat16 else TOLERANCES.get(name, 1e-6)
     assert relative_error(out, want) < tolerance
 
 
@@ -37,7 +38,8 @@ def test_the_triton_kernels_match_float64_in_the_interpreter():
     assert set(errors) == set(CASES)
     for name, error in errors.items():
         bf16 = CASES[name][0].program.outputs[0].dtypes[0] == "bf16"
-        assert error < (1e-2 if bf16 else 1e-6), f"{name}: {error:.1e} (TENSORFUSE_SEED={seed})"
+        tolerance = 1e-2 if bf16 else TOLERANCES.get(name, 1e-6)
+        assert error < tolerance, f"{name}: {error:.1e} (TENSORFUSE_SEED={seed})"
     assert errors["segment_offsets"] == 0 and errors["running_max"] == 0
 
 
@@ -102,6 +104,21 @@ def test_the_scan_template_takes_scans_on_gpus_and_the_cpu_keeps_its_own():
     assert not isinstance(tf.compile(cumulative_sum, target="llvm"), ScanKernel)
 
 
+def test_a_scan_inside_a_larger_program_is_a_stage_of_its_own():
+    """A running peak's largest fall: the contraction template refuses the scan (it would
+    compute N² pairs), so the floor stores the scan's result and reduces it on the row
+    template."""
+    from tensorfuse.errors import ScheduleError
+    from tensorfuse.schedule_templates.contraction_plan import plan_contraction
+
+    with pytest.raises(ScheduleError, match="peak reduces over the positions up to each of its "
+                                            "own: a scan, not a contraction"):
+        plan_contraction(max_drawdown.program)
+    plan = tf.compile(max_drawdown, target="cuda:sm_90a").describe_plan(B=64, N=8192)
+    assert "[1] peak from x\nscan plan of max_drawdown_peak" in plan
+    assert "[2] out from x, peak\nmax_drawdown_out at B=64, N=8192: row-reduction template" in plan
+
+
 def test_rows_too_few_for_the_gpu_are_cut_into_parts():
     """One long sequence: parts of whole blocks, enough programs, their totals first; many rows:
     no parts, one kernel."""
@@ -143,5 +160,5 @@ def test_each_matches_float64_on_the_gpu(name):
     kernel, case = CASES[name]
     args, want, _ = gpu_case(case)
     (out,) = poisoned_call(tf.compile(kernel), kernel.program, args, want)
-    tolerance = 2e-2 if out.dtype == torch.bfloat16 else 1e-5
+    tolerance = 2e-2 if out.dtype == torch.bfloat16 else max(1e-5, TOLERANCES.get(name, 0))
     assert relative_error(out, want) < tolerance
