@@ -28,6 +28,9 @@ SECTIONS = (
      "each against torch eager (`F.max_pool1d`, `F.avg_pool2d`, `F.conv1d`) and "
      "`torch.compile`; GB/s of the input read and the output written",
      "python -m benchmarks.window_kernels"),
+    ("scan-kernels", "Scans written as reductions up to each position",
+     "each against torch eager (`cumsum`, `cummax`, `logcumsumexp`) and `torch.compile`; GB/s "
+     "of the input read and the output written", "python -m benchmarks.scan_kernels"),
     ("unlisted-kernels-weighted-token-pool", "Tokens summed with weights, again",
      "bf16; the weighted token pool of the section above, run alone after its defaults changed",
      "python -m benchmarks.unlisted_kernels --only weighted_token_pool"),
@@ -160,6 +163,11 @@ SECTIONS = (
     ("attention-backward-alibi", "Attention backward: ALiBi",
      "bf16, D=128; through autograd (the sm_90a kernel), against FlexAttention's backward",
      "python -m benchmarks.attention_backward --variants alibi --sizes 4096,16384 --csv PATH"),
+    ("attention-backward-layouts", "Attention backward on `[B, S, H, D]` tensors",
+     "bf16, GQA-causal 32/8, D=128: autograd through `tf.compile` on q, k, v sliced out of one "
+     "fused projection, against the same attention on contiguous `[B, H, S, D]` tensors and "
+     "SDPA's backward on the transposed views; TFLOP/s of the masked FLOPs",
+     "python -m benchmarks.attention_backward --layouts --sizes 4096,16384 --csv PATH"),
     ("attention-backward-masks", "Attention backward: masks and knobs",
      "the backward template's knobs per mask", "python -m benchmarks.attention_backward_masks"),
     ("cluster-decode", "Decode (one query token)",
