@@ -6,14 +6,12 @@ output's own — a cumulative sum — as a scan (:mod:`.schedule_templates.scan`
 N²)."""
 from __future__ import annotations
 
-from .errors import TargetError
-
 
 def read_other_way(kernel, spec, dynamic: "bool | None" = None):
     """The scatter-add or scan template's kernel of ``kernel`` on the GPU ``spec`` where its
     program is one of those forms (Triton importable: the caller's to know), else ``None``."""
     from .schedule_templates.auto import scatters
-    from .schedule_templates.scan import plan_scan
+    from .schedule_templates.scan import plan_scan, scans
     from .schedule_templates.scatter import plan_scatter
     from .targets.triton.reductions import reducible
     from .targets.triton.scan_kernel import ScanKernel
@@ -21,8 +19,7 @@ def read_other_way(kernel, spec, dynamic: "bool | None" = None):
 
     if scatters(kernel.program):
         return ScatterKernel(plan_scatter(kernel.program), spec, dynamic)
-    try:
-        plan = plan_scan(kernel.program)
-    except TargetError:
+    if not scans(kernel.program):
         return None
+    plan = plan_scan(kernel.program)
     return ScanKernel(plan, spec, dynamic) if reducible(plan.monoid) else None

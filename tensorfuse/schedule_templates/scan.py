@@ -107,6 +107,15 @@ def plan_scan(program: Program) -> ScanPlan:
                     outputs_over(program, total))
 
 
+def scans(program: Program) -> bool:
+    """Whether ``program`` is a scan (:func:`plan_scan` plans it)."""
+    try:
+        plan_scan(program)
+    except TargetError:
+        return False
+    return True
+
+
 def is_scan(total: Compute) -> bool:
     """Whether the reduction ``total`` runs over the positions up to each of its own (the form
     :func:`plan_scan` takes, whatever else its program computes)."""

@@ -119,6 +119,17 @@ def test_a_scan_inside_a_larger_program_is_a_stage_of_its_own():
     assert "[2] out from x, peak\nmax_drawdown_out at B=64, N=8192: row-reduction template" in plan
 
 
+def test_tuning_a_scan_says_its_tiles_are_not_tuned():
+    """Its tasks would otherwise come from the row template's dense form, records tf.compile
+    never reads."""
+    from tensorfuse.autotune.tasks import make_task
+    from tensorfuse.errors import TuningError
+    from tensorfuse.targets import get_target
+
+    with pytest.raises(TuningError, match="scan template on cuda:sm_90a, whose tiles are not"):
+        make_task(cumulative_sum, dict(B=64, N=4096), get_target("cuda:sm_90a"))
+
+
 def test_rows_too_few_for_the_gpu_are_cut_into_parts():
     """One long sequence: parts of whole blocks, enough programs, their totals first; many rows:
     no parts, one kernel."""
