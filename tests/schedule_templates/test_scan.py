@@ -158,9 +158,15 @@ def test_one_build_serves_every_size_and_the_gradient_is_a_scan_from_the_end():
                                           (running_max, dict(B=2, S=4096, D=16)),
                                           (segment_offsets, dict(G=2**20))])
 def test_the_kernels_compile_for_sm90a_and_gfx942(kernel, dims):
+    """Rows read and written in 16-byte vectors (a part starts at a whole block; an exclusive
+    scan's terms, one position back, are read one by one), for sm_90a; and the code for
+    gfx942."""
     made = tf.compile(kernel, target="cuda:sm_90a")
     for which in made._kernels(dims):
-        assert ".visible .entry" in made.ptx(which, **dims)
+        ptx = made.ptx(which, **dims)
+        assert ".visible .entry" in ptx
+        assert ("ld.global.v4" in ptx) == (made.plan.shift == 0)
+    assert "st.global.v4" in made.ptx("scan", **dims)
     amd = tf.compile(kernel, target="rocm:gfx942")
     assert "amdgcn" in amd.compiled("scan", **dims).asm
 

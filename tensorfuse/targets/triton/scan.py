@@ -41,13 +41,13 @@ def row_count(plan, sizes: dict):
 
 
 def layout(plan, dims: dict) -> tuple[int, int, int]:
-    """``(parts, part length, programs along the rows)`` of a call at ``dims`` (ints): the
-    part's length a whole number of blocks."""
+    """``(parts, blocks a part, programs along the rows)`` of a call at ``dims`` (ints)."""
     block_m, block_n = blocks(plan, dims)
     rows, n = row_count(plan, dims), extent(plan.axis, dims)
     cut = plan.parts(rows, n, block_m, block_n)
-    length = math.ceil(math.ceil(n / block_n) / cut) * block_n
-    return math.ceil(n / length), length, math.ceil(rows / block_m)
+    count = math.ceil(n / block_n)
+    each = math.ceil(count / cut)
+    return math.ceil(count / each), each, math.ceil(rows / block_m)
 
 
 def accumulator(plan) -> str:
@@ -75,8 +75,10 @@ def _prologue(w, plan, sizes: dict, wide: bool) -> dict:
         w(f"ax_{a.name} = rest % {extent(a, sizes)}")
         w(f"rest = rest // {extent(a, sizes)}")
     w("part = tl.program_id(1)")
-    w("lo = part * scan_part_len")
-    w(f"hi = tl.minimum(lo + scan_part_len, {extent(plan.axis, sizes)})")
+    # in whole blocks: Triton then knows a block's start is a multiple of BLOCK_N, and reads and
+    # writes a row's elements in 16-byte vectors (a length as an argument left them one by one)
+    w("lo = part * scan_part_blocks * BLOCK_N")
+    w(f"hi = tl.minimum(lo + scan_part_blocks * BLOCK_N, {extent(plan.axis, sizes)})")
     w("nb = tl.cdiv(hi - lo, BLOCK_N)")
     return names
 

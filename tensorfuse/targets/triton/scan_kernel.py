@@ -27,8 +27,8 @@ class ScanKnobs:
 class ScanKernel(PlanKernel):
     """A :class:`~tensorfuse.schedule_templates.scan.ScanPlan` as one or two Triton kernels."""
 
-    scratch_names = ("totals", "scan_parts", "scan_part_len")
-    scalar_scratch = ("scan_parts", "scan_part_len")
+    scratch_names = ("totals", "scan_parts", "scan_part_blocks")
+    scalar_scratch = ("scan_parts", "scan_part_blocks")
     suffix, main_kernel, num_warps = "scan", "scan", NUM_WARPS
 
     def __init__(self, plan, target, dynamic: "bool | None" = None):
@@ -54,30 +54,31 @@ class ScanKernel(PlanKernel):
 
     def _scratch(self, dims: dict, device) -> dict:
         """The parts' totals (a row of the plan's ``max_parts`` per row of the result; one
-        element where the rows are not cut: not read), the parts and their length."""
+        element where the rows are not cut: not read), the parts and the blocks of each."""
         import torch
 
-        cut, length, programs = layout(self.plan, dims)
+        cut, each, programs = layout(self.plan, dims)
         rows = programs * blocks(self.plan, dims)[0] if cut > 1 else 0
         dtype = getattr(torch, TORCH_ACCUMULATORS[accumulator(self.plan)])
-        return {"totals": torch.empty(max(1, rows * self.plan.max_parts), dtype=dtype, device=device),
-                "scan_parts": cut, "scan_part_len": length}
+        return {"totals": torch.empty(max(1, rows * self.plan.max_parts), dtype=dtype,
+                                      device=device),
+                "scan_parts": cut, "scan_part_blocks": each}
 
     def _signature(self) -> dict:
         return {"totals": "*" + TRITON_ACCUMULATORS[accumulator(self.plan)],
-                "scan_parts": "i32", "scan_part_len": "i32"}
+                "scan_parts": "i32", "scan_part_blocks": "i32"}
 
     def schedule_origin(self, **dims) -> str:
         """The template; at given sizes also how its rows are cut."""
         dims, _ = split_scalars(self.program, dims)
         if not dims:
             return self.description
-        cut, length, programs = layout(self.plan, dims)
+        cut, each, programs = layout(self.plan, dims)
         block_m, block_n = blocks(self.plan, dims)
         return (f"{self.description}; tiles of {block_m} rows × {block_n} positions, "
                 f"{programs} programs along the rows" +
-                (f", each row cut into {cut} parts of {length} positions (their totals first)"
-                 if cut > 1 else ""))
+                (f", each row cut into {cut} parts of {each * block_n} positions (their totals "
+                 "first)" if cut > 1 else ""))
 
     def describe_plan(self, scalars: dict | None = None, **dims) -> str:
         dims, _ = split_scalars(self.program, {**dims, **(scalars or {})})
