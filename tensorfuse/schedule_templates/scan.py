@@ -12,7 +12,8 @@ nor the other conditions read; the program's other computes elementwise, before 
 (inlined into its value) or after it (the outputs' epilogue, which may read ``i``: a cumulative
 sum's normalised row, ``x[b, i] / cumsum``). ``j <= i`` is an inclusive prefix, ``j < i`` an
 exclusive one (the value read one position back), ``j >= i`` and ``j > i`` suffixes (swept from
-the end). Any monoid of one component Triton can combine scans: sum, product, max, min, a
+the end); either side may be offset by an integer (``j <= i - 2``: each position's sum up to two
+before it). Any monoid of one component Triton can combine scans: sum, product, max, min, a
 user's ``T.Monoid``.
 
 The emitter (:mod:`tensorfuse.targets.triton.scan`) sweeps each row's blocks in order, scanning
@@ -34,7 +35,8 @@ from ..errors import TargetError
 from .attention import SMS
 from .scatter import outputs_over
 
-# j ⋚ i read as (direction, shift): the term at j = i + shift is the last one in
+# j ⋚ i read as (direction, shift): the term at j = i + shift is the last one in (the first,
+# from the end)
 _RELATIONS = {"le": ("prefix", 0), "lt": ("prefix", -1), "ge": ("suffix", 0),
               "gt": ("suffix", 1)}
 _FLIPPED = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt"}
@@ -87,11 +89,11 @@ class ScanPlan:
 
     def describe(self) -> str:
         where = "".join(f" where {to_text(c)}" for c in self.conditions)
-        relation = {("prefix", 0): "<=", ("prefix", -1): "<", ("suffix", 0): ">=",
-                    ("suffix", 1): ">"}[(self.direction, self.shift)]
+        relation = "<=" if self.direction == "prefix" else ">="
+        offset = f" {'+' if self.shift > 0 else '-'} {abs(self.shift)}" if self.shift else ""
         return (f"scan plan of {self.program.name}: {self.total.name}[{self.out_axis.name}] = "
                 f"{self.monoid.name} of {to_text(self.value)}{where} over "
-                f"{self.axis.name} {relation} {self.out_axis.name} ({self.direction} scan, "
+                f"{self.axis.name} {relation} {self.out_axis.name}{offset} ({self.direction} scan, "
                 f"rows {', '.join(a.name for a in self.rows) or '(one)'}); outputs: "
                 + ", ".join(c.name for c, _ in self.outputs))
 
@@ -187,16 +189,33 @@ def _absorbed(e: Expr, total: Compute) -> bool:
 
 
 def _relation(conditions: list, j: Axis, total: Compute):
-    """``(index of the condition, i, (direction, shift))`` of the first condition ``j ⋚ i`` (or
-    ``i ⋚ j``) for an axis ``i`` of ``total``'s result of ``j``'s extent; else None."""
+    """``(index of the condition, i, (direction, shift))`` of the first condition comparing
+    ``j`` with an axis ``i`` of ``total``'s result of ``j``'s extent, either side offset by an
+    integer (``j <= i``, ``i > j``, ``j <= i - 1``, ``j + 2 > i``); else None."""
     kept = {a.uid: a for a in total.axes}
     for k, c in enumerate(conditions):
         if not isinstance(c, Compare) or c.op not in _FLIPPED:
             continue
         for a, b, op in ((c.a, c.b, c.op), (c.b, c.a, _FLIPPED[c.op])):
-            if isinstance(a, Axis) and a.uid == j.uid and isinstance(b, Axis) and \
-                    b.uid in kept and b.extent == j.extent:
-                return k, kept[b.uid], _RELATIONS[op]
+            left, right = _offset_axis(a), _offset_axis(b)
+            if left is None or right is None or left[0].uid != j.uid:
+                continue
+            i = kept.get(right[0].uid)
+            if i is not None and i.extent == j.extent:
+                direction, shift = _RELATIONS[op]   # j ⋚ i + (right's offset − left's)
+                return k, i, (direction, shift + right[1] - left[1])
     return None
 
 
+def _offset_axis(e: Expr):
+    """``(axis, offset)`` of ``axis``, ``axis + n``, ``n + axis`` or ``axis − n`` (``n`` an
+    integer constant); else None."""
+    if isinstance(e, Axis):
+        return e, 0
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        for axis, n, sign in ((e.a, e.b, 1 if e.op == "add" else -1),
+                              (e.b, e.a, 1 if e.op == "add" else 0)):
+            if sign and isinstance(axis, Axis) and isinstance(n, Const) and \
+                    float(n.value).is_integer():
+                return axis, sign * int(n.value)
+    return None

@@ -43,6 +43,15 @@ def survival(p: T.Tensor["B", "N", "f32"]):
 
 
 @tf.kernel
+def lagged_maximum(x: T.Tensor["B", "N", "f32"]):
+    """The largest value up to two positions back (the offset on the other side of the
+    comparison): −∞'s stand-in, the lowest float, where there is none."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.max(T.where(j + 2 <= i, x[b, j], -T.inf), over=j)
+
+
+@tf.kernel
 def max_drawdown(x: T.Tensor["B", "N", "f32"]):
     """The largest fall from a running peak: a scan, then a reduction of it (two stages)."""
     b, j = T.axes("b j")
@@ -109,6 +118,14 @@ def survival_case(generator, B=3, N=400):
     return dict(p=p), torch.cumprod(1 - p.double(), -1)
 
 
+def lagged_case(generator, B=2, N=700):
+    x = torch.randn(B, N, generator=generator) * 100
+    lowest = torch.finfo(torch.float32).min   # max's identity: what the CPU target gives too
+    lagged = torch.full_like(x, lowest).double()
+    lagged[:, 2:] = torch.cummax(x.double(), -1).values[:, :-2]
+    return dict(x=x), lagged
+
+
 def drawdown_case(generator, B=3, N=2000):
     x = torch.cumsum(torch.randn(B, N, generator=generator), -1)   # a random walk
     return dict(x=x), (torch.cummax(x.double(), -1).values - x.double()).max(-1).values
@@ -128,6 +145,7 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "running_mean": (running_mean, running_mean_case),
          "cumulative_sum_within_lengths": (cumulative_sum_within_lengths, lengths_case),
          "survival": (survival, survival_case),
+         "lagged_maximum": (lagged_maximum, lagged_case),
          "max_drawdown": (max_drawdown, drawdown_case),
          "softmax_of_cumulative_sums": (softmax_of_cumulative_sums, softmax_of_sums_case)}
 STAGED = ("max_drawdown", "softmax_of_cumulative_sums")   # a scan stage, then the row template

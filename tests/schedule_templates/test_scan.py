@@ -63,6 +63,9 @@ def test_the_plan_reads_the_scan_off_the_math():
     lengths = plan_scan(CASES["cumulative_sum_within_lengths"][0].program)
     assert len(lengths.conditions) == 1 and "n[b]" in repr(lengths.conditions[0])
     assert "over j <= i (prefix scan, rows b)" in plan.describe()
+    lagged = plan_scan(CASES["lagged_maximum"][0].program)   # j + 2 <= i: up to i − 2
+    assert (lagged.direction, lagged.shift) == ("prefix", -2)
+    assert "over j <= i - 2 (prefix scan" in lagged.describe()
 
 
 @tf.kernel
