@@ -88,8 +88,26 @@ def other_extent(x: T.Tensor["B", "N", "f32"], y: T.Tensor["M", "f32"]):
     return T.sum(T.where(j <= i, x[b, j], 0.0), over=j) + y[i]
 
 
+@tf.kernel
+def max_with_zeros(x: T.Tensor["B", "N", "f32"]):
+    """The masked terms are 0, not max's identity: max(0, running max) — not a scan of x."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.max(T.where(j <= i, x[b, j], 0.0), over=j)
+
+
+@tf.kernel
+def sum_with_ones(x: T.Tensor["B", "N", "f32"]):
+    """The masked terms are 1: each output adds N − i − 1 to the cumulative sum."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j <= i, x[b, j], 1.0), over=j)
+
+
 @pytest.mark.parametrize("kernel, reason", [
     (discounted_return, "the terms of out read i beside comparing it"),
+    (max_with_zeros, "no condition comparing j"),
+    (sum_with_ones, "no condition comparing j"),
     (tf.kernels.softmax, "2 reductions; a scan program has one"),
     (row_sum, "no condition comparing j with an axis of its result of the same extent"),
     (other_extent, "no condition comparing j"),
