@@ -118,6 +118,28 @@ print(pooled.shape, max_pool.program.dim_names())
 assert pooled.shape == (2, 3, 50) and torch.equal(pooled, F.max_pool1d(signal, 3, 2))
 
 # %% [markdown]
+# ## Scans
+# A reduction over the positions up to each output's own is a scan. A cumulative sum is written
+# as the math — every position `i` sums the terms at `j <= i` — with `i` an axis of the row's
+# size. On a GPU `tf.compile` runs it as a scan (N terms a row, not N²), which
+# `describe_plan` shows; here it runs on the CPU against `torch.cumsum`.
+
+# %%
+@tf.kernel
+def cumulative_sum(x: T.Tensor["B", "N", "f32"]):
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j <= i, x[b, j], 0.0), over=j)
+
+
+steps = torch.randn(4, 300)
+summed = tf.compile(cumulative_sum, target="llvm")(steps)
+assert torch.allclose(summed, torch.cumsum(steps, -1), atol=1e-4)
+plan = tf.compile(cumulative_sum, target="cuda:sm_90a").describe_plan(B=4, N=300)
+print(plan)
+assert plan.startswith("scan plan of cumulative_sum")
+
+# %% [markdown]
 # ## The same kernel for the GPU
 # Code generation needs no GPU. For a GPU target, `tf.compile` fuses the kernel's chain of
 # reductions (see tutorial 2) and generates one Triton kernel — tensor cores for q·kᵀ and p·v, the
