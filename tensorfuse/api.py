@@ -8,7 +8,7 @@ from .compiled import CompiledKernel
 from .dsl.expr import user_location
 from .dsl.program import TracedKernel, is_kernel
 from .errors import ScheduleError
-from .read_other_ways import read_other_way
+from .read_other_ways import read_other_way, scan_refused
 from .records import cpu_record, template_records
 from .schedule import Schedule
 from .schedule_templates import lower_program
@@ -98,7 +98,8 @@ def _compile(kernel, target, template, untemplated: str | None = None,
                                       else {}))
             # the Hopper attention checks a record of other sizes of the bucket runs (the
             # cluster decode keeps records of its own sizes only)
-            refused: list = []   # (native template, why it refuses the program at any sizes)
+            # (native template, why it refuses the program at any sizes)
+            refused: list = scan_refused(program)
             ahead = native_templates(kernel, name, fusion, spec, records=lambda template, of=None:
                                      template_records(of or tuned_as, template, fusion, spec,
                                                       nearest=template == "hopper_attention"),
@@ -122,7 +123,8 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             if _triton_available() else ()
         if gemms:   # sums that are GEMMs and no chain the row-tile template takes
             return AutoKernel(gemms[0], _compile(kernel, spec, template=None),
-                              ahead=_hopper_gemm_staged(kernel, spec, dynamic))
+                              ahead=_hopper_gemm_staged(kernel, spec, dynamic),
+                              refused=scan_refused(program))
         if spec.is_gpu:
             from .schedule_templates.auto import why_no_template
 

@@ -23,3 +23,14 @@ def read_other_way(kernel, spec, dynamic: "bool | None" = None):
         return None
     plan = plan_scan(kernel.program)
     return ScanKernel(plan, spec, dynamic) if reducible(plan.monoid) else None
+
+
+def scan_refused(program) -> list:
+    """``[("the scan template", why)]`` where the one reduction of ``program`` compares its
+    axis with its result's as a scan does but the template refuses the program
+    (:func:`.schedule_templates.scan.near_miss`: the plan then says why it runs as N² terms);
+    else ``[]``."""
+    from .schedule_templates.scan import near_miss
+
+    why = near_miss(program)
+    return [("the scan template", why)] if why else []

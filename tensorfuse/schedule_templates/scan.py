@@ -118,6 +118,24 @@ def scans(program: Program) -> bool:
     return True
 
 
+def near_miss(program: Program) -> str | None:
+    """Why the scan template does not take ``program`` where its one reduction compares its
+    axis with one of its result's as a scan does (a discounted sum to the end: terms that read
+    the position too) — what ``describe_plan`` says of the template; None where it does not
+    compare them, or the template takes it."""
+    reductions = [c for c in program.computes if c.is_reduction]
+    if len(reductions) != 1 or reductions[0].arity != 1 or len(reductions[0].over) != 1:
+        return None   # (several: a chain — causal attention compares j with i too)
+    c = reductions[0]
+    if _relation(_peeled(inline_elementwise(c.bodies[0]), c)[1], c.over[0], c) is None:
+        return None
+    try:
+        plan_scan(program)
+    except TargetError as exc:
+        return exc.message
+    return None
+
+
 def is_scan(total: Compute) -> bool:
     """Whether the reduction ``total`` runs over the positions up to each of its own (the form
     :func:`plan_scan` takes, whatever else its program computes)."""

@@ -115,7 +115,14 @@ def sum_with_ones(x: T.Tensor["B", "N", "f32"]):
 def test_what_is_not_a_scan_is_refused_with_the_reason(kernel, reason):
     with pytest.raises(TargetError, match=reason):
         plan_scan(kernel.program)
-    assert not isinstance(tf.compile(kernel, target="cuda:sm_90a"), ScanKernel)
+    made = tf.compile(kernel, target="cuda:sm_90a")
+    assert not isinstance(made, ScanKernel)
+    # said in the plan where the one reduction compares its axis as a scan does
+    sizes = dict.fromkeys(kernel.program.dim_names(), 1000)
+    scalars = {p.name: 0.9 for p in kernel.program.scalar_params}
+    said = "not the scan template (at any sizes): the terms of out read i" in \
+        made.describe_plan(scalars, **sizes)
+    assert said == (kernel is discounted_return)
 
 
 def test_the_scan_template_takes_scans_on_gpus_and_the_cpu_keeps_its_own():
