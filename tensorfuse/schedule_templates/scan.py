@@ -41,7 +41,8 @@ _RELATIONS = {"le": ("prefix", 0), "lt": ("prefix", -1), "ge": ("suffix", 0),
               "gt": ("suffix", 1)}
 _FLIPPED = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt"}
 MAX_PARTS = 64     # parts of a row at most (the scan kernel combines their totals in one tile)
-PROGRAMS = 2 * SMS  # programs the parts aim at: two an SM (not measured apart)
+# programs the parts aim at: two an SM (not measured yet: ``benchmarks.scan_kernels``)
+PROGRAMS = 2 * SMS
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ kernel that reduces each part's terms, whose totals start the later parts' carri
 
 A program takes ``BLOCK_M`` rows (the result's other axes, flattened) × ``BLOCK_N`` positions;
 the terms of a block are the value at ``j = i + shift`` (an exclusive scan reads one position
-back, or on), the identity where ``j`` leaves the row or a condition fails — so both kernels
-reduce the same terms and the parts' totals compose."""
+back, or on; such reads are not 16-byte aligned and go element by element), the identity where
+``j`` leaves the row or a condition fails — so both kernels reduce the same terms and the
+parts' totals compose."""
 from __future__ import annotations
 
 import math
@@ -28,7 +29,8 @@ def blocks(plan, sizes: dict) -> tuple[int, int]:
     """``(BLOCK_M, BLOCK_N)``: along a row held in memory along the scan, up to 1024 positions
     (a row's next power of two where its length is known) and rows up to 2048 elements a tile;
     where the rows are the innermost axis, 64 rows × 32 positions, each position's rows read
-    side by side; one row where there are no others. Not measured apart: a memory-bound sweep (``benchmarks.scan_kernels``)."""
+    side by side; one row where there are no others. Not measured yet: a memory-bound sweep
+    (``benchmarks.scan_kernels`` times it)."""
     if not plan.along_rows:
         return 64, 32
     n = extent(plan.axis, sizes)
