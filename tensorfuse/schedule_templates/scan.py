@@ -40,7 +40,9 @@ from .scatter import outputs_over
 _RELATIONS = {"le": ("prefix", 0), "lt": ("prefix", -1), "ge": ("suffix", 0),
               "gt": ("suffix", 1)}
 _FLIPPED = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt"}
-MAX_PARTS = 64     # parts of a row at most (the scan kernel combines their totals in one tile)
+# parts of a row at most (the scan kernel combines their totals in one tile): one long row in
+# that many parts is about two programs an SM
+MAX_PARTS = 256
 # programs the parts aim at: two an SM (not measured yet: ``benchmarks.scan_kernels``)
 PROGRAMS = 2 * SMS
 
