@@ -14,7 +14,8 @@ sum's normalised row, ``x[b, i] / cumsum``). ``j <= i`` is an inclusive prefix, 
 exclusive one (the value read one position back), ``j >= i`` and ``j > i`` suffixes (swept from
 the end); either side may be offset by an integer (``j <= i - 2``: each position's sum up to two
 before it). Any monoid of one component Triton can combine scans: sum, product, max, min, a
-user's ``T.Monoid``.
+user's ``T.Monoid``; and ``T.argmax`` / ``T.argmin`` (the index of the running maximum, ties to
+the first), their value and index scanned together.
 
 The emitter (:mod:`tensorfuse.targets.triton.scan`) sweeps each row's blocks in order, scanning
 a block with ``tl.associative_scan`` and carrying the combined total of the blocks before it.
@@ -43,13 +44,14 @@ _FLIPPED = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt"}
 # parts of a row at most (the scan kernel combines their totals in one tile): one long row in
 # that many parts is about two programs an SM
 MAX_PARTS = 256
+ARGS = ("argmax", "argmin")   # monoids of a value and its index that scan as one
 # programs the parts aim at: two an SM (not measured yet: ``benchmarks.scan_kernels``)
 PROGRAMS = 2 * SMS
 
 
 @dataclass(frozen=True)
 class ScanPlan:
-    """``total[..., i] = ⊕ value[..., j]`` over ``j`` up to ``i`` (``direction`` ``prefix``:
+    """``total[..., i] = ⊕ values[..., j]`` over ``j`` up to ``i`` (``direction`` ``prefix``:
     ``j ≤ i + shift``; ``suffix``: ``j ≥ i + shift``) where ``conditions`` hold; then
     ``outputs`` (compute, expression over ``total``'s axes reading it as a :class:`Ref`)."""
 
@@ -59,7 +61,7 @@ class ScanPlan:
     out_axis: Axis      # i, the result's axis the reduction runs up to
     direction: str
     shift: int
-    value: Expr
+    values: tuple       # one expression a component of the monoid (an arg's value, index)
     conditions: tuple
     outputs: tuple
 
@@ -95,7 +97,7 @@ class ScanPlan:
         relation = "<=" if self.direction == "prefix" else ">="
         offset = f" {'+' if self.shift > 0 else '-'} {abs(self.shift)}" if self.shift else ""
         return (f"scan plan of {self.program.name}: {self.total.name}[{self.out_axis.name}] = "
-                f"{self.monoid.name} of {to_text(self.value)}{where} over "
+                f"{self.monoid.name} of {', '.join(map(to_text, self.values))}{where} over "
                 f"{self.axis.name} {relation} {self.out_axis.name}{offset} ({self.direction} scan, "
                 f"rows {', '.join(a.name for a in self.rows) or '(one)'}); outputs: "
                 + ", ".join(c.name for c, _ in self.outputs))
@@ -107,8 +109,8 @@ def plan_scan(program: Program) -> ScanPlan:
     if len(reductions) != 1:
         raise TargetError(f"{len(reductions)} reductions; a scan program has one")
     total = reductions[0]
-    i, direction, shift, body, rest = _scanned(total)
-    return ScanPlan(program, total, total.over[0], i, direction, shift, body, rest,
+    i, direction, shift, values, rest = _scanned(total)
+    return ScanPlan(program, total, total.over[0], i, direction, shift, values, rest,
                     outputs_over(program, total))
 
 
@@ -127,7 +129,7 @@ def near_miss(program: Program) -> str | None:
     the position too) — what ``describe_plan`` says of the template; None where it does not
     compare them, or the template takes it."""
     reductions = [c for c in program.computes if c.is_reduction]
-    if len(reductions) != 1 or reductions[0].arity != 1 or len(reductions[0].over) != 1:
+    if len(reductions) != 1 or len(reductions[0].over) != 1:
         return None   # (several: a chain — causal attention compares j with i too)
     c = reductions[0]
     if _relation(_peeled(inline_elementwise(c.bodies[0]), c)[1], c.over[0], c) is None:
@@ -150,22 +152,25 @@ def is_scan(total: Compute) -> bool:
 
 
 def _scanned(total: Compute) -> tuple:
-    """``(i, direction, shift, value, other conditions)`` of a reduction in the scan form; else
+    """``(i, direction, shift, values, other conditions)`` of a reduction in the scan form (one
+    value, or an arg reduction's value and index: the conditions are its value's); else
     :class:`TargetError` saying why not."""
-    if total.arity != 1 or len(total.over) != 1:
+    if len(total.over) != 1 or total.arity != 1 and total.monoid.name not in ARGS:
         raise TargetError(f"{total.name} reduces {len(total.over)} axes into {total.arity} "
-                          "values; a scan reduces one axis into one")
+                          "values; a scan reduces one axis into one value, or a value and its "
+                          "index")
     j = total.over[0]
     body, conditions = _peeled(inline_elementwise(total.bodies[0]), total)
+    values = (body,) + tuple(inline_elementwise(b) for b in total.bodies[1:])
     found = _relation(conditions, j, total)
     if found is None:
         raise TargetError(f"{total.name} has no condition comparing {j.name} with an axis of "
                           "its result of the same extent")
     k, i, (direction, shift) = found
     rest = tuple(c for n, c in enumerate(conditions) if n != k)
-    if any(i.uid in {a.uid for a in e.axes} for e in (body,) + rest):
+    if any(i.uid in {a.uid for a in e.axes} for e in values + rest):
         raise TargetError(f"the terms of {total.name} read {i.name} beside comparing it")
-    return i, direction, shift, body, rest
+    return i, direction, shift, values, rest
 
 
 def _peeled(body: Expr, total: Compute) -> tuple[Expr, list]:
@@ -206,7 +211,8 @@ def _absorbed(e: Expr, total: Compute) -> bool:
         return False
     name = total.monoid.name
     return e.value == total.monoid.identity_value(0, total.dtypes[0]) or \
-        name == "max" and e.value == -math.inf or name == "min" and e.value == math.inf
+        name in ("max", "argmax") and e.value == -math.inf or \
+        name in ("min", "argmin") and e.value == math.inf
 
 
 def _relation(conditions: list, j: Axis, total: Compute):

@@ -52,6 +52,15 @@ def lagged_maximum(x: T.Tensor["B", "N", "f32"]):
 
 
 @tf.kernel
+def running_argmax(x: T.Tensor["B", "N", "f32"]):
+    """Where each row's largest value so far is (ties to the first): an arg reduction's value
+    and index scanned together."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.argmax(T.where(j <= i, x[b, j], -T.inf), over=j)
+
+
+@tf.kernel
 def max_drawdown(x: T.Tensor["B", "N", "f32"]):
     """The largest fall from a running peak: a scan, then a reduction of it (two stages)."""
     b, j = T.axes("b j")
@@ -126,6 +135,17 @@ def lagged_case(generator, B=2, N=700):
     return dict(x=x), lagged
 
 
+def running_argmax_case(generator, B=2, N=12000):   # cut into parts: totals of two components
+    x = torch.randint(-5000, 5000, (B, N), generator=generator).float()   # ties in every row
+    first = torch.empty(B, N, dtype=torch.float64)
+    for b, row in enumerate(x.tolist()):   # the first position of each running maximum
+        best = 0
+        for i, value in enumerate(row):
+            best = i if value > row[best] else best
+            first[b, i] = best
+    return dict(x=x), first
+
+
 def drawdown_case(generator, B=3, N=2000):
     x = torch.cumsum(torch.randn(B, N, generator=generator), -1)   # a random walk
     return dict(x=x), (torch.cummax(x.double(), -1).values - x.double()).max(-1).values
@@ -146,6 +166,7 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "cumulative_sum_within_lengths": (cumulative_sum_within_lengths, lengths_case),
          "survival": (survival, survival_case),
          "lagged_maximum": (lagged_maximum, lagged_case),
+         "running_argmax": (running_argmax, running_argmax_case),
          "max_drawdown": (max_drawdown, drawdown_case),
          "softmax_of_cumulative_sums": (softmax_of_cumulative_sums, softmax_of_sums_case)}
 STAGED = ("max_drawdown", "softmax_of_cumulative_sums")   # a scan stage, then the row template

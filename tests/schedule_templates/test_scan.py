@@ -48,7 +48,7 @@ def test_the_plan_reads_the_scan_off_the_math():
     assert (plan.direction, plan.shift, plan.axis.name, plan.out_axis.name) == \
         ("prefix", 0, "j", "i")
     assert [a.name for a in plan.rows] == ["b"] and plan.along_rows
-    assert plan.monoid.name == "sum" and plan.conditions == ()
+    assert plan.monoid.name == "sum" and plan.conditions == () and len(plan.values) == 1
     # the other axis the output keeps is innermost: tiles of rows side by side
     down = plan_scan(running_max.program)
     assert [a.name for a in down.rows] == ["b", "d"] and not down.along_rows
@@ -63,6 +63,8 @@ def test_the_plan_reads_the_scan_off_the_math():
     lengths = plan_scan(CASES["cumulative_sum_within_lengths"][0].program)
     assert len(lengths.conditions) == 1 and "n[b]" in repr(lengths.conditions[0])
     assert "over j <= i (prefix scan, rows b)" in plan.describe()
+    index = plan_scan(CASES["running_argmax"][0].program)   # the value and its index
+    assert index.monoid.name == "argmax" and [repr(v) for v in index.values][1] == "j"
     lagged = plan_scan(CASES["lagged_maximum"][0].program)   # j + 2 <= i: up to i − 2
     assert (lagged.direction, lagged.shift) == ("prefix", -2)
     assert "over j <= i - 2 (prefix scan" in lagged.describe()
@@ -184,7 +186,8 @@ def test_one_build_serves_every_size_and_the_gradient_is_a_scan_from_the_end():
 
 @pytest.mark.parametrize("kernel, dims", [(cumulative_sum, dict(B=64, N=4096)),
                                           (running_max, dict(B=2, S=4096, D=16)),
-                                          (segment_offsets, dict(G=2**20))])
+                                          (segment_offsets, dict(G=2**20)),
+                                          (CASES["running_argmax"][0], dict(B=2, N=2**20))])
 def test_the_kernels_compile_for_sm90a_and_gfx942(kernel, dims):
     """Rows read and written in 16-byte vectors (a part starts at a whole block; an exclusive
     scan's terms, one position back, are read one by one), for sm_90a; and the code for

@@ -15,7 +15,7 @@ import math
 
 from ...dsl import dtypes as dt
 from .expr import TL_DTYPES, TileContext, literal, to_triton
-from .reductions import combine_function, reduced
+from .reductions import combine_function, reduced, reduced_together
 from .tile_text import assemble_source, needs_wide_offsets, store_offsets
 
 NUM_WARPS = 4
@@ -52,16 +52,44 @@ def layout(plan, dims: dict) -> tuple[int, int, int]:
     return math.ceil(count / each), each, math.ceil(rows / block_m)
 
 
-def accumulator(plan) -> str:
-    """The carry's and terms' Triton type: f32 for floats, the result's own for integers."""
-    dtype = dt.resolve(plan.total.dtypes[0])
-    return "tl.float32" if dt.is_float(dtype) else TL_DTYPES[dtype]
+def accumulators(plan) -> list[str]:
+    """Each component's carry and terms' Triton type: f32 for floats, the result's own for
+    integers (an arg reduction's index)."""
+    made = []
+    for dtype in plan.total.dtypes:
+        dtype = dt.resolve(dtype)
+        made.append("tl.float32" if dt.is_float(dtype) else TL_DTYPES[dtype])
+    return made
 
 
-def _identity(plan) -> str:
-    dtype = plan.total.dtypes[0]
-    value = plan.monoid.identity_value(0, dtype)
-    return literal(value, "f32" if dt.is_float(dt.resolve(dtype)) else dtype)
+def totals_names(plan) -> list[str]:
+    """The scratch arguments holding each component's part totals."""
+    return ["totals"] + [f"totals_{k}" for k in range(1, plan.total.arity)]
+
+
+def _identities(plan) -> list[str]:
+    made = []
+    for k, dtype in enumerate(plan.total.dtypes):
+        value = plan.monoid.identity_value(k, dtype)
+        made.append(literal(value, "f32" if dt.is_float(dt.resolve(dtype)) else dtype))
+    return made
+
+
+def _names(stem: str, plan) -> list[str]:
+    """A value's variables, one a component: ``stem`` alone for one."""
+    k = plan.total.arity
+    return [stem] if k == 1 else [f"{stem}{c}" for c in range(k)]
+
+
+def _combined(plan, a: list[str], b: list[str]) -> str:
+    return f"{combine_function(plan.monoid)}({', '.join(a + b)})"
+
+
+def _reduced(plan, tiles: list[str]) -> str:
+    """The tiles (one a component) reduced along the positions, dimensions kept."""
+    if len(tiles) == 1:
+        return reduced(plan.monoid, tiles[0], 1, keep_dims=True)
+    return reduced_together(plan.monoid, tiles, 1)
 
 
 def _prologue(w, plan, sizes: dict, wide: bool) -> dict:
@@ -86,8 +114,8 @@ def _prologue(w, plan, sizes: dict, wide: bool) -> dict:
 
 
 def _terms(w, plan, sizes: dict, rows: dict, block: str) -> TileContext:
-    """Lines computing ``v``, the terms of block ``block`` of the part (its positions ``col``,
-    ``col_ok``); the tile of the outputs at those positions."""
+    """Lines computing ``v`` (``v0``, ``v1``: one a component), the terms of block ``block`` of
+    the part (its positions ``col``, ``col_ok``); the tile of the outputs at those positions."""
     n = extent(plan.axis, sizes)
     w(f"col = lo + ({block}) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
     w("col_ok = col < hi")
@@ -97,32 +125,38 @@ def _terms(w, plan, sizes: dict, rows: dict, block: str) -> TileContext:
     tile = TileContext(axes={**rows, plan.axis.uid: "jj"},
                        valid={**valid, plan.axis.uid: "j_ok"}, sizes=sizes)
     keep = ["row_ok", "col_ok", "j_ok"] + [f"({to_triton(c, tile)})" for c in plan.conditions]
-    w(f"v = tl.where({' & '.join(keep)}, {to_triton(plan.value, tile)}, {_identity(plan)})"
-      f".to({accumulator(plan)})")
+    w(f"keep = {' & '.join(keep)}")
+    for v, value, ident, acc in zip(_names("v", plan), plan.values, _identities(plan),
+                                    accumulators(plan)):
+        w(f"{v} = tl.where(keep, {to_triton(value, tile)}, {ident}).to({acc})")
     return TileContext(axes={**rows, plan.out_axis.uid: "col"},
                        valid={**valid, plan.out_axis.uid: "col_ok"}, sizes=sizes)
 
 
-def _combined(plan, a: str, b: str) -> str:
-    return f"{combine_function(plan.monoid)}({a}, {b})"
+def _assign(w, names: list[str], value: str) -> None:
+    w(f"{', '.join(names)} = {value}")
 
 
 def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool) -> str:
-    """The Python source of ``{name}_totals`` (each part's combined terms into ``totals``) and
-    ``{name}_scan``, both taking ``args``; ``interpreter``: for Triton's CPU interpreter (loop
-    bounds read from tensors)."""
+    """The Python source of ``{name}_totals`` (each part's combined terms into ``totals``, one
+    buffer a component) and ``{name}_scan``, both taking ``args``; ``interpreter``: for
+    Triton's CPU interpreter (loop bounds read from tensors)."""
     from .source_writer import SourceWriter
 
     wide = needs_wide_offsets(plan.program, sizes)
-    ident, acc = _identity(plan), accumulator(plan)
+    idents, accs = _identities(plan), accumulators(plan)
+    carry, v, totals = _names("carry", plan), _names("v", plan), totals_names(plan)
     w = SourceWriter(interpreter)
     rows = _prologue(w, plan, sizes, wide)
-    w(f"carry = tl.full([BLOCK_M, 1], {ident}, {acc})")
+    for c, ident, acc in zip(carry, idents, accs):
+        w(f"{c} = tl.full([BLOCK_M, 1], {ident}, {acc})")
     w.sweep("k", "0", "nb", "1")
     with w.block():
         _terms(w, plan, sizes, rows, "k")
-        w("carry = " + _combined(plan, "carry", reduced(plan.monoid, "v", 1, keep_dims=True)))
-    w(f"tl.store(totals + row * {plan.max_parts} + part, carry, mask=row_ok)")
+        _assign(w, _names("r", plan), _reduced(plan, v))
+        _assign(w, carry, _combined(plan, carry, _names("r", plan)))
+    for t, c in zip(totals, carry):
+        w(f"tl.store({t} + row * {plan.max_parts} + part, {c}, mask=row_ok)")
     kernels = [(f"{name}_totals", args, w.lines)]
 
     w = SourceWriter(interpreter)
@@ -131,18 +165,26 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
     w(f"offs_k = tl.arange(0, {plan.max_parts})[None, :]")
     before = "offs_k < part" if plan.direction == "prefix" else \
         "(offs_k > part) & (offs_k < scan_parts)"
-    w(f"prev = tl.load(totals + row * {plan.max_parts} + offs_k, mask=row_ok & ({before}), "
-      f"other={ident}).to({acc})")
-    w(f"carry = {reduced(plan.monoid, 'prev', 1, keep_dims=True)}")
+    prev = _names("prev", plan)
+    for p, t, ident, acc in zip(prev, totals, idents, accs):
+        w(f"{p} = tl.load({t} + row * {plan.max_parts} + offs_k, mask=row_ok & ({before}), "
+          f"other={ident}).to({acc})")
+    _assign(w, carry, _reduced(plan, prev))
     w.sweep("k", "0", "nb", "1")
     with w.block():
         block = "k" if plan.direction == "prefix" else "nb - 1 - k"
         out_tile = _terms(w, plan, sizes, rows, block)
         reverse = ", reverse=True" if plan.direction == "suffix" else ""
-        w(f"s = tl.associative_scan(v, 1, {combine_function(plan.monoid)}{reverse})")
-        w("total = " + _combined(plan, "carry", "s"))
-        w("carry = " + _combined(plan, "carry", reduced(plan.monoid, "v", 1, keep_dims=True)))
-        out_tile = out_tile.child(refs={plan.total.name: "total"})
+        tiles = v[0] if len(v) == 1 else f"({', '.join(v)})"
+        _assign(w, _names("s", plan),
+                f"tl.associative_scan({tiles}, 1, {combine_function(plan.monoid)}{reverse})")
+        total = _names("total", plan)
+        _assign(w, total, _combined(plan, carry, _names("s", plan)))
+        _assign(w, _names("r", plan), _reduced(plan, v))
+        _assign(w, carry, _combined(plan, carry, _names("r", plan)))
+        refs = {plan.total.name: total[0]} if len(total) == 1 else \
+            {f"{plan.total.name}#{k}": t for k, t in enumerate(total)}
+        out_tile = out_tile.child(refs=refs)
         for c, expr in plan.outputs:
             w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out_tile, sizes)}), "
               f"({to_triton(expr, out_tile)}).to({TL_DTYPES[c.dtypes[0]]}), "

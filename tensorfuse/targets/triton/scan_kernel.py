@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ...binding import split_scalars
 from .launch import interpreting
 from .plan_kernel import PlanKernel
-from .scan import NUM_WARPS, accumulator, blocks, layout, scan_source
+from .scan import NUM_WARPS, accumulators, blocks, layout, scan_source, totals_names
 
 # the carry's Triton type as torch names it, and as a Triton signature does
 TORCH_ACCUMULATORS = {"tl.float32": "float32", "tl.int32": "int32", "tl.int64": "int64"}
@@ -27,11 +27,12 @@ class ScanKnobs:
 class ScanKernel(PlanKernel):
     """A :class:`~tensorfuse.schedule_templates.scan.ScanPlan` as one or two Triton kernels."""
 
-    scratch_names = ("totals", "scan_parts", "scan_part_blocks")
     scalar_scratch = ("scan_parts", "scan_part_blocks")
     suffix, main_kernel, num_warps = "scan", "scan", NUM_WARPS
 
     def __init__(self, plan, target, dynamic: "bool | None" = None):
+        # the parts' totals, one buffer a component of the monoid (an arg's value and index)
+        self.scratch_names = (*totals_names(plan), *self.scalar_scratch)
         super().__init__(plan, target, dynamic)
         self.description = ORIGIN
 
@@ -59,13 +60,15 @@ class ScanKernel(PlanKernel):
 
         cut, each, programs = layout(self.plan, dims)
         rows = programs * blocks(self.plan, dims)[0] if cut > 1 else 0
-        dtype = getattr(torch, TORCH_ACCUMULATORS[accumulator(self.plan)])
-        return {"totals": torch.empty(max(1, rows * self.plan.max_parts), dtype=dtype,
-                                      device=device),
-                "scan_parts": cut, "scan_part_blocks": each}
+        size = max(1, rows * self.plan.max_parts)
+        made = {name: torch.empty(size, dtype=getattr(torch, TORCH_ACCUMULATORS[acc]),
+                                  device=device)
+                for name, acc in zip(totals_names(self.plan), accumulators(self.plan))}
+        return {**made, "scan_parts": cut, "scan_part_blocks": each}
 
     def _signature(self) -> dict:
-        return {"totals": "*" + TRITON_ACCUMULATORS[accumulator(self.plan)],
+        return {**{name: "*" + TRITON_ACCUMULATORS[acc] for name, acc in
+                   zip(totals_names(self.plan), accumulators(self.plan))},
                 "scan_parts": "i32", "scan_part_blocks": "i32"}
 
     def schedule_origin(self, **dims) -> str:
