@@ -9,6 +9,7 @@ from .dsl.expr import user_location
 from .dsl.program import TracedKernel, is_kernel
 from .errors import ScheduleError
 from .read_other_ways import read_other_way, scan_refused
+from .schedule_templates.bands import band_window
 from .records import cpu_record, template_records
 from .schedule import Schedule
 from .schedule_templates import lower_program
@@ -77,6 +78,11 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             if spec.is_gpu and _triton_available() else None
         if read_otherwise is not None:
             return read_otherwise
+        # a reduction over a band of positions around each output's (a rolling maximum) over a
+        # window axis of the band's width, not every position of the row
+        windowed = _rewritten(kernel, spec, band_window, dynamic) if spec.is_gpu else None
+        if windowed is not None:
+            return windowed
         rows = _widened(kernel, spec, dynamic) if spec.is_gpu else None
         if rows is not None:
             return rows

@@ -267,6 +267,17 @@ def gpu_case(case):
     return {n: a.cuda() if isinstance(a, torch.Tensor) else a for n, a in args.items()}, want, seed
 
 
+def gpu_error(kernel, case) -> tuple[float, object, int]:
+    """``tf.compile(kernel)`` on the GPU on fresh inputs of ``case`` (:func:`gpu_case`), its
+    output poisoned: ``(relative error against the float64 reference, the output's dtype, the
+    seed)``."""
+    import tensorfuse as tf
+
+    args, want, seed = gpu_case(case)
+    (out,) = poisoned_call(tf.compile(kernel), kernel.program, args, want)
+    return relative_error(out, want), out.dtype, seed
+
+
 def runs_a_template(made, args: dict) -> bool:
     """Whether ``tf.compile``'s kernel runs these arguments on a template, not on TVM's default
     schedule (through its flat kernel where it sweeps several axes as one)."""

@@ -136,11 +136,12 @@ def substitute(e: Expr, replace: Callable[[Expr], Expr | None]) -> Expr:
 
 
 def rewrite_computes(program, replace: Callable[[Expr], Expr | None], axes=None,
-                     over=None) -> dict:
+                     over=None, bodies=None) -> dict:
     """``program``'s computes rebuilt in order (by name): ``replace`` substituted in their
     bodies (:func:`substitute`), a read of another compute pointing at its rebuilt one, and
-    ``axes(c)`` / ``over(c)`` where given for their axes — what a rewrite of a whole program
-    (packing rows, lifting or flattening axes) builds its new program from."""
+    ``axes(c)`` / ``over(c)`` where given for their axes, ``bodies(c, rebuilt bodies)`` for
+    their bodies — what a rewrite of a whole program (packing rows, lifting or flattening axes,
+    a band's window) builds its new program from."""
     from ..dsl.program import Compute
 
     made: dict = {}
@@ -151,8 +152,9 @@ def rewrite_computes(program, replace: Callable[[Expr], Expr | None], axes=None,
         return replace(n)
 
     for c in program.computes:   # in dependency order: what a body reads is rebuilt first
+        rebuilt = tuple(substitute(b, node) for b in c.bodies)
         made[c.name] = Compute(c.name, axes(c) if axes else c.axes,
-                               tuple(substitute(b, node) for b in c.bodies), c.dtypes, c.monoid,
+                               bodies(c, rebuilt) if bodies else rebuilt, c.dtypes, c.monoid,
                                over(c) if over else c.over, c.loc, c.is_output)
     return made
 

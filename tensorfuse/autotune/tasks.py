@@ -248,6 +248,7 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         return TuningTask(kernel, dict(dims), target, "cpu", scalars=scalars)
     from ..schedule_templates.auto import choose, flat_templated, scatters
     from ..schedule_templates.elementwise import elementwise_form
+    from ..schedule_templates.bands import band_window
     from ..schedule_templates.scan import scans
     from ..schedule_templates.monoid_rewrites import rewritten_monoids
     from ..schedule_templates.widened_rows import widened
@@ -260,6 +261,9 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
                           "tiles are not tuned")
     # reductions written out at these sizes (literal extents, or a window's named ones)
     _refuse_elementwise(kernel, elementwise_form(kernel.program, dims), target)
+    band = band_window(kernel.program)
+    if band is not None:   # tf.compile runs the band over a window axis (same name)
+        return make_task(ProgramKernel(band[0]), dims, target, scalars)
     rows = widened(kernel.program)
     if rows is not None:   # tf.compile runs the chain as rows of that program (same name)
         return make_task(ProgramKernel(rows[0]),

@@ -132,7 +132,7 @@ def near_miss(program: Program) -> str | None:
     if len(reductions) != 1 or len(reductions[0].over) != 1:
         return None   # (several: a chain — causal attention compares j with i too)
     c = reductions[0]
-    if _relation(_peeled(inline_elementwise(c.bodies[0]), c)[1], c.over[0], c) is None:
+    if _relation(peeled(inline_elementwise(c.bodies[0]), c)[1], c.over[0], c) is None:
         return None
     try:
         plan_scan(program)
@@ -160,7 +160,7 @@ def _scanned(total: Compute) -> tuple:
                           "values; a scan reduces one axis into one value, or a value and its "
                           "index")
     j = total.over[0]
-    body, conditions = _peeled(inline_elementwise(total.bodies[0]), total)
+    body, conditions = peeled(inline_elementwise(total.bodies[0]), total)
     values = (body,) + tuple(inline_elementwise(b) for b in total.bodies[1:])
     found = _relation(conditions, j, total)
     if found is None:
@@ -173,7 +173,7 @@ def _scanned(total: Compute) -> tuple:
     return i, direction, shift, values, rest
 
 
-def _peeled(body: Expr, total: Compute) -> tuple[Expr, list]:
+def peeled(body: Expr, total: Compute) -> tuple[Expr, list]:
     """``body`` without the conditions around it — ``where(c, v, identity)``, and for sums
     ``v · where(c, 1, 0)`` — and those conditions, conjunctions split."""
     conditions = []
@@ -219,7 +219,14 @@ def _relation(conditions: list, j: Axis, total: Compute):
     """``(index of the condition, i, (direction, shift))`` of the first condition comparing
     ``j`` with an axis ``i`` of ``total``'s result of ``j``'s extent, either side offset by an
     integer (``j <= i``, ``i > j``, ``j <= i - 1``, ``j + 2 > i``); else None."""
+    found = relations(conditions, j, total)
+    return found[0] if found else None
+
+
+def relations(conditions: list, j: Axis, total: Compute) -> list:
+    """Every such condition's ``(index, i, (direction, shift))`` (:func:`_relation`), in order."""
     kept = {a.uid: a for a in total.axes}
+    found = []
     for k, c in enumerate(conditions):
         if not isinstance(c, Compare) or c.op not in _FLIPPED:
             continue
@@ -230,8 +237,9 @@ def _relation(conditions: list, j: Axis, total: Compute):
             i = kept.get(right[0].uid)
             if i is not None and i.extent == j.extent:
                 direction, shift = _RELATIONS[op]   # j ⋚ i + (right's offset − left's)
-                return k, i, (direction, shift + right[1] - left[1])
-    return None
+                found.append((k, i, (direction, shift + right[1] - left[1])))
+                break
+    return found
 
 
 def _offset_axis(e: Expr):

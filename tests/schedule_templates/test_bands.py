@@ -1,0 +1,81 @@
+"""Reductions over a band of positions around each output's own, rewritten over a window axis of
+the band's width (``schedule_templates/bands.py``): what the rewrite reads off the math and
+where it leaves a program alone, the kernels against float64 on the CPU target (as written) and
+in Triton's interpreter (:mod:`tests.schedule_templates.bands_check`), and on a GPU."""
+import pytest
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.schedule_templates.bands import band_window
+from tests.helpers import fresh_seed, gpu_error, poisoned_call, relative_error, run_interpreted
+from tests.schedule_templates.bands_check import CASES, centred_weighted, rolling_max
+from tests.schedule_templates.scan_check import cumulative_sum_within_lengths, running_mean
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_matches_float64_on_the_cpu(name):
+    kernel, case = CASES[name]
+    args, want = case(torch.Generator().manual_seed(fresh_seed()))
+    (out,) = poisoned_call(tf.compile(kernel, target="llvm"), kernel.program, args, want)
+    assert relative_error(out, want) < (2e-2 if out.dtype == torch.bfloat16 else 1e-6)
+
+
+def test_the_triton_kernels_match_float64_in_the_interpreter():
+    """f32 results to 1e-6, the extrema exactly; the bf16 one to its rounding (the interpreter
+    truncates to bf16 where a GPU rounds)."""
+    seed = fresh_seed()
+    errors = run_interpreted("tests.schedule_templates.bands_check", seed)
+    assert set(errors) == set(CASES)
+    for name, error in errors.items():
+        bf16 = CASES[name][0].program.outputs[0].dtypes[0] == "bf16"
+        assert error < (1e-2 if bf16 else 1e-6), f"{name}: {error:.1e} (TENSORFUSE_SEED={seed})"
+    assert errors["rolling_max"] == 0 and errors["lagged_band_min"] == 0
+
+
+def test_the_band_becomes_a_window_axis_of_its_width():
+    program, note = band_window(rolling_max.program)
+    (total,) = [c for c in program.computes if c.is_reduction]
+    (window,) = total.over
+    assert window.extent == 64 and window.name == "j_window"
+    assert [a.name for a in total.axes] == ["b", "i"]
+    assert note == "out over the band j = i - 63 + j_window as a window axis j_window of 64 " \
+                   "(not every j of the row)"
+    centred = band_window(centred_weighted.program)[0]   # i − 3 … i + 3, terms reading i
+    assert [c.over[0].extent for c in centred.computes if c.is_reduction] == [7]
+    plan = tf.compile(rolling_max, target="cuda:sm_90a").describe_plan(B=16, N=65536)
+    assert plan.startswith("out over the band") and "row-reduction template" in plan
+    assert "swept: j_window (64)" in plan
+
+
+def test_tuning_tunes_the_window_tf_compile_runs():
+    """Its tasks are the rewritten program's (the row template over the window), whose records
+    tf.compile's kernel reads — not the contraction template's of the band as written."""
+    from tensorfuse.autotune.tasks import make_task
+    from tensorfuse.targets import get_target
+
+    task = make_task(rolling_max, dict(B=16, N=65536), get_target("cuda:sm_90a"))
+    assert task.template == "row_reduction"
+    assert [c.over[0].name for c in task.kernel.program.computes if c.is_reduction] == \
+        ["j_window"]
+
+
+@tf.kernel
+def empty_band(x: T.Tensor["B", "N", "f32"]):
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where((j <= i - 5) & (j >= i), x[b, j], 0.0), over=j)
+
+
+@pytest.mark.parametrize("kernel", [running_mean, cumulative_sum_within_lengths, empty_band,
+                                    tf.kernels.softmax])
+def test_what_is_no_band_is_left_as_it_is(kernel):
+    """A scan (one side of the band), a band with no position in it, a chain."""
+    assert band_window(kernel.program) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_matches_float64_on_the_gpu(name):
+    error, dtype, seed = gpu_error(*CASES[name])
+    assert error < (2e-2 if dtype == torch.bfloat16 else 1e-5), f"{name} (TENSORFUSE_SEED={seed})"
