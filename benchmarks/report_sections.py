@@ -28,9 +28,10 @@ SECTIONS = (
      "each against torch eager (`F.max_pool1d`, `F.avg_pool2d`, `F.conv1d`) and "
      "`torch.compile`; GB/s of the input read and the output written",
      "python -m benchmarks.window_kernels"),
-    ("scan-kernels", "Scans written as reductions up to each position",
-     "each against torch eager (`cumsum`, `cummax`, `logcumsumexp`) and `torch.compile`; GB/s "
-     "of the input read and the output written", "python -m benchmarks.scan_kernels"),
+    ("scan-kernels", "Scans and bands written as reductions up to each position",
+     "each against torch eager (`cumsum`, `cummax`, `logcumsumexp`; `F.max_pool1d` of stride 1 "
+     "for the rolling maximum) and `torch.compile`; GB/s of the input read and the output "
+     "written", "python -m benchmarks.scan_kernels"),
     ("unlisted-kernels-weighted-token-pool", "Tokens summed with weights, again",
      "bf16; the weighted token pool of the section above, run alone after its defaults changed",
      "python -m benchmarks.unlisted_kernels --only weighted_token_pool"),

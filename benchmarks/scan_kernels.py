@@ -4,8 +4,10 @@ long sequence (its rows cut into parts), a running maximum down the sequence axi
 D]``, a log-cumulative-sum-exp, a segment's offsets from its lengths (an exclusive integer
 prefix sum) and a sum to the end (rewards-to-go) — through ``tf.compile`` defaults (the scan
 template, :mod:`tensorfuse.schedule_templates.scan`) against torch eager (``cumsum``,
-``cummax``, ``logcumsumexp``) and ``torch.compile`` in the same process, each checked against a
-float64 reference first (the harness of :mod:`benchmarks.user_kernels`).
+``cummax``, ``logcumsumexp``) and ``torch.compile`` in the same process; and a rolling maximum
+over the last 64 positions, written as a band (:mod:`tensorfuse.schedule_templates.bands`),
+against ``F.max_pool1d`` of stride 1 — each checked against a float64 reference first (the
+harness of :mod:`benchmarks.user_kernels`).
 
     python -m benchmarks.scan_kernels [--only NAME,…]
 
@@ -13,6 +15,7 @@ Rows: ``benchmark`` = ``user/<name>``; GB/s of the input read and the output wri
 ``benchmarks/results/<date>-<device>-scan-kernels.csv``.
 """
 import torch
+import torch.nn.functional as F
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
@@ -69,6 +72,14 @@ def sum_to_the_end(r: T.Tensor["B", "N", "f32"]):
     return T.sum(T.where(j >= i, r[b, j], 0.0), over=j)
 
 
+@tf.kernel
+def rolling_max_64(x: T.Tensor["B", "N", "f32"]):
+    """The largest of the last 64 values (fewer at the row's start): a band of positions."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.max(T.where((j <= i) & (j > i - 64), x[b, j], -T.inf), over=j)
+
+
 def _cumsum_case(generator, B=256, N=32768) -> Case:
     x = torch.randn(B, N, generator=generator).to("cuda", torch.bfloat16)
     return rows_case("cumulative_sum", cumulative_sum, lambda t: torch.cumsum(t, -1), x, {},
@@ -108,9 +119,18 @@ def _to_the_end_case(generator, B=1024, N=4096) -> Case:
                      f"B{B} N{N} f32 (suffix)")
 
 
+def _rolling_max_case(generator, B=64, N=65536) -> Case:
+    x = torch.randn(B, N, generator=generator).cuda()
+
+    def eager(t):
+        return F.max_pool1d(F.pad(t[:, None], (63, 0), value=-torch.inf), 64, 1)[:, 0]
+    return rows_case("rolling_max_64", rolling_max_64, eager, x, {}, f"B{B} N{N} f32 window 64")
+
+
 SCAN_KERNELS = {"cumulative_sum": _cumsum_case, "long_cumulative_sum": _long_case,
                 "running_max": _running_max_case, "log_cumulative_sum_exp": _logcumsumexp_case,
-                "segment_offsets": _offsets_case, "sum_to_the_end": _to_the_end_case}
+                "segment_offsets": _offsets_case, "sum_to_the_end": _to_the_end_case,
+                "rolling_max_64": _rolling_max_case}
 
 if __name__ == "__main__":
     main(SCAN_KERNELS, "scan-kernels", __doc__)
