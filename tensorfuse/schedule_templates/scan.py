@@ -132,8 +132,19 @@ def near_miss(program: Program) -> str | None:
     if len(reductions) != 1 or len(reductions[0].over) != 1:
         return None   # (several: a chain — causal attention compares j with i too)
     c = reductions[0]
-    if _relation(peeled(inline_elementwise(c.bodies[0]), c)[1], c.over[0], c) is None:
+    j = c.over[0]
+    conditions = peeled(inline_elementwise(c.bodies[0]), c)[1]
+    found = relations(conditions, j, c)
+    if not found:
         return None
+    kept = {a.uid for a in c.axes}
+    parsed = {k for k, _, _ in found}
+    if any(isinstance(e, Compare) and n not in parsed and j.uid in {a.uid for a in e.axes} and
+           kept & {a.uid for a in e.axes} for n, e in enumerate(conditions)):
+        return (f"{c.name} reduces over a band of positions whose width is no integer constant "
+                f"({', '.join(to_text(e) for n, e in enumerate(conditions) if n not in parsed)})"
+                f": every {j.name} of the row is reduced; a window axis of the band's width "
+                f"reduces only the band")
     try:
         plan_scan(program)
     except TargetError as exc:

@@ -61,6 +61,21 @@ def test_tuning_tunes_the_window_tf_compile_runs():
 
 
 @tf.kernel
+def scalar_band(x: T.Tensor["B", "N", "f32"], w: T.i32):
+    """A band whose width is a scalar: no window axis of it; the plan says so."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.max(T.where((j <= i) & (j > i - w), x[b, j], -T.inf), over=j)
+
+
+def test_a_band_of_a_scalars_width_is_reduced_as_written_and_the_plan_says_why():
+    assert band_window(scalar_band.program) is None
+    plan = tf.compile(scalar_band, target="cuda:sm_90a").describe_plan(B=4, N=1000, w=16)
+    assert "not the scan template (at any sizes): out reduces over a band of positions whose " \
+           "width is no integer constant (j > i - w): every j of the row is reduced" in plan
+
+
+@tf.kernel
 def empty_band(x: T.Tensor["B", "N", "f32"]):
     b, j = T.axes("b j")
     i = T.axis("i", "N")
