@@ -33,15 +33,20 @@ def axis(name: str, extent: "int | str | Expr") -> Axis:
     dimension directly: an integer, a dimension name, or an integer expression of named sizes
     — a size the kernel derives, named as the axis upper-cased: ``T.axis("o", (T.size("L") - 3)
     // 2 + 1)`` is a pooled length ``O`` (a window of 3, stride 2), computed at each call from
-    the tensors' sizes (a tensor dimension named ``O`` must then have that size)."""
+    the tensors' sizes (a tensor dimension named ``O`` must then have that size). Where that
+    name is one the expression reads — an upsampled ``T.axis("h", T.size("H") * 2)`` — the size
+    is ``H_`` (a size is no function of itself)."""
     loc = user_location()
     if isinstance(extent, Expr) and not isinstance(extent, Axis):
-        from .program import derive_size
+        from .program import derive_size, size_names
 
         if not name.isidentifier():
             raise AxisError(f"axis {name!r}: a derived size is named after its axis, which must "
                             "be an identifier", loc)
-        return Axis(name, derive_size(name.upper(), extent, loc), loc)
+        derived, read = name.upper(), set(size_names(extent))
+        while derived in read:
+            derived += "_"
+        return Axis(name, derive_size(derived, extent, loc), loc)
     if isinstance(extent, bool) or not isinstance(extent, (int, str)) or (
             isinstance(extent, int) and extent <= 0):
         raise AxisError(f"axis {name}: size must be a positive integer, a dimension name or an "

@@ -31,6 +31,16 @@ def test_the_triton_kernels_match_float64_in_the_interpreter():
     check_interpreted("tests.schedule_templates.derived_sizes_check", CASES, tolerance=1e-6)
 
 
+def test_a_size_derived_from_its_own_name_is_named_apart():
+    """``T.axis("h", T.size("H") * 2)``: the axis' size is ``H_``, not ``H`` (which it reads)."""
+    from tests.schedule_templates.derived_sizes_check import upsample_nearest_2x
+
+    program = upsample_nearest_2x.program
+    assert program.dim_names() == ["B", "C", "H", "W", "H_", "W_"]
+    x = torch.randn(1, 2, 5, 7).bfloat16()
+    assert bind_call(program, (x,), {}, "cpu").dims == dict(B=1, C=2, H=5, W=7, H_=10, W_=14)
+
+
 def test_a_derived_size_is_computed_at_each_call_and_named_after_its_axis():
     program = max_pool_stride_2.program
     assert program.dim_names() == ["B", "C", "L", "O"]
