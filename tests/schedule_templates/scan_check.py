@@ -105,7 +105,7 @@ def offsets_case(generator, G=5000):
     return dict(lengths=lengths), (torch.cumsum(lengths.double(), 0) - lengths.double())
 
 
-def to_the_end_case(generator, B=4, N=999):
+def to_the_end_case(generator, B=4, N=2999):   # several blocks: r is read in each
     r = torch.randn(B, N, generator=generator) * 50
     return dict(r=r), torch.flip(torch.cumsum(torch.flip(r.double(), (-1,)), -1), (-1,))
 

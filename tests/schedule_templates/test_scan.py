@@ -187,6 +187,8 @@ def test_one_build_serves_every_size_and_the_gradient_is_a_scan_from_the_end():
 @pytest.mark.parametrize("kernel, dims", [(cumulative_sum, dict(B=64, N=4096)),
                                           (running_max, dict(B=2, S=4096, D=16)),
                                           (segment_offsets, dict(G=2**20)),
+                                          # its tensor is r: the kernel's own names kept apart
+                                          (sum_to_the_end, dict(B=64, N=4096)),
                                           (CASES["running_argmax"][0], dict(B=2, N=2**20))])
 def test_the_kernels_compile_for_sm90a_and_gfx942(kernel, dims):
     """Rows read and written in 16-byte vectors (a part starts at a whole block; an exclusive

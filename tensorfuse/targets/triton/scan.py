@@ -19,6 +19,9 @@ from .reductions import combine_function, reduced, reduced_together
 from .tile_text import assemble_source, needs_wide_offsets, store_offsets
 
 NUM_WARPS = 4
+# the prefix of the kernels' own variables: a program's parameters are named as the user named
+# them (``r`` for rewards, ``lo``, ``hi``), and a variable of the same name would shadow one
+L = "_s_"
 
 
 def extent(axis, sizes: dict):
@@ -76,9 +79,10 @@ def _identities(plan) -> list[str]:
 
 
 def _names(stem: str, plan) -> list[str]:
-    """A value's variables, one a component: ``stem`` alone for one."""
+    """A value's variables, one a component: ``stem`` alone for one (named apart from the
+    program's parameters: :data:`L`)."""
     k = plan.total.arity
-    return [stem] if k == 1 else [f"{stem}{c}" for c in range(k)]
+    return [L + stem] if k == 1 else [f"{L}{stem}{c}" for c in range(k)]
 
 
 def _combined(plan, a: list[str], b: list[str]) -> str:
@@ -95,21 +99,21 @@ def _reduced(plan, tiles: list[str]) -> str:
 def _prologue(w, plan, sizes: dict, wide: bool) -> dict:
     """The program's rows (``row``, ``row_ok`` and each row axis' index) and its part's
     positions (``lo`` to ``hi``, ``nb`` blocks); the row axes' names by uid."""
-    w("row = tl.program_id(0)" + (".to(tl.int64)" if wide else "") +
+    w(f"{L}row = tl.program_id(0)" + (".to(tl.int64)" if wide else "") +
       " * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
-    w(f"row_ok = row < {row_count(plan, sizes)}")
-    w("rest = row")
+    w(f"{L}row_ok = {L}row < {row_count(plan, sizes)}")
+    w(f"{L}rest = {L}row")
     names = {}
     for a in reversed(plan.rows):
-        names[a.uid] = f"ax_{a.name}"
-        w(f"ax_{a.name} = rest % {extent(a, sizes)}")
-        w(f"rest = rest // {extent(a, sizes)}")
-    w("part = tl.program_id(1)")
+        names[a.uid] = f"{L}ax_{a.name}"
+        w(f"{L}ax_{a.name} = {L}rest % {extent(a, sizes)}")
+        w(f"{L}rest = {L}rest // {extent(a, sizes)}")
+    w(f"{L}part = tl.program_id(1)")
     # in whole blocks: Triton then knows a block's start is a multiple of BLOCK_N, and reads and
     # writes a row's elements in 16-byte vectors (a length as an argument left them one by one)
-    w("lo = part * scan_part_blocks * BLOCK_N")
-    w(f"hi = tl.minimum(lo + scan_part_blocks * BLOCK_N, {extent(plan.axis, sizes)})")
-    w("nb = tl.cdiv(hi - lo, BLOCK_N)")
+    w(f"{L}lo = {L}part * scan_part_blocks * BLOCK_N")
+    w(f"{L}hi = tl.minimum({L}lo + scan_part_blocks * BLOCK_N, {extent(plan.axis, sizes)})")
+    w(f"{L}nb = tl.cdiv({L}hi - {L}lo, BLOCK_N)")
     return names
 
 
@@ -117,20 +121,21 @@ def _terms(w, plan, sizes: dict, rows: dict, block: str) -> TileContext:
     """Lines computing ``v`` (``v0``, ``v1``: one a component), the terms of block ``block`` of
     the part (its positions ``col``, ``col_ok``); the tile of the outputs at those positions."""
     n = extent(plan.axis, sizes)
-    w(f"col = lo + ({block}) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
-    w("col_ok = col < hi")
-    w(f"jj = col + {plan.shift}" if plan.shift else "jj = col")
-    w(f"j_ok = (jj >= 0) & (jj < {n})" if plan.shift else f"j_ok = jj < {n}")
-    valid = dict.fromkeys(rows, "row_ok")
-    tile = TileContext(axes={**rows, plan.axis.uid: "jj"},
-                       valid={**valid, plan.axis.uid: "j_ok"}, sizes=sizes)
-    keep = ["row_ok", "col_ok", "j_ok"] + [f"({to_triton(c, tile)})" for c in plan.conditions]
-    w(f"keep = {' & '.join(keep)}")
+    w(f"{L}col = {L}lo + ({block}) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
+    w(f"{L}col_ok = {L}col < {L}hi")
+    w(f"{L}jj = {L}col + {plan.shift}" if plan.shift else f"{L}jj = {L}col")
+    w(f"{L}j_ok = ({L}jj >= 0) & ({L}jj < {n})" if plan.shift else f"{L}j_ok = {L}jj < {n}")
+    valid = dict.fromkeys(rows, f"{L}row_ok")
+    tile = TileContext(axes={**rows, plan.axis.uid: f"{L}jj"},
+                       valid={**valid, plan.axis.uid: f"{L}j_ok"}, sizes=sizes)
+    keep = [f"{L}row_ok", f"{L}col_ok", f"{L}j_ok"] + \
+        [f"({to_triton(c, tile)})" for c in plan.conditions]
+    w(f"{L}keep = {' & '.join(keep)}")
     for v, value, ident, acc in zip(_names("v", plan), plan.values, _identities(plan),
                                     accumulators(plan)):
-        w(f"{v} = tl.where(keep, {to_triton(value, tile)}, {ident}).to({acc})")
-    return TileContext(axes={**rows, plan.out_axis.uid: "col"},
-                       valid={**valid, plan.out_axis.uid: "col_ok"}, sizes=sizes)
+        w(f"{v} = tl.where({L}keep, {to_triton(value, tile)}, {ident}).to({acc})")
+    return TileContext(axes={**rows, plan.out_axis.uid: f"{L}col"},
+                       valid={**valid, plan.out_axis.uid: f"{L}col_ok"}, sizes=sizes)
 
 
 def _assign(w, names: list[str], value: str) -> None:
@@ -150,29 +155,29 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
     rows = _prologue(w, plan, sizes, wide)
     for c, ident, acc in zip(carry, idents, accs):
         w(f"{c} = tl.full([BLOCK_M, 1], {ident}, {acc})")
-    w.sweep("k", "0", "nb", "1")
+    w.sweep(f"{L}k", "0", f"{L}nb", "1")
     with w.block():
-        _terms(w, plan, sizes, rows, "k")
+        _terms(w, plan, sizes, rows, f"{L}k")
         _assign(w, _names("r", plan), _reduced(plan, v))
         _assign(w, carry, _combined(plan, carry, _names("r", plan)))
     for t, c in zip(totals, carry):
-        w(f"tl.store({t} + row * {plan.max_parts} + part, {c}, mask=row_ok)")
+        w(f"tl.store({t} + {L}row * {plan.max_parts} + {L}part, {c}, mask={L}row_ok)")
     kernels = [(f"{name}_totals", args, w.lines)]
 
     w = SourceWriter(interpreter)
     rows = _prologue(w, plan, sizes, wide)
     # the parts before this one in the scan's direction: their totals, combined
-    w(f"offs_k = tl.arange(0, {plan.max_parts})[None, :]")
-    before = "offs_k < part" if plan.direction == "prefix" else \
-        "(offs_k > part) & (offs_k < scan_parts)"
+    w(f"{L}offs_k = tl.arange(0, {plan.max_parts})[None, :]")
+    before = f"{L}offs_k < {L}part" if plan.direction == "prefix" else \
+        f"({L}offs_k > {L}part) & ({L}offs_k < scan_parts)"
     prev = _names("prev", plan)
     for p, t, ident, acc in zip(prev, totals, idents, accs):
-        w(f"{p} = tl.load({t} + row * {plan.max_parts} + offs_k, mask=row_ok & ({before}), "
-          f"other={ident}).to({acc})")
+        w(f"{p} = tl.load({t} + {L}row * {plan.max_parts} + {L}offs_k, "
+          f"mask={L}row_ok & ({before}), other={ident}).to({acc})")
     _assign(w, carry, _reduced(plan, prev))
-    w.sweep("k", "0", "nb", "1")
+    w.sweep(f"{L}k", "0", f"{L}nb", "1")
     with w.block():
-        block = "k" if plan.direction == "prefix" else "nb - 1 - k"
+        block = f"{L}k" if plan.direction == "prefix" else f"{L}nb - 1 - {L}k"
         out_tile = _terms(w, plan, sizes, rows, block)
         reverse = ", reverse=True" if plan.direction == "suffix" else ""
         tiles = v[0] if len(v) == 1 else f"({', '.join(v)})"
@@ -188,6 +193,6 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
         for c, expr in plan.outputs:
             w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out_tile, sizes)}), "
               f"({to_triton(expr, out_tile)}).to({TL_DTYPES[c.dtypes[0]]}), "
-              f"mask=row_ok & col_ok)")
+              f"mask={L}row_ok & {L}col_ok)")
     kernels.append((f"{name}_scan", args, w.lines))
     return assemble_source(kernels)
