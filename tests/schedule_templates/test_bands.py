@@ -10,7 +10,7 @@ from tensorfuse import dsl as T
 from tensorfuse.schedule_templates.bands import band_window
 from tests.helpers import fresh_seed, gpu_error, poisoned_call, relative_error, run_interpreted
 from tests.schedule_templates.bands_check import CASES, centred_weighted, rolling_max
-from tests.schedule_templates.scan_check import cumulative_sum_within_lengths, running_mean
+from tests.schedule_templates.scan_check import F32, cumulative_sum_within_lengths, running_mean
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -18,18 +18,18 @@ def test_each_matches_float64_on_the_cpu(name):
     kernel, case = CASES[name]
     args, want = case(torch.Generator().manual_seed(fresh_seed()))
     (out,) = poisoned_call(tf.compile(kernel, target="llvm"), kernel.program, args, want)
-    assert relative_error(out, want) < (2e-2 if out.dtype == torch.bfloat16 else 1e-6)
+    assert relative_error(out, want) < (2e-2 if out.dtype == torch.bfloat16 else F32)
 
 
 def test_the_triton_kernels_match_float64_in_the_interpreter():
-    """f32 results to 1e-6, the extrema exactly; the bf16 one to its rounding (the interpreter
+    """f32 results to :data:`F32`, the extrema exactly; the bf16 one to its rounding (the interpreter
     truncates to bf16 where a GPU rounds)."""
     seed = fresh_seed()
     errors = run_interpreted("tests.schedule_templates.bands_check", seed)
     assert set(errors) == set(CASES)
     for name, error in errors.items():
         bf16 = CASES[name][0].program.outputs[0].dtypes[0] == "bf16"
-        assert error < (1e-2 if bf16 else 1e-6), f"{name}: {error:.1e} (TENSORFUSE_SEED={seed})"
+        assert error < (1e-2 if bf16 else F32), f"{name}: {error:.1e} (TENSORFUSE_SEED={seed})"
     assert errors["rolling_max"] == 0 and errors["lagged_band_min"] == 0
 
 
