@@ -11,7 +11,8 @@ def read_other_way(kernel, spec, dynamic: "bool | None" = None):
     """The scatter-add or scan template's kernel of ``kernel`` on the GPU ``spec`` where its
     program is one of those forms (Triton importable: the caller's to know), else ``None``."""
     from .schedule_templates.auto import scatters
-    from .schedule_templates.scan import plan_scan, scans
+    from .errors import TargetError
+    from .schedule_templates.scan import plan_scan
     from .schedule_templates.scatter import plan_scatter
     from .targets.triton.reductions import reducible
     from .targets.triton.scan_kernel import ScanKernel
@@ -19,9 +20,10 @@ def read_other_way(kernel, spec, dynamic: "bool | None" = None):
 
     if scatters(kernel.program):
         return ScatterKernel(plan_scatter(kernel.program), spec, dynamic)
-    if not scans(kernel.program):
+    try:   # planned once: the plan is the kernel's
+        plan = plan_scan(kernel.program)
+    except TargetError:
         return None
-    plan = plan_scan(kernel.program)
     return ScanKernel(plan, spec, dynamic) if reducible(plan.monoid) else None
 
 
