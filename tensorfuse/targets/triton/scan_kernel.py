@@ -35,15 +35,24 @@ class ScanKernel(PlanKernel):
         self.scratch_names = (*totals_names(plan), *self.scalar_scratch)
         super().__init__(plan, target, dynamic)
         self.description = ORIGIN
+        self._layouts: dict = {}
+
+    def _layout(self, dims: dict) -> tuple[int, int, int]:
+        """:func:`.scan.layout` at ``dims``, decided once per sizes (a call reads it for its
+        scratch; a build for its kernels and grids)."""
+        key = tuple(sorted(dims.items()))
+        if key not in self._layouts:
+            self._layouts[key] = layout(self.plan, dims)
+        return self._layouts[key]
 
     def _knobs(self, dims: dict) -> ScanKnobs:
         return ScanKnobs(*blocks(self.plan, dims))
 
     def _kernels(self, dims: dict) -> list[str]:
-        return (["totals"] if layout(self.plan, dims)[0] > 1 else []) + ["scan"]
+        return (["totals"] if self._layout(dims)[0] > 1 else []) + ["scan"]
 
     def _grids(self, dims: dict) -> list[tuple]:
-        cut, _, programs = layout(self.plan, dims)
+        cut, _, programs = self._layout(dims)
         return [(programs, cut)] * len(self._kernels(dims))
 
     def _meta(self, dims: dict) -> dict:
@@ -58,7 +67,7 @@ class ScanKernel(PlanKernel):
         element where the rows are not cut: not read), the parts and the blocks of each."""
         import torch
 
-        cut, each, programs = layout(self.plan, dims)
+        cut, each, programs = self._layout(dims)
         rows = programs * blocks(self.plan, dims)[0] if cut > 1 else 0
         size = max(1, rows * self.plan.max_parts)
         made = {name: torch.empty(size, dtype=getattr(torch, TORCH_ACCUMULATORS[acc]),
@@ -76,7 +85,7 @@ class ScanKernel(PlanKernel):
         dims, _ = split_scalars(self.program, dims)
         if not dims:
             return self.description
-        cut, each, programs = layout(self.plan, dims)
+        cut, each, programs = self._layout(dims)
         block_m, block_n = blocks(self.plan, dims)
         return (f"{self.description}; tiles of {block_m} rows × {block_n} positions, "
                 f"{programs} programs along the rows" +
