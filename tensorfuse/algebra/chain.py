@@ -181,7 +181,7 @@ def _plan(program: Program, names: Sequence[str], axis: "str | Axis") -> Chain:
         body = bodies[m.name][0]
         ctx = Context(ax, earlier, positive=set(positive), rules={},
                       independent={n for n, sc in schemes.items() if not sc.deps},
-                      schemes=dict(schemes))
+                      schemes=dict(schemes), wandering=_wandering(members[:k], schemes))
         if not refs_to(body, earlier) or m.arity > 1:
             if m.arity > 1 and refs_to(body, earlier):
                 raise RollingUpdateError(f"{m.name} reduces several values at once and depends "
@@ -203,6 +203,18 @@ def _plan(program: Program, names: Sequence[str], axis: "str | Axis") -> Chain:
     common = order_axes([a for a in members[0].axes
                          if all(any(a.uid == b.uid for b in m.axes) for m in members)])
     return Chain(ax, members, bodies, schemes, common, local)
+
+
+def _wandering(earlier, schemes: dict) -> set[str]:
+    """The earlier members whose running values may pass through many orders of magnitude: the
+    products (a running product of n factors moves like cⁿ whatever its final value), and the
+    members whose references read one."""
+    out: set[str] = set()
+    for m in earlier:
+        sc = schemes[m.name]
+        if m.monoid.name == "prod" or sc.kind == "power" or out & set(sc.deps):
+            out.add(m.name)
+    return out
 
 
 def _keep_identities(members, bodies, schemes) -> None:

@@ -260,7 +260,7 @@ def _dep_names(body: Expr, ctx: Context) -> set[str]:
 
 
 def _linear_scheme(compute, body: Expr, top: Terms, ctx: Context, deps) -> Scheme:
-    top = rebased(body, top)  # a shifted body is summed centred on its references
+    top = rebased(body, top, ctx)  # a shifted body is summed centred on its references
     order: list = []
     transfers: dict = {}
     pending = list(top.items.items())
@@ -270,7 +270,7 @@ def _linear_scheme(compute, body: Expr, top: Terms, ctx: Context, deps) -> Schem
             continue
         if len(transfers) >= 16:
             raise NoCorrection(basis, "the correction needs more than 16 running sums")
-        t = rebased(basis, linear(basis, ctx)) if key != ONE_KEY else \
+        t = rebased(basis, linear(basis, ctx), ctx) if key != ONE_KEY else \
             Terms.single(const(1.0), const(1.0))
         transfers[key] = (basis, t)
         order.append(key)
@@ -319,9 +319,9 @@ def _affine_scheme(compute, body, top: Terms, ctx, deps, homs) -> Scheme:
     # float32's resolution there. A max or min only selects: max(x) is exact, and one shift at
     # the end rounds once, where a centred state would carry every reference it moved through.
     centred = not compute.monoid.idempotent
-    basis, kappa, delta = _positive_affine(rebased(body, top) if centred else top, ctx,
+    basis, kappa, delta = _positive_affine(rebased(body, top, ctx) if centred else top, ctx,
                                            allow_scale, body)
-    own = rebased(basis, linear(basis, ctx)) if centred else linear(basis, ctx)
+    own = rebased(basis, linear(basis, ctx), ctx) if centred else linear(basis, ctx)
     b2, k2, d2 = _positive_affine(own, ctx, allow_scale, basis)
     if b2.key() != basis.key():
         raise NoCorrection(basis, "its running value does not correct into itself")
