@@ -15,10 +15,14 @@ import math
 
 from ...dsl import dtypes as dt
 from .expr import TL_DTYPES, TileContext, literal, to_triton
-from .reductions import combine_function, reduced, reduced_together
+from .reductions import BUILTIN, combine_function, reduced, reduced_together
 from .tile_text import assemble_source, needs_wide_offsets, store_offsets
 
 NUM_WARPS = 4
+# blocks a sweep's loads run ahead (Triton's software pipeliner; 1: synchronous loads)
+STAGES = 1
+MAX_BLOCK_N = 1024     # positions a tile, at most
+TILE_ELEMENTS = 2048   # rows × positions a tile, at most
 # the prefix of the kernels' own variables: a program's parameters are named as the user named
 # them (``r`` for rewards, ``lo``, ``hi``), and a variable of the same name would shadow one
 L = "_s_"
@@ -37,8 +41,9 @@ def blocks(plan, sizes: dict) -> tuple[int, int]:
     if not plan.along_rows:
         return 64, 32
     n = extent(plan.axis, sizes)
-    block_n = 1024 if not isinstance(n, int) else max(16, min(1024, 1 << (n - 1).bit_length()))
-    return (max(1, min(16, 2048 // block_n)) if plan.rows else 1), block_n
+    block_n = MAX_BLOCK_N if not isinstance(n, int) else \
+        max(16, min(MAX_BLOCK_N, 1 << (n - 1).bit_length()))
+    return (max(1, min(16, TILE_ELEMENTS // block_n)) if plan.rows else 1), block_n
 
 
 def row_count(plan, sizes: dict):
@@ -142,6 +147,22 @@ def _assign(w, names: list[str], value: str) -> None:
     w(f"{', '.join(names)} = {value}")
 
 
+def _carry_on(w, plan, carry: list[str], total: list[str], v: list[str]) -> None:
+    """The carry past a block: the carry combined with the block's terms reduced (a sum, max or
+    min reduces natively), or, for a monoid whose combine is costly (a logsumexp: an exp and a
+    log; a user's), the scanned totals' value at the block's last position in the scan's
+    direction — picked by a masked sum, where a reduction would combine every term once more.
+    Positions past the row's end hold the identity, so the last lane is the whole block's."""
+    if plan.monoid.name in BUILTIN:
+        _assign(w, _names("r", plan), _reduced(plan, v))
+        _assign(w, carry, _combined(plan, carry, _names("r", plan)))
+        return
+    lane = "BLOCK_N - 1" if plan.direction == "prefix" else "0"
+    w(f"{L}edge = tl.arange(0, BLOCK_N)[None, :] == {lane}")
+    for c, t, acc in zip(carry, total, accumulators(plan)):
+        w(f"{c} = tl.sum(tl.where({L}edge, {t}, 0), axis=1, keep_dims=True).to({acc})")
+
+
 def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool) -> str:
     """The Python source of ``{name}_totals`` (each part's combined terms into ``totals``, one
     buffer a component) and ``{name}_scan``, both taking ``args``; ``interpreter``: for
@@ -155,7 +176,7 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
     rows = _prologue(w, plan, sizes, wide)
     for c, ident, acc in zip(carry, idents, accs):
         w(f"{c} = tl.full([BLOCK_M, 1], {ident}, {acc})")
-    w.sweep(f"{L}k", "0", f"{L}nb", "1")
+    w.sweep(f"{L}k", "0", f"{L}nb", "1", STAGES)
     with w.block():
         _terms(w, plan, sizes, rows, f"{L}k")
         _assign(w, _names("r", plan), _reduced(plan, v))
@@ -175,7 +196,7 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
         w(f"{p} = tl.load({t} + {L}row * {plan.max_parts} + {L}offs_k, "
           f"mask={L}row_ok & ({before}), other={ident}).to({acc})")
     _assign(w, carry, _reduced(plan, prev))
-    w.sweep(f"{L}k", "0", f"{L}nb", "1")
+    w.sweep(f"{L}k", "0", f"{L}nb", "1", STAGES)
     with w.block():
         block = f"{L}k" if plan.direction == "prefix" else f"{L}nb - 1 - {L}k"
         out_tile = _terms(w, plan, sizes, rows, block)
@@ -185,8 +206,7 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
                 f"tl.associative_scan({tiles}, 1, {combine_function(plan.monoid)}{reverse})")
         total = _names("total", plan)
         _assign(w, total, _combined(plan, carry, _names("s", plan)))
-        _assign(w, _names("r", plan), _reduced(plan, v))
-        _assign(w, carry, _combined(plan, carry, _names("r", plan)))
+        _carry_on(w, plan, carry, total, v)
         refs = {plan.total.name: total[0]} if len(total) == 1 else \
             {f"{plan.total.name}#{k}": t for k, t in enumerate(total)}
         out_tile = out_tile.child(refs=refs)
