@@ -5,8 +5,9 @@ D]``, a log-cumulative-sum-exp, a segment's offsets from its lengths (an exclusi
 prefix sum) and a sum to the end (rewards-to-go) — through ``tf.compile`` defaults (the scan
 template, :mod:`tensorfuse.schedule_templates.scan`) against torch eager (``cumsum``,
 ``cummax``, ``logcumsumexp``) and ``torch.compile`` in the same process; and a rolling maximum
-over the last 64 positions, written as a band (:mod:`tensorfuse.schedule_templates.bands`),
-against ``F.max_pool1d`` of stride 1 — each checked against a float64 reference first (the
+over the last 64 positions and a moving average of the last 100, written as bands
+(:mod:`tensorfuse.schedule_templates.bands`), against ``F.max_pool1d`` and ``F.avg_pool1d`` of
+stride 1 — each checked against a float64 reference first (the
 harness of :mod:`benchmarks.user_kernels`).
 
     python -m benchmarks.scan_kernels [--only NAME,…]
@@ -80,6 +81,14 @@ def rolling_max_64(x: T.Tensor["B", "N", "f32"]):
     return T.max(T.where((j <= i) & (j > i - 64), x[b, j], -T.inf), over=j)
 
 
+@tf.kernel
+def moving_average_100(x: T.Tensor["B", "N", "f32"]):
+    """The mean of the last 100 values (fewer at the row's start, still divided by 100)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where((j <= i) & (j > i - 100), x[b, j], 0.0), over=j) / 100.0
+
+
 def _cumsum_case(generator, B=256, N=32768) -> Case:
     x = torch.randn(B, N, generator=generator).to("cuda", torch.bfloat16)
     return rows_case("cumulative_sum", cumulative_sum, lambda t: torch.cumsum(t, -1), x, {},
@@ -127,10 +136,19 @@ def _rolling_max_case(generator, B=64, N=65536) -> Case:
     return rows_case("rolling_max_64", rolling_max_64, eager, x, {}, f"B{B} N{N} f32 window 64")
 
 
+def _moving_average_case(generator, B=64, N=65536) -> Case:
+    x = torch.randn(B, N, generator=generator).cuda()
+
+    def eager(t):   # zeros before the row's start count: divided by 100 throughout
+        return F.avg_pool1d(F.pad(t[:, None], (99, 0)), 100, 1)[:, 0]
+    return rows_case("moving_average_100", moving_average_100, eager, x, {},
+                     f"B{B} N{N} f32 window 100")
+
+
 SCAN_KERNELS = {"cumulative_sum": _cumsum_case, "long_cumulative_sum": _long_case,
                 "running_max": _running_max_case, "log_cumulative_sum_exp": _logcumsumexp_case,
                 "segment_offsets": _offsets_case, "sum_to_the_end": _to_the_end_case,
-                "rolling_max_64": _rolling_max_case}
+                "rolling_max_64": _rolling_max_case, "moving_average_100": _moving_average_case}
 
 if __name__ == "__main__":
     main(SCAN_KERNELS, "scan-kernels", __doc__)

@@ -3,28 +3,33 @@ every template that would take it as written: a one-hot sum — a gathered read'
 the scatter-add it is (:mod:`.schedule_templates.scatter`: each term added into the element its
 index names, not every element visiting every term), a reduction over the positions up to each
 output's own — a cumulative sum — as a scan (:mod:`.schedule_templates.scan`: N terms, not
-N²)."""
+N²), and one over a band of positions around each output's own — a rolling maximum, a moving
+sum — as two scans of segments (:func:`.schedule_templates.bands.plan_band`: a few operations
+an output, not the band's width)."""
 from __future__ import annotations
 
 
 def read_other_way(kernel, spec, dynamic: "bool | None" = None):
-    """The scatter-add or scan template's kernel of ``kernel`` on the GPU ``spec`` where its
+    """The scatter-add, scan or band template's kernel of ``kernel`` on the GPU ``spec`` where its
     program is one of those forms (Triton importable: the caller's to know), else ``None``."""
     from .schedule_templates.auto import scatters
     from .errors import TargetError
+    from .schedule_templates.bands import plan_band
     from .schedule_templates.scan import plan_scan
     from .schedule_templates.scatter import plan_scatter
     from .targets.triton.reductions import reducible
-    from .targets.triton.scan_kernel import ScanKernel
+    from .targets.triton.scan_kernel import BandKernel, ScanKernel
     from .targets.triton.scatter_kernel import ScatterKernel
 
     if scatters(kernel.program):
         return ScatterKernel(plan_scatter(kernel.program), spec, dynamic)
-    try:   # planned once: the plan is the kernel's
-        plan = plan_scan(kernel.program)
-    except TargetError:
-        return None
-    return ScanKernel(plan, spec, dynamic) if reducible(plan.monoid) else None
+    for plans, made in ((plan_scan, ScanKernel), (plan_band, BandKernel)):
+        try:   # planned once: the plan is the kernel's
+            plan = plans(kernel.program)
+        except TargetError:
+            continue
+        return made(plan, spec, dynamic) if reducible(plan.monoid) else None
+    return None
 
 
 def scan_refused(program) -> list:

@@ -248,7 +248,7 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         return TuningTask(kernel, dict(dims), target, "cpu", scalars=scalars)
     from ..schedule_templates.auto import choose, flat_templated, scatters
     from ..schedule_templates.elementwise import elementwise_form
-    from ..schedule_templates.bands import band_window
+    from ..schedule_templates.bands import band_window, bands
     from ..schedule_templates.scan import scans
     from ..schedule_templates.monoid_rewrites import rewritten_monoids
     from ..schedule_templates.widened_rows import widened
@@ -256,9 +256,10 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
     if scatters(kernel.program):   # tf.compile's scatter-add template, before any other
         raise TuningError(f"{kernel.name} runs on the scatter-add template on {target.name}, "
                           "which has no knobs to tune")
-    if scans(kernel.program):   # and the scan template, before the row template
-        raise TuningError(f"{kernel.name} runs on the scan template on {target.name}, whose "
-                          "tiles are not tuned")
+    for reads, template in ((scans, "scan"), (bands, "band")):   # before the row template
+        if reads(kernel.program):
+            raise TuningError(f"{kernel.name} runs on the {template} template on "
+                              f"{target.name}, whose tiles are not tuned")
     # reductions written out at these sizes (literal extents, or a window's named ones)
     _refuse_elementwise(kernel, elementwise_form(kernel.program, dims), target)
     band = band_window(kernel.program)

@@ -122,13 +122,10 @@ def _plans_at(program: Program, fusion: Fusion, sizes: dict, target: TargetSpec)
 
 def scatters(program: Program) -> bool:
     """Whether ``program`` is a scatter-add (:mod:`.scatter`: a gathered read's gradient)."""
+    from .scan import planned
     from .scatter import plan_scatter
 
-    try:
-        plan_scatter(program)
-    except TargetError:
-        return False
-    return True
+    return planned(plan_scatter, program)
 
 
 def sums_down_rows(program: Program, fusion: Fusion) -> bool:

@@ -11,14 +11,103 @@ one less and more), gating the monoid's identity as a scan's condition does
 (:mod:`.scan`) — and rewrites the reduction over a new axis ``k`` of ``hi − lo + 1`` elements,
 ``j = i + lo + k``, the positions before the row's start or past its end left out; everything
 else of the program as it was (the original conditions stay: true inside the band). The
-row-reduction template then sweeps ``k`` for rows ``(…, i)``, W terms an output."""
+row-reduction template then sweeps ``k`` for rows ``(…, i)``, W terms an output.
+
+Where the positions are the rows' innermost axis, :func:`plan_band` does better: a band of W
+positions is two scans of segments of W. Cut the window starts ``a = i + lo`` into segments of
+W; a window ``[a, a + W − 1]`` is the end of its start's segment, ``[a, segment end]`` (a
+suffix scan of the segment), followed by the start of the next segment up to ``a + W − 1``
+(a prefix scan of the next segment, one position short). The two pieces are disjoint and in
+order, so any monoid combines them — a maximum, a moving sum, a rolling log-sum-exp, an
+arg-maximum — at a few operations an output whatever W (the Gil-Werman / van Herk algorithm,
+without the overlap that limits it to maxima and minima). The emitter
+(:mod:`tensorfuse.targets.triton.band_scan`) holds a tile of segments × W positions, loads
+it twice (the second load one segment on, from cache) and scans both along the segments."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..algebra import inline_elementwise
 from ..algebra.exprs import rewrite_computes, rewritten_program
 from ..dsl.expr import Axis, Const, DimSize, compare, where
+from ..dsl.printer import to_text
 from ..dsl.program import Program
-from .scan import peeled, relations
+from ..errors import TargetError
+from .scan import ScanPlan, peeled, planned, relations, terms_of
+from .scatter import outputs_over
+
+# widest band the two-scan plan takes: a tile holds one segment of the width's next power of
+# two at least (wider bands take the window axis)
+MAX_WIDTH = 8192
+
+
+@dataclass(frozen=True)
+class BandPlan(ScanPlan):
+    """``total[..., i] = ⊕ values[..., j]`` over ``j`` from ``i + low`` to ``i + shift`` (the
+    band's last position) where ``conditions`` hold: a :class:`~.scan.ScanPlan` with a lower
+    bound, reduced as two scans of segments of the band's :attr:`width`."""
+
+    low: int = 0
+
+    @property
+    def width(self) -> int:
+        return self.shift - self.low + 1
+
+    def describe(self) -> str:
+        where_ = "".join(f" where {to_text(c)}" for c in self.conditions)
+        return (f"band plan of {self.program.name}: {self.total.name}[{self.out_axis.name}] = "
+                f"{self.monoid.name} of {', '.join(map(to_text, self.values))}{where_} over "
+                f"{self.axis.name} from {self.out_axis.name} {self.low:+d} to "
+                f"{self.out_axis.name} {self.shift:+d} ({self.width} positions: a suffix scan "
+                f"and a prefix scan of segments of {self.width}, rows "
+                f"{', '.join(a.name for a in self.rows) or '(one)'}); outputs: "
+                + ", ".join(c.name for c, _ in self.outputs))
+
+
+def plan_band(program: Program) -> BandPlan:
+    """The band plan of ``program`` — one reduction (one value, or an arg reduction's value
+    and index) over a band of at most :data:`MAX_WIDTH` positions of its result's innermost
+    axis, its terms not reading that axis — or a :class:`TargetError` saying why not."""
+    reductions = [c for c in program.computes if c.is_reduction]
+    if len(reductions) != 1:
+        raise TargetError(f"{len(reductions)} reductions; a band program has one")
+    total = reductions[0]
+    j, values, conditions = terms_of(total, "band")
+    bounds = _bounds(relations(conditions, j, total))
+    if bounds is None:
+        raise TargetError(f"{total.name} reduces no band of {j.name} (a condition on each side "
+                          "of an axis of its result, integer offsets apart)")
+    i, lo, hi, used = bounds
+    if hi - lo + 1 > MAX_WIDTH:
+        raise TargetError(f"the band is {hi - lo + 1} positions wide; the two-scan plan takes "
+                          f"up to {MAX_WIDTH}")
+    rest = tuple(c for n, c in enumerate(conditions) if n not in used)
+    if any(i.uid in {a.uid for a in e.axes} for e in values + rest):
+        raise TargetError(f"the terms of {total.name} read {i.name} beside bounding the band")
+    plan = BandPlan(program, total, j, i, "prefix", hi, values, rest,
+                    outputs_over(program, total), lo)
+    if not plan.along_rows:
+        raise TargetError(f"{i.name} is not the innermost axis of {plan.outputs[0][0].name}: "
+                          "the band is read across rows")
+    return plan
+
+
+def bands(program: Program) -> bool:
+    """Whether ``program`` is a band of positions along its rows (:func:`plan_band` plans it)."""
+    return planned(plan_band, program)
+
+
+def _bounds(found: list):
+    """``(i, lo, hi, indices of the conditions)`` of the tightest band among the relations
+    ``found`` (:func:`~.scan.relations`) on one axis ``i``; else None."""
+    for i in {r[1].uid: r[1] for r in found}.values():
+        upper = [(shift, k) for k, axis, (direction, shift) in found
+                 if axis.uid == i.uid and direction == "prefix"]
+        lower = [(shift, k) for k, axis, (direction, shift) in found
+                 if axis.uid == i.uid and direction == "suffix"]
+        if upper and lower and min(upper)[0] >= max(lower)[0]:
+            return i, max(lower)[0], min(upper)[0], {k for _, k in upper + lower}
+    return None
 
 
 def band_window(program: Program) -> tuple[Program, str] | None:
@@ -30,15 +119,8 @@ def band_window(program: Program) -> tuple[Program, str] | None:
     total = reductions[0]
     j = total.over[0]
     _, conditions = peeled(inline_elementwise(total.bodies[0]), total)
-    found = relations(conditions, j, total)
-    for i in {r[1].uid: r[1] for r in found}.values():
-        upper = [shift for _, axis, (direction, shift) in found
-                 if axis.uid == i.uid and direction == "prefix"]
-        lower = [shift for _, axis, (direction, shift) in found
-                 if axis.uid == i.uid and direction == "suffix"]
-        if upper and lower and min(upper) >= max(lower):
-            return _windowed(program, total, j, i, max(lower), min(upper))
-    return None
+    found = _bounds(relations(conditions, j, total))
+    return _windowed(program, total, j, *found[:3]) if found else None
 
 
 def _windowed(program: Program, total, j: Axis, i: Axis, lo: int, hi: int):

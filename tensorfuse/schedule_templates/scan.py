@@ -114,13 +114,18 @@ def plan_scan(program: Program) -> ScanPlan:
                     outputs_over(program, total))
 
 
-def scans(program: Program) -> bool:
-    """Whether ``program`` is a scan (:func:`plan_scan` plans it)."""
+def planned(planner, program: Program) -> bool:
+    """Whether ``planner`` plans ``program`` (raises no :class:`TargetError`)."""
     try:
-        plan_scan(program)
+        planner(program)
     except TargetError:
         return False
     return True
+
+
+def scans(program: Program) -> bool:
+    """Whether ``program`` is a scan (:func:`plan_scan` plans it)."""
+    return planned(plan_scan, program)
 
 
 def near_miss(program: Program) -> str | None:
@@ -166,13 +171,7 @@ def _scanned(total: Compute) -> tuple:
     """``(i, direction, shift, values, other conditions)`` of a reduction in the scan form (one
     value, or an arg reduction's value and index: the conditions are its value's); else
     :class:`TargetError` saying why not."""
-    if len(total.over) != 1 or total.arity != 1 and total.monoid.name not in ARGS:
-        raise TargetError(f"{total.name} reduces {len(total.over)} axes into {total.arity} "
-                          "values; a scan reduces one axis into one value, or a value and its "
-                          "index")
-    j = total.over[0]
-    body, conditions = peeled(inline_elementwise(total.bodies[0]), total)
-    values = (body,) + tuple(inline_elementwise(b) for b in total.bodies[1:])
+    j, values, conditions = terms_of(total, "scan")
     found = _relation(conditions, j, total)
     if found is None:
         raise TargetError(f"{total.name} has no condition comparing {j.name} with an axis of "
@@ -182,6 +181,19 @@ def _scanned(total: Compute) -> tuple:
     if any(i.uid in {a.uid for a in e.axes} for e in values + rest):
         raise TargetError(f"the terms of {total.name} read {i.name} beside comparing it")
     return i, direction, shift, values, rest
+
+
+def terms_of(total: Compute, what: str) -> tuple:
+    """``(j, values, conditions)`` of a reduction over one axis ``j`` of one value (or an arg
+    reduction's value and index): its values without the conditions around them
+    (:func:`peeled`); else :class:`TargetError` naming ``what`` takes only those."""
+    if len(total.over) != 1 or total.arity != 1 and total.monoid.name not in ARGS:
+        raise TargetError(f"{total.name} reduces {len(total.over)} axes into {total.arity} "
+                          f"values; a {what} reduces one axis into one value, or a value and "
+                          "its index")
+    body, conditions = peeled(inline_elementwise(total.bodies[0]), total)
+    values = (body,) + tuple(inline_elementwise(b) for b in total.bodies[1:])
+    return total.over[0], values, conditions
 
 
 def peeled(body: Expr, total: Compute) -> tuple[Expr, list]:

@@ -1,8 +1,11 @@
 """Reductions over a band of positions around each output's own (a rolling maximum, a trailing
-moving sum, a centred window weighted by distance, a band that ends before the position), as
-``tf.compile`` makes them for sm_90a — rewritten over a window axis of the band's width —, run by
-Triton's interpreter against torch in float64, outputs poisoned; prints each case's relative
-error as JSON.
+moving sum, a centred window weighted by distance, a band that ends before the position, a
+moving average of 100, a rolling log-sum-exp, a centred arg-maximum with ties, a band under a
+lengths condition), as ``tf.compile`` makes them for sm_90a — along a row, two scans of
+segments of the band's width (the band template); down a middle axis or with terms that read
+the position, rewritten over a window axis of the band's width (``TEMPLATES`` says which) —,
+run by Triton's interpreter against torch in float64, outputs poisoned; prints each case's
+relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.bands_check SEED
 """
@@ -49,6 +52,39 @@ def lagged_band_min(x: T.Tensor["B", "N", "f32"]):
     return T.min(T.where((j + 2 <= i) & (j >= i - 5), x[b, j], T.inf), over=j)
 
 
+@tf.kernel
+def moving_average(x: T.Tensor["B", "N", "bf16"]):
+    """The mean of the last 100 values (a width that is no power of two; fewer at the start,
+    still divided by 100), stored bf16."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.cast(T.sum(T.where((j <= i) & (j > i - 100), x[b, j], 0.0), over=j) / 100.0, "bf16")
+
+
+@tf.kernel
+def rolling_logsumexp(x: T.Tensor["B", "N", "f32"]):
+    """log Σ exp over the 37 positions from 30 back to 6 on: a band around the position."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.logsumexp(T.where((j >= i - 30) & (j <= i + 6), x[b, j], -T.inf), over=j)
+
+
+@tf.kernel
+def centred_argmax(x: T.Tensor["B", "N", "f32"]):
+    """Where the largest of the 9 values around each position is (ties to the first)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.argmax(T.where((j >= i - 4) & (j <= i + 4), x[b, j], -T.inf), over=j)
+
+
+@tf.kernel
+def band_within_lengths(x: T.Tensor["B", "N", "f32"], lengths: T.Tensor["B", "i32"]):
+    """The sum of the last 20 values of each row's first ``lengths[b]`` (a further condition)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where((j <= i) & (j > i - 20) & (j < lengths[b]), x[b, j], 0.0), over=j)
+
+
 def _windows(x, lo: int, hi: int):
     """``x[..., i + lo … i + hi]`` of each position along the last axis, NaN outside the row."""
     n = x.shape[-1]
@@ -83,17 +119,53 @@ def lagged_case(generator, B=2, N=400):
     return dict(x=x), torch.nan_to_num(w, nan=torch.inf).amin(-1).clamp(max=highest)
 
 
+def moving_average_case(generator, B=3, N=2500):
+    x = (torch.randn(B, N, generator=generator) * 10).bfloat16()
+    w, _ = _windows(x.double(), -99, 0)
+    return dict(x=x), torch.nan_to_num(w).sum(-1) / 100
+
+
+def rolling_logsumexp_case(generator, B=2, N=1500):
+    x = torch.randn(B, N, generator=generator) * 30
+    w, _ = _windows(x.double(), -30, 6)
+    return dict(x=x), torch.logsumexp(torch.nan_to_num(w, nan=-torch.inf), -1)
+
+
+def centred_argmax_case(generator, B=2, N=3000):
+    x = torch.randint(-40, 40, (B, N), generator=generator).float()   # ties in every window
+    w, at = _windows(x.double(), -4, 4)
+    first = torch.nan_to_num(w, nan=-torch.inf).argmax(-1)   # torch: the first of ties
+    return dict(x=x), at[torch.arange(N)[None, :], first].double()
+
+
+def band_within_lengths_case(generator, B=4, N=1100):
+    x = torch.randn(B, N, generator=generator) * 10
+    lengths = torch.randint(0, N + 1, (B,), generator=generator, dtype=torch.int32)
+    w, at = _windows(x.double(), -19, 0)
+    w = torch.where(at[None] < lengths[:, None, None], w, torch.nan)
+    return dict(x=x, lengths=lengths), torch.nan_to_num(w).sum(-1)
+
+
 CASES = {"rolling_max": (rolling_max, rolling_max_case),
          "moving_sum": (moving_sum, moving_sum_case),
          "centred_weighted": (centred_weighted, centred_case),
-         "lagged_band_min": (lagged_band_min, lagged_case)}
+         "lagged_band_min": (lagged_band_min, lagged_case),
+         "moving_average": (moving_average, moving_average_case),
+         "rolling_logsumexp": (rolling_logsumexp, rolling_logsumexp_case),
+         "centred_argmax": (centred_argmax, centred_argmax_case),
+         "band_within_lengths": (band_within_lengths, band_within_lengths_case)}
+# the template each takes on the GPU: a band along the rows is the band template's; down a middle
+# axis, or with terms that read the position, a window axis for the row template
+WINDOW_AXIS = ("moving_sum", "centred_weighted")
+TEMPLATES = {name: "as a window axis" if name in WINDOW_AXIS else "band template"
+             for name in CASES}
 
 
 def _compiled(name, kernel):
     from tests.schedule_templates.staged_floor import interpreted
 
     made = tf.compile(kernel, target="cuda:sm_90a")
-    assert "as a window axis" in made.describe_plan(**dict.fromkeys(
+    assert TEMPLATES[name] in made.describe_plan(**dict.fromkeys(
         kernel.program.dim_names(), 1000)), name
     return interpreted(kernel)
 

@@ -1,15 +1,18 @@
-"""Reductions over a band of positions around each output's own, rewritten over a window axis of
-the band's width (``schedule_templates/bands.py``): what the rewrite reads off the math and
-where it leaves a program alone, the kernels against float64 on the CPU target (as written) and
+"""Reductions over a band of positions around each output's own (``schedule_templates/bands.py``):
+along a row, two scans of segments of the band's width (the band template); otherwise rewritten
+over a window axis of the band's width. What each reads off the math and where it leaves a
+program alone, the kernels against float64 on the CPU target (as written) and
 in Triton's interpreter (:mod:`tests.schedule_templates.bands_check`), and on a GPU."""
 import pytest
 import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from tensorfuse.schedule_templates.bands import band_window
+from tensorfuse.errors import TargetError, TuningError
+from tensorfuse.schedule_templates.bands import band_window, plan_band
 from tests.helpers import fresh_seed, gpu_error, poisoned_call, relative_error, run_interpreted
-from tests.schedule_templates.bands_check import CASES, centred_weighted, rolling_max
+from tests.schedule_templates.bands_check import (CASES, centred_weighted, moving_sum,
+                                                  rolling_logsumexp, rolling_max)
 from tests.schedule_templates.scan_check import F32, cumulative_sum_within_lengths, running_mean
 
 
@@ -30,7 +33,7 @@ def test_the_triton_kernels_match_float64_in_the_interpreter():
     for name, error in errors.items():
         bf16 = CASES[name][0].program.outputs[0].dtypes[0] == "bf16"
         assert error < (1e-2 if bf16 else F32), f"{name}: {error:.1e} (TENSORFUSE_SEED={seed})"
-    assert errors["rolling_max"] == 0 and errors["lagged_band_min"] == 0
+    assert errors["rolling_max"] == errors["lagged_band_min"] == errors["centred_argmax"] == 0
 
 
 def test_the_band_becomes_a_window_axis_of_its_width():
@@ -43,21 +46,58 @@ def test_the_band_becomes_a_window_axis_of_its_width():
                    "(not every j of the row)"
     centred = band_window(centred_weighted.program)[0]   # i − 3 … i + 3, terms reading i
     assert [c.over[0].extent for c in centred.computes if c.is_reduction] == [7]
-    plan = tf.compile(rolling_max, target="cuda:sm_90a").describe_plan(B=16, N=65536)
+    plan = tf.compile(wide_centred, target="cuda:sm_90a").describe_plan(B=16, N=65536)
     assert plan.startswith("out over the band") and "row-reduction template" in plan
-    assert "swept: j_window (64)" in plan
+    assert "swept: j_window (65)" in plan
+
+
+@tf.kernel
+def wide_centred(x: T.Tensor["B", "N", "f32"]):
+    """A centred window of 65 weighted by closeness: the terms read the position, so a window
+    axis (wide enough for the row template)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    near = 40.0 - T.abs(T.cast(i - j, "f32"))
+    return T.sum(T.where((j >= i - 32) & (j <= i + 32), near * x[b, j], 0.0), over=j)
+
+
+def test_a_band_along_the_rows_is_two_scans_of_segments_of_its_width():
+    """Where the positions are the rows' innermost axis and the terms do not read the position,
+    the band template: a tile of segments × the width, whatever the monoid."""
+    plan = plan_band(rolling_max.program)
+    assert (plan.low, plan.shift, plan.width, plan.conditions) == (-63, 0, 64, ())
+    assert plan_band(rolling_logsumexp.program).width == 37
+    made = tf.compile(rolling_max, target="cuda:sm_90a")
+    assert made.describe_plan(B=16, N=65536) == (
+        "band plan of rolling_max: out[i] = max of x[b, j] over j from i -63 to i +0 (64 "
+        "positions: a suffix scan and a prefix scan of segments of 64, rows b); outputs: out\n"
+        "  band template (each window a suffix scan and a prefix scan of segments); tiles of 64 "
+        "segments × 64 positions (as 64)")
+    # the aligned load and the store in 16-byte vectors (the other load is one position off)
+    ptx = made.ptx("band", B=16, N=65536)
+    assert ptx.count("ld.global.v4") >= 8 and ptx.count("st.global.v4") >= 8
+    for kernel, why in ((moving_sum, "i is not the innermost axis of out: the band is read across rows"),   # across rows: a window
+                        (centred_weighted, "read i beside bounding the band"),
+                        (scalar_band, "reduces no band of j")):
+        with pytest.raises(TargetError, match=why):
+            plan_band(kernel.program)
+    assert band_window(moving_sum.program) is not None
 
 
 def test_tuning_tunes_the_window_tf_compile_runs():
     """Its tasks are the rewritten program's (the row template over the window), whose records
-    tf.compile's kernel reads — not the contraction template's of the band as written."""
+    tf.compile's kernel reads — not the contraction template's of the band as written; a band
+    along the rows runs on the band template, whose tiles are not tuned."""
     from tensorfuse.autotune.tasks import make_task
     from tensorfuse.targets import get_target
 
-    task = make_task(rolling_max, dict(B=16, N=65536), get_target("cuda:sm_90a"))
+    task = make_task(wide_centred, dict(B=16, N=65536), get_target("cuda:sm_90a"))
     assert task.template == "row_reduction"
     assert [c.over[0].name for c in task.kernel.program.computes if c.is_reduction] == \
         ["j_window"]
+    with pytest.raises(TuningError, match="runs on the band template on cuda:sm_90a, whose "
+                                          "tiles are not tuned"):
+        make_task(rolling_max, dict(B=16, N=65536), get_target("cuda:sm_90a"))
 
 
 @tf.kernel

@@ -75,7 +75,7 @@ def totals_names(plan) -> list[str]:
     return ["totals"] + [f"totals_{k}" for k in range(1, plan.total.arity)]
 
 
-def _identities(plan) -> list[str]:
+def identities(plan) -> list[str]:
     made = []
     for k, dtype in enumerate(plan.total.dtypes):
         value = plan.monoid.identity_value(k, dtype)
@@ -83,7 +83,7 @@ def _identities(plan) -> list[str]:
     return made
 
 
-def _names(stem: str, plan) -> list[str]:
+def component_names(stem: str, plan) -> list[str]:
     """A value's variables, one a component: ``stem`` alone for one (named apart from the
     program's parameters: :data:`L`)."""
     k = plan.total.arity
@@ -101,11 +101,10 @@ def _reduced(plan, tiles: list[str]) -> str:
     return reduced_together(plan.monoid, tiles, 1)
 
 
-def _prologue(w, plan, sizes: dict, wide: bool) -> dict:
-    """The program's rows (``row``, ``row_ok`` and each row axis' index) and its part's
-    positions (``lo`` to ``hi``, ``nb`` blocks); the row axes' names by uid."""
-    w(f"{L}row = tl.program_id(0)" + (".to(tl.int64)" if wide else "") +
-      " * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
+def row_axes(w, plan, sizes: dict, wide: bool, rows: str) -> dict:
+    """Lines computing the program's rows (``row``: the first grid axis then ``rows``;
+    ``row_ok``) and each row axis' index from them; the row axes' names by uid."""
+    w(f"{L}row = tl.program_id(0)" + (".to(tl.int64)" if wide else "") + rows)
     w(f"{L}row_ok = {L}row < {row_count(plan, sizes)}")
     w(f"{L}rest = {L}row")
     names = {}
@@ -113,6 +112,13 @@ def _prologue(w, plan, sizes: dict, wide: bool) -> dict:
         names[a.uid] = f"{L}ax_{a.name}"
         w(f"{L}ax_{a.name} = {L}rest % {extent(a, sizes)}")
         w(f"{L}rest = {L}rest // {extent(a, sizes)}")
+    return names
+
+
+def _prologue(w, plan, sizes: dict, wide: bool) -> dict:
+    """The program's rows (``row``, ``row_ok`` and each row axis' index) and its part's
+    positions (``lo`` to ``hi``, ``nb`` blocks); the row axes' names by uid."""
+    names = row_axes(w, plan, sizes, wide, " * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
     w(f"{L}part = tl.program_id(1)")
     # in whole blocks: Triton then knows a block's start is a multiple of BLOCK_N, and reads and
     # writes a row's elements in 16-byte vectors (a length as an argument left them one by one)
@@ -136,7 +142,7 @@ def _terms(w, plan, sizes: dict, rows: dict, block: str) -> TileContext:
     keep = [f"{L}row_ok", f"{L}col_ok", f"{L}j_ok"] + \
         [f"({to_triton(c, tile)})" for c in plan.conditions]
     w(f"{L}keep = {' & '.join(keep)}")
-    for v, value, ident, acc in zip(_names("v", plan), plan.values, _identities(plan),
+    for v, value, ident, acc in zip(component_names("v", plan), plan.values, identities(plan),
                                     accumulators(plan)):
         w(f"{v} = tl.where({L}keep, {to_triton(value, tile)}, {ident}).to({acc})")
     return TileContext(axes={**rows, plan.out_axis.uid: f"{L}col"},
@@ -154,8 +160,8 @@ def _carry_on(w, plan, carry: list[str], total: list[str], v: list[str]) -> None
     direction — picked by a masked sum, where a reduction would combine every term once more.
     Positions past the row's end hold the identity, so the last lane is the whole block's."""
     if plan.monoid.name in BUILTIN:
-        _assign(w, _names("r", plan), _reduced(plan, v))
-        _assign(w, carry, _combined(plan, carry, _names("r", plan)))
+        _assign(w, component_names("r", plan), _reduced(plan, v))
+        _assign(w, carry, _combined(plan, carry, component_names("r", plan)))
         return
     lane = "BLOCK_N - 1" if plan.direction == "prefix" else "0"
     w(f"{L}edge = tl.arange(0, BLOCK_N)[None, :] == {lane}")
@@ -170,8 +176,8 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
     from .source_writer import SourceWriter
 
     wide = needs_wide_offsets(plan.program, sizes)
-    idents, accs = _identities(plan), accumulators(plan)
-    carry, v, totals = _names("carry", plan), _names("v", plan), totals_names(plan)
+    idents, accs = identities(plan), accumulators(plan)
+    carry, v, totals = component_names("carry", plan), component_names("v", plan), totals_names(plan)
     w = SourceWriter(interpreter)
     rows = _prologue(w, plan, sizes, wide)
     for c, ident, acc in zip(carry, idents, accs):
@@ -179,8 +185,8 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
     w.sweep(f"{L}k", "0", f"{L}nb", "1", STAGES)
     with w.block():
         _terms(w, plan, sizes, rows, f"{L}k")
-        _assign(w, _names("r", plan), _reduced(plan, v))
-        _assign(w, carry, _combined(plan, carry, _names("r", plan)))
+        _assign(w, component_names("r", plan), _reduced(plan, v))
+        _assign(w, carry, _combined(plan, carry, component_names("r", plan)))
     for t, c in zip(totals, carry):
         w(f"tl.store({t} + {L}row * {plan.max_parts} + {L}part, {c}, mask={L}row_ok)")
     kernels = [(f"{name}_totals", args, w.lines)]
@@ -191,7 +197,7 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
     w(f"{L}offs_k = tl.arange(0, {plan.max_parts})[None, :]")
     before = f"{L}offs_k < {L}part" if plan.direction == "prefix" else \
         f"({L}offs_k > {L}part) & ({L}offs_k < scan_parts)"
-    prev = _names("prev", plan)
+    prev = component_names("prev", plan)
     for p, t, ident, acc in zip(prev, totals, idents, accs):
         w(f"{p} = tl.load({t} + {L}row * {plan.max_parts} + {L}offs_k, "
           f"mask={L}row_ok & ({before}), other={ident}).to({acc})")
@@ -202,10 +208,10 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
         out_tile = _terms(w, plan, sizes, rows, block)
         reverse = ", reverse=True" if plan.direction == "suffix" else ""
         tiles = v[0] if len(v) == 1 else f"({', '.join(v)})"
-        _assign(w, _names("s", plan),
+        _assign(w, component_names("s", plan),
                 f"tl.associative_scan({tiles}, 1, {combine_function(plan.monoid)}{reverse})")
-        total = _names("total", plan)
-        _assign(w, total, _combined(plan, carry, _names("s", plan)))
+        total = component_names("total", plan)
+        _assign(w, total, _combined(plan, carry, component_names("s", plan)))
         _carry_on(w, plan, carry, total, v)
         refs = {plan.total.name: total[0]} if len(total) == 1 else \
             {f"{plan.total.name}#{k}": t for k, t in enumerate(total)}

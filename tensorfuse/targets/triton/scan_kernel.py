@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ...binding import split_scalars
 from .launch import interpreting
+from . import band_scan
 from .plan_kernel import PlanKernel
 from .scan import NUM_WARPS, accumulators, blocks, layout, scan_source, totals_names
 
@@ -95,3 +96,51 @@ class ScanKernel(PlanKernel):
     def describe_plan(self, scalars: dict | None = None, **dims) -> str:
         dims, _ = split_scalars(self.program, {**dims, **(scalars or {})})
         return self.plan.describe() + (f"\n  {self.schedule_origin(**dims)}" if dims else "")
+
+
+@dataclass(frozen=True)
+class BandKnobs:
+    """The tile: segments × the band's width to a power of two."""
+
+    segments: int
+    block_n: int
+
+
+BAND_ORIGIN = "band template (each window a suffix scan and a prefix scan of segments)"
+
+
+class BandKernel(PlanKernel):
+    """A :class:`~tensorfuse.schedule_templates.bands.BandPlan` as one Triton kernel."""
+
+    suffix, main_kernel, num_warps = "band", "band", band_scan.NUM_WARPS
+
+    def __init__(self, plan, target, dynamic: "bool | None" = None):
+        super().__init__(plan, target, dynamic)
+        self.description = BAND_ORIGIN
+
+    def _knobs(self, dims: dict) -> BandKnobs:
+        return BandKnobs(*band_scan.blocks(self.plan))
+
+    def _kernels(self, dims: dict) -> list[str]:
+        return ["band"]
+
+    def _grids(self, dims: dict) -> list[tuple]:
+        return [band_scan.programs(self.plan, dims)]
+
+    def _meta(self, dims: dict) -> dict:
+        segments, block_n = band_scan.blocks(self.plan)
+        return dict(BLOCK_M=segments, BLOCK_N=block_n, BLOCK_K=1)
+
+    def _write(self, sizes: dict, args: list[str]) -> str:
+        return band_scan.band_source(self.plan, self._name, sizes, args)
+
+    def _scratch(self, dims: dict, device) -> dict:
+        return {}
+
+    def schedule_origin(self, **dims) -> str:
+        segments, block_n = band_scan.blocks(self.plan)
+        return (f"{self.description}; tiles of {segments} segments × {self.plan.width} "
+                f"positions (as {block_n})")
+
+    def describe_plan(self, scalars: dict | None = None, **dims) -> str:
+        return self.plan.describe() + f"\n  {self.schedule_origin()}"

@@ -1,0 +1,90 @@
+"""The Triton emitter of the band plan (``schedule_templates.bands.plan_band``): a reduction over
+the W positions of a band around each output's own as two scans of segments of W.
+
+A program takes one row (the result's other axes, flattened) and ``BLOCK_M`` segments × W
+outputs of it, held as a tile of ``BLOCK_M`` × ``BLOCK_N`` (W's next power of two; the columns
+past W are left out). The window of the output in segment ``s``, column ``c`` starts at
+``a = s·W + c + lo``. Its first piece, from ``a`` to its segment's end, is a suffix scan along
+the tile's columns of the terms at ``s·W + c + lo``; its second, from the next segment's start
+to ``a + W − 1``, a prefix scan of the terms at ``s·W + c + lo + W − 1`` for columns from 1 (an
+aligned window has none). The pieces are disjoint and in order: the monoid combines them as it
+is (``combine(first, second)``), a few operations an output at any width. Terms outside the row
+or failing a condition are the identity, as in the scan template
+(:mod:`tensorfuse.targets.triton.scan`, whose value and output helpers this shares)."""
+from __future__ import annotations
+
+from .expr import TL_DTYPES, TileContext, to_triton
+from .reductions import combine_function
+from .scan import (L, accumulators, component_names, extent, identities, row_axes,
+                   row_count)
+from .tile_text import assemble_source, needs_wide_offsets, store_offsets
+
+NUM_WARPS = 4
+TILE_ELEMENTS = 4096   # segments × W's power of two a tile, at least one segment
+
+
+def blocks(plan) -> tuple[int, int]:
+    """``(BLOCK_M, BLOCK_N)``: segments a tile, and the band's width to a power of two."""
+    block_n = 1 << (plan.width - 1).bit_length()
+    return max(1, TILE_ELEMENTS // block_n), block_n
+
+
+def programs(plan, dims: dict) -> tuple[int, int]:
+    """The grid: rows, and tiles along a row."""
+    block_m, _ = blocks(plan)
+    return row_count(plan, dims), -(-extent(plan.axis, dims) // (block_m * plan.width))
+
+
+def _terms(w, plan, sizes: dict, rows: dict, stem: str, first: str, offset: int) -> None:
+    """Lines computing ``{stem}`` (one variable a component), the terms at positions
+    ``out + offset`` of the columns from ``first`` up to the band's width."""
+    n = extent(plan.axis, sizes)
+    w(f"{L}jj = {L}out + {offset}" if offset else f"{L}jj = {L}out")
+    valid = dict.fromkeys(rows, f"{L}row_ok")
+    tile = TileContext(axes={**rows, plan.axis.uid: f"{L}jj"},
+                       valid={**valid, plan.axis.uid: f"{L}j_ok"}, sizes=sizes)
+    # the column bound on the loads, the first column on the terms only: a load mask that
+    # changes inside a 16-byte group keeps Triton from vectorising the load
+    w(f"{L}j_ok = ({L}col < {plan.width}) & ({L}jj >= 0) & ({L}jj < {n})")
+    keep = [f"{L}row_ok", f"{L}j_ok"] + ([f"({L}col >= {first})"] if first != "0" else []) + \
+        [f"({to_triton(c, tile)})" for c in plan.conditions]
+    w(f"{L}keep = {' & '.join(keep)}")
+    for v, value, ident, acc in zip(component_names(stem, plan), plan.values, identities(plan),
+                                    accumulators(plan)):
+        w(f"{v} = tl.where({L}keep, {to_triton(value, tile)}, {ident}).to({acc})")
+
+
+def band_source(plan, name: str, sizes: dict, args: list[str]) -> str:
+    """The Python source of ``{name}_band``, taking ``args``."""
+    from .source_writer import SourceWriter
+
+    wide = needs_wide_offsets(plan.program, sizes)
+    w = SourceWriter()
+    rows = row_axes(w, plan, sizes, wide, "")
+    w(f"{L}seg = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
+    w(f"{L}col = tl.arange(0, BLOCK_N)[None, :]")
+    w(f"{L}out = {L}seg * {plan.width} + {L}col")
+    combine = combine_function(plan.monoid)
+    _terms(w, plan, sizes, rows, "a", "0", plan.low)
+    head = component_names("head", plan)
+    a = component_names("a", plan)
+    a_tiles = a[0] if len(a) == 1 else f"({', '.join(a)})"
+    w(f"{', '.join(head)} = tl.associative_scan({a_tiles}, 1, {combine}, reverse=True)")
+    _terms(w, plan, sizes, rows, "b", "1", plan.shift)
+    tail = component_names("tail", plan)
+    b = component_names("b", plan)
+    b_tiles = b[0] if len(b) == 1 else f"({', '.join(b)})"
+    w(f"{', '.join(tail)} = tl.associative_scan({b_tiles}, 1, {combine})")
+    total = component_names("total", plan)
+    w(f"{', '.join(total)} = {combine}({', '.join(head + tail)})")
+    valid = dict.fromkeys(rows, f"{L}row_ok")
+    out_tile = TileContext(axes={**rows, plan.out_axis.uid: f"{L}out"},
+                           valid={**valid, plan.out_axis.uid: f"{L}out_ok"}, sizes=sizes)
+    refs = {plan.total.name: total[0]} if len(total) == 1 else \
+        {f"{plan.total.name}#{k}": t for k, t in enumerate(total)}
+    out_tile = out_tile.child(refs=refs)
+    w(f"{L}out_ok = {L}row_ok & ({L}col < {plan.width}) & ({L}out < {extent(plan.axis, sizes)})")
+    for c, expr in plan.outputs:
+        w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out_tile, sizes)}), "
+          f"({to_triton(expr, out_tile)}).to({TL_DTYPES[c.dtypes[0]]}), mask={L}out_ok)")
+    return assemble_source([(f"{name}_band", args, w.lines)])
