@@ -2,8 +2,9 @@
 (``T.sum(T.where(j <= i, x[b, j], 0.0), over=j)``): a cumulative sum along rows and along one
 long sequence (its rows cut into parts), a running maximum down the sequence axis of ``[B, S,
 D]``, a log-cumulative-sum-exp, a segment's offsets from its lengths (an exclusive integer
-prefix sum) and a sum to the end (rewards-to-go) — through ``tf.compile`` defaults (the scan
-template, :mod:`tensorfuse.schedule_templates.scan`) against torch eager (``cumsum``,
+prefix sum), a sum to the end (rewards-to-go) and discounted returns (γ^(j − i) a term; torch
+has no such scan: its alternative is a product with the triangular matrix of the discounts,
+made once) — through ``tf.compile`` defaults (the scan template, :mod:`tensorfuse.schedule_templates.scan`) against torch eager (``cumsum``,
 ``cummax``, ``logcumsumexp``) and ``torch.compile`` in the same process; and a rolling maximum
 over the last 64 positions and a moving average of the last 100, written as bands
 (:mod:`tensorfuse.schedule_templates.bands`), against ``F.max_pool1d`` and ``F.avg_pool1d`` of
@@ -82,6 +83,15 @@ def rolling_max_64(x: T.Tensor["B", "N", "f32"]):
 
 
 @tf.kernel
+def discounted_returns(r: T.Tensor["B", "N", "f32"], gamma: T.f32):
+    """Each step's return, ``G_t = r_t + γ·G_{t+1}``, written as its sum: γ^(j − i)·r[b, j]
+    over j from i on (a scan of decay and sum pairs)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j >= i, gamma ** (j - i) * r[b, j], 0.0), over=j)
+
+
+@tf.kernel
 def moving_average_100(x: T.Tensor["B", "N", "f32"]):
     """The mean of the last 100 values (fewer at the row's start, still divided by 100)."""
     b, j = T.axes("b j")
@@ -136,6 +146,22 @@ def _rolling_max_case(generator, B=64, N=65536) -> Case:
     return rows_case("rolling_max_64", rolling_max_64, eager, x, {}, f"B{B} N{N} f32 window 64")
 
 
+def _discounted_case(generator, B=1024, N=4096) -> Case:
+    r = torch.randn(B, N, generator=generator).cuda()
+
+    made = {}
+
+    def eager(t, gamma):   # torch has no discounted scan: the triangular matrix of γ^(j − i)
+        key = (t.shape[-1], t.dtype, gamma)
+        if key not in made:   # made once, not timed
+            steps = torch.arange(t.shape[-1], device=t.device, dtype=t.dtype)
+            power = (steps[None, :] - steps[:, None]).clamp(min=0)
+            made[key] = torch.where(steps[None, :] >= steps[:, None], gamma ** power, 0.0).T
+        return t @ made[key]
+    return rows_case("discounted_returns", discounted_returns, eager, r, dict(gamma=0.99),
+                     f"B{B} N{N} f32 gamma 0.99")
+
+
 def _moving_average_case(generator, B=64, N=65536) -> Case:
     x = torch.randn(B, N, generator=generator).cuda()
 
@@ -148,7 +174,8 @@ def _moving_average_case(generator, B=64, N=65536) -> Case:
 SCAN_KERNELS = {"cumulative_sum": _cumsum_case, "long_cumulative_sum": _long_case,
                 "running_max": _running_max_case, "log_cumulative_sum_exp": _logcumsumexp_case,
                 "segment_offsets": _offsets_case, "sum_to_the_end": _to_the_end_case,
-                "rolling_max_64": _rolling_max_case, "moving_average_100": _moving_average_case}
+                "rolling_max_64": _rolling_max_case, "moving_average_100": _moving_average_case,
+                "discounted_returns": _discounted_case}
 
 if __name__ == "__main__":
     main(SCAN_KERNELS, "scan-kernels", __doc__)

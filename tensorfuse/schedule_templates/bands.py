@@ -85,7 +85,7 @@ def plan_band(program: Program) -> BandPlan:
     if any(i.uid in {a.uid for a in e.axes} for e in values + rest):
         raise TargetError(f"the terms of {total.name} read {i.name} beside bounding the band")
     plan = BandPlan(program, total, j, i, "prefix", hi, values, rest,
-                    outputs_over(program, total), lo)
+                    outputs_over(program, total), low=lo)
     if not plan.along_rows:
         raise TargetError(f"{i.name} is not the innermost axis of {plan.outputs[0][0].name}: "
                           "the band is read across rows")

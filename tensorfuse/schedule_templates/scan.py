@@ -29,7 +29,8 @@ import math
 from dataclasses import dataclass
 
 from ..algebra import inline_elementwise
-from ..dsl.expr import Axis, Binary, Compare, Const, Expr, Where
+from ..dsl.expr import Axis, Binary, Cast, Compare, Const, Expr, Unary, Where, binary, unary
+from ..dsl.monoid import Monoid
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from ..errors import TargetError
@@ -47,6 +48,10 @@ MAX_PARTS = 256
 ARGS = ("argmax", "argmin")   # monoids of a value and its index that scan as one
 # programs the parts aim at: two an SM (not measured yet: ``benchmarks.scan_kernels``)
 PROGRAMS = 2 * SMS
+# a discounted sum scanned: (decay, sum) pairs, the later pair's decay applied to the earlier
+# sum — order matters (not commutative), so the emitter folds it by scans, never by reductions
+DECAYED = Monoid("decayed_sum", lambda d1, v1, d2, v2: (d1 * d2, v1 * d2 + v2), (1.0, 0.0),
+                 arity=2, check=False)
 
 
 @dataclass(frozen=True)
@@ -64,10 +69,23 @@ class ScanPlan:
     values: tuple       # one expression a component of the monoid (an arg's value, index)
     conditions: tuple
     outputs: tuple
+    # a discounted sum's factor a step (c in Σ c^(i−j)·x[j]): scanned as (decay, sum) pairs
+    decay: "Expr | None" = None
 
     @property
     def monoid(self):
-        return self.total.monoid
+        return DECAYED if self.decay is not None else self.total.monoid
+
+    @property
+    def dtypes(self) -> tuple:
+        """The scanned components' dtypes: the result's, or a decay's and the sum's."""
+        return ("f32", self.total.dtypes[0]) if self.decay is not None else self.total.dtypes
+
+    @property
+    def result_component(self) -> "int | None":
+        """Which component the result is where it is one of several scanned (the sum beside a
+        decay); None where the result has them all (an arg reduction's value and index)."""
+        return 1 if self.decay is not None else (0 if len(self.dtypes) == 1 else None)
 
     @property
     def rows(self) -> tuple[Axis, ...]:
@@ -97,8 +115,11 @@ class ScanPlan:
         relation = "<=" if self.direction == "prefix" else ">="
         offset = f" {'+' if self.shift > 0 else '-'} {abs(self.shift)}" if self.shift else ""
         return (f"scan plan of {self.program.name}: {self.total.name}[{self.out_axis.name}] = "
-                f"{self.monoid.name} of {', '.join(map(to_text, self.values))}{where} over "
-                f"{self.axis.name} {relation} {self.out_axis.name}{offset} ({self.direction} scan, "
+                f"{self.total.monoid.name} of {', '.join(map(to_text, self.values))}{where}"
+                + (f" discounted by {to_text(self.decay)} a step" if self.decay is not None
+                   else "") +
+                f" over {self.axis.name} {relation} {self.out_axis.name}{offset} "
+                f"({self.direction} scan, "
                 f"rows {', '.join(a.name for a in self.rows) or '(one)'}); outputs: "
                 + ", ".join(c.name for c, _ in self.outputs))
 
@@ -109,9 +130,9 @@ def plan_scan(program: Program) -> ScanPlan:
     if len(reductions) != 1:
         raise TargetError(f"{len(reductions)} reductions; a scan program has one")
     total = reductions[0]
-    i, direction, shift, values, rest = _scanned(total)
+    i, direction, shift, values, rest, decay = _scanned(total)
     return ScanPlan(program, total, total.over[0], i, direction, shift, values, rest,
-                    outputs_over(program, total))
+                    outputs_over(program, total), decay)
 
 
 def planned(planner, program: Program) -> bool:
@@ -130,8 +151,8 @@ def scans(program: Program) -> bool:
 
 def near_miss(program: Program) -> str | None:
     """Why the scan template does not take ``program`` where its one reduction compares its
-    axis with one of its result's as a scan does (a discounted sum to the end: terms that read
-    the position too) — what ``describe_plan`` says of the template; None where it does not
+    axis with one of its result's as a scan does (a sum to the end weighted by the distance:
+    terms that read the position too) — what ``describe_plan`` says of the template; None where it does not
     compare them, or the template takes it."""
     reductions = [c for c in program.computes if c.is_reduction]
     if len(reductions) != 1 or len(reductions[0].over) != 1:
@@ -168,8 +189,9 @@ def is_scan(total: Compute) -> bool:
 
 
 def _scanned(total: Compute) -> tuple:
-    """``(i, direction, shift, values, other conditions)`` of a reduction in the scan form (one
-    value, or an arg reduction's value and index: the conditions are its value's); else
+    """``(i, direction, shift, values, other conditions, decay)`` of a reduction in the scan
+    form (one value, or an arg reduction's value and index: the conditions are its value's; a
+    discounted sum's value without its factor c^(i − j), and the decay a step); else
     :class:`TargetError` saying why not."""
     j, values, conditions = terms_of(total, "scan")
     found = _relation(conditions, j, total)
@@ -178,9 +200,89 @@ def _scanned(total: Compute) -> tuple:
                           "its result of the same extent")
     k, i, (direction, shift) = found
     rest = tuple(c for n, c in enumerate(conditions) if n != k)
-    if any(i.uid in {a.uid for a in e.axes} for e in values + rest):
-        raise TargetError(f"the terms of {total.name} read {i.name} beside comparing it")
-    return i, direction, shift, values, rest
+    decay = None
+    if total.monoid.name == "sum" and _reads(values[0], i):
+        decay, value = _discounted(values[0], i, j, direction)
+        if decay is not None and shift:
+            raise TargetError(f"{total.name} is a discounted sum over {j.name} up to "
+                              f"{i.name} {shift:+d}: the scan template discounts from the "
+                              "output's own position only")
+        values = (value,) if decay is not None else values
+    if any(_reads(e, i) for e in values + rest):
+        raise TargetError(f"the terms of {total.name} read {i.name} beside comparing it" +
+                          (" (beyond a factor c^(i − j) of a discounted sum)"
+                           if total.monoid.name == "sum" else ""))
+    return i, direction, shift, values, rest, decay
+
+
+def _reads(e: Expr, axis: Axis) -> bool:
+    return axis.uid in {a.uid for a in e.axes}
+
+
+def _factors(e: Expr) -> list:
+    if isinstance(e, Binary) and e.op == "mul":
+        return _factors(e.a) + _factors(e.b)
+    return [e]
+
+
+def _discounted(value: Expr, i: Axis, j: Axis, direction: str) -> tuple:
+    """``(d, rest)`` where ``value`` is ``rest`` times one factor that reads ``i`` as a power of
+    the distance — ``c ** (i − j)``, ``exp(λ·(i − j))`` (either sign, casts around the
+    distance), ``c`` and ``λ`` reading neither axis — with ``d`` the factor a step in the scan's
+    direction (``c`` or ``1/c``); else ``(None, value)``."""
+    factors = _factors(value)
+    reading = [f for f in factors if _reads(f, i)]
+    if len(reading) != 1:
+        return None, value
+    found = _power_of_distance(reading[0], i, j)
+    if found is None:
+        return None, value
+    base, sign = found
+    # a prefix discounts by c^(i − j), a suffix by c^(j − i): a step's factor either way
+    step = base if sign == (1 if direction == "prefix" else -1) else binary("div", 1.0, base)
+    rest = [f for f in factors if f is not reading[0]]
+    out = rest[0] if rest else Const(1.0, value.dtype)
+    for f in rest[1:]:
+        out = binary("mul", out, f)
+    return step, out
+
+
+def _distance(e: Expr, i: Axis, j: Axis) -> "int | None":
+    """+1 for ``i − j``, −1 for ``j − i`` (casts and negations around it seen through)."""
+    while isinstance(e, Cast):
+        e = e.a
+    if isinstance(e, Unary) and e.op == "neg":
+        inner = _distance(e.a, i, j)
+        return -inner if inner else None
+    if isinstance(e, Binary) and e.op == "sub" and isinstance(e.a, Axis) and \
+            isinstance(e.b, Axis):
+        pair = (e.a.uid, e.b.uid)
+        return 1 if pair == (i.uid, j.uid) else -1 if pair == (j.uid, i.uid) else None
+    return None
+
+
+def _power_of_distance(f: Expr, i: Axis, j: Axis) -> "tuple | None":
+    """``(c, sign)`` with ``f = c ** (sign·(i − j))`` and ``c`` reading neither axis."""
+    free = lambda e: not (_reads(e, i) or _reads(e, j))   # noqa: E731
+    if isinstance(f, Binary) and f.op == "pow" and free(f.a):
+        sign = _distance(f.b, i, j)
+        return (f.a, sign) if sign else None
+    if not (isinstance(f, Unary) and f.op == "exp"):
+        return None
+    e = f.a
+    sign = _distance(e, i, j)
+    if sign:
+        return unary("exp", Const(1.0, "f32")), sign
+    if isinstance(e, Binary) and e.op == "mul":
+        for rate, d in ((e.a, e.b), (e.b, e.a)):
+            sign = _distance(d, i, j)
+            if sign and free(rate):
+                return unary("exp", rate), sign
+    if isinstance(e, Binary) and e.op == "div" and free(e.b):
+        sign = _distance(e.a, i, j)
+        if sign:
+            return unary("exp", binary("div", 1.0, e.b)), sign
+    return None
 
 
 def terms_of(total: Compute, what: str) -> tuple:

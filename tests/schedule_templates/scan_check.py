@@ -35,6 +35,42 @@ def cumulative_sum_within_lengths(x: T.Tensor["B", "N", "f32"], n: T.Tensor["B",
 
 
 @tf.kernel
+def discounted_returns(r: T.Tensor["B", "N", "f32"], gamma: T.f32):
+    """Each step's return: its reward and the later ones discounted by ``gamma`` a step
+    (``G_t = r_t + γ·G_{t+1}``), the discount a power of the distance."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j >= i, gamma ** (j - i) * r[b, j], 0.0), over=j)
+
+
+@tf.kernel
+def moving_average_exponential(x: T.Tensor["B", "N", "bf16"], alpha: T.f32):
+    """An exponential moving average, ``y_i = α·x_i + (1 − α)·y_{i−1}``, written as its sum."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j <= i, alpha * (1.0 - alpha) ** (i - j) * x[b, j], 0.0), over=j)
+
+
+@tf.kernel
+def decayed_within_lengths(x: T.Tensor["B", "N", "f32"], n: T.Tensor["B", "i32"], tau: T.f32):
+    """A leaky sum of each row's first ``n[b]`` inputs, discounted by exp(−(i − j)/τ): past
+    them it adds nothing but still decays."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where((j <= i) & (j < n[b]), T.exp(-T.cast(i - j, "f32") / tau) * x[b, j],
+                         0.0), over=j)
+
+
+@tf.kernel
+def long_leaky_sum(x: T.Tensor["N", "f32"]):
+    """A leaky integrator over one long sequence (its rows cut into parts, whose totals
+    compose in order): exp(−0.001·(i − j)) a term."""
+    j = T.axis("j", "N")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j <= i, T.exp(-0.001 * (i - j)) * x[j], 0.0), over=j)
+
+
+@tf.kernel
 def survival(p: T.Tensor["B", "N", "f32"]):
     """The probability of surviving every step so far: a cumulative product."""
     b, j = T.axes("b j")
@@ -151,6 +187,43 @@ def drawdown_case(generator, B=3, N=2000):
     return dict(x=x), (torch.cummax(x.double(), -1).values - x.double()).max(-1).values
 
 
+def _discounted(x, factor, reverse: bool):
+    """Σ factor^|i − j|·x[j] over j from i on (``reverse``) or up to i, in float64, by the
+    recurrence."""
+    x = x.double()
+    out = torch.empty_like(x)
+    acc = torch.zeros(x.shape[:-1], dtype=torch.float64)
+    steps = range(x.shape[-1] - 1, -1, -1) if reverse else range(x.shape[-1])
+    for t in steps:
+        acc = x[..., t] + factor * acc
+        out[..., t] = acc
+    return out
+
+
+def discounted_case(generator, B=3, N=2500):
+    r = torch.randn(B, N, generator=generator) * 10
+    return dict(r=r, gamma=0.99), _discounted(r, 0.99, True)
+
+
+def exponential_average_case(generator, B=4, N=3000):
+    x = (torch.randn(B, N, generator=generator) * 5 + 20).bfloat16()
+    return dict(x=x, alpha=0.05), 0.05 * _discounted(x, 0.95, False)
+
+
+def lengths_decay_case(generator, B=4, N=2100):
+    x = torch.randn(B, N, generator=generator) * 10
+    n = torch.randint(0, N + 1, (B,), generator=generator, dtype=torch.int32)
+    kept = torch.where(torch.arange(N)[None] < n[:, None].long(), x.double(), 0.0)
+    return dict(x=x, n=n, tau=300.0), _discounted(kept, float(torch.exp(torch.tensor(
+        -1 / 300.0, dtype=torch.float64))), False)
+
+
+def leaky_case(generator, N=150_000):
+    x = torch.randn(N, generator=generator)
+    return dict(x=x), _discounted(x, float(torch.exp(torch.tensor(-0.001, dtype=torch.float64))),
+                                  False)
+
+
 def softmax_of_sums_case(generator, B=3, N=900):
     x = torch.randn(B, N, generator=generator) * 0.3
     return dict(x=x), torch.softmax(torch.cumsum(x.double(), -1), -1)
@@ -168,11 +241,19 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "lagged_maximum": (lagged_maximum, lagged_case),
          "running_argmax": (running_argmax, running_argmax_case),
          "max_drawdown": (max_drawdown, drawdown_case),
-         "softmax_of_cumulative_sums": (softmax_of_cumulative_sums, softmax_of_sums_case)}
-STAGED = ("max_drawdown", "softmax_of_cumulative_sums")   # a scan stage, then the row template
+         "softmax_of_cumulative_sums": (softmax_of_cumulative_sums, softmax_of_sums_case),
+         "discounted_returns": (discounted_returns, discounted_case),
+         "moving_average_exponential": (moving_average_exponential, exponential_average_case),
+         "decayed_within_lengths": (decayed_within_lengths, lengths_decay_case),
+         "long_leaky_sum": (long_leaky_sum, leaky_case)}
+STAGED = ("max_drawdown", "softmax_of_cumulative_sums")
+LONG = ("long_cumulative_sum", "long_leaky_sum")   # one row cut into parts: N² terms on a CPU   # a scan stage, then the row template
 # float32 cumulative sums (up to ~30) exponentiated: their rounding, ~1e-7 of them, is the
 # softmax's relative error (on the CPU target as in the stages)
-TOLERANCES = {"softmax_of_cumulative_sums": 1e-5}
+TOLERANCES = {"softmax_of_cumulative_sums": 1e-5,
+              # a decay of exp(−0.001) rounded to float32 (3e-8 relative) reaches a sum through
+              # the ~1000 steps it remembers: ~3e-5 of it, however it is computed (seen: 7e-6)
+              "long_leaky_sum": 1e-4, "decayed_within_lengths": 1e-4}
 # float32 sums of up to thousands of terms of ±30 against float64, relative to the largest result:
 # their rounding reaches 1e-6 on some draws (a lengths-masked cumulative sum of 600: 1.0e-6)
 F32 = 1e-5

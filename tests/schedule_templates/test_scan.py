@@ -15,13 +15,16 @@ from benchmarks.scan_kernels import (cumulative_sum, long_cumulative_sum, runnin
                                      segment_offsets, sum_to_the_end)
 from tests.helpers import (fresh_seed, gpu_error, poisoned_call, relative_error,
                            run_interpreted)
-from tests.schedule_templates.scan_check import (CASES, F32, TOLERANCES, max_drawdown,
-                                                 running_mean, survival)
+from tests.schedule_templates.scan_check import (CASES, F32, LONG, TOLERANCES,
+                                                 decayed_within_lengths, discounted_returns,
+                                                 long_leaky_sum, max_drawdown,
+                                                 moving_average_exponential, running_mean,
+                                                 survival)
 
 
-@pytest.mark.parametrize("name", sorted(set(CASES) - {"long_cumulative_sum"}))
+@pytest.mark.parametrize("name", sorted(set(CASES) - set(LONG)))
 def test_each_matches_float64_on_the_cpu(name):
-    """The kernels as written (N² terms on the CPU target: the long one is left to the GPU
+    """The kernels as written (N² terms on the CPU target: the long ones are left to the GPU
     paths) against torch's scans in float64."""
     kernel, case = CASES[name]
     args, want = case(torch.Generator().manual_seed(fresh_seed()))
@@ -41,6 +44,40 @@ def test_the_triton_kernels_match_float64_in_the_interpreter():
         tolerance = 1e-2 if bf16 else TOLERANCES.get(name, F32)
         assert error < tolerance, f"{name}: {error:.1e} (TENSORFUSE_SEED={seed})"
     assert errors["segment_offsets"] == 0 and errors["running_max"] == 0
+
+
+def test_a_discounted_sum_is_scanned_as_decay_and_sum_pairs():
+    """A sum whose terms read the position only through a power of the distance — c^(j − i),
+    exp(λ·(i − j)), exp(−(i − j)/τ) — is a scan of (decay, sum) pairs: the factor a step in the
+    scan's direction, the value without it; any other use of the position is refused."""
+    from tensorfuse.dsl.printer import to_text
+
+    found = {k.name: plan_scan(k.program) for k in (discounted_returns, long_leaky_sum,
+                                                      moving_average_exponential,
+                                                      decayed_within_lengths)}
+    assert [(p.direction, to_text(p.decay), to_text(p.values[0]), p.result_component)
+            for p in found.values()] == [
+        ("suffix", "gamma", "r[b, j]", 1), ("prefix", "exp(-0.001)", "x[j]", 1),
+        ("prefix", "1.0 - alpha", "alpha * x[b, j]", 1),
+        ("prefix", "1.0 / exp(1.0 / tau)", "x[b, j]", 1)]
+    assert "sum of r[b, j] discounted by gamma a step over j >= i (suffix scan" in \
+        found["discounted_returns"].describe()
+
+    def refused(body):
+        def kernel(x: T.Tensor["B", "N", "f32"], gamma: T.f32):
+            b, j = T.axes("b j")
+            i = T.axis("i", "N")
+            return T.sum(body(x, b, i, j, gamma), over=j)
+        with pytest.raises(TargetError) as caught:
+            plan_scan(tf.kernel(kernel).program)
+        return caught.value.message
+
+    assert "discounts from the output's own position only" in refused(
+        lambda x, b, i, j, g: T.where(j < i, g ** (i - j) * x[b, j], 0.0))
+    assert "read i beside comparing it (beyond a factor c^(i − j) of a discounted sum)" in \
+        refused(lambda x, b, i, j, g: T.where(j <= i, T.cast(i - j, "f32") * x[b, j], 0.0))
+    assert "read i beside comparing it" in refused(   # two factors reading i
+        lambda x, b, i, j, g: T.where(j <= i, g ** (i - j) * g ** (i - j) * x[b, j], 0.0))
 
 
 def test_the_plan_reads_the_scan_off_the_math():
@@ -71,11 +108,12 @@ def test_the_plan_reads_the_scan_off_the_math():
 
 
 @tf.kernel
-def discounted_return(r: T.Tensor["B", "N", "f32"], gamma: T.f32):
-    """Each step's discounted sum to the end: the terms read i (γ^(j − i))."""
+def weighted_by_distance(r: T.Tensor["B", "N", "f32"], gamma: T.f32):
+    """Each step's sum to the end weighted by the distance: the terms read i (as j − i, not
+    as a power of it)."""
     b, j = T.axes("b j")
     i = T.axis("i", "N")
-    return T.sum(T.where(j >= i, r[b, j] * T.exp(T.log(gamma) * (j - i)), 0.0), over=j)
+    return T.sum(T.where(j >= i, r[b, j] * gamma * T.cast(j - i, "f32"), 0.0), over=j)
 
 
 @tf.kernel
@@ -107,7 +145,7 @@ def sum_with_ones(x: T.Tensor["B", "N", "f32"]):
 
 
 @pytest.mark.parametrize("kernel, reason", [
-    (discounted_return, "the terms of out read i beside comparing it"),
+    (weighted_by_distance, "the terms of out read i beside comparing it"),
     (max_with_zeros, "no condition comparing j"),
     (sum_with_ones, "no condition comparing j"),
     (tf.kernels.softmax, "2 reductions; a scan program has one"),
@@ -124,7 +162,7 @@ def test_what_is_not_a_scan_is_refused_with_the_reason(kernel, reason):
     scalars = {p.name: 0.9 for p in kernel.program.scalar_params}
     said = "not the scan template (at any sizes): the terms of out read i" in \
         made.describe_plan(scalars, **sizes)
-    assert said == (kernel is discounted_return)
+    assert said == (kernel is weighted_by_distance)
 
 
 def test_the_scan_template_takes_scans_on_gpus_and_the_cpu_keeps_its_own():
@@ -189,7 +227,10 @@ def test_one_build_serves_every_size_and_the_gradient_is_a_scan_from_the_end():
                                           (segment_offsets, dict(G=2**20)),
                                           # its tensor is r: the kernel's own names kept apart
                                           (sum_to_the_end, dict(B=64, N=4096)),
-                                          (CASES["running_argmax"][0], dict(B=2, N=2**20))])
+                                          (CASES["running_argmax"][0], dict(B=2, N=2**20)),
+                                          # (decay, sum) pairs; one row in parts, in order
+                                          (discounted_returns, dict(B=64, N=4096)),
+                                          (long_leaky_sum, dict(N=2**20))])
 def test_the_kernels_compile_for_sm90a_and_gfx942(kernel, dims):
     """Rows read and written in 16-byte vectors (a part starts at a whole block; an exclusive
     scan's terms, one position back, are read one by one), for sm_90a; and the code for

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from .expr import TL_DTYPES, TileContext, to_triton
 from .reductions import combine_function
-from .scan import (L, accumulators, component_names, extent, identities, row_axes,
-                   row_count)
+from .scan import (L, accumulators, component_names, extent, identities, result_refs,
+                   row_axes, row_count)
 from .tile_text import assemble_source, needs_wide_offsets, store_offsets
 
 NUM_WARPS = 4
@@ -80,9 +80,7 @@ def band_source(plan, name: str, sizes: dict, args: list[str]) -> str:
     valid = dict.fromkeys(rows, f"{L}row_ok")
     out_tile = TileContext(axes={**rows, plan.out_axis.uid: f"{L}out"},
                            valid={**valid, plan.out_axis.uid: f"{L}out_ok"}, sizes=sizes)
-    refs = {plan.total.name: total[0]} if len(total) == 1 else \
-        {f"{plan.total.name}#{k}": t for k, t in enumerate(total)}
-    out_tile = out_tile.child(refs=refs)
+    out_tile = out_tile.child(refs=result_refs(plan, total))
     w(f"{L}out_ok = {L}row_ok & ({L}col < {plan.width}) & ({L}out < {extent(plan.axis, sizes)})")
     for c, expr in plan.outputs:
         w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out_tile, sizes)}), "

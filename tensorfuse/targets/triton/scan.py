@@ -64,7 +64,7 @@ def accumulators(plan) -> list[str]:
     """Each component's carry and terms' Triton type: f32 for floats, the result's own for
     integers (an arg reduction's index)."""
     made = []
-    for dtype in plan.total.dtypes:
+    for dtype in plan.dtypes:
         dtype = dt.resolve(dtype)
         made.append("tl.float32" if dt.is_float(dtype) else TL_DTYPES[dtype])
     return made
@@ -72,12 +72,12 @@ def accumulators(plan) -> list[str]:
 
 def totals_names(plan) -> list[str]:
     """The scratch arguments holding each component's part totals."""
-    return ["totals"] + [f"totals_{k}" for k in range(1, plan.total.arity)]
+    return ["totals"] + [f"totals_{k}" for k in range(1, len(plan.dtypes))]
 
 
 def identities(plan) -> list[str]:
     made = []
-    for k, dtype in enumerate(plan.total.dtypes):
+    for k, dtype in enumerate(plan.dtypes):
         value = plan.monoid.identity_value(k, dtype)
         made.append(literal(value, "f32" if dt.is_float(dt.resolve(dtype)) else dtype))
     return made
@@ -86,7 +86,7 @@ def identities(plan) -> list[str]:
 def component_names(stem: str, plan) -> list[str]:
     """A value's variables, one a component: ``stem`` alone for one (named apart from the
     program's parameters: :data:`L`)."""
-    k = plan.total.arity
+    k = len(plan.dtypes)
     return [L + stem] if k == 1 else [f"{L}{stem}{c}" for c in range(k)]
 
 
@@ -94,11 +94,32 @@ def _combined(plan, a: list[str], b: list[str]) -> str:
     return f"{combine_function(plan.monoid)}({', '.join(a + b)})"
 
 
-def _reduced(plan, tiles: list[str]) -> str:
-    """The tiles (one a component) reduced along the positions, dimensions kept."""
-    if len(tiles) == 1:
-        return reduced(plan.monoid, tiles[0], 1, keep_dims=True)
-    return reduced_together(plan.monoid, tiles, 1)
+def _fold(w, plan, names: list[str], tiles: list[str], width: str) -> None:
+    """Lines folding the tiles (one a component, ``width`` along their axis 1) in the scan's
+    direction into ``names``, dimensions kept: a sum, max or min reduced natively; any other
+    monoid scanned and the last lane in the direction picked (:func:`edge`) — in order, as a
+    monoid that is not commutative (a discounted sum) needs, where a reduction may pair the
+    lanes in any order."""
+    if plan.monoid.name in BUILTIN:
+        _assign(w, names, reduced(plan.monoid, tiles[0], 1, keep_dims=True) if len(tiles) == 1
+                else reduced_together(plan.monoid, tiles, 1))
+        return
+    scanned = [f"{n}_scan" for n in names]
+    reverse = ", reverse=True" if plan.direction == "suffix" else ""
+    packed = tiles[0] if len(tiles) == 1 else f"({', '.join(tiles)})"
+    _assign(w, scanned, f"tl.associative_scan({packed}, 1, {combine_function(plan.monoid)}"
+                        f"{reverse})")
+    edge(w, plan, names, scanned, width)
+
+
+def edge(w, plan, names: list[str], tiles: list[str], width: str) -> None:
+    """Lines setting ``names`` to the tiles' values (one a component, ``width`` along axis 1)
+    at the last lane in the scan's direction — picked by a masked sum, dimensions kept."""
+    lane = f"{width} - 1" if plan.direction == "prefix" else "0"
+    mask = f"{L}edge_{width}"   # one a width: a loop's variables keep their shapes
+    w(f"{mask} = tl.arange(0, {width})[None, :] == {lane}")
+    for n, t, acc in zip(names, tiles, accumulators(plan)):
+        w(f"{n} = tl.sum(tl.where({mask}, {t}, 0), axis=1, keep_dims=True).to({acc})")
 
 
 def row_axes(w, plan, sizes: dict, wide: bool, rows: str) -> dict:
@@ -142,9 +163,16 @@ def _terms(w, plan, sizes: dict, rows: dict, block: str) -> TileContext:
     keep = [f"{L}row_ok", f"{L}col_ok", f"{L}j_ok"] + \
         [f"({to_triton(c, tile)})" for c in plan.conditions]
     w(f"{L}keep = {' & '.join(keep)}")
-    for v, value, ident, acc in zip(component_names("v", plan), plan.values, identities(plan),
-                                    accumulators(plan)):
-        w(f"{v} = tl.where({L}keep, {to_triton(value, tile)}, {ident}).to({acc})")
+    terms = [(value, f"{L}keep") for value in plan.values]
+    if plan.decay is not None:
+        # a discounted sum decays at every position of the row, whatever its conditions
+        # (Σ_{j ≤ i, j < len} c^(i−j)·x[j] past len still decays): only past the row's or the
+        # part's end is its term the identity
+        w(f"{L}inside = {L}row_ok & {L}col_ok & {L}j_ok")
+        terms = [(plan.decay, f"{L}inside")] + terms
+    for v, (value, mask), ident, acc in zip(component_names("v", plan), terms,
+                                            identities(plan), accumulators(plan)):
+        w(f"{v} = tl.where({mask}, {to_triton(value, tile)}, {ident}).to({acc})")
     return TileContext(axes={**rows, plan.out_axis.uid: f"{L}col"},
                        valid={**valid, plan.out_axis.uid: f"{L}col_ok"}, sizes=sizes)
 
@@ -155,18 +183,29 @@ def _assign(w, names: list[str], value: str) -> None:
 
 def _carry_on(w, plan, carry: list[str], total: list[str], v: list[str]) -> None:
     """The carry past a block: the carry combined with the block's terms reduced (a sum, max or
-    min reduces natively), or, for a monoid whose combine is costly (a logsumexp: an exp and a
-    log; a user's), the scanned totals' value at the block's last position in the scan's
-    direction — picked by a masked sum, where a reduction would combine every term once more.
-    Positions past the row's end hold the identity, so the last lane is the whole block's."""
+    min reduces natively), or, for any other monoid (a logsumexp: an exp and a log a combine;
+    a user's; a discounted sum, whose order matters), the scanned totals' value at the block's
+    last position in the scan's direction, where a reduction would combine every term once
+    more. Positions past the row's end hold the identity, so the last lane is the whole
+    block's."""
     if plan.monoid.name in BUILTIN:
-        _assign(w, component_names("r", plan), _reduced(plan, v))
+        _fold(w, plan, component_names("r", plan), v, "BLOCK_N")
         _assign(w, carry, _combined(plan, carry, component_names("r", plan)))
         return
-    lane = "BLOCK_N - 1" if plan.direction == "prefix" else "0"
-    w(f"{L}edge = tl.arange(0, BLOCK_N)[None, :] == {lane}")
-    for c, t, acc in zip(carry, total, accumulators(plan)):
-        w(f"{c} = tl.sum(tl.where({L}edge, {t}, 0), axis=1, keep_dims=True).to({acc})")
+    edge(w, plan, carry, total, "BLOCK_N")
+
+
+def _block(plan) -> str:
+    """The part's block the sweep's ``k``-th step takes: from the end for a suffix."""
+    return f"{L}k" if plan.direction == "prefix" else f"{L}nb - 1 - {L}k"
+
+
+def result_refs(plan, total: list[str]) -> dict:
+    """How the outputs' expressions read the result: the component that is it, or each
+    (``name#k``) where it has several."""
+    if plan.result_component is not None:
+        return {plan.total.name: total[plan.result_component]}
+    return {f"{plan.total.name}#{k}": t for k, t in enumerate(total)}
 
 
 def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool) -> str:
@@ -183,9 +222,9 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
     for c, ident, acc in zip(carry, idents, accs):
         w(f"{c} = tl.full([BLOCK_M, 1], {ident}, {acc})")
     w.sweep(f"{L}k", "0", f"{L}nb", "1", STAGES)
-    with w.block():
-        _terms(w, plan, sizes, rows, f"{L}k")
-        _assign(w, component_names("r", plan), _reduced(plan, v))
+    with w.block():   # in the scan's direction: a discounted sum's order matters
+        _terms(w, plan, sizes, rows, _block(plan))
+        _fold(w, plan, component_names("r", plan), v, "BLOCK_N")
         _assign(w, carry, _combined(plan, carry, component_names("r", plan)))
     for t, c in zip(totals, carry):
         w(f"tl.store({t} + {L}row * {plan.max_parts} + {L}part, {c}, mask={L}row_ok)")
@@ -201,11 +240,10 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
     for p, t, ident, acc in zip(prev, totals, idents, accs):
         w(f"{p} = tl.load({t} + {L}row * {plan.max_parts} + {L}offs_k, "
           f"mask={L}row_ok & ({before}), other={ident}).to({acc})")
-    _assign(w, carry, _reduced(plan, prev))
+    _fold(w, plan, carry, prev, str(plan.max_parts))
     w.sweep(f"{L}k", "0", f"{L}nb", "1", STAGES)
     with w.block():
-        block = f"{L}k" if plan.direction == "prefix" else f"{L}nb - 1 - {L}k"
-        out_tile = _terms(w, plan, sizes, rows, block)
+        out_tile = _terms(w, plan, sizes, rows, _block(plan))
         reverse = ", reverse=True" if plan.direction == "suffix" else ""
         tiles = v[0] if len(v) == 1 else f"({', '.join(v)})"
         _assign(w, component_names("s", plan),
@@ -213,9 +251,7 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
         total = component_names("total", plan)
         _assign(w, total, _combined(plan, carry, component_names("s", plan)))
         _carry_on(w, plan, carry, total, v)
-        refs = {plan.total.name: total[0]} if len(total) == 1 else \
-            {f"{plan.total.name}#{k}": t for k, t in enumerate(total)}
-        out_tile = out_tile.child(refs=refs)
+        out_tile = out_tile.child(refs=result_refs(plan, total))
         for c, expr in plan.outputs:
             w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out_tile, sizes)}), "
               f"({to_triton(expr, out_tile)}).to({TL_DTYPES[c.dtypes[0]]}), "
