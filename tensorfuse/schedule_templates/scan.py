@@ -300,7 +300,7 @@ def terms_of(total: Compute, what: str) -> tuple:
 
 def peeled(body: Expr, total: Compute) -> tuple[Expr, list]:
     """``body`` without the conditions around it — ``where(c, v, identity)``, and for sums
-    ``v · where(c, 1, 0)`` — and those conditions, conjunctions split."""
+    ``v · where(c, u, 0)`` (``u · v`` under ``c``) — and those conditions, conjunctions split."""
     conditions = []
     while True:
         if isinstance(body, Where) and _absorbed(body.b, total):
@@ -308,11 +308,12 @@ def peeled(body: Expr, total: Compute) -> tuple[Expr, list]:
             body = body.a
             continue
         if total.monoid.name == "sum" and isinstance(body, Binary) and body.op == "mul":
+            # v · where(c, 1, 0), and where(c, u, 0) · v (a gradient's form): where(c, u · v, 0)
             mask = next(((v, m) for v, m in ((body.a, body.b), (body.b, body.a))
-                         if isinstance(m, Where) and _is(m.a, 1) and _is(m.b, 0)), None)
+                         if isinstance(m, Where) and _is(m.b, 0)), None)
             if mask is not None:
                 conditions.append(mask[1].cond)
-                body = mask[0]
+                body = mask[0] if _is(mask[1].a, 1) else binary("mul", mask[1].a, mask[0])
                 continue
         break
     split = []

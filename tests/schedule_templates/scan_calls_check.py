@@ -1,7 +1,8 @@
 """A running mean compiled for sm_90a in Triton's interpreter: with ``dynamic=True`` called at
 three row lengths (one cut into parts), and differentiated through autograd (its gradient is a
-scan from the end); prints the builds, the worst errors against float64 and what the backward
-runs on as JSON.
+scan from the end); and discounted returns differentiated (their gradient, ``where(j >= i, g, 0)
+· γ^(j − i)`` summed over ``i``, a discounted scan from the start); prints the builds, the worst
+errors against float64 and what each backward runs on as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.scan_calls_check
 """
@@ -11,7 +12,7 @@ import torch
 
 import tensorfuse as tf
 from tests.helpers import relative_error
-from tests.schedule_templates.scan_check import running_mean
+from tests.schedule_templates.scan_check import _discounted, discounted_returns, running_mean
 
 
 def _reference(x):
@@ -32,6 +33,14 @@ if __name__ == "__main__":
     exact = x.detach().double().requires_grad_()
     (want,) = torch.autograd.grad(_reference(exact), exact, g.double())
     backward = trained.torch_op.differentiation.backward_kernel()
+    returns = tf.compile(discounted_returns, target="cuda:sm_90a")
+    r = (torch.randn(2, 2500, generator=generator) * 10).requires_grad_()
+    g = torch.randn(2, 2500, generator=generator)
+    (got_r,) = torch.autograd.grad(returns(r, 0.99), r, g)
     print(json.dumps({"builds": len(made.cache_info()), "error": worst,
                       "gradient_error": relative_error(got, want),
-                      "backward": backward.schedule_origin()}))
+                      "backward": backward.schedule_origin(),
+                      "discounted_gradient_error": relative_error(
+                          got_r, _discounted(g, 0.99, False)),
+                      "discounted_backward": returns.torch_op.differentiation.backward_kernel()
+                      .schedule_origin()}))

@@ -216,10 +216,14 @@ def test_rows_too_few_for_the_gpu_are_cut_into_parts():
 
 def test_one_build_serves_every_size_and_the_gradient_is_a_scan_from_the_end():
     """``dynamic=True``: one source for three lengths (one cut into parts); autograd's backward
-    of a running mean (``Σ_i where(j <= i, g[i] / (i + 1))``) is planned as a suffix scan."""
+    of a running mean (``Σ_i where(j <= i, g[i] / (i + 1))``) is planned as a suffix scan, and
+    that of discounted returns (``Σ_i where(j >= i, g[i], 0) · γ^(j − i)``) as a discounted
+    prefix scan."""
     found = run_interpreted("tests.schedule_templates.scan_calls_check")
     assert found["builds"] == 1 and found["error"] < F32
     assert found["gradient_error"] < F32 and found["backward"].startswith("scan template")
+    assert found["discounted_gradient_error"] < F32
+    assert found["discounted_backward"].startswith("scan template")
 
 
 @pytest.mark.parametrize("kernel, dims", [(cumulative_sum, dict(B=64, N=4096)),
