@@ -140,6 +140,51 @@ print(plan)
 assert plan.startswith("scan plan of cumulative_sum")
 
 # %% [markdown]
+# A sum whose terms read the position only through a power of the distance is a discounted
+# scan: each step's return in reinforcement learning, `G_t = r_t + γ·G_{t+1}`, is the sum of the
+# later rewards discounted by `γ ** (j - i)`. The plan keeps the discount as a factor a step;
+# checked here against the recurrence.
+
+# %%
+@tf.kernel
+def discounted_returns(r: T.Tensor["B", "N", "f32"], gamma: T.f32):
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j >= i, gamma ** (j - i) * r[b, j], 0.0), over=j)
+
+
+rewards = torch.randn(2, 200)
+returns = tf.compile(discounted_returns, target="llvm")(rewards, 0.9)
+expected, later = torch.empty_like(rewards), torch.zeros(2)
+for t in range(199, -1, -1):
+    later = rewards[:, t] + 0.9 * later
+    expected[:, t] = later
+assert torch.allclose(returns, expected, atol=1e-4)
+plan = tf.compile(discounted_returns, target="cuda:sm_90a").describe_plan(B=2, N=200, gamma=0.9)
+print(plan)
+assert "discounted by gamma a step over j >= i (suffix scan" in plan
+
+# %% [markdown]
+# A band of positions around each output's own — a rolling maximum of the last 16 values — is
+# two scans a window on a GPU (the rest of its start's segment of 16, then the next segment up to
+# its end), a few operations an output whatever the width.
+
+# %%
+@tf.kernel
+def rolling_max(x: T.Tensor["B", "N", "f32"]):
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.max(T.where((j <= i) & (j > i - 16), x[b, j], -T.inf), over=j)
+
+
+rolled = tf.compile(rolling_max, target="llvm")(steps)
+padded = F.pad(steps[:, None], (15, 0), value=-torch.inf)
+assert torch.equal(rolled, F.max_pool1d(padded, 16, 1)[:, 0])
+plan = tf.compile(rolling_max, target="cuda:sm_90a").describe_plan(B=4, N=300)
+print(plan)
+assert plan.startswith("band plan of rolling_max")
+
+# %% [markdown]
 # ## The same kernel for the GPU
 # Code generation needs no GPU. For a GPU target, `tf.compile` fuses the kernel's chain of
 # reductions (see tutorial 2) and generates one Triton kernel — tensor cores for q·kᵀ and p·v, the
