@@ -13,16 +13,18 @@ one less and more), gating the monoid's identity as a scan's condition does
 else of the program as it was (the original conditions stay: true inside the band). The
 row-reduction template then sweeps ``k`` for rows ``(…, i)``, W terms an output.
 
-Where the positions are the rows' innermost axis, :func:`plan_band` does better: a band of W
-positions is two scans of segments of W. Cut the window starts ``a = i + lo`` into segments of
+Where the terms do not read ``i``, :func:`plan_band` does better: a band of W positions is two
+scans of segments of W. Cut the window starts ``a = i + lo`` into segments of
 W; a window ``[a, a + W − 1]`` is the end of its start's segment, ``[a, segment end]`` (a
 suffix scan of the segment), followed by the start of the next segment up to ``a + W − 1``
 (a prefix scan of the next segment, one position short). The two pieces are disjoint and in
 order, so any monoid combines them — a maximum, a moving sum, a rolling log-sum-exp, an
 arg-maximum — at a few operations an output whatever W (the Gil-Werman / van Herk algorithm,
 without the overlap that limits it to maxima and minima). The emitter
-(:mod:`tensorfuse.targets.triton.band_scan`) holds a tile of segments × W positions, loads
-it twice (the second load one segment on, from cache) and scans both along the segments."""
+(:mod:`tensorfuse.targets.triton.band_scan`) holds a tile of segments × W positions (× 32 rows
+side by side where ``i`` is not the innermost axis: a band down the sequence of ``[B, S, C]``),
+loads it twice (the second load one segment on, from cache) and scans both along the
+segments. Terms that read ``i`` (a weight by distance) take the window axis above."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,8 +68,8 @@ class BandPlan(ScanPlan):
 
 def plan_band(program: Program) -> BandPlan:
     """The band plan of ``program`` — one reduction (one value, or an arg reduction's value
-    and index) over a band of at most :data:`MAX_WIDTH` positions of its result's innermost
-    axis, its terms not reading that axis — or a :class:`TargetError` saying why not."""
+    and index) over a band of at most :data:`MAX_WIDTH` positions of an axis of its result, its
+    terms not reading that axis — or a :class:`TargetError` saying why not."""
     reductions = [c for c in program.computes if c.is_reduction]
     if len(reductions) != 1:
         raise TargetError(f"{len(reductions)} reductions; a band program has one")
@@ -84,12 +86,8 @@ def plan_band(program: Program) -> BandPlan:
     rest = tuple(c for n, c in enumerate(conditions) if n not in used)
     if any(i.uid in {a.uid for a in e.axes} for e in values + rest):
         raise TargetError(f"the terms of {total.name} read {i.name} beside bounding the band")
-    plan = BandPlan(program, total, j, i, "prefix", hi, values, rest,
+    return BandPlan(program, total, j, i, "prefix", hi, values, rest,
                     outputs_over(program, total), low=lo)
-    if not plan.along_rows:
-        raise TargetError(f"{i.name} is not the innermost axis of {plan.outputs[0][0].name}: "
-                          "the band is read across rows")
-    return plan
 
 
 def bands(program: Program) -> bool:

@@ -1,9 +1,9 @@
-"""Reductions over a band of positions around each output's own (a rolling maximum, a trailing
-moving sum, a centred window weighted by distance, a band that ends before the position, a
+"""Reductions over a band of positions around each output's own (a rolling maximum along a row
+and down a sequence, a trailing moving sum, a centred window weighted by distance, a band that ends before the position, a
 moving average of 100, a rolling log-sum-exp, a centred arg-maximum with ties, a band under a
-lengths condition), as ``tf.compile`` makes them for sm_90a — along a row, two scans of
-segments of the band's width (the band template); down a middle axis or with terms that read
-the position, rewritten over a window axis of the band's width (``TEMPLATES`` says which) —,
+lengths condition), as ``tf.compile`` makes them for sm_90a — two scans of segments of the
+band's width (the band template, along a row or down a middle axis); with terms that read the
+position, rewritten over a window axis of the band's width (``TEMPLATES`` says which) —,
 run by Triton's interpreter against torch in float64, outputs poisoned; prints each case's
 relative error as JSON.
 
@@ -32,6 +32,16 @@ def moving_sum(x: T.Tensor["B", "N", "C", "bf16"]):
     i = T.axis("i", "N")
     j, c = T.axes("j c")
     return T.sum(T.where((i - 8 < j) & (j <= i), x[b, j, c], 0.0), over=j)
+
+
+@tf.kernel
+def rolling_max_over_time(x: T.Tensor["B", "S", "C", "f32"]):
+    """Each channel's largest of the last 50 steps of [B, S, C]: the band down the middle axis,
+    the channels side by side."""
+    b = T.axis("b", "B")
+    i = T.axis("i", "S")
+    j, c = T.axes("j c")
+    return T.max(T.where((j <= i) & (j > i - 50), x[b, j, c], -T.inf), over=j)
 
 
 @tf.kernel
@@ -105,6 +115,12 @@ def moving_sum_case(generator, B=2, N=500, C=37):
     return dict(x=x), torch.nan_to_num(w).sum(-1).transpose(1, 2)
 
 
+def rolling_max_over_time_case(generator, B=2, S=700, C=70):
+    x = torch.randn(B, S, C, generator=generator) * 100
+    w, _ = _windows(x.double().transpose(1, 2), -49, 0)
+    return dict(x=x), torch.nan_to_num(w, nan=-torch.inf).amax(-1).transpose(1, 2)
+
+
 def centred_case(generator, B=3, N=700):
     x = torch.randn(B, N, generator=generator) * 10
     w, at = _windows(x.double(), -3, 3)
@@ -148,15 +164,17 @@ def band_within_lengths_case(generator, B=4, N=1100):
 
 CASES = {"rolling_max": (rolling_max, rolling_max_case),
          "moving_sum": (moving_sum, moving_sum_case),
+         "rolling_max_over_time": (rolling_max_over_time, rolling_max_over_time_case),
          "centred_weighted": (centred_weighted, centred_case),
          "lagged_band_min": (lagged_band_min, lagged_case),
          "moving_average": (moving_average, moving_average_case),
          "rolling_logsumexp": (rolling_logsumexp, rolling_logsumexp_case),
          "centred_argmax": (centred_argmax, centred_argmax_case),
          "band_within_lengths": (band_within_lengths, band_within_lengths_case)}
-# the template each takes on the GPU: a band along the rows is the band template's; down a middle
-# axis, or with terms that read the position, a window axis for the row template
-WINDOW_AXIS = ("moving_sum", "centred_weighted")
+# the template each takes on the GPU: a band is the band template's (along a row, or down a middle
+# axis with the rows side by side); with terms that read the position, a window axis for the row
+# template
+WINDOW_AXIS = ("centred_weighted",)
 TEMPLATES = {name: "as a window axis" if name in WINDOW_AXIS else "band template"
              for name in CASES}
 

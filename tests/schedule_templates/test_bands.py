@@ -12,7 +12,8 @@ from tensorfuse.errors import TargetError, TuningError
 from tensorfuse.schedule_templates.bands import band_window, plan_band
 from tests.helpers import fresh_seed, gpu_error, poisoned_call, relative_error, run_interpreted
 from tests.schedule_templates.bands_check import (CASES, centred_weighted, moving_sum,
-                                                  rolling_logsumexp, rolling_max)
+                                                  rolling_logsumexp, rolling_max,
+                                                  rolling_max_over_time)
 from tests.schedule_templates.scan_check import F32, cumulative_sum_within_lengths, running_mean
 
 
@@ -34,6 +35,7 @@ def test_the_triton_kernels_match_float64_in_the_interpreter():
         bf16 = CASES[name][0].program.outputs[0].dtypes[0] == "bf16"
         assert error < (1e-2 if bf16 else F32), f"{name}: {error:.1e} (TENSORFUSE_SEED={seed})"
     assert errors["rolling_max"] == errors["lagged_band_min"] == errors["centred_argmax"] == 0
+    assert errors["rolling_max_over_time"] == 0
 
 
 def test_the_band_becomes_a_window_axis_of_its_width():
@@ -76,12 +78,17 @@ def test_a_band_along_the_rows_is_two_scans_of_segments_of_its_width():
     # the aligned load and the store in 16-byte vectors (the other load is one position off)
     ptx = made.ptx("band", B=16, N=65536)
     assert ptx.count("ld.global.v4") >= 8 and ptx.count("st.global.v4") >= 8
-    for kernel, why in ((moving_sum, "i is not the innermost axis of out: the band is read across rows"),   # across rows: a window
-                        (centred_weighted, "read i beside bounding the band"),
+    down = tf.compile(moving_sum, target="cuda:sm_90a")   # down [B, N, C]: channels side by side
+    assert down.schedule_origin().endswith("tiles of 16 segments × 8 positions (as 8) × 32 rows "
+                                           "side by side")
+    over_time = tf.compile(rolling_max_over_time, target="cuda:sm_90a").ptx("band", B=8, S=4096,
+                                                                           C=1024)
+    assert over_time.count("ld.global") == over_time.count("ld.global.v4") > 0   # along C
+    for kernel, why in ((centred_weighted, "read i beside bounding the band"),
                         (scalar_band, "reduces no band of j")):
         with pytest.raises(TargetError, match=why):
             plan_band(kernel.program)
-    assert band_window(moving_sum.program) is not None
+    assert band_window(centred_weighted.program) is not None
 
 
 def test_tuning_tunes_the_window_tf_compile_runs():

@@ -3,7 +3,9 @@ the W positions of a band around each output's own as two scans of segments of W
 
 A program takes one row (the result's other axes, flattened) and ``BLOCK_M`` segments × W
 outputs of it, held as a tile of ``BLOCK_M`` × ``BLOCK_N`` (W's next power of two; the columns
-past W are left out). The window of the output in segment ``s``, column ``c`` starts at
+past W are left out); where the positions are not the innermost axis (a band down the sequence
+of ``[B, S, C]``), ``BLOCK_K`` rows of the innermost axis side by side as the tile's third,
+contiguous dimension (``[B, S, C]``: 32 channels of one sequence). The window of the output in segment ``s``, column ``c`` starts at
 ``a = s·W + c + lo``. Its first piece, from ``a`` to its segment's end, is a suffix scan along
 the tile's columns of the terms at ``s·W + c + lo``; its second, from the next segment's start
 to ``a + W − 1``, a prefix scan of the terms at ``s·W + c + lo + W − 1`` for columns from 1 (an
@@ -13,26 +15,40 @@ or failing a condition are the identity, as in the scan template
 (:mod:`tensorfuse.targets.triton.scan`, whose value and output helpers this shares)."""
 from __future__ import annotations
 
+import math
+
 from .expr import TL_DTYPES, TileContext, to_triton
 from .reductions import combine_function
 from .scan import (L, accumulators, component_names, extent, identities, result_refs,
-                   row_axes, row_count)
+                   row_axes)
 from .tile_text import assemble_source, needs_wide_offsets, store_offsets
 
 NUM_WARPS = 4
-TILE_ELEMENTS = 4096   # segments × W's power of two a tile, at least one segment
+TILE_ELEMENTS = 4096   # segments × W's power of two (× rows) a tile, at least one segment
+ROWS_SIDE_BY_SIDE = 32  # rows a tile where they are the innermost axis: 128 bytes of f32 each
 
 
-def blocks(plan) -> tuple[int, int]:
-    """``(BLOCK_M, BLOCK_N)``: segments a tile, and the band's width to a power of two."""
+def blocks(plan) -> tuple[int, int, int]:
+    """``(BLOCK_M, BLOCK_N, BLOCK_K)``: segments a tile, the band's width to a power of two,
+    and rows side by side (1 where the band runs along the rows' innermost axis)."""
     block_n = 1 << (plan.width - 1).bit_length()
-    return max(1, TILE_ELEMENTS // block_n), block_n
+    block_k = 1 if plan.along_rows else ROWS_SIDE_BY_SIDE
+    return max(1, TILE_ELEMENTS // (block_n * block_k)), block_n, block_k
 
 
-def programs(plan, dims: dict) -> tuple[int, int]:
-    """The grid: rows, and tiles along a row."""
-    block_m, _ = blocks(plan)
-    return row_count(plan, dims), -(-extent(plan.axis, dims) // (block_m * plan.width))
+def _split_rows(plan) -> tuple:
+    """(the row axes a program's first grid index covers, the row axis held side by side in
+    the tile or None)."""
+    return (plan.rows, None) if plan.along_rows else (plan.rows[:-1], plan.rows[-1])
+
+
+def programs(plan, dims: dict) -> tuple[int, int, int]:
+    """The grid: rows, tiles along a row, and blocks of the rows held side by side."""
+    block_m, _, block_k = blocks(plan)
+    outer, inner = _split_rows(plan)
+    across = 1 if inner is None else -(-extent(inner, dims) // block_k)
+    return (math.prod(extent(a, dims) for a in outer),
+            -(-extent(plan.axis, dims) // (block_m * plan.width)), across)
 
 
 def _terms(w, plan, sizes: dict, rows: dict, stem: str, first: str, offset: int) -> None:
@@ -60,9 +76,18 @@ def band_source(plan, name: str, sizes: dict, args: list[str]) -> str:
 
     wide = needs_wide_offsets(plan.program, sizes)
     w = SourceWriter()
-    rows = row_axes(w, plan, sizes, wide, "")
-    w(f"{L}seg = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
-    w(f"{L}col = tl.arange(0, BLOCK_N)[None, :]")
+    outer, inner = _split_rows(plan)
+    rows = row_axes(w, plan, sizes, wide, "", outer)
+    if inner is None:
+        w(f"{L}seg = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
+        w(f"{L}col = tl.arange(0, BLOCK_N)[None, :]")
+    else:   # segments × positions × rows, the rows (contiguous) innermost
+        rows[inner.uid] = f"{L}ax_{inner.name}"
+        w(f"{L}ax_{inner.name} = tl.program_id(2) * BLOCK_K + "
+          "tl.arange(0, BLOCK_K)[None, None, :]")
+        w(f"{L}row_ok = {L}row_ok & ({L}ax_{inner.name} < {extent(inner, sizes)})")
+        w(f"{L}seg = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None, None]")
+        w(f"{L}col = tl.arange(0, BLOCK_N)[None, :, None]")
     w(f"{L}out = {L}seg * {plan.width} + {L}col")
     combine = combine_function(plan.monoid)
     _terms(w, plan, sizes, rows, "a", "0", plan.low)

@@ -122,14 +122,16 @@ def edge(w, plan, names: list[str], tiles: list[str], width: str) -> None:
         w(f"{n} = tl.sum(tl.where({mask}, {t}, 0), axis=1, keep_dims=True).to({acc})")
 
 
-def row_axes(w, plan, sizes: dict, wide: bool, rows: str) -> dict:
+def row_axes(w, plan, sizes: dict, wide: bool, rows: str, axes=None) -> dict:
     """Lines computing the program's rows (``row``: the first grid axis then ``rows``;
-    ``row_ok``) and each row axis' index from them; the row axes' names by uid."""
+    ``row_ok``) and the index of each row axis (``axes``: by default all) from them; the row
+    axes' names by uid."""
+    axes = plan.rows if axes is None else axes
     w(f"{L}row = tl.program_id(0)" + (".to(tl.int64)" if wide else "") + rows)
-    w(f"{L}row_ok = {L}row < {row_count(plan, sizes)}")
+    w(f"{L}row_ok = {L}row < {math.prod(extent(a, sizes) for a in axes)}")
     w(f"{L}rest = {L}row")
     names = {}
-    for a in reversed(plan.rows):
+    for a in reversed(axes):
         names[a.uid] = f"{L}ax_{a.name}"
         w(f"{L}ax_{a.name} = {L}rest % {extent(a, sizes)}")
         w(f"{L}rest = {L}rest // {extent(a, sizes)}")

@@ -100,10 +100,11 @@ class ScanKernel(PlanKernel):
 
 @dataclass(frozen=True)
 class BandKnobs:
-    """The tile: segments × the band's width to a power of two."""
+    """The tile: segments × the band's width to a power of two × rows side by side."""
 
     segments: int
     block_n: int
+    rows: int
 
 
 BAND_ORIGIN = "band template (each window a suffix scan and a prefix scan of segments)"
@@ -128,8 +129,8 @@ class BandKernel(PlanKernel):
         return [band_scan.programs(self.plan, dims)]
 
     def _meta(self, dims: dict) -> dict:
-        segments, block_n = band_scan.blocks(self.plan)
-        return dict(BLOCK_M=segments, BLOCK_N=block_n, BLOCK_K=1)
+        segments, block_n, rows = band_scan.blocks(self.plan)
+        return dict(BLOCK_M=segments, BLOCK_N=block_n, BLOCK_K=rows)
 
     def _write(self, sizes: dict, args: list[str]) -> str:
         return band_scan.band_source(self.plan, self._name, sizes, args)
@@ -138,9 +139,10 @@ class BandKernel(PlanKernel):
         return {}
 
     def schedule_origin(self, **dims) -> str:
-        segments, block_n = band_scan.blocks(self.plan)
+        segments, block_n, rows = band_scan.blocks(self.plan)
         return (f"{self.description}; tiles of {segments} segments × {self.plan.width} "
-                f"positions (as {block_n})")
+                f"positions (as {block_n})" + (f" × {rows} rows side by side" if rows > 1
+                                               else ""))
 
     def describe_plan(self, scalars: dict | None = None, **dims) -> str:
         return self.plan.describe() + f"\n  {self.schedule_origin()}"
