@@ -165,12 +165,17 @@ def near_miss(program: Program) -> str | None:
         return None
     kept = {a.uid for a in c.axes}
     parsed = {k for k, _, _ in found}
-    if any(isinstance(e, Compare) and n not in parsed and j.uid in {a.uid for a in e.axes} and
-           kept & {a.uid for a in e.axes} for n, e in enumerate(conditions)):
+    both = [e for n, e in enumerate(conditions) if isinstance(e, Compare) and n not in parsed
+            and j.uid in {a.uid for a in e.axes} and kept & {a.uid for a in e.axes}]
+    if any(e.op in ("eq", "ne") for e in both):
+        return (f"{c.name} keeps the terms where {', '.join(to_text(e) for e in both)}: a "
+                f"condition tying {j.name} to the output's own position that bounds no range "
+                f"of {j.name} (equal keys need not be neighbours), so every {j.name} of the row "
+                "is reduced")
+    if both:
         return (f"{c.name} reduces over a band of positions whose width is no integer constant "
-                f"({', '.join(to_text(e) for n, e in enumerate(conditions) if n not in parsed)})"
-                f": every {j.name} of the row is reduced; a window axis of the band's width "
-                f"reduces only the band")
+                f"({', '.join(to_text(e) for e in both)}): every {j.name} of the row is "
+                f"reduced; a window axis of the band's width reduces only the band")
     try:
         plan_scan(program)
     except TargetError as exc:

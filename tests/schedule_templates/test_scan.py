@@ -80,6 +80,20 @@ def test_a_discounted_sum_is_scanned_as_decay_and_sum_pairs():
         lambda x, b, i, j, g: T.where(j <= i, g ** (i - j) * g ** (i - j) * x[b, j], 0.0))
 
 
+def test_a_condition_on_equal_keys_is_said_to_bound_no_range():
+    """Positions within a packed segment (``seg[j] == seg[i]``): equal keys need not be
+    neighbours, so no scan reads it; the plan says so, not that a band has no constant width."""
+    @tf.kernel
+    def segment_positions(seg: T.Tensor["N", "i32"]):
+        j = T.axis("j", "N")
+        i = T.axis("i", "N")
+        return T.sum(T.where((j <= i) & (seg[j] == seg[i]), 1, 0), over=j)
+
+    plan = tf.compile(segment_positions, target="cuda:sm_90a").describe_plan(N=4096)
+    assert "not the scan template (at any sizes): out keeps the terms where seg[j] == seg[i]: " \
+           "a condition tying j to the output's own position that bounds no range of j" in plan
+
+
 def test_the_plan_reads_the_scan_off_the_math():
     plan = plan_scan(cumulative_sum.program)
     assert (plan.direction, plan.shift, plan.axis.name, plan.out_axis.name) == \
