@@ -109,32 +109,57 @@ def _bounds(found: list):
 
 
 def band_window(program: Program) -> tuple[Program, str] | None:
-    """``program`` with its one reduction over a band of positions rewritten over a window axis
-    of the band's width, and a note saying so; else ``None``."""
+    """``program`` with each of its reductions over a band of positions rewritten over a
+    window axis of the band's width, and a note saying so; else ``None``: where a reduction is
+    over no band, or two reductions over one axis have different bands. Several reductions
+    over one band — a rolling mean and the rolling variance about it — share the window axis,
+    and the row template fuses them over it as any chain."""
     reductions = [c for c in program.computes if c.is_reduction]
-    if len(reductions) != 1 or reductions[0].arity != 1 or len(reductions[0].over) != 1:
-        return None
-    total = reductions[0]
-    j = total.over[0]
-    _, conditions = peeled(inline_elementwise(total.bodies[0]), total)
-    found = _bounds(relations(conditions, j, total))
-    return _windowed(program, total, j, *found[:3]) if found else None
+    bands, by_axis = [], {}
+    for total in reductions:
+        if total.arity != 1 or len(total.over) != 1:
+            return None
+        j = total.over[0]
+        _, conditions = peeled(inline_elementwise(total.bodies[0]), total)
+        found = _bounds(relations(conditions, j, total))
+        if found is None:
+            return None
+        i, lo, hi = found[:3]
+        if by_axis.setdefault(j.uid, (i.uid, lo, hi)) != (i.uid, lo, hi):
+            return None
+        bands.append((total, j, i, lo, hi))
+    return _windowed(program, bands) if bands else None
 
 
-def _windowed(program: Program, total, j: Axis, i: Axis, lo: int, hi: int):
-    """The rewrite: ``j = i + lo + k`` over ``k`` of ``hi − lo + 1`` elements, out-of-row
-    positions the monoid's identity."""
-    width = hi - lo + 1
-    k = Axis(f"{j.name}_window", width, j.loc)
-    at = (i + lo if lo > 0 else i - (-lo) if lo else i) + k
-    extent = Const(j.extent, "i32") if isinstance(j.extent, int) else DimSize(j.extent)
-    inside = compare("ge", at, Const(0, "i32")) & compare("lt", at, extent)
-    identity = Const(total.monoid.identity_value(0, total.dtypes[0]), total.dtypes[0])
+def _windowed(program: Program, bands: list):
+    """The rewrite of each ``(total, j, i, lo, hi)``: ``j = i + lo + k`` over ``k`` of
+    ``hi − lo + 1`` elements (one ``k`` a reduced axis), out-of-row positions the monoid's
+    identity."""
+    windows, notes = {}, []
+    for total, j, i, lo, hi in bands:
+        if j.uid not in windows:
+            width = hi - lo + 1
+            k = Axis(f"{j.name}_window", width, j.loc)
+            at = (i + lo if lo > 0 else i - (-lo) if lo else i) + k
+            extent = Const(j.extent, "i32") if isinstance(j.extent, int) else DimSize(j.extent)
+            inside = compare("ge", at, Const(0, "i32")) & compare("lt", at, extent)
+            windows[j.uid] = (k, at, inside)
+            offset = f" {'+' if lo > 0 else '-'} {abs(lo)}" if lo else ""
+            notes.append((j, i, offset, k, width))
+    band_of = {total.name: windows[j.uid] for total, j, *_ in bands}
+
+    def body(c, b):
+        if c.name not in band_of:
+            return b
+        identity = Const(c.monoid.identity_value(0, c.dtypes[0]), c.dtypes[0])
+        return (where(band_of[c.name][2], b[0], identity),)
+
     made = rewrite_computes(
-        program, lambda n: at if isinstance(n, Axis) and n.uid == j.uid else None,
-        over=lambda c: (k,) if c is total else c.over,
-        bodies=lambda c, b: (where(inside, b[0], identity),) if c is total else b)
-    offset = f" {'+' if lo > 0 else '-'} {abs(lo)}" if lo else ""
-    note = (f"{total.name} over the band {j.name} = {i.name}{offset} + {k.name} as a window "
-            f"axis {k.name} of {width} (not every {j.name} of the row)")
+        program, lambda n: windows[n.uid][1] if isinstance(n, Axis) and n.uid in windows
+        else None,
+        over=lambda c: (band_of[c.name][0],) if c.name in band_of else c.over, bodies=body)
+    note = "; ".join(
+        f"{', '.join(t.name for t, jj, *_ in bands if jj.uid == j.uid)} over the band {j.name} "
+        f"= {i.name}{offset} + {k.name} as a window axis {k.name} of {width} (not every "
+        f"{j.name} of the row)" for j, i, offset, k, width in notes)
     return rewritten_program(program, list(program.params), made), note

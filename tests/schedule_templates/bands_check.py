@@ -1,7 +1,7 @@
 """Reductions over a band of positions around each output's own (a rolling maximum along a row
 and down a sequence, a trailing moving sum, a centred window weighted by distance, a band that ends before the position, a
 moving average of 100, a rolling log-sum-exp, a centred arg-maximum with ties, a band under a
-lengths condition), as ``tf.compile`` makes them for sm_90a — two scans of segments of the
+lengths condition, a rolling mean and the standard deviation about it), as ``tf.compile`` makes them for sm_90a — two scans of segments of the
 band's width (the band template, along a row or down a middle axis); with terms that read the
 position, rewritten over a window axis of the band's width (``TEMPLATES`` says which) —,
 run by Triton's interpreter against torch in float64, outputs poisoned; prints each case's
@@ -95,6 +95,19 @@ def band_within_lengths(x: T.Tensor["B", "N", "f32"], lengths: T.Tensor["B", "i3
     return T.sum(T.where((j <= i) & (j > i - 20) & (j < lengths[b]), x[b, j], 0.0), over=j)
 
 
+@tf.kernel
+def rolling_mean_and_std(x: T.Tensor["B", "N", "f32"]):
+    """The mean of the last 20 values and the standard deviation about it (Bollinger bands;
+    zeros before the row's start count): two reductions over one band, the second reading the
+    first."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    band = (j <= i) & (j > i - 20)
+    mean = T.sum(T.where(band, x[b, j], 0.0), over=j) / 20.0
+    var = T.sum(T.where(band, (x[b, j] - mean) ** 2, 0.0), over=j) / 20.0
+    return mean, T.sqrt(var)
+
+
 def _windows(x, lo: int, hi: int):
     """``x[..., i + lo … i + hi]`` of each position along the last axis, NaN outside the row."""
     n = x.shape[-1]
@@ -162,6 +175,14 @@ def band_within_lengths_case(generator, B=4, N=1100):
     return dict(x=x, lengths=lengths), torch.nan_to_num(w).sum(-1)
 
 
+def rolling_mean_and_std_case(generator, B=3, N=1200):
+    x = torch.randn(B, N, generator=generator) * 10 + 100   # far from zero: centring matters
+    w, _ = _windows(x.double(), -19, 0)
+    mean = torch.nan_to_num(w).sum(-1) / 20
+    var = torch.where(w.isnan(), 0.0, (w - mean[..., None]) ** 2).sum(-1) / 20
+    return dict(x=x), (mean, var.sqrt())
+
+
 CASES = {"rolling_max": (rolling_max, rolling_max_case),
          "moving_sum": (moving_sum, moving_sum_case),
          "rolling_max_over_time": (rolling_max_over_time, rolling_max_over_time_case),
@@ -170,11 +191,12 @@ CASES = {"rolling_max": (rolling_max, rolling_max_case),
          "moving_average": (moving_average, moving_average_case),
          "rolling_logsumexp": (rolling_logsumexp, rolling_logsumexp_case),
          "centred_argmax": (centred_argmax, centred_argmax_case),
-         "band_within_lengths": (band_within_lengths, band_within_lengths_case)}
+         "band_within_lengths": (band_within_lengths, band_within_lengths_case),
+         "rolling_mean_and_std": (rolling_mean_and_std, rolling_mean_and_std_case)}
 # the template each takes on the GPU: a band is the band template's (along a row, or down a middle
-# axis with the rows side by side); with terms that read the position, a window axis for the row
-# template
-WINDOW_AXIS = ("centred_weighted",)
+# axis with the rows side by side); with terms that read the position, or several reductions over
+# one band, a window axis for the row template
+WINDOW_AXIS = ("centred_weighted", "rolling_mean_and_std")
 TEMPLATES = {name: "as a window axis" if name in WINDOW_AXIS else "band template"
              for name in CASES}
 

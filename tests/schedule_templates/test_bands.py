@@ -13,7 +13,7 @@ from tensorfuse.schedule_templates.bands import band_window, plan_band
 from tests.helpers import fresh_seed, gpu_error, poisoned_call, relative_error, run_interpreted
 from tests.schedule_templates.bands_check import (CASES, centred_weighted, moving_sum,
                                                   rolling_logsumexp, rolling_max,
-                                                  rolling_max_over_time)
+                                                  rolling_max_over_time, rolling_mean_and_std)
 from tests.schedule_templates.scan_check import F32, cumulative_sum_within_lengths, running_mean
 
 
@@ -21,8 +21,9 @@ from tests.schedule_templates.scan_check import F32, cumulative_sum_within_lengt
 def test_each_matches_float64_on_the_cpu(name):
     kernel, case = CASES[name]
     args, want = case(torch.Generator().manual_seed(fresh_seed()))
-    (out,) = poisoned_call(tf.compile(kernel, target="llvm"), kernel.program, args, want)
-    assert relative_error(out, want) < (2e-2 if out.dtype == torch.bfloat16 else F32)
+    outs = poisoned_call(tf.compile(kernel, target="llvm"), kernel.program, args, want)
+    for out, expected in zip(outs, want if isinstance(want, tuple) else (want,), strict=True):
+        assert relative_error(out, expected) < (2e-2 if out.dtype == torch.bfloat16 else F32)
 
 
 def test_the_triton_kernels_match_float64_in_the_interpreter():
@@ -120,6 +121,25 @@ def test_a_band_of_a_scalars_width_is_reduced_as_written_and_the_plan_says_why()
     plan = tf.compile(scalar_band, target="cuda:sm_90a").describe_plan(B=4, N=1000, w=16)
     assert "not the scan template (at any sizes): out reduces over a band of positions whose " \
            "width is no integer constant (j > i - w): every j of the row is reduced" in plan
+
+
+def test_reductions_over_one_band_share_its_window_axis():
+    """A rolling mean and the deviation about it: both over one window axis (the row template
+    fuses the pair over it); two different bands over one axis are left as written."""
+    program, note = band_window(rolling_mean_and_std.program)
+    windows = {c.name: c.over[0] for c in program.computes if c.is_reduction}
+    assert len({a.uid for a in windows.values()}) == 1 and len(windows) == 2
+    assert next(iter(windows.values())).extent == 20
+    assert note.startswith("mean_sum, var_sum over the band j = i - 19 + j_window as a window")
+
+    @tf.kernel
+    def two_bands(x: T.Tensor["B", "N", "f32"]):
+        b, j = T.axes("b j")
+        i = T.axis("i", "N")
+        near = T.sum(T.where((j <= i) & (j > i - 4), x[b, j], 0.0), over=j)
+        return T.sum(T.where((j <= i) & (j > i - 9), x[b, j] - near, 0.0), over=j)
+
+    assert band_window(two_bands.program) is None
 
 
 @tf.kernel
