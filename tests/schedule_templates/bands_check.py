@@ -45,6 +45,16 @@ def rolling_max_over_time(x: T.Tensor["B", "S", "C", "f32"]):
 
 
 @tf.kernel
+def over_time_within_lengths(x: T.Tensor["B", "S", "C", "f32"], lengths: T.Tensor["B", "i32"]):
+    """The sum of the last 30 steps of each channel within each sequence's first lengths[b]:
+    a band down the middle axis under a condition on the outer rows alone."""
+    b = T.axis("b", "B")
+    i = T.axis("i", "S")
+    j, c = T.axes("j c")
+    return T.sum(T.where((j <= i) & (j > i - 30) & (j < lengths[b]), x[b, j, c], 0.0), over=j)
+
+
+@tf.kernel
 def centred_weighted(x: T.Tensor["B", "N", "f32"]):
     """A centred window of 7 weighted by closeness (the terms read the position too)."""
     b, j = T.axes("b j")
@@ -134,6 +144,14 @@ def rolling_max_over_time_case(generator, B=2, S=700, C=70):
     return dict(x=x), torch.nan_to_num(w, nan=-torch.inf).amax(-1).transpose(1, 2)
 
 
+def over_time_within_lengths_case(generator, B=3, S=500, C=45):
+    x = torch.randn(B, S, C, generator=generator) * 10
+    lengths = torch.randint(0, S + 1, (B,), generator=generator, dtype=torch.int32)
+    w, at = _windows(x.double().transpose(1, 2), -29, 0)             # [B, C, S, 30]
+    w = torch.where(at[None, None] < lengths[:, None, None, None], w, torch.nan)
+    return dict(x=x, lengths=lengths), torch.nan_to_num(w).sum(-1).transpose(1, 2)
+
+
 def centred_case(generator, B=3, N=700):
     x = torch.randn(B, N, generator=generator) * 10
     w, at = _windows(x.double(), -3, 3)
@@ -186,6 +204,7 @@ def rolling_mean_and_std_case(generator, B=3, N=1200):
 CASES = {"rolling_max": (rolling_max, rolling_max_case),
          "moving_sum": (moving_sum, moving_sum_case),
          "rolling_max_over_time": (rolling_max_over_time, rolling_max_over_time_case),
+         "over_time_within_lengths": (over_time_within_lengths, over_time_within_lengths_case),
          "centred_weighted": (centred_weighted, centred_case),
          "lagged_band_min": (lagged_band_min, lagged_case),
          "moving_average": (moving_average, moving_average_case),

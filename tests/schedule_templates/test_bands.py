@@ -39,6 +39,19 @@ def test_the_triton_kernels_match_float64_in_the_interpreter():
     assert errors["rolling_max_over_time"] == 0
 
 
+def test_random_bands_and_discounted_scans_match_the_math_pair_by_pair():
+    """Generated programs (``band_fuzz_check``: bands with offsets on either side and wider than
+    the row, discounted sums either way, five monoids, a lengths condition or none, along a row
+    or down a middle axis, ragged sizes) in the interpreter against every (i, j) pair in float64:
+    within float32 rounding, arg-maxima exact (an empty window: the identity's index, as on the
+    CPU target). It found a band down a middle axis under a lengths condition that did not
+    compile (a tile of a mask on the scalar pointer of lengths[b])."""
+    seed = fresh_seed()
+    found = run_interpreted("tests.schedule_templates.band_fuzz_check", seed, 12)
+    assert found["programs"] == 12
+    assert found["worst"][0] < F32, f"{found['worst']} (TENSORFUSE_SEED={seed})"
+
+
 def test_the_band_becomes_a_window_axis_of_its_width():
     program, note = band_window(rolling_max.program)
     (total,) = [c for c in program.computes if c.is_reduction]

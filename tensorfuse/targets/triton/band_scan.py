@@ -51,18 +51,30 @@ def programs(plan, dims: dict) -> tuple[int, int, int]:
             -(-extent(plan.axis, dims) // (block_m * plan.width)), across)
 
 
+def _valid(plan, rows: dict) -> dict:
+    """Each row axis' mask: the scalar ``row_ok`` of the program's rows, ``inner_ok`` of the
+    rows side by side."""
+    inner = _split_rows(plan)[1]
+    return {uid: f"{L}inner_ok" if inner is not None and uid == inner.uid else f"{L}row_ok"
+            for uid in rows}
+
+
+def _rows_ok(plan) -> str:
+    """The mask of the tile's rows: the program's, and those side by side."""
+    return f"{L}row_ok" if _split_rows(plan)[1] is None else f"({L}row_ok & {L}inner_ok)"
+
+
 def _terms(w, plan, sizes: dict, rows: dict, stem: str, first: str, offset: int) -> None:
     """Lines computing ``{stem}`` (one variable a component), the terms at positions
     ``out + offset`` of the columns from ``first`` up to the band's width."""
     n = extent(plan.axis, sizes)
     w(f"{L}jj = {L}out + {offset}" if offset else f"{L}jj = {L}out")
-    valid = dict.fromkeys(rows, f"{L}row_ok")
     tile = TileContext(axes={**rows, plan.axis.uid: f"{L}jj"},
-                       valid={**valid, plan.axis.uid: f"{L}j_ok"}, sizes=sizes)
+                       valid={**_valid(plan, rows), plan.axis.uid: f"{L}j_ok"}, sizes=sizes)
     # the column bound on the loads, the first column on the terms only: a load mask that
     # changes inside a 16-byte group keeps Triton from vectorising the load
     w(f"{L}j_ok = ({L}col < {plan.width}) & ({L}jj >= 0) & ({L}jj < {n})")
-    keep = [f"{L}row_ok", f"{L}j_ok"] + ([f"({L}col >= {first})"] if first != "0" else []) + \
+    keep = [_rows_ok(plan), f"{L}j_ok"] + ([f"({L}col >= {first})"] if first != "0" else []) + \
         [f"({to_triton(c, tile)})" for c in plan.conditions]
     w(f"{L}keep = {' & '.join(keep)}")
     for v, value, ident, acc in zip(component_names(stem, plan), plan.values, identities(plan),
@@ -85,7 +97,9 @@ def band_source(plan, name: str, sizes: dict, args: list[str]) -> str:
         rows[inner.uid] = f"{L}ax_{inner.name}"
         w(f"{L}ax_{inner.name} = tl.program_id(2) * BLOCK_K + "
           "tl.arange(0, BLOCK_K)[None, None, :]")
-        w(f"{L}row_ok = {L}row_ok & ({L}ax_{inner.name} < {extent(inner, sizes)})")
+        # the rows' own mask stays a scalar: a read of the outer rows alone (lengths[b]) is a
+        # scalar pointer, which a tile of a mask may not guard
+        w(f"{L}inner_ok = {L}ax_{inner.name} < {extent(inner, sizes)}")
         w(f"{L}seg = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None, None]")
         w(f"{L}col = tl.arange(0, BLOCK_N)[None, :, None]")
     w(f"{L}out = {L}seg * {plan.width} + {L}col")
@@ -102,11 +116,12 @@ def band_source(plan, name: str, sizes: dict, args: list[str]) -> str:
     w(f"{', '.join(tail)} = tl.associative_scan({b_tiles}, 1, {combine})")
     total = component_names("total", plan)
     w(f"{', '.join(total)} = {combine}({', '.join(head + tail)})")
-    valid = dict.fromkeys(rows, f"{L}row_ok")
     out_tile = TileContext(axes={**rows, plan.out_axis.uid: f"{L}out"},
-                           valid={**valid, plan.out_axis.uid: f"{L}out_ok"}, sizes=sizes)
+                           valid={**_valid(plan, rows), plan.out_axis.uid: f"{L}out_ok"},
+                           sizes=sizes)
     out_tile = out_tile.child(refs=result_refs(plan, total))
-    w(f"{L}out_ok = {L}row_ok & ({L}col < {plan.width}) & ({L}out < {extent(plan.axis, sizes)})")
+    w(f"{L}out_ok = {_rows_ok(plan)} & ({L}col < {plan.width}) & "
+      f"({L}out < {extent(plan.axis, sizes)})")
     for c, expr in plan.outputs:
         w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out_tile, sizes)}), "
           f"({to_triton(expr, out_tile)}).to({TL_DTYPES[c.dtypes[0]]}), mask={L}out_ok)")
