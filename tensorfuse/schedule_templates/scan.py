@@ -204,6 +204,13 @@ def _scanned(total: Compute) -> tuple:
         raise TargetError(f"{total.name} has no condition comparing {j.name} with an axis of "
                           "its result of the same extent")
     k, i, (direction, shift) = found
+    if shift > 0 if direction == "prefix" else shift < 0:
+        # the scan reads the term k positions on (back) from each output: the first (last) k
+        # terms of the row would belong to no output's sweep and go missing
+        raise TargetError(f"{total.name} reaches {abs(shift)} position(s) "
+                          f"{'past' if direction == 'prefix' else 'before'} {i.name} "
+                          f"({to_text(conditions[k])}); the scan template runs up to or from "
+                          "the output's own position, or short of it")
     rest = tuple(c for n, c in enumerate(conditions) if n != k)
     decay = None
     if total.monoid.name == "sum" and _reads(values[0], i):

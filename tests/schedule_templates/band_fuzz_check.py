@@ -1,10 +1,10 @@
-"""Random bands and discounted scans, as ``tf.compile`` makes them for sm_90a, run by Triton's
+"""Random bands, scans and discounted scans, as ``tf.compile`` makes them for sm_90a, run by Triton's
 interpreter against the math as written, evaluated pair by pair in float64 (every output ``i``
 against every position ``j`` of its row: no scan, no window), outputs poisoned.
 
 Each program draws: a band ``[i + lo, i + hi]`` (offsets on either side of the position, some
-wider than the row) or a discounted sum up to or from the position (``c ** (i − j)`` or
-``exp(−(i − j)/τ)``), a monoid (sum, max, min, logsumexp, argmax for bands), a further
+wider than the row), a scan up to or from the position (offset by up to 3 either way), or a
+discounted sum up to or from it (``c ** (i − j)`` or ``exp(−(i − j)/τ)``), a monoid (sum, max, min, logsumexp, argmax for bands), a further
 condition on the terms or none, the positions along the rows (``[B, N]``) or down the middle
 axis (``[B, N, C]``), a row length that is no multiple of any tile. Prints
 ``{"programs": n, "worst": [error, description]}`` as JSON.
@@ -41,6 +41,10 @@ def _program(spec: dict):
             factor = 0.97 ** distance if decay[1] == "pow" else \
                 T.exp(-T.cast(distance, "f32") / 40.0)
             term = factor * read
+        elif spec["scan"]:
+            keep = (j <= i + spec["scan"][1]) if spec["scan"][0] == "prefix" else \
+                (j >= i + spec["scan"][1])
+            term = read
         else:
             keep, term = (j <= i + hi) & (j >= i + lo), read
         if cond:
@@ -74,7 +78,11 @@ def _reference(spec: dict, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tens
         distance = ((i - j) if prefix else (j - i)).clamp(min=0).double()
         factor = 0.97 ** distance if spec["decay"][1] == "pow" else torch.exp(-distance / 40)
     else:
-        keep = (j <= i + spec["hi"]) & (j >= i + spec["lo"])
+        if spec["scan"]:
+            keep = (j <= i + spec["scan"][1]) if spec["scan"][0] == "prefix" else \
+                (j >= i + spec["scan"][1])
+        else:
+            keep = (j <= i + spec["hi"]) & (j >= i + spec["lo"])
         factor = torch.ones(n, n, dtype=torch.float64)
     shape = (-1,) + (1,) * (data.dim() - 1)
     keep = keep & (j < lengths.view(*shape, 1).long()) if spec["cond"] else \
@@ -97,14 +105,16 @@ def _reference(spec: dict, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tens
 
 
 def _draw(rng: random.Random) -> dict:
-    decay = rng.random() < 0.3
+    kind = rng.random()
+    decay, scan = kind < 0.3, 0.3 <= kind < 0.55
     lo = rng.randint(-70, 8)
     spec = {"lo": lo, "hi": lo + rng.choice([0, 1, 4, 20, 63, 99, 400]),
             "monoid": "sum" if decay else rng.choice(["sum", "max", "min", "logsumexp",
                                                        "argmax"]),
             "cond": rng.random() < 0.4, "middle": rng.random() < 0.35,
             "decay": (rng.choice(["prefix", "suffix"]), rng.choice(["pow", "exp"]))
-            if decay else None}
+            if decay else None,
+            "scan": (rng.choice(["prefix", "suffix"]), rng.randint(-3, 3)) if scan else None}
     return spec
 
 
@@ -122,7 +132,7 @@ def main(seed: int, programs: int) -> dict:
         lengths = torch.randint(0, N + 20, (B,), generator=generator, dtype=torch.int32)
         kernel = _program(spec)
         made = tf.compile(kernel, target="cuda:sm_90a")
-        origin = made.schedule_origin()
+        origin = made.schedule_origin(**dict(zip("BNC", shape)))
         want = _reference(spec, x, lengths)
         (out,) = poisoned_call(interpreted(kernel), kernel.program, dict(x=x, lengths=lengths),
                                want)

@@ -158,8 +158,28 @@ def sum_with_ones(x: T.Tensor["B", "N", "f32"]):
     return T.sum(T.where(j <= i, x[b, j], 1.0), over=j)
 
 
+@tf.kernel
+def sum_up_to_two_ahead(x: T.Tensor["B", "N", "f32"]):
+    """Each position's sum up to two positions past it: the first two terms of a row would be
+    in no output's sweep (found by ``band_fuzz_check``: wrong by the missing terms)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j <= i + 2, x[b, j], 0.0), over=j)
+
+
+@tf.kernel
+def max_from_three_back(x: T.Tensor["B", "N", "f32"]):
+    """Each position's maximum from three positions before it to the end (the last three terms
+    likewise)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.max(T.where(j >= i - 3, x[b, j], -T.inf), over=j)
+
+
 @pytest.mark.parametrize("kernel, reason", [
     (weighted_by_distance, "the terms of out read i beside comparing it"),
+    (sum_up_to_two_ahead, r"out reaches 2 position\(s\) past i \(j <= i \+ 2\)"),
+    (max_from_three_back, r"out reaches 3 position\(s\) before i"),
     (max_with_zeros, "no condition comparing j"),
     (sum_with_ones, "no condition comparing j"),
     (tf.kernels.softmax, "2 reductions; a scan program has one"),
