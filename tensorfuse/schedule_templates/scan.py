@@ -12,8 +12,8 @@ nor the other conditions read; the program's other computes elementwise, before 
 (inlined into its value) or after it (the outputs' epilogue, which may read ``i``: a cumulative
 sum's normalised row, ``x[b, i] / cumsum``). ``j <= i`` is an inclusive prefix, ``j < i`` an
 exclusive one (the value read one position back), ``j >= i`` and ``j > i`` suffixes (swept from
-the end); either side may be offset by an integer (``j <= i - 2``: each position's sum up to two
-before it). Any monoid of one component Triton can combine scans: sum, product, max, min, a
+the end); either side may be offset by an integer that stops short of the position (``j <= i -
+2``: each position's sum up to two before it; ``j <= i + 2`` is refused). Any monoid of one component Triton can combine scans: sum, product, max, min, a
 user's ``T.Monoid``; and ``T.argmax`` / ``T.argmin`` (the index of the running maximum, ties to
 the first), their value and index scanned together.
 
