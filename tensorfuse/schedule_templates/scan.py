@@ -12,8 +12,9 @@ nor the other conditions read; the program's other computes elementwise, before 
 (inlined into its value) or after it (the outputs' epilogue, which may read ``i``: a cumulative
 sum's normalised row, ``x[b, i] / cumsum``). ``j <= i`` is an inclusive prefix, ``j < i`` an
 exclusive one (the value read one position back), ``j >= i`` and ``j > i`` suffixes (swept from
-the end); either side may be offset by an integer that stops short of the position (``j <= i -
-2``: each position's sum up to two before it; ``j <= i + 2`` is refused). Any monoid of one component Triton can combine scans: sum, product, max, min, a
+the end); either side may be offset by an integer (``j <= i - 2``: each position's sum up to
+two before it; ``j <= i + 2``: up to two past it, the row's first two terms starting the first
+part's carry). Any monoid of one component Triton can combine scans: sum, product, max, min, a
 user's ``T.Monoid``; and ``T.argmax`` / ``T.argmin`` (the index of the running maximum, ties to
 the first), their value and index scanned together.
 
@@ -204,13 +205,6 @@ def _scanned(total: Compute) -> tuple:
         raise TargetError(f"{total.name} has no condition comparing {j.name} with an axis of "
                           "its result of the same extent")
     k, i, (direction, shift) = found
-    if shift > 0 if direction == "prefix" else shift < 0:
-        # the scan reads the term k positions on (back) from each output: the first (last) k
-        # terms of the row would belong to no output's sweep and go missing
-        raise TargetError(f"{total.name} reaches {abs(shift)} position(s) "
-                          f"{'past' if direction == 'prefix' else 'before'} {i.name} "
-                          f"({to_text(conditions[k])}); the scan template runs up to or from "
-                          "the output's own position, or short of it")
     rest = tuple(c for n, c in enumerate(conditions) if n != k)
     decay = None
     if total.monoid.name == "sum" and _reads(values[0], i):

@@ -71,6 +71,25 @@ def long_leaky_sum(x: T.Tensor["N", "f32"]):
 
 
 @tf.kernel
+def sum_up_to_two_ahead(x: T.Tensor["B", "N", "f32"]):
+    """Each position's sum up to two positions past it: the row's first two terms are in no
+    output's sweep and start the first part's carry (found by ``band_fuzz_check``: they were
+    missing)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j <= i + 2, x[b, j], 0.0), over=j)
+
+
+@tf.kernel
+def long_max_from_five_back(x: T.Tensor["N", "f32"]):
+    """Each position's maximum from five positions before it to the end of one long row (cut
+    into parts: the row's last five terms start the last part's carry)."""
+    j = T.axis("j", "N")
+    i = T.axis("i", "N")
+    return T.max(T.where(j >= i - 5, x[j], -T.inf), over=j)
+
+
+@tf.kernel
 def survival(p: T.Tensor["B", "N", "f32"]):
     """The probability of surviving every step so far: a cumulative product."""
     b, j = T.axes("b j")
@@ -224,6 +243,18 @@ def leaky_case(generator, N=150_000):
                                   False)
 
 
+def ahead_case(generator, B=3, N=2500):
+    x = torch.randn(B, N, generator=generator) * 10
+    c = torch.cumsum(x.double(), -1)
+    return dict(x=x), torch.cat([c[:, 2:], c[:, -1:].expand(B, 2)], -1)
+
+
+def from_five_back_case(generator, N=150_001):
+    x = torch.randn(N, generator=generator) * 10
+    m = torch.flip(torch.cummax(torch.flip(x.double(), (0,)), 0).values, (0,))
+    return dict(x=x), torch.cat([m[:1].expand(5), m[:-5]])
+
+
 def softmax_of_sums_case(generator, B=3, N=900):
     x = torch.randn(B, N, generator=generator) * 0.3
     return dict(x=x), torch.softmax(torch.cumsum(x.double(), -1), -1)
@@ -245,9 +276,11 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "discounted_returns": (discounted_returns, discounted_case),
          "moving_average_exponential": (moving_average_exponential, exponential_average_case),
          "decayed_within_lengths": (decayed_within_lengths, lengths_decay_case),
-         "long_leaky_sum": (long_leaky_sum, leaky_case)}
+         "long_leaky_sum": (long_leaky_sum, leaky_case),
+         "sum_up_to_two_ahead": (sum_up_to_two_ahead, ahead_case),
+         "long_max_from_five_back": (long_max_from_five_back, from_five_back_case)}
 STAGED = ("max_drawdown", "softmax_of_cumulative_sums")
-LONG = ("long_cumulative_sum", "long_leaky_sum")   # one row cut into parts: N² terms on a CPU   # a scan stage, then the row template
+LONG = ("long_cumulative_sum", "long_leaky_sum", "long_max_from_five_back")   # one row cut into parts: N² terms on a CPU   # a scan stage, then the row template
 # float32 cumulative sums (up to ~30) exponentiated: their rounding, ~1e-7 of them, is the
 # softmax's relative error (on the CPU target as in the stages)
 TOLERANCES = {"softmax_of_cumulative_sums": 1e-5,

@@ -159,10 +159,19 @@ def _terms(w, plan, sizes: dict, rows: dict, block: str) -> TileContext:
     w(f"{L}col_ok = {L}col < {L}hi")
     w(f"{L}jj = {L}col + {plan.shift}" if plan.shift else f"{L}jj = {L}col")
     w(f"{L}j_ok = ({L}jj >= 0) & ({L}jj < {n})" if plan.shift else f"{L}j_ok = {L}jj < {n}")
+    _values(w, plan, sizes, rows, f"{L}col_ok", "v")
+    valid = dict.fromkeys(rows, f"{L}row_ok")
+    return TileContext(axes={**rows, plan.out_axis.uid: f"{L}col"},
+                       valid={**valid, plan.out_axis.uid: f"{L}col_ok"}, sizes=sizes)
+
+
+def _values(w, plan, sizes: dict, rows: dict, taken: str, stem: str) -> None:
+    """Lines computing ``stem`` (one variable a component): the terms at positions ``jj``
+    (``j_ok`` where they are in the row), the identity where ``taken`` or a condition fails."""
     valid = dict.fromkeys(rows, f"{L}row_ok")
     tile = TileContext(axes={**rows, plan.axis.uid: f"{L}jj"},
                        valid={**valid, plan.axis.uid: f"{L}j_ok"}, sizes=sizes)
-    keep = [f"{L}row_ok", f"{L}col_ok", f"{L}j_ok"] + \
+    keep = [f"{L}row_ok", taken, f"{L}j_ok"] + \
         [f"({to_triton(c, tile)})" for c in plan.conditions]
     w(f"{L}keep = {' & '.join(keep)}")
     terms = [(value, f"{L}keep") for value in plan.values]
@@ -170,13 +179,33 @@ def _terms(w, plan, sizes: dict, rows: dict, block: str) -> TileContext:
         # a discounted sum decays at every position of the row, whatever its conditions
         # (Σ_{j ≤ i, j < len} c^(i−j)·x[j] past len still decays): only past the row's or the
         # part's end is its term the identity
-        w(f"{L}inside = {L}row_ok & {L}col_ok & {L}j_ok")
+        w(f"{L}inside = {L}row_ok & {taken} & {L}j_ok")
         terms = [(plan.decay, f"{L}inside")] + terms
-    for v, (value, mask), ident, acc in zip(component_names("v", plan), terms,
+    for v, (value, mask), ident, acc in zip(component_names(stem, plan), terms,
                                             identities(plan), accumulators(plan)):
         w(f"{v} = tl.where({mask}, {to_triton(value, tile)}, {ident}).to({acc})")
-    return TileContext(axes={**rows, plan.out_axis.uid: f"{L}col"},
-                       valid={**valid, plan.out_axis.uid: f"{L}col_ok"}, sizes=sizes)
+
+
+def _head(w, plan, sizes: dict, rows: dict, carry: list[str]) -> None:
+    """Lines folding into the first part's carry (in the scan's direction) the terms no
+    output's sweep reads: a prefix reaching ``k`` positions past each output (``j <= i + k``)
+    sweeps the terms from ``k`` on, so the row's first ``k`` come before them; a suffix from
+    ``k`` before (``j >= i − k``), its last ``k``. Nothing where the scan stops short of or at
+    the position."""
+    ahead = plan.shift if plan.direction == "prefix" else -plan.shift
+    if ahead <= 0:
+        return
+    n = extent(plan.axis, sizes)
+    width = 1 << (ahead - 1).bit_length()
+    lanes = f"tl.arange(0, {width})[None, :]"
+    first = f"{L}part == 0" if plan.direction == "prefix" else f"{L}part == scan_parts - 1"
+    w(f"{L}jj = {lanes}" if plan.direction == "prefix" else f"{L}jj = {n} - {ahead} + {lanes}")
+    w(f"{L}j_ok = ({L}jj >= 0) & ({L}jj < {n})")
+    w(f"{L}in_head = ({lanes} < {ahead}) & ({first})")
+    _values(w, plan, sizes, rows, f"{L}in_head", "h")
+    head = component_names("head", plan)
+    _fold(w, plan, head, component_names("h", plan), str(width))
+    _assign(w, carry, _combined(plan, carry, head))
 
 
 def _assign(w, names: list[str], value: str) -> None:
@@ -223,6 +252,7 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
     rows = _prologue(w, plan, sizes, wide)
     for c, ident, acc in zip(carry, idents, accs):
         w(f"{c} = tl.full([BLOCK_M, 1], {ident}, {acc})")
+    _head(w, plan, sizes, rows, carry)
     w.sweep(f"{L}k", "0", f"{L}nb", "1", STAGES)
     with w.block():   # in the scan's direction: a discounted sum's order matters
         _terms(w, plan, sizes, rows, _block(plan))
@@ -243,6 +273,7 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
         w(f"{p} = tl.load({t} + {L}row * {plan.max_parts} + {L}offs_k, "
           f"mask={L}row_ok & ({before}), other={ident}).to({acc})")
     _fold(w, plan, carry, prev, str(plan.max_parts))
+    _head(w, plan, sizes, rows, carry)
     w.sweep(f"{L}k", "0", f"{L}nb", "1", STAGES)
     with w.block():
         out_tile = _terms(w, plan, sizes, rows, _block(plan))
