@@ -4,8 +4,9 @@ long sequence (its rows cut into parts), a running maximum down the sequence axi
 D]``, a log-cumulative-sum-exp, a segment's offsets from its lengths (an exclusive integer
 prefix sum), a sum to the end (rewards-to-go) and discounted returns (γ^(j − i) a term; torch
 has no such scan: its alternative is a product with the triangular matrix of the discounts,
-made once) — through ``tf.compile`` defaults (the scan template, :mod:`tensorfuse.schedule_templates.scan`) against torch eager (``cumsum``,
-``cummax``, ``logcumsumexp``) and ``torch.compile`` in the same process; and a rolling maximum
+made once) — through ``tf.compile`` defaults (the scan template,
+:mod:`tensorfuse.schedule_templates.scan`) against torch eager (``cumsum``, ``cummax``,
+``logcumsumexp``) and ``torch.compile`` in the same process; and a rolling maximum
 over the last 64 positions and a moving average of the last 100, written as bands
 (:mod:`tensorfuse.schedule_templates.bands`), against ``F.max_pool1d`` and ``F.avg_pool1d`` of
 stride 1 — each checked against a float64 reference first (the

@@ -75,7 +75,7 @@ def plan_band(program: Program) -> BandPlan:
         raise TargetError(f"{len(reductions)} reductions; a band program has one")
     total = reductions[0]
     j, values, conditions = terms_of(total, "band")
-    bounds = _bounds(relations(conditions, j, total))
+    bounds = _band_of(total, j, conditions)
     if bounds is None:
         raise TargetError(f"{total.name} reduces no band of {j.name} (a condition on each side "
                           "of an axis of its result, integer offsets apart)")
@@ -91,13 +91,15 @@ def plan_band(program: Program) -> BandPlan:
 
 
 def bands(program: Program) -> bool:
-    """Whether ``program`` is a band of positions along its rows (:func:`plan_band` plans it)."""
+    """Whether ``program`` is a band the band template takes (:func:`plan_band` plans it)."""
     return planned(plan_band, program)
 
 
-def _bounds(found: list):
-    """``(i, lo, hi, indices of the conditions)`` of the tightest band among the relations
-    ``found`` (:func:`~.scan.relations`) on one axis ``i``; else None."""
+def _band_of(total, j: Axis, conditions: list):
+    """``(i, lo, hi, indices of the conditions)`` of the tightest band of ``j`` among
+    ``total``'s ``conditions`` (two of :func:`~.scan.relations` on one axis ``i``, one each
+    side); else None."""
+    found = relations(conditions, j, total)
     for i in {r[1].uid: r[1] for r in found}.values():
         upper = [(shift, k) for k, axis, (direction, shift) in found
                  if axis.uid == i.uid and direction == "prefix"]
@@ -120,8 +122,7 @@ def band_window(program: Program) -> tuple[Program, str] | None:
         if total.arity != 1 or len(total.over) != 1:
             return None
         j = total.over[0]
-        _, conditions = peeled(inline_elementwise(total.bodies[0]), total)
-        found = _bounds(relations(conditions, j, total))
+        found = _band_of(total, j, peeled(inline_elementwise(total.bodies[0]), total)[1])
         if found is None:
             return None
         i, lo, hi = found[:3]

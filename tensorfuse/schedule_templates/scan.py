@@ -153,8 +153,8 @@ def scans(program: Program) -> bool:
 def near_miss(program: Program) -> str | None:
     """Why the scan template does not take ``program`` where its one reduction compares its
     axis with one of its result's as a scan does (a sum to the end weighted by the distance:
-    terms that read the position too) — what ``describe_plan`` says of the template; None where it does not
-    compare them, or the template takes it."""
+    terms that read the position too) — what ``describe_plan`` says of the template; None
+    where it does not compare them, or the template takes it."""
     reductions = [c for c in program.computes if c.is_reduction]
     if len(reductions) != 1 or len(reductions[0].over) != 1:
         return None   # (several: a chain — causal attention compares j with i too)

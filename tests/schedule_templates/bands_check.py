@@ -1,9 +1,11 @@
 """Reductions over a band of positions around each output's own (a rolling maximum along a row
-and down a sequence, a trailing moving sum, a centred window weighted by distance, a band that ends before the position, a
-moving average of 100, a rolling log-sum-exp, a centred arg-maximum with ties, a band under a
-lengths condition, a rolling mean and the standard deviation about it), as ``tf.compile`` makes them for sm_90a — two scans of segments of the
-band's width (the band template, along a row or down a middle axis); with terms that read the
-position, rewritten over a window axis of the band's width (``TEMPLATES`` says which) —,
+and down a sequence, a trailing moving sum, a centred window weighted by distance, a band that
+ends before the position, a moving average of 100, a rolling log-sum-exp, a centred arg-maximum
+with ties, a band under a lengths condition, a rolling mean and the standard deviation about
+it), as ``tf.compile`` makes them for sm_90a — two scans of segments of the band's width (the
+band template, along a row or down a middle axis); with terms that read the position, or
+several reductions over one band, rewritten over a window axis of the band's width
+(``TEMPLATES`` says which) —,
 run by Triton's interpreter against torch in float64, outputs poisoned; prints each case's
 relative error as JSON.
 

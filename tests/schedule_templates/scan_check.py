@@ -279,8 +279,9 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "long_leaky_sum": (long_leaky_sum, leaky_case),
          "sum_up_to_two_ahead": (sum_up_to_two_ahead, ahead_case),
          "long_max_from_five_back": (long_max_from_five_back, from_five_back_case)}
-STAGED = ("max_drawdown", "softmax_of_cumulative_sums")
-LONG = ("long_cumulative_sum", "long_leaky_sum", "long_max_from_five_back")   # one row cut into parts: N² terms on a CPU   # a scan stage, then the row template
+STAGED = ("max_drawdown", "softmax_of_cumulative_sums")   # a scan stage, then the row template
+# one row cut into parts: N² terms on a CPU
+LONG = ("long_cumulative_sum", "long_leaky_sum", "long_max_from_five_back")
 # float32 cumulative sums (up to ~30) exponentiated: their rounding, ~1e-7 of them, is the
 # softmax's relative error (on the CPU target as in the stages)
 TOLERANCES = {"softmax_of_cumulative_sums": 1e-5,

@@ -27,8 +27,8 @@ def test_each_matches_float64_on_the_cpu(name):
 
 
 def test_the_triton_kernels_match_float64_in_the_interpreter():
-    """f32 results to :data:`F32`, the extrema exactly; the bf16 one to its rounding (the interpreter
-    truncates to bf16 where a GPU rounds)."""
+    """f32 results to :data:`F32`, the extrema and the arg-maximum exactly; the bf16 ones to
+    their rounding (the interpreter truncates to bf16 where a GPU rounds)."""
     seed = fresh_seed()
     errors = run_interpreted("tests.schedule_templates.bands_check", seed)
     assert set(errors) == set(CASES)

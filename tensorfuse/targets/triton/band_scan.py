@@ -6,8 +6,8 @@ outputs of it, held as a tile of ``BLOCK_M`` × ``BLOCK_N`` (W's next power of t
 past W are left out); where the positions are not the innermost axis (a band down the sequence
 of ``[B, S, C]``), ``BLOCK_K`` rows of the innermost axis side by side as the tile's third,
 contiguous dimension (``[B, S, C]``: 32 channels of one sequence). The window of the output in
-segment ``s``, column ``c`` starts at ``a = s·W + c + lo``. Its first piece, from ``a`` to its segment's end, is a suffix scan along
-the tile's columns of the terms at ``s·W + c + lo``; its second, from the next segment's start
+segment ``s``, column ``c`` starts at ``a = s·W + c + lo``. Its first piece, from ``a`` to its
+segment's end, is a suffix scan along the tile's columns of the terms at ``s·W + c + lo``; its second, from the next segment's start
 to ``a + W − 1``, a prefix scan of the terms at ``s·W + c + lo + W − 1`` for columns from 1 (an
 aligned window has none). The pieces are disjoint and in order: the monoid combines them as it
 is (``combine(first, second)``), a few operations an output at any width. Terms outside the row
@@ -15,12 +15,9 @@ or failing a condition are the identity, as in the scan template
 (:mod:`tensorfuse.targets.triton.scan`, whose value and output helpers this shares)."""
 from __future__ import annotations
 
-import math
-
 from .expr import TL_DTYPES, TileContext, to_triton
 from .reductions import combine_function
-from .scan import (L, accumulators, component_names, extent, identities, result_refs,
-                   row_axes)
+from .scan import L, component_names, extent, result_refs, row_axes, row_count, values
 from .tile_text import assemble_source, needs_wide_offsets, store_offsets
 
 NUM_WARPS = 4
@@ -47,7 +44,7 @@ def programs(plan, dims: dict) -> tuple[int, int, int]:
     block_m, _, block_k = blocks(plan)
     outer, inner = _split_rows(plan)
     across = 1 if inner is None else -(-extent(inner, dims) // block_k)
-    return (math.prod(extent(a, dims) for a in outer),
+    return (row_count(plan, dims, outer),
             -(-extent(plan.axis, dims) // (block_m * plan.width)), across)
 
 
@@ -69,17 +66,11 @@ def _terms(w, plan, sizes: dict, rows: dict, stem: str, first: str, offset: int)
     ``out + offset`` of the columns from ``first`` up to the band's width."""
     n = extent(plan.axis, sizes)
     w(f"{L}jj = {L}out + {offset}" if offset else f"{L}jj = {L}out")
-    tile = TileContext(axes={**rows, plan.axis.uid: f"{L}jj"},
-                       valid={**_valid(plan, rows), plan.axis.uid: f"{L}j_ok"}, sizes=sizes)
     # the column bound on the loads, the first column on the terms only: a load mask that
     # changes inside a 16-byte group keeps Triton from vectorising the load
     w(f"{L}j_ok = ({L}col < {plan.width}) & ({L}jj >= 0) & ({L}jj < {n})")
-    keep = [_rows_ok(plan), f"{L}j_ok"] + ([f"({L}col >= {first})"] if first != "0" else []) + \
-        [f"({to_triton(c, tile)})" for c in plan.conditions]
-    w(f"{L}keep = {' & '.join(keep)}")
-    for v, value, ident, acc in zip(component_names(stem, plan), plan.values, identities(plan),
-                                    accumulators(plan)):
-        w(f"{v} = tl.where({L}keep, {to_triton(value, tile)}, {ident}).to({acc})")
+    values(w, plan, sizes, rows, f"({L}col >= {first})", stem, _valid(plan, rows),
+           _rows_ok(plan))
 
 
 def band_source(plan, name: str, sizes: dict, args: list[str]) -> str:

@@ -46,8 +46,9 @@ def blocks(plan, sizes: dict) -> tuple[int, int]:
     return (max(1, min(16, TILE_ELEMENTS // block_n)) if plan.rows else 1), block_n
 
 
-def row_count(plan, sizes: dict):
-    return math.prod(extent(a, sizes) for a in plan.rows)
+def row_count(plan, sizes: dict, axes=None):
+    """The rows' count: of the plan's row axes, or of ``axes``."""
+    return math.prod(extent(a, sizes) for a in (plan.rows if axes is None else axes))
 
 
 def layout(plan, dims: dict) -> tuple[int, int, int]:
@@ -128,7 +129,7 @@ def row_axes(w, plan, sizes: dict, wide: bool, rows: str, axes=None) -> dict:
     axes' names by uid."""
     axes = plan.rows if axes is None else axes
     w(f"{L}row = tl.program_id(0)" + (".to(tl.int64)" if wide else "") + rows)
-    w(f"{L}row_ok = {L}row < {math.prod(extent(a, sizes) for a in axes)}")
+    w(f"{L}row_ok = {L}row < {row_count(plan, sizes, axes)}")
     w(f"{L}rest = {L}row")
     names = {}
     for a in reversed(axes):
@@ -159,27 +160,29 @@ def _terms(w, plan, sizes: dict, rows: dict, block: str) -> TileContext:
     w(f"{L}col_ok = {L}col < {L}hi")
     w(f"{L}jj = {L}col + {plan.shift}" if plan.shift else f"{L}jj = {L}col")
     w(f"{L}j_ok = ({L}jj >= 0) & ({L}jj < {n})" if plan.shift else f"{L}j_ok = {L}jj < {n}")
-    _values(w, plan, sizes, rows, f"{L}col_ok", "v")
+    values(w, plan, sizes, rows, f"{L}col_ok", "v")
     valid = dict.fromkeys(rows, f"{L}row_ok")
     return TileContext(axes={**rows, plan.out_axis.uid: f"{L}col"},
                        valid={**valid, plan.out_axis.uid: f"{L}col_ok"}, sizes=sizes)
 
 
-def _values(w, plan, sizes: dict, rows: dict, taken: str, stem: str) -> None:
+def values(w, plan, sizes: dict, rows: dict, taken: str, stem: str, valid=None,
+           rows_ok: str = f"{L}row_ok") -> None:
     """Lines computing ``stem`` (one variable a component): the terms at positions ``jj``
-    (``j_ok`` where they are in the row), the identity where ``taken`` or a condition fails."""
-    valid = dict.fromkeys(rows, f"{L}row_ok")
+    (``j_ok`` where they are in the row), the identity where ``taken``, the rows' mask
+    ``rows_ok`` or a condition fails; ``valid``: each row axis' mask for the reads (by default
+    ``row_ok``)."""
+    valid = dict.fromkeys(rows, f"{L}row_ok") if valid is None else valid
     tile = TileContext(axes={**rows, plan.axis.uid: f"{L}jj"},
                        valid={**valid, plan.axis.uid: f"{L}j_ok"}, sizes=sizes)
-    keep = [f"{L}row_ok", taken, f"{L}j_ok"] + \
-        [f"({to_triton(c, tile)})" for c in plan.conditions]
+    keep = [rows_ok, taken, f"{L}j_ok"] + [f"({to_triton(c, tile)})" for c in plan.conditions]
     w(f"{L}keep = {' & '.join(keep)}")
     terms = [(value, f"{L}keep") for value in plan.values]
     if plan.decay is not None:
         # a discounted sum decays at every position of the row, whatever its conditions
         # (Σ_{j ≤ i, j < len} c^(i−j)·x[j] past len still decays): only past the row's or the
         # part's end is its term the identity
-        w(f"{L}inside = {L}row_ok & {taken} & {L}j_ok")
+        w(f"{L}inside = {rows_ok} & {taken} & {L}j_ok")
         terms = [(plan.decay, f"{L}inside")] + terms
     for v, (value, mask), ident, acc in zip(component_names(stem, plan), terms,
                                             identities(plan), accumulators(plan)):
@@ -202,7 +205,7 @@ def _head(w, plan, sizes: dict, rows: dict, carry: list[str]) -> None:
     w(f"{L}jj = {lanes}" if plan.direction == "prefix" else f"{L}jj = {n} - {ahead} + {lanes}")
     w(f"{L}j_ok = ({L}jj >= 0) & ({L}jj < {n})")
     w(f"{L}in_head = ({lanes} < {ahead}) & ({first})")
-    _values(w, plan, sizes, rows, f"{L}in_head", "h")
+    values(w, plan, sizes, rows, f"{L}in_head", "h")
     head = component_names("head", plan)
     _fold(w, plan, head, component_names("h", plan), str(width))
     _assign(w, carry, _combined(plan, carry, head))
@@ -247,7 +250,8 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
 
     wide = needs_wide_offsets(plan.program, sizes)
     idents, accs = identities(plan), accumulators(plan)
-    carry, v, totals = component_names("carry", plan), component_names("v", plan), totals_names(plan)
+    carry, v = component_names("carry", plan), component_names("v", plan)
+    totals = totals_names(plan)
     w = SourceWriter(interpreter)
     rows = _prologue(w, plan, sizes, wide)
     for c, ident, acc in zip(carry, idents, accs):
