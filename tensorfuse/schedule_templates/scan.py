@@ -99,6 +99,7 @@ class ScanPlan:
         return self.outputs[0][0].axes[-1].uid == self.out_axis.uid
 
     max_parts = MAX_PARTS
+    programs = PROGRAMS   # the programs a call's rows should make, or its parts
 
     def parts(self, rows: int, length: int, block_m: int, block_n: int) -> int:
         """The parts each of ``rows`` rows of ``length`` positions is cut into, in tiles of
@@ -107,9 +108,9 @@ class ScanPlan:
         :data:`MAX_PARTS`."""
         programs = math.ceil(rows / block_m)
         blocks = math.ceil(length / block_n)
-        if programs >= PROGRAMS:
+        if programs >= self.programs:
             return 1
-        return max(1, min(MAX_PARTS, math.ceil(PROGRAMS / programs), blocks // 4))
+        return max(1, min(MAX_PARTS, math.ceil(self.programs / programs), blocks // 4))
 
     def describe(self) -> str:
         where = "".join(f" where {to_text(c)}" for c in self.conditions)

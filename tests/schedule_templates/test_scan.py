@@ -1,7 +1,7 @@
 """Reductions up to each output's position as scans (``schedule_templates/scan.py``): what the
 plan reads off the math and why it refuses the rest, the kernels' numbers on the CPU target and
 in Triton's interpreter (:mod:`tests.schedule_templates.scan_check`) against float64, rows cut
-into parts where they are few, one build for every size with ``dynamic=True``, code for sm_90a
+into parts where they are few (looking back at the parts before them), one build for every size with ``dynamic=True``, code for sm_90a
 and gfx942, and on a GPU against torch."""
 import pytest
 import torch
@@ -10,9 +10,11 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.errors import TargetError
 from tensorfuse.schedule_templates.scan import MAX_PARTS, PROGRAMS, plan_scan
+from tensorfuse.targets.triton import scan_lookback
+from tensorfuse.targets.triton.reductions import BUILTIN
 from tensorfuse.targets.triton.scan_kernel import ScanKernel
-from benchmarks.scan_kernels import (cumulative_sum, long_cumulative_sum, running_max,
-                                     segment_offsets, sum_to_the_end)
+from benchmarks.scan_kernels import (cumulative_sum, log_cumulative_sum_exp, long_cumulative_sum,
+                                     running_max, segment_offsets, sum_to_the_end)
 from tests.helpers import (fresh_seed, gpu_error, poisoned_call, relative_error,
                            run_interpreted)
 from tests.schedule_templates.scan_check import (CASES, F32, LONG, TOLERANCES,
@@ -214,19 +216,39 @@ def test_tuning_a_scan_says_its_tiles_are_not_tuned():
 
 
 def test_rows_too_few_for_the_gpu_are_cut_into_parts():
-    """One long sequence: parts of whole blocks, enough programs, their totals first; many rows:
-    no parts, one kernel."""
+    """One long sequence: cut into parts — where the carry fits a published word, parts of
+    the look-back's tile scanned in one pass, a row a program; a logsumexp (no such word) in
+    parts of whole blocks, enough programs, their totals first; many rows: no parts, one
+    kernel; rows one look-back part long: its tile and warps, one sweep a row."""
     parts = plan_scan(cumulative_sum.program).parts
     assert parts(1, 2**26, 1, 1024) == MAX_PARTS >= PROGRAMS - 8   # one row: the SMs busy
     assert parts(4096, 4096, 2, 1024) == 1
     assert parts(2, 10 * 1024, 2, 1024) == 2   # at least four blocks a part
     assert parts(32, 2**20, 2, 1024) == -(-PROGRAMS // 16)   # 16 programs along the rows
     long_ = tf.compile(long_cumulative_sum, target="cuda:sm_90a")
-    assert "cut into 256 parts of 262144 positions" in long_.describe_plan(N=2**26)
-    assert long_._kernels(dict(N=2**26)) == ["totals", "scan"]
+    tile = scan_lookback.BLOCK_N * scan_lookback.PART_BLOCKS
+    assert f"cut into {2**26 // tile} parts of {tile} positions (one pass" in \
+        long_.describe_plan(N=2**26)
+    assert long_._kernels(dict(N=2**26)) == ["lookback"]
+    assert long_._grids(dict(N=2**26)) == [(2**26 // tile,)]
+    assert long_._num_warps(dict(N=2**26)) == scan_lookback.NUM_WARPS
+    lcse = tf.compile(log_cumulative_sum_exp, target="cuda:sm_90a")
+    assert lcse._kernels(dict(B=1, N=2**20)) == ["totals", "scan"]
     many = tf.compile(cumulative_sum, target="cuda:sm_90a")
     assert "parts" not in many.schedule_origin(B=4096, N=4096)
     assert many._kernels(dict(B=4096, N=4096)) == ["scan"]
+    assert many._num_warps(dict(B=4096, N=4096)) == ScanKernel.num_warps
+    assert many._kernels(dict(B=256, N=tile)) == ["scan"]
+    assert many._num_warps(dict(B=256, N=tile)) == scan_lookback.NUM_WARPS
+
+
+def test_parts_look_back_past_parts_holding_only_their_own_terms():
+    """The look-back walks back over parts that published only their own terms until the
+    row's first (the kernel launched a program at a time, the words set back before each;
+    :mod:`tests.schedule_templates.scan_lookback_check`): exact for integer sums and maxima."""
+    errors = run_interpreted("tests.schedule_templates.scan_lookback_check", fresh_seed())
+    assert errors["running_total"] == 0 and errors["maximum_to_the_end"] == 0
+    assert errors["total_before"] < F32
 
 
 def test_one_build_serves_every_size_and_the_gradient_is_a_scan_from_the_end():
@@ -252,16 +274,20 @@ def test_one_build_serves_every_size_and_the_gradient_is_a_scan_from_the_end():
                                           (long_leaky_sum, dict(N=2**20))])
 def test_the_kernels_compile_for_sm90a_and_gfx942(kernel, dims):
     """Rows read and written in 16-byte vectors (a part starts at a whole block; an exclusive
-    scan's terms, one position back, are read one by one), for sm_90a; and the code for
-    gfx942."""
+    scan's terms, one position back, are read one by one) — along a row with a natively
+    reduced monoid copied ahead into shared memory (``cp.async.cg``: 16 bytes), else loaded —,
+    for sm_90a; and the code for gfx942."""
     made = tf.compile(kernel, target="cuda:sm_90a")
+    ahead = made.plan.along_rows and made.plan.monoid.name in BUILTIN
     for which in made._kernels(dims):
         ptx = made.ptx(which, **dims)
         assert ".visible .entry" in ptx
-        assert ("ld.global.v4" in ptx) == (made.plan.shift == 0)
-    assert "st.global.v4" in made.ptx("scan", **dims)
+        vectors = "cp.async.cg.shared.global" if ahead else "ld.global.v4"
+        assert (vectors in ptx) == (made.plan.shift == 0), which
+        assert ("cp.async" in ptx) == ahead
+        assert "st.global.v4" in ptx or which == "totals"
     amd = tf.compile(kernel, target="rocm:gfx942")
-    assert "amdgcn" in amd.compiled("scan", **dims).asm
+    assert "amdgcn" in amd.compiled(amd._kernels(dims)[-1], **dims).asm
 
 
 @pytest.mark.gpu

@@ -75,7 +75,7 @@ class PlanKernel(GraphCallable):
                for n in self._kernel_names(dims)]
         steps = [Step(fn, grid, made.args, self._pointers)
                  for fn, grid in zip(fns, self._grids(dims))]
-        launches = Launches(steps, self._meta(dims), self.num_warps, 1)
+        launches = Launches(steps, self._meta(dims), self._num_warps(dims), 1)
         return made.source, fns, launches, made.args
 
     @property
@@ -106,6 +106,10 @@ class PlanKernel(GraphCallable):
         """The sources this kernel wrote and the sizes each serves (:class:`.size_builds.Build`)."""
         return list(self.sizes.builds)
 
+    def _num_warps(self, dims: dict) -> int:
+        """The warps of every kernel a call at ``dims`` launches."""
+        return self.num_warps
+
     def _signature(self) -> dict:
         """Triton types of the arguments that are not the program's: f32 pointers, i32
         integers (a subclass may say otherwise)."""
@@ -123,7 +127,7 @@ class PlanKernel(GraphCallable):
         sig = {**signature(self.program, self.outputs, []), **self._signature()}
         sig, divisible = with_size_arguments({n: sig[n] for n in args if n in sig}, dims, args)
         return compile_for(fns[names.index(f"{self._name}_{which}")], sig, self._meta(dims),
-                           self.target, self.num_warps, 1, divisible)
+                           self.target, self._num_warps(dims), 1, divisible)
 
     def ptx(self, which: str, **dims) -> str:
         return self.compiled(which, **dims).asm["ptx"]

@@ -16,11 +16,16 @@ import math
 from ...dsl import dtypes as dt
 from .expr import TL_DTYPES, TileContext, literal, to_triton
 from .reductions import BUILTIN, combine_function, reduced, reduced_together
-from .tile_text import assemble_source, needs_wide_offsets, store_offsets
+from .tile_text import needs_wide_offsets, store_offsets
 
 NUM_WARPS = 4
-# blocks a sweep's loads run ahead (Triton's software pipeliner; 1: synchronous loads)
-STAGES = 1
+# blocks a sweep's loads run ahead along a row (Triton's software pipeliner; 1: synchronous
+# loads): 3 against 1 took a bf16 cumulative sum of 256 rows of 32768 from 43.7 to 27.1 µs and
+# one row of 2**26 from 491 to 351 µs on the H100; but a running maximum down the middle axis
+# of [16, 4096, 1024] from 0.32 to 0.81 ms, and a log-sum-exp scan (a scan to fold each block)
+# of 64 rows of 16384 from 0.041 to 0.051 ms, so those load synchronously
+# (``benchmarks.scan_kernels``)
+STAGES = 3
 MAX_BLOCK_N = 1024     # positions a tile, at most
 TILE_ELEMENTS = 2048   # rows × positions a tile, at most
 # the prefix of the kernels' own variables: a program's parameters are named as the user named
@@ -44,6 +49,12 @@ def blocks(plan, sizes: dict) -> tuple[int, int]:
     block_n = MAX_BLOCK_N if not isinstance(n, int) else \
         max(16, min(MAX_BLOCK_N, 1 << (n - 1).bit_length()))
     return (max(1, min(16, TILE_ELEMENTS // block_n)) if plan.rows else 1), block_n
+
+
+def stages(plan) -> int:
+    """The sweep's :data:`STAGES` where the plan reads along rows and its monoid reduces
+    natively, else 1 (synchronous loads)."""
+    return STAGES if plan.along_rows and plan.monoid.name in BUILTIN else 1
 
 
 def row_count(plan, sizes: dict, axes=None):
@@ -123,12 +134,13 @@ def edge(w, plan, names: list[str], tiles: list[str], width: str) -> None:
         w(f"{n} = tl.sum(tl.where({mask}, {t}, 0), axis=1, keep_dims=True).to({acc})")
 
 
-def row_axes(w, plan, sizes: dict, wide: bool, rows: str, axes=None) -> dict:
-    """Lines computing the program's rows (``row``: the first grid axis then ``rows``;
-    ``row_ok``) and the index of each row axis (``axes``: by default all) from them; the row
-    axes' names by uid."""
+def row_axes(w, plan, sizes: dict, wide: bool, rows: str, axes=None,
+             tile: str = "tl.program_id(0)") -> dict:
+    """Lines computing the program's rows (``row``: ``tile``, by default the first grid axis,
+    then ``rows``; ``row_ok``) and the index of each row axis (``axes``: by default all) from
+    them; the row axes' names by uid."""
     axes = plan.rows if axes is None else axes
-    w(f"{L}row = tl.program_id(0)" + (".to(tl.int64)" if wide else "") + rows)
+    w(f"{L}row = {tile}" + (".to(tl.int64)" if wide else "") + rows)
     w(f"{L}row_ok = {L}row < {row_count(plan, sizes, axes)}")
     w(f"{L}rest = {L}row")
     names = {}
@@ -139,11 +151,14 @@ def row_axes(w, plan, sizes: dict, wide: bool, rows: str, axes=None) -> dict:
     return names
 
 
-def _prologue(w, plan, sizes: dict, wide: bool) -> dict:
-    """The program's rows (``row``, ``row_ok`` and each row axis' index) and its part's
-    positions (``lo`` to ``hi``, ``nb`` blocks); the row axes' names by uid."""
-    names = row_axes(w, plan, sizes, wide, " * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
-    w(f"{L}part = tl.program_id(1)")
+def prologue(w, plan, sizes: dict, wide: bool, tile: str = "tl.program_id(0)",
+             part: str = "tl.program_id(1)") -> dict:
+    """The program's rows (``row``, ``row_ok`` and each row axis' index: the rows of tile
+    ``tile``) and its part's positions (part ``part``: ``lo`` to ``hi``, ``nb`` blocks); the
+    row axes' names by uid."""
+    names = row_axes(w, plan, sizes, wide, " * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]",
+                     tile=tile)
+    w(f"{L}part = {part}")
     # in whole blocks: Triton then knows a block's start is a multiple of BLOCK_N, and reads and
     # writes a row's elements in 16-byte vectors (a length as an argument left them one by one)
     w(f"{L}lo = {L}part * scan_part_blocks * BLOCK_N")
@@ -152,7 +167,7 @@ def _prologue(w, plan, sizes: dict, wide: bool) -> dict:
     return names
 
 
-def _terms(w, plan, sizes: dict, rows: dict, block: str) -> TileContext:
+def terms(w, plan, sizes: dict, rows: dict, block: str) -> TileContext:
     """Lines computing ``v`` (``v0``, ``v1``: one a component), the terms of block ``block`` of
     the part (its positions ``col``, ``col_ok``); the tile of the outputs at those positions."""
     n = extent(plan.axis, sizes)
@@ -167,23 +182,25 @@ def _terms(w, plan, sizes: dict, rows: dict, block: str) -> TileContext:
 
 
 def values(w, plan, sizes: dict, rows: dict, taken: str, stem: str, valid=None,
-           rows_ok: str = f"{L}row_ok") -> None:
-    """Lines computing ``stem`` (one variable a component): the terms at positions ``jj``
-    (``j_ok`` where they are in the row), the identity where ``taken``, the rows' mask
+           rows_ok: str = f"{L}row_ok", at: str = "j") -> None:
+    """Lines computing ``stem`` (one variable a component): the terms at positions ``{at}j``
+    (``{at}_ok`` where they are in the row), the identity where ``taken``, the rows' mask
     ``rows_ok`` or a condition fails; ``valid``: each row axis' mask for the reads (by default
-    ``row_ok``)."""
+    ``row_ok``). Its variables are named by ``stem``: a loop's variables keep their shapes, so
+    terms of another shape before a loop (:func:`_head`) must not reuse the loop's names."""
     valid = dict.fromkeys(rows, f"{L}row_ok") if valid is None else valid
-    tile = TileContext(axes={**rows, plan.axis.uid: f"{L}jj"},
-                       valid={**valid, plan.axis.uid: f"{L}j_ok"}, sizes=sizes)
-    keep = [rows_ok, taken, f"{L}j_ok"] + [f"({to_triton(c, tile)})" for c in plan.conditions]
-    w(f"{L}keep = {' & '.join(keep)}")
-    terms = [(value, f"{L}keep") for value in plan.values]
+    position, inside_row = f"{L}{at}j", f"{L}{at}_ok"
+    tile = TileContext(axes={**rows, plan.axis.uid: position},
+                       valid={**valid, plan.axis.uid: inside_row}, sizes=sizes)
+    keep = [rows_ok, taken, inside_row] + [f"({to_triton(c, tile)})" for c in plan.conditions]
+    w(f"{L}keep_{stem} = {' & '.join(keep)}")
+    terms = [(value, f"{L}keep_{stem}") for value in plan.values]
     if plan.decay is not None:
         # a discounted sum decays at every position of the row, whatever its conditions
         # (Σ_{j ≤ i, j < len} c^(i−j)·x[j] past len still decays): only past the row's or the
         # part's end is its term the identity
-        w(f"{L}inside = {rows_ok} & {taken} & {L}j_ok")
-        terms = [(plan.decay, f"{L}inside")] + terms
+        w(f"{L}inside_{stem} = {rows_ok} & {taken} & {inside_row}")
+        terms = [(plan.decay, f"{L}inside_{stem}")] + terms
     for v, (value, mask), ident, acc in zip(component_names(stem, plan), terms,
                                             identities(plan), accumulators(plan)):
         w(f"{v} = tl.where({mask}, {to_triton(value, tile)}, {ident}).to({acc})")
@@ -202,10 +219,10 @@ def _head(w, plan, sizes: dict, rows: dict, carry: list[str]) -> None:
     width = 1 << (ahead - 1).bit_length()
     lanes = f"tl.arange(0, {width})[None, :]"
     first = f"{L}part == 0" if plan.direction == "prefix" else f"{L}part == scan_parts - 1"
-    w(f"{L}jj = {lanes}" if plan.direction == "prefix" else f"{L}jj = {n} - {ahead} + {lanes}")
-    w(f"{L}j_ok = ({L}jj >= 0) & ({L}jj < {n})")
+    w(f"{L}hj = {lanes}" if plan.direction == "prefix" else f"{L}hj = {n} - {ahead} + {lanes}")
+    w(f"{L}h_ok = ({L}hj >= 0) & ({L}hj < {n})")
     w(f"{L}in_head = ({lanes} < {ahead}) & ({first})")
-    values(w, plan, sizes, rows, f"{L}in_head", "h")
+    values(w, plan, sizes, rows, f"{L}in_head", "h", at="h")
     head = component_names("head", plan)
     _fold(w, plan, head, component_names("h", plan), str(width))
     _assign(w, carry, _combined(plan, carry, head))
@@ -229,7 +246,7 @@ def _carry_on(w, plan, carry: list[str], total: list[str], v: list[str]) -> None
     edge(w, plan, carry, total, "BLOCK_N")
 
 
-def _block(plan) -> str:
+def block(plan) -> str:
     """The part's block the sweep's ``k``-th step takes: from the end for a suffix."""
     return f"{L}k" if plan.direction == "prefix" else f"{L}nb - 1 - {L}k"
 
@@ -242,10 +259,30 @@ def result_refs(plan, total: list[str]) -> dict:
     return {f"{plan.total.name}#{k}": t for k, t in enumerate(total)}
 
 
-def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool) -> str:
-    """The Python source of ``{name}_totals`` (each part's combined terms into ``totals``, one
-    buffer a component) and ``{name}_scan``, both taking ``args``; ``interpreter``: for
-    Triton's CPU interpreter (loop bounds read from tensors)."""
+def scanned_block(w, plan, sizes: dict, out_tile: TileContext, carry: list[str]) -> None:
+    """Lines scanning a block's terms (``v``: :func:`terms`) in the scan's direction, combined
+    with ``carry`` (the carry then moved past the block), the outputs stored at the block's
+    positions (``out_tile``)."""
+    v = component_names("v", plan)
+    reverse = ", reverse=True" if plan.direction == "suffix" else ""
+    tiles = v[0] if len(v) == 1 else f"({', '.join(v)})"
+    _assign(w, component_names("s", plan),
+            f"tl.associative_scan({tiles}, 1, {combine_function(plan.monoid)}{reverse})")
+    total = component_names("total", plan)
+    _assign(w, total, _combined(plan, carry, component_names("s", plan)))
+    _carry_on(w, plan, carry, total, v)
+    out_tile = out_tile.child(refs=result_refs(plan, total))
+    for c, expr in plan.outputs:
+        w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out_tile, sizes)}), "
+          f"({to_triton(expr, out_tile)}).to({TL_DTYPES[c.dtypes[0]]}), "
+          f"mask={L}row_ok & {L}col_ok)")
+
+
+def scan_kernels(plan, name: str, sizes: dict, args: list[str], interpreter: bool) -> list:
+    """``{name}_totals`` (each part's combined terms into ``totals``, one buffer a component)
+    and ``{name}_scan``, both taking ``args``, as (name, args, lines) for
+    :func:`.tile_text.assemble_source`; ``interpreter``: for Triton's CPU interpreter (loop
+    bounds read from tensors)."""
     from .source_writer import SourceWriter
 
     wide = needs_wide_offsets(plan.program, sizes)
@@ -253,13 +290,13 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
     carry, v = component_names("carry", plan), component_names("v", plan)
     totals = totals_names(plan)
     w = SourceWriter(interpreter)
-    rows = _prologue(w, plan, sizes, wide)
+    rows = prologue(w, plan, sizes, wide)
     for c, ident, acc in zip(carry, idents, accs):
         w(f"{c} = tl.full([BLOCK_M, 1], {ident}, {acc})")
     _head(w, plan, sizes, rows, carry)
-    w.sweep(f"{L}k", "0", f"{L}nb", "1", STAGES)
+    w.sweep(f"{L}k", "0", f"{L}nb", "1", stages(plan))
     with w.block():   # in the scan's direction: a discounted sum's order matters
-        _terms(w, plan, sizes, rows, _block(plan))
+        terms(w, plan, sizes, rows, block(plan))
         _fold(w, plan, component_names("r", plan), v, "BLOCK_N")
         _assign(w, carry, _combined(plan, carry, component_names("r", plan)))
     for t, c in zip(totals, carry):
@@ -267,7 +304,7 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
     kernels = [(f"{name}_totals", args, w.lines)]
 
     w = SourceWriter(interpreter)
-    rows = _prologue(w, plan, sizes, wide)
+    rows = prologue(w, plan, sizes, wide)
     # the parts before this one in the scan's direction: their totals, combined
     w(f"{L}offs_k = tl.arange(0, {plan.max_parts})[None, :]")
     before = f"{L}offs_k < {L}part" if plan.direction == "prefix" else \
@@ -278,20 +315,8 @@ def scan_source(plan, name: str, sizes: dict, args: list[str], interpreter: bool
           f"mask={L}row_ok & ({before}), other={ident}).to({acc})")
     _fold(w, plan, carry, prev, str(plan.max_parts))
     _head(w, plan, sizes, rows, carry)
-    w.sweep(f"{L}k", "0", f"{L}nb", "1", STAGES)
+    w.sweep(f"{L}k", "0", f"{L}nb", "1", stages(plan))
     with w.block():
-        out_tile = _terms(w, plan, sizes, rows, _block(plan))
-        reverse = ", reverse=True" if plan.direction == "suffix" else ""
-        tiles = v[0] if len(v) == 1 else f"({', '.join(v)})"
-        _assign(w, component_names("s", plan),
-                f"tl.associative_scan({tiles}, 1, {combine_function(plan.monoid)}{reverse})")
-        total = component_names("total", plan)
-        _assign(w, total, _combined(plan, carry, component_names("s", plan)))
-        _carry_on(w, plan, carry, total, v)
-        out_tile = out_tile.child(refs=result_refs(plan, total))
-        for c, expr in plan.outputs:
-            w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out_tile, sizes)}), "
-              f"({to_triton(expr, out_tile)}).to({TL_DTYPES[c.dtypes[0]]}), "
-              f"mask={L}row_ok & {L}col_ok)")
+        scanned_block(w, plan, sizes, terms(w, plan, sizes, rows, block(plan)), carry)
     kernels.append((f"{name}_scan", args, w.lines))
-    return assemble_source(kernels)
+    return kernels

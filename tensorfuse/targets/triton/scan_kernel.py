@@ -2,13 +2,18 @@
 where a call cuts its rows into parts, then the scan."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...binding import split_scalars
 from .launch import interpreting
 from . import band_scan
 from .plan_kernel import PlanKernel
-from .scan import NUM_WARPS, accumulators, blocks, layout, scan_source, totals_names
+from .scan import (NUM_WARPS, accumulators, blocks, extent, layout, row_count, scan_kernels,
+                   totals_names)
+from . import scan_lookback
+from .scan_lookback import looks_back, lookback_kernel
+from .tile_text import assemble_source
 
 # the carry's Triton type as torch names it, and as a Triton signature does
 TORCH_ACCUMULATORS = {"tl.float32": "float32", "tl.int32": "int32", "tl.int64": "int64"}
@@ -19,79 +24,117 @@ ORIGIN = "scan template (blocks scanned in order, the carry of the blocks before
 
 @dataclass(frozen=True)
 class ScanKnobs:
-    """The tile (what a build is keyed by beside its sizes)."""
-
-    block_m: int
-    block_n: int
+    """What a build is keyed by beside its sizes: nothing — the source takes its tile as the
+    launch's constexprs (``BLOCK_M``, ``BLOCK_N``), so one source serves every tile (with
+    ``dynamic=True``, one build for rows cut into parts and rows that are not)."""
 
 
 class ScanKernel(PlanKernel):
-    """A :class:`~tensorfuse.schedule_templates.scan.ScanPlan` as one or two Triton kernels."""
+    """A :class:`~tensorfuse.schedule_templates.scan.ScanPlan` as Triton kernels: one sweep
+    per row where the rows fill the GPU; rows cut into parts otherwise — one kernel whose parts
+    look back at the ones before them (:mod:`.scan_lookback`) where the carry fits its
+    published word, else the parts' totals first, then the scan."""
 
     scalar_scratch = ("scan_parts", "scan_part_blocks")
     suffix, main_kernel, num_warps = "scan", "scan", NUM_WARPS
 
     def __init__(self, plan, target, dynamic: "bool | None" = None):
-        # the parts' totals, one buffer a component of the monoid (an arg's value and index)
-        self.scratch_names = (*totals_names(plan), *self.scalar_scratch)
+        # the parts' totals, one buffer a component of the monoid (an arg's value and index);
+        # the look-back's ticket and published words
+        self.scratch_names = (*totals_names(plan), "scan_flags", *self.scalar_scratch)
         super().__init__(plan, target, dynamic)
         self.description = ORIGIN
+        self.looks_back = looks_back(plan)
         self._layouts: dict = {}
+        self._tiled: dict = {}
 
-    def _layout(self, dims: dict) -> tuple[int, int, int]:
-        """:func:`.scan.layout` at ``dims``, decided once per sizes (a call reads it for its
-        scratch; a build for its kernels and grids)."""
+    def _layout(self, dims: dict) -> tuple[int, int, int, int, int]:
+        """``(parts, blocks a part, programs along the rows, rows a program, positions a
+        block)`` at ``dims``: :func:`.scan.layout`, or with look-back (where the rows are cut
+        into parts) one row a program and :mod:`.scan_lookback`'s tile — decided once per
+        sizes (a call reads it for its scratch; a build for its kernels and grids)."""
         key = tuple(sorted(dims.items()))
         if key not in self._layouts:
-            self._layouts[key] = layout(self.plan, dims)
+            cut, each, programs = layout(self.plan, dims)
+            block_m, block_n = blocks(self.plan, dims)
+            tiled = cut > 1 and self.looks_back
+            if tiled:
+                block_m, programs = 1, row_count(self.plan, dims)
+                block_n = max(block_n, scan_lookback.BLOCK_N)
+                count = math.ceil(extent(self.plan.axis, dims) / block_n)
+                each = min(scan_lookback.PART_BLOCKS, count)
+                cut = math.ceil(count / each)
+            self._layouts[key] = cut, each, programs, block_m, block_n
+            # rows long enough for one part of the look-back's tile (a row a program) keep
+            # its tile and warps, swept by the scan kernel
+            self._tiled[key] = tiled
         return self._layouts[key]
 
+    def _looking_back(self, dims: dict) -> bool:
+        return self.looks_back and self._layout(dims)[0] > 1
+
+    def _num_warps(self, dims: dict) -> int:
+        self._layout(dims)
+        return scan_lookback.NUM_WARPS if self._tiled[tuple(sorted(dims.items()))] \
+            else self.num_warps
+
     def _knobs(self, dims: dict) -> ScanKnobs:
-        return ScanKnobs(*blocks(self.plan, dims))
+        return ScanKnobs()
 
     def _kernels(self, dims: dict) -> list[str]:
+        if self._looking_back(dims):
+            return ["lookback"]
         return (["totals"] if self._layout(dims)[0] > 1 else []) + ["scan"]
 
     def _grids(self, dims: dict) -> list[tuple]:
-        cut, _, programs = self._layout(dims)
+        cut, _, programs, _, _ = self._layout(dims)
+        if self._looking_back(dims):   # programs take their (rows, part) by ticket
+            return [(programs * cut,)]
         return [(programs, cut)] * len(self._kernels(dims))
 
     def _meta(self, dims: dict) -> dict:
-        block_m, block_n = blocks(self.plan, dims)
+        block_m, block_n = self._layout(dims)[3:]
         return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=1)
 
     def _write(self, sizes: dict, args: list[str]) -> str:
-        return scan_source(self.plan, self._name, sizes, args, interpreting())
+        kernels = scan_kernels(self.plan, self._name, sizes, args, interpreting())
+        if self.looks_back:
+            kernels.append(lookback_kernel(self.plan, self._name, sizes, args, interpreting()))
+        return assemble_source(kernels)
 
     def _scratch(self, dims: dict, device) -> dict:
         """The parts' totals (a row of the plan's ``max_parts`` per row of the result; one
-        element where the rows are not cut: not read), the parts and the blocks of each."""
+        element where the two kernels do not run: not read), the look-back's words (zeroed:
+        the ticket, then a word a part of each row; one element where it does not run), the
+        parts and the blocks of each."""
         import torch
 
-        cut, each, programs = self._layout(dims)
-        rows = programs * blocks(self.plan, dims)[0] if cut > 1 else 0
-        size = max(1, rows * self.plan.max_parts)
+        cut, each, programs, block_m, _ = self._layout(dims)
+        rows = programs * block_m if cut > 1 else 0
+        back = self._looking_back(dims)
+        size = 1 if back else max(1, rows * self.plan.max_parts)
         made = {name: torch.empty(size, dtype=getattr(torch, TORCH_ACCUMULATORS[acc]),
                                   device=device)
                 for name, acc in zip(totals_names(self.plan), accumulators(self.plan))}
-        return {**made, "scan_parts": cut, "scan_part_blocks": each}
+        flags = torch.zeros(1 + rows * cut if back else 1, dtype=torch.int64, device=device)
+        return {**made, "scan_flags": flags, "scan_parts": cut, "scan_part_blocks": each}
 
     def _signature(self) -> dict:
         return {**{name: "*" + TRITON_ACCUMULATORS[acc] for name, acc in
                    zip(totals_names(self.plan), accumulators(self.plan))},
-                "scan_parts": "i32", "scan_part_blocks": "i32"}
+                "scan_flags": "*i64", "scan_parts": "i32", "scan_part_blocks": "i32"}
 
     def schedule_origin(self, **dims) -> str:
         """The template; at given sizes also how its rows are cut."""
         dims, _ = split_scalars(self.program, dims)
         if not dims:
             return self.description
-        cut, each, programs = self._layout(dims)
-        block_m, block_n = blocks(self.plan, dims)
+        cut, each, programs, block_m, block_n = self._layout(dims)
         return (f"{self.description}; tiles of {block_m} rows × {block_n} positions, "
                 f"{programs} programs along the rows" +
-                (f", each row cut into {cut} parts of {each * block_n} positions (their totals "
-                 "first)" if cut > 1 else ""))
+                (f", each row cut into {cut} parts of {each * block_n} positions " +
+                 ("(one pass: each part looks back at the ones before it)"
+                  if self._looking_back(dims) else "(their totals first)") if cut > 1 else ""))
 
     def describe_plan(self, scalars: dict | None = None, **dims) -> str:
         dims, _ = split_scalars(self.program, {**dims, **(scalars or {})})
