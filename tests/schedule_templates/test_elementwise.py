@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 import tensorfuse as tf
+from benchmarks.window_kernels import avg_pool_3x3_stride_2
 from tensorfuse import dsl as T
 from tensorfuse.errors import NoTemplateWarning, TargetError
 from tensorfuse.schedule_templates.elementwise import plan_elementwise
@@ -91,7 +92,8 @@ def _window_of_25(x: T.Tensor["M", 25, "f32"]):
 
 def test_a_program_takes_fewer_elements_the_more_tensors_an_element_reads():
     """One load an element (a pooled gradient's broadcast): 4096 a program; four (rotary, a
-    2×2 window written out): 1024 (the H200 measurements in ``targets.triton.elementwise``)."""
+    2×2 window written out): 1024; nine (a 3×3 window of stride 2 written out): 256 (the
+    measurements in ``targets.triton.elementwise``)."""
     from tensorfuse.targets.triton.elementwise import tile_shape
 
     pooled = tf.compile(tf.grad(global_avg_pool), target="cuda:sm_90a")
@@ -101,6 +103,9 @@ def test_a_program_takes_fewer_elements_the_more_tensors_an_element_reads():
     sizes = dict(B=32, C=128, H=56, P=2, W=56, Q=2)
     window = tf.compile(max_pool_2x2, target="cuda:sm_90a").for_sizes(**sizes)
     assert tile_shape(window.plan, sizes) == (16, 64)
+    strided = tf.compile(avg_pool_3x3_stride_2, target="cuda:sm_90a")
+    sizes = strided.program.with_derived_sizes(dict(B=64, C=64, H=112, W=112))
+    assert tile_shape(strided.plan, sizes) == (4, 64)
 
 
 def test_reductions_over_a_few_elements_are_written_out():

@@ -25,12 +25,15 @@ ORIGIN = "elementwise template (one flat pass over the outputs)"
 
 
 # A program's elements: 4096 where an element reads one tensor, halved for each doubling of the
-# distinct loads an element makes, at least 1024. On the H200 (bf16; 4 warps; elements 1024 /
+# distinct loads an element makes, at least 256. On the H200 (bf16; 4 warps; elements 1024 /
 # 2048 / 4096 a program, ms): a global average pool's gradient [64, 512, 56, 56] (one load)
 # 0.076 / 0.063 / 0.058; rotary embeddings [4, 4096, 32, 128] (four) 0.073 / 0.076 / 0.080; a
 # 2×2 max pool written out of [32, 128, 112, 112] (four) 0.072 / 0.120 / 0.123; 8 warps no better
-# (``benchmarks.unlisted_kernels`` and ``user_kernels``, the kernels' tiles varied by hand)
-ELEMENTS, MIN_ELEMENTS = 4096, 1024
+# (``benchmarks.unlisted_kernels`` and ``user_kernels``, the kernels' tiles varied by hand). On
+# the H100, a 3×3 average pool of stride 2 written out (nine loads) of [64, 64, 112, 112] f32,
+# elements 2048 / 1024 / 512 / 256 / 128: 0.457 / 0.240 / 0.131 / 0.100 / 0.100 ms
+# (``benchmarks.window_kernels``; torch.compile 0.095)
+ELEMENTS, MIN_ELEMENTS = 4096, 256
 
 
 # Loads of one tensor that differ only in a constant innermost index covering that dimension (of
