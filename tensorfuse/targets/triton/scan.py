@@ -37,18 +37,31 @@ def extent(axis, sizes: dict):
     return axis.extent if isinstance(axis.extent, int) else sizes[axis.extent]
 
 
+def costly(plan) -> bool:
+    """Whether the plan's combine is costly (a log-sum-exp's exp and log, a user's monoid)."""
+    return plan.monoid.name not in BUILTIN and plan.decay is None
+
+
 def blocks(plan, sizes: dict) -> tuple[int, int]:
     """``(BLOCK_M, BLOCK_N)``: along a row held in memory along the scan, up to 1024 positions
     (a row's next power of two where its length is known) and rows up to 2048 elements a tile;
     where the rows are the innermost axis, 64 rows × 32 positions, each position's rows read
-    side by side; one row where there are no others. Not measured yet: a memory-bound sweep
-    (``benchmarks.scan_kernels`` times it)."""
+    side by side; one row where there are no others."""
     if not plan.along_rows:
         return 64, 32
     n = extent(plan.axis, sizes)
     block_n = MAX_BLOCK_N if not isinstance(n, int) else \
         max(16, min(MAX_BLOCK_N, 1 << (n - 1).bit_length()))
     return (max(1, min(16, TILE_ELEMENTS // block_n)) if plan.rows else 1), block_n
+
+
+def warps(plan) -> int:
+    """A tile's warps: :data:`NUM_WARPS`; 8 for a :func:`costly` combine, whose scan computes
+    more than it moves. A log-cumulative-sum-exp on the H100, 4 / 8 / 16 warps: 64 rows of
+    16384 0.051 / 0.036 / 0.047 ms (torch.compile 0.037), 4 rows of 262144 0.042 / 0.034 /
+    0.030 (0.063); blocks of 4096 or 16384 positions were slower on the long rows (the tiles
+    varied by hand; ``benchmarks.scan_kernels``' own row: 0.045 ms at 4 warps, 0.035 at 8)."""
+    return 8 if costly(plan) else NUM_WARPS
 
 
 def stages(plan) -> int:

@@ -10,7 +10,7 @@ from .launch import interpreting
 from . import band_scan
 from .plan_kernel import PlanKernel
 from .scan import (NUM_WARPS, accumulators, blocks, extent, layout, row_count, scan_kernels,
-                   totals_names)
+                   totals_names, warps)
 from . import scan_lookback
 from .scan_lookback import looks_back, lookback_kernel
 from .tile_text import assemble_source
@@ -76,7 +76,7 @@ class ScanKernel(PlanKernel):
     def _num_warps(self, dims: dict) -> int:
         self._layout(dims)
         return scan_lookback.NUM_WARPS if self._tiled[tuple(sorted(dims.items()))] \
-            else self.num_warps
+            else warps(self.plan)
 
     def _knobs(self, dims: dict) -> ScanKnobs:
         return ScanKnobs()
