@@ -9,7 +9,8 @@ made once) — through ``tf.compile`` defaults (the scan template,
 ``logcumsumexp``) and ``torch.compile`` in the same process; and a rolling maximum
 over the last 64 positions and a moving average of the last 100, written as bands
 (:mod:`tensorfuse.schedule_templates.bands`), against ``F.max_pool1d`` and ``F.avg_pool1d`` of
-stride 1 — each checked against a float64 reference first (the
+stride 1; and a summed-area table over two axes (nested scans) against two ``cumsum`` calls —
+each checked against a float64 reference first (the
 harness of :mod:`benchmarks.user_kernels`).
 
     python -m benchmarks.scan_kernels [--only NAME,…]
@@ -100,6 +101,15 @@ def moving_average_100(x: T.Tensor["B", "N", "f32"]):
     return T.sum(T.where((j <= i) & (j > i - 100), x[b, j], 0.0), over=j) / 100.0
 
 
+@tf.kernel
+def integral_image(x: T.Tensor["B", "H", "W", "f32"]):
+    """A summed-area table: each pixel the sum of the rectangle from the origin to it (a scan
+    along the rows, then one down them: :mod:`tensorfuse.schedule_templates.nested_scans`)."""
+    b, j, l = T.axes("b j l")
+    i, k = T.axis("i", "H"), T.axis("k", "W")
+    return T.sum(T.where((j <= i) & (l <= k), x[b, j, l], 0.0), over=(j, l))
+
+
 def _cumsum_case(generator, B=256, N=32768) -> Case:
     x = torch.randn(B, N, generator=generator).to("cuda", torch.bfloat16)
     return rows_case("cumulative_sum", cumulative_sum, lambda t: torch.cumsum(t, -1), x, {},
@@ -172,11 +182,17 @@ def _moving_average_case(generator, B=64, N=65536) -> Case:
                      f"B{B} N{N} f32 window 100")
 
 
+def _integral_image_case(generator, B=16, H=1024, W=1024) -> Case:
+    x = torch.randn(B, H, W, generator=generator).cuda()
+    return rows_case("integral_image", integral_image, lambda t: t.cumsum(1).cumsum(2), x, {},
+                     f"B{B} H{H} W{W} f32")
+
+
 SCAN_KERNELS = {"cumulative_sum": _cumsum_case, "long_cumulative_sum": _long_case,
                 "running_max": _running_max_case, "log_cumulative_sum_exp": _logcumsumexp_case,
                 "segment_offsets": _offsets_case, "sum_to_the_end": _to_the_end_case,
                 "rolling_max_64": _rolling_max_case, "moving_average_100": _moving_average_case,
-                "discounted_returns": _discounted_case}
+                "discounted_returns": _discounted_case, "integral_image": _integral_image_case}
 
 if __name__ == "__main__":
     main(SCAN_KERNELS, "scan-kernels", __doc__)

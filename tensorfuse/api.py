@@ -10,6 +10,7 @@ from .dsl.program import TracedKernel, is_kernel
 from .errors import ScheduleError
 from .read_other_ways import read_other_way, scan_refused
 from .schedule_templates.bands import band_window
+from .schedule_templates.nested_scans import nested_scans
 from .records import cpu_record, template_records
 from .schedule import Schedule
 from .schedule_templates import lower_program
@@ -79,10 +80,12 @@ def _compile(kernel, target, template, untemplated: str | None = None,
         if read_otherwise is not None:
             return read_otherwise
         # a reduction over a band of positions around each output's (a rolling maximum) over a
-        # window axis of the band's width, not every position of the row
-        windowed = _rewritten(kernel, spec, band_window, dynamic) if spec.is_gpu else None
-        if windowed is not None:
-            return windowed
+        # window axis of the band's width, not every position of the row; one over ranges of
+        # several axes (an integral image) as a scan an axis
+        for rewrite in (band_window, nested_scans) if spec.is_gpu else ():
+            windowed = _rewritten(kernel, spec, rewrite, dynamic)
+            if windowed is not None:
+                return windowed
         rows = _widened(kernel, spec, dynamic) if spec.is_gpu else None
         if rows is not None:
             return rows
