@@ -30,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..algebra import inline_elementwise
-from ..algebra.exprs import rewrite_computes, rewritten_program
-from ..dsl.expr import Axis, Const, DimSize, compare, where
+from ..algebra.exprs import nodes, rewrite_computes, rewritten_program
+from ..dsl.expr import Axis, Const, DimSize, Ref, compare, where
 from ..dsl.printer import to_text
-from ..dsl.program import Program
+from ..dsl.program import Compute, Program
 from ..errors import TargetError
 from .scan import ScanPlan, peeled, planned, relations, terms_of
 from .scatter import outputs_over
@@ -113,7 +113,8 @@ def _band_of(total, j: Axis, conditions: list):
 def band_window(program: Program) -> tuple[Program, str] | None:
     """``program`` with each of its reductions over a band of positions rewritten over a
     window axis of the band's width, and a note saying so; else ``None``: where a reduction is
-    over no band, or two reductions over one axis have different bands. Several reductions
+    over no band, reads another compute's values along its band (:func:`_reads_computed`), or
+    two reductions over one axis have different bands. Several reductions
     over one band — a rolling mean and the rolling variance about it — share the window axis,
     and the row template fuses them over it as any chain."""
     reductions = [c for c in program.computes if c.is_reduction]
@@ -123,13 +124,21 @@ def band_window(program: Program) -> tuple[Program, str] | None:
             return None
         j = total.over[0]
         found = _band_of(total, j, peeled(inline_elementwise(total.bodies[0]), total)[1])
-        if found is None:
+        if found is None or _reads_computed(total, j):
             return None
         i, lo, hi = found[:3]
         if by_axis.setdefault(j.uid, (i.uid, lo, hi)) != (i.uid, lo, hi):
             return None
         bands.append((total, j, i, lo, hi))
     return _windowed(program, bands) if bands else None
+
+
+def _reads_computed(total: Compute, j) -> bool:
+    """Whether ``total``'s terms read another compute's values along ``j`` (a nested
+    reduction's inner stage): such a read takes its indices from the compute's own axes, which
+    no window axis can stand in for — the floor's stages read it as a tensor instead."""
+    return any(isinstance(n, Ref) and j.uid in {a.uid for a in n.compute.axes}
+               for n in nodes(inline_elementwise(total.bodies[0])))
 
 
 def _windowed(program: Program, bands: list):

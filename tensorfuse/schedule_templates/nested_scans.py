@@ -1,6 +1,7 @@
 """Reductions over several axes whose conditions compare each reduced axis, on its own, with an
 axis of the result — a summed-area table (an integral image) ``Σ_{j ≤ i, l ≤ k} x[b, j, l]``, a
-running maximum over a grid's rows and columns, a 3-D prefix sum — written as nested
+running maximum over a grid's rows and columns, a 3-D prefix sum, a box or maximum filter
+(``|j − i| <= 2`` and ``|l − k| <= 2``: a band an axis) — written as nested
 reductions of one axis each: the innermost over the axis whose result axis lies innermost in
 the result (a scan along the rows), each next one over the results of the one inside it (a scan
 down them; the floor's stages, each taken by the scan or band template). Reduced axes compared
@@ -51,7 +52,8 @@ def nested_scans(program: Program) -> tuple[Program, str] | None:
     if not nested:
         return None
     note = (f"{'; '.join(nested)} written as one reduction an axis, the innermost first "
-            "(each a scan: a few operations an element, not every element of the ranges)")
+            "(each a scan or a band: a few operations an element, not every element of the "
+            "ranges)")
     outputs = [made[c.name] for c in program.outputs]
     return Program(program.name, list(program.params), computes, outputs, list(program.axes),
                    list(program.size_constraints), program.loc), note

@@ -1,5 +1,6 @@
 """Reductions over ranges of several axes — an integral image, a running maximum over a grid,
-a 3-D prefix sum, a cumulative sum of row sums, a suffix-and-prefix table under a mask — as
+a 3-D prefix sum, a cumulative sum of row sums, a suffix-and-prefix table under a mask, a box
+and a maximum filter (a band an axis) — as
 ``tf.compile`` makes them for sm_90a (nested, a scan an axis: ``schedule_templates/
 nested_scans.py``), run by Triton's interpreter against torch in float64, outputs poisoned;
 prints each case's relative error as JSON.
@@ -7,6 +8,7 @@ prints each case's relative error as JSON.
     TRITON_INTERPRET=1 python -m tests.schedule_templates.nested_scans_check SEED
 """
 import torch
+import torch.nn.functional as F
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
@@ -53,6 +55,23 @@ def masked_corner_sums(x: T.Tensor["B", "H", "W", "f32"], keep: T.Tensor["B", "b
     return T.sum(T.where(keep[b] & (j >= i) & (l <= k), x[b, j, l], 0.0), over=(j, l))
 
 
+@tf.kernel
+def box_filter_5(x: T.Tensor["B", "H", "W", "f32"]):
+    """The mean of the 5 × 5 pixels around each (zeros past the edges): a band an axis."""
+    b, j, l = T.axes("b j l")
+    i, k = T.axis("i", "H"), T.axis("k", "W")
+    near = (j >= i - 2) & (j <= i + 2) & (l >= k - 2) & (l <= k + 2)
+    return T.sum(T.where(near, x[b, j, l], 0.0), over=(j, l)) / 25.0
+
+
+@tf.kernel
+def max_filter_3(x: T.Tensor["B", "H", "W", "f32"]):
+    b, j, l = T.axes("b j l")
+    i, k = T.axis("i", "H"), T.axis("k", "W")
+    near = (j > i - 2) & (j < i + 2) & (l > k - 2) & (l < k + 2)
+    return T.max(T.where(near, x[b, j, l], float("-inf")), over=(j, l))
+
+
 def _image(generator, B=2, H=37, W=1100):
     x = torch.randn(B, H, W, generator=generator) * 10 + 1
     return dict(x=x), x.double().cumsum(1).cumsum(2)
@@ -86,12 +105,25 @@ def _corners(generator, B=4, H=30, W=200):
     return dict(x=x, keep=keep), torch.where(keep[:, None, None], table, 0.0)
 
 
+def _box(generator, B=2, H=45, W=1500):
+    x = torch.randn(B, H, W, generator=generator) * 10
+    padded = F.pad(x[:, None].double(), (2, 2, 2, 2))
+    return dict(x=x), F.avg_pool2d(padded, 5, 1)[:, 0]
+
+
+def _max_filter(generator, B=3, H=30, W=700):
+    x = torch.randn(B, H, W, generator=generator) * 100
+    padded = F.pad(x[:, None].double(), (1, 1, 1, 1), value=-torch.inf)
+    return dict(x=x), F.max_pool2d(padded, 3, 1)[:, 0]
+
+
 CASES = {"integral_image": (integral_image, _image),
          "integral_image_bf16": (integral_image_bf16, _image_bf16),
          "running_grid_max": (running_grid_max, _grid_max),
          "prefix_sum_3d": (prefix_sum_3d, _cube),
          "cumulative_row_sums": (cumulative_row_sums, _row_sums),
-         "masked_corner_sums": (masked_corner_sums, _corners)}
+         "masked_corner_sums": (masked_corner_sums, _corners),
+         "box_filter_5": (box_filter_5, _box), "max_filter_3": (max_filter_3, _max_filter)}
 
 
 def _compiled(name, kernel):
