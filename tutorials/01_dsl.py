@@ -185,6 +185,28 @@ print(plan)
 assert plan.startswith("band plan of rolling_max")
 
 # %% [markdown]
+# Ranges over several axes nest: a summed-area table (each pixel the sum of the rectangle from
+# the origin to it) is one reduction over two axes as written; on a GPU it runs as a scan along
+# the rows, then one down them — two stages, a few operations a pixel. A 5 × 5 box filter nests
+# the same way, a band an axis.
+
+# %%
+@tf.kernel
+def integral_image(x: T.Tensor["B", "H", "W", "f32"]):
+    b, j, l = T.axes("b j l")
+    i, k = T.axis("i", "H"), T.axis("k", "W")
+    return T.sum(T.where((j <= i) & (l <= k), x[b, j, l], 0.0), over=(j, l))
+
+
+pixels = torch.randn(2, 12, 20)
+table = tf.compile(integral_image, target="llvm")(pixels)
+assert torch.allclose(table, pixels.cumsum(1).cumsum(2), atol=1e-4)
+plan = tf.compile(integral_image, target="cuda:sm_90a").describe_plan(B=2, H=12, W=20)
+print(plan)
+assert plan.startswith("out over j, l written as one reduction an axis")
+assert plan.count("scan plan of") == 2
+
+# %% [markdown]
 # ## The same kernel for the GPU
 # Code generation needs no GPU. For a GPU target, `tf.compile` fuses the kernel's chain of
 # reductions (see tutorial 2) and generates one Triton kernel — tensor cores for q·kᵀ and p·v, the
