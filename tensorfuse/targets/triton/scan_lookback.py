@@ -1,17 +1,21 @@
 """The scan template's one-pass kernel for rows cut into parts (``schedule_templates.scan``):
-each program takes one block of a row, publishes its block's combined terms, reads back the
-published values of the blocks before it (the nearest first) until one that already holds
-everything before it, publishes that prefix, and scans its block from it — decoupled look-back,
-as CUB's single-pass scan does. The row is read once: the two-kernel form (the parts' totals,
-then the scan) reads it twice.
+each program takes one part of a row, sweeps it combining its terms, publishes them, reads back
+what the parts before it published (the nearest first) until one that holds everything before
+its end, publishes that prefix, and sweeps its part again scanning from it — decoupled
+look-back, as CUB's single-pass scan does. The second sweep reads what the first just left in
+L2, so the row comes from memory once; the two-kernel form (the parts' totals, then the scan)
+reads it twice.
 
-Programs take their block by a ticket (an atomic counter), not their grid index, so a program
-waits only on blocks whose programs already run: the scan progresses whatever order the GPU
+Programs take their part by a ticket (an atomic counter), not their grid index, so a program
+waits only on parts whose programs already run: the scan progresses whatever order the GPU
 starts programs in. A published value and its state share one 64-bit word (state in the upper
-half: 0 not yet, 1 the block's own terms, 2 everything up to the block's end), so one store
+half: 0 not yet, 1 the part's own terms, 2 everything up to the part's end), so one exchange
 publishes both and a reader never sees a value without its state. Only monoids of one 32-bit
-component reduced natively (a sum, max or min of f32 or i32) fit a word; the others keep the
-two kernels (:func:`looks_back`)."""
+component reduced natively (a sum, max or min of f32 or i32) along rows take it
+(:func:`looks_back`); a program holds one row, so the look-back's loop reduces nothing across
+threads — with rows side by side (64 rows a program, the rows innermost), its cross-warp
+reductions inside the loop gave some rows wrong carries on the H100 with 4 warps (right with 1
+or 2), and such plans keep the two kernels."""
 from __future__ import annotations
 
 from .reductions import BUILTIN
@@ -86,26 +90,26 @@ def lookback_kernel(plan, name: str, sizes: dict, args: list[str], interpreter: 
         (f"{L}part == scan_parts - 1", "+ 1", f"{L}p < scan_parts")
     w(f"{L}first = {first}")
     w(f"{L}word_at = scan_flags + 1 + {L}row * scan_parts")
-    # the first block holds everything before its end at once; the others their own terms
+    # the first part holds everything before its end at once; the others their own terms
     w(f"{L}state = tl.where({L}first, {INCLUSIVE}, {AGGREGATE})")
     # published by an atomic exchange: a plain store may be held back past the look-back's
-    # loop, and the blocks after this one would wait the longer
+    # loop, and the parts after this one would wait the longer
     w(f"tl.atomic_xchg({L}word_at + {L}part, "
       f"{_packed(_combined(plan, carry, own), f'{L}state', acc)}, "
       f"mask={L}row_ok, sem=\"release\")")
-    # look back: the blocks before this one, nearest first, until one holds everything before
-    # it; a row done once it has (rows past the end, and the first block, from the start)
+    # look back: the parts before this one, nearest first, until one holds everything before
+    # it; a row done once it has (rows past the end, and the first part, from the start)
     w(f"{L}done = (~{L}row_ok) | {L}first")
     w(f"{L}p = {L}part {step}")
     w(f"while ({inside}) & (tl.min({L}done.to(tl.int32)) == 0):")
     with w.block():
         w(f"{L}word = tl.load({L}word_at + {L}p, mask=~{L}done, other=0, volatile=True)")
         w(f"{L}seen = tl.where({L}done, {INCLUSIVE}, ({L}word >> 32).to(tl.int32))")
-        # every row's block published: take them all, or wait (spin) for the latecomers
+        # every row's part published: take them all, or wait (spin) for the latecomers
         w(f"{L}ready = tl.min({L}seen) > 0")
         w(f"{L}take = {L}ready & (~{L}done)")
         w(f"{L}there = {_unpacked(f'{L}word', acc)}")
-        # the earlier block's value comes before the carry gathered so far
+        # the earlier part's value comes before the carry gathered so far
         _assign(w, [f"{L}later"], _combined(plan, [f"{L}there"], carry))
         w(f"{carry[0]} = tl.where({L}take, {L}later, {carry[0]})")
         w(f"{L}done = {L}done | ({L}take & ({L}seen == {INCLUSIVE}))")
