@@ -136,12 +136,14 @@ def substitute(e: Expr, replace: Callable[[Expr], Expr | None]) -> Expr:
 
 
 def rewrite_computes(program, replace: Callable[[Expr], Expr | None], axes=None,
-                     over=None, bodies=None) -> dict:
+                     over=None, bodies=None, expand=None) -> dict:
     """``program``'s computes rebuilt in order (by name): ``replace`` substituted in their
     bodies (:func:`substitute`), a read of another compute pointing at its rebuilt one, and
     ``axes(c)`` / ``over(c)`` where given for their axes, ``bodies(c, rebuilt bodies)`` for
     their bodies — what a rewrite of a whole program (packing rows, lifting or flattening axes,
-    a band's window) builds its new program from."""
+    a band's window, nested reductions) builds its new program from. ``expand(c)``, where given
+    and not None, replaces ``c`` by computes of its own making (reading no other compute), the
+    last one standing for ``c``."""
     from ..dsl.program import Compute
 
     made: dict = {}
@@ -152,6 +154,11 @@ def rewrite_computes(program, replace: Callable[[Expr], Expr | None], axes=None,
         return replace(n)
 
     for c in program.computes:   # in dependency order: what a body reads is rebuilt first
+        stages = expand(c) if expand else None
+        if stages:
+            made.update({s.name: s for s in stages[:-1]})
+            made[c.name] = stages[-1]
+            continue
         rebuilt = tuple(substitute(b, node) for b in c.bodies)
         made[c.name] = Compute(c.name, axes(c) if axes else c.axes,
                                bodies(c, rebuilt) if bodies else rebuilt, c.dtypes, c.monoid,

@@ -16,10 +16,13 @@ reduced axis none of which compares it with a result axis, no such comparison at
 that read a compared result axis (a distance weight) leave the program as it is."""
 from __future__ import annotations
 
+import operator
+from functools import reduce
+
 from ..algebra import inline_elementwise
-from ..algebra.exprs import nodes, substitute
+from ..algebra.exprs import nodes, rewrite_computes, rewritten_program
 from ..dsl import dtypes as dt
-from ..dsl.expr import Const, Ref, binary, where
+from ..dsl.expr import Const, Ref, where
 from ..dsl.program import Compute, Program, fresh_name
 from .scan import _reads, peeled, relations
 
@@ -32,31 +35,21 @@ def nested_scans(program: Program) -> tuple[Program, str] | None:
     stages it adds named after the original), and a note naming them; ``None`` where it has
     none."""
     taken = {c.name for c in program.computes} | {p.name for p in program.params}
-    made: dict = {}
-    computes: list[Compute] = []
-    nested = []
+    nested: list[str] = []
 
-    def read(n):
-        return Ref(made[n.compute.name], n.component, n.loc) if isinstance(n, Ref) else None
-
-    for c in program.computes:
+    def expand(c: Compute) -> "list[Compute] | None":
         stages = _stages(c, taken)
-        if stages is None:
-            bodies = tuple(substitute(b, read) for b in c.bodies)
-            stages = [Compute(c.name, c.axes, bodies, c.dtypes, c.monoid, c.over, c.loc,
-                              c.is_output)]
-        else:
+        if stages:
             nested.append(f"{c.name} over {', '.join(a.name for a in c.over)}")
-        made[c.name] = stages[-1]
-        computes += stages
+        return stages
+
+    made = rewrite_computes(program, lambda n: None, expand=expand)
     if not nested:
         return None
     note = (f"{'; '.join(nested)} written as one reduction an axis, the innermost first "
             "(each a scan or a band: a few operations an element, not every element of the "
             "ranges)")
-    outputs = [made[c.name] for c in program.outputs]
-    return Program(program.name, list(program.params), computes, outputs, list(program.axes),
-                   list(program.size_constraints), program.loc), note
+    return rewritten_program(program, list(program.params), made), note
 
 
 def _stages(c: Compute, taken: set) -> "list[Compute] | None":
@@ -103,7 +96,7 @@ def _stages(c: Compute, taken: set) -> "list[Compute] | None":
         axes = tuple(outer.get(a.uid, a) for a in c.axes)
         last = n == len(order) - 1
         kept = [cond for r in over for cond in own[r.uid]] + (free if last else [])
-        body = where(_all(kept), inner, identity) if kept else inner
+        body = where(reduce(operator.and_, kept), inner, identity) if kept else inner
         name = c.name if last else fresh_name(f"{c.name}_over_{'_'.join(r.name for r in over)}",
                                                taken)
         stage = Compute(name, axes, (body,), c.dtypes if last else (acc,), c.monoid, over,
@@ -112,11 +105,4 @@ def _stages(c: Compute, taken: set) -> "list[Compute] | None":
         stages.append(stage)
         inner = Ref(stage, 0, c.loc)
     return stages
-
-
-def _all(conditions: list):
-    made = conditions[0]
-    for cond in conditions[1:]:
-        made = binary("and", made, cond)
-    return made
 
