@@ -83,6 +83,11 @@ class ScanPlan:
         return ("f32", self.total.dtypes[0]) if self.decay is not None else self.total.dtypes
 
     @property
+    def is_arg(self) -> bool:
+        """Whether the plan scans an arg reduction's (value, index) pairs."""
+        return self.monoid.name in ARGS
+
+    @property
     def result_component(self) -> "int | None":
         """Which component the result is where it is one of several scanned (the sum beside a
         decay); None where the result has them all (an arg reduction's value and index)."""

@@ -1,12 +1,13 @@
 """Random bands, scans and discounted scans, as ``tf.compile`` makes them for sm_90a, run by
-Triton's interpreter against the math as written, evaluated pair by pair in float64 (every output ``i``
-against every position ``j`` of its row: no scan, no window), outputs poisoned.
+Triton's interpreter against the math as written, evaluated pair by pair in float64 (every
+output ``i`` against every position ``j`` of its row: no scan, no window), outputs poisoned.
 
 Each program draws: a band ``[i + lo, i + hi]`` (offsets on either side of the position, some
 wider than the row), a scan up to or from the position (offset by up to 3 either way), or a
 discounted sum up to or from it (``c ** (i − j)`` or ``exp(−(i − j)/τ)``), a monoid (sum,
-max, min, logsumexp, argmax for bands), a further condition on the terms or none, the positions along the rows (``[B, N]``) or down the middle
-axis (``[B, N, C]``), a row length that is no multiple of any tile. Prints
+max, min, logsumexp, argmax for bands), a further condition on the terms or none, the positions
+along the rows (``[B, N]``) or down the middle axis (``[B, N, C]``), a row length that is no
+multiple of any tile. Prints
 ``{"programs": n, "worst": [error, description]}`` as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.band_fuzz_check SEED [PROGRAMS]

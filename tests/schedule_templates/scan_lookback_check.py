@@ -3,8 +3,9 @@ over parts that published only their own terms: Triton's interpreter runs a grid
 one after another, so each would find the part before it complete; here the kernel is
 launched a program at a time, and before each launch every published word but the row's first
 part's is set back to the part's own terms (computed by torch from the inputs) — so every
-program must walk back to its row's first part. Prefix and suffix, sums and maxima, several
-rows, an exclusive scan and a ragged last part; prints each case's error against float64 as JSON.
+program must walk back to its row's first part. An exclusive integer prefix, a suffix over
+several rows, a maximum reaching back past the position (the head folded into the first part),
+ragged last parts; prints each case's error against float64 as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.scan_lookback_check SEED
 """
@@ -15,34 +16,13 @@ import sys
 import torch
 
 import tensorfuse as tf
-from tensorfuse import dsl as T
 from tensorfuse.targets.triton import scan_lookback
 from tensorfuse.targets.triton.scan_lookback import AGGREGATE
+from benchmarks.scan_kernels import segment_offsets, sum_to_the_end
+from tests.schedule_templates.scan_check import long_max_from_five_back
 
 # parts of two blocks: rows the interpreter runs in seconds are cut into several parts
 scan_lookback.PART_BLOCKS = 2
-
-
-@tf.kernel
-def running_total(x: T.Tensor["B", "N", "i32"]):
-    b, j = T.axes("b j")
-    i = T.axis("i", "N")
-    return T.sum(T.where(j <= i, x[b, j], 0), over=j)
-
-
-@tf.kernel
-def maximum_to_the_end(x: T.Tensor["B", "N", "f32"]):
-    b, j = T.axes("b j")
-    i = T.axis("i", "N")
-    return T.max(T.where(j >= i, x[b, j], float("-inf")), over=j)
-
-
-@tf.kernel
-def total_before(x: T.Tensor["N", "f32"]):
-    """Exclusive: the terms strictly before each position (read one position back)."""
-    j = T.axis("j", "N")
-    i = T.axis("i", "N")
-    return T.sum(T.where(j < i, x[j], 0.0), over=j)
 
 
 def _own(x: torch.Tensor, block: int, parts: int, reduce, shift: int) -> list:
@@ -95,17 +75,21 @@ def main(seed: int) -> dict:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     g = torch.Generator().manual_seed(seed)
     errors = {}
-    x = torch.randint(-1000, 1000, (3, 9 * 1024 + 77), generator=g, dtype=torch.int32)
-    out = walked(running_total, x, lambda t: t.sum(-1, dtype=torch.int32), 0)
-    errors["running_total"] = _error(out, torch.cumsum(x.double(), -1))
-    x = torch.randn(3, 9 * 1024 + 500, generator=g) * 100
-    out = walked(maximum_to_the_end, x, lambda t: t.max(-1).values, float("-inf"))
-    want = torch.flip(torch.cummax(torch.flip(x.double(), (-1,)), -1).values, (-1,))
-    errors["maximum_to_the_end"] = _error(out, want)
-    x = torch.randn(20 * 1024 + 3, generator=g) * 100 + 3
-    out = walked(total_before, x, lambda t: t.sum(-1), 0.0, shift=-1)
-    want = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(x.double(), 0)[:-1]])
-    errors["total_before"] = _error(out, want)
+    # an exclusive prefix (the terms one position back), integers: exact
+    lengths = torch.randint(0, 1000, (20 * 1024 + 3,), generator=g, dtype=torch.int32)
+    out = walked(segment_offsets, lengths, lambda t: t.sum(-1, dtype=torch.int32), 0, shift=-1)
+    errors["segment_offsets"] = _error(out, torch.cumsum(lengths.double(), 0) - lengths)
+    # a suffix over several rows
+    r = torch.randn(3, 9 * 1024 + 500, generator=g) * 100
+    out = walked(sum_to_the_end, r, lambda t: t.sum(-1), 0.0)
+    errors["sum_to_the_end"] = _error(out, r.double().flip(-1).cumsum(-1).flip(-1))
+    # a maximum from five back: the row's last five terms start the first part's carry
+    x = torch.randn(20 * 1024 + 77, generator=g) * 100
+    out = walked(long_max_from_five_back, x, lambda t: t.max(-1).values, float("-inf"),
+                 shift=-5)
+    suffix = x.double().flip(0).cummax(0).values.flip(0)
+    errors["long_max_from_five_back"] = _error(out, torch.cat([suffix[:1].expand(5),
+                                                                suffix[:-5]]))
     return errors
 
 

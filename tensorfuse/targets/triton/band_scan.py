@@ -7,12 +7,13 @@ past W are left out); where the positions are not the innermost axis (a band dow
 of ``[B, S, C]``), ``BLOCK_K`` rows of the innermost axis side by side as the tile's third,
 contiguous dimension (``[B, S, C]``: 32 channels of one sequence). The window of the output in
 segment ``s``, column ``c`` starts at ``a = s·W + c + lo``. Its first piece, from ``a`` to its
-segment's end, is a suffix scan along the tile's columns of the terms at ``s·W + c + lo``; its second, from the next segment's start
-to ``a + W − 1``, a prefix scan of the terms at ``s·W + c + lo + W − 1`` for columns from 1 (an
-aligned window has none). The pieces are disjoint and in order: the monoid combines them as it
-is (``combine(first, second)``), a few operations an output at any width. Terms outside the row
-or failing a condition are the identity, as in the scan template
-(:mod:`tensorfuse.targets.triton.scan`, whose value and output helpers this shares)."""
+segment's end, is a suffix scan along the tile's columns of the terms at ``s·W + c + lo``; its
+second, from the next segment's start to ``a + W − 1``, a prefix scan of the terms at
+``s·W + c + lo + W − 1`` for columns from 1 (an aligned window has none). The pieces are disjoint and in
+order: the monoid combines them as it is (``combine(first, second)``), a few operations an
+output at any width. Terms outside the row or failing a condition are the identity, as in the
+scan template (:mod:`tensorfuse.targets.triton.scan`, whose value and output helpers this
+shares)."""
 from __future__ import annotations
 
 from .expr import TL_DTYPES, TileContext, to_triton

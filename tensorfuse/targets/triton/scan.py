@@ -38,8 +38,10 @@ def extent(axis, sizes: dict):
 
 
 def costly(plan) -> bool:
-    """Whether the plan's combine is costly (a log-sum-exp's exp and log, a user's monoid)."""
-    return plan.monoid.name not in BUILTIN and plan.decay is None
+    """Whether the plan's combine is costly: a log-sum-exp's exp and log, a user's monoid —
+    not a native sum, max or min, an arg reduction's compare and select, nor a discounted
+    sum's multiply-add."""
+    return plan.monoid.name not in BUILTIN and not plan.is_arg and plan.decay is None
 
 
 def blocks(plan, sizes: dict) -> tuple[int, int]:

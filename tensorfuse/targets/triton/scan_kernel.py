@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...binding import split_scalars
 from .launch import interpreting
@@ -12,7 +13,6 @@ from .plan_kernel import PlanKernel
 from .scan import (NUM_WARPS, accumulators, blocks, extent, layout, row_count, scan_kernels,
                    totals_names, warps)
 from . import scan_lookback
-from .scan_lookback import looks_back, lookback_kernel
 from .tile_text import assemble_source
 
 # the carry's Triton type as torch names it, and as a Triton signature does
@@ -20,6 +20,18 @@ TORCH_ACCUMULATORS = {"tl.float32": "float32", "tl.int32": "int32", "tl.int64": 
 TRITON_ACCUMULATORS = {"tl.float32": "fp32", "tl.int32": "i32", "tl.int64": "i64"}
 
 ORIGIN = "scan template (blocks scanned in order, the carry of the blocks before them)"
+
+
+class ScanLayout(NamedTuple):
+    """How a call runs: its rows' ``parts`` of ``each`` blocks, ``programs`` along the rows of
+    ``block_m`` rows × ``block_n`` positions, ``warps`` a program."""
+
+    parts: int
+    each: int
+    programs: int
+    block_m: int
+    block_n: int
+    warps: int
 
 
 @dataclass(frozen=True)
@@ -44,39 +56,34 @@ class ScanKernel(PlanKernel):
         self.scratch_names = (*totals_names(plan), "scan_flags", *self.scalar_scratch)
         super().__init__(plan, target, dynamic)
         self.description = ORIGIN
-        self.looks_back = looks_back(plan)
+        self.looks_back = scan_lookback.looks_back(plan)
         self._layouts: dict = {}
-        self._tiled: dict = {}
 
-    def _layout(self, dims: dict) -> tuple[int, int, int, int, int]:
-        """``(parts, blocks a part, programs along the rows, rows a program, positions a
-        block)`` at ``dims``: :func:`.scan.layout`, or with look-back (where the rows are cut
-        into parts) one row a program and :mod:`.scan_lookback`'s tile — decided once per
-        sizes (a call reads it for its scratch; a build for its kernels and grids)."""
+    def _layout(self, dims: dict) -> ScanLayout:
+        """How a call at ``dims`` runs: :func:`.scan.layout` and :func:`.scan.blocks`, or where
+        the rows are cut into parts and the carry fits the look-back's word, one row a program
+        and :mod:`.scan_lookback`'s tile and warps (rows one such part long keep them, swept by
+        the scan kernel) — decided once per sizes (a call reads it for its scratch; a build for
+        its kernels and grids)."""
         key = tuple(sorted(dims.items()))
         if key not in self._layouts:
             cut, each, programs = layout(self.plan, dims)
             block_m, block_n = blocks(self.plan, dims)
-            tiled = cut > 1 and self.looks_back
-            if tiled:
-                block_m, programs = 1, row_count(self.plan, dims)
+            made = ScanLayout(cut, each, programs, block_m, block_n, warps(self.plan))
+            if cut > 1 and self.looks_back:
                 block_n = max(block_n, scan_lookback.BLOCK_N)
                 count = math.ceil(extent(self.plan.axis, dims) / block_n)
                 each = min(scan_lookback.PART_BLOCKS, count)
-                cut = math.ceil(count / each)
-            self._layouts[key] = cut, each, programs, block_m, block_n
-            # rows long enough for one part of the look-back's tile (a row a program) keep
-            # its tile and warps, swept by the scan kernel
-            self._tiled[key] = tiled
+                made = ScanLayout(math.ceil(count / each), each, row_count(self.plan, dims), 1,
+                                  block_n, scan_lookback.NUM_WARPS)
+            self._layouts[key] = made
         return self._layouts[key]
 
     def _looking_back(self, dims: dict) -> bool:
-        return self.looks_back and self._layout(dims)[0] > 1
+        return self.looks_back and self._layout(dims).parts > 1
 
     def _num_warps(self, dims: dict) -> int:
-        self._layout(dims)
-        return scan_lookback.NUM_WARPS if self._tiled[tuple(sorted(dims.items()))] \
-            else warps(self.plan)
+        return self._layout(dims).warps
 
     def _knobs(self, dims: dict) -> ScanKnobs:
         return ScanKnobs()
@@ -84,22 +91,23 @@ class ScanKernel(PlanKernel):
     def _kernels(self, dims: dict) -> list[str]:
         if self._looking_back(dims):
             return ["lookback"]
-        return (["totals"] if self._layout(dims)[0] > 1 else []) + ["scan"]
+        return (["totals"] if self._layout(dims).parts > 1 else []) + ["scan"]
 
     def _grids(self, dims: dict) -> list[tuple]:
-        cut, _, programs, _, _ = self._layout(dims)
+        made = self._layout(dims)
         if self._looking_back(dims):   # programs take their (rows, part) by ticket
-            return [(programs * cut,)]
-        return [(programs, cut)] * len(self._kernels(dims))
+            return [(made.programs * made.parts,)]
+        return [(made.programs, made.parts)] * len(self._kernels(dims))
 
     def _meta(self, dims: dict) -> dict:
-        block_m, block_n = self._layout(dims)[3:]
-        return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=1)
+        made = self._layout(dims)
+        return dict(BLOCK_M=made.block_m, BLOCK_N=made.block_n, BLOCK_K=1)
 
     def _write(self, sizes: dict, args: list[str]) -> str:
         kernels = scan_kernels(self.plan, self._name, sizes, args, interpreting())
         if self.looks_back:
-            kernels.append(lookback_kernel(self.plan, self._name, sizes, args, interpreting()))
+            kernels.append(scan_lookback.lookback_kernel(self.plan, self._name, sizes, args,
+                                                         interpreting()))
         return assemble_source(kernels)
 
     def _scratch(self, dims: dict, device) -> dict:
@@ -109,7 +117,7 @@ class ScanKernel(PlanKernel):
         parts and the blocks of each."""
         import torch
 
-        cut, each, programs, block_m, _ = self._layout(dims)
+        cut, each, programs, block_m, _, _ = self._layout(dims)
         rows = programs * block_m if cut > 1 else 0
         back = self._looking_back(dims)
         size = 1 if back else max(1, rows * self.plan.max_parts)
@@ -129,7 +137,7 @@ class ScanKernel(PlanKernel):
         dims, _ = split_scalars(self.program, dims)
         if not dims:
             return self.description
-        cut, each, programs, block_m, block_n = self._layout(dims)
+        cut, each, programs, block_m, block_n, _ = self._layout(dims)
         return (f"{self.description}; tiles of {block_m} rows × {block_n} positions, "
                 f"{programs} programs along the rows" +
                 (f", each row cut into {cut} parts of {each * block_n} positions " +

@@ -19,9 +19,8 @@ or 2), and such plans keep the two kernels."""
 from __future__ import annotations
 
 from .reductions import BUILTIN
-from . import scan as scan_text
 from .scan import (L, accumulators, block, component_names, identities, prologue,
-                   scanned_block, terms, _assign, _combined, _fold, _head)
+                   scanned_block, stages, terms, _assign, _combined, _fold, _head)
 from .tile_text import needs_wide_offsets
 
 # a word's states (its upper 32 bits)
@@ -80,7 +79,7 @@ def lookback_kernel(plan, name: str, sizes: dict, args: list[str], interpreter: 
     w(f"{carry[0]} = tl.full([BLOCK_M, 1], {ident}, {acc})")
     _head(w, plan, sizes, rows, carry)   # the row's first part only
     w(f"{own[0]} = tl.full([BLOCK_M, 1], {ident}, {acc})")
-    w.sweep(f"{L}k", "0", f"{L}nb", "1", scan_text.stages(plan))
+    w.sweep(f"{L}k", "0", f"{L}nb", "1", stages(plan))
     with w.block():
         terms(w, plan, sizes, rows, block(plan))
         _fold(w, plan, component_names("r", plan), v, "BLOCK_N")
@@ -117,7 +116,7 @@ def lookback_kernel(plan, name: str, sizes: dict, args: list[str], interpreter: 
     w(f"tl.atomic_xchg({L}word_at + {L}part, "
       f"{_packed(_combined(plan, carry, own), INCLUSIVE, acc)}, "
       f"mask={L}row_ok & (~{L}first), sem=\"release\")")
-    w.sweep(f"{L}k", "0", f"{L}nb", "1", scan_text.stages(plan))
+    w.sweep(f"{L}k", "0", f"{L}nb", "1", stages(plan))
     with w.block():
         scanned_block(w, plan, sizes, terms(w, plan, sizes, rows, block(plan)), carry)
     return f"{name}_lookback", args, w.lines
