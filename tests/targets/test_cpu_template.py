@@ -42,6 +42,27 @@ def test_programs_whose_blocks_do_not_share_their_rows_keep_the_default_schedule
     assert not applied
 
 
+@tf.kernel
+def running_row_sums(x: T.Tensor["B", "N", "C", "f32"]):
+    b, j, l = T.axes("b j l")
+    i = T.axis("i", "N")
+    rows = T.sum(x[b, j, l], over=l)
+    return T.sum(T.where(j <= i, rows, 0.0), over=j)
+
+
+def test_a_producer_read_off_its_row_is_not_a_row_program(rng):
+    """Row sums ``rows[b, j]`` summed over ``j <= i``: both blocks loop over rows of one size,
+    (b, j) and (b, i), but the second reads the first along its reduction, not at its row.
+    Placed at the consumer's row it was recomputed whole at every i (N² work, an N-lane vector:
+    32 s of LLVM at N = 500); it keeps the default schedule and stays correct."""
+    applied, script = scheduled(running_row_sums, B=3, N=500, C=8)
+    assert not applied and "T.vectorized(500)" not in script
+    x = rng.standard_normal((3, 500, 8)).astype(np.float32)
+    out = tf.compile(running_row_sums, target="llvm")(x)
+    expected = x.astype(np.float64).sum(2).cumsum(1)
+    assert np.abs(np.asarray(out) - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
 def test_ragged_rows_are_scheduled_without_vectors_and_stay_correct(rng):
     applied, script = scheduled(K.softmax, M=5, N=333)
     assert applied and "T.vectorized" not in script
