@@ -2,8 +2,8 @@
 and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens (from a mask, and
 from the sequences' lengths: the padding never read), Mamba's causal
 depthwise convolution, a mixture of experts' gated combine, cosine similarities, squared and L1
-distances between point sets, a Gaussian kernel's sum over one and nearest neighbours, k-means'
-assignment of points to their nearest centroid, retrieval's top-1 key, a contrastive loss's
+distances between point sets, a Gaussian kernel's sum over one and nearest neighbours (and their mean distance: a
+Chamfer distance's half), k-means' assignment of points to their nearest centroid, retrieval's top-1 key, a contrastive loss's
 normaliser over 768-dimensional embeddings, columns
 L2-normalised, a router's softmax over 8 experts, a log-softmax down the vocabulary axis of
 vocabulary-major logits, rotary
@@ -131,6 +131,15 @@ def nearest_neighbour(x: T.Tensor["M", "D", "f32"], y: T.Tensor["N", "D", "f32"]
     i, j, d = T.axes("i j d")
     d2 = T.sum((x[i, d] - y[j, d]) * (x[i, d] - y[j, d]), over=d)
     return T.min(d2, over=j)
+
+
+@tf.kernel
+def mean_nearest_distance(x: T.Tensor["B", "N", "C", "f32"], y: T.Tensor["B", "M", "C", "f32"]):
+    """A Chamfer distance's half over a batch of point clouds: each point's squared distance to
+    the nearest of the other cloud, averaged over the points (three reductions over c, j, i)."""
+    b, i, j, c = T.axes("b i j c")
+    d2 = T.sum((x[b, i, c] - y[b, j, c]) * (x[b, i, c] - y[b, j, c]), over=c)
+    return T.sum(T.min(d2, over=j), over=i) / T.size("N")
 
 
 @tf.kernel
@@ -439,6 +448,24 @@ def _nearest_neighbour_case(generator, M=16384, N=16384, D=3) -> Case:
                 broadcast(x[rows].double(), y.double()), lambda out: out[rows],
                 flops=M * N * (3 * D + 1), ceiling="f32_gemm_tflops",
                 notes={TENSORFUSE: f.schedule_origin(M=M, N=N, D=D)})
+
+
+def _mean_nearest_case(generator, B=8, N=4096, M=4096, C=3) -> Case:
+    """Batched 3-D point clouds; torch materialises the distances (``cdist``), torch.compile
+    gets the broadcast form."""
+    x, y = (torch.rand(B, n, C, generator=generator).to("cuda") * 4 for n in (N, M))
+
+    def eager(p, q):
+        return (torch.cdist(p, q) ** 2).amin(-1).mean(-1)
+
+    def broadcast(p, q):
+        return ((p[:, :, None, :] - q[:, None, :, :]) ** 2).sum(-1).amin(-1).mean(-1)
+    f, compiled = Recorded(mean_nearest_distance), torch.compile(broadcast)
+    return Case("mean_nearest_distance", f"B{B} N{N} M{M} C{C} f32", lambda: f(x, y),
+                {TORCH_EAGER: lambda: eager(x, y), TORCH_COMPILE: lambda: compiled(x, y)},
+                broadcast(x.double(), y.double()), lambda out: out,
+                flops=B * N * M * (3 * C + 1), ceiling="f32_gemm_tflops",
+                notes={TENSORFUSE: f.schedule_origin(B=B, N=N, M=M, C=C)})
 
 
 def _kmeans_assign_case(generator, M=65536, K=1024, D=128) -> Case:
@@ -825,6 +852,7 @@ UNLISTED = {
     "manhattan_distances": _manhattan_case,
     "gaussian_kernel_sum": _gaussian_sum_case,
     "nearest_neighbour": _nearest_neighbour_case,
+    "mean_nearest_distance": _mean_nearest_case,
     "kmeans_assign": _kmeans_assign_case,
     "best_match_index": _best_match_index_case,
     "contrastive_normaliser": _contrastive_case,

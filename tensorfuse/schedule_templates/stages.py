@@ -72,6 +72,8 @@ def plan_stages(program: Program, fits: Callable[[Program], bool]) -> tuple[Stag
         stage = _fitting(program, ready, depends, stored, left_outputs, True, fits, hoisted) \
             if stored else None
         if stage is None:
+            stage = _first_chain(program, ready, depends, stored, left_outputs, fits, hoisted)
+        if stage is None:
             stage = next(filter(None, (
                 _first_fitting(program, group, depends, stored, left_outputs, fits, hoisted)
                 for group in _ready_groups(ready, depends, stored))), None)
@@ -204,6 +206,26 @@ def _first_fitting(program, group, depends, stored, left_outputs, fits,
         _fitting(program, group[:size], depends, stored, left_outputs, with_outputs, fits,
                  hoisted)
         for size in range(len(group), 0, -1) for with_outputs in (True, False))), None)
+
+
+def _first_chain(program, ready, depends, stored, left_outputs, fits,
+                 hoisted: set[str]) -> Stage | None:
+    """The longest chain of dependent reductions over different axes that a template takes as
+    one stage: the reductions not yet stored, in program order (so each prefix holds whatever
+    its members read), from all but the last down to two. A nearest neighbour's squared
+    distances (over the coordinates) and their minimum (over the candidates) are one
+    contraction-template pass; then its mean over the points is a stage of its own — cut by
+    groups of one axis, the distances were stored whole (512 MiB at B8 4096 × 4096)."""
+    for size in range(len(ready) - (0 if stored else 1), 1, -1):
+        chain = ready[:size]
+        if len({tuple(a.uid for a in r.over) for r in chain}) < 2 or \
+                not all(depends[r.name] <= stored | {c.name for c in chain} for r in chain):
+            continue   # one axis: a group (below); or not closed under what it reads
+        stage = _fitting(program, chain, depends, stored, left_outputs, True, fits, hoisted) \
+            or _fitting(program, chain, depends, stored, left_outputs, False, fits, hoisted)
+        if stage is not None:
+            return stage
+    return None
 
 
 def _fitting(program, group, depends, stored, left_outputs, with_outputs: bool, fits,

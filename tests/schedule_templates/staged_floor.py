@@ -8,7 +8,8 @@ import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse import dsl as T
 from tensorfuse.torch_graph import GraphCallable
-from benchmarks.unlisted_kernels import head_logsumexp, log_softmax_vocab_major
+from benchmarks.unlisted_kernels import (head_logsumexp, log_softmax_vocab_major,
+                                        mean_nearest_distance)
 from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode, segment_mean
 from tests.helpers import poisoned_main
 
@@ -22,6 +23,13 @@ def group_norm_nested(x: T.Tensor["B", "G", "C", "P", "bf16"], eps: T.f32):
     mean = T.sum(T.sum(x[b, g, c, p], over=p), over=c) / n
     var = T.sum(T.sum((x[b, g, c, p] - mean) * (x[b, g, c, p] - mean), over=p), over=c) / n
     return (x[b, g, c, p] - mean) * T.rsqrt(var + eps)
+
+
+def mean_nearest_case(generator, B=2, N=45, M=300, C=3, width=4.0):
+    x = torch.randn(B, N, C, generator=generator) * width
+    y = torch.randn(B, M, C, generator=generator) * width + 1.0
+    d2 = ((x.double()[:, :, None, :] - y.double()[:, None, :, :]) ** 2).sum(-1)
+    return {"x": x, "y": y}, d2.amin(2).mean(1)
 
 
 def max_pool_l2_case(generator, B=3, S=37, D=77, width=4.0):
@@ -138,6 +146,7 @@ CASES = {"max_pool_l2": (max_pool_l2, max_pool_l2_case),
          "group_norm_nested": (group_norm_nested, group_norm_case),
          "paged_decode": (paged_decode, paged_decode_case),
          "segment_mean": (segment_mean, segment_mean_case),
+         "mean_nearest_distance": (mean_nearest_distance, mean_nearest_case),
          "layernorm_backward": (tf.grad(K.layernorm), layernorm_backward_case),
          "group_norm_backward": (tf.grad(group_norm), group_norm_backward_case),
          # a softmax normaliser over 300 features of a GEMM's: once cut by the floor, now one
@@ -146,10 +155,10 @@ CASES = {"max_pool_l2": (max_pool_l2, max_pool_l2_case),
          **{name: (kernel, case) for name, (kernel, case, _) in WIDE.items()}}
 # the rest a template takes whole
 STAGED = {"max_pool_l2", "group_norm_nested", "paged_decode", "layernorm_backward",
-          "group_norm_backward"}
+          "group_norm_backward", "mean_nearest_distance"}
 # checked in the interpreter (a stage no template takes runs on the CPU target there)
 INTERPRETED = ("max_pool_l2", "segment_mean", "layernorm_backward", "group_norm_backward",
-               "head_logsumexp", *WIDE)
+               "head_logsumexp", "mean_nearest_distance", *WIDE)
 
 
 def interpreted(kernel, dynamic=None):

@@ -17,6 +17,7 @@ from tensorfuse.schedule_templates.stages import NotStageable, plan_stages
 from tensorfuse.staged import StagedKernel
 from tensorfuse.targets import get_target
 from benchmarks.unlisted_kernels import latent_attention_decode
+from benchmarks.unlisted_kernels import mean_nearest_distance
 from benchmarks.user_kernels import group_norm, max_pool_l2, paged_decode
 from tests.helpers import fresh_seed, gpu_case, relative_error, run_interpreted
 from tests.schedule_templates.staged_floor import (CASES, INTERPRETED, STAGED, WIDE,
@@ -47,6 +48,18 @@ def test_nested_sums_are_cut_where_one_reads_anothers_final_value():
     # the sums on the row template, the normalising pass on the elementwise template
     assert [choose(s.program, HOPPER) is not None for s in stages] == [True] * 4 + [False]
     assert [s.templated for s in stages] == [True] * 5
+
+
+def test_a_chain_over_three_axes_is_cut_after_the_longest_part_a_template_takes():
+    """Distances over c, their minimum over j, its mean over i: the contraction template takes
+    the distances with their minimum in one pass, so the first stage stores only the minima —
+    cut by groups of one axis, it stored every pair's distance (512 MiB at B8 4096 × 4096)."""
+    stages = stages_of(mean_nearest_distance)
+    assert [s.produces for s in stages] == [("out_min",), ("out",)], \
+        [s.describe() for s in stages]
+    assert all(s.templated for s in stages) and \
+        [c.name for c in stages[0].program.computes] == ["d2", "out_min"]
+    assert [p.name for p in stages[1].program.tensor_params] == ["out_min"]
 
 
 def test_programs_a_template_takes_whole_or_whose_stages_none_takes_are_not_staged():
