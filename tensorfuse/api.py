@@ -273,14 +273,14 @@ def _rewritten(kernel, spec, rewrite, dynamic: "bool | None"):
     rewrote), compiled as ``tf.compile`` compiles any, behind the user's program; else ``None``."""
     from .dsl.program import ProgramKernel
 
-    from .widened_kernel import RewrittenKernel
+    from .widened_kernel import RewrittenKernel, quiet_if_staged
 
     found = rewrite(kernel.program) if _triton_available() else None
     if found is None:
         return None
     program, note = found
-    inner = _compile(ProgramKernel(program), spec,
-                     "auto", dynamic=dynamic)
+    inner = quiet_if_staged(lambda: _compile(ProgramKernel(program), spec, "auto",
+                            dynamic=dynamic), getattr(rewrite, "staged_by_design", False))
     return RewrittenKernel(kernel.program, inner, note)
 
 

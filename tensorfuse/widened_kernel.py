@@ -59,3 +59,26 @@ class RewrittenKernel(GraphCallable):
 
     def cache_info(self) -> list:
         return self.inner.cache_info()
+
+
+def quiet_if_staged(make, staged_by_design: bool):
+    """``make()`` — the compiled kernel of a rewritten program — with the floor's
+    :class:`~tensorfuse.errors.NoTemplateWarning` left out where the rewrite cuts the program
+    into stages by design (nested scans: one a reduced axis) and a template takes every one:
+    the rewrite's note says so, and "no template takes it whole" would read like a failure.
+    Every other warning ``make()`` gives is passed on where it was raised."""
+    import warnings
+
+    from .errors import NoTemplateWarning
+    from .staged import StagedKernel
+
+    if not staged_by_design:
+        return make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        made = make()
+    planned = isinstance(made, StagedKernel) and all(s.templated for s in made.stages)
+    for w in caught:
+        if not (planned and issubclass(w.category, NoTemplateWarning)):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return made

@@ -52,6 +52,9 @@ def nested_scans(program: Program) -> tuple[Program, str] | None:
     return rewritten_program(program, list(program.params), made), note
 
 
+nested_scans.staged_by_design = True   # its stages are the plan: tf.compile warns of no floor
+
+
 def _stages(c: Compute, taken: set) -> "list[Compute] | None":
     """The nested reductions of ``c``, innermost first (the last is ``c`` itself); ``None``
     where ``c`` is not of the form the module describes."""

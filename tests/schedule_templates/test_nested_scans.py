@@ -2,12 +2,15 @@
 (``schedule_templates/nested_scans.py``): the stages the rewrite makes and what it leaves
 alone, the numbers on the CPU target and, for sm_90a, in Triton's interpreter
 (:mod:`tests.schedule_templates.nested_scans_check`) against float64, and on a GPU."""
+import warnings
+
 import pytest
 import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.dsl.program import ProgramKernel
+from tensorfuse.errors import NoTemplateWarning
 from tensorfuse.schedule_templates.nested_scans import nested_scans
 from tests.helpers import fresh_seed, gpu_error, poisoned_call, relative_error, run_interpreted
 from tests.schedule_templates.nested_scans_check import (CASES, cumulative_row_sums,
@@ -30,7 +33,11 @@ def test_an_integral_image_is_a_scan_along_the_rows_then_one_down_them():
     assert (_names(outer.axes), _names(outer.over)) == (["b", "i", "k"], ["j"])
     assert outer.name == "out" and outer.is_output and inner.dtypes == ("f32",)
     assert "out over j, l written as one reduction an axis" in note
-    made = tf.compile(integral_image, target="cuda:sm_90a")
+    with warnings.catch_warnings(record=True) as caught:   # stages by design: no floor warning
+        warnings.simplefilter("always")
+        made = tf.compile(integral_image, target="cuda:sm_90a")
+    assert not [w for w in caught if issubclass(w.category, NoTemplateWarning)], \
+        [str(w.message) for w in caught]
     origin = made.schedule_origin(B=2, H=64, W=4096)
     assert origin.startswith("out over j, l written") and origin.count("scan template") == 2
 
