@@ -12,7 +12,8 @@ of the sum's result that neither the index nor the value reads; the program's ot
 are elementwise, before the sum (inlined into its value) or after it (the outputs' epilogue).
 The emitter (:mod:`tensorfuse.targets.triton.scatter`) adds each term with an atomic add into
 an f32 accumulator: indices that repeat (an embedding's tokens) sum in no fixed order, so their
-last bits can differ between runs.
+last bits can differ between runs. An integer sum (a histogram's counts) accumulates in its own
+integer type: exact, in any order.
 
 Where the index takes far fewer positions than the output's axis has elements (an embedding's
 8192 tokens over a vocabulary of 128256), an accumulator the output's size is mostly zeros
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from ..algebra import inline_elementwise
 from ..algebra.exprs import nodes
+from ..dsl import dtypes as dt
 from ..dsl.expr import Axis, Compare, Const, Expr, Ref, Where
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
@@ -80,7 +82,8 @@ class ScatterPlan:
         where = "".join(f" where {to_text(c)}" for c in self.conditions)
         return (f"scatter-add plan of {self.program.name}: {self.total.name}[{self.axis.name} = "
                 f"{to_text(self.index)}] += {to_text(self.value)}{where}, over "
-                f"{', '.join(a.name for a in self.terms)} (atomic adds into f32"
+                f"{', '.join(a.name for a in self.terms)} (atomic adds into "
+                f"{'f32' if not dt.is_int(dt.resolve(self.total.dtypes[0])) else 'integers'}"
                 + (f"; slots where {', '.join(a.name for a in self.positions)} take at most "
                    f"half of {self.axis.name}" if self.positions is not None else "")
                 + "); outputs: "

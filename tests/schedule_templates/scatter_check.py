@@ -2,16 +2,43 @@
 (:mod:`tensorfuse.schedule_templates.scatter`) — run by Triton's interpreter against float64
 references (torch's ``index_add_``, never the project's lowering), outputs poisoned first:
 an embedding's with tokens that repeat (over a vocabulary small and large: through slots),
-a segment mean's with rows no segment covers. Prints
-each case's relative error as JSON.
+a segment mean's with rows no segment covers, and integer sums by a computed bin (weighted
+counts past 2²⁴: exact, or an error of 1). Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.scatter_check SEED
 """
 import torch
 
 import tensorfuse as tf
+from tensorfuse import dsl as T
 from benchmarks.user_kernels import embedding, segment_mean
-from tests.helpers import poisoned_main
+from tests.helpers import poisoned_main, relative_error
+
+
+@tf.kernel
+def weighted_counts(x: T.Tensor["N", "i32"], w: T.Tensor["N", "i32"]):
+    """A weighted histogram of 16 bins: each bin's sum of the weights of the elements in it."""
+    j = T.axes("j")
+    k = T.axis("k", 16)
+    return T.sum(T.where(x[j] == k, w[j], 0), over=j)
+
+
+def weighted_counts_case(generator, N=300):
+    """Weights just past 2²⁴ (an f32 sum would round their last bits), bins out of range among
+    them (they add nothing)."""
+    x = torch.randint(-2, 18, (N,), generator=generator).to(torch.int32)
+    w = (2**24 + torch.randint(1, 1000, (N,), generator=generator)).to(torch.int32)
+    kept = (x >= 0) & (x < 16)
+    return dict(x=x, w=w), torch.zeros(16, dtype=torch.int64).index_add_(
+        0, x[kept].long(), w[kept].long())
+
+
+def exact_for_integers(out, want) -> float:
+    """:func:`relative_error` of a float output; 1.0 where an integer output differs anywhere
+    from its reference, else 0.0."""
+    if want.is_floating_point():
+        return relative_error(out, want)
+    return float(bool((out.cpu().long() != want.cpu().long()).any()))
 
 
 def embedding_case(generator, V=50, M=300, D=24, width=4.0):
@@ -55,10 +82,11 @@ CASES = {"embedding": (tf.grad(embedding), embedding_case),
          "embedding_large_vocabulary_sizes_as_arguments": (tf.grad(embedding),
                                                            large_vocabulary_case),
          # every size an argument of the kernels from the first call (tf.compile's dynamic=True)
-         "embedding_sizes_as_arguments": (tf.grad(embedding), embedding_case)}
+         "embedding_sizes_as_arguments": (tf.grad(embedding), embedding_case),
+         "weighted_counts": (weighted_counts, weighted_counts_case)}
 
 if __name__ == "__main__":
     # every size an argument of the kernels from the first call where the case's name says so
     poisoned_main(CASES, lambda name, kernel: tf.compile(
         kernel, target="cuda:sm_90a",
-        dynamic=True if name.endswith("sizes_as_arguments") else None))
+        dynamic=True if name.endswith("sizes_as_arguments") else None), exact_for_integers)

@@ -1,6 +1,7 @@
 """The Triton emitter of the scatter-add plan (``schedule_templates.scatter``): one kernel adds
-every term into its element of an f32 accumulator with atomic adds, a second writes the outputs
-from it (their epilogue: a cast, a scale). Where the plan compacts, a first kernel claims the
+every term into its element of an accumulator with atomic adds (f32; an integer sum's own
+integer type, so counts stay exact past 2²⁴ — a histogram's bin of 2²⁵ hits — and do not depend on
+the order of the adds), a second writes the outputs from it (their epilogue: a cast, a scale). Where the plan compacts, a first kernel claims the
 slots and the accumulator holds slots, not the output's elements.
 
 Both walk a flat index over their axes, the innermost axis of the accumulator innermost, so a
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from ...dsl import dtypes as dt
 from .expr import TL_DTYPES, TileContext, to_triton
 from .tile_text import assemble_source, store_offsets
 
@@ -18,6 +20,13 @@ BLOCK = 1024   # elements a program takes (not measured: a memory-bound elementw
 
 def extent(axis, sizes: dict) -> int:
     return axis.extent if isinstance(axis.extent, int) else sizes[axis.extent]
+
+
+def accumulator_type(plan) -> str:
+    """The accumulator's element type: the sum's own where it is ``i32`` or ``i64``, ``i32``
+    for a sum of narrower integers, else ``f32``."""
+    total = dt.resolve(plan.total.dtypes[0])
+    return total if total in ("i32", "i64") else "i32" if dt.is_int(total) else "f32"
 
 
 def accumulator_axes(plan) -> tuple:
@@ -71,7 +80,7 @@ def slots(plan, sizes: dict) -> int:
 
 
 def scratch_shapes(plan, sizes: dict) -> dict:
-    """The call's buffers beside its arguments: the f32 accumulator (zeroed: the output's
+    """The call's buffers beside its arguments: the accumulator (zeroed: the output's
     shape, or a slot's row for every position), and where it compacts the slot each element
     of the scattered axis claimed (filled with the slots' count: none)."""
     if not compacts(plan, sizes):
@@ -124,7 +133,7 @@ def scatter_source(plan, name: str, sizes: dict, args: list[str]) -> str:
     _index(w, plan, tile, sizes, not compact and elements >= 2**31)
     if plan.conditions:
         w(f"keep = keep & {' & '.join(f'({to_triton(c, tile)})' for c in plan.conditions)}")
-    w(f"value = {to_triton(plan.value, tile)}")
+    w(f"value = ({to_triton(plan.value, tile)}).to({TL_DTYPES[accumulator_type(plan)]})")
     if compact:
         w("slot = tl.load(owner + idx, mask=keep, other=0)")
         where = _slot_offsets(plan, tile, sizes, "slot")
@@ -137,13 +146,14 @@ def scatter_source(plan, name: str, sizes: dict, args: list[str]) -> str:
     kernels.append((f"{name}_terms", args, w.lines))
     w = SourceWriter(False)
     tile = _flat(w, acc_axes, sizes, elements, elements)
+    zero = "0.0" if accumulator_type(plan) == "f32" else "0"
     if compact:
         # an element no position named has no slot: its sum is zero
         w(f"slot = tl.load(owner + {tile.axes[plan.axis.uid]}, mask=ok, other=0)")
         w(f"total = tl.load(acc + ({_slot_offsets(plan, tile, sizes, 'slot')}), "
-          f"mask=ok & (slot < {slots(plan, sizes)}), other=0.0)")
+          f"mask=ok & (slot < {slots(plan, sizes)}), other={zero})")
     else:
-        w("total = tl.load(acc + lin, mask=ok, other=0.0)")
+        w(f"total = tl.load(acc + lin, mask=ok, other={zero})")
     tile = tile.child(refs={plan.total.name: "total"})
     for c, expr in plan.outputs:
         w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, tile, sizes)}), "

@@ -1,5 +1,5 @@
-"""The scatter-add template's kernels as a callable (``schedule_templates.scatter``): an f32
-accumulator zeroed per call, the terms added into it, the outputs written from it (a
+"""The scatter-add template's kernels as a callable (``schedule_templates.scatter``): an
+accumulator (f32, or the integer sum's own type) zeroed per call, the terms added into it, the outputs written from it (a
 :class:`~.plan_kernel.PlanKernel`)."""
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from ...binding import split_scalars
 from .plan_kernel import PlanKernel
-from .scatter import BLOCK, compacts, extent, grids, scatter_source, scratch_shapes, slots
+from .scatter import (BLOCK, accumulator_type, compacts, extent, grids, scatter_source,
+                      scratch_shapes, slots)
 
-ORIGIN = "scatter-add template (atomic adds into an f32 accumulator)"
+ORIGIN = "scatter-add template (atomic adds into an {} accumulator)"
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class ScatterKernel(PlanKernel):
 
     def __init__(self, plan, target, dynamic: "bool | None" = None):
         super().__init__(plan, target, dynamic)
-        self.description = ORIGIN
+        self.description = ORIGIN.format(accumulator_type(plan))
         self._scratch_shapes: dict = {}
 
     def _knobs(self, dims: dict) -> ScatterKnobs:
@@ -55,7 +56,8 @@ class ScatterKernel(PlanKernel):
         return scatter_source(self.plan, self._name, sizes, args)
 
     def _signature(self) -> dict:
-        return {"acc": "*fp32", "owner": "*i32"}
+        return {"acc": {"f32": "*fp32"}.get(accumulator_type(self.plan),
+                                            f"*{accumulator_type(self.plan)}"), "owner": "*i32"}
 
     def compiled(self, which: str = "terms", **dims):
         return super().compiled(which, **dims)
@@ -80,7 +82,9 @@ class ScatterKernel(PlanKernel):
         if key not in self._scratch_shapes:   # decided once per sizes, not on every call
             self._scratch_shapes[key] = scratch_shapes(self.plan, dims)
         shapes = self._scratch_shapes[key]
-        made = {"acc": torch.zeros(shapes["acc"], dtype=torch.float32, device=device)}
+        made = {"acc": torch.zeros(shapes["acc"], device=device, dtype={
+            "f32": torch.float32, "i32": torch.int32, "i64": torch.int64}[
+                accumulator_type(self.plan)])}
         if "owner" in shapes:   # no slot claimed: the slots' count, the accumulator's rows
             made["owner"] = torch.full(shapes["owner"], shapes["acc"][0], dtype=torch.int32,
                                        device=device)
