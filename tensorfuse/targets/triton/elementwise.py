@@ -175,6 +175,8 @@ class ElementwiseKernel(ScatterKernel):
     """An :class:`~tensorfuse.schedule_templates.elementwise.ElementwisePlan` run as one Triton
     kernel, a tile of :func:`tile_shape` a program."""
 
+    scratch_names = ()   # no accumulator: every output element written once
+
     def __init__(self, plan, target, dynamic: "bool | None" = None):
         super().__init__(plan, target, dynamic)
         self.outputs = [c for c, _ in plan.outputs]

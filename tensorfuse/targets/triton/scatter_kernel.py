@@ -30,7 +30,9 @@ class ScatterKernel(PlanKernel):
 
     def __init__(self, plan, target, dynamic: "bool | None" = None):
         super().__init__(plan, target, dynamic)
-        self.description = ORIGIN.format(accumulator_type(plan))
+        # (a subclass without the accumulator — the elementwise template — has no sum to type)
+        self.accumulator = accumulator_type(plan) if "acc" in self.scratch_names else None
+        self.description = ORIGIN.format(self.accumulator)
         self._scratch_shapes: dict = {}
 
     def _knobs(self, dims: dict) -> ScatterKnobs:
@@ -56,8 +58,8 @@ class ScatterKernel(PlanKernel):
         return scatter_source(self.plan, self._name, sizes, args)
 
     def _signature(self) -> dict:
-        return {"acc": {"f32": "*fp32"}.get(accumulator_type(self.plan),
-                                            f"*{accumulator_type(self.plan)}"), "owner": "*i32"}
+        return {"acc": {"f32": "*fp32"}.get(self.accumulator, f"*{self.accumulator}"),
+                "owner": "*i32"}
 
     def compiled(self, which: str = "terms", **dims):
         return super().compiled(which, **dims)
@@ -83,8 +85,7 @@ class ScatterKernel(PlanKernel):
             self._scratch_shapes[key] = scratch_shapes(self.plan, dims)
         shapes = self._scratch_shapes[key]
         made = {"acc": torch.zeros(shapes["acc"], device=device, dtype={
-            "f32": torch.float32, "i32": torch.int32, "i64": torch.int64}[
-                accumulator_type(self.plan)])}
+            "f32": torch.float32, "i32": torch.int32, "i64": torch.int64}[self.accumulator])}
         if "owner" in shapes:   # no slot claimed: the slots' count, the accumulator's rows
             made["owner"] = torch.full(shapes["owner"], shapes["acc"][0], dtype=torch.int32,
                                        device=device)
