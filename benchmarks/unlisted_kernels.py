@@ -3,7 +3,8 @@ and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens (fr
 from the sequences' lengths: the padding never read), Mamba's causal
 depthwise convolution, a mixture of experts' gated combine, cosine similarities, squared and L1
 distances between point sets, a Gaussian kernel's sum over one and nearest neighbours (and their mean distance: a
-Chamfer distance's half), k-means' assignment of points to their nearest centroid, retrieval's top-1 key, a contrastive loss's
+Chamfer distance's half), a histogram of byte values, a mixture of experts' capacity
+positions (a running count per expert), k-means' assignment of points to their nearest centroid, retrieval's top-1 key, a contrastive loss's
 normaliser over 768-dimensional embeddings, columns
 L2-normalised, a router's softmax over 8 experts, a log-softmax down the vocabulary axis of
 vocabulary-major logits, rotary
@@ -140,6 +141,24 @@ def mean_nearest_distance(x: T.Tensor["B", "N", "C", "f32"], y: T.Tensor["B", "M
     b, i, j, c = T.axes("b i j c")
     d2 = T.sum((x[b, i, c] - y[b, j, c]) * (x[b, i, c] - y[b, j, c]), over=c)
     return T.sum(T.min(d2, over=j), over=i) / T.size("N")
+
+
+@tf.kernel
+def byte_histogram(x: T.Tensor["N", "i32"]):
+    """``torch.bincount(x, minlength=256)``: how many elements hold each value 0-255 (others
+    count nowhere)."""
+    j = T.axes("j")
+    k = T.axis("k", 256)
+    return T.sum(T.where(x[j] == k, 1, 0), over=j)
+
+
+@tf.kernel
+def expert_positions(e: T.Tensor["N", "i32"]):
+    """A mixture of experts' capacity positions: for each token and expert, how many tokens up
+    to it were routed there (``one_hot(e, 64).cumsum(0)``)."""
+    j = T.axes("j")
+    i, k = T.axis("i", "N"), T.axis("k", 64)
+    return T.sum(T.where((j <= i) & (e[j] == k), 1, 0), over=j)
 
 
 @tf.kernel
@@ -466,6 +485,31 @@ def _mean_nearest_case(generator, B=8, N=4096, M=4096, C=3) -> Case:
                 broadcast(x.double(), y.double()), lambda out: out,
                 flops=B * N * M * (3 * C + 1), ceiling="f32_gemm_tflops",
                 notes={TENSORFUSE: f.schedule_origin(B=B, N=N, M=M, C=C)})
+
+
+def _histogram_case(generator, N=1 << 26) -> Case:
+    """One value in 40 out of range (counted nowhere), the rest skewed to low values."""
+    x = (torch.rand(N, generator=generator) ** 3 * 266).to(torch.int32).cuda()
+    f, compiled = Recorded(byte_histogram), torch.compile(
+        lambda t: torch.bincount(t[(t >= 0) & (t < 256)], minlength=256))
+    ref = torch.bincount(x.cpu()[x.cpu() < 256].long(), minlength=256).double().cuda()
+    return Case("byte_histogram", f"N{N} i32, 256 bins", lambda: f(x),
+                {TORCH_EAGER: lambda: torch.bincount(x[x < 256], minlength=256),
+                 TORCH_COMPILE: lambda: compiled(x)},
+                ref, lambda out: out, bytes=x.numel() * 4,
+                notes={TENSORFUSE: f.schedule_origin(N=N)})
+
+
+def _expert_positions_case(generator, N=65536) -> Case:
+    e = torch.randint(0, 64, (N,), generator=generator).to(torch.int32).cuda()
+
+    def eager(t):
+        return F.one_hot(t.long(), 64).cumsum(0)
+    f, compiled = Recorded(expert_positions), torch.compile(eager)
+    return Case("expert_positions", f"N{N} E64 i32", lambda: f(e),
+                {TORCH_EAGER: lambda: eager(e), TORCH_COMPILE: lambda: compiled(e)},
+                eager(e).double(), lambda out: out, bytes=N * 4 + N * 64 * 4,
+                notes={TENSORFUSE: f.schedule_origin(N=N)})
 
 
 def _kmeans_assign_case(generator, M=65536, K=1024, D=128) -> Case:
@@ -853,6 +897,8 @@ UNLISTED = {
     "gaussian_kernel_sum": _gaussian_sum_case,
     "nearest_neighbour": _nearest_neighbour_case,
     "mean_nearest_distance": _mean_nearest_case,
+    "byte_histogram": _histogram_case,
+    "expert_positions": _expert_positions_case,
     "kmeans_assign": _kmeans_assign_case,
     "best_match_index": _best_match_index_case,
     "contrastive_normaliser": _contrastive_case,

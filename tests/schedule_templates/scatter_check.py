@@ -2,8 +2,9 @@
 (:mod:`tensorfuse.schedule_templates.scatter`) — run by Triton's interpreter against float64
 references (torch's ``index_add_``, never the project's lowering), outputs poisoned first:
 an embedding's with tokens that repeat (over a vocabulary small and large: through slots),
-a segment mean's with rows no segment covers, and integer sums by a computed bin (weighted
-counts past 2²⁴: exact, or an error of 1). Prints each case's relative error as JSON.
+a segment mean's with rows no segment covers, integer sums by a computed bin (weighted
+counts past 2²⁴: exact, or an error of 1) and counts into few bins (a histogram, exact; counts
+scaled in f32). Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.scatter_check SEED
 """
@@ -11,6 +12,7 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
+from benchmarks.unlisted_kernels import byte_histogram
 from benchmarks.user_kernels import embedding, segment_mean
 from tests.helpers import poisoned_main, relative_error
 
@@ -31,6 +33,27 @@ def weighted_counts_case(generator, N=300):
     kept = (x >= 0) & (x < 16)
     return dict(x=x, w=w), torch.zeros(16, dtype=torch.int64).index_add_(
         0, x[kept].long(), w[kept].long())
+
+
+@tf.kernel
+def scaled_counts(x: T.Tensor["N", "i32"]):
+    """Each of 37 bins' count times 0.5, in f32: counted into bins a program, then scaled."""
+    j = T.axes("j")
+    k = T.axis("k", 37)
+    return T.sum(T.where(x[j] == k, 0.5, 0.0), over=j)
+
+
+def histogram_case(generator, N=40000, bins=256):
+    """More values than a program counts (several programs add into each bin), one in ten out
+    of range either side (counted nowhere)."""
+    x = torch.randint(-bins // 10, bins + bins // 10, (N,), generator=generator).to(torch.int32)
+    kept = (x >= 0) & (x < bins)
+    return dict(x=x), torch.bincount(x[kept].long(), minlength=bins)
+
+
+def scaled_counts_case(generator, N=20000):
+    args, counts = histogram_case(generator, N, 37)
+    return args, counts.double() * 0.5
 
 
 def exact_for_integers(out, want) -> float:
@@ -83,7 +106,9 @@ CASES = {"embedding": (tf.grad(embedding), embedding_case),
                                                            large_vocabulary_case),
          # every size an argument of the kernels from the first call (tf.compile's dynamic=True)
          "embedding_sizes_as_arguments": (tf.grad(embedding), embedding_case),
-         "weighted_counts": (weighted_counts, weighted_counts_case)}
+         "weighted_counts": (weighted_counts, weighted_counts_case),
+         "byte_histogram": (byte_histogram, histogram_case),
+         "scaled_counts": (scaled_counts, scaled_counts_case)}
 
 if __name__ == "__main__":
     # every size an argument of the kernels from the first call where the case's name says so

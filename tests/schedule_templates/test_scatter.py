@@ -123,6 +123,32 @@ def test_sm90a_code_adds_vectors_of_f32_atomically_and_relaxed():
         made.ptx("claims", V=8192, M=8192, D=4096)
 
 
+@tf.kernel
+def wide_histogram(x: T.Tensor["N", "i32"]):
+    j = T.axes("j")
+    k = T.axis("k", 5000)
+    return T.sum(T.where(x[j] == k, 1, 0), over=j)
+
+
+def test_counts_into_few_bins_are_counted_a_program_then_added_a_bin():
+    """A byte histogram: each program counts its block into 256 bins in shared memory, then adds
+    each bin to the accumulator once (an atomic add a term serialised on 256 addresses); a
+    weighted sum and a count into more bins than a program holds keep an atomic add a term —
+    and compile (a constant added a term once failed in Triton, not in its interpreter)."""
+    pytest.importorskip("triton", reason="the template generates Triton kernels")
+    from benchmarks.unlisted_kernels import byte_histogram
+    from tests.schedule_templates.scatter_check import weighted_counts
+
+    made = tf.compile(byte_histogram, target="cuda:sm_90a")
+    assert "tl.histogram(" in made.source(N=1 << 20)
+    terms = made.ptx("terms", N=1 << 20)
+    assert "atom.shared.add" in terms and "atom.global.gpu.relaxed.add.u32" in terms
+    for kernel in (weighted_counts, wide_histogram):
+        made = tf.compile(kernel, target="cuda:sm_90a")
+        assert "tl.histogram" not in made.source(N=4096)
+        assert "atom.global.gpu.relaxed.add" in made.ptx("terms", N=4096)
+
+
 def test_a_vocabulary_far_larger_than_the_tokens_sums_into_slots():
     """Llama-3's vocabulary and 8192 tokens: the accumulator holds a row for each token (134 MB
     of f32), not one for each id of the vocabulary (2.1 GB); at as many ids as tokens it does

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from ...binding import split_scalars
 from .plan_kernel import PlanKernel
-from .scatter import (BLOCK, accumulator_type, compacts, extent, grids, scatter_source,
-                      scratch_shapes, slots)
+from .scatter import (BLOCK, accumulator_type, block, compacts, extent, grids,
+                      scatter_source, scratch_shapes, slots)
 
 ORIGIN = "scatter-add template (atomic adds into an {} accumulator)"
 
@@ -45,7 +45,7 @@ class ScatterKernel(PlanKernel):
         return grids(self.plan, dims)
 
     def _meta(self, dims: dict) -> dict:
-        return dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1)
+        return dict(BLOCK_M=block(self.plan, dims), BLOCK_N=1, BLOCK_K=1)
 
     @property
     def _pointers(self) -> set:
