@@ -195,8 +195,9 @@ def test_scatters_match_float64_on_the_gpu(name):
 
     kernel, case = CASES[name]
     args, want, seed = gpu_case(case)
-    out = torch.full(want.shape, float("nan"), device="cuda", dtype=torch.bfloat16) \
-        if want.is_floating_point() else torch.full(want.shape, -7, device="cuda",
-                                                    dtype=torch.int32)
+    dtype = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32}[
+        kernel.program.outputs[0].dtypes[0]]
+    out = torch.full(want.shape, float("nan") if dtype.is_floating_point else -7, device="cuda",
+                     dtype=dtype)
     assert tf.compile(kernel)(**args, out=out) is out
     assert exact_for_integers(out, want.cuda()) < 2e-2, seed
