@@ -2,9 +2,10 @@
 and 2×2 max pool in NCHW, maxout over 4 features, a masked mean over tokens (from a mask, and
 from the sequences' lengths: the padding never read), Mamba's causal
 depthwise convolution, a mixture of experts' gated combine, cosine similarities, squared and L1
-distances between point sets, a Gaussian kernel's sum over one and nearest neighbours (and their mean distance: a
-Chamfer distance's half), a histogram of byte values, a mixture of experts' capacity
-positions (a running count per expert), k-means' assignment of points to their nearest centroid, retrieval's top-1 key, a contrastive loss's
+distances between point sets, a Gaussian kernel's sum over one and nearest neighbours (and
+their mean distance: a Chamfer distance's half), a histogram of byte values, a mixture of
+experts' capacity positions (a running count per expert), k-means' assignment of points to
+their nearest centroid, retrieval's top-1 key, a contrastive loss's
 normaliser over 768-dimensional embeddings, columns
 L2-normalised, a router's softmax over 8 experts, a log-softmax down the vocabulary axis of
 vocabulary-major logits, rotary

@@ -141,6 +141,8 @@ def test_counts_into_few_bins_are_counted_a_program_then_added_a_bin():
 
     made = tf.compile(byte_histogram, target="cuda:sm_90a")
     assert "tl.histogram(" in made.source(N=1 << 20)
+    assert made.schedule_origin(N=1 << 20).endswith(
+        "each program counts 16384 terms into 256 bins of its own, then adds them")
     terms = made.ptx("terms", N=1 << 20)
     assert "atom.shared.add" in terms and "atom.global.gpu.relaxed.add.u32" in terms
     for kernel in (weighted_counts, wide_histogram):

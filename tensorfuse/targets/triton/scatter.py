@@ -1,8 +1,10 @@
 """The Triton emitter of the scatter-add plan (``schedule_templates.scatter``): one kernel adds
 every term into its element of an accumulator with atomic adds (f32; an integer sum's own
-integer type, so counts stay exact past 2²⁴ — a histogram's bin of 2²⁵ hits — and do not depend on
-the order of the adds), a second writes the outputs from it (their epilogue: a cast, a scale). Where the plan compacts, a first kernel claims the
-slots and the accumulator holds slots, not the output's elements.
+integer type, so counts stay exact past 2²⁴ — a histogram's bin of 2²⁵ hits — and do not
+depend on the order of the adds), a second writes the outputs from it (their epilogue: a cast,
+a scale). Where the plan compacts, a first kernel claims the slots and the accumulator holds
+slots, not the output's elements; where it counts into few bins, each program counts its
+block into bins of its own first (:func:`bins`).
 
 Both walk a flat index over their axes, the innermost axis of the accumulator innermost, so a
 row of values is read and added along contiguous memory (an embedding gradient's rows, a

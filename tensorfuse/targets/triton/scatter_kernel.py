@@ -1,14 +1,14 @@
 """The scatter-add template's kernels as a callable (``schedule_templates.scatter``): an
-accumulator (f32, or the integer sum's own type) zeroed per call, the terms added into it, the outputs written from it (a
-:class:`~.plan_kernel.PlanKernel`)."""
+accumulator (f32, or the integer sum's own type) zeroed per call, the terms added into it, the
+outputs written from it (a :class:`~.plan_kernel.PlanKernel`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...binding import split_scalars
 from .plan_kernel import PlanKernel
-from .scatter import (BLOCK, accumulator_type, block, compacts, extent, grids,
-                      scatter_source, scratch_shapes, slots)
+from .scatter import (BINNED_BLOCK, BLOCK, accumulator_type, bins, block, compacts, extent,
+                      grids, scatter_source, scratch_shapes, slots)
 
 ORIGIN = "scatter-add template (atomic adds into an {} accumulator)"
 
@@ -68,8 +68,12 @@ class ScatterKernel(PlanKernel):
         return super().ptx(which, **dims)
 
     def schedule_origin(self, **dims) -> str:
-        """The template; at given sizes also whether its sums go through slots."""
+        """The template; at given sizes also whether its sums go through slots, or are
+        counted into bins a program first."""
         dims, _ = split_scalars(self.program, dims)
+        if dims and bins(self.plan, dims):
+            return (f"{self.description}; each program counts {BINNED_BLOCK} terms into "
+                    f"{extent(self.plan.axis, dims)} bins of its own, then adds them")
         if not dims or not compacts(self.plan, dims):
             return self.description
         return (f"{self.description}; slots for the {slots(self.plan, dims)} positions "
