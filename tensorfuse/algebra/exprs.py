@@ -201,6 +201,13 @@ def factors(e: Expr) -> list[Expr]:
     return [e]
 
 
+def conjuncts(e: Expr) -> list[Expr]:
+    """The terms of a conjunction ``a & b & …`` in order (``e`` itself when it is not one)."""
+    if isinstance(e, Binary) and e.op == "and":
+        return conjuncts(e.a) + conjuncts(e.b)
+    return [e]
+
+
 def has_axis(e: Expr, axis: Axis) -> bool:
     return any(a.uid == axis.uid for a in e.axes)
 

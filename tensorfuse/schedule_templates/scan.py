@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 
 from ..algebra import inline_elementwise
+from ..algebra.exprs import conjuncts
 from ..dsl.expr import Axis, Binary, Cast, Compare, Const, Expr, Unary, Where, binary, unary
 from ..dsl.monoid import Monoid
 from ..dsl.printer import to_text
@@ -328,14 +329,7 @@ def peeled(body: Expr, total: Compute) -> tuple[Expr, list]:
                 body = mask[0] if _is(mask[1].a, 1) else binary("mul", mask[1].a, mask[0])
                 continue
         break
-    split = []
-    while conditions:
-        c = conditions.pop()
-        if isinstance(c, Binary) and c.op == "and":
-            conditions += [c.a, c.b]
-        else:
-            split.append(c)
-    return body, split[::-1]
+    return body, [term for c in conditions for term in conjuncts(c)]
 
 
 def _is(e: Expr, value: float) -> bool:

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 from ..algebra import inline_elementwise
-from ..algebra.exprs import nodes
+from ..algebra.exprs import conjuncts, nodes
 from ..dsl import dtypes as dt
 from ..dsl.expr import Axis, Compare, Const, Expr, Ref, Where
 from ..dsl.printer import to_text
@@ -101,7 +101,7 @@ def plan_scatter(program: Program) -> ScatterPlan:
     body = inline_elementwise(total.bodies[0])
     conditions = []
     while isinstance(body, Where) and isinstance(body.b, Const) and body.b.value == 0:
-        conditions.append(body.cond)
+        conditions += conjuncts(body.cond)   # (x[j] == k) & valid[j]: the index's and another
         body = body.a
     kept = {a.uid for a in total.axes}
     found = None
@@ -121,6 +121,12 @@ def plan_scatter(program: Program) -> ScatterPlan:
     rest = tuple(c for j, c in enumerate(conditions) if j != k)
     if any(axis.uid in {a.uid for a in e.axes} for e in (body,) + rest):
         raise TargetError(f"the value added into {total.name} reads {axis.name} itself")
+    reduced = {a.uid for a in total.over}
+    for c in rest:   # (j <= i) & (e[j] == k): a running count per k, every (i, j) a term
+        read = {a.uid for a in c.axes}
+        if read & reduced and read & (kept - {axis.uid}):
+            raise TargetError(f"{to_text(c)} relates a summed axis to one of {total.name}'s "
+                              "result: a range (a scan), not a scatter")
     return ScatterPlan(program, total, axis, index, body, rest, outputs_over(program, total))
 
 

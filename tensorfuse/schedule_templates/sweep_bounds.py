@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..algebra.exprs import conjuncts
 from ..dsl import dtypes as dt
 from ..dsl.expr import Axis, Binary, Compare, Const, Expr
 
@@ -48,7 +49,7 @@ def sweep_bounds(mask: Expr | None, swept: Axis, others: list[Axis]) -> SweepBou
     allowed = {a.uid for a in others}
     lo: list[Expr] = []
     hi: list[Expr] = []
-    for term in _conjuncts(mask):
+    for term in conjuncts(mask):
         if not isinstance(term, Compare) or term.op not in _FLIPPED:
             return None
         op, axis, bound = term.op, term.a, term.b
@@ -62,12 +63,6 @@ def sweep_bounds(mask: Expr | None, swept: Axis, others: list[Axis]) -> SweepBou
         else:
             lo.append(bound if op == "ge" else _plus_one(bound))
     return SweepBounds(tuple(lo), tuple(hi)) if lo or hi else None
-
-
-def _conjuncts(e: Expr) -> list[Expr]:
-    if isinstance(e, Binary) and e.op == "and":
-        return _conjuncts(e.a) + _conjuncts(e.b)
-    return [e]
 
 
 def _is_axis(e: Expr, swept: Axis) -> bool:

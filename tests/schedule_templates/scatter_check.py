@@ -43,6 +43,22 @@ def scaled_counts(x: T.Tensor["N", "i32"]):
     return T.sum(T.where(x[j] == k, 0.5, 0.0), over=j)
 
 
+@tf.kernel
+def masked_histogram(x: T.Tensor["M", "N", "u8"], valid: T.Tensor["M", "bool"]):
+    """The first 100 values' counts over the valid rows of a byte image: the index's condition
+    and the rows' in one conjunction."""
+    i, j = T.axes("i j")
+    k = T.axis("k", 100)
+    return T.sum(T.where((x[i, j] == k) & valid[i], 1, 0), over=(i, j))
+
+
+def masked_histogram_case(generator, M=37, N=999):
+    x = torch.randint(0, 256, (M, N), generator=generator).to(torch.uint8)
+    valid = torch.rand(M, generator=generator) > 0.3
+    return dict(x=x, valid=valid), torch.bincount(x[valid].flatten().long(),
+                                                  minlength=256)[:100]
+
+
 def histogram_case(generator, N=40000, bins=256):
     """More values than a program counts (several programs add into each bin), one in ten out
     of range either side (counted nowhere)."""
@@ -108,7 +124,8 @@ CASES = {"embedding": (tf.grad(embedding), embedding_case),
          "embedding_sizes_as_arguments": (tf.grad(embedding), embedding_case),
          "weighted_counts": (weighted_counts, weighted_counts_case),
          "byte_histogram": (byte_histogram, histogram_case),
-         "scaled_counts": (scaled_counts, scaled_counts_case)}
+         "scaled_counts": (scaled_counts, scaled_counts_case),
+         "masked_histogram": (masked_histogram, masked_histogram_case)}
 
 if __name__ == "__main__":
     # every size an argument of the kernels from the first call where the case's name says so

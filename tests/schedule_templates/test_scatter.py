@@ -7,6 +7,7 @@ import torch
 
 import tensorfuse as tf
 import tensorfuse.dsl as T
+from tensorfuse.dsl.printer import to_text
 from tensorfuse.errors import TargetError
 from tensorfuse.schedule_templates.scatter import plan_scatter
 from tests.schedule_templates.scatter_check import CASES, embedding
@@ -49,13 +50,29 @@ def reads_its_own_slot(x: T.Tensor["M", "N", "bf16"], at: T.Tensor["M", "i32"]):
     return T.sum(T.where(at[i] == j, x[i, j], 0.0), over=i)
 
 
+def _expert_positions():
+    from benchmarks.unlisted_kernels import expert_positions
+
+    return expert_positions
+
+
 @pytest.mark.parametrize("kernel, why", [
     (masked_row_sums, "has no condition 'index == axis' on an axis of its result"),
     (two_sums, "2 reductions; a scatter-add program has one"),
-    (reads_its_own_slot, "the value added into")])
+    (reads_its_own_slot, "the value added into"),
+    # a running count per expert: every (i, j) pair would be a term; the scan template's
+    (_expert_positions(), r"j <= i relates a summed axis to one of out's result: a range")])
 def test_sums_that_are_not_scatters_are_refused_with_the_reason(kernel, why):
     with pytest.raises(TargetError, match=why):
         plan_scatter(kernel.program)
+
+
+def test_an_index_condition_beside_others_in_one_conjunction_is_a_scatter():
+    """``(x[i, j] == k) & valid[i]``: the index's condition found among the conjunction's."""
+    from tests.schedule_templates.scatter_check import masked_histogram
+
+    plan = plan_scatter(masked_histogram.program)
+    assert plan.axis.name == "k" and [to_text(c) for c in plan.conditions] == ["valid[i]"]
 
 
 def test_tf_compile_runs_a_gathers_gradient_as_a_scatter_not_a_dense_row_sum():
