@@ -67,7 +67,8 @@ def _compile(kernel, target, template, untemplated: str | None = None,
     program = kernel.program
     if template == "auto":
         from .schedule_templates import TEMPLATES
-        from .schedule_templates.auto import choose, contraction_templates, native_templates
+        from .schedule_templates.auto import (choose, computed_in_float64,
+                                              contraction_templates, native_templates)
 
         one_row = _unit_rows(kernel, spec, dynamic) if spec.is_gpu else None
         if one_row is not None:   # values over no axis: the templates plan rows
@@ -86,6 +87,8 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             windowed = _rewritten(kernel, spec, rewrite, dynamic)
             if windowed is not None:
                 return windowed
+        if spec.is_gpu and (wide := computed_in_float64(program)):   # as precise as asked
+            return _untemplated(kernel, spec, wide)
         rows = _widened(kernel, spec, dynamic) if spec.is_gpu else None
         if rows is not None:
             return rows
@@ -272,7 +275,6 @@ def _rewritten(kernel, spec, rewrite, dynamic: "bool | None"):
     """The kernel of the equivalent program ``rewrite(program)`` gives (with a note saying what it
     rewrote), compiled as ``tf.compile`` compiles any, behind the user's program; else ``None``."""
     from .dsl.program import ProgramKernel
-
     from .widened_kernel import RewrittenKernel, quiet_if_staged
 
     found = rewrite(kernel.program) if _triton_available() else None
@@ -301,7 +303,6 @@ def _flattened(kernel, spec, dynamic: "bool | None" = False):
     where a template takes it swept as one axis (:mod:`.schedule_templates.flat_sweeps`): that
     template, made per the sizes of those axes; else ``None``."""
     from .dsl.program import ProgramKernel
-
     from .flat_kernel import FlatSweepKernel
     from .schedule_templates.auto import flat_templated
     from .schedule_templates.flat_sweeps import flatten_sweeps, swept_together
@@ -329,7 +330,6 @@ def _hopper_gemm_staged(kernel, spec, dynamic: "bool | None" = False) -> tuple:
     values stored, then the reductions (:mod:`tensorfuse.schedule_templates.gemm_stages`) —, as
     a one-kernel tuple for ``AutoKernel``'s ``ahead``; else ``()``."""
     from .dsl.program import ProgramKernel
-
     from .schedule_templates import TEMPLATES
     from .schedule_templates.gemm_stages import hopper_gemm_stages, hopper_gemm_then_columns
     from .staged import GemmStages

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..algebra import chain_candidates, plan_chain
+from ..dsl import dtypes as dt
 from ..dsl.program import Program
 from ..errors import RollingUpdateError, ScheduleError, TargetError
 from ..targets import TargetSpec
@@ -146,6 +147,18 @@ def contraction_templates(kernel, spec: TargetSpec, records=None,
         return ()
     return tuple(_made(triton_contraction, kernel, spec, tuned=records, dynamic=dynamic,
                        routed=True))
+
+
+def computed_in_float64(program: Program) -> str | None:
+    """Why the GPU templates other than the scan's and the scatter's do not take ``program``:
+    it computes values in float64 (read as f64 and not cast), and they keep their running
+    states, partials and products in float32 — they returned f64 outputs at f32's precision
+    (a log-sum-exp of f64 rows 3e-8 off). None where nothing is computed in float64."""
+    # (the values' own types: an output stored as f64 from f32 values is computed in f32)
+    wide = [c.name for c in program.computes
+            if "f64" in (dt.resolve(b.dtype) for b in c.bodies)]
+    return None if not wide else (f"{', '.join(wide)} computed in float64, which the GPU "
+                                  "templates keep in float32")
 
 
 def why_no_template(program: Program, target: TargetSpec) -> str:

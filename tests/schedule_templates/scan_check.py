@@ -255,6 +255,19 @@ def from_five_back_case(generator, N=150_001):
     return dict(x=x), torch.cat([m[:1].expand(5), m[:-5]])
 
 
+@tf.kernel
+def cumulative_sum_f64(x: T.Tensor["B", "N", "f64"]):
+    """A cumulative sum in float64: loaded, carried and stored in float64."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j <= i, x[b, j], 0.0), over=j)
+
+
+def cumsum_f64_case(generator, B=3, N=2500):
+    x = torch.randn(B, N, generator=generator, dtype=torch.float64) * 1e3 + 1e-3
+    return dict(x=x), torch.cumsum(x, -1)
+
+
 def softmax_of_sums_case(generator, B=3, N=900):
     x = torch.randn(B, N, generator=generator) * 0.3
     return dict(x=x), torch.softmax(torch.cumsum(x.double(), -1), -1)
@@ -278,7 +291,8 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "decayed_within_lengths": (decayed_within_lengths, lengths_decay_case),
          "long_leaky_sum": (long_leaky_sum, leaky_case),
          "sum_up_to_two_ahead": (sum_up_to_two_ahead, ahead_case),
-         "long_max_from_five_back": (long_max_from_five_back, from_five_back_case)}
+         "long_max_from_five_back": (long_max_from_five_back, from_five_back_case),
+         "cumulative_sum_f64": (cumulative_sum_f64, cumsum_f64_case)}
 STAGED = ("max_drawdown", "softmax_of_cumulative_sums")   # a scan stage, then the row template
 # one row cut into parts: N² terms on a CPU
 LONG = ("long_cumulative_sum", "long_leaky_sum", "long_max_from_five_back")
@@ -287,7 +301,9 @@ LONG = ("long_cumulative_sum", "long_leaky_sum", "long_max_from_five_back")
 TOLERANCES = {"softmax_of_cumulative_sums": 1e-5,
               # a decay of exp(−0.001) rounded to float32 (3e-8 relative) reaches a sum through
               # the ~1000 steps it remembers: ~3e-5 of it, however it is computed (seen: 7e-6)
-              "long_leaky_sum": 1e-4, "decayed_within_lengths": 1e-4}
+              "long_leaky_sum": 1e-4, "decayed_within_lengths": 1e-4,
+              # float64 throughout: a float32 load or carry anywhere shows as ~1e-8
+              "cumulative_sum_f64": 1e-12}
 # float32 sums of up to thousands of terms of ±30 against float64, relative to the largest result:
 # their rounding reaches 1e-6 on some draws (a lengths-masked cumulative sum of 600: 1.0e-6)
 F32 = 1e-5

@@ -297,3 +297,38 @@ def test_each_matches_float64_on_the_gpu(name):
     error, dtype, seed = gpu_error(*CASES[name])
     tolerance = 2e-2 if dtype == torch.bfloat16 else max(1e-5, TOLERANCES.get(name, 0))
     assert error < tolerance, f"{name} (TENSORFUSE_SEED={seed})"
+
+
+def test_values_computed_in_float64_stay_float64_or_leave_the_templates():
+    """A float64 scan loads, carries and stores float64 (checked to 1e-12 in the interpreter
+    run above); a float64 log-sum-exp, which the row template would keep in float32 (3e-8
+    off), runs on TVM's default schedule in double, said once; an f64 tensor cast to f32 by
+    the user still gets the templates."""
+    import warnings
+
+    from tensorfuse.errors import NoTemplateWarning
+
+    @tf.kernel
+    def lse_f64(x: T.Tensor["M", "N", "f64"]):
+        i, j = T.axes("i j")
+        m = T.max(x[i, j], over=j)
+        return T.log(T.sum(T.exp(x[i, j] - m), over=j)) + m
+
+    @tf.kernel
+    def lse_cast(x: T.Tensor["M", "N", "f64"]):
+        i, j = T.axes("i j")
+        y = T.cast(x[i, j], "f32")
+        m = T.max(y, over=j)
+        return T.log(T.sum(T.exp(y - m), over=j)) + m
+
+    with pytest.warns(NoTemplateWarning, match="computed in float64"):
+        made = tf.compile(lse_f64, "cuda:sm_90a")
+    assert "computed in float64" in made.schedule_origin(M=7, N=3000)
+    assert "double" in made.cuda_source(M=7, N=3000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoTemplateWarning)
+        made = tf.compile(lse_cast, "cuda:sm_90a")
+    assert "row-reduction template" in made.describe_plan(M=7, N=3000)
+    from tests.schedule_templates.scan_check import cumulative_sum_f64
+
+    assert "tl.float64" in tf.compile(cumulative_sum_f64, "cuda:sm_90a").source(B=3, N=2500)

@@ -401,4 +401,5 @@ def load(e: Load, ctx: TileContext) -> str:
 def computed(loaded: str, dtype: str) -> str:
     """A tile ``loaded`` from a tensor of ``dtype`` in the type the template computes in: 16-bit
     floats widened to f32, other types as they are."""
-    return loaded if not dt.is_float(dtype) or dtype == "f32" else f"{loaded}.to(tl.float32)"
+    return loaded if not dt.is_float(dtype) or dtype in ("f32", "f64") else \
+        f"{loaded}.to(tl.float32)"

@@ -93,12 +93,12 @@ def layout(plan, dims: dict) -> tuple[int, int, int]:
 
 
 def accumulators(plan) -> list[str]:
-    """Each component's carry and terms' Triton type: f32 for floats, the result's own for
-    integers (an arg reduction's index)."""
+    """Each component's carry and terms' Triton type: f32 for floats (f64 for an f64 result: as
+    precise as asked), the result's own for integers (an arg reduction's index)."""
     made = []
     for dtype in plan.dtypes:
         dtype = dt.resolve(dtype)
-        made.append("tl.float32" if dt.is_float(dtype) else TL_DTYPES[dtype])
+        made.append("tl.float32" if dt.is_float(dtype) and dtype != "f64" else TL_DTYPES[dtype])
     return made
 
 

@@ -16,8 +16,10 @@ from . import scan_lookback
 from .tile_text import assemble_source
 
 # the carry's Triton type as torch names it, and as a Triton signature does
-TORCH_ACCUMULATORS = {"tl.float32": "float32", "tl.int32": "int32", "tl.int64": "int64"}
-TRITON_ACCUMULATORS = {"tl.float32": "fp32", "tl.int32": "i32", "tl.int64": "i64"}
+TORCH_ACCUMULATORS = {"tl.float32": "float32", "tl.float64": "float64", "tl.int32": "int32",
+                      "tl.int64": "int64"}
+TRITON_ACCUMULATORS = {"tl.float32": "fp32", "tl.float64": "fp64", "tl.int32": "i32",
+                       "tl.int64": "i64"}
 
 ORIGIN = "scan template (blocks scanned in order, the carry of the blocks before them)"
 

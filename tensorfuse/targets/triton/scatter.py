@@ -33,10 +33,10 @@ def extent(axis, sizes: dict) -> int:
 
 
 def accumulator_type(plan) -> str:
-    """The accumulator's element type: the sum's own where it is ``i32`` or ``i64``, ``i32``
-    for a sum of narrower integers, else ``f32``."""
+    """The accumulator's element type: the sum's own where it is ``i32``, ``i64`` or ``f64``,
+    ``i32`` for a sum of narrower integers, else ``f32``."""
     total = dt.resolve(plan.total.dtypes[0])
-    return total if total in ("i32", "i64") else "i32" if dt.is_int(total) else "f32"
+    return total if total in ("i32", "i64", "f64") else "i32" if dt.is_int(total) else "f32"
 
 
 def accumulator_axes(plan) -> tuple:
@@ -191,7 +191,7 @@ def scatter_source(plan, name: str, sizes: dict, args: list[str]) -> str:
         kernels = _terms(w, plan, tile, sizes, compact, name, args)
     w = SourceWriter(False)
     tile = _flat(w, acc_axes, sizes, elements, elements)
-    zero = "0.0" if accumulator_type(plan) == "f32" else "0"
+    zero = "0" if dt.is_int(accumulator_type(plan)) else "0.0"
     if compact:
         # an element no position named has no slot: its sum is zero
         w(f"slot = tl.load(owner + {tile.axes[plan.axis.uid]}, mask=ok, other=0)")

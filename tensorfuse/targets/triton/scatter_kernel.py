@@ -58,7 +58,8 @@ class ScatterKernel(PlanKernel):
         return scatter_source(self.plan, self._name, sizes, args)
 
     def _signature(self) -> dict:
-        return {"acc": {"f32": "*fp32"}.get(self.accumulator, f"*{self.accumulator}"),
+        return {"acc": {"f32": "*fp32", "f64": "*fp64"}.get(self.accumulator,
+                                                            f"*{self.accumulator}"),
                 "owner": "*i32"}
 
     def compiled(self, which: str = "terms", **dims):
@@ -89,7 +90,8 @@ class ScatterKernel(PlanKernel):
             self._scratch_shapes[key] = scratch_shapes(self.plan, dims)
         shapes = self._scratch_shapes[key]
         made = {"acc": torch.zeros(shapes["acc"], device=device, dtype={
-            "f32": torch.float32, "i32": torch.int32, "i64": torch.int64}[self.accumulator])}
+            "f32": torch.float32, "f64": torch.float64, "i32": torch.int32,
+            "i64": torch.int64}[self.accumulator])}
         if "owner" in shapes:   # no slot claimed: the slots' count, the accumulator's rows
             made["owner"] = torch.full(shapes["owner"], shapes["acc"][0], dtype=torch.int32,
                                        device=device)
