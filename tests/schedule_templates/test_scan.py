@@ -331,4 +331,7 @@ def test_values_computed_in_float64_stay_float64_or_leave_the_templates():
     assert "row-reduction template" in made.describe_plan(M=7, N=3000)
     from tests.schedule_templates.scan_check import cumulative_sum_f64
 
-    assert "tl.float64" in tf.compile(cumulative_sum_f64, "cuda:sm_90a").source(B=3, N=2500)
+    made = tf.compile(cumulative_sum_f64, "cuda:sm_90a")
+    assert "tl.float64" in made.source(B=3, N=2500)
+    ptx = made.ptx("scan", B=3, N=2500)   # sm_90a: double adds, nothing narrowed to f32
+    assert "add.f64" in ptx and "cvt.rn.f32.f64" not in ptx
