@@ -207,6 +207,43 @@ assert plan.startswith("out over j, l written as one reduction an axis")
 assert plan.count("scan plan of") == 2
 
 # %% [markdown]
+# ## Counting
+# A histogram is a sum of a condition: each bin `k` counts the values equal to it. Read as
+# written, every bin would visit every value; on a GPU `tf.compile` runs it the other way round,
+# as a scatter-add — each program counts a block of values into bins of its own, then adds each
+# bin once — in the sum's own integer type, so the counts are exact. A condition that ties the
+# summed position to the output's (`j <= i`: how many tokens so far went to each expert, a
+# mixture of experts' capacity positions) is a range instead: a scan.
+
+# %%
+@tf.kernel
+def histogram(x: T.Tensor["N", "i32"]):
+    j = T.axes("j")
+    k = T.axis("k", 16)
+    return T.sum(T.where(x[j] == k, 1, 0), over=j)
+
+
+@tf.kernel
+def expert_positions(e: T.Tensor["N", "i32"]):
+    j = T.axes("j")
+    i, k = T.axis("i", "N"), T.axis("k", 8)
+    return T.sum(T.where((j <= i) & (e[j] == k), 1, 0), over=j)
+
+
+values = torch.randint(-2, 18, (5000,), dtype=torch.int32)   # some outside 0..15: counted nowhere
+counts = tf.compile(histogram, target="llvm")(values)
+kept = values[(values >= 0) & (values < 16)]
+assert torch.equal(counts.long(), torch.bincount(kept, minlength=16))
+plan = tf.compile(histogram, target="cuda:sm_90a").schedule_origin(N=5000)
+print(plan)
+assert "16 bins of its own" in plan
+experts = torch.randint(0, 8, (300,), dtype=torch.int32)
+positions = tf.compile(expert_positions, target="llvm")(experts)
+assert torch.equal(positions.long(), F.one_hot(experts.long(), 8).cumsum(0))
+assert tf.compile(expert_positions, target="cuda:sm_90a").describe_plan(N=300).startswith(
+    "scan plan of expert_positions")
+
+# %% [markdown]
 # ## The same kernel for the GPU
 # Code generation needs no GPU. For a GPU target, `tf.compile` fuses the kernel's chain of
 # reductions (see tutorial 2) and generates one Triton kernel — tensor cores for q·kᵀ and p·v, the
