@@ -86,23 +86,17 @@ def _read_at_own_rows(sch: tvm.s_tir.Schedule, blocks, depth: int) -> bool:
 
     def at_rows(region, own) -> bool:
         return len(region.region) >= depth and all(
-            rng.extent.value == 1 if isinstance(rng.extent, tvm.tirx.IntImm) else False
-            for rng in region.region[:depth]) and \
-            all(isinstance(rng.min, tvm.tirx.Var) and rng.min.same_as(v)
-                for rng, v in zip(region.region[:depth], own))
+            _same(rng.extent, tvm.tirx.IntImm("int32", 1)) and rng.min.same_as(v)
+            for rng, v in zip(region.region[:depth], own))
 
-    written = {}
+    written: list = []
     for block in blocks:
         stmt = sch.get(block)
         own = rows(stmt)
-        for region in stmt.reads:
-            if region.source.same_as(written.get(region.source.name)) and \
-                    not at_rows(region, own):
-                return False
-        for region in stmt.writes:
-            if not at_rows(region, own):
-                return False
-            written[region.source.name] = region.source
+        if any(any(r.source.same_as(b) for b in written) and not at_rows(r, own)
+               for r in stmt.reads) or not all(at_rows(r, own) for r in stmt.writes):
+            return False
+        written += [r.source for r in stmt.writes]
     return True
 
 

@@ -78,12 +78,19 @@ class ScatterPlan:
         positions = math.prod(extent(a) for a in self.positions)
         return bool(2 * positions <= extent(self.axis)) and bool(positions < 2**31)
 
+    @property
+    def accumulator(self) -> str:
+        """The accumulator's element type: the sum's own where it is ``i32``, ``i64`` or
+        ``f64`` (exact counts in any order; as precise as asked), ``i32`` for a sum of narrower
+        integers, else ``f32``."""
+        total = dt.resolve(self.total.dtypes[0])
+        return total if total in ("i32", "i64", "f64") else "i32" if dt.is_int(total) else "f32"
+
     def describe(self) -> str:
         where = "".join(f" where {to_text(c)}" for c in self.conditions)
         return (f"scatter-add plan of {self.program.name}: {self.total.name}[{self.axis.name} = "
                 f"{to_text(self.index)}] += {to_text(self.value)}{where}, over "
-                f"{', '.join(a.name for a in self.terms)} (atomic adds into "
-                f"{'f32' if not dt.is_int(dt.resolve(self.total.dtypes[0])) else 'integers'}"
+                f"{', '.join(a.name for a in self.terms)} (atomic adds into {self.accumulator}"
                 + (f"; slots where {', '.join(a.name for a in self.positions)} take at most "
                    f"half of {self.axis.name}" if self.positions is not None else "")
                 + "); outputs: "

@@ -32,13 +32,6 @@ def extent(axis, sizes: dict) -> int:
     return axis.extent if isinstance(axis.extent, int) else sizes[axis.extent]
 
 
-def accumulator_type(plan) -> str:
-    """The accumulator's element type: the sum's own where it is ``i32``, ``i64`` or ``f64``,
-    ``i32`` for a sum of narrower integers, else ``f32``."""
-    total = dt.resolve(plan.total.dtypes[0])
-    return total if total in ("i32", "i64", "f64") else "i32" if dt.is_int(total) else "f32"
-
-
 def accumulator_axes(plan) -> tuple:
     """The accumulator's axes: the first output's order (its epilogue then reads and writes
     along the same memory)."""
@@ -183,7 +176,7 @@ def scatter_source(plan, name: str, sizes: dict, args: list[str]) -> str:
         bin_ids = f"tl.arange(0, {binned})"
         w(f"binned = tl.histogram(tl.where(keep, idx, 0).to(tl.int32), {binned}, mask=keep)")
         w(f"value = (binned * {to_triton(plan.value, tile)})"
-          f".to({TL_DTYPES[accumulator_type(plan)]})")
+          f".to({TL_DTYPES[plan.accumulator]})")
         w(f"tl.atomic_add(acc + {bin_ids}, value, mask={bin_ids} < {extent(plan.axis, sizes)}, "
           "sem='relaxed')")
         kernels = [(f"{name}_terms", args, w.lines)]
@@ -191,7 +184,7 @@ def scatter_source(plan, name: str, sizes: dict, args: list[str]) -> str:
         kernels = _terms(w, plan, tile, sizes, compact, name, args)
     w = SourceWriter(False)
     tile = _flat(w, acc_axes, sizes, elements, elements)
-    zero = "0" if dt.is_int(accumulator_type(plan)) else "0.0"
+    zero = "0" if dt.is_int(plan.accumulator) else "0.0"
     if compact:
         # an element no position named has no slot: its sum is zero
         w(f"slot = tl.load(owner + {tile.axes[plan.axis.uid]}, mask=ok, other=0)")

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from ...binding import split_scalars
 from .plan_kernel import PlanKernel
-from .scatter import (BINNED_BLOCK, BLOCK, accumulator_type, bins, block, compacts, extent,
-                      grids, scatter_source, scratch_shapes, slots)
+from .scatter import (BINNED_BLOCK, BLOCK, bins, block, compacts, extent, grids,
+                      scatter_source, scratch_shapes, slots)
 
 ORIGIN = "scatter-add template (atomic adds into an {} accumulator)"
 
@@ -31,12 +31,13 @@ class ScatterKernel(PlanKernel):
     def __init__(self, plan, target, dynamic: "bool | None" = None):
         super().__init__(plan, target, dynamic)
         # (a subclass without the accumulator — the elementwise template — has no sum to type)
-        self.accumulator = accumulator_type(plan) if "acc" in self.scratch_names else None
+        self.accumulator = plan.accumulator if "acc" in self.scratch_names else None
         self.description = ORIGIN.format(self.accumulator)
         self._scratch_shapes: dict = {}
 
     def _knobs(self, dims: dict) -> ScatterKnobs:
-        return ScatterKnobs()
+        # (the elementwise template, without an accumulator, keeps its block)
+        return ScatterKnobs(block(self.plan, dims)) if self.accumulator else ScatterKnobs()
 
     def _kernels(self, dims: dict) -> list[str]:
         return (["claims"] if compacts(self.plan, dims) else []) + ["terms", "outputs"]
@@ -45,7 +46,7 @@ class ScatterKernel(PlanKernel):
         return grids(self.plan, dims)
 
     def _meta(self, dims: dict) -> dict:
-        return dict(BLOCK_M=block(self.plan, dims), BLOCK_N=1, BLOCK_K=1)
+        return dict(BLOCK_M=self._knobs(dims).block, BLOCK_N=1, BLOCK_K=1)
 
     @property
     def _pointers(self) -> set:
