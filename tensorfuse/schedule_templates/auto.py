@@ -150,7 +150,7 @@ def contraction_templates(kernel, spec: TargetSpec, records=None,
 
 
 def computed_in_float64(program: Program) -> str | None:
-    """Why the GPU templates other than the scan's and the scatter's do not take ``program``:
+    """Why the GPU templates other than the scan, band and scatter-add do not take ``program``:
     it computes values in float64 (read as f64 and not cast), and they keep their running
     states, partials and products in float32 — they returned f64 outputs at f32's precision
     (a log-sum-exp of f64 rows 3e-8 off). None where nothing is computed in float64."""
