@@ -3,7 +3,8 @@ them — a distillation loss (KL divergence of two soft-maxed rows over a vocabu
 of a policy's soft-maxed logits, sigmoid attention (no normaliser: Apple's), fp8-style scaling
 of groups of 128 features by their absolute maximum (DeepSeek's), a CNN's global average pool,
 a log-sum-exp pool over tokens (a reduction down the strided axis), causal attention by squared
-ReLU (Primer's), Perceiver's latent queries shared by the batch, attention pooling by a
+ReLU (Primer's), RetNet's retention (causal scores decayed a head, the mask around the whole
+product), Perceiver's latent queries shared by the batch, attention pooling by a
 learned query vector, cosine-similarity attention (Swin v2's: q·k over the norms) and a linear
 layer of int8 weights with a scale per channel (weight-only quantisation, serving) — through
 ``tf.compile`` defaults against the best torch alternative in the same process, each checked
@@ -91,6 +92,17 @@ def relu2_causal_attention(q: T.Tensor["B", "H", "S", "D", "bf16"],
     b, h, i, j, d, e = T.axes("b h i j d e")
     r = T.maximum(T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale, 0.0)
     return T.cast(T.sum(T.where(i >= j, r * r, 0.0) * v[b, h, j, e], over=j), "bf16")
+
+
+@tf.kernel
+def retention(q: T.Tensor["B", "H", "S", "D", "bf16"], k: T.Tensor["B", "H", "S", "D", "bf16"],
+              v: T.Tensor["B", "H", "S", "D", "bf16"], gamma: T.Tensor["H", "f32"]):
+    """RetNet's retention in its parallel form: causal scores decayed by ``γ_h^(i−j)`` a head,
+    no normaliser — the mask written around the whole product, as the paper's ``(QKᵀ ⊙ D) V``."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d)
+    decay = gamma[h] ** T.cast(i - j, "f32")
+    return T.cast(T.sum(T.where(j <= i, s * decay * v[b, h, j, e], 0.0), over=j), "bf16")
 
 
 @tf.kernel
@@ -243,6 +255,29 @@ def _relu2_case(generator, B=2, H=16, S=4096, D=128) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
 
 
+def _retention_case(generator, B=2, H=16, S=4096, D=128) -> Case:
+    """RetNet's decays, ``1 − 2^(−5−h)`` over 16 heads; torch builds the decay matrix ``D``
+    ``[H, S, S]`` (zero above the diagonal) and multiplies it into the scores."""
+    q, k, v = (torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
+               for _ in range(3))
+    gamma = 1 - 2.0 ** (-5 - torch.arange(H, dtype=torch.float32, device="cuda"))
+    steps = torch.arange(S, device="cuda")
+    gaps = (steps[:, None] - steps[None, :]).float()
+    decay = torch.where(gaps >= 0, gamma[:, None, None] ** gaps, 0.0)
+
+    def eager(q, k, v):
+        return (((q @ k.transpose(-1, -2)).float() * decay).to(v.dtype) @ v)
+    f, compiled = Recorded(retention), torch.compile(eager)
+    rows = torch.arange(0, S, 37)
+    ref = (q[:, :, rows].double() @ k.double().transpose(-1, -2) *
+           decay[:, rows].double()) @ v.double()
+    return Case("retention", f"B{B} H{H} S{S} D{D} causal, decayed",
+                lambda: f(q, k, v, gamma),
+                {TORCH_COMPILE: lambda: compiled(q, k, v), TORCH_EAGER: lambda: eager(q, k, v)},
+                ref, lambda out: out[:, :, rows], flops=2 * B * H * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
+
+
 def _latent_cross_case(generator, L=256, B=32, S=4096, D=128) -> Case:
     q = torch.randn(L, D, generator=generator).to("cuda", torch.bfloat16)
     k, v = (torch.randn(B, S, D, generator=generator).to("cuda", torch.bfloat16)
@@ -352,6 +387,7 @@ PIPELINE = {
     "global_avg_pool": _global_pool_case,
     "logsumexp_pool": _logsumexp_pool_case,
     "relu2_causal_attention": _relu2_case,
+    "retention": _retention_case,
     "latent_cross_attention": _latent_cross_case,
     "attention_pool": _attention_pool_case,
     "cosine_attention": _cosine_attention_case,

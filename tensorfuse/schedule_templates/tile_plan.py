@@ -30,8 +30,8 @@ from ..algebra.exprs import factors, nodes, substitute
 from ..algebra.masking import identity_mask
 from ..algebra.schemes import dependency_symbols, inexact_reset
 from ..dsl import dtypes as dt
-from ..dsl.expr import (Axis, Binary, Compare, Const, DimSize, Expr, Load, Ref, Scalar,
-                        binary, compare)
+from ..dsl.expr import (Axis, Binary, Compare, Const, DimSize, Expr, Load, Ref, Scalar, Where,
+                        binary, compare, where)
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from ..errors import ScheduleError, TargetError
@@ -214,7 +214,13 @@ def _product(factors: list[Expr]) -> Expr:
 
 
 def split_product(e: Expr, left_axes: set, right_axes: set, shared: set) -> tuple | None:
-    """Split a product into a left part (axes ⊆ left_axes) and a right part (⊆ right_axes)."""
+    """Split a product into a left part (axes ⊆ left_axes) and a right part (⊆ right_axes). A
+    product under a condition of the left's axes, ``where(j <= i, s · v, 0)`` (causal linear
+    attention), splits as ``where(j <= i, s, 0) · v``: the masked left is the tile of weights."""
+    if isinstance(e, Where) and isinstance(e.b, Const) and e.b.value == 0 and \
+            {a.uid for a in e.cond.axes} <= left_axes:
+        parts = split_product(e.a, left_axes, right_axes, shared)
+        return parts and (where(e.cond, parts[0], Const(0.0, parts[0].dtype), e.loc), parts[1])
     left, right = [], []
     for f in factors(e):
         axes = {a.uid for a in f.axes}

@@ -4,7 +4,8 @@ torch (never the project's lowering), at ragged sizes and large value ranges: a 
 and an entropy of soft-maxed rows (chains of dependent reductions in one sweep), sigmoid
 attention (a weighted sum with no normaliser), groups of features scaled by their absolute
 maximum, a global average pool over two axes, a log-sum-exp down the strided axis, causal
-squared-ReLU attention (a masked weighted sum), latent queries shared by the batch and attention
+squared-ReLU attention (a masked weighted sum), RetNet's retention (the mask around the whole
+product, a decay a head), latent queries shared by the batch and attention
 pooling by a query vector (the floor's stages), cosine-similarity attention (norms stored, then
 attention). Outputs are poisoned (NaN) before each run. Prints each case's relative error as JSON.
 
@@ -16,7 +17,7 @@ from benchmarks.pipeline_kernels import (attention_pool, cosine_attention, globa
                                          group_quant_scale,
                                          kl_divergence_rows, latent_cross_attention,
                                          logsumexp_pool, relu2_causal_attention,
-                                         sigmoid_attention, softmax_entropy)
+                                         retention, sigmoid_attention, softmax_entropy)
 from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 
@@ -77,6 +78,16 @@ def latent_cross_case(generator, L=37, B=3, S=77, D=32):
     return dict(q=q, k=k, v=v, scale=0.25), torch.softmax(s, -1) @ v.double()
 
 
+def retention_case(generator, B=2, H=3, S=77, D=32):
+    """Decays from 0.5 to 0.999 (scores decayed to 1e-23 across the rows), ragged S."""
+    q, k, v = ((torch.randn(B, H, S, D, generator=generator) * 2).bfloat16() for _ in range(3))
+    gamma = torch.tensor([0.5, 0.97, 0.999])[:H]
+    gaps = (torch.arange(S)[:, None] - torch.arange(S)[None, :]).double()
+    decay = torch.where(gaps >= 0, gamma.double()[:, None, None] ** gaps, 0.0)
+    return dict(q=q, k=k, v=v, gamma=gamma), \
+        (q.double() @ k.double().transpose(-1, -2) * decay) @ v.double()
+
+
 def attention_pool_case(generator, B=3, S=77, D=300):
     x = (torch.randn(B, S, D, generator=generator) * 2).bfloat16()
     w = (torch.randn(D, generator=generator) / 4).bfloat16()
@@ -100,6 +111,7 @@ CASES = {"kl_divergence_rows": (kl_divergence_rows, kl_case),
          "global_avg_pool": (global_avg_pool, global_pool_case),
          "logsumexp_pool": (logsumexp_pool, logsumexp_pool_case),
          "relu2_causal_attention": (relu2_causal_attention, relu2_case),
+         "retention": (retention, retention_case),
          "latent_cross_attention": (latent_cross_attention, latent_cross_case),
          "attention_pool": (attention_pool, attention_pool_case),
          "cosine_attention": (cosine_attention, cosine_attention_case)}

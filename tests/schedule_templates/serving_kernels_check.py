@@ -63,5 +63,11 @@ if __name__ == "__main__":
 
         from tests.schedule_templates.test_serving_kernels import _halves, _rounded_scaled
         print(json.dumps(templated(_rounded_scaled)(x=_halves()).tolist()))
+    elif sys.argv[1:] == ["pow"]:   # a ** b of every pair (test_serving_kernels), as JSON
+        import json
+
+        from tests.schedule_templates.test_serving_kernels import _bases_and_exponents, _powers
+        x, y = _bases_and_exponents()
+        print(json.dumps(templated(_powers)(x=x, y=y).tolist()))
     else:
         poisoned_main(CASES, lambda name, kernel: templated(kernel))

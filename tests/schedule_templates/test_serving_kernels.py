@@ -44,6 +44,34 @@ def test_round_takes_halves_to_even_as_torch_does(where):
     assert torch.equal(got, torch.round(x)), (got, torch.round(x))
 
 
+@tf.kernel
+def _powers(x: T.Tensor["M", "K", "f32"], y: T.Tensor["M", "K", "f32"]):
+    """Each base to each exponent, beside a row sum that puts the program on the row template."""
+    i, k = T.axes("i k")
+    return x[i, k] ** y[i, k] + 0.0 * T.sum(x[i, k], over=k)
+
+
+def _bases_and_exponents() -> tuple[torch.Tensor, torch.Tensor]:
+    """Every pair of negative, zero and positive bases and whole, odd, even, negative and
+    fractional exponents (a negative base to a fractional power is NaN)."""
+    bases = torch.tensor([-3.0, -2.0, -0.5, 0.0, 0.5, 2.0, 3.0])
+    exponents = torch.tensor([0.0, 1.0, 2.0, 3.0, -1.0, -2.0, 0.5, 2.5])
+    x, y = torch.meshgrid(bases, exponents, indexing="ij")
+    return x.contiguous(), y.contiguous()
+
+
+def test_pow_in_the_interpreter_takes_libdevice_values():
+    """``a ** b`` under Triton's interpreter (libdevice's pow gives None there) through the
+    written helper: the signs of negative bases by the exponent's parity, NaN for fractional
+    powers of them, 1 for a zero exponent, ±inf and 0 for zero bases — torch.pow's values."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    from tests.helpers import run_interpreted
+
+    x, y = _bases_and_exponents()
+    got = torch.tensor(run_interpreted("tests.schedule_templates.serving_kernels_check", "pow"))
+    torch.testing.assert_close(got, torch.pow(x, y), rtol=1e-6, atol=0, equal_nan=True)
+
+
 def test_every_generated_module_that_rounds_gets_the_helper_once():
     """``_rint`` is written into any whole generated module that calls it — the row template's
     and the attention backward's, which assembles its own — once, after the imports."""

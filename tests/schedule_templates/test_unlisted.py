@@ -57,6 +57,27 @@ def test_sigmoid_attention_is_planned_as_attention_with_its_values_features_held
     assert source.count("tl.dot(") == 2, source
 
 
+def test_a_mask_around_the_whole_weighted_product_is_attention_on_the_tensor_cores():
+    """RetNet's retention, ``Σ_j where(j <= i, s · γ^(i−j) · v[j, e], 0)``: the mask written
+    around the product splits with its weights (``where(j <= i, s · γ^(i−j), 0) · v``), so the
+    plan is attention's — one kernel, both products on the tensor cores (``wgmma`` for sm_90a)
+    — not the scores stored (2 GiB at B2 H16 S4096) and ``p·v`` a pair at a time on the CUDA
+    cores."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    import tensorfuse as tf
+    from benchmarks.pipeline_kernels import retention
+
+    dims = dict(B=2, H=16, S=4096, D=128)
+    made = tf.compile(retention, target="cuda:sm_90a")
+    plan = made.describe_plan(**dims)
+    assert plan.startswith("retention at B=2, H=16, S=4096, D=128: attention template"), plan
+    assert "as where(j <= i, s * gamma[h] ** (i - j).astype('f32'), 0.0) · v[b, h, j, e] on " \
+        "tensor cores" in plan, plan
+    # q·k and p·v in each of the two sweeps: the blocks the mask cuts, then the whole ones
+    assert made.source(**dims).count("tl.dot(") == 4
+    assert "wgmma.mma_async" in made.for_sizes(**dims).ptx(**dims)
+
+
 @needs_nvcc
 def test_cosine_attention_stores_its_norms_not_its_scores_and_runs_attention_on_wgmma():
     """``q·k / (|q| |k|)``: the norms over the head dim cannot stay in attention's pass, so the

@@ -81,14 +81,30 @@ def _rint(x):
     return tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
 '''
 
+# ``a ** b`` under Triton's interpreter, which gives None for libdevice's pow (as for rint):
+# |a|^b by exp2 and log2, its sign for a negative base by the exponent's parity (NaN for a
+# fractional one), 1 for a zero exponent — libdevice's pow's values
+POW_HELPER = '''
+@triton.jit
+def _pow(a, b):
+    m = tl.exp2(b * tl.log2(tl.abs(a)))
+    odd = (b - 2.0 * tl.floor(b * 0.5)) == 1.0
+    signed = tl.where(tl.floor(b) == b, tl.where(odd, -m, m), float("nan"))
+    return tl.where(b == 0, 1.0, tl.where(a < 0, signed, m))
+'''
+# the helpers a source may call, by the name it calls them with
+_CALLED_HELPERS = {"_rint": ROUND_HELPER, "_pow": POW_HELPER}
+
 
 def with_called_helpers(source: str) -> str:
     """``source`` (a whole generated module) with the helpers written only where they are
-    called (:data:`ROUND_HELPER`) put after its imports."""
-    if "_rint(" not in source or "def _rint(" in source:
+    called (:data:`ROUND_HELPER`, :data:`POW_HELPER`) put after its imports."""
+    helpers = "".join(text for name, text in _CALLED_HELPERS.items()
+                      if f"{name}(" in source and f"def {name}(" not in source)
+    if not helpers:
         return source
     head, sep, rest = source.partition("\n\n")
-    return head + "\n" + ROUND_HELPER + sep + rest
+    return head + "\n" + helpers + sep + rest
 
 
 def literal(value, dtype: str) -> str:
@@ -225,6 +241,8 @@ def _to_triton(e: Expr, ctx: TileContext) -> str:
         return _UNARY[e.op].format(to_triton(e.a, ctx))
     if isinstance(e, Binary):
         a, b = to_triton(e.a, ctx), to_triton(e.b, ctx)
+        if e.op == "pow" and ctx.interpreter:
+            return f"_pow({a}, {b})"
         if e.op in _INT_FOLDS and _is_int_literal(a) and _is_int_literal(b) and \
                 not dt.is_float(dt.resolve(e.dtype)):
             # sizes compiled in (a count of elements): one literal, a Python int the kernel
