@@ -6,7 +6,8 @@ a log-sum-exp pool over tokens (a reduction down the strided axis), causal atten
 ReLU (Primer's), RetNet's retention (causal scores decayed a head, the mask around the whole
 product), Perceiver's latent queries shared by the batch, attention pooling by a
 learned query vector, cosine-similarity attention (Swin v2's: q·k over the norms) and a linear
-layer of int8 weights with a scale per channel (weight-only quantisation, serving) — through
+layer of int8 weights with a scale per channel (weight-only quantisation, serving), a mixture
+of experts' layer with one expert a token (its weights gathered by the token's expert) — through
 ``tf.compile`` defaults against the best torch alternative in the same process, each checked
 against a float64 reference first (the harness of :mod:`benchmarks.kernel_suite`).
 
@@ -164,6 +165,16 @@ def w8a16_linear(w: T.Tensor["N", "K", "i8"], s: T.Tensor["N", "f32"],
     """A linear layer of int8 weights, a scale per output channel (weight-only quantisation)."""
     b, n, k = T.axes("b n k")
     return T.cast(T.sum(w[n, k] * x[b, k], over=k) * s[n], "bf16")
+
+
+@tf.kernel
+def expert_linear(x: T.Tensor["T", "K", "bf16"], w: T.Tensor["E", "N", "K", "bf16"],
+                  expert: T.Tensor["T", "i32"]):
+    """A mixture of experts' layer with one expert a token (top-1 routing), each token's row
+    multiplied by its own expert's weights — computed in f32, as users write it."""
+    t, n, k = T.axes("t n k")
+    return T.cast(T.sum(T.cast(x[t, k], "f32") * T.cast(w[expert[t], n, k], "f32"), over=k),
+                  "bf16")
 
 
 def _logits(generator, M, V, spread=4.0):
@@ -379,6 +390,35 @@ def _w8a16_case(generator, B=16, N=8192, K=8192) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, N=N, K=K)})
 
 
+def _expert_linear_case(generator, T_=8192, K=2048, N=4096, E=8, routing="sorted") -> Case:
+    """Tokens routed at random (``routing`` "sorted": then ordered by expert, as a dispatch's
+    permutation leaves them; "unsorted": as they come). torch: a matmul an expert over its
+    tokens (boolean indexing), and where sorted ``torch._grouped_mm`` over the experts' runs."""
+    x = torch.randn(T_, K, generator=generator).to("cuda", torch.bfloat16)
+    w = (torch.randn(E, N, K, generator=generator) / K ** 0.5).to("cuda", torch.bfloat16)
+    expert = torch.randint(0, E, (T_,), generator=generator).to("cuda", torch.int32)
+    if routing == "sorted":
+        expert = expert.sort().values
+
+    def eager(x, w, expert):
+        out = torch.empty(x.shape[0], w.shape[1], device=x.device, dtype=x.dtype)
+        for e in range(w.shape[0]):
+            rows = expert == e
+            out[rows] = x[rows] @ w[e].T
+        return out
+    f = Recorded(expert_linear)
+    alternatives = {TORCH_EAGER: lambda: eager(x, w, expert)}
+    if routing == "sorted" and hasattr(torch, "_grouped_mm"):
+        ends = torch.bincount(expert, minlength=E).cumsum(0).to(torch.int32)
+        alternatives[f"{TORCH_EAGER} grouped_mm"] = lambda: torch._grouped_mm(
+            x, w.transpose(-1, -2), offs=ends)
+    rows = torch.arange(0, T_, 37, device="cuda")
+    ref = torch.einsum("tk,tnk->tn", x[rows].double(), w[expert[rows].long()].double())
+    return Case(f"expert_linear_{routing}", f"T{T_} K{K} N{N} E{E} top-1, {routing}",
+                lambda: f(x, w, expert), alternatives, ref, lambda out: out[rows],
+                flops=2 * T_ * K * N, notes={TENSORFUSE: f.schedule_origin(T=T_, K=K, N=N, E=E)})
+
+
 PIPELINE = {
     "kl_divergence_rows": _kl_case,
     "softmax_entropy": _entropy_case,
@@ -393,6 +433,9 @@ PIPELINE = {
     "cosine_attention": _cosine_attention_case,
     "w8a16_linear": _w8a16_case,
     "gated_attention": _gated_attention_case,
+    "expert_linear_sorted": _expert_linear_case,
+    "expert_linear_unsorted": lambda generator: _expert_linear_case(generator,
+                                                                    routing="unsorted"),
 }
 
 if __name__ == "__main__":

@@ -52,9 +52,9 @@ from dataclasses import dataclass, replace
 from functools import reduce
 
 from ..algebra import inline_elementwise
-from ..algebra.exprs import factors, finite_shift, has_axis, mul, nodes
+from ..algebra.exprs import factors, finite_shift, has_axis, mul, nodes, substitute
 from ..dsl import dtypes as dt
-from ..dsl.expr import Axis, Binary, Expr, Load, Ref, Unary, Where
+from ..dsl.expr import Axis, Binary, Cast, Expr, Load, Ref, Unary, Where, is_gathered
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program, TensorParam
 from ..errors import ScheduleError
@@ -123,6 +123,18 @@ class StagedSide:
 
 
 @dataclass(frozen=True)
+class Group:
+    """The rows grouped by a gathered index: a columns-side operand read at ``index`` (an
+    expression of the rows, and of batch axes, through a tensor — a token's expert,
+    ``w[expert[t], n, k]``) is read at ``axis`` in the products instead, and each tile sums
+    its rows one value of the index at a time (the rows holding it kept, the others' sums
+    discarded), so one block of the operand serves every row of the tile that shares it."""
+
+    index: Expr
+    axis: Axis
+
+
+@dataclass(frozen=True)
 class ContractionPlan:
     """The sums as products of two sides, the axes by role, and the outputs; ``staged``: the
     sides this plan reads from tensors stored before it (its program has them as parameters),
@@ -141,6 +153,7 @@ class ContractionPlan:
     # reductions over the columns of the sums' values (a kernel's sum over a point set): the
     # outputs are then indexed by the rows and batch axes, and read these
     over_columns: tuple[PairwiseReduction, ...] = ()
+    group: Group | None = None
 
     def for_knobs(self, knobs) -> "ContractionPlan":
         """The plan the tiles run with ``knobs``: the staged one where they stage sides."""
@@ -177,6 +190,10 @@ class ContractionPlan:
                   f"{'; the extremum and its first column' if p.states == 2 else ''}"
                   f"{f'; relative to {p.of} lane by lane' if p.of else ''}]"
                   for p in self.over_columns]
+        if self.group is not None:
+            lines.append(f"  rows grouped by {to_text(self.group.index)} (read as "
+                         f"{self.group.axis.name}): each tile sums its rows one value of it at a "
+                         "time, a block of the columns side serving every row holding it")
         lines += [f"  {s.param.name}[{', '.join(a.name for a in s.axes)}] = {to_text(s.value)}  "
                   f"[stored as {s.param.dtype} before the tiles]" for s in self.staged]
         lines.append("  outputs computed on the accumulators: " + ", ".join(
@@ -192,6 +209,21 @@ def _refuse(message: str, loc=None) -> ScheduleError:
 def _side_dtype(side: Expr) -> str:
     """The dtype a side is stored in: its load's where it is one load, else f32 (computed)."""
     return side.param.dtype if isinstance(side, Load) else "f32"
+
+
+def _unwidened(rows_side: Expr, cols_side: Expr) -> tuple[Expr, Expr]:
+    """The sides without their widening casts where both are loads of one 16-bit type, cast
+    or not (``x[t, k].astype('f32')``, written to compute in f32): their products in f32 are
+    the 16-bit values' on the tensor cores, exactly, where f32 sides would multiply on the FMA
+    units (IEEE: :func:`~tensorfuse.targets.triton.expr.dot_precision`). A side of another
+    type keeps the casts: an f32 tensor's values would be rounded to the 16-bit type."""
+    def load(side):
+        widened = isinstance(side, Cast) and dt.resolve(side.dtype) in ("f32", "f64")
+        return side.a if widened and isinstance(side.a, Load) else side
+    loads = [load(side) for side in (rows_side, cols_side)]
+    kinds = {side.param.dtype if isinstance(side, Load) else None for side in loads}
+    return tuple(loads) if len(kinds) == 1 and kinds <= set(SIXTEEN_BIT) else \
+        (rows_side, cols_side)
 
 
 def _bytes(side: Expr) -> bool:
@@ -212,21 +244,43 @@ def _operand_dtypes(rows_side: Expr, cols_side: Expr) -> tuple[str, tuple[str, .
 
 
 def _split(body: Expr, rows: Axis, cols: Axis, ks: tuple) -> tuple | None:
-    """``(rows side, cols side, outer)`` of a sum's body — ``outer`` the product of the factors
-    that read no contracted axis, or None — or None where a factor of the sides reads both
-    ``rows`` and ``cols``, or a side would be empty."""
-    left, right, outer = [], [], []
+    """``(rows side, cols side, outer, group)`` of a sum's body — ``outer`` the product of the
+    factors that read no contracted axis, or None; ``group`` a :class:`Group` where the columns
+    side reads the rows through a gathered index (:func:`_gathered_by_rows`), else None — or
+    None where a factor of the sides reads both ``rows`` and ``cols`` otherwise, or a side
+    would be empty."""
+    left, right, outer, group = [], [], [], None
     for f in factors(body):
         on_rows, on_cols = has_axis(f, rows), has_axis(f, cols)
         if not any(has_axis(f, k) for k in ks):
             outer.append(f)
         elif on_rows and on_cols:
-            return None
+            found = _gathered_by_rows(f, rows, cols, ks) if group is None else None
+            if found is None:
+                return None
+            f, group = found
+            right.append(f)
         else:
             (right if on_cols else left).append(f)
     if not left or not right:
         return None
-    return reduce(mul, left), reduce(mul, right), reduce(mul, outer) if outer else None
+    return reduce(mul, left), reduce(mul, right), reduce(mul, outer) if outer else None, group
+
+
+def _gathered_by_rows(f: Expr, rows: Axis, cols: Axis, ks: tuple) -> tuple | None:
+    """``(f read at a group axis, its Group)`` where ``f`` reads the rows only through one
+    gathered index of its loads, which reads neither the columns nor the contracted axes (a
+    token's expert: ``w[expert[t], n, k]``, cast or scaled), else None."""
+    for load in (n for n in nodes(f) if isinstance(n, Load)):
+        for at, index in enumerate(load.indices):
+            if not (is_gathered(index) and has_axis(index, rows)) or has_axis(index, cols) or \
+                    any(has_axis(index, k) for k in ks):
+                continue
+            axis, key = Axis("group", load.param.dims[at]), index.key()
+            grouped = substitute(f, lambda n: axis if n.key() == key else None)
+            if not has_axis(grouped, rows):
+                return grouped, Group(index, axis)
+    return None
 
 
 def plan_contraction(program: Program) -> ContractionPlan:
@@ -292,7 +346,7 @@ def plan_contraction(program: Program) -> ContractionPlan:
                       "of two output axes, never both "
                       f"({', '.join(to_text(b) for b in bodies)})", sums[0].loc)
     rows, cols, sides = found
-    products, pairwise = [], []
+    products, pairwise, group = [], [], None
     for c, body, split in zip(sums, bodies, sides):
         if split is None:
             if not dt.is_float(dt.resolve(c.dtypes[0])):
@@ -300,7 +354,12 @@ def plan_contraction(program: Program) -> ContractionPlan:
                               "which would round large integers", c.loc)
             pairwise.append(PairwiseReduction(c.name, body, c.monoid.name))
             continue
-        rows_side, cols_side, outer = split
+        rows_side, cols_side, outer, found = split
+        rows_side, cols_side = _unwidened(rows_side, cols_side)
+        if found is not None and group is not None and found.index.key() != group.index.key():
+            raise _refuse(f"{c.name} gathers its columns side by {to_text(found.index)}, "
+                          f"another sum by {to_text(group.index)}: one grouping a kernel", c.loc)
+        group = group or found
         floats = [dt.is_float(dt.resolve(side.dtype)) for side in (rows_side, cols_side)]
         # a side of bytes multiplies a float side: both floats on the tensor cores, exactly
         if not any(floats) or not all(f or _bytes(side) for f, side in
@@ -310,6 +369,8 @@ def plan_contraction(program: Program) -> ContractionPlan:
                           "would round large integers", c.loc)
         dtype, rounded = _operand_dtypes(rows_side, cols_side)
         products.append(Product(c.name, rows_side, cols_side, dtype, rounded, outer))
+    if group is not None:
+        _check_grouped(sides, pairwise, columns, group, sums)
     batch = tuple(a for a in out_axes if a.uid not in (rows.uid, cols.uid))
     over = []
     for c in columns:
@@ -318,8 +379,22 @@ def plan_contraction(program: Program) -> ContractionPlan:
                                       "normaliser", *found) if found else
                     PairwiseReduction(c.name, inline_elementwise(c.bodies[0]), c.monoid.name))
     plan = ContractionPlan(program, tuple(products), ks, rows, cols, batch, outputs,
-                           pairwise=tuple(pairwise), over_columns=tuple(over))
-    return replace(plan, staging=_staged(plan))
+                           pairwise=tuple(pairwise), over_columns=tuple(over), group=group)
+    # a staged side is stored by the tiles' own axes, which a grouped side is not indexed by
+    return replace(plan, staging=None if group is not None else _staged(plan))
+
+
+def _check_grouped(sides: list, pairwise: list, columns: list, group: Group, sums: list):
+    """Refuse a grouped plan whose other reductions the group's loop would not sum once: a sum
+    read without the gather, a pairwise reduction, reductions over the columns."""
+    for c, split in zip(sums, sides):
+        if split is None or split[3] is None:
+            raise _refuse(f"{c.name} does not read the columns side through "
+                          f"{to_text(group.index)} as the other sums do: one grouping a kernel",
+                          c.loc)
+    if pairwise or columns:
+        raise _refuse(f"rows grouped by {to_text(group.index)} take sums of products only",
+                      sums[0].loc)
 
 
 def normaliser_of(c: Compute, columns: dict) -> tuple[str, bool] | None:

@@ -7,13 +7,18 @@ maximum, a global average pool over two axes, a log-sum-exp down the strided axi
 squared-ReLU attention (a masked weighted sum), RetNet's retention (the mask around the whole
 product, a decay a head), latent queries shared by the batch and attention
 pooling by a query vector (the floor's stages), cosine-similarity attention (norms stored, then
-attention). Outputs are poisoned (NaN) before each run. Prints each case's relative error as JSON.
+attention), a mixture of experts' layer (weights gathered by each token's expert, tokens sorted
+by expert or not). Outputs are poisoned (NaN) before each run. Prints each case's relative
+error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.pipeline_check SEED
 """
+import functools
+
 import torch
 
-from benchmarks.pipeline_kernels import (attention_pool, cosine_attention, global_avg_pool,
+from benchmarks.pipeline_kernels import (attention_pool, cosine_attention, expert_linear,
+                                         global_avg_pool,
                                          group_quant_scale,
                                          kl_divergence_rows, latent_cross_attention,
                                          logsumexp_pool, relu2_causal_attention,
@@ -88,6 +93,18 @@ def retention_case(generator, B=2, H=3, S=77, D=32):
         (q.double() @ k.double().transpose(-1, -2) * decay) @ v.double()
 
 
+def expert_linear_case(generator, T=77, K=40, N=45, E=5, routing="unsorted"):
+    """Ragged sizes; experts drawn at random (one never drawn), "sorted" as a dispatch leaves
+    them or "unsorted"; features ±300."""
+    x = (torch.randn(T, K, generator=generator) * 300).bfloat16()
+    w = torch.randn(E, N, K, generator=generator).bfloat16()
+    expert = torch.randint(0, E - 1, (T,), generator=generator).to(torch.int32)
+    if routing == "sorted":
+        expert = expert.sort().values
+    return dict(x=x, w=w, expert=expert), \
+        torch.einsum("tk,tnk->tn", x.double(), w.double()[expert.long()])
+
+
 def attention_pool_case(generator, B=3, S=77, D=300):
     x = (torch.randn(B, S, D, generator=generator) * 2).bfloat16()
     w = (torch.randn(D, generator=generator) / 4).bfloat16()
@@ -112,6 +129,9 @@ CASES = {"kl_divergence_rows": (kl_divergence_rows, kl_case),
          "logsumexp_pool": (logsumexp_pool, logsumexp_pool_case),
          "relu2_causal_attention": (relu2_causal_attention, relu2_case),
          "retention": (retention, retention_case),
+         "expert_linear_unsorted": (expert_linear, expert_linear_case),
+         "expert_linear_sorted": (expert_linear, functools.partial(expert_linear_case,
+                                                                   routing="sorted")),
          "latent_cross_attention": (latent_cross_attention, latent_cross_case),
          "attention_pool": (attention_pool, attention_pool_case),
          "cosine_attention": (cosine_attention, cosine_attention_case)}

@@ -378,3 +378,43 @@ def test_tf_compile_s_dynamic_option_reaches_the_contraction_kernels():
         for m in (100, 200, 300):
             made.source(B=2, M=m, K=64, N=64)
         assert len(made.cache_info()) == builds, dynamic
+
+
+@tf.kernel
+def _widened_bf16(x: T.Tensor["M", "K", "bf16"], y: T.Tensor["N", "K", "bf16"]):
+    i, n, k = T.axes("i n k")
+    return T.sum(T.cast(x[i, k], "f32") * T.cast(y[n, k], "f32"), over=k)
+
+
+@tf.kernel
+def _widened_against_f32(x: T.Tensor["M", "K", "bf16"], y: T.Tensor["N", "K", "f32"]):
+    i, n, k = T.axes("i n k")
+    return T.sum(T.cast(x[i, k], "f32") * y[n, k], over=k)
+
+
+def test_widening_casts_of_one_16_bit_type_leave_the_products_on_the_tensor_cores():
+    """Both sides 16-bit loads cast to f32 (computing in f32, as users write it): the tensor
+    cores multiply the stored values, exact in f32, not IEEE f32 products on the FMA units;
+    beside an f32 tensor the cast stays (its values would be rounded to bf16)."""
+    plan = plan_contraction(_widened_bf16.program)
+    assert [(str(p.rows_side.param.name), p.dtype, p.rounded) for p in plan.products] == \
+        [("x", "bf16", ())]
+    plan = plan_contraction(_widened_against_f32.program)
+    assert [(p.dtype, p.rounded) for p in plan.products] == [("f32", ())]
+
+
+@tf.kernel
+def _expert_and_shared(x: T.Tensor["T", "K", "bf16"], w: T.Tensor["E", "N", "K", "bf16"],
+                       s: T.Tensor["N", "K", "bf16"], expert: T.Tensor["T", "i32"]):
+    """A routed expert's product beside a shared expert's, as two sums."""
+    t, n, k = T.axes("t n k")
+    return T.sum(x[t, k] * w[expert[t], n, k], over=k) + T.sum(x[t, k] * s[n, k], over=k)
+
+
+def test_rows_grouped_by_a_gather_take_every_sum_through_it_or_are_refused():
+    """A tile takes its rows one expert at a time for the sums through the gather; a sum
+    without it would be computed again for every expert present, so the plan refuses it (the
+    floor's stages take the sums apart), saying why."""
+    with pytest.raises(ScheduleError, match=r"does not read the columns side through "
+                                            r"expert\[t\] as the other sums do"):
+        plan_contraction(_expert_and_shared.program)

@@ -78,6 +78,28 @@ def test_a_mask_around_the_whole_weighted_product_is_attention_on_the_tensor_cor
     assert "wgmma.mma_async" in made.for_sizes(**dims).ptx(**dims)
 
 
+def test_weights_gathered_by_each_tokens_expert_are_gemm_tiles_grouped_by_expert():
+    """A mixture of experts' layer written per token, ``Σ_k x[t, k] · w[expert[t], n, k]`` in
+    f32: the weights read the rows through the gather, so it was no GEMM and ran as a row
+    kernel a token and output at a time, every weight row read again for each token (T·N·K·2
+    bytes: 128 GiB at T8192 K2048 N4096). Planned as GEMM tiles whose rows are taken one expert
+    at a time, the widening casts dropped (bf16 products are exact in f32), ``wgmma`` for
+    sm_90a."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    import tensorfuse as tf
+    from benchmarks.pipeline_kernels import expert_linear
+
+    dims = dict(T=8192, K=2048, N=4096, E=8)
+    made = tf.compile(expert_linear, target="cuda:sm_90a")
+    plan = made.describe_plan(**dims)
+    assert "contraction template (GEMM tiles: rows t, columns n, contracted k)" in plan, plan
+    assert "out_sum = Σ_k (x[t, k]) · (w[group, n, k])  [tensor cores in bf16" in plan, plan
+    assert "rows grouped by expert[t] (read as group)" in plan, plan
+    source = made.source(**dims)
+    assert "while group < 8:" in source and "tl.where(rows_in_group, part_0, acc_0)" in source
+    assert "wgmma.mma_async" in made.for_sizes(**dims).ptx(**dims)
+
+
 @needs_nvcc
 def test_cosine_attention_stores_its_norms_not_its_scores_and_runs_attention_on_wgmma():
     """``q·k / (|q| |k|)``: the norms over the head dim cannot stay in attention's pass, so the

@@ -25,6 +25,7 @@ from ...dsl.program import Program
 from ...dsl.symbolic_sizes import size_arguments
 from .expr import TL_DTYPES, TileContext, fresh_memo, dot_precision, to_triton
 from .elementwise import split_interleaved
+from .gemm_groups import close_group_loop, open_group_loop
 from .tile_text import assemble_source, dot_operand, needs_wide_offsets, store_offsets
 from .column_states import (BETTER, COMBINE, EXTREMUM, FOLD, IDENTITY, NO_INDEX,
                             column_refs, column_states, lane_update, lanes_folded,
@@ -337,17 +338,25 @@ def _contracted(plan, knobs, w, sizes: dict, interpreter: bool, batch: dict,
     (ragged_m, rows_ok), (ragged_n, cols_ok) = (tile_bounds[a.uid] for a in (plan.rows,
                                                                             plan.cols))
     rows_at, cols_at = "offs_m[:, None]", "offs_n[None, :]"
-    w.sweep("k0", *(k_range or ("0", str(K))), "BLOCK_K")
+    into = "acc"   # the accumulators the products add to
     loop_memo: dict = {}
+    if plan.group is not None:
+        into = "part"
+        # the loop's temporaries numbered after the groups' (a loop's variables keep a shape)
+        loop_memo = fresh_memo(open_group_loop(plan, w, sizes, interpreter, batch,
+                                               _bounds({plan.rows.uid: (ragged_m, rows_ok)})))
+    w.sweep("k0", *(k_range or ("0", str(K))), "BLOCK_K")
     with w.block():
         w(f"offs_k = (k0 + tl.arange(0, BLOCK_K)){as_index}")
         base = dict(sizes=sizes, emit=w, memo=loop_memo, interpreter=interpreter)
         sides = []   # (context, the contracted index's bound, the tile's shape) of each side
+        group = {plan.group.axis.uid: "group"} if plan.group is not None else {}
         for axis, at, bound, k_at, shape in (
                 (plan.rows, rows_at, (ragged_m, rows_ok), "offs_k[None, :]", "BLOCK_M, BLOCK_K"),
                 (plan.cols, cols_at, (ragged_n, cols_ok), "offs_k[:, None]", "BLOCK_K, BLOCK_N")):
             k_ok = f"({k_at} < {K})"
-            ctx = TileContext({**batch, axis.uid: at, **_digits(plan, plan.ks, sizes, k_at)},
+            ctx = TileContext({**batch, **group, axis.uid: at,
+                               **_digits(plan, plan.ks, sizes, k_at)},
                               _bounds({axis.uid: bound,
                                        **{a.uid: (ragged_k, k_ok) for a in plan.ks}}), **base)
             sides.append((ctx, k_ok, shape))
@@ -363,10 +372,13 @@ def _contracted(plan, knobs, w, sizes: dict, interpreter: bool, batch: dict,
                         to_triton(side, ctx)
                     value = f"({value}).to({TL_DTYPES[dtype]})"
                 operands.append(f"tl.broadcast_to({value}, ({shape}))")
-            w(f"acc_{k} = tl.dot({operands[0]}, {operands[1]}, acc_{k}{dot_precision(dtype)})")
+            w(f"{into}_{k} = tl.dot({operands[0]}, {operands[1]}, {into}_{k}"
+              f"{dot_precision(dtype)})")
         bounds = {plan.rows.uid: (ragged_m, rows_ok), plan.cols.uid: (ragged_n, cols_ok),
                   **{a.uid: (ragged_k, f"(offs_k[None, :] < {K})") for a in plan.ks}}
         _pairs(plan, knobs, w, batch, bounds, base, K)
+    if plan.group is not None:
+        close_group_loop(plan, w, sizes)
     if k_range is not None:
         return None
     refs, out_ctx = _finished(plan, w, sizes, interpreter, batch, tile_bounds,
