@@ -96,7 +96,8 @@ def test_weights_gathered_by_each_tokens_expert_are_gemm_tiles_grouped_by_expert
     assert "out_sum = Σ_k (x[t, k]) · (w[group, n, k])  [tensor cores in bf16" in plan, plan
     assert "rows grouped by expert[t] (read as group)" in plan, plan
     source = made.source(**dims)
-    assert "while group < 8:" in source and "tl.where(rows_in_group, part_0, acc_0)" in source
+    assert "while _group < 8:" in source and \
+        "tl.where(_rows_in_group, _part_0, acc_0)" in source
     assert "wgmma.mma_async" in made.for_sizes(**dims).ptx(**dims)
 
 

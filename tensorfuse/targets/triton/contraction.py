@@ -25,7 +25,7 @@ from ...dsl.program import Program
 from ...dsl.symbolic_sizes import size_arguments
 from .expr import TL_DTYPES, TileContext, fresh_memo, dot_precision, to_triton
 from .elementwise import split_interleaved
-from .gemm_groups import close_group_loop, open_group_loop
+from .gemm_groups import GROUP, PART, close_group_loop, open_group_loop
 from .tile_text import assemble_source, dot_operand, needs_wide_offsets, store_offsets
 from .column_states import (BETTER, COMBINE, EXTREMUM, FOLD, IDENTITY, NO_INDEX,
                             column_refs, column_states, lane_update, lanes_folded,
@@ -341,7 +341,7 @@ def _contracted(plan, knobs, w, sizes: dict, interpreter: bool, batch: dict,
     into = "acc"   # the accumulators the products add to
     loop_memo: dict = {}
     if plan.group is not None:
-        into = "part"
+        into = PART
         # the loop's temporaries numbered after the groups' (a loop's variables keep a shape)
         loop_memo = fresh_memo(open_group_loop(plan, w, sizes, interpreter, batch,
                                                _bounds({plan.rows.uid: (ragged_m, rows_ok)})))
@@ -350,7 +350,7 @@ def _contracted(plan, knobs, w, sizes: dict, interpreter: bool, batch: dict,
         w(f"offs_k = (k0 + tl.arange(0, BLOCK_K)){as_index}")
         base = dict(sizes=sizes, emit=w, memo=loop_memo, interpreter=interpreter)
         sides = []   # (context, the contracted index's bound, the tile's shape) of each side
-        group = {plan.group.axis.uid: "group"} if plan.group is not None else {}
+        group = {plan.group.axis.uid: GROUP} if plan.group is not None else {}
         for axis, at, bound, k_at, shape in (
                 (plan.rows, rows_at, (ragged_m, rows_ok), "offs_k[None, :]", "BLOCK_M, BLOCK_K"),
                 (plan.cols, cols_at, (ragged_n, cols_ok), "offs_k[:, None]", "BLOCK_K, BLOCK_N")):

@@ -43,6 +43,9 @@ ELEMENTS, MIN_ELEMENTS = 4096, 256
 # extent, one element a lane (a 2×2 max pool of [32, 128, 112, 112] on the H200: 0.072 → 0.037
 # ms; torch.compile 0.044 — ``benchmarks.unlisted_kernels``)
 INTERLEAVED_MAX = 16
+# the prefix of the kernel's own variables: a program's tensors are named as the user named
+# them (a stored intermediate ``row``), and a variable of the same name would shadow one
+L = "_e_"
 
 
 def interleaved_loads(plan, sizes: dict) -> list[tuple[Load, int, dict]]:
@@ -89,11 +92,12 @@ def emit_interleaved(plan, sizes: dict, tile: TileContext, rows: int, columns: i
     w = tile.emit
     widened: set = set()
     for k, (first, q, members) in enumerate(interleaved_loads(plan, sizes)):
-        index, mask = f"ax_x{q}", f"ok_x{q}"   # the columns × q elements, and which exist
+        index, mask = f"{L}ax_x{q}", f"{L}ok_x{q}"   # the columns × q elements, and which exist
         if q not in widened:
             widened.add(q)
-            w(f"{index} = (pid % blocks) * {columns * q} + tl.arange(0, {columns * q})[None, :]")
-            w(f"{mask} = (row < {row_count}) & ({index} < ({n}) * {q})")
+            w(f"{index} = ({L}pid % {L}blocks) * {columns * q} + "
+              f"tl.arange(0, {columns * q})[None, :]")
+            w(f"{mask} = ({L}row < {row_count}) & ({index} < ({n}) * {q})")
         base = offset(Load(first.param, first.indices[:-2] + (Const(0, "i32"),) * 2), tile)
         w(f"_w{k} = " + computed(f"tl.load({first.param.name} + ({base} + {index}), "
                                  f"mask={mask}, other=0)", first.param.dtype))
@@ -140,25 +144,25 @@ def elementwise_source(plan, name: str, sizes: dict, args: list[str]) -> str:
     # a comparison of sizes that are arguments records a guard: a larger call gets its own build
     wide = row_count * n >= 2**31
     w = SourceWriter(False)
-    w("pid = tl.program_id(0)" + (".to(tl.int64)" if wide else ""))
-    w(f"blocks = (({n}) + {columns - 1}) // {columns}")
-    w(f"row = (pid // blocks) * {rows} + tl.arange(0, {rows})[:, None]")
-    w(f"ax_{last.name} = (pid % blocks) * {columns} + tl.arange(0, {columns})[None, :]")
-    w(f"ok = (row < {row_count}) & (ax_{last.name} < {n})")
-    w("rest = row")
-    names = {last.uid: f"ax_{last.name}"}
+    w(f"{L}pid = tl.program_id(0)" + (".to(tl.int64)" if wide else ""))
+    w(f"{L}blocks = (({n}) + {columns - 1}) // {columns}")
+    w(f"{L}row = ({L}pid // {L}blocks) * {rows} + tl.arange(0, {rows})[:, None]")
+    w(f"{L}ax_{last.name} = ({L}pid % {L}blocks) * {columns} + tl.arange(0, {columns})[None, :]")
+    w(f"{L}ok = ({L}row < {row_count}) & ({L}ax_{last.name} < {n})")
+    w(f"{L}rest = {L}row")
+    names = {last.uid: f"{L}ax_{last.name}"}
     for a in reversed(outer):
-        names[a.uid] = f"ax_{a.name}"
-        w(f"ax_{a.name} = rest % {extent(a, sizes)}")
-        w(f"rest = rest // {extent(a, sizes)}")
+        names[a.uid] = f"{L}ax_{a.name}"
+        w(f"{L}ax_{a.name} = {L}rest % {extent(a, sizes)}")
+        w(f"{L}rest = {L}rest // {extent(a, sizes)}")
     # each load and operation bound to a variable once: a value read twice (rotary's partner
     # feature, in both branches of its where) is loaded once
-    tile = TileContext(axes=names, valid={a.uid: "ok" for a in plan.axes}, sizes=sizes,
+    tile = TileContext(axes=names, valid={a.uid: f"{L}ok" for a in plan.axes}, sizes=sizes,
                        interpreter=interpreting(), emit=w, memo={})
     emit_interleaved(plan, sizes, tile, rows, columns, row_count, n)
     for c, expr in plan.outputs:   # outputs are contiguous over the plan's axes
-        w(f"tl.store(out_{c.name} + (row * ({n}) + ax_{last.name}), "
-          f"({to_triton(expr, tile)}).to({TL_DTYPES[c.dtypes[0]]}), mask=ok)")
+        w(f"tl.store(out_{c.name} + ({L}row * ({n}) + {L}ax_{last.name}), "
+          f"({to_triton(expr, tile)}).to({TL_DTYPES[c.dtypes[0]]}), mask={L}ok)")
     return assemble_source([(name, args, w.lines)])
 
 
