@@ -7,7 +7,8 @@ ReLU (Primer's), RetNet's retention (causal scores decayed a head, the mask arou
 product), Perceiver's latent queries shared by the batch, attention pooling by a
 learned query vector, cosine-similarity attention (Swin v2's: q·k over the norms) and a linear
 layer of int8 weights with a scale per channel (weight-only quantisation, serving), a mixture
-of experts' layer with one expert a token (its weights gathered by the token's expert) — through
+of experts' layer with one expert a token (its weights gathered by the token's expert), a
+keypoint head's soft-argmax (sums over an image written nested) — through
 ``tf.compile`` defaults against the best torch alternative in the same process, each checked
 against a float64 reference first (the harness of :mod:`benchmarks.kernel_suite`).
 
@@ -175,6 +176,19 @@ def expert_linear(x: T.Tensor["T", "K", "bf16"], w: T.Tensor["E", "N", "K", "bf1
     t, n, k = T.axes("t n k")
     return T.cast(T.sum(T.cast(x[t, k], "f32") * T.cast(w[expert[t], n, k], "f32"), over=k),
                   "bf16")
+
+
+@tf.kernel
+def soft_argmax(x: T.Tensor["B", "C", "H", "W", "f32"]):
+    """A keypoint head's soft-argmax: each channel's expected row and column under a softmax
+    over its pixels, the sums over the image written nested (a row's, then the rows')."""
+    b, c, h, w = T.axes("b c h w")
+    m = T.max(T.max(x[b, c, h, w], over=w), over=h)
+    p = T.exp(x[b, c, h, w] - m)
+    z = T.sum(T.sum(p, over=w), over=h)
+    row = T.sum(T.sum(p * T.cast(h, "f32"), over=w), over=h) / z
+    col = T.sum(T.sum(p * T.cast(w, "f32"), over=w), over=h) / z
+    return row, col
 
 
 def _logits(generator, M, V, spread=4.0):
@@ -419,6 +433,23 @@ def _expert_linear_case(generator, T_=8192, K=2048, N=4096, E=8, routing="sorted
                 flops=2 * T_ * K * N, notes={TENSORFUSE: f.schedule_origin(T=T_, K=K, N=N, E=E)})
 
 
+def _soft_argmax_case(generator, B=32, C=64, H=64, W=48) -> Case:
+    """Heatmaps of 17-keypoint-style heads, spread ±8; GB/s of the heatmaps read once."""
+    x = (torch.randn(B, C, H, W, generator=generator) * 8).to("cuda")
+    rows, cols = (torch.arange(n, device="cuda", dtype=torch.float32) for n in (H, W))
+
+    def eager(x):
+        p = torch.softmax(x.flatten(2), -1).view_as(x)
+        return (p.sum(3) * rows).sum(2), (p.sum(2) * cols).sum(2)
+    f, compiled = Recorded(soft_argmax), torch.compile(eager)
+    ref = eager(x.double())
+    return Case("soft_argmax", f"B{B} C{C} H{H} W{W} f32", lambda: f(x),
+                {TORCH_COMPILE: lambda: compiled(x), TORCH_EAGER: lambda: eager(x)},
+                torch.stack([r.float() for r in ref]), lambda out: torch.stack(out),
+                bytes=x.numel() * 4 + 2 * B * C * 4,
+                notes={TENSORFUSE: f.schedule_origin(B=B, C=C, H=H, W=W)})
+
+
 PIPELINE = {
     "kl_divergence_rows": _kl_case,
     "softmax_entropy": _entropy_case,
@@ -433,6 +464,7 @@ PIPELINE = {
     "cosine_attention": _cosine_attention_case,
     "w8a16_linear": _w8a16_case,
     "gated_attention": _gated_attention_case,
+    "soft_argmax": _soft_argmax_case,
     "expert_linear_sorted": _expert_linear_case,
     "expert_linear_unsorted": lambda generator: _expert_linear_case(generator,
                                                                     routing="unsorted"),

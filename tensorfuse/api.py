@@ -8,9 +8,7 @@ from .compiled import CompiledKernel
 from .dsl.expr import user_location
 from .dsl.program import TracedKernel, is_kernel
 from .errors import ScheduleError
-from .read_other_ways import read_other_way, scan_refused
-from .schedule_templates.bands import band_window
-from .schedule_templates.nested_scans import nested_scans
+from .read_other_ways import PROGRAM_REWRITES, read_other_way, scan_refused
 from .records import cpu_record, template_records
 from .schedule import Schedule
 from .schedule_templates import lower_program
@@ -80,10 +78,7 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             if spec.is_gpu and _triton_available() else None
         if read_otherwise is not None:
             return read_otherwise
-        # a reduction over a band of positions around each output's (a rolling maximum) over a
-        # window axis of the band's width, not every position of the row; one over ranges of
-        # several axes (an integral image) as a scan an axis
-        for rewrite in (band_window, nested_scans) if spec.is_gpu else ():
+        for rewrite in PROGRAM_REWRITES if spec.is_gpu else ():
             windowed = _rewritten(kernel, spec, rewrite, dynamic)
             if windowed is not None:
                 return windowed

@@ -8,6 +8,17 @@ sum — as two scans of segments (:func:`.schedule_templates.bands.plan_band`: a
 an output, not the band's width)."""
 from __future__ import annotations
 
+from .schedule_templates.bands import band_window
+from .schedule_templates.merged_reductions import merged_reductions
+from .schedule_templates.nested_scans import nested_scans
+
+# the equivalent programs ``tf.compile`` compiles on a GPU instead of one as written, in order:
+# nested reductions of one monoid as one over their axes (a soft-argmax's nested sums: one
+# kernel, not a stage a level); a reduction over a band around each output's position (a
+# rolling maximum) over a window axis of the band's width, not the whole row; one over ranges
+# of several axes (an integral image) as a scan an axis
+PROGRAM_REWRITES = (merged_reductions, band_window, nested_scans)
+
 
 def read_other_way(kernel, spec, dynamic: "bool | None" = None):
     """The scatter-add, scan or band template's kernel of ``kernel`` on the GPU ``spec`` where its

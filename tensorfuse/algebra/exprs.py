@@ -140,10 +140,11 @@ def rewrite_computes(program, replace: Callable[[Expr], Expr | None], axes=None,
     """``program``'s computes rebuilt in order (by name): ``replace`` substituted in their
     bodies (:func:`substitute`), a read of another compute pointing at its rebuilt one, and
     ``axes(c)`` / ``over(c)`` where given for their axes, ``bodies(c, rebuilt bodies)`` for
-    their bodies — what a rewrite of a whole program (packing rows, lifting or flattening axes,
-    a band's window, nested reductions) builds its new program from. ``expand(c)``, where given
-    and not None, replaces ``c`` by computes of its own making (reading no other compute), the
-    last one standing for ``c``."""
+    their bodies (asked before ``over(c)``, which may depend on what it found) — what a
+    rewrite of a whole program (packing rows, lifting or flattening axes, a band's window,
+    nested reductions) builds its new program from. ``expand(c)``, where given and not None,
+    replaces ``c`` by computes of its own making (reading no other compute), the last one
+    standing for ``c``."""
     from ..dsl.program import Compute
 
     made: dict = {}

@@ -510,10 +510,12 @@ def gemm_shaped(program: Program) -> bool:
     """Whether some sum of ``program`` is a product of a rows side and a columns side over its
     axis (a GEMM, whatever else the program does): the row-tile template runs those a row at a
     time on the CUDA cores, so the floor keeps them to stages the contraction template takes."""
-    for c in program.computes:
-        if not (c.is_reduction and c.monoid.name == "sum" and c.arity == 1):
-            continue
-        body = inline_elementwise(c.bodies[0])
-        if _roles([body], ["sum"], list(c.axes), tuple(c.over), pairs=False) is not None:
-            return True
-    return False
+    return any(is_gemm(c) for c in program.computes)
+
+
+def is_gemm(c: Compute) -> bool:
+    """Whether ``c`` is a sum of products of a rows side and a columns side over its axis."""
+    if not (c.is_reduction and c.monoid.name == "sum" and c.arity == 1):
+        return False
+    body = inline_elementwise(c.bodies[0])
+    return _roles([body], ["sum"], list(c.axes), tuple(c.over), pairs=False) is not None

@@ -1,14 +1,14 @@
 """Kernels of training and serving pipelines no issue lists (``benchmarks.pipeline_kernels``) as
 ``tf.compile`` makes them for sm_90a, run by Triton's interpreter against float64 references in
-torch (never the project's lowering), at ragged sizes and large value ranges: a KL divergence
-and an entropy of soft-maxed rows (chains of dependent reductions in one sweep), sigmoid
-attention (a weighted sum with no normaliser), groups of features scaled by their absolute
-maximum, a global average pool over two axes, a log-sum-exp down the strided axis, causal
-squared-ReLU attention (a masked weighted sum), RetNet's retention (the mask around the whole
-product, a decay a head), latent queries shared by the batch and attention
-pooling by a query vector (the floor's stages), cosine-similarity attention (norms stored, then
-attention), a mixture of experts' layer (weights gathered by each token's expert, tokens sorted
-by expert or not). Outputs are poisoned (NaN) before each run. Prints each case's relative
+torch (never the project's lowering), at ragged sizes and large value ranges: a KL divergence and
+an entropy of soft-maxed rows (chains of dependent reductions in one sweep), sigmoid attention (a
+weighted sum with no normaliser), groups of features scaled by their absolute maximum, a global
+average pool over two axes, a log-sum-exp down the strided axis, causal squared-ReLU attention (a
+masked weighted sum), RetNet's retention (the mask around the whole product, a decay a head),
+latent queries shared by the batch and attention pooling by a query vector (the floor's stages),
+cosine-similarity attention (norms stored, then attention), a mixture of experts' layer (weights
+gathered by each token's expert, tokens sorted by expert or not), a soft-argmax (nested sums over
+an image's pixels, merged). Outputs are poisoned (NaN) before each run. Prints each case's relative
 error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.pipeline_check SEED
@@ -18,7 +18,7 @@ import functools
 import torch
 
 from benchmarks.pipeline_kernels import (attention_pool, cosine_attention, expert_linear,
-                                         global_avg_pool,
+                                         global_avg_pool, soft_argmax,
                                          group_quant_scale,
                                          kl_divergence_rows, latent_cross_attention,
                                          logsumexp_pool, relu2_causal_attention,
@@ -105,6 +105,14 @@ def expert_linear_case(generator, T=77, K=40, N=45, E=5, routing="unsorted"):
         torch.einsum("tk,tnk->tn", x.double(), w.double()[expert.long()])
 
 
+def soft_argmax_case(generator, B=2, C=3, H=13, W=37):
+    """Heatmaps spread ±40 and shifted by 500 (the maximum matters), ragged sizes."""
+    x = torch.randn(B, C, H, W, generator=generator) * 40 + 500
+    p = torch.softmax(x.double().flatten(2), -1).view(B, C, H, W)
+    rows, cols = (torch.arange(n, dtype=torch.float64) for n in (H, W))
+    return dict(x=x), ((p.sum(3) * rows).sum(2), (p.sum(2) * cols).sum(2))
+
+
 def attention_pool_case(generator, B=3, S=77, D=300):
     x = (torch.randn(B, S, D, generator=generator) * 2).bfloat16()
     w = (torch.randn(D, generator=generator) / 4).bfloat16()
@@ -129,6 +137,7 @@ CASES = {"kl_divergence_rows": (kl_divergence_rows, kl_case),
          "logsumexp_pool": (logsumexp_pool, logsumexp_pool_case),
          "relu2_causal_attention": (relu2_causal_attention, relu2_case),
          "retention": (retention, retention_case),
+         "soft_argmax": (soft_argmax, soft_argmax_case),
          "expert_linear_unsorted": (expert_linear, expert_linear_case),
          "expert_linear_sorted": (expert_linear, functools.partial(expert_linear_case,
                                                                    routing="sorted")),
