@@ -9,7 +9,9 @@ made once) — through ``tf.compile`` defaults (the scan template,
 ``logcumsumexp``) and ``torch.compile`` in the same process; and a rolling maximum
 over the last 64 positions and a moving average of the last 100, written as bands
 (:mod:`tensorfuse.schedule_templates.bands`), against ``F.max_pool1d`` and ``F.avg_pool1d`` of
-stride 1; and a summed-area table over two axes (nested scans) against two ``cumsum`` calls —
+stride 1; a summed-area table over two axes (nested scans) against two ``cumsum`` calls; and
+chains scanned together — a log-normaliser written out (a running maximum, then exponentials
+relative to it) against ``x − logcumsumexp(x)``, a running standard deviation (two sums) —
 each checked against a float64 reference first (the
 harness of :mod:`benchmarks.user_kernels`).
 
@@ -110,6 +112,27 @@ def integral_image(x: T.Tensor["B", "H", "W", "f32"]):
     return T.sum(T.where((j <= i) & (l <= k), x[b, j, l], 0.0), over=(j, l))
 
 
+@tf.kernel
+def causal_log_normaliser(x: T.Tensor["B", "N", "f32"]):
+    """``x_i − log Σ_{j ≤ i} exp(x_j)``, the log-sum-exp written out (its maximum first)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    m = T.max(T.where(j <= i, x[b, j], -T.inf), over=j)
+    s = T.sum(T.where(j <= i, T.exp(x[b, j] - m), 0.0), over=j)
+    return x[b, i] - m - T.log(s)
+
+
+@tf.kernel
+def running_std(x: T.Tensor["B", "N", "f32"]):
+    """The standard deviation of the positions up to each: two sums scanned together."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    s1 = T.sum(T.where(j <= i, x[b, j], 0.0), over=j)
+    s2 = T.sum(T.where(j <= i, x[b, j] * x[b, j], 0.0), over=j)
+    n = T.cast(i + 1, "f32")
+    return T.sqrt(T.maximum(s2 / n - (s1 / n) * (s1 / n), 0.0))
+
+
 def _cumsum_case(generator, B=256, N=32768) -> Case:
     x = torch.randn(B, N, generator=generator).to("cuda", torch.bfloat16)
     return rows_case("cumulative_sum", cumulative_sum, lambda t: torch.cumsum(t, -1), x, {},
@@ -188,11 +211,32 @@ def _integral_image_case(generator, B=16, H=1024, W=1024) -> Case:
                      f"B{B} H{H} W{W} f32")
 
 
+def _causal_normaliser_case(generator, B=64, N=16384) -> Case:
+    """The log-normaliser written out (a running maximum, then exponentials relative to it:
+    the chain's states scanned together, :mod:`tensorfuse.schedule_templates.chain_scans`)."""
+    x = 4 * torch.randn(B, N, generator=generator).cuda()
+    return rows_case("causal_log_normaliser", causal_log_normaliser,
+                     lambda t: t - torch.logcumsumexp(t, -1), x, {}, f"B{B} N{N} f32")
+
+
+def _running_std_case(generator, B=64, N=16384) -> Case:
+    """Two sums up to each position (of x and x²) in one pass."""
+    x = torch.randn(B, N, generator=generator).cuda() + 1
+
+    def eager(t):
+        n = torch.arange(1, t.shape[-1] + 1, device=t.device, dtype=t.dtype)
+        mean, square = t.cumsum(-1) / n, (t * t).cumsum(-1) / n
+        return (square - mean * mean).clamp(min=0).sqrt()
+    return rows_case("running_std", running_std, eager, x, {}, f"B{B} N{N} f32")
+
+
 SCAN_KERNELS = {"cumulative_sum": _cumsum_case, "long_cumulative_sum": _long_case,
                 "running_max": _running_max_case, "log_cumulative_sum_exp": _logcumsumexp_case,
                 "segment_offsets": _offsets_case, "sum_to_the_end": _to_the_end_case,
                 "rolling_max_64": _rolling_max_case, "moving_average_100": _moving_average_case,
-                "discounted_returns": _discounted_case, "integral_image": _integral_image_case}
+                "discounted_returns": _discounted_case, "integral_image": _integral_image_case,
+                "causal_log_normaliser": _causal_normaliser_case,
+                "running_std": _running_std_case}
 
 if __name__ == "__main__":
     main(SCAN_KERNELS, "scan-kernels", __doc__)

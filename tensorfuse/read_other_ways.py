@@ -26,6 +26,7 @@ def read_other_way(kernel, spec, dynamic: "bool | None" = None):
     from .schedule_templates.auto import scatters
     from .errors import TargetError
     from .schedule_templates.bands import plan_band
+    from .schedule_templates.chain_scans import plan_chain_scan
     from .schedule_templates.scan import plan_scan
     from .schedule_templates.scatter import plan_scatter
     from .targets.triton.reductions import reducible
@@ -34,7 +35,8 @@ def read_other_way(kernel, spec, dynamic: "bool | None" = None):
 
     if scatters(kernel.program):
         return ScatterKernel(plan_scatter(kernel.program), spec, dynamic)
-    for plans, made in ((plan_scan, ScanKernel), (plan_band, BandKernel)):
+    for plans, made in ((plan_scan, ScanKernel), (plan_chain_scan, ScanKernel),
+                        (plan_band, BandKernel)):
         try:   # planned once: the plan is the kernel's
             plan = plans(kernel.program)
         except TargetError:

@@ -73,15 +73,30 @@ class ScanPlan:
     outputs: tuple
     # a discounted sum's factor a step (c in Σ c^(i−j)·x[j]): scanned as (decay, sum) pairs
     decay: "Expr | None" = None
+    # a chain of dependent reductions scanned together (:mod:`.chain_scans`): the monoid of
+    # their running states, each component's dtype, and (member, component) of each member
+    # the outputs read
+    chain: "tuple | None" = None
 
     @property
     def monoid(self):
+        if self.chain is not None:
+            return self.chain[0]
         return DECAYED if self.decay is not None else self.total.monoid
 
     @property
     def dtypes(self) -> tuple:
-        """The scanned components' dtypes: the result's, or a decay's and the sum's."""
+        """The scanned components' dtypes: the result's, a decay's and the sum's, or a
+        chain's states'."""
+        if self.chain is not None:
+            return self.chain[1]
         return ("f32", self.total.dtypes[0]) if self.decay is not None else self.total.dtypes
+
+    @property
+    def members(self) -> tuple:
+        """``(member name, component)`` of each reduction of a chain the outputs read; ``()``
+        for a scan of one reduction."""
+        return self.chain[2] if self.chain is not None else ()
 
     @property
     def is_arg(self) -> bool:
@@ -92,6 +107,8 @@ class ScanPlan:
     def result_component(self) -> "int | None":
         """Which component the result is where it is one of several scanned (the sum beside a
         decay); None where the result has them all (an arg reduction's value and index)."""
+        if self.chain is not None:
+            return None
         return 1 if self.decay is not None else (0 if len(self.dtypes) == 1 else None)
 
     @property
@@ -122,8 +139,13 @@ class ScanPlan:
         where = "".join(f" where {to_text(c)}" for c in self.conditions)
         relation = "<=" if self.direction == "prefix" else ">="
         offset = f" {'+' if self.shift > 0 else '-'} {abs(self.shift)}" if self.shift else ""
-        return (f"scan plan of {self.program.name}: {self.total.name}[{self.out_axis.name}] = "
-                f"{self.total.monoid.name} of {', '.join(map(to_text, self.values))}{where}"
+        what = f"{self.total.name}[{self.out_axis.name}] = {self.total.monoid.name}"
+        if self.chain is not None:
+            what = (f"{', '.join(n for n, _ in self.members)}[{self.out_axis.name}] = "
+                    f"{self.monoid.name} (running states scanned together, corrected as they "
+                    "combine)")
+        return (f"scan plan of {self.program.name}: {what} of "
+                f"{', '.join(map(to_text, self.values))}{where}"
                 + (f" discounted by {to_text(self.decay)} a step" if self.decay is not None
                    else "") +
                 f" over {self.axis.name} {relation} {self.out_axis.name}{offset} "

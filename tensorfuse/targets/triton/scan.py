@@ -274,6 +274,8 @@ def block(plan) -> str:
 def result_refs(plan, total: list[str]) -> dict:
     """How the outputs' expressions read the result: the component that is it, or each
     (``name#k``) where it has several."""
+    if plan.members:   # a chain's: each member's component
+        return {name: total[k] for name, k in plan.members}
     if plan.result_component is not None:
         return {plan.total.name: total[plan.result_component]}
     return {f"{plan.total.name}#{k}": t for k, t in enumerate(total)}
