@@ -27,6 +27,20 @@ def byte_sums(x: T.Tensor["M", "N", "i8"]):
     return T.sum(x[i, n], over=n)
 
 
+@tf.kernel
+def byte_dots(x: T.Tensor["M", "N", "i8"], y: T.Tensor["M", "N", "i8"]):
+    """Each row's dot product of two byte vectors: products up to 2¹⁴, past int8."""
+    i, n = T.axes("i n")
+    return T.sum(x[i, n] * y[i, n], over=n)
+
+
+@tf.kernel
+def byte_column_argmax(x: T.Tensor["M", "N", "i8"]):
+    """Where each column's largest byte is (the first, on ties)."""
+    i, n = T.axes("i n")
+    return T.argmax(x[i, n], over=i)
+
+
 def test_the_types_and_their_arithmetic():
     assert dt.canonical("int8") == "i8" and dt.canonical("uint8") == "u8"
     assert dt.from_any(torch.int8) == "i8" and dt.from_any(torch.uint8) == "u8"

@@ -8,7 +8,8 @@ carried feature axis), Mamba's causal depthwise convolution (written out, its ta
 start masked), a mixture of experts' combine (written out over 8 experts), cosine similarities
 (stages: a GEMM and the norms), a layer norm and a mean over two axes written with ``T.mean``,
 attention with its log-sum-exp as a second output (float32 and bf16), a linear layer of int8
-weights and the means of byte images. Outputs are poisoned
+weights, the means of byte images, byte dot products (past int8 in i32) and where each column's
+largest byte is. Outputs are poisoned
 (NaN) before each run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.unlisted_check SEED
@@ -21,7 +22,7 @@ from benchmarks.unlisted_kernels import (batch_norm_stats_nchw, biased_attention
                                          causal_conv1d, cosine_similarity, l2_normalize_columns,
                                          masked_mean_pool, moe_combine, router_softmax)
 from benchmarks.pipeline_kernels import w8a16_linear
-from tests.dsl.test_byte_tensors import pixel_means
+from tests.dsl.test_byte_tensors import byte_column_argmax, byte_dots, pixel_means
 from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 
@@ -157,6 +158,18 @@ def pixel_means_case(generator, B=3, C=3, P=1000):
     return dict(img=img), (img.double() / 255).mean(-1)
 
 
+def byte_dots_case(generator, M=37, N=300):
+    """Bytes over their whole range: products past int8's, sums past int16's."""
+    x, y = (torch.randint(-128, 128, (M, N), generator=generator, dtype=torch.int8)
+            for _ in range(2))
+    return dict(x=x, y=y), (x.double() * y.double()).sum(-1)
+
+
+def byte_argmax_case(generator, M=300, N=45):
+    x = torch.randint(-128, 128, (M, N), generator=generator, dtype=torch.int8)
+    return dict(x=x), x.argmax(0).double()
+
+
 CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case),
          "router_softmax": (router_softmax, router_case),
          "l2_normalize_columns": (l2_normalize_columns, columns_case),
@@ -171,7 +184,9 @@ CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case)
          "attention_and_bf16_logsumexp": (attention_and_logsumexp(None),
                                           attention_logsumexp_case),
          "w8a16_linear": (w8a16_linear, w8a16_case),
-         "pixel_means": (pixel_means, pixel_means_case)}
+         "pixel_means": (pixel_means, pixel_means_case),
+         "byte_dots": (byte_dots, byte_dots_case),
+         "byte_column_argmax": (byte_column_argmax, byte_argmax_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel))

@@ -417,7 +417,11 @@ def load(e: Load, ctx: TileContext) -> str:
 
 
 def computed(loaded: str, dtype: str) -> str:
-    """A tile ``loaded`` from a tensor of ``dtype`` in the type the template computes in: 16-bit
-    floats widened to f32, other types as they are."""
+    """A tile ``loaded`` from a tensor of ``dtype`` in the type the template computes in (the
+    DSL's :func:`~tensorfuse.dsl.dtypes.compute_dtype`): 16-bit floats widened to f32, 8-bit
+    integers to i32 (in their own type a product of two wrapped, and an i32 running state's
+    identity, −2³¹, was no int8 scalar), other types as they are."""
+    if dtype in dt.BYTES:
+        return f"{loaded}.to(tl.int32)"
     return loaded if not dt.is_float(dtype) or dtype in ("f32", "f64") else \
         f"{loaded}.to(tl.float32)"
