@@ -11,7 +11,9 @@ over the last 64 positions and a moving average of the last 100, written as band
 (:mod:`tensorfuse.schedule_templates.bands`), against ``F.max_pool1d`` and ``F.avg_pool1d`` of
 stride 1; a summed-area table over two axes (nested scans) against two ``cumsum`` calls; and
 chains scanned together — a log-normaliser written out (a running maximum, then exponentials
-relative to it) against ``x − logcumsumexp(x)``, a running standard deviation (two sums) —
+relative to it) against ``x − logcumsumexp(x)``, a running standard deviation (two sums); a
+gated linear recurrence written as its sum (a decay varying along the sequence) against
+``exp(c)·cumsum(exp(−c)·u)`` —
 each checked against a float64 reference first (the
 harness of :mod:`benchmarks.user_kernels`).
 
@@ -133,6 +135,17 @@ def running_std(x: T.Tensor["B", "N", "f32"]):
     return T.sqrt(T.maximum(s2 / n - (s1 / n) * (s1 / n), 0.0))
 
 
+@tf.kernel
+def gated_recurrence(c: T.Tensor["B", "L", "D", "f32"], u: T.Tensor["B", "L", "D", "f32"]):
+    """A gated linear recurrence ``h_i = a_i·h_{i−1} + u_i`` (minGRU's, an SSM's with a scalar
+    state) written as its sum, ``c`` the running sum of ``log a``: ``Σ_{j ≤ i} exp(c_i − c_j)·u_j``
+    — a discounted scan whose decay varies along the sequence."""
+    b = T.axis("b", "B")
+    i = T.axis("i", "L")   # declared before d: the output is [B, L, D]
+    j, d = T.axes("j d")
+    return T.sum(T.where(j <= i, T.exp(c[b, i, d] - c[b, j, d]) * u[b, j, d], 0.0), over=j)
+
+
 def _cumsum_case(generator, B=256, N=32768) -> Case:
     x = torch.randn(B, N, generator=generator).to("cuda", torch.bfloat16)
     return rows_case("cumulative_sum", cumulative_sum, lambda t: torch.cumsum(t, -1), x, {},
@@ -230,13 +243,26 @@ def _running_std_case(generator, B=64, N=16384) -> Case:
     return rows_case("running_std", running_std, eager, x, {}, f"B{B} N{N} f32")
 
 
+def _gated_recurrence_case(generator, B=8, L=4096, D=1024) -> Case:
+    """Gates ``a`` in [0.99, 1) (``c`` down to −41: torch's form, ``exp(c)·cumsum(exp(−c)·u)``,
+    stays finite in f32 — it overflows past that, where the scan's per-step decays do not)."""
+    a = 0.99 + 0.01 * torch.rand(B, L, D, generator=generator)
+    c = torch.log(a).cumsum(1).cuda()
+    u = torch.randn(B, L, D, generator=generator).cuda()
+
+    def eager(c, u):
+        return torch.exp(c) * torch.cumsum(torch.exp(-c) * u, 1)
+    return rows_case("gated_recurrence", gated_recurrence, eager, c, {"u": u},
+                     f"B{B} L{L} D{D} f32 (over L)")
+
+
 SCAN_KERNELS = {"cumulative_sum": _cumsum_case, "long_cumulative_sum": _long_case,
                 "running_max": _running_max_case, "log_cumulative_sum_exp": _logcumsumexp_case,
                 "segment_offsets": _offsets_case, "sum_to_the_end": _to_the_end_case,
                 "rolling_max_64": _rolling_max_case, "moving_average_100": _moving_average_case,
                 "discounted_returns": _discounted_case, "integral_image": _integral_image_case,
                 "causal_log_normaliser": _causal_normaliser_case,
-                "running_std": _running_std_case}
+                "running_std": _running_std_case, "gated_recurrence": _gated_recurrence_case}
 
 if __name__ == "__main__":
     main(SCAN_KERNELS, "scan-kernels", __doc__)

@@ -30,8 +30,9 @@ import math
 from dataclasses import dataclass
 
 from ..algebra import inline_elementwise
-from ..algebra.exprs import conjuncts
-from ..dsl.expr import Axis, Binary, Cast, Compare, Const, Expr, Unary, Where, binary, unary
+from ..algebra.exprs import conjuncts, simplify, substitute
+from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Unary, Where,
+                        binary, unary)
 from ..dsl.monoid import Monoid
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
@@ -160,9 +161,14 @@ def plan_scan(program: Program) -> ScanPlan:
     if len(reductions) != 1:
         raise TargetError(f"{len(reductions)} reductions; a scan program has one")
     total = reductions[0]
-    i, direction, shift, values, rest, decay = _scanned(total)
+    i, direction, shift, values, rest, decay, scale = _scanned(total)
+    outputs = outputs_over(program, total)
+    if scale is not None:   # the scanned sum is relative to the position's own decay
+        key = ("ref", total.name, 0)
+        outputs = tuple((c, substitute(e, lambda n: binary("mul", n, scale)
+                                       if n.key() == key else None)) for c, e in outputs)
     return ScanPlan(program, total, total.over[0], i, direction, shift, values, rest,
-                    outputs_over(program, total), decay)
+                    outputs, decay)
 
 
 def planned(planner, program: Program) -> bool:
@@ -224,10 +230,11 @@ def is_scan(total: Compute) -> bool:
 
 
 def _scanned(total: Compute) -> tuple:
-    """``(i, direction, shift, values, other conditions, decay)`` of a reduction in the scan
-    form (one value, or an arg reduction's value and index: the conditions are its value's; a
-    discounted sum's value without its factor c^(i − j), and the decay a step); else
-    :class:`TargetError` saying why not."""
+    """``(i, direction, shift, values, other conditions, decay, scale)`` of a reduction in the
+    scan form (one value, or an arg reduction's value and index: the conditions are its
+    value's; a discounted sum's value without its factor c^(i − j) or exp(A(i) − B(j)), the
+    decay a step, and what the scanned sum is multiplied by at the output's position, or
+    None); else :class:`TargetError` saying why not."""
     j, values, conditions = terms_of(total, "scan")
     found = _relation(conditions, j, total)
     if found is None:
@@ -235,9 +242,9 @@ def _scanned(total: Compute) -> tuple:
                           "its result of the same extent")
     k, i, (direction, shift) = found
     rest = tuple(c for n, c in enumerate(conditions) if n != k)
-    decay = None
+    decay = scale = None
     if total.monoid.name == "sum" and _reads(values[0], i):
-        decay, value = _discounted(values[0], i, j, direction)
+        decay, value, scale = _discounted(values[0], i, j, direction)
         if decay is not None and shift:
             raise TargetError(f"{total.name} is a discounted sum over {j.name} up to "
                               f"{i.name} {shift:+d}: the scan template discounts from the "
@@ -245,9 +252,9 @@ def _scanned(total: Compute) -> tuple:
         values = (value,) if decay is not None else values
     if any(_reads(e, i) for e in values + rest):
         raise TargetError(f"the terms of {total.name} read {i.name} beside comparing it" +
-                          (" (beyond a factor c^(i − j) of a discounted sum)"
-                           if total.monoid.name == "sum" else ""))
-    return i, direction, shift, values, rest, decay
+                          (" (beyond a factor c^(i − j) or exp(A(i) − B(j)) of a discounted "
+                           "sum)" if total.monoid.name == "sum" else ""))
+    return i, direction, shift, values, rest, decay, scale
 
 
 def _reads(e: Expr, axis: Axis) -> bool:
@@ -261,25 +268,90 @@ def _factors(e: Expr) -> list:
 
 
 def _discounted(value: Expr, i: Axis, j: Axis, direction: str) -> tuple:
-    """``(d, rest)`` where ``value`` is ``rest`` times one factor that reads ``i`` as a power of
-    the distance — ``c ** (i − j)``, ``exp(λ·(i − j))`` (either sign, casts around the
+    """``(d, rest, scale)`` where ``value`` is ``rest`` times one factor that reads ``i`` as a
+    power of the distance — ``c ** (i − j)``, ``exp(λ·(i − j))`` (either sign, casts around the
     distance), ``c`` and ``λ`` reading neither axis — with ``d`` the factor a step in the scan's
-    direction (``c`` or ``1/c``); else ``(None, value)``."""
+    direction (``c`` or ``1/c``) and ``scale`` None; or as ``exp(A(i) − B(j))`` (a decay that
+    varies along the sequence: a gated linear recurrence ``h_i = a_i·h_{i−1} + u_i`` written
+    with ``c`` the running sum of ``log a``, ``exp(c[i] − c[j])``) with ``d`` the step of
+    ``B``, ``exp(B(j) − B(j ∓ 1))``, and ``scale`` ``exp(A(i) − B(i))`` (1 where ``A`` and
+    ``B`` are one expression); else ``(None, value, None)``."""
     factors = _factors(value)
     reading = [f for f in factors if _reads(f, i)]
     if len(reading) != 1:
-        return None, value
+        return None, value, None
     found = _power_of_distance(reading[0], i, j)
-    if found is None:
-        return None, value
-    base, sign = found
-    # a prefix discounts by c^(i − j), a suffix by c^(j − i): a step's factor either way
-    step = base if sign == (1 if direction == "prefix" else -1) else binary("div", 1.0, base)
+    scale = None
+    if found is not None:
+        base, sign = found
+        # a prefix discounts by c^(i − j), a suffix by c^(j − i): a step's factor either way
+        step = base if sign == (1 if direction == "prefix" else -1) else \
+            binary("div", 1.0, base)
+    else:
+        found = _exp_difference(reading[0], i, j)
+        if found is None:
+            return None, value, None
+        step, scale = _varying_steps(*found, i, j, direction)
     rest = [f for f in factors if f is not reading[0]]
     out = rest[0] if rest else Const(1.0, value.dtype)
     for f in rest[1:]:
         out = binary("mul", out, f)
-    return step, out
+    return step, out, scale
+
+
+def _exp_difference(f: Expr, i: Axis, j: Axis) -> "tuple | None":
+    """``(A, B)`` with ``f = exp(A − B)``, ``A`` reading ``i`` and not ``j``, ``B`` reading
+    ``j`` and not ``i`` (the exponent's terms, added or subtracted, sorted by the axis they
+    read; those reading neither go to ``A``); else None."""
+    if not (isinstance(f, Unary) and f.op == "exp"):
+        return None
+    terms: list = []
+
+    def split(e: Expr, sign: int) -> None:
+        if isinstance(e, Binary) and e.op in ("add", "sub"):
+            split(e.a, sign)
+            split(e.b, sign if e.op == "add" else -sign)
+        elif isinstance(e, Unary) and e.op == "neg":
+            split(e.a, -sign)
+        else:
+            terms.append((e, sign))
+    split(f.a, 1)
+    if any(_reads(e, i) and _reads(e, j) for e, _ in terms) or \
+            not any(_reads(e, j) for e, _ in terms):
+        return None
+    a = [(e, s) for e, s in terms if not _reads(e, j)]
+    b = [(e, -s) for e, s in terms if _reads(e, j)]
+    return _summed(a), _summed(b)
+
+
+def _summed(terms: list) -> Expr:
+    out = None
+    for e, sign in terms:
+        out = (e if sign > 0 else unary("neg", e)) if out is None else \
+            binary("add" if sign > 0 else "sub", out, e)
+    return out if out is not None else Const(0.0, "f32")
+
+
+def _varying_steps(a: Expr, b: Expr, i: Axis, j: Axis, direction: str) -> tuple:
+    """``(the decay a step, the scale at the output)`` of ``Σ exp(A(i) − B(j))·u_j``: a prefix
+    scan's step into ``j`` is ``exp(B(j) − B(j − 1))`` (a suffix's, ``exp(B(j) − B(j + 1))``),
+    the neighbour's index clamped into the row (the row's edge decays by exp(0): nothing lies
+    beyond it, and nothing is read outside the tensor), so the scan holds ``Σ exp(B(i) −
+    B(j))·u_j``; the output multiplies it by ``exp(A(i) − B(i))``."""
+    last = Binary("sub", _extent_of(j), Const(1, "i32"), "i32") if direction == "suffix" \
+        else None
+    near = binary("max", binary("sub", j, 1), 0) if direction == "prefix" else \
+        binary("min", binary("add", j, 1), last)
+    at = lambda axis, to: (lambda n: to if isinstance(n, Axis) and n.uid == axis.uid  # noqa
+                           else None)
+    step = unary("exp", binary("sub", b, substitute(b, at(j, near))))
+    scale = simplify(unary("exp", binary("sub", a, substitute(b, at(j, i)))))
+    return step, (None if isinstance(scale, Const) and scale.value == 1 else scale)
+
+
+def _extent_of(axis: Axis) -> Expr:
+    return Const(axis.extent, "i32") if isinstance(axis.extent, int) else \
+        DimSize(axis.extent)
 
 
 def _distance(e: Expr, i: Axis, j: Axis) -> "int | None":

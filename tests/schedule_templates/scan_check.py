@@ -11,8 +11,9 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from benchmarks.scan_kernels import (cumulative_sum, log_cumulative_sum_exp, long_cumulative_sum,
-                                     running_max, segment_offsets, sum_to_the_end)
+from benchmarks.scan_kernels import (cumulative_sum, gated_recurrence, log_cumulative_sum_exp,
+                                     long_cumulative_sum, running_max, segment_offsets,
+                                     sum_to_the_end)
 from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 
@@ -273,6 +274,64 @@ def softmax_of_sums_case(generator, B=3, N=900):
     return dict(x=x), torch.softmax(torch.cumsum(x.double(), -1), -1)
 
 
+@tf.kernel
+def linear_recurrence(log_a: T.Tensor["B", "L", "D", "f32"], u: T.Tensor["B", "L", "D", "f32"]):
+    """The gated recurrence from its gates' logarithms: their running sums (scans), then the
+    sum decayed by their differences (a scan whose decay varies) — three stages."""
+    b = T.axis("b", "B")
+    i = T.axis("i", "L")
+    k, j, d = T.axes("k j d")
+    c = T.sum(T.where(k <= i, log_a[b, k, d], 0.0), over=k)
+    cj = T.sum(T.where(k <= j, log_a[b, k, d], 0.0), over=k)
+    return T.sum(T.where(j <= i, T.exp(c - cj) * u[b, j, d], 0.0), over=j)
+
+
+@tf.kernel
+def gated_suffix(g: T.Tensor["B", "L", "f32"], c: T.Tensor["B", "L", "f32"],
+                 u: T.Tensor["B", "L", "f32"]):
+    """From each position to the end, ``Σ_{j ≥ i} exp(g_i − c_j)·u_j``: a suffix whose decay
+    varies, its scale at the output ``exp(g_i − c_i)``."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "L")
+    return T.sum(T.where(j >= i, T.exp(g[b, i] - c[b, j]) * u[b, j], 0.0), over=j)
+
+
+def _gates(generator, shape):
+    """log a for gates a in [0.5, 1): running sums down to ~−0.3 a step."""
+    return torch.log(0.5 + 0.5 * torch.rand(shape, generator=generator, dtype=torch.float64))
+
+
+def gated_recurrence_case(generator, B=2, L=700, D=37):
+    log_a = _gates(generator, (B, L, D))
+    u = torch.randn(B, L, D, generator=generator, dtype=torch.float64)
+    h, out = torch.zeros(B, D, dtype=torch.float64), []
+    for t in range(L):   # the recurrence itself, step by step
+        h = log_a[:, t].exp() * h + u[:, t]
+        out.append(h)
+    return log_a, u, torch.stack(out, 1)
+
+
+def gated_case(generator):
+    log_a, u, want = gated_recurrence_case(generator)
+    return dict(c=log_a.cumsum(1).float(), u=u.float()), want
+
+
+def linear_recurrence_case(generator):
+    log_a, u, want = gated_recurrence_case(generator, L=300)
+    return dict(log_a=log_a.float(), u=u.float()), want
+
+
+def gated_suffix_case(generator, B=3, L=600):
+    """``c`` a decreasing running sum, ``g`` near it: the suffix's terms decay from each
+    position on."""
+    c = -_gates(generator, (B, L)).cumsum(1)
+    g = c + 0.1 * torch.randn(B, L, generator=generator, dtype=torch.float64)
+    u = torch.randn(B, L, generator=generator, dtype=torch.float64)
+    keep = torch.arange(L)[None, :] >= torch.arange(L)[:, None]   # [i, j]: j >= i
+    weights = torch.where(keep, (g[:, :, None] - c[:, None, :]).exp(), 0.0)
+    return dict(g=g.float(), c=c.float(), u=u.float()), (weights @ u[:, :, None])[..., 0]
+
+
 CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "long_cumulative_sum": (long_cumulative_sum, long_case),
          "running_max": (running_max, running_max_case),
@@ -292,7 +351,10 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "long_leaky_sum": (long_leaky_sum, leaky_case),
          "sum_up_to_two_ahead": (sum_up_to_two_ahead, ahead_case),
          "long_max_from_five_back": (long_max_from_five_back, from_five_back_case),
-         "cumulative_sum_f64": (cumulative_sum_f64, cumsum_f64_case)}
+         "cumulative_sum_f64": (cumulative_sum_f64, cumsum_f64_case),
+         "gated_recurrence": (gated_recurrence, gated_case),
+         "linear_recurrence": (linear_recurrence, linear_recurrence_case),
+         "gated_suffix": (gated_suffix, gated_suffix_case)}
 STAGED = ("max_drawdown", "softmax_of_cumulative_sums")   # a scan stage, then the row template
 # one row cut into parts: N² terms on a CPU
 LONG = ("long_cumulative_sum", "long_leaky_sum", "long_max_from_five_back")
@@ -303,7 +365,10 @@ TOLERANCES = {"softmax_of_cumulative_sums": 1e-5,
               # the ~1000 steps it remembers: ~3e-5 of it, however it is computed (seen: 7e-6)
               "long_leaky_sum": 1e-4, "decayed_within_lengths": 1e-4,
               # float64 throughout: a float32 load or carry anywhere shows as ~1e-8
-              "cumulative_sum_f64": 1e-12}
+              "cumulative_sum_f64": 1e-12,
+              # f32 decays multiplied over the ~100 steps a state remembers (and the running
+              # sums of log a rounded, then differenced): a few 1e-6 of the result
+              "gated_recurrence": 1e-4, "linear_recurrence": 1e-4, "gated_suffix": 1e-4}
 # float32 sums of up to thousands of terms of ±30 against float64, relative to the largest result:
 # their rounding reaches 1e-6 on some draws (a lengths-masked cumulative sum of 600: 1.0e-6)
 F32 = 1e-5

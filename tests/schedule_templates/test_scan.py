@@ -19,6 +19,7 @@ from tests.helpers import (fresh_seed, gpu_error, poisoned_call, relative_error,
                            run_interpreted)
 from tests.schedule_templates.scan_check import (CASES, F32, LONG, TOLERANCES,
                                                  decayed_within_lengths, discounted_returns,
+                                                 gated_recurrence,
                                                  long_leaky_sum, max_drawdown,
                                                  moving_average_exponential, running_mean,
                                                  survival)
@@ -77,10 +78,28 @@ def test_a_discounted_sum_is_scanned_as_decay_and_sum_pairs():
 
     assert "discounts from the output's own position only" in refused(
         lambda x, b, i, j, g: T.where(j < i, g ** (i - j) * x[b, j], 0.0))
-    assert "read i beside comparing it (beyond a factor c^(i − j) of a discounted sum)" in \
+    assert "read i beside comparing it (beyond a factor c^(i − j) or exp(A(i) − B(j)) of a " \
+        "discounted sum)" in \
         refused(lambda x, b, i, j, g: T.where(j <= i, T.cast(i - j, "f32") * x[b, j], 0.0))
     assert "read i beside comparing it" in refused(   # two factors reading i
         lambda x, b, i, j, g: T.where(j <= i, g ** (i - j) * g ** (i - j) * x[b, j], 0.0))
+
+
+def test_a_decay_that_varies_along_the_sequence_is_scanned_by_its_steps():
+    """``exp(A(i) − B(j))`` (a gated linear recurrence written with the running sum of its
+    gates' logarithms): each position's decay is ``exp(B(j) − B(j ∓ 1))``, the neighbour
+    clamped into the row (nothing read outside it); the output scales the scan by
+    ``exp(A(i) − B(i))``, left out where that is 1."""
+    from tensorfuse.dsl.printer import to_text
+    from tests.schedule_templates.scan_check import gated_suffix
+
+    prefix, suffix = (plan_scan(k.program) for k in (gated_recurrence, gated_suffix))
+    assert (prefix.direction, to_text(prefix.decay), to_text(prefix.values[0])) == (
+        "prefix", "exp(c[b, j, d] - c[b, max(j - 1, 0), d])", "u[b, j, d]")
+    assert to_text(prefix.outputs[0][1]) == "out", to_text(prefix.outputs[0][1])
+    assert (suffix.direction, to_text(suffix.decay)) == (
+        "suffix", "exp(c[b, j] - c[b, min(j + 1, T.size('L') - 1)])")
+    assert to_text(suffix.outputs[0][1]) == "out * exp(g[b, i] - c[b, i])"
 
 
 def test_a_condition_on_equal_keys_is_said_to_bound_no_range():
@@ -272,7 +291,10 @@ def test_one_build_serves_every_size_and_the_gradient_is_a_scan_from_the_end():
                                           (CASES["running_argmax"][0], dict(B=2, N=2**20)),
                                           # (decay, sum) pairs; one row in parts, in order
                                           (discounted_returns, dict(B=64, N=4096)),
-                                          (long_leaky_sum, dict(N=2**20))])
+                                          (long_leaky_sum, dict(N=2**20)),
+                                          # a decay a position, its neighbour's index clamped
+                                          (gated_recurrence, dict(B=8, L=4096, D=1024)),
+                                          (CASES["gated_suffix"][0], dict(B=1, L=2**20))])
 def test_the_kernels_compile_for_sm90a_and_gfx942(kernel, dims):
     """Rows read and written in 16-byte vectors (a part starts at a whole block; an exclusive
     scan's terms, one position back, are read one by one) — along a row with a natively
