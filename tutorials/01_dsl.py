@@ -165,6 +165,31 @@ print(plan)
 assert "discounted by gamma a step over j >= i (suffix scan" in plan
 
 # %% [markdown]
+# The discount may vary along the sequence: a gated linear recurrence `h_t = a_t·h_{t−1} + u_t`
+# (minGRU's, an SSM's with a scalar state) is the sum of the inputs so far, each decayed by the
+# gates since it came — `exp(c_t − c_j)` with `c` the running sum of `log a`. The scan then
+# decays its state by `exp(c_j − c_{j−1})` a step; checked here against the recurrence.
+
+# %%
+@tf.kernel
+def gated_recurrence(c: T.Tensor["B", "N", "f32"], u: T.Tensor["B", "N", "f32"]):
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.sum(T.where(j <= i, T.exp(c[b, i] - c[b, j]) * u[b, j], 0.0), over=j)
+
+
+gates, inputs = 0.5 + 0.5 * torch.rand(2, 200), torch.randn(2, 200)
+states = tf.compile(gated_recurrence, target="llvm")(torch.log(gates).cumsum(-1), inputs)
+h, expected = torch.zeros(2), torch.empty_like(inputs)
+for t in range(200):
+    h = gates[:, t] * h + inputs[:, t]
+    expected[:, t] = h
+assert torch.allclose(states, expected, atol=1e-4)
+plan = tf.compile(gated_recurrence, target="cuda:sm_90a").describe_plan(B=2, N=200)
+print(plan)
+assert "discounted by exp(c[b, j] - c[b, max(j - 1, 0)]) a step over j <= i" in plan
+
+# %% [markdown]
 # A band of positions around each output's own — a rolling maximum of the last 16 values — is
 # two scans a window on a GPU (the rest of its start's segment of 16, then the next segment up to
 # its end), a few operations an output whatever the width.
@@ -242,6 +267,31 @@ positions = tf.compile(expert_positions, target="llvm")(experts)
 assert torch.equal(positions.long(), F.one_hot(experts.long(), 8).cumsum(0))
 assert tf.compile(expert_positions, target="cuda:sm_90a").describe_plan(N=300).startswith(
     "scan plan of expert_positions")
+
+# %% [markdown]
+# ## Experts
+# A mixture of experts' layer with one expert a token reads each token's weights through its
+# expert, `w[expert[t], n, k]`. On a GPU that is a GEMM whose tiles take their rows one expert at
+# a time — a block of an expert's weights serves every row of the tile routed to it (tokens
+# sorted by expert take a turn or two a tile) — with its bf16 products on the tensor cores even
+# though the sum is written in f32 (exact: the products of bf16 values are f32 numbers).
+
+# %%
+@tf.kernel
+def expert_linear(x: T.Tensor["T", "K", "bf16"], w: T.Tensor["E", "N", "K", "bf16"],
+                  expert: T.Tensor["T", "i32"]):
+    t, n, k = T.axes("t n k")
+    return T.sum(T.cast(x[t, k], "f32") * T.cast(w[expert[t], n, k], "f32"), over=k)
+
+
+tokens, weights = torch.randn(64, 32).bfloat16(), torch.randn(4, 48, 32).bfloat16()
+routed = torch.randint(0, 4, (64,), dtype=torch.int32)
+mixed = tf.compile(expert_linear, target="llvm")(tokens, weights, routed)
+want = torch.stack([weights[e].double() @ x for e, x in zip(routed.long(), tokens.double())])
+assert (mixed.double() - want).abs().max() <= 1e-2 * want.abs().max()   # stored as bf16
+plan = tf.compile(expert_linear, target="cuda:sm_90a").describe_plan(T=4096, K=2048, N=4096, E=8)
+print(plan)
+assert "rows grouped by expert[t]" in plan and "[tensor cores in bf16" in plan
 
 # %% [markdown]
 # ## The same kernel for the GPU

@@ -146,6 +146,33 @@ except tf.errors.RollingUpdateError as err:
 print("steps so far:", bad.history())
 
 # %% [markdown]
+# ## Up to each position: the corrections as a scan
+# The same chain over the positions up to each output's own — a log-normaliser written out,
+# the running maximum and the sum of exponentials relative to it — would visit every prefix
+# (N²/2 terms a row). Correcting two parts' running states to their combined maximum and adding
+# them is the split update's merge, and it is associative: on a GPU `tf.compile` scans the
+# chain's states together, N terms a row. Here on the CPU against `torch.logcumsumexp`.
+
+# %%
+@tf.kernel
+def causal_log_normaliser(x: T.Tensor["B", "N", "f32"]):
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    m = T.max(T.where(j <= i, x[b, j], -T.inf), over=j)
+    s = T.sum(T.where(j <= i, T.exp(x[b, j] - m), 0.0), over=j)
+    return m + T.log(s)
+
+
+import torch
+
+logits = torch.randn(3, 200) * 30 + 300   # exp of them overflows unless taken relative
+running = tf.compile(causal_log_normaliser, target="llvm")(logits)
+assert torch.allclose(running, torch.logcumsumexp(logits.double(), -1).float(), atol=1e-3)
+plan = tf.compile(causal_log_normaliser, target="cuda:sm_90a").describe_plan(B=3, N=200)
+print(plan)
+assert "m, s[i] = chain_m_s (running states scanned together" in plan
+
+# %% [markdown]
 # ## On a GPU: an image is visited in patches
 # A fused chain compiles to a GPU template that sweeps the keys in blocks, skipping blocks the mask
 # hides. When the mask reads the sequence as an image (`i // W`, `i % W`), the attention template
