@@ -15,7 +15,10 @@ whose dependencies did not move is skipped: ``−∞ − −∞`` is no number).
 
 Taken where every member is a sum, maximum or minimum over one axis under the same conditions
 (the same range of positions), each member's value is one of its running states, the terms read
-the output's position only through the members, and the outputs are elementwise over them. A
+the output's position only through the members, and the outputs are elementwise over them. The
+rows are the widest member's other axes: a softmax-weighted average of values so far (``Σ p ·
+v[b, j, e] / Σ p``) scans its weights' maximum and normaliser again along each feature ``e``,
+in the same tile — ``N`` terms a feature where the attention template took ``N²/2``. A
 chain the algebra refuses, or a single reduction (the scan's own plan), is left to the other
 templates."""
 from __future__ import annotations
@@ -72,18 +75,23 @@ def plan_chain_scan(program: Program) -> ScanPlan:
         if s.kind not in KINDS or len(s.value) != 1 or not isinstance(s.value[0], Symbol):
             raise TargetError(f"{s.name}'s running states are not its value ({s.kind})")
     values = _terms(schemes, names)
+    # the rows: the widest member's other axes (a weighted sum's feature beside its weights'
+    # maximum and normaliser: those are scanned again along each feature, in the same tile)
+    widest = max(members, key=lambda c: len(c.axes))
+    kept = {a.uid for a in widest.axes}
+    if any(not {a.uid for a in c.axes} <= kept for c in members):
+        raise TargetError("the chain's members are indexed by axes no one of them holds all of")
     outputs = []
     for c in program.outputs:
         expr = Ref(c, 0, c.loc) if c.name in names else inline_elementwise(c.bodies[0])
         reads = {n.compute.name for n in nodes(expr) if isinstance(n, Ref)}
-        if not reads or not reads <= names or \
-                {a.uid for a in c.axes} != {a.uid for a in first.axes}:
+        if not reads or not reads <= names or {a.uid for a in c.axes} != kept:
             raise TargetError(f"output {c.name} is not elementwise over the chain's results")
         outputs.append((c, expr))
     monoid, dtypes = chain_monoid(schemes)
     components = _components(schemes)
     read = tuple((s.name, components[s.name][_state_index(s)]) for s in schemes)
-    return ScanPlan(program, members[-1], j, i, direction, shift, tuple(values), rest,
+    return ScanPlan(program, widest, j, i, direction, shift, tuple(values), rest,
                     tuple(outputs), chain=(monoid, dtypes, read))
 
 

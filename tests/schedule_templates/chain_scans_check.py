@@ -2,7 +2,7 @@
 them — a causal log-normaliser written out (a running maximum and a sum of exponentials
 relative to it), a prefix softmax in bf16, a running standard deviation (two independent
 sums scanned together), a suffix normaliser within each row's length, one long row (in
-parts), a normaliser down the middle axis — as ``tf.compile``
+parts), a normaliser down the middle axis, a softmax-weighted average of values so far — as ``tf.compile``
 makes them for sm_90a (``schedule_templates/chain_scans.py``), run by Triton's interpreter
 against float64 references in torch, outputs poisoned; prints each case's relative error as
 JSON.
@@ -49,6 +49,18 @@ def normaliser_down_middle(x: T.Tensor["B", "N", "C", "f32"]):
     return m + T.log(T.sum(T.where(j <= i, T.exp(x[b, j, c] - m), 0.0), over=j))
 
 
+@tf.kernel
+def causal_attention_pool(s: T.Tensor["B", "N", "f32"], v: T.Tensor["B", "N", "E", "f32"]):
+    """Each position's average of the values so far, weighted by a softmax of their scores: the
+    weights' maximum and normaliser scanned again along each feature ``e``."""
+    b = T.axis("b", "B")
+    i = T.axis("i", "N")   # declared before e: the output is [B, N, E]
+    j, e = T.axes("j e")
+    m = T.max(T.where(j <= i, s[b, j], -T.inf), over=j)
+    p = T.where(j <= i, T.exp(s[b, j] - m), 0.0)
+    return T.sum(p * v[b, j, e], over=j) / T.sum(p, over=j)
+
+
 def _logits(generator, B, N, spread=30.0, offset=300.0):
     return torch.randn(B, N, generator=generator) * spread + offset
 
@@ -73,15 +85,23 @@ def running_std_case(generator, B=3, N=300):
     return dict(x=x), (square - mean * mean).clamp(min=0).sqrt()
 
 
-def long_row_case(generator, B=1, N=9000):
-    """One row of 9000: cut into two parts, the first part's states the second's carry."""
+def long_row_case(generator, B=1, N=7200):
+    """One row of 7200: cut into two parts, the first part's states the second's carry."""
     x = _logits(generator, B, N, 10.0, 0.0)
     return dict(x=x), x.double() - torch.logcumsumexp(x.double(), -1)
 
 
-def middle_case(generator, B=2, N=150, C=37):
+def middle_case(generator, B=2, N=150, C=6):
     x = _logits(generator, B * C, N).view(B, C, N).transpose(1, 2).contiguous()
     return dict(x=x), torch.logcumsumexp(x.double(), 1)
+
+
+def attention_pool_case(generator, B=2, N=100, E=5):
+    s = _logits(generator, B, N, 5.0, 100.0)
+    v = torch.randn(B, N, E, generator=generator)
+    weights = torch.where(torch.arange(N)[:, None] >= torch.arange(N)[None, :],
+                          s.double()[:, None, :], -torch.inf).softmax(-1)
+    return dict(s=s, v=v), weights @ v.double()
 
 
 def suffix_case(generator, B=4, N=300):
@@ -106,7 +126,8 @@ CASES = {"causal_log_normaliser": (causal_log_normaliser, log_normaliser_case),
          "running_std": (running_std, running_std_case),
          "suffix_normaliser": (suffix_normaliser, suffix_case),
          "long_row": (causal_log_normaliser, long_row_case),
-         "normaliser_down_middle": (normaliser_down_middle, middle_case)}
+         "normaliser_down_middle": (normaliser_down_middle, middle_case),
+         "causal_attention_pool": (causal_attention_pool, attention_pool_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel), error)

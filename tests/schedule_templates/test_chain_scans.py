@@ -33,6 +33,16 @@ def test_a_log_normaliser_written_out_is_a_scan_of_its_states_not_a_sweep_of_eve
     assert "each row cut into" in long_row and "parts" in long_row, long_row
 
 
+def test_a_weighted_average_scans_its_weights_states_along_each_feature():
+    """``Σ p · v[b, j, e] / Σ p`` up to each position: the rows are the weighted sum's (b, e),
+    the maximum and the normaliser scanned along each; the attention template had taken it
+    (N²/2 products a row on the tensor cores)."""
+    from tests.schedule_templates.chain_scans_check import causal_attention_pool
+
+    plan = plan_chain_scan(causal_attention_pool.program)
+    assert [a.name for a in plan.rows] == ["b", "e"] and plan.monoid.arity == 3, plan.describe()
+
+
 def test_independent_sums_up_to_each_position_scan_in_one_pass():
     plan = plan_chain_scan(running_std.program)
     assert sorted(n for n, _ in plan.members) == ["s1", "s2"] and plan.dtypes == ("f32", "f32")
