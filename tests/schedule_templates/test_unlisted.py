@@ -122,6 +122,22 @@ def test_cosine_attention_stores_its_norms_not_its_scores_and_runs_attention_on_
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["retention", "expert_linear_sorted",
+                                  "expert_linear_unsorted", "soft_argmax"])
+def test_pipeline_kernels_match_float64_on_the_gpu(name):
+    """RetNet's retention (the mask around the product), the mixture of experts' layer (rows
+    grouped by expert, sorted and not) and the soft-argmax (nested sums merged) through
+    ``tf.compile`` on the GPU, outputs poisoned (bf16: 2e-2; f32: 1e-5)."""
+    import torch
+
+    from tests.helpers import gpu_error
+    from tests.schedule_templates.pipeline_check import CASES as PIPELINE
+
+    error, dtype, seed = gpu_error(*PIPELINE[name])
+    assert error < (2e-2 if dtype == torch.bfloat16 else 1e-5), f"{name} (seed {seed})"
+
+
+@pytest.mark.gpu
 def test_weighted_sums_without_a_softmax_on_the_gpu_against_float64():
     """Sigmoid attention and causal squared-ReLU attention through ``tf.compile`` on the GPU (the
     attention plan: query rows in tiles, the values' feature held whole), ragged sequence
