@@ -12,8 +12,9 @@ over the last 64 positions and a moving average of the last 100, written as band
 stride 1; a summed-area table over two axes (nested scans) against two ``cumsum`` calls; and
 chains scanned together — a log-normaliser written out (a running maximum, then exponentials
 relative to it) against ``x − logcumsumexp(x)``, a running standard deviation (two sums); a
-gated linear recurrence written as its sum (a decay varying along the sequence) against
-``exp(c)·cumsum(exp(−c)·u)`` —
+gated linear recurrence written as its sum (a decay varying along the sequence) and Mamba's
+selective scan (its states summed against C in the scan's tile) against ``exp(c)·cumsum(exp(−c)
+·u)`` —
 each checked against a float64 reference first (the
 harness of :mod:`benchmarks.user_kernels`).
 
@@ -146,6 +147,20 @@ def gated_recurrence(c: T.Tensor["B", "L", "D", "f32"], u: T.Tensor["B", "L", "D
     return T.sum(T.where(j <= i, T.exp(c[b, i, d] - c[b, j, d]) * u[b, j, d], 0.0), over=j)
 
 
+@tf.kernel
+def selective_scan(c: T.Tensor["B", "L", "D", "f32"], dx: T.Tensor["B", "L", "D", "f32"],
+                   bm: T.Tensor["B", "L", "N", "f32"], cm: T.Tensor["B", "L", "N", "f32"]):
+    """Mamba's selective scan: each channel's state of N, decayed by ``exp(c_i − c_j)`` (``c``
+    the running sum of Δ·A), fed by ``Δ·x·B`` and read by ``C``: ``y[b, i, d] = Σ_n C[b, i, n]
+    · h[b, i, d, n]``."""
+    b = T.axis("b", "B")
+    i = T.axis("i", "L")   # declared before d, n: the state is [B, L, D, N]
+    d, n, j = T.axes("d n j")
+    h = T.sum(T.where(j <= i, T.exp(c[b, i, d] - c[b, j, d]) * dx[b, j, d] * bm[b, j, n], 0.0),
+              over=j)
+    return T.sum(cm[b, i, n] * h, over=n)
+
+
 def _cumsum_case(generator, B=256, N=32768) -> Case:
     x = torch.randn(B, N, generator=generator).to("cuda", torch.bfloat16)
     return rows_case("cumulative_sum", cumulative_sum, lambda t: torch.cumsum(t, -1), x, {},
@@ -256,13 +271,29 @@ def _gated_recurrence_case(generator, B=8, L=4096, D=1024) -> Case:
                      f"B{B} L{L} D{D} f32 (over L)")
 
 
+def _selective_scan_case(generator, B=2, L=4096, D=1536, N=16) -> Case:
+    """Mamba-130m's widths; decays in [0.99, 1) a step (torch's form, ``exp(c)·cumsum(exp(−c)
+    ·…)`` over the [B, L, D, N] states, stays finite in f32 there)."""
+    c = torch.log(0.99 + 0.01 * torch.rand(B, L, D, generator=generator)).cumsum(1).cuda()
+    dx = torch.randn(B, L, D, generator=generator).cuda()
+    bm, cm = (torch.randn(B, L, N, generator=generator).cuda() for _ in range(2))
+
+    def eager(c, dx, bm, cm):
+        h = torch.exp(c)[..., None] * torch.cumsum((torch.exp(-c) * dx)[..., None] *
+                                                   bm[:, :, None, :], 1)
+        return (cm[:, :, None, :] * h).sum(-1)
+    return rows_case("selective_scan", selective_scan, eager, c,
+                     {"dx": dx, "bm": bm, "cm": cm}, f"B{B} L{L} D{D} N{N} f32")
+
+
 SCAN_KERNELS = {"cumulative_sum": _cumsum_case, "long_cumulative_sum": _long_case,
                 "running_max": _running_max_case, "log_cumulative_sum_exp": _logcumsumexp_case,
                 "segment_offsets": _offsets_case, "sum_to_the_end": _to_the_end_case,
                 "rolling_max_64": _rolling_max_case, "moving_average_100": _moving_average_case,
                 "discounted_returns": _discounted_case, "integral_image": _integral_image_case,
                 "causal_log_normaliser": _causal_normaliser_case,
-                "running_std": _running_std_case, "gated_recurrence": _gated_recurrence_case}
+                "running_std": _running_std_case, "gated_recurrence": _gated_recurrence_case,
+                "selective_scan": _selective_scan_case}
 
 if __name__ == "__main__":
     main(SCAN_KERNELS, "scan-kernels", __doc__)

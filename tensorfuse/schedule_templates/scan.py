@@ -30,13 +30,14 @@ import math
 from dataclasses import dataclass
 
 from ..algebra import inline_elementwise
-from ..algebra.exprs import conjuncts, simplify, substitute
-from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Unary, Where,
-                        binary, unary)
+from ..algebra.exprs import conjuncts, has_axis, nodes, simplify, substitute
+from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Unary,
+                        Where, binary, unary)
 from ..dsl.monoid import Monoid
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from ..errors import TargetError
+from ..targets.triton.scan import MAX_SUMMED
 from .attention import SMS
 from .scatter import outputs_over
 
@@ -78,6 +79,10 @@ class ScanPlan:
     # their running states, each component's dtype, and (member, component) of each member
     # the outputs read
     chain: "tuple | None" = None
+    # (n, summand, sum): the outputs read ``sum``, the sum over the row axis ``n`` of the
+    # scan's ``summand`` (:func:`_summed_over_rows`: a selective scan's state read by C,
+    # ``Σ_n C[b, i, n] · h[b, i, d, n]``), added up within the tile
+    summed: "tuple | None" = None
 
     @property
     def monoid(self):
@@ -113,14 +118,20 @@ class ScanPlan:
         return 1 if self.decay is not None else (0 if len(self.dtypes) == 1 else None)
 
     @property
+    def scanned_axes(self) -> tuple[Axis, ...]:
+        """The axes of what is scanned: the first output's (the innermost last), or the
+        scanned reduction's where the outputs sum over a row axis of it."""
+        return self.total.axes if self.summed else self.outputs[0][0].axes
+
+    @property
     def rows(self) -> tuple[Axis, ...]:
-        """The result's other axes, in the first output's order (the innermost last)."""
-        return tuple(a for a in self.outputs[0][0].axes if a.uid != self.out_axis.uid)
+        """The scanned result's other axes (the innermost last)."""
+        return tuple(a for a in self.scanned_axes if a.uid != self.out_axis.uid)
 
     @property
     def along_rows(self) -> bool:
         """Whether the output's innermost axis is ``i`` (a tile then reads along the scan)."""
-        return self.outputs[0][0].axes[-1].uid == self.out_axis.uid
+        return self.scanned_axes[-1].uid == self.out_axis.uid
 
     max_parts = MAX_PARTS
     programs = PROGRAMS   # the programs a call's rows should make, or its parts
@@ -152,23 +163,65 @@ class ScanPlan:
                 f" over {self.axis.name} {relation} {self.out_axis.name}{offset} "
                 f"({self.direction} scan, "
                 f"rows {', '.join(a.name for a in self.rows) or '(one)'}); outputs: "
-                + ", ".join(c.name for c, _ in self.outputs))
+                + ", ".join(c.name for c, _ in self.outputs)
+                + (f" (of {to_text(self.summed[1])} summed over {self.summed[0].name} in each "
+                   "tile)" if self.summed else ""))
 
 
 def plan_scan(program: Program) -> ScanPlan:
     """The scan plan of ``program``, or a :class:`TargetError` that says why it has none."""
     reductions = [c for c in program.computes if c.is_reduction]
-    if len(reductions) != 1:
+    summed = None
+    if len(reductions) == 2 and is_scan(reductions[0]):
+        summed, outputs = _summed_over_rows(program, *reductions)
+    elif len(reductions) != 1:
         raise TargetError(f"{len(reductions)} reductions; a scan program has one")
     total = reductions[0]
     i, direction, shift, values, rest, decay, scale = _scanned(total)
-    outputs = outputs_over(program, total)
+    if summed is None:
+        outputs = outputs_over(program, total)
     if scale is not None:   # the scanned sum is relative to the position's own decay
         key = ("ref", total.name, 0)
-        outputs = tuple((c, substitute(e, lambda n: binary("mul", n, scale)
-                                       if n.key() == key else None)) for c, e in outputs)
+        scaled = lambda e: substitute(e, lambda n: binary("mul", n, scale)  # noqa: E731
+                                      if n.key() == key else None)
+        if summed is None:
+            outputs = tuple((c, scaled(e)) for c, e in outputs)
+        else:
+            summed = (summed[0], scaled(summed[1]), summed[2])
     return ScanPlan(program, total, total.over[0], i, direction, shift, values, rest,
-                    outputs, decay)
+                    outputs, decay, summed=summed)
+
+
+def _summed_over_rows(program: Program, total: Compute, summed: Compute) -> tuple:
+    """``((n, summand, summed's name), ((output, expression), ))`` where the program's one
+    output is elementwise over ``summed``, ``Σ_n`` of an elementwise expression (the summand)
+    of the scan ``total`` and of loads (a selective scan's state read by ``C``: ``Σ_n C[b, i,
+    n] · h[b, i, d, n]``), ``n`` the innermost of ``total``'s axes, of an extent up to
+    :data:`MAX_SUMMED` (a tile's rows hold every ``n`` of theirs, padded to a power of two; a
+    size given at the call is checked when its kernel is built). Else :class:`TargetError`."""
+    if summed.monoid.name != "sum" or summed.arity != 1 or len(summed.over) != 1:
+        raise TargetError(f"{summed.name} is not a sum over one axis of {total.name}")
+    n = summed.over[0]
+    if total.axes[-1].uid != n.uid or any(a.uid == n.uid for a in summed.axes) or \
+            {a.uid for a in summed.axes} | {n.uid} != {a.uid for a in total.axes}:
+        raise TargetError(f"{summed.name} does not sum {total.name} over its innermost axis")
+    if isinstance(n.extent, int) and n.extent > MAX_SUMMED:
+        raise TargetError(f"{summed.name} sums over {n.extent} values of {n.name}; a tile adds "
+                          f"up to {MAX_SUMMED}")
+    term = inline_elementwise(summed.bodies[0])
+    if {x.compute.name for x in nodes(term) if isinstance(x, Ref)} != {total.name}:
+        raise TargetError(f"{summed.name} reads other values than {total.name}")
+    outputs = []
+    for c in program.outputs:
+        expr = inline_elementwise(c.bodies[0]) if c is not summed else Ref(c, 0, c.loc)
+        if {x.compute.name for x in nodes(expr) if isinstance(x, Ref)} != {summed.name} or \
+                {a.uid for a in c.axes} != {a.uid for a in summed.axes} or \
+                any(isinstance(x, Load) and has_axis(x, n) for x in nodes(expr)):
+            raise TargetError(f"output {c.name} is not elementwise over {summed.name}")
+        outputs.append((c, expr))
+    if len(outputs) != 1:
+        raise TargetError("a scan whose outputs sum over a row axis writes one output")
+    return (n, term, summed.name), tuple(outputs)
 
 
 def planned(planner, program: Program) -> bool:

@@ -13,7 +13,7 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from benchmarks.scan_kernels import (cumulative_sum, gated_recurrence, log_cumulative_sum_exp,
                                      long_cumulative_sum, running_max, segment_offsets,
-                                     sum_to_the_end)
+                                     selective_scan, sum_to_the_end)
 from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 
@@ -332,6 +332,19 @@ def gated_suffix_case(generator, B=3, L=600):
     return dict(g=g.float(), c=c.float(), u=u.float()), (weights @ u[:, :, None])[..., 0]
 
 
+def selective_scan_case(generator, B=2, L=300, D=6, N=5):
+    """A state of 5 (padded to 8 rows in the tile); checked against the recurrence itself."""
+    log_a = _gates(generator, (B, L, D))
+    dx = torch.randn(B, L, D, generator=generator, dtype=torch.float64)
+    bm, cm = (torch.randn(B, L, N, generator=generator, dtype=torch.float64) for _ in range(2))
+    h, out = torch.zeros(B, D, N, dtype=torch.float64), []
+    for t in range(L):
+        h = log_a[:, t, :, None].exp() * h + dx[:, t, :, None] * bm[:, t, None, :]
+        out.append((h * cm[:, t, None, :]).sum(-1))
+    return dict(c=log_a.cumsum(1).float(), dx=dx.float(), bm=bm.float(), cm=cm.float()), \
+        torch.stack(out, 1)
+
+
 CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "long_cumulative_sum": (long_cumulative_sum, long_case),
          "running_max": (running_max, running_max_case),
@@ -354,7 +367,8 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "cumulative_sum_f64": (cumulative_sum_f64, cumsum_f64_case),
          "gated_recurrence": (gated_recurrence, gated_case),
          "linear_recurrence": (linear_recurrence, linear_recurrence_case),
-         "gated_suffix": (gated_suffix, gated_suffix_case)}
+         "gated_suffix": (gated_suffix, gated_suffix_case),
+         "selective_scan": (selective_scan, selective_scan_case)}
 STAGED = ("max_drawdown", "softmax_of_cumulative_sums")   # a scan stage, then the row template
 # one row cut into parts: N² terms on a CPU
 LONG = ("long_cumulative_sum", "long_leaky_sum", "long_max_from_five_back")
@@ -368,7 +382,8 @@ TOLERANCES = {"softmax_of_cumulative_sums": 1e-5,
               "cumulative_sum_f64": 1e-12,
               # f32 decays multiplied over the ~100 steps a state remembers (and the running
               # sums of log a rounded, then differenced): a few 1e-6 of the result
-              "gated_recurrence": 1e-4, "linear_recurrence": 1e-4, "gated_suffix": 1e-4}
+              "gated_recurrence": 1e-4, "linear_recurrence": 1e-4, "gated_suffix": 1e-4,
+              "selective_scan": 1e-4}
 # float32 sums of up to thousands of terms of ±30 against float64, relative to the largest result:
 # their rounding reaches 1e-6 on some draws (a lengths-masked cumulative sum of 600: 1.0e-6)
 F32 = 1e-5

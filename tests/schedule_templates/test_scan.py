@@ -102,6 +102,23 @@ def test_a_decay_that_varies_along_the_sequence_is_scanned_by_its_steps():
     assert to_text(suffix.outputs[0][1]) == "out * exp(g[b, i] - c[b, i])"
 
 
+def test_a_selective_scan_sums_its_states_against_c_in_the_scans_tile():
+    """Mamba's ``Σ_n C[b, i, n] · h[b, i, d, n]`` over the scanned states ``h``: one kernel —
+    the states of a tile's rows (every ``n`` of its channels, padded to a power of two) added
+    up against ``C`` before the store — where the floor stored every state (768 MiB at B2
+    L4096 D1536 N16) for a second kernel; it compiles for sm_90a (a row in parts too)."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    made = tf.compile(CASES["selective_scan"][0], target="cuda:sm_90a")
+    dims = dict(B=2, L=4096, D=1536, N=16)
+    plan = made.describe_plan(**dims)
+    assert plan.startswith("scan plan of selective_scan: h[i] = sum of dx[b, j, d] * bm[b, j, "
+                           "n] discounted by exp(c[b, j, d] - c[b, max(j - 1, 0), d]) a step"), plan
+    assert "outputs: out (of cm[b, i, n] * h summed over n in each tile)" in plan
+    for sizes in (dims, dict(B=1, L=1 << 16, D=64, N=12)):
+        for which in made._kernels(sizes):
+            assert ".visible .entry" in made.ptx(which, **sizes)
+
+
 def test_a_condition_on_equal_keys_is_said_to_bound_no_range():
     """Positions within a packed segment (``seg[j] == seg[i]``): equal keys need not be
     neighbours, so no scan reads it; the plan says so, not that a band has no constant width."""

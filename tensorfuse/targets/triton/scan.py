@@ -29,6 +29,8 @@ STAGES = 3
 MAX_BLOCK_N = 1024     # positions a tile, at most
 TILE_ELEMENTS = 2048   # rows × positions a tile, at most
 ROWS_INNERMOST_TILE = (32, 128)   # rows × positions where the rows are the innermost axis
+# the most values of a row axis the outputs sum over within a tile (its rows, a power of two)
+MAX_SUMMED = 128
 # the prefix of the kernels' own variables: a program's parameters are named as the user named
 # them (``r`` for rewards, ``lo``, ``hi``), and a variable of the same name would shadow one
 L = "_s_"
@@ -55,7 +57,8 @@ def blocks(plan, sizes: dict) -> tuple[int, int]:
     over ``benchmarks.scan_kernels``' running_max and integral_image); one row where there are
     no others."""
     if not plan.along_rows:
-        return ROWS_INNERMOST_TILE
+        block_m, block_n = ROWS_INNERMOST_TILE
+        return (max(block_m, summed_rows(plan, sizes)) if plan.summed else block_m), block_n
     n = extent(plan.axis, sizes)
     block_n = MAX_BLOCK_N if not isinstance(n, int) else \
         max(16, min(MAX_BLOCK_N, 1 << (n - 1).bit_length()))
@@ -78,8 +81,31 @@ def stages(plan) -> int:
 
 
 def row_count(plan, sizes: dict, axes=None):
-    """The rows' count: of the plan's row axes, or of ``axes``."""
-    return math.prod(extent(a, sizes) for a in (plan.rows if axes is None else axes))
+    """The rows' count: of the plan's row axes, or of ``axes`` (a row axis the outputs sum over
+    padded to a power of two: :func:`row_extent`)."""
+    return math.prod(row_extent(plan, a, sizes) for a in (plan.rows if axes is None else axes))
+
+
+def row_extent(plan, axis, sizes: dict):
+    """The rows a row axis spans: its extent, or for the axis the outputs sum over its next
+    power of two — a tile's rows then hold whole groups of it, the padding masked."""
+    n = extent(axis, sizes)
+    if plan.summed and axis.uid == plan.summed[0].uid:
+        return 1 << (n - 1).bit_length()
+    return n
+
+
+def summed_rows(plan, sizes: dict) -> int:
+    """The rows a tile adds up for each output row: the summed axis's :func:`row_extent` (at
+    most ``MAX_SUMMED``; a size given at the call is checked here, when its kernel is built)."""
+    from ...errors import TargetError
+
+    n, _, name = plan.summed
+    rows = row_extent(plan, n, sizes)
+    if rows > MAX_SUMMED:
+        raise TargetError(f"{name} sums over {extent(n, sizes)} values of {n.name}; the scan "
+                          f"template adds up to {MAX_SUMMED} within a tile")
+    return rows
 
 
 def layout(plan, dims: dict) -> tuple[int, int, int]:
@@ -155,19 +181,23 @@ def edge(w, plan, names: list[str], tiles: list[str], width: str) -> None:
 
 
 def row_axes(w, plan, sizes: dict, wide: bool, rows: str, axes=None,
-             tile: str = "tl.program_id(0)") -> dict:
+             tile: str = "tl.program_id(0)", stem: str = "") -> dict:
     """Lines computing the program's rows (``row``: ``tile``, by default the first grid axis,
     then ``rows``; ``row_ok``) and the index of each row axis (``axes``: by default all) from
-    them; the row axes' names by uid."""
+    them; the row axes' names by uid. ``stem`` names them apart (a tile's output rows beside
+    its scanned ones). The padding of a summed axis (:func:`row_extent`) is no row."""
     axes = plan.rows if axes is None else axes
-    w(f"{L}row = {tile}" + (".to(tl.int64)" if wide else "") + rows)
-    w(f"{L}row_ok = {L}row < {row_count(plan, sizes, axes)}")
-    w(f"{L}rest = {L}row")
+    row, ok, rest = f"{L}{stem}row", f"{L}{stem}row_ok", f"{L}{stem}rest"
+    w(f"{row} = {tile}" + (".to(tl.int64)" if wide else "") + rows)
+    w(f"{ok} = {row} < {row_count(plan, sizes, axes)}")
+    w(f"{rest} = {row}")
     names = {}
     for a in reversed(axes):
-        names[a.uid] = f"{L}ax_{a.name}"
-        w(f"{L}ax_{a.name} = {L}rest % {extent(a, sizes)}")
-        w(f"{L}rest = {L}rest // {extent(a, sizes)}")
+        names[a.uid] = f"{L}{stem}ax_{a.name}"
+        w(f"{names[a.uid]} = {rest} % {row_extent(plan, a, sizes)}")
+        w(f"{rest} = {rest} // {row_extent(plan, a, sizes)}")
+        if row_extent(plan, a, sizes) != extent(a, sizes):
+            w(f"{ok} = {ok} & ({names[a.uid]} < {extent(a, sizes)})")
     return names
 
 
@@ -294,10 +324,40 @@ def scanned_block(w, plan, sizes: dict, out_tile: TileContext, carry: list[str])
     _assign(w, total, _combined(plan, carry, component_names("s", plan)))
     _carry_on(w, plan, carry, total, v)
     out_tile = out_tile.child(refs=result_refs(plan, total))
+    if plan.summed:
+        _summed_stores(w, plan, sizes, out_tile)
+        return
     for c, expr in plan.outputs:
         w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out_tile, sizes)}), "
           f"({to_triton(expr, out_tile)}).to({TL_DTYPES[c.dtypes[0]]}), "
           f"mask={L}row_ok & {L}col_ok)")
+
+
+def _summed_stores(w, plan, sizes: dict, tile: TileContext) -> None:
+    """Lines adding the summand up over each group of the tile's rows that share the output's
+    row (the summed axis innermost among them: groups of :func:`summed_rows` rows, the padding
+    masked) and storing the outputs at the tile's output rows (:func:`output_rows`)."""
+    n, summand, name = plan.summed
+    group = summed_rows(plan, sizes)
+    value = f"tl.where({L}row_ok & {L}col_ok, {to_triton(summand, tile)}, 0.0)"
+    w(f"{L}summed = tl.sum(tl.reshape(tl.broadcast_to({value}, (BLOCK_M, BLOCK_N)), "
+      f"(BLOCK_M // {group}, {group}, BLOCK_N)), axis=1)")
+    axes = {a.uid: f"{L}out_ax_{a.name}" for a in plan.rows if a.uid != n.uid}
+    out = TileContext(axes={**axes, plan.out_axis.uid: f"{L}col"}, sizes=sizes,
+                      refs={name: f"{L}summed"})
+    for c, expr in plan.outputs:
+        w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out, sizes)}), "
+          f"({to_triton(expr, out)}).to({TL_DTYPES[c.dtypes[0]]}), "
+          f"mask={L}out_row_ok & {L}col_ok)")
+
+
+def output_rows(w, plan, sizes: dict, wide: bool) -> None:
+    """Lines computing the output rows of the tile's groups (``out_row``, ``out_row_ok``,
+    ``out_ax_*``): a tile of ``BLOCK_M`` scanned rows holds ``BLOCK_M // group`` of them."""
+    group = summed_rows(plan, sizes)
+    axes = tuple(a for a in plan.rows if a.uid != plan.summed[0].uid)
+    row_axes(w, plan, sizes, wide, f" * (BLOCK_M // {group}) + "
+             f"tl.arange(0, BLOCK_M // {group})[:, None]", axes, stem="out_")
 
 
 def scan_kernels(plan, name: str, sizes: dict, args: list[str], interpreter: bool) -> list:
@@ -337,6 +397,8 @@ def scan_kernels(plan, name: str, sizes: dict, args: list[str], interpreter: boo
           f"mask={L}row_ok & ({before}), other={ident}).to({acc})")
     _fold(w, plan, carry, prev, str(plan.max_parts))
     _head(w, plan, sizes, rows, carry)
+    if plan.summed:
+        output_rows(w, plan, sizes, wide)
     w.sweep(f"{L}k", "0", f"{L}nb", "1", stages(plan))
     with w.block():
         scanned_block(w, plan, sizes, terms(w, plan, sizes, rows, block(plan)), carry)
