@@ -2,7 +2,8 @@
 them — a causal log-normaliser written out (a running maximum and a sum of exponentials
 relative to it), a prefix softmax in bf16, a running standard deviation (two independent
 sums scanned together), a suffix normaliser within each row's length, one long row (in
-parts), a normaliser down the middle axis, a softmax-weighted average of values so far — as ``tf.compile``
+parts), a normaliser down the middle axis, a softmax-weighted average of values so far, an
+exclusive normaliser (its first range empty) — as ``tf.compile``
 makes them for sm_90a (``schedule_templates/chain_scans.py``), run by Triton's interpreter
 against float64 references in torch, outputs poisoned; prints each case's relative error as
 JSON.
@@ -61,6 +62,15 @@ def causal_attention_pool(s: T.Tensor["B", "N", "f32"], v: T.Tensor["B", "N", "E
     return T.sum(p * v[b, j, e], over=j) / T.sum(p, over=j)
 
 
+@tf.kernel
+def exclusive_normaliser(x: T.Tensor["B", "N", "f32"]):
+    """``log Σ_{j < i} exp(x_j)``: the first position's range is empty (−∞)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    m = T.max(T.where(j < i, x[b, j], -T.inf), over=j)
+    return m + T.log(T.sum(T.where(j < i, T.exp(x[b, j] - m), 0.0), over=j))
+
+
 def _logits(generator, B, N, spread=30.0, offset=300.0):
     return torch.randn(B, N, generator=generator) * spread + offset
 
@@ -104,6 +114,13 @@ def attention_pool_case(generator, B=2, N=100, E=5):
     return dict(s=s, v=v), weights @ v.double()
 
 
+def exclusive_case(generator, B=3, N=200):
+    x = _logits(generator, B, N, 20.0, 0.0)
+    lse = torch.logcumsumexp(x.double(), -1)
+    return dict(x=x), torch.cat([torch.full((B, 1), -torch.inf, dtype=torch.float64),
+                                 lse[:, :-1]], 1)
+
+
 def suffix_case(generator, B=4, N=300):
     """Row lengths from 1 to N; past a row's length its outputs are the empty sum's, −∞."""
     x = _logits(generator, B, N, 20.0, -50.0)
@@ -127,7 +144,8 @@ CASES = {"causal_log_normaliser": (causal_log_normaliser, log_normaliser_case),
          "suffix_normaliser": (suffix_normaliser, suffix_case),
          "long_row": (causal_log_normaliser, long_row_case),
          "normaliser_down_middle": (normaliser_down_middle, middle_case),
-         "causal_attention_pool": (causal_attention_pool, attention_pool_case)}
+         "causal_attention_pool": (causal_attention_pool, attention_pool_case),
+         "exclusive_normaliser": (exclusive_normaliser, exclusive_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel), error)

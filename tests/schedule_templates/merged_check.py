@@ -1,5 +1,5 @@
 """Nested reductions as users write them — a mean of means, maxima three deep, rows' sums that
-are an output beside their sum, a GEMM's row sums — as ``tf.compile`` makes them for sm_90a (merged:
+are an output beside their sum, a GEMM's row sums, a triangle's sum — as ``tf.compile`` makes them for sm_90a (merged:
 ``schedule_templates/merged_reductions.py``), run by Triton's interpreter against float64
 references in torch, outputs poisoned; prints each case's relative error as JSON.
 
@@ -49,6 +49,14 @@ def score_sums(q: T.Tensor["M", "D", "bf16"], k: T.Tensor["N", "D", "bf16"]):
     return T.sum(T.sum(q[i, d] * k[j, d], over=d), over=j)
 
 
+@tf.kernel
+def triangle_sums(x: T.Tensor["B", "H", "W", "f32"]):
+    """The lower triangle's sum, written nested: the inner sum's condition reads the outer
+    axis."""
+    b, h, w = T.axes("b h w")
+    return T.sum(T.sum(T.where(w <= h, x[b, h, w], 0.0), over=w), over=h)
+
+
 def _mean_case(generator, B=3, H=7, W=45):
     x = torch.randn(B, H, W, generator=generator) * 100 + 30
     return dict(x=x), x.double().mean((1, 2))
@@ -77,11 +85,17 @@ def _score_sums_case(generator, M=37, N=45, D=32):
     return dict(q=q, k=k), (q.double() @ k.double().T).sum(1)
 
 
+def _triangle_case(generator, B=3, H=37):
+    x = torch.randn(B, H, H, generator=generator)
+    return dict(x=x), torch.tril(x.double()).sum((1, 2))
+
+
 CASES = {"mean_of_means": (mean_of_means, _mean_case),
          "three_deep": (three_deep, _three_deep_case),
          "not_merged": (not_merged, _not_merged_case),
          "inner_kept": (inner_kept, _inner_kept_case),
-         "score_sums": (score_sums, _score_sums_case)}
+         "score_sums": (score_sums, _score_sums_case),
+         "triangle_sums": (triangle_sums, _triangle_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel))

@@ -7,7 +7,7 @@ average pool over two axes, a log-sum-exp down the strided axis, causal squared-
 masked weighted sum), RetNet's retention (the mask around the whole product, a decay a head),
 latent queries shared by the batch and attention pooling by a query vector (the floor's stages),
 cosine-similarity attention (norms stored, then attention), a mixture of experts' layer (weights
-gathered by each token's expert, tokens sorted by expert or not), a soft-argmax (nested sums over
+gathered by each token's expert, tokens sorted by expert or not, and over a batch of sequences), a soft-argmax (nested sums over
 an image's pixels, merged). Outputs are poisoned (NaN) before each run. Prints each case's relative
 error as JSON.
 
@@ -17,6 +17,8 @@ import functools
 
 import torch
 
+import tensorfuse as tf
+from tensorfuse import dsl as T
 from benchmarks.pipeline_kernels import (attention_pool, cosine_attention, expert_linear,
                                          global_avg_pool, soft_argmax,
                                          group_quant_scale,
@@ -105,6 +107,22 @@ def expert_linear_case(generator, T=77, K=40, N=45, E=5, routing="unsorted"):
         torch.einsum("tk,tnk->tn", x.double(), w.double()[expert.long()])
 
 
+@tf.kernel
+def batched_experts(x: T.Tensor["B", "T", "K", "bf16"], w: T.Tensor["E", "N", "K", "bf16"],
+                    expert: T.Tensor["B", "T", "i32"]):
+    """The experts' layer over a batch of sequences: the gather reads the batch axis too."""
+    b, t, n, k = T.axes("b t n k")
+    return T.sum(x[b, t, k] * w[expert[b, t], n, k], over=k)
+
+
+def batched_experts_case(generator, B=2, T_=37, K=40, N=45, E=5):
+    x = (torch.randn(B, T_, K, generator=generator) * 4).bfloat16()
+    w = torch.randn(E, N, K, generator=generator).bfloat16()
+    expert = torch.randint(0, E, (B, T_), generator=generator).to(torch.int32)
+    return dict(x=x, w=w, expert=expert), \
+        torch.einsum("btk,btnk->btn", x.double(), w.double()[expert.long()])
+
+
 def soft_argmax_case(generator, B=2, C=3, H=13, W=37):
     """Heatmaps spread ±40 and shifted by 500 (the maximum matters), ragged sizes."""
     x = torch.randn(B, C, H, W, generator=generator) * 40 + 500
@@ -138,6 +156,7 @@ CASES = {"kl_divergence_rows": (kl_divergence_rows, kl_case),
          "relu2_causal_attention": (relu2_causal_attention, relu2_case),
          "retention": (retention, retention_case),
          "soft_argmax": (soft_argmax, soft_argmax_case),
+         "batched_experts": (batched_experts, batched_experts_case),
          "expert_linear_unsorted": (expert_linear, expert_linear_case),
          "expert_linear_sorted": (expert_linear, functools.partial(expert_linear_case,
                                                                    routing="sorted")),

@@ -296,6 +296,16 @@ def gated_suffix(g: T.Tensor["B", "L", "f32"], c: T.Tensor["B", "L", "f32"],
     return T.sum(T.where(j >= i, T.exp(g[b, i] - c[b, j]) * u[b, j], 0.0), over=j)
 
 
+@tf.kernel
+def gated_within_lengths(c: T.Tensor["B", "L", "f32"], u: T.Tensor["B", "L", "f32"],
+                         n: T.Tensor["B", "i32"]):
+    """The gated recurrence of each row's first ``n[b]`` inputs: past them it still decays."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "L")
+    return T.sum(T.where((j <= i) & (j < n[b]), T.exp(c[b, i] - c[b, j]) * u[b, j], 0.0),
+                 over=j)
+
+
 def _gates(generator, shape):
     """log a for gates a in [0.5, 1): running sums down to ~−0.3 a step."""
     return torch.log(0.5 + 0.5 * torch.rand(shape, generator=generator, dtype=torch.float64))
@@ -345,6 +355,16 @@ def selective_scan_case(generator, B=2, L=300, D=6, N=5):
         torch.stack(out, 1)
 
 
+def gated_lengths_case(generator, B=3, L=300):
+    c = _gates(generator, (B, L)).cumsum(1)
+    u = torch.randn(B, L, generator=generator, dtype=torch.float64)
+    n = torch.tensor([0, L // 2, L], dtype=torch.int32)
+    kept = (torch.arange(L)[None, None, :] <= torch.arange(L)[None, :, None]) & \
+        (torch.arange(L)[None, None, :] < n[:, None, None].long())   # [b, i, j]
+    weights = torch.where(kept, (c[:, :, None] - c[:, None, :]).exp(), 0.0)
+    return dict(c=c.float(), u=u.float(), n=n), (weights @ u[:, :, None])[..., 0]
+
+
 CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "long_cumulative_sum": (long_cumulative_sum, long_case),
          "running_max": (running_max, running_max_case),
@@ -368,7 +388,8 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "gated_recurrence": (gated_recurrence, gated_case),
          "linear_recurrence": (linear_recurrence, linear_recurrence_case),
          "gated_suffix": (gated_suffix, gated_suffix_case),
-         "selective_scan": (selective_scan, selective_scan_case)}
+         "selective_scan": (selective_scan, selective_scan_case),
+         "gated_within_lengths": (gated_within_lengths, gated_lengths_case)}
 STAGED = ("max_drawdown", "softmax_of_cumulative_sums")   # a scan stage, then the row template
 # one row cut into parts: N² terms on a CPU
 LONG = ("long_cumulative_sum", "long_leaky_sum", "long_max_from_five_back")
@@ -383,7 +404,7 @@ TOLERANCES = {"softmax_of_cumulative_sums": 1e-5,
               # f32 decays multiplied over the ~100 steps a state remembers (and the running
               # sums of log a rounded, then differenced): a few 1e-6 of the result
               "gated_recurrence": 1e-4, "linear_recurrence": 1e-4, "gated_suffix": 1e-4,
-              "selective_scan": 1e-4}
+              "selective_scan": 1e-4, "gated_within_lengths": 1e-4}
 # float32 sums of up to thousands of terms of ±30 against float64, relative to the largest result:
 # their rounding reaches 1e-6 on some draws (a lengths-masked cumulative sum of 600: 1.0e-6)
 F32 = 1e-5
