@@ -73,6 +73,8 @@ def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True,
         return False
     if scatters(program) or _contraction_takes(program, sizes):
         return True
+    if scans_apart(program):   # a stage each: N terms a row each, not N² on the row template
+        return False
     if not any(c.is_reduction for c in program.computes):   # the elementwise template's
         return elementwise_form(program) is not None
     if all(c.monoid.name == "sum" for c in program.computes if c.is_reduction) and \
@@ -119,6 +121,19 @@ def _plans_at(program: Program, fusion: Fusion, sizes: dict, target: TargetSpec)
     except TargetError:
         return False
     return few_tiles_for_outputs(plan, default_knobs(plan, target), target) is None
+
+
+def scans_apart(program: Program) -> bool:
+    """Whether ``program``'s reductions (two or more) are each a scan that the scan template
+    does not take together (a chain's states, or a sum over a row axis after the scan): a
+    gradient's sums to the end discounted each its own way — the row template would take them
+    together as N² terms a row."""
+    from .chain_scans import plan_chain_scan
+    from .scan import is_scan, plan_scan, planned
+
+    reductions = [c for c in program.computes if c.is_reduction]
+    return len(reductions) > 1 and all(is_scan(c) for c in reductions) and \
+        not planned(plan_scan, program) and not planned(plan_chain_scan, program)
 
 
 def scatters(program: Program) -> bool:

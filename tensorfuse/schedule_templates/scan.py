@@ -302,7 +302,7 @@ def _scanned(total: Compute) -> tuple:
             raise TargetError(f"{total.name} is a discounted sum over {j.name} up to "
                               f"{i.name} {shift:+d}: the scan template discounts from the "
                               "output's own position only")
-        values = (value,) if decay is not None else values
+        values = (value,) if decay is not None or scale is not None else values
     if any(_reads(e, i) for e in values + rest):
         raise TargetError(f"the terms of {total.name} read {i.name} beside comparing it" +
                           (" (beyond a factor c^(i − j) or exp(A(i) − B(j)) of a discounted "
@@ -329,27 +329,38 @@ def _discounted(value: Expr, i: Axis, j: Axis, direction: str) -> tuple:
     with ``c`` the running sum of ``log a``, ``exp(c[i] − c[j])``) with ``d`` the step of
     ``B``, ``exp(B(j) − B(j ∓ 1))``, and ``scale`` ``exp(A(i) − B(i))`` (1 where ``A`` and
     ``B`` are one expression); else ``(None, value, None)``."""
-    factors = _factors(value)
-    reading = [f for f in factors if _reads(f, i)]
-    if len(reading) != 1:
+    negated = isinstance(value, Unary) and value.op == "neg"
+    factors = _factors(value.a if negated else value)
+    # factors of the output's position alone (a gradient's d_out[i]) scale the output
+    own = [f for f in factors if _reads(f, i) and not _reads(f, j)]
+    reading = [f for f in factors if _reads(f, i) and _reads(f, j)]
+    if len(reading) > 1:
         return None, value, None
-    found = _power_of_distance(reading[0], i, j)
-    scale = None
-    if found is not None:
-        base, sign = found
-        # a prefix discounts by c^(i − j), a suffix by c^(j − i): a step's factor either way
-        step = base if sign == (1 if direction == "prefix" else -1) else \
-            binary("div", 1.0, base)
-    else:
-        found = _exp_difference(reading[0], i, j)
-        if found is None:
-            return None, value, None
-        step, scale = _varying_steps(*found, i, j, direction)
-    rest = [f for f in factors if f is not reading[0]]
-    out = rest[0] if rest else Const(1.0, value.dtype)
-    for f in rest[1:]:
-        out = binary("mul", out, f)
-    return step, out, scale
+    step, scale = None, _product(own)
+    if reading:
+        found = _power_of_distance(reading[0], i, j)
+        if found is not None:
+            base, sign = found
+            # a prefix discounts by c^(i − j), a suffix by c^(j − i): a step's factor either way
+            step = base if sign == (1 if direction == "prefix" else -1) else \
+                binary("div", 1.0, base)
+        else:
+            found = _exp_difference(reading[0], i, j)
+            if found is None:
+                return None, value, None
+            step, varying = _varying_steps(*found, i, j, direction)
+            scale = varying if scale is None else \
+                scale if varying is None else binary("mul", scale, varying)
+    rest = _product([f for f in factors if not _reads(f, i)])
+    rest = Const(1.0, value.dtype) if rest is None else rest
+    return step, unary("neg", rest) if negated else rest, scale
+
+
+def _product(factors: list) -> "Expr | None":
+    out = None
+    for f in factors:
+        out = f if out is None else binary("mul", out, f)
+    return out
 
 
 def _exp_difference(f: Expr, i: Axis, j: Axis) -> "tuple | None":
@@ -462,21 +473,31 @@ def peeled(body: Expr, total: Compute) -> tuple[Expr, list]:
     """``body`` without the conditions around it — ``where(c, v, identity)``, and for sums
     ``v · where(c, u, 0)`` (``u · v`` under ``c``) — and those conditions, conjunctions split."""
     conditions = []
+    negated = False
     while True:
+        if total.monoid.name == "sum" and isinstance(body, Unary) and body.op == "neg":
+            negated = not negated   # −where(c, u, 0): where(c, −u, 0)
+            body = body.a
+            continue
         if isinstance(body, Where) and _absorbed(body.b, total):
             conditions.append(body.cond)
             body = body.a
             continue
         if total.monoid.name == "sum" and isinstance(body, Binary) and body.op == "mul":
             # v · where(c, 1, 0), and where(c, u, 0) · v (a gradient's form): where(c, u · v, 0)
-            mask = next(((v, m) for v, m in ((body.a, body.b), (body.b, body.a))
-                         if isinstance(m, Where) and _is(m.b, 0)), None)
-            if mask is not None:
-                conditions.append(mask[1].cond)
-                body = mask[0] if _is(mask[1].a, 1) else binary("mul", mask[1].a, mask[0])
+            # — the masked factor anywhere in the product (where(c, g, 0) · u · exp(…))
+            found = _factors(body)
+            at = next((k for k, m in enumerate(found) if isinstance(m, Where) and
+                       _is(m.b, 0)), None)
+            if at is not None:
+                mask = found[at]
+                conditions.append(mask.cond)
+                rest = found[:at] + ([] if _is(mask.a, 1) else [mask.a]) + found[at + 1:]
+                body = _product(rest) if rest else Const(1.0, body.dtype)
                 continue
         break
-    return body, [term for c in conditions for term in conjuncts(c)]
+    return unary("neg", body) if negated else body, \
+        [term for c in conditions for term in conjuncts(c)]
 
 
 def _is(e: Expr, value: float) -> bool:

@@ -390,7 +390,8 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "gated_suffix": (gated_suffix, gated_suffix_case),
          "selective_scan": (selective_scan, selective_scan_case),
          "gated_within_lengths": (gated_within_lengths, gated_lengths_case)}
-STAGED = ("max_drawdown", "softmax_of_cumulative_sums")   # a scan stage, then the row template
+# stages: a scan, then the row template; the gated recurrence's running sums, then its scan
+STAGED = ("max_drawdown", "softmax_of_cumulative_sums", "linear_recurrence")
 # one row cut into parts: N² terms on a CPU
 LONG = ("long_cumulative_sum", "long_leaky_sum", "long_max_from_five_back")
 # float32 cumulative sums (up to ~30) exponentiated: their rounding, ~1e-7 of them, is the

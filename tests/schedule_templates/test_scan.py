@@ -292,12 +292,15 @@ def test_one_build_serves_every_size_and_the_gradient_is_a_scan_from_the_end():
     """``dynamic=True``: one source for three lengths (one cut into parts); autograd's backward
     of a running mean (``Σ_i where(j <= i, g[i] / (i + 1))``) is planned as a suffix scan, and
     that of discounted returns (``Σ_i where(j >= i, g[i], 0) · γ^(j − i)``) as a discounted
-    prefix scan."""
+    prefix scan, those of a gated recurrence (decays that vary) as three scans."""
     found = run_interpreted("tests.schedule_templates.scan_calls_check")
     assert found["builds"] == 1 and found["error"] < F32
     assert found["gradient_error"] < F32 and found["backward"].startswith("scan template")
     assert found["discounted_gradient_error"] < F32
     assert found["discounted_backward"].startswith("scan template")
+    # a decay that varies: three scans (by c at both positions, by u), not N² sweeps
+    assert found["gated_gradient_error"] < TOLERANCES["gated_recurrence"]
+    assert found["gated_backward"].count("scan template") == 3, found["gated_backward"]
 
 
 @pytest.mark.parametrize("kernel, dims", [(cumulative_sum, dict(B=64, N=4096)),
