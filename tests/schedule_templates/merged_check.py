@@ -1,7 +1,7 @@
-"""Nested reductions as users write them — a mean of means, maxima three deep, rows' sums that
-are an output beside their sum, a GEMM's row sums, a triangle's sum — as ``tf.compile`` makes them for sm_90a (merged:
-``schedule_templates/merged_reductions.py``), run by Triton's interpreter against float64
-references in torch, outputs poisoned; prints each case's relative error as JSON.
+"""Nested reductions as users write them — a mean of means, maxima three deep, rows' sums that are an
+output beside their sum, a GEMM's row sums, a triangle's sum — as ``tf.compile`` makes them for
+sm_90a (merged: ``schedule_templates/merged_reductions.py``), run by Triton's interpreter against
+float64 references in torch, outputs poisoned; prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.merged_check SEED
 """

@@ -7,9 +7,9 @@ average pool over two axes, a log-sum-exp down the strided axis, causal squared-
 masked weighted sum), RetNet's retention (the mask around the whole product, a decay a head),
 latent queries shared by the batch and attention pooling by a query vector (the floor's stages),
 cosine-similarity attention (norms stored, then attention), a mixture of experts' layer (weights
-gathered by each token's expert, tokens sorted by expert or not, and over a batch of sequences), a soft-argmax (nested sums over
-an image's pixels, merged). Outputs are poisoned (NaN) before each run. Prints each case's relative
-error as JSON.
+gathered by each token's expert, tokens sorted by expert or not, and over a batch of sequences), a
+soft-argmax (nested sums over an image's pixels, merged). Outputs are poisoned (NaN) before each
+run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.pipeline_check SEED
 """
