@@ -328,7 +328,8 @@ def _discounted(value: Expr, i: Axis, j: Axis, direction: str) -> tuple:
     varies along the sequence: a gated linear recurrence ``h_i = a_i·h_{i−1} + u_i`` written
     with ``c`` the running sum of ``log a``, ``exp(c[i] − c[j])``) with ``d`` the step of
     ``B``, ``exp(B(j) − B(j ∓ 1))``, and ``scale`` ``exp(A(i) − B(i))`` (1 where ``A`` and
-    ``B`` are one expression); else ``(None, value, None)``."""
+    ``B`` are one expression). Factors of ``i`` alone (a gradient's ``d_out[i]``) join the
+    scale, with or without a decay. Else ``(None, value, None)``."""
     negated = isinstance(value, Unary) and value.op == "neg"
     factors = _factors(value.a if negated else value)
     # factors of the output's position alone (a gradient's d_out[i]) scale the output
