@@ -79,14 +79,17 @@ def test_chains_a_scan_cannot_take_are_refused_with_the_reason(kernel, why):
 @pytest.mark.parametrize("kernel, dims", [(causal_log_normaliser, dict(B=64, N=16384)),
                                           (causal_log_normaliser, dict(B=1, N=1 << 22)),
                                           (normaliser_down_middle, dict(B=16, N=4096, C=1024))])
-def test_chain_scans_compile_for_sm90a(kernel, dims):
+def test_chain_scans_compile_for_sm90a_and_gfx942(kernel, dims):
     """The tuple of states scanned with ``tl.associative_scan`` and its combine (``ex2`` for
-    the corrections) compiles, for a row in parts and for a scan down the middle axis."""
+    the corrections) compiles, for a row in parts and for a scan down the middle axis; and the
+    code for gfx942."""
     pytest.importorskip("triton", reason="the templates generate Triton kernels")
     made = tf.compile(kernel, target="cuda:sm_90a")
     for which in made._kernels(dims):
         ptx = made.ptx(which, **dims)
         assert ".visible .entry" in ptx and "ex2.approx" in ptx, which
+    amd = tf.compile(kernel, target="rocm:gfx942")
+    assert "amdgcn" in amd.compiled(amd._kernels(dims)[-1], **dims).asm
 
 
 @pytest.mark.gpu

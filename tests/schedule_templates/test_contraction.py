@@ -196,8 +196,12 @@ def test_a_computed_side_read_by_several_tiles_is_stored_once_before_them():
                                                  (AMPERE, "mma.sync.aligned"),
                                                  (MI300, "v_mfma")])
 def test_tiles_compile_to_the_gpus_tensor_core_instructions(target, instruction):
+    from benchmarks.pipeline_kernels import expert_linear
+
     for kernel, sizes in ((K.linear, dict(M=4096, K=4096, N=4096)),
-                          (gated_gradient, dict(M=4096, K=4096, N=1000))):
+                          (gated_gradient, dict(M=4096, K=4096, N=1000)),
+                          # rows grouped by a gathered expert: the loop over a tile's experts
+                          (expert_linear, dict(T=8192, K=2048, N=4096, E=8))):
         compiled = triton_contraction(kernel, target).compiled(**sizes)
         code = compiled.asm.get("ptx") or compiled.asm["amdgcn"]
         assert instruction in code, (kernel.name, target.name)

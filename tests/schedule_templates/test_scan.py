@@ -106,7 +106,8 @@ def test_a_selective_scan_sums_its_states_against_c_in_the_scans_tile():
     """Mamba's ``Σ_n C[b, i, n] · h[b, i, d, n]`` over the scanned states ``h``: one kernel —
     the states of a tile's rows (every ``n`` of its channels, padded to a power of two) added
     up against ``C`` before the store — where the floor stored every state (768 MiB at B2
-    L4096 D1536 N16) for a second kernel; it compiles for sm_90a (a row in parts too)."""
+    L4096 D1536 N16) for a second kernel; it compiles for sm_90a (a row in parts too) and
+    gfx942."""
     pytest.importorskip("triton", reason="the templates generate Triton kernels")
     made = tf.compile(CASES["selective_scan"][0], target="cuda:sm_90a")
     dims = dict(B=2, L=4096, D=1536, N=16)
@@ -117,6 +118,8 @@ def test_a_selective_scan_sums_its_states_against_c_in_the_scans_tile():
     for sizes in (dims, dict(B=1, L=1 << 16, D=64, N=12)):
         for which in made._kernels(sizes):
             assert ".visible .entry" in made.ptx(which, **sizes)
+    amd = tf.compile(CASES["selective_scan"][0], target="rocm:gfx942")
+    assert "amdgcn" in amd.compiled(amd._kernels(dims)[-1], **dims).asm
 
 
 def test_a_condition_on_equal_keys_is_said_to_bound_no_range():
