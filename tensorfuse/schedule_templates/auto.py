@@ -185,7 +185,13 @@ def why_no_template(program: Program, target: TargetSpec) -> str:
 
 def _gpu_candidates(program: Program):
     """For the reductions sharing each axis, the most shared first: ``((template name, fusion),
-    None)`` where the row-tile template takes them, else ``(None, why not)``."""
+    None)`` where the row-tile template takes them, else ``(None, why not)``. Reductions that
+    are each a scan (:func:`scans_apart`) are left to the floor's stages: the row template
+    would sweep every prefix."""
+    if scans_apart(program):
+        yield None, ("its reductions are each a scan of their own, not one together: a stage "
+                     "each (N terms a row, not N² on the row template)")
+        return
     for members, axis in chain_candidates(program):
         fusion = Fusion(tuple(m.name for m in members), axis.name, DEFAULT_CHUNK)
         try:

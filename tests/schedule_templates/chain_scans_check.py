@@ -71,6 +71,15 @@ def exclusive_normaliser(x: T.Tensor["B", "N", "f32"]):
     return m + T.log(T.sum(T.where(j < i, T.exp(x[b, j] - m), 0.0), over=j))
 
 
+@tf.kernel
+def running_range(x: T.Tensor["B", "N", "f32"]):
+    """The largest value so far less the smallest: a maximum and a minimum scanned together."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    return T.max(T.where(j <= i, x[b, j], -T.inf), over=j) - \
+        T.min(T.where(j <= i, x[b, j], T.inf), over=j)
+
+
 def _logits(generator, B, N, spread=30.0, offset=300.0):
     return torch.randn(B, N, generator=generator) * spread + offset
 
@@ -121,6 +130,11 @@ def exclusive_case(generator, B=3, N=200):
                                  lse[:, :-1]], 1)
 
 
+def range_case(generator, B=3, N=300):
+    x = _logits(generator, B, N, 10.0, 0.0)
+    return dict(x=x), torch.cummax(x.double(), -1).values - torch.cummin(x.double(), -1).values
+
+
 def suffix_case(generator, B=4, N=300):
     """Row lengths from 1 to N; past a row's length its outputs are the empty sum's, −∞."""
     x = _logits(generator, B, N, 20.0, -50.0)
@@ -145,7 +159,8 @@ CASES = {"causal_log_normaliser": (causal_log_normaliser, log_normaliser_case),
          "long_row": (causal_log_normaliser, long_row_case),
          "normaliser_down_middle": (normaliser_down_middle, middle_case),
          "causal_attention_pool": (causal_attention_pool, attention_pool_case),
-         "exclusive_normaliser": (exclusive_normaliser, exclusive_case)}
+         "exclusive_normaliser": (exclusive_normaliser, exclusive_case),
+         "running_range": (running_range, range_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel), error)

@@ -306,6 +306,18 @@ def gated_within_lengths(c: T.Tensor["B", "L", "f32"], u: T.Tensor["B", "L", "f3
                  over=j)
 
 
+@tf.kernel
+def ew_variance(x: T.Tensor["B", "N", "f32"], alpha: T.f32):
+    """An exponentially weighted variance, ``E_w[x²] − E_w[x]²``: two sums discounted alike,
+    each a scan of its own (a stage each)."""
+    b, j = T.axes("b j")
+    i = T.axis("i", "N")
+    w = alpha * (1.0 - alpha) ** (i - j)
+    m1 = T.sum(T.where(j <= i, w * x[b, j], 0.0), over=j)
+    m2 = T.sum(T.where(j <= i, w * x[b, j] * x[b, j], 0.0), over=j)
+    return m2 - m1 * m1
+
+
 def _gates(generator, shape):
     """log a for gates a in [0.5, 1): running sums down to ~−0.3 a step."""
     return torch.log(0.5 + 0.5 * torch.rand(shape, generator=generator, dtype=torch.float64))
@@ -365,6 +377,15 @@ def gated_lengths_case(generator, B=3, L=300):
     return dict(c=c.float(), u=u.float(), n=n), (weights @ u[:, :, None])[..., 0]
 
 
+def ew_variance_case(generator, B=3, N=400, alpha=0.05):
+    x = torch.randn(B, N, generator=generator, dtype=torch.float64) * 3 + 1
+    steps = torch.arange(N)
+    weights = torch.where(steps[:, None] >= steps[None, :],
+                          alpha * (1 - alpha) ** (steps[:, None] - steps[None, :]).double(), 0.0)
+    m1, m2 = x @ weights.T, (x * x) @ weights.T
+    return dict(x=x.float(), alpha=alpha), m2 - m1 * m1
+
+
 CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "long_cumulative_sum": (long_cumulative_sum, long_case),
          "running_max": (running_max, running_max_case),
@@ -389,9 +410,11 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
          "linear_recurrence": (linear_recurrence, linear_recurrence_case),
          "gated_suffix": (gated_suffix, gated_suffix_case),
          "selective_scan": (selective_scan, selective_scan_case),
-         "gated_within_lengths": (gated_within_lengths, gated_lengths_case)}
-# stages: a scan, then the row template; the gated recurrence's running sums, then its scan
-STAGED = ("max_drawdown", "softmax_of_cumulative_sums", "linear_recurrence")
+         "gated_within_lengths": (gated_within_lengths, gated_lengths_case),
+         "ew_variance": (ew_variance, ew_variance_case)}
+# stages: a scan, then the row template; the gated recurrence's running sums, then its scan;
+# the weighted variance's two sums, a scan each
+STAGED = ("max_drawdown", "softmax_of_cumulative_sums", "linear_recurrence", "ew_variance")
 # one row cut into parts: N² terms on a CPU
 LONG = ("long_cumulative_sum", "long_leaky_sum", "long_max_from_five_back")
 # float32 cumulative sums (up to ~30) exponentiated: their rounding, ~1e-7 of them, is the
@@ -405,7 +428,9 @@ TOLERANCES = {"softmax_of_cumulative_sums": 1e-5,
               # f32 decays multiplied over the ~100 steps a state remembers (and the running
               # sums of log a rounded, then differenced): a few 1e-6 of the result
               "gated_recurrence": 1e-4, "linear_recurrence": 1e-4, "gated_suffix": 1e-4,
-              "selective_scan": 1e-4, "gated_within_lengths": 1e-4}
+              "selective_scan": 1e-4, "gated_within_lengths": 1e-4,
+              # E[x²] − E[x]² of x ≈ 1 ± 3 cancels: f32 sums' rounding, relative to the result
+              "ew_variance": 1e-4}
 # float32 sums of up to thousands of terms of ±30 against float64, relative to the largest result:
 # their rounding reaches 1e-6 on some draws (a lengths-masked cumulative sum of 600: 1.0e-6)
 F32 = 1e-5

@@ -8,7 +8,7 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from tensorfuse.errors import TargetError
+from tensorfuse.errors import NoTemplateWarning, TargetError
 from tensorfuse.schedule_templates.scan import MAX_PARTS, PROGRAMS, plan_scan
 from tensorfuse.targets.triton import scan_lookback
 from tensorfuse.targets.triton.scan import stages
@@ -120,6 +120,18 @@ def test_a_selective_scan_sums_its_states_against_c_in_the_scans_tile():
             assert ".visible .entry" in made.ptx(which, **sizes)
     amd = tf.compile(CASES["selective_scan"][0], target="rocm:gfx942")
     assert "amdgcn" in amd.compiled(amd._kernels(dims)[-1], **dims).asm
+
+
+def test_sums_each_a_scan_of_its_own_run_as_a_stage_each_not_n_squared_together():
+    """An exponentially weighted variance's two discounted sums: the row template would take
+    them together and sweep every prefix; ``tf.compile`` says why it stages them instead, two
+    scans."""
+    from tests.schedule_templates.scan_check import ew_variance
+
+    with pytest.warns(NoTemplateWarning, match="each a scan of their own"):
+        made = tf.compile(ew_variance, target="cuda:sm_90a")
+    plan = made.describe_plan(B=64, N=16384, alpha=0.05)
+    assert plan.count("scan plan of") == 2 and "row-tile plan" not in plan, plan
 
 
 def test_a_condition_on_equal_keys_is_said_to_bound_no_range():
@@ -351,8 +363,6 @@ def test_values_computed_in_float64_stay_float64_or_leave_the_templates():
     off), runs on TVM's default schedule in double, said once; an f64 tensor cast to f32 by
     the user still gets the templates."""
     import warnings
-
-    from tensorfuse.errors import NoTemplateWarning
 
     @tf.kernel
     def lse_f64(x: T.Tensor["M", "N", "f64"]):

@@ -87,6 +87,7 @@ def _rint(x):
 POW_HELPER = '''
 @triton.jit
 def _pow(a, b):
+    a, b = a + 0.0 * b, b + 0.0 * a   # an integer exponent (a distance i - j) in a's float type
     m = tl.exp2(b * tl.log2(tl.abs(a)))
     odd = (b - 2.0 * tl.floor(b * 0.5)) == 1.0
     signed = tl.where(tl.floor(b) == b, tl.where(odd, -m, m), float("nan"))
