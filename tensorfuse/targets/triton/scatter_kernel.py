@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...binding import split_scalars
+from ...interop import torch_dtype
+from .launch import TL_SIGNATURE
 from .plan_kernel import PlanKernel
 from .scatter import (BINNED_BLOCK, BLOCK, bins, block, compacts, extent, grids,
                       scatter_source, scratch_shapes, slots)
@@ -59,9 +61,7 @@ class ScatterKernel(PlanKernel):
         return scatter_source(self.plan, self._name, sizes, args)
 
     def _signature(self) -> dict:
-        return {"acc": {"f32": "*fp32", "f64": "*fp64"}.get(self.accumulator,
-                                                            f"*{self.accumulator}"),
-                "owner": "*i32"}
+        return {"acc": "*" + TL_SIGNATURE[self.accumulator], "owner": "*i32"}
 
     def compiled(self, which: str = "terms", **dims):
         return super().compiled(which, **dims)
@@ -90,9 +90,8 @@ class ScatterKernel(PlanKernel):
         if key not in self._scratch_shapes:   # decided once per sizes, not on every call
             self._scratch_shapes[key] = scratch_shapes(self.plan, dims)
         shapes = self._scratch_shapes[key]
-        made = {"acc": torch.zeros(shapes["acc"], device=device, dtype={
-            "f32": torch.float32, "f64": torch.float64, "i32": torch.int32,
-            "i64": torch.int64}[self.accumulator])}
+        made = {"acc": torch.zeros(shapes["acc"], device=device,
+                                   dtype=torch_dtype(self.accumulator))}
         if "owner" in shapes:   # no slot claimed: the slots' count, the accumulator's rows
             made["owner"] = torch.full(shapes["owner"], shapes["acc"][0], dtype=torch.int32,
                                        device=device)
