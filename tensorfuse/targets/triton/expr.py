@@ -422,7 +422,5 @@ def computed(loaded: str, dtype: str) -> str:
     DSL's :func:`~tensorfuse.dsl.dtypes.compute_dtype`): 16-bit floats widened to f32, 8-bit
     integers to i32 (in their own type a product of two wrapped, and an i32 running state's
     identity, −2³¹, was no int8 scalar), other types as they are."""
-    if dtype in dt.BYTES:
-        return f"{loaded}.to(tl.int32)"
-    return loaded if not dt.is_float(dtype) or dtype in ("f32", "f64") else \
-        f"{loaded}.to(tl.float32)"
+    wide = dt.compute_dtype(dtype)
+    return loaded if wide == dtype else f"{loaded}.to({TL_DTYPES[wide]})"
