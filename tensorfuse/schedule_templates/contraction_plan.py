@@ -356,9 +356,6 @@ def plan_contraction(program: Program) -> ContractionPlan:
             continue
         rows_side, cols_side, outer, found = split
         rows_side, cols_side = _unwidened(rows_side, cols_side)
-        if found is not None and group is not None and found.index.key() != group.index.key():
-            raise _refuse(f"{c.name} gathers its columns side by {to_text(found.index)}, "
-                          f"another sum by {to_text(group.index)}: one grouping a kernel", c.loc)
         group = group or found
         floats = [dt.is_float(dt.resolve(side.dtype)) for side in (rows_side, cols_side)]
         # a side of bytes multiplies a float side: both floats on the tensor cores, exactly
@@ -386,9 +383,10 @@ def plan_contraction(program: Program) -> ContractionPlan:
 
 def _check_grouped(sides: list, pairwise: list, columns: list, group: Group, sums: list):
     """Refuse a grouped plan whose other reductions the group's loop would not sum once: a sum
-    read without the gather, a pairwise reduction, reductions over the columns."""
+    read without the gather (or through another), a pairwise reduction, reductions over the
+    columns."""
     for c, split in zip(sums, sides):
-        if split is None or split[3] is None:
+        if split is None or split[3] is None or split[3].index.key() != group.index.key():
             raise _refuse(f"{c.name} does not read the columns side through "
                           f"{to_text(group.index)} as the other sums do: one grouping a kernel",
                           c.loc)
