@@ -23,13 +23,15 @@ chain the algebra refuses, or a single reduction (the scan's own plan), is left 
 templates."""
 from __future__ import annotations
 
+from functools import reduce
+
 from ..algebra import inline_elementwise, plan_chain
 from ..algebra.exprs import nodes, simplify, substitute
 from ..dsl.expr import Const, Expr, Ref, Symbol, binary, compare, where
 from ..dsl.monoid import Monoid
 from ..dsl.program import Program
 from ..errors import RollingUpdateError, TargetError
-from .scan import ScanPlan, _reads, peeled, relations, terms_of
+from .scan import ChainStates, ScanPlan, _reads, peeled, relations, terms_of
 
 SCANNABLE = ("sum", "max", "min")
 KINDS = ("independent", "linear", "affine")
@@ -48,7 +50,8 @@ def plan_chain_scan(program: Program) -> ScanPlan:
             raise TargetError(f"{c.name} is not a sum, maximum or minimum over "
                               f"{first.over[0].name} alone")
     j = first.over[0]
-    conditions = {c.name: terms_of(c, "chain scan")[2] for c in members}
+    terms = {c.name: terms_of(c, "chain scan") for c in members}   # (j, values, conditions)
+    conditions = {name: found[2] for name, found in terms.items()}
     found = relations(conditions[first.name], j, first)
     if not found:
         raise TargetError(f"{first.name} has no condition comparing {j.name} with an axis of "
@@ -61,7 +64,7 @@ def plan_chain_scan(program: Program) -> ScanPlan:
     rest = tuple(e for n, e in enumerate(conditions[first.name]) if n != at)
     names = {c.name for c in members}
     # checked before the chain is planned (its algebra warns of what it fuses)
-    own = [substitute(terms_of(c, "chain scan")[1][0], lambda n: Const(0.0, n.dtype)
+    own = [substitute(terms[c.name][1][0], lambda n: Const(0.0, n.dtype)
                       if isinstance(n, Ref) and n.compute.name in names else None)
            for c in members]
     if any(_reads(v, i) for v in own) or any(_reads(e, i) for e in rest):
@@ -92,7 +95,7 @@ def plan_chain_scan(program: Program) -> ScanPlan:
     components = _components(schemes)
     read = tuple((s.name, components[s.name][_state_index(s)]) for s in schemes)
     return ScanPlan(program, widest, j, i, direction, shift, tuple(values), rest,
-                    tuple(outputs), chain=(monoid, dtypes, read))
+                    tuple(outputs), chain=ChainStates(monoid, dtypes, read))
 
 
 def _state_index(scheme) -> int:
@@ -126,9 +129,7 @@ def _terms(schemes, names: set) -> list[Expr]:
                                               if isinstance(n, Ref) and n.compute.name in names
                                               else None)))
         values += states
-        symbols = {s.state_symbol(k).name: v for k, v in enumerate(states)}
-        term_of[s.name] = substitute(s.value[0], lambda n: symbols.get(n.name)
-                                     if isinstance(n, Symbol) else None)
+        term_of[s.name] = states[_state_index(s)]
     return values
 
 
@@ -153,23 +154,20 @@ def chain_monoid(schemes) -> tuple[Monoid, tuple]:
                 for side in ("a", "b"):
                     state = sides[side][own[local]]
                     fixed = _corrected(s, local, sides[side], own, value[side], value["ab"])
-                    moved = [(value[side][d], value["ab"][d]) for d in s.deps]
-                    if moved:
-                        same = compare("eq", *moved[0])
-                        for old, new in moved[1:]:
-                            same = binary("and", same, compare("eq", old, new))
+                    if s.deps:
+                        same = reduce(lambda x, y: binary("and", x, y),
+                                      [compare("eq", value[side][d], value["ab"][d])
+                                       for d in s.deps])
                         fixed = where(same, state, fixed)
                     parts.append(fixed)
                 made.append(st.monoid.combine_exprs([parts[0]], [parts[1]])[0])
             combined += made
-            for side, held in (("a", [sides["a"][c] for c in own]),
-                               ("b", [sides["b"][c] for c in own]), ("ab", made)):
-                symbols = {s.state_symbol(k).name: v for k, v in enumerate(held)}
-                value[side][s.name] = substitute(s.value[0], lambda n: symbols.get(n.name)
-                                                 if isinstance(n, Symbol) else None)
+            at = _state_index(s)   # the member's value is one of its states
+            value["a"][s.name], value["b"][s.name] = (sides[x][own[at]] for x in "ab")
+            value["ab"][s.name] = made[at]
         return tuple(combined)
 
-    identity = tuple(st.monoid.identity[0] for s, k in states for st in (s.states[k],))
+    identity = tuple(s.states[k].monoid.identity[0] for s, k in states)
     name = "chain_" + "_".join(s.name for s in schemes)
     monoid = Monoid(name, combine, identity, arity=width, check=False)
     return monoid, tuple(s.states[k].dtype for s, k in states)

@@ -27,10 +27,13 @@ combination of the parts before it — the value is read twice, but every SM has
 from __future__ import annotations
 
 import math
+from functools import reduce
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..algebra import inline_elementwise
-from ..algebra.exprs import conjuncts, has_axis, nodes, simplify, substitute
+from ..algebra.exprs import (conjuncts, factors, has_axis, is_const, mul, nodes, simplify,
+                              substitute)
 from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Unary,
                         Where, binary, unary)
 from ..dsl.monoid import Monoid
@@ -58,6 +61,26 @@ DECAYED = Monoid("decayed_sum", lambda d1, v1, d2, v2: (d1 * d2, v1 * d2 + v2), 
                  arity=2, check=False)
 
 
+class ChainStates(NamedTuple):
+    """A chain of dependent reductions scanned together (:mod:`.chain_scans`): the monoid of
+    their running states, each component's dtype, and ``(member, component)`` of each member
+    the outputs read."""
+
+    monoid: Monoid
+    dtypes: tuple
+    read: tuple
+
+
+class SummedRows(NamedTuple):
+    """The outputs read ``name``, the sum over the row axis ``axis`` of the scan's ``summand``
+    (:func:`_summed_over_rows`: a selective scan's state read by C, ``Σ_n C[b, i, n] · h[b, i,
+    d, n]``), added up within the tile."""
+
+    axis: Axis
+    summand: Expr
+    name: str
+
+
 @dataclass(frozen=True)
 class ScanPlan:
     """``total[..., i] = ⊕ values[..., j]`` over ``j`` up to ``i`` (``direction`` ``prefix``:
@@ -75,19 +98,13 @@ class ScanPlan:
     outputs: tuple
     # a discounted sum's factor a step (c in Σ c^(i−j)·x[j]): scanned as (decay, sum) pairs
     decay: "Expr | None" = None
-    # a chain of dependent reductions scanned together (:mod:`.chain_scans`): the monoid of
-    # their running states, each component's dtype, and (member, component) of each member
-    # the outputs read
-    chain: "tuple | None" = None
-    # (n, summand, sum): the outputs read ``sum``, the sum over the row axis ``n`` of the
-    # scan's ``summand`` (:func:`_summed_over_rows`: a selective scan's state read by C,
-    # ``Σ_n C[b, i, n] · h[b, i, d, n]``), added up within the tile
-    summed: "tuple | None" = None
+    chain: "ChainStates | None" = None
+    summed: "SummedRows | None" = None
 
     @property
     def monoid(self):
         if self.chain is not None:
-            return self.chain[0]
+            return self.chain.monoid
         return DECAYED if self.decay is not None else self.total.monoid
 
     @property
@@ -95,14 +112,14 @@ class ScanPlan:
         """The scanned components' dtypes: the result's, a decay's and the sum's, or a
         chain's states'."""
         if self.chain is not None:
-            return self.chain[1]
+            return self.chain.dtypes
         return ("f32", self.total.dtypes[0]) if self.decay is not None else self.total.dtypes
 
     @property
     def members(self) -> tuple:
         """``(member name, component)`` of each reduction of a chain the outputs read; ``()``
         for a scan of one reduction."""
-        return self.chain[2] if self.chain is not None else ()
+        return self.chain.read if self.chain is not None else ()
 
     @property
     def is_arg(self) -> bool:
@@ -164,8 +181,8 @@ class ScanPlan:
                 f"({self.direction} scan, "
                 f"rows {', '.join(a.name for a in self.rows) or '(one)'}); outputs: "
                 + ", ".join(c.name for c, _ in self.outputs)
-                + (f" (of {to_text(self.summed[1])} summed over {self.summed[0].name} in each "
-                   "tile)" if self.summed else ""))
+                + (f" (of {to_text(self.summed.summand)} summed over "
+                   f"{self.summed.axis.name} in each tile)" if self.summed else ""))
 
 
 def plan_scan(program: Program) -> ScanPlan:
@@ -187,7 +204,7 @@ def plan_scan(program: Program) -> ScanPlan:
         if summed is None:
             outputs = tuple((c, scaled(e)) for c, e in outputs)
         else:
-            summed = (summed[0], scaled(summed[1]), summed[2])
+            summed = summed._replace(summand=scaled(summed.summand))
     return ScanPlan(program, total, total.over[0], i, direction, shift, values, rest,
                     outputs, decay, summed=summed)
 
@@ -221,7 +238,7 @@ def _summed_over_rows(program: Program, total: Compute, summed: Compute) -> tupl
         outputs.append((c, expr))
     if len(outputs) != 1:
         raise TargetError("a scan whose outputs sum over a row axis writes one output")
-    return (n, term, summed.name), tuple(outputs)
+    return SummedRows(n, term, summed.name), tuple(outputs)
 
 
 def planned(planner, program: Program) -> bool:
@@ -314,12 +331,6 @@ def _reads(e: Expr, axis: Axis) -> bool:
     return axis.uid in {a.uid for a in e.axes}
 
 
-def _factors(e: Expr) -> list:
-    if isinstance(e, Binary) and e.op == "mul":
-        return _factors(e.a) + _factors(e.b)
-    return [e]
-
-
 def _discounted(value: Expr, i: Axis, j: Axis, direction: str) -> tuple:
     """``(d, rest, scale)`` where ``value`` is ``rest`` times one factor that reads ``i`` as a
     power of the distance — ``c ** (i − j)``, ``exp(λ·(i − j))`` (either sign, casts around the
@@ -331,13 +342,13 @@ def _discounted(value: Expr, i: Axis, j: Axis, direction: str) -> tuple:
     ``B`` are one expression). Factors of ``i`` alone (a gradient's ``d_out[i]``) join the
     scale, with or without a decay. Else ``(None, value, None)``."""
     negated = isinstance(value, Unary) and value.op == "neg"
-    factors = _factors(value.a if negated else value)
+    terms = factors(value.a if negated else value)
     # factors of the output's position alone (a gradient's d_out[i]) scale the output
-    own = [f for f in factors if _reads(f, i) and not _reads(f, j)]
-    reading = [f for f in factors if _reads(f, i) and _reads(f, j)]
+    own = [f for f in terms if _reads(f, i) and not _reads(f, j)]
+    reading = [f for f in terms if _reads(f, i) and _reads(f, j)]
     if len(reading) > 1:
         return None, value, None
-    step, scale = None, _product(own)
+    step, scaling = None, list(own)
     if reading:
         found = _power_of_distance(reading[0], i, j)
         if found is not None:
@@ -350,18 +361,10 @@ def _discounted(value: Expr, i: Axis, j: Axis, direction: str) -> tuple:
             if found is None:
                 return None, value, None
             step, varying = _varying_steps(*found, i, j, direction)
-            scale = varying if scale is None else \
-                scale if varying is None else binary("mul", scale, varying)
-    rest = _product([f for f in factors if not _reads(f, i)])
-    rest = Const(1.0, value.dtype) if rest is None else rest
-    return step, unary("neg", rest) if negated else rest, scale
-
-
-def _product(factors: list) -> "Expr | None":
-    out = None
-    for f in factors:
-        out = f if out is None else binary("mul", out, f)
-    return out
+            scaling.append(varying)
+    scale = reduce(mul, scaling, Const(1.0, value.dtype))
+    rest = reduce(mul, [f for f in terms if not _reads(f, i)], Const(1.0, value.dtype))
+    return step, unary("neg", rest) if negated else rest, None if is_const(scale, 1) else scale
 
 
 def _exp_difference(f: Expr, i: Axis, j: Axis) -> "tuple | None":
@@ -410,8 +413,7 @@ def _varying_steps(a: Expr, b: Expr, i: Axis, j: Axis, direction: str) -> tuple:
     at = lambda axis, to: (lambda n: to if isinstance(n, Axis) and n.uid == axis.uid  # noqa
                            else None)
     step = unary("exp", binary("sub", b, substitute(b, at(j, near))))
-    scale = simplify(unary("exp", binary("sub", a, substitute(b, at(j, i)))))
-    return step, (None if isinstance(scale, Const) and scale.value == 1 else scale)
+    return step, simplify(unary("exp", binary("sub", a, substitute(b, at(j, i)))))
 
 
 def _extent_of(axis: Axis) -> Expr:
@@ -487,14 +489,14 @@ def peeled(body: Expr, total: Compute) -> tuple[Expr, list]:
         if total.monoid.name == "sum" and isinstance(body, Binary) and body.op == "mul":
             # v · where(c, 1, 0), and where(c, u, 0) · v (a gradient's form): where(c, u · v, 0)
             # — the masked factor anywhere in the product (where(c, g, 0) · u · exp(…))
-            found = _factors(body)
+            found = factors(body)
             at = next((k for k, m in enumerate(found) if isinstance(m, Where) and
                        _is(m.b, 0)), None)
             if at is not None:
                 mask = found[at]
                 conditions.append(mask.cond)
                 rest = found[:at] + ([] if _is(mask.a, 1) else [mask.a]) + found[at + 1:]
-                body = _product(rest) if rest else Const(1.0, body.dtype)
+                body = reduce(mul, rest, Const(1.0, body.dtype))
                 continue
         break
     return unary("neg", body) if negated else body, \

@@ -31,6 +31,7 @@ TILE_ELEMENTS = 2048   # rows × positions a tile, at most
 ROWS_INNERMOST_TILE = (32, 128)   # rows × positions where the rows are the innermost axis
 # the most values of a row axis the outputs sum over within a tile (its rows, a power of two)
 MAX_SUMMED = 128
+OUT = "out_"   # the stem of a tile's output rows' variables where it sums over a row axis
 # the prefix of the kernels' own variables: a program's parameters are named as the user named
 # them (``r`` for rewards, ``lo``, ``hi``), and a variable of the same name would shadow one
 L = "_s_"
@@ -90,7 +91,7 @@ def row_extent(plan, axis, sizes: dict):
     """The rows a row axis spans: its extent, or for the axis the outputs sum over its next
     power of two — a tile's rows then hold whole groups of it, the padding masked."""
     n = extent(axis, sizes)
-    if plan.summed and axis.uid == plan.summed[0].uid:
+    if plan.summed and axis.uid == plan.summed.axis.uid:
         return 1 << (n - 1).bit_length()
     return n
 
@@ -100,7 +101,7 @@ def summed_rows(plan, sizes: dict) -> int:
     most ``MAX_SUMMED``; a size given at the call is checked here, when its kernel is built)."""
     from ...errors import TargetError
 
-    n, _, name = plan.summed
+    n, name = plan.summed.axis, plan.summed.name
     rows = row_extent(plan, n, sizes)
     if rows > MAX_SUMMED:
         raise TargetError(f"{name} sums over {extent(n, sizes)} values of {n.name}; the scan "
@@ -193,12 +194,17 @@ def row_axes(w, plan, sizes: dict, wide: bool, rows: str, axes=None,
     w(f"{rest} = {row}")
     names = {}
     for a in reversed(axes):
-        names[a.uid] = f"{L}{stem}ax_{a.name}"
+        names[a.uid] = row_axis_name(a, stem)
         w(f"{names[a.uid]} = {rest} % {row_extent(plan, a, sizes)}")
         w(f"{rest} = {rest} // {row_extent(plan, a, sizes)}")
         if row_extent(plan, a, sizes) != extent(a, sizes):
             w(f"{ok} = {ok} & ({names[a.uid]} < {extent(a, sizes)})")
     return names
+
+
+def row_axis_name(axis, stem: str = "") -> str:
+    """The variable holding a row axis' index (:func:`row_axes`)."""
+    return f"{L}{stem}ax_{axis.name}"
 
 
 def prologue(w, plan, sizes: dict, wide: bool, tile: str = "tl.program_id(0)",
@@ -342,22 +348,22 @@ def _summed_stores(w, plan, sizes: dict, tile: TileContext) -> None:
     value = f"tl.where({L}row_ok & {L}col_ok, {to_triton(summand, tile)}, 0.0)"
     w(f"{L}summed = tl.sum(tl.reshape(tl.broadcast_to({value}, (BLOCK_M, BLOCK_N)), "
       f"(BLOCK_M // {group}, {group}, BLOCK_N)), axis=1)")
-    axes = {a.uid: f"{L}out_ax_{a.name}" for a in plan.rows if a.uid != n.uid}
+    axes = {a.uid: row_axis_name(a, OUT) for a in plan.rows if a.uid != n.uid}
     out = TileContext(axes={**axes, plan.out_axis.uid: f"{L}col"}, sizes=sizes,
                       refs={name: f"{L}summed"})
     for c, expr in plan.outputs:
         w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, out, sizes)}), "
           f"({to_triton(expr, out)}).to({TL_DTYPES[c.dtypes[0]]}), "
-          f"mask={L}out_row_ok & {L}col_ok)")
+          f"mask={L}{OUT}row_ok & {L}col_ok)")
 
 
 def output_rows(w, plan, sizes: dict, wide: bool) -> None:
     """Lines computing the output rows of the tile's groups (``out_row``, ``out_row_ok``,
     ``out_ax_*``): a tile of ``BLOCK_M`` scanned rows holds ``BLOCK_M // group`` of them."""
     group = summed_rows(plan, sizes)
-    axes = tuple(a for a in plan.rows if a.uid != plan.summed[0].uid)
+    axes = tuple(a for a in plan.rows if a.uid != plan.summed.axis.uid)
     row_axes(w, plan, sizes, wide, f" * (BLOCK_M // {group}) + "
-             f"tl.arange(0, BLOCK_M // {group})[:, None]", axes, stem="out_")
+             f"tl.arange(0, BLOCK_M // {group})[:, None]", axes, stem=OUT)
 
 
 def scan_kernels(plan, name: str, sizes: dict, args: list[str], interpreter: bool) -> list:
