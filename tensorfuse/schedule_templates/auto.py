@@ -73,8 +73,6 @@ def takes_stage(program: Program, target: TargetSpec, swept_as_one: bool = True,
         return False
     if scatters(program) or _contraction_takes(program, sizes):
         return True
-    if scans_apart(program):   # a stage each: N terms a row each, not N² on the row template
-        return False
     if not any(c.is_reduction for c in program.computes):   # the elementwise template's
         return elementwise_form(program) is not None
     if all(c.monoid.name == "sum" for c in program.computes if c.is_reduction) and \
