@@ -212,10 +212,11 @@ def _first_chain(program, ready, depends, stored, left_outputs, fits,
                  hoisted: set[str]) -> Stage | None:
     """The longest chain of dependent reductions over different axes that a template takes as
     one stage: the reductions not yet stored, in program order (so each prefix holds whatever
-    its members read), from all but the last (all, once something is stored) down to two. A nearest neighbour's squared
-    distances (over the coordinates) and their minimum (over the candidates) are one
-    contraction-template pass; then its mean over the points is a stage of its own — cut by
-    groups of one axis, the distances were stored whole (512 MiB at B8 4096 × 4096)."""
+    its members read), from all but the last (all, once something is stored) down to two. A
+    nearest neighbour's squared distances (over the coordinates) and their minimum (over the
+    candidates) are one contraction-template pass; then its mean over the points is a stage of
+    its own — cut by groups of one axis, the distances were stored whole (512 MiB at B8 4096 ×
+    4096)."""
     for size in range(len(ready) - (0 if stored else 1), 1, -1):
         chain = ready[:size]
         if len({tuple(a.uid for a in r.over) for r in chain}) < 2 or \
