@@ -417,9 +417,10 @@ CASES = {"cumulative_sum": (cumulative_sum, cumsum_case),
 STAGED = ("max_drawdown", "softmax_of_cumulative_sums", "linear_recurrence", "ew_variance")
 # one row cut into parts: N² terms on a CPU
 LONG = ("long_cumulative_sum", "long_leaky_sum", "long_max_from_five_back")
-# float32 cumulative sums (up to ~30) exponentiated: their rounding, ~1e-7 of them, is the
-# softmax's relative error (on the CPU target as in the stages)
-TOLERANCES = {"softmax_of_cumulative_sums": 1e-5,
+# float32 cumulative sums exponentiated: their absolute rounding is the softmax's relative
+# error — over 900 terms reaching |c| ≈ 25, about ε·√N·|c| ≈ 4.5e-5 (on the CPU target as in
+# the stages: 0.2–5e-6 over 12 seeds, 1.1e-5 on one CI draw, which 1e-5 had failed)
+TOLERANCES = {"softmax_of_cumulative_sums": 5e-5,
               # a decay of exp(−0.001) rounded to float32 (3e-8 relative) reaches a sum through
               # the ~1000 steps it remembers: ~3e-5 of it, however it is computed (seen: 7e-6)
               "long_leaky_sum": 1e-4, "decayed_within_lengths": 1e-4,
