@@ -32,6 +32,8 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
         return decode_knobs(plan, target)
     if float32_products(plan):
         return F32_KNOBS
+    if plan.feature_chunk is not None:
+        return CHUNKED_KNOBS
     if plan.feature_extent > 128:
         # q·k and p·v over different head dims (one block as wide as the wider): 128×64 tiles,
         # 8 warps, where their shared memory fits — on the H200 at 192/128, B2 H16 S4096 causal:
@@ -64,6 +66,12 @@ PREFILL_KNOBS = (Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3),
                  Knobs(block_m=128, block_n=64, num_warps=8, num_stages=3),
                  Knobs(block_m=128, block_n=64, num_warps=8, num_stages=2),
                  Knobs(block_m=64, block_n=64, num_warps=4, num_stages=2))
+
+
+# features past one block, in chunks (.feature_chunks): a 64-row tile's value accumulator is 128
+# f32 registers a thread at 512 features with 8 warps, and 32-key slots of keys and values (70
+# KiB at 576 / 512) beside the query tile (74 KiB) fit two stages in an SM's shared memory
+CHUNKED_KNOBS = Knobs(block_m=64, block_n=32, num_warps=8, num_stages=2)
 
 
 # float32 operands multiply at float32's accuracy (``dot_precision``: three TF32 products of their
@@ -115,11 +123,14 @@ def decode_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     programs = batch * math.ceil(plan.rows / block_m)
     gathered = gathers_columns(plan)
     block_n = F32_KNOBS.block_n if float32_products(plan) else \
+        CHUNKED_KNOBS.block_n if plan.feature_chunk is not None else \
         64 if gathered and 2 * batch > SMS else 128
     blocks = math.ceil(plan.cols / block_n)
     per_sm = 2 if gathered or narrow_keys(plan) else 1
     splits = max(1, min(round(per_sm * SMS / programs), blocks // 2, 64))
     warps, stages = (4, 3) if target.kind == "cuda" else (4, 2)   # ROCm: not measured
+    if plan.feature_chunk is not None:
+        warps, stages = CHUNKED_KNOBS.num_warps, CHUNKED_KNOBS.num_stages
     return Knobs(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages,
                  splits=splits)
 
@@ -143,6 +154,10 @@ def gathers_columns(plan: RowTilePlan) -> bool:
 def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, ...]]:
     """The values tuning tries for each knob (the defaults among them)."""
     default = default_knobs(plan, target)
+    if plan.feature_chunk is not None:   # the accumulators of 512 features and 32-key slots
+        return {"block_m": tuple(sorted({16, 32, default.block_m})), "block_n": (16, 32),
+                "num_warps": (4, 8), "num_stages": (1, 2),
+                "splits": tuple(sorted({1, default.splits, default.splits * 2}))}
     if is_decode(plan):
         splits = sorted({default.splits, max(1, default.splits // 2), min(128, default.splits * 2)})
         return {"block_m": tuple(sorted({16, default.block_m})), "block_n": (32, 64, 128),
@@ -197,13 +212,16 @@ def _score_tile_bytes(plan: RowTilePlan) -> int:
 
 def decode_shared_floor(plan: RowTilePlan, knobs: Knobs) -> int:
     """A lower bound of a split (decode) kernel's shared memory: ``stages - 1`` key and value
-    slots (Triton 3.6, sm_90a: 196608 of 204800 bytes at 128 keys, 4 stages, D=128)."""
-    return (knobs.num_stages - 1) * knobs.block_n * _product_operands(plan)[1] * \
-        _tile_width(plan) * _element_size(plan)
+    slots (Triton 3.6, sm_90a: 196608 of 204800 bytes at 128 keys, 4 stages, D=128), and the
+    query tile where the features are chunked (its chunks are read from there by every block:
+    212992 bytes at 576 / 512, 64 rows, 32 keys, 2 stages, where the bound counts 147456)."""
+    slots = (knobs.num_stages - 1) * knobs.block_n * _product_operands(plan)[1]
+    rows = knobs.block_m * _product_operands(plan)[0] if plan.feature_chunk is not None else 0
+    return (slots + rows) * _tile_width(plan) * _element_size(plan)
 
 
 def _tile_width(plan: RowTilePlan) -> int:
-    return max(16, 1 << max(0, (plan.feature_extent - 1).bit_length()))
+    return plan.feature_width
 
 
 def _element_size(plan: RowTilePlan) -> int:

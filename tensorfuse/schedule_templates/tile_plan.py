@@ -36,9 +36,9 @@ from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from ..errors import ScheduleError, TargetError
 from ..targets.triton.reductions import reducible
-from ..targets.triton.rowtile import MAX_FEATURE
 from .block_schedule import block_lists, window_lists
 from .column_sums import column_sum, output_reads
+from .feature_chunks import feature_chunk
 from .sweep_bounds import SweepBounds, sweep_bounds
 from .token_tiling import choose_tiling, map_scalars, mask_reads_map, mask_reads_tensors
 from .row_fold import grouped, row_fold
@@ -86,6 +86,7 @@ class RowTilePlan:
     tiling: object = None
     written_mask: Expr | None = None   # the mask as written, where the emitted one is rewritten
     column_sums: list = field(default_factory=list)   # .column_sums.ColumnSum, the outputs' sums
+    feature_chunk: int | None = None   # features past one block's width, in chunks this wide
 
     @property
     def map_mask(self) -> Expr | None:
@@ -156,7 +157,9 @@ class RowTilePlan:
                  f"{self.row.name} ({self.rows}"
                  + (f": {self.fold[1]} values of {self.fold[0].name} share a tile" if self.fold
                     else "") + ")",
-                 f"  swept: {self.col.name} ({self.cols}), feature held whole: "
+                 f"  swept: {self.col.name} ({self.cols}), feature "
+                 + (f"in chunks of {self.feature_chunk}: " if self.feature_chunk else
+                    "held whole: ")
                  + (" and ".join(f"{n} {e}" for n, e in self._feature_sizes())
                     if self.two_feature_sizes else f"{self.feature_extent}")]
         for name, con in self.locals.items():
@@ -201,6 +204,29 @@ class RowTilePlan:
     def feature_size(self, axis: Axis) -> int:
         """The size of a feature axis (its own, where q·k and p·v differ)."""
         return self.feature_extents.get(axis.uid, self.feature_extent)
+
+    @property
+    def feature_block(self) -> int:
+        """The width of a feature tile: the widest axis to a power of two (16 at least), or a
+        chunk's (:mod:`.feature_chunks`)."""
+        if self.feature_chunk is not None:
+            return self.feature_chunk
+        return max(16, 1 << max(0, (self.feature_extent - 1).bit_length()))
+
+    def feature_chunks(self, axis: Axis) -> int:
+        """How many feature tiles hold ``axis``: one, or its chunks."""
+        return math.ceil(self.feature_size(axis) / self.feature_block)
+
+    def state_feature(self, sp: "StatePlan") -> Axis:
+        """The feature axis of a weighted sum's state (p·v's)."""
+        common = {a.uid for a in self.chain.common_axes}
+        return next(a for a in sp.member.axes if a.uid not in common)
+
+    @property
+    def feature_width(self) -> int:
+        """The widest feature axis as its tiles hold it (padded to the block or the chunks)."""
+        return max([self.feature_block] + [math.ceil(e / self.feature_block) * self.feature_block
+                                           for e in self.feature_extents.values()])
 
     def sizes_of(self, axis: Axis) -> int:
         return axis.extent if isinstance(axis.extent, int) else self.sizes[axis.extent]
@@ -301,12 +327,8 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
     extents = {a.uid: a.extent if isinstance(a.extent, int) else sizes[a.extent]
                for a in features.values()}
     feature_extent = max(extents.values(), default=1)
-    if feature_extent > MAX_FEATURE:
-        raise TargetError(f"the feature axis has {feature_extent} elements; the row-tile template "
-                          f"holds it whole in registers, up to {MAX_FEATURE} (a GEMM chain this "
-                          "wide needs K-blocking or a cluster of CTAs)")
     plan = RowTilePlan(program, chain, sizes, list(batch), row, col, None, feature_extent,
-                       feature_extents=extents)
+                       feature_extents=extents, feature_chunk=feature_chunk(extents))
     batch_ids = {a.uid for a in batch}
     for x in chain.local_reductions:
         if x.monoid.name != "sum" or len(x.over) != 1 or any(a.uid not in common | {col.uid}

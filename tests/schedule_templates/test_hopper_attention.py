@@ -622,8 +622,9 @@ def test_compile_prefers_it_for_prefill_on_sm90a():
 
 def test_the_compiled_kernel_says_which_template_runs_and_why_not_the_others():
     """``tf.compile``'s kernel names the kernel at each sizes and each one passed over with its
-    reason: a head dim the Hopper template does not take, a prefill shape for the decode kernel,
-    a feature axis too wide for the Triton template (the floor's stages then)."""
+    reason: a head dim the Hopper template does not take (300: the Triton template's features
+    in chunks), a prefill shape for the decode kernel, a feature axis too wide for the Triton
+    template even in chunks (the floor's stages then)."""
     f = tf.compile(K.causal_attention, "cuda:sm_90a")
     odd = f.describe_plan(**{**PREFILL, "D": 100})
     first, *passed = odd.splitlines()
@@ -634,11 +635,15 @@ def test_the_compiled_kernel_says_which_template_runs_and_why_not_the_others():
     native = f.describe_plan(**PREFILL)
     assert native.splitlines()[0].endswith(f.ahead[0].description)
     assert "  not " not in native and "hopper attention plan" in native
-    wide = f.describe_plan(**{**PREFILL, "D": 300})   # the floor's stages run it
-    assert f"  not the {f.template.description}: the feature axis has 300" in wide
-    assert wide.splitlines()[0].endswith("3 stage kernels (no template takes causal_attention "
-                                         "whole): s_sum from q, k; m, l from scale, s_sum; out "
-                                         "from v, scale, s_sum, m, l"), wide
+    wide = f.describe_plan(**{**PREFILL, "D": 300})   # the row tile's features in chunks
+    assert wide.splitlines()[0].endswith(f.template.description), wide
+    assert "head dim D=300: the Hopper template handles multiples of 8 from 32 to 256" in wide
+    assert "feature in chunks of 64: 300" in wide
+    wider = f.describe_plan(**{**PREFILL, "D": 1024})   # the floor's stages run it
+    assert f"  not the {f.template.description}: the feature axis has 1024 elements" in wider
+    assert wider.splitlines()[0].endswith("3 stage kernels (no template takes causal_attention "
+                                          "whole): s_sum from q, k; m, l from scale, s_sum; out "
+                                          "from v, scale, s_sum, m, l"), wider
 
 
 def test_plan_is_printable_from_a_schedule():

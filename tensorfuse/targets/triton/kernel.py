@@ -238,8 +238,9 @@ class TritonKernel(GraphCallable):
         shapes = scratch_shapes(plan, knobs)   # the sums' partial rows, where it has sums
         if knobs.splits > 1:
             shapes += [(f"part_{sp.member.name}_{sp.k}",
-                        (batch, knobs.splits, rows_pad, block_k(plan) if sp.contraction is not None
-                         else 1)) for sp in plan.states]
+                        (batch, knobs.splits, rows_pad, block_k(plan) *
+                         plan.feature_chunks(plan.state_feature(sp))
+                         if sp.contraction is not None else 1)) for sp in plan.states]
             shapes += [(f"part_ref_{d}", (batch, knobs.splits, rows_pad, 1))
                        for d in sorted({d for s in plan.chain.schemes.values() for d in s.deps})]
         layout, offset = [], 0

@@ -53,4 +53,4 @@ def launch_grid(plan, knobs, *more: int) -> tuple[int, ...]:
 
 
 def block_k(plan) -> int:
-    return max(16, 1 << max(0, (plan.feature_extent - 1).bit_length()))
+    return plan.feature_block

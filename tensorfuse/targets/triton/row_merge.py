@@ -18,14 +18,19 @@ FROM_L2 = ", cache_modifier='.cg'"
 class SplitMerge:
     """What a row kernel's parts write and its last part merges, and its lanes' fold; the
     emitter provides ``w``, ``plan``, ``knobs``, ``splits``, ``rows_pad``, ``members``,
-    ``needed``, ``sizes``, ``lanes``, ``ctx_base``, ``ctx_r()`` and ``emit_outputs()``."""
+    ``needed``, ``sizes``, ``lanes``, ``ctx_base``, ``ctx_r()``, ``state_chunks()`` and
+    ``emit_outputs()``."""
 
-    def part_at(self, sp_or_ref, split: str) -> str:
-        """Address of this program's rows of a split's saved state in its buffer."""
+    def part_at(self, sp_or_ref, split: str, chunk: int = 0) -> str:
+        """Address of this program's rows of a split's saved state in its buffer (of a weighted
+        sum's ``chunk``, where its features are taken in chunks)."""
         wide_state = not isinstance(sp_or_ref, str) and sp_or_ref.contraction is not None
         base = f"((pid_b * {self.splits} + {split}) * {self.rows_pad} + offs_m[:, None])"
         name_ = sp_or_ref if isinstance(sp_or_ref, str) else \
             f"part_{sp_or_ref.member.name}_{sp_or_ref.k}"
+        if wide_state and self.plan.feature_chunk is not None:
+            chunks = self.plan.feature_chunks(self.plan.state_feature(sp_or_ref))
+            return f"{name_} + ({base} * {chunks} + {chunk}) * BLOCK_K + offs_k[None, :]"
         return f"{name_} + {base} * BLOCK_K + offs_k[None, :]" if wide_state else \
             f"{name_} + {base}"
 
@@ -37,18 +42,22 @@ class SplitMerge:
         for m in self.members:
             scheme = self.plan.chain.schemes[m.name]
             mine = [sp for sp in self.plan.states if sp.member is m]
+            chunks = self.state_chunks(mine[0])   # a weighted sum's chunks, each merged alike
             for sp in mine:
                 shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else "[BLOCK_M, 1]"
-                w(f"acc_{m.name}_{sp.k} = tl.full({shape}, {state_identity(sp)}, "
-                  f"{state_type(sp)})")
+                for _, sfx in chunks:
+                    w(f"acc_{m.name}_{sp.k}{sfx} = tl.full({shape}, {state_identity(sp)}, "
+                      f"{state_type(sp)})")
             # up to 64 parts unrolled; more in a loop (a long sweep of very few row tiles)
             w(f"for s in tl.static_range({self.splits}):" if self.splits <= 64 else
               f"for s in range(0, {self.splits}):")
             with w.block():
                 sym = {}
                 for sp in mine:
-                    loaded = loaded_state(sp, f"tl.load({self.part_at(sp, 's')}{FROM_L2})")
-                    w(f"sv_{m.name}_{sp.k} = {loaded}")
+                    for c, sfx in chunks:
+                        at = self.part_at(sp, 's', c)
+                        w(f"sv_{m.name}_{sp.k}{sfx} = "
+                          f"{loaded_state(sp, f'tl.load({at}{FROM_L2})')}")
                     sym[f"{m.name}#{sp.k}"] = f"sv_{m.name}_{sp.k}"
                 for d in scheme.deps if scheme.kind != "reset" else ():
                     w(f"sref_{d} = tl.load({self.part_at(f'part_ref_{d}', 's')}{FROM_L2})")
@@ -65,25 +74,29 @@ class SplitMerge:
                     w(f"{', '.join(accs)} = "
                       f"{combine_function(m.monoid)}({', '.join(accs + parts)})")
                 for sp in mine if m.arity == 1 else ():
-                    corrected = to_triton(scheme.corrections(settled=True)[sp.k],
-                                          self.ctx_r().child(symbols=sym))
-                    combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
-                                                       [Symbol("__b", sp.dtype)])[0]
-                    w(f"acc_{m.name}_{sp.k} = " + to_triton(combined, TileContext(
-                        axes={}, symbols={"__a": f"acc_{m.name}_{sp.k}", "__b": f"({corrected})"},
-                        sizes=self.sizes)))
+                    for _, sfx in chunks:
+                        part = {**sym, f"{m.name}#{sp.k}": f"sv_{m.name}_{sp.k}{sfx}"}
+                        corrected = to_triton(scheme.corrections(settled=True)[sp.k],
+                                              self.ctx_r().child(symbols=part))
+                        combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
+                                                           [Symbol("__b", sp.dtype)])[0]
+                        acc = f"acc_{m.name}_{sp.k}{sfx}"
+                        w(f"{acc} = " + to_triton(combined, TileContext(
+                            axes={}, symbols={"__a": acc, "__b": f"({corrected})"},
+                            sizes=self.sizes)))
             if m.arity > 1:
                 for sp in mine:
                     w(f"fin_{m.name}_{sp.k} = acc_{m.name}_{sp.k}")
                     finals[f"{m.name}#{sp.k}"] = f"fin_{m.name}_{sp.k}"
                 continue
-            acc = {f"{m.name}#{sp.k}": f"acc_{m.name}_{sp.k}" for sp in mine}
-            acc.update({f"{d}.old": f"finref_{d}" for d in scheme.deps})
-            acc.update({f"{d}.new": f"fin_{d}" for d in scheme.deps})
             final = scheme.value[0] if scheme.kind == "reset" else \
                 scheme.true_value(0, settled=True)   # a reset: merged at the exact values
-            value = to_triton(final, self.ctx_r().child(symbols=acc))
-            w(f"fin_{m.name} = {value}")
+            for _, sfx in chunks:
+                acc = {f"{m.name}#{sp.k}": f"acc_{m.name}_{sp.k}{sfx}" for sp in mine}
+                acc.update({f"{d}.old": f"finref_{d}" for d in scheme.deps})
+                acc.update({f"{d}.new": f"fin_{d}" for d in scheme.deps})
+                value = to_triton(final, self.ctx_r().child(symbols=acc))
+                w(f"fin_{m.name}{sfx} = {value}")
             finals[m.name] = f"fin_{m.name}"
             if m.name in self.needed:
                 usable = scheme.usable(Symbol("__fin", m.dtypes[0]))

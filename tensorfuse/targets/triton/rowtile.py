@@ -12,7 +12,6 @@ full ones skip it).
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 from ...algebra.exprs import substitute
 from ...algebra.schemes import EXTRAPOLATION
@@ -24,17 +23,18 @@ from .expr import offset as load_offset
 from .column_sums import add_tile, finish_body, open_partials, partial_names, store_partials
 from .row_bounds import bounded_sweep
 from .row_merge import SplitMerge
-from .row_realign import Realignment, emit_stores, emit_sweep, realignment
+from .row_outputs import RowOutputs
+from .row_realign import Realignment, emit_sweep, realignment
 from .row_grid import MASK_ARGS, batch_first, block_k, grid, launch_grid, list_length
 from .row_states import (column_operands, depended_on, exact_symbols, exactly_read,
                          initial_reference, lanewise_states, output_operands, reloadable,
                          state_identity, state_type, stored_state, uncorrected_states)
 from .reductions import combine_function, reduced, reduced_together
 from .size_builds import size_alignments
-from .tile_text import assemble_source, dot_operand, needs_wide_offsets, store_offsets
+from .tile_text import assemble_source, dot_operand, needs_wide_offsets
 from .source_writer import SourceWriter, host_int
 
-MAX_FEATURE = 256  # head dims up to 256 fit a tile in registers
+MAX_FEATURE = 256  # head dims up to 256 fit a tile in registers (past it: in chunks)
 # issue the outputs' per-row operand loads before a whole-row block's reductions (chunk_body)
 PREFETCH = True
 # L2 eviction hints on a row reduction's loads (rows evict first — or last, on the first of two
@@ -65,7 +65,7 @@ def kernel_source(plan, knobs, name: str, interpreter: bool = False,
     return _RowTileSource(plan, knobs, name, interpreter, nvidia).source()
 
 
-class _RowTileSource(SplitMerge):
+class _RowTileSource(SplitMerge, RowOutputs):
     """One row-tile kernel's emission (:func:`kernel_source`): what the plan and knobs decide
     about its rows, columns and states, and the pieces of the kernel (prologue, a block of the
     swept axis, the finals and outputs, the split update's merge), written in order to ``w``."""
@@ -151,6 +151,9 @@ class _RowTileSource(SplitMerge):
         self.rows_pad = math.ceil(M / knobs.block_m) * knobs.block_m
         self.per_split = math.ceil(math.ceil(N / knobs.block_n) / splits) * knobs.block_n
         self.states = {(sp.member.name, sp.k): f"st_{sp.member.name}_{sp.k}" for sp in plan.states}
+        # members whose variables are a chunk each (features past one block: .feature_chunks)
+        self.chunked = {sp.member.name for sp in plan.states if sp.contraction is not None} \
+            if plan.feature_chunk is not None else set()
 
     def prologue(self):
         w, plan = self.w, self.plan
@@ -203,14 +206,14 @@ class _RowTileSource(SplitMerge):
         return self._tile([self._row(), (self.plan.col, self.col_index, self.col_ok,
                                          self.ragged_cols)])
 
-    def ctx_rf(self, feature: Axis):
-        """Row × feature tile."""
-        return self._tile([self._row(), self._feature(feature)])
+    def ctx_rf(self, feature: Axis, chunk: int = 0):
+        """Row × feature tile (of the feature's ``chunk``)."""
+        return self._tile([self._row(), self._feature(feature, chunk)])
 
-    def ctx_cf(self, feature: Axis):
+    def ctx_cf(self, feature: Axis, chunk: int = 0):
         """Column × feature tile (the columns down the tile)."""
         return self._tile([(self.plan.col, self.col_index_t, self.col_ok_t, self.ragged_cols),
-                           self._feature(feature)])
+                           self._feature(feature, chunk)])
 
     def ctx_r(self):
         """One value per row."""
@@ -219,10 +222,24 @@ class _RowTileSource(SplitMerge):
     def _row(self) -> tuple:
         return self.plan.row, self.row_index, self.row_ok, self.ragged_rows
 
-    def _feature(self, feature: Axis) -> tuple:
-        """The feature axis along the tile's columns, valid up to its own size."""
-        size = self.plan.feature_size(feature)
-        return feature, "offs_k[None, :]", f"(offs_k[None, :] < {size})", size != self.bk
+    def _feature(self, feature: Axis, chunk: int = 0) -> tuple:
+        """The feature axis along the tile's columns (from its ``chunk``'s first element),
+        valid up to its own size."""
+        size, start = self.plan.feature_size(feature), chunk * self.bk
+        index = f"(offs_k[None, :] + {start})" if start else "offs_k[None, :]"
+        return feature, index, f"(offs_k[None, :] < {size - start})", size - start < self.bk
+
+    def feature_chunks(self, feature: Axis) -> list[tuple[int, str]]:
+        """``(chunk, suffix of its variables' names)`` of each tile of ``feature``: one, named
+        as the whole, where the plan holds it in one block (:mod:`.feature_chunks`)."""
+        if self.plan.feature_chunk is None:
+            return [(0, "")]
+        return [(c, f"_c{c}") for c in range(self.plan.feature_chunks(feature))]
+
+    def state_chunks(self, sp) -> list[tuple[int, str]]:
+        """The tiles of a state: a weighted sum's chunks, one for a state per row."""
+        return self.feature_chunks(self.plan.state_feature(sp)) if sp.contraction is not None \
+            else [(0, "")]
 
     def chunk_body(self, with_mask: bool, prefetch: tuple = (), tail: bool = False):
         """One block of the axis: its loads, the chain's partial reductions and the rolling
@@ -251,9 +268,13 @@ class _RowTileSource(SplitMerge):
         rc_refs = {}
         for xname, con in plan.locals.items():
             feat = self.local_axes[xname]
-            w(f"rhs_{xname} = {dot_operand(con.right, self.ctx_cf(feat), self.dot_type(con))}")
-            precision = self.products(self.dot_type(con))
-            w(f"t_{xname} = tl.dot(lhs_{xname}, tl.trans(rhs_{xname}){precision})")
+            for c, sfx in self.feature_chunks(feat):   # q·kᵀ summed over the chunks
+                rhs = dot_operand(con.right, self.ctx_cf(feat, c), self.dot_type(con))
+                w(f"rhs_{xname}{sfx} = {rhs}")
+                precision = self.products(self.dot_type(con))
+                acc = f", t_{xname}" if c else ""
+                w(f"t_{xname} = tl.dot(lhs_{xname}{sfx}, tl.trans(rhs_{xname}{sfx}){acc}"
+                  f"{precision})")
             rc_refs[xname] = f"t_{xname}"
         if self.realign is not None:
             w(f"seen_next = {self.realign.seen_next(self.N, tail)}")
@@ -300,14 +321,14 @@ class _RowTileSource(SplitMerge):
                         w(f"c_{m.name}_{sp.k} = {reduced(sp.monoid, body, 1, True)}")
                 else:
                     con = sp.contraction
-                    feat = next(a for a in m.axes if a.uid not in {x.uid for x in
-                                                                     plan.chain.common_axes})
+                    feat = plan.state_feature(sp)
                     p = to_triton(strip(con.left), tile)
                     if self.ragged_cols:
                         p = f"tl.where(col_ok, {p}, 0.0)"
                     w(f"p_{m.name}_{sp.k} = ({p}).to({TL_DTYPES[self.dot_type(con)]})")
-                    v = dot_operand(con.right, self.ctx_cf(feat), self.dot_type(con))
-                    w(f"v_{m.name}_{sp.k} = {v}")
+                    for c, sfx in self.feature_chunks(feat):
+                        v = dot_operand(con.right, self.ctx_cf(feat, c), self.dot_type(con))
+                        w(f"v_{m.name}_{sp.k}{sfx} = {v}")
                 chunk_vars.append(sp)
             self.update_states(m, chunk_vars, resets, symbols, exact)
         for d in self.needed:
@@ -335,25 +356,27 @@ class _RowTileSource(SplitMerge):
             sym[f"{d}.old"] = f"ref_{d}"
             sym[f"{d}.new"] = f"newref_{d}"
         sym.update(resets)
-        corr = self.ctx_r().child(symbols=sym)
         new_values = []
         for sp in chunk_vars:
-            corrected = to_triton(scheme.correct[sp.k], corr)
-            if sp.contraction is not None:  # accumulate on the tensor cores: acc = p·v + acc
-                text = (f"tl.dot(p_{m.name}_{sp.k}, v_{m.name}_{sp.k}, {corrected}"
-                        f"{self.products(self.dot_type(sp.contraction))})")
-            else:
-                combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
-                                                   [Symbol("__b", sp.dtype)])[0]
-                text = to_triton(combined, TileContext(axes={}, symbols={
-                    "__a": f"({corrected})", "__b": f"c_{m.name}_{sp.k}"}, sizes=self.sizes))
-            new_values.append((sp, text))
-        for sp, text in new_values:
-            w(f"nst_{m.name}_{sp.k} = {text}")
+            for _, sfx in self.state_chunks(sp):   # each chunk corrected as the whole would be
+                state = f"{m.name}_{sp.k}{sfx}"
+                corr = self.ctx_r().child(symbols={**sym, f"{m.name}#{sp.k}": f"st_{state}"})
+                corrected = to_triton(scheme.correct[sp.k], corr)
+                if sp.contraction is not None:  # accumulate on the tensor cores: acc = p·v + acc
+                    text = (f"tl.dot(p_{m.name}_{sp.k}, v_{state}, {corrected}"
+                            f"{self.products(self.dot_type(sp.contraction))})")
+                else:
+                    combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
+                                                       [Symbol("__b", sp.dtype)])[0]
+                    text = to_triton(combined, TileContext(axes={}, symbols={
+                        "__a": f"({corrected})", "__b": f"c_{state}"}, sizes=self.sizes))
+                new_values.append((state, text))
+        for state, text in new_values:
+            w(f"nst_{state} = {text}")
         if m.name in exact:
             w(f"old_{m.name} = st_{m.name}_0")
-        for sp, _ in new_values:
-            w(f"st_{m.name}_{sp.k} = nst_{m.name}_{sp.k}")
+        for state, _ in new_values:
+            w(f"st_{state} = nst_{state}")
         if m.name in self.needed:  # its reference: the value at the references, extrapolated
             at_refs = {**sym, **{f"{d}.new": f"newref_{d}" for d in scheme.deps},
                        EXTRAPOLATION.name: f"({self.N} / tl.maximum(seen_next, 1))"}
@@ -372,95 +395,22 @@ class _RowTileSource(SplitMerge):
                     self.w(f"fin_{m.name}_{k} = {kept[(m.name, k)]}")
                     finals[f"{m.name}#{k}"] = f"fin_{m.name}_{k}"
                 continue
-            sym = {f"{m.name}#{sp.k}": kept[(m.name, sp.k)] for sp in self.plan.states
-                   if sp.member is m}
-            if scheme.kind == "reset":   # reset against the exact values block by block: settled
-                value = to_triton(scheme.value[0], self.ctx_r().child(symbols=sym))
-                self.w(f"fin_{m.name} = {value}")
-            elif not correct:  # the references are the true values: no correction is needed
-                sym.update({f"{d}.new": refs[d] for d in scheme.deps})
-                value = to_triton(scheme.value[0], self.ctx_r().child(symbols=sym))
-                self.w(f"fin_{m.name} = {value}")
-            else:
-                sym.update({f"{d}.old": refs[d] for d in scheme.deps})
-                sym.update({f"{d}.new": values.get(d, f"fin_{d}") for d in scheme.deps})
-                value = to_triton(scheme.true_value(0, settled=True),
-                                  self.ctx_r().child(symbols=sym))
-                self.w(f"fin_{m.name} = {value}")
+            mine = [sp for sp in self.plan.states if sp.member is m]
+            for _, sfx in self.state_chunks(mine[0]):   # a weighted sum's chunks: each finished
+                sym = {f"{m.name}#{sp.k}": kept[(m.name, sp.k)] + sfx for sp in mine}
+                if scheme.kind == "reset":   # reset against the exact values block by block
+                    value = to_triton(scheme.value[0], self.ctx_r().child(symbols=sym))
+                elif not correct:  # the references are the true values: no correction needed
+                    sym.update({f"{d}.new": refs[d] for d in scheme.deps})
+                    value = to_triton(scheme.value[0], self.ctx_r().child(symbols=sym))
+                else:
+                    sym.update({f"{d}.old": refs[d] for d in scheme.deps})
+                    sym.update({f"{d}.new": values.get(d, f"fin_{d}") for d in scheme.deps})
+                    value = to_triton(scheme.true_value(0, settled=True),
+                                      self.ctx_r().child(symbols=sym))
+                self.w(f"fin_{m.name}{sfx} = {value}")
             finals[m.name] = f"fin_{m.name}"
         return finals
-
-    def emit_outputs(self, finals: dict) -> None:
-        w = self.w
-        for (c, expr, kind), out in zip(self.plan.outputs, self.outs):
-            if kind == "colsum":   # written by the kernel that adds up the sums (column_sums)
-                continue
-            if kind == "row":
-                ctx = self.ctx_r().child(refs=finals, emit=w if self.single else None,
-                                         memo=self.chunk_memo)
-            elif kind == "feature":
-                common = {x.uid for x in self.plan.chain.common_axes}
-                feat = next(a for a in c.axes if a.uid not in common)
-                ctx = self.ctx_rf(feat).child(refs=finals)
-            else:
-                ctx = self.ctx_rc().child(refs=finals, emit=w if self.single else None,
-                                          memo=self.chunk_memo)
-            if kind == "col" and self.realign is not None:   # a store per block and part
-                def store(positions: str, tail: bool, inside: bool, mask: str | None, c=c,
-                          expr=expr, out=out):
-                    with self.inside_rows(inside):
-                        w(f"offs_n = {positions}")
-                        for line in self.realign.block(self.N, tail, inside):
-                            w(line)
-                        if mask is not None:
-                            w(f"col_ok = {mask}")
-                        w(self.store_text(c, expr, out, self.ctx_rc().child(refs=finals)))
-                emit_stores(w, self.realign, self.N, self.stages, store)
-                continue
-            store = self.store_text(c, expr, out, ctx)
-            if kind == "col" and not self.single:
-                # backwards: the blocks the statistics pass read last are read again first,
-                # while L2 still holds them (read forwards, the first blocks are the oldest, and
-                # each block read again from memory may evict one the pass needs next): a
-                # softmax over a 128k-word vocabulary 6-7 % faster on the H200
-                # (``benchmarks.rows_vocab``); over 32k-64k columns no change
-                w.sweep("back_n", "0", str(self.N), "BLOCK_N", self.stages)
-                with w.block():
-                    w(f"start_n = (({self.N}) + BLOCK_N - 1) // BLOCK_N * BLOCK_N - BLOCK_N - "
-                      "back_n")
-                    w("offs_n = start_n + tl.arange(0, BLOCK_N)")
-                    w(store)
-            else:
-                w(store)
-
-    def store_text(self, c, expr, out: str, ctx) -> str:
-        """The store of output ``c`` at the tile's indices (a realigned row's output of the
-        rows' shape at its aligned window positions)."""
-        sample = self.realign.sample if self.realign is not None else None
-        # the same axes in the same order over the same sizes: the output's offsets are the
-        # realigned reads' (a square output over its axes transposed is not)
-        same = sample is not None and [a.uid for a in c.axes] == \
-            [i.uid for i in sample.indices] and \
-            tuple(a.extent for a in c.axes) == tuple(sample.param.dims)
-        offsets = "flat_n" if same else store_offsets(c.axes, ctx, self.sizes)
-        valid_ = sorted({ctx.valid[a.uid] for a in c.axes if a.uid in ctx.valid})
-        return (f"tl.store({out} + ({offsets}), ({to_triton(expr, ctx)})"
-                f".to({TL_DTYPES[c.dtypes[0]]}), mask={' & '.join(valid_) or 'None'})")
-
-    @contextmanager
-    def inside_rows(self, inside: bool):
-        """Emit a realigned block that lies inside every row (``inside``): no column tests, no
-        load masks but the rows'."""
-        if not inside:
-            yield
-            return
-        kept = self.ragged_cols, dict(self.ctx_base.realigned)
-        self.ragged_cols = False
-        self.ctx_base.realigned = {n: (uid, at, None) for n, (uid, at, _) in kept[1].items()}
-        try:
-            yield
-        finally:
-            self.ragged_cols, self.ctx_base.realigned = kept
 
     def source(self) -> tuple[str, list[str]]:
         """The kernel's Python source and argument names."""
@@ -518,13 +468,16 @@ class _RowTileSource(SplitMerge):
             x = self.prog.compute(xname)
             feat = x.over[0]
             self.local_axes[xname] = feat
-            w(f"lhs_{xname} = {dot_operand(con.left, self.ctx_rf(feat), self.dot_type(con))}")
+            for c, sfx in self.feature_chunks(feat):
+                lhs = dot_operand(con.left, self.ctx_rf(feat, c), self.dot_type(con))
+                w(f"lhs_{xname}{sfx} = {lhs}")
         # states
         for sp in plan.states:
             shape = "[BLOCK_M, BLOCK_K]" if sp.contraction is not None else \
                 "[BLOCK_M, BLOCK_N]" if (sp.member.name, sp.k) in self.lanes else "[BLOCK_M, 1]"
-            w(f"st_{sp.member.name}_{sp.k} = tl.full({shape}, {state_identity(sp)}, "
-              f"{state_type(sp)})")
+            for _, sfx in self.state_chunks(sp):
+                w(f"st_{sp.member.name}_{sp.k}{sfx} = tl.full({shape}, {state_identity(sp)}, "
+                  f"{state_type(sp)})")
         w("seen = tl.full([], 0, tl.int32)" if self.realign is None else
           "seen = tl.zeros([BLOCK_M, 1], tl.int32)")
         self.initial: dict = {}
@@ -548,8 +501,9 @@ class _RowTileSource(SplitMerge):
                     self.chunk_body(True)
             self.fold_lanes()   # a part's lanes folded before its states are stored
             for sp in plan.states:
-                w(f"tl.store({self.part_at(sp, 'pid_s')}, "
-                  f"{stored_state(sp, self.states[(sp.member.name, sp.k)])})")
+                for c, sfx in self.state_chunks(sp):
+                    w(f"tl.store({self.part_at(sp, 'pid_s', c)}, "
+                      f"{stored_state(sp, self.states[(sp.member.name, sp.k)] + sfx)})")
             for d in self.needed:
                 w(f"tl.store({self.part_at(f'part_ref_{d}', 'pid_s')}, ref_{d})")
             self.last_part_merges()

@@ -1,0 +1,71 @@
+"""Attention over head dims past one tile's block, its features taken in chunks
+(``schedule_templates/feature_chunks.py``): the chunk widths, what ``tf.compile`` plans for
+DeepSeek's absorbed latent attention (q·k over 576, p·v over 512), its numbers under Triton's
+interpreter (the cases: :mod:`.wide_features_check`), the sm_90a and gfx942 code, and on the
+GPU."""
+import re
+
+import pytest
+
+import tensorfuse as tf
+from tensorfuse.errors import TargetError
+from tensorfuse.schedule_templates.feature_chunks import feature_chunk
+from tests.helpers import assert_gpu_template_matches, check_interpreted, ptxas_spills
+from tests.schedule_templates.wide_features_check import (CASES, latent_attention_decode,
+                                                          wide_causal_gain)
+
+LATENT = dict(B=8, H=128, N=4096, DQ=576, DV=512)
+
+
+def test_wide_features_match_float64_in_the_triton_interpreter():
+    check_interpreted("tests.schedule_templates.wide_features_check", CASES)
+
+
+@pytest.mark.parametrize("sizes, chunk", [((128, 256), None), ((576, 512), 64),
+                                          ((300, 264), 32), ((640,), 128), ((384, 384), 128)])
+def test_chunks_are_the_widest_that_pad_the_features_least(sizes, chunk):
+    assert feature_chunk(dict(enumerate(sizes))) == chunk
+
+
+def test_features_past_the_chunked_limit_are_refused_with_the_reason():
+    with pytest.raises(TargetError, match="1024 elements.*up to 640 in chunks"):
+        feature_chunk({0: 1024, 1: 512})
+
+
+def test_latent_attention_decode_is_one_attention_kernel_with_its_features_in_chunks():
+    """It was three kernels (scores through the Hopper GEMM, stored; the softmax; p·v): past 256
+    features no row tile took it. One kernel: q·k summed over 9 chunks of 64, p·v's accumulator
+    8 chunks, the keys split over parts (8 row tiles of 64 heads would leave SMs idle)."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    made = tf.compile(latent_attention_decode, target="cuda:sm_90a")
+    plan = made.describe_plan(**LATENT)
+    assert plan.startswith("latent_attention_decode at B=8, H=128, N=4096, DQ=576, DV=512: "
+                           "attention template"), plan
+    assert "feature in chunks of 64: e 512 and d 576" in plan, plan
+    assert "knobs: block_m=64, block_n=32, num_warps=8, num_stages=2, splits=8" in plan, plan
+    source = made.template.source(**LATENT)
+    assert source.count("t_s_sum = tl.dot(") == 9
+    assert len(re.findall(r"nst_out_sum_0_c\d = tl\.dot\(", source)) == 8
+
+
+def test_wide_attention_compiles_for_sm90a_and_gfx942():
+    """wgmma for every chunk's product; the decode's shared memory within an SM's (the query
+    tile's chunks stay there: 208 KiB) and few spills (ptxas: 496 bytes, the merge's); the
+    causal prefill over 576 / 512 none. And the code for gfx942 (MFMA)."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    decode = tf.compile(latent_attention_decode, target="cuda:sm_90a").template.compiled(**LATENT)
+    assert decode.metadata.shared <= 227 * 1024
+    assert len(re.findall(r"wgmma\.mma_async", decode.asm["ptx"])) >= 17
+    assert max(ptxas_spills(decode.asm["ptx"])) <= 512
+    causal = tf.compile(wide_causal_gain, target="cuda:sm_90a").template.compiled(
+        B=2, H=16, S=4096, DQ=576, DV=512)
+    assert not any(ptxas_spills(causal.asm["ptx"]))
+    amd = tf.compile(latent_attention_decode, target="rocm:gfx942").template.compiled(**LATENT)
+    assert "v_mfma" in amd.asm["amdgcn"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_wide_features_match_float64_on_the_gpu(name):
+    kernel, case = CASES[name]
+    assert_gpu_template_matches(kernel, case)

@@ -1,0 +1,65 @@
+"""Attention over head dims past one tile's block (:mod:`tensorfuse.schedule_templates.
+feature_chunks`), as ``tf.compile`` makes it for sm_90a, run by Triton's interpreter against
+float64 references in torch: DeepSeek's absorbed latent attention at decode (every head over one
+latent cache, q·k over 576 and p·v over 512, in chunks of 64) with few keys (one part) and with
+enough for the keys to be split over programs (the split update's merge, a chunk at a time), and
+causal attention over 300 / 264 features (chunks of 32 whose last is ragged) with a per-feature
+gain on the output. Ragged rows and keys, values over a wide range; outputs poisoned (NaN).
+Prints each case's relative error as JSON.
+
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.wide_features_check SEED
+"""
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.kernels.attention import softmax_attend
+from benchmarks.unlisted_kernels import latent_attention_decode
+from tests.helpers import poisoned_main
+from tests.schedule_templates.staged_floor import interpreted
+
+
+@tf.kernel
+def wide_causal_gain(q: T.Tensor["B", "H", "S", "DQ", "bf16"],
+                     k: T.Tensor["B", "H", "S", "DQ", "bf16"],
+                     v: T.Tensor["B", "H", "S", "DV", "bf16"],
+                     gain: T.Tensor["DV", "f32"], scale: T.f32):
+    """Causal attention over wide head dims, each output feature scaled by its gain."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.where(j <= i, T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale, -T.inf)
+    return T.cast(softmax_attend(s, v[b, h, j, e], j) * gain[e], "bf16")
+
+
+def latent_decode_case(generator, B=2, H=20, N=77, DQ=576, DV=512, width=3.0):
+    q = (torch.randn(B, H, DQ, generator=generator) * width).bfloat16()
+    k = (torch.randn(B, N, DQ, generator=generator) * width).bfloat16()
+    v = (torch.randn(B, N, DV, generator=generator) * width).bfloat16()
+    scale = DQ ** -0.5 / width
+    s = torch.einsum("bhd,bnd->bhn", q.double(), k.double()) * scale
+    want = torch.einsum("bhn,bne->bhe", torch.softmax(s, -1), v.double())
+    return dict(q=q, k=k, v=v, scale=scale), want
+
+
+def latent_decode_split_case(generator):
+    """Keys enough for parts (300 in blocks of 32: the decode's split update)."""
+    return latent_decode_case(generator, B=1, H=16, N=300)
+
+
+def wide_causal_case(generator, B=1, H=2, S=70, DQ=300, DV=264, width=2.0):
+    q, k = ((torch.randn(B, H, S, DQ, generator=generator) * width).bfloat16() for _ in range(2))
+    v = (torch.randn(B, H, S, DV, generator=generator) * width).bfloat16()
+    gain = torch.rand(DV, generator=generator) * 4 - 2
+    scale = DQ ** -0.5
+    s = q.double() @ k.double().transpose(-1, -2) * scale
+    s = s.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    want = torch.softmax(s, -1) @ v.double() * gain.double()
+    return dict(q=q, k=k, v=v, gain=gain, scale=scale), want
+
+
+CASES = {"latent_decode": (latent_attention_decode, latent_decode_case),
+         "latent_decode_split": (latent_attention_decode, latent_decode_split_case),
+         "wide_causal_gain": (wide_causal_gain, wide_causal_case)}
+
+
+if __name__ == "__main__":
+    poisoned_main(CASES, lambda name, kernel: interpreted(kernel))
