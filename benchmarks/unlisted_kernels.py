@@ -832,7 +832,7 @@ def latent_attention_decode(q: T.Tensor["B", "H", "DQ", "bf16"],
                             k: T.Tensor["B", "N", "DQ", "bf16"],
                             v: T.Tensor["B", "N", "DV", "bf16"], scale: T.f32):
     """DeepSeek's absorbed latent attention at decode: every head over one latent cache, q·k
-    over 576 and p·v over 512 (past a row tile's head dims: the floor's stages)."""
+    over 576 and p·v over 512 (past a row tile's block: its features in chunks)."""
     b, h, j, d, e = T.axes("b h j d e")
     s = T.sum(q[b, h, d] * k[b, j, d], over=d) * scale
     m = T.max(s, over=j)

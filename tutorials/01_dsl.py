@@ -312,14 +312,17 @@ print(plain.cuda_source(B=1, H=2, M=64, N=64, D=32)[-1200:])
 # %% [markdown]
 # ## Which kernel runs, and why
 # `describe_plan(**sizes)` names the kernel that runs those sizes, why each one ahead of it in the
-# order of choice passes, and its plan. A head dim past what a row tile holds (576, as DeepSeek's
-# latent attention has) is not one fused pass any more: it runs as *stages*, each on a template —
+# order of choice passes, and its plan. A head dim past one tile's block (576, as DeepSeek's
+# latent attention has) is still one fused pass, its features taken in chunks. Past what the
+# chunks hold (1024) it is not one fused pass any more: it runs as *stages*, each on a template —
 # the scores as a GEMM, the softmax's statistics as a row reduction, the weighted sum as another
 # GEMM — with what they pass on stored between them, which the plan says in bytes.
 
 # %%
 print(g.describe_plan(B=1, H=2, M=64, N=64, D=32).splitlines()[0])
-wide = g.describe_plan(B=1, H=16, M=4096, N=4096, D=576, scale=0.04)
+chunked = g.describe_plan(B=1, H=16, M=4096, N=4096, D=576, scale=0.04)
+assert "feature in chunks of 64: 576" in chunked, chunked
+wide = g.describe_plan(B=1, H=16, M=4096, N=4096, D=1024, scale=0.04)
 print("\n".join(wide.splitlines()[:6]))
 assert "3 stage kernels" in wide.splitlines()[0]
 assert "stored between the stages: 1.0 GiB (s_sum f32 [1, 16, 4096, 4096]" in wide

@@ -30,10 +30,10 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     (:func:`decode_knobs`)."""
     if is_decode(plan):
         return decode_knobs(plan, target)
+    if plan.feature_chunk is not None:
+        return CHUNKED_F32_KNOBS if float32_products(plan) else CHUNKED_KNOBS
     if float32_products(plan):
         return F32_KNOBS
-    if plan.feature_chunk is not None:
-        return CHUNKED_KNOBS
     if plan.feature_extent > 128:
         # q·k and p·v over different head dims (one block as wide as the wider): 128×64 tiles,
         # 8 warps, where their shared memory fits — on the H200 at 192/128, B2 H16 S4096 causal:
@@ -72,6 +72,9 @@ PREFILL_KNOBS = (Knobs(block_m=128, block_n=128, num_warps=8, num_stages=3),
 # f32 registers a thread at 512 features with 8 warps, and 32-key slots of keys and values (70
 # KiB at 576 / 512) beside the query tile (74 KiB) fit two stages in an SM's shared memory
 CHUNKED_KNOBS = Knobs(block_m=64, block_n=32, num_warps=8, num_stages=2)
+# ... and in float32 half the rows and keys: 64 registers a thread of accumulator, 208 KiB of
+# tiles at 576 / 512 (:func:`chunked_shared_bytes`)
+CHUNKED_F32_KNOBS = Knobs(block_m=32, block_n=16, num_warps=8, num_stages=2)
 
 
 # float32 operands multiply at float32's accuracy (``dot_precision``: three TF32 products of their
@@ -118,19 +121,21 @@ def decode_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     over pages of 64 keys, 0.322 → 0.250 ms (2 → 4 parts, 8 → 4 warps). Before, on the H100
     (2026-11-24, 4k keys; ``benchmarks.decode_sweep``): B=1 32/8 heads 11.3 us with 16 parts of
     128 (64 parts of 64 keys: 34.8)."""
-    block_m = min(DECODE_ROWS, max(16, 1 << max(0, plan.rows - 1).bit_length()))
+    chunked = CHUNKED_F32_KNOBS if float32_products(plan) else CHUNKED_KNOBS
+    block_m = min(chunked.block_m if plan.feature_chunk is not None else DECODE_ROWS,
+                  max(16, 1 << max(0, plan.rows - 1).bit_length()))
     batch = plan.grid_batch_size
     programs = batch * math.ceil(plan.rows / block_m)
     gathered = gathers_columns(plan)
-    block_n = F32_KNOBS.block_n if float32_products(plan) else \
-        CHUNKED_KNOBS.block_n if plan.feature_chunk is not None else \
+    block_n = chunked.block_n if plan.feature_chunk is not None else \
+        F32_KNOBS.block_n if float32_products(plan) else \
         64 if gathered and 2 * batch > SMS else 128
     blocks = math.ceil(plan.cols / block_n)
     per_sm = 2 if gathered or narrow_keys(plan) else 1
     splits = max(1, min(round(per_sm * SMS / programs), blocks // 2, 64))
     warps, stages = (4, 3) if target.kind == "cuda" else (4, 2)   # ROCm: not measured
     if plan.feature_chunk is not None:
-        warps, stages = CHUNKED_KNOBS.num_warps, CHUNKED_KNOBS.num_stages
+        warps, stages = chunked.num_warps, chunked.num_stages
     return Knobs(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages,
                  splits=splits)
 
@@ -212,12 +217,27 @@ def _score_tile_bytes(plan: RowTilePlan) -> int:
 
 def decode_shared_floor(plan: RowTilePlan, knobs: Knobs) -> int:
     """A lower bound of a split (decode) kernel's shared memory: ``stages - 1`` key and value
-    slots (Triton 3.6, sm_90a: 196608 of 204800 bytes at 128 keys, 4 stages, D=128), and the
-    query tile where the features are chunked (its chunks are read from there by every block:
-    212992 bytes at 576 / 512, 64 rows, 32 keys, 2 stages, where the bound counts 147456)."""
-    slots = (knobs.num_stages - 1) * knobs.block_n * _product_operands(plan)[1]
-    rows = knobs.block_m * _product_operands(plan)[0] if plan.feature_chunk is not None else 0
-    return (slots + rows) * _tile_width(plan) * _element_size(plan)
+    slots (Triton 3.6, sm_90a: 196608 of 204800 bytes at 128 keys, 4 stages, D=128)."""
+    return (knobs.num_stages - 1) * knobs.block_n * _product_operands(plan)[1] * \
+        _tile_width(plan) * _element_size(plan)
+
+
+def chunked_shared_bytes(plan: RowTilePlan, knobs: Knobs) -> int:
+    """Shared memory of a kernel whose features are in chunks (:mod:`.feature_chunks`), split
+    or not: the query tile's chunks (every block's products read them there) and a slot of keys
+    and values a stage, each tile as wide as its own feature's chunks — Triton 3.6's on sm_90a
+    exactly with 2 stages (212992 bytes at 576 / 512, 64 rows, 32 keys; 143360 at 16 keys), over
+    with 1 (counted 143360, took 106496)."""
+    def width(axis) -> int:
+        return plan.feature_chunks(axis) * plan.feature_block
+    features = [plan.program.compute(name).over[0] for name in plan.locals]
+    rows = sum(width(a) for a in features)
+    columns = sum(width(a) for a in features) + sum(
+        width(plan.state_feature(sp)) for sp in plan.states if sp.contraction is not None)
+    products = list(plan.locals.values()) + [sp.contraction for sp in plan.states
+                                             if sp.contraction is not None]
+    size = max(dt.to_numpy(c.dot_dtype).itemsize for c in products)   # as the products read
+    return (knobs.block_m * rows + max(1, knobs.num_stages) * knobs.block_n * columns) * size
 
 
 def _tile_width(plan: RowTilePlan) -> int:
@@ -239,7 +259,8 @@ def _stored_bytes(dtype: str) -> int:
 def unfit(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> str | None:
     """Why ``knobs`` cannot run on ``target`` (tuning leaves such candidates out), or None. Only
     settings certain not to fit are refused: decode's by a lower bound of what they need."""
-    need = shared_bytes(plan, knobs) if knobs.splits == 1 else decode_shared_floor(plan, knobs)
+    need = chunked_shared_bytes(plan, knobs) if plan.feature_chunk is not None else \
+        shared_bytes(plan, knobs) if knobs.splits == 1 else decode_shared_floor(plan, knobs)
     if target.kind == "cuda" and need > target.max_shared_memory:
         return (f"needs {need} bytes of shared memory; {target.name} has "
                 f"{target.max_shared_memory}")
@@ -267,7 +288,13 @@ def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = N
         return Knobs(tile_m or k.block_m, tile_n or k.block_n, num_warps or k.num_warps,
                      num_stages if num_stages is not None else k.num_stages, splits or k.splits)
 
+    def refuse(plan: RowTilePlan, k: Knobs) -> str | None:
+        """Features in chunks whose tiles the target's shared memory cannot hold (an A100's
+        163 KiB at 576 / 512): the floor's stages run those sizes."""
+        return unfit(plan, k, target) if plan.feature_chunk is not None else None
+
     explicit = any(v is not None for v in (tile_m, tile_n, num_warps, num_stages, splits))
     return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"attention template ({fusion.describe()})", fusion,
-                        tuned=None if explicit else tuned, tiling=tiling, dynamic=dynamic)
+                        tuned=None if explicit else tuned, tiling=tiling, dynamic=dynamic,
+                        refuse=None if explicit else refuse)

@@ -11,7 +11,8 @@ axes come from the planned chain:
   the row axis;
 - the fused axis ``j`` is swept in blocks of ``block_n`` (the rolling update's chunks);
 - the ``feature`` axes (the head dimensions) are held whole, in one block as wide as the widest
-  (q·k and p·v may differ: 192 and 128), each masked at its own size: reductions over one that
+  (q·k and p·v may differ: 192 and 128), each masked at its own size — past 256, in chunks of
+  one width (:mod:`.feature_chunks`: 576 and 512 in chunks of 64): reductions over one that
   multiply a row tile by a column tile are tensor-core products (q·kᵀ), and members that sum a
   row×column tile times a column×feature tile are too (p·v).
 

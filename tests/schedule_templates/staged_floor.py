@@ -104,14 +104,15 @@ def group_norm_backward_case(generator, B=2, G=3, C=5, P=67, width=3.0):
 @tf.kernel
 def latent_attention(q: T.Tensor["B", "H", "M", "DQ", "bf16"], k: T.Tensor["B", "N", "DQ", "bf16"],
                      v: T.Tensor["B", "N", "DV", "bf16"], scale: T.f32):
-    """Every head over one latent cache, q·k over DQ and p·v over DV (DeepSeek's 576 / 512)."""
+    """Every head over one latent cache, q·k over DQ and p·v over DV."""
     b, h, i, j, d, e = T.axes("b h i j d e")
     s = T.sum(q[b, h, i, d] * k[b, j, d], over=d) * scale
     return K.softmax_attend(s, v[b, j, e], j)
 
 
-def latent_attention_case(generator, B=1, H=2, M=3, N=37, DQ=576, DV=512):
-    """Past the row tile's head dims: the floor cuts it at these sizes (scores stored)."""
+def latent_attention_case(generator, B=1, H=2, M=3, N=37, DQ=1152, DV=1024):
+    """Past the head dims a row tile holds in chunks: the floor cuts it at these sizes (scores
+    stored)."""
     q = (torch.randn(B, H, M, DQ, generator=generator) * 0.2).to(torch.bfloat16)
     k = (torch.randn(B, N, DQ, generator=generator) * 0.2).to(torch.bfloat16)
     v = (torch.randn(B, N, DV, generator=generator) * 3).to(torch.bfloat16)
@@ -138,7 +139,7 @@ def vocab_major_case(generator, V=9000, B=5, width=6.0):
 # chains a template takes whole at small sizes, cut by the floor at these cases' (a feature axis
 # past a row tile; few row tiles, each a long sweep with outputs along it)
 WIDE = {"latent_attention": (latent_attention, latent_attention_case,
-                             dict(B=1, H=2, M=3, N=37, DQ=576, DV=512)),
+                             dict(B=1, H=2, M=3, N=37, DQ=1152, DV=1024)),
         "log_softmax_vocab_major": (log_softmax_vocab_major, vocab_major_case,
                                     dict(V=9000, B=5))}
 

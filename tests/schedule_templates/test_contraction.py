@@ -338,10 +338,19 @@ def test_an_ffn_too_wide_for_the_row_tile_runs_as_contraction_stages_not_tvms_sc
     # row template), as the unfused torch sequence stores them
     made = tf.compile(K.attention, AMPERE)
     with pytest.warns(NoTemplateWarning, match="runs as 3 kernels"):
-        origin = made.schedule_origin(B=1, H=2, M=512, N=512, D=512)
+        origin = made.schedule_origin(B=1, H=2, M=512, N=512, D=1024)
     assert origin.startswith("staged: 3 kernels") and "TVM" not in origin, origin
     assert origin.count("contraction template") == 2 and \
         "[2] m, l from scale, s_sum: template defaults" in origin, origin
+    # at 512 its features in chunks: one kernel where the shared memory holds their tiles (an
+    # H100's), two on an A100, whose 163 KiB do not hold the query tile's chunks beside the keys'
+    # and values' (the scores on the contraction template, then the rest in chunks)
+    assert tf.compile(K.attention, "cuda:sm_90a").schedule_origin(
+        B=1, H=2, M=512, N=512, D=512) == "template defaults"
+    with pytest.warns(NoTemplateWarning, match="needs 196608 bytes of shared memory"):
+        origin = tf.compile(K.attention, AMPERE).schedule_origin(B=1, H=2, M=512, N=512, D=512)
+    assert origin.startswith("staged: 2 kernels") and "needs 196608 bytes of shared memory" in \
+        origin and "[2] out from v, scale, s_sum: template defaults" in origin, origin
 
 
 @pytest.mark.gpu

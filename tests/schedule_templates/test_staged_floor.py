@@ -142,7 +142,7 @@ def test_a_latent_decode_whose_stages_run_on_the_hopper_gemm_matches_float64_on_
     rounds; converted to an integer, every output would be 0 or ±1)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
-    B, H, N, DQ, DV = 2, 128, 600, 576, 512
+    B, H, N, DQ, DV = 2, 128, 600, 1152, 1024   # past the row tile's chunks
     gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
     q, k, v = (torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16) * scale
                for shape, scale in (((B, H, DQ), 1), ((B, N, DQ), 1), ((B, N, DV), 4)))
@@ -180,13 +180,13 @@ def test_a_row_kernel_with_more_batch_entries_than_a_grid_row_puts_them_first():
 
 
 def test_sizes_a_template_does_not_fit_run_as_templated_stages_said_once():
-    """Head dims of 576 / 512 are past the row-tile template's registers: those sizes run as
+    """Head dims of 1152 / 1024 are past the row-tile template's chunks: those sizes run as
     the floor's stages cut at them — the scores and p·v on the contraction template, the
     softmax's statistics on the row template, none on TVM's default schedule —, which
     ``schedule_origin()`` names, and a NoTemplateWarning says so once per kernel, with the
     template's reason; sizes the template fits keep it, unwarned."""
     made = tf.compile(latent_attention, target="cuda:sm_90a")
-    wide = dict(B=2, H=16, M=1, N=4096, DQ=576, DV=512)
+    wide = dict(B=2, H=16, M=1, N=4096, DQ=1152, DV=1024)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         origin = made.schedule_origin(**wide)
@@ -202,7 +202,7 @@ def test_sizes_a_template_does_not_fit_run_as_templated_stages_said_once():
             if ln.startswith("latent_attention_")] == \
         ["contraction template", "row-reduction template", "contraction template"], plan
     said = [w for w in caught if issubclass(w.category, NoTemplateWarning)]
-    assert len(said) == 1 and "576" in str(said[0].message), [str(w.message) for w in said]
+    assert len(said) == 1 and "1152" in str(said[0].message), [str(w.message) for w in said]
 
 
 def test_chains_past_the_row_tile_are_cut_at_the_calls_sizes_and_match_float64_on_the_cpu():

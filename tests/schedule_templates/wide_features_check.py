@@ -4,7 +4,8 @@ float64 references in torch: DeepSeek's absorbed latent attention at decode (eve
 latent cache, q·k over 576 and p·v over 512, in chunks of 64) with few keys (one part) and with
 enough for the keys to be split over programs (the split update's merge, a chunk at a time), and
 causal attention over 300 / 264 features (chunks of 32 whose last is ragged) with a per-feature
-gain on the output. Ragged rows and keys, values over a wide range; outputs poisoned (NaN).
+gain on the output, and a softmax of given scores applied to values of 520 features (chunks of 32,
+the last ragged; no product on the rows' side). Ragged rows and keys, values over a wide range; outputs poisoned (NaN).
 Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.wide_features_check SEED
@@ -28,6 +29,21 @@ def wide_causal_gain(q: T.Tensor["B", "H", "S", "DQ", "bf16"],
     b, h, i, j, d, e = T.axes("b h i j d e")
     s = T.where(j <= i, T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale, -T.inf)
     return T.cast(softmax_attend(s, v[b, h, j, e], j) * gain[e], "bf16")
+
+
+@tf.kernel
+def attend_scores(s: T.Tensor["B", "M", "N", "f32"], v: T.Tensor["B", "N", "DV", "bf16"]):
+    """Given scores (a stage of the floor's on an A100, whose shared memory does not hold the
+    query tile's chunks): the softmax over them and p·v over wide values, no product on the
+    rows' side."""
+    b, i, j, e = T.axes("b i j e")
+    return T.cast(softmax_attend(s[b, i, j], v[b, j, e], j), "bf16")
+
+
+def attend_scores_case(generator, B=2, M=19, N=45, DV=520, width=4.0):
+    s = torch.randn(B, M, N, generator=generator) * width
+    v = (torch.randn(B, N, DV, generator=generator) * width).bfloat16()
+    return dict(s=s, v=v), torch.softmax(s.double(), -1) @ v.double()
 
 
 def latent_decode_case(generator, B=2, H=20, N=77, DQ=576, DV=512, width=3.0):
@@ -58,7 +74,8 @@ def wide_causal_case(generator, B=1, H=2, S=70, DQ=300, DV=264, width=2.0):
 
 CASES = {"latent_decode": (latent_attention_decode, latent_decode_case),
          "latent_decode_split": (latent_attention_decode, latent_decode_split_case),
-         "wide_causal_gain": (wide_causal_gain, wide_causal_case)}
+         "wide_causal_gain": (wide_causal_gain, wide_causal_case),
+         "attend_scores": (attend_scores, attend_scores_case)}
 
 
 if __name__ == "__main__":
