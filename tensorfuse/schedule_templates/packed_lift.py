@@ -25,6 +25,9 @@ def lift_to_four_axes(program: Program, names: tuple[str, ...], axis: str):
         return None
     h, b = heads[0], batch[0]
     one_cache = len(k_load.indices) == 3   # every head on one cache: a unit kv-head axis too
+    if one_cache and not all(b.uid in {x.uid for x in load.indices if isinstance(x, Axis)}
+                             for load in (k_load, v_load)):
+        return None   # a cache read through a gather (a page table): no batch axis to lift by
     return _lifted(program, q_load.param, h, b, one_cache, {k_load.param.name,
                                                            v_load.param.name})
 

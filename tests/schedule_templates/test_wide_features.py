@@ -12,7 +12,7 @@ from tensorfuse.errors import TargetError
 from tensorfuse.schedule_templates.feature_chunks import feature_chunk
 from tests.helpers import assert_gpu_template_matches, check_interpreted, ptxas_spills
 from tests.schedule_templates.wide_features_check import (CASES, latent_attention_decode,
-                                                          wide_causal_gain)
+                                                          paged_latent_decode, wide_causal_gain)
 
 LATENT = dict(B=8, H=128, N=4096, DQ=576, DV=512)
 
@@ -46,6 +46,16 @@ def test_latent_attention_decode_is_one_attention_kernel_with_its_features_in_ch
     source = made.template.source(**LATENT)
     assert source.count("t_s_sum = tl.dot(") == 9
     assert len(re.findall(r"nst_out_sum_0_c\d = tl\.dot\(", source)) == 8
+
+
+def test_a_paged_latent_decode_is_the_same_kernel_over_its_pages():
+    """Keys and values read through a page table (tf.compile crashed on it: the decode's lift to
+    four axes looked for the batch axis among the cache's indices, inside the gather)."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    made = tf.compile(paged_latent_decode, target="cuda:sm_90a")
+    plan = made.describe_plan(B=8, H=128, DQ=576, DV=512, PAGES=600, PAGE=64, NP=64)
+    assert "swept: pt (4096), feature in chunks of 64: e 512 and d 576" in plan, plan
+    assert "splits=16" in plan, plan   # gathered keys: two parts an SM
 
 
 def test_wide_attention_compiles_for_sm90a_and_gfx942():

@@ -1,8 +1,9 @@
 """Attention over head dims past one tile's block (:mod:`tensorfuse.schedule_templates.
 feature_chunks`), as ``tf.compile`` makes it for sm_90a, run by Triton's interpreter against
 float64 references in torch: DeepSeek's absorbed latent attention at decode (every head over one
-latent cache, q·k over 576 and p·v over 512, in chunks of 64) with few keys (one part) and with
-enough for the keys to be split over programs (the split update's merge, a chunk at a time), and
+latent cache, q·k over 576 and p·v over 512, in chunks of 64) with few keys (one part), with
+enough for the keys to be split over programs (the split update's merge, a chunk at a time) and
+over a paged cache (its values a view of the keys' first 512 features), and
 causal attention over 300 / 264 features (chunks of 32 whose last is ragged) with a per-feature
 gain on the output, and a softmax of given scores applied to values of 520 features (chunks of 32,
 the last ragged; no product on the rows' side). Ragged rows and keys, values over a wide range; outputs poisoned (NaN).
@@ -46,6 +47,30 @@ def attend_scores_case(generator, B=2, M=19, N=45, DV=520, width=4.0):
     return dict(s=s, v=v), torch.softmax(s.double(), -1) @ v.double()
 
 
+@tf.kernel
+def paged_latent_decode(q: T.Tensor["B", "H", "DQ", "bf16"],
+                        k_pages: T.Tensor["PAGES", "PAGE", "DQ", "bf16"],
+                        v_pages: T.Tensor["PAGES", "PAGE", "DV", "bf16"],
+                        table: T.Tensor["B", "NP", "i32"], scale: T.f32):
+    """The latent decode over a paged cache: sequence b's key p·PAGE + t is slot t of page
+    table[b, p]; the values the first DV features of the same pages (a view)."""
+    b, h, p, t, d, e = T.axes("b h p t d e")
+    s = T.sum(q[b, h, d] * k_pages[table[b, p], t, d], over=d) * scale
+    return T.cast(softmax_attend(s, v_pages[table[b, p], t, e], (p, t)), "bf16")
+
+
+def paged_latent_case(generator, B=2, H=16, PAGE=16, NP=5, PAGES=13, DQ=576, DV=512,
+                      width=3.0):
+    q = (torch.randn(B, H, DQ, generator=generator) * width).bfloat16()
+    pages = (torch.randn(PAGES, PAGE, DQ, generator=generator) * width).bfloat16()
+    table = torch.randperm(PAGES, generator=generator)[:B * NP].reshape(B, NP).int()
+    scale = DQ ** -0.5 / width
+    keys = pages[table.long()].reshape(B, NP * PAGE, DQ).double()
+    s = torch.einsum("bhd,bnd->bhn", q.double(), keys) * scale
+    want = torch.einsum("bhn,bne->bhe", torch.softmax(s, -1), keys[..., :DV])
+    return dict(q=q, k_pages=pages, v_pages=pages[..., :DV], table=table, scale=scale), want
+
+
 def latent_decode_case(generator, B=2, H=20, N=77, DQ=576, DV=512, width=3.0):
     q = (torch.randn(B, H, DQ, generator=generator) * width).bfloat16()
     k = (torch.randn(B, N, DQ, generator=generator) * width).bfloat16()
@@ -75,7 +100,8 @@ def wide_causal_case(generator, B=1, H=2, S=70, DQ=300, DV=264, width=2.0):
 CASES = {"latent_decode": (latent_attention_decode, latent_decode_case),
          "latent_decode_split": (latent_attention_decode, latent_decode_split_case),
          "wide_causal_gain": (wide_causal_gain, wide_causal_case),
-         "attend_scores": (attend_scores, attend_scores_case)}
+         "attend_scores": (attend_scores, attend_scores_case),
+         "paged_latent_decode": (paged_latent_decode, paged_latent_case)}
 
 
 if __name__ == "__main__":

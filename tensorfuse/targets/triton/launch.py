@@ -13,6 +13,7 @@ import threading
 
 from ...dsl import dtypes as dt
 from ...errors import TargetError
+from .shadowing import check_arguments_unshadowed
 
 TL_SIGNATURE = _TRITON_TYPES = {"f16": "fp16", "bf16": "bf16", "f32": "fp32", "f64": "fp64", "i32": "i32",
                  "i64": "i64", "i8": "i8", "u8": "u8", "bool": "i1"}
@@ -48,6 +49,7 @@ def load_kernel(source: str, name: str):
     if found is not None:
         return found
     require_triton()
+    check_arguments_unshadowed(source)   # once a source: loaded ones are found above
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     module_name = f"tensorfuse_triton_{digest}" + ("_interpreted" if interpreting() else "")
     with _LOADING:
