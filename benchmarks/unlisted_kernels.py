@@ -15,8 +15,10 @@ transformers' additive float mask, an LM head's
 softmax, a Gram matrix and a router's weight gradient (outputs of few tiles over a long
 contracted axis), a bilinear form per row, a mean over the batch axis, a matrix-vector product
 over the matrix's strided axis (``a.T @ x``), an attention-weighted pool over tokens, RMSNorm
-written into the linear layer after it, DeepSeek's latent attention at decode (q·k over 576, p·v over 512) and a model head's log-sum-exp over 4096 features (both past
-a row tile's widths: the floor's stages) — through ``tf.compile``
+written into the linear layer after it, DeepSeek's latent attention at decode (q·k over 576, p·v
+over 512: a row tile's features in chunks), over a contiguous and a paged cache, and a model head's
+log-sum-exp over 4096 features (past a row tile's widths: the floor's stages) — through
+``tf.compile``
 defaults against the best torch alternative in the same process, each checked against a float64
 reference first (the harness of :mod:`benchmarks.user_kernels`).
 
@@ -841,6 +843,18 @@ def latent_attention_decode(q: T.Tensor["B", "H", "DQ", "bf16"],
 
 
 @tf.kernel
+def paged_latent_decode(q: T.Tensor["B", "H", "DQ", "bf16"],
+                        k_pages: T.Tensor["PAGES", "PAGE", "DQ", "bf16"],
+                        v_pages: T.Tensor["PAGES", "PAGE", "DV", "bf16"],
+                        table: T.Tensor["B", "NP", "i32"], scale: T.f32):
+    """The latent decode over a paged cache: sequence b's key p·PAGE + t is slot t of page
+    table[b, p]; the values the first DV features of the same pages (a view)."""
+    b, h, p, t, d, e = T.axes("b h p t d e")
+    s = T.sum(q[b, h, d] * k_pages[table[b, p], t, d], over=d) * scale
+    return T.cast(softmax_attend(s, v_pages[table[b, p], t, e], (p, t)), "bf16")
+
+
+@tf.kernel
 def head_logsumexp(x: T.Tensor["M", "K", "bf16"], w: T.Tensor["V", "K", "bf16"]):
     """A language model head's log-sum-exp over the vocabulary (a fused cross-entropy's first
     half) over 4096 features (past a row tile's: the floor's stages)."""
@@ -867,6 +881,33 @@ def _latent_decode_case(generator, B=8, H=128, N=4096, DQ=576, DV=512) -> Case:
                                             TORCH_EAGER: lambda: eager(q, k, v)},
                 ref, lambda out: out, bytes=(k.numel() + v.numel()) * 2,
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, N=N, DQ=DQ, DV=DV)})
+
+
+def _paged_latent_case(generator, B=8, H=128, PAGE=64, NP=64, DQ=576, DV=512) -> Case:
+    """Pages of 64 keys in a shuffled pool of twice the pages the batch uses; against the
+    unfused sequence on the pages gathered (torch has no paged attention of its own)."""
+    pages_used = B * NP
+    q = torch.randn(B, H, DQ, generator=generator).to("cuda", torch.bfloat16)
+    pages = torch.randn(2 * pages_used, PAGE, DQ, generator=generator).to("cuda", torch.bfloat16)
+    table = torch.randperm(2 * pages_used, generator=generator)[:pages_used].reshape(B, NP)
+    table = table.to("cuda", torch.int32)
+    scale = DQ ** -0.5
+
+    def eager(q, pages, table):
+        keys = pages[table.long()].reshape(B, NP * PAGE, DQ)
+        s = torch.einsum("bhd,bnd->bhn", q, keys).float() * scale
+        return torch.einsum("bhn,bne->bhe", torch.softmax(s, -1).to(q.dtype), keys[..., :DV])
+    f, compiled = Recorded(paged_latent_decode), torch.compile(eager)
+    keys = pages[table.long()].reshape(B, NP * PAGE, DQ).double()
+    s = torch.einsum("bhd,bnd->bhn", q.double(), keys) * scale
+    ref = torch.einsum("bhn,bne->bhe", torch.softmax(s, -1), keys[..., :DV])
+    sizes = dict(B=B, H=H, DQ=DQ, DV=DV, PAGES=2 * pages_used, PAGE=PAGE, NP=NP)
+    return Case("paged_latent_decode", f"B{B} H{H} N{NP * PAGE} pages of {PAGE} DQ{DQ} DV{DV}",
+                lambda: f(q, pages, pages[..., :DV], table, scale),
+                {TORCH_COMPILE: lambda: compiled(q, pages, table),
+                 TORCH_EAGER: lambda: eager(q, pages, table)},
+                ref, lambda out: out, bytes=pages_used * PAGE * DQ * 2,
+                notes={TENSORFUSE: f.schedule_origin(**sizes)})
 
 
 def _head_logsumexp_case(generator, M=4096, K=4096, V=32000) -> Case:
@@ -919,6 +960,7 @@ UNLISTED = {
     "strided_matvec": _strided_matvec_case,
     "rmsnorm_linear": _rmsnorm_linear_case,
     "latent_attention_decode": _latent_decode_case,
+    "paged_latent_decode": _paged_latent_case,
     "head_logsumexp": _head_logsumexp_case,
 }
 

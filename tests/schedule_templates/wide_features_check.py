@@ -16,7 +16,7 @@ import torch
 import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.kernels.attention import softmax_attend
-from benchmarks.unlisted_kernels import latent_attention_decode
+from benchmarks.unlisted_kernels import latent_attention_decode, paged_latent_decode
 from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 
@@ -45,18 +45,6 @@ def attend_scores_case(generator, B=2, M=19, N=45, DV=520, width=4.0):
     s = torch.randn(B, M, N, generator=generator) * width
     v = (torch.randn(B, N, DV, generator=generator) * width).bfloat16()
     return dict(s=s, v=v), torch.softmax(s.double(), -1) @ v.double()
-
-
-@tf.kernel
-def paged_latent_decode(q: T.Tensor["B", "H", "DQ", "bf16"],
-                        k_pages: T.Tensor["PAGES", "PAGE", "DQ", "bf16"],
-                        v_pages: T.Tensor["PAGES", "PAGE", "DV", "bf16"],
-                        table: T.Tensor["B", "NP", "i32"], scale: T.f32):
-    """The latent decode over a paged cache: sequence b's key p·PAGE + t is slot t of page
-    table[b, p]; the values the first DV features of the same pages (a view)."""
-    b, h, p, t, d, e = T.axes("b h p t d e")
-    s = T.sum(q[b, h, d] * k_pages[table[b, p], t, d], over=d) * scale
-    return T.cast(softmax_attend(s, v_pages[table[b, p], t, e], (p, t)), "bf16")
 
 
 def paged_latent_case(generator, B=2, H=16, PAGE=16, NP=5, PAGES=13, DQ=576, DV=512,
