@@ -79,3 +79,23 @@ def test_wide_attention_compiles_for_sm90a_and_gfx942():
 def test_wide_features_match_float64_on_the_gpu(name):
     kernel, case = CASES[name]
     assert_gpu_template_matches(kernel, case)
+
+
+def test_the_tuner_tries_chunked_tiles_that_fit_an_sm():
+    """Its space: 16 or 32 keys a block and up to 64 rows (the accumulator of 512 features),
+    one or two stages, the keys unsplit, in the defaults' parts or twice as many; every tile
+    set within the shared memory (the query tile's chunks beside the keys' and values')."""
+    import itertools
+
+    from tensorfuse.autotune.spaces import space_of
+    from tensorfuse.autotune.tasks import make_task
+    from tensorfuse.targets import get_target
+
+    task = make_task(latent_attention_decode, LATENT, get_target("cuda:sm_90a"))
+    space = space_of(task)
+    choices = space.choices()
+    assert choices == {"block_m": (16, 32, 64), "block_n": (16, 32), "num_warps": (4, 8),
+                       "num_stages": (1, 2), "splits": (1, 8, 16)}
+    assert not [knobs for knobs in itertools.product(*choices.values())
+                if space.unfit(dict(zip(choices, knobs)))]
+    assert "needs 282624 bytes" in space.unfit({"num_stages": 3})
