@@ -36,16 +36,18 @@ def helper(a):
     return seen
 
 @triton.jit
-def kernel(x, lo, helper, out, BLOCK: tl.constexpr):
+def kernel(x, lo, helper, n, out, BLOCK: tl.constexpr):
+    n = n // 16 * 16
     offs = tl.arange(0, BLOCK)
     lo = offs * 2
-    tl.store(out + offs, tl.load(x + lo))
+    tl.store(out + offs, tl.load(x + lo), mask=offs < n)
 '''
 
 
-def test_arguments_a_kernel_writes_or_a_module_name_are_found():
+def test_arguments_a_kernel_replaces_or_a_module_name_are_found():
     """``lo`` assigned in the kernel, ``helper`` a module-level function; a helper's own
-    variable (``seen``) is its own scope."""
+    variable (``seen``) is its own scope, and a size rounded to its divisor (``n = n // 16 *
+    16``) keeps its meaning."""
     assert shadowed_arguments(SOURCE) == {"kernel": ["helper", "lo"]}
     assert shadowed_arguments(SOURCE.replace("x, lo, helper", "x, y, z")) == {}
 

@@ -16,7 +16,8 @@ from ...errors import TargetError
 
 def shadowed_arguments(source: str) -> dict[str, list[str]]:
     """Per kernel (a function of ``source`` decorated ``@triton.jit``), the arguments that the
-    function assigns or that name a module-level binding (an import, a helper function)."""
+    function replaces (:func:`_replaced`) or that name a module-level binding (an import, a
+    helper function)."""
     tree = ast.parse(source)
     module_names = set()
     for node in tree.body:
@@ -30,11 +31,26 @@ def shadowed_arguments(source: str) -> dict[str, list[str]]:
     found = {}
     for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and _jitted(n)):
         args = {a.arg for a in fn.args.args}
-        assigned = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and
-                    isinstance(n.ctx, ast.Store)}
-        hidden = sorted(args & (assigned | module_names))
+        hidden = sorted(args & (_replaced(fn) | module_names))
         if hidden:
             found[fn.name] = hidden
+    return found
+
+
+def _replaced(fn: ast.FunctionDef) -> set[str]:
+    """Names ``fn`` binds to a value not made from themselves: a size rounded to its divisor
+    (``N = N // 16 * 16``) or an operand widened (``a = a.to(tl.float32)``) keeps its meaning;
+    ``seen = tl.full(…)`` does not."""
+    found = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign):
+            reads = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+            found |= {n.id for t in node.targets for n in ast.walk(t)
+                      if isinstance(n, ast.Name) and n.id not in reads}
+        elif isinstance(node, (ast.For, ast.With, ast.comprehension)):
+            targets = [node.target] if not isinstance(node, ast.With) else \
+                [i.optional_vars for i in node.items if i.optional_vars is not None]
+            found |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     return found
 
 
