@@ -158,6 +158,28 @@ def test_a_member_quadratic_in_a_random_walk_is_warned_about():
                for w in caught), [str(w.message) for w in caught]
 
 
+@tf.kernel
+def log_normaliser_of_a_running_min(x: T.Tensor["M", "N", "f32"], y: T.Tensor["M", "N", "f32"]):
+    """Exponentials of exponentials: the minimum's running estimate moves by orders of magnitude
+    over a sweep of data near 10, and the logsumexp kept relative to it cancels."""
+    i, j = T.axes("i j")
+    v = T.max(x[i, j], over=j)
+    low = T.min(T.exp(T.exp(0.5 * y[i, j]) - v), over=j)
+    return T.logsumexp(T.exp(0.5 * y[i, j]) - low, over=j)
+
+
+def test_a_member_that_overflows_far_from_zero_is_measured_where_exponentials_take_the_data():
+    """At the model's offset of 1e3 the minimum overflows float32 (no measure), around 0 it has
+    no spread: near 10 the fused logsumexp loses every digit (6500 ulps, 1e-7 unfused, in the
+    f32 property test's draw), and the plan warns."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chain = plan_chain(log_normaliser_of_a_running_min.program, ("v", "low", "out"), "j")
+    found = {c.member: c for c in chain.conditioning}
+    assert found["out"].poor() and found["out"].offset == 10.0, found
+    assert any(issubclass(w.category, FusedPrecisionWarning) for w in caught)
+
+
 def test_library_chains_raise_no_precision_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error", FusedPrecisionWarning)
