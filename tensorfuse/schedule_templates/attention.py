@@ -31,7 +31,7 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     if is_decode(plan):
         return decode_knobs(plan, target)
     if plan.feature_chunk is not None:
-        return CHUNKED_F32_KNOBS if float32_products(plan) else CHUNKED_KNOBS
+        return chunked_knobs(plan)
     if float32_products(plan):
         return F32_KNOBS
     if plan.feature_extent > 128:
@@ -75,6 +75,11 @@ CHUNKED_KNOBS = Knobs(block_m=64, block_n=32, num_warps=8, num_stages=2)
 # ... and in float32 half the rows and keys: 64 registers a thread of accumulator, 208 KiB of
 # tiles at 576 / 512 (:func:`chunked_shared_bytes`)
 CHUNKED_F32_KNOBS = Knobs(block_m=32, block_n=16, num_warps=8, num_stages=2)
+
+
+def chunked_knobs(plan: RowTilePlan) -> Knobs:
+    """The tiles of a plan whose features are in chunks, by the products' type."""
+    return CHUNKED_F32_KNOBS if float32_products(plan) else CHUNKED_KNOBS
 
 
 # float32 operands multiply at float32's accuracy (``dot_precision``: three TF32 products of their
@@ -121,7 +126,7 @@ def decode_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     over pages of 64 keys, 0.322 → 0.250 ms (2 → 4 parts, 8 → 4 warps). Before, on the H100
     (2026-11-24, 4k keys; ``benchmarks.decode_sweep``): B=1 32/8 heads 11.3 us with 16 parts of
     128 (64 parts of 64 keys: 34.8)."""
-    chunked = CHUNKED_F32_KNOBS if float32_products(plan) else CHUNKED_KNOBS
+    chunked = chunked_knobs(plan)
     block_m = min(chunked.block_m if plan.feature_chunk is not None else DECODE_ROWS,
                   max(16, 1 << max(0, plan.rows - 1).bit_length()))
     batch = plan.grid_batch_size
@@ -183,7 +188,7 @@ def shared_bytes(plan: RowTilePlan, knobs: Knobs) -> int:
     tables applied to q and k in the scores gave 327680 at 128 × 32, 2 stages, where Triton took
     229376 — the defaults are then smaller than need be, and tuning leaves such tiles out. The
     split (decode) kernels keep one slot fewer and use at least :func:`decode_shared_floor`."""
-    width, size = _tile_width(plan), _element_size(plan)
+    width, size = plan.feature_width, _element_size(plan)
     rows, columns = _product_operands(plan)
     return knobs.num_stages * knobs.block_n * columns * width * size + \
         rows * knobs.block_m * width * size + \
@@ -219,7 +224,7 @@ def decode_shared_floor(plan: RowTilePlan, knobs: Knobs) -> int:
     """A lower bound of a split (decode) kernel's shared memory: ``stages - 1`` key and value
     slots (Triton 3.6, sm_90a: 196608 of 204800 bytes at 128 keys, 4 stages, D=128)."""
     return (knobs.num_stages - 1) * knobs.block_n * _product_operands(plan)[1] * \
-        _tile_width(plan) * _element_size(plan)
+        plan.feature_width * _element_size(plan)
 
 
 def chunked_shared_bytes(plan: RowTilePlan, knobs: Knobs) -> int:
@@ -238,10 +243,6 @@ def chunked_shared_bytes(plan: RowTilePlan, knobs: Knobs) -> int:
                                              if sp.contraction is not None]
     size = max(dt.to_numpy(c.dot_dtype).itemsize for c in products)   # as the products read
     return (knobs.block_m * rows + max(1, knobs.num_stages) * knobs.block_n * columns) * size
-
-
-def _tile_width(plan: RowTilePlan) -> int:
-    return plan.feature_width
 
 
 def _element_size(plan: RowTilePlan) -> int:
