@@ -126,11 +126,11 @@ class TritonKernel(GraphCallable):
         this with ``_sums``)."""
         return f"{self.program.name}_fused"
 
-    def _sums_kernel(self, bound):
-        """The second kernel of a plan with sums down the rows, from the source that serves these
-        sizes (:meth:`build`)."""
+    def _second_kernel(self, bound, role: str):
+        """The second kernel of a plan with sums down the rows (``sums``) or whose split parts
+        are merged apart (``merge``), from the source that serves these sizes (:meth:`build`)."""
         _, _, source, _, _ = self.build(bound.scalars, **bound.dims)
-        return load_kernel(source, f"{self._name}_sums")
+        return load_kernel(source, f"{self._name}_{role}")
 
     def cache_info(self) -> list:
         """The sources this kernel wrote (:class:`.size_builds.Build`: the sizes each serves,
@@ -215,13 +215,19 @@ class TritonKernel(GraphCallable):
             pointers = {p.name for p in self.program.tensor_params} | {
                 f"out_{c.name}" for c, _, _ in plan.outputs} | set(MASK_ARGS)
             split = knobs.splits > 1   # the parts on the grid's third axis, the last merging
+            apart = plan.merged_apart(knobs)   # ... or a kernel of its own, a chunk a program
+            counted = split and not apart
             pointers |= set(partial_names(plan))
             steps = [Step(fn, launch_grid(plan, knobs, *((knobs.splits,) if split else ())),
-                          names, pointers | ({"part_count"} if split else set()))]
+                          names, pointers | ({"part_count"} if counted else set()))]
+            if apart:
+                steps.append(Step(self._second_kernel(bound, "merge"),
+                                  launch_grid(plan, knobs, plan.merge_chunks()), names, pointers))
             if plan.column_sums:   # the kernel that adds the sums' partial rows up
-                steps.append(Step(self._sums_kernel(bound), finish_grid(plan), names, pointers))
+                steps.append(Step(self._second_kernel(bound, "sums"), finish_grid(plan), names,
+                                  pointers))
             outputs = output_specs([c for c, _, _ in plan.outputs], bound.dims)
-            counters = PartCounters(math.prod(grid(plan, knobs))) if split else None
+            counters = PartCounters(math.prod(grid(plan, knobs))) if counted else None
             made = (plan, Launches(steps, meta, knobs.num_warps, knobs.num_stages),
                     self._scratch_layout(plan, knobs) if split or plan.column_sums else None,
                     knobs,

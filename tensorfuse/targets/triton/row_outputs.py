@@ -22,6 +22,8 @@ class RowOutputs:
         for (c, expr, kind), out in zip(self.plan.outputs, self.outs):
             if kind == "colsum":   # written by the kernel that adds up the sums (column_sums)
                 continue
+            if kind != "feature" and getattr(self, "only_chunk", None) not in (None, 0):
+                continue   # a merge program of another chunk than the first (merge_kernel_lines)
             if kind == "row":
                 ctx = self.ctx_r().child(refs=finals, emit=w if self.single else None,
                                          memo=self.chunk_memo)

@@ -72,6 +72,7 @@ class _RowTileSource(SplitMerge, RowOutputs):
 
     def __init__(self, plan, knobs, name: str, interpreter: bool, nvidia: bool):
         self.plan, self.knobs, self.name, self.interpreter = plan, knobs, name, interpreter
+        self.nvidia = nvidia
         self.products = lambda dtype: dot_precision(dtype, nvidia)  # noqa: E731
         self.dot_type = (lambda con: "f32") if interpreter else \
             (lambda con: con.dot_dtype)  # noqa: E731
@@ -91,9 +92,13 @@ class _RowTileSource(SplitMerge, RowOutputs):
             [f"part_ref_{d}" for d in self.needed]
         self.bounds = plan.bounds if splits == 1 else None   # the sweep bounded: no lists
         self.mask_args = list(MASK_ARGS) if plan.block_listed and splits == 1 else []
-        # split: the parts' state buffers and arrival counters (the last part of a tile merges)
+        # split: the parts' state buffers and arrival counters (the last part of a tile merges,
+        # or a kernel of its own: RowTilePlan.merged_apart)
+        self.apart = plan.merged_apart(knobs)
+        self.only_chunk = None   # the merge kernel's branch: the one feature chunk it merges
         self.args = self.tensors + self.scalars + self.outs + (
-            self.parts + ["part_count"] if splits > 1 else self.mask_args) + \
+            self.parts + ([] if self.apart else ["part_count"]) if splits > 1 else
+            self.mask_args) + \
             partial_names(plan) + \
             size_arguments(plan.sizes)   # sizes the kernel reads as arguments (dynamic=)
         self.bk = block_k(plan)
@@ -234,7 +239,8 @@ class _RowTileSource(SplitMerge, RowOutputs):
         as the whole, where the plan holds it in one block (:mod:`.feature_chunks`)."""
         if self.plan.feature_chunk is None:
             return [(0, "")]
-        return [(c, f"_c{c}") for c in range(self.plan.feature_chunks(feature))]
+        return [(c, f"_c{c}") for c in range(self.plan.feature_chunks(feature))
+                if self.only_chunk in (None, c)]
 
     def state_chunks(self, sp) -> list[tuple[int, str]]:
         """The tiles of a state: a weighted sum's chunks, one for a state per row."""
@@ -454,9 +460,29 @@ class _RowTileSource(SplitMerge, RowOutputs):
                                 (f"{self.name}_sums", self.args, finish)]), self.args
 
     def tile_source(self) -> tuple[str, list[str]]:
-        """The kernel of a plan without sums down the rows: one row tile a program."""
+        """The kernel of a plan without sums down the rows: one row tile a program (and the
+        kernel that merges its parts, where they are merged apart)."""
         self.tile_body()
-        return assemble_source([(self.name, self.args, self.w.lines)]), self.args
+        kernels = [(self.name, self.args, self.w.lines)]
+        if self.apart:
+            kernels.append((f"{self.name}_merge", self.args, self.merge_kernel_lines()))
+        return assemble_source(kernels), self.args
+
+    def merge_kernel_lines(self) -> list[str]:
+        """The body of the kernel that merges the parts' states where they are merged apart
+        (:meth:`~tensorfuse.schedule_templates.tile_plan.RowTilePlan.merged_apart`): a program
+        per row tile and feature chunk (the grid's third axis), each folding every part's states
+        of its chunk, and the states per row whole, then storing its chunk of the outputs (the
+        first chunk's program the outputs per row)."""
+        merge = _RowTileSource(self.plan, self.knobs, self.name, self.interpreter, self.nvidia)
+        merge.prologue()
+        merge.w("pid_c = tl.program_id(2)")
+        for c in range(self.plan.merge_chunks()):
+            merge.w(f"if pid_c == {c}:")
+            with merge.w.block():
+                merge.only_chunk = c
+                merge.emit_merge()
+        return merge.w.lines
 
     def tile_body(self) -> dict | None:
         """One row tile: its states, its sweep of the axis, its finals and outputs; the finals'
@@ -506,7 +532,8 @@ class _RowTileSource(SplitMerge, RowOutputs):
                       f"{stored_state(sp, self.states[(sp.member.name, sp.k)] + sfx)})")
             for d in self.needed:
                 w(f"tl.store({self.part_at(f'part_ref_{d}', 'pid_s')}, ref_{d})")
-            self.last_part_merges()
+            if not self.apart:
+                self.last_part_merges()
             return None
         if self.single:  # the whole axis in one block: no loop, and outputs reuse the loaded values
             w("start_n = 0")
