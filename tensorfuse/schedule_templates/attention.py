@@ -227,6 +227,31 @@ def decode_shared_floor(plan: RowTilePlan, knobs: Knobs) -> int:
         plan.feature_width * _element_size(plan)
 
 
+def chunked_refusal(plan: RowTilePlan, knobs: Knobs, target: TargetSpec) -> str | None:
+    """Why the defaults of a plan whose features are in chunks leave it to the floor's stages
+    (tiles the target's shared memory cannot hold, :func:`unfit`; keys split over parts,
+    :func:`chunked_split_refusal`), or None — also None for features in one block."""
+    if plan.feature_chunk is None:
+        return None
+    return unfit(plan, knobs, target) or chunked_split_refusal(plan, knobs)
+
+
+def chunked_split_refusal(plan: RowTilePlan, knobs: Knobs) -> str | None:
+    """Why features in chunks with the keys split over parts (a decode: DeepSeek's latent
+    attention) do not run as one kernel by default, or None. Every program holds a query tile of
+    every chunk and one slot of keys and values a stage (one program an SM), and its products
+    and softmax wait on one another block after block: on the H100, B8 with 128 heads over a
+    latent cache of 4096 keys took 82.5 µs (16384: 245.5) where the floor's stages — the scores
+    through the Hopper GEMM, stored, then the softmax and p·v — took 69.6 (216.9) and
+    torch.compile 53.2 (190.4) (a probe of the template's knobs and the floor,
+    ``benchmarks.unlisted_kernels --only latent_attention_decode`` its case; the best tiles
+    79.2). A tuned record keeps the one kernel where it measured faster."""
+    if knobs.splits == 1:
+        return None
+    return (f"features in chunks with the keys split over {knobs.splits} parts (a decode): the "
+            "floor's stages measured faster than one kernel")
+
+
 def chunked_shared_bytes(plan: RowTilePlan, knobs: Knobs) -> int:
     """Shared memory of a kernel whose features are in chunks (:mod:`.feature_chunks`), split
     or not: the query tile's chunks (every block's products read them there) and a slot of keys
@@ -291,8 +316,9 @@ def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = N
 
     def refuse(plan: RowTilePlan, k: Knobs) -> str | None:
         """Features in chunks whose tiles the target's shared memory cannot hold (an A100's
-        163 KiB at 576 / 512): the floor's stages run those sizes."""
-        return unfit(plan, k, target) if plan.feature_chunk is not None else None
+        163 KiB at 576 / 512), or whose keys the defaults split over parts: the floor's stages
+        run those sizes."""
+        return chunked_refusal(plan, k, target)
 
     explicit = any(v is not None for v in (tile_m, tile_n, num_warps, num_stages, splits))
     return TritonKernel(TilePlanner(program, chain), target, knobs,

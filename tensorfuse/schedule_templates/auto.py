@@ -110,8 +110,8 @@ def _contraction_takes(program: Program, sizes: dict | None) -> bool:
 def _plans_at(program: Program, fusion: Fusion, sizes: dict, target: TargetSpec) -> bool:
     """Whether the row-tile plan of ``program`` (fused by ``fusion``) takes these sizes (names
     ``sizes`` lacks: at the placeholder 64), at its default knobs one kernel for them
-    (:func:`.row_reduction.few_tiles_for_outputs`), its features in chunks in tiles the
-    target's shared memory holds."""
+    (:func:`.row_reduction.few_tiles_for_outputs`), its features in chunks as the attention
+    template's defaults take them (:func:`.attention.chunked_refusal`)."""
     from .row_reduction import default_knobs, few_tiles_for_outputs
 
     at = {n: sizes.get(n, 64) for n in program.dim_names()}
@@ -119,9 +119,9 @@ def _plans_at(program: Program, fusion: Fusion, sizes: dict, target: TargetSpec)
         plan = plan_rowtile(program, plan_chain(program, fusion.names, fusion.axis), at)
     except TargetError:
         return False
-    if plan.feature_chunk is not None:   # features in chunks: the attention template's tiles fit
-        from .attention import default_knobs as attention_knobs, unfit
-        return unfit(plan, attention_knobs(plan, target), target) is None
+    if plan.feature_chunk is not None:   # features in chunks: as the attention template's
+        from .attention import chunked_refusal, default_knobs as attention_knobs   # defaults
+        return chunked_refusal(plan, attention_knobs(plan, target), target) is None
     return few_tiles_for_outputs(plan, default_knobs(plan, target), target) is None
 
 

@@ -10,11 +10,14 @@ import pytest
 import tensorfuse as tf
 from tensorfuse.errors import TargetError
 from tensorfuse.schedule_templates.feature_chunks import feature_chunk
-from tests.helpers import assert_gpu_template_matches, check_interpreted, ptxas_spills
+from tests.helpers import (assert_gpu_template_matches, check_interpreted, gpu_case,
+                           ptxas_spills, relative_error)
 from tests.schedule_templates.wide_features_check import (CASES, latent_attention_decode,
-                                                          paged_latent_decode, wide_causal_gain)
+                                                          paged_latent_decode, split_template,
+                                                          wide_causal_gain)
 
 LATENT = dict(B=8, H=128, N=4096, DQ=576, DV=512)
+DECODE_KNOBS = dict(tile_m=64, tile_n=32, num_warps=8, num_stages=2, splits=8)
 
 
 def test_wide_features_match_float64_in_the_triton_interpreter():
@@ -32,20 +35,30 @@ def test_features_past_the_chunked_limit_are_refused_with_the_reason():
         feature_chunk({0: 1024, 1: 512})
 
 
-def test_latent_attention_decode_is_one_attention_kernel_with_its_features_in_chunks():
-    """It was three kernels (scores through the Hopper GEMM, stored; the softmax; p·v): past 256
-    features no row tile took it. One kernel: q·k summed over 9 chunks of 64, p·v's accumulator
-    8 chunks, the keys split over parts (8 row tiles of 64 heads would leave SMs idle)."""
+def test_latent_attention_decode_runs_as_the_floors_stages_by_default():
+    """The keys split over parts with the features in chunks measured slower as one kernel than
+    the floor's stages (the scores through the Hopper GEMM): tf.compile says so and runs those."""
     pytest.importorskip("triton", reason="the templates generate Triton kernels")
     made = tf.compile(latent_attention_decode, target="cuda:sm_90a")
+    origin = made.schedule_origin(**LATENT)
+    assert origin.startswith("staged: 3 kernels"), origin
+    assert "features in chunks with the keys split over 8 parts (a decode): the floor's stages " \
+        "measured faster" in origin, origin
+    assert "[1] s_sum from q, k: hopper_gemm template" in origin, origin
+
+
+def test_latent_attention_decode_is_one_attention_kernel_with_its_features_in_chunks():
+    """As a tuned record runs it: q·k summed over 9 chunks of 64, p·v's accumulator 8 chunks,
+    the keys split over parts (8 row tiles of 64 heads would leave SMs idle), and the parts
+    merged by a second kernel, a program per chunk of p·v's features."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    made = split_template(latent_attention_decode, **DECODE_KNOBS)
     plan = made.describe_plan(**LATENT)
-    assert plan.startswith("latent_attention_decode at B=8, H=128, N=4096, DQ=576, DV=512: "
-                           "attention template"), plan
     assert "feature in chunks of 64: e 512 and d 576" in plan, plan
     assert "knobs: block_m=64, block_n=32, num_warps=8, num_stages=2, splits=8" in plan, plan
     assert "parts merged by a second kernel: 8 programs a row tile, one per feature chunk" \
         in plan, plan
-    source = made.template.source(**LATENT)
+    source = made.source(**LATENT)
     main, merge = source.split("def latent_attention_decode_fused_merge(")
     assert main.count("t_s_sum = tl.dot(") == 9
     assert len(re.findall(r"nst_out_sum_0_c\d = tl\.dot\(", main)) == 8
@@ -55,14 +68,19 @@ def test_latent_attention_decode_is_one_attention_kernel_with_its_features_in_ch
     assert len(re.findall(r"tl\.store\(out_out \+", merge)) == 8
 
 
-def test_a_paged_latent_decode_is_the_same_kernel_over_its_pages():
+def test_a_paged_latent_decode_is_planned_over_its_pages():
     """Keys and values read through a page table (tf.compile crashed on it: the decode's lift to
-    four axes looked for the batch axis among the cache's indices, inside the gather)."""
+    four axes looked for the batch axis among the cache's indices, inside the gather): the
+    attention template plans it (the pages and slots swept as one axis, the features in chunks,
+    gathered keys in two parts an SM), and its defaults leave it, split, to the floor's stages,
+    the scores and p·v gathered by the contraction template."""
     pytest.importorskip("triton", reason="the templates generate Triton kernels")
     made = tf.compile(paged_latent_decode, target="cuda:sm_90a")
     plan = made.describe_plan(B=8, H=128, DQ=576, DV=512, PAGES=600, PAGE=64, NP=64)
-    assert "swept: pt (4096), feature in chunks of 64: e 512 and d 576" in plan, plan
-    assert "splits=16" in plan, plan   # gathered keys: two parts an SM
+    assert "not the attention template (rolling_update(m, o, l, axis=pt, chunk=32)): features " \
+        "in chunks with the keys split over 16 parts (a decode)" in plan, plan
+    assert "s_sum = Σ_d (q[b, h, d]) · (k_pages[table[b, pt // 64], pt % 64, d])" in plan, plan
+    assert "contracted pt" in plan, plan   # p·v over the gathered values
 
 
 def test_wide_attention_compiles_for_sm90a_and_gfx942():
@@ -71,14 +89,15 @@ def test_wide_attention_compiles_for_sm90a_and_gfx942():
     others' chunks in the same kernel); the causal prefill over 576 / 512 none. And the code for
     gfx942 (MFMA)."""
     pytest.importorskip("triton", reason="the templates generate Triton kernels")
-    decode = tf.compile(latent_attention_decode, target="cuda:sm_90a").template.compiled(**LATENT)
+    decode = split_template(latent_attention_decode, **DECODE_KNOBS).compiled(**LATENT)
     assert decode.metadata.shared <= 227 * 1024
     assert len(re.findall(r"wgmma\.mma_async", decode.asm["ptx"])) >= 17
     assert not any(ptxas_spills(decode.asm["ptx"]))
     causal = tf.compile(wide_causal_gain, target="cuda:sm_90a").template.compiled(
         B=2, H=16, S=4096, DQ=576, DV=512)
     assert not any(ptxas_spills(causal.asm["ptx"]))
-    amd = tf.compile(latent_attention_decode, target="rocm:gfx942").template.compiled(**LATENT)
+    amd = tf.compile(wide_causal_gain, target="rocm:gfx942").template.compiled(
+        B=2, H=16, S=4096, DQ=576, DV=512)
     assert "v_mfma" in amd.asm["amdgcn"]
 
 
@@ -86,7 +105,12 @@ def test_wide_attention_compiles_for_sm90a_and_gfx942():
 @pytest.mark.parametrize("name", list(CASES))
 def test_wide_features_match_float64_on_the_gpu(name):
     kernel, case = CASES[name]
-    assert_gpu_template_matches(kernel, case)
+    if name != "latent_decode_split":
+        assert_gpu_template_matches(kernel, case)
+        return
+    args, want, seed = gpu_case(case)   # the template's parts and their merge kernel
+    assert relative_error(split_template(kernel, tile_m=16, tile_n=32, splits=5)(**args),
+                          want) < 2e-2, seed
 
 
 def test_the_tuner_tries_chunked_tiles_that_fit_an_sm():

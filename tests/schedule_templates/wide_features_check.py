@@ -70,7 +70,8 @@ def latent_decode_case(generator, B=2, H=20, N=77, DQ=576, DV=512, width=3.0):
 
 
 def latent_decode_split_case(generator):
-    """Keys enough for parts (300 in blocks of 32: the decode's split update)."""
+    """Keys enough for parts (300 in blocks of 32 over 5 parts: the decode's split update, the
+    template's kernel and its merge kernel)."""
     return latent_decode_case(generator, B=1, H=16, N=300)
 
 
@@ -92,5 +93,24 @@ CASES = {"latent_decode": (latent_attention_decode, latent_decode_case),
          "paged_latent_decode": (paged_latent_decode, paged_latent_case)}
 
 
+def split_template(kernel, **knobs):
+    """The attention template on ``kernel`` with its keys split over parts (``knobs``: the
+    template's), as a tuned record runs it: the defaults leave a decode whose features are in
+    chunks to the floor's stages (:func:`tensorfuse.schedule_templates.attention.
+    chunked_split_refusal`)."""
+    sch = tf.schedule(kernel, "cuda:sm_90a")
+    sch.rolling_update("m", "out_sum", "out_sum_2", axis="j")
+    sch.apply_template("attention", **knobs)
+    return sch.compile()
+
+
+def made(name: str, kernel):
+    """The kernels checked: ``tf.compile``'s, but the split decode's template (its parts merged
+    by a kernel of their own, a program per chunk of p·v's features)."""
+    if name == "latent_decode_split":
+        return split_template(kernel, tile_m=16, tile_n=32, splits=5)
+    return interpreted(kernel)
+
+
 if __name__ == "__main__":
-    poisoned_main(CASES, lambda name, kernel: interpreted(kernel))
+    poisoned_main(CASES, made)
