@@ -38,6 +38,16 @@ def best_match(x: T.Tensor["M", "D", "bf16"], y: T.Tensor["N", "D", "bf16"]):
     return score, at
 
 
+@tf.kernel
+def top1_router(x: T.Tensor["M", "D", "bf16"], w: T.Tensor["E", "D", "bf16"]):
+    """A mixture of experts' top-1 routing: the chosen expert's softmax probability and its
+    index over a few experts — the chain fused in one row tile, the index (the same for every
+    row) reduced in one tuple with the row's logits."""
+    i, e, d = T.axes("i e d")
+    logits = T.sum(x[i, d] * w[e, d], over=d)
+    return 1.0 / T.sum(T.exp(logits - T.max(logits, over=e)), over=e), T.argmax(logits, over=e)
+
+
 def _centroids(generator, M=333, K=300, D=20):
     x = torch.randn(M, D, generator=generator) * 4
     c = torch.randn(K, D, generator=generator) * 4
@@ -57,6 +67,12 @@ def _logits(generator, M=37, V=3000, D=64):
     return dict(h=h, w=w), -(h.double() @ w.double().T)   # argmax as argmin of the negation
 
 
+def _experts(generator, M=45, E=6, D=64):
+    x, w = ((torch.randn(n, D, generator=generator) * 2).bfloat16() for n in (M, E))
+    x[:3] = w[2]   # rows on an expert: its logit far ahead, its probability near 1
+    return dict(x=x, w=w), -(x.double() @ w.double().T)
+
+
 def _matches(generator, M=37, N=1000, D=48):
     x, y = ((torch.randn(n, D, generator=generator) * 3).bfloat16() for n in (M, N))
     return dict(x=x, y=y), -(x.double() @ y.double().T)
@@ -64,7 +80,8 @@ def _matches(generator, M=37, N=1000, D=48):
 
 CASES = {"nearest_centroid": (nearest_centroid, _centroids),
          "greedy_token": (greedy_token, _logits),
-         "best_match": (best_match, _matches)}
+         "best_match": (best_match, _matches),
+         "top1_router": (top1_router, _experts)}
 
 
 def picked(at: torch.Tensor, scores: torch.Tensor) -> float:
@@ -93,12 +110,16 @@ def main() -> None:
     for name, (kernel, case) in CASES.items():
         args, scores = case(generator)
         shapes = torch.empty(scores.shape[0], dtype=torch.int32)
-        want = (torch.empty(scores.shape[0]).double(), shapes) if name == "best_match" else shapes
+        want = (torch.empty(scores.shape[0]).double(), shapes) \
+            if name in ("best_match", "top1_router") else shapes
         outs = poisoned_call(interpreted(kernel), kernel.program, args, want)
         at = outs[-1]
         found[name] = {"worse": picked(at, scores), "ties_missed": first_of_ties(at, scores)}
         if name == "best_match":   # the score itself: float64 max of the products
             best = -scores.min(1).values
+            found[name]["score"] = float((outs[0].double() - best).abs().max() / best.abs().max())
+        if name == "top1_router":   # the chosen expert's probability
+            best = torch.softmax(-scores, 1).max(1).values
             found[name]["score"] = float((outs[0].double() - best).abs().max() / best.abs().max())
     print(json.dumps(found))
 

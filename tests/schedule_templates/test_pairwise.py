@@ -265,10 +265,11 @@ def test_arg_reductions_over_the_columns_pick_as_float64_under_the_interpreter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NoTemplateWarning)
         found = run_interpreted("tests.schedule_templates.arg_columns_check", seed)
-    assert set(found) == {"nearest_centroid", "greedy_token", "best_match"}
+    assert set(found) == {"nearest_centroid", "greedy_token", "best_match", "top1_router"}
     for name, got in found.items():
         assert got["worse"] <= 1e-6 and got["ties_missed"] == 0, (name, got, seed)
     assert found["best_match"]["score"] < 2e-2, seed   # the best score, stored in bf16
+    assert found["top1_router"]["score"] < 2e-2, seed   # the chosen expert's probability
 
 
 def test_an_arg_reduction_over_the_contracted_axis_is_refused():

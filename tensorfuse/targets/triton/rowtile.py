@@ -319,6 +319,10 @@ class _RowTileSource(SplitMerge, RowOutputs):
                         continue
                     if constant_along:
                         body = f"(({body}) + tl.zeros([BLOCK_M, BLOCK_N], tl.float32))"
+                    elif together and not self.reads_rows(sp.body):
+                        # an argmax's index: the same for every row, but reduced in one tuple
+                        # with the row's values, which must be of the tile's shape
+                        body = f"tl.broadcast_to({body}, [BLOCK_M, BLOCK_N])"
                     if self.ragged_cols:
                         body = f"tl.where(col_ok, {body}, {ident})"
                     if (m.name, sp.k) in self.lanes or together:   # (lanes: reduced after the
@@ -341,6 +345,12 @@ class _RowTileSource(SplitMerge, RowOutputs):
             w(f"ref_{d} = newref_{d}")
         w("seen = seen_next")
         return memo
+
+    def reads_rows(self, expr) -> bool:
+        """Whether ``expr`` varies along the tile's rows (reads the row axis, or the head axis
+        folded into them)."""
+        rows = {self.plan.row.uid} | ({self.plan.fold[0].uid} if self.plan.fold else set())
+        return any(a.uid in rows for a in expr.axes)
 
     def update_states(self, m, chunk_vars, resets: dict, symbols: dict, exact: set) -> None:
         """The block's rolling update of member ``m``'s running states: each corrected to the
