@@ -172,13 +172,21 @@ def interpreted(kernel, dynamic=None):
     import warnings
 
     from tensorfuse.errors import NoTemplateWarning
-    from tensorfuse.widened_kernel import RewrittenKernel
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NoTemplateWarning)
         made = tf.compile(kernel, target="cuda:sm_90a", dynamic=dynamic)
-    while isinstance(made, RewrittenKernel):   # an equivalent program's kernel runs the calls
-        made = made.inner
+    return _interpreted_whole(made)
+
+
+def _interpreted_whole(made):
+    """:func:`interpreted` of what ``tf.compile`` made: an equivalent program's kernel kept
+    behind its rewrite (outputs over no axis given back with shape []), the floor's stages
+    each interpreted."""
+    from tensorfuse.widened_kernel import RewrittenKernel
+
+    if isinstance(made, RewrittenKernel):   # an equivalent program's kernel runs the calls
+        return RewrittenKernel(made.program, _interpreted_whole(made.inner), made.note)
     if not hasattr(made, "stages"):   # one kernel that the interpreter runs as it is
         return _interpreted_stage(None, made)
     made.kernels = tuple(_interpreted_stage(stage, k)

@@ -30,6 +30,19 @@ def test_a_mean_over_compiled_in_sizes_compiles_for_sm90a():
     assert "ld.global" in kernel.ptx(B=5, P=45)
 
 
+def test_a_count_under_a_mask_compiles_for_sm90a():
+    """A count of the tokens a mask keeps (a cross-entropy's mean over the tokens not ignored):
+    in the blocks the mask keeps whole it is the block's columns, not a ``tl.sum`` of a scalar
+    (which Triton refused to compile)."""
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    import tensorfuse as tf
+    from tests.schedule_templates.unlisted_check import cross_entropy_ignored
+
+    made = tf.compile(cross_entropy_ignored, target="cuda:sm_90a")
+    for sizes in (dict(M=333, V=300), dict(M=8192, V=32000)):
+        assert "ld.global" in made.ptx(**sizes)
+
+
 def test_pipeline_kernels_match_float64_in_the_triton_interpreter():
     """``benchmarks.pipeline_kernels`` (:mod:`tests.schedule_templates.pipeline_check`): chains
     of dependent reductions over a vocabulary, sigmoid attention, group scaling and pools."""

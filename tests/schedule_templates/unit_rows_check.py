@@ -120,17 +120,5 @@ CASES = {"amax": (amax, amax_case), "sum_of_squares": (sum_of_squares, sum_of_sq
          "argmax_vector": (argmax_vector, argmax_vector_case),
          "normalised": (normalised, normalised_case)}
 
-
-def made(name, kernel):
-    """``tf.compile``'s kernel for sm_90a with its inner kernels run by the interpreter, behind
-    the rewrite that gives the user's shape [] back (stages' kernels likewise)."""
-    from tensorfuse.widened_kernel import RewrittenKernel
-
-    outer = tf.compile(kernel, "cuda:sm_90a")
-    if isinstance(outer, RewrittenKernel):
-        return RewrittenKernel(kernel.program, interpreted(kernel), outer.note)
-    return interpreted(kernel)
-
-
-if __name__ == "__main__":
-    poisoned_main(CASES, made)
+if __name__ == "__main__":   # behind the rewrite that gives the user's shape [] back
+    poisoned_main(CASES, lambda name, kernel: interpreted(kernel))

@@ -170,6 +170,29 @@ def byte_argmax_case(generator, M=300, N=45):
     return dict(x=x), x.argmax(0).double()
 
 
+@tf.kernel
+def cross_entropy_ignored(logits: T.Tensor["M", "V", "bf16"], target: T.Tensor["M", "i64"]):
+    """The mean cross-entropy over the tokens whose target is not ignored (-100, as torch's
+    ``ignore_index``): the count of kept tokens a sum of a mask the row template's block lists
+    sort into partial and full blocks (in a full block the count is its columns)."""
+    i, v = T.axes("i v")
+    kept = target[i] >= 0
+    lse = T.logsumexp(logits[i, v], over=v)
+    loss = T.sum(T.where(kept, lse - logits[i, T.maximum(target[i], 0)], 0.0), over=i)
+    return loss / T.maximum(T.sum(T.where(kept, 1.0, 0.0), over=i), 1.0)
+
+
+def ignored_case(generator, M=333, V=300):
+    logits = (torch.randn(M, V, generator=generator) * 4).bfloat16()
+    target = torch.randint(0, V, (M,), generator=generator)
+    target[40:200] = -100   # whole blocks ignored, whole blocks kept, and blocks mixed
+    target[::7] = -100
+    lse = torch.logsumexp(logits.double(), -1)
+    kept = target >= 0
+    loss = torch.where(kept, lse - logits.double()[torch.arange(M), target.clamp(min=0)], 0.0)
+    return dict(logits=logits, target=target), loss.sum() / kept.sum()
+
+
 CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case),
          "router_softmax": (router_softmax, router_case),
          "l2_normalize_columns": (l2_normalize_columns, columns_case),
@@ -186,7 +209,8 @@ CASES = {"biased_attention_bshd": (biased_attention_bshd, biased_attention_case)
          "w8a16_linear": (w8a16_linear, w8a16_case),
          "pixel_means": (pixel_means, pixel_means_case),
          "byte_dots": (byte_dots, byte_dots_case),
-         "byte_column_argmax": (byte_column_argmax, byte_argmax_case)}
+         "byte_column_argmax": (byte_column_argmax, byte_argmax_case),
+         "cross_entropy_ignored": (cross_entropy_ignored, ignored_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel))

@@ -311,15 +311,16 @@ class _RowTileSource(SplitMerge, RowOutputs):
             for sp in [s for s in plan.states if s.member is m]:
                 ident = state_identity(sp)
                 if sp.contraction is None:
-                    body = to_triton(strip(sp.body), tile)
-                    constant_along = plan.col.uid not in {a.uid for a in sp.body.axes}
+                    stripped = strip(sp.body)   # a full block's: the mask's where taken away
+                    body = to_triton(stripped, tile)
+                    constant_along = plan.col.uid not in {a.uid for a in stripped.axes}
                     if constant_along and sp.monoid.name == "sum":  # e.g. a count: 1.0 × columns
                         w(f"c_{m.name}_{sp.k} = ({body}) * (seen_next - seen).to(tl.float32)")
                         chunk_vars.append(sp)
                         continue
                     if constant_along:
                         body = f"(({body}) + tl.zeros([BLOCK_M, BLOCK_N], tl.float32))"
-                    elif together and not self.reads_rows(sp.body):
+                    elif together and not self.reads_rows(stripped):
                         # an argmax's index: the same for every row, but reduced in one tuple
                         # with the row's values, which must be of the tile's shape
                         body = f"tl.broadcast_to({body}, [BLOCK_M, BLOCK_N])"
