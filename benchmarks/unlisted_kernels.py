@@ -16,7 +16,8 @@ softmax, a Gram matrix and a router's weight gradient (outputs of few tiles over
 contracted axis), a bilinear form per row, a mean over the batch axis, a matrix-vector product
 over the matrix's strided axis (``a.T @ x``), an attention-weighted pool over tokens, RMSNorm
 written into the linear layer after it, DeepSeek's latent attention at decode (q·k over 576, p·v
-over 512: a row tile's features in chunks), over a contiguous and a paged cache, and a model head's
+over 512: the floor's stages by default, a row tile's features in chunks where tuned), over a
+contiguous and a paged cache, and a model head's
 log-sum-exp over 4096 features (past a row tile's widths: the floor's stages) — through
 ``tf.compile``
 defaults against the best torch alternative in the same process, each checked against a float64
@@ -834,7 +835,9 @@ def latent_attention_decode(q: T.Tensor["B", "H", "DQ", "bf16"],
                             k: T.Tensor["B", "N", "DQ", "bf16"],
                             v: T.Tensor["B", "N", "DV", "bf16"], scale: T.f32):
     """DeepSeek's absorbed latent attention at decode: every head over one latent cache, q·k
-    over 576 and p·v over 512 (past a row tile's block: its features in chunks)."""
+    over 576 and p·v over 512 (past a row tile's block: its features in chunks; its keys split,
+    the floor's stages by default, :func:`tensorfuse.schedule_templates.attention.
+    chunked_split_refusal`)."""
     b, h, j, d, e = T.axes("b h j d e")
     s = T.sum(q[b, h, d] * k[b, j, d], over=d) * scale
     m = T.max(s, over=j)

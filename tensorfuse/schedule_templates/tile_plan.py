@@ -191,9 +191,6 @@ class RowTilePlan:
                          f"splits={knobs.splits}"
                          + (f", row_tiles={knobs.row_tiles}" if self.column_sums or
                             knobs.row_tiles > 1 else ""))
-            if self.merged_apart(knobs):
-                lines.append(f"  parts merged by a second kernel: {self.merge_chunks()} programs "
-                             "a row tile, one per feature chunk")
         return "\n".join(lines)
 
     def _feature_sizes(self) -> list[tuple[str, int]]:
@@ -225,22 +222,6 @@ class RowTilePlan:
         """The feature axis of a weighted sum's state (p·v's)."""
         common = {a.uid for a in self.chain.common_axes}
         return next(a for a in sp.member.axes if a.uid not in common)
-
-    def merged_apart(self, knobs) -> bool:
-        """Whether the split update's parts are merged by a kernel of their own, a program per
-        row tile and chunk of the weighted sums' features, rather than by each tile's last part:
-        where those sums are taken in chunks, the last part alone read every part's whole
-        accumulator (DeepSeek's latent decode, 8 parts of 64 heads × 512 features: 1 MiB a tile,
-        its loads spilled), and the one kernel took 97 µs on the H100 where torch.compile took 53
-        (``benchmarks.unlisted_kernels --only latent_attention_decode``)."""
-        return knobs.splits > 1 and self.feature_chunk is not None and \
-            any(sp.contraction is not None for sp in self.states)
-
-    def merge_chunks(self) -> int:
-        """The programs a row tile's merge kernel runs (:meth:`merged_apart`): its weighted
-        sums' most feature chunks."""
-        return max(self.feature_chunks(self.state_feature(sp)) for sp in self.states
-                   if sp.contraction is not None)
 
     @property
     def feature_width(self) -> int:

@@ -13,7 +13,7 @@ from .launch import compile_for, interpreting, launch_device, load_kernel, signa
 from ..signature_call import try_fast_call
 from .launcher import (Launches, PartCounters, Step, current_stream, output_specs,
                        remember_fast_call)
-from .row_grid import MASK_ARGS, block_k, grid, launch_grid
+from .row_grid import MASK_ARGS, block_k, grid, launch_grid, merge_chunks, merged_apart
 from .column_sums import finish_grid, partial_names, scratch_shapes
 from .rowtile import kernel_source
 from .size_builds import SizeBuilds, size_values, with_size_arguments
@@ -160,7 +160,9 @@ class TritonKernel(GraphCallable):
         them (exactly, or with sizes as arguments under its guards)."""
         plan, knobs = self.build(scalars, **dims)[:2]
         served = self._serving[self._build_key(dims, scalars)]
-        return (f"{plan.describe(knobs)}\n"
+        merged = (f"\n  parts merged by a second kernel: {merge_chunks(plan)} programs a row "
+                  "tile, one per feature chunk") if merged_apart(plan, knobs) else ""
+        return (f"{plan.describe(knobs)}{merged}\n"
                 f"  knobs from: {self.schedule_origin(**dims, **(scalars or {}))}\n"
                 f"  built: {served.describe()}")
 
@@ -215,14 +217,14 @@ class TritonKernel(GraphCallable):
             pointers = {p.name for p in self.program.tensor_params} | {
                 f"out_{c.name}" for c, _, _ in plan.outputs} | set(MASK_ARGS)
             split = knobs.splits > 1   # the parts on the grid's third axis, the last merging
-            apart = plan.merged_apart(knobs)   # ... or a kernel of its own, a chunk a program
+            apart = merged_apart(plan, knobs)   # ... or a kernel of its own, a chunk a program
             counted = split and not apart
             pointers |= set(partial_names(plan))
             steps = [Step(fn, launch_grid(plan, knobs, *((knobs.splits,) if split else ())),
                           names, pointers | ({"part_count"} if counted else set()))]
             if apart:
                 steps.append(Step(self._second_kernel(bound, "merge"),
-                                  launch_grid(plan, knobs, plan.merge_chunks()), names, pointers))
+                                  launch_grid(plan, knobs, merge_chunks(plan)), names, pointers))
             if plan.column_sums:   # the kernel that adds the sums' partial rows up
                 steps.append(Step(self._second_kernel(bound, "sums"), finish_grid(plan), names,
                                   pointers))

@@ -54,3 +54,21 @@ def launch_grid(plan, knobs, *more: int) -> tuple[int, ...]:
 
 def block_k(plan) -> int:
     return plan.feature_block
+
+
+def merged_apart(plan, knobs) -> bool:
+    """Whether the split update's parts are merged by a kernel of their own, a program per row
+    tile and chunk of the weighted sums' features, rather than by each tile's last part: where
+    those sums are taken in chunks, the last part alone read every part's whole accumulator
+    (DeepSeek's latent decode, 8 parts of 64 heads × 512 features: 1 MiB a tile, its loads
+    spilled) — on the H100 97 µs, 82.5 with the merge kernel (a probe of
+    ``benchmarks.unlisted_kernels``' latent_attention_decode case at the template's knobs)."""
+    return knobs.splits > 1 and plan.feature_chunk is not None and \
+        any(sp.contraction is not None for sp in plan.states)
+
+
+def merge_chunks(plan) -> int:
+    """The programs a row tile's merge kernel runs (:func:`merged_apart`): its weighted sums'
+    most feature chunks."""
+    return max(plan.feature_chunks(plan.state_feature(sp)) for sp in plan.states
+               if sp.contraction is not None)

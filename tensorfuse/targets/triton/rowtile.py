@@ -25,7 +25,8 @@ from .row_bounds import bounded_sweep
 from .row_merge import SplitMerge
 from .row_outputs import RowOutputs
 from .row_realign import Realignment, emit_sweep, realignment
-from .row_grid import MASK_ARGS, batch_first, block_k, grid, launch_grid, list_length
+from .row_grid import (MASK_ARGS, batch_first, block_k, grid, launch_grid, list_length,
+                       merge_chunks, merged_apart)
 from .row_states import (column_operands, depended_on, exact_symbols, exactly_read,
                          initial_reference, lanewise_states, output_operands, reloadable,
                          state_identity, state_type, stored_state, uncorrected_states)
@@ -93,8 +94,8 @@ class _RowTileSource(SplitMerge, RowOutputs):
         self.bounds = plan.bounds if splits == 1 else None   # the sweep bounded: no lists
         self.mask_args = list(MASK_ARGS) if plan.block_listed and splits == 1 else []
         # split: the parts' state buffers and arrival counters (the last part of a tile merges,
-        # or a kernel of its own: RowTilePlan.merged_apart)
-        self.apart = plan.merged_apart(knobs)
+        # or a kernel of its own: row_grid.merged_apart)
+        self.apart = merged_apart(plan, knobs)
         self.only_chunk = None   # the merge kernel's branch: the one feature chunk it merges
         self.args = self.tensors + self.scalars + self.outs + (
             self.parts + ([] if self.apart else ["part_count"]) if splits > 1 else
@@ -481,14 +482,14 @@ class _RowTileSource(SplitMerge, RowOutputs):
 
     def merge_kernel_lines(self) -> list[str]:
         """The body of the kernel that merges the parts' states where they are merged apart
-        (:meth:`~tensorfuse.schedule_templates.tile_plan.RowTilePlan.merged_apart`): a program
+        (:func:`.row_grid.merged_apart`): a program
         per row tile and feature chunk (the grid's third axis), each folding every part's states
         of its chunk, and the states per row whole, then storing its chunk of the outputs (the
         first chunk's program the outputs per row)."""
         merge = _RowTileSource(self.plan, self.knobs, self.name, self.interpreter, self.nvidia)
         merge.prologue()
         merge.w("pid_c = tl.program_id(2)")
-        for c in range(self.plan.merge_chunks()):
+        for c in range(merge_chunks(self.plan)):
             merge.w(f"if pid_c == {c}:")
             with merge.w.block():
                 merge.only_chunk = c
