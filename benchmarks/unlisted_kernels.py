@@ -879,9 +879,16 @@ def _latent_decode_case(generator, B=8, H=128, N=4096, DQ=576, DV=512) -> Case:
     f, compiled = Recorded(latent_attention_decode), torch.compile(eager)
     s = torch.einsum("bhd,bnd->bhn", q.double(), k.double()) * scale
     ref = torch.einsum("bhn,bne->bhe", torch.softmax(s, -1), v.double())
+    # the attention template's one kernel (features in chunks, the keys in 8 parts merged by a
+    # kernel of their own), which the defaults leave to the floor's stages
+    sch = tf.schedule(latent_attention_decode)
+    sch.rolling_update("m", "out_sum", "out_sum_2", axis="j")
+    sch.apply_template("attention", tile_m=64, tile_n=32, num_warps=8, num_stages=2, splits=8)
+    one = sch.compile()
     return Case("latent_attention_decode", f"B{B} H{H} N{N} DQ{DQ} DV{DV}",
                 lambda: f(q, k, v, scale), {TORCH_COMPILE: lambda: compiled(q, k, v),
-                                            TORCH_EAGER: lambda: eager(q, k, v)},
+                                            TORCH_EAGER: lambda: eager(q, k, v),
+                                            f"{TENSORFUSE} one kernel": lambda: one(q, k, v, scale)},
                 ref, lambda out: out, bytes=(k.numel() + v.numel()) * 2,
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, N=N, DQ=DQ, DV=DV)})
 

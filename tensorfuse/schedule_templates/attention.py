@@ -243,9 +243,9 @@ def chunked_split_refusal(plan: RowTilePlan, knobs: Knobs) -> str | None:
     and softmax wait on one another block after block: on the H100, B8 with 128 heads over a
     latent cache of 4096 keys took 82.5 µs (16384: 245.5) where the floor's stages — the scores
     through the Hopper GEMM, stored, then the softmax and p·v — took 69.6 (216.9) and
-    torch.compile 53.2 (190.4) (a probe of the template's knobs and the floor,
-    ``benchmarks.unlisted_kernels --only latent_attention_decode`` its case; the best tiles
-    79.2). A tuned record keeps the one kernel where it measured faster."""
+    torch.compile 53.2 (190.4) (``benchmarks.unlisted_kernels --only latent_attention_decode``:
+    its row "tensorfuse one kernel"; the best of seven tile and part settings 79.2). A tuned
+    record keeps the one kernel where it measured faster."""
     if knobs.splits == 1:
         return None
     return (f"features in chunks with the keys split over {knobs.splits} parts (a decode): the "

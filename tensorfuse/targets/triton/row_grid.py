@@ -61,8 +61,8 @@ def merged_apart(plan, knobs) -> bool:
     tile and chunk of the weighted sums' features, rather than by each tile's last part: where
     those sums are taken in chunks, the last part alone read every part's whole accumulator
     (DeepSeek's latent decode, 8 parts of 64 heads × 512 features: 1 MiB a tile, its loads
-    spilled) — on the H100 97 µs, 82.5 with the merge kernel (a probe of
-    ``benchmarks.unlisted_kernels``' latent_attention_decode case at the template's knobs)."""
+    spilled) — on the H100 97 µs, 82.5 with the merge kernel (``benchmarks.unlisted_kernels
+    --only latent_attention_decode``, its row "tensorfuse one kernel")."""
     return knobs.splits > 1 and plan.feature_chunk is not None and \
         any(sp.contraction is not None for sp in plan.states)
 
