@@ -324,4 +324,6 @@ def attention(kernel, fusion: Fusion, target: TargetSpec, tile_m: int | None = N
     return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"attention template ({fusion.describe()})", fusion,
                         tuned=None if explicit else tuned, tiling=tiling, dynamic=dynamic,
-                        refuse=None if explicit else refuse)
+                        refuse=None if explicit else refuse,
+                        given=dict(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps,
+                                   num_stages=num_stages, splits=splits))

@@ -459,4 +459,7 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
                         f"row-reduction template ({fusion.describe()})", fusion,
                         tuned=None if explicit else tuned, dynamic=dynamic,
                         refuse=None if explicit or not staged_few_tiles else
-                        (lambda plan, k: few_tiles_for_outputs(plan, k, target)))
+                        (lambda plan, k: few_tiles_for_outputs(plan, k, target)),
+                        given=dict(rows=rows, block=block, num_warps=num_warps,
+                                   num_stages=num_stages, reload=reload, splits=splits,
+                                   row_tiles=row_tiles))

@@ -17,7 +17,8 @@ def test_plan_of_an_attention_template_at_given_sizes():
     assert "grid: b=2, h=16 × rows i (4096)" in text                    # the template plan
     assert "s_sum = q[b, h, i, d] · k[b, h, j, d] on tensor cores (bf16)" in text
     assert "mask: i + T.size('N') - T.size('M') >= j" in text
-    assert "block_m=128, block_n=64" in text and "knobs from: template defaults" in text
+    assert "block_m=128, block_n=64" in text and \
+        "knobs from: the knobs given (tile_n=64), the rest template defaults" in text
     assert "plan(**sizes)" in sch.plan()   # without sizes: how to see the tiles
 
 

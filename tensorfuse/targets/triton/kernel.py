@@ -35,8 +35,12 @@ class TritonKernel(GraphCallable):
 
     def __init__(self, planner, target, knobs: Callable, description: str, fusion=None,
                  tuned: Tuned | None = None, tiling: "dict | bool" = True,
-                 dynamic: "bool | None" = False, refuse: Callable | None = None):
+                 dynamic: "bool | None" = False, refuse: Callable | None = None,
+                 given: dict | None = None):
         self.planner, self.target = planner, target
+        # knobs given when the template was applied (the rest its defaults): what
+        # schedule_origin() says of them
+        self.given = {n: v for n, v in (given or {}).items() if v is not None}
         self.tiling = tiling   # the visiting order: True chooses, False keeps the flat one
         self.program, self.chain = planner.program, planner.chain
         self.fusion = fusion
@@ -73,7 +77,9 @@ class TritonKernel(GraphCallable):
             check_named_sizes(self.program, dims, complete=True)
             untiled = self.planner.plan(dims)
             knobs = self.knobs(untiled)
-            self._origin[key] = "template defaults"
+            self._origin[key] = "template defaults" if not self.given else (
+                "the knobs given (" + ", ".join(f"{n}={v}" for n, v in self.given.items()) +
+                "), the rest template defaults")
             found = self.tuned(dims, scalars) if self.tuned is not None else None
             if found is not None:   # a record without row tiles (tuned before they were a knob)
                 # ran one tile a program, whatever today's default for these sizes
