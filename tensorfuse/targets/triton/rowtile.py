@@ -482,10 +482,10 @@ class _RowTileSource(SplitMerge, RowOutputs):
 
     def merge_kernel_lines(self) -> list[str]:
         """The body of the kernel that merges the parts' states where they are merged apart
-        (:func:`.row_grid.merged_apart`): a program
-        per row tile and feature chunk (the grid's third axis), each folding every part's states
-        of its chunk, and the states per row whole, then storing its chunk of the outputs (the
-        first chunk's program the outputs per row)."""
+        (:func:`.row_grid.merged_apart`): a program per row tile and feature chunk (the grid's
+        third axis), each folding every part's states of its chunk, and the states per row
+        whole, then storing its chunk of the outputs (the first chunk's program the outputs per
+        row)."""
         merge = _RowTileSource(self.plan, self.knobs, self.name, self.interpreter, self.nvidia)
         merge.prologue()
         merge.w("pid_c = tl.program_id(2)")
