@@ -80,26 +80,34 @@ def measure(chain, seed: int = 0) -> list[Conditioning] | None:
             any(s.kind == "reset" for s in chain.schemes.values()):
         return None
     worst: dict[str, Conditioning] = {}
-    offsets = list(OFFSETS)
-    for offset in offsets:
-        model = _Model(chain, np.random.default_rng(seed), offset)
-        with np.errstate(all="ignore"):
-            truth = model.unfused(np.float64)
-            unfused = model.unfused(np.float32)
-            rolled = model.fused(np.float32, 1)
-            split = model.fused(np.float32, SPLITS)
-        for m in chain.members:
-            ref = truth[m.name]
-            usable = np.isfinite(ref) & (np.abs(ref) < 1e30) & np.isfinite(unfused[m.name])
-            if not usable.any():
-                if offset == OFFSETS[0] and EXPONENTIAL_OFFSET not in offsets:
-                    offsets.insert(1, EXPONENTIAL_OFFSET)
-                continue
-            errs = [_relative(x[m.name][usable], ref[usable]) for x in (unfused, rolled, split)]
-            found = Conditioning(m.name, *errs, offset=offset)
-            if m.name not in worst or found.excess() > worst[m.name].excess():
-                worst[m.name] = found
+    for offset in OFFSETS:
+        overflowed = _measure_at(chain, seed, offset, worst)
+        if overflowed and offset == OFFSETS[0]:   # far from zero: measured where exp takes it
+            _measure_at(chain, seed, EXPONENTIAL_OFFSET, worst)
     return [worst[m.name] for m in chain.members if m.name in worst]
+
+
+def _measure_at(chain, seed: int, offset: float, worst: dict) -> bool:
+    """The members' errors on inputs ``offset`` + N(0, 1), each kept in ``worst`` where it is
+    the member's worst so far; whether some member overflowed on every row there."""
+    model = _Model(chain, np.random.default_rng(seed), offset)
+    with np.errstate(all="ignore"):
+        truth = model.unfused(np.float64)
+        unfused = model.unfused(np.float32)
+        rolled = model.fused(np.float32, 1)
+        split = model.fused(np.float32, SPLITS)
+    overflowed = False
+    for m in chain.members:
+        ref = truth[m.name]
+        usable = np.isfinite(ref) & (np.abs(ref) < 1e30) & np.isfinite(unfused[m.name])
+        if not usable.any():
+            overflowed = True
+            continue
+        errs = [_relative(x[m.name][usable], ref[usable]) for x in (unfused, rolled, split)]
+        found = Conditioning(m.name, *errs, offset=offset)
+        if m.name not in worst or found.excess() > worst[m.name].excess():
+            worst[m.name] = found
+    return overflowed
 
 
 def check_conditioning(chain, strict: bool = False) -> None:

@@ -14,15 +14,15 @@ from .tile_text import store_offsets
 class RowOutputs:
     """The stores of a row kernel's outputs; the emitter provides ``w``, ``plan``, ``outs``,
     ``single``, ``chunk_memo``, ``realign``, ``N``, ``stages``, ``chunked``, ``ragged_cols``,
-    ``ctx_base``, the tile contexts (``ctx_r()``, ``ctx_rc()``, ``ctx_rf()``) and
-    ``feature_chunks()``."""
+    ``ctx_base``, ``only_chunk`` (a merge program's one feature chunk, or None), the tile
+    contexts (``ctx_r()``, ``ctx_rc()``, ``ctx_rf()``) and ``feature_chunks()``."""
 
     def emit_outputs(self, finals: dict) -> None:
         w = self.w
         for (c, expr, kind), out in zip(self.plan.outputs, self.outs):
             if kind == "colsum":   # written by the kernel that adds up the sums (column_sums)
                 continue
-            if kind != "feature" and getattr(self, "only_chunk", None) not in (None, 0):
+            if kind != "feature" and self.only_chunk not in (None, 0):
                 continue   # a merge program of another chunk than the first (merge_kernel_lines)
             if kind == "row":
                 ctx = self.ctx_r().child(refs=finals, emit=w if self.single else None,
