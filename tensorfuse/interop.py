@@ -168,11 +168,12 @@ def tma_servable(x) -> bool:
     return all(s > 0 and s * size % ALIGNMENT == 0 for _, s in axes[:-1])
 
 
-def torch_arguments(program, bound, device, strided=()) -> dict:
+def torch_arguments(program, bound, device, strided=(), views=()) -> dict:
     """Every parameter of a bound call by name: scalars as given, arrays as contiguous,
     16-byte-aligned torch tensors on ``device`` (NumPy arrays copied there, other views cloned)
     — but the tensors named in ``strided``, which the kernel reads by their own strides, as
-    given where TMA can read them (:func:`tma_servable`)."""
+    given where TMA can read them (:func:`tma_servable`), and those named in ``views`` (a
+    Triton kernel written for their strides) as given."""
     values = {}
     for p in program.params:
         if p.name in bound.scalars:
@@ -180,7 +181,7 @@ def torch_arguments(program, bound, device, strided=()) -> dict:
         else:
             x = bound.arrays[p.name]
             x = x if is_torch(x) else torch_from_numpy(x, device)
-            kept = tma_servable(x) if p.name in strided else launchable(x)
+            kept = p.name in views or (tma_servable(x) if p.name in strided else launchable(x))
             values[p.name] = x if kept else x.clone(memory_format=_contiguous())
     return values
 

@@ -16,6 +16,8 @@ from ..interop import ALIGNMENT, launchable, is_torch, tma_servable, torch_dtype
 
 # the kind of a tensor parameter the kernel reads by its own strides (:func:`tma_servable`)
 STRIDED = "strided"
+# ... and of one read as a view of the strides a Triton kernel was written for
+VIEW = "view"
 
 
 def _given(kwargs: dict) -> list:
@@ -78,16 +80,21 @@ class SignatureCall:
     guard declined one (the caller makes a fast call for the new value)."""
 
     def __init__(self, params: list, outputs: list, device, likes: list | None = None,
-                 guards: list | None = None, strided=()):
+                 guards: list | None = None, strided=(), views: dict | None = None):
         import torch
 
         self.names = [name for name, _, _ in params]
-        # ``strided``: the tensors the kernel reads by their own strides (any TMA can read)
-        self.sources = [(place, STRIDED if kind is True and name in strided else kind)
+        # ``strided``: the tensors the kernel reads by their own strides (any TMA can read);
+        # ``views``: name -> the strides of a view the kernel was written for (a Triton
+        # kernel's, :mod:`~tensorfuse.targets.triton.view_strides`), checked per call
+        views = views or {}
+        self.sources = [(place, STRIDED if kind is True and name in strided else
+                         (VIEW, views[name]) if kind is True and name in views else kind)
                         for name, place, kind in params]
         tensors = [name for name, _, kind in params if kind is True]
         # an output is made like a contiguous tensor only (empty_like keeps a dense view's order)
-        likes = [like if like is None or tensors[like] not in strided else None
+        likes = [like if like is None or tensors[like] not in strided and
+                 tensors[like] not in views else None
                  for like in likes or [None] * len(outputs)]
         self.outputs = [(shape, torch_dtype(dtype), like)
                         for (_, shape, dtype), like in zip(outputs, likes)]
@@ -103,7 +110,8 @@ class SignatureCall:
         ``addresses``, the tensor), a scalar as its kind — and the tensors; None where this call
         needs the checked path (a guarded scalar's other value, a tensor — an argument or a
         given ``out=`` — that is not contiguous or not 16-byte aligned, as the compiled kernels
-        assume: that path writes a buffer and copies it into such an ``out``)."""
+        assume, or a view of other strides than its kernel's: that path writes a buffer and
+        copies it into such an ``out``)."""
         for place, value in self.guards:
             if (args[place] if type(place) is int else kwargs[place]) != value:
                 self.declined += 1
@@ -121,6 +129,12 @@ class SignatureCall:
                 tensors.append(x)
             elif kind is STRIDED:
                 if not tma_servable(x):
+                    self.declined += 1
+                    return None
+                values.append(x.data_ptr() if addresses else x)
+                tensors.append(x)
+            elif type(kind) is tuple:   # (VIEW, the strides its kernel was written for)
+                if x.data_ptr() % ALIGNMENT or x.stride() != kind[1]:
                     self.declined += 1
                     return None
                 values.append(x.data_ptr() if addresses else x)

@@ -13,6 +13,7 @@ from .contraction import (PARTIALS, combine_name, contraction_source, grid_of, p
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
 from .launcher import Launches, Step, output_specs, remember_fast_call
 from .size_builds import SizeBuilds, size_values, with_size_arguments
+from .view_strides import call_views, reading_views
 
 ORIGIN = "contraction template defaults"
 MAX_GRID_Y = 65535   # CUDA's limit on a grid's second dimension (the batch indices)
@@ -43,10 +44,11 @@ class ContractionKernel(GraphCallable):
         return f"<ContractionKernel {self.program.name} for {self.target.name}: " \
                f"{self.description}>"
 
-    def build(self, **dims) -> tuple:
+    def build(self, views: tuple = (), **dims) -> tuple:
         """(knobs, the build serving these sizes): written once per build, a new size inside a
-        build's guards costs nothing here."""
-        key = tuple(sorted(dims.items()))
+        build's guards costs nothing here; ``views``: the views a call passes
+        (:func:`.view_strides.call_views`), read by their strides."""
+        key = tuple(sorted(dims.items())) + views
         if key not in self._built:
             check_named_sizes(self.program, dims, complete=True)
             dims = dict(sorted(dims.items()))
@@ -55,12 +57,13 @@ class ContractionKernel(GraphCallable):
             if batch > MAX_GRID_Y:
                 raise TargetError(f"{batch} batch indices: a CUDA grid's second dimension "
                                   f"holds {MAX_GRID_Y}")
-            self._origin[key] = origin or ORIGIN
+            self._origin[tuple(sorted(dims.items()))] = origin or ORIGIN
             varying = self.sizes.varying(dims)
-            made = self.sizes.find(dims, knobs, (), varying) if varying else None
+            made = self.sizes.find(dims, knobs, views, varying) if varying else None
             if made is None:
-                made = self.sizes.write(dims, knobs, (), varying,
-                                        lambda sizes: self._emit(knobs, sizes))
+                with reading_views(views):
+                    made = self.sizes.write(dims, knobs, views, varying,
+                                            lambda sizes: self._emit(knobs, sizes))
             self._built[key] = (knobs, made)
         return self._built[key]
 
@@ -119,14 +122,14 @@ class ContractionKernel(GraphCallable):
     def ptx(self, **dims) -> str:
         return self.compiled(**dims).asm["ptx"]
 
-    def _launch_for(self, dims: dict) -> tuple[Launches, list]:
-        """The launches at these sizes, and the tensors its staged sides are stored in
-        (name, shape, dtype), made once per sizes."""
+    def _launch_for(self, dims: dict, views: tuple = ()) -> tuple[Launches, list]:
+        """The launches at these sizes (for these views), and the tensors its staged sides are
+        stored in (name, shape, dtype), made once per sizes."""
         import torch
 
-        key = tuple(sorted(dims.items()))
+        key = tuple(sorted(dims.items())) + views
         if key not in self._launches:
-            knobs, made = self.build(**dims)
+            knobs, made = self.build(views, **dims)
             plan = self.plan.for_knobs(knobs)
             pointers = {p.name for p in plan.program.tensor_params} | {
                 f"out_{c.name}" for c in self.outputs} | set(split_arguments(knobs))
@@ -152,8 +155,9 @@ class ContractionKernel(GraphCallable):
         device = launch_device(self, bound)
         import torch
 
-        launches, stored = self._launch_for(bound.dims)
-        values = torch_arguments(self.program, bound, device)
+        views = call_views(self.program, bound.arrays)
+        launches, stored = self._launch_for(bound.dims, views)
+        values = torch_arguments(self.program, bound, device, views=dict(views))
         values.update({n: v for n, v in size_values(bound.dims).items() if n not in values})
         values.update({name: torch.empty(shape, dtype=dtype, device=device)
                        for name, shape, dtype in stored})
@@ -185,14 +189,16 @@ class ContractionKernel(GraphCallable):
         takes 0.022 with this (``python -m benchmarks.contraction --pairs``); a router's weight
         gradient split in 8 parts took 0.050–0.075 ms through the checked path
         (``benchmarks.unlisted_kernels``)."""
-        stored = self._launch_for(bound.dims)[1]
+        views = call_views(self.program, bound.arrays)
+        stored = self._launch_for(bound.dims, views)[1]
         if any(name != PARTIALS for name, _, _ in stored):
             return
         # the split's partial tiles (the one tensor left in ``stored``): the fast call's f32
         # scratch, allocated per call as here
         scratch = ([(PARTIALS, stored[0][1], 0)], stored[0][1][0]) if stored else None
         remember_fast_call(self._fast, key, self.program, args, bound, self._calls,
-                           output_specs(self.outputs, bound.dims), launches, scratch)
+                           output_specs(self.outputs, bound.dims), launches, scratch,
+                           views=views)
 
     def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
         import triton

@@ -12,6 +12,7 @@ from ...algebra.exprs import nodes
 from ...dsl.expr import Axis, Const, Load
 from ...dsl.symbolic_sizes import size_arguments
 from .expr import TL_DTYPES, TileContext, computed, dim_sizes, offset, to_triton
+from .view_strides import call_views, view_strides
 from .launch import compile_for, interpreting, load_kernel, signature
 from ...interop import deliver
 from ..signature_call import try_fast_call
@@ -61,6 +62,8 @@ def interleaved_loads(plan, sizes: dict) -> list[tuple[Load, int, dict]]:
             extents = dim_sizes(n.param, sizes)
             # (the other indices neither gathered nor reading the column axis: the group's
             # base offset is one per row)
+            if view_strides(n.param.name) is not None:   # a view: its rows need not be q apart
+                continue
             if not (isinstance(column, Axis) and column.uid == last.uid and
                     isinstance(inner, Const) and isinstance(extents[-1], int)) or \
                     any(isinstance(i, Load) or isinstance(i, Axis) and i.uid == last.uid
@@ -204,7 +207,8 @@ class ElementwiseKernel(ScatterKernel):
         launches(values)
         if key is not None and fast is None:
             remember_fast_call(self._fast, key, self.program, args, bound, self._calls,
-                               output_specs(self.outputs, bound.dims), launches)
+                               output_specs(self.outputs, bound.dims), launches,
+                               views=call_views(self.program, bound.arrays))
         made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
         return made[0] if len(made) == 1 else tuple(made)
 

@@ -17,6 +17,7 @@ from ...dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load
                          Symbol, Unary, Where, is_gathered)
 from ...errors import TargetError
 from ..address_terms import address_terms
+from .view_strides import view_strides
 
 TL_DTYPES = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32", "f64": "tl.float64",
              "i8": "tl.int8", "u8": "tl.uint8", "i32": "tl.int32", "i64": "tl.int64",
@@ -167,7 +168,11 @@ def dim_sizes(param, sizes: dict) -> list[int]:
 
 
 def strides(param, sizes: dict) -> list[int]:
-    """Row-major strides of a tensor parameter at the given sizes."""
+    """The strides a kernel reads a tensor parameter at: a view's own where the kernel is
+    written for a call passing one (:mod:`.view_strides`), else row-major at the given sizes."""
+    view = view_strides(param.name)
+    if view is not None:
+        return list(view)
     dims = dim_sizes(param, sizes)
     out, acc = [], 1
     for n in reversed(dims):
@@ -327,7 +332,7 @@ def _eviction(e: Load, streaming: tuple) -> str:
 
 
 def offset(e: Load, ctx: TileContext) -> str:
-    """The element offset ``e`` reads in its tensor (row-major strides at ``ctx.sizes``): what
+    """The element offset ``e`` reads in its tensor (:func:`strides` at ``ctx.sizes``): what
     a load or a store of the same element adds to the tensor's pointer."""
     terms = []
     size_of = {id(i): n for i, n in zip(e.indices, dim_sizes(e.param, ctx.sizes))}

@@ -17,6 +17,7 @@ from .row_grid import MASK_ARGS, block_k, grid, launch_grid, merge_chunks, merge
 from .column_sums import finish_grid, partial_names, scratch_shapes
 from .rowtile import kernel_source
 from .size_builds import SizeBuilds, size_values, with_size_arguments
+from .view_strides import call_views, reading_views
 
 # a lookup of tuning records (records.template_records): knobs, where from, and the sizes they
 # were tuned at where those are not the call's (another size of its bucket)
@@ -66,25 +67,27 @@ class TritonKernel(GraphCallable):
         return f"<TritonKernel {self.program.name} for {self.target.name}: {self.description}>"
 
     # -- building --------------------------------------------------------------------------------
-    def build(self, scalars: dict | None = None, **dims):
+    def build(self, scalars: dict | None = None, views: tuple = (), **dims):
         """(plan, knobs, source, kernel function, argument names) for these sizes; ``scalars``:
         the call's scalar values, where tuning records are kept per value of some of them (a
-        window, a prefix length: ``tuned.scalar_names``) and so the knobs may differ. The plan is
-        made at these sizes (the launch's grid and outputs); the source may be one written with
-        sizes as arguments that serves them (:mod:`.size_builds`)."""
-        key = self._build_key(dims, scalars)
+        window, a prefix length: ``tuned.scalar_names``) and so the knobs may differ; ``views``:
+        the views the call passes (:func:`.view_strides.call_views`), read by their strides.
+        The plan is made at these sizes (the launch's grid and outputs); the source may be one
+        written with sizes as arguments that serves them (:mod:`.size_builds`)."""
+        origin = self._build_key(dims, scalars)   # where the knobs come from: the same for views
+        key = origin + views
         if key not in self._built:
             check_named_sizes(self.program, dims, complete=True)
             untiled = self.planner.plan(dims)
             knobs = self.knobs(untiled)
-            self._origin[key] = "template defaults" if not self.given else (
+            self._origin[origin] = "template defaults" if not self.given else (
                 "the knobs given (" + ", ".join(f"{n}={v}" for n, v in self.given.items()) +
                 "), the rest template defaults")
             found = self.tuned(dims, scalars) if self.tuned is not None else None
             if found is not None:   # a record without row tiles (tuned before they were a knob)
                 # ran one tile a program, whatever today's default for these sizes
                 defaults, knobs = knobs, replace(knobs, **{"row_tiles": 1, **found[0]})
-                self._origin[key] = f"tuned record ({found[1]})"
+                self._origin[origin] = f"tuned record ({found[1]})"
             refused = self.refuse(untiled, knobs) if found is None and self.refuse else None
             if refused:
                 from ...errors import TargetError
@@ -93,17 +96,18 @@ class TritonKernel(GraphCallable):
             plan = self.planner.tile(untiled, knobs, scalars, self.tiling)
             why = self._not_running(plan, knobs) if found is not None and found[2] else None
             if why:   # a record of other sizes of the bucket whose knobs cannot run these
-                self._origin[key] = ("template defaults (the record of the nearest tuned sizes "
-                                     f"does not fit these: {why})")
+                self._origin[origin] = ("template defaults (the record of the nearest tuned "
+                                        f"sizes does not fit these: {why})")
                 knobs = defaults
                 plan = self.planner.tile(untiled, knobs, scalars, self.tiling)
             keyed = key[len(dims):]
             varying = self.sizes.varying(dims)
             made = self.sizes.find(dims, knobs, keyed, varying) if varying else None
             if made is None:
-                made = self.sizes.write(dims, knobs, keyed, varying, lambda sizes: self._emit(
-                    plan if sizes is dims else self.planner.tile(
-                        self.planner.plan(sizes), knobs, scalars, self.tiling), knobs))
+                with reading_views(views):
+                    made = self.sizes.write(dims, knobs, keyed, varying, lambda sizes: self._emit(
+                        plan if sizes is dims else self.planner.tile(
+                            self.planner.plan(sizes), knobs, scalars, self.tiling), knobs))
             self._built[key] = (plan, knobs, made.source, made.fn, made.args)
             self._serving[key] = made
         return self._built[key]
@@ -135,7 +139,8 @@ class TritonKernel(GraphCallable):
     def _second_kernel(self, bound, role: str):
         """The second kernel of a plan with sums down the rows (``sums``) or whose split parts
         are merged apart (``merge``), from the source that serves these sizes (:meth:`build`)."""
-        _, _, source, _, _ = self.build(bound.scalars, **bound.dims)
+        views = call_views(self.program, bound.arrays)
+        _, _, source, _, _ = self.build(bound.scalars, views, **bound.dims)
         return load_kernel(source, f"{self._name}_{role}")
 
     def cache_info(self) -> list:
@@ -178,12 +183,12 @@ class TritonKernel(GraphCallable):
         dims, scalars = split_scalars(self.program, dims)
         return self.build(scalars, **dims)[2]
 
-    def compiled(self, **dims):
+    def compiled(self, views: tuple = (), **dims):
         """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm). Scalars
-        a kernel is built per
-        (a map's width) may be given by name among the sizes."""
+        a kernel is built per (a map's width) may be given by name among the sizes; ``views``:
+        the kernel for calls passing these views (:func:`.view_strides.call_views`)."""
         dims, scalars = split_scalars(self.program, dims)
-        plan, knobs, _, fn, names = self.build(scalars, **dims)
+        plan, knobs, _, fn, names = self.build(scalars, views, **dims)
         outs = [c for c, _, _ in plan.outputs]
         mask_args = list(MASK_ARGS) if plan.block_listed else []
         sig, divisible = with_size_arguments(signature(self.program, outs, mask_args), dims,
@@ -212,13 +217,14 @@ class TritonKernel(GraphCallable):
         counters where the last part merges."""
         ints = tuple((v == 1, v % 16 == 0) for n, v in bound.scalars.items()
                      if self._int_scalar.get(n))
-        key = bound.signature + ints
+        views = call_views(self.program, bound.arrays)
+        key = bound.signature + ints + views
         keyed = self._keyed_scalars()
         if keyed:   # records kept per value of these: the knobs or the tiling may differ
             key += tuple(bound.scalars[n] for n in keyed)
         made = self._launch_plans.get(key)
         if made is None:
-            plan, knobs, _, fn, names = self.build(bound.scalars, **bound.dims)
+            plan, knobs, _, fn, names = self.build(bound.scalars, views, **bound.dims)
             meta = dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=block_k(plan))
             pointers = {p.name for p in self.program.tensor_params} | {
                 f"out_{c.name}" for c, _, _ in plan.outputs} | set(MASK_ARGS)
@@ -283,7 +289,8 @@ class TritonKernel(GraphCallable):
         bound = self._binder()(args, kwargs, key)
         device = launch_device(self, bound)
         plan, launches, scratch, knobs, outputs, counters = self._launches(bound)
-        values = torch_arguments(self.program, bound, device)
+        views = call_views(self.program, bound.arrays)
+        values = torch_arguments(self.program, bound, device, views=dict(views))
         # read by a kernel written with sizes as arguments (a parameter of the same name wins:
         # that size is never an argument, SizeBuilds)
         values.update({n: v for n, v in size_values(bound.dims).items() if n not in values})
@@ -347,7 +354,8 @@ class TritonKernel(GraphCallable):
         # the scalars tuning records are kept per (a window) are guarded: another value may have
         # other knobs, so it takes the checked path
         remember_fast_call(self._fast, key, self.program, args, bound, self._calls, outputs,
-                           launches, scratch, counters, self._keyed_scalars())
+                           launches, scratch, counters, self._keyed_scalars(),
+                           call_views(self.program, bound.arrays))
 
     def warm(self, *args, **kwargs) -> None:
         """Compile for these arguments without launching (a tuning batch compiles its

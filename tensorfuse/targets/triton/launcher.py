@@ -193,10 +193,11 @@ class FastCall(SignatureCall):
 
     def __init__(self, params: list, outputs: list, scratch, launches: Launches, device,
                  likes: list | None = None, guards: list | None = None,
-                 counters: PartCounters | None = None, constants: dict | None = None):
+                 counters: PartCounters | None = None, constants: dict | None = None,
+                 views: dict | None = None):
         import torch
 
-        super().__init__(params, outputs, device, likes, guards)
+        super().__init__(params, outputs, device, likes, guards, views=views)
         places, total = scratch if scratch is not None else ([], 0)
         self.scratch_offsets = [4 * offset for _, _, offset in places]
         self.scratch_total = total
@@ -310,12 +311,13 @@ def output_specs(computes, dims: dict) -> list:
 
 def remember_fast_call(calls: dict, key, program, args: tuple, bound, binder, outputs: list,
                        launches: Launches, scratch=None, counters: "PartCounters | None" = None,
-                       guarded: tuple = ()) -> None:
+                       guarded: tuple = (), views: tuple = ()) -> None:
     """Keep in ``calls`` a :class:`FastCall` for this signature where one applies — torch
     tensors on the GPU, kernels Triton lets us launch directly — read off its first call
     (``bound`` by ``binder``; ``outputs``: ``(argument name, shape, DSL dtype)``); the sizes the
     kernels read as arguments are fixed by the key; ``guarded``: the scalars the launches were
-    made for (other values take the checked path)."""
+    made for (other values take the checked path); ``views``: the views they were written for
+    (:func:`~.view_strides.call_views`: a call passing other strides takes the checked path)."""
     if not fast_call_applies(bound, binder.target_device) or \
             any(step.raw is None for step in launches.steps):
         return
@@ -324,4 +326,4 @@ def remember_fast_call(calls: dict, key, program, args: tuple, bound, binder, ou
     sizes = {n: v for n, v in size_values(bound.dims).items()
              if n not in bound.arrays and n not in bound.scalars}
     calls[key] = FastCall(params, outputs, scratch, launches, bound.torch_device, likes, guards,
-                          counters, sizes)
+                          counters, sizes, dict(views))

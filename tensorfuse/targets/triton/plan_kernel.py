@@ -12,6 +12,7 @@ from ...torch_graph import GraphCallable
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
 from .launcher import Launches, Step
 from .size_builds import SizeBuilds, size_values, with_size_arguments
+from .view_strides import call_views, reading_views
 
 
 class PlanKernel(GraphCallable):
@@ -50,18 +51,20 @@ class PlanKernel(GraphCallable):
     def _name(self) -> str:
         return f"{self.program.name}_{self.suffix}"
 
-    def build(self, **dims):
+    def build(self, views: tuple = (), **dims):
         """(source, its kernels in launch order, launches, argument names) at these sizes, made
         once; a source written with sizes as arguments serves every size within its
-        guards (:mod:`.size_builds`)."""
-        key = tuple(sorted(dims.items()))
+        guards (:mod:`.size_builds`); ``views``: the views a call passes
+        (:func:`.view_strides.call_views`), read by their strides."""
+        key = tuple(sorted(dims.items())) + views
         if key not in self._built:
             check_named_sizes(self.program, dims, complete=True)
             varying = self.sizes.varying(dims)
             knobs = self._knobs(dims)
-            made = self.sizes.find(dims, knobs, (), varying) if varying else None
+            made = self.sizes.find(dims, knobs, views, varying) if varying else None
             if made is None:
-                made = self.sizes.write(dims, knobs, (), varying, self._emit)
+                with reading_views(views):
+                    made = self.sizes.write(dims, knobs, views, varying, self._emit)
             self._built[key] = self._assembled(made, dims)
         return self._built[key]
 
@@ -137,8 +140,9 @@ class PlanKernel(GraphCallable):
             self._calls = CallBinder(self.program, "cpu" if interpreting() else "cuda")
         bound = self._calls(args, kwargs, False)
         device = launch_device(self, bound)
-        launches = self.build(**bound.dims)[2]
-        values = torch_arguments(self.program, bound, device)
+        views = call_views(self.program, bound.arrays)
+        launches = self.build(views, **bound.dims)[2]
+        values = torch_arguments(self.program, bound, device, views=dict(views))
         values.update({n: v for n, v in size_values(bound.dims).items() if n not in values})
         values.update(self._scratch(bound.dims, device))
         outs, given = output_buffers(self.outputs, bound, device)

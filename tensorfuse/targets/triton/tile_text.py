@@ -8,6 +8,7 @@ from ...dsl.expr import Expr, Load
 from .expr import HELPERS, TL_DTYPES, TileContext, to_triton, with_called_helpers
 from .reductions import combine_helpers
 from .source_writer import INTERPRETER_HELPERS
+from .view_strides import view_elements
 
 
 def assemble_source(functions) -> str:
@@ -47,8 +48,11 @@ def needs_wide_offsets(prog, sizes: dict) -> bool:
     """Whether some tensor the kernel reads or writes has 2³¹ elements or more (its offsets then
     need 64 bits). Each tensor is asked on its own: a size as an argument is then guarded by
     each staying below, not by which of them is the largest."""
-    counts = [math.prod(d if isinstance(d, int) else sizes[d] for d in p.dims)
-              for p in prog.tensor_params]
+    counts = []
+    for p in prog.tensor_params:
+        dims = [d if isinstance(d, int) else sizes[d] for d in p.dims]
+        spanned = view_elements(p.name, dims)   # a view reads as far as its strides reach
+        counts.append(math.prod(dims) if spanned is None else spanned)
     counts += [math.prod(a.extent if isinstance(a.extent, int) else sizes[a.extent]
                          for a in c.axes) for c in prog.outputs]
     return any(count >= 2**31 for count in counts)
