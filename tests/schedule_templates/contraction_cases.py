@@ -132,10 +132,12 @@ def _matmul_f32(g, M=20, K=33, N=18):
 IN_TILES = types.SimpleNamespace(program=gated_gradient.program, knobs=dict(stage_sides=0))
 
 
-def split(kernel, parts: int) -> types.SimpleNamespace:
+def split(kernel, parts: int, **knobs) -> types.SimpleNamespace:
     """``kernel`` with its contracted axis split into ``parts`` (``ContractionKnobs.splits``;
-    with the interpreter's blocks of 16, the last part ragged or empty)."""
-    return types.SimpleNamespace(program=kernel.program, knobs=dict(splits=parts))
+    with the interpreter's blocks of 16, the last part ragged or empty), and other ``knobs``
+    (row blocks of 64: the parts combined in four slices of 16 rows, the last ones ragged or
+    empty — :func:`tensorfuse.targets.triton.contraction.combine_slices`)."""
+    return types.SimpleNamespace(program=kernel.program, knobs=dict(splits=parts, **knobs))
 
 
 CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate),
@@ -150,6 +152,7 @@ CASES = {"linear": (linear, _linear), "swiglu_gate": (swiglu_gate, _swiglu_gate)
          "weight_gradient_split": (split(weight_gradient, 3), _weight_gradient),
          "swiglu_gate_split": (split(swiglu_gate, 4), _swiglu_gate),
          "scaled_linear_split": (split(scaled_linear, 2), _scaled_linear),
+         "scaled_linear_sliced": (split(scaled_linear, 2, block_m=64), _scaled_linear),
          "gathered_linear_split": (split(gathered_linear, 2), _gathered_linear),
          "matmul_f32_split": (split(matmul_f32, 2), _matmul_f32),
          "bilinear_form": (bilinear_form, _bilinear_form),
@@ -169,6 +172,7 @@ TOLERANCE = {"linear": BF16_INTERPRETED, "swiglu_gate": BF16_INTERPRETED,
              "scores_bshd": BF16_INTERPRETED, "scaled_linear": BF16_INTERPRETED,
              "matmul_f32": 1e-5, "weight_gradient_split": BF16_INTERPRETED,
              "swiglu_gate_split": BF16_INTERPRETED, "scaled_linear_split": BF16_INTERPRETED,
+             "scaled_linear_sliced": BF16_INTERPRETED,
              "gathered_linear_split": BF16_INTERPRETED, "matmul_f32_split": 1e-5,
              "bilinear_form": BF16_INTERPRETED, "bilinear_form_split": BF16_INTERPRETED,
              "best_match": BF16_INTERPRETED, "best_match_split": BF16_INTERPRETED}
@@ -215,8 +219,8 @@ def contraction(kernel):
     from tensorfuse.schedule_templates.contraction import triton_contraction
     from tensorfuse.targets import get_target
 
-    return triton_contraction(kernel, get_target("cuda:sm_90a"), block_m=16, block_n=32,
-                              block_k=16, **getattr(kernel, "knobs", {}))
+    return triton_contraction(kernel, get_target("cuda:sm_90a"), **{
+        **dict(block_m=16, block_n=32, block_k=16), **getattr(kernel, "knobs", {})})
 
 
 if __name__ == "__main__":

@@ -240,7 +240,7 @@ def test_outputs_of_few_tiles_split_the_contracted_axis():
     contracted axis and pairwise reductions (which finish in one program) are not split, and
     asking them to be is refused; a GEMM reduced over its columns splits its columns instead of
     narrowing its rows to 16 (a bilinear form's 4096 rows had left the tensor cores idle);
-    both kernels of a split compile for sm_90a."""
+    both kernels of a split compile for sm_90a, the parts combined in slices of rows."""
     gram, manhattan = unlisted.gram_matrix, unlisted.manhattan_distances
     knobs = default_contraction_knobs(plan_contraction(gram.program), dict(N=65536, D=1024),
                                       HOPPER)
@@ -271,6 +271,10 @@ def test_outputs_of_few_tiles_split_the_contracted_axis():
     source = made.source(N=65536, D=1024)
     assert "def gram_matrix_gemm_tiles_combine(" in source and "partials" in source
     assert "wgmma.mma_async" in made.ptx(N=65536, D=1024)
+    # its 32 tiles combined in 4 slices of 32 rows each: 128 programs
+    assert "pid_s = pid % 4" in source.split("def gram_matrix_gemm_tiles_combine(")[1]
+    combine = made.compiled("combine", N=65536, D=1024).asm["ptx"]
+    assert "ld.global.v4.b32" in combine
 
 
 def test_tf_compile_gives_gemms_tensor_core_tiles_on_every_gpu():

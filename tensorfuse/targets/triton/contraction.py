@@ -31,6 +31,7 @@ from .column_states import (BETTER, COMBINE, EXTREMUM, FOLD, IDENTITY, NO_INDEX,
                             column_refs, column_states, lane_update, lanes_folded,
                             normalisers_of, part_combined, slots, states)
 from .source_writer import SourceWriter
+from .combine_slices import combine_slices
 
 
 def _digits(plan, axes: tuple, sizes: dict, flat: str) -> dict:
@@ -206,8 +207,9 @@ def _tile_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     return w.lines
 
 
-def _tile_position(knobs, w, M, N, as_index: str) -> None:
-    """``offs_m``, ``offs_n`` of the tile ``pid``: tiles in groups of ``group_m`` row blocks."""
+def _tile_position(knobs, w, M, N, as_index: str, slice_rows: int = 0) -> None:
+    """``offs_m``, ``offs_n`` of the tile ``pid``: tiles in groups of ``group_m`` row blocks
+    (with ``slice_rows``: the rows of slice ``pid_s`` of the tile, :func:`combine_slices`)."""
     w(f"blocks_m = tl.cdiv({M}, BLOCK_M)")
     w(f"blocks_n = tl.cdiv({N}, BLOCK_N)")
     w(f"in_group = {knobs.group_m} * blocks_n   # tiles of a group of {knobs.group_m} row blocks")
@@ -215,19 +217,25 @@ def _tile_position(knobs, w, M, N, as_index: str) -> None:
     w(f"group_rows = tl.minimum(blocks_m - first_m, {knobs.group_m})")
     w("pid_m = first_m + (pid % in_group) % group_rows")
     w("pid_n = (pid % in_group) // group_rows")
-    w(f"offs_m = pid_m{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
+    if slice_rows:
+        w(f"offs_m = pid_m{as_index} * BLOCK_M + pid_s * {slice_rows} + "
+          f"tl.arange(0, {slice_rows})")
+    else:
+        w(f"offs_m = pid_m{as_index} * BLOCK_M + tl.arange(0, BLOCK_M)")
     w(f"offs_n = pid_n{as_index} * BLOCK_N + tl.arange(0, BLOCK_N)")
 
 
-def _store_outputs(plan, w, refs: dict, out_ctx, bounds: dict, sizes: dict) -> None:
-    """Every output of the tile, computed on the sums (``refs``) and stored."""
+def _store_outputs(plan, w, refs: dict, out_ctx, bounds: dict, sizes: dict,
+                   rows: str = "BLOCK_M") -> None:
+    """Every output of the tile (of ``rows`` rows), computed on the sums (``refs``) and
+    stored."""
     for c in plan.outputs:
         value = refs[c.name] if c.name in refs else to_triton(inline_elementwise(c.bodies[0]),
                                                               out_ctx)
         offsets = store_offsets(c.axes, out_ctx, sizes)
         masks = " & ".join(ok for ragged, ok in (bounds[plan.rows.uid], bounds[plan.cols.uid])
                            if ragged)
-        w(f"tl.store(out_{c.name} + ({offsets}), tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))"
+        w(f"tl.store(out_{c.name} + ({offsets}), tl.broadcast_to({value}, ({rows}, BLOCK_N))"
           f".to({TL_DTYPES[c.dtypes[0]]}){', mask=' + masks if masks else ''})")
 
 
@@ -254,16 +262,22 @@ def _part_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
 
 
 def _combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
-    """The tile ``pid`` of a split contraction: its parts' accumulators added in the parts'
-    order (the same sums on every run, unlike atomics), then the outputs as one program's tile
-    (:func:`_tile_lines`)."""
+    """The tile ``pid`` of a split contraction (or a slice of its rows: :func:`combine_slices`):
+    its parts' accumulators added in the parts' order (the same sums on every run, unlike
+    atomics), then the outputs as one program's tile (:func:`_tile_lines`)."""
     w, M, N, as_index = _kernel_start(plan, sizes, interpreter)
+    slices = combine_slices(knobs, *grid_of(plan, knobs, sizes))
+    rows = f"{knobs.block_m // slices}" if slices > 1 else "BLOCK_M"
+    if slices > 1:   # program pid·slices + s: slice s of tile pid
+        w(f"pid_s = pid % {slices}")
+        w(f"pid = pid // {slices}")
     w(f"tiles = tl.cdiv({M}, BLOCK_M) * tl.cdiv({N}, BLOCK_N)")
-    _tile_position(knobs, w, M, N, as_index)
+    _tile_position(knobs, w, M, N, as_index, int(rows) if slices > 1 else 0)
     batch = _batch_digits(plan, w, sizes)
-    w("tile_at = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
+    first = f"(pid_s * {rows} + tl.arange(0, {rows}))" if slices > 1 else "tl.arange(0, BLOCK_M)"
+    w(f"tile_at = {first}[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
     for k, _ in enumerate(plan.products):
-        w(f"acc_{k} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+        w(f"acc_{k} = tl.zeros([{rows}, BLOCK_N], dtype=tl.float32)")
         w.sweep("part", "0", str(knobs.splits), "1")
         with w.block():
             w(f"acc_{k} += tl.load({PARTIALS} + "
@@ -271,7 +285,7 @@ def _combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
               "tile_at)")
     bounds = _tile_bounds(plan, knobs, sizes)[0]
     refs, out_ctx = _finished(plan, w, sizes, interpreter, batch, bounds, {})
-    _store_outputs(plan, w, refs, out_ctx, bounds, sizes)
+    _store_outputs(plan, w, refs, out_ctx, bounds, sizes, rows)
     return w.lines
 
 

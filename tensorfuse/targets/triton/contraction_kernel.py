@@ -8,6 +8,7 @@ from ...errors import ScheduleError, TargetError
 from ...interop import deliver, torch_arguments, torch_dtype
 from ..signature_call import try_fast_call
 from ...torch_graph import GraphCallable
+from .combine_slices import combine_slices
 from .contraction import (PARTIALS, combine_name, contraction_source, grid_of, partial_floats,
                           split_arguments, stage_grid, stage_name)
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
@@ -109,14 +110,16 @@ class ContractionKernel(GraphCallable):
     def cache_info(self) -> list:
         return list(self.sizes.builds)
 
-    def compiled(self, **dims):
-        """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm)."""
+    def compiled(self, kernel: str = "", **dims):
+        """Compile without a GPU; ``.asm`` holds ptx/cubin (CUDA) or amdgcn/hsaco (ROCm); the
+        tiles' kernel, or ``kernel="combine"``: the kernel that adds a split's parts."""
         dims, _ = split_scalars(self.program, dims)
         knobs, made = self.build(**dims)
+        fn = load_kernel(made.source, f"{self._name}_{kernel}") if kernel else made.fn
         sig = signature(self.plan.for_knobs(knobs).program, self.outputs, [])
         sig.update(dict.fromkeys(split_arguments(knobs), "*fp32"))   # before the sizes, as
         sig, divisible = with_size_arguments(sig, dims, made.args)   # the kernel takes them
-        return compile_for(made.fn, sig, _meta(knobs), self.target, knobs.num_warps,
+        return compile_for(fn, sig, _meta(knobs), self.target, knobs.num_warps,
                            knobs.num_stages, divisible)
 
     def ptx(self, **dims) -> str:
@@ -140,9 +143,10 @@ class ContractionKernel(GraphCallable):
             steps.append(Step(made.fn, (tiles * knobs.splits, batch), made.args, pointers))
             stored = [(s.param.name, [plan.extent(a, dims) for a in s.axes],
                        torch_dtype(s.param.dtype)) for s in plan.staged]
-            if knobs.splits > 1:   # the parts' tiles, added by a second kernel
+            if knobs.splits > 1:   # the parts' tiles, added by a second kernel (in row slices)
+                slices = 1 if plan.over_columns else combine_slices(knobs, tiles, batch)
                 steps.append(Step(load_kernel(made.source, combine_name(self._name)),
-                                  (tiles, batch), made.args, pointers))
+                                  (tiles * slices, batch), made.args, pointers))
                 stored.append((PARTIALS, [partial_floats(plan, knobs, dims)], torch.float32))
             self._launches[key] = (Launches(steps, _meta(knobs), knobs.num_warps,
                                             knobs.num_stages), stored)
