@@ -114,6 +114,13 @@ def cases(calls: int):
            torch.randn(8, 4096, 512, **bf16))
     yield ("staged", "the floor's stages: a latent decode, B8 H128 4096 keys (the same call)",
            [0, 0], [0] * (2 * calls), lambda n: (), lambda: latent(*mla, 0.04))
+    from benchmarks.unlisted_kernels import paged_latent_decode
+    paged = tf.compile(paged_latent_decode, "cuda:sm_90a")
+    pages = torch.randn(1024, 64, 576, **bf16)
+    table = torch.randperm(1024)[:512].reshape(8, 64).int()
+    yield ("paged", "the floor's stages over a paged cache: a latent decode, B8 H128 4096 keys in "
+           "pages of 64, the values a view (the same call)", [0, 0], [0] * (2 * calls),
+           lambda n: (), lambda: paged(mla[0], pages, pages[..., :512], table, 0.04))
     window = tf.compile(K.sliding_window_attention, "cuda:sm_90a")
     leaves = [torch.randn(2, 16, 4096, 128, **bf16).requires_grad_() for _ in range(3)]
     grad = torch.randn(2, 16, 4096, 128, **bf16)
@@ -139,7 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--only", default="", help="cases by name: causal, rows, decode, "
-                        "steady, staged, backward, sink_step")
+                        "steady, staged, paged, backward, sink_step")
     parser.add_argument("--profile", action="store_true", help="cProfile's top functions too")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()

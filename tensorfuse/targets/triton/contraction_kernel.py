@@ -3,6 +3,8 @@ kernel, torch or NumPy in and out, a Triton source per shape signature (sizes se
 value become arguments: :mod:`.size_builds`), launched on torch's current stream."""
 from __future__ import annotations
 
+import math
+
 from ...binding import CallBinder, check_named_sizes, output_buffers, split_scalars
 from ...errors import ScheduleError, TargetError
 from ...interop import deliver, torch_arguments, torch_dtype
@@ -186,23 +188,20 @@ class ContractionKernel(GraphCallable):
 
     def _remember_fast(self, key, args: tuple, bound, launches) -> None:
         """Keep a fast call for this signature where one applies: torch tensors on the GPU in,
-        new outputs out, no staged sides (their tensors are made per call; a split's partial
-        tiles are the fast call's scratch), kernels Triton lets us launch directly. The checked
-        path's host work per call had exceeded a 21 µs kernel: a Gaussian kernel's sum at 4096²
-        points took 0.032 ms a call through ``tf.compile`` against 0.021 launched alone, and
-        takes 0.022 with this (``python -m benchmarks.contraction --pairs``); a router's weight
-        gradient split in 8 parts took 0.050–0.075 ms through the checked path
-        (``benchmarks.unlisted_kernels``)."""
+        new outputs out, kernels Triton lets us launch directly; the staged sides and a split's
+        partial tiles in the fast call's scratch, one buffer allocated per call as the checked
+        path allocates them. The checked path's host work per call had exceeded a 21 µs kernel:
+        a Gaussian kernel's sum at 4096² points took 0.032 ms a call through ``tf.compile``
+        against 0.021 launched alone, and takes 0.022 with this (``python -m
+        benchmarks.contraction --pairs``); a router's weight gradient split in 8 parts took
+        0.050–0.075 ms through the checked path (``benchmarks.unlisted_kernels``); a paged
+        latent decode's p·v, its probabilities staged, 0.245 ms a call for 0.085 of GPU time
+        (the H100; ``--only paged_latent_decode``)."""
         views = call_views(self.program, bound.arrays)
         stored = self._launch_for(bound.dims, views)[1]
-        if any(name != PARTIALS for name, _, _ in stored):
-            return
-        # the split's partial tiles (the one tensor left in ``stored``): the fast call's f32
-        # scratch, allocated per call as here
-        scratch = ([(PARTIALS, stored[0][1], 0)], stored[0][1][0]) if stored else None
         remember_fast_call(self._fast, key, self.program, args, bound, self._calls,
-                           output_specs(self.outputs, bound.dims), launches, scratch,
-                           views=views)
+                           output_specs(self.outputs, bound.dims), launches,
+                           scratch_layout(stored) if stored else None, views=views)
 
     def benchmark(self, *args, repeat: int = 100, **kwargs) -> float:
         import triton
@@ -216,3 +215,13 @@ class ContractionKernel(GraphCallable):
 def _meta(knobs) -> dict:
     return dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=knobs.block_k)
 
+
+def scratch_layout(stored: list) -> tuple[list, int]:
+    """The tensors a call stores between its kernels (``(name, shape, torch dtype)``) as places
+    in one float32 buffer: ``([(name, shape, offset in floats)], floats in all)``, each at a
+    128-byte boundary (a fast call hands the kernels addresses inside it)."""
+    places, offset = [], 0
+    for name, shape, dtype in stored:
+        places.append((name, shape, offset))
+        offset += -(-math.prod(shape) * dtype.itemsize // 128) * 32
+    return places, offset
