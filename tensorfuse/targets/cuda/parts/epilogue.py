@@ -335,7 +335,7 @@ __device__ __forceinline__ float epilogue_value({c.gate_params}, int row, int co
 
 def gemm_split_combine(c) -> str:
     """A split tile's pieces: partial accumulators to the workspace, the last piece adds them
-    up."""
+    up, all of them in the pieces' order (deterministic)."""
     return """      if (w.piece >= 0) {   // a piece of a split tile: the last piece to finish adds them up
         const int ct = cw * 128 + t;
         float4* mine = (float4*)ws + (long)(w.slot * CLUSTER + rank) * PART_VEC4;
@@ -351,16 +351,25 @@ def gemm_split_combine(c) -> str:
         if (!tf_arrived_last(counters + (w.unit - full_items) * CLUSTER + rank, pieces,
                              CONSUMERS + 1, CONSUMERS * 128, ct == 0, last_piece))
           continue;
+        // every piece, its own read back too, added in the pieces' order: the same sum
+        // whichever piece finishes last (its registers first had made the sum's order, and the
+        // output's last bits, differ from run to run: a latent decode's repeated calls on the
+        // H100). The read back costs a small GEMM's tail: 1000×520×776 in 2 ways 15.5 → 17.0
+        // µs, 8192×4096×14336 in 6 ways unchanged (``benchmarks.gemm --no-sweep``)
         const int first_slot = (w.unit - full_items) * pieces;
+        #pragma unroll
+        for (int x = 0; x < G; ++x) {
+          #pragma unroll
+          for (int i = 0; i < BN / 2; ++i) acc[x][i] = 0.f;
+        }
         for (int p = 0; p < pieces; ++p) {
-          if (first_slot + p == w.slot) continue;
-          const float4* other = (const float4*)ws + (long)((first_slot + p) * CLUSTER + rank)
-                                * PART_VEC4;
+          const float4* part = (const float4*)ws + (long)((first_slot + p) * CLUSTER + rank)
+                               * PART_VEC4;
           #pragma unroll
           for (int x = 0; x < G; ++x) {
             #pragma unroll
             for (int g = 0; g < BN / 8; ++g) {
-              const float4 v = __ldcg(other + (x * (BN / 8) + g) * CONSUMERS * 128 + ct);
+              const float4 v = __ldcg(part + (x * (BN / 8) + g) * CONSUMERS * 128 + ct);
               acc[x][4 * g] += v.x;
               acc[x][4 * g + 1] += v.y;
               acc[x][4 * g + 2] += v.z;
