@@ -21,9 +21,9 @@ def counted(kernel, calls):
     built = []
     original = kernel.build
 
-    def build(scalars=None, **dims):
-        built.append(tuple(sorted(dims.items())))
-        return original(scalars, **dims)
+    def build(scalars=None, views=(), **dims):
+        built.append(tuple(sorted(dims.items())) + views)
+        return original(scalars, views, **dims)
 
     kernel.build = build
     allocations = []
