@@ -266,8 +266,8 @@ __device__ __forceinline__ void merge_partial(float (&o)[DV_ / 2], float (&m)[2]
   }
 }
 // A piece of a split tile (MODE_SPLIT): the warpgroup's partial state goes to the workspace
-// slot of its part; the warpgroup that completes the tile's pieces last merges the others' into
-// its own and returns true: it writes the output. Many pieces merge in rounds (merge_fan): the
+// slot of its part; the warpgroup that completes the tile's pieces last merges all of them, in
+// their order, and returns true: it writes the output. Many pieces merge in rounds (merge_fan): the
 // last of a group of runs merges them into the slot of the group's first piece — a run of the
 // next round — and the last round's merger the whole tile (merge_round: the groups and their
 // counters); each counter left at 0 by the arrival that completes it. Every thread writes and
@@ -286,8 +286,14 @@ __device__ __forceinline__ bool merge_piece(float (&o)[DV_ / 2], float (&m)[2], 
     if (!tf_arrived_last(counters + 2 + r.counter * CONSUMERS + cw, r.arrivals, bar, 128, t == 0,
                          flags + cw))
       return false;
-    for (int q = r.g0; q <= r.g1; q += span)
-      if (q != r.own) merge_partial(o, m, l, TF_PARTIAL(q));
+    // every run of the group, its own read back too, merged in their order from an empty
+    // state: the same bits whichever run finished last (its registers first had made the
+    // merge's order depend on it)
+    #pragma unroll
+    for (int x = 0; x < 2; ++x) { m[x] = -INFINITY; l[x] = 0.f; }
+    #pragma unroll
+    for (int i = 0; i < DV_ / 2; ++i) o[i] = 0.f;
+    for (int q = r.g0; q <= r.g1; q += span) merge_partial(o, m, l, TF_PARTIAL(q));
     if (r.last) break;
     store_partial(o, m, l, TF_PARTIAL(r.g0));   // the run the next round reads
   }
