@@ -1,6 +1,7 @@
 """The contraction template: GEMM-shaped programs as Triton tensor-core tiles, planned by the roles
 of their axes, checked against float64 under Triton's interpreter, compiled for sm_90a, sm_80 and
 gfx942, and chosen by ``tf.compile`` (alone, and as the GEMM stages of a floor)."""
+import math
 import warnings
 
 import pytest
@@ -286,6 +287,25 @@ def test_tf_compile_gives_gemms_tensor_core_tiles_on_every_gpu():
     assert tf.compile(K.matmul, HOPPER).schedule_origin(**sizes).startswith("hopper_gemm")
     made = tf.compile(weight_gradient, HOPPER)
     assert made.schedule_origin(B=2, M=4096, K=1024, N=1024).startswith("contraction")
+
+
+def test_a_fast_calls_scratch_places_each_stored_tensor_apart_on_128_byte_boundaries():
+    """The staged sides (bf16, f32) and a split's partial tiles in one float32 buffer: each at a
+    128-byte boundary, none overlapping the next, the buffer holding the last."""
+    import torch
+
+    from tensorfuse.targets.triton.contraction_kernel import scratch_layout
+
+    stored = [("side", [3, 5, 7], torch.bfloat16), ("gate", [33], torch.float32),
+              ("partials", [1000], torch.float32)]
+    places, total = scratch_layout(stored)
+    assert [name for name, _, _ in places] == ["side", "gate", "partials"]
+    offsets = [4 * offset for _, _, offset in places]   # bytes
+    assert all(o % 128 == 0 for o in offsets)
+    ends = [o + math.prod(shape) * dtype.itemsize
+            for o, (_, shape, dtype) in zip(offsets, stored)]
+    assert all(end <= start for end, start in zip(ends, offsets[1:]))
+    assert ends[-1] <= 4 * total < ends[-1] + 128
 
 
 def test_a_new_size_is_an_argument_after_the_second_value():
