@@ -78,6 +78,12 @@ class NoTemplateWarning(UserWarning):
     (``schedule_origin()`` says why no template took it)."""
 
 
+class CopiedArgumentWarning(UserWarning):
+    """A tensor argument is copied before a kernel's launch: a view the kernel cannot read where
+    it lies (a strided innermost dimension, a start off a 16-byte boundary, strides TMA cannot
+    take). Said once per kernel, argument and layout."""
+
+
 class RollingUpdateWarning(UserWarning):
     """A fusion is exact but may lose precision (a correction can grow values that were rounded
     away earlier, e.g. exp(old − new) > 1 when a dependency decreases)."""

@@ -182,8 +182,34 @@ def torch_arguments(program, bound, device, strided=(), views=()) -> dict:
             x = bound.arrays[p.name]
             x = x if is_torch(x) else torch_from_numpy(x, device)
             kept = p.name in views or (tma_servable(x) if p.name in strided else launchable(x))
+            if not kept and is_torch(bound.arrays[p.name]):
+                said_copied(program.name, p.name, x)
             values[p.name] = x if kept else x.clone(memory_format=_contiguous())
     return values
+
+
+_SAID_COPIED: set = set()
+
+
+def said_copied(kernel: str, name: str, x) -> None:
+    """Warn, once per kernel, argument and layout, that torch tensor ``x`` (argument ``name``)
+    is copied before the launch (:class:`~tensorfuse.errors.CopiedArgumentWarning`)."""
+    import warnings
+
+    from .errors import CopiedArgumentWarning
+
+    key = (kernel, name, tuple(x.shape), tuple(x.stride()), x.data_ptr() % ALIGNMENT)
+    if key in _SAID_COPIED:
+        return
+    _SAID_COPIED.add(key)
+    why = "its innermost dimension is strided" if x.dim() and x.stride(-1) != 1 and \
+        x.shape[-1] > 1 else f"it starts {x.data_ptr() % ALIGNMENT} bytes past a 16-byte " \
+        "boundary" if x.data_ptr() % ALIGNMENT else "its strides are not multiples of 16 bytes"
+    warnings.warn(CopiedArgumentWarning(
+        f"{kernel}: argument {name} (shape {tuple(x.shape)}, strides {tuple(x.stride())}) is "
+        f"copied before each launch, {x.numel() * x.element_size()} bytes: {why}; a view whose "
+        "innermost dimension is contiguous and whose start is 16-byte aligned is read where it "
+        "lies"), stacklevel=2)
 
 
 def torch_output(shape, dtype: str, given, device):

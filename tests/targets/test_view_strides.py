@@ -39,6 +39,37 @@ def test_which_views_are_read_where_they_lie():
     assert call_views(softmax_rows.program, {"logits": big.t()}) == ()   # copied instead
 
 
+def test_a_view_copied_before_the_launch_is_said_once_with_why():
+    """A transpose and a misaligned slice are copied (the kernels read rows of contiguous
+    elements from 16-byte-aligned starts): a CopiedArgumentWarning names the argument, its
+    layout and why, once per kernel, argument and layout; a view read in place warns nothing."""
+    import types
+    import warnings
+
+    from tensorfuse.errors import CopiedArgumentWarning
+    from tensorfuse.interop import torch_arguments
+
+    big = torch.randn(64, 300)
+
+    def call(x):
+        bound = types.SimpleNamespace(scalars={}, arrays={"logits": x})
+        views = dict(call_views(softmax_rows.program, bound.arrays))
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            values = torch_arguments(softmax_rows.program, bound, "cpu", views=views)
+        return values["logits"], [str(w.message) for w in said
+                                   if issubclass(w.category, CopiedArgumentWarning)]
+
+    for x, why in ((big[:, :64].t(), "innermost dimension is strided"),
+                   (big[:, 3:203], "starts 12 bytes past a 16-byte boundary")):
+        got, said = call(x)
+        assert got.is_contiguous() and torch.equal(got, x)
+        assert len(said) == 1 and why in said[0] and "logits" in said[0], said
+        assert call(x)[1] == []   # said once
+    got, said = call(big[:, 4:204])
+    assert got.data_ptr() == big[:, 4:204].data_ptr() and said == []
+
+
 def test_a_view_gets_a_build_of_its_own_with_its_strides_in_the_source():
     made = tf.compile(softmax_rows, target="cuda:sm_90a").template
     sizes = dict(M=37, E=201)
