@@ -491,7 +491,8 @@ def test_tensors_read_by_their_strides_are_taken_as_given_where_tma_reads_them()
     assert not tma_servable(qkv[:, :, 0].transpose(2, 3))       # head dim not innermost
     assert not tma_servable(torch.zeros(8, 12, dtype=torch.bfloat16)[:, :4])   # 24-byte rows
     assert not tma_servable(torch.zeros(1, 64, dtype=torch.bfloat16).expand(8, 64))
-    program = SimpleNamespace(params=[SimpleNamespace(name=n) for n in ("q", "k")])
+    program = SimpleNamespace(name="attention",
+                              params=[SimpleNamespace(name=n) for n in ("q", "k")])
     view = qkv[:, :, 1]
     bound = SimpleNamespace(scalars={}, arrays={"q": view, "k": view})
     values = torch_arguments(program, bound, "cpu", strided=("q",))

@@ -55,13 +55,15 @@ def test_generated_kernels_get_16_byte_aligned_tensors():
     a new buffer (deliver copies it back; the cluster FFN test checks that end to end on the GPU)."""
     from types import SimpleNamespace
 
+    from tensorfuse.errors import CopiedArgumentWarning
     from tensorfuse.interop import torch_arguments, torch_output
 
     view = torch.arange(65, dtype=torch.float32).to(torch.bfloat16)[1:].view(8, 8)
     aligned = torch.empty(8, 8, dtype=torch.bfloat16)
     assert view.is_contiguous() and view.data_ptr() % 16 and aligned.data_ptr() % 16 == 0
-    program = SimpleNamespace(params=[SimpleNamespace(name="x")])
-    x = torch_arguments(program, SimpleNamespace(scalars={}, arrays={"x": view}), "cpu")["x"]
+    program = SimpleNamespace(name="copy", params=[SimpleNamespace(name="x")])
+    with pytest.warns(CopiedArgumentWarning, match="starts 2 bytes past a 16-byte boundary"):
+        x = torch_arguments(program, SimpleNamespace(scalars={}, arrays={"x": view}), "cpu")["x"]
     assert x.data_ptr() % 16 == 0 and torch.equal(x, view)
     assert torch_arguments(program, SimpleNamespace(scalars={}, arrays={"x": aligned}),
                            "cpu")["x"] is aligned
