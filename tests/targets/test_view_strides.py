@@ -78,7 +78,9 @@ def test_a_view_gets_a_build_of_its_own_with_its_strides_in_the_source():
     assert plain != sliced
     assert "* 300" in sliced and "* 300" not in plain and "* 201" in plain
     assert made.build(None, (("logits", (300, 1)),), **sizes)[2] is sliced   # kept: built once
-    assert len(made.cache_info()) == 2
+    builds = made.cache_info()
+    assert len(builds) == 2 and "views" not in builds[0].describe()
+    assert builds[1].describe().endswith("views read in place: logits (strides 300, 1)")
 
 
 def test_a_view_reaching_past_two_to_the_31_gets_64_bit_offsets():

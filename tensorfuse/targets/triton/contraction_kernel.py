@@ -66,7 +66,7 @@ class ContractionKernel(GraphCallable):
             if made is None:
                 with reading_views(views):
                     made = self.sizes.write(dims, knobs, views, varying,
-                                            lambda sizes: self._emit(knobs, sizes))
+                                            lambda sizes: self._emit(knobs, sizes), views)
             self._built[key] = (knobs, made)
         return self._built[key]
 

@@ -107,7 +107,8 @@ class TritonKernel(GraphCallable):
                 with reading_views(views):
                     made = self.sizes.write(dims, knobs, keyed, varying, lambda sizes: self._emit(
                         plan if sizes is dims else self.planner.tile(
-                            self.planner.plan(sizes), knobs, scalars, self.tiling), knobs))
+                            self.planner.plan(sizes), knobs, scalars, self.tiling), knobs),
+                        views)
             self._built[key] = (plan, knobs, made.source, made.fn, made.args)
             self._serving[key] = made
         return self._built[key]

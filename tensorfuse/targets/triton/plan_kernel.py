@@ -64,7 +64,7 @@ class PlanKernel(GraphCallable):
             made = self.sizes.find(dims, knobs, views, varying) if varying else None
             if made is None:
                 with reading_views(views):
-                    made = self.sizes.write(dims, knobs, views, varying, self._emit)
+                    made = self.sizes.write(dims, knobs, views, varying, self._emit, views)
             self._built[key] = self._assembled(made, dims)
         return self._built[key]
 

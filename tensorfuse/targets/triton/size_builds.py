@@ -47,6 +47,7 @@ class Build:
     knobs: tuple = ()
     fixed_because: str = ""
     by: str = ""
+    views: tuple = ()   # (name, strides) of the views it reads in place (.view_strides)
 
     @property
     def exact(self) -> bool:
@@ -55,6 +56,9 @@ class Build:
     def describe(self) -> str:
         served = "; ".join(", ".join(f"{n}={v}" for n, v in s.items()) for s in self.sizes[:4])
         served += f"; … ({len(self.sizes)} in all)" if len(self.sizes) > 4 else ""
+        if self.views:
+            served += "; views read in place: " + ", ".join(
+                f"{n} (strides {', '.join(map(str, strides))})" for n, strides in self.views)
         if self.by:
             return f"sizes as arguments ({self.by}): {served}"
         if self.exact:
@@ -94,10 +98,13 @@ class SizeBuilds:
                 return build
         return None
 
-    def write(self, dims: dict, knobs, scalars: tuple, varying: set, emit) -> Build:
+    def write(self, dims: dict, knobs, scalars: tuple, varying: set, emit,
+              views: tuple = ()) -> Build:
         """A new build for ``dims``: ``emit(sizes)`` plans and writes the kernel at ``sizes`` and
         returns ``(source, fn, args)``. With sizes in ``varying`` it is written with them as
-        arguments where the planner and the emitter allow, else exactly (and said why)."""
+        arguments where the planner and the emitter allow, else exactly (and said why);
+        ``views``: those it reads in place, written while :func:`.view_strides.reading_views`
+        holds them (the caller's)."""
         why = ""
         if varying:
             try:
@@ -107,11 +114,11 @@ class SizeBuilds:
                 why = f"{type(exc).__name__}: {exc}"
             else:
                 made = Build(source, fn, args, [dict(dims)], guards,
-                             (astuple(knobs), scalars, frozenset(varying)))
+                             (astuple(knobs), scalars, frozenset(varying)), views=views)
                 self.builds.append(made)
                 return made
         source, fn, args = emit(dims)
-        made = Build(source, fn, args, [dict(dims)], None, astuple(knobs), why)
+        made = Build(source, fn, args, [dict(dims)], None, astuple(knobs), why, views=views)
         self.builds.append(made)
         return made
 
