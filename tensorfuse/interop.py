@@ -202,9 +202,13 @@ def said_copied(kernel: str, name: str, x) -> None:
     if key in _SAID_COPIED:
         return
     _SAID_COPIED.add(key)
-    why = "its innermost dimension is strided" if x.dim() and x.stride(-1) != 1 and \
-        x.shape[-1] > 1 else f"it starts {x.data_ptr() % ALIGNMENT} bytes past a 16-byte " \
-        "boundary" if x.data_ptr() % ALIGNMENT else "its strides are not multiples of 16 bytes"
+    off = x.data_ptr() % ALIGNMENT
+    if x.dim() and x.shape[-1] > 1 and x.stride(-1) != 1:
+        why = "its innermost dimension is strided"
+    elif off:
+        why = f"it starts {off} bytes past a 16-byte boundary"
+    else:
+        why = "its strides are not multiples of 16 bytes"
     warnings.warn(CopiedArgumentWarning(
         f"{kernel}: argument {name} (shape {tuple(x.shape)}, strides {tuple(x.stride())}) is "
         f"copied before each launch, {x.numel() * x.element_size()} bytes: {why}; a view whose "

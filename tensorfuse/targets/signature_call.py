@@ -14,10 +14,9 @@ from __future__ import annotations
 from ..binding import signature_key
 from ..interop import ALIGNMENT, launchable, is_torch, tma_servable, torch_dtype
 
-# the kind of a tensor parameter the kernel reads by its own strides (:func:`tma_servable`)
+# the kind of a tensor parameter the kernel reads by its own strides (:func:`tma_servable`); a
+# view a Triton kernel was written for has its strides (a tuple) as its kind
 STRIDED = "strided"
-# ... and of one read as a view of the strides a Triton kernel was written for
-VIEW = "view"
 
 
 def _given(kwargs: dict) -> list:
@@ -89,7 +88,7 @@ class SignatureCall:
         # kernel's, :mod:`~tensorfuse.targets.triton.view_strides`), checked per call
         views = views or {}
         self.sources = [(place, STRIDED if kind is True and name in strided else
-                         (VIEW, views[name]) if kind is True and name in views else kind)
+                         views[name] if kind is True and name in views else kind)
                         for name, place, kind in params]
         tensors = [name for name, _, kind in params if kind is True]
         # an output is made like a contiguous tensor only (empty_like keeps a dense view's order)
@@ -133,8 +132,8 @@ class SignatureCall:
                     return None
                 values.append(x.data_ptr() if addresses else x)
                 tensors.append(x)
-            elif type(kind) is tuple:   # (VIEW, the strides its kernel was written for)
-                if x.data_ptr() % ALIGNMENT or x.stride() != kind[1]:
+            elif type(kind) is tuple:   # a view: the strides its kernel was written for
+                if x.data_ptr() % ALIGNMENT or x.stride() != kind:
                     self.declined += 1
                     return None
                 values.append(x.data_ptr() if addresses else x)

@@ -456,13 +456,14 @@ int merge_all(const Tail& s, int tl, int ctas, int rounds, unsigned seed) {
     slot[piece_slot(s, tl, p)] = mine;
     for (int span = 1, round = 0;; span *= fan, ++round) {
       const MergeRound r = merge_round(s, tl, p, span, round, ctas);
-      if (r.g0 > r.own || r.own > p || r.g1 > hi || r.counter < 0 ||
+      if (r.g0 > p || p > r.g1 || r.g1 > hi || r.counter < 0 ||
           r.counter >= (int)count.size() || (!r.last && round >= rounds))
         return 1;
       if (++count[r.counter] < r.arrivals) break;
       count[r.counter] = 0;
+      mine = Pieces();   // every run of the group from its slot, the merger's own too
       for (int q = r.g0; q <= r.g1; q += span)
-        if (q != r.own && !mine.add(slot[piece_slot(s, tl, q)])) return 1;
+        if (!mine.add(slot[piece_slot(s, tl, q)])) return 1;
       if (r.last) {
         ++mergers;
         if (!mine.all(n)) return 1;

@@ -16,7 +16,7 @@ from .contraction import (PARTIALS, combine_name, contraction_source, grid_of, p
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
 from .launcher import Launches, Step, output_specs, remember_fast_call
 from .size_builds import SizeBuilds, size_values, with_size_arguments
-from .view_strides import call_views, reading_views
+from .view_strides import call_views
 
 ORIGIN = "contraction template defaults"
 MAX_GRID_Y = 65535   # CUDA's limit on a grid's second dimension (the batch indices)
@@ -62,11 +62,10 @@ class ContractionKernel(GraphCallable):
                                   f"holds {MAX_GRID_Y}")
             self._origin[tuple(sorted(dims.items()))] = origin or ORIGIN
             varying = self.sizes.varying(dims)
-            made = self.sizes.find(dims, knobs, views, varying) if varying else None
+            made = self.sizes.find(dims, knobs, (), varying, views) if varying else None
             if made is None:
-                with reading_views(views):
-                    made = self.sizes.write(dims, knobs, views, varying,
-                                            lambda sizes: self._emit(knobs, sizes), views)
+                made = self.sizes.write(dims, knobs, (), varying,
+                                        lambda sizes: self._emit(knobs, sizes), views)
             self._built[key] = (knobs, made)
         return self._built[key]
 
@@ -155,6 +154,8 @@ class ContractionKernel(GraphCallable):
         return self._launches[key]
 
     def _prepare(self, args, kwargs):
+        """(launches, argument values by name, output buffers, the caller's ``out=``, the bound
+        call, the tensors stored between the launches, the views read in place)."""
         if self._calls is None:
             self._calls = CallBinder(self.program, "cpu" if interpreting() else "cuda")
         bound = self._calls(args, kwargs, False)
@@ -169,7 +170,7 @@ class ContractionKernel(GraphCallable):
                        for name, shape, dtype in stored})
         outs, given = output_buffers(self.outputs, bound, device)
         values.update({f"out_{c.name}": o for c, o in zip(self.outputs, outs)})
-        return launches, values, outs, given, bound
+        return launches, values, outs, given, bound, stored, views
 
     def invoke(self, key, args: tuple, kwargs: dict):
         """A call (``key``: its signature key, ``False`` when not made yet): a signature seen
@@ -178,15 +179,16 @@ class ContractionKernel(GraphCallable):
         key, fast, done = try_fast_call(self._fast, key, args, kwargs)
         if done is not None:
             return done
-        launches, values, outs, given, bound = self._prepare(args, kwargs)
+        launches, values, outs, given, bound, stored, views = self._prepare(args, kwargs)
         if all(launches.steps[-1].grid):   # an empty output launches nothing
             launches(values)
             if key is not None and (fast is None or fast.stale):
-                self._remember_fast(key, args, bound, launches)
+                self._remember_fast(key, args, bound, launches, stored, views)
         made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
         return made[0] if len(made) == 1 else tuple(made)
 
-    def _remember_fast(self, key, args: tuple, bound, launches) -> None:
+    def _remember_fast(self, key, args: tuple, bound, launches, stored: list,
+                       views: tuple) -> None:
         """Keep a fast call for this signature where one applies: torch tensors on the GPU in,
         new outputs out, kernels Triton lets us launch directly; the staged sides and a split's
         partial tiles in the fast call's scratch, one buffer allocated per call as the checked
@@ -197,8 +199,6 @@ class ContractionKernel(GraphCallable):
         0.050–0.075 ms through the checked path (``benchmarks.unlisted_kernels``); a paged
         latent decode's p·v, its probabilities staged, 0.245 ms a call for 0.085 of GPU time
         (the H100; ``--only paged_latent_decode``)."""
-        views = call_views(self.program, bound.arrays)
-        stored = self._launch_for(bound.dims, views)[1]
         remember_fast_call(self._fast, key, self.program, args, bound, self._calls,
                            output_specs(self.outputs, bound.dims), launches,
                            scratch_layout(stored) if stored else None, views=views)

@@ -11,8 +11,8 @@ import math
 from ...algebra.exprs import nodes
 from ...dsl.expr import Axis, Const, Load
 from ...dsl.symbolic_sizes import size_arguments
-from .expr import TL_DTYPES, TileContext, computed, dim_sizes, offset, to_triton
-from .view_strides import call_views, view_strides
+from .expr import TL_DTYPES, TileContext, computed, dim_sizes, offset, strides, to_triton
+from .view_strides import call_views
 from .launch import compile_for, interpreting, load_kernel, signature
 from ...interop import deliver
 from ..signature_call import try_fast_call
@@ -59,13 +59,13 @@ def interleaved_loads(plan, sizes: dict) -> list[tuple[Load, int, dict]]:
             if not isinstance(n, Load) or len(n.indices) < 2:
                 continue
             *rest, column, inner = n.indices
-            extents = dim_sizes(n.param, sizes)
+            extents, apart = dim_sizes(n.param, sizes), strides(n.param, sizes)
             # (the other indices neither gathered nor reading the column axis: the group's
-            # base offset is one per row)
-            if view_strides(n.param.name) is not None:   # a view: its rows need not be q apart
-                continue
+            # base offset is one per row; the q elements of a column next to each other and
+            # the columns q apart — a view's need not be)
             if not (isinstance(column, Axis) and column.uid == last.uid and
-                    isinstance(inner, Const) and isinstance(extents[-1], int)) or \
+                    isinstance(inner, Const) and isinstance(extents[-1], int) and
+                    apart[-1] == 1 and apart[-2] == extents[-1]) or \
                     any(isinstance(i, Load) or isinstance(i, Axis) and i.uid == last.uid
                         for index in rest for i in nodes(index)):
                 continue

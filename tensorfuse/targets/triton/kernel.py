@@ -17,7 +17,7 @@ from .row_grid import MASK_ARGS, block_k, grid, launch_grid, merge_chunks, merge
 from .column_sums import finish_grid, partial_names, scratch_shapes
 from .rowtile import kernel_source
 from .size_builds import SizeBuilds, size_values, with_size_arguments
-from .view_strides import call_views, reading_views
+from .view_strides import call_views
 
 # a lookup of tuning records (records.template_records): knobs, where from, and the sizes they
 # were tuned at where those are not the call's (another size of its bucket)
@@ -100,15 +100,13 @@ class TritonKernel(GraphCallable):
                                         f"sizes does not fit these: {why})")
                 knobs = defaults
                 plan = self.planner.tile(untiled, knobs, scalars, self.tiling)
-            keyed = key[len(dims):]
+            keyed = origin[len(dims):]
             varying = self.sizes.varying(dims)
-            made = self.sizes.find(dims, knobs, keyed, varying) if varying else None
+            made = self.sizes.find(dims, knobs, keyed, varying, views) if varying else None
             if made is None:
-                with reading_views(views):
-                    made = self.sizes.write(dims, knobs, keyed, varying, lambda sizes: self._emit(
-                        plan if sizes is dims else self.planner.tile(
-                            self.planner.plan(sizes), knobs, scalars, self.tiling), knobs),
-                        views)
+                made = self.sizes.write(dims, knobs, keyed, varying, lambda sizes: self._emit(
+                    plan if sizes is dims else self.planner.tile(
+                        self.planner.plan(sizes), knobs, scalars, self.tiling), knobs), views)
             self._built[key] = (plan, knobs, made.source, made.fn, made.args)
             self._serving[key] = made
         return self._built[key]
@@ -134,15 +132,8 @@ class TritonKernel(GraphCallable):
     @property
     def _name(self) -> str:
         """The generated kernel's name (the second kernel of a plan with sums down the rows:
-        this with ``_sums``)."""
+        this with ``_sums``; of one whose split parts are merged apart: with ``_merge``)."""
         return f"{self.program.name}_fused"
-
-    def _second_kernel(self, bound, role: str):
-        """The second kernel of a plan with sums down the rows (``sums``) or whose split parts
-        are merged apart (``merge``), from the source that serves these sizes (:meth:`build`)."""
-        views = call_views(self.program, bound.arrays)
-        _, _, source, _, _ = self.build(bound.scalars, views, **bound.dims)
-        return load_kernel(source, f"{self._name}_{role}")
 
     def cache_info(self) -> list:
         """The sources this kernel wrote (:class:`.size_builds.Build`: the sizes each serves,
@@ -211,11 +202,12 @@ class TritonKernel(GraphCallable):
         return self._calls
 
     def _launches(self, bound) -> tuple:
-        """(plan, Launches, scratch layout, knobs, outputs, counters) for a bound call's
-        signature, made once: the kernels, grids and argument names of each launch, the
-        constexprs, where the split update's parts leave their states (offsets into one f32
-        buffer per call), each output's argument name, shape and dtype, and the parts' arrival
-        counters where the last part merges."""
+        """(plan, Launches, scratch layout, knobs, outputs, counters, views) for a bound call's
+        signature and views, made once: the kernels, grids and argument names of each launch,
+        the constexprs, where the split update's parts leave their states (offsets into one f32
+        buffer per call), each output's argument name, shape and dtype, the parts' arrival
+        counters where the last part merges, and the views it reads in place
+        (:func:`.view_strides.call_views`)."""
         ints = tuple((v == 1, v % 16 == 0) for n, v in bound.scalars.items()
                      if self._int_scalar.get(n))
         views = call_views(self.program, bound.arrays)
@@ -225,7 +217,7 @@ class TritonKernel(GraphCallable):
             key += tuple(bound.scalars[n] for n in keyed)
         made = self._launch_plans.get(key)
         if made is None:
-            plan, knobs, _, fn, names = self.build(bound.scalars, views, **bound.dims)
+            plan, knobs, source, fn, names = self.build(bound.scalars, views, **bound.dims)
             meta = dict(BLOCK_M=knobs.block_m, BLOCK_N=knobs.block_n, BLOCK_K=block_k(plan))
             pointers = {p.name for p in self.program.tensor_params} | {
                 f"out_{c.name}" for c, _, _ in plan.outputs} | set(MASK_ARGS)
@@ -236,17 +228,16 @@ class TritonKernel(GraphCallable):
             steps = [Step(fn, launch_grid(plan, knobs, *((knobs.splits,) if split else ())),
                           names, pointers | ({"part_count"} if counted else set()))]
             if apart:
-                steps.append(Step(self._second_kernel(bound, "merge"),
+                steps.append(Step(load_kernel(source, f"{self._name}_merge"),
                                   launch_grid(plan, knobs, merge_chunks(plan)), names, pointers))
             if plan.column_sums:   # the kernel that adds the sums' partial rows up
-                steps.append(Step(self._second_kernel(bound, "sums"), finish_grid(plan), names,
-                                  pointers))
+                steps.append(Step(load_kernel(source, f"{self._name}_sums"), finish_grid(plan),
+                                  names, pointers))
             outputs = output_specs([c for c, _, _ in plan.outputs], bound.dims)
             counters = PartCounters(math.prod(grid(plan, knobs))) if counted else None
             made = (plan, Launches(steps, meta, knobs.num_warps, knobs.num_stages),
                     self._scratch_layout(plan, knobs) if split or plan.column_sums else None,
-                    knobs,
-                    outputs, counters)
+                    knobs, outputs, counters, views)
             self._launch_plans[key] = made
         return made
 
@@ -289,8 +280,7 @@ class TritonKernel(GraphCallable):
         signature key, when the caller made it already)."""
         bound = self._binder()(args, kwargs, key)
         device = launch_device(self, bound)
-        plan, launches, scratch, knobs, outputs, counters = self._launches(bound)
-        views = call_views(self.program, bound.arrays)
+        plan, launches, scratch, knobs, outputs, counters, views = self._launches(bound)
         values = torch_arguments(self.program, bound, device, views=dict(views))
         # read by a kernel written with sizes as arguments (a parameter of the same name wins:
         # that size is never an argument, SizeBuilds)
@@ -349,14 +339,13 @@ class TritonKernel(GraphCallable):
         """Keep a fast call for this signature where one applies: torch tensors on the GPU in,
         new outputs out, compiled kernels Triton lets us launch directly, no per-call block
         lists."""
-        plan, _, scratch, _, outputs, counters = self._launches(bound)
+        plan, _, scratch, _, outputs, counters, views = self._launches(bound)
         if plan.block_listed and scratch is None:   # block lists made per call
             return
         # the scalars tuning records are kept per (a window) are guarded: another value may have
         # other knobs, so it takes the checked path
         remember_fast_call(self._fast, key, self.program, args, bound, self._calls, outputs,
-                           launches, scratch, counters, self._keyed_scalars(),
-                           call_views(self.program, bound.arrays))
+                           launches, scratch, counters, self._keyed_scalars(), views)
 
     def warm(self, *args, **kwargs) -> None:
         """Compile for these arguments without launching (a tuning batch compiles its

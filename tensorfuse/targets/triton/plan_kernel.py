@@ -12,7 +12,7 @@ from ...torch_graph import GraphCallable
 from .launch import compile_for, interpreting, launch_device, load_kernel, signature
 from .launcher import Launches, Step
 from .size_builds import SizeBuilds, size_values, with_size_arguments
-from .view_strides import call_views, reading_views
+from .view_strides import call_views
 
 
 class PlanKernel(GraphCallable):
@@ -61,10 +61,9 @@ class PlanKernel(GraphCallable):
             check_named_sizes(self.program, dims, complete=True)
             varying = self.sizes.varying(dims)
             knobs = self._knobs(dims)
-            made = self.sizes.find(dims, knobs, views, varying) if varying else None
+            made = self.sizes.find(dims, knobs, (), varying, views) if varying else None
             if made is None:
-                with reading_views(views):
-                    made = self.sizes.write(dims, knobs, views, varying, self._emit, views)
+                made = self.sizes.write(dims, knobs, (), varying, self._emit, views)
             self._built[key] = self._assembled(made, dims)
         return self._built[key]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import astuple, dataclass, field
 
 from ...dsl.symbolic_sizes import PREFIX, Guards, symbolic
+from .view_strides import reading_views
 
 
 def size_values(dims: dict) -> dict:
@@ -89,11 +90,14 @@ class SizeBuilds:
             return {n for n in dims if len(self._seen[n]) > 1} - self._taken
         return set(dims) - self._taken if self.dynamic else set()
 
-    def find(self, dims: dict, knobs, scalars: tuple, varying: set) -> "Build | None":
-        """A build with sizes as arguments that serves ``dims`` with these knobs and scalars."""
+    def find(self, dims: dict, knobs, scalars: tuple, varying: set,
+             views: tuple = ()) -> "Build | None":
+        """A build with sizes as arguments that serves ``dims`` with these knobs and scalars,
+        written for these views (:func:`.view_strides.call_views`)."""
         key = (astuple(knobs), scalars, frozenset(varying))
         for build in self.builds:
-            if not build.exact and build.knobs == key and build.guards.check(dims):
+            if not build.exact and build.knobs == key and build.views == views and \
+                    build.guards.check(dims):
                 build.sizes.append(dict(dims))
                 return build
         return None
@@ -103,12 +107,12 @@ class SizeBuilds:
         """A new build for ``dims``: ``emit(sizes)`` plans and writes the kernel at ``sizes`` and
         returns ``(source, fn, args)``. With sizes in ``varying`` it is written with them as
         arguments where the planner and the emitter allow, else exactly (and said why);
-        ``views``: those it reads in place, written while :func:`.view_strides.reading_views`
-        holds them (the caller's)."""
+        ``views``: the views it reads in place, by their strides (the emitters read them while
+        it writes: :func:`.view_strides.reading_views`)."""
         why = ""
         if varying:
             try:
-                with symbolic(dims, varying) as (sym, guards):
+                with symbolic(dims, varying) as (sym, guards), reading_views(views):
                     source, fn, args = emit(sym)
             except Exception as exc:  # noqa: BLE001 - any refusal falls back to exact sizes
                 why = f"{type(exc).__name__}: {exc}"
@@ -117,7 +121,8 @@ class SizeBuilds:
                              (astuple(knobs), scalars, frozenset(varying)), views=views)
                 self.builds.append(made)
                 return made
-        source, fn, args = emit(dims)
+        with reading_views(views):
+            source, fn, args = emit(dims)
         made = Build(source, fn, args, [dict(dims)], None, astuple(knobs), why, views=views)
         self.builds.append(made)
         return made

@@ -98,12 +98,12 @@ __host__ __device__ __forceinline__ int merge_fan(const Tail& s, int tl) {
   return g;
 }
 // Round `round` of piece p's merge in split tile tl (runs of `span` = merge_fan^round pieces):
-// its group's first and last pieces, the run p's state is in, the arrivals that complete the
-// group, whether it is the tile's last round, and the group's counter — past the launch's first
-// two, in units of the consumer warpgroups': per tile for the last round, per (round, slot of
-// the group's first piece) before it, `ctas` CTAs' worth of each.
+// its group's first and last pieces, the arrivals that complete the group, whether it is the
+// tile's last round, and the group's counter — past the launch's first two, in units of the
+// consumer warpgroups': per tile for the last round, per (round, slot of the group's first
+// piece) before it, `ctas` CTAs' worth of each.
 struct MergeRound {
-  int g0, g1, own, arrivals, counter;
+  int g0, g1, arrivals, counter;
   bool last;
 };
 __host__ __device__ __forceinline__ MergeRound merge_round(const Tail& s, int tl, int p, int span,
@@ -113,7 +113,6 @@ __host__ __device__ __forceinline__ MergeRound merge_round(const Tail& s, int tl
   r.last = width > hi - lo;
   r.g0 = r.last ? lo : lo + (p - lo) / width * width;
   r.g1 = r.last || r.g0 + width - 1 > hi ? hi : r.g0 + width - 1;
-  r.own = lo + (p - lo) / span * span;
   r.arrivals = (r.g1 - r.g0) / span + 1;
   r.counter = r.last ? tl : ctas * (1 + 2 * round) + piece_slot(s, tl, r.g0);
   return r;
