@@ -86,8 +86,9 @@ def _counts_left(compiled) -> int:
     """What the split parts' arrival counters hold after a call (zero: every tile's last part
     set its counter back)."""
     kernel = getattr(compiled, "template", compiled)
-    return sum(int(t.abs().sum()) for made in kernel._launch_plans.values()
-               if made[-1] is not None for t in made[-1].by_stream.values())
+    counters = [made[5] for made in kernel._launch_plans.values()]   # (TritonKernel._launches)
+    return sum(int(t.abs().sum()) for c in counters if c is not None
+               for t in c.by_stream.values())
 
 
 if __name__ == "__main__":

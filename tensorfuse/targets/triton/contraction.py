@@ -267,14 +267,15 @@ def _combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     atomics), then the outputs as one program's tile (:func:`_tile_lines`)."""
     w, M, N, as_index = _kernel_start(plan, sizes, interpreter)
     slices = combine_slices(knobs, *grid_of(plan, knobs, sizes))
-    rows = f"{knobs.block_m // slices}" if slices > 1 else "BLOCK_M"
-    if slices > 1:   # program pid·slices + s: slice s of tile pid
+    slice_rows = knobs.block_m // slices if slices > 1 else 0
+    rows = str(slice_rows) if slice_rows else "BLOCK_M"
+    if slice_rows:   # program pid·slices + s: slice s of tile pid
         w(f"pid_s = pid % {slices}")
         w(f"pid = pid // {slices}")
     w(f"tiles = tl.cdiv({M}, BLOCK_M) * tl.cdiv({N}, BLOCK_N)")
-    _tile_position(knobs, w, M, N, as_index, int(rows) if slices > 1 else 0)
+    _tile_position(knobs, w, M, N, as_index, slice_rows)
     batch = _batch_digits(plan, w, sizes)
-    first = f"(pid_s * {rows} + tl.arange(0, {rows}))" if slices > 1 else "tl.arange(0, BLOCK_M)"
+    first = f"(pid_s * {rows} + tl.arange(0, {rows}))" if slice_rows else "tl.arange(0, BLOCK_M)"
     w(f"tile_at = {first}[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
     for k, _ in enumerate(plan.products):
         w(f"acc_{k} = tl.zeros([{rows}, BLOCK_N], dtype=tl.float32)")

@@ -267,11 +267,11 @@ __device__ __forceinline__ void merge_partial(float (&o)[DV_ / 2], float (&m)[2]
 }
 // A piece of a split tile (MODE_SPLIT): the warpgroup's partial state goes to the workspace
 // slot of its part; the warpgroup that completes the tile's pieces last merges all of them, in
-// their order, and returns true: it writes the output. Many pieces merge in rounds (merge_fan): the
-// last of a group of runs merges them into the slot of the group's first piece — a run of the
-// next round — and the last round's merger the whole tile (merge_round: the groups and their
-// counters); each counter left at 0 by the arrival that completes it. Every thread writes and
-// reads its own fragment's 16-byte pieces.
+// their order, and returns true: it writes the output. Many pieces merge in rounds (merge_fan):
+// the last of a group of runs merges them into the slot of the group's first piece — a run of
+// the next round — and the last round's merger the whole tile (merge_round: the groups and
+// their counters); each counter left at 0 by the arrival that completes it. Every thread writes
+// and reads its own fragment's 16-byte pieces.
 __device__ __forceinline__ bool merge_piece(float (&o)[DV_ / 2], float (&m)[2], float (&l)[2],
     const Tail& s, int tile, int first, int cw, int t, float4* work, int* counters,
     volatile int* flags) {
