@@ -24,6 +24,10 @@ SECTIONS = (
      "torch alternative on the same tensors; the distances in TFLOP/s (3 operations a pair and "
      "dimension) against cuBLAS's f32 GEMM on the CUDA cores, whose fused multiply-adds make "
      "75 % the limit here", "python -m benchmarks.unlisted_kernels"),
+    ("layout-kernels", "Tensors passed in another axis order than the kernel declares",
+     "bf16; the kernel on the views as they lie (the program in their memory order), the same "
+     "kernel on a contiguous copy made in the timed call (`tensorfuse (copied contiguous)`), "
+     "and torch on the same views", "python -m benchmarks.layout_kernels"),
     ("window-kernels", "Windows whose count the kernel derives (pooling with a stride)",
      "each against torch eager (`F.max_pool1d`, `F.avg_pool2d`, `F.conv1d`) and "
      "`torch.compile`; GB/s of the input read and the output written",

@@ -213,7 +213,8 @@ def said_copied(kernel: str, name: str, x) -> None:
         f"{kernel}: argument {name} (shape {tuple(x.shape)}, strides {tuple(x.stride())}) is "
         f"copied before each launch, {x.numel() * x.element_size()} bytes: {why}; a view whose "
         "innermost dimension is contiguous and whose start is 16-byte aligned is read where it "
-        "lies"), stacklevel=2)
+        "lies, and one in another axis order where a template takes the program in that order "
+        "as well"), stacklevel=2)
 
 
 def torch_output(shape, dtype: str, given, device):

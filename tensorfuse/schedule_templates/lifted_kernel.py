@@ -188,8 +188,10 @@ class LiftedFastCall(SignatureCall):
     ``None`` where a call needs the checked path (the inner fast call's too)."""
 
     def __init__(self, params: list, outputs: list, device, likes: list, guards: list,
-                 shapes: dict, out_shapes: list, inner_fast, copied: dict | None = None):
-        super().__init__(params, outputs, device, likes, guards)
+                 shapes: dict, out_shapes: list, inner_fast, copied: dict | None = None,
+                 views: dict | None = None):
+        # ``views``: name -> the strides a tensor passed as a view must have (checked per call)
+        super().__init__(params, outputs, device, likes, guards, views=views)
         self.shapes, self.out_shapes, self.inner_fast = shapes, out_shapes, inner_fast
         self.copied = dict(copied or {})   # name -> what the inner kernel gets, not a view
 

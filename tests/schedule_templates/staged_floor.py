@@ -204,6 +204,11 @@ class _PickedPerCall(GraphCallable):
         self.made, self.program, self.target = made, made.program, made.target
         self.description = made.description
 
+    def __getattr__(self, name):   # what it would pick, its plans: the AutoKernel's
+        if name == "made":
+            raise AttributeError(name)
+        return getattr(self.made, name)
+
     def invoke(self, key, args: tuple, kwargs: dict):
         from tensorfuse.binding import bind_call
         from tensorfuse.staged import StagedKernel

@@ -1,0 +1,119 @@
+"""Kernels called with tensors in another axis order than their programs declare, as users pass
+them: a channels-last activation to a kernel written over ``[B, C, P]``, a weight kept ``[K, N]``
+to a projection written over ``w[N, K]`` (``w.t()``), keys kept ``[B, H, S, D]`` to an attention
+written over ``kt[B, H, D, S]``. tensorfuse runs the program in the tensors' memory order on the
+views as they lie (``tensorfuse.memory_order``); the row ``tensorfuse (copied contiguous)`` is
+the same kernel on a contiguous copy made in the timed call, as every such call ran before.
+Alternatives on the same views: torch.compile and eager, cuBLAS (``x @ w.t()``), SDPA.
+
+    python -m benchmarks.layout_kernels [--only NAMES] [--out DIR]
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import CUBLAS, SDPA, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
+from benchmarks.gemm import matmul_nk
+from benchmarks.kernel_suite import Case, Recorded, main
+from benchmarks.unlisted_kernels import attention_keys_transposed
+from benchmarks.user_kernels import layernorm_channels, log_softmax_channels
+
+COPIED = f"{TENSORFUSE} (copied contiguous)"
+
+
+def _origin(f, args: tuple, **sizes) -> str:
+    """What runs ``f`` on these arguments: the program in their memory order where the call
+    routes there, else the program as written on a copy."""
+    routes = f.routes
+    orders = routes.orders(args, {})
+    if orders is not None and routes.taken(orders, sizes):
+        return routes.kernel_for(orders).schedule_origin(**sizes)
+    return f"copied contiguous: {f.schedule_origin(**sizes)}"
+
+
+def _log_softmax_case(generator, B=8, C=150, P=65536) -> Case:
+    """Per-pixel class log-probabilities of a channels-last segmentation map."""
+    x = (torch.randn(B, P, C, generator=generator) * 4).to("cuda", torch.bfloat16)
+    view = x.permute(0, 2, 1)                    # [B, C, P] as the kernel declares it
+    f, copied = Recorded(log_softmax_channels), Recorded(log_softmax_channels)
+
+    def eager(t):
+        return torch.log_softmax(t.float(), 1).to(t.dtype)
+    compiled = torch.compile(eager)
+    rows = torch.arange(0, P, 97, device="cuda")
+    ref = torch.log_softmax(view[:, :, rows].double(), 1)
+    return Case("log_softmax_channels_last", f"B{B} C{C} P{P} (over C; x channels last)",
+                lambda: f(view), {COPIED: lambda: copied(view.contiguous()),
+                                  TORCH_COMPILE: lambda: compiled(view),
+                                  TORCH_EAGER: lambda: eager(view)},
+                ref, lambda out: out[:, :, rows], bytes=2 * x.numel() * x.element_size(),
+                notes={TENSORFUSE: _origin(f, (view,), B=B, C=C, P=P)})
+
+
+def _layer_norm_case(generator, B=8, D=1024, S=4096) -> Case:
+    """Layer norm over the channels of a 1-D convolution's activations kept [B, S, D]."""
+    x = (torch.randn(B, S, D, generator=generator) * 2 + 1).to("cuda", torch.bfloat16)
+    w = torch.randn(D, generator=generator).to("cuda", torch.bfloat16)
+    bias = torch.randn(D, generator=generator).to("cuda", torch.bfloat16)
+    view = x.permute(0, 2, 1)                    # [B, D, S]
+    f, copied = Recorded(layernorm_channels), Recorded(layernorm_channels)
+
+    def eager(t, g, b):
+        return F.layer_norm(t.transpose(1, 2).float(), (D,), g.float(), b.float(),
+                            1e-5).transpose(1, 2).to(t.dtype)
+    compiled = torch.compile(eager)
+    rows = torch.arange(0, S, 31, device="cuda")
+    ref = eager(view[:, :, rows].double(), w.double(), bias.double())
+    return Case("layernorm_channels_last", f"B{B} D{D} S{S} (over D; x channels last)",
+                lambda: f(view, w, bias, 1e-5),
+                {COPIED: lambda: copied(view.contiguous(), w, bias, 1e-5),
+                 TORCH_COMPILE: lambda: compiled(view, w, bias),
+                 TORCH_EAGER: lambda: eager(view, w, bias)},
+                ref, lambda out: out[:, :, rows], bytes=2 * x.numel() * x.element_size(),
+                notes={TENSORFUSE: _origin(f, (view, w, bias), B=B, D=D, S=S)})
+
+
+def _projection_case(generator, M=8192, K=4096, N=4096) -> Case:
+    """``x @ w.t()`` with the weight kept [K, N]: cuBLAS reads either layout."""
+    x = torch.randn(M, K, generator=generator).to("cuda", torch.bfloat16)
+    wt = (torch.randn(K, N, generator=generator) / K ** 0.5).to("cuda", torch.bfloat16)
+    w = wt.t()                                   # [N, K] as the kernel declares it
+    f, copied = Recorded(matmul_nk), Recorded(matmul_nk)
+    rows = torch.arange(0, M, 61, device="cuda")
+    ref = x[rows].double() @ wt.double()
+    return Case("projection_weight_transposed", f"M{M} K{K} N{N} (w kept [K, N])",
+                lambda: f(x, w), {COPIED: lambda: copied(x, w.contiguous()),
+                                  CUBLAS: lambda: x @ w.t()},
+                ref, lambda out: out[rows], flops=2 * M * K * N,
+                notes={TENSORFUSE: _origin(f, (x, w), M=M, K=K, N=N)})
+
+
+def _keys_case(generator, B=2, H=16, S=4096, D=128) -> Case:
+    """Causal attention written over transposed keys ``kt[B, H, D, S]``, called with the keys
+    kept [B, H, S, D] (``k.transpose(-1, -2)``)."""
+    q, k, v = (torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
+               for _ in range(3))
+    scale = D ** -0.5
+    f, copied = Recorded(attention_keys_transposed), Recorded(attention_keys_transposed)
+    rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)]).cuda()
+    s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale
+    s = s.masked_fill(rows[:, None] < torch.arange(S, device="cuda")[None], float("-inf"))
+    ref = torch.softmax(s, -1) @ v.double()
+    kt = k.transpose(-1, -2)
+    return Case("attention_keys_passed_transposed", f"B{B} H{H} S{S} D{D} causal",
+                lambda: f(q, kt, v, scale=scale),
+                {COPIED: lambda: copied(q, kt.contiguous(), v, scale=scale),
+                 SDPA: lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                              scale=scale)},
+                ref, lambda out: out[:, :, rows], flops=2 * B * H * S * S * D,
+                notes={TENSORFUSE: _origin(f, (q, kt, v), B=B, H=H, S=S, D=D)})
+
+
+LAYOUTS = {"log_softmax_channels_last": _log_softmax_case,
+           "layernorm_channels_last": _layer_norm_case,
+           "projection_weight_transposed": _projection_case,
+           "attention_keys_passed_transposed": _keys_case}
+
+if __name__ == "__main__":
+    main(LAYOUTS, "layout-kernels", __doc__)

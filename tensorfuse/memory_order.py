@@ -1,0 +1,213 @@
+"""Tensors passed in another axis order than the program declares, read in their memory order.
+
+A channels-last activation seen as ``[B, C, P]`` (``x.permute(0, 2, 1)``), a weight passed as
+``w.t()``, keys passed as ``k.transpose(-1, -2)``: as data such a view is the program's tensor,
+but its innermost axis is strided, so no load along it is a vector and no TMA box can hold it.
+Copying it contiguous before each launch costs a read and a write of the tensor, and the plan
+then still sweeps the program's innermost axis where the data had another one contiguous. The
+general answer is to plan the program as the data lies: :func:`in_memory_order` writes the
+program with each such tensor declared in its memory order (its axes sorted by stride) and its
+reads' indices permuted alike — the same math, so the plans by the roles of axes take it as they
+take a program written that way — and :class:`MemoryOrderKernel` runs that program's kernel on
+the caller's views, permuted back to their memory order (``x.permute(order)``: nothing copied).
+
+:class:`MemoryOrderRoutes` decides per call (a kernel's checked path; a signature seen before
+keeps its fast call, which checks the strides): a torch tensor whose innermost axis is strided
+while another axis is contiguous (:func:`memory_order`) routes the call to the kernel of the
+program in that order, compiled once per set of orders. A view that no order makes contiguous
+along one axis (``x[:, ::2]``) is copied as before
+(:class:`~tensorfuse.errors.CopiedArgumentWarning`), and so is one whose reordered program a
+template would not take at the call's sizes where the program as written has one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .algebra.exprs import rewrite_computes
+from .binding import CallBinder, bind_call
+from .dsl.expr import Load
+from .dsl.program import Program, TensorParam
+from .interop import is_torch
+from .schedule_templates.lifted_kernel import LiftedFastCall, LiftedKernel
+
+
+def memory_order(x) -> tuple[int, ...] | None:
+    """The order of torch tensor ``x``'s axes in memory (``x.permute(order)`` has its strides
+    descending, its innermost axis contiguous) where ``x``'s own innermost axis is strided and
+    another is contiguous; else None (already in order, or no axis contiguous: a step along
+    every axis, a broadcast axis). Axes of one element keep their places."""
+    if not is_torch(x) or x.dim() < 2:
+        return None
+    shape, strides = x.shape, x.stride()
+    spread = [k for k in range(x.dim()) if shape[k] > 1]
+    if len(spread) < 2 or strides[spread[-1]] == 1:
+        return None
+    if any(strides[k] <= 0 for k in spread):
+        return None
+    ranked = sorted(spread, key=lambda k: -strides[k])   # stable: equal strides keep order
+    if strides[ranked[-1]] != 1:
+        return None
+    order = list(range(x.dim()))
+    for place, axis in zip(spread, ranked):
+        order[place] = axis
+    return tuple(order)
+
+
+def in_memory_order(program: Program, orders: dict) -> Program:
+    """``program`` with each tensor parameter named in ``orders`` (name → the order of its axes,
+    :func:`memory_order`) declared in that order and every read of it indexed alike: the same
+    values, computed from tensors laid out as the caller's are in memory."""
+    params = [TensorParam(p.name, tuple(p.dims[k] for k in orders[p.name]), p.dtype, p.loc)
+              if isinstance(p, TensorParam) and p.name in orders else p for p in program.params]
+    by_name = {p.name: p for p in params}
+
+    def rewrite(node):
+        if isinstance(node, Load) and node.param.name in orders:
+            order = orders[node.param.name]
+            return Load(by_name[node.param.name], tuple(node.indices[k] for k in order),
+                        node.loc)
+        return None
+
+    computes = rewrite_computes(program, rewrite)
+    return Program(program.name, params, list(computes.values()),
+                   [computes[c.name] for c in program.outputs], list(program.axes),
+                   list(program.size_constraints), program.loc)
+
+
+@dataclass(frozen=True)
+class Orders:
+    """The memory orders a call's permuted tensors have: ``(name, order)`` in the program's
+    parameter order."""
+
+    orders: tuple[tuple[str, tuple[int, ...]], ...]
+
+    def describe(self, program: Program) -> str:
+        dims = {p.name: p.dims for p in program.tensor_params}
+        return "read in memory order: " + "; ".join(
+            f"{name} as [{', '.join(str(dims[name][k]) for k in order)}]"
+            for name, order in self.orders)
+
+
+class MemoryOrderKernel(LiftedKernel):
+    """``inner``, a kernel of the program with some tensors declared in their memory order
+    (:func:`in_memory_order`), as a kernel of the program as written: a call's tensors are
+    passed to it permuted to that order (views)."""
+
+    who = "read in memory order"
+
+    def __init__(self, program: Program, orders: Orders, inner, target):
+        super().__init__(program, {}, inner, target, ())
+        self._calls = CallBinder(program, _binding_device("cuda" if target.is_gpu else "cpu"))
+        self.orders = dict(orders.orders)
+        self.lift = orders.describe(program)
+        self.description = f"{self.lift}; {inner.description}"
+
+    def inner_sizes(self, sizes: dict) -> dict:
+        return dict(sizes)   # a permutation keeps every size's name
+
+    def _views(self, values: dict, outs: list, dims: dict) -> list:
+        for name, order in self.orders.items():
+            values[name] = values[name].permute(order)
+        return outs
+
+    def _fast_call(self, params, outputs, likes, guards, bound, inner_kwargs: dict, inner_fast):
+        """The signature's fast call: the permuted tensors' strides checked per call (another
+        layout takes the checked path, which routes it anew), each permuted on the way in."""
+        out = inner_kwargs["out"]
+        out_shapes = [tuple(o.shape) for o in (out if isinstance(out, tuple) else (out,))]
+        strides = {n: tuple(bound.arrays[n].stride()) for n in self.orders}
+        permute = {n: (lambda x, order=order: x.permute(order))
+                   for n, order in self.orders.items()}
+        return LiftedFastCall(params, outputs, bound.torch_device, likes, guards, {},
+                              out_shapes, inner_fast, permute, views=strides)
+
+
+# what runs a call, best first: a route that would run on a lesser one than the program as
+# written keeps the copy (a GEMM whose A operand is transposed: the Hopper GEMM takes A K-major
+# only, the Triton contraction either way)
+_RANKS = ("a native CUDA template", "a Triton template", "stages", "TVM's default schedule")
+
+
+def _rank(kernel, dims: dict) -> int:
+    """Where what runs ``kernel`` at ``dims`` stands in :data:`_RANKS`: an
+    :class:`~tensorfuse.api.AutoKernel`'s pick, a wrapper's inner kernel's."""
+    from .compiled import CompiledKernel
+    from .staged import StagedKernel
+
+    picks = getattr(kernel, "for_sizes", None)
+    chosen = picks(**dims) if picks is not None else kernel
+    if chosen is getattr(kernel, "fallback", None) or isinstance(chosen, CompiledKernel):
+        return 3
+    if isinstance(chosen, StagedKernel):
+        return 2
+    inner = getattr(chosen, "inner", None)
+    if inner is not None:   # a lifted or rewritten program's kernel
+        sizes = chosen.inner_sizes(dims) if hasattr(chosen, "inner_sizes") else dims
+        return _rank(inner, sizes)
+    return 0 if type(chosen).__module__.startswith("tensorfuse.targets.cuda") else 1
+
+
+class MemoryOrderRoutes:
+    """The routes of a kernel's calls whose tensors lie in another axis order
+    (:func:`memory_order`): one :class:`MemoryOrderKernel` per set of orders, its inner kernel
+    ``make(program)`` of the program in that order (``tf.compile``'s choice for it)."""
+
+    def __init__(self, kernel, make: Callable[[Program], object]):
+        self.kernel, self.make = kernel, make
+        self.program: Program = kernel.program
+        self._tensors = [(k, p.name) for k, p in enumerate(self.program.params)
+                         if isinstance(p, TensorParam)]
+        self._kernels: dict = {}    # Orders -> MemoryOrderKernel
+        self._taken: dict = {}      # (Orders, sizes) -> whether the route is taken
+
+    def orders(self, args: tuple, kwargs: dict) -> Orders | None:
+        """The memory orders of the call's tensors that lie in another order, or None."""
+        found = []
+        for place, name in self._tensors:
+            x = args[place] if place < len(args) else kwargs.get(name)
+            order = memory_order(x) if x is not None else None
+            if order is not None:
+                found.append((name, order))
+        return Orders(tuple(found)) if found else None
+
+    def kernel_for(self, orders: Orders) -> MemoryOrderKernel:
+        """The kernel of the program with ``orders`` (made on first use)."""
+        made = self._kernels.get(orders)
+        if made is None:
+            inner = self.make(in_memory_order(self.program, dict(orders.orders)))
+            made = self._kernels[orders] = MemoryOrderKernel(self.program, orders, inner,
+                                                             self.kernel.target)
+        return made
+
+    def route(self, args: tuple, kwargs: dict) -> MemoryOrderKernel | None:
+        """The kernel that runs this call on its tensors where they lie, or None (no tensor in
+        another order, or :meth:`taken` says no: the tensor is then copied, as it was)."""
+        orders = self.orders(args, kwargs)
+        if orders is None:
+            return None
+        device = _binding_device("cuda" if self.kernel.target.is_gpu else "cpu")
+        dims = bind_call(self.program, args, {n: v for n, v in kwargs.items() if n != "out"},
+                         device).dims
+        return self._kernels[orders] if self.taken(orders, dims) else None
+
+    def taken(self, orders: Orders, dims: dict) -> bool:
+        """Whether calls at sizes ``dims`` with tensors in ``orders`` run on the program in that
+        order: unless what would run it ranks below what runs the program as written
+        (:data:`_RANKS`)."""
+        at = (orders, tuple(sorted(dims.items())))
+        if at not in self._taken:
+            self._taken[at] = _rank(self.kernel_for(orders).inner, dims) <= \
+                _rank(self.kernel, dims)
+        return self._taken[at]
+
+    def cache_info(self) -> list:
+        return [b for k in self._kernels.values() for b in k.cache_info()]
+
+
+def _binding_device(device: str) -> str:
+    """The device a call's tensors are on for a kernel of ``device``: the CPU under Triton's
+    interpreter."""
+    from .targets.triton.launch import interpreting
+
+    return "cpu" if interpreting() else device

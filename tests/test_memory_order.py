@@ -1,0 +1,155 @@
+"""Tensors passed in another axis order than their programs declare, read in their memory order
+(:mod:`tensorfuse.memory_order`): which views route, the program rewritten (the plan of a
+program written in that order), when a route is declined (a lesser schedule than the program as
+written gets), the sm_90a code of a routed row, the numbers against float64 in Triton's
+interpreter with the copies counted, and on a GPU the calls as a user makes them."""
+import re
+import warnings
+
+import pytest
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.algebra.exprs import nodes
+from tensorfuse.dsl.expr import Load
+from tensorfuse.memory_order import Orders, in_memory_order, memory_order
+from benchmarks.gemm import matmul_nk
+from benchmarks.user_kernels import log_softmax_channels
+from tests.helpers import fresh_seed, run_interpreted
+
+triton = pytest.importorskip("triton", reason="the templates generate Triton kernels")
+
+# bf16 outputs: 2e-2 of the largest value
+TOLERANCE = 2e-2
+# per case: the copies torch makes of the arguments, and the route taken (None: copied)
+EXPECTED = {"log-softmax over channels, channels last": (0, "x as [B, P, C]"),
+            "layer norm over channels, channels last": (0, "x as [B, S, D]"),
+            # a sweep over two axes flattened has no route yet: the view is copied
+            "group norm, channels last": (1, None),
+            "project, weight transposed": (0, "w as [K, N]"),
+            "attention, keys transposed": (0, "kt as [B, H, S, D]")}
+
+
+def _compiled(kernel):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tf.compile(kernel, target="cuda:sm_90a")
+
+
+def test_which_views_have_another_memory_order():
+    x = torch.zeros(2, 300, 150)
+    assert memory_order(x.permute(0, 2, 1)) == (0, 2, 1)       # channels last seen as [B, C, P]
+    assert memory_order(x.permute(2, 0, 1)) == (1, 2, 0)
+    assert memory_order(x.t() if x.dim() == 2 else x[0].t()) == (1, 0)
+    assert memory_order(x) is None                               # in order already
+    assert memory_order(x[:, :, ::2]) is None                    # no axis contiguous: copied
+    assert memory_order(x[:, :1].expand(2, 7, 150).transpose(1, 2)) is None   # a broadcast axis
+    # axes of one element keep their places, whatever their strides
+    assert memory_order(torch.zeros(4, 1, 6).permute(2, 1, 0)) == (2, 1, 0)
+    assert memory_order(torch.zeros(6, 4)[:, None].permute(2, 1, 0)) == (2, 1, 0)
+    assert memory_order(torch.zeros(5)) is None
+
+
+@tf.kernel
+def log_softmax_channels_last(x: T.Tensor["B", "P", "C", "bf16"]):
+    """The log-softmax of :func:`log_softmax_channels` written for [B, P, C] tensors."""
+    b, c, p = T.axes("b c p")
+    m = T.max(x[b, p, c], over=c)
+    return x[b, p, c] - m - T.log(T.sum(T.exp(x[b, p, c] - m), over=c))
+
+
+def test_the_program_in_memory_order_gets_the_plan_of_one_written_so():
+    made = _compiled(log_softmax_channels)
+    orders = made.routes.orders((torch.zeros(2, 300, 150).permute(0, 2, 1),), {})
+    assert orders == Orders((("x", (0, 2, 1)),))
+    routed = made.routes.kernel_for(orders)
+    sizes = dict(B=8, C=150, P=65536)
+    plan = routed.describe_plan(**sizes).splitlines()
+    assert plan[0] == "read in memory order: x as [B, P, C]"
+    written = _compiled(log_softmax_channels_last).describe_plan(**sizes).splitlines()
+    assert [line.replace("log_softmax_channels_last", "log_softmax_channels")
+            for line in written] == plan[1:]
+    # the program as written sweeps the strided axis: another plan
+    assert made.describe_plan(**sizes).splitlines() != plan[1:]
+
+
+def _reads(program) -> list:
+    """Every read of a tensor in ``program``'s bodies: (tensor, its index axes' names)."""
+    return sorted((n.param.name, tuple(i.name for i in n.indices))
+                  for c in program.computes for body in c.bodies for n in nodes(body)
+                  if isinstance(n, Load))
+
+
+def test_the_rewrite_permutes_the_declaration_and_every_read_alike():
+    program = in_memory_order(log_softmax_channels.program, {"x": (0, 2, 1)})
+    assert program.tensor_params[0].dims == ("B", "P", "C")
+    assert _reads(log_softmax_channels.program) == [("x", ("b", "c", "p"))] * 3
+    assert _reads(program) == _reads(log_softmax_channels_last.program) == \
+        [("x", ("b", "p", "c"))] * 3
+
+
+def test_a_route_that_would_lose_a_native_template_is_declined():
+    """x transposed makes the GEMM's A operand M-major, which the Hopper GEMM does not take: the
+    program in that order runs on the Triton contraction, so the call copies x and keeps the
+    Hopper GEMM; the weight transposed is the Hopper GEMM's [K, N] operand: routed."""
+    made = _compiled(matmul_nk)
+    sizes = dict(M=4096, K=4096, N=4096)
+    assert made.routes.taken(Orders((("w", (1, 0)),)), sizes)
+    assert not made.routes.taken(Orders((("x", (1, 0)),)), sizes)
+    assert not made.routes.taken(Orders((("x", (1, 0)), ("w", (1, 0)))), sizes)
+    assert "hopper_gemm" in made.routes.kernel_for(Orders((("w", (1, 0)),))).describe_plan(
+        **sizes).splitlines()[1]
+
+
+def test_sm90a_code_of_the_routes():
+    """The log-softmax over 256 channels of a channels-last tensor reads each pixel's channels as
+    16-byte vectors; the GEMM with its weight kept [K, N] is the Hopper GEMM's wgmma kernel,
+    reading the weight through a tensor map of that layout (nvcc builds it in its tests)."""
+    made = _compiled(log_softmax_channels)
+    routed = made.routes.kernel_for(Orders((("x", (0, 2, 1)),)))
+    ptx = routed.ptx(B=8, C=256, P=4096)
+    assert re.search(r"ld\.global[\w:.]*\.v4\.b32", ptx)
+    gemm = _compiled(matmul_nk).routes.kernel_for(Orders((("w", (1, 0)),)))
+    source = gemm.source(M=4096, K=4096, N=4096)
+    assert "wgmma.mma_async" in source
+
+
+def test_views_in_another_order_match_float64_in_the_interpreter_without_copies():
+    seed = fresh_seed()
+    found = run_interpreted("tests.schedule_templates.memory_order_check", seed)
+    assert set(found) == set(EXPECTED)
+    for name, got in found.items():
+        copies, route = EXPECTED[name]
+        assert got["error"] <= TOLERANCE, (name, got, seed)
+        assert got["copies"] == copies, (name, got, seed)
+        assert got["route"] == (route and f"read in memory order: {route}"), (name, got)
+
+
+@pytest.mark.gpu
+def test_a_channels_last_call_on_the_gpu_reads_in_place_and_repeats_on_the_fast_path():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from tensorfuse.errors import CopiedArgumentWarning
+
+    gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
+    made = tf.compile(log_softmax_channels)
+    x = (torch.randn(4, 2000, 150, device="cuda", generator=gen) * 20).bfloat16()
+    view = x.permute(0, 2, 1)                       # [B, C, P], channels last in memory
+    want = torch.log_softmax(view.double(), 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CopiedArgumentWarning)   # nothing copied
+        for _ in range(3):
+            out = torch.full(view.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+            got = made(view, out=out)
+            assert got is out
+            assert float((got.double() - want).abs().max() / want.abs().max()) <= TOLERANCE
+    routed = next(iter(made.routes._kernels.values()))
+    assert sum(f.calls for f in routed._fast.values()) >= 1   # the repeats took the fast call
+    # the same kernel on a contiguous tensor (the program as written), then the view again
+    for tensor in (view.contiguous(), view):
+        got = made(tensor)
+        assert float((got.double() - want).abs().max() / want.abs().max()) <= TOLERANCE
+    # the routed program's builds are the kernel's too
+    built = routed.cache_info()
+    assert built and all(b in made.cache_info() for b in built)
