@@ -15,7 +15,7 @@ from tensorfuse.algebra.exprs import nodes
 from tensorfuse.dsl.expr import Load
 from tensorfuse.memory_order import Orders, in_memory_order, memory_order
 from benchmarks.gemm import matmul_nk
-from benchmarks.user_kernels import log_softmax_channels
+from benchmarks.user_kernels import layernorm_channels, log_softmax_channels
 from tests.helpers import fresh_seed, run_interpreted
 
 triton = pytest.importorskip("triton", reason="the templates generate Triton kernels")
@@ -87,6 +87,17 @@ def test_the_rewrite_permutes_the_declaration_and_every_read_alike():
     assert _reads(log_softmax_channels.program) == [("x", ("b", "c", "p"))] * 3
     assert _reads(program) == _reads(log_softmax_channels_last.program) == \
         [("x", ("b", "p", "c"))] * 3
+
+
+def test_a_routed_row_writing_down_its_rows_takes_tiles_of_16_rows():
+    """Layer norm over the channels of a channels-last [B, S, D] read in memory order writes
+    out[b, d, s]: its stores run down a tile's rows, so the tile takes 16 rows (the row-major
+    default's 2 stored 4 bytes apiece)."""
+    made = _compiled(layernorm_channels)
+    routed = made.routes.kernel_for(Orders((("x", (0, 2, 1)),)))
+    knobs = next(line for line in routed.describe_plan(B=8, D=1024, S=4096).splitlines()
+                 if "knobs:" in line)
+    assert "block_m=16, block_n=1024" in knobs
 
 
 def test_a_route_that_would_lose_a_native_template_is_declined():

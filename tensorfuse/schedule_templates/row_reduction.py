@@ -47,6 +47,15 @@ def rows_contiguous(plan: RowTilePlan) -> bool:
                n.indices[-1].uid == plan.row.uid for n in _swept_loads(plan))
 
 
+def writes_down_rows(plan: RowTilePlan) -> bool:
+    """Whether an output along the sweep is laid out with the row axis innermost: a layer norm
+    over the channels of ``[B, D, S]`` run on a channels-last input in its memory order
+    (:mod:`tensorfuse.memory_order`) reads rows of D and writes ``out[b, d, s]``, so a tile's
+    stores run down its rows (:data:`TRANSPOSED_ROWS`)."""
+    return any(kind == "col" and c.axes and c.axes[-1].uid == plan.row.uid
+               for c, _, kind in plan.outputs)
+
+
 def weighs_the_sweep(plan: RowTilePlan) -> bool:
     """Whether the chain reads a tensor along the swept axis alone (a weight per swept element:
     the vector of a matrix-vector product over a strided axis, ``a[k, i] · x[k]``)."""
@@ -84,6 +93,16 @@ SWEPT_CONTIGUOUS = (32, 512, 4, 2)   # rows, block, warps and stages of a wider 
 # row kernel at [8192, 4096] 0.054 ms against 0.059, layer norm's 0.062 against 0.067
 # (``benchmarks.rows_backward --sweep``); rows reading one such tensor keep 8
 TWO_OPERAND_ROW, TWO_OPERAND_WARPS = 4096, 4
+# Rows read along the sweep whose outputs along it have the row axis innermost
+# (:func:`writes_down_rows`): tiles of 16 rows (a store of 32 bytes, a sector, in bf16), held
+# whole, by one warp where the row is at most 256 wide, else 8. On the H100 from a CUDA graph
+# (``probe`` sweep of the knobs on ``benchmarks.layout_kernels``' kernels): the log-softmax over
+# C=150 of a channels-last [8, 65536, 150] seen as [B, C, P] 145 µs (16 rows on 2 warps 166,
+# 32 on 4 276, 64 on 4 345, 8 on 1 372; torch.compile 249); layer norm over D=1024 of a
+# channels-last [8, 4096, 1024] 51.6 µs (16 rows on 16 warps 52.5, 32 rows the strided sweep's
+# 32 × 1024 on 8 warps, 4 stages 61.5, 8 rows 145, the row-major default's 2 rows 300;
+# torch.compile 47.1)
+TRANSPOSED_ROWS, TRANSPOSED_NARROW, TRANSPOSED_WARPS = 16, 256, 8
 # A long strided sweep over few row tiles — a weight gradient's sum down the rows of [M, N]:
 # tiles of 64 contiguous rows (128-byte pieces) × blocks of 64, the sweep split into parts for
 # about four programs an SM. RMSNorm's d_weight over the 8192 rows of [8192, 4096]: 0.039 ms
@@ -284,7 +303,11 @@ def _bounded_knobs(plan: RowTilePlan, whole: int) -> Knobs:
 def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     cols = plan.cols
     block_n = _whole_row_block(cols)
-    if target.kind == "cuda" and rows_contiguous(plan):
+    if target.kind == "cuda" and (rows_contiguous(plan) or writes_down_rows(plan)):
+        if not rows_contiguous(plan) and TRANSPOSED_ROWS * block_n <= CONTIGUOUS_TILE:
+            return Knobs(block_m=TRANSPOSED_ROWS, block_n=block_n,
+                         num_warps=1 if block_n <= TRANSPOSED_NARROW else TRANSPOSED_WARPS,
+                         num_stages=1, reload=0)
         if plan.bounds is not None and plan.outputs_per_row:
             return _bounded_knobs(plan, block_n)
         if CONTIGUOUS_ROWS * block_n > CONTIGUOUS_TILE:
@@ -404,7 +427,8 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
     default, whole = default_knobs(plan, target), _whole_row_block(plan.cols)
     blocks = sorted({default.block_n, whole} | {b for b in (1024, 2048, 4096, 8192) if b < whole})
     rows = sorted({default.block_m} | {r for r in (1, 2, 4, 8) if r * default.block_n <= 16384}
-                  | ({16, 32, 128} if rows_contiguous(plan) else set()))
+                  | ({16, 32, 128} if rows_contiguous(plan) or writes_down_rows(plan)
+                     else set()))
     if plan.bounds is not None:   # a ragged sweep: blocks near its short rows' length
         blocks = sorted(set(blocks) | {b for b in (16, 32, 64) if b < whole})
         rows = sorted(set(rows) | {r for r in (256, 512) if r < default.block_m})
