@@ -10,6 +10,11 @@ program with each such tensor declared in its memory order (its axes sorted by s
 reads' indices permuted alike — the same math, so the plans by the roles of axes take it as they
 take a program written that way — and :class:`MemoryOrderKernel` runs that program's kernel on
 the caller's views, permuted back to their memory order (``x.permute(order)``: nothing copied).
+An output over the axes such a tensor is read by is laid out as that tensor is
+(:func:`output_orders`: a channels-last map's log-softmax comes back channels last, as torch's
+operators keep a memory format), an ``out=`` tensor in its own order; inside a custom
+operator's implementation (torch.compile, autograd) outputs stay row-major, as the operator's
+fake implementation says.
 
 :class:`MemoryOrderRoutes` decides per call (a kernel's checked path; a signature seen before
 keeps its fast call, which checks the strides): a torch tensor whose innermost axis is strided
@@ -24,12 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .algebra.exprs import rewrite_computes
+from .algebra.exprs import nodes, rewrite_computes
 from .binding import CallBinder, bind_call
-from .dsl.expr import Load
+from .dsl.expr import Axis, Load
 from .dsl.program import Program, TensorParam
-from .interop import is_torch
+from .interop import ALIGNMENT, is_torch, torch_dtype
 from .schedule_templates.lifted_kernel import LiftedFastCall, LiftedKernel
+from .torch_graph import IN_OPERATOR
 
 
 def memory_order(x) -> tuple[int, ...] | None:
@@ -54,10 +60,12 @@ def memory_order(x) -> tuple[int, ...] | None:
     return tuple(order)
 
 
-def in_memory_order(program: Program, orders: dict) -> Program:
+def in_memory_order(program: Program, orders: dict, outputs: dict | None = None) -> Program:
     """``program`` with each tensor parameter named in ``orders`` (name → the order of its axes,
-    :func:`memory_order`) declared in that order and every read of it indexed alike: the same
-    values, computed from tensors laid out as the caller's are in memory."""
+    :func:`memory_order`) declared in that order and every read of it indexed alike, and each
+    output named in ``outputs`` (name → order) laid out in that order: the same values, computed
+    from and into tensors laid out as the caller's are in memory."""
+    outputs = outputs or {}
     params = [TensorParam(p.name, tuple(p.dims[k] for k in orders[p.name]), p.dtype, p.loc)
               if isinstance(p, TensorParam) and p.name in orders else p for p in program.params]
     by_name = {p.name: p for p in params}
@@ -69,58 +77,145 @@ def in_memory_order(program: Program, orders: dict) -> Program:
                         node.loc)
         return None
 
-    computes = rewrite_computes(program, rewrite)
+    def axes(c):
+        order = outputs.get(c.name) if c.is_output else None
+        return c.axes if order is None else tuple(c.axes[k] for k in order)
+
+    computes = rewrite_computes(program, rewrite, axes=axes)
     return Program(program.name, params, list(computes.values()),
                    [computes[c.name] for c in program.outputs], list(program.axes),
                    list(program.size_constraints), program.loc)
 
 
+def output_orders(program: Program, orders: dict) -> dict:
+    """The memory order each output takes where the call passes no ``out=``: an output over the
+    axes a reordered tensor is read by (a log-softmax's output over the ``[B, C, P]`` of its
+    channels-last input) is laid out as that tensor is, as torch's operators keep a tensor's
+    memory format; other outputs stay row-major. Name → order, for the outputs that move."""
+    reads: dict = {}   # a reordered tensor -> the axes of its reads, where all read it alike
+    for c in program.computes:
+        for body in c.bodies:
+            for n in nodes(body):
+                if isinstance(n, Load) and n.param.name in orders:
+                    axes = tuple(i.uid if isinstance(i, Axis) else None for i in n.indices)
+                    reads.setdefault(n.param.name, set()).add(axes)
+    found = {}
+    for c in program.outputs:
+        mine = tuple(a.uid for a in c.axes)
+        for name, order in orders.items():
+            (axes, *others) = reads.get(name, {()})
+            if others or None in axes or sorted(axes) != sorted(mine) or len(set(mine)) < \
+                    len(mine):
+                continue
+            moved = tuple(mine.index(axes[k]) for k in order)
+            if moved != tuple(range(len(mine))):
+                found[c.name] = moved
+            break
+    return found
+
+
 @dataclass(frozen=True)
 class Orders:
-    """The memory orders a call's permuted tensors have: ``(name, order)`` in the program's
-    parameter order."""
+    """The memory orders of a call's tensors in another order: ``(name, order)`` of the
+    arguments in the program's parameter order, and of the outputs."""
 
     orders: tuple[tuple[str, tuple[int, ...]], ...]
+    outputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def describe(self, program: Program) -> str:
         dims = {p.name: p.dims for p in program.tensor_params}
-        return "read in memory order: " + "; ".join(
+        text = "read in memory order: " + "; ".join(
             f"{name} as [{', '.join(str(dims[name][k]) for k in order)}]"
             for name, order in self.orders)
+        axes = {c.name: [str(a.extent or a.name) for a in c.axes] for c in program.outputs}
+        return text + "".join(f"; {name} written as [{', '.join(axes[name][k] for k in order)}]"
+                              for name, order in self.outputs)
+
+
+def _inverse(order: tuple) -> tuple:
+    return tuple(sorted(range(len(order)), key=order.__getitem__))
 
 
 class MemoryOrderKernel(LiftedKernel):
-    """``inner``, a kernel of the program with some tensors declared in their memory order
-    (:func:`in_memory_order`), as a kernel of the program as written: a call's tensors are
-    passed to it permuted to that order (views)."""
+    """``inner``, a kernel of the program with some tensors declared (and outputs laid out) in
+    their memory order (:func:`in_memory_order`), as a kernel of the program as written: a
+    call's tensors are passed to it permuted to that order (views), and an output laid out so is
+    given back as the view of the program's shape over it."""
 
     who = "read in memory order"
 
     def __init__(self, program: Program, orders: Orders, inner, target):
         super().__init__(program, {}, inner, target, ())
         self._calls = CallBinder(program, _binding_device("cuda" if target.is_gpu else "cpu"))
-        self.orders = dict(orders.orders)
+        self.orders, self.out_orders = dict(orders.orders), dict(orders.outputs)
         self.lift = orders.describe(program)
         self.description = f"{self.lift}; {inner.description}"
 
     def inner_sizes(self, sizes: dict) -> dict:
         return dict(sizes)   # a permutation keeps every size's name
 
+    def _output(self, compute, shape: list, given, device):
+        order = self.out_orders.get(compute.name)
+        if order is None:
+            return super()._output(compute, shape, given, device)
+        if given is not None and is_torch(given) and memory_order(given) == order and \
+                given.data_ptr() % ALIGNMENT == 0:
+            return given   # the caller's own tensor in that order: written in place
+        return laid_out(shape, torch_dtype(compute.dtypes[0]), device, order)
+
     def _views(self, values: dict, outs: list, dims: dict) -> list:
         for name, order in self.orders.items():
             values[name] = values[name].permute(order)
-        return outs
+        return [o.permute(self.out_orders[c.name]) if c.name in self.out_orders else o
+                for c, o in zip(self.outputs, outs)]
 
     def _fast_call(self, params, outputs, likes, guards, bound, inner_kwargs: dict, inner_fast):
         """The signature's fast call: the permuted tensors' strides checked per call (another
-        layout takes the checked path, which routes it anew), each permuted on the way in."""
+        layout takes the checked path, which routes it anew), each permuted on the way in; the
+        outputs laid out in their orders."""
         out = inner_kwargs["out"]
         out_shapes = [tuple(o.shape) for o in (out if isinstance(out, tuple) else (out,))]
         strides = {n: tuple(bound.arrays[n].stride()) for n in self.orders}
         permute = {n: (lambda x, order=order: x.permute(order))
                    for n, order in self.orders.items()}
-        return LiftedFastCall(params, outputs, bound.torch_device, likes, guards, {},
-                              out_shapes, inner_fast, permute, views=strides)
+        return MemoryOrderFastCall(params, outputs, bound.torch_device, likes, guards, {},
+                                   out_shapes, inner_fast, permute, views=strides,
+                                   out_orders=[self.out_orders.get(c.name)
+                                               for c in self.outputs])
+
+
+def laid_out(shape, dtype, device, order: tuple):
+    """A new tensor of ``shape`` whose axes lie in memory in ``order`` (``t.permute(order)`` is
+    contiguous)."""
+    import torch
+
+    made = torch.empty([shape[k] for k in order], dtype=dtype, device=device)
+    return made.permute(_inverse(order))
+
+
+class MemoryOrderFastCall(LiftedFastCall):
+    """:class:`LiftedFastCall` whose new outputs are laid out in their memory orders
+    (``out_orders``: per output, an order or None) and passed to the inner kernel permuted to
+    them."""
+
+    def __init__(self, *args, out_orders: list, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.out_orders = list(out_orders)
+
+    def __call__(self, args: tuple, kwargs: dict):
+        if IN_OPERATOR.get() and any(order is not None for order in self.out_orders):
+            return None   # an operator's outputs are row-major: the checked path routes it
+        return super().__call__(args, kwargs)
+
+    def new_outputs(self, tensors: list) -> list:
+        return [laid_out(shape, dtype, self.device, order) if order is not None else
+                self.empty(shape, dtype=dtype, device=self.device) if like is None else
+                self.empty_like(tensors[like])
+                for (shape, dtype, like), order in zip(self.outputs, self.out_orders)]
+
+    def out_views(self, outs: list) -> list:
+        return [o.view(shape) if order is None else o.permute(order)
+                for o, shape, order in zip(outs, self.out_shapes, self.out_orders)]
 
 
 # what runs a call, best first: a route that would run on a lesser one than the program as
@@ -160,22 +255,41 @@ class MemoryOrderRoutes:
                          if isinstance(p, TensorParam)]
         self._kernels: dict = {}    # Orders -> MemoryOrderKernel
         self._taken: dict = {}      # (Orders, sizes) -> whether the route is taken
+        self._outputs: dict = {}    # the arguments' orders -> the outputs' (output_orders)
 
     def orders(self, args: tuple, kwargs: dict) -> Orders | None:
-        """The memory orders of the call's tensors that lie in another order, or None."""
+        """The memory orders of the call's tensors that lie in another order, or None; the
+        outputs' those of the caller's ``out=`` tensors, or, without it, those the reordered
+        tensors give them (:func:`output_orders`)."""
         found = []
         for place, name in self._tensors:
             x = args[place] if place < len(args) else kwargs.get(name)
             order = memory_order(x) if x is not None else None
             if order is not None:
                 found.append((name, order))
-        return Orders(tuple(found)) if found else None
+        if not found:
+            return None
+        found = tuple(found)
+        given = kwargs.get("out")
+        if given is None and IN_OPERATOR.get():   # row-major, as the operator's fake says
+            outputs = ()
+        elif given is None:
+            outputs = self._outputs.get(found)
+            if outputs is None:
+                outputs = self._outputs[found] = tuple(output_orders(self.program,
+                                                                     dict(found)).items())
+        else:
+            given = list(given) if isinstance(given, (tuple, list)) else [given]
+            outputs = tuple((c.name, memory_order(o)) for c, o in zip(self.program.outputs, given)
+                            if memory_order(o) is not None)
+        return Orders(found, outputs)
 
     def kernel_for(self, orders: Orders) -> MemoryOrderKernel:
         """The kernel of the program with ``orders`` (made on first use)."""
         made = self._kernels.get(orders)
         if made is None:
-            inner = self.make(in_memory_order(self.program, dict(orders.orders)))
+            inner = self.make(in_memory_order(self.program, dict(orders.orders),
+                                              dict(orders.outputs)))
             made = self._kernels[orders] = MemoryOrderKernel(self.program, orders, inner,
                                                              self.kernel.target)
         return made

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import re
 import sys
+from contextvars import ContextVar
 
 from .binding import bind_call, output_shape
 from .dsl import dtypes as dt
@@ -56,12 +57,28 @@ def fake_outputs(program: Program, device: str, args: tuple):
     return outs[0] if len(outs) == 1 else outs
 
 
+# Set while a custom operator's implementation runs: its outputs must have the strides its fake
+# implementation gave them (row-major), so a kernel does not lay an output out in its input's
+# memory order then (:mod:`tensorfuse.memory_order`) — Inductor indexes the outputs by the fake's
+IN_OPERATOR: ContextVar[bool] = ContextVar("tensorfuse_in_operator", default=False)
+
+
 def kernel_op(qualname: str, program: Program, run, device: str):
     """A custom operator ``qualname`` taking ``program``'s parameters and returning its outputs,
-    ``run(*args)`` its implementation."""
+    ``run(*args)`` its implementation (its outputs row-major, as the fake implementation's)."""
     import torch
 
-    op = torch.library.custom_op(qualname, run, mutates_args=(), schema=schema(program))
+    def real(*args):
+        token = IN_OPERATOR.set(True)
+        try:
+            made = run(*args)
+        finally:
+            IN_OPERATOR.reset(token)
+        if isinstance(made, tuple):
+            return tuple(o if o.is_contiguous() else o.contiguous() for o in made)
+        return made if made.is_contiguous() else made.contiguous()
+
+    op = torch.library.custom_op(qualname, real, mutates_args=(), schema=schema(program))
     op.register_fake(lambda *args: fake_outputs(program, device, args))
     return op
 

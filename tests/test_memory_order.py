@@ -13,7 +13,7 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.algebra.exprs import nodes
 from tensorfuse.dsl.expr import Load
-from tensorfuse.memory_order import Orders, in_memory_order, memory_order
+from tensorfuse.memory_order import Orders, in_memory_order, memory_order, output_orders
 from benchmarks.gemm import matmul_nk
 from benchmarks.user_kernels import layernorm_channels, log_softmax_channels
 from tests.helpers import fresh_seed, run_interpreted
@@ -22,13 +22,19 @@ triton = pytest.importorskip("triton", reason="the templates generate Triton ker
 
 # bf16 outputs: 2e-2 of the largest value
 TOLERANCE = 2e-2
-# per case: the copies torch makes of the arguments, and the route taken (None: copied)
-EXPECTED = {"log-softmax over channels, channels last": (0, "x as [B, P, C]"),
-            "layer norm over channels, channels last": (0, "x as [B, S, D]"),
+# per case: the copies torch makes of the arguments, the route taken (None: copied) into
+# contiguous outputs, and the layout of an output made by the call (where it follows the input's)
+LOG_SOFTMAX = "x as [B, P, C]"
+LAYER_NORM = "x as [B, S, D]"
+EXPECTED = {"log-softmax over channels, channels last":
+            (0, LOG_SOFTMAX, f"{LOG_SOFTMAX}; out written as [B, P, C]", (0, 2, 1)),
+            "layer norm over channels, channels last":
+            (0, LAYER_NORM, f"{LAYER_NORM}; out written as [B, S, D]", (0, 2, 1)),
             # a sweep over two axes flattened has no route yet: the view is copied
-            "group norm, channels last": (1, None),
-            "project, weight transposed": (0, "w as [K, N]"),
-            "attention, keys transposed": (0, "kt as [B, H, S, D]")}
+            "group norm, channels last": (1, None, None, (0, 1, 2, 3)),
+            "project, weight transposed": (0, "w as [K, N]", "w as [K, N]", (0, 1)),
+            "attention, keys transposed":
+            (0, "kt as [B, H, S, D]", "kt as [B, H, S, D]", (0, 1, 2, 3))}
 
 
 def _compiled(kernel):
@@ -54,7 +60,7 @@ def test_which_views_have_another_memory_order():
 @tf.kernel
 def log_softmax_channels_last(x: T.Tensor["B", "P", "C", "bf16"]):
     """The log-softmax of :func:`log_softmax_channels` written for [B, P, C] tensors."""
-    b, c, p = T.axes("b c p")
+    b, p, c = T.axes("b p c")
     m = T.max(x[b, p, c], over=c)
     return x[b, p, c] - m - T.log(T.sum(T.exp(x[b, p, c] - m), over=c))
 
@@ -62,11 +68,12 @@ def log_softmax_channels_last(x: T.Tensor["B", "P", "C", "bf16"]):
 def test_the_program_in_memory_order_gets_the_plan_of_one_written_so():
     made = _compiled(log_softmax_channels)
     orders = made.routes.orders((torch.zeros(2, 300, 150).permute(0, 2, 1),), {})
-    assert orders == Orders((("x", (0, 2, 1)),))
+    # the output over the input's axes laid out as the input is
+    assert orders == Orders((("x", (0, 2, 1)),), (("out", (0, 2, 1)),))
     routed = made.routes.kernel_for(orders)
     sizes = dict(B=8, C=150, P=65536)
     plan = routed.describe_plan(**sizes).splitlines()
-    assert plan[0] == "read in memory order: x as [B, P, C]"
+    assert plan[0] == "read in memory order: x as [B, P, C]; out written as [B, P, C]"
     written = _compiled(log_softmax_channels_last).describe_plan(**sizes).splitlines()
     assert [line.replace("log_softmax_channels_last", "log_softmax_channels")
             for line in written] == plan[1:]
@@ -87,6 +94,21 @@ def test_the_rewrite_permutes_the_declaration_and_every_read_alike():
     assert _reads(log_softmax_channels.program) == [("x", ("b", "c", "p"))] * 3
     assert _reads(program) == _reads(log_softmax_channels_last.program) == \
         [("x", ("b", "p", "c"))] * 3
+
+
+@tf.kernel
+def channel_sums(x: T.Tensor["B", "C", "P", "bf16"]):
+    """A sum over the channels: its output is over (b, p), not the input's axes."""
+    b, c, p = T.axes("b c p")
+    return T.sum(x[b, c, p], over=c)
+
+
+def test_an_output_follows_the_layout_of_the_input_over_the_same_axes():
+    assert output_orders(log_softmax_channels.program, {"x": (0, 2, 1)}) == {"out": (0, 2, 1)}
+    assert output_orders(log_softmax_channels.program, {"x": (2, 1, 0)}) == {"out": (2, 1, 0)}
+    assert output_orders(channel_sums.program, {"x": (0, 2, 1)}) == {}
+    # the projection's output is over (i, j), its transposed weight over (j, k)
+    assert output_orders(matmul_nk.program, {"w": (1, 0)}) == {}
 
 
 def test_a_routed_row_writing_down_its_rows_takes_tiles_of_16_rows():
@@ -127,14 +149,30 @@ def test_sm90a_code_of_the_routes():
 
 
 def test_views_in_another_order_match_float64_in_the_interpreter_without_copies():
+    """Into contiguous outputs (written in the program's layout), into outputs the call makes
+    (laid out as the input they follow, as torch keeps a memory format), into outputs the
+    caller laid out so (written in place) and through the kernel's custom operator (row-major
+    outputs, as its fake implementation gives torch.compile): each against float64."""
     seed = fresh_seed()
     found = run_interpreted("tests.schedule_templates.memory_order_check", seed)
     assert set(found) == set(EXPECTED)
+
+    def said(route):
+        return route and f"read in memory order: {route}"
     for name, got in found.items():
-        copies, route = EXPECTED[name]
+        copies, route, kept_route, layout = EXPECTED[name]
         assert got["error"] <= TOLERANCE, (name, got, seed)
         assert got["copies"] == copies, (name, got, seed)
-        assert got["route"] == (route and f"read in memory order: {route}"), (name, got)
+        assert got["route"] == said(route), (name, got)
+        assert got["kept"]["error"] <= TOLERANCE, (name, got, seed)
+        assert got["kept"]["route"] == said(kept_route), (name, got)
+        assert [tuple(t) for t in got["kept"]["layouts"]] == [layout], (name, got)
+        assert got["in_place"]["error"] <= TOLERANCE and got["in_place"]["same"], (name, got)
+        if route is None:   # a kernel without routes: run as the interpreter's stand-in
+            continue
+        assert got["operator"]["error"] <= TOLERANCE, (name, got, seed)
+        assert got["operator"]["contiguous"], (name, got)   # as the fake implementation says
+        assert got["operator"]["laid_out"] == 0, (name, got)   # written so, not copied
 
 
 @pytest.mark.gpu
@@ -156,11 +194,22 @@ def test_a_channels_last_call_on_the_gpu_reads_in_place_and_repeats_on_the_fast_
             assert got is out
             assert float((got.double() - want).abs().max() / want.abs().max()) <= TOLERANCE
     routed = next(iter(made.routes._kernels.values()))
-    assert sum(f.calls for f in routed._fast.values()) >= 1   # the repeats took the fast call
-    # the same kernel on a contiguous tensor (the program as written), then the view again
-    for tensor in (view.contiguous(), view):
-        got = made(tensor)
+    assert sum(f.calls for f in routed._fast.values()) >= 2   # the repeats took the fast call
+    # without out=: the output laid out channels last, as its input (the repeats fast too)
+    for _ in range(3):
+        got = made(view)
+        assert got.permute(0, 2, 1).is_contiguous()
         assert float((got.double() - want).abs().max() / want.abs().max()) <= TOLERANCE
-    # the routed program's builds are the kernel's too
-    built = routed.cache_info()
+    kept = [k for k in made.routes._kernels.values() if k.out_orders]
+    assert kept and sum(f.calls for f in kept[0]._fast.values()) >= 2
+    # the same kernel on a contiguous tensor (the program as written): a contiguous output
+    got = made(view.contiguous())
+    assert got.is_contiguous()
+    assert float((got.double() - want).abs().max() / want.abs().max()) <= TOLERANCE
+    # inside torch.compile: the operator's outputs row-major, as its fake implementation says
+    # (Inductor indexes the doubled output by the fake's strides)
+    doubled = torch.compile(lambda t: made(t) * 2, fullgraph=True)(view)
+    assert float((doubled.double() - 2 * want).abs().max() / want.abs().max()) <= TOLERANCE
+    # the routed programs' builds are the kernel's too
+    built = [b for k in made.routes._kernels.values() for b in k.cache_info()]
     assert built and all(b in made.cache_info() for b in built)

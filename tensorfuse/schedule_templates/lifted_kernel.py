@@ -85,6 +85,11 @@ class LiftedKernel(GraphCallable):
         from the lifted tensors — here the lifted tensors themselves."""
         return outs
 
+    def _output(self, compute, shape: list, given, device):
+        """The tensor output ``compute`` is written to (the caller's ``out=`` where launchable):
+        contiguous here."""
+        return torch_output(shape, compute.dtypes[0], given, device)
+
     def invoke(self, key, args: tuple, kwargs: dict):
         """A call (``key``: its signature key, ``False`` when not made). A signature seen before
         runs on its :class:`LiftedFastCall`; otherwise the arguments are bound, viewed and
@@ -99,7 +104,7 @@ class LiftedKernel(GraphCallable):
         bound = self._calls(args, kwargs, False)
         given = list(bound.outs) if bound.outs is not None else [None] * len(self.outputs)
         device = bound.torch_device or torch.device("cpu")
-        outs = [torch_output(output_shape(c, bound.dims), c.dtypes[0], g, device)
+        outs = [self._output(c, output_shape(c, bound.dims), g, device)
                 for c, g in zip(self.outputs, given)]
         values = {**bound.scalars, **{n: with_unit_axis(torch.as_tensor(t), self.inserts, n)
                                       for n, t in bound.arrays.items()}}
@@ -195,6 +200,10 @@ class LiftedFastCall(SignatureCall):
         self.shapes, self.out_shapes, self.inner_fast = shapes, out_shapes, inner_fast
         self.copied = dict(copied or {})   # name -> what the inner kernel gets, not a view
 
+    def out_views(self, outs: list) -> list:
+        """The outputs as the inner kernel's fast call takes them."""
+        return [o.view(shape) for o, shape in zip(outs, self.out_shapes)]
+
     def __call__(self, args: tuple, kwargs: dict):
         made = self.values_and_outputs(args, kwargs)
         if made is None:
@@ -204,7 +213,7 @@ class LiftedFastCall(SignatureCall):
                  for n, v in zip(self.names, values)}
         for name, copy in self.copied.items():
             inner[name] = copy(inner[name])
-        views = [o.view(shape) for o, shape in zip(outs, self.out_shapes)]
+        views = self.out_views(outs)
         inner["out"] = views[0] if self.single else tuple(views)
         if self.inner_fast((), inner) is None:   # a stale inner fast call: this one is too
             self.stale = self.stale or getattr(self.inner_fast, "stale", False)
