@@ -15,7 +15,7 @@ from tensorfuse.algebra.exprs import nodes
 from tensorfuse.dsl.expr import Load
 from tensorfuse.memory_order import Orders, in_memory_order, memory_order, output_orders
 from benchmarks.gemm import matmul_nk
-from benchmarks.user_kernels import layernorm_channels, log_softmax_channels
+from benchmarks.user_kernels import bshd_causal, layernorm_channels, log_softmax_channels
 from tests.helpers import fresh_seed, run_interpreted
 
 triton = pytest.importorskip("triton", reason="the templates generate Triton kernels")
@@ -123,16 +123,21 @@ def test_a_routed_row_writing_down_its_rows_takes_tiles_of_16_rows():
 
 
 def test_a_route_that_would_lose_a_native_template_is_declined():
-    """x transposed makes the GEMM's A operand M-major, which the Hopper GEMM does not take: the
-    program in that order runs on the Triton contraction, so the call copies x and keeps the
-    Hopper GEMM; the weight transposed is the Hopper GEMM's [K, N] operand: routed."""
+    """Queries whose head dim is strided (stored [B, S, D, H]) make the attention's q operand
+    MN-major, which the Hopper attention does not take: the program in that order runs on the
+    Triton template, so the call copies q and keeps the Hopper kernel. A GEMM is routed with its
+    operands in either order: the weight kept [K, N] to the Hopper GEMM, the rows operand kept
+    [K, M] to the Triton contraction (whose tiles rank with the Hopper GEMM's)."""
+    attention = _compiled(bshd_causal)
+    sizes = dict(B=2, M=4096, N=4096, H=16, D=128)
+    assert not attention.routes.taken(Orders((("q", (0, 1, 3, 2)),)), sizes)
     made = _compiled(matmul_nk)
     sizes = dict(M=4096, K=4096, N=4096)
-    assert made.routes.taken(Orders((("w", (1, 0)),)), sizes)
-    assert not made.routes.taken(Orders((("x", (1, 0)),)), sizes)
-    assert not made.routes.taken(Orders((("x", (1, 0)), ("w", (1, 0)))), sizes)
-    assert "hopper_gemm" in made.routes.kernel_for(Orders((("w", (1, 0)),))).describe_plan(
-        **sizes).splitlines()[1]
+    for orders, runs in (((("w", (1, 0)),), "hopper_gemm"), ((("x", (1, 0)),), "contraction"),
+                         ((("x", (1, 0)), ("w", (1, 0))), "contraction")):
+        assert made.routes.taken(Orders(orders), sizes), orders
+        assert runs in made.routes.kernel_for(Orders(orders)).describe_plan(
+            **sizes).splitlines()[1]
 
 
 def test_sm90a_code_of_the_routes():

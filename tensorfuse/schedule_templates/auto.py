@@ -264,7 +264,8 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
     user asking why the Triton template runs an attention: its output in float32, say)."""
     if spec.kind != "cuda" or spec.arch != "sm_90a":
         return ()
-    made = _made(hopper_gemm, kernel, fusion, spec) + _ffn_templates(kernel, fusion, spec)
+    made = _made(hopper_gemm, kernel, fusion, spec, automatic=True) + \
+        _ffn_templates(kernel, fusion, spec)
     if name == "attention":
         made += _made(hopper_attention, kernel, fusion, spec, prefill_only=True,
                       tuned=records("hopper_attention") if records else None,

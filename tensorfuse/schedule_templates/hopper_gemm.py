@@ -45,7 +45,8 @@ def operand_maps(plan: HopperGemmPlan, knobs, sizes: tuple[int, int, int], batch
         key = tuple(t.data_ptr() for t in tensors)
 
         def blob() -> bytes:
-            made = mapped(key[0], (M, K), (knobs.block_m, BLOCK_K), plan.a_batched)
+            made = mapped(key[0], (M, K), (knobs.block_m, BLOCK_K), plan.a_batched) \
+                if plan.a_k_major else mapped(key[0], (K, M), (BLOCK_K, 64), plan.a_batched)
             part = knobs.block_n // (knobs.cluster if knobs.multicast == "split" else 1)
             for address in key[1:]:
                 made += (mapped(address, (N, K), (part, BLOCK_K), plan.weights_batched)
@@ -141,7 +142,7 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
                 group_m: int | None = None, consumers: int | None = None,
                 multicast: str | None = None, epilogue: str | None = None,
                 split_tail: bool | None = None, weights_l2: str | None = None,
-                pace: int | None = None, tuned=None) -> ClusterKernel:
+                pace: int | None = None, tuned=None, automatic: bool = False) -> ClusterKernel:
     """A callable persistent GEMM kernel for ``kernel`` (one or two sums of products sharing the
     rows operand, and an elementwise output of them). Knobs (defaults per size: see
     :func:`.hopper_gemm_plan.default_gemm_knobs`): ``block_n`` output columns per tile,
@@ -152,7 +153,9 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     :func:`split_tail`), ``weights_l2`` (``"evict_first"``: the weights' copies leave L2 to
     other data; for weights read once), ``pace`` (k-blocks a CTA may run ahead of the grid's
     average; 0: off). ``fusion`` is not used (a GEMM needs none); ``tuned``
-    is accepted for the template interface (the knobs are not tuned yet)."""
+    is accepted for the template interface (the knobs are not tuned yet). ``automatic``:
+    ``tf.compile``'s choice, which leaves a rows operand stored ``[K, M]`` to the Triton
+    contraction (:data:`M_MAJOR_ROWS_PREFERRED`)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_gemm template generates sm_90a code (wgmma, TMA); the "
                             f"target is {target.name}", user_location())
@@ -164,10 +167,21 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
                                ("split_tail", split_tail), ("weights_l2", weights_l2),
                                ("pace", pace))
              if v is not None}
+    passed_over = automatic and not plan.a_k_major and not M_MAJOR_ROWS_PREFERRED
     return ClusterKernel(program, target, lambda dims: gemm_launches(plan, target, dims, given),
                          f"hopper_gemm ({', '.join(plan.sums)} over {plan.dims[1]})",
                          origin="hopper_gemm template defaults" if not given else
-                         "hopper_gemm template")
+                         "hopper_gemm template",
+                         preferred=(lambda dims: False) if passed_over else None)
+
+
+# Whether tf.compile runs a GEMM whose rows operand is stored [K, M] (a Gram matrix, a weight
+# gradient) on the Hopper GEMM (wgmma's transposed A) rather than the Triton contraction: not
+# yet. On the H100 from CUDA graphs (a ``probe`` on ``benchmarks.unlisted_kernels``' shapes):
+# xᵀx at [65536, 1024] 202.4 µs against the contraction's 194.6 (torch 192.9), aᵀb at
+# [16384, 8]ᵀ[16384, 4096] 87.4 against 52.1, at [8192, 4096]ᵀ[8192, 4096] 396.8 against 386.0
+# (torch 367.7), xᵀwᵀ at 8192 × 4096 × 4096 392.8 against 397.1 (torch 377.7)
+M_MAJOR_ROWS_PREFERRED = False
 
 
 hopper_gemm.needs_fusion = False

@@ -114,6 +114,9 @@ class HopperGemmPlan:
     weights_batched: bool = False
     tensor_dims: tuple = ()           # the dims of each of ``tensors``
     wide: frozenset = frozenset()     # of those, the ones read at 64-bit offsets at the sizes
+    # the rows operand stored [K, M] (``a[k, i]``: a weight gradient's x^T, x passed as x.t()),
+    # read as M-major tiles (wgmma's transposed A) rather than K-major rows
+    a_k_major: bool = True
     # the emitter's parts by role (``targets/cuda/parts``)
     parts: tuple[tuple[str, str], ...] = (
         ("scheduler", "grouped_persistent_tiles"), ("load", "tma_multicast"),
@@ -126,8 +129,9 @@ class HopperGemmPlan:
         zw = z if self.weights_batched else ""
         layout = f"[{zw}{n}, {k}] (K-major, as nn.Linear)" if self.b_k_major else \
             f"[{zw}{k}, {n}]"
+        rows = f"{m}, {k}]" if self.a_k_major else f"{k}, {m}] (M-major)"
         lines = [f"hopper GEMM plan: {self.output}[{z}{m}, {n}] ({self.out_dtype}) from "
-                 f"{self.a}[{z if self.a_batched else ''}{m}, {k}] and "
+                 f"{self.a}[{z if self.a_batched else ''}{rows} and "
                  f"{', '.join(self.weights)} {layout} ({self.dtype})",
                  f"  sums: {', '.join(self.sums)} over {k} (wgmma, f32 accumulators)",
                  f"  epilogue: {to_text(self.epilogue)}",
@@ -174,7 +178,7 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
     k_axis = first.over[0]
     z_axes = tuple(first.axes[:-2])
     i_axis, j_axis = first.axes[-2:]
-    a_name, weights, k_major, batched = None, [], set(), set()
+    a_name, weights, k_major, batched, a_major = None, [], set(), set(), set()
     for c in sums:
         if c.over[0].uid != k_axis.uid or len(c.axes) != len(first.axes) or \
                 not all(_is_axis(x, y) for x, y in zip(c.axes, first.axes)):
@@ -186,9 +190,11 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
             raise _refuse(f"{c.name} must be sum(a[{z}{i_axis.name}, {k_axis.name}] * "
                           f"w[{z}{k_axis.name}, {j_axis.name}], over={k_axis.name})", c)
         rows = [f for f in loads if _indexed(f, z_axes, (i_axis, k_axis))]
+        a_major.add(bool(rows))
+        rows = rows or [f for f in loads if _indexed(f, z_axes, (k_axis, i_axis))]
         if len(rows) != 1:
             raise _refuse(f"{c.name}: one factor must be indexed [{z}{i_axis.name}, "
-                          f"{k_axis.name}] (the rows, K contiguous)", c)
+                          f"{k_axis.name}] or [{z}{k_axis.name}, {i_axis.name}] (the rows)", c)
         w = next(f for f in loads if f is not rows[0])
         if _indexed(w, z_axes, (k_axis, j_axis)):
             k_major.add(False)
@@ -208,6 +214,9 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
         raise _refuse("the weights are stored in different layouts ([K, N] and [N, K]); store "
                       "them alike", out)
     b_k_major = k_major.pop()
+    if len(a_major) > 1:
+        raise _refuse("the sums read their rows operand in different layouts", out)
+    a_k_major = a_major.pop()
     a_batched, weights_batched = batched.pop() if len(batched) == 1 else (None, None)
     if a_batched is None:
         raise _refuse("the weights differ in whether they have the batch axis; index them alike",
@@ -236,13 +245,15 @@ def plan_hopper_gemm(program: Program) -> HopperGemmPlan:
     tensors = tuple(sorted({(e.param.name, e.param.dtype) for e in nodes(epilogue)
                             if isinstance(e, Load)}))
     a_dims, w_dims = params[a_name].dims[-2:], params[weights[0]].dims[-2:]
-    dims = (str(a_dims[0]), str(a_dims[1]), str(w_dims[0 if b_k_major else 1]))
+    m_dim, k_dim = a_dims if a_k_major else a_dims[::-1]
+    dims = (str(m_dim), str(k_dim), str(w_dims[0 if b_k_major else 1]))
     batched_operand = params[a_name] if a_batched else params[weights[0]]
     batch = tuple((a.name, str(d)) for a, d in zip(z_axes, batched_operand.dims))
     plan = HopperGemmPlan(a_name, tuple(weights), b_k_major, names, epilogue, out.name,
                           out.dtypes[0], dtypes.pop(), dims, (i_axis.name, j_axis.name), tensors,
                           tuple((p.name, p.dtype) for p in program.scalar_params), batch,
-                          a_batched, weights_batched, tuple(params[t].dims for t, _ in tensors))
+                          a_batched, weights_batched, tuple(params[t].dims for t, _ in tensors),
+                          a_k_major=a_k_major)
     try:
         epilogue_code(plan)   # refused now if the emitter cannot write it
     except ScheduleError as exc:
@@ -289,12 +300,10 @@ def tile_units(M: int, N: int, block_m: int, block_n: int, cluster: int) -> int:
 
 
 def split_tail(units: int, slots: int, kblocks: int, least: int = 4) -> tuple[int, int, int]:
-    """``(whole units, split units, pieces each)``: where the last wave of ``units`` tiles on
-    ``slots`` CTAs (or clusters) would leave at least half of them idle, its tiles are split
-    along K into as many pieces as fill the wave (each at least ``least`` k-blocks), the last
-    piece of each adding the others' partial sums (at M=1024, K=4096, N=14336: 224 tiles on 66
-    clusters fill 3.4 waves; split in two, the fourth wave took 0.73 of a whole one's time:
-    :data:`SPLIT_WAVE_COST`)."""
+    """``(whole units, split units, pieces each)``: a last wave of ``units`` tiles on ``slots``
+    CTAs (or clusters) that would leave half of them idle split along K into pieces that fill
+    it (each ``least`` k-blocks or more), the last piece to finish summing all in order (224
+    tiles on 66 clusters: the fourth wave split in two took 0.73 of a whole one's time)."""
     whole, tail = divmod(units, slots)
     pieces = min(slots // tail, kblocks // least) if tail else 1
     if pieces < 2:
@@ -563,7 +572,7 @@ def check_gemm(plan: HopperGemmPlan, knobs: GemmKnobs, sizes: dict,
     for name, value in (("M", M), ("N", N), ("K", K)):
         if not 1 <= value < 2 ** 31:
             raise _refuse(f"{name}={value} is outside what the kernel indexes")
-        if name != "M" and value % 8:
+        if (name != "M" or not plan.a_k_major) and value % 8:
             raise _refuse(f"{name}={value}: TMA copies need rows of a multiple of 16 bytes "
                           f"({name} a multiple of 8)")
 

@@ -561,15 +561,7 @@ def test_every_layout_epilogue_and_knob_matches_float64_on_the_gpu():
 def test_batched_products_match_float64_on_the_gpu(kernel, sizes, knobs):
     """Each batch's product against float64 (torch.matmul in float64 on the same inputs), ragged
     sizes, values up to ±30, the output poisoned with NaN first."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs an sm_90 GPU")
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    args = {}
-    for p in kernel.program.tensor_params:
-        shape = [sizes[str(d)] for d in p.dims]
-        args[p.name] = (torch.randn(shape, device="cuda", generator=gen) *
-                        (30.0 if p.name in ("a", "x", "q") else 1.0)).to(torch.bfloat16)
+    args = gpu_operands(kernel, sizes, 7, ("a", "x", "q"))
     f = hopper(kernel, **knobs)
     d = {n: t.double() for n, t in args.items()}
     if kernel is batched_nk_residual:
@@ -583,12 +575,33 @@ def test_batched_products_match_float64_on_the_gpu(kernel, sizes, knobs):
     else:
         first, second = list(d.values())
         want = first @ second
+    assert_poisoned_calls_match(f, {**args, **({"t": 0.5} if kernel is scalar_epilogue else {})},
+                                want, f"{kernel.name} {sizes} {knobs}")
+
+
+def gpu_operands(kernel, sizes: dict, seed: int, scaled: tuple) -> dict:
+    """Random bf16 operands of ``kernel`` at ``sizes`` on an sm_90 GPU (the test skipped
+    without one), those named in ``scaled`` up to ±30."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return {p.name: (torch.randn([sizes[str(d)] for d in p.dims], device="cuda", generator=gen)
+                     * (30.0 if p.name in scaled else 1.0)).to(torch.bfloat16)
+            for p in kernel.program.tensor_params}
+
+
+def assert_poisoned_calls_match(f, args: dict, want, label: str) -> None:
+    """``f(**args)`` into a NaN-poisoned bf16 output, twice (a split tile's counters are reset
+    by the first call), each within 1e-2 of float64 ``want`` relative to its largest value."""
+    import torch
+
     out = torch.full(want.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
-    for _ in range(2):   # twice: a split tile's counters are reset by the first call
-        got = f(**args, **({"t": 0.5} if kernel is scalar_epilogue else {}), out=out)
+    for _ in range(2):
+        got = f(**args, out=out)
         assert got is out
         error = float((out.double() - want).abs().max() / want.abs().max())
-        assert error < 1e-2, f"{kernel.name} {sizes} {knobs}: relative error {error:.2e}"
+        assert error < 1e-2, f"{label}: relative error {error:.2e}"
 
 
 def test_driver_launch_packs_the_arguments_as_the_kernel_takes_them():

@@ -187,11 +187,13 @@ class GemmSource(KernelArguments):
     @property
     def mma(self) -> str:
         suffix = "_f16" if self.plan.dtype == "f16" else ""
-        return f"tf_wgmma_{'kk_' if self.plan.b_k_major else ''}m64n{self.bn}k16{suffix}"
+        return (f"tf_wgmma_{'' if self.plan.a_k_major else 'ta_'}"
+                f"{'kk_' if self.plan.b_k_major else ''}m64n{self.bn}k16{suffix}")
 
     @property
     def functions(self) -> str:
-        return wgmma_function(self.bn, b_k_major=self.plan.b_k_major, dtype=self.plan.dtype)
+        return wgmma_function(self.bn, b_k_major=self.plan.b_k_major, dtype=self.plan.dtype,
+                              a_mn_major=not self.plan.a_k_major)
 
     @cached_property
     def arguments(self) -> list:
@@ -283,7 +285,7 @@ PARTS = (
     Part("scheduler", "grouped_persistent_tiles", ("knobs.group_m", "knobs.cluster",
                                                    "knobs.split_tail"),
          (scheduler.gemm_work, scheduler.gemm_tile_order)),
-    Part("load", "tma_multicast", ("b_k_major", "weights", "knobs.cluster", "knobs.multicast",
+    Part("load", "tma_multicast", ("a_k_major", "b_k_major", "weights", "knobs.cluster", "knobs.multicast",
                                    "knobs.weights_l2", "knobs.pace", "dependent"),
          (loads.gemm_tile_bytes, loads.gemm_producer_defines, loads.gemm_weight_loads,
           loads.gemm_producer_loop)),
@@ -291,7 +293,8 @@ PARTS = (
                                                "knobs.stages", "knobs.cluster"),
          (pipeline.gemm_config, pipeline.gemm_release_slot, pipeline.gemm_kernel_begin,
           pipeline.gemm_producer_begin, pipeline.gemm_kernel_end)),
-    Part("mainloop", "wgmma_from_shared", ("dtype", "b_k_major", "knobs.block_n", "weights"),
+    Part("mainloop", "wgmma_from_shared", ("dtype", "a_k_major", "b_k_major", "knobs.block_n",
+                                           "weights"),
          (mainloop.gemm_consumer_begin, mainloop.gemm_k_loop)),
     Part("epilogue", "register_or_staged_store", ("epilogue", "tensors", "scalars",
                                                   "out_dtype", "knobs.epilogue"),

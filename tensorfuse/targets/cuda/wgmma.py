@@ -102,14 +102,15 @@ def setmaxnreg_share(threads: int, consumers: int, producer: int, ctas_per_sm: i
 
 
 def wgmma_function(n: int, a_in_registers: bool = False, b_k_major: bool = False,
-                   dtype: str = "bf16") -> str:
+                   dtype: str = "bf16", a_mn_major: bool = False) -> str:
     """``tf_wgmma_m64n{n}k16(d, desc_a, desc_b, accumulate)``: D[64, n] = A[64, 16] · B[16, n]
     (+ D when ``accumulate``), bf16 in, f32 accumulate, A K-major and B MN-major (transposed) from
     shared memory. With ``a_in_registers``: ``tf_wgmma_rs_m64n{n}k16(d, a, desc_b, accumulate)``,
     A from the four ``b32`` registers ``a`` of the warp's 16-row slice, in the ``mma.sync``
     A-fragment layout (:mod:`.mma_sync`). ``b_k_major``: B stored K-major like A (a transposed
-    operand such as the keys of q·kᵀ; ``tf_wgmma_kk_…``). ``dtype``: ``"bf16"`` or ``"f16"``
-    operands (``…_f16`` in the name)."""
+    operand such as the keys of q·kᵀ; ``tf_wgmma_kk_…``). ``a_mn_major``: A from shared memory
+    stored M-major (transposed: a weight gradient's xᵀ; ``tf_wgmma_ta_…``). ``dtype``:
+    ``"bf16"`` or ``"f16"`` operands (``…_f16`` in the name)."""
     if dtype not in ("bf16", "f16"):
         raise ValueError(f"wgmma operands here are bf16 or f16, not {dtype}")
     if n % 8 or not 8 <= n <= 256:
@@ -118,14 +119,17 @@ def wgmma_function(n: int, a_in_registers: bool = False, b_k_major: bool = False
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     slots = ", ".join(f"%{i}" for i in range(regs))
     trans_b = "0" if b_k_major else "1"
+    if a_in_registers and a_mn_major:
+        raise ValueError("an A operand in registers has no layout to transpose")
     if a_in_registers:   # no transpose flag for a register A
         a_param, n_a = "const uint4& a", 4
         a_slot = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
         ins, flags = '"r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w)', f"1, 1, {trans_b}"
     else:
         a_param, n_a = "unsigned long long da", 1
-        a_slot, ins, flags = f"%{regs}", '"l"(da)', f"1, 1, 0, {trans_b}"
-    name = (f"tf_wgmma_{'kk_' if b_k_major else ''}{'rs_' if a_in_registers else ''}m64n{n}k16"
+        a_slot, ins, flags = f"%{regs}", '"l"(da)', f"1, 1, {int(a_mn_major)}, {trans_b}"
+    name = (f"tf_wgmma_{'ta_' if a_mn_major else ''}{'kk_' if b_k_major else ''}"
+            f"{'rs_' if a_in_registers else ''}m64n{n}k16"
             f"{'_f16' if dtype == 'f16' else ''}")
     return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], "
             f"{a_param}, unsigned long long db, int accumulate = 1) {{\n"

@@ -259,8 +259,13 @@ __device__ __forceinline__ void load_weights(unsigned char* b_tiles, const void*
 def gemm_producer_loop(c) -> str:
     """The producer's copies: each work item's k-blocks of the rows operand and of the weights
     into the ring, paced where ``PACE``; with a batch axis, of the tile's batch."""
-    a_copy = (f"tf_tma_load_{'3' if c.plan.a_batched else '2'}d(a_tiles + s * A_BYTES, a_map, "
-              f"kb * BK, m0{', z' if c.plan.a_batched else ''}, full + s)")
+    d, z = ("3", ", z") if c.plan.a_batched else ("2", "")
+    a_copy = f"tf_tma_load_{d}d(a_tiles + s * A_BYTES, a_map, kb * BK, m0{z}, full + s)" \
+        if c.plan.a_k_major else \
+        (f"// a stored [K, M]: atoms of 64 rows × 64 k\n          #pragma unroll\n"
+         f"          for (int a = 0; a < BM / 64; ++a)\n"
+         f"            tf_tma_load_{d}d(a_tiles + s * A_BYTES + a * BK * 128, a_map, "
+         f"m0 + a * 64,\n                             kb * BK{z}, full + s)")
     weights_z = ", z" if c.plan.weights_batched else ""
     return f"""      int it = 0;
       for (int item = first_unit; item < items; item += unit_step) {{

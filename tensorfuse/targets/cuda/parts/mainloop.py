@@ -252,9 +252,7 @@ def gemm_k_loop(c) -> str:
         tf_wgmma_fence();
         #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) {{
-          // a: K-major, 128-byte rows; this warpgroup's 64 rows start at row 64·cw
-          const unsigned long long da = tf_kmajor_desc(a_base + s * A_BYTES, BM, cw * 64,
-                                                       ks * 16);
+          {_a_descriptor(c)}
           #pragma unroll
           for (int x = 0; x < G; ++x) {{
             const unsigned b = b_base + (s * G + x) * B_BYTES;
@@ -276,6 +274,17 @@ def gemm_k_loop(c) -> str:
       for (int x = 0; x < G; ++x) tf_fence_regs(acc[x]);
       release_slot(empty, (it - 1) % STAGES, t, rank);
 """
+
+
+def _a_descriptor(c) -> str:
+    """The rows operand's descriptor of this warpgroup's 64 rows at k-step ``ks``."""
+    if c.plan.a_k_major:
+        return """// a: K-major, 128-byte rows; this warpgroup's 64 rows start at row 64·cw
+          const unsigned long long da = tf_kmajor_desc(a_base + s * A_BYTES, BM, cw * 64,
+                                                       ks * 16);"""
+    return """// a: M-major (stored [K, M]), atoms of 64 rows × 64 k; this warpgroup's is atom cw
+          const unsigned long long da = tf_nmajor_desc(a_base + s * A_BYTES, BK, cw * 64,
+                                                       ks * 16);"""
 
 
 def chain_peer_fragment(c) -> str:
