@@ -146,7 +146,7 @@ class MemoryOrderKernel(LiftedKernel):
 
     def __init__(self, program: Program, orders: Orders, inner, target):
         super().__init__(program, {}, inner, target, ())
-        self._calls = CallBinder(program, _binding_device("cuda" if target.is_gpu else "cpu"))
+        self._calls = CallBinder(program, _binding_device(target, report=False))
         self.orders, self.out_orders = dict(orders.orders), dict(orders.outputs)
         self.lift = orders.describe(program)
         self.description = f"{self.lift}; {inner.description}"
@@ -305,7 +305,7 @@ class MemoryOrderRoutes:
         orders = self.orders(args, kwargs)
         if orders is None:
             return None
-        device = _binding_device("cuda" if self.kernel.target.is_gpu else "cpu")
+        device = _binding_device(self.kernel.target)
         dims = bind_call(self.program, args, {n: v for n, v in kwargs.items() if n != "out"},
                          device).dims
         return self._kernels[orders] if self.taken(orders, dims) else None
@@ -324,9 +324,14 @@ class MemoryOrderRoutes:
         return [b for k in self._kernels.values() for b in k.cache_info()]
 
 
-def _binding_device(device: str) -> str:
-    """The device a call's tensors are on for a kernel of ``device``: the CPU under Triton's
-    interpreter."""
+def _binding_device(target, report: bool = True) -> str:
+    """The device a call's tensors are on for a kernel of ``target``: the CPU under Triton's
+    interpreter; a GPU target's missing GPU reported first where ``report`` (as every kernel's
+    call does), not as tensors on another device."""
     from .targets.triton.launch import interpreting
 
-    return "cpu" if interpreting() else device
+    if interpreting():
+        return "cpu"
+    if report and target.is_gpu:
+        target.device()
+    return "cuda" if target.is_gpu else "cpu"

@@ -111,6 +111,19 @@ def test_an_output_follows_the_layout_of_the_input_over_the_same_axes():
     assert output_orders(matmul_nk.program, {"w": (1, 0)}) == {}
 
 
+def test_a_permuted_call_reports_a_missing_gpu_first():
+    """A channels-last CPU tensor to a kernel compiled for sm_90a: without a GPU the missing GPU
+    is what the user hears (as for any call), with one that the tensor is on the CPU."""
+    from tensorfuse.errors import CallError, TargetError
+
+    made = _compiled(log_softmax_channels)
+    view = torch.zeros(2, 300, 150, dtype=torch.bfloat16).permute(0, 2, 1)
+    error, words = (CallError, "on the cpu") if torch.cuda.is_available() else \
+        (TargetError, "needs an NVIDIA GPU")
+    with pytest.raises(error, match=words):
+        made(view)
+
+
 def test_a_routed_row_writing_down_its_rows_takes_tiles_of_16_rows():
     """Layer norm over the channels of a channels-last [B, S, D] read in memory order writes
     out[b, d, s]: its stores run down a tile's rows, so the tile takes 16 rows (the row-major

@@ -384,14 +384,14 @@ def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     # ``benchmarks.rows_sweep``; ROCm: not measured, kept off)
     reload = int(target.kind == "cuda" and cols <= block_n and reloadable(plan))
     if target.kind == "cuda" and block_n == MASKED_NARROW[0] and 4 * cols <= 3 * block_n and \
-            cols > block_n // 2:
+            cols > block_n // 2 and not contracts:
         rows_per_program, warps, reload = MASKED_NARROW[1], MASKED_NARROW[2], 0
     return Knobs(block_m=rows_per_program, block_n=block_n, num_warps=warps,
                  num_stages=ROW_MAJOR_STAGES, reload=reload)
 
 
-# Rows of 129-192 columns (blocks of 256, a quarter or more of them masked): 4 rows a program on
-# one warp, the row held. The log-softmax over the 150 channels of a channels-last
+# Rows of 129-192 columns (blocks of 256, a quarter or more of them masked) without products: 4
+# rows a program on one warp, the row held. The log-softmax over the 150 channels of a channels-last
 # [8, 65536, 150] bf16 read in memory order, on the H100 from a CUDA graph: 110.7 µs against
 # 182 in the 8 × 256 tiles on 2 warps read again (8 rows on 1 warp 119.7, 2 rows 160, 4 rows on
 # 2 warps 151.7; torch.compile 249; a ``probe`` knob sweep on ``benchmarks.layout_kernels``)
