@@ -61,7 +61,8 @@ def hopper_gemm_stages(program: Program) -> GemmStagePlan | None:
         return None   # sums of two loads: the Hopper GEMM plans the program itself
     try:
         gemm = _gemm_program(program, staged)
-        plan_hopper_gemm(gemm)
+        if not _chosen_hopper_gemm(gemm):
+            return None
         sides = _sides_program(program, staged) if staged.staged else None
     except (ScheduleError, NotStageable):
         return None
@@ -74,6 +75,16 @@ def hopper_gemm_stages(program: Program) -> GemmStagePlan | None:
     return GemmStagePlan(tuple(stages), len(stages) - 1, functools.partial(stores_pay, plan),
                          "its GEMM reads computed or scaled sides: those stored first, for the "
                          "Hopper GEMM")
+
+
+def _chosen_hopper_gemm(gemm: Program) -> bool:
+    """Whether tf.compile would run ``gemm`` on the Hopper GEMM (a :class:`ScheduleError` where
+    the Hopper GEMM does not take it): not with a rows operand stored [K, M]
+    (:data:`.hopper_gemm.M_MAJOR_ROWS_PREFERRED`): its stage would go to the contraction,
+    which takes the program whole as it did before the Hopper GEMM read such operands."""
+    from .hopper_gemm import M_MAJOR_ROWS_PREFERRED
+
+    return plan_hopper_gemm(gemm).a_k_major or M_MAJOR_ROWS_PREFERRED
 
 
 # The contraction template runs a GEMM whose columns it then reduces at ~0.7× the Hopper GEMM's
@@ -101,7 +112,8 @@ def hopper_gemm_then_columns(program: Program, target) -> GemmStagePlan | None:
         return None
     try:
         stages = plan_stages(program, lambda sub: sub is not program and takes_stage(sub, target))
-        plan_hopper_gemm(stages[0].program)
+        if not _chosen_hopper_gemm(stages[0].program):
+            return None
     except (ScheduleError, NotStageable):
         return None
     if not all(s.templated for s in stages):
