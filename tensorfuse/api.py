@@ -77,7 +77,7 @@ def _compile(kernel, target, template, untemplated: str | None = None,
         read_otherwise = read_other_way(kernel, spec, dynamic) \
             if spec.is_gpu and _triton_available() else None
         if read_otherwise is not None:
-            return read_otherwise
+            return _routed(read_otherwise, spec, dynamic)
         for rewrite in PROGRAM_REWRITES if spec.is_gpu else ():
             windowed = _rewritten(kernel, spec, rewrite, dynamic)
             if windowed is not None:
@@ -138,7 +138,7 @@ def _compile(kernel, target, template, untemplated: str | None = None,
 
             pointwise = _pointwise(kernel, spec, dynamic)
             if pointwise is not None:   # no reductions: one flat pass over the outputs
-                return pointwise
+                return _routed(pointwise, spec, dynamic)
             flat = _flattened(kernel, spec, dynamic)
             if flat is not None:
                 return flat
@@ -182,15 +182,16 @@ def _compile(kernel, target, template, untemplated: str | None = None,
                           untemplated or "default schedule, or a tuned record")
 
 
-def _routed(auto: "AutoKernel", spec, dynamic: "bool | None") -> "AutoKernel":
-    """``auto`` with the routes of calls whose tensors lie in another axis order: each set of
+def _routed(kernel, spec, dynamic: "bool | None"):
+    """``kernel`` (a template's: an :class:`AutoKernel`, the elementwise, scan or scatter
+    template's) with the routes of calls whose tensors lie in another axis order: each set of
     orders compiled as its own program (:mod:`.memory_order`)."""
     from .dsl.program import ProgramKernel
     from .memory_order import MemoryOrderRoutes
 
-    auto.routes = MemoryOrderRoutes(auto, lambda program: _compile(
+    kernel.routes = MemoryOrderRoutes(kernel, lambda program: _compile(
         ProgramKernel(program), spec, "auto", dynamic=dynamic))
-    return auto
+    return kernel
 
 
 def _untemplated(kernel, spec, why: str) -> CompiledKernel:

@@ -30,9 +30,6 @@ class AutoKernel(GraphCallable):
         self._warned = False   # that TVM's schedule runs some sizes (said once)
         self._by_shapes: dict = {}
         self._fast: dict = {}   # signature key -> the chosen kernel's FastCall, where it has one
-        # calls whose tensors lie in another axis order (a transposed view): the kernel of the
-        # program in their memory order (:mod:`.memory_order`), where set
-        self.routes = None
         # scalars whose values decide whether a native template runs a call (a map's width,
         # radius, dilation: whether its patches fit TMA boxes): part of the choice's key
         choice = dict.fromkeys(n for k in self.ahead for n in getattr(k, "choice_scalars", ()))
@@ -115,8 +112,10 @@ class AutoKernel(GraphCallable):
             done = fast(args, kwargs)
             if done is not None:
                 return done
-        routed = self.routes.route(args, kwargs) if self.routes is not None else None
-        chosen, key = (routed, key) if routed is not None else self._pick(args, kwargs, key)
+        routed, out = self._route_call(key, args, kwargs)
+        if routed:
+            return out
+        chosen, key = self._pick(args, kwargs, key)
         out = chosen.invoke(key, args, kwargs)
         made = getattr(chosen, "_fast", {}).get(key)
         if made is not None:

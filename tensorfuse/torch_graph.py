@@ -153,6 +153,24 @@ class GraphCallable:
     traces the caller, the kernel's custom operator (when it has one: :func:`in_graph`)."""
 
     torch_op: KernelOp | None = None
+    # calls whose tensors lie in another axis order than the program declares (a transposed
+    # view): their route to the program in the tensors' memory order, where tf.compile gave the
+    # kernel one (:class:`tensorfuse.memory_order.MemoryOrderRoutes`)
+    routes = None
+
+    def _route_call(self, key, args: tuple, kwargs: dict) -> tuple[bool, object]:
+        """``(True, outputs)`` of a call run by its route (:attr:`routes`), whose fast call a
+        kernel with fast calls keeps under ``key`` (in its ``_fast``) for the calls of its
+        signature; ``(False, None)`` where the call has no route."""
+        routed = self.routes.route(args, kwargs) if self.routes is not None else None
+        if routed is None:
+            return False, None
+        out = routed.invoke(key, args, kwargs)
+        made = routed._fast.get(key) if key is not None else None
+        calls = getattr(self, "_fast", None)
+        if made is not None and calls is not None:
+            calls[key] = made
+        return True, out
 
     def __call__(self, *args, **kwargs):
         op = self.torch_op

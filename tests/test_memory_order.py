@@ -20,8 +20,9 @@ from tests.helpers import fresh_seed, run_interpreted
 
 triton = pytest.importorskip("triton", reason="the templates generate Triton kernels")
 
-# bf16 outputs: 2e-2 of the largest value
+# bf16 outputs: 2e-2 of the largest value; the f32 cases of the interpreter check: 1e-5
 TOLERANCE = 2e-2
+F32 = ("gated, both transposed (elementwise)", "cumulative sum down a transposed view (scan)")
 # per case: the copies torch makes of the arguments, the route taken (None: copied) into
 # contiguous outputs, and the layout of an output made by the call (where it follows the input's)
 LOG_SOFTMAX = "x as [B, P, C]"
@@ -34,7 +35,12 @@ EXPECTED = {"log-softmax over channels, channels last":
             "group norm, channels last": (1, None, None, (0, 1, 2, 3)),
             "project, weight transposed": (0, "w as [K, N]", "w as [K, N]", (0, 1)),
             "attention, keys transposed":
-            (0, "kt as [B, H, S, D]", "kt as [B, H, S, D]", (0, 1, 2, 3))}
+            (0, "kt as [B, H, S, D]", "kt as [B, H, S, D]", (0, 1, 2, 3)),
+            "gated, both transposed (elementwise)":
+            (0, "x as [N, M]; g as [N, M]", "x as [N, M]; g as [N, M]; out written as [N, M]",
+             (1, 0)),
+            "cumulative sum down a transposed view (scan)": (0, "x as [B, T]", "x as [B, T]",
+                                                             (0, 1))}
 
 
 def _compiled(kernel):
@@ -179,16 +185,17 @@ def test_views_in_another_order_match_float64_in_the_interpreter_without_copies(
         return route and f"read in memory order: {route}"
     for name, got in found.items():
         copies, route, kept_route, layout = EXPECTED[name]
-        assert got["error"] <= TOLERANCE, (name, got, seed)
+        tolerance = 1e-5 if name in F32 else TOLERANCE
+        assert got["error"] <= tolerance, (name, got, seed)
         assert got["copies"] == copies, (name, got, seed)
         assert got["route"] == said(route), (name, got)
-        assert got["kept"]["error"] <= TOLERANCE, (name, got, seed)
+        assert got["kept"]["error"] <= tolerance, (name, got, seed)
         assert got["kept"]["route"] == said(kept_route), (name, got)
         assert [tuple(t) for t in got["kept"]["layouts"]] == [layout], (name, got)
-        assert got["in_place"]["error"] <= TOLERANCE and got["in_place"]["same"], (name, got)
+        assert got["in_place"]["error"] <= tolerance and got["in_place"]["same"], (name, got)
         if route is None:   # a kernel without routes: run as the interpreter's stand-in
             continue
-        assert got["operator"]["error"] <= TOLERANCE, (name, got, seed)
+        assert got["operator"]["error"] <= tolerance, (name, got, seed)
         assert got["operator"]["contiguous"], (name, got)   # as the fake implementation says
         assert got["operator"]["laid_out"] == 0, (name, got)   # written so, not copied
 

@@ -15,6 +15,7 @@ import warnings
 import torch
 
 import tensorfuse as tf
+from tensorfuse import dsl as T
 from benchmarks.gemm import matmul_nk
 from benchmarks.unlisted_kernels import attention_keys_transposed
 from benchmarks.user_kernels import group_norm, layernorm_channels, log_softmax_channels
@@ -22,7 +23,7 @@ from tensorfuse import memory_order
 from tensorfuse.dsl.program import ProgramKernel
 from tests.helpers import poisoned_call, relative_error
 from tests.schedule_templates.staged_floor import interpreted
-from tests.targets.views_check import _Copies
+from tests.targets.views_check import _Copies, gated
 
 
 def _log_softmax(gen):
@@ -71,11 +72,32 @@ def _keys_transposed(gen):
         torch.softmax(s, -1) @ v.double()
 
 
+@tf.kernel
+def cumulative_sum_down(x: T.Tensor["T", "B", "f32"]):
+    """A cumulative sum down the first axis of [T, B] (the scan template's)."""
+    b = T.axis("b", "B")
+    t, s = T.axis("t", "T"), T.axis("s", "T")
+    return T.sum(T.where(s <= t, x[s, b], 0.0), over=s)
+
+
+def _gated(gen):
+    base = torch.randn(2, 72, 33, generator=gen) * 8     # each slab 16-byte aligned
+    x, g = base[0].t(), base[1].t()                      # [33, 72] views of [72, 33]
+    return {"x": x, "g": g}, x.double() * torch.sigmoid(g.double())
+
+
+def _cumulative_sum(gen):
+    x = (torch.randn(45, 300, generator=gen) * 3).t()     # [T, B] view of [B, T]
+    return {"x": x}, torch.cumsum(x.double(), 0).t()     # out over (b, t)
+
+
 CASES = {"log-softmax over channels, channels last": (log_softmax_channels, _log_softmax),
          "layer norm over channels, channels last": (layernorm_channels, _layer_norm),
          "group norm, channels last": (group_norm, _group_norm),
          "project, weight transposed": (matmul_nk, _project),
-         "attention, keys transposed": (attention_keys_transposed, _keys_transposed)}
+         "attention, keys transposed": (attention_keys_transposed, _keys_transposed),
+         "gated, both transposed (elementwise)": (gated, _gated),
+         "cumulative sum down a transposed view (scan)": (cumulative_sum_down, _cumulative_sum)}
 
 
 def routed(kernel):

@@ -203,9 +203,13 @@ class ElementwiseKernel(ScatterKernel):
         key, fast, done = try_fast_call(self._fast, key, args, kwargs)
         if done is not None:
             return done
+        routed, out = self._route_call(key, args, kwargs)
+        if routed:
+            return out
         launches, values, outs, given, bound = self._prepare(args, kwargs)
         launches(values)
-        if key is not None and fast is None:
+        # (a fast call that declined this call — another layout's, a route's — is replaced)
+        if key is not None and (fast is None or fast.declined):
             remember_fast_call(self._fast, key, self.program, args, bound, self._calls,
                                output_specs(self.outputs, bound.dims), launches,
                                views=call_views(self.program, bound.arrays))

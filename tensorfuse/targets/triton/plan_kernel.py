@@ -149,6 +149,9 @@ class PlanKernel(GraphCallable):
         return launches, values, outs, given, bound
 
     def invoke(self, key, args: tuple, kwargs: dict):
+        routed, out = self._route_call(key, args, kwargs)
+        if routed:
+            return out
         launches, values, outs, given, bound = self._prepare(args, kwargs)
         launches(values)
         made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
