@@ -161,14 +161,16 @@ class GraphCallable:
     def _route_call(self, key, args: tuple, kwargs: dict) -> tuple[bool, object]:
         """``(True, outputs)`` of a call run by its route (:attr:`routes`), whose fast call a
         kernel with fast calls keeps under ``key`` (in its ``_fast``) for the calls of its
-        signature; ``(False, None)`` where the call has no route."""
+        signature — not one made inside a custom operator, whose outputs are row-major where
+        an eager call's follow its inputs' layout: the eager calls of the signature keep theirs;
+        ``(False, None)`` where the call has no route."""
         routed = self.routes.route(args, kwargs) if self.routes is not None else None
         if routed is None:
             return False, None
         out = routed.invoke(key, args, kwargs)
         made = routed._fast.get(key) if key is not None else None
         calls = getattr(self, "_fast", None)
-        if made is not None and calls is not None:
+        if made is not None and calls is not None and not IN_OPERATOR.get():
             calls[key] = made
         return True, out
 

@@ -117,6 +117,38 @@ def test_an_output_follows_the_layout_of_the_input_over_the_same_axes():
     assert output_orders(matmul_nk.program, {"w": (1, 0)}) == {}
 
 
+class _Routed:
+    """A route's kernel as :meth:`GraphCallable._route_call` sees it: it runs the call and keeps
+    a fast call for the signature."""
+
+    def __init__(self):
+        self._fast = {}
+
+    def invoke(self, key, args, kwargs):
+        self._fast[key] = f"fast call of {key}"
+        return "outputs"
+
+
+def test_a_fast_call_made_inside_an_operator_is_not_kept_for_eager_calls():
+    """Eager calls of a signature lay outputs out as their inputs; the operator's calls (row-major
+    outputs, as its fake says) run through the route without replacing the eager fast call."""
+    from tensorfuse.torch_graph import IN_OPERATOR, GraphCallable
+
+    kernel, routed = GraphCallable(), _Routed()
+    kernel._fast = {}
+    kernel.routes = type("Routes", (), {"route": lambda self, args, kwargs: routed})()
+    assert kernel._route_call("eager", (), {}) == (True, "outputs")
+    assert kernel._fast == {"eager": "fast call of eager"}
+    token = IN_OPERATOR.set(True)
+    try:
+        assert kernel._route_call("operator", (), {}) == (True, "outputs")
+    finally:
+        IN_OPERATOR.reset(token)
+    assert kernel._fast == {"eager": "fast call of eager"}
+    kernel.routes = type("Routes", (), {"route": lambda self, args, kwargs: None})()
+    assert kernel._route_call("plain", (), {}) == (False, None)
+
+
 def test_a_permuted_call_reports_a_missing_gpu_first():
     """A channels-last CPU tensor to a kernel compiled for sm_90a: without a GPU the missing GPU
     is what the user hears (as for any call), with one that the tensor is on the CPU."""
