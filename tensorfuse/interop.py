@@ -191,6 +191,16 @@ def torch_arguments(program, bound, device, strided=(), views=()) -> dict:
 _SAID_COPIED: set = set()
 
 
+def copy_reason(x) -> str | None:
+    """Why every kernel copies torch tensor ``x`` before a launch (a strided innermost dimension,
+    a start off a 16-byte boundary), or None (a kernel of TMA maps also copies a view whose outer
+    strides are not multiples of 16 bytes: :func:`tma_servable`)."""
+    if x.dim() and x.shape[-1] > 1 and x.stride(-1) != 1:
+        return "its innermost dimension is strided"
+    off = x.data_ptr() % ALIGNMENT
+    return f"it starts {off} bytes past a 16-byte boundary" if off else None
+
+
 def said_copied(kernel: str, name: str, x) -> None:
     """Warn, once per kernel, argument and layout, that torch tensor ``x`` (argument ``name``)
     is copied before the launch (:class:`~tensorfuse.errors.CopiedArgumentWarning`)."""
@@ -202,13 +212,7 @@ def said_copied(kernel: str, name: str, x) -> None:
     if key in _SAID_COPIED:
         return
     _SAID_COPIED.add(key)
-    off = x.data_ptr() % ALIGNMENT
-    if x.dim() and x.shape[-1] > 1 and x.stride(-1) != 1:
-        why = "its innermost dimension is strided"
-    elif off:
-        why = f"it starts {off} bytes past a 16-byte boundary"
-    else:
-        why = "its strides are not multiples of 16 bytes"
+    why = copy_reason(x) or "its strides are not multiples of 16 bytes"
     warnings.warn(CopiedArgumentWarning(
         f"{kernel}: argument {name} (shape {tuple(x.shape)}, strides {tuple(x.stride())}) is "
         f"copied before each launch, {x.numel() * x.element_size()} bytes: {why}; a view whose "

@@ -185,6 +185,31 @@ class GraphCallable:
         them); a kernel with no template plan to show says where its schedule comes from."""
         return self.schedule_origin(**dims, **(scalars or {}))
 
+    def describe_call(self, *args, **kwargs) -> str:
+        """The plan of a call on these arguments as they lie (nothing runs; no GPU needed):
+        where a tensor in another axis order routes it, the program in their memory order and
+        its plan (:mod:`tensorfuse.memory_order`); else the kernel's plan at the call's sizes
+        and each tensor the call copies before the launch, and why."""
+        from .interop import copy_reason, is_torch
+
+        shaped = {n: v for n, v in kwargs.items() if n != "out"}
+        devices = {a.device.type for a in (*args, *shaped.values()) if is_torch(a)}
+        device = devices.pop() if len(devices) == 1 else \
+            {"llvm": "cpu"}.get(self.target.kind, self.target.kind)
+        bound = bind_call(self.program, args, shaped, device)
+        routes = self.routes
+        orders = routes.orders(args, kwargs) if routes is not None else None
+        if orders is not None and routes.taken(orders, bound.dims):
+            return routes.kernel_for(orders).describe_plan(bound.scalars, **bound.dims)
+        lines = [self.describe_plan(bound.scalars, **bound.dims)]
+        for name, x in bound.arrays.items():
+            why = copy_reason(x) if is_torch(x) else None
+            if why:
+                lines.append(f"  {name} copied before each launch: {why}"
+                             + (" (its program in memory order would run on a lesser schedule)"
+                                if orders is not None and name in dict(orders.orders) else ""))
+        return "\n".join(lines)
+
     def invoke(self, key, args: tuple, kwargs: dict):   # pragma: no cover - each class has one
         raise NotImplementedError
 

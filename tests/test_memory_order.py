@@ -162,6 +162,28 @@ def test_a_permuted_call_reports_a_missing_gpu_first():
         made(view)
 
 
+def test_describe_call_says_how_a_call_runs_on_its_tensors_as_they_lie():
+    """The plan of the route where a tensor in another order takes one; else the kernel's plan
+    and each tensor copied before the launch, with why — nothing runs, no GPU needed."""
+    made = _compiled(log_softmax_channels)
+    x = torch.zeros(2, 300, 150, dtype=torch.bfloat16)
+    routed = made.describe_call(x.permute(0, 2, 1)).splitlines()
+    assert routed[0] == "read in memory order: x as [B, P, C]; out written as [B, P, C]"
+    assert "  swept: c (150), feature held whole: 1" in routed
+    plain = made.describe_call(x.permute(0, 2, 1).contiguous())
+    assert plain == made.describe_plan(B=2, C=150, P=300)
+    skewed = torch.zeros(2 * 150 * 300 + 2, dtype=torch.bfloat16)[2:].view(2, 150, 300)
+    assert made.describe_call(skewed).endswith(
+        "  x copied before each launch: it starts 4 bytes past a 16-byte boundary")
+    attention = _compiled(bshd_causal)
+    q = torch.zeros(2, 256, 64, 16, dtype=torch.bfloat16).transpose(2, 3)   # head dim strided
+    k = torch.zeros(2, 256, 16, 64, dtype=torch.bfloat16)
+    described = attention.describe_call(q, k, k, 0.1)
+    assert described.startswith("bshd_causal at B=2, M=256, H=16, D=64, N=256: hopper_attention")
+    assert described.endswith("  q copied before each launch: its innermost dimension is strided "
+                              "(its program in memory order would run on a lesser schedule)")
+
+
 def test_a_routed_row_writing_down_its_rows_takes_tiles_of_16_rows():
     """Layer norm over the channels of a channels-last [B, S, D] read in memory order writes
     out[b, d, s]: its stores run down a tile's rows, so the tile takes 16 rows (the row-major
