@@ -261,6 +261,7 @@ class MemoryOrderRoutes:
         self._kernels: dict = {}    # Orders -> MemoryOrderKernel
         self._taken: dict = {}      # (Orders, sizes) -> whether the route is taken
         self._outputs: dict = {}    # the arguments' orders -> the outputs' (output_orders)
+        self._by_key: dict = {}     # (signature key, Orders) -> the route's kernel, or None
 
     def orders(self, args: tuple, kwargs: dict) -> Orders | None:
         """The memory orders of the call's tensors that lie in another order, or None; the
@@ -299,16 +300,25 @@ class MemoryOrderRoutes:
                                                              self.kernel.target)
         return made
 
-    def route(self, args: tuple, kwargs: dict) -> MemoryOrderKernel | None:
+    def route(self, args: tuple, kwargs: dict, key=None) -> MemoryOrderKernel | None:
         """The kernel that runs this call on its tensors where they lie, or None (no tensor in
-        another order, or :meth:`taken` says no: the tensor is then copied, as it was)."""
+        another order, or :meth:`taken` says no: the tensor is then copied, as it was).
+        ``key``: the call's signature key, where made (it fixes the sizes: a signature seen
+        with these orders before is answered without binding the call again — a kernel without
+        fast calls, the scan template's, asks on every call)."""
         orders = self.orders(args, kwargs)
         if orders is None:
             return None
+        at = (key, orders) if key else None
+        if at in self._by_key:
+            return self._by_key[at]
         device = _binding_device(self.kernel.target)
         dims = bind_call(self.program, args, {n: v for n, v in kwargs.items() if n != "out"},
                          device).dims
-        return self._kernels[orders] if self.taken(orders, dims) else None
+        made = self._kernels[orders] if self.taken(orders, dims) else None
+        if at is not None:
+            self._by_key[at] = made
+        return made
 
     def taken(self, orders: Orders, dims: dict) -> bool:
         """Whether calls at sizes ``dims`` with tensors in ``orders`` run on the program in that

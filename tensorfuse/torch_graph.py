@@ -71,12 +71,9 @@ def kernel_op(qualname: str, program: Program, run, device: str):
     def real(*args):
         token = IN_OPERATOR.set(True)
         try:
-            made = run(*args)
+            return run(*args)
         finally:
             IN_OPERATOR.reset(token)
-        if isinstance(made, tuple):
-            return tuple(o if o.is_contiguous() else o.contiguous() for o in made)
-        return made if made.is_contiguous() else made.contiguous()
 
     op = torch.library.custom_op(qualname, real, mutates_args=(), schema=schema(program))
     op.register_fake(lambda *args: fake_outputs(program, device, args))
@@ -164,7 +161,7 @@ class GraphCallable:
         signature — not one made inside a custom operator, whose outputs are row-major where
         an eager call's follow its inputs' layout: the eager calls of the signature keep theirs;
         ``(False, None)`` where the call has no route."""
-        routed = self.routes.route(args, kwargs) if self.routes is not None else None
+        routed = self.routes.route(args, kwargs, key) if self.routes is not None else None
         if routed is None:
             return False, None
         out = routed.invoke(key, args, kwargs)

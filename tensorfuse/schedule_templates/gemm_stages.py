@@ -79,12 +79,12 @@ def hopper_gemm_stages(program: Program) -> GemmStagePlan | None:
 
 def _chosen_hopper_gemm(gemm: Program) -> bool:
     """Whether tf.compile would run ``gemm`` on the Hopper GEMM (a :class:`ScheduleError` where
-    the Hopper GEMM does not take it): not with a rows operand stored [K, M]
-    (:data:`.hopper_gemm.M_MAJOR_ROWS_PREFERRED`): its stage would go to the contraction,
-    which takes the program whole as it did before the Hopper GEMM read such operands."""
-    from .hopper_gemm import M_MAJOR_ROWS_PREFERRED
+    the Hopper GEMM does not take it; :func:`.hopper_gemm.chosen_automatically`): a stage it
+    would leave to the contraction is no reason to cut the program, which the contraction takes
+    whole."""
+    from .hopper_gemm import chosen_automatically
 
-    return plan_hopper_gemm(gemm).a_k_major or M_MAJOR_ROWS_PREFERRED
+    return chosen_automatically(plan_hopper_gemm(gemm))
 
 
 # The contraction template runs a GEMM whose columns it then reduces at ~0.7× the Hopper GEMM's

@@ -155,7 +155,7 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
     average; 0: off). ``fusion`` is not used (a GEMM needs none); ``tuned``
     is accepted for the template interface (the knobs are not tuned yet). ``automatic``:
     ``tf.compile``'s choice, which leaves a rows operand stored ``[K, M]`` to the Triton
-    contraction (:data:`M_MAJOR_ROWS_PREFERRED`)."""
+    contraction (:func:`chosen_automatically`)."""
     if target.kind != "cuda" or target.arch != "sm_90a":
         raise ScheduleError(f"the hopper_gemm template generates sm_90a code (wgmma, TMA); the "
                             f"target is {target.name}", user_location())
@@ -167,7 +167,7 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
                                ("split_tail", split_tail), ("weights_l2", weights_l2),
                                ("pace", pace))
              if v is not None}
-    passed_over = automatic and not plan.a_k_major and not M_MAJOR_ROWS_PREFERRED
+    passed_over = automatic and not chosen_automatically(plan)
     return ClusterKernel(program, target, lambda dims: gemm_launches(plan, target, dims, given),
                          f"hopper_gemm ({', '.join(plan.sums)} over {plan.dims[1]})",
                          origin="hopper_gemm template defaults" if not given else
@@ -175,13 +175,15 @@ def hopper_gemm(kernel, fusion, target: TargetSpec, block_n: int | None = None,
                          preferred=(lambda dims: False) if passed_over else None)
 
 
-# Whether tf.compile runs a GEMM whose rows operand is stored [K, M] (a Gram matrix, a weight
-# gradient) on the Hopper GEMM (wgmma's transposed A) rather than the Triton contraction: not
-# yet. On the H100 from CUDA graphs (a ``probe`` on ``benchmarks.unlisted_kernels``' shapes):
-# xᵀx at [65536, 1024] 202.4 µs against the contraction's 194.6 (torch 192.9), aᵀb at
-# [16384, 8]ᵀ[16384, 4096] 87.4 against 52.1, at [8192, 4096]ᵀ[8192, 4096] 396.8 against 386.0
-# (torch 367.7), xᵀwᵀ at 8192 × 4096 × 4096 392.8 against 397.1 (torch 377.7)
-M_MAJOR_ROWS_PREFERRED = False
+def chosen_automatically(plan: HopperGemmPlan) -> bool:
+    """Whether tf.compile runs this GEMM on the Hopper GEMM: not where its rows operand is
+    stored [K, M] (a Gram matrix, a weight gradient; wgmma's transposed A), which the Triton
+    contraction ran as fast or faster on the H100 from CUDA graphs (a ``probe`` on
+    ``benchmarks.unlisted_kernels``' shapes): xᵀx at [65536, 1024] 202.4 µs against the
+    contraction's 194.6 (torch 192.9), aᵀb at [16384, 8]ᵀ[16384, 4096] 87.4 against 52.1, at
+    [8192, 4096]ᵀ[8192, 4096] 396.8 against 386.0 (torch 367.7), xᵀwᵀ at 8192 × 4096 × 4096
+    392.8 against 397.1 (torch 377.7)."""
+    return plan.a_k_major
 
 
 hopper_gemm.needs_fusion = False

@@ -198,7 +198,9 @@ class LiftedFastCall(SignatureCall):
         # ``views``: name -> the strides a tensor passed as a view must have (checked per call)
         super().__init__(params, outputs, device, likes, guards, views=views)
         self.shapes, self.out_shapes, self.inner_fast = shapes, out_shapes, inner_fast
-        self.copied = dict(copied or {})   # name -> what the inner kernel gets, not a view
+        # name -> what makes the inner kernel's tensor of the caller's where a view of its
+        # shape does not (a copy; a permutation: :mod:`tensorfuse.memory_order`)
+        self.copied = dict(copied or {})
 
     def out_views(self, outs: list) -> list:
         """The outputs as the inner kernel's fast call takes them."""
