@@ -4,11 +4,13 @@ own, with a template where one takes it)."""
 from __future__ import annotations
 
 import math
+import warnings
 
 from .binding import CallBinder, output_shape, signature_key, split_scalars
 from .composed import call_device, filled
 from .dsl.dtypes import to_numpy
 from .dsl.program import Program
+from .errors import NoTemplateWarning
 from .schedule_templates.stages import Stage
 from .targets import TargetSpec
 from .torch_graph import GraphCallable
@@ -103,9 +105,10 @@ class StagedKernel(GraphCallable):
         sizes (the floor's price: an attention's scores are B·H·M·N floats)."""
         found = []
         for stage in self.stages:
+            own = stage.program.with_derived_sizes(dims)
             for name, compute in zip(stage.produces, stage.program.outputs):
                 if name in self.passed_on:
-                    shape = tuple(output_shape(compute, dims))
+                    shape = tuple(output_shape(compute, own))
                     dtype = compute.dtypes[0]
                     found.append((name, shape, dtype,
                                   math.prod(shape) * to_numpy(dtype).itemsize))
@@ -148,9 +151,10 @@ class StagedKernel(GraphCallable):
                          for stage, kernel in zip(self.stages, self.kernels))
 
     def _own(self, stage, dims: dict) -> dict:
-        """The sizes and scalars among ``dims`` that ``stage``'s program has."""
+        """The sizes and scalars among ``dims`` that ``stage``'s program has, with the sizes it
+        derives from them (an operand stored in parts over ``3·D``)."""
         own = set(stage.program.dim_names()) | {p.name for p in stage.program.scalar_params}
-        return {n: v for n, v in dims.items() if n in own}
+        return {n: v for n, v in stage.program.with_derived_sizes(dims).items() if n in own}
 
     def cache_info(self) -> list:
         """The stage kernels' builds, in stage order (each stage's own ``cache_info()``)."""
@@ -256,8 +260,11 @@ class NativeStages(StagedKernel):
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         for k in self.native_of(self.stages):
             kernel = self.kernels[k]
-            chosen = kernel.for_sizes(scalars, **self._own(self.stages[k], dims))
-            if chosen is kernel.template or chosen is kernel.fallback:
+            with warnings.catch_warnings():   # a stage no template takes is not run: unsaid
+                warnings.simplefilter("ignore", NoTemplateWarning)
+                chosen = kernel.for_sizes(scalars, **self._own(self.stages[k], dims))
+            # the Triton template, TVM's schedule or the floor's stages: not native
+            if chosen in (kernel.template, kernel.fallback, getattr(kernel, "_floor", None)):
                 return False
         return True
 
@@ -313,4 +320,5 @@ class ComputedOperandStages(NativeStages):
         return computed_operand_stages(program, fusion.names, fusion.axis)
 
     def _staged_because(self) -> str:
-        return "the computed q·k operands stored, then the Hopper attention over them"
+        parts = " (float32 products as bf16 parts)" if any(s.note for s in self.stages) else ""
+        return f"the computed q·k operands stored{parts}, then the Hopper attention over them"

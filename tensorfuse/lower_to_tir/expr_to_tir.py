@@ -77,6 +77,19 @@ def cast_to(x: tirx.PrimExpr, dtype: str) -> tirx.PrimExpr:
     return x if str(x.ty) == target else tirx.Cast(target, x)
 
 
+def bf16_rounded(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """Float32 ``x`` rounded to the nearest bfloat16 (ties to even; NaN kept, past the largest
+    finite one infinity), still float32: the cast to bf16 made explicit, because TVM's
+    ``BF16ComputeLegalize`` computes bf16 values in float32 and drops a cast to bf16 whose value
+    is read as float32 — ``x − f32(bf16(x))``, the rounding's rest, came out 0 on the CPU."""
+    bits = tirx.reinterpret("uint32", x)
+    odd = tirx.bitwise_and(tirx.shift_right(bits, tirx.const(16, "uint32")),
+                           tirx.const(1, "uint32"))
+    rounded = tirx.bitwise_and(bits + tirx.const(0x7FFF, "uint32") + odd,
+                               tirx.const(0xFFFF0000, "uint32"))
+    return tirx.Select(x != x, x, tirx.reinterpret("float32", rounded))
+
+
 def lower(e: Expr, scope: Scope, want: str | None = None) -> tirx.PrimExpr:
     """``e`` as a PrimExpr of type ``want`` (default: the type of ``e``)."""
     own = dt.resolve(e.dtype) if not (want and e.dtype in (dt.WEAK_INT, dt.WEAK_FLOAT)) else want
@@ -123,6 +136,8 @@ def _lower(e: Expr, scope: Scope, own: str) -> tirx.PrimExpr:
         return tirx.Select(lower(e.cond, scope, "bool"), lower(e.a, scope, own), lower(e.b, scope, own))
     if isinstance(e, Cast):
         inner = dt.resolve(e.a.dtype)
+        if own == "bf16" and inner == "f32":
+            return cast_to(bf16_rounded(lower(e.a, scope, inner)), own)
         return cast_to(lower(e.a, scope, inner), own)
     raise DSLError(f"cannot translate {type(e).__name__} to TensorIR", e.loc)
 

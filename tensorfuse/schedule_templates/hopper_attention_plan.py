@@ -351,6 +351,10 @@ WIDE_BLOCK_N = 176
 WIDE_BLOCK_N_D64 = 192
 SM90_SHARED = 227 * 1024   # dynamic shared memory a CTA may have on sm_90
 HEAD_DIMS = (64, 128, 192, 256)   # of q·k and of p·v, each: whole 128-byte swizzle atoms
+# q·k's head dim may be longer than p·v's up to this: its accumulator is the scores', the same
+# at any head dim; 384 over values of 128 holds 128 queries and two slots of 64 keys in 225 KiB
+# of shared memory (float32 operands stored as three bf16 parts: :mod:`.operand_stages`)
+MAX_QK_DIM = 384
 
 
 def wide_blocks_pay(plan: HopperAttentionPlan, sizes: dict, scalars: dict | None,
@@ -432,10 +436,11 @@ def check_hopper(plan: HopperAttentionPlan, knobs: HopperKnobs, sizes: dict,
     """Refuse sizes and knobs the kernel cannot run, saying which."""
     B, H, HKV, M, N, D = (sizes[d] for d in plan.chain.dims)
     DV = sizes[plan.chain.dv]
-    for name, dim in ((plan.chain.dims[5], D), (plan.chain.dv, DV)):
-        if dim % 8 or not 32 <= dim <= 256:
+    longer = MAX_QK_DIM if plan.chain.dv != plan.chain.dims[5] else 256   # q·k's own dim
+    for name, dim, top in ((plan.chain.dims[5], D, longer), (plan.chain.dv, DV, 256)):
+        if dim % 8 or not 32 <= dim <= top:
             raise _refuse(f"head dim {name}={dim}: the Hopper template handles multiples of 8 "
-                          f"from 32 to 256 (rows of 16-byte pieces for TMA, padded to whole "
+                          f"from 32 to {top} (rows of 16-byte pieces for TMA, padded to whole "
                           "128-byte swizzle atoms); the attention template takes the others")
     D, DV = tile_head_dims(plan, sizes)
     if plan.keys_innermost and plan.chain.strides(1, sizes)["d"] * 2 % 16:

@@ -25,7 +25,7 @@ from typing import Callable
 from ..algebra.exprs import nodes, rewrite_computes, substitute
 from ..dsl import dtypes as dt
 from ..dsl.expr import DimSize, Expr, Load, Ref, Scalar, walk
-from ..dsl.program import Compute, Program, TensorParam
+from ..dsl.program import Compute, Program, TensorParam, size_names
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,11 @@ class Stage:
     produces: tuple[str, ...]
     reduces: tuple[str, ...] = ()   # the reductions it computes (its results stored or not)
     templated: bool = False         # whether ``fits`` took it (a template runs it)
+    note: str = ""                  # how it stores what it produces, where that needs saying
 
     def describe(self) -> str:
-        return f"{', '.join(self.produces)} from {', '.join(self.inputs)}"
+        note = f" ({self.note})" if self.note else ""
+        return f"{', '.join(self.produces)} from {', '.join(self.inputs)}{note}"
 
 
 class NotStageable(Exception):
@@ -360,6 +362,8 @@ def program_of(name: str, source: Program, computes: list, outputs: list,
         if isinstance(p, TensorParam) and p not in params and used_sizes - bound & set(p.dims):
             params.append(p)
             bound |= set(p.dims)
+    # a size the program derives from bound ones (an operand stored in parts: 3·D)
+    bound |= {n for n, e in source.derived_sizes().items() if set(size_names(e)) <= bound}
     if used_sizes - bound:
         raise NotStageable(f"sizes {', '.join(sorted(used_sizes - bound))} would be bound by no "
                            "tensor of the stage")

@@ -77,3 +77,23 @@ def test_a_pair_reduction_over_bf16_compares_values_not_bit_patterns():
     value, index = tf.compile(best, target="llvm")(x=x.bfloat16())
     assert index.tolist() == [3, 1, 3, 3]
     assert value.float().tolist() == x.bfloat16().float()[range(4), [3, 1, 3, 3]].tolist()
+
+
+def test_a_cast_to_bf16_read_as_float32_rounds():
+    """``x − f32(bf16(x))``, the rest a rounding to bf16 leaves, on the CPU: torch's values —
+    ties to even, NaN kept, past bf16's largest finite value infinity (TVM's bf16 legalisation
+    computes bf16 values in float32 and took the round trip for no cast at all: the rest was 0,
+    and a float32 operand stored as bf16 parts lost its low part)."""
+    import torch
+
+    @tf.kernel
+    def rest(x: T.Tensor["N", "f32"]):
+        i = T.axes("i")
+        return x[i] - T.cast(T.cast(x[i], "bf16"), "f32")
+
+    x = torch.cat([torch.randn(1000) * 100, torch.tensor(
+        [1 + 2 ** -8, 1 + 3 * 2 ** -8, 3.4e38, -3.4e38, float("nan"), float("inf"), 1e-40])])
+    got = tf.compile(rest, target="llvm")(x=x)
+    want = x - x.bfloat16().float()
+    assert got[:1000].abs().max() > 0
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)

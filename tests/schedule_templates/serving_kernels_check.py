@@ -63,6 +63,14 @@ if __name__ == "__main__":
 
         from tests.schedule_templates.test_serving_kernels import _halves, _rounded_scaled
         print(json.dumps(templated(_rounded_scaled)(x=_halves()).tolist()))
+    elif sys.argv[1:2] == ["parts"]:   # rotated q in bf16 parts (test_operand_stages), JSON
+        import json
+
+        from tests.schedule_templates.test_operand_stages import operand_parts
+        import tensorfuse as tf
+
+        made = lambda k: tf.compile(k, target="cuda:sm_90a")   # noqa: E731 - elementwise: Triton
+        print(json.dumps(operand_parts(int(sys.argv[2]), made)))
     elif sys.argv[1:] == ["pow"]:   # a ** b of every pair (test_serving_kernels), as JSON
         import json
 

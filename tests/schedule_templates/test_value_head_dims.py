@@ -107,7 +107,7 @@ def test_head_dims_the_template_does_not_take_are_refused_by_name():
 
 @needs_nvcc
 @pytest.mark.parametrize("name, dims", [("bhsd", (192, 128)), ("bshd", (192, 128)),
-                                        ("bhsd", (128, 256))])
+                                        ("bhsd", (128, 256)), ("bhsd", (384, 128))])
 def test_the_sm90a_code_multiplies_each_product_at_its_own_dim(name, dims):
     """q·kᵀ runs K = DQK in 16-wide steps on block_n-wide wgmma; p·v is a wgmma DV wide; the
     values are copied DV wide (their own tensor map); the consumers do not spill."""
@@ -194,7 +194,8 @@ def test_dims_the_hopper_template_does_not_take_run_on_the_row_tiles_and_the_cpu
     ("bhsd", 300, 700, (128, 256)), ("bshd", 4096, 4096, (192, 128)),
     ("bhsd", 1000, 1000, (96, 96)), ("bshd", 777, 777, (80, 80)),
     ("bhsd", 333, 2048, (160, 96)), ("bshd", 517, 517, (40, 72)),
-    ("bhsd", 300, 700, (224, 32))])
+    ("bhsd", 300, 700, (224, 32)), ("bhsd", 777, 1000, (384, 128)),
+    ("bshd", 517, 517, (320, 64))])
 def test_two_head_dims_match_float64_on_the_gpu(name, M, N, dims):
     """tf.compile as a user calls it (the Hopper template on sm_90a), fresh inputs at two value
     ranges, the output poisoned first: within bf16 tolerance (2e-2 of the largest output)."""
