@@ -25,26 +25,67 @@ from ..dsl.expr import Axis, Const, Expr, binary
 from ..dsl.program import Program
 
 
+# reductions whose result is the same in any order of visiting the elements (as floats are
+# summed in any template's order): their axes may be swept in the tensors' memory order
+ORDERLESS = ("sum", "max", "min")
+
+
 def swept_together(program: Program) -> tuple[Axis, ...] | None:
-    """The axes that reductions of ``program`` reduce over together (two or more, in the order
-    written), where exactly one such group exists and no reduction uses them apart."""
+    """The axes that reductions of ``program`` reduce over together (two or more), where exactly
+    one such group exists and no reduction uses them apart: in the order the tensors read by
+    them lie in memory (the contiguous axis fastest: a group norm over ``(c, p)`` of
+    ``x[b, p, g, c]`` sweeps ``c`` fastest, 32-byte runs rather than a 2-byte read every
+    ``G·C`` elements) where every such reduction is a sum, a maximum or a minimum and the
+    outputs allow it, else in the order written."""
     groups = {tuple(a.uid for a in c.over): c.over for c in program.computes
               if c.is_reduction and len(c.over) > 1}
     if len(groups) != 1:
         return None
     (group,) = groups.values()
     ids = {a.uid for a in group}
+    reductions = [c for c in program.computes if c.is_reduction and {a.uid for a in c.over} & ids]
+    stored = _memory_order(program, group)
+    if stored is not None and [a.uid for a in stored] != [a.uid for a in group] and \
+            all(c.monoid.name in ORDERLESS for c in reductions) and \
+            _sweepable(program, stored, reordered=True):
+        return stored
+    return group if _sweepable(program, group) else None
+
+
+def _sweepable(program: Program, group: tuple[Axis, ...], reordered: bool = False) -> bool:
+    """Whether ``group``, in its order, can be swept as one axis: every compute holds all of it
+    or none, each output holding it holds it next to each other in that order, and each
+    reduction over it reduces over all of it (in that order, unless ``reordered``)."""
+    ids = {a.uid for a in group}
     order = [a.uid for a in group]
     for c in program.computes:
         held = {a.uid for a in c.axes + c.over} & ids
         if held and held != ids:
-            return None
+            return False
         if c.is_output and {a.uid for a in c.axes} & ids and not _adjacent(c.axes, order):
-            return None   # its flat result would not be a view of the output it writes
-        if c.is_reduction and {a.uid for a in c.over} & ids and \
-                [a.uid for a in c.over if a.uid in ids] != [a.uid for a in group]:
-            return None
-    return group
+            return False   # its flat result would not be a view of the output it writes
+        if c.is_reduction and {a.uid for a in c.over} & ids and not reordered and \
+                [a.uid for a in c.over if a.uid in ids] != order:
+            return False
+    return True
+
+
+def _memory_order(program: Program, group: tuple[Axis, ...]) -> tuple[Axis, ...] | None:
+    """``group`` in the order the tensors indexed by all of its axes lie in memory (their
+    dimensions' order, the last contiguous), where they agree; else ``None``."""
+    from ..algebra.exprs import nodes
+    from ..dsl.expr import Load
+
+    ids = {a.uid: a for a in group}
+    found = set()
+    for c in program.computes:
+        for body in c.bodies:
+            for n in nodes(body):
+                if isinstance(n, Load):
+                    at = [x.uid for x in n.indices if isinstance(x, Axis) and x.uid in ids]
+                    if len(at) == len(ids) and len(set(at)) == len(at):
+                        found.add(tuple(at))
+    return tuple(ids[u] for u in found.pop()) if len(found) == 1 else None
 
 
 def _adjacent(axes: tuple[Axis, ...], order: list[int]) -> bool:
