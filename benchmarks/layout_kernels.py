@@ -4,6 +4,8 @@ to a projection written over ``w[N, K]`` (``w.t()``), keys kept ``[B, H, S, D]``
 written over ``kt[B, H, D, S]``. tensorfuse runs the program in the tensors' memory order on the
 views as they lie (``tensorfuse.memory_order``); the row ``tensorfuse (copied contiguous)`` is
 the same kernel on a contiguous copy made in the timed call, as every such call ran before.
+And a group norm written over the channels-last ``[B, P, G, C]`` a user keeps, reduced over
+``(c, p)`` as written (swept with the contiguous channels fastest, not the pixels).
 Alternatives on the same views: torch.compile and eager, cuBLAS (``x @ w.t()``), SDPA.
 
     python -m benchmarks.layout_kernels [--only NAMES] [--out DIR]
@@ -13,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+import tensorfuse as tf
+from tensorfuse import dsl as T
 from benchmarks.common import CUBLAS, SDPA, TENSORFUSE, TORCH_COMPILE, TORCH_EAGER
 from benchmarks.gemm import matmul_nk
 from benchmarks.kernel_suite import Case, Recorded, main
@@ -110,10 +114,53 @@ def _keys_case(generator, B=2, H=16, S=4096, D=128) -> Case:
                 notes={TENSORFUSE: _origin(f, (q, kt, v), B=B, H=H, S=S, D=D)})
 
 
+@tf.kernel
+def group_norm_channels_last(x: T.Tensor["B", "P", "G", "C", "bf16"], w: T.Tensor["G", "C", "bf16"],
+                             bias: T.Tensor["G", "C", "bf16"], eps: T.f32):
+    """Group norm written over the channels-last activations a user keeps, ``[B, H·W, C]`` seen
+    as ``[B, P, G, C/G]``: over a group's channels and the pixels at once, written in that order
+    (the channels are the contiguous ones: swept fastest)."""
+    b, p, g, c = T.axes("b p g c")
+    n = T.size("C") * T.size("P")
+    mean = T.sum(x[b, p, g, c], over=(c, p)) / n
+    var = T.sum((x[b, p, g, c] - mean) * (x[b, p, g, c] - mean), over=(c, p)) / n
+    return T.cast((x[b, p, g, c] - mean) * T.rsqrt(var + eps) * w[g, c] + bias[g, c], "bf16")
+
+
+def group_norm_reference(x, w, bias, eps):
+    """torch's group norm of ``x[B, P, G, C]`` (float64 for float64 inputs)."""
+    B, P, G, C = x.shape
+    y = F.group_norm(x.permute(0, 2, 3, 1).reshape(B, G * C, P).float()
+                     if x.dtype != torch.float64 else x.permute(0, 2, 3, 1).reshape(B, G * C, P),
+                     G, w.reshape(-1).to(torch.float64 if x.dtype == torch.float64
+                                         else torch.float32),
+                     bias.reshape(-1).to(torch.float64 if x.dtype == torch.float64
+                                         else torch.float32), eps)
+    return y.reshape(B, G, C, P).permute(0, 3, 1, 2).to(x.dtype)
+
+
+def _group_norm_case(generator, B=16, P=4096, G=32, C=16) -> Case:
+    """A diffusion U-Net's group norm (512 channels in 32 groups, 64×64 pixels) on activations
+    kept channels last; torch.compile and eager on the same memory (``channels_last``)."""
+    x = (torch.randn(B, P, G, C, generator=generator) * 2 + 1).to("cuda", torch.bfloat16)
+    w = (torch.rand(G, C, generator=generator) + 0.5).to("cuda", torch.bfloat16)
+    bias = torch.randn(G, C, generator=generator).to("cuda", torch.bfloat16)
+    f = Recorded(group_norm_channels_last)
+    compiled = torch.compile(group_norm_reference)
+    ref = group_norm_reference(x.double(), w.double(), bias.double(), 1e-5)
+    return Case("group_norm_channels_last", f"B{B} P{P} G{G} C{C} (x [B, P, G, C])",
+                lambda: f(x, w, bias, 1e-5),
+                {TORCH_COMPILE: lambda: compiled(x, w, bias, 1e-5),
+                 TORCH_EAGER: lambda: group_norm_reference(x, w, bias, 1e-5)},
+                ref, lambda out: out, bytes=2 * x.numel() * x.element_size(),
+                notes={TENSORFUSE: f.schedule_origin(B=B, P=P, G=G, C=C)})
+
+
 LAYOUTS = {"log_softmax_channels_last": _log_softmax_case,
            "layernorm_channels_last": _layer_norm_case,
            "projection_weight_transposed": _projection_case,
-           "attention_keys_passed_transposed": _keys_case}
+           "attention_keys_passed_transposed": _keys_case,
+           "group_norm_channels_last": _group_norm_case}
 
 if __name__ == "__main__":
     main(LAYOUTS, "layout-kernels", __doc__)

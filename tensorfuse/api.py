@@ -141,7 +141,7 @@ def _compile(kernel, target, template, untemplated: str | None = None,
                 return _routed(pointwise, spec, dynamic)
             flat = _flattened(kernel, spec, dynamic)
             if flat is not None:
-                return flat
+                return _routed(flat, spec, dynamic)
             why = why_no_template(program, spec)
             from .attention_gradient import attention_gradient
 

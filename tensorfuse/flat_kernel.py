@@ -68,6 +68,9 @@ class FlatSweepKernel(GraphCallable):
             return self._into(args, kwargs)
         if key is False:
             key = signature_key(args, kwargs)
+        routed, out = self._route_call(key, args, kwargs)   # tensors in another axis order
+        if routed:
+            return out
         found = self._by_key.get(key) if key is not None else None
         if found is None:
             bound = bind_call(self.program, args, kwargs, call_device(self.target))

@@ -26,6 +26,8 @@ template would not take at the call's sizes where the program as written has one
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -224,28 +226,48 @@ class MemoryOrderFastCall(LiftedFastCall):
 # tiles rank with the native templates: within a few per cent of the Hopper GEMM (a rows
 # operand passed as x.t(), 8192 × 4096 × 4096 on the H100: 397 µs on the view against 393 for
 # the Hopper GEMM's transposed A, where a copy of x alone would add some 40)
+# Stages that store little between them (a group norm's statistics: a value per group, where
+# the stages read the activations) rank with the Triton template: what they add is a second read
+# of the inputs, no more than the copy a declined route makes (read and written).
 _RANKS = ("a native CUDA template", "a Triton template", "stages", "TVM's default schedule")
+LITTLE_STORED = 1 / 16   # of the bytes the program reads: stages that store at most this
 
 
 def _rank(kernel, dims: dict) -> int:
     """Where what runs ``kernel`` at ``dims`` stands in :data:`_RANKS`: an
-    :class:`~tensorfuse.api.AutoKernel`'s pick, a wrapper's inner kernel's."""
+    :class:`~tensorfuse.api.AutoKernel`'s pick, a wrapper's inner kernel's (a sweep over
+    several axes: its flat kernel's)."""
     from .compiled import CompiledKernel
+    from .flat_kernel import FlatSweepKernel
     from .staged import StagedKernel
     from .targets.triton.contraction_kernel import ContractionKernel
 
+    if isinstance(kernel, FlatSweepKernel):
+        return _rank(kernel.for_sizes(**dims), dims)
     picks = getattr(kernel, "for_sizes", None)
     chosen = picks(**dims) if picks is not None else kernel
     if chosen is getattr(kernel, "fallback", None) or isinstance(chosen, CompiledKernel):
         return 3
     if isinstance(chosen, StagedKernel):
-        return 2
+        return 1 if _stores_little(chosen, dims) else 2
     inner = getattr(chosen, "inner", None)
     if inner is not None:   # a lifted or rewritten program's kernel
         sizes = chosen.inner_sizes(dims) if hasattr(chosen, "inner_sizes") else dims
         return _rank(inner, sizes)
     native = type(chosen).__module__.startswith("tensorfuse.targets.cuda")
     return 0 if native or isinstance(chosen, ContractionKernel) else 1
+
+
+def _stores_little(staged, dims: dict) -> bool:
+    """Whether ``staged``'s stages store at most :data:`LITTLE_STORED` of the bytes its
+    program's tensors hold at ``dims``."""
+    from .binding import split_scalars
+    from .dsl.dtypes import to_numpy
+
+    sizes = split_scalars(staged.program, dims)[0]
+    read = sum(math.prod(d if isinstance(d, int) else sizes[d] for d in p.dims) *
+               to_numpy(p.dtype).itemsize for p in staged.program.tensor_params)
+    return sum(b for *_, b in staged.stored(**sizes)) <= LITTLE_STORED * read
 
 
 class MemoryOrderRoutes:

@@ -248,13 +248,24 @@ def templated(kernel):
     Triton's interpreter on the CPU: what picks between a template and TVM's CUDA needs a GPU);
     a kernel swept over several axes as one gets each flat kernel's template."""
     import tensorfuse as tf
-    from tensorfuse.flat_kernel import FlatSweepKernel
 
-    made = tf.compile(kernel, target="cuda:sm_90a")
+    return _template_of(tf.compile(kernel, target="cuda:sm_90a"))
+
+
+def _template_of(made):
+    """The Triton template of a compiled kernel (an elementwise kernel is its own; a kernel
+    swept over several axes as one, each flat kernel's; a staged kernel's stages, each
+    theirs)."""
+    from tensorfuse.flat_kernel import FlatSweepKernel
+    from tensorfuse.staged import StagedKernel
+
     if isinstance(made, FlatSweepKernel):
         return FlatSweepKernel(made.program, made.target, made.group,
-                               lambda sizes: made.for_sizes(**sizes).template)
-    return made.template
+                               lambda sizes: _template_of(made.for_sizes(**sizes)))
+    if isinstance(made, StagedKernel):
+        return StagedKernel(made.program, made.target, made.stages,
+                            tuple(_template_of(k) for k in made.kernels), made.why)
+    return getattr(made, "template", made)
 
 
 def gpu_case(case):

@@ -15,7 +15,8 @@ from tensorfuse.algebra.exprs import nodes
 from tensorfuse.dsl.expr import Load
 from tensorfuse.memory_order import Orders, in_memory_order, memory_order, output_orders
 from benchmarks.gemm import matmul_nk
-from benchmarks.user_kernels import bshd_causal, layernorm_channels, log_softmax_channels
+from benchmarks.user_kernels import (bshd_causal, group_norm, layernorm_channels,
+                                     log_softmax_channels)
 from tests.helpers import fresh_seed, run_interpreted
 
 triton = pytest.importorskip("triton", reason="the templates generate Triton kernels")
@@ -31,8 +32,11 @@ EXPECTED = {"log-softmax over channels, channels last":
             (0, LOG_SOFTMAX, f"{LOG_SOFTMAX}; out written as [B, P, C]", (0, 2, 1)),
             "layer norm over channels, channels last":
             (0, LAYER_NORM, f"{LAYER_NORM}; out written as [B, S, D]", (0, 2, 1)),
-            # a sweep over two axes flattened has no route yet: the view is copied
-            "group norm, channels last": (1, None, None, (0, 1, 2, 3)),
+            # two axes swept as one: in memory order, the statistics a stage (a value per
+            # group), swept with the channels fastest, then the output written channels last
+            "group norm, channels last": (0, "x as [B, P, G, C]",
+                                          "x as [B, P, G, C]; out written as [B, P, G, C]",
+                                          (0, 3, 1, 2)),
             "project, weight transposed": (0, "w as [K, N]", "w as [K, N]", (0, 1)),
             "attention, keys transposed":
             (0, "kt as [B, H, S, D]", "kt as [B, H, S, D]", (0, 1, 2, 3)),
@@ -229,6 +233,29 @@ def test_a_route_that_would_lose_a_native_template_is_declined():
         assert made.routes.taken(Orders(orders), sizes), orders
         assert runs in made.routes.kernel_for(Orders(orders)).describe_plan(
             **sizes).splitlines()[1]
+
+
+def test_a_group_norm_called_channels_last_is_routed_to_stages_that_store_its_statistics():
+    """The group norm written over [B, G, C, P], called with channels-last activations: in
+    memory order its output holds the pixels and channels apart, so its statistics are a stage
+    (a value per group: little beside the activations, ranked with the template; stages that
+    store as much as they read keep the copy) swept with the channels fastest, then the output."""
+    import tensorfuse.memory_order as mo
+
+    made = _compiled(group_norm)
+    x = torch.zeros(16, 4096, 32, 16, dtype=torch.bfloat16).permute(0, 2, 3, 1)   # [B, G, C, P]
+    w = torch.zeros(32, 16, dtype=torch.bfloat16)
+    orders = made.routes.orders((x, w, w, 1e-5), {})   # the output laid out as x
+    sizes = dict(B=16, G=32, C=16, P=4096)
+    assert made.routes.taken(orders, sizes)
+    plan = made.routes.kernel_for(orders).describe_plan(**sizes)
+    assert "stored between the stages: 4.0 KiB" in plan and "p, c swept as one axis" in plan, plan
+    assert mo._rank(made.routes.kernel_for(orders).inner, sizes) == 1
+    mo.LITTLE_STORED, kept = 0.0, mo.LITTLE_STORED
+    try:
+        assert mo._rank(made.routes.kernel_for(orders).inner, sizes) == 2
+    finally:
+        mo.LITTLE_STORED = kept
 
 
 def test_sm90a_code_of_the_routes():

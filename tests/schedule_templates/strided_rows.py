@@ -7,6 +7,7 @@ shared by their tests and the check under Triton's interpreter
 import torch
 
 import tensorfuse as tf
+from benchmarks.layout_kernels import group_norm_channels_last, group_norm_reference
 from benchmarks.unlisted_kernels import strided_matvec as strided_gemv
 from benchmarks.user_kernels import (channel_stats, group_norm, layernorm_channels,
                                      log_softmax_channels, qk_norm_bshd)
@@ -51,6 +52,15 @@ def group_norm_case(generator, B=2, G=3, C=5, P=67, width=3.0):
     return {"x": x, "w": w, "bias": bias, "eps": 1e-5}, want
 
 
+def group_norm_channels_last_case(generator, B=2, P=67, G=3, C=5, width=3.0):
+    """P·C = 335 swept channels fastest, the last block ragged."""
+    x = (torch.randn(B, P, G, C, generator=generator) * width + width).to(torch.bfloat16)
+    w = (torch.rand(G, C, generator=generator) + 0.5).to(torch.bfloat16)
+    bias = torch.randn(G, C, generator=generator).to(torch.bfloat16)
+    return ({"x": x, "w": w, "bias": bias, "eps": 1e-5},
+            group_norm_reference(x.double(), w.double(), bias.double(), 1e-5))
+
+
 def channel_stats_case(generator, N=4096, C=40, width=3.0):
     """Two row tiles of 32 channels over 4096 rows: the sweep split into parts."""
     x = (torch.randn(N, C, generator=generator) * width + width).to(torch.bfloat16)
@@ -81,6 +91,7 @@ CASES = {"log_softmax_channels": (log_softmax_channels, log_softmax_case),
          "layernorm_channels": (layernorm_channels, layernorm_case),
          "qk_norm_bshd": (qk_norm_bshd, qk_norm_case),
          "group_norm": (group_norm, group_norm_case),
+         "group_norm_channels_last": (group_norm_channels_last, group_norm_channels_last_case),
          "strided_gemv": (strided_gemv, strided_gemv_case)}
 # run by the interpreter beside CASES: what a case's knobs are, by name
 INTERPRETED = {**CASES, "strided_gemv_in_parts": (strided_gemv, strided_gemv_case)}

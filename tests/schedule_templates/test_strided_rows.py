@@ -9,9 +9,11 @@ import torch
 import tensorfuse as tf
 from benchmarks.pipeline_kernels import logsumexp_pool
 from tensorfuse.schedule_templates.row_reduction import CONTIGUOUS_TILE
+from tensorfuse import dsl as T
 from tests.helpers import (assert_gpu_template_matches, fresh_seed, gpu_case, ptxas_spills,
                            relative_error, run_interpreted, templated)
 from tests.schedule_templates.strided_rows import (CASES, INTERPRETED, group_norm,
+                                                   group_norm_channels_last,
                                                    group_norm_case, layernorm_channels,
                                                    log_softmax_channels, strided_gemv)
 
@@ -129,6 +131,32 @@ def test_a_group_norm_is_swept_over_its_two_axes_as_one_and_written_in_its_shape
     made = templated(group_norm)
     assert isinstance(made, FlatSweepKernel)
     assert made._shapes(dict(B=2, G=3, C=5, P=67)) == [(0, (2, 3, 5, 67))]
+
+
+def test_axes_reduced_together_are_swept_in_memory_order():
+    """A group norm written over ``(c, p)`` of channels-last ``x[b, p, g, c]``: swept with the
+    contiguous channels fastest (its sums' order is free), not a 2-byte read every G·C elements;
+    a user's monoid over two axes keeps the order written (its combine may not be)."""
+    from tensorfuse.schedule_templates.flat_sweeps import swept_together
+
+    made = tf.compile(group_norm_channels_last, target="cuda:sm_90a")
+    plan = made.describe_plan(B=16, P=4096, G=32, C=16)
+    assert "p, c swept as one axis of P × C elements" in plan, plan
+    assert "sum of x[b, pc // 16, g, pc % 16]" in plan, plan
+    pair = T.Monoid("pair_sum", lambda s, n, t, m: (s + t, n + m), (0.0, 0.0), arity=2)
+
+    @tf.kernel
+    def paired(x: T.Tensor["B", "M", "N", "f32"]):
+        b, i, j = T.axes("b i j")
+        total = T.reduce((x[b, i, j], 1.0), over=(j, i), monoid=pair)
+        return total[0] / total[1]
+    assert [a.name for a in swept_together(paired.program)] == ["j", "i"]
+
+    @tf.kernel
+    def pixel_channel_mean(x: T.Tensor["B", "P", "G", "C", "bf16"]):
+        b, p, g, c = T.axes("b p g c")
+        return T.sum(x[b, p, g, c], over=(c, p)) / (T.size("C") * T.size("P"))
+    assert [a.name for a in swept_together(pixel_channel_mean.program)] == ["p", "c"]
 
 
 @pytest.mark.parametrize("name", list(CASES))
