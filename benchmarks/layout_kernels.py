@@ -21,7 +21,7 @@ from benchmarks.common import CUBLAS, SDPA, TENSORFUSE, TORCH_COMPILE, TORCH_EAG
 from benchmarks.gemm import matmul_nk
 from benchmarks.kernel_suite import Case, Recorded, main
 from benchmarks.unlisted_kernels import attention_keys_transposed
-from benchmarks.user_kernels import layernorm_channels, log_softmax_channels
+from benchmarks.user_kernels import group_norm, layernorm_channels, log_softmax_channels
 
 COPIED = f"{TENSORFUSE} (copied contiguous)"
 
@@ -156,11 +156,31 @@ def _group_norm_case(generator, B=16, P=4096, G=32, C=16) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, P=P, G=G, C=C)})
 
 
+def _group_norm_view_case(generator, B=16, G=32, C=16, P=4096) -> Case:
+    """The suite's group norm, written over [B, G, C/G, P], called with the channels-last
+    activations of ``_group_norm_case`` seen in that order."""
+    x = (torch.randn(B, P, G, C, generator=generator) * 2 + 1).to("cuda", torch.bfloat16)
+    w = (torch.rand(G, C, generator=generator) + 0.5).to("cuda", torch.bfloat16)
+    bias = torch.randn(G, C, generator=generator).to("cuda", torch.bfloat16)
+    view = x.permute(0, 2, 3, 1)                 # [B, G, C, P]
+    f, copied = Recorded(group_norm), Recorded(group_norm)
+    compiled = torch.compile(group_norm_reference)
+    ref = group_norm_reference(x.double(), w.double(), bias.double(), 1e-5).permute(0, 2, 3, 1)
+    return Case("group_norm_passed_channels_last", f"B{B} G{G} C{C} P{P} (x channels last)",
+                lambda: f(view, w, bias, 1e-5),
+                {COPIED: lambda: copied(view.contiguous(), w, bias, 1e-5),
+                 TORCH_COMPILE: lambda: compiled(x, w, bias, 1e-5),
+                 TORCH_EAGER: lambda: group_norm_reference(x, w, bias, 1e-5)},
+                ref, lambda out: out, bytes=2 * x.numel() * x.element_size(),
+                notes={TENSORFUSE: _origin(f, (view, w, bias, 1e-5), B=B, G=G, C=C, P=P)})
+
+
 LAYOUTS = {"log_softmax_channels_last": _log_softmax_case,
            "layernorm_channels_last": _layer_norm_case,
            "projection_weight_transposed": _projection_case,
            "attention_keys_passed_transposed": _keys_case,
-           "group_norm_channels_last": _group_norm_case}
+           "group_norm_channels_last": _group_norm_case,
+           "group_norm_passed_channels_last": _group_norm_view_case}
 
 if __name__ == "__main__":
     main(LAYOUTS, "layout-kernels", __doc__)
