@@ -251,6 +251,10 @@ def test_a_group_norm_called_channels_last_is_routed_to_stages_that_store_its_st
     plan = made.routes.kernel_for(orders).describe_plan(**sizes)
     assert "stored between the stages: 4.0 KiB" in plan and "p, c swept as one axis" in plan, plan
     assert mo._rank(made.routes.kernel_for(orders).inner, sizes) == 1
+    # its output row-major (inside a custom operator): the statistics still swept in memory
+    # order, the output written apart (not a flat sweep reading x a strided element at a time)
+    row_major = made.routes.kernel_for(Orders((("x", (0, 3, 1, 2)),))).describe_plan(**sizes)
+    assert "p, c swept as one axis" in row_major and "[2] out from" in row_major, row_major
     mo.LITTLE_STORED, kept = 0.0, mo.LITTLE_STORED
     try:
         assert mo._rank(made.routes.kernel_for(orders).inner, sizes) == 2

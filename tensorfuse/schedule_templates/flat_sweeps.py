@@ -35,8 +35,8 @@ def swept_together(program: Program) -> tuple[Axis, ...] | None:
     one such group exists and no reduction uses them apart: in the order the tensors read by
     them lie in memory (the contiguous axis fastest: a group norm over ``(c, p)`` of
     ``x[b, p, g, c]`` sweeps ``c`` fastest, 32-byte runs rather than a 2-byte read every
-    ``G·C`` elements) where every such reduction is a sum, a maximum or a minimum and the
-    outputs allow it, else in the order written."""
+    ``G·C`` elements) where every such reduction is a sum, a maximum or a minimum — none where
+    an output holds them in another order —, else in the order written."""
     groups = {tuple(a.uid for a in c.over): c.over for c in program.computes
               if c.is_reduction and len(c.over) > 1}
     if len(groups) != 1:
@@ -46,9 +46,11 @@ def swept_together(program: Program) -> tuple[Axis, ...] | None:
     reductions = [c for c in program.computes if c.is_reduction and {a.uid for a in c.over} & ids]
     stored = _memory_order(program, group)
     if stored is not None and [a.uid for a in stored] != [a.uid for a in group] and \
-            all(c.monoid.name in ORDERLESS for c in reductions) and \
-            _sweepable(program, stored, reordered=True):
-        return stored
+            all(c.monoid.name in ORDERLESS for c in reductions):
+        # else the order written would read the tensors a strided element at a time: where an
+        # output holds the axes in that order, the floor's stages sweep the reductions alone
+        # (in memory order) and write the output apart
+        return stored if _sweepable(program, stored, reordered=True) else None
     return group if _sweepable(program, group) else None
 
 

@@ -158,6 +158,16 @@ def test_axes_reduced_together_are_swept_in_memory_order():
         return T.sum(x[b, p, g, c], over=(c, p)) / (T.size("C") * T.size("P"))
     assert [a.name for a in swept_together(pixel_channel_mean.program)] == ["p", "c"]
 
+    @tf.kernel
+    def centred_channels_first(x: T.Tensor["B", "P", "G", "C", "bf16"]):
+        """Its output ``[b, g, c, p]`` holds (c, p) in the order written, not the order x lies
+        in: no flat sweep (it would read x a strided element at a time)."""
+        b, g, c, p = T.axes("b g c p")
+        return x[b, p, g, c] - T.sum(x[b, p, g, c], over=(c, p)) / (T.size("C") * T.size("P"))
+    assert [a.name for a in centred_channels_first.program.outputs[0].axes] == \
+        ["b", "g", "c", "p"]
+    assert swept_together(centred_channels_first.program) is None
+
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_strided_rows_match_float64_on_the_cpu_target(name):
