@@ -158,6 +158,12 @@ def test_parts_keep_float32_products_on_the_cpu():
     (out,) = poisoned_call(_cpu(float32_weight), float32_weight.program,
                            dict(q=q, k=k, v=v, w=w), want)
     assert relative_error(out, want) < 1e-3, seed
+    kernel = _float32_attention("bf16")              # float32 q and k as a user passes them
+    q32, k32 = (torch.randn(2, 3, 37, 16, generator=g) * 4 for _ in range(2))
+    want = reference(q32.double(), k32.double(), v, 0.25, None, None)
+    (out,) = poisoned_call(_cpu(kernel), kernel.program,
+                           dict(q=q32, k=k32, v=v, scale=0.25), want)
+    assert relative_error(out, want) < 1e-3, seed
 
 
 def test_other_scores_are_left_whole():
