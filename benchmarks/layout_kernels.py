@@ -128,23 +128,26 @@ def group_norm_channels_last(x: T.Tensor["B", "P", "G", "C", "bf16"], w: T.Tenso
 
 
 def group_norm_reference(x, w, bias, eps):
-    """torch's group norm of ``x[B, P, G, C]`` (float64 for float64 inputs)."""
+    """torch's group norm of ``x[B, P, G, C]`` in ``x``'s dtype (float64 for a reference), on
+    the channels-last view ``[B, G·C, P]`` of the same memory, as a model's activations lie."""
     B, P, G, C = x.shape
-    y = F.group_norm(x.permute(0, 2, 3, 1).reshape(B, G * C, P).float()
-                     if x.dtype != torch.float64 else x.permute(0, 2, 3, 1).reshape(B, G * C, P),
-                     G, w.reshape(-1).to(torch.float64 if x.dtype == torch.float64
-                                         else torch.float32),
-                     bias.reshape(-1).to(torch.float64 if x.dtype == torch.float64
-                                         else torch.float32), eps)
-    return y.reshape(B, G, C, P).permute(0, 3, 1, 2).to(x.dtype)
+    y = F.group_norm(x.reshape(B, P, G * C).transpose(1, 2), G, w.reshape(-1), bias.reshape(-1),
+                     eps)
+    return y.transpose(1, 2).reshape(B, P, G, C)
+
+
+def _group_norm_inputs(generator, B, P, G, C):
+    """Channels-last activations ``x[B, P, G, C]`` (bf16, on the GPU), weights and biases."""
+    x = (torch.randn(B, P, G, C, generator=generator) * 2 + 1).to("cuda", torch.bfloat16)
+    w = (torch.rand(G, C, generator=generator) + 0.5).to("cuda", torch.bfloat16)
+    bias = torch.randn(G, C, generator=generator).to("cuda", torch.bfloat16)
+    return x, w, bias
 
 
 def _group_norm_case(generator, B=16, P=4096, G=32, C=16) -> Case:
     """A diffusion U-Net's group norm (512 channels in 32 groups, 64×64 pixels) on activations
-    kept channels last; torch.compile and eager on the same memory (``channels_last``)."""
-    x = (torch.randn(B, P, G, C, generator=generator) * 2 + 1).to("cuda", torch.bfloat16)
-    w = (torch.rand(G, C, generator=generator) + 0.5).to("cuda", torch.bfloat16)
-    bias = torch.randn(G, C, generator=generator).to("cuda", torch.bfloat16)
+    kept channels last; torch.compile and eager on the same memory."""
+    x, w, bias = _group_norm_inputs(generator, B, P, G, C)
     f = Recorded(group_norm_channels_last)
     compiled = torch.compile(group_norm_reference)
     ref = group_norm_reference(x.double(), w.double(), bias.double(), 1e-5)
@@ -159,9 +162,7 @@ def _group_norm_case(generator, B=16, P=4096, G=32, C=16) -> Case:
 def _group_norm_view_case(generator, B=16, G=32, C=16, P=4096) -> Case:
     """The suite's group norm, written over [B, G, C/G, P], called with the channels-last
     activations of ``_group_norm_case`` seen in that order."""
-    x = (torch.randn(B, P, G, C, generator=generator) * 2 + 1).to("cuda", torch.bfloat16)
-    w = (torch.rand(G, C, generator=generator) + 0.5).to("cuda", torch.bfloat16)
-    bias = torch.randn(G, C, generator=generator).to("cuda", torch.bfloat16)
+    x, w, bias = _group_norm_inputs(generator, B, P, G, C)
     view = x.permute(0, 2, 3, 1)                 # [B, G, C, P]
     f, copied = Recorded(group_norm), Recorded(group_norm)
     compiled = torch.compile(group_norm_reference)

@@ -66,6 +66,12 @@ class AutoKernel(GraphCallable):
             self._fits[key] = found
         return self._fits[key]
 
+    def runs_natively(self, scalars: dict | None = None, **dims) -> bool:
+        """Whether a native template (one of ``ahead``) runs these sizes — not the Triton
+        template, TVM's schedule or the floor's stages."""
+        return self.for_sizes(scalars, **dims) not in (self.template, self.fallback,
+                                                        self._floor or None)
+
     def _floor_for(self, exc: Exception, dims: dict):
         """The floor's stages (:func:`_floor`), made on the first sizes that need them."""
         if self._floor is None and self.floor is not None:

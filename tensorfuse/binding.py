@@ -183,11 +183,16 @@ def output_shape(compute, dims: dict) -> list[int]:
     return [a.extent if isinstance(a.extent, int) else dims[a.extent] for a in compute.axes]
 
 
+def param_shape(param, dims: dict) -> list[int]:
+    """The shape of tensor parameter ``param`` at ``dims``."""
+    return [d if isinstance(d, int) else dims[d] for d in param.dims]
+
+
 def _largest_buffer(program: Program, dims: dict) -> int:
     """Elements of the largest tensor (exact Python ints: math.prod, not a numpy reduction, which
     was a fifth of a call's host time for small kernels)."""
     shapes = [output_shape(c, dims) for c in program.computes]
-    shapes += [[d if isinstance(d, int) else dims[d] for d in p.dims] for p in program.tensor_params]
+    shapes += [param_shape(p, dims) for p in program.tensor_params]
     return max((math.prod(s) for s in shapes), default=0)
 
 

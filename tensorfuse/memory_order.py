@@ -26,13 +26,11 @@ template would not take at the call's sizes where the program as written has one
 """
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass
 from typing import Callable
 
 from .algebra.exprs import nodes, rewrite_computes
-from .binding import CallBinder, bind_call
+from .binding import CallBinder, bind_call, split_scalars
 from .dsl.expr import Axis, Load
 from .dsl.program import Program, TensorParam
 from .interop import ALIGNMENT, is_torch, torch_dtype
@@ -249,25 +247,14 @@ def _rank(kernel, dims: dict) -> int:
     if chosen is getattr(kernel, "fallback", None) or isinstance(chosen, CompiledKernel):
         return 3
     if isinstance(chosen, StagedKernel):
-        return 1 if _stores_little(chosen, dims) else 2
+        sizes = split_scalars(chosen.program, dims)[0]
+        return 1 if chosen.stored_fraction(**sizes) <= LITTLE_STORED else 2
     inner = getattr(chosen, "inner", None)
     if inner is not None:   # a lifted or rewritten program's kernel
         sizes = chosen.inner_sizes(dims) if hasattr(chosen, "inner_sizes") else dims
         return _rank(inner, sizes)
     native = type(chosen).__module__.startswith("tensorfuse.targets.cuda")
     return 0 if native or isinstance(chosen, ContractionKernel) else 1
-
-
-def _stores_little(staged, dims: dict) -> bool:
-    """Whether ``staged``'s stages store at most :data:`LITTLE_STORED` of the bytes its
-    program's tensors hold at ``dims``."""
-    from .binding import split_scalars
-    from .dsl.dtypes import to_numpy
-
-    sizes = split_scalars(staged.program, dims)[0]
-    read = sum(math.prod(d if isinstance(d, int) else sizes[d] for d in p.dims) *
-               to_numpy(p.dtype).itemsize for p in staged.program.tensor_params)
-    return sum(b for *_, b in staged.stored(**sizes)) <= LITTLE_STORED * read
 
 
 class MemoryOrderRoutes:

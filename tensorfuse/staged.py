@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from .binding import CallBinder, output_shape, signature_key, split_scalars
+from .binding import CallBinder, output_shape, param_shape, signature_key, split_scalars
 from .composed import call_device, filled
 from .dsl.dtypes import to_numpy
 from .dsl.program import Program
@@ -113,6 +113,13 @@ class StagedKernel(GraphCallable):
                     found.append((name, shape, dtype,
                                   math.prod(shape) * to_numpy(dtype).itemsize))
         return found
+
+    def stored_fraction(self, **dims) -> float:
+        """What the stages store for later ones (:meth:`stored`) over the bytes of the
+        program's tensors, at these sizes: the floor's price beside what it reads anyway."""
+        read = sum(math.prod(param_shape(p, dims)) * to_numpy(p.dtype).itemsize
+                   for p in self.program.tensor_params)
+        return sum(b for *_, b in self.stored(**dims)) / max(read, 1)
 
     def schedule_origin(self, **dims) -> str:
         """Which kernels run the program, and each one's schedule at these sizes."""
@@ -259,13 +266,10 @@ class NativeStages(StagedKernel):
 
     def fits(self, scalars: dict | None = None, **dims) -> bool:
         for k in self.native_of(self.stages):
-            kernel = self.kernels[k]
             with warnings.catch_warnings():   # a stage no template takes is not run: unsaid
                 warnings.simplefilter("ignore", NoTemplateWarning)
-                chosen = kernel.for_sizes(scalars, **self._own(self.stages[k], dims))
-            # the Triton template, TVM's schedule or the floor's stages: not native
-            if chosen in (kernel.template, kernel.fallback, getattr(kernel, "_floor", None)):
-                return False
+                if not self.kernels[k].runs_natively(scalars, **self._own(self.stages[k], dims)):
+                    return False
         return True
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 
-from ..algebra.exprs import rewrite_computes
-from ..dsl.expr import Axis, Const, Expr, binary
+from ..algebra.exprs import nodes, rewrite_computes
+from ..dsl.expr import Axis, Const, Expr, Load, binary
 from ..dsl.program import Program
 
 
@@ -75,9 +75,6 @@ def _sweepable(program: Program, group: tuple[Axis, ...], reordered: bool = Fals
 def _memory_order(program: Program, group: tuple[Axis, ...]) -> tuple[Axis, ...] | None:
     """``group`` in the order the tensors indexed by all of its axes lie in memory (their
     dimensions' order, the last contiguous), where they agree; else ``None``."""
-    from ..algebra.exprs import nodes
-    from ..dsl.expr import Load
-
     ids = {a.uid: a for a in group}
     found = set()
     for c in program.computes:

@@ -118,8 +118,8 @@ def _split_stages(program: Program, names: tuple[str, ...], dot: Compute,
     stages, params, loads = [], [], []
     for side, parts in zip(sides, terms):
         axes = _operand_axes(dot, side) + (parted,)
-        value = substitute(side, lambda n: within if n is reduced or (
-            isinstance(n, Axis) and n.uid == reduced.uid) else None)
+        value = substitute(side, lambda n: within if isinstance(n, Axis) and n.uid == reduced.uid
+                           else None)
         value = value if value.dtype == "f32" else Cast(value, "f32", dot.loc)
         hi = Cast(value, "bf16", dot.loc)
         stored = hi

@@ -303,9 +303,9 @@ def _bounded_knobs(plan: RowTilePlan, whole: int) -> Knobs:
 def _tile_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     cols = plan.cols
     block_n = _whole_row_block(cols)
-    strided = rows_contiguous(plan)
-    if target.kind == "cuda" and (strided or writes_down_rows(plan)):
-        if not strided and TRANSPOSED_ROWS * block_n <= CONTIGUOUS_TILE:
+    across_rows = rows_contiguous(plan)   # asked once: it walks the plan's loads
+    if target.kind == "cuda" and (across_rows or writes_down_rows(plan)):
+        if not across_rows and TRANSPOSED_ROWS * block_n <= CONTIGUOUS_TILE:
             return Knobs(block_m=TRANSPOSED_ROWS, block_n=block_n,
                          num_warps=1 if block_n <= TRANSPOSED_NARROW else TRANSPOSED_WARPS,
                          num_stages=1, reload=0)

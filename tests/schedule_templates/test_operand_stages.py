@@ -29,13 +29,20 @@ def _stages(kernel):
     return computed_operand_stages(kernel.program, fusion.names, fusion.axis)
 
 
-@tf.kernel
-def weighted_queries(q: T.Tensor["B", "H", "S", "D", "bf16"], k: T.Tensor["B", "H", "S", "D", "bf16"],
-                     v: T.Tensor["B", "H", "S", "D", "bf16"], w: T.Tensor["D", "bf16"]):
-    """A weight on the head dim folded into the scores: only q's side is computed."""
-    b, h, i, j, d, e = T.axes("b h i j d e")
-    s = T.where(j <= i, T.sum(q[b, h, i, d] * w[d] * k[b, h, j, d], over=d), float("-inf"))
-    return softmax_attend(s, v[b, h, j, e], j)
+def _weighted_queries(weights: str):
+    @tf.kernel
+    def weighted_queries(q: T.Tensor["B", "H", "S", "D", "bf16"],
+                         k: T.Tensor["B", "H", "S", "D", "bf16"],
+                         v: T.Tensor["B", "H", "S", "D", "bf16"], w: T.Tensor["D", weights]):
+        """A weight on the head dim (in ``weights``) folded into the scores: only q's side is
+        computed (a float32 weight makes it float32; k stays a bf16 tensor)."""
+        b, h, i, j, d, e = T.axes("b h i j d e")
+        s = T.where(j <= i, T.sum(q[b, h, i, d] * w[d] * k[b, h, j, d], over=d), float("-inf"))
+        return softmax_attend(s, v[b, h, j, e], j)
+    return weighted_queries
+
+
+weighted_queries, float32_weight = _weighted_queries("bf16"), _weighted_queries("f32")
 
 
 @tf.kernel
@@ -94,15 +101,6 @@ def test_the_terms_of_a_product_in_parts():
     assert split_terms(True, False) == (("hi", "hi"), ("hi", "lo"))
     with pytest.raises(ValueError, match="no float32 product"):
         split_terms(True, True)
-
-
-@tf.kernel
-def float32_weight(q: T.Tensor["B", "H", "S", "D", "bf16"], k: T.Tensor["B", "H", "S", "D", "bf16"],
-                   v: T.Tensor["B", "H", "S", "D", "bf16"], w: T.Tensor["D", "f32"]):
-    """A float32 weight on the head dim in the product: q's side is float32, k a bf16 tensor."""
-    b, h, i, j, d, e = T.axes("b h i j d e")
-    s = T.where(j <= i, T.sum(q[b, h, i, d] * w[d] * k[b, h, j, d], over=d), float("-inf"))
-    return softmax_attend(s, v[b, h, j, e], j)
 
 
 def _float32_attention(values: str):
@@ -175,9 +173,7 @@ def test_other_scores_are_left_whole():
 
 
 def test_the_stages_match_float64_on_the_cpu():
-    stages = _stages(rope_attention_bf16_tables)
-    made = StagedKernel(rope_attention_bf16_tables.program, tf.get_target("llvm"), stages,
-                        tuple(tf.compile(ProgramKernel(s.program), "llvm") for s in stages), "")
+    made = _cpu(rope_attention_bf16_tables)
     seed = fresh_seed()
     g = torch.Generator().manual_seed(seed)
     # the rotated operands are rounded to bf16 as the products take them (the fused kernel's
@@ -198,7 +194,8 @@ def test_the_stages_match_float64_on_the_cpu():
     (rope_attention, torch.float32, 4.0)])
 def test_rotary_attention_matches_float64_on_the_gpu(kernel, tables, width):
     """bf16 tables: the rotated operands stored in bf16 (the math as written rounds them);
-    float32 tables: stored in bf16 parts — at 4·randn within what bf16 operands (2e-2) are not."""
+    float32 tables: stored in bf16 parts — at 4·randn within a tolerance the operands rounded to
+    bf16 miss (checked on the same inputs)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
     seed = fresh_seed()
@@ -210,11 +207,15 @@ def test_rotary_attention_matches_float64_on_the_gpu(kernel, tables, width):
     assert made.schedule_origin(B=B, H=H, S=S, D=D).startswith("staged: 3 kernels")
     want = reference(rotated(q.double(), cos.double(), sin.double()),
                      rotated(k.double(), cos.double(), sin.double()), v, D ** -0.5, None, causal)
+    tolerance = 1e-2 if width > 2 else 2e-2
+    if width > 2:   # what the parts are for: bf16 operands (p·v in float64) miss the tolerance
+        rounded = reference(*(rotated(t.float(), cos.float(), sin.float()).bfloat16().double()
+                              for t in (q, k)), v, D ** -0.5, None, causal)
+        assert relative_error(rounded, want) > tolerance, (relative_error(rounded, want), seed)
     args = dict(q=q, k=k, v=v, cos=cos, sin=sin)
     (out,) = poisoned_call(made, kernel.program,
                            {**{n: t.cuda() for n, t in args.items()}, "scale": D ** -0.5}, want)
-    assert relative_error(out, want) < (1e-2 if width > 2 else 2e-2), \
-        (relative_error(out, want), seed)
+    assert relative_error(out, want) < tolerance, (relative_error(out, want), seed)
 
 
 def operand_parts(seed: int, compiled) -> dict:
