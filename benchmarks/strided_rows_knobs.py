@@ -1,7 +1,8 @@
 """The row template's knobs where a chain reduces across a strided axis (the tile's neighbouring
 rows, not its columns, are neighbours in memory): the user suite's layer norm over the channels
 of ``[B, D, S]``, log-softmax over the channels of ``[B, C, P]``, the max over tokens of
-``[B, S, D]`` (max-pool's first stage), a group norm's two reduced axes swept as one flat row, and
+``[B, S, D]`` (max-pool's first stage), a group norm's two reduced axes swept as one flat row
+(and a channels-last group norm's statistics, its rows 32 bytes apart: tiles of 1-32 rows), and
 RMSNorm's weight gradient (a sum down 8192 rows, its sweep also split into parts), batch-norm
 statistics of ``[100352, 256]`` (a sweep of 100352 rows over 256 channels, in up to 264 parts)
 a log-sum-exp down the 512 tokens of ``[64, 512, 4096]`` (two states down the strided axis),
@@ -16,7 +17,7 @@ and torch.compile: what ``row_reduction.CONTIGUOUS_ROWS``, its block and the sta
 are chosen from.
 
     python -m benchmarks.strided_rows_knobs [--only layernorm,log_softmax,max_pool,logsumexp_pool,
-                                                    group_norm,
+                                                    group_norm,group_stats_channels_last,
                                                     weight_gradient,channel_stats,
                                                     column_norm,masked_mean,column_mean,
                                                     weighted_pool,strided_matvec,segment_mean,
@@ -41,6 +42,7 @@ import tensorfuse as tf
 import tensorfuse.kernels as K
 from benchmarks.common import (Row, bench_replayed, measure_candidates, relative_error,
                                write_csv)
+from benchmarks.layout_kernels import group_norm_channels_last
 from benchmarks.pipeline_kernels import logsumexp_pool
 from benchmarks.unlisted_kernels import (column_mean, l2_normalize_columns, lengths_mean_pool,
                                          masked_mean_pool, strided_matvec, weighted_token_pool)
@@ -54,7 +56,8 @@ from tensorfuse.schedule_templates.stages import plan_stages
 from tensorfuse.targets import get_target
 
 SPEC = get_target("cuda:sm_90a")
-CASES = ("layernorm", "log_softmax", "max_pool", "logsumexp_pool", "group_norm", "weight_gradient",
+CASES = ("layernorm", "log_softmax", "max_pool", "logsumexp_pool", "group_norm",
+         "group_stats_channels_last", "weight_gradient",
          "channel_stats", "column_norm", "masked_mean", "column_mean", "weighted_pool",
          "strided_matvec", "segment_mean", "lengths_mean")
 
@@ -99,6 +102,19 @@ def _cases(generator, only):
                dict(x=x, w=w, bias=bias, eps=1e-5),
                group(x.double(), w.double(), bias.double()),
                torch.compile(group), (x, w, bias), 2 * x.numel() * 2)
+    if "group_stats_channels_last" in only:   # a channels-last group norm's statistics: rows
+        B, P, G, C = 16, 4096, 32, 16             # g 32 bytes apart, (p, c) swept as one row
+        x = (torch.randn(B, P, G, C, generator=generator) * 2 + 1).to("cuda", torch.bfloat16)
+        first = plan_stages(group_norm_channels_last.program, lambda p: takes_stage(p, SPEC))[0]
+        stage = ProgramKernel(flatten_sweeps(first.program, dict(B=B, P=P, G=G, C=C)))
+
+        def stats(t):
+            var, mean = torch.var_mean(t.float() if t.dtype != torch.float64 else t, (1, 3),
+                                       correction=0)
+            return mean, var
+        yield ("group_stats_channels_last", f"B{B} P{P} G{G} C{C} (over P and C)", stage,
+               dict(x=x), stats(x.double()), torch.compile(stats), (x,),
+               x.numel() * 2 + 2 * B * G * 4)
     if "weight_gradient" in only:   # RMSNorm's backward, second stage: a sum down the rows
         M, N = 8192, 4096
         backward = tf.grad(K.rmsnorm).program
@@ -223,7 +239,8 @@ def _cases(generator, only):
 
 
 # the candidates each case is swept over (:func:`_knobs`); the others: "strided"
-FAMILY = {"group_norm": "flat_row", "weight_gradient": "split", "channel_stats": "parts",
+FAMILY = {"group_norm": "flat_row", "group_stats_channels_last": "row_tiles",
+          "weight_gradient": "split", "channel_stats": "parts",
           "segment_mean": "ragged", "lengths_mean": "ragged",
           "column_mean": "split", "weighted_pool": "split", "strided_matvec": "weighed"}
 
@@ -247,6 +264,13 @@ def _knobs(cols: int, family: str):
     ``few_warps``: ``parts`` on 1-2 warps, tiles of 64-256 rows by blocks of 8-64, 66-264 parts;
     ``whole_row``: one row in one block of 16-32 warps, its outputs from registers or read again."""
     whole = 1 << max(4, (cols - 1).bit_length())
+    if family == "row_tiles":   # a flat row whose rows lie a few elements apart: tiles of 1-32
+        for rows, block, warps, stages, splits in itertools.product(   # rows, split in parts
+                (1, 4, 8, 16, 32), (256, 512, 1024, 4096, 8192), (4, 8), (1, 2),
+                (None, 4, 16)):
+            if 2048 <= rows * block <= 32768 and block < cols and (splits is None or rows >= 8):
+                yield rows, block, warps, stages, 0, splits, None
+        return
     if family == "tiles":   # the row held (read again, it needed more shared memory than an SM has)
         for rows, warps, stages, row_tiles in itertools.product(
                 (16, 32, 64), (4, 8), (3, 4), (2, 4)):
@@ -371,7 +395,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tiles", action="store_true",
                         help="whole rows, several row tiles a program (Knobs.row_tiles)")
-    parser.add_argument("--family", choices=("strided", "flat_row", "split", "parts",
+    parser.add_argument("--family", choices=("strided", "flat_row", "row_tiles", "split", "parts",
                                              "swept_tiles", "pipelined_tiles", "wide_tiles",
                                              "wide_parts", "weighed", "ragged",
                                              "few_warps", "whole_row"),

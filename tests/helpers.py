@@ -292,17 +292,36 @@ def gpu_error(kernel, case) -> tuple[float, object, int]:
 
 
 def runs_a_template(made, args: dict) -> bool:
-    """Whether ``tf.compile``'s kernel runs these arguments on a template, not on TVM's default
-    schedule (through its flat kernel where it sweeps several axes as one)."""
-    from tensorfuse.api import AutoKernel
+    """Whether ``tf.compile``'s kernel runs these arguments on templates, not on TVM's default
+    schedule (through its flat kernel where it sweeps several axes as one; every stage's kernel
+    where it runs in stages)."""
     from tensorfuse.binding import bind_call
-    from tensorfuse.flat_kernel import FlatSweepKernel
 
     bound = bind_call(made.program, (), args, "cuda")
+    return _on_templates(made, {**bound.dims, **bound.scalars})
+
+
+def _on_templates(made, dims: dict) -> bool:
+    """:func:`runs_a_template` at the call's sizes and scalars (``dims``)."""
+    from tensorfuse.api import AutoKernel
+    from tensorfuse.binding import split_scalars
+    from tensorfuse.compiled import CompiledKernel
+    from tensorfuse.flat_kernel import FlatSweepKernel
+    from tensorfuse.staged import StagedKernel
+
+    if isinstance(made, StagedKernel):
+        return all(_on_templates(kernel, made._own(stage, dims))
+                   for stage, kernel in zip(made.stages, made.kernels))
+    sizes, scalars = split_scalars(made.program, dims)
     if isinstance(made, FlatSweepKernel):
-        made = made.for_sizes(**bound.dims)
-    return isinstance(made, AutoKernel) and \
-        made.for_sizes(bound.scalars, **bound.dims) is not made.fallback
+        return _on_templates(made.for_sizes(**sizes), dims)
+    if isinstance(made, AutoKernel):   # the floor's stages: each on a template
+        chosen = made.for_sizes(scalars, **sizes)
+        return chosen is not made.fallback and \
+            (not isinstance(chosen, StagedKernel) or _on_templates(chosen, dims))
+    # TVM's default schedule is a CompiledKernel; the other kernels (the elementwise, scan and
+    # scatter templates' own) are templates
+    return not isinstance(made, CompiledKernel)
 
 
 def assert_gpu_template_matches(kernel, case, tolerance: float = 2e-2) -> None:
