@@ -264,11 +264,10 @@ def _knobs(cols: int, family: str):
     ``few_warps``: ``parts`` on 1-2 warps, tiles of 64-256 rows by blocks of 8-64, 66-264 parts;
     ``whole_row``: one row in one block of 16-32 warps, its outputs from registers or read again."""
     whole = 1 << max(4, (cols - 1).bit_length())
-    if family == "row_tiles":   # a flat row whose rows lie a few elements apart: tiles of 1-32
+    if family == "row_tiles":   # a flat row whose rows lie a few elements apart: tiles of 4-32
         for rows, block, warps, stages, splits in itertools.product(   # rows, split in parts
-                (1, 4, 8, 16, 32), (256, 512, 1024, 4096, 8192), (4, 8), (1, 2),
-                (None, 4, 16)):
-            if 2048 <= rows * block <= 32768 and block < cols and (splits is None or rows >= 8):
+                (4, 8, 16, 32), (512, 1024, 2048, 4096), (4, 8), (1, 2), (None, 8)):
+            if 4096 <= rows * block <= 32768 and block < cols and (splits is None or rows >= 16):
                 yield rows, block, warps, stages, 0, splits, None
         return
     if family == "tiles":   # the row held (read again, it needed more shared memory than an SM has)
