@@ -108,6 +108,33 @@ def test_a_program_takes_fewer_elements_the_more_tensors_an_element_reads():
     assert tile_shape(strided.plan, sizes) == (4, 64)
 
 
+@tf.kernel
+def _group_norm_output(x: T.Tensor["B", "P", "G", "C", "bf16"], w: T.Tensor["G", "C", "bf16"],
+                       mean: T.Tensor["B", "G", "f32"], rstd: T.Tensor["B", "G", "f32"]):
+    """A channels-last group norm's output stage: x streamed, three tables read from cache."""
+    b, p, g, c = T.axes("b p g c")
+    return T.cast((x[b, p, g, c] - mean[b, g]) * rstd[b, g] * w[g, c], "bf16")
+
+
+def test_tables_read_from_cache_do_not_shrink_the_programs():
+    """Loads of tensors of at most 1/1024 of the outputs (statistics per group, a weight per
+    channel) are not streams: one stream and three such tables take 4096 elements a program,
+    not 1024; at small sizes (the tables 1/64 of the outputs) they count again, and where the
+    sizes are arguments they are compared as such (a guard, not a failure)."""
+    from tensorfuse.dsl.symbolic_sizes import symbolic
+    from tensorfuse.targets.triton.elementwise import distinct_loads, tile_shape
+
+    made = tf.compile(_group_norm_output, target="cuda:sm_90a")
+    big = dict(B=16, P=4096, G=32, C=16)
+    assert distinct_loads(made.plan) == 4 and distinct_loads(made.plan, big) == 1
+    assert tile_shape(made.plan, big) == (256, 16)
+    small = dict(B=2, P=4, G=32, C=16)
+    assert distinct_loads(made.plan, small) == 4 and tile_shape(made.plan, small) == (64, 16)
+    with symbolic(big, {"P"}) as (sym, guards):
+        assert distinct_loads(made.plan, sym) == 1
+    assert guards.items   # the comparison with P is kept as the build's guard
+
+
 def test_reductions_over_a_few_elements_are_written_out():
     """A 3×3 window of literal extents at compile time, a 2×2 one of named sizes at the call's
     sizes; not a reduction whose terms read another (a softmax of 8) nor one of 25 terms."""

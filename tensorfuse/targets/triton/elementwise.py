@@ -108,18 +108,51 @@ def emit_interleaved(plan, sizes: dict, tile: TileContext, rows: int, columns: i
             tile.memo[(members[at].key(), False)] = term
 
 
-def distinct_loads(plan) -> int:
-    """The distinct tensor reads an element of the outputs makes."""
-    return len({n.key() for _, expr in plan.outputs for n in nodes(expr)
-                if isinstance(n, Load)})
+# A tensor of at most 1/REUSED_BY of the outputs' elements — a norm's statistics per group, its
+# weight and bias per channel — is read again from cache by the many elements sharing each value:
+# it is no stream of its own and does not shrink the programs. A channels-last group norm's
+# output stage (B16 P4096 G32 C16: x and four tables of 512 elements) ran in programs of 512
+# elements, the rest of the staged call's 105 µs on the H100 after its statistics stage's 29
+# (``benchmarks.layout_kernels``, ``benchmarks.strided_rows_knobs --only
+# group_stats_channels_last``; a copy of its bytes takes about 45): it now runs in programs of
+# 4096, as the single stream above. Rotary embeddings' cos and sin tables (1/128 of the outputs)
+# stay streams (their 1024-element programs measured fastest, above)
+REUSED_BY = 1024
+
+
+def distinct_loads(plan, sizes: dict | None = None) -> int:
+    """The distinct tensor reads an element of the outputs makes; at ``sizes``, those of tensors
+    larger than 1/:data:`REUSED_BY` of the outputs (the others are read from cache)."""
+    loads = {n.key(): n for _, expr in plan.outputs for n in nodes(expr) if isinstance(n, Load)}
+    if sizes is None:
+        return len(loads)
+    outputs = _elements(plan.axes, sizes)
+    return sum(1 for n in loads.values()
+               if outputs is None or (own := _elements(n.param.dims, sizes)) is None or
+               own * REUSED_BY > outputs)
+
+
+def _elements(dims, sizes: dict):
+    """The product of ``dims`` (axes or a tensor's dimensions, ints or size names) at ``sizes``
+    (a size passed as an argument is symbolic: comparing it records a guard); None where one is
+    not given."""
+    total = 1
+    for d in dims:
+        value = getattr(d, "extent", d)
+        value = value if isinstance(value, int) else sizes.get(value)
+        if value is None:
+            return None
+        total = value * total
+    return total
 
 
 def tile_shape(plan, sizes: dict, argument: bool = False) -> tuple[int, int]:
     """(rows, columns) of a program's tile: the innermost axis's extent rounded up to a power of
     two (128 where the extent is an argument of the source, ``argument``) as columns — loads and
     stores along it contiguous —, as many rows of the other axes as fill the program's elements
-    (:data:`ELEMENTS`, fewer for elements that read several tensors)."""
-    elements = max(MIN_ELEMENTS, ELEMENTS >> (max(1, distinct_loads(plan)) - 1).bit_length())
+    (:data:`ELEMENTS`, fewer for elements that stream several tensors)."""
+    streams = distinct_loads(plan, sizes)
+    elements = max(MIN_ELEMENTS, ELEMENTS >> (max(1, streams) - 1).bit_length())
     last = extent(plan.axes[-1], sizes)
     argument = argument or not isinstance(last, int)
     columns = 128 if argument else min(elements, 1 << (last - 1).bit_length())
