@@ -18,8 +18,9 @@ def call_device(target: TargetSpec) -> str:
 
 def filled(outs: list, results) -> object:
     """The user's ``out=`` arrays, each filled from its result (one array or a tuple, as the
-    kernel returns them)."""
+    kernel returns them) unless the kernel wrote it in place (the result is the array)."""
     results = results if isinstance(results, (tuple, list)) else (results,)
     for out, result in zip(outs, results):
-        out[...] = result
+        if result is not out:
+            out[...] = result
     return outs[0] if len(outs) == 1 else tuple(outs)

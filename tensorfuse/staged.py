@@ -74,8 +74,16 @@ class StagedKernel(GraphCallable):
         fasts = [] if key not in (None, False) and key not in self._fast and \
             bound.outs is None and all(given.get(n) is t for n, t in bound.arrays.items()) \
             else None
+        # the caller's out= arrays, written by the stage that makes them where it makes nothing
+        # else (a copy of the output after the call otherwise: a memory-order route's output is
+        # as large as the input it normalises)
+        into = dict(zip((c.name for c in self.program.outputs), bound.outs)) \
+            if bound.outs is not None else {}
         for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels)):
             named = {n: values[n] for n in stage.inputs}
+            if into and self._writes_outputs_alone(stage, into):
+                made_into = [into[n] for n in stage.produces]
+                named["out"] = made_into[0] if len(made_into) == 1 else tuple(made_into)
             try:
                 made = kernel.invoke(False, (), named)
             except Exception as exc:
@@ -99,6 +107,13 @@ class StagedKernel(GraphCallable):
         if bound.outs is not None:
             return filled(bound.outs, results)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _writes_outputs_alone(self, stage: Stage, into: dict) -> bool:
+        """Whether ``stage`` makes program outputs alone, each in the output's dtype, so that it
+        can write the caller's ``out=`` arrays (``into``, by output name) itself."""
+        dtypes = {c.name: c.dtypes[0] for c in self.program.outputs}
+        return all(n in into and c.dtypes[0] == dtypes[n]
+                   for n, c in zip(stage.produces, stage.program.outputs))
 
     def stored(self, **dims) -> list[tuple[str, tuple[int, ...], str, int]]:
         """``(name, shape, dtype, bytes)`` of each value a stage stores for a later one at these
