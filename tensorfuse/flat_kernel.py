@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .binding import bind_call, signature_key, split_scalars
+from .binding import bind_call, output_shape, signature_key, split_scalars
 from .composed import call_device, filled
+from .interop import is_torch
 from .dsl.expr import Axis
 from .dsl.program import Program
 from .targets import TargetSpec
@@ -91,9 +92,33 @@ class FlatSweepKernel(GraphCallable):
                           for a in self.program.outputs[k].axes)) for k in self._reshaped]
 
     def _into(self, args: tuple, kwargs: dict):
+        """A call with ``out=`` arrays (checked against the program's shapes): the flat kernel
+        writes them itself through views of their memory over the one axis, where every array
+        has one and no route takes the call; else they are filled from its results."""
         bound = bind_call(self.program, args, kwargs, call_device(self.target))
         rest = {n: v for n, v in kwargs.items() if n != "out"}
+        if self.routes is None or self.routes.orders(args, rest) is None:
+            chosen = self.for_sizes(**bound.dims)
+            views = [self._flat_view(chosen, k, out, bound.dims)
+                     for k, out in enumerate(bound.outs)]
+            if all(v is not None for v in views):
+                chosen.invoke(False, args, {**rest, "out": views[0] if len(views) == 1
+                                            else tuple(views)})
+                return bound.outs[0] if len(bound.outs) == 1 else tuple(bound.outs)
         return filled(bound.outs, self.invoke(False, args, rest))
+
+    def _flat_view(self, chosen, k: int, out, dims: dict):
+        """The ``k``-th ``out=`` array seen with the flat program's shape at ``dims`` (the axes
+        swept as one merged), sharing its memory; None where it is no torch tensor or its
+        strides give no such view (it is filled then)."""
+        if k not in self._reshaped:
+            return out
+        if not is_torch(out):
+            return None
+        try:
+            return out.view(output_shape(chosen.program.outputs[k], dims))
+        except RuntimeError:   # the merged axes' strides are not one stride
+            return None
 
     def cache_info(self) -> list:
         """The builds of the flat kernels: one flat program per extents of the axes swept

@@ -133,6 +133,42 @@ def test_a_group_norm_is_swept_over_its_two_axes_as_one_and_written_in_its_shape
     assert made._shapes(dict(B=2, G=3, C=5, P=67)) == [(0, (2, 3, 5, 67))]
 
 
+def test_a_flat_sweep_writes_out_through_a_view_of_its_memory():
+    """out= arrays of the user's shape: the flat kernel writes them itself through views over
+    the merged axis (a memory-order route passes its output so), not a result copied in after;
+    an array whose strides give no such view is filled from the result."""
+    from tensorfuse.dsl.program import ProgramKernel
+    from tensorfuse.flat_kernel import FlatSweepKernel
+    from tensorfuse.schedule_templates.flat_sweeps import flatten_sweeps, swept_together
+    from tensorfuse.targets import get_target
+
+    handed = []
+
+    def make(sizes):
+        inner = tf.compile(ProgramKernel(flatten_sweeps(group_norm.program, sizes)), target="cpu")
+        real = inner.invoke
+
+        def invoke(key, args, kwargs):
+            handed.append(kwargs.get("out"))
+            return real(key, args, kwargs)
+        inner.invoke = invoke
+        return inner
+    made = FlatSweepKernel(group_norm.program, get_target("cpu"),
+                           swept_together(group_norm.program), make)
+    seed = fresh_seed()
+    args, want = group_norm_case(torch.Generator().manual_seed(seed))
+    out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16)
+    assert made(**args, out=out) is out
+    assert relative_error(out, want) < 2e-2, seed
+    assert handed[-1].data_ptr() == out.data_ptr() and handed[-1].shape != out.shape
+    # a transposed array: no view over the merged axis, filled from the result
+    apart = torch.full(want.shape[:2] + want.shape[:1:-1], float("nan"),
+                       dtype=torch.bfloat16).transpose(2, 3)
+    assert made(**args, out=apart) is apart
+    assert relative_error(apart, want) < 2e-2, seed
+    assert handed[-1] is None
+
+
 def test_axes_reduced_together_are_swept_in_memory_order():
     """A group norm written over ``(c, p)`` of channels-last ``x[b, p, g, c]``: swept with the
     contiguous channels fastest (its sums' order is free), not a 2-byte read every G·C elements;
