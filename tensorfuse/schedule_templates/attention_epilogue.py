@@ -47,7 +47,8 @@ def attention_epilogue_stages(program: Program, names: tuple[str, ...]) -> tuple
               for _, plain, weighted in states]
     alone = states[0] if len(states) == 1 else None
     if not all(ratios) or alone and _is_ratio(bare, alone[2], alone[1]) or \
-            any(tuple(weighted.axes) != tuple(out.axes) for _, _, weighted in states):
+            any([a.uid for a in weighted.axes] != [a.uid for a in out.axes]
+                for _, _, weighted in states):
         return ()   # nothing after o / l, or o's axes are not the output's
     free = fresh_names(program, RATIO)
     stored = [TensorParam(next(free), tuple(a.extent for a in out.axes), "f32", out.loc)

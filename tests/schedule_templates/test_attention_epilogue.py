@@ -141,3 +141,21 @@ def test_differential_attention_matches_float64_on_the_gpu():
     (out,) = poisoned_call(made, diff_attention.program, {
         **{n: t.cuda() for n, t in tensors.items()}, "lam": 0.6, "scale": 0.125}, want)
     assert relative_error(out, want) < 2e-2, seed
+
+
+def test_a_gated_attention_called_in_another_axis_order_is_planned_in_it():
+    """Tensors whose memory holds the head dim outside the tokens route the call to the program
+    in their order, whose o / l has other axes than the gated output's position: the stages'
+    check compares the axes by identity (comparing the axes themselves built DSL expressions,
+    and planning raised 'a tensor value was used where Python needs True/False')."""
+    made = tf.compile(gated_attention, target="cuda:sm_90a")
+
+    def stored(order):   # [B, H, S, D] seen over memory laid out in ``order``
+        t = torch.randn([(2, 8, 96, 64)[k] for k in order]).to(torch.bfloat16)
+        return t.permute([order.index(k) for k in range(4)])
+    q, k, v, gate = (stored((0, 1, 3, 2)) for _ in range(4))
+    plan = made.describe_call(q, k, v, gate, 0.125)
+    assert "read in memory order: q as [B, H, D, S]" in plan, plan
+    q, k, v, gate = (stored((0, 2, 1, 3)) for _ in range(4))
+    assert "the Hopper attention, then the function of its output" in \
+        made.describe_call(q, k, v, gate, 0.125)
