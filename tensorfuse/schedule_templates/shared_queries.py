@@ -71,7 +71,7 @@ def lift_shared_queries(program: Program, names: tuple[str, ...], axis: str
     unit_head = not rest   # no head axis on the keys: one head
     if len(q_ix) + 1 + unit_head != HOPPER_RANK:
         return None
-    size = k_load.param.dims[list(k_load.indices).index(b)]
+    size = k_load.param.dims[next(k for k, x in enumerate(k_load.indices) if x is b)]
     return _lifted(program, q_load.param, b, size, unit_head,
                    {k_load.param.name, v_load.param.name})
 

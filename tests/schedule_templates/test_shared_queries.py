@@ -93,6 +93,18 @@ def test_attention_with_queries_per_sequence_is_left_as_written():
     assert lift_shared_queries(K.attention.program, ("m", "o", "l"), "j") is None
 
 
+def test_keys_whose_batch_axis_is_not_first_are_looked_up_by_identity():
+    """Tensors lying in reversed order route the call to the program in their memory order,
+    whose keys index the batch last: its size was looked up with ``list.index``, which compares
+    DSL axes with ``==`` (an expression) and raised 'a tensor value was used where Python needs
+    True/False'; now the route plans."""
+    made = tf.compile(latent_cross_attention, target="cuda:sm_90a")
+    q = torch.randn(64, 64).to(torch.bfloat16).t().contiguous().t()
+    k, v = (torch.randn(64, 256, 2).to(torch.bfloat16).permute(2, 1, 0) for _ in range(2))
+    plan = made.describe_call(q, k, v, 0.125)
+    assert "read in memory order: q as [D, L]; k as [D, S, B]; v as [D, S, B]" in plan, plan
+
+
 @pytest.mark.parametrize("heads", [False, True])
 def test_shared_queries_match_float64_on_the_cpu(heads):
     """The wrapper's views and copies around the rewritten program's CPU kernel: fresh inputs,
