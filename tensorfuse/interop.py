@@ -201,9 +201,10 @@ def copy_reason(x) -> str | None:
     return f"it starts {off} bytes past a 16-byte boundary" if off else None
 
 
-def said_copied(kernel: str, name: str, x) -> None:
+def said_copied(kernel: str, name: str, x, why: str | None = None) -> None:
     """Warn, once per kernel, argument and layout, that torch tensor ``x`` (argument ``name``)
-    is copied before the launch (:class:`~tensorfuse.errors.CopiedArgumentWarning`)."""
+    is copied before the launch (:class:`~tensorfuse.errors.CopiedArgumentWarning`), ``why``
+    where the reason is the kernel's own."""
     import warnings
 
     from .errors import CopiedArgumentWarning
@@ -212,7 +213,7 @@ def said_copied(kernel: str, name: str, x) -> None:
     if key in _SAID_COPIED:
         return
     _SAID_COPIED.add(key)
-    why = copy_reason(x) or "its strides are not multiples of 16 bytes"
+    why = why or copy_reason(x) or "its strides are not multiples of 16 bytes"
     warnings.warn(CopiedArgumentWarning(
         f"{kernel}: argument {name} (shape {tuple(x.shape)}, strides {tuple(x.stride())}) is "
         f"copied before each launch, {x.numel() * x.element_size()} bytes: {why}; a view whose "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..binding import CallBinder, output_shape, signature_key, split_scalars
 from ..errors import CallError, ScheduleError, TargetError
-from ..interop import deliver, torch_output
+from ..interop import deliver, said_copied, torch_output
 from ..targets.signature_call import (SignatureCall, call_layout, fast_call_applies,
                                       try_fast_call)
 from ..torch_graph import GraphCallable
@@ -150,7 +150,9 @@ class LiftedKernel(GraphCallable):
 class MergedHeadsKernel(LiftedKernel):
     """``inner``, a kernel of ``merged.program`` (:mod:`.merged_heads`: the query heads' two axes
     as one), as a kernel of the program as written: a call's q and outputs are viewed with those
-    axes merged — a view only: where their strides do not merge, a :class:`CallError` says so."""
+    axes merged — where q's strides do not merge (its memory holds the axes apart or in the
+    other order), a copy of it, said once (:class:`~tensorfuse.errors.CopiedArgumentWarning`);
+    the outputs are the kernel's own contiguous ones (or the caller's, copied into)."""
 
     who = "query heads merged"
 
@@ -167,21 +169,34 @@ class MergedHeadsKernel(LiftedKernel):
 
     def _views(self, values: dict, outs: list, dims: dict) -> list:
         at = self.merged.at
+        self._copies = {}   # this call's arguments merged by a copy (its fast call copies them)
         for name in at.keys() & values.keys():
-            values[name] = _merged_view(values[name], at[name], name, self.merged)
+            viewed = _merged_view(values[name], at[name], name, self.merged, self.program.name)
+            if viewed.data_ptr() != values[name].data_ptr():
+                self._copies[name] = at[name]
+            values[name] = viewed
         return [_merged_view(o, at[c.name], c.name, self.merged)
                 for c, o in zip(self.outputs, outs)]
 
+    def _copied(self, inner_kwargs: dict) -> dict:
+        return {name: (lambda t, at=at: t.contiguous().flatten(at, at + 1))
+                for name, at in getattr(self, "_copies", {}).items()}
 
-def _merged_view(tensor, at: int, name: str, merged):
-    """``tensor`` with its axes ``at`` and ``at + 1`` as one, where that is a view."""
+
+def _merged_view(tensor, at: int, name: str, merged, copied_for: str | None = None):
+    """``tensor`` with its axes ``at`` and ``at + 1`` as one: a view where its strides allow,
+    else — for an argument of kernel ``copied_for`` — a copy, said once; an output must merge
+    (it is a buffer the call made contiguous)."""
     outer, inner = tensor.shape[at], tensor.shape[at + 1]
     if outer > 1 and inner > 1 and tensor.stride(at) != tensor.stride(at + 1) * inner:
-        raise CallError(f"{name} is viewed with its {merged.group} and {merged.heads} axes as one "
-                        f"head axis ({merged.describe()}): its {merged.group} axis's stride must "
-                        f"be {merged.heads} × the {merged.heads} axis's, "
-                        f"{inner * tensor.stride(at + 1)}, as in a contiguous tensor; it is "
-                        f"{tensor.stride(at)}")
+        why = (f"its {merged.group} and {merged.heads} axes are read as one head axis "
+               f"({merged.describe()}), which needs the {merged.group} axis's stride to be "
+               f"{merged.heads} × the {merged.heads} axis's, {inner * tensor.stride(at + 1)}; "
+               f"it is {tensor.stride(at)}")
+        if copied_for is None:
+            raise CallError(f"{name}: {why}")
+        said_copied(copied_for, name, tensor, why)
+        return tensor.contiguous().flatten(at, at + 1)
     return tensor.flatten(at, at + 1)
 
 
