@@ -114,9 +114,9 @@ def emit_interleaved(plan, sizes: dict, tile: TileContext, rows: int, columns: i
 # output stage (B16 P4096 G32 C16: x and four tables of 512 elements) ran in programs of 512
 # elements, the rest of the staged call's 105 µs on the H100 after its statistics stage's 29
 # (``benchmarks.layout_kernels``, ``benchmarks.strided_rows_knobs --only
-# group_stats_channels_last``; a copy of its bytes takes about 45): it now runs in programs of
-# 4096, as the single stream above. Rotary embeddings' cos and sin tables (1/128 of the outputs)
-# stay streams (their 1024-element programs measured fastest, above)
+# group_stats_channels_last``; a copy of its bytes, about 45 at the rate measured beside it):
+# it now runs in programs of 4096, as the single stream above. Rotary embeddings' cos and sin
+# tables (1/128 of the outputs) stay streams (their 1024-element programs measured fastest, above)
 REUSED_BY = 1024
 
 
