@@ -340,3 +340,47 @@ def test_a_channels_last_call_on_the_gpu_reads_in_place_and_repeats_on_the_fast_
     # the routed programs' builds are the kernel's too
     built = [b for k in made.routes._kernels.values() for b in k.cache_info()]
     assert built and all(b in made.cache_info() for b in built)
+
+
+# kernels of the suites whose plans rewrite the program (stages after an attention, latent
+# queries, merged heads, packed slices, flat sweeps, the floor's stages), each called below with
+# every tensor of three or more axes laid out reversed, its last two axes swapped, and its
+# second and third swapped
+_PLANNED_IN_ANY_ORDER = [
+    "user_kernels.bshd_causal", "user_kernels.gqa_causal_grouped_axes", "user_kernels.mqa_decode",
+    "user_kernels.log_softmax_channels", "user_kernels.layernorm_channels",
+    "user_kernels.group_norm", "user_kernels.max_pool_l2", "user_kernels.channel_stats",
+    "pipeline_kernels.gated_attention", "pipeline_kernels.latent_cross_attention",
+    "pipeline_kernels.cosine_attention", "variant_kernels.diff_attention",
+    "serving_kernels.packed_qkv_causal", "layout_kernels.group_norm_channels_last"]
+_SMALL = dict(B=2, H=4, HKV=2, S=96, M=64, N=96, D=64, C=16, P=256, G=4, L=64, R=2)
+
+
+@pytest.mark.parametrize("name", _PLANNED_IN_ANY_ORDER)
+def test_calls_in_other_memory_orders_are_planned(name):
+    """A call's plan (``describe_call``: routes, stages, copies; nothing runs) for tensors lying
+    in other orders: planning the rewritten programs once compared DSL axes with ``==`` / ``!=``
+    (which build expressions) and raised 'a tensor value was used where Python needs
+    True/False' — a gated attention and latent queries over reversed tensors."""
+    import importlib
+
+    from tensorfuse.interop import torch_dtype
+
+    module, kernel_name = name.split(".")
+    kernel = getattr(importlib.import_module(f"benchmarks.{module}"), kernel_name)
+    made = tf.compile(kernel, target="cuda:sm_90a")
+    for swap in ("reversed", "last two", "second and third"):
+        args = []
+        for p in kernel.program.params:
+            if not hasattr(p, "dims"):
+                args.append(0.5 if p.dtype.startswith("f") else 2)
+                continue
+            shape = [d if isinstance(d, int) else _SMALL.get(d, 16) for d in p.dims]
+            order = list(range(len(shape)))
+            if len(shape) >= 3:
+                order = order[::-1] if swap == "reversed" else \
+                    order[:-2] + order[:-3:-1] if swap == "last two" else \
+                    [order[0], order[2], order[1], *order[3:]]
+            stored = torch.randn([shape[k] for k in order]).to(torch_dtype(p.dtype))
+            args.append(stored.permute([order.index(k) for k in range(len(shape))]))
+        assert made.describe_call(*args), (name, swap)
