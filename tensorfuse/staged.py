@@ -46,6 +46,13 @@ class StagedKernel(GraphCallable):
                           if n in last_read and n not in outputs]
         self._done_after = [[n for n in self.passed_on if last_read[n] == k]
                             for k in range(len(self.stages))]
+        # the stages that make program outputs alone, each in the output's dtype: given the
+        # caller's out= arrays, they write them themselves (no copy after the call: a
+        # memory-order route's output is as large as the input it normalises)
+        dtypes = {c.name: c.dtypes[0] for c in program.outputs}
+        self._writes_outputs = [all(dtypes.get(n) == c.dtypes[0]
+                                    for n, c in zip(stage.produces, stage.program.outputs))
+                                for stage in self.stages]
         self.description = (f"{len(stages)} stage kernels ({self._staged_because()}): "
                             + "; ".join(s.describe() for s in stages))
         # a signature checked in full once (a staged call's host time is the sum of its
@@ -74,14 +81,11 @@ class StagedKernel(GraphCallable):
         fasts = [] if key not in (None, False) and key not in self._fast and \
             bound.outs is None and all(given.get(n) is t for n, t in bound.arrays.items()) \
             else None
-        # the caller's out= arrays, written by the stage that makes them where it makes nothing
-        # else (a copy of the output after the call otherwise: a memory-order route's output is
-        # as large as the input it normalises)
         into = dict(zip((c.name for c in self.program.outputs), bound.outs)) \
             if bound.outs is not None else {}
         for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels)):
             named = {n: values[n] for n in stage.inputs}
-            if into and self._writes_outputs_alone(stage, into):
+            if into and self._writes_outputs[k]:
                 made_into = [into[n] for n in stage.produces]
                 named["out"] = made_into[0] if len(made_into) == 1 else tuple(made_into)
             try:
@@ -107,13 +111,6 @@ class StagedKernel(GraphCallable):
         if bound.outs is not None:
             return filled(bound.outs, results)
         return results[0] if len(results) == 1 else tuple(results)
-
-    def _writes_outputs_alone(self, stage: Stage, into: dict) -> bool:
-        """Whether ``stage`` makes program outputs alone, each in the output's dtype, so that it
-        can write the caller's ``out=`` arrays (``into``, by output name) itself."""
-        dtypes = {c.name: c.dtypes[0] for c in self.program.outputs}
-        return all(n in into and c.dtypes[0] == dtypes[n]
-                   for n, c in zip(stage.produces, stage.program.outputs))
 
     def stored(self, **dims) -> list[tuple[str, tuple[int, ...], str, int]]:
         """``(name, shape, dtype, bytes)`` of each value a stage stores for a later one at these

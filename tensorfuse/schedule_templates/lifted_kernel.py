@@ -159,7 +159,6 @@ class MergedHeadsKernel(LiftedKernel):
     def __init__(self, program, merged, inner, target):
         super().__init__(program, {}, inner, target, ())
         self.merged = merged
-        self._copies: dict = {}   # a call's arguments merged by a copy (its fast call copies them)
         self.lift = merged.describe()
         self.description = f"{self.lift}; {inner.description}"
 
@@ -170,18 +169,11 @@ class MergedHeadsKernel(LiftedKernel):
 
     def _views(self, values: dict, outs: list, dims: dict) -> list:
         at = self.merged.at
-        self._copies = {}
         for name in at.keys() & values.keys():
-            viewed = _merged_view(values[name], at[name], name, self.merged, self.program.name)
-            if viewed.data_ptr() != values[name].data_ptr():
-                self._copies[name] = at[name]
-            values[name] = viewed
+            values[name] = _merged_view(values[name], at[name], name, self.merged,
+                                        self.program.name)
         return [_merged_view(o, at[c.name], c.name, self.merged)
                 for c, o in zip(self.outputs, outs)]
-
-    def _copied(self, inner_kwargs: dict) -> dict:
-        return {name: (lambda t, at=at: t.contiguous().flatten(at, at + 1))
-                for name, at in self._copies.items()}
 
 
 def _merged_view(tensor, at: int, name: str, merged, copied_for: str | None = None):

@@ -120,12 +120,10 @@ def emit_interleaved(plan, sizes: dict, tile: TileContext, rows: int, columns: i
 REUSED_BY = 1024
 
 
-def distinct_loads(plan, sizes: dict | None = None) -> int:
-    """The distinct tensor reads an element of the outputs makes; at ``sizes``, those of tensors
-    larger than 1/:data:`REUSED_BY` of the outputs (the others are read from cache)."""
+def distinct_loads(plan, sizes: dict) -> int:
+    """The distinct tensor reads an element of the outputs makes at ``sizes``, but for those of
+    tensors of at most 1/:data:`REUSED_BY` of the outputs (read from cache)."""
     loads = {n.key(): n for _, expr in plan.outputs for n in nodes(expr) if isinstance(n, Load)}
-    if sizes is None:
-        return len(loads)
     outputs = _elements(plan.axes, sizes)
     return sum(1 for n in loads.values()
                if outputs is None or (own := _elements(n.param.dims, sizes)) is None or
