@@ -303,8 +303,8 @@ class CpuChunkLayout:
         their references after this chunk (``d.ref``; on the CPU from the row's buffer of
         :meth:`_emit_row_references`) and at their values (``d.exact``, which a resetting
         state compares with), and the per-position values hoisted so far."""
-        row = self._index(self.common, sc)
-        symbols = {f"{d}.{REFERENCE}": tirx.BufferLoad(self.row_refs[d], row)
+        symbols = {f"{d}.{REFERENCE}": tirx.BufferLoad(self.row_refs[d][0],
+                                                      self._index(self.row_refs[d][1], sc))
                    if d in self.row_refs else self._running(self.new, 1)(d, sc) for d in deps}
         symbols.update({f"{d}.{EXACT}": self._exact(self.new)(d, sc) for d in deps})
         symbols.update({h.name: tirx.BufferLoad(buf, self._position_index(sc))
@@ -323,12 +323,16 @@ class CpuChunkLayout:
             if d in self.row_refs:
                 continue
             member = self._member(d)
-            buf = self.fb.alloc(f"{d}_ref_row", self._shape(self.common + self._split_dims()),
+            # over the dependency's own axes: a mean per (b, d) that a count per b divides
+            extra = self._loops(self._extra_axes(member))
+            buf = self.fb.alloc(f"{d}_ref_row", self._shape(self.state_axes(member)
+                                                            + self._split_dims()),
                                 member.dtypes[0])
-            with self._stage_loops([]), \
-                    self._block(f"{d}_ref_row", [], [], [self._chunk_iter()]) as sc:
-                self.fb.store(buf, self._running(self.new, 1)(d, sc), self._index(self.common, sc))
-            self.row_refs[d] = buf
+            with self._stage_loops(extra) as lv, \
+                    self._block(f"{d}_ref_row", extra, lv, [self._chunk_iter()]) as sc:
+                self.fb.store(buf, self._running(self.new, 1)(d, sc),
+                              self._index(self.state_axes(member), sc))
+            self.row_refs[d] = (buf, self.state_axes(member))
 
     @contextlib.contextmanager
     def _contraction_loops(self, loops: list):

@@ -1,0 +1,74 @@
+"""Kernels as users write them that no issue or benchmark lists (:mod:`tests.schedule_templates.
+user_written_check`): their numbers against float64 through Triton's interpreter (as
+``tf.compile`` makes them for sm_90a) and through the CPU target, and the plans of a few at a
+GPU's sizes."""
+import warnings
+
+import pytest
+
+import tensorfuse as tf
+from tests.helpers import fresh_seed, poisoned_call, relative_error
+from tests.schedule_templates.user_written_check import (CASES, cosine_attention,
+                                                         masked_var_tokens, rms_over_heads,
+                                                         token_l2_distance_min)
+
+
+def test_user_written_kernels_match_float64_in_the_triton_interpreter():
+    from tests.helpers import check_interpreted
+
+    check_interpreted("tests.schedule_templates.user_written_check", CASES)
+
+
+def test_user_written_kernels_match_float64_on_the_cpu_target():
+    """The same kernels through ``tf.compile`` on the CPU (TVM's LLVM backend), outputs
+    poisoned. A masked variance over tokens — its count per sequence, its mean per sequence and
+    feature — crashed building on the CPU: the row of references kept per chunk was indexed
+    by the chain's common axes alone, not by the dependency's own (a ``KeyError`` on the
+    feature axis)."""
+    import torch
+
+    seed = fresh_seed()
+    generator = torch.Generator().manual_seed(seed)
+    errors = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, (kernel, case) in CASES.items():
+            args, want = case(generator)
+            outs = poisoned_call(tf.compile(kernel), kernel.program, args, want)
+            wants = want if isinstance(want, tuple) else (want,)
+            errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))
+    worst = {n: e for n, e in errors.items() if not e < 2e-2}
+    assert not worst, f"{worst} (TENSORFUSE_SEED={seed})"
+
+
+def test_the_masked_variance_builds_on_the_cpu_with_its_references_per_feature():
+    """The crash above, alone: the CPU lowering's buffer of references per chunk for a mean
+    indexed by (b, d) inside a chain whose common axis is b."""
+    import torch
+
+    x, mask = torch.randn(2, 9, 5) + 4, (torch.rand(2, 9) > 0.3).float()
+    mask[:, 0] = 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = tf.compile(masked_var_tokens)(x, mask)
+    var = [x[b][mask[b] > 0].var(0, unbiased=False) for b in range(2)]
+    assert torch.allclose(out, torch.stack(var), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel, sizes, expected", [
+    # the norms as stages before the Hopper kernel, read as strips beside the key blocks
+    (cosine_attention, dict(B=2, H=16, S=4096, D=128),
+     ("hopper_attention", "kn[b, h, j] read as each key block's strip")),
+    # two reduced axes that lie together, swept as one
+    (rms_over_heads, dict(B=4, S=4096, H=32, D=128), ("h, d swept as one axis",)),
+    # the min over the codebook kept beside the distances' tiles, nothing stored between
+    (token_l2_distance_min, dict(B=8, N=4096, K=1024, D=64),
+     ("contraction template", "out_min = min_k dist")),
+])
+def test_user_written_kernels_plan_on_templates_at_a_gpus_sizes(kernel, sizes, expected):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = tf.compile(kernel, target="cuda:sm_90a").describe_plan(**sizes)
+    assert "TVM's default" not in plan, plan
+    for text in expected:
+        assert text in plan, plan
