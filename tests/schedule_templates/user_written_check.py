@@ -4,7 +4,9 @@ NCHW instance norm, a mean of squared GEMM outputs, cosine attention (its norms 
 log-sum-exp pool then a layer norm, a causally masked softmax over given scores, an RMS over two
 axes, a nearest codebook distance, an embedding bag, a roll, a product, a log-sum-exp written
 with ``T.logsumexp``, an argmin over channels, a gradient clipped per row, a masked variance
-over tokens, a softmax over heads — each against a float64 torch reference (never the
+over tokens, a softmax over heads, a chain's two outputs, a gather at an argmax, a mean NLL over
+all tokens, a causal sliding max, a depthwise 3 × 3 convolution, grouped-query attention with a
+float32 bias on [B, S, H, D], an fp16 softmax over a temperature per batch element — each against a float64 torch reference (never the
 project's lowering), outputs poisoned, at ragged sizes and large value ranges: through Triton's
 interpreter as ``tf.compile`` makes them for sm_90a (this module's ``__main__``) and through the
 CPU target (:mod:`tests.schedule_templates.test_user_written`).
@@ -202,6 +204,88 @@ def softmax_middle_axis_weighted(x: T.Tensor["B", "H", "S", "f32"], w: T.Tensor[
     return e / T.sum(e, over=h)
 
 
+@tf.kernel
+def softmax_and_max(x: T.Tensor["M", "N", "f32"]):
+    """Two outputs of one chain: each row's maximum and its softmax."""
+    i, j = T.axes("i j")
+    m = T.max(x[i, j], over=j)
+    e = T.exp(x[i, j] - m)
+    return m, e / T.sum(e, over=j)
+
+
+
+
+@tf.kernel
+def gather_at_argmax(s: T.Tensor["M", "N", "f32"], v: T.Tensor["M", "N", "f32"]):
+    """The value at each row's argmax of another tensor (an index a reduction makes)."""
+    i, j = T.axes("i j")
+    a = T.argmax(s[i, j], over=j)
+    return v[i, a]
+
+
+
+
+@tf.kernel
+def nll_mean(x: T.Tensor["M", "V", "bf16"], t: T.Tensor["M", "i64"]):
+    """The mean negative log-likelihood over all tokens: a row chain, then a sum over rows."""
+    i, v = T.axes("i v")
+    m = T.max(x[i, v], over=v)
+    lse = m + T.log(T.sum(T.exp(x[i, v] - m), over=v))
+    return T.sum(lse - x[i, t[i]], over=i) / T.size("M")
+
+
+
+
+@tf.kernel
+def sliding_max(x: T.Tensor["B", "L", "f32"]):
+    """A causal max over the last four steps (the taps before the start never win)."""
+    b = T.axes("b")
+    t = T.axis("t", "L")
+    k = T.axis("k", 4)
+    return T.max(T.where(t >= k, x[b, t - k], -1e30), over=k)
+
+
+
+
+@tf.kernel
+def temp_softmax(x: T.Tensor["B", "S", "N", "f16"], temp: T.Tensor["B", "f32"]):
+    """A softmax of fp16 scores over a temperature per batch element (float32)."""
+    b, s, n = T.axes("b s n")
+    y = x[b, s, n] / temp[b]
+    m = T.max(y, over=n)
+    e = T.exp(y - m)
+    return e / T.sum(e, over=n)
+
+
+
+
+@tf.kernel
+def depthwise3x3(x: T.Tensor["B", "C", "H", "W", "f32"], w: T.Tensor["C", 3, 3, "f32"]):
+    """A depthwise 3 × 3 convolution of NCHW with zero padding, written out."""
+    b, c = T.axes("b c")
+    i, j = T.axis("i", "H"), T.axis("j", "W")
+    p, q = T.axis("p", 3), T.axis("q", 3)
+    inside = (i + p >= 1) & (i + p - 1 < T.size("H")) & (j + q >= 1) & (j + q - 1 < T.size("W"))
+    return T.sum(T.where(inside, x[b, c, i + p - 1, j + q - 1], 0.0) * w[c, p, q], over=(p, q))
+
+
+
+
+@tf.kernel
+def gqa_bias_bshd(q: T.Tensor["B", "S", "H", "D", "bf16"],
+                  k: T.Tensor["B", "S", "G", "D", "bf16"],
+                  v: T.Tensor["B", "S", "G", "D", "bf16"], bias: T.Tensor["S", "S", "f32"],
+                  scale: T.f32):
+    """Causal grouped-query attention on [B, S, H, D] with a float32 bias per (i, j)."""
+    b, i, h, j, d, e = T.axes("b i h j d e")
+    g = h // (T.size("H") // T.size("G"))
+    s = T.sum(q[b, i, h, d] * k[b, j, g, d], over=d) * scale + bias[i, j]
+    s = T.where(j <= i, s, -T.inf)
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.sum(p * v[b, j, g, e], over=j) / T.sum(p, over=j)
+
+
 # ---- cases: (arguments, float64 reference) on fresh inputs, ragged sizes ----
 
 def _randn(g, *shape, scale=3.0, dtype=torch.bfloat16):
@@ -332,6 +416,50 @@ def _heads_softmax_case(g):
     return dict(x=x, w=w), (x.double() * w.double()[None, :, None]).softmax(1)
 
 
+
+def _softmax_and_max_case(g):
+    x = _randn(g, 37, 300, dtype=torch.float32)
+    return dict(x=x), (x.double().amax(-1), x.double().softmax(-1))
+
+
+def _gather_at_argmax_case(g):
+    s, v = _randn(g, 37, 300, dtype=torch.float32), _randn(g, 37, 300, dtype=torch.float32)
+    return dict(s=s, v=v), v.double().gather(1, s.argmax(1, keepdim=True))[:, 0]
+
+
+def _nll_case(g):
+    x, t = _randn(g, 37, 300), torch.randint(0, 300, (37,), generator=g)
+    return dict(x=x, t=t), torch.nn.functional.cross_entropy(x.double(), t)
+
+
+def _sliding_max_case(g):
+    x = _randn(g, 3, 37, dtype=torch.float32)
+    padded = torch.cat([torch.full((3, 3), -1e30, dtype=torch.float64), x.double()], 1)
+    return dict(x=x), padded.unfold(1, 4, 1).amax(-1)
+
+
+def _depthwise_case(g):
+    x, w = _randn(g, 2, 3, 11, 13, dtype=torch.float32), _randn(g, 3, 3, 3, scale=1,
+                                                              dtype=torch.float32)
+    return dict(x=x, w=w), torch.nn.functional.conv2d(x.double(), w.double()[:, None], padding=1,
+                                                      groups=3)
+
+
+def _gqa_bias_case(g, B=2, S=37, H=6, G=2, D=16):
+    q, k, v = _randn(g, B, S, H, D), _randn(g, B, S, G, D), _randn(g, B, S, G, D)
+    bias = _randn(g, S, S, dtype=torch.float32)
+    qd = q.double().transpose(1, 2)
+    kd, vd = (t.double().transpose(1, 2).repeat_interleave(H // G, 1) for t in (k, v))
+    s = qd @ kd.transpose(-1, -2) * 0.25 + bias.double()
+    s = s.masked_fill(~torch.ones(S, S, dtype=torch.bool).tril(), float("-inf"))
+    return dict(q=q, k=k, v=v, bias=bias, scale=0.25), (s.softmax(-1) @ vd).transpose(1, 2)
+
+
+def _temperature_case(g):
+    x = _randn(g, 2, 5, 300, dtype=torch.float16)
+    temp = torch.rand(2, generator=g) + 0.5
+    return dict(x=x, temp=temp), (x.double() / temp.double()[:, None, None]).softmax(-1)
+
 CASES = {"smoothed_cross_entropy": (smoothed_cross_entropy, _smoothed_case),
          "softmax_entropy": (softmax_entropy, _entropy_case),
          "kl_logits": (kl_logits, _kl_case),
@@ -351,7 +479,14 @@ CASES = {"smoothed_cross_entropy": (smoothed_cross_entropy, _smoothed_case),
          "argmin_channels": (argmin_channels, _argmin_case),
          "clipped_norm_scale": (clipped_norm_scale, _clipped_case),
          "masked_var_tokens": (masked_var_tokens, _masked_var_case),
-         "softmax_middle_axis_weighted": (softmax_middle_axis_weighted, _heads_softmax_case)}
+         "softmax_middle_axis_weighted": (softmax_middle_axis_weighted, _heads_softmax_case),
+         "softmax_and_max": (softmax_and_max, _softmax_and_max_case),
+         "gather_at_argmax": (gather_at_argmax, _gather_at_argmax_case),
+         "nll_mean": (nll_mean, _nll_case),
+         "sliding_max": (sliding_max, _sliding_max_case),
+         "depthwise3x3": (depthwise3x3, _depthwise_case),
+         "gqa_bias_bshd": (gqa_bias_bshd, _gqa_bias_case),
+         "temp_softmax": (temp_softmax, _temperature_case)}
 
 
 if __name__ == "__main__":
