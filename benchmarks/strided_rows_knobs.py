@@ -262,8 +262,23 @@ def _knobs(cols: int, family: str):
     of 32-1024 rows by blocks of 16-256 (segments of 1-128 rows, sequences' first tokens), loads
     1 or 3 blocks ahead;
     ``few_warps``: ``parts`` on 1-2 warps, tiles of 64-256 rows by blocks of 8-64, 66-264 parts;
-    ``whole_row``: one row in one block of 16-32 warps, its outputs from registers or read again."""
+    ``whole_row``: one row in one block of 16-32 warps, its outputs from registers or read again;
+    ``lanes``: a variance's sums kept per lane (``Knobs.lanes``) against reduced every block,
+    in strided tiles of 16-64 rows by 64-256 split in 33-132 parts; ``flat_lanes``: the same over
+    flat rows in blocks of 2k-8k on 4-16 warps (a group norm's). A candidate's eighth entry is
+    its lanes."""
     whole = 1 << max(4, (cols - 1).bit_length())
+    if family == "lanes":   # a long strided sweep of few tiles, in parts
+        for (rows, block, warps), splits, lanes in itertools.product(
+                ((16, 128, 4), (32, 64, 4), (32, 128, 4), (64, 64, 4), (32, 256, 8),
+                 (64, 128, 8)), (33, 66, 132), (0, 1)):
+            yield rows, block, warps, 3, 0, splits, None, lanes
+        return
+    if family == "flat_lanes":   # flat rows swept in blocks
+        for block, warps, lanes in itertools.product((2048, 4096, 8192), (4, 8, 16), (0, 1)):
+            if block < cols:
+                yield 1, block, warps, 1, 0, None, None, lanes
+        return
     if family == "row_tiles":   # a flat row whose rows lie a few elements apart: tiles of 4-32
         for rows, block, warps, stages, splits in itertools.product(   # rows, split in parts
                 (4, 8, 16, 32), (512, 1024, 2048, 4096), (4, 8), (1, 2), (None, 8)):
@@ -362,10 +377,11 @@ def run(only, log=print, tiles: bool = False, family: str | None = None,
             made = row_reduction(kernel, fusion, SPEC)
             plan = made.planner.plan({n: int(v) for n, v in _dims(kernel, args).items()})
             made = {f"r{k[0]} b{k[1]} w{k[2]} s{k[3]}" + (" reload" if k[4] else "") +
-                    (f" splits{k[5]}" if k[5] else "") + (f" t{k[6]}" if k[6] else ""):
+                    (f" splits{k[5]}" if k[5] else "") + (f" t{k[6]}" if k[6] else "") +
+                    (" lanes" if k[7:] and k[7] else ""):
                     row_reduction(kernel, fusion, SPEC, rows=k[0], block=k[1], num_warps=k[2],
                                   num_stages=k[3], reload=bool(k[4]), splits=k[5],
-                                  row_tiles=k[6])
+                                  row_tiles=k[6], lanes=bool(k[7]) if k[7:] else None)
                     for k in _knobs(plan.cols, "tiles" if tiles else
                                     family or FAMILY.get(name, "strided"))}
             alternatives = {"torch_compile": lambda c=compiled, a=eager_args: c(*a)}
@@ -397,7 +413,8 @@ def main(argv=None) -> None:
     parser.add_argument("--family", choices=("strided", "flat_row", "row_tiles", "split", "parts",
                                              "swept_tiles", "pipelined_tiles", "wide_tiles",
                                              "wide_parts", "weighed", "ragged",
-                                             "few_warps", "whole_row"),
+                                             "few_warps", "whole_row", "lanes",
+                                             "flat_lanes"),
                         help="sweep every case over this family of candidates (_knobs)")
     parser.add_argument("--cold", action="store_true",
                         help="time each call with L2 flushed before it (bench_replayed), not "

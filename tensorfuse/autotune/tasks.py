@@ -35,7 +35,7 @@ KNOB_ORDER = ("block_m", "block_n", "num_warps", "num_stages", "splits", "reload
               "ctas_per_sm", "chunk", "rows",                               # … / cpu_fused
               "cluster", "warps", "copy",                                   # cluster_decode
               "block_k", "group_m", "stage_sides",                          # contraction
-              "row_tiles")                                                  # row sums
+              "row_tiles", "lanes")                                         # row sums, lanes
 
 
 def workload(program: Program, template: str, fusion: Fusion | None, dims: dict,

@@ -11,7 +11,8 @@ from ..algebra.exprs import nodes
 from ..dsl.expr import Axis, Load
 from ..targets import TargetSpec
 from ..targets.triton.kernel import TritonKernel, Tuned
-from ..targets.triton.row_states import lanewise_states, reloadable, uncorrected_states
+from ..targets.triton.row_states import (lanewise_states, referenced_lanes, reloadable,
+                                          uncorrected_states)
 from ..targets.triton.row_grid import grid
 from ..targets.triton.row_realign import realignment
 from ..targets.triton.tile_text import needs_wide_offsets
@@ -448,7 +449,8 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
                                      if default.splits > 1 else set())
     choices = {"block_m": tuple(rows), "block_n": tuple(blocks), "num_warps": (2, 4, 8, 16),
                "num_stages": (1, 2, 3), "splits": tuple(sorted(splits)),
-               "reload": (0, 1) if reloadable(plan) else (0,)}
+               "reload": (0, 1) if reloadable(plan) else (0,),
+               "lanes": (0, 1) if referenced_lanes(plan) else (0,)}
     if plan.column_sums:   # whole rows, never split; the row tiles a program sweeps
         tiles = default.row_tiles
         choices.update(block_n=(default.block_n,), splits=(1,), row_tiles=tuple(sorted(
@@ -462,7 +464,7 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
                   block: int | None = None, num_warps: int | None = None,
                   num_stages: int | None = None, reload: bool | None = None,
                   splits: int | None = None, row_tiles: int | None = None,
-                  tuned: Tuned | None = None, dynamic: "bool | None" = False,
+                  lanes: bool | None = None, tuned: Tuned | None = None, dynamic: "bool | None" = False,
                   staged_few_tiles: bool = False) -> TritonKernel:
     """A callable Triton kernel for ``kernel`` with ``fusion`` applied along its rows.
     ``reload``: a row held in one block is read again (from L2) for the outputs instead of kept
@@ -473,6 +475,8 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
     its pass (a norm's weight gradient; default: about two programs an SM), or, given, one
     after the other where each row is swept in blocks (a group norm's 65536-element rows: no
     faster than one a program on the H200, ``strided_rows_knobs --family swept_tiles``).
+    ``lanes``: a variance's sums (states kept relative to moving sums) kept per lane, the sums'
+    references fixed after the first block (``Knobs.lanes``; ignored where the chain has none).
     ``tuned``: the compile entry point's lookup of tuning records (used unless knobs are given).
     ``dynamic``: which sizes the kernel reads as arguments (:mod:`~tensorfuse.targets.triton.
     size_builds`: ``True`` all, ``False`` none, ``None`` those seen at a second value).
@@ -487,10 +491,11 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
         return Knobs(rows or k.block_m, block or k.block_n, num_warps or k.num_warps,
                      num_stages or k.num_stages, splits=k.splits if splits is None else splits,
                      reload=k.reload if reload is None else int(reload),
-                     row_tiles=row_tiles or k.row_tiles)
+                     row_tiles=row_tiles or k.row_tiles,
+                     lanes=k.lanes if lanes is None else int(lanes))
 
     explicit = any(v is not None for v in (rows, block, num_warps, num_stages, reload, splits,
-                                            row_tiles))
+                                            row_tiles, lanes))
     return TritonKernel(TilePlanner(program, chain), target, knobs,
                         f"row-reduction template ({fusion.describe()})", fusion,
                         tuned=None if explicit else tuned, dynamic=dynamic,
@@ -498,4 +503,4 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
                         (lambda plan, k: few_tiles_for_outputs(plan, k, target)),
                         given=dict(rows=rows, block=block, num_warps=num_warps,
                                    num_stages=num_stages, reload=reload, splits=splits,
-                                   row_tiles=row_tiles))
+                                   row_tiles=row_tiles, lanes=lanes))

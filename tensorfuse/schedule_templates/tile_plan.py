@@ -190,7 +190,8 @@ class RowTilePlan:
                          f"num_warps={knobs.num_warps}, num_stages={knobs.num_stages}, "
                          f"splits={knobs.splits}"
                          + (f", row_tiles={knobs.row_tiles}" if self.column_sums or
-                            knobs.row_tiles > 1 else ""))
+                            knobs.row_tiles > 1 else "")
+                         + (", lanes=1" if knobs.lanes else ""))
         return "\n".join(lines)
 
     def _feature_sizes(self) -> list[tuple[str, int]]:
@@ -496,6 +497,10 @@ class Knobs:
     # while one is reduced (row template only; a plan with sums down the rows: each program
     # adds its tiles' contributions up and stores one partial row of each sum)
     row_tiles: int = 1
+    # 1: states kept relative to moving sums (a variance's, to its mean) are kept per lane, the
+    # sums' references fixed after a sweep's first block (row template only:
+    # ``targets.triton.row_states.referenced_lanes``); 0: reduced across the warps every block
+    lanes: int = 0
 
 
 class TilePlanner:

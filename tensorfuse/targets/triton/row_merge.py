@@ -18,7 +18,7 @@ FROM_L2 = ", cache_modifier='.cg'"
 class SplitMerge:
     """What a row kernel's parts write and its last part merges, and its lanes' fold; the
     emitter provides ``w``, ``plan``, ``knobs``, ``splits``, ``rows_pad``, ``members``,
-    ``needed``, ``sizes``, ``lanes``, ``ctx_base``, ``ctx_r()``, ``state_chunks()`` and
+    ``needed``, ``sizes``, ``lanes``, ``fixed``, ``ctx_base``, ``ctx_r()``, ``state_chunks()`` and
     ``emit_outputs()``."""
 
     def part_at(self, sp_or_ref, split: str, chunk: int = 0) -> str:
@@ -122,7 +122,9 @@ class SplitMerge:
             if sp.member.name in exact:   # its lanes' values, which resetting states compare with
                 self.w(f"lane_{sp.member.name} = {state}")
             lanes = state
-            if scheme.deps:   # a reset: each lane's state corrected from its lane's values
+            # a reset: each lane's state corrected from its lane's values (lanes of fixed
+            # references are all relative to the row's one: summed as they are)
+            if scheme.deps and sp.member.name not in self.fixed:
                 symbols = {f"{sp.member.name}#{sp.k}": state,
                            **exact_symbols(scheme, "lane_{}", "st_{}_0")}
                 lanes = to_triton(scheme.correct[sp.k], self.ctx_r().child(symbols=symbols))

@@ -88,6 +88,65 @@ def lanewise_states(plan) -> frozenset:
                               all((d, 0) in alone for d in schemes[sp.member.name].deps)})
 
 
+def referenced_lanes(plan) -> frozenset:
+    """(member, k) of the states a looped row sweep may keep per lane once the references they
+    are kept relative to stop moving: members over dependencies that are sums alone (a
+    variance's ``Σ (x − mean)²`` over the mean's ``Σ x``), each dependency's reference fixed
+    after the sweep's first block (every lane of a row relative to the same value: folded by a
+    plain sum after the loop, no correction per lane or per block) and the dependency's sum kept
+    per lane too. Without them a variance reduced three sums across the warps every block
+    (``rowtile``'s ``referenced`` knob). Any reference gives exact results (the finals correct
+    from it); the first block's mean is as near the data as the running one where the rows do
+    not drift along the sweep. Empty where a member's corrections do not leave empty states
+    empty (the lanes' first block starts from the identity relative to the initial
+    reference), where another member reads a lane member's reference, or a dependency is read
+    exactly (a reset's)."""
+    if plan.mask is not None or plan.locals or any(sp.contraction for sp in plan.states):
+        return frozenset()
+    schemes, read = plan.chain.schemes, depended_on(plan)
+    members = {m.name: m for m in plan.chain.members}
+    swept = lambda sp: plan.col.uid in {a.uid for a in sp.body.axes}  # noqa: E731
+    states = {name: [sp for sp in plan.states if sp.member.name == name] for name in members}
+
+    def plain_sum(name: str) -> bool:   # a sum of elements along the row, depending on nothing
+        return not schemes[name].deps and members[name].arity == 1 and all(
+            sp.monoid.name == "sum" and swept(sp) for sp in states[name])
+
+    readers = [n for n, s in schemes.items() if s.deps]
+    if not readers or exactly_read(plan):
+        return frozenset()
+    for name in readers:
+        scheme = schemes[name]
+        if scheme.kind == "reset" or members[name].arity != 1 or name in read or \
+                not all(plain_sum(d) for d in scheme.deps) or \
+                not all(sp.monoid.name == "sum" and reducible(sp.monoid)
+                        for sp in states[name]) or not _keeps_empty_states(plan, scheme):
+            return frozenset()
+    if any(n not in readers for d in read for n, s in schemes.items() if d in s.deps):
+        return frozenset()
+    return frozenset({(sp.member.name, sp.k) for name in readers for sp in states[name]
+                      if swept(sp)} |
+                     {(sp.member.name, sp.k) for d in read for sp in states[d]})
+
+
+def _keeps_empty_states(plan, scheme) -> bool:
+    """Whether ``scheme``'s corrections take states at their identities to their identities
+    whatever the references move by (a sum's corrections are linear in its states)."""
+    env = {f"{scheme.name}#{k}": np.asarray(st.monoid.identity_value(0, st.dtype), np.float64)
+           for k, st in enumerate(scheme.states)}
+    env.update({n: np.asarray(float(getattr(v, "value", v))) for n, v in plan.sizes.items()})
+    env.update({p.name: np.asarray(0.5) for p in plan.program.scalar_params})
+    rng = np.random.default_rng(0)
+    for d in scheme.deps:
+        env[f"{d}.old"], env[f"{d}.new"] = (np.asarray(v) for v in rng.normal(0, 10, 2))
+    with np.errstate(all="ignore"):
+        try:
+            return all(float(evaluate_plain(c, env)) == float(env[f"{scheme.name}#{k}"])
+                       for k, c in enumerate(scheme.correct))
+        except (KeyError, TypeError, ValueError):   # reads something else: not taken
+            return False
+
+
 def uncorrected_states(plan) -> bool:
     """Whether every state of ``plan``'s row reduction is kept per lane when the row is swept in
     blocks (:func:`lanewise_states`) and needs no correction: a chain of independent sums,

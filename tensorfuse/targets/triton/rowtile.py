@@ -14,8 +14,7 @@ from __future__ import annotations
 import math
 
 from ...algebra.exprs import substitute
-from ...algebra.schemes import EXTRAPOLATION
-from ...dsl.expr import Axis, Symbol, Where
+from ...dsl.expr import Axis, Where
 from ...dsl.symbolic_sizes import size_arguments
 from ..index_text import IndexText as _Index
 from .expr import TL_DTYPES, TileContext, fresh_memo, dot_precision, literal, to_triton
@@ -25,12 +24,14 @@ from .row_bounds import bounded_sweep
 from .row_merge import SplitMerge
 from .row_outputs import RowOutputs
 from .row_realign import Realignment, emit_sweep, realignment
+from .row_updates import RowUpdates
 from .row_grid import (MASK_ARGS, batch_first, block_k, grid, launch_grid, list_length,
                        merge_chunks, merged_apart)
 from .row_states import (column_operands, depended_on, exact_symbols, exactly_read,
-                         initial_reference, lanewise_states, output_operands, reloadable,
-                         state_identity, state_type, stored_state, uncorrected_states)
-from .reductions import combine_function, reduced, reduced_together
+                         initial_reference, lanewise_states, output_operands,
+                         referenced_lanes, reloadable, state_identity, state_type,
+                         stored_state, uncorrected_states)
+from .reductions import reduced
 from .size_builds import size_alignments
 from .tile_text import assemble_source, dot_operand, needs_wide_offsets
 from .source_writer import SourceWriter, host_int
@@ -66,7 +67,7 @@ def kernel_source(plan, knobs, name: str, interpreter: bool = False,
     return _RowTileSource(plan, knobs, name, interpreter, nvidia).source()
 
 
-class _RowTileSource(SplitMerge, RowOutputs):
+class _RowTileSource(SplitMerge, RowOutputs, RowUpdates):
     """One row-tile kernel's emission (:func:`kernel_source`): what the plan and knobs decide
     about its rows, columns and states, and the pieces of the kernel (prologue, a block of the
     swept axis, the finals and outputs, the split update's merge), written in order to ``w``."""
@@ -153,6 +154,12 @@ class _RowTileSource(SplitMerge, RowOutputs):
                                        for name in self.realign.params}
         self.lanes = lanewise_states(plan) if LANEWISE and not self.single and \
             plan.mask is None else frozenset()
+        # a variance's sums per lane where the knob asks (their sums' references fixed after the
+        # first block: members read uncorrected, the sums' references set once, in that block)
+        self.referenced = referenced_lanes(plan) if knobs.lanes and LANEWISE and \
+            not self.single and self.realign is None and plan.bounds is None else frozenset()
+        self.lanes = self.lanes | self.referenced
+        self.fixed = {name for name, _ in self.referenced if plan.chain.schemes[name].deps}
         self.chunk_memo: dict = {}
         self.rows_pad = math.ceil(M / knobs.block_m) * knobs.block_m
         self.per_split = math.ceil(math.ceil(N / knobs.block_n) / splits) * knobs.block_n
@@ -353,54 +360,6 @@ class _RowTileSource(SplitMerge, RowOutputs):
         folded into them)."""
         rows = {self.plan.row.uid} | ({self.plan.fold[0].uid} if self.plan.fold else set())
         return any(a.uid in rows for a in expr.axes)
-
-    def update_states(self, m, chunk_vars, resets: dict, symbols: dict, exact: set) -> None:
-        """The block's rolling update of member ``m``'s running states: each corrected to the
-        new references (``resets``: a reset's dependencies' values) and combined with the
-        block's ``c_`` values; its new reference into ``symbols`` where others read it, its
-        running value before the block kept where a reset reads it (``exact``)."""
-        w, scheme = self.w, self.plan.chain.schemes[m.name]
-        if m.arity > 1:   # an independent member: its states combined as the monoid does
-            chunk = [f"c_{m.name}_{sp.k}" for sp in chunk_vars]
-            running = [f"st_{m.name}_{sp.k}" for sp in chunk_vars]
-            if (m.name, 0) not in self.lanes:
-                w(f"{', '.join(chunk)} = {reduced_together(m.monoid, chunk, 1)}")
-            w(f"{', '.join(running)} = "
-              f"{combine_function(m.monoid)}({', '.join(running + chunk)})")
-            return
-        # correct and combine
-        sym = {f"{m.name}#{sp.k}": f"st_{m.name}_{sp.k}" for sp in chunk_vars}
-        for d in scheme.deps:
-            sym[f"{d}.old"] = f"ref_{d}"
-            sym[f"{d}.new"] = f"newref_{d}"
-        sym.update(resets)
-        new_values = []
-        for sp in chunk_vars:
-            for _, sfx in self.state_chunks(sp):   # each chunk corrected as the whole would be
-                state = f"{m.name}_{sp.k}{sfx}"
-                corr = self.ctx_r().child(symbols={**sym, f"{m.name}#{sp.k}": f"st_{state}"})
-                corrected = to_triton(scheme.correct[sp.k], corr)
-                if sp.contraction is not None:  # accumulate on the tensor cores: acc = p·v + acc
-                    text = (f"tl.dot(p_{m.name}_{sp.k}, v_{state}, {corrected}"
-                            f"{self.products(self.dot_type(sp.contraction))})")
-                else:
-                    combined = sp.monoid.combine_exprs([Symbol("__a", sp.dtype)],
-                                                       [Symbol("__b", sp.dtype)])[0]
-                    text = to_triton(combined, TileContext(axes={}, symbols={
-                        "__a": f"({corrected})", "__b": f"c_{state}"}, sizes=self.sizes))
-                new_values.append((state, text))
-        for state, text in new_values:
-            w(f"nst_{state} = {text}")
-        if m.name in exact:
-            w(f"old_{m.name} = st_{m.name}_0")
-        for state, _ in new_values:
-            w(f"st_{state} = nst_{state}")
-        if m.name in self.needed:  # its reference: the value at the references, extrapolated
-            at_refs = {**sym, **{f"{d}.new": f"newref_{d}" for d in scheme.deps},
-                       EXTRAPOLATION.name: f"({self.N} / tl.maximum(seen_next, 1))"}
-            w(f"newref_{m.name} = "
-              f"{to_triton(scheme.reference(), self.ctx_r().child(symbols=at_refs))}")
-            symbols[f"{m.name}.ref"] = f"newref_{m.name}"
 
     def emit_finals(self, kept: dict, refs: dict, values: dict, correct: bool) -> dict:
         """Each member's final value from ``kept`` states relative to ``refs`` (corrected to the
