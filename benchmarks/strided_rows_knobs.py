@@ -264,18 +264,17 @@ def _knobs(cols: int, family: str):
     ``few_warps``: ``parts`` on 1-2 warps, tiles of 64-256 rows by blocks of 8-64, 66-264 parts;
     ``whole_row``: one row in one block of 16-32 warps, its outputs from registers or read again;
     ``lanes``: a variance's sums kept per lane (``Knobs.lanes``) against reduced every block,
-    in strided tiles of 16-64 rows by 64-256 split in 33-132 parts; ``flat_lanes``: the same over
-    flat rows in blocks of 2k-8k on 4-16 warps (a group norm's). A candidate's eighth entry is
+    in strided tiles of 32-64 rows by 64-128 split in 66 or 132 parts; ``flat_lanes``: the same
+    over flat rows in blocks of 4k-8k on 8-16 warps (a group norm's). A candidate's eighth entry is
     its lanes."""
     whole = 1 << max(4, (cols - 1).bit_length())
     if family == "lanes":   # a long strided sweep of few tiles, in parts
         for (rows, block, warps), splits, lanes in itertools.product(
-                ((16, 128, 4), (32, 64, 4), (32, 128, 4), (64, 64, 4), (32, 256, 8),
-                 (64, 128, 8)), (33, 66, 132), (0, 1)):
+                ((32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 128, 8)), (66, 132), (0, 1)):
             yield rows, block, warps, 3, 0, splits, None, lanes
         return
     if family == "flat_lanes":   # flat rows swept in blocks
-        for block, warps, lanes in itertools.product((2048, 4096, 8192), (4, 8, 16), (0, 1)):
+        for block, warps, lanes in itertools.product((4096, 8192), (8, 16), (0, 1)):
             if block < cols:
                 yield 1, block, warps, 1, 0, None, None, lanes
         return
