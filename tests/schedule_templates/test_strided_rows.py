@@ -61,9 +61,10 @@ def test_a_per_row_strided_tile_on_four_warps_spills_a_few_registers_at_most():
 
 
 def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_row():
-    """Batch-norm statistics of [100352, 256] would be 4 tiles of 64 channels, too few for 64
-    parts: 8 tiles of 32 × 512, their sweep over the rows split in 33 parts (the last of a tile
-    merging); RMSNorm's weight gradient down 8192 rows is 64 tiles of 64 × 64 in 8 parts (about
+    """Batch-norm statistics of [100352, 256]: 4 tiles of 64 channels in blocks of 64 rows, its
+    sums kept per lane (reduced across the warps every block, 8 tiles of 32 × 512 in 33 parts
+    were faster), the sweep over the rows split in 64 parts (the last of a tile merging);
+    RMSNorm's weight gradient down 8192 rows is 64 tiles of 64 × 64 in 8 parts (about
     four programs an SM; a mean down one tensor's rows takes blocks of 128), and a cross-entropy
     of 16 rows over a vocabulary of 131072 (two a SM); a softmax of 64 rows, whose outputs run
     along the row, and a tall matrix's statistics, with tiles enough, are not."""
@@ -76,8 +77,8 @@ def test_few_row_tiles_over_a_long_sweep_split_it_where_their_outputs_are_per_ro
     from benchmarks.unlisted_kernels import column_mean, weighted_token_pool
     from tests.schedule_templates.strided_rows import channel_stats
 
-    stats = knobs_of(channel_stats, N=100352, C=256)   # too few 64-row tiles for 64 parts
-    assert (stats.block_m, stats.block_n, stats.splits) == (32, 512, 33)
+    stats = knobs_of(channel_stats, N=100352, C=256)
+    assert (stats.block_m, stats.block_n, stats.splits, stats.lanes) == (64, 64, 64, 1)
     spec = get_target("cuda:sm_90a")
     second = plan_stages(tf.grad(rmsnorm).program, lambda p: takes_stage(p, spec))[1]
     weight = knobs_of(ProgramKernel(second.program), M=8192, N=4096)
