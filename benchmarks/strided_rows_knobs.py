@@ -272,6 +272,7 @@ def _knobs(cols: int, family: str):
         for (rows, block, warps), splits, lanes in itertools.product(
                 ((32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 128, 8)), (66, 132), (0, 1)):
             yield rows, block, warps, 3, 0, splits, None, lanes
+        yield 32, 512, 4, 2, 0, 33, None, 0   # reduced every block, in the blocks it needs
         return
     if family == "flat_lanes":   # flat rows swept in blocks
         for block, warps, lanes in itertools.product((4096, 8192), (8, 16), (0, 1)):
