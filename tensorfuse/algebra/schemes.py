@@ -101,15 +101,26 @@ class Scheme:
         from it); one close to the final value keeps the corrections from cancelling. A mean
         written ``Σ y / N`` comes out as the running mean, and one written ``Σ y / l`` with
         ``l = Σ 1`` as the running mean too (the extrapolations cancel), where extrapolating the
-        value itself would put it ``N / seen`` times too far from the data."""
+        value itself would put it ``N / seen`` times too far from the data.
+        A float sum seen as 0 so far (a count of a masked prefix) is referenced as 1 while part
+        of the axis is still unseen: members may divide by it (a masked variance's
+        ``x − Σ x·m / Σ m`` was 0/0 after a first block masked whole, and its states NaN for
+        good), and any finite reference is exact. Once the whole axis is seen (extrapolated by
+        1: one block the whole row) the reference is the value itself, which a kernel of one
+        block uses as the true value."""
         scaled = {}
         for k, st in enumerate(self.states):
             if st.monoid.name == "sum" and dt.is_float(st.dtype):
                 scaled[f"{self.name}#{k}"] = mul(self.state_symbol(k), EXTRAPOLATION)
             elif st.monoid.name == "logsumexp":  # log Σ exp, its sum extrapolated
                 scaled[f"{self.name}#{k}"] = add(self.state_symbol(k), unary("log", EXTRAPOLATION))
-        return self.usable(simplify(substitute(self.value[0], lambda n: scaled.get(n.name)
-                                               if isinstance(n, Symbol) else None)))
+        found = self.usable(simplify(substitute(self.value[0], lambda n: scaled.get(n.name)
+                                                if isinstance(n, Symbol) else None)))
+        if self.compute.monoid.name == "sum" and dt.is_float(self.compute.dtypes[0]):
+            unseen = compare("gt", EXTRAPOLATION, const(1.0))
+            return where(compare("eq", found, const(0.0)), where(unseen, const(1.0), found),
+                         found)
+        return found
 
     def usable(self, e: Expr) -> Expr:
         """``e`` as a reference: 0 where it is no usable one — not finite (an overflow, or a

@@ -69,8 +69,12 @@ def test_a_mean_is_referenced_as_the_running_mean_however_it_is_written():
 
     over_n_ref = chain_of(over_n, ["w", "out"]).schemes["w"].reference()
     assert float(evaluate_plain(over_n_ref, {"w#0": 12.0, "__extrapolation": 2.5})) == 30.0
-    # an overflowed running value is no reference: 0 instead (exact all the same)
-    assert float(evaluate_plain(over_n_ref, {"w#0": float("inf"), "__extrapolation": 2.5})) == 0
+    # an overflowed running value is no reference, nor, mid-sweep, 0 (a member may divide by
+    # it: a masked prefix's count): 1 instead (exact all the same); once the whole axis is seen
+    # the reference is the value itself, 0 included
+    assert float(evaluate_plain(over_n_ref, {"w#0": float("inf"), "__extrapolation": 2.5})) == 1
+    assert float(evaluate_plain(over_n_ref, {"w#0": 0.0, "__extrapolation": 2.5})) == 1
+    assert float(evaluate_plain(over_n_ref, {"w#0": 0.0, "__extrapolation": 1.0})) == 0
     ref = chain_of(over_count, ["count", "w", "out"]).schemes["w"].reference()
     # S_y · E / (count's reference, itself count · E): the running mean, at any E
     for e in (1.0, 7.5):

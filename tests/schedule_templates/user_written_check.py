@@ -6,7 +6,8 @@ axes, a nearest codebook distance, an embedding bag, a roll, a product, a log-su
 with ``T.logsumexp``, an argmin over channels, a gradient clipped per row, a masked variance
 over tokens, a softmax over heads, a chain's two outputs, a gather at an argmax, a mean NLL over
 all tokens, a causal sliding max, a depthwise 3 × 3 convolution, grouped-query attention with a
-float32 bias on [B, S, H, D], an fp16 softmax over a temperature per batch element — each against a float64 torch reference (never the
+float32 bias on [B, S, H, D], an fp16 softmax over a temperature per batch element, a masked
+variance over long left-padded rows — each against a float64 torch reference (never the
 project's lowering), outputs poisoned, at ragged sizes and large value ranges: through Triton's
 interpreter as ``tf.compile`` makes them for sm_90a (this module's ``__main__``) and through the
 CPU target (:mod:`tests.schedule_templates.test_user_written`).
@@ -286,6 +287,15 @@ def gqa_bias_bshd(q: T.Tensor["B", "S", "H", "D", "bf16"],
     return T.sum(p * v[b, j, g, e], over=j) / T.sum(p, over=j)
 
 
+@tf.kernel
+def masked_var_rows(x: T.Tensor["B", "S", "f32"], mask: T.Tensor["B", "S", "f32"]):
+    """The variance of each row's values a mask keeps, its mean divided by the mask's count."""
+    b, s = T.axes("b s")
+    cnt = T.sum(mask[b, s], over=s)
+    mean = T.sum(x[b, s] * mask[b, s], over=s) / cnt
+    return T.sum(mask[b, s] * (x[b, s] - mean) * (x[b, s] - mean), over=s) / cnt
+
+
 # ---- cases: (arguments, float64 reference) on fresh inputs, ragged sizes ----
 
 def _randn(g, *shape, scale=3.0, dtype=torch.bfloat16):
@@ -460,6 +470,18 @@ def _temperature_case(g):
     temp = torch.rand(2, generator=g) + 0.5
     return dict(x=x, temp=temp), (x.double() / temp.double()[:, None, None]).softmax(-1)
 
+def _left_padded_case(g, B=2, S=40000):
+    """Rows of 40000 swept in blocks, their first 9000 masked (left padding): a count of 0
+    after the first block was a reference members divided by (0/0, every state NaN)."""
+    x = _randn(g, B, S, dtype=torch.float32) + 50
+    mask = (torch.rand(B, S, generator=g) > 0.3).float()
+    mask[:, :9000] = 0
+    xd, md = x.double(), mask.double()
+    count = md.sum(1)
+    mean = (xd * md).sum(1) / count
+    return dict(x=x, mask=mask), (md * (xd - mean[:, None]) ** 2).sum(1) / count
+
+
 CASES = {"smoothed_cross_entropy": (smoothed_cross_entropy, _smoothed_case),
          "softmax_entropy": (softmax_entropy, _entropy_case),
          "kl_logits": (kl_logits, _kl_case),
@@ -486,7 +508,8 @@ CASES = {"smoothed_cross_entropy": (smoothed_cross_entropy, _smoothed_case),
          "sliding_max": (sliding_max, _sliding_max_case),
          "depthwise3x3": (depthwise3x3, _depthwise_case),
          "gqa_bias_bshd": (gqa_bias_bshd, _gqa_bias_case),
-         "temp_softmax": (temp_softmax, _temperature_case)}
+         "temp_softmax": (temp_softmax, _temperature_case),
+         "masked_var_rows": (masked_var_rows, _left_padded_case)}
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...algebra.schemes import EXACT, EXTRAPOLATION
+from ...algebra.schemes import EXACT, EXTRAPOLATION, REFERENCE
 from ...dsl import dtypes as dt
 from ...dsl.evaluate import evaluate_plain
-from ...dsl.expr import Load, Ref, walk
+from ...dsl.expr import Binary, Load, Ref, Symbol, walk
 from .expr import TileContext, literal
 from .reductions import reducible
 
@@ -99,8 +99,9 @@ def referenced_lanes(plan) -> frozenset:
     from it); the first block's mean is as near the data as the running one where the rows do
     not drift along the sweep. Empty where a member's corrections do not leave empty states
     empty (the lanes' first block starts from the identity relative to the initial
-    reference), where another member reads a lane member's reference, or a dependency is read
-    exactly (a reset's)."""
+    reference), where another member reads a lane member's reference, a dependency is read
+    exactly (a reset's), or a body divides by a reference (a masked mean's ``Σ x·m / Σ m``: a
+    first block masked whole would fix it at 0/1, far from the data)."""
     if plan.mask is not None or plan.locals or any(sp.contraction for sp in plan.states):
         return frozenset()
     schemes, read = plan.chain.schemes, depended_on(plan)
@@ -113,7 +114,8 @@ def referenced_lanes(plan) -> frozenset:
             sp.monoid.name == "sum" and swept(sp) for sp in states[name])
 
     readers = [n for n, s in schemes.items() if s.deps]
-    if not readers or exactly_read(plan):
+    if not readers or exactly_read(plan) or any(_divides_by_a_reference(sp.body)
+                                                for sp in plan.states):
         return frozenset()
     for name in readers:
         scheme = schemes[name]
@@ -127,6 +129,26 @@ def referenced_lanes(plan) -> frozenset:
     return frozenset({(sp.member.name, sp.k) for name in readers for sp in states[name]
                       if swept(sp)} |
                      {(sp.member.name, sp.k) for d in read for sp in states[d]})
+
+
+def _divides_by_a_reference(body) -> bool:
+    """Whether ``body`` divides by an expression that reads another member's reference."""
+    found = []
+
+    def visit(node):
+        if isinstance(node, Binary) and node.op == "div" and any(
+                isinstance(n, Symbol) and n.name.endswith(f".{REFERENCE}")
+                for n in _nodes(node.b)):
+            found.append(node)
+
+    walk(body, visit)
+    return bool(found)
+
+
+def _nodes(expr) -> list:
+    out = []
+    walk(expr, out.append)
+    return out
 
 
 def _keeps_empty_states(plan, scheme) -> bool:
@@ -206,8 +228,8 @@ def initial_reference(plan, d: str, initial: dict, cols) -> float:
     formula on empty states, the dependencies at their initial references, extrapolated by the
     width ``cols``). A symbolic width (:mod:`~tensorfuse.dsl.symbolic_sizes`) is read at this
     build's value and not fixed: any reference gives an exact result (the final values correct
-    from it), this one is only where the sweep starts — and from empty sums it is 0 at any
-    width."""
+    from it), this one is only where the sweep starts — and from empty sums it is the same at
+    any width."""
     scheme = plan.chain.schemes[d]
     env = {f"{d}#{k}": np.asarray(st.monoid.identity_value(0, st.dtype), np.float64)
            for k, st in enumerate(scheme.states)}
