@@ -478,8 +478,8 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
                   block: int | None = None, num_warps: int | None = None,
                   num_stages: int | None = None, reload: bool | None = None,
                   splits: int | None = None, row_tiles: int | None = None,
-                  lanes: bool | None = None, tuned: Tuned | None = None, dynamic: "bool | None" = False,
-                  staged_few_tiles: bool = False) -> TritonKernel:
+                  lanes: bool | None = None, tuned: Tuned | None = None,
+                  dynamic: "bool | None" = False, staged_few_tiles: bool = False) -> TritonKernel:
     """A callable Triton kernel for ``kernel`` with ``fusion`` applied along its rows.
     ``reload``: a row held in one block is read again (from L2) for the outputs instead of kept
     in registers (``Knobs.reload``; ignored where the outputs do not run along the row).

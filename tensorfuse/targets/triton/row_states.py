@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...algebra.exprs import nodes
 from ...algebra.schemes import EXACT, EXTRAPOLATION, REFERENCE
 from ...dsl import dtypes as dt
 from ...dsl.evaluate import evaluate_plain
@@ -94,8 +95,8 @@ def referenced_lanes(plan) -> frozenset:
     variance's ``Σ (x − mean)²`` over the mean's ``Σ x``), each dependency's reference fixed
     after the sweep's first block (every lane of a row relative to the same value: folded by a
     plain sum after the loop, no correction per lane or per block) and the dependency's sum kept
-    per lane too. Without them a variance reduced three sums across the warps every block
-    (``rowtile``'s ``referenced`` knob). Any reference gives exact results (the finals correct
+    per lane too (``Knobs.lanes``); without them a variance reduces three sums across the warps
+    every block. Any reference gives exact results (the finals correct
     from it); the first block's mean is as near the data as the running one where the rows do
     not drift along the sweep. Empty where a member's corrections do not leave empty states
     empty (the lanes' first block starts from the identity relative to the initial
@@ -138,17 +139,11 @@ def _divides_by_a_reference(body) -> bool:
     def visit(node):
         if isinstance(node, Binary) and node.op == "div" and any(
                 isinstance(n, Symbol) and n.name.endswith(f".{REFERENCE}")
-                for n in _nodes(node.b)):
+                for n in nodes(node.b)):
             found.append(node)
 
     walk(body, visit)
     return bool(found)
-
-
-def _nodes(expr) -> list:
-    out = []
-    walk(expr, out.append)
-    return out
 
 
 def _keeps_empty_states(plan, scheme) -> bool:
