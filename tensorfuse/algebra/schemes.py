@@ -102,8 +102,8 @@ class Scheme:
         written ``Σ y / N`` comes out as the running mean, and one written ``Σ y / l`` with
         ``l = Σ 1`` as the running mean too (the extrapolations cancel), where extrapolating the
         value itself would put it ``N / seen`` times too far from the data.
-        A float sum seen as 0 so far (a count of a masked prefix) is referenced as 1 while part
-        of the axis is still unseen: members may divide by it (a masked variance's
+        A sum seen as 0 so far (a count of a masked prefix, float or integer) is referenced as 1
+        while part of the axis is still unseen: members may divide by it (a masked variance's
         ``x − Σ x·m / Σ m`` was 0/0 after a first block masked whole, and its states NaN for
         good), and any finite reference is exact. Once the whole axis is seen (extrapolated by
         1: one block the whole row) the reference is the value itself, which a kernel of one
@@ -116,10 +116,11 @@ class Scheme:
                 scaled[f"{self.name}#{k}"] = add(self.state_symbol(k), unary("log", EXTRAPOLATION))
         found = self.usable(simplify(substitute(self.value[0], lambda n: scaled.get(n.name)
                                                 if isinstance(n, Symbol) else None)))
-        if self.compute.monoid.name == "sum" and dt.is_float(self.compute.dtypes[0]):
+        dtype = self.compute.dtypes[0]
+        if self.compute.monoid.name == "sum" and (dt.is_float(dtype) or dt.is_int(dtype)):
             unseen = compare("gt", EXTRAPOLATION, const(1.0))
-            return where(compare("eq", found, const(0.0)), where(unseen, const(1.0), found),
-                         found)
+            zero, one = (Const(v if dt.is_float(dtype) else int(v), dtype) for v in (0.0, 1.0))
+            return where(compare("eq", found, zero), where(unseen, one, found), found)
         return found
 
     def usable(self, e: Expr) -> Expr:

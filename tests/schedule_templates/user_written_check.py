@@ -296,6 +296,15 @@ def masked_var_rows(x: T.Tensor["B", "S", "f32"], mask: T.Tensor["B", "S", "f32"
     return T.sum(mask[b, s] * (x[b, s] - mean) * (x[b, s] - mean), over=s) / cnt
 
 
+@tf.kernel
+def masked_var_int_rows(x: T.Tensor["B", "S", "f32"], mask: T.Tensor["B", "S", "i32"]):
+    """The same with an integer mask: its count an integer sum."""
+    b, s = T.axes("b s")
+    cnt = T.sum(mask[b, s], over=s)
+    mean = T.sum(x[b, s] * mask[b, s], over=s) / cnt
+    return T.sum(mask[b, s] * (x[b, s] - mean) * (x[b, s] - mean), over=s) / cnt
+
+
 # ---- cases: (arguments, float64 reference) on fresh inputs, ragged sizes ----
 
 def _randn(g, *shape, scale=3.0, dtype=torch.bfloat16):
@@ -470,11 +479,11 @@ def _temperature_case(g):
     temp = torch.rand(2, generator=g) + 0.5
     return dict(x=x, temp=temp), (x.double() / temp.double()[:, None, None]).softmax(-1)
 
-def _left_padded_case(g, B=2, S=40000):
+def _left_padded_case(g, B=2, S=40000, mask_dtype=torch.float32):
     """Rows of 40000 swept in blocks, their first 9000 masked (left padding): a count of 0
     after the first block was a reference members divided by (0/0, every state NaN)."""
     x = _randn(g, B, S, dtype=torch.float32) + 50
-    mask = (torch.rand(B, S, generator=g) > 0.3).float()
+    mask = (torch.rand(B, S, generator=g) > 0.3).to(mask_dtype)
     mask[:, :9000] = 0
     xd, md = x.double(), mask.double()
     count = md.sum(1)
@@ -509,7 +518,9 @@ CASES = {"smoothed_cross_entropy": (smoothed_cross_entropy, _smoothed_case),
          "depthwise3x3": (depthwise3x3, _depthwise_case),
          "gqa_bias_bshd": (gqa_bias_bshd, _gqa_bias_case),
          "temp_softmax": (temp_softmax, _temperature_case),
-         "masked_var_rows": (masked_var_rows, _left_padded_case)}
+         "masked_var_rows": (masked_var_rows, _left_padded_case),
+         "masked_var_int_rows": (masked_var_int_rows,
+                                 lambda g: _left_padded_case(g, mask_dtype=torch.int32))}
 
 
 if __name__ == "__main__":
