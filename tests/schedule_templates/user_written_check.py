@@ -287,22 +287,19 @@ def gqa_bias_bshd(q: T.Tensor["B", "S", "H", "D", "bf16"],
     return T.sum(p * v[b, j, g, e], over=j) / T.sum(p, over=j)
 
 
-@tf.kernel
-def masked_var_rows(x: T.Tensor["B", "S", "f32"], mask: T.Tensor["B", "S", "f32"]):
-    """The variance of each row's values a mask keeps, its mean divided by the mask's count."""
-    b, s = T.axes("b s")
-    cnt = T.sum(mask[b, s], over=s)
-    mean = T.sum(x[b, s] * mask[b, s], over=s) / cnt
-    return T.sum(mask[b, s] * (x[b, s] - mean) * (x[b, s] - mean), over=s) / cnt
+def masked_variance(mask_dtype: str):
+    """The variance of each row's values a mask of ``mask_dtype`` keeps, its mean divided by
+    the mask's count (an integer sum for an integer mask)."""
+    @tf.kernel
+    def masked_var_rows(x: T.Tensor["B", "S", "f32"], mask: T.Tensor["B", "S", mask_dtype]):
+        b, s = T.axes("b s")
+        cnt = T.sum(mask[b, s], over=s)
+        mean = T.sum(x[b, s] * mask[b, s], over=s) / cnt
+        return T.sum(mask[b, s] * (x[b, s] - mean) * (x[b, s] - mean), over=s) / cnt
+    return masked_var_rows
 
 
-@tf.kernel
-def masked_var_int_rows(x: T.Tensor["B", "S", "f32"], mask: T.Tensor["B", "S", "i32"]):
-    """The same with an integer mask: its count an integer sum."""
-    b, s = T.axes("b s")
-    cnt = T.sum(mask[b, s], over=s)
-    mean = T.sum(x[b, s] * mask[b, s], over=s) / cnt
-    return T.sum(mask[b, s] * (x[b, s] - mean) * (x[b, s] - mean), over=s) / cnt
+masked_var_rows = masked_variance("f32")
 
 
 # ---- cases: (arguments, float64 reference) on fresh inputs, ragged sizes ----
@@ -519,7 +516,7 @@ CASES = {"smoothed_cross_entropy": (smoothed_cross_entropy, _smoothed_case),
          "gqa_bias_bshd": (gqa_bias_bshd, _gqa_bias_case),
          "temp_softmax": (temp_softmax, _temperature_case),
          "masked_var_rows": (masked_var_rows, _left_padded_case),
-         "masked_var_int_rows": (masked_var_int_rows,
+         "masked_var_int_rows": (masked_variance("i32"),
                                  lambda g: _left_padded_case(g, mask_dtype=torch.int32))}
 
 
