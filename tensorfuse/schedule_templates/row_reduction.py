@@ -199,7 +199,8 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
         if narrow.splits == 1 and realignment(plan, narrow, False, wide) is not None:
             return narrow
     split = _split_few_tiles(plan, knobs, target)
-    if split.splits > 1 and rows_contiguous(plan) and referenced_lanes(plan):
+    if target.kind == "cuda" and split.splits > 1 and rows_contiguous(plan) and \
+            referenced_lanes(plan):
         rows, block, warps, stages = LANES_SWEPT
         return _split_few_tiles(plan, Knobs(block_m=rows, block_n=block, num_warps=warps,
                                             num_stages=stages, reload=0, lanes=1), target)
@@ -211,7 +212,8 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
 # On the H100, [100352, 256] bf16 from cold L2: 36.6 µs against 39.5 in the 32 × 512 blocks
 # reduced across the warps every block (33 parts; torch.compile 41.4); the same 64 × 64 tiles
 # without lanes 66.2, 32 × 64 77.1 against 39.3 with (``benchmarks.strided_rows_knobs --only
-# channel_stats --family lanes --cold``). Flat rows gained nothing (a group norm's)
+# channel_stats --family lanes --cold``). Flat rows gained nothing (a group norm's); ROCm not
+# measured (its tiles kept)
 LANES_SWEPT = (64, 64, 4, 3)
 
 
