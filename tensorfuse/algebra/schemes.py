@@ -31,8 +31,8 @@ from typing import Sequence
 from dataclasses import dataclass, field
 
 from ..dsl import dtypes as dt
-from ..dsl.expr import (Binary, Const, Expr, Ref, Symbol, Unary, binary, compare, unary,
-                        where)
+from ..dsl.expr import (Binary, Cast, Const, Expr, Ref, Symbol, Unary, binary, compare,
+                        unary, where)
 from ..dsl.monoid import SUM, Monoid
 from ..dsl.printer import to_text
 from .exprs import (ONE_KEY, add, const, is_const, mul, refs_to, simplify, substitute,
@@ -100,8 +100,9 @@ class Scheme:
         own references (``d.new``). Any reference gives an exact result (the final value corrects
         from it); one close to the final value keeps the corrections from cancelling. A mean
         written ``Σ y / N`` comes out as the running mean, and one written ``Σ y / l`` with
-        ``l = Σ 1`` as the running mean too (the extrapolations cancel), where extrapolating the
-        value itself would put it ``N / seen`` times too far from the data.
+        ``l = Σ 1`` (or an integer count) as the running mean too (the extrapolations cancel),
+        where extrapolating the value itself would put it ``N / seen`` times too far from the
+        data.
         A sum seen as 0 so far (a count of a masked prefix, float or integer) is referenced as 1
         while part of the axis is still unseen: members may divide by it (a masked variance's
         ``x − Σ x·m / Σ m`` was 0/0 after a first block masked whole, and its states NaN for
@@ -112,6 +113,10 @@ class Scheme:
         for k, st in enumerate(self.states):
             if st.monoid.name == "sum" and dt.is_float(st.dtype):
                 scaled[f"{self.name}#{k}"] = mul(self.state_symbol(k), EXTRAPOLATION)
+            elif st.monoid.name == "sum" and dt.is_int(st.dtype):   # a count: extrapolated as
+                # the float sums beside it are (a mean over it is the running mean), kept whole
+                scaled[f"{self.name}#{k}"] = Cast(mul(Cast(self.state_symbol(k), "f32"),
+                                                      EXTRAPOLATION), st.dtype)
             elif st.monoid.name == "logsumexp":  # log Σ exp, its sum extrapolated
                 scaled[f"{self.name}#{k}"] = add(self.state_symbol(k), unary("log", EXTRAPOLATION))
         found = self.usable(simplify(substitute(self.value[0], lambda n: scaled.get(n.name)

@@ -13,10 +13,25 @@ from tests.schedule_templates.user_written_check import (CASES, cosine_attention
                                                          token_l2_distance_min)
 
 
-def test_user_written_kernels_match_float64_in_the_triton_interpreter():
-    from tests.helpers import check_interpreted
+def _tolerance(kernel) -> float:
+    """The relative error allowed a kernel's outputs against float64: 2e-2 where one is stored
+    in a 16-bit float (its rounding alone is 4e-3), 1e-5 where all are float32 or integers."""
+    sixteen = {"bf16", "f16"} & {c.dtypes[0] for c in kernel.program.outputs}
+    return 2e-2 if sixteen else 1e-5
 
-    check_interpreted("tests.schedule_templates.user_written_check", CASES)
+
+def _too_far(errors: dict) -> dict:
+    return {n: e for n, e in errors.items() if not e < _tolerance(CASES[n][0])}
+
+
+def test_user_written_kernels_match_float64_in_the_triton_interpreter():
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    from tests.helpers import run_interpreted
+
+    seed = fresh_seed()
+    errors = run_interpreted("tests.schedule_templates.user_written_check", seed)
+    assert set(errors) == set(CASES), errors
+    assert not _too_far(errors), f"{_too_far(errors)} (TENSORFUSE_SEED={seed})"
 
 
 def test_user_written_kernels_match_float64_on_the_cpu_target():
@@ -37,8 +52,7 @@ def test_user_written_kernels_match_float64_on_the_cpu_target():
             outs = poisoned_call(tf.compile(kernel), kernel.program, args, want)
             wants = want if isinstance(want, tuple) else (want,)
             errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))
-    worst = {n: e for n, e in errors.items() if not e < 2e-2}
-    assert not worst, f"{worst} (TENSORFUSE_SEED={seed})"
+    assert not _too_far(errors), f"{_too_far(errors)} (TENSORFUSE_SEED={seed})"
 
 
 def test_the_masked_variance_builds_on_the_cpu_with_its_references_per_feature():
