@@ -9,6 +9,7 @@ costs a dictionary lookup, while a wrong shape or dtype still gets the full chec
 from __future__ import annotations
 
 import math
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -18,7 +19,9 @@ from .dsl import dtypes as dt
 from .dsl.expr import user_location
 from .dsl.program import Program, ScalarParam, TensorParam
 from .errors import CallError
-from .index_checks import check_gathers, checks_indices, gathers
+from .dsl.evaluate import axis_sizes_for
+from .dsl.index_bounds import affine_reads, overruns
+from .index_checks import IndexOutOfRange, check_gathers, checks_indices, gathers
 from .interop import ArrayInfo, describe, is_array, torch_output
 
 INT32_LIMIT = 2**31 - 1
@@ -57,6 +60,24 @@ def check_named_sizes(program: Program, dims: dict, complete: bool) -> None:
     problem = program.size_problems(dims, complete)
     if problem:
         raise CallError(problem, user_location())
+    if complete:   # code for these sizes: not where an index leaves its dimension
+        check_index_arithmetic(program, program.with_derived_sizes(dims))
+
+
+_AFFINE_READS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def check_index_arithmetic(program: Program, dims: dict) -> None:
+    """Refuse sizes at which an index computed from axes (``x[i, j + half]``) reads outside its
+    dimension (:mod:`~tensorfuse.dsl.index_bounds`): before anything runs, on every target —
+    the reads are found once per program, their ranges once per call signature."""
+    reads = _AFFINE_READS.get(program)
+    if reads is None:
+        reads = _AFFINE_READS[program] = affine_reads(program)
+    if reads:
+        problems = overruns(program, reads, axis_sizes_for(program, dims), dims)
+        if problems:
+            raise IndexOutOfRange(problems[0], user_location())
 
 
 def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -> BoundCall:
@@ -99,6 +120,7 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
     conflicts = program.fixed_size_conflicts(dims)
     if conflicts:
         raise CallError(conflicts[0], user_location())
+    check_index_arithmetic(program, dims)
 
     frameworks = {i.framework for i in infos.values()}
     devices = {i.device for i in infos.values() if i.framework != "numpy"}

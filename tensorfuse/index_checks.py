@@ -41,7 +41,8 @@ MAX_CHECKED = 1 << 24
 
 
 class IndexOutOfRange(CallError, IndexError):
-    """A gathered index outside the dimension it indexes."""
+    """An index outside the dimension it indexes: a gathered one (here), or arithmetic on axes
+    (:mod:`tensorfuse.dsl.index_bounds`)."""
 
 
 @dataclass(frozen=True)

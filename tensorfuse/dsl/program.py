@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from . import dtypes as dt
-from .expr import Axis, DimSize, Expr, Load, Ref, as_expr, user_location, walk
+from .expr import Axis, DimSize, Expr, Load, Ref, as_expr, binary, user_location, walk
 from ..errors import AxisError, DTypeError, ShapeError, SourceLocation
 
 
@@ -46,7 +46,12 @@ class TensorParam:
                                     f"(positions {seen[ix.uid]} and {position}); declare a second "
                                     "axis for the second dimension", loc)
                 seen[ix.uid] = position
-                _bind_extent(ix, self.dims[position], f"dimension {position} of {self.name}", loc)
+                if _bind_extent(ix, self.dims[position], f"dimension {position} of {self.name}",
+                                loc):
+                    # an axis declared over part of the dimension reads its first part: index
+                    # arithmetic, checked against the dimension at each call's sizes
+                    # (``index_bounds``), never taken by the templates for the whole dimension
+                    exprs[position] = binary("add", ix, 0)
         return Load(self, exprs, loc)
 
     def __repr__(self) -> str:
@@ -64,14 +69,19 @@ def _dims_text(dims) -> str:
     return ", ".join(repr(d) for d in dims)
 
 
-def _bind_extent(axis: Axis, dim, where: str, loc) -> None:
-    """Give ``axis`` the size of ``dim``, or complain when it already has a different one."""
+def _bind_extent(axis: Axis, dim, where: str, loc) -> bool:
+    """Give ``axis`` the size of ``dim``, or complain when it already has a different one that
+    an earlier dimension gave it. True where the axis was declared with a size of its own
+    (``T.axis("j", T.size("N") // 2)``) that is not the dimension's: it reads part of it."""
     if axis.extent is None:
         axis.extent = dim
         axis_binding_sites[axis.uid] = (where, loc)
-        return
+        return False
     if axis.extent == dim:
-        return
+        return False
+    declared = axis.uid not in axis_binding_sites
+    if declared and type(axis.extent) is type(dim):
+        return True
     first_where, first_loc = axis_binding_sites.get(axis.uid, ("its declaration", axis.loc))
     if isinstance(axis.extent, int) and isinstance(dim, int) or (
             isinstance(axis.extent, str) and isinstance(dim, str)):
@@ -80,6 +90,7 @@ def _bind_extent(axis: Axis, dim, where: str, loc) -> None:
                          "really the same size, give the dimensions the same name", loc)
     # one named, one fixed: the name must take that value at call time
     axis_size_constraints.append((axis.extent, dim, loc))
+    return False
 
 
 # Bookkeeping of the trace in progress (reset by the tracer for each kernel).

@@ -1,5 +1,5 @@
 """Kernels as users write them that no issue or benchmark lists (:mod:`tests.schedule_templates.
-user_written_check`): their numbers against float64 through Triton's interpreter (as
+user_written_check`, :mod:`tests.schedule_templates.user_written_more_check`): their numbers against float64 through Triton's interpreter (as
 ``tf.compile`` makes them for sm_90a) and through the CPU target, and the plans of a few at a
 GPU's sizes."""
 import warnings
@@ -8,9 +8,11 @@ import pytest
 
 import tensorfuse as tf
 from tests.helpers import fresh_seed, poisoned_call, relative_error
-from tests.schedule_templates.user_written_check import (CASES, cosine_attention,
-                                                         masked_var_tokens, rms_over_heads,
-                                                         token_l2_distance_min)
+from tests.schedule_templates import user_written_check, user_written_more_check
+from tests.schedule_templates.user_written_check import (cosine_attention, masked_var_tokens,
+                                                         rms_over_heads, token_l2_distance_min)
+
+MODULES = [user_written_check, user_written_more_check]
 
 
 def _tolerance(kernel) -> float:
@@ -20,21 +22,24 @@ def _tolerance(kernel) -> float:
     return 2e-2 if sixteen else 1e-5
 
 
-def _too_far(errors: dict) -> dict:
-    return {n: e for n, e in errors.items() if not e < _tolerance(CASES[n][0])}
+def _too_far(errors: dict, cases: dict) -> dict:
+    return {n: e for n, e in errors.items() if not e < _tolerance(cases[n][0])}
 
 
-def test_user_written_kernels_match_float64_in_the_triton_interpreter():
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_user_written_kernels_match_float64_in_the_triton_interpreter(module):
     pytest.importorskip("triton", reason="the templates generate Triton kernels")
     from tests.helpers import run_interpreted
 
     seed = fresh_seed()
-    errors = run_interpreted("tests.schedule_templates.user_written_check", seed)
-    assert set(errors) == set(CASES), errors
-    assert not _too_far(errors), f"{_too_far(errors)} (TENSORFUSE_SEED={seed})"
+    errors = run_interpreted(module.__name__, seed)
+    assert set(errors) == set(module.CASES), errors
+    too_far = _too_far(errors, module.CASES)
+    assert not too_far, f"{too_far} (TENSORFUSE_SEED={seed})"
 
 
-def test_user_written_kernels_match_float64_on_the_cpu_target():
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_user_written_kernels_match_float64_on_the_cpu_target(module):
     """The same kernels through ``tf.compile`` on the CPU (TVM's LLVM backend), outputs
     poisoned. A masked variance over tokens — its count per sequence, its mean per sequence and
     feature — crashed building on the CPU: the row of references kept per chunk was indexed
@@ -47,12 +52,13 @@ def test_user_written_kernels_match_float64_on_the_cpu_target():
     errors = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name, (kernel, case) in CASES.items():
+        for name, (kernel, case) in module.CASES.items():
             args, want = case(generator)
             outs = poisoned_call(tf.compile(kernel), kernel.program, args, want)
             wants = want if isinstance(want, tuple) else (want,)
             errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))
-    assert not _too_far(errors), f"{_too_far(errors)} (TENSORFUSE_SEED={seed})"
+    too_far = _too_far(errors, module.CASES)
+    assert not too_far, f"{too_far} (TENSORFUSE_SEED={seed})"
 
 
 def test_the_masked_variance_builds_on_the_cpu_with_its_references_per_feature():

@@ -1,0 +1,159 @@
+"""Index arithmetic checked against the dimensions it indexes, once per call sizes.
+
+A tensor read at an index computed from axes — ``x[i, j + T.size("N") // 2]`` (the second half
+of a row), ``x[b, 2 * o + k]`` (a pooling window), ``x[b, t - 1]`` — is in bounds only if the
+axes' extents keep it there, and an axis takes its extent from the first dimension it indexes
+*directly*. Written as ``a = x[i, j]; b = x[i, j + half]`` with ``j`` running over the whole row,
+the second read runs past the row: on the CPU target it read the next row's values, on a GPU
+memory past the tensor — a wrong result with no error.
+
+So every read index that is neither an axis alone (bound to its dimension when traced) nor a
+gather (data: :mod:`tensorfuse.index_checks`) has its range computed from the call's sizes and
+refused when it leaves ``[0, size)``. The range is computed by interval arithmetic, exact where
+every axis occurs once in the index (each extreme is reached by some point of the axes); an
+index that reads an axis twice, a scalar or a computed value is left unchecked, as is a read
+under a ``T.where`` branch (its condition is the user's guard: ``T.where(t >= k, x[b, t - k],
+…)``, a padded convolution's taps).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .expr import Axis, Binary, Cast, Const, DimSize, Expr, Load, Unary, Where, is_gathered
+
+
+@dataclass(frozen=True)
+class AffineRead:
+    """``load``'s index ``position``: arithmetic on axes, sizes and constants."""
+
+    load: Load
+    position: int
+
+
+def affine_reads(program) -> list[AffineRead]:
+    """The reads of ``program`` (outside any ``T.where`` branch) whose index at some position
+    is arithmetic on axes that reads each axis once — the ones :func:`overruns` can bound
+    exactly."""
+    found: dict[tuple, AffineRead] = {}
+
+    def visit(e: Expr) -> None:
+        if isinstance(e, Where):   # its branches are guarded by the condition
+            visit(e.cond)
+            return
+        if isinstance(e, Load):
+            for k, index in enumerate(e.indices):
+                if not isinstance(index, Axis) and not is_gathered(index) and _bounded(index):
+                    found.setdefault((e.param.name, k, index.key()), AffineRead(e, k))
+        for child in e.children():
+            visit(child)
+
+    for c in program.computes:
+        for body in c.bodies:
+            visit(body)
+    return list(found.values())
+
+
+def _bounded(index: Expr) -> bool:
+    """Arithmetic this module bounds, each axis read once."""
+    uses = Counter()
+
+    def walk(e: Expr) -> bool:
+        if isinstance(e, Axis):
+            uses[e.uid] += 1
+            return True
+        if isinstance(e, (Const, DimSize)):
+            return True
+        if isinstance(e, Cast):
+            return walk(e.a)
+        if isinstance(e, Unary):
+            return e.op == "neg" and walk(e.a)
+        if isinstance(e, Binary):
+            return e.op in _OPS and walk(e.a) and walk(e.b)
+        return False
+
+    return walk(index) and all(n == 1 for n in uses.values())
+
+
+def _mul(a, b):
+    corners = [x * y for x in a for y in b]
+    return min(corners), max(corners)
+
+
+def _floordiv(a, b):
+    if b[0] != b[1] or b[0] <= 0:
+        return None
+    return a[0] // b[0], a[1] // b[0]
+
+
+def _mod(a, b):
+    if b[0] != b[1] or b[0] <= 0:
+        return None
+    m = b[0]
+    if a[0] >= 0 and a[1] < m:
+        return a
+    # the range wraps or spans a whole period: both 0 and m - 1 are reached
+    return (a[0] % m, a[1] % m) if a[0] // m == a[1] // m else (0, m - 1)
+
+
+_OPS = {"add": lambda a, b: (a[0] + b[0], a[1] + b[1]),
+        "sub": lambda a, b: (a[0] - b[1], a[1] - b[0]),
+        "mul": _mul, "floordiv": _floordiv, "mod": _mod,
+        "max": lambda a, b: (max(a[0], b[0]), max(a[1], b[1])),
+        "min": lambda a, b: (min(a[0], b[0]), min(a[1], b[1]))}
+
+
+def index_range(index: Expr, axis_sizes: dict, dims: dict) -> tuple[int, int] | None:
+    """The smallest and largest value of ``index`` over its axes (``axis_sizes``: extent by
+    axis uid), or None where this module does not bound it."""
+    if isinstance(index, Axis):
+        return 0, axis_sizes[index.uid] - 1
+    if isinstance(index, Const):
+        return int(index.value), int(index.value)
+    if isinstance(index, DimSize):
+        return dims[index.name], dims[index.name]
+    if isinstance(index, Cast):
+        return index_range(index.a, axis_sizes, dims)
+    if isinstance(index, Unary) and index.op == "neg":
+        inner = index_range(index.a, axis_sizes, dims)
+        return None if inner is None else (-inner[1], -inner[0])
+    if isinstance(index, Binary) and index.op in _OPS:
+        a, b = index_range(index.a, axis_sizes, dims), index_range(index.b, axis_sizes, dims)
+        return None if a is None or b is None else _OPS[index.op](a, b)
+    return None
+
+
+def overruns(program, reads: list[AffineRead], axis_sizes: dict, dims: dict) -> list[str]:
+    """What each of ``reads`` reaches outside its dimension at these sizes, said for the user
+    (the read, the range, the axes' extents and the two ways to write it)."""
+    from .printer import to_text
+
+    problems = []
+    for r in reads:
+        index = r.load.indices[r.position]
+        found = index_range(index, axis_sizes, dims)
+        dim = r.load.param.dims[r.position]
+        size = dim if isinstance(dim, int) else dims[dim]
+        if found is None or (found[0] >= 0 and found[1] < size):
+            continue
+        axes = sorted({a.uid: a for a in _axes(index)}.values(), key=lambda a: a.name)
+        read = f"{r.load.param.name}[{', '.join(to_text(i) for i in r.load.indices)}]"
+        where = f"{read} reads dimension {r.position} of {r.load.param.name} ({dim}={size})"
+        if not axes:   # a constant index (a slice of a packed tensor: qkv[..., 2, ...])
+            problems.append(f"{program.name}: {where} at {found[0]}, outside 0…{size - 1}")
+            continue
+        extents = ", ".join(f"{a.name} over 0…{axis_sizes[a.uid] - 1}" for a in axes)
+        problems.append(
+            f"{program.name}: {where} at {to_text(index)} = {found[0]}…{found[1]}, outside "
+            f"0…{size - 1} ({extents}: an axis takes the size of the first dimension it indexes "
+            "alone). Declare the axis with the extent it runs over (T.axis(name, size "
+            "expression)), or read it under T.where(condition, ..., fill) where the index is "
+            "inside")
+    return problems
+
+
+def _axes(e: Expr):
+    if isinstance(e, Axis):
+        yield e
+    for child in e.children():
+        yield from _axes(child)

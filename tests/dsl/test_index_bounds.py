@@ -1,0 +1,120 @@
+"""Index arithmetic out of its dimension (``tensorfuse/dsl/index_bounds.py``): a read at
+``x[i, j + half]`` whose axis ``j`` took the whole row's extent from ``x[i, j]`` ran past the row —
+the CPU target read the next row's values and returned a wrong result without a word. Such a
+read is refused at the call's sizes, before anything runs, on every target; guarded reads,
+modular indices and axes declared with the extent they run over are not."""
+import numpy as np
+import pytest
+import torch
+
+import tensorfuse as tf
+from tensorfuse import dsl as T
+from tensorfuse.dsl.index_bounds import affine_reads, index_range
+from tensorfuse.errors import CallError
+from tensorfuse.index_checks import IndexOutOfRange
+from tests.schedule_templates.user_written_more_check import swiglu_rms   # j over half the row
+
+
+@tf.kernel
+def swiglu_rms_overrun(x: T.Tensor["M", "N2", "f32"]):
+    """SwiGLU of a row's halves with ``j`` bound to the whole row by ``x[i, j]``."""
+    i, j = T.axes("i j")
+    half = T.size("N2") // 2
+    a, b = x[i, j], x[i, j + half]
+    y = a * T.sigmoid(a) * b
+    return T.sum(y * y, over=j)
+
+
+@tf.kernel
+def next_step_difference(x: T.Tensor["B", "L", "f32"]):
+    """``x[t + 1] − x[t]`` over every t: the last step reads one past the end."""
+    b, t = T.axes("b t")
+    return x[b, t + 1] - x[b, t]
+
+
+@tf.kernel
+def guarded_difference(x: T.Tensor["B", "L", "f32"]):
+    """The same with the last step's read under a guard."""
+    b, t = T.axes("b t")
+    return T.where(t + 1 < T.size("L"), x[b, t + 1], 0.0) - x[b, t]
+
+
+@tf.kernel
+def reversed_rows(x: T.Tensor["M", "N", "f32"], shift: T.i32):
+    """A row read backwards and a roll by a scalar: in range whatever the sizes."""
+    i, j = T.axes("i"), T.axis("j", "N")
+    n = T.size("N")
+    return x[i, n - 1 - j] + x[i, (j + shift) % n]
+
+
+def _swiglu_rms_reference(x: np.ndarray) -> np.ndarray:
+    a, b = np.split(x.astype(np.float64), 2, axis=1)
+    y = a / (1 + np.exp(-a)) * b
+    return np.sqrt((y * y).mean(1))
+
+
+def test_an_index_past_its_dimension_is_refused_before_anything_runs(rng):
+    x = rng.standard_normal((3, 12)).astype(np.float32)
+    out = np.full(3, np.nan, np.float32)
+    with pytest.raises(IndexOutOfRange) as info:
+        tf.compile(swiglu_rms_overrun, "llvm")(x, out=out)
+    text = str(info.value)
+    assert "x[i, j + T.size('N2') // 2] reads dimension 1 of x (N2=12) at " in text
+    assert "= 6…17, outside 0…11 (j over 0…11" in text and "T.axis(" in text, text
+    assert isinstance(info.value, CallError) and isinstance(info.value, IndexError)
+    assert np.isnan(out).all()   # nothing ran
+
+
+def test_the_gpu_paths_refuse_it_at_the_sizes_they_plan_for():
+    with pytest.raises(IndexOutOfRange, match=r"N2=300\) at .* = 150…449"):
+        tf.compile(swiglu_rms_overrun, "cuda:sm_90a").describe_plan(M=4, N2=300)
+    with pytest.raises(IndexOutOfRange, match=r"x\[b, t \+ 1\] reads dimension 1 of x \(L=9\) "
+                       r"at t \+ 1 = 1…9, outside 0…8"):
+        tf.compile(next_step_difference, "llvm")(torch.randn(2, 9))
+
+
+def test_the_axis_declared_with_its_extent_runs_and_matches_float64(rng):
+    x = torch.from_numpy(rng.standard_normal((5, 34)).astype(np.float32) * 3).bfloat16()
+    got = tf.compile(swiglu_rms, "llvm")(x).double().numpy()
+    np.testing.assert_allclose(got, _swiglu_rms_reference(x.double().numpy()), rtol=1e-2)
+
+
+def test_guarded_reversed_and_modular_reads_are_not_refused(rng):
+    x = rng.standard_normal((2, 9)).astype(np.float32)
+    want = np.concatenate([x[:, 1:], np.zeros((2, 1), np.float32)], 1) - x
+    np.testing.assert_allclose(tf.compile(guarded_difference, "llvm")(x), want, rtol=1e-6)
+    y = rng.standard_normal((3, 7)).astype(np.float32)
+    got = tf.compile(reversed_rows, "llvm")(y, -10)
+    want = y[:, ::-1] + y[:, (np.arange(7) - 10) % 7]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_the_reads_bounded_and_their_ranges():
+    """Which reads are bounded (each axis once, no scalar, no gather, not under a T.where
+    branch), and the exact extremes of arithmetic over them."""
+    bounded = [(r.load.param.name, r.position) for r in affine_reads(reversed_rows.program)]
+    assert bounded == [("x", 1)]    # n − 1 − j; the roll reads a scalar: unchecked
+    assert affine_reads(guarded_difference.program) == []
+    (read,) = affine_reads(next_step_difference.program)
+    axes = {a.uid: 9 for a in next_step_difference.program.axes}
+    assert index_range(read.load.indices[1], axes, {"L": 9}) == (1, 9)
+    i, j = T.axes("i j")
+    sizes = {i.uid: 10, j.uid: 4}
+    for index, want in [(2 * i + j - 3, (-3, 18)), ((i + 7) % 5, (0, 4)), ((i + 20) % 64, (20, 29)),
+                        ((j + 3) // 2, (1, 3)), (T.maximum(i - 5, 0), (0, 4))]:
+        assert index_range(index, sizes, {}) == want, index
+
+
+@tf.kernel
+def leading_columns_dot(x: T.Tensor["M", "N", "f32"], w: T.Tensor["K", "f32"]):
+    """Each row's first K columns against a weight of K: an axis of K reading x's dimension N."""
+    i, k = T.axes("i"), T.axis("k", "K")
+    return T.sum(x[i, k] * w[k], over=k)
+
+
+def test_an_axis_declared_over_part_of_a_dimension_reads_its_first_part(rng):
+    x, w = rng.standard_normal((3, 8)).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+    f = tf.compile(leading_columns_dot, "llvm")
+    np.testing.assert_allclose(f(x, w), x[:, :5].astype(np.float64) @ w, rtol=1e-5)
+    with pytest.raises(IndexOutOfRange, match=r"reads dimension 1 of x \(N=8\) at k \+ 0 = 0…8"):
+        f(x, rng.standard_normal(9).astype(np.float32))
