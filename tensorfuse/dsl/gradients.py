@@ -25,9 +25,11 @@ dimension's size once more, e.g. the number of key/value heads for grouped atten
 one parameter by different index expressions give separate partial gradients, which
 :class:`GradientKernel`'s callers add (``parts``).
 
+- a product passes each term the product of the others (where terms are 0 as well, as
+  ``torch.prod``'s backward: through the count of zeros and the product of the nonzero terms).
+
 Refused, with the value and the reason: gradients of integer and boolean parameters, of an
-argmax/argmin (its index is not differentiable; its value is, through ``T.max``), of a product
-reduction (zeros make its derivative ill-defined; write it as ``exp(sum(log x))``).
+argmax/argmin (its index is not differentiable; its value is, through ``T.max``).
 """
 from __future__ import annotations
 
@@ -162,10 +164,9 @@ def _check_differentiable(c: Compute) -> None:
     if c.is_reduction and c.monoid.arity > 1:
         raise GradientError(f"{c.name} is a {c.monoid.name} (a value and its index): an index has "
                             f"no gradient; for a differentiable maximum use T.max", c.loc)
-    if c.is_reduction and c.monoid.name not in ("sum", "max", "min", "logsumexp"):
+    if c.is_reduction and c.monoid.name not in ("sum", "max", "min", "logsumexp", "prod"):
         raise GradientError(f"{c.name}: gradients of a {c.monoid.name} reduction are not "
-                            "supported (write a product as T.exp(T.sum(T.log(x), over=...)) "
-                            "where x > 0)", c.loc)
+                            "supported", c.loc)
 
 
 def _seeds(c: Compute, adjoint: Expr, names: dict, taken: set):
@@ -178,11 +179,28 @@ def _seeds(c: Compute, adjoint: Expr, names: dict, taken: set):
         return [(body, adjoint)]
     if c.monoid.name == "logsumexp":
         return [(body, adjoint * unary("exp", body - value))]
+    if c.monoid.name == "prod":
+        return [(body, adjoint * _product_of_others(c, names, taken))]
     hit = compare("eq", body, value)
     one = Const(1.0, dt.resolve(value.dtype))
     ties = ops.sum(where(hit, one, Const(0.0, one.dtype)), over=c.over)
     names[ties.uid] = fresh_name(f"ties_{c.name}", taken)
     return [(body, where(hit, adjoint / ties, 0.0))]
+
+
+def _product_of_others(c: Compute, names: dict, taken: set) -> Expr:
+    """∂(Π x) / ∂x_j, the product of the other terms, exact where terms are 0 (as torch.prod's
+    backward): the product over the terms divided by x_j where none is 0; where exactly one is,
+    the product of the nonzero terms at it and 0 elsewhere; where two or more are, 0."""
+    body = c.bodies[0]
+    zero, one = Const(0.0, dt.resolve(body.dtype)), Const(1.0, dt.resolve(body.dtype))
+    is_zero = compare("eq", body, zero)
+    zeros = ops.sum(where(is_zero, one, zero), over=c.over)
+    others = ops.prod(where(is_zero, one, body), over=c.over)
+    names[zeros.uid] = fresh_name(f"zeros_{c.name}", taken)
+    names[others.uid] = fresh_name(f"nonzero_{c.name}", taken)
+    lone_zero = binary("and", is_zero, compare("eq", zeros, one))
+    return where(compare("eq", zeros, zero), others / body, where(lone_zero, others, zero))
 
 
 def _elementwise(e: Expr) -> Expr:

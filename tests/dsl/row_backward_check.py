@@ -1,8 +1,9 @@
 """The backward of softmax, log-softmax and cross-entropy as ``tf.compile`` makes it for sm_90a
 (one row-template kernel: their maxima only stabilise them, :mod:`tensorfuse.dsl.stabilisers`;
 softmax's and log-softmax's also from their saved outputs, as autograd runs them),
-run by Triton's interpreter on ragged bf16 rows with large values and tied maxima, against
-torch's float64 autograd; prints each one's relative error as JSON.
+run by Triton's interpreter on ragged bf16 rows with large values and tied maxima, and of a
+product over float32 rows with none, one and two zero terms, against torch's float64 autograd;
+prints each one's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.dsl.row_backward_check SEED
 """
@@ -11,6 +12,7 @@ import torch
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse.autograd import GradientKernel
+from tests.dsl.test_gradients import survival
 from tests.helpers import poisoned_main, templated
 
 M, N = 7, 333
@@ -50,6 +52,21 @@ CASES = {name: (tf.grad(getattr(K, name)), _case(name))
 # the backward autograd runs: from the saved output (y · (dy − Σ y·dy); dy − exp(y) · Σ dy)
 CASES.update({f"{name}_saved": (GradientKernel(getattr(K, name), saved_outputs=True),
                                 _case(f"{name}_saved")) for name in ("softmax", "log_softmax")})
+
+
+
+def _product_case(generator):
+    """1 − h over rows of 50 steps, rows 1, 4 with one zero term, rows 2, 5 with two."""
+    h = (torch.rand(M, 50, generator=generator) - 0.5) * 0.2
+    h[1::3, 7] = 1.0
+    h[2::3, 11] = h[2::3, 40] = 1.0
+    exact = h.double().requires_grad_()
+    seed = torch.randn(M, generator=generator)
+    (1.0 - exact).prod(1).backward(seed.double())
+    return dict(h=h, d_out=seed), exact.grad
+
+
+CASES["survival"] = (tf.grad(survival), _product_case)
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: templated(kernel))

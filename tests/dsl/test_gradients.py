@@ -324,24 +324,53 @@ def test_what_has_no_gradient_is_refused_with_the_reason():
         tf.grad(best)
 
     @tf.kernel
-    def product(x: X):
+    def compounded(x: X):
         i, j = T.axes("i j")
-        return T.prod(x[i, j], over=j)
+        return T.reduce(x[i, j], over=j, monoid=COMPOUND)
 
-    with pytest.raises(GradientError, match="prod reduction"):
-        tf.grad(product)
+    with pytest.raises(GradientError, match="compound reduction are not supported"):
+        tf.grad(compounded)
+
+
+# a monoid of the user's own (compound growth): no derivative rule is known for it
+COMPOUND = T.Monoid("compound", lambda a, b: a + b + a * b, (0.0,))
 
 
 def test_a_kernel_that_cannot_be_differentiated_says_so_in_backward():
     @tf.kernel
-    def product(x: X):
+    def compounded(x: X):
         i, j = T.axes("i j")
-        return T.prod(x[i, j], over=j) + 0.0 * x[i, 0]
+        return T.reduce(x[i, j], over=j, monoid=COMPOUND) + 0.0 * x[i, 0]
 
-    f = tf.compile(product, target="llvm")
+    f = tf.compile(compounded, target="llvm")
     out = f(_t(2, 3))
-    with pytest.raises(RuntimeError, match="cannot differentiate product.*prod"):
+    with pytest.raises(RuntimeError, match="cannot differentiate compounded.*compound"):
         out.sum().backward()
+
+
+@tf.kernel
+def survival(h: T.Tensor["B", "S", "f32"]):
+    """A survival probability: the product of ``1 − hazard`` over the steps."""
+    b, s = T.axes("b s")
+    return T.prod(1.0 - h[b, s], over=s)
+
+
+@pytest.mark.parametrize("zeros", [0, 1, 2])
+def test_a_products_gradient_is_the_product_of_the_other_terms_zeros_included(rng, zeros):
+    """Each term gets the product of the others — where terms are 0 too (a row with one zero:
+    the product of the rest at the zero, 0 elsewhere; with two: 0), as torch.prod's backward —
+    against float64 autograd, on the CPU target and through the Triton template as
+    ``tf.compile`` makes it for sm_90a (:mod:`tests.dsl.row_backward_check`)."""
+    h = torch.from_numpy(rng.uniform(-0.5, 0.9, (5, 13)).astype(np.float32))
+    for k in range(zeros):
+        h[1::2, 3 + 4 * k] = 1.0   # 1 − h = 0 in every other row
+    d = torch.from_numpy(rng.standard_normal(5).astype(np.float32))
+    exact = h.double().requires_grad_()
+    (want,) = torch.autograd.grad((1.0 - exact).prod(1), [exact], d.double())
+    leaf = h.clone().requires_grad_()
+    (got,) = torch.autograd.grad(tf.compile(survival, "llvm")(leaf), [leaf], d)
+    assert (got.double() - want).norm() <= 1e-5 * want.norm(), (got, want)
+    assert ((got == 0) == (want == 0)).all()   # exactly where torch's is
 
 
 def test_out_is_refused_while_autograd_records():

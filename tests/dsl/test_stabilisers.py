@@ -137,13 +137,15 @@ def test_scaled_softmax_gradient_in_float64(rng):
 
 
 def test_the_fused_backward_runs_correctly_in_the_triton_interpreter():
-    """The one-kernel backward of each, as generated for sm_90a, against float64 (bf16: 2e-2)."""
+    """The one-kernel backward of each, as generated for sm_90a, against float64 (bf16: 2e-2;
+    a product's over float32 rows, zeros among the terms: 1e-5)."""
     from tests.helpers import fresh_seed, run_interpreted
 
     pytest.importorskip("triton", reason="the row template generates Triton kernels")
     seed = fresh_seed()
     errors = run_interpreted("tests.dsl.row_backward_check", seed)
     assert set(errors) == {"softmax", "log_softmax", "cross_entropy", "softmax_saved",
-                           "log_softmax_saved"}
-    for name, error in errors.items():
-        assert error < 2e-2, f"{name}: relative error {error:.1e} (TENSORFUSE_SEED={seed})"
+                           "log_softmax_saved", "survival"}
+    for name, error in errors.items():   # the product's rows are float32
+        assert error < (1e-5 if name == "survival" else 2e-2), \
+            f"{name}: relative error {error:.1e} (TENSORFUSE_SEED={seed})"
