@@ -184,6 +184,7 @@ def run_program(program, tensors: Mapping[str, np.ndarray], scalars: Mapping[str
         for d, n in zip(p.dims, shape):
             if isinstance(d, str):
                 dims.setdefault(d, n)
+    dims = program.with_derived_sizes(dims)   # sizes the kernel derives (T.axis("o", ...))
     interp = Interpreter(tensors, scalars, dims, axis_sizes_for(program, dims), precise)
     for c in program.computes:
         if c.is_reduction:

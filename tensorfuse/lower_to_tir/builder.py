@@ -235,17 +235,11 @@ class FunctionBuilder:
         olds = [Symbol(f"__old{k}", d) for k, d in enumerate(dtypes)]
         news = [Symbol(f"__new{k}", d) for k, d in enumerate(dtypes)]
         combined = monoid.combine_exprs(olds, news)
-        # every component must see the old values: bound before the stores (the old values, not
-        # the results: TVM's bf16 legalisation leaves a bf16 load cast inside a bound value as its
-        # integer bits, which made an argmax over bf16 rows on the CPU pick by bit pattern)
-        bind_olds = len(bufs) > 1 and not any(dt.is_half(d) for d in dtypes)
-        symbols = {s.name: T.Bind(tirx.BufferLoad(b, list(indices))) if bind_olds else
-                   tirx.BufferLoad(b, list(indices)) for s, b in zip(olds, bufs)}
+        loads, bound = olds_bound([tirx.BufferLoad(b, list(indices)) for b in bufs], dtypes)
+        symbols = {s.name: v for s, v in zip(olds, loads)}
         symbols.update({s.name: v for s, v in zip(news, new_values)})
         inner = scope.child(symbols=symbols)
-        results = [lower(c, inner, d) for c, d in zip(combined, dtypes)]
-        if len(results) > 1 and not bind_olds:
-            results = [T.Bind(r) for r in results]
+        results = results_bound([lower(c, inner, d) for c, d in zip(combined, dtypes)], bound)
         for buf, r in zip(bufs, results):
             self.store(buf, r, indices)
 
@@ -288,3 +282,19 @@ def _emit_reduction(fb: FunctionBuilder, compute: Compute, scope: Scope, name: s
                                    dtypes)
                 else:
                     fb.store(bufs[0], lower(compute.bodies[0], inner, compute.dtypes[0]), indices)
+
+
+def olds_bound(olds: list, dtypes) -> tuple[list, bool]:
+    """Loads of several states that are all stored anew (``olds``, the states' ``dtypes``),
+    bound before the stores so that every result reads the old values — and whether they were.
+    The old values are bound, not the results: TVM's bf16 legalisation leaves a bf16 load inside
+    a bound value as its integer bits (an argmax over bf16 rows on the CPU picked by bit
+    pattern; a bf16 row factor scaled a rolling update's correction by thousands). States kept
+    in a 16-bit float are not bound (:func:`results_bound` binds their results instead)."""
+    bound = len(olds) > 1 and not any(dt.is_half(d) for d in dtypes)
+    return ([T.Bind(o) for o in olds] if bound else olds), bound
+
+
+def results_bound(results: list, olds_were_bound: bool) -> list:
+    """Several results bound before their stores where the old values they read were not."""
+    return [T.Bind(r) for r in results] if len(results) > 1 and not olds_were_bound else results

@@ -32,6 +32,7 @@ from ..dsl.program import Compute, Program
 from ..errors import RollingUpdateError
 from ..lower_to_tir import FunctionBuilder, LoopAxis, Scope, emit_compute, lower_expr
 from ..dsl import dtypes as dtt
+from ..lower_to_tir.builder import olds_bound, results_bound
 from ..lower_to_tir.expr_to_tir import cast_to, constant
 from .fusion_cpu import LANES, CpuChunkLayout
 from .fusion_order import ChainInputs, emission_order
@@ -463,6 +464,10 @@ class _ChainEmitter(CpuChunkLayout):
                     if scheme.kind == "reset" else \
                     (self._running(self.prev, 0), self._running(self.new, 1))
                 symbols = self._symbols(m, sc, self.run[m.name], True, old, new)
+                names = [f"{m.name}#{k}" for k in range(len(self.run[m.name]))]
+                loads, bound = olds_bound([symbols[n] for n in names],
+                                          [self.dtype_of(st) for st in scheme.states])
+                symbols.update(zip(names, loads))   # every state updated from the old values
                 inner = sc.child(symbols={**symbols, **self._row_symbols(sc)})
                 results = []
                 if scheme.kind == "independent" and m.arity > 1:
@@ -484,9 +489,7 @@ class _ChainEmitter(CpuChunkLayout):
                             "__chunk": cast_to(tirx.BufferLoad(self.part[m.name][k], idx),
                                                self.dtype_of(st))})
                         results.append(lower_expr(combined, scope2, self.dtype_of(st)))
-                if len(results) > 1:
-                    results = [T.Bind(r) for r in results]
-                for buf, r in zip(self.run[m.name], results):
+                for buf, r in zip(self.run[m.name], results_bound(results, bound)):
                     self.fb.store(buf, r, idx)
 
     def _emit_new(self, m: Compute) -> None:
@@ -576,18 +579,21 @@ class _ChainEmitter(CpuChunkLayout):
                             self.fb.store(buf, constant(st.monoid.identity_value(0, dtype), dtype),
                                           idx)
                     results = []
+                    # every state merged from the old values, bound before the stores
+                    accs, bound = olds_bound([tirx.BufferLoad(b, idx)
+                                              for b in self.merged[m.name]],
+                                             [self.dtype_of(st) for st in scheme.states])
                     for k, st in enumerate(scheme.states):
                         acc = Symbol("__acc", self.dtype_of(st))
                         item = Symbol("__item", self.dtype_of(st))
                         combined = st.monoid.combine_exprs([acc], [item])[0]
                         scope2 = inner.child(symbols={
-                            "__acc": tirx.BufferLoad(self.merged[m.name][k], idx),
+                            "__acc": accs[k],
                             "__item": lower_expr(self._wide(m.name,
                                                             scheme.corrections(settled=True)[k]),
                                                  inner,
                                                  self.dtype_of(st))})
                         results.append(lower_expr(combined, scope2, self.dtype_of(st)))
-                    if len(results) > 1:
-                        results = [T.Bind(r) for r in results]
-                    for buf, r in zip(self.merged[m.name], results):
+                    for buf, r in zip(self.merged[m.name], results_bound(results, bound)):
                         self.fb.store(buf, r, idx)
+

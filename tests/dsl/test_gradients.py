@@ -396,3 +396,42 @@ def test_a_backward_computes_each_repeated_sum_once():
     assert len(set(signatures)) == len(signatures)
     assert [c.name for c in program.computes if c.is_reduction] == [
         "mean_sum", "var_sum", "d_var", "d_mean_sum", "d_mean_sum_2", "d_w_sum", "d_bias_sum"]
+
+
+@tf.kernel
+def row_scaled_squares(x: T.Tensor["M", "N", "f32"], d: T.Tensor["M", "bf16"]):
+    """Each element's square scaled by ``d[i] / Σ_j x⁴``, written as a masked sum over j (the
+    form a gradient's read at another index takes): a member over (row, column) whose factor is
+    a rolling sum's function, with a bf16 row factor."""
+    i, j, k = T.axes("i"), T.axis("j", "N"), T.axis("k", "N")
+    y = x[i, j] * x[i, j]
+    scale = d[i] / T.sum(y * y, over=j)
+    return T.sum(T.where(j == k, scale * y, 0.0), over=j)
+
+
+def test_a_bf16_row_factor_in_a_rolling_update_on_the_cpu(rng):
+    """Rows of 300 swept in chunks of 128 on the CPU: the update of a member with several states
+    bound its results, and TVM's bf16 legalisation read the bf16 ``d[i]`` inside them as its
+    integer bits (the output thousands of times too large). Now the old states are bound."""
+    x = torch.from_numpy(rng.standard_normal((3, 300)).astype(np.float32) * 3)
+    d = torch.from_numpy(rng.standard_normal(3).astype(np.float32)).bfloat16()
+    got = tf.compile(row_scaled_squares, "llvm")(x, d)
+    y = x.double() ** 2
+    want = d.double()[:, None] / (y * y).sum(1, keepdim=True) * y
+    assert (got.double() - want).norm() <= 1e-5 * want.norm()
+
+
+def test_the_gradient_of_a_swiglu_over_row_halves_on_the_cpu(rng):
+    """Its backward reads x at j and at j + N/2, each part a masked sum beside the rolling sum
+    of squares: bf16 rows of 300 (two chunks) against float64 autograd."""
+    from tests.schedule_templates.user_written_more_check import swiglu_rms
+
+    x = torch.from_numpy(rng.standard_normal((4, 300)).astype(np.float32) * 3).bfloat16()
+    leaf = x.clone().requires_grad_()
+    seed = torch.from_numpy(rng.standard_normal(4).astype(np.float32)).bfloat16()
+    (got,) = torch.autograd.grad(tf.compile(swiglu_rms, "llvm")(leaf), [leaf], seed)
+    exact = x.double().requires_grad_()
+    a, b = exact[:, :150], exact[:, 150:]
+    (want,) = torch.autograd.grad((torch.nn.functional.silu(a) * b).pow(2).mean(1).sqrt(),
+                                  [exact], seed.double())
+    assert (got.double() - want).norm() <= 2e-2 * want.norm()

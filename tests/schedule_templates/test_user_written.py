@@ -45,16 +45,25 @@ def test_user_written_kernels_match_float64_on_the_cpu_target(module):
     feature — crashed building on the CPU: the row of references kept per chunk was indexed
     by the chain's common axes alone, not by the dependency's own (a ``KeyError`` on the
     feature axis)."""
+    _check_compiled(module, "llvm")
+
+
+def _check_compiled(module, target: str) -> None:
+    """Every kernel of ``module`` through ``tf.compile`` for ``target`` on fresh inputs on its
+    device, outputs poisoned, within its dtype's tolerance of float64."""
     import torch
 
     seed = fresh_seed()
     generator = torch.Generator().manual_seed(seed)
+    device = "cpu" if target == "llvm" else "cuda"
     errors = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, (kernel, case) in module.CASES.items():
             args, want = case(generator)
-            outs = poisoned_call(tf.compile(kernel), kernel.program, args, want)
+            args = {n: a.to(device) if isinstance(a, torch.Tensor) else a
+                    for n, a in args.items()}
+            outs = poisoned_call(tf.compile(kernel, target), kernel.program, args, want)
             wants = want if isinstance(want, tuple) else (want,)
             errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))
     too_far = _too_far(errors, module.CASES)
@@ -92,3 +101,27 @@ def test_user_written_kernels_plan_on_templates_at_a_gpus_sizes(kernel, sizes, e
     assert "TVM's default" not in plan, plan
     for text in expected:
         assert text in plan, plan
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_user_written_kernels_match_float64_on_the_gpu(module):
+    """The same kernels as ``tf.compile`` makes them for the GPU at hand (its choice between
+    templates, TVM's CUDA and the staged floor, at these small ragged sizes), outputs
+    poisoned."""
+    _check_compiled(module, "cuda")
+
+
+@pytest.mark.parametrize("mask", ["f32", "i32"])
+def test_the_masked_variance_over_long_rows_compiles_for_sm_90a(mask):
+    """Rows of 40000 in two parts: the count's reference is carried through the sweep in the
+    count's own type — an i32 mask's was started as a float and reassigned an integer, which
+    Triton refuses when it compiles (its interpreter does not check: only a GPU found it)."""
+    from tests.schedule_templates.user_written_check import masked_variance
+
+    pytest.importorskip("triton", reason="the row template generates Triton kernels")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        made = tf.compile(masked_variance(mask), target="cuda:sm_90a")
+        assert "splits=2" in made.describe_plan(B=2, S=40000)
+        assert ".entry" in made.ptx(B=2, S=40000)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from ...algebra.exprs import substitute
+from ...dsl import dtypes as dt
 from ...dsl.expr import Axis, Where
 from ...dsl.symbolic_sizes import size_arguments
 from ..index_text import IndexText as _Index
@@ -480,7 +481,12 @@ class _RowTileSource(SplitMerge, RowOutputs, RowUpdates):
         self.initial: dict = {}
         for d in self.needed:
             self.initial[d] = initial_reference(plan, d, self.initial, self.N)
-            w(f"ref_{d} = tl.full([BLOCK_M, 1], {literal(self.initial[d], 'f32')}, tl.float32)")
+            # an integer sum's reference is extrapolated as an integer (Scheme.reference): the
+            # loop carries it in the sum's own type
+            kind = next(m.dtypes[0] for m in plan.chain.members if m.name == d)
+            kind = kind if dt.is_int(kind) else "f32"
+            w(f"ref_{d} = tl.full([BLOCK_M, 1], {literal(self.initial[d], kind)}, "
+              f"{TL_DTYPES[kind]})")
         if self.splits > 1:  # this program's part of the axis; its states go to memory to merge
             w("pid_s = tl.program_id(2)")
             w(f"lo = pid_s * {self.per_split}")
