@@ -125,3 +125,40 @@ def test_the_masked_variance_over_long_rows_compiles_for_sm_90a(mask):
         made = tf.compile(masked_variance(mask), target="cuda:sm_90a")
         assert "splits=2" in made.describe_plan(B=2, S=40000)
         assert ".entry" in made.ptx(B=2, S=40000)
+
+
+def _gradients_too_far(errors: dict) -> dict:
+    """Gradients beyond their tolerance: 2e-2 where the kernel reads a 16-bit float (its
+    gradient is one), 1e-5 where all are float32."""
+    from tests.schedule_templates.user_gradients_check import _inputs
+
+    kernels = {n: k for n, (k, _, _) in _inputs(torch_generator(0)).items()}
+    return {n: e for n, e in errors.items()
+            if not e < (2e-2 if any(p.dtype in ("bf16", "f16")
+                                    for p in kernels[n].program.tensor_params) else 1e-5)}
+
+
+def torch_generator(seed: int):
+    import torch
+
+    return torch.Generator().manual_seed(seed)
+
+
+def test_user_written_gradients_match_float64_on_the_cpu_target():
+    from tests.schedule_templates.user_gradients_check import gradient_errors
+
+    seed = fresh_seed()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        errors = gradient_errors(torch_generator(seed), lambda k: tf.compile(k, "llvm"))
+    assert not _gradients_too_far(errors), f"{_gradients_too_far(errors)} (TENSORFUSE_SEED={seed})"
+
+
+def test_user_written_gradients_match_float64_in_the_triton_interpreter():
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    from tests.helpers import run_interpreted
+
+    seed = fresh_seed()
+    errors = run_interpreted("tests.schedule_templates.user_gradients_check", seed)
+    assert len(errors) == 8, errors
+    assert not _gradients_too_far(errors), f"{_gradients_too_far(errors)} (TENSORFUSE_SEED={seed})"

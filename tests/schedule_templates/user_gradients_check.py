@@ -1,0 +1,99 @@
+"""Gradients of kernels as users write them (:mod:`.user_written_check`,
+:mod:`.user_written_more_check`): ``tf.grad`` of each — its parts added — against torch's
+float64 autograd of the same math on fresh inputs, the incoming gradients random: a SwiGLU over
+a row's halves (two reads of one tensor at different indices), a group norm (w and b per group
+and channel), a masked variance over long left-padded rows, a product with zeros, cross-entropy
+with ignored targets, an unbiased variance far from 0, a residual sum and its RMS norm (two
+outputs), a KL divergence of two logit rows. Through Triton's interpreter as ``tf.compile``
+makes the backward for sm_90a (this module's ``__main__``) and through the CPU target
+(:mod:`tests.schedule_templates.test_user_written`).
+
+    TRITON_INTERPRET=1 python -m tests.schedule_templates.user_gradients_check SEED
+"""
+import torch
+
+import tensorfuse as tf
+from benchmarks.user_kernels import group_norm
+from tensorfuse.autograd import sum_parts
+from tests.schedule_templates import user_written_check as U
+from tests.schedule_templates import user_written_more_check as M
+from tests.schedule_templates.user_written_check import _randn
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def _group_norm(x, w, bias, eps):
+    mean = x.mean((2, 3), keepdim=True)
+    var = ((x - mean) ** 2).mean((2, 3), keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * w[None, :, :, None] + bias[None, :, :, None]
+
+
+def _masked_variance(x, mask):
+    count = mask.sum(1)
+    mean = (x * mask).sum(1) / count
+    return (mask * (x - mean[:, None]) ** 2).sum(1) / count
+
+
+def _inputs(g):
+    """name → (kernel, arguments, the math in torch)."""
+    x = (torch.randn(2, 40000, generator=g) + 50)
+    mask = (torch.rand(2, 40000, generator=g) > 0.3).float()
+    mask[:, :9000] = 0
+    product = torch.rand(37, 20, generator=g) + 0.5
+    product[3, 4] = product[5, 1] = product[5, 7] = 0.0
+    target = torch.randint(0, 300, (37,), generator=g)
+    target[::3] = -100
+    return {
+        "swiglu_rms": (M.swiglu_rms, dict(x=_randn(g, 37, 300)), lambda x: (
+            torch.nn.functional.silu(x[:, :150]) * x[:, 150:]).pow(2).mean(1).sqrt()),
+        "group_norm": (group_norm, dict(x=_randn(g, 2, 3, 5, 67) + 3, w=_randn(g, 3, 5, scale=1),
+                                        bias=_randn(g, 3, 5, scale=1), eps=1e-5), _group_norm),
+        "masked_var_rows": (U.masked_var_rows, dict(x=x, mask=mask), _masked_variance),
+        "product": (M.product, dict(x=product), lambda x: x.prod(1)),
+        "ce_ignore_index": (M.ce_ignore_index, dict(x=_randn(g, 37, 300), t=target),
+                            lambda x, t: torch.nn.functional.cross_entropy(
+                                x, t, reduction="none", ignore_index=-100)),
+        "unbiased_var": (M.unbiased_var, dict(x=_randn(g, 37, 300, dtype=torch.float32) * 100
+                                              + 1000), lambda x: x.var(1)),
+        "add_rmsnorm": (M.add_rmsnorm, dict(x=_randn(g, 37, 300), r=_randn(g, 37, 300),
+                                            w=_randn(g, 300, scale=1)),
+                        lambda x, r, w: (x + r, (x + r) * torch.rsqrt(
+                            (x + r).pow(2).mean(1, keepdim=True) + 1e-6) * w)),
+        "kl_logits": (U.kl_logits, dict(p=_randn(g, 37, 300), q=_randn(g, 37, 300)),
+                      lambda p, q: (p.softmax(1) * (p.log_softmax(1) - q.log_softmax(1))).sum(1)),
+    }
+
+
+def gradient_errors(g, make) -> dict:
+    """name → the worst relative error (by norm) of a parameter's gradient, ``make(kernel)``
+    making the backward kernel that runs: each case's ``tf.grad`` against float64 autograd,
+    random incoming gradients in the outputs' dtypes."""
+    errors = {}
+    for name, (kernel, args, math) in _inputs(g).items():
+        diff = [n for n, a in args.items() if isinstance(a, torch.Tensor) and
+                a.is_floating_point()]
+        exact = {n: a.double().requires_grad_() if n in diff else a for n, a in args.items()}
+        outs = math(**exact)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        seeds = [torch.randn(o.shape, generator=g).to(DTYPES[c.dtypes[0]])
+                 for o, c in zip(outs, kernel.program.outputs)]
+        want = torch.autograd.grad(outs, [exact[n] for n in diff], [s.double() for s in seeds])
+        backward = tf.grad(kernel)
+        got = make(backward)(**args, **{f"d_{c.name}": s
+                                        for c, s in zip(kernel.program.outputs, seeds)})
+        parts = sum_parts(backward.outputs, got if isinstance(got, tuple) else (got,))
+        errors[name] = max(float((parts[n].double() - w).norm() / w.norm())
+                           for n, w in zip(diff, want))
+    return errors
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    import warnings
+
+    from tests.schedule_templates.staged_floor import interpreted
+
+    warnings.simplefilter("ignore")
+    print(json.dumps(gradient_errors(torch.Generator().manual_seed(int(sys.argv[1])),
+                                     interpreted)))
