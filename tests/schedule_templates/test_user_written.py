@@ -1,10 +1,14 @@
-"""Kernels as users write them that no issue or benchmark lists (:mod:`tests.schedule_templates.
-user_written_check`, :mod:`tests.schedule_templates.user_written_more_check`): their numbers against float64 through Triton's interpreter (as
-``tf.compile`` makes them for sm_90a) and through the CPU target, and the plans of a few at a
-GPU's sizes."""
+"""Kernels as users write them that no issue or benchmark lists
+(:mod:`tests.schedule_templates.user_written_check`,
+:mod:`tests.schedule_templates.user_written_more_check`): their numbers against float64 through
+Triton's interpreter (as ``tf.compile`` makes them for sm_90a), the CPU target and (marked
+``gpu``) the GPU at hand; their gradients (:mod:`tests.schedule_templates.user_gradients_check`)
+through the first two; the plans of a few at a GPU's sizes; a long masked variance's sm_90a
+build."""
 import warnings
 
 import pytest
+import torch
 
 import tensorfuse as tf
 from tests.helpers import fresh_seed, poisoned_call, relative_error
@@ -51,8 +55,6 @@ def test_user_written_kernels_match_float64_on_the_cpu_target(module):
 def _check_compiled(module, target: str) -> None:
     """Every kernel of ``module`` through ``tf.compile`` for ``target`` on fresh inputs on its
     device, outputs poisoned, within its dtype's tolerance of float64."""
-    import torch
-
     seed = fresh_seed()
     generator = torch.Generator().manual_seed(seed)
     device = "cpu" if target == "llvm" else "cuda"
@@ -73,7 +75,6 @@ def _check_compiled(module, target: str) -> None:
 def test_the_masked_variance_builds_on_the_cpu_with_its_references_per_feature():
     """The crash above, alone: the CPU lowering's buffer of references per chunk for a mean
     indexed by (b, d) inside a chain whose common axis is b."""
-    import torch
 
     x, mask = torch.randn(2, 9, 5) + 4, (torch.rand(2, 9) > 0.3).float()
     mask[:, 0] = 1.0
@@ -132,16 +133,10 @@ def _gradients_too_far(errors: dict) -> dict:
     gradient is one), 1e-5 where all are float32."""
     from tests.schedule_templates.user_gradients_check import _inputs
 
-    kernels = {n: k for n, (k, _, _) in _inputs(torch_generator(0)).items()}
+    kernels = {n: k for n, (k, _, _) in _inputs(torch.Generator().manual_seed(0)).items()}
     return {n: e for n, e in errors.items()
             if not e < (2e-2 if any(p.dtype in ("bf16", "f16")
                                     for p in kernels[n].program.tensor_params) else 1e-5)}
-
-
-def torch_generator(seed: int):
-    import torch
-
-    return torch.Generator().manual_seed(seed)
 
 
 def test_user_written_gradients_match_float64_on_the_cpu_target():
@@ -150,7 +145,7 @@ def test_user_written_gradients_match_float64_on_the_cpu_target():
     seed = fresh_seed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        errors = gradient_errors(torch_generator(seed), lambda k: tf.compile(k, "llvm"))
+        errors = gradient_errors(torch.Generator().manual_seed(seed), lambda k: tf.compile(k, "llvm"))
     assert not _gradients_too_far(errors), f"{_gradients_too_far(errors)} (TENSORFUSE_SEED={seed})"
 
 
