@@ -75,7 +75,6 @@ def _check_compiled(module, target: str) -> None:
 def test_the_masked_variance_builds_on_the_cpu_with_its_references_per_feature():
     """The crash above, alone: the CPU lowering's buffer of references per chunk for a mean
     indexed by (b, d) inside a chain whose common axis is b."""
-
     x, mask = torch.randn(2, 9, 5) + 4, (torch.rand(2, 9) > 0.3).float()
     mask[:, 0] = 1.0
     with warnings.catch_warnings():
