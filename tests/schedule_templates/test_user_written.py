@@ -3,8 +3,7 @@
 :mod:`tests.schedule_templates.user_written_more_check`): their numbers against float64 through
 Triton's interpreter (as ``tf.compile`` makes them for sm_90a), the CPU target and (marked
 ``gpu``) the GPU at hand; their gradients (:mod:`tests.schedule_templates.user_gradients_check`)
-through the first two; the plans of a few at a GPU's sizes; a long masked variance's sm_90a
-build."""
+through the first two; the plans of a few at a GPU's sizes; their sm_90a code compiled."""
 import warnings
 
 import pytest
@@ -112,19 +111,22 @@ def test_user_written_kernels_match_float64_on_the_gpu(module):
     _check_compiled(module, "cuda")
 
 
-@pytest.mark.parametrize("mask", ["f32", "i32"])
-def test_the_masked_variance_over_long_rows_compiles_for_sm_90a(mask):
-    """Rows of 40000 in two parts: the count's reference is carried through the sweep in the
-    count's own type — an i32 mask's was started as a float and reassigned an integer, which
-    Triton refuses when it compiles (its interpreter does not check: only a GPU found it)."""
-    from tests.schedule_templates.user_written_check import masked_variance
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_user_written_kernels_compile_for_sm_90a(module):
+    """Each kernel's sm_90a code at its case's sizes, compiled (Triton to PTX, nvcc where CUDA
+    C++): Triton's compiler checks what its interpreter does not — an i32-masked variance over
+    rows of 40000 in two parts carried its count's reference as a float and reassigned it an
+    integer, refused only on the GPU."""
+    from tensorfuse.binding import bind_call
 
-    pytest.importorskip("triton", reason="the row template generates Triton kernels")
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    generator = torch.Generator().manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        made = tf.compile(masked_variance(mask), target="cuda:sm_90a")
-        assert "splits=2" in made.describe_plan(B=2, S=40000)
-        assert ".entry" in made.ptx(B=2, S=40000)
+        for name, (kernel, case) in module.CASES.items():
+            args, _ = case(generator)
+            sizes = bind_call(kernel.program, (), args, "cpu").dims
+            assert ".entry" in tf.compile(kernel, target="cuda:sm_90a").ptx(**sizes), name
 
 
 def _gradients_too_far(errors: dict) -> dict:
