@@ -159,7 +159,14 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
     return bound
 
 
+# the symbolic numbers torch.compile(dynamic=True) hands a fake implementation, by scalar kind
+_SYMBOLIC = {"int": ("SymInt",), "float": ("SymFloat", "SymInt"), "bool": ("SymBool",)}
+
+
 def _scalar(p: ScalarParam, value):
+    if type(value).__name__ in _SYMBOLIC.get(p.dtype if p.dtype == "bool" else
+                                              "int" if dt.is_int(p.dtype) else "float", ()):
+        return value   # a number Dynamo made symbolic (torch.compile(dynamic=True)'s fakes)
     if is_array(value):
         if np.size(value) != 1:
             raise CallError(f"argument {p.name} is a scalar ({p.dtype}), got an array of shape "

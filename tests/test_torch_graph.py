@@ -69,6 +69,30 @@ def test_new_sizes_inside_the_graph_build_and_run(rng):
         assert relative_error(got.float().numpy(), want) <= TOLERANCE["bf16"]
 
 
+def test_symbolic_scalars_derived_sizes_and_index_checks_under_dynamic_shapes():
+    """Under ``dynamic=True`` Dynamo hands the fake implementation symbolic numbers: an integer
+    scalar (a roll's shift) was refused as "got SymInt", a size the kernel derives (a SwiGLU's
+    half row, a strided pool's window count) was missing (``KeyError``). Both run now, matching
+    eager at every size; an index past its dimension is refused there too, symbolically."""
+    from benchmarks.window_kernels import max_pool_stride_2
+    from tests.dsl.test_index_bounds import next_step_difference
+    from tests.schedule_templates.user_written_check import roll_diff
+    from tests.schedule_templates.user_written_more_check import swiglu_rms
+
+    cases = [(roll_diff, lambda n: (torch.randn(3, n), 5)),
+             (swiglu_rms, lambda n: (torch.randn(3, n).bfloat16(),)),
+             (max_pool_stride_2, lambda n: (torch.randn(2, 3, n).bfloat16(),))]
+    for kernel, inputs in cases:
+        made = tf.compile(kernel, target="llvm")
+        step = torch.compile(lambda *a, made=made: made(*a) * 2.0, fullgraph=True, dynamic=True)
+        for n in (40, 66, 90):
+            args = inputs(n)
+            torch.testing.assert_close(step(*args), made(*args) * 2.0)
+    made = tf.compile(next_step_difference, target="llvm")
+    with pytest.raises(Exception, match=r"x\[b, t \+ 1\] reads dimension 1 of x"):
+        torch.compile(lambda a: made(a), fullgraph=True, dynamic=True)(torch.randn(3, 9))
+
+
 @tf.kernel
 def mean_and_max(x: T.Tensor["M", "N", "f32"], bias: T.f32, rows: T.i32):
     i, j = T.axes("i j")

@@ -143,7 +143,9 @@ def size_value(expr: Expr, dims: dict) -> int | None:
 
     if isinstance(expr, DimSize):
         value = dims.get(expr.name)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        # an int, or a symbolic one (a torch.SymInt: sizes under torch.compile(dynamic=True))
+        integral = isinstance(value, int) or type(value).__name__ == "SymInt"
+        return value if integral and not isinstance(value, bool) else None
     if isinstance(expr, Const):
         return int(expr.value)
     if isinstance(expr, Binary):
