@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 
 import tvm
 
+from ..binding import check_index_arithmetic
 from ..dsl.program import Program, ProgramKernel
 from ..errors import TuningError
+from ..index_checks import IndexOutOfRange
 from ..schedule_templates import lower_program
 from ..schedule_templates.annotations import KNOB_PREFIX, TEMPLATE_ATTR
 from ..schedule_templates.fusion import Fusion
@@ -238,6 +240,13 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
     problem = kernel.program.size_problems(dims, complete=True)
     if problem:
         raise TuningError(f"tuning {kernel.name}: {problem}")
+    # keyed as calls bind them: with the sizes the kernel derives (a SwiGLU's half row), or a
+    # call at the tuned sizes never finds the records
+    dims = kernel.program.with_derived_sizes(dims)
+    try:   # not where an index leaves its dimension: no record of a kernel reading past it
+        check_index_arithmetic(kernel.program, dims)
+    except IndexOutOfRange as exc:
+        raise TuningError(f"tuning {kernel.name}: {exc}") from None
     scalars = check_scalars(kernel.program, scalars)
     if not target.is_gpu:
         from ..schedule_templates.auto import cpu_fusion

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 import tensorfuse as tf
 from tensorfuse import kernels as K
@@ -49,6 +50,28 @@ def test_tune_records_trials_and_compile_uses_the_best(cache, rng):
     tensors, scalars = random_inputs(K.softmax, SIZES, rng)
     out = compiled(**tensors, **scalars, out=np.full((64, 256), np.nan).astype(tensors["x"].dtype))
     assert relative_error(out, reference(K.softmax, tensors, scalars)) <= TOLERANCE["bf16"]
+
+
+def test_a_kernel_that_derives_a_size_finds_its_records(cache, rng):
+    """A SwiGLU over a row's halves derives ``J = N2 // 2``: its task is keyed with it, as a
+    call binds its sizes (keyed by the sizes given alone, a call never found the records)."""
+    from tests.schedule_templates.user_written_more_check import swiglu_rms
+
+    summary = tune(swiglu_rms, "llvm", trials=4, progress=False, M=16, N2=256)
+    assert [t.name for t in summary.tasks] == ["swiglu_rms[J=128,M=16,N2=256]"]
+    compiled = tf.compile(swiglu_rms, "llvm")
+    assert compiled.schedule_origin(M=16, N2=256).startswith("tuned record")
+    x = torch.from_numpy(rng.standard_normal((16, 256)).astype(np.float32) * 3).bfloat16()
+    a, b = x.double()[:, :128], x.double()[:, 128:]
+    want = (torch.nn.functional.silu(a) * b).pow(2).mean(1).sqrt()
+    assert float((compiled(x).double() - want).abs().max() / want.abs().max()) < 2e-2
+
+
+def test_a_kernel_reading_past_a_dimension_is_not_tuned(cache):
+    from tests.dsl.test_index_bounds import next_step_difference
+
+    with pytest.raises(TuningError, match=r"x\[b, t \+ 1\] reads dimension 1 of x \(L=9\)"):
+        tune(next_step_difference, "llvm", trials=2, progress=False, B=2, L=9)
 
 
 def test_scalar_parameters_and_several_kernels_share_the_budget(cache, rng):
