@@ -1,8 +1,8 @@
 """Index arithmetic out of its dimension (``tensorfuse/dsl/index_bounds.py``): a read at
-``x[i, j + half]`` whose axis ``j`` took the whole row's extent from ``x[i, j]`` ran past the row —
-the CPU target read the next row's values and returned a wrong result without a word. Such a
-read is refused at the call's sizes, before anything runs, on every target; guarded reads,
-modular indices and axes declared with the extent they run over are not."""
+``x[i, j + half]`` whose axis ``j`` took the whole row's extent from ``x[i, j]`` ran past the
+row — the CPU target read the next row's values and returned a wrong result without a word.
+Such a read is refused at the call's sizes, before anything runs, on every target; guarded
+reads, modular indices and axes declared with the extent they run over are not."""
 import numpy as np
 import pytest
 import torch

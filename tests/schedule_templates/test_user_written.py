@@ -146,7 +146,8 @@ def test_user_written_gradients_match_float64_on_the_cpu_target():
     seed = fresh_seed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        errors = gradient_errors(torch.Generator().manual_seed(seed), lambda k: tf.compile(k, "llvm"))
+        errors = gradient_errors(torch.Generator().manual_seed(seed),
+                                 lambda k: tf.compile(k, "llvm"))
     assert not _gradients_too_far(errors), f"{_gradients_too_far(errors)} (TENSORFUSE_SEED={seed})"
 
 
@@ -158,3 +159,32 @@ def test_user_written_gradients_match_float64_in_the_triton_interpreter():
     errors = run_interpreted("tests.schedule_templates.user_gradients_check", seed)
     assert len(errors) == 8, errors
     assert not _gradients_too_far(errors), f"{_gradients_too_far(errors)} (TENSORFUSE_SEED={seed})"
+
+
+# the more kernels' sizes on a GPU: rows of 4k-50k, attention of 4k keys
+GPU_SIZES = {"ce_ignore_index": dict(M=8192, V=32000), "mean_over_batch": dict(B=64, S=512, D=1024),
+             "global_norm": dict(M=8192, N=8192), "int8_softmax": dict(M=8192, N=4096),
+             "l1_normalize": dict(M=8192, N=4096), "add_rmsnorm": dict(M=8192, N=4096),
+             "argmax_repeated": dict(M=8192, N=32000), "argmax_down_columns": dict(M=8192, N=4096),
+             "swiglu_rms": dict(M=8192, N2=8192), "unbiased_var": dict(M=8192, N=4096),
+             "pairwise_sqdist": dict(N=8192, M=8192, D=64), "lse_wide_range": dict(M=8192, N=4096),
+             "lse_middle": dict(A=64, B=512, C=1024), "padded_softmax": dict(B=8, S=1024, N=1024),
+             "softmax_of_one": dict(M=8192, N=4096), "sum_outer_inner": dict(B=64, S=512, D=1024),
+             "column_softmax": dict(N=4096, M=8192), "std_fp16": dict(M=8192, N=4096),
+             "cross_entropy_gpt2": dict(M=8192, V=50257),
+             "causal_attention_d20": dict(B=2, H=16, S=4096, D=20),
+             "causal_bottom_right": dict(B=8, M=256, N=8192, D=128),
+             "int_max": dict(M=8192, N=4096),
+             "int8_sum": dict(M=8192, N=4096), "product": dict(M=8192, N=4096),
+             "rmsnorm_into_fp16": dict(M=8192, N=4096)}
+
+
+def test_no_user_written_kernel_falls_to_tvms_default_schedule_at_a_gpus_sizes():
+    """Each of the more kernels at a GPU's sizes plans onto a template (rows, attention,
+    contraction, a flat sweep, written-out monoids) for sm_90a, never TVM's untiled default."""
+    assert set(GPU_SIZES) == set(user_written_more_check.CASES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, (kernel, _) in user_written_more_check.CASES.items():
+            plan = tf.compile(kernel, target="cuda:sm_90a").describe_plan(**GPU_SIZES[name])
+            assert "TVM's default" not in plan, (name, plan)
