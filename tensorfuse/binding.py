@@ -17,7 +17,7 @@ import numpy as np
 
 from .dsl import dtypes as dt
 from .dsl.expr import user_location
-from .dsl.program import Program, ScalarParam, TensorParam
+from .dsl.program import Program, ScalarParam, TensorParam, torch_symbolic
 from .errors import CallError
 from .dsl.evaluate import axis_sizes_for
 from .dsl.index_bounds import affine_reads, overruns
@@ -159,14 +159,12 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
     return bound
 
 
-# the symbolic numbers torch.compile(dynamic=True) hands a fake implementation, by scalar kind
-_SYMBOLIC = {"int": ("SymInt",), "float": ("SymFloat", "SymInt"), "bool": ("SymBool",)}
-
-
 def _scalar(p: ScalarParam, value):
-    if type(value).__name__ in _SYMBOLIC.get(p.dtype if p.dtype == "bool" else
-                                              "int" if dt.is_int(p.dtype) else "float", ()):
-        return value   # a number Dynamo made symbolic (torch.compile(dynamic=True)'s fakes)
+    symbolic = torch_symbolic(value)   # a number Dynamo made symbolic (dynamic=True's fakes)
+    if symbolic is not None and symbolic in (
+            ("SymBool",) if p.dtype == "bool" else ("SymInt",) if dt.is_int(p.dtype) else
+            ("SymFloat", "SymInt")):
+        return value
     if is_array(value):
         if np.size(value) != 1:
             raise CallError(f"argument {p.name} is a scalar ({p.dtype}), got an array of shape "

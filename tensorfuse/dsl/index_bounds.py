@@ -33,8 +33,9 @@ class AffineRead:
 
 def affine_reads(program) -> list[AffineRead]:
     """The reads of ``program`` (outside any ``T.where`` branch) whose index at some position
-    is arithmetic on axes that reads each axis once — the ones :func:`overruns` can bound
-    exactly."""
+    is neither an axis alone nor a gather and reads each axis once: those :func:`overruns`
+    bounds at a call's sizes (where :func:`index_range` does — arithmetic on axes, sizes and
+    constants)."""
     found: dict[tuple, AffineRead] = {}
 
     def visit(e: Expr) -> None:
@@ -55,24 +56,10 @@ def affine_reads(program) -> list[AffineRead]:
 
 
 def _bounded(index: Expr) -> bool:
-    """Arithmetic this module bounds, each axis read once."""
-    uses = Counter()
-
-    def walk(e: Expr) -> bool:
-        if isinstance(e, Axis):
-            uses[e.uid] += 1
-            return True
-        if isinstance(e, (Const, DimSize)):
-            return True
-        if isinstance(e, Cast):
-            return walk(e.a)
-        if isinstance(e, Unary):
-            return e.op == "neg" and walk(e.a)
-        if isinstance(e, Binary):
-            return e.op in _OPS and walk(e.a) and walk(e.b)
-        return False
-
-    return walk(index) and all(n == 1 for n in uses.values())
+    """Whether each axis occurs once in ``index`` (where :func:`index_range` bounds it, its
+    extremes are then reached)."""
+    uses = Counter(a.uid for a in _axes(index))
+    return all(n == 1 for n in uses.values())
 
 
 def _mul(a, b):
@@ -153,6 +140,7 @@ def overruns(program, reads: list[AffineRead], axis_sizes: dict, dims: dict) -> 
 
 
 def _axes(e: Expr):
+    """Every axis ``e`` reads, as often as it reads it."""
     if isinstance(e, Axis):
         yield e
     for child in e.children():

@@ -136,6 +136,15 @@ def size_names(expr: Expr) -> list[str]:
     return list(names)
 
 
+def torch_symbolic(value) -> str | None:
+    """``"SymInt"``, ``"SymFloat"`` or ``"SymBool"`` where ``value`` is one of torch's symbolic
+    numbers (what ``torch.compile(dynamic=True)`` hands a fake implementation as a size or a
+    scalar), else None — without importing torch here."""
+    kind = type(value)
+    return kind.__name__ if kind.__module__.startswith("torch") and \
+        kind.__name__ in ("SymInt", "SymFloat", "SymBool") else None
+
+
 def size_value(expr: Expr, dims: dict) -> int | None:
     """``expr`` (a derived size's expression) computed from ``dims``; None where it reads a
     size ``dims`` lacks."""
@@ -143,8 +152,7 @@ def size_value(expr: Expr, dims: dict) -> int | None:
 
     if isinstance(expr, DimSize):
         value = dims.get(expr.name)
-        # an int, or a symbolic one (a torch.SymInt: sizes under torch.compile(dynamic=True))
-        integral = isinstance(value, int) or type(value).__name__ == "SymInt"
+        integral = isinstance(value, int) or torch_symbolic(value) == "SymInt"
         return value if integral and not isinstance(value, bool) else None
     if isinstance(expr, Const):
         return int(expr.value)

@@ -596,4 +596,3 @@ class _ChainEmitter(CpuChunkLayout):
                         results.append(lower_expr(combined, scope2, self.dtype_of(st)))
                     for buf, r in zip(self.merged[m.name], results_bound(results, bound)):
                         self.fb.store(buf, r, idx)
-

@@ -12,8 +12,8 @@ import torch
 import tensorfuse as tf
 import tensorfuse.kernels as K
 from tensorfuse.autograd import GradientKernel
-from tests.dsl.test_gradients import survival
 from tests.helpers import poisoned_main, templated
+from tests.schedule_templates.user_written_check import survival
 
 M, N = 7, 333
 

@@ -12,6 +12,7 @@ from tensorfuse import dsl as T
 from tensorfuse.autograd import sum_parts
 from tensorfuse.binding import bind_call
 from tensorfuse.dsl.gradients import GradientError, gradient_program
+from tests.schedule_templates.user_written_check import survival   # Π (1 − h) over steps
 
 X = T.Tensor["M", "N", "f64"]
 W = T.Tensor["N", "f64"]
@@ -346,13 +347,6 @@ def test_a_kernel_that_cannot_be_differentiated_says_so_in_backward():
     out = f(_t(2, 3))
     with pytest.raises(RuntimeError, match="cannot differentiate compounded.*compound"):
         out.sum().backward()
-
-
-@tf.kernel
-def survival(h: T.Tensor["B", "S", "f32"]):
-    """A survival probability: the product of ``1 − hazard`` over the steps."""
-    b, s = T.axes("b s")
-    return T.prod(1.0 - h[b, s], over=s)
 
 
 @pytest.mark.parametrize("zeros", [0, 1, 2])

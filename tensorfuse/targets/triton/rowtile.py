@@ -483,7 +483,7 @@ class _RowTileSource(SplitMerge, RowOutputs, RowUpdates):
             self.initial[d] = initial_reference(plan, d, self.initial, self.N)
             # an integer sum's reference is extrapolated as an integer (Scheme.reference): the
             # loop carries it in the sum's own type
-            kind = next(m.dtypes[0] for m in plan.chain.members if m.name == d)
+            kind = plan.chain.schemes[d].compute.dtypes[0]
             kind = kind if dt.is_int(kind) else "f32"
             w(f"ref_{d} = tl.full([BLOCK_M, 1], {literal(self.initial[d], kind)}, "
               f"{TL_DTYPES[kind]})")
