@@ -138,6 +138,16 @@ class AttentionGradientKernel(GraphCallable):
         made = self._at(dims)
         return self.floor().source(**dims) if isinstance(made, str) else made.source
 
+    def assembly(self, **dims) -> str:
+        """The backward template's kernels' assembly at these sizes, in launch order (the
+        floor's where it refuses them)."""
+        from .targets.triton.launch import assembly_of
+
+        made = self._at(dims)
+        if isinstance(made, str):
+            return self.floor().assembly(**dims)
+        return "\n".join(assembly_of(c, self.target) for c in made.compiled(self.target))
+
     def cache_info(self) -> list:
         return (self._saving.cache_info() if self._saving is not None else []) + \
             (self._floor.cache_info() if self._floor is not None else [])

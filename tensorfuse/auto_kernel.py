@@ -134,8 +134,8 @@ class AutoKernel(GraphCallable):
         chosen = self.for_sizes(**dims)
         return chosen.cuda_source(**dims) if chosen is self.fallback else chosen.source(**dims)
 
-    def ptx(self, **dims) -> str:
-        return self.for_sizes(**dims).ptx(**dims)
+    def assembly(self, **dims) -> str:
+        return self.for_sizes(**dims).assembly(**dims)
 
     def _fits_key(self, sizes: dict, scalars: dict) -> tuple:
         """What :meth:`for_sizes` decides by: the sizes and the scalars that choose a kernel."""

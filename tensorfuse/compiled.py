@@ -2,7 +2,7 @@
 
 The kernel is built lazily: each new set of sizes (and index width) gets its own specialised
 TensorIR, scheduled and compiled once, then cached. Code generation can be inspected without running
-(``cuda_source()``, ``ptx()``, ``rocm_assembly()``), which is how GPU code is checked on machines
+(``cuda_source()``, ``assembly()``), which is how GPU code is checked on machines
 without the GPU.
 """
 from __future__ import annotations
@@ -164,15 +164,11 @@ class CompiledKernel(GraphCallable):
                               f"{self.target.name}")
         return self._device_source(dims)
 
-    def ptx(self, **dims: int) -> str:
-        """PTX for the given sizes, compiled here with nvcc (no GPU needed)."""
+    def assembly(self, **dims: int) -> str:
+        """The device assembly for the given sizes, made here without a GPU: PTX (nvcc) on a
+        CUDA target, AMDGPU assembly on a ROCm one."""
         from .targets.codegen import cuda_to_ptx
 
+        if self.target.kind == "rocm":
+            return self._device_source(dims, "asm")
         return cuda_to_ptx(self.cuda_source(**dims), self.target)
-
-    def rocm_assembly(self, **dims: int) -> str:
-        """AMDGPU assembly for the given sizes (code generation only; no AMD GPU needed)."""
-        if self.target.kind != "rocm":
-            raise TargetError(f"rocm_assembly() needs a ROCm target, this kernel is for "
-                              f"{self.target.name}")
-        return self._device_source(dims, "asm")

@@ -142,6 +142,5 @@ class FlatSweepKernel(GraphCallable):
     def source(self, **dims) -> str:
         return self.for_sizes(**dims).source(**dims)
 
-    def ptx(self, **dims) -> str:
-        """The flat kernel's PTX at these sizes (CUDA targets; compiled without a GPU)."""
-        return self.for_sizes(**dims).ptx(**dims)
+    def assembly(self, **dims) -> str:
+        return self.for_sizes(**dims).assembly(**dims)

@@ -164,9 +164,9 @@ class StagedKernel(GraphCallable):
                          + kernel.source(**self._own(stage, dims))
                          for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels), 1))
 
-    def ptx(self, **dims) -> str:
-        """Each stage kernel's PTX at these sizes, in stage order (CUDA targets)."""
-        return "\n".join(kernel.ptx(**self._own(stage, dims))
+    def assembly(self, **dims) -> str:
+        """Each stage kernel's assembly at these sizes, in stage order."""
+        return "\n".join(kernel.assembly(**self._own(stage, dims))
                          for stage, kernel in zip(self.stages, self.kernels))
 
     def _own(self, stage, dims: dict) -> dict:

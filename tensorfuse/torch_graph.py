@@ -22,6 +22,7 @@ from .binding import bind_call, output_shape
 from .dsl import dtypes as dt
 from .dsl.program import Program, ScalarParam
 from .interop import torch_dtype
+from .errors import TargetError
 
 _NUMBERS = itertools.count()
 # What makes a kernel's operator differentiable (``kernel -> object with backward,
@@ -176,6 +177,19 @@ class GraphCallable:
         if op is not None and (compiling() or wants_grad(args, kwargs)):
             return op(args, kwargs)
         return self.invoke(False, args, kwargs)
+
+    def assembly(self, *which, **dims) -> str:
+        """The device assembly of the kernel at these sizes, made here without the GPU: PTX on
+        a CUDA target, AMDGPU assembly on a ROCm one (each kernel kind overrides this)."""
+        raise TargetError(f"{type(self).__name__} for {self.target.name} shows no assembly; "
+                          "source(...) shows what it generates")
+
+    def ptx(self, *which, **dims) -> str:
+        """PTX of the kernel at these sizes (CUDA targets; :meth:`assembly` on any GPU)."""
+        if self.target.kind != "cuda":
+            raise TargetError(f"ptx() is for CUDA targets and this kernel is for "
+                              f"{self.target.name}: assembly(...) gives its device assembly")
+        return self.assembly(*which, **dims)
 
     def describe_plan(self, scalars: dict | None = None, **dims) -> str:
         """The kernel's plan at these sizes (scalar values as ``scalars`` or by name among

@@ -51,8 +51,8 @@ class RewrittenKernel(GraphCallable):
     def source(self, **dims) -> str:
         return self.inner.source(**dims)
 
-    def ptx(self, **dims) -> str:
-        return self.inner.ptx(**dims)
+    def assembly(self, **dims) -> str:
+        return self.inner.assembly(**dims)
 
     def benchmark(self, *args, **kwargs) -> float:
         return self.inner.benchmark(*args, **kwargs)

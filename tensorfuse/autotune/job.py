@@ -248,8 +248,8 @@ def _check_device(spec: TargetSpec) -> None:
     if spec.kind == "rocm":
         raise TuningError(f"tuning measures candidates on the device, and {spec.name} cannot run "
                           "here: this TVM build has no ROCm runtime and no AMD GPU is visible. "
-                          "Code generation works without it (compile(...).compiled(...) / "
-                          "rocm_assembly()); tune on a machine with the GPU")
+                          "Code generation works without it (kernel.source(...) and "
+                          "kernel.assembly(...)); tune on a machine with the GPU")
     if spec.kind == "cuda":
         if not tvm.cuda(0).exist:
             raise TuningError(f"tuning for {spec.name} needs the NVIDIA GPU it is for, and none "

@@ -74,8 +74,8 @@ class LiftedKernel(GraphCallable):
     def source(self, **dims) -> str:
         return self.inner.source(**self.inner_dims(dims))
 
-    def ptx(self, **dims) -> str:
-        return self.inner.ptx(**self.inner_dims(dims))
+    def assembly(self, **dims) -> str:
+        return self.inner.assembly(**self.inner_dims(dims))
 
     def cache_info(self) -> list:
         return self.inner.cache_info()

@@ -145,8 +145,8 @@ class PackedDecodeRoute(GraphCallable):
     def source(self, **dims) -> str:
         return self.made().source(**dims)
 
-    def ptx(self, **dims) -> str:
-        return self.made().ptx(**dims)
+    def assembly(self, **dims) -> str:
+        return self.made().assembly(**dims)
 
     def cache_info(self) -> list:
         return self.made().cache_info() if self._made else []

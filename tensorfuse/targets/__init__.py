@@ -92,7 +92,7 @@ class TargetSpec:
         raise TargetError(
             f"target {self.name} generates AMD GPU code only: this TVM build has no ROCm runtime "
             "and no AMD GPU is reachable, so the kernel cannot run here. Inspect it with "
-            "kernel.rocm_assembly(), or run on target='llvm' / 'cuda'")
+            "kernel.assembly(), or run on target='llvm' / 'cuda'")
 
     def __str__(self) -> str:
         return self.name

@@ -47,10 +47,30 @@ def _rocm_toolchain_or_skip():
 @pytest.mark.parametrize("arch", ["gfx942", "gfx90a"])
 def test_rocm_assembly(arch):
     _rocm_toolchain_or_skip()
-    asm = tf.compile(K.softmax, target=f"rocm:{arch}", template=None).rocm_assembly(M=64, N=1024)
+    asm = tf.compile(K.softmax, target=f"rocm:{arch}", template=None).assembly(M=64, N=1024)
     assert f"amdgcn-amd-amdhsa--{arch}" in asm or arch in asm
     assert "v_exp_f32" in asm
     assert "s_endpgm" in asm
+
+
+@pytest.mark.parametrize("kernel, sizes", [
+    (K.softmax, dict(M=64, N=1024)),
+    (K.gqa_attention, dict(B=1, H=4, HKV=1, M=128, N=256, D=64)),
+])
+def test_assembly_of_the_default_kernels_on_each_gpu_kind(kernel, sizes):
+    """``assembly()`` is the device code on every GPU target — AMDGCN from the Triton templates
+    on ROCm (whose compiles have no PTX), PTX on CUDA, where ``ptx()`` is the same text — and
+    ``ptx()`` on a ROCm kernel says to use it."""
+    from tensorfuse.errors import TargetError
+
+    rocm = tf.compile(kernel, target="rocm:gfx942")
+    asm = rocm.assembly(**sizes)
+    assert ".amdgcn_target" in asm and "s_endpgm" in asm and "v_exp_f32" in asm
+    with pytest.raises(TargetError, match=r"ptx\(\) is for CUDA targets.*assembly"):
+        rocm.ptx(**sizes)
+    cuda = tf.compile(kernel, target="cuda:sm_90a")
+    ptx = cuda.assembly(**sizes)
+    assert ".target sm_90a" in ptx and ptx == cuda.ptx(**sizes)
 
 
 def test_triton_floor_division_is_plain_only_where_both_sides_are_non_negative():

@@ -233,7 +233,7 @@ class ClusterKernel(GraphCallable):
         dims, scalars = split_scalars(self.program, dims)
         return self.launches(scalars, **dims).parts
 
-    def ptx(self, **dims) -> str:
+    def assembly(self, **dims) -> str:
         """nvcc's PTX for the target (works without a GPU)."""
         dims, scalars = split_scalars(self.program, dims)
         return "\n".join(cuda_to_ptx(source, self.target)

@@ -13,7 +13,7 @@ from ...torch_graph import GraphCallable
 from .combine_slices import combine_slices
 from .contraction import (PARTIALS, combine_name, contraction_source, grid_of, partial_floats,
                           split_arguments, stage_grid, stage_name)
-from .launch import compile_for, interpreting, launch_device, load_kernel, signature
+from .launch import assembly_of, compile_for, interpreting, launch_device, load_kernel, signature
 from .launcher import Launches, Step, output_specs, remember_fast_call
 from .size_builds import SizeBuilds, size_values, with_size_arguments
 from .view_strides import call_views
@@ -123,8 +123,8 @@ class ContractionKernel(GraphCallable):
         return compile_for(fn, sig, _meta(knobs), self.target, knobs.num_warps,
                            knobs.num_stages, divisible)
 
-    def ptx(self, **dims) -> str:
-        return self.compiled(**dims).asm["ptx"]
+    def assembly(self, **dims) -> str:
+        return assembly_of(self.compiled(**dims), self.target)
 
     def _launch_for(self, dims: dict, views: tuple = ()) -> tuple[Launches, list]:
         """The launches at these sizes (for these views), and the tensors its staged sides are

@@ -13,7 +13,7 @@ from ...dsl.expr import Axis, Const, Load
 from ...dsl.symbolic_sizes import size_arguments
 from .expr import TL_DTYPES, TileContext, computed, dim_sizes, offset, strides, to_triton
 from .view_strides import call_views
-from .launch import compile_for, interpreting, load_kernel, signature
+from .launch import assembly_of, compile_for, interpreting, load_kernel, signature
 from ...interop import deliver
 from ..signature_call import try_fast_call
 from .launcher import Launches, Step, output_specs, remember_fast_call
@@ -275,8 +275,8 @@ class ElementwiseKernel(ScatterKernel):
         return compile_for(fns[0], sig, dict(BLOCK_M=BLOCK, BLOCK_N=1, BLOCK_K=1),
                            self.target, 4, 1, divisible)
 
-    def ptx(self, **dims) -> str:
-        return self.compiled(**dims).asm["ptx"]
+    def assembly(self, **dims) -> str:
+        return assembly_of(self.compiled(**dims), self.target)
 
     def schedule_origin(self, **dims) -> str:
         return self.description

@@ -9,7 +9,7 @@ from ...binding import CallBinder, check_named_sizes, split_scalars
 from ...dsl import dtypes as dt
 from ...interop import data_key, deliver, kept_copies, torch_arguments, torch_output
 from ...torch_graph import GraphCallable
-from .launch import compile_for, interpreting, launch_device, load_kernel, signature
+from .launch import assembly_of, compile_for, interpreting, launch_device, load_kernel, signature
 from ..signature_call import try_fast_call
 from .launcher import (Launches, PartCounters, Step, current_stream, output_specs,
                        remember_fast_call)
@@ -192,8 +192,8 @@ class TritonKernel(GraphCallable):
         return compile_for(fn, sig, constexprs, self.target, knobs.num_warps, knobs.num_stages,
                            divisible)
 
-    def ptx(self, **dims) -> str:
-        return self.compiled(**dims).asm["ptx"]
+    def assembly(self, **dims) -> str:
+        return assembly_of(self.compiled(**dims), self.target)
 
     # -- calling ---------------------------------------------------------------------------------
     def _binder(self) -> CallBinder:

@@ -118,6 +118,11 @@ def signature(program, outputs, mask_args: list[str]) -> dict:
 _COMPILE_LOCK = threading.Lock()
 
 
+def assembly_of(compiled, target) -> str:
+    """The device assembly of a Triton compile for ``target``: PTX for CUDA, AMDGCN for ROCm."""
+    return compiled.asm["amdgcn" if target.kind == "rocm" else "ptx"]
+
+
 def compile_for(fn, sig: dict, constexprs: dict, target, num_warps: int, num_stages: int,
                 divisible: tuple = ()):
     """Compile without launching (works on machines without a GPU): CUDA → PTX/cubin, ROCm →

@@ -9,7 +9,7 @@ from ...binding import CallBinder, check_named_sizes, output_buffers, split_scal
 from ...dsl.symbolic_sizes import size_arguments
 from ...interop import deliver, torch_arguments
 from ...torch_graph import GraphCallable
-from .launch import compile_for, interpreting, launch_device, load_kernel, signature
+from .launch import assembly_of, compile_for, interpreting, launch_device, load_kernel, signature
 from .launcher import Launches, Step
 from .size_builds import SizeBuilds, size_values, with_size_arguments
 from .view_strides import call_views
@@ -131,8 +131,8 @@ class PlanKernel(GraphCallable):
         return compile_for(fns[names.index(f"{self._name}_{which}")], sig, self._meta(dims),
                            self.target, self._num_warps(dims), 1, divisible)
 
-    def ptx(self, which: str, **dims) -> str:
-        return self.compiled(which, **dims).asm["ptx"]
+    def assembly(self, which: str, **dims) -> str:
+        return assembly_of(self.compiled(which, **dims), self.target)
 
     def _prepare(self, args, kwargs):
         if self._calls is None:

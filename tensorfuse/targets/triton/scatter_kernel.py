@@ -66,8 +66,8 @@ class ScatterKernel(PlanKernel):
     def compiled(self, which: str = "terms", **dims):
         return super().compiled(which, **dims)
 
-    def ptx(self, which: str = "terms", **dims) -> str:
-        return super().ptx(which, **dims)
+    def assembly(self, which: str = "terms", **dims) -> str:
+        return super().assembly(which, **dims)
 
     def schedule_origin(self, **dims) -> str:
         """The template; at given sizes also whether its sums go through slots, or are
