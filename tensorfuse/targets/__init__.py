@@ -86,8 +86,8 @@ class TargetSpec:
             if not dev.exist:
                 raise TargetError(
                     f"target {self.name} needs an NVIDIA GPU, and none is visible on this machine. "
-                    "Code generation still works (kernel.cuda_source(), kernel.ptx()); to run here, "
-                    "use target='llvm' or target='auto'")
+                    "Code generation still works (kernel.source(), kernel.assembly()); to run "
+                    "here, use target='llvm' or target='auto'")
             return dev
         raise TargetError(
             f"target {self.name} generates AMD GPU code only: this TVM build has no ROCm runtime "

@@ -1,6 +1,7 @@
 """Kernels as users write them that no issue or benchmark lists
 (:mod:`tests.schedule_templates.user_written_check`,
-:mod:`tests.schedule_templates.user_written_more_check`): their numbers against float64 through
+:mod:`tests.schedule_templates.user_written_more_check`,
+:mod:`tests.schedule_templates.user_written_extra_check`): their numbers against float64 through
 Triton's interpreter (as ``tf.compile`` makes them for sm_90a), the CPU target and (marked
 ``gpu``) the GPU at hand; their gradients (:mod:`tests.schedule_templates.user_gradients_check`)
 through the first two; the plans of a few at a GPU's sizes; their sm_90a code compiled."""
@@ -11,11 +12,12 @@ import torch
 
 import tensorfuse as tf
 from tests.helpers import fresh_seed, poisoned_call, relative_error
-from tests.schedule_templates import user_written_check, user_written_more_check
+from tests.schedule_templates import (user_written_check, user_written_extra_check,
+                                      user_written_more_check)
 from tests.schedule_templates.user_written_check import (cosine_attention, masked_var_tokens,
                                                          rms_over_heads, token_l2_distance_min)
 
-MODULES = [user_written_check, user_written_more_check]
+MODULES = [user_written_check, user_written_more_check, user_written_extra_check]
 
 
 def _tolerance(kernel) -> float:
@@ -158,7 +160,7 @@ def test_user_written_gradients_match_float64_in_the_triton_interpreter():
     assert not _gradients_too_far(errors), f"{_gradients_too_far(errors)} (TENSORFUSE_SEED={seed})"
 
 
-# the more kernels' sizes on a GPU: rows of 4k-50k, attention of 4k keys
+# the more and the extra kernels' sizes on a GPU: rows of 1k-50k, attention of 4k keys
 GPU_SIZES = {"ce_ignore_index": dict(M=8192, V=32000), "mean_over_batch": dict(B=64, S=512, D=1024),
              "global_norm": dict(M=8192, N=8192), "int8_softmax": dict(M=8192, N=4096),
              "l1_normalize": dict(M=8192, N=4096), "add_rmsnorm": dict(M=8192, N=4096),
@@ -173,15 +175,30 @@ GPU_SIZES = {"ce_ignore_index": dict(M=8192, V=32000), "mean_over_batch": dict(B
              "causal_bottom_right": dict(B=8, M=256, N=8192, D=128),
              "int_max": dict(M=8192, N=4096),
              "int8_sum": dict(M=8192, N=4096), "product": dict(M=8192, N=4096),
-             "rmsnorm_into_fp16": dict(M=8192, N=4096)}
+             "rmsnorm_into_fp16": dict(M=8192, N=4096),
+             "classifier_softmax": dict(B=4096, D=4096, C=1000), "row_range": dict(M=8192, N=4096),
+             "quantize_rows": dict(M=8192, N=4096), "transposed_dot": dict(M=8192, N=8192),
+             "alibi_causal": dict(B=2, H=16, M=4096, N=4096, D=128),
+             "attention_pool": dict(B=32, T=4096, D=1024), "grouped_argmax": dict(M=8192, N=4096),
+             "biased_softmax": dict(B=16, M=1024, N=1024), "capped_ce": dict(M=8192, V=50257),
+             "cosine_matrix": dict(M=4096, N=4096, D=128),
+             "layernorm_two_axes": dict(B=16, S=4096, D=1024),
+             "reversed_weighted": dict(M=8192, N=4096), "above_mean_sum": dict(M=8192, N=4096),
+             "relu_centered": dict(M=8192, N=4096), "count_above_half_max": dict(M=8192, N=4096),
+             "above_mean_mask": dict(M=8192, N=4096), "mean_of_lse": dict(M=8192, N=4096),
+             "softmax_variance": dict(M=8192, N=4096), "multi_margin": dict(M=8192, C=1000),
+             "global_max_shift": dict(M=8192, N=4096)}
 
 
-def test_no_user_written_kernel_falls_to_tvms_default_schedule_at_a_gpus_sizes():
-    """Each of the more kernels at a GPU's sizes plans onto a template (rows, attention,
-    contraction, a flat sweep, written-out monoids) for sm_90a, never TVM's untiled default."""
-    assert set(GPU_SIZES) == set(user_written_more_check.CASES)
+@pytest.mark.parametrize("module", [user_written_more_check, user_written_extra_check],
+                         ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_no_user_written_kernel_falls_to_tvms_default_schedule_at_a_gpus_sizes(module):
+    """Each of the more and the extra kernels at a GPU's sizes plans onto a template (rows,
+    attention, contraction, GEMM, a flat sweep, written-out monoids; several as stages) for
+    sm_90a, never TVM's untiled default."""
+    assert set(module.CASES) <= set(GPU_SIZES)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name, (kernel, _) in user_written_more_check.CASES.items():
+        for name, (kernel, _) in module.CASES.items():
             plan = tf.compile(kernel, target="cuda:sm_90a").describe_plan(**GPU_SIZES[name])
             assert "TVM's default" not in plan, (name, plan)
