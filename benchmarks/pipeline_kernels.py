@@ -8,7 +8,9 @@ product), Perceiver's latent queries shared by the batch, attention pooling by a
 learned query vector, cosine-similarity attention (Swin v2's: q·k over the norms) and a linear
 layer of int8 weights with a scale per channel (weight-only quantisation, serving), a mixture
 of experts' layer with one expert a token (its weights gathered by the token's expert), a
-keypoint head's soft-argmax (sums over an image written nested) — through
+keypoint head's soft-argmax (sums over an image written nested), a mean absolute deviation per
+row and min-p sampling's kept mass (reductions that read another's final value: the floor's
+two passes) — through
 ``tf.compile`` defaults against the best torch alternative in the same process, each checked
 against a float64 reference first (the harness of :mod:`benchmarks.kernel_suite`).
 
@@ -191,6 +193,26 @@ def soft_argmax(x: T.Tensor["B", "C", "H", "W", "f32"]):
     return row, col
 
 
+@tf.kernel
+def mean_absolute_deviation(x: T.Tensor["M", "N", "bf16"]):
+    """Each row's mean absolute deviation from its mean (a robust spread): ``|x − mean|`` reads
+    the mean's final value, which no running correction carries — two passes over the row."""
+    i, j = T.axes("i j")
+    mean = T.sum(T.cast(x[i, j], "f32"), over=j) / T.size("N")
+    return T.sum(T.abs(T.cast(x[i, j], "f32") - mean), over=j) / T.size("N")
+
+
+@tf.kernel
+def min_p_mass(x: T.Tensor["M", "V", "bf16"], min_p: T.f32):
+    """Min-p sampling's kept probability mass per row: the softmax's mass on the tokens whose
+    probability is at least ``min_p`` times the largest (a threshold on the row's final max)."""
+    i, v = T.axes("i v")
+    m = T.max(x[i, v], over=v)
+    z = T.cast(x[i, v], "f32") - m
+    kept = T.sum(T.where(z >= T.log(min_p), T.exp(z), 0.0), over=v)
+    return kept / T.sum(T.exp(z), over=v)
+
+
 def _logits(generator, M, V, spread=4.0):
     return (torch.randn(M, V, generator=generator) * spread).to("cuda", torch.bfloat16)
 
@@ -213,6 +235,25 @@ def _entropy_case(generator, M=4096, V=128256) -> Case:
         log_p = F.log_softmax(t.float() if t.dtype != torch.float64 else t, -1)
         return -(log_p.exp() * log_p).sum(-1)
     return rows_case("softmax_entropy", softmax_entropy, eager, x, {}, f"M{M} V{V} (over V)")
+
+
+def _mad_case(generator, M=8192, N=4096) -> Case:
+    x = (torch.randn(M, N, generator=generator) * 3 + 5).to("cuda", torch.bfloat16)
+
+    def eager(t):
+        t32 = t.float() if t.dtype != torch.float64 else t
+        return (t32 - t32.mean(-1, keepdim=True)).abs().mean(-1)
+    return rows_case("mean_absolute_deviation", mean_absolute_deviation, eager, x, {},
+                     f"M{M} N{N} (over N)")
+
+
+def _min_p_case(generator, M=256, V=128256) -> Case:
+    x = _logits(generator, M, V)
+
+    def eager(t, min_p):
+        p = torch.softmax(t.float() if t.dtype != torch.float64 else t, -1)
+        return torch.where(p >= min_p * p.amax(-1, keepdim=True), p, 0).sum(-1)
+    return rows_case("min_p_mass", min_p_mass, eager, x, {"min_p": 0.05}, f"M{M} V{V} (over V)")
 
 
 def _sigmoid_attention_case(generator, B=2, H=16, S=4096, D=128) -> Case:
@@ -453,6 +494,8 @@ def _soft_argmax_case(generator, B=32, C=64, H=64, W=48) -> Case:
 PIPELINE = {
     "kl_divergence_rows": _kl_case,
     "softmax_entropy": _entropy_case,
+    "mean_absolute_deviation": _mad_case,
+    "min_p_mass": _min_p_case,
     "sigmoid_attention": _sigmoid_attention_case,
     "group_quant_scale": _group_quant_case,
     "global_avg_pool": _global_pool_case,

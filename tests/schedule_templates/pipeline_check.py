@@ -8,7 +8,8 @@ masked weighted sum), RetNet's retention (the mask around the whole product, a d
 latent queries shared by the batch and attention pooling by a query vector (the floor's stages),
 cosine-similarity attention (norms stored, then attention), a mixture of experts' layer (weights
 gathered by each token's expert, tokens sorted by expert or not, and over a batch of sequences), a
-soft-argmax (nested sums over an image's pixels, merged). Outputs are poisoned (NaN) before each
+soft-argmax (nested sums over an image's pixels, merged), a mean absolute deviation and min-p's
+kept mass (reductions reading another's final value: two passes). Outputs are poisoned (NaN) before each
 run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.pipeline_check SEED
@@ -23,7 +24,8 @@ from benchmarks.pipeline_kernels import (attention_pool, cosine_attention, exper
                                          global_avg_pool, soft_argmax,
                                          group_quant_scale,
                                          kl_divergence_rows, latent_cross_attention,
-                                         logsumexp_pool, relu2_causal_attention,
+                                         logsumexp_pool, mean_absolute_deviation,
+                                         min_p_mass, relu2_causal_attention,
                                          retention, sigmoid_attention, softmax_entropy)
 from tests.helpers import poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
@@ -147,6 +149,20 @@ def cosine_attention_case(generator, B=2, H=3, S=77, D=32):
         torch.softmax(qd @ kd.transpose(-1, -2) * 12.5, -1) @ v.double()
 
 
+def mad_case(generator, M=37, N=1000):
+    """Rows around 500 (the deviations small beside the values)."""
+    x = (torch.randn(M, N, generator=generator) * 3 + 500).bfloat16()
+    xd = x.double()
+    return dict(x=x), (xd - xd.mean(-1, keepdim=True)).abs().mean(-1)
+
+
+def min_p_case(generator, M=37, V=3000):
+    """Logits spread ±40: a few tokens above the threshold in each row."""
+    x = (torch.randn(M, V, generator=generator) * 10).bfloat16()
+    p = torch.softmax(x.double(), -1)
+    return dict(x=x, min_p=0.05), torch.where(p >= 0.05 * p.amax(-1, keepdim=True), p, 0).sum(-1)
+
+
 CASES = {"kl_divergence_rows": (kl_divergence_rows, kl_case),
          "softmax_entropy": (softmax_entropy, entropy_case),
          "sigmoid_attention": (sigmoid_attention, sigmoid_attention_case),
@@ -162,7 +178,9 @@ CASES = {"kl_divergence_rows": (kl_divergence_rows, kl_case),
                                                                    routing="sorted")),
          "latent_cross_attention": (latent_cross_attention, latent_cross_case),
          "attention_pool": (attention_pool, attention_pool_case),
-         "cosine_attention": (cosine_attention, cosine_attention_case)}
+         "cosine_attention": (cosine_attention, cosine_attention_case),
+         "mean_absolute_deviation": (mean_absolute_deviation, mad_case),
+         "min_p_mass": (min_p_mass, min_p_case)}
 
 if __name__ == "__main__":
     poisoned_main(CASES, lambda name, kernel: interpreted(kernel))
