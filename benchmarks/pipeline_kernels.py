@@ -9,8 +9,8 @@ learned query vector, cosine-similarity attention (Swin v2's: q·k over the norm
 layer of int8 weights with a scale per channel (weight-only quantisation, serving), a mixture
 of experts' layer with one expert a token (its weights gathered by the token's expert), a
 keypoint head's soft-argmax (sums over an image written nested), a mean absolute deviation per
-row and min-p sampling's kept mass (reductions that read another's final value: the floor's
-two passes) — through
+row and min-p sampling's kept mass (reductions that read another's final value: held to rows of
+one block at 4096 columns, the floor's two passes over a vocabulary) — through
 ``tf.compile`` defaults against the best torch alternative in the same process, each checked
 against a float64 reference first (the harness of :mod:`benchmarks.kernel_suite`).
 
@@ -196,7 +196,8 @@ def soft_argmax(x: T.Tensor["B", "C", "H", "W", "f32"]):
 @tf.kernel
 def mean_absolute_deviation(x: T.Tensor["M", "N", "bf16"]):
     """Each row's mean absolute deviation from its mean (a robust spread): ``|x − mean|`` reads
-    the mean's final value, which no running correction carries — two passes over the row."""
+    the mean's final value, which no running correction carries — one kernel where a block holds
+    the row (the deviations held to it), the floor's two passes over wider rows."""
     i, j = T.axes("i j")
     mean = T.sum(T.cast(x[i, j], "f32"), over=j) / T.size("N")
     return T.sum(T.abs(T.cast(x[i, j], "f32") - mean), over=j) / T.size("N")

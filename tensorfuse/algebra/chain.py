@@ -20,7 +20,8 @@ from ..errors import RollingUpdateError, RollingUpdateWarning
 from .exprs import nodes, refs_to, substitute
 from .conditioning import Conditioning, check_conditioning, measure
 from .exponent_bounds import check_exponent_bounds
-from .schemes import Scheme, derive_scheme, identity_keepable, independent_scheme
+from .schemes import (Scheme, derive_scheme, held_scheme, identity_keepable,
+                      independent_scheme, inexact_reset)
 from .transfer import USER_RULES, Context, NoCorrection, is_nonnegative, is_positive
 from .verify import verify_scheme
 
@@ -36,6 +37,9 @@ class Chain:
     common_axes: tuple[Axis, ...]
     local_reductions: list[Compute] = field(default_factory=list)
     conditioning: list[Conditioning] | None = None   # float32 errors on offset data (measure)
+    # members no correction carries, held to a sweep of one block (schemes.held_scheme), each
+    # with why it cannot be corrected: a template that sweeps a row in blocks or parts refuses
+    held: dict[str, str] = field(default_factory=dict)
     # facts derived from the chain once and asked often (masking.identity_mask), never copied
     # into a chain made from this one
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -105,7 +109,7 @@ def _warn_again(program: Program, caught: list, checked: bool) -> None:
 
 
 def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis",
-               strict: bool = False, checked: bool = True) -> Chain:
+               strict: bool = False, checked: bool = True, held: bool = False) -> Chain:
     """The plan of fusing the reductions ``names`` of ``program`` into one pass over ``axis``.
 
     Planned once per program, names and axis (every build and call of a fused kernel asks again),
@@ -114,14 +118,16 @@ def plan_chain(program: Program, names: Sequence[str], axis: "str | Axis",
     of warning. Raises :class:`~tensorfuse.errors.RollingUpdateError` when the fusion does not
     hold, naming the expression and the user's line. ``checked=False``: the plan without the
     precision checks and their warnings, for code that reads the chain's algebra without fusing
-    it (the CPU's mask bounds)."""
+    it (the CPU's mask bounds). ``held``: a member whose dependence admits no correction is
+    held to a sweep of one block (``Chain.held``) instead of refused — for a template that holds
+    the whole swept axis in one block and checks it does."""
     key = (tuple(names), _axis_key(program, names, axis), len(USER_RULES),
-           sum(len(v) for v in USER_RULES.values()), checked)
+           sum(len(v) for v in USER_RULES.values()), checked, held)
     plans = _PLANS.setdefault(program, {})
     if key not in plans:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RollingUpdateWarning)
-            chain = _plan(program, names, axis)
+            chain = _plan(program, names, axis, held)
         _warn_again(program, caught, checked)
         if checked:
             chain.conditioning = measure(chain)
@@ -144,7 +150,8 @@ def _axis_key(program: Program, names: Sequence[str], axis: "str | Axis"):
         return axis
 
 
-def _plan(program: Program, names: Sequence[str], axis: "str | Axis") -> Chain:
+def _plan(program: Program, names: Sequence[str], axis: "str | Axis",
+          held: bool = False) -> Chain:
     if not names:
         raise RollingUpdateError("name the reductions to fuse, e.g. rolling_update('m', 'l', 'o', "
                                  "axis='j')")
@@ -175,6 +182,7 @@ def _plan(program: Program, names: Sequence[str], axis: "str | Axis") -> Chain:
     local = _check_outside_reductions(program, members, bodies, member_names)
 
     schemes: dict[str, Scheme] = {}
+    held_members: dict[str, str] = {}
     positive: set[str] = set()
     for k, m in enumerate(members):
         earlier = {p.name: p for p in members[:k]}
@@ -193,16 +201,20 @@ def _plan(program: Program, names: Sequence[str], axis: "str | Axis") -> Chain:
                 scheme = derive_scheme(m, body, ctx)
                 verify_scheme(scheme, body, ctx)
             except NoCorrection as exc:
-                raise RollingUpdateError(
-                    f"cannot fuse {m.name} into one pass over {ax.name}: in `{to_text(exc.expr)}`, "
-                    f"{exc.reason}", exc.expr.loc or m.loc) from None
+                why = f"in `{to_text(exc.expr)}`, {exc.reason}"
+                scheme = held_scheme(m, body, tuple(sorted(refs_to(body, earlier)))) \
+                    if held else None
+                if scheme is None or inexact_reset({**schemes, m.name: scheme}, m.name):
+                    raise RollingUpdateError(f"cannot fuse {m.name} into one pass over "
+                                             f"{ax.name}: {why}", exc.expr.loc or m.loc) from None
+                held_members[m.name] = why
             schemes[m.name] = scheme
         if _value_positive(m, body, ctx):
             positive.add(m.name)
     _keep_identities(members, bodies, schemes)
     common = order_axes([a for a in members[0].axes
                          if all(any(a.uid == b.uid for b in m.axes) for m in members)])
-    return Chain(ax, members, bodies, schemes, common, local)
+    return Chain(ax, members, bodies, schemes, common, local, held=held_members)
 
 
 def _wandering(earlier, schemes: dict) -> set[str]:

@@ -23,6 +23,10 @@ correction is the algebra's central check:
 | logsumexp (``shift``) | ``S + δ`` | lse(b + δ) = lse(b) + δ |
 | prod (``power``) | ``S · κ^n`` (n: elements seen) | Π κ·b = κⁿ Π b |
 | max, min, prod (``reset``) | back to a data-independent value when a maximum moves | see ``transfer.Reset`` |
+
+A reduction whose dependence admits no correction (``Σ |x − mean|``: the mean's final value
+decides each term) can still share the pass where one block holds the whole swept axis: its
+dependencies are then final before it is summed (:func:`held_scheme`, kind ``held``).
 """
 from __future__ import annotations
 
@@ -44,6 +48,9 @@ from .transfer import (Context, NoCorrection, Reset, Terms, is_positive, linear,
 EXTRAPOLATION = Symbol("__extrapolation", "f32")  # N / seen, in Scheme.reference
 # how a state body reads a member it depends on (``d.ref`` / ``d.exact``): dependency_symbols
 REFERENCE, EXACT = "ref", "exact"
+# the kinds whose states read their dependencies' running values (``d.exact``) rather than
+# references: a reset compares with them; a held member (:func:`held_scheme`) their final ones
+EXACT_READERS = ("reset", "held")
 
 
 @dataclass
@@ -379,24 +386,40 @@ def dependency_symbols(body: Expr, members, scheme: "Scheme") -> Expr:
     relative to; in a reset's state ``d.exact``, the running value itself — a comparison by
     equality would not find a value in a reference that stands for an infinite maximum by the
     largest finite number."""
-    kind = EXACT if scheme.kind == "reset" else REFERENCE
+    kind = EXACT if scheme.kind in EXACT_READERS else REFERENCE
     return substitute(body, lambda n: Symbol(f"{n.compute.name}.{kind}", n.dtype)
                       if isinstance(n, Ref) and n.compute.name in members else None)
 
 
 def inexact_reset(schemes: dict, name: str) -> str | None:
-    """Why member ``name``'s reset cannot compare with its dependencies' running values
-    themselves (a dependency kept relative to another member, not as its value), or None (also
-    where ``name`` is no reset).
+    """Why member ``name`` (a reset, or a member held to one block) cannot read its
+    dependencies' running values themselves (a dependency kept relative to another member, not
+    as its value), or None (also where ``name`` reads them by reference).
     ``transfer.Reset`` compares with an extremum whose body reads no changing member, so every
     reset derived today passes; the emitters, which compare with those values, check it."""
-    for d in schemes[name].deps if schemes[name].kind == "reset" else ():
+    scheme = schemes[name]
+    for d in scheme.deps if scheme.kind in EXACT_READERS else ():
         dep = schemes[d]
         if dep.kind != "independent" or len(dep.states) != 1:
-            return (f"{name} resets where {d} moves, and {d}'s running state is kept relative to "
-                    f"another member ({dep.kind}), not its value: a reset compares with the value "
+            reads = "resets where {d} moves" if scheme.kind == "reset" else f"reads {d}'s value"
+            return (f"{name} {reads.format(d=d)}, and {d}'s running state is kept relative to "
+                    f"another member ({dep.kind}), not its value: {name} needs the value "
                     "itself")
     return None
+
+
+def held_scheme(compute, body: Expr, deps: tuple[str, ...]) -> Scheme:
+    """A reduction whose dependence on ``deps`` admits no correction, summed where one block
+    holds the whole swept axis: the dependencies are final when its only block is folded, and
+    its one state reads their values (``d.exact``). Its correction is the identity — right only
+    for an empty state, which is all a sweep of one block corrects; the row-tile template
+    refuses knobs that sweep a row in more than one block or part."""
+    scheme = Scheme(compute, "held", tuple(deps),
+                    [State("", body, compute.monoid, compute.dtypes[0])])
+    scheme.correct = [scheme.state_symbol(0)]
+    scheme.value = [scheme.state_symbol(0)]
+    return scheme
+
 
 
 def _resets_to_identity(reset: Reset, monoid, dtype: str) -> bool:

@@ -46,7 +46,7 @@ class TritonSpace:
         self.module = importlib.import_module(f"tensorfuse.schedule_templates.{task.template}")
         program = task.kernel.program
         self.planner = TilePlanner(program, plan_chain(program, task.fusion.names,
-                                                       task.fusion.axis))
+                                                       task.fusion.axis, held=task.fusion.held))
         self.plan = self.planner.plan(task.dims)
 
     def choices(self) -> dict[str, tuple[int, ...]]:

@@ -316,7 +316,8 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
                           "the tuning space yet; tuning the Triton template would not change what "
                           "tf.compile runs")
     try:
-        plan_rowtile(kernel.program, plan_chain(kernel.program, fusion.names, fusion.axis), dims)
+        plan_rowtile(kernel.program, plan_chain(kernel.program, fusion.names, fusion.axis,
+                                                held=fusion.held), dims)
     except TargetError as exc:
         raise TuningError(f"{kernel.name} at these sizes does not fit the {template} template "
                           f"({exc.message}); it runs on TVM's default schedule") from None

@@ -112,13 +112,17 @@ def _plans_at(program: Program, fusion: Fusion, sizes: dict, target: TargetSpec)
     ``sizes`` lacks: at the placeholder 64), at its default knobs one kernel for them
     (:func:`.row_reduction.few_tiles_for_outputs`), its features in chunks as the attention
     template's defaults take them (:func:`.attention.chunked_refusal`)."""
+    from ..targets.triton.rowtile import held_refusal
     from .row_reduction import default_knobs, few_tiles_for_outputs
 
     at = {n: sizes.get(n, 64) for n in program.dim_names()}
     try:
-        plan = plan_rowtile(program, plan_chain(program, fusion.names, fusion.axis), at)
+        plan = plan_rowtile(program, plan_chain(program, fusion.names, fusion.axis,
+                                                held=fusion.held), at)
     except TargetError:
         return False
+    if held_refusal(plan, default_knobs(plan, target)):   # members held to a block: a wider
+        return False                                      # row runs as the floor's stages
     if plan.feature_chunk is not None:   # features in chunks: as the attention template's
         from .attention import chunked_refusal, default_knobs as attention_knobs   # defaults
         return chunked_refusal(plan, attention_knobs(plan, target), target) is None
@@ -149,7 +153,7 @@ def scatters(program: Program) -> bool:
 def sums_down_rows(program: Program, fusion: Fusion) -> bool:
     """Whether the row-tile plan of ``program`` fused by ``fusion`` adds sums down the rows up
     in its pass (:mod:`.column_sums`)."""
-    chain = plan_chain(program, fusion.names, fusion.axis)
+    chain = plan_chain(program, fusion.names, fusion.axis, held=fusion.held)
     return bool(plan_rowtile(program, chain, dict.fromkeys(program.dim_names(), 64)).column_sums)
 
 
@@ -197,7 +201,15 @@ def _gpu_candidates(program: Program):
     for members, axis in chain_candidates(program):
         fusion = Fusion(tuple(m.name for m in members), axis.name, DEFAULT_CHUNK)
         try:
-            chain = plan_chain(program, fusion.names, axis)
+            try:
+                chain = plan_chain(program, fusion.names, axis)
+            except RollingUpdateError:
+                # members no correction carries, held to rows of one block (the row-tile
+                # template's, where one block holds the row: wider rows run as the floor's)
+                fusion = replace(fusion, held=True)
+                chain = plan_chain(program, fusion.names, axis, held=True)
+                if _contracts(chain):
+                    raise
             plan_rowtile(program, chain, {d: 64 for d in program.dim_names()})
         except (RollingUpdateError, TargetError) as exc:
             yield None, f"{', '.join(fusion.names)} over {axis.name}: {exc}"

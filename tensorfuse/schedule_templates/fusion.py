@@ -52,6 +52,7 @@ class Fusion:
     chunk: int = 16
     splits: int = 1
     rows: int = 1
+    held: bool = False   # members no correction carries held to one block (plan_chain, rows)
 
     def __post_init__(self):
         for name in ("chunk", "splits", "rows"):
@@ -63,6 +64,7 @@ class Fusion:
         names = ", ".join(self.names)
         if self.splits == 1:
             rows = f", rows={self.rows}" if self.rows != 1 else ""
+            rows += ", held to one block" if self.held else ""
             return f"rolling_update({names}, axis={self.axis}, chunk={self.chunk}{rows})"
         return f"split_update({names}, axis={self.axis}, splits={self.splits}, chunk={self.chunk})"
 
@@ -73,7 +75,7 @@ def lower_with_fusions(program: Program, fusions, dims=None, index_dtype="int32"
     """TensorIR of ``program`` with ``fusions`` applied; ``parallel`` lays out the data-parallel
     loops, ``accumulate`` widens float sums, running states included (see
     :class:`~tensorfuse.lower_to_tir.FunctionBuilder`)."""
-    chains = [plan_chain(program, f.names, f.axis) for f in fusions]
+    chains = [plan_chain(program, f.names, f.axis) for f in fusions]   # never held: chunks
     if parallel == "gpu" and any(f.rows != 1 for f in fusions):
         raise RollingUpdateError("a block of rows (rows=…) is how the CPU sweeps a fused chain; "
                                  "GPU templates tile rows with their own knobs")

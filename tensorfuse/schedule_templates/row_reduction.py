@@ -189,8 +189,11 @@ def default_knobs(plan: RowTilePlan, target: TargetSpec) -> Knobs:
     where too few row tiles would leave most of a GPU idle (:func:`_split_few_tiles`); a plan
     with sums down the rows holds whole rows and sweeps several tiles a program
     (:func:`_summing`); rows off 16-byte boundaries that the kernel reads through aligned
-    windows take blocks of :data:`REALIGNED_BLOCK`."""
+    windows take blocks of :data:`REALIGNED_BLOCK`. A chain with members held to one block
+    (``Chain.held``) holds each row whole, unsplit."""
     knobs = _tile_knobs(plan, target)
+    if plan.chain.held:
+        return _held_whole(plan, knobs)
     if plan.column_sums:
         return _summing(plan, knobs)
     if knobs.block_n > REALIGNED_BLOCK and plan.cols > REALIGNED_BLOCK:
@@ -231,6 +234,17 @@ SUMMING_PROGRAMS, SUMMING_STAGES = 2 * SMS, 3
 # warps spilled 1696 bytes, in 16-row tiles 36; over a row of 16384 held it spilled 1464, read
 # again 20 (ptxas sm_90a; not timed)
 SUMMING_TILE = 32768
+
+
+def _held_whole(plan: RowTilePlan, knobs: Knobs) -> Knobs:
+    """``knobs`` with each row one block (up to :data:`MAX_ROW_BLOCK`: wider rows are refused,
+    and run as the floor's stages), one part, sums reduced across the row (members held to
+    one block read their dependencies' row values)."""
+    block_n = max(knobs.block_n, _whole_row_block(plan.cols))
+    block_m = knobs.block_m
+    while block_m > 1 and block_m * block_n > MAX_ROW_BLOCK:
+        block_m //= 2
+    return replace(knobs, block_m=block_m, block_n=block_n, splits=1, lanes=0, reload=0)
 
 
 def _summing(plan: RowTilePlan, knobs: Knobs) -> Knobs:
@@ -467,7 +481,10 @@ def knob_choices(plan: RowTilePlan, target: TargetSpec) -> dict[str, tuple[int, 
                "num_stages": (1, 2, 3), "splits": tuple(sorted(splits)),
                "reload": (0, 1) if reloadable(plan) else (0,),
                "lanes": (0, 1) if referenced_lanes(plan) else (0,)}
-    if plan.column_sums:   # whole rows, never split; the row tiles a program sweeps
+    if plan.chain.held:   # whole rows, never split (rowtile.held_refusal)
+        choices.update(block_n=(default.block_n,), splits=(1,), lanes=(0,),
+                       block_m=tuple(r for r in rows if r * default.block_n <= MAX_ROW_BLOCK))
+    elif plan.column_sums:   # whole rows, never split; the row tiles a program sweeps
         tiles = default.row_tiles
         choices.update(block_n=(default.block_n,), splits=(1,), row_tiles=tuple(sorted(
             {tiles, max(1, tiles // 4), max(1, tiles // 2), tiles * 2})))
@@ -500,7 +517,7 @@ def row_reduction(kernel, fusion: Fusion, target: TargetSpec, rows: int | None =
     it would run on a few programs (:func:`few_tiles_for_outputs`), which tf.compile's floor then
     runs as stages; a template applied by hand runs them."""
     program = kernel.program if hasattr(kernel, "program") else kernel
-    chain = plan_chain(program, fusion.names, fusion.axis)
+    chain = plan_chain(program, fusion.names, fusion.axis, held=fusion.held)
 
     def knobs(plan: RowTilePlan) -> Knobs:
         k = default_knobs(plan, target)

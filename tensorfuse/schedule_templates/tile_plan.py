@@ -346,7 +346,7 @@ def plan_rowtile(program: Program, chain: Chain, sizes: dict) -> RowTilePlan:
     for m in chain.members:
         scheme = chain.schemes[m.name]
         extra = [a for a in m.axes if a.uid not in common]
-        if scheme.kind not in ("independent", "linear", "affine", "reset") or \
+        if scheme.kind not in ("independent", "linear", "affine", "reset", "held") or \
                 m.arity != 1 and scheme.kind != "independent":
             raise TargetError(f"{m.name}: {scheme.kind} schemes are not in the row-tile template")
         if m.arity != 1 and (any(m.name in s.deps for s in chain.schemes.values()) or

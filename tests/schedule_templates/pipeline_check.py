@@ -9,7 +9,7 @@ latent queries shared by the batch and attention pooling by a query vector (the 
 cosine-similarity attention (norms stored, then attention), a mixture of experts' layer (weights
 gathered by each token's expert, tokens sorted by expert or not, and over a batch of sequences), a
 soft-argmax (nested sums over an image's pixels, merged), a mean absolute deviation and min-p's
-kept mass (reductions reading another's final value: two passes). Outputs are poisoned (NaN) before each
+kept mass (reductions reading another's final value: held to rows of one block). Outputs are poisoned (NaN) before each
 run. Prints each case's relative error as JSON.
 
     TRITON_INTERPRET=1 python -m tests.schedule_templates.pipeline_check SEED

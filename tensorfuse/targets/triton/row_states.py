@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...algebra.exprs import nodes
-from ...algebra.schemes import EXACT, EXTRAPOLATION, REFERENCE
+from ...algebra.schemes import EXACT, EXACT_READERS, EXTRAPOLATION, REFERENCE
 from ...dsl import dtypes as dt
 from ...dsl.evaluate import evaluate_plain
 from ...dsl.expr import Binary, Load, Ref, Symbol, walk
@@ -15,9 +15,9 @@ from .reductions import reducible
 
 
 def depended_on(plan) -> set[str]:
-    """The members whose references other members' corrections read (a resetting state reads
-    its dependencies' values instead: :func:`exactly_read`)."""
-    return {d for scheme in plan.chain.schemes.values() if scheme.kind != "reset"
+    """The members whose references other members' corrections read (a resetting or held state
+    reads its dependencies' values instead: :func:`exactly_read`)."""
+    return {d for scheme in plan.chain.schemes.values() if scheme.kind not in EXACT_READERS
             for d in scheme.deps}
 
 
@@ -46,15 +46,16 @@ def loaded_state(sp, value: str) -> str:
 
 def exactly_read(plan) -> set[str]:
     """The members whose running values themselves (not their references) a resetting state
-    compares with, block by block (``schemes.dependency_symbols``)."""
-    return {d for scheme in plan.chain.schemes.values() if scheme.kind == "reset"
+    compares with, block by block, or a held state reads (``schemes.dependency_symbols``)."""
+    return {d for scheme in plan.chain.schemes.values() if scheme.kind in EXACT_READERS
             for d in scheme.deps}
 
 
 def exact_symbols(scheme, old: str, new: str) -> dict:
-    """The symbols of a resetting ``scheme``'s dependencies: each one's value before this block
-    (``old`` formatted with its name) and after it, which its state body reads too (``new``)."""
-    if scheme.kind != "reset":
+    """The symbols of a resetting (or held) ``scheme``'s dependencies: each one's value before
+    this block (``old`` formatted with its name) and after it, which its state body reads too
+    (``new``)."""
+    if scheme.kind not in EXACT_READERS:
         return {}
     return {k: v for d in scheme.deps for k, v in ((f"{d}.old", old.format(d)),
                                                    (f"{d}.new", new.format(d)),
@@ -82,8 +83,10 @@ def lanewise_states(plan) -> frozenset:
             plan.col.uid in {a.uid for a in other.body.axes} for other in plan.states
             if other.member is sp.member and (sp.member.arity > 1 or other is sp))
 
+    # a held member reads its dependencies' row values, never a lane's: neither kept per lane
+    held = set(plan.chain.held) | {d for n in plan.chain.held for d in schemes[n].deps}
     alone = {(sp.member.name, sp.k) for sp in plan.states if along(sp) and
-             not schemes[sp.member.name].deps and sp.member.name not in read}
+             not schemes[sp.member.name].deps and sp.member.name not in read | held}
     return frozenset(alone | {(sp.member.name, sp.k) for sp in plan.states
                               if along(sp) and schemes[sp.member.name].kind == "reset" and
                               all((d, 0) in alone for d in schemes[sp.member.name].deps)})

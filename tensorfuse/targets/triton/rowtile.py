@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 
 from ...algebra.exprs import substitute
+from ...algebra.schemes import EXACT_READERS
+from ...errors import TargetError
 from ...dsl import dtypes as dt
 from ...dsl.expr import Axis, Where
 from ...dsl.symbolic_sizes import size_arguments
@@ -65,7 +67,27 @@ def kernel_source(plan, knobs, name: str, interpreter: bool = False,
     loaded from memory (block lists are walked to their static length, skipping past the count).
     ``nvidia``: float32 products on its tensor cores (:func:`.expr.dot_precision`)."""
     launch_grid(plan, knobs)   # a grid CUDA cannot launch is refused here, where a fit is asked
+    if why := held_refusal(plan, knobs):
+        raise TargetError(why)
     return _RowTileSource(plan, knobs, name, interpreter, nvidia).source()
+
+
+def held_refusal(plan, knobs) -> str | None:
+    """Why a chain with members held to one block (``Chain.held``: no correction carries their
+    dependence) cannot run with ``knobs`` at ``plan``'s sizes — its row swept in more than one
+    block or part, where those members would read their dependencies' partial values — or
+    None."""
+    held = plan.chain.held
+    if not held:
+        return None
+    names = ", ".join(held)
+    reason = next(iter(held.values()))
+    if plan.cols > knobs.block_n or knobs.splits > 1 or plan.feature_chunk is not None:
+        return (f"{names} reads its dependencies' final values ({reason}), which needs each row "
+                f"of {plan.cols} elements in one block: block_n={knobs.block_n}, "
+                f"splits={knobs.splits}" + (", features in chunks"
+                                            if plan.feature_chunk is not None else ""))
+    return None
 
 
 class _RowTileSource(SplitMerge, RowOutputs, RowUpdates):
@@ -376,7 +398,7 @@ class _RowTileSource(SplitMerge, RowOutputs, RowUpdates):
             mine = [sp for sp in self.plan.states if sp.member is m]
             for _, sfx in self.state_chunks(mine[0]):   # a weighted sum's chunks: each finished
                 sym = {f"{m.name}#{sp.k}": kept[(m.name, sp.k)] + sfx for sp in mine}
-                if scheme.kind == "reset":   # reset against the exact values block by block
+                if scheme.kind in EXACT_READERS:   # reset against (or held to) the exact values
                     value = to_triton(scheme.value[0], self.ctx_r().child(symbols=sym))
                 elif not correct:  # the references are the true values: no correction needed
                     sym.update({f"{d}.new": refs[d] for d in scheme.deps})
@@ -404,8 +426,6 @@ class _RowTileSource(SplitMerge, RowOutputs, RowUpdates):
         (:mod:`.column_sums`) it adds their contributions up per column and stores them; a
         second kernel adds the programs' partials up and writes the outputs that read the
         sums."""
-        from ...errors import TargetError
-
         w, plan, knobs = self.w, self.plan, self.knobs
         if not self.single and (plan.column_sums or knobs.splits > 1):
             what = "sums down the rows are added up in the row kernel's pass" \
