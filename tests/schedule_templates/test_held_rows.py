@@ -15,7 +15,8 @@ from tensorfuse.schedule_templates.fusion import Fusion
 from tensorfuse.schedule_templates.row_reduction import knob_choices, row_reduction
 from tensorfuse.schedule_templates.tile_plan import plan_rowtile
 from tensorfuse.targets import get_target
-from tests.schedule_templates.held_rows_check import count_probable, masked_mad
+from tests.schedule_templates.held_rows_check import (count_probable, masked_mad,
+                                                     over_the_mad, two_held)
 from tests.schedule_templates.user_written_extra_check import above_mean_sum
 
 
@@ -43,9 +44,10 @@ def test_a_member_reading_a_value_kept_relative_to_another_is_not_held():
 
 
 def test_one_kernel_where_a_block_holds_the_row_and_stages_where_not():
-    one = _plan(masked_mad, M=8192, N=4096)
-    assert "held to one block" in one and "block_n=4096" in one and "splits=1" in one
-    assert "stage kernels" not in one
+    for kernel in (masked_mad, two_held, over_the_mad):
+        one = _plan(kernel, M=8192, N=4096)
+        assert "held to one block" in one and "block_n=4096" in one and "splits=1" in one
+        assert "stage kernels" not in one
     wide = _plan(above_mean_sum, M=64, N=20000)
     assert "2 stage kernels" in wide and "needs each row of 20000 elements in one block" in wide
 
@@ -78,3 +80,21 @@ def test_held_rows_compile_for_sm_90a():
     pytest.importorskip("triton", reason="the templates generate Triton kernels")
     ptx = tf.compile(masked_mad, target="cuda:sm_90a").ptx(M=8192, N=4096)
     assert ".entry" in ptx
+
+
+def test_the_same_kernels_match_float64_on_the_cpu_target():
+    """The CPU target never holds a member (its loops sweep chunks): the floor's passes there,
+    numbers the same."""
+    import torch
+
+    from tests.helpers import fresh_seed, poisoned_call, relative_error
+    from tests.schedule_templates.held_rows_check import CASES
+
+    seed = fresh_seed()
+    generator = torch.Generator().manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, (kernel, case) in CASES.items():
+            args, want = case(generator)
+            out = poisoned_call(tf.compile(kernel, "llvm"), kernel.program, args, want)[0]
+            assert relative_error(out, want) < 1e-5, f"{name} (TENSORFUSE_SEED={seed})"
