@@ -25,7 +25,7 @@ from ..dsl.expr import Axis, DimSize, Expr, Load, Ref, Scalar, Symbol
 from ..dsl.printer import to_text
 from ..errors import FusedPrecisionWarning, RollingUpdateError
 from .exprs import has_axis, substitute
-from .schemes import EXTRAPOLATION
+from .schemes import EXACT_READERS, EXTRAPOLATION
 
 LENGTH = 1000        # elements of the fused axis per simulated row
 ROWS = 16           # each row's error counts on its own (below): a dependency that is a signed
@@ -74,11 +74,11 @@ def measure(chain, seed: int = 0) -> list[Conditioning] | None:
     from zero and around zero (and near :data:`EXPONENTIAL_OFFSET` where a member overflows far
     from zero); per member the worst. ``None`` when the chain holds
     something this model does not run: a monoid other than sum/max/min/logsumexp, a member of
-    several values, an argmax-style reset, a member held to one block (exact: no reference moves
-while it is summed). (Products are left out on purpose: over a long row of
+    several values, an argmax-style reset, a member held to one block (exact: no reference
+    moves while it is summed). (Products are left out on purpose: over a long row of
     data far from 1 they overflow, fused or not.)"""
     if any(m.arity > 1 or m.monoid.name not in _REDUCE for m in chain.members) or \
-            any(s.kind in ("reset", "held") for s in chain.schemes.values()):
+            any(s.kind in EXACT_READERS for s in chain.schemes.values()):
         return None
     worst: dict[str, Conditioning] = {}
     for offset in OFFSETS:

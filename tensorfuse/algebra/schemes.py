@@ -401,8 +401,8 @@ def inexact_reset(schemes: dict, name: str) -> str | None:
     for d in scheme.deps if scheme.kind in EXACT_READERS else ():
         dep = schemes[d]
         if dep.kind != "independent" or len(dep.states) != 1:
-            reads = "resets where {d} moves" if scheme.kind == "reset" else f"reads {d}'s value"
-            return (f"{name} {reads.format(d=d)}, and {d}'s running state is kept relative to "
+            reads = f"resets where {d} moves" if scheme.kind == "reset" else f"reads {d}'s value"
+            return (f"{name} {reads}, and {d}'s running state is kept relative to "
                     f"another member ({dep.kind}), not its value: {name} needs the value "
                     "itself")
     return None
