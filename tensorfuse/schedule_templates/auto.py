@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..algebra import chain_candidates, plan_chain
+from ..algebra.chain import Chain
 from ..dsl import dtypes as dt
 from ..dsl.program import Program
 from ..errors import RollingUpdateError, ScheduleError, TargetError
@@ -201,20 +202,26 @@ def _gpu_candidates(program: Program):
     for members, axis in chain_candidates(program):
         fusion = Fusion(tuple(m.name for m in members), axis.name, DEFAULT_CHUNK)
         try:
-            try:
-                chain = plan_chain(program, fusion.names, axis)
-            except RollingUpdateError:
-                # members no correction carries, held to rows of one block (the row-tile
-                # template's, where one block holds the row: wider rows run as the floor's)
-                fusion = replace(fusion, held=True)
-                chain = plan_chain(program, fusion.names, axis, held=True)
-                if _contracts(chain):
-                    raise
+            fusion, chain = _chain_or_held(program, fusion, axis)
             plan_rowtile(program, chain, {d: 64 for d in program.dim_names()})
         except (RollingUpdateError, TargetError) as exc:
             yield None, f"{', '.join(fusion.names)} over {axis.name}: {exc}"
             continue
         yield ("attention" if _contracts(chain) else "row_reduction", fusion), None
+
+
+def _chain_or_held(program: Program, fusion: Fusion, axis) -> tuple[Fusion, Chain]:
+    """``fusion`` and its chain over ``axis``; where a member no correction carries refuses it,
+    the chain with such members held to rows of one block and the fusion marked so (the
+    row-tile template's, where a block holds the row; wider rows run as the floor's) — not a
+    chain that contracts (attention's keys are swept in blocks): the refusal stands there."""
+    try:
+        return fusion, plan_chain(program, fusion.names, axis)
+    except RollingUpdateError as refused:
+        held = plan_chain(program, fusion.names, axis, held=True)
+        if _contracts(held):
+            raise refused
+        return replace(fusion, held=True), held
 
 
 def cpu_fusion(program: Program) -> Fusion | None:
