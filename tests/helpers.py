@@ -190,6 +190,30 @@ def fresh_seed() -> int:
     return seed
 
 
+def clear_of(x, *thresholds, margin: float = 1e-4, rounds: int = 50):
+    """``x`` (float32, rows along dim 0) with no element within ``margin`` (relative) of any
+    of ``thresholds``: functions of the float64 rows giving each row's threshold (``keepdim``
+    shape). A comparison against a computed value (``x > mean``) is discontinuous: a kernel
+    rounding the mean in float32 may put an element on the other side than the float64
+    reference does, and a sum of the values above it then differs by one value. Such elements
+    are pushed above the band, and the thresholds recomputed, until none is near."""
+    import torch
+
+    x = x.clone()
+    for _ in range(rounds):
+        near = None
+        for threshold in thresholds:
+            t = threshold(x.double())
+            band = margin * t.abs().clamp_min(1.0)
+            hit = (x.double() - t).abs() < band
+            if hit.any():
+                near = hit
+                x = torch.where(hit, (t + 4 * band).float(), x)
+        if near is None:
+            return x
+    raise AssertionError("no random case clear of its thresholds: widen the data")
+
+
 def relative_error(out, want) -> float:
     """The largest absolute error of ``out`` (any device, any float dtype) against a float64
     ``want``, relative to ``want``'s largest magnitude (outputs of a kernel of several: the

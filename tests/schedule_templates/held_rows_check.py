@@ -15,7 +15,7 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from tests.helpers import poisoned_main
+from tests.helpers import clear_of, poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 from tests.schedule_templates.user_written_extra_check import above_mean_sum
 
@@ -66,9 +66,17 @@ def over_the_mad(x: T.Tensor["M", "N", "f32"]):
     return (x[i, j] - mean) / mad
 
 
-def _positive(g, M=7, N=333):
-    x = torch.rand(M, N, generator=g) * 10
+def _positive(g, M=7, N=333, *thresholds):
+    x = clear_of(torch.rand(M, N, generator=g) * 10, *thresholds)
     return x, x.double()
+
+
+def _mean(xd):
+    return xd.mean(1, keepdim=True)
+
+
+def _nine_tenths_of_max(xd):
+    return 0.9 * xd.amax(1, keepdim=True)
 
 
 def _half_max_case(g):
@@ -77,9 +85,9 @@ def _half_max_case(g):
 
 
 def _two_held_case(g):
-    x, xd = _positive(g)
-    return dict(x=x), (xd > xd.mean(1, keepdim=True)).double().sum(1) + \
-        torch.where(xd > 0.9 * xd.amax(1, keepdim=True), xd, 0.0).sum(1)
+    x, xd = _positive(g, 7, 333, _mean, _nine_tenths_of_max)
+    return dict(x=x), (xd > _mean(xd)).double().sum(1) + \
+        torch.where(xd > _nine_tenths_of_max(xd), xd, 0.0).sum(1)
 
 
 def _over_the_mad_case(g):
@@ -97,13 +105,18 @@ def _masked_mad_case(g, M=9, N=500):
 
 
 def _wide_case(g, M=5, N=20000):
-    x = torch.randn(M, N, generator=g) * 3 + 100
+    x = clear_of(torch.randn(M, N, generator=g) * 3 + 100, _mean)
     xd = x.double()
-    return dict(x=x), torch.where(xd > xd.mean(1, keepdim=True), xd, 0.0).sum(1)
+    return dict(x=x), torch.where(xd > _mean(xd), xd, 0.0).sum(1)
+
+
+def _one_percent(xd):
+    """The value whose softmax probability in its row is 1 %."""
+    return torch.logsumexp(xd, 1, keepdim=True) + torch.log(torch.tensor(0.01, dtype=xd.dtype))
 
 
 def _probable_case(g, M=9, N=777):
-    x = torch.randn(M, N, generator=g) * 4
+    x = clear_of(torch.randn(M, N, generator=g) * 4, _one_percent)
     return dict(x=x), (torch.softmax(x.double(), 1) > 0.01).double().sum(1)
 
 

@@ -20,7 +20,7 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from tests.helpers import poisoned_main
+from tests.helpers import clear_of, poisoned_main
 from tests.schedule_templates.staged_floor import interpreted
 from tests.schedule_templates.user_written_check import _randn
 
@@ -222,11 +222,14 @@ def above_mean_sum(x: T.Tensor["M", "N", "f32"]):
     return T.sum(T.where(x[i, j] > m, x[i, j], 0.0), over=j)
 
 
+def _row_mean(xd):
+    return xd.mean(1, keepdim=True)
+
+
 def _above_case(g):
-    x = _randn(g, 17, 700, dtype=torch.float32) + 3
+    x = clear_of(_randn(g, 17, 700, dtype=torch.float32) + 3, _row_mean)
     xd = x.double()
-    m = xd.mean(1, keepdim=True)
-    return dict(x=x), torch.where(xd > m, xd, 0.0).sum(1)
+    return dict(x=x), torch.where(xd > _row_mean(xd), xd, 0.0).sum(1)
 
 
 @tf.kernel
@@ -265,9 +268,9 @@ def above_mean_mask(x: T.Tensor["M", "N", "f32"]):
 
 
 def _mask_case(g):
-    x = _randn(g, 17, 300, dtype=torch.float32)
+    x = clear_of(_randn(g, 17, 300, dtype=torch.float32), _row_mean)
     xd = x.double()
-    return dict(x=x), (xd > xd.mean(1, keepdim=True)).double()
+    return dict(x=x), (xd > _row_mean(xd)).double()
 
 
 @tf.kernel
