@@ -43,6 +43,19 @@ class BoundCall:
     signature: tuple = field(default=())
 
 
+class EmptyCall(CallError):
+    """A call every output of which has no elements (an empty batch: a serving step with no
+    requests, an expert no token was routed to): nothing to compute, so nothing launches, and
+    the kernel returns :attr:`result` — the caller's ``out=``, else new empty arrays in the
+    arguments' framework and on their device — as a torch operation would. Raised by
+    :func:`bind_call` and caught where a kernel is called (a :class:`CallError` where nothing
+    catches it: a plan asked for sizes at which no kernel runs)."""
+
+    def __init__(self, result):
+        super().__init__("every output of the call is empty: nothing runs")
+        self.result = result
+
+
 def split_scalars(program: Program, named: dict) -> tuple[dict, dict | None]:
     """``(sizes, scalars or None)`` of keyword arguments that name both (``schedule_origin(M=…,
     window=2048)``: tuning records are kept per value of some scalars)."""
@@ -104,6 +117,7 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
     arrays, infos, scalars = {}, {}, {}
     dims: dict[str, int] = {}
     origin: dict[str, str] = {}
+    empties: list = []   # (parameter, dimension, shape) of every empty dimension
     for p in program.params:
         value = given[p.name]
         if isinstance(p, ScalarParam):
@@ -115,12 +129,14 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
         info = describe(value)
         _check_tensor(p, info, dims, origin)
         arrays[p.name], infos[p.name] = value, info
+        empties += [(p.name, k, info.shape) for k, n in enumerate(info.shape) if n == 0]
 
     dims = program.with_derived_sizes(dims)
     conflicts = program.fixed_size_conflicts(dims)
     if conflicts:
         raise CallError(conflicts[0], user_location())
-    check_index_arithmetic(program, dims)
+    if not empties:   # an empty call reads nothing
+        check_index_arithmetic(program, dims)
 
     frameworks = {i.framework for i in infos.values()}
     devices = {i.device for i in infos.values() if i.framework != "numpy"}
@@ -154,6 +170,8 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
                                 f"runs on the {device}", user_location())
 
     bound = BoundCall(arrays, infos, scalars, dims, outs_list, framework, device, torch_device)
+    if empties:
+        raise _empty_call(program, bound, empties)
     bound.index_dtype = "int64" if _largest_buffer(program, dims) > INT32_LIMIT else "int32"
     bound.signature = tuple(sorted(dims.items())) + (bound.index_dtype,)
     return bound
@@ -192,8 +210,6 @@ def _check_tensor(p: TensorParam, info: ArrayInfo, dims: dict, origin: dict) -> 
         raise CallError(f"argument {p.name} must have dtype {p.dtype}, got {info.dtype} "
                         f"(convert it, e.g. x.astype(...) / x.to(...))", user_location())
     for k, (d, n) in enumerate(zip(p.dims, info.shape)):
-        if n == 0:
-            raise CallError(f"argument {p.name} has an empty dimension {k} (shape {info.shape})", user_location())
         if isinstance(d, int):
             if n != d:
                 raise CallError(f"argument {p.name} must have size {d} in dimension {k}, got shape "
@@ -204,6 +220,40 @@ def _check_tensor(p: TensorParam, info: ArrayInfo, dims: dict, origin: dict) -> 
         else:
             dims.setdefault(d, n)
             origin.setdefault(d, f"dimension {k} of {p.name}")
+
+
+def _empty_call(program: Program, bound: BoundCall, empties: list) -> CallError:
+    """What a call with empty arguments raises: :class:`EmptyCall` with the outputs to return
+    where every output is empty; else an error naming the empty argument and the output that
+    would reduce over no elements (a sum of nothing is 0 and a max of nothing has no value: no
+    kernel computes either; torch's own reductions differ by kind)."""
+    shapes = [output_shape(c, bound.dims) for c in program.outputs]
+    name, k, shape = empties[0]
+    full = next((c.name for c, s in zip(program.outputs, shapes) if 0 not in s), None)
+    if full is not None:
+        return CallError(f"argument {name} has an empty dimension {k} (shape {shape}) while "
+                         f"output {full} is not empty: it would be reduced over no elements, "
+                         "which no kernel computes (a call with every output empty returns "
+                         "them empty)", user_location())
+    if bound.outs is not None:
+        result = list(bound.outs)
+    else:
+        result = [_empty_like_inputs(s, c.dtypes[0], bound)
+                  for c, s in zip(program.outputs, shapes)]
+    return EmptyCall(result[0] if len(result) == 1 else tuple(result))
+
+
+def _empty_like_inputs(shape: list, dtype: str, bound: BoundCall):
+    """A new empty array of ``shape`` in the framework and on the device of the call's
+    arguments."""
+    if bound.framework == "torch":
+        return torch_output(shape, dtype, None, bound.torch_device)
+    if bound.framework == "tvm":
+        import tvm
+
+        place = next(a.device for a in bound.arrays.values() if hasattr(a, "device"))
+        return tvm.runtime.empty(tuple(shape), dt.to_tvm(dtype), place)
+    return np.empty(shape, dt.to_numpy(dtype))
 
 
 def output_shape(compute, dims: dict) -> list[int]:

@@ -18,7 +18,7 @@ import re
 import sys
 from contextvars import ContextVar
 
-from .binding import bind_call, output_shape
+from .binding import EmptyCall, bind_call, output_shape
 from .dsl import dtypes as dt
 from .dsl.program import Program, ScalarParam
 from .interop import torch_dtype
@@ -51,7 +51,10 @@ def fake_outputs(program: Program, device: str, args: tuple):
     implementations: shapes, dtypes and device, the arguments checked as a call would)."""
     import torch
 
-    bound = bind_call(program, args, {}, device)
+    try:
+        bound = bind_call(program, args, {}, device)
+    except EmptyCall as empty:
+        return empty.result
     place = next(bound.arrays[p.name].device for p in program.tensor_params)
     outs = tuple(torch.empty(output_shape(c, bound.dims), dtype=torch_dtype(c.dtypes[0]),
                              device=place) for c in program.outputs)
@@ -73,6 +76,8 @@ def kernel_op(qualname: str, program: Program, run, device: str):
         token = IN_OPERATOR.set(True)
         try:
             return run(*args)
+        except EmptyCall as empty:
+            return empty.result
         finally:
             IN_OPERATOR.reset(token)
 
@@ -174,9 +179,12 @@ class GraphCallable:
 
     def __call__(self, *args, **kwargs):
         op = self.torch_op
-        if op is not None and (compiling() or wants_grad(args, kwargs)):
-            return op(args, kwargs)
-        return self.invoke(False, args, kwargs)
+        try:
+            if op is not None and (compiling() or wants_grad(args, kwargs)):
+                return op(args, kwargs)
+            return self.invoke(False, args, kwargs)
+        except EmptyCall as empty:   # every output empty: nothing launched
+            return empty.result
 
     def assembly(self, *which, **dims) -> str:
         """The device assembly of the kernel at these sizes, made here without the GPU: PTX on
