@@ -244,6 +244,45 @@ def deliver(buf, given, framework: str):
     return given
 
 
+def memory_span(x) -> tuple[int, int] | None:
+    """The first and one past the last byte address a torch tensor's or NumPy array's elements
+    occupy (None for anything else, or no elements). Addresses of different devices never meet
+    under CUDA's unified addressing; where they might, a shared span costs a copy, not a wrong
+    result."""
+    kind = _SPAN_KINDS.get(type(x))
+    if kind is None:
+        kind = _SPAN_KINDS.setdefault(type(x), "torch" if is_torch(x) else
+                                      "numpy" if isinstance(x, np.ndarray) else "")
+    if kind == "torch":
+        start, size = x.data_ptr(), x.nbytes
+        if x.is_contiguous():
+            return (start, start + size) if size else None
+        if not x.numel():
+            return None
+        last = sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
+        return start, start + (last + 1) * x.element_size()
+    if kind == "numpy" and x.size:
+        return tuple(int(b) for b in np.lib.array_utils.byte_bounds(x))
+    return None
+
+
+_SPAN_KINDS: dict = {}   # type -> "torch", "numpy" or "" (decided once a type: calls are hot)
+
+
+def fill(given, made):
+    """The caller's ``out`` array ``given`` filled from a kernel's output ``made`` (torch or
+    NumPy, in either framework)."""
+    if is_torch(made):
+        return deliver(made, given, "torch")
+    if is_torch(given):
+        import torch
+
+        given.copy_(torch.from_numpy(np.ascontiguousarray(made)))
+    else:
+        np.copyto(given, np.asarray(made).astype(given.dtype))
+    return given
+
+
 # -- buffers kept between calls -------------------------------------------------------------------
 def device_index(device) -> int:
     """The index of a CUDA ``torch.device`` (the current device where it names none)."""

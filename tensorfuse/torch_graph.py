@@ -18,11 +18,12 @@ import re
 import sys
 from contextvars import ContextVar
 
-from .binding import EmptyCall, bind_call, output_shape
+from .binding import EmptyCall, bind_call, out_overlaps_an_argument, output_shape
 from .dsl import dtypes as dt
 from .dsl.program import Program, ScalarParam
-from .interop import torch_dtype
-from .errors import TargetError
+from .interop import describe, fill, torch_dtype
+from .dsl.expr import user_location
+from .errors import CallError, TargetError
 
 _NUMBERS = itertools.count()
 # What makes a kernel's operator differentiable (``kernel -> object with backward,
@@ -182,9 +183,27 @@ class GraphCallable:
         try:
             if op is not None and (compiling() or wants_grad(args, kwargs)):
                 return op(args, kwargs)
+            if kwargs and "out" in kwargs and out_overlaps_an_argument(args, kwargs):
+                return self._into_overlapping(args, kwargs)
             return self.invoke(False, args, kwargs)
         except EmptyCall as empty:   # every output empty: nothing launched
             return empty.result
+
+    def _into_overlapping(self, args: tuple, kwargs: dict):
+        """A call whose ``out=`` shares memory with an argument (``out=x``): computed into new
+        outputs, then copied into the caller's (as torch's in-place ops; written in place, a
+        GEMM's first tiles overwrote rows its other tiles had still to read)."""
+        given = kwargs["out"]
+        many = isinstance(given, (tuple, list))
+        made = self.invoke(False, args, {n: v for n, v in kwargs.items() if n != "out"})
+        pairs = list(zip(given, made)) if many else [(given, made)]
+        for c, (g, m) in zip(self.program.outputs, pairs):
+            if tuple(g.shape) != tuple(m.shape) or describe(g).dtype != c.dtypes[0]:
+                raise CallError(f"out= for output {c.name} must have shape {tuple(m.shape)} "
+                                f"and dtype {c.dtypes[0]}, got {tuple(g.shape)} "
+                                f"{describe(g).dtype}", user_location())
+        filled = [fill(g, m) for g, m in pairs]
+        return tuple(filled) if many else filled[0]
 
     def assembly(self, *which, **dims) -> str:
         """The device assembly of the kernel at these sizes, made here without the GPU: PTX on
