@@ -112,7 +112,7 @@ def test_the_gpu_templates_at_the_edges_in_the_triton_interpreter():
 
 
 @pytest.mark.gpu
-def test_empty_calls_on_the_gpu():
+def test_call_edges_on_the_gpu():
     from tensorfuse.kernels.attention import causal_attention, gqa_attention
     from tensorfuse.kernels.rows import softmax as bf16_softmax
 
@@ -127,6 +127,13 @@ def test_empty_calls_on_the_gpu():
     out = tf.compile(gqa_attention)(q[:0], kv[:0, :, :0].expand(0, 8, 64, 128).contiguous(),
                                     kv[:0, :, :0].expand(0, 8, 64, 128).contiguous(), 0.1)
     assert out.shape == (0, 32, 1, 128) and out.device.type == "cuda"
+    from tensorfuse.kernels.gemm import matmul   # into its own input, on the Hopper GEMM
+
+    x = torch.randn(2048, 1024, device="cuda").bfloat16()
+    w = torch.randn(1024, 1024, device="cuda").bfloat16()
+    want = x.double() @ w.double()
+    assert tf.compile(matmul)(x, w, out=x) is x
+    assert (x.double() - want).abs().max() / want.abs().max() < 2e-2
 
 
 @tf.kernel
