@@ -6,8 +6,8 @@ import math
 
 from . import dtypes as dt
 from . import monoid as monoids
-from .expr import (Axis, DimSize, Expr, Reduce, ReduceSpec, as_expr, binary, unary, user_location,
-                   where as _where, Cast)
+from .expr import (Axis, DimSize, Expr, Reduce, ReduceSpec, as_expr, binary, compare, unary,
+                   user_location, where as _where, Cast)
 from .monoid import Monoid
 from ..errors import AxisError, DSLError, DTypeError
 
@@ -283,4 +283,9 @@ def _arg(x, over, monoid):
                             f"so axis {a.name}'s size must be known: index a tensor with it "
                             f"before reducing", loc)
         index = index * (size(a.extent) if isinstance(a.extent, str) else a.extent) + a
-    return reduce((x, index), over_axes, monoid)
+    value, found = reduce((x, index), over_axes, monoid)
+    # no element beat the pair's identity (every value −∞ or NaN: the identity's value is the
+    # lowest finite one): the first index, as torch.argmax gives — never the identity's index,
+    # out of the range, which a gather with it would read past
+    none = monoid.identity_value(1, found.dtype)
+    return value, _where(compare("eq", found, none, loc), 0, found, loc)

@@ -94,10 +94,10 @@ def _reference(spec: dict, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tens
         out = torch.where(keep, terms, 0.0).sum(-1)
     elif monoid in ("max", "argmax"):
         masked = torch.where(keep, terms, -torch.inf)
-        # argmax: the first of ties; an empty window holds the identity's index (the int32
-        # maximum), as the CPU target gives it
+        # argmax: the first of ties; an empty window (every term −∞) the first index, as
+        # torch.argmax gives it
         out = masked.amax(-1).clamp(min=-HIGHEST) if monoid == "max" else \
-            torch.where(keep.any(-1), masked.argmax(-1), 2**31 - 1).double()
+            masked.argmax(-1).double()
     elif monoid == "min":
         out = torch.where(keep, terms, torch.inf).amin(-1).clamp(max=HIGHEST)
     else:

@@ -99,12 +99,12 @@ def argmax_case(generator, M=13, V=5003):
 
 def first_largest(x: torch.Tensor) -> torch.Tensor:
     """The pair's argmax, written apart in float64: the first index of a row's largest value,
-    NaN never chosen, and no index (2**31 − 1) where nothing beats the identity −FLT_MAX (a row
-    of −∞ or NaN)."""
+    NaN never chosen, and the first index where nothing beats the identity −FLT_MAX (a row of
+    −∞ or NaN: as torch.argmax gives a row of −∞)."""
     values = x.double().nan_to_num(nan=-torch.inf, posinf=torch.inf, neginf=-torch.inf)
     best = values.max(-1, keepdim=True).values
     first = torch.where(values == best, torch.arange(x.shape[-1]), x.shape[-1]).min(-1).values
-    return torch.where(best[:, 0] >= -torch.finfo(torch.float32).max, first, 2 ** 31 - 1)
+    return torch.where(best[:, 0] >= -torch.finfo(torch.float32).max, first, 0)
 
 
 def argmax_specials_case(generator, M=9, V=3000):

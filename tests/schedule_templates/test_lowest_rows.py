@@ -121,17 +121,18 @@ def test_a_reference_that_reads_the_maximum_keeps_zero(fuse):
 @tf.kernel
 def max_and_sum(x: T.Tensor["M", "N", "f32"]):
     i, j = T.axes("i j")
-    return T.max(x[i, j], over=j), T.sum(x[i, j], over=j)
+    return T.max(x[i, j], over=j), T.sum(x[i, j], over=j), T.argmax(x[i, j], over=j)
 
 
 def test_special_values_as_docs_dsl_says():
     """docs/dsl.md's special values on the CPU target: the max of a row all −∞ is float32's
-    lowest value, max skips NaN, sums propagate it."""
+    lowest value and its argmax the first index (not the pair's identity, 2³¹ − 1), max skips
+    NaN, sums propagate it."""
     made = tf.compile(max_and_sum, "llvm")
     x = torch.randn(3, 40)
     x[0] = float("-inf")
     x[1, 7] = float("nan")
-    largest, total = made(x)
-    assert largest[0] == torch.finfo(torch.float32).min
+    largest, total, where = made(x)
+    assert largest[0] == torch.finfo(torch.float32).min and where[0] == 0
     assert largest[1] == x[1].nan_to_num(float("-inf")).max() and torch.isnan(total[1])
     assert largest[2] == x[2].max() and torch.isclose(total[2], x[2].sum())
