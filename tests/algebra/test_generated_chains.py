@@ -27,7 +27,7 @@ from tensorfuse.schedule_templates.fusion import Fusion
 # generated chains per run, each built 3 ways (~0.7 s a build on a 2-core CI machine) and
 # compared on DRAWS inputs; every run draws new ones, so runs add up to the coverage
 PROGRAMS = 24
-DRAWS = 17
+DRAWS = 21   # inputs are cheap next to builds: 24 × 21 × 2 ≥ the thousand cases asked below
 LENGTHS = (1, 2, 3, 4, 5, 7, 8, 13, 16, 31)
 LLVM = tvm.target.Target({"kind": "llvm"})
 # which elements a masked reduction keeps: every other one (row 0 whole), a masked prefix (whole
